@@ -1,0 +1,121 @@
+"""Errors and source positions shared by every layer.
+
+    >>> span = Span("ppo.rpeg", 3, 7)
+    >>> err = SpecError("unknown model 'critc'", span, hint="did you mean 'critic'?")
+    >>> err.render(source="...")          # doctest: +SKIP
+    ppo.rpeg:3:7: error: unknown model 'critc'
+        stage v = forward(critc, responses) -> values
+                          ^
+    hint: did you mean 'critic'?
+
+Every error a user can cause is an :class:`RpegError` (one subclass per layer)
+carrying a :class:`Span`; the CLI renders it and exits 1. Anything else that
+escapes is a bug in rpeg.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable
+from pathlib import Path
+
+import attrs
+
+
+@attrs.frozen(order=True)
+class Span:
+    """Where something came from: file, 1-based line and column, and where it ends."""
+
+    path: str
+    line: int
+    col: int
+    end_line: int = 0
+    end_col: int = 0
+
+    def __str__(self) -> str:
+        return f"{self.path}:{self.line}:{self.col}"
+
+
+NOWHERE = Span("<builtin>", 0, 0)
+
+
+class RpegError(Exception):
+    """Root of every error rpeg reports to a user."""
+
+    def __init__(
+        self,
+        message: str,
+        span: Span | None = None,
+        *,
+        hint: str | None = None,
+        notes: Iterable[tuple[str, Span]] = (),
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.span = span
+        self.hint = hint
+        self.notes = tuple(notes)
+
+    def __str__(self) -> str:
+        where = f"{self.span}: " if self.span and self.span.line else (
+            f"{self.span.path}: " if self.span else "")
+        return f"{where}error: {self.message}"
+
+    def render(self, source: str | None = None) -> str:
+        """The full diagnostic: headline, source line with a caret, notes and hint."""
+        lines = [str(self)]
+        lines += _excerpt(self.span, source)
+        for text, span in self.notes:
+            lines.append(f"{span}: note: {text}")
+            lines += _excerpt(span, None)
+        if self.hint:
+            lines.append(f"hint: {self.hint}")
+        return "\n".join(lines)
+
+
+class SpecError(RpegError):
+    """The .rpeg text is malformed or inconsistent."""
+
+
+class GraphError(RpegError):
+    """The RPEG graph violates an invariant (a bug in a pass, or an impossible request)."""
+
+
+class CostError(RpegError):
+    """The cost model cannot price an op (unknown profile, impossible parallel degrees)."""
+
+
+class PlanError(RpegError):
+    """No plan can be made, or a plan file is unusable."""
+
+
+class RuntimeFailure(RpegError):
+    """A run failed in a way the user must act on (worker loss beyond recovery, bad run dir)."""
+
+
+class BackendError(RpegError):
+    """An execution backend is missing or refuses a configuration."""
+
+
+def _excerpt(span: Span | None, source: str | None) -> list[str]:
+    if span is None or span.line <= 0:
+        return []
+    if source is None:
+        try:
+            source = Path(span.path).read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            return []
+    text_lines = source.splitlines()
+    if span.line > len(text_lines):
+        return []
+    text = text_lines[span.line - 1].expandtabs(4)
+    width = 1
+    if span.end_line == span.line and span.end_col > span.col:
+        width = span.end_col - span.col
+    return ["    " + text, "    " + " " * (span.col - 1) + "^" + "~" * (width - 1)]
+
+
+def did_you_mean(word: str, choices: Iterable[str]) -> str | None:
+    """A 'did you mean' hint for a misspelt name, or None."""
+    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    return f"did you mean '{close[0]}'?" if close else None

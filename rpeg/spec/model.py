@@ -1,0 +1,318 @@
+"""The checked, resolved meaning of a .rpeg file: what every later layer reads.
+
+    >>> from rpeg.spec import load
+    >>> p = load("pipelines/ppo_llama8b.rpeg")             # doctest: +SKIP
+    >>> p.stage("rollout").kind, p.staleness_of("rollout")  # doctest: +SKIP
+    (<OpKind.GENERATE: 'generate'>, 1)
+
+The parser builds a syntax tree (``rpeg.spec.ast``); ``rpeg.spec.lower`` checks
+it and produces these frozen values. Quantities are in SI base units: bytes,
+bytes per second, FLOP/s, seconds.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from collections.abc import Iterator
+
+import attrs
+import numpy as np
+
+from rpeg.errors import NOWHERE, Span
+from rpeg.spec.presets import ModelDims
+
+
+class OpKind(enum.Enum):
+    GENERATE = "generate"
+    FORWARD = "forward"
+    SCORE = "score"
+    COMPUTE = "compute"
+    TRAIN = "train"
+    SYNC_WEIGHTS = "sync_weights"
+
+
+class Head(enum.Enum):
+    LM = "lm"
+    VALUE = "value"
+    REWARD = "reward"
+
+
+class LengthKind(enum.Enum):
+    FIXED = "fixed"
+    UNIFORM = "uniform"
+    LOGNORMAL = "lognormal"
+    EMPIRICAL = "empirical"
+
+
+class Engine(enum.Enum):
+    AUTO = "auto"
+    TORCH = "torch"
+    VLLM = "vllm"
+
+
+# Stage functions and the op kind each one is.
+STAGE_FUNCTIONS: dict[str, OpKind] = {
+    "generate": OpKind.GENERATE,
+    "forward": OpKind.FORWARD,
+    "score": OpKind.SCORE,
+    "train": OpKind.TRAIN,
+    "gae": OpKind.COMPUTE,
+    "group_norm": OpKind.COMPUTE,
+    "grpo_advantages": OpKind.COMPUTE,
+    "rloo": OpKind.COMPUTE,
+    "reinforce": OpKind.COMPUTE,
+}
+
+LOSSES = ("ppo_clip", "grpo", "value_mse")
+
+# Data every pipeline has without a stage producing it.
+WORKLOAD_DATA = ("prompts",)
+
+
+@attrs.frozen
+class LengthDist:
+    """Distribution of generated lengths, in tokens. Always bounded by ``max_len``."""
+
+    kind: LengthKind
+    max_len: int
+    median: float = 0.0            # lognormal
+    sigma: float = 0.0             # lognormal; derived from median and max when not given
+    low: int = 0                   # uniform
+    bins: tuple[tuple[int, float], ...] = ()   # empirical: (length, weight)
+    source: str | None = None      # empirical: the histogram file
+
+    @classmethod
+    def fixed(cls, n: int) -> LengthDist:
+        return cls(LengthKind.FIXED, max_len=n)
+
+    def quantiles(self, n: int = 64) -> np.ndarray:
+        """``n`` lengths at evenly spaced quantiles (midpoints): a deterministic sample."""
+        q = (np.arange(n) + 0.5) / n
+        if self.kind is LengthKind.FIXED:
+            out = np.full(n, float(self.max_len))
+        elif self.kind is LengthKind.UNIFORM:
+            out = self.low + q * (self.max_len - self.low)
+        elif self.kind is LengthKind.LOGNORMAL:
+            from statistics import NormalDist
+            z = np.array([NormalDist().inv_cdf(float(x)) for x in q])
+            out = self.median * np.exp(self.sigma * z)
+        else:
+            lengths = np.array([b[0] for b in self.bins], dtype=float)
+            weights = np.array([b[1] for b in self.bins], dtype=float)
+            order = np.argsort(lengths)
+            cdf = np.cumsum(weights[order]) / weights.sum()
+            out = lengths[order][np.searchsorted(cdf, q, side="left").clip(0, len(lengths) - 1)]
+        return np.clip(np.round(out), 1, self.max_len)
+
+    def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        """``n`` random lengths (integers in [1, max_len])."""
+        if self.kind is LengthKind.FIXED:
+            out = np.full(n, self.max_len)
+        elif self.kind is LengthKind.UNIFORM:
+            out = rng.integers(self.low, self.max_len + 1, size=n)
+        elif self.kind is LengthKind.LOGNORMAL:
+            out = np.round(self.median * np.exp(self.sigma * rng.standard_normal(n)))
+        else:
+            lengths = np.array([b[0] for b in self.bins])
+            weights = np.array([b[1] for b in self.bins], dtype=float)
+            out = rng.choice(lengths, size=n, p=weights / weights.sum())
+        return np.clip(out, 1, self.max_len).astype(int)
+
+    def mean(self) -> float:
+        return float(self.quantiles(256).mean())
+
+    def __str__(self) -> str:
+        if self.kind is LengthKind.FIXED:
+            return str(self.max_len)
+        if self.kind is LengthKind.UNIFORM:
+            return f"uniform(min = {self.low}, max = {self.max_len})"
+        if self.kind is LengthKind.LOGNORMAL:
+            return f"lognormal(median = {_num(self.median)}, max = {self.max_len}, sigma = {_num(self.sigma)})"
+        return f"empirical({self.source!r}, max = {self.max_len})"
+
+
+def lognormal_sigma(median: float, max_len: int) -> float:
+    """Default spread: ``max`` sits at the 99.9th percentile (z = 3.09)."""
+    if max_len <= median:
+        return 0.0
+    return math.log(max_len / median) / 3.09
+
+
+@attrs.frozen
+class Workload:
+    steps: int
+    prompts: int                  # prompts per step
+    samples: int                  # responses per prompt (GRPO: > 1)
+    prompt_len: int
+    gen_len: LengthDist
+    dataset: str | None = None
+    seed: int = 0
+    span: Span = NOWHERE
+
+    @property
+    def batch(self) -> int:
+        """Responses per step."""
+        return self.prompts * self.samples
+
+
+@attrs.frozen
+class Optimizer:
+    kind: str = "adam"
+    lr: float = 1e-5
+    betas: tuple[float, float] = (0.9, 0.999)
+    weight_decay: float = 0.0
+    eps: float = 1e-8
+    grad_clip: float = 1.0
+
+
+@attrs.frozen
+class Model:
+    name: str
+    preset: str
+    dims: ModelDims
+    head: Head = Head.LM
+    frozen: bool = False
+    optimizer: Optimizer | None = None
+    dtype: str = "bf16"
+    weights: str | None = None      # a local weights directory (safetensors + config)
+    span: Span = NOWHERE
+
+    @property
+    def trainable(self) -> bool:
+        return not self.frozen
+
+
+@attrs.frozen
+class Reward:
+    name: str
+    module: str
+    function: str
+    span: Span = NOWHERE
+
+
+@attrs.frozen
+class Stage:
+    """One stage of an RL step: ``stage NAME = FUNCTION(target, inputs..., k = v) -> outputs``."""
+
+    name: str
+    kind: OpKind
+    function: str                 # generate, forward, score, train, gae, group_norm, ...
+    target: str | None            # the model (or reward) the stage runs; None for pure compute
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    params: tuple[tuple[str, object], ...] = ()
+    span: Span = NOWHERE
+
+    def param(self, key: str, default: object = None) -> object:
+        for k, v in self.params:
+            if k == key:
+                return v
+        return default
+
+
+@attrs.frozen
+class Pipeline:
+    name: str
+    path: str
+    workload: Workload
+    models: tuple[Model, ...]
+    rewards: tuple[Reward, ...]
+    stages: tuple[Stage, ...]
+    staleness: tuple[tuple[str, int], ...] = ()        # (stage, bound)
+    shares: tuple[tuple[str, ...], ...] = ()           # groups allowed to share a backbone
+    colocate: tuple[tuple[str, ...], ...] = ()         # stages or models pinned together
+    place: tuple[tuple[str, int, int], ...] = ()       # (stage, first gpu, last gpu)
+    extends: tuple[str, ...] = ()                      # resolved paths, nearest first
+
+    def model(self, name: str) -> Model:
+        return next(m for m in self.models if m.name == name)
+
+    def stage(self, name: str) -> Stage:
+        return next(s for s in self.stages if s.name == name)
+
+    def reward(self, name: str) -> Reward:
+        return next(r for r in self.rewards if r.name == name)
+
+    def has_model(self, name: str) -> bool:
+        return any(m.name == name for m in self.models)
+
+    def staleness_of(self, stage: str) -> int:
+        return dict(self.staleness).get(stage, 0)
+
+    def producer(self, data: str) -> Stage | None:
+        return next((s for s in self.stages if data in s.outputs), None)
+
+    def trainers(self, model: str) -> Iterator[Stage]:
+        return (s for s in self.stages if s.kind is OpKind.TRAIN and s.target == model)
+
+
+class Level(enum.IntEnum):
+    """Levels of the cluster tree; a link at level L joins units of level L - 1."""
+
+    GPU = 0     # the GPU-to-GPU link inside a node (NVLink, or shared memory on CPU)
+    NODE = 1    # between nodes of one rack
+    RACK = 2    # between racks
+
+
+@attrs.frozen
+class Link:
+    level: Level
+    bandwidth: float      # bytes/s, one direction, per GPU
+    latency: float        # seconds
+    span: Span = NOWHERE
+
+
+def _q(unit: str, default: float = 0.0):
+    return attrs.field(default=default, metadata={"unit": unit})
+
+
+@attrs.frozen
+class GpuProfile:
+    """What the cost model knows of one device: measured where it can be, cited where not.
+
+    Every numeric field has a unit in its metadata; the cluster language sets
+    any of them by name (``memory = 96 GB``). ``extra`` carries calibrated
+    curves and anything else a profile records, as (key, value) pairs.
+    """
+
+    name: str
+    memory: float = _q("bytes")                    # device memory capacity
+    peak_flops: float = _q("flops")                # datasheet dense bf16 (reference only)
+    matmul_flops: float = _q("flops")              # measured large-GEMM throughput
+    matmul_half: float = _q("", 1e9)               # GEMM FLOPs at which half of matmul_flops is reached
+    hbm_bandwidth: float = _q("bytes/s")           # datasheet memory bandwidth
+    mem_bandwidth: float = _q("bytes/s")           # measured streaming bandwidth
+    launch_overhead: float = _q("s", 5e-6)         # fixed cost per kernel / op call
+    source: str = ""                               # where the figures come from
+    extra: tuple[tuple[str, float], ...] = ()
+
+    def get(self, key: str, default: float = 0.0) -> float:
+        return dict(self.extra).get(key, default)
+
+
+@attrs.frozen
+class Cluster:
+    name: str
+    path: str
+    gpu: GpuProfile
+    gpus_per_node: int
+    nodes_per_rack: int = 1
+    racks: int = 1
+    links: tuple[Link, ...] = ()
+    span: Span = NOWHERE
+
+    @property
+    def num_gpus(self) -> int:
+        return self.gpus_per_node * self.nodes_per_rack * self.racks
+
+    @property
+    def num_nodes(self) -> int:
+        return self.nodes_per_rack * self.racks
+
+    def link(self, level: Level) -> Link:
+        return next(link for link in self.links if link.level is level)
+
+
+def _num(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else f"{x:g}"

@@ -1,0 +1,346 @@
+"""Text to syntax tree, with syntax errors a person can read.
+
+    >>> f = parse_text("pipeline demo\\nstaleness rollout <= 1\\n", "demo.rpeg")
+    >>> [type(i).__name__ for i in f.items]
+    ['PipelineDecl', 'Staleness']
+    >>> parse_text("pipeline\\n", "bad.rpeg")
+    Traceback (most recent call last):
+    rpeg.errors.SpecError: bad.rpeg:1:9: error: expected a name after 'pipeline', not end of line
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Iterator
+from pathlib import Path
+
+from lark import Lark, Token, Tree
+from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken
+
+from rpeg.errors import Span, SpecError, did_you_mean
+from rpeg.spec import ast
+
+GRAMMAR_PATH = Path(__file__).resolve().parents[2] / "grammar" / "rpeg.lark"
+
+MAX_SOURCE_BYTES = 4 * 1024 * 1024
+
+_OPEN = {"LPAR", "LSQB"}
+_CLOSE = {"RPAR", "RSQB"}
+
+
+class _Separators:
+    """Post-lexer: newlines inside () and [] vanish; runs of separators become one."""
+
+    always_accept = ("_SEP",)
+
+    def process(self, stream: Iterator[Token]) -> Iterator[Token]:
+        depth = 0
+        last: Token | None = None
+        for tok in stream:
+            if tok.type == "_SEP":
+                if depth > 0 or last is None or last.type == "_SEP":
+                    continue
+            elif tok.type in _OPEN:
+                depth += 1
+            elif tok.type in _CLOSE:
+                depth = max(0, depth - 1)
+            last = tok
+            yield tok
+        if last is not None and last.type != "_SEP":
+            yield Token.new_borrow_pos("_SEP", "\n", last)
+
+
+@functools.cache
+def _lark() -> Lark:
+    return Lark(
+        GRAMMAR_PATH.read_text(encoding="utf-8"),
+        parser="lalr",
+        lexer="contextual",
+        postlex=_Separators(),
+        propagate_positions=True,
+        maybe_placeholders=True,
+        lexer_callbacks={"COMMENT": _collect_comment},
+    )
+
+
+_comments: list[Token] = []
+
+
+def _collect_comment(tok: Token) -> Token:
+    _comments.append(tok)
+    return tok
+
+
+def parse_file(path: str | Path) -> ast.File:
+    """Read and parse one .rpeg file; every failure is a SpecError naming the file."""
+    p = Path(path)
+    try:
+        raw = p.read_bytes()
+    except FileNotFoundError:
+        raise SpecError(f"no such file '{p}'", Span(str(p), 0, 0)) from None
+    except IsADirectoryError:
+        raise SpecError(f"'{p}' is a directory, not a .rpeg file", Span(str(p), 0, 0)) from None
+    except OSError as e:
+        raise SpecError(f"cannot read '{p}': {e.strerror}", Span(str(p), 0, 0)) from None
+    return parse_bytes(raw, str(p))
+
+
+def parse_bytes(raw: bytes, path: str) -> ast.File:
+    if len(raw) > MAX_SOURCE_BYTES:
+        raise SpecError(f"file is {len(raw):,} bytes; a .rpeg file may be at most "
+                        f"{MAX_SOURCE_BYTES:,}", Span(path, 0, 0),
+                        hint="a spec describes a pipeline; data belongs in the dataset file")
+    if b"\x00" in raw:
+        raise SpecError("this is a binary file, not a .rpeg text file", Span(path, 0, 0))
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = raw[: e.start].count(b"\n") + 1
+        raise SpecError("file is not valid UTF-8 text", Span(path, line, 1)) from None
+    return parse_text(text, path)
+
+
+def parse_text(text: str, path: str = "<string>") -> ast.File:
+    """Parse source text into an ``ast.File``; raises SpecError with a caret position."""
+    if text.startswith("\ufeff"):
+        text = text[1:]
+    _comments.clear()
+    try:
+        tree = _lark().parse(text)
+    except UnexpectedInput as e:
+        raise _syntax_error(e, text, path) from None
+    except RecursionError:
+        raise SpecError("input nests too deeply", Span(path, 1, 1)) from None
+    comments = tuple(_comment(tok, text) for tok in _comments)
+    _comments.clear()
+    items = tuple(_Build(path).item(child) for child in tree.children)
+    return ast.File(path=path, items=items, comments=comments, source=text)
+
+
+def _comment(tok: Token, text: str) -> ast.Comment:
+    line_text = text.splitlines()[tok.line - 1] if text else ""
+    own = line_text[: tok.column - 1].strip() == ""
+    return ast.Comment(str(tok).rstrip(), tok.line, tok.column, own)
+
+
+# --- tree to AST ---------------------------------------------------------------
+
+class _Build:
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def span(self, node) -> Span:
+        if isinstance(node, Token):
+            end_col = node.end_column if node.end_line == node.line else node.column + 1
+            return Span(self.path, node.line, node.column, node.line, end_col or node.column + 1)
+        m = node.meta
+        if getattr(m, "empty", True):
+            return Span(self.path, 0, 0)
+        return Span(self.path, m.line, m.column, m.end_line, m.end_column)
+
+    def ident(self, tok: Token) -> ast.Ident:
+        return ast.Ident(str(tok), self.span(tok))
+
+    def item(self, t: Tree):
+        k, c, sp = t.data, t.children, self.span(t)
+        if k == "pipeline":
+            return ast.PipelineDecl(self.ident(c[0]), sp)
+        if k == "extend":
+            return ast.Extend(self.string(c[0]), sp)
+        if k == "workload":
+            return ast.WorkloadDecl(self.block(c[0]), sp)
+        if k == "model":
+            return ast.ModelDecl(self.ident(c[0]), self.ident(c[1]),
+                                 self.block(c[2]) if c[2] is not None else None, sp)
+        if k == "reward":
+            return ast.RewardDecl(self.ident(c[0]), self.value(c[1]), sp)
+        if k == "stage":
+            outs = tuple(self.ident(x) for x in c[2].children) if c[2] is not None else ()
+            return ast.StageDecl(self.ident(c[0]), self.value(c[1]), outs, sp)
+        if k == "staleness":
+            return ast.Staleness(self.ident(c[0]), self.value(c[1]), sp)
+        if k == "share":
+            return ast.Share(tuple(self.ident(x) for x in c[0].children), sp)
+        if k == "colocate":
+            return ast.Colocate(tuple(self.ident(x) for x in c[0].children), sp)
+        if k == "place":
+            return ast.Place(self.ident(c[0]), self.value(c[1]), sp)
+        if k == "cluster":
+            return ast.ClusterDecl(self.ident(c[0]), self.block(c[1]), sp)
+        if k == "profile":
+            return ast.ProfileDecl(self.ident(c[0]), self.block(c[1]), sp)
+        raise AssertionError(f"unhandled item {k}")
+
+    def block(self, t: Tree) -> ast.Block:
+        return ast.Block(tuple(self.entry(e) for e in t.children if e is not None), self.span(t))
+
+    def entry(self, t: Tree):
+        k, c, sp = t.data, t.children, self.span(t)
+        if k == "assign":
+            return ast.Assign(self.ident(c[0]), self.value(c[1]), sp)
+        if k == "flag":
+            return ast.Flag(self.ident(c[0]), sp)
+        if k == "section":
+            return ast.Section(self.ident(c[0]), None, self.block(c[1]), sp)
+        if k == "named_section":
+            return ast.Section(self.ident(c[0]), self.ident(c[1]), self.block(c[2]), sp)
+        raise AssertionError(f"unhandled entry {k}")
+
+    def string(self, tok: Token) -> ast.Str:
+        raw = str(tok)[1:-1]
+        value = raw.encode("utf-8").decode("unicode_escape") if "\\" in raw else raw
+        return ast.Str(value, self.span(tok))
+
+    def value(self, t):
+        if isinstance(t, Token):
+            if t.type == "STRING":
+                return self.string(t)
+            return self.ident(t)
+        k, c, sp = t.data, t.children, self.span(t)
+        if k == "number":
+            sign, num, unit = c
+            text = (str(sign) if sign else "") + str(num)
+            return ast.Number(float(text), text, str(unit) if unit else None, sp)
+        if k == "string":
+            return self.string(c[0])
+        if k == "name":
+            return self.ident(c[0])
+        if k == "range":
+            lo, hi = (ast.Number(float(x), str(x), None, self.span(x)) for x in c)
+            return ast.Range(lo, hi, sp)
+        if k == "list":
+            return ast.ListValue(tuple(self.value(x) for x in c if x is not None), sp)
+        if k == "call":
+            args, kwargs = [], []
+            for a in c[1:]:
+                if a is None:
+                    continue
+                if isinstance(a, Tree) and a.data == "kwarg":
+                    kwargs.append(ast.KwArg(self.ident(a.children[0]), self.value(a.children[1]),
+                                            self.span(a)))
+                else:
+                    args.append(self.value(a))
+            return ast.Call(self.ident(c[0]), tuple(args), tuple(kwargs), sp)
+        raise AssertionError(f"unhandled value {k}")
+
+
+# --- syntax errors ---------------------------------------------------------------
+
+_TERMINAL_NAMES = {
+    "NAME": "a name", "PRESET": "a model preset", "NUMBER": "a number", "STRING": "a string",
+    "UNIT": "a unit", "SIGN": "'-'", "_SEP": "end of line", "LBRACE": "'{'", "RBRACE": "'}'",
+    "LPAR": "'('", "RPAR": "')'", "LSQB": "'['", "RSQB": "']'", "COMMA": "','", "EQUAL": "'='",
+    "COLON": "':'", "__ANON_0": "'->'", "__ANON_1": "'<='", "__ANON_2": "'..'",
+    "$END": "end of file",
+}
+
+_KEYWORDS = ("pipeline", "extend", "workload", "model", "reward", "stage", "staleness",
+             "share", "colocate", "place", "cluster", "profile")
+
+
+def _describe_expected(expected: set[str]) -> str:
+    names: list[str] = []
+    kw = sorted(e.lower() for e in expected if e.lower() in _KEYWORDS or e in ("ON", "GPUS"))
+    for e in sorted(expected):
+        if e.lower() in _KEYWORDS or e in ("ON", "GPUS"):
+            continue
+        names.append(_TERMINAL_NAMES.get(e, _pretty_terminal(e)))
+    if len(kw) >= 6:
+        names.insert(0, "a statement (pipeline, model, stage, ...)")
+    else:
+        names = [f"'{k}'" for k in kw] + names
+    names = list(dict.fromkeys(names))
+    if len(names) == 1:
+        return names[0]
+    return ", ".join(names[:-1]) + " or " + names[-1]
+
+
+def _pretty_terminal(name: str) -> str:
+    try:
+        pattern = _lark().get_terminal(name).pattern
+        if pattern.type == "str":
+            return f"'{pattern.value}'"
+    except Exception:  # noqa: BLE001 — an unnamed terminal is only described less well
+        pass
+    return name.lower()
+
+
+def _found(tok: Token | None) -> str:
+    if tok is None or tok.type == "$END":
+        return "end of file"
+    if tok.type == "_SEP":
+        return "end of line"
+    return f"'{tok}'"
+
+
+_AFTER = {
+    "PIPELINE": "'pipeline'", "EXTEND": "'extend'", "MODEL": "'model'", "STAGE": "'stage'",
+    "REWARD": "'reward'", "STALENESS": "'staleness'", "SHARE": "'share'", "CLUSTER": "'cluster'",
+    "PROFILE": "'profile'", "COLOCATE": "'colocate'", "PLACE": "'place'", "WORKLOAD": "'workload'",
+    "EQUAL": "'='", "COLON": "':'", "COMMA": "','",
+}
+
+
+def _syntax_error(e: UnexpectedInput, text: str, path: str) -> SpecError:
+    line, col = max(e.line, 1), max(e.column, 1)
+    hint = None
+    if isinstance(e, UnexpectedCharacters):
+        ch = text[e.pos_in_stream] if e.pos_in_stream < len(text) else ""
+        if ch == '"':
+            msg, hint = "unterminated string", "close the string with '\"' on the same line"
+        else:
+            msg = f"unexpected character {ch!r}"
+            if e.allowed:
+                msg += f"; expected {_describe_expected(set(e.allowed))}"
+    elif isinstance(e, UnexpectedToken):
+        tok = e.token
+        if tok.type == "$END":
+            line, col = _end_position(text)
+        elif tok.type == "_SEP" and str(tok) == "\n" and tok.line:
+            line, col = tok.line, tok.column
+        prev = _previous_token(e)
+        where = f" after {_AFTER[prev]}" if prev in _AFTER else ""
+        expected = _accepted(e)
+        msg = f"expected {_describe_expected(expected)}{where}, not {_found(tok)}"
+        hint = _hint_for(expected, tok)
+    elif isinstance(e, UnexpectedEOF):
+        line, col = _end_position(text)
+        msg = f"unexpected end of file; expected {_describe_expected(set(e.expected))}"
+    else:  # pragma: no cover — lark has no other kinds
+        msg = "syntax error"
+    return SpecError(msg, Span(path, line, col), hint=hint)
+
+
+def _previous_token(e: UnexpectedToken) -> str | None:
+    try:
+        stack = e.state.value_stack  # type: ignore[union-attr]
+    except AttributeError:
+        return None
+    if stack and isinstance(stack[-1], Token):
+        return stack[-1].type
+    return None
+
+
+def _accepted(e: UnexpectedToken) -> set[str]:
+    """The terminals that would really have been accepted (lark's set is a superset)."""
+    try:
+        return set(e.interactive_parser.accepts()) or set(e.expected)
+    except Exception:  # noqa: BLE001 — fall back to lark's own list
+        return set(e.expected)
+
+
+def _hint_for(expected: set[str], tok: Token) -> str | None:
+    if tok.type == "EQUAL" and "__ANON_1" in expected:
+        return "write 'staleness STAGE <= K'"
+    if any(k.lower() in _KEYWORDS for k in expected):
+        return did_you_mean(str(tok), _KEYWORDS) or (
+            "a file holds statements such as 'pipeline NAME', 'model NAME : PRESET', "
+            "'stage NAME = KIND(...)'")
+    if "_SEP" in expected and tok.type not in ("_SEP", "$END"):
+        return "one statement per line, or separate them with ';'"
+    return None
+
+
+def _end_position(text: str) -> tuple[int, int]:
+    lines = text.splitlines() or [""]
+    return len(lines), len(lines[-1]) + 1

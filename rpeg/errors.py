@@ -42,6 +42,8 @@ NOWHERE = Span("<builtin>", 0, 0)
 class RpegError(Exception):
     """Root of every error rpeg reports to a user."""
 
+    severity = "error"
+
     def __init__(
         self,
         message: str,
@@ -59,7 +61,7 @@ class RpegError(Exception):
     def __str__(self) -> str:
         where = f"{self.span}: " if self.span and self.span.line else (
             f"{self.span.path}: " if self.span else "")
-        return f"{where}error: {self.message}"
+        return f"{where}{self.severity}: {self.message}"
 
     def render(self, source: str | None = None) -> str:
         """The full diagnostic: headline, source line with a caret, notes and hint."""
@@ -75,6 +77,12 @@ class RpegError(Exception):
 
 class SpecError(RpegError):
     """The .rpeg text is malformed or inconsistent."""
+
+
+class SpecWarning(SpecError):
+    """Something a run will trip on that does not stop checking or planning."""
+
+    severity = "warning"
 
 
 class GraphError(RpegError):

@@ -11,8 +11,6 @@ canonical printer can reproduce them; meaning is given by ``rpeg.spec.lower``.
 
 from __future__ import annotations
 
-from typing import Union
-
 import attrs
 
 from rpeg.errors import NOWHERE, Span
@@ -78,7 +76,7 @@ class KwArg:
     span: Span = _span_field()
 
 
-Value = Union[Number, Str, Ident, Call, Range, ListValue]
+Value = Number | Str | Ident | Call | Range | ListValue
 
 
 # --- block entries -----------------------------------------------------------
@@ -106,7 +104,7 @@ class Section:
     span: Span = _span_field()
 
 
-Entry = Union[Assign, Flag, Section]
+Entry = Assign | Flag | Section
 
 
 @attrs.frozen
@@ -198,8 +196,8 @@ class ProfileDecl:
     span: Span = _span_field()
 
 
-Item = Union[PipelineDecl, Extend, WorkloadDecl, ModelDecl, RewardDecl, StageDecl, Staleness,
-             Share, Colocate, Place, ClusterDecl, ProfileDecl]
+Item = (PipelineDecl | Extend | WorkloadDecl | ModelDecl | RewardDecl | StageDecl | Staleness
+        | Share | Colocate | Place | ClusterDecl | ProfileDecl)
 
 
 @attrs.frozen

@@ -274,6 +274,10 @@ class GpuProfile:
     Every numeric field has a unit in its metadata; the cluster language sets
     any of them by name (``memory = 96 GB``). ``extra`` carries calibrated
     curves and anything else a profile records, as (key, value) pairs.
+
+    Time of one GEMM of ``f`` FLOPs reading ``b`` bytes (rpeg.cost.compute):
+    ``max((f + matmul_half) / matmul_flops, b / mem_bandwidth) + launch_overhead``,
+    i.e. throughput saturates as ``f / (f + matmul_half)`` of the large-GEMM rate.
     """
 
     name: str
@@ -284,6 +288,17 @@ class GpuProfile:
     hbm_bandwidth: float = _q("bytes/s")           # datasheet memory bandwidth
     mem_bandwidth: float = _q("bytes/s")           # measured streaming bandwidth
     launch_overhead: float = _q("s", 5e-6)         # fixed cost per kernel / op call
+    # Framework overheads (host-side time the device cannot hide at small sizes).
+    layer_overhead: float = _q("s", 60e-6)         # per transformer layer per forward call
+    call_overhead: float = _q("s", 1e-3)           # per model call (embedding, head, wrapper)
+    decode_overhead: float = _q("s", 2e-3)         # per decode step (sampling, cache bookkeeping)
+    backward_factor: float = _q("", 2.0)           # backward time / forward time
+    optimizer_tensor_overhead: float = _q("s", 20e-6)  # per parameter tensor per optimizer step
+    sample_overhead: float = _q("s", 20e-6)        # per sample of a host-side op (python reward, gae)
+    async_launch: float = _q("", 1.0)              # 1: host overhead overlaps device work (GPU); 0: adds (CPU)
+    compute_bytes: float = _q("", 0.0)             # bytes per value the device computes in; 0: model dtype
+    act_factor: float = _q("", 1.0)                # multiplier on the activation-memory formula
+    runtime_memory: float = _q("bytes", 0.0)       # fixed transient per op (workspaces, allocator slack)
     source: str = ""                               # where the figures come from
     extra: tuple[tuple[str, float], ...] = ()
 

@@ -1,0 +1,187 @@
+"""Clusters and hardware profiles in the .rpeg language: ``ast.File`` -> ``Cluster``.
+
+    cluster gh200_64 {
+        gpu            = "profiles/gh200.rpeg"   # a profile file, a builtin name, or inline:
+        gpus_per_node  = 4                       #   gpu gh200 { memory = 96 GB; ... }
+        nodes_per_rack = 8
+        racks          = 2
+        link gpu  { bandwidth = 450 GB/s; latency = 1 us }
+        link node { bandwidth = 25 GB/s;  latency = 5 us }
+        link rack { bandwidth = 25 GB/s;  latency = 10 us }
+    }
+
+A profile file holds ``profile NAME { key = value ... ; extra { key = value } }``;
+its keys are the fields of ``GpuProfile``, each with the unit its metadata names.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import attrs
+
+from rpeg.errors import Span, SpecError, did_you_mean
+from rpeg.spec import ast
+from rpeg.spec import values as V
+from rpeg.spec.model import Cluster, GpuProfile, Level, Link
+from rpeg.spec.parser import parse_file
+from rpeg.spec.resolve import FileKind, file_kind
+
+CLUSTER_KEYS = ("gpu", "gpus_per_node", "nodes_per_rack", "racks", "link")
+LINK_KEYS = ("bandwidth", "latency")
+MAX_GPUS = 1 << 20
+PROFILE_DIRS = (Path(__file__).resolve().parents[2] / "pipelines" / "clusters" / "profiles",)
+
+
+def _profile_fields() -> dict[str, attrs.Attribute]:
+    return {a.name: a for a in attrs.fields(GpuProfile)
+            if a.name not in ("name", "extra") and "unit" in a.metadata or a.name == "source"}
+
+
+def lower_profile_block(name: ast.Ident, block: ast.Block) -> GpuProfile:
+    fields = _profile_fields()
+    values: dict[str, object] = {}
+    extra: list[tuple[str, float]] = []
+    seen: dict[str, Span] = {}
+    for e in block.entries:
+        if isinstance(e, ast.Section):
+            if e.kind.value != "extra" or e.name is not None:
+                raise SpecError(f"a profile has no section '{e.kind.value}'", e.kind.span,
+                                hint="free-form figures go in 'extra { key = value }'")
+            for x in e.block.entries:
+                if not isinstance(x, ast.Assign):
+                    raise SpecError("extra holds 'key = number' entries", x.span)
+                extra.append((x.key.value, V.real(x.value, x.key.value)))
+            continue
+        key = e.key
+        if key.value not in fields:
+            raise V.unknown_key(key, tuple(fields) + ("extra",), f"profile '{name.value}'")
+        if key.value in seen:
+            raise V.duplicate("key", key.value, key.span, seen[key.value])
+        seen[key.value] = key.span
+        if not isinstance(e, ast.Assign):
+            raise SpecError(f"{key.value} must be set with '{key.value} = VALUE'", e.span)
+        if key.value == "source":
+            values["source"] = V.string(e.value, "source")
+        else:
+            values[key.value] = V.quantity(e.value, fields[key.value].metadata["unit"], key.value)
+    if values.get("memory", 0) <= 0:
+        raise SpecError(f"profile '{name.value}' must give the device memory", name.span,
+                        hint="add 'memory = 80 GB'")
+    return GpuProfile(name=name.value, extra=tuple(extra), **values)
+
+
+def lower_profile(f: ast.File) -> GpuProfile:
+    item = next(i for i in f.items if isinstance(i, ast.ProfileDecl))
+    return lower_profile_block(item.name, item.block)
+
+
+def load_profile(path: str | Path, span: Span | None = None) -> GpuProfile:
+    f = parse_file(path)
+    if file_kind(f) is not FileKind.PROFILE:
+        raise SpecError(f"'{path}' must hold a profile, not a {file_kind(f).value}",
+                        span or Span(str(path), 1, 1))
+    return lower_profile(f)
+
+
+def builtin_profiles() -> dict[str, Path]:
+    out: dict[str, Path] = {}
+    for d in PROFILE_DIRS:
+        if d.is_dir():
+            out.update({p.stem: p for p in sorted(d.glob("*.rpeg"))})
+    return out
+
+
+def lower_cluster(f: ast.File) -> Cluster:
+    item = next(i for i in f.items if isinstance(i, ast.ClusterDecl))
+    gpu: GpuProfile | None = None
+    ints: dict[str, int] = {}
+    links: dict[Level, Link] = {}
+    seen: dict[str, Span] = {}
+    for e in item.block.entries:
+        if isinstance(e, ast.Section):
+            if e.kind.value == "gpu" and e.name is not None:
+                gpu = lower_profile_block(e.name, e.block)
+                continue
+            if e.kind.value != "link":
+                raise V.unknown_key(e.kind, CLUSTER_KEYS, f"cluster '{item.name.value}'")
+            link = _link(e)
+            if link.level in links:
+                raise V.duplicate("link", e.name.value, e.span, links[link.level].span)
+            links[link.level] = link
+            continue
+        key = e.key
+        if key.value not in CLUSTER_KEYS or key.value == "link":
+            raise V.unknown_key(key, CLUSTER_KEYS, f"cluster '{item.name.value}'")
+        if key.value in seen:
+            raise V.duplicate("key", key.value, key.span, seen[key.value])
+        seen[key.value] = key.span
+        if not isinstance(e, ast.Assign):
+            raise SpecError(f"{key.value} must be set with '{key.value} = VALUE'", e.span)
+        if key.value == "gpu":
+            gpu = _gpu(e.value, Path(f.path).parent)
+        else:
+            ints[key.value] = V.integer(e.value, key.value, minimum=1, maximum=MAX_GPUS)
+    if gpu is None:
+        raise SpecError(f"cluster '{item.name.value}' must say which gpu it has", item.name.span,
+                        hint='add gpu = "profiles/NAME.rpeg" or gpu = h100')
+    if "gpus_per_node" not in ints:
+        raise SpecError(f"cluster '{item.name.value}' must set gpus_per_node", item.name.span)
+    cluster = Cluster(name=item.name.value, path=f.path, gpu=gpu,
+                      gpus_per_node=ints["gpus_per_node"],
+                      nodes_per_rack=ints.get("nodes_per_rack", 1), racks=ints.get("racks", 1),
+                      links=tuple(links[k] for k in sorted(links)), span=item.span)
+    if cluster.num_gpus > MAX_GPUS:
+        raise SpecError(f"cluster has {cluster.num_gpus:,} GPUs; rpeg plans at most {MAX_GPUS:,}",
+                        item.span)
+    needed = [Level.GPU] if cluster.gpus_per_node > 1 else []
+    if cluster.nodes_per_rack > 1:
+        needed.append(Level.NODE)
+    if cluster.racks > 1:
+        needed.append(Level.RACK)
+    for level in needed:
+        if level not in links:
+            raise SpecError(f"cluster '{item.name.value}' needs a 'link {level.name.lower()}' "
+                            "section (bandwidth and latency)", item.name.span,
+                            hint=f"add: link {level.name.lower()} {{ bandwidth = 25 GB/s; "
+                                 "latency = 5 us }")
+    return cluster
+
+
+def _link(e: ast.Section) -> Link:
+    levels = {lv.name.lower(): lv for lv in Level}
+    if e.name is None or e.name.value not in levels:
+        got = e.name.value if e.name else "(none)"
+        raise SpecError(f"link level must be one of {', '.join(levels)}, not {got}",
+                        (e.name or e.kind).span, hint=did_you_mean(got, levels))
+    vals: dict[str, float] = {}
+    for x in e.block.entries:
+        if not isinstance(x, ast.Assign) or x.key.value not in LINK_KEYS:
+            key = x.kind if isinstance(x, ast.Section) else x.key
+            raise V.unknown_key(key, LINK_KEYS, f"link {e.name.value}")
+        dim = "bytes/s" if x.key.value == "bandwidth" else "s"
+        vals[x.key.value] = V.quantity(x.value, dim, x.key.value)
+    for k in LINK_KEYS:
+        if k not in vals:
+            raise SpecError(f"link {e.name.value} must set {k}", e.span)
+    if vals["bandwidth"] <= 0:
+        raise SpecError("bandwidth must be positive", e.span)
+    return Link(levels[e.name.value], vals["bandwidth"], vals["latency"], e.span)
+
+
+def _gpu(v: ast.Value, folder: Path) -> GpuProfile:
+    if isinstance(v, ast.Str):
+        p = folder / v.value
+        if not p.is_file():
+            raise SpecError(f"gpu profile file '{v.value}' not found", v.span,
+                            hint=f"paths are relative to the cluster file's folder ({folder})")
+        return load_profile(p, v.span)
+    if isinstance(v, ast.Ident):
+        known = builtin_profiles()
+        if v.value not in known:
+            raise SpecError(f"unknown gpu profile '{v.value}'", v.span,
+                            hint=did_you_mean(v.value, known) or
+                            "builtin profiles: " + ", ".join(known))
+        return load_profile(known[v.value], v.span)
+    raise SpecError(f"gpu must be a profile name or a profile file path, not {V.kind_of(v)}",
+                    v.span)

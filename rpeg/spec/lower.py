@@ -1,0 +1,593 @@
+"""Checks a pipeline's syntax tree and gives it meaning: ``ast.File`` -> ``Pipeline``.
+
+    >>> p, warnings = lower_pipeline(parse_file("pipelines/ppo_llama8b.rpeg"))  # doctest: +SKIP
+    >>> [s.name for s in p.stages][:2]                                          # doctest: +SKIP
+    ['rollout', 'ref_lp']
+
+Each check raises a SpecError at the span of the offending text, with a hint
+where one exists. Problems that do not stop a run being planned (a dataset not
+yet on disk) are returned as warnings.
+"""
+
+from __future__ import annotations
+
+import ast as pyast
+import importlib.util
+import sys
+from pathlib import Path
+
+from rpeg.errors import Span, SpecError, SpecWarning, did_you_mean
+from rpeg.spec import ast
+from rpeg.spec import values as V
+from rpeg.spec.model import (
+    LOSSES,
+    STAGE_FUNCTIONS,
+    WORKLOAD_DATA,
+    Engine,
+    Head,
+    LengthDist,
+    LengthKind,
+    Model,
+    OpKind,
+    Optimizer,
+    Pipeline,
+    Reward,
+    Stage,
+    Workload,
+    lognormal_sigma,
+)
+from rpeg.spec.presets import DIM_KEYS, PRESETS, ModelDims
+from rpeg.spec.resolve import resolve_pipeline
+
+WORKLOAD_KEYS = ("steps", "prompts", "samples", "prompt_len", "gen_len", "dataset", "seed")
+MODEL_KEYS = ("optimizer", "head", "frozen", "dtype", "weights", "tied", "family") + DIM_KEYS
+DTYPES = ("bf16", "fp16", "fp32")
+MAX_STEPS = 10_000_000
+MAX_TOKENS = 1 << 21
+
+# Keyword arguments each stage function takes (and of which type).
+STAGE_KWARGS: dict[str, tuple[str, ...]] = {
+    "generate": ("temperature", "top_p", "max_len", "engine", "chunks", "min_len"),
+    "forward": ("microbatch",),
+    "score": (),
+    "train": ("loss", "minibatches", "epochs", "grad_clip", "kl", "entropy", "value_clip",
+              "is_cap", "microbatch"),
+    "gae": ("kl", "gamma", "lam"),
+    "group_norm": ("kl", "eps"),
+    "grpo_advantages": ("kl", "eps"),
+    "rloo": ("kl",),
+    "reinforce": ("kl", "gamma"),
+}
+_TARGETED = (OpKind.GENERATE, OpKind.FORWARD, OpKind.SCORE, OpKind.TRAIN)
+
+
+def lower_pipeline(f: ast.File) -> tuple[Pipeline, list[SpecError]]:
+    """Resolve ``extend`` and check everything; return the pipeline and any warnings."""
+    items, chain = resolve_pipeline(f)
+    warnings: list[SpecError] = []
+    decl = next(i for i in items if isinstance(i, ast.PipelineDecl))
+    wl_items = [i for i in items if isinstance(i, ast.WorkloadDecl)]
+    if not wl_items:
+        raise SpecError(f"pipeline '{decl.name.value}' has no workload block", decl.span,
+                        hint="add 'workload { steps = ...; prompts = ...; prompt_len = ...; "
+                             "gen_len = ... }'")
+    workload = _workload(wl_items[0], f.path, warnings)
+    models = tuple(_model(m) for m in items if isinstance(m, ast.ModelDecl))
+    rewards = tuple(_reward(r, warnings) for r in items if isinstance(r, ast.RewardDecl))
+    targets = {m.name: m for m in models} | {r.name: r for r in rewards}
+    stages = tuple(_stage(s, targets) for s in items if isinstance(s, ast.StageDecl))
+    if not stages:
+        raise SpecError(f"pipeline '{decl.name.value}' has no stages", decl.span,
+                        hint="add at least 'stage rollout = generate(MODEL, prompts) -> responses'")
+    _check_dataflow(stages, items)
+    by_stage = {s.name: s for s in stages}
+    staleness = tuple(_staleness(i, by_stage, targets) for i in items
+                      if isinstance(i, ast.Staleness))
+    shares = tuple(_share(i, targets) for i in items if isinstance(i, ast.Share))
+    colocate = tuple(_colocate(i, by_stage, targets) for i in items if isinstance(i, ast.Colocate))
+    place = tuple(_place(i, by_stage) for i in items if isinstance(i, ast.Place))
+    _check_unused(stages, models, items, warnings)
+    pipeline = Pipeline(
+        name=decl.name.value, path=f.path, workload=workload, models=models, rewards=rewards,
+        stages=stages, staleness=staleness, shares=shares, colocate=colocate, place=place,
+        extends=chain)
+    return pipeline, warnings
+
+
+# --- workload ----------------------------------------------------------------
+
+def _entries(block: ast.Block, allowed: tuple[str, ...], where: str) -> dict[str, ast.Entry]:
+    out: dict[str, ast.Entry] = {}
+    for e in block.entries:
+        key = e.kind if isinstance(e, ast.Section) else e.key
+        if key.value not in allowed:
+            raise V.unknown_key(key, allowed, where)
+        if key.value in out:
+            raise V.duplicate("key", key.value, key.span, out[key.value].span)
+        out[key.value] = e
+    return out
+
+
+def _assigned(e: ast.Entry, key: str) -> ast.Value:
+    if not isinstance(e, ast.Assign):
+        raise SpecError(f"{key} must be set with '{key} = VALUE'", e.span)
+    return e.value
+
+
+def _workload(w: ast.WorkloadDecl, path: str, warnings: list[SpecError]) -> Workload:
+    e = _entries(w.block, WORKLOAD_KEYS, "the workload block")
+    for required in ("steps", "prompts", "prompt_len", "gen_len"):
+        if required not in e:
+            raise SpecError(f"the workload block must set {required}", w.span,
+                            hint=f"add '{required} = ...'")
+    steps = V.integer(_assigned(e["steps"], "steps"), "steps", minimum=1, maximum=MAX_STEPS)
+    prompts = V.integer(_assigned(e["prompts"], "prompts"), "prompts", minimum=1)
+    samples = V.integer(_assigned(e["samples"], "samples"), "samples", minimum=1,
+                        maximum=4096) if "samples" in e else 1
+    prompt_len = V.integer(_assigned(e["prompt_len"], "prompt_len"), "prompt_len", minimum=1,
+                           maximum=MAX_TOKENS)
+    gen_len = _length(_assigned(e["gen_len"], "gen_len"), path)
+    seed = V.integer(_assigned(e["seed"], "seed"), "seed", maximum=2**31 - 1) if "seed" in e else 0
+    dataset = None
+    if "dataset" in e:
+        dv = _assigned(e["dataset"], "dataset")
+        dataset = V.string(dv, "dataset")
+        if not (Path(path).parent / dataset).exists():
+            warnings.append(SpecWarning(f"dataset '{dataset}' does not exist (yet); a run needs it",
+                                      dv.span))
+    return Workload(steps, prompts, samples, prompt_len, gen_len, dataset, seed, w.span)
+
+
+def _length(v: ast.Value, path: str) -> LengthDist:
+    if isinstance(v, ast.Number):
+        return LengthDist.fixed(V.integer(v, "gen_len", minimum=1, maximum=MAX_TOKENS))
+    if not isinstance(v, ast.Call):
+        raise SpecError(f"gen_len must be a length or a distribution such as "
+                        f"lognormal(median = 512, max = 2048), not {V.kind_of(v)}", v.span)
+    fn = v.func.value
+    kinds = ("fixed", "uniform", "lognormal", "empirical")
+    if fn not in kinds:
+        raise SpecError(f"gen_len distribution must be one of {', '.join(kinds)}, not '{fn}'",
+                        v.func.span, hint=did_you_mean(fn, kinds))
+    kw = {k.key.value: k for k in v.kwargs}
+
+    def arg(key: str, pos: int | None = None) -> ast.Value | None:
+        if key in kw:
+            return kw[key].value
+        if pos is not None and pos < len(v.args):
+            return v.args[pos]
+        return None
+
+    def need(key: str, pos: int | None = None) -> ast.Value:
+        x = arg(key, pos)
+        if x is None:
+            raise SpecError(f"{fn}(...) needs {key} = ...", v.span)
+        return x
+
+    allowed = {"fixed": ("n",), "uniform": ("min", "max"), "lognormal": ("median", "max", "sigma"),
+               "empirical": ("max",)}[fn]
+    for k in v.kwargs:
+        if k.key.value not in allowed:
+            raise V.unknown_key(k.key, allowed, f"{fn}(...)")
+    if fn == "fixed":
+        return LengthDist.fixed(V.integer(need("n", 0), "gen_len", minimum=1, maximum=MAX_TOKENS))
+    if fn == "uniform":
+        lo = V.integer(need("min", 0), "min", minimum=1, maximum=MAX_TOKENS)
+        hi = V.integer(need("max", 1), "max", minimum=1, maximum=MAX_TOKENS)
+        if hi < lo:
+            raise SpecError(f"uniform max must be at least min ({lo}), not {hi}", v.span)
+        return LengthDist(LengthKind.UNIFORM, max_len=hi, low=lo)
+    if fn == "lognormal":
+        median = V.real(need("median", 0), "median", positive=True, maximum=MAX_TOKENS)
+        hi = V.integer(need("max", 1), "max", minimum=1, maximum=MAX_TOKENS)
+        if hi < median:
+            raise SpecError(f"lognormal max must be at least the median ({median:g}), not {hi}",
+                            v.span)
+        sv = arg("sigma", 2)
+        sigma = V.real(sv, "sigma", minimum=0.0, maximum=10.0) if sv is not None \
+            else lognormal_sigma(median, hi)
+        return LengthDist(LengthKind.LOGNORMAL, max_len=hi, median=median, sigma=sigma)
+    src = v.args[0] if v.args else None
+    if src is None:
+        raise SpecError('empirical(...) needs a histogram file: empirical("lengths.csv")', v.span)
+    file = V.string(src, "empirical histogram")
+    bins = _histogram(Path(path).parent / file, src.span)
+    mv = arg("max")
+    hi = V.integer(mv, "max", minimum=1, maximum=MAX_TOKENS) if mv is not None else \
+        max(b[0] for b in bins)
+    return LengthDist(LengthKind.EMPIRICAL, max_len=hi, bins=bins, source=file)
+
+
+def _histogram(file: Path, span: Span) -> tuple[tuple[int, float], ...]:
+    """A histogram file: one 'length,weight' (or 'length weight') pair per line; '#' comments."""
+    try:
+        text = file.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        raise SpecError(f"cannot read histogram file '{file}'", span,
+                        hint="one 'length,weight' pair per line") from None
+    bins = []
+    for n, line in enumerate(text.splitlines(), 1):
+        line = line.split("#")[0].strip()
+        if not line or line.lower().startswith("length"):
+            continue
+        parts = line.replace(",", " ").split()
+        try:
+            length, weight = int(parts[0]), float(parts[1]) if len(parts) > 1 else 1.0
+        except (ValueError, IndexError):
+            raise SpecError(f"{file}:{n}: histogram lines must be 'length,weight', not "
+                            f"{line!r}", span) from None
+        if length < 1 or length > MAX_TOKENS or not (0 <= weight < float("inf")):
+            raise SpecError(f"{file}:{n}: length must be 1..{MAX_TOKENS} and weight >= 0",
+                            span)
+        bins.append((length, weight))
+    if not bins or sum(w for _, w in bins) <= 0:
+        raise SpecError(f"histogram file '{file}' has no positive weights", span)
+    return tuple(bins)
+
+
+# --- models and rewards ------------------------------------------------------
+
+def _model(m: ast.ModelDecl) -> Model:
+    preset = m.preset.value
+    e = _entries(m.block, MODEL_KEYS, f"model '{m.name.value}'") if m.block else {}
+    explicit = {k: V.integer(_assigned(e[k], k), k, minimum=1, maximum=1 << 22)
+                for k in DIM_KEYS if k in e}
+    if preset in PRESETS:
+        dims = PRESETS[preset]
+    elif preset == "custom":
+        missing = [k for k in DIM_KEYS if k not in explicit]
+        if missing:
+            raise SpecError(f"a custom model must give {', '.join(missing)}", m.preset.span,
+                            hint="or name a preset such as llama3.1-8b or qwen2.5-7b")
+        dims = ModelDims("llama", 1, 1, 1, 1, 1, 1)
+    else:
+        raise SpecError(f"unknown model preset '{preset}'", m.preset.span,
+                        hint=did_you_mean(preset, list(PRESETS) + ["custom"]) or
+                        "presets: " + ", ".join(PRESETS) + ", or custom with explicit dimensions")
+    if explicit or "tied" in e or "family" in e:
+        import attrs
+        changes = dict(explicit)
+        if "tied" in e:
+            changes["tied_embeddings"] = True
+        if "family" in e:
+            changes["family"] = V.name(_assigned(e["family"], "family"), "family",
+                                       ("llama", "qwen2"))
+        dims = attrs.evolve(dims, **changes)
+    if dims.hidden % dims.heads:
+        span = e["heads"].span if "heads" in e else m.preset.span
+        raise SpecError(f"heads ({dims.heads}) must divide hidden ({dims.hidden})", span)
+    if dims.heads % dims.kv_heads:
+        span = e["kv_heads"].span if "kv_heads" in e else m.preset.span
+        raise SpecError(f"kv_heads ({dims.kv_heads}) must divide heads ({dims.heads})", span)
+    head = Head.LM
+    if "head" in e:
+        head = Head(V.name(_assigned(e["head"], "head"), "head", tuple(h.value for h in Head)))
+    frozen = "frozen" in e
+    if frozen and not isinstance(e["frozen"], ast.Flag):
+        raise SpecError("frozen is a flag: write 'frozen' alone", e["frozen"].span)
+    optimizer = None
+    if "optimizer" in e:
+        if frozen:
+            raise SpecError(f"model '{m.name.value}' is frozen and cannot have an optimizer",
+                            e["optimizer"].span, hint="remove 'frozen' or the optimizer")
+        optimizer = _optimizer(_assigned(e["optimizer"], "optimizer"))
+    elif not frozen:
+        optimizer = Optimizer()
+    dtype = V.name(_assigned(e["dtype"], "dtype"), "dtype", DTYPES) if "dtype" in e else "bf16"
+    weights = V.string(_assigned(e["weights"], "weights"), "weights") if "weights" in e else None
+    return Model(m.name.value, preset, dims, head, frozen, optimizer, dtype, weights, m.span)
+
+
+def _optimizer(v: ast.Value) -> Optimizer:
+    if not isinstance(v, ast.Call) or v.func.value not in ("adam", "adamw"):
+        raise SpecError(f"optimizer must be adam(lr = ...) or adamw(lr = ...), not "
+                        f"{V.describe(v)}", v.span)
+    allowed = ("lr", "beta1", "beta2", "weight_decay", "eps", "grad_clip")
+    kw = {}
+    for k in v.kwargs:
+        if k.key.value not in allowed:
+            raise V.unknown_key(k.key, allowed, f"{v.func.value}(...)")
+        kw[k.key.value] = V.real(k.value, k.key.value, minimum=0.0)
+    if v.args:
+        kw.setdefault("lr", V.real(v.args[0], "lr", positive=True))
+    if "lr" in kw and not 0 < kw["lr"] < 1:
+        raise SpecError(f"lr must be in (0, 1), not {kw['lr']:g}", v.span)
+    return Optimizer(kind=v.func.value, lr=kw.get("lr", 1e-5),
+                     betas=(kw.get("beta1", 0.9), kw.get("beta2", 0.999)),
+                     weight_decay=kw.get("weight_decay", 0.0 if v.func.value == "adam" else 0.01),
+                     eps=kw.get("eps", 1e-8), grad_clip=kw.get("grad_clip", 1.0))
+
+
+def _reward(r: ast.RewardDecl, warnings: list[SpecError]) -> Reward:
+    c = r.call
+    if c.func.value != "python" or len(c.args) != 1 or c.kwargs:
+        raise SpecError(f'a reward must be python("module:function"), not {V.describe(c)}',
+                        c.span)
+    ref = V.string(c.args[0], "python(...)")
+    if ref.count(":") != 1 or not all(part.replace(".", "").replace("_", "a").isalnum()
+                                      for part in ref.split(":")):
+        raise SpecError(f'python(...) must name "module:function", not "{ref}"', c.args[0].span)
+    module, function = ref.split(":")
+    _resolve_python(module, function, Path(r.span.path).parent, c.args[0].span)
+    return Reward(r.name.value, module, function, r.span)
+
+
+def _resolve_python(module: str, function: str, folder: Path, span: Span) -> None:
+    """Find the module (next to the spec first, then on sys.path) and the function in it,
+    by reading its source: checking a spec runs none of the user's code."""
+    candidates = [folder / (module.replace(".", "/") + ".py"),
+                  folder / module.replace(".", "/") / "__init__.py"]
+    source = next((p for p in candidates if p.is_file()), None)
+    if source is None:
+        try:
+            found = importlib.util.find_spec(module) if module not in sys.builtin_module_names \
+                else None
+        except (ImportError, ValueError):
+            found = None
+        if found is None or not found.origin or not found.origin.endswith(".py"):
+            raise SpecError(f"reward module '{module}' not found", span,
+                            hint=f"put {module.replace('.', '/')}.py next to the spec "
+                                 f"({folder}) or on the Python path")
+        source = Path(found.origin)
+    try:
+        tree = pyast.parse(source.read_text(encoding="utf-8"))
+    except (SyntaxError, UnicodeDecodeError, OSError) as e:
+        raise SpecError(f"reward module '{module}' ({source}) cannot be read: {e}", span) from None
+    names = {n.name for n in tree.body if isinstance(n, (pyast.FunctionDef,
+                                                         pyast.AsyncFunctionDef))}
+    names |= {t.id for n in tree.body if isinstance(n, pyast.Assign) for t in n.targets
+              if isinstance(t, pyast.Name)}
+    names |= {a.asname or a.name for n in tree.body if isinstance(n, pyast.ImportFrom)
+              for a in n.names}
+    if function not in names:
+        raise SpecError(f"module '{module}' ({source}) has no function '{function}'", span,
+                        hint=did_you_mean(function, sorted(names)))
+
+
+# --- stages ------------------------------------------------------------------
+
+def _stage(s: ast.StageDecl, targets: dict[str, Model | Reward]) -> Stage:
+    fn = s.call.func.value
+    if fn not in STAGE_FUNCTIONS:
+        raise SpecError(f"unknown stage kind '{fn}'", s.call.func.span,
+                        hint=did_you_mean(fn, STAGE_FUNCTIONS) or
+                        "stage kinds: " + ", ".join(STAGE_FUNCTIONS))
+    kind = STAGE_FUNCTIONS[fn]
+    args = list(s.call.args)
+    for a in args:
+        if not isinstance(a, ast.Ident):
+            raise SpecError(f"arguments of {fn}(...) must be names of models and data, "
+                            f"not {V.kind_of(a)} ({V.describe(a)})", a.span,
+                            hint="settings go in keyword form: name = value")
+    target = None
+    if kind in _TARGETED:
+        if not args:
+            raise SpecError(f"{fn}(...) needs the {'reward' if kind is OpKind.SCORE else 'model'}"
+                            " it runs as its first argument", s.call.span)
+        t = args.pop(0)
+        target = t.value
+        if target not in targets:
+            raise SpecError(f"unknown {'reward or model' if kind is OpKind.SCORE else 'model'} "
+                            f"'{target}'", t.span, hint=did_you_mean(target, targets))
+        obj = targets[target]
+        if kind is OpKind.SCORE:
+            if isinstance(obj, Model) and obj.head is not Head.REWARD:
+                raise SpecError(f"score(...) needs a reward or a model with head = reward; "
+                                f"'{target}' has head = {obj.head.value}", t.span)
+        elif not isinstance(obj, Model):
+            raise SpecError(f"{fn}(...) runs a model, and '{target}' is a reward", t.span,
+                            hint=f"use score({target}, ...) to run a reward")
+        if kind is OpKind.TRAIN and obj.frozen:
+            raise SpecError(f"cannot train frozen model '{target}'", t.span,
+                            notes=[("declared frozen here", obj.span)],
+                            hint="remove 'frozen' from the model, or drop this train stage")
+        if kind is OpKind.GENERATE and obj.head is not Head.LM:
+            raise SpecError(f"generate(...) needs a language model; '{target}' has head = "
+                            f"{obj.head.value}", t.span)
+    inputs = tuple(a.value for a in args)
+    for a in args:
+        if a.value in targets:
+            raise SpecError(f"'{a.value}' is a model or reward, not data; only the first "
+                            f"argument of {fn}(...) names one", a.span)
+    if len(set(inputs)) != len(inputs):
+        dup = next(a for n, a in enumerate(args) if a.value in inputs[:n])
+        raise SpecError(f"'{dup.value}' is passed twice", dup.span)
+    outputs = tuple(o.value for o in s.outputs)
+    for n, o in enumerate(s.outputs):
+        if o.value in outputs[:n]:
+            raise SpecError(f"output '{o.value}' is listed twice", o.span)
+        if o.value in targets:
+            raise SpecError(f"output '{o.value}' has the name of a model or reward", o.span)
+        if o.value in WORKLOAD_DATA:
+            raise SpecError(f"'{o.value}' comes from the workload and cannot be produced by a "
+                            "stage", o.span)
+    if kind is OpKind.TRAIN and outputs:
+        raise SpecError("a train stage produces a new version of its model, not data", s.span,
+                        hint="remove the '-> ...' outputs")
+    if kind is not OpKind.TRAIN and not outputs:
+        raise SpecError(f"stage '{s.name.value}' produces nothing", s.call.span,
+                        hint="name its outputs: '-> name, ...'")
+    if kind is OpKind.GENERATE and "prompts" not in inputs:
+        raise SpecError("generate(...) must read the workload's prompts", s.call.span,
+                        hint=f"write generate({target}, prompts)")
+    params = _stage_params(s, fn, kind, targets.get(target) if target else None)
+    return Stage(s.name.value, kind, fn, target, inputs, outputs, params, s.span)
+
+
+def _stage_params(s: ast.StageDecl, fn: str, kind: OpKind, obj) -> tuple[tuple[str, object], ...]:
+    allowed = STAGE_KWARGS[fn]
+    params: list[tuple[str, object]] = []
+    for k in s.call.kwargs:
+        key = k.key.value
+        if key not in allowed:
+            raise V.unknown_key(k.key, allowed or ("(none)",), f"{fn}(...)")
+        if key == "engine":
+            value: object = Engine(V.name(k.value, "engine", tuple(e.value for e in Engine)))
+        elif key == "loss":
+            value = V.plain(k.value, "loss")
+            lname = value.name if isinstance(value, V.Fn) else value
+            if lname not in LOSSES:
+                raise SpecError(f"loss must be one of {', '.join(LOSSES)}, not '{lname}'",
+                                k.value.span, hint=did_you_mean(str(lname), LOSSES))
+            if not isinstance(value, V.Fn):
+                value = V.Fn(lname)
+            _check_loss(value, obj, k.value.span)
+        elif key in ("minibatches", "epochs", "chunks", "max_len", "min_len", "microbatch"):
+            value = V.integer(k.value, key, minimum=1, maximum=MAX_TOKENS)
+        else:
+            value = V.real(k.value, key, minimum=0.0, maximum=1e6)
+        params.append((key, value))
+    if kind is OpKind.TRAIN and not any(k == "loss" for k, _ in params):
+        default = V.Fn("value_mse" if obj.head is Head.VALUE else "ppo_clip")
+        params.append(("loss", default))
+    return tuple(params)
+
+
+def _check_loss(loss: V.Fn, model, span: Span) -> None:
+    if model is None:
+        return
+    if loss.name == "value_mse" and model.head is not Head.VALUE:
+        raise SpecError(f"loss value_mse trains a value head; '{model.name}' has head = "
+                        f"{model.head.value}", span, hint="add 'head = value' to the model")
+    if loss.name in ("ppo_clip", "grpo") and model.head is not Head.LM:
+        raise SpecError(f"loss {loss.name} trains a policy; '{model.name}' has head = "
+                        f"{model.head.value}", span, hint="use loss = value_mse")
+    clip = loss.get("clip", position=0)
+    if clip is not None and not (isinstance(clip, (int, float)) and 0 < clip < 1):
+        raise SpecError(f"{loss.name} clip must be in (0, 1), not {clip}", span)
+
+
+def _check_dataflow(stages: tuple[Stage, ...], items) -> None:
+    decls = {i.name.value: i for i in items if isinstance(i, ast.StageDecl)}
+    producer: dict[str, Stage] = {}
+    for s in stages:
+        for o in s.outputs:
+            if o in producer:
+                first = producer[o]
+                raise SpecError(f"'{o}' is produced by two stages, '{first.name}' and "
+                                f"'{s.name}'", _output_span(decls[s.name], o),
+                                notes=[(f"also produced by '{first.name}' here",
+                                        _output_span(decls[first.name], o))],
+                                hint="rename one of the outputs")
+            producer[o] = s
+    for s in stages:
+        for data in s.inputs:
+            if data not in producer and data not in WORKLOAD_DATA:
+                arg = _input_span(decls[s.name], data)
+                raise SpecError(f"'{data}' is read by stage '{s.name}' but no stage produces it",
+                                arg, hint=did_you_mean(data, list(producer) + list(WORKLOAD_DATA))
+                                or "add a stage with '-> " + data + "'")
+    # cycles inside one step: depth-first search over stage -> consumer edges
+    deps = {s.name: [producer[d].name for d in s.inputs if d in producer] for s in stages}
+    state: dict[str, int] = {}
+
+    def visit(name: str, path: list[str]) -> None:
+        state[name] = 1
+        for dep in deps[name]:
+            if state.get(dep) == 1:
+                cycle = path[path.index(dep):] + [dep] if dep in path else [name, dep]
+                raise SpecError("stages depend on each other in a cycle: "
+                                + " -> ".join(reversed(cycle)), decls[dep].span,
+                                hint="data inside one step must flow one way; state across "
+                                     "steps flows through model versions (staleness)")
+            if state.get(dep) is None:
+                visit(dep, path + [dep])
+        state[name] = 2
+
+    for s in stages:
+        if s.name not in state:
+            visit(s.name, [s.name])
+
+
+def _output_span(decl: ast.StageDecl, name: str) -> Span:
+    return next((o.span for o in decl.outputs if o.value == name), decl.span)
+
+
+def _input_span(decl: ast.StageDecl, name: str) -> Span:
+    return next((a.span for a in decl.call.args if isinstance(a, ast.Ident) and a.value == name),
+                decl.span)
+
+
+# --- structural statements ------------------------------------------------------
+
+def _staleness(i: ast.Staleness, stages: dict[str, Stage], targets) -> tuple[str, int]:
+    if i.stage.value not in stages:
+        raise SpecError(f"staleness names unknown stage '{i.stage.value}'", i.stage.span,
+                        hint=did_you_mean(i.stage.value, stages))
+    b = i.bound
+    if isinstance(b, ast.Number) and b.value < 0:
+        raise SpecError(f"staleness bound must be a non-negative integer, not {b.text}", b.span,
+                        hint="0 means synchronous; 1 lets the stage read weights one update old")
+    k = V.integer(b, "staleness bound", minimum=0, maximum=64)
+    s = stages[i.stage.value]
+    if s.kind is OpKind.TRAIN:
+        raise SpecError(f"staleness on train stage '{s.name}': a train stage always reads the "
+                        "latest version of the model it writes", i.span)
+    model = targets.get(s.target) if s.target else None
+    if not isinstance(model, Model) or model.frozen:
+        what = f"frozen model '{model.name}'" if isinstance(model, Model) else \
+            ("reward '" + s.target + "'" if s.target else "no model")
+        raise SpecError(f"staleness on stage '{s.name}', which reads {what}: only a stage that "
+                        "reads a trained model's weights can read an older version", i.span)
+    return (s.name, k)
+
+
+def _share(i: ast.Share, targets) -> tuple[str, ...]:
+    names = tuple(n.value for n in i.names)
+    if len(names) < 2:
+        raise SpecError("share needs at least two models: share actor, critic", i.span)
+    first: Model | None = None
+    for n in i.names:
+        m = targets.get(n.value)
+        if not isinstance(m, Model):
+            raise SpecError(f"share names unknown model '{n.value}'", n.span,
+                            hint=did_you_mean(n.value, [k for k, v in targets.items()
+                                                        if isinstance(v, Model)]))
+        if m.frozen:
+            raise SpecError(f"cannot share the backbone of frozen model '{m.name}' with a "
+                            "trained one", n.span)
+        if first is None:
+            first = m
+        elif m.dims.backbone_key() != first.dims.backbone_key():
+            raise SpecError(f"cannot share models of different architectures: '{first.name}' is "
+                            f"{first.preset} and '{m.name}' is {m.preset}", n.span,
+                            hint="shared models need the same backbone (family and dimensions)")
+    if len(set(names)) != len(names):
+        raise SpecError("share lists a model twice", i.span)
+    return names
+
+
+def _colocate(i: ast.Colocate, stages, targets) -> tuple[str, ...]:
+    names = tuple(n.value for n in i.names)
+    if len(names) < 2:
+        raise SpecError("colocate needs at least two stages or models", i.span)
+    for n in i.names:
+        if n.value not in stages and n.value not in targets:
+            raise SpecError(f"colocate names unknown stage or model '{n.value}'", n.span,
+                            hint=did_you_mean(n.value, list(stages) + list(targets)))
+    return names
+
+
+def _place(i: ast.Place, stages) -> tuple[str, int, int]:
+    if i.stage.value not in stages:
+        raise SpecError(f"place names unknown stage '{i.stage.value}'", i.stage.span,
+                        hint=did_you_mean(i.stage.value, stages))
+    lo = V.integer(i.gpus.low, "first gpu", maximum=1 << 20)
+    hi = V.integer(i.gpus.high, "last gpu", maximum=1 << 20)
+    if hi < lo:
+        raise SpecError(f"gpu range must run low..high, not {lo}..{hi}", i.gpus.span)
+    return (i.stage.value, lo, hi)
+
+
+def _check_unused(stages, models, items, warnings: list[SpecError]) -> None:
+    used = {s.target for s in stages}
+    for m in models:
+        if m.name not in used:
+            warnings.append(SpecWarning(f"model '{m.name}' is declared but no stage uses it",
+                                      m.span))
+    read = {d for s in stages for d in s.inputs}
+    for s in stages:
+        for o in s.outputs:
+            if o not in read and s.kind is not OpKind.SCORE:
+                warnings.append(SpecWarning(f"'{o}' is produced by stage '{s.name}' but never "
+                                          "read", s.span))

@@ -1,0 +1,175 @@
+"""What a file is (pipeline, cluster, profile), and ``extend`` resolved into one item list.
+
+    >>> items, chain = resolve_pipeline(parse_file("pipelines/ppo_async.rpeg"))   # doctest: +SKIP
+    >>> chain                                                                       # doctest: +SKIP
+    ('pipelines/ppo_llama8b.rpeg',)
+
+A derived pipeline overrides its base by name: a model, reward or stage of the
+same name replaces the base's; workload keys replace one by one; staleness and
+placement replace per stage; ``share`` and ``colocate`` add to the base's.
+Within one file every name is defined once.
+"""
+
+from __future__ import annotations
+
+import enum
+from pathlib import Path
+
+from rpeg.errors import Span, SpecError
+from rpeg.spec import ast
+from rpeg.spec.parser import parse_file
+from rpeg.spec.values import duplicate
+
+MAX_EXTEND_DEPTH = 16
+
+
+class FileKind(enum.Enum):
+    PIPELINE = "pipeline"
+    CLUSTER = "cluster"
+    PROFILE = "profile"
+
+
+_PIPELINE_ITEMS = (ast.PipelineDecl, ast.Extend, ast.WorkloadDecl, ast.ModelDecl, ast.RewardDecl,
+                   ast.StageDecl, ast.Staleness, ast.Share, ast.Colocate, ast.Place)
+
+
+def file_kind(f: ast.File) -> FileKind:
+    """A file holds one pipeline, one cluster or one profile, and nothing else."""
+    if not f.items:
+        what = "only comments" if f.comments else "nothing"
+        raise SpecError(f"file holds {what}; a .rpeg file must describe one pipeline, cluster or "
+                        "profile", Span(f.path, 1, 1),
+                        hint="start with 'pipeline NAME' or 'cluster NAME { ... }'")
+    clusters = [i for i in f.items if isinstance(i, ast.ClusterDecl)]
+    profiles = [i for i in f.items if isinstance(i, ast.ProfileDecl)]
+    pipeline = [i for i in f.items if isinstance(i, _PIPELINE_ITEMS)]
+    if clusters or profiles:
+        if pipeline:
+            other = pipeline[0]
+            first = (clusters or profiles)[0]
+            raise SpecError("a file holds one pipeline or one cluster, not both", other.span,
+                            notes=[("the file also describes a cluster here", first.span)],
+                            hint="move the cluster into a file of its own and pass it with "
+                                 "--cluster")
+        if len(clusters) + len(profiles) > 1:
+            second = (clusters + profiles)[1]
+            raise SpecError("a file holds one cluster or profile; this is a second one",
+                            second.span)
+        return FileKind.CLUSTER if clusters else FileKind.PROFILE
+    decls = [i for i in f.items if isinstance(i, ast.PipelineDecl)]
+    if len(decls) > 1:
+        raise duplicate("pipeline", decls[1].name.value, decls[1].span, decls[0].span)
+    if not decls:
+        raise SpecError("a pipeline file must name its pipeline", f.items[0].span,
+                        hint="add 'pipeline NAME' as the first line")
+    return FileKind.PIPELINE
+
+
+def _key(item) -> tuple[str, str] | None:
+    if isinstance(item, ast.ModelDecl):
+        return ("model", item.name.value)
+    if isinstance(item, ast.RewardDecl):
+        return ("reward", item.name.value)
+    if isinstance(item, ast.StageDecl):
+        return ("stage", item.name.value)
+    if isinstance(item, ast.Staleness):
+        return ("staleness", item.stage.value)
+    if isinstance(item, ast.Place):
+        return ("place", item.stage.value)
+    return None
+
+
+def _check_unique(f: ast.File) -> None:
+    seen: dict[tuple[str, str], ast.Item] = {}
+    names: dict[str, ast.Item] = {}
+    extends = [i for i in f.items if isinstance(i, ast.Extend)]
+    if len(extends) > 1:
+        raise SpecError("a pipeline extends at most one base", extends[1].span,
+                        notes=[("first extend here", extends[0].span)])
+    workloads = [i for i in f.items if isinstance(i, ast.WorkloadDecl)]
+    if len(workloads) > 1:
+        raise duplicate("workload", "block", workloads[1].span, workloads[0].span)
+    for item in f.items:
+        key = _key(item)
+        if key is None:
+            continue
+        if key in seen:
+            kind = key[0] if key[0] not in ("staleness", "place") else f"{key[0]} of stage"
+            raise duplicate(kind, key[1], item.span, seen[key].span)
+        seen[key] = item
+        if key[0] in ("model", "reward"):
+            # models and rewards share one namespace: a stage's target names either
+            if key[1] in names:
+                raise duplicate("name", key[1], item.span, names[key[1]].span)
+            names[key[1]] = item
+
+
+def resolve_pipeline(f: ast.File, _stack: tuple[str, ...] = ()) -> tuple[tuple[ast.Item, ...],
+                                                                       tuple[str, ...]]:
+    """The pipeline's items with its ``extend`` chain applied, and the chain's paths."""
+    _check_unique(f)
+    ext = next((i for i in f.items if isinstance(i, ast.Extend)), None)
+    own = tuple(i for i in f.items if not isinstance(i, ast.Extend))
+    if ext is None:
+        return own, ()
+    base_path = (Path(f.path).parent / ext.path.value)
+    real = str(base_path.resolve())
+    here = str(Path(f.path).resolve())
+    stack = _stack + (here,)
+    if real in stack:
+        chain = " -> ".join(Path(p).name for p in stack + (real,))
+        raise SpecError(f"extend cycle: {chain}", ext.path.span,
+                        hint="a pipeline cannot extend itself, directly or through others")
+    if len(stack) >= MAX_EXTEND_DEPTH:
+        raise SpecError(f"extend chain is deeper than {MAX_EXTEND_DEPTH} files", ext.path.span)
+    if not base_path.is_file():
+        raise SpecError(f"extend: no such file '{ext.path.value}'", ext.path.span,
+                        hint=f"paths are relative to this file's folder ({Path(f.path).parent})")
+    try:
+        base = parse_file(base_path)
+    except SpecError as e:
+        e.notes = e.notes + (("while reading the base of this extend", ext.span),)
+        raise
+    if file_kind(base) is not FileKind.PIPELINE:
+        raise SpecError(f"extend must name a pipeline file, and '{ext.path.value}' describes "
+                        "a cluster", ext.path.span)
+    base_items, chain = resolve_pipeline(base, stack)
+    return _merge(base_items, own), (str(base_path),) + chain
+
+
+def _merge(base: tuple[ast.Item, ...], own: tuple[ast.Item, ...]) -> tuple[ast.Item, ...]:
+    out = list(base)
+    for item in own:
+        if isinstance(item, ast.PipelineDecl):
+            out = [i for i in out if not isinstance(i, ast.PipelineDecl)]
+            out.insert(0, item)
+            continue
+        if isinstance(item, ast.WorkloadDecl):
+            idx = next((n for n, i in enumerate(out) if isinstance(i, ast.WorkloadDecl)), None)
+            if idx is None:
+                out.append(item)
+            else:
+                out[idx] = _merge_workload(out[idx], item)
+            continue
+        key = _key(item)
+        idx = next((n for n, i in enumerate(out) if key is not None and _key(i) == key), None)
+        if idx is None:
+            out.append(item)
+        else:
+            out[idx] = item
+    return tuple(out)
+
+
+def _merge_workload(base: ast.WorkloadDecl, own: ast.WorkloadDecl) -> ast.WorkloadDecl:
+    entries = list(base.block.entries)
+    for e in own.block.entries:
+        idx = next((n for n, b in enumerate(entries) if entry_key(b) == entry_key(e)), None)
+        if idx is None:
+            entries.append(e)
+        else:
+            entries[idx] = e
+    return ast.WorkloadDecl(ast.Block(tuple(entries), own.block.span), own.span)
+
+
+def entry_key(e: ast.Entry) -> str:
+    return e.kind.value if isinstance(e, ast.Section) else e.key.value

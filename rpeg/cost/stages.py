@@ -38,11 +38,18 @@ import attrs
 import numpy as np
 
 from rpeg.cost import compute as C
-from rpeg.cost.memory import (MemoryCost, Parallel, check_parallel, head_dims, local_params,
-                              model_params, value_bytes)
+from rpeg.cost.memory import (
+    MemoryCost,
+    Parallel,
+    check_parallel,
+    head_dims,
+    local_params,
+    model_params,
+    value_bytes,
+)
 from rpeg.cost.topology import Collective, Topology, collective_time
 from rpeg.errors import CostError
-from rpeg.spec.model import Cluster, Engine, Model, OpKind, Pipeline, Stage
+from rpeg.spec.model import Cluster, Engine, Model, OpKind, Pipeline
 
 _SEGMENTS = 32          # decode is integrated over this many segments of constant batch
 

@@ -1,0 +1,55 @@
+"""Small pipelines built in Python, for doctests, tests and benchmarks.
+
+    >>> p = ppo_pipeline("tiny", prompts=8)
+    >>> [s.name for s in p.stages][:3], p.workload.batch
+    (['rollout', 'ref_lp', 'values'], 8)
+
+The PPO pipeline of DESIGN.md (actor, critic with a value head, frozen reference,
+python reward), with any preset and workload size.
+"""
+
+from __future__ import annotations
+
+from rpeg.spec.model import (
+    Head,
+    LengthDist,
+    LengthKind,
+    Model,
+    OpKind,
+    Optimizer,
+    Pipeline,
+    Reward,
+    Stage,
+    Workload,
+    lognormal_sigma,
+)
+from rpeg.spec.presets import PRESETS
+
+
+def ppo_pipeline(preset: str = "tiny", *, prompts: int = 8, samples: int = 1,
+                 prompt_len: int = 64, gen_median: int = 32, gen_max: int = 64,
+                 minibatches: int = 1) -> Pipeline:
+    dims = PRESETS[preset]
+    gen = LengthDist(LengthKind.LOGNORMAL, max_len=gen_max, median=gen_median,
+                     sigma=lognormal_sigma(gen_median, gen_max)) if gen_max > gen_median \
+        else LengthDist.fixed(gen_max)
+    w = Workload(steps=10, prompts=prompts, samples=samples, prompt_len=prompt_len, gen_len=gen)
+    adam = Optimizer("adam", lr=1e-6)
+    models = (Model("actor", preset, dims, optimizer=adam),
+              Model("critic", preset, dims, head=Head.VALUE, optimizer=adam),
+              Model("ref", preset, dims, frozen=True))
+    st = (
+        Stage("rollout", OpKind.GENERATE, "generate", "actor", ("prompts",),
+              ("responses", "logprobs")),
+        Stage("ref_lp", OpKind.FORWARD, "forward", "ref", ("responses",), ("ref_logprobs",)),
+        Stage("values", OpKind.FORWARD, "forward", "critic", ("responses",), ("values",)),
+        Stage("scores", OpKind.SCORE, "score", "verifier", ("responses",), ("scores",)),
+        Stage("adv", OpKind.COMPUTE, "gae", None,
+              ("scores", "values", "logprobs", "ref_logprobs"), ("advantages", "returns"),
+              (("kl", 0.01),)),
+        Stage("actor_step", OpKind.TRAIN, "train", "actor", ("responses", "advantages"), (),
+              (("minibatches", minibatches),)),
+        Stage("critic_step", OpKind.TRAIN, "train", "critic", ("responses", "returns"), ()),
+    )
+    return Pipeline("ppo", "<python>", w, models, (Reward("verifier", "rewards", "exact_match"),),
+                    st, staleness=(("rollout", 1),), shares=(("actor", "critic"),))

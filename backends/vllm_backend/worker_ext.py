@@ -1,0 +1,55 @@
+"""Methods added to every vLLM worker (``worker_extension_cls``) for in-place weight updates.
+
+    >>> LLM(path, worker_extension_cls=EXTENSION)                       # doctest: +SKIP
+    >>> llm.collective_rpc("rpeg_begin_update")                         # doctest: +SKIP
+    >>> llm.collective_rpc("rpeg_load_bucket", args=(names, tensors))   # doctest: +SKIP
+    [1048576]
+    >>> llm.collective_rpc("rpeg_finish_update")                        # doctest: +SKIP
+
+vLLM imports this module by name inside each worker (a child process, or
+this process when the engine runs without multiprocessing), so it imports
+nothing of rpeg's. An update uses vLLM's layerwise reload: ``begin`` puts
+each layer back into checkpoint form (the loaded kernels are kept aside),
+``load_bucket`` runs the model's own ``load_weights`` (Hugging Face names
+onto fused q/k/v and gate/up parameters, each tensor-parallel worker keeping
+its shard) and repacks a layer into kernel form as soon as all of its
+weights have arrived, and ``finish`` restores any layer that received no
+new weights. So a bucket may end in the middle of a layer, and an update may
+carry only some layers.
+"""
+
+from __future__ import annotations
+
+EXTENSION = "backends.vllm_backend.worker_ext.WeightSyncExtension"
+
+
+class WeightSyncExtension:
+    """Mixed into vLLM's worker class; ``self`` is the worker."""
+
+    def rpeg_begin_update(self) -> None:
+        from vllm.config import set_current_vllm_config
+        from vllm.model_executor.model_loader.reload import initialize_layerwise_reload
+
+        with set_current_vllm_config(self.vllm_config):
+            initialize_layerwise_reload(self.model_runner.get_model())
+
+    def rpeg_load_bucket(self, names: list[str], tensors: list) -> int:
+        """Load one bucket of parameters (Hugging Face names); returns the bytes received."""
+        from vllm.config import set_current_vllm_config
+
+        with set_current_vllm_config(self.vllm_config):
+            self.model_runner.get_model().load_weights(weights=list(zip(names, tensors, strict=True)))
+        return sum(int(t.numel() * t.element_size()) for t in tensors)
+
+    def rpeg_finish_update(self) -> None:
+        from vllm.config import set_current_vllm_config
+        from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
+
+        runner = self.model_runner
+        with set_current_vllm_config(self.vllm_config):
+            finalize_layerwise_reload(runner.get_model(), self.vllm_config.model_config)
+
+    def rpeg_param_checksum(self, name: str) -> float:
+        """Sum of one vLLM parameter (a cheap probe that an update reached the worker)."""
+        params = dict(self.model_runner.get_model().named_parameters())
+        return float(params[name].detach().float().sum().item())

@@ -1,21 +1,30 @@
 """The execution plan: one immutable value for searched, baseline and hand-written plans.
 
-    >>> plan = Plan.from_json(Path("plan.json").read_text())    # doctest: +SKIP
-    >>> plan.placement("rollout").devices, plan.staleness_of("rollout")  # doctest: +SKIP
-    ((0, 1, 2, 3), 1)
+    >>> plan = Plan(pipeline="tiny", cluster="local_cpu", num_devices=2,
+    ...             placements=(StagePlacement("rollout", (0, 1), dp=2),))
+    >>> Plan.from_json(plan.to_json()) == plan
+    True
+    >>> print(plan)                                        # doctest: +NORMALIZE_WHITESPACE
+    plan tiny on local_cpu (2 devices, strategy manual, seed 0)
+      stage    devices  dp tp pp  mb  zero  chunks  engine
+      rollout  0-1       2  1  1   1     0       1  torch
 
 A plan says, per stage, which devices run it and how (DP x TP x PP, micro-batches,
-engine, chunks); per model, where its weights live between stages; the
+ZeRO level, engine, chunks); per model, where its weights live between stages; the
 structural choices (staleness, sharing, fusion); and what the cost model
-predicted for it. It round-trips through JSON with a schema version.
+predicted for it. It round-trips through JSON with a schema version; reading a
+damaged or foreign file raises :class:`PlanError` naming the file and the problem.
 """
 
 from __future__ import annotations
 
 import enum
+import json
+from pathlib import Path
 
 import attrs
 
+from rpeg.errors import PlanError, Span
 from rpeg.spec.model import Engine
 
 SCHEMA_VERSION = 1
@@ -40,6 +49,7 @@ class StagePlacement:
     chunks: int = 1                   # generation streams finished responses in this many chunks
     engine: Engine = Engine.TORCH
     recompute: bool = False
+    zero: int = 0                     # ZeRO level of a train stage (0 none .. 3 weights sharded)
 
 
 @attrs.frozen
@@ -48,7 +58,8 @@ class Predicted:
     peak_memory: tuple[float, ...] = ()    # bytes, per device index
     busy: tuple[float, ...] = ()           # fraction of the step each device computes
     tokens_per_s: float = 0.0
-    op_times: tuple[tuple[str, float], ...] = ()   # stage -> predicted seconds per step
+    op_times: tuple[tuple[str, float], ...] = ()   # op -> predicted seconds per step
+    memory_capacity: float = 0.0           # bytes per device
 
 
 @attrs.frozen
@@ -69,10 +80,202 @@ class Plan:
     schema_version: int = SCHEMA_VERSION
 
     def placement(self, stage: str) -> StagePlacement:
-        return next(p for p in self.placements if p.stage == stage)
+        for p in self.placements:
+            if p.stage == stage:
+                return p
+        raise PlanError(f"plan for '{self.pipeline}' must place stage '{stage}', not omit it")
 
     def staleness_of(self, stage: str) -> int:
         return dict(self.staleness).get(stage, 0)
 
     def home(self, model: str) -> tuple[int, ...]:
         return dict(self.model_homes).get(model, ())
+
+    # --- JSON ---------------------------------------------------------------------
+
+    def to_dict(self) -> dict:
+        return _to_plain(self)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=False) + "\n"
+
+    @classmethod
+    def from_json(cls, text: str, path: str = "<plan>") -> Plan:
+        """Parse a plan; anything wrong with it is a PlanError naming ``path``."""
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise PlanError(f"plan file must be JSON, not fail to parse ({e.msg} at line "
+                            f"{e.lineno} column {e.colno})", Span(path, e.lineno, e.colno),
+                            hint="write plans with `rpeg compile -o plan.json`") from None
+        return cls.from_dict(data, path)
+
+    @classmethod
+    def from_dict(cls, data: object, path: str = "<plan>") -> Plan:
+        where = Span(path, 0, 0)
+        if not isinstance(data, dict):
+            raise PlanError(f"plan must be a JSON object, not {type(data).__name__}", where)
+        version = data.get("schema_version")
+        if version != SCHEMA_VERSION:
+            raise PlanError(f"plan schema_version must be {SCHEMA_VERSION}, not {version!r}",
+                            where, hint="recompile the spec with this rpeg "
+                                        "(`rpeg compile FILE.rpeg --cluster CLUSTER.rpeg`)")
+        try:
+            return _from_plain(cls, data)
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            raise PlanError(f"plan must hold well-formed fields, not: {_describe(e)}",
+                            where, hint="recompile, or compare with a plan rpeg wrote") from None
+
+    @classmethod
+    def load(cls, path: str | Path) -> Plan:
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except OSError as e:
+            raise PlanError(f"plan file must be readable, not {e.strerror.lower()}",
+                            Span(str(path), 0, 0)) from None
+        except UnicodeDecodeError:
+            raise PlanError("plan file must be UTF-8 text, not binary",
+                            Span(str(path), 0, 0)) from None
+        return cls.from_json(text, str(path))
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(self.to_json(), encoding="utf-8")
+
+    # --- text form ------------------------------------------------------------------
+
+    def __str__(self) -> str:
+        lines = [f"plan {self.pipeline} on {self.cluster} ({self.num_devices} devices, "
+                 f"strategy {self.strategy.value}, seed {self.seed})"]
+        rows = [("stage", "devices", "dp", "tp", "pp", "mb", "zero", "chunks", "engine")]
+        for p in self.placements:
+            rows.append((p.stage, device_ranges(p.devices), str(p.dp), str(p.tp), str(p.pp),
+                         str(p.microbatches) + ("r" if p.recompute else ""), str(p.zero),
+                         str(p.chunks), p.engine.value))
+        lines += _table(rows, indent="  ", right=(2, 3, 4, 5, 6, 7))
+        for stage, k in self.staleness:
+            lines.append(f"  staleness {stage} = {k}")
+        for group in self.shared:
+            lines.append(f"  share {', '.join(group)}")
+        for group in self.fusion:
+            lines.append(f"  fuse {' + '.join(group)}")
+        for model, devs in self.model_homes:
+            lines.append(f"  home {model} on {device_ranges(devs)}")
+        if self.predicted is not None:
+            pr = self.predicted
+            lines.append(f"  predicted step {pr.step_time_s:.3f} s, "
+                         f"{pr.tokens_per_s:.0f} tokens/s")
+            if pr.peak_memory:
+                lines.append(f"  predicted peak memory {max(pr.peak_memory) / 1e9:.1f} GB of "
+                             f"{pr.memory_capacity / 1e9:.1f} GB per device")
+        return "\n".join(lines)
+
+
+def device_ranges(devices: tuple[int, ...]) -> str:
+    """``(0, 1, 2, 5)`` -> ``"0-2,5"``."""
+    out: list[str] = []
+    run: list[int] = []
+    for d in sorted(devices):
+        if run and d == run[-1] + 1:
+            run.append(d)
+            continue
+        if run:
+            out.append(_run(run))
+        run = [d]
+    if run:
+        out.append(_run(run))
+    return ",".join(out) or "-"
+
+
+def _run(run: list[int]) -> str:
+    return str(run[0]) if len(run) == 1 else f"{run[0]}-{run[-1]}"
+
+
+def _table(rows, indent: str = "", right: tuple[int, ...] = ()) -> list[str]:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    out = []
+    for r in rows:
+        cells = [c.rjust(w) if i in right else c.ljust(w)
+                 for i, (c, w) in enumerate(zip(r, widths, strict=True))]
+        out.append((indent + "  ".join(cells)).rstrip())
+    return out
+
+
+# --- plain JSON values <-> attrs values --------------------------------------------------
+
+def _to_plain(v: object) -> object:
+    if attrs.has(type(v)):
+        return {f.name: _to_plain(getattr(v, f.name)) for f in attrs.fields(type(v))}
+    if isinstance(v, enum.Enum):
+        return v.value
+    if isinstance(v, tuple):
+        return [_to_plain(x) for x in v]
+    return v
+
+
+_NESTED = {"placements": StagePlacement, "predicted": Predicted}
+
+
+def _from_plain(cls, data: dict):
+    fields = {f.name: f for f in attrs.fields(cls)}
+    unknown = sorted(set(data) - set(fields))
+    if unknown:
+        raise KeyError(f"unknown field '{unknown[0]}'")
+    kwargs = {}
+    for name, value in data.items():
+        f = fields[name]
+        kwargs[name] = _convert(name, f.type, value)
+    missing = [n for n, f in fields.items() if f.default is attrs.NOTHING and n not in kwargs]
+    if missing:
+        raise KeyError(f"missing field '{missing[0]}'")
+    return cls(**kwargs)
+
+
+def _convert(name: str, typ: object, value: object) -> object:
+    t = str(typ)
+    if name == "placements":
+        _expect(name, value, list)
+        return tuple(_from_plain(StagePlacement, _expect(name, x, dict)) for x in value)
+    if name == "predicted":
+        return None if value is None else _from_plain(Predicted, _expect(name, value, dict))
+    if name == "strategy":
+        return Strategy(value)
+    if name == "engine":
+        return Engine(value)
+    if t.startswith("tuple"):
+        return _tuples(name, value)
+    if t == "int":
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"'{name}' must be an integer, not {value!r}")
+        return value
+    if t == "float":
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise TypeError(f"'{name}' must be a number, not {value!r}")
+        return float(value)
+    if t == "bool":
+        _expect(name, value, bool)
+        return value
+    if t == "str":
+        _expect(name, value, str)
+        return value
+    return value
+
+
+def _tuples(name: str, value: object) -> object:
+    if isinstance(value, list):
+        return tuple(_tuples(name, x) for x in value)
+    if isinstance(value, (str, int, float)) and not isinstance(value, bool):
+        return value
+    raise TypeError(f"'{name}' must hold lists, numbers and names, not {value!r}")
+
+
+def _expect(name: str, value: object, typ: type) -> object:
+    if not isinstance(value, typ):
+        raise TypeError(f"'{name}' must be a {typ.__name__}, not {value!r}")
+    return value
+
+
+def _describe(e: Exception) -> str:
+    text = str(e).strip("'\"")
+    if isinstance(e, ValueError) and "is not a valid" in text:
+        return text.replace("is not a valid", "is not a known")
+    return text

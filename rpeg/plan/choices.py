@@ -1,0 +1,172 @@
+"""Enumerate -> prune -> estimate: the ways each stage can run on each block size.
+
+    >>> from rpeg.spec import load, load_cluster                        # doctest: +SKIP
+    >>> t = choice_table(load("pipelines/ppo_llama8b.rpeg"),
+    ...                  load_cluster("pipelines/clusters/gh200_64.rpeg"), Limits())  # doctest: +SKIP
+    >>> best = t.options("actor_step", 16)[0]                           # doctest: +SKIP
+    >>> best.par, round(best.time_s, 1), round(best.memory / 1e9)       # doctest: +SKIP
+    (Parallel(dp=8, tp=2, ...), 9.8, 71)
+
+Three steps, each handing a typed value to the next:
+
+1. ``enumerate_layouts`` — every (size, DP x TP x PP, micro-batches, ZeRO, recompute,
+   engine) the model and the backend accept (:class:`Layout`);
+2. ``prune`` — drop layouts whose stage alone cannot fit a device (its transient need
+   plus its own model's weights), priced with the pure memory functions;
+3. ``estimate`` — price the rest on a representative block of that size and keep,
+   per size, the Pareto front of (time, memory) as :class:`Choice` values.
+
+The search (``rpeg.plan.search``) then only ever picks among these choices.
+"""
+
+from __future__ import annotations
+
+import math
+
+import attrs
+
+from rpeg.cost.memory import Parallel, resident_memory
+from rpeg.cost.stages import estimate_stage, stage_memory
+from rpeg.errors import CostError
+from rpeg.plan.space import Limits, block_sizes, generate_engines, layouts
+from rpeg.spec.model import Cluster, Engine, OpKind, Pipeline
+
+MICROBATCHES = (1, 2, 4, 8, 16, 32)
+ZERO = (0, 1, 2, 3)
+
+
+@attrs.frozen
+class Layout:
+    stage: str
+    size: int
+    par: Parallel
+    engine: Engine
+
+
+@attrs.frozen
+class Choice:
+    stage: str
+    size: int
+    par: Parallel
+    engine: Engine
+    time_s: float
+    memory: float          # bytes per device: transient need + the stage's own model copy
+
+
+@attrs.frozen
+class ChoiceTable:
+    sizes: tuple[int, ...]
+    table: tuple[tuple[str, tuple[tuple[int, tuple[Choice, ...]], ...]], ...]
+
+    def options(self, stage: str, size: int) -> tuple[Choice, ...]:
+        for name, per_size in self.table:
+            if name == stage:
+                return dict(per_size).get(size, ())
+        return ()
+
+    def sizes_of(self, stage: str) -> tuple[int, ...]:
+        for name, per_size in self.table:
+            if name == stage:
+                return tuple(s for s, c in per_size if c)
+        return ()
+
+    @property
+    def stages(self) -> tuple[str, ...]:
+        return tuple(name for name, _ in self.table)
+
+
+def model_stages(pipeline: Pipeline) -> tuple[str, ...]:
+    """Stages that run a model on devices (everything but host-side rewards and compute)."""
+    return tuple(s.name for s in pipeline.stages
+                 if s.kind not in (OpKind.COMPUTE, OpKind.SYNC_WEIGHTS)
+                 and pipeline.has_model(s.target or ""))
+
+
+def enumerate_layouts(pipeline: Pipeline, stage: str, sizes: tuple[int, ...],
+                      cluster: Cluster, limits: Limits) -> tuple[Layout, ...]:
+    s = pipeline.stage(stage)
+    model = pipeline.model(s.target)
+    batch = pipeline.workload.batch
+    out = []
+    if s.kind is OpKind.GENERATE:
+        engines = generate_engines(pipeline, stage, limits)
+    else:
+        engines = (Engine.TORCH,)
+    for size in sizes:
+        for base in layouts(size, model.dims, cluster, limits, batch=batch):
+            local = math.ceil(batch / base.dp)
+            if s.kind is OpKind.GENERATE:
+                for e in engines:
+                    out.append(Layout(stage, size, base, e))
+                continue
+            per_step = local
+            if s.kind is OpKind.TRAIN:
+                per_step = max(local // int(s.param("minibatches", 1) or 1), 1)
+            mbs = [m for m in MICROBATCHES if m <= per_step and m >= base.pp] or [base.pp]
+            zeros = ZERO if (s.kind is OpKind.TRAIN and limits.zero and base.dp > 1) else (0,)
+            recomputes = (False, True) if s.kind is OpKind.TRAIN else (False,)
+            for m in mbs:
+                for z in zeros:
+                    for r in recomputes:
+                        par = attrs.evolve(base, microbatches=m, zero=z, recompute=r)
+                        out.append(Layout(stage, size, par, Engine.TORCH))
+    return tuple(out)
+
+
+def prune(pipeline: Pipeline, layouts_: tuple[Layout, ...], cluster: Cluster) -> tuple[
+        tuple[Layout, float], ...]:
+    """Layouts whose stage alone fits a device, with that memory need in bytes."""
+    out = []
+    cap = cluster.gpu.memory
+    for lay in layouts_:
+        s = pipeline.stage(lay.stage)
+        model = pipeline.model(s.target)
+        try:
+            need = stage_memory(pipeline, lay.stage, lay.par, cluster).total + resident_memory(
+                model, lay.par, cluster, trained=s.kind is OpKind.TRAIN).total
+        except CostError:
+            continue
+        if need <= cap:
+            out.append((lay, need))
+    return tuple(out)
+
+
+def estimate(pipeline: Pipeline, fitting: tuple[tuple[Layout, float], ...],
+             cluster: Cluster) -> tuple[Choice, ...]:
+    """Price each layout on the first aligned block of its size; keep the Pareto fronts."""
+    priced: dict[int, list[Choice]] = {}
+    for lay, need in fitting:
+        try:
+            t = estimate_stage(pipeline, lay.stage, lay.par, tuple(range(lay.size)), cluster,
+                               engine=lay.engine).time_s
+        except CostError:
+            continue
+        priced.setdefault(lay.size, []).append(
+            Choice(lay.stage, lay.size, lay.par, lay.engine, t, need))
+    out = []
+    for size in sorted(priced):
+        out += _pareto(priced[size])
+    return tuple(out)
+
+
+def _pareto(choices: list[Choice]) -> list[Choice]:
+    choices = sorted(choices, key=lambda c: (c.time_s, c.memory, c.par.zero, c.par.tp))
+    front, best_mem = [], math.inf
+    for c in choices:
+        if c.memory < best_mem:
+            front.append(c)
+            best_mem = c.memory
+    return front
+
+
+def choice_table(pipeline: Pipeline, cluster: Cluster, limits: Limits) -> ChoiceTable:
+    """Every model stage's Pareto-optimal ways to run on every block size."""
+    sizes = block_sizes(cluster)
+    table = []
+    for stage in model_stages(pipeline):
+        lays = enumerate_layouts(pipeline, stage, sizes, cluster, limits)      # 1
+        fitting = prune(pipeline, lays, cluster)                               # 2
+        choices = estimate(pipeline, fitting, cluster)                         # 3
+        per_size = tuple((size, tuple(c for c in choices if c.size == size)) for size in sizes)
+        table.append((stage, per_size))
+    return ChoiceTable(sizes, tuple(table))

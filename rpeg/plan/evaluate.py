@@ -1,0 +1,298 @@
+"""Price a plan: op timings from the cost model, per-device memory, the simulated step.
+
+    >>> from rpeg.spec import load, load_cluster                       # doctest: +SKIP
+    >>> ev = Evaluator(load("pipelines/ppo_llama8b.rpeg"),
+    ...                load_cluster("pipelines/clusters/gh200_64.rpeg"))  # doctest: +SKIP
+    >>> result = ev.evaluate(plan)                                      # doctest: +SKIP
+    >>> result.feasible, result.plan.predicted.step_time_s              # doctest: +SKIP
+    (True, 41.3)
+
+An :class:`Evaluator` holds one pipeline, one cluster and a cache of cost-model
+answers (the cost functions are pure, so caching is safe); ``evaluate`` is a
+function of the plan alone. Memory per device is what every model keeps there
+between stages (:func:`rpeg.cost.memory.resident_memory`, one copy per distinct
+layout, the trained copy with its gradients and optimizer state) plus the
+largest transient need of any op placed there. A plan whose peak exceeds the
+device's capacity is infeasible and carries a :class:`Shortfall` saying why.
+"""
+
+from __future__ import annotations
+
+import attrs
+import numpy as np
+
+from rpeg.cost.memory import Parallel, resident_memory
+from rpeg.cost.stages import estimate_stage, generation_chunks, stage_memory, weight_sync_time
+from rpeg.errors import CostError, GraphError, PlanError
+from rpeg.graph import Graph
+from rpeg.plan.model import Plan, Predicted, StagePlacement
+from rpeg.plan.passes import fuse
+from rpeg.plan.simulate import OpTiming, Timeline, simulate
+from rpeg.spec.model import Cluster, OpKind, Pipeline
+
+GB = 1e9
+
+
+@attrs.frozen
+class Shortfall:
+    """Why a plan does not fit: the worst device and what fills it."""
+
+    device: int
+    need: float                 # bytes
+    capacity: float
+    op: str                     # the op with the largest transient need there
+    model: str                  # the model the largest resident share belongs to
+    what: tuple[tuple[str, float], ...]      # (what, bytes) filling the device
+
+    @property
+    def over(self) -> float:
+        return self.need - self.capacity
+
+
+@attrs.frozen
+class Evaluation:
+    plan: Plan                       # with ``predicted`` filled
+    feasible: bool
+    shortfall: Shortfall | None
+    timeline: Timeline | None
+
+    @property
+    def step_time_s(self) -> float:
+        return self.plan.predicted.step_time_s if self.plan.predicted else float("inf")
+
+
+def parallel_of(p: StagePlacement) -> Parallel:
+    return Parallel(dp=p.dp, tp=p.tp, pp=p.pp, microbatches=p.microbatches,
+                    recompute=p.recompute, zero=p.zero)
+
+
+def is_host_op(pipeline: Pipeline, stage: str) -> bool:
+    """Ops that run on the host CPU beside the devices (python rewards, advantages)."""
+    s = pipeline.stage(stage)
+    return s.kind is OpKind.COMPUTE or (s.kind is OpKind.SCORE
+                                       and not pipeline.has_model(s.target or ""))
+
+
+def plan_graph(pipeline: Pipeline, plan: Plan) -> Graph:
+    """The step graph the plan's structural choices make: staleness, sharing, fusion."""
+    try:
+        g = Graph.from_pipeline(pipeline, staleness=dict(plan.staleness), share=bool(plan.shared))
+        return fuse(g, plan.fusion)
+    except GraphError as e:
+        raise PlanError(f"plan structure must be one the spec allows, not: {e.message}",
+                        e.span, hint=e.hint) from None
+
+
+class Evaluator:
+    """Prices plans of one pipeline on one cluster (see the module doc)."""
+
+    def __init__(self, pipeline: Pipeline, cluster: Cluster, steps: int | None = None) -> None:
+        self.pipeline = pipeline
+        self.cluster = cluster
+        self.steps = steps
+        self._cost: dict[tuple, object] = {}
+        self._graphs: dict[tuple, Graph] = {}
+        w = pipeline.workload
+        self.gen_tokens = w.batch * w.gen_len.mean()
+
+    # --- cached cost-model calls ---------------------------------------------------
+
+    def stage_time(self, stage: str, p: StagePlacement) -> float:
+        key = ("t", stage, p)
+        if key not in self._cost:
+            self._cost[key] = estimate_stage(self.pipeline, stage, parallel_of(p), p.devices,
+                                             self.cluster, engine=p.engine).time_s
+        return self._cost[key]
+
+    def chunk_ends(self, stage: str, p: StagePlacement) -> tuple[tuple[float, int], ...]:
+        key = ("c", stage, p)
+        if key not in self._cost:
+            self._cost[key] = generation_chunks(self.pipeline, stage, parallel_of(p), p.devices,
+                                                self.cluster, p.chunks, engine=p.engine)
+        return self._cost[key]
+
+    def transient(self, stage: str, p: StagePlacement) -> float:
+        key = ("m", stage, p.tp, p.pp, p.dp, p.microbatches, p.recompute)
+        if key not in self._cost:
+            self._cost[key] = stage_memory(self.pipeline, stage, parallel_of(p),
+                                           self.cluster).total
+        return self._cost[key]
+
+    def resident(self, model: str, p: StagePlacement, trained: bool) -> float:
+        key = ("r", model, p.tp, p.pp, p.dp, p.zero if trained else 0, trained)
+        if key not in self._cost:
+            self._cost[key] = resident_memory(self.pipeline.model(model), parallel_of(p),
+                                              self.cluster, trained=trained).total
+        return self._cost[key]
+
+    def sync_time(self, model: str, src: StagePlacement, dst: StagePlacement) -> float:
+        key = ("s", model, src, dst)
+        if key not in self._cost:
+            self._cost[key] = weight_sync_time(self.pipeline.model(model), src.devices,
+                                               parallel_of(src), dst.devices, parallel_of(dst),
+                                               self.cluster)
+        return self._cost[key]
+
+    def graph(self, plan: Plan) -> Graph:
+        key = (plan.staleness, plan.shared, plan.fusion)
+        if key not in self._graphs:
+            self._graphs[key] = plan_graph(self.pipeline, plan)
+        return self._graphs[key]
+
+    # --- the evaluation ------------------------------------------------------------
+
+    def evaluate(self, plan: Plan, *, simulate_infeasible: bool = False) -> Evaluation:
+        """Price ``plan``; CostError from an impossible layout becomes a PlanError."""
+        graph = self.graph(plan)
+        try:
+            peak, shortfall = self.memory(plan, graph)
+        except CostError as e:
+            raise PlanError(f"plan layout must be one the cost model can price, not: "
+                            f"{e.message}", e.span, hint=e.hint) from None
+        capacity = self.cluster.gpu.memory
+        feasible = shortfall is None
+        timeline = None
+        predicted = Predicted(float("inf"), tuple(float(x) for x in peak),
+                              memory_capacity=capacity)
+        if feasible or simulate_infeasible:
+            timings, op_times = self.timings(plan, graph)
+            steps = self.steps or 4 + 2 * max((k for _, k in plan.staleness), default=0)
+            timeline = simulate(graph, timings, steps=steps)
+            step = timeline.step_time_s
+            predicted = Predicted(
+                step_time_s=step, peak_memory=tuple(round(float(x)) for x in peak),
+                busy=tuple(round(float(b), 4) for b in timeline.busy()),
+                tokens_per_s=self.gen_tokens / step if step > 0 else 0.0,
+                op_times=op_times, memory_capacity=capacity)
+        return Evaluation(attrs.evolve(plan, predicted=predicted,
+                                       model_homes=self.homes(plan, graph)),
+                          feasible, shortfall, timeline)
+
+    def timings(self, plan: Plan, graph: Graph):
+        pipeline, gpu = self.pipeline, self.cluster.gpu
+        timings: dict[str, OpTiming] = {}
+        op_times: list[tuple[str, float]] = []
+        trainer = {o.writes_model: o for o in graph.ops if o.kind is OpKind.TRAIN}
+        for op in graph.ops:
+            if op.kind is OpKind.SYNC_WEIGHTS:
+                continue
+            p = plan.placement(op.stages[0])
+            if op.kind is OpKind.GENERATE:
+                ends = self.chunk_ends(op.stages[0], p) if p.chunks > 1 else ()
+                t = self.stage_time(op.stages[0], p)
+                timing = OpTiming(p.devices, t, tuple(e for e, _ in ends),
+                                  tuple(n for _, n in ends))
+            else:
+                times = [self.stage_time(s, plan.placement(s)) for s in op.stages]
+                if op.kind is OpKind.TRAIN:       # one backbone pass with a combined loss
+                    t = max(times)
+                else:                             # fused: one dispatch instead of several
+                    t = max(sum(times) - (len(times) - 1) * gpu.call_overhead, max(times))
+                t += self._reload(op, p, trainer, plan)
+                devices = () if all(is_host_op(pipeline, s) for s in op.stages) else p.devices
+                timing = OpTiming(devices, t)
+            timings[op.name] = timing
+            op_times.append((op.name, round(timing.time_s, 6)))
+        for op in graph.ops:
+            if op.kind is not OpKind.SYNC_WEIGHTS:
+                continue
+            src = plan.placement(trainer[op.reads_model].stages[0])
+            reader = next(o for o in graph.ops if o.kind is OpKind.GENERATE
+                          and o.reads_model == op.reads_model)
+            dst = plan.placement(reader.stages[0])
+            model = self._model_name(trainer[op.reads_model])
+            t = self.sync_time(model, src, dst)
+            devices = tuple(sorted(set(src.devices) | set(dst.devices)))
+            timings[op.name] = OpTiming(devices, t)
+            op_times.append((op.name, round(t, 6)))
+        return timings, tuple(op_times)
+
+    def _model_name(self, op) -> str:
+        return self.pipeline.stage(op.stages[0]).target
+
+    def _reload(self, op, p: StagePlacement, trainer, plan: Plan) -> float:
+        """A forward op reading a model trained on other devices fetches the new weights."""
+        if op.kind is not OpKind.FORWARD or op.reads_model not in trainer:
+            return 0.0
+        src = plan.placement(trainer[op.reads_model].stages[0])
+        if src.devices == p.devices and (src.tp, src.pp) == (p.tp, p.pp) and src.zero < 3:
+            return 0.0
+        stage = next(s for s in op.stages if self.pipeline.stage(s).target is not None
+                     and self.pipeline.has_model(self.pipeline.stage(s).target)
+                     and graph_backbone(plan, self.pipeline.stage(s).target) == op.reads_model)
+        return self.sync_time(self.pipeline.stage(stage).target, src, p)
+
+    # --- memory ---------------------------------------------------------------------
+
+    def copies(self, plan: Plan, graph: Graph):
+        """(model, placement, trained) for every copy of every model's weights."""
+        out = []
+        for backbone in graph.models:
+            readers = [o for o in graph.ops if o.reads_model == backbone
+                       and o.kind is not OpKind.SYNC_WEIGHTS]
+            model = next(self.pipeline.stage(s).target for o in readers for s in o.stages
+                         if graph_backbone(plan, self.pipeline.stage(s).target or "") == backbone)
+            seen = []
+            train = next((o for o in readers if o.kind is OpKind.TRAIN), None)
+            if train is not None:
+                p = plan.placement(train.stages[0])
+                out.append((model, p, True))
+                if p.zero < 3:
+                    seen.append((p.devices, p.tp, p.pp))
+            for o in readers:
+                if o is train:
+                    continue
+                p = plan.placement(next(s for s in o.stages
+                                        if graph_backbone(plan, self.pipeline.stage(s).target
+                                                          or "") == backbone))
+                if (p.devices, p.tp, p.pp) not in seen:
+                    seen.append((p.devices, p.tp, p.pp))
+                    out.append((model, p, False))
+        return out
+
+    def memory(self, plan: Plan, graph: Graph) -> tuple[np.ndarray, Shortfall | None]:
+        n = plan.num_devices
+        resident = np.zeros(n)
+        by_model: dict[str, np.ndarray] = {}
+        for model, p, trained in self.copies(plan, graph):
+            b = self.resident(model, p, trained)
+            idx = np.fromiter(p.devices, int)
+            resident[idx] += b
+            by_model.setdefault(model, np.zeros(n))[idx] += b
+        transient = np.zeros(n)
+        top_op = np.full(n, -1)
+        stages = [s.name for s in self.pipeline.stages]
+        for k, stage in enumerate(stages):
+            p = plan.placement(stage)
+            b = self.transient(stage, p)
+            idx = np.fromiter(p.devices, int)
+            bigger = b > transient[idx]
+            transient[idx[bigger]] = b
+            top_op[idx[bigger]] = k
+        peak = resident + transient
+        cap = self.cluster.gpu.memory
+        worst = int(np.argmax(peak - cap))
+        if peak[worst] <= cap:
+            return peak, None
+        what = sorted(((m, float(v[worst])) for m, v in by_model.items() if v[worst] > 0),
+                      key=lambda x: -x[1])
+        op = stages[top_op[worst]] if top_op[worst] >= 0 else ""
+        what.append((f"{op} (transient)", float(transient[worst])))
+        return peak, Shortfall(worst, float(peak[worst]), cap, op,
+                               what[0][0] if what else "", tuple(what))
+
+    def homes(self, plan: Plan, graph: Graph) -> tuple[tuple[str, tuple[int, ...]], ...]:
+        out: dict[str, set[int]] = {}
+        for model, p, _ in self.copies(plan, graph):
+            out.setdefault(model, set()).update(p.devices)
+        return tuple((m, tuple(sorted(d))) for m, d in sorted(out.items()))
+
+
+def graph_backbone(plan: Plan, model: str) -> str:
+    for group in plan.shared:
+        if model in group:
+            return "+".join(group)
+    return model
+
+
+__all__ = ["Evaluator", "Evaluation", "Shortfall", "parallel_of", "plan_graph"]

@@ -1,0 +1,219 @@
+"""Event-driven simulation of an unrolled RPEG graph on a set of devices.
+
+    >>> from rpeg.graph import Graph, Op, DataEdge
+    >>> from rpeg.spec.model import OpKind
+    >>> g = Graph("toy", (Op("a", OpKind.FORWARD, outputs=("x",)),
+    ...                   Op("b", OpKind.FORWARD, inputs=("x",))),
+    ...           (DataEdge("a", "b", "x"),), (), (), ())
+    >>> tl = simulate(g, {"a": OpTiming((0,), 2.0), "b": OpTiming((0,), 1.0)}, steps=3)
+    >>> [(str(e.instance), e.start, e.end) for e in tl.events[:3]]
+    [('a@0', 0.0, 2.0), ('b@0', 2.0, 3.0), ('a@1', 3.0, 5.0)]
+    >>> tl.step_time_s
+    3.0
+
+Rules. An instance (op, step, chunk) is ready when every data and version
+dependency has finished; it starts as soon as every device it needs is free
+(devices are exclusive: colocated ops time-share them). Among ready instances
+the earliest step goes first, then graph order, then chunk. A generate op split
+into chunks runs its chunks back to back on its devices, chunk i ending when the
+cost model says its responses are finished, so per-sample consumers start on
+early chunks while long responses still decode. Ops with no devices (host-side
+reward functions, advantage computation) never wait for a device.
+
+The steady-state step time is the mean interval between step completions over
+the last half of the simulated steps (the first steps fill the pipeline).
+"""
+
+from __future__ import annotations
+
+import heapq
+
+import attrs
+import numpy as np
+
+from rpeg.graph import DepKind, Graph, Instance, unroll
+
+
+@attrs.frozen
+class OpTiming:
+    """What the simulator needs to know of one op: where it runs and for how long.
+
+    ``chunk_ends`` (generate ops only): seconds from the op's start at which each
+    chunk's responses are finished, the last equal to ``time_s``; ``chunk_sizes``:
+    responses per chunk, used to split per-sample consumers' time.
+    """
+
+    devices: tuple[int, ...]
+    time_s: float
+    chunk_ends: tuple[float, ...] = ()
+    chunk_sizes: tuple[int, ...] = ()
+
+
+@attrs.frozen
+class Event:
+    instance: Instance
+    devices: tuple[int, ...]
+    start: float
+    end: float
+
+
+@attrs.frozen
+class Timeline:
+    events: tuple[Event, ...]
+    steps: int
+    step_time_s: float
+    step_ends: tuple[float, ...]          # when each step's last instance finished
+    window: tuple[float, float]           # the steady-state interval measured
+    num_devices: int
+
+    def busy(self) -> np.ndarray:
+        """Fraction of the steady-state window each device spends running an op."""
+        lo, hi = self.window
+        out = np.zeros(self.num_devices)
+        if hi <= lo:
+            return out
+        for groups, span in _device_spans(self.events, lo, hi):
+            out[list(groups)] += span
+        return out / (hi - lo)
+
+    def bubbles(self) -> tuple[tuple[tuple[int, ...], float], ...]:
+        """(device group, idle seconds per step) for every group the events use."""
+        lo, hi = self.window
+        per: dict[tuple[int, ...], float] = {}
+        steps = max((hi - lo) / self.step_time_s, 1e-12) if self.step_time_s else 1.0
+        busy = self.busy()
+        for g in groups_of(self.events):
+            per[g] = float((1.0 - busy[list(g)].mean()) * (hi - lo) / steps)
+        return tuple(sorted(per.items()))
+
+
+def groups_of(events) -> tuple[tuple[int, ...], ...]:
+    """The atoms: maximal device sets that every event uses entirely or not at all."""
+    return tuple(sorted(tuple(sorted(a)) for a in _atoms({e.devices for e in events
+                                                          if e.devices})))
+
+
+def _device_spans(events, lo: float, hi: float):
+    for e in events:
+        span = min(e.end, hi) - max(e.start, lo)
+        if span > 0 and e.devices:
+            yield e.devices, span
+
+
+def chunk_durations(graph: Graph, timings: dict[str, OpTiming],
+                    counts: dict[str, int]) -> dict[tuple[str, int], float]:
+    """Seconds of every (op, chunk): generate chunks from their finish times, per-sample
+    consumers in proportion to the responses in the chunk they consume."""
+    sizes: dict[str, tuple[int, ...]] = {}
+    out: dict[tuple[str, int], float] = {}
+    for name in graph.topo_order():
+        t = timings[name]
+        n = counts.get(name, 1)
+        if t.chunk_ends and n == len(t.chunk_ends):
+            prev = 0.0
+            for c, end in enumerate(t.chunk_ends):
+                out[(name, c)] = max(end - prev, 0.0)
+                prev = max(prev, end)
+            sizes[name] = t.chunk_sizes or (1,) * n
+            continue
+        share = (1,) * n
+        if n > 1:
+            share = next((sizes[p] for p in graph.producers(name)
+                          if len(sizes.get(p, ())) == n), share)
+            sizes[name] = share
+        total = float(sum(share))
+        for c in range(n):
+            out[(name, c)] = t.time_s * share[c] / total
+    return out
+
+
+def simulate(graph: Graph, timings: dict[str, OpTiming], steps: int = 6) -> Timeline:
+    """Run ``steps`` steps of ``graph`` with the given op timings; see the module doc."""
+    chunks = {n: len(t.chunk_ends) for n, t in timings.items() if len(t.chunk_ends) > 1}
+    u = unroll(graph, steps, chunks)
+    counts = dict(u.chunks)
+    durations = chunk_durations(graph, timings, counts)
+    order = {name: i for i, name in enumerate(graph.topo_order())}
+    num_devices = 1 + max((d for t in timings.values() for d in t.devices), default=0)
+
+    # Atoms make device checks cheap: an op holds whole atoms.
+    atom_of: dict[int, int] = {}
+    for k, atom in enumerate(_atoms({t.devices for t in timings.values() if t.devices})):
+        for d in atom:
+            atom_of[d] = k
+    needs = {n: frozenset(atom_of[d] for d in t.devices) for n, t in timings.items()}
+
+    waiting: dict[Instance, int] = {i: 0 for i in u.instances}
+    dependents: dict[Instance, list[Instance]] = {i: [] for i in u.instances}
+    for dep in u.deps:
+        waiting[dep.dst] += 1
+        dependents[dep.src].append(dep.dst)
+    for inst in u.instances:          # chunks of one op run in order
+        if inst.chunk > 0:
+            prev = Instance(inst.op, inst.step, inst.chunk - 1)
+            waiting[inst] += 1
+            dependents[prev].append(inst)
+
+    def key(i: Instance):
+        return (i.step, order[i.op], i.chunk)
+
+    ready = sorted((i for i, n in waiting.items() if n == 0), key=key)
+    busy_atoms: set[int] = set()
+    running: list[tuple[float, int, Instance]] = []
+    events: list[Event] = []
+    now, seq = 0.0, 0
+    while ready or running:
+        still: list[Instance] = []
+        for inst in ready:
+            atoms = needs[inst.op]
+            if atoms & busy_atoms:
+                still.append(inst)
+                continue
+            busy_atoms |= atoms
+            end = now + durations[(inst.op, inst.chunk)]
+            heapq.heappush(running, (end, seq, inst))
+            seq += 1
+            events.append(Event(inst, timings[inst.op].devices, now, end))
+        ready = still
+        if not running:
+            break
+        now = running[0][0]
+        while running and running[0][0] <= now:
+            _, _, done = heapq.heappop(running)
+            busy_atoms -= needs[done.op]
+            for nxt in dependents[done]:
+                waiting[nxt] -= 1
+                if waiting[nxt] == 0:
+                    ready.append(nxt)
+        ready.sort(key=key)
+    if len(events) != len(u.instances):
+        stuck = sorted(str(i) for i in set(u.instances) - {e.instance for e in events})
+        raise RuntimeError(f"simulation deadlocked with {stuck[:3]} never started")
+    return _timeline(events, steps, num_devices)
+
+
+def _atoms(sets: set[tuple[int, ...]]) -> list[tuple[int, ...]]:
+    sig: dict[int, list[int]] = {}
+    for k, devs in enumerate(sorted(sets)):
+        for d in devs:
+            sig.setdefault(d, []).append(k)
+    atoms: dict[tuple[int, ...], list[int]] = {}
+    for d, ks in sig.items():
+        atoms.setdefault(tuple(ks), []).append(d)
+    return [tuple(v) for v in atoms.values()]
+
+
+def _timeline(events: list[Event], steps: int, num_devices: int) -> Timeline:
+    ends = [0.0] * steps
+    for e in events:
+        ends[e.instance.step] = max(ends[e.instance.step], e.end)
+    for s in range(1, steps):               # a step is complete once every earlier one is
+        ends[s] = max(ends[s], ends[s - 1])
+    w = max(1, steps // 2)
+    if steps > w:
+        lo, hi = ends[steps - 1 - w], ends[steps - 1]
+        step_time = (hi - lo) / w
+    else:
+        lo, hi, step_time = 0.0, ends[-1], ends[-1]
+    events.sort(key=lambda e: (e.start, e.instance))
+    return Timeline(tuple(events), steps, step_time, tuple(ends), (lo, hi), num_devices)

@@ -1,0 +1,142 @@
+"""The space a plan is chosen from: device blocks, parallel layouts, backend limits.
+
+    >>> from rpeg.cost.profiles import cluster_of
+    >>> c = cluster_of("gh200", gpus_per_node=4, nodes=2)
+    >>> [(b.start, b.size) for b in device_blocks(c) if b.size >= 4]
+    [(0, 4), (4, 4), (0, 8)]
+    >>> [(p.dp, p.tp, p.pp) for p in layouts(4, PRESETS["llama3.1-8b"], c, Limits())]
+    [(4, 1, 1), (2, 2, 1), (1, 4, 1), (2, 1, 2), (1, 2, 2), (1, 1, 4)]
+
+Blocks are contiguous, aligned runs of devices that never cut a unit of the
+cluster tree they do not fill: 1, 2, 4 ... GPUs inside a node, then whole
+nodes inside a rack, then whole racks. Layouts factor a block's size into
+DP x TP x PP with TP inside one node, and only degrees the model can be split
+by and the backend can execute (:class:`Limits`).
+"""
+
+from __future__ import annotations
+
+import attrs
+
+from rpeg.cost.memory import Parallel, check_parallel
+from rpeg.errors import CostError, PlanError
+from rpeg.spec.model import Cluster, Engine, Pipeline
+from rpeg.spec.presets import PRESETS, ModelDims
+
+__all__ = ["Block", "Limits", "device_blocks", "layouts", "PRESETS"]
+
+
+@attrs.frozen
+class Limits:
+    """What the execution backends can run: the planner never proposes more."""
+
+    max_tp: int = 64
+    max_pp: int = 16
+    max_dp: int = 1 << 20
+    engines: frozenset[Engine] = frozenset({Engine.TORCH, Engine.VLLM})
+    zero: bool = True                 # ZeRO sharding of optimizer state/gradients/weights
+
+    @classmethod
+    def detect(cls) -> Limits:
+        """The engines installed here: vLLM only when its backend says it is available."""
+        return cls(engines=frozenset({Engine.TORCH} | ({Engine.VLLM} if vllm_available()
+                                                          else set())))
+
+    def check_parallel(self, par: Parallel) -> str | None:
+        """Why this layout cannot run, or None."""
+        for name, cap in (("tp", self.max_tp), ("pp", self.max_pp), ("dp", self.max_dp)):
+            if getattr(par, name) > cap:
+                return f"{name} must be at most {cap} on this backend, not {getattr(par, name)}"
+        if par.zero and not self.zero:
+            return f"zero must be 0 on this backend, not {par.zero}"
+        return None
+
+
+def vllm_available() -> bool:
+    try:
+        from backends import vllm_backend
+    except ImportError:
+        return False
+    try:
+        return bool(vllm_backend.available())
+    except Exception:  # noqa: BLE001 — a broken optional backend is an absent one
+        return False
+
+
+def generate_engines(pipeline: Pipeline, stage: str, limits: Limits) -> tuple[Engine, ...]:
+    """The engines a generate stage may use; PlanError when the spec asks for a missing one."""
+    s = pipeline.stage(stage)
+    asked = s.param("engine", Engine.AUTO)
+    if asked is Engine.AUTO:
+        return tuple(e for e in (Engine.VLLM, Engine.TORCH) if e in limits.engines)
+    if asked not in limits.engines:
+        raise PlanError(f"stage '{stage}' must use an installed engine, not '{asked.value}'",
+                        s.span, hint="install vLLM (GPU machines: `pip install vllm`) or "
+                                     "write engine = torch (or auto)")
+    return (asked,)
+
+
+@attrs.frozen(order=True)
+class Block:
+    start: int
+    size: int
+
+    @property
+    def devices(self) -> tuple[int, ...]:
+        return tuple(range(self.start, self.start + self.size))
+
+    def overlaps(self, other: Block) -> bool:
+        return self.start < other.start + other.size and other.start < self.start + self.size
+
+
+def block_sizes(cluster: Cluster) -> tuple[int, ...]:
+    gpn, npr, racks = cluster.gpus_per_node, cluster.nodes_per_rack, cluster.racks
+    sizes = {k for k in _powers(gpn) if gpn % k == 0} | {gpn}
+    sizes |= {gpn * k for k in _powers(npr) if npr % k == 0} | {gpn * npr}
+    sizes |= {gpn * npr * k for k in _powers(racks) if racks % k == 0} | {cluster.num_gpus}
+    return tuple(sorted(sizes))
+
+
+def device_blocks(cluster: Cluster, max_blocks: int = 4096) -> tuple[Block, ...]:
+    """Every aligned block, smallest sizes first (capped per size on huge clusters)."""
+    n = cluster.num_gpus
+    out: list[Block] = []
+    for size in block_sizes(cluster):
+        starts = range(0, n - size + 1, size)
+        if len(starts) > max_blocks:
+            starts = starts[:: len(starts) // max_blocks + 1]
+        out += [Block(s, size) for s in starts]
+    return tuple(out)
+
+
+def _powers(n: int) -> list[int]:
+    out, k = [], 1
+    while k <= n:
+        out.append(k)
+        k *= 2
+    return out
+
+
+def layouts(size: int, dims: ModelDims, cluster: Cluster, limits: Limits,
+            batch: int | None = None) -> tuple[Parallel, ...]:
+    """DP x TP x PP factorisations of ``size`` this model and backend accept."""
+    out = []
+    for pp in _divisors(size):
+        for tp in _divisors(size // pp):
+            dp = size // (pp * tp)
+            if tp > cluster.gpus_per_node or (batch is not None and dp > batch):
+                continue
+            par = Parallel(dp=dp, tp=tp, pp=pp, microbatches=pp)
+            if limits.check_parallel(par) is not None:
+                continue
+            try:
+                check_parallel(dims, par)
+            except CostError:
+                continue
+            out.append(par)
+    out.sort(key=lambda p: (p.pp, p.tp))
+    return tuple(out)
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]

@@ -1,0 +1,73 @@
+"""``rpeg graph FILE [--steps N] [--share] [--chunks STAGE=N] [-o graph.svg|.dot|.png]``.
+
+    $ rpeg graph pipelines/ppo_llama8b.rpeg                     # the step graph as text
+    $ rpeg graph pipelines/ppo_llama8b.rpeg --steps 3 -o ppo.svg
+    wrote ppo.svg: 3 steps of ppo_llama8b, 24 op instances, 6 version edges
+
+Without ``-o`` the graph is printed in its text form (the one golden tests
+compare); with ``-o`` it is drawn with Graphviz, the format chosen by the suffix.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import typer
+
+from rpeg.errors import SpecError
+from rpeg.graph import Graph, unroll, verify, verify_unrolled
+from rpeg.graph.render import to_dot, write
+from rpeg.graph.unroll import DepKind
+from rpeg.spec import load
+
+
+def parse_chunks(items: list[str]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for item in items:
+        stage, _, n = item.partition("=")
+        if not stage or not n.isdigit() or int(n) < 1:
+            raise SpecError(f"--chunks must be STAGE=N with N >= 1, not '{item}'",
+                            hint="e.g. --chunks rollout=4")
+        out[stage] = int(n)
+    return out
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("graph")
+    def graph_command(
+        file: Path = typer.Argument(..., help="A pipeline (.rpeg)."),
+        steps: int = typer.Option(0, "--steps", "-n", min=0, max=64,
+                                  help="Unroll this many steps (0: the step graph)."),
+        share: bool = typer.Option(False, "--share",
+                                   help="Merge every 'share' group into one backbone."),
+        chunks: list[str] = typer.Option([], "--chunks",
+                                         help="Split a generate stage: STAGE=N (repeatable)."),
+        output: Path = typer.Option(None, "--output", "-o",
+                                    help="Write graph.svg, .png, .pdf or .dot."),
+    ) -> None:
+        """Show the RPEG graph: ops, data edges, parameter-version edges across steps."""
+        pipeline = load(file)
+        g = verify(Graph.from_pipeline(pipeline, share=share))
+        split = parse_chunks(chunks)
+        for stage in split:
+            if not g.has_op(stage):
+                raise SpecError(f"--chunks names unknown stage '{stage}'",
+                                hint="stages: " + ", ".join(o.name for o in g.ops))
+        if output is None:
+            if steps:
+                print(verify_unrolled(unroll(g, steps, split)))
+            else:
+                print(g)
+            return
+        if split and not steps:
+            raise SpecError("--chunks needs --steps: chunks are drawn in the unrolled graph")
+        write(to_dot(g, steps or None, split), output)
+        if steps:
+            u = unroll(g, steps, split)
+            versions = sum(1 for d in u.deps if d.kind is DepKind.VERSION)
+            what = (f"{steps} steps of {g.name}, {len(u.instances)} op instances, "
+                    f"{versions} version edges")
+        else:
+            what = f"{g.name}, {len(g.ops)} ops, {len(g.version_edges)} version edges"
+        print(f"wrote {output}: {what}", file=sys.stderr)

@@ -1,0 +1,349 @@
+"""The torch backend's side of an op call: model state per worker, and what each op does.
+
+    >>> ex = Executor(ctx, device=0)          # once per worker, at set-up  # doctest: +SKIP
+    >>> outputs, info = ex.run(call, {"responses": [chunk]})                # doctest: +SKIP
+    >>> info["version_read"]                                                # doctest: +SKIP
+    3
+
+The runtime (``rpeg.runtime.worker``) times the call and records the trace
+event; this module does the tensor work. Data in and out is plain numpy and
+``RolloutChunk`` values. Each replica's ``version`` counts the optimizer steps
+its weights have seen, and is what the trace reports as the version read.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+import numpy as np
+import torch
+
+from backends.api import RolloutChunk, SamplingParams
+from backends.torch_backend import advantages as adv
+from backends.torch_backend.generation import TorchEngine
+from backends.torch_backend.modeling import build_model, save_checkpoint
+from backends.torch_backend.tokenizer import BOS_ID, EOS_ID, decode, encode
+from backends.torch_backend.train import LossSpec, TokenHeads, TrainBatch, forward_arrays, train_step
+from rpeg.errors import BackendError
+from rpeg.runtime.context import dataset_path, group_of, read_dataset, step_rows
+from rpeg.runtime.instances import EXPORT, OpCall
+from rpeg.spec.model import Head, OpKind
+
+BUCKET_BYTES = 32 << 20          # weight sync: one message per 32 MB bucket, not per tensor
+
+
+class Replica:
+    def __init__(self, spec, pipeline, device: str) -> None:
+        members = [pipeline.model(m) for m in spec.model.split("+")]
+        dims = members[0].dims
+        weights = next((m.weights for m in members if m.weights), None)
+        self.model = build_model(dims, spec.heads, seed=pipeline.workload.seed,
+                                 weights=weights).to(device)
+        self.version = 0
+        self.engine = TorchEngine(self.model, device=device) if "lm" in spec.heads else None
+        self.heads = TokenHeads(self.model)
+        self.optimizer = None
+        self.grad_clip = 1.0
+        if spec.trainable:
+            self.optimizer, self.grad_clip = _optimizer(self.model, members)
+        else:
+            self.model.requires_grad_(False)
+        self.train_heads = self.heads
+        if len(spec.world) > 1:
+            from backends.torch_backend.distributed import wrap_ddp
+            self.train_heads = wrap_ddp(self.heads, spec.world, device)
+
+
+class Executor:
+    def __init__(self, ctx, device: int) -> None:
+        torch.set_num_threads(max(1, ctx.threads))
+        self.ctx = ctx
+        self.device_index = device
+        self.device = _device_name(ctx, device)
+        if ctx.spec_dir not in sys.path:
+            sys.path.insert(0, ctx.spec_dir)            # python("module:fn") next to the spec
+        self.rows = read_dataset(dataset_path(ctx.pipeline, ctx.spec_dir))
+        self.replicas = {r.model: Replica(r, ctx.pipeline, self.device)
+                         for r in ctx.replicas_on(device)}
+        self.streams: dict[tuple[str, int], object] = {}
+        self.reward_fns: dict[str, object] = {}
+
+    # --- one op ------------------------------------------------------------------------
+    def run(self, call: OpCall, inputs: dict[str, list]) -> tuple[dict, dict]:
+        replica = self.replicas.get(call.model) if call.model else None
+        info = {"version_read": replica.version if replica and call.version >= 0 else -1}
+        kind = call.kind
+        if kind is OpKind.GENERATE:
+            out, stats = self._generate(call, replica)
+        elif kind is OpKind.FORWARD:
+            out, stats = self._forward(call, replica, inputs)
+        elif kind is OpKind.SCORE:
+            out, stats = self._score(call, inputs)
+        elif kind is OpKind.COMPUTE:
+            out, stats = self._compute(call, inputs)
+        elif kind is OpKind.TRAIN:
+            out, stats = self._train(call, replica, inputs)
+        elif call.role == EXPORT:
+            out, stats = {"weights": _export(replica.model)}, {}
+        else:
+            _load(replica, inputs["weights"][0], call.writes)
+            out, stats = {}, {}
+        if kind in (OpKind.TRAIN, OpKind.SYNC_WEIGHTS) and replica is not None:
+            info["version_written"] = replica.version if call.writes >= 0 else -1
+        info["stats"] = stats
+        return out, info
+
+    def _stage(self, call: OpCall):
+        return self.ctx.pipeline.stage(call.stages[0])
+
+    def _generate(self, call, replica):
+        stage = self._stage(call)
+        key = (call.op, call.step)
+        if call.chunk == 0:
+            w = self.ctx.pipeline.workload
+            rows = step_rows(self.rows, w.prompts, w.samples, w.seed, call.step)
+            prompts = [np.asarray([BOS_ID] + encode(r["prompt"])[-(w.prompt_len - 1):], np.int64)
+                       for r in rows]
+            params = SamplingParams(
+                max_new_tokens=int(stage.param("max_len", w.gen_len.max_len)),
+                temperature=float(stage.param("temperature", 1.0)),
+                top_p=float(stage.param("top_p", 1.0)), eos_id=EOS_ID,
+                seed=w.seed * 1_000_003 + call.step)
+            replica.engine.version = replica.version
+            self.streams[key] = replica.engine.generate(prompts, params, chunks=call.chunks)
+        chunk = next(self.streams[key])
+        if call.chunk == call.chunks - 1:
+            self.streams.pop(key, None)
+        names = stage.outputs
+        out = {names[0]: chunk}
+        if len(names) > 1:
+            out[names[1]] = chunk.logprobs
+        lengths = [len(r) for r in chunk.response_ids]
+        return out, {"tokens": int(sum(lengths)), "responses": len(lengths),
+                     "finished": float(np.mean(chunk.finished)) if lengths else 0.0}
+
+    def _forward(self, call, replica, inputs):
+        stage = self._stage(call)
+        chunk = _rollout(inputs[stage.inputs[0]])
+        model = self.ctx.pipeline.model(stage.target)
+        what = {Head.LM: "logprobs", Head.VALUE: "values", Head.REWARD: "scores"}[model.head]
+        temperature = float(self._gen_param("temperature", 1.0))
+        value = forward_arrays(replica.model, chunk.prompt_ids, chunk.response_ids, what,
+                               device=self.device, temperature=temperature)
+        return {stage.outputs[0]: value}, {}
+
+    def _score(self, call, inputs):
+        stage = self._stage(call)
+        chunk = _rollout(inputs[stage.inputs[0]])
+        fn = self._reward_fn(stage.target)
+        w = self.ctx.pipeline.workload
+        rows = step_rows(self.rows, w.prompts, w.samples, w.seed, call.step)
+        picked = [rows[i] for i in chunk.prompt_index]
+        scores = fn([r["prompt"] for r in picked], [decode(r) for r in chunk.response_ids],
+                    [str(r.get("answer", "")) for r in picked])
+        scores = np.asarray(scores, dtype=np.float32)
+        return {stage.outputs[0]: scores}, {"reward_sum": float(scores.sum()),
+                                           "reward_n": int(len(scores))}
+
+    def _compute(self, call, inputs):
+        stage = self._stage(call)
+        data = {role: _concat(inputs[name]) for name, role in self._roles(stage.inputs)
+                if name in inputs}
+        if stage.function == "gae":
+            a, r = adv.gae(data["scores"], data["values"], data.get("logprobs"),
+                           data.get("ref_logprobs"), kl=float(stage.param("kl", 0.0)),
+                           gamma=float(stage.param("gamma", 1.0)),
+                           lam=float(stage.param("lam", 0.95)))
+            out = {stage.outputs[0]: a}
+            if len(stage.outputs) > 1:
+                out[stage.outputs[1]] = r
+            return out, {}
+        groups = group_of(_rollout(inputs["responses"]).prompt_index,
+                          self.ctx.pipeline.workload.samples)
+        if stage.function in ("group_norm", "grpo_advantages"):
+            a = adv.group_norm(data["scores"], groups)
+        elif stage.function == "rloo":
+            a = adv.rloo(data["scores"], groups)
+        else:
+            raise BackendError(f"compute function must be gae, group_norm or rloo, "
+                               f"not {stage.function!r}", stage.span)
+        return {stage.outputs[0]: a}, {}
+
+    def _train(self, call, replica, inputs):
+        stages = [self.ctx.pipeline.stage(s) for s in call.stages]
+        chunk = _rollout(inputs["responses"] if "responses" in inputs
+                         else inputs[stages[0].inputs[0]])
+        data = {}
+        for s in stages:
+            for name, role in self._roles(s.inputs):
+                if name in inputs and role not in data:
+                    data[role] = _concat(inputs[name])
+        behaviour = data.get("logprobs", chunk.logprobs)
+        versions = [c.version for c in inputs.get("responses", [])] or [chunk.version]
+        sel = np.arange(call.rank, len(chunk), call.world)      # this rank's shard
+        pick = (lambda xs: None if xs is None else tuple(xs[i] for i in sel))
+        batch = TrainBatch(pick(chunk.prompt_ids), pick(chunk.response_ids),
+                           old_logprobs=pick(behaviour), advantages=pick(data.get("advantages")),
+                           returns=pick(data.get("returns")), old_values=pick(data.get("values")),
+                           ref_logprobs=pick(data.get("ref_logprobs")),
+                           behaviour_version=min(versions))
+        losses = [_loss_spec(s, shared=len(stages) > 1) for s in stages]
+        stats = train_step(
+            replica.train_heads, replica.optimizer, batch, losses, version=replica.version,
+            minibatches=max(int(s.param("minibatches", 1)) for s in stages),
+            epochs=max(int(s.param("epochs", 1)) for s in stages), grad_clip=replica.grad_clip,
+            normalize=any(loss.kind == "ppo_clip" for loss in losses),
+            seed=self.ctx.pipeline.workload.seed * 7919 + call.step, device=self.device)
+        replica.version += 1
+        if call.writes >= 0 and replica.version != call.writes:
+            raise BackendError(f"train op '{call.id}' must write version {call.writes}, "
+                               f"not {replica.version}")
+        if replica.engine is not None:
+            replica.engine.version = replica.version
+        stats["tokens"] = int(sum(len(r) for r in batch.response_ids))
+        return {}, stats
+
+    # --- helpers -----------------------------------------------------------------------
+    def _roles(self, names):
+        """Data names -> what they are, from the stage that produces them."""
+        p = self.ctx.pipeline
+        for name in names:
+            src = p.producer(name)
+            if src is None:
+                continue
+            idx = src.outputs.index(name)
+            if src.kind is OpKind.GENERATE:
+                yield name, ("responses", "logprobs")[min(idx, 1)]
+            elif src.kind is OpKind.FORWARD:
+                m = p.model(src.target)
+                yield name, {Head.LM: "ref_logprobs" if m.frozen else "logprobs",
+                             Head.VALUE: "values", Head.REWARD: "scores"}[m.head]
+            elif src.kind is OpKind.SCORE:
+                yield name, "scores"
+            elif src.function == "gae":
+                yield name, ("advantages", "returns")[min(idx, 1)]
+            else:
+                yield name, "advantages"
+
+    def _gen_param(self, key, default):
+        for s in self.ctx.pipeline.stages:
+            if s.kind is OpKind.GENERATE:
+                return s.param(key, default)
+        return default
+
+    def _reward_fn(self, name: str):
+        if name not in self.reward_fns:
+            r = self.ctx.pipeline.reward(name)
+            try:
+                fn = getattr(importlib.import_module(r.module), r.function)
+            except (ImportError, AttributeError) as e:
+                raise BackendError(f"reward '{name}' must name a function, and "
+                                   f"{r.module}:{r.function} is not one ({e})", r.span) from e
+            self.reward_fns[name] = fn
+        return self.reward_fns[name]
+
+    def checkpoint(self, model: str, path: str, meta: dict) -> str:
+        replica = self.replicas[model]
+        save_checkpoint(replica.model, path, {**meta, "model": model,
+                                              "version": replica.version}, replica.optimizer)
+        return path
+
+    def shutdown(self) -> None:
+        self.streams.clear()
+        for r in self.replicas.values():
+            if r.engine is not None:
+                r.engine.shutdown()
+        self.replicas.clear()
+
+
+def _device_name(ctx, device: int) -> str:
+    if ctx.use_cuda and torch.cuda.is_available():
+        return f"cuda:{device % torch.cuda.device_count()}"
+    return "cpu"
+
+
+def _optimizer(model, members):
+    trainable = [m for m in members if m.optimizer is not None]
+    if not trainable:
+        raise BackendError(f"model '{members[0].name}' is trained, so it must have an optimizer",
+                           members[0].span, hint="add { optimizer = adam(lr = 1e-5) }")
+    first = trainable[0].optimizer
+    groups = [{"params": [p for n, p in model.named_parameters()
+                          if not n.startswith("value_head")], "lr": first.lr}]
+    value_opt = next((m.optimizer for m in trainable if m.head is not Head.LM), first)
+    value_params = [p for n, p in model.named_parameters() if n.startswith("value_head")]
+    if value_params:
+        groups.append({"params": value_params, "lr": value_opt.lr})
+    if first.kind not in ("adam", "adamw"):
+        raise BackendError(f"optimizer must be adam or adamw, not {first.kind!r}",
+                           trainable[0].span)
+    cls = torch.optim.AdamW if first.kind == "adamw" else torch.optim.Adam
+    opt = cls(groups, betas=tuple(first.betas), eps=first.eps, weight_decay=first.weight_decay)
+    return opt, first.grad_clip
+
+
+def _loss_spec(stage, shared: bool) -> LossSpec:
+    loss = stage.param("loss")
+    name = getattr(loss, "name", str(loss) if loss else "ppo_clip")
+    args = getattr(loss, "args", ())
+    clip = float(args[0]) if args else float(getattr(loss, "get", lambda *a: None)("clip") or 0.2)
+    coef = float(stage.param("coef", 0.5 if (shared and name == "value_mse") else 1.0))
+    return LossSpec(name, clip=clip, kl=float(stage.param("kl", 0.0)),
+                    is_cap=float(stage.param("is_cap", 2.0)), coef=coef)
+
+
+def _rollout(parts) -> RolloutChunk:
+    if len(parts) == 1:
+        return parts[0]
+    return RolloutChunk(
+        prompt_index=np.concatenate([p.prompt_index for p in parts]),
+        prompt_ids=tuple(x for p in parts for x in p.prompt_ids),
+        response_ids=tuple(x for p in parts for x in p.response_ids),
+        logprobs=tuple(x for p in parts for x in p.logprobs),
+        finished=np.concatenate([p.finished for p in parts]),
+        version=min(p.version for p in parts))
+
+
+def _concat(parts):
+    if isinstance(parts[0], RolloutChunk):
+        return _rollout(parts)
+    if isinstance(parts[0], np.ndarray):
+        return np.concatenate(parts)
+    return tuple(x for p in parts for x in p)
+
+
+def _export(model) -> list[tuple[tuple[str, ...], tuple[tuple[int, ...], ...], np.ndarray]]:
+    """Parameters packed into flat float32 buckets of about BUCKET_BYTES each."""
+    buckets, names, shapes, parts, size = [], [], [], [], 0
+    for name, t in model.state_dict().items():
+        a = t.detach().to("cpu", torch.float32).numpy().ravel()
+        names.append(name)
+        shapes.append(tuple(t.shape))
+        parts.append(a)
+        size += a.nbytes
+        if size >= BUCKET_BYTES:
+            buckets.append((tuple(names), tuple(shapes), np.concatenate(parts)))
+            names, shapes, parts, size = [], [], [], 0
+    if parts:
+        buckets.append((tuple(names), tuple(shapes), np.concatenate(parts)))
+    return buckets
+
+
+def _load(replica, buckets, version: int) -> None:
+    def tensors():
+        for names, shapes, flat in buckets:
+            off = 0
+            for name, shape in zip(names, shapes, strict=True):
+                n = int(np.prod(shape)) if shape else 1
+                yield name, torch.from_numpy(flat[off:off + n].reshape(shape))
+                off += n
+    if replica.engine is not None:
+        replica.engine.update_weights(tensors(), version)
+    else:
+        own = replica.model.state_dict()
+        with torch.no_grad():
+            for name, value in tensors():
+                own[name].copy_(value)
+    replica.version = version
+

@@ -1,0 +1,384 @@
+"""Measurements of this machine's devices, for ``rpeg calibrate`` and the accuracy benchmark.
+
+    $ MALLOC_MMAP_THRESHOLD_=65536 python -m backends.torch_backend.measure calibrate > m.json
+
+    >>> t = gemm_seconds(256, 256, 256, repeats=3)           # doctest: +SKIP
+    >>> op = measure_op("forward", PRESETS["tiny"], batch=4, prompt_len=16, gen_len=16)  # doctest: +SKIP
+    >>> op["latency_s"], op["peak_bytes"]                     # doctest: +SKIP
+
+Every op is the torch backend's own code path (``build_model``, ``TorchEngine``,
+``forward_arrays``, ``train_step``), so what is measured is what a run executes.
+Latency is the median of repeats after one warm-up call. Peak memory is the
+process's resident-set high-water mark (Linux ``VmHWM``, reset through
+``/proc/self/clear_refs``) from just before the model is built to the end of the
+warm-up call, minus the resident set before: weights, optimizer state,
+activations, caches and allocator slack. Run with ``MALLOC_MMAP_THRESHOLD_`` set
+so glibc returns freed tensors to the system and each measurement starts clean.
+One device is one process computing with one thread (``torch.set_num_threads(1)``).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import gc
+import json
+import os
+import re
+import socket
+import statistics
+import sys
+import time
+from collections.abc import Callable
+
+import numpy as np
+import torch
+
+from backends.api import SamplingParams
+from backends.torch_backend.generation import TorchEngine
+from backends.torch_backend.modeling import build_model
+from backends.torch_backend.train import LossSpec, TrainBatch, forward_arrays, train_step
+from rpeg.spec.presets import PRESETS, ModelDims
+
+MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": "65536", "MALLOC_TRIM_THRESHOLD_": "65536"}
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
+def set_threads(n: int = 1) -> None:
+    torch.set_num_threads(n)
+
+
+# --- memory -------------------------------------------------------------------------
+
+def _status(key: str) -> int:
+    with open("/proc/self/status") as f:
+        return int(re.search(rf"{key}:\s+(\d+)", f.read()).group(1)) * 1024
+
+
+def _trim() -> None:
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except OSError:
+        pass
+
+
+class PeakMemory:
+    """Resident-set growth at its highest inside the ``with`` block, in bytes."""
+
+    def __enter__(self) -> PeakMemory:
+        _trim()
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        self.base = _status("VmRSS")
+        self.peak = 0
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.peak = max(_status("VmHWM") - self.base, 0)
+
+
+# --- micro-benchmarks ----------------------------------------------------------------
+
+def _median_time(fn: Callable[[], object], repeats: int, min_time: float = 0.0) -> float:
+    fn()
+    times = []
+    t_end = time.perf_counter() + min_time
+    while len(times) < repeats or time.perf_counter() < t_end:
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+        if len(times) >= 50 * repeats:
+            break
+    return statistics.median(times)
+
+
+def gemm_seconds(m: int, n: int, k: int, dtype: str = "fp32", repeats: int = 5) -> float:
+    a = torch.randn(m, k, dtype=DTYPES[dtype])
+    b = torch.randn(k, n, dtype=DTYPES[dtype])
+    out = torch.empty(m, n, dtype=DTYPES[dtype])
+    return _median_time(lambda: torch.mm(a, b, out=out), repeats, min_time=0.05)
+
+
+def gemm_sweep(shapes, dtype: str = "fp32", repeats: int = 5) -> list[dict]:
+    return [{"m": m, "n": n, "k": k, "dtype": dtype, "seconds": gemm_seconds(m, n, k, dtype,
+                                                                             repeats)}
+            for m, n, k in shapes]
+
+
+def copy_bandwidth(nbytes: int = 256 * 2**20, repeats: int = 5) -> float:
+    """Bytes per second moved by a large copy (read + write counted)."""
+    src = torch.ones(nbytes // 4)
+    dst = torch.empty_like(src)
+    t = _median_time(lambda: dst.copy_(src), repeats)
+    return 2 * nbytes / t
+
+
+def host_per_sample(samples: int = 256, length: int = 64, repeats: int = 5) -> float:
+    """Seconds per sample of the host-side advantage computation (GAE)."""
+    from backends.torch_backend.advantages import gae
+    rng = np.random.default_rng(0)
+    scores = rng.standard_normal(samples).astype(np.float32)
+    values = tuple(rng.standard_normal(length).astype(np.float32) for _ in range(samples))
+    return _median_time(lambda: gae(scores, values), repeats) / samples
+
+
+# --- model ops -----------------------------------------------------------------------
+
+def _arrays(batch: int, prompt_len: int, gen_len: int, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    prompts = [rng.integers(3, 259, prompt_len).astype(np.int64) for _ in range(batch)]
+    responses = [rng.integers(3, 259, gen_len).astype(np.int64) for _ in range(batch)]
+    return prompts, responses
+
+
+def _train_batch(prompts, responses) -> TrainBatch:
+    zeros = tuple(np.zeros(len(r), np.float32) for r in responses)
+    adv = tuple(np.random.default_rng(1).standard_normal(len(r)).astype(np.float32)
+                for r in responses)
+    return TrainBatch(tuple(prompts), tuple(responses), old_logprobs=zeros, advantages=adv)
+
+
+def op_runner(kind: str, dims: ModelDims, batch: int, prompt_len: int, gen_len: int,
+              minibatches: int = 1) -> Callable[[], object]:
+    """A zero-argument callable that runs one op on a freshly built model."""
+    prompts, responses = _arrays(batch, prompt_len, gen_len)
+    if kind == "forward":
+        model = build_model(dims, heads=("lm",), seed=0).eval()
+        return lambda: forward_arrays(model, prompts, responses, "logprobs")
+    if kind == "generate":
+        engine = TorchEngine(build_model(dims, heads=("lm",), seed=0).eval())
+        params = SamplingParams(max_new_tokens=gen_len, temperature=1.0, eos_id=-1, seed=0)
+        return lambda: list(engine.generate(prompts, params))
+    if kind == "train":
+        model = build_model(dims, heads=("lm",), seed=0).train()
+        from backends.torch_backend.train import TokenHeads
+        heads = TokenHeads(model)
+        opt = torch.optim.AdamW(heads.parameters(), lr=1e-5)
+        tb = _train_batch(prompts, responses)
+        loss = [LossSpec("ppo_clip", clip=0.2)]
+        return lambda: train_step(heads, opt, tb, loss, version=0, minibatches=minibatches)
+    raise ValueError(f"op kind must be forward, generate or train, not {kind!r}")
+
+
+def measure_op(kind: str, dims: ModelDims, batch: int, prompt_len: int, gen_len: int,
+               minibatches: int = 1, repeats: int = 3) -> dict:
+    """Median latency of ``repeats`` calls and the peak memory of building + first call.
+
+    ``latency_s`` is the median CPU time of the process (one compute thread: on an idle
+    machine it equals wall time, and on a shared one it does not count time spent
+    waiting for a core); ``wall_s`` is the median wall time.
+    """
+    with PeakMemory() as mem:
+        run = op_runner(kind, dims, batch, prompt_len, gen_len, minibatches)
+        run()
+    cpu, wall = [], []
+    for _ in range(repeats):
+        c0, t0 = time.process_time(), time.perf_counter()
+        run()
+        cpu.append(time.process_time() - c0)
+        wall.append(time.perf_counter() - t0)
+    del run
+    _trim()
+    return {"latency_s": statistics.median(cpu), "wall_s": statistics.median(wall),
+            "times_s": cpu, "peak_bytes": mem.peak}
+
+
+def optimizer_seconds(dims: ModelDims, repeats: int = 5) -> dict:
+    """AdamW step plus gradient clipping on a model whose gradients are set."""
+    from torch import nn
+    model = build_model(dims, heads=("lm",), seed=0)
+    params = [p for p in model.parameters() if p.requires_grad]
+    for p in params:
+        p.grad = torch.randn_like(p)
+    opt = torch.optim.AdamW(params, lr=1e-5)
+
+    def step():
+        nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+    c = _median_time(step, repeats)
+    return {"params": sum(p.numel() for p in params), "tensors": len(params), "seconds": c}
+
+
+# --- two devices: gloo between Dask worker processes -------------------------------------
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _on_rank(rank: int, world: int, port: int, task: dict) -> dict:
+    """Runs inside a worker: join the gloo group, run ``task``, leave."""
+    import torch.distributed as dist
+    set_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world)
+    try:
+        if task["kind"] == "allreduce":
+            for _ in range(3):
+                dist.all_reduce(torch.ones(1024))
+            out = []
+            for nbytes in task["sizes"]:
+                x = torch.ones(max(nbytes // 4, 1))
+                dist.barrier()
+                t = _median_time(lambda x=x: dist.all_reduce(x), task.get("repeats", 5))
+                out.append({"bytes": nbytes, "seconds": t})
+            return {"allreduce": out}
+        return _dp_train(rank, world, task)
+    finally:
+        dist.destroy_process_group()
+
+
+def _dp_train(rank: int, world: int, task: dict) -> dict:
+    """One data-parallel train step: local forward/backward, one gloo all-reduce, Adam."""
+    import torch.distributed as dist
+    from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
+
+    from backends.torch_backend.train import Packed, TokenHeads, token_outputs
+    dims = ModelDims(**task["dims"])
+    local = task["batch"] // world
+    prompts, responses = _arrays(local, task["prompt_len"], task["gen_len"], seed=rank)
+    with PeakMemory() as mem:
+        model = build_model(dims, heads=("lm",), seed=0).train()
+        heads = TokenHeads(model)
+        opt = torch.optim.AdamW(heads.parameters(), lr=1e-5)
+        packed = Packed.build(prompts, responses)
+        params = [p for p in heads.parameters() if p.requires_grad]
+
+        def step():
+            lp, _, _ = token_outputs(heads, packed)
+            loss = -(lp * packed.resp_mask).sum() / packed.resp_mask.sum()
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            grads = [p.grad for p in params]
+            flat = _flatten_dense_tensors(grads)
+            dist.all_reduce(flat)
+            flat /= world
+            for g, r in zip(grads, _unflatten_dense_tensors(flat, grads), strict=True):
+                g.copy_(r)
+            opt.step()
+        dist.barrier()
+        step()
+    times = []
+    for _ in range(task.get("repeats", 3)):
+        dist.barrier()
+        t0 = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - t0)
+    return {"latency_s": statistics.median(times), "times_s": times, "peak_bytes": mem.peak}
+
+
+class TwoDevices:
+    """Two Dask worker processes on 127.0.0.1 (the local cluster's two CPU devices)."""
+
+    def __enter__(self) -> TwoDevices:
+        from distributed import Client, LocalCluster
+        self.cluster = LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                                    host="127.0.0.1", dashboard_address=None,
+                                    env=dict(MALLOC_ENV), silence_logs=40)
+        self.client = Client(self.cluster)
+        self.workers = sorted(self.client.scheduler_info()["workers"])
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.client.close()
+        self.cluster.close()
+
+    def run(self, task: dict) -> list[dict]:
+        port = _free_port()
+        futures = [self.client.submit(_on_rank, r, 2, port, task, workers=[w], pure=False)
+                   for r, w in enumerate(self.workers)]
+        return self.client.gather(futures)
+
+    def allreduce(self, sizes, repeats: int = 5) -> list[dict]:
+        res = self.run({"kind": "allreduce", "sizes": list(sizes), "repeats": repeats})
+        return [{"bytes": a["bytes"], "seconds": max(a["seconds"], b["seconds"])}
+                for a, b in zip(res[0]["allreduce"], res[1]["allreduce"], strict=True)]
+
+    def dp_train(self, dims: ModelDims, batch: int, prompt_len: int, gen_len: int,
+                 repeats: int = 3) -> dict:
+        import attrs
+        res = self.run({"kind": "train", "dims": attrs.asdict(dims), "batch": batch,
+                        "prompt_len": prompt_len, "gen_len": gen_len, "repeats": repeats})
+        return {"latency_s": max(r["latency_s"] for r in res),
+                "times_s": [r["times_s"] for r in res],
+                "peak_bytes": max(r["peak_bytes"] for r in res)}
+
+
+# --- the calibration set -----------------------------------------------------------------
+
+# Shapes the profile is fitted on; the accuracy benchmark evaluates none of them.
+CALIBRATION_DIMS = {
+    "tiny": PRESETS["tiny"],                                       # 2 layers, hidden 64
+    "tiny-vllm": PRESETS["tiny-vllm"],                             # 2 layers, hidden 128
+    "tiny4": ModelDims("llama", 4, 64, 4, 2, 128, 259, max_positions=512),
+}
+CALIBRATION_OPS = tuple(
+    (kind, name, b, p, g)
+    for name in CALIBRATION_DIMS
+    for kind, b, p, g in (("forward", 4, 32, 32), ("forward", 16, 64, 32),
+                          ("generate", 4, 16, 16), ("generate", 16, 32, 24),
+                          ("train", 4, 32, 32), ("train", 16, 32, 16))
+)
+GEMM_SHAPES = ((64, 64, 64), (128, 128, 128), (256, 256, 256), (512, 512, 512),
+               (768, 768, 768), (1024, 1024, 1024), (256, 1024, 256), (1024, 256, 512),
+               (32, 512, 512), (8, 1024, 1024), (16, 256, 256), (4, 512, 128))
+
+
+def warm_up() -> None:
+    """Run each op kind once, unmeasured: first calls pay one-off imports and caches."""
+    for kind in ("forward", "generate", "train"):
+        op_runner(kind, PRESETS["tiny"], 2, 8, 8)()
+    _trim()
+
+
+def calibration_measurements(repeats: int = 5) -> dict:
+    """Everything ``rpeg calibrate`` fits a profile to, as plain data."""
+    import attrs
+    set_threads(1)
+    t0 = time.perf_counter()
+    warm_up()
+    out: dict = {"threads": 1, "torch": torch.__version__, "machine": machine_info()}
+    out["gemm"] = gemm_sweep(GEMM_SHAPES, "fp32", repeats)
+    out["gemm_bf16"] = gemm_sweep(((256, 256, 256), (512, 512, 512)), "bf16", 3)
+    out["copy_bandwidth"] = copy_bandwidth()
+    out["sample_s"] = host_per_sample()
+    out["optimizer"] = [optimizer_seconds(d) for d in CALIBRATION_DIMS.values()]
+    out["ops"] = []
+    for kind, name, b, p, g in CALIBRATION_OPS:
+        r = measure_op(kind, CALIBRATION_DIMS[name], b, p, g, repeats=repeats)
+        out["ops"].append({"kind": kind, "model": name, "dims": attrs.asdict(CALIBRATION_DIMS[name]),
+                           "batch": b, "prompt_len": p, "gen_len": g, **r})
+    with TwoDevices() as two:
+        out["allreduce"] = two.allreduce([2**16, 2**18, 2**20, 2**22, 2**24])
+    out["seconds"] = time.perf_counter() - t0
+    return out
+
+
+def machine_info() -> dict:
+    import platform
+    cpu = ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next((line.split(":", 1)[1].strip() for line in f
+                        if line.startswith("model name")), "")
+    except OSError:
+        pass
+    load = os.getloadavg() if hasattr(os, "getloadavg") else (0, 0, 0)
+    return {"cpu": cpu, "cores": os.cpu_count(), "platform": platform.platform(),
+            "python": platform.python_version(), "torch": torch.__version__,
+            "memory_bytes": os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"),
+            "loadavg": list(load)}
+
+
+def main(argv: list[str]) -> int:
+    if argv[:1] != ["calibrate"]:
+        print("usage: python -m backends.torch_backend.measure calibrate", file=sys.stderr)
+        return 2
+    repeats = int(argv[1]) if len(argv) > 1 else 5
+    json.dump(calibration_measurements(repeats), sys.stdout)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

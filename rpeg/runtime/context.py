@@ -1,0 +1,130 @@
+"""What every worker is told once, at set-up: the run's spec, plan, and its own place in it.
+
+    >>> ctx = RunContext.create(pipeline, plan, spec_dir="pipelines", run_dir="runs/x")  # doctest: +SKIP
+    >>> ctx.replicas_on(0)                                                             # doctest: +SKIP
+    (Replica(model='actor', device=0, heads=('lm',), trainable=True), ...)
+
+Model state is created on a worker once, from this, and lives there for the
+whole run; op calls then carry only their own small description and the
+futures of their data.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import attrs
+import numpy as np
+
+from rpeg.errors import RuntimeFailure
+from rpeg.plan.model import Plan
+from rpeg.runtime.instances import OpCall, model_homes
+from rpeg.spec.model import Head, Pipeline
+
+
+@attrs.frozen
+class Replica:
+    """One copy of a backbone's state on one device."""
+
+    model: str                       # backbone key ("actor", or "actor+critic" when shared)
+    device: int
+    heads: tuple[str, ...]           # "lm", "value"
+    trainable: bool                  # holds an optimizer (a home device of a trained model)
+    world: tuple[int, ...] = ()      # data-parallel devices training it (len > 1: DDP)
+
+
+@attrs.frozen
+class RunContext:
+    pipeline: Pipeline
+    plan: Plan
+    spec_dir: str
+    run_dir: str
+    backend: str = "torch"
+    replicas: tuple[Replica, ...] = ()
+    num_devices: int = 1
+    dist_addr: str = ""              # tcp://host:port of the collective rendezvous ("" = none)
+    use_cuda: bool = False
+    threads: int = 1                 # intra-op threads per worker
+
+    @classmethod
+    def create(cls, pipeline: Pipeline, plan: Plan, calls: tuple[OpCall, ...], *, spec_dir: str,
+               run_dir: str, dist_addr: str = "", use_cuda: bool = False) -> RunContext:
+        homes = model_homes(pipeline, plan, _graph(pipeline, plan))
+        wanted: dict[tuple[str, int], set[str]] = {}
+        for c in calls:
+            if c.model is None:
+                continue
+            heads = wanted.setdefault((c.model, c.device), set())
+            heads.update(_heads(pipeline, c.model))
+        replicas = tuple(
+            Replica(model, dev, tuple(sorted(heads)),
+                    trainable=dev in homes.get(model, ()),
+                    world=homes.get(model, ()) if dev in homes.get(model, ()) else ())
+            for (model, dev), heads in sorted(wanted.items()))
+        return cls(pipeline, plan, spec_dir, run_dir, replicas=replicas,
+                   num_devices=plan.num_devices, dist_addr=dist_addr, use_cuda=use_cuda)
+
+    def replicas_on(self, device: int) -> tuple[Replica, ...]:
+        return tuple(r for r in self.replicas if r.device == device)
+
+    @property
+    def needs_collectives(self) -> bool:
+        return any(len(r.world) > 1 for r in self.replicas)
+
+
+def _graph(pipeline, plan):
+    from rpeg.runtime.instances import graph_for
+    return graph_for(pipeline, plan)
+
+
+def _heads(pipeline: Pipeline, backbone: str) -> set[str]:
+    heads = set()
+    for name in backbone.split("+"):
+        m = pipeline.model(name)
+        heads.add("lm" if m.head is Head.LM else "value")
+    return heads
+
+
+# --- workload data, read where it is used ------------------------------------------------
+def dataset_path(pipeline: Pipeline, spec_dir: str) -> Path:
+    if not pipeline.workload.dataset:
+        raise RuntimeFailure("the workload must name a dataset to run, and it names none",
+                             pipeline.workload.span, hint='add dataset = "data/toy.jsonl"')
+    path = Path(pipeline.workload.dataset)
+    return path if path.is_absolute() else Path(spec_dir) / path
+
+
+def read_dataset(path: Path) -> list[dict]:
+    """Rows of a JSON-lines dataset with a ``prompt`` (and optional ``answer``) each."""
+    if not path.exists():
+        raise RuntimeFailure(f"dataset '{path}' must exist to run, and it does not",
+                             hint="the path is relative to the spec file")
+    rows = []
+    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise RuntimeFailure(f"{path}:{n}: each line must be a JSON object, not {line[:40]!r}"
+                                 ) from e
+        if not isinstance(row, dict) or "prompt" not in row:
+            raise RuntimeFailure(f"{path}:{n}: each row must have a 'prompt', not {line[:40]!r}")
+        rows.append(row)
+    if not rows:
+        raise RuntimeFailure(f"dataset '{path}' must hold at least one row, and it is empty")
+    return rows
+
+
+def step_rows(rows: list[dict], prompts: int, samples: int, seed: int, step: int) -> list[dict]:
+    """The rows of one step, each repeated ``samples`` times (the same on every worker)."""
+    rng = np.random.default_rng([seed, step])
+    idx = rng.choice(len(rows), size=prompts, replace=prompts > len(rows))
+    return [rows[i] for i in idx for _ in range(samples)]
+
+
+def group_of(prompt_index: np.ndarray, samples: int) -> np.ndarray:
+    """The prompt (group) each response belongs to."""
+    return np.asarray(prompt_index) // max(samples, 1)
+

@@ -1,0 +1,296 @@
+"""The plan, unrolled to what runs: one op call per (op, step, chunk or rank), on one device.
+
+    >>> calls = build_calls(pipeline, plan, steps=2)                        # doctest: +SKIP
+    >>> [c.id for c in calls][:3]                                            # doctest: +SKIP
+    ['rollout/s0/c0', 'rollout/s0/c1', 'ref_lp/s0/c0']
+    >>> by_id(calls)["rollout/s1/c0"].after                                  # doctest: +SKIP
+    ('sync_actor/s0/load@0', 'rollout/s1/c0'...)
+
+The step graph (``rpeg.graph``: ops, data edges, fused trainers, shared
+backbones) is placed on the plan's devices and unrolled over steps:
+
+* per-sample ops (forward, score, per-response compute) whose inputs stream in
+  chunks run once per chunk, round-robin over their devices; group ops
+  (``group_norm``, ``rloo``) and train wait for the whole step;
+* a train op runs once per data-parallel rank;
+* a model's weights live on its home devices; a reader elsewhere gets them from a
+  weight-sync op pair — ``export`` on the home, ``load`` at the reader — only for
+  versions someone reads there. Readers on the home read in place: no sync.
+
+Every reader reads an exact version: ``max(0, step - k)`` (train: ``step``), with
+``k`` the plan's staleness of the op. This is enforced by ordering edges
+(``after``): a reader waits for the writer of its version, and the writer of
+version v on a device waits for every reader of v - 1 there (write after read).
+Data-parallel ranks of one train op wait for the union of their dependencies and
+keep one collective order per device, so gloo/NCCL collectives never interleave.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import attrs
+
+from rpeg.errors import PlanError
+from rpeg.graph import Graph
+from rpeg.plan.model import Plan
+from rpeg.spec.model import OpKind, Pipeline
+
+GROUP_FUNCTIONS = ("group_norm", "grpo_advantages", "rloo")
+EXPORT, LOAD = "export", "load"
+
+
+@attrs.frozen
+class OpCall:
+    """One op instance: everything a worker needs to run it, as plain data."""
+
+    id: str
+    op: str                                  # graph op: a stage, fused trainers, or sync_<model>
+    kind: OpKind
+    step: int
+    device: int
+    chunk: int = 0
+    chunks: int = 1                          # instances of this op in a step (chunks or ranks)
+    rank: int = 0
+    world: int = 1                           # data-parallel degree
+    role: str = ""                           # sync ops: export | load
+    model: str | None = None                 # backbone whose state the op reads or writes
+    stages: tuple[str, ...] = ()             # spec stages it implements
+    inputs: tuple[tuple[str, int], ...] = () # data name -> futures in ``deps``, in order
+    deps: tuple[str, ...] = ()               # data dependencies (op ids), in argument order
+    after: tuple[str, ...] = ()              # ordering dependencies (no data used)
+    version: int = -1                        # parameter version read (-1: none)
+    writes: int = -1                         # parameter version written (-1: none)
+    bound: int = 0                           # staleness bound: version >= step - bound
+
+    @property
+    def all_deps(self) -> tuple[str, ...]:
+        return self.deps + self.after
+
+
+def graph_for(pipeline: Pipeline, plan: Plan) -> Graph:
+    """The step graph with the plan's structural choices (staleness, sharing)."""
+    chosen = dict(plan.staleness) or None
+    return Graph.from_pipeline(pipeline, staleness=chosen, share=bool(plan.shared))
+
+
+def build_calls(pipeline: Pipeline, plan: Plan, steps: int) -> tuple[OpCall, ...]:
+    """Every op instance of ``steps`` steps, in an order where dependencies come first
+    (except write-after-read edges, which may point one staleness window ahead)."""
+    graph = graph_for(pipeline, plan)
+    frozen = {m.name for m in pipeline.models if m.frozen}
+    homes = model_homes(pipeline, plan, graph)
+    n_chunks = _chunks(graph, plan)
+    chunked = _chunked_ops(graph, pipeline)
+    calls: list[dict] = []
+    produced: dict[tuple[str, int], list[str]] = defaultdict(list)   # (op, step) -> ids by chunk
+    for s in range(steps):
+        for name in graph.topo_order():
+            op = graph.op(name)
+            if op.kind is OpKind.SYNC_WEIGHTS:
+                continue
+            place = _placement(plan, op)
+            devices = place.devices
+            if op.kind is OpKind.TRAIN:
+                layout = [(r, d, r) for r, d in enumerate(devices)]
+                world = len(devices)
+            elif name in chunked:
+                layout = [(c, devices[c % len(devices)], 0) for c in range(n_chunks)]
+                world = 1
+            else:
+                layout = [(0, devices[0], 0)]
+                world = 1
+            for idx, dev, rank in layout:
+                cid = _id(name, s, idx, op.kind, len(layout), name in chunked)
+                inputs, deps = _data_deps(graph, op, s, idx, name in chunked, produced, pipeline)
+                call = dict(id=cid, op=name, kind=op.kind, step=s, device=dev,
+                            chunk=idx if name in chunked else 0, chunks=len(layout),
+                            rank=rank, world=world, model=op.reads_model,
+                            stages=op.stages, inputs=inputs, deps=deps, after=[],
+                            version=-1, writes=-1, bound=0)
+                members = op.reads_model.split("+") if op.reads_model else []
+                if op.reads_model and not all(m in frozen for m in members):
+                    lag = 0 if op.kind is OpKind.TRAIN else graph.lag_of(name)
+                    call["version"] = s if op.kind is OpKind.TRAIN else max(0, s - lag)
+                    call["bound"] = lag
+                elif op.reads_model:
+                    call["version"] = 0
+                if op.kind is OpKind.TRAIN:
+                    call["writes"] = s + 1
+                calls.append(call)
+                if rank == 0:
+                    produced[(name, s)].append(cid)
+    calls = _add_syncs(calls, homes)
+    _order_versions(calls, homes, frozen)
+    _order_chunks(calls)
+    _order_collectives(calls)
+    return tuple(OpCall(**{**c, "inputs": tuple(c["inputs"]), "deps": tuple(c["deps"]),
+                           "after": tuple(dict.fromkeys(a for a in c["after"] if a != c["id"]))})
+                 for c in calls)
+
+
+def by_id(calls) -> dict[str, OpCall]:
+    return {c.id: c for c in calls}
+
+
+def model_homes(pipeline: Pipeline, plan: Plan, graph: Graph) -> dict[str, tuple[int, ...]]:
+    """Backbone -> devices holding its trained weights (the plan's, else its train op's)."""
+    homes: dict[str, tuple[int, ...]] = {}
+    for op in graph.ops:
+        if op.kind is OpKind.TRAIN and op.writes_model:
+            members = op.writes_model.split("+")
+            given = plan.home(op.writes_model) or plan.home(members[0])
+            homes[op.writes_model] = tuple(given) or _placement(plan, op).devices
+            if tuple(given) and set(given) != set(_placement(plan, op).devices):
+                raise PlanError(f"train op '{op.name}' must run on the home devices of "
+                                f"'{op.writes_model}' {tuple(given)}, not "
+                                f"{_placement(plan, op).devices}")
+    return homes
+
+
+def _placement(plan: Plan, op):
+    for stage in op.stages or (op.name,):
+        try:
+            place = plan.placement(stage)
+        except StopIteration:
+            continue
+        if place.tp != 1 or place.pp != 1:
+            raise PlanError(f"stage '{stage}' must have tp = 1 and pp = 1 on the torch runtime, "
+                            f"not tp = {place.tp}, pp = {place.pp}",
+                            hint="the runtime executes data parallelism (dp) only; "
+                                 "plan with --strategy that keeps tp = pp = 1")
+        if op.kind is OpKind.GENERATE and len(place.devices) != 1:
+            raise PlanError(f"generate stage '{stage}' must run on one device, not "
+                            f"{len(place.devices)}", hint="give generation one device per stage")
+        return place
+    raise PlanError(f"the plan must place stage '{op.name}', and it does not",
+                    hint="recompile the plan for this pipeline")
+
+
+def _chunks(graph: Graph, plan: Plan) -> int:
+    gens = [o for o in graph.ops if o.kind is OpKind.GENERATE]
+    return max([_placement(plan, o).chunks for o in gens] + [1])
+
+
+def _chunked_ops(graph: Graph, pipeline: Pipeline) -> set[str]:
+    """Ops that run per chunk: generate, and per-sample ops all of whose inputs stream."""
+    out: set[str] = set()
+    for name in graph.topo_order():
+        op = graph.op(name)
+        if op.kind is OpKind.GENERATE:
+            out.add(name)
+        elif op.per_sample and not _is_group(op, pipeline):
+            srcs = graph.producers(name)
+            if srcs and all(s in out for s in srcs):
+                out.add(name)
+    return out
+
+
+def _is_group(op, pipeline: Pipeline) -> bool:
+    return any(pipeline.stage(s).function in GROUP_FUNCTIONS for s in op.stages
+               if any(st.name == s for st in pipeline.stages))
+
+
+def _data_deps(graph, op, step, chunk, is_chunked, produced, pipeline):
+    names = list(op.inputs)
+    if _is_group(op, pipeline) and "responses" not in names:
+        names.append("responses")                 # groups are read from the responses
+    producer = {d: o.name for o in graph.ops for d in o.outputs}
+    inputs, deps = [], []
+    for d in names:
+        src = producer.get(d)
+        if src is None:
+            continue                               # workload data (prompts): read on the worker
+        ids = produced[(src, step)]
+        chosen = [ids[chunk]] if is_chunked else list(ids)
+        inputs.append((d, len(chosen)))
+        deps += chosen
+    return inputs, deps
+
+
+def _id(name, step, idx, kind, n, is_chunked) -> str:
+    if is_chunked:
+        return f"{name}/s{step}/c{idx}"
+    if kind is OpKind.TRAIN and n > 1:
+        return f"{name}/s{step}/r{idx}"
+    return f"{name}/s{step}"
+
+
+def _add_syncs(calls: list[dict], homes) -> list[dict]:
+    """Export/load pairs for every version of a trained model read off its home devices."""
+    needed: dict[tuple[str, int], set[int]] = defaultdict(set)
+    for c in calls:
+        key = c["model"]
+        if key in homes and c["device"] not in homes[key] and c["version"] > 0:
+            needed[(key, c["device"])].add(c["version"])
+    out = list(calls)
+    exports: dict[tuple[str, int], str] = {}
+    for (key, dev), versions in sorted(needed.items()):
+        for v in sorted(versions):
+            src = homes[key][0]
+            eid = f"sync_{key}/s{v - 1}/{EXPORT}"
+            if (key, v) not in exports:
+                exports[(key, v)] = eid
+                out.append(dict(id=eid, op=f"sync_{key}", kind=OpKind.SYNC_WEIGHTS, step=v - 1,
+                                device=src, chunk=0, chunks=1, rank=0, world=1, role=EXPORT,
+                                model=key, stages=(), inputs=[], deps=[], after=[],
+                                version=v, writes=-1, bound=0))
+            out.append(dict(id=f"sync_{key}/s{v - 1}/{LOAD}@{dev}", op=f"sync_{key}",
+                            kind=OpKind.SYNC_WEIGHTS, step=v - 1, device=dev, chunk=0, chunks=1,
+                            rank=0, world=1, role=LOAD, model=key, stages=(),
+                            inputs=[("weights", 1)], deps=[eid], after=[], version=-1,
+                            writes=v, bound=0))
+    return out
+
+
+def _order_versions(calls: list[dict], homes, frozen) -> None:
+    """Reader after the writer of its version; writer of v after readers of v - 1 (same device)."""
+    writer: dict[tuple[str, int, int], str] = {}
+    readers: dict[tuple[str, int, int], list[str]] = defaultdict(list)
+    for c in calls:
+        if c["writes"] >= 0:
+            writer[(c["model"], c["device"], c["writes"])] = c["id"]
+        if c["version"] >= 0 and c["model"] in homes:
+            readers[(c["model"], c["device"], c["version"])].append(c["id"])
+    for c in calls:
+        key, dev = c["model"], c["device"]
+        if c["version"] > 0 and key in homes:
+            w = writer.get((key, dev, c["version"]))
+            if w is None:
+                raise PlanError(f"no op makes version {c['version']} of '{key}' on device {dev} "
+                                f"for '{c['id']}'")
+            c["after"].append(w)
+        if c["writes"] >= 0:
+            v = c["writes"]
+            c["after"] += [r for r in readers.get((key, dev, v - 1), []) if r != c["id"]]
+            if (key, dev, v - 1) in writer:
+                c["after"].append(writer[(key, dev, v - 1)])
+
+
+def _order_chunks(calls: list[dict]) -> None:
+    """Chunks of one generate op come from one stream: chunk c after chunk c - 1."""
+    ids = {c["id"] for c in calls}
+    for c in calls:
+        if c["kind"] is OpKind.GENERATE and c["chunk"] > 0:
+            prev = f"{c['op']}/s{c['step']}/c{c['chunk'] - 1}"
+            if prev in ids:
+                c["after"].append(prev)
+
+
+def _order_collectives(calls: list[dict]) -> None:
+    """Ranks of one train op wait for the union of their dependencies, and collectives on a
+    device run in one order (step, then graph order) on every rank."""
+    groups: dict[tuple[str, int], list[dict]] = defaultdict(list)
+    for c in calls:
+        if c["kind"] is OpKind.TRAIN and c["world"] > 1:
+            groups[(c["op"], c["step"])].append(c)
+    last_on: dict[int, str] = {}
+    for (_, _), ranks in groups.items():            # insertion order: step, then graph order
+        own = {r["id"] for r in ranks}
+        union = list(dict.fromkeys(d for r in ranks for d in r["deps"] + r["after"]
+                                   if d not in own))
+        for r in ranks:
+            r["after"] = [d for d in union if d not in r["deps"]] \
+                + ([last_on[r["device"]]] if r["device"] in last_on else [])
+        for r in ranks:
+            last_on[r["device"]] = r["id"]

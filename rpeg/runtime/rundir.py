@@ -1,0 +1,137 @@
+"""The run directory: one record per experiment tying spec, plan, trace and metrics together.
+
+    runs/tiny_ppo-20261130-011500/
+        spec.rpeg          the spec as written (and its extends, resolved into pipeline.json)
+        pipeline.json      the resolved pipeline value
+        plan.json          the plan that ran
+        run.json           steps, devices -> workers, timings, status
+        trace.json         Chrome trace (Perfetto): one track per worker; each op with
+                           step, chunk, version read and written
+        metrics.jsonl      one line per step: reward, KL, clip fraction, value loss,
+                           entropy, step time, tokens/s
+        checkpoints/       safetensors + JSON per trained model
+
+    >>> rd = RunDir.create("runs", "tiny_ppo")                 # doctest: +SKIP
+    >>> rd.write_trace(events, devices)                         # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import attrs
+
+from rpeg.errors import RuntimeFailure
+
+
+@attrs.frozen
+class RunDir:
+    path: Path
+
+    @classmethod
+    def create(cls, root: str | Path, pipeline: str, path: str | Path | None = None) -> RunDir:
+        if path is None:
+            stamp = time.strftime("%Y%m%d-%H%M%S")
+            path = Path(root) / f"{pipeline}-{stamp}"
+            n = 1
+            while path.exists():
+                n += 1
+                path = Path(root) / f"{pipeline}-{stamp}-{n}"
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        (path / "checkpoints").mkdir(exist_ok=True)
+        return cls(path.resolve())
+
+    @classmethod
+    def open(cls, path: str | Path) -> RunDir:
+        path = Path(path)
+        missing = [f for f in ("plan.json", "trace.json", "run.json", "pipeline.json")
+                   if not (path / f).exists()]
+        if missing:
+            raise RuntimeFailure(f"run directory '{path}' must hold {', '.join(missing)}, "
+                                 "and it does not", hint="pass a directory made by `rpeg run`")
+        return cls(path)
+
+    def write_text(self, name: str, text: str) -> Path:
+        """Write atomically: a temporary name, then rename."""
+        target = self.path / name
+        tmp = target.with_name(target.name + ".tmp")
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, target)
+        return target
+
+    def write_json(self, name: str, value) -> Path:
+        return self.write_text(name, json.dumps(value, indent=1, sort_keys=True) + "\n")
+
+    def read_json(self, name: str):
+        return json.loads((self.path / name).read_text(encoding="utf-8"))
+
+    def append_metrics(self, row: dict) -> None:
+        with open(self.path / "metrics.jsonl", "a", encoding="utf-8") as f:
+            f.write(json.dumps(row, sort_keys=True) + "\n")
+
+    def metrics(self) -> list[dict]:
+        p = self.path / "metrics.jsonl"
+        if not p.exists():
+            return []
+        return [json.loads(line) for line in p.read_text().splitlines() if line.strip()]
+
+    def write_trace(self, events: list[dict], workers: dict[int, str], t0: float) -> Path:
+        return self.write_json("trace.json", chrome_trace(events, workers, t0))
+
+
+def chrome_trace(events: list[dict], workers: dict[int, str], t0: float) -> dict:
+    """Chrome trace JSON: process = the run, one thread (track) per worker/device."""
+    out = [{"ph": "M", "name": "process_name", "pid": 1, "tid": 0, "args": {"name": "rpeg run"}}]
+    for dev, addr in sorted(workers.items()):
+        out.append({"ph": "M", "name": "thread_name", "pid": 1, "tid": dev,
+                    "args": {"name": f"device {dev} ({addr})"}})
+    for e in sorted(events, key=lambda e: e["start"]):
+        label = e["op"] if not e.get("role") else f"{e['op']}.{e['role']}"
+        out.append({"ph": "X", "name": label, "cat": e["kind"], "pid": 1, "tid": e["device"],
+                    "ts": round((e["start"] - t0) * 1e6, 1),
+                    "dur": round((e["end"] - e["start"]) * 1e6, 1),
+                    "args": {k: e[k] for k in ("id", "step", "chunk", "rank", "device", "worker",
+                                               "version_read", "version_written", "stats")}})
+    return {"traceEvents": out, "displayTimeUnit": "ms"}
+
+
+def events_from_trace(trace: dict) -> list[dict]:
+    """The op events of a Chrome trace written by :func:`chrome_trace` (times in seconds)."""
+    out = []
+    for e in trace.get("traceEvents", []):
+        if e.get("ph") != "X":
+            continue
+        a = e.get("args", {})
+        out.append({**a, "op": e["name"].split(".")[0], "kind": e.get("cat"),
+                    "start": e["ts"] / 1e6, "end": (e["ts"] + e["dur"]) / 1e6})
+    return out
+
+
+def step_metrics(step: int, events: list[dict], step_time: float) -> dict:
+    """One metrics.jsonl row from the events of one step."""
+    row: dict = {"step": step, "step_time_s": round(step_time, 4)}
+    reward_sum = sum(e["stats"].get("reward_sum", 0.0) for e in events)
+    reward_n = sum(e["stats"].get("reward_n", 0) for e in events)
+    if reward_n:
+        row["reward"] = reward_sum / reward_n
+    gen = [e for e in events if e["kind"] == "generate"]
+    tokens = sum(e["stats"].get("tokens", 0) for e in gen)
+    responses = sum(e["stats"].get("responses", 0) for e in gen)
+    if responses:
+        row["response_len"] = tokens / responses
+        row["tokens_per_s"] = tokens / step_time if step_time > 0 else 0.0
+    for e in events:
+        if e["kind"] != "train" or e.get("rank", 0) != 0:
+            continue
+        for k in ("kl", "clip_frac", "value_loss", "entropy", "policy_loss", "grad_norm",
+                  "is_weight"):
+            if k in e["stats"]:
+                row[k if k not in row else f"{e['op']}.{k}"] = e["stats"][k]
+    versions = [e["version_read"] for e in gen if e.get("version_read", -1) >= 0]
+    if versions:
+        row["gen_version"] = min(versions)
+    return row

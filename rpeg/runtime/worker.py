@@ -1,0 +1,101 @@
+"""What runs inside a Dask worker: set-up once, then one function per op call.
+
+    >>> client.submit(setup, ctx, device=0, workers=[addr])               # doctest: +SKIP
+    >>> client.submit(run_op, call, *dep_futures, workers=[addr])         # doctest: +SKIP
+    >>> client.run(drain)                                                  # doctest: +SKIP
+    {'tcp://127.0.0.1:40123': [{'id': 'rollout/s0/c0', 'start': ..., ...}]}
+
+The backend (``backends.<name>_backend``) is imported here, inside the worker,
+never in the client: this module imports no torch. Each call is timed and
+recorded in a worker-local list of trace events that the client drains after
+every step; the events carry what the worker itself observed (its address, the
+parameter version its replica held), which is what ``rpeg verify`` checks.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+import threading
+import time
+
+_STATE: dict[str, object] = {}
+_EVENTS: list[dict] = []
+_LOCK = threading.Lock()
+
+BACKENDS = {"torch": "backends.torch_backend.executor"}
+
+
+def backend_module(name: str):
+    from rpeg.errors import BackendError
+    if name not in BACKENDS:
+        raise BackendError(f"backend must be one of {', '.join(BACKENDS)}, not {name!r}")
+    return importlib.import_module(BACKENDS[name])
+
+
+def setup(ctx, device: int) -> dict:
+    """Create this worker's model replicas (and join the collective world); idempotent per run."""
+    if ctx.needs_collectives:
+        from backends.torch_backend.distributed import init_world
+        groups = sorted({r.world for r in ctx.replicas if len(r.world) > 1})
+        init_world(device, ctx.num_devices, ctx.dist_addr, groups, ctx.use_cuda)
+    start = time.time()
+    _STATE["executor"] = backend_module(ctx.backend).Executor(ctx, device)
+    _STATE["device"] = device
+    _STATE["address"] = _address()
+    with _LOCK:
+        _EVENTS.clear()
+    return {"device": device, "address": _STATE["address"], "setup_s": time.time() - start}
+
+
+def run_op(call, *args):
+    """Run one op call; ``args`` are the results of ``call.deps`` then ``call.after``."""
+    ex = _STATE["executor"]
+    inputs: dict[str, list] = {}
+    pos = 0
+    for name, count in call.inputs:
+        inputs[name] = [args[pos + i][name] for i in range(count)]
+        pos += count
+    start = time.time()
+    outputs, info = ex.run(call, inputs)
+    end = time.time()
+    event = {"id": call.id, "op": call.op, "kind": call.kind.value, "step": call.step,
+             "chunk": call.chunk, "rank": call.rank, "role": call.role,
+             "device": _STATE["device"], "worker": _STATE["address"],
+             "start": start, "end": end,
+             "version_read": info.get("version_read", -1),
+             "version_written": info.get("version_written", -1),
+             "stats": info.get("stats", {})}
+    with _LOCK:
+        _EVENTS.append(event)
+    return outputs
+
+
+def checkpoint(model: str, path: str, meta: dict, *after) -> str:
+    return _STATE["executor"].checkpoint(model, path, meta)
+
+
+def drain() -> list[dict]:
+    """Hand over (and forget) the trace events recorded since the last drain."""
+    with _LOCK:
+        out = list(_EVENTS)
+        _EVENTS.clear()
+    return out
+
+
+def teardown() -> None:
+    ex = _STATE.pop("executor", None)
+    if ex is not None:
+        ex.shutdown()
+    if "torch.distributed" in sys.modules:
+        from backends.torch_backend.distributed import shutdown_world
+        shutdown_world()
+    _STATE.clear()
+
+
+def _address() -> str:
+    try:
+        from distributed import get_worker
+        return get_worker().address
+    except (ImportError, ValueError):
+        return "local"

@@ -120,7 +120,18 @@ def _excerpt(span: Span | None, source: str | None) -> list[str]:
     width = 1
     if span.end_line == span.line and span.end_col > span.col:
         width = span.end_col - span.col
-    return ["    " + text, "    " + " " * (span.col - 1) + "^" + "~" * (width - 1)]
+    col = span.col - 1
+    if len(text) > EXCERPT_WIDTH:
+        # a very long line (generated or hostile input): show a window around the caret
+        start = max(0, min(col - EXCERPT_WIDTH // 2, len(text) - EXCERPT_WIDTH))
+        text = ("..." if start else "") + text[start:start + EXCERPT_WIDTH] + (
+            "..." if start + EXCERPT_WIDTH < len(text) else "")
+        col = col - start + (3 if start else 0)
+        width = min(width, EXCERPT_WIDTH - (col - (3 if start else 0)))
+    return ["    " + text, "    " + " " * col + "^" + "~" * max(width - 1, 0)]
+
+
+EXCERPT_WIDTH = 120
 
 
 def did_you_mean(word: str, choices: Iterable[str]) -> str | None:

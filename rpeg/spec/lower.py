@@ -12,7 +12,7 @@ yet on disk) are returned as warnings.
 from __future__ import annotations
 
 import ast as pyast
-import importlib.util
+import importlib.machinery
 import sys
 from pathlib import Path
 
@@ -44,6 +44,7 @@ MODEL_KEYS = ("optimizer", "head", "frozen", "dtype", "weights", "tied", "family
 DTYPES = ("bf16", "fp16", "fp32")
 MAX_STEPS = 10_000_000
 MAX_TOKENS = 1 << 21
+MAX_HISTOGRAM_BYTES = 64 * 1024 * 1024
 
 # Keyword arguments each stage function takes (and of which type).
 STAGE_KWARGS: dict[str, tuple[str, ...]] = {
@@ -201,6 +202,12 @@ def _length(v: ast.Value, path: str) -> LengthDist:
 def _histogram(file: Path, span: Span) -> tuple[tuple[int, float], ...]:
     """A histogram file: one 'length,weight' (or 'length weight') pair per line; '#' comments."""
     try:
+        if not file.is_file():        # a pipe or device would block or never end
+            raise OSError("not a regular file")
+        if file.stat().st_size > MAX_HISTOGRAM_BYTES:
+            raise SpecError(f"histogram file '{file}' is {file.stat().st_size:,} bytes; at most "
+                            f"{MAX_HISTOGRAM_BYTES:,}", span,
+                            hint="a histogram has one line per distinct length")
         text = file.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError):
         raise SpecError(f"cannot read histogram file '{file}'", span,
@@ -319,11 +326,7 @@ def _resolve_python(module: str, function: str, folder: Path, span: Span) -> Non
                   folder / module.replace(".", "/") / "__init__.py"]
     source = next((p for p in candidates if p.is_file()), None)
     if source is None:
-        try:
-            found = importlib.util.find_spec(module) if module not in sys.builtin_module_names \
-                else None
-        except (ImportError, ValueError):
-            found = None
+        found = _find_module(module)
         if found is None or not found.origin or not found.origin.endswith(".py"):
             raise SpecError(f"reward module '{module}' not found", span,
                             hint=f"put {module.replace('.', '/')}.py next to the spec "
@@ -342,6 +345,24 @@ def _resolve_python(module: str, function: str, folder: Path, span: Span) -> Non
     if function not in names:
         raise SpecError(f"module '{module}' ({source}) has no function '{function}'", span,
                         hint=did_you_mean(function, sorted(names)))
+
+
+def _find_module(module: str):
+    """The spec of ``a.b.c`` found along sys.path without importing anything: importlib's
+    find_spec would import (run) the parent packages ``a`` and ``a.b``."""
+    if module in sys.builtin_module_names:
+        return None
+    found = None
+    path = None
+    for part in module.split("."):
+        try:
+            found = importlib.machinery.PathFinder.find_spec(part, path)
+        except (ImportError, ValueError):
+            return None
+        if found is None:
+            return None
+        path = found.submodule_search_locations
+    return found
 
 
 # --- stages ------------------------------------------------------------------

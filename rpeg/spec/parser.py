@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import functools
+import stat
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -23,9 +24,16 @@ from rpeg.spec import ast
 GRAMMAR_PATH = Path(__file__).resolve().parents[2] / "grammar" / "rpeg.lark"
 
 MAX_SOURCE_BYTES = 4 * 1024 * 1024
+MAX_NESTING = 64                     # brackets inside brackets; real specs use 2 or 3
 
 _OPEN = {"LPAR", "LSQB"}
 _CLOSE = {"RPAR", "RSQB"}
+
+
+class _TooDeep(Exception):
+    def __init__(self, tok: Token) -> None:
+        super().__init__("nesting")
+        self.tok = tok
 
 
 class _Separators:
@@ -42,6 +50,8 @@ class _Separators:
                     continue
             elif tok.type in _OPEN:
                 depth += 1
+                if depth > MAX_NESTING:
+                    raise _TooDeep(tok)
             elif tok.type in _CLOSE:
                 depth = max(0, depth - 1)
             last = tok
@@ -72,24 +82,42 @@ def _collect_comment(tok: Token) -> Token:
 
 
 def parse_file(path: str | Path) -> ast.File:
-    """Read and parse one .rpeg file; every failure is a SpecError naming the file."""
+    """Read and parse one .rpeg file; every failure is a SpecError naming the file.
+
+    The size and kind of file are checked with ``stat`` before anything is read, so a
+    huge file is refused without reading it and a pipe or device never blocks.
+    """
     p = Path(path)
+    where = Span(str(p), 0, 0)
     try:
-        raw = p.read_bytes()
+        st = p.stat()
+        if stat.S_ISDIR(st.st_mode):
+            raise SpecError(f"'{p}' is a directory, not a .rpeg file", where)
+        if not stat.S_ISREG(st.st_mode):
+            raise SpecError(f"'{p}' is not a regular file (a pipe, socket or device)", where,
+                            hint="pass the path of a .rpeg text file")
+        if st.st_size > MAX_SOURCE_BYTES:
+            raise _too_big(st.st_size, str(p))
+        with p.open("rb") as fh:
+            raw = fh.read(MAX_SOURCE_BYTES + 1)
     except FileNotFoundError:
-        raise SpecError(f"no such file '{p}'", Span(str(p), 0, 0)) from None
+        raise SpecError(f"no such file '{p}'", where) from None
     except IsADirectoryError:
-        raise SpecError(f"'{p}' is a directory, not a .rpeg file", Span(str(p), 0, 0)) from None
+        raise SpecError(f"'{p}' is a directory, not a .rpeg file", where) from None
     except OSError as e:
-        raise SpecError(f"cannot read '{p}': {e.strerror}", Span(str(p), 0, 0)) from None
+        raise SpecError(f"cannot read '{p}': {e.strerror or e}", where) from None
     return parse_bytes(raw, str(p))
+
+
+def _too_big(size: int, path: str) -> SpecError:
+    return SpecError(f"file is {size:,} bytes; a .rpeg file may be at most "
+                     f"{MAX_SOURCE_BYTES:,}", Span(path, 0, 0),
+                     hint="a spec describes a pipeline; data belongs in the dataset file")
 
 
 def parse_bytes(raw: bytes, path: str) -> ast.File:
     if len(raw) > MAX_SOURCE_BYTES:
-        raise SpecError(f"file is {len(raw):,} bytes; a .rpeg file may be at most "
-                        f"{MAX_SOURCE_BYTES:,}", Span(path, 0, 0),
-                        hint="a spec describes a pipeline; data belongs in the dataset file")
+        raise _too_big(len(raw), path)
     if b"\x00" in raw:
         raise SpecError("this is a binary file, not a .rpeg text file", Span(path, 0, 0))
     try:
@@ -109,6 +137,10 @@ def parse_text(text: str, path: str = "<string>") -> ast.File:
         tree = _lark().parse(text)
     except UnexpectedInput as e:
         raise _syntax_error(e, text, path) from None
+    except _TooDeep as e:
+        raise SpecError(f"brackets nest more than {MAX_NESTING} deep", Span(
+            path, e.tok.line, e.tok.column), hint="a spec value is a number, name, string, "
+            "call or list; nothing needs this depth") from None
     except RecursionError:
         raise SpecError("input nests too deeply", Span(path, 1, 1)) from None
     comments = tuple(_comment(tok, text) for tok in _comments)
@@ -224,7 +256,10 @@ class _Build:
         raise AssertionError(f"unhandled entry {k}")
 
     def string(self, tok: Token) -> ast.Str:
-        return ast.Str(unescape(str(tok)[1:-1], self.span(tok)), self.span(tok))
+        value = unescape(str(tok)[1:-1], self.span(tok))
+        if "\x00" in value:   # no file name, model name or reference holds one; paths choke on it
+            raise SpecError("a string may not hold the NUL character (\\u0000)", self.span(tok))
+        return ast.Str(value, self.span(tok))
 
     def value(self, t):
         if isinstance(t, Token):
@@ -305,7 +340,8 @@ def _found(tok: Token | None) -> str:
         return "end of file"
     if tok.type == "_SEP":
         return "end of line"
-    return f"'{tok}'"
+    text = str(tok)
+    return f"'{text[:40]}...'" if len(text) > 40 else f"'{text}'"
 
 
 _AFTER = {

@@ -1,0 +1,156 @@
+"""``rpeg diff A B [--cluster CLUSTER.rpeg] [--json]``: what changed, and what it costs.
+
+    $ rpeg diff pipelines/ppo_llama8b.rpeg pipelines/ppo_async.rpeg
+    --- pipelines/ppo_llama8b.rpeg (ppo_llama8b)
+    +++ pipelines/ppo_async.rpeg (ppo_async)
+    staleness
+      ~ rollout: 1 -> 2  (generation may read actor weights up to 2 updates old, was 1)
+    ...
+
+Like diff(1): nothing printed and exit 0 when A and B mean the same, exit 1 when
+they differ, 2 when they cannot be compared. What A and B are decides the diff:
+two specs (semantic, after ``extend``; with ``--cluster`` both are also compiled
+and the predicted step time and memory compared), two plan files (``.json``),
+or two run directories.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import sys
+from pathlib import Path
+
+import typer
+
+from rpeg.errors import RpegError, SpecError
+
+
+def _kind(p: Path) -> str:
+    if p.is_dir():
+        return "run"
+    if p.suffix == ".json":
+        return "plan"
+    return "spec"
+
+
+def _optional(module: str, name: str):
+    """``module.name`` if someone has built it yet, else None."""
+    try:
+        return getattr(importlib.import_module(module), name, None)
+    except ImportError:
+        return None
+
+
+def _not_available(what: str) -> None:
+    print(f"rpeg diff: {what}", file=sys.stderr)
+    raise typer.Exit(2)
+
+
+def _predicted(pipeline, cluster) -> dict:
+    """Compile one pipeline on the cluster; the figures the diff compares (or the error)."""
+    compile_plan = _optional("rpeg.plan", "compile_plan")
+    if compile_plan is None:
+        return {"error": "planner not available yet (rpeg.plan.compile_plan)"}
+    try:
+        plan = compile_plan(pipeline, cluster)
+    except RpegError as e:
+        return {"error": e.message}
+    pred = plan.predicted
+    if pred is None:
+        return {"error": "the plan carries no prediction"}
+    return {"step_time_s": pred.step_time_s,
+            "peak_memory_bytes": max(pred.peak_memory, default=0.0),
+            "tokens_per_s": pred.tokens_per_s,
+            "devices": len(sorted({d for p in plan.placements for d in p.devices}))}
+
+
+def _delta_lines(cluster_name: str, a: dict, b: dict) -> list[str]:
+    lines = [f"predicted on {cluster_name}"]
+    if "error" in a and a == b:
+        return lines + [f"  {a['error']}"]
+    for side, d in (("A", a), ("B", b)):
+        if "error" in d:
+            lines.append(f"  {side}: no plan: {d['error']}")
+    if "error" in a or "error" in b:
+        return lines
+    rows = (("step time", "step_time_s", lambda x: f"{x:.3g} s"),
+            ("peak memory per GPU", "peak_memory_bytes", lambda x: f"{x / 1e9:.3g} GB"),
+            ("throughput", "tokens_per_s", lambda x: f"{x:,.0f} tokens/s"),
+            ("GPUs used", "devices", lambda x: f"{x}"))
+    for label, key, show in rows:
+        x, y = a[key], b[key]
+        rel = f" ({(y - x) / x:+.1%})" if x else ""
+        lines.append(f"  {label}: {show(x)} -> {show(y)}{rel}")
+    return lines
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("diff")
+    def diff_command(
+        a: Path = typer.Argument(..., help="The first spec (.rpeg), plan (.json) or run dir."),
+        b: Path = typer.Argument(..., help="The second, of the same kind."),
+        cluster: Path = typer.Option(None, "--cluster", "-c",
+                                     help="Also compile both specs on this cluster and "
+                                          "compare predicted step time and memory."),
+        as_json: bool = typer.Option(False, "--json", help="Print the diff as JSON."),
+    ) -> None:
+        """Show what changed between two specs, plans or runs (exit 1 if anything did)."""
+        ka, kb = _kind(a), _kind(b)
+        for p in (a, b):
+            if not p.exists():
+                raise SpecError(f"no such file or directory '{p}'")
+        if ka != kb:
+            print(f"rpeg diff: A is a {ka} and B is a {kb}; compare two specs, two plans "
+                  "or two run directories", file=sys.stderr)
+            raise typer.Exit(2)
+        if ka == "plan":
+            diff_plans = _optional("rpeg.plan", "diff_plans")
+            if diff_plans is None:
+                _not_available("plan diff not available yet")
+            result = diff_plans(a, b)
+            _emit(result, as_json)
+            raise typer.Exit(1 if getattr(result, "changed", bool(result)) else 0)
+        if ka == "run":
+            diff_runs = _optional("rpeg.experiments", "diff_runs")
+            if diff_runs is None:
+                _not_available("run-directory diff: not yet")
+            result = diff_runs(a, b)
+            _emit(result, as_json)
+            raise typer.Exit(1 if getattr(result, "changed", bool(result)) else 0)
+        _spec_diff(a, b, cluster, as_json)
+
+
+def _emit(result, as_json: bool) -> None:
+    if as_json:
+        text = result.to_json() if hasattr(result, "to_json") else json.dumps(result, indent=2)
+        sys.stdout.write(text if text.endswith("\n") else text + "\n")
+    else:
+        text = result.text() if hasattr(result, "text") else str(result)
+        if text:
+            sys.stdout.write(text if text.endswith("\n") else text + "\n")
+
+
+def _spec_diff(a: Path, b: Path, cluster: Path | None, as_json: bool) -> None:
+    from rpeg.spec import load, load_cluster
+    from rpeg.spec.diff import diff
+
+    pa, pb = load(a), load(b)
+    d = diff(pa, pb)
+    predicted = None
+    if cluster is not None:
+        c = load_cluster(cluster)
+        if d.changed:
+            predicted = {"cluster": c.name, "a": _predicted(pa, c), "b": _predicted(pb, c)}
+    if as_json:
+        out = d.to_dict()
+        if predicted is not None:
+            out["predicted"] = predicted
+        print(json.dumps(out, indent=2))
+    elif d.changed:
+        text = d.text()
+        if predicted is not None:
+            text += "\n".join(_delta_lines(predicted["cluster"], predicted["a"],
+                                           predicted["b"])) + "\n"
+        sys.stdout.write(text)
+    raise typer.Exit(1 if d.changed else 0)

@@ -12,11 +12,13 @@
 
 Prompts go in as token ids (vLLM runs without a tokenizer), each request with
 its own seed, so a call is reproducible and samples of one prompt differ.
-Responses are returned as they finish: ``chunks`` groups, each in prompt
-order. Logprobs are those of the sampled tokens; by default under the raw
-policy (temperature 1, no top-p), which is what the torch backend's forward
-pass computes for the same tokens; ``LogprobMode.PROCESSED`` gives them
-under the distribution actually sampled from.
+Responses are returned as they finish: ``chunks`` groups (split as the
+torch engine splits them), each in prompt order. Logprobs are those of the
+sampled tokens, as the torch backend reports them: under the
+temperature-scaled distribution (``LogprobMode.PROCESSED``; with top-p < 1
+vLLM renormalises over the nucleus, the torch engine does not), or under
+the raw policy at temperature 1 (``LogprobMode.RAW``). ``eos_id=None``
+stops at the model's own EOS token (config.json), like the torch engine.
 
 With one device the engine runs in-process (no engine-core process, no
 serialisation of weights: a bucket is handed to the model's loader as it
@@ -29,6 +31,7 @@ from __future__ import annotations
 import enum
 import gc
 import itertools
+import json
 import os
 import time
 from collections.abc import Iterable, Iterator
@@ -39,6 +42,7 @@ import attrs
 import numpy as np
 
 from backends.api import RolloutChunk, SamplingParams
+from backends.torch_backend.generation import chunk_bounds
 from backends.vllm_backend import require
 from backends.vllm_backend.weights import DEFAULT_BUCKET_BYTES, buckets
 from backends.vllm_backend.worker_ext import EXTENSION
@@ -46,8 +50,8 @@ from rpeg.errors import BackendError
 
 
 class LogprobMode(enum.Enum):
+    PROCESSED = "processed_logprobs"  # log softmax of logits / temperature (top-p: over the nucleus)
     RAW = "raw_logprobs"              # log softmax of the model's logits (temperature 1)
-    PROCESSED = "processed_logprobs"  # after temperature and top-p: what was sampled from
 
 
 @attrs.frozen
@@ -60,7 +64,7 @@ class VllmOptions:
     kv_cache_gib: int = 1              # CPU only: KV-cache space; GPUs use gpu_memory_utilization
     gpu_memory_utilization: float = 0.5
     seed: int = 0
-    logprobs: LogprobMode = LogprobMode.RAW
+    logprobs: LogprobMode = LogprobMode.PROCESSED
     bucket_bytes: int = DEFAULT_BUCKET_BYTES
     prefix_caching: bool = True
     enforce_eager: bool = True         # no graph capture: start-up in seconds, not minutes
@@ -85,11 +89,12 @@ def on_gpu() -> bool:
 class VllmEngine:
     """One vLLM engine serving one parameter version at a time. Not thread-safe."""
 
-    def __init__(self, llm: Any, options: VllmOptions, model_dir: Path) -> None:
+    def __init__(self, llm: Any, options: VllmOptions, model_dir: Path, eos_id: int | None) -> None:
         # Use VllmEngine.start; this only binds a started vLLM ``LLM``.
         self._llm = llm
         self.options = options
         self.model_dir = model_dir
+        self.eos_id = eos_id                 # the model's own EOS, used when a call names none
         self.version = 0
         self.syncs: list[SyncRecord] = []
         self._pending: tuple[int, int, float] | None = None   # buckets, bytes, seconds of an open update
@@ -119,7 +124,7 @@ class VllmEngine:
             distributed_executor_backend="uni" if options.tensor_parallel == 1 else "mp")
         if gpu:
             kwargs["gpu_memory_utilization"] = options.gpu_memory_utilization
-        return cls(LLM(**kwargs), options, path)
+        return cls(LLM(**kwargs), options, path, _config_eos(path))
 
     # -- generation -------------------------------------------------------------------------
 
@@ -137,10 +142,11 @@ class VllmEngine:
         call = next(self._calls)
         prompts = [np.asarray(p, dtype=np.int64) for p in prompt_ids]
         request_ids = [f"rpeg-{call}-{i}" for i in range(len(prompts))]
+        eos = self.eos_id if params.eos_id is None else params.eos_id
         for i, (rid, prompt) in enumerate(zip(request_ids, prompts, strict=True)):
             engine.add_request(rid, TokensPrompt(prompt_token_ids=prompt.tolist()),
-                               _vllm_sampling(params, i))
-        sizes = [s for s in _chunk_sizes(len(prompts), chunks) if s]
+                               _vllm_sampling(params, eos, i))
+        sizes = [hi - lo for lo, hi in chunk_bounds(len(prompts), chunks)] if prompts else []
         finished: list[tuple[int, Any]] = []
         open_ids = set(request_ids)
         try:
@@ -153,7 +159,7 @@ class VllmEngine:
                     while sizes and len(finished) >= sizes[0]:
                         take, finished = finished[:sizes[0]], finished[sizes[0]:]
                         sizes.pop(0)
-                        yield _rollout_chunk(take, prompts, version, params.eos_id)
+                        yield _rollout_chunk(take, prompts, version, eos)
         finally:
             if open_ids:          # the caller stopped early: free the engine for the next call
                 engine.abort_request(sorted(open_ids))
@@ -236,21 +242,22 @@ def _configure_environment(options: VllmOptions, gpu: bool) -> None:
         os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(options.kv_cache_gib)
 
 
-def _vllm_sampling(params: SamplingParams, index: int):
+def _config_eos(path: Path) -> int | None:
+    eos = json.loads((path / "config.json").read_text()).get("eos_token_id")
+    if isinstance(eos, list):
+        eos = eos[0] if eos else None
+    return eos
+
+
+def _vllm_sampling(params: SamplingParams, eos: int | None, index: int):
     from vllm import SamplingParams as VSamplingParams
 
-    eos = params.eos_id
     return VSamplingParams(
         n=1, max_tokens=params.max_new_tokens, temperature=params.temperature, top_p=params.top_p,
         # One seed per request: reproducible calls, distinct samples of a repeated prompt.
         seed=(params.seed * 1_000_003 + index) % (1 << 63),
         logprobs=0, stop_token_ids=[eos] if eos is not None else None,
         ignore_eos=eos is None, detokenize=False, skip_special_tokens=False)
-
-
-def _chunk_sizes(n: int, chunks: int) -> list[int]:
-    """``n`` responses over ``chunks`` groups as evenly as possible, larger groups first."""
-    return [n // chunks + (1 if j < n % chunks else 0) for j in range(chunks)]
 
 
 def _rollout_chunk(done: list[tuple[int, Any]], prompts: list[np.ndarray], version: int,

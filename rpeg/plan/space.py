@@ -58,7 +58,7 @@ def vllm_available() -> bool:
     except ImportError:
         return False
     try:
-        return bool(vllm_backend.available())
+        return vllm_backend.available()[0]
     except Exception:  # noqa: BLE001 — a broken optional backend is an absent one
         return False
 

@@ -225,26 +225,28 @@ class Evaluator:
     # --- memory ---------------------------------------------------------------------
 
     def copies(self, plan: Plan, graph: Graph):
-        """(model, placement, trained) for every copy of every model's weights."""
+        """(model, placement, trained) for every copy of every model's weights: the trained
+        copy where its train stage runs, one weights-only copy per other layout reading it."""
+        by_backbone: dict[str, list[str]] = {}
+        for s in self.pipeline.stages:
+            if s.kind is OpKind.COMPUTE or not self.pipeline.has_model(s.target or ""):
+                continue
+            by_backbone.setdefault(graph_backbone(plan, s.target), []).append(s.name)
         out = []
-        for backbone in graph.models:
-            readers = [o for o in graph.ops if o.reads_model == backbone
-                       and o.kind is not OpKind.SYNC_WEIGHTS]
-            model = next(self.pipeline.stage(s).target for o in readers for s in o.stages
-                         if graph_backbone(plan, self.pipeline.stage(s).target or "") == backbone)
+        for stages in by_backbone.values():
+            model = self.pipeline.stage(stages[0]).target
             seen = []
-            train = next((o for o in readers if o.kind is OpKind.TRAIN), None)
+            train = next((s for s in stages if self.pipeline.stage(s).kind is OpKind.TRAIN),
+                         None)
             if train is not None:
-                p = plan.placement(train.stages[0])
-                out.append((model, p, True))
+                p = plan.placement(train)
+                out.append((self.pipeline.stage(train).target, p, True))
                 if p.zero < 3:
                     seen.append((p.devices, p.tp, p.pp))
-            for o in readers:
-                if o is train:
+            for s in stages:
+                if self.pipeline.stage(s).kind is OpKind.TRAIN:
                     continue
-                p = plan.placement(next(s for s in o.stages
-                                        if graph_backbone(plan, self.pipeline.stage(s).target
-                                                          or "") == backbone))
+                p = plan.placement(s)
                 if (p.devices, p.tp, p.pp) not in seen:
                     seen.append((p.devices, p.tp, p.pp))
                     out.append((model, p, False))

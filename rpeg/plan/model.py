@@ -77,6 +77,8 @@ class Plan:
     seed: int = 0
     spec_hash: str = ""
     rpeg_version: str = ""
+    spec_path: str = ""               # where the spec and cluster were read (rpeg simulate)
+    cluster_path: str = ""
     schema_version: int = SCHEMA_VERSION
 
     def placement(self, stage: str) -> StagePlacement:

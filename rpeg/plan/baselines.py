@@ -1,0 +1,204 @@
+"""Baseline plans in the same cost model: what a competent user would configure by hand.
+
+    >>> ctx = Context.of(pipeline, cluster, Limits())                 # doctest: +SKIP
+    >>> out = colocated(ctx, Evaluator(pipeline, cluster))            # doctest: +SKIP
+    >>> out.best.plan.strategy, round(out.best.step_time_s, 1)        # doctest: +SKIP
+    (<Strategy.COLOCATED: 'colocated'>, 52.7)
+
+- **colocated** (verl's hybrid engine): every stage on every GPU, time-shared, all
+  models resident together; one tensor-parallel degree for the training/inference
+  engine and one for generation, tuned by a grid over both and over the memory
+  headroom each stage may use (which trades speed for ZeRO, micro-batches,
+  recomputation). Synchronous.
+- **split** (OpenRLHF): disjoint contiguous GPU groups — generation, then one group per
+  model holding its training and inference stages; the grid is every split of the
+  cluster into those groups at 1/16 granularity, each stage in the fastest layout that
+  fits, synchronous and (as OpenRLHF's async mode allows) at the spec's staleness bound.
+- **realloc** (ReaL): every call with its own parallel strategy on all GPUs or half of
+  them, parameters reallocated between calls (priced as weight resharding);
+  synchronous; tuned by coordinate descent over each call's options.
+
+Each returns the best feasible plan it found, and the closest infeasible one for the
+diagnosis when none fits.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterable
+
+import attrs
+
+from rpeg.errors import PlanError
+from rpeg.plan.choices import model_stages
+from rpeg.plan.edit import Context, choice_for, empty_plan, options, put, repair
+from rpeg.plan.evaluate import Evaluation, Evaluator
+from rpeg.plan.model import Plan, Strategy
+from rpeg.plan.space import Block
+from rpeg.spec.model import OpKind
+
+HEADROOM = (1.0, 0.6, 0.4, 0.25, 0.15)       # share of a GPU one stage's choice may use
+SPLIT_SIMULATED = 48                         # splits simulated, of those the rough estimate ranks best
+
+
+@attrs.frozen
+class Outcome:
+    strategy: Strategy
+    best: Evaluation | None          # the fastest feasible plan
+    closest: Evaluation | None       # the infeasible plan nearest to fitting
+    tried: int
+
+
+class _Best:
+    def __init__(self, strategy: Strategy, evaluator: Evaluator) -> None:
+        self.strategy, self.ev = strategy, evaluator
+        self.best: Evaluation | None = None
+        self.closest: Evaluation | None = None
+        self.tried = 0
+        self.seen: set = set()
+
+    def offer(self, plan: Plan | None) -> None:
+        if plan is None:
+            return
+        plan = attrs.evolve(plan, strategy=self.strategy)
+        if plan in self.seen:
+            return
+        self.seen.add(plan)
+        self.tried += 1
+        r = self.ev.evaluate(plan)
+        if r.feasible:
+            if self.best is None or r.step_time_s < self.best.step_time_s:
+                self.best = r
+        elif self.closest is None or r.shortfall.over < self.closest.shortfall.over:
+            self.closest = r
+
+    def outcome(self) -> Outcome:
+        return Outcome(self.strategy, self.best, self.closest, self.tried)
+
+
+def _tps(ctx: Context, stage: str, size: int) -> list[int]:
+    return sorted({c.par.tp for c in options(ctx, stage, size)})
+
+
+def _fill(ctx: Context, plan: Plan, assignments: Iterable[tuple[str, Block, int | None,
+                                                                  float]]) -> Plan | None:
+    """Put each (stage, block, tp or None, headroom) with its fastest fitting choice."""
+    cap = ctx.cluster.gpu.memory
+    for stage, block, tp, room in assignments:
+        opts = [c for c in options(ctx, stage, block.size)
+                if (tp is None or c.par.tp == tp) and c.memory <= room * cap]
+        if not opts:
+            return None
+        plan = put(ctx, plan, stage, block, opts[0])
+    return repair(ctx, plan)
+
+
+def colocated(ctx: Context, ev: Evaluator) -> Outcome:
+    best = _Best(Strategy.COLOCATED, ev)
+    everything = Block(0, ctx.n)
+    stages = model_stages(ctx.pipeline)
+    gens = [s for s in stages if ctx.pipeline.stage(s).kind is OpKind.GENERATE]
+    others = [s for s in stages if s not in gens]
+    gen_tps = sorted({tp for s in gens for tp in _tps(ctx, s, ctx.n)}) or [None]
+    eng_tps = sorted({tp for s in others for tp in _tps(ctx, s, ctx.n)}) or [None]
+    for gtp, etp, room in itertools.product(gen_tps, eng_tps, HEADROOM):
+        plan = _fill(ctx, empty_plan(ctx),
+                     [(s, everything, gtp, room) for s in gens]
+                     + [(s, everything, etp, room) for s in others])
+        best.offer(plan)
+    return best.outcome()
+
+
+def _groups(ctx: Context) -> list[list[str]]:
+    """Generation stages first, then one group per model with all its other stages."""
+    stages = model_stages(ctx.pipeline)
+    gens = [s for s in stages if ctx.pipeline.stage(s).kind is OpKind.GENERATE]
+    groups = [gens] if gens else []
+    by_model: dict[str, list[str]] = {}
+    for s in stages:
+        if s not in gens:
+            by_model.setdefault(ctx.pipeline.stage(s).target, []).append(s)
+    return groups + list(by_model.values())
+
+
+def _compositions(total: int, parts: int):
+    for cuts in itertools.combinations(range(1, total), parts - 1):
+        bounds = (0,) + cuts + (total,)
+        yield tuple(b - a for a, b in itertools.pairwise(bounds))
+
+
+def split(ctx: Context, ev: Evaluator) -> Outcome:
+    best = _Best(Strategy.SPLIT, ev)
+    groups = _groups(ctx)
+    if len(groups) > ctx.n:
+        return best.outcome()
+    units = 16
+    while units > len(groups) and ctx.n % units:
+        units //= 2
+    units = max(min(units, ctx.n), len(groups))
+    unit = ctx.n // units
+    bounds = sorted({(s, ctx.pipeline.staleness_of(s)) for s in
+                     (x.name for x in ctx.pipeline.stages)} - {(s, 0) for s in
+                                                            (x.name for x in ctx.pipeline.stages)})
+    stalenesses = [()] + ([tuple(bounds)] if bounds else [])
+    cands = []
+    for sizes in _compositions(units, len(groups)):
+        start = 0
+        assignments = []
+        for group, k in zip(groups, sizes, strict=True):
+            block = Block(start * unit, k * unit)
+            start += k
+            room = 1.0 / len(group) if len(group) > 1 else 1.0
+            assignments += [(s, block, None, room) for s in group]
+        plan = _fill(ctx, empty_plan(ctx), assignments)
+        if plan is not None:
+            cands.append((_rough_step(ctx, ev, plan, groups), plan))
+    # Simulate the most promising splits only: rough = slowest group + generation.
+    cands.sort(key=lambda x: x[0])
+    for _, plan in cands[:SPLIT_SIMULATED]:
+        for st in stalenesses:
+            best.offer(attrs.evolve(plan, staleness=st))
+    return best.outcome()
+
+
+def _rough_step(ctx: Context, ev: Evaluator, plan: Plan, groups: list[list[str]]) -> float:
+    per_group = [sum(ev.stage_time(s, plan.placement(s)) for s in g) for g in groups]
+    return max(per_group) + per_group[0]
+
+
+def realloc(ctx: Context, ev: Evaluator) -> Outcome:
+    best = _Best(Strategy.REALLOC, ev)
+    stages = model_stages(ctx.pipeline)
+    halves = [Block(0, ctx.n)] + ([Block(0, ctx.n // 2), Block(ctx.n // 2, ctx.n // 2)]
+                                  if ctx.n >= 2 and ctx.n % 2 == 0 else [])
+    start = None
+    for room in HEADROOM:
+        start = _fill(ctx, empty_plan(ctx), [(s, halves[0], None, room) for s in stages])
+        best.offer(start)
+        if best.best is not None:
+            break
+    if best.best is None:
+        return best.outcome()
+    for _ in range(2):                        # coordinate descent over each call's options
+        for s in stages:
+            if ctx.pinned_block(s):
+                continue
+            current = best.best.plan
+            for block in halves:
+                for c in options(ctx, s, block.size)[:4]:
+                    best.offer(repair(ctx, put(ctx, current, s, block, c)))
+    return best.outcome()
+
+
+BASELINES = {Strategy.COLOCATED: colocated, Strategy.SPLIT: split, Strategy.REALLOC: realloc}
+
+
+def run_baseline(strategy: Strategy, ctx: Context, ev: Evaluator) -> Outcome:
+    try:
+        return BASELINES[strategy](ctx, ev)
+    except KeyError:
+        raise PlanError(f"baseline strategy must be one of "
+                        f"{', '.join(s.value for s in BASELINES)}, not {strategy.value}") from None
+
+
+__all__ = ["colocated", "split", "realloc", "run_baseline", "Outcome", "choice_for"]

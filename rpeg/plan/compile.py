@@ -1,0 +1,165 @@
+"""Spec + cluster -> the fastest plan that fits: the planner's table of contents.
+
+    >>> from rpeg.spec import load, load_cluster                          # doctest: +SKIP
+    >>> plan = compile_plan(load("pipelines/ppo_llama8b.rpeg"),
+    ...                     load_cluster("pipelines/clusters/gh200_64.rpeg"),
+    ...                     options=SearchOptions(seed=0, budget_s=10))     # doctest: +SKIP
+    >>> plan.predicted.step_time_s                                        # doctest: +SKIP
+    10.02
+
+``compile_report`` also returns the baselines it measured against and the search's
+statistics (the CLI prints them); ``compile_plan`` returns the plan alone.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from pathlib import Path
+
+import attrs
+
+import rpeg
+from rpeg.cost.memory import Parallel
+from rpeg.cost.stages import stage_memory
+from rpeg.errors import CostError, PlanError
+from rpeg.cost.memory import resident_memory
+from rpeg.plan.baselines import BASELINES, run_baseline
+from rpeg.plan.choices import enumerate_layouts, model_stages
+from rpeg.plan.edit import Context
+from rpeg.plan.evaluate import Evaluation, Evaluator, Shortfall
+from rpeg.plan.model import Plan, Strategy
+from rpeg.plan.search import SearchOptions, SearchResult, anneal
+from rpeg.plan.space import Limits, generate_engines
+from rpeg.spec.model import Cluster, OpKind, Pipeline
+
+GB = 1e9
+
+
+@attrs.frozen
+class CompileReport:
+    plan: Plan
+    evaluation: Evaluation
+    baselines: tuple[tuple[Strategy, Evaluation | None], ...]
+    search: SearchResult | None
+    seconds: float
+
+    def speedup(self, strategy: Strategy) -> float | None:
+        ev = dict(self.baselines).get(strategy)
+        if ev is None:
+            return None
+        return ev.step_time_s / self.evaluation.step_time_s
+
+
+def compile_plan(pipeline: Pipeline, cluster: Cluster, strategy: Strategy = Strategy.SEARCH,
+                 options: SearchOptions | None = None) -> Plan:
+    """The best plan found for ``pipeline`` on ``cluster`` (PlanError if none fits)."""
+    return compile_report(pipeline, cluster, strategy, options).plan
+
+
+def compile_report(pipeline: Pipeline, cluster: Cluster, strategy: Strategy = Strategy.SEARCH,
+                   options: SearchOptions | None = None) -> CompileReport:
+    opts = options or SearchOptions()
+    began = time.perf_counter()
+    check_backend(pipeline, opts.limits)                               # refuse what can't run
+    ctx = Context.of(pipeline, cluster, opts.limits)                   # enumerate, prune, estimate
+    ev = Evaluator(pipeline, cluster, steps=opts.steps)
+    wanted = tuple(BASELINES) if strategy is Strategy.SEARCH else (strategy,)
+    if strategy not in BASELINES and strategy is not Strategy.SEARCH:
+        raise PlanError(f"strategy must be search, colocated, split or realloc, not "
+                        f"{strategy.value}")
+    outcomes = [run_baseline(s, ctx, ev) for s in wanted]              # hand-tuned baselines
+    feasible = [o.best for o in outcomes if o.best is not None]
+    if not feasible:
+        raise no_fit(ctx, [o.closest for o in outcomes if o.closest is not None])
+    start = min(feasible, key=lambda e: e.step_time_s)
+    result = None
+    if strategy is Strategy.SEARCH:
+        result = anneal(ctx, ev, start, opts)                          # optimise
+        best = result.best
+    else:
+        best = start
+    plan = attrs.evolve(best.plan, strategy=strategy, seed=opts.seed,
+                        spec_hash=spec_hash(pipeline), rpeg_version=rpeg.__version__,
+                        spec_path=_abs(pipeline.path), cluster_path=_abs(cluster.path))
+    final = attrs.evolve(best, plan=plan)
+    baselines = tuple((o.strategy, o.best) for o in outcomes)
+    return CompileReport(plan, final, baselines, result, time.perf_counter() - began)
+
+
+def _abs(path: str) -> str:
+    return str(Path(path).resolve()) if path and Path(path).exists() else path
+
+
+def spec_hash(pipeline: Pipeline) -> str:
+    try:
+        text = Path(pipeline.path).read_bytes()
+    except OSError:
+        text = repr(attrs.evolve(pipeline, path="")).encode()
+    return hashlib.sha256(text).hexdigest()[:16]
+
+
+def check_backend(pipeline: Pipeline, limits: Limits) -> None:
+    """PlanError when the spec asks for something no available backend executes."""
+    for s in pipeline.stages:
+        if s.kind is OpKind.GENERATE:
+            generate_engines(pipeline, s.name, limits)
+
+
+def no_fit(ctx: Context, closest: list[Evaluation]) -> PlanError:
+    """The error for 'nothing fits': which model and op is short, by how much, what helps."""
+    cap = ctx.cluster.gpu.memory
+    for stage in model_stages(ctx.pipeline):                # a stage that fits nowhere alone
+        if not any(ctx.table.options(stage, size) for size in ctx.table.sizes):
+            need, tp = _least_need(ctx, stage)
+            s = ctx.pipeline.stage(stage)
+            what = _what(ctx, stage)
+            return PlanError(
+                f"{what} ({stage}) must fit in {cap / GB:.0f} GB per GPU, not need "
+                f"{need / GB:.0f} GB at best", s.span,
+                hint=f"raise tp or add GPUs: {what} needs {need / GB:.0f} GB per GPU at "
+                     f"tp={tp}, the GPU has {cap / GB:.0f}")
+    if closest:
+        sf: Shortfall = min(closest, key=lambda e: e.shortfall.over).shortfall
+        parts = ", ".join(f"{w} {b / GB:.1f} GB" for w, b in sf.what)
+        s = ctx.pipeline.stage(sf.op) if sf.op else None
+        return PlanError(
+            f"the models must fit in {cap / GB:.0f} GB per GPU together, not need "
+            f"{sf.need / GB:.1f} GB on GPU {sf.device} ({parts})", s.span if s else None,
+            hint=f"add GPUs, or allow sharing/lower staleness: {_what(ctx, sf.op)} is "
+                 f"{sf.over / GB:.1f} GB short on the best plan found")
+    return PlanError("no plan fits this cluster", hint="add GPUs")
+
+
+def _what(ctx: Context, stage: str) -> str:
+    if not stage:
+        return "the plan"
+    s = ctx.pipeline.stage(stage)
+    kind = {OpKind.TRAIN: "training", OpKind.GENERATE: "generation",
+            OpKind.FORWARD: "inference", OpKind.SCORE: "scoring"}.get(s.kind, s.kind.value)
+    return f"{s.target} {kind}"
+
+
+def _least_need(ctx: Context, stage: str) -> tuple[float, int]:
+    """The smallest per-GPU need of ``stage`` over every layout, and its tp."""
+    s = ctx.pipeline.stage(stage)
+    model = ctx.pipeline.model(s.target)
+    best = (float("inf"), 1)
+    lays = enumerate_layouts(ctx.pipeline, stage, ctx.table.sizes, ctx.cluster, ctx.limits)
+    if not lays:
+        lays_pars = [Parallel()]
+    else:
+        lays_pars = [lay.par for lay in lays]
+    for par in lays_pars:
+        try:
+            need = stage_memory(ctx.pipeline, stage, par, ctx.cluster).total + resident_memory(
+                model, par, ctx.cluster, trained=s.kind is OpKind.TRAIN).total
+        except CostError:
+            continue
+        if need < best[0]:
+            best = (need, par.tp)
+    return best
+
+
+__all__ = ["compile_plan", "compile_report", "CompileReport", "check_backend", "SearchOptions",
+           "Limits"]

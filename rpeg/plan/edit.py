@@ -1,0 +1,190 @@
+"""Building and editing plans consistently: the helpers search and baselines share.
+
+    >>> ctx = Context.of(pipeline, cluster, Limits())               # doctest: +SKIP
+    >>> plan = empty_plan(ctx)                                      # doctest: +SKIP
+    >>> plan = put(ctx, plan, "rollout", Block(0, 16), ctx.table.options("rollout", 16)[0])  # doctest: +SKIP
+    >>> plan = repair(ctx, plan)                                    # doctest: +SKIP
+
+A plan being edited must stay one the spec allows: the train stages of a shared
+backbone run as one op (same placement), fused ops share their devices, host-side
+stages sit with the stage that feeds them, and the spec's hints hold — ``place
+STAGE on gpus a..b`` fixes a stage's devices, ``colocate A, B`` pins stages (or every
+stage of a model) onto the same devices. :func:`repair` restores all of these.
+"""
+
+from __future__ import annotations
+
+import attrs
+
+from rpeg.errors import PlanError
+from rpeg.plan.choices import (Choice, ChoiceTable, choice_table, enumerate_layouts, estimate,
+                               model_stages, prune)
+from rpeg.plan.evaluate import is_host_op
+from rpeg.plan.model import Plan, StagePlacement
+from rpeg.plan.space import Block, Limits
+from rpeg.spec.model import Cluster, OpKind, Pipeline
+
+
+@attrs.frozen
+class Context:
+    pipeline: Pipeline
+    cluster: Cluster
+    limits: Limits
+    table: ChoiceTable
+    pinned: tuple[tuple[str, Block], ...]          # place hints
+    together: tuple[tuple[str, ...], ...]          # colocate hints, as stage names
+    _extra: dict = attrs.field(factory=dict, eq=False, repr=False)   # sizes off the table
+
+    @classmethod
+    def of(cls, pipeline: Pipeline, cluster: Cluster, limits: Limits) -> Context:
+        table = choice_table(pipeline, cluster, limits)
+        pinned = []
+        for stage, first, last in pipeline.place:
+            if last >= cluster.num_gpus or first > last:
+                raise PlanError(f"place {stage} must name GPUs in 0..{cluster.num_gpus - 1}, "
+                                f"not {first}..{last}", pipeline.stage(stage).span)
+            pinned.append((stage, Block(first, last - first + 1)))
+        together = []
+        for group in pipeline.colocate:
+            stages = []
+            for name in group:
+                if pipeline.has_model(name):
+                    stages += [s.name for s in pipeline.stages if s.target == name
+                               and s.name in table.stages]
+                elif name in table.stages:
+                    stages.append(name)
+            together.append(tuple(dict.fromkeys(stages)))
+        return cls(pipeline, cluster, limits, table, tuple(pinned), tuple(together))
+
+    @property
+    def n(self) -> int:
+        return self.cluster.num_gpus
+
+    def pinned_block(self, stage: str) -> Block | None:
+        return dict(self.pinned).get(stage)
+
+    def shared_groups(self, plan: Plan) -> list[list[str]]:
+        """Train stages that run as one op because their models share a backbone."""
+        out = []
+        for group in plan.shared:
+            out.append([s.name for s in self.pipeline.stages
+                        if s.kind is OpKind.TRAIN and s.target in group])
+        return out
+
+
+def placement(stage: str, block: Block | tuple[int, ...], choice: Choice,
+              chunks: int = 1) -> StagePlacement:
+    devices = block.devices if isinstance(block, Block) else tuple(block)
+    p = choice.par
+    return StagePlacement(stage, devices, p.dp, p.tp, p.pp, p.microbatches, chunks,
+                          choice.engine, p.recompute, p.zero)
+
+
+def put(ctx: Context, plan: Plan, stage: str, block: Block | tuple[int, ...],
+        choice: Choice) -> Plan:
+    old = {p.stage: p for p in plan.placements}
+    chunks = old[stage].chunks if stage in old else 1
+    new = placement(stage, block, choice, chunks)
+    if stage in old:
+        placements = tuple(new if p.stage == stage else p for p in plan.placements)
+    else:
+        placements = plan.placements + (new,)
+    return attrs.evolve(plan, placements=_ordered(ctx, placements), predicted=None)
+
+
+def _ordered(ctx: Context, placements) -> tuple[StagePlacement, ...]:
+    by = {p.stage: p for p in placements}
+    return tuple(by[s.name] for s in ctx.pipeline.stages if s.name in by)
+
+
+def empty_plan(ctx: Context) -> Plan:
+    return Plan(ctx.pipeline.name, ctx.cluster.name, ctx.n, ())
+
+
+def options(ctx: Context, stage: str, size: int) -> tuple[Choice, ...]:
+    """The Pareto-optimal choices for ``stage`` on ``size`` devices, fastest first
+    (sizes that are not aligned block sizes are priced on first use)."""
+    if size in ctx.table.sizes:
+        return ctx.table.options(stage, size)
+    key = (stage, size)
+    if key not in ctx._extra:
+        lays = enumerate_layouts(ctx.pipeline, stage, (size,), ctx.cluster, ctx.limits)
+        ctx._extra[key] = estimate(ctx.pipeline, prune(ctx.pipeline, lays, ctx.cluster),
+                                   ctx.cluster)
+    return ctx._extra[key]
+
+
+def choice_for(ctx: Context, stage: str, size: int, budget: float | None = None,
+               rank: int = 0) -> Choice | None:
+    """The ``rank``-th fastest way to run ``stage`` on ``size`` devices within ``budget``
+    bytes per device (None: any that fits alone)."""
+    options_ = [c for c in options(ctx, stage, size) if budget is None or c.memory <= budget]
+    if not options_:
+        return None
+    return options_[min(rank, len(options_) - 1)]
+
+
+def same_choice(p: StagePlacement, stage: str) -> Choice:
+    """A placement's layout as a Choice (to copy it onto another stage of the same model)."""
+    from rpeg.cost.memory import Parallel
+    return Choice(stage, len(p.devices), Parallel(p.dp, p.tp, p.pp, p.microbatches,
+                                                  p.recompute, p.zero), p.engine, 0.0, 0.0)
+
+
+def repair(ctx: Context, plan: Plan) -> Plan | None:
+    """The nearest plan keeping every rule in the module doc, or None if there is none."""
+    by = {p.stage: p for p in plan.placements}
+    # 1. place hints: a pinned stage keeps its block
+    for stage, block in ctx.pinned:
+        p = by.get(stage)
+        if p is None or p.devices != block.devices:
+            c = choice_for(ctx, stage, block.size)
+            if c is None:
+                return None
+            by[stage] = placement(stage, block, c, p.chunks if p else 1)
+    # 2. colocate hints: everyone on the first member's devices
+    for group in ctx.together:
+        lead = next((s for s in group if ctx.pinned_block(s)), group[0] if group else None)
+        if lead is None or lead not in by:
+            continue
+        devs = by[lead].devices
+        for s in group:
+            if s in by and by[s].devices != devs:
+                c = choice_for(ctx, s, len(devs))
+                if c is None:
+                    return None
+                by[s] = placement(s, devs, c, by[s].chunks)
+    # 3. shared backbone: the train stages run as one op, on the first one's placement
+    for group in ctx.shared_groups(plan):
+        first = by[group[0]]
+        for s in group[1:]:
+            by[s] = attrs.evolve(first, stage=s)
+    # 4. host-side stages sit with the stage feeding them
+    for s in ctx.pipeline.stages:
+        if is_host_op(ctx.pipeline, s.name):
+            src = _feeder(ctx, s.name, by)
+            if src is not None:
+                by[s.name] = StagePlacement(s.name, src.devices, dp=len(src.devices))
+    if any(s.name not in by for s in ctx.pipeline.stages):
+        return None
+    # 5. fused stages must share devices; drop a fusion that no longer does
+    fusion = tuple(g for g in plan.fusion if len({by[s].devices for s in g}) == 1)
+    return attrs.evolve(plan, placements=_ordered(ctx, by.values()), fusion=fusion,
+                        predicted=None)
+
+
+def _feeder(ctx: Context, stage: str, by: dict[str, StagePlacement]) -> StagePlacement | None:
+    """The placement of the nearest model stage upstream of ``stage``."""
+    pipeline = ctx.pipeline
+    seen, frontier = set(), list(pipeline.stage(stage).inputs)
+    while frontier:
+        data = frontier.pop(0)
+        src = pipeline.producer(data)
+        if src is None or src.name in seen:
+            continue
+        seen.add(src.name)
+        if src.name in by and not is_host_op(pipeline, src.name):
+            return by[src.name]
+        frontier += list(src.inputs)
+    firsts = [by[s] for s in model_stages(pipeline) if s in by]
+    return firsts[0] if firsts else None

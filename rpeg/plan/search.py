@@ -1,0 +1,230 @@
+"""Simulated annealing over plans, seeded by the best baseline; reproducible.
+
+    >>> opts = SearchOptions(seed=1, budget_s=5.0, iterations=2000)     # doctest: +SKIP
+    >>> result = anneal(ctx, Evaluator(pipeline, cluster), start, opts)  # doctest: +SKIP
+    >>> result.best.step_time_s <= start.step_time_s                    # doctest: +SKIP
+    True
+
+State: a whole :class:`Plan`. A move changes one thing and :func:`repair` restores the
+spec's rules; the evaluator prices it (infeasible plans are rejected outright, so
+the best plan kept is always feasible). Moves:
+
+- ``block``      move a stage — or the whole group of stages sharing its devices — to
+                 another aligned block (a different size, or the same size elsewhere);
+- ``layout``     another DP x TP x PP / micro-batch / ZeRO / recompute choice, same devices;
+- ``colocate``   put a stage on the devices of another one;
+- ``chunks``     stream a generate stage's responses in 1, 2, 4, 8 or 16 chunks;
+- ``staleness``  another staleness for a stage, within the spec's bound;
+- ``share``      merge or unmerge a ``share`` group's backbones;
+- ``fuse``       fuse or unfuse two per-sample ops on the same devices.
+
+Acceptance is Metropolis with a geometric temperature schedule from
+``t_start`` to ``t_end`` (fractions of the start plan's step time) over
+``iterations`` (or until ``patience`` proposals bring nothing better); every
+``restart_every`` iterations the walk returns to the best
+plan so far. One ``numpy.random.Generator`` drives everything, so the same inputs
+and seed give the same plan — provided the search ends by its iteration count
+(``budget_s`` is a safety cap on wall-clock time).
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+import time
+
+import attrs
+import numpy as np
+
+from rpeg.plan.choices import model_stages
+from rpeg.plan.edit import Context, options, put, repair
+from rpeg.plan.evaluate import Evaluation, Evaluator, plan_graph
+from rpeg.plan.model import Plan, Strategy
+from rpeg.plan.passes import fusable
+from rpeg.plan.space import Block, Limits, device_blocks
+from rpeg.spec.model import OpKind
+
+CHUNKS = (1, 2, 4, 8, 16)
+
+
+class Method(enum.Enum):
+    ANNEAL = "anneal"       # simulated annealing (the default)
+    RANDOM = "random"       # random sampling: every proposal from the start plan, keep the best
+    GREEDY = "greedy"       # hill climbing: accept improvements only
+
+
+@attrs.frozen
+class SearchOptions:
+    seed: int = 0
+    budget_s: float = 30.0           # wall-clock cap on the search
+    iterations: int = 3000           # proposals evaluated
+    patience: int = 1000             # stop after this many proposals without a better plan
+    t_start: float = 0.05            # initial temperature, as a fraction of the start step time
+    t_end: float = 0.0005
+    restart_every: int = 600
+    method: Method = Method.ANNEAL
+    limits: Limits = attrs.field(factory=Limits.detect)
+    steps: int | None = None         # simulated steps (None: 4 + 2 x the largest staleness)
+
+
+@attrs.frozen
+class SearchResult:
+    best: Evaluation
+    iterations: int
+    accepted: int
+    improved: int
+    seconds: float
+    trace: tuple[tuple[int, float], ...]     # (iteration, best step time) at each improvement
+
+
+def anneal(ctx: Context, ev: Evaluator, start: Evaluation, opts: SearchOptions) -> SearchResult:
+    rng = np.random.default_rng(opts.seed)
+    moves = Moves(ctx, rng)
+    best = current = start
+    t0 = opts.t_start * start.step_time_s
+    ratio = (opts.t_end / opts.t_start) if opts.t_start > 0 else 0.0
+    began = time.perf_counter()
+    seen: dict[Plan, float] = {}
+    accepted = improved = it = 0
+    trace = [(0, start.step_time_s)]
+    for it in range(1, opts.iterations + 1):
+        if time.perf_counter() - began > opts.budget_s:
+            break
+        if opts.patience and it - trace[-1][0] > opts.patience:
+            break
+        if opts.method is Method.RANDOM:
+            base = start
+        else:
+            base = current
+            if opts.restart_every and it % opts.restart_every == 0:
+                current = base = best
+        plan = moves.propose(base.plan)
+        if opts.method is Method.RANDOM and plan is not None:
+            for _ in range(int(rng.integers(0, 4))):        # a random point, not a neighbour
+                plan = moves.propose(plan) or plan
+        if plan is None:
+            continue
+        plan = attrs.evolve(plan, strategy=Strategy.SEARCH, seed=opts.seed)
+        if plan in seen:
+            continue
+        r = ev.evaluate(plan)
+        seen[plan] = r.step_time_s
+        if not r.feasible:
+            continue
+        delta = r.step_time_s - base.step_time_s
+        temp = t0 * ratio ** (it / opts.iterations) if opts.method is Method.ANNEAL else 0.0
+        if delta < 0 or (temp > 0 and rng.random() < math.exp(-delta / temp)):
+            current = r
+            accepted += 1
+        if r.step_time_s < best.step_time_s - 1e-12:
+            best = r
+            improved += 1
+            trace.append((it, r.step_time_s))
+    return SearchResult(best, it, accepted, improved, time.perf_counter() - began, tuple(trace))
+
+
+class Moves:
+    """Proposal moves over plans of one context (see the module doc)."""
+
+    def __init__(self, ctx: Context, rng: np.random.Generator) -> None:
+        self.ctx, self.rng = ctx, rng
+        self.stages = tuple(s for s in model_stages(ctx.pipeline) if not ctx.pinned_block(s))
+        self.gens = tuple(s for s in model_stages(ctx.pipeline)
+                          if ctx.pipeline.stage(s).kind is OpKind.GENERATE)
+        self.blocks = device_blocks(ctx.cluster)
+        self.by_size: dict[int, list[Block]] = {}
+        for b in self.blocks:
+            self.by_size.setdefault(b.size, []).append(b)
+        self.bounded = tuple((s, k) for s, k in ctx.pipeline.staleness if k > 0)
+        self.table = [
+            (self.block, 4.0), (self.layout, 3.0), (self.colocate, 2.0), (self.chunks, 1.0),
+            (self.staleness, 1.0 if self.bounded else 0.0),
+            (self.share, 0.5 if ctx.pipeline.shares else 0.0), (self.fuse, 0.5)]
+        w = np.array([x[1] for x in self.table])
+        self.p = w / w.sum()
+
+    def propose(self, plan: Plan) -> Plan | None:
+        k = int(self.rng.choice(len(self.table), p=self.p))
+        new = self.table[k][0](plan)
+        return None if new is None or new == plan else repair(self.ctx, new)
+
+    def _pick(self, seq):
+        return seq[int(self.rng.integers(len(seq)))] if len(seq) else None
+
+    def _choice(self, stage: str, size: int):
+        opts = options(self.ctx, stage, size)
+        if not opts:
+            return None
+        # Mostly the fastest few; sometimes a leaner one (memory headroom for neighbours).
+        k = int(min(self.rng.geometric(0.45) - 1, len(opts) - 1))
+        return opts[k]
+
+    def block(self, plan: Plan) -> Plan | None:
+        stage = self._pick(self.stages)
+        if stage is None:
+            return None
+        cur = plan.placement(stage).devices
+        group = [s for s in self.stages if plan.placement(s).devices == cur]
+        moving = group if self.rng.random() < 0.5 else [stage]
+        sizes = sorted(self.by_size)
+        i = sizes.index(len(cur)) if len(cur) in sizes else int(self.rng.integers(len(sizes)))
+        step = int(self.rng.choice((-1, 0, 1, 2, -2)))
+        size = sizes[min(max(i + step, 0), len(sizes) - 1)]
+        block = self._pick(self.by_size[size])
+        for s in moving:
+            c = self._choice(s, size)
+            if c is None:
+                return None
+            plan = put(self.ctx, plan, s, block, c)
+        return plan
+
+    def layout(self, plan: Plan) -> Plan | None:
+        stage = self._pick(self.stages)
+        if stage is None:
+            return None
+        devs = plan.placement(stage).devices
+        c = self._choice(stage, len(devs))
+        return None if c is None else put(self.ctx, plan, stage, devs, c)
+
+    def colocate(self, plan: Plan) -> Plan | None:
+        stage, other = self._pick(self.stages), self._pick(model_stages(self.ctx.pipeline))
+        if stage is None or other == stage:
+            return None
+        devs = plan.placement(other).devices
+        c = self._choice(stage, len(devs))
+        return None if c is None else put(self.ctx, plan, stage, devs, c)
+
+    def chunks(self, plan: Plan) -> Plan | None:
+        stage = self._pick(self.gens)
+        if stage is None:
+            return None
+        p = plan.placement(stage)
+        new = attrs.evolve(p, chunks=int(self._pick(CHUNKS)))
+        return attrs.evolve(plan, placements=tuple(new if x.stage == stage else x
+                                                   for x in plan.placements))
+
+    def staleness(self, plan: Plan) -> Plan | None:
+        stage, bound = self.bounded[int(self.rng.integers(len(self.bounded)))]
+        chosen = dict(plan.staleness)
+        chosen[stage] = int(self.rng.integers(0, bound + 1))
+        return attrs.evolve(plan, staleness=tuple(sorted((s, k) for s, k in chosen.items()
+                                                          if k > 0)))
+
+    def share(self, plan: Plan) -> Plan | None:
+        shared = () if plan.shared else self.ctx.pipeline.shares
+        return attrs.evolve(plan, shared=shared, fusion=())
+
+    def fuse(self, plan: Plan) -> Plan | None:
+        if plan.fusion and self.rng.random() < 0.5:
+            drop = int(self.rng.integers(len(plan.fusion)))
+            return attrs.evolve(plan, fusion=plan.fusion[:drop] + plan.fusion[drop + 1:])
+        graph = plan_graph(self.ctx.pipeline, plan)
+        pairs = [pr for pr in fusable(graph)
+                 if plan.placement(graph.op(pr[0]).stages[0]).devices
+                 == plan.placement(graph.op(pr[1]).stages[0]).devices]
+        pair = self._pick(pairs)
+        if pair is None:
+            return None
+        stages = graph.op(pair[0]).stages + graph.op(pair[1]).stages
+        rest = tuple(g for g in plan.fusion if not set(g) & set(stages))
+        return attrs.evolve(plan, fusion=rest + (stages,))

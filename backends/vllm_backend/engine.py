@@ -18,7 +18,9 @@ sampled tokens, as the torch backend reports them: under the
 temperature-scaled distribution (``LogprobMode.PROCESSED``; with top-p < 1
 vLLM renormalises over the nucleus, the torch engine does not), or under
 the raw policy at temperature 1 (``LogprobMode.RAW``). ``eos_id=None``
-stops at the model's own EOS token (config.json), like the torch engine.
+stops at the model's own EOS token (config.json), like the torch engine;
+a negative ``eos_id`` means no EOS at all (every response runs to
+``max_new_tokens``: benchmarks).
 
 With one device the engine runs in-process (no engine-core process, no
 serialisation of weights: a bucket is handed to the model's loader as it
@@ -62,6 +64,7 @@ class VllmOptions:
     tensor_parallel: int = 1           # > 1 only with as many GPUs
     max_model_len: int | None = None   # None: the model's max_position_embeddings
     kv_cache_gib: int = 1              # CPU only: KV-cache space; GPUs use gpu_memory_utilization
+    cpu_cores: str = "auto"            # CPU only: cores the engine's threads bind to ("0", "0-1")
     gpu_memory_utilization: float = 0.5
     seed: int = 0
     logprobs: LogprobMode = LogprobMode.PROCESSED
@@ -240,6 +243,7 @@ def _configure_environment(options: VllmOptions, gpu: bool) -> None:
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     if not gpu:
         os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(options.kv_cache_gib)
+        os.environ["VLLM_CPU_OMP_THREADS_BIND"] = options.cpu_cores
 
 
 def _config_eos(path: Path) -> int | None:
@@ -256,8 +260,12 @@ def _vllm_sampling(params: SamplingParams, eos: int | None, index: int):
         n=1, max_tokens=params.max_new_tokens, temperature=params.temperature, top_p=params.top_p,
         # One seed per request: reproducible calls, distinct samples of a repeated prompt.
         seed=(params.seed * 1_000_003 + index) % (1 << 63),
-        logprobs=0, stop_token_ids=[eos] if eos is not None else None,
-        ignore_eos=eos is None, detokenize=False, skip_special_tokens=False)
+        logprobs=0, stop_token_ids=[eos] if _stops(eos) else None,
+        ignore_eos=not _stops(eos), detokenize=False, skip_special_tokens=False)
+
+
+def _stops(eos: int | None) -> bool:
+    return eos is not None and eos >= 0
 
 
 def _rollout_chunk(done: list[tuple[int, Any]], prompts: list[np.ndarray], version: int,
@@ -269,7 +277,7 @@ def _rollout_chunk(done: list[tuple[int, Any]], prompts: list[np.ndarray], versi
         responses.append(ids)
         logprobs.append(np.asarray([step[int(tok)].logprob for tok, step in zip(ids, completion.logprobs, strict=True)],
                                    dtype=np.float32))
-        finished.append(eos_id is not None and len(ids) > 0 and int(ids[-1]) == eos_id)
+        finished.append(_stops(eos_id) and len(ids) > 0 and int(ids[-1]) == eos_id)
     index = np.asarray([i for i, _ in done], dtype=np.int64)
     return RolloutChunk(prompt_index=index, prompt_ids=tuple(prompts[i] for i in index),
                         response_ids=tuple(responses), logprobs=tuple(logprobs),

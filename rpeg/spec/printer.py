@@ -290,9 +290,10 @@ class _Printer:
             if not run:
                 continue
             first = run[0]
-            if isinstance(first, ast.Assign):
-                w = align_width([len(n.key.value) for n in run])
-                for n in run:
+            if isinstance(first, (ast.Assign, ast.Flag)):
+                keys = [n for n in run if isinstance(n, ast.Assign)]
+                w = align_width([len(n.key.value) for n in keys])
+                for n in keys:
                     out[id(n)]["key"] = w
             elif isinstance(first, ast.Section):
                 w = align_width([len(self._section_head(n)) for n in run])
@@ -338,8 +339,6 @@ class _Printer:
     def _item_name(n) -> str:
         if isinstance(n, ast.Staleness):
             return n.stage.value
-        if isinstance(n, ast.Flag):
-            return n.key.value
         return n.name.value
 
     @staticmethod

@@ -35,7 +35,7 @@ def build(pipeline: Pipeline, staleness: dict[str, int] | None = None,
                                   if o.kind is OpKind.TRAIN and o.writes_model))
     shared = tuple(sorted({(b, tuple(m for m in alias if alias[m] == b))
                            for b in set(alias.values())}))
-    return Graph(pipeline.name, ops, data, versions, read, trained, shared)
+    return Graph(pipeline.name, tuple(ops), data, versions, read, trained, shared)
 
 
 def _bounds(pipeline: Pipeline, chosen: dict[str, int] | None) -> dict[str, int]:

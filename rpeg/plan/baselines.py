@@ -65,7 +65,7 @@ class _Best:
             return
         self.seen.add(plan)
         self.tried += 1
-        r = self.ev.evaluate(plan)
+        r = self.ev.evaluate(plan, detail=False)
         if r.feasible:
             if self.best is None or r.step_time_s < self.best.step_time_s:
                 self.best = r

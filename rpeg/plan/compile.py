@@ -70,20 +70,29 @@ def compile_report(pipeline: Pipeline, cluster: Cluster, strategy: Strategy = St
                         f"{strategy.value}")
     outcomes = [run_baseline(s, ctx, ev) for s in wanted]              # hand-tuned baselines
     feasible = [o.best for o in outcomes if o.best is not None]
-    if not feasible:
-        raise no_fit(ctx, [o.closest for o in outcomes if o.closest is not None])
-    start = min(feasible, key=lambda e: e.step_time_s)
+    closest = [o.closest for o in outcomes if o.closest is not None]
+    if not feasible and (strategy is not Strategy.SEARCH or not closest):
+        raise no_fit(ctx, closest)
+    if feasible:
+        start = min(feasible, key=lambda e: e.step_time_s)
+    else:                                 # the search may still walk into a plan that fits
+        start = min(closest, key=lambda e: e.shortfall.over)
     result = None
     if strategy is Strategy.SEARCH:
         result = anneal(ctx, ev, start, opts)                          # optimise
         best = result.best
+        if not best.feasible:
+            raise no_fit(ctx, closest + [best])
     else:
         best = start
+    best = ev.evaluate(attrs.evolve(best.plan, predicted=None))        # the full figures
+    baselines_full = [(o.strategy, ev.evaluate(o.best.plan) if o.best else None)
+                      for o in outcomes]
     plan = attrs.evolve(best.plan, strategy=strategy, seed=opts.seed,
                         spec_hash=spec_hash(pipeline), rpeg_version=rpeg.__version__,
                         spec_path=_abs(pipeline.path), cluster_path=_abs(cluster.path))
     final = attrs.evolve(best, plan=plan)
-    baselines = tuple((o.strategy, o.best) for o in outcomes)
+    baselines = tuple(baselines_full)
     return CompileReport(plan, final, baselines, result, time.perf_counter() - began)
 
 

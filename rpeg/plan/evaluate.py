@@ -76,7 +76,8 @@ def is_host_op(pipeline: Pipeline, stage: str) -> bool:
 def plan_graph(pipeline: Pipeline, plan: Plan) -> Graph:
     """The step graph the plan's structural choices make: staleness, sharing, fusion."""
     try:
-        g = Graph.from_pipeline(pipeline, staleness=dict(plan.staleness), share=bool(plan.shared))
+        chosen = {stage: plan.staleness_of(stage) for stage, _ in pipeline.staleness}
+        g = Graph.from_pipeline(pipeline, staleness=chosen, share=bool(plan.shared))
         return fuse(g, plan.fusion)
     except GraphError as e:
         raise PlanError(f"plan structure must be one the spec allows, not: {e.message}",
@@ -141,8 +142,11 @@ class Evaluator:
 
     # --- the evaluation ------------------------------------------------------------
 
-    def evaluate(self, plan: Plan, *, simulate_infeasible: bool = False) -> Evaluation:
-        """Price ``plan``; CostError from an impossible layout becomes a PlanError."""
+    def evaluate(self, plan: Plan, *, simulate_infeasible: bool = False,
+                 detail: bool = True) -> Evaluation:
+        """Price ``plan``; CostError from an impossible layout becomes a PlanError.
+        ``detail=False`` skips the per-device figures (busy fractions, model homes) the
+        search does not need."""
         graph = self.graph(plan)
         try:
             peak, shortfall = self.memory(plan, graph)
@@ -156,16 +160,17 @@ class Evaluator:
                               memory_capacity=capacity)
         if feasible or simulate_infeasible:
             timings, op_times = self.timings(plan, graph)
-            steps = self.steps or 4 + 2 * max((k for _, k in plan.staleness), default=0)
+            steps = self.steps or 6 + 3 * max((k for _, k in plan.staleness), default=0)
             timeline = simulate(graph, timings, steps=steps)
             step = timeline.step_time_s
             predicted = Predicted(
-                step_time_s=step, peak_memory=tuple(round(float(x)) for x in peak),
-                busy=tuple(round(float(b), 4) for b in timeline.busy()),
+                step_time_s=step,
+                peak_memory=tuple(round(float(x)) for x in peak) if detail else (),
+                busy=tuple(round(float(b), 4) for b in timeline.busy()) if detail else (),
                 tokens_per_s=self.gen_tokens / step if step > 0 else 0.0,
                 op_times=op_times, memory_capacity=capacity)
-        return Evaluation(attrs.evolve(plan, predicted=predicted,
-                                       model_homes=self.homes(plan, graph)),
+        homes = self.homes(plan, graph) if detail else plan.model_homes
+        return Evaluation(attrs.evolve(plan, predicted=predicted, model_homes=homes),
                           feasible, shortfall, timeline)
 
     def timings(self, plan: Plan, graph: Graph):

@@ -123,10 +123,32 @@ class Plan:
                             where, hint="recompile the spec with this rpeg "
                                         "(`rpeg compile FILE.rpeg --cluster CLUSTER.rpeg`)")
         try:
-            return _from_plain(cls, data)
+            plan = _from_plain(cls, data)
         except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise PlanError(f"plan must hold well-formed fields, not: {_describe(e)}",
                             where, hint="recompile, or compare with a plan rpeg wrote") from None
+        problem = plan.inconsistency()
+        if problem:
+            raise PlanError(problem, where, hint="recompile, or fix the placement by hand")
+        return plan
+
+    def inconsistency(self) -> str | None:
+        """What makes this plan impossible to execute as written, or None."""
+        seen = set()
+        for p in self.placements:
+            if p.stage in seen:
+                return f"stage '{p.stage}' must be placed once, not twice"
+            seen.add(p.stage)
+            if min(p.dp, p.tp, p.pp, p.microbatches, p.chunks) < 1:
+                return f"stage '{p.stage}' degrees must be at least 1"
+            if len(p.devices) != p.dp * p.tp * p.pp:
+                return (f"stage '{p.stage}' must run on dp x tp x pp = {p.dp * p.tp * p.pp} "
+                        f"devices, not {len(p.devices)}")
+            bad = [d for d in p.devices if not 0 <= d < self.num_devices]
+            if bad:
+                return (f"stage '{p.stage}' devices must lie in 0..{self.num_devices - 1}, "
+                        f"not include {bad[0]}")
+        return None
 
     @classmethod
     def load(cls, path: str | Path) -> Plan:
@@ -277,7 +299,7 @@ def _expect(name: str, value: object, typ: type) -> object:
 
 
 def _describe(e: Exception) -> str:
-    text = str(e).strip("'\"")
+    text = str(e.args[0]) if e.args else str(e)
     if isinstance(e, ValueError) and "is not a valid" in text:
         return text.replace("is not a valid", "is not a known")
     return text

@@ -77,20 +77,32 @@ class SearchResult:
     trace: tuple[tuple[int, float], ...]     # (iteration, best step time) at each improvement
 
 
+def score(r: Evaluation, cap: float) -> float:
+    """What the walk minimises: the step time, or for a plan that does not fit a penalty
+    above every feasible plan that shrinks as the plan gets closer to fitting."""
+    if r.feasible:
+        return r.step_time_s
+    return 1e9 * (1.0 + r.shortfall.over / cap)
+
+
 def anneal(ctx: Context, ev: Evaluator, start: Evaluation, opts: SearchOptions) -> SearchResult:
+    """Search from ``start`` (feasible or not); ``best`` is feasible whenever any plan seen
+    was (check ``best.feasible``)."""
     rng = np.random.default_rng(opts.seed)
     moves = Moves(ctx, rng)
+    cap = ctx.cluster.gpu.memory
     best = current = start
-    t0 = opts.t_start * start.step_time_s
+    scale = start.step_time_s if start.feasible else 1e9
+    t0 = opts.t_start * scale
     ratio = (opts.t_end / opts.t_start) if opts.t_start > 0 else 0.0
     began = time.perf_counter()
-    seen: dict[Plan, float] = {}
+    seen: set[Plan] = set()
     accepted = improved = it = 0
-    trace = [(0, start.step_time_s)]
+    trace = [(0, score(start, cap))]
     for it in range(1, opts.iterations + 1):
         if time.perf_counter() - began > opts.budget_s:
             break
-        if opts.patience and it - trace[-1][0] > opts.patience:
+        if opts.patience and best.feasible and it - trace[-1][0] > opts.patience:
             break
         if opts.method is Method.RANDOM:
             base = start
@@ -107,19 +119,22 @@ def anneal(ctx: Context, ev: Evaluator, start: Evaluation, opts: SearchOptions) 
         plan = attrs.evolve(plan, strategy=Strategy.SEARCH, seed=opts.seed)
         if plan in seen:
             continue
-        r = ev.evaluate(plan)
-        seen[plan] = r.step_time_s
-        if not r.feasible:
-            continue
-        delta = r.step_time_s - base.step_time_s
+        seen.add(plan)
+        r = ev.evaluate(plan, detail=False)
+        if not r.feasible and best.feasible:
+            continue                     # once anything fits, never leave the feasible set
+        if best.feasible and not start.feasible and scale == 1e9:
+            scale = best.step_time_s
+            t0 = opts.t_start * scale
+        delta = score(r, cap) - score(base, cap)
         temp = t0 * ratio ** (it / opts.iterations) if opts.method is Method.ANNEAL else 0.0
         if delta < 0 or (temp > 0 and rng.random() < math.exp(-delta / temp)):
             current = r
             accepted += 1
-        if r.step_time_s < best.step_time_s - 1e-12:
+        if score(r, cap) < score(best, cap) - 1e-12:
             best = r
             improved += 1
-            trace.append((it, r.step_time_s))
+            trace.append((it, score(r, cap)))
     return SearchResult(best, it, accepted, improved, time.perf_counter() - began, tuple(trace))
 
 

@@ -21,7 +21,8 @@ early chunks while long responses still decode. Ops with no devices (host-side
 reward functions, advantage computation) never wait for a device.
 
 The steady-state step time is the mean interval between step completions over
-the last half of the simulated steps (the first steps fill the pipeline).
+the second half of the simulated steps (the first steps fill the pipeline), leaving
+out the last ``max staleness`` steps, which drain it.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ import heapq
 import attrs
 import numpy as np
 
-from rpeg.graph import DepKind, Graph, Instance, unroll
+from rpeg.graph import Graph, Instance, unroll
 
 
 @attrs.frozen
@@ -72,8 +73,11 @@ class Timeline:
         out = np.zeros(self.num_devices)
         if hi <= lo:
             return out
-        for groups, span in _device_spans(self.events, lo, hi):
-            out[list(groups)] += span
+        per_set: dict[tuple[int, ...], float] = {}
+        for devices, span in _device_spans(self.events, lo, hi):
+            per_set[devices] = per_set.get(devices, 0.0) + span
+        for devices, span in per_set.items():
+            out[list(devices)] += span
         return out / (hi - lo)
 
     def bubbles(self) -> tuple[tuple[tuple[int, ...], float], ...]:
@@ -129,67 +133,104 @@ def chunk_durations(graph: Graph, timings: dict[str, OpTiming],
 
 def simulate(graph: Graph, timings: dict[str, OpTiming], steps: int = 6) -> Timeline:
     """Run ``steps`` steps of ``graph`` with the given op timings; see the module doc."""
-    chunks = {n: len(t.chunk_ends) for n, t in timings.items() if len(t.chunk_ends) > 1}
-    u = unroll(graph, steps, chunks)
-    counts = dict(u.chunks)
-    durations = chunk_durations(graph, timings, counts)
-    order = {name: i for i, name in enumerate(graph.topo_order())}
+    chunks = tuple(sorted((n, len(t.chunk_ends)) for n, t in timings.items()
+                          if len(t.chunk_ends) > 1))
+    prep = _prepare(graph, steps, chunks)
+    durations = chunk_durations(graph, timings, prep.counts)
     num_devices = 1 + max((d for t in timings.values() for d in t.devices), default=0)
 
-    # Atoms make device checks cheap: an op holds whole atoms.
+    # Atoms make device checks cheap: an op holds whole atoms (bits of one integer).
     atom_of: dict[int, int] = {}
     for k, atom in enumerate(_atoms({t.devices for t in timings.values() if t.devices})):
         for d in atom:
             atom_of[d] = k
-    needs = {n: frozenset(atom_of[d] for d in t.devices) for n, t in timings.items()}
-
-    waiting: dict[Instance, int] = {i: 0 for i in u.instances}
-    dependents: dict[Instance, list[Instance]] = {i: [] for i in u.instances}
-    for dep in u.deps:
-        waiting[dep.dst] += 1
-        dependents[dep.src].append(dep.dst)
-    for inst in u.instances:          # chunks of one op run in order
-        if inst.chunk > 0:
-            prev = Instance(inst.op, inst.step, inst.chunk - 1)
-            waiting[inst] += 1
-            dependents[prev].append(inst)
-
-    def key(i: Instance):
-        return (i.step, order[i.op], i.chunk)
-
-    ready = sorted((i for i, n in waiting.items() if n == 0), key=key)
-    busy_atoms: set[int] = set()
-    running: list[tuple[float, int, Instance]] = []
-    events: list[Event] = []
-    now, seq = 0.0, 0
+    needs = {n: sum(1 << a for a in {atom_of[d] for d in t.devices})
+             for n, t in timings.items()}
+    insts = prep.instances                       # in priority order
+    need = [needs[i.op] for i in insts]
+    dur = [durations[(i.op, i.chunk)] for i in insts]
+    waiting = list(prep.waiting)
+    ready = [k for k, w in enumerate(waiting) if w == 0]
+    busy = 0
+    running: list[tuple[float, int]] = []
+    start = [0.0] * len(insts)
+    end = [0.0] * len(insts)
+    now = 0.0
+    started = 0
     while ready or running:
-        still: list[Instance] = []
-        for inst in ready:
-            atoms = needs[inst.op]
-            if atoms & busy_atoms:
-                still.append(inst)
+        still: list[int] = []
+        for k in ready:
+            if need[k] & busy:
+                still.append(k)
                 continue
-            busy_atoms |= atoms
-            end = now + durations[(inst.op, inst.chunk)]
-            heapq.heappush(running, (end, seq, inst))
-            seq += 1
-            events.append(Event(inst, timings[inst.op].devices, now, end))
+            busy |= need[k]
+            start[k], end[k] = now, now + dur[k]
+            heapq.heappush(running, (end[k], k))
+            started += 1
         ready = still
         if not running:
             break
         now = running[0][0]
+        fresh = False
         while running and running[0][0] <= now:
-            _, _, done = heapq.heappop(running)
-            busy_atoms -= needs[done.op]
-            for nxt in dependents[done]:
+            _, k = heapq.heappop(running)
+            busy &= ~need[k]
+            for nxt in prep.dependents[k]:
                 waiting[nxt] -= 1
                 if waiting[nxt] == 0:
                     ready.append(nxt)
-        ready.sort(key=key)
-    if len(events) != len(u.instances):
-        stuck = sorted(str(i) for i in set(u.instances) - {e.instance for e in events})
+                    fresh = True
+        if fresh:
+            ready.sort()
+    if started != len(insts):
+        stuck = sorted(str(insts[k]) for k, w in enumerate(waiting) if w > 0)
         raise RuntimeError(f"simulation deadlocked with {stuck[:3]} never started")
-    return _timeline(events, steps, num_devices)
+    events = [Event(i, timings[i.op].devices, start[k], end[k]) for k, i in enumerate(insts)]
+    drain = 1 + max((e.lag for e in graph.version_edges), default=0)
+    return _timeline(events, steps, num_devices, drain)
+
+
+@attrs.frozen
+class _Prepared:
+    instances: tuple[Instance, ...]            # sorted by priority: step, graph order, chunk
+    waiting: tuple[int, ...]                   # dependencies of each
+    dependents: tuple[tuple[int, ...], ...]
+    counts: dict
+
+
+_PREPARED: dict[tuple, tuple[Graph, _Prepared]] = {}
+
+
+def _prepare(graph: Graph, steps: int, chunks: tuple[tuple[str, int], ...]) -> _Prepared:
+    """The unrolled graph as index arrays, cached per graph object (graphs are values; the
+    cache keeps each one alive, so its id is not reused while cached)."""
+    key = (id(graph), steps, chunks)
+    hit = _PREPARED.get(key)
+    if hit is not None and hit[0] is graph:
+        return hit[1]
+    if len(_PREPARED) > 512:
+        _PREPARED.clear()
+    prep = _prepare_uncached(graph, steps, chunks)
+    _PREPARED[key] = (graph, prep)
+    return prep
+
+
+def _prepare_uncached(graph: Graph, steps: int, chunks: tuple[tuple[str, int], ...]) -> _Prepared:
+    u = unroll(graph, steps, dict(chunks))
+    order = {name: i for i, name in enumerate(graph.topo_order())}
+    insts = sorted(u.instances, key=lambda i: (i.step, order[i.op], i.chunk))
+    index = {inst: k for k, inst in enumerate(insts)}
+    waiting = [0] * len(insts)
+    dependents: list[list[int]] = [[] for _ in insts]
+    for dep in u.deps:
+        waiting[index[dep.dst]] += 1
+        dependents[index[dep.src]].append(index[dep.dst])
+    for inst in insts:                  # chunks of one op run in order
+        if inst.chunk > 0:
+            waiting[index[inst]] += 1
+            dependents[index[Instance(inst.op, inst.step, inst.chunk - 1)]].append(index[inst])
+    return _Prepared(tuple(insts), tuple(waiting), tuple(tuple(d) for d in dependents),
+                     dict(u.chunks))
 
 
 def _atoms(sets: set[tuple[int, ...]]) -> list[tuple[int, ...]]:
@@ -203,17 +244,20 @@ def _atoms(sets: set[tuple[int, ...]]) -> list[tuple[int, ...]]:
     return [tuple(v) for v in atoms.values()]
 
 
-def _timeline(events: list[Event], steps: int, num_devices: int) -> Timeline:
+def _timeline(events: list[Event], steps: int, num_devices: int, drain: int = 1) -> Timeline:
     ends = [0.0] * steps
     for e in events:
         ends[e.instance.step] = max(ends[e.instance.step], e.end)
     for s in range(1, steps):               # a step is complete once every earlier one is
         ends[s] = max(ends[s], ends[s - 1])
-    w = max(1, steps // 2)
-    if steps > w:
-        lo, hi = ends[steps - 1 - w], ends[steps - 1]
+    # The last steps run faster than the steady state (nothing of a later step competes
+    # for their devices): measure before them, over the second half of what remains.
+    last = steps - 1 - max(0, min(drain - 1, steps - 2))
+    w = max(1, (last + 1) // 2)
+    if last >= w:
+        lo, hi = ends[last - w], ends[last]
         step_time = (hi - lo) / w
     else:
         lo, hi, step_time = 0.0, ends[-1], ends[-1]
-    events.sort(key=lambda e: (e.start, e.instance))
+    events.sort(key=lambda e: e.start)          # stable: ties stay in priority order
     return Timeline(tuple(events), steps, step_time, tuple(ends), (lo, hi), num_devices)

@@ -1,0 +1,39 @@
+"""Planner fixtures: the shipped specs and clusters, and small clusters built in code."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from rpeg.plan.space import Limits
+from rpeg.spec import load, load_cluster
+from rpeg.spec.model import Engine
+
+ROOT = Path(__file__).resolve().parents[2]
+EVERY_ENGINE = Limits(engines=frozenset({Engine.TORCH, Engine.VLLM}))
+
+
+@pytest.fixture(scope="session")
+def tiny():
+    return load(ROOT / "pipelines/tiny_ppo.rpeg")
+
+
+@pytest.fixture(scope="session")
+def local_cpu():
+    return load_cluster(ROOT / "pipelines/clusters/local_cpu.rpeg")
+
+
+@pytest.fixture(scope="session")
+def ppo8b():
+    return load(ROOT / "pipelines/ppo_llama8b.rpeg")
+
+
+@pytest.fixture(scope="session")
+def grpo():
+    return load(ROOT / "pipelines/grpo_qwen7b.rpeg")
+
+
+@pytest.fixture(scope="session")
+def a100_16():
+    return load_cluster(ROOT / "pipelines/clusters/a100_16.rpeg")

@@ -1,0 +1,141 @@
+"""Search, baselines and compile_plan: feasibility, determinism, errors."""
+
+from __future__ import annotations
+
+import re
+import time
+
+import attrs
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from rpeg.cost.profiles import cluster_of
+from rpeg.errors import PlanError
+from rpeg.plan import Evaluator, SearchOptions, Strategy, compile_plan, compile_report
+from rpeg.plan.baselines import colocated, realloc, split
+from rpeg.plan.choices import model_stages
+from rpeg.plan.edit import Context
+from rpeg.plan.space import Limits
+from rpeg.spec import Engine, load
+
+from .conftest import EVERY_ENGINE, ROOT
+
+QUICK = SearchOptions(seed=3, iterations=300, patience=200, budget_s=60, limits=EVERY_ENGINE)
+
+
+def _fits(plan, pipeline, cluster) -> bool:
+    """Price the plan again from scratch: every device within its memory."""
+    r = Evaluator(pipeline, cluster).evaluate(attrs.evolve(plan, predicted=None))
+    return r.feasible and max(r.plan.predicted.peak_memory) <= cluster.gpu.memory
+
+
+def test_local_cpu_plan_is_quick_and_sensible(tiny, local_cpu):
+    began = time.perf_counter()
+    plan = compile_plan(tiny, local_cpu, options=SearchOptions(limits=Limits.detect()))
+    assert time.perf_counter() - began < 2.0 * 2          # < 2 s alone; two cores are shared
+    assert plan.num_devices == 2 and plan.strategy is Strategy.SEARCH
+    assert {p.stage for p in plan.placements} == {s.name for s in tiny.stages}
+    assert all(p.engine is Engine.TORCH for p in plan.placements)
+    assert plan.predicted.step_time_s > 0 and _fits(plan, tiny, local_cpu)
+    assert plan.inconsistency() is None
+
+
+def test_same_seed_same_plan(tiny, local_cpu):
+    a = compile_plan(tiny, local_cpu, options=attrs.evolve(QUICK, seed=11))
+    b = compile_plan(tiny, local_cpu, options=attrs.evolve(QUICK, seed=11))
+    assert a == b and a.to_json() == b.to_json()
+
+
+def test_search_is_never_worse_than_a_baseline(grpo, a100_16):
+    r = compile_report(grpo, a100_16, options=QUICK)
+    for strategy, ev in r.baselines:
+        if ev is not None:
+            assert r.plan.predicted.step_time_s <= ev.step_time_s + 1e-9, strategy
+            assert r.speedup(strategy) >= 1.0
+
+
+def test_baselines_have_their_shapes(grpo, a100_16):
+    ctx, ev = Context.of(grpo, a100_16, EVERY_ENGINE), Evaluator(grpo, a100_16)
+    stages = model_stages(grpo)
+    col = colocated(ctx, ev).best.plan
+    assert all(col.placement(s).devices == tuple(range(16)) for s in stages)
+    assert col.staleness == () and col.strategy is Strategy.COLOCATED
+    sp = split(ctx, ev).best.plan
+    gen = set(sp.placement("rollout").devices)
+    train = set(sp.placement("actor_step").devices)
+    assert not gen & train and not set(sp.placement("ref_lp").devices) & (gen | train)
+    re = realloc(ctx, ev).best.plan
+    assert re.staleness == () and re.strategy is Strategy.REALLOC
+    for plan in (col, sp, re):
+        assert _fits(plan, grpo, a100_16)
+
+
+def test_baseline_strategy_returns_that_baseline(grpo, a100_16):
+    plan = compile_plan(grpo, a100_16, Strategy.COLOCATED, QUICK)
+    assert plan.strategy is Strategy.COLOCATED
+    assert all(len(p.devices) == 16 for p in plan.placements)
+
+
+@settings(max_examples=6, deadline=None, suppress_health_check=list(HealthCheck))
+@given(gpn=st.sampled_from([2, 4, 8]), nodes=st.sampled_from([1, 2]),
+       prompts=st.sampled_from([16, 64]), spec=st.sampled_from(["tiny_ppo", "tiny_grpo"]),
+       seed=st.integers(0, 1000))
+def test_every_returned_plan_fits_in_memory(gpn, nodes, prompts, spec, seed):
+    pipeline = load(ROOT / f"pipelines/{spec}.rpeg")
+    pipeline = attrs.evolve(pipeline, workload=attrs.evolve(pipeline.workload, prompts=prompts))
+    cluster = cluster_of("a100", gpus_per_node=gpn, nodes=nodes)
+    opts = attrs.evolve(QUICK, seed=seed, iterations=150)
+    try:
+        plan = compile_plan(pipeline, cluster, options=opts)
+    except PlanError:
+        return
+    assert _fits(plan, pipeline, cluster)
+
+
+@settings(max_examples=3, deadline=None, suppress_health_check=list(HealthCheck))
+@given(gpus=st.sampled_from([(4, 2), (8, 1), (4, 4)]), seed=st.integers(0, 100))
+def test_every_returned_8b_plan_fits_in_memory(ppo8b, gpus, seed):
+    cluster = cluster_of("a100", gpus_per_node=gpus[0], nodes=gpus[1])
+    try:
+        plan = compile_plan(ppo8b, cluster, options=attrs.evolve(QUICK, seed=seed,
+                                                                 iterations=150))
+    except PlanError as e:
+        assert "GB" in str(e)
+        return
+    assert _fits(plan, ppo8b, cluster)
+
+
+def test_nothing_fits_names_model_op_and_what_helps(ppo8b):
+    one = cluster_of("a100", gpus_per_node=1, nodes=1)
+    with pytest.raises(PlanError) as e:
+        compile_plan(ppo8b, one, options=QUICK)
+    text = e.value.render()
+    assert re.search(r"(actor|critic|ref) (training|generation|inference) \((\w+)\) must fit "
+                     r"in 80 GB per GPU, not need \d+ GB", text), text
+    assert "raise tp or add GPUs" in text and "GB per GPU" in text
+
+
+def test_missing_vllm_is_refused_at_compile(tmp_path, tiny, local_cpu):
+    spec = (ROOT / "pipelines/tiny_ppo.rpeg").read_text().replace(
+        "temperature = 1.0, max_len = 20", "temperature = 1.0, max_len = 20, engine = vllm")
+    (tmp_path / "rewards.py").write_text((ROOT / "pipelines/rewards.py").read_text())
+    f = tmp_path / "v.rpeg"
+    f.write_text(spec)
+    pipeline = load(f)
+    with pytest.raises(PlanError) as e:
+        compile_plan(pipeline, local_cpu,
+                     options=attrs.evolve(QUICK, limits=Limits(engines=frozenset({Engine.TORCH}))))
+    assert "vllm" in str(e.value) and "rollout" in str(e.value)
+
+
+def test_backend_limits_are_honoured(grpo, a100_16):
+    limits = attrs.evolve(EVERY_ENGINE, max_tp=2, max_pp=1)
+    plan = compile_plan(grpo, a100_16, options=attrs.evolve(QUICK, limits=limits))
+    assert all(p.tp <= 2 and p.pp == 1 for p in plan.placements)
+
+
+def test_staleness_stays_within_the_spec(grpo, a100_16):
+    plan = compile_plan(grpo, a100_16, options=QUICK)
+    for stage, k in plan.staleness:
+        assert 0 <= k <= grpo.staleness_of(stage)

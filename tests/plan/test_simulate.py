@@ -1,0 +1,109 @@
+"""The event-driven simulator on graphs small enough to check by hand."""
+
+from __future__ import annotations
+
+import pytest
+
+from rpeg.graph import DataEdge, Graph, Op, VersionEdge
+from rpeg.plan.simulate import OpTiming, simulate
+from rpeg.spec.model import OpKind
+
+
+def _graph(ops, data=(), versions=()):
+    return Graph("toy", tuple(ops), tuple(data), tuple(versions),
+                 tuple({o.reads_model for o in ops if o.reads_model}),
+                 tuple({o.writes_model for o in ops if o.writes_model}))
+
+
+def _gen_train(lag: int):
+    gen = Op("gen", OpKind.GENERATE, ("prompts",), ("x",), reads_model="m")
+    train = Op("train", OpKind.TRAIN, ("x",), (), reads_model="m", writes_model="m")
+    return _graph([gen, train], [DataEdge("gen", "train", "x")],
+                  [VersionEdge("m", "train", "gen", lag)])
+
+
+def _events(tl):
+    return [(str(e.instance), e.start, e.end) for e in tl.events]
+
+
+def test_chain_on_one_device_runs_back_to_back():
+    a = Op("a", OpKind.FORWARD, outputs=("x",))
+    b = Op("b", OpKind.FORWARD, inputs=("x",))
+    tl = simulate(_graph([a, b], [DataEdge("a", "b", "x")]),
+                  {"a": OpTiming((0,), 2.0), "b": OpTiming((0,), 1.0)}, steps=3)
+    assert _events(tl) == [("a@0", 0.0, 2.0), ("b@0", 2.0, 3.0), ("a@1", 3.0, 5.0),
+                           ("b@1", 5.0, 6.0), ("a@2", 6.0, 8.0), ("b@2", 8.0, 9.0)]
+    assert tl.step_ends == (3.0, 6.0, 9.0)
+    assert tl.step_time_s == 3.0
+
+
+def test_synchronous_generation_waits_for_last_update():
+    tl = simulate(_gen_train(0), {"gen": OpTiming((0,), 2.0), "train": OpTiming((1,), 3.0)},
+                  steps=4)
+    assert _events(tl)[:4] == [("gen@0", 0.0, 2.0), ("train@0", 2.0, 5.0),
+                               ("gen@1", 5.0, 7.0), ("train@1", 7.0, 10.0)]
+    assert tl.step_time_s == 5.0
+
+
+def test_one_step_stale_generation_overlaps_training_on_other_devices():
+    tl = simulate(_gen_train(1), {"gen": OpTiming((0,), 2.0), "train": OpTiming((1,), 3.0)},
+                  steps=6)
+    # ties in start time keep priority order: the earlier step first
+    assert _events(tl)[:6] == [("gen@0", 0.0, 2.0), ("train@0", 2.0, 5.0), ("gen@1", 2.0, 4.0),
+                               ("train@1", 5.0, 8.0), ("gen@2", 5.0, 7.0), ("train@2", 8.0, 11.0)]
+    assert tl.step_time_s == 3.0                 # the slower of the two, not their sum
+    busy = tl.busy()
+    assert busy[1] == pytest.approx(1.0) and busy[0] == pytest.approx(2.0 / 3.0)
+
+
+def test_stale_generation_on_shared_devices_gains_nothing():
+    tl = simulate(_gen_train(1), {"gen": OpTiming((0,), 2.0), "train": OpTiming((0,), 3.0)},
+                  steps=6)
+    assert tl.step_time_s == 5.0
+    starts = [e.start for e in tl.events]
+    ends = [e.end for e in tl.events]
+    assert all(s >= e for s, e in zip(starts[1:], ends, strict=False))   # never overlapping
+
+
+def test_chunked_generation_streams_to_a_per_sample_consumer():
+    gen = Op("gen", OpKind.GENERATE, ("prompts",), ("x",))
+    fwd = Op("fwd", OpKind.FORWARD, ("x",), ("y",))
+    g = _graph([gen, fwd], [DataEdge("gen", "fwd", "x")])
+    timings = {"gen": OpTiming((0,), 3.0, chunk_ends=(1.0, 3.0), chunk_sizes=(4, 4)),
+               "fwd": OpTiming((1,), 2.0)}
+    tl = simulate(g, timings, steps=2)
+    assert _events(tl)[:4] == [("gen@0", 0.0, 1.0), ("fwd@0", 1.0, 2.0), ("gen@0#1", 1.0, 3.0),
+                               ("fwd@0#1", 3.0, 4.0)]
+    whole = simulate(g, {"gen": OpTiming((0,), 3.0), "fwd": OpTiming((1,), 2.0)}, steps=2)
+    assert _events(whole)[:2] == [("gen@0", 0.0, 3.0), ("fwd@0", 3.0, 5.0)]
+
+
+def test_chunk_sizes_split_consumer_time():
+    gen = Op("gen", OpKind.GENERATE, ("prompts",), ("x",))
+    fwd = Op("fwd", OpKind.FORWARD, ("x",), ("y",))
+    g = _graph([gen, fwd], [DataEdge("gen", "fwd", "x")])
+    tl = simulate(g, {"gen": OpTiming((0,), 4.0, chunk_ends=(2.0, 4.0), chunk_sizes=(3, 1)),
+                      "fwd": OpTiming((1,), 4.0)}, steps=2)
+    assert _events(tl)[1] == ("fwd@0", 2.0, 5.0)        # 3 of 4 responses: 3 s of 4
+    assert ("fwd@0#1", 5.0, 6.0) in _events(tl)
+
+
+def test_host_ops_need_no_device():
+    a = Op("a", OpKind.FORWARD, outputs=("x",))
+    h = Op("h", OpKind.COMPUTE, inputs=("x",), outputs=("z",))
+    b = Op("b", OpKind.FORWARD, inputs=("x",))
+    g = _graph([a, h, b], [DataEdge("a", "h", "x"), DataEdge("a", "b", "x")])
+    tl = simulate(g, {"a": OpTiming((0,), 1.0), "h": OpTiming((), 5.0),
+                      "b": OpTiming((0,), 1.0)}, steps=2)
+    assert ("h@0", 1.0, 6.0) in _events(tl) and ("b@0", 1.0, 2.0) in _events(tl)
+
+
+def test_an_op_on_two_groups_waits_for_both():
+    a = Op("a", OpKind.FORWARD, outputs=("x",))
+    b = Op("b", OpKind.FORWARD, outputs=("y",))
+    s = Op("s", OpKind.SYNC_WEIGHTS)
+    g = _graph([a, b, s])
+    tl = simulate(g, {"a": OpTiming((0,), 1.0), "b": OpTiming((1,), 2.0),
+                      "s": OpTiming((0, 1), 0.5)}, steps=2)
+    assert ("s@0", 2.0, 2.5) in _events(tl)
+    assert tl.bubbles()[0][0] == (0,) and tl.bubbles()[1][0] == (1,)

@@ -1,0 +1,105 @@
+"""``rpeg compile`` and ``rpeg simulate``: output, files, JSON, exit codes."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from rpeg.cli import main
+
+from .conftest import ROOT
+
+TINY = str(ROOT / "pipelines/tiny_ppo.rpeg")
+LOCAL = str(ROOT / "pipelines/clusters/local_cpu.rpeg")
+QUICK = ["--iterations", "200", "--seed", "1"]
+
+
+@pytest.fixture(scope="module")
+def compiled(tmp_path_factory):
+    out = tmp_path_factory.mktemp("c") / "plan.json"
+    rc = main(["compile", TINY, "--cluster", LOCAL, "-o", str(out), *QUICK])
+    assert rc == 0
+    return out
+
+
+def test_compile_prints_summary_and_writes_plan_and_gantt(tmp_path, capsys):
+    out = tmp_path / "p.json"
+    assert main(["compile", TINY, "--cluster", LOCAL, "-o", str(out), *QUICK]) == 0
+    text = capsys.readouterr().out
+    for words in ("predicted step time", "generated tokens/s", "placement", "micro-batches",
+                  "memory per GPU", "staleness:", "sharing:", "fusion:", "over colocated"):
+        assert words in text, words
+    assert out.exists() and out.with_suffix(".png").stat().st_size > 1000
+
+
+def test_compile_json(tmp_path, capsys):
+    out = tmp_path / "p.json"
+    assert main(["compile", TINY, "--cluster", LOCAL, "-o", str(out), "--json", *QUICK]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["predicted"]["step_time_s"] > 0
+    assert data["strategy"] == "search" and data["seed"] == 1
+    assert set(data["baselines"]) == {"colocated", "split", "realloc"}
+    assert json.loads(out.read_text())["predicted"]["step_time_s"] == data["predicted"][
+        "step_time_s"]
+
+
+@pytest.mark.parametrize("strategy", ["colocated", "realloc"])
+def test_compile_baseline_strategy(tmp_path, capsys, strategy):
+    out = tmp_path / "p.json"
+    rc = main(["compile", TINY, "--cluster", LOCAL, "-o", str(out), "--strategy", strategy,
+               "--json", "--no-gantt"])
+    assert rc == 0
+    assert json.loads(capsys.readouterr().out)["strategy"] == strategy
+
+
+def test_compile_usage_and_input_errors(tmp_path, capsys):
+    assert main(["compile", TINY, "--cluster", LOCAL, "--strategy", "fastest"]) == 2
+    assert main(["compile", TINY]) == 2                              # --cluster is required
+    assert main(["compile", str(tmp_path / "none.rpeg"), "--cluster", LOCAL]) == 1
+    assert main(["compile", TINY, "--cluster", TINY]) == 1           # a pipeline, not a cluster
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+
+
+def test_compile_refuses_vllm_it_cannot_run(tmp_path, capsys):
+    (tmp_path / "rewards.py").write_text((ROOT / "pipelines/rewards.py").read_text())
+    f = tmp_path / "v.rpeg"
+    f.write_text((ROOT / "pipelines/tiny_ppo.rpeg").read_text().replace(
+        "max_len = 20)", "max_len = 20, engine = vllm)"))
+    from rpeg.plan.space import vllm_available
+    if vllm_available():
+        pytest.skip("vLLM is installed here")
+    assert main(["compile", str(f), "--cluster", LOCAL, "-o", str(tmp_path / "p.json")]) == 1
+    err = capsys.readouterr().err
+    assert "must use an installed engine, not 'vllm'" in err and "hint:" in err
+
+
+def test_compile_nothing_fits(tmp_path, capsys):
+    rc = main(["compile", str(ROOT / "pipelines/ppo_llama8b.rpeg"), "--cluster", LOCAL,
+               "-o", str(tmp_path / "p.json"), *QUICK])
+    assert rc == 1
+    err = capsys.readouterr().err
+    assert "raise tp or add GPUs" in err and "GB per GPU" in err
+
+
+def test_simulate_draws_and_reports(compiled, tmp_path, capsys):
+    png = tmp_path / "g.png"
+    assert main(["simulate", str(compiled), "--steps", "6", "-o", str(png)]) == 0
+    text = capsys.readouterr().out
+    assert "steady-state step" in text and "idle" in text
+    assert png.stat().st_size > 1000
+    assert main(["simulate", str(compiled), "--steps", "6", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    plan = json.loads(compiled.read_text())
+    assert data["step_time_s"] == pytest.approx(plan["predicted"]["step_time_s"], rel=0.25)
+    assert {e["op"] for e in data["events"]} >= {"rollout", "sync_actor+critic"} or \
+        {e["op"] for e in data["events"]} >= {"rollout", "sync_actor"}
+
+
+def test_simulate_damaged_plan(tmp_path, capsys):
+    f = tmp_path / "plan.json"
+    f.write_text('{"schema_version": 1, "pipeline": 3}')
+    assert main(["simulate", str(f)]) == 1
+    err = capsys.readouterr().err
+    assert str(f) in err and "error:" in err and "Traceback" not in err

@@ -22,9 +22,15 @@ import torch
 from backends.api import RolloutChunk, SamplingParams
 from backends.torch_backend import advantages as adv
 from backends.torch_backend.generation import TorchEngine
-from backends.torch_backend.modeling import build_model, save_checkpoint
+from backends.torch_backend.modeling import build_model, load_checkpoint, save_checkpoint
 from backends.torch_backend.tokenizer import BOS_ID, EOS_ID, decode, encode
-from backends.torch_backend.train import LossSpec, TokenHeads, TrainBatch, forward_arrays, train_step
+from backends.torch_backend.train import (
+    LossSpec,
+    TokenHeads,
+    TrainBatch,
+    forward_arrays,
+    train_step,
+)
 from rpeg.errors import BackendError
 from rpeg.runtime.context import dataset_path, group_of, read_dataset, step_rows
 from rpeg.runtime.instances import EXPORT, OpCall
@@ -182,7 +188,10 @@ class Executor:
         behaviour = data.get("logprobs", chunk.logprobs)
         versions = [c.version for c in inputs.get("responses", [])] or [chunk.version]
         sel = np.arange(call.rank, len(chunk), call.world)      # this rank's shard
-        pick = (lambda xs: None if xs is None else tuple(xs[i] for i in sel))
+
+        def pick(xs):
+            return None if xs is None else tuple(xs[i] for i in sel)
+
         batch = TrainBatch(pick(chunk.prompt_ids), pick(chunk.response_ids),
                            old_logprobs=pick(behaviour), advantages=pick(data.get("advantages")),
                            returns=pick(data.get("returns")), old_values=pick(data.get("values")),
@@ -248,6 +257,15 @@ class Executor:
         save_checkpoint(replica.model, path, {**meta, "model": model,
                                               "version": replica.version}, replica.optimizer)
         return path
+
+    def restore(self, model: str, path: str) -> int:
+        """Load a replica written by :meth:`checkpoint` (weights, optimizer state, version)."""
+        replica = self.replicas[model]
+        meta = load_checkpoint(replica.model, path, replica.optimizer)
+        replica.version = int(meta["version"])
+        if replica.engine is not None:
+            replica.engine.version = replica.version
+        return replica.version
 
     def shutdown(self) -> None:
         self.streams.clear()

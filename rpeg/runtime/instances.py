@@ -113,8 +113,6 @@ def build_calls(pipeline: Pipeline, plan: Plan, steps: int) -> tuple[OpCall, ...
                     lag = 0 if op.kind is OpKind.TRAIN else graph.lag_of(name)
                     call["version"] = s if op.kind is OpKind.TRAIN else max(0, s - lag)
                     call["bound"] = lag
-                elif op.reads_model:
-                    call["version"] = 0
                 if op.kind is OpKind.TRAIN:
                     call["writes"] = s + 1
                 calls.append(call)
@@ -150,10 +148,9 @@ def model_homes(pipeline: Pipeline, plan: Plan, graph: Graph) -> dict[str, tuple
 
 def _placement(plan: Plan, op):
     for stage in op.stages or (op.name,):
-        try:
-            place = plan.placement(stage)
-        except StopIteration:
+        if not any(p.stage == stage for p in plan.placements):
             continue
+        place = plan.placement(stage)
         if place.tp != 1 or place.pp != 1:
             raise PlanError(f"stage '{stage}' must have tp = 1 and pp = 1 on the torch runtime, "
                             f"not tp = {place.tp}, pp = {place.pp}",

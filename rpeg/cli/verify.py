@@ -1,0 +1,25 @@
+"""``rpeg verify RUN_DIR``: check a run's trace against its plan; exit 1 on any violation.
+
+    $ rpeg verify runs/tiny_ppo-20261130-011500
+    verified 842 ops of 60 steps: placement, dependencies, versions - ok
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+
+def register(app: typer.Typer) -> None:
+    @app.command()
+    def verify(
+        run_dir: Path = typer.Argument(..., help="A run directory written by rpeg run."),
+    ) -> None:
+        """Check a run: every op on its planned devices, dependencies in order, versions in bounds."""
+        from rpeg.runtime.verify import verify_run
+
+        report = verify_run(run_dir)
+        print(report)
+        if not report.ok:
+            raise typer.Exit(1)

@@ -1,0 +1,23 @@
+"""The runtime: a plan executed on Dask, traced, and verified. Imports no torch.
+
+    >>> pipeline, plan, spec = plan_for_run("pipelines/tiny_ppo.rpeg")          # doctest: +SKIP
+    >>> result = run_pipeline(pipeline, plan, RunOptions(steps=10), spec_path=spec)  # doctest: +SKIP
+    >>> verify_run(result.path).ok                                               # doctest: +SKIP
+    True
+
+Modules: ``instances`` (the plan unrolled into op calls), ``core`` (the
+scheduling core: events in, instructions out), ``driver`` (the Dask adapter),
+``worker`` (what runs in a worker), ``rundir`` and ``verify`` (the record of a
+run and its check), ``placement`` (the split plan used when none is given),
+``inline`` (the same calls in one process, the reference for overhead).
+"""
+
+from __future__ import annotations
+
+from rpeg.runtime.driver import RunOptions, RunResult
+from rpeg.runtime.driver import run as run_pipeline
+from rpeg.runtime.plans import plan_for_run
+from rpeg.runtime.verify import Report, Violation, verify_run
+
+__all__ = ["RunOptions", "RunResult", "run_pipeline", "plan_for_run", "verify_run", "Report",
+           "Violation"]

@@ -1,0 +1,72 @@
+"""The same op calls, one after another in this process: no Dask, no workers.
+
+    >>> rows = run_inline(pipeline, plan, steps=4, spec_dir="pipelines")   # doctest: +SKIP
+    >>> rows[-1]["reward"]                                                  # doctest: +SKIP
+    0.37
+
+The reference a distributed run is measured against (runtime overhead), and a
+quick way to try a pipeline's learning without a cluster. All devices' model
+replicas live in this one process, so weight sync still copies real buckets.
+"""
+
+from __future__ import annotations
+
+import time
+
+from rpeg.runtime.context import RunContext
+from rpeg.runtime.core import _submission_order
+from rpeg.runtime.instances import build_calls
+from rpeg.runtime.rundir import step_metrics
+from rpeg.runtime.worker import backend_module
+
+
+def run_inline(pipeline, plan, steps: int, spec_dir: str, on_step=None) -> list[dict]:
+    calls = build_calls(pipeline, plan, steps)
+    table = {c.id: c for c in calls}
+    ctx = RunContext.create(pipeline, plan, calls, spec_dir=spec_dir, run_dir="")
+    backend = backend_module(ctx.backend)
+    executors = {d: backend.Executor(ctx, d) for d in range(plan.num_devices)}
+    results: dict[str, dict] = {}
+    events: dict[int, list[dict]] = {}
+    rows = []
+    order = sorted(_submission_order(calls), key=lambda i: table[i].step)
+    last = time.time()
+    for op_id in _stable_topo(order, table):
+        call = table[op_id]
+        inputs, pos = {}, 0
+        for name, count in call.inputs:
+            inputs[name] = [results[call.deps[pos + i]][name] for i in range(count)]
+            pos += count
+        start = time.time()
+        out, info = executors[call.device].run(call, inputs)
+        results[op_id] = out
+        events.setdefault(call.step, []).append(
+            {"kind": call.kind.value, "op": call.op, "rank": call.rank, "start": start,
+             "end": time.time(), "version_read": info.get("version_read", -1),
+             "stats": info.get("stats", {})})
+        if _step_complete(call, table, results):
+            now = time.time()
+            row = step_metrics(call.step, events.pop(call.step), now - last)
+            last = now
+            rows.append(row)
+            if on_step:
+                on_step(row)
+    return rows
+
+
+def _stable_topo(order, table):
+    """Dependencies first; within that, earlier steps first (one step at a time)."""
+    done: set[str] = set()
+    pending = list(order)
+    while pending:
+        for i, op_id in enumerate(pending):
+            if all(d in done for d in table[op_id].all_deps):
+                done.add(op_id)
+                yield pending.pop(i)
+                break
+        else:
+            raise RuntimeError("dependency cycle")
+
+
+def _step_complete(call, table, results) -> bool:
+    return all(c.id in results for c in table.values() if c.step == call.step)

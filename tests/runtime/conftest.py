@@ -1,0 +1,41 @@
+"""Hand-built plans for runtime tests (the planner is not needed to test the runtime)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from rpeg.plan.model import Plan, StagePlacement, Strategy
+from rpeg.spec import load
+
+PIPELINES = Path(__file__).resolve().parents[2] / "pipelines"
+
+
+@pytest.fixture(scope="session")
+def ppo():
+    return load(PIPELINES / "tiny_ppo.rpeg")
+
+
+@pytest.fixture(scope="session")
+def grpo():
+    return load(PIPELINES / "tiny_grpo.rpeg")
+
+
+def manual_plan(pipeline, where: dict[str, tuple[int, ...]], *, devices: int = 2,
+                homes: dict[str, tuple[int, ...]] | None = None, staleness: int = 0,
+                chunks: int = 2, shared: tuple[tuple[str, ...], ...] = ()) -> Plan:
+    """Every stage on ``where[stage]`` (default device 0)."""
+    places = tuple(StagePlacement(s.name, where.get(s.name, (0,)),
+                                  dp=len(where.get(s.name, (0,))) if s.kind.value == "train" else 1,
+                                  chunks=chunks if s.kind.value == "generate" else 1)
+                   for s in pipeline.stages)
+    return Plan(pipeline.name, "test", devices, places,
+                model_homes=tuple(sorted((homes or {}).items())),
+                staleness=tuple((st, min(k, staleness)) for st, k in pipeline.staleness),
+                shared=shared, strategy=Strategy.MANUAL)
+
+
+@pytest.fixture(scope="session")
+def plan_by_hand():
+    return manual_plan

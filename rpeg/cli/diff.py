@@ -47,13 +47,16 @@ def _not_available(what: str) -> None:
     raise typer.Exit(2)
 
 
-def _predicted(pipeline, cluster) -> dict:
+def _predicted(pipeline, cluster, seed: int, budget: float) -> dict:
     """Compile one pipeline on the cluster; the figures the diff compares (or the error)."""
     compile_plan = _optional("rpeg.plan", "compile_plan")
-    if compile_plan is None:
+    options = _optional("rpeg.plan", "SearchOptions")
+    if compile_plan is None or options is None:
         return {"error": "planner not available yet (rpeg.plan.compile_plan)"}
+    strategy = _optional("rpeg.plan", "Strategy")
     try:
-        plan = compile_plan(pipeline, cluster)
+        plan = compile_plan(pipeline, cluster, strategy.SEARCH,
+                            options(seed=seed, budget_s=budget))
     except RpegError as e:
         return {"error": e.message}
     pred = plan.predicted
@@ -63,6 +66,13 @@ def _predicted(pipeline, cluster) -> dict:
             "peak_memory_bytes": max(pred.peak_memory, default=0.0),
             "tokens_per_s": pred.tokens_per_s,
             "devices": len(sorted({d for p in plan.placements for d in p.devices}))}
+
+
+def _bytes(x: float) -> str:
+    for unit, f in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if x >= f:
+            return f"{x / f:.3g} {unit}"
+    return f"{x:.0f} B"
 
 
 def _delta_lines(cluster_name: str, a: dict, b: dict) -> list[str]:
@@ -75,7 +85,7 @@ def _delta_lines(cluster_name: str, a: dict, b: dict) -> list[str]:
     if "error" in a or "error" in b:
         return lines
     rows = (("step time", "step_time_s", lambda x: f"{x:.3g} s"),
-            ("peak memory per GPU", "peak_memory_bytes", lambda x: f"{x / 1e9:.3g} GB"),
+            ("peak memory per GPU", "peak_memory_bytes", _bytes),
             ("throughput", "tokens_per_s", lambda x: f"{x:,.0f} tokens/s"),
             ("GPUs used", "devices", lambda x: f"{x}"))
     for label, key, show in rows:
@@ -94,6 +104,9 @@ def register(app: typer.Typer) -> None:
                                      help="Also compile both specs on this cluster and "
                                           "compare predicted step time and memory."),
         as_json: bool = typer.Option(False, "--json", help="Print the diff as JSON."),
+        seed: int = typer.Option(0, "--seed", help="Seed of the plan search (with --cluster)."),
+        budget: float = typer.Option(10.0, "--budget", min=0.1,
+                                     help="Search time cap per spec, seconds (with --cluster)."),
     ) -> None:
         """Show what changed between two specs, plans or runs (exit 1 if anything did)."""
         ka, kb = _kind(a), _kind(b)
@@ -105,12 +118,7 @@ def register(app: typer.Typer) -> None:
                   "or two run directories", file=sys.stderr)
             raise typer.Exit(2)
         if ka == "plan":
-            diff_plans = _optional("rpeg.plan", "diff_plans")
-            if diff_plans is None:
-                _not_available("plan diff not available yet")
-            result = diff_plans(a, b)
-            _emit(result, as_json)
-            raise typer.Exit(1 if getattr(result, "changed", bool(result)) else 0)
+            _plan_diff(a, b, as_json)
         if ka == "run":
             diff_runs = _optional("rpeg.experiments", "diff_runs")
             if diff_runs is None:
@@ -118,7 +126,22 @@ def register(app: typer.Typer) -> None:
             result = diff_runs(a, b)
             _emit(result, as_json)
             raise typer.Exit(1 if getattr(result, "changed", bool(result)) else 0)
-        _spec_diff(a, b, cluster, as_json)
+        _spec_diff(a, b, cluster, as_json, seed, budget)
+
+
+def _plan_diff(a: Path, b: Path, as_json: bool) -> None:
+    diff_plans = _optional("rpeg.plan", "diff_plans")
+    if diff_plans is None:
+        _not_available("plan diff not available yet")
+    from rpeg.plan.model import Plan
+
+    plans = [Plan.from_json(p.read_text(encoding="utf-8"), str(p)) for p in (a, b)]
+    result = diff_plans(plans[0], plans[1], str(a), str(b))
+    if as_json:
+        print(json.dumps(result.to_dict(), indent=2))
+    elif not result.same:
+        print(result)
+    raise typer.Exit(0 if result.same else 1)
 
 
 def _emit(result, as_json: bool) -> None:
@@ -131,7 +154,8 @@ def _emit(result, as_json: bool) -> None:
             sys.stdout.write(text if text.endswith("\n") else text + "\n")
 
 
-def _spec_diff(a: Path, b: Path, cluster: Path | None, as_json: bool) -> None:
+def _spec_diff(a: Path, b: Path, cluster: Path | None, as_json: bool, seed: int,
+               budget: float) -> None:
     from rpeg.spec import load, load_cluster
     from rpeg.spec.diff import diff
 
@@ -141,7 +165,8 @@ def _spec_diff(a: Path, b: Path, cluster: Path | None, as_json: bool) -> None:
     if cluster is not None:
         c = load_cluster(cluster)
         if d.changed:
-            predicted = {"cluster": c.name, "a": _predicted(pa, c), "b": _predicted(pb, c)}
+            predicted = {"cluster": c.name, "a": _predicted(pa, c, seed, budget),
+                         "b": _predicted(pb, c, seed, budget)}
     if as_json:
         out = d.to_dict()
         if predicted is not None:

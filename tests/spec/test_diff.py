@@ -1,0 +1,143 @@
+"""Semantic diffs of pipelines: what counts as a change, what is only a rename."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from rpeg.spec import load
+from rpeg.spec.diff import ChangeKind, diff
+
+ROOT = Path(__file__).resolve().parents[2]
+
+BASE = """\
+pipeline t
+workload { steps = 10; prompts = 4; prompt_len = 8; gen_len = 16 }
+model actor : tiny { optimizer = adam(lr = 1e-3) }
+model critic : tiny { head = value }
+model ref : tiny { frozen }
+reward r = python("rewards:score")
+stage rollout = generate(actor, prompts) -> responses, logprobs
+stage ref_lp = forward(ref, responses) -> ref_logprobs
+stage values = forward(critic, responses) -> values
+stage scores = score(r, responses) -> scores
+stage adv = gae(scores, values, logprobs, ref_logprobs) -> advantages, returns
+stage actor_step = train(actor, responses, advantages)
+stage critic_step = train(critic, responses, returns)
+staleness rollout <= 1
+"""
+
+
+@pytest.fixture
+def spec(tmp_path):
+    (tmp_path / "rewards.py").write_text("def score(p, r, a=None):\n    return [0.0] * len(r)\n"
+                                         "def other(p, r, a=None):\n    return [1.0] * len(r)\n")
+    counter = iter(range(1000))
+
+    def make(text: str):
+        path = tmp_path / f"s{next(counter)}.rpeg"
+        path.write_text(text)
+        return load(path)
+    return make
+
+
+def changes(d) -> set[tuple[str, str, str]]:
+    return {(c.section, c.kind.value, c.name) for c in d.changes}
+
+
+def test_identical_is_empty(spec):
+    d = diff(spec(BASE), spec(BASE))
+    assert not d.changed and d.text() == "" and d.renames == ()
+
+
+def test_consistent_renames_are_not_changes(spec):
+    renamed = (BASE.replace("model critic", "model vf").replace("(critic,", "(vf,")
+               .replace("stage values", "stage v_fwd").replace("-> values", "-> vals")
+               .replace("gae(scores, values", "gae(scores, vals").replace("reward r ", "reward rr ")
+               .replace("score(r,", "score(rr,").replace("pipeline t", "pipeline u"))
+    d = diff(spec(BASE), spec(renamed))
+    assert not d.changed, d.text()
+    assert {(r.what, r.before, r.after) for r in d.renames} == {
+        ("pipeline", "t", "u"), ("model", "critic", "vf"), ("reward", "r", "rr"),
+        ("stage", "values", "v_fwd"), ("data", "values", "vals")}
+
+
+def test_renamed_and_changed_stage_is_a_change(spec):
+    text = BASE.replace("stage values = forward(critic, responses) -> values",
+                        "stage v2 = forward(ref, responses) -> values")
+    d = diff(spec(BASE), spec(text))
+    assert ("stages", "-", "values") in changes(d) and ("stages", "+", "v2") in changes(d)
+
+
+def test_workload_and_model_changes_say_what_they_do(spec):
+    text = (BASE.replace("prompts = 4", "prompts = 8")
+            .replace("model actor : tiny { optimizer = adam(lr = 1e-3) }",
+                     "model actor : small { optimizer = adam(lr = 1e-4) }"))
+    d = diff(spec(BASE), spec(text))
+    by_name = {c.name: c for c in d.changes}
+    assert by_name["prompts"].before == "4" and by_name["prompts"].after == "8"
+    assert "responses per step 4 -> 8" in by_name["prompts"].detail
+    assert by_name["actor.preset"].after == "small"
+    assert "parameters" in by_name["actor.preset"].detail
+    assert by_name["actor.optimizer.lr"].before == "0.001"
+    assert not any(n.startswith("actor.dims.") for n in by_name)   # implied by the preset
+
+
+def test_stage_inputs_params_and_edges(spec):
+    text = BASE.replace("train(actor, responses, advantages)",
+                        "train(actor, responses, advantages, logprobs, minibatches = 2)")
+    d = diff(spec(BASE), spec(text))
+    got = changes(d)
+    assert ("stages", "~", "actor_step.inputs") in got
+    assert ("stages", "~", "actor_step.minibatches") in got
+    assert ("edges", "+", "rollout -> actor_step [logprobs]") in got
+    inputs = next(c for c in d.changes if c.name == "actor_step.inputs")
+    assert inputs.detail == "now reads logprobs"
+
+
+def test_staleness_sharing_colocation_placement(spec):
+    text = BASE.replace("staleness rollout <= 1", "staleness rollout <= 3") + (
+        "share actor, critic\ncolocate ref_lp, values\nplace rollout on gpus 0..7\n")
+    d = diff(spec(BASE), spec(text))
+    got = changes(d)
+    assert {("staleness", "~", "rollout"), ("sharing", "+", "actor, critic"),
+            ("colocation", "+", "ref_lp, values"), ("placement", "+", "rollout")} <= got
+    stale = next(c for c in d.changes if c.section == "staleness")
+    assert (stale.before, stale.after) == ("1", "3")
+    assert "up to 3 updates old" in stale.detail
+    back = diff(spec(text), spec(BASE))
+    assert ("sharing", "-", "actor, critic") in changes(back)
+
+
+def test_added_and_removed_models_and_rewards(spec):
+    text = BASE.replace('reward r = python("rewards:score")',
+                        'reward r = python("rewards:score")\nreward r2 = python("rewards:other")')
+    text = text.replace("model ref : tiny { frozen }\n", "model ref : tiny { frozen }\n"
+                        "model extra : tiny { frozen }\n")
+    d = diff(spec(BASE), spec(text))
+    assert {("rewards", "+", "r2"), ("models", "+", "extra")} <= changes(d)
+
+
+def test_text_and_json_are_deterministic(spec):
+    a, b = spec(BASE), spec(BASE.replace("prompts = 4", "prompts = 2") + "share actor, critic\n")
+    d1, d2 = diff(a, b), diff(a, b)
+    assert d1.text() == d2.text() and d1.to_json() == d2.to_json()
+    data = json.loads(d1.to_json())
+    assert data["changed"] is True
+    assert [c["section"] for c in data["changes"]] == ["workload", "sharing"]
+    assert all(c["kind"] in ("added", "removed", "changed") for c in data["changes"])
+    lines = d1.text().splitlines()
+    assert lines[0].startswith("--- ") and lines[1].startswith("+++ ")
+    assert lines[2:5] == ["workload", "  ~ prompts: 4 -> 2  (prompts per step, responses per "
+                          "step 4 -> 2)", "sharing"]
+
+
+def test_extend_is_resolved_before_diffing():
+    base = load(ROOT / "pipelines" / "ppo_llama8b.rpeg")
+    shared = load(ROOT / "pipelines" / "ppo_shared.rpeg")
+    d = diff(base, shared)
+    assert [(c.name, c.before, c.after) for c in d.changes] == [
+        ("critic.optimizer.lr", "5e-06", "1e-06")]
+    assert d.changes[0].kind is ChangeKind.CHANGED

@@ -37,9 +37,9 @@ from backends.api import SamplingParams
 from backends.torch_backend.generation import TorchEngine
 from backends.torch_backend.modeling import build_model
 from backends.torch_backend.train import LossSpec, TrainBatch, forward_arrays, train_step
+from rpeg.cost.calibrate import MALLOC_ENV
 from rpeg.spec.presets import PRESETS, ModelDims
 
-MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": "65536", "MALLOC_TRIM_THRESHOLD_": "65536"}
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
@@ -138,10 +138,30 @@ def _train_batch(prompts, responses) -> TrainBatch:
     return TrainBatch(tuple(prompts), tuple(responses), old_logprobs=zeros, advantages=adv)
 
 
+class _AllReduceAdamW(torch.optim.AdamW):
+    """AdamW whose step first averages the gradients over the gloo group, in one bucket."""
+
+    def step(self, closure=None):
+        import torch.distributed as dist
+        from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
+        grads = [p.grad for g in self.param_groups for p in g["params"] if p.grad is not None]
+        flat = _flatten_dense_tensors(grads)
+        dist.all_reduce(flat)
+        flat /= dist.get_world_size()
+        for g, r in zip(grads, _unflatten_dense_tensors(flat, grads), strict=True):
+            g.copy_(r)
+        return super().step(closure)
+
+
 def op_runner(kind: str, dims: ModelDims, batch: int, prompt_len: int, gen_len: int,
-              minibatches: int = 1) -> Callable[[], object]:
-    """A zero-argument callable that runs one op on a freshly built model."""
-    prompts, responses = _arrays(batch, prompt_len, gen_len)
+              minibatches: int = 1, seed: int = 0,
+              data_parallel: bool = False) -> Callable[[], object]:
+    """A zero-argument callable that runs one op on a freshly built model.
+
+    With ``data_parallel`` (inside a gloo group) a train op averages gradients over the
+    group before each optimizer step; ``batch`` is then this rank's share.
+    """
+    prompts, responses = _arrays(batch, prompt_len, gen_len, seed)
     if kind == "forward":
         model = build_model(dims, heads=("lm",), seed=0).eval()
         return lambda: forward_arrays(model, prompts, responses, "logprobs")
@@ -153,34 +173,55 @@ def op_runner(kind: str, dims: ModelDims, batch: int, prompt_len: int, gen_len: 
         model = build_model(dims, heads=("lm",), seed=0).train()
         from backends.torch_backend.train import TokenHeads
         heads = TokenHeads(model)
-        opt = torch.optim.AdamW(heads.parameters(), lr=1e-5)
+        opt = (_AllReduceAdamW if data_parallel else torch.optim.AdamW)(heads.parameters(),
+                                                                        lr=1e-5)
         tb = _train_batch(prompts, responses)
         loss = [LossSpec("ppo_clip", clip=0.2)]
         return lambda: train_step(heads, opt, tb, loss, version=0, minibatches=minibatches)
     raise ValueError(f"op kind must be forward, generate or train, not {kind!r}")
 
 
+def measure_ops(specs, repeats: int = 5, barrier: Callable[[], object] | None = None
+                ) -> list[dict]:
+    """Latency and peak memory of each op in ``specs`` (dicts of ``op_runner`` arguments).
+
+    First each op is built and run once inside its own memory window (the peak). Then
+    the timed calls go round-robin over all ops, ``repeats`` rounds, so a burst of load
+    from other processes lands on every op alike rather than on one. ``latency_s`` is
+    the median CPU time of the process per call (one compute thread: on an idle machine
+    it equals wall time; on a shared one it leaves out time spent waiting for a core);
+    ``wall_s`` is the median wall time.
+    """
+    runners, peaks = [], []
+    for spec in specs:
+        if barrier is not None:
+            barrier()
+        with PeakMemory() as mem:
+            run = op_runner(**spec)
+            run()
+        runners.append(run)
+        peaks.append(mem.peak)
+    cpu = [[] for _ in specs]
+    wall = [[] for _ in specs]
+    for _ in range(repeats):
+        for i, run in enumerate(runners):
+            if barrier is not None:
+                barrier()
+            c0, t0 = time.process_time(), time.perf_counter()
+            run()
+            cpu[i].append(time.process_time() - c0)
+            wall[i].append(time.perf_counter() - t0)
+    del runners
+    _trim()
+    return [{"latency_s": statistics.median(c), "wall_s": statistics.median(w), "times_s": c,
+             "peak_bytes": p} for c, w, p in zip(cpu, wall, peaks, strict=True)]
+
+
 def measure_op(kind: str, dims: ModelDims, batch: int, prompt_len: int, gen_len: int,
                minibatches: int = 1, repeats: int = 3) -> dict:
-    """Median latency of ``repeats`` calls and the peak memory of building + first call.
-
-    ``latency_s`` is the median CPU time of the process (one compute thread: on an idle
-    machine it equals wall time, and on a shared one it does not count time spent
-    waiting for a core); ``wall_s`` is the median wall time.
-    """
-    with PeakMemory() as mem:
-        run = op_runner(kind, dims, batch, prompt_len, gen_len, minibatches)
-        run()
-    cpu, wall = [], []
-    for _ in range(repeats):
-        c0, t0 = time.process_time(), time.perf_counter()
-        run()
-        cpu.append(time.process_time() - c0)
-        wall.append(time.perf_counter() - t0)
-    del run
-    _trim()
-    return {"latency_s": statistics.median(cpu), "wall_s": statistics.median(wall),
-            "times_s": cpu, "peak_bytes": mem.peak}
+    """One op alone (see ``measure_ops``)."""
+    return measure_ops([dict(kind=kind, dims=dims, batch=batch, prompt_len=prompt_len,
+                             gen_len=gen_len, minibatches=minibatches)], repeats)[0]
 
 
 def optimizer_seconds(dims: ModelDims, repeats: int = 5) -> dict:
@@ -230,42 +271,14 @@ def _on_rank(rank: int, world: int, port: int, task: dict) -> dict:
 
 
 def _dp_train(rank: int, world: int, task: dict) -> dict:
-    """One data-parallel train step: local forward/backward, one gloo all-reduce, Adam."""
+    """Data-parallel train ops: this rank's share of each batch, gradients all-reduced."""
     import torch.distributed as dist
-    from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
-
-    from backends.torch_backend.train import Packed, TokenHeads, token_outputs
-    dims = ModelDims(**task["dims"])
-    local = task["batch"] // world
-    prompts, responses = _arrays(local, task["prompt_len"], task["gen_len"], seed=rank)
-    with PeakMemory() as mem:
-        model = build_model(dims, heads=("lm",), seed=0).train()
-        heads = TokenHeads(model)
-        opt = torch.optim.AdamW(heads.parameters(), lr=1e-5)
-        packed = Packed.build(prompts, responses)
-        params = [p for p in heads.parameters() if p.requires_grad]
-
-        def step():
-            lp, _, _ = token_outputs(heads, packed)
-            loss = -(lp * packed.resp_mask).sum() / packed.resp_mask.sum()
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            grads = [p.grad for p in params]
-            flat = _flatten_dense_tensors(grads)
-            dist.all_reduce(flat)
-            flat /= world
-            for g, r in zip(grads, _unflatten_dense_tensors(flat, grads), strict=True):
-                g.copy_(r)
-            opt.step()
-        dist.barrier()
-        step()
-    times = []
-    for _ in range(task.get("repeats", 3)):
-        dist.barrier()
-        t0 = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - t0)
-    return {"latency_s": statistics.median(times), "times_s": times, "peak_bytes": mem.peak}
+    warm_up()
+    specs = [dict(kind="train", dims=ModelDims(**t["dims"]), batch=t["batch"] // world,
+                  prompt_len=t["prompt_len"], gen_len=t["gen_len"], seed=rank,
+                  data_parallel=True) for t in task["ops"]]
+    dist.barrier()
+    return {"ops": measure_ops(specs, task.get("repeats", 3), barrier=dist.barrier)}
 
 
 class TwoDevices:
@@ -295,14 +308,23 @@ class TwoDevices:
         return [{"bytes": a["bytes"], "seconds": max(a["seconds"], b["seconds"])}
                 for a, b in zip(res[0]["allreduce"], res[1]["allreduce"], strict=True)]
 
-    def dp_train(self, dims: ModelDims, batch: int, prompt_len: int, gen_len: int,
-                 repeats: int = 3) -> dict:
+    def dp_train(self, ops: list[dict], repeats: int = 3) -> list[dict]:
+        """Each op: dict(dims, batch, prompt_len, gen_len) with ``batch`` the global batch.
+
+        Latency is the slower rank's median CPU time per step (compute, and the gloo
+        transfer's own CPU work, but not time spent waiting for a core on a shared
+        machine); ``wall_s`` is the slower rank's median wall time. Peak memory is the
+        larger rank's.
+        """
         import attrs
-        res = self.run({"kind": "train", "dims": attrs.asdict(dims), "batch": batch,
-                        "prompt_len": prompt_len, "gen_len": gen_len, "repeats": repeats})
-        return {"latency_s": max(r["latency_s"] for r in res),
-                "times_s": [r["times_s"] for r in res],
-                "peak_bytes": max(r["peak_bytes"] for r in res)}
+        task = {"kind": "train", "repeats": repeats,
+                "ops": [{**o, "dims": attrs.asdict(o["dims"])} for o in ops]}
+        a, b = (r["ops"] for r in self.run(task))
+        return [{"latency_s": max(x["latency_s"], y["latency_s"]),
+                 "wall_s": max(x["wall_s"], y["wall_s"]),
+                 "times_s": [x["times_s"], y["times_s"]],
+                 "peak_bytes": max(x["peak_bytes"], y["peak_bytes"])}
+                for x, y in zip(a, b, strict=True)]
 
 
 # --- the calibration set -----------------------------------------------------------------
@@ -344,11 +366,12 @@ def calibration_measurements(repeats: int = 5) -> dict:
     out["copy_bandwidth"] = copy_bandwidth()
     out["sample_s"] = host_per_sample()
     out["optimizer"] = [optimizer_seconds(d) for d in CALIBRATION_DIMS.values()]
-    out["ops"] = []
-    for kind, name, b, p, g in CALIBRATION_OPS:
-        r = measure_op(kind, CALIBRATION_DIMS[name], b, p, g, repeats=repeats)
-        out["ops"].append({"kind": kind, "model": name, "dims": attrs.asdict(CALIBRATION_DIMS[name]),
-                           "batch": b, "prompt_len": p, "gen_len": g, **r})
+    specs = [dict(kind=k, dims=CALIBRATION_DIMS[n], batch=b, prompt_len=p, gen_len=g)
+             for k, n, b, p, g in CALIBRATION_OPS]
+    out["ops"] = [{"kind": k, "model": n, "dims": attrs.asdict(CALIBRATION_DIMS[n]), "batch": b,
+                   "prompt_len": p, "gen_len": g, **r}
+                  for (k, n, b, p, g), r in zip(CALIBRATION_OPS, measure_ops(specs, repeats),
+                                                strict=True)]
     with TwoDevices() as two:
         out["allreduce"] = two.allreduce([2**16, 2**18, 2**20, 2**22, 2**24])
     out["seconds"] = time.perf_counter() - t0

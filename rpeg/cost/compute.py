@@ -49,7 +49,7 @@ def gemm_time(g: Gemm, gpu: GpuProfile, bpv: float) -> float:
     """Seconds for one GEMM on ``gpu``: saturating throughput, or memory-bound."""
     if g.m <= 0 or g.n <= 0 or g.k <= 0:
         return 0.0
-    compute = (g.flops + gpu.matmul_half) / gpu.matmul_flops
+    compute = (g.flops * (1 + gpu.matmul_m_half / g.m) + gpu.matmul_half) / gpu.matmul_flops
     memory = g.nbytes(bpv) / gpu.mem_bandwidth
     return max(compute, memory) + gpu.launch_overhead
 
@@ -89,27 +89,35 @@ def forward_flops(dims: ModelDims, tokens: int, context: float, tp: int = 1,
 
 def pass_time(dims: ModelDims, gpu: GpuProfile, *, tokens: int, context: float,
               bytes_per_value: float, tp: int = 1, layers: int | None = None,
-              head: bool = True, kv_tokens: float = 0.0) -> float:
+              head: bool = True, kv_tokens: float = 0.0, head_tokens: int | None = None,
+              kv_copy: bool = False) -> float:
     """Seconds of one forward pass on one device (its ``layers`` and TP shard).
 
     ``tokens``: new tokens in the pass (batch x sequence); ``context``: keys each query
     attends to on average (S/2 for a causal prefill, the cache length when decoding);
-    ``kv_tokens``: cached tokens read from memory (decode), across the batch.
+    ``kv_tokens``: cached tokens read from memory (decode), across the batch;
+    ``head_tokens``: positions the output head is applied to (default: all ``tokens``);
+    ``kv_copy``: the cache grows by concatenation (transformers' DynamicCache), so every
+    decode step also rewrites it.
     """
     layers = dims.layers if layers is None else layers
     bpv = bytes_per_value
     gemms = sum(gemm_time(g, gpu, bpv) for g in layer_gemms(dims, tokens, tp))
     attn_f = attention_flops(dims, tokens, context, tp)
     kv_read = kv_tokens * 2 * max(dims.kv_dim // tp, dims.head_dim) * bpv
-    attn = max((attn_f + gpu.matmul_half) / gpu.matmul_flops, kv_read / gpu.mem_bandwidth) \
-        if attn_f > 0 else 0.0
+    attn_rate = gpu.attn_flops or 0.6 * gpu.matmul_flops
+    elem_bw = gpu.elem_bandwidth or gpu.mem_bandwidth
+    attn = max(attn_f / attn_rate, kv_read / gpu.mem_bandwidth) if attn_f > 0 else 0.0
     elem = tokens * (_ELEM_PER_HIDDEN * dims.hidden + _ELEM_PER_FFN * dims.ffn / tp) \
-        * bpv / gpu.mem_bandwidth
+        * bpv / elem_bw
+    if kv_copy:
+        elem += 2 * kv_read / elem_bw
     work = layers * (gemms + attn + elem)
     host = layers * gpu.layer_overhead + gpu.call_overhead
     if head:
-        work += gemm_time(head_gemm(dims, tokens, tp), gpu, bpv)
-        work += 3 * tokens * dims.vocab / tp * 4 / gpu.mem_bandwidth   # fp32 logits, softmax
+        ht = tokens if head_tokens is None else head_tokens
+        work += gemm_time(head_gemm(dims, ht, tp), gpu, bpv)
+        work += 3 * ht * dims.vocab / tp * 4 / elem_bw      # fp32 logits, log-softmax, exp
     return max(work, host) if gpu.async_launch else work + host
 
 

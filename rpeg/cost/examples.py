@@ -23,13 +23,14 @@ from rpeg.spec.model import (
     Workload,
     lognormal_sigma,
 )
-from rpeg.spec.presets import PRESETS
+from rpeg.spec.presets import PRESETS, ModelDims
 
 
 def ppo_pipeline(preset: str = "tiny", *, prompts: int = 8, samples: int = 1,
                  prompt_len: int = 64, gen_median: int = 32, gen_max: int = 64,
-                 minibatches: int = 1) -> Pipeline:
-    dims = PRESETS[preset]
+                 minibatches: int = 1, dims: ModelDims | None = None) -> Pipeline:
+    """PPO with ``preset``'s dimensions (or ``dims``); ``gen_median >= gen_max`` fixes lengths."""
+    dims = PRESETS[preset] if dims is None else dims
     gen = LengthDist(LengthKind.LOGNORMAL, max_len=gen_max, median=gen_median,
                      sigma=lognormal_sigma(gen_median, gen_max)) if gen_max > gen_median \
         else LengthDist.fixed(gen_max)

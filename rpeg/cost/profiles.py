@@ -68,7 +68,7 @@ def cluster_of(gpu: str, gpus_per_node: int, nodes: int = 1, racks: int = 1) -> 
 
 
 def profile_text(p: GpuProfile, comment: str = "") -> str:
-    """A profile as ``.rpeg`` text that ``load_profile`` reads back to an equal value."""
+    """A profile as ``.rpeg`` text that ``load_profile`` reads back (to 4 significant digits)."""
     lines = [f"# {comment or 'rpeg hardware profile'} ({_dt.date.today().isoformat()})",
              f"profile {p.name} {{"]
     units = profile_fields()
@@ -88,14 +88,23 @@ def profile_text(p: GpuProfile, comment: str = "") -> str:
 
 
 def _with_unit(x: float, dim: str) -> str:
-    base = {"bytes": "B", "bytes/s": "B/s", "flops": "FLOPS", "s": "s"}
+    """``x`` with the largest unit that keeps it at or above 1 (4 significant digits)."""
+    scales = {"bytes": (("GB", 1e9), ("MB", 1e6), ("KB", 1e3), ("B", 1.0)),
+              "bytes/s": (("TB/s", 1e12), ("GB/s", 1e9), ("MB/s", 1e6), ("B/s", 1.0)),
+              "flops": (("TFLOPS", 1e12), ("GFLOPS", 1e9), ("MFLOPS", 1e6), ("FLOPS", 1.0)),
+              "s": (("s", 1.0), ("ms", 1e-3), ("us", 1e-6), ("ns", 1e-9))}
     if dim == "":
         return _num(x)
-    return f"{_num(x)} {base[dim]}"
+    if x == 0:
+        return "0 " + next(u for u, f in scales[dim] if f == 1.0)
+    for unit, f in scales[dim]:
+        if abs(x) >= f:
+            return f"{_num(x / f)} {unit}"
+    return f"0 {scales[dim][-1][0]}"
 
 
 def _num(x: float) -> str:
-    return repr(float(x)) if not float(x).is_integer() else str(int(x))
+    return f"{float(x):.4g}"
 
 
 def _escape(s: str) -> str:

@@ -11,10 +11,10 @@
 
 What each op kind costs (all per step, on the op's devices):
 
-- GENERATE: prefill, then one decode step per generated token. The torch engine keeps a
-  static batch (finished rows are computed until the batch's longest response ends);
-  vLLM (and AUTO) drop finished rows, so the batch shrinks along the workload's length
-  distribution — its long tail sets the end.
+- GENERATE: prefill, then one decode step per generated token. Finished rows leave the
+  batch (the torch engine drops them from its cache; vLLM batches continuously), so the
+  batch shrinks along the workload's length distribution — its long tail sets the end.
+  vLLM's per-layer and per-step host overheads are the profile's ``vllm_*`` extras.
 - FORWARD: one pass over prompt + response (padded to the batch's longest).
 - TRAIN: per optimizer step (minibatches x epochs), forward + backward (+ recomputation)
   over micro-batches in a 1F1B pipeline, TP all-reduces, DP gradient reduction, Adam.
@@ -108,12 +108,12 @@ def estimate_stage(pipeline: Pipeline, stage_name: str, par: Parallel, devices: 
         t = batch * gpu.sample_overhead + tokens * gpu.get("compute_token_time", 2e-9)
         return StageCost(t, t, 0.0, (("host", t),))
     model = pipeline.model(stage.target)
-    seq = w.prompt_len + _padded_gen(w.gen_len, math.ceil(batch / par.dp))
+    gen = _padded_gen(w.gen_len, math.ceil(batch / par.dp))
     if stage.kind in (OpKind.FORWARD, OpKind.SCORE):
-        return _forward(model, par, devices, topo, cluster, batch, seq)
+        return _forward(model, par, devices, topo, cluster, batch, w.prompt_len, gen)
     if stage.kind is OpKind.TRAIN:
         steps = int(stage.param("minibatches", 1) or 1) * int(stage.param("epochs", 1) or 1)
-        return _train(model, par, devices, topo, cluster, batch, seq, steps)
+        return _train(model, par, devices, topo, cluster, batch, w.prompt_len, gen, steps)
     if stage.kind is OpKind.SYNC_WEIGHTS:
         t = weight_sync_time(model, devices[:1], Parallel(), devices, par, cluster)
         return StageCost(t, 0.0, t, (("sync", t),))
@@ -144,7 +144,7 @@ def generation_chunks(pipeline: Pipeline, stage_name: str, par: Parallel,
     for idx in per_chunk:
         if len(idx) == 0:
             continue
-        done = float(np.interp(lengths[idx[-1]], g.steps, g.cum_time)) + g.prefill
+        done = float(np.interp(lengths[idx[-1]], g.steps, g.cum_time)) + g.prefill + g.host
         out.append((min(done, g.cost.time_s), len(idx) * par.dp))
     # The runtime sees the batch, not our per-replica rounding: fix the count to the batch.
     total = sum(n for _, n in out)
@@ -178,22 +178,26 @@ def stage_memory(pipeline: Pipeline, stage_name: str, par: Parallel, cluster: Cl
         prefill = _working_set(model, par, local * w.prompt_len, bpv)
         logits = local * hd.vocab / par.tp * 4 * 3
         return base + MemoryCost(kv_cache=kv, buffers=prefill + logits)
-    seq = w.prompt_len + _padded_gen(w.gen_len, local)
+    gen = _padded_gen(w.gen_len, local)
+    seq = w.prompt_len + gen
+    # Output-head buffers (fp32 logits, log-softmax, probabilities) cover response positions.
     if stage.kind in (OpKind.FORWARD, OpKind.SCORE):
-        tokens = math.ceil(local / par.microbatches) * seq
-        return base + MemoryCost(buffers=_working_set(model, par, tokens, bpv)
-                                 + tokens * hd.vocab / par.tp * 4 * 3)
+        rows = math.ceil(local / par.microbatches)
+        return base + MemoryCost(buffers=_working_set(model, par, rows * seq, bpv)
+                                 + rows * gen * hd.vocab / par.tp * 4 * 3)
     # TRAIN: activations of the micro-batches in flight (1F1B: up to pp on the first stage).
     minibatches = int(stage.param("minibatches", 1) or 1)
-    mb_tokens = math.ceil(local / minibatches / par.microbatches) * seq
+    mb_rows = math.ceil(local / minibatches / par.microbatches)
+    mb_tokens = mb_rows * seq
     in_flight = min(par.pp, par.microbatches)
     per_layer = activation_bytes_per_token(model, par, seq, bpv) * gpu.act_factor
     if par.recompute:
         acts = mb_tokens * (in_flight * layers * d.hidden * bpv + per_layer)
     else:
         acts = mb_tokens * in_flight * layers * per_layer
-    loss = mb_tokens * hd.vocab / par.tp * 4 * 3
-    return base + MemoryCost(activations=acts, buffers=loss
+    loss = mb_rows * gen * hd.vocab / par.tp * 4 * 3
+    bucket = local_params(model, par) * bpv if par.dp > 1 else 0.0   # flat all-reduce buffer
+    return base + MemoryCost(activations=acts, buffers=loss + bucket
                              + _working_set(model, par, mb_tokens, bpv))
 
 
@@ -244,7 +248,8 @@ def weight_sync_time(model: Model, src_devices: Sequence[int], src_par: Parallel
 @attrs.frozen
 class _Gen:
     cost: StageCost
-    prefill: float
+    prefill: float           # seconds of prefill (with its communication)
+    host: float              # per-sample host work, done before decoding
     steps: np.ndarray        # decode step numbers at segment ends
     cum_time: np.ndarray     # decode seconds elapsed at those steps
     lengths: np.ndarray      # sorted response lengths, one per local response
@@ -271,12 +276,15 @@ def _generation_cached(model, par, devices, topo, gpu, batch, prompt_len, dist, 
     tpg, ppg = tp_group(devices, par), pp_group(devices, par)
     lengths = np.sort(dist.quantiles(max(min(local, 4096), 1)))
     n = len(lengths)
-    static = engine is Engine.TORCH
+    if engine is Engine.VLLM:
+        gpu = attrs.evolve(gpu, layer_overhead=gpu.get("vllm_layer_overhead", gpu.layer_overhead),
+                           decode_overhead=gpu.get("vllm_decode_overhead", gpu.decode_overhead))
 
-    def stage_pass(tokens: float, context: float, kv_tokens: float) -> float:
-        t = C.pass_time(hd, gpu, tokens=max(int(round(tokens)), 1), context=context,
-                        bytes_per_value=bpv, tp=par.tp, layers=layers, kv_tokens=kv_tokens)
-        return t
+    def stage_pass(tokens: float, context: float, kv_tokens: float, head_tokens: float) -> float:
+        return C.pass_time(hd, gpu, tokens=max(int(round(tokens)), 1), context=context,
+                           bytes_per_value=bpv, tp=par.tp, layers=layers, kv_tokens=kv_tokens,
+                           head_tokens=max(int(round(head_tokens)), 1),
+                           kv_copy=engine is not Engine.VLLM)
 
     def comm(tokens: float) -> float:
         nbytes = tokens * d.hidden * bpv
@@ -286,7 +294,7 @@ def _generation_cached(model, par, devices, topo, gpu, batch, prompt_len, dist, 
 
     pipe = (m + par.pp - 1)                      # 1F1B-style fill: m micro-batches, pp stages
     pre_tokens = local * prompt_len / m
-    prefill_c = pipe * stage_pass(pre_tokens, prompt_len / 2, 0.0)
+    prefill_c = pipe * stage_pass(pre_tokens, prompt_len / 2, 0.0, local / m)
     prefill_x = pipe * comm(pre_tokens)
 
     # Decode, integrated over segments of constant batch size.
@@ -298,10 +306,10 @@ def _generation_cached(model, par, devices, topo, gpu, batch, prompt_len, dist, 
     comp_seg, comm_seg = [], []
     for lo, hi in zip(starts, ends, strict=True):
         mid = (lo + hi) / 2
-        active = local if static else local * float((lengths >= mid).sum()) / n
+        active = local * float((lengths >= mid).sum()) / n
         ctx = prompt_len + mid
         per_mb = active / m
-        step = pipe * stage_pass(per_mb, ctx, per_mb * ctx) + gpu.decode_overhead
+        step = pipe * stage_pass(per_mb, ctx, per_mb * ctx, per_mb) + gpu.decode_overhead
         comp_seg.append((hi - lo) * step)
         comm_seg.append((hi - lo) * pipe * comm(per_mb))
     comp = np.array(comp_seg)
@@ -314,7 +322,7 @@ def _generation_cached(model, par, devices, topo, gpu, batch, prompt_len, dist, 
     cost = StageCost(compute + comm_total, compute, comm_total,
                      (("prefill", prefill_c + prefill_x), ("decode", decode_c + decode_x),
                       ("host", local * gpu.sample_overhead)))
-    return _Gen(cost, prefill_c + prefill_x, steps, cum, lengths)
+    return _Gen(cost, prefill_c + prefill_x, local * gpu.sample_overhead, steps, cum, lengths)
 
 
 # --- forward and train ----------------------------------------------------------------
@@ -325,16 +333,17 @@ def _working_set(model: Model, par: Parallel, tokens: float, bpv: float) -> floa
     return tokens * (3 * d.ffn / par.tp + 4 * d.hidden) * bpv
 
 
-def _forward(model, par, devices, topo, cluster, batch, seq) -> StageCost:
+def _forward(model, par, devices, topo, cluster, batch, prompt_len, gen) -> StageCost:
     gpu = cluster.gpu
     check_parallel(model.dims, par, model.name)
     d, hd, bpv = model.dims, head_dims(model), value_bytes(model, gpu)
     local = math.ceil(batch / par.dp)
     m = min(par.microbatches, local)
     layers = math.ceil(d.layers / par.pp)
+    seq = prompt_len + gen
     tokens = math.ceil(local / m) * seq
     stage = C.pass_time(hd, gpu, tokens=int(tokens), context=seq / 2, bytes_per_value=bpv,
-                        tp=par.tp, layers=layers)
+                        tp=par.tp, layers=layers, head_tokens=int(math.ceil(local / m) * gen))
     compute = (m + par.pp - 1) * stage + local * gpu.sample_overhead
     comm = (m + par.pp - 1) * _layer_comm(model, par, devices, topo, tokens, bpv, layers, 2)
     return StageCost(compute + comm, compute, comm, (("forward", compute), ("tp+pp", comm)))
@@ -349,7 +358,7 @@ def _layer_comm(model, par, devices, topo, tokens, bpv, layers, per_layer) -> fl
     return tp + pp
 
 
-def _train(model, par, devices, topo, cluster, batch, seq, opt_steps) -> StageCost:
+def _train(model, par, devices, topo, cluster, batch, prompt_len, gen, opt_steps) -> StageCost:
     gpu = cluster.gpu
     check_parallel(model.dims, par, model.name)
     d, hd, bpv = model.dims, head_dims(model), value_bytes(model, gpu)
@@ -357,9 +366,10 @@ def _train(model, par, devices, topo, cluster, batch, seq, opt_steps) -> StageCo
     per_step = max(math.ceil(local / opt_steps), 1)
     m = min(par.microbatches, per_step)
     layers = math.ceil(d.layers / par.pp)
+    seq = prompt_len + gen
     tokens = math.ceil(per_step / m) * seq
     fwd = C.pass_time(hd, gpu, tokens=int(tokens), context=seq / 2, bytes_per_value=bpv,
-                      tp=par.tp, layers=layers)
+                      tp=par.tp, layers=layers, head_tokens=int(math.ceil(per_step / m) * gen))
     passes = 1 + gpu.backward_factor + (1 if par.recompute else 0)
     fb = (m + par.pp - 1) * fwd * passes
     comm_layers = (m + par.pp - 1) * _layer_comm(model, par, devices, topo, tokens, bpv,

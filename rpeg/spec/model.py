@@ -275,9 +275,9 @@ class GpuProfile:
     any of them by name (``memory = 96 GB``). ``extra`` carries calibrated
     curves and anything else a profile records, as (key, value) pairs.
 
-    Time of one GEMM of ``f`` FLOPs reading ``b`` bytes (rpeg.cost.compute):
-    ``max((f + matmul_half) / matmul_flops, b / mem_bandwidth) + launch_overhead``,
-    i.e. throughput saturates as ``f / (f + matmul_half)`` of the large-GEMM rate.
+    Time of one GEMM of ``f`` FLOPs over ``m`` rows reading ``b`` bytes (rpeg.cost.compute):
+    ``max((f * (1 + matmul_m_half / m) + matmul_half) / matmul_flops, b / mem_bandwidth)
+    + launch_overhead``: small GEMMs do not reach the large-GEMM rate, nor do skinny ones.
     """
 
     name: str
@@ -285,8 +285,11 @@ class GpuProfile:
     peak_flops: float = _q("flops")                # datasheet dense bf16 (reference only)
     matmul_flops: float = _q("flops")              # measured large-GEMM throughput
     matmul_half: float = _q("", 1e9)               # GEMM FLOPs at which half of matmul_flops is reached
+    matmul_m_half: float = _q("", 0.0)             # GEMM rows at which skinny GEMMs run at half rate
+    attn_flops: float = _q("flops", 0.0)           # fused-attention throughput; 0: 0.6 x matmul_flops
     hbm_bandwidth: float = _q("bytes/s")           # datasheet memory bandwidth
     mem_bandwidth: float = _q("bytes/s")           # measured streaming bandwidth
+    elem_bandwidth: float = _q("bytes/s", 0.0)     # effective rate of elementwise ops; 0: mem_bandwidth
     launch_overhead: float = _q("s", 5e-6)         # fixed cost per kernel / op call
     # Framework overheads (host-side time the device cannot hide at small sizes).
     layer_overhead: float = _q("s", 60e-6)         # per transformer layer per forward call

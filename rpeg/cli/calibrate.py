@@ -1,0 +1,75 @@
+"""``rpeg calibrate [-o PROFILE.rpeg] [--cluster CLUSTER.rpeg]``: measure this machine.
+
+    $ rpeg calibrate -o pipelines/clusters/profiles/local_cpu.rpeg \
+          --cluster pipelines/clusters/local_cpu.rpeg
+    fitted on 18 ops in 21 s: GEMM 107 GFLOPS, copy 37 GB/s, gloo 1.2 GB/s + 160 us
+    wrote pipelines/clusters/profiles/local_cpu.rpeg
+
+The measurements run in a child process (torch, and glibc set to return freed memory
+so peak readings are clean); the fit (``rpeg.cost.calibrate``) runs here and writes a
+``profile`` block in the .rpeg language, and with ``--cluster`` the cluster file whose
+GPU-level link is the measured gloo all-reduce between two Dask worker processes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import typer
+
+from rpeg.errors import BackendError
+
+
+def measure(repeats: int) -> dict:
+    """Run the torch measurements in a child process and return them."""
+    from rpeg.cost.calibrate import MALLOC_ENV
+    env = {**os.environ, **MALLOC_ENV}
+    proc = subprocess.run([sys.executable, "-m", "backends.torch_backend.measure", "calibrate",
+                           str(repeats)], capture_output=True, text=True, env=env,
+                          cwd=Path(__file__).resolve().parents[2])
+    if proc.returncode != 0:
+        raise BackendError("the calibration measurements must run, not fail: "
+                           + (proc.stderr.strip().splitlines() or ["no output"])[-1],
+                           hint="calibration needs the torch extra: pip install -e '.[torch]'")
+    return json.loads(proc.stdout)
+
+
+def register(app: typer.Typer) -> None:
+    @app.command()
+    def calibrate(
+        out: Path = typer.Option(None, "--out", "-o", help="Write the profile here (default: print it)."),
+        cluster: Path = typer.Option(None, "--cluster", help="Also write the local cluster file here."),
+        name: str = typer.Option("local_cpu", help="Profile name."),
+        repeats: int = typer.Option(5, min=1, max=50, help="Timed calls per measurement."),
+        save: Path = typer.Option(None, "--save-measurements", help="Keep the raw measurements (JSON)."),
+    ) -> None:
+        """Measure this machine's devices and links into a hardware profile."""
+        from rpeg.cost.calibrate import cluster_text, fit_profile
+        from rpeg.cost.profiles import profile_text
+        t0 = time.perf_counter()
+        m = measure(repeats)
+        if save:
+            save.write_text(json.dumps(m))
+        fit = fit_profile(m, name=name)
+        p = fit.profile
+        text = profile_text(p, comment=f"{name}: measured by rpeg calibrate")
+        print(f"fitted on {len(m['ops'])} ops in {time.perf_counter() - t0:.0f} s: "
+              f"GEMM {p.matmul_flops / 1e9:.0f} GFLOPS, copy {p.mem_bandwidth / 1e9:.0f} GB/s, "
+              f"gloo {fit.link.bandwidth / 1e9:.2f} GB/s + {fit.link.latency * 1e6:.0f} us",
+              file=sys.stderr)
+        worst = max(fit.residuals, key=lambda r: abs(r[1]))
+        print(f"fit residuals: worst {worst[0]} {worst[1] * 100:+.0f}%", file=sys.stderr)
+        if out is None:
+            print(text, end="")
+        else:
+            out.write_text(text)
+            print(f"wrote {out}", file=sys.stderr)
+        if cluster is not None:
+            rel = os.path.relpath(out, cluster.parent) if out else f"profiles/{name}.rpeg"
+            cluster.write_text(cluster_text(name, rel, fit.link))
+            print(f"wrote {cluster}", file=sys.stderr)

@@ -1,0 +1,220 @@
+"""Fitting a device profile to measurements (the pure half of ``rpeg calibrate``).
+
+    >>> m = json.loads(Path("calibration.json").read_text())       # doctest: +SKIP
+    >>> fit = fit_profile(m, name="local_cpu")                      # doctest: +SKIP
+    >>> fit.profile.matmul_flops, fit.link.bandwidth                # doctest: +SKIP
+
+The measurements come from ``backends.torch_backend.measure.calibration_measurements``
+(GEMM sweep, copy bandwidth, per-sample host cost, small-model forward, generate and
+train latencies and peaks, gloo all-reduce between two worker processes). Every
+fitted coefficient is read through the cost model itself: a feature is the change
+in the model's prediction per unit of that coefficient, so what is fitted is exactly
+what ``estimate_stage`` later uses. Fits minimise relative error (rows divided by the
+measured value), with non-negative coefficients.
+"""
+
+from __future__ import annotations
+
+import json  # noqa: F401  (doctest)
+import math
+from pathlib import Path  # noqa: F401  (doctest)
+
+import attrs
+import numpy as np
+
+from rpeg.cost.examples import ppo_pipeline
+from rpeg.cost.memory import Parallel, resident_memory
+from rpeg.cost.stages import estimate_stage, stage_memory
+from rpeg.spec.model import Cluster, GpuProfile, Level, Link
+from rpeg.spec.presets import PRESETS, ModelDims
+
+_HUGE = 1e30
+# glibc settings under which freed tensors go back to the system, so peak readings are clean.
+MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": "65536", "MALLOC_TRIM_THRESHOLD_": "65536"}
+_STAGE = {"forward": "ref_lp", "generate": "rollout", "train": "actor_step"}
+
+
+@attrs.frozen
+class Fit:
+    profile: GpuProfile
+    link: Link
+    residuals: tuple[tuple[str, float], ...]      # op -> relative latency error on its own fit
+
+
+def cpu_cluster(profile: GpuProfile, link: Link, devices: int = 2) -> Cluster:
+    """This machine as a cluster: ``devices`` worker processes in one node."""
+    return Cluster("local_cpu", "<calibrated>", profile, devices, 1, 1, (link,))
+
+
+def cluster_text(name: str, profile_path: str, link: Link, devices: int = 2) -> str:
+    """The ``local_cpu`` cluster file: ``devices`` worker processes, the measured link."""
+    return (f"# This machine: {devices} CPU devices (one Dask worker process each), one node.\n"
+            f"# Written by rpeg calibrate; the link is gloo all-reduce over 127.0.0.1.\n"
+            f"cluster {name} {{\n"
+            f'    gpu            = "{profile_path}"\n'
+            f"    gpus_per_node  = {devices}\n"
+            f"    nodes_per_rack = 1\n"
+            f"    racks          = 1\n"
+            f"    link gpu {{ bandwidth = {link.bandwidth / 1e6:.1f} MB/s; "
+            f"latency = {link.latency * 1e6:.1f} us }}\n"
+            f"}}\n")
+
+
+def predict_op(kind: str, dims: ModelDims, batch: int, prompt_len: int, gen_len: int,
+               cluster: Cluster, par: Parallel = Parallel(),
+               devices: tuple[int, ...] = (0,), minibatches: int = 1) -> tuple[float, float]:
+    """(seconds, peak bytes per device) the cost model predicts for one measured op."""
+    p = ppo_pipeline(dims=dims, prompts=batch, prompt_len=prompt_len, gen_median=gen_len,
+                     gen_max=gen_len, minibatches=minibatches)
+    stage = _STAGE[kind]
+    t = estimate_stage(p, stage, par, devices, cluster).time_s
+    model = p.model(p.stage(stage).target)
+    mem = resident_memory(model, par, cluster, trained=kind == "train").total \
+        + stage_memory(p, stage, par, cluster).total
+    return t, mem
+
+
+def _nnls(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Least squares with x >= 0 (active set: drop the most negative and refit)."""
+    active = list(range(a.shape[1]))
+    x = np.zeros(a.shape[1])
+    while active:
+        sol, *_ = np.linalg.lstsq(a[:, active], b, rcond=None)
+        if (sol >= 0).all():
+            x[active] = sol
+            break
+        active.pop(int(np.argmin(sol)))
+    return x
+
+
+def fit_gemm(rows: list[dict]) -> tuple[float, float, float]:
+    """(matmul_flops, matmul_half, matmul_m_half) from a GEMM sweep:
+    ``t = (f (1 + m_half / m) + half) / peak``, fitted in relative error."""
+    f = np.array([2.0 * r["m"] * r["n"] * r["k"] for r in rows])
+    m = np.array([float(r["m"]) for r in rows])
+    t = np.array([r["seconds"] for r in rows])
+    a = np.stack([f, f / m, np.ones_like(f)], axis=1) / t[:, None]
+    c = _nnls(a, np.ones_like(t))
+    peak = 1.0 / c[0]
+    return peak, c[2] * peak, c[1] * peak
+
+
+def fit_link(rows: list[dict]) -> Link:
+    """Alpha-beta of a two-device ring all-reduce: ``t = 2 alpha + bytes / bw``."""
+    rows = [r for r in rows if r["bytes"] >= 2**16]
+    b = np.array([float(r["bytes"]) for r in rows])
+    t = np.array([r["seconds"] for r in rows])
+    a = np.stack([np.full_like(b, 2.0), b], axis=1) / t[:, None]
+    alpha, inv_bw = _nnls(a, np.ones_like(t))
+    return Link(Level.GPU, 1.0 / max(inv_bw, 1e-15), alpha)
+
+
+def _ops_of(m: dict, kinds: tuple[str, ...]) -> list[dict]:
+    return [o for o in m["ops"] if o["kind"] in kinds]
+
+
+def _dims(o: dict) -> ModelDims:
+    return ModelDims(**o["dims"]) if "dims" in o else PRESETS[o["model"]]
+
+
+def _predict(o: dict, profile: GpuProfile, link: Link) -> tuple[float, float]:
+    return predict_op(o["kind"], _dims(o), o["batch"], o["prompt_len"], o["gen_len"],
+                      cpu_cluster(profile, link))
+
+
+# Coefficients fitted through the cost model, as seconds per unit (rates are inverted).
+_RATES = ("elem_bandwidth", "attn_flops")
+
+
+def _with(base: GpuProfile, coef: dict[str, float]) -> GpuProfile:
+    kw = {k: (1.0 / v if v > 0 else _HUGE) if k in _RATES else v for k, v in coef.items()}
+    return attrs.evolve(base, **kw)
+
+
+def _fit_through_model(ops, base: GpuProfile, link: Link, start: dict[str, float],
+                       rounds: int = 4) -> dict[str, float]:
+    """Non-negative coefficients minimising relative latency error over ``ops``.
+
+    The model is linear in each coefficient except where a roofline ``max`` switches
+    sides, so it is linearised around the current estimate and refitted a few rounds.
+    """
+    t = np.array([o["latency_s"] for o in ops])
+    coef = dict(start)
+    for _ in range(rounds):
+        p0 = np.array([_predict(o, _with(base, coef), link)[0] for o in ops])
+        cols = []
+        for key, value in coef.items():
+            h = max(abs(value) * 0.05, start[key] * 1e-3)
+            p1 = np.array([_predict(o, _with(base, {**coef, key: value + h}), link)[0]
+                           for o in ops])
+            cols.append((p1 - p0) / h)
+        jac = np.stack(cols, axis=1)
+        c = np.array(list(coef.values()))
+        new = _nnls(jac / t[:, None], (t - p0 + jac @ c) / t)
+        coef = dict(zip(coef, new, strict=True))
+    return coef
+
+
+def fit_profile(m: dict, name: str = "local_cpu", devices: int = 2) -> Fit:
+    """A profile of this machine's CPU devices from ``calibration_measurements`` output."""
+    peak, half, m_half = fit_gemm(m["gemm"])
+    link = fit_link(m["allreduce"])
+    memory = float(m["machine"]["memory_bytes"]) / devices
+    base = GpuProfile(
+        name, memory=memory, peak_flops=peak, matmul_flops=peak, matmul_half=half,
+        matmul_m_half=m_half, hbm_bandwidth=m["copy_bandwidth"],
+        mem_bandwidth=m["copy_bandwidth"], elem_bandwidth=_HUGE, attn_flops=_HUGE,
+        launch_overhead=0.0, layer_overhead=0.0, call_overhead=0.0, decode_overhead=0.0,
+        backward_factor=0.0, optimizer_tensor_overhead=0.0, sample_overhead=m["sample_s"],
+        async_launch=0.0, compute_bytes=4.0, act_factor=1.0, runtime_memory=0.0)
+
+    # 1. Inference: elementwise rate, attention rate, per-layer / per-call / per-step costs.
+    inf_ops = _ops_of(m, ("forward", "generate"))
+    start = {"elem_bandwidth": 1 / 3e9, "attn_flops": 1 / 5e9, "layer_overhead": 1e-4,
+             "call_overhead": 1e-4, "decode_overhead": 1e-4}
+    prof = _with(base, _fit_through_model(inf_ops, base, link, start))
+
+    # 2. Training: the optimizer's per-tensor cost (measured alone), then backward / forward.
+    per_tensor = [(o["seconds"] - o["params"] * 28 / prof.mem_bandwidth) / o["tensors"]
+                  for o in m["optimizer"]]
+    prof = attrs.evolve(prof, optimizer_tensor_overhead=max(float(np.median(per_tensor)), 0.0))
+    tr_ops = _ops_of(m, ("train",))
+    prof = _with(prof, _fit_through_model(tr_ops, prof, link, {"backward_factor": 2.0}))
+
+    # 3. Memory: a fixed per-op slack from inference ops, the activation factor from training.
+    slack = [o["peak_bytes"] - _predict(o, prof, link)[1] for o in inf_ops]
+    prof = attrs.evolve(prof, runtime_memory=max(float(np.median(slack)), 0.0))
+    ratios = []
+    for o in tr_ops:
+        m0 = _predict(o, attrs.evolve(prof, act_factor=0.0), link)[1]
+        m1 = _predict(o, prof, link)[1]
+        if m1 > m0:
+            ratios.append((o["peak_bytes"] - m0) / (m1 - m0))
+    prof = attrs.evolve(prof, act_factor=max(float(np.median(ratios)), 0.1) if ratios else 1.0)
+
+    resid = tuple((f"{o['kind']} {o['model']} b{o['batch']} p{o['prompt_len']} "
+                   f"g{o['gen_len']}", _predict(o, prof, link)[0] / o["latency_s"] - 1)
+                  for o in m["ops"])
+    bf16 = m.get("gemm_bf16") or []
+    extra = [("threads", float(m.get("threads", 1))),
+             ("gloo_bandwidth", link.bandwidth), ("gloo_latency", link.latency)]
+    if bf16:
+        extra.append(("bf16_matmul_flops", float(np.median(
+            [2.0 * r["m"] * r["n"] * r["k"] / r["seconds"] for r in bf16]))))
+    prof = attrs.evolve(prof, extra=tuple(extra), source=_source(m))
+    return Fit(prof, link, resid)
+
+
+def _source(m: dict) -> str:
+    mi = m["machine"]
+    return (f"rpeg calibrate on {mi.get('cpu') or 'this CPU'} ({mi.get('cores')} cores, "
+            f"load {mi.get('loadavg', [0])[0]:.2f}), torch {m.get('torch')}, "
+            f"{m.get('threads', 1)} thread per device, CPU-time medians; fitted on the "
+            f"tiny, tiny4 and tiny-vllm shapes only "
+            f"(held-out shapes: benchmarks/cost_accuracy.py)")
+
+
+def mape(pairs) -> float:
+    """Mean absolute percentage error of (predicted, measured) pairs, in percent."""
+    pairs = [(p, m) for p, m in pairs if m > 0 and math.isfinite(p)]
+    return 100.0 * float(np.mean([abs(p - m) / m for p, m in pairs])) if pairs else math.nan

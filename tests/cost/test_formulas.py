@@ -1,0 +1,181 @@
+"""The cost model's formulas against hand-computed cases."""
+
+from __future__ import annotations
+
+import math
+
+import attrs
+import pytest
+
+from rpeg.cost import (
+    Collective,
+    CostError,
+    Parallel,
+    Topology,
+    builtin_cluster,
+    cluster_of,
+    collective_time,
+    estimate_stage,
+    generation_chunks,
+    resident_memory,
+    stage_memory,
+    weight_sync_time,
+)
+from rpeg.cost.examples import ppo_pipeline
+from rpeg.spec.model import Cluster, GpuProfile, Level, Link, Model
+from rpeg.spec.presets import PRESETS
+
+LLAMA8B = PRESETS["llama3.1-8b"]
+
+
+def _cluster(gpn=8, nodes=1, racks=1, gpu_bw=450e9, node_bw=50e9, rack_bw=25e9) -> Cluster:
+    links = (Link(Level.GPU, gpu_bw, 1e-6), Link(Level.NODE, node_bw, 5e-6),
+             Link(Level.RACK, rack_bw, 10e-6))
+    gpu = GpuProfile("test", memory=80e9, matmul_flops=800e12, mem_bandwidth=3e12)
+    return Cluster("t", "<test>", gpu, gpn, nodes, racks, links)
+
+
+def test_llama31_8b_parameters_and_kv_bytes():
+    # 32 x (q 4096^2 + k,v 2 x 4096 x 1024 + o 4096^2 + MLP 3 x 4096 x 14336 + 2 norms)
+    #   + embedding and LM head 2 x 128256 x 4096 + final norm
+    layer = 4096 * 4096 * 2 + 2 * 4096 * 1024 + 3 * 4096 * 14336 + 2 * 4096
+    assert LLAMA8B.param_count() == 32 * layer + 2 * 128256 * 4096 + 4096
+    assert round(LLAMA8B.param_count() / 1e9, 2) == 8.03
+    # K and V, 32 layers, 8 KV heads x 128, bf16: 2 x 32 x 1024 x 2 bytes
+    assert LLAMA8B.kv_bytes_per_token(2) == 131072
+
+
+def test_ring_all_reduce_on_a_known_link():
+    topo = Topology.from_cluster(_cluster())
+    t = collective_time(Collective.ALL_REDUCE, 1e9, tuple(range(8)), topo)
+    assert t == pytest.approx(2 * 7 / 8 * 1e9 / 450e9 + 2 * 7 * 1e-6)
+    rs = collective_time(Collective.REDUCE_SCATTER, 1e9, tuple(range(8)), topo)
+    assert rs == pytest.approx(7 / 8 * 1e9 / 450e9 + 7 * 1e-6)
+    assert collective_time(Collective.P2P, 1e6, (0, 1), topo) == pytest.approx(1e-6 + 1e6 / 450e9)
+    assert collective_time(Collective.ALL_REDUCE, 1e9, (3,), topo) == 0.0
+
+
+def test_levels_and_hierarchical_all_reduce():
+    topo = Topology.from_cluster(_cluster(gpn=8, nodes=4, racks=2))
+    assert topo.level_of((0, 7)) is Level.GPU
+    assert topo.level_of((0, 8)) is Level.NODE
+    assert topo.level_of((0, 32)) is Level.RACK
+    devices = tuple(range(32))                      # 4 nodes of 8 in one rack
+    flat = 2 * 31 / 32 * 1e9 / 50e9 + 62 * 5e-6
+    t = collective_time(Collective.ALL_REDUCE, 1e9, devices, topo)
+    # reduce-scatter in the node, all-reduce of 1/8 across 4 nodes, all-gather back
+    hier = (7 / 8 * 1e9 / 450e9 + 7e-6) * 2 + 2 * 3 / 4 * (1e9 / 8) / 50e9 + 6 * 5e-6
+    assert t == pytest.approx(min(flat, hier))
+    assert t < flat
+
+
+def test_adam_mixed_precision_is_16_bytes_per_parameter():
+    gh = cluster_of("gh200", 4)
+    actor = Model("actor", "llama3.1-8b", LLAMA8B)
+    m = resident_memory(actor, Parallel(), gh, trained=True)
+    n = LLAMA8B.param_count()
+    assert (m.weights, m.grads, m.optimizer) == (2 * n, 2 * n, 12 * n)
+    fp32 = attrs.evolve(gh, gpu=attrs.evolve(gh.gpu, compute_bytes=4))
+    m32 = resident_memory(actor, Parallel(), fp32, trained=True)
+    assert (m32.weights, m32.grads, m32.optimizer) == (4 * n, 4 * n, 8 * n)
+    assert resident_memory(actor, Parallel(), gh, trained=False).total == 2 * n
+
+
+def test_tp_pp_zero_divide_memory():
+    gh = cluster_of("gh200", 4)
+    actor = Model("actor", "llama3.1-8b", LLAMA8B)
+    one = resident_memory(actor, Parallel(), gh, trained=True).total
+    assert resident_memory(actor, Parallel(tp=4), gh, trained=True).total == pytest.approx(one / 4)
+    pp2 = resident_memory(actor, Parallel(pp=2), gh, trained=True).total
+    assert one / 2 < pp2 < one * 0.6            # the busier stage also holds an embedding
+    z1 = resident_memory(actor, Parallel(dp=4, zero=1), gh, trained=True)
+    assert z1.optimizer == pytest.approx(12 * LLAMA8B.param_count() / 4)
+
+
+def test_infeasible_degrees_raise_with_the_reason():
+    p, gh = ppo_pipeline("llama3.1-8b"), cluster_of("gh200", 4, 2)
+    with pytest.raises(CostError, match="tp must divide the 32 attention heads"):
+        estimate_stage(p, "ref_lp", Parallel(tp=3), (0, 1, 2), gh)
+    with pytest.raises(CostError, match="pp must be at most the 32 layers"):
+        estimate_stage(p, "ref_lp", Parallel(pp=64), tuple(range(64)), cluster_of("gh200", 4, 16))
+    with pytest.raises(CostError, match="must run on dp x tp x pp = 4 devices, not 2"):
+        estimate_stage(p, "ref_lp", Parallel(tp=4), (0, 1), gh)
+
+
+def test_tp_speeds_up_and_communicates():
+    p, gh = ppo_pipeline("llama3.1-8b", prompts=64), cluster_of("gh200", 4, 2)
+    one = estimate_stage(p, "ref_lp", Parallel(), (0,), gh)
+    four = estimate_stage(p, "ref_lp", Parallel(tp=4), (0, 1, 2, 3), gh)
+    assert one.comm_s == 0 and four.comm_s > 0
+    assert four.compute_s < one.compute_s / 3
+
+
+def test_pipeline_bubble_shrinks_with_microbatches():
+    p, gh = ppo_pipeline("llama3.1-8b", prompts=64), cluster_of("gh200", 4, 2)
+    fb = dict(estimate_stage(p, "actor_step", Parallel(pp=4), (0, 1, 2, 3), gh).breakdown)
+    fb8 = dict(estimate_stage(p, "actor_step", Parallel(pp=4, microbatches=8), (0, 1, 2, 3),
+                              gh).breakdown)
+    # (m + p - 1) stage passes: 4 passes of the whole batch vs 11 passes of an eighth
+    assert fb8["forward+backward"] < 0.5 * fb["forward+backward"]
+
+
+def test_dp_gradient_reduction_crosses_nodes():
+    p, gh = ppo_pipeline("llama3.1-8b", prompts=64), cluster_of("gh200", 4, 2)
+    inside = dict(estimate_stage(p, "actor_step", Parallel(dp=2, tp=2), (0, 1, 2, 3), gh)
+                  .breakdown)["dp_grad_reduce"]
+    across = dict(estimate_stage(p, "actor_step", Parallel(dp=2, tp=2), (0, 1, 4, 5), gh)
+                  .breakdown)["dp_grad_reduce"]
+    assert across > 2 * inside
+
+
+def test_generation_chunks_follow_the_length_tail():
+    p = ppo_pipeline("llama3.1-8b", prompts=256, gen_median=512, gen_max=4096)
+    gh = cluster_of("gh200", 4, 2)
+    chunks = generation_chunks(p, "rollout", Parallel(dp=2, tp=4), tuple(range(8)), gh, 4)
+    times = [t for t, _ in chunks]
+    assert sum(n for _, n in chunks) == 256
+    assert times == sorted(times)
+    total = estimate_stage(p, "rollout", Parallel(dp=2, tp=4), tuple(range(8)), gh).time_s
+    assert times[-1] == pytest.approx(total)
+    assert times[0] < 0.5 * total                   # short responses are done long before
+
+
+def test_cheap_host_ops_cost_per_sample():
+    p, gh = ppo_pipeline("llama3.1-8b", prompts=512), cluster_of("gh200", 4)
+    score = estimate_stage(p, "scores", Parallel(), (0,), gh)
+    adv = estimate_stage(p, "adv", Parallel(), (0,), gh)
+    assert score.time_s == pytest.approx(512 * gh.gpu.sample_overhead)
+    assert adv.time_s > 512 * gh.gpu.sample_overhead
+
+
+def test_weight_sync():
+    c = builtin_cluster("gh200_64")
+    actor = Model("actor", "llama3.1-8b", LLAMA8B)
+    same = weight_sync_time(actor, (0, 1, 2, 3), Parallel(tp=4), (0, 1, 2, 3), Parallel(tp=4), c)
+    assert same == 0.0
+    node = weight_sync_time(actor, (0, 1, 2, 3), Parallel(tp=4), (4, 5, 6, 7), Parallel(tp=4), c)
+    rack = weight_sync_time(actor, (0, 1, 2, 3), Parallel(tp=4), (32, 33, 34, 35),
+                            Parallel(tp=4), c)
+    # 16 GB in 4 shards of 4 GB, each over a 25 GB/s node link
+    assert node == pytest.approx(2 * LLAMA8B.param_count() / 4 / 25e9, rel=0.01)
+    assert rack > node
+
+
+def test_kv_cache_memory_of_generation():
+    p = ppo_pipeline("llama3.1-8b", prompts=64, prompt_len=1024, gen_median=1024, gen_max=1024)
+    gh = cluster_of("gh200", 4)
+    m = stage_memory(p, "rollout", Parallel(), gh)
+    # 64 sequences x 2048 tokens x 128 KiB, plus one layer being grown (33/32)
+    assert m.kv_cache == pytest.approx(64 * 2048 * 131072 * 33 / 32)
+    m4 = stage_memory(p, "rollout", Parallel(tp=4), gh)
+    assert m4.kv_cache == pytest.approx(m.kv_cache / 4)
+
+
+def test_every_shipped_cluster_loads_and_prices_a_step():
+    for name in ("local_cpu", "gh200_8", "gh200_64", "gh200_256", "gh200_2048", "a100_16",
+                 "a100_64", "h100_64"):
+        c = builtin_cluster(name)
+        p = ppo_pipeline("tiny" if name == "local_cpu" else "llama3.1-8b")
+        for s in p.stages:
+            cost = estimate_stage(p, s.name, Parallel(), (0,), c)
+            assert cost.time_s > 0 and math.isfinite(cost.time_s), (name, s.name)

@@ -30,6 +30,7 @@ which is why Dask workers that host it must be non-daemon.
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import gc
 import itertools
@@ -92,20 +93,23 @@ def on_gpu() -> bool:
 class VllmEngine:
     """One vLLM engine serving one parameter version at a time. Not thread-safe."""
 
-    def __init__(self, llm: Any, options: VllmOptions, model_dir: Path, eos_id: int | None) -> None:
+    def __init__(self, llm: Any, options: VllmOptions, model_dir: Path, eos_id: int | None,
+                 version: int = 0) -> None:
         # Use VllmEngine.start; this only binds a started vLLM ``LLM``.
         self._llm = llm
         self.options = options
         self.model_dir = model_dir
         self.eos_id = eos_id                 # the model's own EOS, used when a call names none
-        self.version = 0
+        self.skip = tied_names(model_dir)    # parameters an update need not carry
+        self.version = version
         self.syncs: list[SyncRecord] = []
         self._pending: tuple[int, int, float] | None = None   # buckets, bytes, seconds of an open update
         self._calls = itertools.count()
 
     @classmethod
-    def start(cls, model_dir: str | Path, options: VllmOptions = VllmOptions()) -> VllmEngine:
-        """Load ``model_dir`` (config.json + safetensors) into a new engine serving version 0."""
+    def start(cls, model_dir: str | Path, options: VllmOptions = VllmOptions(),
+              version: int = 0) -> VllmEngine:
+        """Load ``model_dir`` (config.json + safetensors) into a new engine serving ``version``."""
         require()
         path = Path(model_dir)
         if not (path / "config.json").exists():
@@ -127,7 +131,10 @@ class VllmEngine:
             distributed_executor_backend="uni" if options.tensor_parallel == 1 else "mp")
         if gpu:
             kwargs["gpu_memory_utilization"] = options.gpu_memory_utilization
-        return cls(LLM(**kwargs), options, path, _config_eos(path))
+        # In-process, vLLM seeds the global generators: keep the host's random streams as they were.
+        with _random_state_kept():
+            llm = LLM(**kwargs)
+        return cls(llm, options, path, _config_eos(path), version)
 
     # -- generation -------------------------------------------------------------------------
 
@@ -172,7 +179,7 @@ class VllmEngine:
     def update_weights(self, named_tensors: Iterable[tuple[str, Any]], version: int) -> None:
         """Load new parameters in place, ``bucket_bytes`` at a time; serve ``version`` after."""
         self.begin_update()
-        for bucket in buckets(named_tensors, self.options.bucket_bytes):
+        for bucket in buckets(named_tensors, self.options.bucket_bytes, self.skip):
             self.load_bucket(bucket)
         self.commit(version)
 
@@ -244,6 +251,27 @@ def _configure_environment(options: VllmOptions, gpu: bool) -> None:
     if not gpu:
         os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(options.kv_cache_gib)
         os.environ["VLLM_CPU_OMP_THREADS_BIND"] = options.cpu_cores
+
+
+@contextlib.contextmanager
+def _random_state_kept():
+    import random
+
+    import torch
+
+    states = random.getstate(), np.random.get_state(), torch.random.get_rng_state()
+    try:
+        yield
+    finally:
+        random.setstate(states[0])
+        np.random.set_state(states[1])
+        torch.random.set_rng_state(states[2])
+
+
+def tied_names(path: Path) -> frozenset[str]:
+    """``lm_head.weight`` when the model ties it to the input embedding (vLLM shares the two)."""
+    config = json.loads((path / "config.json").read_text())
+    return frozenset({"lm_head.weight"}) if config.get("tie_word_embeddings") else frozenset()
 
 
 def _config_eos(path: Path) -> int | None:

@@ -12,7 +12,9 @@ carry a value head; vLLM's model classes read Hugging Face names
 (``model.*``, ``lm_head.*``) and have no value head. A bucket is a list of
 (name, tensor) pairs whose sizes add up to at most ``bucket_bytes`` (a single
 larger tensor gets a bucket of its own): one message per bucket, not one per
-tensor, and bounded memory on the receiving side.
+tensor, and bounded memory on the receiving side. Names in ``skip`` are not
+sent: with tied embeddings the engine asks to skip ``lm_head.weight``, which
+is the input embedding it already receives.
 """
 
 from __future__ import annotations
@@ -44,8 +46,8 @@ def nbytes(tensor: Any) -> int:
     return int(tensor.numel() * tensor.element_size())
 
 
-def buckets(named_tensors: Iterable[tuple[str, Any]],
-            bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> Iterator[list[tuple[str, Any]]]:
+def buckets(named_tensors: Iterable[tuple[str, Any]], bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+            skip: frozenset[str] = frozenset()) -> Iterator[list[tuple[str, Any]]]:
     """Group (vLLM name, tensor) pairs into buckets of at most ``bucket_bytes`` each."""
     if bucket_bytes <= 0:
         raise ValueError(f"bucket_bytes must be positive, not {bucket_bytes}")
@@ -53,7 +55,7 @@ def buckets(named_tensors: Iterable[tuple[str, Any]],
     size = 0
     for name, tensor in named_tensors:
         target = vllm_name(name)
-        if target is None:
+        if target is None or target in skip:
             continue
         n = nbytes(tensor)
         if bucket and size + n > bucket_bytes:
@@ -63,3 +65,4 @@ def buckets(named_tensors: Iterable[tuple[str, Any]],
         size += n
     if bucket:
         yield bucket
+

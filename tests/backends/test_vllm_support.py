@@ -62,3 +62,11 @@ def test_buckets_keep_order_respect_the_limit_and_lose_nothing(limit):
 def test_bucket_size_must_be_positive():
     with pytest.raises(ValueError):
         list(buckets([("a", np.zeros(1))], bucket_bytes=0))
+
+
+def test_names_the_engine_skips_are_not_sent():
+    embed = np.arange(12, dtype=np.float32).reshape(4, 3)
+    named = [("backbone.embed_tokens.weight", embed), ("lm_head.weight", embed),
+             ("backbone.norm.weight", np.ones(3, np.float32))]
+    got = [name for b in buckets(named, 1 << 20, skip=frozenset({"lm_head.weight"})) for name, _ in b]
+    assert got == ["model.embed_tokens.weight", "model.norm.weight"]

@@ -1,0 +1,55 @@
+"""vLLM serving a torch replica's policy in the same worker: ``engine = vllm`` in a run.
+
+    >>> engine = colocated_engine(replica)        # first call: checkpoint + start  # doctest: +SKIP
+    >>> chunks = engine.generate(prompts, params, chunks=2)                          # doctest: +SKIP
+    >>> replica.version += 1                      # a train step on the torch model
+    >>> colocated_engine(replica).version         # weights pushed in place first    # doctest: +SKIP
+    1
+    >>> shutdown_colocated(replica)               # in the worker, before the cluster closes  # doctest: +SKIP
+
+The runtime's torch replica keeps training; the vLLM engine beside it is
+started once from a checkpoint of the replica's weights (the only disk
+write), and before each generate call that finds the replica ahead of the
+engine, the replica's parameters are copied into the engine in buckets, in
+memory, without a restart. The engine reports the version it served in
+every chunk, which is what the trace records.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from backends.vllm_backend.engine import VllmEngine, VllmOptions
+from backends.vllm_backend.models import save_policy
+
+# Runtime workers share the machine's cores: let the executor's thread setting stand.
+COLOCATED_OPTIONS = VllmOptions(dtype="float32", cpu_cores="nobind")
+
+
+def colocated_engine(replica: Any, options: VllmOptions = COLOCATED_OPTIONS) -> VllmEngine:
+    """The vLLM engine for ``replica.model``, serving ``replica.version`` when this returns."""
+    engine: VllmEngine | None = getattr(replica, "vllm_engine", None)
+    if engine is None:
+        workdir = Path(tempfile.mkdtemp(prefix="rpeg-vllm-"))
+        path = save_policy(replica.model, workdir / "policy")
+        engine = VllmEngine.start(path, options, version=replica.version)
+        replica.vllm_engine = engine
+        replica.vllm_workdir = workdir
+    elif engine.version != replica.version:
+        engine.update_weights(replica.model.state_dict().items(), replica.version)
+    return engine
+
+
+def shutdown_colocated(replica: Any) -> None:
+    """Stop the replica's vLLM engine, if it has one, and remove its start-up checkpoint."""
+    engine = getattr(replica, "vllm_engine", None)
+    if engine is not None:
+        engine.shutdown()
+        replica.vllm_engine = None
+    workdir = getattr(replica, "vllm_workdir", None)
+    if workdir is not None:
+        shutil.rmtree(workdir, ignore_errors=True)
+        replica.vllm_workdir = None

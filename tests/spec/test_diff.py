@@ -12,22 +12,7 @@ from rpeg.spec.diff import ChangeKind, diff
 
 ROOT = Path(__file__).resolve().parents[2]
 
-BASE = """\
-pipeline t
-workload { steps = 10; prompts = 4; prompt_len = 8; gen_len = 16 }
-model actor : tiny { optimizer = adam(lr = 1e-3) }
-model critic : tiny { head = value }
-model ref : tiny { frozen }
-reward r = python("rewards:score")
-stage rollout = generate(actor, prompts) -> responses, logprobs
-stage ref_lp = forward(ref, responses) -> ref_logprobs
-stage values = forward(critic, responses) -> values
-stage scores = score(r, responses) -> scores
-stage adv = gae(scores, values, logprobs, ref_logprobs) -> advantages, returns
-stage actor_step = train(actor, responses, advantages)
-stage critic_step = train(critic, responses, returns)
-staleness rollout <= 1
-"""
+BASE = (ROOT / "tests" / "fixtures" / "small_ppo.rpeg").read_text() + "staleness rollout <= 1\n"
 
 
 @pytest.fixture

@@ -17,27 +17,13 @@ import pytest
 from rpeg.errors import RpegError, SpecError
 from rpeg.spec import check_file
 
-# Line numbers of BASE, for reading the cases below:
+# BASE is tests/fixtures/small_ppo.rpeg; its line numbers, for reading the cases below:
 #  1 pipeline t            6 reward r = ...         11 stage adv = ...
 #  2 workload { ... }      7 stage rollout = ...    12 stage actor_step = ...
 #  3 model actor ...       8 stage ref_lp = ...     13 stage critic_step = ...
 #  4 model critic ...      9 stage values = ...
 #  5 model ref ...        10 stage scores = ...     (appended lines start at 14)
-BASE = """\
-pipeline t
-workload { steps = 10; prompts = 4; prompt_len = 8; gen_len = 16 }
-model actor : tiny { optimizer = adam(lr = 1e-3) }
-model critic : tiny { head = value }
-model ref : tiny { frozen }
-reward r = python("rewards:score")
-stage rollout = generate(actor, prompts) -> responses, logprobs
-stage ref_lp = forward(ref, responses) -> ref_logprobs
-stage values = forward(critic, responses) -> values
-stage scores = score(r, responses) -> scores
-stage adv = gae(scores, values, logprobs, ref_logprobs) -> advantages, returns
-stage actor_step = train(actor, responses, advantages)
-stage critic_step = train(critic, responses, returns)
-"""
+BASE = (Path(__file__).resolve().parents[1] / "fixtures" / "small_ppo.rpeg").read_text()
 
 CLUSTER = """\
 cluster c {

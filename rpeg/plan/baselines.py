@@ -31,7 +31,7 @@ import attrs
 
 from rpeg.errors import PlanError
 from rpeg.plan.choices import model_stages
-from rpeg.plan.edit import Context, choice_for, empty_plan, options, put, repair
+from rpeg.plan.edit import Context, empty_plan, options, put, repair
 from rpeg.plan.evaluate import Evaluation, Evaluator
 from rpeg.plan.model import Plan, Strategy
 from rpeg.plan.space import Block
@@ -143,16 +143,17 @@ def split(ctx: Context, ev: Evaluator) -> Outcome:
     stalenesses = [()] + ([tuple(bounds)] if bounds else [])
     cands = []
     for sizes in _compositions(units, len(groups)):
-        start = 0
-        assignments = []
-        for group, k in zip(groups, sizes, strict=True):
-            block = Block(start * unit, k * unit)
-            start += k
-            room = 1.0 / len(group) if len(group) > 1 else 1.0
-            assignments += [(s, block, None, room) for s in group]
-        plan = _fill(ctx, empty_plan(ctx), assignments)
-        if plan is not None:
-            cands.append((_rough_step(ctx, ev, plan, groups), plan))
+        for room in (1.0, 0.75):
+            plan = empty_plan(ctx)
+            start = 0
+            for group, k in zip(groups, sizes, strict=True):
+                block = Block(start * unit, k * unit)
+                start += k
+                plan = _fill_group(ctx, plan, group, block, room) if plan else None
+            plan = repair(ctx, plan) if plan else None
+            if plan is not None and ev.fits(plan):
+                cands.append((_rough_step(ctx, ev, plan, groups), plan))
+                break
     # Simulate the most promising splits only: rough = slowest group + generation.
     cands.sort(key=lambda x: x[0])
     for _, plan in cands[:SPLIT_SIMULATED]:
@@ -161,22 +162,43 @@ def split(ctx: Context, ev: Evaluator) -> Outcome:
     return best.outcome()
 
 
+def _fill_group(ctx: Context, plan: Plan, group: list[str], block: Block,
+                room: float) -> Plan | None:
+    """One model's stages on one block, as a user sets up one engine per model: the train
+    stage in its fastest layout within ``room`` of a GPU, the model's other stages in the
+    same TP x PP layout (one copy of the weights) when they can."""
+    cap = ctx.cluster.gpu.memory
+    order = sorted(group, key=lambda s: ctx.pipeline.stage(s).kind is not OpKind.TRAIN)
+    layout = None
+    for stage in order:
+        opts = [c for c in options(ctx, stage, block.size) if c.memory <= room * cap]
+        same = [c for c in opts if layout and (c.par.tp, c.par.pp) == layout]
+        pick = (same or opts or [None])[0]
+        if pick is None:
+            return None
+        layout = layout or (pick.par.tp, pick.par.pp)
+        plan = put(ctx, plan, stage, block, pick)
+    return plan
+
+
 def _rough_step(ctx: Context, ev: Evaluator, plan: Plan, groups: list[list[str]]) -> float:
     per_group = [sum(ev.stage_time(s, plan.placement(s)) for s in g) for g in groups]
     return max(per_group) + per_group[0]
 
 
-def realloc(ctx: Context, ev: Evaluator) -> Outcome:
+def realloc(ctx: Context, ev: Evaluator, starts: Iterable[Plan] = ()) -> Outcome:
+    """ReaL-style: synchronous, every call with its own layout; ``starts`` (other baselines'
+    plans) seed the descent, since ReaL's space contains them."""
     best = _Best(Strategy.REALLOC, ev)
     stages = model_stages(ctx.pipeline)
     halves = [Block(0, ctx.n)] + ([Block(0, ctx.n // 2), Block(ctx.n // 2, ctx.n // 2)]
                                   if ctx.n >= 2 and ctx.n % 2 == 0 else [])
-    start = None
     for room in HEADROOM:
-        start = _fill(ctx, empty_plan(ctx), [(s, halves[0], None, room) for s in stages])
-        best.offer(start)
+        best.offer(_fill(ctx, empty_plan(ctx), [(s, halves[0], None, room) for s in stages]))
         if best.best is not None:
             break
+    for plan in starts:
+        best.offer(attrs.evolve(plan, staleness=(), fusion=(), shared=(), predicted=None))
     if best.best is None:
         return best.outcome()
     for _ in range(2):                        # coordinate descent over each call's options
@@ -193,12 +215,22 @@ def realloc(ctx: Context, ev: Evaluator) -> Outcome:
 BASELINES = {Strategy.COLOCATED: colocated, Strategy.SPLIT: split, Strategy.REALLOC: realloc}
 
 
-def run_baseline(strategy: Strategy, ctx: Context, ev: Evaluator) -> Outcome:
-    try:
-        return BASELINES[strategy](ctx, ev)
-    except KeyError:
-        raise PlanError(f"baseline strategy must be one of "
-                        f"{', '.join(s.value for s in BASELINES)}, not {strategy.value}") from None
+def run_baselines(strategies: Iterable[Strategy], ctx: Context,
+                  ev: Evaluator) -> list[Outcome]:
+    """Each baseline asked for, in order; realloc is seeded with the others' plans."""
+    out: dict[Strategy, Outcome] = {}
+    for strategy in strategies:
+        if strategy not in BASELINES:
+            raise PlanError(f"baseline strategy must be one of "
+                            f"{', '.join(s.value for s in BASELINES)}, not {strategy.value}")
+        if strategy is Strategy.REALLOC:
+            seeds = [o.best.plan for o in out.values() if o.best is not None]
+            if not seeds:               # asked alone: the others' grids seed it
+                seeds = [o.best.plan for o in (colocated(ctx, ev),) if o.best is not None]
+            out[strategy] = realloc(ctx, ev, seeds)
+        else:
+            out[strategy] = BASELINES[strategy](ctx, ev)
+    return list(out.values())
 
 
-__all__ = ["colocated", "split", "realloc", "run_baseline", "Outcome", "choice_for"]
+__all__ = ["colocated", "split", "realloc", "run_baselines", "Outcome"]

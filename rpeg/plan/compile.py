@@ -24,7 +24,7 @@ from rpeg.cost.memory import Parallel
 from rpeg.cost.stages import stage_memory
 from rpeg.errors import CostError, PlanError
 from rpeg.cost.memory import resident_memory
-from rpeg.plan.baselines import BASELINES, run_baseline
+from rpeg.plan.baselines import BASELINES, run_baselines
 from rpeg.plan.choices import enumerate_layouts, model_stages
 from rpeg.plan.edit import Context
 from rpeg.plan.evaluate import Evaluation, Evaluator, Shortfall
@@ -68,7 +68,7 @@ def compile_report(pipeline: Pipeline, cluster: Cluster, strategy: Strategy = St
     if strategy not in BASELINES and strategy is not Strategy.SEARCH:
         raise PlanError(f"strategy must be search, colocated, split or realloc, not "
                         f"{strategy.value}")
-    outcomes = [run_baseline(s, ctx, ev) for s in wanted]              # hand-tuned baselines
+    outcomes = run_baselines(wanted, ctx, ev)                          # hand-tuned baselines
     feasible = [o.best for o in outcomes if o.best is not None]
     closest = [o.closest for o in outcomes if o.closest is not None]
     if not feasible and (strategy is not Strategy.SEARCH or not closest):

@@ -173,6 +173,13 @@ class Evaluator:
         return Evaluation(attrs.evolve(plan, predicted=predicted, model_homes=homes),
                           feasible, shortfall, timeline)
 
+    def fits(self, plan: Plan) -> bool:
+        """Memory only: does every device hold what the plan puts on it?"""
+        try:
+            return self.memory(plan, self.graph(plan))[1] is None
+        except CostError:
+            return False
+
     def timings(self, plan: Plan, graph: Graph):
         pipeline, gpu = self.pipeline, self.cluster.gpu
         timings: dict[str, OpTiming] = {}
@@ -187,12 +194,16 @@ class Evaluator:
                 t = self.stage_time(op.stages[0], p)
                 timing = OpTiming(p.devices, t, tuple(e for e, _ in ends),
                                   tuple(n for _, n in ends))
+            elif op.kind is OpKind.TRAIN:
+                # Train stages of a shared backbone: one pass with a combined loss on the
+                # first stage's schedule (its minibatches); the extra head costs nothing here.
+                t = self.stage_time(op.stages[0], p)
+                t += self._reload(op, p, trainer, plan)
+                timing = OpTiming(p.devices, t)
             else:
                 times = [self.stage_time(s, plan.placement(s)) for s in op.stages]
-                if op.kind is OpKind.TRAIN:       # one backbone pass with a combined loss
-                    t = max(times)
-                else:                             # fused: one dispatch instead of several
-                    t = max(sum(times) - (len(times) - 1) * gpu.call_overhead, max(times))
+                # fused: one dispatch instead of several
+                t = max(sum(times) - (len(times) - 1) * gpu.call_overhead, max(times))
                 t += self._reload(op, p, trainer, plan)
                 devices = () if all(is_host_op(pipeline, s) for s in op.stages) else p.devices
                 timing = OpTiming(devices, t)
@@ -269,7 +280,10 @@ class Evaluator:
         transient = np.zeros(n)
         top_op = np.full(n, -1)
         stages = [s.name for s in self.pipeline.stages]
+        followers = {s for o in graph.ops if o.kind is OpKind.TRAIN for s in o.stages[1:]}
         for k, stage in enumerate(stages):
+            if stage in followers:            # runs inside the lead stage's op
+                continue
             p = plan.placement(stage)
             b = self.transient(stage, p)
             idx = np.fromiter(p.devices, int)

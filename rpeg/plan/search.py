@@ -57,8 +57,8 @@ class Method(enum.Enum):
 class SearchOptions:
     seed: int = 0
     budget_s: float = 30.0           # wall-clock cap on the search
-    iterations: int = 3000           # proposals evaluated
-    patience: int = 1000             # stop after this many proposals without a better plan
+    iterations: int = 6000           # proposals evaluated
+    patience: int = 2000             # stop after this many proposals without a better plan
     t_start: float = 0.05            # initial temperature, as a fraction of the start step time
     t_end: float = 0.0005
     restart_every: int = 600

@@ -1,0 +1,219 @@
+"""Planner benchmarks: planning time, plan quality against the baselines, search ablation.
+
+    .venv/bin/python benchmarks/planner.py            # everything (~10 minutes on 2 cores)
+    .venv/bin/python benchmarks/planner.py --quick    # a smoke run of each section
+
+Writes benchmarks/results/planner.json and benchmarks/results/planner.md. Every figure
+is a prediction of rpeg's cost model (rpeg/cost) and event-driven simulator: the
+search and the three baselines are priced by the same model, so the ratios compare
+plans, not models. Plans are made for GPU clusters with vLLM installed (the engine
+the baselines' systems use for generation), whatever this machine has.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import attrs
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from rpeg.cost.profiles import cluster_of  # noqa: E402
+from rpeg.plan import Method, SearchOptions, Strategy, compile_report  # noqa: E402
+from rpeg.plan.space import Limits  # noqa: E402
+from rpeg.spec import Engine, load, load_cluster  # noqa: E402
+
+GPU_CLUSTER = Limits(engines=frozenset({Engine.TORCH, Engine.VLLM}))
+BASELINES = (Strategy.COLOCATED, Strategy.SPLIT, Strategy.REALLOC)
+RESULTS = ROOT / "benchmarks" / "results"
+
+
+def machine() -> dict:
+    return {"python": platform.python_version(), "cpus": os.cpu_count(),
+            "load_average": os.getloadavg(), "platform": platform.platform(),
+            "when": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}
+
+
+# --- planning time -----------------------------------------------------------------------
+
+def planning_time(sizes: tuple[int, ...]) -> list[dict]:
+    spec = load(ROOT / "pipelines/ppo_llama8b.rpeg")
+    out = []
+    for n in sizes:
+        cluster = load_cluster(ROOT / f"pipelines/clusters/gh200_{n}.rpeg")
+        began = time.perf_counter()
+        r = compile_report(spec, cluster, options=SearchOptions(seed=0, limits=GPU_CLUSTER))
+        seconds = time.perf_counter() - began
+        row = {"gpus": n, "seconds": round(seconds, 2),
+               "search_iterations": r.search.iterations,
+               "search_seconds": round(r.search.seconds, 2),
+               "step_time_s": round(r.plan.predicted.step_time_s, 3)}
+        print(f"plan ppo_llama8b on gh200_{n}: {seconds:.1f} s "
+              f"({r.search.iterations} proposals), step {row['step_time_s']} s", flush=True)
+        out.append(row)
+    return out
+
+
+# --- quality sweep -----------------------------------------------------------------------
+
+def variants(quick: bool) -> list[tuple[str, object, object]]:
+    """(name, pipeline, cluster): 8B PPO separate/shared critic and GRPO, sync and
+    staleness 1-2, on 16 to 256 GH200 GPUs."""
+    ppo = load(ROOT / "pipelines/ppo_llama8b.rpeg")
+    grpo = load(ROOT / "pipelines/grpo_qwen7b.rpeg")
+    clusters = {16: cluster_of("gh200", 4, 4), 64: load_cluster(
+        ROOT / "pipelines/clusters/gh200_64.rpeg"), 256: load_cluster(
+        ROOT / "pipelines/clusters/gh200_256.rpeg")}
+    sizes = (16, 64) if quick else (16, 64, 256)
+    stales = (0, 1) if quick else (0, 1, 2)
+    out = []
+    for n in sizes:
+        for k in stales:
+            stale = (("rollout", k),) if k else ()
+            for critic in ("separate", "shared"):
+                p = attrs.evolve(ppo, name=f"ppo_{critic}", staleness=stale,
+                                 shares=ppo.shares if critic == "shared" else ())
+                out.append((f"PPO llama3.1-8b, {critic} critic, staleness {k}, {n} GPUs", p,
+                            clusters[n]))
+            g = attrs.evolve(grpo, staleness=stale)
+            out.append((f"GRPO qwen2.5-7b, staleness {k}, {n} GPUs", g, clusters[n]))
+    return out
+
+
+def quality(quick: bool) -> dict:
+    rows = []
+    for name, pipeline, cluster in variants(quick):
+        began = time.perf_counter()
+        opts = SearchOptions(seed=0, limits=GPU_CLUSTER,
+                             iterations=1500 if quick else 6000)
+        try:
+            r = compile_report(pipeline, cluster, options=opts)
+        except Exception as e:  # noqa: BLE001 — a config nothing fits is a result too
+            rows.append({"config": name, "error": str(e)})
+            print(f"{name}: {e}", flush=True)
+            continue
+        row = {"config": name, "gpus": cluster.num_gpus,
+               "search_s": round(r.plan.predicted.step_time_s, 3),
+               "planning_s": round(time.perf_counter() - began, 2),
+               "staleness": dict(r.plan.staleness), "shared": bool(r.plan.shared),
+               "chunks": max(p.chunks for p in r.plan.placements)}
+        for s, ev in r.baselines:
+            row[f"{s.value}_s"] = round(ev.step_time_s, 3) if ev else None
+            row[f"vs_{s.value}"] = round(r.speedup(s), 3) if ev else None
+        rows.append(row)
+        print(f"{name}: search {row['search_s']} s; " + ", ".join(
+            f"{s.value} {row[f'vs_{s.value}']}x" for s in BASELINES), flush=True)
+    summary = {}
+    for s in BASELINES:
+        ratios = [r[f"vs_{s.value}"] for r in rows if r.get(f"vs_{s.value}")]
+        if ratios:
+            summary[s.value] = {"min": min(ratios), "median": statistics.median(ratios),
+                                "max": max(ratios), "configs": len(ratios),
+                                "baseline_found_no_plan": sum(
+                                    1 for r in rows if "search_s" in r
+                                    and r.get(f"vs_{s.value}") is None)}
+    return {"rows": rows, "summary": summary}
+
+
+# --- ablation ------------------------------------------------------------------------------
+
+def ablation(quick: bool) -> list[dict]:
+    ppo = load(ROOT / "pipelines/ppo_llama8b.rpeg")
+    grpo = load(ROOT / "pipelines/grpo_qwen7b.rpeg")
+    cases = [("PPO 8B, 64 GPUs", ppo, load_cluster(ROOT / "pipelines/clusters/gh200_64.rpeg")),
+             ("GRPO 7B, 64 GPUs", grpo, load_cluster(ROOT / "pipelines/clusters/gh200_64.rpeg"))]
+    if not quick:
+        cases.append(("PPO 8B, 256 GPUs", ppo,
+                      load_cluster(ROOT / "pipelines/clusters/gh200_256.rpeg")))
+    iterations = 800 if quick else 3000
+    seeds = (0, 1) if quick else (0, 1, 2)
+    rows = []
+    for name, pipeline, cluster in cases:
+        for method in Method:
+            times = []
+            for seed in seeds:
+                opts = SearchOptions(seed=seed, iterations=iterations, patience=0,
+                                     budget_s=600, method=method, limits=GPU_CLUSTER)
+                r = compile_report(pipeline, cluster, options=opts)
+                times.append(r.plan.predicted.step_time_s)
+            start = min(e.step_time_s for _, e in r.baselines if e)
+            rows.append({"case": name, "method": method.value, "iterations": iterations,
+                         "best_baseline_s": round(start, 3),
+                         "step_s_per_seed": [round(t, 3) for t in times],
+                         "mean_gain_over_best_baseline": round(
+                             statistics.mean(start / t for t in times), 3)})
+            print(f"ablation {name} {method.value}: {rows[-1]['step_s_per_seed']}", flush=True)
+    return rows
+
+
+# --- report ------------------------------------------------------------------------------------
+
+def markdown(res: dict) -> str:
+    lines = ["# Planner benchmarks", "",
+             f"Command: `{res['command']}`  ", f"Machine: {res['machine']}", "",
+             "All step times are predictions of rpeg's cost model and simulator; search and "
+             "baselines are priced by the same model.", "", "## Planning time (ppo_llama8b, GH200)",
+             "", "| GPUs | seconds | proposals | predicted step (s) |", "|---|---|---|---|"]
+    for r in res.get("planning_time", []):
+        lines.append(f"| {r['gpus']} | {r['seconds']} | {r['search_iterations']} | "
+                     f"{r['step_time_s']} |")
+    q = res.get("quality")
+    if q:
+        lines += ["", "## Search vs baselines (speedup = baseline step / search step)", "",
+                  "| config | search (s) | colocated (s) | x | split (s) | x | realloc (s) | x |",
+                  "|---|---|---|---|---|---|---|---|"]
+        for r in q["rows"]:
+            if "error" in r:
+                lines.append(f"| {r['config']} | no plan: {r['error'][:80]} |||||||")
+                continue
+            cells = [str(r["search_s"])]
+            for s in BASELINES:
+                cells += [str(r[f"{s.value}_s"] or "no plan fits"),
+                          f"{r[f'vs_{s.value}']:.2f}" if r[f"vs_{s.value}"] else "-"]
+            lines.append(f"| {r['config']} | " + " | ".join(cells) + " |")
+        lines += ["", "| over | min | median | max | configs | baseline found no plan |",
+                  "|---|---|---|---|---|---|"]
+        for s, v in q["summary"].items():
+            lines.append(f"| {s} | {v['min']:.2f} | {v['median']:.2f} | {v['max']:.2f} | "
+                         f"{v['configs']} | {v['baseline_found_no_plan']} |")
+    if res.get("ablation"):
+        lines += ["", "## Ablation: same proposals, same start (the best baseline)", "",
+                  "| case | method | proposals | best baseline (s) | step per seed (s) | "
+                  "mean gain |", "|---|---|---|---|---|---|"]
+        for r in res["ablation"]:
+            lines.append(f"| {r['case']} | {r['method']} | {r['iterations']} | "
+                         f"{r['best_baseline_s']} | {r['step_s_per_seed']} | "
+                         f"{r['mean_gain_over_best_baseline']} |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--only", choices=("time", "quality", "ablation"))
+    args = ap.parse_args()
+    res = {"command": " ".join(["benchmarks/planner.py"] + sys.argv[1:]), "machine": machine()}
+    if args.only in (None, "time"):
+        res["planning_time"] = planning_time((8, 64) if args.quick else (8, 64, 256, 2048))
+    if args.only in (None, "quality"):
+        res["quality"] = quality(args.quick)
+    if args.only in (None, "ablation"):
+        res["ablation"] = ablation(args.quick)
+    res["machine"]["load_average_end"] = os.getloadavg()
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    name = "planner_quick" if args.quick else "planner"
+    (RESULTS / f"{name}.json").write_text(json.dumps(res, indent=2) + "\n")
+    (RESULTS / f"{name}.md").write_text(markdown(res))
+    print(f"wrote {RESULTS / name}.json and .md")
+
+
+if __name__ == "__main__":
+    main()

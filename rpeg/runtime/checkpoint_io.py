@@ -1,0 +1,312 @@
+"""Step checkpoints in a run directory: written atomically, found and checked on resume.
+
+    runs/tiny_ppo-.../checkpoints/
+        step-000010/                      state after steps 0..9 (the cut at step 10)
+            actor@0/ model.safetensors optimizer.safetensors meta.json    one per replica
+            critic@1/ ...
+            carry.safetensors carry.json  outputs made before the cut and read after it
+            state.json                    step, replica versions, pending trace events
+            COMPLETE                      written last: the manifest (name, size, sha256)
+        step-000020.partial-3f2a/         an interrupted write: ignored, removed on resume
+
+    >>> ck = latest(Path("runs/x"))                  # doctest: +SKIP
+    >>> ck.step, ck.state["versions"]                # doctest: +SKIP
+    (10, {'actor@0': 10, 'actor@1': 9, 'critic@1': 10})
+
+A checkpoint is written into a ``.partial-*`` folder, every file fsync'ed, the
+folder renamed to its final name, and only then the ``COMPLETE`` manifest
+written (temporary name, fsync, rename, fsync of the folder). A crash at any
+point leaves either no ``step-N`` folder or one without ``COMPLETE``, which
+:func:`latest` skips. A folder whose files no longer match the manifest
+(truncated, flipped bytes) is refused with the file and what is wrong.
+
+Nothing read here is unpickled: tensors are safetensors, everything else JSON;
+``carry.json`` may name only classes from an allow-list (``backends.api``,
+``rpeg.``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import json
+import os
+import shutil
+import stat
+import uuid
+from pathlib import Path
+
+import attrs
+
+from rpeg.errors import RuntimeFailure, Span
+
+FORMAT = 1
+MARKER = "COMPLETE"
+STATE = "state.json"
+MAX_JSON_BYTES = 256 << 20
+_CARRY_CLASSES = ("backends.api:", "rpeg.")
+
+
+@attrs.frozen
+class Checkpoint:
+    path: Path
+    step: int
+    state: dict
+
+    def replica_dir(self, key: str) -> Path:
+        return self.path / key
+
+
+def folder(run_dir: Path) -> Path:
+    return Path(run_dir) / "checkpoints"
+
+
+def step_name(step: int) -> str:
+    return f"step-{step:06d}"
+
+
+def begin(run_dir: Path, step: int) -> Path:
+    """A fresh temporary folder for the checkpoint at ``step``."""
+    tmp = folder(run_dir) / f"{step_name(step)}.partial-{uuid.uuid4().hex[:6]}"
+    tmp.mkdir(parents=True)
+    return tmp
+
+
+def commit(run_dir: Path, tmp: Path, step: int, state: dict) -> Checkpoint:
+    """Finish a checkpoint written into ``tmp``: state, fsync, rename, then the marker."""
+    _write_synced(tmp / STATE, json.dumps({"format": FORMAT, "step": step, **state},
+                                          indent=1, sort_keys=True))
+    manifest = {"format": FORMAT, "step": step, "files": _manifest(tmp)}
+    for f in tmp.rglob("*"):
+        _fsync(f)
+    final = folder(run_dir) / step_name(step)
+    if final.exists():                       # a stale copy (e.g. from before a rollback)
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+    _fsync(final.parent)
+    _write_synced(final / MARKER, json.dumps(manifest, indent=1, sort_keys=True))
+    _fsync(final)
+    return Checkpoint(final, step, json.loads((final / STATE).read_text()))
+
+
+def latest(run_dir: Path, *, before: int | None = None,
+           skipped: list[str] | None = None) -> Checkpoint | None:
+    """The newest complete, intact checkpoint (at a step < ``before``), or None.
+
+    Incomplete ones (no marker) are passed over silently; damaged ones are passed over
+    and described in ``skipped``.
+    """
+    root = folder(run_dir)
+    if not root.is_dir():
+        return None
+    steps = []
+    for p in root.iterdir():
+        if p.is_dir() and p.name.startswith("step-") and "." not in p.name:
+            try:
+                steps.append((int(p.name[5:]), p))
+            except ValueError:
+                continue
+    for step, p in sorted(steps, reverse=True):
+        if before is not None and step >= before:
+            continue
+        if not (p / MARKER).exists():
+            continue
+        try:
+            return validate(p)
+        except RuntimeFailure as e:
+            if skipped is not None:
+                skipped.append(str(e))
+    return None
+
+
+def validate(path: Path) -> Checkpoint:
+    """Check a checkpoint folder against its manifest; RuntimeFailure naming what is wrong."""
+    path = Path(path)
+    marker = path / MARKER
+    manifest = _read_json(marker, "checkpoint manifest")
+    files = manifest.get("files") if isinstance(manifest, dict) else None
+    if manifest.get("format") != FORMAT or not isinstance(files, dict):
+        raise RuntimeFailure(f"checkpoint manifest format must be {FORMAT}, not "
+                             f"{manifest.get('format')!r}", Span(str(marker), 0, 0),
+                             hint="this checkpoint was written by another rpeg version")
+    for name, entry in files.items():
+        f = path / name
+        if ".." in Path(name).parts or Path(name).is_absolute():
+            raise RuntimeFailure(f"checkpoint manifest names a path outside the checkpoint: "
+                                 f"{name!r}", Span(str(marker), 0, 0))
+        try:
+            size = f.stat().st_size
+        except OSError:
+            raise RuntimeFailure(f"checkpoint file '{f}' is missing", Span(str(f), 0, 0)
+                                 ) from None
+        if size != entry.get("size"):
+            raise RuntimeFailure(f"checkpoint file '{f}' must be {entry.get('size')} bytes, "
+                                 f"not {size} (truncated or overwritten)", Span(str(f), 0, 0))
+        if _sha256(f) != entry.get("sha256"):
+            raise RuntimeFailure(f"checkpoint file '{f}' does not match its checksum "
+                                 "(corrupted)", Span(str(f), 0, 0))
+    state = _read_json(path / STATE, "checkpoint state")
+    if not isinstance(state, dict) or not isinstance(state.get("step"), int):
+        raise RuntimeFailure("checkpoint state must be a JSON object with a step",
+                             Span(str(path / STATE), 0, 0))
+    return Checkpoint(path, state["step"], state)
+
+
+def prune(run_dir: Path, keep: int = 2) -> None:
+    """Remove interrupted writes and all but the newest ``keep`` complete checkpoints."""
+    root = folder(run_dir)
+    if not root.is_dir():
+        return
+    for p in root.glob("step-*.partial-*"):
+        shutil.rmtree(p, ignore_errors=True)
+    done = sorted(p for p in root.glob("step-*") if (p / MARKER).exists() and "." not in p.name)
+    for p in done[:-keep] if keep else done:
+        shutil.rmtree(p, ignore_errors=True)
+
+
+# --- carried data: outputs made before a cut and read after it ----------------------------
+
+def save_tree(tmp: Path, name: str, tree: dict) -> None:
+    """Arrays into ``NAME.safetensors``, structure into ``NAME.json`` (no pickle)."""
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    arrays: dict[str, np.ndarray] = {}
+
+    def enc(v):
+        if isinstance(v, np.ndarray):
+            key = f"a{len(arrays)}"
+            arrays[key] = np.ascontiguousarray(v)
+            return {"__array__": key}
+        if isinstance(v, np.generic):
+            return v.item()
+        if attrs.has(type(v)):
+            cls = f"{type(v).__module__}:{type(v).__qualname__}"
+            return {"__attrs__": cls,
+                    "fields": {f.name: enc(getattr(v, f.name)) for f in attrs.fields(type(v))}}
+        if isinstance(v, tuple):
+            return {"__tuple__": [enc(x) for x in v]}
+        if isinstance(v, list):
+            return [enc(x) for x in v]
+        if isinstance(v, dict):
+            return {"__dict__": {str(k): enc(x) for k, x in v.items()}}
+        if v is None or isinstance(v, (bool, int, float, str)):
+            return v
+        raise RuntimeFailure(f"cannot checkpoint a value of type {type(v).__name__}")
+
+    doc = enc(tree)
+    save_file(arrays, str(tmp / f"{name}.safetensors"))
+    (tmp / f"{name}.json").write_text(json.dumps(doc))
+
+
+def load_tree(path: Path, name: str) -> dict:
+    from safetensors.numpy import load_file
+
+    doc = _read_json(path / f"{name}.json", "checkpoint data")
+    arrays = load_file(str(path / f"{name}.safetensors"))
+
+    def dec(v):
+        if isinstance(v, list):
+            return [dec(x) for x in v]
+        if not isinstance(v, dict):
+            return v
+        if "__array__" in v:
+            return arrays[v["__array__"]]
+        if "__tuple__" in v:
+            return tuple(dec(x) for x in v["__tuple__"])
+        if "__dict__" in v:
+            return {k: dec(x) for k, x in v["__dict__"].items()}
+        if "__attrs__" in v:
+            return _carry_class(v["__attrs__"], path)(**{k: dec(x)
+                                                         for k, x in v["fields"].items()})
+        raise RuntimeFailure(f"checkpoint data holds an unknown entry {sorted(v)[:3]}",
+                             Span(str(path / f"{name}.json"), 0, 0))
+
+    return dec(doc)
+
+
+def _carry_class(ref: str, path: Path):
+    if not ref.startswith(_CARRY_CLASSES) or ref.count(":") != 1:
+        raise RuntimeFailure(f"checkpoint data may hold only rpeg's own values, not {ref!r}",
+                             Span(str(path), 0, 0))
+    module, name = ref.split(":")
+    cls = getattr(importlib.import_module(module), name, None)
+    if cls is None or not attrs.has(cls):
+        raise RuntimeFailure(f"checkpoint data names an unknown value type {ref!r}",
+                             Span(str(path), 0, 0))
+    return cls
+
+
+# --- worker side: every replica on this worker, saved or restored -------------------------
+
+def save_replicas(root: str, step: int) -> dict[str, int]:
+    """In a worker: write each replica it holds to ``root/MODEL@DEVICE``; their versions."""
+    from rpeg.runtime import worker as W
+    ex = W._STATE["executor"]
+    device = W._STATE["device"]
+    out = {}
+    for model, replica in ex.replicas.items():
+        key = f"{model}@{device}"
+        ex.checkpoint(model, str(Path(root) / key), {"step": step, "device": device})
+        out[key] = replica.version
+    return out
+
+
+def restore_replicas(sources: dict[str, str]) -> dict[str, int]:
+    """In a worker: load each replica it holds from ``sources[model]``; their versions."""
+    from rpeg.runtime import worker as W
+    ex = W._STATE["executor"]
+    out = {}
+    for model in ex.replicas:
+        if model not in sources:
+            raise RuntimeFailure(f"checkpoint must hold model '{model}', and it does not")
+        out[model] = ex.restore(model, sources[model])
+    return out
+
+
+# --- helpers -------------------------------------------------------------------------------
+
+def _manifest(tmp: Path) -> dict[str, dict]:
+    return {str(f.relative_to(tmp)): {"size": f.stat().st_size, "sha256": _sha256(f)}
+            for f in sorted(tmp.rglob("*")) if f.is_file()}
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _write_synced(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w", encoding="utf-8") as fh:
+        fh.write(text)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+def _fsync(path: Path) -> None:
+    flags = os.O_RDONLY | (os.O_DIRECTORY if path.is_dir() else 0)
+    fd = os.open(path, flags)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _read_json(path: Path, what: str):
+    try:
+        st = path.stat()
+        if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_JSON_BYTES:
+            raise RuntimeFailure(f"{what} '{path}' must be a JSON file of at most "
+                                 f"{MAX_JSON_BYTES:,} bytes", Span(str(path), 0, 0))
+        return json.loads(path.read_text(encoding="utf-8"))
+    except OSError as e:
+        raise RuntimeFailure(f"{what} '{path}' must be readable, not {e.strerror}",
+                             Span(str(path), 0, 0)) from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise RuntimeFailure(f"{what} '{path}' must be JSON, and it is not ({e})",
+                             Span(str(path), 0, 0)) from None

@@ -1,0 +1,680 @@
+"""Runs that survive: step checkpoints, worker loss and stuck ops, resume, Ctrl-C.
+
+    >>> result = run_resilient(pipeline, plan, RunOptions(steps=60), spec_path=spec,
+    ...                        resilience=Resilience(checkpoint_every=10))   # doctest: +SKIP
+    >>> result = resume_run("runs/tiny_ppo-20261130-011500")                 # doctest: +SKIP
+
+The run is cut into segments at step boundaries. A *cut* at step B is the set
+of op calls every step before B needs — all ops of steps < B plus, with
+staleness k, the generation of step B that must read version B - 1 before
+training overwrites it in place (the write-after-read edges). A segment runs
+the ops between two cuts on the scheduling core; at its cut every replica on
+every worker is checkpointed (weights, optimizer state, version), with the
+outputs made before the cut and read after it, so the state at a cut is
+complete: re-running from it gives the same numbers as running through it
+(all randomness is seeded by (seed, step)).
+
+Faults, each handled by rolling back to the last cut:
+
+* a worker process dies (SIGKILL, OOM): seen as its address leaving the
+  scheduler; the nanny's replacement (or a spare worker) takes its device;
+* an op is stuck: no op on a device finished for ``max(floor, factor x the
+  plan's predicted op time)``; reported with op, step and worker, the worker is
+  killed, and it is handled as a loss;
+* too few workers remain: the plan is re-made for the devices left (split
+  placement, same staleness), said in run.json and on stderr, and state is
+  mapped by model onto the new layout.
+
+Rolling back truncates metrics.jsonl and the trace to the cut, so no step
+is lost or counted twice. Ctrl-C stops submitting past the next reachable cut,
+lets the ops already started finish, checkpoints there and raises
+:class:`Interrupted`; ``rpeg run --resume RUN_DIR`` continues from it.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import attrs
+
+from rpeg.errors import RpegError, RuntimeFailure
+from rpeg.plan.model import Plan
+from rpeg.runtime import checkpoint_io as ckio
+from rpeg.runtime import core as C
+from rpeg.runtime import worker as W
+from rpeg.runtime.context import RunContext, dataset_path, read_dataset
+from rpeg.runtime.driver import RunOptions, RunResult, _Cluster, _Progress, _rendezvous
+from rpeg.runtime.instances import OpCall, build_calls
+from rpeg.runtime.rundir import RunDir, step_metrics
+from rpeg.runtime.serial import dumps, loads, plan_from_json, plan_to_json
+from rpeg.spec.model import Pipeline
+
+
+@attrs.frozen
+class Resilience:
+    checkpoint_every: int = 10         # steps between cuts (the last step always ends one)
+    keep: int = 2                      # complete checkpoints kept
+    timeout_factor: float = 10.0       # an op is stuck after factor x its predicted time ...
+    timeout_floor_s: float = 120.0     # ... and never before this
+    max_recoveries: int = 3
+    replace_wait_s: float = 60.0       # how long to wait for a replacement worker
+    poll_s: float = 0.1
+
+
+class Interrupted(RpegError):
+    """Ctrl-C: the run stopped at a checkpoint and can be resumed."""
+
+
+class _Lost(Exception):
+    def __init__(self, device: int, worker: str, op: str, step: int, reason: str) -> None:
+        super().__init__(f"{reason}: device {device} ({worker}), op {op}, step {step}")
+        self.device, self.worker, self.op, self.step, self.reason = device, worker, op, step, reason
+
+
+# --- cuts: which ops every step before B needs ---------------------------------------------
+
+def closure(table: dict[str, OpCall], cut: int) -> set[str]:
+    """Ids of every op that ops of steps < ``cut`` depend on, transitively (and those ops)."""
+    out: set[str] = set()
+    stack = [i for i, c in table.items() if c.step < cut]
+    while stack:
+        i = stack.pop()
+        if i in out:
+            continue
+        out.add(i)
+        stack.extend(table[i].all_deps)
+    return out
+
+
+def carried(table: dict[str, OpCall], inside: set[str]) -> set[str]:
+    """Ops inside a cut whose outputs an op outside it reads."""
+    return {d for i, c in table.items() if i not in inside for d in c.deps if d in inside}
+
+
+def core_view(table: dict[str, OpCall], seg: set[str], end: int) -> list[OpCall]:
+    """The segment's calls as the scheduling core sees them: dependencies inside the segment
+    only, and ops of steps >= end (generation pulled in by the cut) counted in step end - 1."""
+    return [attrs.evolve(c, step=min(c.step, end - 1),
+                         deps=tuple(d for d in c.deps if d in seg),
+                         after=tuple(a for a in c.after if a in seg))
+            for i, c in table.items() if i in seg]
+
+
+# --- the run -------------------------------------------------------------------------------
+
+@attrs.define
+class _State:
+    start: int                                   # the cut the next segment starts from
+    metrics: list[dict]
+    events: list[dict]                           # trace events of committed steps
+    pending: dict[int, list[dict]]               # events of steps not yet complete
+    carry: dict[str, object]                     # outputs made before the cut, read after
+    checkpoint: ckio.Checkpoint | None = None
+
+
+def run_resilient(pipeline: Pipeline, plan: Plan, options: RunOptions,
+                  spec_path: str | None = None, resilience: Resilience = Resilience(),
+                  on_step=None, *, _resume: tuple[RunDir, _State, dict] | None = None
+                  ) -> RunResult:
+    """Run ``plan`` with step checkpoints, surviving worker loss and stuck ops."""
+    steps = options.steps or pipeline.workload.steps
+    spec_dir = str(Path(spec_path).resolve().parent) if spec_path else str(Path.cwd())
+    read_dataset(dataset_path(pipeline, spec_dir))
+    if _resume is None:
+        rd = RunDir.create(options.root, pipeline.name, options.run_dir)
+        if spec_path:
+            import shutil
+            shutil.copyfile(spec_path, rd.path / "spec.rpeg")
+        rd.write_text("pipeline.json", dumps(pipeline))
+        rd.write_text("plan.json", plan_to_json(plan))
+        meta = {"pipeline": pipeline.name, "steps": steps, "status": "running",
+                "scheduler": options.scheduler or "local", "started": time.time(),
+                "spec_dir": spec_dir, "recoveries": [], "replans": [], "resumes": []}
+        state = _State(0, [], [], defaultdict(list), {})
+        rd.write_text("metrics.jsonl", "")
+    else:
+        rd, state, meta = _resume
+        steps = int(meta["steps"])
+    meta["checkpoint_every"] = resilience.checkpoint_every
+    rd.write_json("run.json", meta)
+    stop = _StopFlag.install()
+    t_start = time.time()
+    runner = _Runner(pipeline, plan, options, resilience, rd, meta, state, steps, spec_dir,
+                     on_step, stop)
+    try:
+        with _Cluster(plan.num_devices, options.scheduler) as cl:
+            runner.cl = cl
+            runner.go()
+        meta["status"] = "ok"
+    except Interrupted:
+        meta["status"] = "interrupted"
+        raise
+    except BaseException:
+        meta["status"] = "failed"
+        raise
+    finally:
+        stop.uninstall()
+        meta["wall_s"] = meta.get("wall_s", 0.0) + time.time() - t_start
+        rd.write_json("run.json", meta)
+    return RunResult(rd.path, tuple(state.metrics), meta["wall_s"], steps)
+
+
+def resume_run(run_dir: str | Path, options: RunOptions | None = None,
+               resilience: Resilience = Resilience(), devices: int | None = None,
+               on_step=None) -> RunResult:
+    """Continue a run directory from its last complete checkpoint (re-planned for
+    ``devices`` when that differs from the plan's device count)."""
+    rd = _open_for_resume(Path(run_dir))
+    meta = ckio._read_json(rd.path / "run.json", "run record")
+    pipeline = _load_value(rd.path / "pipeline.json", loads, "pipeline")
+    plan = _load_value(rd.path / "plan.json", plan_from_json, "plan")
+    skipped: list[str] = []
+    ck = ckio.latest(rd.path, skipped=skipped)
+    for s in skipped:
+        print(f"rpeg: warning: skipping a damaged checkpoint: {s}", file=sys.stderr)
+    ckio.prune(rd.path, keep=10**6)                  # drop interrupted writes only
+    state = _state_from(rd, ck)
+    if devices is not None and devices != plan.num_devices:
+        plan = _replan(pipeline, plan, devices, meta, rd, why="resumed onto "
+                       f"{devices} device(s)")
+    meta.setdefault("resumes", []).append({"from_step": state.start, "at": time.time(),
+                                           "checkpoint": str(ck.path) if ck else None})
+    meta["status"] = "running"
+    options = options or RunOptions()
+    options = attrs.evolve(options, steps=int(meta["steps"]), run_dir=str(rd.path))
+    print(f"rpeg: resuming {rd.path} at step {state.start} of {meta['steps']}"
+          + (f" from {ck.path.name}" if ck else " (no complete checkpoint: from the start)"),
+          file=sys.stderr)
+    return run_resilient(pipeline, plan, options, None, resilience, on_step,
+                         _resume=(rd, state, meta))
+
+
+def _open_for_resume(path: Path) -> RunDir:
+    if not path.is_dir():
+        raise RuntimeFailure(f"run directory '{path}' must exist, and it does not",
+                             hint="pass a directory made by `rpeg run`")
+    missing = [f for f in ("run.json", "pipeline.json", "plan.json") if not (path / f).is_file()]
+    if missing:
+        raise RuntimeFailure(f"run directory '{path}' must hold {', '.join(missing)}, and it "
+                             "does not", hint="pass a directory made by `rpeg run`")
+    return RunDir(path.resolve())
+
+
+def _load_value(path: Path, parse, what: str):
+    try:
+        st = path.stat()
+        if st.st_size > ckio.MAX_JSON_BYTES:
+            raise RuntimeFailure(f"{what} file '{path}' is too large ({st.st_size:,} bytes)")
+        return parse(path.read_text(encoding="utf-8"))
+    except RpegError as e:
+        if e.span is None or not e.span.path or e.span.path.startswith("<"):
+            raise RuntimeFailure(f"{what} file '{path}' is unusable: {e.message}") from None
+        raise
+    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError) as e:
+        raise RuntimeFailure(f"{what} file '{path}' must be what rpeg wrote, and it is not "
+                             f"({type(e).__name__}: {e})") from None
+
+
+def _state_from(rd: RunDir, ck: ckio.Checkpoint | None) -> _State:
+    if ck is None:
+        rd.write_text("metrics.jsonl", "")
+        return _State(0, [], [], defaultdict(list), {})
+    rows = [m for m in rd.metrics() if m["step"] < ck.step]
+    rd.write_text("metrics.jsonl", "".join(_line(m) for m in rows))
+    events = list(ck.state.get("events", []))
+    pending: dict[int, list[dict]] = defaultdict(list)
+    for e in ck.state.get("pending", []):
+        pending[int(e["step"])].append(e)
+    carry = ckio.load_tree(ck.path, "carry") if (ck.path / "carry.json").exists() else {}
+    return _State(ck.step, rows, events, pending, carry, ck)
+
+
+def _line(row: dict) -> str:
+    import json
+    return json.dumps(row, sort_keys=True) + "\n"
+
+
+class _Runner:
+    def __init__(self, pipeline, plan, options, res, rd, meta, state, steps, spec_dir,
+                 on_step, stop) -> None:
+        self.pipeline, self.plan, self.options, self.res = pipeline, plan, options, res
+        self.rd, self.meta, self.state, self.steps = rd, meta, state, steps
+        self.spec_dir, self.on_step, self.stop = spec_dir, on_step, stop
+        self.cl = None
+        self._seg_futures: dict[str, object] = {}
+        self.attempt = 0
+        self.t0 = time.time()
+        self.workers: dict[int, str] = {}
+        self.pids: dict[str, int] = {}
+        self.bar = _Progress(steps, options.progress)
+        self.bar_done = state.start
+        if self.bar.p is not None and state.start:
+            self.bar.p.update(self.bar.task, advance=state.start)
+
+    # one attempt per (re)start of the workers
+    def go(self) -> None:
+        try:
+            while True:
+                self.attempt += 1
+                self._start_workers()
+                try:
+                    self._segments()
+                    return
+                except _Lost as lost:
+                    self._recover(lost)
+        finally:
+            self.bar.close()
+
+    def _start_workers(self) -> None:
+        n = self.plan.num_devices
+        workers = self._wait_workers(n)
+        if workers is None:
+            have = self._gpu_workers()
+            if not have:
+                raise RuntimeFailure("no worker with resource GPU=1 is left to continue on")
+            self.plan = _replan(self.pipeline, self.plan, len(have), self.meta, self.rd,
+                                why=f"only {len(have)} worker(s) left")
+            workers = dict(enumerate(have))
+        self.workers = workers
+        self.calls = build_calls(self.pipeline, self.plan, self.steps)
+        self.table = {c.id: c for c in self.calls}
+        self.window = max((k for _, k in self.plan.staleness), default=0) + 1
+        cl = self.cl
+        if self.attempt > 1:
+            try:
+                cl.client.run(W.teardown)
+            except Exception:  # noqa: BLE001 — a worker that died since is replaced below anyway
+                pass
+        ctx = RunContext.create(self.pipeline, self.plan, self.calls, spec_dir=self.spec_dir,
+                                run_dir=str(self.rd.path), dist_addr=_rendezvous(workers[0]),
+                                use_cuda=self.options.use_cuda)
+        ctx = attrs.evolve(ctx, threads=self.options.threads)
+        futs = [cl.client.submit(W.setup, ctx, d, workers=[a], allow_other_workers=False,
+                                 key=f"setup-{d}-{cl.token}-{self.attempt}", pure=False)
+                for d, a in workers.items()]
+        try:
+            setup = cl.client.gather(futs)
+        except RpegError:
+            raise
+        except Exception as e:
+            raise RuntimeFailure(f"worker set-up must succeed, and it failed: "
+                                 f"{type(e).__name__}: {e}") from e
+        self.meta["setup_s"] = max(s["setup_s"] for s in setup)
+        self.meta["workers"] = {str(d): a for d, a in workers.items()}
+        self.pids = {a: p for a, p in cl.client.run(os.getpid).items()}
+        if self.state.checkpoint is not None:
+            self._restore(self.state.checkpoint)
+        self.rd.write_json("run.json", self.meta)
+
+    def _restore(self, ck: ckio.Checkpoint) -> None:
+        saved = dict(ck.state.get("replicas", {}))          # "model@device" -> version
+        futs = []
+        for d, a in self.workers.items():
+            sources = {}
+            for key in saved:
+                model, dev = key.rsplit("@", 1)
+                if int(dev) == d:
+                    sources[model] = str(ck.path / key)
+            for key in saved:                                  # re-planned: map by model
+                model, _ = key.rsplit("@", 1)
+                sources.setdefault(model, str(ck.path / _best_source(saved, model, ck)))
+            futs.append(self.cl.client.submit(ckio.restore_replicas, sources, workers=[a],
+                                              allow_other_workers=False, pure=False,
+                                              key=f"restore-{d}-{self.cl.token}-{self.attempt}"))
+        self.cl.client.gather(futs)
+
+    def _segments(self) -> None:
+        while self.state.start < self.steps:
+            start = self.state.start
+            end = min(self.steps, (start // self.res.checkpoint_every + 1)
+                      * self.res.checkpoint_every)
+            before = closure(self.table, start) if start else set()
+            inside = closure(self.table, end)
+            end, inside = self._run_segment(start, end, inside - before, inside)
+            self._checkpoint(end, inside)
+            self._seg_futures = {}
+            if self.stop.requested:
+                raise Interrupted(f"interrupted: stopped after step {end - 1} and wrote a "
+                                  f"checkpoint; the run directory is {self.rd.path}",
+                                  hint=f"continue with: rpeg run --resume {self.rd.path}")
+
+    def _run_segment(self, start: int, end: int, seg: set[str], inside: set[str]):
+        from distributed import wait
+
+        cl, table = self.cl, self.table
+        keep = carried(table, inside)
+        before = set(inside) - seg
+        futures: dict[str, object] = {}
+        self._seg_futures = futures
+        for op_id, value in self.state.carry.items():          # outputs from before the cut
+            producer = table[op_id]
+            # a list of one: scatter would split a dict and use its keys as task keys
+            futures[op_id] = cl.client.scatter([value], workers=[self.workers[producer.device]],
+                                               hash=False)[0]
+        core = C.Core.create(core_view(table, seg, end), end, self.window)
+        core.steps_done = start
+        key_of: dict[object, str] = {}
+        done_ids: set[str] = set()
+        ready_at: dict[str, float] = {}
+        last_done = dict.fromkeys(self.workers, time.time())
+        held: set[str] = set()
+        limit_cut: set[str] | None = None
+        last_step = time.time()
+        last_alive = 0.0
+        instructions = core.handle(C.Started())
+        while True:
+            for ins in instructions:
+                if isinstance(ins, C.Submit):
+                    call = table[ins.call.id]
+                    if limit_cut is not None and call.id not in limit_cut:
+                        held.add(call.id)
+                        continue
+                    args = [futures[d] for d in call.deps] + [
+                        futures[a] for a in call.after if a in futures]
+                    f = cl.client.submit(W.run_op, call, *args,
+                                         key=f"{call.id}-{cl.token}-{self.attempt}",
+                                         workers=[self.workers[call.device]],
+                                         allow_other_workers=False, resources={"GPU": 1},
+                                         pure=False)
+                    futures[call.id] = f
+                    key_of[f] = call.id
+                    if all(d in done_ids or d not in seg for d in call.all_deps):
+                        ready_at[call.id] = time.time()
+                elif isinstance(ins, C.Release):
+                    if ins.op_id not in keep:
+                        futures.pop(ins.op_id, None)
+                elif isinstance(ins, C.StepDone):
+                    last_step = self._step_done(ins.step, last_step)
+                elif isinstance(ins, C.Abort):
+                    call = table[ins.op_id]
+                    raise RuntimeFailure(
+                        f"op '{ins.op_id}' (stage {call.op}, step {call.step}) failed on "
+                        f"device {call.device}: {ins.error}",
+                        hint="the trace and metrics up to the failure are in the run directory")
+                elif isinstance(ins, C.Finish):
+                    return end, inside
+            if limit_cut is not None and limit_cut <= done_ids | before:
+                return self._cut_short(end, limit_cut)
+            if self.stop.requested and limit_cut is None:
+                limit_cut, end = self._reachable_cut(set(key_of.values()) | done_ids, start,
+                                                     end)
+                inside = limit_cut
+                keep = carried(table, inside)
+                if limit_cut <= done_ids | before:
+                    return self._cut_short(end, limit_cut)
+            inflight = [f for f in key_of if key_of[f] not in done_ids]
+            if not inflight:
+                if held:
+                    continue
+                raise RuntimeFailure("the run stalled: nothing is running and nothing is left "
+                                     "to submit (a bug in rpeg's scheduling)")
+            try:
+                finished, _ = wait(inflight, timeout=self.res.poll_s,
+                                   return_when="FIRST_COMPLETED")
+            except TimeoutError:
+                finished = ()
+            now = time.time()
+            instructions = []
+            for f in finished:
+                op_id = key_of[f]
+                call = table[op_id]
+                if f.status == "error":
+                    err = f.exception()
+                    if _is_loss(err):
+                        raise _Lost(call.device, self.workers[call.device], op_id, call.step,
+                                    f"worker lost ({type(err).__name__})")
+                    if isinstance(err, RpegError):
+                        raise err
+                    instructions += core.handle(C.OpFailed(op_id, f"{type(err).__name__}: "
+                                                                  f"{err}"))
+                    continue
+                if f.status != "finished":
+                    continue
+                done_ids.add(op_id)
+                last_done[call.device] = now
+                instructions += core.handle(C.OpDone(op_id))
+                for c in self._consumers(op_id, seg):
+                    if c in futures and all(d in done_ids or d not in seg
+                                            for d in table[c].all_deps):
+                        ready_at.setdefault(c, now)
+            if now - last_alive > 0.5:
+                last_alive = now
+                self._check_alive(key_of, done_ids)
+            self._check_stuck(key_of, done_ids, ready_at, last_done, now)
+
+    def _consumers(self, op_id: str, seg: set[str]):
+        if not hasattr(self, "_cons"):
+            self._cons: dict[str, list[str]] = defaultdict(list)
+            for c in self.calls:
+                for d in c.all_deps:
+                    self._cons[d].append(c.id)
+        return [c for c in self._cons.get(op_id, ()) if c in seg]
+
+    def _step_done(self, step: int, last: float) -> float:
+        now = time.time()
+        for e in self._drain():
+            self.state.pending[int(e["step"])].append(e)
+        evs = self.state.pending.pop(step, [])
+        self.state.events += evs
+        row = step_metrics(step, evs, now - last)
+        self.rd.append_metrics(row)
+        self.state.metrics.append(row)
+        self.bar.update(row)
+        if self.on_step is not None:
+            self.on_step(row)
+        return now
+
+    def _drain(self) -> list[dict]:
+        try:
+            return self.cl.drain()
+        except Exception:  # noqa: BLE001 — a worker died mid-drain: the loss check sees it
+            return []
+
+    def _check_alive(self, key_of, done_ids) -> None:
+        alive = set(self._gpu_workers(all_=True))
+        for d, a in self.workers.items():
+            if a not in alive:
+                op, step = self._running_on(d, key_of, done_ids)
+                raise _Lost(d, a, op, step, "worker lost (left the cluster)")
+
+    def _running_on(self, device: int, key_of, done_ids) -> tuple[str, int]:
+        live = [self.table[i] for i in key_of.values() if i not in done_ids
+                and self.table[i].device == device]
+        if not live:
+            return "(none)", -1
+        c = min(live, key=lambda c: (c.step, c.id))
+        return c.id, c.step
+
+    def _check_stuck(self, key_of, done_ids, ready_at, last_done, now) -> None:
+        for d in self.workers:
+            ready = [(t, i) for i, t in ready_at.items() if i not in done_ids
+                     and self.table[i].device == d]
+            if not ready:
+                continue
+            t_ready, op_id = min(ready)
+            since = max(t_ready, last_done[d])
+            limit = self._timeout(self.table[op_id])
+            if now - since > limit:
+                call = self.table[op_id]
+                raise _Lost(d, self.workers[d], op_id, call.step,
+                            f"op stuck: no progress for {now - since:.1f} s (limit "
+                            f"{limit:.1f} s from the plan's prediction)")
+
+    def _timeout(self, call: OpCall) -> float:
+        predicted = dict(self.plan.predicted.op_times) if self.plan.predicted else {}
+        t = max((predicted.get(s, 0.0) for s in call.stages), default=0.0)
+        return max(self.res.timeout_floor_s, self.res.timeout_factor * t)
+
+    def _reachable_cut(self, started: set[str], start: int, end: int):
+        """The first cut after ``start`` that holds every op already submitted."""
+        for b in range(start + 1, end + 1):
+            inside = closure(self.table, b)
+            if started <= inside:
+                return inside, b
+        return closure(self.table, end), end
+
+    def _cut_short(self, end: int, inside: set[str]):
+        print(f"rpeg: interrupted: steps before {end} are done; writing a checkpoint",
+              file=sys.stderr)
+        return end, inside
+
+    def _checkpoint(self, cut: int, inside: set[str]) -> None:
+        cl, rd = self.cl, self.rd
+        keep = carried(self.table, inside)
+        for e in self._drain():
+            self.state.pending[int(e["step"])].append(e)
+        carry = {}
+        if keep:
+            futs = {op_id: self._seg_futures[op_id] for op_id in sorted(keep)}
+            carry = dict(zip(futs, cl.client.gather(list(futs.values())), strict=True))
+        tmp = ckio.begin(rd.path, cut)
+        saves = [cl.client.submit(ckio.save_replicas, str(tmp), cut, workers=[a],
+                                  allow_other_workers=False, pure=False,
+                                  key=f"ckpt-{cut}-{d}-{cl.token}-{self.attempt}")
+                 for d, a in self.workers.items()]
+        versions: dict[str, int] = {}
+        for v in cl.client.gather(saves):
+            versions.update(v)
+        ckio.save_tree(tmp, "carry", carry)
+        rd.write_trace(self.state.events, self.workers, self.meta.get("started", self.t0))
+        pending = [e for evs in self.state.pending.values() for e in evs]
+        self.state.checkpoint = ckio.commit(rd.path, tmp, cut, {
+            "replicas": versions, "events": self.state.events, "pending": pending,
+            "metrics_rows": len(self.state.metrics), "num_devices": self.plan.num_devices,
+            "carry": sorted(carry)})
+        ckio.prune(rd.path, keep=self.res.keep)
+        self.state.start = cut
+        self.state.carry = carry
+
+    def _recover(self, lost: _Lost) -> None:
+        cl = self.cl
+        print(f"rpeg: {lost}; rolling back to step {self.state.start}", file=sys.stderr)
+        record = {"attempt": self.attempt, "device": lost.device, "worker": lost.worker,
+                  "op": lost.op, "step": lost.step, "reason": lost.reason,
+                  "rolled_back_to": self.state.start, "at": time.time()}
+        self.meta.setdefault("recoveries", []).append(record)
+        if len(self.meta["recoveries"]) > self.res.max_recoveries:
+            raise RuntimeFailure(f"the run lost workers {len(self.meta['recoveries'])} times "
+                                 f"(last: {lost}); giving up",
+                                 hint=f"resume later with: rpeg run --resume {self.rd.path}")
+        if "stuck" in lost.reason:
+            self._kill(lost.worker)
+        try:
+            cl.client.cancel(list(self._seg_futures.values()), force=True)
+        except Exception:  # noqa: BLE001 — cancelling is best effort; new keys are used anyway
+            pass
+        self._seg_futures = {}
+        self._wait_idle(30.0)
+        abandoned = len(self._drain())
+        record["abandoned_ops"] = abandoned
+        # roll back to the last cut: metrics, trace and carried outputs as they were there
+        ck = self.state.checkpoint
+        fresh = _state_from(self.rd, ck)
+        self.state.start, self.state.metrics = fresh.start, fresh.metrics
+        self.state.events, self.state.pending, self.state.carry = (fresh.events, fresh.pending,
+                                                                   fresh.carry)
+        self.rd.write_json("run.json", self.meta)
+
+    def _kill(self, worker: str) -> None:
+        pid = self.pids.get(worker)
+        if self.options.scheduler is None and pid:
+            try:
+                os.kill(pid, signal.SIGKILL)
+                return
+            except ProcessLookupError:
+                return
+        try:
+            self.cl.client.restart_workers([worker], timeout=30, raise_for_error=False)
+        except Exception:  # noqa: BLE001 — it may be gone already
+            pass
+
+    def _wait_idle(self, timeout: float) -> None:
+        end = time.time() + timeout
+        while time.time() < end:
+            try:
+                busy = any(self.cl.client.processing().values())
+            except Exception:  # noqa: BLE001
+                busy = False
+            if not busy:
+                return
+            time.sleep(0.2)
+
+    def _gpu_workers(self, all_: bool = False) -> list[str]:
+        info = self.cl.client.run_on_scheduler(_gpu_worker_addresses)
+        return sorted(info)
+
+    def _wait_workers(self, n: int) -> dict[int, str] | None:
+        end = time.time() + (self.res.replace_wait_s if self.attempt > 1 else 30.0)
+        lost = {r["worker"] for r in self.meta.get("recoveries", [])}
+        while True:
+            have = [a for a in self._gpu_workers() if a not in lost]
+            if len(have) >= n:
+                return dict(enumerate(have[:n]))
+            if time.time() > end:
+                return None
+            time.sleep(0.25)
+
+
+def _gpu_worker_addresses(dask_scheduler=None) -> list[str]:
+    return [a for a, ws in dask_scheduler.workers.items()
+            if ws.resources.get("GPU", 0) >= 1 and ws.status.name == "running"]
+
+
+def _is_loss(err) -> bool:
+    name = type(err).__name__
+    return name in ("KilledWorker", "CommClosedError", "FutureCancelledError",
+                    "CancelledError") or isinstance(err, (ConnectionError, EOFError))
+
+
+def _best_source(saved: dict[str, int], model: str, ck) -> str:
+    """For a model on a device it was not on before: its newest replica (a trained one first)."""
+    cands = [k for k in saved if k.rsplit("@", 1)[0] == model]
+    with_opt = [k for k in cands if (ck.path / k / "optimizer.safetensors").exists()]
+    return max(with_opt or cands, key=lambda k: saved[k])
+
+
+def _replan(pipeline: Pipeline, plan: Plan, devices: int, meta: dict, rd: RunDir,
+            why: str) -> Plan:
+    from rpeg.runtime.placement import split_plan
+    k = max((b for _, b in plan.staleness), default=0)
+    new = split_plan(pipeline, devices, staleness=k, share=bool(plan.shared))
+    meta.setdefault("replans", []).append({"why": why, "from_devices": plan.num_devices,
+                                           "to_devices": devices, "at": time.time()})
+    n = len(meta["replans"])
+    rd.write_text(f"plan.{n - 1}.json", plan_to_json(plan))
+    rd.write_text("plan.json", plan_to_json(new))
+    print(f"rpeg: re-planned for {devices} device(s) ({why}); the old plan is in "
+          f"plan.{n - 1}.json", file=sys.stderr)
+    return new
+
+
+class _StopFlag:
+    """Ctrl-C once: stop at the next cut and checkpoint. Twice: stop now."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        self.previous = None
+
+    @classmethod
+    def install(cls) -> _StopFlag:
+        flag = cls()
+        if threading.current_thread() is threading.main_thread():
+            flag.previous = signal.signal(signal.SIGINT, flag._handle)
+        return flag
+
+    def _handle(self, signum, frame) -> None:
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+        print("\nrpeg: Ctrl-C: finishing the ops already started, then writing a checkpoint "
+              "(Ctrl-C again to stop at once)", file=sys.stderr)
+
+    def uninstall(self) -> None:
+        if self.previous is not None:
+            signal.signal(signal.SIGINT, self.previous)

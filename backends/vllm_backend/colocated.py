@@ -9,9 +9,10 @@
 
 The runtime's torch replica keeps training; the vLLM engine beside it is
 started once from a checkpoint of the replica's weights (the only disk
-write), and before each generate call that finds the replica ahead of the
-engine, the replica's parameters are copied into the engine in buckets, in
-memory, without a restart. The engine reports the version it served in
+write; the host's random streams are left as they were), and before each
+generate call that finds the replica ahead of the engine, the replica's
+parameters are copied into the engine in buckets, in memory, without a
+restart. The engine reports the version it served in
 every chunk, which is what the trace records.
 """
 
@@ -22,7 +23,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from backends.vllm_backend.engine import VllmEngine, VllmOptions
+from backends.vllm_backend.engine import VllmEngine, VllmOptions, random_state_kept
 from backends.vllm_backend.models import save_policy
 
 # Runtime workers share the machine's cores: let the executor's thread setting stand.
@@ -34,8 +35,9 @@ def colocated_engine(replica: Any, options: VllmOptions = COLOCATED_OPTIONS) -> 
     engine: VllmEngine | None = getattr(replica, "vllm_engine", None)
     if engine is None:
         workdir = Path(tempfile.mkdtemp(prefix="rpeg-vllm-"))
-        path = save_policy(replica.model, workdir / "policy")
-        engine = VllmEngine.start(path, options, version=replica.version)
+        with random_state_kept():          # building the checkpoint draws random init values
+            path = save_policy(replica.model, workdir / "policy")
+            engine = VllmEngine.start(path, options, version=replica.version)
         replica.vllm_engine = engine
         replica.vllm_workdir = workdir
     elif engine.version != replica.version:

@@ -132,7 +132,7 @@ class VllmEngine:
         if gpu:
             kwargs["gpu_memory_utilization"] = options.gpu_memory_utilization
         # In-process, vLLM seeds the global generators: keep the host's random streams as they were.
-        with _random_state_kept():
+        with random_state_kept():
             llm = LLM(**kwargs)
         return cls(llm, options, path, _config_eos(path), version)
 
@@ -254,7 +254,8 @@ def _configure_environment(options: VllmOptions, gpu: bool) -> None:
 
 
 @contextlib.contextmanager
-def _random_state_kept():
+def random_state_kept():
+    """Python's, numpy's and torch's global random states, as they were before the block."""
     import random
 
     import torch

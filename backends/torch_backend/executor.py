@@ -274,6 +274,15 @@ class Executor:
             replica.engine.version = replica.version
         return replica.version
 
+    def restore(self, model: str, path: str) -> int:
+        """Load a replica written by :meth:`checkpoint` (weights, optimizer state, version)."""
+        replica = self.replicas[model]
+        meta = load_checkpoint(replica.model, path, replica.optimizer)
+        replica.version = int(meta["version"])
+        if replica.engine is not None:
+            replica.engine.version = replica.version
+        return replica.version
+
     def shutdown(self) -> None:
         self.streams.clear()
         for r in self.replicas.values():

@@ -16,7 +16,6 @@ from __future__ import annotations
 import importlib
 import sys
 
-import attrs
 import numpy as np
 import torch
 
@@ -105,28 +104,22 @@ class Executor:
         return self.ctx.pipeline.stage(call.stages[0])
 
     def _generate(self, call, replica):
-        """Device r of D streams responses r, r + D, ... of the step, as chunks r, r + D, ..."""
         stage = self._stage(call)
         key = (call.op, call.step)
-        shard = call.world
-        if call.chunk < shard:
+        if call.chunk == 0:
             w = self.ctx.pipeline.workload
             rows = step_rows(self.rows, w.prompts, w.samples, w.seed, call.step)
-            mine = np.arange(call.chunk % shard, len(rows), shard)
-            prompts = [np.asarray([BOS_ID] + encode(rows[i]["prompt"])[-(w.prompt_len - 1):],
-                                  np.int64) for i in mine]
+            prompts = [np.asarray([BOS_ID] + encode(r["prompt"])[-(w.prompt_len - 1):], np.int64)
+                       for r in rows]
             params = SamplingParams(
                 max_new_tokens=int(stage.param("max_len", w.gen_len.max_len)),
                 temperature=float(stage.param("temperature", 1.0)),
                 top_p=float(stage.param("top_p", 1.0)), eos_id=EOS_ID,
-                seed=(w.seed * 1_000_003 + call.step) * 64 + call.chunk % shard)
+                seed=w.seed * 1_000_003 + call.step)
             replica.engine.version = replica.version
-            stream = replica.engine.generate(prompts, params, chunks=call.chunks // shard)
-            self.streams[key] = (stream, mine)
-        stream, mine = self.streams[key]
-        chunk = next(stream)
-        chunk = attrs.evolve(chunk, prompt_index=mine[chunk.prompt_index])   # step-wide indices
-        if call.chunk + shard >= call.chunks:
+            self.streams[key] = replica.engine.generate(prompts, params, chunks=call.chunks)
+        chunk = next(self.streams[key])
+        if call.chunk == call.chunks - 1:
             self.streams.pop(key, None)
         names = stage.outputs
         out = {names[0]: chunk}
@@ -264,15 +257,6 @@ class Executor:
         save_checkpoint(replica.model, path, {**meta, "model": model,
                                               "version": replica.version}, replica.optimizer)
         return path
-
-    def restore(self, model: str, path: str) -> int:
-        """Load a replica written by :meth:`checkpoint` (weights, optimizer state, version)."""
-        replica = self.replicas[model]
-        meta = load_checkpoint(replica.model, path, replica.optimizer)
-        replica.version = int(meta["version"])
-        if replica.engine is not None:
-            replica.engine.version = replica.version
-        return replica.version
 
     def restore(self, model: str, path: str) -> int:
         """Load a replica written by :meth:`checkpoint` (weights, optimizer state, version)."""

@@ -13,6 +13,8 @@ the best plan kept is always feasible). Moves:
                  another aligned block (a different size, or the same size elsewhere);
 - ``layout``     another DP x TP x PP / micro-batch / ZeRO / recompute choice, same devices;
 - ``colocate``   put a stage on the devices of another one;
+- ``partition``  generation on one part of the cluster, the rest on the other part
+                 (or training everywhere, forwards streaming beside generation);
 - ``chunks``     stream a generate stage's responses in 1, 2, 4, 8 or 16 chunks;
 - ``staleness``  another staleness for a stage, within the spec's bound;
 - ``share``      merge or unmerge a ``share`` group's backbones;
@@ -153,6 +155,7 @@ class Moves:
         self.bounded = tuple((s, k) for s, k in ctx.pipeline.staleness if k > 0)
         self.table = [
             (self.block, 4.0), (self.layout, 3.0), (self.colocate, 2.0), (self.chunks, 1.0),
+            (self.partition, 1.0 if len(self.gens) and ctx.n > 1 else 0.0),
             (self.staleness, 1.0 if self.bounded else 0.0),
             (self.share, 0.5 if ctx.pipeline.shares else 0.0), (self.fuse, 0.5)]
         w = np.array([x[1] for x in self.table])
@@ -191,6 +194,42 @@ class Moves:
             if c is None:
                 return None
             plan = put(self.ctx, plan, s, block, c)
+        return plan
+
+    def partition(self, plan: Plan) -> Plan | None:
+        """A macro move: generation on the first ``a`` devices, the other model stages on
+        the rest (or, half the time, forward stages there and training on every device,
+        so forwards stream behind generation), in fast layouts; staleness redrawn."""
+        n = self.ctx.n
+        sizes = [b for b in sorted(self.by_size) if b < n]
+        if not sizes:
+            return None
+        a = int(self._pick(sizes[-3:] if len(sizes) > 3 else sizes))
+        gen_block, rest = Block(0, a), Block(a, n - a)
+        train_everywhere = self.rng.random() < 0.5
+        for s in self.stages:
+            kind = self.ctx.pipeline.stage(s).kind
+            if s in self.gens:
+                block = gen_block
+            elif kind is OpKind.TRAIN and train_everywhere:
+                block = Block(0, n)
+            else:
+                block = rest
+            c = self._choice(s, block.size)
+            if c is None:
+                return None
+            plan = put(self.ctx, plan, s, block, c)
+        if self.bounded:
+            plan = attrs.evolve(plan, staleness=tuple(
+                (s, int(self.rng.integers(0, k + 1))) for s, k in self.bounded
+                if self.rng.random() < 0.8))
+            plan = attrs.evolve(plan, staleness=tuple(x for x in plan.staleness if x[1] > 0))
+        for s in self.gens:
+            p = plan.placement(s)
+            plan = attrs.evolve(plan, placements=tuple(
+                attrs.evolve(x, chunks=int(self._pick(CHUNKS))) if x.stage == s else x
+                for x in plan.placements))
+            del p
         return plan
 
     def layout(self, plan: Plan) -> Plan | None:

@@ -84,7 +84,8 @@ def profile_text(p: GpuProfile, comment: str = "") -> str:
             lines.append(f"        {k} = {_num(v)}")
         lines.append("    }")
     lines.append("}")
-    return "\n".join(lines) + "\n"
+    from rpeg.spec.printer import format_text     # the canonical form `rpeg fmt --check` expects
+    return format_text("\n".join(lines) + "\n")
 
 
 def _with_unit(x: float, dim: str) -> str:

@@ -307,6 +307,10 @@ class _Runner:
                                  f"{type(e).__name__}: {e}") from e
         self.meta["setup_s"] = max(s["setup_s"] for s in setup)
         self.meta["workers"] = {str(d): a for d, a in workers.items()}
+        history = self.meta.setdefault("worker_history", {})    # rpeg verify accepts each
+        for d, a in workers.items():
+            if a not in history.setdefault(str(d), []):
+                history[str(d)].append(a)
         self.pids = {a: p for a, p in cl.client.run(os.getpid).items()}
         if self.state.checkpoint is not None:
             self._restore(self.state.checkpoint)

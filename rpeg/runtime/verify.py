@@ -73,6 +73,8 @@ def verify_run(path: str | Path) -> Report:
     events = events_from_trace(rd.read_json("trace.json"))
     steps = int(meta["steps"])
     workers = {int(d): a for d, a in meta.get("workers", {}).items()}
+    for d, addrs in meta.get("worker_history", {}).items():   # devices whose worker was replaced
+        workers[int(d)] = tuple(addrs)
     return check(build_calls(pipeline, plan, steps), plan, events, workers, steps,
                  model_homes(pipeline, plan, _graph(pipeline, plan)))
 
@@ -121,7 +123,8 @@ def _placement(c: OpCall, e: dict, plan: Plan, workers, homes) -> list[Violation
                              f"ran on device {dev}, must run on device {c.device} "
                              f"({what}: {list(allowed)})"))
     want = workers.get(dev)
-    if want is not None and e.get("worker") not in (want, None):
+    wants = want if isinstance(want, tuple) else (want,)
+    if want is not None and e.get("worker") not in (*wants, None):
         out.append(Violation(c.id, c.step, "placement",
                              f"ran on worker {e.get('worker')}, device {dev} is {want}"))
     return out

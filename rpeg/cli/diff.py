@@ -64,6 +64,8 @@ def _predicted(pipeline, cluster, seed: int, budget: float) -> dict:
         return {"error": "the plan carries no prediction"}
     return {"step_time_s": pred.step_time_s,
             "peak_memory_bytes": max(pred.peak_memory, default=0.0),
+            "peak_memory_per_device": [float(x) for x in pred.peak_memory],
+            "layout": {pl.stage: list(pl.devices) for pl in plan.placements},
             "tokens_per_s": pred.tokens_per_s,
             "devices": len(sorted({d for p in plan.placements for d in p.devices}))}
 
@@ -175,7 +177,8 @@ def _spec_diff(a: Path, b: Path, cluster: Path | None, as_json: bool, seed: int,
     elif d.changed:
         text = d.text()
         if predicted is not None:
-            text += "\n".join(_delta_lines(predicted["cluster"], predicted["a"],
-                                           predicted["b"])) + "\n"
+            from rpeg.experiments.explain import cost_lines
+            text += "\n".join(cost_lines(d, predicted) + _delta_lines(
+                predicted["cluster"], predicted["a"], predicted["b"])) + "\n"
         sys.stdout.write(text)
     raise typer.Exit(1 if d.changed else 0)

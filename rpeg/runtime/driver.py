@@ -30,6 +30,7 @@ from rpeg.runtime import core as C
 from rpeg.runtime import worker as W
 from rpeg.runtime.context import RunContext, dataset_path, read_dataset
 from rpeg.runtime.instances import build_calls, model_homes
+from rpeg.runtime.record import dashboard_line, write_record
 from rpeg.runtime.rundir import RunDir, step_metrics
 from rpeg.runtime.serial import dumps, plan_to_json
 from rpeg.spec.model import Pipeline
@@ -93,6 +94,7 @@ def run(pipeline: Pipeline, plan: Plan, options: RunOptions, spec_path: str | No
             rd.write_trace(events, workers, t_start)
             meta["wall_s"] = time.time() - t_start
             rd.write_json("run.json", meta)
+            write_record(rd.path, spec_path)
     return RunResult(rd.path, tuple(metrics), meta["wall_s"], steps)
 
 
@@ -206,6 +208,8 @@ class _Cluster:
                                         host="127.0.0.1", dashboard_address=None,
                                         silence_logs=logging.ERROR)
             self.client = Client(self.cluster)
+        if line := dashboard_line(self.client):
+            print(line, flush=True)
         return self
 
     def __exit__(self, *exc) -> None:

@@ -1,0 +1,96 @@
+"""``rpeg show RUN_DIR|plan.json``: what a run did, or what a plan predicts, and its pictures.
+
+    $ rpeg show runs/tiny_ppo-20261130-011500 --plots
+    run tiny_ppo-20261130-011500: ok, 60 of 60 steps, started 2026-11-30T01:15:00Z, ...
+    record 3bf6ffd3cf91  (content hashes)
+      spec      spec.rpeg      sha256 7c6d7bb162e3  (from pipelines/tiny_ppo.rpeg)
+      ...
+    step time: predicted 0.054 s (cost model on local_cpu), measured 0.387 s (...)
+    verification: verified 842 ops of 60 steps: placement, dependencies, versions - ok
+    look at
+      trace     runs/.../trace.json  (open in https://ui.perfetto.dev or chrome://tracing)
+      plots     runs/.../plots/timeline.png, runs/.../plots/memory.png, runs/.../plots/curves.png
+
+For a plan file: the plan's text form and prediction; ``--plots`` writes its
+memory chart (and, when the plan names its spec and cluster, its Gantt chart)
+beside it, as PLAN-memory.png/.svg and PLAN-gantt.png/.svg.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+
+from rpeg.errors import RuntimeFailure
+
+
+def register(app: typer.Typer) -> None:
+    @app.command()
+    def show(
+        target: Path = typer.Argument(..., help="A run directory (rpeg run) or a plan (.json)."),
+        plots: bool = typer.Option(False, "--plots", help="Write the pictures (PNG and SVG) "
+                                   "into RUN_DIR/plots/ (or beside the plan)."),
+        verify: bool = typer.Option(True, "--verify/--no-verify",
+                                    help="Check the trace against the plan."),
+        as_json: bool = typer.Option(False, "--json", help="Print the record as JSON."),
+    ) -> None:
+        """Summarise a run: what ran where, predicted vs measured step time, final metrics."""
+        if not target.exists():
+            raise RuntimeFailure(f"'{target}' must be a run directory or a plan file, and it "
+                                 "does not exist", hint="runs are written under runs/ by rpeg run")
+        if target.is_file():
+            _show_plan(target, plots, as_json)
+            return
+        from rpeg.experiments.runs import Run, summary, verification, write_plots
+
+        run = Run.open(target)
+        written = write_plots(run) if plots else None
+        report = verification(run) if verify else None
+        if as_json:
+            out = dict(run.record)
+            if report is not None:
+                out["verification"] = {"ok": getattr(report, "ok", False), "text": str(report)}
+            out["pictures"] = [str(p) for p in written or []]
+            print(json.dumps(out, indent=2))
+        else:
+            print(summary(run, report, written))
+        if report is not None and not getattr(report, "ok", False):
+            raise typer.Exit(1)
+
+
+def _show_plan(path: Path, plots: bool, as_json: bool) -> None:
+    from rpeg.experiments.runs import plan_plots
+    from rpeg.plan.model import Plan
+
+    plan = Plan.load(path)
+    written = []
+    if plots:
+        pipeline, cluster = _inputs_of(plan, path)
+        written = plan_plots(plan, path.with_suffix(""), pipeline, cluster)
+    if as_json:
+        out = plan.to_dict()
+        out["pictures"] = [str(p) for p in written]
+        print(json.dumps(out, indent=2))
+        return
+    print(plan)
+    for p in written:
+        if p.suffix == ".png":
+            print(f"wrote {p} (and .svg)")
+
+
+def _inputs_of(plan, path: Path):
+    """The plan's spec and cluster, when it names them and they are there."""
+    from rpeg.spec import load, load_cluster
+
+    def near(recorded: str) -> Path | None:
+        if not recorded:
+            return None
+        p = Path(recorded)
+        return p if p.exists() else (path.parent / p.name if (path.parent / p.name).exists()
+                                     else None)
+    spec, cluster = near(plan.spec_path), near(plan.cluster_path)
+    if spec is None or cluster is None:
+        return None, None
+    return load(spec), load_cluster(cluster)

@@ -1,0 +1,81 @@
+"""TensorBoard event files beside metrics.jsonl, when the ``tensorboard`` extra is installed.
+
+    $ pip install 'rpeg[tensorboard]'
+    $ rpeg run pipelines/tiny_ppo.rpeg            # runs/tiny_ppo-.../events.out.tfevents.*.rpeg
+    $ tensorboard --logdir runs                    # every run a curve of its own
+
+>>> write_events("runs/tiny_ppo-20261130-011500")             # doctest: +SKIP
+PosixPath('runs/tiny_ppo-20261130-011500/events.out.tfevents.1796001649.rpeg')
+
+One scalar per numeric column of metrics.jsonl, tagged by its name (a stage's
+own figure, ``actor_step.grad_norm``, becomes ``actor_step/grad_norm`` so
+TensorBoard groups it), at the step of its row and the wall time the step
+ended. The file is written whole from metrics.jsonl, so writing again gives the
+same file. Uses tensorboard's own record writer and protocol buffers: no torch,
+no TensorFlow. Returns None, and writes nothing, when tensorboard is absent.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import time
+from pathlib import Path
+
+
+def available() -> bool:
+    return importlib.util.find_spec("tensorboard") is not None
+
+
+def event_file(run_dir: Path, started: float) -> Path:
+    return Path(run_dir) / f"events.out.tfevents.{int(started)}.rpeg"
+
+
+def write_events(run_dir: str | Path) -> Path | None:
+    """(Re)write the run's event file from metrics.jsonl; None when tensorboard is absent."""
+    if not available():
+        return None
+    from tensorboard.compat.proto.event_pb2 import Event
+    from tensorboard.compat.proto.summary_pb2 import Summary
+    from tensorboard.summary.writer.record_writer import RecordWriter
+
+    run_dir = Path(run_dir)
+    rows = _rows(run_dir / "metrics.jsonl")
+    meta = _json(run_dir / "run.json")
+    started = float(meta.get("started", time.time()))
+    wall = started + float(meta.get("setup_s") or 0.0)
+    for old in run_dir.glob("events.out.tfevents.*.rpeg"):
+        old.unlink()
+    path = event_file(run_dir, started)
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        w = RecordWriter(f)
+        w.write(Event(wall_time=started, file_version="brain.Event:2").SerializeToString())
+        for row in rows:
+            wall += float(row.get("step_time_s", 0.0))
+            values = [Summary.Value(tag=tag(k), simple_value=float(v))
+                      for k, v in sorted(row.items())
+                      if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool)]
+            ev = Event(wall_time=wall, step=int(row.get("step", 0)), summary=Summary(value=values))
+            w.write(ev.SerializeToString())
+        w.flush()
+    tmp.replace(path)
+    return path
+
+
+def tag(name: str) -> str:
+    """``actor_step.grad_norm`` -> ``actor_step/grad_norm``; plain names stay as they are."""
+    return name.replace(".", "/")
+
+
+def _rows(p: Path) -> list[dict]:
+    if not p.exists():
+        return []
+    return [json.loads(line) for line in p.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def _json(p: Path) -> dict:
+    try:
+        return json.loads(p.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}

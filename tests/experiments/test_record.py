@@ -1,0 +1,91 @@
+"""record.json: every input named by the hash of its bytes; predicted and measured figures."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+
+from rpeg.runtime.record import RECORD, read_record, steady_rows, write_record
+from rpeg.runtime.tensorboard import write_events
+
+
+def _sha(path):
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_record_names_inputs_by_content_hash(run_a):
+    rec = json.loads((run_a / RECORD).read_text())
+    inputs = rec["inputs"]
+    for key, name in (("spec", "spec.rpeg"), ("pipeline", "pipeline.json"), ("plan", "plan.json")):
+        assert inputs[key]["file"] == name
+        assert inputs[key]["sha256"] == _sha(run_a / name)
+    assert inputs["spec"]["source"].endswith("pipelines/tiny_ppo.rpeg")
+    assert inputs["cluster"]["name"] == "local_cpu"
+    assert (run_a / "cluster.json").exists()
+    assert len(inputs["cluster"]["sha256"]) == 64
+    assert inputs["code"]["rpeg"]
+    assert rec["status"] == "ok" and rec["steps"] == 3
+
+
+def test_record_has_predicted_and_measured_step_time(run_a):
+    rec = read_record(run_a)
+    pr, me = rec["predicted"], rec["measured"]
+    assert pr["step_time_s"] > 0 and pr["source"] == "cost model on local_cpu"
+    assert len(pr["peak_memory"]) == 2 and 0 < max(pr["peak_memory"]) < pr["memory_capacity"]
+    rows = [json.loads(x) for x in (run_a / "metrics.jsonl").read_text().splitlines()]
+    steady = [r["step_time_s"] for r in steady_rows(rows)]
+    assert min(steady) <= me["step_time_s"] <= max(steady)
+    assert me["steps_done"] == 3
+    assert abs(rec["final"]["reward"] - sum(r["reward"] for r in rows) / 3) < 1e-9
+
+
+def test_same_experiment_same_id_other_plan_other_id(run_a, run_b, tmp_path):
+    copy = tmp_path / "copy"
+    shutil.copytree(run_a, copy)
+    (copy / RECORD).unlink()
+    (copy / "cluster.json").unlink()
+    again = write_record(copy)
+    assert again["id"] == read_record(run_a)["id"]
+    assert read_record(run_b)["id"] != again["id"]
+    assert read_record(run_b)["inputs"]["plan"]["sha256"] != again["inputs"]["plan"]["sha256"]
+    assert read_record(run_b)["inputs"]["pipeline"] == again["inputs"]["pipeline"]
+
+
+def test_directory_without_record_is_read_without_writing(run_a, tmp_path):
+    copy = tmp_path / "killed"
+    shutil.copytree(run_a, copy)
+    (copy / RECORD).unlink()
+    rec = read_record(copy)
+    assert rec["inputs"]["plan"]["sha256"] == _sha(copy / "plan.json")
+    assert not (copy / RECORD).exists()
+
+
+def test_tensorboard_events_hold_the_metrics(run_a):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    files = list(run_a.glob("events.out.tfevents.*.rpeg"))
+    assert len(files) == 1 and files[0].stat().st_size > 0
+    assert read_record(run_a)["files"]["tensorboard"] == files[0].name
+    acc = EventAccumulator(str(run_a))
+    acc.Reload()
+    rows = [json.loads(x) for x in (run_a / "metrics.jsonl").read_text().splitlines()]
+    got = [(s.step, s.value) for s in acc.Scalars("reward")]
+    assert [s for s, _ in got] == [r["step"] for r in rows]
+    for (_, v), r in zip(got, rows, strict=True):
+        assert abs(v - r["reward"]) < 1e-5
+    assert "actor_step/grad_norm" in acc.Tags()["scalars"]
+    assert write_events(run_a) == files[0]            # rewriting gives the same one file
+    assert list(run_a.glob("events.out.tfevents.*.rpeg")) == files
+
+
+def test_tensorboard_absent_writes_nothing(run_a, tmp_path, monkeypatch):
+    import rpeg.runtime.tensorboard as tb
+    copy = tmp_path / "no_tb"
+    shutil.copytree(run_a, copy)
+    for f in copy.glob("events.out.tfevents.*"):
+        f.unlink()
+    monkeypatch.setattr(tb, "available", lambda: False)
+    rec = write_record(copy)
+    assert "tensorboard" not in rec["files"]
+    assert not list(copy.glob("events.out.tfevents.*"))

@@ -199,3 +199,15 @@ def test_verifier_catches_broken_unrolled_graphs(good):
 def test_an_op_is_a_value():
     o = Op("x", OpKind.COMPUTE, ("a",), ("b",))
     assert o == Op("x", OpKind.COMPUTE, ("a",), ("b",)) and o.per_sample
+
+
+@pytest.mark.parametrize("path", PIPELINES, ids=lambda p: p.stem)
+def test_verifier_passes_after_fusion(path):
+    """The planner's fusion rewrite is a graph pass too: every pair it offers verifies."""
+    passes = pytest.importorskip("rpeg.plan.passes")
+    p = load(path)
+    for share in (False, True):
+        g = Graph.from_pipeline(p, share=share)
+        for pair in passes.fusable(g):
+            fused = verify(passes.fuse(g, (pair,)))
+            verify_unrolled(unroll(fused, 2, {"rollout": 2} if fused.has_op("rollout") else {}))

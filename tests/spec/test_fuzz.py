@@ -44,7 +44,8 @@ def exercise(text: str, path: Path) -> None:
     """Everything a user's text goes through before planning; only RpegError may escape."""
     try:
         f = parse_text(text, str(path))
-    except RpegError:
+    except RpegError as e:
+        assert_readable(e)
         return
     out = fmt(f)
     again = parse_text(out, str(path))
@@ -58,6 +59,16 @@ def exercise(text: str, path: Path) -> None:
             verify(Graph.from_pipeline(pipeline, share=share))
     except RpegError:
         return
+
+
+INTERNALS = re.compile(r"__ANON|\$END|_SEP|Token\(|Tree\(|[A-Z]{3,}_[A-Z]+|\bRPAR\b|\bLBRACE\b")
+
+
+def assert_readable(e: RpegError) -> None:
+    """A syntax error is labelled in the language's words, never with parser internals."""
+    text = e.render(source="")
+    assert not INTERNALS.search(e.message), e.message
+    assert "Traceback" not in text
 
 
 def _tokens(text: str) -> list[str]:

@@ -3,6 +3,7 @@
     $ rpeg fmt pipelines/ppo_llama8b.rpeg            # canonical text to stdout
     $ rpeg fmt --check pipelines/*.rpeg              # exit 1 naming each file not canonical
     $ rpeg fmt -w my.rpeg                            # rewrite in place
+    $ rpeg fmt - < my.rpeg                           # stdin to stdout (for editors)
 
 Formatting needs only the syntax: a file with a semantic error (an unknown
 model, say) is still formatted; a syntax error is reported like ``rpeg check``
@@ -17,7 +18,7 @@ from pathlib import Path
 import typer
 
 from rpeg.errors import RpegError
-from rpeg.spec.parser import parse_file
+from rpeg.spec.parser import parse_bytes, parse_file
 from rpeg.spec.printer import fmt
 
 
@@ -29,7 +30,7 @@ def _original(path: Path) -> str:
 def register(app: typer.Typer) -> None:
     @app.command("fmt")
     def fmt_command(
-        files: list[Path] = typer.Argument(..., help="Files to format (.rpeg)."),
+        files: list[Path] = typer.Argument(..., help="Files to format (.rpeg); '-' for stdin."),
         check: bool = typer.Option(False, "--check",
                                    help="Change nothing; exit 1 if a file is not canonical."),
         write: bool = typer.Option(False, "--write", "-w", help="Rewrite the files in place."),
@@ -41,6 +42,14 @@ def register(app: typer.Typer) -> None:
         failed = 0
         not_canonical: list[Path] = []
         for path in files:
+            if str(path) == "-":
+                raw = sys.stdin.buffer.read()
+                try:
+                    sys.stdout.write(fmt(parse_bytes(raw, "<stdin>")))
+                except RpegError as e:
+                    print(e.render(source=raw.decode("utf-8", errors="replace")), file=sys.stderr)
+                    failed += 1
+                continue
             try:
                 parsed = parse_file(path)
             except RpegError as e:

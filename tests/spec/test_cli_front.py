@@ -74,6 +74,20 @@ def test_fmt_check_passes_on_every_shipped_file(capsys):
     assert rc == 0, err
 
 
+def test_fmt_reads_stdin():
+    run = [sys.executable, "-m", "rpeg", "fmt", "-"]
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    ok = subprocess.run(run, input="pipeline   p\nshare a,b\n", capture_output=True, text=True,
+                        env=env, timeout=60)
+    assert (ok.returncode, ok.stdout) == (0, "pipeline p\nshare a, b\n")
+    bad = subprocess.run(run, input="pipeline\n", capture_output=True, text=True, env=env,
+                         timeout=60)
+    assert bad.returncode == 1
+    assert bad.stderr.splitlines()[:3] == [
+        "<stdin>:1:9: error: expected a name after 'pipeline', not end of line",
+        "    pipeline", "            ^"]
+
+
 def test_fmt_syntax_error(capsys, work):
     bad = work / "bad.rpeg"
     bad.write_text("pipeline\n")

@@ -81,6 +81,7 @@ def lower_pipeline(f: ast.File) -> tuple[Pipeline, list[SpecError]]:
         raise SpecError(f"pipeline '{decl.name.value}' has no stages", decl.span,
                         hint="add at least 'stage rollout = generate(MODEL, prompts) -> responses'")
     _check_dataflow(stages, items)
+    _check_trainers(stages, items)
     by_stage = {s.name: s for s in stages}
     staleness = tuple(_staleness(i, by_stage, targets) for i in items
                       if isinstance(i, ast.Staleness))
@@ -476,6 +477,23 @@ def _check_loss(loss: V.Fn, model, span: Span) -> None:
     clip = loss.get("clip", position=0)
     if clip is not None and not (isinstance(clip, (int, float)) and 0 < clip < 1):
         raise SpecError(f"{loss.name} clip must be in (0, 1), not {clip}", span)
+
+
+def _check_trainers(stages: tuple[Stage, ...], items) -> None:
+    """One train stage per model: a second would write a second new version in one step."""
+    decls = {i.name.value: i for i in items if isinstance(i, ast.StageDecl)}
+    first: dict[str, Stage] = {}
+    for s in stages:
+        if s.kind is not OpKind.TRAIN:
+            continue
+        if s.target in first:
+            other = first[s.target]
+            raise SpecError(f"model '{s.target}' is trained by two stages, '{other.name}' and "
+                            f"'{s.name}'", decls[s.name].call.args[0].span,
+                            notes=[("first trained here", decls[other.name].span)],
+                            hint="train each model in one stage (epochs and minibatches "
+                                 "repeat it)")
+        first[s.target] = s
 
 
 def _check_dataflow(stages: tuple[Stage, ...], items) -> None:

@@ -120,6 +120,8 @@ CASES: list[tuple[str, str, int, int, str]] = [
     # --- models: frozen, sharing, heads ---------------------------------------------------
     ("train-frozen", add("stage ref_step = train(ref, responses, advantages)"), 14, 24,
      "cannot train frozen model 'ref'"),
+    ("trained-twice", add("stage actor_step2 = train(actor, responses, advantages)"), 14, 27,
+     "model 'actor' is trained by two stages, 'actor_step' and 'actor_step2'"),
     ("frozen-with-optimizer", sub("{ frozen }", "{ frozen; optimizer = adam(lr = 1e-3) }"),
      5, 28, "model 'ref' is frozen and cannot have an optimizer"),
     ("share-different-architectures", sub("model critic : tiny", "model critic : small")

@@ -37,7 +37,7 @@ def wrap_ddp(module: torch.nn.Module, world: tuple[int, ...], device: str):
         raise RuntimeError(f"no process group for devices {world}: init_world first")
     ids = [torch.device(device).index] if device.startswith("cuda") else None
     # Buffers (rotary tables) are identical everywhere: do not broadcast them every forward.
-    return DDP(module, process_group=group, device_ids=ids, broadcast_buffers=False)
+    return DDP(module, process_group=group, device_ids=ids, forward_sync_buffers=False)
 
 
 def shutdown_world() -> None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import importlib
 import sys
 
+import attrs
 import numpy as np
 import torch
 
@@ -34,7 +35,7 @@ from backends.torch_backend.train import (
 from rpeg.errors import BackendError
 from rpeg.runtime.context import dataset_path, group_of, read_dataset, step_rows
 from rpeg.runtime.instances import EXPORT, OpCall
-from rpeg.spec.model import Head, OpKind
+from rpeg.spec.model import Engine, Head, OpKind
 
 BUCKET_BYTES = 32 << 20          # weight sync: one message per 32 MB bucket, not per tensor
 
@@ -104,22 +105,28 @@ class Executor:
         return self.ctx.pipeline.stage(call.stages[0])
 
     def _generate(self, call, replica):
+        """Device r of D streams responses r, r + D, ... of the step, as chunks r, r + D, ..."""
         stage = self._stage(call)
         key = (call.op, call.step)
-        if call.chunk == 0:
+        shard = call.world
+        if call.chunk < shard:
             w = self.ctx.pipeline.workload
             rows = step_rows(self.rows, w.prompts, w.samples, w.seed, call.step)
-            prompts = [np.asarray([BOS_ID] + encode(r["prompt"])[-(w.prompt_len - 1):], np.int64)
-                       for r in rows]
+            mine = np.arange(call.chunk % shard, len(rows), shard)
+            prompts = [np.asarray([BOS_ID] + encode(rows[i]["prompt"])[-(w.prompt_len - 1):],
+                                  np.int64) for i in mine]
             params = SamplingParams(
                 max_new_tokens=int(stage.param("max_len", w.gen_len.max_len)),
                 temperature=float(stage.param("temperature", 1.0)),
                 top_p=float(stage.param("top_p", 1.0)), eos_id=EOS_ID,
-                seed=w.seed * 1_000_003 + call.step)
-            replica.engine.version = replica.version
-            self.streams[key] = replica.engine.generate(prompts, params, chunks=call.chunks)
-        chunk = next(self.streams[key])
-        if call.chunk == call.chunks - 1:
+                seed=(w.seed * 1_000_003 + call.step) * 64 + call.chunk % shard)
+            stream = self._engine(stage, replica).generate(prompts, params,
+                                                           chunks=call.chunks // shard)
+            self.streams[key] = (stream, mine)
+        stream, mine = self.streams[key]
+        chunk = next(stream)
+        chunk = attrs.evolve(chunk, prompt_index=mine[chunk.prompt_index])   # step-wide indices
+        if call.chunk + shard >= call.chunks:
             self.streams.pop(key, None)
         names = stage.outputs
         out = {names[0]: chunk}
@@ -267,9 +274,20 @@ class Executor:
             replica.engine.version = replica.version
         return replica.version
 
+    def _engine(self, stage, replica):
+        """The replica's torch engine, or its vLLM engine (synced to it) when the stage asks."""
+        if stage.param("engine", Engine.AUTO) is Engine.VLLM:
+            from backends.vllm_backend.colocated import colocated_engine
+            return colocated_engine(replica)
+        replica.engine.version = replica.version
+        return replica.engine
+
     def shutdown(self) -> None:
         self.streams.clear()
         for r in self.replicas.values():
+            if getattr(r, "vllm_engine", None) is not None:
+                from backends.vllm_backend.colocated import shutdown_colocated
+                shutdown_colocated(r)
             if r.engine is not None:
                 r.engine.shutdown()
         self.replicas.clear()

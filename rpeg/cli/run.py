@@ -5,9 +5,9 @@
     run: runs/tiny_ppo-20261130-011500  (60 steps, 9.8 s; reward 0.167 -> 0.412)
     $ rpeg run plan.json --spec pipelines/tiny_ppo.rpeg --scheduler tcp://10.0.0.5:8786
 
-Without a plan file the plan is made here for the local cluster
-(``pipelines/clusters/local_cpu.rpeg`` unless ``--cluster`` names another): the
-split placement, with the spec's staleness bounds (``--staleness`` lowers them).
+Without a plan file the plan is compiled here for the local cluster
+(``pipelines/clusters/local_cpu.rpeg`` unless ``--cluster`` names another), told
+what this runtime can execute; ``--staleness`` lowers the plan's bounds.
 """
 
 from __future__ import annotations
@@ -32,12 +32,13 @@ def register(app: typer.Typer) -> None:
         run_dir: Path = typer.Option(None, "--run-dir", help="Write the run here."),
         resume: Path = typer.Option(None, "--resume", help="Continue a run directory."),
         spec: Path = typer.Option(None, "--spec", help="The pipeline a plan.json was compiled from."),
-        cluster: Path = typer.Option(None, "--cluster", help="Cluster file for planning."),
+        cluster: Path = typer.Option(None, "--cluster", help="Cluster file for planning "
+                                     "(default: pipelines/clusters/local_cpu.rpeg)."),
+        strategy: str = typer.Option("search", "--strategy",
+                                     help="search | colocated | split | realloc | runtime-split."),
         staleness: int = typer.Option(None, "--staleness", min=0,
                                       help="Cap every staleness bound (0 = synchronous)."),
-        share: bool = typer.Option(False, "--share", help="Merge the spec's share groups."),
-        dp: int = typer.Option(1, "--dp", min=1, help="Train every model data-parallel over this many devices."),
-        devices: int = typer.Option(None, "--devices", min=1, help="Devices (workers) to plan for."),
+        seed: int = typer.Option(0, "--seed", help="Planner seed."),
         cuda: bool = typer.Option(False, "--cuda", help="Run ops on CUDA when workers have it."),
         progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress bar."),
     ) -> None:
@@ -48,8 +49,8 @@ def register(app: typer.Typer) -> None:
             raise RuntimeFailure("--resume is not supported yet by the runtime",
                                  hint="start a new run; checkpoints are in the run's checkpoints/")
         pipeline, plan, spec_path = plan_for_run(
-            file, spec=spec, cluster=cluster or DEFAULT_CLUSTER, staleness=staleness,
-            share=share, dp=dp, devices=devices)
+            file, spec=spec, cluster=cluster or DEFAULT_CLUSTER, strategy=strategy,
+            staleness=staleness, seed=seed)
         options = RunOptions(steps=steps, scheduler=scheduler,
                              run_dir=str(run_dir) if run_dir else None, progress=progress,
                              use_cuda=cuda)

@@ -148,7 +148,13 @@ def _loop(cl, calls, steps, window, workers, rd, events, options, on_step) -> li
                     for evs in pending_events.values():
                         events += evs
                     return metrics
-            f = next(done)
+            f = next(done, None)
+            if f is None:                   # nothing in flight, yet the core is not finished
+                pending = [i for i, st in core.status.items() if st == "pending"][:5]
+                raise RuntimeFailure(f"the run stalled after step {core.steps_done}: nothing "
+                                     f"is running and {', '.join(pending)} cannot start",
+                                     hint="this is a bug in the runtime's ordering; "
+                                          "please report it with the run directory")
             op_id = id_of.pop(f.key)
             if f.status == "error":
                 instructions = core.handle(C.OpFailed(op_id, _describe(f.exception())))
@@ -205,7 +211,7 @@ class _Cluster:
         else:
             self.cluster = LocalCluster(n_workers=self.devices, threads_per_worker=1,
                                         processes=True, resources={"GPU": 1},
-                                        host="127.0.0.1", dashboard_address=None,
+                                        host="127.0.0.1", dashboard_address="127.0.0.1:0",
                                         silence_logs=logging.ERROR)
             self.client = Client(self.cluster)
         if line := dashboard_line(self.client):

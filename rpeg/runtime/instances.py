@@ -96,7 +96,7 @@ def build_calls(pipeline: Pipeline, plan: Plan, steps: int) -> tuple[OpCall, ...
                 world = len(devices)
             elif name in chunked:
                 layout = [(c, devices[c % len(devices)], 0) for c in range(n_chunks)]
-                world = 1
+                world = len(devices) if op.kind is OpKind.GENERATE else 1
             else:
                 layout = [(0, devices[0], 0)]
                 world = 1
@@ -156,17 +156,24 @@ def _placement(plan: Plan, op):
                             f"not tp = {place.tp}, pp = {place.pp}",
                             hint="the runtime executes data parallelism (dp) only; "
                                  "plan with --strategy that keeps tp = pp = 1")
-        if op.kind is OpKind.GENERATE and len(place.devices) != 1:
-            raise PlanError(f"generate stage '{stage}' must run on one device, not "
-                            f"{len(place.devices)}", hint="give generation one device per stage")
+        if place.zero:
+            raise PlanError(f"stage '{stage}' must have zero = 0 on the torch runtime, not "
+                            f"{place.zero}", hint="the runtime trains data-parallel with DDP; "
+                                                  "plan with zero sharding off")
         return place
     raise PlanError(f"the plan must place stage '{op.name}', and it does not",
                     hint="recompile the plan for this pipeline")
 
 
 def _chunks(graph: Graph, plan: Plan) -> int:
-    gens = [o for o in graph.ops if o.kind is OpKind.GENERATE]
-    return max([_placement(plan, o).chunks for o in gens] + [1])
+    """Chunks per step: the plan's, rounded up so each generating device streams as many."""
+    n = 1
+    for o in graph.ops:
+        if o.kind is OpKind.GENERATE:
+            place = _placement(plan, o)
+            d = len(place.devices)
+            n = max(n, -(-max(place.chunks, 1) // d) * d)
+    return n
 
 
 def _chunked_ops(graph: Graph, pipeline: Pipeline) -> set[str]:
@@ -265,13 +272,15 @@ def _order_versions(calls: list[dict], homes, frozen) -> None:
 
 
 def _order_chunks(calls: list[dict]) -> None:
-    """Chunks of one generate op come from one stream: chunk c after chunk c - 1."""
-    ids = {c["id"] for c in calls}
+    """Each device streams its share of a generate op's chunks (c, c + D, ...) from one
+    stream: a chunk after the previous one of the same device."""
+    last: dict[tuple[str, int, int], str] = {}
     for c in calls:
-        if c["kind"] is OpKind.GENERATE and c["chunk"] > 0:
-            prev = f"{c['op']}/s{c['step']}/c{c['chunk'] - 1}"
-            if prev in ids:
-                c["after"].append(prev)
+        if c["kind"] is OpKind.GENERATE:
+            key = (c["op"], c["step"], c["device"])
+            if key in last:
+                c["after"].append(last[key])
+            last[key] = c["id"]
 
 
 def _order_collectives(calls: list[dict]) -> None:

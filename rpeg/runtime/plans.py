@@ -1,54 +1,86 @@
-"""Which plan a run executes: a compiled plan file, or one made now for the cluster at hand.
+"""Which plan a run executes: a compiled plan file, or one compiled now for the cluster at hand.
 
-    >>> pipeline, plan, spec = plan_for_run(Path("pipelines/tiny_ppo.rpeg"))   # doctest: +SKIP
-    >>> plan.num_devices, plan.strategy                                       # doctest: +SKIP
-    (2, <Strategy.SPLIT: 'split'>)
+    >>> pipeline, plan, spec = plan_for_run(Path("pipelines/tiny_ppo.rpeg"),
+    ...                                     cluster="pipelines/clusters/local_cpu.rpeg")  # doctest: +SKIP
+    >>> plan.num_devices, plan.strategy                                                # doctest: +SKIP
+    (2, <Strategy.SEARCH: 'search'>)
+
+The planner is told what this runtime executes (:func:`runtime_limits`): data
+parallelism with DDP, one torch engine per device, no tensor or pipeline
+parallelism, no ZeRO sharding. ``--strategy runtime-split`` skips the planner
+and uses the runtime's own split placement (``rpeg.runtime.placement``).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import attrs
+
 from rpeg.errors import PlanError, RuntimeFailure
 from rpeg.runtime.placement import split_plan
 
+RUNTIME_SPLIT = "runtime-split"
+
+
+def runtime_limits():
+    """The planner's ``Limits`` for what this runtime can execute."""
+    from rpeg.plan.space import Limits
+    from rpeg.spec.model import Engine
+    return Limits(max_tp=1, max_pp=1, zero=False, engines=frozenset({Engine.TORCH}))
+
 
 def plan_for_run(file: str | Path, *, spec: str | Path | None = None,
-                 cluster: str | Path | None = None, staleness: int | None = None,
-                 share: bool = False, dp: int = 1, devices: int | None = None):
-    """(pipeline, plan, spec path) for ``rpeg run FILE``."""
+                 cluster: str | Path | None = None, strategy: str = "search",
+                 staleness: int | None = None, seed: int = 0, budget_s: float = 5.0):
+    """(pipeline, plan, spec path) for ``rpeg run FILE``; ``staleness`` caps the plan's bounds."""
     from rpeg.spec import load, load_cluster
 
     file = Path(file)
     if file.suffix == ".json":
         from rpeg.plan.model import Plan
         plan = Plan.load(file)
-        spec_path = Path(spec) if spec else _find_spec(file, plan.pipeline)
+        spec_path = Path(spec) if spec else _find_spec(file, plan)
         pipeline = load(spec_path)
         if pipeline.name != plan.pipeline:
             raise PlanError(f"plan '{file}' must be for pipeline '{pipeline.name}', "
                             f"not '{plan.pipeline}'", hint="pass the right --spec")
-        return pipeline, plan, spec_path
-    pipeline = load(file)
-    n = devices
-    cluster_name = "local"
-    if n is None and cluster is not None and Path(cluster).exists():
-        c = load_cluster(cluster)
-        n, cluster_name = c.num_gpus, c.name
-    n = n or 2
-    if dp > n:
-        raise PlanError(f"--dp must be at most the {n} devices, not {dp}")
-    if share and not pipeline.shares:
-        raise PlanError("--share needs a 'share' line in the spec, and it has none",
-                        hint="add e.g. `share actor, critic`")
-    return pipeline, split_plan(pipeline, n, staleness=staleness, share=share, dp=dp,
-                                cluster=cluster_name), file
+    else:
+        spec_path = file
+        pipeline = load(file)
+        c = load_cluster(cluster) if cluster else None
+        if strategy == RUNTIME_SPLIT:
+            plan = split_plan(pipeline, c.num_gpus if c else 2,
+                              cluster=c.name if c else "local")
+        else:
+            plan = _compile(pipeline, c, strategy, seed, budget_s)
+    if staleness is not None:
+        plan = attrs.evolve(plan, staleness=tuple((st, min(k, staleness))
+                                                  for st, k in plan.staleness))
+    return pipeline, plan, spec_path
 
 
-def _find_spec(plan_file: Path, name: str) -> Path:
-    for candidate in (plan_file.parent / "spec.rpeg", plan_file.parent / f"{name}.rpeg",
-                      Path("pipelines") / f"{name}.rpeg"):
+def _compile(pipeline, cluster, strategy: str, seed: int, budget_s: float):
+    from rpeg.plan.compile import compile_plan
+    from rpeg.plan.model import Strategy
+    from rpeg.plan.search import SearchOptions
+
+    if cluster is None:
+        raise RuntimeFailure("a cluster file is needed to plan the run, and none was given",
+                             hint="pass --cluster pipelines/clusters/local_cpu.rpeg")
+    choices = [s.value for s in Strategy if s is not Strategy.MANUAL] + [RUNTIME_SPLIT]
+    if strategy not in choices:
+        raise PlanError(f"--strategy must be one of {', '.join(choices)}, not {strategy!r}")
+    options = SearchOptions(seed=seed, budget_s=budget_s, limits=runtime_limits())
+    return compile_plan(pipeline, cluster, Strategy(strategy), options)
+
+
+def _find_spec(plan_file: Path, plan) -> Path:
+    candidates = [Path(p) for p in (getattr(plan, "spec_path", "") or "",) if p]
+    candidates += [plan_file.parent / "spec.rpeg", plan_file.parent / f"{plan.pipeline}.rpeg",
+                   Path("pipelines") / f"{plan.pipeline}.rpeg"]
+    for candidate in candidates:
         if candidate.exists():
             return candidate
-    raise RuntimeFailure(f"the spec of plan '{plan_file}' (pipeline {name}) must be found, "
-                         "and it is not beside the plan", hint="pass it with --spec FILE.rpeg")
+    raise RuntimeFailure(f"the spec of plan '{plan_file}' (pipeline {plan.pipeline}) must be "
+                         "found, and it is not", hint="pass it with --spec FILE.rpeg")

@@ -20,10 +20,9 @@ from pathlib import Path
 import attrs
 
 import rpeg
-from rpeg.cost.memory import Parallel
+from rpeg.cost.memory import Parallel, resident_memory
 from rpeg.cost.stages import stage_memory
 from rpeg.errors import CostError, PlanError
-from rpeg.cost.memory import resident_memory
 from rpeg.plan.baselines import BASELINES, run_baselines
 from rpeg.plan.choices import enumerate_layouts, model_stages
 from rpeg.plan.edit import Context

@@ -17,8 +17,15 @@ from __future__ import annotations
 import attrs
 
 from rpeg.errors import PlanError
-from rpeg.plan.choices import (Choice, ChoiceTable, choice_table, enumerate_layouts, estimate,
-                               model_stages, prune)
+from rpeg.plan.choices import (
+    Choice,
+    ChoiceTable,
+    choice_table,
+    enumerate_layouts,
+    estimate,
+    model_stages,
+    prune,
+)
 from rpeg.plan.evaluate import is_host_op
 from rpeg.plan.model import Plan, StagePlacement
 from rpeg.plan.space import Block, Limits

@@ -31,9 +31,9 @@ def _fits(plan, pipeline, cluster) -> bool:
 
 
 def test_local_cpu_plan_is_quick_and_sensible(tiny, local_cpu):
-    began = time.perf_counter()
+    began = time.process_time()       # CPU time: the machine's other load does not count
     plan = compile_plan(tiny, local_cpu, options=SearchOptions(limits=Limits.detect()))
-    assert time.perf_counter() - began < 2.0 * 2          # < 2 s alone; two cores are shared
+    assert time.process_time() - began < 2.0
     assert plan.num_devices == 2 and plan.strategy is Strategy.SEARCH
     assert {p.stage for p in plan.placements} == {s.name for s in tiny.stages}
     assert all(p.engine is Engine.TORCH for p in plan.placements)

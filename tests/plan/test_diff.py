@@ -1,0 +1,49 @@
+"""diff_plans: placement and structure differences with predicted deltas."""
+
+from __future__ import annotations
+
+import attrs
+
+from rpeg.plan import Plan, Predicted, StagePlacement, diff_plans
+from rpeg.spec import Engine
+
+
+def _plan(**kw) -> Plan:
+    base = Plan("ppo", "gh200_8", 8,
+                (StagePlacement("rollout", (0, 1, 2, 3), dp=4, engine=Engine.VLLM, chunks=4),
+                 StagePlacement("actor_step", (4, 5, 6, 7), dp=4, zero=2)),
+                predicted=Predicted(10.0, (50e9,) * 8))
+    return attrs.evolve(base, **kw)
+
+
+def test_same_plans():
+    d = diff_plans(_plan(), _plan())
+    assert d.same and str(d).startswith("plans are the same")
+    assert d.step_time_delta_s == 0.0
+
+
+def test_placement_structure_and_deltas():
+    a = _plan()
+    b = _plan(placements=(StagePlacement("rollout", (0, 1, 2, 3), dp=2, tp=2,
+                                         engine=Engine.VLLM, chunks=4),
+                          StagePlacement("actor_step", (4, 5, 6, 7), dp=4, zero=2)),
+              staleness=(("rollout", 1),), shared=(("actor", "critic"),),
+              predicted=Predicted(8.0, (60e9,) * 8))
+    d = diff_plans(a, b)
+    assert not d.same
+    assert d.placements == (("rollout", "devices 0-3 dp4 tp1 pp1 mb1 zero0 chunks4 vllm",
+                             "devices 0-3 dp2 tp2 pp1 mb1 zero0 chunks4 vllm"),)
+    assert ("staleness rollout", "0", "1") in d.structure
+    assert ("share", "none", "actor, critic") in d.structure
+    assert d.step_time_delta_s == -2.0 and d.memory_delta == 10e9
+    text = str(d)
+    assert "predicted step time: 10.000 s -> 8.000 s (-2.000 s, 1.25x)" in text
+    assert "predicted peak memory: 50.0 GB -> 60.0 GB (+10.0 GB per GPU)" in text
+    assert d.to_dict()["predicted"]["step_time_delta_s"] == -2.0
+
+
+def test_stage_only_in_one_plan_and_unpriced_plans():
+    b = _plan(placements=_plan().placements[:1], predicted=None)
+    d = diff_plans(_plan(), b)
+    assert ("actor_step", "devices 4-7 dp4 tp1 pp1 mb1 zero2 chunks1 torch", "-") in d.placements
+    assert d.step_time_delta_s is None and "predicted step" not in str(d)

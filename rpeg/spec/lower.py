@@ -85,7 +85,7 @@ def lower_pipeline(f: ast.File) -> tuple[Pipeline, list[SpecError]]:
     by_stage = {s.name: s for s in stages}
     staleness = tuple(_staleness(i, by_stage, targets) for i in items
                       if isinstance(i, ast.Staleness))
-    shares = tuple(_share(i, targets) for i in items if isinstance(i, ast.Share))
+    shares = _share_groups([i for i in items if isinstance(i, ast.Share)], targets)
     colocate = tuple(_colocate(i, by_stage, targets) for i in items if isinstance(i, ast.Colocate))
     place = tuple(_place(i, by_stage) for i in items if isinstance(i, ast.Place))
     _check_unused(stages, models, items, warnings)
@@ -569,6 +569,30 @@ def _staleness(i: ast.Staleness, stages: dict[str, Stage], targets) -> tuple[str
         raise SpecError(f"staleness on stage '{s.name}', which reads {what}: only a stage that "
                         "reads a trained model's weights can read an older version", i.span)
     return (s.name, k)
+
+
+def _share_groups(decls: list[ast.Share], targets) -> tuple[tuple[str, ...], ...]:
+    """Each ``share`` checked; a group repeated (say, by an extending file) counts once, and a
+    model may belong to one group only -- one backbone cannot be merged into two."""
+    groups: list[tuple[str, ...]] = []
+    owner: dict[str, ast.Share] = {}
+    for decl in decls:
+        group = _share(decl, targets)
+        if any(set(group) == set(g) for g in groups):
+            continue
+        for n in decl.names:
+            if n.value in owner:
+                first = owner[n.value]
+                raise SpecError(f"model '{n.value}' is already shared with "
+                                f"{', '.join(x.value for x in first.names if x.value != n.value)}"
+                                "; a model may be in one share group only", n.span,
+                                notes=[("shared here", first.span)],
+                                hint="list every model of one backbone in one statement: share "
+                                     + ", ".join(dict.fromkeys([x.value for x in first.names]
+                                                               + list(group))))
+            owner[n.value] = decl
+        groups.append(group)
+    return tuple(groups)
 
 
 def _share(i: ast.Share, targets) -> tuple[str, ...]:

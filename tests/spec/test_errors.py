@@ -129,6 +129,9 @@ CASES: list[tuple[str, str, int, int, str]] = [
     ("share-unknown-model", add("share actor, critc"), 14, 14, "share names unknown model 'critc'"),
     ("share-frozen", add("share actor, ref"), 14, 14,
      "cannot share the backbone of frozen model 'ref'"),
+    ("share-in-two-groups", sub("model ref : tiny { frozen }", "model ref : tiny")
+     + "share actor, critic\nshare critic, ref\n", 15, 7,
+     "model 'critic' is already shared with actor; a model may be in one share group only"),
     ("share-one-model", add("share actor"), 14, 1, "share needs at least two models"),
     ("value-loss-on-policy", sub("train(actor, responses, advantages)",
                                  "train(actor, responses, advantages, loss = value_mse)"), 12, 63,
@@ -245,6 +248,11 @@ def test_hints_suggest_the_right_name(tmp_path):
         with pytest.raises(SpecError) as info:
             check_file(_write(tmp_path, text))
         assert info.value.hint == hint, info.value.render()
+
+
+def test_a_repeated_share_group_counts_once(tmp_path):
+    checked = check_file(_write(tmp_path, add("share actor, critic", "share critic, actor")))
+    assert checked.value.shares == (("actor", "critic"),)
 
 
 def test_extend_cycle_through_two_files(tmp_path):

@@ -83,7 +83,10 @@ def lower_pipeline(f: ast.File) -> tuple[Pipeline, list[SpecError]]:
     _check_dataflow(stages, items)
     _check_trainers(stages, items)
     by_stage = {s.name: s for s in stages}
-    staleness = tuple(_staleness(i, by_stage, targets) for i in items
+    # models whose weights change during a run: trained, or sharing a backbone that may be
+    versioned = {st.target for st in stages if st.kind is OpKind.TRAIN} | {
+        n.value for i in items if isinstance(i, ast.Share) for n in i.names}
+    staleness = tuple(_staleness(i, by_stage, targets, versioned) for i in items
                       if isinstance(i, ast.Staleness))
     shares = _share_groups([i for i in items if isinstance(i, ast.Share)], targets)
     colocate = tuple(_colocate(i, by_stage, targets) for i in items if isinstance(i, ast.Colocate))
@@ -549,7 +552,8 @@ def _input_span(decl: ast.StageDecl, name: str) -> Span:
 
 # --- structural statements ------------------------------------------------------
 
-def _staleness(i: ast.Staleness, stages: dict[str, Stage], targets) -> tuple[str, int]:
+def _staleness(i: ast.Staleness, stages: dict[str, Stage], targets,
+               versioned: set[str]) -> tuple[str, int]:
     if i.stage.value not in stages:
         raise SpecError(f"staleness names unknown stage '{i.stage.value}'", i.stage.span,
                         hint=did_you_mean(i.stage.value, stages))
@@ -568,6 +572,11 @@ def _staleness(i: ast.Staleness, stages: dict[str, Stage], targets) -> tuple[str
             ("reward '" + s.target + "'" if s.target else "no model")
         raise SpecError(f"staleness on stage '{s.name}', which reads {what}: only a stage that "
                         "reads a trained model's weights can read an older version", i.span)
+    if model.name not in versioned:
+        raise SpecError(f"staleness on stage '{s.name}', which reads model '{model.name}' that no "
+                        "stage trains: its weights never change, so there is no older version "
+                        "to read", i.span, hint=f"add a train stage for '{model.name}', or drop "
+                        "this staleness")
     return (s.name, k)
 
 

@@ -6,7 +6,7 @@
     >>> print(plan)                                                       # doctest: +SKIP
 """
 
-from rpeg.plan.compile import CompileReport, compile_plan, compile_report
+from rpeg.plan.compile import CompileReport, check_executable, compile_plan, compile_report
 from rpeg.plan.diff import PlanDiff, diff_plans
 from rpeg.plan.evaluate import Evaluation, Evaluator
 from rpeg.plan.model import SCHEMA_VERSION, Plan, Predicted, StagePlacement, Strategy
@@ -19,6 +19,7 @@ __all__ = [
     "Plan", "StagePlacement", "Predicted", "Strategy", "SCHEMA_VERSION",
     # planning
     "compile_plan", "compile_report", "CompileReport", "SearchOptions", "Method", "Limits",
+    "check_executable",
     # pricing and simulation
     "Evaluator", "Evaluation", "simulate", "OpTiming", "Timeline",
     # comparing

@@ -30,7 +30,7 @@ from rpeg.plan.evaluate import Evaluation, Evaluator, Shortfall
 from rpeg.plan.model import Plan, Strategy
 from rpeg.plan.search import SearchOptions, SearchResult, anneal
 from rpeg.plan.space import Limits, generate_engines
-from rpeg.spec.model import Cluster, OpKind, Pipeline
+from rpeg.spec.model import Cluster, Engine, OpKind, Pipeline
 
 GB = 1e9
 
@@ -114,6 +114,19 @@ def check_backend(pipeline: Pipeline, limits: Limits) -> None:
             generate_engines(pipeline, s.name, limits)
 
 
+def check_executable(plan: Plan, limits: Limits) -> None:
+    """PlanError when a plan (searched or hand-written) asks more than the backend runs."""
+    for p in plan.placements:
+        why = limits.check_parallel(Parallel(p.dp, p.tp, p.pp, p.microbatches, p.recompute,
+                                             p.zero))
+        if why:
+            raise PlanError(f"stage '{p.stage}': {why}",
+                            hint="recompile with this backend's limits")
+        if p.engine not in limits.engines and p.engine is not Engine.AUTO:
+            raise PlanError(f"stage '{p.stage}' must use an installed engine, not "
+                            f"'{p.engine.value}'", hint="install it, or recompile")
+
+
 def no_fit(ctx: Context, closest: list[Evaluation]) -> PlanError:
     """The error for 'nothing fits': which model and op is short, by how much, what helps."""
     cap = ctx.cluster.gpu.memory
@@ -169,5 +182,5 @@ def _least_need(ctx: Context, stage: str) -> tuple[float, int]:
     return best
 
 
-__all__ = ["compile_plan", "compile_report", "CompileReport", "check_backend", "SearchOptions",
-           "Limits"]
+__all__ = ["compile_plan", "compile_report", "CompileReport", "check_backend",
+           "check_executable", "SearchOptions", "Limits"]

@@ -139,3 +139,39 @@ def test_staleness_stays_within_the_spec(grpo, a100_16):
     plan = compile_plan(grpo, a100_16, options=QUICK)
     for stage, k in plan.staleness:
         assert 0 <= k <= grpo.staleness_of(stage)
+
+
+def _with(tmp_path, text: str, name: str = "hinted"):
+    (tmp_path / "rewards.py").write_text((ROOT / "pipelines/rewards.py").read_text())
+    f = tmp_path / f"{name}.rpeg"
+    f.write_text((ROOT / "pipelines/grpo_qwen7b.rpeg").read_text() + "\n" + text + "\n")
+    return load(f)
+
+
+def test_place_and_colocate_hints_are_honoured(tmp_path, a100_16):
+    pipeline = _with(tmp_path, "place rollout on gpus 0..7\ncolocate ref_lp, actor_step")
+    plan = compile_plan(pipeline, a100_16, options=QUICK)
+    assert plan.placement("rollout").devices == tuple(range(8))
+    assert plan.placement("ref_lp").devices == plan.placement("actor_step").devices
+    assert _fits(plan, pipeline, a100_16)
+
+
+def test_place_outside_the_cluster_is_refused(tmp_path, a100_16):
+    pipeline = _with(tmp_path, "place rollout on gpus 8..31")
+    with pytest.raises(PlanError, match="must name GPUs in 0..15, not 8..31"):
+        compile_plan(pipeline, a100_16, options=QUICK)
+
+
+def test_plans_a_backend_cannot_run_are_refused(grpo, a100_16):
+    from rpeg.plan import check_executable
+    plan = compile_plan(grpo, a100_16, options=QUICK)
+    check_executable(plan, EVERY_ENGINE)
+    wide = next(p for p in plan.placements if p.tp * p.pp > 1 or p.dp > 1)
+    with pytest.raises(PlanError, match="on this backend"):
+        check_executable(plan, Limits(max_tp=1, max_pp=1, max_dp=1))
+    vllm = attrs.evolve(plan, placements=tuple(
+        attrs.evolve(p, engine=Engine.VLLM) if p.stage == "rollout" else p
+        for p in plan.placements))
+    with pytest.raises(PlanError, match="engine"):
+        check_executable(vllm, Limits(engines=frozenset({Engine.TORCH})))
+    assert wide

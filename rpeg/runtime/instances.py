@@ -132,17 +132,18 @@ def by_id(calls) -> dict[str, OpCall]:
 
 
 def model_homes(pipeline: Pipeline, plan: Plan, graph: Graph) -> dict[str, tuple[int, ...]]:
-    """Backbone -> devices holding its trained weights (the plan's, else its train op's)."""
+    """Backbone -> devices holding its trained weights: its train op's devices. The plan's
+    ``model_homes`` may list more (replicas kept for generation); they must include these."""
     homes: dict[str, tuple[int, ...]] = {}
     for op in graph.ops:
         if op.kind is OpKind.TRAIN and op.writes_model:
             members = op.writes_model.split("+")
             given = plan.home(op.writes_model) or plan.home(members[0])
-            homes[op.writes_model] = tuple(given) or _placement(plan, op).devices
-            if tuple(given) and set(given) != set(_placement(plan, op).devices):
-                raise PlanError(f"train op '{op.name}' must run on the home devices of "
-                                f"'{op.writes_model}' {tuple(given)}, not "
-                                f"{_placement(plan, op).devices}")
+            trained = _placement(plan, op).devices
+            if given and not set(trained) <= set(given):
+                raise PlanError(f"train op '{op.name}' must run on home devices of "
+                                f"'{op.writes_model}' {tuple(given)}, not {trained}")
+            homes[op.writes_model] = trained
     return homes
 
 

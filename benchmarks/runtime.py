@@ -1,0 +1,204 @@
+"""Runtime figures: learning, asynchrony, overhead, and prediction, from real runs.
+
+    $ .venv/bin/python benchmarks/runtime.py            # writes benchmarks/results/runtime.{json,md}
+    $ .venv/bin/python benchmarks/runtime.py --quick    # fewer steps and seeds (a smoke run)
+
+1. learning: tiny_ppo and tiny_grpo as ``rpeg run`` runs them (the planner's plan
+   for the local 2-worker cluster); mean reward of the untrained policy (steps
+   that generated with version 0) and of the last 5 steps; wall time.
+2. asynchrony: the split placement on 2 workers, staleness 1 vs 0, same seeds;
+   ratio of median step times and final rewards (mean of the last 5 steps), 3 seeds.
+3. overhead: one worker, synchronous, rpeg on Dask vs the same op calls in one
+   process (``rpeg.runtime.inline``); ratio of median step times.
+4. prediction: the cost model's step time for each executed plan
+   (``rpeg.plan.evaluate.Evaluator`` with the calibrated local_cpu profile) vs measured.
+
+Step times are medians over steps after the first 5 (start-up). The machine is
+shared: every measurement records the 1-minute load average around it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import attrs
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from rpeg.plan.evaluate import Evaluator  # noqa: E402
+from rpeg.runtime import RunOptions, run_pipeline, verify_run  # noqa: E402
+from rpeg.runtime.inline import run_inline  # noqa: E402
+from rpeg.runtime.placement import split_plan  # noqa: E402
+from rpeg.runtime.plans import plan_for_run  # noqa: E402
+from rpeg.spec import load, load_cluster  # noqa: E402
+
+CLUSTER = ROOT / "pipelines" / "clusters" / "local_cpu.rpeg"
+WARMUP = 5
+
+
+def load_avg() -> float:
+    return round(os.getloadavg()[0], 2)
+
+
+def median_step(rows) -> float:
+    times = [r["step_time_s"] for r in rows[WARMUP:]] or [r["step_time_s"] for r in rows]
+    return statistics.median(times)
+
+
+def final_reward(rows, n=5) -> float:
+    tail = [r["reward"] for r in rows[-n:]]
+    return sum(tail) / len(tail)
+
+
+def untrained_reward(rows) -> float:
+    first = [r["reward"] for r in rows if r.get("gen_version", 0) == 0]
+    return sum(first) / len(first)
+
+
+def with_seed(pipeline, seed: int):
+    return attrs.evolve(pipeline, workload=attrs.evolve(pipeline.workload, seed=seed))
+
+
+def dask_run(pipeline, plan, steps, root) -> dict:
+    before = load_avg()
+    t = time.time()
+    result = run_pipeline(pipeline, plan, RunOptions(steps=steps, root=str(root), progress=False),
+                          spec_path=pipeline.path)
+    wall = time.time() - t
+    ok = verify_run(result.path).ok
+    rows = list(result.metrics)
+    return {"run_dir": str(result.path), "verified": ok, "wall_s": round(wall, 2),
+            "median_step_s": round(median_step(rows), 4),
+            "untrained_reward": round(untrained_reward(rows), 4),
+            "final_reward": round(final_reward(rows), 4), "steps": steps,
+            "load_avg": [before, load_avg()]}
+
+
+def predicted(pipeline, plan) -> float:
+    return Evaluator(pipeline, load_cluster(CLUSTER)).evaluate(plan).step_time_s
+
+
+def learning(name, steps, root) -> dict:
+    pipeline, plan, _ = plan_for_run(ROOT / "pipelines" / f"{name}.rpeg", cluster=CLUSTER)
+    out = dask_run(pipeline, plan, steps, root)
+    out["plan"] = plan.strategy.value
+    out["predicted_step_s"] = round(predicted(pipeline, plan), 4)
+    return out
+
+
+def asynchrony(steps, seeds, root) -> dict:
+    base = load(ROOT / "pipelines" / "tiny_ppo.rpeg")
+    runs = {"sync": [], "async": []}
+    for seed in seeds:
+        pipeline = with_seed(base, seed)
+        for label, k in (("sync", 0), ("async", 1)):
+            plan = split_plan(pipeline, 2, staleness=k)
+            r = dask_run(pipeline, plan, steps, root)
+            r["seed"] = seed
+            r["predicted_step_s"] = round(predicted(pipeline, plan), 4)
+            runs[label].append(r)
+    ratio = [a["median_step_s"] / s["median_step_s"] for a, s in zip(runs["async"], runs["sync"],
+                                                                      strict=True)]
+    sync_r = statistics.mean(r["final_reward"] for r in runs["sync"])
+    async_r = statistics.mean(r["final_reward"] for r in runs["async"])
+    return {"runs": runs, "step_time_ratio_async_over_sync": round(statistics.mean(ratio), 3),
+            "step_time_ratio_per_seed": [round(x, 3) for x in ratio],
+            "final_reward_sync": round(sync_r, 4), "final_reward_async": round(async_r, 4),
+            "final_reward_gap_pct": round(100 * (async_r - sync_r) / sync_r, 2)}
+
+
+def overhead(steps, root, rounds=2) -> dict:
+    pipeline = load(ROOT / "pipelines" / "tiny_ppo.rpeg")
+    plan = split_plan(pipeline, 1, staleness=0)
+    dask, inline = [], []
+    for _ in range(rounds):                       # interleaved, so drifting load hits both
+        dask.append(dask_run(pipeline, plan, steps, root))
+        before = load_avg()
+        rows = run_inline(pipeline, plan, steps, str(ROOT / "pipelines"))
+        inline.append({"median_step_s": round(median_step(rows), 4),
+                       "load_avg": [before, load_avg()]})
+    d = statistics.median(r["median_step_s"] for r in dask)
+    i = statistics.median(r["median_step_s"] for r in inline)
+    return {"dask": dask, "inline": inline, "median_step_dask_s": d, "median_step_inline_s": i,
+            "ratio_dask_over_inline": round(d / i, 3),
+            "predicted_step_s": round(predicted(pipeline, plan), 4)}
+
+
+def markdown(res) -> str:
+    lines = ["# Runtime figures", "",
+             f"`{res['command']}` on {res['machine']} ({res['date']}); "
+             f"1-minute load average {res['load_avg_start']} at the start, "
+             f"{res['load_avg_end']} at the end (the machine is shared).", "",
+             "## Learning (rpeg run, planner's plan, local Dask cluster of 2 workers)", "",
+             "| pipeline | steps | untrained reward | final reward | wall s | step s measured | step s predicted | verified |",
+             "|---|---|---|---|---|---|---|---|"]
+    for name in ("tiny_ppo", "tiny_grpo"):
+        r = res["learning"][name]
+        lines.append(f"| {name} | {r['steps']} | {r['untrained_reward']} | {r['final_reward']} | "
+                     f"{r['wall_s']} | {r['median_step_s']} | {r['predicted_step_s']} | "
+                     f"{r['verified']} |")
+    a = res["asynchrony"]
+    lines += ["", "## Staleness 1 vs synchronous (tiny_ppo, split placement, 2 workers)", "",
+              "| seed | sync step s | async step s | ratio | sync final reward | async final reward |",
+              "|---|---|---|---|---|---|"]
+    for s, x in zip(a["runs"]["sync"], a["runs"]["async"], strict=True):
+        lines.append(f"| {s['seed']} | {s['median_step_s']} | {x['median_step_s']} | "
+                     f"{round(x['median_step_s'] / s['median_step_s'], 3)} | "
+                     f"{s['final_reward']} | {x['final_reward']} |")
+    lines += ["", f"Mean step-time ratio async/sync: **{a['step_time_ratio_async_over_sync']}** "
+              f"(target <= 0.75). Final reward async vs sync: {a['final_reward_async']} vs "
+              f"{a['final_reward_sync']} (**{a['final_reward_gap_pct']}%**, target within 5%).", ""]
+    o = res["overhead"]
+    lines += ["## Runtime overhead (1 worker, synchronous)", "",
+              f"Median step: rpeg on Dask {o['median_step_dask_s']} s, same op calls in one "
+              f"process {o['median_step_inline_s']} s: ratio **{o['ratio_dask_over_inline']}** "
+              f"(target <= 1.10). Predicted: {o['predicted_step_s']} s.", ""]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--root", default="/tmp/rpeg-bench-runs")
+    ap.add_argument("--only", default="learning,asynchrony,overhead")
+    args = ap.parse_args()
+    steps = 12 if args.quick else None
+    seeds = [0] if args.quick else [0, 1, 2]
+    parts = args.only.split(",")
+    res = {"command": "python benchmarks/runtime.py" + (" --quick" if args.quick else ""),
+           "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.python_version()}",
+           "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+           "load_avg_start": load_avg()}
+    out = ROOT / "benchmarks" / "results" / "runtime.json"
+    if out.exists():
+        res = {**json.loads(out.read_text()), **res}
+    if "learning" in parts:
+        res["learning"] = {}
+        for name in ("tiny_ppo", "tiny_grpo"):
+            w = load(ROOT / "pipelines" / f"{name}.rpeg").workload
+            res["learning"][name] = learning(name, steps or w.steps, args.root)
+            print(name, res["learning"][name], flush=True)
+    if "asynchrony" in parts:
+        res["asynchrony"] = asynchrony(steps or 60, seeds, args.root)
+        print("asynchrony", {k: v for k, v in res["asynchrony"].items() if k != "runs"}, flush=True)
+    if "overhead" in parts:
+        res["overhead"] = overhead(steps or 40, args.root)
+        print("overhead", {k: v for k, v in res["overhead"].items()
+                           if k not in ("dask", "inline")}, flush=True)
+    res["load_avg_end"] = load_avg()
+    out.write_text(json.dumps(res, indent=1) + "\n")
+    if all(k in res for k in ("learning", "asynchrony", "overhead")):
+        out.with_suffix(".md").write_text(markdown(res))
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()

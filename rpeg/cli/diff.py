@@ -158,11 +158,21 @@ def _emit(result, as_json: bool) -> None:
 
 def _spec_diff(a: Path, b: Path, cluster: Path | None, as_json: bool, seed: int,
                budget: float) -> None:
-    from rpeg.spec import load, load_cluster
-    from rpeg.spec.diff import diff
+    from rpeg.spec import FileKind, check_file, load_cluster
+    from rpeg.spec.diff import diff, diff_clusters
 
-    pa, pb = load(a), load(b)
-    d = diff(pa, pb)
+    ca, cb = check_file(a), check_file(b)
+    if ca.kind is not cb.kind:
+        print(f"rpeg diff: A describes a {ca.kind.value} and B a {cb.kind.value}; compare two "
+              "pipelines or two clusters", file=sys.stderr)
+        raise typer.Exit(2)
+    if ca.kind is FileKind.PROFILE:
+        print("rpeg diff: compare the clusters that use these profiles", file=sys.stderr)
+        raise typer.Exit(2)
+    pa, pb = ca.value, cb.value
+    d = diff(pa, pb) if ca.kind is FileKind.PIPELINE else diff_clusters(pa, pb)
+    if ca.kind is FileKind.CLUSTER:
+        cluster = None                                # nothing to compile on
     predicted = None
     if cluster is not None:
         c = load_cluster(cluster)

@@ -15,7 +15,8 @@ otherwise equal is a *rename*, not a change, and data renamed consistently
 (produced by the matching output of a matching stage, read by matching stages)
 is not a change either. Renames are listed (``renames``) but do not make two
 pipelines differ. Sections, in order: workload, models, rewards, stages, edges,
-staleness, sharing, colocation, placement.
+staleness, sharing, colocation, placement. Two clusters compare by shape, GPU
+profile and links (:func:`diff_clusters`).
 """
 
 from __future__ import annotations
@@ -25,10 +26,10 @@ import json
 
 import attrs
 
-from rpeg.spec.model import WORKLOAD_DATA, Model, Pipeline, Reward, Stage
+from rpeg.spec.model import WORKLOAD_DATA, Cluster, Model, Pipeline, Reward, Stage
 
 SECTIONS = ("workload", "models", "rewards", "stages", "edges", "staleness", "sharing",
-            "colocation", "placement")
+            "colocation", "placement", "cluster", "gpu", "links")
 
 
 class ChangeKind(enum.Enum):
@@ -406,3 +407,63 @@ def _placement(a: Pipeline, b: Pipeline, m: _Matcher) -> list[Change]:
             out.append(Change("placement", kind, s, "pinned to GPUs",
                               f"{x[0]}..{x[1]}" if x else None, f"{y[0]}..{y[1]}" if y else None))
     return out
+
+
+# --- clusters -----------------------------------------------------------------------------
+
+def diff_clusters(a: Cluster, b: Cluster) -> SpecDiff:
+    """What differs between two clusters: shape, the GPU profile's figures, and the links."""
+    out = []
+    for key in ("gpus_per_node", "nodes_per_rack", "racks", "num_gpus"):
+        x, y = getattr(a, key), getattr(b, key)
+        if x != y:
+            out.append(Change("cluster", ChangeKind.CHANGED, key, "", str(x), str(y)))
+    ga, gb = a.gpu, b.gpu
+    if ga.name != gb.name:
+        out.append(Change("gpu", ChangeKind.CHANGED, "name", "", ga.name, gb.name))
+    for f in attrs.fields(type(ga)):
+        if f.name in ("name", "source", "extra"):
+            continue
+        x, y = getattr(ga, f.name), getattr(gb, f.name)
+        if x != y:
+            unit = f.metadata.get("unit", "")
+            rel = f"{(y - x) / x:+.1%}" if x else ""
+            out.append(Change("gpu", ChangeKind.CHANGED, f.name, rel, _quantity(x, unit),
+                              _quantity(y, unit)))
+    ea, eb = dict(ga.extra), dict(gb.extra)
+    for key in dict.fromkeys(list(ea) + list(eb)):
+        if ea.get(key) != eb.get(key):
+            out.append(Change("gpu", ChangeKind.CHANGED, f"extra.{key}", "",
+                              _s(ea.get(key)), _s(eb.get(key))))
+    la = {link.level: link for link in a.links}
+    lb = {link.level: link for link in b.links}
+    for level in sorted(set(la) | set(lb)):
+        x, y = la.get(level), lb.get(level)
+        name = level.name.lower()
+        if x is None or y is None:
+            kind = ChangeKind.ADDED if x is None else ChangeKind.REMOVED
+            link = y if x is None else x
+            out.append(Change("links", kind, name, f"{_quantity(link.bandwidth, 'bytes/s')}, "
+                                                   f"{_quantity(link.latency, 's')}"))
+            continue
+        for key, unit in (("bandwidth", "bytes/s"), ("latency", "s")):
+            if getattr(x, key) != getattr(y, key):
+                out.append(Change("links", ChangeKind.CHANGED, f"{name}.{key}", "",
+                                  _quantity(getattr(x, key), unit),
+                                  _quantity(getattr(y, key), unit)))
+    renames = (Rename("cluster", a.name, b.name),) if a.name != b.name else ()
+    return SpecDiff(a.path, b.path, a.name, b.name, tuple(out), renames)
+
+
+_UNITS = {"bytes": (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("KB", 1e3), ("B", 1.0)),
+          "bytes/s": (("TB/s", 1e12), ("GB/s", 1e9), ("MB/s", 1e6), ("B/s", 1.0)),
+          "flops": (("PFLOPS", 1e15), ("TFLOPS", 1e12), ("GFLOPS", 1e9), ("FLOPS", 1.0)),
+          "s": (("s", 1.0), ("ms", 1e-3), ("us", 1e-6), ("ns", 1e-9))}
+
+
+def _quantity(x: float, unit: str) -> str:
+    """A figure in the unit that keeps it at or above 1, as a spec would write it."""
+    for name, factor in _UNITS.get(unit, ()):
+        if abs(x) >= factor:
+            return f"{x / factor:.4g} {name}"
+    return f"{x:.4g}"

@@ -147,6 +147,14 @@ def test_diff_renames_are_not_changes(capsys, work):
     assert renames == {("stage", "values", "critic_values"), ("data", "values", "v")}
 
 
+def test_diff_of_two_clusters(capsys):
+    rc, out, _ = rpeg(capsys, "diff", P / "clusters" / "gh200_64.rpeg",
+                      P / "clusters" / "gh200_256.rpeg")
+    assert rc == 1 and "~ num_gpus: 64 -> 256" in out
+    rc, _, err = rpeg(capsys, "diff", P / "clusters" / "gh200_64.rpeg", P / "ppo_llama8b.rpeg")
+    assert rc == 2 and "A describes a cluster and B a pipeline" in err
+
+
 def test_diff_kinds_must_match(capsys, work, tmp_path):
     rc, _, err = rpeg(capsys, "diff", work / "ppo_llama8b.rpeg", tmp_path)
     assert rc == 2 and "A is a spec and B is a run" in err

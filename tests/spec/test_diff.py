@@ -126,3 +126,18 @@ def test_extend_is_resolved_before_diffing():
     assert [(c.name, c.before, c.after) for c in d.changes] == [
         ("critic.optimizer.lr", "5e-06", "1e-06")]
     assert d.changes[0].kind is ChangeKind.CHANGED
+
+
+def test_cluster_diff_names_shape_gpu_and_links():
+    from rpeg.spec import load_cluster
+    from rpeg.spec.diff import diff_clusters
+
+    a = load_cluster(ROOT / "pipelines" / "clusters" / "gh200_64.rpeg")
+    b = load_cluster(ROOT / "pipelines" / "clusters" / "h100_64.rpeg")
+    d = diff_clusters(a, b)
+    got = {(c.section, c.name): (c.before, c.after) for c in d.changes}
+    assert got[("cluster", "gpus_per_node")] == ("4", "8")
+    assert got[("gpu", "memory")] == ("96 GB", "80 GB")
+    assert got[("links", "gpu.bandwidth")] == ("150 GB/s", "450 GB/s")
+    assert ("cluster", "num_gpus") not in got                   # both have 64
+    assert not diff_clusters(a, a).changed

@@ -36,9 +36,10 @@ TOKENS = ["pipeline", "workload", "model", "stage", "reward", "staleness", "shar
           "responses", "generate", "forward", "train", "score", "gae", "tiny", "llama3.1-8b",
           "python", '"rewards:exact_match"', "\t", "\r", "\x00", "é", "\u2028", "\x0c"]
 
-settings.register_profile("rpeg", max_examples=150, deadline=2000,
-                          suppress_health_check=[HealthCheck.too_slow])
-FUZZ = settings(max_examples=150, deadline=2000, suppress_health_check=[HealthCheck.too_slow])
+# A generous deadline: it is there to catch a hang, not to time the parser on a busy machine.
+DEADLINE_MS = 5000
+FUZZ = settings(max_examples=150, deadline=DEADLINE_MS,
+                suppress_health_check=[HealthCheck.too_slow])
 
 
 def exercise(text: str, path: Path) -> None:
@@ -117,13 +118,13 @@ def test_token_soup_gives_a_result_or_a_clean_error(text):
     exercise(text, PIPELINES[0])
 
 
-@settings(max_examples=100, deadline=2000)
+@settings(max_examples=100, deadline=DEADLINE_MS)
 @given(st.text(max_size=200))
 def test_any_text_gives_a_result_or_a_clean_error(text):
     exercise(text, PIPELINES[0])
 
 
-@settings(max_examples=60, deadline=2000)
+@settings(max_examples=60, deadline=DEADLINE_MS)
 @given(st.binary(max_size=200))
 def test_any_bytes_give_a_result_or_a_clean_error(raw):
     try:

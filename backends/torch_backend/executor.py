@@ -171,7 +171,13 @@ class Executor:
             out = {stage.outputs[0]: a}
             if len(stage.outputs) > 1:
                 out[stage.outputs[1]] = r
-            return out, {}
+            stats = {}
+            if data.get("logprobs") is not None and data.get("ref_logprobs") is not None:
+                diff = np.concatenate([np.asarray(x, np.float32) - np.asarray(y, np.float32)
+                                       for x, y in zip(data["logprobs"], data["ref_logprobs"],
+                                                       strict=True)])
+                stats = {"kl_sum": float(diff.sum()), "kl_n": int(diff.size)}
+            return out, stats
         groups = group_of(_rollout(inputs["responses"]).prompt_index,
                           self.ctx.pipeline.workload.samples)
         if stage.function in ("group_norm", "grpo_advantages"):

@@ -124,13 +124,17 @@ def step_metrics(step: int, events: list[dict], step_time: float) -> dict:
     if responses:
         row["response_len"] = tokens / responses
         row["tokens_per_s"] = tokens / step_time if step_time > 0 else 0.0
+    kl_n = sum(e["stats"].get("kl_n", 0) for e in events)
+    if kl_n:                                  # KL to the reference, as the advantages saw it
+        row["kl"] = sum(e["stats"].get("kl_sum", 0.0) for e in events) / kl_n
     for e in events:
         if e["kind"] != "train" or e.get("rank", 0) != 0:
             continue
-        for k in ("kl", "clip_frac", "value_loss", "entropy", "policy_loss", "grad_norm",
-                  "is_weight"):
-            if k in e["stats"]:
-                row[k if k not in row else f"{e['op']}.{k}"] = e["stats"][k]
+        for k in ("kl", "clip_frac", "value_loss", "entropy", "policy_loss", "is_weight"):
+            if k in e["stats"] and k not in row:
+                row[k] = e["stats"][k]
+        if "grad_norm" in e["stats"]:
+            row[f"grad_norm.{e['op']}"] = e["stats"]["grad_norm"]
     versions = [e["version_read"] for e in gen if e.get("version_read", -1) >= 0]
     if versions:
         row["gen_version"] = min(versions)

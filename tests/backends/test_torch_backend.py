@@ -206,3 +206,23 @@ def test_cuda_generate_and_train_in_bf16():
                        old_logprobs=c.logprobs, advantages=a, returns=ret),
                        [LossSpec("ppo_clip"), LossSpec("value_mse")], version=0, device="cuda")
     assert np.isfinite(stats["loss"])
+
+
+def test_model_from_a_local_weights_directory(tmp_path):
+    from transformers import LlamaForCausalLM
+
+    from backends.torch_backend.modeling import hf_config
+    torch.manual_seed(1)
+    saved = LlamaForCausalLM(hf_config(TINY))
+    saved.save_pretrained(tmp_path / "w")
+    model = build_model(TINY, heads=("lm", "value"), weights=str(tmp_path / "w"))
+    assert torch.equal(model.lm_head.weight, saved.lm_head.weight)
+    ids = torch.tensor([[257, 97, 98]])
+    with torch.no_grad():
+        want = saved(input_ids=ids).logits
+        hidden, _ = model(ids, torch.ones_like(ids))
+        got = model.lm_head(hidden)
+    torch.testing.assert_close(got, want)
+    from rpeg.errors import BackendError
+    with pytest.raises(BackendError, match="config.json"):
+        build_model(TINY, weights=str(tmp_path))

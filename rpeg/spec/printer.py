@@ -231,11 +231,14 @@ class _Printer:
 
     def file(self) -> list[_Line]:
         out: list[_Line] = []
-        self._sequence(self.f.items, id(self.f), "", out, top=True)
+        self._sequence(self.f.items, id(self.f), "", out)
         return out
 
-    def _sequence(self, nodes, container: int, indent: str, out: list[_Line], top: bool) -> None:
-        """Emit nodes with their comments and kept blank lines; align runs of similar lines."""
+    def _sequence(self, nodes, container: int, indent: str, out: list[_Line]) -> None:
+        """Emit nodes with their comments and kept blank lines; align runs of similar lines.
+
+        ``prev`` starts unset, so no blank line ever follows an opening '{' or starts the file.
+        """
         prev: int | None = None
         plan: list[tuple[object, list[tuple[bool, ast.Comment]], bool]] = []
         for n in nodes:
@@ -246,13 +249,13 @@ class _Printer:
             blank = self._blank_between(prev, n.span.line)
             plan.append((n, lead, blank))
             prev = max(prev or 0, n.span.end_line)
-        widths = self._alignment(plan, top)
+        widths = self._alignment(plan)
         for n, lead, blank in plan:
             for b, c in lead:
-                if b and out and out[-1] is not BLANK and self._not_first(out, indent):
+                if b and out and out[-1] is not BLANK:
                     out.append(BLANK)
                 out.append(_Line(indent + c.text))
-            if blank and out and out[-1] is not BLANK and self._not_first(out, indent):
+            if blank and out and out[-1] is not BLANK:
                 out.append(BLANK)
             lines = self._node(n, indent, widths.get(id(n), {}))
             trail = self.notes.trailing.get(id(n))
@@ -260,27 +263,22 @@ class _Printer:
                 lines[-1].comment = trail.text
             out.extend(lines)
         for c in self.notes.footer.get(container, ()):
-            if self._blank_between(prev, c.line) and out and out[-1] is not BLANK \
-                    and self._not_first(out, indent):
+            if self._blank_between(prev, c.line) and out and out[-1] is not BLANK:
                 out.append(BLANK)
             out.append(_Line(indent + c.text))
             prev = c.line
 
-    def _not_first(self, out: list[_Line], indent: str) -> bool:
-        """Inside a block, no blank line right after the opening '{'."""
-        return not (indent and out and out[-1].code.rstrip().endswith("{")
-                    and out[-1].comment is None and not out[-1].code.lstrip().startswith("#"))
-
     # --- alignment of runs ----------------------------------------------------------------
 
-    def _alignment(self, plan, top: bool) -> dict[int, dict[str, int]]:
+    def _alignment(self, plan) -> dict[int, dict[str, int]]:
         """Per node, the widths it pads to: 'name' (stage/model/reward/staleness names),
-        'key' (block keys), 'call' (stage calls before '->'), 'section'."""
+        'key' (block keys), 'call' (stage calls before '->'), 'section'. A run of one kind
+        ends at a blank line (before a node or before its comments)."""
         runs: list[list[object]] = []
         run_kind = None
-        for n, _lead, blank in plan:
+        for n, lead, blank in plan:
             kind = self._run_kind(n)
-            if kind is None or kind != run_kind or blank:
+            if kind is None or kind != run_kind or blank or any(b for b, _ in lead):
                 runs.append([])
             if kind is not None:
                 runs[-1].append(n)
@@ -412,7 +410,7 @@ class _Printer:
                 return [_Line(line)]
         opening = self.notes.opening.get(id(block))
         out = [_Line(head + " {", opening.text if opening else None)]
-        self._sequence(block.entries, id(block), indent + INDENT, out, top=False)
+        self._sequence(block.entries, id(block), indent + INDENT, out)
         out.append(_Line(indent + "}"))
         return out
 

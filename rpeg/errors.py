@@ -113,14 +113,17 @@ def _excerpt(span: Span | None, source: str | None) -> list[str]:
             source = Path(span.path).read_text(encoding="utf-8", errors="replace")
         except OSError:
             return []
-    text_lines = source.splitlines()
+    # lines as the parser counts them: by '\n' only (splitlines would also split on \f, \x1c, ...)
+    text_lines = source.split("\n")
     if span.line > len(text_lines):
         return []
-    text = text_lines[span.line - 1].expandtabs(4)
+    raw = text_lines[span.line - 1].rstrip("\r")
+    text = raw.expandtabs(4)
+    # columns count a tab as one character; the caret goes where the tab-expanded text shows it
+    col = len(raw[:span.col - 1].expandtabs(4))
     width = 1
     if span.end_line == span.line and span.end_col > span.col:
-        width = span.end_col - span.col
-    col = span.col - 1
+        width = len(raw[:span.end_col - 1].expandtabs(4)) - col
     if len(text) > EXCERPT_WIDTH:
         # a very long line (generated or hostile input): show a window around the caret
         start = max(0, min(col - EXCERPT_WIDTH // 2, len(text) - EXCERPT_WIDTH))

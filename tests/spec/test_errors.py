@@ -311,3 +311,15 @@ def test_check_cli_prints_caret_and_exits_1(tmp_path):
 
 def test_every_error_is_an_rpeg_error():
     assert issubclass(SpecError, RpegError)
+
+
+def test_caret_lands_under_the_mistake_after_tabs_and_form_feeds(tmp_path):
+    text = sub("steps = 10", "steps = x").replace("workload { ", "workload {\t")
+    with pytest.raises(SpecError) as info:
+        check_file(_write(tmp_path, text))
+    source, caret = info.value.render().splitlines()[1:3]
+    assert source[caret.index("^")] == "x"
+    with pytest.raises(SpecError) as info:
+        check_file(_write(tmp_path, "pipeline p\x0c\nshare a b\n"))
+    source, caret = info.value.render().splitlines()[1:3]
+    assert source.strip() == "share a b" and source[caret.index("^")] == "b"

@@ -11,6 +11,7 @@ the best plan kept is always feasible). Moves:
 
 - ``block``      move a stage — or the whole group of stages sharing its devices — to
                  another aligned block (a different size, or the same size elsewhere);
+- ``resize``     grow or shrink a stage group's block by whole nodes at one end;
 - ``layout``     another DP x TP x PP / micro-batch / ZeRO / recompute choice, same devices;
 - ``colocate``   put a stage on the devices of another one;
 - ``partition``  generation on one part of the cluster, the rest on the other part
@@ -47,6 +48,7 @@ from rpeg.plan.space import Block, Limits, device_blocks
 from rpeg.spec.model import OpKind
 
 CHUNKS = (1, 2, 4, 8, 16)
+PARTITIONS = (1 / 4, 3 / 8, 1 / 2, 5 / 8, 3 / 4, 7 / 8)   # share of the devices generating
 
 
 class Method(enum.Enum):
@@ -156,6 +158,7 @@ class Moves:
         self.table = [
             (self.block, 4.0), (self.layout, 3.0), (self.colocate, 2.0), (self.chunks, 1.0),
             (self.partition, 1.0 if len(self.gens) and ctx.n > 1 else 0.0),
+            (self.resize, 2.0 if ctx.n > ctx.cluster.gpus_per_node else 0.0),
             (self.staleness, 1.0 if self.bounded else 0.0),
             (self.share, 0.5 if ctx.pipeline.shares else 0.0), (self.fuse, 0.5)]
         w = np.array([x[1] for x in self.table])
@@ -200,11 +203,13 @@ class Moves:
         """A macro move: generation on the first ``a`` devices, the other model stages on
         the rest (or, half the time, forward stages there and training on every device,
         so forwards stream behind generation), in fast layouts; staleness redrawn."""
-        n = self.ctx.n
-        sizes = [b for b in sorted(self.by_size) if b < n]
-        if not sizes:
+        n, unit = self.ctx.n, self.ctx.cluster.gpus_per_node
+        cuts = sorted({max(unit, round(n * f / unit) * unit) for f in PARTITIONS} - {n}
+                      | ({n // 2} if n > 1 else set()))
+        cuts = [a for a in cuts if 0 < a < n]
+        if not cuts:
             return None
-        a = int(self._pick(sizes[-3:] if len(sizes) > 3 else sizes))
+        a = int(self._pick(cuts))
         gen_block, rest = Block(0, a), Block(a, n - a)
         train_everywhere = self.rng.random() < 0.5
         for s in self.stages:
@@ -230,6 +235,32 @@ class Moves:
                 attrs.evolve(x, chunks=int(self._pick(CHUNKS))) if x.stage == s else x
                 for x in plan.placements))
             del p
+        return plan
+
+    def resize(self, plan: Plan) -> Plan | None:
+        """Grow or shrink the block of a stage (and of the stages sharing it) by whole nodes
+        at one end: blocks need not be aligned powers of two, so loads can be balanced."""
+        stage = self._pick(self.stages)
+        if stage is None:
+            return None
+        cur = plan.placement(stage).devices
+        lo, hi = cur[0], cur[-1] + 1
+        if cur != tuple(range(lo, hi)):
+            return None
+        unit, n = self.ctx.cluster.gpus_per_node, self.ctx.n
+        step = unit * int(self._pick((1, 1, 2, 4, 8)))
+        if self.rng.random() < 0.5:
+            hi = min(max(hi + int(self._pick((-step, step))), lo + unit), n)
+        else:
+            lo = max(min(lo + int(self._pick((-step, step))), hi - unit), 0)
+        if (lo, hi) == (cur[0], cur[-1] + 1):
+            return None
+        group = [s for s in self.stages if plan.placement(s).devices == cur]
+        for s in group:
+            c = self._choice(s, hi - lo)
+            if c is None:
+                return None
+            plan = put(self.ctx, plan, s, tuple(range(lo, hi)), c)
         return plan
 
     def layout(self, plan: Plan) -> Plan | None:

@@ -163,7 +163,7 @@ def summary(run: Run, report=None, plots_written: list[Path] | None = None) -> s
         n = min(len(run.rows), 5)
         lines += ["", f"final metrics (mean of the last {n} step{'s' if n != 1 else ''})"]
         lines += _columns([f"{k} {_num(v)}" for k, v in final.items()])
-    lines += ["", "verification: " + (str(report) if report is not None else "not run "
+    lines += ["", "verification: " + (_head(str(report)) if report is not None else "not run "
                                       "(rpeg show RUN_DIR without --no-verify)")]
     lines += ["", "look at",
               f"  trace     {path / 'trace.json'}  (open in {PERFETTO} or chrome://tracing)",
@@ -177,6 +177,15 @@ def summary(run: Run, report=None, plots_written: list[Path] | None = None) -> s
     else:
         lines.append(f"  plots     rpeg show {path} --plots")
     return "\n".join(lines)
+
+
+def _head(text: str, lines: int = 6) -> str:
+    """The first lines of a long report, and how many more (rpeg verify prints them all)."""
+    rows = text.splitlines()
+    if len(rows) <= lines:
+        return text
+    return "\n".join(rows[:lines] + [f"  ... {len(rows) - lines} more (rpeg verify RUN_DIR "
+                                      "lists them all)"])
 
 
 def _inputs(inputs: dict) -> list[str]:

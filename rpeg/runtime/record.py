@@ -300,8 +300,9 @@ def dashboard_line(client) -> str | None:
         return None
     if getattr(client, "cluster", None) is not None and importlib.util.find_spec("bokeh") is None:
         return None
-    try:
-        link = client.dashboard_link
-    except Exception:  # noqa: BLE001
-        return None
-    return f"dask dashboard: {link}" if link else None
+    # Dask's own link names this machine's outward address even when the server listens on
+    # loopback only; the scheduler's address is the one the dashboard shares.
+    address = getattr(client.scheduler, "address", "") or ""
+    host = address.split("://", 1)[1].rsplit(":", 1)[0] \
+        if address.startswith(("tcp://", "tls://")) else "127.0.0.1"
+    return f"dask dashboard: http://{host}:{info['services']['dashboard']}/status"

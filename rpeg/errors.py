@@ -118,6 +118,8 @@ def _excerpt(span: Span | None, source: str | None) -> list[str]:
     if span.line > len(text_lines):
         return []
     raw = text_lines[span.line - 1].rstrip("\r")
+    if not raw.strip():
+        return []                      # an empty line (or file): nothing to point at
     text = raw.expandtabs(4)
     # columns count a tab as one character; the caret goes where the tab-expanded text shows it
     col = len(raw[:span.col - 1].expandtabs(4))

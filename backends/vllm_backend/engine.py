@@ -24,8 +24,11 @@ a negative ``eos_id`` means no EOS at all (every response runs to
 
 With one device the engine runs in-process (no engine-core process, no
 serialisation of weights: a bucket is handed to the model's loader as it
-is); with tensor parallelism (GPU only) vLLM's workers are child processes,
-which is why Dask workers that host it must be non-daemon.
+is). It runs in a child process instead when tensor parallelism asks for
+several workers (GPU only), or when this process already belongs to a
+``torch.distributed`` group (a data-parallel trainer beside it): in-process
+vLLM would join that group, and on shutdown tear it down. Child processes
+are why Dask workers that host an engine must be non-daemon.
 """
 
 from __future__ import annotations
@@ -48,7 +51,7 @@ from backends.api import RolloutChunk, SamplingParams
 from backends.torch_backend.generation import chunk_bounds
 from backends.vllm_backend import require
 from backends.vllm_backend.weights import DEFAULT_BUCKET_BYTES, buckets
-from backends.vllm_backend.worker_ext import EXTENSION
+from backends.vllm_backend.worker_ext import EXTENSION, pack
 from rpeg.errors import BackendError
 
 
@@ -72,6 +75,7 @@ class VllmOptions:
     bucket_bytes: int = DEFAULT_BUCKET_BYTES
     prefix_caching: bool = True
     enforce_eager: bool = True         # no graph capture: start-up in seconds, not minutes
+    isolate: bool | None = None        # engine in a child process; None: only when it must be
 
 
 @attrs.frozen
@@ -105,6 +109,7 @@ class VllmEngine:
         self.syncs: list[SyncRecord] = []
         self._pending: tuple[int, int, float] | None = None   # buckets, bytes, seconds of an open update
         self._calls = itertools.count()
+        self.isolated = False                # engine core in a child process
 
     @classmethod
     def start(cls, model_dir: str | Path, options: VllmOptions = VllmOptions(),
@@ -119,7 +124,9 @@ class VllmEngine:
         if options.tensor_parallel > 1 and not gpu:
             raise BackendError(f"tensor_parallel must be 1 on CPU, not {options.tensor_parallel}",
                                hint="vLLM on CPU runs one engine per worker; add workers instead")
-        _configure_environment(options, gpu)
+        isolated = options.tensor_parallel > 1 or (
+            options.isolate if options.isolate is not None else _distributed_in_use())
+        _configure_environment(options, gpu, isolated)
         from vllm import LLM
 
         kwargs: dict[str, Any] = dict(
@@ -134,7 +141,9 @@ class VllmEngine:
         # In-process, vLLM seeds the global generators: keep the host's random streams as they were.
         with random_state_kept():
             llm = LLM(**kwargs)
-        return cls(llm, options, path, _config_eos(path), version)
+        engine = cls(llm, options, path, _config_eos(path), version)
+        engine.isolated = isolated
+        return engine
 
     # -- generation -------------------------------------------------------------------------
 
@@ -199,7 +208,10 @@ class VllmEngine:
         t0 = time.perf_counter()
         names = [name for name, _ in bucket]
         tensors = [_as_tensor(t) for _, t in bucket]
-        loaded = self._llm.collective_rpc("rpeg_load_bucket", args=(names, tensors))[0]
+        if self.isolated:                    # to another process: one byte string per bucket
+            loaded = self._llm.collective_rpc("rpeg_load_packed", args=(names, *pack(tensors)))[0]
+        else:
+            loaded = self._llm.collective_rpc("rpeg_load_bucket", args=(names, tensors))[0]
         n, total, seconds = self._pending
         self._pending = (n + 1, total + loaded, seconds + time.perf_counter() - t0)
         return loaded
@@ -235,6 +247,8 @@ class VllmEngine:
         llm.llm_engine.engine_core.shutdown()
         del llm
         gc.collect()
+        if self.isolated:
+            return                           # this process's torch.distributed is not vLLM's
         from vllm.distributed.parallel_state import (
             destroy_distributed_environment,
             destroy_model_parallel,
@@ -244,9 +258,15 @@ class VllmEngine:
         destroy_distributed_environment()
 
 
-def _configure_environment(options: VllmOptions, gpu: bool) -> None:
+def _distributed_in_use() -> bool:
+    import torch.distributed as dist
+
+    return dist.is_available() and dist.is_initialized()
+
+
+def _configure_environment(options: VllmOptions, gpu: bool, isolated: bool) -> None:
     # vLLM reads these when the engine starts; this process hosts only this engine.
-    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1" if options.tensor_parallel > 1 else "0"
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1" if isolated else "0"
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     if not gpu:
         os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(options.kv_cache_gib)

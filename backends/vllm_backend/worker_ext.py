@@ -21,6 +21,7 @@ carry only some layers.
 from __future__ import annotations
 
 EXTENSION = "backends.vllm_backend.worker_ext.WeightSyncExtension"
+_ALIGN = 16          # bytes: every packed tensor starts at a multiple, so any dtype can view it
 
 
 class WeightSyncExtension:
@@ -41,6 +42,11 @@ class WeightSyncExtension:
             self.model_runner.get_model().load_weights(weights=list(zip(names, tensors, strict=True)))
         return sum(int(t.numel() * t.element_size()) for t in tensors)
 
+    def rpeg_load_packed(self, names: list[str], dtypes: list[str], shapes: list[list[int]],
+                         blob: bytes) -> int:
+        """``rpeg_load_bucket`` for a bucket packed into one byte string (see ``pack``)."""
+        return self.rpeg_load_bucket(names, unpack(dtypes, shapes, blob))
+
     def rpeg_finish_update(self) -> None:
         from vllm.config import set_current_vllm_config
         from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
@@ -53,3 +59,36 @@ class WeightSyncExtension:
         """Sum of one vLLM parameter (a cheap probe that an update reached the worker)."""
         params = dict(self.model_runner.get_model().named_parameters())
         return float(params[name].detach().float().sum().item())
+
+
+def pack(tensors: list) -> tuple[list[str], list[list[int]], bytes]:
+    """Tensors as (dtype names, shapes, one byte string): what crosses to a worker process intact.
+
+    vLLM's message encoding sends small tensors inline and its decoder, not knowing
+    the argument types of an RPC, hands them back as lists; bytes arrive as bytes.
+    """
+    import torch
+
+    parts = []
+    for t in tensors:
+        raw = t.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8)
+        parts += [raw, torch.zeros(-len(raw) % _ALIGN, dtype=torch.uint8)]   # keep views aligned
+    blob = torch.cat(parts).numpy().tobytes() if parts else b""
+    return ([str(t.dtype).removeprefix("torch.") for t in tensors],
+            [list(t.shape) for t in tensors], blob)
+
+
+def unpack(dtypes: list[str], shapes: list[list[int]], blob: bytes) -> list:
+    import torch
+
+    buf = torch.frombuffer(bytearray(blob), dtype=torch.uint8) if blob else torch.empty(0, dtype=torch.uint8)
+    out, offset = [], 0
+    for name, shape in zip(dtypes, shapes, strict=True):
+        dtype = getattr(torch, name)
+        count = 1
+        for d in shape:
+            count *= int(d)
+        size = count * torch.empty((), dtype=dtype).element_size()
+        out.append(buf[offset:offset + size].view(dtype).reshape(shape))
+        offset += size + (-size % _ALIGN)
+    return out

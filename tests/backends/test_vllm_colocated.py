@@ -13,8 +13,27 @@ pytestmark = [pytest.mark.vllm,
               pytest.mark.skipif(not available()[0], reason="vllm is not installed")]
 
 
-def test_colocated_engine_follows_the_replica_and_keeps_its_random_stream():
+@pytest.fixture(params=["alone", "beside_ddp"])
+def trainer_group(request):
+    """Whether the process is already in a torch.distributed group, as a DDP trainer is."""
+    import torch.distributed as dist
+
+    if request.param == "alone":
+        yield False
+        return
+    from backends.torch_backend.measure import _free_port
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{_free_port()}",
+                            rank=0, world_size=1)
+    try:
+        yield True
+    finally:
+        dist.destroy_process_group()
+
+
+def test_colocated_engine_follows_the_replica_and_keeps_its_random_stream(trainer_group):
     import torch
+    import torch.distributed as dist
 
     from backends.api import SamplingParams
     from backends.torch_backend.modeling import build_model
@@ -32,6 +51,7 @@ def test_colocated_engine_follows_the_replica_and_keeps_its_random_stream():
     try:
         assert torch.equal(torch.rand(3), expected), "starting vLLM must not reseed the host"
         assert engine.version == 3 and not engine.syncs
+        assert engine.isolated == trainer_group    # beside a trainer's group: a child process
         params = SamplingParams(max_new_tokens=8, seed=1)
         ps = [np.array([BOS_ID, 65 + i]) for i in range(4)]
         assert next(engine.generate(ps, params)).version == 3
@@ -49,3 +69,4 @@ def test_colocated_engine_follows_the_replica_and_keeps_its_random_stream():
     finally:
         shutdown_colocated(replica)
     assert replica.vllm_engine is None and replica.vllm_workdir is None
+    assert dist.is_initialized() == trainer_group  # the trainer's group outlives the engine

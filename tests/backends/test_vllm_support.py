@@ -70,3 +70,15 @@ def test_names_the_engine_skips_are_not_sent():
              ("backbone.norm.weight", np.ones(3, np.float32))]
     got = [name for b in buckets(named, 1 << 20, skip=frozenset({"lm_head.weight"})) for name, _ in b]
     assert got == ["model.embed_tokens.weight", "model.norm.weight"]
+
+
+def test_packed_buckets_round_trip_every_dtype_and_shape():
+    torch = pytest.importorskip("torch")
+    from backends.vllm_backend.worker_ext import pack, unpack
+
+    tensors = [torch.randn(3, 4), torch.randn(5).to(torch.bfloat16), torch.arange(3),
+               torch.randn(2, 2, 2)[:, 0], torch.zeros(0), torch.randn(7).half()]
+    dtypes, shapes, blob = pack(tensors)
+    assert isinstance(blob, bytes)
+    back = unpack(dtypes, shapes, blob)
+    assert all(a.dtype == b.dtype and torch.equal(a, b) for a, b in zip(tensors, back, strict=True))

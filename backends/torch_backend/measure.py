@@ -10,8 +10,8 @@ Every op is the torch backend's own code path (``build_model``, ``TorchEngine``,
 ``forward_arrays``, ``train_step``), so what is measured is what a run executes.
 Latency is the median of repeats after one warm-up call. Peak memory is the
 process's resident-set high-water mark (Linux ``VmHWM``, reset through
-``/proc/self/clear_refs``) from just before the model is built to the end of the
-warm-up call, minus the resident set before: weights, optimizer state,
+``/proc/self/clear_refs``) from just before the model is built to the end of its
+second call, minus the resident set before: weights, optimizer state,
 activations, caches and allocator slack. Run with ``MALLOC_MMAP_THRESHOLD_`` set
 so glibc returns freed tensors to the system and each measurement starts clean.
 One device is one process computing with one thread (``torch.set_num_threads(1)``).
@@ -113,6 +113,39 @@ def copy_bandwidth(nbytes: int = 256 * 2**20, repeats: int = 5) -> float:
     return 2 * nbytes / t
 
 
+def _stream_probe(rows: int = 4, hidden: int = 320, ffn: int = 864, layers: int = 4):
+    """Skinny GEMMs over a chain of distinct weights (~20 MB): (run, bytes streamed)."""
+    import torch.nn.functional as F
+    shapes = [(hidden, hidden)] * 4 + [(ffn, hidden)] * 2 + [(hidden, ffn)]
+    ws = [torch.randn(*s) for _ in range(layers) for s in shapes]
+    xs = {k: torch.randn(rows, k) for k in (hidden, ffn)}
+
+    def run():
+        for w in ws:
+            F.linear(xs[w.shape[1]], w)
+    return run, sum(w.numel() * 4 for w in ws)
+
+
+def _copy_probe(nbytes: int = 64 * 2**20):
+    src = torch.ones(nbytes // 4)
+    dst = torch.empty_like(src)
+    return (lambda: dst.copy_(src)), 2 * nbytes
+
+
+BANDWIDTH_PROBES = {"stream": _stream_probe, "copy": _copy_probe}
+
+
+def stream_bandwidth(repeats: int = 20) -> float:
+    """Bytes per second at which skinny GEMMs (decode: a few rows) stream their weights:
+    distinct matrices, so they come from beyond the core's cache as a model's layers do."""
+    run, nbytes = _stream_probe()
+    return nbytes / _median_time(run, repeats)
+
+
+def probe_bytes(kind: str) -> int:
+    return {"stream": lambda: _stream_probe()[1], "copy": lambda: _copy_probe()[1]}[kind]()
+
+
 def host_per_sample(samples: int = 256, length: int = 64, repeats: int = 5) -> float:
     """Seconds per sample of the host-side advantage computation (GAE)."""
     from backends.torch_backend.advantages import gae
@@ -161,6 +194,8 @@ def op_runner(kind: str, dims: ModelDims, batch: int, prompt_len: int, gen_len: 
     With ``data_parallel`` (inside a gloo group) a train op averages gradients over the
     group before each optimizer step; ``batch`` is then this rank's share.
     """
+    if kind in BANDWIDTH_PROBES:
+        return BANDWIDTH_PROBES[kind]()[0]
     prompts, responses = _arrays(batch, prompt_len, gen_len, seed)
     if kind == "forward":
         model = build_model(dims, heads=("lm",), seed=0).eval()
@@ -178,14 +213,15 @@ def op_runner(kind: str, dims: ModelDims, batch: int, prompt_len: int, gen_len: 
         tb = _train_batch(prompts, responses)
         loss = [LossSpec("ppo_clip", clip=0.2)]
         return lambda: train_step(heads, opt, tb, loss, version=0, minibatches=minibatches)
-    raise ValueError(f"op kind must be forward, generate or train, not {kind!r}")
+    raise ValueError(f"op kind must be forward, generate, train, stream or copy, not {kind!r}")
 
 
 def measure_ops(specs, repeats: int = 5, barrier: Callable[[], object] | None = None
                 ) -> list[dict]:
     """Latency and peak memory of each op in ``specs`` (dicts of ``op_runner`` arguments).
 
-    First each op is built and run once inside its own memory window (the peak). Then
+    First each op is built and run twice inside its own memory window (the peak: the
+    second call is the steady state, with optimizer state already allocated). Then
     the timed calls go round-robin over all ops, ``repeats`` rounds, so a burst of load
     from other processes lands on every op alike rather than on one. ``latency_s`` is
     the median CPU time of the process per call (one compute thread: on an idle machine
@@ -198,6 +234,7 @@ def measure_ops(specs, repeats: int = 5, barrier: Callable[[], object] | None = 
             barrier()
         with PeakMemory() as mem:
             run = op_runner(**spec)
+            run()
             run()
         runners.append(run)
         peaks.append(mem.peak)
@@ -265,6 +302,8 @@ def _on_rank(rank: int, world: int, port: int, task: dict) -> dict:
                 t = _median_time(lambda x=x: dist.all_reduce(x), task.get("repeats", 5))
                 out.append({"bytes": nbytes, "seconds": t})
             return {"allreduce": out}
+        if task["kind"] == "concurrency":
+            return _concurrency(rank, task)
         return _dp_train(rank, world, task)
     finally:
         dist.destroy_process_group()
@@ -279,6 +318,27 @@ def _dp_train(rank: int, world: int, task: dict) -> dict:
                   data_parallel=True) for t in task["ops"]]
     dist.barrier()
     return {"ops": measure_ops(specs, task.get("repeats", 3), barrier=dist.barrier)}
+
+
+def _concurrency(rank: int, task: dict) -> dict:
+    """CPU time of one op on this rank while the other idles, then while it runs too."""
+    import torch.distributed as dist
+    run = op_runner(**task["op"])
+    run()
+    alone, both = [], []
+    for _ in range(task.get("repeats", 5)):
+        for active in (0, 1):
+            dist.barrier()
+            if rank == active:
+                c0 = time.process_time()
+                run()
+                alone.append(time.process_time() - c0)
+            dist.barrier()
+        dist.barrier()
+        c0 = time.process_time()
+        run()
+        both.append(time.process_time() - c0)
+    return {"alone": statistics.median(alone), "both": statistics.median(both)}
 
 
 class TwoDevices:
@@ -307,6 +367,13 @@ class TwoDevices:
         res = self.run({"kind": "allreduce", "sizes": list(sizes), "repeats": repeats})
         return [{"bytes": a["bytes"], "seconds": max(a["seconds"], b["seconds"])}
                 for a, b in zip(res[0]["allreduce"], res[1]["allreduce"], strict=True)]
+
+    def concurrency(self, repeats: int = 5) -> float:
+        """How much slower a device computes while the other computes too (CPU time ratio:
+        the two share the last-level cache and memory bandwidth)."""
+        op = dict(kind="train", dims=PRESETS["tiny-vllm"], batch=8, prompt_len=32, gen_len=32)
+        res = self.run({"kind": "concurrency", "op": op, "repeats": repeats})
+        return statistics.median([r["both"] / r["alone"] for r in res])
 
     def dp_train(self, ops: list[dict], repeats: int = 3) -> list[dict]:
         """Each op: dict(dims, batch, prompt_len, gen_len) with ``batch`` the global batch.
@@ -339,8 +406,9 @@ CALIBRATION_OPS = tuple(
     (kind, name, b, p, g)
     for name in CALIBRATION_DIMS
     for kind, b, p, g in (("forward", 4, 32, 32), ("forward", 16, 64, 32),
-                          ("generate", 4, 16, 16), ("generate", 16, 32, 24),
-                          ("train", 4, 32, 32), ("train", 16, 32, 16))
+                          ("forward", 2, 160, 32), ("generate", 4, 16, 16),
+                          ("generate", 16, 32, 24), ("train", 4, 32, 32),
+                          ("train", 16, 32, 16), ("train", 2, 96, 32))
 )
 GEMM_SHAPES = ((64, 64, 64), (128, 128, 128), (256, 256, 256), (512, 512, 512),
                (768, 768, 768), (1024, 1024, 1024), (256, 1024, 256), (1024, 256, 512),
@@ -354,26 +422,54 @@ def warm_up() -> None:
     _trim()
 
 
-def calibration_measurements(repeats: int = 5) -> dict:
-    """Everything ``rpeg calibrate`` fits a profile to, as plain data."""
-    import attrs
+def micro_measurements(repeats: int = 5) -> dict:
+    """GEMM sweep, bandwidths, host per-sample cost, optimizer steps (no model ops)."""
     set_threads(1)
-    t0 = time.perf_counter()
-    warm_up()
     out: dict = {"threads": 1, "torch": torch.__version__, "machine": machine_info()}
     out["gemm"] = gemm_sweep(GEMM_SHAPES, "fp32", repeats)
     out["gemm_bf16"] = gemm_sweep(((256, 256, 256), (512, 512, 512)), "bf16", 3)
     out["copy_bandwidth"] = copy_bandwidth()
+    out["stream_bandwidth"] = stream_bandwidth()
     out["sample_s"] = host_per_sample()
     out["optimizer"] = [optimizer_seconds(d) for d in CALIBRATION_DIMS.values()]
-    specs = [dict(kind=k, dims=CALIBRATION_DIMS[n], batch=b, prompt_len=p, gen_len=g)
-             for k, n, b, p, g in CALIBRATION_OPS]
-    out["ops"] = [{"kind": k, "model": n, "dims": attrs.asdict(CALIBRATION_DIMS[n]), "batch": b,
-                   "prompt_len": p, "gen_len": g, **r}
-                  for (k, n, b, p, g), r in zip(CALIBRATION_OPS, measure_ops(specs, repeats),
-                                                strict=True)]
+    return out
+
+
+def calibration_specs() -> list[tuple[dict, dict]]:
+    """(description, ``op_runner`` arguments) of every calibration op."""
+    import attrs
+    return [({"kind": k, "model": n, "dims": attrs.asdict(CALIBRATION_DIMS[n]), "batch": b,
+              "prompt_len": p, "gen_len": g},
+             dict(kind=k, dims=CALIBRATION_DIMS[n], batch=b, prompt_len=p, gen_len=g))
+            for k, n, b, p, g in CALIBRATION_OPS]
+
+
+ALLREDUCE_SIZES = (2**16, 2**18, 2**20, 2**22, 2**24)
+# Bandwidth probes, timed in the same round-robin as the ops so both see the same load.
+PROBE_SPECS = [dict(kind="stream", dims=None, batch=0, prompt_len=0, gen_len=0),
+               dict(kind="copy", dims=None, batch=0, prompt_len=0, gen_len=0)]
+
+
+def bandwidths(measured: list[dict]) -> dict:
+    """Stream and copy bandwidth from the first two ``measure_ops`` results (PROBE_SPECS)."""
+    return {"stream_bandwidth": probe_bytes("stream") / measured[0]["latency_s"],
+            "copy_bandwidth": probe_bytes("copy") / measured[1]["latency_s"]}
+
+
+def calibration_measurements(repeats: int = 5) -> dict:
+    """Everything ``rpeg calibrate`` fits a profile to, as plain data."""
+    t0 = time.perf_counter()
+    set_threads(1)
+    warm_up()
+    out = micro_measurements(repeats)
+    specs = calibration_specs()
+    measured = measure_ops(PROBE_SPECS + [s for _, s in specs], repeats)
+    out.update(bandwidths(measured))
+    out["ops"] = [{**meta, **r} for (meta, _), r in
+                  zip(specs, measured[len(PROBE_SPECS):], strict=True)]
     with TwoDevices() as two:
-        out["allreduce"] = two.allreduce([2**16, 2**18, 2**20, 2**22, 2**24])
+        out["allreduce"] = two.allreduce(ALLREDUCE_SIZES)
+        out["concurrency"] = two.concurrency()
     out["seconds"] = time.perf_counter() - t0
     return out
 

@@ -106,7 +106,7 @@ def fit_link(rows: list[dict]) -> Link:
     t = np.array([r["seconds"] for r in rows])
     a = np.stack([np.full_like(b, 2.0), b], axis=1) / t[:, None]
     alpha, inv_bw = _nnls(a, np.ones_like(t))
-    return Link(Level.GPU, 1.0 / max(inv_bw, 1e-15), alpha)
+    return Link(Level.GPU, float(1.0 / max(inv_bw, 1e-15)), float(alpha))
 
 
 def _ops_of(m: dict, kinds: tuple[str, ...]) -> list[dict]:
@@ -127,7 +127,8 @@ _RATES = ("elem_bandwidth", "attn_flops")
 
 
 def _with(base: GpuProfile, coef: dict[str, float]) -> GpuProfile:
-    kw = {k: (1.0 / v if v > 0 else _HUGE) if k in _RATES else v for k, v in coef.items()}
+    kw = {k: float(1.0 / v if v > 0 else _HUGE) if k in _RATES else float(v)
+          for k, v in coef.items()}
     return attrs.evolve(base, **kw)
 
 
@@ -157,16 +158,18 @@ def _fit_through_model(ops, base: GpuProfile, link: Link, start: dict[str, float
 
 def fit_profile(m: dict, name: str = "local_cpu", devices: int = 2) -> Fit:
     """A profile of this machine's CPU devices from ``calibration_measurements`` output."""
-    peak, half, m_half = fit_gemm(m["gemm"])
+    peak, half, m_half = (float(x) for x in fit_gemm(m["gemm"]))
     link = fit_link(m["allreduce"])
     memory = float(m["machine"]["memory_bytes"]) / devices
     base = GpuProfile(
         name, memory=memory, peak_flops=peak, matmul_flops=peak, matmul_half=half,
         matmul_m_half=m_half, hbm_bandwidth=m["copy_bandwidth"],
-        mem_bandwidth=m["copy_bandwidth"], elem_bandwidth=_HUGE, attn_flops=_HUGE,
+        mem_bandwidth=m.get("stream_bandwidth", m["copy_bandwidth"]), elem_bandwidth=_HUGE, attn_flops=_HUGE,
         launch_overhead=0.0, layer_overhead=0.0, call_overhead=0.0, decode_overhead=0.0,
         backward_factor=0.0, optimizer_tensor_overhead=0.0, sample_overhead=m["sample_s"],
-        async_launch=0.0, compute_bytes=4.0, act_factor=1.0, runtime_memory=0.0)
+        async_launch=0.0, compute_bytes=4.0, act_factor=1.0, runtime_memory=0.0,
+        # the torch backend drops gradients after each step (zero_grad(set_to_none=True))
+        extra=(("grads_freed", 1.0),))
 
     # 1. Inference: elementwise rate, attention rate, per-layer / per-call / per-step costs.
     inf_ops = _ops_of(m, ("forward", "generate"))
@@ -184,25 +187,35 @@ def fit_profile(m: dict, name: str = "local_cpu", devices: int = 2) -> Fit:
     # 3. Memory: a fixed per-op slack from inference ops, the activation factor from training.
     slack = [o["peak_bytes"] - _predict(o, prof, link)[1] for o in inf_ops]
     prof = attrs.evolve(prof, runtime_memory=max(float(np.median(slack)), 0.0))
-    ratios = []
-    for o in tr_ops:
-        m0 = _predict(o, attrs.evolve(prof, act_factor=0.0), link)[1]
-        m1 = _predict(o, prof, link)[1]
-        if m1 > m0:
-            ratios.append((o["peak_bytes"] - m0) / (m1 - m0))
-    prof = attrs.evolve(prof, act_factor=max(float(np.median(ratios)), 0.1) if ratios else 1.0)
+    solved = [_solve_act_factor(o, prof, link) for o in tr_ops]
+    prof = attrs.evolve(prof, act_factor=max(float(np.median(solved)), 0.05) if solved else 1.0)
 
     resid = tuple((f"{o['kind']} {o['model']} b{o['batch']} p{o['prompt_len']} "
-                   f"g{o['gen_len']}", _predict(o, prof, link)[0] / o["latency_s"] - 1)
+                   f"g{o['gen_len']}", float(_predict(o, prof, link)[0] / o["latency_s"] - 1))
                   for o in m["ops"])
     bf16 = m.get("gemm_bf16") or []
-    extra = [("threads", float(m.get("threads", 1))),
+    extra = [("threads", float(m.get("threads", 1))), ("grads_freed", 1.0),
+             ("concurrency_slowdown", max(float(m.get("concurrency", 1.0)), 1.0)),
+             ("copy_bandwidth", float(m["copy_bandwidth"])),
              ("gloo_bandwidth", link.bandwidth), ("gloo_latency", link.latency)]
     if bf16:
         extra.append(("bf16_matmul_flops", float(np.median(
             [2.0 * r["m"] * r["n"] * r["k"] / r["seconds"] for r in bf16]))))
     prof = attrs.evolve(prof, extra=tuple(extra), source=_source(m))
     return Fit(prof, link, resid)
+
+
+def _solve_act_factor(o: dict, prof: GpuProfile, link: Link) -> float:
+    """The activation factor at which the predicted peak of ``o`` equals the measured one
+    (the prediction rises with it, piecewise linearly: bisection)."""
+    lo, hi = 0.0, 8.0
+    for _ in range(40):
+        mid = (lo + hi) / 2
+        if _predict(o, attrs.evolve(prof, act_factor=mid), link)[1] < o["peak_bytes"]:
+            lo = mid
+        else:
+            hi = mid
+    return (lo + hi) / 2
 
 
 def _source(m: dict) -> str:

@@ -84,7 +84,7 @@ def profile_text(p: GpuProfile, comment: str = "") -> str:
             lines.append(f"        {k} = {_num(v)}")
         lines.append("    }")
     lines.append("}")
-    from rpeg.spec.printer import format_text     # the canonical form `rpeg fmt --check` expects
+    from rpeg.spec.printer import format_text  # the canonical form `rpeg fmt --check` expects
     return format_text("\n".join(lines) + "\n")
 
 

@@ -94,7 +94,24 @@ def estimate_stage(pipeline: Pipeline, stage_name: str, par: Parallel, devices: 
     batch = pipeline.workload.batch if batch is None else batch
     topo = Topology.from_cluster(cluster)
     gpu = cluster.gpu
-    w = pipeline.workload
+    cost = _estimate(pipeline, stage, par, devices, topo, cluster, batch, engine)
+    return _concurrent(cost, gpu.get("concurrency_slowdown", 1.0)) if len(devices) > 1 \
+        else cost
+
+
+def _concurrent(cost: StageCost, slowdown: float) -> StageCost:
+    """Devices that share a last-level cache and memory (CPU cores) compute slower while
+    all of them are busy: scale the compute parts by the calibrated slowdown."""
+    if slowdown == 1.0:
+        return cost
+    comm = {"tp+pp", "dp_grad_reduce", "sync"}
+    return StageCost(cost.compute_s * slowdown + cost.comm_s, cost.compute_s * slowdown,
+                     cost.comm_s, tuple((k, v if k in comm else v * slowdown)
+                                        for k, v in cost.breakdown))
+
+
+def _estimate(pipeline, stage, par, devices, topo, cluster, batch, engine) -> StageCost:
+    gpu, w = cluster.gpu, pipeline.workload
     if stage.kind is OpKind.GENERATE:
         model = pipeline.model(stage.target)
         g = _generation(model, par, devices, topo, cluster, batch, w.prompt_len, w.gen_len,
@@ -139,18 +156,21 @@ def generation_chunks(pipeline: Pipeline, stage_name: str, par: Parallel,
     g = _generation(pipeline.model(stage.target), par, devices, Topology.from_cluster(cluster),
                     cluster, batch, w.prompt_len, w.gen_len, engine)
     lengths = g.lengths                       # sorted, one per local response
+    total = _concurrent(g.cost, cluster.gpu.get("concurrency_slowdown", 1.0)).time_s \
+        if len(devices) > 1 else g.cost.time_s
+    scale = total / g.cost.time_s if g.cost.time_s > 0 else 1.0
     per_chunk = np.array_split(np.arange(len(lengths)), chunks)
     out = []
     for idx in per_chunk:
         if len(idx) == 0:
             continue
         done = float(np.interp(lengths[idx[-1]], g.steps, g.cum_time)) + g.prefill + g.host
-        out.append((min(done, g.cost.time_s), len(idx) * par.dp))
+        out.append((min(done * scale, total), len(idx) * par.dp))
     # The runtime sees the batch, not our per-replica rounding: fix the count to the batch.
-    total = sum(n for _, n in out)
-    if out and total != batch:
+    count = sum(n for _, n in out)
+    if out and count != batch:
         t, n = out[-1]
-        out[-1] = (t, n + batch - total)
+        out[-1] = (t, n + batch - count)
     return tuple(out)
 
 
@@ -196,6 +216,11 @@ def stage_memory(pipeline: Pipeline, stage_name: str, par: Parallel, cluster: Cl
     else:
         acts = mb_tokens * in_flight * layers * per_layer
     loss = mb_rows * gen * hd.vocab / par.tp * 4 * 3
+    if gpu.get("grads_freed"):
+        # Gradients are dropped after each step (zero_grad(set_to_none)) and re-created
+        # while the backward pass frees activations: the two share their peak.
+        grads = local_params(model, par) * bpv / (par.dp if par.zero >= 2 else 1)
+        acts = max(acts - grads, 0.0)
     bucket = local_params(model, par) * bpv if par.dp > 1 else 0.0   # flat all-reduce buffer
     return base + MemoryCost(activations=acts, buffers=loss + bucket
                              + _working_set(model, par, mb_tokens, bpv))

@@ -16,7 +16,8 @@ TRUE = GpuProfile("cpu", memory=8e9, peak_flops=1e11, matmul_flops=1e11, matmul_
                   elem_bandwidth=3e9, attn_flops=6e9, launch_overhead=0.0,
                   layer_overhead=1e-4, call_overhead=3e-4, decode_overhead=2e-4,
                   backward_factor=2.2, optimizer_tensor_overhead=3e-5, sample_overhead=2e-5,
-                  async_launch=0.0, compute_bytes=4.0, act_factor=0.5, runtime_memory=1e6)
+                  async_launch=0.0, compute_bytes=4.0, act_factor=0.5, runtime_memory=1e6,
+                  extra=(("grads_freed", 1.0),))
 LINK = Link(Level.GPU, 1.5e9, 1e-4)
 DIMS = {"tiny": PRESETS["tiny"], "tiny-vllm": PRESETS["tiny-vllm"],
         "tiny4": ModelDims("llama", 4, 64, 4, 2, 128, 259)}

@@ -40,7 +40,7 @@ def test_gemm_and_bandwidth_are_positive():
 
 
 def test_unknown_op_kind_is_refused():
-    with pytest.raises(ValueError, match="forward, generate or train"):
+    with pytest.raises(ValueError, match="forward, generate, train"):
         measure.op_runner("sleep", PRESETS["tiny"], 1, 1, 1)
 
 

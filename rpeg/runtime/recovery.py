@@ -143,12 +143,15 @@ def run_resilient(pipeline: Pipeline, plan: Plan, options: RunOptions,
         steps = int(meta["steps"])
     meta["checkpoint_every"] = resilience.checkpoint_every
     rd.write_json("run.json", meta)
-    stop = _StopFlag.install()
+    stop = _StopFlag()
     t_start = time.time()
     runner = _Runner(pipeline, plan, options, resilience, rd, meta, state, steps, spec_dir,
                      on_step, stop)
     try:
-        with _Cluster(plan.num_devices, options.scheduler) as cl:
+        # worker processes start with Ctrl-C ignored: a terminal sends it to the whole
+        # process group, and they must live to finish the ops before the checkpoint
+        with stop.ignored(), _Cluster(plan.num_devices, options.scheduler) as cl:
+            stop.install()
             runner.cl = cl
             runner.go()
         meta["status"] = "ok"
@@ -665,12 +668,27 @@ class _StopFlag:
         self.requested = False
         self.previous = None
 
-    @classmethod
-    def install(cls) -> _StopFlag:
-        flag = cls()
+    def install(self) -> None:
         if threading.current_thread() is threading.main_thread():
-            flag.previous = signal.signal(signal.SIGINT, flag._handle)
-        return flag
+            previous = signal.signal(signal.SIGINT, self._handle)
+            if self.previous is None:
+                self.previous = previous
+
+    def ignored(self):
+        """While entered (starting the cluster), Ctrl-C is ignored, and so by the workers."""
+        import contextlib
+
+        @contextlib.contextmanager
+        def block():
+            if threading.current_thread() is not threading.main_thread():
+                yield
+                return
+            self.previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+            try:
+                yield
+            finally:
+                self.uninstall()
+        return block()
 
     def _handle(self, signum, frame) -> None:
         if self.requested:

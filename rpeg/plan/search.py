@@ -253,8 +253,11 @@ class Moves:
             hi = min(max(hi + int(self._pick((-step, step))), lo + unit), n)
         else:
             lo = max(min(lo + int(self._pick((-step, step))), hi - unit), 0)
-        if (lo, hi) == (cur[0], cur[-1] + 1):
+        if (lo, hi) == (cur[0], cur[-1] + 1) or lo % unit or hi % unit:
             return None
+        rack = unit * self.ctx.cluster.nodes_per_rack
+        if hi - lo < rack and lo // rack != (hi - 1) // rack:
+            return None                  # a block smaller than a rack stays inside one
         group = [s for s in self.stages if plan.placement(s).devices == cur]
         for s in group:
             c = self._choice(s, hi - lo)

@@ -124,7 +124,7 @@ def diff_runs(a: str | Path, b: str | Path, plot_dir: str | Path | None = None) 
                 rb.record.get("measured", {}).get("steps_done"), "")]
     fa, fb = ra.record.get("final", {}), rb.record.get("final", {})
     figures += [(f"final {k}", fa.get(k), fb.get(k), "") for k in METRICS if k in fa or k in fb]
-    changes = change_words(spec) or _plan_words(plan)
+    changes = change_words(spec) + _plan_words(plan)
     sentence = cost_sentence(changes, _cost(pa, ra.plan), _cost(pb, rb.plan)) \
         if (changes and "error" not in pa and "error" not in pb) else None
     folder = Path(plot_dir) if plot_dir else rb.path / "plots"
@@ -145,8 +145,13 @@ def _cost(predicted: dict, plan) -> dict:
 
 
 def _plan_words(plan) -> list[str]:
-    return [f"{what} {x} -> {y}" for what, x, y in plan.structure] + \
-        [f"stage {s} placement" for s, _, _ in plan.placements]
+    """The plan's structural changes, then how many stages were placed differently."""
+    words = [f"{what} {x} -> {y}" for what, x, y in plan.structure
+             if what not in ("pipeline", "cluster")]
+    n = len(plan.placements)
+    if n:
+        words.append(f"placement of {n} stage{'s' if n > 1 else ''}")
+    return words
 
 
 def _max(values) -> float | None:

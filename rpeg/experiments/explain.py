@@ -21,7 +21,7 @@ from __future__ import annotations
 from rpeg.plan.model import device_ranges
 
 MAX_CHANGES = 2          # changes named in the sentence; the rest are counted
-MEMORY_EPS = 0.05e9      # peak-memory moves below this (bytes) are "unchanged"
+MEMORY_EPS = 0.01        # peak-memory moves below this fraction of the largest peak are noise
 
 
 def change_words(spec_diff) -> list[str]:
@@ -66,15 +66,17 @@ def memory_words(pa: list[float], pb: list[float], max_a: float | None = None,
     """``+3 GB on GPUs 0-15, -1 GB on GPUs 16-31`` or ``unchanged`` when the stages sit on
     the same devices in both; else the largest per-GPU peaks, ``+4 GB per GPU at most
     (84 GB -> 88 GB)``, since device i then holds different things in A and B."""
+    eps = max(MEMORY_EPS * max(list(pa) + list(pb) + [max_a or 0.0, max_b or 0.0]), 1.0)
     if pa and pb and len(pa) == len(pb) and same_layout:
-        deltas = [round((y - x) / MEMORY_EPS) * MEMORY_EPS for x, y in zip(pa, pb, strict=True)]
-        by_delta: dict[float, list[int]] = {}
+        deltas = [y - x for x, y in zip(pa, pb, strict=True)]
+        by_delta: dict[int, list[int]] = {}          # moves equal within eps share a group
         for d, v in enumerate(deltas):
-            if abs(v) >= MEMORY_EPS:
-                by_delta.setdefault(v, []).append(d)
+            if abs(v) >= eps:
+                by_delta.setdefault(round(v / eps), []).append(d)
         if not by_delta:
             return "unchanged"
-        parts = sorted(by_delta.items(), key=lambda kv: -abs(kv[0]))
+        parts = sorted(((sum(deltas[d] for d in devs) / len(devs), devs)
+                        for devs in by_delta.values()), key=lambda kv: -abs(kv[0]))
         text = [f"{_bytes(v, signed=True)} on GPU{'s' if len(devs) > 1 else ''} "
                 f"{device_ranges(tuple(devs))}" for v, devs in parts[:2]]
         if len(parts) > 2:
@@ -82,7 +84,7 @@ def memory_words(pa: list[float], pb: list[float], max_a: float | None = None,
         return ", ".join(text)
     x = max_a if max_a is not None else max(pa, default=0.0)
     y = max_b if max_b is not None else max(pb, default=0.0)
-    if abs(y - x) < MEMORY_EPS:
+    if abs(y - x) < eps:
         return f"unchanged at {_bytes(x)} per GPU at most"
     return f"{_bytes(y - x, signed=True)} per GPU at most ({_bytes(x)} -> {_bytes(y)})"
 
@@ -100,7 +102,8 @@ def _bytes(v: float, signed: bool = False) -> str:
         g = v / 1e9
         return f"{sign}{g:.0f} GB" if abs(g) >= 10 or float(round(g)) == round(g, 1) \
             else f"{sign}{g:.1f} GB"
-    return f"{sign}{v / 1e6:.0f} MB"
+    m = v / 1e6
+    return f"{sign}{m:.0f} MB" if abs(m) >= 10 else f"{sign}{m:.1f} MB"
 
 
 def cost_lines(spec_diff, predicted: dict) -> list[str]:

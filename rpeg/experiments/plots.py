@@ -247,13 +247,15 @@ def compare(runs: list[tuple[str, list[dict]]], base: str | Path, title: str = "
     fig, axes = plt.subplots(nrows, cols, figsize=(4.2 * cols, 3.0 * nrows), squeeze=False)
     for ax in axes.flat[len(present):]:
         ax.set_visible(False)
+    steps = [r["step"] for _, rows in runs for r in rows if "step" in r] or [0]
     for ax, (key, label) in zip(axes.flat, present, strict=False):
-        for name, rows in runs:
+        for i, (_, rows) in enumerate(runs):
             pts = [(r["step"], r[key]) for r in rows if key in r and "step" in r]
             if pts:
                 xs, ys = zip(*pts, strict=True)
                 ax.plot(xs, ys, marker="o" if len(pts) < 30 else None, markersize=3,
-                        linewidth=1.2, label=name or None)
+                        linewidth=1.2, color=f"C{i}")
+        ax.set_xlim(min(steps) - 0.5, max(steps) + 0.5)
         if key == "step_time_s" and predicted_step_s:
             ax.axhline(predicted_step_s, color="grey", linestyle="--", linewidth=1)
             ax.text(0.02, predicted_step_s, f"predicted {predicted_step_s:.3g} s",
@@ -264,8 +266,10 @@ def compare(runs: list[tuple[str, list[dict]]], base: str | Path, title: str = "
         ax.tick_params(labelsize=7)
         ax.grid(alpha=0.3)
     if any(name for name, _ in runs):
-        handles, labels = axes.flat[0].get_legend_handles_labels()
-        fig.legend(handles, labels, loc="lower center", ncol=len(runs), fontsize=8,
+        from matplotlib.lines import Line2D
+        handles = [Line2D([], [], color=f"C{i}", marker="o", markersize=3, label=name)
+                   for i, (name, _) in enumerate(runs)]
+        fig.legend(handles=handles, loc="lower center", ncol=len(runs), fontsize=8,
                    frameon=False)
     if title:
         fig.suptitle(title, fontsize=11)

@@ -7,10 +7,10 @@
 >>> write_events("runs/tiny_ppo-20261130-011500")             # doctest: +SKIP
 PosixPath('runs/tiny_ppo-20261130-011500/events.out.tfevents.1796001649.rpeg')
 
-One scalar per numeric column of metrics.jsonl, tagged by its name (a stage's
-own figure, ``actor_step.grad_norm``, becomes ``actor_step/grad_norm`` so
-TensorBoard groups it), at the step of its row and the wall time the step
-ended. The file is written whole from metrics.jsonl, so writing again gives the
+One scalar per numeric column of metrics.jsonl, tagged by its name (names
+with a slash, ``grad_norm/actor_step``, are grouped by TensorBoard; a dotted
+name is written with a slash), at the step of its row and the wall time the
+step ended. The file is written whole from metrics.jsonl, so writing again gives the
 same file. Uses tensorboard's own record writer and protocol buffers: no torch,
 no TensorFlow. Returns None, and writes nothing, when tensorboard is absent.
 """

@@ -49,14 +49,17 @@ def planning_time(sizes: tuple[int, ...]) -> list[dict]:
     out = []
     for n in sizes:
         cluster = load_cluster(ROOT / f"pipelines/clusters/gh200_{n}.rpeg")
-        began = time.perf_counter()
+        began, cpu = time.perf_counter(), time.process_time()
         r = compile_report(spec, cluster, options=SearchOptions(seed=0, limits=GPU_CLUSTER))
         seconds = time.perf_counter() - began
         row = {"gpus": n, "seconds": round(seconds, 2),
+               "cpu_seconds": round(time.process_time() - cpu, 2),
+               "load_average": round(os.getloadavg()[0], 1),
                "search_iterations": r.search.iterations,
                "search_seconds": round(r.search.seconds, 2),
                "step_time_s": round(r.plan.predicted.step_time_s, 3)}
-        print(f"plan ppo_llama8b on gh200_{n}: {seconds:.1f} s "
+        print(f"plan ppo_llama8b on gh200_{n}: {seconds:.1f} s wall, "
+              f"{row['cpu_seconds']:.1f} s CPU "
               f"({r.search.iterations} proposals), step {row['step_time_s']} s", flush=True)
         out.append(row)
     return out
@@ -158,12 +161,21 @@ def ablation(quick: bool) -> list[dict]:
 
 def markdown(res: dict) -> str:
     lines = ["# Planner benchmarks", "",
-             f"Command: `{res['command']}`  ", f"Machine: {res['machine']}", "",
+             f"Command: `{res['command']}`  ", f"Machine: {res['machine']}", ""]
+    for key in sorted(k for k in res if k.startswith("command_")):
+        section = key.split("_", 1)[1]
+        lines += [f"Section '{section}' rerun: `{res[key]}`  ",
+                  f"Machine then: {res.get('machine_' + section)}", ""]
+    lines += [
              "All step times are predictions of rpeg's cost model and simulator; search and "
              "baselines are priced by the same model.", "", "## Planning time (ppo_llama8b, GH200)",
-             "", "| GPUs | seconds | proposals | predicted step (s) |", "|---|---|---|---|"]
+             "", "Wall-clock seconds depend on what else the two cores run (the load average "
+             "at the time is given); CPU seconds are this process's own.", "",
+             "| GPUs | wall s | CPU s | load avg | proposals | predicted step (s) |",
+             "|---|---|---|---|---|---|"]
     for r in res.get("planning_time", []):
-        lines.append(f"| {r['gpus']} | {r['seconds']} | {r['search_iterations']} | "
+        lines.append(f"| {r['gpus']} | {r['seconds']} | {r.get('cpu_seconds', '-')} | "
+                     f"{r.get('load_average', '-')} | {r['search_iterations']} | "
                      f"{r['step_time_s']} |")
     q = res.get("quality")
     if q:
@@ -200,16 +212,20 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--only", choices=("time", "quality", "ablation"))
     args = ap.parse_args()
+    name = "planner_quick" if args.quick else "planner"
     res = {"command": " ".join(["benchmarks/planner.py"] + sys.argv[1:]), "machine": machine()}
+    if args.only and (RESULTS / f"{name}.json").exists():     # update one section in place
+        previous = json.loads((RESULTS / f"{name}.json").read_text())
+        res = {**previous, "machine_" + args.only: machine(),
+               "command_" + args.only: res["command"]}
     if args.only in (None, "time"):
         res["planning_time"] = planning_time((8, 64) if args.quick else (8, 64, 256, 2048))
     if args.only in (None, "quality"):
         res["quality"] = quality(args.quick)
     if args.only in (None, "ablation"):
         res["ablation"] = ablation(args.quick)
-    res["machine"]["load_average_end"] = os.getloadavg()
+    res.setdefault("machine", machine())["load_average_end"] = os.getloadavg()
     RESULTS.mkdir(parents=True, exist_ok=True)
-    name = "planner_quick" if args.quick else "planner"
     (RESULTS / f"{name}.json").write_text(json.dumps(res, indent=2) + "\n")
     (RESULTS / f"{name}.md").write_text(markdown(res))
     print(f"wrote {RESULTS / name}.json and .md")

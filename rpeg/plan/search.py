@@ -231,11 +231,9 @@ class Moves:
                 if self.rng.random() < 0.8))
             plan = attrs.evolve(plan, staleness=tuple(x for x in plan.staleness if x[1] > 0))
         for s in self.gens:
-            p = plan.placement(s)
             plan = attrs.evolve(plan, placements=tuple(
                 attrs.evolve(x, chunks=int(self._pick(CHUNKS))) if x.stage == s else x
                 for x in plan.placements))
-            del p
         return plan
 
     def resize(self, plan: Plan) -> Plan | None:

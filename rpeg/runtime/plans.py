@@ -24,10 +24,11 @@ RUNTIME_SPLIT = "runtime-split"
 
 
 def runtime_limits():
-    """The planner's ``Limits`` for what this runtime can execute."""
-    from rpeg.plan.space import Limits
+    """The planner's ``Limits`` for what this runtime can execute (vLLM where it is installed)."""
+    from rpeg.plan.space import Limits, vllm_available
     from rpeg.spec.model import Engine
-    return Limits(max_tp=1, max_pp=1, zero=False, engines=frozenset({Engine.TORCH}))
+    engines = {Engine.TORCH} | ({Engine.VLLM} if vllm_available() else set())
+    return Limits(max_tp=1, max_pp=1, zero=False, engines=frozenset(engines))
 
 
 def plan_for_run(file: str | Path, *, spec: str | Path | None = None,

@@ -45,3 +45,19 @@ def test_memory_chart_groups_a_large_cluster(tmp_path):
     png, svg = plots.memory(peak, 96 * GB, tmp_path / "m")
     assert png.stat().st_size > 5000 and svg.stat().st_size > 5000
     assert plots.device_groups(peak) == [(0, 95, 70 * GB), (96, 255, 30 * GB)]
+
+
+def test_spec_diff_with_cluster_prints_the_cost_sentence(tmp_path, capsys):
+    from rpeg.cli import main
+
+    root = __import__("pathlib").Path(__file__).resolve().parents[2] / "pipelines"
+    variant = tmp_path / "sync.rpeg"
+    variant.write_text(f'extend "{root / "tiny_ppo.rpeg"}"\npipeline tiny_sync\n\n'
+                       "staleness rollout <= 0\n")
+    rc = main(["diff", str(root / "tiny_ppo.rpeg"), str(variant), "--cluster",
+               str(root / "clusters" / "local_cpu.rpeg"), "--budget", "1"])
+    out = capsys.readouterr().out
+    assert rc == 1, out
+    sentence = next(x for x in out.splitlines() if x.startswith("staleness rollout 1 -> 0"))
+    assert ": predicted step time " in sentence and ", peak memory " in sentence
+    assert out.index(sentence) < out.index("predicted on local_cpu")

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import enum
 import json
+import stat
 from pathlib import Path
 
 import attrs
@@ -28,6 +29,8 @@ from rpeg.errors import PlanError, Span
 from rpeg.spec.model import Engine
 
 SCHEMA_VERSION = 1
+MAX_PLAN_BYTES = 64 * 1024 * 1024      # checked before reading: a plan is kilobytes
+MAX_PLAN_DEVICES = 1 << 20             # as for clusters (rpeg.spec.cluster.MAX_GPUS)
 
 
 class Strategy(enum.Enum):
@@ -134,6 +137,8 @@ class Plan:
 
     def inconsistency(self) -> str | None:
         """What makes this plan impossible to execute as written, or None."""
+        if not 1 <= self.num_devices <= MAX_PLAN_DEVICES:
+            return f"num_devices must be 1..{MAX_PLAN_DEVICES:,}, not {self.num_devices:,}"
         seen = set()
         for p in self.placements:
             if p.stage in seen:
@@ -141,6 +146,9 @@ class Plan:
             seen.add(p.stage)
             if min(p.dp, p.tp, p.pp, p.microbatches, p.chunks) < 1:
                 return f"stage '{p.stage}' degrees must be at least 1"
+            if max(p.microbatches, p.chunks) > MAX_PLAN_DEVICES:
+                return f"stage '{p.stage}' micro-batches and chunks must be at most " \
+                       f"{MAX_PLAN_DEVICES:,}"
             if len(p.devices) != p.dp * p.tp * p.pp:
                 return (f"stage '{p.stage}' must run on dp x tp x pp = {p.dp * p.tp * p.pp} "
                         f"devices, not {len(p.devices)}")
@@ -153,6 +161,13 @@ class Plan:
     @classmethod
     def load(cls, path: str | Path) -> Plan:
         try:
+            st = Path(path).stat()
+            if not stat.S_ISREG(st.st_mode):     # a pipe or device would block or never end
+                raise PlanError("plan file must be a regular file, not a directory, pipe or "
+                                "device", Span(str(path), 0, 0))
+            if st.st_size > MAX_PLAN_BYTES:
+                raise PlanError(f"plan file must be at most {MAX_PLAN_BYTES:,} bytes, not "
+                                f"{st.st_size:,}", Span(str(path), 0, 0))
             text = Path(path).read_text(encoding="utf-8")
         except OSError as e:
             raise PlanError(f"plan file must be readable, not {e.strerror.lower()}",

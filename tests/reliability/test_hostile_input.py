@@ -280,3 +280,67 @@ def test_fuzz_front_end_never_crashes(tmp_path_factory, data):
     except RpegError as e:
         assert e.span is not None and e.span.path
         e.render()
+
+
+# --- plan.json ----------------------------------------------------------------------------
+
+def _a_plan_json() -> str:
+    from rpeg.runtime.placement import split_plan
+    return split_plan(load(PIPELINES / "tiny_ppo.rpeg"), 2, staleness=1).to_json()
+
+
+def _plan_refused(path: Path, says: str = "") -> None:
+    from rpeg.errors import PlanError
+    from rpeg.plan.model import Plan
+
+    t0 = time.perf_counter()
+    with pytest.raises(PlanError) as info:
+        Plan.load(path)
+    assert time.perf_counter() - t0 < 2.0
+    assert info.value.span is not None and info.value.span.path == str(path), info.value
+    assert says in str(info.value), str(info.value)
+
+
+def test_plan_files_truncated_anywhere_are_refused(tmp_path):
+    from rpeg.plan.model import Plan
+
+    text = _a_plan_json()
+    f = tmp_path / "plan.json"
+    f.write_text(text)
+    assert Plan.load(f).num_devices == 2
+    for cut in range(0, len(text) - 2, max(1, len(text) // 40)):
+        f.write_text(text[:cut])
+        _plan_refused(f)
+
+
+@pytest.mark.parametrize("edit, says", [
+    (lambda d: d.update(schema_version=99), "schema_version"),
+    (lambda d: d.update(num_devices=10**12), "num_devices"),
+    (lambda d: d.update(num_devices="two"), "well-formed"),
+    (lambda d: d["placements"][0].update(devices=[-1]), "devices"),
+    (lambda d: d["placements"][0].update(chunks=10**9), "chunks"),
+    (lambda d: d["placements"].append(d["placements"][0]), "twice"),
+    (lambda d: d.pop("placements"), "well-formed"),
+], ids=["version", "1e12-devices", "type", "negative-device", "1e9-chunks", "duplicate",
+        "missing"])
+def test_plan_files_with_wrong_fields_are_refused(tmp_path, edit, says):
+    import json
+
+    data = json.loads(_a_plan_json())
+    edit(data)
+    f = tmp_path / "plan.json"
+    f.write_text(json.dumps(data))
+    _plan_refused(f, says)
+
+
+def test_plan_file_that_is_huge_a_pipe_or_binary_is_refused(tmp_path):
+    big = tmp_path / "big.json"
+    with big.open("wb") as fh:
+        fh.truncate(1 << 30)
+    _plan_refused(big, "at most")
+    fifo = tmp_path / "fifo.json"
+    os.mkfifo(fifo)
+    _plan_refused(fifo, "regular file")
+    binary = tmp_path / "bin.json"
+    binary.write_bytes(os.urandom(2048))
+    _plan_refused(binary)

@@ -67,6 +67,9 @@ class Resilience:
     poll_s: float = 0.1
 
 
+SETUP_LIMIT_S = 600.0
+
+
 class Interrupted(RpegError):
     """Ctrl-C: the run stopped at a checkpoint and can be resumed."""
 
@@ -265,8 +268,8 @@ class _Runner:
         try:
             while True:
                 self.attempt += 1
-                self._start_workers()
                 try:
+                    self._start_workers()
                     self._segments()
                     return
                 except _Lost as lost:
@@ -302,8 +305,10 @@ class _Runner:
                                  key=f"setup-{d}-{cl.token}-{self.attempt}", pure=False)
                 for d, a in workers.items()]
         try:
-            setup = cl.client.gather(futs)
-        except RpegError:
+            # set-up imports torch and builds models: minutes on a busy machine, not seconds
+            setup = self._gather(futs, "set-up", list(workers),
+                                 limit_s=max(SETUP_LIMIT_S, 2 * self.res.timeout_floor_s))
+        except (RpegError, _Lost):
             raise
         except Exception as e:
             raise RuntimeFailure(f"worker set-up must succeed, and it failed: "
@@ -334,7 +339,7 @@ class _Runner:
             futs.append(self.cl.client.submit(ckio.restore_replicas, sources, workers=[a],
                                               allow_other_workers=False, pure=False,
                                               key=f"restore-{d}-{self.cl.token}-{self.attempt}"))
-        self.cl.client.gather(futs)
+        self._gather(futs, "restore", list(self.workers))
 
     def _segments(self) -> None:
         while self.state.start < self.steps:
@@ -455,6 +460,31 @@ class _Runner:
                 self._check_alive(key_of, done_ids)
             self._check_stuck(key_of, done_ids, ready_at, last_done, now)
 
+    def _gather(self, futs: list, what: str, devices: list[int] | None = None,
+                limit_s: float | None = None) -> list:
+        """Results of ``futs``, watching the workers meanwhile: a worker that dies (or was
+        already gone) raises _Lost instead of waiting forever on a task pinned to it."""
+        from distributed import wait
+
+        start = time.time()
+        limit_s = limit_s or 2 * self.res.timeout_floor_s
+        pending = list(futs)
+        while pending:
+            self._check_alive({}, set())
+            try:
+                wait(pending, timeout=0.5)
+            except TimeoutError:
+                pass
+            pending = [f for f in pending if f.status == "pending"]
+            if pending and time.time() - start > limit_s:
+                d = devices[futs.index(pending[0])] if devices else -1
+                raise _Lost(d, self.workers.get(d, "?"), what, self.state.start,
+                            f"op stuck: {what} took over {limit_s:.0f} s")
+        for f in futs:
+            if f.status == "error" and _is_loss(f.exception()):
+                raise _Lost(-1, "?", what, self.state.start, "worker lost during " + what)
+        return self.cl.client.gather(futs)
+
     def _consumers(self, op_id: str, seg: set[str]):
         if not hasattr(self, "_cons"):
             self._cons: dict[str, list[str]] = defaultdict(list)
@@ -539,14 +569,16 @@ class _Runner:
         carry = {}
         if keep:
             futs = {op_id: self._seg_futures[op_id] for op_id in sorted(keep)}
-            carry = dict(zip(futs, cl.client.gather(list(futs.values())), strict=True))
+            carry = dict(zip(futs, self._gather(list(futs.values()), "carry",
+                                                [self.table[i].device for i in futs]),
+                             strict=True))
         tmp = ckio.begin(rd.path, cut)
         saves = [cl.client.submit(ckio.save_replicas, str(tmp), cut, workers=[a],
                                   allow_other_workers=False, pure=False,
                                   key=f"ckpt-{cut}-{d}-{cl.token}-{self.attempt}")
                  for d, a in self.workers.items()]
         versions: dict[str, int] = {}
-        for v in cl.client.gather(saves):
+        for v in self._gather(saves, f"checkpoint at step {cut}", list(self.workers)):
             versions.update(v)
         ckio.save_tree(tmp, "carry", carry)
         rd.write_trace(self.state.events, self.workers, self.meta.get("started", self.t0))

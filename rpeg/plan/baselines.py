@@ -143,6 +143,10 @@ def split(ctx: Context, ev: Evaluator) -> Outcome:
     stalenesses = [()] + ([tuple(bounds)] if bounds else [])
     cands = []
     for sizes in _compositions(units, len(groups)):
+        starts = [unit * sum(sizes[:i]) for i in range(len(sizes))]
+        if not all(_respects_nodes(ctx, st, k * unit) for st, k in zip(starts, sizes,
+                                                                       strict=True)):
+            continue
         for room in (1.0, 0.75):
             plan = empty_plan(ctx)
             start = 0
@@ -160,6 +164,14 @@ def split(ctx: Context, ev: Evaluator) -> Outcome:
         for st in stalenesses:
             best.offer(attrs.evolve(plan, staleness=st))
     return best.outcome()
+
+
+def _respects_nodes(ctx: Context, start: int, size: int) -> bool:
+    """Whole nodes, or GPUs of one node (a group never straddles a node boundary)."""
+    gpn = ctx.cluster.gpus_per_node
+    if size % gpn == 0:
+        return start % gpn == 0
+    return start // gpn == (start + size - 1) // gpn
 
 
 def _fill_group(ctx: Context, plan: Plan, group: list[str], block: Block,

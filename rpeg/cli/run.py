@@ -24,7 +24,7 @@ DEFAULT_CLUSTER = Path(__file__).resolve().parents[2] / "pipelines" / "clusters"
 def register(app: typer.Typer) -> None:
     @app.command()
     def run(
-        file: Path = typer.Argument(..., help="A pipeline (.rpeg) or a compiled plan (.json)."),
+        file: Path = typer.Argument(None, help="A pipeline (.rpeg) or a compiled plan (.json)."),
         scheduler: str = typer.Option(None, "--scheduler",
                                       help="Attach to a Dask scheduler (tcp://HOST:8786) "
                                            "whose workers each have --resources GPU=1."),
@@ -41,20 +41,53 @@ def register(app: typer.Typer) -> None:
         seed: int = typer.Option(0, "--seed", help="Planner seed."),
         cuda: bool = typer.Option(False, "--cuda", help="Run ops on CUDA when workers have it."),
         progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress bar."),
+        checkpoint_every: int = typer.Option(10, "--checkpoint-every", min=0,
+                                             help="Steps between checkpoints (0: only at the "
+                                                  "end; no recovery from worker loss)."),
+        op_timeout: float = typer.Option(120.0, "--op-timeout", min=1.0,
+                                         help="Least seconds before an op counts as stuck "
+                                              "(10x its predicted time when that is longer)."),
+        devices: int = typer.Option(None, "--devices", min=1,
+                                    help="With --resume: continue on this many devices "
+                                         "(re-plans when it differs)."),
+        tls_ca: Path = typer.Option(None, "--tls-ca", help="CA certificate (PEM) for a tls:// "
+                                    "scheduler; also RPEG_TLS_CA."),
+        tls_cert: Path = typer.Option(None, "--tls-cert", help="This client's certificate "
+                                      "(PEM); also RPEG_TLS_CERT."),
+        tls_key: Path = typer.Option(None, "--tls-key", help="This client's private key "
+                                     "(PEM, mode 600); also RPEG_TLS_KEY."),
     ) -> None:
         """Run a pipeline on a Dask cluster; write runs/<pipeline>-<time>/ (verify it with rpeg verify)."""
         from rpeg.runtime import RunOptions, plan_for_run, run_pipeline
+        from rpeg.runtime.recovery import Resilience, resume_run, run_resilient
+        from rpeg.runtime.security import TlsFiles, check_scheduler_address, dask_tls
 
+        tls = TlsFiles.resolve(*(str(p) if p else None for p in (tls_ca, tls_cert, tls_key)))
+        check_scheduler_address(scheduler, tls)
+        resilience = Resilience(checkpoint_every=max(checkpoint_every, 1),
+                                timeout_floor_s=op_timeout)
         if resume is not None:
-            raise RuntimeFailure("--resume is not supported yet by the runtime",
-                                 hint="start a new run; checkpoints are in the run's checkpoints/")
+            if file is not None:
+                raise RuntimeFailure("--resume continues a run directory; give no FILE with it")
+            with dask_tls(tls):
+                result = resume_run(resume, RunOptions(scheduler=scheduler, progress=progress,
+                                                       use_cuda=cuda), resilience, devices=devices)
+            print(f"run: {result.path}  ({result.steps} steps, resumed)")
+            return
+        if file is None:
+            raise RuntimeFailure("rpeg run needs a pipeline (.rpeg) or plan (.json), or --resume")
         pipeline, plan, spec_path = plan_for_run(
             file, spec=spec, cluster=cluster or DEFAULT_CLUSTER, strategy=strategy,
             staleness=staleness, seed=seed)
         options = RunOptions(steps=steps, scheduler=scheduler,
                              run_dir=str(run_dir) if run_dir else None, progress=progress,
                              use_cuda=cuda)
-        result = run_pipeline(pipeline, plan, options, spec_path=str(spec_path))
+        with dask_tls(tls):
+            if checkpoint_every:
+                result = run_resilient(pipeline, plan, options, spec_path=str(spec_path),
+                                       resilience=resilience)
+            else:
+                result = run_pipeline(pipeline, plan, options, spec_path=str(spec_path))
         rewards = [m["reward"] for m in result.metrics if "reward" in m]
         tail = f"; reward {rewards[0]:.3f} -> {sum(rewards[-5:]) / len(rewards[-5:]):.3f}" \
             if rewards else ""

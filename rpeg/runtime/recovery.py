@@ -189,6 +189,11 @@ def resume_run(run_dir: str | Path, options: RunOptions | None = None,
     if devices is not None and devices != plan.num_devices:
         plan = _replan(pipeline, plan, devices, meta, rd, why="resumed onto "
                        f"{devices} device(s)")
+    if state.start >= int(meta["steps"]) and meta.get("status") == "ok":
+        print(f"rpeg: {rd.path} is complete ({meta['steps']} steps); nothing to resume",
+              file=sys.stderr)
+        return RunResult(rd.path, tuple(state.metrics), float(meta.get("wall_s", 0.0)),
+                         int(meta["steps"]))
     meta.setdefault("resumes", []).append({"from_step": state.start, "at": time.time(),
                                            "checkpoint": str(ck.path) if ck else None})
     meta["status"] = "running"

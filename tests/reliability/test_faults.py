@@ -280,3 +280,18 @@ def test_workers_gone_for_good_are_replanned_around(micro, tmp_path):
     meta = _check(result.path, reference, exact=False)
     assert meta["recoveries"] and meta["replans"][0]["to_devices"] == 1
     assert json.loads((result.path / "plan.json").read_text())["num_devices"] == 1
+
+
+def test_cli_run_checkpoints_verifies_and_resume_of_a_finished_run(micro, tmp_path, capsys):
+    from rpeg.cli import main
+
+    spec, pipeline, plan, reference = micro
+    run_dir = tmp_path / "run"
+    assert main(["run", str(spec), "--steps", "3", "--checkpoint-every", "2", "--no-progress",
+                 "--strategy", "runtime-split", "--run-dir", str(run_dir)]) == 0
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == [
+        "step-000002", "step-000003"]
+    assert main(["verify", str(run_dir)]) == 0
+    capsys.readouterr()
+    assert main(["run", "--resume", str(run_dir), "--no-progress"]) == 0
+    assert "nothing to resume" in capsys.readouterr().err

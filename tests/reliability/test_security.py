@@ -209,3 +209,17 @@ def test_a_pickle_posing_as_a_plan_is_refused_not_run(tmp_path):
     with pytest.raises(PlanError):
         Plan.load(plan)
     assert not marker.exists()
+
+
+def test_rpeg_run_checks_tls_flags_before_starting_anything(pki, tmp_path, capsys):
+    from rpeg.cli import main
+
+    spec = ROOT / "pipelines" / "tiny_ppo.rpeg"
+    assert main(["run", str(spec), "--tls-ca", str(pki.ca), "--no-progress"]) == 1
+    assert "--tls-cert, --tls-key must be given too" in capsys.readouterr().err
+    assert main(["run", str(spec), "--scheduler", "tls://127.0.0.1:1", "--no-progress"]) == 1
+    assert "needs --tls-ca" in capsys.readouterr().err
+    assert main(["run", str(spec), "--scheduler", "tcp://127.0.0.1:1", "--tls-ca", str(pki.ca),
+                 "--tls-cert", str(pki.client[0]), "--tls-key", str(pki.client[1]),
+                 "--no-progress"]) == 1
+    assert "must start with tls://" in capsys.readouterr().err

@@ -401,6 +401,7 @@ CALIBRATION_DIMS = {
     "tiny": PRESETS["tiny"],                                       # 2 layers, hidden 64
     "tiny-vllm": PRESETS["tiny-vllm"],                             # 2 layers, hidden 128
     "tiny4": ModelDims("llama", 4, 64, 4, 2, 128, 259, max_positions=512),
+    "wide2": ModelDims("llama", 2, 192, 3, 3, 512, 259, max_positions=512),
 }
 CALIBRATION_OPS = tuple(
     (kind, name, b, p, g)

@@ -223,7 +223,7 @@ def _source(m: dict) -> str:
     return (f"rpeg calibrate on {mi.get('cpu') or 'this CPU'} ({mi.get('cores')} cores, "
             f"load {mi.get('loadavg', [0])[0]:.2f}), torch {m.get('torch')}, "
             f"{m.get('threads', 1)} thread per device, CPU-time medians; fitted on the "
-            f"tiny, tiny4 and tiny-vllm shapes only "
+            f"tiny, tiny4, tiny-vllm and wide2 shapes only "
             f"(held-out shapes: benchmarks/cost_accuracy.py)")
 
 

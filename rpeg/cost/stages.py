@@ -22,6 +22,9 @@ What each op kind costs (all per step, on the op's devices):
 - COMPUTE (gae, group_norm, rloo, ...): per-sample host cost plus a per-token term.
 - SYNC_WEIGHTS: the model's weights gathered over the op's devices.
 
+On devices that share a last-level cache and memory (the CPU profile's
+``concurrency_slowdown``), a multi-device op computes that much slower.
+
 Infeasible parallel degrees (tp not dividing the heads, pp above the layers, a device
 tuple whose size is not dp x tp x pp) raise CostError with the reason. Memory capacity
 is checked by the caller, which knows every model resident on a GPU: sum
@@ -197,14 +200,17 @@ def stage_memory(pipeline: Pipeline, stage_name: str, par: Parallel, cluster: Cl
         kv = local * seq * 2 * kv_dim * bpv * (layers + 1)      # + one layer being grown
         prefill = _working_set(model, par, local * w.prompt_len, bpv)
         logits = local * hd.vocab / par.tp * 4 * 3
-        return base + MemoryCost(kv_cache=kv, buffers=prefill + logits)
+        # A layer's intermediates are freed before the head runs: the larger one counts.
+        return base + MemoryCost(kv_cache=kv, buffers=max(prefill, logits))
     gen = _padded_gen(w.gen_len, local)
     seq = w.prompt_len + gen
-    # Output-head buffers (fp32 logits, log-softmax, probabilities) cover response positions.
+    # Output-head buffers (fp32 logits, log-softmax, probabilities) cover response positions;
+    # they and a layer's intermediates are not alive at once, next to the residual stream.
     if stage.kind in (OpKind.FORWARD, OpKind.SCORE):
         rows = math.ceil(local / par.microbatches)
-        return base + MemoryCost(buffers=_working_set(model, par, rows * seq, bpv)
-                                 + rows * gen * hd.vocab / par.tp * 4 * 3)
+        stream = rows * seq * d.hidden * bpv
+        return base + MemoryCost(buffers=stream + max(
+            _working_set(model, par, rows * seq, bpv), rows * gen * hd.vocab / par.tp * 4 * 3))
     # TRAIN: activations of the micro-batches in flight (1F1B: up to pp on the first stage).
     minibatches = int(stage.param("minibatches", 1) or 1)
     mb_rows = math.ceil(local / minibatches / par.microbatches)
@@ -222,8 +228,8 @@ def stage_memory(pipeline: Pipeline, stage_name: str, par: Parallel, cluster: Cl
         grads = local_params(model, par) * bpv / (par.dp if par.zero >= 2 else 1)
         acts = max(acts - grads, 0.0)
     bucket = local_params(model, par) * bpv if par.dp > 1 else 0.0   # flat all-reduce buffer
-    return base + MemoryCost(activations=acts, buffers=loss + bucket
-                             + _working_set(model, par, mb_tokens, bpv))
+    return base + MemoryCost(activations=acts, buffers=bucket
+                             + max(loss, _working_set(model, par, mb_tokens, bpv)))
 
 
 def activation_bytes_per_token(model: Model, par: Parallel, seq: int, bpv: float) -> float:

@@ -43,7 +43,7 @@ from pathlib import Path
 
 import attrs
 
-from rpeg.errors import RpegError, RuntimeFailure
+from rpeg.errors import RpegError, RuntimeFailure, Span
 from rpeg.plan.model import Plan
 from rpeg.runtime import checkpoint_io as ckio
 from rpeg.runtime import core as C
@@ -51,6 +51,7 @@ from rpeg.runtime import worker as W
 from rpeg.runtime.context import RunContext, dataset_path, read_dataset
 from rpeg.runtime.driver import RunOptions, RunResult, _Cluster, _Progress, _rendezvous
 from rpeg.runtime.instances import OpCall, build_calls
+from rpeg.runtime.record import write_record
 from rpeg.runtime.rundir import RunDir, step_metrics
 from rpeg.runtime.serial import dumps, loads, plan_from_json, plan_to_json
 from rpeg.spec.model import Pipeline
@@ -168,6 +169,7 @@ def run_resilient(pipeline: Pipeline, plan: Plan, options: RunOptions,
         stop.uninstall()
         meta["wall_s"] = meta.get("wall_s", 0.0) + time.time() - t_start
         rd.write_json("run.json", meta)
+        write_record(rd.path, spec_path)
     return RunResult(rd.path, tuple(state.metrics), meta["wall_s"], steps)
 
 
@@ -178,6 +180,9 @@ def resume_run(run_dir: str | Path, options: RunOptions | None = None,
     ``devices`` when that differs from the plan's device count)."""
     rd = _open_for_resume(Path(run_dir))
     meta = ckio._read_json(rd.path / "run.json", "run record")
+    if not isinstance(meta, dict) or not isinstance(meta.get("steps"), int) or meta["steps"] < 1:
+        raise RuntimeFailure(f"run record '{rd.path / 'run.json'}' must be a JSON object with "
+                             "a positive integer 'steps'", Span(str(rd.path / "run.json"), 0, 0))
     pipeline = _load_value(rd.path / "pipeline.json", loads, "pipeline")
     plan = _load_value(rd.path / "plan.json", plan_from_json, "plan")
     skipped: list[str] = []

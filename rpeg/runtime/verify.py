@@ -19,10 +19,12 @@ same unrolling the run used); the trace says what each worker observed. Checks:
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import attrs
 
+from rpeg.errors import RpegError, RuntimeFailure, Span
 from rpeg.plan.model import Plan
 from rpeg.runtime.instances import LOAD, OpCall, build_calls, model_homes
 from rpeg.runtime.rundir import RunDir, events_from_trace
@@ -32,6 +34,7 @@ from rpeg.spec.model import OpKind
 # Clock resolution between processes on one machine: ends and starts closer than
 # this are treated as ordered (time.time() across processes, microsecond trace units).
 SLACK_S = 2e-6
+MAX_RECORD_BYTES = 1 << 30         # a trace of a long run is large; beyond this it is not one
 
 
 @attrs.frozen
@@ -67,16 +70,39 @@ class Report:
 
 def verify_run(path: str | Path) -> Report:
     rd = RunDir.open(path)
-    pipeline = loads((rd.path / "pipeline.json").read_text())
-    plan = plan_from_json((rd.path / "plan.json").read_text())
-    meta = rd.read_json("run.json")
-    events = events_from_trace(rd.read_json("trace.json"))
-    steps = int(meta["steps"])
-    workers = {int(d): a for d, a in meta.get("workers", {}).items()}
-    for d, addrs in meta.get("worker_history", {}).items():   # devices whose worker was replaced
-        workers[int(d)] = tuple(addrs)
-    return check(build_calls(pipeline, plan, steps), plan, events, workers, steps,
-                 model_homes(pipeline, plan, _graph(pipeline, plan)))
+    pipeline = _read(rd, "pipeline.json", loads)
+    plan = _read(rd, "plan.json", plan_from_json)
+    meta = _read(rd, "run.json", json.loads)
+    events = _read(rd, "trace.json", lambda text: events_from_trace(json.loads(text)))
+    try:
+        steps = int(meta["steps"])
+        workers = {int(d): a for d, a in meta.get("workers", {}).items()}
+        for d, addrs in meta.get("worker_history", {}).items():   # devices whose worker was replaced
+            workers[int(d)] = tuple(addrs)
+        return check(build_calls(pipeline, plan, steps), plan, events, workers, steps,
+                     model_homes(pipeline, plan, _graph(pipeline, plan)))
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        raise RuntimeFailure(f"run directory '{rd.path}' must hold the records rpeg run wrote; "
+                             f"they are malformed ({type(e).__name__}: {e})",
+                             Span(str(rd.path), 0, 0)) from None
+
+
+def _read(rd: RunDir, name: str, parse):
+    """One record of the run directory, parsed; a damaged one is named in the error."""
+    path = rd.path / name
+    try:
+        if path.stat().st_size > MAX_RECORD_BYTES:
+            raise RuntimeFailure(f"'{path}' must be at most {MAX_RECORD_BYTES:,} bytes",
+                                 Span(str(path), 0, 0))
+        return parse(path.read_text(encoding="utf-8"))
+    except RpegError as e:
+        if e.span is not None and e.span.path and not e.span.path.startswith("<"):
+            raise
+        raise RuntimeFailure(f"'{path}' is unusable: {e.message}", Span(str(path), 0, 0),
+                             hint=e.hint) from None
+    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError, AttributeError) as e:
+        raise RuntimeFailure(f"'{path}' must be the {name} rpeg run wrote, and it is not "
+                             f"({type(e).__name__}: {e})", Span(str(path), 0, 0)) from None
 
 
 def _graph(pipeline, plan):

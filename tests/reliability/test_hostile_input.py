@@ -344,3 +344,36 @@ def test_plan_file_that_is_huge_a_pipe_or_binary_is_refused(tmp_path):
     binary = tmp_path / "bin.json"
     binary.write_bytes(os.urandom(2048))
     _plan_refused(binary)
+
+
+# --- run directories ----------------------------------------------------------------------
+
+@pytest.mark.parametrize("name, content", [
+    ("run.json", b"{"), ("run.json", b"[]"), ("run.json", b'{"steps": "many"}'),
+    ("trace.json", b'{"traceEvents": [{"ph": "X"}]}'), ("trace.json", os.urandom(512)),
+    ("plan.json", b'{"schema_version": 1}'), ("pipeline.json", b'{"__type__": "os:system"}'),
+    ("pipeline.json", b"\x80\x04\x95pickle"),
+], ids=["run-truncated", "run-list", "run-steps", "trace-event", "trace-random", "plan-empty",
+        "pipeline-foreign-type", "pipeline-pickle"])
+def test_verify_and_resume_refuse_damaged_run_directories(tmp_path, capsys, name, content):
+    import json
+
+    from rpeg.runtime.placement import split_plan
+    from rpeg.runtime.serial import dumps
+
+    pipeline = load(PIPELINES / "tiny_ppo.rpeg")
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "pipeline.json").write_text(dumps(pipeline))
+    (run / "plan.json").write_text(split_plan(pipeline, 2, staleness=1).to_json())
+    (run / "run.json").write_text(json.dumps({"steps": 1, "status": "failed"}))
+    (run / "trace.json").write_text(json.dumps({"traceEvents": []}))
+    (run / name).write_bytes(content)
+    for argv in (["verify", str(run)], ["run", "--resume", str(run), "--no-progress"]):
+        rc = cli_main(argv)
+        err = capsys.readouterr().err
+        if argv[0] == "run" and name == "trace.json":
+            continue               # resume reads checkpoints, not the trace: nothing to refuse
+        assert rc == 1, (argv, err)
+        assert "Traceback" not in err and "internal error" not in err, err
+        assert str(run) in err

@@ -62,7 +62,9 @@ def run(pipeline: Pipeline, plan: Plan, options: RunOptions, spec_path: str | No
     spec_dir = str(Path(spec_path).resolve().parent) if spec_path else str(Path.cwd())
     read_dataset(dataset_path(pipeline, spec_dir))                 # fail before any cluster
     calls = build_calls(pipeline, plan, steps)
-    window = max((k for _, k in plan.staleness), default=0) + 1
+    # k + 1 steps may run at once; one more is submitted ahead, so the scheduler holds its
+    # ops and starts them the moment their inputs exist (no client round trip).
+    window = max((k for _, k in plan.staleness), default=0) + 2
     rd = RunDir.create(options.root, pipeline.name, options.run_dir)
     if spec_path:
         shutil.copyfile(spec_path, rd.path / "spec.rpeg")
@@ -117,13 +119,15 @@ def _loop(cl, calls, steps, window, workers, rd, events, options, on_step) -> li
     instructions = core.handle(C.Started())
     try:
         while True:
-            for ins in instructions:
+            # Submissions first: the per-step bookkeeping (a round trip to every worker)
+            # must not delay work that is ready.
+            for ins in sorted(instructions, key=_urgency):
                 if isinstance(ins, C.Submit):
                     call = ins.call
                     args = [futures[d] for d in call.deps] + [futures[a] for a in call.after]
                     f = cl.client.submit(W.run_op, call, *args, key=f"{call.id}-{cl.token}",
                                          workers=[workers[call.device]], allow_other_workers=False,
-                                         resources={"GPU": 1}, pure=False)
+                                         pure=False)
                     futures[call.id] = f
                     id_of[f.key] = call.id
                     done.add(f)
@@ -167,6 +171,10 @@ def _loop(cl, calls, steps, window, workers, rd, events, options, on_step) -> li
         bar.close()
         for f in futures.values():
             f.cancel()
+
+
+def _urgency(ins) -> int:
+    return 0 if isinstance(ins, (C.Submit, C.Release)) else 1
 
 
 def _describe(err) -> str:
@@ -239,6 +247,14 @@ class _Cluster:
             raise RuntimeFailure(f"the plan needs {n} workers with resource GPU=1, and the "
                                  f"cluster has {len(gpu)}",
                                  hint="start one worker per device with --resources GPU=1")
+        # One thread per device worker is what keeps two ops off one device at once, so op
+        # tasks need not request the resource (resource-restricted tasks take a slower path
+        # through the scheduler: about twice the dispatch gap, measured on this machine).
+        for a in gpu[:n]:
+            threads = info[a].get("nthreads", 1)
+            if threads != 1:
+                raise RuntimeFailure(f"worker {a} must run 1 thread, not {threads}",
+                                     hint="start device workers with --nthreads 1")
         return dict(enumerate(gpu[:n]))
 
     def setup(self, ctx: RunContext, workers: dict[int, str]) -> list[dict]:

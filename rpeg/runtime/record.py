@@ -193,8 +193,10 @@ def build_record(run_dir: str | Path, spec_path: str | None = None) -> dict:
             except RpegError:
                 cluster = None
     rows = rd.metrics()
+    before = (_read_json(path / RECORD) or {}).get("inputs", {})
     inputs = {
-        "spec": _entry(path, "spec.rpeg", source=spec_path),
+        "spec": _entry(path, "spec.rpeg",
+                       source=spec_path or before.get("spec", {}).get("source")),
         "pipeline": _entry(path, "pipeline.json"),
         "plan": {**_entry(path, "plan.json"), "strategy": plan.strategy.value,
                  "cluster": plan.cluster},
@@ -202,8 +204,7 @@ def build_record(run_dir: str | Path, spec_path: str | None = None) -> dict:
             "name": cluster.name, "file": "cluster.json", "source": cluster_source or cluster.path,
             "sha256": sha256_text(_canonical_cluster(cluster)), "gpu": cluster.gpu.name,
             "devices": cluster.num_gpus},
-        "code": code_version() if not (path / RECORD).exists()
-        else (_read_json(path / RECORD) or {}).get("inputs", {}).get("code", code_version()),
+        "code": before.get("code") or code_version(),
     }
     ident = [inputs["pipeline"]["sha256"], inputs["plan"]["sha256"],
              (inputs["cluster"] or {}).get("sha256"), inputs["code"].get("rpeg"),
@@ -216,8 +217,8 @@ def build_record(run_dir: str | Path, spec_path: str | None = None) -> dict:
         "steps": meta.get("steps"),
         "started": _iso(meta.get("started")),
         "inputs": inputs,
-        "where": {"scheduler": meta.get("scheduler", "local"),
-                  "workers": meta.get("workers", {}), "homes": meta.get("homes", {})},
+        "where": {"scheduler": meta.get("scheduler", "local"), "workers": _workers(meta),
+                  "homes": meta.get("homes") or {m: list(d) for m, d in plan.model_homes}},
         "predicted": predicted(pipeline, plan, cluster),
         "measured": measured(rows, meta),
         "final": final_metrics(rows),
@@ -252,6 +253,13 @@ def read_record(run_dir: str | Path) -> dict:
     if rec and "error" not in rec:
         return rec
     return build_record(run_dir)
+
+
+def _workers(meta: dict) -> dict:
+    """Device -> the worker that ran it last (a resilient run keeps each device's history)."""
+    if meta.get("workers"):
+        return dict(meta["workers"])
+    return {d: hist[-1] for d, hist in meta.get("worker_history", {}).items() if hist}
 
 
 def _entry(path: Path, name: str, source: str | None = None) -> dict:

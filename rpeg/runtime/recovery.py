@@ -129,6 +129,8 @@ def run_resilient(pipeline: Pipeline, plan: Plan, options: RunOptions,
     """Run ``plan`` with step checkpoints, surviving worker loss and stuck ops."""
     steps = options.steps or pipeline.workload.steps
     spec_dir = str(Path(spec_path).resolve().parent) if spec_path else str(Path.cwd())
+    if _resume is not None:
+        spec_dir = str(_resume[2].get("spec_dir", spec_dir))    # where the data and rewards are
     read_dataset(dataset_path(pipeline, spec_dir))
     if _resume is None:
         rd = RunDir.create(options.root, pipeline.name, options.run_dir)

@@ -1,5 +1,6 @@
-"""Two real runs of tiny_ppo (3 steps each) on one local Dask cluster, shared by the module:
-A with the spec's staleness bound (rollout <= 1), B synchronous (staleness 0)."""
+"""Two real runs of tiny_ppo (3 steps each) on one local Dask cluster, shared by the session:
+A with the spec's staleness bound (rollout <= 1) by the plain runner, B synchronous
+(staleness 0) by the resilient runner that `rpeg run` uses; both write their record."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from rpeg.runtime import RunOptions, run_pipeline
+from rpeg.runtime.recovery import run_resilient
 from rpeg.runtime.placement import split_plan
 from rpeg.spec import load
 
@@ -27,9 +29,9 @@ def two_runs(tmp_path_factory):
                            dashboard_address="127.0.0.1:0", silence_logs=logging.ERROR)
     try:
         out = []
-        for name, staleness in (("a", None), ("b", 0)):
+        for name, staleness, runner in (("a", None, run_pipeline), ("b", 0, run_resilient)):
             plan = split_plan(pipeline, 2, staleness=staleness, cluster="local_cpu")
-            result = run_pipeline(pipeline, plan, RunOptions(
+            result = runner(pipeline, plan, RunOptions(
                 steps=STEPS, scheduler=cluster.scheduler_address, root=str(root),
                 run_dir=str(root / f"tiny_ppo-{name}"), progress=False),
                 spec_path=str(PIPELINES / "tiny_ppo.rpeg"))

@@ -43,8 +43,7 @@ def test_record_has_predicted_and_measured_step_time(run_a):
 def test_same_experiment_same_id_other_plan_other_id(run_a, run_b, tmp_path):
     copy = tmp_path / "copy"
     shutil.copytree(run_a, copy)
-    (copy / "cluster.json").unlink()            # found again from the plan's cluster name
-    again = write_record(copy)                  # the code version is the one that ran
+    again = write_record(copy)          # the cluster and code recorded are the ones that ran
     assert again["id"] == read_record(run_a)["id"]
     assert read_record(run_b)["id"] != again["id"]
     assert read_record(run_b)["inputs"]["plan"]["sha256"] != again["inputs"]["plan"]["sha256"]

@@ -28,10 +28,11 @@ def _free_port() -> int:
 def test_tutorial_names_the_commands_a_user_types():
     text = TUTORIAL.read_text(encoding="utf-8")
     for words in ("dask scheduler", "dask worker", "--resources GPU=1", "--nthreads 1",
+                  "--protocol tls", "--tls-ca certs/ca.pem",
                   "rpeg run pipelines/tiny_ppo.rpeg --scheduler", "SLURMCluster", "--cuda"):
         assert words in text
     blocks = runner.blocks(text)
-    assert sum(b.background for b in blocks) == 3          # scheduler + two workers
+    assert sum(b.background for b in blocks) == 6          # scheduler + two workers, twice
 
 
 @pytest.mark.slow
@@ -50,7 +51,10 @@ def test_tutorial_runs_as_written(tmp_path):
     joined = "\n".join(outputs)
     assert "2 workers" in joined
     assert f"where: the Dask scheduler at tcp://127.0.0.1:{port}" in joined
-    assert "placement, dependencies, versions - ok" in joined
+    assert joined.count("placement, dependencies, versions - ok") == 3   # verify, show, verify tls
+    tls = json.loads((session.work / "runs" / "tls" / "record.json").read_text())
+    assert tls["where"]["scheduler"] == f"tls://127.0.0.1:{port}" and tls["status"] == "ok"
+    assert all(a.startswith("tls://") for a in tls["where"]["workers"].values())
     assert "#SBATCH --gres=gpu:1" in joined and "--resources GPU=1" in joined
     assert f"tcp://127.0.0.1:{port}" in joined.split("#SBATCH --gres=gpu:1")[1]
     record = json.loads((session.work / "runs" / "scaled" / "record.json").read_text())

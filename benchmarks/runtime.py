@@ -14,7 +14,8 @@
    (``rpeg.plan.evaluate.Evaluator`` with the calibrated local_cpu profile) vs measured.
 
 Step times are medians over steps after the first 5 (start-up). The machine is
-shared: every measurement records the 1-minute load average around it.
+shared: before each run the script waits (up to 30 s) for the 1-minute load
+average to fall below 4, and every measurement records the load around it.
 """
 
 from __future__ import annotations
@@ -48,6 +49,17 @@ def load_avg() -> float:
     return round(os.getloadavg()[0], 2)
 
 
+QUIET = {"max_load": 4.0, "max_wait_s": 30.0}
+
+
+def wait_quiet() -> float:
+    """Wait (up to a limit) for the shared machine's 1-minute load to drop; returns seconds waited."""
+    start = time.time()
+    while load_avg() > QUIET["max_load"] and time.time() - start < QUIET["max_wait_s"]:
+        time.sleep(5)
+    return round(time.time() - start, 1)
+
+
 def median_step(rows) -> float:
     times = [r["step_time_s"] for r in rows[WARMUP:]] or [r["step_time_s"] for r in rows]
     return statistics.median(times)
@@ -68,6 +80,7 @@ def with_seed(pipeline, seed: int):
 
 
 def dask_run(pipeline, plan, steps, root) -> dict:
+    waited = wait_quiet()
     before = load_avg()
     t = time.time()
     result = run_pipeline(pipeline, plan, RunOptions(steps=steps, root=str(root), progress=False),
@@ -79,7 +92,7 @@ def dask_run(pipeline, plan, steps, root) -> dict:
             "median_step_s": round(median_step(rows), 4),
             "untrained_reward": round(untrained_reward(rows), 4),
             "final_reward": round(final_reward(rows), 4), "steps": steps,
-            "load_avg": [before, load_avg()]}
+            "load_avg": [before, load_avg()], "waited_for_quiet_s": waited}
 
 
 def predicted(pipeline, plan) -> float:
@@ -97,9 +110,10 @@ def learning(name, steps, root) -> dict:
 def asynchrony(steps, seeds, root) -> dict:
     base = load(ROOT / "pipelines" / "tiny_ppo.rpeg")
     runs = {"sync": [], "async": []}
-    for seed in seeds:
+    for n, seed in enumerate(seeds):
         pipeline = with_seed(base, seed)
-        for label, k in (("sync", 0), ("async", 1)):
+        order = (("sync", 0), ("async", 1)) if n % 2 == 0 else (("async", 1), ("sync", 0))
+        for label, k in order:
             plan = split_plan(pipeline, 2, staleness=k)
             r = dask_run(pipeline, plan, steps, root)
             r["seed"] = seed
@@ -115,12 +129,13 @@ def asynchrony(steps, seeds, root) -> dict:
             "final_reward_gap_pct": round(100 * (async_r - sync_r) / sync_r, 2)}
 
 
-def overhead(steps, root, rounds=2) -> dict:
+def overhead(steps, root, rounds=3) -> dict:
     pipeline = load(ROOT / "pipelines" / "tiny_ppo.rpeg")
     plan = split_plan(pipeline, 1, staleness=0)
     dask, inline = [], []
     for _ in range(rounds):                       # interleaved, so drifting load hits both
         dask.append(dask_run(pipeline, plan, steps, root))
+        wait_quiet()
         before = load_avg()
         rows = run_inline(pipeline, plan, steps, str(ROOT / "pipelines"))
         inline.append({"median_step_s": round(median_step(rows), 4),
@@ -130,6 +145,36 @@ def overhead(steps, root, rounds=2) -> dict:
     return {"dask": dask, "inline": inline, "median_step_dask_s": d, "median_step_inline_s": i,
             "ratio_dask_over_inline": round(d / i, 3),
             "predicted_step_s": round(predicted(pipeline, plan), 4)}
+
+
+def op_times(run_dir: str) -> dict:
+    """Per stage: the cost model's predicted seconds per step vs the measured median of the
+    per-step sum of its op durations (compute only: no dispatch gaps)."""
+    from rpeg.runtime.rundir import RunDir, events_from_trace
+    from rpeg.runtime.serial import loads, plan_from_json
+    rd = RunDir(Path(run_dir))
+    pipeline = loads((rd.path / "pipeline.json").read_text())
+    plan = plan_from_json((rd.path / "plan.json").read_text())
+    pred = dict(Evaluator(pipeline, load_cluster(CLUSTER)).evaluate(plan).plan.predicted.op_times)
+    per: dict[tuple[str, int], float] = {}
+    devices: dict[str, set] = {}
+    for e in events_from_trace(rd.read_json("trace.json")):
+        if e["step"] < WARMUP:
+            continue
+        for stage in e["op"].split("+"):
+            key = (stage if not stage.startswith("sync_") else stage, e["step"])
+            per[key] = per.get(key, 0.0) + (e["end"] - e["start"])
+            devices.setdefault(stage, set()).add(e["device"])
+    out = {}
+    for stage, p in pred.items():
+        vals = [v for (s, _), v in per.items() if s == stage]
+        if vals:
+            # ranks of a data-parallel op run side by side: per-device time
+            measured = statistics.median(vals) / max(1, len(devices.get(stage, ())))
+            out[stage] = {"predicted_s": round(p, 5), "measured_s": round(measured, 5),
+                          "error_pct": round(100 * (p - measured) / measured, 1)}
+    errs = [abs(v["error_pct"]) for v in out.values()]
+    return {"stages": out, "mape_pct": round(sum(errs) / len(errs), 1) if errs else None}
 
 
 def markdown(res) -> str:
@@ -156,6 +201,15 @@ def markdown(res) -> str:
     lines += ["", f"Mean step-time ratio async/sync: **{a['step_time_ratio_async_over_sync']}** "
               f"(target <= 0.75). Final reward async vs sync: {a['final_reward_async']} vs "
               f"{a['final_reward_sync']} (**{a['final_reward_gap_pct']}%**, target within 5%).", ""]
+    if "op_times" in res:
+        lines += ["## Cost model per stage (compute time of the ops, no dispatch gaps)", "",
+                  "| run | stage | predicted s | measured s | error % |", "|---|---|---|---|---|"]
+        for label, r in res["op_times"].items():
+            for stage, v in r["stages"].items():
+                lines.append(f"| {label} | {stage} | {v['predicted_s']} | {v['measured_s']} | "
+                             f"{v['error_pct']} |")
+            lines.append(f"| {label} | **MAPE** | | | **{r['mape_pct']}** |")
+        lines.append("")
     o = res["overhead"]
     lines += ["## Runtime overhead (1 worker, synchronous)", "",
               f"Median step: rpeg on Dask {o['median_step_dask_s']} s, same op calls in one "
@@ -178,8 +232,9 @@ def main() -> None:
            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
            "load_avg_start": load_avg()}
     out = ROOT / "benchmarks" / "results" / "runtime.json"
-    if out.exists():
-        res = {**json.loads(out.read_text()), **res}
+    if out.exists() and args.only != "learning,asynchrony,overhead":
+        # a partial run updates its parts and keeps the rest (and their provenance)
+        res = {**res, **json.loads(out.read_text())}
     if "learning" in parts:
         res["learning"] = {}
         for name in ("tiny_ppo", "tiny_grpo"):
@@ -193,6 +248,15 @@ def main() -> None:
         res["overhead"] = overhead(steps or 40, args.root)
         print("overhead", {k: v for k, v in res["overhead"].items()
                            if k not in ("dask", "inline")}, flush=True)
+    if "optimes" in parts or "asynchrony" in parts:
+        res["op_times"] = {}
+        for name in ("tiny_ppo", "tiny_grpo"):
+            if name in res.get("learning", {}):
+                res["op_times"][f"{name} (planner's plan)"] = op_times(
+                    res["learning"][name]["run_dir"])
+        for r in res.get("asynchrony", {}).get("runs", {}).get("sync", [])[:1]:
+            res["op_times"]["tiny_ppo split, sync"] = op_times(r["run_dir"])
+        print("op_times", {k: v["mape_pct"] for k, v in res["op_times"].items()}, flush=True)
     res["load_avg_end"] = load_avg()
     out.write_text(json.dumps(res, indent=1) + "\n")
     if all(k in res for k in ("learning", "asynchrony", "overhead")):

@@ -81,19 +81,29 @@ def check_bytes(data: bytes) -> str:
 
 
 def check_plan_bytes(data: bytes) -> str:
-    """plan.json loading, once rpeg.plan offers a loader; 'skipped' before then."""
+    """plan.json loading: accepted, or a PlanError naming the file."""
+    from rpeg.plan.model import Plan
+
     try:
-        from rpeg.plan import io as plan_io  # type: ignore[attr-defined]
-    except ImportError:
-        return "skipped"
-    load = getattr(plan_io, "loads_plan", None) or getattr(plan_io, "plan_from_json", None)
-    if load is None:
-        return "skipped"
-    try:
-        load(data.decode("utf-8", errors="replace"))
+        Plan.from_json(data.decode("utf-8", errors="replace"), "fuzz_plan.json")
         return "ok"
-    except RpegError:
+    except RpegError as e:
+        e.render()
+        if e.span is None or e.span.path != "fuzz_plan.json":
+            raise AssertionError(f"error does not name the file: {e}") from None
         return "refused"
+
+
+def plan_seeds() -> list[bytes]:
+    from rpeg.runtime.placement import split_plan
+    from rpeg.spec import load
+
+    out = []
+    for name in ("tiny_ppo.rpeg", "tiny_grpo.rpeg"):
+        p = load(PIPELINES / name)
+        for k in (0, 1):
+            out.append(split_plan(p, 2, staleness=k).to_json().encode())
+    return out
 
 
 class Recorder:
@@ -101,16 +111,16 @@ class Recorder:
 
     def __init__(self, out: Path, engine: str, runs: int, slow: float) -> None:
         self.out, self.engine, self.runs, self.slow = out, engine, runs, slow
-        self.counts = {"ok": 0, "refused": 0, "crash": 0, "slow": 0}
+        self.counts = {"ok": 0, "refused": 0, "crash": 0, "slow": 0, "skipped": 0}
         self.crashes: list[dict] = []
         self.tried = 0
         self.max_s = 0.0
         self.t0 = time.perf_counter()
 
-    def one(self, data: bytes) -> None:
+    def one(self, data: bytes, check=check_bytes) -> None:
         t = time.perf_counter()
         try:
-            outcome = check_bytes(data)
+            outcome = check(data)
         except Exception as e:  # noqa: BLE001 — every escape is the finding we look for
             outcome = "crash"
             self._crash(data, e)
@@ -162,6 +172,8 @@ HOSTILE = [
     b"share actor, actor", b"staleness rollout <= 99999999", b"colocate", b"place rollout on",
     b"steps = 1000000000", b"gpus_per_node = 1000000000000", b"racks = 0", b"\t", b"\r\n",
     b"\ufeff".decode("latin-1").encode("latin-1"), "é".encode(), b"\xe2\x80\xae",
+    b"null", b"[]", b"{}", b"true", b'"schema_version": 2,', b'"num_devices": 1e308,',
+    b'"devices": [-1],', b'"dp": 0,', b'"__type__": "os:system",',
 ]
 
 
@@ -217,12 +229,19 @@ def random_text(rng: random.Random) -> bytes:
 
 
 def run_mutate(rec: Recorder, runs: int, seed: int) -> None:
+    """90% .rpeg inputs (mutated seeds, some random text), 10% plan.json mutations."""
     rng = random.Random(seed)
     corpus = [data for _, data in seeds()]
+    plans = plan_seeds()
     for data in corpus:
         rec.one(data)
+    for data in plans:
+        rec.one(data, check_plan_bytes)
     while rec.tried < runs:
-        if rng.random() < 0.1:
+        r = rng.random()
+        if r < 0.1:
+            rec.one(mutate(rng, rng.choice(plans), plans), check_plan_bytes)
+        elif r < 0.18:
             rec.one(random_text(rng))
         else:
             rec.one(mutate(rng, rng.choice(corpus), corpus))

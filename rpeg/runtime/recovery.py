@@ -404,7 +404,7 @@ class _Runner:
                     f = cl.client.submit(W.run_op, call, *args,
                                          key=f"{call.id}-{cl.token}-{self.attempt}",
                                          workers=[self.workers[call.device]],
-                                         allow_other_workers=False, resources={"GPU": 1},
+                                         allow_other_workers=False,
                                          pure=False)
                     futures[call.id] = f
                     key_of[f] = call.id

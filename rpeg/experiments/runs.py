@@ -116,7 +116,8 @@ def write_plots(run: Run, folder: str | Path | None = None) -> list[Path]:
                                 title=f"{run.pipeline.name}: predicted peak memory per device "
                                       f"({run.record['predicted'].get('source', '')})")
     written += plots.curves(list(run.rows), out / "curves",
-                            title=f"{run.pipeline.name}: metrics per step ({run.name})",
+                            title=f"{run.pipeline.name}: metrics per step"
+                                  + (f" ({run.name})" if run.name != run.pipeline.name else ""),
                             predicted_step_s=run.predicted_step_s())
     return written
 

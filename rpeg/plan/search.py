@@ -23,9 +23,9 @@ the best plan kept is always feasible). Moves:
 
 Acceptance is Metropolis with a geometric temperature schedule from
 ``t_start`` to ``t_end`` (fractions of the start plan's step time) over
-``iterations`` (or until ``patience`` proposals bring nothing better); every
-``restart_every`` iterations the walk returns to the best
-plan so far. One ``numpy.random.Generator`` drives everything, so the same inputs
+``iterations`` (or until ``patience`` proposals bring nothing better), split over
+``chains`` independent walks from the start plan; every ``restart_every`` iterations
+a walk returns to the best plan so far. One ``numpy.random.Generator`` drives everything, so the same inputs
 and seed give the same plan — provided the search ends by its iteration count
 (``budget_s`` is a safety cap on the search's CPU time, so other load on the machine
 does not change where it stops).
@@ -67,6 +67,7 @@ class SearchOptions:
     t_start: float = 0.05            # initial temperature, as a fraction of the start step time
     t_end: float = 0.0005
     restart_every: int = 600
+    chains: int = 1                  # independent walks from the start, sharing the budget
     method: Method = Method.ANNEAL
     limits: Limits = attrs.field(factory=Limits.detect)
     steps: int | None = None         # simulated steps (None: 4 + 2 x the largest staleness)
@@ -104,42 +105,53 @@ def anneal(ctx: Context, ev: Evaluator, start: Evaluation, opts: SearchOptions) 
     seen: set[Plan] = set()
     accepted = improved = it = 0
     trace = [(0, score(start, cap))]
-    for it in range(1, opts.iterations + 1):
-        if time.process_time() - began > opts.budget_s:
+    chains = max(1, opts.chains)
+    per_chain = max(1, opts.iterations // chains)
+    patience = max(1, opts.patience // chains) if opts.patience else 0
+    out_of_time = False
+    for _chain in range(chains):              # each chain walks from the start again
+        current, last = start, 0
+        for j in range(1, per_chain + 1):
+            it += 1
+            if time.process_time() - began > opts.budget_s:
+                out_of_time = True
+                break
+            if patience and best.feasible and j - last > patience:
+                break
+            if opts.method is Method.RANDOM:
+                base = start
+            else:
+                base = current
+                if opts.restart_every and j % opts.restart_every == 0:
+                    current = base = best
+            plan = moves.propose(base.plan)
+            if opts.method is Method.RANDOM and plan is not None:
+                for _ in range(int(rng.integers(0, 4))):        # a random point, not a neighbour
+                    plan = moves.propose(plan) or plan
+            if plan is None:
+                continue
+            plan = attrs.evolve(plan, strategy=Strategy.SEARCH, seed=opts.seed)
+            if plan in seen:
+                continue
+            seen.add(plan)
+            r = ev.evaluate(plan, detail=False)
+            if not r.feasible and best.feasible:
+                continue                     # once anything fits, never leave the feasible set
+            if best.feasible and not start.feasible and scale == 1e9:
+                scale = best.step_time_s
+                t0 = opts.t_start * scale
+            delta = score(r, cap) - score(base, cap)
+            temp = t0 * ratio ** (j / per_chain) if opts.method is Method.ANNEAL else 0.0
+            if delta < 0 or (temp > 0 and rng.random() < math.exp(-delta / temp)):
+                current = r
+                accepted += 1
+            if score(r, cap) < score(best, cap) - 1e-12:
+                best = r
+                improved += 1
+                last = j
+                trace.append((it, score(r, cap)))
+        if out_of_time:
             break
-        if opts.patience and best.feasible and it - trace[-1][0] > opts.patience:
-            break
-        if opts.method is Method.RANDOM:
-            base = start
-        else:
-            base = current
-            if opts.restart_every and it % opts.restart_every == 0:
-                current = base = best
-        plan = moves.propose(base.plan)
-        if opts.method is Method.RANDOM and plan is not None:
-            for _ in range(int(rng.integers(0, 4))):        # a random point, not a neighbour
-                plan = moves.propose(plan) or plan
-        if plan is None:
-            continue
-        plan = attrs.evolve(plan, strategy=Strategy.SEARCH, seed=opts.seed)
-        if plan in seen:
-            continue
-        seen.add(plan)
-        r = ev.evaluate(plan, detail=False)
-        if not r.feasible and best.feasible:
-            continue                     # once anything fits, never leave the feasible set
-        if best.feasible and not start.feasible and scale == 1e9:
-            scale = best.step_time_s
-            t0 = opts.t_start * scale
-        delta = score(r, cap) - score(base, cap)
-        temp = t0 * ratio ** (it / opts.iterations) if opts.method is Method.ANNEAL else 0.0
-        if delta < 0 or (temp > 0 and rng.random() < math.exp(-delta / temp)):
-            current = r
-            accepted += 1
-        if score(r, cap) < score(best, cap) - 1e-12:
-            best = r
-            improved += 1
-            trace.append((it, score(r, cap)))
     return SearchResult(best, it, accepted, improved, time.process_time() - began, tuple(trace))
 
 

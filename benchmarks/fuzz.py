@@ -288,6 +288,7 @@ def main() -> int:
             subprocess.run([sys.executable, __file__, "--engine", "atheris", "--runs", str(half),
                             "--seed", str(args.seed), "--slow", str(args.slow), "-o", str(part)],
                            check=False)
+        check_bytes(b"pipeline warm_up\n")
         rec = Recorder(args.out.with_name(args.out.stem + ".mutate.json"), "mutate",
                        args.runs - half if have_atheris else args.runs, args.slow)
         run_mutate(rec, rec.runs, args.seed)
@@ -304,6 +305,7 @@ def main() -> int:
         print(f"fuzz: {merged['inputs_tried']:,} inputs, {merged['crashes_found']} crashes "
               f"-> {args.out}")
         return 1 if merged["crashes_found"] else 0
+    check_bytes(b"pipeline warm_up\n")      # build the parser once, outside the timed inputs
     rec = Recorder(args.out, args.engine, args.runs, args.slow)
     if args.engine == "atheris":
         run_atheris(rec, args.runs, args.seed)

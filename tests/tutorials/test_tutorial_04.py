@@ -62,4 +62,5 @@ def test_whole_tutorial_runs_as_written(tmp_path):
     assert "actor.weights: none -> weights/smollm2" in diff
     record = json.loads((work / "runs" / "smol" / "record.json").read_text())
     assert record["status"] == "ok" and record["measured"]["steps_done"] == 2
-    assert (work / "runs.diff").exists()
+    runs_diff = (work / "runs.diff").read_text()
+    assert runs_diff.startswith("--- runs/shout") and "final reward" in runs_diff

@@ -58,7 +58,10 @@ def blocks(text: str) -> list[Block]:
     starts = [m.start() for m in t01.FENCE.finditer(text) if m.group(1) == "sh"]
     out = []
     for (body, expected, status), start in zip(t01.blocks(text), starts, strict=True):
-        first = next(x for x in body.splitlines() if x.strip())
+        lines = [x for x in body.splitlines() if x.strip()]
+        # bash -e stops at the first failing command: only the last may fail on purpose
+        assert not any("exit status" in x for x in lines[:-1]), f"put it last:\n{body}"
+        first = lines[0]
         out.append(Block(body, expected, status, first.strip().startswith(BACKGROUND),
                          text[:start].count(MARKER), text[:start].count(STOP)))
     return out

@@ -183,6 +183,8 @@ def _change(x, y, unit: str) -> str:
         return ""
     if unit in ("s", "B"):
         r = _rel(x, y)
-        return "" if r is None else f"{r:+.1%}"
+        if r is None:
+            return ""
+        return f"{y / x:.3g}x" if x > 0 and (y / x >= 2 or y / x <= 0.5) else f"{r:+.1%}"
     d = y - x
     return f"{d:+.4g}"

@@ -93,6 +93,8 @@ def _pct(a: float, b: float) -> str:
     if not a:
         return f"{a:.3g} s -> {b:.3g} s"
     r = (b - a) / a
+    if b / a >= 2 or b / a <= 0.5:
+        return f"{b / a:.3g}x"
     return "unchanged" if abs(r) < 0.005 else f"{r:+.0%}" if abs(r) >= 0.1 else f"{r:+.1%}"
 
 

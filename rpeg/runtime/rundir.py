@@ -25,6 +25,7 @@ from pathlib import Path
 import attrs
 
 from rpeg.errors import RuntimeFailure
+from rpeg.runtime.tensorboard import append_event
 
 
 @attrs.frozen
@@ -72,6 +73,7 @@ class RunDir:
     def append_metrics(self, row: dict) -> None:
         with open(self.path / "metrics.jsonl", "a", encoding="utf-8") as f:
             f.write(json.dumps(row, sort_keys=True) + "\n")
+        append_event(self.path, row)
 
     def metrics(self) -> list[dict]:
         p = self.path / "metrics.jsonl"

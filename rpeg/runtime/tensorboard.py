@@ -7,12 +7,15 @@
 >>> write_events("runs/tiny_ppo-20261130-011500")             # doctest: +SKIP
 PosixPath('runs/tiny_ppo-20261130-011500/events.out.tfevents.1796001649.rpeg')
 
-One scalar per numeric column of metrics.jsonl, tagged by its name (names
-with a slash, ``grad_norm/actor_step``, are grouped by TensorBoard; a dotted
-name is written with a slash), at the step of its row and the wall time the
-step ended. The file is written whole from metrics.jsonl, so writing again gives the
-same file. Uses tensorboard's own record writer and protocol buffers: no torch,
-no TensorFlow. Returns None, and writes nothing, when tensorboard is absent.
+Each step's row is appended as the step ends (:func:`append_event`, called by
+``RunDir.append_metrics``), and the file is rewritten whole when the run ends
+(:func:`write_events`, from the record), so a run that rolled back to a
+checkpoint keeps only the steps that stand; writing it again gives the same
+file. One scalar per numeric column of metrics.jsonl, tagged by its name
+(TensorBoard groups ``grad_norm/actor_step`` under ``grad_norm``; a dotted name
+is written with a slash), at the step of its row and the wall time the step
+ended. Uses tensorboard's own record writer and protocol buffers: no torch, no
+TensorFlow. Nothing is written when tensorboard is absent.
 """
 
 from __future__ import annotations
@@ -36,7 +39,6 @@ def write_events(run_dir: str | Path) -> Path | None:
     if not available():
         return None
     from tensorboard.compat.proto.event_pb2 import Event
-    from tensorboard.compat.proto.summary_pb2 import Summary
     from tensorboard.summary.writer.record_writer import RecordWriter
 
     run_dir = Path(run_dir)
@@ -53,14 +55,44 @@ def write_events(run_dir: str | Path) -> Path | None:
         w.write(Event(wall_time=started, file_version="brain.Event:2").SerializeToString())
         for row in rows:
             wall += float(row.get("step_time_s", 0.0))
-            values = [Summary.Value(tag=tag(k), simple_value=float(v))
-                      for k, v in sorted(row.items())
-                      if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool)]
-            ev = Event(wall_time=wall, step=int(row.get("step", 0)), summary=Summary(value=values))
-            w.write(ev.SerializeToString())
+            w.write(_event(row, wall).SerializeToString())
         w.flush()
     tmp.replace(path)
     return path
+
+
+def append_event(run_dir: str | Path, row: dict) -> Path | None:
+    """Append one metrics row to the run's event file as the step ends, so TensorBoard
+    shows a run while it goes; None (and nothing written) without tensorboard. Never
+    raises: a metrics side channel must not stop a run."""
+    if not available():
+        return None
+    try:
+        from tensorboard.compat.proto.event_pb2 import Event
+        from tensorboard.summary.writer.record_writer import RecordWriter
+
+        run_dir = Path(run_dir)
+        existing = sorted(run_dir.glob("events.out.tfevents.*.rpeg"))
+        started = float(_json(run_dir / "run.json").get("started", time.time()))
+        path = existing[0] if existing else event_file(run_dir, started)
+        with open(path, "ab") as f:
+            w = RecordWriter(f)
+            if f.tell() == 0:
+                w.write(Event(wall_time=started, file_version="brain.Event:2").SerializeToString())
+            w.write(_event(row, time.time()).SerializeToString())
+            w.flush()
+        return path
+    except Exception:  # noqa: BLE001 — see the docstring; the run's end rewrites the file
+        return None
+
+
+def _event(row: dict, wall: float):
+    from tensorboard.compat.proto.event_pb2 import Event
+    from tensorboard.compat.proto.summary_pb2 import Summary
+
+    values = [Summary.Value(tag=tag(k), simple_value=float(v)) for k, v in sorted(row.items())
+              if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool)]
+    return Event(wall_time=wall, step=int(row.get("step", 0)), summary=Summary(value=values))
 
 
 def tag(name: str) -> str:

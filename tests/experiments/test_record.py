@@ -88,3 +88,23 @@ def test_tensorboard_absent_writes_nothing(run_a, tmp_path, monkeypatch):
     rec = write_record(copy)
     assert "tensorboard" not in rec["files"]
     assert not list(copy.glob("events.out.tfevents.*"))
+
+
+def test_tensorboard_events_appear_as_steps_end(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from rpeg.runtime.rundir import RunDir
+
+    rd = RunDir.create(tmp_path, "live", tmp_path / "live")
+    rd.write_json("run.json", {"started": 1796000000.0})
+    for step in range(3):
+        rd.append_metrics({"step": step, "reward": 0.1 * step, "step_time_s": 0.5})
+        acc = EventAccumulator(str(rd.path))
+        acc.Reload()
+        assert [s.step for s in acc.Scalars("reward")] == list(range(step + 1))
+    files = list(rd.path.glob("events.out.tfevents.*.rpeg"))
+    assert [f.name for f in files] == ["events.out.tfevents.1796000000.rpeg"]
+    assert write_events(rd.path) == files[0]          # the end of the run rewrites it whole
+    acc = EventAccumulator(str(rd.path))
+    acc.Reload()
+    assert [round(s.value, 6) for s in acc.Scalars("reward")] == [0.0, 0.1, 0.2]

@@ -129,7 +129,7 @@ def overhead(chunks: int, steps: int) -> dict:
     generation (each forward/score/advantage op runs per chunk), with null ops."""
     import logging
 
-    from distributed import Client, LocalCluster, wait
+    from distributed import Client, LocalCluster, as_completed
 
     from rpeg.runtime import core as C
     from rpeg.runtime.instances import build_calls
@@ -161,6 +161,7 @@ def overhead(chunks: int, steps: int) -> dict:
         futures: dict[str, object] = {}
         key_of: dict[object, str] = {}
         pending = core.handle(C.Started())
+        done_iter = as_completed()
         step_times = []
         last = t
         while True:
@@ -172,7 +173,8 @@ def overhead(chunks: int, steps: int) -> dict:
                     f = client.submit(null_op, c, *args, key=f"{c.id}-x", pure=False,
                                       workers=[workers[c.device]], resources={"GPU": 1})
                     futures[c.id] = f
-                    key_of[f] = c.id
+                    key_of[f.key] = c.id
+                    done_iter.add(f)
                 elif isinstance(ins, C.Release):
                     futures.pop(ins.op_id, None)
                 elif isinstance(ins, C.StepDone):
@@ -183,10 +185,9 @@ def overhead(chunks: int, steps: int) -> dict:
                     finished = True
             if finished:
                 break
-            done, _ = wait(list(key_of), return_when="FIRST_COMPLETED")
             pending = []
-            for f in done:
-                pending += core.handle(C.OpDone(key_of.pop(f)))
+            for f in done_iter.next_batch(block=True):     # as the runtime's driver does
+                pending += core.handle(C.OpDone(key_of.pop(f.key)))
         dask_s = time.perf_counter() - t
     n = len(calls)
     return {"chunks": chunks, "steps": steps, "ops": n, "ops_per_step": round(per_step),

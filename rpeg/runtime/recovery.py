@@ -285,6 +285,7 @@ class _Runner:
                     self._segments()
                     return
                 except _Lost as lost:
+                    lost.__traceback__ = None      # frees the abandoned attempt's futures
                     self._recover(lost)
         finally:
             self.bar.close()
@@ -369,7 +370,7 @@ class _Runner:
                                   hint=f"continue with: rpeg run --resume {self.rd.path}")
 
     def _run_segment(self, start: int, end: int, seg: set[str], inside: set[str]):
-        from distributed import wait
+        from distributed import as_completed
 
         cl, table = self.cl, self.table
         keep = carried(table, inside)
@@ -391,6 +392,9 @@ class _Runner:
         limit_cut: set[str] | None = None
         last_step = time.time()
         last_alive = 0.0
+        completions = as_completed()
+        live = 0
+        idle_s = 0.0005
         instructions = core.handle(C.Started())
         while True:
             for ins in instructions:
@@ -408,6 +412,8 @@ class _Runner:
                                          pure=False)
                     futures[call.id] = f
                     key_of[f] = call.id
+                    completions.add(f)
+                    live += 1
                     if all(d in done_ids or d not in seg for d in call.all_deps):
                         ready_at[call.id] = time.time()
                 elif isinstance(ins, C.Release):
@@ -432,17 +438,20 @@ class _Runner:
                 keep = carried(table, inside)
                 if limit_cut <= done_ids | before:
                     return self._cut_short(end, limit_cut)
-            inflight = [f for f in key_of if key_of[f] not in done_ids]
-            if not inflight:
+            if not live:
                 if held:
                     continue
                 raise RuntimeFailure("the run stalled: nothing is running and nothing is left "
                                      "to submit (a bug in rpeg's scheduling)")
-            try:
-                finished, _ = wait(inflight, timeout=self.res.poll_s,
-                                   return_when="FIRST_COMPLETED")
-            except TimeoutError:
-                finished = ()
+            # completions in batches without blocking, so the loss and stuck checks below run
+            # however long an op takes; the pause grows while nothing finishes (at most 10 ms)
+            finished = completions.next_batch(block=False)
+            if finished:
+                idle_s = 0.0005
+            else:
+                time.sleep(idle_s)
+                idle_s = min(idle_s * 2, 0.01)
+            live -= len(finished)
             now = time.time()
             instructions = []
             for f in finished:
@@ -604,7 +613,6 @@ class _Runner:
         self.state.carry = carry
 
     def _recover(self, lost: _Lost) -> None:
-        cl = self.cl
         print(f"rpeg: {lost}; rolling back to step {self.state.start}", file=sys.stderr)
         record = {"attempt": self.attempt, "device": lost.device, "worker": lost.worker,
                   "op": lost.op, "step": lost.step, "reason": lost.reason,
@@ -616,10 +624,8 @@ class _Runner:
                                  hint=f"resume later with: rpeg run --resume {self.rd.path}")
         if "stuck" in lost.reason:
             self._kill(lost.worker)
-        try:
-            cl.client.cancel(list(self._seg_futures.values()), force=True)
-        except Exception:  # noqa: BLE001 — cancelling is best effort; new keys are used anyway
-            pass
+        # dropping the futures releases what has not run (each attempt has keys of its own);
+        # an explicit cancel of a graph whose workers died trips assertions in the scheduler
         self._seg_futures = {}
         self._wait_idle(30.0)
         abandoned = len(self._drain())

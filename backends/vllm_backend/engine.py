@@ -98,18 +98,17 @@ class VllmEngine:
     """One vLLM engine serving one parameter version at a time. Not thread-safe."""
 
     def __init__(self, llm: Any, options: VllmOptions, model_dir: Path, eos_id: int | None,
-                 version: int = 0) -> None:
+                 version: int = 0, isolated: bool = False) -> None:
         # Use VllmEngine.start; this only binds a started vLLM ``LLM``.
         self._llm = llm
         self.options = options
         self.model_dir = model_dir
         self.eos_id = eos_id                 # the model's own EOS, used when a call names none
-        self.skip = tied_names(model_dir)    # parameters an update need not carry
         self.version = version
         self.syncs: list[SyncRecord] = []
         self._pending: tuple[int, int, float] | None = None   # buckets, bytes, seconds of an open update
         self._calls = itertools.count()
-        self.isolated = False                # engine core in a child process
+        self.isolated = isolated             # engine core in a child process
 
     @classmethod
     def start(cls, model_dir: str | Path, options: VllmOptions = VllmOptions(),
@@ -141,9 +140,7 @@ class VllmEngine:
         # In-process, vLLM seeds the global generators: keep the host's random streams as they were.
         with random_state_kept():
             llm = LLM(**kwargs)
-        engine = cls(llm, options, path, _config_eos(path), version)
-        engine.isolated = isolated
-        return engine
+        return cls(llm, options, path, _config_eos(path), version, isolated)
 
     # -- generation -------------------------------------------------------------------------
 
@@ -188,7 +185,7 @@ class VllmEngine:
     def update_weights(self, named_tensors: Iterable[tuple[str, Any]], version: int) -> None:
         """Load new parameters in place, ``bucket_bytes`` at a time; serve ``version`` after."""
         self.begin_update()
-        for bucket in buckets(named_tensors, self.options.bucket_bytes, self.skip):
+        for bucket in buckets(named_tensors, self.options.bucket_bytes):
             self.load_bucket(bucket)
         self.commit(version)
 
@@ -287,12 +284,6 @@ def random_state_kept():
         random.setstate(states[0])
         np.random.set_state(states[1])
         torch.random.set_rng_state(states[2])
-
-
-def tied_names(path: Path) -> frozenset[str]:
-    """``lm_head.weight`` when the model ties it to the input embedding (vLLM shares the two)."""
-    config = json.loads((path / "config.json").read_text())
-    return frozenset({"lm_head.weight"}) if config.get("tie_word_embeddings") else frozenset()
 
 
 def _config_eos(path: Path) -> int | None:

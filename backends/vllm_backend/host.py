@@ -51,9 +51,6 @@ class EngineActor:
     def version(self) -> int:
         return self.engine.version
 
-    def skip(self) -> frozenset[str]:
-        return self.engine.skip
-
     def syncs(self) -> list[SyncRecord]:
         return list(self.engine.syncs)
 
@@ -122,9 +119,8 @@ def push_weights(actor: Any, named_tensors: Iterable[tuple[str, Any]], version: 
     ``named_tensors`` are the trainer's (name, tensor) pairs: torch tensors are sent
     as they are (bf16 stays bf16), detached and on CPU.
     """
-    skip = actor.skip().result()
     actor.begin_update().result()
-    for bucket in buckets(named_tensors, bucket_bytes, skip):
+    for bucket in buckets(named_tensors, bucket_bytes):
         actor.load_bucket([(name, _cpu(t)) for name, t in bucket]).result()
     return actor.commit(version).result()
 

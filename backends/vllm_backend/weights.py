@@ -12,9 +12,10 @@ carry a value head; vLLM's model classes read Hugging Face names
 (``model.*``, ``lm_head.*``) and have no value head. A bucket is a list of
 (name, tensor) pairs whose sizes add up to at most ``bucket_bytes`` (a single
 larger tensor gets a bucket of its own): one message per bucket, not one per
-tensor, and bounded memory on the receiving side. Names in ``skip`` are not
-sent: with tied embeddings the engine asks to skip ``lm_head.weight``, which
-is the input embedding it already receives.
+tensor, and bounded memory on the receiving side. With tied embeddings
+``lm_head.weight`` is sent too, although it is the input embedding again:
+vLLM's layerwise reload restores the old weights of a layer that receives
+nothing, and its output head is such a layer.
 """
 
 from __future__ import annotations
@@ -46,8 +47,8 @@ def nbytes(tensor: Any) -> int:
     return int(tensor.numel() * tensor.element_size())
 
 
-def buckets(named_tensors: Iterable[tuple[str, Any]], bucket_bytes: int = DEFAULT_BUCKET_BYTES,
-            skip: frozenset[str] = frozenset()) -> Iterator[list[tuple[str, Any]]]:
+def buckets(named_tensors: Iterable[tuple[str, Any]],
+            bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> Iterator[list[tuple[str, Any]]]:
     """Group (vLLM name, tensor) pairs into buckets of at most ``bucket_bytes`` each."""
     if bucket_bytes <= 0:
         raise ValueError(f"bucket_bytes must be positive, not {bucket_bytes}")
@@ -55,7 +56,7 @@ def buckets(named_tensors: Iterable[tuple[str, Any]], bucket_bytes: int = DEFAUL
     size = 0
     for name, tensor in named_tensors:
         target = vllm_name(name)
-        if target is None or target in skip:
+        if target is None:
             continue
         n = nbytes(tensor)
         if bucket and size + n > bucket_bytes:

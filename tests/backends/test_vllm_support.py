@@ -64,12 +64,12 @@ def test_bucket_size_must_be_positive():
         list(buckets([("a", np.zeros(1))], bucket_bytes=0))
 
 
-def test_names_the_engine_skips_are_not_sent():
+def test_tied_output_head_is_still_sent():
+    # vLLM's layerwise reload would put the old head back if it received nothing for it.
     embed = np.arange(12, dtype=np.float32).reshape(4, 3)
-    named = [("backbone.embed_tokens.weight", embed), ("lm_head.weight", embed),
-             ("backbone.norm.weight", np.ones(3, np.float32))]
-    got = [name for b in buckets(named, 1 << 20, skip=frozenset({"lm_head.weight"})) for name, _ in b]
-    assert got == ["model.embed_tokens.weight", "model.norm.weight"]
+    named = [("backbone.embed_tokens.weight", embed), ("lm_head.weight", embed)]
+    got = [name for b in buckets(named, 1 << 20) for name, _ in b]
+    assert got == ["model.embed_tokens.weight", "lm_head.weight"]
 
 
 def test_packed_buckets_round_trip_every_dtype_and_shape():

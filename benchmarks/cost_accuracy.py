@@ -112,11 +112,14 @@ def run(configs, repeats: int, cluster_path: Path, recalibrate: bool) -> tuple[l
         if recalibrate:
             micro.update(measure.bandwidths(measured))
             micro["allreduce"] = two.allreduce(measure.ALLREDUCE_SIZES)
-            micro["concurrency"] = two.concurrency()
         if multi:
             ops = [dict(dims=MODELS[m], batch=b, prompt_len=p, gen_len=g)
                    for _, m, b, p, g, _, _ in multi]
             results.update(zip(multi, two.dp_train(ops, repeats), strict=True))
+            # the devices' concurrency slowdown, from a calibration op timed between rounds
+            micro["concurrency"] = two.last_concurrency
+        elif recalibrate:
+            micro["concurrency"] = two.concurrency()
     clusters = {"shipped": load_cluster(cluster_path)}
     fitted = {}
     if recalibrate:
@@ -266,7 +269,9 @@ def main(argv=None) -> int:
     rows, fitted = run(configs, repeats, args.cluster, recalibrate)
     s = summary(rows)
     info["profile"] = ("fitted in this run on the calibration ops, measured round-robin with "
-                       "the benchmark's" if recalibrate else f"shipped: {info['cluster']}")
+                       "the benchmark's; the devices' concurrency slowdown from a calibration "
+                       "op timed alone and on both workers between the data-parallel rounds"
+                       if recalibrate else f"shipped: {info['cluster']}")
     extra = {"summary_shipped_profile": summary(rows, "_shipped")} if recalibrate else {}
     info["seconds"] = time.perf_counter() - t0
     print(table(rows))

@@ -216,8 +216,8 @@ def op_runner(kind: str, dims: ModelDims, batch: int, prompt_len: int, gen_len: 
     raise ValueError(f"op kind must be forward, generate, train, stream or copy, not {kind!r}")
 
 
-def measure_ops(specs, repeats: int = 5, barrier: Callable[[], object] | None = None
-                ) -> list[dict]:
+def measure_ops(specs, repeats: int = 5, barrier: Callable[[], object] | None = None,
+                each_round: Callable[[], object] | None = None) -> list[dict]:
     """Latency and peak memory of each op in ``specs`` (dicts of ``op_runner`` arguments).
 
     First each op is built and run twice inside its own memory window (the peak: the
@@ -241,6 +241,8 @@ def measure_ops(specs, repeats: int = 5, barrier: Callable[[], object] | None = 
     cpu = [[] for _ in specs]
     wall = [[] for _ in specs]
     for _ in range(repeats):
+        if each_round is not None:
+            each_round()
         for i, run in enumerate(runners):
             if barrier is not None:
                 barrier()
@@ -316,29 +318,49 @@ def _dp_train(rank: int, world: int, task: dict) -> dict:
     specs = [dict(kind="train", dims=ModelDims(**t["dims"]), batch=t["batch"] // world,
                   prompt_len=t["prompt_len"], gen_len=t["gen_len"], seed=rank,
                   data_parallel=True) for t in task["ops"]]
+    probe = _Concurrency(rank)
     dist.barrier()
-    return {"ops": measure_ops(specs, task.get("repeats", 3), barrier=dist.barrier)}
+    ops = measure_ops(specs, task.get("repeats", 3), barrier=dist.barrier,
+                      each_round=probe.round)
+    return {"ops": ops, **probe.result()}
 
 
-def _concurrency(rank: int, task: dict) -> dict:
-    """CPU time of one op on this rank while the other idles, then while it runs too."""
-    import torch.distributed as dist
-    run = op_runner(**task["op"])
-    run()
-    alone, both = [], []
-    for _ in range(task.get("repeats", 5)):
+CONCURRENCY_OP = dict(kind="train", dims=PRESETS["tiny-vllm"], batch=8, prompt_len=32,
+                      gen_len=32)
+
+
+class _Concurrency:
+    """CPU time of one op on this rank while the other idles, and while both run it."""
+
+    def __init__(self, rank: int) -> None:
+        self.rank, self.run = rank, op_runner(**CONCURRENCY_OP)
+        self.run()
+        self.alone: list[float] = []
+        self.both: list[float] = []
+
+    def round(self) -> None:
+        import torch.distributed as dist
         for active in (0, 1):
             dist.barrier()
-            if rank == active:
+            if self.rank == active:
                 c0 = time.process_time()
-                run()
-                alone.append(time.process_time() - c0)
+                self.run()
+                self.alone.append(time.process_time() - c0)
             dist.barrier()
         dist.barrier()
         c0 = time.process_time()
-        run()
-        both.append(time.process_time() - c0)
-    return {"alone": statistics.median(alone), "both": statistics.median(both)}
+        self.run()
+        self.both.append(time.process_time() - c0)
+
+    def result(self) -> dict:
+        return {"alone": statistics.median(self.alone), "both": statistics.median(self.both)}
+
+
+def _concurrency(rank: int, task: dict) -> dict:
+    probe = _Concurrency(rank)
+    for _ in range(task.get("repeats", 5)):
+        probe.round()
+    return probe.result()
 
 
 class TwoDevices:
@@ -371,13 +393,14 @@ class TwoDevices:
     def concurrency(self, repeats: int = 5) -> float:
         """How much slower a device computes while the other computes too (CPU time ratio:
         the two share the last-level cache and memory bandwidth)."""
-        op = dict(kind="train", dims=PRESETS["tiny-vllm"], batch=8, prompt_len=32, gen_len=32)
-        res = self.run({"kind": "concurrency", "op": op, "repeats": repeats})
+        res = self.run({"kind": "concurrency", "repeats": repeats})
         return statistics.median([r["both"] / r["alone"] for r in res])
 
     def dp_train(self, ops: list[dict], repeats: int = 3) -> list[dict]:
         """Each op: dict(dims, batch, prompt_len, gen_len) with ``batch`` the global batch.
 
+        Between rounds, a calibration op runs on each rank alone and on both at once;
+        ``last_concurrency`` is the ratio, measured in the same window as the steps.
         Latency is the slower rank's median CPU time per step (compute, and the gloo
         transfer's own CPU work, but not time spent waiting for a core on a shared
         machine); ``wall_s`` is the slower rank's median wall time. Peak memory is the
@@ -386,7 +409,9 @@ class TwoDevices:
         import attrs
         task = {"kind": "train", "repeats": repeats,
                 "ops": [{**o, "dims": attrs.asdict(o["dims"])} for o in ops]}
-        a, b = (r["ops"] for r in self.run(task))
+        res = self.run(task)
+        self.last_concurrency = statistics.median([r["both"] / r["alone"] for r in res])
+        a, b = (r["ops"] for r in res)
         return [{"latency_s": max(x["latency_s"], y["latency_s"]),
                  "wall_s": max(x["wall_s"], y["wall_s"]),
                  "times_s": [x["times_s"], y["times_s"]],

@@ -196,8 +196,8 @@ def memory(peak: list[float], capacity: float, base: str | Path, title: str = ""
     ax.bar(xs, [v / scale for v in values], color=colours, edgecolor="black", linewidth=0.3)
     if on_scale:
         ax.axhline(capacity / scale, color="#d62728", linestyle="--", linewidth=1.2)
-        ax.text(len(values) - 0.5, capacity / scale, f" capacity {capacity / scale:.3g} {unit}",
-                va="bottom", ha="right", color="#d62728", fontsize=8)
+        ax.text(-0.5, capacity / scale, f" capacity {capacity / scale:.3g} {unit}",
+                va="bottom", ha="left", color="#d62728", fontsize=8)
         ax.set_ylim(0, max(capacity, top) / scale * 1.12)
     else:
         ax.set_ylim(0, top / scale * 1.3 if top else 1)

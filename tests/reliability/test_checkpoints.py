@@ -127,7 +127,7 @@ def test_resume_refuses_what_is_not_a_run_directory(tmp_path):
         resume_run(tmp_path / "nope")
     with pytest.raises(RuntimeFailure, match="run.json, pipeline.json, plan.json"):
         resume_run(tmp_path)
-    (tmp_path / "run.json").write_text("{}")
+    (tmp_path / "run.json").write_text(json.dumps({"steps": 1}))
     (tmp_path / "pipeline.json").write_bytes(b"\x80\x04garbage")       # a pickle's opening
     (tmp_path / "plan.json").write_text("[]")
     with pytest.raises(RuntimeFailure, match="pipeline file"):

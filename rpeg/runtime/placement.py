@@ -15,7 +15,7 @@ per-sample scoring beside the trainer. One device: everything colocated.
 from __future__ import annotations
 
 from rpeg.plan.model import Plan, StagePlacement, Strategy
-from rpeg.spec.model import OpKind, Pipeline
+from rpeg.spec.model import Engine, OpKind, Pipeline
 
 
 def split_plan(pipeline: Pipeline, devices: int, *, staleness: int | None = None,
@@ -45,8 +45,9 @@ def split_plan(pipeline: Pipeline, devices: int, *, staleness: int | None = None
             devs, n_chunks = homes[key][:1], 1
         else:
             devs, n_chunks = (last,), 1
+        engine = Engine.VLLM if s.param("engine", Engine.AUTO) is Engine.VLLM else Engine.TORCH
         placements.append(StagePlacement(s.name, devs, dp=len(devs) if s.kind is OpKind.TRAIN
-                                         else 1, chunks=n_chunks))
+                                         else 1, chunks=n_chunks, engine=engine))
     bounds = tuple((st, bound if staleness is None else min(bound, staleness))
                    for st, bound in pipeline.staleness)
     return Plan(pipeline=pipeline.name, cluster=cluster, num_devices=devices,

@@ -177,6 +177,22 @@ def op_times(run_dir: str) -> dict:
     return {"stages": out, "mape_pct": round(sum(errs) / len(errs), 1) if errs else None}
 
 
+def overlap(run_dir: str) -> dict:
+    """How much of the actor's training ran while a later step's generation ran elsewhere."""
+    from rpeg.runtime.rundir import RunDir, events_from_trace
+    ev = events_from_trace(RunDir(Path(run_dir)).read_json("trace.json"))
+    gens = [e for e in ev if e["kind"] == "generate"]
+    trains = [e for e in ev if e["kind"] == "train" and e["op"].startswith("actor")]
+    total = hidden = 0.0
+    for t in trains:
+        total += t["end"] - t["start"]
+        for g in gens:
+            if g["step"] > t["step"] and g["device"] != t["device"]:
+                hidden += max(0.0, min(t["end"], g["end"]) - max(t["start"], g["start"]))
+    return {"train_s": round(total, 3), "overlapped_by_later_generation_s": round(hidden, 3),
+            "fraction": round(hidden / total, 3) if total else 0.0}
+
+
 def markdown(res) -> str:
     lines = ["# Runtime figures", "",
              f"`{res['command']}` on {res['machine']} ({res['date']}); "
@@ -201,6 +217,10 @@ def markdown(res) -> str:
     lines += ["", f"Mean step-time ratio async/sync: **{a['step_time_ratio_async_over_sync']}** "
               f"(target <= 0.75). Final reward async vs sync: {a['final_reward_async']} vs "
               f"{a['final_reward_sync']} (**{a['final_reward_gap_pct']}%**, target within 5%).", ""]
+    if "overlap" in res:
+        frac = {k: [o["fraction"] for o in v] for k, v in res["overlap"].items()}
+        lines += [f"Fraction of actor training overlapped by a later step's generation on the "
+                  f"other worker: sync {frac.get('sync')}, async {frac.get('async')}.", ""]
     if "op_times" in res:
         lines += ["## Cost model per stage (compute time of the ops, no dispatch gaps)", "",
                   "| run | stage | predicted s | measured s | error % |", "|---|---|---|---|---|"]
@@ -210,6 +230,13 @@ def markdown(res) -> str:
                              f"{v['error_pct']} |")
             lines.append(f"| {label} | **MAPE** | | | **{r['mape_pct']}** |")
         lines.append("")
+    for label in ("asynchrony_quiet", "overhead_quiet"):
+        if label in res:
+            q = res[label]
+            keep = {k: v for k, v in q.items() if k not in ("runs", "dask", "inline")}
+            loads = [r["load_avg"] for r in q.get("runs", {}).get("sync", []) +
+                     q.get("runs", {}).get("async", []) + q.get("dask", [])]
+            lines += [f"{label} (a later, smaller sample; load averages {loads}): {keep}", ""]
     o = res["overhead"]
     lines += ["## Runtime overhead (1 worker, synchronous)", "",
               f"Median step: rpeg on Dask {o['median_step_dask_s']} s, same op calls in one "
@@ -244,6 +271,14 @@ def main() -> None:
     if "asynchrony" in parts:
         res["asynchrony"] = asynchrony(steps or 60, seeds, args.root)
         print("asynchrony", {k: v for k, v in res["asynchrony"].items() if k != "runs"}, flush=True)
+    if "quiet" in parts:
+        # one more sync/async pair and overhead pair, each waiting longer for a quiet machine
+        QUIET["max_wait_s"] = 180.0
+        res["asynchrony_quiet"] = asynchrony(40, [0], args.root)
+        res["overhead_quiet"] = overhead(30, args.root, rounds=1)
+        for label in ("asynchrony_quiet", "overhead_quiet"):
+            print(label, {k: v for k, v in res[label].items()
+                          if k not in ("runs", "dask", "inline")}, flush=True)
     if "overhead" in parts:
         res["overhead"] = overhead(steps or 40, args.root)
         print("overhead", {k: v for k, v in res["overhead"].items()
@@ -257,6 +292,9 @@ def main() -> None:
         for r in res.get("asynchrony", {}).get("runs", {}).get("sync", [])[:1]:
             res["op_times"]["tiny_ppo split, sync"] = op_times(r["run_dir"])
         print("op_times", {k: v["mape_pct"] for k, v in res["op_times"].items()}, flush=True)
+        a = res.get("asynchrony", {}).get("runs", {})
+        res["overlap"] = {label: [overlap(r["run_dir"]) for r in a.get(label, [])]
+                          for label in ("sync", "async")}
     res["load_avg_end"] = load_avg()
     out.write_text(json.dumps(res, indent=1) + "\n")
     if all(k in res for k in ("learning", "asynchrony", "overhead")):

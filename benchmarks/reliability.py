@@ -220,8 +220,10 @@ def markdown(result: dict) -> str:
         lines.append("")
     fz = result.get("fuzz")
     if fz:
-        lines += [f"**Fuzzing:** {fz['inputs_tried']:,} inputs (parser, checker, clusters, "
-                  f"profiles), {fz['crashes_found']} crashes; `{fz['command']}`.", ""]
+        lines += [f"**Fuzzing:** {fz['inputs_tried']:,} inputs (half coverage-guided with "
+                  "atheris, half structure-aware mutations: pipelines, clusters, profiles "
+                  f"through the parser and checker, and plan.json), {fz['crashes_found']} "
+                  f"crashes or hangs; `{fz['command']}`.", ""]
     oh = result.get("overhead")
     if oh and faults:
         med = sorted(r["op_ms_median"] for r in faults if r.get("op_ms_median"))
@@ -236,7 +238,17 @@ def markdown(result: dict) -> str:
         for r in oh:
             lines.append(f"| {r['chunks']} | {r['ops_per_step']} | {r['core_only_ms_per_op']} | "
                          f"{r['dask_ms_per_op']} | {r['dask_ops_per_s']} |")
-        lines.append("")
+        big = max(oh, key=lambda r: r["ops_per_step"])
+        lines += ["", f"At {big['ops_per_step']:,} ops per step, scheduling alone costs "
+                  f"{big['ops_per_step'] * big['dask_ms_per_op'] / 1e3:.1f} s per step "
+                  f"({big['dask_ms_per_op']} ms per op, of which the scheduling core is "
+                  f"{big['core_only_ms_per_op']} ms); the per-op cost stays flat from "
+                  f"{min(r['ops_per_step'] for r in oh)} to {big['ops_per_step']:,} ops per "
+                  "step, so the core and Dask scale with the graph. Dask is not the "
+                  f"bottleneck while an op takes well over {big['dask_ms_per_op']:.0f} ms "
+                  f"(10x that, {10 * big['dask_ms_per_op']:.0f} ms, keeps it under 10%): "
+                  "true of GPU-sized chunks, not of this tiny CPU model, whose ops take "
+                  "about 2 ms — chunk it coarsely.", ""]
     return "\n".join(lines) + "\n" + SECURITY
 
 

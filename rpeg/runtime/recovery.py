@@ -49,7 +49,7 @@ from rpeg.runtime import checkpoint_io as ckio
 from rpeg.runtime import core as C
 from rpeg.runtime import worker as W
 from rpeg.runtime.context import RunContext, dataset_path, read_dataset
-from rpeg.runtime.driver import RunOptions, RunResult, _Cluster, _Progress, _rendezvous
+from rpeg.runtime.driver import RunOptions, RunResult, _Cluster, _Progress, _rendezvous, uses_vllm
 from rpeg.runtime.instances import OpCall, build_calls
 from rpeg.runtime.record import write_record
 from rpeg.runtime.rundir import RunDir, step_metrics
@@ -156,7 +156,8 @@ def run_resilient(pipeline: Pipeline, plan: Plan, options: RunOptions,
     try:
         # worker processes start with Ctrl-C ignored: a terminal sends it to the whole
         # process group, and they must live to finish the ops before the checkpoint
-        with stop.ignored(), _Cluster(plan.num_devices, options.scheduler) as cl:
+        with stop.ignored(), _Cluster(plan.num_devices, options.scheduler,
+                                              uses_vllm(plan)) as cl:
             stop.install()
             runner.cl = cl
             runner.go()
@@ -306,10 +307,11 @@ class _Runner:
         self.window = max((k for _, k in self.plan.staleness), default=0) + 1
         cl = self.cl
         if self.attempt > 1:
-            try:
-                cl.client.run(W.teardown)
-            except Exception:  # noqa: BLE001 — a worker that died since is replaced below anyway
-                pass
+            for a in workers.values():
+                try:
+                    self._run_on(a, W.teardown, 30.0)
+                except (Exception, _Lost):  # noqa: BLE001 — a fresh replacement has nothing to tear down
+                    pass
         ctx = RunContext.create(self.pipeline, self.plan, self.calls, spec_dir=self.spec_dir,
                                 run_dir=str(self.rd.path), dist_addr=_rendezvous(workers[0]),
                                 use_cuda=self.options.use_cuda)
@@ -332,7 +334,7 @@ class _Runner:
         for d, a in workers.items():
             if a not in history.setdefault(str(d), []):
                 history[str(d)].append(a)
-        self.pids = {a: p for a, p in cl.client.run(os.getpid).items()}
+        self.pids = {a: self._run_on(a, os.getpid, 60.0) for a in workers.values()}
         if self.state.checkpoint is not None:
             self._restore(self.state.checkpoint)
         self.rd.write_json("run.json", self.meta)
@@ -529,10 +531,31 @@ class _Runner:
         return now
 
     def _drain(self) -> list[dict]:
+        """Trace events recorded on every device's worker since the last drain. A worker that
+        does not answer (frozen, hung in a collective) is reported as stuck."""
+        out: list[dict] = []
+        for a in self.workers.values():
+            try:
+                out += self._run_on(a, W.drain, self.res.timeout_floor_s)
+            except _Lost:
+                raise
+            except Exception:  # noqa: BLE001 — a worker died mid-drain: the loss check sees it
+                continue
+        return out
+
+    def _run_on(self, address: str, fn, timeout: float):
+        """``client.run`` on one worker, with a time limit (a frozen worker never answers)."""
+        import asyncio
+
+        client = self.cl.client
         try:
-            return self.cl.drain()
-        except Exception:  # noqa: BLE001 — a worker died mid-drain: the loss check sees it
-            return []
+            got = client.sync(lambda: asyncio.wait_for(
+                client._run(fn, workers=[address], on_error="raise"), timeout))
+        except (TimeoutError, asyncio.TimeoutError):
+            device = next((d for d, a in self.workers.items() if a == address), -1)
+            raise _Lost(device, address, fn.__name__, self.state.start,
+                        f"op stuck: worker did not answer within {timeout:.0f} s") from None
+        return got[address]
 
     def _check_alive(self, key_of, done_ids) -> None:
         alive = set(self._gpu_workers(all_=True))
@@ -628,7 +651,10 @@ class _Runner:
         # an explicit cancel of a graph whose workers died trips assertions in the scheduler
         self._seg_futures = {}
         self._wait_idle(30.0)
-        abandoned = len(self._drain())
+        try:
+            abandoned = len(self._drain())
+        except _Lost:
+            abandoned = -1
         record["abandoned_ops"] = abandoned
         # roll back to the last cut: metrics, trace and carried outputs as they were there
         ck = self.state.checkpoint

@@ -202,8 +202,10 @@ def overhead(chunks: int, steps: int) -> dict:
 # --- report ------------------------------------------------------------------------------------
 
 def markdown(result: dict) -> str:
-    lines = ["## Reliability", "",
-             f"Measured with `{result['command']}` on {result['machine']}.", ""]
+    lines = ["## Reliability", "", f"Measured on {result['machine']}:", ""]
+    for part, cmd in sorted(result.get("commands", {}).items()):
+        lines.append(f"- {part}: `{cmd}`")
+    lines.append("")
     faults = result.get("faults")
     if faults:
         inj = sum(r["injected"] for r in faults)
@@ -288,6 +290,9 @@ def main() -> int:
     out_json = OUT / "reliability.json"
     result = json.loads(out_json.read_text()) if out_json.exists() else {}
     result["command"] = "python benchmarks/reliability.py " + " ".join(sys.argv[1:])
+    commands = result.setdefault("commands", {})
+    for part in parts:
+        commands[part] = result["command"] + f" (load average {os.getloadavg()[0]:.1f})"
     result["machine"] = (f"{platform.machine()}, {os.cpu_count()} cores shared with other "
                          "work, python " + platform.python_version())
     if "overhead" in parts:

@@ -9,11 +9,15 @@ resource ``GPU``; every op call is a future pinned to its device's worker, with
 the futures of its dependencies as arguments, so data moves between workers
 and never through this process. The embedded default starts a ``LocalCluster``
 on 127.0.0.1 with one single-threaded worker process per device and closes it
-(and every worker process) when the run ends, however it ends.
+(and every worker process) when the run ends, however it ends. When a generate
+stage of the plan uses vLLM, those workers are non-daemon processes (vLLM starts
+children of its own), and every engine is shut down inside its worker before
+the cluster closes.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import shutil
 import socket
@@ -33,7 +37,7 @@ from rpeg.runtime.instances import build_calls, model_homes
 from rpeg.runtime.record import dashboard_line, write_record
 from rpeg.runtime.rundir import RunDir, step_metrics
 from rpeg.runtime.serial import dumps, plan_to_json
-from rpeg.spec.model import Pipeline
+from rpeg.spec.model import Engine, Pipeline
 
 
 @attrs.frozen
@@ -75,7 +79,7 @@ def run(pipeline: Pipeline, plan: Plan, options: RunOptions, spec_path: str | No
             "homes": {k: list(v) for k, v in model_homes(pipeline, plan, _g(pipeline, plan)).items()}}
     rd.write_json("run.json", meta)
     t_start = time.time()
-    with _Cluster(plan.num_devices, options.scheduler) as cl:
+    with _Cluster(plan.num_devices, options.scheduler, uses_vllm(plan)) as cl:
         workers = cl.device_workers(plan.num_devices)
         ctx = RunContext.create(pipeline, plan, calls, spec_dir=spec_dir, run_dir=str(rd.path),
                                 dist_addr=_rendezvous(workers[0]), use_cuda=options.use_cuda)
@@ -188,6 +192,11 @@ def _failure(ins, core) -> RuntimeFailure:
                           hint="the trace and metrics up to the failure are in the run directory")
 
 
+def uses_vllm(plan: Plan) -> bool:
+    """Whether any stage of ``plan`` generates with vLLM (its workers must then be non-daemon)."""
+    return any(p.engine is Engine.VLLM for p in plan.placements)
+
+
 def _rendezvous(address: str) -> str:
     host = address.split("://")[-1].rsplit(":", 1)[0]
     with socket.socket() as s:
@@ -199,15 +208,24 @@ def _rendezvous(address: str) -> str:
 class _Cluster:
     """A Dask client on a local cluster we own, or on a scheduler someone else runs."""
 
-    def __init__(self, devices: int, scheduler: str | None) -> None:
+    def __init__(self, devices: int, scheduler: str | None, vllm: bool = False) -> None:
         self.devices = devices
         self.scheduler = scheduler
+        self.vllm = vllm
         self.cluster = None
         self.client = None
         self.token = uuid.uuid4().hex[:8]
+        self._config = contextlib.ExitStack()
 
     def __enter__(self) -> _Cluster:
         from distributed import Client, LocalCluster
+        if self.vllm and not self.scheduler:
+            # vLLM starts child processes, which a daemon worker cannot have; the nanny reads
+            # the setting at every worker (re)start, so it holds for the cluster's whole life.
+            import dask
+
+            from backends.vllm_backend.host import vllm_dask_config
+            self._config.enter_context(dask.config.set(vllm_dask_config()))
         if self.scheduler:
             try:
                 self.client = Client(self.scheduler, timeout=10)
@@ -238,6 +256,7 @@ class _Cluster:
                 self.client.close()
             if self.cluster is not None:
                 self.cluster.close()
+            self._config.close()
 
     def device_workers(self, n: int) -> dict[int, str]:
         info = self.client.scheduler_info(n_workers=-1)["workers"] if self.scheduler else \

@@ -4,6 +4,8 @@ tiny_grpo on the tiny-vllm preset, rollout on its own device (vLLM there), the
 trainer on the other, weights synced after every step, for 3 steps. The
 trace must verify against the plan (placement, dependencies, parameter
 versions), and the versions generation read must follow the staleness bound.
+No Dask setting is given by hand: the runtime starts non-daemon workers
+because the plan uses vLLM, and shuts the engines down before the cluster.
 """
 
 from __future__ import annotations
@@ -34,7 +36,8 @@ def test_tiny_grpo_generates_with_vllm_and_verifies(tmp_path):
     (tmp_path / "tiny_grpo_vllm.rpeg").write_text(text)
     shutil.copy(PIPELINES / "rewards.py", tmp_path / "rewards.py")
     (tmp_path / "data").symlink_to(PIPELINES / "data")
-    env = {**os.environ, "DASK_DISTRIBUTED__WORKER__DAEMON": "False"}
+    # rpeg run itself makes the workers non-daemon for a plan that uses vLLM
+    env = {k: v for k, v in os.environ.items() if k != "DASK_DISTRIBUTED__WORKER__DAEMON"}
     run_dir = tmp_path / "run"
     rpeg = [sys.executable, "-m", "rpeg"]
     done = subprocess.run([*rpeg, "run", str(tmp_path / "tiny_grpo_vllm.rpeg"), "--steps", "3",
@@ -51,3 +54,4 @@ def test_tiny_grpo_generates_with_vllm_and_verifies(tmp_path):
     versions = [m["gen_version"] for m in metrics]
     assert versions[0] == 0 and versions[-1] >= 1          # pushed weights were served
     assert all(s - 1 <= v <= s for s, v in enumerate(versions))   # staleness <= 1
+

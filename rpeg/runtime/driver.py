@@ -31,6 +31,7 @@ import attrs
 from rpeg.errors import RpegError, RuntimeFailure
 from rpeg.plan.model import Plan
 from rpeg.runtime import core as C
+from rpeg.runtime import fusion as F
 from rpeg.runtime import worker as W
 from rpeg.runtime.context import RunContext, dataset_path, read_dataset
 from rpeg.runtime.instances import build_calls, model_homes
@@ -49,6 +50,7 @@ class RunOptions:
     progress: bool = True
     use_cuda: bool = False
     threads: int = 1                       # torch threads per worker
+    fuse: bool = True                      # consecutive ops of a device as one Dask task
 
 
 @attrs.frozen
@@ -89,7 +91,8 @@ def run(pipeline: Pipeline, plan: Plan, options: RunOptions, spec_path: str | No
         meta["setup_s"] = max(s["setup_s"] for s in setup)
         events: list[dict] = []
         try:
-            metrics = _loop(cl, calls, steps, window, workers, rd, events, options, on_step)
+            metrics = _loop(cl, calls, steps, window, workers, rd, events, options, on_step,
+                            meta)
             cl.checkpoint(pipeline, plan, workers, rd, steps)
             meta["status"] = "ok"
         except BaseException:
@@ -109,12 +112,14 @@ def _g(pipeline, plan):
     return graph_for(pipeline, plan)
 
 
-def _loop(cl, calls, steps, window, workers, rd, events, options, on_step) -> list[dict]:
+def _loop(cl, calls, steps, window, workers, rd, events, options, on_step,
+          meta: dict) -> list[dict]:
     from distributed import as_completed
 
     core = C.Core.create(calls, steps, window)
-    futures: dict[str, object] = {}
-    id_of: dict[str, str] = {}
+    consumers = F.consumers_of(calls)
+    futures: dict[str, object] = {}              # op id -> the future of its task (group)
+    id_of: dict[str, tuple[str, ...]] = {}
     pending_events: dict[int, list[dict]] = defaultdict(list)
     metrics: list[dict] = []
     done = as_completed()
@@ -125,16 +130,20 @@ def _loop(cl, calls, steps, window, workers, rd, events, options, on_step) -> li
         while True:
             # Submissions first: the per-step bookkeeping (a round trip to every worker)
             # must not delay work that is ready.
-            for ins in sorted(instructions, key=_urgency):
+            instructions = sorted(instructions, key=_urgency)
+            batch = [ins.call for ins in instructions if isinstance(ins, C.Submit)]
+            finished = lambda d: d in futures and futures[d].status == "finished"  # noqa: E731
+            for g in F.fuse(batch, consumers, finished, options.fuse,
+                            task_of=lambda d: futures[d].key):
+                f = _submit_group(cl, g, futures, workers)
+                for op_id in g.ids:
+                    futures[op_id] = f
+                id_of[f.key] = g.ids
+                done.add(f)
+                meta["tasks"] = meta.get("tasks", 0) + 1
+            for ins in instructions:
                 if isinstance(ins, C.Submit):
-                    call = ins.call
-                    args = [futures[d] for d in call.deps] + [futures[a] for a in call.after]
-                    f = cl.client.submit(W.run_op, call, *args, key=f"{call.id}-{cl.token}",
-                                         workers=[workers[call.device]], allow_other_workers=False,
-                                         pure=False)
-                    futures[call.id] = f
-                    id_of[f.key] = call.id
-                    done.add(f)
+                    continue
                 elif isinstance(ins, C.Release):
                     futures.pop(ins.op_id, None)
                 elif isinstance(ins, C.StepDone):
@@ -163,18 +172,45 @@ def _loop(cl, calls, steps, window, workers, rd, events, options, on_step) -> li
                                      f"is running and {', '.join(pending)} cannot start",
                                      hint="this is a bug in the runtime's ordering; "
                                           "please report it with the run directory")
-            op_id = id_of.pop(f.key)
+            ids = id_of.pop(f.key)
             if f.status == "error":
-                instructions = core.handle(C.OpFailed(op_id, _describe(f.exception())))
                 err = f.exception()
+                op_id = getattr(err, "rpeg_op", ids[0])
+                instructions = core.handle(C.OpFailed(op_id, _describe(err)))
                 if isinstance(err, RpegError):
                     raise err
             else:
-                instructions = core.handle(C.OpDone(op_id))
+                instructions = []
+                for op_id in ids:
+                    instructions += core.handle(C.OpDone(op_id))
     finally:
         bar.close()
         for f in futures.values():
             f.cancel()
+
+
+def _submit_group(cl, g: F.Group, futures: dict, workers: dict):
+    """One task for the group's calls; its arguments are the futures of the other tasks
+    whose results the calls use, each passed once."""
+    args: list = []
+    index: dict[str, int] = {}
+    own = set(g.ids)
+    where = []
+    for call in g.calls:
+        refs = []
+        for d in call.all_deps:
+            if d in own:
+                refs.append((-1, d))
+                continue
+            f = futures[d]
+            if f.key not in index:
+                index[f.key] = len(args)
+                args.append(f)
+            refs.append((index[f.key], d))
+        where.append(tuple(refs))
+    return cl.client.submit(W.run_group, g.calls, g.keep, tuple(where), *args,
+                            key=f"{g.ids[0]}+{len(g.ids) - 1}-{cl.token}",
+                            workers=[workers[g.device]], allow_other_workers=False, pure=False)
 
 
 def _urgency(ins) -> int:

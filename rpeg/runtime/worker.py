@@ -71,6 +71,24 @@ def run_op(call, *args):
     return outputs
 
 
+def run_group(calls, keep, where, *results):
+    """Run fused calls in order (one Dask task); each is traced as its own op.
+
+    ``where[i]`` says, for ``calls[i].deps + calls[i].after``, where each result is:
+    ``(j, op_id)`` for ``results[j][op_id]`` (an earlier task's group), or ``(-1, op_id)``
+    for a call earlier in this group. Returns ``{op_id: outputs}`` for the ids in ``keep``.
+    """
+    local: dict[str, object] = {}
+    for call, refs in zip(calls, where, strict=True):
+        args = [local[oid] if j < 0 else results[j][oid] for j, oid in refs]
+        try:
+            local[call.id] = run_op(call, *args)
+        except Exception as e:
+            e.rpeg_op = call.id                # which op of the group failed
+            raise
+    return {k: v for k, v in local.items() if k in keep}
+
+
 def checkpoint(model: str, path: str, meta: dict, *after) -> str:
     return _STATE["executor"].checkpoint(model, path, meta)
 

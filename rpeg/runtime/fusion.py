@@ -1,0 +1,106 @@
+"""Fused dispatch: consecutive op calls of one device run as one Dask task.
+
+    >>> groups = fuse(batch, consumers, device_of, is_done)                  # doctest: +SKIP
+    >>> [[c.id for c in g] for g in groups]                                  # doctest: +SKIP
+    [['rollout/s0/c0', 'rollout/s0/c1', 'ref_lp/s0/c0', ...], ['sync_actor/s0/export']]
+
+On a local Dask cluster each task costs a few milliseconds of dispatch (client ->
+scheduler -> worker -> scheduler -> client), as long as a tiny model's op. The
+scheduling core still decides op by op *what may be submitted*; this module
+only packs one batch of those submissions into tasks. A call joins the open
+group of its device when
+
+* it belongs to the same step (a step's group finishing lets the next one start,
+  so the device never waits for the client between steps), and
+* every dependency it has is in the group, in a task the group already waits
+  for, or finished — so joining never delays the ops before it.
+
+A device may have several open groups (one per chunk, say); a call joins the
+newest one it fits.
+
+A call whose output another device reads closes its group: the reader must not
+wait for the ops after it (this keeps generation on one worker overlapping
+training on the other). The worker runs a group's calls in order and records
+each op as its own trace event (``rpeg verify`` checks each op), so versions
+read and written are exactly those of unfused execution.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable, Iterable
+
+import attrs
+
+from rpeg.runtime.instances import OpCall
+
+
+@attrs.frozen
+class Group:
+    """Calls run by one task, in order; ``keep``: ids whose outputs the task returns."""
+
+    calls: tuple[OpCall, ...]
+    keep: frozenset[str]
+
+    @property
+    def ids(self) -> tuple[str, ...]:
+        return tuple(c.id for c in self.calls)
+
+    @property
+    def device(self) -> int:
+        return self.calls[0].device
+
+    @property
+    def external(self) -> tuple[str, ...]:
+        """Dependencies outside the group, in first-use order."""
+        own = set(self.ids)
+        return tuple(dict.fromkeys(d for c in self.calls for d in c.all_deps if d not in own))
+
+
+def consumers_of(calls: Iterable[OpCall]) -> dict[str, tuple[OpCall, ...]]:
+    out: dict[str, list[OpCall]] = {}
+    for c in calls:
+        for d in c.all_deps:
+            out.setdefault(d, []).append(c)
+    return {k: tuple(v) for k, v in out.items()}
+
+
+def fuse(batch: Iterable[OpCall], consumers: dict[str, tuple[OpCall, ...]],
+         is_done: Callable[[str], bool], enabled: bool = True,
+         task_of: Callable[[str], object] = lambda d: d) -> list[Group]:
+    """Pack ``batch`` (submission order, dependencies first) into groups; groups come in an
+    order where a group depends only on earlier groups or on calls submitted before.
+    ``task_of(id)`` names the task of a call submitted before (ops of one task count as
+    one dependency: waiting for one of them is waiting for all)."""
+    groups: list[list[OpCall]] = []
+    waits: list[set[object]] = []                  # tasks each group waits for
+    where: dict[str, int] = {}                      # batch id -> its group
+    open_: dict[int, list[int]] = defaultdict(list)   # device -> its open groups
+
+    def task(d: str) -> object:
+        return ("group", where[d]) if d in where else task_of(d)
+
+    def fits(call: OpCall, gi: int) -> bool:
+        return call.step == groups[gi][0].step and all(
+            where.get(d) == gi or task(d) in waits[gi] or is_done(d) for d in call.all_deps)
+
+    for call in batch:
+        here = open_[call.device]
+        gi = next((g for g in reversed(here) if fits(call, g)), None) if enabled else None
+        if gi is None:
+            groups.append([])
+            waits.append({task(d) for d in call.all_deps})
+            gi = len(groups) - 1
+            here.append(gi)
+        groups[gi].append(call)
+        where[call.id] = gi
+        if any(c.device != call.device for c in consumers.get(call.id, ())):
+            here.remove(gi)                        # another device reads it: don't hold it back
+    out = []
+    for g in groups:
+        own = {c.id for c in g}
+        keep = frozenset(c.id for c in g
+                         if any(r.id not in own for r in consumers.get(c.id, ()))
+                         or not consumers.get(c.id))
+        out.append(Group(tuple(g), keep))
+    return out

@@ -281,8 +281,11 @@ class Executor:
         return replica.version
 
     def _engine(self, stage, replica):
-        """The replica's torch engine, or its vLLM engine (synced to it) when the stage asks."""
-        if stage.param("engine", Engine.AUTO) is Engine.VLLM:
+        """The replica's torch engine, or its vLLM engine (synced to it) when the plan chose vLLM.
+
+        The plan's placement decides (``engine = auto`` may have become vLLM there).
+        """
+        if self.ctx.plan.placement(stage.name).engine is Engine.VLLM:
             from backends.vllm_backend.colocated import colocated_engine
             return colocated_engine(replica)
         replica.engine.version = replica.version

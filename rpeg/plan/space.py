@@ -20,7 +20,7 @@ import attrs
 
 from rpeg.cost.memory import Parallel, check_parallel
 from rpeg.errors import CostError, PlanError
-from rpeg.spec.model import Cluster, Engine, Pipeline
+from rpeg.spec.model import Cluster, Engine, Model, Pipeline
 from rpeg.spec.presets import PRESETS, ModelDims
 
 __all__ = ["Block", "Limits", "device_blocks", "layouts", "PRESETS"]
@@ -63,12 +63,37 @@ def vllm_available() -> bool:
         return False
 
 
+VLLM_MIN_HEAD_DIM = 64      # vLLM's attention kernels need head_dim >= 64
+
+
+def engine_refusal(engine: Engine, model: Model) -> str | None:
+    """Why ``engine`` cannot generate with ``model`` whatever is installed, or None.
+
+        >>> engine_refusal(Engine.VLLM, Model("actor", "tiny", PRESETS["tiny"]))
+        "vLLM needs head_dim >= 64; model 'actor' (tiny) has 16"
+    """
+    if engine is Engine.VLLM and model.dims.head_dim < VLLM_MIN_HEAD_DIM:
+        return (f"vLLM needs head_dim >= {VLLM_MIN_HEAD_DIM}; model '{model.name}' "
+                f"({model.preset}) has {model.dims.head_dim}")
+    return None
+
+
 def generate_engines(pipeline: Pipeline, stage: str, limits: Limits) -> tuple[Engine, ...]:
-    """The engines a generate stage may use; PlanError when the spec asks for a missing one."""
+    """The engines a generate stage may use; PlanError when the spec asks for one it cannot.
+
+    ``engine = auto`` leaves out engines the model does not suit (vLLM below head_dim 64);
+    an explicit one is refused with the reason.
+    """
     s = pipeline.stage(stage)
+    model = pipeline.model(s.target)
     asked = s.param("engine", Engine.AUTO)
     if asked is Engine.AUTO:
-        return tuple(e for e in (Engine.VLLM, Engine.TORCH) if e in limits.engines)
+        return tuple(e for e in (Engine.VLLM, Engine.TORCH)
+                     if e in limits.engines and engine_refusal(e, model) is None)
+    if (why := engine_refusal(asked, model)) is not None:
+        raise PlanError(f"stage '{stage}' must use an engine its model suits, not "
+                        f"'{asked.value}': {why}", s.span,
+                        hint="write engine = torch (or auto), or use a model with wider heads")
     if asked not in limits.engines:
         raise PlanError(f"stage '{stage}' must use an installed engine, not '{asked.value}'",
                         s.span, hint="install vLLM (GPU machines: `pip install vllm`) or "

@@ -66,7 +66,7 @@ def test_compile_refuses_vllm_it_cannot_run(tmp_path, capsys):
     (tmp_path / "rewards.py").write_text((ROOT / "pipelines/rewards.py").read_text())
     f = tmp_path / "v.rpeg"
     f.write_text((ROOT / "pipelines/tiny_ppo.rpeg").read_text().replace(
-        "max_len = 20)", "max_len = 20, engine = vllm)"))
+        "max_len = 20)", "max_len = 20, engine = vllm)").replace(": tiny {", ": tiny-vllm {"))
     from rpeg.plan.space import vllm_available
     if vllm_available():
         pytest.skip("vLLM is installed here")

@@ -118,7 +118,8 @@ def test_nothing_fits_names_model_op_and_what_helps(ppo8b):
 
 def test_missing_vllm_is_refused_at_compile(tmp_path, tiny, local_cpu):
     spec = (ROOT / "pipelines/tiny_ppo.rpeg").read_text().replace(
-        "temperature = 1.0, max_len = 20", "temperature = 1.0, max_len = 20, engine = vllm")
+        "temperature = 1.0, max_len = 20", "temperature = 1.0, max_len = 20, engine = vllm"
+    ).replace(": tiny {", ": tiny-vllm {")           # vLLM suits its heads; it is only missing
     (tmp_path / "rewards.py").write_text((ROOT / "pipelines/rewards.py").read_text())
     f = tmp_path / "v.rpeg"
     f.write_text(spec)

@@ -1,0 +1,30 @@
+"""The executor generates with the engine the plan chose, not only an explicit ``engine = vllm``."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import backends.vllm_backend.colocated as colocated
+from backends.torch_backend.executor import Executor
+from rpeg.plan.model import Plan, StagePlacement
+from rpeg.spec.model import Engine
+
+
+def _engine_for(plan_engine: Engine, monkeypatch):
+    monkeypatch.setattr(colocated, "colocated_engine", lambda replica: "vllm-engine")
+    plan = Plan("p", "c", 1, (StagePlacement("rollout", (0,), engine=plan_engine),))
+    ex = SimpleNamespace(ctx=SimpleNamespace(plan=plan))
+    # the spec says auto (no engine parameter): only the plan can say vLLM
+    stage = SimpleNamespace(name="rollout", param=lambda key, default=None: default)
+    replica = SimpleNamespace(engine=SimpleNamespace(version=0), version=3)
+    return Executor._engine(ex, stage, replica), replica
+
+
+def test_plan_choosing_vllm_generates_with_vllm(monkeypatch):
+    engine, _ = _engine_for(Engine.VLLM, monkeypatch)
+    assert engine == "vllm-engine"
+
+
+def test_plan_choosing_torch_generates_with_torch(monkeypatch):
+    engine, replica = _engine_for(Engine.TORCH, monkeypatch)
+    assert engine is replica.engine and engine.version == 3

@@ -17,6 +17,8 @@ moments (4 + 4 + 4). On a device that computes in fp32 (``compute_bytes = 4``,
 the CPU profile) there is no separate master copy: fp32 weights (4) + fp32
 gradients (4) + moments (4 + 4) — also 16 B. ``Parallel.zero`` shards the
 optimizer state (1), also the gradients (2), also the weights (3) over DP.
+``Parallel.offload`` keeps the optimizer state in host memory between train steps
+(verl-style): it is not resident, it is brought in for the train step only.
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ class Parallel:
     microbatches: int = 1
     recompute: bool = False
     zero: int = 0             # 0 none; 1 optimizer state, 2 + gradients, 3 + weights sharded over DP
+    offload: bool = False     # train: optimizer state kept in host memory between train steps
 
     @property
     def size(self) -> int:
@@ -146,8 +149,15 @@ def resident_memory(model: Model, par: Parallel, cluster: Cluster, *,
     if not trained:
         return MemoryCost(weights=weights)
     grads = n * bpv / (dp if par.zero >= 2 else 1)
-    state = n * (8 if bpv >= 4 else 12) / (dp if par.zero >= 1 else 1)
+    state = 0.0 if par.offload else optimizer_state_bytes(model, par, gpu)
     return MemoryCost(weights=weights, grads=grads, optimizer=state)
+
+
+def optimizer_state_bytes(model: Model, par: Parallel, gpu: GpuProfile) -> float:
+    """Adam state per GPU (fp32 master copy + two moments, or the two moments in fp32):
+    what ``Parallel.offload`` moves to host memory between train steps."""
+    n = local_params(model, par)
+    return n * (8 if value_bytes(model, gpu) >= 4 else 12) / (par.dp if par.zero >= 1 else 1)
 
 
 def fits(total_bytes: float, cluster: Cluster) -> bool:

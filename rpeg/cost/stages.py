@@ -48,6 +48,7 @@ from rpeg.cost.memory import (
     head_dims,
     local_params,
     model_params,
+    optimizer_state_bytes,
     value_bytes,
 )
 from rpeg.cost.topology import Collective, Topology, collective_time
@@ -89,15 +90,17 @@ def _check_devices(devices: Sequence[int], par: Parallel, stage: str) -> None:
 
 def estimate_stage(pipeline: Pipeline, stage_name: str, par: Parallel, devices: Sequence[int],
                    cluster: Cluster, *, batch: int | None = None,
-                   engine: Engine = Engine.TORCH) -> StageCost:
-    """Predicted seconds of one step of ``stage_name`` on ``devices`` laid out as ``par``."""
+                   engine: Engine = Engine.TORCH, rows: int | None = None) -> StageCost:
+    """Predicted seconds of one step of ``stage_name`` on ``devices`` laid out as ``par``.
+    ``rows``: at most this many sequences generated at once per replica (see
+    :func:`generation_rows`); None for the whole local batch in one wave."""
     stage = pipeline.stage(stage_name)
     devices = tuple(devices)
     _check_devices(devices, par, stage_name)
     batch = pipeline.workload.batch if batch is None else batch
     topo = Topology.from_cluster(cluster)
     gpu = cluster.gpu
-    cost = _estimate(pipeline, stage, par, devices, topo, cluster, batch, engine)
+    cost = _estimate(pipeline, stage, par, devices, topo, cluster, batch, engine, rows)
     return _concurrent(cost, gpu.get("concurrency_slowdown", 1.0)) if len(devices) > 1 \
         else cost
 
@@ -107,18 +110,18 @@ def _concurrent(cost: StageCost, slowdown: float) -> StageCost:
     all of them are busy: scale the compute parts by the calibrated slowdown."""
     if slowdown == 1.0:
         return cost
-    comm = {"tp+pp", "dp_grad_reduce", "sync"}
+    comm = {"tp+pp", "dp_grad_reduce", "sync", "offload"}
     return StageCost(cost.compute_s * slowdown + cost.comm_s, cost.compute_s * slowdown,
                      cost.comm_s, tuple((k, v if k in comm else v * slowdown)
                                         for k, v in cost.breakdown))
 
 
-def _estimate(pipeline, stage, par, devices, topo, cluster, batch, engine) -> StageCost:
+def _estimate(pipeline, stage, par, devices, topo, cluster, batch, engine, rows) -> StageCost:
     gpu, w = cluster.gpu, pipeline.workload
     if stage.kind is OpKind.GENERATE:
         model = pipeline.model(stage.target)
         g = _generation(model, par, devices, topo, cluster, batch, w.prompt_len, w.gen_len,
-                        engine)
+                        engine, rows)
         return g.cost
     if stage.kind is OpKind.SCORE and not pipeline.has_model(stage.target or ""):
         t = batch * gpu.get("reward_sample_overhead", gpu.sample_overhead)
@@ -143,7 +146,8 @@ def _estimate(pipeline, stage, par, devices, topo, cluster, batch, engine) -> St
 def generation_chunks(pipeline: Pipeline, stage_name: str, par: Parallel,
                       devices: Sequence[int], cluster: Cluster, chunks: int, *,
                       batch: int | None = None,
-                      engine: Engine = Engine.TORCH) -> tuple[tuple[float, int], ...]:
+                      engine: Engine = Engine.TORCH,
+                      rows: int | None = None) -> tuple[tuple[float, int], ...]:
     """(seconds from the stage's start until chunk i's responses are all finished, responses
     in chunk i), chunks ordered by length: the first holds the shortest responses."""
     stage = pipeline.stage(stage_name)
@@ -157,18 +161,17 @@ def generation_chunks(pipeline: Pipeline, stage_name: str, par: Parallel,
     batch = pipeline.workload.batch if batch is None else batch
     w = pipeline.workload
     g = _generation(pipeline.model(stage.target), par, devices, Topology.from_cluster(cluster),
-                    cluster, batch, w.prompt_len, w.gen_len, engine)
-    lengths = g.lengths                       # sorted, one per local response
+                    cluster, batch, w.prompt_len, w.gen_len, engine, rows)
+    finish = g.finish                         # sorted, one per local response
     total = _concurrent(g.cost, cluster.gpu.get("concurrency_slowdown", 1.0)).time_s \
         if len(devices) > 1 else g.cost.time_s
     scale = total / g.cost.time_s if g.cost.time_s > 0 else 1.0
-    per_chunk = np.array_split(np.arange(len(lengths)), chunks)
+    per_chunk = np.array_split(np.arange(len(finish)), chunks)
     out = []
     for idx in per_chunk:
         if len(idx) == 0:
             continue
-        done = float(np.interp(lengths[idx[-1]], g.steps, g.cum_time)) + g.prefill + g.host
-        out.append((min(done * scale, total), len(idx) * par.dp))
+        out.append((min(float(finish[idx[-1]]) * scale, total), len(idx) * par.dp))
     # The runtime sees the batch, not our per-replica rounding: fix the count to the batch.
     count = sum(n for _, n in out)
     if out and count != batch:
@@ -178,8 +181,10 @@ def generation_chunks(pipeline: Pipeline, stage_name: str, par: Parallel,
 
 
 def stage_memory(pipeline: Pipeline, stage_name: str, par: Parallel, cluster: Cluster, *,
-                 batch: int | None = None) -> MemoryCost:
-    """Transient bytes per GPU while the stage runs (activations, KV cache, buffers)."""
+                 batch: int | None = None, rows: int | None = None) -> MemoryCost:
+    """Transient bytes per GPU while the stage runs (activations, KV cache, buffers);
+    a generate stage holds the KV cache of ``rows`` sequences at once (None: all local ones).
+    A train stage whose optimizer state is offloaded brings it back for the step."""
     stage = pipeline.stage(stage_name)
     batch = pipeline.workload.batch if batch is None else batch
     w = pipeline.workload
@@ -195,13 +200,9 @@ def stage_memory(pipeline: Pipeline, stage_name: str, par: Parallel, cluster: Cl
     local = math.ceil(batch / par.dp)
     layers = math.ceil(d.layers / par.pp)
     if stage.kind is OpKind.GENERATE:
-        seq = w.prompt_len + w.gen_len.max_len
-        kv_dim = max(d.kv_dim // par.tp, d.head_dim)
-        kv = local * seq * 2 * kv_dim * bpv * (layers + 1)      # + one layer being grown
-        prefill = _working_set(model, par, local * w.prompt_len, bpv)
-        logits = local * hd.vocab / par.tp * 4 * 3
-        # A layer's intermediates are freed before the head runs: the larger one counts.
-        return base + MemoryCost(kv_cache=kv, buffers=max(prefill, logits))
+        kv, buf = _generation_row_bytes(model, par, w, gpu)
+        n = local if rows is None else max(min(rows, local), 1)
+        return base + MemoryCost(kv_cache=n * kv, buffers=n * buf)
     gen = _padded_gen(w.gen_len, local)
     seq = w.prompt_len + gen
     # Output-head buffers (fp32 logits, log-softmax, probabilities) cover response positions;
@@ -228,8 +229,48 @@ def stage_memory(pipeline: Pipeline, stage_name: str, par: Parallel, cluster: Cl
         grads = local_params(model, par) * bpv / (par.dp if par.zero >= 2 else 1)
         acts = max(acts - grads, 0.0)
     bucket = local_params(model, par) * bpv if par.dp > 1 else 0.0   # flat all-reduce buffer
-    return base + MemoryCost(activations=acts, buffers=bucket
+    state = optimizer_state_bytes(model, par, gpu) if par.offload else 0.0
+    return base + MemoryCost(activations=acts, optimizer=state, buffers=bucket
                              + max(loss, _working_set(model, par, mb_tokens, bpv)))
+
+
+def _generation_row_bytes(model: Model, par: Parallel, w, gpu) -> tuple[float, float]:
+    """(KV-cache bytes, other transient bytes) per generated sequence per GPU: the cache at
+    the longest length (+ one layer being grown), and the larger of a prefill layer's
+    intermediates and the fp32 logits (a layer's are freed before the head runs)."""
+    d, bpv, hd = model.dims, value_bytes(model, gpu), head_dims(model)
+    layers = math.ceil(d.layers / par.pp)
+    seq = w.prompt_len + w.gen_len.max_len
+    kv_dim = max(d.kv_dim // par.tp, d.head_dim)
+    kv = seq * 2 * kv_dim * bpv * (layers + 1)
+    prefill = _working_set(model, par, w.prompt_len, bpv)
+    logits = hd.vocab / par.tp * 4 * 3
+    return kv, max(prefill, logits)
+
+
+def generation_rows(pipeline: Pipeline, stage_name: str, par: Parallel, cluster: Cluster,
+                    free_bytes: float, *, batch: int | None = None) -> int:
+    """How many sequences a generate stage runs at once per replica when ``free_bytes`` per
+    GPU are left beside the weights resident there: the whole local batch if it fits, else
+    as many as the free memory holds (at least one; the memory check then reports the
+    shortfall). Engines bound their batch by free KV memory this way (vLLM's KV blocks,
+    a batched generate called in waves).
+
+        >>> from rpeg.cost.profiles import cluster_of
+        >>> from rpeg.cost.examples import ppo_pipeline
+        >>> p, gh = ppo_pipeline("llama3.1-8b", prompts=512), cluster_of("gh200", 8)
+        >>> generation_rows(p, "rollout", Parallel(dp=8), gh, 1e12)      # all 64 fit
+        64
+        >>> 1 <= generation_rows(p, "rollout", Parallel(dp=8), gh, 4e9) < 64
+        True
+    """
+    stage = pipeline.stage(stage_name)
+    model = pipeline.model(stage.target)
+    batch = pipeline.workload.batch if batch is None else batch
+    local = math.ceil(batch / par.dp)
+    kv, buf = _generation_row_bytes(model, par, pipeline.workload, cluster.gpu)
+    fit = int((free_bytes - cluster.gpu.runtime_memory) // (kv + buf))
+    return max(min(fit, local), 1)
 
 
 def activation_bytes_per_token(model: Model, par: Parallel, seq: int, bpv: float) -> float:
@@ -251,26 +292,49 @@ def weight_sync_time(model: Model, src_devices: Sequence[int], src_par: Parallel
     """Seconds to bring a trainer's weights (``src`` layout) into a generator (``dst``).
 
     Every destination GPU needs its shard, ``bytes / (tp_d * pp_d)``; the sources send in
-    parallel, each limited by its link at the level the two sets span. Zero when the
-    layouts are identical on the same devices, or when each destination shard is a slice
-    of what that GPU already holds.
+    parallel, each limited by its link at the level the two sets span. On the same devices:
+
+    - identical layout (and weights not ZeRO-3 sharded): one shared copy, zero;
+    - the trainer's weights ZeRO-3 sharded over DP: all-gathered over the DP group first;
+    - each destination shard a slice of what the GPU holds (e.g. tp 1 -> tp 2): a local
+      copy into the generator's own weights, read and written at memory bandwidth, one
+      copy kernel per tensor;
+    - otherwise every GPU gathers its new shard from the others (re-partition).
+
+        >>> from rpeg.cost.profiles import cluster_of
+        >>> from rpeg.spec.model import Model
+        >>> from rpeg.spec.presets import PRESETS
+        >>> gh, m = cluster_of("gh200", 8), Model("actor", "llama3.1-8b", PRESETS["llama3.1-8b"])
+        >>> r8 = tuple(range(8))
+        >>> weight_sync_time(m, r8, Parallel(dp=8), r8, Parallel(dp=8), gh)
+        0.0
+        >>> weight_sync_time(m, r8, Parallel(dp=8), r8, Parallel(dp=4, tp=2), gh) > 0
+        True
     """
     src, dst = tuple(src_devices), tuple(dst_devices)
+    gpu = cluster.gpu
     same_layout = (src_par.tp, src_par.pp) == (dst_par.tp, dst_par.pp)
-    if set(src) == set(dst) and (same_layout or (
-            dst_par.tp * dst_par.pp) % (src_par.tp * src_par.pp) == 0 and src == dst):
-        return 0.0
     topo = Topology.from_cluster(cluster)
-    link = topo.link(topo.level_of(src + dst))
-    wbytes = model_params(model) * value_bytes(model, cluster.gpu)
+    wbytes = model_params(model) * value_bytes(model, gpu)
+    tensors = C.param_tensors(model.dims)
+    gather = 0.0
+    if src_par.zero >= 3 and src_par.dp > 1:     # ZeRO-3: gather the full layer shards first
+        gather = collective_time(Collective.ALL_GATHER, wbytes / (src_par.tp * src_par.pp),
+                                 dp_group(src, src_par), topo)
+    if set(src) == set(dst) and same_layout:
+        return gather
     shard = wbytes / (dst_par.tp * dst_par.pp)
+    if set(src) == set(dst) and src == dst and (
+            dst_par.tp * dst_par.pp) % (src_par.tp * src_par.pp) == 0:
+        # a slice of what each GPU holds: copied locally into the generator's weights
+        return gather + 2 * shard / gpu.mem_bandwidth + tensors * gpu.launch_overhead
+    link = topo.link(topo.level_of(src + dst))
     senders = len(set(src))
     if set(src) == set(dst):       # reshard in place: each GPU gathers what it lacks
-        move = shard
-        return link.latency * math.ceil(math.log2(len(dst) + 1)) + move / link.bandwidth
+        return gather + link.latency * math.ceil(math.log2(len(dst) + 1)) \
+            + shard / link.bandwidth + tensors * gpu.launch_overhead
     t = max(shard, shard * len(dst) / senders) / link.bandwidth
-    tensors = C.param_tensors(model.dims)
-    return t + link.latency * math.ceil(math.log2(len(dst) + 1)) \
+    return gather + t + link.latency * math.ceil(math.log2(len(dst) + 1)) \
         + tensors * cluster.gpu.launch_overhead
 
 
@@ -284,6 +348,7 @@ class _Gen:
     steps: np.ndarray        # decode step numbers at segment ends
     cum_time: np.ndarray     # decode seconds elapsed at those steps
     lengths: np.ndarray      # sorted response lengths, one per local response
+    finish: np.ndarray       # seconds from the start until each response is done, ascending
 
 
 def _padded_gen(dist, local: int) -> float:
@@ -292,16 +357,32 @@ def _padded_gen(dist, local: int) -> float:
     return float(q.max())
 
 
-def _generation(model, par, devices, topo, cluster, batch, prompt_len, dist, engine) -> _Gen:
-    return _generation_cached(model, par, devices, topo, cluster.gpu, batch, prompt_len, dist,
-                              engine)
+def _generation(model, par, devices, topo, cluster, batch, prompt_len, dist, engine,
+                rows=None) -> _Gen:
+    local = math.ceil(batch / par.dp)
+    if rows is None or rows >= local:
+        return _generation_cached(model, par, devices, topo, cluster.gpu, local, prompt_len,
+                                  dist, engine)
+    # Waves: the local batch in ceil(local / rows) consecutive batches of at most ``rows``
+    # sequences (a batched generate called in a loop; vLLM refills freed slots instead,
+    # which this bounds from above by at most one wave's tail). Each wave has the whole
+    # length distribution, so each waits for its own longest response.
+    waves = math.ceil(local / max(rows, 1))
+    one = _generation_cached(model, par, devices, topo, cluster.gpu,
+                             math.ceil(local / waves), prompt_len, dist, engine)
+    c, span = one.cost, one.cost.time_s
+    cost = StageCost(c.time_s * waves, c.compute_s * waves, c.comm_s * waves,
+                     tuple((k, v * waves) for k, v in c.breakdown))
+    finish = np.concatenate([one.finish + k * span for k in range(waves)])
+    return _Gen(cost, one.prefill, one.host, one.steps, one.cum_time,
+                np.tile(one.lengths, waves), finish)
 
 
 @functools.lru_cache(maxsize=4096)
-def _generation_cached(model, par, devices, topo, gpu, batch, prompt_len, dist, engine) -> _Gen:
+def _generation_cached(model, par, devices, topo, gpu, local, prompt_len, dist, engine) -> _Gen:
+    """One wave of ``local`` sequences per replica."""
     check_parallel(model.dims, par, model.name)
     d, hd, bpv = model.dims, head_dims(model), value_bytes(model, gpu)
-    local = math.ceil(batch / par.dp)
     m = min(par.microbatches, local)
     layers = math.ceil(d.layers / par.pp)
     tpg, ppg = tp_group(devices, par), pp_group(devices, par)
@@ -353,7 +434,9 @@ def _generation_cached(model, par, devices, topo, gpu, batch, prompt_len, dist, 
     cost = StageCost(compute + comm_total, compute, comm_total,
                      (("prefill", prefill_c + prefill_x), ("decode", decode_c + decode_x),
                       ("host", local * gpu.sample_overhead)))
-    return _Gen(cost, prefill_c + prefill_x, local * gpu.sample_overhead, steps, cum, lengths)
+    prefill, host = prefill_c + prefill_x, local * gpu.sample_overhead
+    finish = np.interp(lengths, steps, cum) + prefill + host
+    return _Gen(cost, prefill, host, steps, cum, lengths, finish)
 
 
 # --- forward and train ----------------------------------------------------------------
@@ -418,7 +501,18 @@ def _train(model, par, devices, topo, cluster, batch, prompt_len, gen, opt_steps
     host = per_step * gpu.sample_overhead
     compute = opt_steps * (fb + opt + host)
     comm = opt_steps * (comm_layers + dp_comm)
+    # Offloaded optimizer state: brought in before the step, written back after it, over
+    # the host link (once per train op: the state stays on the device across its steps).
+    offload = 2 * optimizer_state_bytes(model, par, gpu) / host_bandwidth(gpu) \
+        if par.offload else 0.0
+    comm += offload
     return StageCost(compute + comm, compute, comm,
                      (("forward+backward", opt_steps * fb), ("optimizer", opt_steps * opt),
                       ("host", opt_steps * host), ("tp+pp", opt_steps * comm_layers),
-                      ("dp_grad_reduce", opt_steps * dp_comm)))
+                      ("dp_grad_reduce", opt_steps * dp_comm), ("offload", offload)))
+
+
+def host_bandwidth(gpu) -> float:
+    """Bytes/s one way between a device and host memory (the profile's ``host_bandwidth``;
+    PCIe Gen4 x16's achievable ~25 GB/s when a profile does not say)."""
+    return gpu.get("host_bandwidth", 25e9)

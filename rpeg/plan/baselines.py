@@ -7,9 +7,11 @@
 
 - **colocated** (verl's hybrid engine): every stage on every GPU, time-shared, all
   models resident together; one tensor-parallel degree for the training/inference
-  engine and one for generation, tuned by a grid over both and over the memory
+  engine and one for generation, tuned by a grid over both, over the memory
   headroom each stage may use (which trades speed for ZeRO, micro-batches,
-  recomputation). Synchronous.
+  recomputation) and over offloading the optimizer state to host memory between
+  train steps (verl's optimizer offload). Generation runs in waves when its KV cache
+  does not fit beside the resident models. Synchronous.
 - **split** (OpenRLHF): disjoint contiguous GPU groups — generation, then one group per
   model holding its training and inference stages; the grid is every split of the
   cluster into those groups at 1/16 granularity, each stage in the fastest layout that
@@ -81,12 +83,16 @@ def _tps(ctx: Context, stage: str, size: int) -> list[int]:
 
 
 def _fill(ctx: Context, plan: Plan, assignments: Iterable[tuple[str, Block, int | None,
-                                                                  float]]) -> Plan | None:
-    """Put each (stage, block, tp or None, headroom) with its fastest fitting choice."""
+                                                                  float]],
+          offload: bool | None = None) -> Plan | None:
+    """Put each (stage, block, tp or None, headroom) with its fastest fitting choice
+    (train stages with their optimizer state offloaded or not, when ``offload`` says)."""
     cap = ctx.cluster.gpu.memory
     for stage, block, tp, room in assignments:
         opts = [c for c in options(ctx, stage, block.size)
-                if (tp is None or c.par.tp == tp) and c.memory <= room * cap]
+                if (tp is None or c.par.tp == tp) and c.memory <= room * cap
+                and (offload is None or c.par.offload == offload
+                     or ctx.pipeline.stage(stage).kind is not OpKind.TRAIN)]
         if not opts:
             return None
         plan = put(ctx, plan, stage, block, opts[0])
@@ -101,10 +107,10 @@ def colocated(ctx: Context, ev: Evaluator) -> Outcome:
     others = [s for s in stages if s not in gens]
     gen_tps = sorted({tp for s in gens for tp in _tps(ctx, s, ctx.n)}) or [None]
     eng_tps = sorted({tp for s in others for tp in _tps(ctx, s, ctx.n)}) or [None]
-    for gtp, etp, room in itertools.product(gen_tps, eng_tps, HEADROOM):
+    for gtp, etp, room, off in itertools.product(gen_tps, eng_tps, HEADROOM, (False, True)):
         plan = _fill(ctx, empty_plan(ctx),
                      [(s, everything, gtp, room) for s in gens]
-                     + [(s, everything, etp, room) for s in others])
+                     + [(s, everything, etp, room) for s in others], offload=off)
         best.offer(plan)
     return best.outcome()
 

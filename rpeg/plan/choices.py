@@ -10,7 +10,8 @@
 Three steps, each handing a typed value to the next:
 
 1. ``enumerate_layouts`` — every (size, DP x TP x PP, micro-batches, ZeRO, recompute,
-   engine) the model and the backend accept (:class:`Layout`);
+   optimizer offload, engine; generation in 1-8 waves) the model and the backend accept
+   (:class:`Layout`);
 2. ``prune`` — drop layouts whose stage alone cannot fit a device (its transient need
    plus its own model's weights), priced with the pure memory functions;
 3. ``estimate`` — price the rest on a representative block of that size and keep,
@@ -33,6 +34,8 @@ from rpeg.spec.model import Cluster, Engine, OpKind, Pipeline
 
 MICROBATCHES = (1, 2, 4, 8, 16, 32)
 ZERO = (0, 1, 2, 3)
+WAVES = (1, 2, 4, 8)      # generation: the local batch in this many waves (smaller KV cache)
+OFFLOAD = (False, True)   # train: optimizer state in host memory between steps
 
 
 @attrs.frozen
@@ -41,6 +44,7 @@ class Layout:
     size: int
     par: Parallel
     engine: Engine
+    rows: int | None = None   # generation: sequences at once per replica (None: all)
 
 
 @attrs.frozen
@@ -96,8 +100,13 @@ def enumerate_layouts(pipeline: Pipeline, stage: str, sizes: tuple[int, ...],
         for base in layouts(size, model.dims, cluster, limits, batch=batch):
             local = math.ceil(batch / base.dp)
             if s.kind is OpKind.GENERATE:
+                # The evaluator sizes the waves from the memory actually free; these
+                # priced variants let a memory-bounded choice see the cost of fewer rows.
+                waves = sorted({w for w in WAVES if w <= local})
                 for e in engines:
-                    out.append(Layout(stage, size, base, e))
+                    for w in waves:
+                        rows = None if w == 1 else math.ceil(local / w)
+                        out.append(Layout(stage, size, base, e, rows))
                 continue
             per_step = local
             if s.kind is OpKind.TRAIN:
@@ -105,11 +114,14 @@ def enumerate_layouts(pipeline: Pipeline, stage: str, sizes: tuple[int, ...],
             mbs = [m for m in MICROBATCHES if m <= per_step and m >= base.pp] or [base.pp]
             zeros = ZERO if (s.kind is OpKind.TRAIN and limits.zero and base.dp > 1) else (0,)
             recomputes = (False, True) if s.kind is OpKind.TRAIN else (False,)
+            offloads = OFFLOAD if s.kind is OpKind.TRAIN else (False,)
             for m in mbs:
                 for z in zeros:
                     for r in recomputes:
-                        par = attrs.evolve(base, microbatches=m, zero=z, recompute=r)
-                        out.append(Layout(stage, size, par, Engine.TORCH))
+                        for o in offloads:
+                            par = attrs.evolve(base, microbatches=m, zero=z, recompute=r,
+                                               offload=o)
+                            out.append(Layout(stage, size, par, Engine.TORCH))
     return tuple(out)
 
 
@@ -122,7 +134,8 @@ def prune(pipeline: Pipeline, layouts_: tuple[Layout, ...], cluster: Cluster) ->
         s = pipeline.stage(lay.stage)
         model = pipeline.model(s.target)
         try:
-            need = stage_memory(pipeline, lay.stage, lay.par, cluster).total + resident_memory(
+            need = stage_memory(pipeline, lay.stage, lay.par, cluster,
+                                rows=lay.rows).total + resident_memory(
                 model, lay.par, cluster, trained=s.kind is OpKind.TRAIN).total
         except CostError:
             continue
@@ -138,14 +151,18 @@ def estimate(pipeline: Pipeline, fitting: tuple[tuple[Layout, float], ...],
     for lay, need in fitting:
         try:
             t = estimate_stage(pipeline, lay.stage, lay.par, tuple(range(lay.size)), cluster,
-                               engine=lay.engine).time_s
+                               engine=lay.engine, rows=lay.rows).time_s
         except CostError:
             continue
         priced.setdefault(lay.size, []).append(
             Choice(lay.stage, lay.size, lay.par, lay.engine, t, need))
     out = []
     for size in sorted(priced):
-        out += _pareto(priced[size])
+        # Offloading frees memory only beside other stages (the train step still needs the
+        # state): its front is kept apart, for colocation to weigh against the host link.
+        front = _pareto([c for c in priced[size] if not c.par.offload])
+        off = _pareto([c for c in priced[size] if c.par.offload])
+        out += sorted(front + off, key=lambda c: (c.time_s, c.memory))
     return tuple(out)
 
 

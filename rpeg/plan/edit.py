@@ -84,7 +84,7 @@ def placement(stage: str, block: Block | tuple[int, ...], choice: Choice,
     devices = block.devices if isinstance(block, Block) else tuple(block)
     p = choice.par
     return StagePlacement(stage, devices, p.dp, p.tp, p.pp, p.microbatches, chunks,
-                          choice.engine, p.recompute, p.zero)
+                          choice.engine, p.recompute, p.zero, p.offload)
 
 
 def put(ctx: Context, plan: Plan, stage: str, block: Block | tuple[int, ...],
@@ -135,7 +135,8 @@ def same_choice(p: StagePlacement, stage: str) -> Choice:
     """A placement's layout as a Choice (to copy it onto another stage of the same model)."""
     from rpeg.cost.memory import Parallel
     return Choice(stage, len(p.devices), Parallel(p.dp, p.tp, p.pp, p.microbatches,
-                                                  p.recompute, p.zero), p.engine, 0.0, 0.0)
+                                                  p.recompute, p.zero, p.offload), p.engine,
+                  0.0, 0.0)
 
 
 def repair(ctx: Context, plan: Plan) -> Plan | None:

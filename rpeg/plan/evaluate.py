@@ -12,7 +12,9 @@ answers (the cost functions are pure, so caching is safe); ``evaluate`` is a
 function of the plan alone. Memory per device is what every model keeps there
 between stages (:func:`rpeg.cost.memory.resident_memory`, one copy per distinct
 layout, the trained copy with its gradients and optimizer state) plus the
-largest transient need of any op placed there. A plan whose peak exceeds the
+largest transient need of any op placed there. A generate op runs as many sequences at
+once as the memory left beside the resident weights holds (in waves when the local
+batch does not fit, :func:`rpeg.cost.stages.generation_rows`). A plan whose peak exceeds the
 device's capacity is infeasible and carries a :class:`Shortfall` saying why.
 """
 
@@ -22,7 +24,13 @@ import attrs
 import numpy as np
 
 from rpeg.cost.memory import Parallel, resident_memory
-from rpeg.cost.stages import estimate_stage, generation_chunks, stage_memory, weight_sync_time
+from rpeg.cost.stages import (
+    estimate_stage,
+    generation_chunks,
+    generation_rows,
+    stage_memory,
+    weight_sync_time,
+)
 from rpeg.errors import CostError, GraphError, PlanError
 from rpeg.graph import Graph
 from rpeg.plan.model import Plan, Predicted, StagePlacement
@@ -63,7 +71,7 @@ class Evaluation:
 
 def parallel_of(p: StagePlacement) -> Parallel:
     return Parallel(dp=p.dp, tp=p.tp, pp=p.pp, microbatches=p.microbatches,
-                    recompute=p.recompute, zero=p.zero)
+                    recompute=p.recompute, zero=p.zero, offload=p.offload)
 
 
 def is_host_op(pipeline: Pipeline, stage: str) -> bool:
@@ -93,34 +101,61 @@ class Evaluator:
         self.steps = steps
         self._cost: dict[tuple, object] = {}
         self._graphs: dict[tuple, Graph] = {}
+        self._last_rows: tuple[Plan, dict] | None = None
         w = pipeline.workload
         self.gen_tokens = w.batch * w.gen_len.mean()
 
     # --- cached cost-model calls ---------------------------------------------------
 
-    def stage_time(self, stage: str, p: StagePlacement) -> float:
-        key = ("t", stage, p)
+    def stage_time(self, stage: str, p: StagePlacement, rows: int | None = None) -> float:
+        key = ("t", stage, p, rows)
         if key not in self._cost:
             self._cost[key] = estimate_stage(self.pipeline, stage, parallel_of(p), p.devices,
-                                             self.cluster, engine=p.engine).time_s
+                                             self.cluster, engine=p.engine, rows=rows).time_s
         return self._cost[key]
 
-    def chunk_ends(self, stage: str, p: StagePlacement) -> tuple[tuple[float, int], ...]:
-        key = ("c", stage, p)
+    def chunk_ends(self, stage: str, p: StagePlacement,
+                   rows: int | None = None) -> tuple[tuple[float, int], ...]:
+        key = ("c", stage, p, rows)
         if key not in self._cost:
             self._cost[key] = generation_chunks(self.pipeline, stage, parallel_of(p), p.devices,
-                                                self.cluster, p.chunks, engine=p.engine)
+                                                self.cluster, p.chunks, engine=p.engine,
+                                                rows=rows)
         return self._cost[key]
 
-    def transient(self, stage: str, p: StagePlacement) -> float:
-        key = ("m", stage, p.tp, p.pp, p.dp, p.microbatches, p.recompute)
+    def transient(self, stage: str, p: StagePlacement, rows: int | None = None) -> float:
+        key = ("m", stage, p.tp, p.pp, p.dp, p.microbatches, p.recompute, p.zero, p.offload,
+               rows)
         if key not in self._cost:
             self._cost[key] = stage_memory(self.pipeline, stage, parallel_of(p),
-                                           self.cluster).total
+                                           self.cluster, rows=rows).total
         return self._cost[key]
 
+    def gen_rows(self, stage: str, p: StagePlacement, free: float) -> int:
+        """Sequences a generate stage runs at once per replica with ``free`` bytes per GPU."""
+        key = ("g", stage, p.tp, p.pp, p.dp, round(free / 2**20))
+        if key not in self._cost:
+            self._cost[key] = generation_rows(self.pipeline, stage, parallel_of(p),
+                                              self.cluster, free)
+        return self._cost[key]
+
+    def rows_of(self, plan: Plan, graph: Graph, resident: np.ndarray | None = None) -> dict:
+        """Per generate stage: its wave size given what stays resident on its devices."""
+        if resident is None:
+            resident = self.resident_bytes(plan, graph)[0]
+        cap = self.cluster.gpu.memory
+        out = {}
+        for s in self.pipeline.stages:
+            if s.kind is not OpKind.GENERATE:
+                continue
+            p = plan.placement(s.name)
+            free = cap - float(resident[np.fromiter(p.devices, int)].max())
+            out[s.name] = self.gen_rows(s.name, p, free)
+        return out
+
     def resident(self, model: str, p: StagePlacement, trained: bool) -> float:
-        key = ("r", model, p.tp, p.pp, p.dp, p.zero if trained else 0, trained)
+        key = ("r", model, p.tp, p.pp, p.dp, p.zero if trained else 0,
+               p.offload if trained else False, trained)
         if key not in self._cost:
             self._cost[key] = resident_memory(self.pipeline.model(model), parallel_of(p),
                                               self.cluster, trained=trained).total
@@ -185,13 +220,16 @@ class Evaluator:
         timings: dict[str, OpTiming] = {}
         op_times: list[tuple[str, float]] = []
         trainer = {o.writes_model: o for o in graph.ops if o.kind is OpKind.TRAIN}
+        last = self._last_rows
+        rows = last[1] if last is not None and last[0] is plan else self.rows_of(plan, graph)
         for op in graph.ops:
             if op.kind is OpKind.SYNC_WEIGHTS:
                 continue
             p = plan.placement(op.stages[0])
             if op.kind is OpKind.GENERATE:
-                ends = self.chunk_ends(op.stages[0], p) if p.chunks > 1 else ()
-                t = self.stage_time(op.stages[0], p)
+                r = rows.get(op.stages[0])
+                ends = self.chunk_ends(op.stages[0], p, r) if p.chunks > 1 else ()
+                t = self.stage_time(op.stages[0], p, r)
                 timing = OpTiming(p.devices, t, tuple(e for e, _ in ends),
                                   tuple(n for _, n in ends))
             elif op.kind is OpKind.TRAIN:
@@ -268,7 +306,8 @@ class Evaluator:
                     out.append((model, p, False))
         return out
 
-    def memory(self, plan: Plan, graph: Graph) -> tuple[np.ndarray, Shortfall | None]:
+    def resident_bytes(self, plan: Plan, graph: Graph):
+        """(bytes resident per device, the same per model)."""
         n = plan.num_devices
         resident = np.zeros(n)
         by_model: dict[str, np.ndarray] = {}
@@ -277,6 +316,13 @@ class Evaluator:
             idx = np.fromiter(p.devices, int)
             resident[idx] += b
             by_model.setdefault(model, np.zeros(n))[idx] += b
+        return resident, by_model
+
+    def memory(self, plan: Plan, graph: Graph) -> tuple[np.ndarray, Shortfall | None]:
+        resident, by_model = self.resident_bytes(plan, graph)
+        rows = self.rows_of(plan, graph, resident)
+        self._last_rows = (plan, rows)         # timings() of the same plan reuses them
+        n = plan.num_devices
         transient = np.zeros(n)
         top_op = np.full(n, -1)
         stages = [s.name for s in self.pipeline.stages]
@@ -285,7 +331,7 @@ class Evaluator:
             if stage in followers:            # runs inside the lead stage's op
                 continue
             p = plan.placement(stage)
-            b = self.transient(stage, p)
+            b = self.transient(stage, p, rows.get(stage))
             idx = np.fromiter(p.devices, int)
             bigger = b > transient[idx]
             transient[idx[bigger]] = b

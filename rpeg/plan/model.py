@@ -53,6 +53,7 @@ class StagePlacement:
     engine: Engine = Engine.TORCH
     recompute: bool = False
     zero: int = 0                     # ZeRO level of a train stage (0 none .. 3 weights sharded)
+    offload: bool = False             # train: optimizer state in host memory between steps
 
 
 @attrs.frozen
@@ -188,7 +189,8 @@ class Plan:
         rows = [("stage", "devices", "dp", "tp", "pp", "mb", "zero", "chunks", "engine")]
         for p in self.placements:
             rows.append((p.stage, device_ranges(p.devices), str(p.dp), str(p.tp), str(p.pp),
-                         str(p.microbatches) + ("r" if p.recompute else ""), str(p.zero),
+                         str(p.microbatches) + ("r" if p.recompute else ""),
+                         str(p.zero) + ("o" if p.offload else ""),
                          str(p.chunks), p.engine.value))
         lines += _table(rows, indent="  ", right=(2, 3, 4, 5, 6, 7))
         for stage, k in self.staleness:

@@ -17,6 +17,8 @@ the best plan kept is always feasible). Moves:
 - ``partition``  generation on one part of the cluster, the rest on the other part
                  (or training everywhere, forwards streaming beside generation);
 - ``chunks``     stream a generate stage's responses in 1, 2, 4, 8 or 16 chunks;
+- ``offload``    keep a train stage's optimizer state in host memory between steps, or not
+                 (frees device memory for colocated stages, costs two host-link copies);
 - ``staleness``  another staleness for a stage, within the spec's bound;
 - ``share``      merge or unmerge a ``share`` group's backbones;
 - ``fuse``       fuse or unfuse two per-sample ops on the same devices.
@@ -168,12 +170,15 @@ class Moves:
         for b in self.blocks:
             self.by_size.setdefault(b.size, []).append(b)
         self.bounded = tuple((s, k) for s, k in ctx.pipeline.staleness if k > 0)
+        self.trains = tuple(s for s in self.stages
+                            if ctx.pipeline.stage(s).kind is OpKind.TRAIN)
         self.table = [
             (self.block, 4.0), (self.layout, 3.0), (self.colocate, 2.0), (self.chunks, 1.0),
             (self.partition, 1.0 if len(self.gens) and ctx.n > 1 else 0.0),
             (self.resize, 2.0 if ctx.n > ctx.cluster.gpus_per_node else 0.0),
             (self.staleness, 1.0 if self.bounded else 0.0),
-            (self.share, 0.5 if ctx.pipeline.shares else 0.0), (self.fuse, 0.5)]
+            (self.share, 0.5 if ctx.pipeline.shares else 0.0), (self.fuse, 0.5),
+            (self.offload, 1.0 if self.trains else 0.0)]
         w = np.array([x[1] for x in self.table])
         self.p = w / w.sum()
 
@@ -299,6 +304,15 @@ class Moves:
             return None
         p = plan.placement(stage)
         new = attrs.evolve(p, chunks=int(self._pick(CHUNKS)))
+        return attrs.evolve(plan, placements=tuple(new if x.stage == stage else x
+                                                   for x in plan.placements))
+
+    def offload(self, plan: Plan) -> Plan | None:
+        stage = self._pick(self.trains)
+        if stage is None:
+            return None
+        p = plan.placement(stage)
+        new = attrs.evolve(p, offload=not p.offload)
         return attrs.evolve(plan, placements=tuple(new if x.stage == stage else x
                                                    for x in plan.placements))
 

@@ -1,0 +1,104 @@
+"""Hand-checked cases for generation waves, resharding between layouts, optimizer offload."""
+
+import math
+
+import attrs
+import pytest
+
+from rpeg.cost import compute as C
+from rpeg.cost.examples import ppo_pipeline
+from rpeg.cost.memory import Parallel, local_params, model_params, resident_memory
+from rpeg.cost.profiles import cluster_of
+from rpeg.cost.stages import (
+    estimate_stage,
+    generation_chunks,
+    generation_rows,
+    host_bandwidth,
+    stage_memory,
+    weight_sync_time,
+)
+from rpeg.cost.topology import Collective, Topology, collective_time
+from rpeg.spec.model import Model
+from rpeg.spec.presets import PRESETS
+
+GH = cluster_of("gh200", 8)
+R8 = tuple(range(8))
+ACTOR = Model("actor", "llama3.1-8b", PRESETS["llama3.1-8b"])
+
+
+@pytest.fixture(scope="module")
+def ppo():
+    return ppo_pipeline("llama3.1-8b", prompts=512, prompt_len=512, gen_median=256,
+                        gen_max=1024)
+
+
+def test_generation_rows_is_free_memory_over_bytes_per_sequence(ppo):
+    d, par = ACTOR.dims, Parallel(dp=8)
+    seq = 512 + 1024
+    kv = seq * 2 * d.kv_dim * 2 * (d.layers + 1)            # bf16 K and V, + a layer growing
+    other = max(512 * (3 * d.ffn + 4 * d.hidden) * 2, d.vocab * 4 * 3)
+    free = 20e9
+    expect = int((free - GH.gpu.runtime_memory) // (kv + other))
+    assert 1 <= expect < 64
+    assert generation_rows(ppo, "rollout", par, GH, free) == expect
+    assert generation_rows(ppo, "rollout", par, GH, 1e13) == 64          # all of the batch
+    assert generation_rows(ppo, "rollout", par, GH, 0.0) == 1            # shortfall reported
+    m = stage_memory(ppo, "rollout", par, GH, rows=expect)
+    assert m.kv_cache == pytest.approx(expect * kv)
+    assert stage_memory(ppo, "rollout", par, GH).kv_cache == pytest.approx(64 * kv)
+
+
+def test_waves_cost_one_wave_each(ppo):
+    par = Parallel(dp=8)
+    one_wave = estimate_stage(ppo, "rollout", par, R8, GH, batch=128).time_s   # 16 per replica
+    four = estimate_stage(ppo, "rollout", par, R8, GH, rows=16).time_s         # 64 in 4 waves
+    assert four == pytest.approx(4 * one_wave)
+    whole = estimate_stage(ppo, "rollout", par, R8, GH).time_s
+    assert whole < four                       # one wave of 64 shares each weight read
+    ends = generation_chunks(ppo, "rollout", par, R8, GH, 4, rows=16)
+    assert [round(t / one_wave, 6) for t, _ in ends] == [1, 2, 3, 4]
+    assert sum(n for _, n in ends) == 512
+
+
+def test_identical_layout_shares_its_weights():
+    assert weight_sync_time(ACTOR, R8, Parallel(dp=8), R8, Parallel(dp=8), GH) == 0.0
+
+
+def test_tp1_to_tp2_on_same_gpus_copies_a_slice_locally():
+    wbytes = model_params(ACTOR) * 2
+    expect = 2 * (wbytes / 2) / GH.gpu.mem_bandwidth \
+        + C.param_tensors(ACTOR.dims) * GH.gpu.launch_overhead
+    t = weight_sync_time(ACTOR, R8, Parallel(dp=8), R8, Parallel(dp=4, tp=2), GH)
+    assert t == pytest.approx(expect)
+    assert 1e-3 < t < 0.1                        # 8 GB read and written at 3.67 TB/s
+
+
+def test_tp2_to_tp1_on_same_gpus_gathers_over_the_link():
+    t = weight_sync_time(ACTOR, R8, Parallel(dp=4, tp=2), R8, Parallel(dp=8), GH)
+    link = Topology.from_cluster(GH).link(Topology.from_cluster(GH).level_of(R8))
+    assert t >= model_params(ACTOR) * 2 / link.bandwidth
+
+
+def test_zero3_gathers_weights_before_generation():
+    z3 = Parallel(dp=8, zero=3)
+    shard = model_params(ACTOR) * 2
+    gather = collective_time(Collective.ALL_GATHER, shard, R8, Topology.from_cluster(GH))
+    assert gather > 0
+    assert weight_sync_time(ACTOR, R8, z3, R8, Parallel(dp=8), GH) == pytest.approx(gather)
+
+
+def test_offload_moves_adam_state_off_the_device_between_steps(ppo):
+    par = Parallel(dp=8, microbatches=4)
+    off = attrs.evolve(par, offload=True)
+    state = local_params(ACTOR, par) * 12                # fp32 master + 2 moments
+    keep = resident_memory(ACTOR, par, GH, trained=True)
+    gone = resident_memory(ACTOR, off, GH, trained=True)
+    assert keep.optimizer == pytest.approx(state) and gone.optimizer == 0.0
+    assert keep.total - gone.total == pytest.approx(state)
+    # ... but the train step brings it back: the step's own peak is unchanged
+    assert stage_memory(ppo, "actor_step", off, GH).optimizer == pytest.approx(state)
+    dt = estimate_stage(ppo, "actor_step", off, R8, GH).time_s \
+        - estimate_stage(ppo, "actor_step", par, R8, GH).time_s
+    assert dt == pytest.approx(2 * state / 450e9)
+    assert host_bandwidth(GH.gpu) == 450e9
+    assert math.isclose(host_bandwidth(cluster_of("a100", 8).gpu), 25e9)

@@ -24,7 +24,7 @@ from backends.api import RolloutChunk, SamplingParams
 from backends.torch_backend import advantages as adv
 from backends.torch_backend.generation import TorchEngine
 from backends.torch_backend.modeling import build_model, load_checkpoint, save_checkpoint
-from backends.torch_backend.tokenizer import BOS_ID, EOS_ID, decode, encode
+from backends.torch_backend.tokenizer import codec_for
 from backends.torch_backend.train import (
     LossSpec,
     TokenHeads,
@@ -113,12 +113,13 @@ class Executor:
             w = self.ctx.pipeline.workload
             rows = step_rows(self.rows, w.prompts, w.samples, w.seed, call.step)
             mine = np.arange(call.chunk % shard, len(rows), shard)
-            prompts = [np.asarray([BOS_ID] + encode(rows[i]["prompt"])[-(w.prompt_len - 1):],
-                                  np.int64) for i in mine]
+            codec = self._codec()
+            prompts = [np.asarray(codec.prompt(rows[i]["prompt"], w.prompt_len), np.int64)
+                       for i in mine]
             params = SamplingParams(
                 max_new_tokens=int(stage.param("max_len", w.gen_len.max_len)),
                 temperature=float(stage.param("temperature", 1.0)),
-                top_p=float(stage.param("top_p", 1.0)), eos_id=EOS_ID,
+                top_p=float(stage.param("top_p", 1.0)), eos_id=codec.eos_id,
                 seed=(w.seed * 1_000_003 + call.step) * 64 + call.chunk % shard)
             stream = self._engine(stage, replica).generate(prompts, params,
                                                            chunks=call.chunks // shard)
@@ -153,7 +154,8 @@ class Executor:
         w = self.ctx.pipeline.workload
         rows = step_rows(self.rows, w.prompts, w.samples, w.seed, call.step)
         picked = [rows[i] for i in chunk.prompt_index]
-        scores = fn([r["prompt"] for r in picked], [decode(r) for r in chunk.response_ids],
+        text = self._codec().decode
+        scores = fn([r["prompt"] for r in picked], [text(r) for r in chunk.response_ids],
                     [str(r.get("answer", "")) for r in picked])
         scores = np.asarray(scores, dtype=np.float32)
         return {stage.outputs[0]: scores}, {"reward_sum": float(scores.sum()),
@@ -247,6 +249,13 @@ class Executor:
                 yield name, ("advantages", "returns")[min(idx, 1)]
             else:
                 yield name, "advantages"
+
+    def _codec(self):
+        """Text <-> ids of the generating model: its folder's own tokenizer, or bytes."""
+        for s in self.ctx.pipeline.stages:
+            if s.kind is OpKind.GENERATE:
+                return codec_for(self.ctx.pipeline.model(s.target).weights)
+        return codec_for(None)
 
     def _gen_param(self, key, default):
         for s in self.ctx.pipeline.stages:

@@ -9,11 +9,19 @@
 A BPE model with no merges over the 256 ``ByteLevel`` symbols, so every byte
 is one token and every string round-trips; ids 256..258 are pad, bos, eos.
 This is the vocabulary of the ``tiny`` presets (vocab 259).
+
+A local weights folder that ships its own tokenizer (``tokenizer.json`` or
+``tokenizer_config.json``) is read with that tokenizer instead, from the folder
+only (never the hub); preset and random models keep the byte tokenizer:
+
+    >>> codec_for(None).encode("hi"), codec_for(None).eos_id
+    ([104, 105], 258)
 """
 
 from __future__ import annotations
 
 import functools
+from pathlib import Path
 
 PAD_ID, BOS_ID, EOS_ID = 256, 257, 258
 VOCAB_SIZE = 259
@@ -47,6 +55,51 @@ def encode(text: str) -> list[int]:
 def decode(ids) -> str:
     """Text of ``ids`` with special tokens dropped; invalid UTF-8 becomes U+FFFD."""
     return bytes(int(i) for i in ids if int(i) < 256).decode("utf-8", errors="replace")
+
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+
+
+class Codec:
+    """Text <-> token ids for one model: its own tokenizer, or the byte tokenizer."""
+
+    def __init__(self, tokenizer=None) -> None:
+        # Use codec_for; tokenizer None means the byte tokenizer.
+        self.tokenizer = tokenizer
+        if tokenizer is None:
+            self.bos_id, self.eos_id = BOS_ID, EOS_ID
+        else:
+            self.bos_id, self.eos_id = tokenizer.bos_token_id, tokenizer.eos_token_id
+
+    def encode(self, text: str) -> list[int]:
+        if self.tokenizer is None:
+            return encode(text)
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def prompt(self, text: str, max_len: int) -> list[int]:
+        """``text``'s last tokens, after the BOS token when the tokenizer has one: at most ``max_len``."""
+        head = [] if self.bos_id is None else [self.bos_id]
+        return head + self.encode(text)[-(max_len - len(head)):]
+
+    def decode(self, ids) -> str:
+        if self.tokenizer is None:
+            return decode(ids)
+        return self.tokenizer.decode([int(i) for i in ids], skip_special_tokens=True)
+
+
+@functools.lru_cache(maxsize=8)
+def codec_for(weights: str | None) -> Codec:
+    """The codec of a model loaded from ``weights`` (a local folder), or of a preset model."""
+    if not weights or not any((Path(weights) / f).is_file() for f in TOKENIZER_FILES):
+        return Codec()
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    path = Path(weights)
+    if (path / "tokenizer.json").is_file():
+        tok = PreTrainedTokenizerFast.from_pretrained(path, local_files_only=True)
+    else:
+        tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    return Codec(tok)
 
 
 def _bytes_to_unicode() -> dict[int, str]:

@@ -73,7 +73,7 @@ def lower_pipeline(f: ast.File) -> tuple[Pipeline, list[SpecError]]:
                         hint="add 'workload { steps = ...; prompts = ...; prompt_len = ...; "
                              "gen_len = ... }'")
     workload = _workload(wl_items[0], f.path, warnings)
-    models = tuple(_model(m) for m in items if isinstance(m, ast.ModelDecl))
+    models = tuple(_model(m, f.path, warnings) for m in items if isinstance(m, ast.ModelDecl))
     rewards = tuple(_reward(r, warnings) for r in items if isinstance(r, ast.RewardDecl))
     targets = {m.name: m for m in models} | {r.name: r for r in rewards}
     stages = tuple(_stage(s, targets) for s in items if isinstance(s, ast.StageDecl))
@@ -238,7 +238,7 @@ def _histogram(file: Path, span: Span) -> tuple[tuple[int, float], ...]:
 
 # --- models and rewards ------------------------------------------------------
 
-def _model(m: ast.ModelDecl) -> Model:
+def _model(m: ast.ModelDecl, path: str, warnings: list[SpecError]) -> Model:
     preset = m.preset.value
     e = _entries(m.block, MODEL_KEYS, f"model '{m.name.value}'") if m.block else {}
     explicit = {k: V.integer(_assigned(e[k], k), k, minimum=1, maximum=1 << 22)
@@ -285,7 +285,10 @@ def _model(m: ast.ModelDecl) -> Model:
     elif not frozen:
         optimizer = Optimizer()
     dtype = V.name(_assigned(e["dtype"], "dtype"), "dtype", DTYPES) if "dtype" in e else "bf16"
-    weights = V.string(_assigned(e["weights"], "weights"), "weights") if "weights" in e else None
+    weights = None
+    if "weights" in e:
+        wv = _assigned(e["weights"], "weights")
+        weights = _weights_dir(V.string(wv, "weights"), path, warnings, wv.span)
     return Model(m.name.value, preset, dims, head, frozen, optimizer, dtype, weights, m.span)
 
 
@@ -307,6 +310,22 @@ def _optimizer(v: ast.Value) -> Optimizer:
                      betas=(kw.get("beta1", 0.9), kw.get("beta2", 0.999)),
                      weight_decay=kw.get("weight_decay", 0.0 if v.func.value == "adam" else 0.01),
                      eps=kw.get("eps", 1e-8), grad_clip=kw.get("grad_clip", 1.0))
+
+
+def _weights_dir(text: str, path: str, warnings: list[SpecError], span: Span) -> str:
+    """A model's weights folder as an absolute path, relative to the spec file's folder.
+
+    This is the one place it is resolved: every later reader (the runtime's workers, whatever
+    their working directory) gets the absolute path. A folder not there yet is a warning
+    here and an error at run time, like the dataset.
+    """
+    where = Path(text).expanduser()
+    if not where.is_absolute():
+        where = Path(path).resolve().parent / where
+    if not where.is_dir():
+        warnings.append(SpecWarning(f"weights directory '{text}' does not exist (yet); a run "
+                                    "needs it", span))
+    return str(where)
 
 
 def _reward(r: ast.RewardDecl, warnings: list[SpecError]) -> Reward:

@@ -67,3 +67,10 @@ def test_executor_generates_with_the_folder_tokenizer(folder):
         [prompt], SamplingParams(max_new_tokens=4, eos_id=codec.eos_id, seed=0)))
     response = chunks[0].response_ids[0]
     assert 1 <= len(response) <= 4 and isinstance(codec.decode(response), str)
+
+
+def test_missing_weights_folder_is_a_clear_run_error(tmp_path):
+    from rpeg.errors import BackendError
+    with pytest.raises(BackendError) as e:
+        build_model(None, ("lm",), weights=str(tmp_path / "gone"))
+    assert "must exist to run" in e.value.message and "spec file's folder" in e.value.hint

@@ -503,13 +503,18 @@ def _train(model, par, devices, topo, cluster, batch, prompt_len, gen, opt_steps
     comm = opt_steps * (comm_layers + dp_comm)
     # Offloaded optimizer state: brought in before the step, written back after it, over
     # the host link (once per train op: the state stays on the device across its steps).
-    offload = 2 * optimizer_state_bytes(model, par, gpu) / host_bandwidth(gpu) \
-        if par.offload else 0.0
+    offload = offload_time(model, par, gpu)
     comm += offload
     return StageCost(compute + comm, compute, comm,
                      (("forward+backward", opt_steps * fb), ("optimizer", opt_steps * opt),
                       ("host", opt_steps * host), ("tp+pp", opt_steps * comm_layers),
                       ("dp_grad_reduce", opt_steps * dp_comm), ("offload", offload)))
+
+
+def offload_time(model: Model, par: Parallel, gpu) -> float:
+    """Seconds a train op spends bringing its offloaded optimizer state in and back out."""
+    return 2 * optimizer_state_bytes(model, par, gpu) / host_bandwidth(gpu) \
+        if par.offload else 0.0
 
 
 def host_bandwidth(gpu) -> float:

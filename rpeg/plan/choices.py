@@ -10,7 +10,7 @@
 Three steps, each handing a typed value to the next:
 
 1. ``enumerate_layouts`` — every (size, DP x TP x PP, micro-batches, ZeRO, recompute,
-   optimizer offload, engine; generation in 1-8 waves) the model and the backend accept
+   optimizer offload, engine; generation in 1-4 waves) the model and the backend accept
    (:class:`Layout`);
 2. ``prune`` — drop layouts whose stage alone cannot fit a device (its transient need
    plus its own model's weights), priced with the pure memory functions;
@@ -27,14 +27,14 @@ import math
 import attrs
 
 from rpeg.cost.memory import Parallel, resident_memory
-from rpeg.cost.stages import estimate_stage, stage_memory
+from rpeg.cost.stages import estimate_stage, offload_time, stage_memory
 from rpeg.errors import CostError
 from rpeg.plan.space import Limits, block_sizes, generate_engines, layouts
 from rpeg.spec.model import Cluster, Engine, OpKind, Pipeline
 
 MICROBATCHES = (1, 2, 4, 8, 16, 32)
 ZERO = (0, 1, 2, 3)
-WAVES = (1, 2, 4, 8)      # generation: the local batch in this many waves (smaller KV cache)
+WAVES = (1, 2, 4)      # generation: the local batch in this many waves (smaller KV cache)
 OFFLOAD = (False, True)   # train: optimizer state in host memory between steps
 
 
@@ -148,12 +148,19 @@ def estimate(pipeline: Pipeline, fitting: tuple[tuple[Layout, float], ...],
              cluster: Cluster) -> tuple[Choice, ...]:
     """Price each layout on the first aligned block of its size; keep the Pareto fronts."""
     priced: dict[int, list[Choice]] = {}
+    kept: dict[Layout, float] = {}
     for lay, need in fitting:
+        # an offloaded layout costs its twin's time plus the host-link copies
+        twin = attrs.evolve(lay, par=attrs.evolve(lay.par, offload=False))
         try:
-            t = estimate_stage(pipeline, lay.stage, lay.par, tuple(range(lay.size)), cluster,
-                               engine=lay.engine, rows=lay.rows).time_s
+            if twin not in kept:
+                kept[twin] = estimate_stage(pipeline, lay.stage, twin.par,
+                                            tuple(range(lay.size)), cluster,
+                                            engine=lay.engine, rows=lay.rows).time_s
         except CostError:
             continue
+        model = pipeline.model(pipeline.stage(lay.stage).target)
+        t = kept[twin] + offload_time(model, lay.par, cluster.gpu)
         priced.setdefault(lay.size, []).append(
             Choice(lay.stage, lay.size, lay.par, lay.engine, t, need))
     out = []

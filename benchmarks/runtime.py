@@ -79,11 +79,12 @@ def with_seed(pipeline, seed: int):
     return attrs.evolve(pipeline, workload=attrs.evolve(pipeline.workload, seed=seed))
 
 
-def dask_run(pipeline, plan, steps, root) -> dict:
+def dask_run(pipeline, plan, steps, root, fuse: bool = True) -> dict:
     waited = wait_quiet()
     before = load_avg()
     t = time.time()
-    result = run_pipeline(pipeline, plan, RunOptions(steps=steps, root=str(root), progress=False),
+    result = run_pipeline(pipeline, plan, RunOptions(steps=steps, root=str(root), progress=False,
+                                                     fuse=fuse),
                           spec_path=pipeline.path)
     wall = time.time() - t
     ok = verify_run(result.path).ok
@@ -132,9 +133,10 @@ def asynchrony(steps, seeds, root) -> dict:
 def overhead(steps, root, rounds=3) -> dict:
     pipeline = load(ROOT / "pipelines" / "tiny_ppo.rpeg")
     plan = split_plan(pipeline, 1, staleness=0)
-    dask, inline = [], []
-    for _ in range(rounds):                       # interleaved, so drifting load hits both
+    dask, inline, unfused = [], [], []
+    for _ in range(rounds):                       # interleaved, so drifting load hits all
         dask.append(dask_run(pipeline, plan, steps, root))
+        unfused.append(dask_run(pipeline, plan, steps, root, fuse=False))
         wait_quiet()
         before = load_avg()
         rows = run_inline(pipeline, plan, steps, str(ROOT / "pipelines"))
@@ -142,8 +144,11 @@ def overhead(steps, root, rounds=3) -> dict:
                        "load_avg": [before, load_avg()]})
     d = statistics.median(r["median_step_s"] for r in dask)
     i = statistics.median(r["median_step_s"] for r in inline)
-    return {"dask": dask, "inline": inline, "median_step_dask_s": d, "median_step_inline_s": i,
+    u = statistics.median(r["median_step_s"] for r in unfused)
+    return {"dask": dask, "inline": inline, "dask_unfused": unfused,
+            "median_step_dask_s": d, "median_step_inline_s": i, "median_step_unfused_s": u,
             "ratio_dask_over_inline": round(d / i, 3),
+            "ratio_unfused_over_inline": round(u / i, 3),
             "predicted_step_s": round(predicted(pipeline, plan), 4)}
 
 
@@ -197,10 +202,13 @@ def markdown(res) -> str:
     lines = ["# Runtime figures", "",
              f"`{res['command']}` on {res['machine']} ({res['date']}); "
              f"1-minute load average {res['load_avg_start']} at the start, "
-             f"{res['load_avg_end']} at the end (the machine is shared).", "",
-             "## Learning (rpeg run, planner's plan, local Dask cluster of 2 workers)", "",
-             "| pipeline | steps | untrained reward | final reward | wall s | step s measured | step s predicted | verified |",
-             "|---|---|---|---|---|---|---|---|"]
+             f"{res['load_avg_end']} at the end (the machine is shared).", ""]
+    if "partial" in res:
+        lines += [f"Re-measured in this run: {', '.join(res['partial']['remeasured'])}; the "
+                  f"other sections are from the run of {res['partial']['rest_from']}.", ""]
+    lines += ["## Learning (rpeg run, planner's plan, local Dask cluster of 2 workers)", "",
+              "| pipeline | steps | untrained reward | final reward | wall s | step s measured | step s predicted | verified |",
+              "|---|---|---|---|---|---|---|---|"]
     for name in ("tiny_ppo", "tiny_grpo"):
         r = res["learning"][name]
         lines.append(f"| {name} | {r['steps']} | {r['untrained_reward']} | {r['final_reward']} | "
@@ -242,6 +250,10 @@ def markdown(res) -> str:
               f"Median step: rpeg on Dask {o['median_step_dask_s']} s, same op calls in one "
               f"process {o['median_step_inline_s']} s: ratio **{o['ratio_dask_over_inline']}** "
               f"(target <= 1.10). Predicted: {o['predicted_step_s']} s.", ""]
+    if "median_step_unfused_s" in o:
+        lines += [f"Without fused dispatch (one Dask task per op, `RunOptions(fuse=False)`, "
+                  f"same run): {o['median_step_unfused_s']} s, ratio "
+                  f"{o['ratio_unfused_over_inline']}.", ""]
     return "\n".join(lines) + "\n"
 
 
@@ -254,14 +266,16 @@ def main() -> None:
     steps = 12 if args.quick else None
     seeds = [0] if args.quick else [0, 1, 2]
     parts = args.only.split(",")
-    res = {"command": "python benchmarks/runtime.py" + (" --quick" if args.quick else ""),
+    res = {"command": "python benchmarks/runtime.py" + (" --quick" if args.quick else "")
+           + (f" --only {args.only}" if args.only != "learning,asynchrony,overhead" else ""),
            "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.python_version()}",
            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
            "load_avg_start": load_avg()}
     out = ROOT / "benchmarks" / "results" / "runtime.json"
     if out.exists() and args.only != "learning,asynchrony,overhead":
         # a partial run updates its parts and keeps the rest (and their provenance)
-        res = {**res, **json.loads(out.read_text())}
+        before = json.loads(out.read_text())
+        res = {**before, **res, "partial": {"remeasured": parts, "rest_from": before["date"]}}
     if "learning" in parts:
         res["learning"] = {}
         for name in ("tiny_ppo", "tiny_grpo"):
@@ -282,11 +296,11 @@ def main() -> None:
     if "overhead" in parts:
         res["overhead"] = overhead(steps or 40, args.root)
         print("overhead", {k: v for k, v in res["overhead"].items()
-                           if k not in ("dask", "inline")}, flush=True)
+                           if k not in ("dask", "inline", "dask_unfused")}, flush=True)
     if "optimes" in parts or "asynchrony" in parts:
         res["op_times"] = {}
         for name in ("tiny_ppo", "tiny_grpo"):
-            if name in res.get("learning", {}):
+            if name in res.get("learning", {}) and Path(res["learning"][name]["run_dir"]).is_dir():
                 res["op_times"][f"{name} (planner's plan)"] = op_times(
                     res["learning"][name]["run_dir"])
         for r in res.get("asynchrony", {}).get("runs", {}).get("sync", [])[:1]:

@@ -161,7 +161,14 @@ def prune(run_dir: Path, keep: int = 2) -> None:
         shutil.rmtree(p, ignore_errors=True)
     done = sorted(p for p in root.glob("step-*") if (p / MARKER).exists() and "." not in p.name)
     for p in done[:-keep] if keep else done:
-        shutil.rmtree(p, ignore_errors=True)
+        # Rename first (atomic), then delete: a kill in the middle of deleting must not
+        # leave a folder that still carries its marker but has lost some of its files.
+        doomed = p.with_name(f"{p.name}.partial-pruned-{os.getpid()}")
+        try:
+            p.rename(doomed)
+        except OSError:
+            continue
+        shutil.rmtree(doomed, ignore_errors=True)
 
 
 # --- carried data: outputs made before a cut and read after it ----------------------------

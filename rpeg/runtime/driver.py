@@ -274,7 +274,7 @@ class _Cluster:
             self.cluster = LocalCluster(n_workers=self.devices, threads_per_worker=1,
                                         processes=True, resources={"GPU": 1},
                                         host="127.0.0.1", dashboard_address="127.0.0.1:0",
-                                        silence_logs=logging.ERROR)
+                                        silence_logs=logging.CRITICAL)
             self.client = Client(self.cluster)
         if line := dashboard_line(self.client):
             print(line, flush=True)

@@ -55,3 +55,26 @@ def test_tiny_grpo_generates_with_vllm_and_verifies(tmp_path):
     assert versions[0] == 0 and versions[-1] >= 1          # pushed weights were served
     assert all(s - 1 <= v <= s for s, v in enumerate(versions))   # staleness <= 1
 
+
+
+def test_auto_engine_plans_and_runs_vllm_for_wide_heads(tmp_path):
+    # engine = auto: the planner picks vLLM for tiny-vllm (head_dim 64), and the run uses it
+    text = re.sub(r":\s*tiny\s*\{", ": tiny-vllm {", (PIPELINES / "tiny_grpo.rpeg").read_text())
+    assert "engine" not in text
+    (tmp_path / "g.rpeg").write_text(text)
+    shutil.copy(PIPELINES / "rewards.py", tmp_path / "rewards.py")
+    (tmp_path / "data").symlink_to(PIPELINES / "data")
+    env = {k: v for k, v in os.environ.items() if k != "DASK_DISTRIBUTED__WORKER__DAEMON"}
+    run_dir = tmp_path / "run"
+    rpeg = [sys.executable, "-m", "rpeg"]
+    done = subprocess.run([*rpeg, "run", str(tmp_path / "g.rpeg"), "--steps", "2",
+                           "--run-dir", str(run_dir)], env=env, capture_output=True, text=True,
+                          timeout=900)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    plan = json.loads((run_dir / "plan.json").read_text())
+    assert next(p for p in plan["placements"] if p["stage"] == "rollout")["engine"] == "vllm"
+    # vLLM's own loader read the policy (the torch engine never loads a checkpoint here)
+    assert "Loading safetensors checkpoint shards" in done.stdout + done.stderr
+    verify = subprocess.run([*rpeg, "verify", str(run_dir)], env=env, capture_output=True,
+                            text=True, timeout=300)
+    assert verify.returncode == 0 and "ok" in verify.stdout, verify.stdout + verify.stderr

@@ -196,7 +196,7 @@ def resume_run(run_dir: str | Path, options: RunOptions | None = None,
     state = _state_from(rd, ck)
     if devices is not None and devices != plan.num_devices:
         plan = _replan(pipeline, plan, devices, meta, rd, why="resumed onto "
-                       f"{devices} device(s)")
+                       f"{devices} device(s)", from_step=state.start)
     if state.start >= int(meta["steps"]) and meta.get("status") == "ok":
         print(f"rpeg: {rd.path} is complete ({meta['steps']} steps); nothing to resume",
               file=sys.stderr)
@@ -299,7 +299,8 @@ class _Runner:
             if not have:
                 raise RuntimeFailure("no worker with resource GPU=1 is left to continue on")
             self.plan = _replan(self.pipeline, self.plan, len(have), self.meta, self.rd,
-                                why=f"only {len(have)} worker(s) left")
+                                why=f"only {len(have)} worker(s) left",
+                                from_step=self.state.start)
             workers = dict(enumerate(have))
         self.workers = workers
         self.calls = build_calls(self.pipeline, self.plan, self.steps)
@@ -723,12 +724,15 @@ def _best_source(saved: dict[str, int], model: str, ck) -> str:
 
 
 def _replan(pipeline: Pipeline, plan: Plan, devices: int, meta: dict, rd: RunDir,
-            why: str) -> Plan:
+            why: str, from_step: int) -> Plan:
+    """Re-plan for ``devices``; the new plan governs steps from ``from_step`` (the cut the
+    run rolled back or resumed to), which ``rpeg verify`` reads from the replan record."""
     from rpeg.runtime.placement import split_plan
     k = max((b for _, b in plan.staleness), default=0)
     new = split_plan(pipeline, devices, staleness=k, share=bool(plan.shared))
     meta.setdefault("replans", []).append({"why": why, "from_devices": plan.num_devices,
-                                           "to_devices": devices, "at": time.time()})
+                                           "to_devices": devices, "from_step": from_step,
+                                           "at": time.time()})
     n = len(meta["replans"])
     rd.write_text(f"plan.{n - 1}.json", plan_to_json(plan))
     rd.write_text("plan.json", plan_to_json(new))

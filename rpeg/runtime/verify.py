@@ -15,6 +15,14 @@ same unrolling the run used); the trace says what each worker observed. Checks:
 * dependencies: everything it depends on (data and ordering) ended before it started;
 * versions: the parameter version it read is within ``[step - k, step]`` for its
   staleness bound k (exactly ``step`` for training), and a train op wrote ``step + 1``.
+
+A run re-planned mid-way (a worker gone for good, a resume onto another device
+count) kept each old plan as ``plan.{i}.json``, and each entry of run.json's
+``replans`` says from which step (``from_step``) the next plan applies. Each op
+instance is checked against the plan that governed its step: its placement, its
+dependencies on ops governed by the same plan, and that plan's staleness bounds.
+A run directory whose replan records lack ``from_step`` is checked against
+plan.json alone, as before.
 """
 
 from __future__ import annotations
@@ -79,12 +87,34 @@ def verify_run(path: str | Path) -> Report:
         workers = {int(d): a for d, a in meta.get("workers", {}).items()}
         for d, addrs in meta.get("worker_history", {}).items():   # devices whose worker was replaced
             workers[int(d)] = tuple(addrs)
-        return check(build_calls(pipeline, plan, steps), plan, events, workers, steps,
-                     model_homes(pipeline, plan, _graph(pipeline, plan)))
+        segments = tuple(
+            Segment(tuple(c for c in build_calls(pipeline, p, steps) if first <= c.step < end),
+                    p, model_homes(pipeline, p, _graph(pipeline, p)))
+            for p, first, end in governing_plans(rd, plan, meta, steps) if first < end)
+        return check_segments(segments, events, workers, steps)
     except (KeyError, TypeError, ValueError, AttributeError) as e:
         raise RuntimeFailure(f"run directory '{rd.path}' must hold the records rpeg run wrote; "
                              f"they are malformed ({type(e).__name__}: {e})",
                              Span(str(rd.path), 0, 0)) from None
+
+
+def governing_plans(rd: RunDir, plan: Plan, meta: dict,
+                    steps: int) -> list[tuple[Plan, int, int]]:
+    """``(plan, first step, end step)`` for each plan the run followed, in order.
+
+    Replan ``i`` saved the plan it replaced as ``plan.{i}.json`` and records the first
+    step the next plan governs; the last plan is plan.json. Without those records
+    (an older run directory), plan.json governs every step.
+    """
+    replans = meta.get("replans") or []
+    if not isinstance(replans, list) or not replans or not all(
+            isinstance(r, dict) and isinstance(r.get("from_step"), int) for r in replans):
+        return [(plan, 0, steps)]
+    plans = [_read(rd, f"plan.{i}.json", plan_from_json) for i in range(len(replans))]
+    cuts = [0] + [min(max(int(r["from_step"]), 0), steps) for r in replans] + [steps]
+    for i in range(1, len(cuts)):                     # a later cut never precedes an earlier
+        cuts[i] = max(cuts[i], cuts[i - 1])
+    return [(p, cuts[i], cuts[i + 1]) for i, p in enumerate([*plans, plan])]
 
 
 def _read(rd: RunDir, name: str, parse):
@@ -110,28 +140,47 @@ def _graph(pipeline, plan):
     return graph_for(pipeline, plan)
 
 
+@attrs.frozen
+class Segment:
+    """The op instances one plan governed, with that plan and its models' homes."""
+
+    calls: tuple[OpCall, ...]
+    plan: Plan
+    homes: dict[str, tuple[int, ...]]
+
+
 def check(calls: tuple[OpCall, ...], plan: Plan, events: list[dict], workers: dict[int, str],
           steps: int, homes: dict[str, tuple[int, ...]]) -> Report:
-    """Pure: expected calls + observed events -> violations."""
+    """Pure: expected calls of one plan + observed events -> violations."""
+    return check_segments((Segment(calls, plan, homes),), events, workers, steps)
+
+
+def check_segments(segments: tuple[Segment, ...], events: list[dict],
+                   workers: dict[int, str], steps: int) -> Report:
+    """Pure: expected calls, each under the plan that governed its step, + observed
+    events -> violations. Dependencies are checked within a segment: across a re-plan
+    the run restarted from a checkpoint, so earlier ops had ended by construction."""
     out: list[Violation] = []
     seen: dict[str, dict] = {}
     for e in events:
         if e["id"] in seen:
             out.append(Violation(e["id"], e.get("step", -1), "extra", "ran more than once"))
         seen[e["id"]] = e
-    expected = {c.id: c for c in calls}
+    expected = {c.id for seg in segments for c in seg.calls}
     for op_id, e in seen.items():
         if op_id not in expected:
             out.append(Violation(op_id, e.get("step", -1), "extra",
                                  "is not an op of this plan"))
-    for c in calls:
-        e = seen.get(c.id)
-        if e is None:
-            out.append(Violation(c.id, c.step, "missing", "never ran"))
-            continue
-        out += _placement(c, e, plan, workers, homes)
-        out += _dependencies(c, e, seen)
-        out += _versions(c, e)
+    for seg in segments:
+        own = {c.id for c in seg.calls}
+        for c in seg.calls:
+            e = seen.get(c.id)
+            if e is None:
+                out.append(Violation(c.id, c.step, "missing", "never ran"))
+                continue
+            out += _placement(c, e, seg.plan, workers, seg.homes)
+            out += _dependencies(c, e, seen, own)
+            out += _versions(c, e)
     return Report(tuple(sorted(seen)), steps, tuple(out))
 
 
@@ -156,12 +205,12 @@ def _placement(c: OpCall, e: dict, plan: Plan, workers, homes) -> list[Violation
     return out
 
 
-def _dependencies(c: OpCall, e: dict, seen: dict[str, dict]) -> list[Violation]:
+def _dependencies(c: OpCall, e: dict, seen: dict[str, dict], own: set[str]) -> list[Violation]:
     out = []
     for d in c.all_deps:
         src = seen.get(d)
-        if src is None:
-            continue                                  # reported as missing on its own
+        if src is None or d not in own:
+            continue                      # missing: reported on its own; other plan: before the cut
         if src["end"] > e["start"] + SLACK_S:
             kind = "data" if d in c.deps else "order"
             out.append(Violation(c.id, c.step, "dependency",

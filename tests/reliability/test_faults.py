@@ -221,7 +221,8 @@ def test_whole_run_killed_then_resumed_matches_an_uninterrupted_run(micro, tmp_p
 
 def test_ctrl_c_checkpoints_then_resume_onto_one_device(micro, tmp_path):
     """Ctrl-C (to the whole process group, as a terminal sends it): the run finishes the ops
-    it started, writes a checkpoint, exits with a message; resuming onto 1 device re-plans."""
+    it started, writes a checkpoint, exits with a message; resuming onto 1 device re-plans,
+    and rpeg verify checks each step against the plan that governed it."""
     spec, pipeline, plan, reference = micro
     run_dir = tmp_path / "run"
     proc = _start_run(tmp_path, spec, run_dir)
@@ -244,7 +245,10 @@ def test_ctrl_c_checkpoints_then_resume_onto_one_device(micro, tmp_path):
                         devices=1)
     meta = _check(result.path, reference, exact=False)
     assert meta["replans"][-1]["to_devices"] == 1
+    assert meta["replans"][-1]["from_step"] == ck.step
     assert (result.path / "plan.0.json").exists()
+    report = verify_run(result.path)      # early steps against plan.0.json, later ones plan.json
+    assert report.ok, str(report)
 
 
 def test_workers_gone_for_good_are_replanned_around(micro, tmp_path):

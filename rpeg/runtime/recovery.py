@@ -381,10 +381,7 @@ class _Runner:
         futures: dict[str, object] = {}
         self._seg_futures = futures
         for op_id, value in self.state.carry.items():          # outputs from before the cut
-            producer = table[op_id]
-            # a list of one: scatter would split a dict and use its keys as task keys
-            futures[op_id] = cl.client.scatter([value], workers=[self.workers[producer.device]],
-                                               hash=False)[0]
+            futures[op_id] = self._scatter(value, table[op_id].device, start)
         core = C.Core.create(core_view(table, seg, end), end, self.window)
         core.steps_done = start
         key_of: dict[object, str] = {}
@@ -502,8 +499,8 @@ class _Runner:
             pending = [f for f in pending if f.status == "pending"]
             if pending and time.time() - start > limit_s:
                 d = devices[futs.index(pending[0])] if devices else -1
-                raise _Lost(d, self.workers.get(d, "?"), what, self.state.start,
-                            f"op stuck: {what} took over {limit_s:.0f} s")
+                raise self._lost_or_stuck(d, self.workers.get(d, "?"), what, self.state.start,
+                                          f"op stuck: {what} took over {limit_s:.0f} s")
         for f in futs:
             if f.status == "error" and _is_loss(f.exception()):
                 raise _Lost(-1, "?", what, self.state.start, "worker lost during " + what)
@@ -549,14 +546,52 @@ class _Runner:
         import asyncio
 
         client = self.cl.client
+        device = next((d for d, a in self.workers.items() if a == address), -1)
         try:
             got = client.sync(lambda: asyncio.wait_for(
                 client._run(fn, workers=[address], on_error="raise"), timeout))
         except (TimeoutError, asyncio.TimeoutError):
-            device = next((d for d, a in self.workers.items() if a == address), -1)
-            raise _Lost(device, address, fn.__name__, self.state.start,
-                        f"op stuck: worker did not answer within {timeout:.0f} s") from None
+            raise self._lost_or_stuck(device, address, fn.__name__, self.state.start,
+                                      f"op stuck: worker did not answer within {timeout:.0f} s"
+                                      ) from None
+        except Exception as e:
+            if _is_loss(e):
+                raise _Lost(device, address, fn.__name__, self.state.start,
+                            f"worker lost ({type(e).__name__})") from None
+            raise
         return got[address]
+
+    def _scatter(self, value, device: int, step: int):
+        """Put an output carried over a cut on ``device``'s worker, with the same time limit
+        as any op: a worker that died or froze since the cut is a loss, not a hang."""
+        import asyncio
+
+        client, address = self.cl.client, self.workers[device]
+        try:
+            # a list of one: scatter would split a dict and use its keys as task keys
+            return client.sync(lambda: asyncio.wait_for(client._scatter(
+                [value], workers=[address], hash=False), self.res.timeout_floor_s))[0]
+        except (TimeoutError, asyncio.TimeoutError):
+            raise self._lost_or_stuck(device, address, "carry", step,
+                                      "op stuck: worker did not take the carried outputs within "
+                                      f"{self.res.timeout_floor_s:.0f} s") from None
+        except Exception as e:
+            if _is_loss(e) or "timed out" in str(e).lower():
+                raise self._lost_or_stuck(device, address, "carry", step,
+                                          f"worker lost ({type(e).__name__})") from None
+            raise
+
+    def _lost_or_stuck(self, device: int, address: str, op: str, step: int,
+                       reason: str) -> _Lost:
+        """A worker that did not answer: lost if it has left the cluster (killed, OOM), else
+        stuck (frozen, hung in a collective) with ``reason``."""
+        try:
+            gone = address not in set(self._gpu_workers())
+        except Exception:  # noqa: BLE001 — the scheduler itself is unreachable: report as given
+            gone = False
+        if gone:
+            return _Lost(device, address, op, step, "worker lost (left the cluster)")
+        return _Lost(device, address, op, step, reason)
 
     def _check_alive(self, key_of, done_ids) -> None:
         alive = set(self._gpu_workers(all_=True))
@@ -584,9 +619,9 @@ class _Runner:
             limit = self._timeout(self.table[op_id])
             if now - since > limit:
                 call = self.table[op_id]
-                raise _Lost(d, self.workers[d], op_id, call.step,
-                            f"op stuck: no progress for {now - since:.1f} s (limit "
-                            f"{limit:.1f} s from the plan's prediction)")
+                raise self._lost_or_stuck(d, self.workers[d], op_id, call.step,
+                                          f"op stuck: no progress for {now - since:.1f} s "
+                                          f"(limit {limit:.1f} s from the plan's prediction)")
 
     def _timeout(self, call: OpCall) -> float:
         predicted = dict(self.plan.predicted.op_times) if self.plan.predicted else {}

@@ -123,44 +123,30 @@ def _check(result_dir: Path, reference: list[dict], *, exact: bool = True) -> di
 
 
 def test_worker_killed_and_worker_frozen_mid_run(micro, tmp_path):
-    """SIGKILL one worker during step 1, then SIGSTOP one during step 3: both are detected
-    (the second by the op timeout), rolled back to the last cut and replayed on the
-    nanny's replacement; the metrics equal the reference, and rpeg verify passes.
-
-    The faults are injected by wall-clock watching of a live run, so on a machine whose
-    speed changes under the test the second fault can land outside the window the
-    assertions describe: the scenario gets one more try in a fresh directory."""
-    try:
-        _killed_and_frozen(micro, tmp_path / "try1")
-    except AssertionError:
-        _killed_and_frozen(micro, tmp_path / "try2")
-
-
-def _killed_and_frozen(micro, tmp_path):
+    """SIGKILL one worker as step 0 completes (step 1 is in flight), then SIGSTOP one as step 2
+    completes after the first recovery: both are detected (the second by the op timeout),
+    rolled back to the last cut and replayed on the nanny's replacement; the metrics equal
+    the reference, and rpeg verify passes. The faults fire from the run's own step callback,
+    so where they land in the run does not depend on the machine's speed."""
     spec, pipeline, plan, reference = micro
-    tmp_path.mkdir(parents=True, exist_ok=True)
     run_dir = tmp_path / "run"
     faults: list[str] = []
 
-    def inject() -> None:
-        _wait_for(lambda: len(_rows(run_dir)) >= 1, 300, "step 0")
-        victim = _worker_processes()[0]
-        victim.send_signal(signal.SIGKILL)
-        faults.append(f"killed {victim.pid}")
-        _wait_for(lambda: len(_rows(run_dir)) >= 3 and "recoveries" in _meta(run_dir)
-                  and len(_meta(run_dir)["recoveries"]) >= 1, 300, "recovery and step 2")
-        frozen = _worker_processes()[-1]
-        frozen.send_signal(signal.SIGSTOP)
-        faults.append(f"stopped {frozen.pid}")
+    def inject(row: dict) -> None:
+        if not faults and row["step"] == 0:
+            victim = _worker_processes()[0]
+            victim.send_signal(signal.SIGKILL)
+            faults.append(f"killed {victim.pid}")
+        elif len(faults) == 1 and row["step"] == 2 and _meta(run_dir).get("recoveries"):
+            frozen = _worker_processes()[-1]
+            frozen.send_signal(signal.SIGSTOP)
+            faults.append(f"stopped {frozen.pid}")
 
-    t = threading.Thread(target=inject, daemon=True)
-    t.start()
     res = Resilience(checkpoint_every=2, timeout_floor_s=8.0, timeout_factor=1.0,
                      replace_wait_s=60.0)
     result = run_resilient(pipeline, plan, RunOptions(steps=STEPS, run_dir=str(run_dir),
                                                       progress=False),
-                           spec_path=str(spec), resilience=res)
-    t.join(5)
+                           spec_path=str(spec), resilience=res, on_step=inject)
     assert len(faults) == 2, faults
     meta = _check(result.path, reference)
     reasons = [r["reason"] for r in meta["recoveries"]]

@@ -46,6 +46,8 @@ def plan_for_run(file: str | Path, *, spec: str | Path | None = None,
         if pipeline.name != plan.pipeline:
             raise PlanError(f"plan '{file}' must be for pipeline '{pipeline.name}', "
                             f"not '{plan.pipeline}'", hint="pass the right --spec")
+        from rpeg.plan.compile import check_executable
+        check_executable(plan, runtime_limits())         # a hand-written plan asks too much
     else:
         spec_path = file
         pipeline = load(file)

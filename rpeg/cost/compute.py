@@ -20,6 +20,8 @@ memory, and every layer and call pays the profile's host-side overheads.
 
 from __future__ import annotations
 
+import functools
+
 import attrs
 
 from rpeg.spec.model import GpuProfile
@@ -87,6 +89,7 @@ def forward_flops(dims: ModelDims, tokens: int, context: float, tp: int = 1,
     return layers * per_layer + (head_gemm(dims, tokens, tp).flops if head else 0.0)
 
 
+@functools.lru_cache(maxsize=1 << 16)       # pure; the planner asks the same pass many times
 def pass_time(dims: ModelDims, gpu: GpuProfile, *, tokens: int, context: float,
               bytes_per_value: float, tp: int = 1, layers: int | None = None,
               head: bool = True, kv_tokens: float = 0.0, head_tokens: int | None = None,

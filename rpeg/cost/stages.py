@@ -351,6 +351,7 @@ class _Gen:
     finish: np.ndarray       # seconds from the start until each response is done, ascending
 
 
+@functools.lru_cache(maxsize=4096)
 def _padded_gen(dist, local: int) -> float:
     """Length the batch is padded to: the expected longest of ``local`` responses."""
     q = dist.quantiles(max(min(local, 4096), 1))
@@ -362,14 +363,14 @@ def _generation(model, par, devices, topo, cluster, batch, prompt_len, dist, eng
     local = math.ceil(batch / par.dp)
     if rows is None or rows >= local:
         return _generation_cached(model, par, devices, topo, cluster.gpu, local, prompt_len,
-                                  dist, engine)
+                                  dist, engine, par.dp)
     # Waves: the local batch in ceil(local / rows) consecutive batches of at most ``rows``
     # sequences (a batched generate called in a loop; vLLM refills freed slots instead,
     # which this bounds from above by at most one wave's tail). Each wave has the whole
     # length distribution, so each waits for its own longest response.
     waves = math.ceil(local / max(rows, 1))
     one = _generation_cached(model, par, devices, topo, cluster.gpu,
-                             math.ceil(local / waves), prompt_len, dist, engine)
+                             math.ceil(local / waves), prompt_len, dist, engine, par.dp * waves)
     c, span = one.cost, one.cost.time_s
     cost = StageCost(c.time_s * waves, c.compute_s * waves, c.comm_s * waves,
                      tuple((k, v * waves) for k, v in c.breakdown))
@@ -378,15 +379,31 @@ def _generation(model, par, devices, topo, cluster, batch, prompt_len, dist, eng
                 np.tile(one.lengths, waves), finish)
 
 
+@functools.lru_cache(maxsize=1024)
+def _slowest_lengths(dist, local: int, groups: int) -> np.ndarray:
+    """Sorted lengths of the slowest of ``groups`` replicas of ``local`` responses each: the
+    longest of each of ``local`` equal strata of the batch's lengths (see below)."""
+    n = max(min(local, 4096), 1)
+    groups = max(min(groups, 65536 // n), 1)
+    out = np.sort(dist.quantiles(n * groups))[groups - 1::groups]
+    out.flags.writeable = False
+    return out
+
+
 @functools.lru_cache(maxsize=4096)
-def _generation_cached(model, par, devices, topo, gpu, local, prompt_len, dist, engine) -> _Gen:
-    """One wave of ``local`` sequences per replica."""
+def _generation_cached(model, par, devices, topo, gpu, local, prompt_len, dist, engine,
+                       groups=1) -> _Gen:
+    """One wave of ``local`` sequences per replica, on the slowest of ``groups`` replicas
+    (or waves) the batch is dealt to: the stage ends when the replica holding the batch's
+    longest response does, so its lengths are the longest of each of ``local`` strata of
+    the whole batch's lengths, not ``local`` draws of their own (whose longest would
+    shrink as DP grows while the batch's does not)."""
     check_parallel(model.dims, par, model.name)
     d, hd, bpv = model.dims, head_dims(model), value_bytes(model, gpu)
     m = min(par.microbatches, local)
     layers = math.ceil(d.layers / par.pp)
     tpg, ppg = tp_group(devices, par), pp_group(devices, par)
-    lengths = np.sort(dist.quantiles(max(min(local, 4096), 1)))
+    lengths = _slowest_lengths(dist, local, groups)
     n = len(lengths)
     if engine is Engine.VLLM:
         gpu = attrs.evolve(gpu, layer_overhead=gpu.get("vllm_layer_overhead", gpu.layer_overhead),

@@ -18,6 +18,7 @@ back), whichever is cheaper. Bandwidths are per GPU, one direction.
 from __future__ import annotations
 
 import enum
+import functools
 import math
 from collections.abc import Sequence
 
@@ -35,7 +36,7 @@ class Collective(enum.Enum):
     P2P = "p2p"
 
 
-@attrs.frozen
+@attrs.frozen(cache_hash=True)      # a cache key of the cost functions: hash it once
 class Topology:
     """Where each device sits (node, rack) and the link of each level."""
 
@@ -115,6 +116,12 @@ def collective_time(kind: Collective, nbytes: float, devices: Sequence[int],
     For REDUCE_SCATTER and ALL_GATHER, ``nbytes`` is the full (unsharded) buffer.
     For P2P, ``devices`` are the two ends.
     """
+    return _collective_time(kind, float(nbytes), tuple(devices), topo)
+
+
+@functools.lru_cache(maxsize=1 << 16)      # pure; the planner prices the same groups often
+def _collective_time(kind: Collective, nbytes: float, devices: tuple[int, ...],
+                     topo: Topology) -> float:
     devices = tuple(dict.fromkeys(devices))
     n = len(devices)
     if n <= 1 or nbytes <= 0:

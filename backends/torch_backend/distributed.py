@@ -1,13 +1,31 @@
-"""Data parallelism across Dask workers: one torch.distributed world, DDP per trained model.
+"""Data and tensor parallelism across Dask workers: one torch.distributed world.
 
-    >>> init_world(rank=0, world_size=2, addr="tcp://127.0.0.1:29512")   # doctest: +SKIP
-    >>> heads = wrap_ddp(TokenHeads(model), world=(0, 1), device="cpu")   # doctest: +SKIP
+    >>> init_world(rank=0, world_size=2, addr="tcp://127.0.0.1:29512", groups=[(0, 1)])  # doctest: +SKIP
+    >>> heads = wrap_ddp(TokenHeads(model), world=(0, 1), device="cpu")   # DP: doctest: +SKIP
+    >>> shard_tp(model, group=(0, 1), device="cpu")                       # TP: doctest: +SKIP
+    >>> sorted(TP_PLAN)[:2]
+    ['mlp.down_proj', 'mlp.gate_proj']
 
 Every worker joins one world at set-up (gloo on CPU, NCCL on CUDA), rank =
-device index. A model trained on devices ``world`` gets a process group over
-exactly those ranks (created in the same order on every rank, as torch
-requires) and a ``DistributedDataParallel`` wrapper: gradients are averaged in
-buckets during backward, so every replica takes the same optimizer step.
+device index. Process groups are created on every rank in the same order, as
+torch requires.
+
+* **Data parallel** (tp = 1): a model trained on devices ``world`` gets a
+  ``DistributedDataParallel`` wrapper over exactly those ranks; gradients are
+  averaged in buckets during backward.
+* **Tensor parallel** (tp > 1): each decoder layer's attention projections and
+  MLP are split Megatron-style with DTensor (``parallelize_module``): q/k/v and
+  gate/up column-wise (each rank holds ``heads / tp`` attention heads), o and
+  down row-wise (one all-reduce per block). Embeddings, norms and heads stay
+  whole on every rank, so hidden states, logits and values are identical on
+  all ranks of the group: sampling with one seed draws the same tokens.
+  With dp x tp the gradients of each tensor-parallel shard are averaged over
+  the ranks holding the same shard (hooks, one all-reduce per parameter).
+
+Weights leave a sharded model as full tensors (:func:`full_state`, a
+collective) or as per-rank shards that a reader concatenates without any
+collective (:func:`shard_state`, :func:`join_shards`); full tensors are loaded
+into a sharded model by slicing (:func:`load_full`, no collective either).
 """
 
 from __future__ import annotations
@@ -17,6 +35,11 @@ import torch.distributed as dist
 
 _GROUPS: dict[tuple[int, ...], object] = {}
 
+# Megatron-style split of one Llama / Qwen2 decoder layer (as transformers' own tp plan).
+TP_PLAN = {"self_attn.q_proj": "colwise", "self_attn.k_proj": "colwise",
+           "self_attn.v_proj": "colwise", "self_attn.o_proj": "rowwise",
+           "mlp.gate_proj": "colwise", "mlp.up_proj": "colwise", "mlp.down_proj": "rowwise"}
+
 
 def init_world(rank: int, world_size: int, addr: str, groups: list[tuple[int, ...]],
                use_cuda: bool = False) -> None:
@@ -25,19 +48,194 @@ def init_world(rank: int, world_size: int, addr: str, groups: list[tuple[int, ..
         return
     backend = "nccl" if use_cuda and torch.cuda.is_available() else "gloo"
     dist.init_process_group(backend, init_method=addr, rank=rank, world_size=world_size)
+    make_groups(groups)
+
+
+def make_groups(groups) -> None:
+    """Create the process groups not made yet. Every rank must call this with the same list."""
     for g in groups:
-        _GROUPS[tuple(g)] = dist.new_group(list(g))
+        g = tuple(g)
+        if g not in _GROUPS:
+            _GROUPS[g] = dist.new_group(list(g))
+
+
+def group_of(devices: tuple[int, ...]):
+    group = _GROUPS.get(tuple(devices))
+    if group is None:
+        raise RuntimeError(f"no process group for devices {devices}: init_world first")
+    return group
 
 
 def wrap_ddp(module: torch.nn.Module, world: tuple[int, ...], device: str):
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    group = _GROUPS.get(tuple(world))
-    if group is None:
-        raise RuntimeError(f"no process group for devices {world}: init_world first")
     ids = [torch.device(device).index] if device.startswith("cuda") else None
     # Buffers (rotary tables) are identical everywhere: do not broadcast them every forward.
-    return DDP(module, process_group=group, device_ids=ids, forward_sync_buffers=False)
+    return DDP(module, process_group=group_of(world), device_ids=ids, forward_sync_buffers=False)
+
+
+# --- tensor parallelism ----------------------------------------------------------------------
+
+def tp_refusal(config, tp: int) -> str | None:
+    """Why a model with this transformers ``config`` cannot be split ``tp`` ways, or None."""
+    for what, n in (("attention heads", config.num_attention_heads),
+                    ("KV heads", config.num_key_value_heads),
+                    ("MLP width", config.intermediate_size)):
+        if n % tp:
+            return f"tp must divide the model's {n} {what}, not {tp}"
+    return None
+
+
+def shard_tp(model, group: tuple[int, ...], device: str):
+    """Split ``model``'s decoder layers over the ranks ``group`` in place; returns the mesh.
+
+    Every rank built the same full weights (same seed or folder), so each keeps its own
+    slice without communication (``src_data_rank=None``).
+    """
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        RowwiseParallel,
+        parallelize_module,
+    )
+
+    from rpeg.errors import BackendError
+
+    why = tp_refusal(model.config, len(group))
+    if why:
+        raise BackendError(why, hint="pick a tp that divides the head counts, or tp = 1")
+    mesh = DeviceMesh.from_group(group_of(group), torch.device(device).type)
+    styles = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel}
+    plan = {name: styles[kind]() for name, kind in TP_PLAN.items()}
+    for layer in model.backbone.layers:
+        parallelize_module(layer, mesh, plan, src_data_rank=None)
+    return mesh
+
+
+def is_sharded(t) -> bool:
+    from torch.distributed.tensor import DTensor
+    return isinstance(t, DTensor)
+
+
+def _shard_dim(t) -> int | None:
+    from torch.distributed.tensor import Shard
+    for p in t.placements:
+        if isinstance(p, Shard):
+            return p.dim
+    return None
+
+
+def full_state(model) -> dict[str, torch.Tensor]:
+    """``state_dict`` with every sharded tensor gathered whole (a collective over its group)."""
+    return {k: (v.full_tensor() if is_sharded(v) else v) for k, v in model.state_dict().items()}
+
+
+def shard_state(model) -> dict[str, tuple[torch.Tensor, int | None]]:
+    """This rank's piece of each tensor and the dimension it was cut along (None: whole)."""
+    return {k: ((v.to_local(), _shard_dim(v)) if is_sharded(v) else (v, None))
+            for k, v in model.state_dict().items()}
+
+
+def join_shards(parts: list[tuple[torch.Tensor, int | None]]) -> torch.Tensor:
+    """One tensor from the pieces of every rank (in rank order), as ``shard_state`` cut it."""
+    first, dim = parts[0]
+    return first if dim is None else torch.cat([p for p, _ in parts], dim=dim)
+
+
+def local_piece(own, full: torch.Tensor) -> torch.Tensor:
+    """The slice of ``full`` that the (possibly sharded) tensor ``own`` holds on this rank."""
+    if not is_sharded(own):
+        return full
+    dim = _shard_dim(own)
+    if dim is None:
+        return full
+    mesh = own.device_mesh
+    return torch.chunk(full, mesh.size(), dim=dim)[mesh.get_local_rank()]
+
+
+def load_full(model, tensors) -> None:
+    """Copy full tensors ``(name, value)`` into ``model``, each rank its own slice."""
+    own = model.state_dict()
+    with torch.no_grad():
+        for name, value in tensors:
+            target = own[name]
+            piece = local_piece(target, torch.as_tensor(value))
+            local = target.to_local() if is_sharded(target) else target
+            local.copy_(piece)
+
+
+def pieces(model, optimizer=None) -> dict[str, tuple[torch.Tensor, int | None]]:
+    """This rank's pieces of the weights and of the Adam moments (``name::exp_avg``)."""
+    out = {k: (t.detach().cpu().float().clone(), d) for k, (t, d) in shard_state(model).items()}
+    if optimizer is not None:
+        for name, p in model.named_parameters():
+            for key, val in optimizer.state.get(p, {}).items():
+                if torch.is_tensor(val) and val.dim() > 0:
+                    local, dim = (val.to_local(), _shard_dim(val)) if is_sharded(val) \
+                        else (val, None)
+                    out[f"{name}::{key}"] = (local.detach().cpu().clone(), dim)
+    return out
+
+
+def join_pieces(by_rank: list[dict]) -> dict[str, torch.Tensor]:
+    """Whole tensors from every rank's :func:`pieces` (rank order)."""
+    return {k: join_shards([r[k] for r in by_rank]) for k in by_rank[0]}
+
+
+def as_local(param, full: torch.Tensor):
+    """Optimizer state for ``param`` from its whole value: a DTensor like ``param`` if split."""
+    if not is_sharded(param):
+        return full.to(param.device)
+    from torch.distributed.tensor import DTensor
+    piece = local_piece(param, full).to(param.to_local().device).contiguous()
+    return DTensor.from_local(piece, param.device_mesh, param.placements, run_check=False)
+
+
+def clip_grad_norm(params, max_norm: float) -> torch.Tensor:
+    """``clip_grad_norm_`` over a mix of sharded (DTensor) and whole parameters.
+
+    A sharded gradient's norm is summed over its ranks; a whole one counts once (every
+    rank of the group holds the same value).
+    """
+    grads = [p.grad for p in params if p.grad is not None]
+    if not grads:
+        return torch.zeros(())
+    if not any(is_sharded(g) for g in grads):
+        return torch.nn.utils.clip_grad_norm_(params, max_norm)
+    device = (grads[0].to_local() if is_sharded(grads[0]) else grads[0]).device
+    total = torch.zeros((), device=device, dtype=torch.float32)
+    sharded = torch.zeros((), device=device, dtype=torch.float32)
+    group = None
+    for g in grads:
+        if is_sharded(g) and _shard_dim(g) is not None:
+            sharded += g.to_local().float().pow(2).sum()
+            group = g.device_mesh.get_group()
+        else:
+            local = g.to_local() if is_sharded(g) else g
+            total += local.float().pow(2).sum()
+    if group is not None:
+        dist.all_reduce(sharded, group=group)
+    norm = (total + sharded).sqrt()
+    coef = (max_norm / (norm + 1e-6)).clamp(max=1.0)
+    with torch.no_grad():
+        for g in grads:
+            (g.to_local() if is_sharded(g) else g).mul_(coef)
+    return norm
+
+
+def average_over(params, devices: tuple[int, ...]) -> None:
+    """Average each parameter's gradient over the ranks ``devices`` as backward makes it
+    (data parallelism next to tensor parallelism: the ranks holding the same shard)."""
+    group, n = group_of(devices), len(devices)
+
+    def hook(p):
+        local = p.grad.to_local() if is_sharded(p.grad) else p.grad
+        dist.all_reduce(local, group=group)
+        local.div_(n)
+
+    for p in params:
+        if p.requires_grad:
+            p.register_post_accumulate_grad_hook(hook)
 
 
 def shutdown_world() -> None:

@@ -47,6 +47,10 @@ class Replica:
         weights = next((m.weights for m in members if m.weights), None)
         self.model = build_model(dims, spec.heads, seed=pipeline.workload.seed,
                                  weights=weights).to(device)
+        self.tp = tuple(getattr(spec, "tp", ()))
+        if len(self.tp) > 1:                       # split before the optimizer sees the params
+            from backends.torch_backend.distributed import shard_tp
+            shard_tp(self.model, self.tp, device)
         self.version = 0
         self.engine = TorchEngine(self.model, device=device) if "lm" in spec.heads else None
         self.heads = TokenHeads(self.model)
@@ -57,9 +61,34 @@ class Replica:
         else:
             self.model.requires_grad_(False)
         self.train_heads = self.heads
-        if len(spec.world) > 1:
+        if len(self.tp) > 1 and len(spec.world) > len(self.tp):
+            from backends.torch_backend.distributed import average_over
+            average_over(self.model.parameters(), dp_peers(spec.world, self.tp, spec.device))
+        elif len(spec.world) > 1 and len(self.tp) <= 1:
             from backends.torch_backend.distributed import wrap_ddp
             self.train_heads = wrap_ddp(self.heads, spec.world, device)
+
+    @property
+    def sharded(self) -> bool:
+        return len(self.tp) > 1
+
+
+def dp_peers(world: tuple[int, ...], tp: tuple[int, ...], device: int) -> tuple[int, ...]:
+    """The devices of ``world`` (dp blocks of len(tp)) holding the same shard as ``device``."""
+    t = tp.index(device)
+    return tuple(world[i + t] for i in range(0, len(world), len(tp)))
+
+
+def collective_groups(replicas) -> list[tuple[int, ...]]:
+    """Every tensor-parallel group and every data-parallel group of same-shard ranks, in one
+    order (each rank creates them all, as torch requires)."""
+    out = set()
+    for r in replicas:
+        if len(r.tp) > 1:
+            out.add(tuple(r.tp))
+            if len(r.world) > len(r.tp):
+                out.update(dp_peers(r.world, r.tp, d) for d in r.tp)
+    return sorted(out)
 
 
 class Executor:
@@ -71,6 +100,10 @@ class Executor:
         if ctx.spec_dir not in sys.path:
             sys.path.insert(0, ctx.spec_dir)            # python("module:fn") next to the spec
         self.rows = read_dataset(dataset_path(ctx.pipeline, ctx.spec_dir))
+        groups = collective_groups(ctx.replicas)
+        if groups:
+            from backends.torch_backend.distributed import make_groups
+            make_groups(groups)
         self.replicas = {r.model: Replica(r, ctx.pipeline, self.device)
                          for r in ctx.replicas_on(device)}
         self.streams: dict[tuple[str, int], object] = {}
@@ -92,9 +125,9 @@ class Executor:
         elif kind is OpKind.TRAIN:
             out, stats = self._train(call, replica, inputs)
         elif call.role == EXPORT:
-            out, stats = {"weights": _export(replica.model)}, {}
+            out, stats = {"weights": _export(replica)}, {}
         else:
-            _load(replica, inputs["weights"][0], call.writes)
+            _load(replica, inputs["weights"], call.writes)
             out, stats = {}, {}
         if kind in (OpKind.TRAIN, OpKind.SYNC_WEIGHTS) and replica is not None:
             info["version_written"] = replica.version if call.writes >= 0 else -1
@@ -134,6 +167,8 @@ class Executor:
         if len(names) > 1:
             out[names[1]] = chunk.logprobs
         lengths = [len(r) for r in chunk.response_ids]
+        if call.tp_group and call.tp_group[0] != self.device_index:
+            return out, {}                          # tp rank > 0: rank 0 reports the chunk
         return out, {"tokens": int(sum(lengths)), "responses": len(lengths),
                      "finished": float(np.mean(chunk.finished)) if lengths else 0.0}
 
@@ -276,9 +311,36 @@ class Executor:
 
     def checkpoint(self, model: str, path: str, meta: dict) -> str:
         replica = self.replicas[model]
+        whole = self._gather_whole(model, replica) if replica.sharded else None
         save_checkpoint(replica.model, path, {**meta, "model": model,
-                                              "version": replica.version}, replica.optimizer)
+                                              "version": replica.version}, replica.optimizer,
+                        whole=whole)
         return path
+
+    def _gather_whole(self, model: str, replica) -> dict:
+        """Whole weights and moments of a tensor-parallel replica, from every rank's pieces.
+
+        The other ranks' pieces are read on their workers through Dask (no collective), so
+        this works whether one rank checkpoints or all of them do at once.
+        """
+        from backends.torch_backend.distributed import join_pieces, pieces
+        try:
+            from distributed import get_client, get_worker
+            get_worker()
+        except (ImportError, ValueError):
+            get_client = None
+        if get_client is None:                  # not in a Dask worker: the ranks gather together
+            from backends.torch_backend.distributed import full_state
+            return {**full_state(replica.model), **{
+                k: v for k, v in _moments_whole(replica).items()}}
+        got = get_client().run(tp_pieces, model, replica.tp)
+        by_device = {d: p for per in got.values() if per for d, p in per.items()}
+        by_device[self.device_index] = _numpy_pieces(pieces(replica.model, replica.optimizer))
+        missing = [d for d in replica.tp if d not in by_device]
+        if missing:
+            raise BackendError(f"checkpoint of '{model}' must read every tensor-parallel rank, "
+                               f"and devices {missing} did not answer")
+        return join_pieces([_torch_pieces(by_device[d]) for d in replica.tp])
 
     def restore(self, model: str, path: str) -> int:
         """Load a replica written by :meth:`checkpoint` (weights, optimizer state, version)."""
@@ -309,6 +371,37 @@ class Executor:
             if r.engine is not None:
                 r.engine.shutdown()
         self.replicas.clear()
+
+
+def tp_pieces(model: str, group: tuple[int, ...]) -> dict | None:
+    """On a worker: its pieces of ``model`` when it holds a rank of the tp ``group``."""
+    from backends.torch_backend.distributed import pieces
+    from rpeg.runtime import worker as W
+    ex = W._STATE.get("executor")
+    replica = ex.replicas.get(model) if ex is not None else None
+    if replica is None or replica.tp != tuple(group):
+        return None
+    return {ex.device_index: _numpy_pieces(pieces(replica.model, replica.optimizer))}
+
+
+def _numpy_pieces(p: dict) -> dict:
+    return {k: (t.numpy(), d) for k, (t, d) in p.items()}
+
+
+def _torch_pieces(p: dict) -> dict:
+    return {k: (torch.as_tensor(t), d) for k, (t, d) in p.items()}
+
+
+def _moments_whole(replica) -> dict:
+    out = {}
+    if replica.optimizer is None:
+        return out
+    for name, p in replica.model.named_parameters():
+        for key, val in replica.optimizer.state.get(p, {}).items():
+            if torch.is_tensor(val) and val.dim() > 0:
+                out[f"{name}::{key}"] = (val.full_tensor() if hasattr(val, "full_tensor")
+                                         else val).detach().cpu()
+    return out
 
 
 def _device_name(ctx, device: int) -> str:
@@ -367,32 +460,45 @@ def _concat(parts):
     return tuple(x for p in parts for x in p)
 
 
-def _export(model) -> list[tuple[tuple[str, ...], tuple[tuple[int, ...], ...], np.ndarray]]:
-    """Parameters packed into flat float32 buckets of about BUCKET_BYTES each."""
-    buckets, names, shapes, parts, size = [], [], [], [], 0
-    for name, t in model.state_dict().items():
+def _export(replica) -> list[tuple]:
+    """Parameters packed into flat float32 buckets of about BUCKET_BYTES each, with the
+    dimension each was cut along (None: whole); a sharded replica exports its own shards."""
+    from backends.torch_backend.distributed import shard_state
+    buckets, names, shapes, dims, parts, size = [], [], [], [], [], 0
+    for name, (t, dim) in shard_state(replica.model).items():
         a = t.detach().to("cpu", torch.float32).numpy().ravel()
         names.append(name)
         shapes.append(tuple(t.shape))
+        dims.append(dim)
         parts.append(a)
         size += a.nbytes
         if size >= BUCKET_BYTES:
-            buckets.append((tuple(names), tuple(shapes), np.concatenate(parts)))
-            names, shapes, parts, size = [], [], [], 0
+            buckets.append((tuple(names), tuple(shapes), tuple(dims), np.concatenate(parts)))
+            names, shapes, dims, parts, size = [], [], [], [], 0
     if parts:
-        buckets.append((tuple(names), tuple(shapes), np.concatenate(parts)))
+        buckets.append((tuple(names), tuple(shapes), tuple(dims), np.concatenate(parts)))
     return buckets
 
 
-def _load(replica, buckets, version: int) -> None:
+def _unpack(buckets):
+    for names, shapes, dims, flat in buckets:
+        off = 0
+        for name, shape, dim in zip(names, shapes, dims, strict=True):
+            n = int(np.prod(shape)) if shape else 1
+            yield name, (torch.from_numpy(flat[off:off + n].reshape(shape)), dim)
+            off += n
+
+
+def _load(replica, exports: list, version: int) -> None:
+    """Load whole weights joined from the exports of every rank of the trainer's tp group."""
+    from backends.torch_backend.distributed import join_shards, load_full
+
     def tensors():
-        for names, shapes, flat in buckets:
-            off = 0
-            for name, shape in zip(names, shapes, strict=True):
-                n = int(np.prod(shape)) if shape else 1
-                yield name, torch.from_numpy(flat[off:off + n].reshape(shape))
-                off += n
-    if replica.engine is not None:
+        for items in zip(*(_unpack(b) for b in exports), strict=True):
+            yield items[0][0], join_shards([piece for _, piece in items])
+    if replica.sharded:
+        load_full(replica.model, tensors())
+    elif replica.engine is not None:
         replica.engine.update_weights(tensors(), version)
     else:
         own = replica.model.state_dict()
@@ -400,4 +506,5 @@ def _load(replica, buckets, version: int) -> None:
             for name, value in tensors():
                 own[name].copy_(value)
     replica.version = version
-
+    if replica.engine is not None:
+        replica.engine.version = version

@@ -101,22 +101,32 @@ def build_model(dims, heads: tuple[str, ...] = ("lm",), seed: int = 0,
 
 def state_arrays(model: nn.Module) -> dict[str, torch.Tensor]:
     """Parameters as contiguous CPU float32 tensors (shared storage de-duplicated)."""
-    return {k: v.detach().to("cpu", torch.float32).contiguous() for k, v in model.state_dict().items()}
+    from backends.torch_backend.distributed import full_state
+    return {k: v.detach().to("cpu", torch.float32).contiguous()
+            for k, v in full_state(model).items()}
 
 
 def save_checkpoint(model: nn.Module, path: str | Path, meta: dict,
-                    optimizer: torch.optim.Optimizer | None = None) -> Path:
-    """Write ``path/model.safetensors`` (+ ``optimizer.safetensors``) and ``path/meta.json`` atomically."""
+                    optimizer: torch.optim.Optimizer | None = None,
+                    whole: dict[str, torch.Tensor] | None = None) -> Path:
+    """Write ``path/model.safetensors`` (+ ``optimizer.safetensors``) and ``path/meta.json`` atomically.
+
+    ``whole``: the weights and Adam moments (``name::exp_avg``) of a tensor-parallel model,
+    already gathered from its ranks; the files always hold whole tensors.
+    """
     from safetensors.torch import save_file
 
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
     tmp.mkdir(parents=True, exist_ok=True)
-    tensors = state_arrays(model)
+    tensors = state_arrays(model) if whole is None else \
+        {k: v.float().contiguous() for k, v in whole.items() if "::" not in k}
     # safetensors refuses aliased storage (tied embeddings): clone each tensor.
     save_file({k: v.clone() for k, v in tensors.items()}, str(tmp / "model.safetensors"))
     if optimizer is not None:
-        opt, steps = _optimizer_tensors(model, optimizer)
+        opt, steps = _optimizer_tensors(model, optimizer, tensors=whole is None)
+        if whole is not None:
+            opt = {k: v.contiguous() for k, v in whole.items() if "::" in k}
         save_file(opt, str(tmp / "optimizer.safetensors"))
         meta = {**meta, "optimizer_steps": steps}
     (tmp / "meta.json").write_text(json.dumps(meta, indent=2, sort_keys=True))
@@ -137,16 +147,24 @@ def load_checkpoint(model: nn.Module, path: str | Path,
     """Load weights (and optimizer state) saved by :func:`save_checkpoint`; returns the meta."""
     from safetensors.torch import load_file
 
+    from backends.torch_backend.distributed import is_sharded, load_full
+
     path = Path(path)
     meta = json.loads((path / "meta.json").read_text())
-    model.load_state_dict(load_file(str(path / "model.safetensors")), strict=False)
+    weights = load_file(str(path / "model.safetensors"))
+    if any(is_sharded(p) for p in model.parameters()):
+        own = model.state_dict()
+        load_full(model, ((k, v) for k, v in weights.items() if k in own))
+    else:
+        model.load_state_dict(weights, strict=False)
     if optimizer is not None and (path / "optimizer.safetensors").exists():
         _load_optimizer(model, optimizer, load_file(str(path / "optimizer.safetensors")),
                         meta.get("optimizer_steps", {}))
     return meta
 
 
-def _optimizer_tensors(model, optimizer) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
+def _optimizer_tensors(model, optimizer, tensors: bool = True
+                       ) -> tuple[dict[str, torch.Tensor], dict[str, float]]:
     names = {id(p): n for n, p in model.named_parameters()}
     out, steps = {}, {}
     for p, st in optimizer.state.items():
@@ -155,6 +173,10 @@ def _optimizer_tensors(model, optimizer) -> tuple[dict[str, torch.Tensor], dict[
             continue
         for key, val in st.items():
             if torch.is_tensor(val) and val.dim() > 0:
+                if not tensors:
+                    continue
+                if hasattr(val, "full_tensor"):          # a split parameter's moments
+                    val = val.full_tensor()
                 out[f"{name}::{key}"] = val.detach().cpu().contiguous().clone()
             else:
                 steps[f"{name}::{key}"] = float(val)
@@ -162,11 +184,13 @@ def _optimizer_tensors(model, optimizer) -> tuple[dict[str, torch.Tensor], dict[
 
 
 def _load_optimizer(model, optimizer, tensors, scalars) -> None:
+    from backends.torch_backend.distributed import as_local
+
     for name, p in model.named_parameters():
         st = {}
         for key in ("exp_avg", "exp_avg_sq"):
             if f"{name}::{key}" in tensors:
-                st[key] = tensors[f"{name}::{key}"].to(p.device)
+                st[key] = as_local(p, tensors[f"{name}::{key}"])
         if st:
             st["step"] = torch.tensor(scalars.get(f"{name}::step", 0.0))
             optimizer.state[p] = st

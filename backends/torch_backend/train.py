@@ -22,6 +22,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from backends.torch_backend.distributed import clip_grad_norm
 from backends.torch_backend.generation import _autocast
 from backends.torch_backend.modeling import PolicyModel, build_model  # noqa: F401  (doctest)
 from backends.torch_backend.tokenizer import PAD_ID
@@ -174,7 +175,7 @@ def train_step(heads: nn.Module, optimizer: torch.optim.Optimizer, batch: TrainB
                 stats.update(s)
             optimizer.zero_grad(set_to_none=True)
             total.backward()
-            stats["grad_norm"] = nn.utils.clip_grad_norm_(params, grad_clip)
+            stats["grad_norm"] = clip_grad_norm(params, grad_clip)     # DTensor-aware (tp)
             optimizer.step()
             stats["loss"] = total
             for k, v in stats.items():

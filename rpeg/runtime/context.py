@@ -17,7 +17,7 @@ from pathlib import Path
 import attrs
 import numpy as np
 
-from rpeg.errors import RuntimeFailure
+from rpeg.errors import PlanError, RuntimeFailure
 from rpeg.plan.model import Plan
 from rpeg.runtime.instances import OpCall, model_homes
 from rpeg.spec.model import Head, Pipeline
@@ -31,7 +31,8 @@ class Replica:
     device: int
     heads: tuple[str, ...]           # "lm", "value"
     trainable: bool                  # holds an optimizer (a home device of a trained model)
-    world: tuple[int, ...] = ()      # data-parallel devices training it (len > 1: DDP)
+    world: tuple[int, ...] = ()      # devices training it (dp x tp; len > 1: collectives)
+    tp: tuple[int, ...] = ()         # its tensor-parallel group (len > 1: weights sharded)
 
 
 @attrs.frozen
@@ -57,10 +58,12 @@ class RunContext:
                 continue
             heads = wanted.setdefault((c.model, c.device), set())
             heads.update(_heads(pipeline, c.model))
+        groups = _tp_groups(calls)
         replicas = tuple(
             Replica(model, dev, tuple(sorted(heads)),
                     trainable=dev in homes.get(model, ()),
-                    world=homes.get(model, ()) if dev in homes.get(model, ()) else ())
+                    world=homes.get(model, ()) if dev in homes.get(model, ()) else (),
+                    tp=groups.get((model, dev), ()))
             for (model, dev), heads in sorted(wanted.items()))
         return cls(pipeline, plan, spec_dir, run_dir, replicas=replicas,
                    num_devices=plan.num_devices, dist_addr=dist_addr, use_cuda=use_cuda)
@@ -70,7 +73,25 @@ class RunContext:
 
     @property
     def needs_collectives(self) -> bool:
-        return any(len(r.world) > 1 for r in self.replicas)
+        return any(len(r.world) > 1 or len(r.tp) > 1 for r in self.replicas)
+
+
+def _tp_groups(calls) -> dict[tuple[str, int], tuple[int, ...]]:
+    """(backbone, device) -> the tensor-parallel group its replica is split over. One replica
+    has one layout: every op reading it there must use the same group."""
+    out: dict[tuple[str, int], tuple[int, ...]] = {}
+    who: dict[tuple[str, int], str] = {}
+    for c in calls:
+        if c.model is None or c.role:
+            continue
+        key = (c.model, c.device)
+        if key in out and out[key] != c.tp_group:
+            raise PlanError(f"stage '{c.op}' must split '{c.model}' on device {c.device} like "
+                            f"'{who[key]}' does (tp group {list(out[key]) or 'none'}), not "
+                            f"{list(c.tp_group) or 'unsplit'}",
+                            hint="give every stage that reads a model on a device the same tp")
+        out[key], who[key] = c.tp_group, c.op
+    return {k: v for k, v in out.items() if len(v) > 1}
 
 
 def _graph(pipeline, plan):

@@ -34,7 +34,7 @@ import attrs
 from rpeg.errors import PlanError
 from rpeg.graph import Graph
 from rpeg.plan.model import Plan
-from rpeg.spec.model import OpKind, Pipeline
+from rpeg.spec.model import Engine, OpKind, Pipeline
 
 GROUP_FUNCTIONS = ("group_norm", "grpo_advantages", "rloo")
 EXPORT, LOAD = "export", "load"
@@ -53,6 +53,7 @@ class OpCall:
     chunks: int = 1                          # instances of this op in a step (chunks or ranks)
     rank: int = 0
     world: int = 1                           # data-parallel degree
+    tp_group: tuple[int, ...] = ()           # devices running this instance together (tp > 1)
     role: str = ""                           # sync ops: export | load
     model: str | None = None                 # backbone whose state the op reads or writes
     stages: tuple[str, ...] = ()             # spec stages it implements
@@ -89,23 +90,17 @@ def build_calls(pipeline: Pipeline, plan: Plan, steps: int) -> tuple[OpCall, ...
             op = graph.op(name)
             if op.kind is OpKind.SYNC_WEIGHTS:
                 continue
-            place = _placement(plan, op)
-            devices = place.devices
-            if op.kind is OpKind.TRAIN:
-                layout = [(r, d, r) for r, d in enumerate(devices)]
-                world = len(devices)
-            elif name in chunked:
-                layout = [(c, devices[c % len(devices)], 0) for c in range(n_chunks)]
-                world = len(devices) if op.kind is OpKind.GENERATE else 1
-            else:
-                layout = [(0, devices[0], 0)]
-                world = 1
-            for idx, dev, rank in layout:
+            place = _placement(plan, op, pipeline)
+            layout, world = _layout(op, place, name in chunked, n_chunks)
+            for idx, dev, rank, group in layout:
                 cid = _id(name, s, idx, op.kind, len(layout), name in chunked)
+                if group and op.kind is not OpKind.TRAIN and group.index(dev) > 0:
+                    cid += f"/t{group.index(dev)}"          # a further rank of a tp group
                 inputs, deps = _data_deps(graph, op, s, idx, name in chunked, produced, pipeline)
                 call = dict(id=cid, op=name, kind=op.kind, step=s, device=dev,
-                            chunk=idx if name in chunked else 0, chunks=len(layout),
-                            rank=rank, world=world, model=op.reads_model,
+                            chunk=idx if name in chunked else 0,
+                            chunks=n_chunks if name in chunked else len(layout),
+                            rank=rank, world=world, tp_group=group, model=op.reads_model,
                             stages=op.stages, inputs=inputs, deps=deps, after=[],
                             version=-1, writes=-1, bound=0)
                 members = op.reads_model.split("+") if op.reads_model else []
@@ -116,9 +111,9 @@ def build_calls(pipeline: Pipeline, plan: Plan, steps: int) -> tuple[OpCall, ...
                 if op.kind is OpKind.TRAIN:
                     call["writes"] = s + 1
                 calls.append(call)
-                if rank == 0:
-                    produced[(name, s)].append(cid)
-    calls = _add_syncs(calls, homes)
+                if rank == 0 and (not group or group[0] == dev):
+                    produced[(name, s)].append(cid)       # what readers take: tp rank 0's
+    calls = _add_syncs(calls, homes, _home_tp(graph, plan))
     _order_versions(calls, homes, frozen)
     _order_chunks(calls)
     _order_collectives(calls)
@@ -147,23 +142,76 @@ def model_homes(pipeline: Pipeline, plan: Plan, graph: Graph) -> dict[str, tuple
     return homes
 
 
-def _placement(plan: Plan, op):
+def _placement(plan: Plan, op, pipeline: Pipeline | None = None):
     for stage in op.stages or (op.name,):
         if not any(p.stage == stage for p in plan.placements):
             continue
         place = plan.placement(stage)
-        if place.tp != 1 or place.pp != 1:
-            raise PlanError(f"stage '{stage}' must have tp = 1 and pp = 1 on the torch runtime, "
-                            f"not tp = {place.tp}, pp = {place.pp}",
-                            hint="the runtime executes data parallelism (dp) only; "
-                                 "plan with --strategy that keeps tp = pp = 1")
+        if place.pp != 1:
+            raise PlanError(f"stage '{stage}' must have pp = 1 on the torch runtime, "
+                            f"not pp = {place.pp}",
+                            hint="the runtime executes data (dp) and tensor (tp) parallelism; "
+                                 "plan with pp = 1")
         if place.zero:
             raise PlanError(f"stage '{stage}' must have zero = 0 on the torch runtime, not "
                             f"{place.zero}", hint="the runtime trains data-parallel with DDP; "
                                                   "plan with zero sharding off")
+        if place.tp > 1 and op.reads_model:
+            _check_tp(stage, place, op, plan, pipeline)
         return place
     raise PlanError(f"the plan must place stage '{op.name}', and it does not",
                     hint="recompile the plan for this pipeline")
+
+
+def _check_tp(stage: str, place, op, plan: Plan, pipeline: Pipeline | None) -> None:
+    """Refuse tensor-parallel degrees the torch backend cannot split the model by."""
+    tp, n = place.tp, len(place.devices)
+    if n % tp or n // tp != max(place.dp, 1):
+        raise PlanError(f"stage '{stage}' must run on dp x tp = {place.dp} x {tp} devices, "
+                        f"not {n} ({list(place.devices)})",
+                        hint="give the stage dp * tp devices, or lower tp")
+    if place.engine is Engine.VLLM:
+        raise PlanError(f"stage '{stage}' must have tp = 1 with engine = vllm on the torch "
+                        f"runtime, not tp = {tp}", hint="generate with engine = torch for tp > 1")
+    if pipeline is None:
+        return
+    for name in op.reads_model.split("+"):
+        dims = pipeline.model(name).dims
+        for what, count in (("attention heads", dims.heads), ("KV heads", dims.kv_heads),
+                            ("MLP width", dims.ffn)):
+            if count % tp:
+                raise PlanError(f"stage '{stage}': tp must divide the {count} {what} of model "
+                                f"'{name}', not {tp}",
+                                hint=f"use tp in {[d for d in range(1, count + 1) if count % d == 0]}")
+
+
+def _layout(op, place, is_chunked: bool, n_chunks: int):
+    """[(index, device, dp rank, tp group)] of one op's instances in a step, and the dp degree.
+
+    A stage's devices are dp blocks of tp consecutive devices; every device of a block runs
+    the instance (one tensor-parallel gang), rank 0 of the block gives its outputs.
+    """
+    devices = place.devices
+    tp = place.tp if (op.reads_model and place.tp > 1) else 1
+    blocks = [tuple(devices[i:i + tp]) for i in range(0, len(devices), tp)]
+    gang = (lambda b: b) if tp > 1 else (lambda b: ())
+    if op.kind is OpKind.TRAIN:
+        return ([(r * tp + t, b[t], r, gang(b)) for r, b in enumerate(blocks)
+                 for t in range(tp)], len(blocks))
+    if is_chunked:
+        world = len(blocks) if op.kind is OpKind.GENERATE else 1
+        return ([(c, blocks[c % len(blocks)][t], 0, gang(blocks[c % len(blocks)]))
+                 for c in range(n_chunks) for t in range(tp)], world)
+    return [(0, blocks[0][t], 0, gang(blocks[0])) for t in range(tp)], 1
+
+
+def _home_tp(graph: Graph, plan: Plan) -> dict[str, int]:
+    """Backbone -> tensor-parallel degree of its training (how its home holds the weights)."""
+    out = {}
+    for op in graph.ops:
+        if op.kind is OpKind.TRAIN and op.writes_model:
+            out[op.writes_model] = max(1, _placement(plan, op).tp)
+    return out
 
 
 def _chunks(graph: Graph, plan: Plan) -> int:
@@ -172,7 +220,7 @@ def _chunks(graph: Graph, plan: Plan) -> int:
     for o in graph.ops:
         if o.kind is OpKind.GENERATE:
             place = _placement(plan, o)
-            d = len(place.devices)
+            d = len(place.devices) // max(place.tp, 1)           # dp blocks that stream
             n = max(n, -(-max(place.chunks, 1) // d) * d)
     return n
 
@@ -221,30 +269,35 @@ def _id(name, step, idx, kind, n, is_chunked) -> str:
     return f"{name}/s{step}"
 
 
-def _add_syncs(calls: list[dict], homes) -> list[dict]:
-    """Export/load pairs for every version of a trained model read off its home devices."""
+def _add_syncs(calls: list[dict], homes, home_tp: dict[str, int]) -> list[dict]:
+    """Export/load pairs for every version of a trained model read off its home devices.
+    A tensor-parallel home exports from each rank of its first block (its shard); the
+    load joins the shards, so a reader gets whole weights whatever its own layout."""
     needed: dict[tuple[str, int], set[int]] = defaultdict(set)
     for c in calls:
         key = c["model"]
         if key in homes and c["device"] not in homes[key] and c["version"] > 0:
             needed[(key, c["device"])].add(c["version"])
     out = list(calls)
-    exports: dict[tuple[str, int], str] = {}
+    exports: dict[tuple[str, int], list[str]] = {}
     for (key, dev), versions in sorted(needed.items()):
+        tp = home_tp.get(key, 1)
         for v in sorted(versions):
-            src = homes[key][0]
-            eid = f"sync_{key}/s{v - 1}/{EXPORT}"
             if (key, v) not in exports:
-                exports[(key, v)] = eid
-                out.append(dict(id=eid, op=f"sync_{key}", kind=OpKind.SYNC_WEIGHTS, step=v - 1,
-                                device=src, chunk=0, chunks=1, rank=0, world=1, role=EXPORT,
-                                model=key, stages=(), inputs=[], deps=[], after=[],
-                                version=v, writes=-1, bound=0))
+                exports[(key, v)] = []
+                for t, src in enumerate(homes[key][:tp]):
+                    eid = f"sync_{key}/s{v - 1}/{EXPORT}" + (f"/t{t}" if t else "")
+                    exports[(key, v)].append(eid)
+                    out.append(dict(id=eid, op=f"sync_{key}", kind=OpKind.SYNC_WEIGHTS,
+                                    step=v - 1, device=src, chunk=0, chunks=1, rank=0, world=1,
+                                    tp_group=(), role=EXPORT, model=key, stages=(), inputs=[],
+                                    deps=[], after=[], version=v, writes=-1, bound=0))
+            eids = exports[(key, v)]
             out.append(dict(id=f"sync_{key}/s{v - 1}/{LOAD}@{dev}", op=f"sync_{key}",
                             kind=OpKind.SYNC_WEIGHTS, step=v - 1, device=dev, chunk=0, chunks=1,
-                            rank=0, world=1, role=LOAD, model=key, stages=(),
-                            inputs=[("weights", 1)], deps=[eid], after=[], version=-1,
-                            writes=v, bound=0))
+                            rank=0, world=1, tp_group=(), role=LOAD, model=key, stages=(),
+                            inputs=[("weights", len(eids))], deps=list(eids), after=[],
+                            version=-1, writes=v, bound=0))
     return out
 
 
@@ -285,19 +338,54 @@ def _order_chunks(calls: list[dict]) -> None:
 
 
 def _order_collectives(calls: list[dict]) -> None:
-    """Ranks of one train op wait for the union of their dependencies, and collectives on a
-    device run in one order (step, then graph order) on every rank."""
-    groups: dict[tuple[str, int], list[dict]] = defaultdict(list)
+    """Calls that run collectives together (the ranks of a data-parallel train op, the ranks
+    of a tensor-parallel group) form a gang. Each gang waits for the union of its members'
+    dependencies, and on every device gangs run in one global order (a topological order
+    of all calls), so gloo/NCCL collectives never interleave differently on two ranks."""
+    gangs: dict[tuple, list[dict]] = defaultdict(list)
     for c in calls:
-        if c["kind"] is OpKind.TRAIN and c["world"] > 1:
-            groups[(c["op"], c["step"])].append(c)
-    last_on: dict[int, str] = {}
-    for (_, _), ranks in groups.items():            # insertion order: step, then graph order
+        if c["tp_group"] or (c["kind"] is OpKind.TRAIN and c["world"] > 1):
+            gangs[(c["op"], c["step"], c["chunk"], c.get("role", ""))].append(c)
+    gangs = {k: v for k, v in gangs.items() if len(v) > 1}
+    if not gangs:
+        return
+    for ranks in gangs.values():
         own = {r["id"] for r in ranks}
         union = list(dict.fromkeys(d for r in ranks for d in r["deps"] + r["after"]
                                    if d not in own))
         for r in ranks:
-            r["after"] = [d for d in union if d not in r["deps"]] \
-                + ([last_on[r["device"]]] if r["device"] in last_on else [])
-        for r in ranks:
-            last_on[r["device"]] = r["id"]
+            r["after"] = [d for d in union if d not in r["deps"]]
+    gang_of = {r["id"]: k for k, ranks in gangs.items() for r in ranks}
+    order = list(dict.fromkeys(gang_of[cid] for cid in _topo(calls) if cid in gang_of))
+    last_on: dict[int, str] = {}
+    for key in order:                        # gangs by their first member's place in the order
+        for c in gangs[key]:
+            if c["device"] in last_on:
+                c["after"].append(last_on[c["device"]])
+            last_on[c["device"]] = c["id"]
+
+
+def _topo(calls: list[dict]) -> list[str]:
+    """Call ids in a dependency order; ties go to the earlier call in ``calls``."""
+    import heapq
+
+    index = {c["id"]: i for i, c in enumerate(calls)}
+    waits = {c["id"]: {d for d in c["deps"] + c["after"] if d in index} for c in calls}
+    users: dict[str, list[str]] = defaultdict(list)
+    for cid, ds in waits.items():
+        for d in ds:
+            users[d].append(cid)
+    ready = [index[c] for c, ds in waits.items() if not ds]
+    heapq.heapify(ready)
+    out = []
+    while ready:
+        cid = calls[heapq.heappop(ready)]["id"]
+        out.append(cid)
+        for u in users[cid]:
+            waits[u].discard(cid)
+            if not waits[u]:
+                heapq.heappush(ready, index[u])
+    if len(out) != len(calls):
+        stuck = sorted(set(index) - set(out))[:3]
+        raise PlanError(f"the op calls must have no dependency cycle, and {stuck} are in one")
+    return out

@@ -90,17 +90,21 @@ def _check_devices(devices: Sequence[int], par: Parallel, stage: str) -> None:
 
 def estimate_stage(pipeline: Pipeline, stage_name: str, par: Parallel, devices: Sequence[int],
                    cluster: Cluster, *, batch: int | None = None,
-                   engine: Engine = Engine.TORCH, rows: int | None = None) -> StageCost:
+                   engine: Engine = Engine.TORCH, rows: int | None = None,
+                   padded_len: float | None = None) -> StageCost:
     """Predicted seconds of one step of ``stage_name`` on ``devices`` laid out as ``par``.
     ``rows``: at most this many sequences generated at once per replica (see
-    :func:`generation_rows`); None for the whole local batch in one wave."""
+    :func:`generation_rows`); None for the whole local batch in one wave.
+    ``padded_len``: the response length a forward or train batch is padded to (a streamed
+    chunk's longest, see :func:`generation_chunks`); None for the batch's expected longest."""
     stage = pipeline.stage(stage_name)
     devices = tuple(devices)
     _check_devices(devices, par, stage_name)
     batch = pipeline.workload.batch if batch is None else batch
     topo = Topology.from_cluster(cluster)
     gpu = cluster.gpu
-    cost = _estimate(pipeline, stage, par, devices, topo, cluster, batch, engine, rows)
+    cost = _estimate(pipeline, stage, par, devices, topo, cluster, batch, engine, rows,
+                     padded_len)
     return _concurrent(cost, gpu.get("concurrency_slowdown", 1.0)) if len(devices) > 1 \
         else cost
 
@@ -116,7 +120,8 @@ def _concurrent(cost: StageCost, slowdown: float) -> StageCost:
                                         for k, v in cost.breakdown))
 
 
-def _estimate(pipeline, stage, par, devices, topo, cluster, batch, engine, rows) -> StageCost:
+def _estimate(pipeline, stage, par, devices, topo, cluster, batch, engine, rows,
+              padded_len=None) -> StageCost:
     gpu, w = cluster.gpu, pipeline.workload
     if stage.kind is OpKind.GENERATE:
         model = pipeline.model(stage.target)
@@ -131,7 +136,8 @@ def _estimate(pipeline, stage, par, devices, topo, cluster, batch, engine, rows)
         t = batch * gpu.sample_overhead + tokens * gpu.get("compute_token_time", 2e-9)
         return StageCost(t, t, 0.0, (("host", t),))
     model = pipeline.model(stage.target)
-    gen = _padded_gen(w.gen_len, math.ceil(batch / par.dp))
+    gen = _padded_gen(w.gen_len, math.ceil(batch / par.dp)) if padded_len is None \
+        else float(padded_len)
     if stage.kind in (OpKind.FORWARD, OpKind.SCORE):
         return _forward(model, par, devices, topo, cluster, batch, w.prompt_len, gen)
     if stage.kind is OpKind.TRAIN:
@@ -147,9 +153,11 @@ def generation_chunks(pipeline: Pipeline, stage_name: str, par: Parallel,
                       devices: Sequence[int], cluster: Cluster, chunks: int, *,
                       batch: int | None = None,
                       engine: Engine = Engine.TORCH,
-                      rows: int | None = None) -> tuple[tuple[float, int], ...]:
+                      rows: int | None = None, with_lengths: bool = False) -> tuple[tuple, ...]:
     """(seconds from the stage's start until chunk i's responses are all finished, responses
-    in chunk i), chunks ordered by length: the first holds the shortest responses."""
+    in chunk i), chunks ordered by length: the first holds the shortest responses.
+    ``with_lengths``: each with a third item, the chunk's longest response (tokens), which a
+    consumer processing the chunk pads to."""
     stage = pipeline.stage(stage_name)
     if stage.kind is not OpKind.GENERATE:
         raise CostError(f"generation_chunks must be asked of a generate stage, not "
@@ -171,17 +179,19 @@ def generation_chunks(pipeline: Pipeline, stage_name: str, par: Parallel,
     for idx in per_chunk:
         if len(idx) == 0:
             continue
-        out.append((min(float(finish[idx[-1]]) * scale, total), len(idx) * par.dp))
+        out.append((min(float(finish[idx[-1]]) * scale, total), len(idx) * par.dp,
+                    float(g.lengths[idx].max())))
     # The runtime sees the batch, not our per-replica rounding: fix the count to the batch.
-    count = sum(n for _, n in out)
+    count = sum(n for _, n, _ in out)
     if out and count != batch:
-        t, n = out[-1]
-        out[-1] = (t, n + batch - count)
-    return tuple(out)
+        t, n, top = out[-1]
+        out[-1] = (t, n + batch - count, top)
+    return tuple(out) if with_lengths else tuple((t, n) for t, n, _ in out)
 
 
 def stage_memory(pipeline: Pipeline, stage_name: str, par: Parallel, cluster: Cluster, *,
-                 batch: int | None = None, rows: int | None = None) -> MemoryCost:
+                 batch: int | None = None, rows: int | None = None,
+                 padded_len: float | None = None) -> MemoryCost:
     """Transient bytes per GPU while the stage runs (activations, KV cache, buffers);
     a generate stage holds the KV cache of ``rows`` sequences at once (None: all local ones).
     A train stage whose optimizer state is offloaded brings it back for the step."""
@@ -203,7 +213,7 @@ def stage_memory(pipeline: Pipeline, stage_name: str, par: Parallel, cluster: Cl
         kv, buf = _generation_row_bytes(model, par, w, gpu)
         n = local if rows is None else max(min(rows, local), 1)
         return base + MemoryCost(kv_cache=n * kv, buffers=n * buf)
-    gen = _padded_gen(w.gen_len, local)
+    gen = _padded_gen(w.gen_len, local) if padded_len is None else float(padded_len)
     seq = w.prompt_len + gen
     # Output-head buffers (fp32 logits, log-softmax, probabilities) cover response positions;
     # they and a layer's intermediates are not alive at once, next to the residual stream.

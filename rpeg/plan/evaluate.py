@@ -33,6 +33,7 @@ from rpeg.cost.stages import (
 )
 from rpeg.errors import CostError, GraphError, PlanError
 from rpeg.graph import Graph
+from rpeg.graph.unroll import chunk_counts
 from rpeg.plan.model import Plan, Predicted, StagePlacement
 from rpeg.plan.passes import fuse
 from rpeg.plan.simulate import OpTiming, Timeline, simulate
@@ -101,35 +102,71 @@ class Evaluator:
         self.steps = steps
         self._cost: dict[tuple, object] = {}
         self._graphs: dict[tuple, Graph] = {}
-        self._last_rows: tuple[Plan, dict] | None = None
+        self._last_rows: tuple[Plan, dict, dict] | None = None
         w = pipeline.workload
         self.gen_tokens = w.batch * w.gen_len.mean()
 
     # --- cached cost-model calls ---------------------------------------------------
 
-    def stage_time(self, stage: str, p: StagePlacement, rows: int | None = None) -> float:
-        key = ("t", stage, p, rows)
+    def stage_time(self, stage: str, p: StagePlacement, rows: int | None = None,
+                   chunk: tuple[int, float] | None = None) -> float:
+        """Seconds of ``stage``; ``chunk``: (responses, longest) of one streamed chunk."""
+        key = ("t", stage, p, rows, chunk)
         if key not in self._cost:
+            batch, padded = chunk if chunk is not None else (None, None)
             self._cost[key] = estimate_stage(self.pipeline, stage, parallel_of(p), p.devices,
-                                             self.cluster, engine=p.engine, rows=rows).time_s
+                                             self.cluster, engine=p.engine, rows=rows,
+                                             batch=batch, padded_len=padded).time_s
         return self._cost[key]
 
     def chunk_ends(self, stage: str, p: StagePlacement,
-                   rows: int | None = None) -> tuple[tuple[float, int], ...]:
+                   rows: int | None = None) -> tuple[tuple[float, int, float], ...]:
+        """(end, responses, longest response) of each chunk of a generate stage."""
         key = ("c", stage, p, rows)
         if key not in self._cost:
             self._cost[key] = generation_chunks(self.pipeline, stage, parallel_of(p), p.devices,
                                                 self.cluster, p.chunks, engine=p.engine,
-                                                rows=rows)
+                                                rows=rows, with_lengths=True)
         return self._cost[key]
 
-    def transient(self, stage: str, p: StagePlacement, rows: int | None = None) -> float:
+    def transient(self, stage: str, p: StagePlacement, rows: int | None = None,
+                  chunks: tuple[tuple[int, float], ...] = ()) -> float:
+        """Bytes a stage needs while it runs: for the whole batch, or (``chunks`` of a
+        streamed consumer) the largest of its chunks, each processed on its own."""
         key = ("m", stage, p.tp, p.pp, p.dp, p.microbatches, p.recompute, p.zero, p.offload,
-               rows)
+               rows, chunks)
         if key not in self._cost:
-            self._cost[key] = stage_memory(self.pipeline, stage, parallel_of(p),
-                                           self.cluster, rows=rows).total
+            par = parallel_of(p)
+            if chunks:
+                self._cost[key] = max(stage_memory(self.pipeline, stage, par, self.cluster,
+                                                   batch=n, padded_len=top).total
+                                      for n, top in chunks)
+            else:
+                self._cost[key] = stage_memory(self.pipeline, stage, par, self.cluster,
+                                               rows=rows).total
         return self._cost[key]
+
+    def streamed(self, plan: Plan, graph: Graph, rows: dict) -> dict[str, tuple]:
+        """Ops that consume a chunked generation chunk by chunk: op -> (responses, longest
+        response) per chunk, as the generation finishes them."""
+        ends = {}
+        for o in graph.ops:
+            if o.kind is OpKind.GENERATE and plan.placement(o.stages[0]).chunks > 1:
+                p = plan.placement(o.stages[0])
+                e = self.chunk_ends(o.stages[0], p, rows.get(o.stages[0]))
+                if len(e) > 1:
+                    ends[o.name] = tuple((n, top) for _, n, top in e)
+        if not ends:
+            return {}
+        counts = chunk_counts(graph, {g: len(e) for g, e in ends.items()})
+        out = {}
+        for name in graph.topo_order():
+            if name in ends or counts.get(name, 1) <= 1:
+                continue
+            src = _streamed_from(graph, name, ends)
+            if src is not None and len(ends[src]) == counts[name]:
+                out[name] = ends[src]
+        return out
 
     def gen_rows(self, stage: str, p: StagePlacement, free: float) -> int:
         """Sequences a generate stage runs at once per replica with ``free`` bytes per GPU."""
@@ -221,7 +258,11 @@ class Evaluator:
         op_times: list[tuple[str, float]] = []
         trainer = {o.writes_model: o for o in graph.ops if o.kind is OpKind.TRAIN}
         last = self._last_rows
-        rows = last[1] if last is not None and last[0] is plan else self.rows_of(plan, graph)
+        if last is not None and last[0] is plan:
+            rows, streamed = last[1], last[2]
+        else:
+            rows = self.rows_of(plan, graph)
+            streamed = self.streamed(plan, graph, rows)
         for op in graph.ops:
             if op.kind is OpKind.SYNC_WEIGHTS:
                 continue
@@ -230,8 +271,8 @@ class Evaluator:
                 r = rows.get(op.stages[0])
                 ends = self.chunk_ends(op.stages[0], p, r) if p.chunks > 1 else ()
                 t = self.stage_time(op.stages[0], p, r)
-                timing = OpTiming(p.devices, t, tuple(e for e, _ in ends),
-                                  tuple(n for _, n in ends))
+                timing = OpTiming(p.devices, t, tuple(e for e, _, _ in ends),
+                                  tuple(n for _, n, _ in ends))
             elif op.kind is OpKind.TRAIN:
                 # Train stages of a shared backbone: one pass with a combined loss on the
                 # first stage's schedule (its minibatches); the extra head costs nothing here.
@@ -239,12 +280,16 @@ class Evaluator:
                 t += self._reload(op, p, trainer, plan)
                 timing = OpTiming(p.devices, t)
             else:
-                times = [self.stage_time(s, plan.placement(s)) for s in op.stages]
-                # fused: one dispatch instead of several
-                t = max(sum(times) - (len(times) - 1) * gpu.call_overhead, max(times))
-                t += self._reload(op, p, trainer, plan)
+                # streamed: each chunk priced on its own responses, padded to its longest
+                per_chunk = [self._fused(op, plan, c) for c in streamed.get(op.name, ())]
+                reload = self._reload(op, p, trainer, plan)
+                if per_chunk:
+                    per_chunk[0] += reload
+                    t = sum(per_chunk)
+                else:
+                    t = self._fused(op, plan, None) + reload
                 devices = () if all(is_host_op(pipeline, s) for s in op.stages) else p.devices
-                timing = OpTiming(devices, t)
+                timing = OpTiming(devices, t, chunk_times=tuple(per_chunk))
             timings[op.name] = timing
             op_times.append((op.name, round(timing.time_s, 6)))
         for op in graph.ops:
@@ -260,6 +305,11 @@ class Evaluator:
             timings[op.name] = OpTiming(devices, t)
             op_times.append((op.name, round(t, 6)))
         return timings, tuple(op_times)
+
+    def _fused(self, op, plan: Plan, chunk: tuple[int, float] | None) -> float:
+        """Seconds of an op's stages back to back (fused: one dispatch instead of several)."""
+        times = [self.stage_time(s, plan.placement(s), chunk=chunk) for s in op.stages]
+        return max(sum(times) - (len(times) - 1) * self.cluster.gpu.call_overhead, max(times))
 
     def _model_name(self, op) -> str:
         return self.pipeline.stage(op.stages[0]).target
@@ -321,7 +371,10 @@ class Evaluator:
     def memory(self, plan: Plan, graph: Graph) -> tuple[np.ndarray, Shortfall | None]:
         resident, by_model = self.resident_bytes(plan, graph)
         rows = self.rows_of(plan, graph, resident)
-        self._last_rows = (plan, rows)         # timings() of the same plan reuses them
+        streamed = self.streamed(plan, graph, rows)
+        self._last_rows = (plan, rows, streamed)   # timings() of the same plan reuses them
+        chunks_of = {s: streamed[o.name] for o in graph.ops if o.name in streamed
+                     for s in o.stages}
         n = plan.num_devices
         transient = np.zeros(n)
         top_op = np.full(n, -1)
@@ -331,7 +384,7 @@ class Evaluator:
             if stage in followers:            # runs inside the lead stage's op
                 continue
             p = plan.placement(stage)
-            b = self.transient(stage, p, rows.get(stage))
+            b = self.transient(stage, p, rows.get(stage), chunks_of.get(stage, ()))
             idx = np.fromiter(p.devices, int)
             bigger = b > transient[idx]
             transient[idx[bigger]] = b
@@ -353,6 +406,20 @@ class Evaluator:
         for model, p, _ in self.copies(plan, graph):
             out.setdefault(model, set()).update(p.devices)
         return tuple((m, tuple(sorted(d))) for m, d in sorted(out.items()))
+
+
+def _streamed_from(graph: Graph, op: str, chunked: dict) -> str | None:
+    """The chunked generate op whose chunks ``op`` inherits (nearest upstream)."""
+    frontier, seen = list(graph.producers(op)), set()
+    while frontier:
+        name = frontier.pop(0)
+        if name in chunked:
+            return name
+        if name in seen or not graph.op(name).per_sample:
+            continue
+        seen.add(name)
+        frontier += list(graph.producers(name))
+    return None
 
 
 def graph_backbone(plan: Plan, model: str) -> str:

@@ -41,13 +41,16 @@ class OpTiming:
 
     ``chunk_ends`` (generate ops only): seconds from the op's start at which each
     chunk's responses are finished, the last equal to ``time_s``; ``chunk_sizes``:
-    responses per chunk, used to split per-sample consumers' time.
+    responses per chunk, used to split per-sample consumers' time. ``chunk_times``
+    (per-sample consumers of a chunked generate): seconds of each chunk priced on its own
+    (its responses, padded to its longest); without them ``time_s`` is split by responses.
     """
 
     devices: tuple[int, ...]
     time_s: float
     chunk_ends: tuple[float, ...] = ()
     chunk_sizes: tuple[int, ...] = ()
+    chunk_times: tuple[float, ...] = ()
 
 
 @attrs.frozen
@@ -125,6 +128,9 @@ def chunk_durations(graph: Graph, timings: dict[str, OpTiming],
             share = next((sizes[p] for p in graph.producers(name)
                           if len(sizes.get(p, ())) == n), share)
             sizes[name] = share
+        if n > 1 and len(t.chunk_times) == n:
+            out.update(((name, c), x) for c, x in enumerate(t.chunk_times))
+            continue
         total = float(sum(share))
         for c in range(n):
             out[(name, c)] = t.time_s * share[c] / total

@@ -117,3 +117,22 @@ def test_offload_moves_adam_state_off_the_device_between_steps(ppo):
     assert dt == pytest.approx(2 * state / 450e9)
     assert host_bandwidth(GH.gpu) == 450e9
     assert math.isclose(host_bandwidth(cluster_of("a100", 8).gpu), 25e9)
+
+
+def test_chunks_report_their_longest_response(ppo):
+    par = Parallel(dp=8)
+    ends = generation_chunks(ppo, "rollout", par, R8, GH, 4, with_lengths=True)
+    tops = [top for _, _, top in ends]
+    assert tops == sorted(tops) and tops[-1] == ppo.workload.gen_len.quantiles(512).max()
+    assert [(t, n) for t, n, _ in ends] == list(generation_chunks(ppo, "rollout", par, R8,
+                                                                  GH, 4))
+
+
+def test_a_batch_padded_shorter_costs_less(ppo):
+    par = Parallel(dp=8, microbatches=2)
+    whole = estimate_stage(ppo, "ref_lp", par, R8, GH, batch=128).time_s
+    short = estimate_stage(ppo, "ref_lp", par, R8, GH, batch=128, padded_len=128).time_s
+    assert short < 0.8 * whole              # 512 + 128 tokens a row, not 512 + ~600
+    m_whole = stage_memory(ppo, "ref_lp", par, GH, batch=128).total
+    m_short = stage_memory(ppo, "ref_lp", par, GH, batch=128, padded_len=128).total
+    assert m_short < m_whole

@@ -61,3 +61,29 @@ def test_offload_is_a_search_move_priced_by_the_evaluator(ppo8b, gh8, coloc):
     assert r_off - r_on == pytest.approx(state)
     t_on, t_off = ev.stage_time(stage, on), ev.stage_time(stage, off)
     assert t_on - t_off == pytest.approx(2 * state / gh8.gpu.get("host_bandwidth"))
+
+
+def test_streamed_consumers_are_priced_chunk_by_chunk(ppo8b, gh8, coloc):
+    """With the rollout in 4 chunks, each per-sample consumer chunk is its own batch: its
+    responses, padded to its longest; memory is the largest chunk's need."""
+    from rpeg.cost.stages import estimate_stage
+    _, ev, out = coloc
+    plan = attrs.evolve(out.best.plan, predicted=None, placements=tuple(
+        attrs.evolve(p, chunks=4) if p.stage == "rollout" else p
+        for p in out.best.plan.placements))
+    graph = ev.graph(plan)
+    rows = ev.rows_of(plan, graph)
+    ends = ev.chunk_ends("rollout", plan.placement("rollout"), rows["rollout"])
+    chunks = tuple((n, top) for _, n, top in ends)
+    assert len(chunks) == 4 and sum(n for n, _ in chunks) == ppo8b.workload.batch
+    assert ev.streamed(plan, graph, rows)["ref_lp"] == chunks
+    timings, _ = ev.timings(plan, graph)
+    p = plan.placement("ref_lp")
+    expect = [estimate_stage(ppo8b, "ref_lp", parallel_of(p), p.devices, gh8, batch=n,
+                             padded_len=top).time_s for n, top in chunks]
+    assert timings["ref_lp"].chunk_times == pytest.approx(expect)
+    assert expect[0] < expect[-1]                  # the shortest responses are the cheapest
+    whole = ev.stage_time("ref_lp", p)
+    assert sum(expect) < whole                     # no chunk is padded to the batch's longest
+    r = ev.evaluate(plan)
+    assert dict(r.plan.predicted.op_times)["ref_lp"] == pytest.approx(sum(expect), abs=1e-5)

@@ -107,3 +107,17 @@ def test_an_op_on_two_groups_waits_for_both():
                       "s": OpTiming((0, 1), 0.5)}, steps=2)
     assert ("s@0", 2.0, 2.5) in _events(tl)
     assert tl.bubbles()[0][0] == (0,) and tl.bubbles()[1][0] == (1,)
+
+
+def test_streamed_chunks_take_their_own_times():
+    """A consumer priced per chunk (short responses cheap, the long tail dear) runs each
+    chunk for its own time, not a share of the whole."""
+    gen = Op("gen", OpKind.GENERATE, ("prompts",), ("x",))
+    fwd = Op("fwd", OpKind.FORWARD, ("x",), ("y",))
+    g = _graph([gen, fwd], [DataEdge("gen", "fwd", "x")])
+    tl = simulate(g, {"gen": OpTiming((0,), 4.0, chunk_ends=(1.0, 2.0, 4.0),
+                                      chunk_sizes=(2, 2, 2)),
+                      "fwd": OpTiming((1,), 3.5, chunk_times=(0.5, 1.0, 2.0))}, steps=2)
+    assert _events(tl)[:6] == [("gen@0", 0.0, 1.0), ("gen@0#1", 1.0, 2.0),
+                               ("fwd@0", 1.0, 1.5), ("gen@0#2", 2.0, 4.0),
+                               ("fwd@0#1", 2.0, 3.0), ("fwd@0#2", 4.0, 6.0)]

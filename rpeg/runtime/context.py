@@ -17,9 +17,9 @@ from pathlib import Path
 import attrs
 import numpy as np
 
-from rpeg.errors import PlanError, RuntimeFailure
+from rpeg.errors import RuntimeFailure
 from rpeg.plan.model import Plan
-from rpeg.runtime.instances import OpCall, model_homes
+from rpeg.runtime.instances import OpCall, model_homes, replica_layouts
 from rpeg.spec.model import Head, Pipeline
 
 
@@ -58,7 +58,7 @@ class RunContext:
                 continue
             heads = wanted.setdefault((c.model, c.device), set())
             heads.update(_heads(pipeline, c.model))
-        groups = _tp_groups(calls)
+        groups = replica_layouts(calls)
         replicas = tuple(
             Replica(model, dev, tuple(sorted(heads)),
                     trainable=dev in homes.get(model, ()),
@@ -74,24 +74,6 @@ class RunContext:
     @property
     def needs_collectives(self) -> bool:
         return any(len(r.world) > 1 or len(r.tp) > 1 for r in self.replicas)
-
-
-def _tp_groups(calls) -> dict[tuple[str, int], tuple[int, ...]]:
-    """(backbone, device) -> the tensor-parallel group its replica is split over. One replica
-    has one layout: every op reading it there must use the same group."""
-    out: dict[tuple[str, int], tuple[int, ...]] = {}
-    who: dict[tuple[str, int], str] = {}
-    for c in calls:
-        if c.model is None or c.role:
-            continue
-        key = (c.model, c.device)
-        if key in out and out[key] != c.tp_group:
-            raise PlanError(f"stage '{c.op}' must split '{c.model}' on device {c.device} like "
-                            f"'{who[key]}' does (tp group {list(out[key]) or 'none'}), not "
-                            f"{list(c.tp_group) or 'unsplit'}",
-                            hint="give every stage that reads a model on a device the same tp")
-        out[key], who[key] = c.tp_group, c.op
-    return {k: v for k, v in out.items() if len(v) > 1}
 
 
 def _graph(pipeline, plan):

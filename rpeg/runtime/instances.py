@@ -117,9 +117,30 @@ def build_calls(pipeline: Pipeline, plan: Plan, steps: int) -> tuple[OpCall, ...
     _order_versions(calls, homes, frozen)
     _order_chunks(calls)
     _order_collectives(calls)
-    return tuple(OpCall(**{**c, "inputs": tuple(c["inputs"]), "deps": tuple(c["deps"]),
-                           "after": tuple(dict.fromkeys(a for a in c["after"] if a != c["id"]))})
-                 for c in calls)
+    out = tuple(OpCall(**{**c, "inputs": tuple(c["inputs"]), "deps": tuple(c["deps"]),
+                          "after": tuple(dict.fromkeys(a for a in c["after"] if a != c["id"]))})
+                for c in calls)
+    replica_layouts(out)                         # one layout per replica, or a PlanError
+    return out
+
+
+def replica_layouts(calls) -> dict[tuple[str, int], tuple[int, ...]]:
+    """(backbone, device) -> the tensor-parallel group its replica is split over. A replica
+    has one layout: every op reading a model on a device must split it the same way."""
+    out: dict[tuple[str, int], tuple[int, ...]] = {}
+    who: dict[tuple[str, int], str] = {}
+    for c in calls:
+        if c.model is None or c.role:
+            continue
+        key = (c.model, c.device)
+        if key in out and out[key] != c.tp_group:
+            raise PlanError(f"stage '{c.op}' must split '{c.model}' on device {c.device} like "
+                            f"'{who[key]}' does (tp group {list(out[key]) or 'none'}), not "
+                            f"{list(c.tp_group) or 'unsplit'}",
+                            hint="the torch runtime keeps one layout of a model per device: "
+                                 "give the stages that read it there the same tp")
+        out[key], who[key] = c.tp_group, c.op
+    return {k: v for k, v in out.items() if len(v) > 1}
 
 
 def by_id(calls) -> dict[str, OpCall]:

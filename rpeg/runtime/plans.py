@@ -6,9 +6,11 @@
     (2, <Strategy.SEARCH: 'search'>)
 
 The planner is told what this runtime executes (:func:`runtime_limits`): data
-parallelism with DDP, one torch engine per device, no tensor or pipeline
-parallelism, no ZeRO sharding. ``--strategy runtime-split`` skips the planner
-and uses the runtime's own split placement (``rpeg.runtime.placement``).
+parallelism with DDP, tensor parallelism up to 8 (DTensor; one layout of a model
+per device, else the plan is searched again with tp = 1), one torch engine per
+device, no pipeline parallelism, no ZeRO sharding. ``--strategy runtime-split``
+skips the planner and uses the runtime's own split placement
+(``rpeg.runtime.placement``).
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ def runtime_limits():
     from rpeg.plan.space import Limits, vllm_available
     from rpeg.spec.model import Engine
     engines = {Engine.TORCH} | ({Engine.VLLM} if vllm_available() else set())
-    return Limits(max_tp=1, max_pp=1, zero=False, engines=frozenset(engines))
+    return Limits(max_tp=8, max_pp=1, zero=False, engines=frozenset(engines))
 
 
 def plan_for_run(file: str | Path, *, spec: str | Path | None = None,
@@ -67,6 +69,7 @@ def _compile(pipeline, cluster, strategy: str, seed: int, budget_s: float):
     from rpeg.plan.compile import compile_plan
     from rpeg.plan.model import Strategy
     from rpeg.plan.search import SearchOptions
+    from rpeg.runtime.instances import build_calls
 
     if cluster is None:
         raise RuntimeFailure("a cluster file is needed to plan the run, and none was given",
@@ -75,7 +78,13 @@ def _compile(pipeline, cluster, strategy: str, seed: int, budget_s: float):
     if strategy not in choices:
         raise PlanError(f"--strategy must be one of {', '.join(choices)}, not {strategy!r}")
     options = SearchOptions(seed=seed, budget_s=budget_s, limits=runtime_limits())
-    return compile_plan(pipeline, cluster, Strategy(strategy), options)
+    plan = compile_plan(pipeline, cluster, Strategy(strategy), options)
+    try:                      # the runtime keeps one tp layout of a model per device
+        build_calls(pipeline, plan, steps=1)
+    except PlanError:
+        options = attrs.evolve(options, limits=attrs.evolve(options.limits, max_tp=1))
+        plan = compile_plan(pipeline, cluster, Strategy(strategy), options)
+    return plan
 
 
 def _find_spec(plan_file: Path, plan) -> Path:

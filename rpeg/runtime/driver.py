@@ -135,7 +135,8 @@ def _loop(cl, calls, steps, window, workers, rd, events, options, on_step,
             finished = lambda d: d in futures and futures[d].status == "finished"  # noqa: E731
             for g in F.fuse(batch, consumers, finished, options.fuse,
                             task_of=lambda d: futures[d].key):
-                f = _submit_group(cl, g, futures, workers)
+                f = F.submit(cl.client, g, futures, workers[g.device],
+                             key=f"{g.ids[0]}+{len(g.ids) - 1}-{cl.token}")
                 for op_id in g.ids:
                     futures[op_id] = f
                 id_of[f.key] = g.ids
@@ -187,30 +188,6 @@ def _loop(cl, calls, steps, window, workers, rd, events, options, on_step,
         bar.close()
         for f in futures.values():
             f.cancel()
-
-
-def _submit_group(cl, g: F.Group, futures: dict, workers: dict):
-    """One task for the group's calls; its arguments are the futures of the other tasks
-    whose results the calls use, each passed once."""
-    args: list = []
-    index: dict[str, int] = {}
-    own = set(g.ids)
-    where = []
-    for call in g.calls:
-        refs = []
-        for d in call.all_deps:
-            if d in own:
-                refs.append((-1, d))
-                continue
-            f = futures[d]
-            if f.key not in index:
-                index[f.key] = len(args)
-                args.append(f)
-            refs.append((index[f.key], d))
-        where.append(tuple(refs))
-    return cl.client.submit(W.run_group, g.calls, g.keep, tuple(where), *args,
-                            key=f"{g.ids[0]}+{len(g.ids) - 1}-{cl.token}",
-                            workers=[workers[g.device]], allow_other_workers=False, pure=False)
 
 
 def _urgency(ins) -> int:

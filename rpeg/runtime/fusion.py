@@ -82,7 +82,8 @@ def fuse(batch: Iterable[OpCall], consumers: dict[str, tuple[OpCall, ...]],
 
     def fits(call: OpCall, gi: int) -> bool:
         return call.step == groups[gi][0].step and all(
-            where.get(d) == gi or task(d) in waits[gi] or is_done(d) for d in call.all_deps)
+            where.get(d) == gi or task(d) in waits[gi] or (d not in where and is_done(d))
+            for d in call.all_deps)
 
     for call in batch:
         here = open_[call.device]
@@ -99,8 +100,39 @@ def fuse(batch: Iterable[OpCall], consumers: dict[str, tuple[OpCall, ...]],
     out = []
     for g in groups:
         own = {c.id for c in g}
+        # outputs read by a call of another task (ordering edges read nothing), and final ones
         keep = frozenset(c.id for c in g
-                         if any(r.id not in own for r in consumers.get(c.id, ()))
+                         if any(r.id not in own and c.id in r.deps
+                                for r in consumers.get(c.id, ()))
                          or not consumers.get(c.id))
         out.append(Group(tuple(g), keep))
     return out
+
+
+def submit(client, g: Group, futures: dict, worker: str, key: str):
+    """Submit ``g`` as one Dask task pinned to ``worker``.
+
+    Its arguments are the futures (``futures``: op id -> the future of its task) of the
+    other tasks whose results the calls read, each passed once, and of the tasks they only
+    wait for (ordering edges); an ordering dependency with no future finished before (an op
+    before a checkpoint cut) and is not waited for."""
+    from rpeg.runtime import worker as W
+
+    args: list = []
+    index: dict[str, int] = {}
+    own = set(g.ids)
+
+    def arg(f) -> int:
+        if f.key not in index:
+            index[f.key] = len(args)
+            args.append(f)
+        return index[f.key]
+
+    where = []
+    for call in g.calls:
+        where.append(tuple((-1, d) if d in own else (arg(futures[d]), d) for d in call.deps))
+        for a in call.after:
+            if a not in own and a in futures:
+                arg(futures[a])
+    return client.submit(W.run_group, g.calls, g.keep, tuple(where), *args, key=key,
+                         workers=[worker], allow_other_workers=False, pure=False)

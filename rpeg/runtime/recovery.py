@@ -47,9 +47,11 @@ from rpeg.errors import RpegError, RuntimeFailure, Span
 from rpeg.plan.model import Plan
 from rpeg.runtime import checkpoint_io as ckio
 from rpeg.runtime import core as C
+from rpeg.runtime import fusion as F
 from rpeg.runtime import worker as W
 from rpeg.runtime.context import RunContext, dataset_path, read_dataset
 from rpeg.runtime.driver import RunOptions, RunResult, _Cluster, _Progress, _rendezvous, uses_vllm
+from rpeg.runtime.flight import Flight, Task
 from rpeg.runtime.instances import OpCall, build_calls
 from rpeg.runtime.record import write_record
 from rpeg.runtime.rundir import RunDir, step_metrics
@@ -305,7 +307,10 @@ class _Runner:
         self.workers = workers
         self.calls = build_calls(self.pipeline, self.plan, self.steps)
         self.table = {c.id: c for c in self.calls}
-        self.window = max((k for _, k in self.plan.staleness), default=0) + 1
+        self.consumers = F.consumers_of(self.calls)
+        # k + 1 steps may run at once; one more is submitted ahead, so the scheduler holds
+        # its ops and starts them the moment their inputs exist (no client round trip)
+        self.window = max((k for _, k in self.plan.staleness), default=0) + 2
         cl = self.cl
         if self.attempt > 1:
             for a in workers.values():
@@ -378,45 +383,46 @@ class _Runner:
         cl, table = self.cl, self.table
         keep = carried(table, inside)
         before = set(inside) - seg
-        futures: dict[str, object] = {}
+        futures: dict[str, object] = {}              # op id -> the future of its task
         self._seg_futures = futures
         for op_id, value in self.state.carry.items():          # outputs from before the cut
-            futures[op_id] = self._scatter(value, table[op_id].device, start)
+            futures[op_id] = self._scatter({op_id: value}, table[op_id].device, start)
         core = C.Core.create(core_view(table, seg, end), end, self.window)
         core.steps_done = start
-        key_of: dict[object, str] = {}
-        done_ids: set[str] = set()
-        ready_at: dict[str, float] = {}
+        fl = Flight()
         last_done = dict.fromkeys(self.workers, time.time())
         held: set[str] = set()
         limit_cut: set[str] | None = None
         last_step = time.time()
         last_alive = 0.0
         completions = as_completed()
-        live = 0
         idle_s = 0.0005
+        # an op with no future is done: it ran before the cut (or in this batch's groups)
+        finished = lambda d: d not in futures or futures[d].status == "finished"  # noqa: E731
+        task_of = lambda d: futures[d].key if d in futures else None             # noqa: E731
         instructions = core.handle(C.Started())
         while True:
+            # submissions first: the per-step bookkeeping (a round trip to every worker)
+            # must not delay work that is ready
+            batch = []
             for ins in instructions:
                 if isinstance(ins, C.Submit):
-                    call = table[ins.call.id]
-                    if limit_cut is not None and call.id not in limit_cut:
-                        held.add(call.id)
-                        continue
-                    args = [futures[d] for d in call.deps] + [
-                        futures[a] for a in call.after if a in futures]
-                    f = cl.client.submit(W.run_op, call, *args,
-                                         key=f"{call.id}-{cl.token}-{self.attempt}",
-                                         workers=[self.workers[call.device]],
-                                         allow_other_workers=False,
-                                         pure=False)
-                    futures[call.id] = f
-                    key_of[f] = call.id
-                    completions.add(f)
-                    live += 1
-                    if all(d in done_ids or d not in seg for d in call.all_deps):
-                        ready_at[call.id] = time.time()
-                elif isinstance(ins, C.Release):
+                    if limit_cut is not None and ins.call.id not in limit_cut:
+                        held.add(ins.call.id)
+                    else:
+                        batch.append(table[ins.call.id])
+            now = time.time()
+            for g in F.fuse(batch, self.consumers, finished, self.options.fuse, task_of):
+                f = F.submit(cl.client, g, futures, self.workers[g.device],
+                             key=f"{g.ids[0]}+{len(g.ids) - 1}-{cl.token}-{self.attempt}")
+                for op_id in g.ids:
+                    futures[op_id] = f
+                fl.add(f.key, Task(g.ids, g.device, g.calls[0].step, self._limit(g.calls),
+                                   tuple(d for d in g.external if d in seg)), now)
+                completions.add(f)
+                self.meta["tasks"] = self.meta.get("tasks", 0) + 1
+            for ins in instructions:
+                if isinstance(ins, C.Release):
                     if ins.op_id not in keep:
                         futures.pop(ins.op_id, None)
                 elif isinstance(ins, C.StepDone):
@@ -429,36 +435,36 @@ class _Runner:
                         hint="the trace and metrics up to the failure are in the run directory")
                 elif isinstance(ins, C.Finish):
                     return end, inside
-            if limit_cut is not None and limit_cut <= done_ids | before:
+            if limit_cut is not None and limit_cut <= fl.done | before:
                 return self._cut_short(end, limit_cut)
             if self.stop.requested and limit_cut is None:
-                limit_cut, end = self._reachable_cut(set(key_of.values()) | done_ids, start,
-                                                     end)
+                limit_cut, end = self._reachable_cut(fl.submitted(), start, end)
                 inside = limit_cut
                 keep = carried(table, inside)
-                if limit_cut <= done_ids | before:
+                if limit_cut <= fl.done | before:
                     return self._cut_short(end, limit_cut)
-            if not live:
+            if not len(fl):
                 if held:
                     continue
                 raise RuntimeFailure("the run stalled: nothing is running and nothing is left "
                                      "to submit (a bug in rpeg's scheduling)")
             # completions in batches without blocking, so the loss and stuck checks below run
             # however long an op takes; the pause grows while nothing finishes (at most 10 ms)
-            finished = completions.next_batch(block=False)
-            if finished:
+            got = completions.next_batch(block=False)
+            if got:
                 idle_s = 0.0005
             else:
                 time.sleep(idle_s)
                 idle_s = min(idle_s * 2, 0.01)
-            live -= len(finished)
             now = time.time()
             instructions = []
-            for f in finished:
-                op_id = key_of[f]
-                call = table[op_id]
+            for f in got:
+                ok = f.status == "finished"
+                task = fl.finish(f.key, now, ok)
                 if f.status == "error":
                     err = f.exception()
+                    op_id = getattr(err, "rpeg_op", task.ids[0])
+                    call = table[op_id]
                     if _is_loss(err):
                         raise _Lost(call.device, self.workers[call.device], op_id, call.step,
                                     f"worker lost ({type(err).__name__})")
@@ -467,19 +473,20 @@ class _Runner:
                     instructions += core.handle(C.OpFailed(op_id, f"{type(err).__name__}: "
                                                                   f"{err}"))
                     continue
-                if f.status != "finished":
+                if not ok:
                     continue
-                done_ids.add(op_id)
-                last_done[call.device] = now
-                instructions += core.handle(C.OpDone(op_id))
-                for c in self._consumers(op_id, seg):
-                    if c in futures and all(d in done_ids or d not in seg
-                                            for d in table[c].all_deps):
-                        ready_at.setdefault(c, now)
+                last_done[task.device] = now
+                for op_id in task.ids:
+                    instructions += core.handle(C.OpDone(op_id))
             if now - last_alive > 0.5:
                 last_alive = now
-                self._check_alive(key_of, done_ids)
-            self._check_stuck(key_of, done_ids, ready_at, last_done, now)
+                self._check_alive(fl)
+            if (hit := fl.stuck(last_done, now)) is not None:
+                task, idle = hit
+                raise self._lost_or_stuck(task.device, self.workers[task.device], task.ids[0],
+                                          task.step, f"op stuck: no progress for {idle:.1f} s "
+                                          f"(limit {task.limit_s:.1f} s from the plan's "
+                                          f"prediction for {len(task.ids)} op(s))")
 
     def _gather(self, futs: list, what: str, devices: list[int] | None = None,
                 limit_s: float | None = None) -> list:
@@ -491,7 +498,7 @@ class _Runner:
         limit_s = limit_s or 2 * self.res.timeout_floor_s
         pending = list(futs)
         while pending:
-            self._check_alive({}, set())
+            self._check_alive()
             try:
                 wait(pending, timeout=0.5)
             except TimeoutError:
@@ -505,14 +512,6 @@ class _Runner:
             if f.status == "error" and _is_loss(f.exception()):
                 raise _Lost(-1, "?", what, self.state.start, "worker lost during " + what)
         return self.cl.client.gather(futs)
-
-    def _consumers(self, op_id: str, seg: set[str]):
-        if not hasattr(self, "_cons"):
-            self._cons: dict[str, list[str]] = defaultdict(list)
-            for c in self.calls:
-                for d in c.all_deps:
-                    self._cons[d].append(c.id)
-        return [c for c in self._cons.get(op_id, ()) if c in seg]
 
     def _step_done(self, step: int, last: float) -> float:
         now = time.time()
@@ -593,39 +592,19 @@ class _Runner:
             return _Lost(device, address, op, step, "worker lost (left the cluster)")
         return _Lost(device, address, op, step, reason)
 
-    def _check_alive(self, key_of, done_ids) -> None:
+    def _check_alive(self, fl: Flight | None = None) -> None:
         alive = set(self._gpu_workers(all_=True))
         for d, a in self.workers.items():
             if a not in alive:
-                op, step = self._running_on(d, key_of, done_ids)
+                op, step = fl.running_on(d) if fl is not None else ("(none)", -1)
                 raise _Lost(d, a, op, step, "worker lost (left the cluster)")
 
-    def _running_on(self, device: int, key_of, done_ids) -> tuple[str, int]:
-        live = [self.table[i] for i in key_of.values() if i not in done_ids
-                and self.table[i].device == device]
-        if not live:
-            return "(none)", -1
-        c = min(live, key=lambda c: (c.step, c.id))
-        return c.id, c.step
-
-    def _check_stuck(self, key_of, done_ids, ready_at, last_done, now) -> None:
-        for d in self.workers:
-            ready = [(t, i) for i, t in ready_at.items() if i not in done_ids
-                     and self.table[i].device == d]
-            if not ready:
-                continue
-            t_ready, op_id = min(ready)
-            since = max(t_ready, last_done[d])
-            limit = self._timeout(self.table[op_id])
-            if now - since > limit:
-                call = self.table[op_id]
-                raise self._lost_or_stuck(d, self.workers[d], op_id, call.step,
-                                          f"op stuck: no progress for {now - since:.1f} s "
-                                          f"(limit {limit:.1f} s from the plan's prediction)")
-
-    def _timeout(self, call: OpCall) -> float:
+    def _limit(self, calls) -> float:
+        """How long a task of ``calls`` may go without progress: ``timeout_factor`` x the
+        plan's predicted time of its ops together, and never less than the floor (once per
+        task: a frozen worker is found as fast whatever the task holds)."""
         predicted = dict(self.plan.predicted.op_times) if self.plan.predicted else {}
-        t = max((predicted.get(s, 0.0) for s in call.stages), default=0.0)
+        t = sum(max((predicted.get(s, 0.0) for s in c.stages), default=0.0) for c in calls)
         return max(self.res.timeout_floor_s, self.res.timeout_factor * t)
 
     def _reachable_cut(self, started: set[str], start: int, end: int):
@@ -648,10 +627,14 @@ class _Runner:
             self.state.pending[int(e["step"])].append(e)
         carry = {}
         if keep:
-            futs = {op_id: self._seg_futures[op_id] for op_id in sorted(keep)}
-            carry = dict(zip(futs, self._gather(list(futs.values()), "carry",
-                                                [self.table[i].device for i in futs]),
-                             strict=True))
+            # a task returns {op id: outputs} for the ops it keeps; each task gathered once
+            tasks = {}
+            for op_id in sorted(keep):
+                tasks.setdefault(self._seg_futures[op_id].key, (self._seg_futures[op_id],
+                                                                self.table[op_id].device))
+            got = dict(zip(tasks, self._gather([f for f, _ in tasks.values()], "carry",
+                                               [d for _, d in tasks.values()]), strict=True))
+            carry = {op_id: got[self._seg_futures[op_id].key][op_id] for op_id in sorted(keep)}
         tmp = ckio.begin(rd.path, cut)
         saves = [cl.client.submit(ckio.save_replicas, str(tmp), cut, workers=[a],
                                   allow_other_workers=False, pure=False,

@@ -74,9 +74,10 @@ def run_op(call, *args):
 def run_group(calls, keep, where, *results):
     """Run fused calls in order (one Dask task); each is traced as its own op.
 
-    ``where[i]`` says, for ``calls[i].deps + calls[i].after``, where each result is:
-    ``(j, op_id)`` for ``results[j][op_id]`` (an earlier task's group), or ``(-1, op_id)``
-    for a call earlier in this group. Returns ``{op_id: outputs}`` for the ids in ``keep``.
+    ``where[i]`` says, for ``calls[i].deps``, where each result is: ``(j, op_id)`` for
+    ``results[j][op_id]`` (an earlier task's group), or ``(-1, op_id)`` for a call earlier
+    in this group (ordering dependencies are task arguments only: nothing of them is read).
+    Returns ``{op_id: outputs}`` for the ids in ``keep``.
     """
     local: dict[str, object] = {}
     for call, refs in zip(calls, where, strict=True):

@@ -1,4 +1,5 @@
-"""Fused dispatch: the same numbers as one task per op, each op still traced and verified."""
+"""Fused dispatch: the same numbers as one task per op, each op still traced and verified,
+across checkpoint cuts (outputs carried over a cut come out of a fused task)."""
 
 from __future__ import annotations
 
@@ -8,10 +9,12 @@ import logging
 import attrs
 import pytest
 
-from rpeg.runtime import RunOptions, run_pipeline, verify_run
+from rpeg.runtime import RunOptions, verify_run
+from rpeg.runtime.flight import Flight, Task
 from rpeg.runtime.fusion import consumers_of, fuse
 from rpeg.runtime.instances import build_calls
 from rpeg.runtime.placement import split_plan
+from rpeg.runtime.recovery import Resilience, carried, closure, run_resilient
 
 TIMING = ("step_time_s", "tokens_per_s")
 
@@ -47,8 +50,10 @@ def test_fused_run_matches_unfused(ppo, tmp_path, devices, k):
                       silence_logs=logging.ERROR) as cluster:
         opts = RunOptions(steps=3, scheduler=cluster.scheduler_address, root=str(tmp_path),
                           progress=False)
-        fused = run_pipeline(ppo, plan, opts, spec_path=ppo.path)
-        plain = run_pipeline(ppo, plan, attrs.evolve(opts, fuse=False), spec_path=ppo.path)
+        every = Resilience(checkpoint_every=2)                 # a cut inside the run
+        fused = run_resilient(ppo, plan, opts, spec_path=ppo.path, resilience=every)
+        plain = run_resilient(ppo, plan, attrs.evolve(opts, fuse=False), spec_path=ppo.path,
+                              resilience=every)
     for r in (fused, plain):
         report = verify_run(r.path)
         assert report.ok, str(report)
@@ -56,3 +61,30 @@ def test_fused_run_matches_unfused(ppo, tmp_path, devices, k):
     assert tasks[1] == len(build_calls(ppo, plan, 3)) and tasks[0] < tasks[1]
     assert all(_same(a, b) for a, b in zip(fused.metrics, plain.metrics, strict=True)), \
         (fused.metrics, plain.metrics)
+
+
+def test_outputs_carried_over_a_cut_are_kept_by_their_task(ppo):
+    """An op whose output a later segment reads is in its task's ``keep``."""
+    calls = build_calls(ppo, split_plan(ppo, 2, staleness=1), 4)
+    table = {c.id: c for c in calls}
+    inside = closure(table, 2)
+    carry = carried(table, inside)
+    assert carry
+    groups = fuse([c for c in calls if c.id in inside], consumers_of(calls), lambda d: False)
+    kept = set().union(*(g.keep for g in groups))
+    assert carry <= kept
+
+
+def test_flight_readiness_and_stuck_devices():
+    fl = Flight()
+    fl.add("a", Task(("x", "y"), 0, 0, 2.0, ()), now=0.0)
+    fl.add("b", Task(("z",), 1, 0, 1.0, ("y",)), now=0.0)
+    assert fl.stuck({0: 0.0, 1: 0.0}, now=1.5) is None        # b waits; a is within its limit
+    assert fl.stuck({0: 0.0, 1: 0.0}, now=2.5)[0].ids == ("x", "y")
+    fl.finish("a", now=3.0)
+    assert fl.ready_at == {"b": 3.0} and fl.submitted() == {"x", "y", "z"}
+    assert fl.stuck({0: 3.0, 1: 0.0}, now=3.5) is None
+    assert fl.stuck({0: 3.0, 1: 0.0}, now=4.5)[0].ids == ("z",)
+    assert fl.running_on(1) == ("z", 0) and fl.running_on(0) == ("(none)", -1)
+    fl.finish("b", now=5.0, ok=False)                          # failed: its ops are not done
+    assert "z" not in fl.done and not len(fl)

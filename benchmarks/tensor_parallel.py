@@ -1,0 +1,89 @@
+"""Tensor parallelism on the local CPU cluster: the same tiny PPO run at tp = 1 and tp = 2.
+
+    $ .venv/bin/python benchmarks/tensor_parallel.py           # writes results/tensor_parallel.{json,md}
+    $ .venv/bin/python benchmarks/tensor_parallel.py --steps 4  # shorter
+
+Actor, critic and reference run every op (generate, forward, train) on device 0
+(tp = 1) or split over devices 0-1 (tp = 2, DTensor over gloo); scores and
+advantages stay on device 0. Both runs use one 2-worker Dask cluster, the same
+seed and synchronous PPO, so their metrics must agree step for step (the
+largest relative difference is recorded) while the step times show what the
+collectives cost: a tiny model on CPU does a few microseconds of work per
+all-reduce, so tp = 2 is expected to be slower here; it pays off only where
+a model does not fit one device or its matmuls dominate. Step times are
+medians after the first step; the machine's load average is recorded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests" / "runtime"))
+
+from rpeg.runtime import RunOptions, run_pipeline, verify_run  # noqa: E402
+from rpeg.spec import load  # noqa: E402
+from test_tp_run import COMPARED, plan_with  # noqa: E402
+
+OUT = ROOT / "benchmarks" / "results"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=8)
+    args = ap.parse_args(argv)
+    from distributed import LocalCluster
+
+    ppo = load(ROOT / "pipelines" / "tiny_ppo.rpeg")
+    runs = {}
+    cluster = LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                           resources={"GPU": 1}, host="127.0.0.1",
+                           dashboard_address="127.0.0.1:0", silence_logs=logging.ERROR)
+    try:
+        for tp, devs in ((1, (0,)), (2, (0, 1))):
+            load_before = os.getloadavg()[0]
+            t0 = time.time()
+            result = run_pipeline(ppo, plan_with(ppo, devs, tp),
+                                  RunOptions(steps=args.steps, scheduler=cluster.scheduler_address,
+                                             root=str(ROOT / "runs" / "bench-tp"), progress=False),
+                                  spec_path=ppo.path)
+            report = verify_run(result.path)
+            times = [m["step_time_s"] for m in result.metrics[1:]]
+            runs[tp] = {"verified": report.ok, "wall_s": round(time.time() - t0, 2),
+                        "median_step_s": round(statistics.median(times), 4),
+                        "load_before": round(load_before, 2),
+                        "metrics": [{k: m[k] for k in COMPARED} for m in result.metrics]}
+    finally:
+        cluster.close()
+    diff = max(abs(a[k] - b[k]) / max(abs(b[k]), 1e-3)
+               for a, b in zip(runs[2]["metrics"], runs[1]["metrics"], strict=True)
+               for k in COMPARED)
+    out = {"command": "benchmarks/tensor_parallel.py --steps %d" % args.steps,
+           "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
+           "steps": args.steps, "runs": {str(k): v for k, v in runs.items()},
+           "step_time_ratio_tp2_over_tp1": round(runs[2]["median_step_s"]
+                                                 / runs[1]["median_step_s"], 3),
+           "max_rel_metric_diff": diff}
+    OUT.mkdir(parents=True, exist_ok=True)
+    (OUT / "tensor_parallel.json").write_text(json.dumps(out, indent=1) + "\n")
+    md = ["| tp | median step (s) | wall (s) | verified | load before |", "|---|---|---|---|---|"]
+    md += [f"| {tp} | {r['median_step_s']} | {r['wall_s']} | {r['verified']} | "
+           f"{r['load_before']} |" for tp, r in runs.items()]
+    md += ["", f"tp=2 / tp=1 step time: {out['step_time_ratio_tp2_over_tp1']}; largest relative "
+           f"metric difference over {args.steps} steps: {diff:.2e}", ""]
+    (OUT / "tensor_parallel.md").write_text("\n".join(md))
+    print("\n".join(md))
+    return 0 if all(r["verified"] for r in runs.values()) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

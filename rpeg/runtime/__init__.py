@@ -6,8 +6,10 @@
     True
 
 Modules: ``instances`` (the plan unrolled into op calls), ``core`` (the
-scheduling core: events in, instructions out), ``driver`` (the Dask adapter),
-``worker`` (what runs in a worker), ``rundir`` and ``verify`` (the record of a
+scheduling core: events in, instructions out), ``recovery`` (the Dask adapter every
+run goes through: segments between checkpoint cuts, loss and stuck detection, resume),
+``fusion`` and ``flight`` (ops packed into Dask tasks, and those tasks tracked),
+``driver`` (options, the cluster, the plain run), ``worker`` (what runs in a worker), ``rundir`` and ``verify`` (the record of a
 run and its check), ``placement`` (the split plan used when none is given),
 ``inline`` (the same calls in one process, the reference for overhead).
 """

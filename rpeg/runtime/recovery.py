@@ -52,7 +52,7 @@ from rpeg.runtime import worker as W
 from rpeg.runtime.context import RunContext, dataset_path, read_dataset
 from rpeg.runtime.driver import RunOptions, RunResult, _Cluster, _Progress, _rendezvous, uses_vllm
 from rpeg.runtime.flight import Flight, Task
-from rpeg.runtime.instances import OpCall, build_calls
+from rpeg.runtime.instances import OpCall, build_calls, graph_for, model_homes
 from rpeg.runtime.record import write_record
 from rpeg.runtime.rundir import RunDir, step_metrics
 from rpeg.runtime.serial import dumps, loads, plan_from_json, plan_to_json
@@ -336,6 +336,8 @@ class _Runner:
                                  f"{type(e).__name__}: {e}") from e
         self.meta["setup_s"] = max(s["setup_s"] for s in setup)
         self.meta["workers"] = {str(d): a for d, a in workers.items()}
+        self.meta["homes"] = {m: list(d) for m, d in model_homes(
+            self.pipeline, self.plan, graph_for(self.pipeline, self.plan)).items()}
         history = self.meta.setdefault("worker_history", {})    # rpeg verify accepts each
         for d, a in workers.items():
             if a not in history.setdefault(str(d), []):

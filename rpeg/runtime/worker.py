@@ -90,10 +90,6 @@ def run_group(calls, keep, where, *results):
     return {k: v for k, v in local.items() if k in keep}
 
 
-def checkpoint(model: str, path: str, meta: dict, *after) -> str:
-    return _STATE["executor"].checkpoint(model, path, meta)
-
-
 def drain() -> list[dict]:
     """Hand over (and forget) the trace events recorded since the last drain."""
     with _LOCK:

@@ -30,9 +30,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests" / "runtime"))
 
+from test_tp_run import COMPARED, plan_with  # noqa: E402
+
 from rpeg.runtime import RunOptions, run_pipeline, verify_run  # noqa: E402
 from rpeg.spec import load  # noqa: E402
-from test_tp_run import COMPARED, plan_with  # noqa: E402
 
 OUT = ROOT / "benchmarks" / "results"
 
@@ -67,7 +68,7 @@ def main(argv=None) -> int:
     diff = max(abs(a[k] - b[k]) / max(abs(b[k]), 1e-3)
                for a, b in zip(runs[2]["metrics"], runs[1]["metrics"], strict=True)
                for k in COMPARED)
-    out = {"command": "benchmarks/tensor_parallel.py --steps %d" % args.steps,
+    out = {"command": f"benchmarks/tensor_parallel.py --steps {args.steps}",
            "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
            "steps": args.steps, "runs": {str(k): v for k, v in runs.items()},
            "step_time_ratio_tp2_over_tp1": round(runs[2]["median_step_s"]

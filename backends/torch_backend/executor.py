@@ -34,7 +34,7 @@ from backends.torch_backend.train import (
 )
 from rpeg.errors import BackendError
 from rpeg.runtime.context import dataset_path, group_of, read_dataset, step_rows
-from rpeg.runtime.instances import EXPORT, OpCall
+from rpeg.runtime.instances import EXPORT, OpCall, base_of
 from rpeg.spec.model import Engine, Head, OpKind
 
 BUCKET_BYTES = 32 << 20          # weight sync: one message per 32 MB bucket, not per tensor
@@ -42,7 +42,7 @@ BUCKET_BYTES = 32 << 20          # weight sync: one message per 32 MB bucket, no
 
 class Replica:
     def __init__(self, spec, pipeline, device: str) -> None:
-        members = [pipeline.model(m) for m in spec.model.split("+")]
+        members = [pipeline.model(m) for m in base_of(spec.model).split("+")]
         dims = members[0].dims
         weights = next((m.weights for m in members if m.weights), None)
         self.model = build_model(dims, spec.heads, seed=pipeline.workload.seed,

@@ -19,7 +19,7 @@ import numpy as np
 
 from rpeg.errors import RuntimeFailure
 from rpeg.plan.model import Plan
-from rpeg.runtime.instances import OpCall, model_homes, replica_layouts
+from rpeg.runtime.instances import OpCall, base_of, model_homes, replica_layouts
 from rpeg.spec.model import Head, Pipeline
 
 
@@ -83,7 +83,7 @@ def _graph(pipeline, plan):
 
 def _heads(pipeline: Pipeline, backbone: str) -> set[str]:
     heads = set()
-    for name in backbone.split("+"):
+    for name in base_of(backbone).split("+"):
         m = pipeline.model(name)
         heads.add("lm" if m.head is Head.LM else "value")
     return heads

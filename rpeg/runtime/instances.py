@@ -38,6 +38,12 @@ from rpeg.spec.model import Engine, OpKind, Pipeline
 
 GROUP_FUNCTIONS = ("group_norm", "grpo_advantages", "rloo")
 EXPORT, LOAD = "export", "load"
+VARIANT = "~"          # "actor~tp0-1": a second copy of actor on a device, split another way
+
+
+def base_of(key: str | None) -> str | None:
+    """The backbone a replica key names (``actor~tp0-1`` -> ``actor``)."""
+    return key.split(VARIANT)[0] if key else key
 
 
 @attrs.frozen
@@ -113,6 +119,7 @@ def build_calls(pipeline: Pipeline, plan: Plan, steps: int) -> tuple[OpCall, ...
                 calls.append(call)
                 if rank == 0 and (not group or group[0] == dev):
                     produced[(name, s)].append(cid)       # what readers take: tp rank 0's
+    _split_layouts(calls)
     calls = _add_syncs(calls, homes, _home_tp(graph, plan))
     _order_versions(calls, homes, frozen)
     _order_chunks(calls)
@@ -290,6 +297,30 @@ def _id(name, step, idx, kind, n, is_chunked) -> str:
     return f"{name}/s{step}"
 
 
+def _split_layouts(calls: list[dict]) -> None:
+    """A replica has one tensor-parallel layout. Where an op reads a model on a device split
+    differently from the model's layout there (the trainer's on its home devices, else the
+    first reader's), it reads a second copy, ``model~tp<group>`` (``model~whole``: unsplit),
+    which gets its weights by weight sync like a replica on another device (resharding)."""
+    primary: dict[tuple[str, int], tuple[int, ...]] = {}
+    for c in calls:
+        if c["kind"] is OpKind.TRAIN and c["model"]:
+            primary.setdefault((c["model"], c["device"]), c["tp_group"])
+    for c in calls:
+        if c["model"] and not c.get("role"):
+            key = (c["model"], c["device"])
+            group = primary.setdefault(key, c["tp_group"])
+            if group != c["tp_group"]:
+                g = c["tp_group"]
+                c["model"] = c["model"] + VARIANT + (
+                    "tp" + "-".join(map(str, g)) if g else "whole")
+    copied = {(c["op"], c["step"], c["chunk"]): c["model"] for c in calls
+              if c["tp_group"] and c["model"] and VARIANT in c["model"]}
+    for c in calls:                        # every rank of a tp group reads the same copy
+        if c["tp_group"] and (c["op"], c["step"], c["chunk"]) in copied:
+            c["model"] = copied[(c["op"], c["step"], c["chunk"])]
+
+
 def _add_syncs(calls: list[dict], homes, home_tp: dict[str, int]) -> list[dict]:
     """Export/load pairs for every version of a trained model read off its home devices.
     A tensor-parallel home exports from each rank of its first block (its shard); the
@@ -297,11 +328,13 @@ def _add_syncs(calls: list[dict], homes, home_tp: dict[str, int]) -> list[dict]:
     needed: dict[tuple[str, int], set[int]] = defaultdict(set)
     for c in calls:
         key = c["model"]
-        if key in homes and c["device"] not in homes[key] and c["version"] > 0:
+        b = base_of(key)
+        if b in homes and (c["device"] not in homes[b] or key != b) and c["version"] > 0:
             needed[(key, c["device"])].add(c["version"])
     out = list(calls)
     exports: dict[tuple[str, int], list[str]] = {}
-    for (key, dev), versions in sorted(needed.items()):
+    for (copy, dev), versions in sorted(needed.items()):
+        key = base_of(copy)
         tp = home_tp.get(key, 1)
         for v in sorted(versions):
             if (key, v) not in exports:
@@ -314,9 +347,9 @@ def _add_syncs(calls: list[dict], homes, home_tp: dict[str, int]) -> list[dict]:
                                     tp_group=(), role=EXPORT, model=key, stages=(), inputs=[],
                                     deps=[], after=[], version=v, writes=-1, bound=0))
             eids = exports[(key, v)]
-            out.append(dict(id=f"sync_{key}/s{v - 1}/{LOAD}@{dev}", op=f"sync_{key}",
+            out.append(dict(id=f"sync_{copy}/s{v - 1}/{LOAD}@{dev}", op=f"sync_{key}",
                             kind=OpKind.SYNC_WEIGHTS, step=v - 1, device=dev, chunk=0, chunks=1,
-                            rank=0, world=1, tp_group=(), role=LOAD, model=key, stages=(),
+                            rank=0, world=1, tp_group=(), role=LOAD, model=copy, stages=(),
                             inputs=[("weights", len(eids))], deps=list(eids), after=[],
                             version=-1, writes=v, bound=0))
     return out
@@ -329,11 +362,11 @@ def _order_versions(calls: list[dict], homes, frozen) -> None:
     for c in calls:
         if c["writes"] >= 0:
             writer[(c["model"], c["device"], c["writes"])] = c["id"]
-        if c["version"] >= 0 and c["model"] in homes:
+        if c["version"] >= 0 and base_of(c["model"]) in homes:
             readers[(c["model"], c["device"], c["version"])].append(c["id"])
     for c in calls:
         key, dev = c["model"], c["device"]
-        if c["version"] > 0 and key in homes:
+        if c["version"] > 0 and base_of(key) in homes:
             w = writer.get((key, dev, c["version"]))
             if w is None:
                 raise PlanError(f"no op makes version {c['version']} of '{key}' on device {dev} "

@@ -6,9 +6,9 @@
     (2, <Strategy.SEARCH: 'search'>)
 
 The planner is told what this runtime executes (:func:`runtime_limits`): data
-parallelism with DDP, tensor parallelism up to 8 (DTensor; one layout of a model
-per device, else the plan is searched again with tp = 1), one torch engine per
-device, no pipeline parallelism, no ZeRO sharding. ``--strategy runtime-split``
+parallelism with DDP, tensor parallelism up to 8 (DTensor; a plan the runtime
+still refuses, such as vLLM at tp > 1, is searched again with tp = 1), one
+torch engine per device, no pipeline parallelism, no ZeRO sharding. ``--strategy runtime-split``
 skips the planner and uses the runtime's own split placement
 (``rpeg.runtime.placement``).
 """
@@ -79,7 +79,7 @@ def _compile(pipeline, cluster, strategy: str, seed: int, budget_s: float):
         raise PlanError(f"--strategy must be one of {', '.join(choices)}, not {strategy!r}")
     options = SearchOptions(seed=seed, budget_s=budget_s, limits=runtime_limits())
     plan = compile_plan(pipeline, cluster, Strategy(strategy), options)
-    try:                      # the runtime keeps one tp layout of a model per device
+    try:                      # e.g. vLLM generation at tp > 1: the torch runtime refuses it
         build_calls(pipeline, plan, steps=1)
     except PlanError:
         options = attrs.evolve(options, limits=attrs.evolve(options.limits, max_tp=1))

@@ -110,11 +110,28 @@ def test_a_tp_trainer_exports_from_each_rank_and_the_reader_joins_them(ppo):
     (dict(stage="actor_step", devices=(0, 1), dp=1, tp=1, pp=2), "pp = 1"),
     (dict(stage="ref_lp", devices=(0, 1, 2), dp=1, tp=2), "dp x tp = 1 x 2 devices, not 3"),
     (dict(stage="rollout", engine=Engine.VLLM), "tp = 1 with engine = vllm"),
-    (dict(stage="actor_step", devices=(0,), dp=1, tp=1), "must split 'actor' on device 0"),
 ])
 def test_degrees_the_backend_cannot_run_are_refused_at_plan_time(ppo, change, match):
     with pytest.raises(PlanError, match=match):
         build_calls(ppo, _with(tp_plan(ppo, devices=3), **change), steps=1)
+
+
+def test_a_model_read_split_another_way_on_its_home_gets_a_resharded_copy(ppo):
+    """Trained unsplit on device 0, generated at tp = 2 on devices 0-1: the generator reads
+    a second copy, ``actor~tp0-1``, loaded by weight sync like a replica elsewhere."""
+    plan = _with(tp_plan(ppo), stage="actor_step", devices=(0,), dp=1, tp=1)
+    plan = attrs.evolve(plan, model_homes=(("actor", (0,)), ("critic", (0, 1))))
+    calls = {c.id: c for c in build_calls(ppo, plan, steps=2)}
+    assert calls["rollout/s1/c0"].model == "actor~tp0-1"
+    assert calls["actor_step/s0"].model == "actor"
+    loads = sorted(i for i, c in calls.items() if c.role == LOAD)
+    assert loads == ["sync_actor~tp0-1/s0/load@0", "sync_actor~tp0-1/s0/load@1"]
+    assert "sync_actor~tp0-1/s0/load@0" in calls["rollout/s1/c0"].after
+    ctx = RunContext.create(ppo, plan, tuple(calls.values()), spec_dir=".", run_dir="")
+    copies = {(r.model, r.device): (r.tp, r.trainable) for r in ctx.replicas
+              if r.model.startswith("actor")}
+    assert copies == {("actor", 0): ((), True), ("actor~tp0-1", 0): ((0, 1), False),
+                      ("actor~tp0-1", 1): ((0, 1), False)}
 
 
 # --- the sharding plan on two real ranks ---------------------------------------------------

@@ -103,3 +103,23 @@ def test_a_tp2_trainer_syncs_whole_weights_to_a_tp1_generator(ppo, tmp_path, clu
     trace = json.loads((split.path / "trace.json").read_text())
     names = {e["name"] for e in trace["traceEvents"] if e["ph"] == "X"}
     assert {"sync_actor.export", "sync_actor.load"} <= names
+
+
+@pytest.mark.slow
+def test_generation_resharded_from_an_unsplit_trainer_on_the_same_device(ppo, tmp_path,
+                                                                          cluster3):
+    """Trained unsplit on device 0, generated at tp = 2 on devices 0-1: the generator's
+    copy (``actor~tp0-1``) is loaded by weight sync each step, and the run matches tp = 1."""
+    import attrs
+    base = plan_with(ppo, (0,), 1)
+    plan = attrs.evolve(base, placements=tuple(
+        attrs.evolve(p, devices=(0, 1), tp=2) if p.stage == "rollout" else p
+        for p in base.placements))
+    split = _run(ppo, plan, tmp_path / "reshard", cluster3)
+    whole = _run(ppo, base, tmp_path / "tp1", cluster3)
+    _same(split, whole)
+    import json
+    trace = json.loads((split.path / "trace.json").read_text())
+    loads = {(e["args"]["step"], e["tid"]) for e in trace["traceEvents"]
+             if e["ph"] == "X" and e["name"] == "sync_actor.load"}
+    assert loads == {(s, d) for s in range(STEPS - 1) for d in (0, 1)}

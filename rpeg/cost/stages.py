@@ -34,6 +34,7 @@ is checked by the caller, which knows every model resident on a GPU: sum
 from __future__ import annotations
 
 import functools
+import heapq
 import math
 from collections.abc import Sequence
 
@@ -374,10 +375,14 @@ def _generation(model, par, devices, topo, cluster, batch, prompt_len, dist, eng
     if rows is None or rows >= local:
         return _generation_cached(model, par, devices, topo, cluster.gpu, local, prompt_len,
                                   dist, engine, par.dp)
+    if engine is Engine.VLLM:
+        # Continuous batching: ``rows`` sequences at once, a finished one's slot refilled
+        # from the queue at once, so only the last sequences leave a tail.
+        return _generation_cached(model, par, devices, topo, cluster.gpu, local, prompt_len,
+                                  dist, engine, par.dp, max(rows, 1))
     # Waves: the local batch in ceil(local / rows) consecutive batches of at most ``rows``
-    # sequences (a batched generate called in a loop; vLLM refills freed slots instead,
-    # which this bounds from above by at most one wave's tail). Each wave has the whole
-    # length distribution, so each waits for its own longest response.
+    # sequences (a batched generate called in a loop). Each wave has the whole length
+    # distribution, so each waits for its own longest response.
     waves = math.ceil(local / max(rows, 1))
     one = _generation_cached(model, par, devices, topo, cluster.gpu,
                              math.ceil(local / waves), prompt_len, dist, engine, par.dp * waves)
@@ -402,12 +407,16 @@ def _slowest_lengths(dist, local: int, groups: int) -> np.ndarray:
 
 @functools.lru_cache(maxsize=4096)
 def _generation_cached(model, par, devices, topo, gpu, local, prompt_len, dist, engine,
-                       groups=1) -> _Gen:
+                       groups=1, slots=None) -> _Gen:
     """One wave of ``local`` sequences per replica, on the slowest of ``groups`` replicas
     (or waves) the batch is dealt to: the stage ends when the replica holding the batch's
     longest response does, so its lengths are the longest of each of ``local`` strata of
     the whole batch's lengths, not ``local`` draws of their own (whose longest would
-    shrink as DP grows while the batch's does not)."""
+    shrink as DP grows while the batch's does not).
+
+    ``slots`` (continuous batching): at most this many sequences decode at once; they are
+    admitted in arrival order (independent of their lengths), each into the first slot
+    that frees, so a decode step's batch is every admitted, unfinished sequence."""
     check_parallel(model.dims, par, model.name)
     d, hd, bpv = model.dims, head_dims(model), value_bytes(model, gpu)
     m = min(par.microbatches, local)
@@ -415,6 +424,7 @@ def _generation_cached(model, par, devices, topo, gpu, local, prompt_len, dist, 
     tpg, ppg = tp_group(devices, par), pp_group(devices, par)
     lengths = _slowest_lengths(dist, local, groups)
     n = len(lengths)
+    first, last = _admissions(lengths, None if slots is None else slots * n / local)
     if engine is Engine.VLLM:
         gpu = attrs.evolve(gpu, layer_overhead=gpu.get("vllm_layer_overhead", gpu.layer_overhead),
                            decode_overhead=gpu.get("vllm_decode_overhead", gpu.decode_overhead))
@@ -437,16 +447,18 @@ def _generation_cached(model, par, devices, topo, gpu, local, prompt_len, dist, 
     prefill_x = pipe * comm(pre_tokens)
 
     # Decode, integrated over segments of constant batch size.
+    done = np.sort(last)
     idx = np.unique(np.linspace(0, n - 1, min(n, _SEGMENTS)).round().astype(int))
-    ends = lengths[idx]
+    ends = done[idx]
     starts = np.concatenate([[0.0], ends[:-1]])
     keep = ends > starts
     ends, starts = ends[keep], starts[keep]
     comp_seg, comm_seg = [], []
     for lo, hi in zip(starts, ends, strict=True):
         mid = (lo + hi) / 2
-        active = local * float((lengths >= mid).sum()) / n
-        ctx = prompt_len + mid
+        live = (first <= mid) & (last >= mid)
+        active = local * float(live.sum()) / n
+        ctx = prompt_len + (float((mid - first[live]).mean()) if live.any() else mid)
         per_mb = active / m
         step = pipe * stage_pass(per_mb, ctx, per_mb * ctx, per_mb) + gpu.decode_overhead
         comp_seg.append((hi - lo) * step)
@@ -462,8 +474,27 @@ def _generation_cached(model, par, devices, topo, gpu, local, prompt_len, dist, 
                      (("prefill", prefill_c + prefill_x), ("decode", decode_c + decode_x),
                       ("host", local * gpu.sample_overhead)))
     prefill, host = prefill_c + prefill_x, local * gpu.sample_overhead
-    finish = np.interp(lengths, steps, cum) + prefill + host
-    return _Gen(cost, prefill, host, steps, cum, lengths, finish)
+    order = np.argsort(last, kind="stable")
+    finish = np.interp(last[order], steps, cum) + prefill + host
+    return _Gen(cost, prefill, host, steps, cum, lengths[order], finish)
+
+
+def _admissions(lengths: np.ndarray, slots: float | None) -> tuple[np.ndarray, np.ndarray]:
+    """(decode step each sequence starts at, step it finishes at). Without ``slots`` all
+    start at once; else arrivals in a fixed order unrelated to length (a low-discrepancy
+    interleaving of the sorted lengths) fill ``slots`` slots, each taking the first free."""
+    n = len(lengths)
+    if slots is None or slots >= n:
+        return np.zeros(n), lengths.astype(float)
+    k = max(int(round(slots)), 1)
+    arrival = np.argsort((np.arange(n) * 0.6180339887498949) % 1.0, kind="stable")
+    free = [0.0] * k
+    first = np.zeros(n)
+    for j in arrival:
+        t = heapq.heappop(free)
+        first[j] = t
+        heapq.heappush(free, t + float(lengths[j]))
+    return first, first + lengths
 
 
 # --- forward and train ----------------------------------------------------------------

@@ -253,7 +253,7 @@ class Evaluator:
             return False
 
     def timings(self, plan: Plan, graph: Graph):
-        pipeline, gpu = self.pipeline, self.cluster.gpu
+        pipeline = self.pipeline
         timings: dict[str, OpTiming] = {}
         op_times: list[tuple[str, float]] = []
         trainer = {o.writes_model: o for o in graph.ops if o.kind is OpKind.TRAIN}

@@ -15,7 +15,8 @@ the best plan kept is always feasible). Moves:
 - ``layout``     another DP x TP x PP / micro-batch / ZeRO / recompute choice, same devices;
 - ``colocate``   put a stage on the devices of another one;
 - ``partition``  generation on one part of the cluster, the rest on the other part
-                 (or training everywhere, forwards streaming beside generation);
+                 (or training everywhere, forwards streaming beside generation; or two
+                 separately trained models on a part of the rest each, side by side);
 - ``chunks``     stream a generate stage's responses in 1, 2, 4, 8 or 16 chunks;
 - ``offload``    keep a train stage's optimizer state in host memory between steps, or not
                  (frees device memory for colocated stages, costs two host-link copies);
@@ -230,14 +231,16 @@ class Moves:
         a = int(self._pick(cuts))
         gen_block, rest = Block(0, a), Block(a, n - a)
         train_everywhere = self.rng.random() < 0.5
+        own = {} if train_everywhere else self._trainer_groups(plan, rest)
         for s in self.stages:
             kind = self.ctx.pipeline.stage(s).kind
+            target = self.ctx.pipeline.stage(s).target
             if s in self.gens:
                 block = gen_block
             elif kind is OpKind.TRAIN and train_everywhere:
                 block = Block(0, n)
             else:
-                block = rest
+                block = own.get(target, rest)
             c = self._choice(s, block.size)
             if c is None:
                 return None
@@ -252,6 +255,18 @@ class Moves:
                 attrs.evolve(x, chunks=int(self._pick(CHUNKS))) if x.stage == s else x
                 for x in plan.placements))
         return plan
+
+    def _trainer_groups(self, plan: Plan, rest: Block) -> dict:
+        """Half the time, two models trained apart (not one shared backbone) get a part of
+        ``rest`` each, whole nodes, so their train steps (and their models' forwards) run
+        side by side instead of one after the other; else {} (everything on ``rest``)."""
+        unit = self.ctx.cluster.gpus_per_node
+        models = [self.ctx.pipeline.stage(s).target for s in self.trains]
+        if plan.shared or len(models) != 2 or rest.size < 2 * unit or self.rng.random() < 0.5:
+            return {}
+        cut = unit * int(self.rng.integers(1, rest.size // unit))
+        return {models[0]: Block(rest.start, cut),
+                models[1]: Block(rest.start + cut, rest.size - cut)}
 
     def resize(self, plan: Plan) -> Plan | None:
         """Grow or shrink the block of a stage (and of the stages sharing it) by whole nodes

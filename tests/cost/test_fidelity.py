@@ -136,3 +136,27 @@ def test_a_batch_padded_shorter_costs_less(ppo):
     m_whole = stage_memory(ppo, "ref_lp", par, GH, batch=128).total
     m_short = stage_memory(ppo, "ref_lp", par, GH, batch=128, padded_len=128).total
     assert m_short < m_whole
+
+
+def test_continuous_batching_admits_into_the_first_free_slot():
+    import numpy as np
+
+    from rpeg.cost.stages import _admissions
+    first, last = _admissions(np.array([1.0, 2.0, 3.0, 4.0]), 2)
+    # arrivals 0, 2, 1, 3 (a fixed order unrelated to length), two slots
+    assert first.tolist() == [0.0, 1.0, 0.0, 3.0] and last.tolist() == [1.0, 3.0, 3.0, 7.0]
+    first, last = _admissions(np.array([1.0, 2.0]), None)
+    assert first.tolist() == [0.0, 0.0] and last.tolist() == [1.0, 2.0]
+
+
+def test_vllm_refills_freed_slots_instead_of_waiting_for_each_wave(ppo):
+    from rpeg.spec.model import Engine
+    par, vllm = Parallel(dp=8), Engine.VLLM
+    whole = estimate_stage(ppo, "rollout", par, R8, GH, engine=vllm).time_s
+    assert estimate_stage(ppo, "rollout", par, R8, GH, engine=vllm, rows=64).time_s == whole
+    refill = estimate_stage(ppo, "rollout", par, R8, GH, engine=vllm, rows=16).time_s
+    one_wave = estimate_stage(ppo, "rollout", par, R8, GH, engine=vllm, batch=128).time_s
+    assert whole < refill < 4 * one_wave        # 16 at once, but one tail, not four
+    ends = generation_chunks(ppo, "rollout", par, R8, GH, 4, engine=vllm, rows=16)
+    assert [t for t, _ in ends] == sorted(t for t, _ in ends)
+    assert ends[-1][0] == pytest.approx(refill) and sum(n for _, n in ends) == 512

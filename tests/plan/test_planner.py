@@ -6,6 +6,7 @@ import re
 import time
 
 import attrs
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -16,8 +17,9 @@ from rpeg.plan import Evaluator, SearchOptions, Strategy, compile_plan, compile_
 from rpeg.plan.baselines import colocated, realloc, split
 from rpeg.plan.choices import model_stages
 from rpeg.plan.edit import Context
+from rpeg.plan.search import Moves
 from rpeg.plan.space import Limits
-from rpeg.spec import Engine, load
+from rpeg.spec import Engine, load, load_cluster
 
 from .conftest import EVERY_ENGINE, ROOT
 
@@ -176,3 +178,26 @@ def test_plans_a_backend_cannot_run_are_refused(grpo, a100_16):
     with pytest.raises(PlanError, match="engine"):
         check_executable(vllm, Limits(engines=frozenset({Engine.TORCH})))
     assert wide
+
+
+def test_partition_can_train_two_models_side_by_side(ppo8b):
+    """The partition move sometimes gives the actor's and the critic's training a part of
+    the non-generating devices each (whole nodes), so they run concurrently."""
+    cluster = load_cluster(ROOT / "pipelines/clusters/gh200_64.rpeg")
+    pipeline = attrs.evolve(ppo8b, shares=())
+    ctx = Context.of(pipeline, cluster, EVERY_ENGINE)
+    start = colocated(ctx, Evaluator(pipeline, cluster)).best.plan
+    moves = Moves(ctx, np.random.default_rng(3))
+    apart = []
+    for _ in range(60):
+        plan = moves.partition(start)
+        if plan is None:
+            continue
+        a, c = plan.placement("actor_step").devices, plan.placement("critic_step").devices
+        gen = set(plan.placement("rollout").devices)
+        if not set(a) & set(c):
+            assert not (set(a) | set(c)) & gen
+            assert len(a) % 4 == 0 and len(c) % 4 == 0 and a[0] % 4 == 0 and c[0] % 4 == 0
+            assert plan.placement("values").devices == c        # the critic's forward too
+            apart.append(plan)
+    assert apart

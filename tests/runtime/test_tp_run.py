@@ -123,3 +123,21 @@ def test_generation_resharded_from_an_unsplit_trainer_on_the_same_device(ppo, tm
     loads = {(e["args"]["step"], e["tid"]) for e in trace["traceEvents"]
              if e["ph"] == "X" and e["name"] == "sync_actor.load"}
     assert loads == {(s, d) for s in range(STEPS - 1) for d in (0, 1)}
+
+
+@pytest.mark.slow
+def test_dp2_x_tp2_on_four_workers_matches_dp2(ppo, tmp_path):
+    """Two data-parallel replicas, each split over two workers: gradients of each shard are
+    averaged over the ranks holding it; the run matches plain dp = 2 step for step."""
+    from distributed import LocalCluster
+    cluster = LocalCluster(n_workers=4, threads_per_worker=1, processes=True,
+                           resources={"GPU": 1}, host="127.0.0.1", dashboard_address="127.0.0.1:0",
+                           silence_logs=logging.ERROR)
+    try:
+        dp = _run(ppo, plan_with(ppo, (0, 1), 1, devices=4), tmp_path / "dp2",
+                  cluster.scheduler_address)
+        dptp = _run(ppo, plan_with(ppo, (0, 1, 2, 3), 2, devices=4), tmp_path / "dp2tp2",
+                    cluster.scheduler_address)
+    finally:
+        cluster.close()
+    _same(dptp, dp)

@@ -252,6 +252,7 @@ class Executor:
             replica.train_heads, replica.optimizer, batch, losses, version=replica.version,
             minibatches=max(int(s.param("minibatches", 1)) for s in stages),
             epochs=max(int(s.param("epochs", 1)) for s in stages), grad_clip=replica.grad_clip,
+            microbatches=max(self.ctx.plan.placement(s.name).microbatches for s in stages),
             normalize=any(loss.kind == "ppo_clip" for loss in losses),
             seed=self.ctx.pipeline.workload.seed * 7919 + call.step, device=self.device)
         replica.version += 1

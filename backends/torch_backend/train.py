@@ -17,6 +17,8 @@ model's version (staleness > 0) the surrogate is taken against the current
 
 from __future__ import annotations
 
+import contextlib
+
 import attrs
 import numpy as np
 import torch
@@ -135,8 +137,13 @@ class TrainBatch:
 def train_step(heads: nn.Module, optimizer: torch.optim.Optimizer, batch: TrainBatch,
                losses: list[LossSpec], *, version: int, minibatches: int = 1, epochs: int = 1,
                grad_clip: float = 1.0, normalize: bool = True, seed: int = 0,
-               device="cpu") -> dict[str, float]:
-    """One optimizer step per minibatch, over ``epochs`` passes; returns mean statistics."""
+               device="cpu", microbatches: int = 1) -> dict[str, float]:
+    """One optimizer step per minibatch, over ``epochs`` passes; returns mean statistics.
+
+    Each minibatch runs as ``microbatches`` forward/backward passes whose gradients add
+    up before the step (gradient accumulation): each pass's loss is weighted by its share
+    of the minibatch's response tokens, so the update is the one-pass update (up to float
+    rounding) at a fraction of the activation memory."""
     packed = Packed.build(batch.prompt_ids, batch.response_ids, device)
     n, t = packed.targets.shape
     tensors = {name: _pad(getattr(batch, name), n, t, device)
@@ -164,22 +171,33 @@ def train_step(heads: nn.Module, optimizer: torch.optim.Optimizer, batch: TrainB
     for _ in range(epochs):
         order = torch.randperm(n, generator=gen).to(device)
         for part in torch.tensor_split(order, max(1, min(minibatches, n))):
-            mb = packed.select(part)
-            mb_t = {k: v[part] for k, v in tensors.items()}
-            lp, ent, values = token_outputs(heads, mb)
-            total = torch.zeros((), device=device)
-            stats: dict[str, torch.Tensor] = {}
-            for loss in losses:
-                value, s = _loss(loss, lp, ent, values, mb.resp_mask, mb_t)
-                total = total + loss.coef * value
-                stats.update(s)
             optimizer.zero_grad(set_to_none=True)
-            total.backward()
-            stats["grad_norm"] = clip_grad_norm(params, grad_clip)     # DTensor-aware (tp)
+            tokens = float(m[part].sum().clamp(min=1.0))
+            micro = torch.tensor_split(part, max(1, min(microbatches, len(part))))
+            stats: dict[str, float] = {}
+            for i, piece in enumerate(micro):
+                # DDP reduces gradients on the last pass only
+                last = i == len(micro) - 1 or not hasattr(heads, "no_sync")
+                with contextlib.nullcontext() if last else heads.no_sync():
+                    mb = packed.select(piece)
+                    mb_t = {k: v[piece] for k, v in tensors.items()}
+                    lp, ent, values = token_outputs(heads, mb)
+                    total = torch.zeros((), device=device)
+                    parts: dict[str, torch.Tensor] = {}
+                    for loss in losses:
+                        value, s = _loss(loss, lp, ent, values, mb.resp_mask, mb_t)
+                        total = total + loss.coef * value
+                        parts.update(s)
+                    share = float(mb.resp_mask.sum()) / tokens
+                    (total * share).backward()
+                parts["loss"] = total
+                for k, v in parts.items():
+                    stats[k] = stats.get(k, 0.0) + share * float(v.detach() if torch.is_tensor(v)
+                                                                else v)
+            stats["grad_norm"] = float(clip_grad_norm(params, grad_clip))   # DTensor-aware (tp)
             optimizer.step()
-            stats["loss"] = total
             for k, v in stats.items():
-                sums[k] = sums.get(k, 0.0) + float(v.detach() if torch.is_tensor(v) else v)
+                sums[k] = sums.get(k, 0.0) + v
             count += 1
     out = {k: v / max(count, 1) for k, v in sums.items()}
     if off_policy:

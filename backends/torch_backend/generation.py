@@ -39,7 +39,9 @@ class TorchEngine:
                  chunks: int = 1) -> Iterator[RolloutChunk]:
         n = len(prompt_ids)
         bounds = chunk_bounds(n, chunks)
-        gen = torch.Generator(device=self.device).manual_seed(int(params.seed))
+        # Sampling draws on the CPU from this generator: the same seed, the same tokens, on
+        # any device and on every rank of a tensor-parallel group.
+        gen = torch.Generator().manual_seed(int(params.seed))
         eos = EOS_ID if params.eos_id is None else params.eos_id
         done_order: list[int] = []
         tokens = torch.full((n, params.max_new_tokens), PAD_ID, dtype=torch.long)
@@ -82,9 +84,11 @@ class TorchEngine:
         cache = DynamicCache(config=model.config)
         with _autocast(dev):
             hidden, cache = model(ids, mask, pos, cache)
+        same_on_all = _tp_agreement(model)
         for _ in range(params.max_new_tokens):
             logits = model.lm_head(hidden[:, -1]).float()
             tok, lp = sample(logits, params.temperature, params.top_p, gen)
+            tok = same_on_all(tok)
             active = torch.zeros(n, dtype=torch.bool)
             active[rows] = True
             yield tok.cpu(), lp.cpu(), active
@@ -138,6 +142,23 @@ def sample(logits: torch.Tensor, temperature: float, top_p: float,
     tok = torch.multinomial(probs.cpu(), 1, generator=gen if gen.device.type == "cpu" else None)
     tok = tok.to(logits.device).squeeze(-1)
     return tok, logp.gather(-1, tok[:, None]).squeeze(-1)
+
+
+def _tp_agreement(model):
+    """For a tensor-parallel model: the tokens of the group's first rank, broadcast, so every
+    rank keeps decoding the same rows (their logits agree; this makes it certain)."""
+    from backends.torch_backend.distributed import is_sharded
+    mesh = next((p.device_mesh for p in model.parameters() if is_sharded(p)), None)
+    if mesh is None:
+        return lambda tok: tok
+    import torch.distributed as dist
+    group = mesh.get_group()
+    src = dist.get_global_rank(group, 0)
+
+    def agree(tok):
+        dist.broadcast(tok, src=src, group=group)
+        return tok
+    return agree
 
 
 def chunk_bounds(n: int, chunks: int) -> list[tuple[int, int]]:

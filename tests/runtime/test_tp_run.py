@@ -67,6 +67,10 @@ def _same(a, b, rel=1e-3, abs_=1e-4):
             assert ra[key] == pytest.approx(rb[key], rel=rel, abs=abs_), (key, ra, rb)
 
 
+def _final(run: Path) -> Path:
+    return max((run / "checkpoints").glob("step-*"))
+
+
 def _weights(path: Path):
     from safetensors.numpy import load_file
     return load_file(str(path / "model.safetensors"))
@@ -82,13 +86,13 @@ def test_tp2_train_forward_generate_match_tp1(ppo, tmp_path, cluster3):
     ran = {(e["name"], e["tid"]) for e in trace["traceEvents"] if e["ph"] == "X"}
     for stage in ("rollout", "ref_lp", "values", "actor_step", "critic_step"):
         assert (stage, 0) in ran and (stage, 1) in ran, stage      # both ranks ran it
-    # the final checkpoint holds whole tensors, equal to the unsplit run's
-    a = _weights(split.path / "checkpoints" / f"actor-step{STEPS}")
-    b = _weights(whole.path / "checkpoints" / f"actor-step{STEPS}")
-    assert a.keys() == b.keys()
-    q = "backbone.layers.0.self_attn.q_proj.weight"
-    assert a[q].shape == (64, 64)
-    assert max(float(abs(a[k] - b[k]).max()) for k in a) < 1e-3
+    # the final checkpoint holds whole tensors on each rank, equal to the unsplit run's
+    b = _weights(_final(whole.path) / "actor@0")
+    for rank in (0, 1):
+        a = _weights(_final(split.path) / f"actor@{rank}")
+        assert a.keys() == b.keys()
+        assert a["backbone.layers.0.self_attn.q_proj.weight"].shape == (64, 64)
+        assert max(float(abs(a[k] - b[k]).max()) for k in a) < 1e-3
 
 
 @pytest.mark.slow

@@ -111,6 +111,7 @@ class Evaluator:
     def stage_time(self, stage: str, p: StagePlacement, rows: int | None = None,
                    chunk: tuple[int, float] | None = None) -> float:
         """Seconds of ``stage``; ``chunk``: (responses, longest) of one streamed chunk."""
+        p = self.canonical(p)
         key = ("t", stage, p, rows, chunk)
         if key not in self._cost:
             batch, padded = chunk if chunk is not None else (None, None)
@@ -122,6 +123,7 @@ class Evaluator:
     def chunk_ends(self, stage: str, p: StagePlacement,
                    rows: int | None = None) -> tuple[tuple[float, int, float], ...]:
         """(end, responses, longest response) of each chunk of a generate stage."""
+        p = self.canonical(p)
         key = ("c", stage, p, rows)
         if key not in self._cost:
             self._cost[key] = generation_chunks(self.pipeline, stage, parallel_of(p), p.devices,
@@ -199,12 +201,28 @@ class Evaluator:
         return self._cost[key]
 
     def sync_time(self, model: str, src: StagePlacement, dst: StagePlacement) -> float:
+        src, dst = self.canonical(src, dst)
         key = ("s", model, src, dst)
         if key not in self._cost:
             self._cost[key] = weight_sync_time(self.pipeline.model(model), src.devices,
                                                parallel_of(src), dst.devices, parallel_of(dst),
                                                self.cluster)
         return self._cost[key]
+
+    def canonical(self, *ps: StagePlacement):
+        """The placements moved together to where the cluster's tree looks the same (its
+        nodes and racks are alike, so costs are too): inside one rack, to the first node
+        of the first rack; across racks, to the first rack. One or a tuple, as given."""
+        if not all(p.devices for p in ps):
+            return ps if len(ps) > 1 else ps[0]
+        lo, hi = min(min(p.devices) for p in ps), max(max(p.devices) for p in ps)
+        gpn = self.cluster.gpus_per_node
+        rack = gpn * self.cluster.nodes_per_rack
+        shift = (lo // gpn) * gpn if lo // rack == hi // rack else (lo // rack) * rack
+        if shift:
+            ps = tuple(attrs.evolve(p, devices=tuple(d - shift for d in p.devices))
+                       for p in ps)
+        return ps if len(ps) > 1 else ps[0]
 
     def graph(self, plan: Plan) -> Graph:
         key = (plan.staleness, plan.shared, plan.fusion)

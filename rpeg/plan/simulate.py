@@ -22,12 +22,14 @@ reward functions, advantage computation) never wait for a device.
 
 The steady-state step time is the mean interval between step completions over
 the second half of the simulated steps (the first steps fill the pipeline), leaving
-out the last ``max staleness`` steps, which drain it.
+out the last ``max staleness`` steps, which drain it; the window spans a whole number
+of every period up to ``max staleness + 1`` steps the schedule may repeat with.
 """
 
 from __future__ import annotations
 
 import heapq
+import math
 
 import attrs
 import numpy as np
@@ -257,9 +259,14 @@ def _timeline(events: list[Event], steps: int, num_devices: int, drain: int = 1)
     for s in range(1, steps):               # a step is complete once every earlier one is
         ends[s] = max(ends[s], ends[s - 1])
     # The last steps run faster than the steady state (nothing of a later step competes
-    # for their devices): measure before them, over the second half of what remains.
+    # for their devices): measure before them, over the second half of what remains. With
+    # staleness k the schedule may repeat every 2 .. k + 1 steps (steps finishing in
+    # pairs, say): the window spans a whole number of every such period.
     last = steps - 1 - max(0, min(drain - 1, steps - 2))
     w = max(1, (last + 1) // 2)
+    period = math.lcm(*range(1, max(drain, 1) + 1))
+    if period > 1 and last >= period:
+        w = max(period, w // period * period)
     if last >= w:
         lo, hi = ends[last - w], ends[last]
         step_time = (hi - lo) / w

@@ -121,3 +121,17 @@ def test_streamed_chunks_take_their_own_times():
     assert _events(tl)[:6] == [("gen@0", 0.0, 1.0), ("gen@0#1", 1.0, 2.0),
                                ("fwd@0", 1.0, 1.5), ("gen@0#2", 2.0, 4.0),
                                ("fwd@0#1", 2.0, 3.0), ("fwd@0#2", 4.0, 6.0)]
+
+
+def test_steady_state_window_spans_whole_periods():
+    """Steps finishing in pairs (a period of 2, as a staleness-2 schedule can): the step
+    time is the pair's span over two, not skewed by a window that ends mid-period."""
+    from rpeg.graph import Instance
+    from rpeg.plan.simulate import Event, _timeline
+    ends = [2 * (s // 2) + 1 + 0.1 * (s % 2) for s in range(12)]   # 1, 1.1, 3, 3.1, ...
+    events = [Event(Instance("a", s), (0,), e - 0.5, e) for s, e in enumerate(ends)]
+    tl = _timeline(events, 12, 1, drain=3)
+    assert tl.step_time_s == pytest.approx(1.0)
+    assert tl.window == (ends[3], ends[9])
+    sync = _timeline(list(events), 12, 1, drain=1)          # no staleness: as before
+    assert sync.window == (ends[5], ends[11])

@@ -50,6 +50,8 @@ def plan_for_run(file: str | Path, *, spec: str | Path | None = None,
                             f"not '{plan.pipeline}'", hint="pass the right --spec")
         from rpeg.plan.compile import check_executable
         check_executable(plan, runtime_limits())         # a hand-written plan asks too much
+        from rpeg.runtime.instances import build_calls
+        build_calls(pipeline, plan, steps=1)              # degrees the backend cannot split by
     else:
         spec_path = file
         pipeline = load(file)

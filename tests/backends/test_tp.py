@@ -225,3 +225,15 @@ def test_the_sharding_plan_on_two_gloo_ranks(tmp_path):
     assert a[q_proj][1] == 0 and a["backbone.norm.weight"][1] is None
     joined = join_shards([(torch.as_tensor(a[q_proj][0]), 0), (torch.as_tensor(b[q_proj][0]), 0)])
     assert joined.shape == (64, 64) and not np.allclose(a[q_proj][0], b[q_proj][0])
+
+
+def test_rpeg_run_refuses_a_plan_file_with_an_unsplittable_tp_before_any_worker(ppo, tmp_path,
+                                                                                capsys):
+    from rpeg.cli import main
+    plan = _with(tp_plan(ppo, devices=3), stage="ref_lp", devices=(0, 1, 2), dp=1, tp=3)
+    plan.save(tmp_path / "plan.json")
+    code = main(["run", str(tmp_path / "plan.json"), "--spec", str(ppo.path), "--steps", "1",
+                 "--no-progress", "--run-dir", str(tmp_path / "run")])
+    err = capsys.readouterr().err
+    assert code == 1 and "tp must divide the 4 attention heads of model 'ref', not 3" in err
+    assert "dashboard" not in err and not (tmp_path / "run").exists()

@@ -23,11 +23,12 @@ from __future__ import annotations
 import attrs
 import numpy as np
 
-from rpeg.cost.memory import Parallel, resident_memory
+from rpeg.cost.memory import Parallel, local_params, resident_memory, value_bytes
 from rpeg.cost.stages import (
     estimate_stage,
     generation_chunks,
     generation_rows,
+    host_bandwidth,
     stage_memory,
     weight_sync_time,
 )
@@ -320,9 +321,23 @@ class Evaluator:
             model = self._model_name(trainer[op.reads_model])
             t = self.sync_time(model, src, dst)
             devices = tuple(sorted(set(src.devices) | set(dst.devices)))
+            if src.zero < 3 and not set(src.devices) & set(dst.devices):
+                # Disjoint groups: the trainer copies its new weights to host memory at the
+                # end of its step and goes on; the transfer occupies the generator only.
+                name = trainer[op.reads_model].name
+                timings[name] = attrs.evolve(timings[name], time_s=timings[name].time_s
+                                             + self.snapshot_time(model, src))
+                devices = dst.devices
             timings[op.name] = OpTiming(devices, t)
             op_times.append((op.name, round(t, 6)))
-        return timings, tuple(op_times)
+        return timings, tuple((n, round(timings[n].time_s, 6)) for n, _ in op_times)
+
+    def snapshot_time(self, model: str, p: StagePlacement) -> float:
+        """Seconds to copy a trainer's weight shard into host memory (a staging copy the
+        weight transfer reads, so the trainer need not wait for it)."""
+        m = self.pipeline.model(model)
+        return local_params(m, parallel_of(p)) * value_bytes(m, self.cluster.gpu) \
+            / host_bandwidth(self.cluster.gpu)
 
     def _fused(self, op, plan: Plan, chunk: tuple[int, float] | None) -> float:
         """Seconds of an op's stages back to back (fused: one dispatch instead of several)."""

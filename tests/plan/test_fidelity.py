@@ -87,3 +87,30 @@ def test_streamed_consumers_are_priced_chunk_by_chunk(ppo8b, gh8, coloc):
     assert sum(expect) < whole                     # no chunk is padded to the batch's longest
     r = ev.evaluate(plan)
     assert dict(r.plan.predicted.op_times)["ref_lp"] == pytest.approx(sum(expect), abs=1e-5)
+
+
+def test_weight_sync_between_disjoint_groups_holds_only_the_generator(ppo8b, gh8, coloc):
+    """The trainer stages its new weights in host memory and goes on; the transfer
+    occupies the generating GPUs only. On shared GPUs the sync holds both."""
+    from rpeg.plan.choices import model_stages
+    from rpeg.plan.edit import empty_plan, options, put, repair
+    from rpeg.plan.space import Block
+    ctx, ev, out = coloc
+    plan = empty_plan(ctx)
+    for s in model_stages(ppo8b):
+        block = Block(0, 4) if s == "rollout" else Block(4, 4)
+        # (ZeRO-3 weights are gathered over the trainer's GPUs first: not that case)
+        plan = put(ctx, plan, s, block, [c for c in options(ctx, s, 4) if c.par.zero < 3][0])
+    plan = repair(ctx, plan)
+    graph = ev.graph(plan)
+    timings, op_times = ev.timings(plan, graph)
+    actor = plan.placement("actor_step")
+    assert timings["sync_actor"].devices == (0, 1, 2, 3)
+    snap = ev.snapshot_time("actor", actor)
+    assert 0 < snap < 0.5                    # GB over the 450 GB/s host link
+    assert timings["actor_step"].time_s == pytest.approx(ev.stage_time("actor_step", actor)
+                                                         + snap)
+    assert dict(op_times)["actor_step"] == pytest.approx(timings["actor_step"].time_s,
+                                                         abs=1e-6)
+    shared, _ = ev.timings(out.best.plan, ev.graph(out.best.plan))     # colocated
+    assert shared["sync_actor"].devices == tuple(range(8))

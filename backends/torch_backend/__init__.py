@@ -6,7 +6,8 @@
 Modules: ``tokenizer`` (bytes, built in code), ``modeling`` (models from presets
 or weights; checkpoints), ``generation`` (the engine; finished responses in
 chunks), ``train`` (forward passes, PPO / GRPO / value losses), ``advantages``
-(GAE, group normalisation, RLOO), ``distributed`` (gloo / NCCL, DDP),
+(GAE, group normalisation, RLOO), ``distributed`` (gloo / NCCL, DDP, DTensor
+tensor parallelism),
 ``executor`` (the op calls of the runtime). Nothing here is imported by the
 compile path.
 """

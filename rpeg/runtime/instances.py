@@ -10,19 +10,25 @@ The step graph (``rpeg.graph``: ops, data edges, fused trainers, shared
 backbones) is placed on the plan's devices and unrolled over steps:
 
 * per-sample ops (forward, score, per-response compute) whose inputs stream in
-  chunks run once per chunk, round-robin over their devices; group ops
-  (``group_norm``, ``rloo``) and train wait for the whole step;
-* a train op runs once per data-parallel rank;
+  chunks run once per chunk, round-robin over their data-parallel blocks; group
+  ops (``group_norm``, ``rloo``) and train wait for the whole step;
+* a train op runs once per device: data-parallel rank ``i // tp``;
+* with tp > 1 a stage's devices are blocks of tp; every device of a block runs
+  the instance (ids of ranks > 0 end in ``/t<rank>``) and readers take rank 0's
+  output;
 * a model's weights live on its home devices; a reader elsewhere gets them from a
-  weight-sync op pair — ``export`` on the home, ``load`` at the reader — only for
-  versions someone reads there. Readers on the home read in place: no sync.
+  weight-sync op pair — ``export`` on the home (one per tp rank: its shard),
+  ``load`` at the reader (joins the shards) — only for versions someone reads
+  there. Readers on the home read in place: no sync, unless they split the model
+  another way (then they read a copy ``model~tp<group>`` that a sync loads).
 
 Every reader reads an exact version: ``max(0, step - k)`` (train: ``step``), with
 ``k`` the plan's staleness of the op. This is enforced by ordering edges
 (``after``): a reader waits for the writer of its version, and the writer of
 version v on a device waits for every reader of v - 1 there (write after read).
-Data-parallel ranks of one train op wait for the union of their dependencies and
-keep one collective order per device, so gloo/NCCL collectives never interleave.
+The ranks of an instance that runs collectives (data-parallel train ranks, a
+tensor-parallel block) wait for the union of their dependencies and keep one
+order per device, so gloo/NCCL collectives never interleave.
 """
 
 from __future__ import annotations

@@ -38,6 +38,16 @@ from rpeg.spec import load  # noqa: E402
 OUT = ROOT / "benchmarks" / "results"
 
 
+def _op_times(run: Path, steps: int) -> dict[str, float]:
+    """Seconds per step that device 0 spent in each stage (after the first step)."""
+    trace = json.loads((run / "trace.json").read_text())
+    out: dict[str, float] = {}
+    for e in trace["traceEvents"]:
+        if e["ph"] == "X" and e["tid"] == 0 and e["args"].get("step", 0) > 0:
+            out[e["name"]] = out.get(e["name"], 0.0) + e["dur"] / 1e6
+    return {k: round(v / max(steps - 1, 1), 4) for k, v in sorted(out.items())}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=8)
@@ -61,6 +71,7 @@ def main(argv=None) -> int:
             times = [m["step_time_s"] for m in result.metrics[1:]]
             runs[tp] = {"verified": report.ok, "wall_s": round(time.time() - t0, 2),
                         "median_step_s": round(statistics.median(times), 4),
+                        "op_s_per_step": _op_times(result.path, args.steps),
                         "load_before": round(load_before, 2),
                         "metrics": [{k: m[k] for k in COMPARED} for m in result.metrics]}
     finally:
@@ -79,6 +90,10 @@ def main(argv=None) -> int:
     md = ["| tp | median step (s) | wall (s) | verified | load before |", "|---|---|---|---|---|"]
     md += [f"| {tp} | {r['median_step_s']} | {r['wall_s']} | {r['verified']} | "
            f"{r['load_before']} |" for tp, r in runs.items()]
+    md += ["", "| stage | " + " | ".join(f"tp={tp} s/step" for tp in runs) + " |",
+           "|---|" + "---|" * len(runs)]
+    md += [f"| {op} | " + " | ".join(str(r["op_s_per_step"].get(op, "")) for r in runs.values())
+           + " |" for op in runs[2]["op_s_per_step"]]
     md += ["", f"tp=2 / tp=1 step time: {out['step_time_ratio_tp2_over_tp1']}; largest relative "
            f"metric difference over {args.steps} steps: {diff:.2e}", ""]
     (OUT / "tensor_parallel.md").write_text("\n".join(md))

@@ -419,9 +419,13 @@ def _order_collectives(calls: list[dict]) -> None:
     order = list(dict.fromkeys(gang_of[cid] for cid in _topo(calls) if cid in gang_of))
     last_on: dict[int, str] = {}
     for key in order:                        # gangs by their first member's place in the order
-        for c in gangs[key]:
-            if c["device"] in last_on:
-                c["after"].append(last_on[c["device"]])
+        ranks = gangs[key]
+        # every member waits for the previous gang on each member's device: a rank that
+        # starts never blocks in a collective whose partner still waits for other work
+        before = [last_on[c["device"]] for c in ranks if c["device"] in last_on]
+        for c in ranks:
+            c["after"] += before
+        for c in ranks:
             last_on[c["device"]] = c["id"]
 
 

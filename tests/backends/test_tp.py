@@ -69,10 +69,10 @@ def test_tp_ranks_run_every_instance_together_in_one_order_per_device(ppo):
         if c.tp_group:
             order[c.device].append(c.id.removesuffix("/t1").replace("/r1", "/r0"))
     assert order[0] == order[1] and len(order[0]) == len(gangs) // 2
-    for c in gangs:                              # members wait for the union of dependencies
+    for c in gangs:         # members wait for the same work: dependencies, earlier gangs
         mate = next(m for m in gangs if m.id != c.id and m.op == c.op and m.step == c.step
                     and m.chunk == c.chunk)
-        assert set(c.deps + c.after) - {mate.id} >= set(mate.deps) - {c.id}
+        assert set(c.all_deps) == set(mate.all_deps) and c.id not in mate.all_deps
 
 
 def _in_dependency_order(calls):

@@ -80,6 +80,12 @@ class OpCall:
     def all_deps(self) -> tuple[str, ...]:
         return self.deps + self.after
 
+    @property
+    def collective(self) -> bool:
+        """Runs collectives with other workers: a rank of a tensor-parallel block or of a
+        data-parallel train op. Its ranks start together (``_order_collectives``)."""
+        return bool(self.tp_group) or (self.kind is OpKind.TRAIN and self.world > 1)
+
 
 def graph_for(pipeline: Pipeline, plan: Plan) -> Graph:
     """The step graph with the plan's structural choices (staleness, sharing)."""

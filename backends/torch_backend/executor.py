@@ -332,8 +332,7 @@ class Executor:
             get_client = None
         if get_client is None:                  # not in a Dask worker: the ranks gather together
             from backends.torch_backend.distributed import full_state
-            return {**full_state(replica.model), **{
-                k: v for k, v in _moments_whole(replica).items()}}
+            return {**full_state(replica.model), **_moments_whole(replica)}
         got = get_client().run(tp_pieces, model, replica.tp)
         by_device = {d: p for per in got.values() if per for d, p in per.items()}
         by_device[self.device_index] = _numpy_pieces(pieces(replica.model, replica.optimizer))

@@ -47,12 +47,28 @@ def register(app: typer.Typer) -> None:
         name: str = typer.Option("local_cpu", help="Profile name."),
         repeats: int = typer.Option(5, min=1, max=50, help="Timed calls per measurement."),
         save: Path = typer.Option(None, "--save-measurements", help="Keep the raw measurements (JSON)."),
+        dispatch_only: bool = typer.Option(False, "--dispatch-only", help="Measure only the "
+                                           "Dask dispatch gap and update dispatch_s in the "
+                                           "--out profile, keeping the rest."),
     ) -> None:
         """Measure this machine's devices and links into a hardware profile."""
-        from rpeg.cost.calibrate import cluster_text, fit_profile
-        from rpeg.cost.profiles import profile_text
+        from rpeg.cost.calibrate import cluster_text, fit_profile, with_dispatch
+        from rpeg.cost.profiles import load_profile, profile_text
+        from rpeg.runtime.dispatch import measure_dispatch
         t0 = time.perf_counter()
+        if dispatch_only:
+            if out is None or not out.exists():
+                raise BackendError("--dispatch-only updates an existing profile: give it with "
+                                   "--out PROFILE.rpeg")
+            d = measure_dispatch()
+            p = with_dispatch(load_profile(out), d)
+            out.write_text(profile_text(p, comment=f"{p.name}: measured by rpeg calibrate"))
+            print(f"dispatch {d['dispatch_s'] * 1e3:.2f} ms per task (one worker "
+                  f"{d['same_worker_s'] * 1e3:.2f} ms, across two {d['cross_worker_s'] * 1e3:.2f}"
+                  f" ms, load {d['loadavg']:.1f}); wrote {out}", file=sys.stderr)
+            return
         m = measure(repeats)
+        m["dispatch"] = measure_dispatch()
         if save:
             save.write_text(json.dumps(m))
         fit = fit_profile(m, name=name)

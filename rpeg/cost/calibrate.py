@@ -6,7 +6,8 @@
 
 The measurements come from ``backends.torch_backend.measure.calibration_measurements``
 (GEMM sweep, copy bandwidth, per-sample host cost, small-model forward, generate and
-train latencies and peaks, gloo all-reduce between two worker processes). Every
+train latencies and peaks, gloo all-reduce between two worker processes) and from
+``rpeg.runtime.dispatch.measure_dispatch`` (the gap one Dask task adds: ``dispatch_s``). Every
 fitted coefficient is read through the cost model itself: a feature is the change
 in the model's prediction per unit of that coefficient, so what is fitted is exactly
 what ``estimate_stage`` later uses. Fits minimise relative error (rows divided by the
@@ -198,11 +199,35 @@ def fit_profile(m: dict, name: str = "local_cpu", devices: int = 2) -> Fit:
              ("concurrency_slowdown", max(float(m.get("concurrency", 1.0)), 1.0)),
              ("copy_bandwidth", float(m["copy_bandwidth"])),
              ("gloo_bandwidth", link.bandwidth), ("gloo_latency", link.latency)]
+    if "dispatch" in m:
+        extra.append(("dispatch_s", fit_dispatch(m["dispatch"])))
     if bf16:
         extra.append(("bf16_matmul_flops", float(np.median(
             [2.0 * r["m"] * r["n"] * r["k"] / r["seconds"] for r in bf16]))))
     prof = attrs.evolve(prof, extra=tuple(extra), source=_source(m))
     return Fit(prof, link, resid)
+
+
+def fit_dispatch(d: dict) -> float:
+    """Seconds one Dask task adds between its dependency's end and its own start, from
+    ``rpeg.runtime.dispatch.measure_dispatch`` output (the median gap of task chains on one
+    worker and across two); the cost model charges it per task a stage starts."""
+    value = float(d["dispatch_s"])
+    if not (math.isfinite(value) and 0.0 <= value < 1.0):
+        from rpeg.errors import CostError
+        raise CostError(f"the measured dispatch gap must be between 0 and 1 s, not {value}")
+    return value
+
+
+def with_dispatch(profile: GpuProfile, d: dict) -> GpuProfile:
+    """``profile`` with its ``dispatch_s`` from a new dispatch measurement, the rest kept.
+
+    >>> p = with_dispatch(GpuProfile("cpu", extra=(("threads", 1.0),)), {"dispatch_s": 0.003})
+    >>> p.get("dispatch_s"), p.get("threads")
+    (0.003, 1.0)
+    """
+    extra = tuple((k, v) for k, v in profile.extra if k != "dispatch_s")
+    return attrs.evolve(profile, extra=extra + (("dispatch_s", fit_dispatch(d)),))
 
 
 def _solve_act_factor(o: dict, prof: GpuProfile, link: Link) -> float:

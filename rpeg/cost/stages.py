@@ -22,6 +22,9 @@ What each op kind costs (all per step, on the op's devices):
 - COMPUTE (gae, group_norm, rloo, ...): per-sample host cost plus a per-token term.
 - SYNC_WEIGHTS: the model's weights gathered over the op's devices.
 
+Every model stage also pays one Dask task's dispatch (the profile's ``dispatch_s``:
+measured on the CPU profile, Dask's documented ~1 ms on GPU profiles) before it starts.
+
 On devices that share a last-level cache and memory (the CPU profile's
 ``concurrency_slowdown``), a multi-device op computes that much slower.
 
@@ -106,8 +109,28 @@ def estimate_stage(pipeline: Pipeline, stage_name: str, par: Parallel, devices: 
     gpu = cluster.gpu
     cost = _estimate(pipeline, stage, par, devices, topo, cluster, batch, engine, rows,
                      padded_len)
-    return _concurrent(cost, gpu.get("concurrency_slowdown", 1.0)) if len(devices) > 1 \
+    cost = _concurrent(cost, gpu.get("concurrency_slowdown", 1.0)) if len(devices) > 1 \
         else cost
+    return cost if is_host_stage(pipeline, stage) else _with_dispatch(cost, gpu)
+
+
+def is_host_stage(pipeline: Pipeline, stage) -> bool:
+    """A per-sample host op: a python reward or a compute function (no model)."""
+    return stage.kind is OpKind.COMPUTE or (stage.kind is OpKind.SCORE
+                                            and not pipeline.has_model(stage.target or ""))
+
+
+def _with_dispatch(cost: StageCost, gpu) -> StageCost:
+    """One Dask task's dispatch (the profile's ``dispatch_s``, measured by ``rpeg
+    calibrate``) before a model stage starts: the runtime fuses consecutive ops of a device
+    into one task, so a model stage starts a task whenever its inputs come from another
+    device, the common case on a split placement (host ops, cheap and beside the op whose
+    output they read, ride in its task). On the CPU profile it is milliseconds."""
+    d = gpu.get("dispatch_s", 0.0)
+    if d <= 0:
+        return cost
+    return StageCost(cost.time_s + d, cost.compute_s, cost.comm_s,
+                     cost.breakdown + (("dispatch", d),))
 
 
 def _concurrent(cost: StageCost, slowdown: float) -> StageCost:
@@ -175,12 +198,13 @@ def generation_chunks(pipeline: Pipeline, stage_name: str, par: Parallel,
     total = _concurrent(g.cost, cluster.gpu.get("concurrency_slowdown", 1.0)).time_s \
         if len(devices) > 1 else g.cost.time_s
     scale = total / g.cost.time_s if g.cost.time_s > 0 else 1.0
+    d = max(cluster.gpu.get("dispatch_s", 0.0), 0.0)    # the task's dispatch, before it starts
     per_chunk = np.array_split(np.arange(len(finish)), chunks)
     out = []
     for idx in per_chunk:
         if len(idx) == 0:
             continue
-        out.append((min(float(finish[idx[-1]]) * scale, total), len(idx) * par.dp,
+        out.append((d + min(float(finish[idx[-1]]) * scale, total), len(idx) * par.dp,
                     float(g.lengths[idx].max())))
     # The runtime sees the batch, not our per-replica rounding: fix the count to the batch.
     count = sum(n for _, n, _ in out)

@@ -1,0 +1,79 @@
+"""What one Dask task costs on this machine, measured: the dispatch term of the cost model.
+
+    >>> m = measure_dispatch(tasks=60)                                    # doctest: +SKIP
+    >>> m["dispatch_s"], m["same_worker_s"], m["cross_worker_s"]          # doctest: +SKIP
+    (0.0034, 0.0030, 0.0039)
+
+A local cluster like the one ``rpeg run`` starts (worker processes of one thread,
+resource ``GPU=1``, 127.0.0.1) runs chains of tasks, each holding its worker for
+``hold_s`` (a small op: 10 ms) and passing a small result on to the next. The whole
+chain is submitted up front, as the runtime submits a window of steps, and held
+back by its first task until every task is in, so what separates one task's end
+from the next one's start is dispatch alone: worker -> scheduler -> worker, and the
+result's transfer when the next task runs on the other worker. ``same_worker_s``
+and ``cross_worker_s`` are the median gaps of chains on one worker and of chains
+alternating between the two; ``dispatch_s`` the median of all gaps, which
+``rpeg.cost.calibrate.fit_dispatch`` writes into the profile. ``round_trip_s`` is
+one task submitted by the client and waited for.
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+import time
+
+
+def _stamp(prev, hold_s: float = 0.0) -> dict:
+    """A task that holds its worker for ``hold_s`` and passes a small payload on; says when
+    it started and ended."""
+    start = time.time()
+    time.sleep(hold_s)
+    return {"start": start, "end": time.time(), "values": prev["values"]}
+
+
+def measure_dispatch(tasks: int = 60, repeats: int = 3, hold_s: float = 0.01) -> dict:
+    """Per-task dispatch seconds of a fresh local 2-worker cluster (see the module doc)."""
+    import os
+
+    from distributed import Client, LocalCluster, wait
+
+    payload = {"values": list(range(64))}
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                      resources={"GPU": 1}, host="127.0.0.1", dashboard_address=None,
+                      silence_logs=logging.CRITICAL) as cluster, Client(cluster) as client:
+        workers = sorted(client.scheduler_info()["workers"])
+
+        def chain(alternate: bool, n: int) -> list[float]:
+            # the first task holds the chain until every task is submitted: the gaps are
+            # then the scheduler's and the workers', not the client's submitting
+            futs = [client.submit(_stamp, payload, 0.3 + 0.01 * n, workers=[workers[0]],
+                                  pure=False)]
+            for i in range(n):
+                w = workers[(i + 1) % 2] if alternate else workers[0]
+                futs.append(client.submit(_stamp, futs[-1], hold_s, workers=[w],
+                                          allow_other_workers=False, pure=False))
+            wait(futs)
+            got = [f.result() for f in futs[1:]]
+            return [b["start"] - a["end"] for a, b in zip(got, got[1:], strict=False)]
+
+        def round_trip(n: int) -> float:
+            t = time.perf_counter()
+            for _ in range(n):
+                client.submit(_stamp, payload, workers=[workers[0]], pure=False).result()
+            return (time.perf_counter() - t) / n
+
+        chain(False, 10)                                     # warm up both paths
+        chain(True, 10)
+        same = [g for _ in range(repeats) for g in chain(False, tasks)]
+        cross = [g for _ in range(repeats) for g in chain(True, tasks)]
+        trip = [round_trip(max(tasks // 4, 10)) for _ in range(repeats)]
+    return {"dispatch_s": statistics.median(same + cross),
+            "same_worker_s": statistics.median(same), "cross_worker_s": statistics.median(cross),
+            "round_trip_s": statistics.median(trip), "tasks": tasks, "repeats": repeats,
+            "hold_s": hold_s, "loadavg": os.getloadavg()[0]}
+
+
+if __name__ == "__main__":
+    import json
+    print(json.dumps(measure_dispatch()))

@@ -37,7 +37,7 @@ from rpeg.graph import Graph
 from rpeg.graph.unroll import chunk_counts
 from rpeg.plan.model import Plan, Predicted, StagePlacement
 from rpeg.plan.passes import fuse
-from rpeg.plan.simulate import OpTiming, Timeline, simulate
+from rpeg.plan.simulate import OpTiming, Timeline, simulate, steps_for
 from rpeg.spec.model import Cluster, OpKind, Pipeline
 
 GB = 1e9
@@ -251,7 +251,7 @@ class Evaluator:
                               memory_capacity=capacity)
         if feasible or simulate_infeasible:
             timings, op_times = self.timings(plan, graph)
-            steps = self.steps or 6 + 3 * max((k for _, k in plan.staleness), default=0)
+            steps = self.steps or steps_for(max((k for _, k in plan.staleness), default=0))
             timeline = simulate(graph, timings, steps=steps)
             step = timeline.step_time_s
             predicted = Predicted(

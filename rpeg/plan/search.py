@@ -73,7 +73,7 @@ class SearchOptions:
     chains: int = 1                  # independent walks from the start, sharing the budget
     method: Method = Method.ANNEAL
     limits: Limits = attrs.field(factory=Limits.detect)
-    steps: int | None = None         # simulated steps (None: 4 + 2 x the largest staleness)
+    steps: int | None = None         # simulated steps (None: simulate.steps_for the staleness)
 
 
 @attrs.frozen

@@ -22,8 +22,12 @@ reward functions, advantage computation) never wait for a device.
 
 The steady-state step time is the mean interval between step completions over
 the second half of the simulated steps (the first steps fill the pipeline), leaving
-out the last ``max staleness`` steps, which drain it; the window spans a whole number
-of every period up to ``max staleness + 1`` steps the schedule may repeat with.
+out the last ``max staleness`` steps, which drain it, and (given enough steps, see
+:func:`steps_for`) the first ``2 (max staleness + 1)``, which fill it; the window spans
+a whole number of every period up to ``max staleness + 1`` steps the schedule may
+repeat with. It is never less than the busiest device's work in one step: a window
+still in the fill (the slack staleness gives takes long to use up when generation and
+training run at nearly the same rate) would read faster than any steady state.
 """
 
 from __future__ import annotations
@@ -107,6 +111,18 @@ def _device_spans(events, lo: float, hi: float):
         span = min(e.end, hi) - max(e.start, lo)
         if span > 0 and e.devices:
             yield e.devices, span
+
+
+def steps_for(staleness: int) -> int:
+    """Steps to simulate for a steady-state window past the fill (see the module doc):
+    2 (k + 1) filling, whole periods (at least 3 steps) measured, k + 1 draining.
+
+        >>> [steps_for(k) for k in (0, 1, 2)]
+        [6, 10, 15]
+    """
+    drain = staleness + 1
+    period = math.lcm(*range(1, drain + 1))
+    return 2 * drain + -(-3 // period) * period + drain
 
 
 def chunk_durations(graph: Graph, timings: dict[str, OpTiming],
@@ -195,7 +211,15 @@ def simulate(graph: Graph, timings: dict[str, OpTiming], steps: int = 6) -> Time
         raise RuntimeError(f"simulation deadlocked with {stuck[:3]} never started")
     events = [Event(i, timings[i.op].devices, start[k], end[k]) for k, i in enumerate(insts)]
     drain = 1 + max((e.lag for e in graph.version_edges), default=0)
-    return _timeline(events, steps, num_devices, drain)
+    # No steady state is faster than the busiest atom's work of one step.
+    load: dict[int, float] = {}
+    for (op, _), d in durations.items():
+        bits = needs.get(op, 0)
+        while bits:
+            low = bits & -bits
+            load[low] = load.get(low, 0.0) + d
+            bits ^= low
+    return _timeline(events, steps, num_devices, drain, max(load.values(), default=0.0))
 
 
 @attrs.frozen
@@ -252,25 +276,35 @@ def _atoms(sets: set[tuple[int, ...]]) -> list[tuple[int, ...]]:
     return [tuple(v) for v in atoms.values()]
 
 
-def _timeline(events: list[Event], steps: int, num_devices: int, drain: int = 1) -> Timeline:
+def _timeline(events: list[Event], steps: int, num_devices: int, drain: int = 1,
+              floor: float = 0.0) -> Timeline:
     ends = [0.0] * steps
     for e in events:
         ends[e.instance.step] = max(ends[e.instance.step], e.end)
     for s in range(1, steps):               # a step is complete once every earlier one is
         ends[s] = max(ends[s], ends[s - 1])
     # The last steps run faster than the steady state (nothing of a later step competes
-    # for their devices): measure before them, over the second half of what remains. With
-    # staleness k the schedule may repeat every 2 .. k + 1 steps (steps finishing in
-    # pairs, say): the window spans a whole number of every such period.
+    # for their devices): measure before them. The first steps run faster too (with
+    # staleness k the first k + 1 generations wait for no update): measure after 2 (k + 1)
+    # of them when there are enough, else over the second half. The schedule may repeat
+    # every 2 .. k + 1 steps (steps finishing in pairs, say): the window spans a whole
+    # number of every such period.
     last = steps - 1 - max(0, min(drain - 1, steps - 2))
-    w = max(1, (last + 1) // 2)
     period = math.lcm(*range(1, max(drain, 1) + 1))
-    if period > 1 and last >= period:
-        w = max(period, w // period * period)
+    warm = 2 * drain
+    if last - warm >= period:
+        w = (last - warm) // period * period
+    else:
+        w = max(1, (last + 1) // 2)
+        if period > 1 and last >= period:
+            w = max(period, w // period * period)
     if last >= w:
         lo, hi = ends[last - w], ends[last]
         step_time = (hi - lo) / w
     else:
         lo, hi, step_time = 0.0, ends[-1], ends[-1]
+    # A window still inside the fill (two pipelines of nearly equal rate take many steps to
+    # use up the slack staleness gives) would read faster than the busiest device allows.
+    step_time = max(step_time, floor)
     events.sort(key=lambda e: e.start)          # stable: ties stay in priority order
     return Timeline(tuple(events), steps, step_time, tuple(ends), (lo, hi), num_devices)

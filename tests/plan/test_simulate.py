@@ -133,5 +133,33 @@ def test_steady_state_window_spans_whole_periods():
     tl = _timeline(events, 12, 1, drain=3)
     assert tl.step_time_s == pytest.approx(1.0)
     assert tl.window == (ends[3], ends[9])
-    sync = _timeline(list(events), 12, 1, drain=1)          # no staleness: as before
-    assert sync.window == (ends[5], ends[11])
+    sync = _timeline(list(events), 12, 1, drain=1)          # no staleness: after 2 steps
+    assert sync.window == (ends[2], ends[11])
+
+
+def test_the_window_leaves_out_the_fill_of_a_stale_pipeline():
+    """With staleness 1 the first two generations wait for no update and run back to
+    back; the step time is measured after them."""
+    from rpeg.plan.simulate import steps_for
+    timings = {"gen": OpTiming((0,), 2.0), "train": OpTiming((0,), 3.0)}
+    tl = simulate(_gen_train(1), timings, steps=steps_for(1))
+    assert tl.steps == 10 and tl.window == (tl.step_ends[4], tl.step_ends[8])
+    assert tl.step_time_s == 5.0
+
+
+def test_step_time_is_never_below_the_busiest_devices_work():
+    """A window still in the fill (steps ending 1 s apart) cannot beat the busiest
+    device's work of one step (generation 2 s + weight load 1 s on device 0)."""
+    from rpeg.graph import Instance
+    from rpeg.plan.simulate import Event, _timeline
+    events = [Event(Instance("a", s), (0,), s + 0.5, s + 1.0) for s in range(15)]
+    assert _timeline(list(events), 15, 1, drain=3).step_time_s == pytest.approx(1.0)
+    assert _timeline(list(events), 15, 1, drain=3, floor=3.0).step_time_s == 3.0
+    gen = Op("gen", OpKind.GENERATE, ("prompts",), ("x",), reads_model="m")
+    train = Op("train", OpKind.TRAIN, ("x",), (), reads_model="m", writes_model="m")
+    sync = Op("sync", OpKind.SYNC_WEIGHTS, (), (), reads_model="m")
+    g = _graph([gen, train, sync], [DataEdge("gen", "train", "x")],
+               [VersionEdge("m", "train", "sync", 0), VersionEdge("m", "sync", "gen", 2)])
+    tl = simulate(g, {"gen": OpTiming((0,), 2.0), "train": OpTiming((1,), 2.9),
+                      "sync": OpTiming((0,), 1.0)}, steps=15)
+    assert tl.step_time_s == pytest.approx(3.0)

@@ -6,10 +6,16 @@
 1. learning: tiny_ppo and tiny_grpo as ``rpeg run`` runs them (the planner's plan
    for the local 2-worker cluster); mean reward of the untrained policy (steps
    that generated with version 0) and of the last 5 steps; wall time.
-2. asynchrony: the split placement on 2 workers, staleness 1 vs 0, same seeds;
-   ratio of median step times and final rewards (mean of the last 5 steps), 3 seeds.
+2. asynchrony: staleness 1 vs 0 on 2 workers, each with the planner's best plan for
+   it (what ``rpeg run`` executes), same seeds; ratio of median step times and final
+   rewards (mean of the last 5 steps), 3 seeds; and the runtime's split placement at
+   both stalenesses (one seed) for comparison.
 3. overhead: one worker, synchronous, rpeg on Dask vs the same op calls in one
    process (``rpeg.runtime.inline``); ratio of median step times.
+
+Every Dask run is what ``rpeg run`` runs: the resilient runner
+(``rpeg.runtime.recovery.run_resilient``, a checkpoint every 10 steps) with fused
+dispatch (``tasks_per_step`` says how many Dask tasks a step took).
 4. prediction: the cost model's step time for each executed plan
    (``rpeg.plan.evaluate.Evaluator`` with the calibrated local_cpu profile) vs measured.
 
@@ -35,10 +41,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from rpeg.plan.evaluate import Evaluator  # noqa: E402
-from rpeg.runtime import RunOptions, run_pipeline, verify_run  # noqa: E402
+from rpeg.runtime import RunOptions, verify_run  # noqa: E402
 from rpeg.runtime.inline import run_inline  # noqa: E402
 from rpeg.runtime.placement import split_plan  # noqa: E402
 from rpeg.runtime.plans import plan_for_run  # noqa: E402
+from rpeg.runtime.recovery import Resilience, run_resilient  # noqa: E402
 from rpeg.spec import load, load_cluster  # noqa: E402
 
 CLUSTER = ROOT / "pipelines" / "clusters" / "local_cpu.rpeg"
@@ -83,13 +90,16 @@ def dask_run(pipeline, plan, steps, root, fuse: bool = True) -> dict:
     waited = wait_quiet()
     before = load_avg()
     t = time.time()
-    result = run_pipeline(pipeline, plan, RunOptions(steps=steps, root=str(root), progress=False,
-                                                     fuse=fuse),
-                          spec_path=pipeline.path)
+    # what `rpeg run` runs: the resilient runner, a checkpoint every 10 steps
+    result = run_resilient(pipeline, plan, RunOptions(steps=steps, root=str(root),
+                                                      progress=False, fuse=fuse),
+                           spec_path=pipeline.path, resilience=Resilience())
     wall = time.time() - t
     ok = verify_run(result.path).ok
     rows = list(result.metrics)
+    meta = json.loads((result.path / "run.json").read_text())
     return {"run_dir": str(result.path), "verified": ok, "wall_s": round(wall, 2),
+            "tasks_per_step": round(meta.get("tasks", 0) / steps, 2),
             "median_step_s": round(median_step(rows), 4),
             "untrained_reward": round(untrained_reward(rows), 4),
             "final_reward": round(final_reward(rows), 4), "steps": steps,
@@ -108,24 +118,59 @@ def learning(name, steps, root) -> dict:
     return out
 
 
-def asynchrony(steps, seeds, root) -> dict:
+def best_plans(pipeline) -> dict:
+    """The planner's plan for the local cluster with every staleness bound at 0 (the best
+    synchronous plan) and as the spec allows (the best asynchronous one)."""
+    from rpeg.runtime.plans import _compile
+    cluster = load_cluster(CLUSTER)
+    zero = tuple((st, 0) for st, _ in pipeline.staleness)
+    sync = _compile(attrs.evolve(pipeline, staleness=zero), cluster, "search", 0, 5.0)
+    # an empty staleness means "the spec's" to the runtime: say 0 explicitly
+    return {"sync": attrs.evolve(sync, staleness=zero),
+            "async": _compile(pipeline, cluster, "search", 0, 5.0)}
+
+
+def placements(plan) -> str:
+    return "; ".join(f"{p.stage}@{','.join(map(str, p.devices))}" for p in plan.placements) \
+        + (f"; shared {plan.shared}" if plan.shared else "")
+
+
+def asynchrony(steps, seeds, root, split_seeds=1) -> dict:
+    """Staleness 1 vs 0 on 2 workers, each with the plan rpeg runs for it (the planner's
+    best for the local cluster), same seeds; and the runtime's split placement at both
+    stalenesses (generation alone on device 0; a placement the planner prices at
+    nearly no gain from asynchrony, since the critic trains beside generation)."""
     base = load(ROOT / "pipelines" / "tiny_ppo.rpeg")
-    runs = {"sync": [], "async": []}
-    for n, seed in enumerate(seeds):
-        pipeline = with_seed(base, seed)
-        order = (("sync", 0), ("async", 1)) if n % 2 == 0 else (("async", 1), ("sync", 0))
-        for label, k in order:
-            plan = split_plan(pipeline, 2, staleness=k)
-            r = dask_run(pipeline, plan, steps, root)
-            r["seed"] = seed
-            r["predicted_step_s"] = round(predicted(pipeline, plan), 4)
-            runs[label].append(r)
+    plans = best_plans(base)
+    out = {"plans": {k: placements(v) for k, v in plans.items()}}
+    for kind, seeds_here in (("planner", seeds), ("split", seeds[:split_seeds])):
+        runs = {"sync": [], "async": []}
+        for n, seed in enumerate(seeds_here):
+            pipeline = with_seed(base, seed)
+            order = (("sync", 0), ("async", 1)) if n % 2 == 0 else (("async", 1), ("sync", 0))
+            for label, k in order:
+                plan = plans[label] if kind == "planner" else split_plan(pipeline, 2,
+                                                                         staleness=k)
+                r = dask_run(pipeline, plan, steps, root)
+                r["seed"] = seed
+                r["predicted_step_s"] = round(predicted(pipeline, plan), 4)
+                runs[label].append(r)
+                print(kind, label, seed, r["median_step_s"], r["predicted_step_s"],
+                      r["load_avg"], flush=True)
+        out[kind] = _compare(runs)
+    return {**out["planner"], "plans": out["plans"], "split": out["split"]}
+
+
+def _compare(runs: dict) -> dict:
     ratio = [a["median_step_s"] / s["median_step_s"] for a, s in zip(runs["async"], runs["sync"],
                                                                       strict=True)]
+    pred = [a["predicted_step_s"] / s["predicted_step_s"]
+            for a, s in zip(runs["async"], runs["sync"], strict=True)]
     sync_r = statistics.mean(r["final_reward"] for r in runs["sync"])
     async_r = statistics.mean(r["final_reward"] for r in runs["async"])
     return {"runs": runs, "step_time_ratio_async_over_sync": round(statistics.mean(ratio), 3),
             "step_time_ratio_per_seed": [round(x, 3) for x in ratio],
+            "predicted_ratio": round(statistics.mean(pred), 3),
             "final_reward_sync": round(sync_r, 4), "final_reward_async": round(async_r, 4),
             "final_reward_gap_pct": round(100 * (async_r - sync_r) / sync_r, 2)}
 
@@ -214,8 +259,20 @@ def markdown(res) -> str:
         lines.append(f"| {name} | {r['steps']} | {r['untrained_reward']} | {r['final_reward']} | "
                      f"{r['wall_s']} | {r['median_step_s']} | {r['predicted_step_s']} | "
                      f"{r['verified']} |")
+    lines.append("")
+    for name in ("tiny_ppo", "tiny_grpo"):
+        r = res["learning"][name]
+        err = 100 * (r["predicted_step_s"] - r["median_step_s"]) / r["median_step_s"]
+        lines.append(f"Prediction, {name}: predicted {r['predicted_step_s']} s vs measured "
+                     f"{r['median_step_s']} s (**{err:+.1f}%**, target within 20%; "
+                     f"{r.get('tasks_per_step', '?')} Dask tasks per step).")
+        lines.append("")
     a = res["asynchrony"]
-    lines += ["", "## Staleness 1 vs synchronous (tiny_ppo, split placement, 2 workers)", "",
+    lines += ["", "## Staleness 1 vs synchronous (tiny_ppo, the planner's best plan for each, "
+              "2 workers)", ""]
+    if "plans" in a:
+        lines += [f"Plans: sync `{a['plans']['sync']}`; async `{a['plans']['async']}`.", ""]
+    lines += [
               "| seed | sync step s | async step s | ratio | sync final reward | async final reward |",
               "|---|---|---|---|---|---|"]
     for s, x in zip(a["runs"]["sync"], a["runs"]["async"], strict=True):
@@ -225,6 +282,14 @@ def markdown(res) -> str:
     lines += ["", f"Mean step-time ratio async/sync: **{a['step_time_ratio_async_over_sync']}** "
               f"(target <= 0.75). Final reward async vs sync: {a['final_reward_async']} vs "
               f"{a['final_reward_sync']} (**{a['final_reward_gap_pct']}%**, target within 5%).", ""]
+    if "predicted_ratio" in a:
+        lines += [f"The cost model's ratio for these plans: {a['predicted_ratio']}.", ""]
+    if "split" in a:
+        sp = a["split"]
+        lines += [f"The runtime's split placement (generation alone on device 0, the critic "
+                  f"trained beside it) at staleness 1 vs 0: step-time ratio "
+                  f"{sp['step_time_ratio_async_over_sync']} (predicted {sp['predicted_ratio']}; "
+                  f"seeds {[r['seed'] for r in sp['runs']['sync']]}).", ""]
     if "overlap" in res:
         frac = {k: [o["fraction"] for o in v] for k, v in res["overlap"].items()}
         lines += [f"Fraction of actor training overlapped by a later step's generation on the "
@@ -284,7 +349,8 @@ def main() -> None:
             print(name, res["learning"][name], flush=True)
     if "asynchrony" in parts:
         res["asynchrony"] = asynchrony(steps or 60, seeds, args.root)
-        print("asynchrony", {k: v for k, v in res["asynchrony"].items() if k != "runs"}, flush=True)
+        print("asynchrony", {k: v for k, v in res["asynchrony"].items()
+                             if k not in ("runs", "split")}, flush=True)
     if "quiet" in parts:
         # one more sync/async pair and overhead pair, each waiting longer for a quiet machine
         QUIET["max_wait_s"] = 180.0
@@ -304,7 +370,7 @@ def main() -> None:
                 res["op_times"][f"{name} (planner's plan)"] = op_times(
                     res["learning"][name]["run_dir"])
         for r in res.get("asynchrony", {}).get("runs", {}).get("sync", [])[:1]:
-            res["op_times"]["tiny_ppo split, sync"] = op_times(r["run_dir"])
+            res["op_times"]["tiny_ppo best sync plan"] = op_times(r["run_dir"])
         print("op_times", {k: v["mape_pct"] for k, v in res["op_times"].items()}, flush=True)
         a = res.get("asynchrony", {}).get("runs", {})
         res["overlap"] = {label: [overlap(r["run_dir"]) for r in a.get(label, [])]

@@ -530,10 +530,23 @@ class _Runner:
         return now
 
     def _drain(self) -> list[dict]:
-        """Trace events recorded on every device's worker since the last drain. A worker that
-        does not answer (frozen, hung in a collective) is reported as stuck."""
+        """Trace events recorded on every device's worker since the last drain: one round
+        trip to all of them at once; when one does not answer or fails, each is asked on its
+        own, and a worker that does not answer (frozen, hung in a collective) is reported
+        as stuck."""
+        import asyncio
+
+        client, addrs = self.cl.client, list(self.workers.values())
+        try:
+            got = client.sync(lambda: asyncio.wait_for(
+                client._run(W.drain, workers=addrs, on_error="return"),
+                min(10.0, self.res.timeout_floor_s)))
+            if all(isinstance(got.get(a), list) for a in addrs):
+                return [e for a in addrs for e in got[a]]
+        except Exception:  # noqa: BLE001 — asked one by one below, which tells which failed
+            pass
         out: list[dict] = []
-        for a in self.workers.values():
+        for a in addrs:
             try:
                 out += self._run_on(a, W.drain, self.res.timeout_floor_s)
             except _Lost:

@@ -6,10 +6,11 @@
 1. learning: tiny_ppo and tiny_grpo as ``rpeg run`` runs them (the planner's plan
    for the local 2-worker cluster); mean reward of the untrained policy (steps
    that generated with version 0) and of the last 5 steps; wall time.
-2. asynchrony: staleness 1 vs 0 on 2 workers, each with the planner's best plan for
-   it (what ``rpeg run`` executes), same seeds; ratio of median step times and final
-   rewards (mean of the last 5 steps), 3 seeds; and the runtime's split placement at
-   both stalenesses (one seed) for comparison.
+2. asynchrony: staleness 1 vs 0 on 2 workers with the plan ``rpeg run`` executes (the
+   planner's, capped at 0 for sync: ``--staleness 0``), same seeds; ratio of median step
+   times and final rewards (mean of the last 5 steps), 3 seeds. One seed also compares
+   the planner's best synchronous plan with the asynchronous one, and the runtime's
+   split placement at both stalenesses.
 3. overhead: one worker, synchronous, rpeg on Dask vs the same op calls in one
    process (``rpeg.runtime.inline``); ratio of median step times.
 
@@ -118,16 +119,19 @@ def learning(name, steps, root) -> dict:
     return out
 
 
-def best_plans(pipeline) -> dict:
-    """The planner's plan for the local cluster with every staleness bound at 0 (the best
-    synchronous plan) and as the spec allows (the best asynchronous one)."""
+def capped(plan, k: int):
+    """``plan`` with every staleness bound capped at ``k`` (what ``rpeg run --staleness k``
+    runs)."""
+    return attrs.evolve(plan, staleness=tuple((st, min(b, k)) for st, b in plan.staleness))
+
+
+def best_sync_plan(pipeline):
+    """The planner's plan for the local cluster with every staleness bound at 0."""
     from rpeg.runtime.plans import _compile
-    cluster = load_cluster(CLUSTER)
     zero = tuple((st, 0) for st, _ in pipeline.staleness)
-    sync = _compile(attrs.evolve(pipeline, staleness=zero), cluster, "search", 0, 5.0)
-    # an empty staleness means "the spec's" to the runtime: say 0 explicitly
-    return {"sync": attrs.evolve(sync, staleness=zero),
-            "async": _compile(pipeline, cluster, "search", 0, 5.0)}
+    sync = _compile(attrs.evolve(pipeline, staleness=zero), load_cluster(CLUSTER), "search",
+                    0, 5.0)
+    return capped(attrs.evolve(sync, staleness=zero), 0)   # "none" would mean the spec's
 
 
 def placements(plan) -> str:
@@ -135,30 +139,38 @@ def placements(plan) -> str:
         + (f"; shared {plan.shared}" if plan.shared else "")
 
 
-def asynchrony(steps, seeds, root, split_seeds=1) -> dict:
-    """Staleness 1 vs 0 on 2 workers, each with the plan rpeg runs for it (the planner's
-    best for the local cluster), same seeds; and the runtime's split placement at both
-    stalenesses (generation alone on device 0; a placement the planner prices at
-    nearly no gain from asynchrony, since the critic trains beside generation)."""
+def asynchrony(steps, seeds, root, others=1) -> dict:
+    """Staleness 1 vs 0 on 2 workers, same seeds, with the plan ``rpeg run`` executes for
+    tiny_ppo (the planner's) at staleness 1 and capped at 0 (``--staleness 0``): only the
+    staleness differs, so the step times and the rewards compare asynchrony alone.
+    ``others`` seeds also compare (a) the planner's best synchronous plan (planned with
+    every bound at 0) against the asynchronous one, and (b) the runtime's split placement
+    at both stalenesses (generation alone on device 0, the critic trained beside it)."""
     base = load(ROOT / "pipelines" / "tiny_ppo.rpeg")
-    plans = best_plans(base)
-    out = {"plans": {k: placements(v) for k, v in plans.items()}}
-    for kind, seeds_here in (("planner", seeds), ("split", seeds[:split_seeds])):
+    _, plan, _ = plan_for_run(ROOT / "pipelines" / "tiny_ppo.rpeg", cluster=CLUSTER)
+    best_sync = best_sync_plan(base)
+    kinds = {"same_plan": (lambda p, k: capped(plan, k), seeds),
+             "best_plans": (lambda p, k: plan if k else best_sync, seeds[:others]),
+             "split": (lambda p, k: split_plan(p, 2, staleness=k), seeds[:others])}
+    out = {"plans": {"async": placements(plan), "best_sync": placements(best_sync)}}
+    for kind, (plan_of, seeds_here) in kinds.items():
+        if not seeds_here:
+            continue
         runs = {"sync": [], "async": []}
         for n, seed in enumerate(seeds_here):
             pipeline = with_seed(base, seed)
             order = (("sync", 0), ("async", 1)) if n % 2 == 0 else (("async", 1), ("sync", 0))
             for label, k in order:
-                plan = plans[label] if kind == "planner" else split_plan(pipeline, 2,
-                                                                         staleness=k)
-                r = dask_run(pipeline, plan, steps, root)
+                this = plan_of(pipeline, k)
+                r = dask_run(pipeline, this, steps, root)
                 r["seed"] = seed
-                r["predicted_step_s"] = round(predicted(pipeline, plan), 4)
+                r["predicted_step_s"] = round(predicted(pipeline, this), 4)
                 runs[label].append(r)
                 print(kind, label, seed, r["median_step_s"], r["predicted_step_s"],
                       r["load_avg"], flush=True)
         out[kind] = _compare(runs)
-    return {**out["planner"], "plans": out["plans"], "split": out["split"]}
+    return {**out["same_plan"], "plans": out["plans"],
+            **{k: out[k] for k in ("best_plans", "split") if k in out}}
 
 
 def _compare(runs: dict) -> dict:
@@ -268,10 +280,10 @@ def markdown(res) -> str:
                      f"{r.get('tasks_per_step', '?')} Dask tasks per step).")
         lines.append("")
     a = res["asynchrony"]
-    lines += ["", "## Staleness 1 vs synchronous (tiny_ppo, the planner's best plan for each, "
-              "2 workers)", ""]
+    lines += ["", "## Staleness 1 vs synchronous (tiny_ppo, the plan rpeg runs, capped at 0 "
+              "for sync; 2 workers)", ""]
     if "plans" in a:
-        lines += [f"Plans: sync `{a['plans']['sync']}`; async `{a['plans']['async']}`.", ""]
+        lines += [f"Plan: `{a['plans']['async']}`.", ""]
     lines += [
               "| seed | sync step s | async step s | ratio | sync final reward | async final reward |",
               "|---|---|---|---|---|---|"]
@@ -284,12 +296,17 @@ def markdown(res) -> str:
               f"{a['final_reward_sync']} (**{a['final_reward_gap_pct']}%**, target within 5%).", ""]
     if "predicted_ratio" in a:
         lines += [f"The cost model's ratio for these plans: {a['predicted_ratio']}.", ""]
-    if "split" in a:
-        sp = a["split"]
-        lines += [f"The runtime's split placement (generation alone on device 0, the critic "
-                  f"trained beside it) at staleness 1 vs 0: step-time ratio "
-                  f"{sp['step_time_ratio_async_over_sync']} (predicted {sp['predicted_ratio']}; "
-                  f"seeds {[r['seed'] for r in sp['runs']['sync']]}).", ""]
+    for key, what in (("best_plans", "The planner's best synchronous plan (`"
+                       + a.get("plans", {}).get("best_sync", "?") + "`) vs the asynchronous "
+                       "one"), ("split", "The runtime's split placement (generation alone on "
+                                "device 0, the critic trained beside it) at staleness 1 vs 0")):
+        if key in a:
+            sp = a[key]
+            lines += [f"{what}: step-time ratio {sp['step_time_ratio_async_over_sync']} "
+                      f"(predicted {sp['predicted_ratio']}), final reward "
+                      f"{sp['final_reward_async']} vs {sp['final_reward_sync']} "
+                      f"({sp['final_reward_gap_pct']}%); seeds "
+                      f"{[r['seed'] for r in sp['runs']['sync']]}.", ""]
     if "overlap" in res:
         frac = {k: [o["fraction"] for o in v] for k, v in res["overlap"].items()}
         lines += [f"Fraction of actor training overlapped by a later step's generation on the "
@@ -350,11 +367,11 @@ def main() -> None:
     if "asynchrony" in parts:
         res["asynchrony"] = asynchrony(steps or 60, seeds, args.root)
         print("asynchrony", {k: v for k, v in res["asynchrony"].items()
-                             if k not in ("runs", "split")}, flush=True)
+                             if k not in ("runs", "split", "best_plans")}, flush=True)
     if "quiet" in parts:
         # one more sync/async pair and overhead pair, each waiting longer for a quiet machine
         QUIET["max_wait_s"] = 180.0
-        res["asynchrony_quiet"] = asynchrony(40, [0], args.root)
+        res["asynchrony_quiet"] = asynchrony(40, [0], args.root, others=0)
         res["overhead_quiet"] = overhead(30, args.root, rounds=1)
         for label in ("asynchrony_quiet", "overhead_quiet"):
             print(label, {k: v for k, v in res[label].items()
@@ -370,7 +387,7 @@ def main() -> None:
                 res["op_times"][f"{name} (planner's plan)"] = op_times(
                     res["learning"][name]["run_dir"])
         for r in res.get("asynchrony", {}).get("runs", {}).get("sync", [])[:1]:
-            res["op_times"]["tiny_ppo best sync plan"] = op_times(r["run_dir"])
+            res["op_times"]["tiny_ppo, staleness 0"] = op_times(r["run_dir"])
         print("op_times", {k: v["mape_pct"] for k, v in res["op_times"].items()}, flush=True)
         a = res.get("asynchrony", {}).get("runs", {})
         res["overlap"] = {label: [overlap(r["run_dir"]) for r in a.get(label, [])]

@@ -110,7 +110,7 @@ def fuse(batch: Iterable[OpCall], consumers: dict[str, tuple[OpCall, ...]],
 
 
 def submit(client, g: Group, futures: dict, worker: str, key: str):
-    """Submit ``g`` as one Dask task pinned to ``worker``.
+    """Submit ``g`` as one Dask task pinned to ``worker``, prioritised by its step.
 
     Its arguments are the futures (``futures``: op id -> the future of its task) of the
     other tasks whose results the calls read, each passed once, and of the tasks they only
@@ -134,5 +134,9 @@ def submit(client, g: Group, futures: dict, worker: str, key: str):
         for a in call.after:
             if a not in own and a in futures:
                 arg(futures[a])
+    # of two tasks ready on one worker the older step's runs first (Dask runs higher priority
+    # first, and equal priorities in submission order): a step's cheap tail (a reward, say)
+    # must not wait behind the next step's generation while another device waits for it
     return client.submit(W.run_group, g.calls, g.keep, tuple(where), *args, key=key,
-                         workers=[worker], allow_other_workers=False, pure=False)
+                         workers=[worker], allow_other_workers=False, pure=False,
+                         priority=-g.calls[0].step)

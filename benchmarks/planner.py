@@ -1,6 +1,6 @@
 """Planner benchmarks: planning time, plan quality against the baselines, search ablation.
 
-    .venv/bin/python benchmarks/planner.py            # everything (~10 minutes on 2 cores)
+    .venv/bin/python benchmarks/planner.py            # everything (~15 minutes on 2 cores)
     .venv/bin/python benchmarks/planner.py --quick    # a smoke run of each section
 
 Writes benchmarks/results/planner.json and benchmarks/results/planner.md. Every figure
@@ -159,6 +159,19 @@ def ablation(quick: bool) -> list[dict]:
 
 # --- report ------------------------------------------------------------------------------------
 
+MODEL_NOTES = [
+    "What the model prices that bounds these ratios: generation ends when the replica "
+    "holding the batch's longest response does (about 4,096 decode steps here, whatever "
+    "the DP degree), so at 64 GPUs and more every plan is bounded below by that tail; "
+    "vLLM refills freed KV slots (continuous batching) when memory bounds its batch; a "
+    "streamed chunk is its own forward batch, padded to its longest response; weight "
+    "sync between disjoint groups holds only the generating GPUs (the trainer stages its "
+    "weights in host memory); the steady state is measured after the pipeline fills and "
+    "is never below the busiest GPU's work of one step. Synchronous rows can only hide "
+    "the reference/critic forwards in the generation tail; staleness beyond what "
+    "balances generation against training buys nothing once generation is the "
+    "bottleneck."]
+
 def markdown(res: dict) -> str:
     lines = ["# Planner benchmarks", "",
              f"Command: `{res['command']}`  ", f"Machine: {res['machine']}", ""]
@@ -168,7 +181,8 @@ def markdown(res: dict) -> str:
                   f"Machine then: {res.get('machine_' + section)}", ""]
     lines += [
              "All step times are predictions of rpeg's cost model and simulator; search and "
-             "baselines are priced by the same model.", "", "## Planning time (ppo_llama8b, GH200)",
+             "baselines are priced by the same model.", "", *MODEL_NOTES, "",
+             "## Planning time (ppo_llama8b, GH200)",
              "", "Wall-clock seconds depend on what else the two cores run (the load average "
              "at the time is given); CPU seconds are this process's own.", "",
              "| GPUs | wall s | CPU s | load avg | proposals | predicted step (s) |",

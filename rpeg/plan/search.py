@@ -28,8 +28,10 @@ Acceptance is Metropolis with a geometric temperature schedule from
 ``t_start`` to ``t_end`` (fractions of the start plan's step time) over
 ``iterations`` (or until ``patience`` proposals bring nothing better), split over
 ``chains`` independent walks from the start plan; every ``restart_every`` iterations
-a walk returns to the best plan so far. One ``numpy.random.Generator`` drives everything, so the same inputs
-and seed give the same plan — provided the search ends by its iteration count
+a walk returns to the best plan so far, and a walk that has not bettered its own best
+for ``stall`` proposals starts again from the start plan, warm (another basin). One
+``numpy.random.Generator`` drives everything, so the same inputs and seed give the
+same plan — provided the search ends by its iteration count
 (``budget_s`` is a safety cap on the search's CPU time, so other load on the machine
 does not change where it stops).
 """
@@ -67,6 +69,7 @@ class SearchOptions:
     budget_s: float = 30.0           # cap on the search's CPU seconds
     iterations: int = 6000           # proposals evaluated
     patience: int = 2000             # stop after this many proposals without a better plan
+    stall: int = 700                 # a walk this long without bettering itself starts afresh
     t_start: float = 0.05            # initial temperature, as a fraction of the start step time
     t_end: float = 0.0005
     restart_every: int = 600
@@ -114,6 +117,7 @@ def anneal(ctx: Context, ev: Evaluator, start: Evaluation, opts: SearchOptions) 
     out_of_time = False
     for _chain in range(chains):              # each chain walks from the start again
         current, last = start, 0
+        walk_best, walk_last, walk_from = score(start, cap), 0, 0
         for j in range(1, per_chain + 1):
             it += 1
             if time.process_time() - began > opts.budget_s:
@@ -121,6 +125,9 @@ def anneal(ctx: Context, ev: Evaluator, start: Evaluation, opts: SearchOptions) 
                 break
             if patience and best.feasible and j - last > patience:
                 break
+            if opts.stall and j - walk_last > opts.stall and opts.method is Method.ANNEAL:
+                # stuck in one basin: walk again from the start, warm again
+                current, walk_best, walk_last, walk_from = start, score(start, cap), j, j
             if opts.method is Method.RANDOM:
                 base = start
             else:
@@ -144,10 +151,13 @@ def anneal(ctx: Context, ev: Evaluator, start: Evaluation, opts: SearchOptions) 
                 scale = best.step_time_s
                 t0 = opts.t_start * scale
             delta = score(r, cap) - score(base, cap)
-            temp = t0 * ratio ** (j / per_chain) if opts.method is Method.ANNEAL else 0.0
+            temp = t0 * ratio ** ((j - walk_from) / per_chain) \
+                if opts.method is Method.ANNEAL else 0.0
             if delta < 0 or (temp > 0 and rng.random() < math.exp(-delta / temp)):
                 current = r
                 accepted += 1
+            if score(r, cap) < walk_best - 1e-12:
+                walk_best, walk_last = score(r, cap), j
             if score(r, cap) < score(best, cap) - 1e-12:
                 best = r
                 improved += 1

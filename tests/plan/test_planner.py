@@ -49,6 +49,17 @@ def test_same_seed_same_plan(tiny, local_cpu):
     assert a == b and a.to_json() == b.to_json()
 
 
+def test_stalled_walks_restart_and_stay_reproducible(grpo, a100_16):
+    """Walks that stall start again from the start plan: still seeded, never worse."""
+    opts = attrs.evolve(QUICK, stall=40, patience=0, iterations=240)
+    a = compile_report(grpo, a100_16, options=opts)
+    b = compile_report(grpo, a100_16, options=opts)
+    assert a.plan == b.plan and a.search.trace == b.search.trace
+    assert a.search.iterations == 240
+    start = min(ev.step_time_s for _, ev in a.baselines if ev)
+    assert a.plan.predicted.step_time_s <= start
+
+
 def test_search_is_never_worse_than_a_baseline(grpo, a100_16):
     r = compile_report(grpo, a100_16, options=QUICK)
     for strategy, ev in r.baselines:

@@ -119,8 +119,7 @@ def enumerate_layouts(pipeline: Pipeline, stage: str, sizes: tuple[int, ...],
                 for z in zeros:
                     for r in recomputes:
                         for o in offloads:
-                            par = attrs.evolve(base, microbatches=m, zero=z, recompute=r,
-                                               offload=o)
+                            par = Parallel(base.dp, base.tp, base.pp, m, r, z, o)
                             out.append(Layout(stage, size, par, Engine.TORCH))
     return tuple(out)
 
@@ -130,13 +129,17 @@ def prune(pipeline: Pipeline, layouts_: tuple[Layout, ...], cluster: Cluster) ->
     """Layouts whose stage alone fits a device, with that memory need in bytes."""
     out = []
     cap = cluster.gpu.memory
+    resident: dict[tuple, float] = {}        # depends on few of a layout's fields
     for lay in layouts_:
         s = pipeline.stage(lay.stage)
         model = pipeline.model(s.target)
+        p, trained = lay.par, s.kind is OpKind.TRAIN
+        key = (model.name, p.dp, p.tp, p.pp, p.zero, p.offload, trained)
         try:
-            need = stage_memory(pipeline, lay.stage, lay.par, cluster,
-                                rows=lay.rows).total + resident_memory(
-                model, lay.par, cluster, trained=s.kind is OpKind.TRAIN).total
+            if key not in resident:
+                resident[key] = resident_memory(model, p, cluster, trained=trained).total
+            need = stage_memory(pipeline, lay.stage, p, cluster, rows=lay.rows).total \
+                + resident[key]
         except CostError:
             continue
         if need <= cap:
@@ -151,7 +154,10 @@ def estimate(pipeline: Pipeline, fitting: tuple[tuple[Layout, float], ...],
     kept: dict[Layout, float] = {}
     for lay, need in fitting:
         # an offloaded layout costs its twin's time plus the host-link copies
-        twin = attrs.evolve(lay, par=attrs.evolve(lay.par, offload=False))
+        p = lay.par
+        twin = lay if not p.offload else Layout(
+            lay.stage, lay.size, Parallel(p.dp, p.tp, p.pp, p.microbatches, p.recompute,
+                                          p.zero, False), lay.engine, lay.rows)
         try:
             if twin not in kept:
                 kept[twin] = estimate_stage(pipeline, lay.stage, twin.par,

@@ -6,7 +6,7 @@
     >>> core.handle(OpDone("rollout/s0/c0"))                               # doctest: +SKIP
     []
 
-The core decides *what to submit when*; the adapter (``rpeg.runtime.dask_exec``)
+The core decides *what to submit when*; the adapter (``rpeg.runtime.recovery``)
 turns ``Submit`` into a Dask future whose arguments are the futures of the op's
 dependencies, so *when it runs* is decided by completion events on the cluster,
 never by predicted times. The core keeps at most ``window`` steps in flight

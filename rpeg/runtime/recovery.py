@@ -14,12 +14,17 @@ outputs made before the cut and read after it, so the state at a cut is
 complete: re-running from it gives the same numbers as running through it
 (all randomness is seeded by (seed, step)).
 
+The ops the core releases are submitted as fused tasks (``rpeg.runtime.fusion``:
+consecutive ready ops of one device in one Dask task, each op still traced on
+its own); an output carried over a cut is one its task returns.
+
 Faults, each handled by rolling back to the last cut:
 
 * a worker process dies (SIGKILL, OOM): seen as its address leaving the
   scheduler; the nanny's replacement (or a spare worker) takes its device;
-* an op is stuck: no op on a device finished for ``max(floor, factor x the
-  plan's predicted op time)``; reported with op, step and worker, the worker is
+* an op is stuck: no task on a device finished for ``max(floor, factor x the
+  plan's predicted time of the task's ops)`` since its inputs were ready
+  (``rpeg.runtime.flight``); reported with op, step and worker, the worker is
   killed, and it is handled as a loss;
 * too few workers remain: the plan is re-made for the devices left (split
   placement, same staleness), said in run.json and on stderr, and state is
@@ -50,9 +55,10 @@ from rpeg.runtime import core as C
 from rpeg.runtime import fusion as F
 from rpeg.runtime import worker as W
 from rpeg.runtime.context import RunContext, dataset_path, read_dataset
+from rpeg.runtime.cuts import carried, closure, core_view
 from rpeg.runtime.driver import RunOptions, RunResult, _Cluster, _Progress, _rendezvous, uses_vllm
 from rpeg.runtime.flight import Flight, Task
-from rpeg.runtime.instances import OpCall, build_calls, graph_for, model_homes
+from rpeg.runtime.instances import build_calls, graph_for, model_homes
 from rpeg.runtime.record import write_record
 from rpeg.runtime.rundir import RunDir, step_metrics
 from rpeg.runtime.serial import dumps, loads, plan_from_json, plan_to_json
@@ -81,35 +87,6 @@ class _Lost(Exception):
     def __init__(self, device: int, worker: str, op: str, step: int, reason: str) -> None:
         super().__init__(f"{reason}: device {device} ({worker}), op {op}, step {step}")
         self.device, self.worker, self.op, self.step, self.reason = device, worker, op, step, reason
-
-
-# --- cuts: which ops every step before B needs ---------------------------------------------
-
-def closure(table: dict[str, OpCall], cut: int) -> set[str]:
-    """Ids of every op that ops of steps < ``cut`` depend on, transitively (and those ops)."""
-    out: set[str] = set()
-    stack = [i for i, c in table.items() if c.step < cut]
-    while stack:
-        i = stack.pop()
-        if i in out:
-            continue
-        out.add(i)
-        stack.extend(table[i].all_deps)
-    return out
-
-
-def carried(table: dict[str, OpCall], inside: set[str]) -> set[str]:
-    """Ops inside a cut whose outputs an op outside it reads."""
-    return {d for i, c in table.items() if i not in inside for d in c.deps if d in inside}
-
-
-def core_view(table: dict[str, OpCall], seg: set[str], end: int) -> list[OpCall]:
-    """The segment's calls as the scheduling core sees them: dependencies inside the segment
-    only, and ops of steps >= end (generation pulled in by the cut) counted in step end - 1."""
-    return [attrs.evolve(c, step=min(c.step, end - 1),
-                         deps=tuple(d for d in c.deps if d in seg),
-                         after=tuple(a for a in c.after if a in seg))
-            for i, c in table.items() if i in seg]
 
 
 # --- the run -------------------------------------------------------------------------------

@@ -73,8 +73,10 @@ class MemoryCost:
                 + self.kv_cache + self.buffers)
 
     def __add__(self, other: MemoryCost) -> MemoryCost:
-        return MemoryCost(*(a + b for a, b in zip(attrs.astuple(self), attrs.astuple(other),
-                                                     strict=True)))
+        return MemoryCost(self.weights + other.weights, self.grads + other.grads,
+                          self.optimizer + other.optimizer,
+                          self.activations + other.activations,
+                          self.kv_cache + other.kv_cache, self.buffers + other.buffers)
 
 
 def value_bytes(model: Model, gpu: GpuProfile) -> float:

@@ -156,7 +156,7 @@ def _estimate(pipeline, stage, par, devices, topo, cluster, batch, engine, rows,
         t = batch * gpu.get("reward_sample_overhead", gpu.sample_overhead)
         return StageCost(t, t, 0.0, (("reward", t),))
     if stage.kind is OpKind.COMPUTE:
-        tokens = batch * (w.prompt_len + w.gen_len.mean())
+        tokens = batch * (w.prompt_len + _mean_len(w.gen_len))
         t = batch * gpu.sample_overhead + tokens * gpu.get("compute_token_time", 2e-9)
         return StageCost(t, t, 0.0, (("host", t),))
     model = pipeline.model(stage.target)
@@ -384,6 +384,11 @@ class _Gen:
     cum_time: np.ndarray     # decode seconds elapsed at those steps
     lengths: np.ndarray      # sorted response lengths, one per local response
     finish: np.ndarray       # seconds from the start until each response is done, ascending
+
+
+@functools.lru_cache(maxsize=256)
+def _mean_len(dist) -> float:
+    return dist.mean()
 
 
 @functools.lru_cache(maxsize=4096)

@@ -112,13 +112,16 @@ class Evaluator:
     def stage_time(self, stage: str, p: StagePlacement, rows: int | None = None,
                    chunk: tuple[int, float] | None = None) -> float:
         """Seconds of ``stage``; ``chunk``: (responses, longest) of one streamed chunk."""
-        p = self.canonical(p)
         key = ("t", stage, p, rows, chunk)
         if key not in self._cost:
-            batch, padded = chunk if chunk is not None else (None, None)
-            self._cost[key] = estimate_stage(self.pipeline, stage, parallel_of(p), p.devices,
-                                             self.cluster, engine=p.engine, rows=rows,
-                                             batch=batch, padded_len=padded).time_s
+            canonical = ("t", stage, self.canonical(p), rows, chunk)
+            if canonical not in self._cost:
+                q = canonical[2]
+                batch, padded = chunk if chunk is not None else (None, None)
+                self._cost[canonical] = estimate_stage(
+                    self.pipeline, stage, parallel_of(q), q.devices, self.cluster,
+                    engine=q.engine, rows=rows, batch=batch, padded_len=padded).time_s
+            self._cost[key] = self._cost[canonical]
         return self._cost[key]
 
     def chunk_ends(self, stage: str, p: StagePlacement,
@@ -252,7 +255,7 @@ class Evaluator:
         if feasible or simulate_infeasible:
             timings, op_times = self.timings(plan, graph)
             steps = self.steps or steps_for(max((k for _, k in plan.staleness), default=0))
-            timeline = simulate(graph, timings, steps=steps)
+            timeline = simulate(graph, timings, steps=steps, events=detail)
             step = timeline.step_time_s
             predicted = Predicted(
                 step_time_s=step,

@@ -32,6 +32,7 @@ training run at nearly the same rate) would read faster than any steady state.
 
 from __future__ import annotations
 
+import functools
 import heapq
 import math
 
@@ -155,21 +156,18 @@ def chunk_durations(graph: Graph, timings: dict[str, OpTiming],
     return out
 
 
-def simulate(graph: Graph, timings: dict[str, OpTiming], steps: int = 6) -> Timeline:
-    """Run ``steps`` steps of ``graph`` with the given op timings; see the module doc."""
+def simulate(graph: Graph, timings: dict[str, OpTiming], steps: int = 6, *,
+             events: bool = True) -> Timeline:
+    """Run ``steps`` steps of ``graph`` with the given op timings; see the module doc.
+    ``events=False``: the step figures only, no per-instance events (a search needs no
+    more; ``busy`` and ``bubbles`` are then empty)."""
     chunks = tuple(sorted((n, len(t.chunk_ends)) for n, t in timings.items()
                           if len(t.chunk_ends) > 1))
     prep = _prepare(graph, steps, chunks)
     durations = chunk_durations(graph, timings, prep.counts)
     num_devices = 1 + max((d for t in timings.values() for d in t.devices), default=0)
 
-    # Atoms make device checks cheap: an op holds whole atoms (bits of one integer).
-    atom_of: dict[int, int] = {}
-    for k, atom in enumerate(_atoms({t.devices for t in timings.values() if t.devices})):
-        for d in atom:
-            atom_of[d] = k
-    needs = {n: sum(1 << a for a in {atom_of[d] for d in t.devices})
-             for n, t in timings.items()}
+    needs = _needs(tuple(sorted((n, t.devices) for n, t in timings.items())))
     insts = prep.instances                       # in priority order
     need = [needs[i.op] for i in insts]
     dur = [durations[(i.op, i.chunk)] for i in insts]
@@ -209,7 +207,12 @@ def simulate(graph: Graph, timings: dict[str, OpTiming], steps: int = 6) -> Time
     if started != len(insts):
         stuck = sorted(str(insts[k]) for k, w in enumerate(waiting) if w > 0)
         raise RuntimeError(f"simulation deadlocked with {stuck[:3]} never started")
-    events = [Event(i, timings[i.op].devices, start[k], end[k]) for k, i in enumerate(insts)]
+    ends = [0.0] * steps
+    for s, e in zip(prep.step_of, end, strict=True):
+        if e > ends[s]:
+            ends[s] = e
+    events_ = [Event(i, timings[i.op].devices, start[k], end[k])
+               for k, i in enumerate(insts)] if events else []
     drain = 1 + max((e.lag for e in graph.version_edges), default=0)
     # No steady state is faster than the busiest atom's work of one step.
     load: dict[int, float] = {}
@@ -219,13 +222,15 @@ def simulate(graph: Graph, timings: dict[str, OpTiming], steps: int = 6) -> Time
             low = bits & -bits
             load[low] = load.get(low, 0.0) + d
             bits ^= low
-    return _timeline(events, steps, num_devices, drain, max(load.values(), default=0.0))
+    return _timeline(events_, steps, num_devices, drain, max(load.values(), default=0.0),
+                     ends)
 
 
 @attrs.frozen
 class _Prepared:
     instances: tuple[Instance, ...]            # sorted by priority: step, graph order, chunk
     waiting: tuple[int, ...]                   # dependencies of each
+    step_of: tuple[int, ...]                   # the step of each
     dependents: tuple[tuple[int, ...], ...]
     counts: dict
 
@@ -261,8 +266,19 @@ def _prepare_uncached(graph: Graph, steps: int, chunks: tuple[tuple[str, int], .
         if inst.chunk > 0:
             waiting[index[inst]] += 1
             dependents[index[Instance(inst.op, inst.step, inst.chunk - 1)]].append(index[inst])
-    return _Prepared(tuple(insts), tuple(waiting), tuple(tuple(d) for d in dependents),
-                     dict(u.chunks))
+    return _Prepared(tuple(insts), tuple(waiting), tuple(i.step for i in insts),
+                     tuple(tuple(d) for d in dependents), dict(u.chunks))
+
+
+@functools.lru_cache(maxsize=4096)
+def _needs(placed: tuple[tuple[str, tuple[int, ...]], ...]) -> dict[str, int]:
+    """Atoms make device checks cheap: each op holds whole atoms, bits of one integer.
+    (Cached: do not modify the answer.)"""
+    atom_of: dict[int, int] = {}
+    for k, atom in enumerate(_atoms({devs for _, devs in placed if devs})):
+        for d in atom:
+            atom_of[d] = k
+    return {n: sum(1 << a for a in {atom_of[d] for d in devs}) for n, devs in placed}
 
 
 def _atoms(sets: set[tuple[int, ...]]) -> list[tuple[int, ...]]:
@@ -277,10 +293,13 @@ def _atoms(sets: set[tuple[int, ...]]) -> list[tuple[int, ...]]:
 
 
 def _timeline(events: list[Event], steps: int, num_devices: int, drain: int = 1,
-              floor: float = 0.0) -> Timeline:
-    ends = [0.0] * steps
-    for e in events:
-        ends[e.instance.step] = max(ends[e.instance.step], e.end)
+              floor: float = 0.0, ends: list[float] | None = None) -> Timeline:
+    """The step figures; ``ends``: each step's last end, when known without ``events``."""
+    if ends is None:
+        ends = [0.0] * steps
+        for e in events:
+            ends[e.instance.step] = max(ends[e.instance.step], e.end)
+    ends = list(ends)
     for s in range(1, steps):               # a step is complete once every earlier one is
         ends[s] = max(ends[s], ends[s - 1])
     # The last steps run faster than the steady state (nothing of a later step competes

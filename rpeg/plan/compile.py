@@ -78,7 +78,9 @@ def compile_report(pipeline: Pipeline, cluster: Cluster, strategy: Strategy = St
         start = min(closest, key=lambda e: e.shortfall.over)
     result = None
     if strategy is Strategy.SEARCH:
-        result = anneal(ctx, ev, start, opts)                          # optimise
+        others = tuple(sorted((e for e in feasible if e is not start),
+                              key=lambda e: e.step_time_s))
+        result = anneal(ctx, ev, start, opts, others)                  # optimise
         best = result.best
         if not best.feasible:
             raise no_fit(ctx, closest + [best])

@@ -29,7 +29,8 @@ Acceptance is Metropolis with a geometric temperature schedule from
 ``iterations`` (or until ``patience`` proposals bring nothing better), split over
 ``chains`` independent walks from the start plan; every ``restart_every`` iterations
 a walk returns to the best plan so far, and a walk that has not bettered its own best
-for ``stall`` proposals starts again from the start plan, warm (another basin). One
+for ``stall`` proposals starts again, warm, from the next of the other baselines' plans
+(then the start plan again): another basin. One
 ``numpy.random.Generator`` drives everything, so the same inputs and seed give the
 same plan — provided the search ends by its iteration count
 (``budget_s`` is a safety cap on the search's CPU time, so other load on the machine
@@ -97,9 +98,11 @@ def score(r: Evaluation, cap: float) -> float:
     return 1e9 * (1.0 + r.shortfall.over / cap)
 
 
-def anneal(ctx: Context, ev: Evaluator, start: Evaluation, opts: SearchOptions) -> SearchResult:
+def anneal(ctx: Context, ev: Evaluator, start: Evaluation, opts: SearchOptions,
+           others: tuple[Evaluation, ...] = ()) -> SearchResult:
     """Search from ``start`` (feasible or not); ``best`` is feasible whenever any plan seen
-    was (check ``best.feasible``)."""
+    was (check ``best.feasible``). ``others``: more feasible plans (the other baselines) a
+    stalled walk starts again from in turn, before ``start`` again: other basins."""
     rng = np.random.default_rng(opts.seed)
     moves = Moves(ctx, rng)
     cap = ctx.cluster.gpu.memory
@@ -115,6 +118,8 @@ def anneal(ctx: Context, ev: Evaluator, start: Evaluation, opts: SearchOptions) 
     per_chain = max(1, opts.iterations // chains)
     patience = max(1, opts.patience // chains) if opts.patience else 0
     out_of_time = False
+    origins = (start,) + tuple(o for o in others if o.feasible and o.plan != start.plan)
+    restarts = 0
     for _chain in range(chains):              # each chain walks from the start again
         current, last = start, 0
         walk_best, walk_last, walk_from = score(start, cap), 0, 0
@@ -126,8 +131,10 @@ def anneal(ctx: Context, ev: Evaluator, start: Evaluation, opts: SearchOptions) 
             if patience and best.feasible and j - last > patience:
                 break
             if opts.stall and j - walk_last > opts.stall and opts.method is Method.ANNEAL:
-                # stuck in one basin: walk again from the start, warm again
-                current, walk_best, walk_last, walk_from = start, score(start, cap), j, j
+                # stuck in one basin: walk again from another start, warm again
+                restarts += 1
+                current = origins[restarts % len(origins)]
+                walk_best, walk_last, walk_from = score(current, cap), j, j
             if opts.method is Method.RANDOM:
                 base = start
             else:

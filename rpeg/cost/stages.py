@@ -382,7 +382,7 @@ class _Gen:
     host: float              # per-sample host work, done before decoding
     steps: np.ndarray        # decode step numbers at segment ends
     cum_time: np.ndarray     # decode seconds elapsed at those steps
-    lengths: np.ndarray      # sorted response lengths, one per local response
+    lengths: np.ndarray      # response lengths, one per local response, in finish order
     finish: np.ndarray       # seconds from the start until each response is done, ascending
 
 

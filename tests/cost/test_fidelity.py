@@ -4,6 +4,8 @@ import math
 
 import attrs
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from rpeg.cost import compute as C
 from rpeg.cost.examples import ppo_pipeline
@@ -161,3 +163,21 @@ def test_vllm_refills_freed_slots_instead_of_waiting_for_each_wave(ppo):
     ends = generation_chunks(ppo, "rollout", par, R8, GH, 4, engine=vllm, rows=16)
     assert [t for t, _ in ends] == sorted(t for t, _ in ends)
     assert ends[-1][0] == pytest.approx(refill) and sum(n for _, n in ends) == 512
+
+
+@settings(max_examples=60, deadline=None)
+@given(lengths=st.lists(st.integers(1, 500), min_size=1, max_size=60),
+       slots=st.integers(1, 70))
+def test_continuous_batching_keeps_at_most_slots_busy(lengths, slots):
+    import numpy as np
+
+    from rpeg.cost.stages import _admissions
+    ls = np.sort(np.array(lengths, dtype=float))
+    first, last = _admissions(ls, slots)
+    assert (first >= 0).all() and np.allclose(last - first, ls)
+    for t in np.unique(first):                      # at each admission, slots not exceeded
+        assert ((first <= t) & (last > t)).sum() <= slots
+    makespan = last.max()
+    assert makespan >= max(ls.max(), ls.sum() / slots) - 1e-9
+    # list scheduling: never worse than the bound of Graham's greedy
+    assert makespan <= ls.sum() / min(slots, len(ls)) + ls.max() + 1e-9

@@ -41,6 +41,7 @@ import attrs
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from rpeg.cost.calibrate import with_dispatch  # noqa: E402
 from rpeg.plan.evaluate import Evaluator  # noqa: E402
 from rpeg.runtime import RunOptions, verify_run  # noqa: E402
 from rpeg.runtime.inline import run_inline  # noqa: E402
@@ -217,24 +218,34 @@ def op_times(run_dir: str) -> dict:
     rd = RunDir(Path(run_dir))
     pipeline = loads((rd.path / "pipeline.json").read_text())
     plan = plan_from_json((rd.path / "plan.json").read_text())
-    pred = dict(Evaluator(pipeline, load_cluster(CLUSTER)).evaluate(plan).plan.predicted.op_times)
-    per: dict[tuple[str, int], float] = {}
-    devices: dict[str, set] = {}
+    # op durations exclude the gaps between tasks: price them without the dispatch term
+    cluster = load_cluster(CLUSTER)
+    cluster = attrs.evolve(cluster, gpu=with_dispatch(cluster.gpu, {"dispatch_s": 0.0}))
+    pred = dict(Evaluator(pipeline, cluster).evaluate(plan).plan.predicted.op_times)
+    # the plan's op fusion may join stages the runtime runs as ops of their own (and the
+    # other way round): a predicted op is matched with the runtime ops of its stages
+    per: dict[int, dict[frozenset, float]] = {}
+    devices: dict[frozenset, set] = {}
     for e in events_from_trace(rd.read_json("trace.json")):
         if e["step"] < WARMUP:
             continue
-        for stage in e["op"].split("+"):
-            key = (stage if not stage.startswith("sync_") else stage, e["step"])
-            per[key] = per.get(key, 0.0) + (e["end"] - e["start"])
-            devices.setdefault(stage, set()).add(e["device"])
+        key = frozenset(e["op"].split("+"))
+        row = per.setdefault(e["step"], {})
+        row[key] = row.get(key, 0.0) + (e["end"] - e["start"])
+        devices.setdefault(key, set()).add(e["device"])
     out = {}
-    for stage, p in pred.items():
-        vals = [v for (s, _), v in per.items() if s == stage]
-        if vals:
+    for name, p in pred.items():
+        stages = frozenset(name.split("+"))
+        vals = []
+        for row in per.values():
             # ranks of a data-parallel op run side by side: per-device time
-            measured = statistics.median(vals) / max(1, len(devices.get(stage, ())))
-            out[stage] = {"predicted_s": round(p, 5), "measured_s": round(measured, 5),
-                          "error_pct": round(100 * (p - measured) / measured, 1)}
+            got = [v / max(1, len(devices[k])) for k, v in row.items() if k <= stages]
+            if got:
+                vals.append(sum(got))
+        if vals:
+            measured = statistics.median(vals)
+            out[name] = {"predicted_s": round(p, 5), "measured_s": round(measured, 5),
+                         "error_pct": round(100 * (p - measured) / measured, 1)}
     errs = [abs(v["error_pct"]) for v in out.values()]
     return {"stages": out, "mape_pct": round(sum(errs) / len(errs), 1) if errs else None}
 

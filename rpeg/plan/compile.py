@@ -28,11 +28,12 @@ from rpeg.plan.choices import enumerate_layouts, model_stages
 from rpeg.plan.edit import Context
 from rpeg.plan.evaluate import Evaluation, Evaluator, Shortfall
 from rpeg.plan.model import Plan, Strategy
-from rpeg.plan.search import SearchOptions, SearchResult, anneal
+from rpeg.plan.search import SearchOptions, SearchResult, anneal, capped, merged, staleness_caps
 from rpeg.plan.space import Limits, generate_engines
 from rpeg.spec.model import Cluster, Engine, OpKind, Pipeline
 
 GB = 1e9
+WARM_PATIENCE = 0.75     # share of the patience a walk started from a tighter cap's best gets
 
 
 @attrs.frozen
@@ -67,25 +68,14 @@ def compile_report(pipeline: Pipeline, cluster: Cluster, strategy: Strategy = St
     if strategy not in BASELINES and strategy is not Strategy.SEARCH:
         raise PlanError(f"strategy must be search, colocated, split or realloc, not "
                         f"{strategy.value}")
-    outcomes = run_baselines(wanted, ctx, ev)                          # hand-tuned baselines
-    feasible = [o.best for o in outcomes if o.best is not None]
-    closest = [o.closest for o in outcomes if o.closest is not None]
-    if not feasible and (strategy is not Strategy.SEARCH or not closest):
-        raise no_fit(ctx, closest)
-    if feasible:
-        start = min(feasible, key=lambda e: e.step_time_s)
-    else:                                 # the search may still walk into a plan that fits
-        start = min(closest, key=lambda e: e.shortfall.over)
-    result = None
-    if strategy is Strategy.SEARCH:
-        others = tuple(sorted((e for e in feasible if e is not start),
-                              key=lambda e: e.step_time_s))
-        result = anneal(ctx, ev, start, opts, others)                  # optimise
-        best = result.best
-        if not best.feasible:
-            raise no_fit(ctx, closest + [best])
+    if strategy is not Strategy.SEARCH:
+        outcomes = run_baselines(wanted, ctx, ev)                      # hand-tuned baselines
+        feasible, closest = _found(outcomes)
+        if not feasible:
+            raise no_fit(ctx, closest)
+        best, result = min(feasible, key=lambda e: e.step_time_s), None
     else:
-        best = start
+        outcomes, best, result = _search_ladder(ctx, ev, opts)         # optimise
     best = ev.evaluate(attrs.evolve(best.plan, predicted=None))        # the full figures
     baselines_full = [(o.strategy, ev.evaluate(o.best.plan) if o.best else None)
                       for o in outcomes]
@@ -95,6 +85,51 @@ def compile_report(pipeline: Pipeline, cluster: Cluster, strategy: Strategy = St
     final = attrs.evolve(best, plan=plan)
     baselines = tuple(baselines_full)
     return CompileReport(plan, final, baselines, result, time.perf_counter() - began)
+
+
+def _found(outcomes) -> tuple[list[Evaluation], list[Evaluation]]:
+    return ([o.best for o in outcomes if o.best is not None],
+            [o.closest for o in outcomes if o.closest is not None])
+
+
+def _search_ladder(ctx: Context, ev: Evaluator, opts: SearchOptions):
+    """Search under each staleness cap in turn, 0 up to the spec's bound. Under cap 0 the
+    walk starts from the best baseline; under each higher cap from the best plan of the
+    caps below (warm: 3/4 of the patience), the baselines under this cap being the
+    other starts it restarts from when it stalls. What a tighter bound finds is never
+    lost, and the walk under a cap depends only on that cap (a spec with a larger bound
+    repeats the same walks, then climbs further).
+    Returns the baselines under the spec's bound, the best plan, the walks' statistics."""
+    caps = staleness_caps(ctx.pipeline)
+    walks: list[SearchResult] = []
+    prev: Evaluation | None = None
+    outcomes, closest = [], []
+    for cap in caps:
+        here = ctx if cap == caps[-1] else attrs.evolve(ctx, pipeline=capped(ctx.pipeline, cap))
+        outcomes = run_baselines(tuple(BASELINES), here, ev)           # hand-tuned baselines
+        feasible, near = _found(outcomes)
+        closest += near
+        feasible.sort(key=lambda e: e.step_time_s)
+        starts = []                       # (start, others, share of the patience, stream)
+        if prev is not None and prev.feasible:
+            starts.append((prev, tuple(feasible), WARM_PATIENCE, (cap,)))
+        elif feasible:
+            starts.append((feasible[0], tuple(feasible[1:]), 1.0, ()))
+        elif near or prev is not None:    # the search may still walk into a plan that fits
+            start = min(near + ([prev] if prev else []), key=lambda e: e.shortfall.over)
+            starts.append((start, (), 1.0, ()))
+        for start, others, share, stream in starts:
+            left = opts.budget_s - sum(w.seconds for w in walks)
+            walks.append(anneal(here, ev, start, attrs.evolve(
+                opts, budget_s=left, patience=int(opts.patience * share)), others, stream))
+        if walks:
+            prev = merged(walks).best
+    if not walks:
+        raise no_fit(ctx, closest)
+    result = merged(walks)
+    if not result.best.feasible:
+        raise no_fit(ctx, closest + [result.best])
+    return outcomes, result.best, result
 
 
 def _abs(path: str) -> str:

@@ -30,7 +30,14 @@ Acceptance is Metropolis with a geometric temperature schedule from
 ``chains`` independent walks from the start plan; every ``restart_every`` iterations
 a walk returns to the best plan so far, and a walk that has not bettered its own best
 for ``stall`` proposals starts again, warm, from the next of the other baselines' plans
-(then the start plan again): another basin. One
+(then the start plan again): another basin.
+
+A spec with staleness bounds is searched as a ladder (``compile_report``): one walk per
+cap 0, 1, ... up to the largest bound (:func:`staleness_caps`, :func:`capped`), each
+starting from the best of the baselines under its cap and of the walk below it (above
+cap 0, warm, with 3/4 of the patience). Every plan a tighter bound allows is allowed by a
+looser one, and a walk depends only on its cap, so raising the bound never returns a
+slower plan. One
 ``numpy.random.Generator`` drives everything, so the same inputs and seed give the
 same plan — provided the search ends by its iteration count
 (``budget_s`` is a safety cap on the search's CPU time, so other load on the machine
@@ -52,7 +59,7 @@ from rpeg.plan.evaluate import Evaluation, Evaluator, plan_graph
 from rpeg.plan.model import Plan, Strategy
 from rpeg.plan.passes import fusable
 from rpeg.plan.space import Block, Limits, device_blocks
-from rpeg.spec.model import OpKind
+from rpeg.spec.model import OpKind, Pipeline
 
 CHUNKS = (1, 2, 4, 8, 16)
 PARTITIONS = (1 / 4, 3 / 8, 1 / 2, 5 / 8, 3 / 4, 7 / 8)   # share of the devices generating
@@ -99,11 +106,12 @@ def score(r: Evaluation, cap: float) -> float:
 
 
 def anneal(ctx: Context, ev: Evaluator, start: Evaluation, opts: SearchOptions,
-           others: tuple[Evaluation, ...] = ()) -> SearchResult:
+           others: tuple[Evaluation, ...] = (), stream: tuple[int, ...] = ()) -> SearchResult:
     """Search from ``start`` (feasible or not); ``best`` is feasible whenever any plan seen
     was (check ``best.feasible``). ``others``: more feasible plans (the other baselines) a
-    stalled walk starts again from in turn, before ``start`` again: other basins."""
-    rng = np.random.default_rng(opts.seed)
+    stalled walk starts again from in turn, before ``start`` again: other basins.
+    ``stream``: which of the seed's random streams drives this walk ((): the seed's own)."""
+    rng = np.random.default_rng((opts.seed, *stream) if stream else opts.seed)
     moves = Moves(ctx, rng)
     cap = ctx.cluster.gpu.memory
     best = current = start
@@ -173,6 +181,32 @@ def anneal(ctx: Context, ev: Evaluator, start: Evaluation, opts: SearchOptions,
         if out_of_time:
             break
     return SearchResult(best, it, accepted, improved, time.process_time() - began, tuple(trace))
+
+
+def staleness_caps(pipeline: Pipeline) -> tuple[int, ...]:
+    """The staleness ladder the planner climbs: 0, 1, ... up to the spec's largest bound."""
+    return tuple(range(max((k for _, k in pipeline.staleness), default=0) + 1))
+
+
+def capped(pipeline: Pipeline, cap: int) -> Pipeline:
+    """``pipeline`` with every staleness bound lowered to at most ``cap``: the plans it
+    allows are a subset of those ``pipeline`` allows, priced the same."""
+    return attrs.evolve(pipeline, staleness=tuple(
+        (s, min(k, cap)) for s, k in pipeline.staleness if min(k, cap) > 0))
+
+
+def merged(results: list[SearchResult]) -> SearchResult:
+    """One result for walks run one after the other: the best plan of any (the last
+    one's, when each starts from the best of those before it)."""
+    offset, trace = 0, []
+    best = min(reversed([r.best for r in results]), key=lambda e: (
+        not e.feasible, e.step_time_s if e.feasible else e.shortfall.over))
+    for r in results:
+        trace += [(offset + i, t) for i, t in r.trace]
+        offset += r.iterations
+    return SearchResult(best, offset, sum(r.accepted for r in results),
+                        sum(r.improved for r in results), sum(r.seconds for r in results),
+                        tuple(trace))
 
 
 class Moves:

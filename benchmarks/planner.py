@@ -13,9 +13,11 @@ the baselines' systems use for generation), whatever this machine has.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import platform
+import re
 import statistics
 import sys
 import time
@@ -175,6 +177,16 @@ MODEL_NOTES = [
     "balances generation against training buys nothing once generation is the "
     "bottleneck."]
 
+def staleness_ladders(rows: list[dict]) -> dict[str, list[float]]:
+    """Search step times of one config at staleness 0, 1, 2, ... (rows in that order)."""
+    out: dict[str, list[float]] = {}
+    for r in rows:
+        if "search_s" in r:
+            key = re.sub(r"staleness \d+, ", "", r["config"])
+            out.setdefault(key, []).append(r["search_s"])
+    return out
+
+
 def markdown(res: dict) -> str:
     lines = ["# Planner benchmarks", "",
              f"Command: `{res['command']}`  ", f"Machine: {res['machine']}", ""]
@@ -208,6 +220,13 @@ def markdown(res: dict) -> str:
                 cells += [str(r[f"{s.value}_s"] or "no plan fits"),
                           f"{r[f'vs_{s.value}']:.2f}" if r[f"vs_{s.value}"] else "-"]
             lines.append(f"| {r['config']} | " + " | ".join(cells) + " |")
+        lines += ["", "Every plan a staleness bound allows, a larger one allows too: the search "
+                  "must never return a slower plan for the larger bound (it climbs the "
+                  "bounds, each walk from the best of the tighter one):", "",
+                  "| config | step per staleness bound (s) | never slower |", "|---|---|---|"]
+        for config, steps in staleness_ladders(q["rows"]).items():
+            ok = all(b <= a + 1e-9 for a, b in itertools.pairwise(steps))
+            lines.append(f"| {config} | {steps} | {'yes' if ok else 'NO'} |")
         lines += ["", "| over | min | median | max | configs | baseline found no plan |",
                   "|---|---|---|---|---|---|"]
         for s, v in q["summary"].items():

@@ -110,20 +110,19 @@ def _search_ladder(ctx: Context, ev: Evaluator, opts: SearchOptions):
         feasible, near = _found(outcomes)
         closest += near
         feasible.sort(key=lambda e: e.step_time_s)
-        starts = []                       # (start, others, share of the patience, stream)
-        if prev is not None and prev.feasible:
-            starts.append((prev, tuple(feasible), WARM_PATIENCE, (cap,)))
+        if prev is not None and prev.feasible:    # warm, from the best of the tighter caps
+            start, others, share, stream = prev, tuple(feasible), WARM_PATIENCE, (cap,)
         elif feasible:
-            starts.append((feasible[0], tuple(feasible[1:]), 1.0, ()))
+            start, others, share, stream = feasible[0], tuple(feasible[1:]), 1.0, ()
         elif near or prev is not None:    # the search may still walk into a plan that fits
             start = min(near + ([prev] if prev else []), key=lambda e: e.shortfall.over)
-            starts.append((start, (), 1.0, ()))
-        for start, others, share, stream in starts:
-            left = opts.budget_s - sum(w.seconds for w in walks)
-            walks.append(anneal(here, ev, start, attrs.evolve(
-                opts, budget_s=left, patience=int(opts.patience * share)), others, stream))
-        if walks:
-            prev = merged(walks).best
+            others, share, stream = (), 1.0, ()
+        else:
+            continue
+        left = opts.budget_s - sum(w.seconds for w in walks)
+        walks.append(anneal(here, ev, start, attrs.evolve(
+            opts, budget_s=left, patience=int(opts.patience * share)), others, stream))
+        prev = merged(walks).best
     if not walks:
         raise no_fit(ctx, closest)
     result = merged(walks)

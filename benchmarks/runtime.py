@@ -210,6 +210,61 @@ def overhead(steps, root, rounds=3) -> dict:
             "predicted_step_s": round(predicted(pipeline, plan), 4)}
 
 
+def _train_steps(n: int) -> dict:
+    """Seconds and minor page faults per PPO train step of a tiny actor-critic (64 responses
+    of 24 tokens) in this process: what an op costs with this process's allocator settings."""
+    import resource
+
+    import numpy as np
+    import torch
+
+    from backends.torch_backend.modeling import build_model
+    from backends.torch_backend.train import LossSpec, TokenHeads, TrainBatch, train_step
+    from rpeg.spec.presets import PRESETS
+    torch.set_num_threads(1)
+    heads = TokenHeads(build_model(PRESETS["tiny"], heads=("lm", "value"), seed=0))
+    opt = torch.optim.Adam(heads.parameters(), lr=1e-3)
+    rng = np.random.default_rng(0)
+    ones = tuple(np.ones(24, np.float32) for _ in range(64))
+    batch = TrainBatch(tuple(tuple(int(x) for x in rng.integers(3, 60, 8)) for _ in range(64)),
+                       tuple(tuple(int(x) for x in rng.integers(3, 60, 24)) for _ in range(64)),
+                       old_logprobs=tuple(-x for x in ones), advantages=ones, returns=ones)
+    losses = [LossSpec("ppo_clip"), LossSpec("value_mse", coef=0.5)]
+    train_step(heads, opt, batch, losses, version=0)
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    cpu = []
+    for _ in range(n):
+        t = time.thread_time()
+        train_step(heads, opt, batch, losses, version=0, minibatches=2)
+        cpu.append(time.thread_time() - t)
+    return {"cpu_s": round(statistics.median(cpu), 4),
+            "faults": (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults) // n}
+
+
+def worker_memory(n: int = 15) -> dict:
+    """The same train step in this process, in a Dask worker as Dask starts it (glibc trim
+    threshold 64 KiB) and in a worker as rpeg's embedded cluster starts it (glibc defaults);
+    CPU time of the computing thread, so the machine's load does not enter. Run in a process
+    of its own (``--only malloc``): the setting leaks into the environment of the process
+    that starts the cluster."""
+    import logging
+
+    import dask
+    from distributed import Client, LocalCluster
+    out = {"inline": _train_steps(n)}
+    # rpeg's first: a nanny of Dask's defaults leaves its setting in this process's environ
+    for label, trim in (("rpeg_worker", None), ("dask_default", 65536)):
+        with dask.config.set({"distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_":
+                              trim}), \
+                LocalCluster(n_workers=1, threads_per_worker=1, processes=True,
+                             host="127.0.0.1", dashboard_address=None,
+                             silence_logs=logging.CRITICAL) as cluster, Client(cluster) as c:
+            out[label] = c.submit(_train_steps, n, pure=False).result()
+    out["slowdown_dask_default"] = round(out["dask_default"]["cpu_s"] / out["inline"]["cpu_s"], 2)
+    out["slowdown_rpeg_worker"] = round(out["rpeg_worker"]["cpu_s"] / out["inline"]["cpu_s"], 2)
+    return out
+
+
 def op_times(run_dir: str) -> dict:
     """Per stage: the cost model's predicted seconds per step vs the measured median of the
     per-step sum of its op durations (compute only: no dispatch gaps)."""
@@ -338,6 +393,15 @@ def markdown(res) -> str:
             loads = [r["load_avg"] for r in q.get("runs", {}).get("sync", []) +
                      q.get("runs", {}).get("async", []) + q.get("dask", [])]
             lines += [f"{label} (a later, smaller sample; load averages {loads}): {keep}", ""]
+    if "worker_memory" in res:
+        w = res["worker_memory"]
+        lines += ["## Allocator settings in workers (CPU time of one tiny PPO train step)", "",
+                  f"In this process {w['inline']['cpu_s']} s ({w['inline']['faults']} page "
+                  f"faults); in a Dask worker as Dask starts it (MALLOC_TRIM_THRESHOLD_=65536) "
+                  f"{w['dask_default']['cpu_s']} s ({w['dask_default']['faults']} faults, "
+                  f"**{w['slowdown_dask_default']}x**); in a worker of rpeg's embedded cluster "
+                  f"(glibc defaults) {w['rpeg_worker']['cpu_s']} s "
+                  f"({w['rpeg_worker']['faults']} faults, {w['slowdown_rpeg_worker']}x).", ""]
     o = res["overhead"]
     lines += ["## Runtime overhead (1 worker, synchronous)", "",
               f"Median step: rpeg on Dask {o['median_step_dask_s']} s, same op calls in one "
@@ -354,18 +418,18 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--root", default="/tmp/rpeg-bench-runs")
-    ap.add_argument("--only", default="learning,asynchrony,overhead")
+    ap.add_argument("--only", default="learning,asynchrony,overhead,malloc")
     args = ap.parse_args()
     steps = 12 if args.quick else None
     seeds = [0] if args.quick else [0, 1, 2]
     parts = args.only.split(",")
     res = {"command": "python benchmarks/runtime.py" + (" --quick" if args.quick else "")
-           + (f" --only {args.only}" if args.only != "learning,asynchrony,overhead" else ""),
+           + (f" --only {args.only}" if args.only != "learning,asynchrony,overhead,malloc" else ""),
            "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.python_version()}",
            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
            "load_avg_start": load_avg()}
     out = ROOT / "benchmarks" / "results" / "runtime.json"
-    if out.exists() and args.only != "learning,asynchrony,overhead":
+    if out.exists() and args.only != "learning,asynchrony,overhead,malloc":
         # a partial run updates its parts and keeps the rest (and their provenance)
         before = json.loads(out.read_text())
         res = {**before, **res, "partial": {"remeasured": parts, "rest_from": before["date"]}}
@@ -387,6 +451,10 @@ def main() -> None:
         for label in ("asynchrony_quiet", "overhead_quiet"):
             print(label, {k: v for k, v in res[label].items()
                           if k not in ("runs", "dask", "inline")}, flush=True)
+    if "malloc" in parts:
+        import distributed  # noqa: F401  (its config is loaded before it is overridden)
+        res["worker_memory"] = worker_memory()
+        print("worker_memory", res["worker_memory"], flush=True)
     if "overhead" in parts:
         res["overhead"] = overhead(steps or 40, args.root)
         print("overhead", {k: v for k, v in res["overhead"].items()

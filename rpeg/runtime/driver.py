@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import socket
 import uuid
 from pathlib import Path
@@ -113,8 +114,12 @@ class _Cluster:
             # fixes the mmap threshold: every tensor above 128 KiB is then a fresh mapping,
             # page-faulted in and unmapped again at each use (a tiny model's train step ran
             # 2.3x slower, ~23k faults each). rpeg's workers keep their memory.
+            # A nanny started earlier in this process (a cluster of Dask's defaults) leaves
+            # its value in os.environ, which every later worker would inherit.
             self._config.enter_context(dask.config.set(
                 {"distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_": None}))
+            if os.environ.get("MALLOC_TRIM_THRESHOLD_") == "65536":
+                del os.environ["MALLOC_TRIM_THRESHOLD_"]
             self.cluster = LocalCluster(n_workers=self.devices, threads_per_worker=1,
                                         processes=True, resources={"GPU": 1},
                                         host="127.0.0.1", dashboard_address="127.0.0.1:0",

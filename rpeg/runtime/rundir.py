@@ -6,7 +6,7 @@
         plan.json          the plan that ran
         run.json           steps, devices -> workers, timings, status
         trace.json         Chrome trace (Perfetto): one track per worker; each op with
-                           step, chunk, version read and written
+                           step, chunk, version read and written, CPU seconds
         metrics.jsonl      one line per step: reward, KL, clip fraction, value loss,
                            entropy, step time, tokens/s
         checkpoints/       safetensors + JSON per trained model
@@ -97,7 +97,8 @@ def chrome_trace(events: list[dict], workers: dict[int, str], t0: float) -> dict
                     "ts": round((e["start"] - t0) * 1e6, 1),
                     "dur": round((e["end"] - e["start"]) * 1e6, 1),
                     "args": {k: e[k] for k in ("id", "step", "chunk", "rank", "device", "worker",
-                                               "version_read", "version_written", "stats")}})
+                                               "version_read", "version_written", "stats",
+                                               "cpu_s") if k in e}})
     return {"traceEvents": out, "displayTimeUnit": "ms"}
 
 

@@ -56,16 +56,16 @@ def run_op(call, *args):
     for name, count in call.inputs:
         inputs[name] = [args[pos + i][name] for i in range(count)]
         pos += count
-    start = time.time()
+    start, cpu = time.time(), time.thread_time()
     outputs, info = ex.run(call, inputs)
-    end = time.time()
+    end, cpu = time.time(), time.thread_time() - cpu
     event = {"id": call.id, "op": call.op, "kind": call.kind.value, "step": call.step,
              "chunk": call.chunk, "rank": call.rank, "role": call.role,
              "device": _STATE["device"], "worker": _STATE["address"],
              "start": start, "end": end,
              "version_read": info.get("version_read", -1),
              "version_written": info.get("version_written", -1),
-             "stats": info.get("stats", {})}
+             "stats": info.get("stats", {}), "cpu_s": round(cpu, 6)}
     with _LOCK:
         _EVENTS.append(event)
     return outputs

@@ -87,7 +87,10 @@ def fuse(batch: Iterable[OpCall], consumers: dict[str, tuple[OpCall, ...]],
 
     for call in batch:
         here = open_[call.device]
-        gi = next((g for g in reversed(here) if fits(call, g)), None) if enabled else None
+        # a rank of a collective starts a task of its own: queued behind other work in a task,
+        # it could hold back partners that already wait in the collective
+        gi = (next((g for g in reversed(here) if fits(call, g)), None)
+              if enabled and not call.collective else None)
         if gi is None:
             groups.append([])
             waits.append({task(d) for d in call.all_deps})

@@ -41,6 +41,18 @@ def test_groups_keep_cross_device_outputs_apart(ppo):
     assert len(fuse(calls, cons, lambda d: False, enabled=False)) == len(calls)
 
 
+def test_a_collective_rank_starts_a_task_of_its_own(ppo):
+    """On one device every op of a step fuses into one task; made a rank of a tensor-parallel
+    block, the train op starts a new task (ops after it may still join that task)."""
+    calls = build_calls(ppo, split_plan(ppo, 1, staleness=0), 1)
+    cons = consumers_of(calls)
+    assert len(fuse(calls, cons, lambda d: False)) == 1
+    split = [attrs.evolve(c, tp_group=(0, 1)) if c.id == "actor_step/s0" else c for c in calls]
+    groups = fuse(split, cons, lambda d: False)
+    first = [g.calls[0].id for g in groups]
+    assert len(groups) == 2 and first[1] == "actor_step/s0", first
+
+
 @pytest.mark.parametrize("devices,k", [(1, 0), (2, 1)])
 def test_fused_run_matches_unfused(ppo, tmp_path, devices, k):
     from distributed import LocalCluster

@@ -217,6 +217,8 @@ class Moves:
         self.stages = tuple(s for s in model_stages(ctx.pipeline) if not ctx.pinned_block(s))
         self.gens = tuple(s for s in model_stages(ctx.pipeline)
                           if ctx.pipeline.stage(s).kind is OpKind.GENERATE)
+        w = ctx.pipeline.workload                  # a chunk streams at least one response
+        self.chunk_counts = tuple(c for c in CHUNKS if c <= w.prompts * w.samples) or (1,)
         self.blocks = device_blocks(ctx.cluster)
         self.by_size: dict[int, list[Block]] = {}
         for b in self.blocks:
@@ -303,7 +305,7 @@ class Moves:
             plan = attrs.evolve(plan, staleness=tuple(x for x in plan.staleness if x[1] > 0))
         for s in self.gens:
             plan = attrs.evolve(plan, placements=tuple(
-                attrs.evolve(x, chunks=int(self._pick(CHUNKS))) if x.stage == s else x
+                attrs.evolve(x, chunks=int(self._pick(self.chunk_counts))) if x.stage == s else x
                 for x in plan.placements))
         return plan
 
@@ -369,7 +371,7 @@ class Moves:
         if stage is None:
             return None
         p = plan.placement(stage)
-        new = attrs.evolve(p, chunks=int(self._pick(CHUNKS)))
+        new = attrs.evolve(p, chunks=int(self._pick(self.chunk_counts)))
         return attrs.evolve(plan, placements=tuple(new if x.stage == stage else x
                                                    for x in plan.placements))
 

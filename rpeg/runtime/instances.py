@@ -99,7 +99,7 @@ def build_calls(pipeline: Pipeline, plan: Plan, steps: int) -> tuple[OpCall, ...
     graph = graph_for(pipeline, plan)
     frozen = {m.name for m in pipeline.models if m.frozen}
     homes = model_homes(pipeline, plan, graph)
-    n_chunks = _chunks(graph, plan)
+    n_chunks = _chunks(graph, plan, pipeline.workload.prompts * pipeline.workload.samples)
     chunked = _chunked_ops(graph, pipeline)
     calls: list[dict] = []
     produced: dict[tuple[str, int], list[str]] = defaultdict(list)   # (op, step) -> ids by chunk
@@ -254,14 +254,16 @@ def _home_tp(graph: Graph, plan: Plan) -> dict[str, int]:
     return out
 
 
-def _chunks(graph: Graph, plan: Plan) -> int:
-    """Chunks per step: the plan's, rounded up so each generating device streams as many."""
+def _chunks(graph: Graph, plan: Plan, responses: int) -> int:
+    """Chunks per step: the plan's, rounded up so each generating device streams as many,
+    and never more per device than the responses it generates (a chunk holds at least one)."""
     n = 1
     for o in graph.ops:
         if o.kind is OpKind.GENERATE:
             place = _placement(plan, o)
             d = len(place.devices) // max(place.tp, 1)           # dp blocks that stream
-            n = max(n, -(-max(place.chunks, 1) // d) * d)
+            per = min(-(-max(place.chunks, 1) // d), max(1, responses // d))
+            n = max(n, per * d)
     return n
 
 

@@ -212,3 +212,13 @@ def test_partition_can_train_two_models_side_by_side(ppo8b):
             assert plan.placement("values").devices == c        # the critic's forward too
             apart.append(plan)
     assert apart
+
+
+def test_generation_never_streams_more_chunks_than_responses(tiny, local_cpu):
+    """Four responses a step: a plan streaming them in 8 or 16 chunks would hold empty chunks."""
+    small = attrs.evolve(tiny, workload=attrs.evolve(tiny.workload, prompts=2, samples=2))
+    ctx_moves = Moves(Context.of(small, local_cpu, EVERY_ENGINE), np.random.default_rng(0))
+    assert ctx_moves.chunk_counts == (1, 2, 4)
+    for seed in range(3):
+        plan = compile_plan(small, local_cpu, options=attrs.evolve(QUICK, seed=seed))
+        assert all(p.chunks <= 4 for p in plan.placements), plan

@@ -75,3 +75,17 @@ def test_tensor_parallel_is_refused_with_a_reason(ppo):
                                               for p in plan.placements))
     with pytest.raises(PlanError, match="tp = 1"):
         build_calls(ppo, bad, steps=1)
+
+
+def test_chunks_are_capped_by_the_responses_of_a_step(ppo):
+    """A plan asking for 8 chunks of a step that generates 4 responses streams 4, one each
+    (an empty chunk has nothing to stream); 2 generating devices stream 2 each."""
+    import attrs
+    small = attrs.evolve(ppo, workload=attrs.evolve(ppo.workload, prompts=2, samples=2))
+    for devices, want in ((1, 4), (2, 4)):
+        plan = split_plan(small, devices, dp=devices, staleness=0) if devices > 1 \
+            else split_plan(small, 1, staleness=0)
+        plan = attrs.evolve(plan, placements=tuple(
+            attrs.evolve(p, chunks=8) if p.stage == "rollout" else p for p in plan.placements))
+        rollouts = [c for c in build_calls(small, plan, steps=1) if c.op == "rollout"]
+        assert len(rollouts) == want and {c.chunks for c in rollouts} == {want}

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import logging
 from pathlib import Path
 
 import pytest
@@ -39,3 +41,20 @@ def manual_plan(pipeline, where: dict[str, tuple[int, ...]], *, devices: int = 2
 @pytest.fixture(scope="session")
 def plan_by_hand():
     return manual_plan
+
+
+@pytest.fixture(scope="session")
+def local_cluster():
+    """``with local_cluster(n) as address``: see :func:`_local_cluster`."""
+    return _local_cluster
+
+
+@contextlib.contextmanager
+def _local_cluster(workers: int):
+    """A loopback Dask cluster of ``workers`` single-threaded processes with GPU=1 each, as
+    `rpeg run --scheduler` expects; yields its scheduler address."""
+    from distributed import LocalCluster
+    with LocalCluster(n_workers=workers, threads_per_worker=1, processes=True,
+                      resources={"GPU": 1}, host="127.0.0.1", dashboard_address="127.0.0.1:0",
+                      silence_logs=logging.ERROR) as cluster:
+        yield cluster.scheduler_address

@@ -4,7 +4,6 @@ across checkpoint cuts (outputs carried over a cut come out of a fused task)."""
 from __future__ import annotations
 
 import json
-import logging
 
 import attrs
 import pytest
@@ -54,13 +53,10 @@ def test_a_collective_rank_starts_a_task_of_its_own(ppo):
 
 
 @pytest.mark.parametrize("devices,k", [(1, 0), (2, 1)])
-def test_fused_run_matches_unfused(ppo, tmp_path, devices, k):
-    from distributed import LocalCluster
+def test_fused_run_matches_unfused(ppo, tmp_path, devices, k, local_cluster):
     plan = split_plan(ppo, devices, staleness=k)
-    with LocalCluster(n_workers=devices, threads_per_worker=1, processes=True,
-                      resources={"GPU": 1}, host="127.0.0.1", dashboard_address="127.0.0.1:0",
-                      silence_logs=logging.ERROR) as cluster:
-        opts = RunOptions(steps=3, scheduler=cluster.scheduler_address, root=str(tmp_path),
+    with local_cluster(devices) as address:
+        opts = RunOptions(steps=3, scheduler=address, root=str(tmp_path),
                           progress=False)
         every = Resilience(checkpoint_every=2)                 # a cut inside the run
         fused = run_resilient(ppo, plan, opts, spec_path=ppo.path, resilience=every)

@@ -4,7 +4,6 @@ PPO and GRPO, synchronous and asynchronous, shared actor-critic, data parallel."
 from __future__ import annotations
 
 import json
-import logging
 import math
 import multiprocessing
 from pathlib import Path
@@ -20,14 +19,10 @@ STEPS = 3
 
 
 @pytest.fixture(scope="module")
-def scheduler():
+def scheduler(local_cluster):
     """One cluster for the module's runs (each run attaches with --scheduler)."""
-    from distributed import LocalCluster
-    cluster = LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
-                           resources={"GPU": 1}, host="127.0.0.1", dashboard_address="127.0.0.1:0",
-                           silence_logs=logging.ERROR)
-    yield cluster.scheduler_address
-    cluster.close()
+    with local_cluster(2) as address:
+        yield address
 
 
 def _run(pipeline, plan, tmp_path, scheduler, steps=STEPS):

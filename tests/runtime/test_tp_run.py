@@ -3,7 +3,6 @@ reference split over two workers (tp = 2, gloo), against the same run unsplit (t
 
 from __future__ import annotations
 
-import logging
 import math
 from pathlib import Path
 
@@ -40,13 +39,9 @@ def plan_with(pipeline, devs: tuple[int, ...], tp: int, gen: tuple[int, ...] | N
 
 
 @pytest.fixture(scope="module")
-def cluster3():
-    from distributed import LocalCluster
-    cluster = LocalCluster(n_workers=3, threads_per_worker=1, processes=True,
-                           resources={"GPU": 1}, host="127.0.0.1", dashboard_address="127.0.0.1:0",
-                           silence_logs=logging.ERROR)
-    yield cluster.scheduler_address
-    cluster.close()
+def cluster3(local_cluster):
+    with local_cluster(3) as address:
+        yield address
 
 
 def _run(pipeline, plan, root: Path, scheduler):
@@ -130,18 +125,11 @@ def test_generation_resharded_from_an_unsplit_trainer_on_the_same_device(ppo, tm
 
 
 @pytest.mark.slow
-def test_dp2_x_tp2_on_four_workers_matches_dp2(ppo, tmp_path):
+def test_dp2_x_tp2_on_four_workers_matches_dp2(ppo, tmp_path, local_cluster):
     """Two data-parallel replicas, each split over two workers: gradients of each shard are
     averaged over the ranks holding it; the run matches plain dp = 2 step for step."""
-    from distributed import LocalCluster
-    cluster = LocalCluster(n_workers=4, threads_per_worker=1, processes=True,
-                           resources={"GPU": 1}, host="127.0.0.1", dashboard_address="127.0.0.1:0",
-                           silence_logs=logging.ERROR)
-    try:
-        dp = _run(ppo, plan_with(ppo, (0, 1), 1, devices=4), tmp_path / "dp2",
-                  cluster.scheduler_address)
+    with local_cluster(4) as address:
+        dp = _run(ppo, plan_with(ppo, (0, 1), 1, devices=4), tmp_path / "dp2", address)
         dptp = _run(ppo, plan_with(ppo, (0, 1, 2, 3), 2, devices=4), tmp_path / "dp2tp2",
-                    cluster.scheduler_address)
-    finally:
-        cluster.close()
+                    address)
     _same(dptp, dp)

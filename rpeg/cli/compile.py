@@ -115,6 +115,9 @@ def summary_text(report, cluster, output: Path, gantt: Path | None) -> str:
     lines.append("  fusion: " + ("; ".join(" + ".join(g) for g in plan.fusion) or "none"))
     chunks = [f"{p.stage} in {p.chunks} chunks" for p in plan.placements if p.chunks > 1]
     lines.append("  streaming: " + (", ".join(chunks) or "none (whole batches)"))
+    partial = [f"{p.stage} at most {p.partial} tokens a response a step, the rest carried"
+               for p in plan.placements if p.partial]
+    lines.append("  partial rollouts: " + (", ".join(partial) or "none (whole responses)"))
     files = f"wrote {output}" + (f" and {gantt}" if gantt else "")
     lines += ["", files]
     return "\n".join(lines)

@@ -18,8 +18,10 @@ What each op kind costs (all per step, on the op's devices):
 - FORWARD: one pass over prompt + response (padded to the batch's longest).
 - TRAIN: per optimizer step (minibatches x epochs), forward + backward (+ recomputation)
   over micro-batches in a 1F1B pipeline, TP all-reduces, DP gradient reduction, Adam.
-- SCORE: a python reward is a host-side per-sample cost; a reward model is a FORWARD.
-- COMPUTE (gae, group_norm, rloo, ...): per-sample host cost plus a per-token term.
+- SCORE: a python reward is host work per response and per response token (the profile's
+  ``reward_sample_overhead``, ``reward_token_time``); a reward model is a FORWARD.
+- COMPUTE (gae, group_norm, rloo, ...): host work per response (``compute_sample_time``),
+  plus per response token (``compute_token_time``) for a per-token estimator (gae).
 - SYNC_WEIGHTS: the model's weights gathered over the op's devices.
 
 Every model stage also pays one Dask task's dispatch (the profile's ``dispatch_s``:
@@ -55,11 +57,13 @@ from rpeg.cost.memory import (
     optimizer_state_bytes,
     value_bytes,
 )
+from rpeg.cost.partial import Partial
 from rpeg.cost.topology import Collective, Topology, collective_time
 from rpeg.errors import CostError
 from rpeg.spec.model import Cluster, Engine, Model, OpKind, Pipeline
 
 _SEGMENTS = 32          # decode is integrated over this many segments of constant batch
+_PER_SAMPLE_FUNCTIONS = frozenset({"group_norm", "grpo_advantages", "rloo"})
 
 
 @attrs.frozen
@@ -95,12 +99,14 @@ def _check_devices(devices: Sequence[int], par: Parallel, stage: str) -> None:
 def estimate_stage(pipeline: Pipeline, stage_name: str, par: Parallel, devices: Sequence[int],
                    cluster: Cluster, *, batch: int | None = None,
                    engine: Engine = Engine.TORCH, rows: int | None = None,
-                   padded_len: float | None = None) -> StageCost:
+                   padded_len: float | None = None, partial: int = 0) -> StageCost:
     """Predicted seconds of one step of ``stage_name`` on ``devices`` laid out as ``par``.
     ``rows``: at most this many sequences generated at once per replica (see
     :func:`generation_rows`); None for the whole local batch in one wave.
     ``padded_len``: the response length a forward or train batch is padded to (a streamed
-    chunk's longest, see :func:`generation_chunks`); None for the batch's expected longest."""
+    chunk's longest, see :func:`generation_chunks`); None for the batch's expected longest.
+    ``partial``: a generate stage decodes at most this many tokens per response a step, the
+    rest in later steps (partial rollouts, :mod:`rpeg.cost.partial`); 0: whole responses."""
     stage = pipeline.stage(stage_name)
     devices = tuple(devices)
     _check_devices(devices, par, stage_name)
@@ -108,7 +114,7 @@ def estimate_stage(pipeline: Pipeline, stage_name: str, par: Parallel, devices: 
     topo = Topology.from_cluster(cluster)
     gpu = cluster.gpu
     cost = _estimate(pipeline, stage, par, devices, topo, cluster, batch, engine, rows,
-                     padded_len)
+                     padded_len, partial)
     cost = _concurrent(cost, gpu.get("concurrency_slowdown", 1.0)) if len(devices) > 1 \
         else cost
     return cost if is_host_stage(pipeline, stage) else _with_dispatch(cost, gpu)
@@ -145,19 +151,25 @@ def _concurrent(cost: StageCost, slowdown: float) -> StageCost:
 
 
 def _estimate(pipeline, stage, par, devices, topo, cluster, batch, engine, rows,
-              padded_len=None) -> StageCost:
+              padded_len=None, partial=0) -> StageCost:
     gpu, w = cluster.gpu, pipeline.workload
     if stage.kind is OpKind.GENERATE:
         model = pipeline.model(stage.target)
         g = _generation(model, par, devices, topo, cluster, batch, w.prompt_len, w.gen_len,
-                        engine, rows)
+                        engine, rows, partial)
         return g.cost
     if stage.kind is OpKind.SCORE and not pipeline.has_model(stage.target or ""):
-        t = batch * gpu.get("reward_sample_overhead", gpu.sample_overhead)
+        # a python reward: per response, and per response token (decoding, text rules)
+        t = batch * gpu.get("reward_sample_overhead", gpu.sample_overhead) \
+            + batch * _mean_len(w.gen_len) * gpu.get("reward_token_time", 0.0)
         return StageCost(t, t, 0.0, (("reward", t),))
     if stage.kind is OpKind.COMPUTE:
-        tokens = batch * (w.prompt_len + _mean_len(w.gen_len))
-        t = batch * gpu.sample_overhead + tokens * gpu.get("compute_token_time", 2e-9)
+        # per response, plus per response token for a per-token estimator (GAE's
+        # recursion); a group estimator (group_norm, rloo) works on one score per response
+        per_token = stage.function not in _PER_SAMPLE_FUNCTIONS
+        tokens = batch * _mean_len(w.gen_len) if per_token else 0.0
+        t = batch * gpu.get("compute_sample_time", gpu.sample_overhead) \
+            + tokens * gpu.get("compute_token_time", 2e-9)
         return StageCost(t, t, 0.0, (("host", t),))
     model = pipeline.model(stage.target)
     gen = _padded_gen(w.gen_len, math.ceil(batch / par.dp)) if padded_len is None \
@@ -177,11 +189,14 @@ def generation_chunks(pipeline: Pipeline, stage_name: str, par: Parallel,
                       devices: Sequence[int], cluster: Cluster, chunks: int, *,
                       batch: int | None = None,
                       engine: Engine = Engine.TORCH,
-                      rows: int | None = None, with_lengths: bool = False) -> tuple[tuple, ...]:
+                      rows: int | None = None, with_lengths: bool = False,
+                      partial: int = 0) -> tuple[tuple, ...]:
     """(seconds from the stage's start until chunk i's responses are all finished, responses
     in chunk i), chunks ordered by length: the first holds the shortest responses.
     ``with_lengths``: each with a third item, the chunk's longest response (tokens), which a
-    consumer processing the chunk pads to."""
+    consumer processing the chunk pads to. ``partial``: as for :func:`estimate_stage`; the
+    chunks hold the responses that finish in the step (as many as the batch), a carried
+    one padded to its whole length."""
     stage = pipeline.stage(stage_name)
     if stage.kind is not OpKind.GENERATE:
         raise CostError(f"generation_chunks must be asked of a generate stage, not "
@@ -193,8 +208,15 @@ def generation_chunks(pipeline: Pipeline, stage_name: str, par: Parallel,
     batch = pipeline.workload.batch if batch is None else batch
     w = pipeline.workload
     g = _generation(pipeline.model(stage.target), par, devices, Topology.from_cluster(cluster),
-                    cluster, batch, w.prompt_len, w.gen_len, engine, rows)
-    finish = g.finish                         # sorted, one per local response
+                    cluster, batch, w.prompt_len, w.gen_len, engine, rows, partial)
+    finish, lengths = g.finish, g.lengths     # sorted, one per local response
+    part = _partial(w.gen_len, partial)
+    if part is not None:
+        # The sequences still short of their end stop at the cap, after every one that
+        # finishes: the first (responses / sequences) of them are the step's output.
+        n = min(len(finish), math.ceil(batch / par.dp))
+        finish = finish[:n]
+        lengths = np.array([part.finished_top(x) for x in lengths[:n]])
     total = _concurrent(g.cost, cluster.gpu.get("concurrency_slowdown", 1.0)).time_s \
         if len(devices) > 1 else g.cost.time_s
     scale = total / g.cost.time_s if g.cost.time_s > 0 else 1.0
@@ -205,7 +227,9 @@ def generation_chunks(pipeline: Pipeline, stage_name: str, par: Parallel,
         if len(idx) == 0:
             continue
         out.append((d + min(float(finish[idx[-1]]) * scale, total), len(idx) * par.dp,
-                    float(g.lengths[idx].max())))
+                    float(lengths[idx].max())))
+    if part is not None and out:                  # the step ends when the carried ones stop
+        out[-1] = (d + total,) + out[-1][1:]
     # The runtime sees the batch, not our per-replica rounding: fix the count to the batch.
     count = sum(n for _, n, _ in out)
     if out and count != batch:
@@ -216,7 +240,7 @@ def generation_chunks(pipeline: Pipeline, stage_name: str, par: Parallel,
 
 def stage_memory(pipeline: Pipeline, stage_name: str, par: Parallel, cluster: Cluster, *,
                  batch: int | None = None, rows: int | None = None,
-                 padded_len: float | None = None) -> MemoryCost:
+                 padded_len: float | None = None, partial: int = 0) -> MemoryCost:
     """Transient bytes per GPU while the stage runs (activations, KV cache, buffers);
     a generate stage holds the KV cache of ``rows`` sequences at once (None: all local ones).
     A train stage whose optimizer state is offloaded brings it back for the step."""
@@ -236,6 +260,7 @@ def stage_memory(pipeline: Pipeline, stage_name: str, par: Parallel, cluster: Cl
     layers = math.ceil(d.layers / par.pp)
     if stage.kind is OpKind.GENERATE:
         kv, buf = _generation_row_bytes(model, par, w, gpu)
+        local = math.ceil(decoded_batch(batch, w.gen_len, partial) / par.dp)
         n = local if rows is None else max(min(rows, local), 1)
         return base + MemoryCost(kv_cache=n * kv, buffers=n * buf)
     gen = _padded_gen(w.gen_len, local) if padded_len is None else float(padded_len)
@@ -284,7 +309,7 @@ def _generation_row_bytes(model: Model, par: Parallel, w, gpu) -> tuple[float, f
 
 
 def generation_rows(pipeline: Pipeline, stage_name: str, par: Parallel, cluster: Cluster,
-                    free_bytes: float, *, batch: int | None = None) -> int:
+                    free_bytes: float, *, batch: int | None = None, partial: int = 0) -> int:
     """How many sequences a generate stage runs at once per replica when ``free_bytes`` per
     GPU are left beside the weights resident there: the whole local batch if it fits, else
     as many as the free memory holds (at least one; the memory check then reports the
@@ -302,7 +327,7 @@ def generation_rows(pipeline: Pipeline, stage_name: str, par: Parallel, cluster:
     stage = pipeline.stage(stage_name)
     model = pipeline.model(stage.target)
     batch = pipeline.workload.batch if batch is None else batch
-    local = math.ceil(batch / par.dp)
+    local = math.ceil(decoded_batch(batch, pipeline.workload.gen_len, partial) / par.dp)
     kv, buf = _generation_row_bytes(model, par, pipeline.workload, cluster.gpu)
     fit = int((free_bytes - cluster.gpu.runtime_memory) // (kv + buf))
     return max(min(fit, local), 1)
@@ -398,8 +423,24 @@ def _padded_gen(dist, local: int) -> float:
     return float(q.max())
 
 
+def _partial(dist, cap: int) -> Partial | None:
+    return Partial(dist, cap) if 0 < cap < dist.max_len else None
+
+
+def decoded_batch(batch: int, dist, partial: int = 0) -> int:
+    """Sequences a generate step decodes for a batch of ``batch`` responses: more than the
+    batch under partial rollouts (the carried ones beside the new)."""
+    part = _partial(dist, partial)
+    return batch if part is None else math.ceil(batch * part.rows)
+
+
 def _generation(model, par, devices, topo, cluster, batch, prompt_len, dist, engine,
-                rows=None) -> _Gen:
+                rows=None, partial=0) -> _Gen:
+    part = _partial(dist, partial)
+    if part is not None:
+        # Carried sequences beside the new ones; each re-prefills what it has so far.
+        batch, prompt_len, dist = decoded_batch(batch, dist, partial), \
+            prompt_len + part.context, part
     local = math.ceil(batch / par.dp)
     if rows is None or rows >= local:
         return _generation_cached(model, par, devices, topo, cluster.gpu, local, prompt_len,

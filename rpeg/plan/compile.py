@@ -158,6 +158,10 @@ def check_executable(plan: Plan, limits: Limits) -> None:
         if why:
             raise PlanError(f"stage '{p.stage}': {why}",
                             hint="recompile with this backend's limits")
+        if p.partial and not limits.partial:
+            raise PlanError(f"stage '{p.stage}' must generate whole responses each step on "
+                            f"this backend, not partial rollouts of {p.partial} tokens",
+                            hint="recompile with this backend's limits (partial 0)")
         if p.engine not in limits.engines and p.engine is not Engine.AUTO:
             raise PlanError(f"stage '{p.stage}' must use an installed engine, not "
                             f"'{p.engine.value}'", hint="install it, or recompile")

@@ -24,6 +24,7 @@ import attrs
 import numpy as np
 
 from rpeg.cost.memory import Parallel, local_params, resident_memory, value_bytes
+from rpeg.cost.partial import Partial
 from rpeg.cost.stages import (
     estimate_stage,
     generation_chunks,
@@ -94,6 +95,30 @@ def plan_graph(pipeline: Pipeline, plan: Plan) -> Graph:
                         e.span, hint=e.hint) from None
 
 
+def partial_problem(pipeline: Pipeline, plan: Plan) -> str | None:
+    """Why the plan's partial rollouts break the spec, or None: only a generate stage carries
+    responses over, and a response's oldest token may be at most the spec's staleness bound
+    old (the stage's chosen staleness plus the steps it is carried over)."""
+    bounds = dict(pipeline.staleness)
+    for p in plan.placements:
+        if not p.partial:
+            continue
+        s = pipeline.stage(p.stage)
+        if s.kind is not OpKind.GENERATE:
+            return (f"partial rollouts must be asked of a generate stage, not '{p.stage}' "
+                    f"({s.kind.value})")
+        dist = pipeline.workload.gen_len
+        if p.partial >= dist.max_len:
+            continue                                   # no response is ever cut
+        carries = Partial(dist, p.partial).carries
+        lag, bound = plan.staleness_of(p.stage), bounds.get(p.stage, 0)
+        if lag + carries > bound:
+            return (f"stage '{p.stage}' must read weights at most {bound} updates old, not "
+                    f"{lag + carries} (staleness {lag} + {carries} steps a response of "
+                    f"{dist.max_len} tokens is carried over at {p.partial} tokens a step)")
+    return None
+
+
 class Evaluator:
     """Prices plans of one pipeline on one cluster (see the module doc)."""
 
@@ -120,7 +145,8 @@ class Evaluator:
                 batch, padded = chunk if chunk is not None else (None, None)
                 self._cost[canonical] = estimate_stage(
                     self.pipeline, stage, parallel_of(q), q.devices, self.cluster,
-                    engine=q.engine, rows=rows, batch=batch, padded_len=padded).time_s
+                    engine=q.engine, rows=rows, batch=batch, padded_len=padded,
+                    partial=q.partial).time_s
             self._cost[key] = self._cost[canonical]
         return self._cost[key]
 
@@ -132,7 +158,8 @@ class Evaluator:
         if key not in self._cost:
             self._cost[key] = generation_chunks(self.pipeline, stage, parallel_of(p), p.devices,
                                                 self.cluster, p.chunks, engine=p.engine,
-                                                rows=rows, with_lengths=True)
+                                                rows=rows, with_lengths=True,
+                                                partial=p.partial)
         return self._cost[key]
 
     def transient(self, stage: str, p: StagePlacement, rows: int | None = None,
@@ -140,7 +167,7 @@ class Evaluator:
         """Bytes a stage needs while it runs: for the whole batch, or (``chunks`` of a
         streamed consumer) the largest of its chunks, each processed on its own."""
         key = ("m", stage, p.tp, p.pp, p.dp, p.microbatches, p.recompute, p.zero, p.offload,
-               rows, chunks)
+               p.partial, rows, chunks)
         if key not in self._cost:
             par = parallel_of(p)
             if chunks:
@@ -149,7 +176,7 @@ class Evaluator:
                                       for n, top in chunks)
             else:
                 self._cost[key] = stage_memory(self.pipeline, stage, par, self.cluster,
-                                               rows=rows).total
+                                               rows=rows, partial=p.partial).total
         return self._cost[key]
 
     def streamed(self, plan: Plan, graph: Graph, rows: dict) -> dict[str, tuple]:
@@ -176,10 +203,10 @@ class Evaluator:
 
     def gen_rows(self, stage: str, p: StagePlacement, free: float) -> int:
         """Sequences a generate stage runs at once per replica with ``free`` bytes per GPU."""
-        key = ("g", stage, p.tp, p.pp, p.dp, round(free / 2**20))
+        key = ("g", stage, p.tp, p.pp, p.dp, p.partial, round(free / 2**20))
         if key not in self._cost:
             self._cost[key] = generation_rows(self.pipeline, stage, parallel_of(p),
-                                              self.cluster, free)
+                                              self.cluster, free, partial=p.partial)
         return self._cost[key]
 
     def rows_of(self, plan: Plan, graph: Graph, resident: np.ndarray | None = None) -> dict:
@@ -241,6 +268,10 @@ class Evaluator:
         """Price ``plan``; CostError from an impossible layout becomes a PlanError.
         ``detail=False`` skips the per-device figures (busy fractions, model homes) the
         search does not need."""
+        problem = partial_problem(self.pipeline, plan)
+        if problem:
+            raise PlanError(problem, hint="lower the partial rollout's carries (a larger "
+                                          "partial), or the stage's staleness")
         graph = self.graph(plan)
         try:
             peak, shortfall = self.memory(plan, graph)

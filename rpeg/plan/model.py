@@ -54,6 +54,8 @@ class StagePlacement:
     recompute: bool = False
     zero: int = 0                     # ZeRO level of a train stage (0 none .. 3 weights sharded)
     offload: bool = False             # train: optimizer state in host memory between steps
+    partial: int = 0                  # generate: at most this many tokens of a response a step,
+                                      # the rest in later steps (partial rollouts); 0: whole
 
 
 @attrs.frozen
@@ -147,6 +149,8 @@ class Plan:
             seen.add(p.stage)
             if min(p.dp, p.tp, p.pp, p.microbatches, p.chunks) < 1:
                 return f"stage '{p.stage}' degrees must be at least 1"
+            if p.partial < 0:
+                return f"stage '{p.stage}' partial must be 0 or more tokens, not {p.partial}"
             if max(p.microbatches, p.chunks) > MAX_PLAN_DEVICES:
                 return f"stage '{p.stage}' micro-batches and chunks must be at most " \
                        f"{MAX_PLAN_DEVICES:,}"
@@ -195,6 +199,9 @@ class Plan:
         lines += _table(rows, indent="  ", right=(2, 3, 4, 5, 6, 7))
         for stage, k in self.staleness:
             lines.append(f"  staleness {stage} = {k}")
+        for p in self.placements:
+            if p.partial:
+                lines.append(f"  partial {p.stage} = {p.partial} tokens a step")
         for group in self.shared:
             lines.append(f"  share {', '.join(group)}")
         for group in self.fusion:

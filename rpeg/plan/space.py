@@ -35,6 +35,7 @@ class Limits:
     max_dp: int = 1 << 20
     engines: frozenset[Engine] = frozenset({Engine.TORCH, Engine.VLLM})
     zero: bool = True                 # ZeRO sharding of optimizer state/gradients/weights
+    partial: bool = True              # partial rollouts (responses carried into later steps)
 
     @classmethod
     def detect(cls) -> Limits:

@@ -1,0 +1,118 @@
+"""Partial rollouts: a generate step decodes at most ``cap`` tokens of each response; a
+response not finished by then is carried into the next step and continued there with the
+newer weights (its tokens keep the logprobs of the policy that sampled them).
+
+    >>> from rpeg.spec.model import LengthDist, LengthKind
+    >>> p = Partial(LengthDist(LengthKind.UNIFORM, max_len=4000, low=0), 2000)
+    >>> p.carries, round(p.rows, 2), round(p.context, 0)      # one carry; 1.5 rows a response
+    (1, 1.5, 666.0)
+    >>> float(p.quantiles(4).max()) <= 2000
+    True
+
+In the steady state every step starts as many new responses as the batch holds and
+finishes as many (each response finishes once), while the engine decodes, per response
+started, ``rows`` = E[ceil(length / cap)] sequences: the new ones and those carried. The
+decoded lengths of one step are those segments — a carried response's first ``cap``,
+its next ``cap`` ... and its remainder — so the step ends at the ``cap``-th decode step,
+not at the batch's longest response. A carried sequence's key/value cache is rebuilt
+under the new weights: its prompt grows by the tokens it already has (``context``,
+averaged over the step's sequences), prefilled again.
+
+A response spans ``carries + 1`` steps, so the oldest of its tokens was sampled with
+weights ``carries`` updates older than the step's own: the plan's staleness for the
+generate stage plus ``carries`` must stay within the spec's bound (see
+:func:`max_carries`).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import attrs
+import numpy as np
+
+from rpeg.spec.model import LengthDist
+
+RESOLUTION = 4096          # quantiles of the length distribution the segments are cut from
+
+
+@attrs.frozen
+class Partial:
+    """The lengths one step decodes under partial rollouts of ``cap`` tokens a step; it
+    answers like a :class:`LengthDist` (``quantiles``, ``mean``, ``max_len``)."""
+
+    base: LengthDist
+    cap: int
+
+    @property
+    def max_len(self) -> int:
+        return min(self.cap, self.base.max_len)
+
+    @property
+    def carries(self) -> int:
+        """Most steps a response is carried into after the one it starts in."""
+        return max(math.ceil(self.base.max_len / self.cap) - 1, 0)
+
+    @property
+    def rows(self) -> float:
+        """Sequences decoded per step for every response the step starts (1: none carried)."""
+        return _segments(self)[2]
+
+    @property
+    def context(self) -> float:
+        """Mean tokens a step's sequence already generated in earlier steps."""
+        return _segments(self)[1]
+
+    def quantiles(self, n: int = 64) -> np.ndarray:
+        seg = _segments(self)[0]
+        idx = ((np.arange(n) + 0.5) / n * len(seg)).astype(int).clip(0, len(seg) - 1)
+        return seg[idx]
+
+    def mean(self) -> float:
+        return float(_segments(self)[0].mean())
+
+    def finished_top(self, segment: float) -> float:
+        """Longest whole response among those finishing within ``segment`` decoded tokens of
+        a step: a carried one has ``cap`` tokens per earlier step before its last segment."""
+        return float(min(self.base.max_len, self.carries * self.cap + segment))
+
+
+@functools.lru_cache(maxsize=256)
+def _segments(p: Partial) -> tuple[np.ndarray, float, float]:
+    """(sorted segment lengths, mean earlier tokens per segment, segments per response)."""
+    lengths = p.base.quantiles(RESOLUTION)
+    pieces = np.ceil(lengths / p.cap).astype(int).clip(1)
+    seg, before = [], []
+    for k in range(int(pieces.max())):
+        alive = lengths[pieces > k]
+        seg.append(np.minimum(alive - k * p.cap, p.cap))
+        before.append(np.full(len(alive), float(k * p.cap)))
+    seg_all = np.sort(np.concatenate(seg))
+    seg_all.flags.writeable = False
+    return seg_all, float(np.concatenate(before).mean()), float(pieces.mean())
+
+
+def max_carries(bound: int, staleness: int) -> int:
+    """Steps a response may be carried over when the generate stage reads weights
+    ``staleness`` updates old and the spec bounds the age by ``bound``."""
+    return max(bound - staleness, 0)
+
+
+def smallest_cap(max_len: int, carries: int) -> int:
+    """The fewest tokens a step may decode per response so that no response spans more than
+    ``carries + 1`` steps (0: whole responses, no carry allowed)."""
+    return 0 if carries <= 0 else math.ceil(max_len / (carries + 1))
+
+
+def caps(dist: LengthDist, carries: int) -> tuple[int, ...]:
+    """Caps worth trying with at most ``carries`` carries: the smallest each carry count
+    allows, and the upper quantiles of the lengths above the smallest (fewer responses
+    carried, a longer step)."""
+    if carries <= 0:
+        return ()
+    out = {smallest_cap(dist.max_len, c) for c in range(1, carries + 1)}
+    lo = smallest_cap(dist.max_len, carries)
+    q = dist.quantiles(20)
+    out |= {int(x) for x in q[-4:] if lo <= x < dist.max_len}
+    return tuple(sorted(c for c in out if 0 < c < dist.max_len))

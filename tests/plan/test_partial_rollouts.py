@@ -1,0 +1,112 @@
+"""Partial rollouts as a plan choice: priced, kept within the staleness bound, searched,
+and refused by a backend that cannot execute them."""
+
+from __future__ import annotations
+
+import attrs
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from rpeg.cost.partial import Partial
+from rpeg.errors import PlanError
+from rpeg.plan import Evaluator, SearchOptions, compile_report
+from rpeg.plan.baselines import colocated
+from rpeg.plan.compile import check_executable
+from rpeg.plan.edit import Context, repair
+from rpeg.plan.model import Plan
+from rpeg.plan.search import Moves
+from rpeg.runtime.plans import runtime_limits
+from rpeg.spec import load_cluster
+
+from .conftest import EVERY_ENGINE, ROOT
+
+QUICK = SearchOptions(seed=0, iterations=300, patience=200, budget_s=600, limits=EVERY_ENGINE)
+
+
+@pytest.fixture(scope="module")
+def gh64():
+    return load_cluster(ROOT / "pipelines/clusters/gh200_64.rpeg")
+
+
+@pytest.fixture(scope="module")
+def start(ppo8b, gh64):
+    ctx, ev = Context.of(ppo8b, gh64, EVERY_ENGINE), Evaluator(ppo8b, gh64)
+    return ctx, ev, colocated(ctx, ev).best.plan
+
+
+def with_partial(plan: Plan, stage: str, cap: int, lag: int = 0) -> Plan:
+    return attrs.evolve(plan, predicted=None,
+                        staleness=((stage, lag),) if lag else (),
+                        placements=tuple(attrs.evolve(p, partial=cap) if p.stage == stage
+                                         else p for p in plan.placements))
+
+
+def test_a_capped_rollout_is_priced_faster_within_the_bound(start):
+    _, ev, plan = start                          # ppo_llama8b: staleness rollout <= 1
+    whole = ev.evaluate(plan)
+    half = ev.evaluate(with_partial(plan, "rollout", 2048))
+    assert half.feasible and half.step_time_s < whole.step_time_s
+    assert dict(half.plan.predicted.op_times)["rollout"] \
+        < dict(whole.plan.predicted.op_times)["rollout"]
+    assert "partial rollout = 2048 tokens a step" in str(half.plan)
+
+
+def test_carries_beyond_the_bound_are_an_error(start):
+    _, ev, plan = start
+    with pytest.raises(PlanError, match=r"at most 1 updates old, not 2 \(staleness 1 \+ 1"):
+        ev.evaluate(with_partial(plan, "rollout", 2048, lag=1))
+    with pytest.raises(PlanError, match=r"not 2 \(staleness 0 \+ 2 steps"):
+        ev.evaluate(with_partial(plan, "rollout", 1366))
+    with pytest.raises(PlanError, match="generate stage, not 'ref_lp'"):
+        ev.evaluate(with_partial(plan, "ref_lp", 1000))
+    assert ev.evaluate(with_partial(plan, "rollout", 4096, lag=1)).feasible   # cuts nothing
+
+
+def test_repair_brings_a_cap_back_within_the_bound(start):
+    ctx, _, plan = start
+    assert repair(ctx, with_partial(plan, "rollout", 1366)).placement("rollout").partial == 2048
+    assert repair(ctx, with_partial(plan, "rollout", 2048, lag=1)) \
+        .placement("rollout").partial == 0
+    runtime = attrs.evolve(ctx, limits=runtime_limits())
+    assert repair(runtime, with_partial(plan, "rollout", 2048)).placement("rollout").partial == 0
+
+
+@given(seed=st.integers(0, 2**31 - 1), steps=st.integers(1, 6))
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+def test_moves_never_leave_the_bound(start, seed, steps):
+    import numpy as np
+    ctx, ev, plan = start
+    moves = Moves(ctx, np.random.default_rng(seed))
+    dist = ctx.pipeline.workload.gen_len
+    for _ in range(steps):
+        new = moves.partial(plan) if seed % 2 else moves.propose(plan)
+        new = repair(ctx, new) if new is not None else None
+        if new is None:
+            continue
+        plan = new
+        cap = plan.placement("rollout").partial
+        carries = Partial(dist, cap).carries if 0 < cap < dist.max_len else 0
+        assert plan.staleness_of("rollout") + carries <= 1
+
+
+def test_search_uses_partial_rollouts_only_where_the_backend_runs_them(ppo8b, gh64):
+    r = compile_report(ppo8b, gh64, options=QUICK)
+    cap = r.plan.placement("rollout").partial
+    assert 0 < cap < 4096                         # the 4,096-token tail is worth cutting
+    plain = compile_report(ppo8b, gh64, options=attrs.evolve(
+        QUICK, limits=attrs.evolve(EVERY_ENGINE, partial=False)))
+    assert all(p.partial == 0 for p in plain.plan.placements)
+    assert r.plan.predicted.step_time_s < plain.plan.predicted.step_time_s
+    with pytest.raises(PlanError, match="whole responses each step on this backend"):
+        check_executable(r.plan, runtime_limits())
+    again = Plan.from_json(r.plan.to_json())
+    assert again == r.plan
+
+
+def test_a_plan_written_before_partial_rollouts_still_loads(start):
+    _, _, plan = start
+    data = plan.to_dict()
+    for p in data["placements"]:
+        del p["partial"]
+    assert Plan.from_dict(data) == plan

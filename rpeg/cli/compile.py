@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import attrs
 import typer
 
 from rpeg.plan.model import Strategy, device_ranges
@@ -37,6 +38,9 @@ def register(app: typer.Typer) -> None:
         assume_vllm: bool = typer.Option(False, "--assume-vllm",
                                          help="Plan for a cluster with vLLM even if this "
                                               "machine lacks it."),
+        runnable: bool = typer.Option(False, "--runnable",
+                                      help="Plan only what `rpeg run` executes (no pipeline "
+                                           "parallelism, ZeRO or partial rollouts)."),
         as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
         no_gantt: bool = typer.Option(False, "--no-gantt", help="Skip the Gantt picture."),
     ) -> None:
@@ -54,7 +58,10 @@ def register(app: typer.Typer) -> None:
         machine = load_cluster(cluster)
         limits = Limits.detect()
         if assume_vllm:
-            limits = Limits(engines=frozenset({Engine.TORCH, Engine.VLLM}))
+            limits = attrs.evolve(limits, engines=frozenset({Engine.TORCH, Engine.VLLM}))
+        if runnable:
+            from rpeg.runtime.plans import runtime_limits
+            limits = attrs.evolve(runtime_limits(), engines=limits.engines)
         opts = SearchOptions(seed=seed, budget_s=budget, iterations=iterations, limits=limits)
         report = compile_report(pipeline, machine, strategy, opts)
         report.plan.save(output)
@@ -120,7 +127,23 @@ def summary_text(report, cluster, output: Path, gantt: Path | None) -> str:
     lines.append("  partial rollouts: " + (", ".join(partial) or "none (whole responses)"))
     files = f"wrote {output}" + (f" and {gantt}" if gantt else "")
     lines += ["", files]
+    why = not_runnable(plan)
+    if why:
+        lines.append(f"note: `rpeg run` cannot execute this plan ({why}); it plans for "
+                     f"executors that can. `rpeg compile --runnable` plans what it runs.")
     return "\n".join(lines)
+
+
+def not_runnable(plan) -> str | None:
+    """Why rpeg's own runtime would refuse ``plan``, or None."""
+    from rpeg.errors import PlanError
+    from rpeg.plan.compile import check_executable
+    from rpeg.runtime.plans import runtime_limits
+    try:
+        check_executable(plan, runtime_limits())
+    except PlanError as e:
+        return e.message
+    return None
 
 
 def _groups(report):

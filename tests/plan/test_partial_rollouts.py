@@ -110,3 +110,19 @@ def test_a_plan_written_before_partial_rollouts_still_loads(start):
     for p in data["placements"]:
         del p["partial"]
     assert Plan.from_dict(data) == plan
+
+
+def test_compile_says_when_rpeg_run_cannot_execute_the_plan(tmp_path, capsys):
+    from rpeg.cli import main
+    spec = str(ROOT / "pipelines/ppo_llama8b.rpeg")
+    gh = str(ROOT / "pipelines/clusters/gh200_64.rpeg")
+    quick = ["--iterations", "300", "--no-gantt"]
+    assert main(["compile", spec, "--cluster", gh, "-o", str(tmp_path / "a.json"), *quick]) == 0
+    text = capsys.readouterr().out
+    assert "partial rollouts: rollout at most" in text
+    assert "note: `rpeg run` cannot execute this plan" in text and "--runnable" in text
+    assert main(["compile", spec, "--cluster", gh, "-o", str(tmp_path / "b.json"), *quick,
+                 "--runnable"]) == 0
+    text = capsys.readouterr().out
+    assert "partial rollouts: none" in text and "cannot execute" not in text
+    check_executable(Plan.load(tmp_path / "b.json"), runtime_limits())

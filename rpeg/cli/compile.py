@@ -73,7 +73,7 @@ def register(app: typer.Typer) -> None:
         if as_json:
             print(json.dumps(summary_json(report, output, gantt), indent=2))
         else:
-            print(summary_text(report, machine, output, gantt))
+            print(summary_text(report, machine, output, gantt, pipeline))
 
 
 def summary_json(report, output: Path, gantt: Path | None) -> dict:
@@ -85,7 +85,7 @@ def summary_json(report, output: Path, gantt: Path | None) -> dict:
     return out
 
 
-def summary_text(report, cluster, output: Path, gantt: Path | None) -> str:
+def summary_text(report, cluster, output: Path, gantt: Path | None, pipeline) -> str:
     plan, pr = report.plan, report.plan.predicted
     lines = [f"{plan.pipeline} on {plan.cluster} ({plan.num_devices} GPUs): strategy "
              f"{plan.strategy.value}, seed {plan.seed}, planned in {report.seconds:.1f} s",
@@ -122,8 +122,11 @@ def summary_text(report, cluster, output: Path, gantt: Path | None) -> str:
     lines.append("  fusion: " + ("; ".join(" + ".join(g) for g in plan.fusion) or "none"))
     chunks = [f"{p.stage} in {p.chunks} chunks" for p in plan.placements if p.chunks > 1]
     lines.append("  streaming: " + (", ".join(chunks) or "none (whole batches)"))
-    partial = [f"{p.stage} at most {p.partial} tokens a response a step, the rest carried"
-               for p in plan.placements if p.partial]
+    from rpeg.cost.partial import smallest_cap
+    longest = pipeline.workload.gen_len.max_len
+    partial = [f"{p.stage} carries responses over {p.carry} step{'s' if p.carry > 1 else ''} "
+               f"(about {smallest_cap(longest, p.carry)} of their up to {longest} tokens a "
+               f"step)" for p in plan.placements if p.carry]
     lines.append("  partial rollouts: " + (", ".join(partial) or "none (whole responses)"))
     files = f"wrote {output}" + (f" and {gantt}" if gantt else "")
     lines += ["", files]

@@ -103,16 +103,3 @@ def smallest_cap(max_len: int, carries: int) -> int:
     """The fewest tokens a step may decode per response so that no response spans more than
     ``carries + 1`` steps (0: whole responses, no carry allowed)."""
     return 0 if carries <= 0 else math.ceil(max_len / (carries + 1))
-
-
-def caps(dist: LengthDist, carries: int) -> tuple[int, ...]:
-    """Caps worth trying with at most ``carries`` carries: the smallest each carry count
-    allows, and the upper quantiles of the lengths above the smallest (fewer responses
-    carried, a longer step)."""
-    if carries <= 0:
-        return ()
-    out = {smallest_cap(dist.max_len, c) for c in range(1, carries + 1)}
-    lo = smallest_cap(dist.max_len, carries)
-    q = dist.quantiles(20)
-    out |= {int(x) for x in q[-4:] if lo <= x < dist.max_len}
-    return tuple(sorted(c for c in out if 0 < c < dist.max_len))

@@ -158,10 +158,11 @@ def check_executable(plan: Plan, limits: Limits) -> None:
         if why:
             raise PlanError(f"stage '{p.stage}': {why}",
                             hint="recompile with this backend's limits")
-        if p.partial and not limits.partial:
-            raise PlanError(f"stage '{p.stage}' must generate whole responses each step on "
-                            f"this backend, not partial rollouts of {p.partial} tokens",
-                            hint="recompile with this backend's limits (partial 0)")
+        if p.carry and p.engine not in limits.carry_engines:
+            raise PlanError(f"stage '{p.stage}' must generate whole responses each step with "
+                            f"the {p.engine.value} engine on this backend, not carry them "
+                            f"into later steps (carry {p.carry})", hint="recompile with this backend's limits "
+                                                          "(carry 0)")
         if p.engine not in limits.engines and p.engine is not Engine.AUTO:
             raise PlanError(f"stage '{p.stage}' must use an installed engine, not "
                             f"'{p.engine.value}'", hint="install it, or recompile")

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import attrs
 
-from rpeg.cost.partial import Partial, max_carries, smallest_cap
+from rpeg.cost.partial import max_carries
 from rpeg.errors import PlanError
 from rpeg.plan.choices import (
     Choice,
@@ -81,18 +81,18 @@ class Context:
 
 
 def placement(stage: str, block: Block | tuple[int, ...], choice: Choice,
-              chunks: int = 1, partial: int = 0) -> StagePlacement:
+              chunks: int = 1, carry: int = 0) -> StagePlacement:
     devices = block.devices if isinstance(block, Block) else tuple(block)
     p = choice.par
     return StagePlacement(stage, devices, p.dp, p.tp, p.pp, p.microbatches, chunks,
-                          choice.engine, p.recompute, p.zero, p.offload, partial)
+                          choice.engine, p.recompute, p.zero, p.offload, carry)
 
 
 def put(ctx: Context, plan: Plan, stage: str, block: Block | tuple[int, ...],
         choice: Choice) -> Plan:
     old = {p.stage: p for p in plan.placements}
-    chunks, partial = (old[stage].chunks, old[stage].partial) if stage in old else (1, 0)
-    new = placement(stage, block, choice, chunks, partial)
+    chunks, carry = (old[stage].chunks, old[stage].carry) if stage in old else (1, 0)
+    new = placement(stage, block, choice, chunks, carry)
     if stage in old:
         placements = tuple(new if p.stage == stage else p for p in plan.placements)
     else:
@@ -150,7 +150,7 @@ def repair(ctx: Context, plan: Plan) -> Plan | None:
             c = choice_for(ctx, stage, block.size)
             if c is None:
                 return None
-            by[stage] = placement(stage, block, c, p.chunks if p else 1, p.partial if p else 0)
+            by[stage] = placement(stage, block, c, p.chunks if p else 1, p.carry if p else 0)
     # 2. colocate hints: everyone on the first member's devices
     for group in ctx.together:
         lead = next((s for s in group if ctx.pinned_block(s)), group[0] if group else None)
@@ -162,7 +162,7 @@ def repair(ctx: Context, plan: Plan) -> Plan | None:
                 c = choice_for(ctx, s, len(devs))
                 if c is None:
                     return None
-                by[s] = placement(s, devs, c, by[s].chunks, by[s].partial)
+                by[s] = placement(s, devs, c, by[s].chunks, by[s].carry)
     # 3. shared backbone: the train stages run as one op, on the first one's placement
     for group in ctx.shared_groups(plan):
         first = by[group[0]]
@@ -180,23 +180,21 @@ def repair(ctx: Context, plan: Plan) -> Plan | None:
     fusion = tuple(g for g in plan.fusion if len({by[s].devices for s in g}) == 1)
     # 6. a partial rollout carries a response over no more steps than the staleness leaves
     for s, p in by.items():
-        if p.partial:
-            by[s] = attrs.evolve(p, partial=fit_partial(ctx, plan, s, p.partial))
+        if p.carry:
+            by[s] = attrs.evolve(p, carry=fit_carry(ctx, plan, p))
     return attrs.evolve(plan, placements=_ordered(ctx, by.values()), fusion=fusion,
                         predicted=None)
 
 
-def fit_partial(ctx: Context, plan: Plan, stage: str, cap: int) -> int:
-    """``cap``, or the nearest one the stage's staleness bound allows (0: none does): the
-    stage's chosen staleness plus the steps a response is carried must stay in the bound
-    (:mod:`rpeg.cost.partial`); 0 where the backend cannot execute partial rollouts."""
-    dist = ctx.pipeline.workload.gen_len
-    if not ctx.limits.partial or ctx.pipeline.stage(stage).kind is not OpKind.GENERATE:
+def fit_carry(ctx: Context, plan: Plan, p: StagePlacement) -> int:
+    """``p.carry``, or as much of it as the stage's staleness bound leaves (its chosen
+    staleness plus the carry must stay in the bound, :mod:`rpeg.cost.partial`); 0 where the
+    stage's engine cannot carry responses over on this backend."""
+    if p.engine not in ctx.limits.carry_engines \
+            or ctx.pipeline.stage(p.stage).kind is not OpKind.GENERATE:
         return 0
-    if cap >= dist.max_len:
-        return cap
-    allowed = max_carries(dict(ctx.pipeline.staleness).get(stage, 0), plan.staleness_of(stage))
-    return cap if Partial(dist, cap).carries <= allowed else smallest_cap(dist.max_len, allowed)
+    bound = dict(ctx.pipeline.staleness).get(p.stage, 0)
+    return min(p.carry, max_carries(bound, plan.staleness_of(p.stage)))
 
 
 def _feeder(ctx: Context, stage: str, by: dict[str, StagePlacement]) -> StagePlacement | None:

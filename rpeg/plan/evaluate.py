@@ -24,7 +24,7 @@ import attrs
 import numpy as np
 
 from rpeg.cost.memory import Parallel, local_params, resident_memory, value_bytes
-from rpeg.cost.partial import Partial
+from rpeg.cost.partial import smallest_cap
 from rpeg.cost.stages import (
     estimate_stage,
     generation_chunks,
@@ -101,21 +101,17 @@ def partial_problem(pipeline: Pipeline, plan: Plan) -> str | None:
     old (the stage's chosen staleness plus the steps it is carried over)."""
     bounds = dict(pipeline.staleness)
     for p in plan.placements:
-        if not p.partial:
+        if not p.carry:
             continue
         s = pipeline.stage(p.stage)
         if s.kind is not OpKind.GENERATE:
             return (f"partial rollouts must be asked of a generate stage, not '{p.stage}' "
                     f"({s.kind.value})")
-        dist = pipeline.workload.gen_len
-        if p.partial >= dist.max_len:
-            continue                                   # no response is ever cut
-        carries = Partial(dist, p.partial).carries
         lag, bound = plan.staleness_of(p.stage), bounds.get(p.stage, 0)
-        if lag + carries > bound:
+        if lag + p.carry > bound:
             return (f"stage '{p.stage}' must read weights at most {bound} updates old, not "
-                    f"{lag + carries} (staleness {lag} + {carries} steps a response of "
-                    f"{dist.max_len} tokens is carried over at {p.partial} tokens a step)")
+                    f"{lag + p.carry} (staleness {lag} + carry {p.carry}: a response's first "
+                    f"tokens are sampled {p.carry} steps before it is trained on)")
     return None
 
 
@@ -146,7 +142,7 @@ class Evaluator:
                 self._cost[canonical] = estimate_stage(
                     self.pipeline, stage, parallel_of(q), q.devices, self.cluster,
                     engine=q.engine, rows=rows, batch=batch, padded_len=padded,
-                    partial=q.partial).time_s
+                    partial=self.cap(q)).time_s
             self._cost[key] = self._cost[canonical]
         return self._cost[key]
 
@@ -159,7 +155,7 @@ class Evaluator:
             self._cost[key] = generation_chunks(self.pipeline, stage, parallel_of(p), p.devices,
                                                 self.cluster, p.chunks, engine=p.engine,
                                                 rows=rows, with_lengths=True,
-                                                partial=p.partial)
+                                                partial=self.cap(p))
         return self._cost[key]
 
     def transient(self, stage: str, p: StagePlacement, rows: int | None = None,
@@ -167,7 +163,7 @@ class Evaluator:
         """Bytes a stage needs while it runs: for the whole batch, or (``chunks`` of a
         streamed consumer) the largest of its chunks, each processed on its own."""
         key = ("m", stage, p.tp, p.pp, p.dp, p.microbatches, p.recompute, p.zero, p.offload,
-               p.partial, rows, chunks)
+               p.carry, rows, chunks)
         if key not in self._cost:
             par = parallel_of(p)
             if chunks:
@@ -176,7 +172,7 @@ class Evaluator:
                                       for n, top in chunks)
             else:
                 self._cost[key] = stage_memory(self.pipeline, stage, par, self.cluster,
-                                               rows=rows, partial=p.partial).total
+                                               rows=rows, partial=self.cap(p)).total
         return self._cost[key]
 
     def streamed(self, plan: Plan, graph: Graph, rows: dict) -> dict[str, tuple]:
@@ -201,12 +197,17 @@ class Evaluator:
                 out[name] = ends[src]
         return out
 
+    def cap(self, p: StagePlacement) -> int:
+        """Tokens a step decodes per response when a generate stage carries responses over
+        ``p.carry`` steps: each advances by about an equal share of the longest (0: all)."""
+        return smallest_cap(self.pipeline.workload.gen_len.max_len, p.carry)
+
     def gen_rows(self, stage: str, p: StagePlacement, free: float) -> int:
         """Sequences a generate stage runs at once per replica with ``free`` bytes per GPU."""
-        key = ("g", stage, p.tp, p.pp, p.dp, p.partial, round(free / 2**20))
+        key = ("g", stage, p.tp, p.pp, p.dp, p.carry, round(free / 2**20))
         if key not in self._cost:
             self._cost[key] = generation_rows(self.pipeline, stage, parallel_of(p),
-                                              self.cluster, free, partial=p.partial)
+                                              self.cluster, free, partial=self.cap(p))
         return self._cost[key]
 
     def rows_of(self, plan: Plan, graph: Graph, resident: np.ndarray | None = None) -> dict:
@@ -270,8 +271,7 @@ class Evaluator:
         search does not need."""
         problem = partial_problem(self.pipeline, plan)
         if problem:
-            raise PlanError(problem, hint="lower the partial rollout's carries (a larger "
-                                          "partial), or the stage's staleness")
+            raise PlanError(problem, hint="lower the stage's carry or its staleness")
         graph = self.graph(plan)
         try:
             peak, shortfall = self.memory(plan, graph)

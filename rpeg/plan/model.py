@@ -31,6 +31,7 @@ from rpeg.spec.model import Engine
 SCHEMA_VERSION = 1
 MAX_PLAN_BYTES = 64 * 1024 * 1024      # checked before reading: a plan is kilobytes
 MAX_PLAN_DEVICES = 1 << 20             # as for clusters (rpeg.spec.cluster.MAX_GPUS)
+MAX_CARRY = 64                         # steps a partial rollout may span, beyond its own
 
 
 class Strategy(enum.Enum):
@@ -54,8 +55,9 @@ class StagePlacement:
     recompute: bool = False
     zero: int = 0                     # ZeRO level of a train stage (0 none .. 3 weights sharded)
     offload: bool = False             # train: optimizer state in host memory between steps
-    partial: int = 0                  # generate: at most this many tokens of a response a step,
-                                      # the rest in later steps (partial rollouts); 0: whole
+    carry: int = 0                    # generate: each response spans up to carry + 1 steps (a step
+                                      # also advances the next carry steps' responses; partial
+                                      # rollouts); 0: whole responses in their own step
 
 
 @attrs.frozen
@@ -149,8 +151,8 @@ class Plan:
             seen.add(p.stage)
             if min(p.dp, p.tp, p.pp, p.microbatches, p.chunks) < 1:
                 return f"stage '{p.stage}' degrees must be at least 1"
-            if p.partial < 0:
-                return f"stage '{p.stage}' partial must be 0 or more tokens, not {p.partial}"
+            if not 0 <= p.carry <= MAX_CARRY:
+                return f"stage '{p.stage}' carry must be 0..{MAX_CARRY} steps, not {p.carry}"
             if max(p.microbatches, p.chunks) > MAX_PLAN_DEVICES:
                 return f"stage '{p.stage}' micro-batches and chunks must be at most " \
                        f"{MAX_PLAN_DEVICES:,}"
@@ -200,8 +202,8 @@ class Plan:
         for stage, k in self.staleness:
             lines.append(f"  staleness {stage} = {k}")
         for p in self.placements:
-            if p.partial:
-                lines.append(f"  partial {p.stage} = {p.partial} tokens a step")
+            if p.carry:
+                lines.append(f"  carry {p.stage} = {p.carry}")
         for group in self.shared:
             lines.append(f"  share {', '.join(group)}")
         for group in self.fusion:

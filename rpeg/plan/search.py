@@ -21,10 +21,10 @@ the best plan kept is always feasible). Moves:
 - ``offload``    keep a train stage's optimizer state in host memory between steps, or not
                  (frees device memory for colocated stages, costs two host-link copies);
 - ``staleness``  another staleness for a stage, within the spec's bound;
-- ``partial``    partial rollouts for a generate stage: at most so many tokens of a response
-                 a step, the rest carried into later steps (or whole responses again); the
-                 steps carried come out of the stage's staleness bound, so the stage's own
-                 staleness is lowered when they need it;
+- ``partial``    partial rollouts for a generate stage: each response spans up to
+                 ``carry + 1`` steps, a step also advancing the next ones' responses (or
+                 whole responses again); the carry comes out of the stage's staleness
+                 bound, so the stage's own staleness is lowered when it needs the room;
 - ``share``      merge or unmerge a ``share`` group's backbones;
 - ``fuse``       fuse or unfuse two per-sample ops on the same devices.
 
@@ -57,7 +57,6 @@ import time
 import attrs
 import numpy as np
 
-from rpeg.cost.partial import Partial, caps
 from rpeg.plan.choices import model_stages
 from rpeg.plan.edit import Context, options, put, repair
 from rpeg.plan.evaluate import Evaluation, Evaluator, plan_graph
@@ -232,7 +231,7 @@ class Moves:
         self.trains = tuple(s for s in self.stages
                             if ctx.pipeline.stage(s).kind is OpKind.TRAIN)
         self.partials = tuple((s, k) for s, k in self.bounded if s in self.gens) \
-            if ctx.limits.partial else ()
+            if ctx.limits.carry_engines else ()
         self.table = [
             (self.block, 4.0), (self.layout, 3.0), (self.colocate, 2.0), (self.chunks, 1.0),
             (self.partition, 1.0 if len(self.gens) and ctx.n > 1 else 0.0),
@@ -401,11 +400,9 @@ class Moves:
 
     def partial(self, plan: Plan) -> Plan | None:
         stage, bound = self.partials[int(self.rng.integers(len(self.partials)))]
-        dist = self.ctx.pipeline.workload.gen_len
-        cap = int(self._pick((0,) + caps(dist, bound)))
+        carries = int(self.rng.integers(0, bound + 1))
         plan = attrs.evolve(plan, placements=tuple(
-            attrs.evolve(x, partial=cap) if x.stage == stage else x for x in plan.placements))
-        carries = Partial(dist, cap).carries if 0 < cap < dist.max_len else 0
+            attrs.evolve(x, carry=carries) if x.stage == stage else x for x in plan.placements))
         if carries + plan.staleness_of(stage) > bound:      # make room in the bound
             chosen = {**dict(plan.staleness), stage: bound - carries}
             plan = attrs.evolve(plan, staleness=tuple(sorted(

@@ -35,7 +35,8 @@ class Limits:
     max_dp: int = 1 << 20
     engines: frozenset[Engine] = frozenset({Engine.TORCH, Engine.VLLM})
     zero: bool = True                 # ZeRO sharding of optimizer state/gradients/weights
-    partial: bool = True              # partial rollouts (responses carried into later steps)
+    # engines that carry unfinished responses into later steps (partial rollouts)
+    carry_engines: frozenset[Engine] = frozenset({Engine.TORCH, Engine.VLLM})
 
     @classmethod
     def detect(cls) -> Limits:

@@ -30,7 +30,8 @@ def runtime_limits():
     from rpeg.plan.space import Limits, vllm_available
     from rpeg.spec.model import Engine
     engines = {Engine.TORCH} | ({Engine.VLLM} if vllm_available() else set())
-    return Limits(max_tp=8, max_pp=1, zero=False, partial=False, engines=frozenset(engines))
+    return Limits(max_tp=8, max_pp=1, zero=False, carry_engines=frozenset(),
+                  engines=frozenset(engines))
 
 
 def plan_for_run(file: str | Path, *, spec: str | Path | None = None,

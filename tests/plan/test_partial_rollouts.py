@@ -8,7 +8,6 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rpeg.cost.partial import Partial
 from rpeg.errors import PlanError
 from rpeg.plan import Evaluator, SearchOptions, compile_report
 from rpeg.plan.baselines import colocated
@@ -35,41 +34,41 @@ def start(ppo8b, gh64):
     return ctx, ev, colocated(ctx, ev).best.plan
 
 
-def with_partial(plan: Plan, stage: str, cap: int, lag: int = 0) -> Plan:
+def with_carry(plan: Plan, stage: str, carry: int, lag: int = 0) -> Plan:
     return attrs.evolve(plan, predicted=None,
                         staleness=((stage, lag),) if lag else (),
-                        placements=tuple(attrs.evolve(p, partial=cap) if p.stage == stage
+                        placements=tuple(attrs.evolve(p, carry=carry) if p.stage == stage
                                          else p for p in plan.placements))
 
 
 def test_a_capped_rollout_is_priced_faster_within_the_bound(start):
     _, ev, plan = start                          # ppo_llama8b: staleness rollout <= 1
     whole = ev.evaluate(plan)
-    half = ev.evaluate(with_partial(plan, "rollout", 2048))
+    half = ev.evaluate(with_carry(plan, "rollout", 1))
     assert half.feasible and half.step_time_s < whole.step_time_s
     assert dict(half.plan.predicted.op_times)["rollout"] \
         < dict(whole.plan.predicted.op_times)["rollout"]
-    assert "partial rollout = 2048 tokens a step" in str(half.plan)
+    assert "carry rollout = 1" in str(half.plan)
+    assert ev.cap(half.plan.placement("rollout")) == 2048
 
 
 def test_carries_beyond_the_bound_are_an_error(start):
     _, ev, plan = start
-    with pytest.raises(PlanError, match=r"at most 1 updates old, not 2 \(staleness 1 \+ 1"):
-        ev.evaluate(with_partial(plan, "rollout", 2048, lag=1))
-    with pytest.raises(PlanError, match=r"not 2 \(staleness 0 \+ 2 steps"):
-        ev.evaluate(with_partial(plan, "rollout", 1366))
+    with pytest.raises(PlanError, match=r"at most 1 updates old, not 2 \(staleness 1 \+ carry 1"):
+        ev.evaluate(with_carry(plan, "rollout", 1, lag=1))
+    with pytest.raises(PlanError, match=r"not 2 \(staleness 0 \+ carry 2"):
+        ev.evaluate(with_carry(plan, "rollout", 2))
     with pytest.raises(PlanError, match="generate stage, not 'ref_lp'"):
-        ev.evaluate(with_partial(plan, "ref_lp", 1000))
-    assert ev.evaluate(with_partial(plan, "rollout", 4096, lag=1)).feasible   # cuts nothing
+        ev.evaluate(with_carry(plan, "ref_lp", 1))
+    assert ev.evaluate(with_carry(plan, "rollout", 0, lag=1)).feasible
 
 
 def test_repair_brings_a_cap_back_within_the_bound(start):
     ctx, _, plan = start
-    assert repair(ctx, with_partial(plan, "rollout", 1366)).placement("rollout").partial == 2048
-    assert repair(ctx, with_partial(plan, "rollout", 2048, lag=1)) \
-        .placement("rollout").partial == 0
+    assert repair(ctx, with_carry(plan, "rollout", 2)).placement("rollout").carry == 1
+    assert repair(ctx, with_carry(plan, "rollout", 1, lag=1)).placement("rollout").carry == 0
     runtime = attrs.evolve(ctx, limits=runtime_limits())
-    assert repair(runtime, with_partial(plan, "rollout", 2048)).placement("rollout").partial == 0
+    assert repair(runtime, with_carry(plan, "rollout", 1)).placement("rollout").carry == 0
 
 
 @given(seed=st.integers(0, 2**31 - 1), steps=st.integers(1, 6))
@@ -78,27 +77,23 @@ def test_moves_never_leave_the_bound(start, seed, steps):
     import numpy as np
     ctx, ev, plan = start
     moves = Moves(ctx, np.random.default_rng(seed))
-    dist = ctx.pipeline.workload.gen_len
     for _ in range(steps):
         new = moves.partial(plan) if seed % 2 else moves.propose(plan)
         new = repair(ctx, new) if new is not None else None
         if new is None:
             continue
         plan = new
-        cap = plan.placement("rollout").partial
-        carries = Partial(dist, cap).carries if 0 < cap < dist.max_len else 0
-        assert plan.staleness_of("rollout") + carries <= 1
+        assert plan.staleness_of("rollout") + plan.placement("rollout").carry <= 1
 
 
 def test_search_uses_partial_rollouts_only_where_the_backend_runs_them(ppo8b, gh64):
     r = compile_report(ppo8b, gh64, options=QUICK)
-    cap = r.plan.placement("rollout").partial
-    assert 0 < cap < 4096                         # the 4,096-token tail is worth cutting
+    assert r.plan.placement("rollout").carry == 1  # the 4,096-token tail is worth cutting
     plain = compile_report(ppo8b, gh64, options=attrs.evolve(
-        QUICK, limits=attrs.evolve(EVERY_ENGINE, partial=False)))
-    assert all(p.partial == 0 for p in plain.plan.placements)
+        QUICK, limits=attrs.evolve(EVERY_ENGINE, carry_engines=frozenset())))
+    assert all(p.carry == 0 for p in plain.plan.placements)
     assert r.plan.predicted.step_time_s < plain.plan.predicted.step_time_s
-    with pytest.raises(PlanError, match="whole responses each step on this backend"):
+    with pytest.raises(PlanError, match="whole responses each step with the"):
         check_executable(r.plan, runtime_limits())
     again = Plan.from_json(r.plan.to_json())
     assert again == r.plan
@@ -108,7 +103,7 @@ def test_a_plan_written_before_partial_rollouts_still_loads(start):
     _, _, plan = start
     data = plan.to_dict()
     for p in data["placements"]:
-        del p["partial"]
+        del p["carry"]
     assert Plan.from_dict(data) == plan
 
 
@@ -119,7 +114,7 @@ def test_compile_says_when_rpeg_run_cannot_execute_the_plan(tmp_path, capsys):
     quick = ["--iterations", "300", "--no-gantt"]
     assert main(["compile", spec, "--cluster", gh, "-o", str(tmp_path / "a.json"), *quick]) == 0
     text = capsys.readouterr().out
-    assert "partial rollouts: rollout at most" in text
+    assert "partial rollouts: rollout carries responses over 1 step (about 2048" in text
     assert "note: `rpeg run` cannot execute this plan" in text and "--runnable" in text
     assert main(["compile", spec, "--cluster", gh, "-o", str(tmp_path / "b.json"), *quick,
                  "--runnable"]) == 0

@@ -38,6 +38,10 @@ def register(app: typer.Typer) -> None:
         assume_vllm: bool = typer.Option(False, "--assume-vllm",
                                          help="Plan for a cluster with vLLM even if this "
                                               "machine lacks it."),
+        carry: bool = typer.Option(True, "--carry/--no-carry",
+                                   help="Let generation carry unfinished responses into later "
+                                        "steps where the staleness bound allows (partial "
+                                        "rollouts)."),
         runnable: bool = typer.Option(False, "--runnable",
                                       help="Plan only what `rpeg run` executes (no pipeline "
                                            "parallelism, ZeRO or partial rollouts)."),
@@ -62,6 +66,8 @@ def register(app: typer.Typer) -> None:
         if runnable:
             from rpeg.runtime.plans import runtime_limits
             limits = attrs.evolve(runtime_limits(), engines=limits.engines)
+        if not carry:
+            limits = attrs.evolve(limits, carry_engines=frozenset())
         opts = SearchOptions(seed=seed, budget_s=budget, iterations=iterations, limits=limits)
         report = compile_report(pipeline, machine, strategy, opts)
         report.plan.save(output)

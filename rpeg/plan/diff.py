@@ -22,7 +22,8 @@ from rpeg.plan.model import Plan, StagePlacement, device_ranges  # noqa: F401 (d
 def describe(p: StagePlacement) -> str:
     mb = f"{p.microbatches}" + ("+recompute" if p.recompute else "")
     return (f"devices {device_ranges(p.devices)} dp{p.dp} tp{p.tp} pp{p.pp} mb{mb} "
-            f"zero{p.zero} chunks{p.chunks} {p.engine.value}")
+            f"zero{p.zero}{'+offload' if p.offload else ''} chunks{p.chunks} {p.engine.value}"
+            + (f" carry{p.carry}" if p.carry else ""))
 
 
 @attrs.frozen

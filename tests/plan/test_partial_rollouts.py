@@ -121,3 +121,10 @@ def test_compile_says_when_rpeg_run_cannot_execute_the_plan(tmp_path, capsys):
     text = capsys.readouterr().out
     assert "partial rollouts: none" in text and "cannot execute" not in text
     check_executable(Plan.load(tmp_path / "b.json"), runtime_limits())
+
+
+def test_diff_names_the_carry(start):
+    from rpeg.plan.diff import diff_plans
+    _, _, plan = start
+    text = str(diff_plans(plan, with_carry(plan, "rollout", 1)))
+    assert "chunks1 vllm -> " in text and "carry1" in text

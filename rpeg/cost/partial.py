@@ -22,6 +22,12 @@ A response spans ``carries + 1`` steps, so the oldest of its tokens was sampled 
 weights ``carries`` updates older than the step's own: the plan's staleness for the
 generate stage plus ``carries`` must stay within the spec's bound (see
 :func:`max_carries`).
+
+A plan states the carry (``StagePlacement.carry``), not the cap: each step also advances
+the responses of the next ``carry`` steps, and a step ends when its own responses are all
+done. Their longest had ``carry`` earlier steps of decoding, so in the steady state a
+step decodes about an equal share of the longest response — the cap
+:func:`smallest_cap` gives — and the sequences it decodes are exactly the segments above.
 """
 
 from __future__ import annotations

@@ -7,8 +7,10 @@
 Each configuration is a real op of the torch backend (forward log-probabilities,
 sampling with a KV cache, a PPO train step, and a 2-worker data-parallel train step
 over gloo between two Dask worker processes), on Llama-shaped models built from a
-config with random weights. It is measured (median of repeats, round-robin across
-configurations; peak resident-set growth, see backends/torch_backend/measure.py) and
+config with random weights. It is timed (median CPU time of repeats, round-robin across
+configurations) under glibc's default allocator settings, as rpeg's workers run, and its
+peak memory is read in a separate process whose allocator hands freed memory back (see
+backends/torch_backend/measure.py); it is
 predicted by rpeg.cost with the calibrated profile in
 pipelines/clusters/profiles/local_cpu.rpeg. None of these shapes was used to fit the
 profile: calibration used the tiny, tiny4, tiny-vllm and wide2 models at the shapes in
@@ -30,12 +32,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from rpeg.cost.calibrate import MALLOC_ENV  # noqa: E402
+from rpeg.cost.calibrate import allocator, worker_env  # noqa: E402
 
-if __name__ == "__main__" and any(os.environ.get(k) != v for k, v in MALLOC_ENV.items()):
-    # Peak-memory readings need glibc to hand freed tensors back: restart with it set,
-    # before torch is imported.
-    os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, **MALLOC_ENV})
+if __name__ == "__main__" and allocator() != "worker":
+    # Ops are timed under the allocator settings rpeg's workers run with (glibc's
+    # defaults): restart without malloc thresholds, before torch is imported. Peaks are
+    # read in a child process with them (measure.peaks_in_child).
+    os.execve(sys.executable, [sys.executable, *sys.argv], worker_env())
 
 from backends.torch_backend import measure  # noqa: E402
 from rpeg.cost.calibrate import cpu_cluster, fit_profile, mape, predict_op  # noqa: E402
@@ -104,27 +107,36 @@ def run(configs, repeats: int, cluster_path: Path, recalibrate: bool) -> tuple[l
     specs = [dict(kind=k, dims=MODELS[m], batch=b, prompt_len=p, gen_len=g, minibatches=mb)
              for k, m, b, p, g, _, mb in single]
     cal = measure.calibration_specs() if recalibrate else []
-    probes = measure.PROBE_SPECS if recalibrate else []
     micro = measure.micro_measurements(repeats) if recalibrate else {}
-    measured = measure.measure_ops(probes + [s for _, s in cal] + specs, repeats)
-    results = dict(zip(single, measured[len(probes) + len(cal):], strict=True))
+    if recalibrate:
+        micro.update(measure.bandwidths(measure.measure_ops(measure.PROBE_SPECS, repeats,
+                                                            memory=False)))
+    # timed here (the workers' allocator), peaks in a child with MALLOC_ENV
+    every = [s for _, s in cal] + specs
+    measured = measure.measure_ops(every, repeats, memory=False)
+    for row, peak in zip(measured, measure.peaks_in_child(every), strict=True):
+        row["peak_bytes"] = peak
+    results = dict(zip(single, measured[len(cal):], strict=True))
+    ops = [dict(dims=MODELS[m], batch=b, prompt_len=p, gen_len=g)
+           for _, m, b, p, g, _, _ in multi]
     with measure.TwoDevices() as two:
         if recalibrate:
-            micro.update(measure.bandwidths(measured))
             micro["allreduce"] = two.allreduce(measure.ALLREDUCE_SIZES)
         if multi:
-            ops = [dict(dims=MODELS[m], batch=b, prompt_len=p, gen_len=g)
-                   for _, m, b, p, g, _, _ in multi]
             results.update(zip(multi, two.dp_train(ops, repeats), strict=True))
             # the devices' concurrency slowdown, from a calibration op timed between rounds
             micro["concurrency"] = two.last_concurrency
         elif recalibrate:
             micro["concurrency"] = two.concurrency()
+    if multi:
+        with measure.TwoDevices(clean=True) as two:
+            for cfg, peak in zip(multi, two.dp_peaks(ops), strict=True):
+                results[cfg]["peak_bytes"] = peak
     clusters = {"shipped": load_cluster(cluster_path)}
     fitted = {}
     if recalibrate:
-        micro["ops"] = [{**meta, **r} for (meta, _), r in
-                        zip(cal, measured[len(probes):len(probes) + len(cal)], strict=True)]
+        micro["ops"] = [{**meta, **r} for (meta, _), r in zip(cal, measured[:len(cal)],
+                                                               strict=True)]
         fit = fit_profile(micro)
         clusters["in_run"] = cpu_cluster(fit.profile, fit.link)
         fitted = {"profile": profile_text(fit.profile), "calibration_ops": micro["ops"],
@@ -260,11 +272,14 @@ def main(argv=None) -> int:
             "cluster": str(args.cluster.relative_to(ROOT)) if args.cluster.is_relative_to(ROOT)
             else str(args.cluster),
             "latency": "median CPU time of the process per call (1 compute thread; on an idle "
-                       "machine equal to wall time, wall time is recorded too); 2-worker DP: "
-                       "the slower rank's median",
+                       "machine equal to wall time, wall time is recorded too), under glibc's "
+                       "default allocator settings, as rpeg's workers run; 2-worker DP: the "
+                       "slower rank's median",
             "memory": "peak resident-set growth (VmHWM after clear_refs) over model build "
-                      "and the first two calls (the second is the steady state); DP: the "
-                      "larger rank"}
+                      "and the first two calls (the second is the steady state), read in a "
+                      "separate process with MALLOC_MMAP_THRESHOLD_ and MALLOC_TRIM_THRESHOLD_ "
+                      "at 64 KiB so freed memory goes back and each reading starts clean; DP: "
+                      "the larger rank"}
     recalibrate = (args.recalibrate or not args.quick) and not args.shipped_profile
     rows, fitted = run(configs, repeats, args.cluster, recalibrate)
     s = summary(rows)

@@ -1,6 +1,6 @@
 """Measurements of this machine's devices, for ``rpeg calibrate`` and the accuracy benchmark.
 
-    $ MALLOC_MMAP_THRESHOLD_=65536 python -m backends.torch_backend.measure calibrate > m.json
+    $ python -m backends.torch_backend.measure calibrate > m.json
 
     >>> t = gemm_seconds(256, 256, 256, repeats=3)           # doctest: +SKIP
     >>> op = measure_op("forward", PRESETS["tiny"], batch=4, prompt_len=16, gen_len=16)  # doctest: +SKIP
@@ -8,17 +8,25 @@
 
 Every op is the torch backend's own code path (``build_model``, ``TorchEngine``,
 ``forward_arrays``, ``train_step``), so what is measured is what a run executes.
-Latency is the median of repeats after one warm-up call. Peak memory is the
+Latency is the median of repeats after two warm-up calls. Peak memory is the
 process's resident-set high-water mark (Linux ``VmHWM``, reset through
 ``/proc/self/clear_refs``) from just before the model is built to the end of its
 second call, minus the resident set before: weights, optimizer state,
-activations, caches and allocator slack. Run with ``MALLOC_MMAP_THRESHOLD_`` set
-so glibc returns freed tensors to the system and each measurement starts clean.
+activations, caches and allocator slack.
+
+Time and memory are measured under different allocator settings, in different
+processes. Ops are timed under glibc's defaults, the settings rpeg's workers run
+with (``rpeg.runtime.driver`` keeps Dask's 64 KiB trim threshold out of them): a
+64 KiB threshold makes every tensor above it a fresh mapping, page-faulted at each
+use, and a tiny model's train step costs ~2.4x the CPU time. Peaks are read in a
+child process started with ``MALLOC_ENV`` (``peaks_in_child``), where glibc returns
+freed tensors to the system, so each reading starts clean.
 One device is one process computing with one thread (``torch.set_num_threads(1)``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import gc
 import json
@@ -26,9 +34,11 @@ import os
 import re
 import socket
 import statistics
+import subprocess
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -37,10 +47,37 @@ from backends.api import SamplingParams
 from backends.torch_backend.generation import TorchEngine
 from backends.torch_backend.modeling import build_model
 from backends.torch_backend.train import LossSpec, TrainBatch, forward_arrays, train_step
-from rpeg.cost.calibrate import MALLOC_ENV
+from rpeg.cost.calibrate import MALLOC_ENV, allocator, clean_env, worker_env
 from rpeg.spec.presets import PRESETS, ModelDims
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+ROOT = Path(__file__).resolve().parents[2]
+
+
+# --- allocator settings -------------------------------------------------------------
+
+@contextlib.contextmanager
+def spawning(clean: bool):
+    """Processes this one starts inside the block (Dask workers included: a nanny applies
+    ``distributed.nanny.pre-spawn-environ``) get the clean allocator or the workers'."""
+    import dask
+    saved = {k: os.environ.get(k) for k in MALLOC_ENV}
+    for k, v in MALLOC_ENV.items():
+        if clean:
+            os.environ[k] = v
+        else:
+            os.environ.pop(k, None)
+    cfg = {f"distributed.nanny.pre-spawn-environ.{k}": v if clean else None
+           for k, v in MALLOC_ENV.items()}
+    try:
+        with dask.config.set(cfg):
+            yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def set_threads(n: int = 1) -> None:
@@ -146,13 +183,84 @@ def probe_bytes(kind: str) -> int:
     return {"stream": lambda: _stream_probe()[1], "copy": lambda: _copy_probe()[1]}[kind]()
 
 
-def host_per_sample(samples: int = 256, length: int = 64, repeats: int = 5) -> float:
-    """Seconds per sample of the host-side advantage computation (GAE)."""
-    from backends.torch_backend.advantages import gae
-    rng = np.random.default_rng(0)
-    scores = rng.standard_normal(samples).astype(np.float32)
-    values = tuple(rng.standard_normal(length).astype(np.float32) for _ in range(samples))
-    return _median_time(lambda: gae(scores, values), repeats) / samples
+# Host ops as the shipped pipelines run them: (spec, stage) -> the function it calls.
+HOST_STAGES = (("tiny_ppo.rpeg", "scores", "reward"), ("tiny_ppo.rpeg", "adv", "gae"),
+               ("tiny_grpo.rpeg", "adv", "group_norm"))
+HOST_SHAPES = ((16, 4), (16, 20), (64, 4), (64, 12), (64, 20), (128, 4), (128, 20))
+
+
+def _host_op(spec: str, stage: str, batch: int, length: int, seed: int = 0):
+    """A zero-argument callable that runs ``stage`` of the shipped pipeline ``spec`` through
+    the torch backend's executor (the code a worker runs: decoding, the python reward or
+    the advantage function, array handling) on ``batch`` responses of ``length`` tokens."""
+    import attrs
+
+    from backends.api import RolloutChunk
+    from backends.torch_backend.executor import Executor
+    from rpeg.runtime.context import RunContext
+    from rpeg.runtime.instances import build_calls
+    from rpeg.runtime.placement import split_plan
+    from rpeg.spec import load
+    from rpeg.spec.model import OpKind
+    path = ROOT / "pipelines" / spec
+    p = load(path)
+    w = p.workload
+    p = attrs.evolve(p, workload=attrs.evolve(w, prompts=max(batch // w.samples, 1)))
+    plan = split_plan(p, 1, staleness=0)
+    call = next(c for c in build_calls(p, plan, 1) if c.op == stage)
+    ex = Executor(RunContext.create(p, plan, (call,), spec_dir=str(path.parent), run_dir=""), 0)
+    rng = np.random.default_rng(seed)
+    n = p.workload.batch
+
+    def per_token():
+        return tuple(rng.standard_normal(length).astype(np.float32) for _ in range(n))
+    chunk = RolloutChunk(np.arange(n), tuple(np.full(w.prompt_len, 3, np.int64) for _ in range(n)),
+                         tuple(rng.integers(3, 123, length).astype(np.int64) for _ in range(n)),
+                         per_token(), np.ones(n, bool), 0)
+    inputs = {}
+    for name, _ in call.inputs:
+        src = p.producer(name)
+        if src.kind is OpKind.GENERATE:
+            inputs[name] = [chunk if src.outputs.index(name) == 0 else chunk.logprobs]
+        elif src.kind is OpKind.SCORE:
+            inputs[name] = [rng.random(n).astype(np.float32)]
+        else:
+            inputs[name] = [per_token()]
+    return lambda: ex.run(call, inputs)
+
+
+def host_ops(repeats: int = 5) -> list[dict]:
+    """Seconds (median CPU time) of each of ``HOST_STAGES`` at each of ``HOST_SHAPES``
+    (batch, response length): what the cost model's host terms are fitted to."""
+    rows = []
+    for spec, stage, fn in HOST_STAGES:
+        for batch, length in HOST_SHAPES:
+            run = _host_op(spec, stage, batch, length)
+            run()
+            times = []
+            for _ in range(max(repeats, 3) * 3):
+                c0 = time.thread_time()
+                run()
+                times.append(time.thread_time() - c0)
+            rows.append({"function": fn, "pipeline": spec, "stage": stage, "batch": batch,
+                         "tokens": batch * length, "seconds": statistics.median(times)})
+    return rows
+
+
+def model_host_per_sample(samples: int = 64, prompt_len: int = 8, gen_len: int = 20,
+                          repeats: int = 20) -> float:
+    """Seconds per response of a model op's host work: packing prompts and responses into
+    padded tensors and cutting per-response arrays back out (``Packed.build``, ``_unpad``),
+    the profile's ``sample_overhead``."""
+    from backends.torch_backend.train import Packed, _unpad
+    prompts, responses = _arrays(samples, prompt_len, gen_len)
+    out = torch.zeros(samples, gen_len)
+    lengths = [gen_len] * samples
+
+    def run():
+        Packed.build(prompts, responses)
+        _unpad(out, lengths)
+    return _median_time(run, repeats) / samples
 
 
 # --- model ops -----------------------------------------------------------------------
@@ -217,18 +325,57 @@ def op_runner(kind: str, dims: ModelDims, batch: int, prompt_len: int, gen_len: 
 
 
 def measure_ops(specs, repeats: int = 5, barrier: Callable[[], object] | None = None,
-                each_round: Callable[[], object] | None = None) -> list[dict]:
-    """Latency and peak memory of each op in ``specs`` (dicts of ``op_runner`` arguments).
+                each_round: Callable[[], object] | None = None,
+                memory: bool = True) -> list[dict]:
+    """Latency (and with ``memory``, peak memory) of each op in ``specs`` (dicts of
+    ``op_runner`` arguments).
 
-    First each op is built and run twice inside its own memory window (the peak: the
-    second call is the steady state, with optimizer state already allocated). Then
-    the timed calls go round-robin over all ops, ``repeats`` rounds, so a burst of load
-    from other processes lands on every op alike rather than on one. ``latency_s`` is
+    First each op is built and run twice (inside its own memory window with ``memory``:
+    the peak, the second call being the steady state with optimizer state allocated).
+    Then the timed calls go round-robin over all ops, ``repeats`` rounds, so a burst of
+    load from other processes lands on every op alike rather than on one. ``latency_s`` is
     the median CPU time of the process per call (one compute thread: on an idle machine
     it equals wall time; on a shared one it leaves out time spent waiting for a core);
-    ``wall_s`` is the median wall time.
+    ``wall_s`` is the median wall time; ``faults`` the median minor page faults per call.
+    Without ``memory``, ``peak_bytes`` is None: read it with ``peaks_in_child``.
     """
+    import resource
     runners, peaks = [], []
+    for spec in specs:
+        if barrier is not None:
+            barrier()
+        with PeakMemory() if memory else contextlib.nullcontext() as mem:
+            run = op_runner(**spec)
+            run()
+            run()
+        runners.append(run)
+        peaks.append(mem.peak if memory else None)
+    cpu = [[] for _ in specs]
+    wall = [[] for _ in specs]
+    faults = [[] for _ in specs]
+    for _ in range(repeats):
+        if each_round is not None:
+            each_round()
+        for i, run in enumerate(runners):
+            if barrier is not None:
+                barrier()
+            f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+            c0, t0 = time.process_time(), time.perf_counter()
+            run()
+            cpu[i].append(time.process_time() - c0)
+            wall[i].append(time.perf_counter() - t0)
+            faults[i].append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0)
+    del runners
+    _trim()
+    return [{"latency_s": statistics.median(c), "wall_s": statistics.median(w), "times_s": c,
+             "faults": statistics.median(f), "peak_bytes": p}
+            for c, w, f, p in zip(cpu, wall, faults, peaks, strict=True)]
+
+
+def measure_peaks(specs, barrier: Callable[[], object] | None = None) -> list[int]:
+    """Peak memory of each op in ``specs``: built and run twice in its own window, then
+    dropped. Meaningful under ``MALLOC_ENV`` (see ``peaks_in_child``)."""
+    peaks = []
     for spec in specs:
         if barrier is not None:
             barrier()
@@ -236,24 +383,32 @@ def measure_ops(specs, repeats: int = 5, barrier: Callable[[], object] | None = 
             run = op_runner(**spec)
             run()
             run()
-        runners.append(run)
+        del run
+        _trim()
         peaks.append(mem.peak)
-    cpu = [[] for _ in specs]
-    wall = [[] for _ in specs]
-    for _ in range(repeats):
-        if each_round is not None:
-            each_round()
-        for i, run in enumerate(runners):
-            if barrier is not None:
-                barrier()
-            c0, t0 = time.process_time(), time.perf_counter()
-            run()
-            cpu[i].append(time.process_time() - c0)
-            wall[i].append(time.perf_counter() - t0)
-    del runners
-    _trim()
-    return [{"latency_s": statistics.median(c), "wall_s": statistics.median(w), "times_s": c,
-             "peak_bytes": p} for c, w, p in zip(cpu, wall, peaks, strict=True)]
+    return peaks
+
+
+def spec_json(spec: dict) -> dict:
+    import attrs
+    return {k: attrs.asdict(v) if isinstance(v, ModelDims) else v for k, v in spec.items()}
+
+
+def spec_from_json(d: dict) -> dict:
+    return {k: ModelDims(**v) if k == "dims" and v is not None else v for k, v in d.items()}
+
+
+def peaks_in_child(specs) -> list[int]:
+    """Peak memory of each op in ``specs``, read in a fresh process started with
+    ``MALLOC_ENV`` (this process times ops under the workers' allocator, whose retained
+    free memory would blur the readings)."""
+    proc = subprocess.run([sys.executable, "-m", "backends.torch_backend.measure", "peaks"],
+                          input=json.dumps([spec_json(s) for s in specs]), capture_output=True,
+                          text=True, env=clean_env(), cwd=ROOT)
+    if proc.returncode != 0:
+        raise RuntimeError("peak-memory measurement failed: "
+                           + (proc.stderr.strip().splitlines() or ["no output"])[-1])
+    return json.loads(proc.stdout)
 
 
 def measure_op(kind: str, dims: ModelDims, batch: int, prompt_len: int, gen_len: int,
@@ -312,16 +467,19 @@ def _on_rank(rank: int, world: int, port: int, task: dict) -> dict:
 
 
 def _dp_train(rank: int, world: int, task: dict) -> dict:
-    """Data-parallel train ops: this rank's share of each batch, gradients all-reduced."""
+    """Data-parallel train ops: this rank's share of each batch, gradients all-reduced.
+    ``task["peaks"]``: only the peak memory of each (run on workers with ``MALLOC_ENV``)."""
     import torch.distributed as dist
     warm_up()
     specs = [dict(kind="train", dims=ModelDims(**t["dims"]), batch=t["batch"] // world,
                   prompt_len=t["prompt_len"], gen_len=t["gen_len"], seed=rank,
                   data_parallel=True) for t in task["ops"]]
+    if task.get("peaks"):
+        return {"peaks": measure_peaks(specs, barrier=dist.barrier)}
     probe = _Concurrency(rank)
     dist.barrier()
     ops = measure_ops(specs, task.get("repeats", 3), barrier=dist.barrier,
-                      each_round=probe.round)
+                      each_round=probe.round, memory=False)
     return {"ops": ops, **probe.result()}
 
 
@@ -364,15 +522,26 @@ def _concurrency(rank: int, task: dict) -> dict:
 
 
 class TwoDevices:
-    """Two Dask worker processes on 127.0.0.1 (the local cluster's two CPU devices)."""
+    """Two Dask worker processes on 127.0.0.1 (the local cluster's two CPU devices), with
+    the allocator settings of rpeg's workers (glibc defaults), or with ``clean`` those of
+    peak-memory readings (``MALLOC_ENV``)."""
+
+    def __init__(self, clean: bool = False) -> None:
+        self.clean = clean
 
     def __enter__(self) -> TwoDevices:
         from distributed import Client, LocalCluster
-        self.cluster = LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
-                                    host="127.0.0.1", dashboard_address=None,
-                                    env=dict(MALLOC_ENV), silence_logs=40)
+        with spawning(self.clean):
+            self.cluster = LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                                        host="127.0.0.1", dashboard_address=None,
+                                        silence_logs=40)
         self.client = Client(self.cluster)
         self.workers = sorted(self.client.scheduler_info()["workers"])
+        got = set(self.client.run(allocator).values())
+        if got != {"clean" if self.clean else "worker"}:
+            self.__exit__()
+            raise RuntimeError(f"worker allocator settings must be "
+                               f"{'clean' if self.clean else 'worker'}, not {got}")
         return self
 
     def __exit__(self, *exc) -> None:
@@ -396,6 +565,12 @@ class TwoDevices:
         res = self.run({"kind": "concurrency", "repeats": repeats})
         return statistics.median([r["both"] / r["alone"] for r in res])
 
+    @staticmethod
+    def _task(ops: list[dict], **kw) -> dict:
+        import attrs
+        return {"kind": "train", **kw,
+                "ops": [{**o, "dims": attrs.asdict(o["dims"])} for o in ops]}
+
     def dp_train(self, ops: list[dict], repeats: int = 3) -> list[dict]:
         """Each op: dict(dims, batch, prompt_len, gen_len) with ``batch`` the global batch.
 
@@ -403,20 +578,22 @@ class TwoDevices:
         ``last_concurrency`` is the ratio, measured in the same window as the steps.
         Latency is the slower rank's median CPU time per step (compute, and the gloo
         transfer's own CPU work, but not time spent waiting for a core on a shared
-        machine); ``wall_s`` is the slower rank's median wall time. Peak memory is the
-        larger rank's.
+        machine); ``wall_s`` is the slower rank's median wall time. ``peak_bytes`` is
+        None: read it with ``dp_peaks`` on a ``clean`` pair.
         """
-        import attrs
-        task = {"kind": "train", "repeats": repeats,
-                "ops": [{**o, "dims": attrs.asdict(o["dims"])} for o in ops]}
-        res = self.run(task)
+        res = self.run(self._task(ops, repeats=repeats))
         self.last_concurrency = statistics.median([r["both"] / r["alone"] for r in res])
         a, b = (r["ops"] for r in res)
         return [{"latency_s": max(x["latency_s"], y["latency_s"]),
                  "wall_s": max(x["wall_s"], y["wall_s"]),
                  "times_s": [x["times_s"], y["times_s"]],
-                 "peak_bytes": max(x["peak_bytes"], y["peak_bytes"])}
+                 "faults": max(x["faults"], y["faults"]), "peak_bytes": None}
                 for x, y in zip(a, b, strict=True)]
+
+    def dp_peaks(self, ops: list[dict]) -> list[int]:
+        """Peak memory of each data-parallel train op: the larger rank's."""
+        res = self.run(self._task(ops, peaks=True))
+        return [max(x, y) for x, y in zip(res[0]["peaks"], res[1]["peaks"], strict=True)]
 
 
 # --- the calibration set -----------------------------------------------------------------
@@ -432,9 +609,10 @@ CALIBRATION_OPS = tuple(
     (kind, name, b, p, g)
     for name in CALIBRATION_DIMS
     for kind, b, p, g in (("forward", 4, 32, 32), ("forward", 16, 64, 32),
-                          ("forward", 2, 160, 32), ("generate", 4, 16, 16),
-                          ("generate", 16, 32, 24), ("train", 4, 32, 32),
-                          ("train", 16, 32, 16), ("train", 2, 96, 32))
+                          ("forward", 2, 160, 32), ("forward", 48, 8, 20),
+                          ("generate", 4, 16, 16), ("generate", 16, 32, 24),
+                          ("generate", 48, 8, 20), ("train", 4, 32, 32),
+                          ("train", 16, 32, 16), ("train", 2, 96, 32), ("train", 48, 8, 20))
 )
 GEMM_SHAPES = ((64, 64, 64), (128, 128, 128), (256, 256, 256), (512, 512, 512),
                (768, 768, 768), (1024, 1024, 1024), (256, 1024, 256), (1024, 256, 512),
@@ -449,14 +627,17 @@ def warm_up() -> None:
 
 
 def micro_measurements(repeats: int = 5) -> dict:
-    """GEMM sweep, bandwidths, host per-sample cost, optimizer steps (no model ops)."""
+    """GEMM sweep, bandwidths, host ops (reward, advantages), optimizer steps (no model
+    ops); ``allocator`` says which settings this process runs under."""
     set_threads(1)
-    out: dict = {"threads": 1, "torch": torch.__version__, "machine": machine_info()}
+    out: dict = {"threads": 1, "torch": torch.__version__, "machine": machine_info(),
+                 "allocator": {"timing": allocator(), "memory": "clean"}}
     out["gemm"] = gemm_sweep(GEMM_SHAPES, "fp32", repeats)
     out["gemm_bf16"] = gemm_sweep(((256, 256, 256), (512, 512, 512)), "bf16", 3)
     out["copy_bandwidth"] = copy_bandwidth()
     out["stream_bandwidth"] = stream_bandwidth()
-    out["sample_s"] = host_per_sample()
+    out["host"] = host_ops(repeats)
+    out["sample_s"] = model_host_per_sample()
     out["optimizer"] = [optimizer_seconds(d) for d in CALIBRATION_DIMS.values()]
     return out
 
@@ -471,7 +652,9 @@ def calibration_specs() -> list[tuple[dict, dict]]:
 
 
 ALLREDUCE_SIZES = (2**16, 2**18, 2**20, 2**22, 2**24)
-# Bandwidth probes, timed in the same round-robin as the ops so both see the same load.
+# Bandwidth probes, timed in a round-robin of their own: in the ops' round, their 64 MB
+# copy would flush the caches before the next op (a tiny model's forward then ran 2x slower
+# than it does in a run, where ops follow ops).
 PROBE_SPECS = [dict(kind="stream", dims=None, batch=0, prompt_len=0, gen_len=0),
                dict(kind="copy", dims=None, batch=0, prompt_len=0, gen_len=0)]
 
@@ -483,16 +666,19 @@ def bandwidths(measured: list[dict]) -> dict:
 
 
 def calibration_measurements(repeats: int = 5) -> dict:
-    """Everything ``rpeg calibrate`` fits a profile to, as plain data."""
+    """Everything ``rpeg calibrate`` fits a profile to, as plain data: times in this
+    process (run it under the workers' allocator settings, ``worker_env``), peaks in a
+    child under ``MALLOC_ENV``."""
     t0 = time.perf_counter()
     set_threads(1)
     warm_up()
     out = micro_measurements(repeats)
     specs = calibration_specs()
-    measured = measure_ops(PROBE_SPECS + [s for _, s in specs], repeats)
-    out.update(bandwidths(measured))
-    out["ops"] = [{**meta, **r} for (meta, _), r in
-                  zip(specs, measured[len(PROBE_SPECS):], strict=True)]
+    out.update(bandwidths(measure_ops(PROBE_SPECS, repeats, memory=False)))
+    measured = measure_ops([s for _, s in specs], repeats, memory=False)
+    peaks = peaks_in_child([s for _, s in specs])
+    out["ops"] = [{**meta, **r, "peak_bytes": peak} for (meta, _), r, peak in
+                  zip(specs, measured, peaks, strict=True)]
     with TwoDevices() as two:
         out["allreduce"] = two.allreduce(ALLREDUCE_SIZES)
         out["concurrency"] = two.concurrency()
@@ -517,9 +703,21 @@ def machine_info() -> dict:
 
 
 def main(argv: list[str]) -> int:
+    """``calibrate [REPEATS]``: all measurements, as JSON (re-run under the workers'
+    allocator if this process was started with other settings); ``peaks``: the peak
+    memory of the op specs on stdin (JSON), as a JSON list."""
+    if argv[:1] == ["peaks"]:
+        set_threads(1)
+        warm_up()
+        json.dump(measure_peaks([spec_from_json(d) for d in json.load(sys.stdin)]), sys.stdout)
+        return 0
     if argv[:1] != ["calibrate"]:
-        print("usage: python -m backends.torch_backend.measure calibrate", file=sys.stderr)
+        print("usage: python -m backends.torch_backend.measure calibrate [REPEATS] | peaks",
+              file=sys.stderr)
         return 2
+    if allocator() != "worker":
+        os.execve(sys.executable, [sys.executable, "-m", "backends.torch_backend.measure",
+                                   *argv], worker_env())
     repeats = int(argv[1]) if len(argv) > 1 else 5
     json.dump(calibration_measurements(repeats), sys.stdout)
     return 0

@@ -5,8 +5,9 @@
     fitted on 18 ops in 21 s: GEMM 107 GFLOPS, copy 37 GB/s, gloo 1.2 GB/s + 160 us
     wrote pipelines/clusters/profiles/local_cpu.rpeg
 
-The measurements run in a child process (torch, and glibc set to return freed memory
-so peak readings are clean); the fit (``rpeg.cost.calibrate``) runs here and writes a
+The measurements run in a child process with torch: ops are timed under glibc's default
+allocator settings, as rpeg's workers run them, and peak memory is read in a grandchild
+with glibc set to return freed memory (``MALLOC_ENV``), so readings start clean; the fit (``rpeg.cost.calibrate``) runs here and writes a
 ``profile`` block in the .rpeg language, and with ``--cluster`` the cluster file whose
 GPU-level link is the measured gloo all-reduce between two Dask worker processes.
 """
@@ -27,8 +28,8 @@ from rpeg.errors import BackendError
 
 def measure(repeats: int) -> dict:
     """Run the torch measurements in a child process and return them."""
-    from rpeg.cost.calibrate import MALLOC_ENV
-    env = {**os.environ, **MALLOC_ENV}
+    from rpeg.cost.calibrate import worker_env
+    env = worker_env()
     proc = subprocess.run([sys.executable, "-m", "backends.torch_backend.measure", "calibrate",
                            str(repeats)], capture_output=True, text=True, env=env,
                           cwd=Path(__file__).resolve().parents[2])
@@ -52,7 +53,7 @@ def register(app: typer.Typer) -> None:
                                            "--out profile, keeping the rest."),
     ) -> None:
         """Measure this machine's devices and links into a hardware profile."""
-        from rpeg.cost.calibrate import cluster_text, fit_profile, with_dispatch
+        from rpeg.cost.calibrate import cluster_text, fit_profile, keep_extras, with_dispatch
         from rpeg.cost.profiles import load_profile, profile_text
         from rpeg.runtime.dispatch import measure_dispatch
         t0 = time.perf_counter()
@@ -73,6 +74,8 @@ def register(app: typer.Typer) -> None:
             save.write_text(json.dumps(m))
         fit = fit_profile(m, name=name)
         p = fit.profile
+        if out is not None and out.exists():
+            p = keep_extras(p, load_profile(out))
         text = profile_text(p, comment=f"{name}: measured by rpeg calibrate")
         print(f"fitted on {len(m['ops'])} ops in {time.perf_counter() - t0:.0f} s: "
               f"GEMM {p.matmul_flops / 1e9:.0f} GFLOPS, copy {p.mem_bandwidth / 1e9:.0f} GB/s, "

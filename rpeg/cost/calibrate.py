@@ -5,8 +5,10 @@
     >>> fit.profile.matmul_flops, fit.link.bandwidth                # doctest: +SKIP
 
 The measurements come from ``backends.torch_backend.measure.calibration_measurements``
-(GEMM sweep, copy bandwidth, per-sample host cost, small-model forward, generate and
-train latencies and peaks, gloo all-reduce between two worker processes) and from
+(GEMM sweep, copy bandwidth, the executor's host ops — the shipped python reward, GAE,
+group normalisation — small-model forward, generate and train latencies timed under the
+workers' allocator settings and peaks read under ``MALLOC_ENV``, gloo all-reduce between
+two worker processes) and from
 ``rpeg.runtime.dispatch.measure_dispatch`` (the gap one Dask task adds: ``dispatch_s``). Every
 fitted coefficient is read through the cost model itself: a feature is the change
 in the model's prediction per unit of that coefficient, so what is fitted is exactly
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import json  # noqa: F401  (doctest)
 import math
+import os
 from pathlib import Path  # noqa: F401  (doctest)
 
 import attrs
@@ -31,8 +34,32 @@ from rpeg.spec.presets import PRESETS, ModelDims
 
 _HUGE = 1e30
 # glibc settings under which freed tensors go back to the system, so peak readings are clean.
+# Ops are timed without them, under glibc's defaults, as rpeg's workers run (see
+# ``rpeg.runtime.driver``): with them a tiny model's train step costs ~2.4x the CPU time.
 MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": "65536", "MALLOC_TRIM_THRESHOLD_": "65536"}
 _STAGE = {"forward": "ref_lp", "generate": "rollout", "train": "actor_step"}
+
+
+def worker_env(env: dict | None = None) -> dict:
+    """``env`` (default: this process's) without glibc's malloc thresholds: the allocator
+    settings of rpeg's workers, under which ops are timed."""
+    return {k: v for k, v in (os.environ if env is None else env).items()
+            if k not in MALLOC_ENV}
+
+
+def clean_env(env: dict | None = None) -> dict:
+    """``env`` with ``MALLOC_ENV``: freed tensors go back to the system (peak readings)."""
+    return {**(os.environ if env is None else env), **MALLOC_ENV}
+
+
+def allocator(env: dict | None = None) -> str:
+    """Which settings a process started with ``env`` (default: this one) runs under:
+    ``worker`` (glibc defaults), ``clean`` (``MALLOC_ENV``) or ``other``."""
+    env = os.environ if env is None else env
+    got = {k: env.get(k) for k in MALLOC_ENV}
+    if all(v is None for v in got.values()):
+        return "worker"
+    return "clean" if got == MALLOC_ENV else "other"
 
 
 @attrs.frozen
@@ -68,6 +95,8 @@ def predict_op(kind: str, dims: ModelDims, batch: int, prompt_len: int, gen_len:
     p = ppo_pipeline(dims=dims, prompts=batch, prompt_len=prompt_len, gen_median=gen_len,
                      gen_max=gen_len, minibatches=minibatches)
     stage = _STAGE[kind]
+    # a measured op is a direct call, not a Dask task: no dispatch
+    cluster = attrs.evolve(cluster, gpu=with_dispatch(cluster.gpu, {"dispatch_s": 0.0}))
     t = estimate_stage(p, stage, par, devices, cluster).time_s
     model = p.model(p.stage(stage).target)
     mem = resident_memory(model, par, cluster, trained=kind == "train").total \
@@ -167,12 +196,13 @@ def fit_profile(m: dict, name: str = "local_cpu", devices: int = 2) -> Fit:
         matmul_m_half=m_half, hbm_bandwidth=m["copy_bandwidth"],
         mem_bandwidth=m.get("stream_bandwidth", m["copy_bandwidth"]), elem_bandwidth=_HUGE, attn_flops=_HUGE,
         launch_overhead=0.0, layer_overhead=0.0, call_overhead=0.0, decode_overhead=0.0,
-        backward_factor=0.0, optimizer_tensor_overhead=0.0, sample_overhead=m["sample_s"],
+        backward_factor=0.0, optimizer_tensor_overhead=0.0, sample_overhead=m.get("sample_s", 0.0),
         async_launch=0.0, compute_bytes=4.0, act_factor=1.0, runtime_memory=0.0,
         # the torch backend drops gradients after each step (zero_grad(set_to_none=True))
         extra=(("grads_freed", 1.0),))
 
-    # 1. Inference: elementwise rate, attention rate, per-layer / per-call / per-step costs.
+    # 1. Inference: elementwise rate, attention rate, per-layer / per-call / per-step /
+    #    per-sample costs.
     inf_ops = _ops_of(m, ("forward", "generate"))
     start = {"elem_bandwidth": 1 / 3e9, "attn_flops": 1 / 5e9, "layer_overhead": 1e-4,
              "call_overhead": 1e-4, "decode_overhead": 1e-4}
@@ -196,6 +226,7 @@ def fit_profile(m: dict, name: str = "local_cpu", devices: int = 2) -> Fit:
                   for o in m["ops"])
     bf16 = m.get("gemm_bf16") or []
     extra = [("threads", float(m.get("threads", 1))), ("grads_freed", 1.0),
+             *fit_host(m.get("host", [])).items(),
              ("concurrency_slowdown", max(float(m.get("concurrency", 1.0)), 1.0)),
              ("copy_bandwidth", float(m["copy_bandwidth"])),
              ("gloo_bandwidth", link.bandwidth), ("gloo_latency", link.latency)]
@@ -206,6 +237,36 @@ def fit_profile(m: dict, name: str = "local_cpu", devices: int = 2) -> Fit:
             [2.0 * r["m"] * r["n"] * r["k"] / r["seconds"] for r in bf16]))))
     prof = attrs.evolve(prof, extra=tuple(extra), source=_source(m))
     return Fit(prof, link, resid)
+
+
+def fit_host(rows: list[dict]) -> dict[str, float]:
+    """Host-op terms of the cost model from ``measure.host_ops`` rows (the executor running
+    the shipped python reward and advantage functions at several batch sizes and response
+    lengths), each a non-negative fit in relative error of ``t = a * batch + b * tokens``:
+    the reward's ``reward_sample_overhead`` and ``reward_token_time``; the advantage
+    functions' shared ``compute_sample_time``, and ``compute_token_time`` from the per-token
+    one (GAE; group estimators have no token term, as in ``rpeg.cost.stages``).
+
+    >>> rows = [{"function": "reward", "batch": b, "tokens": b * n,
+    ...          "seconds": b * 3e-6 + b * n * 1e-7} for b, n in ((16, 4), (64, 20))]
+    >>> {k: round(v, 9) for k, v in fit_host(rows).items()}
+    {'reward_sample_overhead': 3e-06, 'reward_token_time': 1e-07}
+    """
+    out: dict[str, float] = {}
+    groups = (("reward_sample_overhead", "reward_token_time", ("reward",)),
+              ("compute_sample_time", "compute_token_time", ("gae", "group_norm", "rloo")))
+    for per_sample, per_token, functions in groups:
+        sel = [r for r in rows if r["function"] in functions]
+        if not sel:
+            continue
+        t = np.array([r["seconds"] for r in sel])
+        a = np.array([[r["batch"], r["tokens"] if r["function"] in ("reward", "gae") else 0.0]
+                      for r in sel], float) / t[:, None]
+        x = _nnls(a, np.ones_like(t))
+        out[per_sample] = float(x[0])
+        if a[:, 1].any():
+            out[per_token] = float(x[1])
+    return out
 
 
 def fit_dispatch(d: dict) -> float:
@@ -230,6 +291,19 @@ def with_dispatch(profile: GpuProfile, d: dict) -> GpuProfile:
     return attrs.evolve(profile, extra=extra + (("dispatch_s", fit_dispatch(d)),))
 
 
+def keep_extras(profile: GpuProfile, old: GpuProfile) -> GpuProfile:
+    """``profile`` with the extras of ``old`` it does not measure itself (e.g. the vLLM
+    overheads ``benchmarks/generation.py`` measured), so recalibrating keeps them.
+
+    >>> new = GpuProfile("cpu", extra=(("threads", 1.0),))
+    >>> keep_extras(new, GpuProfile("cpu", extra=(("threads", 2.0), ("vllm_x", 3.0)))).extra
+    (('threads', 1.0), ('vllm_x', 3.0))
+    """
+    have = {k for k, _ in profile.extra}
+    return attrs.evolve(profile, extra=profile.extra + tuple(
+        (k, v) for k, v in old.extra if k not in have))
+
+
 def _solve_act_factor(o: dict, prof: GpuProfile, link: Link) -> float:
     """The activation factor at which the predicted peak of ``o`` equals the measured one
     (the prediction rises with it, piecewise linearly: bisection)."""
@@ -247,7 +321,8 @@ def _source(m: dict) -> str:
     mi = m["machine"]
     return (f"rpeg calibrate on {mi.get('cpu') or 'this CPU'} ({mi.get('cores')} cores, "
             f"load {mi.get('loadavg', [0])[0]:.2f}), torch {m.get('torch')}, "
-            f"{m.get('threads', 1)} thread per device, CPU-time medians; fitted on the "
+            f"{m.get('threads', 1)} thread per device, CPU-time medians under the workers' "
+            f"allocator (glibc defaults), peaks under MALLOC_ENV; fitted on the "
             f"tiny, tiny4, tiny-vllm and wide2 shapes only "
             f"(held-out shapes: benchmarks/cost_accuracy.py)")
 

@@ -6,7 +6,20 @@ import attrs
 import numpy as np
 import pytest
 
-from rpeg.cost.calibrate import cpu_cluster, fit_gemm, fit_link, fit_profile, mape, predict_op
+from rpeg.cost.calibrate import (
+    MALLOC_ENV,
+    allocator,
+    clean_env,
+    cpu_cluster,
+    fit_gemm,
+    fit_host,
+    fit_link,
+    fit_profile,
+    keep_extras,
+    mape,
+    predict_op,
+    worker_env,
+)
 from rpeg.cost.profiles import PROFILE_DIR, builtin_profile, load_profile, profile_text
 from rpeg.spec.model import GpuProfile, Level, Link
 from rpeg.spec.presets import PRESETS, ModelDims
@@ -95,3 +108,42 @@ def test_local_cpu_profile_is_calibrated():
     assert "rpeg calibrate" in p.source
     assert p.compute_bytes == 4 and p.async_launch == 0
     assert p.matmul_flops > 1e9 and p.get("gloo_bandwidth") > 0
+
+
+def test_host_terms_are_fitted_per_response_and_per_token():
+    rows = [{"function": f, "batch": b, "tokens": b * n,
+             "seconds": b * s + (b * n * t if f != "group_norm" else 0.0)}
+            for f, s, t in (("reward", 3e-6, 1.5e-7), ("gae", 3e-6, 4e-7), ("group_norm", 3e-6, 0))
+            for b, n in ((16, 4), (64, 20), (128, 12))]
+    got = fit_host(rows)
+    assert got["reward_sample_overhead"] == pytest.approx(3e-6, rel=1e-6)
+    assert got["reward_token_time"] == pytest.approx(1.5e-7, rel=1e-6)
+    assert got["compute_sample_time"] == pytest.approx(3e-6, rel=1e-6)
+    assert got["compute_token_time"] == pytest.approx(4e-7, rel=1e-6)
+    assert fit_host([]) == {}
+
+
+def test_fit_uses_the_host_rows_and_the_model_ops_host_cost():
+    m = _synthetic()
+    m["host"] = [{"function": "reward", "batch": b, "tokens": b * 10,
+                  "seconds": b * 4e-6 + b * 10 * 2e-7} for b in (16, 64)] + \
+        [{"function": "reward", "batch": 64, "tokens": 64 * 2, "seconds": 64 * 4e-6
+          + 128 * 2e-7}]
+    p = fit_profile(m).profile
+    assert p.get("reward_sample_overhead") == pytest.approx(4e-6, rel=1e-4)
+    assert p.get("reward_token_time") == pytest.approx(2e-7, rel=1e-4)
+    assert p.sample_overhead == m["sample_s"]
+    assert "glibc defaults" in p.source
+
+
+def test_allocator_settings_are_told_apart():
+    assert allocator({}) == "worker" == allocator(worker_env(MALLOC_ENV))
+    assert allocator(MALLOC_ENV) == "clean" == allocator(clean_env({}))
+    assert allocator({"MALLOC_TRIM_THRESHOLD_": "65536"}) == "other"
+
+
+def test_recalibrating_keeps_extras_it_does_not_measure():
+    old = attrs.evolve(TRUE, extra=(("vllm_layer_overhead", 2e-5), ("grads_freed", 1.0)))
+    new = keep_extras(TRUE, old)
+    assert new.get("vllm_layer_overhead") == 2e-5 and new.get("grads_freed") == 1.0
+    assert len(new.extra) == 2

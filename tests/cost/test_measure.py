@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -34,6 +35,33 @@ def test_ops_are_measured_with_latency_and_peak():
         assert r["peak_bytes"] >= 0
 
 
+def test_timing_leaves_memory_to_a_clean_child():
+    measure.set_threads(1)
+    spec = dict(kind="train", dims=PRESETS["tiny"], batch=2, prompt_len=8, gen_len=4)
+    row = measure.measure_ops([spec], repeats=2, memory=False)[0]
+    assert row["peak_bytes"] is None and row["latency_s"] > 0 and row["faults"] >= 0
+    (peak,) = measure.peaks_in_child([spec])
+    assert 1e5 < peak < 1e8            # the tiny model, Adam state, activations
+
+
+def test_specs_round_trip_through_json():
+    import json
+    spec = dict(kind="forward", dims=PRESETS["tiny"], batch=2, prompt_len=8, gen_len=4)
+    assert measure.spec_from_json(json.loads(json.dumps(measure.spec_json(spec)))) == spec
+
+
+def test_host_ops_run_the_executor_on_the_shipped_pipelines():
+    rows = measure.host_ops(repeats=1)
+    assert {r["function"] for r in rows} == {"reward", "gae", "group_norm"}
+    assert len(rows) == len(measure.HOST_STAGES) * len(measure.HOST_SHAPES)
+    big = {r["function"]: r["seconds"] for r in rows if r["batch"] == 128 and
+           r["tokens"] == 128 * 20}
+    small = {r["function"]: r["seconds"] for r in rows if r["batch"] == 16 and
+             r["tokens"] == 16 * 4}
+    assert all(big[f] > small[f] > 0 for f in big)
+    assert 0 < measure.model_host_per_sample(samples=8, repeats=3) < 1e-3
+
+
 def test_gemm_and_bandwidth_are_positive():
     assert measure.gemm_seconds(64, 64, 64, repeats=2) > 0
     assert measure.copy_bandwidth(8 * 2**20, repeats=2) > 1e8
@@ -42,6 +70,20 @@ def test_gemm_and_bandwidth_are_positive():
 def test_unknown_op_kind_is_refused():
     with pytest.raises(ValueError, match="forward, generate, train"):
         measure.op_runner("sleep", PRESETS["tiny"], 1, 1, 1)
+
+
+@pytest.mark.slow
+def test_two_devices_run_with_the_allocator_asked_for():
+    ops = [dict(dims=PRESETS["tiny"], batch=4, prompt_len=8, gen_len=4)]
+    before = {k: os.environ.get(k) for k in measure.MALLOC_ENV}
+    with measure.TwoDevices() as two:
+        assert set(two.client.run(measure.allocator).values()) == {"worker"}
+        (row,) = two.dp_train(ops, repeats=1)
+        assert row["latency_s"] > 0 and row["peak_bytes"] is None
+    with measure.TwoDevices(clean=True) as two:
+        assert set(two.client.run(measure.allocator).values()) == {"clean"}
+        assert two.dp_peaks(ops)[0] > 0
+    assert {k: os.environ.get(k) for k in measure.MALLOC_ENV} == before   # restored
 
 
 @pytest.mark.slow

@@ -1,0 +1,53 @@
+"""The host-op terms of a calibrated profile price the reward and advantage stages."""
+
+from __future__ import annotations
+
+import attrs
+import pytest
+
+from rpeg.cost.calibrate import cpu_cluster
+from rpeg.cost.examples import ppo_pipeline
+from rpeg.cost.memory import Parallel
+from rpeg.cost.stages import estimate_stage
+from rpeg.spec.model import GpuProfile, Level, Link
+from rpeg.spec.presets import PRESETS
+
+HOST = {"reward_sample_overhead": 3e-6, "reward_token_time": 1e-7,
+        "compute_sample_time": 2e-6, "compute_token_time": 4e-7}
+PROFILE = GpuProfile("cpu", sample_overhead=5e-5, extra=tuple(HOST.items()))
+CLUSTER = cpu_cluster(PROFILE, Link(Level.GPU, 1e9, 1e-4))
+
+
+def _pipeline(**kw):
+    return ppo_pipeline(dims=PRESETS["tiny"], prompts=64, prompt_len=8, gen_median=10,
+                        gen_max=10, **kw)
+
+
+def test_a_python_reward_costs_per_response_and_per_token():
+    p = _pipeline()
+    mean = p.workload.gen_len.mean()
+    t = estimate_stage(p, "scores", Parallel(), (0,), CLUSTER).time_s
+    assert t == pytest.approx(64 * 3e-6 + 64 * mean * 1e-7)
+
+
+def test_gae_costs_per_response_and_per_response_token():
+    p = _pipeline()
+    mean = p.workload.gen_len.mean()
+    t = estimate_stage(p, "adv", Parallel(), (0,), CLUSTER).time_s
+    assert t == pytest.approx(64 * 2e-6 + 64 * mean * 4e-7)
+
+
+def test_a_group_estimator_costs_per_response_only():
+    p = _pipeline()
+    adv = p.stage("adv")
+    p = attrs.evolve(p, stages=tuple(attrs.evolve(s, function="group_norm") if s is adv else s
+                                     for s in p.stages))
+    t = estimate_stage(p, "adv", Parallel(), (0,), CLUSTER).time_s
+    assert t == pytest.approx(64 * 2e-6)
+
+
+def test_profiles_without_host_terms_fall_back_to_the_sample_overhead():
+    plain = cpu_cluster(GpuProfile("cpu", sample_overhead=5e-5), Link(Level.GPU, 1e9, 1e-4))
+    p = _pipeline()
+    assert estimate_stage(p, "scores", Parallel(), (0,), plain).time_s == pytest.approx(64 * 5e-5)
+    assert estimate_stage(p, "adv", Parallel(), (0,), plain).time_s > 64 * 5e-5

@@ -5,7 +5,8 @@
                                                             # shipped profile, < 60 s
 
 Each configuration is a real op of the torch backend (forward log-probabilities,
-sampling with a KV cache, a PPO train step, and a 2-worker data-parallel train step
+sampling with a KV cache, responses ending at an end-of-sequence token as a run's do and
+predicted with the lengths they had, a PPO train step, and a 2-worker data-parallel train step
 over gloo between two Dask worker processes), on Llama-shaped models built from a
 config with random weights. It is timed (median CPU time of repeats, round-robin across
 configurations) under glibc's default allocator settings, as rpeg's workers run, and its
@@ -149,10 +150,11 @@ def run(configs, repeats: int, cluster_path: Path, recalibrate: bool) -> tuple[l
         row = {"kind": kind, "model": model, "batch": b, "prompt_len": p, "gen_len": g,
                "dp": dp, "minibatches": mb, "held_out": held_out(cfg),
                "measured_s": r["latency_s"], "wall_s": r.get("wall_s", r["latency_s"]),
-               "measured_bytes": r["peak_bytes"], "times_s": r["times_s"]}
+               "measured_bytes": r["peak_bytes"], "times_s": r["times_s"],
+               **({"lengths": r["lengths"]} if "lengths" in r else {})}
         for key, cluster in clusters.items():
             t, mem = predict_op(kind, MODELS[model], b, p, g, cluster, par, tuple(range(dp)),
-                                minibatches=mb)
+                                minibatches=mb, lengths=r.get("lengths"))
             suffix = "" if key == ("in_run" if recalibrate else "shipped") else f"_{key}"
             row[f"predicted_s{suffix}"] = t
             row[f"predicted_bytes{suffix}"] = mem

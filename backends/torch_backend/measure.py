@@ -46,6 +46,7 @@ import torch
 from backends.api import SamplingParams
 from backends.torch_backend.generation import TorchEngine
 from backends.torch_backend.modeling import build_model
+from backends.torch_backend.tokenizer import EOS_ID
 from backends.torch_backend.train import LossSpec, TrainBatch, forward_arrays, train_step
 from rpeg.cost.calibrate import MALLOC_ENV, allocator, clean_env, worker_env
 from rpeg.spec.presets import PRESETS, ModelDims
@@ -294,6 +295,9 @@ class _AllReduceAdamW(torch.optim.AdamW):
         return super().step(closure)
 
 
+STOP_PER_TOKEN = 2.0     # a generate op's responses end at gen_len / 2 on average (uncapped)
+
+
 def op_runner(kind: str, dims: ModelDims, batch: int, prompt_len: int, gen_len: int,
               minibatches: int = 1, seed: int = 0,
               data_parallel: bool = False) -> Callable[[], object]:
@@ -309,9 +313,25 @@ def op_runner(kind: str, dims: ModelDims, batch: int, prompt_len: int, gen_len: 
         model = build_model(dims, heads=("lm",), seed=0).eval()
         return lambda: forward_arrays(model, prompts, responses, "logprobs")
     if kind == "generate":
-        engine = TorchEngine(build_model(dims, heads=("lm",), seed=0).eval())
-        params = SamplingParams(max_new_tokens=gen_len, temperature=1.0, eos_id=-1, seed=0)
-        return lambda: list(engine.generate(prompts, params))
+        # Responses end as a run's do: a biased end-of-sequence logit stops each with
+        # probability STOP_PER_TOKEN / gen_len per token (the engine then drops it from the
+        # batch and its cache), the rest at gen_len. The same seed gives the same lengths
+        # each call; ``run.lengths`` holds them, for the cost model's length distribution.
+        model = build_model(dims, heads=("lm",), seed=0).eval()
+        q = min(STOP_PER_TOKEN / gen_len, 0.5)
+        head = torch.nn.Linear(dims.hidden, dims.vocab, bias=True)
+        head.weight = model.lm_head.weight
+        with torch.no_grad():
+            head.bias.zero_()
+            head.bias[EOS_ID] = float(np.log((dims.vocab - 1) * q / (1 - q)))
+        model.lm_head = head
+        engine = TorchEngine(model)
+        params = SamplingParams(max_new_tokens=gen_len, temperature=1.0, eos_id=EOS_ID, seed=0)
+
+        def run():
+            return list(engine.generate(prompts, params))
+        run.lengths = sorted(len(r) for c in run() for r in c.response_ids)
+        return run
     if kind == "train":
         model = build_model(dims, heads=("lm",), seed=0).train()
         from backends.torch_backend.train import TokenHeads
@@ -365,11 +385,13 @@ def measure_ops(specs, repeats: int = 5, barrier: Callable[[], object] | None = 
             cpu[i].append(time.process_time() - c0)
             wall[i].append(time.perf_counter() - t0)
             faults[i].append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0)
+    lengths = [getattr(run, "lengths", None) for run in runners]
     del runners
     _trim()
     return [{"latency_s": statistics.median(c), "wall_s": statistics.median(w), "times_s": c,
-             "faults": statistics.median(f), "peak_bytes": p}
-            for c, w, f, p in zip(cpu, wall, faults, peaks, strict=True)]
+             "faults": statistics.median(f), "peak_bytes": p,
+             **({"lengths": n} if n is not None else {})}
+            for c, w, f, p, n in zip(cpu, wall, faults, peaks, lengths, strict=True)]
 
 
 def measure_peaks(specs, barrier: Callable[[], object] | None = None) -> list[int]:

@@ -29,7 +29,7 @@ import numpy as np
 from rpeg.cost.examples import ppo_pipeline
 from rpeg.cost.memory import Parallel, resident_memory
 from rpeg.cost.stages import estimate_stage, stage_memory
-from rpeg.spec.model import Cluster, GpuProfile, Level, Link
+from rpeg.spec.model import Cluster, GpuProfile, LengthDist, LengthKind, Level, Link
 from rpeg.spec.presets import PRESETS, ModelDims
 
 _HUGE = 1e30
@@ -90,10 +90,15 @@ def cluster_text(name: str, profile_path: str, link: Link, devices: int = 2) -> 
 
 def predict_op(kind: str, dims: ModelDims, batch: int, prompt_len: int, gen_len: int,
                cluster: Cluster, par: Parallel = Parallel(),
-               devices: tuple[int, ...] = (0,), minibatches: int = 1) -> tuple[float, float]:
-    """(seconds, peak bytes per device) the cost model predicts for one measured op."""
+               devices: tuple[int, ...] = (0,), minibatches: int = 1,
+               lengths=None) -> tuple[float, float]:
+    """(seconds, peak bytes per device) the cost model predicts for one measured op;
+    ``lengths``: the response lengths a generate op produced (else all ``gen_len``)."""
     p = ppo_pipeline(dims=dims, prompts=batch, prompt_len=prompt_len, gen_median=gen_len,
                      gen_max=gen_len, minibatches=minibatches)
+    if lengths:
+        p = attrs.evolve(p, workload=attrs.evolve(p.workload, gen_len=empirical(lengths,
+                                                                                gen_len)))
     stage = _STAGE[kind]
     # a measured op is a direct call, not a Dask task: no dispatch
     cluster = attrs.evolve(cluster, gpu=with_dispatch(cluster.gpu, {"dispatch_s": 0.0}))
@@ -102,6 +107,13 @@ def predict_op(kind: str, dims: ModelDims, batch: int, prompt_len: int, gen_len:
     mem = resident_memory(model, par, cluster, trained=kind == "train").total \
         + stage_memory(p, stage, par, cluster).total
     return t, mem
+
+
+def empirical(lengths, max_len: int) -> LengthDist:
+    """The length distribution of ``lengths`` (a histogram)."""
+    values, counts = np.unique(np.asarray(lengths, int), return_counts=True)
+    return LengthDist(LengthKind.EMPIRICAL, max_len=max_len,
+                      bins=tuple((int(v), float(c)) for v, c in zip(values, counts, strict=True)))
 
 
 def _nnls(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -149,7 +161,7 @@ def _dims(o: dict) -> ModelDims:
 
 def _predict(o: dict, profile: GpuProfile, link: Link) -> tuple[float, float]:
     return predict_op(o["kind"], _dims(o), o["batch"], o["prompt_len"], o["gen_len"],
-                      cpu_cluster(profile, link))
+                      cpu_cluster(profile, link), lengths=o.get("lengths"))
 
 
 # Coefficients fitted through the cost model, as seconds per unit (rates are inverted).

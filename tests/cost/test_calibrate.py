@@ -11,6 +11,7 @@ from rpeg.cost.calibrate import (
     allocator,
     clean_env,
     cpu_cluster,
+    empirical,
     fit_gemm,
     fit_host,
     fit_link,
@@ -147,3 +148,12 @@ def test_recalibrating_keeps_extras_it_does_not_measure():
     new = keep_extras(TRUE, old)
     assert new.get("vllm_layer_overhead") == 2e-5 and new.get("grads_freed") == 1.0
     assert len(new.extra) == 2
+
+
+def test_a_generate_op_is_predicted_with_the_lengths_it_produced():
+    cluster = cpu_cluster(TRUE, LINK)
+    full, _ = predict_op("generate", PRESETS["tiny"], 16, 8, 20, cluster)
+    short, _ = predict_op("generate", PRESETS["tiny"], 16, 8, 20, cluster,
+                          lengths=[1] * 8 + [5] * 7 + [20])
+    assert 0 < short < full
+    assert empirical([3, 1, 3], 20).quantiles(3).tolist() == [1.0, 3.0, 3.0]

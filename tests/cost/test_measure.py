@@ -105,3 +105,12 @@ def test_quick_benchmark_prints_its_mape_last():
     assert r.returncode == 0, r.stderr
     last = r.stdout.strip().splitlines()[-1]
     assert last.startswith("latency MAPE") and "memory MAPE" in last
+
+
+def test_generated_responses_end_early_and_say_how_long_they_were():
+    measure.set_threads(1)
+    (row,) = measure.measure_ops([dict(kind="generate", dims=PRESETS["tiny"], batch=16,
+                                       prompt_len=8, gen_len=20)], repeats=1, memory=False)
+    lengths = row["lengths"]
+    assert len(lengths) == 16 and lengths == sorted(lengths)
+    assert 1 <= lengths[0] < lengths[-1] <= 20          # ends vary, as a run's do

@@ -189,9 +189,10 @@ def test_diff_with_cluster_reports_predicted_deltas(capsys, tiny):
 def test_diff_of_two_plans(capsys, tiny, tmp_path):
     a, b = tiny
     cluster = P / "clusters" / "local_cpu.rpeg"
-    for spec, out in ((a, "a.json"), (b, "b.json")):
+    # a baseline and the search: the plans differ whatever the profile makes the search pick
+    for spec, out, strategy in ((a, "a.json", "colocated"), (b, "b.json", "search")):
         rc, _, err = rpeg(capsys, "compile", spec, "-c", cluster, "-o", tmp_path / out,
-                          "--no-gantt", "--budget", "0.3")
+                          "--no-gantt", "--budget", "0.3", "--strategy", strategy)
         assert rc == 0, err
     rc, out, _ = rpeg(capsys, "diff", tmp_path / "a.json", tmp_path / "b.json")
     assert rc == 1 and out.startswith("plans differ")

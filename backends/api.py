@@ -43,6 +43,20 @@ class RolloutChunk:
         return len(self.response_ids)
 
 
+@attrs.frozen
+class Cohort:
+    """The prompts of one step, given to an engine that carries responses over steps.
+
+    Under partial rollouts (a plan's ``carry``) the generate op of step s also starts the
+    responses of steps s + 1 .. s + carry; ``params`` is how this call samples the cohort
+    (its seed differs per step, cohort and replica).
+    """
+
+    step: int
+    prompt_ids: tuple[np.ndarray, ...]
+    params: SamplingParams
+
+
 class GenerationEngine(Protocol):
     """What a generate op needs of an engine (torch + transformers, or vLLM)."""
 
@@ -58,4 +72,16 @@ class GenerationEngine(Protocol):
         ...
 
     def shutdown(self) -> None:
+        ...
+
+
+class CarryingEngine(GenerationEngine, Protocol):
+    """An engine that keeps unfinished responses between steps (partial rollouts)."""
+
+    def generate_carried(self, cohorts: list[Cohort], chunks: int = 1,
+                         key: str = "") -> Iterator[RolloutChunk]:
+        """Advance the responses of ``cohorts`` (``cohorts[0]`` is this step's; the others
+        start early, or continue) until every response of ``cohorts[0]`` finished; yield
+        those in ``chunks`` groups. ``version`` of a chunk: the oldest parameter version
+        any of its tokens was sampled with. ``key`` names the buffer (one per generate op)."""
         ...

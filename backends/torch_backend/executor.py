@@ -20,7 +20,7 @@ import attrs
 import numpy as np
 import torch
 
-from backends.api import RolloutChunk, SamplingParams
+from backends.api import Cohort, RolloutChunk, SamplingParams
 from backends.torch_backend import advantages as adv
 from backends.torch_backend.generation import TorchEngine
 from backends.torch_backend.modeling import build_model, load_checkpoint, save_checkpoint
@@ -116,6 +116,8 @@ class Executor:
         kind = call.kind
         if kind is OpKind.GENERATE:
             out, stats = self._generate(call, replica)
+            if call.carry:               # the oldest version any token of the chunk came from
+                info["version_read"] = out[self._stage(call).outputs[0]].version
         elif kind is OpKind.FORWARD:
             out, stats = self._forward(call, replica, inputs)
         elif kind is OpKind.SCORE:
@@ -138,24 +140,37 @@ class Executor:
         return self.ctx.pipeline.stage(call.stages[0])
 
     def _generate(self, call, replica):
-        """Device r of D streams responses r, r + D, ... of the step, as chunks r, r + D, ..."""
+        """Device r of D streams responses r, r + D, ... of the step, as chunks r, r + D, ...
+
+        With partial rollouts (``call.carry``) the device's engine also advances its share
+        of the next ``carry`` steps' prompts, kept between steps (``generate_carried``)."""
         stage = self._stage(call)
         key = (call.op, call.step)
         shard = call.world
         if call.chunk < shard:
             w = self.ctx.pipeline.workload
-            rows = step_rows(self.rows, w.prompts, w.samples, w.seed, call.step)
-            mine = np.arange(call.chunk % shard, len(rows), shard)
+            n = w.prompts * w.samples
+            mine = np.arange(call.chunk % shard, n, shard)
             codec = self._codec()
-            prompts = [np.asarray(codec.prompt(rows[i]["prompt"], w.prompt_len), np.int64)
-                       for i in mine]
             params = SamplingParams(
                 max_new_tokens=int(stage.param("max_len", w.gen_len.max_len)),
                 temperature=float(stage.param("temperature", 1.0)),
                 top_p=float(stage.param("top_p", 1.0)), eos_id=codec.eos_id,
                 seed=(w.seed * 1_000_003 + call.step) * 64 + call.chunk % shard)
-            stream = self._engine(stage, replica).generate(prompts, params,
-                                                           chunks=call.chunks // shard)
+            engine = self._engine(stage, replica)
+            if call.carry:
+                if not hasattr(engine, "generate_carried"):
+                    raise BackendError(f"stage '{stage.name}' must generate whole responses "
+                                       f"with this engine, not carry them over {call.carry} "
+                                       "step(s)", stage.span, hint="plan it with carry 0")
+                cohorts = [Cohort(t, tuple(self._prompts(t, mine, codec)), attrs.evolve(
+                    params, seed=params.seed * 128 + t - call.step))
+                    for t in range(call.step, call.step + call.carry + 1)]
+                stream = engine.generate_carried(cohorts, chunks=call.chunks // shard,
+                                                 key=call.op)
+            else:
+                stream = engine.generate(self._prompts(call.step, mine, codec), params,
+                                         chunks=call.chunks // shard)
             self.streams[key] = (stream, mine)
         stream, mine = self.streams[key]
         chunk = next(stream)
@@ -171,6 +186,13 @@ class Executor:
             return out, {}                          # tp rank > 0: rank 0 reports the chunk
         return out, {"tokens": int(sum(lengths)), "responses": len(lengths),
                      "finished": float(np.mean(chunk.finished)) if lengths else 0.0}
+
+    def _prompts(self, step: int, mine: np.ndarray, codec) -> list[np.ndarray]:
+        """Token ids of this device's share (``mine``) of step ``step``'s prompts."""
+        w = self.ctx.pipeline.workload
+        rows = step_rows(self.rows, w.prompts, w.samples, w.seed, step)
+        return [np.asarray(codec.prompt(rows[i]["prompt"], w.prompt_len), np.int64)
+                for i in mine]
 
     def _forward(self, call, replica, inputs):
         stage = self._stage(call)
@@ -349,6 +371,7 @@ class Executor:
         replica.version = int(meta["version"])
         if replica.engine is not None:
             replica.engine.version = replica.version
+            replica.engine.carried.clear()     # partial rollouts: the next step starts afresh
         return replica.version
 
     def _engine(self, stage, replica):

@@ -12,6 +12,26 @@ responses have finished — reached EOS or the length cap — to fill the next
 chunk, that chunk is yielded, so work downstream starts on short responses
 while long ones still decode. ``TorchEngine`` implements
 ``backends.api.GenerationEngine``.
+
+Partial rollouts (a plan's ``carry``, ``generate_carried``) work in cohorts: the
+generate op of step s outputs the responses to step s's prompts, as without
+carry, but the engine also starts the responses of the next ``carry`` steps
+early and keeps them between calls. At step s it admits every cohort up to
+s + carry it does not hold yet, prefills each carried response's prompt and
+tokens so far under the current weights (the weights changed since), and decodes
+all of them together until every response of cohort s ended; later cohorts'
+responses stay, finished or not. A token keeps the logprob of the policy that
+sampled it; a chunk's ``version`` is the oldest version among its tokens:
+
+    >>> cohorts = [Cohort(s, (np.array([257, 97]),) * 4, params) for s in (0, 1)]
+    >>> [len(c) for c in engine.generate_carried(cohorts, chunks=2, key="rollout")]
+    [2, 2]
+    >>> sorted(engine.carried["rollout"].cohorts)                # step 1's, started early
+    [1]
+
+The buffer lives in this engine (one per generate op): a call for any step but
+the one after the last starts afresh (a resumed run, a replaced worker) and
+simply admits the cohorts it lacks.
 """
 
 from __future__ import annotations
@@ -19,12 +39,37 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from typing import Any
 
+import attrs
 import numpy as np
 import torch
 
-from backends.api import RolloutChunk, SamplingParams
+from backends.api import Cohort, RolloutChunk, SamplingParams
 from backends.torch_backend.modeling import PolicyModel, build_model  # noqa: F401  (doctest)
 from backends.torch_backend.tokenizer import EOS_ID, PAD_ID
+
+
+@attrs.define(eq=False)
+class _Response:
+    """One response of a cohort, kept between steps until its step streams it."""
+
+    cohort: int                       # the step whose prompts it answers
+    index: int                        # its prompt's position in the cohort
+    prompt: np.ndarray
+    tokens: list[int] = attrs.Factory(list)
+    logprobs: list[float] = attrs.Factory(list)   # each under the policy that sampled it
+    oldest: int = -1                  # oldest parameter version of its tokens (-1: none yet)
+    ended: bool = False               # reached EOS or the length cap
+    ended_at: int = -1                # when, in the order responses ended (across steps)
+
+
+@attrs.define
+class Carried:
+    """What one generate op keeps on a replica between steps under partial rollouts."""
+
+    step: int = -1                    # the step it last served
+    cohorts: dict[int, list[_Response]] = attrs.Factory(dict)   # later steps' responses
+    ends: int = 0                     # responses ended so far (orders ``ended_at``)
+    sampled: int = 0                  # tokens sampled so far
 
 
 class TorchEngine:
@@ -34,6 +79,7 @@ class TorchEngine:
         self.model = model
         self.device = device
         self.version = version
+        self.carried: dict[str, Carried] = {}     # generate op -> its partial rollouts
 
     def generate(self, prompt_ids: list[np.ndarray], params: SamplingParams,
                  chunks: int = 1) -> Iterator[RolloutChunk]:
@@ -71,19 +117,8 @@ class TorchEngine:
         """Yield (tokens, logprobs, active mask) per position; finished rows drop out of the cache."""
         model, dev = self.model, self.device
         n = len(prompt_ids)
-        width = max(len(p) for p in prompt_ids)
-        ids = torch.full((n, width), PAD_ID, dtype=torch.long)
-        mask = torch.zeros((n, width), dtype=torch.long)
-        for i, p in enumerate(prompt_ids):
-            ids[i, width - len(p):] = torch.as_tensor(p, dtype=torch.long)
-            mask[i, width - len(p):] = 1
-        ids, mask = ids.to(dev), mask.to(dev)
-        pos = (mask.cumsum(-1) - 1).clamp(min=0)
+        hidden, cache, mask, pos = _prefill(model, dev, prompt_ids)
         rows = torch.arange(n)                       # original index of each live row
-        from transformers import DynamicCache
-        cache = DynamicCache(config=model.config)
-        with _autocast(dev):
-            hidden, cache = model(ids, mask, pos, cache)
         same_on_all = _tp_agreement(model)
         for _ in range(params.max_new_tokens):
             logits = model.lm_head(hidden[:, -1]).float()
@@ -99,6 +134,94 @@ class TorchEngine:
                 # Drop finished rows: the batch shrinks as responses end.
                 cache.batch_select_indices(torch.nonzero(keep).flatten())
                 rows, mask, pos, tok = rows[keep.cpu()], mask[keep], pos[keep], tok[keep]
+            mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
+            pos = pos[:, -1:] + 1
+            with _autocast(dev):
+                hidden, cache = model(tok[:, None], mask, pos, cache)
+
+    def generate_carried(self, cohorts: list[Cohort], chunks: int = 1,
+                         key: str = "") -> Iterator[RolloutChunk]:
+        """Partial rollouts: advance the responses of ``cohorts`` together until every
+        response of ``cohorts[0]`` (this step's) finished; stream those in ``chunks`` groups
+        (the ones that finished in earlier steps first). The other cohorts' responses stay
+        in this engine, finished or not, for their own steps (see the module doc)."""
+        now = cohorts[0].step
+        buf = self.carried.get(key)
+        if buf is None or buf.step != now - 1:      # first step, or resumed: nothing kept
+            buf = self.carried[key] = Carried()
+        buf.step = now
+        for c in [c for c in buf.cohorts if c < now]:
+            del buf.cohorts[c]
+        for c in cohorts:
+            if c.step not in buf.cohorts:
+                buf.cohorts[c.step] = [_Response(c.step, i, np.asarray(p, dtype=np.int64))
+                                       for i, p in enumerate(c.prompt_ids)]
+        own = buf.cohorts.pop(now)
+        params = cohorts[0].params
+        eos = EOS_ID if params.eos_id is None else params.eos_id
+        bounds = chunk_bounds(len(own), chunks)
+        done = sorted((r for r in own if r.ended), key=lambda r: r.ended_at)
+        emitted = 0
+        while emitted < len(bounds) and len(done) >= bounds[emitted][1]:
+            yield _carried_chunk(done[slice(*bounds[emitted])], eos)
+            emitted += 1
+        if emitted == len(bounds):
+            return
+        live = [r for r in own if not r.ended] + [
+            r for c in sorted(buf.cohorts) for r in buf.cohorts[c] if not r.ended]
+        # each cohort samples from its own generator: seeded per step, cohort and replica
+        gens = {c.step: torch.Generator().manual_seed(int(c.params.seed)) for c in cohorts}
+        decoding = self._advance(live, params, gens, eos)
+        for ended, rows in decoding:
+            buf.sampled += rows
+            for r in ended:
+                r.ended_at, buf.ends = buf.ends, buf.ends + 1
+            done += [r for r in ended if r.cohort == now]
+            while emitted < len(bounds) and len(done) >= bounds[emitted][1]:
+                yield _carried_chunk(done[slice(*bounds[emitted])], eos)
+                emitted += 1
+            if emitted == len(bounds):
+                decoding.close()
+                return
+        raise AssertionError("every response must finish by max_new_tokens")
+
+    @torch.no_grad()
+    def _advance(self, live: list[_Response], params: SamplingParams, gens, eos: int):
+        """Decode ``live`` responses together, one token each per round, from their prompt
+        and the tokens they have: the KV cache is rebuilt under the current weights (a
+        carried response's earlier tokens came from older ones). After each round, yield
+        (responses that ended, rows decoded); ended rows drop out of the batch."""
+        model, dev = self.model, self.device
+        contexts = [np.concatenate([r.prompt, np.asarray(r.tokens, dtype=np.int64)])
+                    for r in live]
+        hidden, cache, mask, pos = _prefill(model, dev, contexts)
+        same_on_all = _tp_agreement(model)
+        rows = list(live)
+        while True:
+            logits = model.lm_head(hidden[:, -1]).float()
+            tok = torch.empty(len(rows), dtype=torch.long, device=logits.device)
+            lp = torch.empty(len(rows), dtype=torch.float32, device=logits.device)
+            for cohort, idx in _by_cohort(rows):
+                t, lps = sample(logits[idx], params.temperature, params.top_p, gens[cohort])
+                tok[idx], lp[idx] = t, lps
+            tok = same_on_all(tok)
+            ended = []
+            for r, t, logp in zip(rows, tok.cpu().tolist(), lp.cpu().tolist(), strict=True):
+                r.tokens.append(int(t))
+                r.logprobs.append(float(logp))
+                r.oldest = self.version if r.oldest < 0 else min(r.oldest, self.version)
+                if t == eos or len(r.tokens) >= params.max_new_tokens:
+                    r.ended = True
+                    ended.append(r)
+            yield ended, len(rows)
+            keep = torch.tensor([not r.ended for r in rows])
+            if not bool(keep.any()):
+                return
+            if not bool(keep.all()):
+                cache.batch_select_indices(torch.nonzero(keep).flatten().to(mask.device))
+                rows = [r for r in rows if not r.ended]
+                k = keep.to(mask.device)
+                mask, pos, tok = mask[k], pos[k], tok[k]
             mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
             pos = pos[:, -1:] + 1
             with _autocast(dev):
@@ -125,6 +248,24 @@ class TorchEngine:
         self.model = None
 
 
+def _prefill(model, dev, contexts):
+    """One forward pass over left-padded ``contexts``: (hidden states, KV cache, attention
+    mask, positions) to decode from."""
+    n, width = len(contexts), max(len(p) for p in contexts)
+    ids = torch.full((n, width), PAD_ID, dtype=torch.long)
+    mask = torch.zeros((n, width), dtype=torch.long)
+    for i, p in enumerate(contexts):
+        ids[i, width - len(p):] = torch.as_tensor(p, dtype=torch.long)
+        mask[i, width - len(p):] = 1
+    ids, mask = ids.to(dev), mask.to(dev)
+    pos = (mask.cumsum(-1) - 1).clamp(min=0)
+    from transformers import DynamicCache
+    cache = DynamicCache(config=model.config)
+    with _autocast(dev):
+        hidden, cache = model(ids, mask, pos, cache)
+    return hidden, cache, mask, pos
+
+
 def sample(logits: torch.Tensor, temperature: float, top_p: float,
            gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
     """Sample one token per row; its log-probability under the temperature-scaled distribution."""
@@ -142,6 +283,28 @@ def sample(logits: torch.Tensor, temperature: float, top_p: float,
     tok = torch.multinomial(probs.cpu(), 1, generator=gen if gen.device.type == "cpu" else None)
     tok = tok.to(logits.device).squeeze(-1)
     return tok, logp.gather(-1, tok[:, None]).squeeze(-1)
+
+
+def _by_cohort(rows: list[_Response]):
+    """(cohort, row positions) for the cohorts among ``rows``, oldest cohort first."""
+    out: dict[int, list[int]] = {}
+    for i, r in enumerate(rows):
+        out.setdefault(r.cohort, []).append(i)
+    return [(c, torch.tensor(out[c])) for c in sorted(out)]
+
+
+def _carried_chunk(done: list[_Response], eos: int) -> RolloutChunk:
+    """Finished responses of one cohort, in prompt order; its version is the oldest any of
+    their tokens was sampled with."""
+    rs = sorted(done, key=lambda r: r.index)
+    return RolloutChunk(
+        prompt_index=np.asarray([r.index for r in rs], dtype=np.int64),
+        prompt_ids=tuple(r.prompt for r in rs),
+        response_ids=tuple(np.asarray(r.tokens, dtype=np.int64) for r in rs),
+        logprobs=tuple(np.asarray(r.logprobs, dtype=np.float32) for r in rs),
+        finished=np.asarray([r.tokens[-1] == eos for r in rs], dtype=bool),
+        version=min(r.oldest for r in rs),
+    )
 
 
 def _tp_agreement(model):

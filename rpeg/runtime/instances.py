@@ -26,6 +26,10 @@ Every reader reads an exact version: ``max(0, step - k)`` (train: ``step``), wit
 ``k`` the plan's staleness of the op. This is enforced by ordering edges
 (``after``): a reader waits for the writer of its version, and the writer of
 version v on a device waits for every reader of v - 1 there (write after read).
+A generate op with partial rollouts (the plan's ``carry``) keeps the next steps'
+responses in its engine between steps, so on each device its step s runs after
+its step s - 1; its chunks may hold tokens up to ``carry`` versions older than
+the version it reads.
 The ranks of an instance that runs collectives (data-parallel train ranks, a
 tensor-parallel block) wait for the union of their dependencies and keep one
 order per device, so gloo/NCCL collectives never interleave.
@@ -75,6 +79,8 @@ class OpCall:
     version: int = -1                        # parameter version read (-1: none)
     writes: int = -1                         # parameter version written (-1: none)
     bound: int = 0                           # staleness bound: version >= step - bound
+    carry: int = 0                           # generate: responses span up to carry + 1 steps
+                                             # (a chunk's oldest token: step - bound - carry)
 
     @property
     def all_deps(self) -> tuple[str, ...]:
@@ -97,6 +103,10 @@ def build_calls(pipeline: Pipeline, plan: Plan, steps: int) -> tuple[OpCall, ...
     """Every op instance of ``steps`` steps, in an order where dependencies come first
     (except write-after-read edges, which may point one staleness window ahead)."""
     graph = graph_for(pipeline, plan)
+    from rpeg.plan.evaluate import partial_problem
+    problem = partial_problem(pipeline, plan)
+    if problem:                      # a hand-written plan: a carry past the staleness bound
+        raise PlanError(problem, hint="lower the stage's carry or its staleness")
     frozen = {m.name for m in pipeline.models if m.frozen}
     homes = model_homes(pipeline, plan, graph)
     n_chunks = _chunks(graph, plan, pipeline.workload.prompts * pipeline.workload.samples)
@@ -120,7 +130,8 @@ def build_calls(pipeline: Pipeline, plan: Plan, steps: int) -> tuple[OpCall, ...
                             chunks=n_chunks if name in chunked else len(layout),
                             rank=rank, world=world, tp_group=group, model=op.reads_model,
                             stages=op.stages, inputs=inputs, deps=deps, after=[],
-                            version=-1, writes=-1, bound=0)
+                            version=-1, writes=-1, bound=0,
+                            carry=place.carry if op.kind is OpKind.GENERATE else 0)
                 members = op.reads_model.split("+") if op.reads_model else []
                 if op.reads_model and not all(m in frozen for m in members):
                     lag = 0 if op.kind is OpKind.TRAIN else graph.lag_of(name)
@@ -395,11 +406,13 @@ def _order_versions(calls: list[dict], homes, frozen) -> None:
 
 def _order_chunks(calls: list[dict]) -> None:
     """Each device streams its share of a generate op's chunks (c, c + D, ...) from one
-    stream: a chunk after the previous one of the same device."""
-    last: dict[tuple[str, int, int], str] = {}
-    for c in calls:
+    stream: a chunk after the previous one of the same device. Under partial rollouts
+    (carry > 0) the device's engine keeps the next steps' responses between steps, so its
+    first chunk of step s also comes after its last chunk of step s - 1."""
+    last: dict[tuple, str] = {}
+    for c in calls:                                   # built step by step: s - 1 comes first
         if c["kind"] is OpKind.GENERATE:
-            key = (c["op"], c["step"], c["device"])
+            key = (c["op"], c["device"]) + (() if c.get("carry") else (c["step"],))
             if key in last:
                 c["after"].append(last[key])
             last[key] = c["id"]

@@ -14,7 +14,9 @@ same unrolling the run used); the trace says what each worker observed. Checks:
   the model's home, load where the reader is), on the worker mapped to that device;
 * dependencies: everything it depends on (data and ordering) ended before it started;
 * versions: the parameter version it read is within ``[step - k, step]`` for its
-  staleness bound k (exactly ``step`` for training), and a train op wrote ``step + 1``.
+  staleness bound k (exactly ``step`` for training), and a train op wrote ``step + 1``;
+  a generate op with partial rollouts (carry c) reports the oldest version any token
+  of its chunk was sampled with, which must be within ``[step - k - c, step]``.
 
 A run re-planned mid-way (a worker gone for good, a resume onto another device
 count) kept each old plan as ``plan.{i}.json``, and each entry of run.json's
@@ -227,10 +229,11 @@ def _versions(c: OpCall, e: dict) -> list[Violation]:
             if read != c.step:
                 out.append(Violation(c.id, c.step, "version",
                                      f"trained from version {read}, must train from {c.step}"))
-        elif read < c.step - c.bound or read > c.step:
+        elif read < c.step - c.bound - c.carry or read > c.step:
+            why = f"staleness {c.bound}" + (f" + carry {c.carry}" if c.carry else "")
             out.append(Violation(c.id, c.step, "version",
-                                 f"read version {read}, must read {max(0, c.step - c.bound)}"
-                                 f"..{c.step} (staleness {c.bound})"))
+                                 f"read version {read}, must read "
+                                 f"{max(0, c.step - c.bound - c.carry)}..{c.step} ({why})"))
     if c.writes >= 0 and int(e.get("version_written", -1)) != c.writes:
         out.append(Violation(c.id, c.step, "version",
                              f"wrote version {e.get('version_written')}, must write {c.writes}"))

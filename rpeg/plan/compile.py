@@ -25,7 +25,7 @@ from rpeg.cost.stages import stage_memory
 from rpeg.errors import CostError, PlanError
 from rpeg.plan.baselines import BASELINES, run_baselines
 from rpeg.plan.choices import enumerate_layouts, model_stages
-from rpeg.plan.edit import Context
+from rpeg.plan.edit import Context, repair
 from rpeg.plan.evaluate import Evaluation, Evaluator, Shortfall
 from rpeg.plan.model import Plan, Strategy
 from rpeg.plan.search import SearchOptions, SearchResult, anneal, capped, merged, staleness_caps
@@ -34,6 +34,7 @@ from rpeg.spec.model import Cluster, Engine, OpKind, Pipeline
 
 GB = 1e9
 WARM_PATIENCE = 0.75     # share of the patience a walk started from a tighter cap's best gets
+CARRY_PATIENCE = 0.5     # ... and a walk adding partial rollouts to the best without them
 
 
 @attrs.frozen
@@ -98,11 +99,16 @@ def _search_ladder(ctx: Context, ev: Evaluator, opts: SearchOptions):
     caps below (warm: 3/4 of the patience), the baselines under this cap being the
     other starts it restarts from when it stalls. What a tighter bound finds is never
     lost, and the walk under a cap depends only on that cap (a spec with a larger bound
-    repeats the same walks, then climbs further).
+    repeats the same walks, then climbs further). Above cap 0, where a generate stage may
+    carry responses into later steps, each cap's walk leaves partial rollouts out (the
+    walk a backend without them gets), then a second walk (1/2 of the patience) adds
+    them, starting from the best of the best plan so far and it and the baselines
+    spending the bound on carrying: allowing partial rollouts never returns a slower plan.
     Returns the baselines under the spec's bound, the best plan, the walks' statistics."""
     caps = staleness_caps(ctx.pipeline)
     walks: list[SearchResult] = []
-    prev: Evaluation | None = None
+    whole: list[SearchResult] = []           # the walks without partial rollouts
+    prev: Evaluation | None = None           # the best of those, which the next cap starts from
     outcomes, closest = [], []
     for cap in caps:
         here = ctx if cap == caps[-1] else attrs.evolve(ctx, pipeline=capped(ctx.pipeline, cap))
@@ -119,16 +125,57 @@ def _search_ladder(ctx: Context, ev: Evaluator, opts: SearchOptions):
             others, share, stream = (), 1.0, ()
         else:
             continue
+        # The walk without partial rollouts is the same whatever the backend allows; where
+        # a generate stage may carry responses over, a second walk adds them, from the best
+        # plan so far. So allowing them never returns a slower plan.
+        plain = attrs.evolve(here, limits=attrs.evolve(here.limits, carry_engines=frozenset()))
         left = opts.budget_s - sum(w.seconds for w in walks)
-        walks.append(anneal(here, ev, start, attrs.evolve(
+        walks.append(anneal(plain, ev, start, attrs.evolve(
             opts, budget_s=left, patience=int(opts.patience * share)), others, stream))
-        prev = merged(walks).best
+        whole.append(walks[-1])
+        prev = merged(whole).best
+        if cap > 0 and _may_carry(here):
+            # Starts: the best plan so far, and it and the baselines carrying responses
+            # over as many steps as the bound allows (staleness spent on the carry).
+            starts = [merged(walks).best] + [
+                e for e in (_carrying(here, ev, x.plan) for x in [merged(walks).best, *feasible])
+                if e is not None]
+            starts.sort(key=lambda e: (not e.feasible, e.step_time_s))
+            left = opts.budget_s - sum(w.seconds for w in walks)
+            walks.append(anneal(here, ev, starts[0], attrs.evolve(
+                opts, budget_s=left, patience=int(opts.patience * CARRY_PATIENCE)),
+                tuple(e for e in starts[1:] if e.feasible), stream + (1,)))
     if not walks:
         raise no_fit(ctx, closest)
     result = merged(walks)
     if not result.best.feasible:
         raise no_fit(ctx, closest + [result.best])
     return outcomes, result.best, result
+
+
+def _carrying(ctx: Context, ev: Evaluator, plan: Plan) -> Evaluation | None:
+    """``plan`` with every bounded generate stage spending its whole staleness bound on
+    carrying responses over (its own staleness 0), evaluated; None if that is no plan."""
+    bounds = {s: k for s, k in ctx.pipeline.staleness
+              if k > 0 and ctx.pipeline.stage(s).kind is OpKind.GENERATE}
+    new = attrs.evolve(plan, predicted=None,
+                       staleness=tuple(x for x in plan.staleness if x[0] not in bounds),
+                       placements=tuple(attrs.evolve(p, carry=bounds[p.stage])
+                                        if p.stage in bounds else p for p in plan.placements))
+    new = repair(ctx, new)
+    if new is None or all(p.carry == 0 for p in new.placements):
+        return None
+    try:
+        return ev.evaluate(new, detail=False)
+    except PlanError:
+        return None
+
+
+def _may_carry(ctx: Context) -> bool:
+    """Whether some generate stage could carry responses into later steps here."""
+    return bool(ctx.limits.carry_engines) and any(
+        k > 0 and ctx.pipeline.stage(s).kind is OpKind.GENERATE
+        for s, k in ctx.pipeline.staleness)
 
 
 def _abs(path: str) -> str:

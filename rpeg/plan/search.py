@@ -39,7 +39,8 @@ for ``stall`` proposals starts again, warm, from the next of the other baselines
 A spec with staleness bounds is searched as a ladder (``compile_report``): one walk per
 cap 0, 1, ... up to the largest bound (:func:`staleness_caps`, :func:`capped`), each
 starting from the best of the baselines under its cap and of the walk below it (above
-cap 0, warm, with 3/4 of the patience). Every plan a tighter bound allows is allowed by a
+cap 0, warm, with 3/4 of the patience; where partial rollouts are possible, a second walk
+per cap adds them, see ``rpeg.plan.compile``). Every plan a tighter bound allows is allowed by a
 looser one, and a walk depends only on its cap, so raising the bound never returns a
 slower plan. One
 ``numpy.random.Generator`` drives everything, so the same inputs and seed give the

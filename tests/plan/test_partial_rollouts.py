@@ -128,3 +128,17 @@ def test_diff_names_the_carry(start):
     _, _, plan = start
     text = str(diff_plans(plan, with_carry(plan, "rollout", 1)))
     assert "chunks1 vllm -> " in text and "carry1" in text
+
+
+def test_allowing_partial_rollouts_never_returns_a_slower_plan(ppo8b):
+    """The walk without partial rollouts is the same one a backend without them gets; the
+    walk that adds them starts from its best (here, a case where a single walk over the
+    larger space once ended slower)."""
+    from rpeg.cost.profiles import cluster_of
+    gh16 = cluster_of("gh200", 4, 4)
+    for k in (1, 2):
+        spec = attrs.evolve(ppo8b, staleness=(("rollout", k),))
+        carry = compile_report(spec, gh16, options=QUICK)
+        plain = compile_report(spec, gh16, options=attrs.evolve(
+            QUICK, limits=attrs.evolve(EVERY_ENGINE, carry_engines=frozenset())))
+        assert carry.plan.predicted.step_time_s <= plain.plan.predicted.step_time_s + 1e-9

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import platform
 import statistics
@@ -110,6 +111,40 @@ def dask_run(pipeline, plan, steps, root, fuse: bool = True) -> dict:
 
 def predicted(pipeline, plan) -> float:
     return Evaluator(pipeline, load_cluster(CLUSTER)).evaluate(plan).step_time_s
+
+
+def predicted_run(run_dir: str) -> float | None:
+    """The cost model's step time, with the current profile, for the plan a run executed
+    (from its run directory); None when the directory is gone."""
+    from rpeg.runtime.serial import loads, plan_from_json
+    path = Path(run_dir)
+    if not (path / "plan.json").is_file():
+        return None
+    pipeline = loads((path / "pipeline.json").read_text())
+    return predicted(pipeline, plan_from_json((path / "plan.json").read_text()))
+
+
+def repredict(res: dict) -> None:
+    """Re-price every run of ``res`` whose directory is still there with the current profile
+    (``--only repredict``: the runs are not repeated, only the predictions are new)."""
+    runs = list(res.get("learning", {}).values())
+    for part in ("asynchrony",):
+        a = res.get(part, {})
+        for sub in (a, a.get("best_plans", {}), a.get("split", {})):
+            for label in ("sync", "async"):
+                runs += sub.get("runs", {}).get(label, [])
+    for r in runs:
+        p = predicted_run(r["run_dir"])
+        if p is not None:
+            r["predicted_step_s"] = round(p, 4)
+    a = res.get("asynchrony", {})
+    for sub in (a, a.get("best_plans"), a.get("split")):
+        if sub and "runs" in sub:
+            sub["predicted_ratio"] = _compare(sub["runs"])["predicted_ratio"]
+    for r in res.get("overhead", {}).get("dask", [])[:1]:
+        p = predicted_run(r["run_dir"])
+        if p is not None:
+            res["overhead"]["predicted_step_s"] = round(p, 4)
 
 
 def learning(name, steps, root) -> dict:
@@ -279,14 +314,15 @@ def op_times(run_dir: str) -> dict:
     pred = dict(Evaluator(pipeline, cluster).evaluate(plan).plan.predicted.op_times)
     # the plan's op fusion may join stages the runtime runs as ops of their own (and the
     # other way round): a predicted op is matched with the runtime ops of its stages
-    per: dict[int, dict[frozenset, float]] = {}
+    per: dict[int, dict[frozenset, list[float]]] = {}
     devices: dict[frozenset, set] = {}
     for e in events_from_trace(rd.read_json("trace.json")):
         if e["step"] < WARMUP:
             continue
         key = frozenset(e["op"].split("+"))
-        row = per.setdefault(e["step"], {})
-        row[key] = row.get(key, 0.0) + (e["end"] - e["start"])
+        row = per.setdefault(e["step"], {}).setdefault(key, [0.0, 0.0])
+        row[0] += e["end"] - e["start"]
+        row[1] += e.get("cpu_s", math.nan)
         devices.setdefault(key, set()).add(e["device"])
     out = {}
     for name, p in pred.items():
@@ -294,15 +330,22 @@ def op_times(run_dir: str) -> dict:
         vals = []
         for row in per.values():
             # ranks of a data-parallel op run side by side: per-device time
-            got = [v / max(1, len(devices[k])) for k, v in row.items() if k <= stages]
+            got = [[x / max(1, len(devices[k])) for x in v] for k, v in row.items()
+                   if k <= stages]
             if got:
-                vals.append(sum(got))
+                vals.append([sum(g[0] for g in got), sum(g[1] for g in got)])
         if vals:
-            measured = statistics.median(vals)
-            out[name] = {"predicted_s": round(p, 5), "measured_s": round(measured, 5),
-                         "error_pct": round(100 * (p - measured) / measured, 1)}
+            wall = statistics.median(v[0] for v in vals)
+            cpu = statistics.median(v[1] for v in vals)
+            out[name] = {"predicted_s": round(p, 5), "measured_s": round(wall, 5),
+                         "error_pct": round(100 * (p - wall) / wall, 1),
+                         "measured_cpu_s": round(cpu, 5),
+                         "error_cpu_pct": round(100 * (p - cpu) / cpu, 1)}
     errs = [abs(v["error_pct"]) for v in out.values()]
-    return {"stages": out, "mape_pct": round(sum(errs) / len(errs), 1) if errs else None}
+    errs_cpu = [abs(v["error_cpu_pct"]) for v in out.values()
+                if math.isfinite(v["error_cpu_pct"])]
+    return {"stages": out, "mape_pct": round(sum(errs) / len(errs), 1) if errs else None,
+            "mape_cpu_pct": round(sum(errs_cpu) / len(errs_cpu), 1) if errs_cpu else None}
 
 
 def overlap(run_dir: str) -> dict:
@@ -379,12 +422,18 @@ def markdown(res) -> str:
                   f"other worker: sync {frac.get('sync')}, async {frac.get('async')}.", ""]
     if "op_times" in res:
         lines += ["## Cost model per stage (compute time of the ops, no dispatch gaps)", "",
-                  "| run | stage | predicted s | measured s | error % |", "|---|---|---|---|---|"]
+                  "Measured: the median per step of the ops' wall time in the trace, and of "
+                  "their thread's CPU time (what the op computed, without the time it waited "
+                  "for a core on the shared machine).", "",
+                  "| run | stage | predicted s | measured wall s | error % | measured CPU s "
+                  "| error % |", "|---|---|---|---|---|---|---|"]
         for label, r in res["op_times"].items():
             for stage, v in r["stages"].items():
                 lines.append(f"| {label} | {stage} | {v['predicted_s']} | {v['measured_s']} | "
-                             f"{v['error_pct']} |")
-            lines.append(f"| {label} | **MAPE** | | | **{r['mape_pct']}** |")
+                             f"{v['error_pct']} | {v.get('measured_cpu_s', '')} | "
+                             f"{v.get('error_cpu_pct', '')} |")
+            lines.append(f"| {label} | **MAPE** | | | **{r['mape_pct']}** | | "
+                         f"**{r.get('mape_cpu_pct', '')}** |")
         lines.append("")
     for label in ("asynchrony_quiet", "overhead_quiet"):
         if label in res:
@@ -459,6 +508,8 @@ def main() -> None:
         res["overhead"] = overhead(steps or 40, args.root)
         print("overhead", {k: v for k, v in res["overhead"].items()
                            if k not in ("dask", "inline", "dask_unfused")}, flush=True)
+    if "repredict" in parts:
+        repredict(res)
     if "optimes" in parts or "asynchrony" in parts:
         res["op_times"] = {}
         for name in ("tiny_ppo", "tiny_grpo"):

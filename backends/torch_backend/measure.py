@@ -232,14 +232,21 @@ def _host_op(spec: str, stage: str, batch: int, length: int, seed: int = 0):
 
 def host_ops(repeats: int = 5) -> list[dict]:
     """Seconds (median CPU time) of each of ``HOST_STAGES`` at each of ``HOST_SHAPES``
-    (batch, response length): what the cost model's host terms are fitted to."""
+    (batch, response length): what the cost model's host terms are fitted to.
+
+    Each timed call follows a model op (a tiny model's train step, untimed), as a host op
+    follows one in a run: called back to back with warm caches, the same call costs a half
+    to a third of that (the reward on 64 responses: ~250 us warm, ~600 us after a step)."""
     rows = []
+    model_op = op_runner("train", PRESETS["tiny"], 32, 8, 20)
+    model_op()
     for spec, stage, fn in HOST_STAGES:
         for batch, length in HOST_SHAPES:
             run = _host_op(spec, stage, batch, length)
             run()
             times = []
             for _ in range(max(repeats, 3) * 3):
+                model_op()
                 c0 = time.thread_time()
                 run()
                 times.append(time.thread_time() - c0)

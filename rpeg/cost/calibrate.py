@@ -254,38 +254,51 @@ def fit_profile(m: dict, name: str = "local_cpu", devices: int = 2) -> Fit:
 def fit_host(rows: list[dict]) -> dict[str, float]:
     """Host-op terms of the cost model from ``measure.host_ops`` rows (the executor running
     the shipped python reward and advantage functions at several batch sizes and response
-    lengths), each a non-negative fit in relative error of ``t = a * batch + b * tokens``:
-    the reward's ``reward_sample_overhead`` and ``reward_token_time``; the advantage
-    functions' shared ``compute_sample_time``, and ``compute_token_time`` from the per-token
-    one (GAE; group estimators have no token term, as in ``rpeg.cost.stages``).
+    lengths, each call after a model op as in a run), each a non-negative fit in relative
+    error of ``t = c + a * batch + b * tokens``: the reward's ``reward_call_overhead``,
+    ``reward_sample_overhead`` and ``reward_token_time``; the advantage functions' shared
+    ``compute_call_overhead`` and ``compute_sample_time``, and ``compute_token_time`` from
+    the per-token one (GAE; group estimators have no token term, as in
+    ``rpeg.cost.stages``).
 
     >>> rows = [{"function": "reward", "batch": b, "tokens": b * n,
-    ...          "seconds": b * 3e-6 + b * n * 1e-7} for b, n in ((16, 4), (64, 20))]
+    ...          "seconds": 2e-4 + b * 3e-6 + b * n * 1e-7} for b, n in ((16, 4), (64, 20),
+    ...                                                                  (64, 4))]
     >>> {k: round(v, 9) for k, v in fit_host(rows).items()}
-    {'reward_sample_overhead': 3e-06, 'reward_token_time': 1e-07}
+    {'reward_call_overhead': 0.0002, 'reward_sample_overhead': 3e-06, 'reward_token_time': 1e-07}
     """
     out: dict[str, float] = {}
-    groups = (("reward_sample_overhead", "reward_token_time", ("reward",)),
-              ("compute_sample_time", "compute_token_time", ("gae", "group_norm", "rloo")))
-    for per_sample, per_token, functions in groups:
+    groups = (("reward", ("reward",)), ("compute", ("gae", "group_norm", "rloo")))
+    names = {"reward": ("reward_call_overhead", "reward_sample_overhead", "reward_token_time"),
+             "compute": ("compute_call_overhead", "compute_sample_time", "compute_token_time")}
+    for group, functions in groups:
         sel = [r for r in rows if r["function"] in functions]
         if not sel:
             continue
         t = np.array([r["seconds"] for r in sel])
-        a = np.array([[r["batch"], r["tokens"] if r["function"] in ("reward", "gae") else 0.0]
-                      for r in sel], float) / t[:, None]
+        a = np.array([[1.0, r["batch"], r["tokens"] if r["function"] in ("reward", "gae")
+                       else 0.0] for r in sel], float) / t[:, None]
         x = _nnls(a, np.ones_like(t))
-        out[per_sample] = float(x[0])
-        if a[:, 1].any():
-            out[per_token] = float(x[1])
+        call, sample, token = names[group]
+        out[call], out[sample] = float(x[0]), float(x[1])
+        if a[:, 2].any():
+            out[token] = float(x[2])
     return out
 
 
 def fit_dispatch(d: dict) -> float:
     """Seconds one Dask task adds between its dependency's end and its own start, from
-    ``rpeg.runtime.dispatch.measure_dispatch`` output (the median gap of task chains on one
-    worker and across two); the cost model charges it per task a stage starts."""
-    value = float(d["dispatch_s"])
+    ``rpeg.runtime.dispatch.measure_dispatch`` output: the median gap of task chains
+    alternating between two workers (``cross_worker_s``). The runtime fuses consecutive ops
+    of a device into one task, so a model stage starts a task of its own when its input
+    comes from the other device, and that is the gap it waits (a task after one on the
+    same worker waits less: ``same_worker_s``). The cost model charges it per task a stage
+    starts.
+
+    >>> fit_dispatch({"dispatch_s": 0.004, "same_worker_s": 0.003, "cross_worker_s": 0.006})
+    0.006
+    """
+    value = float(d.get("cross_worker_s", d["dispatch_s"]))
     if not (math.isfinite(value) and 0.0 <= value < 1.0):
         from rpeg.errors import CostError
         raise CostError(f"the measured dispatch gap must be between 0 and 1 s, not {value}")

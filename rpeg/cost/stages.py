@@ -18,10 +18,12 @@ What each op kind costs (all per step, on the op's devices):
 - FORWARD: one pass over prompt + response (padded to the batch's longest).
 - TRAIN: per optimizer step (minibatches x epochs), forward + backward (+ recomputation)
   over micro-batches in a 1F1B pipeline, TP all-reduces, DP gradient reduction, Adam.
-- SCORE: a python reward is host work per response and per response token (the profile's
-  ``reward_sample_overhead``, ``reward_token_time``); a reward model is a FORWARD.
-- COMPUTE (gae, group_norm, rloo, ...): host work per response (``compute_sample_time``),
-  plus per response token (``compute_token_time``) for a per-token estimator (gae).
+- SCORE: a python reward is host work per call, per response and per response token (the
+  profile's ``reward_call_overhead``, ``reward_sample_overhead``, ``reward_token_time``);
+  a reward model is a FORWARD.
+- COMPUTE (gae, group_norm, rloo, ...): host work per call and per response
+  (``compute_call_overhead``, ``compute_sample_time``), plus per response token
+  (``compute_token_time``) for a per-token estimator (gae).
 - SYNC_WEIGHTS: the model's weights gathered over the op's devices.
 
 Every model stage also pays one Dask task's dispatch (the profile's ``dispatch_s``:
@@ -159,8 +161,9 @@ def _estimate(pipeline, stage, par, devices, topo, cluster, batch, engine, rows,
                         engine, rows, partial)
         return g.cost
     if stage.kind is OpKind.SCORE and not pipeline.has_model(stage.target or ""):
-        # a python reward: per response, and per response token (decoding, text rules)
-        t = batch * gpu.get("reward_sample_overhead", gpu.sample_overhead) \
+        # a python reward: per call, per response, and per response token (decoding, text)
+        t = gpu.get("reward_call_overhead", 0.0) \
+            + batch * gpu.get("reward_sample_overhead", gpu.sample_overhead) \
             + batch * _mean_len(w.gen_len) * gpu.get("reward_token_time", 0.0)
         return StageCost(t, t, 0.0, (("reward", t),))
     if stage.kind is OpKind.COMPUTE:
@@ -168,7 +171,8 @@ def _estimate(pipeline, stage, par, devices, topo, cluster, batch, engine, rows,
         # recursion); a group estimator (group_norm, rloo) works on one score per response
         per_token = stage.function not in _PER_SAMPLE_FUNCTIONS
         tokens = batch * _mean_len(w.gen_len) if per_token else 0.0
-        t = batch * gpu.get("compute_sample_time", gpu.sample_overhead) \
+        t = gpu.get("compute_call_overhead", 0.0) \
+            + batch * gpu.get("compute_sample_time", gpu.sample_overhead) \
             + tokens * gpu.get("compute_token_time", 2e-9)
         return StageCost(t, t, 0.0, (("host", t),))
     model = pipeline.model(stage.target)

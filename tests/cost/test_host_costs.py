@@ -51,3 +51,16 @@ def test_profiles_without_host_terms_fall_back_to_the_sample_overhead():
     p = _pipeline()
     assert estimate_stage(p, "scores", Parallel(), (0,), plain).time_s == pytest.approx(64 * 5e-5)
     assert estimate_stage(p, "adv", Parallel(), (0,), plain).time_s > 64 * 5e-5
+
+
+def test_each_call_of_a_host_op_pays_its_call_overhead():
+    prof = attrs.evolve(PROFILE, extra=PROFILE.extra + (("reward_call_overhead", 3e-4),
+                                                        ("compute_call_overhead", 2e-4)))
+    cluster = cpu_cluster(prof, Link(Level.GPU, 1e9, 1e-4))
+    p = _pipeline()
+    for stage, call in (("scores", 3e-4), ("adv", 2e-4)):
+        base = estimate_stage(p, stage, Parallel(), (0,), CLUSTER).time_s
+        assert estimate_stage(p, stage, Parallel(), (0,), cluster).time_s == \
+            pytest.approx(base + call)
+        half = estimate_stage(p, stage, Parallel(), (0,), cluster, batch=32).time_s
+        assert half > (base + call) / 2             # a chunk of half the batch: same call cost

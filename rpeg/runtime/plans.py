@@ -8,7 +8,8 @@
 The planner is told what this runtime executes (:func:`runtime_limits`): data
 parallelism with DDP, tensor parallelism up to 8 (DTensor; a plan the runtime
 still refuses, such as vLLM at tp > 1, is searched again with tp = 1), one
-torch engine per device, no pipeline parallelism, no ZeRO sharding. ``--strategy runtime-split``
+torch engine per device, partial rollouts with the torch engine, no pipeline
+parallelism, no ZeRO sharding. ``--strategy runtime-split``
 skips the planner and uses the runtime's own split placement
 (``rpeg.runtime.placement``).
 """
@@ -26,11 +27,16 @@ RUNTIME_SPLIT = "runtime-split"
 
 
 def runtime_limits():
-    """The planner's ``Limits`` for what this runtime can execute (vLLM where it is installed)."""
+    """The planner's ``Limits`` for what this runtime can execute (vLLM where it is installed).
+
+    Partial rollouts (a generate stage's ``carry``) run with the torch engine, which keeps
+    the next steps' responses between steps (``backends.torch_backend.generation``); the
+    vLLM engine generates whole responses only.
+    """
     from rpeg.plan.space import Limits, vllm_available
     from rpeg.spec.model import Engine
     engines = {Engine.TORCH} | ({Engine.VLLM} if vllm_available() else set())
-    return Limits(max_tp=8, max_pp=1, zero=False, carry_engines=frozenset(),
+    return Limits(max_tp=8, max_pp=1, zero=False, carry_engines=frozenset({Engine.TORCH}),
                   engines=frozenset(engines))
 
 

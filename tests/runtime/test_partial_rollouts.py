@@ -11,12 +11,14 @@ from pathlib import Path
 import attrs
 import pytest
 
+from rpeg.cli import main
 from rpeg.errors import PlanError
-from rpeg.runtime import RunOptions, run_pipeline, verify_run
+from rpeg.runtime import RunOptions, verify_run
 from rpeg.runtime import core as C
 from rpeg.runtime.instances import build_calls, by_id, graph_for, model_homes
 from rpeg.runtime.placement import split_plan
 from rpeg.runtime.verify import check
+from rpeg.spec import load
 
 PIPELINES = Path(__file__).resolve().parents[2] / "pipelines"
 
@@ -91,17 +93,36 @@ def test_verify_allows_tokens_carry_steps_older_and_no_more(ppo):
 
 # --- real runs -------------------------------------------------------------------------------
 
-def _run(pipeline, plan, tmp_path, scheduler, steps):
-    result = run_pipeline(pipeline, plan, RunOptions(steps=steps, scheduler=scheduler,
-                                                     root=str(tmp_path), progress=False),
-                          spec_path=pipeline.path)
-    report = verify_run(result.path)
-    assert report.ok, str(report)
-    assert len(result.metrics) == steps
-    for row in result.metrics:
+def test_vllm_is_refused_carry_and_torch_is_not():
+    from rpeg.plan.compile import check_executable
+    from rpeg.runtime.plans import runtime_limits
+    from rpeg.spec.model import Engine
+    limits = runtime_limits()
+    assert Engine.TORCH in limits.carry_engines and Engine.VLLM not in limits.carry_engines
+    plan = with_carry(split_plan(load(PIPELINES / "tiny_ppo.rpeg"), 2, staleness=0), 1)
+    check_executable(plan, limits)
+    vllm = attrs.evolve(plan, placements=tuple(
+        attrs.evolve(p, engine=Engine.VLLM) if p.stage == "rollout" else p
+        for p in plan.placements))
+    with pytest.raises(PlanError, match="whole responses each step with the vllm engine"):
+        check_executable(vllm, attrs.evolve(limits, engines=frozenset(Engine)))
+
+
+def _run_plan_file(pipeline, plan, tmp_path, scheduler, steps, capsys):
+    """``rpeg run plan.json`` (a hand-written plan with carry) then ``rpeg verify``."""
+    plan_file, run_dir = tmp_path / "plan.json", tmp_path / "run"
+    plan.save(plan_file)
+    assert main(["run", str(plan_file), "--spec", str(pipeline.path), "--scheduler", scheduler,
+                 "--steps", str(steps), "--no-progress", "--run-dir", str(run_dir),
+                 "--checkpoint-every", "2"]) == 0
+    assert main(["verify", str(run_dir)]) == 0
+    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert len(rows) == steps
+    for row in rows:
         for key in ("reward", "entropy", "policy_loss", "step_time_s"):
             assert math.isfinite(row[key]), (key, row)
-    return result
+    capsys.readouterr()
+    return run_dir, rows
 
 
 def _rollouts(path):
@@ -109,33 +130,49 @@ def _rollouts(path):
     return [e for e in trace["traceEvents"] if e["ph"] == "X" and e["name"] == "rollout"]
 
 
+def _lags(path):
+    return [e["args"]["step"] - e["args"]["version_read"] for e in _rollouts(path)]
+
+
 def test_ppo_with_carry_on_two_workers_verifies_and_verify_catches_a_stale_chunk(
-        ppo, tmp_path, local_cluster):
+        ppo, tmp_path, local_cluster, capsys):
     plan = with_carry(split_plan(ppo, 2, staleness=0), 1)
     with local_cluster(2) as scheduler:
-        result = _run(ppo, plan, tmp_path, scheduler, steps=4)
-    assert all(math.isfinite(r["value_loss"]) for r in result.metrics)
-    events = _rollouts(result.path)
-    lag = [e["args"]["step"] - e["args"]["version_read"] for e in events]
-    assert set(lag) <= {0, 1} and 1 in lag          # some responses started a step early
+        run_dir, rows = _run_plan_file(ppo, plan, tmp_path, scheduler, 4, capsys)
+    assert all(math.isfinite(r["value_loss"]) for r in rows)
+    assert set(_lags(run_dir)) <= {0, 1} and 1 in _lags(run_dir)   # some started a step early
     # a chunk whose tokens are older than staleness + carry allows
-    trace = json.loads((result.path / "trace.json").read_text())
+    trace = json.loads((run_dir / "trace.json").read_text())
     for e in trace["traceEvents"]:
         if e.get("name") == "rollout" and e["args"]["step"] == 3:
             e["args"]["version_read"] = 1
-    (result.path / "trace.json").write_text(json.dumps(trace))
-    report = verify_run(result.path)
-    assert not report.ok
-    assert {v.check for v in report.violations} == {"version"}
+    (run_dir / "trace.json").write_text(json.dumps(trace))
+    assert main(["verify", str(run_dir)]) == 1
     assert "rollout/s3/c0 (step 3): read version 1, must read 2..3 (staleness 0 + carry 1)" \
-        in str(report)
+        in capsys.readouterr().out
 
 
 @pytest.mark.slow
-def test_grpo_with_carry_on_two_workers(grpo, tmp_path, local_cluster):
+def test_grpo_with_carry_verifies_and_a_resumed_run_starts_its_buffer_afresh(
+        grpo, tmp_path, local_cluster, capsys):
+    """After a resume the workers' engines hold nothing: the first step admits the cohorts
+    it lacks, and the run still verifies."""
+    import shutil
+
+    from rpeg.runtime.recovery import Resilience, resume_run
     plan = with_carry(split_plan(grpo, 2, staleness=0), 1)
     with local_cluster(2) as scheduler:
-        result = _run(grpo, plan, tmp_path, scheduler, steps=4)
-    assert all(math.isfinite(r["kl"]) for r in result.metrics)
-    lag = [e["args"]["step"] - e["args"]["version_read"] for e in _rollouts(result.path)]
-    assert set(lag) <= {0, 1} and 1 in lag
+        run_dir, rows = _run_plan_file(grpo, plan, tmp_path, scheduler, 6, capsys)
+        assert all(math.isfinite(r["kl"]) for r in rows)
+        assert set(_lags(run_dir)) <= {0, 1} and 1 in _lags(run_dir)
+        # as if killed after the checkpoint at step 4: that one is the latest
+        shutil.rmtree(run_dir / "checkpoints" / "step-000006")
+        meta = json.loads((run_dir / "run.json").read_text())
+        (run_dir / "run.json").write_text(json.dumps({**meta, "status": "interrupted"}))
+        result = resume_run(run_dir, RunOptions(progress=False, scheduler=scheduler),
+                            Resilience(checkpoint_every=2))
+    assert len(result.metrics) == 6
+    report = verify_run(run_dir)
+    assert report.ok, str(report)
+    resumed = [e for e in _rollouts(run_dir) if e["args"]["step"] == 4]
+    assert {e["args"]["version_read"] for e in resumed} == {4}     # nothing carried over

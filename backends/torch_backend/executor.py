@@ -8,7 +8,9 @@
 The runtime (``rpeg.runtime.worker``) times the call and records the trace
 event; this module does the tensor work. Data in and out is plain numpy and
 ``RolloutChunk`` values. Each replica's ``version`` counts the optimizer steps
-its weights have seen, and is what the trace reports as the version read.
+its weights have seen, and is what the trace reports as the version read; under
+partial rollouts (``call.carry``) a generate op reports its chunk's oldest token's
+version instead (the engine keeps the next steps' responses between steps).
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ import pytest
 
 from rpeg.cli import main
 from rpeg.errors import PlanError
-from rpeg.runtime import RunOptions, verify_run
+from rpeg.runtime import RunOptions, run_pipeline, verify_run
 from rpeg.runtime import core as C
 from rpeg.runtime.instances import build_calls, by_id, graph_for, model_homes
 from rpeg.runtime.placement import split_plan
@@ -53,6 +53,25 @@ def test_a_carrying_generate_op_runs_step_after_step_on_its_device(ppo):
         done.append(op)
         pending += [i.call.id for i in core.handle(C.OpDone(op)) if isinstance(i, C.Submit)]
     assert core.finished and len(done) == len(calls)
+
+
+def test_each_generating_device_keeps_its_own_order(ppo, plan_by_hand):
+    """Two data-parallel generators: each chains its own chunks from step to step."""
+    base = plan_by_hand(ppo, {"rollout": (0, 1)}, chunks=4)
+    plan = with_carry(attrs.evolve(base, placements=tuple(
+        attrs.evolve(p, dp=2) if p.stage == "rollout" else p for p in base.placements)), 1)
+    calls = build_calls(ppo, plan, steps=2)
+    for dev in (0, 1):
+        mine = [c for c in calls if c.op == "rollout" and c.device == dev]
+        assert [c.step for c in mine] == [0, 0, 1, 1]
+        for prev, nxt in zip(mine, mine[1:], strict=False):
+            assert prev.id in nxt.after
+            assert not any(a.startswith("rollout/") and table_device(calls, a) != dev
+                           for a in nxt.after)
+
+
+def table_device(calls, op_id):
+    return by_id(calls)[op_id].device
 
 
 def test_a_carry_beyond_the_staleness_bound_is_refused(ppo):
@@ -176,3 +195,26 @@ def test_grpo_with_carry_verifies_and_a_resumed_run_starts_its_buffer_afresh(
     assert report.ok, str(report)
     resumed = [e for e in _rollouts(run_dir) if e["args"]["step"] == 4]
     assert {e["args"]["version_read"] for e in resumed} == {4}     # nothing carried over
+
+
+@pytest.mark.slow
+def test_a_tensor_parallel_generator_carries_like_an_unsplit_one(ppo, tmp_path, local_cluster,
+                                                                 plan_by_hand):
+    """Both ranks of a tp = 2 group keep the same buffer: the run matches tp = 1."""
+    def on(devs):
+        base = plan_by_hand(ppo, {}, devices=2, homes={"actor": devs, "critic": devs})
+        return with_carry(attrs.evolve(base, placements=tuple(
+            attrs.evolve(p, devices=devs, tp=len(devs)) if p.stage in (
+                "rollout", "ref_lp", "values", "actor_step", "critic_step") else p
+            for p in base.placements)), 1)
+    runs = []
+    with local_cluster(2) as scheduler:
+        for devs in ((0,), (0, 1)):
+            result = run_pipeline(ppo, on(devs), RunOptions(
+                steps=3, scheduler=scheduler, root=str(tmp_path / str(len(devs))),
+                progress=False), spec_path=ppo.path)
+            assert verify_run(result.path).ok
+            runs.append(result.metrics)
+    for a, b in zip(*runs, strict=True):
+        for key in ("reward", "policy_loss", "value_loss", "response_len"):
+            assert a[key] == pytest.approx(b[key], rel=1e-3, abs=1e-4), key

@@ -12,8 +12,9 @@ spec's staleness 1:
   responses; they finish under the next weights);
 * ``sync``: staleness 0, whole responses.
 
-Per run: median step time (steps after the first 5), final reward (mean of the
-last 5 steps), the cost model's step time for the plan, whether ``rpeg verify``
+Per run: median and mean step time (steps after the first 5; a carrying run's
+steps alternate between long and short ones, so ratios compare means), final
+reward (mean of the last 5 steps), the cost model's step time for the plan, whether ``rpeg verify``
 accepts it; and whether the planner, allowed to carry (``runtime_limits``), picks
 carry for the pipeline. Runs are what ``rpeg run`` runs (``benchmarks/runtime.py``'s
 ``dask_run``: the resilient runner on an embedded cluster, waiting for a quieter
@@ -58,13 +59,19 @@ def pipeline_runs(name: str, steps: int, seeds: list[int], root: Path) -> dict:
         for kind, (k, c) in VARIANTS.items():
             v = variant(plan, k, c)
             r = R.dask_run(seeded, v, steps, root)
-            r.update(kind=kind, seed=seed, staleness=k, carry=c,
+            r.update(kind=kind, seed=seed, staleness=k, carry=c, mean_step_s=mean_step(r),
                      predicted_step_s=round(R.predicted(seeded, v), 4))
             print(name, kind, seed, r["median_step_s"], r["final_reward"], r["verified"],
                   flush=True)
             out["runs"].append(r)
     out["summary"] = summary(out["runs"])
     return out
+
+
+def mean_step(run: dict) -> float:
+    rows = [json.loads(x) for x in
+            (Path(run["run_dir"]) / "metrics.jsonl").read_text().splitlines()]
+    return round(statistics.mean(r["step_time_s"] for r in rows[R.WARMUP:] or rows), 4)
 
 
 def summary(runs: list[dict]) -> dict:
@@ -74,27 +81,29 @@ def summary(runs: list[dict]) -> dict:
         return statistics.mean(r[key] for r in by[kind])
     return {
         **{f"{k}_median_step_s": round(mean(k, "median_step_s"), 4) for k in VARIANTS},
+        **{f"{k}_mean_step_s": round(mean(k, "mean_step_s"), 4) for k in VARIANTS},
         **{f"{k}_final_reward": round(mean(k, "final_reward"), 4) for k in VARIANTS},
-        "carry_vs_sync_step_ratio": round(mean("carry", "median_step_s")
-                                          / mean("sync", "median_step_s"), 3),
-        "carry_vs_async_step_ratio": round(mean("carry", "median_step_s")
-                                           / mean("async", "median_step_s"), 3),
+        "carry_vs_sync_step_ratio": round(mean("carry", "mean_step_s")
+                                          / mean("sync", "mean_step_s"), 3),
+        "carry_vs_async_step_ratio": round(mean("carry", "mean_step_s")
+                                           / mean("async", "mean_step_s"), 3),
         "all_verified": all(r["verified"] for r in runs),
     }
 
 
 def table(results: dict) -> str:
-    lines = ["| pipeline | kind | seed | staleness | carry | median step s | predicted s | "
-             "final reward | verified |", "|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| pipeline | kind | seed | staleness | carry | median step s | mean step s | "
+             "predicted s | final reward | verified |", "|---|---|---|---|---|---|---|---|---|---|"]
     for name, res in results["pipelines"].items():
         for r in res["runs"]:
             lines.append(f"| {name} | {r['kind']} | {r['seed']} | {r['staleness']} | "
-                         f"{r['carry']} | {r['median_step_s']:.4f} | {r['predicted_step_s']:.4f}"
-                         f" | {r['final_reward']:.3f} | {r['verified']} |")
+                         f"{r['carry']} | {r['median_step_s']:.4f} | {r['mean_step_s']:.4f} | "
+                         f"{r['predicted_step_s']:.4f} | {r['final_reward']:.3f} | "
+                         f"{r['verified']} |")
     lines.append("")
     for name, res in results["pipelines"].items():
         s = res["summary"]
-        lines.append(f"- {name}: carry/sync step time {s['carry_vs_sync_step_ratio']}, "
+        lines.append(f"- {name}: carry/sync mean step time {s['carry_vs_sync_step_ratio']}, "
                      f"carry/async {s['carry_vs_async_step_ratio']}; final reward async "
                      f"{s['async_final_reward']}, carry {s['carry_final_reward']}, sync "
                      f"{s['sync_final_reward']}; the planner picks carry: "
@@ -108,17 +117,28 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=80)
     ap.add_argument("--seeds", type=int, default=2)
     ap.add_argument("--root", default=str(ROOT / "runs" / "bench-partial"))
+    ap.add_argument("--resummarize", action="store_true",
+                    help="recompute the summary from the results file's run directories")
     args = ap.parse_args()
     steps, seeds = (20, [0]) if args.quick else (args.steps, list(range(args.seeds)))
-    t = time.time()
-    results = {"machine": {"platform": platform.platform(), "python": platform.python_version(),
-                           "load_avg_start": R.load_avg()},
-               "steps": steps, "seeds": seeds,
-               "pipelines": {n: pipeline_runs(n, steps, seeds, Path(args.root))
-                             for n in ("tiny_ppo", "tiny_grpo")}}
-    results["wall_s"] = round(time.time() - t, 1)
     out = ROOT / "benchmarks" / "results"
     suffix = "-quick" if args.quick else ""
+    if args.resummarize:
+        results = json.loads((out / f"partial_rollouts{suffix}.json").read_text())
+        steps, seeds = results["steps"], results["seeds"]
+        for res in results["pipelines"].values():
+            for r in res["runs"]:
+                r["mean_step_s"] = mean_step(r)
+            res["summary"] = summary(res["runs"])
+    else:
+        t = time.time()
+        results = {"machine": {"platform": platform.platform(),
+                               "python": platform.python_version(),
+                               "load_avg_start": R.load_avg()},
+                   "steps": steps, "seeds": seeds,
+                   "pipelines": {n: pipeline_runs(n, steps, seeds, Path(args.root))
+                                 for n in ("tiny_ppo", "tiny_grpo")}}
+        results["wall_s"] = round(time.time() - t, 1)
     (out / f"partial_rollouts{suffix}.json").write_text(json.dumps(results, indent=2) + "\n")
     (out / f"partial_rollouts{suffix}.md").write_text(
         f"# Partial rollouts on the local cluster ({steps} steps, seeds {seeds})\n\n"

@@ -68,9 +68,12 @@ def plan_for_run(file: str | Path, *, spec: str | Path | None = None,
                               cluster=c.name if c else "local")
         else:
             plan = _compile(pipeline, c, strategy, seed, budget_s)
-    if staleness is not None:
+    if staleness is not None:              # a partial rollout's carry counts in the age too
         plan = attrs.evolve(plan, staleness=tuple((st, min(k, staleness))
                                                   for st, k in plan.staleness))
+        plan = attrs.evolve(plan, placements=tuple(
+            attrs.evolve(p, carry=min(p.carry, staleness - plan.staleness_of(p.stage)))
+            for p in plan.placements))
     return pipeline, plan, spec_path
 
 

@@ -81,6 +81,15 @@ def test_a_carry_beyond_the_staleness_bound_is_refused(ppo):
         build_calls(ppo, with_carry(split_plan(ppo, 2, staleness=0), 1, "ref_lp"), steps=2)
 
 
+def test_a_staleness_cap_caps_the_carry_too(ppo, tmp_path):
+    from rpeg.runtime.plans import plan_for_run
+    plan_file = tmp_path / "plan.json"
+    with_carry(split_plan(ppo, 2, staleness=0), 1).save(plan_file)
+    for cap, carry in ((None, 1), (1, 1), (0, 0)):           # --staleness 0: synchronous
+        _, plan, _ = plan_for_run(plan_file, spec=ppo.path, staleness=cap)
+        assert plan.placement("rollout").carry == carry
+
+
 def _trace(calls, workers, read):
     from rpeg.runtime.core import _submission_order
     table = {c.id: c for c in calls}

@@ -44,7 +44,8 @@ def register(app: typer.Typer) -> None:
                                         "rollouts)."),
         runnable: bool = typer.Option(False, "--runnable",
                                       help="Plan only what `rpeg run` executes (no pipeline "
-                                           "parallelism, ZeRO or partial rollouts)."),
+                                           "parallelism or ZeRO; partial rollouts with the "
+                                           "torch engine only)."),
         as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
         no_gantt: bool = typer.Option(False, "--no-gantt", help="Skip the Gantt picture."),
     ) -> None:

@@ -12,7 +12,8 @@ spec's staleness 1:
   responses; they finish under the next weights);
 * ``sync``: staleness 0, whole responses.
 
-Per run: median and mean step time (steps after the first 5; a carrying run's
+Per run: the generate op's time per step, measured and predicted (the cost
+model's ``op_times``); median and mean step time (steps after the first 5; a carrying run's
 steps alternate between long and short ones, so ratios compare means), final
 reward (mean of the last 5 steps), the cost model's step time for the plan, whether ``rpeg verify``
 accepts it; and whether the planner, allowed to carry (``runtime_limits``), picks
@@ -60,7 +61,8 @@ def pipeline_runs(name: str, steps: int, seeds: list[int], root: Path) -> dict:
             v = variant(plan, k, c)
             r = R.dask_run(seeded, v, steps, root)
             r.update(kind=kind, seed=seed, staleness=k, carry=c, mean_step_s=mean_step(r),
-                     predicted_step_s=round(R.predicted(seeded, v), 4))
+                     rollout_s=rollout_time(r), predicted_step_s=round(R.predicted(seeded, v), 4),
+                     predicted_rollout_s=predicted_rollout(seeded, v))
             print(name, kind, seed, r["median_step_s"], r["final_reward"], r["verified"],
                   flush=True)
             out["runs"].append(r)
@@ -74,6 +76,24 @@ def mean_step(run: dict) -> float:
     return round(statistics.mean(r["step_time_s"] for r in rows[R.WARMUP:] or rows), 4)
 
 
+def rollout_time(run: dict) -> float:
+    """Mean seconds a step's generate op ran (its chunks' durations summed), after warm-up."""
+    trace = json.loads((Path(run["run_dir"]) / "trace.json").read_text())
+    per: dict[int, float] = {}
+    for e in trace["traceEvents"]:
+        if e.get("ph") == "X" and e.get("cat") == "generate":
+            per[e["args"]["step"]] = per.get(e["args"]["step"], 0.0) + e["dur"] / 1e6
+    kept = [t for s, t in per.items() if s >= R.WARMUP] or list(per.values())
+    return round(statistics.mean(kept), 4)
+
+
+def predicted_rollout(pipeline, plan) -> float:
+    from rpeg.plan.evaluate import Evaluator
+    from rpeg.spec import load_cluster
+    done = Evaluator(pipeline, load_cluster(R.CLUSTER)).evaluate(plan)
+    return round(dict(done.plan.predicted.op_times).get("rollout", float("nan")), 4)
+
+
 def summary(runs: list[dict]) -> dict:
     by = {k: [r for r in runs if r["kind"] == k] for k in VARIANTS}
 
@@ -82,6 +102,11 @@ def summary(runs: list[dict]) -> dict:
     return {
         **{f"{k}_median_step_s": round(mean(k, "median_step_s"), 4) for k in VARIANTS},
         **{f"{k}_mean_step_s": round(mean(k, "mean_step_s"), 4) for k in VARIANTS},
+        **{f"{k}_rollout_s": round(mean(k, "rollout_s"), 4) for k in VARIANTS},
+        "carry_vs_sync_rollout_ratio": round(mean("carry", "rollout_s")
+                                             / mean("sync", "rollout_s"), 3),
+        "predicted_carry_vs_sync_rollout_ratio": round(
+            mean("carry", "predicted_rollout_s") / mean("sync", "predicted_rollout_s"), 3),
         **{f"{k}_final_reward": round(mean(k, "final_reward"), 4) for k in VARIANTS},
         "carry_vs_sync_step_ratio": round(mean("carry", "mean_step_s")
                                           / mean("sync", "mean_step_s"), 3),
@@ -93,18 +118,22 @@ def summary(runs: list[dict]) -> dict:
 
 def table(results: dict) -> str:
     lines = ["| pipeline | kind | seed | staleness | carry | median step s | mean step s | "
-             "predicted s | final reward | verified |", "|---|---|---|---|---|---|---|---|---|---|"]
+             "predicted s | rollout s | predicted rollout s | final reward | verified |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, res in results["pipelines"].items():
         for r in res["runs"]:
             lines.append(f"| {name} | {r['kind']} | {r['seed']} | {r['staleness']} | "
                          f"{r['carry']} | {r['median_step_s']:.4f} | {r['mean_step_s']:.4f} | "
-                         f"{r['predicted_step_s']:.4f} | {r['final_reward']:.3f} | "
+                         f"{r['predicted_step_s']:.4f} | {r['rollout_s']:.4f} | "
+                         f"{r['predicted_rollout_s']:.4f} | {r['final_reward']:.3f} | "
                          f"{r['verified']} |")
     lines.append("")
     for name, res in results["pipelines"].items():
         s = res["summary"]
         lines.append(f"- {name}: carry/sync mean step time {s['carry_vs_sync_step_ratio']}, "
-                     f"carry/async {s['carry_vs_async_step_ratio']}; final reward async "
+                     f"carry/async {s['carry_vs_async_step_ratio']}; carry/sync rollout time "
+                     f"{s['carry_vs_sync_rollout_ratio']} (predicted "
+                     f"{s['predicted_carry_vs_sync_rollout_ratio']}); final reward async "
                      f"{s['async_final_reward']}, carry {s['carry_final_reward']}, sync "
                      f"{s['sync_final_reward']}; the planner picks carry: "
                      f"{res['planner_carry'] or 'no'}")
@@ -126,9 +155,15 @@ def main() -> None:
     if args.resummarize:
         results = json.loads((out / f"partial_rollouts{suffix}.json").read_text())
         steps, seeds = results["steps"], results["seeds"]
-        for res in results["pipelines"].values():
+        for name, res in results["pipelines"].items():
+            pipeline, plan, _ = plan_for_run(ROOT / "pipelines" / f"{name}.rpeg",
+                                             cluster=R.CLUSTER)
             for r in res["runs"]:
-                r["mean_step_s"] = mean_step(r)
+                v = variant(plan, r["staleness"], r["carry"])
+                seeded = R.with_seed(pipeline, r["seed"])
+                r.update(mean_step_s=mean_step(r), rollout_s=rollout_time(r),
+                         predicted_step_s=round(R.predicted(seeded, v), 4),
+                         predicted_rollout_s=predicted_rollout(seeded, v))
             res["summary"] = summary(res["runs"])
     else:
         t = time.time()

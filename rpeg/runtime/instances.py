@@ -45,6 +45,7 @@ import attrs
 
 from rpeg.errors import PlanError
 from rpeg.graph import Graph
+from rpeg.plan.evaluate import partial_problem
 from rpeg.plan.model import Plan
 from rpeg.spec.model import Engine, OpKind, Pipeline
 
@@ -105,7 +106,6 @@ def build_calls(pipeline: Pipeline, plan: Plan, steps: int) -> tuple[OpCall, ...
     """Every op instance of ``steps`` steps, in an order where dependencies come first
     (except write-after-read edges, which may point one staleness window ahead)."""
     graph = graph_for(pipeline, plan)
-    from rpeg.plan.evaluate import partial_problem
     problem = partial_problem(pipeline, plan)
     if problem:                      # a hand-written plan: a carry past the staleness bound
         raise PlanError(problem, hint="lower the stage's carry or its staleness")

@@ -292,8 +292,8 @@ def fit_dispatch(d: dict) -> float:
     alternating between two workers (``cross_worker_s``). The runtime fuses consecutive ops
     of a device into one task, so a model stage starts a task of its own when its input
     comes from the other device, and that is the gap it waits (a task after one on the
-    same worker waits less: ``same_worker_s``). The cost model charges it per task a stage
-    starts.
+    same worker waits less: ``same_worker_s``). The simulator charges it wherever an op's
+    input comes from other devices.
 
     >>> fit_dispatch({"dispatch_s": 0.004, "same_worker_s": 0.003, "cross_worker_s": 0.006})
     0.006

@@ -26,8 +26,15 @@ What each op kind costs (all per step, on the op's devices):
   (``compute_token_time``) for a per-token estimator (gae).
 - SYNC_WEIGHTS: the model's weights gathered over the op's devices.
 
-Every model stage also pays one Dask task's dispatch (the profile's ``dispatch_s``:
-measured on the CPU profile, Dask's documented ~1 ms on GPU profiles) before it starts.
+The dispatch of a Dask task (the profile's ``dispatch_s``: measured on the CPU profile,
+Dask's documented ~1 ms on GPU profiles) is not part of a stage: the runtime fuses the
+consecutive ops of a device into one task and starts a new one when an input comes from
+another device, so the simulator charges it per such crossing
+(:func:`rpeg.plan.simulate.simulate`).
+
+A policy-gradient train stage reading responses sampled with older weights (staleness or
+a partial rollout's carry: ``off_policy``) first runs a forward pass without gradients
+over its batch, for the importance weights of the off-policy correction.
 
 On devices that share a last-level cache and memory (the CPU profile's
 ``concurrency_slowdown``), a multi-device op computes that much slower.
@@ -101,7 +108,8 @@ def _check_devices(devices: Sequence[int], par: Parallel, stage: str) -> None:
 def estimate_stage(pipeline: Pipeline, stage_name: str, par: Parallel, devices: Sequence[int],
                    cluster: Cluster, *, batch: int | None = None,
                    engine: Engine = Engine.TORCH, rows: int | None = None,
-                   padded_len: float | None = None, partial: int = 0) -> StageCost:
+                   padded_len: float | None = None, partial: int = 0,
+                   off_policy: bool = False) -> StageCost:
     """Predicted seconds of one step of ``stage_name`` on ``devices`` laid out as ``par``.
     ``rows``: at most this many sequences generated at once per replica (see
     :func:`generation_rows`); None for the whole local batch in one wave.
@@ -116,29 +124,16 @@ def estimate_stage(pipeline: Pipeline, stage_name: str, par: Parallel, devices: 
     topo = Topology.from_cluster(cluster)
     gpu = cluster.gpu
     cost = _estimate(pipeline, stage, par, devices, topo, cluster, batch, engine, rows,
-                     padded_len, partial)
+                     padded_len, partial, off_policy)
     cost = _concurrent(cost, gpu.get("concurrency_slowdown", 1.0)) if len(devices) > 1 \
         else cost
-    return cost if is_host_stage(pipeline, stage) else _with_dispatch(cost, gpu)
+    return cost
 
 
 def is_host_stage(pipeline: Pipeline, stage) -> bool:
     """A per-sample host op: a python reward or a compute function (no model)."""
     return stage.kind is OpKind.COMPUTE or (stage.kind is OpKind.SCORE
                                             and not pipeline.has_model(stage.target or ""))
-
-
-def _with_dispatch(cost: StageCost, gpu) -> StageCost:
-    """One Dask task's dispatch (the profile's ``dispatch_s``, measured by ``rpeg
-    calibrate``) before a model stage starts: the runtime fuses consecutive ops of a device
-    into one task, so a model stage starts a task whenever its inputs come from another
-    device, the common case on a split placement (host ops, cheap and beside the op whose
-    output they read, ride in its task). On the CPU profile it is milliseconds."""
-    d = gpu.get("dispatch_s", 0.0)
-    if d <= 0:
-        return cost
-    return StageCost(cost.time_s + d, cost.compute_s, cost.comm_s,
-                     cost.breakdown + (("dispatch", d),))
 
 
 def _concurrent(cost: StageCost, slowdown: float) -> StageCost:
@@ -153,7 +148,7 @@ def _concurrent(cost: StageCost, slowdown: float) -> StageCost:
 
 
 def _estimate(pipeline, stage, par, devices, topo, cluster, batch, engine, rows,
-              padded_len=None, partial=0) -> StageCost:
+              padded_len=None, partial=0, off_policy=False) -> StageCost:
     gpu, w = cluster.gpu, pipeline.workload
     if stage.kind is OpKind.GENERATE:
         model = pipeline.model(stage.target)
@@ -182,7 +177,8 @@ def _estimate(pipeline, stage, par, devices, topo, cluster, batch, engine, rows,
         return _forward(model, par, devices, topo, cluster, batch, w.prompt_len, gen)
     if stage.kind is OpKind.TRAIN:
         steps = int(stage.param("minibatches", 1) or 1) * int(stage.param("epochs", 1) or 1)
-        return _train(model, par, devices, topo, cluster, batch, w.prompt_len, gen, steps)
+        return _train(model, par, devices, topo, cluster, batch, w.prompt_len, gen, steps,
+                      off_policy)
     if stage.kind is OpKind.SYNC_WEIGHTS:
         t = weight_sync_time(model, devices[:1], Parallel(), devices, par, cluster)
         return StageCost(t, 0.0, t, (("sync", t),))
@@ -224,16 +220,15 @@ def generation_chunks(pipeline: Pipeline, stage_name: str, par: Parallel,
     total = _concurrent(g.cost, cluster.gpu.get("concurrency_slowdown", 1.0)).time_s \
         if len(devices) > 1 else g.cost.time_s
     scale = total / g.cost.time_s if g.cost.time_s > 0 else 1.0
-    d = max(cluster.gpu.get("dispatch_s", 0.0), 0.0)    # the task's dispatch, before it starts
     per_chunk = np.array_split(np.arange(len(finish)), chunks)
     out = []
     for idx in per_chunk:
         if len(idx) == 0:
             continue
-        out.append((d + min(float(finish[idx[-1]]) * scale, total), len(idx) * par.dp,
+        out.append((min(float(finish[idx[-1]]) * scale, total), len(idx) * par.dp,
                     float(lengths[idx].max())))
     if part is not None and out:                  # the step ends when the carried ones stop
-        out[-1] = (d + total,) + out[-1][1:]
+        out[-1] = (total,) + out[-1][1:]
     # The runtime sees the batch, not our per-replica rounding: fix the count to the batch.
     count = sum(n for _, n, _ in out)
     if out and count != batch:
@@ -604,7 +599,8 @@ def _layer_comm(model, par, devices, topo, tokens, bpv, layers, per_layer) -> fl
     return tp + pp
 
 
-def _train(model, par, devices, topo, cluster, batch, prompt_len, gen, opt_steps) -> StageCost:
+def _train(model, par, devices, topo, cluster, batch, prompt_len, gen, opt_steps,
+           off_policy=False) -> StageCost:
     gpu = cluster.gpu
     check_parallel(model.dims, par, model.name)
     d, hd, bpv = model.dims, head_dims(model), value_bytes(model, gpu)
@@ -637,8 +633,14 @@ def _train(model, par, devices, topo, cluster, batch, prompt_len, gen, opt_steps
     # the host link (once per train op: the state stays on the device across its steps).
     offload = offload_time(model, par, gpu)
     comm += offload
+    # the off-policy correction's forward: the whole local batch once, no gradients
+    prox = opt_steps * (m + par.pp - 1) * fwd if off_policy else 0.0
+    prox_comm = opt_steps * comm_layers / 2 if off_policy else 0.0
+    compute += prox
+    comm += prox_comm
     return StageCost(compute + comm, compute, comm,
-                     (("forward+backward", opt_steps * fb), ("optimizer", opt_steps * opt),
+                     (("proximal_forward", prox + prox_comm),
+                      ("forward+backward", opt_steps * fb), ("optimizer", opt_steps * opt),
                       ("host", opt_steps * host), ("tp+pp", opt_steps * comm_layers),
                       ("dp_grad_reduce", opt_steps * dp_comm), ("offload", offload)))
 

@@ -42,6 +42,7 @@ from rpeg.plan.simulate import OpTiming, Timeline, simulate, steps_for
 from rpeg.spec.model import Cluster, OpKind, Pipeline
 
 GB = 1e9
+POLICY_LOSSES = frozenset({"ppo_clip", "grpo"})    # losses with the off-policy correction
 
 
 @attrs.frozen
@@ -131,18 +132,19 @@ class Evaluator:
     # --- cached cost-model calls ---------------------------------------------------
 
     def stage_time(self, stage: str, p: StagePlacement, rows: int | None = None,
-                   chunk: tuple[int, float] | None = None) -> float:
-        """Seconds of ``stage``; ``chunk``: (responses, longest) of one streamed chunk."""
-        key = ("t", stage, p, rows, chunk)
+                   chunk: tuple[int, float] | None = None, off_policy: bool = False) -> float:
+        """Seconds of ``stage``; ``chunk``: (responses, longest) of one streamed chunk;
+        ``off_policy``: a train stage corrects for responses sampled with older weights."""
+        key = ("t", stage, p, rows, chunk, off_policy)
         if key not in self._cost:
-            canonical = ("t", stage, self.canonical(p), rows, chunk)
+            canonical = ("t", stage, self.canonical(p), rows, chunk, off_policy)
             if canonical not in self._cost:
                 q = canonical[2]
                 batch, padded = chunk if chunk is not None else (None, None)
                 self._cost[canonical] = estimate_stage(
                     self.pipeline, stage, parallel_of(q), q.devices, self.cluster,
                     engine=q.engine, rows=rows, batch=batch, padded_len=padded,
-                    partial=self.cap(q)).time_s
+                    partial=self.cap(q), off_policy=off_policy).time_s
             self._cost[key] = self._cost[canonical]
         return self._cost[key]
 
@@ -286,7 +288,8 @@ class Evaluator:
         if feasible or simulate_infeasible:
             timings, op_times = self.timings(plan, graph)
             steps = self.steps or steps_for(max((k for _, k in plan.staleness), default=0))
-            timeline = simulate(graph, timings, steps=steps, events=detail)
+            timeline = simulate(graph, timings, steps=steps, events=detail,
+                                crossing_s=max(self.cluster.gpu.get("dispatch_s", 0.0), 0.0))
             step = timeline.step_time_s
             predicted = Predicted(
                 step_time_s=step,
@@ -306,7 +309,6 @@ class Evaluator:
             return False
 
     def timings(self, plan: Plan, graph: Graph):
-        pipeline = self.pipeline
         timings: dict[str, OpTiming] = {}
         op_times: list[tuple[str, float]] = []
         trainer = {o.writes_model: o for o in graph.ops if o.kind is OpKind.TRAIN}
@@ -329,7 +331,7 @@ class Evaluator:
             elif op.kind is OpKind.TRAIN:
                 # Train stages of a shared backbone: one pass with a combined loss on the
                 # first stage's schedule (its minibatches); the extra head costs nothing here.
-                t = self.stage_time(op.stages[0], p)
+                t = self.stage_time(op.stages[0], p, off_policy=self._off_policy(op, plan, graph))
                 t += self._reload(op, p, trainer, plan)
                 timing = OpTiming(p.devices, t)
             else:
@@ -341,8 +343,8 @@ class Evaluator:
                     t = sum(per_chunk)
                 else:
                     t = self._fused(op, plan, None) + reload
-                devices = () if all(is_host_op(pipeline, s) for s in op.stages) else p.devices
-                timing = OpTiming(devices, t, chunk_times=tuple(per_chunk))
+                # host ops too: they run in their device's worker, which waits for them
+                timing = OpTiming(p.devices, t, chunk_times=tuple(per_chunk))
             timings[op.name] = timing
             op_times.append((op.name, round(timing.time_s, 6)))
         for op in graph.ops:
@@ -365,6 +367,16 @@ class Evaluator:
             timings[op.name] = OpTiming(devices, t)
             op_times.append((op.name, round(t, 6)))
         return timings, tuple((n, round(timings[n].time_s, 6)) for n, _ in op_times)
+
+    def _off_policy(self, op, plan: Plan, graph: Graph) -> bool:
+        """A policy-gradient train op whose responses were sampled with older weights (the
+        generate stage's staleness or carry): it runs the correction's extra forward."""
+        loss = self.pipeline.stage(op.stages[0]).param("loss")
+        if getattr(loss, "name", str(loss) if loss else "ppo_clip") not in POLICY_LOSSES:
+            return False
+        return any(plan.staleness_of(g.stages[0]) + plan.placement(g.stages[0]).carry > 0
+                   for g in graph.ops if g.kind is OpKind.GENERATE
+                   and g.reads_model == op.writes_model)
 
     def snapshot_time(self, model: str, p: StagePlacement) -> float:
         """Seconds to copy a trainer's weight shard into host memory (a staging copy the

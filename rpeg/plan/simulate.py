@@ -157,10 +157,22 @@ def chunk_durations(graph: Graph, timings: dict[str, OpTiming],
 
 
 def simulate(graph: Graph, timings: dict[str, OpTiming], steps: int = 6, *,
-             events: bool = True) -> Timeline:
+             events: bool = True, crossing_s: float = 0.0) -> Timeline:
     """Run ``steps`` steps of ``graph`` with the given op timings; see the module doc.
     ``events=False``: the step figures only, no per-instance events (a search needs no
-    more; ``busy`` and ``bubbles`` are then empty)."""
+    more; ``busy`` and ``bubbles`` are then empty). ``crossing_s``: what an output takes to
+    reach an op on other devices (a new task dispatched there); an op on the same devices
+    as its input's producer (the same task, or the next one already queued) waits nothing.
+
+        >>> from rpeg.graph import Graph, Op, DataEdge
+        >>> from rpeg.spec.model import OpKind
+        >>> g = Graph("toy", (Op("a", OpKind.FORWARD, outputs=("x",)),
+        ...                   Op("b", OpKind.FORWARD, inputs=("x",))),
+        ...           (DataEdge("a", "b", "x"),), (), (), ())
+        >>> t = {"a": OpTiming((0,), 2.0), "b": OpTiming((1,), 1.0)}
+        >>> [(e.start, e.end) for e in simulate(g, t, steps=2, crossing_s=0.5).events]
+        [(0.0, 2.0), (2.0, 4.0), (2.5, 3.5), (4.5, 5.5)]
+    """
     chunks = tuple(sorted((n, len(t.chunk_ends)) for n, t in timings.items()
                           if len(t.chunk_ends) > 1))
     prep = _prepare(graph, steps, chunks)
@@ -175,11 +187,13 @@ def simulate(graph: Graph, timings: dict[str, OpTiming], steps: int = 6, *,
     ready = [k for k, w in enumerate(waiting) if w == 0]
     busy = 0
     running: list[tuple[float, int]] = []
+    arriving: list[tuple[float, int]] = []      # (when its last input arrives, instance)
+    at = [0.0] * len(insts)                      # when each instance's inputs are all there
     start = [0.0] * len(insts)
     end = [0.0] * len(insts)
     now = 0.0
     started = 0
-    while ready or running:
+    while ready or running or arriving:
         still: list[int] = []
         for k in ready:
             if need[k] & busy:
@@ -190,18 +204,27 @@ def simulate(graph: Graph, timings: dict[str, OpTiming], steps: int = 6, *,
             heapq.heappush(running, (end[k], k))
             started += 1
         ready = still
-        if not running:
+        if not running and not arriving:
             break
-        now = running[0][0]
+        now = min(running[0][0] if running else math.inf,
+                  arriving[0][0] if arriving else math.inf)
         fresh = False
         while running and running[0][0] <= now:
             _, k = heapq.heappop(running)
             busy &= ~need[k]
             for nxt in prep.dependents[k]:
+                if crossing_s and need[nxt] != need[k]:
+                    at[nxt] = max(at[nxt], now + crossing_s)
                 waiting[nxt] -= 1
                 if waiting[nxt] == 0:
-                    ready.append(nxt)
-                    fresh = True
+                    if at[nxt] > now:
+                        heapq.heappush(arriving, (at[nxt], nxt))
+                    else:
+                        ready.append(nxt)
+                        fresh = True
+        while arriving and arriving[0][0] <= now:
+            ready.append(heapq.heappop(arriving)[1])
+            fresh = True
         if fresh:
             ready.sort()
     if started != len(insts):

@@ -11,7 +11,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 
-MODULES = ["compute", "memory", "stages", "topology", "profiles", "examples", "calibrate",
+MODULES = ["compute", "memory", "stages", "topology", "profiles", "examples", "calibrate", "partial",
            "__init__"]
 
 

@@ -85,3 +85,14 @@ def test_capped_chunks_hold_the_batch_and_end_with_the_step(ppo8b):
         assert ends[-1] == pytest.approx(total, rel=1e-6)
         # a consumer pads a chunk to its longest whole response, carried ones included
         assert all(cap < top <= ppo8b.workload.gen_len.max_len for _, _, top in ch)
+
+
+def test_an_off_policy_train_step_pays_the_correction_forward(ppo8b):
+    gh = cluster_of("gh200", 4, 4)
+    par, devs = Parallel(dp=16), tuple(range(16))
+    on = estimate_stage(ppo8b, "actor_step", par, devs, gh)
+    off = estimate_stage(ppo8b, "actor_step", par, devs, gh, off_policy=True)
+    fb = dict(on.breakdown)["forward+backward"]
+    extra = dict(off.breakdown)["proximal_forward"]
+    # one forward of the batch: a fraction of the forward + backward passes
+    assert 0 < extra < fb / 2 and off.time_s == pytest.approx(on.time_s + extra, rel=1e-9)

@@ -114,3 +114,24 @@ def test_weight_sync_between_disjoint_groups_holds_only_the_generator(ppo8b, gh8
                                                          abs=1e-6)
     shared, _ = ev.timings(out.best.plan, ev.graph(out.best.plan))     # colocated
     assert shared["sync_actor"].devices == tuple(range(8))
+
+
+def test_stale_or_carried_responses_cost_the_trainer_a_forward(ppo8b, gh8, coloc):
+    """The off-policy correction runs a forward before a PPO update on responses sampled
+    with older weights (staleness or a carry), not on synchronous ones; the critic's value
+    loss needs none. Host ops occupy their devices' workers."""
+    _, ev, out = coloc
+    plan = out.best.plan
+    times = {}
+    for name, edit in (("sync", {}), ("stale", {"staleness": (("rollout", 1),)}),
+                       ("carry", {"placements": tuple(attrs.evolve(p, carry=1)
+                                                     if p.stage == "rollout" else p
+                                                     for p in plan.placements)})):
+        e = ev.evaluate(attrs.evolve(plan, predicted=None, **edit))
+        times[name] = dict(e.plan.predicted.op_times)
+    assert times["stale"]["actor_step"] > times["sync"]["actor_step"]
+    assert times["carry"]["actor_step"] == pytest.approx(times["stale"]["actor_step"])
+    assert times["stale"]["critic_step"] == pytest.approx(times["sync"]["critic_step"])
+    graph = ev.graph(plan)
+    timings, _ = ev.timings(plan, graph)
+    assert timings["scores"].devices == plan.placement("scores").devices

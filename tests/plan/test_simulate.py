@@ -163,3 +163,15 @@ def test_step_time_is_never_below_the_busiest_devices_work():
     tl = simulate(g, {"gen": OpTiming((0,), 2.0), "train": OpTiming((1,), 2.9),
                       "sync": OpTiming((0,), 1.0)}, steps=15)
     assert tl.step_time_s == pytest.approx(3.0)
+
+
+def test_an_output_crossing_to_other_devices_arrives_a_dispatch_later():
+    """gen on device 0 feeds train on device 1: each crossing (gen -> train, and the new
+    weights train -> gen) costs 0.5 s; a chain on one device pays nothing."""
+    tl = simulate(_gen_train(0), {"gen": OpTiming((0,), 2.0), "train": OpTiming((1,), 1.0)},
+                  steps=2, crossing_s=0.5)
+    assert _events(tl) == [("gen@0", 0.0, 2.0), ("train@0", 2.5, 3.5),
+                           ("gen@1", 4.0, 6.0), ("train@1", 6.5, 7.5)]
+    same = simulate(_gen_train(0), {"gen": OpTiming((0,), 2.0), "train": OpTiming((0,), 1.0)},
+                    steps=2, crossing_s=0.5)
+    assert same.step_ends == (3.0, 6.0)

@@ -99,7 +99,7 @@ def quality(quick: bool) -> dict:
     for name, pipeline, cluster in variants(quick):
         began = time.perf_counter()
         opts = SearchOptions(seed=0, limits=GPU_CLUSTER,
-                             iterations=1500 if quick else 6000)
+                             iterations=1500 if quick else SearchOptions().iterations)
         try:
             r = compile_report(pipeline, cluster, options=opts)
         except Exception as e:  # noqa: BLE001 — a config nothing fits is a result too

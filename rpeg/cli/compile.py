@@ -34,7 +34,8 @@ def register(app: typer.Typer) -> None:
                                                "realloc."),
         seed: int = typer.Option(0, "--seed", help="Seed of the search."),
         budget: float = typer.Option(60.0, "--budget", help="Search time cap, CPU seconds."),
-        iterations: int = typer.Option(6000, "--iterations", help="Plans the search tries."),
+        iterations: int = typer.Option(4500, "--iterations",
+                                       help="Plans each walk of the search tries."),
         assume_vllm: bool = typer.Option(False, "--assume-vllm",
                                          help="Plan for a cluster with vLLM even if this "
                                               "machine lacks it."),

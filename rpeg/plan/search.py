@@ -80,7 +80,7 @@ class Method(enum.Enum):
 class SearchOptions:
     seed: int = 0
     budget_s: float = 30.0           # cap on the search's CPU seconds
-    iterations: int = 6000           # proposals evaluated
+    iterations: int = 4500           # proposals evaluated (per walk)
     patience: int = 2000             # stop after this many proposals without a better plan
     stall: int = 700                 # a walk this long without bettering itself starts afresh
     t_start: float = 0.05            # initial temperature, as a fraction of the start step time

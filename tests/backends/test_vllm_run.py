@@ -57,8 +57,9 @@ def test_tiny_grpo_generates_with_vllm_and_verifies(tmp_path):
 
 
 
-def test_auto_engine_plans_and_runs_vllm_for_wide_heads(tmp_path):
-    # engine = auto: the planner picks vLLM for tiny-vllm (head_dim 64), and the run uses it
+def test_auto_engine_plans_and_runs_either_engine_for_wide_heads(tmp_path):
+    # engine = auto: for tiny-vllm (head_dim 64) the planner may pick vLLM or torch, as the
+    # profile prices them; the run uses the one it picked, and it verifies
     text = re.sub(r":\s*tiny\s*\{", ": tiny-vllm {", (PIPELINES / "tiny_grpo.rpeg").read_text())
     assert "engine" not in text
     (tmp_path / "g.rpeg").write_text(text)
@@ -72,9 +73,11 @@ def test_auto_engine_plans_and_runs_vllm_for_wide_heads(tmp_path):
                           timeout=900)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     plan = json.loads((run_dir / "plan.json").read_text())
-    assert next(p for p in plan["placements"] if p["stage"] == "rollout")["engine"] == "vllm"
-    # vLLM's own loader read the policy (the torch engine never loads a checkpoint here)
-    assert "Loading safetensors checkpoint shards" in done.stdout + done.stderr
+    engine = next(p for p in plan["placements"] if p["stage"] == "rollout")["engine"]
+    assert engine in ("vllm", "torch")
+    # vLLM's own loader reads the policy; the torch engine never loads a checkpoint here
+    loaded = "Loading safetensors checkpoint shards" in done.stdout + done.stderr
+    assert loaded == (engine == "vllm")
     verify = subprocess.run([*rpeg, "verify", str(run_dir)], env=env, capture_output=True,
                             text=True, timeout=300)
     assert verify.returncode == 0 and "ok" in verify.stdout, verify.stdout + verify.stderr

@@ -208,8 +208,8 @@ def check_executable(plan: Plan, limits: Limits) -> None:
         if p.carry and p.engine not in limits.carry_engines:
             raise PlanError(f"stage '{p.stage}' must generate whole responses each step with "
                             f"the {p.engine.value} engine on this backend, not carry them "
-                            f"into later steps (carry {p.carry})", hint="recompile with this backend's limits "
-                                                          "(carry 0)")
+                            f"into later steps (carry {p.carry})",
+                            hint="recompile with this backend's limits (carry 0)")
         if p.engine not in limits.engines and p.engine is not Engine.AUTO:
             raise PlanError(f"stage '{p.stage}' must use an installed engine, not "
                             f"'{p.engine.value}'", hint="install it, or recompile")

@@ -24,7 +24,7 @@ import attrs
 import numpy as np
 
 from rpeg.cost.memory import Parallel, local_params, resident_memory, value_bytes
-from rpeg.cost.partial import smallest_cap
+from rpeg.cost.partial import max_carries, smallest_cap
 from rpeg.cost.stages import (
     estimate_stage,
     generation_chunks,
@@ -109,7 +109,7 @@ def partial_problem(pipeline: Pipeline, plan: Plan) -> str | None:
             return (f"partial rollouts must be asked of a generate stage, not '{p.stage}' "
                     f"({s.kind.value})")
         lag, bound = plan.staleness_of(p.stage), bounds.get(p.stage, 0)
-        if lag + p.carry > bound:
+        if p.carry > max_carries(bound, lag):
             return (f"stage '{p.stage}' must read weights at most {bound} updates old, not "
                     f"{lag + p.carry} (staleness {lag} + carry {p.carry}: a response's first "
                     f"tokens are sampled {p.carry} steps before it is trained on)")

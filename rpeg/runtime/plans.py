@@ -20,6 +20,7 @@ from pathlib import Path
 
 import attrs
 
+from rpeg.cost.partial import max_carries
 from rpeg.errors import PlanError, RuntimeFailure
 from rpeg.runtime.placement import split_plan
 
@@ -72,7 +73,8 @@ def plan_for_run(file: str | Path, *, spec: str | Path | None = None,
         plan = attrs.evolve(plan, staleness=tuple((st, min(k, staleness))
                                                   for st, k in plan.staleness))
         plan = attrs.evolve(plan, placements=tuple(
-            attrs.evolve(p, carry=min(p.carry, staleness - plan.staleness_of(p.stage)))
+            attrs.evolve(p, carry=min(p.carry,
+                                      max_carries(staleness, plan.staleness_of(p.stage))))
             for p in plan.placements))
     return pipeline, plan, spec_path
 

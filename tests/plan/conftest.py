@@ -37,3 +37,13 @@ def grpo():
 @pytest.fixture(scope="session")
 def a100_16():
     return load_cluster(ROOT / "pipelines/clusters/a100_16.rpeg")
+
+
+def colocated_start(pipeline, cluster):
+    """(context, evaluator, the colocated baseline's outcome) for ``pipeline`` on ``cluster``:
+    a feasible plan to edit in tests of the evaluator and the search's moves."""
+    from rpeg.plan import Evaluator
+    from rpeg.plan.baselines import colocated
+    from rpeg.plan.edit import Context
+    ctx, ev = Context.of(pipeline, cluster, EVERY_ENGINE), Evaluator(pipeline, cluster)
+    return ctx, ev, colocated(ctx, ev)

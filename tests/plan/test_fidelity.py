@@ -8,14 +8,12 @@ import pytest
 
 from rpeg.cost.memory import optimizer_state_bytes
 from rpeg.cost.stages import generation_rows, stage_memory
-from rpeg.plan import Evaluator, Strategy
-from rpeg.plan.baselines import colocated
-from rpeg.plan.edit import Context
+from rpeg.plan import Strategy
 from rpeg.plan.evaluate import parallel_of
 from rpeg.plan.search import Moves
 from rpeg.spec import load_cluster
 
-from .conftest import EVERY_ENGINE, ROOT
+from .conftest import ROOT, colocated_start
 
 
 @pytest.fixture(scope="module")
@@ -25,8 +23,7 @@ def gh8():
 
 @pytest.fixture(scope="module")
 def coloc(ppo8b, gh8):
-    ctx, ev = Context.of(ppo8b, gh8, EVERY_ENGINE), Evaluator(ppo8b, gh8)
-    return ctx, ev, colocated(ctx, ev)
+    return colocated_start(ppo8b, gh8)
 
 
 def test_colocated_fits_on_8_gh200_with_generation_in_waves(ppo8b, gh8, coloc):

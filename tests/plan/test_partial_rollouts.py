@@ -9,16 +9,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from rpeg.errors import PlanError
-from rpeg.plan import Evaluator, SearchOptions, compile_report
-from rpeg.plan.baselines import colocated
+from rpeg.plan import SearchOptions, compile_report
 from rpeg.plan.compile import check_executable
-from rpeg.plan.edit import Context, repair
+from rpeg.plan.edit import repair
 from rpeg.plan.model import Plan
 from rpeg.plan.search import Moves
 from rpeg.runtime.plans import runtime_limits
 from rpeg.spec import load_cluster
 
-from .conftest import EVERY_ENGINE, ROOT
+from .conftest import EVERY_ENGINE, ROOT, colocated_start
 
 QUICK = SearchOptions(seed=0, iterations=300, patience=200, budget_s=600, limits=EVERY_ENGINE)
 
@@ -30,8 +29,8 @@ def gh64():
 
 @pytest.fixture(scope="module")
 def start(ppo8b, gh64):
-    ctx, ev = Context.of(ppo8b, gh64, EVERY_ENGINE), Evaluator(ppo8b, gh64)
-    return ctx, ev, colocated(ctx, ev).best.plan
+    ctx, ev, out = colocated_start(ppo8b, gh64)
+    return ctx, ev, out.best.plan
 
 
 def with_carry(plan: Plan, stage: str, carry: int, lag: int = 0) -> Plan:

@@ -10,6 +10,10 @@ allocator settings, as rpeg's workers run them, and peak memory is read in a gra
 with glibc set to return freed memory (``MALLOC_ENV``), so readings start clean; the fit (``rpeg.cost.calibrate``) runs here and writes a
 ``profile`` block in the .rpeg language, and with ``--cluster`` the cluster file whose
 GPU-level link is the measured gloo all-reduce between two Dask worker processes.
+What Dask itself costs is measured here too: the gap one task adds
+(``rpeg.runtime.dispatch.measure_dispatch``) and the control plane's CPU per device and per
+task in three short real runs (``measure_control``), which the cost model charges where the
+devices share the host's cores.
 """
 
 from __future__ import annotations
@@ -40,6 +44,14 @@ def measure(repeats: int) -> dict:
     return json.loads(proc.stdout)
 
 
+def _control_line(p) -> str:
+    if not p.get("host_cores", 0.0):
+        return "control plane not measured"
+    return (f"control plane {p.get('control_step_s') * 1e3:.1f} ms CPU per device and "
+            f"{p.get('control_task_s') * 1e3:.2f} ms per task a step, on "
+            f"{p.get('host_cores'):.0f} cores")
+
+
 def register(app: typer.Typer) -> None:
     @app.command()
     def calibrate(
@@ -48,28 +60,32 @@ def register(app: typer.Typer) -> None:
         name: str = typer.Option("local_cpu", help="Profile name."),
         repeats: int = typer.Option(5, min=1, max=50, help="Timed calls per measurement."),
         save: Path = typer.Option(None, "--save-measurements", help="Keep the raw measurements (JSON)."),
-        dispatch_only: bool = typer.Option(False, "--dispatch-only", help="Measure only the "
-                                           "Dask dispatch gap and update dispatch_s in the "
-                                           "--out profile, keeping the rest."),
+        dispatch_only: bool = typer.Option(False, "--dispatch-only", help="Measure only what "
+                                           "Dask costs (the dispatch gap, and the control "
+                                           "plane's CPU in three short runs) and update those "
+                                           "terms of the --out profile, keeping the rest."),
     ) -> None:
         """Measure this machine's devices and links into a hardware profile."""
         from rpeg.cost.calibrate import cluster_text, fit_profile, keep_extras, with_dispatch
         from rpeg.cost.profiles import load_profile, profile_text
-        from rpeg.runtime.dispatch import measure_dispatch
+        from rpeg.runtime.dispatch import measure_control, measure_dispatch
         t0 = time.perf_counter()
         if dispatch_only:
             if out is None or not out.exists():
                 raise BackendError("--dispatch-only updates an existing profile: give it with "
                                    "--out PROFILE.rpeg")
             d = measure_dispatch()
-            p = with_dispatch(load_profile(out), d)
+            c = measure_control()
+            p = with_dispatch(load_profile(out), d, c)
             out.write_text(profile_text(p, comment=f"{p.name}: measured by rpeg calibrate"))
             print(f"dispatch {d['dispatch_s'] * 1e3:.2f} ms per task (one worker "
                   f"{d['same_worker_s'] * 1e3:.2f} ms, across two {d['cross_worker_s'] * 1e3:.2f}"
-                  f" ms, load {d['loadavg']:.1f}); wrote {out}", file=sys.stderr)
+                  f" ms, load {d['loadavg']:.1f}); {_control_line(p)}; wrote {out}",
+                  file=sys.stderr)
             return
         m = measure(repeats)
         m["dispatch"] = measure_dispatch()
+        m["control"] = measure_control()
         if save:
             save.write_text(json.dumps(m))
         fit = fit_profile(m, name=name)
@@ -81,6 +97,7 @@ def register(app: typer.Typer) -> None:
               f"GEMM {p.matmul_flops / 1e9:.0f} GFLOPS, copy {p.mem_bandwidth / 1e9:.0f} GB/s, "
               f"gloo {fit.link.bandwidth / 1e9:.2f} GB/s + {fit.link.latency * 1e6:.0f} us",
               file=sys.stderr)
+        print(_control_line(p), file=sys.stderr)
         worst = max(fit.residuals, key=lambda r: abs(r[1]))
         print(f"fit residuals: worst {worst[0]} {worst[1] * 100:+.0f}%", file=sys.stderr)
         if out is None:

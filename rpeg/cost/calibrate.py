@@ -244,6 +244,8 @@ def fit_profile(m: dict, name: str = "local_cpu", devices: int = 2) -> Fit:
              ("gloo_bandwidth", link.bandwidth), ("gloo_latency", link.latency)]
     if "dispatch" in m:
         extra.append(("dispatch_s", fit_dispatch(m["dispatch"])))
+    if "control" in m:
+        extra += list(fit_control(m["control"]).items())
     if bf16:
         extra.append(("bf16_matmul_flops", float(np.median(
             [2.0 * r["m"] * r["n"] * r["k"] / r["seconds"] for r in bf16]))))
@@ -305,15 +307,42 @@ def fit_dispatch(d: dict) -> float:
     return value
 
 
-def with_dispatch(profile: GpuProfile, d: dict) -> GpuProfile:
-    """``profile`` with its ``dispatch_s`` from a new dispatch measurement, the rest kept.
+def fit_control(c: dict) -> dict[str, float]:
+    """The control-plane terms of ``rpeg.plan.evaluate.Evaluator.control_time`` from
+    ``rpeg.runtime.dispatch.measure_control``: CPU seconds per step
+    ``W = control_step_s * devices + control_task_s * tasks``, a non-negative fit in
+    relative error over the measured runs, and ``host_cores``, the cores the devices share
+    with the control plane.
+
+    >>> runs = [{"devices": d, "tasks_per_step": n, "control_cpu_per_step_s": 0.015 * d + 0.003 * n}
+    ...         for d, n in ((2, 7), (2, 15), (1, 1))]
+    >>> {k: round(v, 6) for k, v in fit_control({"runs": runs, "host_cores": 2}).items()}
+    {'host_cores': 2.0, 'control_step_s': 0.015, 'control_task_s': 0.003}
+    """
+    runs = c.get("runs", [])
+    if len(runs) < 2:
+        return {}
+    w = np.array([r["control_cpu_per_step_s"] for r in runs], float)
+    a = np.array([[r["devices"], r["tasks_per_step"]] for r in runs], float) / w[:, None]
+    x = _nnls(a, np.ones_like(w))
+    return {"host_cores": float(c["host_cores"]), "control_step_s": float(x[0]),
+            "control_task_s": float(x[1])}
+
+
+_DASK_TERMS = ("dispatch_s", "host_cores", "control_step_s", "control_task_s")
+
+
+def with_dispatch(profile: GpuProfile, d: dict, control: dict | None = None) -> GpuProfile:
+    """``profile`` with its ``dispatch_s`` from a new dispatch measurement (and, given
+    ``control``, the control-plane terms of :func:`fit_control`), the rest kept.
 
     >>> p = with_dispatch(GpuProfile("cpu", extra=(("threads", 1.0),)), {"dispatch_s": 0.003})
     >>> p.get("dispatch_s"), p.get("threads")
     (0.003, 1.0)
     """
-    extra = tuple((k, v) for k, v in profile.extra if k != "dispatch_s")
-    return attrs.evolve(profile, extra=extra + (("dispatch_s", fit_dispatch(d)),))
+    new = {"dispatch_s": fit_dispatch(d), **(fit_control(control) if control else {})}
+    extra = tuple((k, v) for k, v in profile.extra if k not in new)
+    return attrs.evolve(profile, extra=extra + tuple(new.items()))
 
 
 def keep_extras(profile: GpuProfile, old: GpuProfile) -> GpuProfile:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import attrs
 
 from rpeg.errors import GraphError
-from rpeg.graph.ir import DataEdge, Graph, Op, VersionEdge
+from rpeg.graph.ir import GROUP_FUNCTIONS, DataEdge, Graph, Op, VersionEdge
 from rpeg.spec.model import OpKind, Pipeline
 
 
@@ -65,7 +65,8 @@ def _ops(pipeline: Pipeline, alias: dict[str, str]) -> list[Op]:
         target = alias.get(s.target, s.target) if s.target else None
         reads = target if s.target in models and s.kind is not OpKind.COMPUTE else None
         writes = target if s.kind is OpKind.TRAIN else None
-        ops.append(Op(s.name, s.kind, s.inputs, s.outputs, reads, writes, (s.name,), s.span))
+        ops.append(Op(s.name, s.kind, s.inputs, s.outputs, reads, writes, (s.name,), s.span,
+                      grouped=s.function in GROUP_FUNCTIONS))
     trainers: dict[str, Op] = {}
     for o in ops:
         if o.kind is OpKind.TRAIN and len(o.stages) == 1:

@@ -35,11 +35,18 @@ class Op:
     writes_model: str | None = None    # whose new version it makes (train; sync: at the reader)
     stages: tuple[str, ...] = ()       # spec stages this op implements (more than one when fused)
     span: Span = attrs.field(default=NOWHERE, eq=False, repr=False)
+    grouped: bool = False              # reads whole groups of a prompt's samples (GROUP_FUNCTIONS)
 
     @property
     def per_sample(self) -> bool:
-        """Works response by response, so it can consume a stream of generated chunks."""
-        return self.kind in (OpKind.FORWARD, OpKind.SCORE, OpKind.COMPUTE)
+        """Works response by response, so it can consume a stream of generated chunks (a
+        group estimator normalises over a prompt's samples, which chunks split: it waits
+        for the whole step)."""
+        return self.kind in (OpKind.FORWARD, OpKind.SCORE, OpKind.COMPUTE) and not self.grouped
+
+
+# Advantage functions that normalise over the samples of one prompt.
+GROUP_FUNCTIONS = ("group_norm", "grpo_advantages", "rloo")
 
 
 @attrs.frozen

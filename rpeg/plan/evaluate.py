@@ -38,7 +38,7 @@ from rpeg.graph import Graph
 from rpeg.graph.unroll import chunk_counts
 from rpeg.plan.model import Plan, Predicted, StagePlacement
 from rpeg.plan.passes import fuse
-from rpeg.plan.simulate import OpTiming, Timeline, simulate, steps_for
+from rpeg.plan.simulate import OpTiming, Timeline, simulate, steps_for, tasks_per_step
 from rpeg.spec.model import Cluster, OpKind, Pipeline
 
 GB = 1e9
@@ -290,7 +290,7 @@ class Evaluator:
             steps = self.steps or steps_for(max((k for _, k in plan.staleness), default=0))
             timeline = simulate(graph, timings, steps=steps, events=detail,
                                 crossing_s=max(self.cluster.gpu.get("dispatch_s", 0.0), 0.0))
-            step = timeline.step_time_s
+            step = timeline.step_time_s + self.control_time(plan, graph, timings, steps)
             predicted = Predicted(
                 step_time_s=step,
                 peak_memory=tuple(round(float(x)) for x in peak) if detail else (),
@@ -367,6 +367,52 @@ class Evaluator:
             timings[op.name] = OpTiming(devices, t)
             op_times.append((op.name, round(t, 6)))
         return timings, tuple((n, round(timings[n].time_s, 6)) for n, _ in op_times)
+
+    def control_time(self, plan: Plan, graph: Graph, timings: dict[str, OpTiming],
+                     steps: int = 6) -> float:
+        """Seconds a step loses to the control plane where it shares the devices' cores.
+
+        On a machine whose devices are CPU cores (the local profile: ``host_cores``), the
+        client, the Dask scheduler and the workers' event loops run on those same cores:
+        per step, ``control_step_s`` for each device in use (the round trip that collects
+        its trace, its worker's loop) and ``control_task_s`` for each Dask task the runtime
+        dispatches (:func:`rpeg.plan.simulate.tasks_per_step`). That CPU time, spread over
+        the host's cores, delays the devices' work by its share: ``W / host_cores``. Both
+        are fitted by ``rpeg calibrate`` from real runs; profiles without ``host_cores``
+        (GPUs, whose host CPUs are not the devices) pay nothing here.
+        """
+        gpu = self.cluster.gpu
+        cores = gpu.get("host_cores", 0.0)
+        if cores <= 0:
+            return 0.0
+        used = {d for t in timings.values() for d in t.devices}
+        tasks = self.dask_tasks(plan, graph, timings, steps)
+        cpu = gpu.get("control_step_s", 0.0) * len(used) + gpu.get("control_task_s", 0.0) * tasks
+        return cpu / (cores * max(1, -(-len(used) // self.cluster.gpus_per_node)))
+
+    def dask_tasks(self, plan: Plan, graph: Graph, timings: dict[str, OpTiming],
+                   steps: int = 6) -> int:
+        """Dask tasks a steady step of ``plan`` dispatches under the runtime's fusion."""
+        key = ("tasks", id(graph), tuple((n, t.devices, len(t.chunk_ends)) for n, t in
+                                         timings.items()),
+               tuple(p.tp for p in plan.placements), steps)
+        if key not in self._cost:
+            # the runtime runs a fused op's stages as calls of their own, each starting a
+            # task where its own inputs say so: counted on the graph without fusion
+            loose = self.graph(attrs.evolve(plan, fusion=()))
+            where = {}
+            for op in loose.ops:
+                if op.kind is OpKind.SYNC_WEIGHTS:
+                    where[op.name] = timings[op.name]
+                else:
+                    p = plan.placement(op.stages[0])
+                    where[op.name] = OpTiming(p.devices, 0.0, (0.0,) * p.chunks
+                                              if op.kind is OpKind.GENERATE and p.chunks > 1
+                                              else ())
+            self._cost[key] = tasks_per_step(loose, where, steps, frozenset(
+                o.name for o in loose.ops if len(where[o.name].devices) > 1 and o.stages
+                and (o.kind is OpKind.TRAIN or plan.placement(o.stages[0]).tp > 1)))
+        return self._cost[key]
 
     def _off_policy(self, op, plan: Plan, graph: Graph) -> bool:
         """A policy-gradient train op whose responses were sampled with older weights (the

@@ -74,6 +74,48 @@ def measure_dispatch(tasks: int = 60, repeats: int = 3, hold_s: float = 0.01) ->
             "hold_s": hold_s, "loadavg": os.getloadavg()[0]}
 
 
+def measure_control(steps: int = 40, root: str | None = None) -> dict:
+    """The control plane's CPU per step of real runs (``rpeg.runtime.rundir.host_usage``:
+    the client's process — on a local cluster also the scheduler's — and the device
+    workers' CPU outside ops), with the Dask tasks per step they took.
+
+    Three runs of the shipped tiny PPO pipeline on hand-built split placements (not what
+    the planner picks): two devices with 1 and with 3 generation chunks (7 and ~15 tasks a
+    step), and one device (1 task a step); ``rpeg.cost.calibrate.fit_control`` fits the
+    per-device and per-task terms from them.
+    """
+    import json
+    import os
+    import tempfile
+    from pathlib import Path
+
+    from rpeg.runtime.driver import RunOptions
+    from rpeg.runtime.placement import split_plan
+    from rpeg.runtime.recovery import Resilience, run_resilient
+    from rpeg.spec import load
+
+    spec = Path(__file__).resolve().parents[2] / "pipelines" / "tiny_ppo.rpeg"
+    pipeline = load(spec)
+    runs = []
+    with tempfile.TemporaryDirectory(prefix="rpeg-calibrate-") as tmp:
+        for devices, chunks in ((2, 1), (2, 3), (1, 1)):
+            plan = split_plan(pipeline, devices, staleness=1 if devices > 1 else 0,
+                              chunks=chunks)
+            result = run_resilient(pipeline, plan, RunOptions(steps=steps, root=root or tmp,
+                                                              progress=False),
+                                   spec_path=str(spec), resilience=Resilience())
+            host = json.loads((result.path / "run.json").read_text()).get("host")
+            if host is None:
+                continue
+            runs.append({"devices": devices, "chunks": chunks,
+                         "tasks_per_step": host["tasks_per_step"],
+                         "control_cpu_per_step_s": round(host["client_cpu_per_step_s"]
+                                                         + host["worker_cpu_per_step_s"], 6),
+                         **{k: host[k] for k in ("wall_per_step_s", "op_cpu_per_step_s")}})
+    return {"runs": runs, "host_cores": os.cpu_count() or 1, "steps": steps,
+            "loadavg": os.getloadavg()[0]}
+
+
 if __name__ == "__main__":
     import json
     print(json.dumps(measure_dispatch()))

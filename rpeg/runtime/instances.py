@@ -49,7 +49,6 @@ from rpeg.plan.evaluate import partial_problem
 from rpeg.plan.model import Plan
 from rpeg.spec.model import Engine, OpKind, Pipeline
 
-GROUP_FUNCTIONS = ("group_norm", "grpo_advantages", "rloo")
 EXPORT, LOAD = "export", "load"
 VARIANT = "~"          # "actor~tp0-1": a second copy of actor on a device, split another way
 
@@ -287,21 +286,16 @@ def _chunked_ops(graph: Graph, pipeline: Pipeline) -> set[str]:
         op = graph.op(name)
         if op.kind is OpKind.GENERATE:
             out.add(name)
-        elif op.per_sample and not _is_group(op, pipeline):
+        elif op.per_sample:
             srcs = graph.producers(name)
             if srcs and all(s in out for s in srcs):
                 out.add(name)
     return out
 
 
-def _is_group(op, pipeline: Pipeline) -> bool:
-    return any(pipeline.stage(s).function in GROUP_FUNCTIONS for s in op.stages
-               if any(st.name == s for st in pipeline.stages))
-
-
 def _data_deps(graph, op, step, chunk, is_chunked, produced, pipeline):
     names = list(op.inputs)
-    if _is_group(op, pipeline) and "responses" not in names:
+    if op.grouped and "responses" not in names:
         names.append("responses")                 # groups are read from the responses
     producer = {d: o.name for o in graph.ops for d in o.outputs}
     inputs, deps = [], []

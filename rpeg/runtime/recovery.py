@@ -63,7 +63,7 @@ from rpeg.runtime.driver import RunOptions, RunResult, _Cluster, _Progress, _ren
 from rpeg.runtime.flight import Flight, Task
 from rpeg.runtime.instances import build_calls, graph_for, model_homes
 from rpeg.runtime.record import write_record
-from rpeg.runtime.rundir import RunDir, step_metrics
+from rpeg.runtime.rundir import RunDir, host_usage, step_metrics
 from rpeg.runtime.serial import dumps, loads, plan_from_json, plan_to_json
 from rpeg.spec.model import Pipeline
 
@@ -144,6 +144,11 @@ def run_resilient(pipeline: Pipeline, plan: Plan, options: RunOptions,
             runner.cl = cl
             runner.go()
         meta["status"] = "ok"
+        current = set(runner.workers.values())          # a restarted worker counts afresh
+        host = host_usage([e for e in state.events if e.get("worker") in current],
+                          runner.host_marks)
+        if host is not None:
+            meta["host"] = host
     except Interrupted:
         meta["status"] = "interrupted"
         raise
@@ -253,6 +258,7 @@ class _Runner:
         self.t0 = time.time()
         self.workers: dict[int, str] = {}
         self.pids: dict[str, int] = {}
+        self.host_marks: list[tuple[int, float, float, int]] = []    # see host_usage
         self.bar = _Progress(steps, options.progress)
         self.bar_done = state.start
         if self.bar.p is not None and state.start:
@@ -285,6 +291,7 @@ class _Runner:
                                 from_step=self.state.start)
             workers = dict(enumerate(have))
         self.workers = workers
+        self.host_marks = []
         self.calls = build_calls(self.pipeline, self.plan, self.steps)
         self.table = {c.id: c for c in self.calls}
         self.consumers = F.consumers_of(self.calls)
@@ -502,6 +509,8 @@ class _Runner:
         evs = self.state.pending.pop(step, [])
         self.state.events += evs
         row = step_metrics(step, evs, now - last)
+        cpu = os.times()
+        self.host_marks.append((step, now, cpu.user + cpu.system, self.meta.get("tasks", 0)))
         self.rd.append_metrics(row)
         self.state.metrics.append(row)
         self.bar.update(row)

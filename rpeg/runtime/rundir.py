@@ -98,7 +98,7 @@ def chrome_trace(events: list[dict], workers: dict[int, str], t0: float) -> dict
                     "dur": round((e["end"] - e["start"]) * 1e6, 1),
                     "args": {k: e[k] for k in ("id", "step", "chunk", "rank", "device", "worker",
                                                "version_read", "version_written", "stats",
-                                               "cpu_s") if k in e}})
+                                               "cpu_s", "proc_cpu_s") if k in e}})
     return {"traceEvents": out, "displayTimeUnit": "ms"}
 
 
@@ -142,3 +142,54 @@ def step_metrics(step: int, events: list[dict], step_time: float) -> dict:
     if versions:
         row["gen_version"] = min(versions)
     return row
+
+
+def host_usage(events: list[dict], marks: list[tuple[int, float, float, int]],
+               warmup: int = 5) -> dict | None:
+    """Where a run's CPU went per step, once past ``warmup`` steps: the ops' own CPU, the
+    device workers' CPU outside ops (Dask's event loop, transfers) and the client's (the
+    driver, and on a local cluster the scheduler and nannies, which share its process).
+
+    ``marks``: ``(step, wall time, client CPU seconds, tasks submitted)`` taken as each
+    step finished (a run of under ``2 * warmup`` steps is measured over its second half); ``events``: op events with ``proc_cpu_s`` (the worker process's CPU at
+    the op's end). None when there is too little to measure.
+
+        >>> ev = [{"device": 0, "end": t, "cpu_s": 0.1, "proc_cpu_s": 0.15 * t}
+        ...       for t in range(1, 6)]
+        >>> u = host_usage(ev, [(1, 1.5, 1.0, 2), (3, 4.5, 1.2, 6)], warmup=0)
+        >>> u["steps"], u["tasks_per_step"], u["client_cpu_per_step_s"]
+        (2, 2.0, 0.1)
+        >>> u["op_cpu_per_step_s"], u["worker_cpu_per_step_s"]
+        (0.15, 0.075)
+    """
+    marks = sorted(marks)
+    if not marks:
+        return None
+    warmup = min(warmup, marks[-1][0] // 2)             # a short run: its second half
+    first = next((m for m in marks if m[0] >= warmup), None)
+    if first is None or marks[-1][0] <= first[0] \
+            or not all("proc_cpu_s" in e for e in events):
+        return None
+    last = marks[-1]
+    steps = last[0] - first[0]
+    t0, t1 = first[1], last[1]
+    ops = other = 0.0
+    by_device: dict[int, list[dict]] = {}
+    for e in events:
+        by_device.setdefault(e["device"], []).append(e)
+    for evs in by_device.values():
+        evs.sort(key=lambda e: e["end"])
+        before = [e for e in evs if e["end"] <= t0]
+        inside = [e for e in evs if t0 < e["end"] <= t1]
+        if not before or not inside:
+            continue
+        spent = inside[-1]["proc_cpu_s"] - before[-1]["proc_cpu_s"]
+        own = sum(e["cpu_s"] for e in inside)
+        ops += own
+        other += max(spent - own, 0.0)
+    return {"steps": steps, "from_step": first[0],
+            "wall_per_step_s": round((t1 - t0) / steps, 6),
+            "tasks_per_step": round((last[3] - first[3]) / steps, 3),
+            "client_cpu_per_step_s": round((last[2] - first[2]) / steps, 6),
+            "op_cpu_per_step_s": round(ops / steps, 6),
+            "worker_cpu_per_step_s": round(other / steps, 6)}

@@ -65,7 +65,10 @@ def run_op(call, *args):
              "start": start, "end": end,
              "version_read": info.get("version_read", -1),
              "version_written": info.get("version_written", -1),
-             "stats": info.get("stats", {}), "cpu_s": round(cpu, 6)}
+             "stats": info.get("stats", {}), "cpu_s": round(cpu, 6),
+             # the worker process's CPU so far (every thread): with the op CPU above, what
+             # the worker spent outside ops (Dask's event loop, transfers) between two ops
+             "proc_cpu_s": round(time.process_time(), 6)}
     with _LOCK:
         _EVENTS.append(event)
     return outputs

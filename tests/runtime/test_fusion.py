@@ -65,8 +65,15 @@ def test_fused_run_matches_unfused(ppo, tmp_path, devices, k, local_cluster):
     for r in (fused, plain):
         report = verify_run(r.path)
         assert report.ok, str(report)
-    tasks = [json.loads((r.path / "run.json").read_text())["tasks"] for r in (fused, plain)]
+    meta = [json.loads((r.path / "run.json").read_text()) for r in (fused, plain)]
+    tasks = [m["tasks"] for m in meta]
     assert tasks[1] == len(build_calls(ppo, plan, 3)) and tasks[0] < tasks[1]
+    # where the CPU went is recorded per step: fewer tasks with fusion, every figure >= 0
+    host = [m["host"] for m in meta]
+    assert host[0]["tasks_per_step"] < host[1]["tasks_per_step"], host
+    for h in host:
+        assert h["steps"] >= 1 and h["op_cpu_per_step_s"] > 0, h
+        assert h["client_cpu_per_step_s"] >= 0 and h["worker_cpu_per_step_s"] >= 0, h
     assert all(_same(a, b) for a, b in zip(fused.metrics, plain.metrics, strict=True)), \
         (fused.metrics, plain.metrics)
 

@@ -1,0 +1,129 @@
+"""The control plane's share of the host's cores: the tasks a step dispatches (counted as
+the runtime fuses them), charged where the devices are the host's cores and nowhere else."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import attrs
+import pytest
+
+from rpeg.cost.calibrate import fit_control, with_dispatch
+from rpeg.cost.profiles import builtin_cluster, cluster_of, load_profile, profile_text
+from rpeg.plan.evaluate import Evaluator
+from rpeg.runtime import fusion as F
+from rpeg.runtime.instances import build_calls
+from rpeg.runtime.placement import split_plan
+from rpeg.spec import load
+
+PIPELINES = Path(__file__).resolve().parents[2] / "pipelines"
+
+
+def _chunks(plan, n):
+    return attrs.evolve(plan, placements=tuple(
+        attrs.evolve(p, chunks=n) if p.stage == "rollout" else p for p in plan.placements))
+
+
+def _shared(pipeline, staleness):
+    """The placement the planner picks for the tiny pipelines on two CPU devices: generation
+    and the frozen reference on device 0, the shared actor-critic trained on device 1."""
+    plan = split_plan(pipeline, 2, staleness=staleness, share=True)
+    where = {"rollout": (0,), "ref_lp": (0,), "scores": (0,)}
+    return attrs.evolve(plan, placements=tuple(
+        attrs.evolve(p, devices=where.get(p.stage, (1,))) for p in plan.placements))
+
+
+def _tasks(pipeline, plan, cluster) -> int:
+    ev = Evaluator(pipeline, cluster)
+    graph = ev.graph(plan)
+    return ev.dask_tasks(plan, graph, ev.timings(plan, graph)[0])
+
+
+def _runtime_tasks(pipeline, plan) -> int:
+    """Tasks of one steady step as the runtime's fusion packs them, nothing in flight done."""
+    calls = build_calls(pipeline, plan, 10)
+    return len(F.fuse([c for c in calls if c.step == 6], F.consumers_of(calls), lambda d: False))
+
+
+CASES = [  # pipeline, plan, chunks
+    ("tiny_ppo", "shared", 1), ("tiny_ppo", "shared", 2), ("tiny_ppo", "shared", 3),
+    ("tiny_ppo", "shared sync", 2), ("tiny_ppo", "split", 1), ("tiny_ppo", "split", 2),
+    ("tiny_ppo", "split", 3), ("tiny_grpo", "shared", 1), ("tiny_grpo", "shared", 2),
+    ("tiny_grpo", "shared", 3), ("tiny_grpo", "split", 1),
+]
+
+
+@pytest.mark.parametrize("name,kind,chunks", CASES)
+def test_the_model_counts_the_tasks_the_runtime_dispatches(name, kind, chunks):
+    pipeline = load(PIPELINES / f"{name}.rpeg")
+    plan = {"shared": lambda: _shared(pipeline, 1), "shared sync": lambda: _shared(pipeline, 0),
+            "split": lambda: split_plan(pipeline, 2, staleness=1)}[kind]()
+    plan = _chunks(plan, chunks)
+    assert _tasks(pipeline, plan, builtin_cluster("local_cpu")) == _runtime_tasks(pipeline, plan)
+
+
+def test_one_device_runs_a_step_as_one_task():
+    """Everything on one worker: each call's inputs are in its task or in the task before,
+    so a whole step is one task (measured: 0.96 a step; the first steps take more)."""
+    pipeline = load(PIPELINES / "tiny_ppo.rpeg")
+    assert _tasks(pipeline, split_plan(pipeline, 1, staleness=0),
+                  builtin_cluster("local_cpu")) == 1
+
+
+def test_control_time_is_charged_only_where_devices_share_the_host_cores():
+    pipeline = load(PIPELINES / "tiny_ppo.rpeg")
+    cpu = builtin_cluster("local_cpu")
+    assert cpu.gpu.get("host_cores") > 0
+    plans = {n: _chunks(_shared(pipeline, 1), n) for n in (1, 3)}
+
+    def control(cluster, plan):
+        ev = Evaluator(pipeline, cluster)
+        graph = ev.graph(plan)
+        return ev.control_time(plan, graph, ev.timings(plan, graph)[0])
+
+    # more tasks, more control-plane CPU; exactly the profile's terms over its cores
+    t1, t3 = control(cpu, plans[1]), control(cpu, plans[3])
+    n1, n3 = _tasks(pipeline, plans[1], cpu), _tasks(pipeline, plans[3], cpu)
+    g = cpu.gpu
+    assert t1 == pytest.approx((2 * g.get("control_step_s") + n1 * g.get("control_task_s"))
+                               / g.get("host_cores"))
+    assert t3 - t1 == pytest.approx((n3 - n1) * g.get("control_task_s") / g.get("host_cores"))
+    # the step's prediction carries it
+    bare = attrs.evolve(cpu, gpu=attrs.evolve(cpu.gpu, extra=tuple(
+        (k, v) for k, v in cpu.gpu.extra if k != "host_cores")))
+    assert Evaluator(pipeline, cpu).evaluate(plans[1]).step_time_s == pytest.approx(
+        Evaluator(pipeline, bare).evaluate(plans[1]).step_time_s + t1)
+    # a GPU's host CPUs are not its devices: nothing is charged
+    gpus = cluster_of("h100", 8)
+    assert gpus.gpu.get("host_cores", 0.0) == 0.0
+    assert control(gpus, split_plan(pipeline, 2, staleness=1)) == 0.0
+
+
+def test_control_terms_are_fitted_and_round_trip_through_the_profile(tmp_path):
+    runs = [{"devices": d, "tasks_per_step": n, "control_cpu_per_step_s": 0.01 * d + 0.004 * n}
+            for d, n in ((2, 7), (2, 15), (1, 1))]
+    fit = fit_control({"runs": runs, "host_cores": 2})
+    assert fit["control_step_s"] == pytest.approx(0.01)
+    assert fit["control_task_s"] == pytest.approx(0.004)
+    assert fit_control({"runs": runs[:1], "host_cores": 2}) == {}      # two runs at least
+    p = with_dispatch(builtin_cluster("local_cpu").gpu, {"dispatch_s": 0.002},
+                      {"runs": runs, "host_cores": 2})
+    path = tmp_path / "cpu.rpeg"
+    path.write_text(profile_text(p))
+    back = load_profile(path)
+    for key in ("control_step_s", "control_task_s", "host_cores", "dispatch_s"):
+        assert back.get(key) == pytest.approx(p.get(key)), key
+    assert [k for k, _ in back.extra].count("control_task_s") == 1
+
+
+@pytest.mark.slow
+def test_control_plane_cpu_is_measured_from_real_runs():
+    from rpeg.runtime.dispatch import measure_control
+    m = measure_control(steps=8)
+    runs = {(r["devices"], r["chunks"]): r for r in m["runs"]}
+    assert set(runs) == {(2, 1), (2, 3), (1, 1)}, m
+    assert runs[(2, 3)]["tasks_per_step"] > runs[(2, 1)]["tasks_per_step"] \
+        > runs[(1, 1)]["tasks_per_step"], m
+    assert all(r["control_cpu_per_step_s"] > 0 for r in runs.values()), m
+    fit = fit_control(m)
+    assert fit["control_task_s"] > 0 and fit["host_cores"] == m["host_cores"]

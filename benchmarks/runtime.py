@@ -106,11 +106,25 @@ def dask_run(pipeline, plan, steps, root, fuse: bool = True) -> dict:
             "median_step_s": round(median_step(rows), 4),
             "untrained_reward": round(untrained_reward(rows), 4),
             "final_reward": round(final_reward(rows), 4), "steps": steps,
+            "host": meta.get("host"),
             "load_avg": [before, load_avg()], "waited_for_quiet_s": waited}
 
 
 def predicted(pipeline, plan) -> float:
     return Evaluator(pipeline, load_cluster(CLUSTER)).evaluate(plan).step_time_s
+
+
+def control_model(pipeline, plan) -> dict:
+    """What the cost model says of the control plane for ``plan``: Dask tasks a step and
+    their CPU per step (``Evaluator.control_time`` times the host's cores)."""
+    cluster = load_cluster(CLUSTER)
+    ev = Evaluator(pipeline, cluster)
+    graph = ev.graph(plan)
+    timings, _ = ev.timings(plan, graph)
+    return {"tasks_per_step": ev.dask_tasks(plan, graph, timings),
+            "control_cpu_per_step_s": round(ev.control_time(plan, graph, timings)
+                                            * cluster.gpu.get("host_cores", 0.0), 5),
+            "control_share_s": round(ev.control_time(plan, graph, timings), 5)}
 
 
 def predicted_run(run_dir: str) -> float | None:
@@ -152,6 +166,7 @@ def learning(name, steps, root) -> dict:
     out = dask_run(pipeline, plan, steps, root)
     out["plan"] = plan.strategy.value
     out["predicted_step_s"] = round(predicted(pipeline, plan), 4)
+    out["predicted_control"] = control_model(pipeline, plan)
     return out
 
 
@@ -387,6 +402,16 @@ def markdown(res) -> str:
         lines.append(f"Prediction, {name}: predicted {r['predicted_step_s']} s vs measured "
                      f"{r['median_step_s']} s (**{err:+.1f}%**, target within 20%; "
                      f"{r.get('tasks_per_step', '?')} Dask tasks per step).")
+        h, c = r.get("host"), r.get("predicted_control")
+        if h and c:
+            lines.append(f"Control plane, {name}: {h['tasks_per_step']} tasks per step measured "
+                         f"({c['tasks_per_step']} predicted); CPU outside ops per step "
+                         f"{h['client_cpu_per_step_s'] + h['worker_cpu_per_step_s']:.4f} s "
+                         f"measured (client and scheduler {h['client_cpu_per_step_s']}, "
+                         f"device workers {h['worker_cpu_per_step_s']}), "
+                         f"{c['control_cpu_per_step_s']} s predicted, of which the step "
+                         f"pays {c['control_share_s']} s (spread over the host's cores); the "
+                         f"ops' own CPU {h['op_cpu_per_step_s']} s per step.")
         lines.append("")
     a = res["asynchrony"]
     lines += ["", "## Staleness 1 vs synchronous (tiny_ppo, the plan rpeg runs, capped at 0 "

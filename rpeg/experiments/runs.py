@@ -250,6 +250,13 @@ def _step_time(rec: dict) -> list[str]:
     if p and m:
         out.append(f"  measured / predicted = {m / p:.2f}x "
                    f"({'slower' if m > p else 'faster'} than predicted by {abs(m - p) / p:.0%})")
+    if h := me.get("host"):
+        out.append(f"  CPU per step (steps {h['from_step']}..{h['from_step'] + h['steps']}): "
+                   f"ops {h['op_cpu_per_step_s']:.3g} s, device workers outside ops "
+                   f"{h['worker_cpu_per_step_s']:.3g} s, client"
+                   f"{' and scheduler' if rec.get('where', {}).get('scheduler', 'local') == 'local' else ''} "
+                   f"{h['client_cpu_per_step_s']:.3g} s; {h['tasks_per_step']:.3g} Dask "
+                   f"tasks a step")
     return out
 
 

@@ -130,6 +130,8 @@ def measured(rows: list[dict], meta: dict) -> dict:
     if times:
         out["step_time_s"] = statistics.median(times)
         out["step_time_of"] = f"median of steps {len(rows) - len(times)}..{len(rows) - 1}"
+    if meta.get("host"):
+        out["host"] = meta["host"]
     return out
 
 

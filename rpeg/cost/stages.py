@@ -30,7 +30,11 @@ The dispatch of a Dask task (the profile's ``dispatch_s``: measured on the CPU p
 Dask's documented ~1 ms on GPU profiles) is not part of a stage: the runtime fuses the
 consecutive ops of a device into one task and starts a new one when an input comes from
 another device, so the simulator charges it per such crossing
-(:func:`rpeg.plan.simulate.simulate`).
+(:func:`rpeg.plan.simulate.simulate`). Where the devices are the host's own cores (the
+CPU profile's ``host_cores``), the control plane's CPU — ``control_step_s`` per device
+and ``control_task_s`` per Dask task a step — competes with the ops for them; the
+evaluator adds that CPU spread over the cores to the step
+(:meth:`rpeg.plan.evaluate.Evaluator.control_time`).
 
 A policy-gradient train stage reading responses sampled with older weights (staleness or
 a partial rollout's carry: ``off_policy``) first runs a forward pass without gradients

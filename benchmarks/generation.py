@@ -3,6 +3,7 @@ the time of one in-memory weight update; calibrates the cost model's vLLM decode
 
     .venv-vllm/bin/python benchmarks/generation.py            # 3 models x batches 1, 4, 16: ~5 min
     .venv-vllm/bin/python benchmarks/generation.py --quick    # tiny-vllm only: ~1 min
+    .venv/bin/python benchmarks/generation.py --refit         # refit the extras, no vLLM
 
 Run it in the vLLM venv (scripts/setup-vllm-venv.sh). Per model, on the same weights,
 prompts (32 random tokens each) and batch, every engine samples exactly ``--gen`` tokens
@@ -21,6 +22,8 @@ through Dask to the engine in 64 MB buckets.
 Writes benchmarks/results/generation.json and generation.md. The JSON's
 ``profile`` block is the calibrated vLLM generation profile for the cost model:
 
+    profile.vllm_work_scale        vLLM's compute and memory work per pass against the
+                                   profile's (torch) model: the ``vllm_work_scale`` extra
     profile.vllm_layer_overhead    s per layer per decode step beyond the profile's
                                    compute/memory model (rpeg.cost.compute.pass_time with
                                    kv_copy=False): the ``vllm_layer_overhead`` profile extra
@@ -182,12 +185,17 @@ def measure_model(name: str, args, client, workdir: Path) -> dict:
 # --- the cost model's vLLM overheads ------------------------------------------------------
 
 def fit_profile(results: list[dict], gen: int) -> dict:
-    """Fit ``vllm_layer_overhead`` and ``vllm_decode_overhead`` to the measured decode steps."""
+    """Fit vLLM's decode step on the profile's model: ``vllm_work_scale`` (its kernels'
+    compute and memory work against the profile's torch ops), ``vllm_layer_overhead`` and
+    ``vllm_decode_overhead``; non-negative, in relative error, over the measured steps."""
     from rpeg.cost import compute as C
+    from rpeg.cost.calibrate import _nnls
     from rpeg.cost.profiles import load_cluster
 
     cluster = load_cluster(ROOT / "pipelines" / "clusters" / "local_cpu.rpeg")
-    bare = attrs.evolve(cluster.gpu, layer_overhead=0.0, decode_overhead=0.0)
+    # the work alone: the model adds the (unscaled) call overhead to every pass
+    bare = attrs.evolve(cluster.gpu, layer_overhead=0.0, decode_overhead=0.0, call_overhead=0.0)
+    call = cluster.gpu.call_overhead
     points = []                          # (layers, measured step, modelled work without overheads)
     for res in results:
         dims = PRESETS[res["model"]]
@@ -198,23 +206,16 @@ def fit_profile(results: list[dict], gen: int) -> dict:
             work = C.pass_time(dims, bare, tokens=b, context=ctx, bytes_per_value=4,
                                kv_tokens=b * ctx, head_tokens=b, kv_copy=False)
             points.append((dims.layers, row["decode_step_s"], work, res["model"], b))
-    a = np.array([[layers, 1.0] for layers, *_ in points])
-    resid = np.array([step - work for _, step, work, *_ in points])
-    # Relative least squares (each point weighted by 1/step), both overheads >= 0.
-    w = 1.0 / np.array([step for _, step, *_ in points])
-    coef, *_ = np.linalg.lstsq(a * w[:, None], resid * w, rcond=None)
-    if (coef < 0).any():
-        keep = int(np.argmax(coef))
-        one, *_ = np.linalg.lstsq(a[:, [keep]] * w[:, None], resid * w, rcond=None)
-        coef = np.zeros(2)
-        coef[keep] = max(float(one[0]), 0.0)
-    layer_oh, step_oh = float(coef[0]), float(coef[1])
-    fitted = [work + layers * layer_oh + step_oh for layers, _, work, *_ in points]
+    step = np.array([p[1] for p in points])
+    a = np.array([[work, layers, 1.0] for layers, _, work, *_ in points]) / step[:, None]
+    scale, layer_oh, step_oh = (float(x) for x in _nnls(a, (step - call) / step))
+    fitted = [scale * work + layers * layer_oh + step_oh + call
+              for layers, _, work, *_ in points]
     mape_decode = float(np.mean([abs(f - p[1]) / p[1] for f, p in zip(fitted, points, strict=True)]))
     profile = {
         "engine": "vllm", "device": "cpu", "dtype": "float32", "profile": "local_cpu",
-        "vllm_layer_overhead": layer_oh, "vllm_decode_overhead": step_oh,
-        "decode_step_s": {}, "decode_tokens_per_s": {}, "prefill_s": {},
+        "vllm_work_scale": scale, "vllm_layer_overhead": layer_oh,
+        "vllm_decode_overhead": step_oh, "decode_step_s": {}, "decode_tokens_per_s": {}, "prefill_s": {},
         "fit_mape_decode": mape_decode,
         "fit_points": [{"model": m, "batch": b, "measured_s": step, "fitted_s": f}
                        for (_, step, _, m, b), f in zip(points, fitted, strict=True)],
@@ -227,11 +228,12 @@ def fit_profile(results: list[dict], gen: int) -> dict:
                 profile["decode_tokens_per_s"].setdefault(res["model"], {})[key] = \
                     row["batch"] / row["decode_step_s"] if row["decode_step_s"] else None
                 profile["prefill_s"].setdefault(res["model"], {})[key] = row["prefill_s"]
-    profile["fit_mape_generate"] = _generate_mape(results, cluster, layer_oh, step_oh, gen)
+    profile["fit_mape_generate"] = _generate_mape(results, cluster, scale, layer_oh, step_oh, gen)
     return profile
 
 
-def _generate_mape(results, cluster, layer_oh: float, step_oh: float, gen: int) -> float | None:
+def _generate_mape(results, cluster, scale: float, layer_oh: float, step_oh: float,
+                   gen: int) -> float | None:
     """rpeg.cost's whole generate op (engine vllm) with the fitted extras, against measurements."""
     from rpeg.cost.calibrate import _STAGE
     from rpeg.cost.examples import ppo_pipeline
@@ -239,7 +241,7 @@ def _generate_mape(results, cluster, layer_oh: float, step_oh: float, gen: int) 
     from rpeg.cost.stages import estimate_stage
     from rpeg.spec.model import Engine
 
-    extra = dict(cluster.gpu.extra) | {"vllm_layer_overhead": layer_oh,
+    extra = dict(cluster.gpu.extra) | {"vllm_work_scale": scale, "vllm_layer_overhead": layer_oh,
                                        "vllm_decode_overhead": step_oh}
     gpu = attrs.evolve(cluster.gpu, extra=tuple(sorted(extra.items())))
     cl = attrs.evolve(cluster, gpu=gpu)
@@ -284,7 +286,8 @@ def markdown(doc: dict) -> str:
                      f"{ws['median_wall_s'] * 1e3:.0f} ms | {ws['median_engine_s'] * 1e3:.0f} ms | "
                      f"{ws['bytes'] / 1e6:.1f} MB | {ws['buckets']} |")
     p = doc["profile"]
-    lines += ["", f"Cost-model profile extras: `vllm_layer_overhead = {p['vllm_layer_overhead']:.3g} s`, "
+    lines += ["", f"Cost-model profile extras: `vllm_work_scale = {p.get('vllm_work_scale', 1.0):.3g}`, "
+              f"`vllm_layer_overhead = {p['vllm_layer_overhead']:.3g} s`, "
               f"`vllm_decode_overhead = {p['vllm_decode_overhead']:.3g} s` (decode-step fit "
               f"MAPE {p['fit_mape_decode']:.1%}; whole generate op through rpeg.cost "
               f"MAPE {p['fit_mape_generate']:.1%}).", "", doc["paragraph"], ""]
@@ -316,7 +319,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--out", default=str(RESULTS / "generation"))
+    ap.add_argument("--refit", action="store_true", help="refit the profile extras to the "
+                    "measurements already in --out's JSON (after the base profile changed)")
     args = ap.parse_args(argv)
+    if args.refit:
+        out = Path(args.out)
+        doc = json.loads(out.with_suffix(".json").read_text())
+        doc["profile"] = fit_profile(doc["models"], doc["gen"])
+        doc["refit"] = dt.datetime.now(dt.timezone.utc).isoformat()
+        out.with_suffix(".json").write_text(json.dumps(doc, indent=2) + "\n")
+        out.with_suffix(".md").write_text(markdown(doc))
+        print(markdown(doc))
+        return 0
     if args.quick:
         args.models, args.batches = "tiny-vllm", "1,8"
     args.batches = [int(b) for b in args.batches.split(",")]
@@ -332,7 +346,9 @@ def main(argv: list[str] | None = None) -> int:
     require()
     torch.set_num_threads(args.threads)
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
-    with dask.config.set(vllm_dask_config()):
+    # the worker's allocator as rpeg's own workers run (rpeg.runtime.driver): glibc defaults
+    with dask.config.set({**vllm_dask_config(),
+                          "distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_": None}):
         cluster = LocalCluster(n_workers=1, threads_per_worker=1, processes=True,
                                dashboard_address=":0")
     client = Client(cluster)

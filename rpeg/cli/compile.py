@@ -99,6 +99,9 @@ def summary_text(report, cluster, output: Path, gantt: Path | None, pipeline) ->
              f"{plan.strategy.value}, seed {plan.seed}, planned in {report.seconds:.1f} s",
              f"predicted step time {pr.step_time_s:.2f} s, {pr.tokens_per_s:.0f} generated "
              f"tokens/s"]
+    if pr.control_s:
+        lines.append(f"  of which {pr.control_s:.3f} s is the control plane's CPU on the devices' "
+                     f"cores ({pr.tasks_per_step} Dask tasks a step)")
     speed = []
     for s, ev in report.baselines:
         if ev is None:

@@ -124,6 +124,23 @@ def pass_time(dims: ModelDims, gpu: GpuProfile, *, tokens: int, context: float,
     return max(work, host) if gpu.async_launch else work + host
 
 
+def with_work_scale(gpu: GpuProfile, scale: float) -> GpuProfile:
+    """``gpu`` on which a pass's compute and memory work takes ``scale`` times as long (an
+    engine's own kernels: vLLM's decode against the profile's torch ops); host overheads
+    are unchanged.
+
+    >>> g = GpuProfile("cpu", matmul_flops=1e11, mem_bandwidth=1e10, layer_overhead=1e-4)
+    >>> h = with_work_scale(g, 0.5)
+    >>> h.matmul_flops, h.mem_bandwidth, h.layer_overhead
+    (200000000000.0, 20000000000.0, 0.0001)
+    """
+    if scale <= 0 or scale == 1.0:
+        return gpu
+    rates = ("peak_flops", "matmul_flops", "attn_flops", "hbm_bandwidth", "mem_bandwidth",
+             "elem_bandwidth")
+    return attrs.evolve(gpu, **{r: getattr(gpu, r) / scale for r in rates if getattr(gpu, r)})
+
+
 def optimizer_time(params: float, tensors: int, gpu: GpuProfile) -> float:
     """Adam over ``params`` local parameters in ``tensors`` tensors: stream 7 values each
     (read p, g, m, v; write p, m, v) in fp32, plus a per-tensor host cost."""

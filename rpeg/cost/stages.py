@@ -501,6 +501,7 @@ def _generation_cached(model, par, devices, topo, gpu, local, prompt_len, dist, 
     if engine is Engine.VLLM:
         gpu = attrs.evolve(gpu, layer_overhead=gpu.get("vllm_layer_overhead", gpu.layer_overhead),
                            decode_overhead=gpu.get("vllm_decode_overhead", gpu.decode_overhead))
+        gpu = C.with_work_scale(gpu, gpu.get("vllm_work_scale", 1.0))
 
     def stage_pass(tokens: float, context: float, kv_tokens: float, head_tokens: float) -> float:
         return C.pass_time(hd, gpu, tokens=max(int(round(tokens)), 1), context=context,

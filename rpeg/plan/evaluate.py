@@ -290,13 +290,15 @@ class Evaluator:
             steps = self.steps or steps_for(max((k for _, k in plan.staleness), default=0))
             timeline = simulate(graph, timings, steps=steps, events=detail,
                                 crossing_s=max(self.cluster.gpu.get("dispatch_s", 0.0), 0.0))
-            step = timeline.step_time_s + self.control_time(plan, graph, timings, steps)
+            control = self.control_time(plan, graph, timings, steps)
+            step = timeline.step_time_s + control
             predicted = Predicted(
                 step_time_s=step,
                 peak_memory=tuple(round(float(x)) for x in peak) if detail else (),
                 busy=tuple(round(float(b), 4) for b in timeline.busy()) if detail else (),
                 tokens_per_s=self.gen_tokens / step if step > 0 else 0.0,
-                op_times=op_times, memory_capacity=capacity)
+                op_times=op_times, memory_capacity=capacity, control_s=round(control, 6),
+                tasks_per_step=self.dask_tasks(plan, graph, timings, steps) if control else 0)
         homes = self.homes(plan, graph) if detail else plan.model_homes
         return Evaluation(attrs.evolve(plan, predicted=predicted, model_homes=homes),
                           feasible, shortfall, timeline)

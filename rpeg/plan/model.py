@@ -68,6 +68,8 @@ class Predicted:
     tokens_per_s: float = 0.0
     op_times: tuple[tuple[str, float], ...] = ()   # op -> predicted seconds per step
     memory_capacity: float = 0.0           # bytes per device
+    control_s: float = 0.0                 # of the step: the control plane on the devices' cores
+    tasks_per_step: int = 0                # Dask tasks a step dispatches (where control_s > 0)
 
 
 @attrs.frozen
@@ -214,6 +216,9 @@ class Plan:
             pr = self.predicted
             lines.append(f"  predicted step {pr.step_time_s:.3f} s, "
                          f"{pr.tokens_per_s:.0f} tokens/s")
+            if pr.control_s:
+                lines.append(f"  of which the control plane {pr.control_s:.3f} s "
+                             f"({pr.tasks_per_step} Dask tasks a step, on the devices' cores)")
             if pr.peak_memory:
                 lines.append(f"  predicted peak memory {max(pr.peak_memory) / 1e9:.1f} GB of "
                              f"{pr.memory_capacity / 1e9:.1f} GB per device")

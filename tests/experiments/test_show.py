@@ -30,6 +30,16 @@ def test_show_prints_what_ran_where_and_how_fast(run_a, capsys):
         assert str(run_a / "plots" / f"{name}.png") in out
 
 
+def test_show_says_where_the_cpu_went(run_b, capsys):
+    """A run of `rpeg run`'s runner accounts its CPU per step: ops, the device workers
+    outside ops, the client (the cluster here is not rpeg's own, so not 'and scheduler')."""
+    assert main(["show", str(run_b)]) == 0
+    out = capsys.readouterr().out
+    line = next(x for x in out.splitlines() if "CPU per step (steps " in x)
+    assert "ops " in line and "device workers outside ops" in line and "Dask tasks a step" in line
+    assert "client and scheduler" not in line
+
+
 def test_show_json_and_a_failed_verification(run_a, tmp_path, capsys):
     assert main(["show", str(run_a), "--json"]) == 0
     data = json.loads(capsys.readouterr().out)

@@ -88,11 +88,16 @@ def test_control_time_is_charged_only_where_devices_share_the_host_cores():
     assert t1 == pytest.approx((2 * g.get("control_step_s") + n1 * g.get("control_task_s"))
                                / g.get("host_cores"))
     assert t3 - t1 == pytest.approx((n3 - n1) * g.get("control_task_s") / g.get("host_cores"))
-    # the step's prediction carries it
+    # the step's prediction carries it, and says so
     bare = attrs.evolve(cpu, gpu=attrs.evolve(cpu.gpu, extra=tuple(
         (k, v) for k, v in cpu.gpu.extra if k != "host_cores")))
-    assert Evaluator(pipeline, cpu).evaluate(plans[1]).step_time_s == pytest.approx(
+    priced = Evaluator(pipeline, cpu).evaluate(plans[1]).plan
+    assert priced.predicted.step_time_s == pytest.approx(
         Evaluator(pipeline, bare).evaluate(plans[1]).step_time_s + t1)
+    assert priced.predicted.control_s == pytest.approx(t1, abs=1e-6)
+    assert priced.predicted.tasks_per_step == n1
+    assert f"({n1} Dask tasks a step" in str(priced)
+    assert Evaluator(pipeline, bare).evaluate(plans[1]).plan.predicted.control_s == 0.0
     # a GPU's host CPUs are not its devices: nothing is charged
     gpus = cluster_of("h100", 8)
     assert gpus.gpu.get("host_cores", 0.0) == 0.0

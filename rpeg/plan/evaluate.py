@@ -290,7 +290,7 @@ class Evaluator:
             steps = self.steps or steps_for(max((k for _, k in plan.staleness), default=0))
             timeline = simulate(graph, timings, steps=steps, events=detail,
                                 crossing_s=max(self.cluster.gpu.get("dispatch_s", 0.0), 0.0))
-            control = self.control_time(plan, graph, timings, steps)
+            control, tasks = self._control(plan, graph, timings, steps)
             step = timeline.step_time_s + control
             predicted = Predicted(
                 step_time_s=step,
@@ -298,7 +298,7 @@ class Evaluator:
                 busy=tuple(round(float(b), 4) for b in timeline.busy()) if detail else (),
                 tokens_per_s=self.gen_tokens / step if step > 0 else 0.0,
                 op_times=op_times, memory_capacity=capacity, control_s=round(control, 6),
-                tasks_per_step=self.dask_tasks(plan, graph, timings, steps) if control else 0)
+                tasks_per_step=tasks)
         homes = self.homes(plan, graph) if detail else plan.model_homes
         return Evaluation(attrs.evolve(plan, predicted=predicted, model_homes=homes),
                           feasible, shortfall, timeline)
@@ -383,37 +383,41 @@ class Evaluator:
         are fitted by ``rpeg calibrate`` from real runs; profiles without ``host_cores``
         (GPUs, whose host CPUs are not the devices) pay nothing here.
         """
+        return self._control(plan, graph, timings, steps)[0]
+
+    def _control(self, plan: Plan, graph: Graph, timings: dict[str, OpTiming],
+                 steps: int) -> tuple[float, int]:
+        """(:meth:`control_time`, the Dask tasks a step it counted; 0 where not charged)."""
         gpu = self.cluster.gpu
         cores = gpu.get("host_cores", 0.0)
         if cores <= 0:
-            return 0.0
+            return 0.0, 0
         used = {d for t in timings.values() for d in t.devices}
         tasks = self.dask_tasks(plan, graph, timings, steps)
         cpu = gpu.get("control_step_s", 0.0) * len(used) + gpu.get("control_task_s", 0.0) * tasks
-        return cpu / (cores * max(1, -(-len(used) // self.cluster.gpus_per_node)))
+        return cpu / (cores * max(1, -(-len(used) // self.cluster.gpus_per_node))), tasks
 
     def dask_tasks(self, plan: Plan, graph: Graph, timings: dict[str, OpTiming],
                    steps: int = 6) -> int:
         """Dask tasks a steady step of ``plan`` dispatches under the runtime's fusion."""
-        key = ("tasks", id(graph), tuple((n, t.devices, len(t.chunk_ends)) for n, t in
-                                         timings.items()),
-               tuple(p.tp for p in plan.placements), steps)
+        # the runtime runs a fused op's stages as calls of their own, each starting a task
+        # where its own inputs say so: counted on the graph without fusion
+        loose = self.graph(attrs.evolve(plan, fusion=()))
+        where = {}
+        for op in loose.ops:
+            if op.kind is OpKind.SYNC_WEIGHTS:
+                where[op.name] = OpTiming(timings[op.name].devices, 0.0)
+            else:
+                p = plan.placement(op.stages[0])
+                where[op.name] = OpTiming(p.devices, 0.0, (0.0,) * p.chunks
+                                          if op.kind is OpKind.GENERATE and p.chunks > 1
+                                          else ())
+        collective = frozenset(
+            o.name for o in loose.ops if len(where[o.name].devices) > 1 and o.stages
+            and (o.kind is OpKind.TRAIN or plan.placement(o.stages[0]).tp > 1))
+        key = ("tasks", id(loose), tuple(where.values()), collective, steps)
         if key not in self._cost:
-            # the runtime runs a fused op's stages as calls of their own, each starting a
-            # task where its own inputs say so: counted on the graph without fusion
-            loose = self.graph(attrs.evolve(plan, fusion=()))
-            where = {}
-            for op in loose.ops:
-                if op.kind is OpKind.SYNC_WEIGHTS:
-                    where[op.name] = timings[op.name]
-                else:
-                    p = plan.placement(op.stages[0])
-                    where[op.name] = OpTiming(p.devices, 0.0, (0.0,) * p.chunks
-                                              if op.kind is OpKind.GENERATE and p.chunks > 1
-                                              else ())
-            self._cost[key] = tasks_per_step(loose, where, steps, frozenset(
-                o.name for o in loose.ops if len(where[o.name].devices) > 1 and o.stages
-                and (o.kind is OpKind.TRAIN or plan.placement(o.stages[0]).tp > 1)))
+            self._cost[key] = tasks_per_step(loose, where, steps, collective)
         return self._cost[key]
 
     def _off_policy(self, op, plan: Plan, graph: Graph) -> bool:

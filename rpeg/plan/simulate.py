@@ -274,7 +274,11 @@ def tasks_per_step(graph: Graph, timings: dict[str, OpTiming], steps: int = 6,
     """
     chunks = tuple(sorted((n, len(t.chunk_ends)) for n, t in timings.items()
                           if len(t.chunk_ends) > 1))
-    prep = _prepare(graph, steps, chunks)
+    # a step far enough in for its inputs to come from steady steps (lag + 2 back), and
+    # the steps after it that read its outputs (lag + 1 on)
+    lag = max((e.lag for e in graph.version_edges), default=0)
+    last = min(steps // 2, lag + 2)
+    prep = _prepare(graph, last + lag + 2, chunks)
     insts = prep.instances
     where = [timings[i.op].devices for i in insts]
     inputs: list[list[int]] = [[] for _ in insts]
@@ -282,7 +286,6 @@ def tasks_per_step(graph: Graph, timings: dict[str, OpTiming], steps: int = 6,
         for d in ds:
             inputs[d].append(k)
     task: dict[tuple[int, int], int] = {}          # (instance, device) -> its task
-    last = steps // 2
     groups: list[set[int]] = []                    # what each task waits for
 
     def batch(step: int) -> int:
@@ -315,7 +318,7 @@ def tasks_per_step(graph: Graph, timings: dict[str, OpTiming], steps: int = 6,
                     here.remove(gi)
         return len(groups) - first
 
-    for step in range(max(0, last - 3), last):     # the tasks the step's inputs come from
+    for step in range(last):                         # the tasks the step's inputs come from
         batch(step)
     return batch(last)
 

@@ -63,7 +63,7 @@ from rpeg.runtime.driver import RunOptions, RunResult, _Cluster, _Progress, _ren
 from rpeg.runtime.flight import Flight, Task
 from rpeg.runtime.instances import build_calls, graph_for, model_homes
 from rpeg.runtime.record import write_record
-from rpeg.runtime.rundir import RunDir, host_usage, step_metrics
+from rpeg.runtime.rundir import EVENTS, RunDir, host_usage, step_metrics
 from rpeg.runtime.serial import dumps, loads, plan_from_json, plan_to_json
 from rpeg.spec.model import Pipeline
 
@@ -102,6 +102,17 @@ class _State:
     pending: dict[int, list[dict]]               # events of steps not yet complete
     carry: dict[str, object]                     # outputs made before the cut, read after
     checkpoint: ckio.Checkpoint | None = None
+    appended: int = 0                            # events already in events.jsonl
+    traced: int = 0                              # events in trace.json when last written
+
+    def write_trace(self, rd: RunDir, workers: dict[int, str], t0: float,
+                    force: bool = False) -> None:
+        """trace.json from the events so far: whenever they have doubled since it was last
+        written (so a long run rewrites it O(log n) times, not at every checkpoint), and
+        when the run ends (``force``)."""
+        if force and self.traced != len(self.events) or len(self.events) >= 2 * self.traced:
+            rd.write_trace(self.events, workers, t0)
+            self.traced = len(self.events)
 
 
 def run_resilient(pipeline: Pipeline, plan: Plan, options: RunOptions,
@@ -157,6 +168,10 @@ def run_resilient(pipeline: Pipeline, plan: Plan, options: RunOptions,
         raise
     finally:
         stop.uninstall()
+        try:
+            state.write_trace(rd, runner.workers, meta.get("started", t_start), force=True)
+        except OSError as e:
+            print(f"rpeg: warning: trace.json not written: {e}", file=sys.stderr)
         meta["wall_s"] = meta.get("wall_s", 0.0) + time.time() - t_start
         rd.write_json("run.json", meta)
         write_record(rd.path, spec_path)
@@ -230,15 +245,20 @@ def _load_value(path: Path, parse, what: str):
 def _state_from(rd: RunDir, ck: ckio.Checkpoint | None) -> _State:
     if ck is None:
         rd.write_text("metrics.jsonl", "")
+        rd.write_text(EVENTS, "")
         return _State(0, [], [], defaultdict(list), {})
     rows = [m for m in rd.metrics() if m["step"] < ck.step]
     rd.write_text("metrics.jsonl", "".join(_line(m) for m in rows))
-    events = list(ck.state.get("events", []))
+    if "events_bytes" in ck.state:
+        events = rd.cut_events(int(ck.state["events_bytes"]))
+    else:                                   # a checkpoint that held its events itself
+        events = list(ck.state.get("events", []))
+        rd.write_text(EVENTS, "".join(_line(e) for e in events))
     pending: dict[int, list[dict]] = defaultdict(list)
     for e in ck.state.get("pending", []):
         pending[int(e["step"])].append(e)
     carry = ckio.load_tree(ck.path, "carry") if (ck.path / "carry.json").exists() else {}
-    return _State(ck.step, rows, events, pending, carry, ck)
+    return _State(ck.step, rows, events, pending, carry, ck, appended=len(events))
 
 
 def _line(row: dict) -> str:
@@ -648,10 +668,13 @@ class _Runner:
         for v in self._gather(saves, f"checkpoint at step {cut}", list(self.workers)):
             versions.update(v)
         ckio.save_tree(tmp, "carry", carry)
-        rd.write_trace(self.state.events, self.workers, self.meta.get("started", self.t0))
+        size = rd.append_events(self.state.events[self.state.appended:])
+        self.state.appended = len(self.state.events)
+        self.state.write_trace(rd, self.workers, self.meta.get("started", self.t0))
         pending = [e for evs in self.state.pending.values() for e in evs]
         self.state.checkpoint = ckio.commit(rd.path, tmp, cut, {
-            "replicas": versions, "events": self.state.events, "pending": pending,
+            "replicas": versions, "events_bytes": size, "events_count": len(self.state.events),
+            "pending": pending,
             "metrics_rows": len(self.state.metrics), "num_devices": self.plan.num_devices,
             "carry": sorted(carry)})
         ckio.prune(rd.path, keep=self.res.keep)
@@ -685,6 +708,7 @@ class _Runner:
         self.state.start, self.state.metrics = fresh.start, fresh.metrics
         self.state.events, self.state.pending, self.state.carry = (fresh.events, fresh.pending,
                                                                    fresh.carry)
+        self.state.appended, self.state.traced = fresh.appended, 0
         self.rd.write_json("run.json", self.meta)
 
     def _kill(self, worker: str) -> None:

@@ -7,6 +7,8 @@
         run.json           steps, devices -> workers, timings, status
         trace.json         Chrome trace (Perfetto): one track per worker; each op with
                            step, chunk, version read and written, CPU seconds
+        events.jsonl       the same op events, appended at each checkpoint (trace.json is
+                           rewritten whenever they have doubled, and at the end of a run)
         metrics.jsonl      one line per step: reward, KL, clip fraction, value loss,
                            entropy, step time, tokens/s
         checkpoints/       safetensors + JSON per trained model
@@ -26,6 +28,8 @@ import attrs
 
 from rpeg.errors import RuntimeFailure
 from rpeg.runtime.tensorboard import append_event
+
+EVENTS = "events.jsonl"      # every committed op event, appended at each checkpoint
 
 
 @attrs.frozen
@@ -83,6 +87,35 @@ class RunDir:
 
     def write_trace(self, events: list[dict], workers: dict[int, str], t0: float) -> Path:
         return self.write_json("trace.json", chrome_trace(events, workers, t0))
+
+    def append_events(self, events: list[dict]) -> int:
+        """Append op events to ``events.jsonl`` (on disk when this returns); its size in
+        bytes, which a checkpoint records: what is past it belongs to later steps."""
+        path = self.path / EVENTS
+        with open(path, "a", encoding="utf-8") as f:
+            for e in events:
+                f.write(json.dumps(e, sort_keys=True) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        return path.stat().st_size
+
+    def cut_events(self, size: int) -> list[dict]:
+        """The events of ``events.jsonl``'s first ``size`` bytes, the rest cut off (a run
+        rolled back or resumed from a checkpoint runs those steps again)."""
+        path = self.path / EVENTS
+        if not path.exists():
+            if size:
+                raise RuntimeFailure(f"run directory '{self.path}' must hold {EVENTS} "
+                                     f"({size} bytes recorded by its checkpoint), and it "
+                                     "does not")
+            return []
+        with open(path, "r+b") as f:
+            data = f.read(size)
+            if len(data) < size:
+                raise RuntimeFailure(f"'{path}' must hold the {size} bytes its checkpoint "
+                                     f"recorded, and it holds {len(data)}")
+            f.truncate(size)
+        return [json.loads(line) for line in data.decode("utf-8").splitlines() if line.strip()]
 
 
 def chrome_trace(events: list[dict], workers: dict[int, str], t0: float) -> dict:

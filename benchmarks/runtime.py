@@ -13,6 +13,8 @@
    split placement at both stalenesses.
 3. overhead: one worker, synchronous, rpeg on Dask vs the same op calls in one
    process (``rpeg.runtime.inline``); ratio of median step times.
+5. long run: tiny_ppo for 1,000 steps; the client's CPU per step and the step time early
+   and late in the run (does bookkeeping grow with the run?).
 
 Every Dask run is what ``rpeg run`` runs: the resilient runner
 (``rpeg.runtime.recovery.run_resilient``, a checkpoint every 10 steps) with fused
@@ -260,6 +262,29 @@ def overhead(steps, root, rounds=3) -> dict:
             "predicted_step_s": round(predicted(pipeline, plan), 4)}
 
 
+def long_run(steps: int, root) -> dict:
+    """tiny_ppo for ``steps`` steps as ``rpeg run`` runs it (a checkpoint every 10 steps):
+    does the client's CPU per step (metrics ``client_cpu_s``: the driver, the local
+    scheduler, the checkpoints) or the step time grow as the run's trace grows?"""
+    pipeline, plan, _ = plan_for_run(ROOT / "pipelines" / "tiny_ppo.rpeg", cluster=CLUSTER)
+    out = dask_run(pipeline, plan, steps, root)
+    rows = [json.loads(x) for x in (Path(out["run_dir"]) / "metrics.jsonl").read_text()
+            .splitlines()]
+    q = steps // 5
+    windows = {"first": rows[q // 2:q + q // 2], "last": rows[-q:]}
+    out["windows"] = {
+        name: {"steps": [w[0]["step"], w[-1]["step"]],
+               "client_cpu_per_step_s": round(statistics.mean(r["client_cpu_s"] for r in w), 5),
+               "median_step_s": round(statistics.median(r["step_time_s"] for r in w), 4),
+               "mean_step_s": round(statistics.mean(r["step_time_s"] for r in w), 4)}
+        for name, w in windows.items()}
+    path = Path(out["run_dir"])
+    out["trace_bytes"] = (path / "trace.json").stat().st_size
+    out["checkpoint_state_bytes"] = max(p.stat().st_size for p in
+                                        path.glob("checkpoints/step-*/state.json"))
+    return out
+
+
 def _train_steps(n: int) -> dict:
     """Seconds and minor page faults per PPO train step of a tiny actor-critic (64 responses
     of 24 tokens) in this process: what an op costs with this process's allocator settings."""
@@ -485,6 +510,22 @@ def markdown(res) -> str:
         lines += [f"Without fused dispatch (one Dask task per op, `RunOptions(fuse=False)`, "
                   f"same run): {o['median_step_unfused_s']} s, ratio "
                   f"{o['ratio_unfused_over_inline']}.", ""]
+    if "long_run" in res:
+        lr = res["long_run"]
+        f, la = lr["windows"]["first"], lr["windows"]["last"]
+        lines += [f"## A long run ({lr['steps']} steps of tiny_ppo, a checkpoint every 10)", "",
+                  "| steps | client CPU per step s | median step s | mean step s |",
+                  "|---|---|---|---|"]
+        for w in (f, la):
+            lines.append(f"| {w['steps'][0]}..{w['steps'][1]} | {w['client_cpu_per_step_s']} | "
+                         f"{w['median_step_s']} | {w['mean_step_s']} |")
+        lines += ["", f"The client's CPU per step (the driver, the local scheduler, and the "
+                  f"checkpoints: op events appended to events.jsonl, trace.json rewritten only "
+                  f"when the events double) late in the run against early: "
+                  f"**{la['client_cpu_per_step_s'] / f['client_cpu_per_step_s']:.2f}x**. "
+                  f"trace.json {lr['trace_bytes'] / 1e6:.1f} MB at the end; the largest "
+                  f"checkpoint state {lr['checkpoint_state_bytes'] / 1e3:.1f} kB. Verified: "
+                  f"{lr['verified']}.", ""]
     return "\n".join(lines) + "\n"
 
 
@@ -492,18 +533,19 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--root", default="/tmp/rpeg-bench-runs")
-    ap.add_argument("--only", default="learning,asynchrony,overhead,malloc")
+    ap.add_argument("--only", default="learning,asynchrony,overhead,malloc,longrun")
     args = ap.parse_args()
     steps = 12 if args.quick else None
     seeds = [0] if args.quick else [0, 1, 2]
     parts = args.only.split(",")
     res = {"command": "python benchmarks/runtime.py" + (" --quick" if args.quick else "")
-           + (f" --only {args.only}" if args.only != "learning,asynchrony,overhead,malloc" else ""),
+           + (f" --only {args.only}" if args.only != "learning,asynchrony,overhead,malloc,longrun"
+              else ""),
            "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.python_version()}",
            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
            "load_avg_start": load_avg()}
     out = ROOT / "benchmarks" / "results" / "runtime.json"
-    if out.exists() and args.only != "learning,asynchrony,overhead,malloc":
+    if out.exists() and args.only != "learning,asynchrony,overhead,malloc,longrun":
         # a partial run updates its parts and keeps the rest (and their provenance)
         before = json.loads(out.read_text())
         res = {**before, **res, "partial": {"remeasured": parts, "rest_from": before["date"]}}
@@ -529,6 +571,9 @@ def main() -> None:
         import distributed  # noqa: F401  (its config is loaded before it is overridden)
         res["worker_memory"] = worker_memory()
         print("worker_memory", res["worker_memory"], flush=True)
+    if "longrun" in parts:
+        res["long_run"] = long_run(100 if args.quick else 1000, args.root)
+        print("long_run", res["long_run"]["windows"], flush=True)
     if "overhead" in parts:
         res["overhead"] = overhead(steps or 40, args.root)
         print("overhead", {k: v for k, v in res["overhead"].items()

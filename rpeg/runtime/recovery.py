@@ -530,7 +530,10 @@ class _Runner:
         self.state.events += evs
         row = step_metrics(step, evs, now - last)
         cpu = os.times()
-        self.host_marks.append((step, now, cpu.user + cpu.system, self.meta.get("tasks", 0)))
+        cpu = cpu.user + cpu.system
+        if self.host_marks:               # the client's CPU since the last step (checkpoints too)
+            row["client_cpu_s"] = round(cpu - self.host_marks[-1][2], 5)
+        self.host_marks.append((step, now, cpu, self.meta.get("tasks", 0)))
         self.rd.append_metrics(row)
         self.state.metrics.append(row)
         self.bar.update(row)

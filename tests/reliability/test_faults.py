@@ -31,7 +31,7 @@ pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[2]
 STEPS = 6
-TIMING = ("step_time_s", "tokens_per_s")
+TIMING = ("step_time_s", "tokens_per_s", "client_cpu_s")
 
 
 MICRO = f"""

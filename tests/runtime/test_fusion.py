@@ -15,7 +15,7 @@ from rpeg.runtime.instances import build_calls
 from rpeg.runtime.placement import split_plan
 from rpeg.runtime.recovery import Resilience, carried, closure, run_resilient
 
-TIMING = ("step_time_s", "tokens_per_s")
+TIMING = ("step_time_s", "tokens_per_s", "client_cpu_s")
 
 
 def _same(a: dict, b: dict) -> bool:

@@ -58,7 +58,7 @@ from rpeg.runtime import core as C
 from rpeg.runtime import fusion as F
 from rpeg.runtime import worker as W
 from rpeg.runtime.context import RunContext, dataset_path, read_dataset
-from rpeg.runtime.cuts import carried, closure, core_view
+from rpeg.runtime.cuts import Cuts
 from rpeg.runtime.driver import RunOptions, RunResult, _Cluster, _Progress, _rendezvous, uses_vllm
 from rpeg.runtime.flight import Flight, Task
 from rpeg.runtime.instances import build_calls, graph_for, model_homes
@@ -314,6 +314,7 @@ class _Runner:
         self.host_marks = []
         self.calls = build_calls(self.pipeline, self.plan, self.steps)
         self.table = {c.id: c for c in self.calls}
+        self.cuts = Cuts(self.table)
         self.consumers = F.consumers_of(self.calls)
         # k + 1 steps may run at once; one more is submitted ahead, so the scheduler holds
         # its ops and starts them the moment their inputs exist (no client round trip)
@@ -376,8 +377,8 @@ class _Runner:
             start = self.state.start
             end = min(self.steps, (start // self.res.checkpoint_every + 1)
                       * self.res.checkpoint_every)
-            before = closure(self.table, start) if start else set()
-            inside = closure(self.table, end)
+            before = self.cuts.closure(start) if start else set()
+            inside = self.cuts.closure(end)
             end, inside = self._run_segment(start, end, inside - before, inside)
             self._checkpoint(end, inside)
             self._seg_futures = {}
@@ -390,13 +391,13 @@ class _Runner:
         from distributed import as_completed
 
         cl, table = self.cl, self.table
-        keep = carried(table, inside)
+        keep = self.cuts.carried(end)
         before = set(inside) - seg
         futures: dict[str, object] = {}              # op id -> the future of its task
         self._seg_futures = futures
         for op_id, value in self.state.carry.items():          # outputs from before the cut
             futures[op_id] = self._scatter({op_id: value}, table[op_id].device, start)
-        core = C.Core.create(core_view(table, seg, end), end, self.window)
+        core = C.Core.create(self.cuts.core_view(seg, end), end, self.window)
         core.steps_done = start
         fl = Flight()
         last_done = dict.fromkeys(self.workers, time.time())
@@ -449,7 +450,7 @@ class _Runner:
             if self.stop.requested and limit_cut is None:
                 limit_cut, end = self._reachable_cut(fl.submitted(), start, end)
                 inside = limit_cut
-                keep = carried(table, inside)
+                keep = self.cuts.carried(end)
                 if limit_cut <= fl.done | before:
                     return self._cut_short(end, limit_cut)
             if not len(fl):
@@ -637,10 +638,10 @@ class _Runner:
     def _reachable_cut(self, started: set[str], start: int, end: int):
         """The first cut after ``start`` that holds every op already submitted."""
         for b in range(start + 1, end + 1):
-            inside = closure(self.table, b)
+            inside = self.cuts.closure(b)
             if started <= inside:
                 return inside, b
-        return closure(self.table, end), end
+        return self.cuts.closure(end), end
 
     def _cut_short(self, end: int, inside: set[str]):
         print(f"rpeg: interrupted: steps before {end} are done; writing a checkpoint",
@@ -649,7 +650,7 @@ class _Runner:
 
     def _checkpoint(self, cut: int, inside: set[str]) -> None:
         cl, rd = self.cl, self.rd
-        keep = carried(self.table, inside)
+        keep = self.cuts.carried(cut)
         for e in self._drain():
             self.state.pending[int(e["step"])].append(e)
         carry = {}

@@ -17,9 +17,10 @@ import pytest
 
 from rpeg.errors import RuntimeFailure
 from rpeg.runtime import checkpoint_io as ckio
+from rpeg.runtime.cuts import carried, closure, core_view
 from rpeg.runtime.instances import build_calls
 from rpeg.runtime.placement import split_plan
-from rpeg.runtime.recovery import carried, closure, core_view, resume_run
+from rpeg.runtime.recovery import resume_run
 from rpeg.spec import load
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -9,11 +9,12 @@ import attrs
 import pytest
 
 from rpeg.runtime import RunOptions, verify_run
+from rpeg.runtime.cuts import carried, closure
 from rpeg.runtime.flight import Flight, Task
 from rpeg.runtime.fusion import consumers_of, fuse
 from rpeg.runtime.instances import build_calls
 from rpeg.runtime.placement import split_plan
-from rpeg.runtime.recovery import Resilience, carried, closure, run_resilient
+from rpeg.runtime.recovery import Resilience, run_resilient
 
 TIMING = ("step_time_s", "tokens_per_s", "client_cpu_s")
 

@@ -278,6 +278,15 @@ def long_run(steps: int, root) -> dict:
                "median_step_s": round(statistics.median(r["step_time_s"] for r in w), 4),
                "mean_step_s": round(statistics.mean(r["step_time_s"] for r in w), 4)}
         for name, w in windows.items()}
+    tenth = max(steps // 10, 1)
+    out["per_tenth"] = [
+        {"steps": [rows[a]["step"], rows[min(a + tenth, len(rows)) - 1]["step"]],
+         "client_cpu_per_step_s": round(statistics.mean(
+             r["client_cpu_s"] for r in rows[a:a + tenth] if "client_cpu_s" in r), 5),
+         "median_step_s": round(statistics.median(r["step_time_s"] for r in rows[a:a + tenth]), 4),
+         "response_len": round(statistics.mean(r.get("response_len", 0.0)
+                                               for r in rows[a:a + tenth]), 2)}
+        for a in range(0, len(rows), tenth)]
     path = Path(out["run_dir"])
     out["trace_bytes"] = (path / "trace.json").stat().st_size
     out["checkpoint_state_bytes"] = max(p.stat().st_size for p in
@@ -526,6 +535,14 @@ def markdown(res) -> str:
                   f"trace.json {lr['trace_bytes'] / 1e6:.1f} MB at the end; the largest "
                   f"checkpoint state {lr['checkpoint_state_bytes'] / 1e3:.1f} kB. Verified: "
                   f"{lr['verified']}.", ""]
+        if "per_tenth" in lr:
+            lines += ["Per tenth of the run (the responses' length changes as the policy "
+                      "learns, and with it the work of a step):", "",
+                      "| steps | client CPU per step s | median step s | mean response tokens |",
+                      "|---|---|---|---|"]
+            lines += [f"| {t['steps'][0]}..{t['steps'][1]} | {t['client_cpu_per_step_s']} | "
+                      f"{t['median_step_s']} | {t['response_len']} |" for t in lr["per_tenth"]]
+            lines.append("")
     return "\n".join(lines) + "\n"
 
 

@@ -329,9 +329,6 @@ def fit_control(c: dict) -> dict[str, float]:
             "control_task_s": float(x[1])}
 
 
-_DASK_TERMS = ("dispatch_s", "host_cores", "control_step_s", "control_task_s")
-
-
 def with_dispatch(profile: GpuProfile, d: dict, control: dict | None = None) -> GpuProfile:
     """``profile`` with its ``dispatch_s`` from a new dispatch measurement (and, given
     ``control``, the control-plane terms of :func:`fit_control`), the rest kept.

@@ -44,7 +44,6 @@ from __future__ import annotations
 import os
 import signal
 import sys
-import threading
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -63,8 +62,10 @@ from rpeg.runtime.driver import RunOptions, RunResult, _Cluster, _Progress, _ren
 from rpeg.runtime.flight import Flight, Task
 from rpeg.runtime.instances import build_calls, graph_for, model_homes
 from rpeg.runtime.record import write_record
-from rpeg.runtime.rundir import EVENTS, RunDir, host_usage, step_metrics
+from rpeg.runtime.rundir import RunDir, host_usage, step_metrics
+from rpeg.runtime.runstate import RunState, state_at
 from rpeg.runtime.serial import dumps, loads, plan_from_json, plan_to_json
+from rpeg.runtime.stopflag import StopFlag
 from rpeg.spec.model import Pipeline
 
 
@@ -94,30 +95,9 @@ class _Lost(Exception):
 
 # --- the run -------------------------------------------------------------------------------
 
-@attrs.define
-class _State:
-    start: int                                   # the cut the next segment starts from
-    metrics: list[dict]
-    events: list[dict]                           # trace events of committed steps
-    pending: dict[int, list[dict]]               # events of steps not yet complete
-    carry: dict[str, object]                     # outputs made before the cut, read after
-    checkpoint: ckio.Checkpoint | None = None
-    appended: int = 0                            # events already in events.jsonl
-    traced: int = 0                              # events in trace.json when last written
-
-    def write_trace(self, rd: RunDir, workers: dict[int, str], t0: float,
-                    force: bool = False) -> None:
-        """trace.json from the events so far: whenever they have doubled since it was last
-        written (so a long run rewrites it O(log n) times, not at every checkpoint), and
-        when the run ends (``force``)."""
-        if force and self.traced != len(self.events) or len(self.events) >= 2 * self.traced:
-            rd.write_trace(self.events, workers, t0)
-            self.traced = len(self.events)
-
-
 def run_resilient(pipeline: Pipeline, plan: Plan, options: RunOptions,
                   spec_path: str | None = None, resilience: Resilience = Resilience(),
-                  on_step=None, *, _resume: tuple[RunDir, _State, dict] | None = None
+                  on_step=None, *, _resume: tuple[RunDir, RunState, dict] | None = None
                   ) -> RunResult:
     """Run ``plan`` with step checkpoints, surviving worker loss and stuck ops."""
     steps = options.steps or pipeline.workload.steps
@@ -135,14 +115,14 @@ def run_resilient(pipeline: Pipeline, plan: Plan, options: RunOptions,
         meta = {"pipeline": pipeline.name, "steps": steps, "status": "running",
                 "scheduler": options.scheduler or "local", "started": time.time(),
                 "spec_dir": spec_dir, "recoveries": [], "replans": [], "resumes": []}
-        state = _State(0, [], [], defaultdict(list), {})
+        state = RunState(0, [], [], defaultdict(list), {})
         rd.write_text("metrics.jsonl", "")
     else:
         rd, state, meta = _resume
         steps = int(meta["steps"])
     meta["checkpoint_every"] = resilience.checkpoint_every
     rd.write_json("run.json", meta)
-    stop = _StopFlag()
+    stop = StopFlag()
     t_start = time.time()
     runner = _Runner(pipeline, plan, options, resilience, rd, meta, state, steps, spec_dir,
                      on_step, stop)
@@ -195,7 +175,7 @@ def resume_run(run_dir: str | Path, options: RunOptions | None = None,
     for s in skipped:
         print(f"rpeg: warning: skipping a damaged checkpoint: {s}", file=sys.stderr)
     ckio.prune(rd.path, keep=10**6)                  # drop interrupted writes only
-    state = _state_from(rd, ck)
+    state = state_at(rd, ck)
     if devices is not None and devices != plan.num_devices:
         plan = _replan(pipeline, plan, devices, meta, rd, why="resumed onto "
                        f"{devices} device(s)", from_step=state.start)
@@ -240,30 +220,6 @@ def _load_value(path: Path, parse, what: str):
     except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError) as e:
         raise RuntimeFailure(f"{what} file '{path}' must be what rpeg wrote, and it is not "
                              f"({type(e).__name__}: {e})") from None
-
-
-def _state_from(rd: RunDir, ck: ckio.Checkpoint | None) -> _State:
-    if ck is None:
-        rd.write_text("metrics.jsonl", "")
-        rd.write_text(EVENTS, "")
-        return _State(0, [], [], defaultdict(list), {})
-    rows = [m for m in rd.metrics() if m["step"] < ck.step]
-    rd.write_text("metrics.jsonl", "".join(_line(m) for m in rows))
-    if "events_bytes" in ck.state:
-        events = rd.cut_events(int(ck.state["events_bytes"]))
-    else:                                   # a checkpoint that held its events itself
-        events = list(ck.state.get("events", []))
-        rd.write_text(EVENTS, "".join(_line(e) for e in events))
-    pending: dict[int, list[dict]] = defaultdict(list)
-    for e in ck.state.get("pending", []):
-        pending[int(e["step"])].append(e)
-    carry = ckio.load_tree(ck.path, "carry") if (ck.path / "carry.json").exists() else {}
-    return _State(ck.step, rows, events, pending, carry, ck, appended=len(events))
-
-
-def _line(row: dict) -> str:
-    import json
-    return json.dumps(row, sort_keys=True) + "\n"
 
 
 class _Runner:
@@ -708,7 +664,7 @@ class _Runner:
         record["abandoned_ops"] = abandoned
         # roll back to the last cut: metrics, trace and carried outputs as they were there
         ck = self.state.checkpoint
-        fresh = _state_from(self.rd, ck)
+        fresh = state_at(self.rd, ck)
         self.state.start, self.state.metrics = fresh.start, fresh.metrics
         self.state.events, self.state.pending, self.state.carry = (fresh.events, fresh.pending,
                                                                    fresh.carry)
@@ -789,44 +745,3 @@ def _replan(pipeline: Pipeline, plan: Plan, devices: int, meta: dict, rd: RunDir
     print(f"rpeg: re-planned for {devices} device(s) ({why}); the old plan is in "
           f"plan.{n - 1}.json", file=sys.stderr)
     return new
-
-
-class _StopFlag:
-    """Ctrl-C once: stop at the next cut and checkpoint. Twice: stop now."""
-
-    def __init__(self) -> None:
-        self.requested = False
-        self.previous = None
-
-    def install(self) -> None:
-        if threading.current_thread() is threading.main_thread():
-            previous = signal.signal(signal.SIGINT, self._handle)
-            if self.previous is None:
-                self.previous = previous
-
-    def ignored(self):
-        """While entered (starting the cluster), Ctrl-C is ignored, and so by the workers."""
-        import contextlib
-
-        @contextlib.contextmanager
-        def block():
-            if threading.current_thread() is not threading.main_thread():
-                yield
-                return
-            self.previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
-            try:
-                yield
-            finally:
-                self.uninstall()
-        return block()
-
-    def _handle(self, signum, frame) -> None:
-        if self.requested:
-            raise KeyboardInterrupt
-        self.requested = True
-        print("\nrpeg: Ctrl-C: finishing the ops already started, then writing a checkpoint "
-              "(Ctrl-C again to stop at once)", file=sys.stderr)
-
-    def uninstall(self) -> None:
-        if self.previous is not None:
-            signal.signal(signal.SIGINT, self.previous)

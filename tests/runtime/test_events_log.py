@@ -12,8 +12,9 @@ from rpeg.errors import RuntimeFailure
 from rpeg.runtime import RunOptions, verify_run
 from rpeg.runtime import checkpoint_io as ckio
 from rpeg.runtime.placement import split_plan
-from rpeg.runtime.recovery import Resilience, _State, run_resilient
+from rpeg.runtime.recovery import Resilience, run_resilient
 from rpeg.runtime.rundir import EVENTS, RunDir
+from rpeg.runtime.runstate import RunState
 
 
 def _ev(i: int) -> dict:
@@ -35,7 +36,7 @@ def test_trace_is_rewritten_when_events_double_and_at_the_end(tmp_path, monkeypa
     rd = RunDir.create(tmp_path, "p")
     writes = []
     monkeypatch.setattr(RunDir, "write_trace", lambda self, ev, w, t0: writes.append(len(ev)))
-    state = _State(0, [], [], {}, {})
+    state = RunState(0, [], [], {}, {})
     for i in range(1000):
         state.events.append(_ev(i))
         state.write_trace(rd, {0: "w"}, 0.0)             # as at every checkpoint

@@ -159,7 +159,7 @@ def ablation(quick: bool) -> list[dict]:
             times, proposals = [], []
             for seed in seeds:
                 opts = SearchOptions(seed=seed, iterations=iterations, patience=0,
-                                     budget_s=600, method=method, limits=GPU_CLUSTER)
+                                     method=method, limits=GPU_CLUSTER)
                 r = compile_report(pipeline, cluster, options=opts)
                 times.append(r.plan.predicted.step_time_s)
                 proposals.append(r.search.iterations)

@@ -9,6 +9,11 @@
 
 Exit status 0 with a plan; 1 when the input is wrong or nothing fits (the message
 says which model and op is short of how much memory, and what would help).
+
+The search's budget is a count of proposals (``--budget``), so the same spec, cluster,
+seed and budget give the same plan.json on any machine; the plan records its search
+options, and ``rpeg compile plan.json`` compiles it again from them and says whether the
+same plan came out (exit 1 if not).
 """
 
 from __future__ import annotations
@@ -23,19 +28,29 @@ from rpeg.plan.model import Strategy, device_ranges
 
 
 def register(app: typer.Typer) -> None:
+    defaults = _defaults()
+
     @app.command()
     def compile(
-        spec: Path = typer.Argument(..., help="The pipeline (.rpeg)."),
-        cluster: Path = typer.Option(..., "--cluster", "-c", help="The cluster (.rpeg)."),
-        output: Path = typer.Option(Path("plan.json"), "-o", "--output",
-                                    help="Where to write the plan (a Gantt PNG goes beside it)."),
+        spec: Path = typer.Argument(..., help="The pipeline (.rpeg), or a plan (.json) to "
+                                              "compile again from the options it records."),
+        cluster: Path = typer.Option(None, "--cluster", "-c",
+                                     help="The cluster (.rpeg); for a plan, instead of the "
+                                          "one it names."),
+        output: Path = typer.Option(None, "-o", "--output",
+                                    help="Where to write the plan (a Gantt PNG goes beside it); "
+                                         "default plan.json, for a plan nothing."),
         strategy: Strategy = typer.Option(Strategy.SEARCH, "--strategy", case_sensitive=False,
                                           help="search, or a baseline: colocated, split, "
                                                "realloc."),
-        seed: int = typer.Option(0, "--seed", help="Seed of the search."),
-        budget: float = typer.Option(60.0, "--budget", help="Search time cap, CPU seconds."),
-        iterations: int = typer.Option(4500, "--iterations",
-                                       help="Plans each walk of the search tries."),
+        seed: int = typer.Option(defaults.seed, "--seed", help="Seed of the search."),
+        budget: int = typer.Option(defaults.iterations, "--budget", "--iterations", min=1,
+                                   help="Plans each walk of the search tries (the search's "
+                                        "budget: the same budget and seed give the same plan)."),
+        time_cap: float = typer.Option(defaults.time_cap_s, "--time-cap", min=0.0,
+                                       help="Safety cap on the search's wall-clock seconds; a "
+                                            "search it stops says so, in the output and the "
+                                            "plan."),
         assume_vllm: bool = typer.Option(False, "--assume-vllm",
                                          help="Plan for a cluster with vLLM even if this "
                                               "machine lacks it."),
@@ -50,16 +65,26 @@ def register(app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
         no_gantt: bool = typer.Option(False, "--no-gantt", help="Skip the Gantt picture."),
     ) -> None:
-        """Find the fastest plan that fits in memory; print it, write plan.json and a Gantt PNG."""
+        """Find the fastest plan that fits in memory; print it, write plan.json and a Gantt PNG.
+
+        Given a plan.json instead of a spec, compile again with the spec, cluster, strategy
+        and search options the plan records, and say whether the same plan came out
+        (exit 1 if not)."""
         from rpeg.plan.compile import compile_report
         from rpeg.plan.search import SearchOptions
         from rpeg.plan.space import Limits
         from rpeg.spec import load, load_cluster
         from rpeg.spec.model import Engine
 
+        if spec.suffix == ".json":
+            _remake(spec, cluster, output, as_json, no_gantt)
+            return
+        if cluster is None:
+            raise typer.BadParameter("is required to compile a spec", param_hint="--cluster")
         if strategy is Strategy.MANUAL:
             raise typer.BadParameter("must be search, colocated, split or realloc, not manual",
                                      param_hint="--strategy")
+        output = output or Path("plan.json")
         pipeline = load(spec)
         machine = load_cluster(cluster)
         limits = Limits.detect()
@@ -70,18 +95,62 @@ def register(app: typer.Typer) -> None:
             limits = attrs.evolve(runtime_limits(), engines=limits.engines)
         if not carry:
             limits = attrs.evolve(limits, carry_engines=frozenset())
-        opts = SearchOptions(seed=seed, budget_s=budget, iterations=iterations, limits=limits)
+        opts = SearchOptions(seed=seed, iterations=budget, time_cap_s=time_cap, limits=limits)
         report = compile_report(pipeline, machine, strategy, opts)
+        _write(report, pipeline, machine, output, as_json, no_gantt)
+
+
+def _defaults():
+    """The search's defaults (rpeg.plan.options), without detecting the backends."""
+    from rpeg.plan.options import SearchOptions
+    from rpeg.plan.space import Limits
+    return SearchOptions(limits=Limits())
+
+
+def _write(report, pipeline, machine, output: Path | None, as_json: bool, no_gantt: bool,
+           extra: list[str] | None = None) -> None:
+    """Write the plan (and its Gantt picture) where asked; print the summary."""
+    gantt = None
+    if output is not None:
         report.plan.save(output)
-        gantt = None
         if not no_gantt and report.evaluation.timeline is not None:
             from rpeg.plan.gantt import draw
             gantt = draw(report.evaluation.timeline, output.with_suffix(".png"),
                          title=f"{pipeline.name} on {machine.name}")
-        if as_json:
-            print(json.dumps(summary_json(report, output, gantt), indent=2))
-        else:
-            print(summary_text(report, machine, output, gantt, pipeline))
+    if as_json:
+        print(json.dumps(summary_json(report, output, gantt), indent=2))
+    else:
+        print("\n".join([summary_text(report, machine, output, gantt, pipeline)]
+                        + (extra or [])))
+
+
+def _remake(path: Path, cluster: Path | None, output: Path | None, as_json: bool,
+            no_gantt: bool) -> None:
+    """``rpeg compile PLAN.json``: the plan made again from what it records, compared."""
+    from rpeg.plan.compile import recompile
+    from rpeg.plan.diff import diff_plans
+    from rpeg.plan.model import Plan
+    from rpeg.spec import load, load_cluster
+
+    old = Plan.load(path)
+    report = recompile(old, str(path), cluster)
+    same = report.plan.to_json() == old.to_json()
+    lines = [f"the same plan as {path}" if same else f"not the same plan as {path}"]
+    if not same:
+        d = diff_plans(old, report.plan, str(path), "now")
+        if not d.same:
+            lines.append(str(d))
+        if old.rpeg_version != report.plan.rpeg_version:
+            lines.append(f"  rpeg {old.rpeg_version} made it, this is rpeg "
+                         f"{report.plan.rpeg_version}")
+        if old.spec_hash != report.plan.spec_hash:
+            lines.append(f"  the spec {old.spec_path} changed since")
+        if old.search is not None and old.search.time_capped:
+            lines.append("  the search that made it was stopped by its time cap")
+    pipeline, machine = load(old.spec_path), load_cluster(cluster or old.cluster_path)
+    _write(report, pipeline, machine, output, as_json, no_gantt, extra=["", *lines])
+    if not same:
+        raise typer.Exit(1)
 
 
 def summary_json(report, output: Path, gantt: Path | None) -> dict:
@@ -89,7 +158,8 @@ def summary_json(report, output: Path, gantt: Path | None) -> dict:
     out["baselines"] = {s.value: (e.step_time_s if e else None) for s, e in report.baselines}
     out["speedup"] = {s.value: report.speedup(s) for s, _ in report.baselines}
     out["planning_s"] = report.seconds
-    out["files"] = {"plan": str(output), "gantt": str(gantt) if gantt else None}
+    out["files"] = {"plan": str(output) if output else None,
+                    "gantt": str(gantt) if gantt else None}
     return out
 
 
@@ -102,6 +172,11 @@ def summary_text(report, cluster, output: Path, gantt: Path | None, pipeline) ->
     if pr.control_s:
         lines.append(f"  of which {pr.control_s:.3f} s is the control plane's CPU on the devices' "
                      f"cores ({pr.tasks_per_step} Dask tasks a step)")
+    if plan.search is not None and plan.search.time_capped:
+        lines.append(f"note: the search stopped at its {plan.search.options.time_cap_s:g} s time "
+                     f"cap after {plan.search.proposals} proposals, before its budget of "
+                     f"{plan.search.options.iterations} a walk: this plan depends on this "
+                     f"machine's speed and load (raise --time-cap, or lower --budget)")
     speed = []
     for s, ev in report.baselines:
         if ev is None:
@@ -139,8 +214,8 @@ def summary_text(report, cluster, output: Path, gantt: Path | None, pipeline) ->
                f"(about {smallest_cap(longest, p.carry)} of their up to {longest} tokens a "
                f"step)" for p in plan.placements if p.carry]
     lines.append("  partial rollouts: " + (", ".join(partial) or "none (whole responses)"))
-    files = f"wrote {output}" + (f" and {gantt}" if gantt else "")
-    lines += ["", files]
+    if output is not None:
+        lines += ["", f"wrote {output}" + (f" and {gantt}" if gantt else "")]
     why = not_runnable(plan)
     if why:
         lines.append(f"note: `rpeg run` cannot execute this plan ({why}); it plans for "

@@ -47,7 +47,7 @@ def _not_available(what: str) -> None:
     raise typer.Exit(2)
 
 
-def _predicted(pipeline, cluster, seed: int, budget: float) -> dict:
+def _predicted(pipeline, cluster, seed: int, budget: int) -> dict:
     """Compile one pipeline on the cluster; the figures the diff compares (or the error)."""
     compile_plan = _optional("rpeg.plan", "compile_plan")
     options = _optional("rpeg.plan", "SearchOptions")
@@ -56,7 +56,7 @@ def _predicted(pipeline, cluster, seed: int, budget: float) -> dict:
     strategy = _optional("rpeg.plan", "Strategy")
     try:
         plan = compile_plan(pipeline, cluster, strategy.SEARCH,
-                            options(seed=seed, budget_s=budget))
+                            options(seed=seed, iterations=budget))
     except RpegError as e:
         return {"error": e.message}
     pred = plan.predicted
@@ -107,8 +107,9 @@ def register(app: typer.Typer) -> None:
                                           "compare predicted step time and memory."),
         as_json: bool = typer.Option(False, "--json", help="Print the diff as JSON."),
         seed: int = typer.Option(0, "--seed", help="Seed of the plan search (with --cluster)."),
-        budget: float = typer.Option(10.0, "--budget", min=0.1,
-                                     help="Search time cap per spec, seconds (with --cluster)."),
+        budget: int = typer.Option(_default_budget(), "--budget", min=1,
+                                   help="Plans each walk of the search tries, per spec (with "
+                                        "--cluster)."),
     ) -> None:
         """Show what changed between two specs, plans or runs (exit 1 if anything did)."""
         ka, kb = _kind(a), _kind(b)
@@ -156,8 +157,14 @@ def _emit(result, as_json: bool) -> None:
             sys.stdout.write(text if text.endswith("\n") else text + "\n")
 
 
+def _default_budget() -> int:
+    from rpeg.plan.options import SearchOptions
+    from rpeg.plan.space import Limits
+    return SearchOptions(limits=Limits()).iterations
+
+
 def _spec_diff(a: Path, b: Path, cluster: Path | None, as_json: bool, seed: int,
-               budget: float) -> None:
+               budget: int) -> None:
     from rpeg.spec import FileKind, check_file, load_cluster
     from rpeg.spec.diff import diff, diff_clusters
 

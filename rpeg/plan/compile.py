@@ -3,12 +3,14 @@
     >>> from rpeg.spec import load, load_cluster                          # doctest: +SKIP
     >>> plan = compile_plan(load("pipelines/ppo_llama8b.rpeg"),
     ...                     load_cluster("pipelines/clusters/gh200_64.rpeg"),
-    ...                     options=SearchOptions(seed=0, budget_s=10))     # doctest: +SKIP
+    ...                     options=SearchOptions(seed=0, iterations=1500))  # doctest: +SKIP
     >>> plan.predicted.step_time_s                                        # doctest: +SKIP
     10.02
 
 ``compile_report`` also returns the baselines it measured against and the search's
-statistics (the CLI prints them); ``compile_plan`` returns the plan alone.
+statistics (the CLI prints them); ``compile_plan`` returns the plan alone. The plan
+records the options it was searched with (``Plan.search``), so ``recompile`` makes it
+again from its file.
 """
 
 from __future__ import annotations
@@ -22,13 +24,14 @@ import attrs
 import rpeg
 from rpeg.cost.memory import Parallel, resident_memory
 from rpeg.cost.stages import stage_memory
-from rpeg.errors import CostError, PlanError
+from rpeg.errors import CostError, PlanError, Span
 from rpeg.plan.baselines import BASELINES, run_baselines
 from rpeg.plan.choices import enumerate_layouts, model_stages
 from rpeg.plan.edit import Context, repair
 from rpeg.plan.evaluate import Evaluation, Evaluator, Shortfall
 from rpeg.plan.model import Plan, Strategy
-from rpeg.plan.search import SearchOptions, SearchResult, anneal, capped, merged, staleness_caps
+from rpeg.plan.options import SearchOptions, SearchRecord
+from rpeg.plan.search import SearchResult, anneal, capped, merged, staleness_caps
 from rpeg.plan.space import Limits, generate_engines
 from rpeg.spec.model import Cluster, Engine, OpKind, Pipeline
 
@@ -80,12 +83,39 @@ def compile_report(pipeline: Pipeline, cluster: Cluster, strategy: Strategy = St
     best = ev.evaluate(attrs.evolve(best.plan, predicted=None))        # the full figures
     baselines_full = [(o.strategy, ev.evaluate(o.best.plan) if o.best else None)
                       for o in outcomes]
+    record = SearchRecord(opts, result.iterations if result else 0,
+                          result.time_capped if result else False)
     plan = attrs.evolve(best.plan, strategy=strategy, seed=opts.seed,
                         spec_hash=spec_hash(pipeline), rpeg_version=rpeg.__version__,
-                        spec_path=_abs(pipeline.path), cluster_path=_abs(cluster.path))
+                        spec_path=_abs(pipeline.path), cluster_path=_abs(cluster.path),
+                        search=record)
     final = attrs.evolve(best, plan=plan)
     baselines = tuple(baselines_full)
     return CompileReport(plan, final, baselines, result, time.perf_counter() - began)
+
+
+def recompile(plan: Plan, path: str = "<plan>", cluster: str | Path | None = None
+              ) -> CompileReport:
+    """Compile again what made ``plan`` (read from ``path``): the spec and cluster files it
+    names (``cluster`` overrides the latter), its strategy and its recorded search options.
+    A reproducible plan (``plan.search.reproducible``) comes back equal, unless the files or
+    rpeg changed since; PlanError when the plan lacks what it needs."""
+    from rpeg.spec import load, load_cluster
+
+    where = Span(path, 0, 0)
+    if plan.search is None:
+        raise PlanError("plan must record the search options it was compiled with, not lack "
+                        "them (written by hand, or by an older rpeg)", where,
+                        hint="compile the spec: rpeg compile SPEC --cluster CLUSTER --seed N")
+    for what, file in (("spec", plan.spec_path), ("cluster", cluster or plan.cluster_path)):
+        if not file or not Path(file).is_file():
+            raise PlanError(f"the plan's {what} file must exist to remake the plan, not be "
+                            f"missing ({file or 'none recorded'})", where,
+                            hint="compile the spec with --seed and --budget as the plan "
+                                 "records them" if what == "spec" else "pass --cluster FILE")
+    strategy = plan.strategy if plan.strategy is not Strategy.MANUAL else Strategy.SEARCH
+    return compile_report(load(plan.spec_path), load_cluster(cluster or plan.cluster_path),
+                          strategy, plan.search.options)
 
 
 def _found(outcomes) -> tuple[list[Evaluation], list[Evaluation]]:
@@ -106,6 +136,7 @@ def _search_ladder(ctx: Context, ev: Evaluator, opts: SearchOptions):
     spending the bound on carrying: allowing partial rollouts never returns a slower plan.
     Returns the baselines under the spec's bound, the best plan, the walks' statistics."""
     caps = staleness_caps(ctx.pipeline)
+    deadline = time.monotonic() + opts.time_cap_s     # the safety cap over every walk
     walks: list[SearchResult] = []
     whole: list[SearchResult] = []           # the walks without partial rollouts
     prev: Evaluation | None = None           # the best of those, which the next cap starts from
@@ -129,9 +160,8 @@ def _search_ladder(ctx: Context, ev: Evaluator, opts: SearchOptions):
         # a generate stage may carry responses over, a second walk adds them, from the best
         # plan so far. So allowing them never returns a slower plan.
         plain = attrs.evolve(here, limits=attrs.evolve(here.limits, carry_engines=frozenset()))
-        left = opts.budget_s - sum(w.seconds for w in walks)
         walks.append(anneal(plain, ev, start, attrs.evolve(
-            opts, budget_s=left, patience=int(opts.patience * share)), others, stream))
+            opts, patience=int(opts.patience * share)), others, stream, deadline))
         whole.append(walks[-1])
         prev = merged(whole).best
         if cap > 0 and _may_carry(here):
@@ -141,10 +171,9 @@ def _search_ladder(ctx: Context, ev: Evaluator, opts: SearchOptions):
                 e for e in (_carrying(here, ev, x.plan) for x in [merged(walks).best, *feasible])
                 if e is not None]
             starts.sort(key=lambda e: (not e.feasible, e.step_time_s))
-            left = opts.budget_s - sum(w.seconds for w in walks)
             walks.append(anneal(here, ev, starts[0], attrs.evolve(
-                opts, budget_s=left, patience=int(opts.patience * CARRY_PATIENCE)),
-                tuple(e for e in starts[1:] if e.feasible), stream + (1,)))
+                opts, patience=int(opts.patience * CARRY_PATIENCE)),
+                tuple(e for e in starts[1:] if e.feasible), stream + (1,), deadline))
     if not walks:
         raise no_fit(ctx, closest)
     result = merged(walks)
@@ -270,5 +299,5 @@ def _least_need(ctx: Context, stage: str) -> tuple[float, int]:
     return best
 
 
-__all__ = ["compile_plan", "compile_report", "CompileReport", "check_backend",
+__all__ = ["compile_plan", "compile_report", "recompile", "CompileReport", "check_backend",
            "check_executable", "SearchOptions", "Limits"]

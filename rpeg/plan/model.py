@@ -11,8 +11,9 @@
 
 A plan says, per stage, which devices run it and how (DP x TP x PP, micro-batches,
 ZeRO level, engine, chunks); per model, where its weights live between stages; the
-structural choices (staleness, sharing, fusion); and what the cost model
-predicted for it. It round-trips through JSON with a schema version; reading a
+structural choices (staleness, sharing, fusion); what the cost model
+predicted for it; and, for a compiled plan, the search options that made it
+(``search``: seed, budget, limits, and whether the time cap stopped it). It round-trips through JSON with a schema version; reading a
 damaged or foreign file raises :class:`PlanError` naming the file and the problem.
 """
 
@@ -26,6 +27,8 @@ from pathlib import Path
 import attrs
 
 from rpeg.errors import PlanError, Span
+from rpeg.plan.options import Method, SearchOptions, SearchRecord
+from rpeg.plan.space import Limits
 from rpeg.spec.model import Engine
 
 SCHEMA_VERSION = 1
@@ -89,6 +92,7 @@ class Plan:
     rpeg_version: str = ""
     spec_path: str = ""               # where the spec and cluster were read (rpeg simulate)
     cluster_path: str = ""
+    search: SearchRecord | None = None    # how it was compiled: `rpeg compile PLAN` remakes it
     schema_version: int = SCHEMA_VERSION
 
     def placement(self, stage: str) -> StagePlacement:
@@ -264,10 +268,14 @@ def _to_plain(v: object) -> object:
         return v.value
     if isinstance(v, tuple):
         return [_to_plain(x) for x in v]
+    if isinstance(v, frozenset):
+        return sorted(_to_plain(x) for x in v)
     return v
 
 
-_NESTED = {"placements": StagePlacement, "predicted": Predicted}
+# fields holding one attrs value each (None allowed where the field's default is None)
+_NESTED = {"predicted": Predicted, "search": SearchRecord, "options": SearchOptions,
+           "limits": Limits}
 
 
 def _from_plain(cls, data: dict):
@@ -290,12 +298,18 @@ def _convert(name: str, typ: object, value: object) -> object:
     if name == "placements":
         _expect(name, value, list)
         return tuple(_from_plain(StagePlacement, _expect(name, x, dict)) for x in value)
-    if name == "predicted":
-        return None if value is None else _from_plain(Predicted, _expect(name, value, dict))
+    if name in _NESTED:
+        return None if value is None else _from_plain(_NESTED[name], _expect(name, value, dict))
     if name == "strategy":
         return Strategy(value)
     if name == "engine":
         return Engine(value)
+    if name in ("engines", "carry_engines"):
+        return frozenset(Engine(x) for x in _expect(name, value, list))
+    if name == "method":
+        return Method(value)
+    if t == "int | None":
+        return None if value is None else _convert(name, "int", value)
     if t.startswith("tuple"):
         return _tuples(name, value)
     if t == "int":

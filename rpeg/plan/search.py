@@ -1,6 +1,6 @@
 """Simulated annealing over plans, seeded by the best baseline; reproducible.
 
-    >>> opts = SearchOptions(seed=1, budget_s=5.0, iterations=2000)     # doctest: +SKIP
+    >>> opts = SearchOptions(seed=1, iterations=2000)                   # doctest: +SKIP
     >>> result = anneal(ctx, Evaluator(pipeline, cluster), start, opts)  # doctest: +SKIP
     >>> result.best.step_time_s <= start.step_time_s                    # doctest: +SKIP
     True
@@ -44,14 +44,13 @@ per cap adds them, see ``rpeg.plan.compile``). Every plan a tighter bound allows
 looser one, and a walk depends only on its cap, so raising the bound never returns a
 slower plan. One
 ``numpy.random.Generator`` drives everything, so the same inputs and seed give the
-same plan — provided the search ends by its iteration count
-(``budget_s`` is a safety cap on the search's CPU time, so other load on the machine
-does not change where it stops).
+same plan: the budget is a count of proposals (``iterations``, ``patience``), never a
+time. ``time_cap_s`` is a safety cap on the wall-clock seconds of the whole ladder; a
+search it stops says so (``SearchResult.time_capped``, recorded in the plan).
 """
 
 from __future__ import annotations
 
-import enum
 import math
 import time
 
@@ -62,34 +61,13 @@ from rpeg.plan.choices import model_stages
 from rpeg.plan.edit import Context, options, put, repair
 from rpeg.plan.evaluate import Evaluation, Evaluator, plan_graph
 from rpeg.plan.model import Plan, Strategy
+from rpeg.plan.options import Method, SearchOptions
 from rpeg.plan.passes import fusable
-from rpeg.plan.space import Block, Limits, device_blocks
+from rpeg.plan.space import Block, device_blocks
 from rpeg.spec.model import OpKind, Pipeline
 
 CHUNKS = (1, 2, 4, 8, 16)
 PARTITIONS = (1 / 4, 3 / 8, 1 / 2, 5 / 8, 3 / 4, 7 / 8)   # share of the devices generating
-
-
-class Method(enum.Enum):
-    ANNEAL = "anneal"       # simulated annealing (the default)
-    RANDOM = "random"       # random sampling: every proposal from the start plan, keep the best
-    GREEDY = "greedy"       # hill climbing: accept improvements only
-
-
-@attrs.frozen
-class SearchOptions:
-    seed: int = 0
-    budget_s: float = 30.0           # cap on the search's CPU seconds
-    iterations: int = 4500           # proposals evaluated (per walk)
-    patience: int = 2000             # stop after this many proposals without a better plan
-    stall: int = 700                 # a walk this long without bettering itself starts afresh
-    t_start: float = 0.05            # initial temperature, as a fraction of the start step time
-    t_end: float = 0.0005
-    restart_every: int = 600
-    chains: int = 1                  # independent walks from the start, sharing the budget
-    method: Method = Method.ANNEAL
-    limits: Limits = attrs.field(factory=Limits.detect)
-    steps: int | None = None         # simulated steps (None: simulate.steps_for the staleness)
 
 
 @attrs.frozen
@@ -98,8 +76,9 @@ class SearchResult:
     iterations: int
     accepted: int
     improved: int
-    seconds: float
+    seconds: float                           # wall-clock
     trace: tuple[tuple[int, float], ...]     # (iteration, best step time) at each improvement
+    time_capped: bool = False                # stopped by the options' time cap
 
 
 def score(r: Evaluation, cap: float) -> float:
@@ -111,11 +90,14 @@ def score(r: Evaluation, cap: float) -> float:
 
 
 def anneal(ctx: Context, ev: Evaluator, start: Evaluation, opts: SearchOptions,
-           others: tuple[Evaluation, ...] = (), stream: tuple[int, ...] = ()) -> SearchResult:
+           others: tuple[Evaluation, ...] = (), stream: tuple[int, ...] = (),
+           deadline: float | None = None) -> SearchResult:
     """Search from ``start`` (feasible or not); ``best`` is feasible whenever any plan seen
     was (check ``best.feasible``). ``others``: more feasible plans (the other baselines) a
     stalled walk starts again from in turn, before ``start`` again: other basins.
-    ``stream``: which of the seed's random streams drives this walk ((): the seed's own)."""
+    ``stream``: which of the seed's random streams drives this walk ((): the seed's own).
+    ``deadline``: the ``time.monotonic()`` at which the time cap stops the walk (default:
+    ``opts.time_cap_s`` from now)."""
     rng = np.random.default_rng((opts.seed, *stream) if stream else opts.seed)
     moves = Moves(ctx, rng)
     cap = ctx.cluster.gpu.memory
@@ -123,7 +105,9 @@ def anneal(ctx: Context, ev: Evaluator, start: Evaluation, opts: SearchOptions,
     scale = start.step_time_s if start.feasible else 1e9
     t0 = opts.t_start * scale
     ratio = (opts.t_end / opts.t_start) if opts.t_start > 0 else 0.0
-    began = time.process_time()       # CPU time: a busy machine does not shorten the search
+    began = time.monotonic()
+    if deadline is None:
+        deadline = began + opts.time_cap_s
     seen: set[Plan] = set()
     accepted = improved = it = 0
     trace = [(0, score(start, cap))]
@@ -138,7 +122,7 @@ def anneal(ctx: Context, ev: Evaluator, start: Evaluation, opts: SearchOptions,
         walk_best, walk_last, walk_from = score(start, cap), 0, 0
         for j in range(1, per_chain + 1):
             it += 1
-            if time.process_time() - began > opts.budget_s:
+            if time.monotonic() > deadline:          # the safety cap, not the budget
                 out_of_time = True
                 break
             if patience and best.feasible and j - last > patience:
@@ -185,7 +169,8 @@ def anneal(ctx: Context, ev: Evaluator, start: Evaluation, opts: SearchOptions,
                 trace.append((it, score(r, cap)))
         if out_of_time:
             break
-    return SearchResult(best, it, accepted, improved, time.process_time() - began, tuple(trace))
+    return SearchResult(best, it, accepted, improved, time.monotonic() - began, tuple(trace),
+                        out_of_time)
 
 
 def staleness_caps(pipeline: Pipeline) -> tuple[int, ...]:
@@ -211,7 +196,7 @@ def merged(results: list[SearchResult]) -> SearchResult:
         offset += r.iterations
     return SearchResult(best, offset, sum(r.accepted for r in results),
                         sum(r.improved for r in results), sum(r.seconds for r in results),
-                        tuple(trace))
+                        tuple(trace), any(r.time_capped for r in results))
 
 
 class Moves:

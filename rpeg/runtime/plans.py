@@ -43,7 +43,7 @@ def runtime_limits():
 
 def plan_for_run(file: str | Path, *, spec: str | Path | None = None,
                  cluster: str | Path | None = None, strategy: str = "search",
-                 staleness: int | None = None, seed: int = 0, budget_s: float = 5.0):
+                 staleness: int | None = None, seed: int = 0):
     """(pipeline, plan, spec path) for ``rpeg run FILE``; ``staleness`` caps the plan's bounds."""
     from rpeg.spec import load, load_cluster
 
@@ -68,7 +68,7 @@ def plan_for_run(file: str | Path, *, spec: str | Path | None = None,
             plan = split_plan(pipeline, c.num_gpus if c else 2,
                               cluster=c.name if c else "local")
         else:
-            plan = _compile(pipeline, c, strategy, seed, budget_s)
+            plan = _compile(pipeline, c, strategy, seed)
     if staleness is not None:              # a partial rollout's carry counts in the age too
         plan = attrs.evolve(plan, staleness=tuple((st, min(k, staleness))
                                                   for st, k in plan.staleness))
@@ -79,7 +79,7 @@ def plan_for_run(file: str | Path, *, spec: str | Path | None = None,
     return pipeline, plan, spec_path
 
 
-def _compile(pipeline, cluster, strategy: str, seed: int, budget_s: float):
+def _compile(pipeline, cluster, strategy: str, seed: int):
     from rpeg.plan.compile import compile_plan
     from rpeg.plan.model import Strategy
     from rpeg.plan.search import SearchOptions
@@ -91,7 +91,7 @@ def _compile(pipeline, cluster, strategy: str, seed: int, budget_s: float):
     choices = [s.value for s in Strategy if s is not Strategy.MANUAL] + [RUNTIME_SPLIT]
     if strategy not in choices:
         raise PlanError(f"--strategy must be one of {', '.join(choices)}, not {strategy!r}")
-    options = SearchOptions(seed=seed, budget_s=budget_s, limits=runtime_limits())
+    options = SearchOptions(seed=seed, limits=runtime_limits())    # the search's own budget
     plan = compile_plan(pipeline, cluster, Strategy(strategy), options)
     try:                      # e.g. vLLM generation at tp > 1: the torch runtime refuses it
         build_calls(pipeline, plan, steps=1)

@@ -55,7 +55,7 @@ def test_spec_diff_with_cluster_prints_the_cost_sentence(tmp_path, capsys):
     variant.write_text(f'extend "{root / "tiny_ppo.rpeg"}"\npipeline tiny_sync\n\n'
                        "staleness rollout <= 0\n")
     rc = main(["diff", str(root / "tiny_ppo.rpeg"), str(variant), "--cluster",
-               str(root / "clusters" / "local_cpu.rpeg"), "--budget", "1"])
+               str(root / "clusters" / "local_cpu.rpeg"), "--budget", "100"])
     out = capsys.readouterr().out
     assert rc == 1, out
     sentence = next(x for x in out.splitlines() if x.startswith("staleness rollout 1 -> 0"))

@@ -103,3 +103,41 @@ def test_simulate_damaged_plan(tmp_path, capsys):
     assert main(["simulate", str(f)]) == 1
     err = capsys.readouterr().err
     assert str(f) in err and "error:" in err and "Traceback" not in err
+
+
+def test_compile_twice_gives_byte_identical_plans(tmp_path, capsys):
+    """The budget counts proposals: the same inputs and seed give the same file."""
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    for out in (a, b):
+        assert main(["compile", TINY, "--cluster", LOCAL, "-o", str(out), "--no-gantt",
+                     "--budget", "150", "--seed", "0"]) == 0
+    assert a.read_bytes() == b.read_bytes()
+    search = json.loads(a.read_text())["search"]
+    assert search["options"]["seed"] == 0 and search["options"]["iterations"] == 150
+    assert search["options"]["limits"]["engines"] and search["time_capped"] is False
+    assert "time cap" not in capsys.readouterr().out
+
+
+def test_compile_a_plan_remakes_it_from_what_it_records(compiled, tmp_path, capsys):
+    capsys.readouterr()
+    assert main(["compile", str(compiled), "--no-gantt"]) == 0
+    out = capsys.readouterr().out
+    assert f"the same plan as {compiled}" in out and "wrote" not in out
+    # a plan the file does not match: a different seed was recorded than the one that made it
+    data = json.loads(compiled.read_text())
+    data["search"]["options"]["seed"] = 7
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps(data))
+    assert main(["compile", str(other), "--no-gantt", "-o", str(tmp_path / "new.json")]) == 1
+    out = capsys.readouterr().out
+    assert f"not the same plan as {other}" in out
+    assert json.loads((tmp_path / "new.json").read_text())["seed"] == 7
+
+
+def test_compile_says_when_its_time_cap_stopped_it(tmp_path, capsys):
+    out = tmp_path / "p.json"
+    assert main(["compile", TINY, "--cluster", LOCAL, "-o", str(out), "--no-gantt",
+                 "--time-cap", "0", *QUICK]) == 0
+    text = capsys.readouterr().out
+    assert "note: the search stopped at its 0 s time cap" in text and "--time-cap" in text
+    assert json.loads(out.read_text())["search"]["time_capped"] is True

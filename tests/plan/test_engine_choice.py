@@ -11,7 +11,7 @@ from rpeg.spec import Engine, load
 
 from .conftest import EVERY_ENGINE, ROOT
 
-QUICK = SearchOptions(seed=3, iterations=200, patience=100, budget_s=60, limits=EVERY_ENGINE)
+QUICK = SearchOptions(seed=3, iterations=200, patience=100, limits=EVERY_ENGINE)
 LOCAL = str(ROOT / "pipelines/clusters/local_cpu.rpeg")
 
 

@@ -19,7 +19,7 @@ from rpeg.spec import load_cluster
 
 from .conftest import EVERY_ENGINE, ROOT, colocated_start
 
-QUICK = SearchOptions(seed=0, iterations=300, patience=200, budget_s=600, limits=EVERY_ENGINE)
+QUICK = SearchOptions(seed=0, iterations=300, patience=200, limits=EVERY_ENGINE)
 
 
 @pytest.fixture(scope="module")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-import time
 
 import attrs
 import numpy as np
@@ -13,7 +12,15 @@ from hypothesis import strategies as st
 
 from rpeg.cost.profiles import cluster_of
 from rpeg.errors import PlanError
-from rpeg.plan import Evaluator, SearchOptions, Strategy, compile_plan, compile_report
+from rpeg.plan import (
+    Evaluator,
+    Plan,
+    SearchOptions,
+    Strategy,
+    compile_plan,
+    compile_report,
+    recompile,
+)
 from rpeg.plan.baselines import colocated, realloc, split
 from rpeg.plan.choices import model_stages
 from rpeg.plan.edit import Context
@@ -23,7 +30,7 @@ from rpeg.spec import Engine, load, load_cluster
 
 from .conftest import EVERY_ENGINE, ROOT
 
-QUICK = SearchOptions(seed=3, iterations=300, patience=200, budget_s=60, limits=EVERY_ENGINE)
+QUICK = SearchOptions(seed=3, iterations=300, patience=200, limits=EVERY_ENGINE)
 
 
 def _fits(plan, pipeline, cluster) -> bool:
@@ -32,10 +39,10 @@ def _fits(plan, pipeline, cluster) -> bool:
     return r.feasible and max(r.plan.predicted.peak_memory) <= cluster.gpu.memory
 
 
-def test_local_cpu_plan_is_quick_and_sensible(tiny, local_cpu):
-    began = time.process_time()       # CPU time: the machine's other load does not count
+def test_local_cpu_plan_with_the_default_budget_is_sensible(tiny, local_cpu):
+    """The default options, as ``rpeg compile`` and ``rpeg run`` search (how fast that is,
+    benchmarks/planner.py measures; a test asserts no duration)."""
     plan = compile_plan(tiny, local_cpu, options=SearchOptions(limits=Limits.detect()))
-    assert time.process_time() - began < 2.0
     assert plan.num_devices == 2 and plan.strategy is Strategy.SEARCH
     assert {p.stage for p in plan.placements} == {s.name for s in tiny.stages}
     assert all(p.engine is Engine.TORCH for p in plan.placements)
@@ -47,6 +54,34 @@ def test_same_seed_same_plan(tiny, local_cpu):
     a = compile_plan(tiny, local_cpu, options=attrs.evolve(QUICK, seed=11))
     b = compile_plan(tiny, local_cpu, options=attrs.evolve(QUICK, seed=11))
     assert a == b and a.to_json() == b.to_json()
+
+
+def test_a_plan_records_its_search_and_is_remade_from_its_file(tiny, local_cpu, tmp_path):
+    opts = attrs.evolve(QUICK, seed=5, iterations=120)
+    plan = compile_plan(tiny, local_cpu, options=opts)
+    assert plan.search.options == opts and not plan.search.time_capped
+    assert plan.search.proposals == compile_report(tiny, local_cpu, options=opts).search.iterations
+    plan.save(tmp_path / "p.json")
+    back = Plan.load(tmp_path / "p.json")
+    assert back == plan and back.search.options.limits == EVERY_ENGINE
+    again = recompile(back, str(tmp_path / "p.json"))
+    assert again.plan.to_json() == plan.to_json()
+
+
+def test_the_time_cap_stops_the_search_and_says_so(tiny, local_cpu):
+    """A zero cap stops every walk at its first proposal: a walk's start comes back (a
+    baseline, or one carrying responses over), marked."""
+    r = compile_report(tiny, local_cpu, options=attrs.evolve(QUICK, time_cap_s=0.0))
+    assert r.search.time_capped and r.plan.search.time_capped
+    assert not r.plan.search.reproducible and r.search.improved == 0
+    assert r.plan.predicted.step_time_s <= min(ev.step_time_s for _, ev in r.baselines if ev)
+    assert not compile_plan(tiny, local_cpu, options=QUICK).search.time_capped
+
+
+def test_a_plan_without_its_search_options_is_not_remade(tiny, local_cpu):
+    plan = attrs.evolve(compile_plan(tiny, local_cpu, options=QUICK), search=None)
+    with pytest.raises(PlanError, match="must record the search options"):
+        recompile(plan, "p.json")
 
 
 def test_stalled_walks_restart_and_stay_reproducible(grpo, a100_16):

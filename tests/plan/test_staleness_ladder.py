@@ -20,7 +20,7 @@ from rpeg.spec import load
 
 from .conftest import EVERY_ENGINE, ROOT
 
-QUICK = SearchOptions(seed=0, iterations=200, patience=120, budget_s=600, limits=EVERY_ENGINE)
+QUICK = SearchOptions(seed=0, iterations=200, patience=120, limits=EVERY_ENGINE)
 
 
 def bounded(pipeline, k: int):

@@ -175,11 +175,11 @@ def tiny(tmp_path) -> tuple[Path, Path]:
 def test_diff_with_cluster_reports_predicted_deltas(capsys, tiny):
     a, b = tiny
     cluster = P / "clusters" / "local_cpu.rpeg"
-    rc, out, _ = rpeg(capsys, "diff", a, b, "--cluster", cluster, "--budget", "0.3")
+    rc, out, _ = rpeg(capsys, "diff", a, b, "--cluster", cluster, "--budget", "100")
     assert rc == 1
     assert "~ prompts: 32 -> 64" in out
     assert "predicted on local_cpu" in out and "step time:" in out and "peak memory" in out
-    rc, out, _ = rpeg(capsys, "diff", a, b, "--cluster", cluster, "--budget", "0.3", "--json")
+    rc, out, _ = rpeg(capsys, "diff", a, b, "--cluster", cluster, "--budget", "100", "--json")
     predicted = json.loads(out)["predicted"]
     assert predicted["a"]["step_time_s"] > 0 and predicted["b"]["step_time_s"] > 0
     rc, out, _ = rpeg(capsys, "diff", a, a, "--cluster", cluster)
@@ -192,7 +192,7 @@ def test_diff_of_two_plans(capsys, tiny, tmp_path):
     # a baseline and the search: the plans differ whatever the profile makes the search pick
     for spec, out, strategy in ((a, "a.json", "colocated"), (b, "b.json", "search")):
         rc, _, err = rpeg(capsys, "compile", spec, "-c", cluster, "-o", tmp_path / out,
-                          "--no-gantt", "--budget", "0.3", "--strategy", strategy)
+                          "--no-gantt", "--budget", "100", "--strategy", strategy)
         assert rc == 0, err
     rc, out, _ = rpeg(capsys, "diff", tmp_path / "a.json", tmp_path / "b.json")
     assert rc == 1 and out.startswith("plans differ")

@@ -1,0 +1,64 @@
+"""What a search is asked to do, and what it did: values a plan records so it can be remade.
+
+    >>> opts = SearchOptions(seed=1, iterations=300)
+    >>> opts.iterations, opts.time_cap_s
+    (300, 600.0)
+    >>> SearchRecord(opts, proposals=420, time_capped=False).reproducible
+    True
+
+The search's budget is a count of proposals (``iterations`` per walk, ``patience``
+proposals without a better plan end a walk early), never a time: the same inputs,
+options and seed give the same plan on any machine under any load. ``time_cap_s`` is
+a safety limit on the wall-clock seconds of the whole search; a search that reaches
+it stops where the machine's speed put it, and its :class:`SearchRecord` says so
+(``time_capped``), as ``rpeg compile`` does.
+
+These are the only defaults of the search: ``rpeg compile``, ``rpeg diff --cluster``
+and the plan ``rpeg run`` compiles all read them from here.
+"""
+
+from __future__ import annotations
+
+import enum
+
+import attrs
+
+from rpeg.plan.space import Limits
+
+__all__ = ["Method", "SearchOptions", "SearchRecord"]
+
+
+class Method(enum.Enum):
+    ANNEAL = "anneal"       # simulated annealing (the default)
+    RANDOM = "random"       # random sampling: every proposal from the start plan, keep the best
+    GREEDY = "greedy"       # hill climbing: accept improvements only
+
+
+@attrs.frozen
+class SearchOptions:
+    seed: int = 0
+    iterations: int = 4500           # the budget: proposals evaluated per walk
+    patience: int = 2000             # stop after this many proposals without a better plan
+    stall: int = 700                 # a walk this long without bettering itself starts afresh
+    t_start: float = 0.05            # initial temperature, as a fraction of the start step time
+    t_end: float = 0.0005
+    restart_every: int = 600
+    chains: int = 1                  # independent walks from the start, sharing the budget
+    method: Method = Method.ANNEAL
+    limits: Limits = attrs.field(factory=Limits.detect)
+    steps: int | None = None         # simulated steps (None: simulate.steps_for the staleness)
+    time_cap_s: float = 600.0        # safety cap on the whole search's wall-clock seconds
+
+
+@attrs.frozen
+class SearchRecord:
+    """The options a plan was searched with and how the search ended (in plan.json)."""
+
+    options: SearchOptions
+    proposals: int = 0               # proposals made over every walk
+    time_capped: bool = False        # stopped by ``options.time_cap_s``, not by its budget
+
+    @property
+    def reproducible(self) -> bool:
+        """Whether the same inputs give this plan again anywhere (the budget ended it)."""
+        return not self.time_capped

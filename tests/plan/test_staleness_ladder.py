@@ -68,9 +68,10 @@ def test_larger_bound_is_never_slower_for_any_seed(spec, gpn, nodes, k, seed):
 
 
 def test_ppo_8b_separate_critic_16_gh200():
-    """The case that regressed: staleness 2 returned 40.3 s where staleness 1 found 37.0 s."""
+    """The case that regressed: staleness 2 returned 40.3 s where staleness 1 found 37.0 s
+    (at the default budget; the ladder makes it hold at any budget, a third of it here)."""
     ppo = load(ROOT / "pipelines/ppo_llama8b.rpeg")
     ppo = attrs.evolve(ppo, name="ppo_separate", shares=())
-    opts = SearchOptions(seed=0, limits=EVERY_ENGINE)
+    opts = SearchOptions(seed=0, iterations=1500, patience=700, limits=EVERY_ENGINE)
     t = steps(ppo, cluster_of("gh200", 4, 4), opts, (1, 2))
     assert t[1] <= t[0] + 1e-9, t

@@ -1,19 +1,22 @@
-"""Hostile and broken input: every refusal is an RpegError naming the file, quickly.
+"""Hostile and broken input: every refusal is an RpegError naming the file, without hanging.
 
 Truncated, corrupted, binary, wrong-kind and absurd .rpeg files; files that are
 not files (pipes, devices, directories); sizes no cluster has; extends that nest
 too deep or loop. None may produce a traceback, hang, or read a huge file whole.
+A refusal runs under a hang guard (``no_hang``: minutes, whatever the machine's
+load), not a speed target: how quickly rpeg refuses is no test's business.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import re
 import resource
 import shutil
+import signal
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -30,12 +33,27 @@ PIPELINES = ROOT / "pipelines"
 SHIPPED = sorted(PIPELINES.glob("*.rpeg")) + sorted((PIPELINES / "clusters").glob("*.rpeg"))
 
 
-def refused(path: Path, *, contains: str = "", seconds: float = 5.0) -> SpecError:
-    """check_file(path) must raise a SpecError naming ``path`` within ``seconds``."""
-    t0 = time.perf_counter()
-    with pytest.raises(SpecError) as info:
+HANG_S = 120.0     # a refusal still running after this long is a hang, on any machine
+
+
+@contextlib.contextmanager
+def no_hang(seconds: float = HANG_S):
+    """Fail the block if it runs past ``seconds`` (SIGALRM; the main thread only)."""
+    def alarm(signum, frame):
+        raise TimeoutError(f"still running after {seconds:.0f} s: a hang")
+    old = signal.signal(signal.SIGALRM, alarm)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+
+
+def refused(path: Path, *, contains: str = "") -> SpecError:
+    """check_file(path) must raise a SpecError naming ``path``, and not hang."""
+    with no_hang(), pytest.raises(SpecError) as info:
         check_file(path)
-    assert time.perf_counter() - t0 < seconds
     err = info.value
     assert err.span is not None and Path(err.span.path).name, err
     assert contains in str(err) + (err.hint or ""), str(err)
@@ -55,7 +73,7 @@ def test_huge_spec_is_refused_by_size_without_being_read(tmp_path):
     with big.open("wb") as fh:          # sparse: 1 GB on paper, nothing on disk
         fh.truncate(1 << 30)
     rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    err = refused(big, contains="at most", seconds=1.0)
+    err = refused(big, contains="at most")
     grew_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss0
     assert str(big) in str(err) and "1,073,741,824" in str(err)
     assert grew_kb < 100_000, f"memory grew {grew_kb} KB checking a file refused by size"
@@ -80,7 +98,7 @@ def test_a_pipe_is_refused_not_waited_on(tmp_path):
 
     t = threading.Thread(target=attempt, daemon=True)
     t.start()
-    t.join(5.0)
+    t.join(HANG_S)
     if t.is_alive():                     # unblock the reader so the thread can end
         fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
         os.close(fd)
@@ -153,7 +171,7 @@ def test_absurd_pipeline_sizes_are_refused(tmp_path, edit, says):
     text, n = re.subn(edit[0], edit[1], f.read_text(), count=1)
     assert n == 1, edit
     f.write_text(text)
-    refused(f, contains=says, seconds=2.0)
+    refused(f, contains=says)
 
 
 @pytest.mark.parametrize("body, says", [
@@ -167,10 +185,8 @@ def test_absurd_pipeline_sizes_are_refused(tmp_path, edit, says):
 def test_absurd_clusters_are_refused(tmp_path, body, says):
     f = tmp_path / "c.rpeg"
     f.write_text(f"cluster c {{\n gpu = h100\n {body}\n}}\n")
-    t0 = time.perf_counter()
-    with pytest.raises(SpecError, match=says):
+    with no_hang(), pytest.raises(SpecError, match=says):
         load_cluster(f)
-    assert time.perf_counter() - t0 < 2.0
 
 
 def test_deep_extend_chain_is_refused(tmp_path):
@@ -293,10 +309,8 @@ def _plan_refused(path: Path, says: str = "") -> None:
     from rpeg.errors import PlanError
     from rpeg.plan.model import Plan
 
-    t0 = time.perf_counter()
-    with pytest.raises(PlanError) as info:
+    with no_hang(), pytest.raises(PlanError) as info:
         Plan.load(path)
-    assert time.perf_counter() - t0 < 2.0
     assert info.value.span is not None and info.value.span.path == str(path), info.value
     assert says in str(info.value), str(info.value)
 

@@ -46,6 +46,7 @@ def test_trace_is_rewritten_when_events_double_and_at_the_end(tmp_path, monkeypa
     assert writes[-1] == 1000 and writes.count(1000) == 1
 
 
+@pytest.mark.slow           # a real run on a cluster of its own; the log's rules are tested above
 def test_a_run_keeps_its_events_beside_its_checkpoints(ppo, tmp_path, local_cluster):
     plan = split_plan(ppo, 2, staleness=1)
     with local_cluster(2) as address:

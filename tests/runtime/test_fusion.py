@@ -53,7 +53,7 @@ def test_a_collective_rank_starts_a_task_of_its_own(ppo):
     assert len(groups) == 2 and first[1] == "actor_step/s0", first
 
 
-@pytest.mark.parametrize("devices,k", [(1, 0), (2, 1)])
+@pytest.mark.parametrize("devices,k", [pytest.param(1, 0, marks=pytest.mark.slow), (2, 1)])
 def test_fused_run_matches_unfused(ppo, tmp_path, devices, k, local_cluster):
     plan = split_plan(ppo, devices, staleness=k)
     with local_cluster(devices) as address:

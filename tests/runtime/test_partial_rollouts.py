@@ -162,6 +162,7 @@ def _lags(path):
     return [e["args"]["step"] - e["args"]["version_read"] for e in _rollouts(path)]
 
 
+@pytest.mark.slow           # a cluster of its own; the verify rule has a unit test above
 def test_ppo_with_carry_on_two_workers_verifies_and_verify_catches_a_stale_chunk(
         ppo, tmp_path, local_cluster, capsys):
     plan = with_carry(split_plan(ppo, 2, staleness=0), 1)

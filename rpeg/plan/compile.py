@@ -30,8 +30,8 @@ from rpeg.plan.choices import enumerate_layouts, model_stages
 from rpeg.plan.edit import Context, repair
 from rpeg.plan.evaluate import Evaluation, Evaluator, Shortfall
 from rpeg.plan.model import Plan, Strategy
-from rpeg.plan.options import SearchOptions, SearchRecord
-from rpeg.plan.search import SearchResult, anneal, capped, merged, staleness_caps
+from rpeg.plan.options import SearchOptions, SearchRecord, Start
+from rpeg.plan.search import SearchResult, anneal, capped, merged, random_plan, staleness_caps
 from rpeg.plan.space import Limits, generate_engines
 from rpeg.spec.model import Cluster, Engine, OpKind, Pipeline
 
@@ -134,6 +134,9 @@ def _search_ladder(ctx: Context, ev: Evaluator, opts: SearchOptions):
     walk a backend without them gets), then a second walk (1/2 of the patience) adds
     them, starting from the best of the best plan so far and it and the baselines
     spending the bound on carrying: allowing partial rollouts never returns a slower plan.
+    With ``Start.RANDOM`` no baseline is a start or a restart: cap 0's walk starts from
+    :func:`random_plan`, and every later walk from the search's own plans (the baselines
+    are still priced, to compare with).
     Returns the baselines under the spec's bound, the best plan, the walks' statistics."""
     caps = staleness_caps(ctx.pipeline)
     deadline = time.monotonic() + opts.time_cap_s     # the safety cap over every walk
@@ -147,6 +150,12 @@ def _search_ladder(ctx: Context, ev: Evaluator, opts: SearchOptions):
         feasible, near = _found(outcomes)
         closest += near
         feasible.sort(key=lambda e: e.step_time_s)
+        if opts.start is Start.RANDOM:            # the search alone: no baseline to start from
+            feasible, near = [], []
+            drawn = random_plan(here, opts.seed) if prev is None else None
+            if drawn is not None:
+                r = ev.evaluate(drawn, detail=False)
+                feasible, near = ([r], []) if r.feasible else ([], [r])
         if prev is not None and prev.feasible:    # warm, from the best of the tighter caps
             start, others, share, stream = prev, tuple(feasible), WARM_PATIENCE, (cap,)
         elif feasible:

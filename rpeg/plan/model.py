@@ -27,7 +27,7 @@ from pathlib import Path
 import attrs
 
 from rpeg.errors import PlanError, Span
-from rpeg.plan.options import Method, SearchOptions, SearchRecord
+from rpeg.plan.options import Method, SearchOptions, SearchRecord, Start
 from rpeg.plan.space import Limits
 from rpeg.spec.model import Engine
 
@@ -308,6 +308,8 @@ def _convert(name: str, typ: object, value: object) -> object:
         return frozenset(Engine(x) for x in _expect(name, value, list))
     if name == "method":
         return Method(value)
+    if name == "start":
+        return Start(value)
     if t == "int | None":
         return None if value is None else _convert(name, "int", value)
     if t.startswith("tuple"):

@@ -25,13 +25,19 @@ import attrs
 
 from rpeg.plan.space import Limits
 
-__all__ = ["Method", "SearchOptions", "SearchRecord"]
+__all__ = ["Method", "Start", "SearchOptions", "SearchRecord"]
 
 
 class Method(enum.Enum):
     ANNEAL = "anneal"       # simulated annealing (the default)
     RANDOM = "random"       # random sampling: every proposal from the start plan, keep the best
     GREEDY = "greedy"       # hill climbing: accept improvements only
+
+
+class Start(enum.Enum):
+    BASELINES = "baselines"  # from the best baseline; a stalled walk restarts from the others
+    RANDOM = "random"        # from a random plan, no baseline as a start or a restart: what
+                             # the search finds on its own (benchmarks/planner.py)
 
 
 @attrs.frozen
@@ -45,6 +51,7 @@ class SearchOptions:
     restart_every: int = 600
     chains: int = 1                  # independent walks from the start, sharing the budget
     method: Method = Method.ANNEAL
+    start: Start = Start.BASELINES
     limits: Limits = attrs.field(factory=Limits.detect)
     steps: int | None = None         # simulated steps (None: simulate.steps_for the staleness)
     time_cap_s: float = 600.0        # safety cap on the whole search's wall-clock seconds

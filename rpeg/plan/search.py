@@ -58,7 +58,7 @@ import attrs
 import numpy as np
 
 from rpeg.plan.choices import model_stages
-from rpeg.plan.edit import Context, options, put, repair
+from rpeg.plan.edit import Context, empty_plan, options, put, repair
 from rpeg.plan.evaluate import Evaluation, Evaluator, plan_graph
 from rpeg.plan.model import Plan, Strategy
 from rpeg.plan.options import Method, SearchOptions
@@ -171,6 +171,26 @@ def anneal(ctx: Context, ev: Evaluator, start: Evaluation, opts: SearchOptions,
             break
     return SearchResult(best, it, accepted, improved, time.monotonic() - began, tuple(trace),
                         out_of_time)
+
+
+def random_plan(ctx: Context, seed: int) -> Plan | None:
+    """A plan drawn at random, that no baseline made: each model stage on a random aligned
+    block (its ``place`` hint's, if it has one) in a random layout that fits it alone,
+    synchronous, then repaired; None when no draw gives every stage a layout."""
+    rng = np.random.default_rng((seed, 99))
+    blocks = device_blocks(ctx.cluster)
+    plan = empty_plan(ctx)
+    for stage in model_stages(ctx.pipeline):
+        for _ in range(32):
+            block = ctx.pinned_block(stage) or blocks[int(rng.integers(len(blocks)))]
+            choices = options(ctx, stage, block.size)
+            if choices:
+                break
+        else:
+            return None
+        plan = put(ctx, plan, stage, block, choices[int(rng.integers(len(choices)))])
+    plan = repair(ctx, plan)
+    return None if plan is None else attrs.evolve(plan, strategy=Strategy.SEARCH, seed=seed)
 
 
 def staleness_caps(pipeline: Pipeline) -> tuple[int, ...]:

@@ -141,3 +141,23 @@ def test_compile_says_when_its_time_cap_stopped_it(tmp_path, capsys):
     text = capsys.readouterr().out
     assert "note: the search stopped at its 0 s time cap" in text and "--time-cap" in text
     assert json.loads(out.read_text())["search"]["time_capped"] is True
+
+
+def test_the_same_plan_whatever_vector_units_and_blas_kernels_price_it(tmp_path):
+    """Another machine's CPU, as far as this one can pretend: numpy without AVX-512 or
+    AVX2 kernels and OpenBLAS with older cores give the same plan.json, byte for byte."""
+    import os
+    import subprocess
+    import sys
+    kinds = {"here": {}, "avx2": {"NPY_DISABLE_CPU_FEATURES": "X86_V4 AVX512_ICL",
+                                  "OPENBLAS_CORETYPE": "Haswell"},
+             "sse4": {"NPY_DISABLE_CPU_FEATURES": "X86_V3 X86_V4 AVX512_ICL",
+                      "OPENBLAS_CORETYPE": "Prescott"}}
+    plans = {}
+    for kind, env in kinds.items():
+        out = tmp_path / f"{kind}.json"
+        subprocess.run([sys.executable, "-m", "rpeg", "compile", TINY, "--cluster", LOCAL,
+                        "-o", str(out), "--no-gantt", "--budget", "150"],
+                       env={**os.environ, **env}, check=True, capture_output=True, timeout=600)
+        plans[kind] = out.read_bytes()
+    assert plans["avx2"] == plans["here"] and plans["sse4"] == plans["here"]

@@ -258,3 +258,24 @@ def test_generation_never_streams_more_chunks_than_responses(tiny, local_cpu):
     for seed in range(3):
         plan = compile_plan(small, local_cpu, options=attrs.evolve(QUICK, seed=seed))
         assert all(p.chunks <= 4 for p in plan.placements), plan
+
+
+def test_a_search_from_a_random_start_uses_no_baseline(grpo, a100_16):
+    """Start.RANDOM: the walk starts from a random plan and never restarts from a baseline,
+    so what it finds is the search's own; seeded like any search."""
+    from rpeg.plan.options import Start
+    from rpeg.plan.search import random_plan
+    ctx = Context.of(grpo, a100_16, EVERY_ENGINE)
+    drawn = random_plan(ctx, 4)
+    assert drawn is not None and drawn == random_plan(ctx, 4) and drawn != random_plan(ctx, 5)
+    assert {p.stage for p in drawn.placements} == {s.name for s in grpo.stages}
+    opts = attrs.evolve(QUICK, start=Start.RANDOM, seed=4)
+    r = compile_report(grpo, a100_16, options=opts)
+    assert r.plan.search.options.start is Start.RANDOM and _fits(r.plan, grpo, a100_16)
+    assert r.search.trace[0][1] == pytest.approx(score_of(drawn, grpo, a100_16))
+    assert compile_report(grpo, a100_16, options=opts).plan == r.plan
+
+
+def score_of(plan, pipeline, cluster) -> float:
+    from rpeg.plan.search import score
+    return score(Evaluator(pipeline, cluster).evaluate(plan, detail=False), cluster.gpu.memory)

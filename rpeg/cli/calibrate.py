@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -28,20 +27,6 @@ from pathlib import Path
 import typer
 
 from rpeg.errors import BackendError
-
-
-def measure(repeats: int) -> dict:
-    """Run the torch measurements in a child process and return them."""
-    from rpeg.cost.calibrate import worker_env
-    env = worker_env()
-    proc = subprocess.run([sys.executable, "-m", "backends.torch_backend.measure", "calibrate",
-                           str(repeats)], capture_output=True, text=True, env=env,
-                          cwd=Path(__file__).resolve().parents[2])
-    if proc.returncode != 0:
-        raise BackendError("the calibration measurements must run, not fail: "
-                           + (proc.stderr.strip().splitlines() or ["no output"])[-1],
-                           hint="calibration needs the torch extra: pip install -e '.[torch]'")
-    return json.loads(proc.stdout)
 
 
 def _control_line(p) -> str:
@@ -69,6 +54,7 @@ def register(app: typer.Typer) -> None:
         from rpeg.cost.calibrate import cluster_text, fit_profile, keep_extras, with_dispatch
         from rpeg.cost.profiles import load_profile, profile_text
         from rpeg.runtime.dispatch import measure_control, measure_dispatch
+        from rpeg.runtime.machine import measure_machine
         t0 = time.perf_counter()
         if dispatch_only:
             if out is None or not out.exists():
@@ -83,9 +69,7 @@ def register(app: typer.Typer) -> None:
                   f" ms, load {d['loadavg']:.1f}); {_control_line(p)}; wrote {out}",
                   file=sys.stderr)
             return
-        m = measure(repeats)
-        m["dispatch"] = measure_dispatch()
-        m["control"] = measure_control()
+        m = measure_machine(repeats)
         if save:
             save.write_text(json.dumps(m))
         fit = fit_profile(m, name=name)

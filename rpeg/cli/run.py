@@ -5,13 +5,17 @@
     run: runs/tiny_ppo-20261130-011500  (60 steps, 9.8 s; reward 0.167 -> 0.412)
     $ rpeg run plan.json --spec pipelines/tiny_ppo.rpeg --scheduler tcp://10.0.0.5:8786
 
-Without a plan file the plan is compiled here for the local cluster
-(``pipelines/clusters/local_cpu.rpeg`` unless ``--cluster`` names another), told
-what this runtime can execute; ``--staleness`` lowers the plan's bounds.
+Without a plan file the plan is compiled here, told what this runtime can execute, for
+the cluster ``--cluster`` names or, by default, the local cluster on this machine priced
+with this machine's own profile: calibrated on first use and cached per CPU
+(``rpeg.runtime.machine``; ``--profile shipped`` or ``RPEG_LOCAL_PROFILE=shipped`` plans
+with the shipped ``pipelines/clusters/local_cpu.rpeg`` instead, and says it was measured
+elsewhere). ``--staleness`` lowers the plan's bounds.
 """
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import typer
@@ -34,7 +38,13 @@ def register(app: typer.Typer) -> None:
         resume: Path = typer.Option(None, "--resume", help="Continue a run directory."),
         spec: Path = typer.Option(None, "--spec", help="The pipeline a plan.json was compiled from."),
         cluster: Path = typer.Option(None, "--cluster", help="Cluster file for planning "
-                                     "(default: pipelines/clusters/local_cpu.rpeg)."),
+                                     "(default: this machine, see --profile)."),
+        profile: str = typer.Option(None, "--profile",
+                                    help="Without --cluster: auto (this machine's profile, "
+                                         "calibrated once and cached), calibrate (measure "
+                                         "again) or shipped (the shipped local_cpu profile, "
+                                         "measured elsewhere); default $RPEG_LOCAL_PROFILE or "
+                                         "auto."),
         strategy: str = typer.Option("search", "--strategy",
                                      help="search | colocated | split | realloc | runtime-split."),
         staleness: int = typer.Option(None, "--staleness", min=0,
@@ -77,6 +87,13 @@ def register(app: typer.Typer) -> None:
             return
         if file is None:
             raise RuntimeFailure("rpeg run needs a pipeline (.rpeg) or plan (.json), or --resume")
+        choice = _choice(profile)
+        planned_here = file.suffix != ".json" and strategy != "runtime-split"
+        if cluster is None and scheduler is None and planned_here:
+            from rpeg.runtime.machine import local_profile
+            local = local_profile(choice)                  # this machine's, or said it is not
+            cluster = local.cluster
+            print(local.note, file=sys.stderr)
         pipeline, plan, spec_path = plan_for_run(
             file, spec=spec, cluster=cluster or DEFAULT_CLUSTER, strategy=strategy,
             staleness=staleness, seed=seed)
@@ -93,3 +110,16 @@ def register(app: typer.Typer) -> None:
         tail = f"; reward {rewards[0]:.3f} -> {sum(rewards[-5:]) / len(rewards[-5:]):.3f}" \
             if rewards else ""
         print(f"run: {result.path}  ({result.steps} steps, {result.wall_s:.1f} s{tail})")
+
+
+def _choice(value: str | None):
+    """--profile's value (else $RPEG_LOCAL_PROFILE's) as a ProfileChoice: a usage error for
+    a flag that is none of them, an error naming the variable for its value."""
+    from rpeg.runtime.machine import choice_from_env
+    if value is None:
+        return choice_from_env()
+    try:
+        return choice_from_env(value)
+    except RuntimeFailure:
+        raise typer.BadParameter(f"must be auto, calibrate or shipped, not {value!r}",
+                                 param_hint="--profile") from None

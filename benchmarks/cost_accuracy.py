@@ -42,6 +42,7 @@ if __name__ == "__main__" and allocator() != "worker":
     os.execve(sys.executable, [sys.executable, *sys.argv], worker_env())
 
 from backends.torch_backend import measure  # noqa: E402
+from benchmarks.provenance import command, profile_origin  # noqa: E402
 from rpeg.cost.calibrate import cpu_cluster, fit_profile, mape, predict_op  # noqa: E402
 from rpeg.cost.memory import Parallel  # noqa: E402
 from rpeg.cost.profiles import load_cluster, profile_text  # noqa: E402
@@ -200,8 +201,11 @@ def markdown(rows, s: dict, info: dict, command: str, extra: dict) -> str:
     out = [
         "# Cost model accuracy on this machine", "",
         f"`{command}` — {info['date']}; {m['cpu']}, {m['cores']} cores shared with other "
-        f"work (load average {m['loadavg'][0]:.1f} at the start), torch {m['torch']}, one "
+        f"work (load average {m['loadavg'][0]:.1f} at the start, "
+        f"{info.get('loadavg_end', float('nan')):.1f} at the end), torch {m['torch']}, one "
         f"compute thread per device; {info['repeats']} repeats, {info['seconds']:.0f} s.", "",
+        f"Shipped profile ({info['cluster']}): calibrated on "
+        f"{info['shipped_profile']['calibrated_on']}.", "",
         f"Profile: {info['profile']}.", "",
         f"- configurations: {s['configs']}, none of them a calibration shape",
         f"- latency MAPE: **{s['latency_mape']:.1f}%** (forward {s['latency_mape_forward']:.1f}%, "
@@ -271,6 +275,7 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     info = {"date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
             "machine": measure.machine_info(), "repeats": repeats, "quick": args.quick,
+            "command": command(), "shipped_profile": profile_origin(load_cluster(args.cluster)),
             "cluster": str(args.cluster.relative_to(ROOT)) if args.cluster.is_relative_to(ROOT)
             else str(args.cluster),
             "latency": "median CPU time of the process per call (1 compute thread; on an idle "
@@ -291,6 +296,7 @@ def main(argv=None) -> int:
                        if recalibrate else f"shipped: {info['cluster']}")
     extra = {"summary_shipped_profile": summary(rows, "_shipped")} if recalibrate else {}
     info["seconds"] = time.perf_counter() - t0
+    info["loadavg_end"] = os.getloadavg()[0]
     print(table(rows))
     print(f"\n{s['configs']} configurations, {info['seconds']:.0f} s; Kendall tau "
           f"{s['kendall_tau']:.3f}; memory MAPE {s['memory_mape']:.1f}%")
@@ -298,8 +304,7 @@ def main(argv=None) -> int:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps({"info": info, "summary": s, **extra, "rows": rows,
                                         **fitted}, indent=1))
-        cmd = ".venv/bin/python benchmarks/cost_accuracy.py"
-        args.out.with_suffix(".md").write_text(markdown(rows, s, info, cmd, extra))
+        args.out.with_suffix(".md").write_text(markdown(rows, s, info, info["command"], extra))
     print(f"latency MAPE {s['latency_mape']:.1f}%  memory MAPE {s['memory_mape']:.1f}%")
     return 0
 

@@ -14,11 +14,8 @@ Writes benchmarks/results/experiments.json and .md.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import logging
-import os
-import platform
 import statistics
 import sys
 import time
@@ -26,6 +23,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from benchmarks.provenance import finish, header, provenance  # noqa: E402
 
 
 def make_runs(n: int, steps: int, root: Path) -> list[Path]:
@@ -85,17 +84,14 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--root", type=Path, default=Path("runs") / "bench-experiments")
     args = ap.parse_args()
+    here = provenance()
     runs = list(args.runs) + (make_runs(args.make, args.steps, args.root) if args.make else [])
     rows = [measure(p, args.repeats) for p in runs]
-    result = {"date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-              "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
-                         f"load {os.getloadavg()[0]:.2f}",
-              "command": " ".join(["benchmarks/experiments.py"] + sys.argv[1:]), "runs": rows}
+    result = {"provenance": finish(here), "runs": rows}
     out = ROOT / "benchmarks" / "results"
     out.mkdir(parents=True, exist_ok=True)
     (out / "experiments.json").write_text(json.dumps(result, indent=1) + "\n")
-    lines = [f"# Experiment records ({result['date']}, {result['machine']})", "",
-             f"`{result['command']}`", "",
+    lines = ["# Experiment records", "", header(result["provenance"]), "",
              "| run | plan | steps | record (s) | plots (s) | verify (s) | predicted step (s) "
              "| measured step (s) | measured / predicted |", "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:

@@ -25,7 +25,6 @@ import argparse
 import base64
 import json
 import os
-import platform
 import random
 import subprocess
 import sys
@@ -36,6 +35,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.provenance import finish, provenance  # noqa: E402
 from rpeg.errors import RpegError  # noqa: E402
 from rpeg.spec.parser import parse_bytes  # noqa: E402
 
@@ -116,6 +116,7 @@ class Recorder:
         self.tried = 0
         self.max_s = 0.0
         self.t0 = time.perf_counter()
+        self.provenance = provenance()
 
     def one(self, data: bytes, check=check_bytes) -> None:
         t = time.perf_counter()
@@ -151,9 +152,8 @@ class Recorder:
             "slow_limit_s": self.slow, "elapsed_s": round(elapsed, 1),
             "inputs_per_s": round(self.tried / elapsed, 1) if elapsed else 0.0,
             "seeds": [name for name, _ in seeds()],
-            "machine": f"{platform.machine()} {os.cpu_count()} cpus, python "
-                       f"{platform.python_version()}",
-            "command": "python benchmarks/fuzz.py " + " ".join(sys.argv[1:]),
+            "command": self.provenance["command"],
+            "provenance": finish(self.provenance),
         }
         self.out.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.out.with_suffix(".tmp")
@@ -275,6 +275,7 @@ def main() -> int:
                     "as a hang")
     ap.add_argument("-o", "--out", type=Path, default=ROOT / "benchmarks/results/fuzz.json")
     args = ap.parse_args()
+    started = provenance()
     if args.engine == "both":
         # half coverage-guided (in a child: libFuzzer ends its process), half structure-aware
         half = args.runs // 2
@@ -297,7 +298,8 @@ def main() -> int:
             "inputs_tried": sum(p["inputs_tried"] for p in parts),
             "crashes_found": sum(p["crashes_found"] for p in parts),
             "engines": parts,
-            "command": "python benchmarks/fuzz.py " + " ".join(sys.argv[1:]),
+            "command": started["command"],          # benchmarks/reliability.py quotes it
+            "provenance": finish(started),
         }
         args.out.write_text(json.dumps(merged, indent=2) + "\n")
         for p in (part, rec.out):

@@ -56,6 +56,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from backends.api import SamplingParams  # noqa: E402
+from benchmarks.provenance import finish, provenance  # noqa: E402
 from rpeg.spec.presets import PRESETS, ModelDims  # noqa: E402
 
 MODELS = ("tiny-vllm", "small", "smollm2-135m")
@@ -264,7 +265,9 @@ def _generate_mape(results, cluster, scale: float, layer_oh: float, step_oh: flo
 def markdown(doc: dict) -> str:
     lines = ["# Generation: vLLM vs transformers `generate` vs rpeg's torch engine", "",
              f"Command: `{doc['command']}`  ", f"Machine: {doc['machine']['cpu']}, "
-             f"{doc['machine']['cores']} cores (load {doc['machine']['loadavg'][0]:.2f}), "
+             f"{doc['machine']['cores']} cores (load {doc['machine']['loadavg'][0]:.2f}"
+             + (f" at the start, {doc['provenance']['load_average']['end']} at the end"
+                if "provenance" in doc else "") + "), "
              f"{doc['threads']} thread(s) per engine, float32, prompts of {PROMPT_LEN} tokens, "
              f"{doc['gen']} generated tokens per response, median of {doc['repeats']}.", "",
              "| model | batch | vLLM tok/s | transformers tok/s | torch engine tok/s | "
@@ -322,6 +325,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--refit", action="store_true", help="refit the profile extras to the "
                     "measurements already in --out's JSON (after the base profile changed)")
     args = ap.parse_args(argv)
+    started = provenance(sys.argv[:1] + (argv if argv is not None else sys.argv[1:]))
     if args.refit:
         out = Path(args.out)
         doc = json.loads(out.with_suffix(".json").read_text())
@@ -367,7 +371,7 @@ def main(argv: list[str] | None = None) -> int:
            "command": " ".join([".venv-vllm/bin/python", "benchmarks/generation.py", *(argv or sys.argv[1:])]),
            "machine": machine_info(), "vllm": vllm.__version__, "threads": args.threads,
            "gen": args.gen, "prompt_len": PROMPT_LEN, "batches": args.batches,
-           "repeats": args.repeats, "models": results}
+           "repeats": args.repeats, "models": results, "provenance": finish(started)}
     doc["profile"] = fit_profile(results, args.gen)
     doc["paragraph"] = paragraph(doc)
     out = Path(args.out)

@@ -33,6 +33,10 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.provenance import finish, header, provenance  # noqa: E402
+
 PIPELINES = ROOT / "pipelines"
 RESULTS = ROOT / "benchmarks" / "results"
 # The same placement for both engines: rollout on device 0, the rest on device 1, weights
@@ -109,7 +113,9 @@ def summarise(runs: list[dict]) -> dict:
 
 def markdown(doc: dict) -> str:
     s = doc["summary"]
-    lines = ["# tiny_grpo: torch engine vs vLLM engine", "", f"Command: `{doc['command']}`  ",
+    lines = ["# tiny_grpo: torch engine vs vLLM engine", "",
+             header(doc["provenance"]) if "provenance" in doc
+             else f"Command: `{doc['command']}`  ", "",
              f"{doc['steps']} steps, seeds {doc['seeds']}, model tiny-vllm; final reward = mean "
              f"over the last quarter of the steps.", "",
              "| engine | first reward | final reward (mean ± sd over seeds) | per seed | "
@@ -132,6 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seeds", default="0,1,2")
     ap.add_argument("--out", default=str(RESULTS / "grpo_engines"))
     args = ap.parse_args(argv)
+    started = provenance(sys.argv[:1] + (argv if argv is not None else sys.argv[1:]))
     from backends.vllm_backend import require
 
     require()
@@ -147,7 +154,8 @@ def main(argv: list[str] | None = None) -> int:
     doc = {"benchmark": "grpo_engines", "date": dt.datetime.now(dt.timezone.utc).isoformat(),
            "command": " ".join([".venv-vllm/bin/python", "benchmarks/grpo_engines.py",
                                 *(argv if argv is not None else sys.argv[1:])]),
-           "steps": args.steps, "seeds": seeds, "loadavg": list(os.getloadavg()), "runs": runs}
+           "steps": args.steps, "seeds": seeds, "loadavg": list(os.getloadavg()), "runs": runs,
+           "provenance": finish(started)}
     doc["summary"] = summarise(runs)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -40,7 +40,9 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import runtime as R  # noqa: E402
 
+from benchmarks.provenance import finish, header, profile_origin, provenance  # noqa: E402
 from rpeg.runtime.plans import plan_for_run, runtime_limits  # noqa: E402
+from rpeg.spec import load_cluster  # noqa: E402
 
 VARIANTS = {"async": (1, 0), "carry": (0, 1), "sync": (0, 0)}    # name -> staleness, carry
 
@@ -167,18 +169,24 @@ def main() -> None:
             res["summary"] = summary(res["runs"])
     else:
         t = time.time()
+        started = provenance()
         results = {"machine": {"platform": platform.platform(),
                                "python": platform.python_version(),
                                "load_avg_start": R.load_avg()},
+                   "profile": profile_origin(load_cluster(R.CLUSTER)),
                    "steps": steps, "seeds": seeds,
                    "pipelines": {n: pipeline_runs(n, steps, seeds, Path(args.root))
                                  for n in ("tiny_ppo", "tiny_grpo")}}
         results["wall_s"] = round(time.time() - t, 1)
+        results["provenance"] = finish(started)
     (out / f"partial_rollouts{suffix}.json").write_text(json.dumps(results, indent=2) + "\n")
+    about = (header(results["provenance"]) + "; predictions with the profile calibrated on "
+             f"{results['profile']['calibrated_on']}" if "provenance" in results else
+             f"`.venv/bin/python benchmarks/partial_rollouts.py`; load average at start "
+             f"{results['machine']['load_avg_start']}")
     (out / f"partial_rollouts{suffix}.md").write_text(
         f"# Partial rollouts on the local cluster ({steps} steps, seeds {seeds})\n\n"
-        f"`.venv/bin/python benchmarks/partial_rollouts.py`; load average at start "
-        f"{results['machine']['load_avg_start']}.\n\n" + table(results))
+        f"{about}.\n\n" + table(results))
     print(table(results))
 
 

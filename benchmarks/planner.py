@@ -8,6 +8,11 @@ is a prediction of rpeg's cost model (rpeg/cost) and event-driven simulator: the
 search and the three baselines are priced by the same model, so the ratios compare
 plans, not models. Plans are made for GPU clusters with vLLM installed (the engine
 the baselines' systems use for generation), whatever this machine has.
+
+The search starts from the best baseline, so it is never slower than that by
+construction; what it adds is measured against the best baseline, and a second search
+per configuration starts from a random plan and never from a baseline (``Start.RANDOM``),
+which shows what the search finds on its own.
 """
 
 from __future__ import annotations
@@ -16,7 +21,6 @@ import argparse
 import itertools
 import json
 import os
-import platform
 import re
 import statistics
 import sys
@@ -28,8 +32,11 @@ import attrs
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.provenance import finish, header, provenance  # noqa: E402
 from rpeg.cost.profiles import cluster_of  # noqa: E402
+from rpeg.errors import PlanError  # noqa: E402
 from rpeg.plan import Method, SearchOptions, Strategy, compile_report  # noqa: E402
+from rpeg.plan.options import Start  # noqa: E402
 from rpeg.plan.space import Limits  # noqa: E402
 from rpeg.spec import Engine, load, load_cluster  # noqa: E402
 
@@ -37,12 +44,6 @@ GPU_CLUSTER = Limits(engines=frozenset({Engine.TORCH, Engine.VLLM}))
 WHOLE = attrs.evolve(GPU_CLUSTER, carry_engines=frozenset())   # no partial rollouts
 BASELINES = (Strategy.COLOCATED, Strategy.SPLIT, Strategy.REALLOC)
 RESULTS = ROOT / "benchmarks" / "results"
-
-
-def machine() -> dict:
-    return {"python": platform.python_version(), "cpus": os.cpu_count(),
-            "load_average": os.getloadavg(), "platform": platform.platform(),
-            "when": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}
 
 
 # --- planning time -----------------------------------------------------------------------
@@ -106,8 +107,11 @@ def quality(quick: bool) -> dict:
             rows.append({"config": name, "error": str(e)})
             print(f"{name}: {e}", flush=True)
             continue
+        best = min((ev.step_time_s, s.value) for s, ev in r.baselines if ev)
         row = {"config": name, "gpus": cluster.num_gpus,
                "search_s": round(r.plan.predicted.step_time_s, 3),
+               "best_baseline": best[1], "best_baseline_s": round(best[0], 3),
+               "vs_best_baseline": round(best[0] / r.plan.predicted.step_time_s, 3),
                "planning_s": round(time.perf_counter() - began, 2),
                "staleness": dict(r.plan.staleness), "shared": bool(r.plan.shared),
                "chunks": max(p.chunks for p in r.plan.placements),
@@ -118,6 +122,14 @@ def quality(quick: bool) -> dict:
         row["whole_s"] = round(whole.plan.predicted.step_time_s, 3)
         col = dict(r.baselines).get(Strategy.COLOCATED)
         row["whole_vs_colocated"] = round(col.step_time_s / row["whole_s"], 3) if col else None
+        # The search alone: from a random plan, never from a baseline.
+        try:
+            alone = compile_report(pipeline, cluster, options=attrs.evolve(
+                opts, start=Start.RANDOM)).plan.predicted.step_time_s
+            row["random_start_s"] = round(alone, 3)
+            row["random_start_vs_best_baseline"] = round(best[0] / alone, 3)
+        except PlanError as e:
+            row["random_start_s"], row["random_start_error"] = None, e.message
         for s, ev in r.baselines:
             row[f"{s.value}_s"] = round(ev.step_time_s, 3) if ev else None
             row[f"vs_{s.value}"] = round(r.speedup(s), 3) if ev else None
@@ -125,6 +137,15 @@ def quality(quick: bool) -> dict:
         print(f"{name}: search {row['search_s']} s; " + ", ".join(
             f"{s.value} {row[f'vs_{s.value}']}x" for s in BASELINES), flush=True)
     summary = {}
+    for key, label in (("vs_best_baseline", "the best baseline (search)"),
+                       ("random_start_vs_best_baseline",
+                        "the best baseline (search from a random start)")):
+        ratios = [r[key] for r in rows if r.get(key)]
+        if ratios:
+            summary[label] = {"min": min(ratios), "median": statistics.median(ratios),
+                              "max": max(ratios), "configs": len(ratios),
+                              "baseline_found_no_plan": 0,
+                              "above_1.01": sum(1 for x in ratios if x > 1.01)}
     whole = [r["whole_vs_colocated"] for r in rows if r.get("whole_vs_colocated")]
     if whole:
         summary["colocated, without partial rollouts"] = {
@@ -210,12 +231,9 @@ def staleness_ladders(rows: list[dict]) -> dict[str, list[float]]:
 
 
 def markdown(res: dict) -> str:
-    lines = ["# Planner benchmarks", "",
-             f"Command: `{res['command']}`  ", f"Machine: {res['machine']}", ""]
-    for key in sorted(k for k in res if k.startswith("command_")):
-        section = key.split("_", 1)[1]
-        lines += [f"Section '{section}' rerun: `{res[key]}`  ",
-                  f"Machine then: {res.get('machine_' + section)}", ""]
+    lines = ["# Planner benchmarks", "", header(res["provenance"]), ""]
+    for section, p in sorted(res.get("rerun", {}).items()):
+        lines += [f"Section '{section}' measured again:  ", header(p), ""]
     lines += [
              "All step times are predictions of rpeg's cost model and simulator; search and "
              "baselines are priced by the same model.", "", *MODEL_NOTES, "",
@@ -230,7 +248,23 @@ def markdown(res: dict) -> str:
                      f"{r['step_time_s']} |")
     q = res.get("quality")
     if q:
-        lines += ["", "## Search vs baselines (speedup = baseline step / search step)", "",
+        lines += ["", "## What the search adds over the best baseline", "",
+                  "The search starts from the best baseline, so it is never slower than that "
+                  "by construction; 'x best' is the best baseline's step over the search's. "
+                  "'random start' is the same search started from a random plan that never "
+                  "restarts from a baseline: what the search finds on its own.", "",
+                  "| config | best baseline | (s) | search (s) | x best | random start (s) "
+                  "| x best |", "|---|---|---|---|---|---|---|"]
+        for r in q["rows"]:
+            if "error" in r:
+                continue
+            alone = r.get("random_start_s")
+            lines.append(f"| {r['config']} | {r['best_baseline']} | {r['best_baseline_s']} | "
+                         f"{r['search_s']} | {r['vs_best_baseline']:.2f} | "
+                         f"{alone if alone is not None else 'no plan found'} | "
+                         + (f"{r['random_start_vs_best_baseline']:.2f}" if alone else "-")
+                         + " |")
+        lines += ["", "## Search vs each baseline (speedup = baseline step / search step)", "",
                   "| config | search (s) | carry | whole (s) | x colocated | colocated (s) | x "
                   "| split (s) | x | realloc (s) | x |",
                   "|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -252,11 +286,12 @@ def markdown(res: dict) -> str:
         for config, steps in staleness_ladders(q["rows"]).items():
             ok = all(b <= a + 1e-9 for a, b in itertools.pairwise(steps))
             lines.append(f"| {config} | {steps} | {'yes' if ok else 'NO'} |")
-        lines += ["", "| over | min | median | max | configs | baseline found no plan |",
-                  "|---|---|---|---|---|---|"]
+        lines += ["", "| over | min | median | max | configs | above 1.01x | "
+                  "baseline found no plan |", "|---|---|---|---|---|---|---|"]
         for s, v in q["summary"].items():
             lines.append(f"| {s} | {v['min']:.2f} | {v['median']:.2f} | {v['max']:.2f} | "
-                         f"{v['configs']} | {v['baseline_found_no_plan']} |")
+                         f"{v['configs']} | {v.get('above_1.01', '-')} | "
+                         f"{v['baseline_found_no_plan']} |")
     if res.get("ablation"):
         lines += ["", "## Ablation: same proposals, same starts (the best baseline; above "
                   "staleness 0, the best plan of the tighter cap)", "",
@@ -276,18 +311,19 @@ def main() -> None:
     ap.add_argument("--only", choices=("time", "quality", "ablation"))
     args = ap.parse_args()
     name = "planner_quick" if args.quick else "planner"
-    res = {"command": " ".join(["benchmarks/planner.py"] + sys.argv[1:]), "machine": machine()}
+    here = provenance()
+    res = {"provenance": here}
     if args.only and (RESULTS / f"{name}.json").exists():     # update one section in place
         previous = json.loads((RESULTS / f"{name}.json").read_text())
-        res = {**previous, "machine_" + args.only: machine(),
-               "command_" + args.only: res["command"]}
+        if "provenance" in previous:
+            res = {**previous, "rerun": {**previous.get("rerun", {}), args.only: here}}
     if args.only in (None, "time"):
         res["planning_time"] = planning_time((8, 64) if args.quick else (8, 64, 256, 2048))
     if args.only in (None, "quality"):
         res["quality"] = quality(args.quick)
     if args.only in (None, "ablation"):
         res["ablation"] = ablation(args.quick)
-    res.setdefault("machine", machine())["load_average_end"] = os.getloadavg()
+    finish(here)
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / f"{name}.json").write_text(json.dumps(res, indent=2) + "\n")
     (RESULTS / f"{name}.md").write_text(markdown(res))

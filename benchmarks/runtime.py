@@ -33,7 +33,6 @@ import argparse
 import json
 import math
 import os
-import platform
 import statistics
 import sys
 import time
@@ -44,6 +43,7 @@ import attrs
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.provenance import profile_origin, provenance  # noqa: E402
 from rpeg.cost.calibrate import with_dispatch  # noqa: E402
 from rpeg.plan.evaluate import Evaluator  # noqa: E402
 from rpeg.runtime import RunOptions, verify_run  # noqa: E402
@@ -418,6 +418,9 @@ def markdown(res) -> str:
              f"`{res['command']}` on {res['machine']} ({res['date']}); "
              f"1-minute load average {res['load_avg_start']} at the start, "
              f"{res['load_avg_end']} at the end (the machine is shared).", ""]
+    if "profile" in res:
+        lines += [f"Predictions price ops with `{CLUSTER.relative_to(ROOT)}`, calibrated on "
+                  f"{res['profile']['calibrated_on']}.", ""]
     if "partial" in res:
         lines += [f"Re-measured in this run: {', '.join(res['partial']['remeasured'])}; the "
                   f"other sections are from the run of {res['partial']['rest_from']}.", ""]
@@ -555,12 +558,12 @@ def main() -> None:
     steps = 12 if args.quick else None
     seeds = [0] if args.quick else [0, 1, 2]
     parts = args.only.split(",")
-    res = {"command": "python benchmarks/runtime.py" + (" --quick" if args.quick else "")
-           + (f" --only {args.only}" if args.only != "learning,asynchrony,overhead,malloc,longrun"
-              else ""),
-           "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.python_version()}",
-           "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-           "load_avg_start": load_avg()}
+    started = provenance()
+    m = started["machine"]
+    res = {"command": started["command"],
+           "machine": f"{m['cpu']}, {m['cores']} cores, python {m['python']}",
+           "date": started["date"], "load_avg_start": load_avg(),
+           "profile": profile_origin(load_cluster(CLUSTER))}
     out = ROOT / "benchmarks" / "results" / "runtime.json"
     if out.exists() and args.only != "learning,asynchrony,overhead,malloc,longrun":
         # a partial run updates its parts and keeps the rest (and their provenance)

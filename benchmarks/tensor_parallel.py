@@ -20,7 +20,6 @@ import argparse
 import json
 import logging
 import os
-import platform
 import statistics
 import sys
 import time
@@ -32,6 +31,7 @@ sys.path.insert(0, str(ROOT / "tests" / "runtime"))
 
 from test_tp_run import COMPARED, plan_with  # noqa: E402
 
+from benchmarks.provenance import finish, header, provenance  # noqa: E402
 from rpeg.runtime import RunOptions, run_pipeline, verify_run  # noqa: E402
 from rpeg.spec import load  # noqa: E402
 
@@ -52,6 +52,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=8)
     args = ap.parse_args(argv)
+    started = provenance(sys.argv[:1] + (argv if argv is not None else sys.argv[1:]))
     from distributed import LocalCluster
 
     ppo = load(ROOT / "pipelines" / "tiny_ppo.rpeg")
@@ -79,15 +80,14 @@ def main(argv=None) -> int:
     diff = max(abs(a[k] - b[k]) / max(abs(b[k]), 1e-3)
                for a, b in zip(runs[2]["metrics"], runs[1]["metrics"], strict=True)
                for k in COMPARED)
-    out = {"command": f"benchmarks/tensor_parallel.py --steps {args.steps}",
-           "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
-           "steps": args.steps, "runs": {str(k): v for k, v in runs.items()},
+    out = {"provenance": finish(started), "steps": args.steps, "runs": {str(k): v for k, v in runs.items()},
            "step_time_ratio_tp2_over_tp1": round(runs[2]["median_step_s"]
                                                  / runs[1]["median_step_s"], 3),
            "max_rel_metric_diff": diff}
     OUT.mkdir(parents=True, exist_ok=True)
     (OUT / "tensor_parallel.json").write_text(json.dumps(out, indent=1) + "\n")
-    md = ["| tp | median step (s) | wall (s) | verified | load before |", "|---|---|---|---|---|"]
+    md = ["# Tensor parallelism on the local cluster", "", header(out["provenance"]), "",
+          "| tp | median step (s) | wall (s) | verified | load before |", "|---|---|---|---|---|"]
     md += [f"| {tp} | {r['median_step_s']} | {r['wall_s']} | {r['verified']} | "
            f"{r['load_before']} |" for tp, r in runs.items()]
     md += ["", "| stage | " + " | ".join(f"tp={tp} s/step" for tp in runs) + " |",

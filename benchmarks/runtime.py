@@ -568,7 +568,8 @@ def main() -> None:
     if out.exists() and args.only != "learning,asynchrony,overhead,malloc,longrun":
         # a partial run updates its parts and keeps the rest (and their provenance)
         before = json.loads(out.read_text())
-        res = {**before, **res, "partial": {"remeasured": parts, "rest_from": before["date"]}}
+        rest_from = before["partial"]["rest_from"] if "partial" in before else before["date"]
+        res = {**before, **res, "partial": {"remeasured": parts, "rest_from": rest_from}}
     if "learning" in parts:
         res["learning"] = {}
         for name in ("tiny_ppo", "tiny_grpo"):

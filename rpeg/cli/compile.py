@@ -36,17 +36,17 @@ def register(app: typer.Typer) -> None:
         budget: float = typer.Option(60.0, "--budget", help="Search time cap, CPU seconds."),
         iterations: int = typer.Option(4500, "--iterations",
                                        help="Plans each walk of the search tries."),
-        assume_vllm: bool = typer.Option(False, "--assume-vllm",
-                                         help="Plan for a cluster with vLLM even if this "
-                                              "machine lacks it."),
         carry: bool = typer.Option(True, "--carry/--no-carry",
                                    help="Let generation carry unfinished responses into later "
                                         "steps where the staleness bound allows (partial "
                                         "rollouts)."),
         runnable: bool = typer.Option(False, "--runnable",
-                                      help="Plan only what `rpeg run` executes (no pipeline "
-                                           "parallelism or ZeRO; partial rollouts with the "
-                                           "torch engine only)."),
+                                      help="Plan only what `rpeg run` executes (the "
+                                           "default; kept for scripts)."),
+        any_executor: bool = typer.Option(False, "--any-executor",
+                                          help="Plan for an executor with everything the cost "
+                                               "model prices, which `rpeg run` may not "
+                                               "execute (the output says what it lacks)."),
         as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
         no_gantt: bool = typer.Option(False, "--no-gantt", help="Skip the Gantt picture."),
     ) -> None:
@@ -55,19 +55,17 @@ def register(app: typer.Typer) -> None:
         from rpeg.plan.search import SearchOptions
         from rpeg.plan.space import Limits
         from rpeg.spec import load, load_cluster
-        from rpeg.spec.model import Engine
 
         if strategy is Strategy.MANUAL:
             raise typer.BadParameter("must be search, colocated, split or realloc, not manual",
                                      param_hint="--strategy")
+        if runnable and any_executor:
+            raise typer.BadParameter("plans for rpeg's runtime; it cannot go with "
+                                     "--any-executor", param_hint="--runnable")
         pipeline = load(spec)
         machine = load_cluster(cluster)
-        limits = Limits.detect()
-        if assume_vllm:
-            limits = attrs.evolve(limits, engines=frozenset({Engine.TORCH, Engine.VLLM}))
-        if runnable:
-            from rpeg.runtime.plans import runtime_limits
-            limits = attrs.evolve(runtime_limits(), engines=limits.engines)
+        # rpeg's runtime as its backends declare it: the same on every machine that plans
+        limits = Limits() if any_executor else Limits.runtime()
         if not carry:
             limits = attrs.evolve(limits, carry_engines=frozenset())
         opts = SearchOptions(seed=seed, budget_s=budget, iterations=iterations, limits=limits)
@@ -79,13 +77,15 @@ def register(app: typer.Typer) -> None:
             gantt = draw(report.evaluation.timeline, output.with_suffix(".png"),
                          title=f"{pipeline.name} on {machine.name}")
         if as_json:
-            print(json.dumps(summary_json(report, output, gantt), indent=2))
+            print(json.dumps(summary_json(report, output, gantt, any_executor), indent=2))
         else:
-            print(summary_text(report, machine, output, gantt, pipeline))
+            print(summary_text(report, machine, output, gantt, pipeline, any_executor))
 
 
-def summary_json(report, output: Path, gantt: Path | None) -> dict:
+def summary_json(report, output: Path, gantt: Path | None, any_executor: bool = False) -> dict:
     out = report.plan.to_dict()
+    out["executor"] = "any" if any_executor else "rpeg"
+    out["runnable"] = not_runnable(report.plan) is None
     out["baselines"] = {s.value: (e.step_time_s if e else None) for s, e in report.baselines}
     out["speedup"] = {s.value: report.speedup(s) for s, _ in report.baselines}
     out["planning_s"] = report.seconds
@@ -93,7 +93,8 @@ def summary_json(report, output: Path, gantt: Path | None) -> dict:
     return out
 
 
-def summary_text(report, cluster, output: Path, gantt: Path | None, pipeline) -> str:
+def summary_text(report, cluster, output: Path, gantt: Path | None, pipeline,
+                 any_executor: bool = False) -> str:
     plan, pr = report.plan, report.plan.predicted
     lines = [f"{plan.pipeline} on {plan.cluster} ({plan.num_devices} GPUs): strategy "
              f"{plan.strategy.value}, seed {plan.seed}, planned in {report.seconds:.1f} s",
@@ -141,20 +142,21 @@ def summary_text(report, cluster, output: Path, gantt: Path | None, pipeline) ->
     lines.append("  partial rollouts: " + (", ".join(partial) or "none (whole responses)"))
     files = f"wrote {output}" + (f" and {gantt}" if gantt else "")
     lines += ["", files]
-    why = not_runnable(plan)
-    if why:
-        lines.append(f"note: `rpeg run` cannot execute this plan ({why}); it plans for "
-                     f"executors that can. `rpeg compile --runnable` plans what it runs.")
+    if any_executor:
+        why = not_runnable(plan)
+        lines.append("note: planned for any executor (--any-executor): everything the cost "
+                     "model prices, " + (f"and `rpeg run` cannot execute this plan ({why})"
+                                         if why else "and `rpeg run` executes this plan too"))
     return "\n".join(lines)
 
 
 def not_runnable(plan) -> str | None:
-    """Why rpeg's own runtime would refuse ``plan``, or None."""
+    """Why rpeg's own runtime (as declared, wherever it runs) would refuse ``plan``, or None."""
     from rpeg.errors import PlanError
     from rpeg.plan.compile import check_executable
-    from rpeg.runtime.plans import runtime_limits
+    from rpeg.plan.space import Limits
     try:
-        check_executable(plan, runtime_limits())
+        check_executable(plan, Limits.runtime())
     except PlanError as e:
         return e.message
     return None

@@ -6,6 +6,7 @@
     >>> print(plan)                                                       # doctest: +SKIP
 """
 
+from rpeg.plan.capabilities import Capabilities, runtime_capabilities
 from rpeg.plan.compile import CompileReport, check_executable, compile_plan, compile_report
 from rpeg.plan.diff import PlanDiff, diff_plans
 from rpeg.plan.evaluate import Evaluation, Evaluator
@@ -20,6 +21,8 @@ __all__ = [
     # planning
     "compile_plan", "compile_report", "CompileReport", "SearchOptions", "Method", "Limits",
     "check_executable",
+    # what an executor runs
+    "Capabilities", "runtime_capabilities",
     # pricing and simulation
     "Evaluator", "Evaluation", "simulate", "OpTiming", "Timeline",
     # comparing

@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: run test test-slow test-smollm2 test-vllm install lint clean
+.PHONY: run test test-slow test-smollm2 test-vllm test-wheel install lint clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -33,6 +33,10 @@ test-smollm2: $(STAMP)
 test-vllm:
 	bash scripts/setup-vllm-venv.sh
 	.venv-vllm/bin/python -m pytest -q -m "vllm"
+
+# The built wheel in a clean venv: `rpeg check` and `rpeg compile` from outside the source tree.
+test-wheel: $(STAMP)
+	bash scripts/check-wheel.sh
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check rpeg backends tests benchmarks

@@ -32,8 +32,17 @@ app = typer.Typer(
 )
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        from rpeg import __version__
+        print(f"rpeg {__version__}")
+        raise typer.Exit(0)
+
+
 @app.callback()
-def _root() -> None:
+def _root(version: bool = typer.Option(False, "--version", is_eager=True,
+                                       callback=_print_version,
+                                       help="Print rpeg's version and exit.")) -> None:
     """Compile, plan, run and verify reinforcement-learning pipelines for language models."""
 
 

@@ -17,8 +17,9 @@ from pathlib import Path
 import typer
 
 from rpeg.errors import RuntimeFailure
+from rpeg.resources import clusters_dir
 
-DEFAULT_CLUSTER = Path(__file__).resolve().parents[2] / "pipelines" / "clusters" / "local_cpu.rpeg"
+DEFAULT_CLUSTER = clusters_dir() / "local_cpu.rpeg"
 
 
 def register(app: typer.Typer) -> None:

@@ -23,11 +23,11 @@ from pathlib import Path
 import attrs
 
 from rpeg.errors import CostError, did_you_mean
+from rpeg.resources import clusters_dir, profiles_dir
 from rpeg.spec.model import Cluster, GpuProfile
 
-ROOT = Path(__file__).resolve().parents[2]
-PROFILE_DIR = ROOT / "pipelines" / "clusters" / "profiles"
-CLUSTER_DIR = ROOT / "pipelines" / "clusters"
+PROFILE_DIR = profiles_dir()
+CLUSTER_DIR = clusters_dir()
 
 def profile_fields() -> dict[str, str]:
     """Numeric GpuProfile fields and their unit dimension ("" for plain numbers)."""

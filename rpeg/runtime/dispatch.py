@@ -87,14 +87,14 @@ def measure_control(steps: int = 40, root: str | None = None) -> dict:
     import json
     import os
     import tempfile
-    from pathlib import Path
 
+    from rpeg.resources import shipped
     from rpeg.runtime.driver import RunOptions
     from rpeg.runtime.placement import split_plan
     from rpeg.runtime.recovery import Resilience, run_resilient
     from rpeg.spec import load
 
-    spec = Path(__file__).resolve().parents[2] / "pipelines" / "tiny_ppo.rpeg"
+    spec = shipped("pipelines", "tiny_ppo.rpeg")
     pipeline = load(spec)
     runs = []
     with tempfile.TemporaryDirectory(prefix="rpeg-calibrate-") as tmp:

@@ -35,11 +35,12 @@ from pathlib import Path
 
 import rpeg
 from rpeg.errors import RpegError
+from rpeg.resources import clusters_dir
 
 SCHEMA = 1
 RECORD = "record.json"
 ROOT = Path(rpeg.__file__).resolve().parents[1]
-SHIPPED_CLUSTERS = ROOT / "pipelines" / "clusters"
+SHIPPED_CLUSTERS = clusters_dir()
 FINAL_WINDOW = 5        # final metrics: mean over this many last steps
 
 

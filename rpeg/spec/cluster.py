@@ -21,6 +21,7 @@ from pathlib import Path
 import attrs
 
 from rpeg.errors import Span, SpecError, did_you_mean
+from rpeg.resources import profiles_dir
 from rpeg.spec import ast
 from rpeg.spec import values as V
 from rpeg.spec.model import Cluster, GpuProfile, Level, Link
@@ -30,7 +31,7 @@ from rpeg.spec.resolve import FileKind, file_kind
 CLUSTER_KEYS = ("gpu", "gpus_per_node", "nodes_per_rack", "racks", "link")
 LINK_KEYS = ("bandwidth", "latency")
 MAX_GPUS = 1 << 20
-PROFILE_DIRS = (Path(__file__).resolve().parents[2] / "pipelines" / "clusters" / "profiles",)
+PROFILE_DIRS = (profiles_dir(),)
 
 
 def _profile_fields() -> dict[str, attrs.Attribute]:

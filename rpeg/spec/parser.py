@@ -19,9 +19,10 @@ from lark import Lark, Token, Tree
 from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken
 
 from rpeg.errors import Span, SpecError, did_you_mean
+from rpeg.resources import grammar_path
 from rpeg.spec import ast
 
-GRAMMAR_PATH = Path(__file__).resolve().parents[2] / "grammar" / "rpeg.lark"
+GRAMMAR_PATH = grammar_path()
 
 MAX_SOURCE_BYTES = 4 * 1024 * 1024
 MAX_NESTING = 64                     # brackets inside brackets; real specs use 2 or 3

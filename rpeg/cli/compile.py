@@ -51,17 +51,17 @@ def register(app: typer.Typer) -> None:
                                        help="Safety cap on the search's wall-clock seconds; a "
                                             "search it stops says so, in the output and the "
                                             "plan."),
-        assume_vllm: bool = typer.Option(False, "--assume-vllm",
-                                         help="Plan for a cluster with vLLM even if this "
-                                              "machine lacks it."),
         carry: bool = typer.Option(True, "--carry/--no-carry",
                                    help="Let generation carry unfinished responses into later "
                                         "steps where the staleness bound allows (partial "
                                         "rollouts)."),
         runnable: bool = typer.Option(False, "--runnable",
-                                      help="Plan only what `rpeg run` executes (no pipeline "
-                                           "parallelism or ZeRO; partial rollouts with the "
-                                           "torch engine only)."),
+                                      help="Plan only what `rpeg run` executes (the "
+                                           "default; kept for scripts)."),
+        any_executor: bool = typer.Option(False, "--any-executor",
+                                          help="Plan for an executor with everything the cost "
+                                               "model prices, which `rpeg run` may not "
+                                               "execute (the output says what it lacks)."),
         as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
         no_gantt: bool = typer.Option(False, "--no-gantt", help="Skip the Gantt picture."),
     ) -> None:
@@ -71,10 +71,9 @@ def register(app: typer.Typer) -> None:
         and search options the plan records, and say whether the same plan came out
         (exit 1 if not)."""
         from rpeg.plan.compile import compile_report
-        from rpeg.plan.search import SearchOptions
+        from rpeg.plan.options import SearchOptions
         from rpeg.plan.space import Limits
         from rpeg.spec import load, load_cluster
-        from rpeg.spec.model import Engine
 
         if spec.suffix == ".json":
             _remake(spec, cluster, output, as_json, no_gantt)
@@ -84,31 +83,30 @@ def register(app: typer.Typer) -> None:
         if strategy is Strategy.MANUAL:
             raise typer.BadParameter("must be search, colocated, split or realloc, not manual",
                                      param_hint="--strategy")
+        if runnable and any_executor:
+            raise typer.BadParameter("plans for rpeg's runtime; it cannot go with "
+                                     "--any-executor", param_hint="--runnable")
         output = output or Path("plan.json")
         pipeline = load(spec)
         machine = load_cluster(cluster)
-        limits = Limits.detect()
-        if assume_vllm:
-            limits = attrs.evolve(limits, engines=frozenset({Engine.TORCH, Engine.VLLM}))
-        if runnable:
-            from rpeg.runtime.plans import runtime_limits
-            limits = attrs.evolve(runtime_limits(), engines=limits.engines)
+        # rpeg's runtime as its backends declare it: the same on every machine that plans
+        limits = Limits() if any_executor else Limits.runtime()
         if not carry:
             limits = attrs.evolve(limits, carry_engines=frozenset())
         opts = SearchOptions(seed=seed, iterations=budget, time_cap_s=time_cap, limits=limits)
         report = compile_report(pipeline, machine, strategy, opts)
-        _write(report, pipeline, machine, output, as_json, no_gantt)
+        _write(report, pipeline, machine, output, as_json, no_gantt, any_executor)
 
 
 def _defaults():
-    """The search's defaults (rpeg.plan.options), without detecting the backends."""
+    """The search's defaults (rpeg.plan.options), without asking the backends."""
     from rpeg.plan.options import SearchOptions
     from rpeg.plan.space import Limits
     return SearchOptions(limits=Limits())
 
 
 def _write(report, pipeline, machine, output: Path | None, as_json: bool, no_gantt: bool,
-           extra: list[str] | None = None) -> None:
+           any_executor: bool, extra: list[str] | None = None) -> None:
     """Write the plan (and its Gantt picture) where asked; print the summary."""
     gantt = None
     if output is not None:
@@ -118,9 +116,9 @@ def _write(report, pipeline, machine, output: Path | None, as_json: bool, no_gan
             gantt = draw(report.evaluation.timeline, output.with_suffix(".png"),
                          title=f"{pipeline.name} on {machine.name}")
     if as_json:
-        print(json.dumps(summary_json(report, output, gantt), indent=2))
+        print(json.dumps(summary_json(report, output, gantt, any_executor), indent=2))
     else:
-        print("\n".join([summary_text(report, machine, output, gantt, pipeline)]
+        print("\n".join([summary_text(report, machine, output, gantt, pipeline, any_executor)]
                         + (extra or [])))
 
 
@@ -130,6 +128,7 @@ def _remake(path: Path, cluster: Path | None, output: Path | None, as_json: bool
     from rpeg.plan.compile import recompile
     from rpeg.plan.diff import diff_plans
     from rpeg.plan.model import Plan
+    from rpeg.plan.space import Limits
     from rpeg.spec import load, load_cluster
 
     old = Plan.load(path)
@@ -148,13 +147,17 @@ def _remake(path: Path, cluster: Path | None, output: Path | None, as_json: bool
         if old.search is not None and old.search.time_capped:
             lines.append("  the search that made it was stopped by its time cap")
     pipeline, machine = load(old.spec_path), load_cluster(cluster or old.cluster_path)
-    _write(report, pipeline, machine, output, as_json, no_gantt, extra=["", *lines])
+    any_executor = old.search is not None and old.search.options.limits == Limits()
+    _write(report, pipeline, machine, output, as_json, no_gantt, any_executor,
+           extra=["", *lines])
     if not same:
         raise typer.Exit(1)
 
 
-def summary_json(report, output: Path, gantt: Path | None) -> dict:
+def summary_json(report, output: Path, gantt: Path | None, any_executor: bool = False) -> dict:
     out = report.plan.to_dict()
+    out["executor"] = "any" if any_executor else "rpeg"
+    out["runnable"] = not_runnable(report.plan) is None
     out["baselines"] = {s.value: (e.step_time_s if e else None) for s, e in report.baselines}
     out["speedup"] = {s.value: report.speedup(s) for s, _ in report.baselines}
     out["planning_s"] = report.seconds
@@ -163,7 +166,8 @@ def summary_json(report, output: Path, gantt: Path | None) -> dict:
     return out
 
 
-def summary_text(report, cluster, output: Path, gantt: Path | None, pipeline) -> str:
+def summary_text(report, cluster, output: Path, gantt: Path | None, pipeline,
+                 any_executor: bool = False) -> str:
     plan, pr = report.plan, report.plan.predicted
     lines = [f"{plan.pipeline} on {plan.cluster} ({plan.num_devices} GPUs): strategy "
              f"{plan.strategy.value}, seed {plan.seed}, planned in {report.seconds:.1f} s",
@@ -216,20 +220,21 @@ def summary_text(report, cluster, output: Path, gantt: Path | None, pipeline) ->
     lines.append("  partial rollouts: " + (", ".join(partial) or "none (whole responses)"))
     if output is not None:
         lines += ["", f"wrote {output}" + (f" and {gantt}" if gantt else "")]
-    why = not_runnable(plan)
-    if why:
-        lines.append(f"note: `rpeg run` cannot execute this plan ({why}); it plans for "
-                     f"executors that can. `rpeg compile --runnable` plans what it runs.")
+    if any_executor:
+        why = not_runnable(plan)
+        lines.append("note: planned for any executor (--any-executor): everything the cost "
+                     "model prices, " + (f"and `rpeg run` cannot execute this plan ({why})"
+                                         if why else "and `rpeg run` executes this plan too"))
     return "\n".join(lines)
 
 
 def not_runnable(plan) -> str | None:
-    """Why rpeg's own runtime would refuse ``plan``, or None."""
+    """Why rpeg's own runtime (as declared, wherever it runs) would refuse ``plan``, or None."""
     from rpeg.errors import PlanError
     from rpeg.plan.compile import check_executable
-    from rpeg.runtime.plans import runtime_limits
+    from rpeg.plan.space import Limits
     try:
-        check_executable(plan, runtime_limits())
+        check_executable(plan, Limits.runtime())
     except PlanError as e:
         return e.message
     return None

@@ -6,12 +6,13 @@
     >>> print(plan)                                                       # doctest: +SKIP
 """
 
+from rpeg.plan.capabilities import Capabilities, runtime_capabilities
 from rpeg.plan.compile import (
-                               CompileReport,
-                               check_executable,
-                               compile_plan,
-                               compile_report,
-                               recompile,
+    CompileReport,
+    check_executable,
+    compile_plan,
+    compile_report,
+    recompile,
 )
 from rpeg.plan.diff import PlanDiff, diff_plans
 from rpeg.plan.evaluate import Evaluation, Evaluator
@@ -27,6 +28,8 @@ __all__ = [
     "compile_plan", "compile_report", "recompile", "CompileReport", "SearchOptions", "Method",
     "SearchRecord", "Limits",
     "check_executable",
+    # what an executor runs
+    "Capabilities", "runtime_capabilities",
     # pricing and simulation
     "Evaluator", "Evaluation", "simulate", "OpTiming", "Timeline",
     # comparing

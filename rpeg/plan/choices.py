@@ -29,6 +29,7 @@ import attrs
 from rpeg.cost.memory import Parallel, resident_memory
 from rpeg.cost.stages import estimate_stage, offload_time, stage_memory
 from rpeg.errors import CostError
+from rpeg.plan.pinned import matches
 from rpeg.plan.space import Limits, block_sizes, generate_engines, layouts
 from rpeg.spec.model import Cluster, Engine, OpKind, Pipeline
 
@@ -91,6 +92,9 @@ def enumerate_layouts(pipeline: Pipeline, stage: str, sizes: tuple[int, ...],
     s = pipeline.stage(stage)
     model = pipeline.model(s.target)
     batch = pipeline.workload.batch
+    pin = pipeline.pin(stage)
+    if pin is not None and pin.pinned():           # a pinned layout: on its devices only
+        sizes = tuple(x for x in sizes if x == pin.size)
     out = []
     if s.kind is OpKind.GENERATE:
         engines = generate_engines(pipeline, stage, limits)
@@ -104,23 +108,29 @@ def enumerate_layouts(pipeline: Pipeline, stage: str, sizes: tuple[int, ...],
                 # priced variants let a memory-bounded choice see the cost of fewer rows.
                 waves = sorted({w for w in WAVES if w <= local})
                 for e in engines:
+                    if base.tp > limits.engine_max_tp(e):
+                        continue
                     for w in waves:
                         rows = None if w == 1 else math.ceil(local / w)
-                        out.append(Layout(stage, size, base, e, rows))
+                        if matches(pin, base, e):
+                            out.append(Layout(stage, size, base, e, rows))
                 continue
             per_step = local
             if s.kind is OpKind.TRAIN:
                 per_step = max(local // int(s.param("minibatches", 1) or 1), 1)
             mbs = [m for m in MICROBATCHES if m <= per_step and m >= base.pp] or [base.pp]
-            zeros = ZERO if (s.kind is OpKind.TRAIN and limits.zero and base.dp > 1) else (0,)
-            recomputes = (False, True) if s.kind is OpKind.TRAIN else (False,)
-            offloads = OFFLOAD if s.kind is OpKind.TRAIN else (False,)
+            train = s.kind is OpKind.TRAIN
+            zeros = tuple(z for z in ZERO if z in limits.zero) \
+                if (train and base.dp > 1) else (0,)
+            recomputes = (False, True) if (train and limits.recompute) else (False,)
+            offloads = OFFLOAD if (train and limits.offload) else (False,)
             for m in mbs:
                 for z in zeros:
                     for r in recomputes:
                         for o in offloads:
                             par = Parallel(base.dp, base.tp, base.pp, m, r, z, o)
-                            out.append(Layout(stage, size, par, Engine.TORCH))
+                            if matches(pin, par, Engine.TORCH):
+                                out.append(Layout(stage, size, par, Engine.TORCH))
     return tuple(out)
 
 

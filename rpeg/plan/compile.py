@@ -31,6 +31,7 @@ from rpeg.plan.edit import Context, repair
 from rpeg.plan.evaluate import Evaluation, Evaluator, Shortfall
 from rpeg.plan.model import Plan, Strategy
 from rpeg.plan.options import SearchOptions, SearchRecord, Start
+from rpeg.plan.pinned import check_pins
 from rpeg.plan.search import SearchResult, anneal, capped, merged, random_plan, staleness_caps
 from rpeg.plan.space import Limits, generate_engines
 from rpeg.spec.model import Cluster, Engine, OpKind, Pipeline
@@ -65,7 +66,7 @@ def compile_report(pipeline: Pipeline, cluster: Cluster, strategy: Strategy = St
                    options: SearchOptions | None = None) -> CompileReport:
     opts = options or SearchOptions()
     began = time.perf_counter()
-    check_backend(pipeline, opts.limits)                               # refuse what can't run
+    check_backend(pipeline, opts.limits, cluster)                      # refuse what can't run
     ctx = Context.of(pipeline, cluster, opts.limits)                   # enumerate, prune, estimate
     ev = Evaluator(pipeline, cluster, steps=opts.steps)
     wanted = tuple(BASELINES) if strategy is Strategy.SEARCH else (strategy,)
@@ -228,8 +229,11 @@ def spec_hash(pipeline: Pipeline) -> str:
     return hashlib.sha256(text).hexdigest()[:16]
 
 
-def check_backend(pipeline: Pipeline, limits: Limits) -> None:
-    """PlanError when the spec asks for something no available backend executes."""
+def check_backend(pipeline: Pipeline, limits: Limits, cluster: Cluster | None = None) -> None:
+    """PlanError when the spec asks for something the executor does not run (an engine, a
+    pinned layout)."""
+    if cluster is not None:
+        check_pins(pipeline, cluster, limits)
     for s in pipeline.stages:
         if s.kind is OpKind.GENERATE:
             generate_engines(pipeline, s.name, limits)
@@ -239,7 +243,7 @@ def check_executable(plan: Plan, limits: Limits) -> None:
     """PlanError when a plan (searched or hand-written) asks more than the backend runs."""
     for p in plan.placements:
         why = limits.check_parallel(Parallel(p.dp, p.tp, p.pp, p.microbatches, p.recompute,
-                                             p.zero))
+                                             p.zero, p.offload))
         if why:
             raise PlanError(f"stage '{p.stage}': {why}",
                             hint="recompile with this backend's limits")
@@ -251,6 +255,10 @@ def check_executable(plan: Plan, limits: Limits) -> None:
         if p.engine not in limits.engines and p.engine is not Engine.AUTO:
             raise PlanError(f"stage '{p.stage}' must use an installed engine, not "
                             f"'{p.engine.value}'", hint="install it, or recompile")
+        why = limits.check_engine(p.engine, p.tp, p.carry)
+        if why:
+            raise PlanError(f"stage '{p.stage}': {why}",
+                            hint="recompile with this backend's limits")
 
 
 def no_fit(ctx: Context, closest: list[Evaluation]) -> PlanError:

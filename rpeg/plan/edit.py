@@ -17,7 +17,6 @@ from __future__ import annotations
 import attrs
 
 from rpeg.cost.partial import max_carries
-from rpeg.errors import PlanError
 from rpeg.plan.choices import (
     Choice,
     ChoiceTable,
@@ -29,6 +28,7 @@ from rpeg.plan.choices import (
 )
 from rpeg.plan.evaluate import is_host_op
 from rpeg.plan.model import Plan, StagePlacement
+from rpeg.plan.pinned import check_pins, honour
 from rpeg.plan.space import Block, Limits
 from rpeg.spec.model import Cluster, OpKind, Pipeline
 
@@ -45,13 +45,9 @@ class Context:
 
     @classmethod
     def of(cls, pipeline: Pipeline, cluster: Cluster, limits: Limits) -> Context:
+        check_pins(pipeline, cluster, limits)
         table = choice_table(pipeline, cluster, limits)
-        pinned = []
-        for stage, first, last in pipeline.place:
-            if last >= cluster.num_gpus or first > last:
-                raise PlanError(f"place {stage} must name GPUs in 0..{cluster.num_gpus - 1}, "
-                                f"not {first}..{last}", pipeline.stage(stage).span)
-            pinned.append((stage, Block(first, last - first + 1)))
+        pinned = [(pin.stage, Block(pin.first, pin.size)) for pin in pipeline.place]
         together = []
         for group in pipeline.colocate:
             stages = []
@@ -90,6 +86,8 @@ def placement(stage: str, block: Block | tuple[int, ...], choice: Choice,
 
 def put(ctx: Context, plan: Plan, stage: str, block: Block | tuple[int, ...],
         choice: Choice) -> Plan:
+    """``plan`` with ``stage`` on ``block`` as ``choice`` says (a pinned stage on its pin)."""
+    block = ctx.pinned_block(stage) or block
     old = {p.stage: p for p in plan.placements}
     chunks, carry = (old[stage].chunks, old[stage].carry) if stage in old else (1, 0)
     new = placement(stage, block, choice, chunks, carry)
@@ -111,7 +109,10 @@ def empty_plan(ctx: Context) -> Plan:
 
 def options(ctx: Context, stage: str, size: int) -> tuple[Choice, ...]:
     """The Pareto-optimal choices for ``stage`` on ``size`` devices, fastest first
-    (sizes that are not aligned block sizes are priced on first use)."""
+    (sizes that are not aligned block sizes are priced on first use). A pinned stage has
+    choices on its pinned devices only, whatever ``size`` asks."""
+    pinned = ctx.pinned_block(stage)
+    size = pinned.size if pinned else size
     if size in ctx.table.sizes:
         return ctx.table.options(stage, size)
     key = (stage, size)
@@ -143,14 +144,17 @@ def same_choice(p: StagePlacement, stage: str) -> Choice:
 def repair(ctx: Context, plan: Plan) -> Plan | None:
     """The nearest plan keeping every rule in the module doc, or None if there is none."""
     by = {p.stage: p for p in plan.placements}
-    # 1. place hints: a pinned stage keeps its block
+    # 1. place hints: a pinned stage keeps its block and the layout its pin fixes
     for stage, block in ctx.pinned:
+        if is_host_op(ctx.pipeline, stage):
+            continue
         p = by.get(stage)
         if p is None or p.devices != block.devices:
             c = choice_for(ctx, stage, block.size)
             if c is None:
                 return None
-            by[stage] = placement(stage, block, c, p.chunks if p else 1, p.carry if p else 0)
+            p = placement(stage, block, c, p.chunks if p else 1, p.carry if p else 0)
+        by[stage] = honour(ctx.pipeline.pin(stage), p)
     # 2. colocate hints: everyone on the first member's devices
     for group in ctx.together:
         lead = next((s for s in group if ctx.pinned_block(s)), group[0] if group else None)
@@ -168,9 +172,12 @@ def repair(ctx: Context, plan: Plan) -> Plan | None:
         first = by[group[0]]
         for s in group[1:]:
             by[s] = attrs.evolve(first, stage=s)
-    # 4. host-side stages sit with the stage feeding them
+    # 4. host-side stages sit with the stage feeding them, or where they are pinned
     for s in ctx.pipeline.stages:
-        if is_host_op(ctx.pipeline, s.name):
+        if is_host_op(ctx.pipeline, s.name) and ctx.pinned_block(s.name):
+            devs = ctx.pinned_block(s.name).devices
+            by[s.name] = StagePlacement(s.name, devs, dp=len(devs))
+        elif is_host_op(ctx.pipeline, s.name):
             src = _feeder(ctx, s.name, by)
             if src is not None:
                 by[s.name] = StagePlacement(s.name, src.devices, dp=len(src.devices))

@@ -52,7 +52,7 @@ class SearchOptions:
     chains: int = 1                  # independent walks from the start, sharing the budget
     method: Method = Method.ANNEAL
     start: Start = Start.BASELINES
-    limits: Limits = attrs.field(factory=Limits.detect)
+    limits: Limits = attrs.field(factory=Limits.runtime)   # rpeg's runtime, as declared
     steps: int | None = None         # simulated steps (None: simulate.steps_for the staleness)
     time_cap_s: float = 600.0        # safety cap on the whole search's wall-clock seconds
 

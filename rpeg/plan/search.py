@@ -234,8 +234,11 @@ class Moves:
         for b in self.blocks:
             self.by_size.setdefault(b.size, []).append(b)
         self.bounded = tuple((s, k) for s, k in ctx.pipeline.staleness if k > 0)
-        self.trains = tuple(s for s in self.stages
-                            if ctx.pipeline.stage(s).kind is OpKind.TRAIN)
+        # a pinned stage keeps its devices; its layout is searched where the pin leaves it open
+        self.laid = model_stages(ctx.pipeline)
+        self.trains = tuple(s for s in self.laid
+                            if ctx.pipeline.stage(s).kind is OpKind.TRAIN) \
+            if ctx.limits.offload else ()
         self.partials = tuple((s, k) for s, k in self.bounded if s in self.gens) \
             if ctx.limits.carry_engines else ()
         self.table = [
@@ -364,7 +367,7 @@ class Moves:
         return plan
 
     def layout(self, plan: Plan) -> Plan | None:
-        stage = self._pick(self.stages)
+        stage = self._pick(self.laid)
         if stage is None:
             return None
         devs = plan.placement(stage).devices

@@ -28,41 +28,82 @@ __all__ = ["Block", "Limits", "device_blocks", "layouts", "PRESETS"]
 
 @attrs.frozen
 class Limits:
-    """What the execution backends can run: the planner never proposes more."""
+    """What the executor planned for runs: the planner never proposes more.
+
+    ``Limits()`` is an executor with everything the cost model prices (``rpeg compile
+    --any-executor``); :meth:`runtime` is rpeg's own runtime, as its backends declare it
+    (:mod:`rpeg.plan.capabilities`) — what ``rpeg compile`` plans for by default.
+    """
 
     max_tp: int = 64
     max_pp: int = 16
     max_dp: int = 1 << 20
     engines: frozenset[Engine] = frozenset({Engine.TORCH, Engine.VLLM})
-    zero: bool = True                 # ZeRO sharding of optimizer state/gradients/weights
+    zero: frozenset[int] = frozenset({0, 1, 2, 3})   # ZeRO levels train ops may use
+    recompute: bool = True            # activation recomputation in train ops
+    offload: bool = True              # optimizer state in host memory between train steps
+    packing: bool = True              # forward / train ops without padding
     # engines that carry unfinished responses into later steps (partial rollouts)
     carry_engines: frozenset[Engine] = frozenset({Engine.TORCH, Engine.VLLM})
+    engine_tp: tuple[tuple[Engine, int], ...] = ()   # a generate engine's tp cap (else max_tp)
+    missing: tuple[tuple[str, str], ...] = ()         # what the executor lacks, and why
 
     @classmethod
-    def detect(cls) -> Limits:
-        """The engines installed here: vLLM only when its backend says it is available."""
-        return cls(engines=frozenset({Engine.TORCH} | ({Engine.VLLM} if vllm_available()
-                                                          else set())))
+    def of(cls, caps) -> Limits:
+        """The limits of an executor that declares ``caps`` (a ``Capabilities``)."""
+        return cls(max_tp=caps.max_tp, max_pp=caps.max_pp, max_dp=caps.max_dp,
+                   engines=frozenset(e.engine for e in caps.engines),
+                   zero=frozenset(caps.zero), recompute=caps.recompute, offload=caps.offload,
+                   packing=caps.packing,
+                   carry_engines=frozenset(e.engine for e in caps.engines if e.carry),
+                   engine_tp=tuple((e.engine, e.max_tp) for e in caps.engines),
+                   missing=caps.missing)
+
+    @classmethod
+    def runtime(cls) -> Limits:
+        """rpeg's runtime, as declared: the same on every machine that plans."""
+        from rpeg.plan.capabilities import runtime_capabilities
+        return cls.of(runtime_capabilities())
+
+    def engine_max_tp(self, engine: Engine) -> int:
+        return min(dict(self.engine_tp).get(engine, self.max_tp), self.max_tp)
 
     def check_parallel(self, par: Parallel) -> str | None:
         """Why this layout cannot run, or None."""
         for name, cap in (("tp", self.max_tp), ("pp", self.max_pp), ("dp", self.max_dp)):
             if getattr(par, name) > cap:
-                return f"{name} must be at most {cap} on this backend, not {getattr(par, name)}"
-        if par.zero and not self.zero:
-            return f"zero must be 0 on this backend, not {par.zero}"
+                return (f"{name} must be at most {cap} on this backend, not "
+                        f"{getattr(par, name)}" + self.because(name))
+        if par.zero not in self.zero:
+            levels = ", ".join(str(z) for z in sorted(self.zero))
+            return f"zero must be one of {levels} on this backend, not {par.zero}" \
+                + self.because("zero")
+        if par.recompute and not self.recompute:
+            return "train ops must run without recomputation on this backend" \
+                + self.because("recompute")
+        if par.offload and not self.offload:
+            return ("train ops must keep their optimizer state on the device on this backend"
+                    + self.because("offload"))
         return None
 
+    def because(self, key: str) -> str:
+        """`` (why)`` when the executor declares why it lacks ``key``, else ``""``."""
+        reason = dict(self.missing).get(key)
+        return f" ({reason})" if reason else ""
 
-def vllm_available() -> bool:
-    try:
-        from backends import vllm_backend
-    except ImportError:
-        return False
-    try:
-        return vllm_backend.available()[0]
-    except Exception:  # noqa: BLE001 — a broken optional backend is an absent one
-        return False
+    def check_engine(self, engine: Engine, tp: int, carry: int = 0) -> str | None:
+        """Why a generate stage cannot run with ``engine`` at ``tp`` carrying ``carry``."""
+        if engine is Engine.AUTO:
+            return None
+        if engine not in self.engines:
+            return f"the {engine.value} engine is not part of this backend"
+        if tp > self.engine_max_tp(engine):
+            return (f"tp must be at most {self.engine_max_tp(engine)} with engine = "
+                    f"{engine.value} on this backend, not {tp}")
+        if carry and engine not in self.carry_engines:
+            return (f"the {engine.value} engine must generate whole responses each step on "
+                    f"this backend, not carry them into later steps (carry {carry})")
+        return None
 
 
 VLLM_MIN_HEAD_DIM = 64      # vLLM's attention kernels need head_dim >= 64

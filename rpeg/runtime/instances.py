@@ -47,7 +47,7 @@ from rpeg.errors import PlanError
 from rpeg.graph import Graph
 from rpeg.plan.evaluate import partial_problem
 from rpeg.plan.model import Plan
-from rpeg.spec.model import Engine, OpKind, Pipeline
+from rpeg.spec.model import OpKind, Pipeline
 
 EXPORT, LOAD = "export", "load"
 VARIANT = "~"          # "actor~tp0-1": a second copy of actor on a device, split another way
@@ -199,20 +199,43 @@ def _placement(plan: Plan, op, pipeline: Pipeline | None = None):
         if not any(p.stage == stage for p in plan.placements):
             continue
         place = plan.placement(stage)
-        if place.pp != 1:
-            raise PlanError(f"stage '{stage}' must have pp = 1 on the torch runtime, "
-                            f"not pp = {place.pp}",
-                            hint="the runtime executes data (dp) and tensor (tp) parallelism; "
-                                 "plan with pp = 1")
-        if place.zero:
-            raise PlanError(f"stage '{stage}' must have zero = 0 on the torch runtime, not "
-                            f"{place.zero}", hint="the runtime trains data-parallel with DDP; "
-                                                  "plan with zero sharding off")
+        why = _refusal(place, op)
+        if why:
+            key, text = why
+            raise PlanError(f"stage '{stage}' must {text}", hint=_HINTS[key])
         if place.tp > 1 and op.reads_model:
             _check_tp(stage, place, op, plan, pipeline)
         return place
     raise PlanError(f"the plan must place stage '{op.name}', and it does not",
                     hint="recompile the plan for this pipeline")
+
+
+_HINTS = {"pp": "the runtime executes data (dp) and tensor (tp) parallelism; plan with pp = 1",
+          "zero": "plan with a ZeRO level the runtime declares",
+          "tp": "generate with engine = torch for tp > 1",
+          "recompute": "plan without recomputation", "offload": "plan without offload"}
+
+
+def _refusal(place, op) -> tuple[str, str] | None:
+    """(key, what) the runtime's declared capabilities refuse of a placement, or None."""
+    from rpeg.plan.space import Limits
+    limits = Limits.runtime()
+    if place.pp > limits.max_pp:
+        return "pp", (f"have pp = {limits.max_pp} on the torch runtime, not pp = {place.pp}"
+                      + limits.because("pp"))
+    if place.zero not in limits.zero:
+        levels = ", ".join(str(z) for z in sorted(limits.zero))
+        return "zero", (f"have zero in {levels} on the torch runtime, not {place.zero}"
+                        + limits.because("zero"))
+    if place.recompute and not limits.recompute:
+        return "recompute", "have recompute off on the torch runtime" \
+            + limits.because("recompute")
+    if place.offload and not limits.offload:
+        return "offload", "have offload off on the torch runtime" + limits.because("offload")
+    if op.kind is OpKind.GENERATE and place.tp > limits.engine_max_tp(place.engine):
+        return "tp", (f"have tp = {limits.engine_max_tp(place.engine)} with engine = "
+                      f"{place.engine.value} on the torch runtime, not tp = {place.tp}")
+    return None
 
 
 def _check_tp(stage: str, place, op, plan: Plan, pipeline: Pipeline | None) -> None:
@@ -222,9 +245,6 @@ def _check_tp(stage: str, place, op, plan: Plan, pipeline: Pipeline | None) -> N
         raise PlanError(f"stage '{stage}' must run on dp x tp = {place.dp} x {tp} devices, "
                         f"not {n} ({list(place.devices)})",
                         hint="give the stage dp * tp devices, or lower tp")
-    if place.engine is Engine.VLLM:
-        raise PlanError(f"stage '{stage}' must have tp = 1 with engine = vllm on the torch "
-                        f"runtime, not tp = {tp}", hint="generate with engine = torch for tp > 1")
     if pipeline is None:
         return
     for name in op.reads_model.split("+"):

@@ -5,13 +5,10 @@
     >>> plan.num_devices, plan.strategy                                                # doctest: +SKIP
     (2, <Strategy.SEARCH: 'search'>)
 
-The planner is told what this runtime executes (:func:`runtime_limits`): data
-parallelism with DDP, tensor parallelism up to 8 (DTensor; a plan the runtime
-still refuses, such as vLLM at tp > 1, is searched again with tp = 1), one
-torch engine per device, partial rollouts with the torch engine, no pipeline
-parallelism, no ZeRO sharding. ``--strategy runtime-split``
-skips the planner and uses the runtime's own split placement
-(``rpeg.runtime.placement``).
+The planner is told what this runtime executes (:func:`runtime_limits`): what its
+backends declare (:mod:`rpeg.plan.capabilities`), with the engines installed here,
+since ``rpeg run`` executes here. ``--strategy runtime-split`` skips the planner and
+uses the runtime's own split placement (``rpeg.runtime.placement``).
 """
 
 from __future__ import annotations
@@ -28,17 +25,29 @@ RUNTIME_SPLIT = "runtime-split"
 
 
 def runtime_limits():
-    """The planner's ``Limits`` for what this runtime can execute (vLLM where it is installed).
+    """The planner's ``Limits`` for a run on this machine: the runtime's declared
+    capabilities (``Limits.runtime``, the same wherever it is asked), less the generation
+    engines that are not installed here (vLLM is an optional extra)."""
+    from rpeg.plan.space import Limits
+    limits = Limits.runtime()
+    missing = {e for e in limits.engines if not engine_installed(e)}
+    if not missing:
+        return limits
+    return attrs.evolve(limits, engines=limits.engines - missing,
+                        carry_engines=limits.carry_engines - missing,
+                        engine_tp=tuple(x for x in limits.engine_tp if x[0] not in missing))
 
-    Partial rollouts (a generate stage's ``carry``) run with the torch engine, which keeps
-    the next steps' responses between steps (``backends.torch_backend.generation``); the
-    vLLM engine generates whole responses only.
-    """
-    from rpeg.plan.space import Limits, vllm_available
+
+def engine_installed(engine) -> bool:
+    """Whether a generation engine's backend can run here (vLLM: its package is found)."""
     from rpeg.spec.model import Engine
-    engines = {Engine.TORCH} | ({Engine.VLLM} if vllm_available() else set())
-    return Limits(max_tp=8, max_pp=1, zero=False, carry_engines=frozenset({Engine.TORCH}),
-                  engines=frozenset(engines))
+    if engine is not Engine.VLLM:
+        return True
+    try:
+        from backends import vllm_backend
+        return vllm_backend.available()[0]
+    except Exception:  # noqa: BLE001 — a broken optional backend is an absent one
+        return False
 
 
 def plan_for_run(file: str | Path, *, spec: str | Path | None = None,
@@ -93,11 +102,7 @@ def _compile(pipeline, cluster, strategy: str, seed: int):
         raise PlanError(f"--strategy must be one of {', '.join(choices)}, not {strategy!r}")
     options = SearchOptions(seed=seed, limits=runtime_limits())    # the search's own budget
     plan = compile_plan(pipeline, cluster, Strategy(strategy), options)
-    try:                      # e.g. vLLM generation at tp > 1: the torch runtime refuses it
-        build_calls(pipeline, plan, steps=1)
-    except PlanError:
-        options = attrs.evolve(options, limits=attrs.evolve(options.limits, max_tp=1))
-        plan = compile_plan(pipeline, cluster, Strategy(strategy), options)
+    build_calls(pipeline, plan, steps=1)          # what the planner chose, the runtime lays out
     return plan
 
 

@@ -28,6 +28,7 @@ from rpeg.spec.model import (
     Model,
     OpKind,
     Optimizer,
+    Pin,
     Pipeline,
     Reward,
     Stage,
@@ -43,6 +44,7 @@ __all__ = [
     "load", "load_cluster", "check_file", "Checked", "parse_file", "parse_text", "FileKind",
     # values
     "Pipeline", "Workload", "LengthDist", "LengthKind", "Model", "Optimizer", "Reward", "Stage",
+    "Pin",
     "OpKind", "Head", "Engine", "Fn", "Cluster", "GpuProfile", "Link", "Level",
     "ModelDims", "PRESETS",
 ]

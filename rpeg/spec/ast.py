@@ -179,6 +179,7 @@ class Colocate:
 class Place:
     stage: Ident
     gpus: Range
+    block: Block | None = None        # the pinned layout: { dp = 2; tp = 1; zero = 3; ... }
     span: Span = _span_field()
 
 

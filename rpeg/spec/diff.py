@@ -396,17 +396,33 @@ def _groups(section, ga, gb, mapping, meaning) -> list[Change]:
 
 
 def _placement(a: Pipeline, b: Pipeline, m: _Matcher) -> list[Change]:
-    pa = {m.stages.get(s, f"{s}?"): (lo, hi) for s, lo, hi in a.place}
-    pb = {s: (lo, hi) for s, lo, hi in b.place}
+    pa = {m.stages.get(p.stage, f"{p.stage}?"): p for p in a.place}
+    pb = {p.stage: p for p in b.place}
     out = []
     for s in dict.fromkeys(list(pa) + list(pb)):
         x, y = pa.get(s), pb.get(s)
-        if x != y:
+        rx = f"{x.first}..{x.last}" if x else None
+        ry = f"{y.first}..{y.last}" if y else None
+        if rx != ry:
             kind = ChangeKind.ADDED if x is None else ChangeKind.REMOVED if y is None \
                 else ChangeKind.CHANGED
-            out.append(Change("placement", kind, s, "pinned to GPUs",
-                              f"{x[0]}..{x[1]}" if x else None, f"{y[0]}..{y[1]}" if y else None))
+            out.append(Change("placement", kind, s, "pinned to GPUs", rx, ry))
+        lx, ly = dict(x.pinned()) if x else {}, dict(y.pinned()) if y else {}
+        for key in dict.fromkeys(list(lx) + list(ly)):
+            if lx.get(key) != ly.get(key):
+                kind = ChangeKind.ADDED if key not in lx else ChangeKind.REMOVED \
+                    if key not in ly else ChangeKind.CHANGED
+                out.append(Change("placement", kind, f"{s}.{key}", "pinned layout",
+                                  _pin_text(lx.get(key)), _pin_text(ly.get(key))))
     return out
+
+
+def _pin_text(v: object) -> str | None:
+    if v is None:
+        return None
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    return getattr(v, "value", str(v))
 
 
 # --- clusters -----------------------------------------------------------------------------

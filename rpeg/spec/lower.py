@@ -36,6 +36,7 @@ from rpeg.spec.model import (
     Workload,
     lognormal_sigma,
 )
+from rpeg.spec.pins import lower_place
 from rpeg.spec.presets import DIM_KEYS, PRESETS, ModelDims
 from rpeg.spec.resolve import resolve_pipeline
 
@@ -90,7 +91,8 @@ def lower_pipeline(f: ast.File) -> tuple[Pipeline, list[SpecError]]:
                       if isinstance(i, ast.Staleness))
     shares = _share_groups([i for i in items if isinstance(i, ast.Share)], targets)
     colocate = tuple(_colocate(i, by_stage, targets) for i in items if isinstance(i, ast.Colocate))
-    place = tuple(_place(i, by_stage) for i in items if isinstance(i, ast.Place))
+    place = tuple(lower_place(i, by_stage, targets) for i in items
+                  if isinstance(i, ast.Place))
     _check_unused(stages, models, items, warnings)
     pipeline = Pipeline(
         name=decl.name.value, path=f.path, workload=workload, models=models, rewards=rewards,
@@ -657,17 +659,6 @@ def _colocate(i: ast.Colocate, stages, targets) -> tuple[str, ...]:
             raise SpecError(f"colocate names unknown stage or model '{n.value}'", n.span,
                             hint=did_you_mean(n.value, list(stages) + list(targets)))
     return names
-
-
-def _place(i: ast.Place, stages) -> tuple[str, int, int]:
-    if i.stage.value not in stages:
-        raise SpecError(f"place names unknown stage '{i.stage.value}'", i.stage.span,
-                        hint=did_you_mean(i.stage.value, stages))
-    lo = V.integer(i.gpus.low, "first gpu", maximum=1 << 20)
-    hi = V.integer(i.gpus.high, "last gpu", maximum=1 << 20)
-    if hi < lo:
-        raise SpecError(f"gpu range must run low..high, not {lo}..{hi}", i.gpus.span)
-    return (i.stage.value, lo, hi)
 
 
 def _check_unused(stages, models, items, warnings: list[SpecError]) -> None:

@@ -212,6 +212,46 @@ class Stage:
 
 
 @attrs.frozen
+class Pin:
+    """``place STAGE on gpus A..B { dp = 2; tp = 1; zero = 3; recompute; ... }``: the
+    stage's devices, and whichever parts of its layout the block names (the rest is
+    searched). ``keys`` says where each pinned key was written, for errors."""
+
+    stage: str
+    first: int
+    last: int
+    dp: int | None = None
+    tp: int | None = None
+    pp: int | None = None
+    zero: int | None = None
+    recompute: bool | None = None
+    offload: bool | None = None
+    microbatches: int | None = None
+    engine: Engine | None = None
+    chunks: int | None = None
+    span: Span = attrs.field(default=NOWHERE, eq=False)
+    keys: tuple[tuple[str, Span], ...] = attrs.field(default=(), eq=False)
+
+    LAYOUT = ("dp", "tp", "pp", "zero", "recompute", "offload", "microbatches", "engine",
+              "chunks")
+
+    @property
+    def size(self) -> int:
+        return self.last - self.first + 1
+
+    @property
+    def devices(self) -> tuple[int, ...]:
+        return tuple(range(self.first, self.last + 1))
+
+    def pinned(self) -> tuple[tuple[str, object], ...]:
+        """(key, value) of every layout key the pin fixes, in ``LAYOUT`` order."""
+        return tuple((k, getattr(self, k)) for k in self.LAYOUT if getattr(self, k) is not None)
+
+    def span_of(self, key: str) -> Span:
+        return dict(self.keys).get(key, self.span)
+
+
+@attrs.frozen
 class Pipeline:
     name: str
     path: str
@@ -222,7 +262,7 @@ class Pipeline:
     staleness: tuple[tuple[str, int], ...] = ()        # (stage, bound)
     shares: tuple[tuple[str, ...], ...] = ()           # groups allowed to share a backbone
     colocate: tuple[tuple[str, ...], ...] = ()         # stages or models pinned together
-    place: tuple[tuple[str, int, int], ...] = ()       # (stage, first gpu, last gpu)
+    place: tuple[Pin, ...] = ()                         # pinned devices and layouts
     extends: tuple[str, ...] = ()                      # resolved paths, nearest first
 
     def model(self, name: str) -> Model:
@@ -245,6 +285,9 @@ class Pipeline:
 
     def trainers(self, model: str) -> Iterator[Stage]:
         return (s for s in self.stages if s.kind is OpKind.TRAIN and s.target == model)
+
+    def pin(self, stage: str) -> Pin | None:
+        return next((p for p in self.place if p.stage == stage), None)
 
 
 class Level(enum.IntEnum):

@@ -234,7 +234,8 @@ class _Build:
         if k == "colocate":
             return ast.Colocate(tuple(self.ident(x) for x in c[0].children), sp)
         if k == "place":
-            return ast.Place(self.ident(c[0]), self.value(c[1]), sp)
+            return ast.Place(self.ident(c[0]), self.value(c[1]),
+                             self.block(c[2]) if c[2] is not None else None, sp)
         if k == "cluster":
             return ast.ClusterDecl(self.ident(c[0]), self.block(c[1]), sp)
         if k == "profile":

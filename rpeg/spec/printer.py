@@ -140,7 +140,7 @@ def align_width(widths: list[int]) -> int:
 
 def _block_of(node) -> ast.Block | None:
     if isinstance(node, (ast.WorkloadDecl, ast.ModelDecl, ast.ClusterDecl, ast.ProfileDecl,
-                         ast.Section)):
+                         ast.Section, ast.Place)):
         return node.block
     return None
 
@@ -371,7 +371,10 @@ class _Printer:
         if isinstance(n, ast.Colocate):
             return [_Line(f"{indent}colocate " + ", ".join(x.value for x in n.names))]
         if isinstance(n, ast.Place):
-            return [_Line(f"{indent}place {n.stage.value} on gpus {value_text(n.gpus)}")]
+            head = f"{indent}place {n.stage.value} on gpus {value_text(n.gpus)}"
+            if n.block is None:
+                return [_Line(head)]
+            return self._with_block(head, n.block, indent, inline_ok=True)
         if isinstance(n, ast.ClusterDecl):
             return self._with_block(f"{indent}cluster {n.name.value}", n.block, indent, False)
         if isinstance(n, ast.ProfileDecl):

@@ -62,17 +62,28 @@ def test_compile_usage_and_input_errors(tmp_path, capsys):
     assert "Traceback" not in err
 
 
-def test_compile_refuses_vllm_it_cannot_run(tmp_path, capsys):
+def test_compile_plans_vllm_whatever_is_installed_and_run_refuses_it_where_it_is_not(
+        tmp_path, capsys, monkeypatch):
+    """The engines a plan may use are what rpeg's runtime declares, not what the planning
+    machine has installed; `rpeg run`, which executes here, refuses an engine it lacks."""
     (tmp_path / "rewards.py").write_text((ROOT / "pipelines/rewards.py").read_text())
     f = tmp_path / "v.rpeg"
     f.write_text((ROOT / "pipelines/tiny_ppo.rpeg").read_text().replace(
         "max_len = 20)", "max_len = 20, engine = vllm)").replace(": tiny {", ": tiny-vllm {"))
-    from rpeg.plan.space import vllm_available
-    if vllm_available():
-        pytest.skip("vLLM is installed here")
-    assert main(["compile", str(f), "--cluster", LOCAL, "-o", str(tmp_path / "p.json")]) == 1
+    from backends import vllm_backend
+    plans = []
+    for found in (True, False):
+        monkeypatch.setattr(vllm_backend, "available", lambda found=found: (found, "test"))
+        out = tmp_path / f"p{found}.json"
+        assert main(["compile", str(f), "--cluster", LOCAL, "-o", str(out), *QUICK]) == 0
+        plans.append(out.read_text())
+    assert plans[0] == plans[1] and '"engine": "vllm"' in plans[0]
+    capsys.readouterr()
+    rc = main(["run", str(tmp_path / "pFalse.json"), "--spec", str(f), "--steps", "1",
+               "--no-progress", "--run-dir", str(tmp_path / "run")])
     err = capsys.readouterr().err
-    assert "must use an installed engine, not 'vllm'" in err and "hint:" in err
+    assert rc == 1 and "must use an installed engine, not 'vllm'" in err and "hint:" in err
+    assert not (tmp_path / "run").exists()
 
 
 def test_compile_nothing_fits(tmp_path, capsys):

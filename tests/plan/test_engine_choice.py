@@ -43,7 +43,7 @@ def test_auto_may_choose_vllm_for_wide_heads(tmp_path):
 
 def test_compile_refuses_explicit_vllm_on_narrow_heads(tmp_path, capsys):
     f = _spec(tmp_path, engine="vllm")
-    rc = main(["compile", str(f), "--cluster", LOCAL, "--assume-vllm",
+    rc = main(["compile", str(f), "--cluster", LOCAL,
                "-o", str(tmp_path / "p.json"), "--iterations", "50"])
     assert rc == 1
     err = capsys.readouterr().err

@@ -14,6 +14,7 @@ from rpeg.plan.compile import check_executable
 from rpeg.plan.edit import repair
 from rpeg.plan.model import Plan
 from rpeg.plan.search import Moves
+from rpeg.plan.space import Limits
 from rpeg.runtime.plans import runtime_limits
 from rpeg.spec import load_cluster
 
@@ -106,22 +107,27 @@ def test_a_plan_written_before_partial_rollouts_still_loads(start):
     assert Plan.from_dict(data) == plan
 
 
-def test_compile_says_when_rpeg_run_cannot_execute_the_plan(tmp_path, capsys):
+def test_compile_plans_what_rpeg_run_executes_unless_asked_for_any_executor(tmp_path, capsys):
     from rpeg.cli import main
     spec = str(ROOT / "pipelines/ppo_llama8b.rpeg")
     gh = str(ROOT / "pipelines/clusters/gh200_64.rpeg")
     quick = ["--iterations", "300", "--no-gantt"]
-    assert main(["compile", spec, "--cluster", gh, "-o", str(tmp_path / "a.json"), *quick]) == 0
+    assert main(["compile", spec, "--cluster", gh, "-o", str(tmp_path / "a.json"), *quick,
+                 "--any-executor"]) == 0
     text = capsys.readouterr().out
     assert "partial rollouts: rollout carries responses over 1 step (about 2048" in text
-    assert "note: `rpeg run` cannot execute this plan" in text and "--runnable" in text
-    assert main(["compile", spec, "--cluster", gh, "-o", str(tmp_path / "b.json"), *quick,
-                 "--runnable"]) == 0
-    text = capsys.readouterr().out
-    assert "cannot execute" not in text              # it may carry, with the torch engine
-    runnable = Plan.load(tmp_path / "b.json")
-    check_executable(runnable, runtime_limits())
-    assert all(p.engine in runtime_limits().carry_engines for p in runnable.placements if p.carry)
+    assert text.count("note: planned for any executor (--any-executor)") == 1
+    assert "`rpeg run` cannot execute this plan" in text
+    for flags, name in (((), "b.json"), (("--runnable",), "c.json")):
+        assert main(["compile", spec, "--cluster", gh, "-o", str(tmp_path / name), *quick,
+                     *flags]) == 0
+        text = capsys.readouterr().out
+        assert "cannot execute" not in text and "note:" not in text
+        runnable = Plan.load(tmp_path / name)
+        check_executable(runnable, Limits.runtime())
+        assert all(p.engine in Limits.runtime().carry_engines
+                   for p in runnable.placements if p.carry)
+    assert (tmp_path / "b.json").read_text() == (tmp_path / "c.json").read_text()
 
 
 def test_diff_names_the_carry(start):

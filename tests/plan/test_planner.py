@@ -42,7 +42,7 @@ def _fits(plan, pipeline, cluster) -> bool:
 def test_local_cpu_plan_with_the_default_budget_is_sensible(tiny, local_cpu):
     """The default options, as ``rpeg compile`` and ``rpeg run`` search (how fast that is,
     benchmarks/planner.py measures; a test asserts no duration)."""
-    plan = compile_plan(tiny, local_cpu, options=SearchOptions(limits=Limits.detect()))
+    plan = compile_plan(tiny, local_cpu, options=SearchOptions(limits=Limits.runtime()))
     assert plan.num_devices == 2 and plan.strategy is Strategy.SEARCH
     assert {p.stage for p in plan.placements} == {s.name for s in tiny.stages}
     assert all(p.engine is Engine.TORCH for p in plan.placements)

@@ -1,0 +1,83 @@
+"""One declaration of what rpeg's runtime executes: read without torch or vLLM, the same on
+every planning machine, and the same answer from the planner and the runtime's refusals."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import attrs
+import pytest
+
+from rpeg.errors import PlanError
+from rpeg.plan.capabilities import runtime_capabilities
+from rpeg.plan.compile import check_executable
+from rpeg.plan.model import Plan, StagePlacement
+from rpeg.plan.space import Limits
+from rpeg.spec.model import Engine
+
+from .conftest import ROOT
+
+
+def test_reading_the_declaration_imports_neither_torch_nor_vllm():
+    code = ("import sys; from rpeg.plan.space import Limits; Limits.runtime(); "
+            "print('torch' in sys.modules, 'vllm' in sys.modules, 'transformers' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         cwd=ROOT, timeout=120, check=True).stdout.split()
+    assert out == ["False", "False", "False"]
+
+
+def test_the_limits_are_the_declaration_whatever_is_installed(monkeypatch):
+    from backends import vllm_backend
+    seen = []
+    for found in (True, False):
+        monkeypatch.setattr(vllm_backend, "available", lambda found=found: (found, "test"))
+        seen.append(Limits.runtime())
+    assert seen[0] == seen[1] == Limits.of(runtime_capabilities())
+    caps = runtime_capabilities()
+    assert seen[0].engines == {e.engine for e in caps.engines}
+    assert seen[0].carry_engines == {e.engine for e in caps.engines if e.carry}
+    assert seen[0].engine_max_tp(Engine.VLLM) == caps.engine(Engine.VLLM).max_tp
+
+
+def test_rpeg_run_drops_only_the_engines_missing_here(monkeypatch):
+    from backends import vllm_backend
+    from rpeg.runtime.plans import runtime_limits
+    monkeypatch.setattr(vllm_backend, "available", lambda: (False, "test"))
+    here = runtime_limits()
+    assert Engine.VLLM not in here.engines and Engine.TORCH in here.engines
+    assert attrs.evolve(here, engines=Limits.runtime().engines,
+                        carry_engines=Limits.runtime().carry_engines,
+                        engine_tp=Limits.runtime().engine_tp) == Limits.runtime()
+
+
+def _one(stage="actor_step", **kw) -> Plan:
+    devices = kw.pop("devices", (0, 1))
+    return Plan("p", "c", 2, (StagePlacement(stage, devices, **kw),))
+
+
+@pytest.mark.parametrize("change", [
+    dict(dp=1, pp=2), dict(dp=1, tp=2, engine=Engine.VLLM, stage="rollout"),
+    dict(dp=2, zero=max(set(range(4)) - Limits.runtime().zero, default=0)),
+])
+def test_the_planner_and_the_runtime_refuse_the_same_layouts(change, tiny):
+    """What ``check_executable`` refuses with the runtime's limits, ``build_calls`` refuses
+    too: both read the declaration."""
+    from rpeg.runtime.instances import build_calls
+    limits = Limits.runtime()
+    plan = _one(**change)
+    try:
+        check_executable(plan, limits)
+        planner_ok = True
+    except PlanError:
+        planner_ok = False
+    stage = plan.placements[0].stage
+    placements = tuple(StagePlacement(s.name, (0,)) for s in tiny.stages if s.name != stage)
+    full = attrs.evolve(plan, pipeline=tiny.name, placements=placements + plan.placements,
+                        model_homes=(("actor", (0, 1) if stage == "actor_step" else (0,)),))
+    try:
+        build_calls(tiny, full, steps=1)
+        runtime_ok = True
+    except PlanError:
+        runtime_ok = False
+    assert planner_ok == runtime_ok

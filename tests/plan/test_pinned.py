@@ -1,0 +1,88 @@
+"""Pinned layouts in the planner: honoured by the search and the baselines, refused at the
+pin's line:col when the executor planned for does not run them."""
+
+from __future__ import annotations
+
+import pytest
+
+from rpeg.errors import PlanError
+from rpeg.plan.compile import compile_plan, compile_report
+from rpeg.plan.search import SearchOptions
+from rpeg.plan.space import Limits
+from rpeg.spec import load
+
+from .conftest import ROOT
+
+QUICK = dict(seed=1, iterations=150, patience=100)
+
+
+def _spec(tmp_path, *pins: str):
+    text = (ROOT / "pipelines/tiny_ppo.rpeg").read_text() + "".join(p + "\n" for p in pins)
+    (tmp_path / "rewards.py").write_text((ROOT / "pipelines/rewards.py").read_text())
+    (tmp_path / "data").mkdir(exist_ok=True)
+    path = tmp_path / "pinned.rpeg"
+    path.write_text(text)
+    return load(path)
+
+
+def _line_of(pipeline, stage: str) -> int:
+    return pipeline.pin(stage).span.line
+
+
+def test_pinned_layouts_are_what_the_plan_runs(tmp_path, local_cpu):
+    pipeline = _spec(tmp_path, "place actor_step on gpus 0..1 { dp = 2; microbatches = 2 }",
+                     "place rollout on gpus 1..1 { chunks = 2 }",
+                     "place ref_lp on gpus 0..0 { microbatches = 1 }")
+    report = compile_report(pipeline, local_cpu, options=SearchOptions(**QUICK))
+    train, gen, ref = (report.plan.placement(s) for s in ("actor_step", "rollout", "ref_lp"))
+    assert (train.devices, train.dp, train.microbatches) == ((0, 1), 2, 2)
+    assert (gen.devices, gen.chunks) == ((1,), 2)
+    assert (ref.devices, ref.microbatches) == ((0,), 1)
+    for strategy, ev in report.baselines:          # the baselines keep the pins too
+        if ev is not None:
+            assert ev.plan.placement("actor_step").microbatches == 2, strategy
+            assert ev.plan.placement("rollout").devices == (1,), strategy
+
+
+def test_a_pin_the_runtime_does_not_run_is_refused_at_its_line(tmp_path, local_cpu):
+    runtime = Limits.runtime()
+    pp = runtime.max_pp + 1
+    pipeline = _spec(tmp_path, f"place actor_step on gpus 0..1 {{ dp = 1; pp = {pp} }}")
+    with pytest.raises(PlanError) as info:
+        compile_plan(pipeline, local_cpu, options=SearchOptions(**QUICK))
+    err = info.value
+    assert f"pp must be at most {runtime.max_pp} for this executor, not {pp}" in err.message
+    assert "pipeline parallelism is not executed" in err.message
+    assert (err.span.line, err.span.col) == (_line_of(pipeline, "actor_step"), 41)
+    assert "--any-executor" in err.hint
+    plan = compile_plan(pipeline, local_cpu, options=SearchOptions(**QUICK, limits=Limits()))
+    assert plan.placement("actor_step").pp == pp        # another executor may price it
+
+
+def test_a_pin_outside_the_cluster_or_wider_than_a_node_is_refused(tmp_path, local_cpu,
+                                                                  a100_16):
+    pipeline = _spec(tmp_path, "place rollout on gpus 1..2")
+    with pytest.raises(PlanError, match="must name GPUs in 0..1, not 1..2") as info:
+        compile_plan(pipeline, local_cpu, options=SearchOptions(**QUICK))
+    assert info.value.span.line == _line_of(pipeline, "rollout")
+    big = tmp_path / "big.rpeg"
+    big.write_text((ROOT / "pipelines/ppo_llama8b.rpeg").read_text()
+                   + "place rollout on gpus 0..15 { tp = 16 }\n")
+    (tmp_path / "rewards.py").write_text((ROOT / "pipelines/rewards.py").read_text())
+    with pytest.raises(PlanError, match="tp must stay inside one node of 8 GPUs, not 16"):
+        compile_plan(load(big), a100_16, options=SearchOptions(**QUICK, limits=Limits()))
+
+
+def test_rpeg_compile_reports_a_refused_pin_as_a_user_error(tmp_path, local_cpu, capsys):
+    from rpeg.cli import main
+    pipeline = _spec(tmp_path, "place critic_step on gpus 0..1 { zero = 1 }")
+    rc = main(["compile", pipeline.path, "--cluster", local_cpu.path, "--no-gantt",
+               "-o", str(tmp_path / "p.json"), "--iterations", "50"])
+    err = capsys.readouterr().err
+    line = _line_of(pipeline, "critic_step")
+    if 1 in Limits.runtime().zero:
+        assert rc == 0, err
+    else:
+        assert rc == 1 and err.startswith(f"{pipeline.path}:{line}:34: error: place "
+                                          "critic_step: zero must be one of")
+        assert "Traceback" not in err and "^" in err

@@ -307,7 +307,7 @@ def _convert(name: str, typ: object, value: object) -> object:
     if name in ("engines", "carry_engines"):
         return frozenset(Engine(x) for x in _expect(name, value, list))
     if name == "engine_tp":
-        return tuple((Engine(_expect(name, x, list)[0]), _convert(name, "int", x[1]))
+        return tuple((Engine(_expect(name, x, list)[0]), _convert("max_tp", "int", x[1]))
                      for x in _expect(name, value, list))
     if t.startswith("frozenset"):
         return frozenset(_tuples(name, _expect(name, value, list)))

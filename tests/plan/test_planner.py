@@ -66,6 +66,10 @@ def test_a_plan_records_its_search_and_is_remade_from_its_file(tiny, local_cpu, 
     assert back == plan and back.search.options.limits == EVERY_ENGINE
     again = recompile(back, str(tmp_path / "p.json"))
     assert again.plan.to_json() == plan.to_json()
+    # rpeg's runtime declares engine caps and what it lacks: those come back as they were
+    runtime = compile_plan(tiny, local_cpu, options=attrs.evolve(opts, limits=Limits.runtime()))
+    assert Plan.from_json(runtime.to_json()) == runtime
+    assert Plan.from_json(runtime.to_json()).search.options.limits == Limits.runtime()
 
 
 def test_the_time_cap_stops_the_search_and_says_so(tiny, local_cpu):

@@ -122,22 +122,55 @@ def quality(quick: bool) -> dict:
         row["whole_s"] = round(whole.plan.predicted.step_time_s, 3)
         col = dict(r.baselines).get(Strategy.COLOCATED)
         row["whole_vs_colocated"] = round(col.step_time_s / row["whole_s"], 3) if col else None
-        # The search alone: from a random plan, never from a baseline.
-        try:
-            alone = compile_report(pipeline, cluster, options=attrs.evolve(
-                opts, start=Start.RANDOM)).plan.predicted.step_time_s
-            row["random_start_s"] = round(alone, 3)
-            row["random_start_vs_best_baseline"] = round(best[0] / alone, 3)
-        except PlanError as e:
-            row["random_start_s"], row["random_start_error"] = None, e.message
+        row.update(random_start(pipeline, cluster, opts, best[0]))
         for s, ev in r.baselines:
             row[f"{s.value}_s"] = round(ev.step_time_s, 3) if ev else None
             row[f"vs_{s.value}"] = round(r.speedup(s), 3) if ev else None
         rows.append(row)
         print(f"{name}: search {row['search_s']} s; " + ", ".join(
             f"{s.value} {row[f'vs_{s.value}']}x" for s in BASELINES), flush=True)
+    return {"rows": rows, "summary": summarise(rows)}
+
+
+def random_start(pipeline, cluster, opts: SearchOptions, best_baseline_s: float) -> dict:
+    """The same search from a random plan, never from a baseline: what it finds alone."""
+    try:
+        alone = compile_report(pipeline, cluster, options=attrs.evolve(
+            opts, start=Start.RANDOM)).plan.predicted.step_time_s
+    except PlanError as e:
+        return {"random_start_s": None, "random_start_error": e.message}
+    print(f"  from a random start: {alone:.3f} s ({best_baseline_s / alone:.2f}x the best "
+          f"baseline)", flush=True)
+    return {"random_start_s": round(alone, 3),
+            "random_start_vs_best_baseline": round(best_baseline_s / alone, 3)}
+
+
+def random_starts(quick: bool, q: dict) -> dict:
+    """``--only random``: the random-start column for the rows of a quality sweep already
+    measured (the same configurations and options)."""
+    by_name = {r["config"]: r for r in q["rows"]}
+    for name, pipeline, cluster in variants(quick):
+        row = by_name.get(name)
+        if row is None or "error" in row:
+            continue
+        opts = SearchOptions(seed=0, limits=GPU_CLUSTER,
+                             iterations=1500 if quick else SearchOptions().iterations)
+        best = min(row[f"{s.value}_s"] for s in BASELINES if row.get(f"{s.value}_s"))
+        print(name, flush=True)
+        row.update(random_start(pipeline, cluster, opts, best))
+    return {"rows": q["rows"], "summary": summarise(q["rows"])}
+
+
+def summarise(rows: list[dict]) -> dict:
     summary = {}
+    for row in rows:           # rows measured before the best baseline had a column
+        if "search_s" in row:
+            best = min(row[f"{s.value}_s"] for s in BASELINES if row.get(f"{s.value}_s"))
+            row.setdefault("vs_best_baseline", round(best / row["search_s"], 3))
+            row["whole_vs_best_baseline"] = round(best / row["whole_s"], 3)
     for key, label in (("vs_best_baseline", "the best baseline (search)"),
+                       ("whole_vs_best_baseline",
+                        "the best baseline (search without partial rollouts)"),
                        ("random_start_vs_best_baseline",
                         "the best baseline (search from a random start)")):
         ratios = [r[key] for r in rows if r.get(key)]
@@ -159,7 +192,7 @@ def quality(quick: bool) -> dict:
                                 "baseline_found_no_plan": sum(
                                     1 for r in rows if "search_s" in r
                                     and r.get(f"vs_{s.value}") is None)}
-    return {"rows": rows, "summary": summary}
+    return summary
 
 
 # --- ablation ------------------------------------------------------------------------------
@@ -258,12 +291,14 @@ def markdown(res: dict) -> str:
         for r in q["rows"]:
             if "error" in r:
                 continue
+            t, which = min((r[f"{s.value}_s"], s.value) for s in BASELINES
+                           if r.get(f"{s.value}_s"))
             alone = r.get("random_start_s")
-            lines.append(f"| {r['config']} | {r['best_baseline']} | {r['best_baseline_s']} | "
-                         f"{r['search_s']} | {r['vs_best_baseline']:.2f} | "
-                         f"{alone if alone is not None else 'no plan found'} | "
-                         + (f"{r['random_start_vs_best_baseline']:.2f}" if alone else "-")
-                         + " |")
+            alone_text = ("not measured" if "random_start_s" not in r
+                          else "no plan found" if alone is None else str(alone))
+            lines.append(f"| {r['config']} | {which} | {t} | {r['search_s']} | "
+                         f"{t / r['search_s']:.2f} | {alone_text} | "
+                         + (f"{t / alone:.2f}" if alone else "-") + " |")
         lines += ["", "## Search vs each baseline (speedup = baseline step / search step)", "",
                   "| config | search (s) | carry | whole (s) | x colocated | colocated (s) | x "
                   "| split (s) | x | realloc (s) | x |",
@@ -305,22 +340,43 @@ def markdown(res: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _with_provenance(old: dict) -> dict:
+    """A results file as this script writes it now: one written before it recorded its
+    provenance keeps what it had (its command, date and load; no CPU model)."""
+    if "provenance" in old:
+        return old
+    m = old.pop("machine", {})
+    load = m.get("load_average") or [float("nan")]
+    end = m.get("load_average_end") or [float("nan")]
+    old["provenance"] = {
+        "command": old.pop("command", "?"), "date": m.get("when", "?"),
+        "machine": {"cpu": "CPU not recorded", "cores": m.get("cpus", "?"),
+                    "platform": m.get("platform", "?"), "python": m.get("python", "?")},
+        "load_average": {"start": round(load[0], 2), "end": round(end[0], 2)}}
+    for key in [k for k in old if k.startswith(("command_", "machine_"))]:
+        old.pop(key)
+    return old
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--only", choices=("time", "quality", "ablation"))
+    ap.add_argument("--only", choices=("time", "quality", "random", "ablation"),
+                    help="measure one section again, keeping the others ('random': the "
+                         "random-start search for the quality sweep's rows)")
     args = ap.parse_args()
     name = "planner_quick" if args.quick else "planner"
     here = provenance()
     res = {"provenance": here}
     if args.only and (RESULTS / f"{name}.json").exists():     # update one section in place
-        previous = json.loads((RESULTS / f"{name}.json").read_text())
-        if "provenance" in previous:
-            res = {**previous, "rerun": {**previous.get("rerun", {}), args.only: here}}
+        previous = _with_provenance(json.loads((RESULTS / f"{name}.json").read_text()))
+        res = {**previous, "rerun": {**previous.get("rerun", {}), args.only: here}}
     if args.only in (None, "time"):
         res["planning_time"] = planning_time((8, 64) if args.quick else (8, 64, 256, 2048))
     if args.only in (None, "quality"):
         res["quality"] = quality(args.quick)
+    if args.only == "random":
+        res["quality"] = random_starts(args.quick, res["quality"])
     if args.only in (None, "ablation"):
         res["ablation"] = ablation(args.quick)
     finish(here)

@@ -173,8 +173,8 @@ def learning(name, steps, root) -> dict:
 
 
 def capped(plan, k: int):
-    """``plan`` with every staleness bound capped at ``k`` (what ``rpeg run --staleness k``
-    runs)."""
+    """``plan`` with every staleness bound capped at ``k`` (the placement ``rpeg run
+    plan.json --staleness k`` runs, which also prices it again)."""
     return attrs.evolve(plan, staleness=tuple((st, min(b, k)) for st, b in plan.staleness))
 
 
@@ -182,9 +182,8 @@ def best_sync_plan(pipeline):
     """The planner's plan for the local cluster with every staleness bound at 0."""
     from rpeg.runtime.plans import _compile
     zero = tuple((st, 0) for st, _ in pipeline.staleness)
-    sync = _compile(attrs.evolve(pipeline, staleness=zero), load_cluster(CLUSTER), "search",
-                    0, 5.0)
-    return capped(attrs.evolve(sync, staleness=zero), 0)   # "none" would mean the spec's
+    sync = _compile(attrs.evolve(pipeline, staleness=zero), load_cluster(CLUSTER), "search", 0)
+    return capped(attrs.evolve(sync, staleness=zero), 0)
 
 
 def placements(plan) -> str:

@@ -205,19 +205,13 @@ def summary_text(report, cluster, output: Path, gantt: Path | None, pipeline,
         lines.append(f"  GPUs {device_ranges(devs):<12} {peak / 1e9:6.1f} GB / "
                      f"{cap / 1e9:.0f} GB ({100 * peak / cap:3.0f}%)   busy {100 * busy:3.0f}%")
     lines += ["", "structure"]
-    stale = ", ".join(f"{s} <= {k}" for s, k in plan.staleness) or "synchronous (staleness 0)"
-    lines.append(f"  staleness: {stale}")
+    from rpeg.plan.staleness import describe
+    lines.append(f"  staleness: {describe(pipeline, plan)}")
     lines.append("  sharing: " + ("; ".join(" + ".join(g) for g in plan.shared)
                                   or "none (separate backbones)"))
     lines.append("  fusion: " + ("; ".join(" + ".join(g) for g in plan.fusion) or "none"))
     chunks = [f"{p.stage} in {p.chunks} chunks" for p in plan.placements if p.chunks > 1]
     lines.append("  streaming: " + (", ".join(chunks) or "none (whole batches)"))
-    from rpeg.cost.partial import smallest_cap
-    longest = pipeline.workload.gen_len.max_len
-    partial = [f"{p.stage} carries responses over {p.carry} step{'s' if p.carry > 1 else ''} "
-               f"(about {smallest_cap(longest, p.carry)} of their up to {longest} tokens a "
-               f"step)" for p in plan.placements if p.carry]
-    lines.append("  partial rollouts: " + (", ".join(partial) or "none (whole responses)"))
     if output is not None:
         lines += ["", f"wrote {output}" + (f" and {gantt}" if gantt else "")]
     if any_executor:

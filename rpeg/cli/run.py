@@ -10,7 +10,9 @@ the cluster ``--cluster`` names or, by default, the local cluster on this machin
 with this machine's own profile: calibrated on first use and cached per CPU
 (``rpeg.runtime.machine``; ``--profile shipped`` or ``RPEG_LOCAL_PROFILE=shipped`` plans
 with the shipped ``pipelines/clusters/local_cpu.rpeg`` instead, and says it was measured
-elsewhere). ``--staleness`` lowers the plan's bounds.
+elsewhere). ``--staleness K`` plans the run again under the spec's bounds capped at K
+(a plan file: its staleness and carry capped, priced again on its cluster), so the run's
+plan.json predicts what runs; a K above the spec's bounds is refused.
 """
 
 from __future__ import annotations
@@ -48,7 +50,9 @@ def register(app: typer.Typer) -> None:
         strategy: str = typer.Option("search", "--strategy",
                                      help="search | colocated | split | realloc | runtime-split."),
         staleness: int = typer.Option(None, "--staleness", min=0,
-                                      help="Cap every staleness bound (0 = synchronous)."),
+                                      help="Plan the run with every staleness bound capped "
+                                           "at K (0 = synchronous); a plan file is capped "
+                                           "and priced again. At most the spec's bound."),
         seed: int = typer.Option(0, "--seed", help="Planner seed."),
         cuda: bool = typer.Option(False, "--cuda", help="Run ops on CUDA when workers have it."),
         progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress bar."),
@@ -94,9 +98,11 @@ def register(app: typer.Typer) -> None:
             local = local_profile(choice)                  # this machine's, or said it is not
             cluster = local.cluster
             print(local.note, file=sys.stderr)
+        if file.suffix != ".json":
+            cluster = cluster or DEFAULT_CLUSTER    # a plan file is priced on its own cluster
         pipeline, plan, spec_path = plan_for_run(
-            file, spec=spec, cluster=cluster or DEFAULT_CLUSTER, strategy=strategy,
-            staleness=staleness, seed=seed)
+            file, spec=spec, cluster=cluster, strategy=strategy, staleness=staleness,
+            seed=seed)
         options = RunOptions(steps=steps, scheduler=scheduler,
                              run_dir=str(run_dir) if run_dir else None, progress=progress,
                              use_cuda=cuda)

@@ -38,6 +38,7 @@ import math
 import attrs
 import numpy as np
 
+from rpeg.graph.versions import carry_room
 from rpeg.spec.model import LengthDist
 
 RESOLUTION = 4096          # quantiles of the length distribution the segments are cut from
@@ -101,8 +102,9 @@ def _segments(p: Partial) -> tuple[np.ndarray, float, float]:
 
 def max_carries(bound: int, staleness: int) -> int:
     """Steps a response may be carried over when the generate stage reads weights
-    ``staleness`` updates old and the spec bounds the age by ``bound``."""
-    return max(bound - staleness, 0)
+    ``staleness`` updates old and the spec bounds the age by ``bound``: the carry spends
+    the bound (:func:`rpeg.graph.versions.carry_room`, the rule every layer uses)."""
+    return carry_room(bound, staleness)
 
 
 def smallest_cap(max_len: int, carries: int) -> int:

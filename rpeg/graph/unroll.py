@@ -18,6 +18,7 @@ import enum
 import attrs
 
 from rpeg.graph.ir import Graph
+from rpeg.graph.versions import read_version, writer_step
 
 
 class DepKind(enum.Enum):
@@ -65,9 +66,7 @@ class Unrolled:
                 lag = e.lag
         if lag is None:
             return None
-        if self.graph.op(inst.op).kind.value == "sync_weights":
-            return inst.step + 1
-        return max(0, inst.step - lag)
+        return read_version(self.graph.op(inst.op).kind, inst.step, lag)
 
     def __str__(self) -> str:
         lines = [f"unrolled {self.graph.name} steps {self.steps}"]
@@ -119,7 +118,7 @@ def unroll(graph: Graph, steps: int, chunks: dict[str, int] | None = None) -> Un
                 for e in graph.version_edges:
                     if e.reader != op:
                         continue
-                    src_step = s - 1 - e.lag
+                    src_step = writer_step(graph.op(op).kind, s, e.lag)
                     if src_step >= 0:
                         deps.append(Dep(Instance(e.writer, src_step, 0), dst, DepKind.VERSION,
                                         e.model))

@@ -34,6 +34,7 @@ from rpeg.plan.options import SearchOptions, SearchRecord, Start
 from rpeg.plan.pinned import check_pins
 from rpeg.plan.search import SearchResult, anneal, capped, merged, random_plan, staleness_caps
 from rpeg.plan.space import Limits, generate_engines
+from rpeg.plan.staleness import explicit
 from rpeg.spec.model import Cluster, Engine, OpKind, Pipeline
 
 GB = 1e9
@@ -66,6 +67,9 @@ def compile_report(pipeline: Pipeline, cluster: Cluster, strategy: Strategy = St
                    options: SearchOptions | None = None) -> CompileReport:
     opts = options or SearchOptions()
     began = time.perf_counter()
+    spec = pipeline
+    if opts.staleness_cap is not None:                    # plans a tighter bound allows
+        pipeline = capped(pipeline, opts.staleness_cap)
     check_backend(pipeline, opts.limits, cluster)                      # refuse what can't run
     ctx = Context.of(pipeline, cluster, opts.limits)                   # enumerate, prune, estimate
     ev = Evaluator(pipeline, cluster, steps=opts.steps)
@@ -81,9 +85,10 @@ def compile_report(pipeline: Pipeline, cluster: Cluster, strategy: Strategy = St
         best, result = min(feasible, key=lambda e: e.step_time_s), None
     else:
         outcomes, best, result = _search_ladder(ctx, ev, opts)         # optimise
-    best = ev.evaluate(attrs.evolve(best.plan, predicted=None))        # the full figures
-    baselines_full = [(o.strategy, ev.evaluate(o.best.plan) if o.best else None)
-                      for o in outcomes]
+    # the full figures, every bounded stage's staleness written out (a synchronous one as 0)
+    best = ev.evaluate(explicit(spec, attrs.evolve(best.plan, predicted=None)))
+    baselines_full = [(o.strategy, ev.evaluate(explicit(spec, o.best.plan))
+                       if o.best else None) for o in outcomes]
     record = SearchRecord(opts, result.iterations if result else 0,
                           result.time_capped if result else False)
     plan = attrs.evolve(best.plan, strategy=strategy, seed=opts.seed,

@@ -24,7 +24,7 @@ import attrs
 import numpy as np
 
 from rpeg.cost.memory import Parallel, local_params, resident_memory, value_bytes
-from rpeg.cost.partial import max_carries, smallest_cap
+from rpeg.cost.partial import smallest_cap
 from rpeg.cost.stages import (
     estimate_stage,
     generation_chunks,
@@ -39,6 +39,7 @@ from rpeg.graph.unroll import chunk_counts
 from rpeg.plan.model import Plan, Predicted, StagePlacement
 from rpeg.plan.passes import fuse
 from rpeg.plan.simulate import OpTiming, Timeline, simulate, steps_for, tasks_per_step
+from rpeg.plan.staleness import staleness_problem, step_graph
 from rpeg.spec.model import Cluster, OpKind, Pipeline
 
 GB = 1e9
@@ -88,32 +89,10 @@ def is_host_op(pipeline: Pipeline, stage: str) -> bool:
 def plan_graph(pipeline: Pipeline, plan: Plan) -> Graph:
     """The step graph the plan's structural choices make: staleness, sharing, fusion."""
     try:
-        chosen = {stage: plan.staleness_of(stage) for stage, _ in pipeline.staleness}
-        g = Graph.from_pipeline(pipeline, staleness=chosen, share=bool(plan.shared))
-        return fuse(g, plan.fusion)
+        return fuse(step_graph(pipeline, plan), plan.fusion)
     except GraphError as e:
         raise PlanError(f"plan structure must be one the spec allows, not: {e.message}",
                         e.span, hint=e.hint) from None
-
-
-def partial_problem(pipeline: Pipeline, plan: Plan) -> str | None:
-    """Why the plan's partial rollouts break the spec, or None: only a generate stage carries
-    responses over, and a response's oldest token may be at most the spec's staleness bound
-    old (the stage's chosen staleness plus the steps it is carried over)."""
-    bounds = dict(pipeline.staleness)
-    for p in plan.placements:
-        if not p.carry:
-            continue
-        s = pipeline.stage(p.stage)
-        if s.kind is not OpKind.GENERATE:
-            return (f"partial rollouts must be asked of a generate stage, not '{p.stage}' "
-                    f"({s.kind.value})")
-        lag, bound = plan.staleness_of(p.stage), bounds.get(p.stage, 0)
-        if p.carry > max_carries(bound, lag):
-            return (f"stage '{p.stage}' must read weights at most {bound} updates old, not "
-                    f"{lag + p.carry} (staleness {lag} + carry {p.carry}: a response's first "
-                    f"tokens are sampled {p.carry} steps before it is trained on)")
-    return None
 
 
 class Evaluator:
@@ -271,7 +250,7 @@ class Evaluator:
         """Price ``plan``; CostError from an impossible layout becomes a PlanError.
         ``detail=False`` skips the per-device figures (busy fractions, model homes) the
         search does not need."""
-        problem = partial_problem(self.pipeline, plan)
+        problem = staleness_problem(self.pipeline, plan)
         if problem:
             raise PlanError(problem, hint="lower the stage's carry or its staleness")
         graph = self.graph(plan)

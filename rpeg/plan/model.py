@@ -82,7 +82,8 @@ class Plan:
     num_devices: int
     placements: tuple[StagePlacement, ...]
     model_homes: tuple[tuple[str, tuple[int, ...]], ...] = ()   # model -> devices holding its weights
-    staleness: tuple[tuple[str, int], ...] = ()                 # stage -> chosen bound (<= spec's)
+    staleness: tuple[tuple[str, int], ...] = ()                 # stage -> chosen staleness (<= the
+                                                  # spec's bound); unlisted: 0 (plan.staleness)
     shared: tuple[tuple[str, ...], ...] = ()                    # models merged into one backbone
     fusion: tuple[tuple[str, ...], ...] = ()                    # stages fused into one op
     predicted: Predicted | None = None

@@ -55,6 +55,8 @@ class SearchOptions:
     limits: Limits = attrs.field(factory=Limits.runtime)   # rpeg's runtime, as declared
     steps: int | None = None         # simulated steps (None: simulate.steps_for the staleness)
     time_cap_s: float = 600.0        # safety cap on the whole search's wall-clock seconds
+    staleness_cap: int | None = None  # plan under every staleness bound capped at this
+                                      # (`rpeg run --staleness K`); None: the spec's bounds
 
 
 @attrs.frozen

@@ -45,8 +45,9 @@ import attrs
 
 from rpeg.errors import PlanError
 from rpeg.graph import Graph
-from rpeg.plan.evaluate import partial_problem
+from rpeg.graph.versions import read_version
 from rpeg.plan.model import Plan
+from rpeg.plan.staleness import staleness_problem, step_graph
 from rpeg.spec.model import OpKind, Pipeline
 
 EXPORT, LOAD = "export", "load"
@@ -80,7 +81,8 @@ class OpCall:
     after: tuple[str, ...] = ()              # ordering dependencies (no data used)
     version: int = -1                        # parameter version read (-1: none)
     writes: int = -1                         # parameter version written (-1: none)
-    bound: int = 0                           # staleness bound: version >= step - bound
+    bound: int = 0                           # the plan's staleness: version >= step - bound
+    limit: int = 0                           # the spec's bound on it (carry included)
     carry: int = 0                           # generate: responses span up to carry + 1 steps
                                              # (a chunk's oldest token: step - bound - carry)
 
@@ -96,19 +98,20 @@ class OpCall:
 
 
 def graph_for(pipeline: Pipeline, plan: Plan) -> Graph:
-    """The step graph with the plan's structural choices (staleness, sharing)."""
-    chosen = dict(plan.staleness) or None
-    return Graph.from_pipeline(pipeline, staleness=chosen, share=bool(plan.shared))
+    """The step graph with the plan's structural choices (staleness, sharing): the one the
+    cost model priced (a stage the plan does not list is synchronous)."""
+    return step_graph(pipeline, plan)
 
 
 def build_calls(pipeline: Pipeline, plan: Plan, steps: int) -> tuple[OpCall, ...]:
     """Every op instance of ``steps`` steps, in an order where dependencies come first
     (except write-after-read edges, which may point one staleness window ahead)."""
     graph = graph_for(pipeline, plan)
-    problem = partial_problem(pipeline, plan)
+    problem = staleness_problem(pipeline, plan)
     if problem:                      # a hand-written plan: a carry past the staleness bound
         raise PlanError(problem, hint="lower the stage's carry or its staleness")
     frozen = {m.name for m in pipeline.models if m.frozen}
+    bounds = dict(pipeline.staleness)
     homes = model_homes(pipeline, plan, graph)
     n_chunks = _chunks(graph, plan, pipeline.workload.prompts * pipeline.workload.samples)
     chunked = _chunked_ops(graph, pipeline)
@@ -131,13 +134,14 @@ def build_calls(pipeline: Pipeline, plan: Plan, steps: int) -> tuple[OpCall, ...
                             chunks=n_chunks if name in chunked else len(layout),
                             rank=rank, world=world, tp_group=group, model=op.reads_model,
                             stages=op.stages, inputs=inputs, deps=deps, after=[],
-                            version=-1, writes=-1, bound=0,
+                            version=-1, writes=-1, bound=0, limit=0,
                             carry=place.carry if op.kind is OpKind.GENERATE else 0)
                 members = op.reads_model.split("+") if op.reads_model else []
                 if op.reads_model and not all(m in frozen for m in members):
                     lag = 0 if op.kind is OpKind.TRAIN else graph.lag_of(name)
-                    call["version"] = s if op.kind is OpKind.TRAIN else max(0, s - lag)
+                    call["version"] = read_version(op.kind, s, lag)
                     call["bound"] = lag
+                    call["limit"] = max((bounds.get(st, 0) for st in op.stages), default=0)
                 if op.kind is OpKind.TRAIN:
                     call["writes"] = s + 1
                 calls.append(call)

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import attrs
 
-from rpeg.cost.partial import max_carries
 from rpeg.errors import PlanError, RuntimeFailure
+from rpeg.graph.versions import carry_room
 from rpeg.runtime.placement import split_plan
 
 RUNTIME_SPLIT = "runtime-split"
@@ -53,7 +53,15 @@ def engine_installed(engine) -> bool:
 def plan_for_run(file: str | Path, *, spec: str | Path | None = None,
                  cluster: str | Path | None = None, strategy: str = "search",
                  staleness: int | None = None, seed: int = 0):
-    """(pipeline, plan, spec path) for ``rpeg run FILE``; ``staleness`` caps the plan's bounds."""
+    """(pipeline, plan, spec path) for ``rpeg run FILE``.
+
+    ``staleness`` K plans the run under every staleness bound of the spec capped at K
+    (0: synchronous; a partial rollout's carry spends the same bound): a pipeline is
+    planned again under the capped bounds; a plan file keeps its placement, its stages'
+    staleness and carry are capped and it is priced again on its cluster (``cluster``,
+    else the one it records). K above the spec's largest bound is refused: the spec's
+    bound is the contract, which a run may tighten but not loosen."""
+    from rpeg.plan.staleness import explicit
     from rpeg.spec import load, load_cluster
 
     file = Path(file)
@@ -65,6 +73,10 @@ def plan_for_run(file: str | Path, *, spec: str | Path | None = None,
         if pipeline.name != plan.pipeline:
             raise PlanError(f"plan '{file}' must be for pipeline '{pipeline.name}', "
                             f"not '{plan.pipeline}'", hint="pass the right --spec")
+        _check_cap(pipeline, staleness)
+        plan = explicit(pipeline, plan)             # a stage the plan does not list: 0
+        if staleness is not None:
+            plan = _capped_plan(pipeline, plan, staleness, cluster)
         from rpeg.plan.compile import check_executable
         check_executable(plan, runtime_limits())         # a hand-written plan asks too much
         from rpeg.runtime.instances import build_calls
@@ -72,23 +84,49 @@ def plan_for_run(file: str | Path, *, spec: str | Path | None = None,
     else:
         spec_path = file
         pipeline = load(file)
+        _check_cap(pipeline, staleness)
         c = load_cluster(cluster) if cluster else None
         if strategy == RUNTIME_SPLIT:
-            plan = split_plan(pipeline, c.num_gpus if c else 2,
+            plan = split_plan(pipeline, c.num_gpus if c else 2, staleness=staleness,
                               cluster=c.name if c else "local")
         else:
-            plan = _compile(pipeline, c, strategy, seed)
-    if staleness is not None:              # a partial rollout's carry counts in the age too
-        plan = attrs.evolve(plan, staleness=tuple((st, min(k, staleness))
-                                                  for st, k in plan.staleness))
-        plan = attrs.evolve(plan, placements=tuple(
-            attrs.evolve(p, carry=min(p.carry,
-                                      max_carries(staleness, plan.staleness_of(p.stage))))
-            for p in plan.placements))
+            plan = _compile(pipeline, c, strategy, seed, staleness)
     return pipeline, plan, spec_path
 
 
-def _compile(pipeline, cluster, strategy: str, seed: int):
+def _check_cap(pipeline, staleness: int | None) -> None:
+    """``--staleness K`` tightens the spec's bounds; a K above them all is refused."""
+    top = max((k for _, k in pipeline.staleness), default=0)
+    if staleness is not None and staleness > top:
+        bounds = ", ".join(f"{s} <= {k}" for s, k in pipeline.staleness) or "none: synchronous"
+        raise PlanError(f"--staleness must be at most the spec's largest staleness bound "
+                        f"{top}, not {staleness} (the spec's bounds: {bounds})",
+                        hint="--staleness tightens the spec's bounds; to allow more, raise "
+                             "the bound in the spec (staleness STAGE <= K)")
+
+
+def _capped_plan(pipeline, plan, cap: int, cluster):
+    """A plan file under every staleness bound capped at ``cap``: its stages' staleness
+    lowered to the cap (its carry to what the cap leaves beside its staleness), priced
+    again on its cluster (a plan written without a prediction stays without one)."""
+    lags = {st: min(k, cap) for st, k in plan.staleness}
+    places = tuple(attrs.evolve(p, carry=min(p.carry, carry_room(cap, lags.get(p.stage, 0))))
+                   for p in plan.placements)
+    new = attrs.evolve(plan, staleness=tuple(sorted(lags.items())), placements=places)
+    if new == plan or plan.predicted is None:
+        return new                  # within the cap already, or no prediction to make again
+    where = cluster or plan.cluster_path
+    if not where or not Path(where).is_file():
+        raise PlanError(f"--staleness {cap} re-plans the plan '{plan.pipeline}' and prices it "
+                        f"again on its cluster, whose file must exist, not be missing "
+                        f"({where or 'none recorded'})", hint="pass --cluster CLUSTER.rpeg")
+    from rpeg.plan.evaluate import Evaluator
+    from rpeg.spec import load_cluster
+    return Evaluator(pipeline, load_cluster(where)).evaluate(
+        attrs.evolve(new, predicted=None)).plan
+
+
+def _compile(pipeline, cluster, strategy: str, seed: int, staleness: int | None = None):
     from rpeg.plan.compile import compile_plan
     from rpeg.plan.model import Strategy
     from rpeg.plan.search import SearchOptions
@@ -100,7 +138,8 @@ def _compile(pipeline, cluster, strategy: str, seed: int):
     choices = [s.value for s in Strategy if s is not Strategy.MANUAL] + [RUNTIME_SPLIT]
     if strategy not in choices:
         raise PlanError(f"--strategy must be one of {', '.join(choices)}, not {strategy!r}")
-    options = SearchOptions(seed=seed, limits=runtime_limits())    # the search's own budget
+    options = SearchOptions(seed=seed, limits=runtime_limits(),     # the search's own budget
+                            staleness_cap=staleness)
     plan = compile_plan(pipeline, cluster, Strategy(strategy), options)
     build_calls(pipeline, plan, steps=1)          # what the planner chose, the runtime lays out
     return plan

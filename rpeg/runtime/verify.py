@@ -13,10 +13,14 @@ same unrolling the run used); the trace says what each worker observed. Checks:
 * placement: it ran on the device the plan gave its stage (weight-sync export on
   the model's home, load where the reader is), on the worker mapped to that device;
 * dependencies: everything it depends on (data and ordering) ended before it started;
-* versions: the parameter version it read is within ``[step - k, step]`` for its
-  staleness bound k (exactly ``step`` for training), and a train op wrote ``step + 1``;
-  a generate op with partial rollouts (carry c) reports the oldest version any token
-  of its chunk was sampled with, which must be within ``[step - k - c, step]``.
+* versions: the parameter version it read is within ``[step - k, step]`` for the
+  plan's staleness k of its stage (exactly ``step`` for training), and a train op wrote
+  ``step + 1``; a generate op with partial rollouts (carry c) reports the oldest version
+  any token of its chunk was sampled with, which must be within ``[step - k - c, step]``
+  (:func:`rpeg.graph.versions.readable`, the rule the runtime ran by);
+* staleness: that version is also within the spec's bound K (``staleness STAGE <= K``
+  of the run's pipeline.json): ``[step - K, step]``, checked apart from the plan's window,
+  so a run breaking the spec's contract fails whatever its plan says.
 
 A run re-planned mid-way (a worker gone for good, a resume onto another device
 count) kept each old plan as ``plan.{i}.json``, and each entry of run.json's
@@ -35,6 +39,7 @@ from pathlib import Path
 import attrs
 
 from rpeg.errors import RpegError, RuntimeFailure, Span
+from rpeg.graph.versions import readable
 from rpeg.plan.model import Plan
 from rpeg.runtime.instances import LOAD, OpCall, build_calls, model_homes
 from rpeg.runtime.rundir import RunDir, events_from_trace
@@ -51,7 +56,7 @@ MAX_RECORD_BYTES = 1 << 30         # a trace of a long run is large; beyond this
 class Violation:
     op: str
     step: int
-    check: str           # missing | extra | placement | dependency | version
+    check: str           # missing | extra | placement | dependency | version | staleness
     message: str
 
     def __str__(self) -> str:
@@ -222,6 +227,8 @@ def _dependencies(c: OpCall, e: dict, seen: dict[str, dict], own: set[str]) -> l
 
 
 def _versions(c: OpCall, e: dict) -> list[Violation]:
+    """The version read against the plan's window (its staleness and carry) and the spec's
+    (its bound): :func:`rpeg.graph.versions.readable` for both."""
     out = []
     read = int(e.get("version_read", -1))
     if c.version >= 0 and c.kind is not OpKind.SYNC_WEIGHTS:
@@ -229,11 +236,19 @@ def _versions(c: OpCall, e: dict) -> list[Violation]:
             if read != c.step:
                 out.append(Violation(c.id, c.step, "version",
                                      f"trained from version {read}, must train from {c.step}"))
-        elif read < c.step - c.bound - c.carry or read > c.step:
-            why = f"staleness {c.bound}" + (f" + carry {c.carry}" if c.carry else "")
-            out.append(Violation(c.id, c.step, "version",
-                                 f"read version {read}, must read "
-                                 f"{max(0, c.step - c.bound - c.carry)}..{c.step} ({why})"))
+        else:
+            lo, hi = readable(c.kind, c.step, c.bound, c.carry)
+            if not lo <= read <= hi:
+                why = f"staleness {c.bound}" + (f" + carry {c.carry}" if c.carry else "")
+                out.append(Violation(c.id, c.step, "version",
+                                     f"read version {read}, must read {lo}..{hi} ({why})"))
+            oldest, _ = readable(c.kind, c.step, c.limit)
+            if read < oldest:
+                stage = c.stages[0] if c.stages else c.op
+                out.append(Violation(c.id, c.step, "staleness",
+                                     f"read version {read}, {c.step - read} updates old: the "
+                                     f"spec's 'staleness {stage} <= {c.limit}' allows "
+                                     f"{oldest}..{c.step}"))
     if c.writes >= 0 and int(e.get("version_written", -1)) != c.writes:
         out.append(Violation(c.id, c.step, "version",
                              f"wrote version {e.get('version_written')}, must write {c.writes}"))

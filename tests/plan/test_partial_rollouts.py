@@ -115,7 +115,10 @@ def test_compile_plans_what_rpeg_run_executes_unless_asked_for_any_executor(tmp_
     assert main(["compile", spec, "--cluster", gh, "-o", str(tmp_path / "a.json"), *quick,
                  "--any-executor"]) == 0
     text = capsys.readouterr().out
-    assert "partial rollouts: rollout carries responses over 1 step (about 2048" in text
+    assert "staleness: rollout reads this step's weights and carries responses over 1 step " \
+           "(partial rollouts: about 2048 of their up to 4096 tokens a step), so a token is " \
+           "at most 1 update old (staleness 0 + carry 1 of the spec's bound 1)" in text
+    assert "synchronous" not in text
     assert text.count("note: planned for any executor (--any-executor)") == 1
     assert "`rpeg run` cannot execute this plan" in text
     for flags, name in (((), "b.json"), (("--runnable",), "c.json")):

@@ -115,8 +115,10 @@ def test_verify_allows_tokens_carry_steps_older_and_no_more(ppo):
     def too_old(c):
         return c.step - 2 if c.id == "rollout/s3/c1" else oldest(c)
     report = check(calls, plan, _trace(calls, workers, too_old), workers, 4, homes)
-    assert [(v.check, v.op) for v in report.violations] == [("version", "rollout/s3/c1")]
+    assert [(v.check, v.op) for v in report.violations] == [("version", "rollout/s3/c1"),
+                                                            ("staleness", "rollout/s3/c1")]
     assert "must read 2..3 (staleness 0 + carry 1)" in str(report)
+    assert "2 updates old: the spec's 'staleness rollout <= 1' allows 2..3" in str(report)
 
 
 # --- real runs -------------------------------------------------------------------------------
@@ -177,8 +179,11 @@ def test_ppo_with_carry_on_two_workers_verifies_and_verify_catches_a_stale_chunk
             e["args"]["version_read"] = 1
     (run_dir / "trace.json").write_text(json.dumps(trace))
     assert main(["verify", str(run_dir)]) == 1
+    out = capsys.readouterr().out
     assert "rollout/s3/c0 (step 3): read version 1, must read 2..3 (staleness 0 + carry 1)" \
-        in capsys.readouterr().out
+        in out
+    assert "staleness: op rollout/s3/c0 (step 3): read version 1, 2 updates old: the spec's " \
+           "'staleness rollout <= 1' allows 2..3" in out
 
 
 @pytest.mark.slow

@@ -37,6 +37,7 @@ from backends.torch_backend.train import (
 from rpeg.errors import BackendError
 from rpeg.runtime.context import dataset_path, group_of, read_dataset, step_rows
 from rpeg.runtime.instances import EXPORT, OpCall, base_of
+from rpeg.runtime.rewards import call_reward
 from rpeg.spec.model import Engine, Head, OpKind
 
 BUCKET_BYTES = 32 << 20          # weight sync: one message per 32 MB bucket, not per tensor
@@ -214,9 +215,10 @@ class Executor:
         rows = step_rows(self.rows, w.prompts, w.samples, w.seed, call.step)
         picked = [rows[i] for i in chunk.prompt_index]
         text = self._codec().decode
-        scores = fn([r["prompt"] for r in picked], [text(r) for r in chunk.response_ids],
-                    [str(r.get("answer", "")) for r in picked])
-        scores = np.asarray(scores, dtype=np.float32)
+        scores = call_reward(fn, self.ctx.pipeline.reward(stage.target), call.step,
+                             [r["prompt"] for r in picked],
+                             [text(r) for r in chunk.response_ids],
+                             [str(r.get("answer", "")) for r in picked])
         return {stage.outputs[0]: scores}, {"reward_sum": float(scores.sum()),
                                            "reward_n": int(len(scores))}
 

@@ -20,6 +20,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 from pathlib import Path
@@ -174,6 +175,10 @@ def step_metrics(step: int, events: list[dict], step_time: float) -> dict:
     versions = [e["version_read"] for e in gen if e.get("version_read", -1) >= 0]
     if versions:
         row["gen_version"] = min(versions)
+    # strict JSON (no bare NaN): a value that is not a finite number is named, not written
+    bad = sorted(k for k, v in row.items() if isinstance(v, float) and not math.isfinite(v))
+    if bad:
+        row = {k: v for k, v in row.items() if k not in bad} | {"nonfinite": bad}
     return row
 
 

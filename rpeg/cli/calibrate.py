@@ -26,7 +26,8 @@ from pathlib import Path
 
 import typer
 
-from rpeg.errors import BackendError
+from rpeg.cli.output import writable, writing
+from rpeg.errors import RpegError
 
 
 def _control_line(p) -> str:
@@ -56,14 +57,22 @@ def register(app: typer.Typer) -> None:
         from rpeg.runtime.dispatch import measure_control, measure_dispatch
         from rpeg.runtime.machine import measure_machine
         t0 = time.perf_counter()
+        for path, option in ((out, "--out"), (cluster, "--cluster"),
+                             (save, "--save-measurements")):
+            writable(path, option)                   # before minutes of measuring, not after
         if dispatch_only:
-            if out is None or not out.exists():
-                raise BackendError("--dispatch-only updates an existing profile: give it with "
-                                   "--out PROFILE.rpeg")
+            if out is None:
+                raise typer.BadParameter("updates an existing profile: give it with --out "
+                                         "PROFILE.rpeg", param_hint="--dispatch-only")
+            if not out.is_file():
+                raise RpegError(f"--dispatch-only updates an existing profile, and '{out}' "
+                                "is none", hint="measure the whole profile first: rpeg "
+                                                f"calibrate -o {out}")
             d = measure_dispatch()
             c = measure_control()
             p = with_dispatch(load_profile(out), d, c)
-            out.write_text(profile_text(p, comment=f"{p.name}: measured by rpeg calibrate"))
+            with writing(out, "the profile"):
+                out.write_text(profile_text(p, comment=f"{p.name}: measured by rpeg calibrate"))
             print(f"dispatch {d['dispatch_s'] * 1e3:.2f} ms per task (one worker "
                   f"{d['same_worker_s'] * 1e3:.2f} ms, across two {d['cross_worker_s'] * 1e3:.2f}"
                   f" ms, load {d['loadavg']:.1f}); {_control_line(p)}; wrote {out}",
@@ -71,7 +80,8 @@ def register(app: typer.Typer) -> None:
             return
         m = measure_machine(repeats)
         if save:
-            save.write_text(json.dumps(m))
+            with writing(save, "the measurements"):
+                save.write_text(json.dumps(m))
         fit = fit_profile(m, name=name)
         p = fit.profile
         if out is not None and out.exists():
@@ -87,9 +97,11 @@ def register(app: typer.Typer) -> None:
         if out is None:
             print(text, end="")
         else:
-            out.write_text(text)
+            with writing(out, "the profile"):
+                out.write_text(text)
             print(f"wrote {out}", file=sys.stderr)
         if cluster is not None:
             rel = os.path.relpath(out, cluster.parent) if out else f"profiles/{name}.rpeg"
-            cluster.write_text(cluster_text(name, rel, fit.link))
+            with writing(cluster, "the cluster file"):
+                cluster.write_text(cluster_text(name, rel, fit.link))
             print(f"wrote {cluster}", file=sys.stderr)

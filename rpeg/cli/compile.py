@@ -18,13 +18,25 @@ same plan came out (exit 1 if not).
 
 from __future__ import annotations
 
+import enum
 import json
 from pathlib import Path
 
 import attrs
 import typer
 
+from rpeg.cli.output import writable, writing
 from rpeg.plan.model import Strategy, device_ranges
+
+
+class Compiled(enum.Enum):
+    """The strategies ``rpeg compile`` offers: the search or a baseline (a plan written by
+    hand is one you give ``rpeg run`` or ``rpeg simulate``, not one it compiles)."""
+
+    SEARCH = "search"
+    COLOCATED = "colocated"
+    SPLIT = "split"
+    REALLOC = "realloc"
 
 
 def register(app: typer.Typer) -> None:
@@ -40,10 +52,10 @@ def register(app: typer.Typer) -> None:
         output: Path = typer.Option(None, "-o", "--output",
                                     help="Where to write the plan (a Gantt PNG goes beside it); "
                                          "default plan.json, for a plan nothing."),
-        strategy: Strategy = typer.Option(Strategy.SEARCH, "--strategy", case_sensitive=False,
+        strategy: Compiled = typer.Option(Compiled.SEARCH, "--strategy", case_sensitive=False,
                                           help="search, or a baseline: colocated, split, "
                                                "realloc."),
-        seed: int = typer.Option(defaults.seed, "--seed", help="Seed of the search."),
+        seed: int = typer.Option(defaults.seed, "--seed", min=0, help="Seed of the search."),
         budget: int = typer.Option(defaults.iterations, "--budget", "--iterations", min=1,
                                    help="Plans each walk of the search tries (the search's "
                                         "budget: the same budget and seed give the same plan)."),
@@ -75,18 +87,18 @@ def register(app: typer.Typer) -> None:
         from rpeg.plan.space import Limits
         from rpeg.spec import load, load_cluster
 
+        output = writable(output, "-o")                  # before the search, not after it
         if spec.suffix == ".json":
             _remake(spec, cluster, output, as_json, no_gantt)
             return
         if cluster is None:
             raise typer.BadParameter("is required to compile a spec", param_hint="--cluster")
-        if strategy is Strategy.MANUAL:
-            raise typer.BadParameter("must be search, colocated, split or realloc, not manual",
-                                     param_hint="--strategy")
         if runnable and any_executor:
             raise typer.BadParameter("plans for rpeg's runtime; it cannot go with "
                                      "--any-executor", param_hint="--runnable")
-        output = output or Path("plan.json")
+        output = writable(output or Path("plan.json"), "-o")
+        if not no_gantt:
+            writable(output.with_suffix(".png"), "-o (its Gantt picture beside it)")
         pipeline = load(spec)
         machine = load_cluster(cluster)
         # rpeg's runtime as its backends declare it: the same on every machine that plans
@@ -94,7 +106,7 @@ def register(app: typer.Typer) -> None:
         if not carry:
             limits = attrs.evolve(limits, carry_engines=frozenset())
         opts = SearchOptions(seed=seed, iterations=budget, time_cap_s=time_cap, limits=limits)
-        report = compile_report(pipeline, machine, strategy, opts)
+        report = compile_report(pipeline, machine, Strategy(strategy.value), opts)
         _write(report, pipeline, machine, output, as_json, no_gantt, any_executor)
 
 
@@ -110,11 +122,13 @@ def _write(report, pipeline, machine, output: Path | None, as_json: bool, no_gan
     """Write the plan (and its Gantt picture) where asked; print the summary."""
     gantt = None
     if output is not None:
-        report.plan.save(output)
+        with writing(output, "the plan"):
+            report.plan.save(output)
         if not no_gantt and report.evaluation.timeline is not None:
             from rpeg.plan.gantt import draw
-            gantt = draw(report.evaluation.timeline, output.with_suffix(".png"),
-                         title=f"{pipeline.name} on {machine.name}")
+            with writing(output.with_suffix(".png"), "the Gantt picture"):
+                gantt = draw(report.evaluation.timeline, output.with_suffix(".png"),
+                             title=f"{pipeline.name} on {machine.name}")
     if as_json:
         print(json.dumps(summary_json(report, output, gantt, any_executor), indent=2))
     else:

@@ -106,10 +106,11 @@ def register(app: typer.Typer) -> None:
                                      help="Also compile both specs on this cluster and "
                                           "compare predicted step time and memory."),
         as_json: bool = typer.Option(False, "--json", help="Print the diff as JSON."),
-        seed: int = typer.Option(0, "--seed", help="Seed of the plan search (with --cluster)."),
-        budget: int = typer.Option(_default_budget(), "--budget", min=1,
+        seed: int = typer.Option(None, "--seed", min=0,
+                                 help="Seed of the plan search (with --cluster; default 0)."),
+        budget: int = typer.Option(None, "--budget", min=1,
                                    help="Plans each walk of the search tries, per spec (with "
-                                        "--cluster)."),
+                                        f"--cluster; default {_default_budget()})."),
     ) -> None:
         """Show what changed between two specs, plans or runs (exit 1 if anything did)."""
         ka, kb = _kind(a), _kind(b)
@@ -120,6 +121,15 @@ def register(app: typer.Typer) -> None:
             print(f"rpeg diff: A is a {ka} and B is a {kb}; compare two specs, two plans "
                   "or two run directories", file=sys.stderr)
             raise typer.Exit(2)
+        for given, name in ((seed, "--seed"), (budget, "--budget")):
+            if given is not None and cluster is None:
+                raise typer.BadParameter("plans the specs on a cluster: it goes with --cluster",
+                                         param_hint=name)
+        if cluster is not None and ka != "spec":
+            raise typer.BadParameter(f"compiles two specs; two {ka}s carry their own "
+                                     "predictions", param_hint="--cluster")
+        seed = 0 if seed is None else seed
+        budget = _default_budget() if budget is None else budget
         if ka == "plan":
             _plan_diff(a, b, as_json)
         if ka == "run":

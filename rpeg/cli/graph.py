@@ -15,9 +15,10 @@ from pathlib import Path
 
 import typer
 
+from rpeg.cli.output import suffix, writable
 from rpeg.errors import SpecError
 from rpeg.graph import Graph, unroll, verify, verify_unrolled
-from rpeg.graph.render import to_dot, write
+from rpeg.graph.render import FORMATS, to_dot, write
 from rpeg.graph.unroll import DepKind
 from rpeg.spec import load
 
@@ -27,8 +28,8 @@ def parse_chunks(items: list[str]) -> dict[str, int]:
     for item in items:
         stage, _, n = item.partition("=")
         if not stage or not n.isdigit() or int(n) < 1:
-            raise SpecError(f"--chunks must be STAGE=N with N >= 1, not '{item}'",
-                            hint="e.g. --chunks rollout=4")
+            raise typer.BadParameter(f"must be STAGE=N with N >= 1 (e.g. rollout=4), not "
+                                     f"'{item}'", param_hint="--chunks")
         out[stage] = int(n)
     return out
 
@@ -47,9 +48,13 @@ def register(app: typer.Typer) -> None:
                                     help="Write graph.svg, .png, .pdf or .dot."),
     ) -> None:
         """Show the RPEG graph: ops, data edges, parameter-version edges across steps."""
+        output = suffix(writable(output, "-o"), "-o", tuple(f".{f}" for f in FORMATS))
+        split = parse_chunks(chunks)
+        if split and not steps:
+            raise typer.BadParameter("needs --steps: chunks are in the unrolled graph",
+                                     param_hint="--chunks")
         pipeline = load(file)
         g = verify(Graph.from_pipeline(pipeline, share=share))
-        split = parse_chunks(chunks)
         for stage in split:
             if not g.has_op(stage):
                 raise SpecError(f"--chunks names unknown stage '{stage}'",
@@ -60,8 +65,6 @@ def register(app: typer.Typer) -> None:
             else:
                 print(g)
             return
-        if split and not steps:
-            raise SpecError("--chunks needs --steps: chunks are drawn in the unrolled graph")
         write(to_dot(g, steps or None, split), output)
         if steps:
             u = unroll(g, steps, split)

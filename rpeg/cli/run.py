@@ -17,6 +17,7 @@ plan.json predicts what runs; a K above the spec's bounds is refused.
 
 from __future__ import annotations
 
+import enum
 import sys
 from pathlib import Path
 
@@ -47,13 +48,16 @@ def register(app: typer.Typer) -> None:
                                          "again) or shipped (the shipped local_cpu profile, "
                                          "measured elsewhere); default $RPEG_LOCAL_PROFILE or "
                                          "auto."),
-        strategy: str = typer.Option("search", "--strategy",
-                                     help="search | colocated | split | realloc | runtime-split."),
+        strategy: RunStrategy = typer.Option(RunStrategy.SEARCH, "--strategy",
+                                             case_sensitive=False,
+                                             help="Plan a pipeline with the search or a baseline, "
+                                                  "or runtime-split: the runtime's own split "
+                                                  "placement, no planner."),
         staleness: int = typer.Option(None, "--staleness", min=0,
                                       help="Plan the run with every staleness bound capped "
                                            "at K (0 = synchronous); a plan file is capped "
                                            "and priced again. At most the spec's bound."),
-        seed: int = typer.Option(0, "--seed", help="Planner seed."),
+        seed: int = typer.Option(0, "--seed", min=0, help="Planner seed."),
         cuda: bool = typer.Option(False, "--cuda", help="Run ops on CUDA when workers have it."),
         progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress bar."),
         checkpoint_every: int = typer.Option(10, "--checkpoint-every", min=0,
@@ -81,18 +85,15 @@ def register(app: typer.Typer) -> None:
         check_scheduler_address(scheduler, tls)
         resilience = Resilience(checkpoint_every=max(checkpoint_every, 1),
                                 timeout_floor_s=op_timeout)
+        _usage(file, resume, spec, strategy, devices, cluster, staleness, profile, scheduler)
         if resume is not None:
-            if file is not None:
-                raise RuntimeFailure("--resume continues a run directory; give no FILE with it")
             with dask_tls(tls):
                 result = resume_run(resume, RunOptions(scheduler=scheduler, progress=progress,
                                                        use_cuda=cuda), resilience, devices=devices)
             print(f"run: {result.path}  ({result.steps} steps, resumed)")
             return
-        if file is None:
-            raise RuntimeFailure("rpeg run needs a pipeline (.rpeg) or plan (.json), or --resume")
         choice = _choice(profile)
-        planned_here = file.suffix != ".json" and strategy != "runtime-split"
+        planned_here = file.suffix != ".json" and strategy is not RunStrategy.RUNTIME_SPLIT
         if cluster is None and scheduler is None and planned_here:
             from rpeg.runtime.machine import local_profile
             local = local_profile(choice)                  # this machine's, or said it is not
@@ -101,7 +102,7 @@ def register(app: typer.Typer) -> None:
         if file.suffix != ".json":
             cluster = cluster or DEFAULT_CLUSTER    # a plan file is priced on its own cluster
         pipeline, plan, spec_path = plan_for_run(
-            file, spec=spec, cluster=cluster, strategy=strategy, staleness=staleness,
+            file, spec=spec, cluster=cluster, strategy=strategy.value, staleness=staleness,
             seed=seed)
         options = RunOptions(steps=steps, scheduler=scheduler,
                              run_dir=str(run_dir) if run_dir else None, progress=progress,
@@ -116,6 +117,56 @@ def register(app: typer.Typer) -> None:
         tail = f"; reward {rewards[0]:.3f} -> {sum(rewards[-5:]) / len(rewards[-5:]):.3f}" \
             if rewards else ""
         print(f"run: {result.path}  ({result.steps} steps, {result.wall_s:.1f} s{tail})")
+
+
+class RunStrategy(enum.Enum):
+    SEARCH = "search"
+    COLOCATED = "colocated"
+    SPLIT = "split"
+    REALLOC = "realloc"
+    RUNTIME_SPLIT = "runtime-split"
+
+
+def _usage(file: Path | None, resume: Path | None, spec, strategy: RunStrategy, devices,
+           cluster, staleness, profile, scheduler) -> None:
+    """Usage errors (exit 2): what to run missing, or options that do nothing with it."""
+    def bad(text: str, hint: str) -> None:
+        raise typer.BadParameter(text, param_hint=hint)
+
+    if resume is not None:
+        if file is not None:
+            bad("continues a run directory; give no FILE with it", "--resume")
+        for given, name in ((spec, "--spec"), (cluster, "--cluster"), (staleness, "--staleness"),
+                            (profile, "--profile")):
+            if given is not None:
+                bad("the run directory holds the spec and the plan it continues; it cannot go "
+                    "with --resume", name)
+        if strategy is not RunStrategy.SEARCH:
+            bad("the run directory holds the plan it continues; it cannot go with --resume",
+                "--strategy")
+        return
+    if file is None:
+        bad("a pipeline (.rpeg) or a plan (.json) to run, or --resume RUN_DIR, is needed",
+            "FILE")
+    if devices is not None:
+        bad("re-plans a resumed run; it goes with --resume", "--devices")
+    if file.suffix == ".json":
+        if strategy is not RunStrategy.SEARCH:
+            bad("chooses how a pipeline is planned; a plan file is planned already",
+                "--strategy")
+        if profile is not None:
+            bad("chooses the profile a pipeline is planned with; a plan file is planned "
+                "already", "--profile")
+        if cluster is not None and staleness is None:
+            bad("prices a plan file again only with --staleness; a plan file is planned "
+                "already", "--cluster")
+        return
+    if spec is not None:
+        bad("names the pipeline of a plan file; FILE is a pipeline itself", "--spec")
+    if profile is not None and (cluster is not None or scheduler is not None
+                                or strategy is RunStrategy.RUNTIME_SPLIT):
+        bad("prices the plan with this machine when the run plans for it; with --cluster, "
+            "--scheduler or --strategy runtime-split it does not", "--profile")
 
 
 def _choice(value: str | None):

@@ -18,13 +18,18 @@ from pathlib import Path
 
 import typer
 
+from rpeg.cli.output import suffix, writable, writing
+
+PICTURES = (".png", ".svg", ".pdf")          # what the Gantt picture is drawn as
+
 
 def register(app: typer.Typer) -> None:
     @app.command()
     def simulate(
         plan_file: Path = typer.Argument(..., metavar="PLAN.json", help="A plan from rpeg compile."),
         steps: int = typer.Option(8, "--steps", min=2, help="Steps to simulate."),
-        output: Path = typer.Option(None, "-o", "--output", help="Gantt picture (.png)."),
+        output: Path = typer.Option(None, "-o", "--output",
+                                    help="Gantt picture (.png, .svg or .pdf)."),
         spec: Path = typer.Option(None, "--spec", help="The pipeline, if not where the plan "
                                                        "says."),
         cluster: Path = typer.Option(None, "--cluster", help="The cluster, if not where the "
@@ -37,6 +42,7 @@ def register(app: typer.Typer) -> None:
         from rpeg.plan.model import Plan, device_ranges
         from rpeg.spec import load, load_cluster
 
+        output = suffix(writable(output, "-o"), "-o", PICTURES)
         plan = Plan.load(plan_file)
         spec_path = spec or _near(plan.spec_path, plan_file)
         cluster_path = cluster or _near(plan.cluster_path, plan_file)
@@ -54,7 +60,8 @@ def register(app: typer.Typer) -> None:
         tl = result.timeline
         if output is not None:
             from rpeg.plan.gantt import draw
-            draw(tl, output, title=f"{plan.pipeline} on {plan.cluster}")
+            with writing(output, "the Gantt picture"):
+                draw(tl, output, title=f"{plan.pipeline} on {plan.cluster}")
         bubbles = tl.bubbles()
         if as_json:
             print(json.dumps({

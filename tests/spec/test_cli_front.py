@@ -107,7 +107,7 @@ def test_graph_text_and_pictures(capsys, work, tmp_path):
                         "-o", tmp_path / "g.svg")
         assert rc == 0 and (tmp_path / "g.svg").read_text().lstrip().startswith("<?xml")
     rc, _, err = rpeg(capsys, "graph", work / "ppo_llama8b.rpeg", "-o", tmp_path / "g.txt")
-    assert rc == 1 and "must end in" in err
+    assert rc == 2 and "must end in .dot, .svg, .png, .pdf, not '.txt'" in err
     rc, _, err = rpeg(capsys, "graph", work / "ppo_llama8b.rpeg", "--chunks", "nope=2",
                       "--steps", "1")
     assert rc == 1 and "unknown stage 'nope'" in err

@@ -1,0 +1,94 @@
+"""The exit status contract, on every command: 0 success, 1 invalid input or a failed
+check (with a message, never a traceback), 2 a usage error; nothing is "a bug in rpeg"
+(exit 3) for a path or a flag a user gives."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import rpeg
+from rpeg.cli import main
+
+ROOT = Path(__file__).resolve().parents[2]
+TINY = str(ROOT / "pipelines" / "tiny_ppo.rpeg")
+GRPO = str(ROOT / "pipelines" / "tiny_grpo.rpeg")
+LOCAL = str(ROOT / "pipelines" / "clusters" / "local_cpu.rpeg")
+COMPILE = ["compile", TINY, "--cluster", LOCAL, "--strategy", "colocated"]
+
+
+def _run(capsys, args) -> tuple[int, str]:
+    rc = main([str(a) for a in args])
+    out, err = capsys.readouterr()
+    assert "Traceback" not in out + err and "internal error" not in err, err
+    return rc, out + err
+
+
+@pytest.mark.parametrize("where, words", [
+    ("/nonexistent/plan.json", "-o must name a file in an existing directory, not "
+                               "'/nonexistent/plan.json' ('/nonexistent' does not exist)"),
+    (".", "-o must name a file to write, not the directory '.'"),
+])
+def test_compile_to_a_place_it_cannot_write_is_an_input_error(capsys, where, words):
+    rc, text = _run(capsys, [*COMPILE, "-o", where])
+    assert rc == 1 and words in text
+
+
+def test_every_output_option_is_checked_before_the_work(capsys, tmp_path):
+    plan = tmp_path / "c.json"
+    assert _run(capsys, [*COMPILE, "-o", plan, "--no-gantt"])[0] == 0
+    missing = tmp_path / "no" / "such" / "dir"
+    cases = [
+        (["simulate", plan, "-o", missing / "g.png"], 1, "does not exist"),
+        (["simulate", plan, "-o", tmp_path], 1, "not the directory"),
+        (["simulate", plan, "-o", tmp_path / "g.txt"], 2, "must end in .png, .svg, .pdf"),
+        (["graph", TINY, "-o", missing / "g.dot"], 1, "does not exist"),
+        (["graph", TINY, "-o", tmp_path / "g.txt"], 2, "must end in .dot, .svg, .png, .pdf"),
+        (["calibrate", "-o", missing / "p.rpeg"], 1, "--out must name a file in an existing"),
+        (["calibrate", "--cluster", tmp_path], 1, "--cluster must name a file to write"),
+        (["compile", plan, "-o", missing / "again.json"], 1, "does not exist"),
+    ]
+    for args, code, words in cases:
+        rc, text = _run(capsys, args)
+        assert (rc, words in text) == (code, True), (args, text)
+
+
+@pytest.mark.parametrize("args, words", [
+    (["run"], "a pipeline (.rpeg) or a plan (.json) to run, or --resume RUN_DIR, is needed"),
+    (["run", TINY, "--devices", "2"], "re-plans a resumed run; it goes with --resume"),
+    (["run", TINY, "--spec", TINY], "names the pipeline of a plan file"),
+    (["run", TINY, "--strategy", "manual"], "'manual' is not one of"),
+    (["run", TINY, "--seed", "-1"], "greater than or equal to 0"),
+    (["run", TINY, "--cluster", LOCAL, "--profile", "shipped"], "--profile"),
+    (["run", "--resume", "somewhere", TINY], "give no FILE with it"),
+    (["run", "--resume", "somewhere", "--staleness", "0"], "cannot go with --resume"),
+    (["graph", TINY, "--chunks", "rollout"], "must be STAGE=N"),
+    (["graph", TINY, "--chunks", "rollout=2"], "needs --steps"),
+    (["compile", TINY, "--cluster", LOCAL, "--strategy", "manual"], "'manual' is not one of"),
+    (["compile", TINY, "--cluster", LOCAL, "--budget", "0"], "greater than or equal to 1"),
+    (["compile", TINY, "--cluster", LOCAL, "--budget", "-1"], "greater than or equal to 1"),
+    (["compile", TINY, "--cluster", LOCAL, "--iterations", "0"], "greater than or equal to 1"),
+    (["compile", TINY, "--cluster", LOCAL, "--seed", "-1"], "greater than or equal to 0"),
+    (["diff", TINY, GRPO, "--cluster", LOCAL, "--seed", "-3"], "greater than or equal to 0"),
+    (["diff", TINY, GRPO, "--budget", "10"], "it goes with --cluster"),
+    (["calibrate", "--dispatch-only"], "give it with --out"),
+])
+def test_usage_errors_exit_2(capsys, args, words):
+    rc, text = _run(capsys, args)
+    assert rc == 2 and words in text, text
+
+
+def test_strategy_manual_is_not_offered():
+    from typer.testing import CliRunner
+
+    from rpeg.cli import _register_all, app
+    _register_all()
+    for cmd in ("compile", "run"):
+        text = CliRunner().invoke(app, [cmd, "--help"]).output
+        assert "colocated" in text and "manual" not in text, cmd
+
+
+def test_version(capsys):
+    rc, text = _run(capsys, ["--version"])
+    assert rc == 0 and text.strip() == f"rpeg {rpeg.__version__}"

@@ -24,7 +24,11 @@ its own); an output carried over a cut is one its task returns.
 Faults, each handled by rolling back to the last cut:
 
 * a worker process dies (SIGKILL, OOM): seen as its address leaving the
-  scheduler; the nanny's replacement (or a spare worker) takes its device;
+  scheduler, or as a task the scheduler cancels because something it needs went with
+  the worker (an output scattered there at the cut, or one only it held) — whichever
+  comes first; the nanny's replacement (or a spare worker) takes its device. A task
+  that ends cancelled never ran: it is a loss, never dropped (dropped, the core waited
+  for its ops with nothing in flight);
 * an op is stuck: no task on a device finished for ``max(floor, factor x the
   plan's predicted time of the task's ops)`` since its inputs were ready
   (``rpeg.runtime.flight``); reported with op, step and worker, the worker is
@@ -81,6 +85,7 @@ class Resilience:
 
 
 SETUP_LIMIT_S = 600.0
+ENDED = ("finished", "error", "cancelled")     # a future's end states ("lost" is not one)
 
 
 class Interrupted(RpegError):
@@ -412,6 +417,7 @@ class _Runner:
             if not len(fl):
                 if held:
                     continue
+                self._check_alive()               # a loss not seen yet is a loss, not a stall
                 raise RuntimeFailure("the run stalled: nothing is running and nothing is left "
                                      "to submit (a bug in rpeg's scheduling)")
             # completions in batches without blocking, so the loss and stuck checks below run
@@ -440,7 +446,11 @@ class _Runner:
                                                                   f"{err}"))
                     continue
                 if not ok:
-                    continue
+                    # cancelled: the scheduler gave the task up because what it needs was lost
+                    # with a worker (an output scattered there at the cut, or one only it
+                    # held). Its ops never ran; forgetting it would leave the core waiting
+                    # for them with nothing in flight (the run "stalled"): it is a loss.
+                    raise self._gave_up(task, f.status, fl)
                 last_done[task.device] = now
                 for op_id in task.ids:
                     instructions += core.handle(C.OpDone(op_id))
@@ -469,13 +479,16 @@ class _Runner:
                 wait(pending, timeout=0.5)
             except TimeoutError:
                 pass
-            pending = [f for f in pending if f.status == "pending"]
+            # "lost": its result went with a worker and waits to be made again (pinned there,
+            # never): still pending, until the loss check above sees the worker gone
+            pending = [f for f in pending if f.status not in ENDED]
             if pending and time.time() - start > limit_s:
                 d = devices[futs.index(pending[0])] if devices else -1
                 raise self._lost_or_stuck(d, self.workers.get(d, "?"), what, self.state.start,
                                           f"op stuck: {what} took over {limit_s:.0f} s")
         for f in futs:
-            if f.status == "error" and _is_loss(f.exception()):
+            if f.status == "cancelled" or (f.status == "error" and _is_loss(f.exception())):
+                self._check_alive()
                 raise _Lost(-1, "?", what, self.state.start, "worker lost during " + what)
         return self.cl.client.gather(futs)
 
@@ -498,14 +511,15 @@ class _Runner:
             self.on_step(row)
         return now
 
-    def _drain(self) -> list[dict]:
-        """Trace events recorded on every device's worker since the last drain: one round
-        trip to all of them at once; when one does not answer or fails, each is asked on its
-        own, and a worker that does not answer (frozen, hung in a collective) is reported
-        as stuck."""
+    def _drain(self, addrs: list[str] | None = None) -> list[dict]:
+        """Trace events recorded on every device's worker (or on ``addrs``) since the last
+        drain: one round trip to all of them at once; when one does not answer or fails,
+        each is asked on its own, and a worker that does not answer (frozen, hung in a
+        collective) is reported as stuck."""
         import asyncio
 
-        client, addrs = self.cl.client, list(self.workers.values())
+        client, every = self.cl.client, addrs is None
+        addrs = list(self.workers.values()) if addrs is None else addrs
         try:
             got = client.sync(lambda: asyncio.wait_for(
                 client._run(W.drain, workers=addrs, on_error="return"),
@@ -514,6 +528,8 @@ class _Runner:
                 return [e for a in addrs for e in got[a]]
         except Exception:  # noqa: BLE001 — asked one by one below, which tells which failed
             pass
+        if every:
+            self._check_alive()           # a worker that left is a loss now, not after timeouts
         out: list[dict] = []
         for a in addrs:
             try:
@@ -575,6 +591,18 @@ class _Runner:
         if gone:
             return _Lost(device, address, op, step, "worker lost (left the cluster)")
         return _Lost(device, address, op, step, reason)
+
+    def _gave_up(self, task: Task, status: str, fl: Flight) -> _Lost:
+        """The loss behind a task the scheduler gave up: the worker that left (with the op it
+        was running), or, if every worker is still there, the task itself (with no worker to
+        shun: the replacement pool keeps them all)."""
+        try:
+            self._check_alive(fl)
+        except _Lost as lost:
+            return lost
+        return _Lost(task.device, "?", task.ids[0], task.step,
+                     f"task {status} by the scheduler (an input of it was lost, or another "
+                     "client cancelled it)")
 
     def _check_alive(self, fl: Flight | None = None) -> None:
         alive = set(self._gpu_workers(all_=True))
@@ -657,8 +685,9 @@ class _Runner:
         # an explicit cancel of a graph whose workers died trips assertions in the scheduler
         self._seg_futures = {}
         self._wait_idle(30.0)
-        try:
-            abandoned = len(self._drain())
+        try:                     # the workers still there: a dead one would only time out
+            alive = set(self._gpu_workers())
+            abandoned = len(self._drain([a for a in self.workers.values() if a in alive]))
         except _Lost:
             abandoned = -1
         record["abandoned_ops"] = abandoned

@@ -16,6 +16,7 @@ version instead (the engine keeps the next steps' responses between steps).
 from __future__ import annotations
 
 import importlib
+import inspect
 import sys
 
 import attrs
@@ -35,7 +36,8 @@ from backends.torch_backend.train import (
     train_step,
 )
 from rpeg.errors import BackendError
-from rpeg.runtime.context import dataset_path, group_of, read_dataset, step_rows
+from rpeg.runtime.context import group_of
+from rpeg.runtime.data import reward_extras, step_rows, workload_rows
 from rpeg.runtime.instances import EXPORT, OpCall, base_of
 from rpeg.spec.model import Engine, Head, OpKind
 
@@ -101,7 +103,7 @@ class Executor:
         self.device = _device_name(ctx, device)
         if ctx.spec_dir not in sys.path:
             sys.path.insert(0, ctx.spec_dir)            # python("module:fn") next to the spec
-        self.rows = read_dataset(dataset_path(ctx.pipeline, ctx.spec_dir))
+        self.rows = workload_rows(ctx.pipeline, ctx.spec_dir)
         groups = collective_groups(ctx.replicas)
         if groups:
             from backends.torch_backend.distributed import make_groups
@@ -191,10 +193,14 @@ class Executor:
 
     def _prompts(self, step: int, mine: np.ndarray, codec) -> list[np.ndarray]:
         """Token ids of this device's share (``mine``) of step ``step``'s prompts."""
+        rows = self._step_rows(step)
         w = self.ctx.pipeline.workload
-        rows = step_rows(self.rows, w.prompts, w.samples, w.seed, step)
-        return [np.asarray(codec.prompt(rows[i]["prompt"], w.prompt_len), np.int64)
+        return [np.asarray(codec.prompt(rows[i]["prompt"], w.prompt_len, w.template), np.int64)
                 for i in mine]
+
+    def _step_rows(self, step: int) -> list[dict]:
+        w = self.ctx.pipeline.workload
+        return step_rows(self.rows, w.prompts, w.samples, w.seed, step, self.ctx.data)
 
     def _forward(self, call, replica, inputs):
         stage = self._stage(call)
@@ -209,16 +215,18 @@ class Executor:
     def _score(self, call, inputs):
         stage = self._stage(call)
         chunk = _rollout(inputs[stage.inputs[0]])
-        fn = self._reward_fn(stage.target)
-        w = self.ctx.pipeline.workload
-        rows = step_rows(self.rows, w.prompts, w.samples, w.seed, call.step)
+        rows = self._step_rows(call.step)
         picked = [rows[i] for i in chunk.prompt_index]
         text = self._codec().decode
-        scores = fn([r["prompt"] for r in picked], [text(r) for r in chunk.response_ids],
-                    [str(r.get("answer", "")) for r in picked])
-        scores = np.asarray(scores, dtype=np.float32)
-        return {stage.outputs[0]: scores}, {"reward_sum": float(scores.sum()),
-                                           "reward_n": int(len(scores))}
+        responses = [text(r) for r in chunk.response_ids]
+        scores = score_rows(self._reward_fn(stage.target), picked, responses, stage.target)
+        stats = {"reward_sum": float(scores.sum()), "reward_n": int(len(scores))}
+        keep = self.ctx.pipeline.log.samples
+        kept = [n for n, i in enumerate(chunk.prompt_index) if i < keep]
+        if kept:                        # the step's first responses, for samples.jsonl
+            stats["samples"] = [sample_row(int(chunk.prompt_index[n]), picked[n],
+                                           responses[n], float(scores[n])) for n in kept]
+        return {stage.outputs[0]: scores}, stats
 
     def _compute(self, call, inputs):
         stage = self._stage(call)
@@ -333,6 +341,11 @@ class Executor:
                                    f"{r.module}:{r.function} is not one ({e})", r.span) from e
             self.reward_fns[name] = fn
         return self.reward_fns[name]
+
+    def evaluate(self, model: str, step: int) -> dict:
+        """The eval block on this worker's replica of ``model`` (``backends.torch_backend.evaluate``)."""
+        from backends.torch_backend.evaluate import evaluate
+        return evaluate(self, model, step)
 
     def checkpoint(self, model: str, path: str, meta: dict) -> str:
         replica = self.replicas[model]
@@ -463,6 +476,35 @@ def _loss_spec(stage, shared: bool) -> LossSpec:
     coef = float(stage.param("coef", 0.5 if (shared and name == "value_mse") else 1.0))
     return LossSpec(name, clip=clip, kl=float(stage.param("kl", 0.0)),
                     is_cap=float(stage.param("is_cap", 2.0)), coef=coef)
+
+
+def score_rows(fn, rows: list[dict], responses: list[str], name: str) -> np.ndarray:
+    """``fn(prompts, responses, answers, **columns)``: the dataset's other columns reach the
+    reward by name (each one its parameters name, or all of them for ``**kwargs``)."""
+    extras = reward_extras(rows)
+    params = inspect.signature(fn).parameters if callable(fn) else {}
+    if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        extras = {k: v for k, v in extras.items() if k in params}
+    scores = fn([r["prompt"] for r in rows], responses,
+                [str(r.get("answer", "")) for r in rows], **extras)
+    scores = np.asarray(scores, dtype=np.float32).reshape(-1)
+    if len(scores) != len(responses):
+        raise BackendError(f"reward '{name}' must return one number per response "
+                           f"({len(responses)}), not {len(scores)}")
+    return scores
+
+
+SAMPLE_CHARS = 4000             # a kept sample's prompt and response, each at most this long
+
+
+def sample_row(index: int, row: dict, response: str, reward: float) -> dict:
+    prompt = row["prompt"]
+    prompt = prompt if isinstance(prompt, str) else prompt[-1]["content"]
+    out = {"index": index, "prompt": prompt[-SAMPLE_CHARS:], "response": response[:SAMPLE_CHARS],
+           "reward": reward}
+    if "answer" in row:
+        out["answer"] = str(row["answer"])[:SAMPLE_CHARS]
+    return out
 
 
 def _rollout(parts) -> RolloutChunk:

@@ -61,6 +61,10 @@ def register(app: typer.Typer) -> None:
         devices: int = typer.Option(None, "--devices", min=1,
                                     help="With --resume: continue on this many devices "
                                          "(re-plans when it differs)."),
+        tracker: list[str] = typer.Option(None, "--tracker",
+                                          help="Log to this tracker (tensorboard, wandb, "
+                                               "mlflow; repeat for several) instead of the "
+                                               "spec's log { trackers = [...] }."),
         tls_ca: Path = typer.Option(None, "--tls-ca", help="CA certificate (PEM) for a tls:// "
                                     "scheduler; also RPEG_TLS_CA."),
         tls_cert: Path = typer.Option(None, "--tls-cert", help="This client's certificate "
@@ -82,7 +86,9 @@ def register(app: typer.Typer) -> None:
                 raise RuntimeFailure("--resume continues a run directory; give no FILE with it")
             with dask_tls(tls):
                 result = resume_run(resume, RunOptions(scheduler=scheduler, progress=progress,
-                                                       use_cuda=cuda), resilience, devices=devices)
+                                                       use_cuda=cuda,
+                                                       trackers=tuple(tracker or ())),
+                                    resilience, devices=devices)
             print(f"run: {result.path}  ({result.steps} steps, resumed)")
             return
         if file is None:
@@ -99,7 +105,7 @@ def register(app: typer.Typer) -> None:
             staleness=staleness, seed=seed)
         options = RunOptions(steps=steps, scheduler=scheduler,
                              run_dir=str(run_dir) if run_dir else None, progress=progress,
-                             use_cuda=cuda)
+                             use_cuda=cuda, trackers=tuple(tracker or ()))
         with dask_tls(tls):
             if checkpoint_every:
                 result = run_resilient(pipeline, plan, options, spec_path=str(spec_path),

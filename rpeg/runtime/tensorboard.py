@@ -56,6 +56,8 @@ def write_events(run_dir: str | Path) -> Path | None:
         for row in rows:
             wall += float(row.get("step_time_s", 0.0))
             w.write(_event(row, wall).SerializeToString())
+        for row in _rows(run_dir / "eval.jsonl"):        # evaluations: eval/reward, ...
+            w.write(_event(eval_scalars(row), wall).SerializeToString())
         w.flush()
     tmp.replace(path)
     return path
@@ -93,6 +95,13 @@ def _event(row: dict, wall: float):
     values = [Summary.Value(tag=tag(k), simple_value=float(v)) for k, v in sorted(row.items())
               if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool)]
     return Event(wall_time=wall, step=int(row.get("step", 0)), summary=Summary(value=values))
+
+
+def eval_scalars(row: dict) -> dict:
+    """An eval.jsonl row as scalars ``eval.reward``, ``eval.accuracy``, ``eval.pass@k``."""
+    keep = ("reward", "accuracy", "response_len")
+    return {"step": row["step"], **{f"eval.{k}": v for k, v in row.items()
+                                    if k in keep or k.startswith("pass@")}}
 
 
 def tag(name: str) -> str:

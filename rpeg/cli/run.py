@@ -20,7 +20,7 @@ from pathlib import Path
 
 import typer
 
-from rpeg.errors import RuntimeFailure
+from rpeg.errors import RpegError, RuntimeFailure
 from rpeg.resources import clusters_dir
 
 DEFAULT_CLUSTER = clusters_dir() / "local_cpu.rpeg"
@@ -30,6 +30,9 @@ def register(app: typer.Typer) -> None:
     @app.command()
     def run(
         file: Path = typer.Argument(None, help="A pipeline (.rpeg) or a compiled plan (.json)."),
+        overrides: list[str] = typer.Argument(
+            None, help="KEY=VALUE changes to the pipeline, checked like the spec: "
+                       "workload.steps=20 model.actor.optimizer.lr=1e-5 stage.rollout.temperature=0.7"),
         scheduler: str = typer.Option(None, "--scheduler",
                                       help="Attach to a Dask scheduler (tcp://HOST:8786) "
                                            "whose workers each have --resources GPU=1."),
@@ -100,12 +103,18 @@ def register(app: typer.Typer) -> None:
             local = local_profile(choice)                  # this machine's, or said it is not
             cluster = local.cluster
             print(local.note, file=sys.stderr)
-        pipeline, plan, spec_path = plan_for_run(
-            file, spec=spec, cluster=cluster or DEFAULT_CLUSTER, strategy=strategy,
-            staleness=staleness, seed=seed)
+        parsed = _overrides(overrides or [])
+        try:
+            pipeline, plan, spec_path = plan_for_run(
+                file, spec=spec, cluster=cluster or DEFAULT_CLUSTER, strategy=strategy,
+                staleness=staleness, seed=seed, overrides=parsed)
+        except RpegError as e:
+            _show_override(e, overrides or [])
+            raise
         options = RunOptions(steps=steps, scheduler=scheduler,
                              run_dir=str(run_dir) if run_dir else None, progress=progress,
-                             use_cuda=cuda, trackers=tuple(tracker or ()))
+                             use_cuda=cuda, trackers=tuple(tracker or ()),
+                             overrides=tuple(overrides or ()))
         with dask_tls(tls):
             if checkpoint_every:
                 result = run_resilient(pipeline, plan, options, spec_path=str(spec_path),
@@ -116,6 +125,22 @@ def register(app: typer.Typer) -> None:
         tail = f"; reward {rewards[0]:.3f} -> {sum(rewards[-5:]) / len(rewards[-5:]):.3f}" \
             if rewards else ""
         print(f"run: {result.path}  ({result.steps} steps, {result.wall_s:.1f} s{tail})")
+
+
+def _overrides(texts: list[str]) -> tuple:
+    from rpeg.spec.overrides import parse_overrides
+    try:
+        return parse_overrides(texts)
+    except RpegError as e:
+        _show_override(e, texts)
+        raise
+
+
+def _show_override(err: RpegError, texts: list[str]) -> None:
+    """An error at an override shows that override, with the caret under the column."""
+    from rpeg.spec.overrides import WHERE, source_text
+    if err.span is not None and err.span.path == WHERE:
+        err.source_text = source_text(texts)
 
 
 def _choice(value: str | None):

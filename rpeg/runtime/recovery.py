@@ -118,7 +118,8 @@ def run_resilient(pipeline: Pipeline, plan: Plan, options: RunOptions,
         rd.write_text("plan.json", plan_to_json(plan))
         meta = {"pipeline": pipeline.name, "steps": steps, "status": "running",
                 "scheduler": options.scheduler or "local", "started": time.time(),
-                "spec_dir": spec_dir, "recoveries": [], "replans": [], "resumes": []}
+                "spec_dir": spec_dir, "recoveries": [], "replans": [], "resumes": [],
+                "overrides": list(options.overrides)}
         state = RunState(0, [], [], defaultdict(list), {})
         rd.write_text("metrics.jsonl", "")
     else:
@@ -131,7 +132,7 @@ def run_resilient(pipeline: Pipeline, plan: Plan, options: RunOptions,
     from rpeg.runtime.trackers import Trackers, chosen
     trackers = Trackers.open(pipeline, rd.path, chosen(pipeline, options.trackers),
                              config={"pipeline": pipeline.name, "steps": steps,
-                                     **dict(meta.get("overrides", {}))},
+                                     "overrides": " ".join(meta.get("overrides", []))},
                              resume=_resume is not None)
     runner = _Runner(pipeline, plan, options, resilience, rd, meta, state, steps, spec_dir,
                      on_step, stop)
@@ -325,7 +326,10 @@ class _Runner:
         self.rd.write_json("run.json", self.meta)
 
     def _restore(self, ck: ckio.Checkpoint) -> None:
-        saved = dict(ck.state.get("replicas", {}))          # "model@device" -> version
+        # "model@device" -> version, of the replicas whose files the checkpoint holds (a
+        # frozen model and a copy equal to its trained replica are rebuilt, not saved)
+        saved = {k: v for k, v in dict(ck.state.get("replicas", {})).items()
+                 if (ck.path / k).is_dir()}
         futs = []
         for d, a in self.workers.items():
             sources = {}
@@ -671,7 +675,14 @@ class _Runner:
                                                [d for _, d in tasks.values()]), strict=True))
             carry = {op_id: got[self._seg_futures[op_id].key][op_id] for op_id in sorted(keep)}
         tmp = ckio.begin(rd.path, cut)
-        saves = [cl.client.submit(ckio.save_replicas, str(tmp), cut, workers=[a],
+        held = {}                      # only what a resume cannot rebuild is written
+        for v in self._gather([cl.client.submit(
+                ckio.replica_versions, workers=[a], allow_other_workers=False, pure=False,
+                key=f"versions-{cut}-{d}-{cl.token}-{self.attempt}")
+                for d, a in self.workers.items()], "versions", list(self.workers)):
+            held.update(v)
+        skip = tuple(sorted(ckio.rebuildable(held)))
+        saves = [cl.client.submit(ckio.save_replicas, str(tmp), cut, skip, workers=[a],
                                   allow_other_workers=False, pure=False,
                                   key=f"ckpt-{cut}-{d}-{cl.token}-{self.attempt}")
                  for d, a in self.workers.items()]

@@ -74,9 +74,13 @@ STAGE_KWARGS: dict[str, tuple[str, ...]] = {
 _TARGETED = (OpKind.GENERATE, OpKind.FORWARD, OpKind.SCORE, OpKind.TRAIN)
 
 
-def lower_pipeline(f: ast.File) -> tuple[Pipeline, list[SpecError]]:
-    """Resolve ``extend`` and check everything; return the pipeline and any warnings."""
+def lower_pipeline(f: ast.File, overrides: tuple = ()) -> tuple[Pipeline, list[SpecError]]:
+    """Resolve ``extend``, apply command-line ``overrides`` (``rpeg.spec.overrides``) and check
+    everything; return the pipeline and any warnings."""
     items, chain = resolve_pipeline(f)
+    if overrides:
+        from rpeg.spec.overrides import apply_overrides
+        items = apply_overrides(items, overrides)
     warnings: list[SpecError] = []
     decl = next(i for i in items if isinstance(i, ast.PipelineDecl))
     wl_items = [i for i in items if isinstance(i, ast.WorkloadDecl)]
@@ -338,7 +342,8 @@ def _optimizer(v: ast.Value) -> Optimizer:
     if v.args:
         kw.setdefault("lr", V.real(v.args[0], "lr", positive=True))
     if "lr" in kw and not 0 < kw["lr"] < 1:
-        raise SpecError(f"lr must be in (0, 1), not {kw['lr']:g}", v.span)
+        where = next((k.value.span for k in v.kwargs if k.key.value == "lr"), v.span)
+        raise SpecError(f"lr must be in (0, 1), not {kw['lr']:g}", where)
     return Optimizer(kind=v.func.value, lr=kw.get("lr", 1e-5),
                      betas=(kw.get("beta1", 0.9), kw.get("beta2", 0.999)),
                      weight_decay=kw.get("weight_decay", 0.0 if v.func.value == "adam" else 0.01),

@@ -50,7 +50,16 @@ class Replica:
         dims = members[0].dims
         weights = next((m.weights for m in members if m.weights), None)
         self.model = build_model(dims, spec.heads, seed=pipeline.workload.seed,
-                                 weights=weights).to(device)
+                                 weights=weights)
+        self.lora = next((m.lora for m in members if m.lora is not None), None)
+        if self.lora is not None and len(getattr(spec, "tp", ())) > 1:
+            raise BackendError(f"model '{members[0].name}' trains LoRA adapters, which this "
+                               "backend runs at tp = 1 only", members[0].span,
+                               hint="pin the actor's stages to tp = 1 (place ... { tp = 1 })")
+        if self.lora is not None:               # adapters train, the backbone is frozen
+            from backends.torch_backend.lora import apply_lora
+            apply_lora(self.model, self.lora, seed=pipeline.workload.seed)
+        self.model = self.model.to(device)
         self.tp = tuple(getattr(spec, "tp", ()))
         if len(self.tp) > 1:                       # split before the optimizer sees the params
             from backends.torch_backend.distributed import shard_tp
@@ -350,6 +359,9 @@ class Executor:
     def checkpoint(self, model: str, path: str, meta: dict) -> str:
         replica = self.replicas[model]
         whole = self._gather_whole(model, replica) if replica.sharded else None
+        if replica.lora is not None:            # the adapters alone: the backbone is rebuilt
+            from backends.torch_backend.lora import adapter_state
+            whole = adapter_state(replica.model, replica.optimizer)
         save_checkpoint(replica.model, path, {**meta, "model": model,
                                               "version": replica.version}, replica.optimizer,
                         whole=whole)
@@ -455,7 +467,8 @@ def _optimizer(model, members):
                            members[0].span, hint="add { optimizer = adam(lr = 1e-5) }")
     first = trainable[0].optimizer
     groups = [{"params": [p for n, p in model.named_parameters()
-                          if not n.startswith("value_head")], "lr": first.lr}]
+                          if not n.startswith("value_head") and p.requires_grad],
+               "lr": first.lr}]
     value_opt = next((m.optimizer for m in trainable if m.head is not Head.LM), first)
     value_params = [p for n, p in model.named_parameters() if n.startswith("value_head")]
     if value_params:
@@ -532,7 +545,12 @@ def _export(replica) -> list[tuple]:
     dimension each was cut along (None: whole); a sharded replica exports its own shards."""
     from backends.torch_backend.distributed import shard_state
     buckets, names, shapes, dims, parts, size = [], [], [], [], [], 0
-    for name, (t, dim) in shard_state(replica.model).items():
+    state = shard_state(replica.model)
+    if replica.lora is not None:                # adapter-only sync: the backbone never changes
+        from backends.torch_backend.lora import adapter_names
+        keep = set(adapter_names(replica.model))
+        state = {k: v for k, v in state.items() if k in keep}
+    for name, (t, dim) in state.items():
         a = t.detach().to("cpu", torch.float32).numpy().ravel()
         names.append(name)
         shapes.append(tuple(t.shape))

@@ -92,7 +92,7 @@ def export_run(run_dir: str | Path, out: str | Path, *, step: int | None = None,
     else:
         if spec.lora is not None:
             from backends.torch_backend.lora import merged_state
-            state = merged_state(state, spec)
+            state = merged_state(state, spec, seed=pipeline.workload.seed)
             kind = "merged"
         _save_weights(state, spec, tmp, dtype)
         (tmp / "config.json").write_text(json.dumps(_config(spec), indent=2, sort_keys=True))

@@ -10,8 +10,9 @@ Each step's metrics row and each evaluation (as ``eval/reward``, ``eval/accuracy
 ``eval/pass@k``) go to every chosen tracker as the run goes. TensorBoard needs nothing
 here (``rpeg.runtime.tensorboard`` writes beside metrics.jsonl whenever it is installed).
 W&B writes into the run directory (``wandb/``) and runs in its offline mode unless
-``WANDB_MODE`` says otherwise (``wandb sync`` uploads it later); MLflow logs to
-``mlruns/`` in the run directory unless ``MLFLOW_TRACKING_URI`` names another store.
+``WANDB_MODE`` says otherwise (``wandb sync`` uploads it later); MLflow logs to a SQLite
+store in the run directory (``mlflow.db``; ``mlflow ui --backend-store-uri
+sqlite:///RUN/mlflow.db``) unless ``MLFLOW_TRACKING_URI`` names another.
 A chosen tracker that is not installed stops the run before it starts, naming the extra
 to install; one that fails mid-run is dropped with a warning, never the run.
 """
@@ -122,7 +123,8 @@ class _Mlflow:
     def __init__(self, project: str, run_name: str, run_dir: Path, config, resume) -> None:
         import mlflow
         self.mlflow = mlflow
-        uri = os.environ.get("MLFLOW_TRACKING_URI") or (run_dir / "mlruns").resolve().as_uri()
+        uri = os.environ.get("MLFLOW_TRACKING_URI") or \
+            f"sqlite:///{(run_dir / 'mlflow.db').resolve()}"
         mlflow.set_tracking_uri(uri)
         mlflow.set_experiment(project)
         existing = None

@@ -118,8 +118,10 @@ def main() -> None:
     shutil.rmtree(run_dir, ignore_errors=True)
     overrides = [f"workload.steps={args.steps}", f"eval.every={args.every}",
                  f"eval.prompts={args.eval_prompts}"]
+    # --op-timeout: on a machine shared with other work an op may take far longer than the
+    # plan predicts; it is not stuck
     run_s = rpeg("run", spec.name, *overrides, "--run-dir", str(run_dir), "--no-progress",
-                 "--checkpoint-every", str(args.every), cwd=args.work)
+                 "--checkpoint-every", str(args.every), "--op-timeout", "3600", cwd=args.work)
     out = args.work / "export"
     export_s = rpeg("export", str(run_dir), "-o", str(out), cwd=args.work)
     evals = [json.loads(x) for x in (run_dir / "eval.jsonl").read_text().splitlines()]

@@ -316,9 +316,10 @@ def _model(m: ast.ModelDecl, path: str, warnings: list[SpecError]) -> Model:
         folder_dtype or "bf16"
     if "weights" in e:
         wv = _assigned(e["weights"], "weights")
-        weights = _weights_dir(V.string(wv, "weights"), path, warnings, wv.span)
+        written = V.string(wv, "weights")
+        weights = _weights_dir(written, path, warnings, wv.span)
         if preset != "custom":
-            check_weights(m, dims, weights, wv.span, warnings)
+            check_weights(m, dims, weights, wv.span, warnings, written)
     adapters = None
     if "lora" in e:
         if frozen or head is not Head.LM:

@@ -91,7 +91,7 @@ def hf_model(m: ast.ModelDecl, e: dict[str, ast.Entry], path: str
 
 
 def check_weights(m: ast.ModelDecl, dims: ModelDims, weights: str, weights_span: Span,
-                  warnings: list[SpecError]) -> None:
+                  warnings: list[SpecError], written: str | None = None) -> None:
     """A preset with ``weights = "FOLDER"`` must describe the folder's model."""
     folder = Path(weights)
     if not (folder / "config.json").is_file():
@@ -110,7 +110,8 @@ def check_weights(m: ast.ModelDecl, dims: ModelDims, weights: str, weights_span:
         raise SpecError(f"preset {m.preset.value} must describe the model in its weights "
                         f"folder, and it differs: {listed}", m.preset.span,
                         notes=[("the weights folder is named here", weights_span)],
-                        hint=f"write hf(\"{folder}\") to take the shape from the folder")
+                        hint=f"write hf(\"{written or folder}\") to take the shape from "
+                             "the folder")
 
 
 def _v(x: object) -> str:

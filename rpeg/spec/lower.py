@@ -48,6 +48,8 @@ from rpeg.spec.sections import (
     lower_eval,
     lower_log,
 )
+from rpeg.spec.sections import assigned as _assigned
+from rpeg.spec.sections import entries as _entries
 
 WORKLOAD_KEYS = ("steps", "prompts", "samples", "prompt_len", "gen_len", "dataset",
                  "seed") + DATA_KEYS
@@ -120,24 +122,6 @@ def lower_pipeline(f: ast.File, overrides: tuple = ()) -> tuple[Pipeline, list[S
 
 
 # --- workload ----------------------------------------------------------------
-
-def _entries(block: ast.Block, allowed: tuple[str, ...], where: str) -> dict[str, ast.Entry]:
-    out: dict[str, ast.Entry] = {}
-    for e in block.entries:
-        key = e.kind if isinstance(e, ast.Section) else e.key
-        if key.value not in allowed:
-            raise V.unknown_key(key, allowed, where)
-        if key.value in out:
-            raise V.duplicate("key", key.value, key.span, out[key.value].span)
-        out[key.value] = e
-    return out
-
-
-def _assigned(e: ast.Entry, key: str) -> ast.Value:
-    if not isinstance(e, ast.Assign):
-        raise SpecError(f"{key} must be set with '{key} = VALUE'", e.span)
-    return e.value
-
 
 def _workload(w: ast.WorkloadDecl, path: str, warnings: list[SpecError]) -> Workload:
     e = _entries(w.block, WORKLOAD_KEYS, "the workload block")

@@ -36,13 +36,14 @@ LOG_KEYS = ("trackers", "samples", "project")
 MAX_EVAL_SAMPLES = 1024
 
 
-def _assigned(e: ast.Entry, key: str) -> ast.Value:
+def assigned(e: ast.Entry, key: str) -> ast.Value:
     if not isinstance(e, ast.Assign):
         raise SpecError(f"{key} must be set with '{key} = VALUE'", e.span)
     return e.value
 
 
-def _entries(block: ast.Block, allowed: tuple[str, ...], where: str) -> dict[str, ast.Entry]:
+def entries(block: ast.Block, allowed: tuple[str, ...], where: str) -> dict[str, ast.Entry]:
+    """A block's entries by key, each key one of ``allowed`` and written once."""
     out: dict[str, ast.Entry] = {}
     for e in block.entries:
         key = e.kind if isinstance(e, ast.Section) else e.key
@@ -162,7 +163,7 @@ def data_fields(e: dict[str, ast.Entry]) -> tuple[Fields, Template, str | None]:
     def text(key: str, default: str | None) -> str | None:
         if key not in e:
             return default
-        value = V.string(_assigned(e[key], key), key)
+        value = V.string(assigned(e[key], key), key)
         if not value:
             raise SpecError(f"{key} must name a column, not an empty string", e[key].span)
         return value
@@ -174,7 +175,7 @@ def data_fields(e: dict[str, ast.Entry]) -> tuple[Fields, Template, str | None]:
                         else e["prompt_field"].span)
     template = Template.AUTO
     if "template" in e:
-        template = Template(V.name(_assigned(e["template"], "template"), "template",
+        template = Template(V.name(assigned(e["template"], "template"), "template",
                                    tuple(t.value for t in Template)))
     return fields, template, text("split", None)
 
@@ -183,32 +184,32 @@ def data_fields(e: dict[str, ast.Entry]) -> tuple[Fields, Template, str | None]:
 
 def lower_eval(decl: ast.EvalDecl, path: str, rewards: tuple, steps: int,
                warnings: list[SpecError]) -> Evaluation:
-    e = _entries(decl.block, EVAL_KEYS, "the eval block")
+    e = entries(decl.block, EVAL_KEYS, "the eval block")
     for required in ("dataset", "every"):
         if required not in e:
             raise SpecError(f"the eval block must set {required}", decl.span,
                             hint='eval { dataset = "data/test.jsonl"; every = 10 }')
-    dv = _assigned(e["dataset"], "dataset")
+    dv = assigned(e["dataset"], "dataset")
     dataset = V.string(dv, "dataset")
     if not resolve_folder(dataset, path).exists():
         warnings.append(SpecWarning(f"eval dataset '{dataset}' does not exist (yet); a run "
                                     "needs it", dv.span))
-    every = V.integer(_assigned(e["every"], "every"), "every", minimum=1, maximum=10**7)
+    every = V.integer(assigned(e["every"], "every"), "every", minimum=1, maximum=10**7)
     if every > steps:
         warnings.append(SpecWarning(f"eval every {every} steps evaluates only before the first "
                                     f"and after the last of the workload's {steps} steps",
                                     e["every"].span))
-    samples = V.integer(_assigned(e["samples"], "samples"), "samples", minimum=1,
+    samples = V.integer(assigned(e["samples"], "samples"), "samples", minimum=1,
                         maximum=MAX_EVAL_SAMPLES) if "samples" in e else 1
-    temperature = V.real(_assigned(e["temperature"], "temperature"), "temperature",
+    temperature = V.real(assigned(e["temperature"], "temperature"), "temperature",
                          minimum=0.0, maximum=100.0) if "temperature" in e else 1.0
-    prompts = V.integer(_assigned(e["prompts"], "prompts"), "prompts", minimum=1) \
+    prompts = V.integer(assigned(e["prompts"], "prompts"), "prompts", minimum=1) \
         if "prompts" in e else 0
-    max_len = V.integer(_assigned(e["max_len"], "max_len"), "max_len", minimum=1,
+    max_len = V.integer(assigned(e["max_len"], "max_len"), "max_len", minimum=1,
                         maximum=1 << 21) if "max_len" in e else 0
     names = [r.name for r in rewards]
     if "reward" in e:
-        rv = _assigned(e["reward"], "reward")
+        rv = assigned(e["reward"], "reward")
         reward = V.name(rv, "reward")
         if reward not in names:
             raise SpecError(f"eval reward must name a reward of the pipeline, not '{reward}'",
@@ -220,7 +221,7 @@ def lower_eval(decl: ast.EvalDecl, path: str, rewards: tuple, steps: int,
                         f"{len(names) or 'no'} rewards{': ' + ', '.join(names) if names else ''})",
                         decl.span, hint="add reward = NAME, with a reward = python(...) "
                                         "declared in the pipeline")
-    split = V.string(_assigned(e["split"], "split"), "split") if "split" in e else None
+    split = V.string(assigned(e["split"], "split"), "split") if "split" in e else None
     return Evaluation(dataset, every, samples, temperature, prompts, max_len, reward, split,
                       decl.span)
 
@@ -228,10 +229,10 @@ def lower_eval(decl: ast.EvalDecl, path: str, rewards: tuple, steps: int,
 # --- log { ... } ----------------------------------------------------------------------------
 
 def lower_log(decl: ast.LogDecl) -> Logging:
-    e = _entries(decl.block, LOG_KEYS, "the log block")
+    e = entries(decl.block, LOG_KEYS, "the log block")
     trackers = Logging.__attrs_attrs__.trackers.default
     if "trackers" in e:
-        tv = _assigned(e["trackers"], "trackers")
+        tv = assigned(e["trackers"], "trackers")
         items = tv.items if isinstance(tv, ast.ListValue) else (tv,)
         choices = tuple(t.value for t in Tracker)
         got = []
@@ -241,8 +242,8 @@ def lower_log(decl: ast.LogDecl) -> Logging:
                 raise SpecError(f"tracker {t.value} is listed twice", x.span)
             got.append(t)
         trackers = tuple(got)
-    samples = V.integer(_assigned(e["samples"], "samples"), "samples", minimum=0,
+    samples = V.integer(assigned(e["samples"], "samples"), "samples", minimum=0,
                         maximum=4096) if "samples" in e else 4
-    project = V.string(_assigned(e["project"], "project"), "project") if "project" in e \
+    project = V.string(assigned(e["project"], "project"), "project") if "project" in e \
         else "rpeg"
     return Logging(trackers, samples, project, decl.span)

@@ -115,7 +115,9 @@ def write_plots(run: Run, folder: str | Path | None = None) -> list[Path]:
         written += plots.memory(peak, capacity, out / "memory",
                                 title=f"{run.pipeline.name}: predicted peak memory per device "
                                       f"({run.record['predicted'].get('source', '')})")
-    written += plots.curves(list(run.rows), out / "curves",
+    evals = [{"step": e["step"], **{f"eval.{k}": e[k] for k in ("reward", "accuracy") if k in e}}
+             for e in run.record.get("eval") or []]          # drawn at the step they follow
+    written += plots.curves(list(run.rows) + evals, out / "curves",
                             title=f"{run.pipeline.name}: metrics per step"
                                   + (f" ({run.name})" if run.name != run.pipeline.name else ""),
                             predicted_step_s=run.predicted_step_s())

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import re
 from pathlib import Path
 
@@ -101,8 +102,11 @@ def test_vllm_serves_the_export_and_answers_as_transformers_does(exported):
         out = hf.generate(torch.tensor([ids]), max_new_tokens=16, do_sample=False,
                           eos_token_id=tok.eos_token_id, pad_token_id=tok.eos_token_id)
     want = out[0, len(ids):].tolist()
-    llm = vllm.LLM(model=str(folder), dtype="float32", max_model_len=512,
-                   enforce_eager=True)
+    # as the vLLM backend starts its engines on CPU: a 1 GiB KV cache, in this process
+    os.environ["VLLM_CPU_KVCACHE_SPACE"] = "1"
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    llm = vllm.LLM(model=str(folder), dtype="float32", max_model_len=512, enforce_eager=True,
+                   distributed_executor_backend="uni")
     try:
         got = llm.generate([{"prompt_token_ids": ids}],
                            vllm.SamplingParams(max_tokens=16, temperature=0.0))

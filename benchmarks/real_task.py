@@ -133,7 +133,8 @@ def main() -> None:
     result = {
         "provenance": finish(prov),
         "settings": {"steps": args.steps, "every": args.every, "eval_prompts": args.eval_prompts,
-                     "overrides": overrides, "spec": str(SPEC.relative_to(ROOT))},
+                     "overrides": overrides, "spec": str(SPEC.relative_to(ROOT)),
+                     "spec_text": spec.read_text()},
         "eval": evals,
         "accuracy_before": before.get("accuracy"), "accuracy_after": after.get("accuracy"),
         "reward_first_steps": sum(m.get("reward", 0) for m in metrics[:5]) / min(5, len(metrics)),

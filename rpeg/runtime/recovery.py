@@ -126,11 +126,13 @@ def run_resilient(pipeline: Pipeline, plan: Plan, options: RunOptions,
         rd, state, meta = _resume
         steps = int(meta["steps"])
     meta["checkpoint_every"] = resilience.checkpoint_every
+    from rpeg.runtime.trackers import Trackers, chosen
+    picked = chosen(pipeline, options.trackers)
+    meta["trackers"] = [t.value for t in picked]      # TensorBoard reads it (tensorboard.py)
     rd.write_json("run.json", meta)
     stop = StopFlag()
     t_start = time.time()
-    from rpeg.runtime.trackers import Trackers, chosen
-    trackers = Trackers.open(pipeline, rd.path, chosen(pipeline, options.trackers),
+    trackers = Trackers.open(pipeline, rd.path, picked,
                              config={"pipeline": pipeline.name, "steps": steps,
                                      "overrides": " ".join(meta.get("overrides", []))},
                              resume=_resume is not None)

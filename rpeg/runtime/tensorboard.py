@@ -30,13 +30,20 @@ def available() -> bool:
     return importlib.util.find_spec("tensorboard") is not None
 
 
+def chosen(run_dir: Path) -> bool:
+    """Whether the run logs to TensorBoard: its trackers (run.json) name it, as by default."""
+    trackers = _json(Path(run_dir) / "run.json").get("trackers", ["tensorboard"])
+    return "tensorboard" in trackers
+
+
 def event_file(run_dir: Path, started: float) -> Path:
     return Path(run_dir) / f"events.out.tfevents.{int(started)}.rpeg"
 
 
 def write_events(run_dir: str | Path) -> Path | None:
-    """(Re)write the run's event file from metrics.jsonl; None when tensorboard is absent."""
-    if not available():
+    """(Re)write the run's event file from metrics.jsonl; None when tensorboard is absent or
+    the run's trackers leave it out."""
+    if not available() or not chosen(run_dir):
         return None
     from tensorboard.compat.proto.event_pb2 import Event
     from tensorboard.summary.writer.record_writer import RecordWriter
@@ -70,6 +77,8 @@ def append_event(run_dir: str | Path, row: dict) -> Path | None:
     if not available():
         return None
     try:
+        if not chosen(run_dir):
+            return None
         from tensorboard.compat.proto.event_pb2 import Event
         from tensorboard.summary.writer.record_writer import RecordWriter
 

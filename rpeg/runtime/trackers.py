@@ -45,8 +45,10 @@ def chosen(pipeline, names: tuple[str, ...] = ()) -> tuple[Tracker, ...]:
 
 
 def check_installed(trackers: tuple[Tracker, ...]) -> None:
+    """W&B and MLflow must be installed when chosen; TensorBoard, chosen by default, is
+    written whenever it is installed (as before there were trackers to choose)."""
     for t in trackers:
-        if importlib.util.find_spec(EXTRAS[t]) is None:
+        if t is not Tracker.TENSORBOARD and importlib.util.find_spec(EXTRAS[t]) is None:
             raise RuntimeFailure(f"tracker {t.value} must be installed to log to it, and it is "
                                  "not", hint=f"pip install 'rpeg[{EXTRAS[t]}]', or leave "
                                              f"{t.value} out of log {{ trackers = [...] }}")

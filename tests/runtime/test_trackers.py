@@ -76,3 +76,17 @@ def test_mlflow_file_store(tmp_path, monkeypatch):
     assert [(m.step, m.value) for m in history] == [(0, 0.2), (1, 0.4)]
     assert run.data.metrics["eval/pass_at_4"] == 0.75
     assert run.data.metrics["grad_norm/actor_step"] == 1.1
+
+
+@pytest.mark.skipif(importlib.util.find_spec("tensorboard") is None,
+                    reason="tensorboard is not installed (pip install 'rpeg[tensorboard]')")
+def test_tensorboard_is_written_only_when_chosen(tmp_path):
+    import json
+
+    from rpeg.runtime.tensorboard import append_event, write_events
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in ROWS[:1]))
+    (tmp_path / "run.json").write_text(json.dumps({"started": 1.0, "trackers": ["wandb"]}))
+    assert append_event(tmp_path, ROWS[0]) is None and write_events(tmp_path) is None
+    assert not list(tmp_path.glob("events.out.tfevents.*"))
+    (tmp_path / "run.json").write_text(json.dumps({"started": 1.0}))     # as by default
+    assert write_events(tmp_path) is not None

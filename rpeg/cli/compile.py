@@ -41,8 +41,9 @@ def register(app: typer.Typer) -> None:
                                     help="Where to write the plan (a Gantt PNG goes beside it); "
                                          "default plan.json, for a plan nothing."),
         strategy: Strategy = typer.Option(Strategy.SEARCH, "--strategy", case_sensitive=False,
-                                          help="search, or a baseline: colocated, split, "
-                                               "realloc."),
+                                          help="search, a baseline (colocated, split, "
+                                               "realloc), or pinned: the spec's `place` "
+                                               "layouts priced as written."),
         seed: int = typer.Option(defaults.seed, "--seed", help="Seed of the search."),
         budget: int = typer.Option(defaults.iterations, "--budget", "--iterations", min=1,
                                    help="Plans each walk of the search tries (the search's "

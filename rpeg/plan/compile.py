@@ -69,6 +69,8 @@ def compile_report(pipeline: Pipeline, cluster: Cluster, strategy: Strategy = St
     check_backend(pipeline, opts.limits, cluster)                      # refuse what can't run
     ctx = Context.of(pipeline, cluster, opts.limits)                   # enumerate, prune, estimate
     ev = Evaluator(pipeline, cluster, steps=opts.steps)
+    if strategy is Strategy.PINNED:                                    # priced as written
+        return _pinned_report(pipeline, cluster, ev, opts, began)
     wanted = tuple(BASELINES) if strategy is Strategy.SEARCH else (strategy,)
     if strategy not in BASELINES and strategy is not Strategy.SEARCH:
         raise PlanError(f"strategy must be search, colocated, split or realloc, not "
@@ -93,6 +95,34 @@ def compile_report(pipeline: Pipeline, cluster: Cluster, strategy: Strategy = St
     final = attrs.evolve(best, plan=plan)
     baselines = tuple(baselines_full)
     return CompileReport(plan, final, baselines, result, time.perf_counter() - began)
+
+
+def _pinned_report(pipeline: Pipeline, cluster: Cluster, ev: Evaluator, opts: SearchOptions,
+                   began: float) -> CompileReport:
+    """The plan the spec's pins describe, priced; PlanError when it does not fit."""
+    from rpeg.plan.known import pinned_plan
+    plan = pinned_plan(pipeline, cluster, opts.limits)
+    result = ev.evaluate(plan)
+    if not result.feasible:
+        raise pinned_no_fit(pipeline, cluster, result.shortfall)
+    plan = attrs.evolve(result.plan, seed=opts.seed, spec_hash=spec_hash(pipeline),
+                        rpeg_version=rpeg.__version__, spec_path=_abs(pipeline.path),
+                        cluster_path=_abs(cluster.path),
+                        search=SearchRecord(opts, 0, False))
+    return CompileReport(plan, attrs.evolve(result, plan=plan), (), None,
+                         time.perf_counter() - began)
+
+
+def pinned_no_fit(pipeline: Pipeline, cluster: Cluster, sf: Shortfall) -> PlanError:
+    """The error for a pinned plan that does not fit: the stage, what fills the GPU."""
+    cap = cluster.gpu.memory
+    parts = ", ".join(f"{w} {b / GB:.1f} GB" for w, b in sf.what)
+    s = pipeline.stage(sf.op) if sf.op else None
+    return PlanError(f"the pinned plan must fit in {cap / GB:.0f} GB per GPU, not need "
+                     f"{sf.need / GB:.1f} GB on GPU {sf.device} ({parts})",
+                     s.span if s else None,
+                     hint="pin more GPUs, a higher zero level or tp for the largest share, "
+                          "or plan it with --strategy search")
 
 
 def recompile(plan: Plan, path: str = "<plan>", cluster: str | Path | None = None

@@ -178,7 +178,7 @@ def repair(ctx: Context, plan: Plan) -> Plan | None:
             devs = ctx.pinned_block(s.name).devices
             by[s.name] = StagePlacement(s.name, devs, dp=len(devs))
         elif is_host_op(ctx.pipeline, s.name):
-            src = _feeder(ctx, s.name, by)
+            src = feeder(ctx.pipeline, s.name, by)
             if src is not None:
                 by[s.name] = StagePlacement(s.name, src.devices, dp=len(src.devices))
     if any(s.name not in by for s in ctx.pipeline.stages):
@@ -204,9 +204,9 @@ def fit_carry(ctx: Context, plan: Plan, p: StagePlacement) -> int:
     return min(p.carry, max_carries(bound, plan.staleness_of(p.stage)))
 
 
-def _feeder(ctx: Context, stage: str, by: dict[str, StagePlacement]) -> StagePlacement | None:
+def feeder(pipeline: Pipeline, stage: str, by: dict[str, StagePlacement]
+           ) -> StagePlacement | None:
     """The placement of the nearest model stage upstream of ``stage``."""
-    pipeline = ctx.pipeline
     seen, frontier = set(), list(pipeline.stage(stage).inputs)
     while frontier:
         data = frontier.pop(0)

@@ -43,6 +43,7 @@ class Strategy(enum.Enum):
     SPLIT = "split"
     REALLOC = "realloc"
     MANUAL = "manual"
+    PINNED = "pinned"             # the spec's pinned layouts priced as they are (no search)
 
 
 @attrs.frozen

@@ -20,6 +20,7 @@ CAPABILITIES = Capabilities(
     offload=False,
     packing=False,
     engines=(EngineCapabilities(Engine.TORCH, max_tp=8, carry=True),),
+    families=frozenset({"llama", "qwen2"}),
     missing=(("pp", "pipeline parallelism is not executed"),
              ("zero", "ZeRO sharding is not executed (data parallelism is DDP)"),
              ("recompute", "activation recomputation is not executed"),

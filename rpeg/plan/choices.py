@@ -29,7 +29,7 @@ import attrs
 from rpeg.cost.memory import Parallel, resident_memory
 from rpeg.cost.stages import estimate_stage, offload_time, stage_memory
 from rpeg.errors import CostError
-from rpeg.plan.pinned import matches
+from rpeg.plan.pinned import matches, overlay
 from rpeg.plan.space import Limits, block_sizes, generate_engines, layouts
 from rpeg.spec.model import Cluster, Engine, OpKind, Pipeline
 
@@ -100,10 +100,18 @@ def enumerate_layouts(pipeline: Pipeline, stage: str, sizes: tuple[int, ...],
         engines = generate_engines(pipeline, stage, limits)
     else:
         engines = (Engine.TORCH,)
+    train_engine = pin.engine if pin is not None and pin.engine is not None \
+        and s.kind is not OpKind.GENERATE else Engine.TORCH
+    cp = pin.cp if pin is not None and pin.cp else 1
     for size in sizes:
-        for base in layouts(size, model.dims, cluster, limits, batch=batch):
+        if size % cp:
+            continue
+        for base in layouts(size // cp, model.dims, cluster, limits, batch=batch):
+            base = overlay(pin, attrs.evolve(base, cp=cp))
             local = math.ceil(batch / base.dp)
             if s.kind is OpKind.GENERATE:
+                if pin is not None and pin.zero:        # generation on ZeRO-3 shards
+                    base = attrs.evolve(base, zero=pin.zero)
                 # The evaluator sizes the waves from the memory actually free; these
                 # priced variants let a memory-bounded choice see the cost of fewer rows.
                 waves = sorted({w for w in WAVES if w <= local})
@@ -119,18 +127,23 @@ def enumerate_layouts(pipeline: Pipeline, stage: str, sizes: tuple[int, ...],
             if s.kind is OpKind.TRAIN:
                 per_step = max(local // int(s.param("minibatches", 1) or 1), 1)
             mbs = [m for m in MICROBATCHES if m <= per_step and m >= base.pp] or [base.pp]
+            if pin is not None and pin.microbatches:
+                mbs = [pin.microbatches]
             train = s.kind is OpKind.TRAIN
             zeros = tuple(z for z in ZERO if z in limits.zero) \
                 if (train and base.dp > 1) else (0,)
+            if pin is not None and pin.zero is not None and pin.zero in limits.zero:
+                zeros = (pin.zero,)          # ZeRO-3 inference is priced only where pinned
             recomputes = (False, True) if (train and limits.recompute) else (False,)
             offloads = OFFLOAD if (train and limits.offload) else (False,)
             for m in mbs:
                 for z in zeros:
                     for r in recomputes:
                         for o in offloads:
-                            par = Parallel(base.dp, base.tp, base.pp, m, r, z, o)
-                            if matches(pin, par, Engine.TORCH):
-                                out.append(Layout(stage, size, par, Engine.TORCH))
+                            par = attrs.evolve(base, microbatches=m, recompute=r, zero=z,
+                                               offload=o)
+                            if matches(pin, par, train_engine):
+                                out.append(Layout(stage, size, par, train_engine))
     return tuple(out)
 
 
@@ -165,9 +178,7 @@ def estimate(pipeline: Pipeline, fitting: tuple[tuple[Layout, float], ...],
     for lay, need in fitting:
         # an offloaded layout costs its twin's time plus the host-link copies
         p = lay.par
-        twin = lay if not p.offload else Layout(
-            lay.stage, lay.size, Parallel(p.dp, p.tp, p.pp, p.microbatches, p.recompute,
-                                          p.zero, False), lay.engine, lay.rows)
+        twin = lay if not p.offload else attrs.evolve(lay, par=attrs.evolve(p, offload=False))
         try:
             if twin not in kept:
                 kept[twin] = estimate_stage(pipeline, lay.stage, twin.par,

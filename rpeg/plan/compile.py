@@ -28,7 +28,7 @@ from rpeg.errors import CostError, PlanError, Span
 from rpeg.plan.baselines import BASELINES, run_baselines
 from rpeg.plan.choices import enumerate_layouts, model_stages
 from rpeg.plan.edit import Context, repair
-from rpeg.plan.evaluate import Evaluation, Evaluator, Shortfall
+from rpeg.plan.evaluate import Evaluation, Evaluator, Shortfall, parallel_of
 from rpeg.plan.model import Plan, Strategy
 from rpeg.plan.options import SearchOptions, SearchRecord, Start
 from rpeg.plan.pinned import check_pins
@@ -264,6 +264,18 @@ def check_backend(pipeline: Pipeline, limits: Limits, cluster: Cluster | None = 
     pinned layout)."""
     if cluster is not None:
         check_pins(pipeline, cluster, limits)
+    used = {s.target for s in pipeline.stages}
+    for m in pipeline.models:
+        if m.name not in used:
+            continue
+        why = limits.check_model(m)
+        if why:
+            raise PlanError(why, m.span, hint="plan it for an executor that builds it with "
+                                              "`rpeg compile --any-executor`")
+        if m.dtype == "fp8" and cluster is not None and cluster.gpu.fp8_flops <= 0:
+            raise PlanError(f"model '{m.name}' must run in a dtype GPU '{cluster.gpu.name}' "
+                            f"computes, not fp8 (its profile gives no FP8 throughput)", m.span,
+                            hint="use dtype = bf16, or a GPU with FP8 (H100, H200, H20, B200)")
     for s in pipeline.stages:
         if s.kind is OpKind.GENERATE:
             generate_engines(pipeline, s.name, limits)
@@ -272,8 +284,7 @@ def check_backend(pipeline: Pipeline, limits: Limits, cluster: Cluster | None = 
 def check_executable(plan: Plan, limits: Limits) -> None:
     """PlanError when a plan (searched or hand-written) asks more than the backend runs."""
     for p in plan.placements:
-        why = limits.check_parallel(Parallel(p.dp, p.tp, p.pp, p.microbatches, p.recompute,
-                                             p.zero, p.offload))
+        why = limits.check_parallel(parallel_of(p))
         if why:
             raise PlanError(f"stage '{p.stage}': {why}",
                             hint="recompile with this backend's limits")

@@ -75,7 +75,10 @@ class Evaluation:
 
 def parallel_of(p: StagePlacement) -> Parallel:
     return Parallel(dp=p.dp, tp=p.tp, pp=p.pp, microbatches=p.microbatches,
-                    recompute=p.recompute, zero=p.zero, offload=p.offload)
+                    recompute=p.recompute, zero=p.zero, offload=p.offload, cp=p.cp, ep=p.ep,
+                    packing=p.packing, param_offload=p.param_offload,
+                    max_num_seqs=p.max_num_seqs, kv_fraction=p.kv_fraction,
+                    cuda_graph=p.cuda_graph)
 
 
 def is_host_op(pipeline: Pipeline, stage: str) -> bool:

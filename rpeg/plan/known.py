@@ -57,20 +57,23 @@ def pinned_plan(pipeline: Pipeline, cluster: Cluster, limits: Limits | None = No
 
 def _placement(pipeline: Pipeline, pin: Pin, limits: Limits) -> StagePlacement:
     stage = pipeline.stage(pin.stage)
-    tp, pp = pin.tp or 1, pin.pp or 1
-    dp = pin.dp or max(pin.size // (tp * pp), 1)
-    if dp * tp * pp != pin.size:
-        raise PlanError(f"place {pin.stage}: dp x tp x pp must be the {pin.size} GPUs of "
-                        f"{pin.first}..{pin.last}, not {dp} x {tp} x {pp}", pin.span,
+    tp, pp, cp = pin.tp or 1, pin.pp or 1, pin.cp or 1
+    dp = pin.dp or max(pin.size // (tp * pp * cp), 1)
+    if dp * tp * pp * cp != pin.size:
+        raise PlanError(f"place {pin.stage}: dp x tp x pp x cp must be the {pin.size} GPUs of "
+                        f"{pin.first}..{pin.last}, not {dp} x {tp} x {pp} x {cp}", pin.span,
                         hint="give the degrees that multiply to the device count")
-    engine = Engine.TORCH
-    if stage.kind is OpKind.GENERATE:
-        engine = pin.engine if pin.engine not in (None, Engine.AUTO) else \
-            generate_engines(pipeline, pin.stage, limits)[0]
+    engine = pin.engine or Engine.TORCH
+    if stage.kind is OpKind.GENERATE and engine is Engine.AUTO or pin.engine is None \
+            and stage.kind is OpKind.GENERATE:
+        engine = generate_engines(pipeline, pin.stage, limits)[0]
     return StagePlacement(pin.stage, pin.devices, dp, tp, pp,
                           microbatches=pin.microbatches or pp, chunks=pin.chunks or 1,
                           engine=engine, recompute=bool(pin.recompute), zero=pin.zero or 0,
-                          offload=bool(pin.offload))
+                          offload=bool(pin.offload), cp=cp, ep=pin.ep or 1,
+                          packing=bool(pin.packing), param_offload=bool(pin.param_offload),
+                          max_num_seqs=pin.max_num_seqs or 0,
+                          kv_fraction=pin.kv_fraction or 0.0, cuda_graph=bool(pin.cuda_graph))
 
 
 __all__ = ["pinned_plan"]

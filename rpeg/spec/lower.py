@@ -19,7 +19,9 @@ from pathlib import Path
 from rpeg.errors import Span, SpecError, SpecWarning, did_you_mean
 from rpeg.spec import ast
 from rpeg.spec import values as V
+from rpeg.spec.arch import MODEL_ARCH_KEYS, lower_dims
 from rpeg.spec.model import (
+    GENERATE_ENGINES,
     LOSSES,
     STAGE_FUNCTIONS,
     WORKLOAD_DATA,
@@ -37,12 +39,11 @@ from rpeg.spec.model import (
     lognormal_sigma,
 )
 from rpeg.spec.pins import lower_place
-from rpeg.spec.presets import DIM_KEYS, PRESETS, ModelDims
 from rpeg.spec.resolve import resolve_pipeline
 
 WORKLOAD_KEYS = ("steps", "prompts", "samples", "prompt_len", "gen_len", "dataset", "seed")
-MODEL_KEYS = ("optimizer", "head", "frozen", "dtype", "weights", "tied", "family") + DIM_KEYS
-DTYPES = ("bf16", "fp16", "fp32")
+MODEL_KEYS = ("optimizer", "head", "frozen", "dtype", "weights", "lora") + MODEL_ARCH_KEYS
+DTYPES = ("bf16", "fp16", "fp32", "fp8")
 MAX_STEPS = 10_000_000
 MAX_TOKENS = 1 << 21
 MAX_HISTOGRAM_BYTES = 64 * 1024 * 1024
@@ -243,35 +244,7 @@ def _histogram(file: Path, span: Span) -> tuple[tuple[int, float], ...]:
 def _model(m: ast.ModelDecl, path: str, warnings: list[SpecError]) -> Model:
     preset = m.preset.value
     e = _entries(m.block, MODEL_KEYS, f"model '{m.name.value}'") if m.block else {}
-    explicit = {k: V.integer(_assigned(e[k], k), k, minimum=1, maximum=1 << 22)
-                for k in DIM_KEYS if k in e}
-    if preset in PRESETS:
-        dims = PRESETS[preset]
-    elif preset == "custom":
-        missing = [k for k in DIM_KEYS if k not in explicit]
-        if missing:
-            raise SpecError(f"a custom model must give {', '.join(missing)}", m.preset.span,
-                            hint="or name a preset such as llama3.1-8b or qwen2.5-7b")
-        dims = ModelDims("llama", 1, 1, 1, 1, 1, 1)
-    else:
-        raise SpecError(f"unknown model preset '{preset}'", m.preset.span,
-                        hint=did_you_mean(preset, list(PRESETS) + ["custom"]) or
-                        "presets: " + ", ".join(PRESETS) + ", or custom with explicit dimensions")
-    if explicit or "tied" in e or "family" in e:
-        import attrs
-        changes = dict(explicit)
-        if "tied" in e:
-            changes["tied_embeddings"] = True
-        if "family" in e:
-            changes["family"] = V.name(_assigned(e["family"], "family"), "family",
-                                       ("llama", "qwen2"))
-        dims = attrs.evolve(dims, **changes)
-    if dims.hidden % dims.heads:
-        span = e["heads"].span if "heads" in e else m.preset.span
-        raise SpecError(f"heads ({dims.heads}) must divide hidden ({dims.hidden})", span)
-    if dims.heads % dims.kv_heads:
-        span = e["kv_heads"].span if "kv_heads" in e else m.preset.span
-        raise SpecError(f"kv_heads ({dims.kv_heads}) must divide heads ({dims.heads})", span)
+    dims = lower_dims(m.preset, e)
     head = Head.LM
     if "head" in e:
         head = Head(V.name(_assigned(e["head"], "head"), "head", tuple(h.value for h in Head)))
@@ -287,11 +260,19 @@ def _model(m: ast.ModelDecl, path: str, warnings: list[SpecError]) -> Model:
     elif not frozen:
         optimizer = Optimizer()
     dtype = V.name(_assigned(e["dtype"], "dtype"), "dtype", DTYPES) if "dtype" in e else "bf16"
+    lora = 0
+    if "lora" in e:
+        if frozen:
+            raise SpecError(f"model '{m.name.value}' is frozen: it has no LoRA adapters to train",
+                            e["lora"].span, hint="remove 'frozen' or 'lora'")
+        lora = V.integer(_assigned(e["lora"], "lora"), "lora (the adapters' rank)", minimum=1,
+                         maximum=dims.hidden)
     weights = None
     if "weights" in e:
         wv = _assigned(e["weights"], "weights")
         weights = _weights_dir(V.string(wv, "weights"), path, warnings, wv.span)
-    return Model(m.name.value, preset, dims, head, frozen, optimizer, dtype, weights, m.span)
+    return Model(m.name.value, preset, dims, head, frozen, optimizer, dtype, weights, m.span,
+                 lora=lora)
 
 
 def _optimizer(v: ast.Value) -> Optimizer:
@@ -468,7 +449,8 @@ def _stage_params(s: ast.StageDecl, fn: str, kind: OpKind, obj) -> tuple[tuple[s
         if key not in allowed:
             raise V.unknown_key(k.key, allowed or ("(none)",), f"{fn}(...)")
         if key == "engine":
-            value: object = Engine(V.name(k.value, "engine", tuple(e.value for e in Engine)))
+            value: object = Engine(V.name(k.value, "engine",
+                                          tuple(e.value for e in GENERATE_ENGINES)))
         elif key == "loss":
             value = V.plain(k.value, "loss")
             lname = value.name if isinstance(value, V.Fn) else value

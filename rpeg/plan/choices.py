@@ -10,8 +10,7 @@
 Three steps, each handing a typed value to the next:
 
 1. ``enumerate_layouts`` — every (size, DP x TP x PP, micro-batches, ZeRO, recompute,
-   optimizer offload, engine; generation in 1-4 waves) the model and the backend accept
-   (:class:`Layout`);
+   optimizer offload, engine) the model and the backend accept (:class:`Layout`);
 2. ``prune`` — drop layouts whose stage alone cannot fit a device (its transient need
    plus its own model's weights), priced with the pure memory functions;
 3. ``estimate`` — price the rest on a representative block of that size and keep,
@@ -27,7 +26,7 @@ import math
 import attrs
 
 from rpeg.cost.memory import Parallel, resident_memory
-from rpeg.cost.stages import estimate_stage, offload_time, stage_memory
+from rpeg.cost.stages import estimate_stage, generation_rows, offload_time, stage_memory
 from rpeg.errors import CostError
 from rpeg.plan.pinned import matches, overlay
 from rpeg.plan.space import Limits, block_sizes, generate_engines, layouts
@@ -35,7 +34,6 @@ from rpeg.spec.model import Cluster, Engine, OpKind, Pipeline
 
 MICROBATCHES = (1, 2, 4, 8, 16, 32)
 ZERO = (0, 1, 2, 3)
-WAVES = (1, 2, 4)      # generation: the local batch in this many waves (smaller KV cache)
 OFFLOAD = (False, True)   # train: optimizer state in host memory between steps
 
 
@@ -112,16 +110,14 @@ def enumerate_layouts(pipeline: Pipeline, stage: str, sizes: tuple[int, ...],
             if s.kind is OpKind.GENERATE:
                 if pin is not None and pin.zero:        # generation on ZeRO-3 shards
                     base = attrs.evolve(base, zero=pin.zero)
-                # The evaluator sizes the waves from the memory actually free; these
-                # priced variants let a memory-bounded choice see the cost of fewer rows.
-                waves = sorted({w for w in WAVES if w <= local})
+                # How many sequences decode at once is the engine's batching bounded by
+                # the memory free beside its weights (prune sizes it; the evaluator again
+                # from what the plan leaves free).
                 for e in engines:
-                    if base.tp > limits.engine_max_tp(e):
+                    if base.tp > limits.engine_max_tp(e) and e in (Engine.TORCH, Engine.VLLM):
                         continue
-                    for w in waves:
-                        rows = None if w == 1 else math.ceil(local / w)
-                        if matches(pin, base, e):
-                            out.append(Layout(stage, size, base, e, rows))
+                    if matches(pin, base, e):
+                        out.append(Layout(stage, size, base, e))
                 continue
             per_step = local
             if s.kind is OpKind.TRAIN:
@@ -161,8 +157,11 @@ def prune(pipeline: Pipeline, layouts_: tuple[Layout, ...], cluster: Cluster) ->
         try:
             if key not in resident:
                 resident[key] = resident_memory(model, p, cluster, trained=trained).total
-            need = stage_memory(pipeline, lay.stage, p, cluster, rows=lay.rows).total \
-                + resident[key]
+            if s.kind is OpKind.GENERATE:
+                lay = attrs.evolve(lay, rows=generation_rows(
+                    pipeline, lay.stage, p, cluster, cap - resident[key], engine=lay.engine))
+            need = stage_memory(pipeline, lay.stage, p, cluster, rows=lay.rows,
+                                engine=lay.engine).total + resident[key]
         except CostError:
             continue
         if need <= cap:
@@ -187,7 +186,7 @@ def estimate(pipeline: Pipeline, fitting: tuple[tuple[Layout, float], ...],
         except CostError:
             continue
         model = pipeline.model(pipeline.stage(lay.stage).target)
-        t = kept[twin] + offload_time(model, lay.par, cluster.gpu)
+        t = kept[twin] + offload_time(model, lay.par, cluster.gpu, lay.engine)
         priced.setdefault(lay.size, []).append(
             Choice(lay.stage, lay.size, lay.par, lay.engine, t, need))
     out = []

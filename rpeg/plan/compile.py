@@ -348,8 +348,9 @@ def _least_need(ctx: Context, stage: str) -> tuple[float, int]:
         lays_pars = [lay.par for lay in lays]
     for par in lays_pars:
         try:
-            need = stage_memory(ctx.pipeline, stage, par, ctx.cluster).total + resident_memory(
-                model, par, ctx.cluster, trained=s.kind is OpKind.TRAIN).total
+            need = stage_memory(ctx.pipeline, stage, par, ctx.cluster, rows=1).total \
+                + resident_memory(model, par, ctx.cluster,
+                                  trained=s.kind is OpKind.TRAIN).total
         except CostError:
             continue
         if need < best[0]:

@@ -167,17 +167,18 @@ class Evaluator:
                   chunks: tuple[tuple[int, float], ...] = ()) -> float:
         """Bytes a stage needs while it runs: for the whole batch, or (``chunks`` of a
         streamed consumer) the largest of its chunks, each processed on its own."""
-        key = ("m", stage, p.tp, p.pp, p.dp, p.microbatches, p.recompute, p.zero, p.offload,
-               p.carry, rows, chunks)
+        key = ("m", stage, parallel_of(p), p.engine, p.carry, rows, chunks)
         if key not in self._cost:
             par = parallel_of(p)
             if chunks:
                 self._cost[key] = max(stage_memory(self.pipeline, stage, par, self.cluster,
-                                                   batch=n, padded_len=top).total
+                                                   batch=n, padded_len=top,
+                                                   engine=p.engine).total
                                       for n, top in chunks)
             else:
                 self._cost[key] = stage_memory(self.pipeline, stage, par, self.cluster,
-                                               rows=rows, partial=self.cap(p)).total
+                                               rows=rows, partial=self.cap(p),
+                                               engine=p.engine).total
         return self._cost[key]
 
     def streamed(self, plan: Plan, graph: Graph, rows: dict) -> dict[str, tuple]:
@@ -209,10 +210,11 @@ class Evaluator:
 
     def gen_rows(self, stage: str, p: StagePlacement, free: float) -> int:
         """Sequences a generate stage runs at once per replica with ``free`` bytes per GPU."""
-        key = ("g", stage, p.tp, p.pp, p.dp, p.carry, round(free / 2**20))
+        key = ("g", stage, parallel_of(p), p.engine, p.carry, round(free / 2**20))
         if key not in self._cost:
             self._cost[key] = generation_rows(self.pipeline, stage, parallel_of(p),
-                                              self.cluster, free, partial=self.cap(p))
+                                              self.cluster, free, partial=self.cap(p),
+                                              engine=p.engine)
         return self._cost[key]
 
     def rows_of(self, plan: Plan, graph: Graph, resident: np.ndarray | None = None) -> dict:
@@ -230,10 +232,14 @@ class Evaluator:
         return out
 
     def resident(self, model: str, p: StagePlacement, trained: bool) -> float:
-        key = ("r", model, p.tp, p.pp, p.dp, p.zero if trained else 0,
-               p.offload if trained else False, trained)
+        """Bytes a copy of ``model`` keeps between stages: a ZeRO-3 copy (trained, or a
+        frozen model served on shards) sharded over its data and context parallel ranks."""
+        zero = p.zero if trained or p.zero >= 3 else 0
+        key = ("r", model, p.tp, p.pp, p.dp, p.cp, p.ep, zero,
+               p.offload if trained else False, p.param_offload, trained)
         if key not in self._cost:
-            self._cost[key] = resident_memory(self.pipeline.model(model), parallel_of(p),
+            par = attrs.evolve(parallel_of(p), zero=zero, offload=p.offload and trained)
+            self._cost[key] = resident_memory(self.pipeline.model(model), par,
                                               self.cluster, trained=trained).total
         return self._cost[key]
 
@@ -479,14 +485,15 @@ class Evaluator:
             if train is not None:
                 p = plan.placement(train)
                 out.append((self.pipeline.stage(train).target, p, True))
-                if p.zero < 3:
-                    seen.append((p.devices, p.tp, p.pp))
+                seen.append((p.devices, p.tp, p.pp, p.zero >= 3))
             for s in stages:
                 if self.pipeline.stage(s).kind is OpKind.TRAIN:
                     continue
                 p = plan.placement(s)
-                if (p.devices, p.tp, p.pp) not in seen:
-                    seen.append((p.devices, p.tp, p.pp))
+                # a pass on ZeRO-3 shards reads the trained copy's shards where they are
+                key = (p.devices, p.tp, p.pp, p.zero >= 3)
+                if key not in seen:
+                    seen.append(key)
                     out.append((model, p, False))
         return out
 

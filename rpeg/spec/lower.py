@@ -132,8 +132,10 @@ def _workload(w: ast.WorkloadDecl, path: str, warnings: list[SpecError]) -> Work
     prompts = V.integer(_assigned(e["prompts"], "prompts"), "prompts", minimum=1)
     samples = V.integer(_assigned(e["samples"], "samples"), "samples", minimum=1,
                         maximum=4096) if "samples" in e else 1
-    prompt_len = V.integer(_assigned(e["prompt_len"], "prompt_len"), "prompt_len", minimum=1,
-                           maximum=MAX_TOKENS)
+    pv = _assigned(e["prompt_len"], "prompt_len")
+    prompt_dist = None if isinstance(pv, ast.Number) else _length(pv, path, "prompt_len")
+    prompt_len = prompt_dist.max_len if prompt_dist else V.integer(
+        pv, "prompt_len", minimum=1, maximum=MAX_TOKENS)
     gen_len = _length(_assigned(e["gen_len"], "gen_len"), path)
     seed = V.integer(_assigned(e["seed"], "seed"), "seed", maximum=2**31 - 1) if "seed" in e else 0
     dataset = None
@@ -143,19 +145,20 @@ def _workload(w: ast.WorkloadDecl, path: str, warnings: list[SpecError]) -> Work
         if not (Path(path).parent / dataset).exists():
             warnings.append(SpecWarning(f"dataset '{dataset}' does not exist (yet); a run needs it",
                                       dv.span))
-    return Workload(steps, prompts, samples, prompt_len, gen_len, dataset, seed, w.span)
+    return Workload(steps, prompts, samples, prompt_len, gen_len, dataset, seed, w.span,
+                    prompt_dist=prompt_dist)
 
 
-def _length(v: ast.Value, path: str) -> LengthDist:
+def _length(v: ast.Value, path: str, key: str = "gen_len") -> LengthDist:
     if isinstance(v, ast.Number):
-        return LengthDist.fixed(V.integer(v, "gen_len", minimum=1, maximum=MAX_TOKENS))
+        return LengthDist.fixed(V.integer(v, key, minimum=1, maximum=MAX_TOKENS))
     if not isinstance(v, ast.Call):
-        raise SpecError(f"gen_len must be a length or a distribution such as "
+        raise SpecError(f"{key} must be a length or a distribution such as "
                         f"lognormal(median = 512, max = 2048), not {V.kind_of(v)}", v.span)
     fn = v.func.value
     kinds = ("fixed", "uniform", "lognormal", "empirical")
     if fn not in kinds:
-        raise SpecError(f"gen_len distribution must be one of {', '.join(kinds)}, not '{fn}'",
+        raise SpecError(f"{key} distribution must be one of {', '.join(kinds)}, not '{fn}'",
                         v.func.span, hint=did_you_mean(fn, kinds))
     kw = {k.key.value: k for k in v.kwargs}
 
@@ -178,7 +181,7 @@ def _length(v: ast.Value, path: str) -> LengthDist:
         if k.key.value not in allowed:
             raise V.unknown_key(k.key, allowed, f"{fn}(...)")
     if fn == "fixed":
-        return LengthDist.fixed(V.integer(need("n", 0), "gen_len", minimum=1, maximum=MAX_TOKENS))
+        return LengthDist.fixed(V.integer(need("n", 0), key, minimum=1, maximum=MAX_TOKENS))
     if fn == "uniform":
         lo = V.integer(need("min", 0), "min", minimum=1, maximum=MAX_TOKENS)
         hi = V.integer(need("max", 1), "max", minimum=1, maximum=MAX_TOKENS)

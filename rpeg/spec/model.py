@@ -165,11 +165,17 @@ class Workload:
     dataset: str | None = None
     seed: int = 0
     span: Span = NOWHERE
+    prompt_dist: LengthDist | None = None   # the prompts' lengths (None: all prompt_len)
 
     @property
     def batch(self) -> int:
         """Responses per step."""
         return self.prompts * self.samples
+
+    @property
+    def prompt_lens(self) -> LengthDist:
+        """The prompts' lengths, at most ``prompt_len`` (the longest a prompt is cut to)."""
+        return self.prompt_dist or LengthDist.fixed(self.prompt_len)
 
 
 @attrs.frozen

@@ -161,6 +161,17 @@ def row_buffer(model: Model, par: Parallel, w, gpu) -> float:
     return max(prefill, hd.vocab / par.tp * 4 * 3)
 
 
+PREFILL_CHUNK = 8192       # tokens a paged engine prefills in one scheduler step
+
+
+def step_buffer(model: Model, par: Parallel, gpu, n: int) -> float:
+    """A paged engine's activations: one scheduler step's prefill chunk through a layer,
+    and the next-token logits of its ``n`` sequences."""
+    hd = head_dims(model)
+    return max(working_set(model, par, PREFILL_CHUNK, value_bytes(model, gpu)),
+               n * hd.vocab / par.tp * 4 * 3)
+
+
 def engine_weights(model: Model, par: Parallel, gpu) -> float:
     """Bytes of the weights a generating engine holds on one GPU at its tensor parallelism."""
     return local_params(model, attrs.evolve(par, zero=0, dp=1)) * weight_bytes(model, gpu)
@@ -188,6 +199,8 @@ def concurrency(model: Model, par: Parallel, w, gpu, engine: Engine, local: int,
     if pool is None:
         return max(want, 1)
     kv = kv_token_bytes(model, par, gpu, t.kv_copy) * row_tokens(w, t, dist, want)
+    if t.paged:
+        pool -= step_buffer(model, par, gpu, want)
     per = kv + (0.0 if t.paged else row_buffer(model, par, w, gpu))
     fit = int(max(pool, 0.0) // per) if per > 0 else want
     return max(min(want, fit), 1)
@@ -213,9 +226,13 @@ def generate_memory(model: Model, par: Parallel, w, gpu, engine: Engine, local: 
     t = engine_terms(engine, gpu)
     n = local if rows is None else max(min(rows, local), 1)
     kv = n * kv_token_bytes(model, par, gpu, t.kv_copy) * row_tokens(w, t, dist, n)
-    if par.kv_fraction and t.paged:
-        kv = max(kv, kv_pool(model, par, gpu, engine, None))
-    buf = n * row_buffer(model, par, w, gpu) + gather_buffer(model, par, gpu, engine)
+    if t.paged:
+        buf = step_buffer(model, par, gpu, n)
+        if par.kv_fraction:       # the engine takes its share of the GPU, whatever it holds
+            kv = max(kv, kv_pool(model, par, gpu, engine, None) - buf)
+    else:
+        buf = n * row_buffer(model, par, w, gpu)
+    buf += gather_buffer(model, par, gpu, engine)
     return MemoryCost(kv_cache=kv, buffers=gpu.runtime_memory + buf)
 
 

@@ -192,8 +192,10 @@ def local_params(model: Model, par: Parallel) -> float:
 
 
 def resident_memory(model: Model, par: Parallel, cluster: Cluster, *,
-                    trained: bool) -> MemoryCost:
-    """Bytes per GPU the model holds between stages (+ gradients and Adam state if trained)."""
+                    trained: bool, host_grads: bool = False) -> MemoryCost:
+    """Bytes per GPU the model holds between stages (+ gradients and Adam state if trained).
+    ``host_grads``: an offloaded optimizer whose gradients go to host memory as the backward
+    pass makes them (DeepSpeed's ZeRO-Offload), so none stay on the device."""
     check_parallel(model.dims, par, model.name)
     gpu = cluster.gpu
     n = local_params(model, par)
@@ -205,7 +207,8 @@ def resident_memory(model: Model, par: Parallel, cluster: Cluster, *,
     t = trained_local_params(model, par)
     bpv = value_bytes(model, gpu)
     weights += t * bpv / (shards if par.zero >= 3 else 1) if model.lora else 0.0
-    grads = 0.0 if par.param_offload else t * bpv / (shards if par.zero >= 2 else 1)
+    grads = 0.0 if par.param_offload or (host_grads and par.offload) \
+        else t * bpv / (shards if par.zero >= 2 else 1)
     state = 0.0 if par.offload else optimizer_state_bytes(model, par, gpu)
     return MemoryCost(weights=weights, grads=grads, optimizer=state)
 

@@ -153,10 +153,12 @@ def prune(pipeline: Pipeline, layouts_: tuple[Layout, ...], cluster: Cluster) ->
         s = pipeline.stage(lay.stage)
         model = pipeline.model(s.target)
         p, trained = lay.par, s.kind is OpKind.TRAIN
-        key = (model.name, p.dp, p.tp, p.pp, p.zero, p.offload, trained)
+        key = (model.name, p, lay.engine, trained)
         try:
             if key not in resident:
-                resident[key] = resident_memory(model, p, cluster, trained=trained).total
+                resident[key] = resident_memory(
+                    model, p, cluster, trained=trained,
+                    host_grads=lay.engine is Engine.DEEPSPEED).total
             if s.kind is OpKind.GENERATE:
                 lay = attrs.evolve(lay, rows=generation_rows(
                     pipeline, lay.stage, p, cluster, cap - resident[key], engine=lay.engine))

@@ -39,7 +39,7 @@ from rpeg.graph.unroll import chunk_counts
 from rpeg.plan.model import Plan, Predicted, StagePlacement
 from rpeg.plan.passes import fuse
 from rpeg.plan.simulate import OpTiming, Timeline, simulate, steps_for, tasks_per_step
-from rpeg.spec.model import Cluster, OpKind, Pipeline
+from rpeg.spec.model import Cluster, Engine, OpKind, Pipeline
 
 GB = 1e9
 POLICY_LOSSES = frozenset({"ppo_clip", "grpo"})    # losses with the off-policy correction
@@ -236,11 +236,12 @@ class Evaluator:
         frozen model served on shards) sharded over its data and context parallel ranks."""
         zero = p.zero if trained or p.zero >= 3 else 0
         key = ("r", model, p.tp, p.pp, p.dp, p.cp, p.ep, zero,
-               p.offload if trained else False, p.param_offload, trained)
+               p.offload if trained else False, p.param_offload, trained, p.engine)
         if key not in self._cost:
             par = attrs.evolve(parallel_of(p), zero=zero, offload=p.offload and trained)
             self._cost[key] = resident_memory(self.pipeline.model(model), par,
-                                              self.cluster, trained=trained).total
+                                              self.cluster, trained=trained,
+                                              host_grads=p.engine is Engine.DEEPSPEED).total
         return self._cost[key]
 
     def sync_time(self, model: str, src: StagePlacement, dst: StagePlacement) -> float:

@@ -96,10 +96,10 @@ def _orb(rid, spec, cluster, step, gen, train, system):
                (("step", step), ("gen", gen), ("train", train)), phases=ORB_PHASES)
 
 
-def _dsc(rid, spec, hours, unwritable=""):
+def _dsc(rid, spec, hours, batch):
     return Row(rid, "deepspeed-chat-blog", "DeepSpeed-Chat (Hybrid Engine)", f"dsc/{spec}",
                "a100_8.rpeg", (("epoch", hours * 3600),), main="epoch",
-               scale=EPOCH_SAMPLES / 1024, unwritable=unwritable)
+               scale=EPOCH_SAMPLES / batch)
 
 
 def _verl(rid, n, step, gen, old, update):
@@ -158,12 +158,10 @@ _ROWS = [
          "OpenRLHF (Ray + vLLM)"),
     _orb("ORB-9", "orb9_vllm_70b.rpeg", "a800_16.rpeg", 9822.62, 7122.65, 2699.97,
          "OpenRLHF (Ray + vLLM)"),
-    _dsc("DSC-4", "dsc4_opt_6_7b.rpeg", 4.1),
-    _dsc("DSC-5", "dsc5_opt_13b.rpeg", 9.0),
-    _dsc("DSC-6", "dsc6_opt_30b.rpeg", 18.0,
-         unwritable="the actor is trained with LoRA (actor_lora_dim 128)"),
-    _dsc("DSC-7", "dsc7_opt_66b.rpeg", 2.1 * 24,
-         unwritable="the actor is trained with LoRA (actor_lora_dim 128)"),
+    _dsc("DSC-4", "dsc4_opt_6_7b.rpeg", 4.1, 1024),
+    _dsc("DSC-5", "dsc5_opt_13b.rpeg", 9.0, 1024),
+    _dsc("DSC-6", "dsc6_opt_30b.rpeg", 18.0, 32),
+    _dsc("DSC-7", "dsc7_opt_66b.rpeg", 2.1 * 24, 32),
     _verl("VERL-5", 32, 790.10, 357.41, 107.71, 269.80),
     _verl("VERL-6", 64, 365.28, 150.72, 70.26, 133.41),
     _verl("VERL-7", 128, 356.30, 177.85, 53.92, 113.81),
@@ -176,11 +174,9 @@ _ROWS = [
     Row("NEMO-B2", "nemo-rl-v0.4", "NeMo RL", "nemo/nemo_b2_qwen3_32b.rpeg",
         "dgx_h100_32.rpeg", (("step", 393.0),)),
     Row("NEMO-B3", "nemo-rl-v0.4", "NeMo RL", "nemo/nemo_b3_qwen3_235b.rpeg",
-        "dgx_h100_128.rpeg", (("step", 506.0),),
-        unwritable="a mixture-of-experts model (128 experts, 8 active) with expert parallelism"),
+        "dgx_h100_128.rpeg", (("step", 506.0),)),
     Row("NEMO-B4", "nemo-rl-v0.4", "NeMo RL", "nemo/nemo_b4_deepseek_v3.rpeg",
-        "dgx_h100_256.rpeg", (("step", 154.0),),
-        unwritable="a mixture-of-experts model with multi-head latent attention"),
+        "dgx_h100_256.rpeg", (("step", 154.0),)),
 ]
 ROWS: dict[str, Row] = {r.id: r for r in _ROWS}
 

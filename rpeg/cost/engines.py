@@ -13,7 +13,9 @@ measured or from its datasheet). How fast an engine drives it is the engine's: t
 time each layer of a forward call costs when kernels are launched one by one from Python
 (``layer_s``; nothing when decode steps replay CUDA graphs, which cost ``graph_step_s`` a
 step instead), the fixed host work of a decode step (sampling, scheduling, stop checks:
-``step_s``), how long its kernels take against the profile's (``work``), how much of its
+``step_s``), how long its kernels take against the profile's (``work``), the bytes of each
+output logit it holds at once (``logits_fwd``, ``logits_train``: bf16 logits with a fused
+log-probability kernel hold 2, an fp32 upcast with its log-softmax 10), how much of its
 data-parallel and ZeRO traffic hides behind compute (``overlap``), the host time of ZeRO-3's
 gather and release hooks per parameter tensor and pass (``hook_s``), and how it batches
 generation: a paged KV cache with continuous batching (vLLM), a static batch that keeps
@@ -47,20 +49,25 @@ class EngineTerms:
     static_batch: bool = False  # generate: finished sequences stay in the batch until it ends
     kv_copy: bool = False       # generate: the cache grows by concatenation (rewritten each step)
     default_seqs: int = 0       # generate: sequences at once when not pinned (0: what fits)
-    logits_chunk: int = 0       # forward / train: tokens whose fp32 logits exist at once (0: all)
+    logits_chunk: int = 0       # forward / train: tokens whose logits exist at once (0: all)
+    logits_fwd: float = 12.0    # bytes per logit value a forward holds (fp32 copies: 12)
+    logits_train: float = 12.0  # ... a train step holds, with the logits' gradient
+    sequence_parallel: bool = False   # TP ranks split the norms' and residuals' activations
 
 
 # Fitted on the calibration set by benchmarks/published_fit.py (results/published.md).
 ENGINES: dict[Engine, EngineTerms] = {
     Engine.TORCH: EngineTerms(layer_s=400e-6, step_s=3e-3, work=1.0, overlap=0.5,
-                              kv_copy=True),
+                              kv_copy=True, logits_fwd=2, logits_train=4),
     Engine.VLLM: EngineTerms(layer_s=150e-6, step_s=3e-3, graph_step_s=1.5e-3, work=0.8,
                              paged=True, default_seqs=256),
     Engine.HF: EngineTerms(layer_s=600e-6, step_s=3e-3, work=1.0, overlap=0.3, hook_s=40e-6,
-                           static_batch=True, kv_copy=True),
+                           static_batch=True, kv_copy=True, logits_fwd=10, logits_train=14),
     Engine.HYBRID: EngineTerms(layer_s=100e-6, step_s=3e-3, work=0.8, static_batch=True),
-    Engine.DEEPSPEED: EngineTerms(layer_s=400e-6, work=1.0, overlap=0.3, hook_s=40e-6),
-    Engine.MEGATRON: EngineTerms(layer_s=100e-6, work=1.0, overlap=0.8, logits_chunk=0),
+    Engine.DEEPSPEED: EngineTerms(layer_s=400e-6, work=1.0, overlap=0.3, hook_s=40e-6,
+                                  logits_fwd=10, logits_train=14),
+    Engine.MEGATRON: EngineTerms(layer_s=100e-6, work=1.0, overlap=0.8, logits_fwd=6,
+                                 logits_train=10, sequence_parallel=True),
 }
 
 

@@ -30,7 +30,9 @@ or a CUDA-graph replay, and the step's sampling and scheduling) is the engine's
 (:mod:`rpeg.cost.engines`). Generation on ZeRO-3-sharded weights (``zero = 3``: HF
 ``generate`` on a DeepSpeed model) gathers every layer over the data-parallel group in every
 pass, prefetching behind compute as far as the engine overlaps; the Hybrid Engine gathers
-the shards once a step into inference kernels at the stage's tensor-parallel degree.
+the shards once a step into inference kernels at the stage's tensor-parallel degree. An
+engine whose weights wait in host memory between steps (``param_offload``: vLLM's sleep
+mode in colocated systems) brings them back before it generates.
 """
 
 from __future__ import annotations
@@ -233,7 +235,9 @@ def generate_memory(model: Model, par: Parallel, w, gpu, engine: Engine, local: 
     else:
         buf = n * row_buffer(model, par, w, gpu)
     buf += gather_buffer(model, par, gpu, engine)
-    return MemoryCost(kv_cache=kv, buffers=gpu.runtime_memory + buf)
+    # weights kept in host memory between stages (an engine put to sleep) are here now
+    loaded = engine_weights(model, par, gpu) if par.param_offload else 0.0
+    return MemoryCost(weights=loaded, kv_cache=kv, buffers=gpu.runtime_memory + buf)
 
 
 def generation_rows(pipeline: Pipeline, stage_name: str, par: Parallel, cluster: Cluster,
@@ -336,6 +340,8 @@ def _cached(model, par, devices, topo, gpu, local, prompt, extra, dist, engine, 
     if engine is Engine.HYBRID and par.zero >= 3:
         # the shards gathered once into the inference kernels' layout (tp of this stage)
         prefill_x += collective_time(Collective.ALL_GATHER, wbytes, tuple(devices), topo)
+    if par.param_offload:      # an engine woken up: its weights back from host memory
+        prefill_x += wbytes / gpu.get("host_bandwidth", 25e9)
 
     # Decode, integrated over segments of constant batch size.
     done = np.sort(last)

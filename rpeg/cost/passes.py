@@ -277,15 +277,18 @@ def offload_time(model: Model, par: Parallel, gpu, engine: Engine = Engine.TORCH
 
 # --- memory -----------------------------------------------------------------------------------
 
-def activation_bytes_per_token(model: Model, par: Parallel, seq: int, bpv: float) -> float:
+def activation_bytes_per_token(model: Model, par: Parallel, seq: int, bpv: float,
+                               sequence_parallel: bool = False) -> float:
     """Values autograd keeps per token per layer for the backward pass, in bytes.
 
     Counted for a Llama block: norm inputs/outputs (3h each of two), q/k/v and rotated
     q/k, the attention output and o_proj input, gate, up, SiLU(gate) and the product
     (4 ffn; a mixture of experts: of its active experts); attention itself is fused (no
-    S x S scores kept).
+    S x S scores kept). With sequence parallelism the TP ranks split the norms' and the
+    residual stream's values too.
     """
     d, tp = model.dims, par.tp
+    hidden = d.hidden / tp if sequence_parallel else d.hidden
     kv = max(d.kv_dim // tp, d.head_dim)
     q = d.heads * d.head_dim
     width = d.ffn
@@ -293,16 +296,18 @@ def activation_bytes_per_token(model: Model, par: Parallel, seq: int, bpv: float
         share = d.moe_layers / d.layers
         width = (1 - share) * d.ffn + share * d.expert_ffn * (d.active_experts
                                                               + d.shared_experts)
-    values = 6 * d.hidden + (q // tp + 2 * kv) + (q // tp + kv) \
+    values = 6 * hidden + (q // tp + 2 * kv) + (q // tp + kv) \
         + 2 * d.hidden // tp + (4 if d.gated else 2) * width / tp
     return values * bpv
 
 
-def logits_bytes(model: Model, par: Parallel, tokens: float, t: EngineTerms) -> float:
-    """fp32 logits, their log-softmax and gradient for ``tokens`` positions (in chunks of
-    ``logits_chunk`` where the engine computes them so)."""
+def logits_bytes(model: Model, par: Parallel, tokens: float, t: EngineTerms,
+                 train: bool = False) -> float:
+    """The output head's logits for ``tokens`` positions as the engine holds them (its bytes
+    per logit, with their gradient when training; in chunks of ``logits_chunk`` where it
+    computes them so)."""
     n = min(tokens, t.logits_chunk) if t.logits_chunk else tokens
-    return n * head_dims(model).vocab / par.tp * 4 * 3
+    return n * head_dims(model).vocab / par.tp * (t.logits_train if train else t.logits_fwd)
 
 
 def forward_memory(model: Model, par: Parallel, gpu, engine: Engine, w, batch: int,
@@ -335,12 +340,14 @@ def train_memory(model: Model, par: Parallel, gpu, engine: Engine, w, batch: int
     layers = math.ceil(d.layers / par.pp)
     sh = shape(w, par, math.ceil(local / minibatches / par.microbatches), gen)
     in_flight = min(par.pp, par.microbatches)
-    per_layer = activation_bytes_per_token(model, par, int(sh.seq), bpv) * gpu.act_factor
+    per_layer = activation_bytes_per_token(model, par, int(sh.seq), bpv,
+                                           t.sequence_parallel) * gpu.act_factor
+    stream = d.hidden / (par.tp if t.sequence_parallel else 1)
     if par.recompute:
-        acts = sh.tokens * (in_flight * layers * d.hidden * bpv + per_layer)
+        acts = sh.tokens * (in_flight * layers * stream * bpv + per_layer)
     else:
         acts = sh.tokens * in_flight * layers * per_layer
-    loss = logits_bytes(model, par, sh.head_tokens, t)
+    loss = logits_bytes(model, par, sh.head_tokens, t, train=True)
     full = trained_local_params(model, par) * bpv
     if gpu.get("grads_freed"):
         # Gradients are dropped after each step (zero_grad(set_to_none)) and re-created

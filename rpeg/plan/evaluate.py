@@ -483,15 +483,18 @@ class Evaluator:
             seen = []
             train = next((s for s in stages if self.pipeline.stage(s).kind is OpKind.TRAIN),
                          None)
+            sharded = None
             if train is not None:
                 p = plan.placement(train)
                 out.append((self.pipeline.stage(train).target, p, True))
                 seen.append((p.devices, p.tp, p.pp, p.zero >= 3))
+                sharded = p.devices if p.zero >= 3 else None
             for s in stages:
                 if self.pipeline.stage(s).kind is OpKind.TRAIN:
                     continue
                 p = plan.placement(s)
-                # a pass on ZeRO-3 shards reads the trained copy's shards where they are
+                if p.zero >= 3 and p.devices == sharded:
+                    continue      # a pass on ZeRO-3 shards gathers the trained copy's
                 key = (p.devices, p.tp, p.pp, p.zero >= 3)
                 if key not in seen:
                     seen.append(key)

@@ -10,7 +10,9 @@
 
 The spec's checker refused pins no cluster can lay out (:mod:`rpeg.spec.pins`). Here,
 with the cluster and the executor's limits known, :func:`check_pins` refuses a pin the
-cluster cannot hold (GPUs it lacks, a tp wider than a node) or the executor does not run
+cluster cannot hold (GPUs it lacks; for rpeg's runtime, a tp wider than a node — another
+system's tensor parallelism across nodes is priced over the inter-node link) or the
+executor does not run
 (``Limits``: ZeRO levels, pipeline parallelism, an engine, recomputation, offload), at
 the pin's ``FILE:LINE:COL``. The choice table then offers a pinned stage only layouts
 that :func:`matches` its pin, on its pinned devices, and :func:`honour` puts back what
@@ -74,7 +76,7 @@ def check_pins(pipeline: Pipeline, cluster: Cluster, limits: Limits) -> None:
             raise PlanError(f"place {pin.stage} must name GPUs in 0..{cluster.num_gpus - 1}, "
                             f"not {pin.first}..{pin.last}", pin.span,
                             hint=f"cluster '{cluster.name}' has {cluster.num_gpus} GPUs")
-        if pin.tp is not None and pin.tp > cluster.gpus_per_node:
+        if pin.tp is not None and pin.tp > cluster.gpus_per_node and not limits.foreign:
             raise PlanError(f"place {pin.stage}: tp must stay inside one node of "
                             f"{cluster.gpus_per_node} GPUs, not {pin.tp}", pin.span_of("tp"),
                             hint="tensor parallelism runs over a node's GPU links")

@@ -69,6 +69,7 @@ class Result:
     status: str                        # ok | no-fit | unwritable | error
     predicted: dict = attrs.field(factory=dict)        # figure -> seconds
     message: str = ""
+    plan: object = attrs.field(default=None, eq=False, repr=False)   # the plan priced
 
     @property
     def ratio(self) -> float | None:
@@ -183,16 +184,19 @@ ROWS: dict[str, Row] = {r.id: r for r in _ROWS}
 
 # --- pricing ----------------------------------------------------------------------------------
 
-def price(row: Row, limits: Limits | None = None) -> Result:
-    """The row's figures as rpeg predicts them; a status instead where it cannot."""
+def price(row: Row, limits: Limits | None = None, plan=None) -> Result:
+    """The row's figures as rpeg predicts them; a status instead where it cannot.
+    ``plan``: price this plan of the row (as an earlier ``price`` found it) instead of
+    making it again."""
     if row.unwritable:
         return Result(row, "unwritable", message=row.unwritable)
     limits = Limits() if limits is None else limits
     try:
         pipeline = load(SPECS / row.spec)
         cluster = load_cluster(SPECS / "clusters" / row.cluster)
-        if row.strategy is Strategy.PINNED:
-            plan = pinned_plan(pipeline, cluster, limits)
+        if plan is not None or row.strategy is Strategy.PINNED:
+            plan = pinned_plan(pipeline, cluster, limits) if plan is None else \
+                attrs.evolve(plan, predicted=None)
             ev = Evaluator(pipeline, cluster).evaluate(plan, simulate_infeasible=True)
         else:
             report = compile_report(pipeline, cluster, row.strategy,
@@ -210,8 +214,9 @@ def price(row: Row, limits: Limits | None = None) -> Result:
     if not ev.feasible:
         sf = ev.shortfall
         return Result(row, "no-fit", predicted, f"needs {sf.need / 1e9:.1f} GB on GPU "
-                                                f"{sf.device} of {sf.capacity / 1e9:.0f} GB")
-    return Result(row, "ok", predicted)
+                                                f"{sf.device} of {sf.capacity / 1e9:.0f} GB",
+                      plan=ev.plan)
+    return Result(row, "ok", predicted, plan=ev.plan)
 
 
 def phase_times(ev, phases) -> dict[str, float]:

@@ -11,8 +11,8 @@
 A GPU profile says what the device does (GEMM throughput, memory bandwidth, capacity:
 measured or from its datasheet). How fast an engine drives it is the engine's: the host
 time each layer of a forward call costs when kernels are launched one by one from Python
-(``layer_s``; nothing when decode steps replay CUDA graphs, which cost ``graph_step_s`` a
-step instead), the fixed host work of a decode step (sampling, scheduling, stop checks:
+(``layer_s``; nothing when decode steps replay CUDA graphs, whose replay costs the host
+``graph_step_s`` a step instead), the fixed host work of a decode step (sampling, scheduling, stop checks:
 ``step_s``), how long its kernels take against the profile's (``work``), the bytes of each
 output logit it holds at once (``logits_fwd``, ``logits_train``: bf16 logits with a fused
 log-probability kernel hold 2, an fp32 upcast with its log-softmax 10), how much of its
@@ -32,6 +32,8 @@ the torch and vLLM terms are the ones ``rpeg calibrate`` measured on that machin
 
 from __future__ import annotations
 
+import contextlib
+
 import attrs
 
 from rpeg.spec.model import Engine, GpuProfile
@@ -41,7 +43,7 @@ from rpeg.spec.model import Engine, GpuProfile
 class EngineTerms:
     layer_s: float = 0.0        # host seconds per layer per forward call, kernels launched eagerly
     step_s: float = 0.0         # host seconds per decode step (sampling, scheduling, stop checks)
-    graph_step_s: float = 0.0   # seconds per decode step replayed from CUDA graphs
+    graph_step_s: float = 0.0   # host seconds per decode step replayed from a CUDA graph
     work: float = 1.0           # kernel time / the profile's torch kernels
     overlap: float = 0.0        # share of DP / ZeRO communication hidden behind compute
     hook_s: float = 0.0         # host seconds per parameter tensor per pass under ZeRO-3
@@ -59,7 +61,7 @@ class EngineTerms:
 ENGINES: dict[Engine, EngineTerms] = {
     Engine.TORCH: EngineTerms(layer_s=400e-6, step_s=3e-3, work=1.0, overlap=0.5,
                               kv_copy=True, logits_fwd=2, logits_train=4),
-    Engine.VLLM: EngineTerms(layer_s=150e-6, step_s=3e-3, graph_step_s=1.5e-3, work=0.8,
+    Engine.VLLM: EngineTerms(layer_s=150e-6, step_s=3e-3, graph_step_s=0.5e-3, work=0.8,
                              paged=True, default_seqs=256),
     Engine.HF: EngineTerms(layer_s=600e-6, step_s=3e-3, work=1.0, overlap=0.3, hook_s=40e-6,
                            static_batch=True, kv_copy=True, logits_fwd=10, logits_train=14),
@@ -71,9 +73,8 @@ ENGINES: dict[Engine, EngineTerms] = {
 }
 
 
-def engine_terms(engine: Engine, gpu: GpuProfile,
-                 table: dict[Engine, EngineTerms] | None = None) -> EngineTerms:
-    """The terms ``engine`` runs with on ``gpu`` (``table``: another set, for fitting)."""
+def engine_terms(engine: Engine, gpu: GpuProfile) -> EngineTerms:
+    """The terms ``engine`` runs with on ``gpu``."""
     if engine is Engine.AUTO:
         engine = Engine.TORCH
     if not gpu.async_launch:                  # a CPU rpeg calibrate measured: its own terms
@@ -83,19 +84,34 @@ def engine_terms(engine: Engine, gpu: GpuProfile,
                                work=gpu.get("vllm_work_scale", 1.0), paged=True)
         return EngineTerms(layer_s=gpu.layer_overhead, step_s=gpu.decode_overhead,
                            kv_copy=True, static_batch=engine in (Engine.HF, Engine.HYBRID))
-    return (table or ENGINES)[engine]
+    return ENGINES[engine]
+
+
+@contextlib.contextmanager
+def engine_table(table: dict[Engine, EngineTerms]):
+    """Price with ``table`` instead of the fitted terms while the block runs (the fit of
+    ``benchmarks/published_fit.py`` tries candidate terms this way; every cost function
+    is keyed by the terms it used, so nothing cached carries over)."""
+    saved = dict(ENGINES)
+    ENGINES.clear()
+    ENGINES.update(table)
+    try:
+        yield
+    finally:
+        ENGINES.clear()
+        ENGINES.update(saved)
 
 
 def with_terms(gpu: GpuProfile, t: EngineTerms, decode: bool = False,
                graph: bool = False) -> GpuProfile:
-    """``gpu`` as the engine drives it: its host overheads and kernel speed. A decode step
-    replayed from CUDA graphs pays ``graph_step_s`` instead of a host cost per layer."""
+    """``gpu`` as the engine drives it: its host overheads and kernel speed. A pass replayed
+    from a CUDA graph costs the host ``graph_step_s`` instead of a launch per layer and a
+    call; a decode step also pays the engine's ``step_s`` (sampling, scheduling)."""
     from rpeg.cost.compute import with_work_scale
-    layer = 0.0 if graph else t.layer_s
-    step = (t.graph_step_s if graph else 0.0) + t.step_s
-    out = attrs.evolve(gpu, layer_overhead=layer,
-                       decode_overhead=step if decode else gpu.decode_overhead)
+    out = attrs.evolve(gpu, layer_overhead=0.0 if graph else t.layer_s,
+                       call_overhead=t.graph_step_s if graph else gpu.call_overhead,
+                       decode_overhead=t.step_s if decode else gpu.decode_overhead)
     return with_work_scale(out, t.work)
 
 
-__all__ = ["ENGINES", "EngineTerms", "engine_terms", "with_terms"]
+__all__ = ["ENGINES", "EngineTerms", "engine_table", "engine_terms", "with_terms"]

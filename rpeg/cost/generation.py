@@ -272,15 +272,15 @@ def generation(model, par, devices, topo, cluster, batch, w, engine, rows=None,
     if t.paged and n < local:
         # Continuous batching: ``n`` sequences at once, a finished one's slot refilled from
         # the queue at once, so only the last sequences leave a tail.
-        return _cached(model, par, devices, topo, gpu, local, prompt, extra, dist, engine,
+        return _cached(model, par, devices, topo, gpu, t, local, prompt, extra, dist, engine,
                        par.dp, n)
     if n >= local:
-        return _cached(model, par, devices, topo, gpu, local, prompt, extra, dist, engine,
+        return _cached(model, par, devices, topo, gpu, t, local, prompt, extra, dist, engine,
                        par.dp)
     # Waves: the local batch in ceil(local / n) consecutive batches of at most n sequences.
     # Each wave has the whole length distribution, so each waits for its own longest.
     waves = math.ceil(local / n)
-    one = _cached(model, par, devices, topo, gpu, math.ceil(local / waves), prompt, extra,
+    one = _cached(model, par, devices, topo, gpu, t, math.ceil(local / waves), prompt, extra,
                   dist, engine, par.dp * waves)
     c, span = one.cost, one.cost.time_s
     cost = StageCost(c.time_s * waves, c.compute_s * waves, c.comm_s * waves,
@@ -291,7 +291,7 @@ def generation(model, par, devices, topo, cluster, batch, w, engine, rows=None,
 
 
 @functools.lru_cache(maxsize=4096)
-def _cached(model, par, devices, topo, gpu, local, prompt, extra, dist, engine, groups=1,
+def _cached(model, par, devices, topo, gpu, t, local, prompt, extra, dist, engine, groups=1,
             slots=None) -> Gen:
     """One wave of ``local`` sequences per replica, on the slowest of ``groups`` replicas
     (or waves) the batch is dealt to; each prompt ``extra`` tokens longer (what a carried
@@ -299,7 +299,6 @@ def _cached(model, par, devices, topo, gpu, local, prompt, extra, dist, engine, 
     once, admitted in arrival order (independent of their lengths)."""
     check_parallel(model.dims, par, model.name)
     d, hd, bpv = model.dims, head_dims(model), value_bytes(model, gpu)
-    t = engine_terms(engine, gpu)
     m = min(par.microbatches, local)
     layers = math.ceil(d.layers / par.pp)
     tpg, ppg = tuple(devices[: par.tp]), tuple(devices[: par.pp * par.tp: par.tp])

@@ -28,7 +28,7 @@ import attrs
 from rpeg.cost.memory import Parallel, resident_memory
 from rpeg.cost.stages import estimate_stage, generation_rows, offload_time, stage_memory
 from rpeg.errors import CostError
-from rpeg.plan.pinned import matches, overlay
+from rpeg.plan.pinned import FOREIGN, matches, overlay
 from rpeg.plan.space import Limits, block_sizes, generate_engines, layouts
 from rpeg.spec.model import Cluster, Engine, OpKind, Pipeline
 
@@ -96,6 +96,9 @@ def enumerate_layouts(pipeline: Pipeline, stage: str, sizes: tuple[int, ...],
     out = []
     if s.kind is OpKind.GENERATE:
         engines = generate_engines(pipeline, stage, limits)
+        if pin is not None and pin.engine not in (None, Engine.AUTO) and (
+                pin.engine in engines or limits.foreign and pin.engine in FOREIGN):
+            engines = (pin.engine,)
     else:
         engines = (Engine.TORCH,)
     train_engine = pin.engine if pin is not None and pin.engine is not None \

@@ -23,7 +23,7 @@ from __future__ import annotations
 import attrs
 import numpy as np
 
-from rpeg.cost.memory import Parallel, local_params, resident_memory, value_bytes
+from rpeg.cost.memory import MemoryCost, Parallel, local_params, resident_memory, value_bytes
 from rpeg.cost.partial import max_carries, smallest_cap
 from rpeg.cost.stages import (
     estimate_stage,
@@ -55,6 +55,8 @@ class Shortfall:
     op: str                     # the op with the largest transient need there
     model: str                  # the model the largest resident share belongs to
     what: tuple[tuple[str, float], ...]      # (what, bytes) filling the device
+    kinds: tuple[tuple[str, float], ...] = ()   # (weights / grads / ... , bytes) there
+    layout: StagePlacement | None = None        # how the op with the largest need runs
 
     @property
     def over(self) -> float:
@@ -543,8 +545,35 @@ class Evaluator:
                       key=lambda x: -x[1])
         op = stages[top_op[worst]] if top_op[worst] >= 0 else ""
         what.append((f"{op} (transient)", float(transient[worst])))
+        kinds = self.kinds(plan, graph, worst, op, rows.get(op), chunks_of.get(op, ()))
         return peak, Shortfall(worst, float(peak[worst]), cap, op,
-                               what[0][0] if what else "", tuple(what))
+                               what[0][0] if what else "", tuple(what), kinds,
+                               plan.placement(op) if op else None)
+
+    def kinds(self, plan: Plan, graph: Graph, device: int, op: str, rows, chunks
+              ) -> tuple[tuple[str, float], ...]:
+        """What fills ``device`` by kind (weights, gradients, optimizer state, activations,
+        KV cache, buffers): every copy resident there and the op's transient need."""
+        total = MemoryCost()
+        for model, p, trained in self.copies(plan, graph):
+            if device in p.devices:
+                zero = p.zero if trained or p.zero >= 3 else 0
+                par = attrs.evolve(parallel_of(p), zero=zero, offload=p.offload and trained)
+                total += resident_memory(self.pipeline.model(model), par, self.cluster,
+                                         trained=trained,
+                                         host_grads=p.engine is Engine.DEEPSPEED)
+        if op:
+            p = plan.placement(op)
+            par = parallel_of(p)
+            if chunks:
+                total += max((stage_memory(self.pipeline, op, par, self.cluster, batch=n,
+                                           padded_len=top, engine=p.engine)
+                              for n, top in chunks), key=lambda m: m.total)
+            else:
+                total += stage_memory(self.pipeline, op, par, self.cluster, rows=rows,
+                                      partial=self.cap(p), engine=p.engine)
+        return tuple((k, float(getattr(total, k))) for k in
+                     ("weights", "grads", "optimizer", "activations", "kv_cache", "buffers"))
 
     def homes(self, plan: Plan, graph: Graph) -> tuple[tuple[str, tuple[int, ...]], ...]:
         out: dict[str, set[int]] = {}

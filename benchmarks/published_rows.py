@@ -21,6 +21,7 @@ steady step of the simulated timeline.
 
 from __future__ import annotations
 
+import functools
 import math
 import sys
 from pathlib import Path
@@ -192,8 +193,7 @@ def price(row: Row, limits: Limits | None = None, plan=None) -> Result:
         return Result(row, "unwritable", message=row.unwritable)
     limits = Limits() if limits is None else limits
     try:
-        pipeline = load(SPECS / row.spec)
-        cluster = load_cluster(SPECS / "clusters" / row.cluster)
+        pipeline, cluster = _loaded(row.spec, row.cluster)
         if plan is not None or row.strategy is Strategy.PINNED:
             plan = pinned_plan(pipeline, cluster, limits) if plan is None else \
                 attrs.evolve(plan, predicted=None)
@@ -217,6 +217,12 @@ def price(row: Row, limits: Limits | None = None, plan=None) -> Result:
                                                 f"{sf.device} of {sf.capacity / 1e9:.0f} GB",
                       plan=ev.plan)
     return Result(row, "ok", predicted, plan=ev.plan)
+
+
+@functools.cache
+def _loaded(spec: str, cluster: str):
+    """The row's spec and cluster, read once (both are immutable values)."""
+    return load(SPECS / spec), load_cluster(SPECS / "clusters" / cluster)
 
 
 def phase_times(ev, phases) -> dict[str, float]:

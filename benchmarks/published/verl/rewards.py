@@ -1,46 +1,7 @@
-"""Rule-based rewards the shipped pipelines name with ``python("rewards:NAME")``.
-
-A reward function takes the decoded prompt and response texts of a batch and
-returns one float per response.
-"""
-
-from __future__ import annotations
-
-import re
-
-_NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
+"""The rule-based reward these rows' specs name (a verifier's exact match), for the checker to
+find; the calibration prices the rows and never runs it."""
 
 
-def exact_match(prompts: list[str], responses: list[str], answers: list[str] | None = None
-                ) -> list[float]:
-    """1.0 when the last number in the response equals the reference answer, else 0.0."""
+def exact_match(prompts, responses, answers=None):
     answers = answers or [""] * len(responses)
-    out = []
-    for response, answer in zip(responses, answers, strict=False):
-        found = _NUMBER.findall(response)
-        out.append(1.0 if found and answer and found[-1] == answer.strip() else 0.0)
-    return out
-
-
-
-def toy_reward(prompts: list[str], responses: list[str], answers: list[str] | None = None
-               ) -> list[float]:
-    """The toy task (``data/toy.jsonl``): repeat a letter n times, then stop.
-
-    Three parts with partial credit, so a randomly initialised byte-level model has
-    a gradient to climb: 0.2 x the fraction of lowercase letters in the response,
-    0.5 x the fraction of the n answer positions holding the right letter, and
-    0.3 x how close the length is to n. Range 0..1; a random policy scores ~0.15.
-    """
-    answers = answers or [""] * len(responses)
-    out = []
-    for response, answer in zip(responses, answers, strict=False):
-        n = max(len(answer), 1)
-        lower = sum(1 for ch in response if "a" <= ch <= "z") / max(len(response), 1)
-        hits = sum(1 for a, b in zip(response, answer, strict=False) if a == b) / n
-        length = max(0.0, 1.0 - abs(len(response) - n) / TOY_MAX_LEN)
-        out.append(0.2 * lower + 0.5 * hits + 0.3 * length)
-    return out
-
-
-TOY_MAX_LEN = 20        # the tiny pipelines' max_len
+    return [float(r.strip() == a.strip()) for r, a in zip(responses, answers, strict=True)]

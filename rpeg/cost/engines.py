@@ -65,12 +65,12 @@ ENGINES: dict[Engine, EngineTerms] = {
                               kv_copy=True, logits_fwd=2, logits_train=4),
     Engine.VLLM: EngineTerms(layer_s=150e-6, step_s=6.0e-3, graph_step_s=0.5e-3, work=0.6,
                              paged=True, default_seqs=256),
-    Engine.HF: EngineTerms(layer_s=606e-6, step_s=8.5e-3, work=0.8, overlap=0.3, hook_s=40e-6,
+    Engine.HF: EngineTerms(layer_s=606e-6, step_s=8.5e-3, work=1.0, overlap=0.3, hook_s=40e-6,
                            static_batch=True, kv_copy=True, logits_fwd=10, logits_train=14),
-    Engine.HYBRID: EngineTerms(layer_s=282e-6, step_s=135e-3, work=0.6, static_batch=True),
+    Engine.HYBRID: EngineTerms(layer_s=282e-6, step_s=95e-3, work=0.6, static_batch=True),
     Engine.DEEPSPEED: EngineTerms(layer_s=400e-6, work=1.42, overlap=0.0, hook_s=2e-3,
                                   logits_fwd=10, logits_train=14),
-    Engine.MEGATRON: EngineTerms(layer_s=100e-6, work=5.65, overlap=0.8, logits_fwd=6,
+    Engine.MEGATRON: EngineTerms(layer_s=100e-6, work=5.6, overlap=0.0, logits_fwd=6,
                                  logits_train=10, sequence_parallel=True),
 }
 

@@ -115,3 +115,16 @@ def test_fp8_needs_a_gpu_with_fp8_throughput(tmp_path):
     p = load(_spec(tmp_path, "model actor : llama3.1-8b { dtype = fp8 }"))
     with pytest.raises(PlanError, match="its profile gives no FP8 throughput"):
         check_backend(p, Limits(), load_cluster(ROOT / "pipelines/clusters/a100_16.rpeg"))
+
+
+def test_prompt_lengths_may_be_a_distribution(tmp_path):
+    path = _spec(tmp_path, "model actor : llama3.1-8b")
+    text = path.read_text().replace("prompt_len = 16", "prompt_len = lognormal(median = 200, "
+                                                       "max = 1024)")
+    path.write_text(text)
+    w = load(path).workload
+    assert w.prompt_len == 1024 and w.prompt_lens.median == 200      # cut at its maximum
+    path.write_text(text.replace("lognormal(median = 200, max = 1024)", "gamma(2)"))
+    with pytest.raises(SpecError, match="prompt_len distribution must be one of") as info:
+        check_file(path)
+    assert (info.value.span.line, info.value.span.col) == (2, 49)

@@ -5,7 +5,9 @@
 
 Training and forward ops: data parallelism (DDP), tensor parallelism up to 8 (DTensor,
 within a node). The torch engine generates at the same degrees and keeps partial
-rollouts between steps. Nothing here imports torch: the compile path reads it.
+rollouts between steps. Models: dense Llama, Qwen2, Qwen3 (its head size and QK-norm) and
+Mistral blocks, with LoRA adapters (peft); not mixtures of experts, latent attention, OPT's
+plain MLP or FP8. Nothing here imports torch: the compile path reads it.
 """
 
 from rpeg.plan.capabilities import Capabilities, EngineCapabilities
@@ -20,6 +22,9 @@ CAPABILITIES = Capabilities(
     offload=False,
     packing=False,
     engines=(EngineCapabilities(Engine.TORCH, max_tp=8, carry=True),),
+    families=frozenset({"llama", "qwen2", "qwen3", "mistral"}),
+    model_features=frozenset({"head_dim", "qk_norm"}),      # Qwen3's heads
+    lora=True,                                               # adapters with peft, at tp = 1
     missing=(("pp", "pipeline parallelism is not executed"),
              ("zero", "ZeRO sharding is not executed (data parallelism is DDP)"),
              ("recompute", "activation recomputation is not executed"),

@@ -6,7 +6,8 @@
     True
     >>> save_checkpoint(m, "ckpt/actor", meta={"version": 3})      # doctest: +SKIP
 
-One backbone (transformers ``LlamaModel`` / ``Qwen2Model``) and up to two heads:
+One backbone (transformers ``LlamaModel``, ``Qwen2Model``, ``Qwen3Model`` or
+``MistralModel``) and up to two heads:
 an LM head (next-token logits) and a value head (a scalar per position; also
 the reward-model head). Actor-critic sharing is one such model with both
 heads. Every model built from the same dims and seed starts from the same
@@ -65,27 +66,37 @@ def _cache_argument(cls) -> str:
     return "cache" if "cache" in params else "past_key_values"
 
 
+_FAMILIES = ("llama", "qwen2", "qwen3", "mistral")      # what a preset or custom model builds
+
+
 def hf_config(dims):
     """The transformers config for a ``ModelDims`` (byte vocabulary specials for tiny vocabularies)."""
-    from transformers import LlamaConfig, Qwen2Config
+    import transformers
 
+    if dims.family not in _FAMILIES:
+        raise BackendError(f"model family must be one of {', '.join(_FAMILIES)}, not "
+                           f"{dims.family!r}",
+                           hint="the torch backend builds Llama, Qwen2, Qwen3 and Mistral shapes")
+    if dims.qk_norm != (dims.family == "qwen3"):
+        raise BackendError(f"qk_norm must be {str(dims.family == 'qwen3').lower()} for a "
+                           f"{dims.family} model, not {str(dims.qk_norm).lower()}",
+                           hint="Qwen3 normalises queries and keys; the other families do not")
     common = dict(vocab_size=dims.vocab, hidden_size=dims.hidden, num_hidden_layers=dims.layers,
                   num_attention_heads=dims.heads, num_key_value_heads=dims.kv_heads,
+                  head_dim=dims.head_dim,
                   intermediate_size=dims.ffn, max_position_embeddings=dims.max_positions,
                   tie_word_embeddings=dims.tied_embeddings, pad_token_id=PAD_ID,
                   bos_token_id=BOS_ID, eos_token_id=EOS_ID)
-    if dims.family == "llama":
-        return LlamaConfig(**common)
-    if dims.family == "qwen2":
-        return Qwen2Config(**common)
-    raise BackendError(f"model family must be llama or qwen2, not {dims.family!r}",
-                       hint="the torch backend builds Llama and Qwen2 shapes")
+    if dims.family == "qwen3":
+        common["attention_bias"] = dims.qkv_bias
+    name = {"llama": "Llama", "qwen2": "Qwen2", "qwen3": "Qwen3", "mistral": "Mistral"}
+    return getattr(transformers, name[dims.family] + "Config")(**common)
 
 
 def build_model(dims, heads: tuple[str, ...] = ("lm",), seed: int = 0,
                 weights: str | None = None) -> PolicyModel:
     """A model with the requested heads; random init from ``seed``, or loaded from ``weights``."""
-    from transformers import AutoModelForCausalLM, LlamaModel, Qwen2Model
+    from transformers import MODEL_MAPPING, AutoModelForCausalLM
 
     if weights:
         path = Path(weights)
@@ -101,7 +112,7 @@ def build_model(dims, heads: tuple[str, ...] = ("lm",), seed: int = 0,
     config = hf_config(dims)
     config._attn_implementation = "sdpa"
     torch.manual_seed(seed)
-    backbone = (LlamaModel if dims.family == "llama" else Qwen2Model)(config)
+    backbone = MODEL_MAPPING[type(config)](config)
     torch.manual_seed(seed + 1)
     lm_head = None
     if "lm" in heads:

@@ -30,13 +30,15 @@ from rpeg.plan.model import Strategy, device_ranges
 
 
 class Compiled(enum.Enum):
-    """The strategies ``rpeg compile`` offers: the search or a baseline (a plan written by
-    hand is one you give ``rpeg run`` or ``rpeg simulate``, not one it compiles)."""
+    """The strategies ``rpeg compile`` offers: the search, a baseline, or the spec's pinned
+    layouts priced as written (a plan written by hand is one you give ``rpeg run`` or
+    ``rpeg simulate``, not one it compiles)."""
 
     SEARCH = "search"
     COLOCATED = "colocated"
     SPLIT = "split"
     REALLOC = "realloc"
+    PINNED = "pinned"
 
 
 def register(app: typer.Typer) -> None:
@@ -53,8 +55,9 @@ def register(app: typer.Typer) -> None:
                                     help="Where to write the plan (a Gantt PNG goes beside it); "
                                          "default plan.json, for a plan nothing."),
         strategy: Compiled = typer.Option(Compiled.SEARCH, "--strategy", case_sensitive=False,
-                                          help="search, or a baseline: colocated, split, "
-                                               "realloc."),
+                                          help="search, a baseline (colocated, split, "
+                                               "realloc), or pinned: the spec's `place` "
+                                               "layouts priced as written."),
         seed: int = typer.Option(defaults.seed, "--seed", min=0, help="Seed of the search."),
         budget: int = typer.Option(defaults.iterations, "--budget", "--iterations", min=1,
                                    help="Plans each walk of the search tries (the search's "

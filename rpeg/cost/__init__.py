@@ -12,6 +12,7 @@ Loading or measuring profiles is the caller's business (``rpeg calibrate``).
 """
 
 from rpeg.cost.compute import Gemm, forward_flops, gemm_time, pass_time
+from rpeg.cost.engines import EngineTerms, engine_terms
 from rpeg.cost.memory import (
                               MemoryCost,
                               Parallel,
@@ -50,8 +51,9 @@ __all__ = [
     "Parallel", "StageCost", "MemoryCost", "CostError", "Engine",
     # topology and communication
     "Topology", "Collective", "collective_time", "weight_sync_time",
-    # compute
+    # compute, and the engines that run it
     "estimate_stage", "generation_chunks", "Gemm", "gemm_time", "pass_time", "forward_flops",
+    "EngineTerms", "engine_terms",
     # memory
     "stage_memory", "resident_memory", "local_params", "model_params", "value_bytes",
     "check_parallel", "check_fits", "fits",

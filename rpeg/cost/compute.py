@@ -16,6 +16,13 @@ bytes / mem_bandwidth)`` — small GEMMs do not reach the large-GEMM rate, skinn
 ones (decode) are bound by reading their weights. Attention adds the sequence
 term (QK^T and AV, GQA-aware), elementwise work moves activations through
 memory, and every layer and call pays the profile's host-side overheads.
+
+A mixture-of-experts layer runs its router and, for each of the experts a device holds
+(``experts / ep``, or all of them split ``tp`` ways without expert parallelism), a GEMM
+over the tokens routed to it: ``tokens x active / experts`` rows each, so a decode step
+reads every local expert's weights while computing with few rows. Latent attention
+(DeepSeek-V3) projects queries and keys through their compressed widths and reads the
+compressed cache. FP8 weights (``wbytes = 1``) run at the profile's ``fp8_flops``.
 """
 
 from __future__ import annotations
@@ -43,31 +50,76 @@ class Gemm:
     def flops(self) -> float:
         return 2.0 * self.m * self.n * self.k
 
-    def nbytes(self, bpv: float) -> float:
-        return bpv * (self.m * self.k + self.k * self.n + self.m * self.n)
+    def nbytes(self, bpv: float, wbpv: float | None = None) -> float:
+        w = bpv if wbpv is None else wbpv
+        return bpv * (self.m * self.k + self.m * self.n) + w * self.k * self.n
 
 
-def gemm_time(g: Gemm, gpu: GpuProfile, bpv: float) -> float:
-    """Seconds for one GEMM on ``gpu``: saturating throughput, or memory-bound."""
-    if g.m <= 0 or g.n <= 0 or g.k <= 0:
+def gemm_time(g: Gemm, gpu: GpuProfile, bpv: float, wbpv: float | None = None,
+              count: int = 1) -> float:
+    """Seconds for ``count`` GEMMs of this shape on ``gpu`` (a grouped GEMM: one launch):
+    saturating throughput, or memory-bound (weights of ``wbpv`` bytes, FP8 at the profile's
+    FP8 rate)."""
+    if g.m <= 0 or g.n <= 0 or g.k <= 0 or count <= 0:
         return 0.0
-    compute = (g.flops * (1 + gpu.matmul_m_half / g.m) + gpu.matmul_half) / gpu.matmul_flops
-    memory = g.nbytes(bpv) / gpu.mem_bandwidth
-    return max(compute, memory) + gpu.launch_overhead
+    rate = gpu.fp8_flops if wbpv == 1 and gpu.fp8_flops else gpu.matmul_flops
+    compute = (g.flops * (1 + gpu.matmul_m_half / g.m) + gpu.matmul_half) / rate
+    memory = g.nbytes(bpv, wbpv) / gpu.mem_bandwidth
+    return count * max(compute, memory) + gpu.launch_overhead
 
 
 def layer_gemms(dims: ModelDims, tokens: int, tp: int = 1) -> tuple[Gemm, ...]:
-    """The GEMMs of one transformer block on one TP rank (column/row parallel split)."""
-    h, kv, f = dims.hidden, dims.kv_dim, dims.ffn
+    """The attention and dense-MLP GEMMs of one transformer block on one TP rank
+    (column/row parallel split)."""
+    return attention_gemms(dims, tokens, tp) + mlp_gemms(dims, tokens, dims.ffn, tp)
+
+
+def attention_gemms(dims: ModelDims, tokens: int, tp: int = 1) -> tuple[Gemm, ...]:
+    h, kv, q = dims.hidden, dims.kv_dim, dims.heads * dims.head_dim
+    if dims.mla:
+        heads = max(dims.heads // tp, 1)
+        nope = dims.head_dim - dims.rope_dim
+        qs = (Gemm(tokens, dims.q_lora, h), Gemm(tokens, heads * dims.head_dim, dims.q_lora)) \
+            if dims.q_lora else (Gemm(tokens, heads * dims.head_dim, h),)
+        return qs + (Gemm(tokens, dims.kv_lora + dims.rope_dim, h),          # latent kv
+                     Gemm(tokens, heads * (nope + dims.v_head), dims.kv_lora),  # k, v up
+                     Gemm(tokens, h, heads * dims.v_head))                  # o
     return (
-        Gemm(tokens, h // tp, h),                     # q
-        Gemm(tokens, max(kv // tp, dims.head_dim), h),  # k (replicated when tp > kv_heads)
-        Gemm(tokens, max(kv // tp, dims.head_dim), h),  # v
-        Gemm(tokens, h, h // tp),                     # o
-        Gemm(tokens, f // tp, h),                     # gate
-        Gemm(tokens, f // tp, h),                     # up
-        Gemm(tokens, h, f // tp),                     # down
+        Gemm(tokens, q // tp, h),                                # q
+        Gemm(tokens, max(kv // tp, dims.head_dim), h),           # k (replicated when tp > kv_heads)
+        Gemm(tokens, max(kv // tp, dims.head_dim), h),           # v
+        Gemm(tokens, h, q // tp),                                # o
     )
+
+
+def mlp_gemms(dims: ModelDims, tokens: int, width: int, tp: int = 1) -> tuple[Gemm, ...]:
+    """A (gated) MLP of ``width``: gate, up, down (a plain MLP: up, down)."""
+    h = dims.hidden
+    up = (Gemm(tokens, width // tp, h),) * (2 if dims.gated else 1)
+    return up + (Gemm(tokens, h, width // tp),)
+
+
+def moe_time(dims: ModelDims, gpu: GpuProfile, tokens: int, bpv: float, tp: int, ep: int,
+             wbpv: float | None = None) -> float:
+    """Seconds of one MoE block's MLP on one device: the router, the routed tokens through
+    each local expert, the shared experts."""
+    local = dims.experts // ep if ep > 1 else dims.experts
+    split = 1 if ep > 1 else tp
+    rows = max(int(round(tokens * ep * dims.active_experts / dims.experts)), 1)
+    t = gemm_time(Gemm(tokens, dims.experts, dims.hidden), gpu, bpv, wbpv)
+    t += sum(gemm_time(g, gpu, bpv, wbpv, count=local)
+             for g in mlp_gemms(dims, rows, dims.expert_ffn, split))
+    if dims.shared_experts:
+        t += sum(gemm_time(g, gpu, bpv, wbpv)
+                 for g in mlp_gemms(dims, tokens, dims.expert_ffn * dims.shared_experts, tp))
+    return t
+
+
+def moe_flops(dims: ModelDims, tokens: int, tp: int = 1) -> float:
+    """FLOPs of one MoE block's MLP over ``tokens`` (the active experts)."""
+    width = dims.expert_ffn * (dims.active_experts + dims.shared_experts)
+    return sum(g.flops for g in mlp_gemms(dims, tokens, width, tp)) \
+        + 2.0 * tokens * dims.experts * dims.hidden
 
 
 def head_gemm(dims: ModelDims, tokens: int, tp: int = 1) -> Gemm:
@@ -77,23 +129,28 @@ def head_gemm(dims: ModelDims, tokens: int, tp: int = 1) -> Gemm:
 def attention_flops(dims: ModelDims, tokens: int, context: float, tp: int = 1) -> float:
     """QK^T and AV for ``tokens`` queries against ``context`` keys each (causal average
     handled by the caller passing the mean context)."""
-    return 4.0 * tokens * context * dims.head_dim * max(dims.heads // tp, 1)
+    v = dims.v_head or dims.head_dim
+    return 2.0 * tokens * context * (dims.head_dim + v) * max(dims.heads // tp, 1)
 
 
 def forward_flops(dims: ModelDims, tokens: int, context: float, tp: int = 1,
                   layers: int | None = None, head: bool = True) -> float:
-    """FLOPs of one forward pass over ``tokens`` new tokens with ``context`` keys per query."""
+    """FLOPs of one forward pass over ``tokens`` new tokens with ``context`` keys per query
+    (a mixture of experts: its active experts)."""
     layers = dims.layers if layers is None else layers
-    per_layer = sum(g.flops for g in layer_gemms(dims, tokens, tp)) \
+    attn = sum(g.flops for g in attention_gemms(dims, tokens, tp)) \
         + attention_flops(dims, tokens, context, tp)
-    return layers * per_layer + (head_gemm(dims, tokens, tp).flops if head else 0.0)
+    dense = sum(g.flops for g in mlp_gemms(dims, tokens, dims.ffn, tp))
+    share = dims.moe_layers / dims.layers
+    mlp = (1 - share) * dense + (share * moe_flops(dims, tokens, tp) if share else 0.0)
+    return layers * (attn + mlp) + (head_gemm(dims, tokens, tp).flops if head else 0.0)
 
 
 @functools.lru_cache(maxsize=1 << 16)       # pure; the planner asks the same pass many times
 def pass_time(dims: ModelDims, gpu: GpuProfile, *, tokens: int, context: float,
               bytes_per_value: float, tp: int = 1, layers: int | None = None,
               head: bool = True, kv_tokens: float = 0.0, head_tokens: int | None = None,
-              kv_copy: bool = False) -> float:
+              kv_copy: bool = False, ep: int = 1, weight_bytes: float | None = None) -> float:
     """Seconds of one forward pass on one device (its ``layers`` and TP shard).
 
     ``tokens``: new tokens in the pass (batch x sequence); ``context``: keys each query
@@ -101,17 +158,29 @@ def pass_time(dims: ModelDims, gpu: GpuProfile, *, tokens: int, context: float,
     ``kv_tokens``: cached tokens read from memory (decode), across the batch;
     ``head_tokens``: positions the output head is applied to (default: all ``tokens``);
     ``kv_copy``: the cache grows by concatenation (transformers' DynamicCache), so every
-    decode step also rewrites it.
+    decode step also rewrites it. ``ep``: the expert-parallel degree of a mixture of
+    experts; ``weight_bytes``: bytes per weight when not ``bytes_per_value`` (FP8: 1).
     """
     layers = dims.layers if layers is None else layers
-    bpv = bytes_per_value
-    gemms = sum(gemm_time(g, gpu, bpv) for g in layer_gemms(dims, tokens, tp))
+    bpv, wbpv = bytes_per_value, weight_bytes
+    gemms = sum(gemm_time(g, gpu, bpv, wbpv) for g in attention_gemms(dims, tokens, tp))
+    if dims.moe:
+        share = dims.moe_layers / dims.layers
+        dense = sum(gemm_time(g, gpu, bpv, wbpv)
+                    for g in mlp_gemms(dims, tokens, dims.ffn, tp)) if dims.ffn else 0.0
+        gemms += share * moe_time(dims, gpu, tokens, bpv, tp, ep, wbpv) + (1 - share) * dense
+    else:
+        gemms += sum(gemm_time(g, gpu, bpv, wbpv) for g in mlp_gemms(dims, tokens, dims.ffn, tp))
     attn_f = attention_flops(dims, tokens, context, tp)
-    kv_read = kv_tokens * 2 * max(dims.kv_dim // tp, dims.head_dim) * bpv
+    per_token = dims.kv_values_per_token() if dims.mla else \
+        2 * max(dims.kv_dim // tp, dims.head_dim)
+    kv_read = kv_tokens * per_token * bpv
     attn_rate = gpu.attn_flops or 0.6 * gpu.matmul_flops
     elem_bw = gpu.elem_bandwidth or gpu.mem_bandwidth
     attn = max(attn_f / attn_rate, kv_read / gpu.mem_bandwidth) if attn_f > 0 else 0.0
-    elem = tokens * (_ELEM_PER_HIDDEN * dims.hidden + _ELEM_PER_FFN * dims.ffn / tp) \
+    width = dims.expert_ffn * (dims.active_experts + dims.shared_experts) if dims.moe \
+        else dims.ffn
+    elem = tokens * (_ELEM_PER_HIDDEN * dims.hidden + _ELEM_PER_FFN * width / tp) \
         * bpv / elem_bw
     if kv_copy:
         elem += 2 * kv_read / elem_bw
@@ -119,7 +188,7 @@ def pass_time(dims: ModelDims, gpu: GpuProfile, *, tokens: int, context: float,
     host = layers * gpu.layer_overhead + gpu.call_overhead
     if head:
         ht = tokens if head_tokens is None else head_tokens
-        work += gemm_time(head_gemm(dims, ht, tp), gpu, bpv)
+        work += gemm_time(head_gemm(dims, ht, tp), gpu, bpv, wbpv)
         work += 3 * ht * dims.vocab / tp * 4 / elem_bw      # fp32 logits, log-softmax, exp
     return max(work, host) if gpu.async_launch else work + host
 
@@ -148,7 +217,12 @@ def optimizer_time(params: float, tensors: int, gpu: GpuProfile) -> float:
 
 
 def param_tensors(dims: ModelDims, layers: int | None = None) -> int:
-    """Parameter tensors (for per-tensor overheads): 9 per block plus embeddings and norm."""
+    """Parameter tensors (for per-tensor overheads): 9 per block plus embeddings and norm
+    (and each expert's, the QK norms', the latent projections')."""
     layers = dims.layers if layers is None else layers
-    per_layer = 9 + (3 if dims.qkv_bias else 0)
+    per_layer = (9 if dims.gated else 8) + (3 if dims.qkv_bias else 0) \
+        + (2 if dims.qk_norm else 0) + (4 if dims.mla else 0)
+    if dims.moe:
+        per_layer += round(dims.moe_layers / dims.layers
+                           * (1 + 3 * (dims.experts + dims.shared_experts)))
     return layers * per_layer + (2 if dims.tied_embeddings else 3)

@@ -3,9 +3,14 @@
     >>> p = ppo_pipeline("tiny", prompts=8)
     >>> [s.name for s in p.stages][:3], p.workload.batch
     (['rollout', 'ref_lp', 'values'], 8)
+    >>> t = single_gpu_op("forward", "qwen2.5-0.5b", batch=8, prompt_len=256, gen_len=256)
+    >>> 0 < t < 1
+    True
 
 The PPO pipeline of DESIGN.md (actor, critic with a value head, frozen reference,
-python reward), with any preset and workload size.
+python reward), with any preset and workload size. :func:`single_gpu_op` prices one op
+of one model on one GPU (forward, train, torch generate) with a shipped profile (the H200
+by default), for comparing against ops timed on that GPU.
 """
 
 from __future__ import annotations
@@ -54,3 +59,25 @@ def ppo_pipeline(preset: str = "tiny", *, prompts: int = 8, samples: int = 1,
     )
     return Pipeline("ppo", "<python>", w, models, (Reward("verifier", "rewards", "exact_match"),),
                     st, staleness=(("rollout", 1),), shares=(("actor", "critic"),))
+
+
+def single_gpu_op(kind: str, preset: str | ModelDims, *, batch: int, prompt_len: int,
+                  gen_len: int, profile: str = "h200", engine: str = "torch") -> float:
+    """Predicted seconds of one ``kind`` op (``forward``, ``train`` or ``generate``) of a
+    model with ``preset``'s dimensions (or ``ModelDims``) on one GPU of ``profile``: a
+    batch of ``batch`` sequences of ``prompt_len`` prompt tokens and exactly ``gen_len``
+    generated tokens, in bf16, one micro-batch, one optimizer step (Adam) for ``train``."""
+    from rpeg.cost.memory import Parallel
+    from rpeg.cost.profiles import cluster_of
+    from rpeg.cost.stages import estimate_stage
+    from rpeg.spec.model import Engine
+
+    stage = {"forward": "ref_lp", "train": "actor_step", "generate": "rollout"}.get(kind)
+    if stage is None:
+        raise ValueError(f"kind must be forward, train or generate, not {kind!r}")
+    dims = PRESETS[preset] if isinstance(preset, str) else preset
+    name = preset if isinstance(preset, str) else "custom"
+    p = ppo_pipeline(name, prompts=batch, prompt_len=prompt_len, gen_median=gen_len,
+                     gen_max=gen_len, dims=dims)
+    return estimate_stage(p, stage, Parallel(), (0,), cluster_of(profile, 1),
+                          engine=Engine(engine)).time_s

@@ -16,9 +16,18 @@ bf16 weights (2) + bf16 gradients (2) + fp32 master weights, first and second
 moments (4 + 4 + 4). On a device that computes in fp32 (``compute_bytes = 4``,
 the CPU profile) there is no separate master copy: fp32 weights (4) + fp32
 gradients (4) + moments (4 + 4) — also 16 B. ``Parallel.zero`` shards the
-optimizer state (1), also the gradients (2), also the weights (3) over DP.
+optimizer state (1), also the gradients (2), also the weights (3) over the data-parallel
+ranks (DP x CP: a context-parallel group holds one copy of the model too, as Megatron's
+distributed optimizer and FSDP with sequence parallelism shard it).
 ``Parallel.offload`` keeps the optimizer state in host memory between train steps
 (verl-style): it is not resident, it is brought in for the train step only.
+``Parallel.param_offload`` keeps the weights (and, trained, the gradients) in host memory
+too: a pass brings in a layer at a time. A LoRA model (``Model.lora``) trains adapters
+only: the frozen base weights are resident with the adapters beside them (in every copy,
+trained or not: generation runs with them), gradients and Adam state are the adapters'.
+A mixture-of-experts model holds every expert (split over ``ep`` ranks, or over ``tp``
+when ``ep`` is 1) and computes with the active ones. FP8 models store inference weights
+in one byte a value; trained FP8 models keep bf16 master weights (FP8 is a compute format).
 """
 
 from __future__ import annotations
@@ -50,10 +59,22 @@ class Parallel:
     recompute: bool = False
     zero: int = 0             # 0 none; 1 optimizer state, 2 + gradients, 3 + weights sharded over DP
     offload: bool = False     # train: optimizer state kept in host memory between train steps
+    cp: int = 1               # context (sequence) parallel: each rank holds 1/cp of every sequence
+    ep: int = 1               # expert parallel: the experts split over ep of the dp x cp x tp ranks
+    packing: bool = False     # forward / train: sequences packed, no padding (token micro-batches)
+    param_offload: bool = False   # weights in host memory between passes, brought in per layer
+    max_num_seqs: int = 0     # generate: sequences decoded at once per replica (0: what fits)
+    kv_fraction: float = 0.0  # generate: share of GPU memory the engine takes (0: what is free)
+    cuda_graph: bool = False  # generate: decode steps replayed from captured CUDA graphs
 
     @property
     def size(self) -> int:
-        return self.dp * self.tp * self.pp
+        return self.dp * self.tp * self.pp * self.cp
+
+    @property
+    def shards(self) -> int:
+        """Ranks ZeRO / FSDP shard a model copy over: data and context parallel."""
+        return self.dp * self.cp
 
 
 @attrs.frozen
@@ -80,14 +101,22 @@ class MemoryCost:
 
 
 def value_bytes(model: Model, gpu: GpuProfile) -> float:
-    """Bytes per weight/activation value as the device runs this model."""
+    """Bytes per activation (and trained weight) value as the device runs this model (FP8
+    models keep bf16 activations; their GEMMs run in FP8, see :func:`weight_bytes`)."""
     if gpu.compute_bytes:
         return gpu.compute_bytes
     try:
-        return _DTYPE_BYTES[model.dtype]
+        return max(_DTYPE_BYTES[model.dtype], 2)
     except KeyError:
         raise CostError(f"model dtype must be one of {', '.join(_DTYPE_BYTES)}, "
                         f"not '{model.dtype}'", model.span) from None
+
+
+def weight_bytes(model: Model, gpu: GpuProfile, trained: bool = False) -> float:
+    """Bytes per weight as stored for passes: one for an FP8 model's inference copy."""
+    if model.dtype == "fp8" and not trained and not gpu.compute_bytes:
+        return 1.0
+    return value_bytes(model, gpu)
 
 
 def head_dims(model: Model) -> ModelDims:
@@ -102,7 +131,13 @@ def model_params(model: Model) -> int:
     d = model.dims
     if model.head is Head.LM:
         return d.param_count()
-    return d.layers * d.layer_params() + d.vocab * d.hidden + d.hidden + d.hidden + 1
+    return d.body_params() + d.vocab * d.hidden + d.hidden + d.hidden + 1 \
+        + d.learned_positions * d.hidden
+
+
+def lora_params(model: Model) -> int:
+    """Parameters of the model's LoRA adapters (:meth:`rpeg.spec.training.Lora.params`)."""
+    return model.lora.params(model.dims) if model.lora is not None else 0
 
 
 def check_parallel(dims: ModelDims, par: Parallel, where: str = "") -> None:
@@ -122,6 +157,13 @@ def check_parallel(dims: ModelDims, par: Parallel, where: str = "") -> None:
                         hint="lower pp, or use tp to split the model further")
     if par.zero not in (0, 1, 2, 3):
         raise CostError(f"zero must be 0, 1, 2 or 3{at}, not {par.zero}")
+    if par.cp < 1 or par.ep < 1:
+        raise CostError(f"cp and ep must be at least 1{at}, not cp = {par.cp}, ep = {par.ep}")
+    if par.ep > 1 and not dims.moe:
+        raise CostError(f"ep must be 1 for a model without experts{at}, not {par.ep}")
+    if par.ep > 1 and (dims.experts % par.ep or (par.dp * par.cp * par.tp) % par.ep):
+        raise CostError(f"ep must divide the {dims.experts} experts and the dp x cp x tp = "
+                        f"{par.dp * par.cp * par.tp} ranks that hold them{at}, not {par.ep}")
 
 
 def _divisors(n: int) -> str:
@@ -129,48 +171,55 @@ def _divisors(n: int) -> str:
 
 
 def local_params(model: Model, par: Parallel) -> float:
-    """Parameters on the busiest GPU: its layers' TP shard plus the embedding/head share."""
+    """Parameters on the busiest GPU: its layers' TP shard (experts: their EP shard, or TP
+    shard without EP) plus the embedding/head share."""
     d = model.dims
-    layers = math.ceil(d.layers / par.pp)
-    emb = model_params(model) - d.layers * d.layer_params()
+    share = math.ceil(d.layers / par.pp) / d.layers
+    experts = d.moe_layers * d.experts * d.mlp_params(d.expert_ffn)
+    emb = model_params(model) - d.body_params()
     # With pp > 1 the first stage holds the embedding and the last the head; the busier
     # of the two holds about half the embedding parameters (all of them when tied).
     emb_here = emb if par.pp == 1 or d.tied_embeddings else emb / 2 + d.hidden
-    return (layers * d.layer_params() + emb_here) / par.tp
-
-
-def trainable_params(model: Model, par: Parallel) -> float:
-    """Parameters on the busiest GPU that train (gradients, optimizer state): all of them, or
-    with LoRA only the adapters (their share of this GPU's layers, split like the weights)."""
-    if model.lora is None:
-        return local_params(model, par)
-    d = model.dims
-    return model.lora.params(d) * math.ceil(d.layers / par.pp) / d.layers / par.tp
+    return share * ((d.body_params() - experts) / par.tp
+                    + experts / (par.ep if par.ep > 1 else par.tp)) + emb_here / par.tp
 
 
 def resident_memory(model: Model, par: Parallel, cluster: Cluster, *,
-                    trained: bool) -> MemoryCost:
-    """Bytes per GPU the model holds between stages (+ gradients and Adam state if trained)."""
+                    trained: bool, host_grads: bool = False) -> MemoryCost:
+    """Bytes per GPU the model holds between stages (+ gradients and Adam state if trained).
+    ``host_grads``: an offloaded optimizer whose gradients go to host memory as the backward
+    pass makes them (DeepSpeed's ZeRO-Offload), so none stay on the device."""
     check_parallel(model.dims, par, model.name)
     gpu = cluster.gpu
     n = local_params(model, par)
+    shards = max(par.shards, 1)
+    wb = weight_bytes(model, gpu, trained and model.lora is None)
+    weights = 0.0 if par.param_offload else n * wb / (shards if par.zero >= 3 else 1)
+    t = trained_local_params(model, par)
     bpv = value_bytes(model, gpu)
-    dp = max(par.dp, 1)
-    weights = n * bpv / (dp if par.zero >= 3 else 1)
-    if model.lora is not None:                 # the adapters, beside the frozen backbone
-        weights += trainable_params(model, par) * bpv
+    if model.lora is not None:         # the adapters, beside the frozen backbone
+        weights += t * bpv / (shards if par.zero >= 3 else 1)
     if not trained:
         return MemoryCost(weights=weights)
-    grads = trainable_params(model, par) * bpv / (dp if par.zero >= 2 else 1)
+    grads = 0.0 if par.param_offload or (host_grads and par.offload) \
+        else t * bpv / (shards if par.zero >= 2 else 1)
     state = 0.0 if par.offload else optimizer_state_bytes(model, par, gpu)
     return MemoryCost(weights=weights, grads=grads, optimizer=state)
+
+
+def trained_local_params(model: Model, par: Parallel) -> float:
+    """Parameters on the busiest GPU that the optimizer updates (a LoRA model's adapters)."""
+    if model.lora is not None:
+        return lora_params(model) * math.ceil(model.dims.layers / par.pp) \
+            / model.dims.layers / par.tp
+    return local_params(model, par)
 
 
 def optimizer_state_bytes(model: Model, par: Parallel, gpu: GpuProfile) -> float:
     """Adam state per GPU (fp32 master copy + two moments, or the two moments in fp32):
     what ``Parallel.offload`` moves to host memory between train steps."""
-    n = trainable_params(model, par)
-    return n * (8 if value_bytes(model, gpu) >= 4 else 12) / (par.dp if par.zero >= 1 else 1)
+    n = trained_local_params(model, par)
+    return n * (8 if value_bytes(model, gpu) >= 4 else 12) / (par.shards if par.zero >= 1 else 1)
 
 
 def fits(total_bytes: float, cluster: Cluster) -> bool:

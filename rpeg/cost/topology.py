@@ -34,6 +34,7 @@ class Collective(enum.Enum):
     ALL_GATHER = "all_gather"
     BROADCAST = "broadcast"
     P2P = "p2p"
+    ALL_TO_ALL = "all_to_all"
 
 
 @attrs.frozen(cache_hash=True)      # a cache key of the cost functions: hash it once
@@ -106,6 +107,8 @@ def _flat(kind: Collective, nbytes: float, n: int, link: Link) -> float:
         return (n - 1) * a + (n - 1) / n * nbytes / bw
     if kind is Collective.BROADCAST:
         return math.ceil(math.log2(n)) * a + nbytes / bw      # pipelined tree
+    if kind is Collective.ALL_TO_ALL:
+        return (n - 1) * a + (n - 1) / n * nbytes / bw
     return a + nbytes / bw                                      # P2P
 
 
@@ -114,6 +117,9 @@ def collective_time(kind: Collective, nbytes: float, devices: Sequence[int],
     """Seconds for one collective of ``nbytes`` (the full buffer, per device) over ``devices``.
 
     For REDUCE_SCATTER and ALL_GATHER, ``nbytes`` is the full (unsharded) buffer.
+    For ALL_TO_ALL, ``nbytes`` is what each device sends in all (a 1/n share to each peer):
+    across a slower level, the shares to peers in the device's own unit go over the fast
+    link while the rest cross the slow one, at the same time.
     For P2P, ``devices`` are the two ends.
     """
     return _collective_time(kind, float(nbytes), tuple(devices), topo)
@@ -130,6 +136,12 @@ def _collective_time(kind: Collective, nbytes: float, devices: tuple[int, ...],
     flat = _flat(kind, nbytes, n, topo.link(level))
     if level is Level.GPU or kind is Collective.P2P:
         return flat
+    if kind is Collective.ALL_TO_ALL:
+        near = min(len(g) for g in topo.groups(devices, level))
+        inner = topo.link(Level(level - 1))
+        slow = topo.link(level)
+        return max((near - 1) * inner.latency + (near - 1) / n * nbytes / inner.bandwidth,
+                   (n - near) * slow.latency + (n - near) / n * nbytes / slow.bandwidth)
     return min(flat, _hierarchical(kind, nbytes, devices, level, topo))
 
 

@@ -58,6 +58,15 @@ class Capabilities:
     packing: bool = False                    # forward / train without padding
     engines: tuple[EngineCapabilities, ...] = ()
     missing: tuple[tuple[str, str], ...] = ()
+    max_cp: int = 1                          # context (sequence) parallel degree
+    max_ep: int = 1                          # expert parallel degree
+    param_offload: bool = False              # weights in host memory between passes
+    inference_zero: bool = False             # forward / generate on ZeRO-3-sharded weights
+    batching: bool = False                   # generate: max_num_seqs, kv_fraction, cuda_graph
+    families: frozenset[str] = frozenset()   # model families it builds
+    model_features: frozenset[str] = frozenset()   # ModelDims.features() it builds
+    dtypes: frozenset[str] = frozenset({"bf16", "fp16", "fp32"})
+    lora: bool = False                       # LoRA adapters
 
     def engine(self, engine: Engine) -> EngineCapabilities | None:
         return next((e for e in self.engines if e.engine is engine), None)

@@ -10,8 +10,7 @@
 Three steps, each handing a typed value to the next:
 
 1. ``enumerate_layouts`` — every (size, DP x TP x PP, micro-batches, ZeRO, recompute,
-   optimizer offload, engine; generation in 1-4 waves) the model and the backend accept
-   (:class:`Layout`);
+   optimizer offload, engine) the model and the backend accept (:class:`Layout`);
 2. ``prune`` — drop layouts whose stage alone cannot fit a device (its transient need
    plus its own model's weights), priced with the pure memory functions;
 3. ``estimate`` — price the rest on a representative block of that size and keep,
@@ -27,15 +26,14 @@ import math
 import attrs
 
 from rpeg.cost.memory import Parallel, resident_memory
-from rpeg.cost.stages import estimate_stage, offload_time, stage_memory
+from rpeg.cost.stages import estimate_stage, generation_rows, offload_time, stage_memory
 from rpeg.errors import CostError
-from rpeg.plan.pinned import matches
+from rpeg.plan.pinned import FOREIGN, matches, overlay
 from rpeg.plan.space import Limits, block_sizes, generate_engines, layouts
 from rpeg.spec.model import Cluster, Engine, OpKind, Pipeline
 
 MICROBATCHES = (1, 2, 4, 8, 16, 32)
 ZERO = (0, 1, 2, 3)
-WAVES = (1, 2, 4)      # generation: the local batch in this many waves (smaller KV cache)
 OFFLOAD = (False, True)   # train: optimizer state in host memory between steps
 
 
@@ -98,39 +96,53 @@ def enumerate_layouts(pipeline: Pipeline, stage: str, sizes: tuple[int, ...],
     out = []
     if s.kind is OpKind.GENERATE:
         engines = generate_engines(pipeline, stage, limits)
+        if pin is not None and pin.engine not in (None, Engine.AUTO) and (
+                pin.engine in engines or limits.foreign and pin.engine in FOREIGN):
+            engines = (pin.engine,)
     else:
         engines = (Engine.TORCH,)
+    train_engine = pin.engine if pin is not None and pin.engine is not None \
+        and s.kind is not OpKind.GENERATE else Engine.TORCH
+    cp = pin.cp if pin is not None and pin.cp else 1
     for size in sizes:
-        for base in layouts(size, model.dims, cluster, limits, batch=batch):
+        if size % cp:
+            continue
+        for base in layouts(size // cp, model.dims, cluster, limits, batch=batch):
+            base = overlay(pin, attrs.evolve(base, cp=cp))
             local = math.ceil(batch / base.dp)
             if s.kind is OpKind.GENERATE:
-                # The evaluator sizes the waves from the memory actually free; these
-                # priced variants let a memory-bounded choice see the cost of fewer rows.
-                waves = sorted({w for w in WAVES if w <= local})
+                if pin is not None and pin.zero:        # generation on ZeRO-3 shards
+                    base = attrs.evolve(base, zero=pin.zero)
+                # How many sequences decode at once is the engine's batching bounded by
+                # the memory free beside its weights (prune sizes it; the evaluator again
+                # from what the plan leaves free).
                 for e in engines:
-                    if base.tp > limits.engine_max_tp(e):
+                    if base.tp > limits.engine_max_tp(e) and e in (Engine.TORCH, Engine.VLLM):
                         continue
-                    for w in waves:
-                        rows = None if w == 1 else math.ceil(local / w)
-                        if matches(pin, base, e):
-                            out.append(Layout(stage, size, base, e, rows))
+                    if matches(pin, base, e):
+                        out.append(Layout(stage, size, base, e))
                 continue
             per_step = local
             if s.kind is OpKind.TRAIN:
                 per_step = max(local // int(s.param("minibatches", 1) or 1), 1)
             mbs = [m for m in MICROBATCHES if m <= per_step and m >= base.pp] or [base.pp]
+            if pin is not None and pin.microbatches:
+                mbs = [pin.microbatches]
             train = s.kind is OpKind.TRAIN
             zeros = tuple(z for z in ZERO if z in limits.zero) \
                 if (train and base.dp > 1) else (0,)
+            if pin is not None and pin.zero is not None and pin.zero in limits.zero:
+                zeros = (pin.zero,)          # ZeRO-3 inference is priced only where pinned
             recomputes = (False, True) if (train and limits.recompute) else (False,)
             offloads = OFFLOAD if (train and limits.offload) else (False,)
             for m in mbs:
                 for z in zeros:
                     for r in recomputes:
                         for o in offloads:
-                            par = Parallel(base.dp, base.tp, base.pp, m, r, z, o)
-                            if matches(pin, par, Engine.TORCH):
-                                out.append(Layout(stage, size, par, Engine.TORCH))
+                            par = attrs.evolve(base, microbatches=m, recompute=r, zero=z,
+                                               offload=o)
+                            if matches(pin, par, train_engine):
+                                out.append(Layout(stage, size, par, train_engine))
     return tuple(out)
 
 
@@ -144,12 +156,17 @@ def prune(pipeline: Pipeline, layouts_: tuple[Layout, ...], cluster: Cluster) ->
         s = pipeline.stage(lay.stage)
         model = pipeline.model(s.target)
         p, trained = lay.par, s.kind is OpKind.TRAIN
-        key = (model.name, p.dp, p.tp, p.pp, p.zero, p.offload, trained)
+        key = (model.name, p, lay.engine, trained)
         try:
             if key not in resident:
-                resident[key] = resident_memory(model, p, cluster, trained=trained).total
-            need = stage_memory(pipeline, lay.stage, p, cluster, rows=lay.rows).total \
-                + resident[key]
+                resident[key] = resident_memory(
+                    model, p, cluster, trained=trained,
+                    host_grads=lay.engine is Engine.DEEPSPEED).total
+            if s.kind is OpKind.GENERATE:
+                lay = attrs.evolve(lay, rows=generation_rows(
+                    pipeline, lay.stage, p, cluster, cap - resident[key], engine=lay.engine))
+            need = stage_memory(pipeline, lay.stage, p, cluster, rows=lay.rows,
+                                engine=lay.engine).total + resident[key]
         except CostError:
             continue
         if need <= cap:
@@ -165,9 +182,7 @@ def estimate(pipeline: Pipeline, fitting: tuple[tuple[Layout, float], ...],
     for lay, need in fitting:
         # an offloaded layout costs its twin's time plus the host-link copies
         p = lay.par
-        twin = lay if not p.offload else Layout(
-            lay.stage, lay.size, Parallel(p.dp, p.tp, p.pp, p.microbatches, p.recompute,
-                                          p.zero, False), lay.engine, lay.rows)
+        twin = lay if not p.offload else attrs.evolve(lay, par=attrs.evolve(p, offload=False))
         try:
             if twin not in kept:
                 kept[twin] = estimate_stage(pipeline, lay.stage, twin.par,
@@ -176,7 +191,7 @@ def estimate(pipeline: Pipeline, fitting: tuple[tuple[Layout, float], ...],
         except CostError:
             continue
         model = pipeline.model(pipeline.stage(lay.stage).target)
-        t = kept[twin] + offload_time(model, lay.par, cluster.gpu)
+        t = kept[twin] + offload_time(model, lay.par, cluster.gpu, lay.engine)
         priced.setdefault(lay.size, []).append(
             Choice(lay.stage, lay.size, lay.par, lay.engine, t, need))
     out = []

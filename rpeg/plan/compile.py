@@ -22,13 +22,13 @@ from pathlib import Path
 import attrs
 
 import rpeg
-from rpeg.cost.memory import Parallel, resident_memory
+from rpeg.cost.memory import resident_memory
 from rpeg.cost.stages import stage_memory
 from rpeg.errors import CostError, PlanError, Span
 from rpeg.plan.baselines import BASELINES, run_baselines
-from rpeg.plan.choices import enumerate_layouts, model_stages
-from rpeg.plan.edit import Context, repair
-from rpeg.plan.evaluate import Evaluation, Evaluator, Shortfall
+from rpeg.plan.choices import Choice, enumerate_layouts, model_stages
+from rpeg.plan.edit import Context, placement, repair
+from rpeg.plan.evaluate import Evaluation, Evaluator, Shortfall, parallel_of
 from rpeg.plan.model import Plan, Strategy
 from rpeg.plan.options import SearchOptions, SearchRecord, Start
 from rpeg.plan.pinned import check_pins
@@ -73,6 +73,8 @@ def compile_report(pipeline: Pipeline, cluster: Cluster, strategy: Strategy = St
     check_backend(pipeline, opts.limits, cluster)                      # refuse what can't run
     ctx = Context.of(pipeline, cluster, opts.limits)                   # enumerate, prune, estimate
     ev = Evaluator(pipeline, cluster, steps=opts.steps)
+    if strategy is Strategy.PINNED:                                    # priced as written
+        return _pinned_report(pipeline, cluster, ev, opts, began)
     wanted = tuple(BASELINES) if strategy is Strategy.SEARCH else (strategy,)
     if strategy not in BASELINES and strategy is not Strategy.SEARCH:
         raise PlanError(f"strategy must be search, colocated, split or realloc, not "
@@ -98,6 +100,84 @@ def compile_report(pipeline: Pipeline, cluster: Cluster, strategy: Strategy = St
     final = attrs.evolve(best, plan=plan)
     baselines = tuple(baselines_full)
     return CompileReport(plan, final, baselines, result, time.perf_counter() - began)
+
+
+def _pinned_report(pipeline: Pipeline, cluster: Cluster, ev: Evaluator, opts: SearchOptions,
+                   began: float) -> CompileReport:
+    """The plan the spec's pins describe, priced; PlanError when it does not fit."""
+    from rpeg.plan.known import pinned_plan
+    plan = pinned_plan(pipeline, cluster, opts.limits)
+    result = ev.evaluate(plan)
+    if not result.feasible:
+        raise pinned_no_fit(pipeline, cluster, result.shortfall, opts.limits)
+    plan = attrs.evolve(result.plan, seed=opts.seed, spec_hash=spec_hash(pipeline),
+                        rpeg_version=rpeg.__version__, spec_path=_abs(pipeline.path),
+                        cluster_path=_abs(cluster.path),
+                        search=SearchRecord(opts, 0, False))
+    return CompileReport(plan, attrs.evolve(result, plan=plan), (), None,
+                         time.perf_counter() - began)
+
+
+def pinned_no_fit(pipeline: Pipeline, cluster: Cluster, sf: Shortfall,
+                  limits: Limits | None = None) -> PlanError:
+    """The error for a pinned plan that does not fit: the stage, what fills the GPU."""
+    return shortfall_error(pipeline, cluster, limits or Limits(), sf, "the pinned plan")
+
+
+def shortfall_error(pipeline: Pipeline, cluster: Cluster, limits: Limits, sf: Shortfall,
+                    what: str) -> PlanError:
+    """``what`` does not fit: the GPU, the stage with the largest need there and its layout,
+    what fills the GPU by kind against its capacity, and something that would help."""
+    cap = cluster.gpu.memory
+    s = pipeline.stage(sf.op) if sf.op else None
+    kinds = ", ".join(f"{k.replace('_', ' ')} {b / GB:.1f} GB" for k, b in sf.kinds if b > 0)
+    layout = f" running {sf.op} as {_layout_words(sf.layout)}" if sf.layout else ""
+    return PlanError(
+        f"{what} must fit in {cap / GB:.0f} GB per GPU, not need {sf.need / GB:.1f} GB on "
+        f"GPU {sf.device}{layout} ({kinds or ', '.join(f'{w} {b / GB:.1f} GB' for w, b in sf.what)})",
+        s.span if s else None,
+        hint=memory_hint(pipeline, cluster, limits, sf))
+
+
+def _layout_words(p) -> str:
+    parts = [f"dp {p.dp}", f"tp {p.tp}", f"pp {p.pp}"] + (
+        [f"cp {p.cp}"] if p.cp > 1 else []) + ([f"zero {p.zero}"] if p.zero else []) + (
+        ["recompute"] if p.recompute else []) + (["offload"] if p.offload else []) + (
+        [f"{p.microbatches} micro-batches"] if p.microbatches > 1 else []) + [p.engine.value]
+    return ", ".join(parts)
+
+
+def memory_hint(pipeline: Pipeline, cluster: Cluster, limits: Limits, sf: Shortfall) -> str:
+    """Something that would shrink the largest share of ``sf``'s GPU and that this
+    executor, model and cluster allow; else more GPUs."""
+    kinds = dict(sf.kinds)
+    p = sf.layout
+    s = pipeline.stage(sf.op) if sf.op else None
+    model = pipeline.model(s.target) if s is not None and pipeline.has_model(s.target or "") \
+        else None
+    top = max(kinds, key=kinds.get) if kinds else ""
+    tips = []
+    if p is not None and model is not None:
+        d = model.dims
+        tps = [k for k in range(p.tp + 1, min(cluster.gpus_per_node, limits.max_tp) + 1)
+               if d.heads % k == 0 and (k <= d.kv_heads and d.kv_heads % k == 0
+                                        or k > d.kv_heads and k % d.kv_heads == 0)
+               and len(p.devices) % (k * p.pp * p.cp) == 0]
+        if top in ("optimizer", "grads") and p.zero < 3 and p.dp > 1 \
+                and any(z > p.zero for z in limits.zero):
+            tips.append(f"raise zero to {min(z for z in limits.zero if z > p.zero)}")
+        if top == "optimizer" and s.kind is OpKind.TRAIN and not p.offload and limits.offload:
+            tips.append("offload the optimizer state (offload)")
+        if top == "activations" and not p.recompute and limits.recompute:
+            tips.append("recompute activations (recompute)")
+        if top in ("activations", "buffers") and s.kind is not OpKind.GENERATE:
+            tips.append("use more micro-batches")
+        if top == "kv_cache":
+            tips.append("lower max_num_seqs or kv_fraction")
+        if tps:
+            tips.append(f"raise tp to {tps[0]}")
+    tips.append("place fewer models on these GPUs, or add GPUs")
+    return "; ".join(tips)
 
 
 def recompile(plan: Plan, path: str = "<plan>", cluster: str | Path | None = None
@@ -239,6 +319,18 @@ def check_backend(pipeline: Pipeline, limits: Limits, cluster: Cluster | None = 
     pinned layout)."""
     if cluster is not None:
         check_pins(pipeline, cluster, limits)
+    used = {s.target for s in pipeline.stages}
+    for m in pipeline.models:
+        if m.name not in used:
+            continue
+        why = limits.check_model(m)
+        if why:
+            raise PlanError(why, m.span, hint="plan it for an executor that builds it with "
+                                              "`rpeg compile --any-executor`")
+        if m.dtype == "fp8" and cluster is not None and cluster.gpu.fp8_flops <= 0:
+            raise PlanError(f"model '{m.name}' must run in a dtype GPU '{cluster.gpu.name}' "
+                            f"computes, not fp8 (its profile gives no FP8 throughput)", m.span,
+                            hint="use dtype = bf16, or a GPU with FP8 (H100, H200, H20, B200)")
     for s in pipeline.stages:
         if s.kind is OpKind.GENERATE:
             generate_engines(pipeline, s.name, limits)
@@ -247,8 +339,7 @@ def check_backend(pipeline: Pipeline, limits: Limits, cluster: Cluster | None = 
 def check_executable(plan: Plan, limits: Limits) -> None:
     """PlanError when a plan (searched or hand-written) asks more than the backend runs."""
     for p in plan.placements:
-        why = limits.check_parallel(Parallel(p.dp, p.tp, p.pp, p.microbatches, p.recompute,
-                                             p.zero, p.offload))
+        why = limits.check_parallel(parallel_of(p))
         if why:
             raise PlanError(f"stage '{p.stage}': {why}",
                             hint="recompile with this backend's limits")
@@ -271,24 +362,26 @@ def no_fit(ctx: Context, closest: list[Evaluation]) -> PlanError:
     cap = ctx.cluster.gpu.memory
     for stage in model_stages(ctx.pipeline):                # a stage that fits nowhere alone
         if not any(ctx.table.options(stage, size) for size in ctx.table.sizes):
-            need, tp = _least_need(ctx, stage)
+            need, par, kinds = _least_need(ctx, stage)
             s = ctx.pipeline.stage(stage)
             what = _what(ctx, stage)
-            return PlanError(
-                f"{what} ({stage}) must fit in {cap / GB:.0f} GB per GPU, not need "
-                f"{need / GB:.0f} GB at best", s.span,
-                hint=f"raise tp or add GPUs: {what} needs {need / GB:.0f} GB per GPU at "
-                     f"tp={tp}, the GPU has {cap / GB:.0f}")
+            if par is None:
+                return PlanError(f"{what} ({stage}) must have a layout this executor runs on "
+                                 f"this cluster, not none", s.span,
+                                 hint="check its place pin against the executor, or plan it "
+                                      "with --any-executor")
+            p = placement(stage, tuple(range(par.size)), Choice(stage, par.size, par,
+                                                               _engine(ctx, stage), 0, need))
+            sf = Shortfall(0, need, cap, stage, s.target, (), kinds, p)
+            return shortfall_error(ctx.pipeline, ctx.cluster, ctx.limits, sf,
+                                   f"{what} ({stage}) alone, in its smallest layout,")
     if closest:
         sf: Shortfall = min(closest, key=lambda e: e.shortfall.over).shortfall
-        parts = ", ".join(f"{w} {b / GB:.1f} GB" for w, b in sf.what)
-        s = ctx.pipeline.stage(sf.op) if sf.op else None
-        return PlanError(
-            f"the models must fit in {cap / GB:.0f} GB per GPU together, not need "
-            f"{sf.need / GB:.1f} GB on GPU {sf.device} ({parts})", s.span if s else None,
-            hint=f"add GPUs, or allow sharing/lower staleness: {_what(ctx, sf.op)} is "
-                 f"{sf.over / GB:.1f} GB short on the best plan found")
-    return PlanError("no plan fits this cluster", hint="add GPUs")
+        return shortfall_error(ctx.pipeline, ctx.cluster, ctx.limits, sf,
+                               "the best plan found")
+    return PlanError("no plan fits this cluster: no stage has a layout this executor runs",
+                     hint="plan it for any executor with `rpeg compile --any-executor`, or "
+                          "add GPUs")
 
 
 def _what(ctx: Context, stage: str) -> str:
@@ -300,25 +393,33 @@ def _what(ctx: Context, stage: str) -> str:
     return f"{s.target} {kind}"
 
 
-def _least_need(ctx: Context, stage: str) -> tuple[float, int]:
-    """The smallest per-GPU need of ``stage`` over every layout, and its tp."""
+def _least_need(ctx: Context, stage: str):
+    """(the smallest per-GPU need of ``stage`` over every layout, that layout, the need by
+    kind); (inf, None, ()) when it has no layout at all."""
     s = ctx.pipeline.stage(stage)
     model = ctx.pipeline.model(s.target)
-    best = (float("inf"), 1)
+    best = (float("inf"), None, ())
     lays = enumerate_layouts(ctx.pipeline, stage, ctx.table.sizes, ctx.cluster, ctx.limits)
-    if not lays:
-        lays_pars = [Parallel()]
-    else:
-        lays_pars = [lay.par for lay in lays]
-    for par in lays_pars:
+    for lay in lays:
+        par = lay.par
         try:
-            need = stage_memory(ctx.pipeline, stage, par, ctx.cluster).total + resident_memory(
-                model, par, ctx.cluster, trained=s.kind is OpKind.TRAIN).total
+            m = stage_memory(ctx.pipeline, stage, par, ctx.cluster, rows=1,
+                             engine=lay.engine) + resident_memory(
+                model, par, ctx.cluster, trained=s.kind is OpKind.TRAIN,
+                host_grads=lay.engine is Engine.DEEPSPEED)
         except CostError:
             continue
-        if need < best[0]:
-            best = (need, par.tp)
+        if m.total < best[0]:
+            best = (m.total, par, tuple((k, float(getattr(m, k))) for k in (
+                "weights", "grads", "optimizer", "activations", "kv_cache", "buffers")))
     return best
+
+
+def _engine(ctx: Context, stage: str) -> Engine:
+    s = ctx.pipeline.stage(stage)
+    if s.kind is OpKind.GENERATE:
+        return generate_engines(ctx.pipeline, stage, ctx.limits)[0]
+    return Engine.TORCH
 
 
 __all__ = ["compile_plan", "compile_report", "recompile", "CompileReport", "check_backend",

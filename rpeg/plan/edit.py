@@ -81,7 +81,10 @@ def placement(stage: str, block: Block | tuple[int, ...], choice: Choice,
     devices = block.devices if isinstance(block, Block) else tuple(block)
     p = choice.par
     return StagePlacement(stage, devices, p.dp, p.tp, p.pp, p.microbatches, chunks,
-                          choice.engine, p.recompute, p.zero, p.offload, carry)
+                          choice.engine, p.recompute, p.zero, p.offload, carry, cp=p.cp,
+                          ep=p.ep, packing=p.packing, param_offload=p.param_offload,
+                          max_num_seqs=p.max_num_seqs, kv_fraction=p.kv_fraction,
+                          cuda_graph=p.cuda_graph)
 
 
 def put(ctx: Context, plan: Plan, stage: str, block: Block | tuple[int, ...],
@@ -135,10 +138,8 @@ def choice_for(ctx: Context, stage: str, size: int, budget: float | None = None,
 
 def same_choice(p: StagePlacement, stage: str) -> Choice:
     """A placement's layout as a Choice (to copy it onto another stage of the same model)."""
-    from rpeg.cost.memory import Parallel
-    return Choice(stage, len(p.devices), Parallel(p.dp, p.tp, p.pp, p.microbatches,
-                                                  p.recompute, p.zero, p.offload), p.engine,
-                  0.0, 0.0)
+    from rpeg.plan.evaluate import parallel_of
+    return Choice(stage, len(p.devices), parallel_of(p), p.engine, 0.0, 0.0)
 
 
 def repair(ctx: Context, plan: Plan) -> Plan | None:
@@ -178,7 +179,7 @@ def repair(ctx: Context, plan: Plan) -> Plan | None:
             devs = ctx.pinned_block(s.name).devices
             by[s.name] = StagePlacement(s.name, devs, dp=len(devs))
         elif is_host_op(ctx.pipeline, s.name):
-            src = _feeder(ctx, s.name, by)
+            src = feeder(ctx.pipeline, s.name, by)
             if src is not None:
                 by[s.name] = StagePlacement(s.name, src.devices, dp=len(src.devices))
     if any(s.name not in by for s in ctx.pipeline.stages):
@@ -204,9 +205,9 @@ def fit_carry(ctx: Context, plan: Plan, p: StagePlacement) -> int:
     return min(p.carry, max_carries(bound, plan.staleness_of(p.stage)))
 
 
-def _feeder(ctx: Context, stage: str, by: dict[str, StagePlacement]) -> StagePlacement | None:
+def feeder(pipeline: Pipeline, stage: str, by: dict[str, StagePlacement]
+           ) -> StagePlacement | None:
     """The placement of the nearest model stage upstream of ``stage``."""
-    pipeline = ctx.pipeline
     seen, frontier = set(), list(pipeline.stage(stage).inputs)
     while frontier:
         data = frontier.pop(0)

@@ -23,7 +23,7 @@ from __future__ import annotations
 import attrs
 import numpy as np
 
-from rpeg.cost.memory import Parallel, local_params, resident_memory, value_bytes
+from rpeg.cost.memory import MemoryCost, Parallel, local_params, resident_memory, value_bytes
 from rpeg.cost.partial import smallest_cap
 from rpeg.cost.stages import (
     estimate_stage,
@@ -41,7 +41,7 @@ from rpeg.plan.model import Plan, Predicted, StagePlacement
 from rpeg.plan.passes import fuse
 from rpeg.plan.simulate import OpTiming, Timeline, simulate, steps_for, tasks_per_step
 from rpeg.plan.staleness import staleness_problem, step_graph
-from rpeg.spec.model import Cluster, OpKind, Pipeline
+from rpeg.spec.model import Cluster, Engine, OpKind, Pipeline
 
 GB = 1e9
 POLICY_LOSSES = frozenset({"ppo_clip", "grpo"})    # losses with the off-policy correction
@@ -57,6 +57,8 @@ class Shortfall:
     op: str                     # the op with the largest transient need there
     model: str                  # the model the largest resident share belongs to
     what: tuple[tuple[str, float], ...]      # (what, bytes) filling the device
+    kinds: tuple[tuple[str, float], ...] = ()   # (weights / grads / ... , bytes) there
+    layout: StagePlacement | None = None        # how the op with the largest need runs
 
     @property
     def over(self) -> float:
@@ -77,7 +79,10 @@ class Evaluation:
 
 def parallel_of(p: StagePlacement) -> Parallel:
     return Parallel(dp=p.dp, tp=p.tp, pp=p.pp, microbatches=p.microbatches,
-                    recompute=p.recompute, zero=p.zero, offload=p.offload)
+                    recompute=p.recompute, zero=p.zero, offload=p.offload, cp=p.cp, ep=p.ep,
+                    packing=p.packing, param_offload=p.param_offload,
+                    max_num_seqs=p.max_num_seqs, kv_fraction=p.kv_fraction,
+                    cuda_graph=p.cuda_graph)
 
 
 def is_host_op(pipeline: Pipeline, stage: str) -> bool:
@@ -144,17 +149,18 @@ class Evaluator:
                   chunks: tuple[tuple[int, float], ...] = ()) -> float:
         """Bytes a stage needs while it runs: for the whole batch, or (``chunks`` of a
         streamed consumer) the largest of its chunks, each processed on its own."""
-        key = ("m", stage, p.tp, p.pp, p.dp, p.microbatches, p.recompute, p.zero, p.offload,
-               p.carry, rows, chunks)
+        key = ("m", stage, parallel_of(p), p.engine, p.carry, rows, chunks)
         if key not in self._cost:
             par = parallel_of(p)
             if chunks:
                 self._cost[key] = max(stage_memory(self.pipeline, stage, par, self.cluster,
-                                                   batch=n, padded_len=top).total
+                                                   batch=n, padded_len=top,
+                                                   engine=p.engine).total
                                       for n, top in chunks)
             else:
                 self._cost[key] = stage_memory(self.pipeline, stage, par, self.cluster,
-                                               rows=rows, partial=self.cap(p)).total
+                                               rows=rows, partial=self.cap(p),
+                                               engine=p.engine).total
         return self._cost[key]
 
     def streamed(self, plan: Plan, graph: Graph, rows: dict) -> dict[str, tuple]:
@@ -186,10 +192,11 @@ class Evaluator:
 
     def gen_rows(self, stage: str, p: StagePlacement, free: float) -> int:
         """Sequences a generate stage runs at once per replica with ``free`` bytes per GPU."""
-        key = ("g", stage, p.tp, p.pp, p.dp, p.carry, round(free / 2**20))
+        key = ("g", stage, parallel_of(p), p.engine, p.carry, round(free / 2**20))
         if key not in self._cost:
             self._cost[key] = generation_rows(self.pipeline, stage, parallel_of(p),
-                                              self.cluster, free, partial=self.cap(p))
+                                              self.cluster, free, partial=self.cap(p),
+                                              engine=p.engine)
         return self._cost[key]
 
     def rows_of(self, plan: Plan, graph: Graph, resident: np.ndarray | None = None) -> dict:
@@ -207,11 +214,16 @@ class Evaluator:
         return out
 
     def resident(self, model: str, p: StagePlacement, trained: bool) -> float:
-        key = ("r", model, p.tp, p.pp, p.dp, p.zero if trained else 0,
-               p.offload if trained else False, trained)
+        """Bytes a copy of ``model`` keeps between stages: a ZeRO-3 copy (trained, or a
+        frozen model served on shards) sharded over its data and context parallel ranks."""
+        zero = p.zero if trained or p.zero >= 3 else 0
+        key = ("r", model, p.tp, p.pp, p.dp, p.cp, p.ep, zero,
+               p.offload if trained else False, p.param_offload, trained, p.engine)
         if key not in self._cost:
-            self._cost[key] = resident_memory(self.pipeline.model(model), parallel_of(p),
-                                              self.cluster, trained=trained).total
+            par = attrs.evolve(parallel_of(p), zero=zero, offload=p.offload and trained)
+            self._cost[key] = resident_memory(self.pipeline.model(model), par,
+                                              self.cluster, trained=trained,
+                                              host_grads=p.engine is Engine.DEEPSPEED).total
         return self._cost[key]
 
     def sync_time(self, model: str, src: StagePlacement, dst: StagePlacement) -> float:
@@ -464,17 +476,21 @@ class Evaluator:
             seen = []
             train = next((s for s in stages if self.pipeline.stage(s).kind is OpKind.TRAIN),
                          None)
+            sharded = None
             if train is not None:
                 p = plan.placement(train)
                 out.append((self.pipeline.stage(train).target, p, True))
-                if p.zero < 3:
-                    seen.append((p.devices, p.tp, p.pp))
+                seen.append((p.devices, p.tp, p.pp, p.zero >= 3))
+                sharded = p.devices if p.zero >= 3 else None
             for s in stages:
                 if self.pipeline.stage(s).kind is OpKind.TRAIN:
                     continue
                 p = plan.placement(s)
-                if (p.devices, p.tp, p.pp) not in seen:
-                    seen.append((p.devices, p.tp, p.pp))
+                if p.zero >= 3 and p.devices == sharded:
+                    continue      # a pass on ZeRO-3 shards gathers the trained copy's
+                key = (p.devices, p.tp, p.pp, p.zero >= 3)
+                if key not in seen:
+                    seen.append(key)
                     out.append((model, p, False))
         return out
 
@@ -520,8 +536,35 @@ class Evaluator:
                       key=lambda x: -x[1])
         op = stages[top_op[worst]] if top_op[worst] >= 0 else ""
         what.append((f"{op} (transient)", float(transient[worst])))
+        kinds = self.kinds(plan, graph, worst, op, rows.get(op), chunks_of.get(op, ()))
         return peak, Shortfall(worst, float(peak[worst]), cap, op,
-                               what[0][0] if what else "", tuple(what))
+                               what[0][0] if what else "", tuple(what), kinds,
+                               plan.placement(op) if op else None)
+
+    def kinds(self, plan: Plan, graph: Graph, device: int, op: str, rows, chunks
+              ) -> tuple[tuple[str, float], ...]:
+        """What fills ``device`` by kind (weights, gradients, optimizer state, activations,
+        KV cache, buffers): every copy resident there and the op's transient need."""
+        total = MemoryCost()
+        for model, p, trained in self.copies(plan, graph):
+            if device in p.devices:
+                zero = p.zero if trained or p.zero >= 3 else 0
+                par = attrs.evolve(parallel_of(p), zero=zero, offload=p.offload and trained)
+                total += resident_memory(self.pipeline.model(model), par, self.cluster,
+                                         trained=trained,
+                                         host_grads=p.engine is Engine.DEEPSPEED)
+        if op:
+            p = plan.placement(op)
+            par = parallel_of(p)
+            if chunks:
+                total += max((stage_memory(self.pipeline, op, par, self.cluster, batch=n,
+                                           padded_len=top, engine=p.engine)
+                              for n, top in chunks), key=lambda m: m.total)
+            else:
+                total += stage_memory(self.pipeline, op, par, self.cluster, rows=rows,
+                                      partial=self.cap(p), engine=p.engine)
+        return tuple((k, float(getattr(total, k))) for k in
+                     ("weights", "grads", "optimizer", "activations", "kv_cache", "buffers"))
 
     def homes(self, plan: Plan, graph: Graph) -> tuple[tuple[str, tuple[int, ...]], ...]:
         out: dict[str, set[int]] = {}

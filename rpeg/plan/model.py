@@ -43,6 +43,7 @@ class Strategy(enum.Enum):
     SPLIT = "split"
     REALLOC = "realloc"
     MANUAL = "manual"
+    PINNED = "pinned"             # the spec's pinned layouts priced as they are (no search)
 
 
 @attrs.frozen
@@ -61,6 +62,13 @@ class StagePlacement:
     carry: int = 0                    # generate: each response spans up to carry + 1 steps (a step
                                       # also advances the next carry steps' responses; partial
                                       # rollouts); 0: whole responses in their own step
+    cp: int = 1                       # context (sequence) parallel degree
+    ep: int = 1                       # expert parallel degree (inside dp x cp x tp)
+    packing: bool = False             # forward / train: sequences packed without padding
+    param_offload: bool = False       # weights in host memory between passes
+    max_num_seqs: int = 0             # generate: sequences at once per replica (0: what fits)
+    kv_fraction: float = 0.0          # generate: share of GPU memory the engine takes (0: free)
+    cuda_graph: bool = False          # generate: decode steps replayed from CUDA graphs
 
 
 @attrs.frozen
@@ -156,16 +164,17 @@ class Plan:
             if p.stage in seen:
                 return f"stage '{p.stage}' must be placed once, not twice"
             seen.add(p.stage)
-            if min(p.dp, p.tp, p.pp, p.microbatches, p.chunks) < 1:
+            if min(p.dp, p.tp, p.pp, p.microbatches, p.chunks, p.cp, p.ep) < 1:
                 return f"stage '{p.stage}' degrees must be at least 1"
             if not 0 <= p.carry <= MAX_CARRY:
                 return f"stage '{p.stage}' carry must be 0..{MAX_CARRY} steps, not {p.carry}"
             if max(p.microbatches, p.chunks) > MAX_PLAN_DEVICES:
                 return f"stage '{p.stage}' micro-batches and chunks must be at most " \
                        f"{MAX_PLAN_DEVICES:,}"
-            if len(p.devices) != p.dp * p.tp * p.pp:
-                return (f"stage '{p.stage}' must run on dp x tp x pp = {p.dp * p.tp * p.pp} "
-                        f"devices, not {len(p.devices)}")
+            if len(p.devices) != p.dp * p.tp * p.pp * p.cp:
+                degrees = "dp x tp x pp" + (" x cp" if p.cp > 1 else "")
+                return (f"stage '{p.stage}' must run on {degrees} = "
+                        f"{p.dp * p.tp * p.pp * p.cp} devices, not {len(p.devices)}")
             bad = [d for d in p.devices if not 0 <= d < self.num_devices]
             if bad:
                 return (f"stage '{p.stage}' devices must lie in 0..{self.num_devices - 1}, "

@@ -10,7 +10,9 @@
 
 The spec's checker refused pins no cluster can lay out (:mod:`rpeg.spec.pins`). Here,
 with the cluster and the executor's limits known, :func:`check_pins` refuses a pin the
-cluster cannot hold (GPUs it lacks, a tp wider than a node) or the executor does not run
+cluster cannot hold (GPUs it lacks; for rpeg's runtime, a tp wider than a node — another
+system's tensor parallelism across nodes is priced over the inter-node link) or the
+executor does not run
 (``Limits``: ZeRO levels, pipeline parallelism, an engine, recomputation, offload), at
 the pin's ``FILE:LINE:COL``. The choice table then offers a pinned stage only layouts
 that :func:`matches` its pin, on its pinned devices, and :func:`honour` puts back what
@@ -27,7 +29,9 @@ from rpeg.plan.model import StagePlacement
 from rpeg.plan.space import Limits
 from rpeg.spec.model import Cluster, Engine, OpKind, Pin, Pipeline
 
-_PARALLEL = ("dp", "tp", "pp", "zero", "recompute", "offload", "microbatches")
+_PARALLEL = ("dp", "tp", "pp", "zero", "recompute", "offload", "microbatches", "cp", "ep",
+             "packing", "param_offload", "max_num_seqs", "kv_fraction", "cuda_graph")
+FOREIGN = frozenset({Engine.HF, Engine.HYBRID, Engine.DEEPSPEED, Engine.MEGATRON})
 ANY_EXECUTOR = "plan for an executor that runs it with `rpeg compile --any-executor`"
 
 
@@ -41,6 +45,16 @@ def matches(pin: Pin | None, par: Parallel, engine: Engine) -> bool:
         if key == "engine" and value is not Engine.AUTO and engine is not value:
             return False
     return True
+
+
+def overlay(pin: Pin | None, par: Parallel) -> Parallel:
+    """``par`` with the pin's batching, packing and offload keys (which the layouts the
+    planner enumerates leave at their defaults) put in."""
+    if pin is None:
+        return par
+    keys = ("packing", "param_offload", "max_num_seqs", "kv_fraction", "cuda_graph", "ep")
+    changes = {k: getattr(pin, k) for k in keys if getattr(pin, k) is not None}
+    return attrs.evolve(par, **changes) if changes else par
 
 
 def honour(pin: Pin | None, p: StagePlacement) -> StagePlacement:
@@ -62,7 +76,7 @@ def check_pins(pipeline: Pipeline, cluster: Cluster, limits: Limits) -> None:
             raise PlanError(f"place {pin.stage} must name GPUs in 0..{cluster.num_gpus - 1}, "
                             f"not {pin.first}..{pin.last}", pin.span,
                             hint=f"cluster '{cluster.name}' has {cluster.num_gpus} GPUs")
-        if pin.tp is not None and pin.tp > cluster.gpus_per_node:
+        if pin.tp is not None and pin.tp > cluster.gpus_per_node and not limits.foreign:
             raise PlanError(f"place {pin.stage}: tp must stay inside one node of "
                             f"{cluster.gpus_per_node} GPUs, not {pin.tp}", pin.span_of("tp"),
                             hint="tensor parallelism runs over a node's GPU links")
@@ -74,7 +88,8 @@ def check_pins(pipeline: Pipeline, cluster: Cluster, limits: Limits) -> None:
 
 
 def _refusal(pin: Pin, pipeline: Pipeline, limits: Limits) -> tuple[str, str] | None:
-    for key, cap in (("tp", limits.max_tp), ("pp", limits.max_pp), ("dp", limits.max_dp)):
+    for key, cap in (("tp", limits.max_tp), ("pp", limits.max_pp), ("dp", limits.max_dp),
+                     ("cp", limits.max_cp), ("ep", limits.max_ep)):
         value = getattr(pin, key)
         if value is not None and value > cap:
             return key, f"{key} must be at most {cap} for this executor, not {value}" \
@@ -83,15 +98,28 @@ def _refusal(pin: Pin, pipeline: Pipeline, limits: Limits) -> tuple[str, str] | 
         levels = ", ".join(str(z) for z in sorted(limits.zero))
         return "zero", f"zero must be one of {levels} for this executor, not {pin.zero}" \
             + limits.because("zero")
-    for key in ("recompute", "offload"):
+    for key in ("recompute", "offload", "packing", "param_offload"):
         if getattr(pin, key) and not getattr(limits, key):
             return key, f"{key} is not run by this executor" + limits.because(key)
+    for key in ("max_num_seqs", "kv_fraction", "cuda_graph"):
+        if getattr(pin, key) and not limits.batching:
+            return key, (f"{key} is not run by this executor: its engines batch as they "
+                         f"decide") + limits.because("batching")
+    if pin.engine in FOREIGN and not limits.foreign:
+        return "engine", (f"engine {pin.engine.value} is another system's, which this "
+                          f"executor does not run")
     stage = pipeline.stage(pin.stage)
-    if stage.kind is OpKind.GENERATE and pin.engine is not None:
+    if stage.kind is not OpKind.GENERATE and pin.zero and not limits.inference_zero \
+            and stage.kind is not OpKind.TRAIN:
+        return "zero", "inference on ZeRO-3-sharded weights is not run by this executor"
+    if stage.kind is OpKind.GENERATE and pin.zero and not limits.inference_zero:
+        return "zero", "generation on ZeRO-3-sharded weights is not run by this executor"
+    if stage.kind is OpKind.GENERATE and pin.engine is not None \
+            and not (pin.engine in FOREIGN and limits.foreign):
         why = limits.check_engine(pin.engine, pin.tp or 1)
         if why is not None:
             return "engine", why.replace("this backend", "this executor")
     return None
 
 
-__all__ = ["ANY_EXECUTOR", "check_pins", "honour", "matches"]
+__all__ = ["ANY_EXECUTOR", "FOREIGN", "check_pins", "honour", "matches", "overlay"]

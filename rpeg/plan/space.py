@@ -47,6 +47,17 @@ class Limits:
     carry_engines: frozenset[Engine] = frozenset({Engine.TORCH, Engine.VLLM})
     engine_tp: tuple[tuple[Engine, int], ...] = ()   # a generate engine's tp cap (else max_tp)
     missing: tuple[tuple[str, str], ...] = ()         # what the executor lacks, and why
+    max_cp: int = 64                  # context (sequence) parallel degree
+    max_ep: int = 1 << 10             # expert parallel degree
+    param_offload: bool = True        # weights in host memory between passes
+    inference_zero: bool = True       # forward / generate on ZeRO-3-sharded weights
+    batching: bool = True             # generate: max_num_seqs, kv_fraction, cuda_graph pinned
+    foreign: bool = True              # engines of other systems (hf, hybrid, deepspeed, megatron)
+    any_model: bool = True            # every architecture the cost model prices; else:
+    families: tuple[str, ...] = ()    #   these families,
+    model_features: tuple[str, ...] = ()   # these features beyond a dense block,
+    dtypes: tuple[str, ...] = ()      #   these dtypes (empty: any),
+    lora: bool = True                 # LoRA adapters
 
     @classmethod
     def of(cls, caps) -> Limits:
@@ -57,7 +68,12 @@ class Limits:
                    packing=caps.packing,
                    carry_engines=frozenset(e.engine for e in caps.engines if e.carry),
                    engine_tp=tuple((e.engine, e.max_tp) for e in caps.engines),
-                   missing=caps.missing)
+                   missing=caps.missing, max_cp=caps.max_cp, max_ep=caps.max_ep,
+                   param_offload=caps.param_offload, inference_zero=caps.inference_zero,
+                   batching=caps.batching, foreign=False, any_model=False,
+                   families=tuple(sorted(caps.families)),
+                   model_features=tuple(sorted(caps.model_features)),
+                   dtypes=tuple(sorted(caps.dtypes)), lora=caps.lora)
 
     @classmethod
     def runtime(cls) -> Limits:
@@ -70,7 +86,8 @@ class Limits:
 
     def check_parallel(self, par: Parallel) -> str | None:
         """Why this layout cannot run, or None."""
-        for name, cap in (("tp", self.max_tp), ("pp", self.max_pp), ("dp", self.max_dp)):
+        for name, cap in (("tp", self.max_tp), ("pp", self.max_pp), ("dp", self.max_dp),
+                          ("cp", self.max_cp), ("ep", self.max_ep)):
             if getattr(par, name) > cap:
                 return (f"{name} must be at most {cap} on this backend, not "
                         f"{getattr(par, name)}" + self.because(name))
@@ -84,6 +101,34 @@ class Limits:
         if par.offload and not self.offload:
             return ("train ops must keep their optimizer state on the device on this backend"
                     + self.because("offload"))
+        if par.packing and not self.packing:
+            return "forward and train ops must pad their batches on this backend" \
+                + self.because("packing")
+        if par.param_offload and not self.param_offload:
+            return "weights must stay on the device on this backend" \
+                + self.because("param_offload")
+        if (par.max_num_seqs or par.kv_fraction or par.cuda_graph) and not self.batching:
+            return ("generation must batch as the engine decides on this backend (no "
+                    "max_num_seqs, kv_fraction or cuda_graph)" + self.because("batching"))
+        return None
+
+    def check_model(self, model: Model) -> str | None:
+        """Why this executor cannot run ``model``, or None."""
+        if self.any_model:
+            return None
+        d = model.dims
+        if d.family not in self.families:
+            return (f"model '{model.name}' must be of a family this executor builds "
+                    f"({', '.join(self.families)}), not {d.family}")
+        extra = sorted(d.features() - set(self.model_features))
+        if extra:
+            return f"model '{model.name}' has what this executor does not build: " \
+                + ", ".join(_FEATURE_WORDS.get(f, f) for f in extra)
+        if self.dtypes and model.dtype not in self.dtypes:
+            return (f"model '{model.name}' must be in a dtype this executor runs "
+                    f"({', '.join(self.dtypes)}), not {model.dtype}")
+        if model.lora is not None and not self.lora:
+            return f"model '{model.name}' trains LoRA adapters, which this executor does not"
         return None
 
     def because(self, key: str) -> str:
@@ -106,6 +151,10 @@ class Limits:
         return None
 
 
+_FEATURE_WORDS = {"head_dim": "a head size other than hidden / heads", "qk_norm": "QK-norm",
+                  "plain_mlp": "a plain (non-gated) MLP",
+                  "learned_positions": "learned position embeddings",
+                  "moe": "a mixture of experts", "mla": "multi-head latent attention"}
 VLLM_MIN_HEAD_DIM = 64      # vLLM's attention kernels need head_dim >= 64
 
 
@@ -136,6 +185,8 @@ def generate_engines(pipeline: Pipeline, stage: str, limits: Limits) -> tuple[En
     if asked is Engine.AUTO:
         return tuple(e for e in (Engine.VLLM, Engine.TORCH)
                      if e in limits.engines and engine_refusal(e, model) is None)
+    if asked not in (Engine.TORCH, Engine.VLLM) and limits.foreign:
+        return (asked,)           # another system's engine, priced where pinned
     if (why := engine_refusal(asked, model)) is not None:
         raise PlanError(f"stage '{stage}' must use an engine its model suits, not "
                         f"'{asked.value}': {why}", s.span,

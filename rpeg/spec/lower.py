@@ -19,7 +19,9 @@ from pathlib import Path
 from rpeg.errors import Span, SpecError, SpecWarning, did_you_mean
 from rpeg.spec import ast
 from rpeg.spec import values as V
+from rpeg.spec.arch import MODEL_ARCH_KEYS, lower_dims
 from rpeg.spec.model import (
+    GENERATE_ENGINES,
     LOSSES,
     STAGE_FUNCTIONS,
     WORKLOAD_DATA,
@@ -37,7 +39,6 @@ from rpeg.spec.model import (
     lognormal_sigma,
 )
 from rpeg.spec.pins import lower_place
-from rpeg.spec.presets import DIM_KEYS, PRESETS, ModelDims
 from rpeg.spec.resolve import resolve_pipeline
 from rpeg.spec.sections import (
     DATA_KEYS,
@@ -53,9 +54,8 @@ from rpeg.spec.sections import entries as _entries
 
 WORKLOAD_KEYS = ("steps", "prompts", "samples", "prompt_len", "gen_len", "dataset",
                  "seed") + DATA_KEYS
-MODEL_KEYS = ("optimizer", "head", "frozen", "dtype", "weights", "tied", "family",
-              "lora") + DIM_KEYS
-DTYPES = ("bf16", "fp16", "fp32")
+MODEL_KEYS = ("optimizer", "head", "frozen", "dtype", "weights", "lora") + MODEL_ARCH_KEYS
+DTYPES = ("bf16", "fp16", "fp32", "fp8")
 MAX_STEPS = 10_000_000
 MAX_TOKENS = 1 << 21
 MAX_HISTOGRAM_BYTES = 64 * 1024 * 1024
@@ -133,8 +133,10 @@ def _workload(w: ast.WorkloadDecl, path: str, warnings: list[SpecError]) -> Work
     prompts = V.integer(_assigned(e["prompts"], "prompts"), "prompts", minimum=1)
     samples = V.integer(_assigned(e["samples"], "samples"), "samples", minimum=1,
                         maximum=4096) if "samples" in e else 1
-    prompt_len = V.integer(_assigned(e["prompt_len"], "prompt_len"), "prompt_len", minimum=1,
-                           maximum=MAX_TOKENS)
+    pv = _assigned(e["prompt_len"], "prompt_len")
+    prompt_dist = None if isinstance(pv, ast.Number) else _length(pv, path, "prompt_len")
+    prompt_len = prompt_dist.max_len if prompt_dist else V.integer(
+        pv, "prompt_len", minimum=1, maximum=MAX_TOKENS)
     gen_len = _length(_assigned(e["gen_len"], "gen_len"), path)
     seed = V.integer(_assigned(e["seed"], "seed"), "seed", maximum=2**31 - 1) if "seed" in e else 0
     dataset = None
@@ -146,19 +148,19 @@ def _workload(w: ast.WorkloadDecl, path: str, warnings: list[SpecError]) -> Work
                                       dv.span))
     fields, template, split = data_fields(e)
     return Workload(steps, prompts, samples, prompt_len, gen_len, dataset, seed, w.span,
-                    fields=fields, template=template, split=split)
+                    fields=fields, template=template, split=split, prompt_dist=prompt_dist)
 
 
-def _length(v: ast.Value, path: str) -> LengthDist:
+def _length(v: ast.Value, path: str, key: str = "gen_len") -> LengthDist:
     if isinstance(v, ast.Number):
-        return LengthDist.fixed(V.integer(v, "gen_len", minimum=1, maximum=MAX_TOKENS))
+        return LengthDist.fixed(V.integer(v, key, minimum=1, maximum=MAX_TOKENS))
     if not isinstance(v, ast.Call):
-        raise SpecError(f"gen_len must be a length or a distribution such as "
+        raise SpecError(f"{key} must be a length or a distribution such as "
                         f"lognormal(median = 512, max = 2048), not {V.kind_of(v)}", v.span)
     fn = v.func.value
     kinds = ("fixed", "uniform", "lognormal", "empirical")
     if fn not in kinds:
-        raise SpecError(f"gen_len distribution must be one of {', '.join(kinds)}, not '{fn}'",
+        raise SpecError(f"{key} distribution must be one of {', '.join(kinds)}, not '{fn}'",
                         v.func.span, hint=did_you_mean(fn, kinds))
     kw = {k.key.value: k for k in v.kwargs}
 
@@ -181,7 +183,7 @@ def _length(v: ast.Value, path: str) -> LengthDist:
         if k.key.value not in allowed:
             raise V.unknown_key(k.key, allowed, f"{fn}(...)")
     if fn == "fixed":
-        return LengthDist.fixed(V.integer(need("n", 0), "gen_len", minimum=1, maximum=MAX_TOKENS))
+        return LengthDist.fixed(V.integer(need("n", 0), key, minimum=1, maximum=MAX_TOKENS))
     if fn == "uniform":
         lo = V.integer(need("min", 0), "min", minimum=1, maximum=MAX_TOKENS)
         hi = V.integer(need("max", 1), "max", minimum=1, maximum=MAX_TOKENS)
@@ -247,41 +249,14 @@ def _histogram(file: Path, span: Span) -> tuple[tuple[int, float], ...]:
 def _model(m: ast.ModelDecl, path: str, warnings: list[SpecError]) -> Model:
     preset = m.preset.value
     e = _entries(m.block, MODEL_KEYS, f"model '{m.name.value}'") if m.block else {}
-    explicit = {k: V.integer(_assigned(e[k], k), k, minimum=1, maximum=1 << 22)
-                for k in DIM_KEYS if k in e}
     folder_dtype, weights = None, None
     if m.source is not None:
         dims, folder_dtype, weights = hf_model(m, e, path)
     elif preset == "hf":
         raise SpecError("hf needs the model's folder: hf(\"path/to/folder\")", m.preset.span,
                         hint="the folder holds config.json, the weights and the tokenizer")
-    elif preset in PRESETS:
-        dims = PRESETS[preset]
-    elif preset == "custom":
-        missing = [k for k in DIM_KEYS if k not in explicit]
-        if missing:
-            raise SpecError(f"a custom model must give {', '.join(missing)}", m.preset.span,
-                            hint="or name a preset such as llama3.1-8b or qwen2.5-7b")
-        dims = ModelDims("llama", 1, 1, 1, 1, 1, 1)
     else:
-        raise SpecError(f"unknown model preset '{preset}'", m.preset.span,
-                        hint=did_you_mean(preset, list(PRESETS) + ["custom"]) or
-                        "presets: " + ", ".join(PRESETS) + ", or custom with explicit dimensions")
-    if explicit or "tied" in e or "family" in e:
-        import attrs
-        changes = dict(explicit)
-        if "tied" in e:
-            changes["tied_embeddings"] = True
-        if "family" in e:
-            changes["family"] = V.name(_assigned(e["family"], "family"), "family",
-                                       ("llama", "qwen2"))
-        dims = attrs.evolve(dims, **changes)
-    if dims.hidden % dims.heads and not dims.attn_head_dim:
-        span = e["heads"].span if "heads" in e else m.preset.span
-        raise SpecError(f"heads ({dims.heads}) must divide hidden ({dims.hidden})", span)
-    if dims.heads % dims.kv_heads:
-        span = e["kv_heads"].span if "kv_heads" in e else m.preset.span
-        raise SpecError(f"kv_heads ({dims.kv_heads}) must divide heads ({dims.heads})", span)
+        dims = lower_dims(m.preset, e)
     head = Head.LM
     if "head" in e:
         head = Head(V.name(_assigned(e["head"], "head"), "head", tuple(h.value for h in Head)))
@@ -308,8 +283,9 @@ def _model(m: ast.ModelDecl, path: str, warnings: list[SpecError]) -> Model:
     if "lora" in e:
         if frozen or head is not Head.LM:
             raise SpecError("lora adapts a trained language model; this one is "
-                            + ("frozen" if frozen else f"a {head.value} model"), e["lora"].span)
-        adapters = lora(_assigned(e["lora"], "lora"))
+                            + ("frozen" if frozen else f"a {head.value} model"), e["lora"].span,
+                            hint="remove 'frozen' or 'lora'" if frozen else "remove 'lora'")
+        adapters = lora(_assigned(e["lora"], "lora"), dims)
     return Model(m.name.value, preset, dims, head, frozen, optimizer, dtype, weights, m.span,
                  lora=adapters)
 
@@ -489,7 +465,8 @@ def _stage_params(s: ast.StageDecl, fn: str, kind: OpKind, obj) -> tuple[tuple[s
         if key not in allowed:
             raise V.unknown_key(k.key, allowed or ("(none)",), f"{fn}(...)")
         if key == "engine":
-            value: object = Engine(V.name(k.value, "engine", tuple(e.value for e in Engine)))
+            value: object = Engine(V.name(k.value, "engine",
+                                          tuple(e.value for e in GENERATE_ENGINES)))
         elif key == "loss":
             value = V.plain(k.value, "loss")
             lname = value.name if isinstance(value, V.Fn) else value

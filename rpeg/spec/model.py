@@ -47,9 +47,25 @@ class LengthKind(enum.Enum):
 
 
 class Engine(enum.Enum):
+    """Who executes a stage. rpeg's own runtime: ``torch`` (training, inference, generation)
+    and ``vllm`` (generation). The others are models of other systems' engines, for pricing
+    a configuration as another system ran it (a pinned layout, ``rpeg compile
+    --any-executor``): ``hf`` (transformers' ``generate``: a static batch padded to its
+    longest), ``hybrid`` (DeepSpeed-Chat's Hybrid Engine: ZeRO-3 weights gathered into
+    inference kernels once a step), ``deepspeed`` (DeepSpeed ZeRO training and inference)
+    and ``megatron`` (Megatron-style training and inference)."""
+
     AUTO = "auto"
     TORCH = "torch"
     VLLM = "vllm"
+    HF = "hf"
+    HYBRID = "hybrid"
+    DEEPSPEED = "deepspeed"
+    MEGATRON = "megatron"
+
+
+GENERATE_ENGINES = (Engine.AUTO, Engine.TORCH, Engine.VLLM, Engine.HF, Engine.HYBRID)
+PASS_ENGINES = (Engine.TORCH, Engine.DEEPSPEED, Engine.MEGATRON)    # forward and train
 
 
 # Stage functions and the op kind each one is.
@@ -153,11 +169,17 @@ class Workload:
     fields: Fields = Fields()                 # which columns are the prompt and the answer
     template: Template = Template.AUTO        # chat template or raw text
     split: str | None = None                  # a saved DatasetDict's split
+    prompt_dist: LengthDist | None = None     # the prompts' lengths (None: all prompt_len)
 
     @property
     def batch(self) -> int:
         """Responses per step."""
         return self.prompts * self.samples
+
+    @property
+    def prompt_lens(self) -> LengthDist:
+        """The prompts' lengths, at most ``prompt_len`` (the longest a prompt is cut to)."""
+        return self.prompt_dist or LengthDist.fixed(self.prompt_len)
 
 
 @attrs.frozen
@@ -234,11 +256,19 @@ class Pin:
     microbatches: int | None = None
     engine: Engine | None = None
     chunks: int | None = None
+    cp: int | None = None
+    ep: int | None = None
+    packing: bool | None = None
+    param_offload: bool | None = None
+    max_num_seqs: int | None = None
+    kv_fraction: float | None = None
+    cuda_graph: bool | None = None
     span: Span = attrs.field(default=NOWHERE, eq=False)
     keys: tuple[tuple[str, Span], ...] = attrs.field(default=(), eq=False)
 
     LAYOUT = ("dp", "tp", "pp", "zero", "recompute", "offload", "microbatches", "engine",
-              "chunks")
+              "chunks", "cp", "ep", "packing", "param_offload", "max_num_seqs", "kv_fraction",
+              "cuda_graph")
 
     @property
     def size(self) -> int:
@@ -334,6 +364,7 @@ class GpuProfile:
     memory: float = _q("bytes")                    # device memory capacity
     peak_flops: float = _q("flops")                # datasheet dense bf16 (reference only)
     matmul_flops: float = _q("flops")              # measured large-GEMM throughput
+    fp8_flops: float = _q("flops", 0.0)            # large FP8 GEMM throughput; 0: no FP8
     matmul_half: float = _q("", 1e9)               # GEMM FLOPs at which half of matmul_flops is reached
     matmul_m_half: float = _q("", 0.0)             # GEMM rows at which skinny GEMMs run at half rate
     attn_flops: float = _q("flops", 0.0)           # fused-attention throughput; 0: 0.6 x matmul_flops

@@ -9,10 +9,16 @@
     ['dp', 'tp', 'zero', 'recompute']
 
 What the block may say depends on the stage (``LAYOUT_KEYS``): any model stage its data,
-tensor and pipeline parallel degrees; a generate stage its ``engine`` and ``chunks``; a
-forward or train stage its ``microbatches``; a train stage its ``zero`` level,
-``recompute`` and ``offload``. Flags are written alone (``recompute``) or as
-``recompute = false``. The checker refuses a pin that cannot be laid out whatever the
+tensor and pipeline parallel degrees, its ``engine``, its ``zero`` level (a forward or
+generate stage: ZeRO-3 inference, each pass gathering the sharded weights) and
+``param_offload`` (weights in host memory); a generate stage its ``chunks`` and how the
+engine batches: ``max_num_seqs`` (sequences at once per replica: vLLM's max_num_seqs, a
+static batch's micro-batch), ``kv_fraction`` (the share of GPU memory the engine takes,
+vLLM's gpu_memory_utilization) and ``cuda_graph``; a forward or train stage its context
+parallel degree ``cp``, expert parallel degree ``ep`` (a mixture of experts),
+``microbatches`` and ``packing`` (sequences packed without padding); a train stage
+``recompute`` and ``offload`` (the optimizer state in host memory). Flags are written
+alone (``recompute``) or as ``recompute = false``. The checker refuses a pin that cannot be laid out whatever the
 cluster: degrees whose product is not the pin's device count, a tp that does not divide
 the model's heads, a pp above its layers, fewer micro-batches than pipeline stages.
 Whether the executor planned for runs a pin (ZeRO levels, pipeline parallelism, ...) is
@@ -24,16 +30,18 @@ from __future__ import annotations
 from rpeg.errors import SpecError, did_you_mean
 from rpeg.spec import ast
 from rpeg.spec import values as V
-from rpeg.spec.model import Engine, Model, OpKind, Pin, Stage
+from rpeg.spec.model import GENERATE_ENGINES, PASS_ENGINES, Engine, Model, OpKind, Pin, Stage
 
-DEGREES = ("dp", "tp", "pp")
+DEGREES = ("dp", "tp", "pp", "cp")
+_PASS = DEGREES + ("ep", "microbatches", "zero", "packing", "param_offload", "engine")
 LAYOUT_KEYS: dict[OpKind, tuple[str, ...]] = {
-    OpKind.GENERATE: DEGREES + ("engine", "chunks"),
-    OpKind.FORWARD: DEGREES + ("microbatches",),
-    OpKind.SCORE: DEGREES + ("microbatches",),          # a reward model
-    OpKind.TRAIN: DEGREES + ("microbatches", "zero", "recompute", "offload"),
+    OpKind.GENERATE: ("dp", "tp", "pp", "engine", "chunks", "zero", "param_offload",
+                      "max_num_seqs", "kv_fraction", "cuda_graph"),
+    OpKind.FORWARD: _PASS,
+    OpKind.SCORE: _PASS,          # a reward model
+    OpKind.TRAIN: _PASS + ("recompute", "offload"),
 }
-FLAGS = ("recompute", "offload")
+FLAGS = ("recompute", "offload", "packing", "param_offload", "cuda_graph")
 MAX_GPU = 1 << 20
 
 
@@ -76,12 +84,13 @@ def _entries(block: ast.Block, stage: Stage, model) -> tuple[dict, tuple]:
                             key.span, hint=did_you_mean(key.value, allowed))
         if key.value in values:
             raise V.duplicate("key", key.value, key.span, dict(keys)[key.value])
-        values[key.value] = _value(e, key.value)
+        engines = GENERATE_ENGINES if stage.kind is OpKind.GENERATE else PASS_ENGINES
+        values[key.value] = _value(e, key.value, engines)
         keys.append((key.value, e.span))
     return values, tuple(keys)
 
 
-def _value(e: ast.Entry, key: str) -> object:
+def _value(e: ast.Entry, key: str, engines: tuple[Engine, ...] = tuple(Engine)) -> object:
     if isinstance(e, ast.Section):
         raise SpecError(f"{key} must be set with '{key} = VALUE', not a block", e.span)
     if key in FLAGS:
@@ -91,9 +100,12 @@ def _value(e: ast.Entry, key: str) -> object:
     if isinstance(e, ast.Flag):
         raise SpecError(f"{key} must be set with '{key} = VALUE'", e.span)
     if key == "engine":
-        return Engine(V.name(e.value, key, tuple(x.value for x in Engine)))
+        return Engine(V.name(e.value, key, tuple(x.value for x in engines)))
     if key == "zero":
         return V.integer(e.value, key, minimum=0, maximum=3)
+    if key == "kv_fraction":
+        x = V.real(e.value, key, positive=True, maximum=1.0)
+        return x
     return V.integer(e.value, key, minimum=1, maximum=MAX_GPU)
 
 
@@ -104,8 +116,9 @@ def _check_degrees(pin: Pin, stage: Stage, model) -> None:
         product *= v
     where = pin.span_of(next(reversed(given))) if given else pin.span
     words = " x ".join(f"{k} = {v}" for k, v in given.items())
-    if len(given) == 3 and product != pin.size:
-        raise SpecError(f"place {stage.name}: dp x tp x pp must be the {pin.size} GPUs of "
+    if {"dp", "tp", "pp"} <= set(given) and product != pin.size:
+        names = "dp x tp x pp" + (" x cp" if "cp" in given else "")
+        raise SpecError(f"place {stage.name}: {names} must be the {pin.size} GPUs of "
                         f"{pin.first}..{pin.last}, not {words} = {product}", where,
                         hint="make the degrees multiply to the device count, or widen the range")
     if given and pin.size % product:
@@ -129,6 +142,16 @@ def _check_degrees(pin: Pin, stage: Stage, model) -> None:
     if pin.pp is not None and pin.pp > d.layers:
         raise SpecError(f"place {stage.name}: pp must be at most the {d.layers} layers of "
                         f"model '{model.name}', not {pin.pp}", pin.span_of("pp"))
+    if pin.ep is not None and pin.ep > 1 and not d.moe:
+        raise SpecError(f"place {stage.name}: ep must be 1 for model '{model.name}', which has "
+                        f"no experts, not {pin.ep}", pin.span_of("ep"))
+    if pin.ep is not None and d.moe and d.experts % pin.ep:
+        raise SpecError(f"place {stage.name}: ep must divide the {d.experts} experts of model "
+                        f"'{model.name}', not {pin.ep}", pin.span_of("ep"))
+    ranks = (pin.dp or 0) * (pin.cp or 1) * (pin.tp or 1)
+    if pin.ep is not None and pin.dp is not None and ranks % pin.ep:
+        raise SpecError(f"place {stage.name}: ep must divide the dp x cp x tp = {ranks} ranks "
+                        f"that hold the experts, not {pin.ep}", pin.span_of("ep"))
     if pin.pp is not None and pin.microbatches is not None and pin.microbatches < pin.pp:
         raise SpecError(f"place {stage.name}: microbatches must be at least pp = {pin.pp} "
                         f"(one per pipeline stage in flight), not {pin.microbatches}",

@@ -18,7 +18,7 @@ from rpeg.errors import Span, SpecError, SpecWarning, did_you_mean
 from rpeg.spec import ast
 from rpeg.spec import values as V
 from rpeg.spec.hf import ConfigProblem, disagreements, folder_dims
-from rpeg.spec.presets import DIM_KEYS, ModelDims
+from rpeg.spec.presets import ARCH_KEYS, DIM_KEYS, ModelDims
 from rpeg.spec.training import (
     LORA_TARGETS,
     Evaluation,
@@ -27,6 +27,7 @@ from rpeg.spec.training import (
     Lora,
     Template,
     Tracker,
+    projection_shapes,
 )
 
 DATA_KEYS = ("prompt_field", "answer_field", "template", "split")
@@ -71,7 +72,7 @@ def hf_model(m: ast.ModelDecl, e: dict[str, ast.Entry], path: str
         raise SpecError(f"a model read from a folder is written hf(\"FOLDER\"), not "
                         f"{m.preset.value}(...)", m.preset.span,
                         hint="write a preset alone (llama3.1-8b), or hf(\"path/to/folder\")")
-    for key in (*DIM_KEYS, "tied", "family", "weights"):
+    for key in (*DIM_KEYS, *ARCH_KEYS, "tied", "family", "weights"):
         if key in e:
             raise SpecError(f"hf(...) takes the model's {'folder' if key == 'weights' else key} "
                             f"from the folder, so '{key}' must not be set here",
@@ -119,10 +120,13 @@ def _v(x: object) -> str:
     return str(x).lower() if isinstance(x, bool) else str(x)
 
 
-def lora(v: ast.Value) -> Lora:
-    """``lora(rank = 8, alpha = 16, targets = [q_proj, v_proj], dropout = 0.05)``."""
+def lora(v: ast.Value, dims: ModelDims | None = None) -> Lora:
+    """``lora(rank = 8, alpha = 16, targets = [q_proj, v_proj], dropout = 0.05)``; with the
+    model's ``dims``, the rank at most its hidden size and every target one it has."""
     if not isinstance(v, ast.Call) or v.func.value != "lora":
-        raise SpecError(f"lora must be lora(rank = ...), not {V.describe(v)}", v.span)
+        raise SpecError(f"lora must be lora(rank = ...), not {V.describe(v)}", v.span,
+                        hint="lora = lora(rank = 8) adapts q_proj, k_proj, v_proj and o_proj; "
+                             "targets = [...] names others")
     allowed = ("rank", "alpha", "targets", "dropout")
     kw = {}
     for k in v.kwargs:
@@ -133,7 +137,8 @@ def lora(v: ast.Value) -> Lora:
         kw.setdefault("rank", v.args[0])
     if "rank" not in kw:
         raise SpecError("lora(...) needs rank = N", v.span, hint="lora(rank = 8, alpha = 16)")
-    rank = V.integer(kw["rank"], "rank", minimum=1, maximum=4096)
+    most = min(4096, dims.hidden) if dims is not None else 4096
+    rank = V.integer(kw["rank"], "rank", minimum=1, maximum=most)
     alpha = V.real(kw["alpha"], "alpha", minimum=0.0, maximum=1e6) if "alpha" in kw else 0.0
     dropout = V.real(kw["dropout"], "dropout", minimum=0.0, maximum=0.99) \
         if "dropout" in kw else 0.0
@@ -143,6 +148,7 @@ def lora(v: ast.Value) -> Lora:
         if not isinstance(tv, ast.ListValue) or not tv.items:
             raise SpecError(f"targets must be a list of projections such as [q_proj, v_proj], "
                             f"not {V.describe(tv)}", tv.span)
+        has = projection_shapes(dims) if dims is not None else dict.fromkeys(LORA_TARGETS)
         names = []
         for x in tv.items:
             n = x.value if isinstance(x, (ast.Ident, ast.Str)) else None
@@ -150,6 +156,11 @@ def lora(v: ast.Value) -> Lora:
                 raise SpecError(f"a lora target must be one of {', '.join(LORA_TARGETS)}, not "
                                 f"{V.describe(x)}", x.span, hint=did_you_mean(str(n),
                                                                               LORA_TARGETS))
+            if n not in has:
+                raise SpecError(f"a lora target must be a projection the model has "
+                                f"({', '.join(has)}), not {n}", x.span,
+                                hint="a plain (non-gated) MLP's matrices are up_proj and "
+                                     "down_proj")
             if n in names:
                 raise SpecError(f"lora target '{n}' is listed twice", x.span)
             names.append(n)

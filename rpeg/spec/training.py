@@ -76,7 +76,9 @@ class Logging:
 @attrs.frozen
 class Lora:
     """``lora = lora(rank = 8, alpha = 16, targets = [q_proj, v_proj], dropout = 0.0)``: the
-    backbone stays frozen; low-rank adapters on the target projections train."""
+    backbone stays frozen; low-rank adapters on the target projections train. The torch
+    backend runs them with PEFT; the cost model prices the adapters' gradients, optimizer
+    state and weight sync, and the backward pass without the frozen weights' gradients."""
 
     rank: int
     alpha: float = 0.0            # 0: equal to the rank (scale 1)
@@ -88,18 +90,48 @@ class Lora:
         return (self.alpha or self.rank) / self.rank
 
     def params(self, dims) -> int:
-        """Trainable parameters of the adapters on ``dims`` (A: r x in, B: out x r, per layer)."""
-        shapes = projection_shapes(dims)
-        return dims.layers * sum(self.rank * (shapes[t][0] + shapes[t][1]) for t in self.targets)
+        """Trainable parameters of the adapters on ``dims``: A (rank x in) and B (out x rank)
+        on each target projection of every block. An MLP target on a mixture-of-experts
+        layer adapts that projection of every routed and shared expert (as PEFT matches
+        module names); latent attention (MLA) is priced as if its queries, keys and values
+        were projected as a plain attention's."""
+        return sum(n * self.rank * (i + o) for n, (i, o) in self._adapted(dims))
+
+    def linears(self, dims) -> int:
+        """How many projections carry adapters (each an A and a B tensor)."""
+        return sum(n for n, _ in self._adapted(dims))
+
+    def _adapted(self, dims) -> list[tuple[int, tuple[int, int]]]:
+        """(how many in the model, (in, out) features) of each adapted projection."""
+        dense = projection_shapes(dims)
+        expert = projection_shapes(dims, dims.expert_ffn)
+        routed = dims.experts + dims.shared_experts
+        out = []
+        for t in self.targets:
+            if t in ATTENTION_TARGETS:
+                out.append((dims.layers, dense[t]))
+            elif t in dense:
+                out.append((dims.layers - dims.moe_layers, dense[t]))
+                if dims.moe_layers:
+                    out.append((dims.moe_layers * routed, expert[t]))
+        return out
 
 
-LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+ATTENTION_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")
+MLP_TARGETS = ("gate_proj", "up_proj", "down_proj")
+LORA_TARGETS = ATTENTION_TARGETS + MLP_TARGETS
 
 
-def projection_shapes(dims) -> dict[str, tuple[int, int]]:
-    """(in, out) features of each linear projection of a Llama-style block."""
-    q = dims.heads * dims.head_dim
-    return {"q_proj": (dims.hidden, q), "k_proj": (dims.hidden, dims.kv_dim),
-            "v_proj": (dims.hidden, dims.kv_dim), "o_proj": (q, dims.hidden),
-            "gate_proj": (dims.hidden, dims.ffn), "up_proj": (dims.hidden, dims.ffn),
-            "down_proj": (dims.ffn, dims.hidden)}
+def projection_shapes(dims, width: int | None = None) -> dict[str, tuple[int, int]]:
+    """(in, out) features of each linear projection of a Llama-style block whose MLP is
+    ``width`` wide (default: ``dims.ffn``). A plain (non-gated) MLP has no ``gate_proj``:
+    its two matrices are ``up_proj`` and ``down_proj`` (OPT's fc1 and fc2)."""
+    f = dims.ffn if width is None else width
+    shapes = {"q_proj": (dims.hidden, dims.heads * dims.head_dim),
+              "k_proj": (dims.hidden, dims.kv_dim), "v_proj": (dims.hidden, dims.kv_dim),
+              "o_proj": (dims.q_dim, dims.hidden),
+              "gate_proj": (dims.hidden, f), "up_proj": (dims.hidden, f),
+              "down_proj": (f, dims.hidden)}
+    if not dims.gated:
+        del shapes["gate_proj"]
+    return shapes

@@ -91,7 +91,7 @@ def test_compile_nothing_fits(tmp_path, capsys):
                "-o", str(tmp_path / "p.json"), *QUICK])
     assert rc == 1
     err = capsys.readouterr().err
-    assert "raise tp or add GPUs" in err and "GB per GPU" in err
+    assert "add GPUs" in err and "GB per GPU" in err and "weights" in err
 
 
 def test_simulate_draws_and_reports(compiled, tmp_path, capsys):

@@ -34,9 +34,10 @@ def test_colocated_fits_on_8_gh200_with_generation_in_waves(ppo8b, gh8, coloc):
     resident, _ = ev.resident_bytes(plan, graph)
     gen = plan.placement("rollout")
     free = gh8.gpu.memory - resident[list(gen.devices)].max()
-    rows = generation_rows(ppo8b, "rollout", parallel_of(gen), gh8, free)
+    rows = generation_rows(ppo8b, "rollout", parallel_of(gen), gh8, free, engine=gen.engine)
     assert ev.rows_of(plan, graph)["rollout"] == rows
-    kv = stage_memory(ppo8b, "rollout", parallel_of(gen), gh8, rows=rows).total
+    kv = stage_memory(ppo8b, "rollout", parallel_of(gen), gh8, rows=rows,
+                      engine=gen.engine).total
     assert resident[list(gen.devices)].max() + kv <= gh8.gpu.memory
     again = ev.evaluate(attrs.evolve(plan, predicted=None))
     assert again.feasible and max(again.plan.predicted.peak_memory) <= gh8.gpu.memory

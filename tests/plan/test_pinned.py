@@ -3,10 +3,12 @@ pin's line:col when the executor planned for does not run them."""
 
 from __future__ import annotations
 
+import attrs
 import pytest
 
 from rpeg.errors import PlanError
 from rpeg.plan.compile import compile_plan, compile_report
+from rpeg.plan.pinned import check_pins
 from rpeg.plan.search import SearchOptions
 from rpeg.plan.space import Limits
 from rpeg.spec import load
@@ -70,7 +72,8 @@ def test_a_pin_outside_the_cluster_or_wider_than_a_node_is_refused(tmp_path, loc
                    + "place rollout on gpus 0..15 { tp = 16 }\n")
     (tmp_path / "rewards.py").write_text((ROOT / "pipelines/rewards.py").read_text())
     with pytest.raises(PlanError, match="tp must stay inside one node of 8 GPUs, not 16"):
-        compile_plan(load(big), a100_16, options=SearchOptions(**QUICK, limits=Limits()))
+        check_pins(load(big), a100_16, attrs.evolve(Limits(), foreign=False))
+    check_pins(load(big), a100_16, Limits())    # another system's, priced across the nodes
 
 
 def test_rpeg_compile_reports_a_refused_pin_as_a_user_error(tmp_path, local_cpu, capsys):

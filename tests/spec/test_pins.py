@@ -64,8 +64,9 @@ def test_a_pin_without_a_block_is_what_it_was():
 # (id, appended line, line, col, message substring)
 CASES = [
     ("unknown-key", "place actor_step on gpus 0..1 { dq = 2 }", 14, 33,
-     "must be pinned with one of dp, tp, pp, microbatches, zero, recompute, offload, not 'dq'"),
-    ("key-of-another-kind", "place rollout on gpus 0..1 { zero = 3 }", 14, 30,
+     "must be pinned with one of dp, tp, pp, cp, ep, microbatches, zero, packing, "
+     "param_offload, engine, recompute, offload, not 'dq'"),
+    ("key-of-another-kind", "place rollout on gpus 0..1 { recompute }", 14, 30,
      "layout of generate stage 'rollout' must be pinned with one of dp, tp, pp, engine, chunks"),
     ("host-stage-layout", "place adv on gpus 0..1 { dp = 2 }", 14, 26,
      "may pin only the devices of a stage that runs on the host"),
@@ -87,7 +88,15 @@ CASES = [
     ("degree-as-flag", "place actor_step on gpus 0..1 { dp }", 14, 33,
      "dp must be set with 'dp = VALUE'"),
     ("unknown-engine", "place rollout on gpus 0..1 { engine = sglang }", 14, 39,
-     "engine must be one of auto, torch, vllm, not 'sglang'"),
+     "engine must be one of auto, torch, vllm, hf, hybrid, not 'sglang'"),
+    ("train-engine-on-a-generate", "place rollout on gpus 0..1 { engine = megatron }", 14, 39,
+     "engine must be one of auto, torch, vllm, hf, hybrid, not 'megatron'"),
+    ("ep-without-experts", "place actor_step on gpus 0..1 { ep = 2 }", 14, 33,
+     "ep must be 1 for model 'actor', which has no experts, not 2"),
+    ("kv-fraction-over-one", "place rollout on gpus 0..1 { kv_fraction = 1.5 }", 14, 44,
+     "kv_fraction must be at most 1, not 1.5"),
+    ("cp-not-dividing", "place actor_step on gpus 0..3 { cp = 3 }", 14, 33,
+     "cp = 3 must divide the 4 GPUs of 0..3"),
     ("twice", "place actor_step on gpus 0..1 { dp = 2; dp = 2 }", 14, 41,
      "key 'dp' is defined twice"),
     ("unknown-stage", "place actr_step on gpus 0..1 { dp = 2 }", 14, 7,

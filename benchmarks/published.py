@@ -1,0 +1,158 @@
+"""rpeg's GPU cost model against step times other systems published.
+
+    .venv/bin/python benchmarks/published.py            # every row, and leave-one-source-out
+    .venv/bin/python benchmarks/published.py --quick    # the rows priced without a search
+    .venv/bin/python benchmarks/published.py --only ORB  # rows whose id starts so
+
+Writes benchmarks/results/published.json and benchmarks/results/published.md: per row the
+published figure and rpeg's prediction (and per phase where the source splits the step),
+then the aggregates over the rows (:func:`benchmarks.published_rows.aggregates`) and,
+where the cost model has fitted engine terms, the leave-one-source-out figure: the terms
+fitted on every source but one, that source's rows predicted with them
+(:mod:`benchmarks.published_fit`). The rows, their specs and every assumption they make
+are in ``benchmarks/published/`` (see :mod:`benchmarks.published_rows`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.provenance import finish, header, provenance  # noqa: E402
+from benchmarks.published_rows import ROWS, Result, aggregates, log2_error, price  # noqa: E402
+from rpeg.plan.model import Strategy  # noqa: E402
+
+RESULTS = ROOT / "benchmarks" / "results"
+
+
+def run(ids: list[str]) -> list[Result]:
+    out = []
+    for rid in ids:
+        began = time.perf_counter()
+        r = price(ROWS[rid])
+        out.append(r)
+        print(f"{rid:<24} {_line(r)}  ({time.perf_counter() - began:.1f} s)", flush=True)
+    return out
+
+
+def _line(r: Result) -> str:
+    if r.status != "ok":
+        return f"{r.status}: {r.message}"
+    parts = []
+    for what, published in r.row.figures:
+        got = r.predicted.get(what)
+        if got is not None:
+            parts.append(f"{what} {published:.1f} -> {got:.1f} ({got / published:.2f}x)")
+    return "; ".join(parts)
+
+
+def _fmt(x: float) -> str:
+    return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.2f}"
+
+
+def markdown(results: list[Result], agg: dict, loso: dict | None, prov: dict) -> str:
+    lines = ["# rpeg's cost model against published step times", "", header(prov), "",
+             "Each row: a configuration another system ran and published a time for "
+             "(`/work/shared/published-calibration.md`), written as a spec with the placement "
+             "it used (`benchmarks/published/`, every assumption the source leaves open "
+             "stated in the file) and priced by rpeg as it ran (`rpeg compile --strategy "
+             "pinned`; ReaL's own bars, whose plans are not published, by rpeg's search over "
+             "the space ReaL searched). Ratio = predicted / published.", "",
+             "## Aggregates", "",
+             f"- rows: {agg['rows']}, priced: {agg['priced']}, cannot be written yet: "
+             f"{agg['unwritable']}, false 'no plan fits': {agg['false_no_fit']}, errors: "
+             f"{agg['errors']}",
+             f"- median |log2 ratio| (priced rows): {_fmt(agg['median_abs_log2'])} "
+             f"({2 ** agg['median_abs_log2']:.2f}x)" if not math.isnan(agg["median_abs_log2"])
+             else "- median |log2 ratio|: n/a",
+             "- within 1.25x / 1.5x / 2x, of all rows: "
+             + " / ".join(f"{100 * agg['within'][k]:.0f}%" for k in ("1.25x", "1.5x", "2x")),
+             "- within 1.25x / 1.5x / 2x, of the priced rows: "
+             + " / ".join(f"{100 * agg['within_of_priced'][k]:.0f}%"
+                          for k in ("1.25x", "1.5x", "2x")),
+             f"- Spearman rank correlation (priced rows): {_fmt(agg['spearman'])}",
+             _time_only_line(agg["time_only"]), ""]
+    if loso:
+        lines += ["## Leave one source out", "",
+                  "The engine terms fitted on every source but one; that source's rows "
+                  "predicted with them.", "",
+                  "| held out | rows | median abs log2 |", "|---|---|---|"]
+        for src, v in loso["per_source"].items():
+            lines.append(f"| {src} | {v['rows']} | {_fmt(v['median_abs_log2'])} |")
+        lines += ["", f"Median |log2 ratio| over every held-out row: "
+                      f"{_fmt(loso['median_abs_log2'])}", ""]
+    lines += ["## Rows", "", "| row | system | GPUs | figure | published s | predicted s | "
+              "ratio | phases (published -> predicted) |", "|---|---|---|---|---|---|---|---|"]
+    for r in results:
+        row = r.row
+        gpus = row.cluster.rsplit("_", 1)[-1].removesuffix(".rpeg")
+        if r.status != "ok":
+            t = r.time_ratio
+            got = f" (time alone {r.predicted[row.main]:.1f} s, {t:.2f}x)" if t else ""
+            lines.append(f"| {row.id} | {row.system} | {gpus} | {row.main} | {row.figure:.1f} "
+                         f"| {r.status} | | {r.message}{got} |")
+            continue
+        phases = ", ".join(f"{w} {p:.0f} -> {r.predicted[w]:.0f}" for w, p in row.figures
+                           if w != row.main and w in r.predicted)
+        how = " (search)" if row.strategy is Strategy.SEARCH else ""
+        lines.append(f"| {row.id} | {row.system}{how} | {gpus} | {row.main} | {row.figure:.1f} "
+                     f"| {r.predicted[row.main]:.1f} | {r.ratio:.2f} | {phases} |")
+    return "\n".join(lines) + "\n"
+
+
+def _time_only_line(t: dict) -> str:
+    if not t.get("rows"):
+        return "- step time alone: no row priced"
+    return (f"- step time alone, the rows that do not fit included (their plans priced "
+            f"regardless of memory; {t['rows']} rows): median |log2 ratio| "
+            f"{_fmt(t['median_abs_log2'])}, within 2x {100 * t['within_2x']:.0f}%, "
+            f"Spearman {_fmt(t['spearman'])}")
+
+
+def to_json(results: list[Result], agg: dict, loso: dict | None, prov: dict) -> dict:
+    rows = []
+    for r in results:
+        rows.append({"id": r.row.id, "source": r.row.source, "system": r.row.system,
+                     "spec": r.row.spec, "cluster": r.row.cluster, "status": r.status,
+                     "strategy": r.row.strategy.value, "main": r.row.main,
+                     "published": dict(r.row.figures), "predicted": r.predicted,
+                     "ratio": r.ratio, "abs_log2": log2_error(r), "message": r.message})
+    return {"provenance": prov, "aggregates": agg, "leave_one_source_out": loso, "rows": rows}
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="only the rows priced as pinned")
+    ap.add_argument("--only", action="append", default=[], help="row ids starting so")
+    ap.add_argument("--no-loso", action="store_true", help="skip leave-one-source-out")
+    args = ap.parse_args(argv)
+    prov = provenance()
+    ids = [rid for rid, row in ROWS.items()
+           if (not args.only or any(rid.startswith(p) for p in args.only))
+           and not (args.quick and row.strategy is Strategy.SEARCH)]
+    results = run(ids)
+    agg = aggregates(results)
+    loso = None
+    if not (args.quick or args.only or args.no_loso):
+        from benchmarks.published_fit import leave_one_source_out
+        loso = leave_one_source_out(results)
+    finish(prov)
+    print(json.dumps(agg, indent=2))
+    if args.only:
+        return
+    RESULTS.mkdir(exist_ok=True)
+    stem = "published_quick" if args.quick else "published"
+    (RESULTS / f"{stem}.json").write_text(
+        json.dumps(to_json(results, agg, loso, prov), indent=2) + "\n")
+    (RESULTS / f"{stem}.md").write_text(markdown(results, agg, loso, prov))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,404 @@
+"""Generation: prefill, then one decode step per token, batched as the engine batches.
+
+    >>> from rpeg.cost.profiles import cluster_of
+    >>> from rpeg.cost.examples import ppo_pipeline
+    >>> from rpeg.cost.memory import Parallel
+    >>> p, gh = ppo_pipeline("llama3.1-8b", prompts=512), cluster_of("gh200", 8)
+    >>> generation_rows(p, "rollout", Parallel(dp=8), gh, 1e12)      # all 64 fit
+    64
+    >>> 1 <= generation_rows(p, "rollout", Parallel(dp=8), gh, 4e9) < 64
+    True
+
+How many sequences decode at once per replica (the concurrency) is the engine's batching
+bounded by memory: a pinned ``max_num_seqs`` (vLLM's, or a static batch's micro-batch),
+else the engine's default, and never more than the KV cache the free memory (or, pinned,
+``kv_fraction`` of the GPU less the engine's weights) holds. What a sequence holds in the
+cache depends on how the engine keeps it:
+
+- **paged** (vLLM): pages of the tokens a sequence has, so a sequence holds its prompt plus
+  what it generated so far — on average its prompt plus ``E[L^2] / 2E[L]`` (a running
+  sequence is, by length, more likely a long one); finished sequences' pages go to waiting
+  ones at once (continuous batching), so only the last sequences leave a tail;
+- **static batch** (transformers' ``generate``, DeepSpeed's Hybrid Engine, Megatron-style
+  generation): a micro-batch padded to its longest prompt decodes until its longest
+  response ends, every row computed and cached to the end; micro-batches follow each other;
+- **rpeg's torch loop**: a batch padded to its longest prompt whose finished rows leave the
+  cache, which grows by concatenation (rewritten each step).
+
+A decode step reads the weights and the live KV cache; its host side (per-layer launches,
+or a CUDA-graph replay, and the step's sampling and scheduling) is the engine's
+(:mod:`rpeg.cost.engines`). Generation on ZeRO-3-sharded weights (``zero = 3``: HF
+``generate`` on a DeepSpeed model) gathers every layer over the data-parallel group in every
+pass, prefetching behind compute as far as the engine overlaps; the Hybrid Engine gathers
+the shards once a step into inference kernels at the stage's tensor-parallel degree. An
+engine whose weights wait in host memory between steps (``param_offload``: vLLM's sleep
+mode in colocated systems) brings them back before it generates.
+"""
+
+from __future__ import annotations
+
+import functools
+import heapq
+import math
+
+import attrs
+import numpy as np
+
+from rpeg.cost import compute as C
+from rpeg.cost.engines import EngineTerms, engine_terms, with_terms
+from rpeg.cost.memory import (
+    MemoryCost,
+    Parallel,
+    check_parallel,
+    head_dims,
+    local_params,
+    model_params,
+    value_bytes,
+    weight_bytes,
+)
+from rpeg.cost.partial import Partial
+from rpeg.cost.topology import Collective, collective_time
+from rpeg.spec.model import Cluster, Engine, Model, Pipeline
+
+SEGMENTS = 32          # decode is integrated over this many segments of constant batch
+
+
+@attrs.frozen
+class StageCost:
+    time_s: float
+    compute_s: float
+    comm_s: float
+    breakdown: tuple[tuple[str, float], ...] = ()
+
+
+@attrs.frozen
+class Gen:
+    cost: StageCost
+    prefill: float           # seconds of prefill (with its communication)
+    host: float              # per-sample host work, done before decoding
+    steps: np.ndarray        # decode step numbers at segment ends
+    cum_time: np.ndarray     # decode seconds elapsed at those steps
+    lengths: np.ndarray      # response lengths, one per local response, in finish order
+    finish: np.ndarray       # seconds from the start until each response is done, ascending
+
+
+# --- lengths -------------------------------------------------------------------------------
+
+@functools.lru_cache(maxsize=256)
+def mean_len(dist) -> float:
+    return dist.mean()
+
+
+@functools.lru_cache(maxsize=4096)
+def padded_len(dist, local: int) -> float:
+    """Length a batch of ``local`` is padded to: the expected longest of them."""
+    q = dist.quantiles(max(min(local, 4096), 1))
+    return float(q.max())
+
+
+@functools.lru_cache(maxsize=256)
+def running_len(dist) -> float:
+    """Mean tokens a running sequence generated so far: ``E[L^2] / 2 E[L]``."""
+    q = dist.quantiles(1024)
+    return float((q * q).mean() / (2 * q.mean()))
+
+
+def partial_of(dist, cap: int) -> Partial | None:
+    return Partial(dist, cap) if 0 < cap < dist.max_len else None
+
+
+def decoded_batch(batch: int, dist, partial: int = 0) -> int:
+    """Sequences a generate step decodes for a batch of ``batch`` responses: more than the
+    batch under partial rollouts (the carried ones beside the new)."""
+    part = partial_of(dist, partial)
+    return batch if part is None else math.ceil(batch * part.rows)
+
+
+@functools.lru_cache(maxsize=1024)
+def slowest_lengths(dist, local: int, groups: int) -> np.ndarray:
+    """Sorted lengths of the slowest of ``groups`` replicas of ``local`` responses each: the
+    longest of each of ``local`` equal strata of the batch's lengths. The stage ends when
+    the replica holding the batch's longest response does, so its lengths are those, not
+    ``local`` draws of their own (whose longest would shrink as DP grows while the batch's
+    does not)."""
+    n = max(min(local, 4096), 1)
+    groups = max(min(groups, 65536 // n), 1)
+    out = np.sort(dist.quantiles(n * groups))[groups - 1::groups]
+    out.flags.writeable = False
+    return out
+
+
+# --- memory --------------------------------------------------------------------------------
+
+def kv_token_bytes(model: Model, par: Parallel, gpu, extra_layer: bool = False) -> float:
+    """KV-cache bytes one token takes on one GPU (its layers; K and V split over TP down to
+    one head each, a latent cache replicated)."""
+    d = model.dims
+    layers = math.ceil(d.layers / par.pp) + (1 if extra_layer else 0)
+    per = d.kv_values_per_token() if d.mla else 2 * max(d.kv_dim // par.tp, d.head_dim)
+    return layers * per * value_bytes(model, gpu)
+
+
+def row_tokens(w, terms: EngineTerms, dist=None, prompts: int = 1) -> float:
+    """Tokens one sequence slot holds in the cache at its peak: a paged cache its live
+    tokens on average, a contiguous one the padded prompt plus the longest response."""
+    dist = w.gen_len if dist is None else dist
+    if terms.paged:
+        return mean_len(w.prompt_lens) + running_len(dist)
+    return padded_len(w.prompt_lens, prompts) + dist.max_len
+
+
+def working_set(model: Model, par: Parallel, tokens: float, bpv: float) -> float:
+    """Largest live intermediates of one layer (gate, up, product; q, k, v) for ``tokens``."""
+    d = model.dims
+    width = d.expert_ffn * d.active_experts if d.moe and not d.ffn else d.ffn
+    return tokens * (3 * width / par.tp + 4 * d.hidden) * bpv
+
+
+def row_buffer(model: Model, par: Parallel, w, gpu) -> float:
+    """Other transient bytes per sequence: a prefill layer's intermediates, or the fp32
+    logits of its next token (a layer's are freed before the head runs)."""
+    hd = head_dims(model)
+    prefill = working_set(model, par, w.prompt_len, value_bytes(model, gpu))
+    return max(prefill, hd.vocab / par.tp * 4 * 3)
+
+
+PREFILL_CHUNK = 8192       # tokens a paged engine prefills in one scheduler step
+
+
+def step_buffer(model: Model, par: Parallel, gpu, n: int) -> float:
+    """A paged engine's activations: one scheduler step's prefill chunk through a layer,
+    and the next-token logits of its ``n`` sequences."""
+    hd = head_dims(model)
+    return max(working_set(model, par, PREFILL_CHUNK, value_bytes(model, gpu)),
+               n * hd.vocab / par.tp * 4 * 3)
+
+
+def engine_weights(model: Model, par: Parallel, gpu) -> float:
+    """Bytes of the weights a generating engine holds on one GPU at its tensor parallelism."""
+    return local_params(model, attrs.evolve(par, zero=0, dp=1)) * weight_bytes(model, gpu)
+
+
+def gather_buffer(model: Model, par: Parallel, gpu, engine: Engine) -> float:
+    """Transient weights a pass on ZeRO-3 shards gathers: two layers (the one computing and
+    the one prefetched), or the Hybrid Engine's whole inference copy."""
+    if par.zero < 3 or par.shards <= 1:
+        return 0.0
+    full = engine_weights(model, par, gpu)
+    if engine is Engine.HYBRID:
+        return full
+    return 2 * full / max(math.ceil(model.dims.layers / par.pp), 1)
+
+
+def concurrency(model: Model, par: Parallel, w, gpu, engine: Engine, local: int,
+                free_bytes: float | None, dist=None) -> int:
+    """Sequences decoding at once per replica: the engine's batch (pinned ``max_num_seqs``,
+    or its default), at most what the KV cache holds (None: memory not asked)."""
+    t = engine_terms(engine, gpu)
+    want = par.max_num_seqs or t.default_seqs or local
+    want = min(want, local)
+    pool = kv_pool(model, par, gpu, engine, free_bytes)
+    if pool is None:
+        return max(want, 1)
+    kv = kv_token_bytes(model, par, gpu, t.kv_copy) * row_tokens(w, t, dist, want)
+    if t.paged:
+        pool -= step_buffer(model, par, gpu, want)
+    per = kv + (0.0 if t.paged else row_buffer(model, par, w, gpu))
+    fit = int(max(pool, 0.0) // per) if per > 0 else want
+    return max(min(want, fit), 1)
+
+
+def kv_pool(model: Model, par: Parallel, gpu, engine: Engine,
+            free_bytes: float | None) -> float | None:
+    """Bytes per GPU the cache may take: a pinned ``kv_fraction`` of the GPU less the
+    engine's weights, else the free memory less the runtime's own (None: not asked)."""
+    if par.kv_fraction:
+        return par.kv_fraction * gpu.memory - engine_weights(model, par, gpu) \
+            - gpu.runtime_memory
+    if free_bytes is None:
+        return None
+    return free_bytes - gpu.runtime_memory - gather_buffer(model, par, gpu, engine)
+
+
+def generate_memory(model: Model, par: Parallel, w, gpu, engine: Engine, local: int,
+                    rows: int | None, dist=None) -> MemoryCost:
+    """Transient bytes per GPU of a generate stage with ``rows`` sequences at once (None: all
+    ``local``): their cache (a pinned ``kv_fraction``: the pool the engine takes), their
+    buffers, and the weights a pass on ZeRO-3 shards gathers."""
+    t = engine_terms(engine, gpu)
+    n = local if rows is None else max(min(rows, local), 1)
+    kv = n * kv_token_bytes(model, par, gpu, t.kv_copy) * row_tokens(w, t, dist, n)
+    if t.paged:
+        buf = step_buffer(model, par, gpu, n)
+        if par.kv_fraction:       # the engine takes its share of the GPU, whatever it holds
+            kv = max(kv, kv_pool(model, par, gpu, engine, None) - buf)
+    else:
+        buf = n * row_buffer(model, par, w, gpu)
+    buf += gather_buffer(model, par, gpu, engine)
+    # weights kept in host memory between stages (an engine put to sleep) are here now
+    loaded = engine_weights(model, par, gpu) if par.param_offload else 0.0
+    return MemoryCost(weights=loaded, kv_cache=kv, buffers=gpu.runtime_memory + buf)
+
+
+def generation_rows(pipeline: Pipeline, stage_name: str, par: Parallel, cluster: Cluster,
+                    free_bytes: float, *, batch: int | None = None, partial: int = 0,
+                    engine: Engine = Engine.TORCH) -> int:
+    """How many sequences a generate stage runs at once per replica when ``free_bytes`` per
+    GPU are left beside the weights resident there: the engine's batch, as much of it as
+    the free memory holds (at least one; the memory check then reports the shortfall)."""
+    stage = pipeline.stage(stage_name)
+    model = pipeline.model(stage.target)
+    w = pipeline.workload
+    batch = w.batch if batch is None else batch
+    local = math.ceil(decoded_batch(batch, w.gen_len, partial) / par.dp)
+    return concurrency(model, par, w, cluster.gpu, engine, local, free_bytes)
+
+
+# --- time ----------------------------------------------------------------------------------
+
+def generation(model, par, devices, topo, cluster, batch, w, engine, rows=None,
+               partial=0) -> Gen:
+    """The generate stage's cost and when each local response is finished."""
+    prompt, dist, extra = w.prompt_lens, w.gen_len, 0.0
+    part = partial_of(dist, partial)
+    if part is not None:
+        # Carried sequences beside the new ones; each re-prefills what it has so far.
+        batch, dist, extra = decoded_batch(batch, dist, partial), part, part.context
+    local = math.ceil(batch / par.dp)
+    gpu = cluster.gpu
+    t = engine_terms(engine, gpu)
+    n = concurrency(model, par, w, gpu, engine, local, None, dist) if rows is None \
+        else max(min(rows, local), 1)
+    if t.paged and n < local:
+        # Continuous batching: ``n`` sequences at once, a finished one's slot refilled from
+        # the queue at once, so only the last sequences leave a tail.
+        return _cached(model, par, devices, topo, gpu, t, local, prompt, extra, dist, engine,
+                       par.dp, n)
+    if n >= local:
+        return _cached(model, par, devices, topo, gpu, t, local, prompt, extra, dist, engine,
+                       par.dp)
+    # Waves: the local batch in ceil(local / n) consecutive batches of at most n sequences.
+    # Each wave has the whole length distribution, so each waits for its own longest.
+    waves = math.ceil(local / n)
+    one = _cached(model, par, devices, topo, gpu, t, math.ceil(local / waves), prompt, extra,
+                  dist, engine, par.dp * waves)
+    c, span = one.cost, one.cost.time_s
+    cost = StageCost(c.time_s * waves, c.compute_s * waves, c.comm_s * waves,
+                     tuple((k, v * waves) for k, v in c.breakdown))
+    finish = np.concatenate([one.finish + k * span for k in range(waves)])
+    return Gen(cost, one.prefill, one.host, one.steps, one.cum_time,
+               np.tile(one.lengths, waves), finish)
+
+
+@functools.lru_cache(maxsize=4096)
+def _cached(model, par, devices, topo, gpu, t, local, prompt, extra, dist, engine, groups=1,
+            slots=None) -> Gen:
+    """One wave of ``local`` sequences per replica, on the slowest of ``groups`` replicas
+    (or waves) the batch is dealt to; each prompt ``extra`` tokens longer (what a carried
+    sequence re-prefills). ``slots`` (continuous batching): at most this many decode at
+    once, admitted in arrival order (independent of their lengths)."""
+    check_parallel(model.dims, par, model.name)
+    d, hd, bpv = model.dims, head_dims(model), value_bytes(model, gpu)
+    m = min(par.microbatches, local)
+    layers = math.ceil(d.layers / par.pp)
+    tpg, ppg = tuple(devices[: par.tp]), tuple(devices[: par.pp * par.tp: par.tp])
+    dpg = tuple(devices[:: par.pp * par.tp])
+    lengths = slowest_lengths(dist, local, groups)
+    n = len(lengths)
+    first, last = admissions(lengths, None if slots is None else slots * n / local)
+    if t.static_batch:
+        last = np.full(n, float(lengths.max()))        # every row to the batch's end
+    # A static or torch batch is padded to its longest prompt; a paged cache holds each
+    # sequence's own.
+    p_ctx = (mean_len(prompt) if t.paged else padded_len(prompt, n)) + extra
+    dec = with_terms(gpu, t, decode=True, graph=par.cuda_graph)
+    pre = with_terms(gpu, t)
+    wbytes = engine_weights(model, par, gpu)
+    gather = collective_time(Collective.ALL_GATHER, wbytes, dpg, topo) \
+        if par.zero >= 3 and engine is not Engine.HYBRID else 0.0
+    hooks = C.param_tensors(d, layers) * t.hook_s if gather else 0.0
+
+    def stage_pass(g, tokens: float, context: float, kv_tokens: float, head: float) -> float:
+        work = C.pass_time(hd, g, tokens=max(int(round(tokens)), 1), context=context,
+                           bytes_per_value=bpv, tp=par.tp, layers=layers, kv_tokens=kv_tokens,
+                           head_tokens=max(int(round(head)), 1), kv_copy=t.kv_copy)
+        if gather:             # ZeRO-3: every layer gathered in every pass, prefetched
+            work += max(gather - work, gather * (1 - t.overlap)) + hooks
+        return work
+
+    def comm(tokens: float) -> float:
+        nbytes = tokens * d.hidden * bpv
+        tp = 2 * layers * collective_time(Collective.ALL_REDUCE, nbytes, tpg, topo)
+        p2p = collective_time(Collective.P2P, nbytes, ppg[:2], topo) if par.pp > 1 else 0.0
+        return tp + p2p
+
+    pipe = (m + par.pp - 1)                      # 1F1B-style fill: m micro-batches, pp stages
+    pre_tokens = local * p_ctx / m
+    prefill_c = pipe * stage_pass(pre, pre_tokens, p_ctx / 2, 0.0, local / m)
+    prefill_x = pipe * comm(pre_tokens)
+    if engine is Engine.HYBRID and par.zero >= 3:
+        # the shards gathered once into the inference kernels' layout (tp of this stage)
+        prefill_x += collective_time(Collective.ALL_GATHER, wbytes, tuple(devices), topo)
+    if par.param_offload:      # an engine woken up: its weights back from host memory
+        prefill_x += wbytes / gpu.get("host_bandwidth", 25e9)
+
+    # Decode, integrated over segments of constant batch size.
+    done = np.sort(last)
+    idx = np.unique(np.linspace(0, n - 1, min(n, SEGMENTS)).round().astype(int))
+    ends = done[idx]
+    starts = np.concatenate([[0.0], ends[:-1]])
+    keep = ends > starts
+    ends, starts = ends[keep], starts[keep]
+    comp_seg, comm_seg = [], []
+    for lo, hi in zip(starts, ends, strict=True):
+        mid = (lo + hi) / 2
+        live = (first <= mid) & (last >= mid)
+        active = local * float(live.sum()) / n
+        ctx = p_ctx + (float((mid - first[live]).mean()) if live.any() else mid)
+        per_mb = active / m
+        step = pipe * stage_pass(dec, per_mb, ctx, per_mb * ctx, per_mb) + dec.decode_overhead
+        comp_seg.append((hi - lo) * step)
+        comm_seg.append((hi - lo) * pipe * comm(per_mb))
+    comp = np.array(comp_seg)
+    cx = np.array(comm_seg)
+    cum = np.concatenate([[0.0], np.cumsum(comp + cx)])
+    steps = np.concatenate([[0.0], ends])
+    decode_c, decode_x = float(comp.sum()), float(cx.sum())
+    host = local * gpu.sample_overhead
+    compute = prefill_c + decode_c + host
+    comm_total = prefill_x + decode_x
+    cost = StageCost(compute + comm_total, compute, comm_total,
+                     (("prefill", prefill_c + prefill_x), ("decode", decode_c + decode_x),
+                      ("host", host)))
+    prefill = prefill_c + prefill_x
+    order = np.argsort(last, kind="stable")
+    finish = np.interp(last[order], steps, cum) + prefill + host
+    return Gen(cost, prefill, host, steps, cum, lengths[order], finish)
+
+
+def admissions(lengths: np.ndarray, slots: float | None) -> tuple[np.ndarray, np.ndarray]:
+    """(decode step each sequence starts at, step it finishes at). Without ``slots`` all
+    start at once; else arrivals in a fixed order unrelated to length (a low-discrepancy
+    interleaving of the sorted lengths) fill ``slots`` slots, each taking the first free."""
+    n = len(lengths)
+    if slots is None or slots >= n:
+        return np.zeros(n), lengths.astype(float)
+    k = max(int(round(slots)), 1)
+    arrival = np.argsort((np.arange(n) * 0.6180339887498949) % 1.0, kind="stable")
+    free = [0.0] * k
+    first = np.zeros(n)
+    for j in arrival:
+        t = heapq.heappop(free)
+        first[j] = t
+        heapq.heappush(free, t + float(lengths[j]))
+    return first, first + lengths
+
+
+def sync_bytes(model: Model, gpu) -> float:
+    """Bytes of a model's weights as a generating engine receives them."""
+    return model_params(model) * weight_bytes(model, gpu)
+
+
+__all__ = ["Gen", "StageCost", "admissions", "concurrency", "decoded_batch", "generate_memory",
+           "generation", "generation_rows", "kv_token_bytes", "mean_len", "padded_len",
+           "slowest_lengths"]

@@ -1,0 +1,376 @@
+"""Forward and train stages: passes over micro-batches, their communication, their memory.
+
+    >>> from rpeg.cost.profiles import cluster_of
+    >>> from rpeg.cost.examples import ppo_pipeline
+    >>> from rpeg.cost.topology import Topology
+    >>> p, gh = ppo_pipeline("llama3.1-8b", prompts=512), cluster_of("gh200", 4, 2)
+    >>> m, w = p.model("actor"), p.workload
+    >>> args = (m, Parallel(dp=8, zero=3, microbatches=4), tuple(range(8)),
+    ...         Topology.from_cluster(gh), gh.gpu, Engine.TORCH, w, 512, 2048.0)
+    >>> c = train_cost(*args, opt_steps=4)
+    >>> dict(c.breakdown)["zero3_gather"] > 0 and c.time_s > c.compute_s
+    True
+
+A batch is split into micro-batches (``microbatches`` a replica, per optimizer step for
+training) of sequences padded to the batch's longest prompt and response, or, packed
+(``packing``), of their real lengths: as many tokens as the sequences have, each query
+attending to its own sequence (``E[S^2] / 2E[S]`` keys on average). Context parallelism
+(``cp``) gives each rank a share of every sequence's tokens, exchanged with all-to-alls
+around attention; a mixture of experts sends each token to its active experts and back
+(all-to-alls over the expert-parallel group, priced at the level of the cluster they
+span). Pipeline parallelism runs the micro-batches 1F1B.
+
+ZeRO-3 (FSDP) gathers every layer's weights over the shard group (data x context parallel
+ranks) in every micro-batch's forward, again in its backward (and recomputation), and
+reduce-scatters its gradients; ZeRO 0-2 reduce the gradients once per optimizer step.
+How much of that traffic hides behind compute, and the host time of ZeRO-3's hooks per
+parameter tensor, are the engine's (:mod:`rpeg.cost.engines`). Weights kept in host memory
+(``param_offload``) are loaded for the stage and written back after it; an offloaded
+optimizer state is streamed in and out once per train op (torch), or stays on the host
+where the CPU runs Adam each optimizer step (DeepSpeed's CPU Adam).
+
+Memory of a train micro-batch: the activations of the micro-batches in flight (fewer with
+recomputation), the output head's fp32 logits (in chunks where the engine computes them
+so), gradient buckets (the whole gradient for an all-reduce; two layers' for a
+reduce-scatter), the layers a ZeRO-3 pass gathers, and what offloading brings in.
+"""
+
+from __future__ import annotations
+
+import math
+
+import attrs
+
+from rpeg.cost import compute as C
+from rpeg.cost.engines import EngineTerms, engine_terms, with_terms
+from rpeg.cost.generation import StageCost, gather_buffer, mean_len, padded_len, working_set
+from rpeg.cost.memory import (
+    MemoryCost,
+    Parallel,
+    check_parallel,
+    head_dims,
+    local_params,
+    optimizer_state_bytes,
+    trained_local_params,
+    value_bytes,
+    weight_bytes,
+)
+from rpeg.cost.topology import Collective, collective_time
+from rpeg.spec.model import Engine, Model
+
+
+@attrs.frozen
+class Shape:
+    """One micro-batch on one device."""
+
+    rows: int             # sequences
+    seq: float            # tokens a sequence has (padded, or the mean when packed)
+    tokens: int           # tokens on this device (a 1/cp share)
+    context: float        # keys a query attends to, on average
+    head_tokens: int      # positions the output head scores on this device
+    gen: float            # response tokens a sequence has
+
+
+def shape(w, par: Parallel, rows: int, gen: float) -> Shape:
+    """The micro-batch of ``rows`` sequences whose responses are padded to ``gen``."""
+    if par.packing:
+        p, g = mean_len(w.prompt_lens), min(mean_len(w.gen_len), gen)
+        q = w.gen_len.quantiles(256)
+        seq = p + g
+        context = (p * p + 2 * p * g + float((q * q).mean())) / (2 * seq)
+    else:
+        p, g = padded_len(w.prompt_lens, rows), gen
+        seq = p + g
+        context = seq / 2
+    return Shape(rows, seq, math.ceil(rows * seq / par.cp), context,
+                 math.ceil(rows * g / par.cp), g)
+
+
+# --- communication ----------------------------------------------------------------------------
+
+def tp_group(devices, par: Parallel) -> tuple[int, ...]:
+    return tuple(devices[: par.tp])
+
+
+def cp_group(devices, par: Parallel) -> tuple[int, ...]:
+    return tuple(devices[: par.cp * par.tp: par.tp])
+
+
+def pp_group(devices, par: Parallel) -> tuple[int, ...]:
+    return tuple(devices[: par.pp * par.cp * par.tp: par.cp * par.tp])
+
+
+def dp_group(devices, par: Parallel) -> tuple[int, ...]:
+    return tuple(devices[:: par.pp * par.cp * par.tp])
+
+
+def shard_group(devices, par: Parallel) -> tuple[int, ...]:
+    """The ranks ZeRO shards one model copy over: data and context parallel."""
+    step = par.cp * par.tp
+    return tuple(devices[(d * par.pp) * step + c * par.tp]
+                 for d in range(par.dp) for c in range(par.cp))
+
+
+def ep_group(devices, par: Parallel) -> tuple[int, ...]:
+    """The first ``ep`` of the ranks holding one pipeline stage's experts."""
+    step = par.cp * par.tp
+    ranks = [devices[(d * par.pp) * step + r] for d in range(par.dp) for r in range(step)]
+    return tuple(ranks[: par.ep])
+
+
+def layer_comm(model: Model, par: Parallel, devices, topo, sh: Shape, bpv: float,
+               layers: int, passes: int) -> float:
+    """Seconds of one micro-batch's per-layer traffic on one device, over ``passes`` (1 a
+    forward, 2 forward and backward): TP all-reduces, CP all-to-alls, MoE dispatch and
+    combine, the PP hand-over."""
+    d = model.dims
+    nbytes = sh.tokens * d.hidden * bpv
+    t = 2 * passes * layers * collective_time(Collective.ALL_REDUCE, nbytes,
+                                              tp_group(devices, par), topo)
+    if par.cp > 1:        # q, k, v and the output across the context-parallel group
+        qkvo = sh.tokens * (2 * d.heads * d.head_dim + 2 * d.kv_dim) / par.tp * bpv
+        t += passes * layers * collective_time(Collective.ALL_TO_ALL, qkvo,
+                                               cp_group(devices, par), topo)
+    if d.moe and par.ep > 1:     # tokens to their active experts and back
+        moe_layers = layers * d.moe_layers / d.layers
+        routed = sh.tokens * d.active_experts * d.hidden * bpv
+        t += 2 * passes * moe_layers * collective_time(Collective.ALL_TO_ALL, routed,
+                                                       ep_group(devices, par), topo)
+    if par.pp > 1:
+        t += passes * collective_time(Collective.P2P, nbytes, pp_group(devices, par)[:2], topo)
+    return t
+
+
+def exposed(comm: float, compute: float, overlap: float) -> float:
+    """The part of ``comm`` that does not hide behind ``compute``: at least what exceeds it,
+    and the share the engine does not overlap."""
+    return max(comm - compute, comm * (1 - overlap)) if comm > 0 else 0.0
+
+
+def zero3_gather(model: Model, par: Parallel, devices, topo, gpu) -> float:
+    """Seconds of one all-gather of a device's layers over the shard group (ZeRO-3)."""
+    if par.zero < 3 or par.shards <= 1:
+        return 0.0
+    full = local_params(model, attrs.evolve(par, zero=0)) * weight_bytes(model, gpu, True)
+    return collective_time(Collective.ALL_GATHER, full, shard_group(devices, par), topo)
+
+
+def host_bandwidth(gpu) -> float:
+    """Bytes/s one way between a device and host memory (the profile's ``host_bandwidth``;
+    PCIe Gen4 x16's achievable ~25 GB/s when a profile does not say)."""
+    return gpu.get("host_bandwidth", 25e9)
+
+
+# --- forward ----------------------------------------------------------------------------------
+
+def _pass(model: Model, par: Parallel, gpu, t: EngineTerms, sh: Shape, layers: int) -> float:
+    hd = head_dims(model)
+    wb = weight_bytes(model, gpu)
+    return C.pass_time(hd, with_terms(gpu, t), tokens=max(sh.tokens, 1), context=sh.context,
+                       bytes_per_value=value_bytes(model, gpu), tp=par.tp, layers=layers,
+                       head_tokens=max(sh.head_tokens, 1), ep=par.ep,
+                       weight_bytes=wb if wb != value_bytes(model, gpu) else None)
+
+
+def forward_cost(model: Model, par: Parallel, devices, topo, gpu, engine: Engine, w,
+                 batch: int, gen: float) -> StageCost:
+    """One forward pass over the batch (no gradients), in micro-batches."""
+    check_parallel(model.dims, par, model.name)
+    t = engine_terms(engine, gpu)
+    bpv = value_bytes(model, gpu)
+    local = math.ceil(batch / par.dp)
+    m = min(par.microbatches, local)
+    layers = math.ceil(model.dims.layers / par.pp)
+    sh = shape(w, par, math.ceil(local / m), gen)
+    fwd = _pass(model, par, gpu, t, sh, layers)
+    gather = zero3_gather(model, par, devices, topo, gpu)
+    hooks = C.param_tensors(model.dims, layers) * t.hook_s if gather else 0.0
+    z3 = exposed(gather, fwd, t.overlap) + hooks
+    pipe = m + par.pp - 1
+    compute = pipe * fwd + local * gpu.sample_overhead
+    comm = pipe * (layer_comm(model, par, devices, topo, sh, bpv, layers, 1) + z3)
+    load = local_params(model, par) * weight_bytes(model, gpu) / host_bandwidth(gpu) \
+        if par.param_offload else 0.0
+    return StageCost(compute + comm + load, compute, comm + load,
+                     (("forward", compute), ("tp+pp", comm - pipe * z3),
+                      ("zero3_gather", pipe * z3), ("offload", load)))
+
+
+# --- train ------------------------------------------------------------------------------------
+
+def train_cost(model: Model, par: Parallel, devices, topo, gpu, engine: Engine, w, batch: int,
+               gen: float, opt_steps: int, off_policy: bool = False) -> StageCost:
+    """``opt_steps`` optimizer steps over the batch: forward + backward (+ recomputation) of
+    micro-batches in a 1F1B pipeline, their traffic, gradient reduction, Adam."""
+    check_parallel(model.dims, par, model.name)
+    t = engine_terms(engine, gpu)
+    d, bpv = model.dims, value_bytes(model, gpu)
+    local = math.ceil(batch / par.dp)
+    per_step = max(math.ceil(local / opt_steps), 1)
+    m = min(par.microbatches, per_step)
+    layers = math.ceil(d.layers / par.pp)
+    sh = shape(w, par, math.ceil(per_step / m), gen)
+    fwd = _pass(model, par, gpu, t, sh, layers)
+    # backward: activation and weight gradients; a LoRA model's frozen weights need none,
+    # leaving about the activation-gradient half (the adapters' own GEMMs are rank-thin)
+    back = gpu.backward_factor * (0.5 if model.lora is not None else 1.0)
+    passes = 1 + back + (1 if par.recompute else 0)
+    mb = fwd * passes
+    gather = zero3_gather(model, par, devices, topo, gpu)
+    hooks = C.param_tensors(d, layers) * t.hook_s if gather else 0.0
+    trained = trained_local_params(model, par) * bpv
+    shards = shard_group(devices, par)
+    if gather:       # gathered for the forward, the backward (and recomputation), grads scattered
+        moved = gather * (passes - back + 1) + collective_time(
+            Collective.REDUCE_SCATTER, trained, shards, topo)
+        z3 = exposed(moved, mb, t.overlap) + hooks * (passes - back + 1)
+        dp_comm = 0.0
+    else:
+        z3 = 0.0
+        kind = Collective.REDUCE_SCATTER if par.zero == 2 else Collective.ALL_REDUCE
+        dp_comm = exposed(collective_time(kind, trained, shards, topo), 0.0, t.overlap)
+    pipe = m + par.pp - 1
+    fb = pipe * mb
+    comm_layers = pipe * layer_comm(model, par, devices, topo, sh, bpv, layers, 2)
+    shard = par.shards if par.zero >= 1 else 1
+    n_opt = trained_local_params(model, par) / shard
+    opt = C.optimizer_time(n_opt, C.param_tensors(d, layers), gpu)
+    host = per_step * gpu.sample_overhead
+    compute = opt_steps * (fb + host)
+    comm = opt_steps * (comm_layers + dp_comm + pipe * z3)
+    offload = offload_time(model, par, gpu, engine, opt_steps)
+    if offload and engine is Engine.DEEPSPEED:
+        opt = 0.0                               # Adam runs on the host, in offload_time
+    compute += opt_steps * opt
+    comm += offload
+    # the off-policy correction's forward: the whole local batch once, no gradients
+    prox = opt_steps * pipe * fwd if off_policy else 0.0
+    prox_comm = opt_steps * comm_layers / 2 if off_policy else 0.0
+    compute += prox
+    comm += prox_comm
+    return StageCost(compute + comm, compute, comm,
+                     (("proximal_forward", prox + prox_comm),
+                      ("forward+backward", opt_steps * fb), ("optimizer", opt_steps * opt),
+                      ("host", opt_steps * host), ("tp+pp", opt_steps * comm_layers),
+                      ("dp_grad_reduce", opt_steps * dp_comm),
+                      ("zero3_gather", opt_steps * pipe * z3), ("offload", offload)))
+
+
+def offload_time(model: Model, par: Parallel, gpu, engine: Engine = Engine.TORCH,
+                 opt_steps: int = 1) -> float:
+    """Seconds a train op spends on state kept in host memory: the optimizer state brought
+    in and written back once (torch), or every optimizer step the gradients sent to the
+    host, Adam run there and the weights brought back (DeepSpeed's CPU Adam); the weights
+    and gradients of a ``param_offload`` stage loaded and written back once."""
+    bw = host_bandwidth(gpu)
+    t = 0.0
+    if par.offload and engine is Engine.DEEPSPEED:
+        n = trained_local_params(model, par) / (par.shards if par.zero >= 1 else 1)
+        adam = n * 7 * 4 / gpu.get("host_memory_bandwidth", 12.5e9)
+        t += opt_steps * (n * 2 * value_bytes(model, gpu) / bw + adam)
+    elif par.offload:
+        t += 2 * optimizer_state_bytes(model, par, gpu) / bw
+    if par.param_offload:
+        shards = par.shards if par.zero >= 3 else 1
+        t += 2 * 2 * local_params(model, par) * value_bytes(model, gpu) / shards / bw
+    return t
+
+
+# --- memory -----------------------------------------------------------------------------------
+
+def activation_bytes_per_token(model: Model, par: Parallel, seq: int, bpv: float,
+                               sequence_parallel: bool = False) -> float:
+    """Values autograd keeps per token per layer for the backward pass, in bytes.
+
+    Counted for a Llama block: norm inputs/outputs (3h each of two), q/k/v and rotated
+    q/k, the attention output and o_proj input, gate, up, SiLU(gate) and the product
+    (4 ffn; a mixture of experts: of its active experts); attention itself is fused (no
+    S x S scores kept). With sequence parallelism the TP ranks split the norms' and the
+    residual stream's values too.
+    """
+    d, tp = model.dims, par.tp
+    hidden = d.hidden / tp if sequence_parallel else d.hidden
+    kv = max(d.kv_dim // tp, d.head_dim)
+    q = d.heads * d.head_dim
+    width = d.ffn
+    if d.moe:
+        share = d.moe_layers / d.layers
+        width = (1 - share) * d.ffn + share * d.expert_ffn * (d.active_experts
+                                                              + d.shared_experts)
+    values = 6 * hidden + (q // tp + 2 * kv) + (q // tp + kv) \
+        + 2 * d.hidden // tp + (4 if d.gated else 2) * width / tp
+    return values * bpv
+
+
+def logits_bytes(model: Model, par: Parallel, tokens: float, t: EngineTerms,
+                 train: bool = False) -> float:
+    """The output head's logits for ``tokens`` positions as the engine holds them (its bytes
+    per logit, with their gradient when training; in chunks of ``logits_chunk`` where it
+    computes them so)."""
+    n = min(tokens, t.logits_chunk) if t.logits_chunk else tokens
+    return n * head_dims(model).vocab / par.tp * (t.logits_train if train else t.logits_fwd)
+
+
+def forward_memory(model: Model, par: Parallel, gpu, engine: Engine, w, batch: int,
+                   gen: float) -> MemoryCost:
+    """A forward stage's transient bytes per GPU: the residual stream, the larger of a
+    layer's intermediates and the head's logits, gathered ZeRO-3 layers, loaded weights."""
+    check_parallel(model.dims, par, model.name)
+    t = engine_terms(engine, gpu)
+    bpv = value_bytes(model, gpu)
+    local = math.ceil(batch / par.dp)
+    sh = shape(w, par, math.ceil(local / par.microbatches), gen)
+    stream = sh.tokens * model.dims.hidden * bpv
+    buf = stream + max(working_set(model, par, sh.tokens, bpv),
+                       logits_bytes(model, par, sh.head_tokens, t))
+    buf += gather_buffer(model, par, gpu, engine)
+    loaded = local_params(model, par) * weight_bytes(model, gpu) \
+        / (par.shards if par.zero >= 3 else 1) if par.param_offload else 0.0
+    return MemoryCost(weights=loaded, buffers=gpu.runtime_memory + buf)
+
+
+def train_memory(model: Model, par: Parallel, gpu, engine: Engine, w, batch: int, gen: float,
+                 minibatches: int) -> MemoryCost:
+    """A train stage's transient bytes per GPU: activations of the micro-batches in flight
+    (1F1B: up to pp on the first stage), logits, gradient buckets, gathered layers, and the
+    state offloading brings in for the step."""
+    check_parallel(model.dims, par, model.name)
+    t = engine_terms(engine, gpu)
+    d, bpv = model.dims, value_bytes(model, gpu)
+    local = math.ceil(batch / par.dp)
+    layers = math.ceil(d.layers / par.pp)
+    sh = shape(w, par, math.ceil(local / minibatches / par.microbatches), gen)
+    in_flight = min(par.pp, par.microbatches)
+    per_layer = activation_bytes_per_token(model, par, int(sh.seq), bpv,
+                                           t.sequence_parallel) * gpu.act_factor
+    stream = d.hidden / (par.tp if t.sequence_parallel else 1)
+    if par.recompute:
+        acts = sh.tokens * (in_flight * layers * stream * bpv + per_layer)
+    else:
+        acts = sh.tokens * in_flight * layers * per_layer
+    loss = logits_bytes(model, par, sh.head_tokens, t, train=True)
+    full = trained_local_params(model, par) * bpv
+    if gpu.get("grads_freed"):
+        # Gradients are dropped after each step (zero_grad(set_to_none)) and re-created
+        # while the backward pass frees activations: the two share their peak.
+        acts = max(acts - full / (par.shards if par.zero >= 2 else 1), 0.0)
+    if par.shards <= 1:
+        bucket = 0.0
+    elif par.zero >= 2:          # reduce-scatter buckets: about two layers' gradients
+        bucket = min(full, 2 * full / max(layers, 1))
+    else:                        # an all-reduce of the whole flat gradient
+        bucket = full
+    state = optimizer_state_bytes(model, par, gpu) \
+        if par.offload and engine is not Engine.DEEPSPEED else 0.0
+    loaded = 0.0
+    if par.param_offload:
+        shards = par.shards if par.zero >= 3 else 1
+        loaded = 2 * local_params(model, par) * bpv / shards
+    return MemoryCost(activations=acts, optimizer=state, weights=loaded,
+                      buffers=gpu.runtime_memory + bucket + gather_buffer(model, par, gpu, engine)
+                      + max(loss, working_set(model, par, sh.tokens, bpv)))
+
+
+__all__ = ["Shape", "activation_bytes_per_token", "dp_group", "forward_cost", "forward_memory",
+           "host_bandwidth", "offload_time", "pp_group", "shape", "tp_group", "train_cost",
+           "train_memory"]

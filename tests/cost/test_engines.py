@@ -1,0 +1,141 @@
+"""How engines batch, cache and communicate: each rule of the GPU cost model on a hand-made
+case, against the simpler rule it replaced (every test fails on the model before it)."""
+
+from __future__ import annotations
+
+import attrs
+import pytest
+
+from rpeg.cost.engines import ENGINES, engine_terms
+from rpeg.cost.examples import ppo_pipeline, single_gpu_op
+from rpeg.cost.generation import generate_memory, generation_rows
+from rpeg.cost.memory import Parallel, local_params, model_params, resident_memory
+from rpeg.cost.passes import train_cost, train_memory
+from rpeg.cost.profiles import builtin_profile, cluster_of
+from rpeg.cost.stages import estimate_stage, stage_memory
+from rpeg.cost.topology import Collective, Topology, collective_time
+from rpeg.spec.model import Engine, Model
+from rpeg.spec.presets import PRESETS
+
+H100 = cluster_of("h100", 8)
+R8 = tuple(range(8))
+
+
+@pytest.fixture(scope="module")
+def ppo():
+    """Llama 3.1 8B, 512 prompts of 512 tokens, answers log-normal (median 256, max 4096)."""
+    return ppo_pipeline("llama3.1-8b", prompts=512, prompt_len=512, gen_median=256,
+                        gen_max=4096)
+
+
+def test_a_paged_cache_holds_live_tokens_not_the_longest_response(ppo):
+    par, model, w = Parallel(dp=8), ppo.model("actor"), ppo.workload
+    paged = generate_memory(model, par, w, H100.gpu, Engine.VLLM, 64, 64).kv_cache
+    static = generate_memory(model, par, w, H100.gpu, Engine.HF, 64, 64).kv_cache
+    # a running sequence holds its prompt and E[L^2] / 2E[L] generated tokens, far below
+    # the 512 + 4096 a contiguous cache reserves
+    assert paged < static / 4
+    free = 40e9
+    assert generation_rows(ppo, "rollout", par, H100, free, engine=Engine.VLLM) > \
+        generation_rows(ppo, "rollout", par, H100, free, engine=Engine.HF)
+
+
+def test_concurrency_is_the_engines_batch_bounded_by_memory(ppo):
+    par = Parallel(dp=8)
+    assert generation_rows(ppo, "rollout", par, H100, 1e12, engine=Engine.VLLM) == 64
+    eight = attrs.evolve(par, max_num_seqs=8)
+    assert generation_rows(ppo, "rollout", eight, H100, 1e12, engine=Engine.VLLM) == 8
+    # fewer at once: more decode steps, each reading the weights again
+    assert estimate_stage(ppo, "rollout", eight, R8, H100, engine=Engine.VLLM, rows=8).time_s \
+        > estimate_stage(ppo, "rollout", par, R8, H100, engine=Engine.VLLM).time_s
+    # a pinned share of the GPU is what the engine takes, whatever it caches
+    share = attrs.evolve(par, kv_fraction=0.5)
+    m = stage_memory(ppo, "rollout", share, H100, rows=8, engine=Engine.VLLM)
+    weights = local_params(ppo.model("actor"), Parallel()) * 2
+    assert m.total == pytest.approx(0.5 * H100.gpu.memory - weights)
+
+
+def test_a_static_batch_decodes_until_its_longest_response(ppo):
+    par = Parallel(dp=8)
+    keeps = estimate_stage(ppo, "rollout", par, R8, H100, engine=Engine.HF)
+    drops = estimate_stage(ppo, "rollout", attrs.evolve(par), R8, H100, engine=Engine.TORCH)
+    hf, torch = ENGINES[Engine.HF], ENGINES[Engine.TORCH]
+    assert hf.static_batch and not torch.static_batch
+    assert dict(keeps.breakdown)["decode"] > dict(drops.breakdown)["decode"] \
+        * torch.layer_s / hf.layer_s
+
+
+def test_generation_on_zero3_shards_gathers_the_weights_every_step(ppo):
+    par = Parallel(dp=8)
+    plain = estimate_stage(ppo, "rollout", par, R8, H100, engine=Engine.HF).time_s
+    sharded = estimate_stage(ppo, "rollout", attrs.evolve(par, zero=3), R8, H100,
+                             engine=Engine.HF).time_s
+    gather = collective_time(Collective.ALL_GATHER, model_params(ppo.model("actor")) * 2, R8,
+                             Topology.from_cluster(H100))
+    steps = ppo.workload.gen_len.max_len
+    assert sharded - plain > steps * gather * (1 - ENGINES[Engine.HF].overlap) * 0.5
+
+
+def test_zero3_training_gathers_in_every_micro_batch(ppo):
+    topo, model, w = Topology.from_cluster(H100), ppo.model("actor"), ppo.workload
+    one, eight = (dict(train_cost(model, Parallel(dp=8, zero=3, microbatches=m), R8, topo,
+                                  H100.gpu, Engine.DEEPSPEED, w, 512, 1024.0,
+                                  opt_steps=1).breakdown)["zero3_gather"] for m in (1, 8))
+    assert eight > 6 * one
+
+
+def test_zero_2_and_3_buckets_are_not_the_whole_gradient(ppo):
+    model, w = ppo.model("actor"), ppo.workload
+    grads = local_params(model, Parallel(dp=8)) * 2
+    ddp = train_memory(model, Parallel(dp=8), H100.gpu, Engine.TORCH, w, 512, 1024.0, 1)
+    z3 = train_memory(model, Parallel(dp=8, zero=3), H100.gpu, Engine.TORCH, w, 512, 1024.0, 1)
+    assert ddp.buffers - z3.buffers > 0.8 * grads
+
+
+def test_packed_sequences_cost_their_real_lengths(ppo):
+    par = Parallel(dp=8, microbatches=4)
+    padded = estimate_stage(ppo, "ref_lp", par, R8, H100).time_s
+    packed = estimate_stage(ppo, "ref_lp", attrs.evolve(par, packing=True), R8, H100).time_s
+    assert packed < padded / 3         # mean answer ~300 tokens, padded to ~4000
+
+
+def test_cuda_graphs_replace_the_per_layer_launches(ppo):
+    par = Parallel(dp=8)
+    eager = estimate_stage(ppo, "rollout", par, R8, H100, engine=Engine.VLLM).time_s
+    graph = estimate_stage(ppo, "rollout", attrs.evolve(par, cuda_graph=True), R8, H100,
+                           engine=Engine.VLLM).time_s
+    assert graph < eager
+
+
+def test_engine_terms_are_the_same_on_every_gpu_kind():
+    for engine in ENGINES:
+        terms = {engine_terms(engine, builtin_profile(g))
+                 for g in ("a100", "a800", "h100", "h20", "h200", "b200")}
+        assert len(terms) == 1, engine
+
+
+def test_experts_all_held_but_only_the_active_ones_computed():
+    moe = PRESETS["qwen3-30b-a3b"]
+    m = Model("actor", "qwen3-30b-a3b", moe)
+    held = resident_memory(m, Parallel(tp=1), H100, trained=False).weights
+    assert held == pytest.approx(moe.param_count() * 2)
+    p = ppo_pipeline("qwen3-30b-a3b", prompts=64, prompt_len=1024, gen_median=512, gen_max=512)
+    dense = ppo_pipeline("qwen3-32b", prompts=64, prompt_len=1024, gen_median=512, gen_max=512)
+    assert estimate_stage(p, "ref_lp", Parallel(), (0,), H100).time_s < \
+        estimate_stage(dense, "ref_lp", Parallel(), (0,), H100).time_s / 4
+    # expert parallelism splits the experts: 1/8 of them on a GPU with ep = 8
+    assert local_params(m, Parallel(dp=8, ep=8)) < local_params(m, Parallel(dp=8)) / 4
+
+
+def test_all_to_all_across_nodes_pays_the_slower_link():
+    topo = Topology.from_cluster(cluster_of("h100", 8, 2))
+    inside = collective_time(Collective.ALL_TO_ALL, 1e9, tuple(range(8)), topo)
+    across = collective_time(Collective.ALL_TO_ALL, 1e9, tuple(range(0, 16, 2)), topo)
+    assert across > 5 * inside
+
+
+@pytest.mark.parametrize("kind", ["forward", "train", "generate"])
+def test_single_gpu_ops_grow_with_the_model(kind):
+    times = [single_gpu_op(kind, m, batch=8, prompt_len=256, gen_len=128)
+             for m in ("qwen2.5-0.5b", "qwen2.5-1.5b", "llama3.1-8b")]
+    assert times == sorted(times) and times[0] > 0

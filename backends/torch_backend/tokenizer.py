@@ -76,10 +76,49 @@ class Codec:
             return encode(text)
         return list(self.tokenizer.encode(text, add_special_tokens=False))
 
-    def prompt(self, text: str, max_len: int) -> list[int]:
-        """``text``'s last tokens, after the BOS token when the tokenizer has one: at most ``max_len``."""
+    @property
+    def has_chat_template(self) -> bool:
+        return self.tokenizer is not None and bool(getattr(self.tokenizer, "chat_template", None))
+
+    def prompt(self, prompt, max_len: int, template=None) -> list[int]:
+        """A prompt's tokens, at most ``max_len`` (its last ones).
+
+        Text is encoded as it is, after the BOS token when the tokenizer has one (template
+        ``raw``, or ``auto`` without a chat template); chat messages, or text under
+        ``chat`` (``auto`` with a chat template), are rendered by the tokenizer's chat
+        template (``apply_chat_template``, with the generation prompt; text becomes one
+        user message).
+        """
+        from rpeg.errors import BackendError
+        from rpeg.spec.training import Template
+
+        template = template or Template.RAW
+        chat = template is Template.CHAT or (template is Template.AUTO
+                                             and self.has_chat_template)
+        if chat:
+            if not self.has_chat_template:
+                raise BackendError("template = chat needs a tokenizer with a chat template, and "
+                                   "this model's has none", hint="use template = raw, or a "
+                                   "model folder whose tokenizer_config.json or "
+                                   "chat_template.jinja carries one")
+            messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) \
+                else prompt
+            return self.chat(messages)[-max_len:]
+        if not isinstance(prompt, str):
+            raise BackendError("a prompt given as chat messages needs the chat template, and "
+                               f"the template is {template.value}" + (
+                                   " (this tokenizer has no chat template)"
+                                   if not self.has_chat_template else ""),
+                               hint="give text prompts, or use a model whose tokenizer has a "
+                                    "chat template")
         head = [] if self.bos_id is None else [self.bos_id]
-        return head + self.encode(text)[-(max_len - len(head)):]
+        return head + self.encode(prompt)[-(max_len - len(head)):]
+
+    def chat(self, messages: list[dict]) -> list[int]:
+        """Token ids of ``messages`` rendered by the chat template, ready for the reply."""
+        text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True,
+                                                  tokenize=False)
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
 
     def decode(self, ids) -> str:
         if self.tokenizer is None:

@@ -20,7 +20,7 @@ import typer
 from rpeg.errors import RpegError
 
 COMMANDS = ("check", "fmt", "graph", "compile", "simulate", "diff", "run", "verify", "show",
-            "calibrate")
+            "export", "calibrate")
 
 app = typer.Typer(
     name="rpeg",
@@ -56,7 +56,8 @@ def _register_all() -> None:
 
 def report(err: RpegError) -> None:
     """Print a diagnostic to stderr in the compiler format."""
-    print(err.render(), file=sys.stderr)
+    # an error in a command-line override shows the override (rpeg.spec.overrides)
+    print(err.render(source=getattr(err, "source_text", None)), file=sys.stderr)
 
 
 def main(argv: list[str] | None = None) -> int:

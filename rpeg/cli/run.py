@@ -23,7 +23,7 @@ from pathlib import Path
 
 import typer
 
-from rpeg.errors import RuntimeFailure
+from rpeg.errors import RpegError, RuntimeFailure
 from rpeg.resources import clusters_dir
 
 DEFAULT_CLUSTER = clusters_dir() / "local_cpu.rpeg"
@@ -33,6 +33,9 @@ def register(app: typer.Typer) -> None:
     @app.command()
     def run(
         file: Path = typer.Argument(None, help="A pipeline (.rpeg) or a compiled plan (.json)."),
+        overrides: list[str] = typer.Argument(
+            None, help="KEY=VALUE changes to the pipeline, checked like the spec: "
+                       "workload.steps=20 model.actor.optimizer.lr=1e-5 stage.rollout.temperature=0.7"),
         scheduler: str = typer.Option(None, "--scheduler",
                                       help="Attach to a Dask scheduler (tcp://HOST:8786) "
                                            "whose workers each have --resources GPU=1."),
@@ -69,6 +72,10 @@ def register(app: typer.Typer) -> None:
         devices: int = typer.Option(None, "--devices", min=1,
                                     help="With --resume: continue on this many devices "
                                          "(re-plans when it differs)."),
+        tracker: list[str] = typer.Option(None, "--tracker",
+                                          help="Log to this tracker (tensorboard, wandb, "
+                                               "mlflow; repeat for several) instead of the "
+                                               "spec's log { trackers = [...] }."),
         tls_ca: Path = typer.Option(None, "--tls-ca", help="CA certificate (PEM) for a tls:// "
                                     "scheduler; also RPEG_TLS_CA."),
         tls_cert: Path = typer.Option(None, "--tls-cert", help="This client's certificate "
@@ -89,7 +96,9 @@ def register(app: typer.Typer) -> None:
         if resume is not None:
             with dask_tls(tls):
                 result = resume_run(resume, RunOptions(scheduler=scheduler, progress=progress,
-                                                       use_cuda=cuda), resilience, devices=devices)
+                                                       use_cuda=cuda,
+                                                       trackers=tuple(tracker or ())),
+                                    resilience, devices=devices)
             print(f"run: {result.path}  ({result.steps} steps, resumed)")
             return
         choice = _choice(profile)
@@ -101,12 +110,18 @@ def register(app: typer.Typer) -> None:
             print(local.note, file=sys.stderr)
         if file.suffix != ".json":
             cluster = cluster or DEFAULT_CLUSTER    # a plan file is priced on its own cluster
-        pipeline, plan, spec_path = plan_for_run(
-            file, spec=spec, cluster=cluster, strategy=strategy.value, staleness=staleness,
-            seed=seed)
+        parsed = _overrides(overrides or [])
+        try:
+            pipeline, plan, spec_path = plan_for_run(
+                file, spec=spec, cluster=cluster, strategy=strategy.value,
+                staleness=staleness, seed=seed, overrides=parsed)
+        except RpegError as e:
+            _show_override(e, overrides or [])
+            raise
         options = RunOptions(steps=steps, scheduler=scheduler,
                              run_dir=str(run_dir) if run_dir else None, progress=progress,
-                             use_cuda=cuda)
+                             use_cuda=cuda, trackers=tuple(tracker or ()),
+                             overrides=tuple(overrides or ()))
         with dask_tls(tls):
             if checkpoint_every:
                 result = run_resilient(pipeline, plan, options, spec_path=str(spec_path),
@@ -167,6 +182,22 @@ def _usage(file: Path | None, resume: Path | None, spec, strategy: RunStrategy, 
                                 or strategy is RunStrategy.RUNTIME_SPLIT):
         bad("prices the plan with this machine when the run plans for it; with --cluster, "
             "--scheduler or --strategy runtime-split it does not", "--profile")
+
+
+def _overrides(texts: list[str]) -> tuple:
+    from rpeg.spec.overrides import parse_overrides
+    try:
+        return parse_overrides(texts)
+    except RpegError as e:
+        _show_override(e, texts)
+        raise
+
+
+def _show_override(err: RpegError, texts: list[str]) -> None:
+    """An error at an override shows that override, with the caret under the column."""
+    from rpeg.spec.overrides import WHERE, source_text
+    if err.span is not None and err.span.path == WHERE:
+        err.source_text = source_text(texts)
 
 
 def _choice(value: str | None):

@@ -139,6 +139,15 @@ def local_params(model: Model, par: Parallel) -> float:
     return (layers * d.layer_params() + emb_here) / par.tp
 
 
+def trainable_params(model: Model, par: Parallel) -> float:
+    """Parameters on the busiest GPU that train (gradients, optimizer state): all of them, or
+    with LoRA only the adapters (their share of this GPU's layers, split like the weights)."""
+    if model.lora is None:
+        return local_params(model, par)
+    d = model.dims
+    return model.lora.params(d) * math.ceil(d.layers / par.pp) / d.layers / par.tp
+
+
 def resident_memory(model: Model, par: Parallel, cluster: Cluster, *,
                     trained: bool) -> MemoryCost:
     """Bytes per GPU the model holds between stages (+ gradients and Adam state if trained)."""
@@ -148,9 +157,11 @@ def resident_memory(model: Model, par: Parallel, cluster: Cluster, *,
     bpv = value_bytes(model, gpu)
     dp = max(par.dp, 1)
     weights = n * bpv / (dp if par.zero >= 3 else 1)
+    if model.lora is not None:                 # the adapters, beside the frozen backbone
+        weights += trainable_params(model, par) * bpv
     if not trained:
         return MemoryCost(weights=weights)
-    grads = n * bpv / (dp if par.zero >= 2 else 1)
+    grads = trainable_params(model, par) * bpv / (dp if par.zero >= 2 else 1)
     state = 0.0 if par.offload else optimizer_state_bytes(model, par, gpu)
     return MemoryCost(weights=weights, grads=grads, optimizer=state)
 
@@ -158,7 +169,7 @@ def resident_memory(model: Model, par: Parallel, cluster: Cluster, *,
 def optimizer_state_bytes(model: Model, par: Parallel, gpu: GpuProfile) -> float:
     """Adam state per GPU (fp32 master copy + two moments, or the two moments in fp32):
     what ``Parallel.offload`` moves to host memory between train steps."""
-    n = local_params(model, par)
+    n = trainable_params(model, par)
     return n * (8 if value_bytes(model, gpu) >= 4 else 12) / (par.dp if par.zero >= 1 else 1)
 
 

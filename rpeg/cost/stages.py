@@ -68,6 +68,7 @@ from rpeg.cost.memory import (
     local_params,
     model_params,
     optimizer_state_bytes,
+    trainable_params,
     value_bytes,
 )
 from rpeg.cost.partial import Partial
@@ -289,9 +290,9 @@ def stage_memory(pipeline: Pipeline, stage_name: str, par: Parallel, cluster: Cl
     if gpu.get("grads_freed"):
         # Gradients are dropped after each step (zero_grad(set_to_none)) and re-created
         # while the backward pass frees activations: the two share their peak.
-        grads = local_params(model, par) * bpv / (par.dp if par.zero >= 2 else 1)
+        grads = trainable_params(model, par) * bpv / (par.dp if par.zero >= 2 else 1)
         acts = max(acts - grads, 0.0)
-    bucket = local_params(model, par) * bpv if par.dp > 1 else 0.0   # flat all-reduce buffer
+    bucket = trainable_params(model, par) * bpv if par.dp > 1 else 0.0   # flat all-reduce buffer
     state = optimizer_state_bytes(model, par, gpu) if par.offload else 0.0
     return base + MemoryCost(activations=acts, optimizer=state, buffers=bucket
                              + max(loss, _working_set(model, par, mb_tokens, bpv)))
@@ -380,6 +381,9 @@ def weight_sync_time(model: Model, src_devices: Sequence[int], src_par: Parallel
     topo = Topology.from_cluster(cluster)
     wbytes = model_params(model) * value_bytes(model, gpu)
     tensors = C.param_tensors(model.dims)
+    if model.lora is not None:                 # only the adapters move to the generator
+        wbytes = model.lora.params(model.dims) * value_bytes(model, gpu)
+        tensors = 2 * len(model.lora.targets) * model.dims.layers
     gather = 0.0
     if src_par.zero >= 3 and src_par.dp > 1:     # ZeRO-3: gather the full layer shards first
         gather = collective_time(Collective.ALL_GATHER, wbytes / (src_par.tp * src_par.pp),
@@ -617,15 +621,18 @@ def _train(model, par, devices, topo, cluster, batch, prompt_len, gen, opt_steps
     tokens = math.ceil(per_step / m) * seq
     fwd = C.pass_time(hd, gpu, tokens=int(tokens), context=seq / 2, bytes_per_value=bpv,
                       tp=par.tp, layers=layers, head_tokens=int(math.ceil(per_step / m) * gen))
-    passes = 1 + gpu.backward_factor + (1 if par.recompute else 0)
+    # LoRA: the frozen weights need no gradients, so backward is about the input-gradient half
+    backward = gpu.backward_factor * (0.5 if model.lora is not None else 1.0)
+    passes = 1 + backward + (1 if par.recompute else 0)
     fb = (m + par.pp - 1) * fwd * passes
     comm_layers = (m + par.pp - 1) * _layer_comm(model, par, devices, topo, tokens, bpv,
                                                  layers, 4)
-    n_local = local_params(model, par)
+    n_local = trainable_params(model, par)
     grad_bytes = n_local * bpv
     dpg = dp_group(devices, par)
     if par.zero >= 3:   # gather weights for forward and backward, reduce-scatter gradients
-        dp_comm = 2 * collective_time(Collective.ALL_GATHER, grad_bytes, dpg, topo) \
+        weight_bytes = local_params(model, par) * bpv
+        dp_comm = 2 * collective_time(Collective.ALL_GATHER, weight_bytes, dpg, topo) \
             + collective_time(Collective.REDUCE_SCATTER, grad_bytes, dpg, topo)
     else:
         dp_comm = collective_time(Collective.ALL_REDUCE, grad_bytes, dpg, topo)

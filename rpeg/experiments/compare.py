@@ -113,6 +113,9 @@ def diff_runs(a: str | Path, b: str | Path, plot_dir: str | Path | None = None) 
     code_b = f"rpeg {cb.get('rpeg')} {cb.get('git_commit', '')[:12]}".strip()
     if code_a != code_b:
         inputs.append(("code", code_a, code_b))
+    oa, ob = ((r.get("spec") or {}).get("overrides") or [] for r in (ia, ib))
+    if oa != ob:                                   # rpeg run SPEC KEY=VALUE ...
+        inputs.append(("overrides", " ".join(oa) or "none", " ".join(ob) or "none"))
     spec = diff(ra.pipeline, rb.pipeline)
     plan = diff_plans(ra.plan, rb.plan, ra.name, rb.name)
     pa, pb = ra.record.get("predicted", {}), rb.record.get("predicted", {})
@@ -124,6 +127,9 @@ def diff_runs(a: str | Path, b: str | Path, plot_dir: str | Path | None = None) 
                 rb.record.get("measured", {}).get("steps_done"), "")]
     fa, fb = ra.record.get("final", {}), rb.record.get("final", {})
     figures += [(f"final {k}", fa.get(k), fb.get(k), "") for k in METRICS if k in fa or k in fb]
+    ea, eb = (r.record.get("eval") or [{}] for r in (ra, rb))
+    figures += [(f"last eval {k}", ea[-1].get(k), eb[-1].get(k), "")
+                for k in ("reward", "accuracy") if k in ea[-1] or k in eb[-1]]
     changes = change_words(spec) + _plan_words(plan)
     sentence = cost_sentence(changes, _cost(pa, ra.plan), _cost(pb, rb.plan)) \
         if (changes and "error" not in pa and "error" not in pb) else None

@@ -25,7 +25,8 @@ GB = 1e9
 CURVES = (("reward", "reward"), ("kl", "KL"), ("step_time_s", "step time (s)"),
           ("policy_loss", "policy loss"), ("value_loss", "value loss"),
           ("entropy", "entropy"), ("clip_frac", "clip fraction"),
-          ("tokens_per_s", "generated tokens/s"), ("response_len", "response length"))
+          ("tokens_per_s", "generated tokens/s"), ("response_len", "response length"),
+          ("eval.reward", "eval reward (held out)"), ("eval.accuracy", "eval accuracy"))
 HOST = -1
 
 

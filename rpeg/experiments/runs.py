@@ -115,7 +115,9 @@ def write_plots(run: Run, folder: str | Path | None = None) -> list[Path]:
         written += plots.memory(peak, capacity, out / "memory",
                                 title=f"{run.pipeline.name}: predicted peak memory per device "
                                       f"({run.record['predicted'].get('source', '')})")
-    written += plots.curves(list(run.rows), out / "curves",
+    evals = [{"step": e["step"], **{f"eval.{k}": e[k] for k in ("reward", "accuracy") if k in e}}
+             for e in run.record.get("eval") or []]          # drawn at the step they follow
+    written += plots.curves(list(run.rows) + evals, out / "curves",
                             title=f"{run.pipeline.name}: metrics per step"
                                   + (f" ({run.name})" if run.name != run.pipeline.name else ""),
                             predicted_step_s=run.predicted_step_s())
@@ -164,6 +166,14 @@ def summary(run: Run, report=None, plots_written: list[Path] | None = None) -> s
         n = min(len(run.rows), 5)
         lines += ["", f"final metrics (mean of the last {n} step{'s' if n != 1 else ''})"]
         lines += _columns([f"{k} {_num(v)}" for k, v in final.items()])
+    evals = rec.get("eval") or []
+    if evals:                                   # eval.jsonl: first and last evaluation
+        keys = [k for k in evals[-1] if k in ("reward", "accuracy") or k.startswith("pass@")]
+        lines += ["", f"evaluations ({len(evals)}, on {evals[-1].get('prompts')} held-out "
+                      f"prompts x {evals[-1].get('samples')}; eval.jsonl)"]
+        for e in (evals[0], evals[-1]) if len(evals) > 1 else evals:
+            lines.append(f"  step {e.get('step')}: " + ", ".join(f"{k} {_num(e[k])}"
+                                                                 for k in keys if k in e))
     lines += ["", "verification: " + (_head(str(report)) if report is not None else "not run "
                                       "(rpeg show RUN_DIR without --no-verify)")]
     lines += ["", "look at",

@@ -36,6 +36,7 @@ from rpeg.cost.stages import (
 from rpeg.errors import CostError, GraphError, PlanError
 from rpeg.graph import Graph
 from rpeg.graph.unroll import chunk_counts
+from rpeg.plan.evalcost import EVAL_OP, eval_time, trainer_devices
 from rpeg.plan.model import Plan, Predicted, StagePlacement
 from rpeg.plan.passes import fuse
 from rpeg.plan.simulate import OpTiming, Timeline, simulate, steps_for, tasks_per_step
@@ -271,6 +272,10 @@ class Evaluator:
                                 crossing_s=max(self.cluster.gpu.get("dispatch_s", 0.0), 0.0))
             control, tasks = self._control(plan, graph, timings, steps)
             step = timeline.step_time_s + control
+            if self.pipeline.evaluation is not None:    # an eval op every `every` steps
+                held_out = self.eval_time(plan)
+                step += held_out / self.pipeline.evaluation.every
+                op_times = tuple(op_times) + ((EVAL_OP, held_out),)
             predicted = Predicted(
                 step_time_s=step,
                 peak_memory=tuple(round(float(x)) for x in peak) if detail else (),
@@ -281,6 +286,13 @@ class Evaluator:
         homes = self.homes(plan, graph) if detail else plan.model_homes
         return Evaluation(attrs.evolve(plan, predicted=predicted, model_homes=homes),
                           feasible, shortfall, timeline)
+
+    def eval_time(self, plan: Plan) -> float:
+        devices = trainer_devices(self.pipeline, plan)
+        key = ("e", devices)
+        if key not in self._cost:
+            self._cost[key] = eval_time(self.pipeline, devices, self.cluster)
+        return self._cost[key]
 
     def fits(self, plan: Plan) -> bool:
         """Memory only: does every device hold what the plan puts on it?"""

@@ -118,6 +118,9 @@ def engine_refusal(engine: Engine, model: Model) -> str | None:
     if engine is Engine.VLLM and model.dims.head_dim < VLLM_MIN_HEAD_DIM:
         return (f"vLLM needs head_dim >= {VLLM_MIN_HEAD_DIM}; model '{model.name}' "
                 f"({model.preset}) has {model.dims.head_dim}")
+    if engine is Engine.VLLM and model.lora is not None:
+        return (f"model '{model.name}' trains LoRA adapters, which rpeg syncs into its torch "
+                "engine only (not into vLLM)")
     return None
 
 

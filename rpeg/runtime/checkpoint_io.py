@@ -246,15 +246,37 @@ def _carry_class(ref: str, path: Path):
 
 # --- worker side: every replica on this worker, saved or restored -------------------------
 
-def save_replicas(root: str, step: int) -> dict[str, int]:
-    """In a worker: write each replica it holds to ``root/MODEL@DEVICE``; their versions."""
+def replica_versions() -> dict[str, tuple[int, bool, bool]]:
+    """In a worker: ``MODEL@DEVICE`` -> (version, trained here, frozen) of each replica."""
+    from rpeg.runtime import worker as W
+    ex = W._STATE["executor"]
+    device = W._STATE["device"]
+    frozen = {m.name for m in ex.ctx.pipeline.models if m.frozen}
+    return {f"{model}@{device}": (r.version, r.optimizer is not None,
+                                  set(model.split("+")) <= frozen)
+            for model, r in ex.replicas.items()}
+
+
+def rebuildable(versions: dict[str, tuple[int, bool, bool]]) -> set[str]:
+    """Replicas a resume rebuilds without their files: a frozen model (made again from its
+    weights or seed), and a copy whose version equals its trained replica's (loaded from
+    that one's files)."""
+    trained = {k.rsplit("@", 1)[0]: v for k, (v, home, _) in versions.items() if home}
+    return {k for k, (v, home, frozen) in versions.items()
+            if frozen or (not home and trained.get(k.rsplit("@", 1)[0]) == v)}
+
+
+def save_replicas(root: str, step: int, skip: tuple[str, ...] = ()) -> dict[str, int]:
+    """In a worker: write each replica it holds to ``root/MODEL@DEVICE`` (but those in
+    ``skip``, see :func:`rebuildable`); the versions of all."""
     from rpeg.runtime import worker as W
     ex = W._STATE["executor"]
     device = W._STATE["device"]
     out = {}
     for model, replica in ex.replicas.items():
         key = f"{model}@{device}"
-        ex.checkpoint(model, str(Path(root) / key), {"step": step, "device": device})
+        if key not in skip:
+            ex.checkpoint(model, str(Path(root) / key), {"step": step, "device": device})
         out[key] = replica.version
     return out
 
@@ -263,8 +285,12 @@ def restore_replicas(sources: dict[str, str]) -> dict[str, int]:
     """In a worker: load each replica it holds from ``sources[model]``; their versions."""
     from rpeg.runtime import worker as W
     ex = W._STATE["executor"]
+    frozen = {m.name for m in ex.ctx.pipeline.models if m.frozen}
     out = {}
-    for model in ex.replicas:
+    for model, replica in ex.replicas.items():
+        if set(model.split("+")) <= frozen:
+            out[model] = replica.version         # as built: frozen weights never change
+            continue
         if model not in sources:
             raise RuntimeFailure(f"checkpoint must hold model '{model}', and it does not")
         out[model] = ex.restore(model, sources[model])

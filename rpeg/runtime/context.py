@@ -11,14 +11,11 @@ futures of their data.
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import attrs
 import numpy as np
 
-from rpeg.errors import RuntimeFailure
 from rpeg.plan.model import Plan
+from rpeg.runtime.data import Cursor
 from rpeg.runtime.instances import OpCall, base_of, model_homes, replica_layouts
 from rpeg.spec.model import Head, Pipeline
 
@@ -47,6 +44,7 @@ class RunContext:
     dist_addr: str = ""              # tcp://host:port of the collective rendezvous ("" = none)
     use_cuda: bool = False
     threads: int = 1                 # intra-op threads per worker
+    data: Cursor = Cursor()          # where the run reads its prompts from (a resume's)
 
     @classmethod
     def create(cls, pipeline: Pipeline, plan: Plan, calls: tuple[OpCall, ...], *, spec_dir: str,
@@ -89,44 +87,7 @@ def _heads(pipeline: Pipeline, backbone: str) -> set[str]:
     return heads
 
 
-# --- workload data, read where it is used ------------------------------------------------
-def dataset_path(pipeline: Pipeline, spec_dir: str) -> Path:
-    if not pipeline.workload.dataset:
-        raise RuntimeFailure("the workload must name a dataset to run, and it names none",
-                             pipeline.workload.span, hint='add dataset = "data/toy.jsonl"')
-    path = Path(pipeline.workload.dataset)
-    return path if path.is_absolute() else Path(spec_dir) / path
-
-
-def read_dataset(path: Path) -> list[dict]:
-    """Rows of a JSON-lines dataset with a ``prompt`` (and optional ``answer``) each."""
-    if not path.exists():
-        raise RuntimeFailure(f"dataset '{path}' must exist to run, and it does not",
-                             hint="the path is relative to the spec file")
-    rows = []
-    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise RuntimeFailure(f"{path}:{n}: each line must be a JSON object, not {line[:40]!r}"
-                                 ) from e
-        if not isinstance(row, dict) or "prompt" not in row:
-            raise RuntimeFailure(f"{path}:{n}: each row must have a 'prompt', not {line[:40]!r}")
-        rows.append(row)
-    if not rows:
-        raise RuntimeFailure(f"dataset '{path}' must hold at least one row, and it is empty")
-    return rows
-
-
-def step_rows(rows: list[dict], prompts: int, samples: int, seed: int, step: int) -> list[dict]:
-    """The rows of one step, each repeated ``samples`` times (the same on every worker)."""
-    rng = np.random.default_rng([seed, step])
-    idx = rng.choice(len(rows), size=prompts, replace=prompts > len(rows))
-    return [rows[i] for i in idx for _ in range(samples)]
-
-
+# --- workload data (rpeg.runtime.data reads the rows) ---------------------------------------
 def group_of(prompt_index: np.ndarray, samples: int) -> np.ndarray:
     """The prompt (group) each response belongs to."""
     return np.asarray(prompt_index) // max(samples, 1)

@@ -44,6 +44,8 @@ class RunOptions:
     use_cuda: bool = False
     threads: int = 1                       # torch threads per worker
     fuse: bool = True                      # consecutive ops of a device as one Dask task
+    trackers: tuple[str, ...] = ()         # --tracker: instead of the spec's log { trackers }
+    overrides: tuple[str, ...] = ()        # KEY=VALUE overrides the pipeline was checked with
 
 
 @attrs.frozen

@@ -52,8 +52,9 @@ def engine_installed(engine) -> bool:
 
 def plan_for_run(file: str | Path, *, spec: str | Path | None = None,
                  cluster: str | Path | None = None, strategy: str = "search",
-                 staleness: int | None = None, seed: int = 0):
-    """(pipeline, plan, spec path) for ``rpeg run FILE``.
+                 staleness: int | None = None, seed: int = 0, overrides: tuple = ()):
+    """(pipeline, plan, spec path) for ``rpeg run FILE``; ``overrides``
+    (``rpeg.spec.overrides``) change the spec before it is checked.
 
     ``staleness`` K plans the run under every staleness bound of the spec capped at K
     (0: synchronous; a partial rollout's carry spends the same bound): a pipeline is
@@ -69,7 +70,7 @@ def plan_for_run(file: str | Path, *, spec: str | Path | None = None,
         from rpeg.plan.model import Plan
         plan = Plan.load(file)
         spec_path = Path(spec) if spec else _find_spec(file, plan)
-        pipeline = load(spec_path)
+        pipeline = load(spec_path, overrides)
         if pipeline.name != plan.pipeline:
             raise PlanError(f"plan '{file}' must be for pipeline '{pipeline.name}', "
                             f"not '{plan.pipeline}'", hint="pass the right --spec")
@@ -83,7 +84,7 @@ def plan_for_run(file: str | Path, *, spec: str | Path | None = None,
         build_calls(pipeline, plan, steps=1)              # degrees the backend cannot split by
     else:
         spec_path = file
-        pipeline = load(file)
+        pipeline = load(file, overrides)
         _check_cap(pipeline, staleness)
         c = load_cluster(cluster) if cluster else None
         if strategy == RUNTIME_SPLIT:

@@ -198,8 +198,9 @@ def build_record(run_dir: str | Path, spec_path: str | None = None) -> dict:
     rows = rd.metrics()
     before = (_read_json(path / RECORD) or {}).get("inputs", {})
     inputs = {
-        "spec": _entry(path, "spec.rpeg",
-                       source=spec_path or before.get("spec", {}).get("source")),
+        "spec": {**_entry(path, "spec.rpeg",
+                          source=spec_path or before.get("spec", {}).get("source")),
+                 "overrides": list(meta.get("overrides", []))},
         "pipeline": _entry(path, "pipeline.json"),
         "plan": {**_entry(path, "plan.json"), "strategy": plan.strategy.value,
                  "cluster": plan.cluster},
@@ -225,8 +226,15 @@ def build_record(run_dir: str | Path, spec_path: str | None = None) -> dict:
         "predicted": predicted(pipeline, plan, cluster),
         "measured": measured(rows, meta),
         "final": final_metrics(rows),
+        "eval": _evals(path),
         "files": _files(path),
     }
+
+
+def _evals(path: Path) -> list[dict]:
+    """The run's evaluations (eval.jsonl), without their timings."""
+    from rpeg.runtime.outputs import EVALS, read_rows
+    return [{k: v for k, v in r.items() if k != "eval_s"} for r in read_rows(path, EVALS)]
 
 
 def write_record(run_dir: str | Path, spec_path: str | None = None) -> dict:

@@ -59,9 +59,11 @@ from rpeg.plan.model import Plan
 from rpeg.runtime import checkpoint_io as ckio
 from rpeg.runtime import core as C
 from rpeg.runtime import fusion as F
+from rpeg.runtime import outputs as O
 from rpeg.runtime import worker as W
-from rpeg.runtime.context import RunContext, dataset_path, read_dataset
+from rpeg.runtime.context import RunContext
 from rpeg.runtime.cuts import Cuts
+from rpeg.runtime.data import Cursor, eval_rows, workload_rows
 from rpeg.runtime.driver import RunOptions, RunResult, _Cluster, _Progress, _rendezvous, uses_vllm
 from rpeg.runtime.flight import Flight, Task
 from rpeg.runtime.instances import build_calls, graph_for, model_homes
@@ -109,7 +111,9 @@ def run_resilient(pipeline: Pipeline, plan: Plan, options: RunOptions,
     spec_dir = str(Path(spec_path).resolve().parent) if spec_path else str(Path.cwd())
     if _resume is not None:
         spec_dir = str(_resume[2].get("spec_dir", spec_dir))    # where the data and rewards are
-    read_dataset(dataset_path(pipeline, spec_dir))
+    workload_rows(pipeline, spec_dir)                 # a dataset problem stops the run here
+    if pipeline.evaluation is not None:
+        eval_rows(pipeline, spec_dir)
     if _resume is None:
         rd = RunDir.create(options.root, pipeline.name, options.run_dir)
         if spec_path:
@@ -119,18 +123,27 @@ def run_resilient(pipeline: Pipeline, plan: Plan, options: RunOptions,
         rd.write_text("plan.json", plan_to_json(plan))
         meta = {"pipeline": pipeline.name, "steps": steps, "status": "running",
                 "scheduler": options.scheduler or "local", "started": time.time(),
-                "spec_dir": spec_dir, "recoveries": [], "replans": [], "resumes": []}
+                "spec_dir": spec_dir, "recoveries": [], "replans": [], "resumes": [],
+                "overrides": list(options.overrides)}
         state = RunState(0, [], [], defaultdict(list), {})
         rd.write_text("metrics.jsonl", "")
     else:
         rd, state, meta = _resume
         steps = int(meta["steps"])
     meta["checkpoint_every"] = resilience.checkpoint_every
+    from rpeg.runtime.trackers import Trackers, chosen
+    picked = chosen(pipeline, options.trackers)
+    meta["trackers"] = [t.value for t in picked]      # TensorBoard reads it (tensorboard.py)
     rd.write_json("run.json", meta)
     stop = StopFlag()
     t_start = time.time()
+    trackers = Trackers.open(pipeline, rd.path, picked,
+                             config={"pipeline": pipeline.name, "steps": steps,
+                                     "overrides": " ".join(meta.get("overrides", []))},
+                             resume=_resume is not None)
     runner = _Runner(pipeline, plan, options, resilience, rd, meta, state, steps, spec_dir,
                      on_step, stop)
+    runner.trackers = trackers
     try:
         # worker processes start with Ctrl-C ignored: a terminal sends it to the whole
         # process group, and they must live to finish the ops before the checkpoint
@@ -153,6 +166,7 @@ def run_resilient(pipeline: Pipeline, plan: Plan, options: RunOptions,
         raise
     finally:
         stop.uninstall()
+        trackers.close()
         try:
             state.write_trace(rd, runner.workers, meta.get("started", t_start), force=True)
         except OSError as e:
@@ -181,6 +195,7 @@ def resume_run(run_dir: str | Path, options: RunOptions | None = None,
         print(f"rpeg: warning: skipping a damaged checkpoint: {s}", file=sys.stderr)
     ckio.prune(rd.path, keep=10**6)                  # drop interrupted writes only
     state = state_at(rd, ck)
+    O.cut_back(rd.path, state.start)
     if devices is not None and devices != plan.num_devices:
         plan = _replan(pipeline, plan, devices, meta, rd, why="resumed onto "
                        f"{devices} device(s)", from_step=state.start)
@@ -241,6 +256,7 @@ class _Runner:
         self.pids: dict[str, int] = {}
         self.host_marks: list[tuple[int, float, float, int]] = []    # see host_usage
         self.bar = _Progress(steps, options.progress)
+        self.trackers = None
         self.bar_done = state.start
         if self.bar.p is not None and state.start:
             self.bar.p.update(self.bar.task, advance=state.start)
@@ -290,7 +306,7 @@ class _Runner:
         ctx = RunContext.create(self.pipeline, self.plan, self.calls, spec_dir=self.spec_dir,
                                 run_dir=str(self.rd.path), dist_addr=_rendezvous(workers[0]),
                                 use_cuda=self.options.use_cuda)
-        ctx = attrs.evolve(ctx, threads=self.options.threads)
+        ctx = attrs.evolve(ctx, threads=self.options.threads, data=self._cursor())
         futs = [cl.client.submit(W.setup, ctx, d, workers=[a], allow_other_workers=False,
                                  key=f"setup-{d}-{cl.token}-{self.attempt}", pure=False)
                 for d, a in workers.items()]
@@ -317,7 +333,10 @@ class _Runner:
         self.rd.write_json("run.json", self.meta)
 
     def _restore(self, ck: ckio.Checkpoint) -> None:
-        saved = dict(ck.state.get("replicas", {}))          # "model@device" -> version
+        # "model@device" -> version, of the replicas whose files the checkpoint holds (a
+        # frozen model and a copy equal to its trained replica are rebuilt, not saved)
+        saved = {k: v for k, v in dict(ck.state.get("replicas", {})).items()
+                 if (ck.path / k).is_dir()}
         futs = []
         for d, a in self.workers.items():
             sources = {}
@@ -333,16 +352,52 @@ class _Runner:
                                               key=f"restore-{d}-{self.cl.token}-{self.attempt}"))
         self._gather(futs, "restore", list(self.workers))
 
+    def _cursor(self) -> Cursor:
+        """Where step ``state.start`` reads its prompts: from the checkpoint, else the start."""
+        ck = self.state.checkpoint
+        cursor = Cursor.from_json(ck.state.get("data")) if ck is not None else Cursor()
+        return cursor
+
+    def _evaluate(self, step: int) -> None:
+        """The eval block at the cut at ``step`` (every ``every`` steps, the first and the
+        last), on the trained actor's first home device; once per step, across resumes."""
+        from rpeg.runtime.instances import base_of
+        e = self.pipeline.evaluation
+        if e is None or (step % e.every and step != self.steps) or O.evaluated(self.rd.path,
+                                                                                step):
+            return
+        gen = next(s for s in self.pipeline.stages if s.kind.value == "generate")
+        homes = {m: d for m, d in self.meta.get("homes", {}).items()
+                 if gen.target in base_of(m).split("+")}
+        if not homes:
+            raise RuntimeFailure(f"eval needs a trained replica of '{gen.target}', and the "
+                                 "plan trains none", e.span)
+        model, devices = next(iter(homes.items()))
+        device = devices[0]
+        fut = self.cl.client.submit(_evaluate_on_worker, model, step,
+                                    workers=[self.workers[device]], allow_other_workers=False,
+                                    pure=False, key=f"eval-{step}-{self.cl.token}-{self.attempt}")
+        row = self._gather([fut], f"eval at step {step}", [device])[0]
+        kept = row.pop("kept", [])
+        O.append_rows(self.rd.path, O.SAMPLES, [{"step": step, "eval": True, **r} for r in kept])
+        O.append_rows(self.rd.path, O.EVALS, [row])
+        self.trackers.log_eval(row)
+        print(f"rpeg: {O.eval_line(row)}", file=sys.stderr, flush=True)
+
     def _segments(self) -> None:
+        if self.state.start == 0:
+            self._evaluate(0)                       # the untrained model, to compare with
+        every = self.pipeline.evaluation.every if self.pipeline.evaluation else self.steps
         while self.state.start < self.steps:
             start = self.state.start
             end = min(self.steps, (start // self.res.checkpoint_every + 1)
-                      * self.res.checkpoint_every)
+                      * self.res.checkpoint_every, (start // every + 1) * every)
             before = self.cuts.closure(start) if start else set()
             inside = self.cuts.closure(end)
             end, inside = self._run_segment(start, end, inside - before, inside)
             self._checkpoint(end, inside)
             self._seg_futures = {}
+            self._evaluate(end)
             if self.stop.requested:
                 raise Interrupted(f"interrupted: stopped after step {end - 1} and wrote a "
                                   f"checkpoint; the run directory is {self.rd.path}",
@@ -497,6 +552,7 @@ class _Runner:
         for e in self._drain():
             self.state.pending[int(e["step"])].append(e)
         evs = self.state.pending.pop(step, [])
+        O.append_rows(self.rd.path, O.SAMPLES, O.take_samples(step, evs))
         self.state.events += evs
         row = step_metrics(step, evs, now - last)
         cpu = os.times()
@@ -505,6 +561,7 @@ class _Runner:
             row["client_cpu_s"] = round(cpu - self.host_marks[-1][2], 5)
         self.host_marks.append((step, now, cpu, self.meta.get("tasks", 0)))
         self.rd.append_metrics(row)
+        self.trackers.log(row)
         self.state.metrics.append(row)
         self.bar.update(row)
         if self.on_step is not None:
@@ -648,7 +705,14 @@ class _Runner:
                                                [d for _, d in tasks.values()]), strict=True))
             carry = {op_id: got[self._seg_futures[op_id].key][op_id] for op_id in sorted(keep)}
         tmp = ckio.begin(rd.path, cut)
-        saves = [cl.client.submit(ckio.save_replicas, str(tmp), cut, workers=[a],
+        held = {}                      # only what a resume cannot rebuild is written
+        for v in self._gather([cl.client.submit(
+                ckio.replica_versions, workers=[a], allow_other_workers=False, pure=False,
+                key=f"versions-{cut}-{d}-{cl.token}-{self.attempt}")
+                for d, a in self.workers.items()], "versions", list(self.workers)):
+            held.update(v)
+        skip = tuple(sorted(ckio.rebuildable(held)))
+        saves = [cl.client.submit(ckio.save_replicas, str(tmp), cut, skip, workers=[a],
                                   allow_other_workers=False, pure=False,
                                   key=f"ckpt-{cut}-{d}-{cl.token}-{self.attempt}")
                  for d, a in self.workers.items()]
@@ -664,7 +728,8 @@ class _Runner:
             "replicas": versions, "events_bytes": size, "events_count": len(self.state.events),
             "pending": pending,
             "metrics_rows": len(self.state.metrics), "num_devices": self.plan.num_devices,
-            "carry": sorted(carry)})
+            "carry": sorted(carry),
+            "data": self._cursor().moved_to(cut, self.pipeline.workload.prompts).to_json()})
         ckio.prune(rd.path, keep=self.res.keep)
         self.state.start = cut
         self.state.carry = carry
@@ -694,6 +759,7 @@ class _Runner:
         # roll back to the last cut: metrics, trace and carried outputs as they were there
         ck = self.state.checkpoint
         fresh = state_at(self.rd, ck)
+        O.cut_back(self.rd.path, fresh.start)
         self.state.start, self.state.metrics = fresh.start, fresh.metrics
         self.state.events, self.state.pending, self.state.carry = (fresh.events, fresh.pending,
                                                                    fresh.carry)
@@ -738,6 +804,10 @@ class _Runner:
             if time.time() > end:
                 return None
             time.sleep(0.25)
+
+
+def _evaluate_on_worker(model: str, step: int) -> dict:
+    return W._STATE["executor"].evaluate(model, step)
 
 
 def _gpu_worker_addresses(dask_scheduler=None) -> list[str]:

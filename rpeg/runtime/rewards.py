@@ -34,10 +34,11 @@ MAX_FRAMES = 8           # of the user's traceback, innermost last
 
 
 def call_reward(fn, reward: Reward, step: int, prompts: list[str], responses: list[str],
-                answers: list[str]) -> np.ndarray:
-    """``fn(prompts, responses, answers)`` checked: float32 scores, one per response."""
+                answers: list[str], extras: dict | None = None) -> np.ndarray:
+    """``fn(prompts, responses, answers, **extras)`` checked: float32 scores, one per
+    response (``extras``: the dataset's other columns, by name)."""
     try:
-        value = fn(prompts, responses, answers)
+        value = fn(prompts, responses, answers, **(extras or {}))
     except Exception as e:  # noqa: BLE001 — the user's code: any exception is theirs to see
         raise _raised(e, reward, step) from None
     return check_scores(value, len(responses), reward, step)

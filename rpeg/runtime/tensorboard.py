@@ -30,13 +30,20 @@ def available() -> bool:
     return importlib.util.find_spec("tensorboard") is not None
 
 
+def chosen(run_dir: Path) -> bool:
+    """Whether the run logs to TensorBoard: its trackers (run.json) name it, as by default."""
+    trackers = _json(Path(run_dir) / "run.json").get("trackers", ["tensorboard"])
+    return "tensorboard" in trackers
+
+
 def event_file(run_dir: Path, started: float) -> Path:
     return Path(run_dir) / f"events.out.tfevents.{int(started)}.rpeg"
 
 
 def write_events(run_dir: str | Path) -> Path | None:
-    """(Re)write the run's event file from metrics.jsonl; None when tensorboard is absent."""
-    if not available():
+    """(Re)write the run's event file from metrics.jsonl; None when tensorboard is absent or
+    the run's trackers leave it out."""
+    if not available() or not chosen(run_dir):
         return None
     from tensorboard.compat.proto.event_pb2 import Event
     from tensorboard.summary.writer.record_writer import RecordWriter
@@ -56,6 +63,8 @@ def write_events(run_dir: str | Path) -> Path | None:
         for row in rows:
             wall += float(row.get("step_time_s", 0.0))
             w.write(_event(row, wall).SerializeToString())
+        for row in _rows(run_dir / "eval.jsonl"):        # evaluations: eval/reward, ...
+            w.write(_event(eval_scalars(row), wall).SerializeToString())
         w.flush()
     tmp.replace(path)
     return path
@@ -68,6 +77,8 @@ def append_event(run_dir: str | Path, row: dict) -> Path | None:
     if not available():
         return None
     try:
+        if not chosen(run_dir):
+            return None
         from tensorboard.compat.proto.event_pb2 import Event
         from tensorboard.summary.writer.record_writer import RecordWriter
 
@@ -93,6 +104,13 @@ def _event(row: dict, wall: float):
     values = [Summary.Value(tag=tag(k), simple_value=float(v)) for k, v in sorted(row.items())
               if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool)]
     return Event(wall_time=wall, step=int(row.get("step", 0)), summary=Summary(value=values))
+
+
+def eval_scalars(row: dict) -> dict:
+    """An eval.jsonl row as scalars ``eval.reward``, ``eval.accuracy``, ``eval.pass@k``."""
+    keep = ("reward", "accuracy", "response_len")
+    return {"step": row["step"], **{f"eval.{k}": v for k, v in row.items()
+                                    if k in keep or k.startswith("pass@")}}
 
 
 def tag(name: str) -> str:

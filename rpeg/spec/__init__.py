@@ -57,21 +57,23 @@ class Checked:
     warnings: tuple[SpecError, ...] = ()
 
 
-def check_file(path: str | Path) -> Checked:
-    """Parse and check any .rpeg file; raises SpecError on the first problem."""
+def check_file(path: str | Path, overrides: tuple = ()) -> Checked:
+    """Parse and check any .rpeg file; raises SpecError on the first problem. ``overrides``
+    (``rpeg.spec.overrides.parse_overrides``) change a pipeline before it is checked."""
     f = parse_file(path)
     kind = file_kind(f)
     if kind is FileKind.PIPELINE:
-        pipeline, warnings = lower_pipeline(f)
+        pipeline, warnings = lower_pipeline(f, overrides)
         return Checked(kind, pipeline, tuple(warnings))
     if kind is FileKind.CLUSTER:
         return Checked(kind, lower_cluster(f))
     return Checked(kind, lower_profile(f))
 
 
-def load(path: str | Path) -> Pipeline:
-    """A checked pipeline (``extend`` resolved); SpecError if the file is not one."""
-    checked = check_file(path)
+def load(path: str | Path, overrides: tuple = ()) -> Pipeline:
+    """A checked pipeline (``extend`` resolved, ``overrides`` applied); SpecError if the file
+    is not one."""
+    checked = check_file(path, overrides)
     if checked.kind is not FileKind.PIPELINE:
         raise SpecError(f"'{path}' describes a {checked.kind.value}, not a pipeline",
                         Span(str(path), 1, 1))

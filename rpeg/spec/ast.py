@@ -135,10 +135,14 @@ class WorkloadDecl:
 
 @attrs.frozen
 class ModelDecl:
+    """``model NAME : PRESET [block]``, or ``model NAME : hf("FOLDER") [block]`` (``preset``
+    is then ``hf`` and ``source`` the folder)."""
+
     name: Ident
     preset: Ident
     block: Block | None
     span: Span = _span_field()
+    source: Str | None = None
 
 
 @attrs.frozen
@@ -184,6 +188,22 @@ class Place:
 
 
 @attrs.frozen
+class EvalDecl:
+    """``eval { dataset = "..."; every = N; samples = K; temperature = T }``."""
+
+    block: Block
+    span: Span = _span_field()
+
+
+@attrs.frozen
+class LogDecl:
+    """``log { trackers = [wandb, mlflow]; samples = 4; project = "..." }``."""
+
+    block: Block
+    span: Span = _span_field()
+
+
+@attrs.frozen
 class ClusterDecl:
     name: Ident
     block: Block
@@ -198,7 +218,7 @@ class ProfileDecl:
 
 
 Item = (PipelineDecl | Extend | WorkloadDecl | ModelDecl | RewardDecl | StageDecl | Staleness
-        | Share | Colocate | Place | ClusterDecl | ProfileDecl)
+        | Share | Colocate | Place | EvalDecl | LogDecl | ClusterDecl | ProfileDecl)
 
 
 @attrs.frozen

@@ -29,7 +29,7 @@ import attrs
 from rpeg.spec.model import WORKLOAD_DATA, Cluster, Model, Pipeline, Reward, Stage
 
 SECTIONS = ("workload", "models", "rewards", "stages", "edges", "staleness", "sharing",
-            "colocation", "placement", "cluster", "gpu", "links")
+            "colocation", "placement", "eval", "log", "cluster", "gpu", "links")
 
 
 class ChangeKind(enum.Enum):
@@ -108,7 +108,7 @@ class SpecDiff:
 # --- matching ----------------------------------------------------------------------------
 
 def _model_sig(m: Model) -> tuple:
-    return (m.preset, m.dims, m.head, m.frozen, m.optimizer, m.dtype, m.weights)
+    return (m.preset, m.dims, m.head, m.frozen, m.optimizer, m.dtype, m.weights, m.lora)
 
 
 def _reward_sig(r: Reward) -> tuple:
@@ -219,6 +219,7 @@ def diff(a: Pipeline, b: Pipeline) -> SpecDiff:
     changes += _groups("colocation", a.colocate, b.colocate, m.stages | m.targets,
                        "pinned to the same devices")
     changes += _placement(a, b, m)
+    changes += _blocks(a, b)
     return SpecDiff(a.path, b.path, a.name, b.name, tuple(changes), m.renames())
 
 
@@ -227,7 +228,8 @@ def _workload(a: Pipeline, b: Pipeline) -> list[Change]:
     out = []
     fields = (("steps", ""), ("prompts", "prompts per step"),
               ("samples", "responses per prompt"), ("prompt_len", "prompt tokens"),
-              ("gen_len", "generated tokens"), ("dataset", ""), ("seed", ""))
+              ("gen_len", "generated tokens"), ("dataset", ""), ("seed", ""),
+              ("fields", "dataset columns"), ("template", "prompt rendering"), ("split", ""))
     for key, meaning in fields:
         x, y = getattr(wa, key), getattr(wb, key)
         if str(x) != str(y):
@@ -241,12 +243,40 @@ def _workload(a: Pipeline, b: Pipeline) -> list[Change]:
 
 
 def _s(v: object) -> str:
+    if isinstance(v, enum.Enum):
+        return str(v.value)
     return "none" if v is None else str(v)
+
+
+def _listed(v: object) -> str:
+    return ", ".join(_s(t) for t in v) if isinstance(v, tuple) else _s(v)
+
+
+def _blocks(a: Pipeline, b: Pipeline) -> list[Change]:
+    """The eval and log blocks, field by field (an eval block added or removed whole)."""
+    out = []
+    ea, eb = a.evaluation, b.evaluation
+    if (ea is None) != (eb is None):
+        kind = ChangeKind.ADDED if ea is None else ChangeKind.REMOVED
+        e = eb or ea
+        out.append(Change("eval", kind, "eval", f"{e.dataset} every {e.every} steps, "
+                                                f"{e.samples} sample(s) per prompt"))
+    for section, x, y in (("eval", ea, eb), ("log", a.log, b.log)):
+        if x is None or y is None:
+            continue
+        for f in attrs.fields(type(x)):
+            if f.name == "span":
+                continue
+            vx, vy = getattr(x, f.name), getattr(y, f.name)
+            if vx != vy:
+                out.append(Change(section, ChangeKind.CHANGED, f"{section}.{f.name}", "",
+                                  _listed(vx), _listed(vy)))
+    return out
 
 
 def _model_fields(mo: Model, _m) -> dict[str, str]:
     out = {"preset": mo.preset, "head": mo.head.value, "frozen": str(mo.frozen).lower(),
-           "dtype": mo.dtype, "weights": _s(mo.weights)}
+           "dtype": mo.dtype, "weights": _s(mo.weights), "lora": _s(mo.lora)}
     for f in attrs.fields(type(mo.dims)):
         out[f"dims.{f.name}"] = str(getattr(mo.dims, f.name))
     if mo.optimizer is not None:

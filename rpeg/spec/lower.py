@@ -39,9 +39,22 @@ from rpeg.spec.model import (
 from rpeg.spec.pins import lower_place
 from rpeg.spec.presets import DIM_KEYS, PRESETS, ModelDims
 from rpeg.spec.resolve import resolve_pipeline
+from rpeg.spec.sections import (
+    DATA_KEYS,
+    check_weights,
+    data_fields,
+    hf_model,
+    lora,
+    lower_eval,
+    lower_log,
+)
+from rpeg.spec.sections import assigned as _assigned
+from rpeg.spec.sections import entries as _entries
 
-WORKLOAD_KEYS = ("steps", "prompts", "samples", "prompt_len", "gen_len", "dataset", "seed")
-MODEL_KEYS = ("optimizer", "head", "frozen", "dtype", "weights", "tied", "family") + DIM_KEYS
+WORKLOAD_KEYS = ("steps", "prompts", "samples", "prompt_len", "gen_len", "dataset",
+                 "seed") + DATA_KEYS
+MODEL_KEYS = ("optimizer", "head", "frozen", "dtype", "weights", "tied", "family",
+              "lora") + DIM_KEYS
 DTYPES = ("bf16", "fp16", "fp32")
 MAX_STEPS = 10_000_000
 MAX_TOKENS = 1 << 21
@@ -63,9 +76,13 @@ STAGE_KWARGS: dict[str, tuple[str, ...]] = {
 _TARGETED = (OpKind.GENERATE, OpKind.FORWARD, OpKind.SCORE, OpKind.TRAIN)
 
 
-def lower_pipeline(f: ast.File) -> tuple[Pipeline, list[SpecError]]:
-    """Resolve ``extend`` and check everything; return the pipeline and any warnings."""
+def lower_pipeline(f: ast.File, overrides: tuple = ()) -> tuple[Pipeline, list[SpecError]]:
+    """Resolve ``extend``, apply command-line ``overrides`` (``rpeg.spec.overrides``) and check
+    everything; return the pipeline and any warnings."""
     items, chain = resolve_pipeline(f)
+    if overrides:
+        from rpeg.spec.overrides import apply_overrides
+        items = apply_overrides(items, overrides)
     warnings: list[SpecError] = []
     decl = next(i for i in items if isinstance(i, ast.PipelineDecl))
     wl_items = [i for i in items if isinstance(i, ast.WorkloadDecl)]
@@ -94,32 +111,17 @@ def lower_pipeline(f: ast.File) -> tuple[Pipeline, list[SpecError]]:
     place = tuple(lower_place(i, by_stage, targets) for i in items
                   if isinstance(i, ast.Place))
     _check_unused(stages, models, items, warnings)
+    evaluation = next((lower_eval(i, f.path, rewards, workload.steps, warnings) for i in items
+                       if isinstance(i, ast.EvalDecl)), None)
+    log = next((lower_log(i) for i in items if isinstance(i, ast.LogDecl)), None)
     pipeline = Pipeline(
         name=decl.name.value, path=f.path, workload=workload, models=models, rewards=rewards,
         stages=stages, staleness=staleness, shares=shares, colocate=colocate, place=place,
-        extends=chain)
+        extends=chain, evaluation=evaluation, **({"log": log} if log else {}))
     return pipeline, warnings
 
 
 # --- workload ----------------------------------------------------------------
-
-def _entries(block: ast.Block, allowed: tuple[str, ...], where: str) -> dict[str, ast.Entry]:
-    out: dict[str, ast.Entry] = {}
-    for e in block.entries:
-        key = e.kind if isinstance(e, ast.Section) else e.key
-        if key.value not in allowed:
-            raise V.unknown_key(key, allowed, where)
-        if key.value in out:
-            raise V.duplicate("key", key.value, key.span, out[key.value].span)
-        out[key.value] = e
-    return out
-
-
-def _assigned(e: ast.Entry, key: str) -> ast.Value:
-    if not isinstance(e, ast.Assign):
-        raise SpecError(f"{key} must be set with '{key} = VALUE'", e.span)
-    return e.value
-
 
 def _workload(w: ast.WorkloadDecl, path: str, warnings: list[SpecError]) -> Workload:
     e = _entries(w.block, WORKLOAD_KEYS, "the workload block")
@@ -142,7 +144,9 @@ def _workload(w: ast.WorkloadDecl, path: str, warnings: list[SpecError]) -> Work
         if not (Path(path).parent / dataset).exists():
             warnings.append(SpecWarning(f"dataset '{dataset}' does not exist (yet); a run needs it",
                                       dv.span))
-    return Workload(steps, prompts, samples, prompt_len, gen_len, dataset, seed, w.span)
+    fields, template, split = data_fields(e)
+    return Workload(steps, prompts, samples, prompt_len, gen_len, dataset, seed, w.span,
+                    fields=fields, template=template, split=split)
 
 
 def _length(v: ast.Value, path: str) -> LengthDist:
@@ -245,7 +249,13 @@ def _model(m: ast.ModelDecl, path: str, warnings: list[SpecError]) -> Model:
     e = _entries(m.block, MODEL_KEYS, f"model '{m.name.value}'") if m.block else {}
     explicit = {k: V.integer(_assigned(e[k], k), k, minimum=1, maximum=1 << 22)
                 for k in DIM_KEYS if k in e}
-    if preset in PRESETS:
+    folder_dtype, weights = None, None
+    if m.source is not None:
+        dims, folder_dtype, weights = hf_model(m, e, path)
+    elif preset == "hf":
+        raise SpecError("hf needs the model's folder: hf(\"path/to/folder\")", m.preset.span,
+                        hint="the folder holds config.json, the weights and the tokenizer")
+    elif preset in PRESETS:
         dims = PRESETS[preset]
     elif preset == "custom":
         missing = [k for k in DIM_KEYS if k not in explicit]
@@ -266,7 +276,7 @@ def _model(m: ast.ModelDecl, path: str, warnings: list[SpecError]) -> Model:
             changes["family"] = V.name(_assigned(e["family"], "family"), "family",
                                        ("llama", "qwen2"))
         dims = attrs.evolve(dims, **changes)
-    if dims.hidden % dims.heads:
+    if dims.hidden % dims.heads and not dims.attn_head_dim:
         span = e["heads"].span if "heads" in e else m.preset.span
         raise SpecError(f"heads ({dims.heads}) must divide hidden ({dims.hidden})", span)
     if dims.heads % dims.kv_heads:
@@ -286,12 +296,22 @@ def _model(m: ast.ModelDecl, path: str, warnings: list[SpecError]) -> Model:
         optimizer = _optimizer(_assigned(e["optimizer"], "optimizer"))
     elif not frozen:
         optimizer = Optimizer()
-    dtype = V.name(_assigned(e["dtype"], "dtype"), "dtype", DTYPES) if "dtype" in e else "bf16"
-    weights = None
+    dtype = V.name(_assigned(e["dtype"], "dtype"), "dtype", DTYPES) if "dtype" in e else \
+        folder_dtype or "bf16"
     if "weights" in e:
         wv = _assigned(e["weights"], "weights")
-        weights = _weights_dir(V.string(wv, "weights"), path, warnings, wv.span)
-    return Model(m.name.value, preset, dims, head, frozen, optimizer, dtype, weights, m.span)
+        written = V.string(wv, "weights")
+        weights = _weights_dir(written, path, warnings, wv.span)
+        if preset != "custom":
+            check_weights(m, dims, weights, wv.span, warnings, written)
+    adapters = None
+    if "lora" in e:
+        if frozen or head is not Head.LM:
+            raise SpecError("lora adapts a trained language model; this one is "
+                            + ("frozen" if frozen else f"a {head.value} model"), e["lora"].span)
+        adapters = lora(_assigned(e["lora"], "lora"))
+    return Model(m.name.value, preset, dims, head, frozen, optimizer, dtype, weights, m.span,
+                 lora=adapters)
 
 
 def _optimizer(v: ast.Value) -> Optimizer:
@@ -307,7 +327,8 @@ def _optimizer(v: ast.Value) -> Optimizer:
     if v.args:
         kw.setdefault("lr", V.real(v.args[0], "lr", positive=True))
     if "lr" in kw and not 0 < kw["lr"] < 1:
-        raise SpecError(f"lr must be in (0, 1), not {kw['lr']:g}", v.span)
+        where = next((k.value.span for k in v.kwargs if k.key.value == "lr"), v.span)
+        raise SpecError(f"lr must be in (0, 1), not {kw['lr']:g}", where)
     return Optimizer(kind=v.func.value, lr=kw.get("lr", 1e-5),
                      betas=(kw.get("beta1", 0.9), kw.get("beta2", 0.999)),
                      weight_decay=kw.get("weight_decay", 0.0 if v.func.value == "adam" else 0.01),

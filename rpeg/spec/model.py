@@ -21,6 +21,7 @@ import numpy as np
 
 from rpeg.errors import NOWHERE, Span
 from rpeg.spec.presets import ModelDims
+from rpeg.spec.training import Evaluation, Fields, Logging, Lora, Template
 
 
 class OpKind(enum.Enum):
@@ -149,6 +150,9 @@ class Workload:
     dataset: str | None = None
     seed: int = 0
     span: Span = NOWHERE
+    fields: Fields = Fields()                 # which columns are the prompt and the answer
+    template: Template = Template.AUTO        # chat template or raw text
+    split: str | None = None                  # a saved DatasetDict's split
 
     @property
     def batch(self) -> int:
@@ -177,6 +181,7 @@ class Model:
     dtype: str = "bf16"
     weights: str | None = None      # a local weights directory (safetensors + config)
     span: Span = NOWHERE
+    lora: Lora | None = None        # low-rank adapters train; the backbone stays frozen
 
     @property
     def trainable(self) -> bool:
@@ -264,6 +269,8 @@ class Pipeline:
     colocate: tuple[tuple[str, ...], ...] = ()         # stages or models pinned together
     place: tuple[Pin, ...] = ()                         # pinned devices and layouts
     extends: tuple[str, ...] = ()                      # resolved paths, nearest first
+    evaluation: Evaluation | None = None               # held-out prompts every N steps
+    log: Logging = Logging()                           # trackers, sampled responses kept
 
     def model(self, name: str) -> Model:
         return next(m for m in self.models if m.name == name)

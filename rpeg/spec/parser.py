@@ -220,8 +220,13 @@ class _Build:
         if k == "workload":
             return ast.WorkloadDecl(self.block(c[0]), sp)
         if k == "model":
+            source = self.string(c[2].children[0]) if c[2] is not None else None
             return ast.ModelDecl(self.ident(c[0]), self.ident(c[1]),
-                                 self.block(c[2]) if c[2] is not None else None, sp)
+                                 self.block(c[3]) if c[3] is not None else None, sp, source)
+        if k == "evaluation":
+            return ast.EvalDecl(self.block(c[0]), sp)
+        if k == "logging":
+            return ast.LogDecl(self.block(c[0]), sp)
         if k == "reward":
             return ast.RewardDecl(self.ident(c[0]), self.value(c[1]), sp)
         if k == "stage":
@@ -307,7 +312,7 @@ _TERMINAL_NAMES = {
 }
 
 _KEYWORDS = ("pipeline", "extend", "workload", "model", "reward", "stage", "staleness",
-             "share", "colocate", "place", "cluster", "profile")
+             "share", "colocate", "place", "eval", "log", "cluster", "profile")
 
 
 def _describe_expected(expected: set[str]) -> str:
@@ -350,6 +355,7 @@ _AFTER = {
     "PIPELINE": "'pipeline'", "EXTEND": "'extend'", "MODEL": "'model'", "STAGE": "'stage'",
     "REWARD": "'reward'", "STALENESS": "'staleness'", "SHARE": "'share'", "CLUSTER": "'cluster'",
     "PROFILE": "'profile'", "COLOCATE": "'colocate'", "PLACE": "'place'", "WORKLOAD": "'workload'",
+    "EVAL": "'eval'", "LOG": "'log'",
     "EQUAL": "'='", "COLON": "':'", "COMMA": "','",
 }
 

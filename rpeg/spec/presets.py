@@ -19,7 +19,7 @@ import attrs
 class ModelDims:
     """The architecture of a decoder-only transformer, enough to count FLOPs and bytes."""
 
-    family: str            # "llama" | "qwen2" — same family + dims = shareable backbones
+    family: str            # "llama" | "qwen2" | "qwen3" | "mistral" — same family + dims = shareable backbones
     layers: int
     hidden: int
     heads: int
@@ -29,10 +29,12 @@ class ModelDims:
     tied_embeddings: bool = False
     qkv_bias: bool = False
     max_positions: int = 131072
+    attn_head_dim: int = 0     # set where a family gives it apart from hidden (Qwen3); 0: hidden // heads
+    qk_norm: bool = False      # RMSNorm on each head's queries and keys (Qwen3)
 
     @property
     def head_dim(self) -> int:
-        return self.hidden // self.heads
+        return self.attn_head_dim or self.hidden // self.heads
 
     @property
     def kv_dim(self) -> int:
@@ -40,10 +42,12 @@ class ModelDims:
 
     def layer_params(self) -> int:
         """Parameters of one transformer block (attention, gated MLP, two RMSNorms)."""
-        h, kv = self.hidden, self.kv_dim
-        attn = h * h + 2 * h * kv + h * h
+        h, kv, q = self.hidden, self.kv_dim, self.heads * self.head_dim
+        attn = h * q + 2 * h * kv + q * h
         if self.qkv_bias:
-            attn += h + 2 * kv
+            attn += q + 2 * kv
+        if self.qk_norm:
+            attn += 2 * self.head_dim
         mlp = 3 * h * self.ffn
         return attn + mlp + 2 * h
 
@@ -61,7 +65,8 @@ class ModelDims:
 
     def backbone_key(self) -> tuple:
         """Two models may share a backbone only when these are equal."""
-        return (self.family, self.layers, self.hidden, self.heads, self.kv_heads, self.ffn, self.vocab)
+        return (self.family, self.layers, self.hidden, self.heads, self.kv_heads, self.ffn, self.vocab,
+                self.head_dim, self.qk_norm)
 
 
 def _llama(layers, hidden, heads, kv, ffn, vocab, max_pos) -> ModelDims:

@@ -140,7 +140,7 @@ def align_width(widths: list[int]) -> int:
 
 def _block_of(node) -> ast.Block | None:
     if isinstance(node, (ast.WorkloadDecl, ast.ModelDecl, ast.ClusterDecl, ast.ProfileDecl,
-                         ast.Section, ast.Place)):
+                         ast.Section, ast.Place, ast.EvalDecl, ast.LogDecl)):
         return node.block
     return None
 
@@ -353,8 +353,14 @@ class _Printer:
             return [_Line(f"{indent}extend {quote(n.path.value)}")]
         if isinstance(n, ast.WorkloadDecl):
             return self._with_block(f"{indent}workload", n.block, indent, inline_ok=False)
+        if isinstance(n, ast.EvalDecl):
+            return self._with_block(f"{indent}eval", n.block, indent, inline_ok=False)
+        if isinstance(n, ast.LogDecl):
+            return self._with_block(f"{indent}log", n.block, indent, inline_ok=False)
         if isinstance(n, ast.ModelDecl):
             head = f"{indent}model {n.name.value:<{name_w}} : {n.preset.value}"
+            if n.source is not None:
+                head += f"({quote(n.source.value)})"
             if n.block is None:
                 return [_Line(head)]
             return self._with_block(head, n.block, indent, inline_ok=True)

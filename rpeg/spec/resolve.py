@@ -5,7 +5,7 @@
     ('pipelines/ppo_llama8b.rpeg',)
 
 A derived pipeline overrides its base by name: a model, reward or stage of the
-same name replaces the base's; workload keys replace one by one; staleness and
+same name replaces the base's; workload, eval and log keys replace one by one; staleness and
 placement replace per stage; ``share`` and ``colocate`` add to the base's.
 Within one file every name is defined once.
 """
@@ -30,7 +30,10 @@ class FileKind(enum.Enum):
 
 
 _PIPELINE_ITEMS = (ast.PipelineDecl, ast.Extend, ast.WorkloadDecl, ast.ModelDecl, ast.RewardDecl,
-                   ast.StageDecl, ast.Staleness, ast.Share, ast.Colocate, ast.Place)
+                   ast.StageDecl, ast.Staleness, ast.Share, ast.Colocate, ast.Place,
+                   ast.EvalDecl, ast.LogDecl)
+# Blocks a pipeline holds once, merged key by key over the base's.
+_BLOCKS = {ast.WorkloadDecl: "workload", ast.EvalDecl: "eval", ast.LogDecl: "log"}
 
 
 def file_kind(f: ast.File) -> FileKind:
@@ -86,9 +89,10 @@ def _check_unique(f: ast.File) -> None:
     if len(extends) > 1:
         raise SpecError("a pipeline extends at most one base", extends[1].span,
                         notes=[("first extend here", extends[0].span)])
-    workloads = [i for i in f.items if isinstance(i, ast.WorkloadDecl)]
-    if len(workloads) > 1:
-        raise duplicate("workload", "block", workloads[1].span, workloads[0].span)
+    for kind, word in _BLOCKS.items():
+        blocks = [i for i in f.items if isinstance(i, kind)]
+        if len(blocks) > 1:
+            raise duplicate(word, "block", blocks[1].span, blocks[0].span)
     for item in f.items:
         key = _key(item)
         if key is None:
@@ -144,12 +148,12 @@ def _merge(base: tuple[ast.Item, ...], own: tuple[ast.Item, ...]) -> tuple[ast.I
             out = [i for i in out if not isinstance(i, ast.PipelineDecl)]
             out.insert(0, item)
             continue
-        if isinstance(item, ast.WorkloadDecl):
-            idx = next((n for n, i in enumerate(out) if isinstance(i, ast.WorkloadDecl)), None)
+        if type(item) in _BLOCKS:
+            idx = next((n for n, i in enumerate(out) if type(i) is type(item)), None)
             if idx is None:
                 out.append(item)
             else:
-                out[idx] = _merge_workload(out[idx], item)
+                out[idx] = _merge_block(out[idx], item)
             continue
         key = _key(item)
         idx = next((n for n, i in enumerate(out) if key is not None and _key(i) == key), None)
@@ -160,7 +164,8 @@ def _merge(base: tuple[ast.Item, ...], own: tuple[ast.Item, ...]) -> tuple[ast.I
     return tuple(out)
 
 
-def _merge_workload(base: ast.WorkloadDecl, own: ast.WorkloadDecl) -> ast.WorkloadDecl:
+def _merge_block(base, own):
+    """A workload, eval or log block of a derived file over its base's, key by key."""
     entries = list(base.block.entries)
     for e in own.block.entries:
         idx = next((n for n, b in enumerate(entries) if entry_key(b) == entry_key(e)), None)
@@ -168,7 +173,7 @@ def _merge_workload(base: ast.WorkloadDecl, own: ast.WorkloadDecl) -> ast.Worklo
             entries.append(e)
         else:
             entries[idx] = e
-    return ast.WorkloadDecl(ast.Block(tuple(entries), own.block.span), own.span)
+    return type(own)(ast.Block(tuple(entries), own.block.span), own.span)
 
 
 def entry_key(e: ast.Entry) -> str:

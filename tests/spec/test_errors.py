@@ -153,7 +153,7 @@ CASES: list[tuple[str, str, int, int, str]] = [
     ("huge-steps", sub("steps = 10", "steps = 99999999999"), 2, 20, "steps must be at most"),
     ("string-for-number", sub("steps = 10", 'steps = "10"'), 2, 20,
      "steps must be an integer, not a string"),
-    ("lr-out-of-range", sub("adam(lr = 1e-3)", "adam(lr = 2)"), 3, 34, "lr must be in (0, 1)"),
+    ("lr-out-of-range", sub("adam(lr = 1e-3)", "adam(lr = 2)"), 3, 44, "lr must be in (0, 1)"),
     ("bad-distribution", sub("gen_len = 16", "gen_len = normal(16)"), 2, 63,
      "gen_len distribution must be one of fixed, uniform, lognormal, empirical, not 'normal'"),
     ("lognormal-max-below-median", sub("gen_len = 16", "gen_len = lognormal(median = 64, max = 8)"),

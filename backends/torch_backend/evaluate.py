@@ -1,0 +1,78 @@
+"""The eval block on a worker: the trained actor answers the held-out prompts.
+
+    >>> result = evaluate(executor, "actor", step=10)            # doctest: +SKIP
+    >>> result["reward"], result["pass@4"], result["accuracy"]    # doctest: +SKIP
+    (0.41, 0.62, 0.41)
+
+The replica is the actor's trained one (its weights after ``step`` updates, at a cut,
+where nothing else runs on it). Prompts are rendered like the workload's (chat template
+or raw text), each answered ``samples`` times at the eval's temperature (0: greedy),
+in batches, with a seed of the step's own; the reward scores every response. A
+verifier — a reward whose scores are all 0 or 1 — also gives the accuracy (the mean)
+and pass@k (the prompts with a correct answer among their k = samples responses).
+"""
+
+from __future__ import annotations
+
+import time
+
+import attrs
+import numpy as np
+
+from backends.api import SamplingParams
+from rpeg.errors import BackendError
+from rpeg.spec.model import OpKind
+
+BATCH = 32                      # responses decoded together
+
+
+def evaluate(ex, model: str, step: int) -> dict:
+    from backends.torch_backend.executor import sample_row, score_rows
+    from rpeg.runtime.data import eval_rows
+
+    start = time.time()
+    p = ex.ctx.pipeline
+    e, w = p.evaluation, p.workload
+    replica = ex.replicas.get(model)
+    if replica is None or replica.engine is None:
+        raise BackendError(f"eval must run on a replica of '{model}' with its LM head, and "
+                           "this worker holds none")
+    if replica.sharded:
+        raise BackendError(f"eval generates with one whole replica of '{model}', and its "
+                           "trainer is split over tensor-parallel ranks",
+                           p.evaluation.span, hint="plan the actor's training with tp = 1")
+    if getattr(ex, "eval_rows", None) is None:
+        ex.eval_rows = eval_rows(p, ex.ctx.spec_dir)
+    rows = [r for r in ex.eval_rows for _ in range(e.samples)]
+    gen = next(s for s in p.stages if s.kind is OpKind.GENERATE)
+    codec = ex._codec()
+    prompts = [np.asarray(codec.prompt(r["prompt"], w.prompt_len, w.template), np.int64)
+               for r in rows]
+    params = SamplingParams(
+        max_new_tokens=e.max_len or int(gen.param("max_len", w.gen_len.max_len)),
+        temperature=e.temperature, top_p=1.0, eos_id=codec.eos_id,
+        seed=(w.seed * 1_000_003 + step) * 64 + 63)
+    engine = replica.engine
+    engine.version = replica.version
+    responses: list[str] = [""] * len(prompts)
+    tokens = 0
+    for lo in range(0, len(prompts), BATCH):
+        batch = prompts[lo: lo + BATCH]
+        for chunk in engine.generate(batch, attrs.evolve(params, seed=params.seed * 4096 + lo), chunks=1):
+            for i, ids in zip(chunk.prompt_index, chunk.response_ids, strict=True):
+                responses[lo + int(i)] = codec.decode(ids)
+                tokens += len(ids)
+    scores = score_rows(ex._reward_fn(e.reward), p.reward(e.reward), step, rows, responses)
+    out = {"step": step, "version": replica.version, "prompts": len(ex.eval_rows),
+           "samples": e.samples, "reward": float(scores.mean()),
+           "response_len": tokens / max(len(responses), 1)}
+    if np.isin(scores, (0.0, 1.0)).all():
+        correct = scores.reshape(-1, e.samples) >= 1.0
+        out["accuracy"] = float(correct.mean())
+        out[f"pass@{e.samples}"] = float(correct.any(axis=1).mean())
+    keep = p.log.samples
+    out["kept"] = [sample_row(i, rows[i], responses[i], float(scores[i]))
+                   for i in range(min(keep, len(rows)))]
+    out["eval_s"] = time.time() - start
+    return out
+

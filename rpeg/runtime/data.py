@@ -1,0 +1,220 @@
+"""What a run reads: JSON lines, Parquet or a saved Hugging Face dataset, in epochs.
+
+    >>> rows = [{"prompt": str(i)} for i in range(5)]
+    >>> [r["prompt"] for r in step_rows(rows, prompts=3, samples=1, seed=0, step=0)]
+    ['0', '2', '3']
+    >>> [r["prompt"] for r in step_rows(rows, prompts=3, samples=1, seed=0, step=1)]
+    ['1', '4', '2']
+
+The dataset is read in a shuffled order, one permutation per epoch seeded by (seed,
+epoch), epoch after epoch: step s reads the ``prompts`` rows from position
+``s * prompts`` of that endless sequence (above, step 1 ends epoch 0 with rows 1 and 4 and
+starts epoch 1). Every worker computes the same rows from the step alone. A resumed run
+starts from the :class:`Cursor` its checkpoint recorded (the step and the position
+there), so it continues with the next prompt even if it reads more or fewer prompts per
+step than before.
+
+Formats, by what the path is: ``*.jsonl`` (one JSON object per line), ``*.parquet``
+(read with pyarrow), or a folder written by ``datasets``' ``save_to_disk`` (read with
+``load_from_disk``; a ``DatasetDict`` needs the ``split``). Local files only: nothing is
+fetched from a hub. The workload's ``prompt_field`` and ``answer_field`` name the
+columns; every row becomes ``{"prompt": ..., "answer": ..., <other columns>}``, and the
+other columns reach the reward function by name. A prompt is a string, or a list of chat
+messages (``{"role": ..., "content": ...}``) for the chat template.
+"""
+
+from __future__ import annotations
+
+import json
+import stat
+from pathlib import Path
+
+import attrs
+import numpy as np
+
+from rpeg.errors import RuntimeFailure, Span
+from rpeg.spec.training import Fields
+
+MAX_JSONL_BYTES = 4 << 30
+
+
+@attrs.frozen
+class Cursor:
+    """Where in the endless shuffled sequence of rows step ``step`` starts reading."""
+
+    step: int = 0
+    position: int = 0
+
+    def at(self, step: int, prompts: int) -> int:
+        """The position step ``step`` starts reading at."""
+        return self.position + (step - self.step) * prompts
+
+    def moved_to(self, step: int, prompts: int) -> Cursor:
+        return Cursor(step, self.at(step, prompts))
+
+    def to_json(self) -> dict:
+        return {"step": self.step, "position": self.position}
+
+    @classmethod
+    def from_json(cls, data) -> Cursor:
+        if not isinstance(data, dict):
+            return cls()
+        return cls(int(data.get("step", 0)), int(data.get("position", 0)))
+
+
+def resolve(text: str, spec_dir: str | Path) -> Path:
+    path = Path(text).expanduser()
+    return path if path.is_absolute() else Path(spec_dir) / path
+
+
+def dataset_path(pipeline, spec_dir: str | Path) -> Path:
+    """The workload's dataset, relative to the spec's folder."""
+    if not pipeline.workload.dataset:
+        raise RuntimeFailure("the workload must name a dataset to run, and it names none",
+                             pipeline.workload.span, hint='add dataset = "data/toy.jsonl"')
+    return resolve(pipeline.workload.dataset, spec_dir)
+
+
+def workload_rows(pipeline, spec_dir: str | Path) -> list[dict]:
+    w = pipeline.workload
+    return read_rows(dataset_path(pipeline, spec_dir), w.fields, w.split, w.span)
+
+
+def eval_rows(pipeline, spec_dir: str | Path) -> list[dict]:
+    """The eval block's held-out rows (its first ``prompts`` of them), in file order."""
+    e = pipeline.evaluation
+    w = pipeline.workload
+    rows = read_rows(resolve(e.dataset, spec_dir), w.fields, e.split, e.span, "eval dataset")
+    return rows[: e.prompts] if e.prompts else rows
+
+
+def read_rows(path: Path, fields: Fields = Fields(), split: str | None = None,
+              span: Span | None = None, what: str = "dataset") -> list[dict]:
+    """Every row of the dataset at ``path``, as ``{"prompt", "answer", ...}`` dicts."""
+    if not path.exists():
+        raise RuntimeFailure(f"{what} '{path}' must exist to run, and it does not", span,
+                             hint="the path is relative to the spec file")
+    if path.is_dir():
+        raw = _saved_dataset(path, split, span, what)
+    elif path.suffix == ".parquet":
+        raw = _parquet(path, what)
+    else:
+        raw = _jsonl(path, what)
+    rows = [_row(r, n, fields, path) for n, r in raw]
+    if not rows:
+        raise RuntimeFailure(f"{what} '{path}' must hold at least one row, and it is empty",
+                             span)
+    return rows
+
+
+def _jsonl(path: Path, what: str):
+    st = path.stat()
+    if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_JSONL_BYTES:
+        raise RuntimeFailure(f"{what} '{path}' must be a regular file of at most "
+                             f"{MAX_JSONL_BYTES:,} bytes")
+    out = []
+    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            out.append((n, json.loads(line)))
+        except json.JSONDecodeError as e:
+            raise RuntimeFailure(f"{path}:{n}: each line must be a JSON object, not "
+                                 f"{line[:40]!r}") from e
+    return out
+
+
+def _parquet(path: Path, what: str):
+    try:
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise RuntimeFailure(f"{what} '{path}' is Parquet, which needs pyarrow",
+                             hint="pip install 'rpeg[data]'") from None
+    try:
+        table = pq.read_table(path)
+    except Exception as e:  # noqa: BLE001 — pyarrow raises its own types for a bad file
+        raise RuntimeFailure(f"{what} '{path}' must be a Parquet file, and it is not "
+                             f"({type(e).__name__}: {e})") from None
+    return list(enumerate(table.to_pylist(), 1))
+
+
+def _saved_dataset(path: Path, split: str | None, span, what: str):
+    if not any((path / f).is_file() for f in ("dataset_info.json", "state.json",
+                                               "dataset_dict.json")):
+        raise RuntimeFailure(f"{what} folder '{path}' must be one written by datasets' "
+                             "save_to_disk (state.json or dataset_dict.json), and it is not",
+                             span, hint="or name a .jsonl or .parquet file")
+    try:
+        from datasets import DatasetDict, load_from_disk
+    except ImportError:
+        raise RuntimeFailure(f"{what} '{path}' is a saved Hugging Face dataset, which needs "
+                             "the datasets package", hint="pip install 'rpeg[data]'") from None
+    ds = load_from_disk(str(path))
+    if isinstance(ds, DatasetDict):
+        if split is None or split not in ds:
+            raise RuntimeFailure(f"{what} '{path}' holds the splits {', '.join(ds)}; split "
+                                 f"must name one of them, not {split!r}", span,
+                                 hint='add split = "train" (workload) or split = "test" '
+                                      "(eval)")
+        ds = ds[split]
+    elif split is not None:
+        raise RuntimeFailure(f"{what} '{path}' holds one split, so split must not be set "
+                             f"(it is {split!r})", span)
+    return list(enumerate(ds.to_list(), 1))
+
+
+def _row(raw, n: int, fields: Fields, path: Path) -> dict:
+    if not isinstance(raw, dict):
+        raise RuntimeFailure(f"{path}:{n}: each row must be an object, not "
+                             f"{type(raw).__name__}")
+    if fields.prompt not in raw:
+        raise RuntimeFailure(f"{path}:{n}: each row must have the prompt column "
+                             f"'{fields.prompt}', and this one has {sorted(raw)[:6]}",
+                             hint="name the column with prompt_field = \"...\" in the "
+                                  "workload")
+    prompt = raw[fields.prompt]
+    if not isinstance(prompt, str) and not _is_messages(prompt):
+        raise RuntimeFailure(f"{path}:{n}: prompt '{fields.prompt}' must be text or a list of "
+                             f"chat messages ({{\"role\", \"content\"}}), not "
+                             f"{type(prompt).__name__}")
+    row = {k: v for k, v in raw.items() if k not in (fields.prompt, fields.answer)}
+    row["prompt"] = prompt
+    if fields.answer in raw:
+        row["answer"] = raw[fields.answer]
+    return row
+
+
+def _is_messages(v) -> bool:
+    return isinstance(v, list) and bool(v) and all(
+        isinstance(m, dict) and isinstance(m.get("role"), str)
+        and isinstance(m.get("content"), str) for m in v)
+
+
+def epoch_order(rows: int, seed: int, epoch: int) -> np.ndarray:
+    """The permutation of ``rows`` that epoch ``epoch`` reads them in."""
+    return np.random.default_rng([seed, epoch, 0x5EED]).permutation(rows)
+
+
+def row_indices(rows: int, start: int, count: int, seed: int) -> list[int]:
+    """Indices of the ``count`` rows read from position ``start`` on, epoch after epoch."""
+    out: list[int] = []
+    pos = start
+    while len(out) < count:
+        epoch, at = divmod(pos, rows)
+        take = min(rows - at, count - len(out))
+        out += epoch_order(rows, seed, epoch)[at: at + take].tolist()
+        pos += take
+    return out
+
+
+def step_rows(rows: list[dict], prompts: int, samples: int, seed: int, step: int,
+              cursor: Cursor = Cursor()) -> list[dict]:
+    """The rows of one step, each repeated ``samples`` times (the same on every worker)."""
+    idx = row_indices(len(rows), cursor.at(step, prompts), prompts, seed)
+    return [rows[i] for i in idx for _ in range(samples)]
+
+
+def reward_extras(rows: list[dict]) -> dict[str, list]:
+    """The columns other than prompt and answer, one list each, for the reward function."""
+    keys = dict.fromkeys(k for r in rows for k in r if k not in ("prompt", "answer"))
+    return {k: [r.get(k) for r in rows] for k in keys}

@@ -1,0 +1,83 @@
+"""What a run writes beside its metrics: sampled responses, evaluations, trackers.
+
+    runs/smollm2_gsm-.../
+        samples.jsonl    per step, its first ``log.samples`` responses: prompt, response,
+                         answer, reward (and each evaluation's, marked "eval": true)
+        eval.jsonl       one line per evaluation: step, mean reward, accuracy, pass@k
+
+    >>> rows = read_rows(Path("runs/x"), EVALS)                     # doctest: +SKIP
+    >>> rows[-1]["accuracy"]                                        # doctest: +SKIP
+    0.43
+
+The step's samples travel in its score ops' statistics and are taken out of the trace
+events here (:func:`take_samples`), so the trace stays small. A run rolled back or
+resumed to a cut keeps the lines of the steps before it (:func:`cut_back`), like
+``metrics.jsonl``; an evaluation at the cut itself stands.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+SAMPLES = "samples.jsonl"
+EVALS = "eval.jsonl"
+
+
+def append_rows(run_dir: Path, name: str, rows: list[dict]) -> None:
+    if not rows:
+        return
+    with open(Path(run_dir) / name, "a", encoding="utf-8") as f:
+        for r in rows:
+            f.write(json.dumps(r, sort_keys=True) + "\n")
+
+
+def read_rows(run_dir: Path, name: str) -> list[dict]:
+    path = Path(run_dir) / name
+    if not path.is_file():
+        return []
+    out = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:       # a line cut short by a crash: the rest stands
+            continue
+    return out
+
+
+def take_samples(step: int, events: list[dict]) -> list[dict]:
+    """The step's kept responses, removed from its events' statistics, in response order."""
+    rows = []
+    for e in events:
+        rows += e.get("stats", {}).pop("samples", None) or []
+    return [{"step": step, **r} for r in sorted(rows, key=lambda r: r["index"])]
+
+
+def evaluated(run_dir: Path, step: int) -> bool:
+    return any(r.get("step") == step for r in read_rows(run_dir, EVALS))
+
+
+def cut_back(run_dir: Path, start: int) -> None:
+    """Keep the samples of steps before ``start`` and the evaluations up to it."""
+    _rewrite(run_dir, SAMPLES, lambda r: r.get("step", 0) < start
+             or (r.get("eval") and r.get("step", 0) <= start))
+    _rewrite(run_dir, EVALS, lambda r: r.get("step", 0) <= start)
+
+
+def _rewrite(run_dir: Path, name: str, keep) -> None:
+    path = Path(run_dir) / name
+    if not path.is_file():
+        return
+    rows = [r for r in read_rows(run_dir, name) if keep(r)]
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in rows), encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def eval_line(row: dict) -> str:
+    """One evaluation in words, for the terminal."""
+    parts = [f"reward {row['reward']:.3f}"]
+    parts += [f"{k} {row[k]:.3f}" for k in sorted(row) if k == "accuracy" or k.startswith("pass@")]
+    return f"eval at step {row['step']}: " + ", ".join(parts) + \
+        f" ({row['prompts']} prompts x {row['samples']}, {row.get('eval_s', 0.0):.1f} s)"

@@ -1,0 +1,249 @@
+"""Checks for a model's folder and adapters, the workload's data fields, and the eval and
+log blocks: syntax tree in, ``rpeg.spec.training`` values out.
+
+    >>> from rpeg.spec import load
+    >>> p = load("pipelines/smollm2_gsm.rpeg")                     # doctest: +SKIP
+    >>> p.evaluation.every, p.model("actor").preset                 # doctest: +SKIP
+    (10, 'hf')
+
+Called from ``rpeg.spec.lower``; each problem is a SpecError at the span of the text that
+causes it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rpeg.errors import Span, SpecError, SpecWarning, did_you_mean
+from rpeg.spec import ast
+from rpeg.spec import values as V
+from rpeg.spec.hf import ConfigProblem, disagreements, folder_dims
+from rpeg.spec.presets import DIM_KEYS, ModelDims
+from rpeg.spec.training import (
+    LORA_TARGETS,
+    Evaluation,
+    Fields,
+    Logging,
+    Lora,
+    Template,
+    Tracker,
+)
+
+DATA_KEYS = ("prompt_field", "answer_field", "template", "split")
+EVAL_KEYS = ("dataset", "every", "samples", "temperature", "prompts", "max_len", "reward",
+             "split")
+LOG_KEYS = ("trackers", "samples", "project")
+MAX_EVAL_SAMPLES = 1024
+
+
+def assigned(e: ast.Entry, key: str) -> ast.Value:
+    if not isinstance(e, ast.Assign):
+        raise SpecError(f"{key} must be set with '{key} = VALUE'", e.span)
+    return e.value
+
+
+def entries(block: ast.Block, allowed: tuple[str, ...], where: str) -> dict[str, ast.Entry]:
+    """A block's entries by key, each key one of ``allowed`` and written once."""
+    out: dict[str, ast.Entry] = {}
+    for e in block.entries:
+        key = e.kind if isinstance(e, ast.Section) else e.key
+        if key.value not in allowed:
+            raise V.unknown_key(key, allowed, where)
+        if key.value in out:
+            raise V.duplicate("key", key.value, key.span, out[key.value].span)
+        out[key.value] = e
+    return out
+
+
+def resolve_folder(text: str, spec_path: str) -> Path:
+    """A folder named in a spec, relative to the spec file's folder."""
+    where = Path(text).expanduser()
+    return where if where.is_absolute() else Path(spec_path).resolve().parent / where
+
+
+# --- a model's folder ------------------------------------------------------------------------
+
+def hf_model(m: ast.ModelDecl, e: dict[str, ast.Entry], path: str
+             ) -> tuple[ModelDims, str | None, str]:
+    """``model NAME : hf("FOLDER")``: (dims, dtype or None, the folder's absolute path). The
+    folder must be there at check time: its config.json is the model's shape."""
+    if m.preset.value != "hf":
+        raise SpecError(f"a model read from a folder is written hf(\"FOLDER\"), not "
+                        f"{m.preset.value}(...)", m.preset.span,
+                        hint="write a preset alone (llama3.1-8b), or hf(\"path/to/folder\")")
+    for key in (*DIM_KEYS, "tied", "family", "weights"):
+        if key in e:
+            raise SpecError(f"hf(...) takes the model's {'folder' if key == 'weights' else key} "
+                            f"from the folder, so '{key}' must not be set here",
+                            e[key].span, hint=f"remove '{key}'")
+    folder = resolve_folder(m.source.value, path)
+    if not folder.is_dir():
+        raise SpecError(f"hf(...) folder '{m.source.value}' must exist, and it does not "
+                        f"(looked for {folder})", m.source.span,
+                        hint="the path is relative to the spec file's folder; the planner "
+                             "reads the model's shape from its config.json")
+    try:
+        dims, dtype = folder_dims(folder)
+    except ConfigProblem as p:
+        raise SpecError(str(p), m.source.span,
+                        hint="rpeg reads config.json only and runs no code from the folder"
+                        ) from None
+    return dims, dtype, str(folder)
+
+
+def check_weights(m: ast.ModelDecl, dims: ModelDims, weights: str, weights_span: Span,
+                  warnings: list[SpecError], written: str | None = None) -> None:
+    """A preset with ``weights = "FOLDER"`` must describe the folder's model."""
+    folder = Path(weights)
+    if not (folder / "config.json").is_file():
+        if folder.is_dir():
+            warnings.append(SpecWarning(f"weights folder '{folder}' holds no config.json; its "
+                                        f"shape cannot be checked against {m.preset.value}",
+                                        weights_span))
+        return
+    try:
+        got, _ = folder_dims(folder)
+    except ConfigProblem as p:
+        raise SpecError(str(p), weights_span) from None
+    diff = disagreements(dims, got)
+    if diff:
+        listed = ", ".join(f"{k} {_v(a)} (folder: {_v(b)})" for k, a, b in diff)
+        raise SpecError(f"preset {m.preset.value} must describe the model in its weights "
+                        f"folder, and it differs: {listed}", m.preset.span,
+                        notes=[("the weights folder is named here", weights_span)],
+                        hint=f"write hf(\"{written or folder}\") to take the shape from "
+                             "the folder")
+
+
+def _v(x: object) -> str:
+    return str(x).lower() if isinstance(x, bool) else str(x)
+
+
+def lora(v: ast.Value) -> Lora:
+    """``lora(rank = 8, alpha = 16, targets = [q_proj, v_proj], dropout = 0.05)``."""
+    if not isinstance(v, ast.Call) or v.func.value != "lora":
+        raise SpecError(f"lora must be lora(rank = ...), not {V.describe(v)}", v.span)
+    allowed = ("rank", "alpha", "targets", "dropout")
+    kw = {}
+    for k in v.kwargs:
+        if k.key.value not in allowed:
+            raise V.unknown_key(k.key, allowed, "lora(...)")
+        kw[k.key.value] = k.value
+    if v.args:
+        kw.setdefault("rank", v.args[0])
+    if "rank" not in kw:
+        raise SpecError("lora(...) needs rank = N", v.span, hint="lora(rank = 8, alpha = 16)")
+    rank = V.integer(kw["rank"], "rank", minimum=1, maximum=4096)
+    alpha = V.real(kw["alpha"], "alpha", minimum=0.0, maximum=1e6) if "alpha" in kw else 0.0
+    dropout = V.real(kw["dropout"], "dropout", minimum=0.0, maximum=0.99) \
+        if "dropout" in kw else 0.0
+    targets = Lora.__attrs_attrs__.targets.default
+    if "targets" in kw:
+        tv = kw["targets"]
+        if not isinstance(tv, ast.ListValue) or not tv.items:
+            raise SpecError(f"targets must be a list of projections such as [q_proj, v_proj], "
+                            f"not {V.describe(tv)}", tv.span)
+        names = []
+        for x in tv.items:
+            n = x.value if isinstance(x, (ast.Ident, ast.Str)) else None
+            if n not in LORA_TARGETS:
+                raise SpecError(f"a lora target must be one of {', '.join(LORA_TARGETS)}, not "
+                                f"{V.describe(x)}", x.span, hint=did_you_mean(str(n),
+                                                                              LORA_TARGETS))
+            if n in names:
+                raise SpecError(f"lora target '{n}' is listed twice", x.span)
+            names.append(n)
+        targets = tuple(names)
+    return Lora(rank, alpha, targets, dropout)
+
+
+# --- the workload's data fields ---------------------------------------------------------------
+
+def data_fields(e: dict[str, ast.Entry]) -> tuple[Fields, Template, str | None]:
+    def text(key: str, default: str | None) -> str | None:
+        if key not in e:
+            return default
+        value = V.string(assigned(e[key], key), key)
+        if not value:
+            raise SpecError(f"{key} must name a column, not an empty string", e[key].span)
+        return value
+
+    fields = Fields(text("prompt_field", "prompt"), text("answer_field", "answer"))
+    if fields.prompt == fields.answer:
+        raise SpecError(f"prompt_field and answer_field must be different columns, not both "
+                        f"'{fields.prompt}'", e["answer_field"].span if "answer_field" in e
+                        else e["prompt_field"].span)
+    template = Template.AUTO
+    if "template" in e:
+        template = Template(V.name(assigned(e["template"], "template"), "template",
+                                   tuple(t.value for t in Template)))
+    return fields, template, text("split", None)
+
+
+# --- eval { ... } -------------------------------------------------------------------------
+
+def lower_eval(decl: ast.EvalDecl, path: str, rewards: tuple, steps: int,
+               warnings: list[SpecError]) -> Evaluation:
+    e = entries(decl.block, EVAL_KEYS, "the eval block")
+    for required in ("dataset", "every"):
+        if required not in e:
+            raise SpecError(f"the eval block must set {required}", decl.span,
+                            hint='eval { dataset = "data/test.jsonl"; every = 10 }')
+    dv = assigned(e["dataset"], "dataset")
+    dataset = V.string(dv, "dataset")
+    if not resolve_folder(dataset, path).exists():
+        warnings.append(SpecWarning(f"eval dataset '{dataset}' does not exist (yet); a run "
+                                    "needs it", dv.span))
+    every = V.integer(assigned(e["every"], "every"), "every", minimum=1, maximum=10**7)
+    if every > steps:
+        warnings.append(SpecWarning(f"eval every {every} steps evaluates only before the first "
+                                    f"and after the last of the workload's {steps} steps",
+                                    e["every"].span))
+    samples = V.integer(assigned(e["samples"], "samples"), "samples", minimum=1,
+                        maximum=MAX_EVAL_SAMPLES) if "samples" in e else 1
+    temperature = V.real(assigned(e["temperature"], "temperature"), "temperature",
+                         minimum=0.0, maximum=100.0) if "temperature" in e else 1.0
+    prompts = V.integer(assigned(e["prompts"], "prompts"), "prompts", minimum=1) \
+        if "prompts" in e else 0
+    max_len = V.integer(assigned(e["max_len"], "max_len"), "max_len", minimum=1,
+                        maximum=1 << 21) if "max_len" in e else 0
+    names = [r.name for r in rewards]
+    if "reward" in e:
+        rv = assigned(e["reward"], "reward")
+        reward = V.name(rv, "reward")
+        if reward not in names:
+            raise SpecError(f"eval reward must name a reward of the pipeline, not '{reward}'",
+                            rv.span, hint=did_you_mean(reward, names))
+    elif len(names) == 1:
+        reward = names[0]
+    else:
+        raise SpecError(f"the eval block must say which reward scores it (the pipeline has "
+                        f"{len(names) or 'no'} rewards{': ' + ', '.join(names) if names else ''})",
+                        decl.span, hint="add reward = NAME, with a reward = python(...) "
+                                        "declared in the pipeline")
+    split = V.string(assigned(e["split"], "split"), "split") if "split" in e else None
+    return Evaluation(dataset, every, samples, temperature, prompts, max_len, reward, split,
+                      decl.span)
+
+
+# --- log { ... } ----------------------------------------------------------------------------
+
+def lower_log(decl: ast.LogDecl) -> Logging:
+    e = entries(decl.block, LOG_KEYS, "the log block")
+    trackers = Logging.__attrs_attrs__.trackers.default
+    if "trackers" in e:
+        tv = assigned(e["trackers"], "trackers")
+        items = tv.items if isinstance(tv, ast.ListValue) else (tv,)
+        choices = tuple(t.value for t in Tracker)
+        got = []
+        for x in items:
+            t = Tracker(V.name(x, "tracker", choices))
+            if t in got:
+                raise SpecError(f"tracker {t.value} is listed twice", x.span)
+            got.append(t)
+        trackers = tuple(got)
+    samples = V.integer(assigned(e["samples"], "samples"), "samples", minimum=0,
+                        maximum=4096) if "samples" in e else 4
+    project = V.string(assigned(e["project"], "project"), "project") if "project" in e \
+        else "rpeg"
+    return Logging(trackers, samples, project, decl.span)

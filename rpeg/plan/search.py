@@ -57,6 +57,7 @@ import time
 import attrs
 import numpy as np
 
+from rpeg.graph.versions import carry_room
 from rpeg.plan.choices import model_stages
 from rpeg.plan.edit import Context, empty_plan, options, put, repair
 from rpeg.plan.evaluate import Evaluation, Evaluator, plan_graph
@@ -412,7 +413,7 @@ class Moves:
         carries = int(self.rng.integers(0, bound + 1))
         plan = attrs.evolve(plan, placements=tuple(
             attrs.evolve(x, carry=carries) if x.stage == stage else x for x in plan.placements))
-        if carries + plan.staleness_of(stage) > bound:      # make room in the bound
+        if carries > carry_room(bound, plan.staleness_of(stage)):   # make room in the bound
             chosen = {**dict(plan.staleness), stage: bound - carries}
             plan = attrs.evolve(plan, staleness=tuple(sorted(
                 (s, k) for s, k in chosen.items() if k > 0)))

@@ -43,6 +43,27 @@ def plan_by_hand():
     return manual_plan
 
 
+def synthetic_trace(calls, workers: dict[int, str], read=lambda c: c.version) -> list[dict]:
+    """Trace events of ``calls`` back to back in dependency order, on the planned devices
+    and ``workers``; ``read(call)`` is the parameter version each reports."""
+    from rpeg.runtime.core import _submission_order
+    table = {c.id: c for c in calls}
+    events, t = [], 0.0
+    for op in _submission_order(calls):
+        c = table[op]
+        events.append({"id": c.id, "step": c.step, "device": c.device, "worker": workers[c.device],
+                       "start": t, "end": t + 1.0, "version_read": read(c),
+                       "version_written": c.writes})
+        t += 1.0
+    return events
+
+
+@pytest.fixture(scope="session")
+def trace_of():
+    """:func:`synthetic_trace`."""
+    return synthetic_trace
+
+
 @pytest.fixture(scope="session")
 def local_cluster():
     """``with local_cluster(n) as address``: see :func:`_local_cluster`."""

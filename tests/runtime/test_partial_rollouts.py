@@ -90,31 +90,18 @@ def test_a_staleness_cap_caps_the_carry_too(ppo, tmp_path):
         assert plan.placement("rollout").carry == carry
 
 
-def _trace(calls, workers, read):
-    from rpeg.runtime.core import _submission_order
-    table = {c.id: c for c in calls}
-    events, t = [], 0.0
-    for op in _submission_order(calls):
-        c = table[op]
-        events.append({"id": c.id, "step": c.step, "device": c.device, "worker": workers[c.device],
-                       "start": t, "end": t + 1.0, "version_read": read(c),
-                       "version_written": c.writes})
-        t += 1.0
-    return events
-
-
-def test_verify_allows_tokens_carry_steps_older_and_no_more(ppo):
+def test_verify_allows_tokens_carry_steps_older_and_no_more(ppo, trace_of):
     plan = with_carry(split_plan(ppo, 2, staleness=0), 1)
     calls = build_calls(ppo, plan, steps=4)
     workers, homes = {0: "tcp://a", 1: "tcp://b"}, model_homes(ppo, plan, graph_for(ppo, plan))
 
     def oldest(c):                       # a chunk's tokens started one step early
         return max(0, c.step - 1) if c.op == "rollout" else c.version
-    assert check(calls, plan, _trace(calls, workers, oldest), workers, 4, homes).ok
+    assert check(calls, plan, trace_of(calls, workers, oldest), workers, 4, homes).ok
 
     def too_old(c):
         return c.step - 2 if c.id == "rollout/s3/c1" else oldest(c)
-    report = check(calls, plan, _trace(calls, workers, too_old), workers, 4, homes)
+    report = check(calls, plan, trace_of(calls, workers, too_old), workers, 4, homes)
     assert [(v.check, v.op) for v in report.violations] == [("version", "rollout/s3/c1"),
                                                             ("staleness", "rollout/s3/c1")]
     assert "must read 2..3 (staleness 0 + carry 1)" in str(report)

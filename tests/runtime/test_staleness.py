@@ -52,7 +52,8 @@ def test_a_synchronous_plan_records_zero_and_runs_synchronously(ppo, tmp_path, c
     assert _rollouts(build_calls(ppo, plan, steps=5)) == {s: s for s in range(5)}
 
 
-def test_a_plan_listing_no_stage_is_read_as_synchronous_by_every_reader(ppo, tmp_path):
+def test_a_plan_listing_no_stage_is_read_as_synchronous_by_every_reader(ppo, tmp_path,
+                                                                       trace_of):
     """Plans written before every stage was listed stored a synchronous choice as []: the
     cost model priced them synchronous, and the runtime and verify now read them so."""
     old = attrs.evolve(split_plan(ppo, 2, staleness=0), staleness=())
@@ -64,7 +65,7 @@ def test_a_plan_listing_no_stage_is_read_as_synchronous_by_every_reader(ppo, tmp
     # a trace reading one update old breaks such a plan
     calls = build_calls(ppo, old, steps=3)
     workers = {0: "tcp://a", 1: "tcp://b"}
-    events = _trace(calls, workers, lambda c: max(0, c.step - 1) if c.op == "rollout"
+    events = trace_of(calls, workers, lambda c: max(0, c.step - 1) if c.op == "rollout"
                     else c.version)
     report = check(calls, old, events, workers, 3, model_homes(ppo, old, graph_for(ppo, old)))
     assert {(v.check, v.op) for v in report.violations} == {
@@ -104,32 +105,19 @@ def test_the_planners_carrying_plans_stay_in_the_bound(ppo):
     assert all(c.bound + c.carry <= 1 for c in calls if c.op == "rollout")
 
 
-def test_verify_checks_the_spec_bound_apart_from_the_plan(ppo):
+def test_verify_checks_the_spec_bound_apart_from_the_plan(ppo, trace_of):
     """Calls as a plan past the spec's bound would lay them out (the plan's window 2 steps
     wide) are still held to the spec's: a version 2 updates old is a staleness violation."""
     plan = split_plan(ppo, 2, staleness=1)
     calls = tuple(attrs.evolve(c, bound=2) if c.op == "rollout" else c
                   for c in build_calls(ppo, plan, steps=4))
     workers = {0: "tcp://a", 1: "tcp://b"}
-    events = _trace(calls, workers, lambda c: max(0, c.step - 2) if c.op == "rollout"
+    events = trace_of(calls, workers, lambda c: max(0, c.step - 2) if c.op == "rollout"
                     else c.version)
     report = check(calls, plan, events, workers, 4, model_homes(ppo, plan, graph_for(ppo, plan)))
     assert {v.check for v in report.violations} == {"staleness"}
     assert {v.op.split("/c")[0] for v in report.violations} == {"rollout/s2", "rollout/s3"}
     assert "the spec's 'staleness rollout <= 1' allows 2..3" in str(report)
-
-
-def _trace(calls, workers, read):
-    from rpeg.runtime.core import _submission_order
-    table = {c.id: c for c in calls}
-    events, t = [], 0.0
-    for op in _submission_order(calls):
-        c = table[op]
-        events.append({"id": c.id, "step": c.step, "device": c.device, "worker": workers[c.device],
-                       "start": t, "end": t + 1.0, "version_read": read(c),
-                       "version_written": c.writes})
-        t += 1.0
-    return events
 
 
 # --- rpeg run --staleness K ------------------------------------------------------------------

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from backends.torch_backend.attention import packed
+from backends.torch_backend.attention import packed as packed_rows
 from backends.torch_backend.batching import Flat, Padded, balance, micro_batches
 from backends.torch_backend.batching import build as build_rows
 from backends.torch_backend.distributed import clip_grad_norm
@@ -53,15 +53,13 @@ class TokenHeads(nn.Module):
         self.temperature = temperature
 
     def forward(self, ids, mask, gather, positions=None):
-        # a packed row (no mask, positions restarting per sequence): attended per sequence
-        flat = packed(self.model.config) if mask is None and positions is not None \
-            else contextlib.nullcontext()
-        with _autocast(str(ids.device)), flat:
+        with _autocast(str(ids.device)):
             hidden, _ = self.model(ids, mask, positions)
             h = hidden.gather(1, gather[..., None].expand(-1, -1, hidden.shape[-1]))
             logits = self.model.lm_head(h).float() / self.temperature \
                 if self.model.lm_head is not None else None
-            values = self.model.value_head(h).float().squeeze(-1) \
+            # a copy, not a view: FSDP2 hooks the outputs of the module it wraps
+            values = self.model.value_head(h).float().squeeze(-1).clone() \
                 if self.model.value_head is not None else None
         return logits, values
 
@@ -103,7 +101,9 @@ def _per_sequence(heads, prompt_ids, response_ids, groups, packed: bool, device)
         rows = build_rows([prompt_ids[i] for i in group], [response_ids[i] for i in group],
                           packed, device)
         lengths = [len(response_ids[i]) for i in group]
-        for k, x in enumerate(token_outputs(heads, rows)):
+        with packing(heads, packed):
+            outputs = token_outputs(heads, rows)
+        for k, x in enumerate(outputs):
             if x is not None:
                 for i, a in zip(group, rows.split(x, lengths), strict=True):
                     out[k][i] = a
@@ -187,7 +187,8 @@ def train_step(heads: nn.Module, optimizer: torch.optim.Optimizer, batch: TrainB
             for m, group in enumerate(micro):
                 # DDP reduces gradients on the last pass only
                 last = m == len(micro) - 1 or not hasattr(heads, "no_sync")
-                with contextlib.nullcontext() if last else heads.no_sync():
+                with contextlib.nullcontext() if last else heads.no_sync(), \
+                        packing(heads, packed):
                     dummy = not group     # a rank with nothing here still joins collectives
                     group = group or [0]
                     rows = build_rows([batch.prompt_ids[i] for i in group],
@@ -219,6 +220,15 @@ def train_step(heads: nn.Module, optimizer: torch.optim.Optimizer, batch: TrainB
         w = np.concatenate([fields["is_weight"][i] for i in mine]) if mine else np.zeros(1)
         out["is_weight"] = float(w.mean())
     return out
+
+
+def packing(heads: nn.Module, packed: bool):
+    """Packed rows are attended per sequence inside the block: the forward and the backward
+    (whose activation recomputation runs the layers again) alike."""
+    if not packed:
+        return contextlib.nullcontext()
+    model = next(m for m in heads.modules() if isinstance(m, PolicyModel))
+    return packed_rows(model.config)
 
 
 def _or_zero(row):

@@ -50,6 +50,7 @@ class Parallel:
     recompute: bool = False
     zero: int = 0             # 0 none; 1 optimizer state, 2 + gradients, 3 + weights sharded over DP
     offload: bool = False     # train: optimizer state kept in host memory between train steps
+    packed: bool = False      # forward / train: sequences packed by their real lengths
 
     @property
     def size(self) -> int:

@@ -15,7 +15,8 @@ What each op kind costs (all per step, on the op's devices):
   batch (the torch engine drops them from its cache; vLLM batches continuously), so the
   batch shrinks along the workload's length distribution — its long tail sets the end.
   vLLM's per-layer and per-step host overheads are the profile's ``vllm_*`` extras.
-- FORWARD: one pass over prompt + response (padded to the batch's longest).
+- FORWARD: one pass over prompt + response (padded to the batch's longest, or packed:
+  each response at its own length, ``Parallel.packed``).
 - TRAIN: per optimizer step (minibatches x epochs), forward + backward (+ recomputation)
   over micro-batches in a 1F1B pipeline, TP all-reduces, DP gradient reduction, Adam.
 - SCORE: a python reward is host work per call, per response and per response token (the
@@ -175,8 +176,7 @@ def _estimate(pipeline, stage, par, devices, topo, cluster, batch, engine, rows,
             + tokens * gpu.get("compute_token_time", 2e-9)
         return StageCost(t, t, 0.0, (("host", t),))
     model = pipeline.model(stage.target)
-    gen = _padded_gen(w.gen_len, math.ceil(batch / par.dp)) if padded_len is None \
-        else float(padded_len)
+    gen = response_len(w.gen_len, math.ceil(batch / par.dp), par, padded_len)
     if stage.kind in (OpKind.FORWARD, OpKind.SCORE):
         return _forward(model, par, devices, topo, cluster, batch, w.prompt_len, gen)
     if stage.kind is OpKind.TRAIN:
@@ -266,7 +266,7 @@ def stage_memory(pipeline: Pipeline, stage_name: str, par: Parallel, cluster: Cl
         local = math.ceil(decoded_batch(batch, w.gen_len, partial) / par.dp)
         n = local if rows is None else max(min(rows, local), 1)
         return base + MemoryCost(kv_cache=n * kv, buffers=n * buf)
-    gen = _padded_gen(w.gen_len, local) if padded_len is None else float(padded_len)
+    gen = response_len(w.gen_len, local, par, padded_len)
     seq = w.prompt_len + gen
     # Output-head buffers (fp32 logits, log-softmax, probabilities) cover response positions;
     # they and a layer's intermediates are not alive at once, next to the residual stream.
@@ -417,6 +417,15 @@ class _Gen:
 @functools.lru_cache(maxsize=256)
 def _mean_len(dist) -> float:
     return dist.mean()
+
+
+def response_len(dist, local: int, par: Parallel, padded_len: float | None = None) -> float:
+    """Tokens per response a forward or train op computes: packed (``par.packed``), each
+    response's own length (the mean); padded, the longest of its batch (``padded_len``, a
+    streamed chunk's longest, or the expected longest of ``local`` responses)."""
+    if par.packed:
+        return _mean_len(dist)
+    return _padded_gen(dist, local) if padded_len is None else float(padded_len)
 
 
 @functools.lru_cache(maxsize=4096)

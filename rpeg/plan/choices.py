@@ -122,13 +122,17 @@ def enumerate_layouts(pipeline: Pipeline, stage: str, sizes: tuple[int, ...],
             train = s.kind is OpKind.TRAIN
             zeros = tuple(z for z in ZERO if z in limits.zero) \
                 if (train and base.dp > 1) else (0,)
+            if train and pin is not None and pin.zero is not None and pin.zero in limits.zero:
+                zeros = (pin.zero,)           # pinned, even on one device (FSDP2 of one rank)
             recomputes = (False, True) if (train and limits.recompute) else (False,)
             offloads = OFFLOAD if (train and limits.offload) else (False,)
+            # packing: each sequence at its own length, whenever the executor packs
+            packed = limits.packing if pin is None or pin.packed is None else pin.packed
             for m in mbs:
                 for z in zeros:
                     for r in recomputes:
                         for o in offloads:
-                            par = Parallel(base.dp, base.tp, base.pp, m, r, z, o)
+                            par = Parallel(base.dp, base.tp, base.pp, m, r, z, o, packed)
                             if matches(pin, par, Engine.TORCH):
                                 out.append(Layout(stage, size, par, Engine.TORCH))
     return tuple(out)

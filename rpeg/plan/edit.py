@@ -81,7 +81,7 @@ def placement(stage: str, block: Block | tuple[int, ...], choice: Choice,
     devices = block.devices if isinstance(block, Block) else tuple(block)
     p = choice.par
     return StagePlacement(stage, devices, p.dp, p.tp, p.pp, p.microbatches, chunks,
-                          choice.engine, p.recompute, p.zero, p.offload, carry)
+                          choice.engine, p.recompute, p.zero, p.offload, carry, p.packed)
 
 
 def put(ctx: Context, plan: Plan, stage: str, block: Block | tuple[int, ...],

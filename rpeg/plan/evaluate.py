@@ -75,7 +75,7 @@ class Evaluation:
 
 def parallel_of(p: StagePlacement) -> Parallel:
     return Parallel(dp=p.dp, tp=p.tp, pp=p.pp, microbatches=p.microbatches,
-                    recompute=p.recompute, zero=p.zero, offload=p.offload)
+                    recompute=p.recompute, zero=p.zero, offload=p.offload, packed=p.packed)
 
 
 def is_host_op(pipeline: Pipeline, stage: str) -> bool:
@@ -165,7 +165,7 @@ class Evaluator:
         """Bytes a stage needs while it runs: for the whole batch, or (``chunks`` of a
         streamed consumer) the largest of its chunks, each processed on its own."""
         key = ("m", stage, p.tp, p.pp, p.dp, p.microbatches, p.recompute, p.zero, p.offload,
-               p.carry, rows, chunks)
+               p.carry, p.packed, rows, chunks)
         if key not in self._cost:
             par = parallel_of(p)
             if chunks:

@@ -61,6 +61,7 @@ class StagePlacement:
     carry: int = 0                    # generate: each response spans up to carry + 1 steps (a step
                                       # also advances the next carry steps' responses; partial
                                       # rollouts); 0: whole responses in their own step
+    packed: bool = False              # forward / train: sequences packed, no padding computed
 
 
 @attrs.frozen

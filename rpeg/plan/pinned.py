@@ -27,7 +27,7 @@ from rpeg.plan.model import StagePlacement
 from rpeg.plan.space import Limits
 from rpeg.spec.model import Cluster, Engine, OpKind, Pin, Pipeline
 
-_PARALLEL = ("dp", "tp", "pp", "zero", "recompute", "offload", "microbatches")
+_PARALLEL = ("dp", "tp", "pp", "zero", "recompute", "offload", "microbatches", "packed")
 ANY_EXECUTOR = "plan for an executor that runs it with `rpeg compile --any-executor`"
 
 
@@ -83,9 +83,10 @@ def _refusal(pin: Pin, pipeline: Pipeline, limits: Limits) -> tuple[str, str] | 
         levels = ", ".join(str(z) for z in sorted(limits.zero))
         return "zero", f"zero must be one of {levels} for this executor, not {pin.zero}" \
             + limits.because("zero")
-    for key in ("recompute", "offload"):
-        if getattr(pin, key) and not getattr(limits, key):
-            return key, f"{key} is not run by this executor" + limits.because(key)
+    for key, able in (("recompute", "recompute"), ("offload", "offload"),
+                      ("packed", "packing")):
+        if getattr(pin, key) and not getattr(limits, able):
+            return key, f"{key} is not run by this executor" + limits.because(able)
     stage = pipeline.stage(pin.stage)
     if stage.kind is OpKind.GENERATE and pin.engine is not None:
         why = limits.check_engine(pin.engine, pin.tp or 1)

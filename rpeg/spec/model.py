@@ -229,11 +229,12 @@ class Pin:
     microbatches: int | None = None
     engine: Engine | None = None
     chunks: int | None = None
+    packed: bool | None = None
     span: Span = attrs.field(default=NOWHERE, eq=False)
     keys: tuple[tuple[str, Span], ...] = attrs.field(default=(), eq=False)
 
     LAYOUT = ("dp", "tp", "pp", "zero", "recompute", "offload", "microbatches", "engine",
-              "chunks")
+              "chunks", "packed")
 
     @property
     def size(self) -> int:

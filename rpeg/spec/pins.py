@@ -10,8 +10,8 @@
 
 What the block may say depends on the stage (``LAYOUT_KEYS``): any model stage its data,
 tensor and pipeline parallel degrees; a generate stage its ``engine`` and ``chunks``; a
-forward or train stage its ``microbatches``; a train stage its ``zero`` level,
-``recompute`` and ``offload``. Flags are written alone (``recompute``) or as
+forward or train stage its ``microbatches`` and whether its sequences are ``packed``
+(``packed = false``: padded); a train stage its ``zero`` level, ``recompute`` and ``offload``. Flags are written alone (``recompute``) or as
 ``recompute = false``. The checker refuses a pin that cannot be laid out whatever the
 cluster: degrees whose product is not the pin's device count, a tp that does not divide
 the model's heads, a pp above its layers, fewer micro-batches than pipeline stages.
@@ -29,11 +29,11 @@ from rpeg.spec.model import Engine, Model, OpKind, Pin, Stage
 DEGREES = ("dp", "tp", "pp")
 LAYOUT_KEYS: dict[OpKind, tuple[str, ...]] = {
     OpKind.GENERATE: DEGREES + ("engine", "chunks"),
-    OpKind.FORWARD: DEGREES + ("microbatches",),
-    OpKind.SCORE: DEGREES + ("microbatches",),          # a reward model
-    OpKind.TRAIN: DEGREES + ("microbatches", "zero", "recompute", "offload"),
+    OpKind.FORWARD: DEGREES + ("microbatches", "packed"),
+    OpKind.SCORE: DEGREES + ("microbatches", "packed"),          # a reward model
+    OpKind.TRAIN: DEGREES + ("microbatches", "zero", "recompute", "offload", "packed"),
 }
-FLAGS = ("recompute", "offload")
+FLAGS = ("recompute", "offload", "packed")
 MAX_GPU = 1 << 20
 
 

@@ -64,7 +64,7 @@ def test_a_pin_without_a_block_is_what_it_was():
 # (id, appended line, line, col, message substring)
 CASES = [
     ("unknown-key", "place actor_step on gpus 0..1 { dq = 2 }", 14, 33,
-     "must be pinned with one of dp, tp, pp, microbatches, zero, recompute, offload, not 'dq'"),
+     "must be pinned with one of dp, tp, pp, microbatches, zero, recompute, offload, packed, not 'dq'"),
     ("key-of-another-kind", "place rollout on gpus 0..1 { zero = 3 }", 14, 30,
      "layout of generate stage 'rollout' must be pinned with one of dp, tp, pp, engine, chunks"),
     ("host-stage-layout", "place adv on gpus 0..1 { dp = 2 }", 14, 26,

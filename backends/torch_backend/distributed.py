@@ -186,11 +186,13 @@ def join_pieces(by_rank: list[dict]) -> dict[str, torch.Tensor]:
 
 def as_local(param, full: torch.Tensor):
     """Optimizer state for ``param`` from its whole value: a DTensor like ``param`` if split."""
-    if not is_sharded(param):
-        return full.to(param.device)
+    if not is_sharded(param):          # a copy of its own (not a file's mapped storage)
+        return full.to(param.device, copy=True)
     from torch.distributed.tensor import DTensor
     piece = local_piece(param, full).to(param.to_local().device).contiguous()
-    return DTensor.from_local(piece, param.device_mesh, param.placements, run_check=False)
+    # the global shape given: an uneven split (FSDP2, fewer rows than ranks) is not inferred
+    return DTensor.from_local(piece, param.device_mesh, param.placements, run_check=False,
+                              shape=param.shape, stride=param.stride())
 
 
 def clip_grad_norm(params, max_norm: float) -> torch.Tensor:
@@ -202,24 +204,27 @@ def clip_grad_norm(params, max_norm: float) -> torch.Tensor:
     tensor's counts once, as every rank of its group holds the same value."""
     from torch.distributed.tensor import DTensor
 
+    params = list(params)
     grads = [p.grad for p in params if p.grad is not None]
-    if not grads:
-        return torch.zeros(())
-    if not any(isinstance(g, DTensor) for g in grads):
+    if not any(isinstance(p, DTensor) for p in params):
+        if not grads:
+            return torch.zeros(())
         return torch.nn.utils.clip_grad_norm_(params, max_norm)
-    device = _local(grads[0]).device
+    device = _local(params[0]).device
     total = torch.zeros((), device=device, dtype=torch.float32)
     sums: dict[tuple, torch.Tensor] = {}
     meshes: dict[tuple, object] = {}
-    for g in grads:
-        local = _local(g).float().pow(2).sum()
-        if not isinstance(g, DTensor):
+    for p in params:       # every rank the same keys, also where its shard has no gradient
+        g = p.grad
+        local = _local(g).float().pow(2).sum() if g is not None \
+            else torch.zeros((), device=device)
+        if not isinstance(p, DTensor):
             total += local
             continue
-        dims = tuple(i for i, pl in enumerate(g.placements) if pl.is_shard())
-        key = (id(g.device_mesh), dims)
+        dims = tuple(i for i, pl in enumerate(p.placements) if pl.is_shard())
+        key = (id(p.device_mesh), dims)
         sums[key] = sums.get(key, torch.zeros((), device=device)) + local
-        meshes[key] = g.device_mesh
+        meshes[key] = p.device_mesh
     for key, value in sums.items():
         for d in key[1]:
             dist.all_reduce(value, group=meshes[key].get_group(d))

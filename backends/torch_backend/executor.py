@@ -109,7 +109,7 @@ class Executor:
         if ctx.spec_dir not in sys.path:
             sys.path.insert(0, ctx.spec_dir)            # python("module:fn") next to the spec
         self.rows = read_dataset(dataset_path(ctx.pipeline, ctx.spec_dir))
-        if ctx.groups:
+        if ctx.groups and torch.distributed.is_initialized():   # none in one process
             from backends.torch_backend.distributed import make_groups
             make_groups(ctx.groups)
         self.replicas = {r.model: Replica(r, ctx.pipeline, self.device, device)
@@ -140,6 +140,9 @@ class Executor:
             out, stats = self._sync(call, replica), {}
         if kind in (OpKind.TRAIN, OpKind.SYNC_WEIGHTS) and replica is not None:
             info["version_written"] = replica.version if call.writes >= 0 else -1
+        if self.device.startswith("cuda"):       # the device's peak during this op
+            stats = {**stats, "peak_bytes": int(torch.cuda.max_memory_allocated(self.device))}
+            torch.cuda.reset_peak_memory_stats(self.device)
         info["stats"] = stats
         return out, info
 
@@ -297,7 +300,6 @@ class Executor:
                                f"not {replica.version}")
         if replica.engine is not None:
             replica.engine.version = replica.version
-        stats["tokens"] = int(sum(len(r) for r in batch.response_ids)) // max(call.world, 1)
         return {}, stats
 
     def _sync(self, call, replica) -> dict:
@@ -364,14 +366,16 @@ class Executor:
 
     def checkpoint(self, model: str, path: str, meta: dict) -> str:
         replica = self.replicas[model]
-        if replica.trained is not None and (replica.fsdp or _masters(replica)):
-            from backends.torch_backend.state import gathered
-            whole = gathered(replica.trained)          # every rank of an FSDP2 model at once
-        else:
-            whole = self._gather_whole(model, replica) if replica.sharded else None
-        save_checkpoint(replica.model, path, {**meta, "model": model,
-                                              "version": replica.version}, replica.optimizer,
-                        whole=whole)
+        with _state_on_device(replica):
+            if replica.trained is not None and (replica.fsdp or _masters(replica)
+                                                or replica.trained.offload is not None):
+                from backends.torch_backend.state import gathered
+                whole = gathered(replica.trained)      # every rank of a sharded model at once
+            else:
+                whole = self._gather_whole(model, replica) if replica.sharded else None
+            save_checkpoint(replica.model, path, {**meta, "model": model,
+                                                  "version": replica.version},
+                            replica.optimizer, whole=whole)
         return path
 
     def _gather_whole(self, model: str, replica) -> dict:
@@ -401,11 +405,12 @@ class Executor:
     def restore(self, model: str, path: str) -> int:
         """Load a replica written by :meth:`checkpoint` (weights, optimizer state, version)."""
         replica = self.replicas[model]
-        if replica.trained is not None:
-            replica.trained.unsettle()
-        meta = load_checkpoint(replica.model, path, replica.optimizer)
-        if replica.trained is not None:
-            replica.trained.settle()               # ZeRO-2: whole again (every rank at once)
+        with _state_on_device(replica):
+            if replica.trained is not None:
+                replica.trained.unsettle()
+            meta = load_checkpoint(replica.model, path, replica.optimizer)
+            if replica.trained is not None:
+                replica.trained.settle()           # ZeRO-2: whole again (every rank at once)
         replica.version = int(meta["version"])
         if replica.engine is not None:
             replica.engine.version = replica.version
@@ -499,6 +504,14 @@ def _concat(parts):
     if isinstance(parts[0], np.ndarray):
         return np.concatenate(parts)
     return tuple(x for p in parts for x in p)
+
+
+def _state_on_device(replica):
+    """Offloaded optimizer state brought back for a checkpoint, and sent out again after."""
+    import contextlib
+    if replica.trained is None:
+        return contextlib.nullcontext()
+    return replica.trained.state_on_device()
 
 
 def _masters(replica) -> bool:

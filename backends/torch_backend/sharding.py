@@ -38,6 +38,8 @@ state in host memory between train ops (:class:`HostOffload`).
 
 from __future__ import annotations
 
+import contextlib
+
 import attrs
 import torch
 from torch import nn
@@ -69,7 +71,10 @@ class TrainLayout:
 
     @property
     def fsdp(self) -> bool:
-        return self.zero in FSDP_LEVELS
+        """FSDP2 runs it: ZeRO 2-3, over the data-parallel ranks (one rank too, for its
+        mixed precision; with tensor parallelism and one data-parallel rank there is
+        nothing to shard, and it runs as tensor parallelism alone)."""
+        return self.zero in FSDP_LEVELS and (self.dp > 1 or self.tp_size == 1)
 
     def dp_peers(self, device: int) -> tuple[int, ...]:
         """The devices of ``world`` holding the same tensor-parallel shard as ``device``."""
@@ -116,8 +121,7 @@ class Trained:
         if len(layout.tp) > 1:
             D.shard_tp(model, layout.tp, device, mesh=meshes[1] if meshes else None)
         if layout.recompute:
-            model.backbone.gradient_checkpointing_enable(
-                gradient_checkpointing_kwargs={"use_reentrant": False})
+            recompute_layers(model.backbone)
         if layout.fsdp:
             if not mixed:
                 model.to(dtype)           # with master weights FSDP2 keeps float32 shards
@@ -151,6 +155,19 @@ class Trained:
             self.offload.send_out()
         self.settle()
 
+    @contextlib.contextmanager
+    def state_on_device(self):
+        """The optimizer state on the device inside the block (a checkpoint reads or writes
+        it), in host memory again after it when offloaded."""
+        if self.offload is None or not self.offload.out:     # on the device already
+            yield
+            return
+        self.offload.bring_in()
+        try:
+            yield
+        finally:
+            self.offload.send_out()
+
     def settle(self) -> None:
         """The between-ops state of the weights: ZeRO-2 whole (collective), else as they are."""
         if self.layout.fsdp and self.layout.zero == 2:
@@ -166,6 +183,16 @@ class Trained:
     @property
     def params(self) -> list[nn.Parameter]:
         return [p for p in self.heads.parameters() if p.requires_grad]
+
+
+def recompute_layers(backbone) -> None:
+    """Checkpoint each decoder layer's activations (non-reentrant, recomputed in backward),
+    through transformers' own switch (renamed in transformers 5.2x)."""
+    kwargs = {"use_reentrant": False}
+    if hasattr(backbone, "activation_checkpointing_enable"):
+        backbone.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        backbone.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
 
 
 def fsdp_modules(root: nn.Module) -> list[nn.Module]:

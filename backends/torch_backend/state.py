@@ -21,19 +21,29 @@ from backends.torch_backend.weights import whole
 def gathered(trained) -> dict[str, torch.Tensor]:
     """``name`` -> whole weight, ``name::exp_avg`` / ``name::exp_avg_sq`` -> whole moment,
     ``name::step`` -> the step count, as float32 CPU tensors."""
+    with trained.state_on_device():
+        return _gathered(trained)
+
+
+def _gathered(trained) -> dict[str, torch.Tensor]:
     trained.unsettle()               # the sharded parameters, as the optimizer holds them
     try:
         opt = trained.optimizer
+        params = list(trained.model.named_parameters())
+        states = [optimizer_state(opt, p) for _, p in params]
+        # Every rank gathers the same tensors in the same order: a rank whose shard of a
+        # parameter is empty (FSDP2: fewer rows than ranks) may hold no state for it
+        stepped = any(states)
+        step = max((float(st["step"]) for st in states if "step" in st), default=0.0)
         out: dict[str, torch.Tensor] = {}
-        for name, p in trained.model.named_parameters():
+        for (name, p), st in zip(params, states, strict=True):
             master = opt.state[p].get("master") if isinstance(opt, MasterAdam) else None
             out[name] = _cpu(master if master is not None else p)
-            st = optimizer_state(opt, p)
+            if not stepped or not p.requires_grad:
+                continue
             for key in ("exp_avg", "exp_avg_sq"):
-                if key in st:
-                    out[f"{name}::{key}"] = _cpu(st[key])
-            if "step" in st:
-                out[f"{name}::step"] = torch.tensor(float(st["step"]))
+                out[f"{name}::{key}"] = _cpu(st[key] if key in st else torch.zeros_like(p))
+            out[f"{name}::step"] = torch.tensor(float(st.get("step", step)))
         return out
     finally:
         trained.settle()

@@ -216,6 +216,7 @@ def train_step(heads: nn.Module, optimizer: torch.optim.Optimizer, batch: TrainB
                 sums[key] = sums.get(key, 0.0) + v
             count += 1
     out = {key: v / max(count, 1) for key, v in sums.items()}
+    out["tokens"] = int(sum(resp[i] for i in mine))          # this rank's share
     if off_policy:
         w = np.concatenate([fields["is_weight"][i] for i in mine]) if mine else np.zeros(1)
         out["is_weight"] = float(w.mean())

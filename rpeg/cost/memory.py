@@ -18,7 +18,14 @@ the CPU profile) there is no separate master copy: fp32 weights (4) + fp32
 gradients (4) + moments (4 + 4) — also 16 B. ``Parallel.zero`` shards the
 optimizer state (1), also the gradients (2), also the weights (3) over DP.
 ``Parallel.offload`` keeps the optimizer state in host memory between train steps
-(verl-style): it is not resident, it is brought in for the train step only.
+(verl-style): it is not resident, it is brought in for the train step only — except on
+devices whose memory is the host's (a CPU profile, ``host_cores``), where it stays counted.
+
+ZeRO-2 is priced as the torch backend runs it (FSDP2 keeping the weights it gathered whole
+between ops): beside them it keeps the float32 shards it updates — with float32 weights a
+second copy (4/dp), with 16-bit weights the master weights (in the optimizer state) whose
+gradients are float32 (4/dp). An optimizer with ``master_weights = false`` keeps 16-bit
+moments and no master copy (2 + 2 B/parameter of state).
 """
 
 from __future__ import annotations
@@ -152,15 +159,44 @@ def resident_memory(model: Model, par: Parallel, cluster: Cluster, *,
     if not trained:
         return MemoryCost(weights=weights)
     grads = n * bpv / (dp if par.zero >= 2 else 1)
-    state = 0.0 if par.offload else optimizer_state_bytes(model, par, gpu)
+    if par.zero == 2 and (dp > 1 or par.tp == 1):   # FSDP2: float32 shards beside the
+                                                      # whole weights (module doc)
+        if bpv >= 4:
+            weights += n * 4 / dp
+        elif _master(model):
+            grads = n * 4 / dp
+    state = optimizer_state_bytes(model, par, gpu)
+    if par.offload and not devices_are_host(gpu):
+        state -= offloaded_bytes(model, par, gpu)
     return MemoryCost(weights=weights, grads=grads, optimizer=state)
 
 
+def _master(model: Model) -> bool:
+    return model.optimizer is None or model.optimizer.master
+
+
 def optimizer_state_bytes(model: Model, par: Parallel, gpu: GpuProfile) -> float:
-    """Adam state per GPU (fp32 master copy + two moments, or the two moments in fp32):
-    what ``Parallel.offload`` moves to host memory between train steps."""
+    """Adam state per GPU: float32 master copy + two float32 moments (16-bit weights), the
+    two moments (float32 weights), or two 16-bit moments (``master_weights = false``)."""
     n = local_params(model, par)
-    return n * (8 if value_bytes(model, gpu) >= 4 else 12) / (par.dp if par.zero >= 1 else 1)
+    bpv = value_bytes(model, gpu)
+    per = 8 if bpv >= 4 else (12 if _master(model) else 2 * bpv)
+    return n * per / (par.dp if par.zero >= 1 else 1)
+
+
+def offloaded_bytes(model: Model, par: Parallel, gpu: GpuProfile) -> float:
+    """What ``Parallel.offload`` moves to host memory between train steps: the optimizer
+    state, less FSDP2's master shards (16-bit weights, ZeRO 2-3), which it updates in place."""
+    state = optimizer_state_bytes(model, par, gpu)
+    if par.zero >= 2 and value_bytes(model, gpu) < 4 and _master(model):
+        return state * 8 / 12
+    return state
+
+
+def devices_are_host(gpu: GpuProfile) -> bool:
+    """Whether the devices' memory is the host's (a CPU profile: its devices are host cores),
+    so offloading to host memory frees none of it."""
+    return gpu.get("host_cores", 0.0) > 0
 
 
 def fits(total_bytes: float, cluster: Cluster) -> bool:

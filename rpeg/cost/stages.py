@@ -65,10 +65,11 @@ from rpeg.cost.memory import (
     MemoryCost,
     Parallel,
     check_parallel,
+    devices_are_host,
     head_dims,
     local_params,
     model_params,
-    optimizer_state_bytes,
+    offloaded_bytes,
     value_bytes,
 )
 from rpeg.cost.partial import Partial
@@ -114,12 +115,13 @@ def estimate_stage(pipeline: Pipeline, stage_name: str, par: Parallel, devices: 
                    cluster: Cluster, *, batch: int | None = None,
                    engine: Engine = Engine.TORCH, rows: int | None = None,
                    padded_len: float | None = None, partial: int = 0,
-                   off_policy: bool = False) -> StageCost:
+                   off_policy: bool = False, mean_len: float | None = None) -> StageCost:
     """Predicted seconds of one step of ``stage_name`` on ``devices`` laid out as ``par``.
     ``rows``: at most this many sequences generated at once per replica (see
     :func:`generation_rows`); None for the whole local batch in one wave.
     ``padded_len``: the response length a forward or train batch is padded to (a streamed
     chunk's longest, see :func:`generation_chunks`); None for the batch's expected longest.
+    ``mean_len``: the same chunk's mean response length, which a packed op computes.
     ``partial``: a generate stage decodes at most this many tokens per response a step, the
     rest in later steps (partial rollouts, :mod:`rpeg.cost.partial`); 0: whole responses."""
     stage = pipeline.stage(stage_name)
@@ -129,7 +131,7 @@ def estimate_stage(pipeline: Pipeline, stage_name: str, par: Parallel, devices: 
     topo = Topology.from_cluster(cluster)
     gpu = cluster.gpu
     cost = _estimate(pipeline, stage, par, devices, topo, cluster, batch, engine, rows,
-                     padded_len, partial, off_policy)
+                     padded_len, partial, off_policy, mean_len)
     cost = _concurrent(cost, gpu.get("concurrency_slowdown", 1.0)) if len(devices) > 1 \
         else cost
     return cost
@@ -153,7 +155,7 @@ def _concurrent(cost: StageCost, slowdown: float) -> StageCost:
 
 
 def _estimate(pipeline, stage, par, devices, topo, cluster, batch, engine, rows,
-              padded_len=None, partial=0, off_policy=False) -> StageCost:
+              padded_len=None, partial=0, off_policy=False, mean_len=None) -> StageCost:
     gpu, w = cluster.gpu, pipeline.workload
     if stage.kind is OpKind.GENERATE:
         model = pipeline.model(stage.target)
@@ -176,7 +178,7 @@ def _estimate(pipeline, stage, par, devices, topo, cluster, batch, engine, rows,
             + tokens * gpu.get("compute_token_time", 2e-9)
         return StageCost(t, t, 0.0, (("host", t),))
     model = pipeline.model(stage.target)
-    gen = response_len(w.gen_len, math.ceil(batch / par.dp), par, padded_len)
+    gen = response_len(w.gen_len, math.ceil(batch / par.dp), par, padded_len, mean_len)
     if stage.kind in (OpKind.FORWARD, OpKind.SCORE):
         return _forward(model, par, devices, topo, cluster, batch, w.prompt_len, gen)
     if stage.kind is OpKind.TRAIN:
@@ -197,8 +199,8 @@ def generation_chunks(pipeline: Pipeline, stage_name: str, par: Parallel,
                       partial: int = 0) -> tuple[tuple, ...]:
     """(seconds from the stage's start until chunk i's responses are all finished, responses
     in chunk i), chunks ordered by length: the first holds the shortest responses.
-    ``with_lengths``: each with a third item, the chunk's longest response (tokens), which a
-    consumer processing the chunk pads to. ``partial``: as for :func:`estimate_stage`; the
+    ``with_lengths``: each with a third and fourth item, the chunk's longest response
+    (tokens), which a consumer processing the chunk pads to, and its mean (a packed one). ``partial``: as for :func:`estimate_stage`; the
     chunks hold the responses that finish in the step (as many as the batch), a carried
     one padded to its whole length."""
     stage = pipeline.stage(stage_name)
@@ -230,20 +232,21 @@ def generation_chunks(pipeline: Pipeline, stage_name: str, par: Parallel,
         if len(idx) == 0:
             continue
         out.append((min(float(finish[idx[-1]]) * scale, total), len(idx) * par.dp,
-                    float(lengths[idx].max())))
+                    float(lengths[idx].max()), float(lengths[idx].mean())))
     if part is not None and out:                  # the step ends when the carried ones stop
         out[-1] = (total,) + out[-1][1:]
     # The runtime sees the batch, not our per-replica rounding: fix the count to the batch.
-    count = sum(n for _, n, _ in out)
+    count = sum(x[1] for x in out)
     if out and count != batch:
-        t, n, top = out[-1]
-        out[-1] = (t, n + batch - count, top)
-    return tuple(out) if with_lengths else tuple((t, n) for t, n, _ in out)
+        t, n, top, mean = out[-1]
+        out[-1] = (t, n + batch - count, top, mean)
+    return tuple(out) if with_lengths else tuple((t, n) for t, n, _, _ in out)
 
 
 def stage_memory(pipeline: Pipeline, stage_name: str, par: Parallel, cluster: Cluster, *,
                  batch: int | None = None, rows: int | None = None,
-                 padded_len: float | None = None, partial: int = 0) -> MemoryCost:
+                 padded_len: float | None = None, partial: int = 0,
+                 mean_len: float | None = None) -> MemoryCost:
     """Transient bytes per GPU while the stage runs (activations, KV cache, buffers);
     a generate stage holds the KV cache of ``rows`` sequences at once (None: all local ones).
     A train stage whose optimizer state is offloaded brings it back for the step."""
@@ -266,7 +269,7 @@ def stage_memory(pipeline: Pipeline, stage_name: str, par: Parallel, cluster: Cl
         local = math.ceil(decoded_batch(batch, w.gen_len, partial) / par.dp)
         n = local if rows is None else max(min(rows, local), 1)
         return base + MemoryCost(kv_cache=n * kv, buffers=n * buf)
-    gen = response_len(w.gen_len, local, par, padded_len)
+    gen = response_len(w.gen_len, local, par, padded_len, mean_len)
     seq = w.prompt_len + gen
     # Output-head buffers (fp32 logits, log-softmax, probabilities) cover response positions;
     # they and a layer's intermediates are not alive at once, next to the residual stream.
@@ -292,7 +295,8 @@ def stage_memory(pipeline: Pipeline, stage_name: str, par: Parallel, cluster: Cl
         grads = local_params(model, par) * bpv / (par.dp if par.zero >= 2 else 1)
         acts = max(acts - grads, 0.0)
     bucket = local_params(model, par) * bpv if par.dp > 1 else 0.0   # flat all-reduce buffer
-    state = optimizer_state_bytes(model, par, gpu) if par.offload else 0.0
+    state = offloaded_bytes(model, par, gpu) \
+        if par.offload and not devices_are_host(gpu) else 0.0
     return base + MemoryCost(activations=acts, optimizer=state, buffers=bucket
                              + max(loss, _working_set(model, par, mb_tokens, bpv)))
 
@@ -419,12 +423,14 @@ def _mean_len(dist) -> float:
     return dist.mean()
 
 
-def response_len(dist, local: int, par: Parallel, padded_len: float | None = None) -> float:
+def response_len(dist, local: int, par: Parallel, padded_len: float | None = None,
+                 mean_len: float | None = None) -> float:
     """Tokens per response a forward or train op computes: packed (``par.packed``), each
-    response's own length (the mean); padded, the longest of its batch (``padded_len``, a
-    streamed chunk's longest, or the expected longest of ``local`` responses)."""
+    response's own length (their mean: ``mean_len``, a streamed chunk's, or the
+    distribution's); padded, the longest of its batch (``padded_len``, a streamed chunk's
+    longest, or the expected longest of ``local`` responses)."""
     if par.packed:
-        return _mean_len(dist)
+        return _mean_len(dist) if mean_len is None else float(mean_len)
     return _padded_gen(dist, local) if padded_len is None else float(padded_len)
 
 
@@ -661,7 +667,7 @@ def _train(model, par, devices, topo, cluster, batch, prompt_len, gen, opt_steps
 
 def offload_time(model: Model, par: Parallel, gpu) -> float:
     """Seconds a train op spends bringing its offloaded optimizer state in and back out."""
-    return 2 * optimizer_state_bytes(model, par, gpu) / host_bandwidth(gpu) \
+    return 2 * offloaded_bytes(model, par, gpu) / host_bandwidth(gpu) \
         if par.offload else 0.0
 
 

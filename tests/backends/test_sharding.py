@@ -210,3 +210,58 @@ def test_offloaded_optimizer_state_leaves_the_device_between_ops(runs):
 
 def test_a_sharded_checkpoint_round_trips_exactly(runs):
     assert runs["ckpt_diff"] == 0.0
+
+
+# --- a 2-D mesh: four ranks ------------------------------------------------------------------
+
+def _mesh_rank(rank: int, port: int, q) -> None:
+    """dp 2 x tp 2 under FSDP2 (ZeRO-3 over dp, the tensor-parallel split over tp) against
+    dp 2 alone, on the same four ranks (the dp-alone run on ranks 0 and 2's halves)."""
+    import torch
+
+    from backends.torch_backend import distributed as D
+    from backends.torch_backend.modeling import build_model
+    from backends.torch_backend.sharding import Trained, TrainLayout
+    from backends.torch_backend.state import gathered
+    from backends.torch_backend.train import LossSpec, TokenHeads, train_step
+    from rpeg.spec.model import Model, Optimizer
+    from rpeg.spec.presets import PRESETS
+
+    torch.set_num_threads(1)
+    D.init_world(rank, 4, f"tcp://127.0.0.1:{port}", [(0, 1), (2, 3), (0, 2), (1, 3)])
+    dims = PRESETS["tiny"]
+    members = [Model("actor", "tiny", dims, optimizer=Optimizer("adam", lr=LR))]
+    out = {}
+    for name, world, tp in (("dp2xtp2", (0, 1, 2, 3), (0, 1) if rank < 2 else (2, 3)),
+                            ("dp2", (0, 2) if rank % 2 == 0 else (1, 3), ())):
+        model = build_model(dims, heads=("lm",), seed=0)
+        trained = Trained.build(model, TokenHeads(model), members,
+                                TrainLayout(world, tp, zero=3), device="cpu",
+                                dtype=torch.float32, master=True, device_index=rank)
+        dp_rank = rank // 2 if tp else world.index(rank)
+        for step in range(STEPS):
+            trained.before_step()
+            train_step(trained.heads, trained.optimizer, _batch(), [LossSpec("ppo_clip")],
+                       version=0, minibatches=1, microbatches=2, seed=step, rank=dp_rank,
+                       world=2)
+            trained.after_step()
+        out[name] = {k: v.numpy() for k, v in gathered(trained).items() if "::" not in k}
+    if rank == 0:
+        q.put(out)
+    D.shutdown_world()
+
+
+@pytest.mark.slow
+def test_a_dp_by_tp_mesh_trains_as_dp_alone():
+    import multiprocessing as mp
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    port = _free_port()
+    procs = [ctx.Process(target=_mesh_rank, args=(r, port, q)) for r in range(4)]
+    for p in procs:
+        p.start()
+    out = q.get(timeout=1800)                 # a hang guard, not a speed target
+    for p in procs:
+        p.join(timeout=60)
+    runs = {k: ([0.0], v) for k, v in out.items()}
+    _compare(runs, "dp2xtp2", "dp2", _terms() * EPS32, losses=False)

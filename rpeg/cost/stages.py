@@ -639,9 +639,16 @@ def _train(model, par, devices, topo, cluster, batch, prompt_len, gen, opt_steps
     n_local = local_params(model, par)
     grad_bytes = n_local * bpv
     dpg = dp_group(devices, par)
-    if par.zero >= 3:   # gather weights for forward and backward, reduce-scatter gradients
-        dp_comm = 2 * collective_time(Collective.ALL_GATHER, grad_bytes, dpg, topo) \
-            + collective_time(Collective.REDUCE_SCATTER, grad_bytes, dpg, topo)
+    gather = collective_time(Collective.ALL_GATHER, grad_bytes, dpg, topo)
+    scatter = collective_time(Collective.REDUCE_SCATTER, grad_bytes, dpg, topo)
+    # FSDP2, as the torch backend runs it, gathers the weights again and reduce-scatters the
+    # gradients in every micro-batch: ZeRO-3 for its forward and its backward, ZeRO-2 once
+    # (kept through the backward); ZeRO-2 also gathers them whole once more after the op.
+    # DDP all-reduces once per optimizer step (the other micro-batches accumulate locally).
+    if par.zero >= 3:
+        dp_comm = m * (2 * gather + scatter)
+    elif par.zero == 2:
+        dp_comm = m * (gather + scatter) + gather / opt_steps
     else:
         dp_comm = collective_time(Collective.ALL_REDUCE, grad_bytes, dpg, topo)
     shard = par.dp if par.zero >= 1 else 1

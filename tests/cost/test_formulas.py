@@ -110,6 +110,21 @@ def test_zero_levels_as_the_torch_backend_runs_them():
         assert z3.total == pytest.approx(16 * n / dp)
 
 
+def test_fsdp_gathers_and_scatters_in_every_micro_batch():
+    """ZeRO-3's data-parallel traffic grows with the micro-batches (each gathers the weights
+    for its forward and backward and reduce-scatters its gradients); DDP's does not."""
+    gh = cluster_of("gh200", 4, 2)
+    p = ppo_pipeline("llama3.1-8b", prompts=512)
+    devs = tuple(range(8))
+
+    def reduce(zero, m):
+        c = estimate_stage(p, "actor_step", Parallel(dp=8, zero=zero, microbatches=m), devs, gh)
+        return dict(c.breakdown)["dp_grad_reduce"]
+    assert reduce(3, 4) == pytest.approx(4 * reduce(3, 1))
+    assert reduce(0, 4) == pytest.approx(reduce(0, 1))
+    assert reduce(2, 4) < reduce(3, 4)             # ZeRO-2 keeps the gathered weights
+
+
 def test_master_weights_false_keeps_16_bit_moments_and_no_master_copy():
     from rpeg.spec.model import Optimizer
     gh = cluster_of("gh200", 4)

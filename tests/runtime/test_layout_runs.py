@@ -89,22 +89,30 @@ def test_a_pinned_layout_runs_and_verifies(layout, tmp_path, two):
         want = {"false": False, "": True}.get(value, value)
         want = int(want) if isinstance(want, str) else want
         assert p[key] == want, (key, p)
-    assert rows[0]["reward"] == pytest.approx(_reference_reward(tmp_path, two), abs=1e-6)
+    reward, rollout = _reference(tmp_path, two)
+    if _generation(run_dir) == rollout:       # the planner chose the same carry and staleness
+        assert rows[0]["reward"] == pytest.approx(reward, abs=1e-6)
 
 
-_REWARD: dict[str, float] = {}
+_REFERENCE: dict[str, tuple] = {}
 
 
-def _reference_reward(tmp_path: Path, two: str) -> float:
-    """Step 0's reward of the DDP run: every layout generates step 0 with the same weights
-    on the same pinned devices, so its responses and reward are the same."""
-    if "ddp" not in _REWARD:
+def _generation(run_dir: Path) -> tuple:
+    plan = json.loads((run_dir / "plan.json").read_text())
+    return _placement(run_dir, "rollout")["carry"], tuple(map(tuple, plan["staleness"]))
+
+
+def _reference(tmp_path: Path, two: str) -> tuple[float, tuple]:
+    """Step 0's reward of the DDP run and how its plan generates: a layout whose plan
+    generates alike (the rollout pinned alike; the same carry and staleness chosen) samples
+    step 0 with the same weights, seeds and devices, so its reward is the same."""
+    if "ddp" not in _REFERENCE:
         spec = _spec(tmp_path / "ref", ROLLOUT,
                      *(f"place {s} on gpus 0..1 {{ {LAYOUTS['ddp']} }}"
                        for s in ("actor_step", "critic_step")))
-        _REWARD["ddp"] = _run(spec, PIPELINES / "clusters" / "local_cpu.rpeg", two,
-                              tmp_path / "ref-run")[0]["reward"]
-    return _REWARD["ddp"]
+        rows = _run(spec, PIPELINES / "clusters" / "local_cpu.rpeg", two, tmp_path / "ref-run")
+        _REFERENCE["ddp"] = (rows[0]["reward"], _generation(tmp_path / "ref-run"))
+    return _REFERENCE["ddp"]
 
 
 def test_a_dp_by_tp_mesh_under_fsdp2_runs_on_four_workers(tmp_path, local_cluster):

@@ -86,8 +86,9 @@ def tp_refusal(config, tp: int) -> str | None:
     return None
 
 
-def shard_tp(model, group: tuple[int, ...], device: str):
-    """Split ``model``'s decoder layers over the ranks ``group`` in place; returns the mesh.
+def shard_tp(model, group: tuple[int, ...], device: str, mesh=None):
+    """Split ``model``'s decoder layers over the ranks ``group`` in place; returns the mesh
+    (``mesh``: the tensor-parallel dimension of a 2-D mesh, when FSDP2 shards the rest).
 
     Every rank built the same full weights (same seed or folder), so each keeps its own
     slice without communication (``src_data_rank=None``).
@@ -104,7 +105,8 @@ def shard_tp(model, group: tuple[int, ...], device: str):
     why = tp_refusal(model.config, len(group))
     if why:
         raise BackendError(why, hint="pick a tp that divides the head counts, or tp = 1")
-    mesh = DeviceMesh.from_group(group_of(group), torch.device(device).type)
+    if mesh is None:
+        mesh = DeviceMesh.from_group(group_of(group), torch.device(device).type)
     styles = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel}
     plan = {name: styles[kind]() for name, kind in TP_PLAN.items()}
     for layer in model.backbone.layers:
@@ -143,14 +145,14 @@ def join_shards(parts: list[tuple[torch.Tensor, int | None]]) -> torch.Tensor:
 
 
 def local_piece(own, full: torch.Tensor) -> torch.Tensor:
-    """The slice of ``full`` that the (possibly sharded) tensor ``own`` holds on this rank."""
+    """The slice of ``full`` that the (possibly sharded) tensor ``own`` holds on this rank:
+    a tensor-parallel shard, an FSDP2 shard, or both (2-D); cut locally, no collective."""
     if not is_sharded(own):
         return full
-    dim = _shard_dim(own)
-    if dim is None:
-        return full
-    mesh = own.device_mesh
-    return torch.chunk(full, mesh.size(), dim=dim)[mesh.get_local_rank()]
+    from torch.distributed.tensor import distribute_tensor
+    full = full.to(own.to_local().device)
+    return distribute_tensor(full, own.device_mesh, own.placements,
+                             src_data_rank=None).to_local()
 
 
 def load_full(model, tensors) -> None:
@@ -184,43 +186,59 @@ def join_pieces(by_rank: list[dict]) -> dict[str, torch.Tensor]:
 
 def as_local(param, full: torch.Tensor):
     """Optimizer state for ``param`` from its whole value: a DTensor like ``param`` if split."""
-    if not is_sharded(param):
-        return full.to(param.device)
+    if not is_sharded(param):          # a copy of its own (not a file's mapped storage)
+        return full.to(param.device, copy=True)
     from torch.distributed.tensor import DTensor
     piece = local_piece(param, full).to(param.to_local().device).contiguous()
-    return DTensor.from_local(piece, param.device_mesh, param.placements, run_check=False)
+    # the global shape given: an uneven split (FSDP2, fewer rows than ranks) is not inferred
+    return DTensor.from_local(piece, param.device_mesh, param.placements, run_check=False,
+                              shape=param.shape, stride=param.stride())
 
 
 def clip_grad_norm(params, max_norm: float) -> torch.Tensor:
-    """``clip_grad_norm_`` over a mix of sharded (DTensor) and whole parameters.
+    """Clip gradients to ``max_norm`` in total over whole tensors, tensor-parallel shards,
+    FSDP2 shards and 2-D DTensors alike; returns the total norm (the same on every rank).
 
-    A sharded gradient's norm is summed over its ranks; a whole one counts once (every
-    rank of the group holds the same value).
-    """
+    A DTensor's squared norm is summed over the ranks that shard it (one all-reduce per
+    distinct mesh and sharded mesh dimension, in parameter order on every rank); a whole
+    tensor's counts once, as every rank of its group holds the same value."""
+    from torch.distributed.tensor import DTensor
+
+    params = list(params)
     grads = [p.grad for p in params if p.grad is not None]
-    if not grads:
-        return torch.zeros(())
-    if not any(is_sharded(g) for g in grads):
+    if not any(isinstance(p, DTensor) for p in params):
+        if not grads:
+            return torch.zeros(())
         return torch.nn.utils.clip_grad_norm_(params, max_norm)
-    device = (grads[0].to_local() if is_sharded(grads[0]) else grads[0]).device
+    device = _local(params[0]).device
     total = torch.zeros((), device=device, dtype=torch.float32)
-    sharded = torch.zeros((), device=device, dtype=torch.float32)
-    group = None
-    for g in grads:
-        if is_sharded(g) and _shard_dim(g) is not None:
-            sharded += g.to_local().float().pow(2).sum()
-            group = g.device_mesh.get_group()
-        else:
-            local = g.to_local() if is_sharded(g) else g
-            total += local.float().pow(2).sum()
-    if group is not None:
-        dist.all_reduce(sharded, group=group)
-    norm = (total + sharded).sqrt()
+    sums: dict[tuple, torch.Tensor] = {}
+    meshes: dict[tuple, object] = {}
+    for p in params:       # every rank the same keys, also where its shard has no gradient
+        g = p.grad
+        local = _local(g).float().pow(2).sum() if g is not None \
+            else torch.zeros((), device=device)
+        if not isinstance(p, DTensor):
+            total += local
+            continue
+        dims = tuple(i for i, pl in enumerate(p.placements) if pl.is_shard())
+        key = (id(p.device_mesh), dims)
+        sums[key] = sums.get(key, torch.zeros((), device=device)) + local
+        meshes[key] = p.device_mesh
+    for key, value in sums.items():
+        for d in key[1]:
+            dist.all_reduce(value, group=meshes[key].get_group(d))
+        total += value
+    norm = total.sqrt()
     coef = (max_norm / (norm + 1e-6)).clamp(max=1.0)
     with torch.no_grad():
         for g in grads:
-            (g.to_local() if is_sharded(g) else g).mul_(coef)
+            _local(g).mul_(coef)
     return norm
+
+
+def _local(t):
+    return t.to_local() if is_sharded(t) else t
 
 
 def average_over(params, devices: tuple[int, ...]) -> None:

@@ -38,18 +38,22 @@ from backends.torch_backend.train import (
 from rpeg.errors import BackendError
 from rpeg.runtime.context import group_of
 from rpeg.runtime.data import reward_extras, step_rows, workload_rows
-from rpeg.runtime.instances import EXPORT, OpCall, base_of
+from rpeg.runtime.instances import LOAD, OpCall, base_of
 from rpeg.runtime.rewards import call_reward
 from rpeg.spec.model import Engine, Head, OpKind
 
-BUCKET_BYTES = 32 << 20          # weight sync: one message per 32 MB bucket, not per tensor
-
 
 class Replica:
-    def __init__(self, spec, pipeline, device: str) -> None:
+    """One copy of a backbone on this device: built from the spec's seed or folder, laid out
+    as the plan says (trained: ``sharding.Trained``; read: whole or tensor-parallel), kept in
+    the parameter dtype (``sharding.param_dtype``)."""
+
+    def __init__(self, spec, pipeline, device: str, device_index: int) -> None:
+        from backends.torch_backend.sharding import Trained, TrainLayout, param_dtype
         members = [pipeline.model(m) for m in base_of(spec.model).split("+")]
         dims = members[0].dims
         weights = next((m.weights for m in members if m.weights), None)
+        self.dtype = param_dtype(members[0].dtype, device)
         self.model = build_model(dims, spec.heads, seed=pipeline.workload.seed,
                                  weights=weights)
         self.lora = next((m.lora for m in members if m.lora is not None), None)
@@ -57,52 +61,60 @@ class Replica:
             raise BackendError(f"model '{members[0].name}' trains LoRA adapters, which this "
                                "backend runs at tp = 1 only", members[0].span,
                                hint="pin the actor's stages to tp = 1 (place ... { tp = 1 })")
+        if self.lora is not None and spec.trainable and spec.zero >= 2:
+            raise BackendError(f"model '{members[0].name}' trains LoRA adapters, which this "
+                               f"backend trains whole (zero 0), not under FSDP2 (zero "
+                               f"{spec.zero})", members[0].span,
+                               hint="plan it with rpeg compile's default limits")
         if self.lora is not None:               # adapters train, the backbone is frozen
             from backends.torch_backend.lora import apply_lora
             apply_lora(self.model, self.lora, seed=pipeline.workload.seed)
         self.model = self.model.to(device)
         self.tp = tuple(getattr(spec, "tp", ()))
-        if len(self.tp) > 1:                       # split before the optimizer sees the params
-            from backends.torch_backend.distributed import shard_tp
-            shard_tp(self.model, self.tp, device)
         self.version = 0
-        self.engine = TorchEngine(self.model, device=device) if "lm" in spec.heads else None
         self.heads = TokenHeads(self.model)
-        self.optimizer = None
+        self.trained = None
         self.grad_clip = 1.0
         if spec.trainable:
-            self.optimizer, self.grad_clip = _optimizer(self.model, members)
+            layout = TrainLayout(tuple(spec.world), self.tp, spec.zero, spec.recompute,
+                                 spec.offload)
+            master = all(getattr(m.optimizer, "master", True) for m in members if m.optimizer)
+            self.trained = Trained.build(self.model, self.heads, members, layout, device=device,
+                                         dtype=self.dtype, master=master,
+                                         device_index=device_index)
+            self.grad_clip = next(m.optimizer.grad_clip for m in members if m.optimizer)
         else:
+            if len(self.tp) > 1:
+                from backends.torch_backend.distributed import shard_tp
+                shard_tp(self.model, self.tp, device)
+            self.model.to(self.dtype)
             self.model.requires_grad_(False)
-        self.train_heads = self.heads
-        if len(self.tp) > 1 and len(spec.world) > len(self.tp):
-            from backends.torch_backend.distributed import average_over
-            average_over(self.model.parameters(), dp_peers(spec.world, self.tp, spec.device))
-        elif len(spec.world) > 1 and len(self.tp) <= 1:
-            from backends.torch_backend.distributed import wrap_ddp
-            self.train_heads = wrap_ddp(self.heads, spec.world, device)
+        # ZeRO-3 keeps only a shard between ops: readers here read a whole copy instead
+        readable = self.trained is None or self.trained.layout.zero < 3
+        self.engine = TorchEngine(self.model, device=device) \
+            if "lm" in spec.heads and readable else None
+
+    @property
+    def optimizer(self):
+        return self.trained.optimizer if self.trained is not None else None
+
+    @property
+    def train_heads(self):
+        return self.trained.heads if self.trained is not None else self.heads
 
     @property
     def sharded(self) -> bool:
         return len(self.tp) > 1
 
+    @property
+    def fsdp(self) -> bool:
+        return self.trained is not None and self.trained.layout.fsdp
 
-def dp_peers(world: tuple[int, ...], tp: tuple[int, ...], device: int) -> tuple[int, ...]:
-    """The devices of ``world`` (dp blocks of len(tp)) holding the same shard as ``device``."""
-    t = tp.index(device)
-    return tuple(world[i + t] for i in range(0, len(world), len(tp)))
-
-
-def collective_groups(replicas) -> list[tuple[int, ...]]:
-    """Every tensor-parallel group and every data-parallel group of same-shard ranks, in one
-    order (each rank creates them all, as torch requires)."""
-    out = set()
-    for r in replicas:
-        if len(r.tp) > 1:
-            out.add(tuple(r.tp))
-            if len(r.world) > len(r.tp):
-                out.update(dp_peers(r.world, r.tp, d) for d in r.tp)
-    return sorted(out)
+    def weights(self):
+        """(name, tensor) of every parameter as this device holds it, without touching how
+        it is laid out (an engine on this device reads them)."""
+        from backends.torch_backend.weights import named_weights
+        return named_weights(self.model)
 
 
 class Executor:
@@ -114,14 +126,15 @@ class Executor:
         if ctx.spec_dir not in sys.path:
             sys.path.insert(0, ctx.spec_dir)            # python("module:fn") next to the spec
         self.rows = workload_rows(ctx.pipeline, ctx.spec_dir)
-        groups = collective_groups(ctx.replicas)
-        if groups:
+        if ctx.groups and torch.distributed.is_initialized():   # none in one process
             from backends.torch_backend.distributed import make_groups
-            make_groups(groups)
-        self.replicas = {r.model: Replica(r, ctx.pipeline, self.device)
+            make_groups(ctx.groups)
+        self.replicas = {r.model: Replica(r, ctx.pipeline, self.device, device)
                          for r in ctx.replicas_on(device)}
         self.streams: dict[tuple[str, int], object] = {}
         self.reward_fns: dict[str, object] = {}
+        self.peers: dict[int, Executor] = {}       # an in-process run: every device's executor
+        self.transferred: set[tuple[str, int]] = set()
 
     # --- one op ------------------------------------------------------------------------
     def run(self, call: OpCall, inputs: dict[str, list]) -> tuple[dict, dict]:
@@ -140,13 +153,13 @@ class Executor:
             out, stats = self._compute(call, inputs)
         elif kind is OpKind.TRAIN:
             out, stats = self._train(call, replica, inputs)
-        elif call.role == EXPORT:
-            out, stats = {"weights": _export(replica)}, {}
         else:
-            _load(replica, inputs["weights"], call.writes)
-            out, stats = {}, {}
+            out, stats = self._sync(call, replica), {}
         if kind in (OpKind.TRAIN, OpKind.SYNC_WEIGHTS) and replica is not None:
             info["version_written"] = replica.version if call.writes >= 0 else -1
+        if self.device.startswith("cuda"):       # the device's peak during this op
+            stats = {**stats, "peak_bytes": int(torch.cuda.max_memory_allocated(self.device))}
+            torch.cuda.reset_peak_memory_stats(self.device)
         info["stats"] = stats
         return out, info
 
@@ -218,8 +231,10 @@ class Executor:
         model = self.ctx.pipeline.model(stage.target)
         what = {Head.LM: "logprobs", Head.VALUE: "values", Head.REWARD: "scores"}[model.head]
         temperature = float(self._gen_param("temperature", 1.0))
+        place = self.ctx.plan.placement(stage.name)
         value = forward_arrays(replica.model, chunk.prompt_ids, chunk.response_ids, what,
-                               device=self.device, temperature=temperature)
+                               device=self.device, temperature=temperature,
+                               microbatches=place.microbatches, packed=place.packing)
         return {stage.outputs[0]: value}, {}
 
     def _score(self, call, inputs):
@@ -280,32 +295,52 @@ class Executor:
                     data[role] = _concat(inputs[name])
         behaviour = data.get("logprobs", chunk.logprobs)
         versions = [c.version for c in inputs.get("responses", [])] or [chunk.version]
-        sel = np.arange(call.rank, len(chunk), call.world)      # this rank's shard
 
-        def pick(xs):
-            return None if xs is None else tuple(xs[i] for i in sel)
+        def whole(xs):
+            return None if xs is None else tuple(xs)
 
-        batch = TrainBatch(pick(chunk.prompt_ids), pick(chunk.response_ids),
-                           old_logprobs=pick(behaviour), advantages=pick(data.get("advantages")),
-                           returns=pick(data.get("returns")), old_values=pick(data.get("values")),
-                           ref_logprobs=pick(data.get("ref_logprobs")),
+        # every data-parallel rank gets the whole batch and trains its token-balanced share
+        batch = TrainBatch(whole(chunk.prompt_ids), whole(chunk.response_ids),
+                           old_logprobs=whole(behaviour), advantages=whole(data.get("advantages")),
+                           returns=whole(data.get("returns")),
+                           old_values=whole(data.get("values")),
+                           ref_logprobs=whole(data.get("ref_logprobs")),
                            behaviour_version=min(versions))
         losses = [_loss_spec(s, shared=len(stages) > 1) for s in stages]
+        places = [self.ctx.plan.placement(s.name) for s in stages]
+        replica.trained.before_step()
         stats = train_step(
             replica.train_heads, replica.optimizer, batch, losses, version=replica.version,
             minibatches=max(int(s.param("minibatches", 1)) for s in stages),
             epochs=max(int(s.param("epochs", 1)) for s in stages), grad_clip=replica.grad_clip,
-            microbatches=max(self.ctx.plan.placement(s.name).microbatches for s in stages),
+            microbatches=max(p.microbatches for p in places),
             normalize=any(loss.kind == "ppo_clip" for loss in losses),
-            seed=self.ctx.pipeline.workload.seed * 7919 + call.step, device=self.device)
+            seed=self.ctx.pipeline.workload.seed * 7919 + call.step, device=self.device,
+            rank=call.rank, world=call.world, packed=places[0].packing)
+        replica.trained.after_step()
         replica.version += 1
         if call.writes >= 0 and replica.version != call.writes:
             raise BackendError(f"train op '{call.id}' must write version {call.writes}, "
                                f"not {replica.version}")
         if replica.engine is not None:
             replica.engine.version = replica.version
-        stats["tokens"] = int(sum(len(r) for r in batch.response_ids))
         return {}, stats
+
+    def _sync(self, call, replica) -> dict:
+        """A weight transfer's part on this device (once, by its first call here), then the
+        version the call writes into its copy."""
+        from backends.torch_backend.weights import transfer
+        key = (call.op, call.step)
+        if key not in self.transferred:
+            self.transferred = {k for k in self.transferred if k[1] >= call.step - 2}
+            self.transferred.add(key)
+            transfer(call, self.replicas, self.device, _transfer_dtype(self, call),
+                     peers=self.peers)
+        if call.role == LOAD:
+            replica.version = call.writes
+            if replica.engine is not None:
+                replica.engine.version = call.writes
+        return {}
 
     # --- helpers -----------------------------------------------------------------------
     def _roles(self, names):
@@ -360,13 +395,24 @@ class Executor:
 
     def checkpoint(self, model: str, path: str, meta: dict) -> str:
         replica = self.replicas[model]
-        whole = self._gather_whole(model, replica) if replica.sharded else None
-        if replica.lora is not None:            # the adapters alone: the backbone is rebuilt
-            from backends.torch_backend.lora import adapter_state
-            whole = adapter_state(replica.model, replica.optimizer)
-        save_checkpoint(replica.model, path, {**meta, "model": model,
-                                              "version": replica.version}, replica.optimizer,
-                        whole=whole)
+        with _state_on_device(replica):
+            if replica.trained is not None and (replica.fsdp or _masters(replica)
+                                                or replica.trained.offload is not None
+                                                or replica.lora is not None):
+                from backends.torch_backend.state import gathered
+                whole = gathered(replica.trained)      # every rank of a sharded model at once
+                if replica.lora is not None:    # the adapters alone: the backbone is rebuilt
+                    from backends.torch_backend.lora import adapter_names
+                    keep = set(adapter_names(replica.model))
+                    whole = {k: v for k, v in whole.items() if k.split("::")[0] in keep}
+            elif replica.lora is not None:      # a copy that reads the adapters
+                from backends.torch_backend.lora import adapter_state
+                whole = adapter_state(replica.model, replica.optimizer)
+            else:
+                whole = self._gather_whole(model, replica) if replica.sharded else None
+            save_checkpoint(replica.model, path, {**meta, "model": model,
+                                                  "version": replica.version},
+                            replica.optimizer, whole=whole)
         return path
 
     def _gather_whole(self, model: str, replica) -> dict:
@@ -396,7 +442,12 @@ class Executor:
     def restore(self, model: str, path: str) -> int:
         """Load a replica written by :meth:`checkpoint` (weights, optimizer state, version)."""
         replica = self.replicas[model]
-        meta = load_checkpoint(replica.model, path, replica.optimizer)
+        with _state_on_device(replica):
+            if replica.trained is not None:
+                replica.trained.unsettle()
+            meta = load_checkpoint(replica.model, path, replica.optimizer)
+            if replica.trained is not None:
+                replica.trained.settle()           # ZeRO-2: whole again (every rank at once)
         replica.version = int(meta["version"])
         if replica.engine is not None:
             replica.engine.version = replica.version
@@ -462,27 +513,6 @@ def _device_name(ctx, device: int) -> str:
     return "cpu"
 
 
-def _optimizer(model, members):
-    trainable = [m for m in members if m.optimizer is not None]
-    if not trainable:
-        raise BackendError(f"model '{members[0].name}' is trained, so it must have an optimizer",
-                           members[0].span, hint="add { optimizer = adam(lr = 1e-5) }")
-    first = trainable[0].optimizer
-    groups = [{"params": [p for n, p in model.named_parameters()
-                          if not n.startswith("value_head") and p.requires_grad],
-               "lr": first.lr}]
-    value_opt = next((m.optimizer for m in trainable if m.head is not Head.LM), first)
-    value_params = [p for n, p in model.named_parameters() if n.startswith("value_head")]
-    if value_params:
-        groups.append({"params": value_params, "lr": value_opt.lr})
-    if first.kind not in ("adam", "adamw"):
-        raise BackendError(f"optimizer must be adam or adamw, not {first.kind!r}",
-                           trainable[0].span)
-    cls = torch.optim.AdamW if first.kind == "adamw" else torch.optim.Adam
-    opt = cls(groups, betas=tuple(first.betas), eps=first.eps, weight_decay=first.weight_decay)
-    return opt, first.grad_clip
-
-
 def _loss_spec(stage, shared: bool) -> LossSpec:
     loss = stage.param("loss")
     name = getattr(loss, "name", str(loss) if loss else "ppo_clip")
@@ -538,56 +568,21 @@ def _concat(parts):
     return tuple(x for p in parts for x in p)
 
 
-def _export(replica) -> list[tuple]:
-    """Parameters packed into flat float32 buckets of about BUCKET_BYTES each, with the
-    dimension each was cut along (None: whole); a sharded replica exports its own shards."""
-    from backends.torch_backend.distributed import shard_state
-    buckets, names, shapes, dims, parts, size = [], [], [], [], [], 0
-    state = shard_state(replica.model)
-    if replica.lora is not None:                # adapter-only sync: the backbone never changes
-        from backends.torch_backend.lora import adapter_names
-        keep = set(adapter_names(replica.model))
-        state = {k: v for k, v in state.items() if k in keep}
-    for name, (t, dim) in state.items():
-        a = t.detach().to("cpu", torch.float32).numpy().ravel()
-        names.append(name)
-        shapes.append(tuple(t.shape))
-        dims.append(dim)
-        parts.append(a)
-        size += a.nbytes
-        if size >= BUCKET_BYTES:
-            buckets.append((tuple(names), tuple(shapes), tuple(dims), np.concatenate(parts)))
-            names, shapes, dims, parts, size = [], [], [], [], 0
-    if parts:
-        buckets.append((tuple(names), tuple(shapes), tuple(dims), np.concatenate(parts)))
-    return buckets
+def _state_on_device(replica):
+    """Offloaded optimizer state brought back for a checkpoint, and sent out again after."""
+    import contextlib
+    if replica.trained is None:
+        return contextlib.nullcontext()
+    return replica.trained.state_on_device()
 
 
-def _unpack(buckets):
-    for names, shapes, dims, flat in buckets:
-        off = 0
-        for name, shape, dim in zip(names, shapes, dims, strict=True):
-            n = int(np.prod(shape)) if shape else 1
-            yield name, (torch.from_numpy(flat[off:off + n].reshape(shape)), dim)
-            off += n
+def _masters(replica) -> bool:
+    from backends.torch_backend.sharding import MasterAdam
+    return isinstance(replica.optimizer, MasterAdam)
 
 
-def _load(replica, exports: list, version: int) -> None:
-    """Load whole weights joined from the exports of every rank of the trainer's tp group."""
-    from backends.torch_backend.distributed import join_shards, load_full
-
-    def tensors():
-        for items in zip(*(_unpack(b) for b in exports), strict=True):
-            yield items[0][0], join_shards([piece for _, piece in items])
-    if replica.sharded:
-        load_full(replica.model, tensors())
-    elif replica.engine is not None:
-        replica.engine.update_weights(tensors(), version)
-    else:
-        own = replica.model.state_dict()
-        with torch.no_grad():
-            for name, value in tensors():
-                own[name].copy_(value)
-    replica.version = version
-    if replica.engine is not None:
-        replica.engine.version = version
+def _transfer_dtype(ex, call):
+    """The dtype weights travel in: the readers' parameter dtype."""
+    from backends.torch_backend.sharding import param_dtype
+    first = base_of(call.model).split("+")[0]
+    return param_dtype(ex.ctx.pipeline.model(first).dtype, ex.device)

@@ -353,7 +353,8 @@ def op_runner(kind: str, dims: ModelDims, batch: int, prompt_len: int, gen_len: 
 
 def measure_ops(specs, repeats: int = 5, barrier: Callable[[], object] | None = None,
                 each_round: Callable[[], object] | None = None,
-                memory: bool = True) -> list[dict]:
+                memory: bool = True, build: Callable[[dict], Callable] | None = None
+                ) -> list[dict]:
     """Latency (and with ``memory``, peak memory) of each op in ``specs`` (dicts of
     ``op_runner`` arguments).
 
@@ -365,6 +366,7 @@ def measure_ops(specs, repeats: int = 5, barrier: Callable[[], object] | None = 
     it equals wall time; on a shared one it leaves out time spent waiting for a core);
     ``wall_s`` is the median wall time; ``faults`` the median minor page faults per call.
     Without ``memory``, ``peak_bytes`` is None: read it with ``peaks_in_child``.
+    ``build`` makes an op's callable from its spec (default: ``op_runner(**spec)``).
     """
     import resource
     runners, peaks = [], []
@@ -372,7 +374,7 @@ def measure_ops(specs, repeats: int = 5, barrier: Callable[[], object] | None = 
         if barrier is not None:
             barrier()
         with PeakMemory() if memory else contextlib.nullcontext() as mem:
-            run = op_runner(**spec)
+            run = build(spec) if build is not None else op_runner(**spec)
             run()
             run()
         runners.append(run)
@@ -490,6 +492,9 @@ def _on_rank(rank: int, world: int, port: int, task: dict) -> dict:
             return {"allreduce": out}
         if task["kind"] == "concurrency":
             return _concurrency(rank, task)
+        if task["kind"] == "layouts":             # training layouts (measure_layouts.py)
+            from backends.torch_backend.measure_layouts import run_layouts
+            return run_layouts(rank, world, task)
         return _dp_train(rank, world, task)
     finally:
         dist.destroy_process_group()

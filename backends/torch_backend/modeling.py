@@ -135,8 +135,9 @@ def save_checkpoint(model: nn.Module, path: str | Path, meta: dict,
                     whole: dict[str, torch.Tensor] | None = None) -> Path:
     """Write ``path/model.safetensors`` (+ ``optimizer.safetensors``) and ``path/meta.json`` atomically.
 
-    ``whole``: the weights and Adam moments (``name::exp_avg``) of a tensor-parallel model,
-    already gathered from its ranks; the files always hold whole tensors.
+    ``whole``: the weights and Adam moments (``name::exp_avg``; ``name::step``) of a sharded
+    model, already gathered from its ranks (float32 master weights where the optimizer
+    keeps them); the files always hold whole tensors.
     """
     from safetensors.torch import save_file
 
@@ -150,7 +151,9 @@ def save_checkpoint(model: nn.Module, path: str | Path, meta: dict,
     if optimizer is not None:
         opt, steps = _optimizer_tensors(model, optimizer, tensors=whole is None)
         if whole is not None:
-            opt = {k: v.contiguous() for k, v in whole.items() if "::" in k}
+            opt = {k: v.contiguous() for k, v in whole.items()
+                   if "::" in k and not k.endswith("::step")}
+            steps.update({k: float(v) for k, v in whole.items() if k.endswith("::step")})
         save_file(opt, str(tmp / "optimizer.safetensors"))
         meta = {**meta, "optimizer_steps": steps}
     (tmp / "meta.json").write_text(json.dumps(meta, indent=2, sort_keys=True))
@@ -183,7 +186,7 @@ def load_checkpoint(model: nn.Module, path: str | Path,
         model.load_state_dict(weights, strict=False)
     if optimizer is not None and (path / "optimizer.safetensors").exists():
         _load_optimizer(model, optimizer, load_file(str(path / "optimizer.safetensors")),
-                        meta.get("optimizer_steps", {}))
+                        meta.get("optimizer_steps", {}), weights)
     return meta
 
 
@@ -207,14 +210,24 @@ def _optimizer_tensors(model, optimizer, tensors: bool = True
     return out, steps
 
 
-def _load_optimizer(model, optimizer, tensors, scalars) -> None:
+def _load_optimizer(model, optimizer, tensors, scalars, weights=None) -> None:
+    """Adam moments (and steps) into ``optimizer``; an optimizer that keeps float32 master
+    weights (``sharding.MasterAdam``) takes them from the checkpoint's float32 weights."""
     from backends.torch_backend.distributed import as_local
+    from backends.torch_backend.sharding import MasterAdam
 
+    masters = isinstance(optimizer, MasterAdam)
     for name, p in model.named_parameters():
+        owner, state = p, optimizer.state
+        if masters:
+            owner, state = optimizer.state[p]["master"], optimizer.inner.state
+            if weights is not None and name in weights:
+                with torch.no_grad():
+                    owner.copy_(as_local(owner, weights[name].float()))
         st = {}
         for key in ("exp_avg", "exp_avg_sq"):
             if f"{name}::{key}" in tensors:
-                st[key] = as_local(p, tensors[f"{name}::{key}"])
+                st[key] = as_local(owner, tensors[f"{name}::{key}"])
         if st:
             st["step"] = torch.tensor(scalars.get(f"{name}::step", 0.0))
-            optimizer.state[p] = st
+            state[owner] = st

@@ -24,10 +24,12 @@ import numpy as np
 import torch
 from torch import nn
 
+from backends.torch_backend.attention import packed as packed_rows
+from backends.torch_backend.batching import Flat, Padded, balance, micro_batches
+from backends.torch_backend.batching import build as build_rows
 from backends.torch_backend.distributed import clip_grad_norm
 from backends.torch_backend.generation import _autocast
 from backends.torch_backend.modeling import PolicyModel, build_model  # noqa: F401  (doctest)
-from backends.torch_backend.tokenizer import PAD_ID
 
 
 @attrs.frozen
@@ -39,40 +41,7 @@ class LossSpec:
     coef: float = 1.0           # weight of this loss in the sum
 
 
-@attrs.frozen
-class Packed:
-    """Prompt + response token ids, right-padded, and where each response token is predicted."""
-
-    ids: torch.Tensor           # [B, L]
-    mask: torch.Tensor          # [B, L]
-    gather: torch.Tensor        # [B, T] position whose output predicts response token t
-    targets: torch.Tensor       # [B, T]
-    resp_mask: torch.Tensor     # [B, T] float
-
-    @classmethod
-    def build(cls, prompt_ids, response_ids, device="cpu") -> Packed:
-        n = len(prompt_ids)
-        total = max(len(p) + len(r) for p, r in zip(prompt_ids, response_ids, strict=True))
-        t_max = max(len(r) for r in response_ids)
-        ids = torch.full((n, total), PAD_ID, dtype=torch.long)
-        mask = torch.zeros((n, total), dtype=torch.long)
-        gather = torch.zeros((n, t_max), dtype=torch.long)
-        targets = torch.full((n, t_max), PAD_ID, dtype=torch.long)
-        resp_mask = torch.zeros((n, t_max), dtype=torch.float32)
-        for i, (p, r) in enumerate(zip(prompt_ids, response_ids, strict=True)):
-            lp, lr = len(p), len(r)
-            ids[i, :lp] = torch.as_tensor(p)
-            ids[i, lp:lp + lr] = torch.as_tensor(r)
-            mask[i, :lp + lr] = 1
-            gather[i, :lr] = torch.arange(lp - 1, lp - 1 + lr)
-            targets[i, :lr] = torch.as_tensor(r)
-            resp_mask[i, :lr] = 1.0
-        return cls(ids.to(device), mask.to(device), gather.to(device), targets.to(device),
-                   resp_mask.to(device))
-
-    def select(self, idx: torch.Tensor) -> Packed:
-        return Packed(self.ids[idx], self.mask[idx], self.gather[idx], self.targets[idx],
-                      self.resp_mask[idx])
+Packed = Padded     # prompt + response ids, right-padded (the name used before packing)
 
 
 class TokenHeads(nn.Module):
@@ -83,20 +52,21 @@ class TokenHeads(nn.Module):
         self.model = model
         self.temperature = temperature
 
-    def forward(self, ids, mask, gather):
+    def forward(self, ids, mask, gather, positions=None):
         with _autocast(str(ids.device)):
-            hidden, _ = self.model(ids, mask)
+            hidden, _ = self.model(ids, mask, positions)
             h = hidden.gather(1, gather[..., None].expand(-1, -1, hidden.shape[-1]))
             logits = self.model.lm_head(h).float() / self.temperature \
                 if self.model.lm_head is not None else None
-            values = self.model.value_head(h).float().squeeze(-1) \
+            # a copy, not a view: FSDP2 hooks the outputs of the module it wraps
+            values = self.model.value_head(h).float().squeeze(-1).clone() \
                 if self.model.value_head is not None else None
         return logits, values
 
 
-def token_outputs(heads: nn.Module, packed: Packed):
+def token_outputs(heads: nn.Module, packed: Padded | Flat):
     """(logprobs, entropy, values) tensors [B, T]; None for a head the model lacks."""
-    logits, values = heads(packed.ids, packed.mask, packed.gather)
+    logits, values = heads(packed.ids, packed.mask, packed.gather, packed.positions)
     lp = ent = None
     if logits is not None:
         logp = torch.log_softmax(logits, dim=-1)
@@ -107,22 +77,42 @@ def token_outputs(heads: nn.Module, packed: Packed):
 
 @torch.no_grad()
 def forward_arrays(model: PolicyModel, prompt_ids, response_ids, what: str,
-                   device="cpu", temperature: float = 1.0) -> tuple[np.ndarray, ...] | np.ndarray:
-    """Per-token ``logprobs`` or ``values`` (tuples of arrays), or per-response ``scores``."""
-    packed = Packed.build(prompt_ids, response_ids, device)
-    lp, _, values = token_outputs(TokenHeads(model, temperature), packed)
-    lengths = [len(r) for r in response_ids]
+                   device="cpu", temperature: float = 1.0, microbatches: int = 1,
+                   packed: bool = False) -> tuple[np.ndarray, ...] | np.ndarray:
+    """Per-token ``logprobs`` or ``values`` (tuples of arrays), or per-response ``scores``;
+    in ``microbatches`` token-balanced passes, each padded or ``packed`` into one row."""
+    lengths = [len(p) + len(r) for p, r in zip(prompt_ids, response_ids, strict=True)]
+    groups = [g for g in micro_batches(lengths, microbatches) if g]
+    lp, _, values = _per_sequence(TokenHeads(model, temperature), prompt_ids, response_ids,
+                                  groups, packed, device)
     if what == "logprobs":
-        return _unpad(lp, lengths)
+        return tuple(lp)
     if what == "values":
-        return _unpad(values, lengths)
-    last = torch.as_tensor(lengths, device=values.device) - 1
-    return values.gather(1, last[:, None]).squeeze(1).cpu().numpy().astype(np.float32)
+        return tuple(values)
+    return np.asarray([v[-1] for v in values], dtype=np.float32)
+
+
+def _per_sequence(heads, prompt_ids, response_ids, groups, packed: bool, device):
+    """(logprobs, entropy, values): one array per sequence (None where a head is missing)
+    for the sequences in ``groups``, one forward pass per group."""
+    n = len(response_ids)
+    out = [[None] * n, [None] * n, [None] * n]
+    for group in groups:
+        rows = build_rows([prompt_ids[i] for i in group], [response_ids[i] for i in group],
+                          packed, device)
+        lengths = [len(response_ids[i]) for i in group]
+        with packing(heads, packed):
+            outputs = token_outputs(heads, rows)
+        for k, x in enumerate(outputs):
+            if x is not None:
+                for i, a in zip(group, rows.split(x, lengths), strict=True):
+                    out[k][i] = a
+    return out
 
 
 @attrs.frozen
 class TrainBatch:
-    """What a train step reads; per-token fields are padded [B, T] tensors built on demand."""
+    """What a train step reads: one array per response (per token, or one value broadcast)."""
 
     prompt_ids: tuple
     response_ids: tuple
@@ -134,75 +124,132 @@ class TrainBatch:
     behaviour_version: int = 0
 
 
+FIELDS = ("old_logprobs", "advantages", "returns", "old_values", "ref_logprobs")
+
+
 def train_step(heads: nn.Module, optimizer: torch.optim.Optimizer, batch: TrainBatch,
                losses: list[LossSpec], *, version: int, minibatches: int = 1, epochs: int = 1,
                grad_clip: float = 1.0, normalize: bool = True, seed: int = 0,
-               device="cpu", microbatches: int = 1) -> dict[str, float]:
+               device="cpu", microbatches: int = 1, rank: int = 0, world: int = 1,
+               packed: bool = False) -> dict[str, float]:
     """One optimizer step per minibatch, over ``epochs`` passes; returns mean statistics.
 
-    Each minibatch runs as ``microbatches`` forward/backward passes whose gradients add
-    up before the step (gradient accumulation): each pass's loss is weighted by its share
-    of the minibatch's response tokens, so the update is the one-pass update (up to float
-    rounding) at a fraction of the activation memory."""
-    packed = Packed.build(batch.prompt_ids, batch.response_ids, device)
-    n, t = packed.targets.shape
-    tensors = {name: _pad(getattr(batch, name), n, t, device)
-               for name in ("old_logprobs", "advantages", "returns", "old_values", "ref_logprobs")
-               if getattr(batch, name) is not None}
-    m = packed.resp_mask
-    if "advantages" in tensors and normalize:
-        a = tensors["advantages"]
-        mean = (a * m).sum() / m.sum()
-        std = (((a - mean) ** 2 * m).sum() / m.sum()).sqrt()
-        tensors["advantages"] = (a - mean) / (std + 1e-6)
+    ``batch`` is the train op's whole batch, the same on every data-parallel rank; rank
+    ``rank`` of ``world`` trains on its token-balanced share (:func:`balance`). Each rank
+    splits its share into the same number of minibatches; each minibatch runs as
+    ``microbatches`` token-balanced forward/backward passes (padded, or ``packed`` into
+    one row each) whose gradients add up before the step. A pass's loss is weighted by its
+    share of the minibatch's response tokens over all ranks (times ``world``, which the
+    data-parallel average divides out), so the update is the one-pass update over the
+    whole minibatch (up to float rounding) whatever the ranks and micro-batches. Advantages
+    are normalised over every response token of the batch."""
+    n = len(batch.response_ids)
+    resp = [len(r) for r in batch.response_ids]
+    cost = [len(p) + r for p, r in zip(batch.prompt_ids, resp, strict=True)]
+    fields = {name: list(getattr(batch, name)) for name in FIELDS
+              if getattr(batch, name) is not None}
+    if "advantages" in fields and normalize:
+        fields["advantages"] = _normalized(fields["advantages"], resp)
+    parts = balance(cost, world)
+    mine = parts[rank]
     policy = any(loss.kind in ("ppo_clip", "grpo") for loss in losses)
-    off_policy = policy and batch.behaviour_version < version and "old_logprobs" in tensors
+    off_policy = policy and batch.behaviour_version < version and "old_logprobs" in fields
+    collective = world > 1
     if off_policy:
+        groups = _micro(mine, cost, microbatches, collective)
         with torch.no_grad():
-            prox, _, _ = token_outputs(heads, packed)
-        behaviour = tensors["old_logprobs"]
+            prox = _per_sequence(heads, batch.prompt_ids, batch.response_ids,
+                                 [g or [0] for g in groups], packed, device)[0]
         cap = max(loss.is_cap for loss in losses)
-        tensors["is_weight"] = torch.exp(prox - behaviour).clamp(max=cap).detach()
-        tensors["old_logprobs"] = prox.detach()
-    gen = torch.Generator().manual_seed(seed)
+        fields["is_weight"] = [None] * n
+        for i in mine:
+            behaviour = np.asarray(fields["old_logprobs"][i], np.float32)
+            fields["is_weight"][i] = np.minimum(np.exp(prox[i] - behaviour), cap)
+            fields["old_logprobs"][i] = prox[i]
+    gens = [torch.Generator().manual_seed(seed + 1_000_003 * r) for r in range(world)]
+    k = max(1, min(minibatches, max(len(p) for p in parts)))
     sums: dict[str, float] = {}
     count = 0
     params = [p for p in heads.parameters() if p.requires_grad]
     for _ in range(epochs):
-        order = torch.randperm(n, generator=gen).to(device)
-        for part in torch.tensor_split(order, max(1, min(minibatches, n))):
+        splits = []
+        for r in range(world):              # every rank's split: the minibatch token totals
+            order = torch.randperm(len(parts[r]), generator=gens[r]).tolist()
+            splits.append([[parts[r][j] for j in piece.tolist()]
+                           for piece in torch.tensor_split(torch.tensor(order), k)])
+        for j in range(k):
+            everyone = max(sum(resp[i] for r in range(world) for i in splits[r][j]), 1)
+            part = splits[rank][j]
+            own = max(sum(resp[i] for i in part), 1)
             optimizer.zero_grad(set_to_none=True)
-            tokens = float(m[part].sum().clamp(min=1.0))
-            micro = torch.tensor_split(part, max(1, min(microbatches, len(part))))
+            micro = _micro(part, cost, microbatches, collective)
             stats: dict[str, float] = {}
-            for i, piece in enumerate(micro):
+            for m, group in enumerate(micro):
                 # DDP reduces gradients on the last pass only
-                last = i == len(micro) - 1 or not hasattr(heads, "no_sync")
-                with contextlib.nullcontext() if last else heads.no_sync():
-                    mb = packed.select(piece)
-                    mb_t = {k: v[piece] for k, v in tensors.items()}
-                    lp, ent, values = token_outputs(heads, mb)
+                last = m == len(micro) - 1 or not hasattr(heads, "no_sync")
+                with contextlib.nullcontext() if last else heads.no_sync(), \
+                        packing(heads, packed):
+                    dummy = not group     # a rank with nothing here still joins collectives
+                    group = group or [0]
+                    rows = build_rows([batch.prompt_ids[i] for i in group],
+                                      [batch.response_ids[i] for i in group], packed, device)
+                    mb_t = {name: rows.layout([_or_zero(v[i]) for i in group], device)
+                            for name, v in fields.items()}
+                    lp, ent, values = token_outputs(heads, rows)
                     total = torch.zeros((), device=device)
-                    parts: dict[str, torch.Tensor] = {}
+                    terms: dict[str, torch.Tensor] = {}
                     for loss in losses:
-                        value, s = _loss(loss, lp, ent, values, mb.resp_mask, mb_t)
+                        value, st = _loss(loss, lp, ent, values, rows.resp_mask, mb_t)
                         total = total + loss.coef * value
-                        parts.update(s)
-                    share = float(mb.resp_mask.sum()) / tokens
-                    (total * share).backward()
-                parts["loss"] = total
-                for k, v in parts.items():
-                    stats[k] = stats.get(k, 0.0) + share * float(v.detach() if torch.is_tensor(v)
-                                                                else v)
-            stats["grad_norm"] = float(clip_grad_norm(params, grad_clip))   # DTensor-aware (tp)
+                        terms.update(st)
+                    tokens = 0.0 if dummy else float(rows.resp_mask.sum())
+                    (total * (tokens / everyone * world)).backward()
+                if dummy:
+                    continue
+                terms["loss"] = total
+                for key, v in terms.items():
+                    stats[key] = stats.get(key, 0.0) + tokens / own * float(
+                        v.detach() if torch.is_tensor(v) else v)
+            stats["grad_norm"] = float(clip_grad_norm(params, grad_clip))   # DTensor-aware
             optimizer.step()
-            for k, v in stats.items():
-                sums[k] = sums.get(k, 0.0) + v
+            for key, v in stats.items():
+                sums[key] = sums.get(key, 0.0) + v
             count += 1
-    out = {k: v / max(count, 1) for k, v in sums.items()}
+    out = {key: v / max(count, 1) for key, v in sums.items()}
+    out["tokens"] = int(sum(resp[i] for i in mine))          # this rank's share
     if off_policy:
-        out["is_weight"] = float(_masked_mean(tensors["is_weight"], m))
+        w = np.concatenate([fields["is_weight"][i] for i in mine]) if mine else np.zeros(1)
+        out["is_weight"] = float(w.mean())
     return out
+
+
+def packing(heads: nn.Module, packed: bool):
+    """Packed rows are attended per sequence inside the block: the forward and the backward
+    (whose activation recomputation runs the layers again) alike."""
+    if not packed:
+        return contextlib.nullcontext()
+    model = next(m for m in heads.modules() if isinstance(m, PolicyModel))
+    return packed_rows(model.config)
+
+
+def _or_zero(row):
+    return np.float32(0.0) if row is None else row       # a dummy pass's rows: weighted 0
+
+
+def _micro(part: list[int], cost, count: int, collective: bool) -> list[list[int]]:
+    """``count`` token-balanced micro-batches of the sequences ``part``; an empty one is kept
+    where ranks must run the same passes (``collective``), else dropped."""
+    groups = [[part[i] for i in g] for g in micro_batches([cost[i] for i in part], count)]
+    return groups if collective else [g for g in groups if g] or [[]]
+
+
+def _normalized(advantages, lengths) -> list[np.ndarray]:
+    """Advantages minus their mean over every response token, over their standard deviation."""
+    flat = np.concatenate([np.broadcast_to(np.asarray(a, np.float32), (n,))
+                           for a, n in zip(advantages, lengths, strict=True)]).astype(np.float64)
+    mean, std = flat.mean(), flat.std()
+    return [((np.asarray(a, np.float32) - mean) / (std + 1e-6)).astype(np.float32)
+            for a in advantages]
 
 
 def _loss(loss: LossSpec, lp, ent, values, m, t) -> tuple[torch.Tensor, dict]:
@@ -237,17 +284,6 @@ def _loss(loss: LossSpec, lp, ent, values, m, t) -> tuple[torch.Tensor, dict]:
 
 def _masked_mean(x: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
     return (x * m).sum() / m.sum().clamp(min=1.0)
-
-
-def _pad(rows, n: int, t: int, device) -> torch.Tensor:
-    out = torch.zeros((n, t), dtype=torch.float32)
-    for i, r in enumerate(rows):
-        r = np.asarray(r, dtype=np.float32)
-        if r.ndim == 0:
-            out[i, :] = float(r)                # a per-response value, broadcast to its tokens
-        else:
-            out[i, : len(r)] = torch.from_numpy(r)
-    return out.to(device)
 
 
 def _unpad(x: torch.Tensor, lengths) -> tuple[np.ndarray, ...]:

@@ -41,7 +41,7 @@ def colocated_engine(replica: Any, options: VllmOptions = COLOCATED_OPTIONS) -> 
         replica.vllm_engine = engine
         replica.vllm_workdir = workdir
     elif engine.version != replica.version:
-        engine.update_weights(replica.model.state_dict().items(), replica.version)
+        engine.update_weights(_weights(replica), replica.version)
     return engine
 
 
@@ -55,3 +55,10 @@ def shutdown_colocated(replica: Any) -> None:
     if workdir is not None:
         shutil.rmtree(workdir, ignore_errors=True)
         replica.vllm_workdir = None
+
+
+def _weights(replica: Any):
+    """The replica's weights as it holds them (without re-laying out a sharded trainer)."""
+    if hasattr(replica, "weights"):
+        return replica.weights()
+    return replica.model.state_dict().items()

@@ -20,7 +20,8 @@ optimizer state (1), also the gradients (2), also the weights (3) over the data-
 ranks (DP x CP: a context-parallel group holds one copy of the model too, as Megatron's
 distributed optimizer and FSDP with sequence parallelism shard it).
 ``Parallel.offload`` keeps the optimizer state in host memory between train steps
-(verl-style): it is not resident, it is brought in for the train step only.
+(verl-style): it is not resident, it is brought in for the train step only — except on
+devices whose memory is the host's (a CPU profile, ``host_cores``), where it stays counted.
 ``Parallel.param_offload`` keeps the weights (and, trained, the gradients) in host memory
 too: a pass brings in a layer at a time. A LoRA model (``Model.lora``) trains adapters
 only: the frozen base weights are resident with the adapters beside them (in every copy,
@@ -28,6 +29,15 @@ trained or not: generation runs with them), gradients and Adam state are the ada
 A mixture-of-experts model holds every expert (split over ``ep`` ranks, or over ``tp``
 when ``ep`` is 1) and computes with the active ones. FP8 models store inference weights
 in one byte a value; trained FP8 models keep bf16 master weights (FP8 is a compute format).
+
+ZeRO-2 is priced as the torch backend runs it (FSDP2 keeping the weights it gathered whole
+between ops): beside them it keeps the float32 shards it updates — with float32 weights a
+second copy (4/shards), with 16-bit weights the master weights (in the optimizer state) whose
+gradients are float32 (4/shards). An optimizer with ``master_weights = false`` keeps 16-bit
+moments and no master copy (2 + 2 B/parameter of state). Offloading the optimizer state of
+16-bit FSDP2 shards (ZeRO 2-3) moves the moments; the float32 master shards, which FSDP2
+updates in place, stay on the device unless the weights are offloaded too or the optimizer
+runs on the host (DeepSpeed's CPU Adam).
 """
 
 from __future__ import annotations
@@ -203,7 +213,15 @@ def resident_memory(model: Model, par: Parallel, cluster: Cluster, *,
         return MemoryCost(weights=weights)
     grads = 0.0 if par.param_offload or (host_grads and par.offload) \
         else t * bpv / (shards if par.zero >= 2 else 1)
-    state = 0.0 if par.offload else optimizer_state_bytes(model, par, gpu)
+    if par.zero == 2 and (shards > 1 or par.tp == 1) and grads:
+        # FSDP2: float32 shards beside the whole weights (module doc)
+        if bpv >= 4:
+            weights += t * 4 / shards
+        elif _master(model):
+            grads = t * 4 / shards
+    state = optimizer_state_bytes(model, par, gpu)
+    if par.offload and not devices_are_host(gpu):
+        state -= offloaded_bytes(model, par, gpu, host_optimizer=host_grads)
     return MemoryCost(weights=weights, grads=grads, optimizer=state)
 
 
@@ -215,11 +233,36 @@ def trained_local_params(model: Model, par: Parallel) -> float:
     return local_params(model, par)
 
 
+def _master(model: Model) -> bool:
+    return model.optimizer is None or model.optimizer.master
+
+
 def optimizer_state_bytes(model: Model, par: Parallel, gpu: GpuProfile) -> float:
-    """Adam state per GPU (fp32 master copy + two moments, or the two moments in fp32):
-    what ``Parallel.offload`` moves to host memory between train steps."""
+    """Adam state per GPU: float32 master copy + two float32 moments (16-bit weights), the
+    two moments (float32 weights), or two 16-bit moments (``master_weights = false``)."""
     n = trained_local_params(model, par)
-    return n * (8 if value_bytes(model, gpu) >= 4 else 12) / (par.shards if par.zero >= 1 else 1)
+    bpv = value_bytes(model, gpu)
+    per = 8 if bpv >= 4 else (12 if _master(model) else 2 * bpv)
+    return n * per / (par.shards if par.zero >= 1 else 1)
+
+
+def offloaded_bytes(model: Model, par: Parallel, gpu: GpuProfile, *,
+                    host_optimizer: bool = False) -> float:
+    """What ``Parallel.offload`` moves to host memory between train steps: the optimizer
+    state, less FSDP2's float32 master shards (16-bit weights, ZeRO 2-3), which it updates
+    in place on the device (unless ``param_offload`` keeps the weights on the host too, or
+    ``host_optimizer``: Adam runs on the host, DeepSpeed's CPU Adam)."""
+    state = optimizer_state_bytes(model, par, gpu)
+    if par.zero >= 2 and value_bytes(model, gpu) < 4 and _master(model) \
+            and not par.param_offload and not host_optimizer:
+        return state * 8 / 12
+    return state
+
+
+def devices_are_host(gpu: GpuProfile) -> bool:
+    """Whether the devices' memory is the host's (a CPU profile: its devices are host cores),
+    so offloading to host memory frees none of it."""
+    return gpu.get("host_cores", 0.0) > 0
 
 
 def fits(total_bytes: float, cluster: Cluster) -> bool:

@@ -22,7 +22,10 @@ span). Pipeline parallelism runs the micro-batches 1F1B.
 
 ZeRO-3 (FSDP) gathers every layer's weights over the shard group (data x context parallel
 ranks) in every micro-batch's forward, again in its backward (and recomputation), and
-reduce-scatters its gradients; ZeRO 0-2 reduce the gradients once per optimizer step.
+reduce-scatters its gradients. ZeRO-2, as the torch backend runs it (FSDP2 keeping the
+gathered weights through the backward), gathers them once a micro-batch and
+reduce-scatters its gradients, and gathers them whole once more after the op's last
+optimizer step; ZeRO 0-1 reduce the gradients once per optimizer step.
 How much of that traffic hides behind compute, and the host time of ZeRO-3's hooks per
 parameter tensor, are the engine's (:mod:`rpeg.cost.engines`). Weights kept in host memory
 (``param_offload``) are loaded for the stage and written back after it; an offloaded
@@ -48,9 +51,10 @@ from rpeg.cost.memory import (
     MemoryCost,
     Parallel,
     check_parallel,
+    devices_are_host,
     head_dims,
     local_params,
-    optimizer_state_bytes,
+    offloaded_bytes,
     trained_local_params,
     value_bytes,
     weight_bytes,
@@ -72,9 +76,10 @@ class Shape:
 
 
 def shape(w, par: Parallel, rows: int, gen: float) -> Shape:
-    """The micro-batch of ``rows`` sequences whose responses are padded to ``gen``."""
+    """The micro-batch of ``rows`` sequences whose responses have ``gen`` tokens: padded to
+    it, or packed, their mean (:func:`rpeg.cost.stages.response_len`)."""
     if par.packing:
-        p, g = mean_len(w.prompt_lens), min(mean_len(w.gen_len), gen)
+        p, g = mean_len(w.prompt_lens), gen
         q = w.gen_len.quantiles(256)
         seq = p + g
         context = (p * p + 2 * p * g + float((q * q).mean())) / (2 * seq)
@@ -149,7 +154,15 @@ def exposed(comm: float, compute: float, overlap: float) -> float:
 
 def zero3_gather(model: Model, par: Parallel, devices, topo, gpu) -> float:
     """Seconds of one all-gather of a device's layers over the shard group (ZeRO-3)."""
-    if par.zero < 3 or par.shards <= 1:
+    if par.zero < 3:
+        return 0.0
+    return weights_gather(model, par, devices, topo, gpu)
+
+
+def weights_gather(model: Model, par: Parallel, devices, topo, gpu) -> float:
+    """Seconds of one all-gather of a device's layers over the shard group (FSDP2: ZeRO-3
+    before each pass, ZeRO-2 before each micro-batch)."""
+    if par.shards <= 1:
         return 0.0
     full = local_params(model, attrs.evolve(par, zero=0)) * weight_bytes(model, gpu, True)
     return collective_time(Collective.ALL_GATHER, full, shard_group(devices, par), topo)
@@ -225,10 +238,18 @@ def train_cost(model: Model, par: Parallel, devices, topo, gpu, engine: Engine, 
             Collective.REDUCE_SCATTER, trained, shards, topo)
         z3 = exposed(moved, mb, t.overlap) + hooks * (passes - back + 1)
         dp_comm = 0.0
-    else:
+    elif par.zero == 2 and par.shards > 1:
+        # FSDP2 (module doc): a gather and a reduce-scatter each micro-batch, hidden behind
+        # its forward and backward as far as the engine overlaps them; the gather after the
+        # op's last step, once (dp_comm is per optimizer step)
+        regather = weights_gather(model, par, devices, topo, gpu)
+        moved = regather + collective_time(Collective.REDUCE_SCATTER, trained, shards, topo)
+        z3 = exposed(moved, mb, t.overlap)
+        dp_comm = regather / opt_steps
+    else:            # ZeRO 0-1: the gradients all-reduced once per optimizer step
         z3 = 0.0
-        kind = Collective.REDUCE_SCATTER if par.zero == 2 else Collective.ALL_REDUCE
-        dp_comm = exposed(collective_time(kind, trained, shards, topo), 0.0, t.overlap)
+        dp_comm = exposed(collective_time(Collective.ALL_REDUCE, trained, shards, topo), 0.0,
+                          t.overlap)
     pipe = m + par.pp - 1
     fb = pipe * mb
     comm_layers = pipe * layer_comm(model, par, devices, topo, sh, bpv, layers, 2)
@@ -253,7 +274,8 @@ def train_cost(model: Model, par: Parallel, devices, topo, gpu, engine: Engine, 
                       ("forward+backward", opt_steps * fb), ("optimizer", opt_steps * opt),
                       ("host", opt_steps * host), ("tp+pp", opt_steps * comm_layers),
                       ("dp_grad_reduce", opt_steps * dp_comm),
-                      ("zero3_gather", opt_steps * pipe * z3), ("offload", offload)))
+                      ("zero3_gather" if par.zero >= 3 else "zero2_gather",
+                       opt_steps * pipe * z3), ("offload", offload)))
 
 
 def offload_time(model: Model, par: Parallel, gpu, engine: Engine = Engine.TORCH,
@@ -269,7 +291,7 @@ def offload_time(model: Model, par: Parallel, gpu, engine: Engine = Engine.TORCH
         adam = n * 7 * 4 / gpu.get("host_memory_bandwidth", 12.5e9)
         t += opt_steps * (n * 2 * value_bytes(model, gpu) / bw + adam)
     elif par.offload:
-        t += 2 * optimizer_state_bytes(model, par, gpu) / bw
+        t += 2 * offloaded_bytes(model, par, gpu) / bw
     if par.param_offload:
         shards = par.shards if par.zero >= 3 else 1
         t += 2 * 2 * local_params(model, par) * value_bytes(model, gpu) / shards / bw
@@ -360,8 +382,9 @@ def train_memory(model: Model, par: Parallel, gpu, engine: Engine, w, batch: int
         bucket = min(full, 2 * full / max(layers, 1))
     else:                        # an all-reduce of the whole flat gradient
         bucket = full
-    state = optimizer_state_bytes(model, par, gpu) \
-        if par.offload and engine is not Engine.DEEPSPEED else 0.0
+    state = offloaded_bytes(model, par, gpu) \
+        if par.offload and engine is not Engine.DEEPSPEED and not devices_are_host(gpu) \
+        else 0.0
     loaded = 0.0
     if par.param_offload:
         shards = par.shards if par.zero >= 3 else 1

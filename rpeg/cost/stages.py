@@ -15,7 +15,8 @@ What each op kind costs (all per step, on the op's devices):
   batch (the torch engine drops them from its cache; vLLM batches continuously), so the
   batch shrinks along the workload's length distribution — its long tail sets the end.
   vLLM's per-layer and per-step host overheads are the profile's ``vllm_*`` extras.
-- FORWARD: one pass over prompt + response (padded to the batch's longest).
+- FORWARD: one pass over prompt + response (padded to the batch's longest, or packed:
+  each response at its own length, ``Parallel.packing``).
 - TRAIN: per optimizer step (minibatches x epochs), forward + backward (+ recomputation)
   over micro-batches in a 1F1B pipeline, TP all-reduces, DP gradient reduction, Adam.
 - SCORE: a python reward is host work per call, per response and per response token (the
@@ -110,12 +111,13 @@ def estimate_stage(pipeline: Pipeline, stage_name: str, par: Parallel, devices: 
                    cluster: Cluster, *, batch: int | None = None,
                    engine: Engine = Engine.TORCH, rows: int | None = None,
                    padded_len: float | None = None, partial: int = 0,
-                   off_policy: bool = False) -> StageCost:
+                   off_policy: bool = False, mean_len: float | None = None) -> StageCost:
     """Predicted seconds of one step of ``stage_name`` on ``devices`` laid out as ``par``.
     ``rows``: at most this many sequences generated at once per replica (see
     :func:`generation_rows`); None for the whole local batch in one wave.
     ``padded_len``: the response length a forward or train batch is padded to (a streamed
     chunk's longest, see :func:`generation_chunks`); None for the batch's expected longest.
+    ``mean_len``: the same chunk's mean response length, which a packed op computes.
     ``partial``: a generate stage decodes at most this many tokens per response a step, the
     rest in later steps (partial rollouts, :mod:`rpeg.cost.partial`); 0: whole responses."""
     stage = pipeline.stage(stage_name)
@@ -125,7 +127,7 @@ def estimate_stage(pipeline: Pipeline, stage_name: str, par: Parallel, devices: 
     topo = Topology.from_cluster(cluster)
     gpu = cluster.gpu
     cost = _estimate(pipeline, stage, par, devices, topo, cluster, batch, engine, rows,
-                     padded_len, partial, off_policy)
+                     padded_len, partial, off_policy, mean_len)
     cost = _concurrent(cost, gpu.get("concurrency_slowdown", 1.0)) if len(devices) > 1 \
         else cost
     return cost
@@ -149,7 +151,7 @@ def _concurrent(cost: StageCost, slowdown: float) -> StageCost:
 
 
 def _estimate(pipeline, stage, par, devices, topo, cluster, batch, engine, rows,
-              padded_len_=None, partial=0, off_policy=False) -> StageCost:
+              padded_len_=None, partial=0, off_policy=False, mean_len_=None) -> StageCost:
     gpu, w = cluster.gpu, pipeline.workload
     if stage.kind is OpKind.GENERATE:
         model = pipeline.model(stage.target)
@@ -171,8 +173,7 @@ def _estimate(pipeline, stage, par, devices, topo, cluster, batch, engine, rows,
             + tokens * gpu.get("compute_token_time", 2e-9)
         return StageCost(t, t, 0.0, (("host", t),))
     model = pipeline.model(stage.target)
-    gen = padded_len(w.gen_len, math.ceil(batch / par.dp)) if padded_len_ is None \
-        else float(padded_len_)
+    gen = response_len(w.gen_len, math.ceil(batch / par.dp), par, padded_len_, mean_len_)
     if stage.kind in (OpKind.FORWARD, OpKind.SCORE):
         return forward_cost(model, par, devices, topo, gpu, engine, w, batch, gen)
     if stage.kind is OpKind.TRAIN:
@@ -193,9 +194,9 @@ def generation_chunks(pipeline: Pipeline, stage_name: str, par: Parallel,
                       partial: int = 0) -> tuple[tuple, ...]:
     """(seconds from the stage's start until chunk i's responses are all finished, responses
     in chunk i), chunks ordered by length: the first holds the shortest responses.
-    ``with_lengths``: each with a third item, the chunk's longest response (tokens), which a
-    consumer processing the chunk pads to. ``partial``: as for :func:`estimate_stage`; the
-    chunks hold the responses that finish in the step (as many as the batch), a carried
+    ``with_lengths``: each with a third and fourth item, the chunk's longest response
+    (tokens), which a consumer processing the chunk pads to, and their mean, which a packed
+    one computes. ``partial``: as for :func:`estimate_stage`; the chunks hold the responses that finish in the step (as many as the batch), a carried
     one padded to its whole length."""
     stage = pipeline.stage(stage_name)
     if stage.kind is not OpKind.GENERATE:
@@ -226,21 +227,21 @@ def generation_chunks(pipeline: Pipeline, stage_name: str, par: Parallel,
         if len(idx) == 0:
             continue
         out.append((min(float(finish[idx[-1]]) * scale, total), len(idx) * par.dp,
-                    float(lengths[idx].max())))
+                    float(lengths[idx].max()), float(lengths[idx].mean())))
     if part is not None and out:                  # the step ends when the carried ones stop
         out[-1] = (total,) + out[-1][1:]
     # The runtime sees the batch, not our per-replica rounding: fix the count to the batch.
-    count = sum(n for _, n, _ in out)
+    count = sum(x[1] for x in out)
     if out and count != batch:
-        t, n, top = out[-1]
-        out[-1] = (t, n + batch - count, top)
-    return tuple(out) if with_lengths else tuple((t, n) for t, n, _ in out)
+        t, n, top, mean = out[-1]
+        out[-1] = (t, n + batch - count, top, mean)
+    return tuple(out) if with_lengths else tuple((t, n) for t, n, _, _ in out)
 
 
 def stage_memory(pipeline: Pipeline, stage_name: str, par: Parallel, cluster: Cluster, *,
                  batch: int | None = None, rows: int | None = None,
                  padded_len: float | None = None, partial: int = 0,
-                 engine: Engine = Engine.TORCH) -> MemoryCost:
+                 engine: Engine = Engine.TORCH, mean_len: float | None = None) -> MemoryCost:
     """Transient bytes per GPU while the stage runs (activations, KV cache, buffers);
     a generate stage holds the KV cache of ``rows`` sequences at once (None: all local ones).
     A train stage whose optimizer state is offloaded brings it back for the step."""
@@ -259,15 +260,11 @@ def stage_memory(pipeline: Pipeline, stage_name: str, par: Parallel, cluster: Cl
         # carried sequences beside the new ones, each holding up to its whole length
         local = math.ceil(decoded_batch(batch, w.gen_len, partial) / par.dp)
         return generate_memory(model, par, w, gpu, engine, local, rows)
-    gen = _pad(w.gen_len, local) if padded_len is None else float(padded_len)
+    gen = response_len(w.gen_len, local, par, padded_len, mean_len)
     if stage.kind in (OpKind.FORWARD, OpKind.SCORE):
         return forward_memory(model, par, gpu, engine, w, batch, gen)
     minibatches = int(stage.param("minibatches", 1) or 1)
     return train_memory(model, par, gpu, engine, w, batch, gen, minibatches)
-
-
-def _pad(dist, local: int) -> float:
-    return padded_len(dist, local)
 
 
 def weight_sync_time(model: Model, src_devices: Sequence[int], src_par: Parallel,
@@ -324,7 +321,19 @@ def weight_sync_time(model: Model, src_devices: Sequence[int], src_par: Parallel
         + tensors * cluster.gpu.launch_overhead
 
 
+def response_len(dist, local: int, par: Parallel, padded: float | None = None,
+                 mean: float | None = None) -> float:
+    """Tokens per response a forward or train op computes. Padded: the longest of its batch
+    (``padded``, a streamed chunk's longest, or the expected longest of ``local``
+    responses). Packed (``par.packing``): each response at its own length, their mean
+    (``mean``, a streamed chunk's, or the distribution's, at most the padded length)."""
+    top = padded_len(dist, local) if padded is None else float(padded)
+    if not par.packing:
+        return top
+    return float(mean) if mean is not None else min(mean_len(dist), top)
+
+
 __all__ = ["StageCost", "activation_bytes_per_token", "decoded_batch", "dp_group",
            "estimate_stage", "generation_chunks", "generation_rows", "host_bandwidth",
-           "is_host_stage", "offload_time", "pp_group", "stage_memory", "tp_group",
-           "weight_sync_time"]
+           "is_host_stage", "offload_time", "pp_group", "response_len", "stage_memory",
+           "tp_group", "weight_sync_time"]

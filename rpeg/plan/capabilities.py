@@ -67,6 +67,8 @@ class Capabilities:
     model_features: frozenset[str] = frozenset()   # ModelDims.features() it builds
     dtypes: frozenset[str] = frozenset({"bf16", "fp16", "fp32"})
     lora: bool = False                       # LoRA adapters
+    lora_max_tp: int = 1                     # ... trained and read at tp at most this
+    lora_zero: frozenset[int] = frozenset({0})     # ... trained at these ZeRO levels
 
     def engine(self, engine: Engine) -> EngineCapabilities | None:
         return next((e for e in self.engines if e.engine is engine), None)

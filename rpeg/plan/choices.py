@@ -119,7 +119,7 @@ def enumerate_layouts(pipeline: Pipeline, stage: str, sizes: tuple[int, ...],
                 for e in engines:
                     if base.tp > limits.engine_max_tp(e) and e in (Engine.TORCH, Engine.VLLM):
                         continue
-                    if matches(pin, base, e):
+                    if matches(pin, base, e) and limits.check_lora(model, base) is None:
                         out.append(Layout(stage, size, base, e))
                 continue
             per_step = local
@@ -132,16 +132,23 @@ def enumerate_layouts(pipeline: Pipeline, stage: str, sizes: tuple[int, ...],
             zeros = tuple(z for z in ZERO if z in limits.zero) \
                 if (train and base.dp > 1) else (0,)
             if pin is not None and pin.zero is not None and pin.zero in limits.zero:
-                zeros = (pin.zero,)          # ZeRO-3 inference is priced only where pinned
+                # pinned: a train op's even on one device (FSDP2 of one rank); ZeRO-3
+                # inference is priced only where pinned
+                zeros = (pin.zero,)
             recomputes = (False, True) if (train and limits.recompute) else (False,)
             offloads = OFFLOAD if (train and limits.offload) else (False,)
+            # packing: each sequence at its own length, whenever the executor packs (rpeg's
+            # torch engine); another system's engine packs where its pin says so
+            packing = pin.packing if pin is not None and pin.packing is not None \
+                else limits.packing and train_engine is Engine.TORCH
             for m in mbs:
                 for z in zeros:
                     for r in recomputes:
                         for o in offloads:
                             par = attrs.evolve(base, microbatches=m, recompute=r, zero=z,
-                                               offload=o)
-                            if matches(pin, par, train_engine):
+                                               offload=o, packing=packing)
+                            if matches(pin, par, train_engine) \
+                                    and limits.check_lora(model, par) is None:
                                 out.append(Layout(stage, size, par, train_engine))
     return tuple(out)
 

@@ -23,13 +23,12 @@ from __future__ import annotations
 import attrs
 import numpy as np
 
-from rpeg.cost.memory import MemoryCost, Parallel, local_params, resident_memory, value_bytes
+from rpeg.cost.memory import MemoryCost, Parallel, resident_memory
 from rpeg.cost.partial import smallest_cap
 from rpeg.cost.stages import (
     estimate_stage,
     generation_chunks,
     generation_rows,
-    host_bandwidth,
     stage_memory,
     weight_sync_time,
 )
@@ -118,24 +117,25 @@ class Evaluator:
 
     def stage_time(self, stage: str, p: StagePlacement, rows: int | None = None,
                    chunk: tuple[int, float] | None = None, off_policy: bool = False) -> float:
-        """Seconds of ``stage``; ``chunk``: (responses, longest) of one streamed chunk;
-        ``off_policy``: a train stage corrects for responses sampled with older weights."""
+        """Seconds of ``stage``; ``chunk``: (responses, longest, mean length) of one streamed
+        chunk; ``off_policy``: a train stage corrects for responses sampled with older weights."""
         key = ("t", stage, p, rows, chunk, off_policy)
         if key not in self._cost:
             canonical = ("t", stage, self.canonical(p), rows, chunk, off_policy)
             if canonical not in self._cost:
                 q = canonical[2]
-                batch, padded = chunk if chunk is not None else (None, None)
+                batch, padded, mean = chunk if chunk is not None else (None, None, None)
                 self._cost[canonical] = estimate_stage(
                     self.pipeline, stage, parallel_of(q), q.devices, self.cluster,
                     engine=q.engine, rows=rows, batch=batch, padded_len=padded,
-                    partial=self.cap(q), off_policy=off_policy).time_s
+                    partial=self.cap(q), off_policy=off_policy, mean_len=mean).time_s
             self._cost[key] = self._cost[canonical]
         return self._cost[key]
 
     def chunk_ends(self, stage: str, p: StagePlacement,
-                   rows: int | None = None) -> tuple[tuple[float, int, float], ...]:
-        """(end, responses, longest response) of each chunk of a generate stage."""
+                   rows: int | None = None) -> tuple[tuple[float, int, float, float], ...]:
+        """(end, responses, longest response, mean length) of each chunk of a generate
+        stage."""
         p = self.canonical(p)
         key = ("c", stage, p, rows)
         if key not in self._cost:
@@ -146,7 +146,7 @@ class Evaluator:
         return self._cost[key]
 
     def transient(self, stage: str, p: StagePlacement, rows: int | None = None,
-                  chunks: tuple[tuple[int, float], ...] = ()) -> float:
+                  chunks: tuple[tuple[int, float, float], ...] = ()) -> float:
         """Bytes a stage needs while it runs: for the whole batch, or (``chunks`` of a
         streamed consumer) the largest of its chunks, each processed on its own."""
         key = ("m", stage, parallel_of(p), p.engine, p.carry, rows, chunks)
@@ -155,8 +155,8 @@ class Evaluator:
             if chunks:
                 self._cost[key] = max(stage_memory(self.pipeline, stage, par, self.cluster,
                                                    batch=n, padded_len=top,
-                                                   engine=p.engine).total
-                                      for n, top in chunks)
+                                                   engine=p.engine, mean_len=mean).total
+                                      for n, top, mean in chunks)
             else:
                 self._cost[key] = stage_memory(self.pipeline, stage, par, self.cluster,
                                                rows=rows, partial=self.cap(p),
@@ -165,14 +165,14 @@ class Evaluator:
 
     def streamed(self, plan: Plan, graph: Graph, rows: dict) -> dict[str, tuple]:
         """Ops that consume a chunked generation chunk by chunk: op -> (responses, longest
-        response) per chunk, as the generation finishes them."""
+        response, mean length) per chunk, as the generation finishes them."""
         ends = {}
         for o in graph.ops:
             if o.kind is OpKind.GENERATE and plan.placement(o.stages[0]).chunks > 1:
                 p = plan.placement(o.stages[0])
                 e = self.chunk_ends(o.stages[0], p, rows.get(o.stages[0]))
                 if len(e) > 1:
-                    ends[o.name] = tuple((n, top) for _, n, top in e)
+                    ends[o.name] = tuple((n, top, mean) for _, n, top, mean in e)
         if not ends:
             return {}
         counts = chunk_counts(graph, {g: len(e) for g, e in ends.items()})
@@ -331,8 +331,8 @@ class Evaluator:
                 r = rows.get(op.stages[0])
                 ends = self.chunk_ends(op.stages[0], p, r) if p.chunks > 1 else ()
                 t = self.stage_time(op.stages[0], p, r)
-                timing = OpTiming(p.devices, t, tuple(e for e, _, _ in ends),
-                                  tuple(n for _, n, _ in ends))
+                timing = OpTiming(p.devices, t, tuple(e[0] for e in ends),
+                                  tuple(e[1] for e in ends))
             elif op.kind is OpKind.TRAIN:
                 # Train stages of a shared backbone: one pass with a combined loss on the
                 # first stage's schedule (its minibatches); the extra head costs nothing here.
@@ -361,14 +361,10 @@ class Evaluator:
             dst = plan.placement(reader.stages[0])
             model = self._model_name(trainer[op.reads_model])
             t = self.sync_time(model, src, dst)
-            devices = tuple(sorted(set(src.devices) | set(dst.devices)))
-            if src.zero < 3 and not set(src.devices) & set(dst.devices):
-                # Disjoint groups: the trainer copies its new weights to host memory at the
-                # end of its step and goes on; the transfer occupies the generator only.
-                name = trainer[op.reads_model].name
-                timings[name] = attrs.evolve(timings[name], time_s=timings[name].time_s
-                                             + self.snapshot_time(model, src))
-                devices = dst.devices
+            # one collective: the trainer's devices that hold its weights (the first tp
+            # block; every one when ZeRO-3 shards them) gather and send, the readers receive
+            sources = src.devices if src.zero >= 3 else src.devices[:max(src.tp, 1)]
+            devices = tuple(sorted(set(sources) | set(dst.devices)))
             timings[op.name] = OpTiming(devices, t)
             op_times.append((op.name, round(t, 6)))
         return timings, tuple((n, round(timings[n].time_s, 6)) for n, _ in op_times)
@@ -433,14 +429,7 @@ class Evaluator:
                    for g in graph.ops if g.kind is OpKind.GENERATE
                    and g.reads_model == op.writes_model)
 
-    def snapshot_time(self, model: str, p: StagePlacement) -> float:
-        """Seconds to copy a trainer's weight shard into host memory (a staging copy the
-        weight transfer reads, so the trainer need not wait for it)."""
-        m = self.pipeline.model(model)
-        return local_params(m, parallel_of(p)) * value_bytes(m, self.cluster.gpu) \
-            / host_bandwidth(self.cluster.gpu)
-
-    def _fused(self, op, plan: Plan, chunk: tuple[int, float] | None) -> float:
+    def _fused(self, op, plan: Plan, chunk: tuple[int, float, float] | None) -> float:
         """Seconds of an op's stages back to back (fused: one dispatch instead of several)."""
         times = [self.stage_time(s, plan.placement(s), chunk=chunk) for s in op.stages]
         return max(sum(times) - (len(times) - 1) * self.cluster.gpu.call_overhead, max(times))
@@ -558,8 +547,8 @@ class Evaluator:
             par = parallel_of(p)
             if chunks:
                 total += max((stage_memory(self.pipeline, op, par, self.cluster, batch=n,
-                                           padded_len=top, engine=p.engine)
-                              for n, top in chunks), key=lambda m: m.total)
+                                           padded_len=top, engine=p.engine, mean_len=mean)
+                              for n, top, mean in chunks), key=lambda m: m.total)
             else:
                 total += stage_memory(self.pipeline, op, par, self.cluster, rows=rows,
                                       partial=self.cap(p), engine=p.engine)

@@ -114,6 +114,13 @@ def _refusal(pin: Pin, pipeline: Pipeline, limits: Limits) -> tuple[str, str] | 
         return "zero", "inference on ZeRO-3-sharded weights is not run by this executor"
     if stage.kind is OpKind.GENERATE and pin.zero and not limits.inference_zero:
         return "zero", "generation on ZeRO-3-sharded weights is not run by this executor"
+    model = pipeline.model(stage.target) if pipeline.has_model(stage.target or "") else None
+    if model is not None and model.lora is not None:
+        trained = stage.kind is OpKind.TRAIN
+        why = limits.check_lora(model, Parallel(tp=pin.tp or 1,
+                                                zero=(pin.zero or 0) if trained else 0))
+        if why is not None:
+            return ("tp" if (pin.tp or 1) > limits.lora_max_tp else "zero"), why
     if stage.kind is OpKind.GENERATE and pin.engine is not None \
             and not (pin.engine in FOREIGN and limits.foreign):
         why = limits.check_engine(pin.engine, pin.tp or 1)

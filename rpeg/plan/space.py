@@ -58,6 +58,8 @@ class Limits:
     model_features: tuple[str, ...] = ()   # these features beyond a dense block,
     dtypes: tuple[str, ...] = ()      #   these dtypes (empty: any),
     lora: bool = True                 # LoRA adapters
+    lora_max_tp: int = 64             # ... trained and read at tp at most this
+    lora_zero: frozenset[int] = frozenset({0, 1, 2, 3})   # ... trained at these ZeRO levels
 
     @classmethod
     def of(cls, caps) -> Limits:
@@ -73,7 +75,8 @@ class Limits:
                    batching=caps.batching, foreign=False, any_model=False,
                    families=tuple(sorted(caps.families)),
                    model_features=tuple(sorted(caps.model_features)),
-                   dtypes=tuple(sorted(caps.dtypes)), lora=caps.lora)
+                   dtypes=tuple(sorted(caps.dtypes)), lora=caps.lora,
+                   lora_max_tp=caps.lora_max_tp, lora_zero=frozenset(caps.lora_zero))
 
     @classmethod
     def runtime(cls) -> Limits:
@@ -129,6 +132,19 @@ class Limits:
                     f"({', '.join(self.dtypes)}), not {model.dtype}")
         if model.lora is not None and not self.lora:
             return f"model '{model.name}' trains LoRA adapters, which this executor does not"
+        return None
+
+    def check_lora(self, model: Model, par: Parallel) -> str | None:
+        """Why this executor cannot lay out ``model``'s LoRA adapters as ``par``, or None."""
+        if model.lora is None:
+            return None
+        if par.tp > self.lora_max_tp:
+            return (f"tp must be at most {self.lora_max_tp} for model '{model.name}', whose "
+                    f"LoRA adapters this executor runs unsplit, not {par.tp}")
+        if par.zero not in self.lora_zero:
+            levels = ", ".join(str(z) for z in sorted(self.lora_zero))
+            return (f"zero must be one of {levels} for model '{model.name}', whose LoRA "
+                    f"adapters this executor trains unsharded, not {par.zero}")
         return None
 
     def because(self, key: str) -> str:

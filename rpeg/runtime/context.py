@@ -16,7 +16,14 @@ import numpy as np
 
 from rpeg.plan.model import Plan
 from rpeg.runtime.data import Cursor
-from rpeg.runtime.instances import OpCall, base_of, model_homes, replica_layouts
+from rpeg.runtime.instances import (
+    EXPORT,
+    OpCall,
+    base_of,
+    model_homes,
+    replica_layouts,
+    train_layouts,
+)
 from rpeg.spec.model import Head, Pipeline
 
 
@@ -30,6 +37,25 @@ class Replica:
     trainable: bool                  # holds an optimizer (a home device of a trained model)
     world: tuple[int, ...] = ()      # devices training it (dp x tp; len > 1: collectives)
     tp: tuple[int, ...] = ()         # its tensor-parallel group (len > 1: weights sharded)
+    zero: int = 0                    # trained: 0 DDP, 2 / 3 FSDP2 (rpeg.cost.memory)
+    recompute: bool = False          # trained: activations recomputed in backward
+    offload: bool = False            # trained: optimizer state in host memory between ops
+
+    @property
+    def layout_groups(self) -> tuple[tuple[int, ...], ...]:
+        """Process groups training this replica needs (every rank creates all of a run's)."""
+        if not self.trainable:
+            return (self.tp,) if len(self.tp) > 1 else ()
+        size = max(len(self.tp), 1)
+        sharded = self.zero >= 2
+        out = set()
+        if size == 1 and (len(self.world) > 1 or sharded):
+            out.add(tuple(self.world))
+        if size > 1:
+            out.update(tuple(self.world[i:i + size]) for i in range(0, len(self.world), size))
+            if len(self.world) > size or sharded:
+                out.update(tuple(self.world[t::size]) for t in range(size))
+        return tuple(sorted(out))
 
 
 @attrs.frozen
@@ -42,6 +68,7 @@ class RunContext:
     replicas: tuple[Replica, ...] = ()
     num_devices: int = 1
     dist_addr: str = ""              # tcp://host:port of the collective rendezvous ("" = none)
+    groups: tuple[tuple[int, ...], ...] = ()   # process groups, created on every rank in order
     use_cuda: bool = False
     threads: int = 1                 # intra-op threads per worker
     data: Cursor = Cursor()          # where the run reads its prompts from (a resume's)
@@ -49,7 +76,9 @@ class RunContext:
     @classmethod
     def create(cls, pipeline: Pipeline, plan: Plan, calls: tuple[OpCall, ...], *, spec_dir: str,
                run_dir: str, dist_addr: str = "", use_cuda: bool = False) -> RunContext:
-        homes = model_homes(pipeline, plan, _graph(pipeline, plan))
+        graph = _graph(pipeline, plan)
+        homes = model_homes(pipeline, plan, graph)
+        trained = train_layouts(graph, plan)
         wanted: dict[tuple[str, int], set[str]] = {}
         for c in calls:
             if c.model is None:
@@ -57,21 +86,42 @@ class RunContext:
             heads = wanted.setdefault((c.model, c.device), set())
             heads.update(_heads(pipeline, c.model))
         groups = replica_layouts(calls)
-        replicas = tuple(
-            Replica(model, dev, tuple(sorted(heads)),
-                    trainable=dev in homes.get(model, ()),
-                    world=homes.get(model, ()) if dev in homes.get(model, ()) else (),
-                    tp=groups.get((model, dev), ()))
-            for (model, dev), heads in sorted(wanted.items()))
-        return cls(pipeline, plan, spec_dir, run_dir, replicas=replicas,
-                   num_devices=plan.num_devices, dist_addr=dist_addr, use_cuda=use_cuda)
+        replicas = []
+        for (model, dev), heads in sorted(wanted.items()):
+            home = dev in homes.get(model, ())
+            p = trained.get(model) if home else None
+            replicas.append(Replica(
+                model, dev, tuple(sorted(heads)), trainable=home,
+                world=homes.get(model, ()) if home else (), tp=groups.get((model, dev), ()),
+                zero=p.zero if p else 0, recompute=p.recompute if p else False,
+                offload=p.offload if p else False))
+        made = {g for r in replicas for g in r.layout_groups}
+        for c in calls:                    # a weight transfer: its broadcast group
+            if c.gang and c.role == EXPORT and c.device == c.sources[0]:
+                made.add(transfer_group(c))
+        return cls(pipeline, plan, spec_dir, run_dir, replicas=tuple(replicas),
+                   num_devices=plan.num_devices, dist_addr=dist_addr, use_cuda=use_cuda,
+                   groups=tuple(sorted(g for g in made if g)))
 
     def replicas_on(self, device: int) -> tuple[Replica, ...]:
         return tuple(r for r in self.replicas if r.device == device)
 
     @property
     def needs_collectives(self) -> bool:
-        return any(len(r.world) > 1 or len(r.tp) > 1 for r in self.replicas)
+        return bool(self.groups) or self.replicas_collective
+
+    @property
+    def replicas_collective(self) -> bool:
+        """Whether training or splitting a model takes collectives (not weight sync alone,
+        which an in-process run does without them)."""
+        return any(r.layout_groups for r in self.replicas)
+
+
+def transfer_group(call: OpCall) -> tuple[int, ...]:
+    """The devices a weight transfer broadcasts over: its first source, then every device
+    that is not a source (empty when every loading device is a source)."""
+    rest = tuple(d for d in call.gang if d not in call.sources)
+    return (call.sources[0],) + rest if rest else ()
 
 
 def _graph(pipeline, plan):

@@ -24,7 +24,7 @@ def run_inline(pipeline, plan, steps: int, spec_dir: str, on_step=None) -> list[
     calls = build_calls(pipeline, plan, steps)
     table = {c.id: c for c in calls}
     ctx = RunContext.create(pipeline, plan, calls, spec_dir=spec_dir, run_dir="")
-    if ctx.needs_collectives:
+    if ctx.replicas_collective:
         from rpeg.errors import RuntimeFailure
         raise RuntimeFailure("an in-process run must not train data-parallel: collectives need "
                              "one process per device", hint="run it on Dask (rpeg run)")

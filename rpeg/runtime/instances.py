@@ -74,6 +74,9 @@ class OpCall:
     world: int = 1                           # data-parallel degree
     tp_group: tuple[int, ...] = ()           # devices running this instance together (tp > 1)
     role: str = ""                           # sync ops: export | load
+    gang: tuple[int, ...] = ()               # sync ops: every device of the weight transfer
+    sources: tuple[int, ...] = ()            # sync ops: the trainer's devices that send
+    fills: tuple[str, ...] = ()              # sync ops: copies on this device it loads
     model: str | None = None                 # backbone whose state the op reads or writes
     stages: tuple[str, ...] = ()             # spec stages it implements
     inputs: tuple[tuple[str, int], ...] = () # data name -> futures in ``deps``, in order
@@ -94,7 +97,8 @@ class OpCall:
     def collective(self) -> bool:
         """Runs collectives with other workers: a rank of a tensor-parallel block or of a
         data-parallel train op. Its ranks start together (``_order_collectives``)."""
-        return bool(self.tp_group) or (self.kind is OpKind.TRAIN and self.world > 1)
+        return bool(self.tp_group) or bool(self.gang) or (
+            self.kind is OpKind.TRAIN and self.world > 1)
 
 
 def graph_for(pipeline: Pipeline, plan: Plan) -> Graph:
@@ -147,8 +151,9 @@ def build_calls(pipeline: Pipeline, plan: Plan, steps: int) -> tuple[OpCall, ...
                 calls.append(call)
                 if rank == 0 and (not group or group[0] == dev):
                     produced[(name, s)].append(cid)       # what readers take: tp rank 0's
-    _split_layouts(calls)
-    calls = _add_syncs(calls, homes, _home_tp(graph, plan))
+    trained = train_layouts(graph, plan)
+    _split_layouts(calls, {m: p.zero >= 3 for m, p in trained.items()})
+    calls = _add_syncs(calls, homes, trained)
     _order_versions(calls, homes, frozen)
     _order_chunks(calls)
     _order_collectives(calls)
@@ -281,13 +286,10 @@ def _layout(op, place, is_chunked: bool, n_chunks: int):
     return [(0, blocks[0][t], 0, gang(blocks[0])) for t in range(tp)], 1
 
 
-def _home_tp(graph: Graph, plan: Plan) -> dict[str, int]:
-    """Backbone -> tensor-parallel degree of its training (how its home holds the weights)."""
-    out = {}
-    for op in graph.ops:
-        if op.kind is OpKind.TRAIN and op.writes_model:
-            out[op.writes_model] = max(1, _placement(plan, op).tp)
-    return out
+def train_layouts(graph: Graph, plan: Plan) -> dict:
+    """Backbone -> the placement of its training (how its home holds the weights)."""
+    return {op.writes_model: _placement(plan, op) for op in graph.ops
+            if op.kind is OpKind.TRAIN and op.writes_model}
 
 
 def _chunks(graph: Graph, plan: Plan, responses: int) -> int:
@@ -342,20 +344,23 @@ def _id(name, step, idx, kind, n, is_chunked) -> str:
     return f"{name}/s{step}"
 
 
-def _split_layouts(calls: list[dict]) -> None:
-    """A replica has one tensor-parallel layout. Where an op reads a model on a device split
-    differently from the model's layout there (the trainer's on its home devices, else the
-    first reader's), it reads a second copy, ``model~tp<group>`` (``model~whole``: unsplit),
-    which gets its weights by weight sync like a replica on another device (resharding)."""
-    primary: dict[tuple[str, int], tuple[int, ...]] = {}
+def _split_layouts(calls: list[dict], sharded: dict[str, bool]) -> None:
+    """A replica has one layout. Where an op reads a model on a device laid out differently
+    from the model's layout there (the trainer's on its home devices, else the first
+    reader's), it reads a second copy, ``model~tp<group>`` (``model~whole``: unsplit),
+    which gets its weights by weight sync like a replica on another device (resharding).
+    A trainer whose weights are sharded between ops (ZeRO-3) is read through such a copy
+    on its own devices too."""
+    primary: dict[tuple[str, int], tuple] = {}
     for c in calls:
         if c["kind"] is OpKind.TRAIN and c["model"]:
-            primary.setdefault((c["model"], c["device"]), c["tp_group"])
+            primary.setdefault((c["model"], c["device"]),
+                               (c["tp_group"], sharded.get(c["model"], False)))
     for c in calls:
         if c["model"] and not c.get("role"):
             key = (c["model"], c["device"])
-            group = primary.setdefault(key, c["tp_group"])
-            if group != c["tp_group"]:
+            layout = primary.setdefault(key, (c["tp_group"], False))
+            if layout != (c["tp_group"], c["kind"] is OpKind.TRAIN and layout[1]):
                 g = c["tp_group"]
                 c["model"] = c["model"] + VARIANT + (
                     "tp" + "-".join(map(str, g)) if g else "whole")
@@ -366,37 +371,42 @@ def _split_layouts(calls: list[dict]) -> None:
             c["model"] = copied[(c["op"], c["step"], c["chunk"])]
 
 
-def _add_syncs(calls: list[dict], homes, home_tp: dict[str, int]) -> list[dict]:
+def _add_syncs(calls: list[dict], homes, trained: dict) -> list[dict]:
     """Export/load pairs for every version of a trained model read off its home devices.
-    A tensor-parallel home exports from each rank of its first block (its shard); the
-    load joins the shards, so a reader gets whole weights whatever its own layout."""
+
+    One weight transfer per (model, version) runs as a collective over every device taking
+    part (``gang``): the home devices that hold the weights (``sources``: the first
+    tensor-parallel block, or every home device when ZeRO-3 shards the weights, which they
+    gather together) and every device loading a copy (``fills``: the copies there). The
+    first source broadcasts the weights, in buckets, to the devices that are not sources."""
     needed: dict[tuple[str, int], set[int]] = defaultdict(set)
     for c in calls:
         key = c["model"]
         b = base_of(key)
         if b in homes and (c["device"] not in homes[b] or key != b) and c["version"] > 0:
             needed[(key, c["device"])].add(c["version"])
-    out = list(calls)
-    exports: dict[tuple[str, int], list[str]] = {}
+    loads: dict[tuple[str, int], dict[int, list[str]]] = defaultdict(lambda: defaultdict(list))
     for (copy, dev), versions in sorted(needed.items()):
-        key = base_of(copy)
-        tp = home_tp.get(key, 1)
-        for v in sorted(versions):
-            if (key, v) not in exports:
-                exports[(key, v)] = []
-                for t, src in enumerate(homes[key][:tp]):
-                    eid = f"sync_{key}/s{v - 1}/{EXPORT}" + (f"/t{t}" if t else "")
-                    exports[(key, v)].append(eid)
-                    out.append(dict(id=eid, op=f"sync_{key}", kind=OpKind.SYNC_WEIGHTS,
-                                    step=v - 1, device=src, chunk=0, chunks=1, rank=0, world=1,
-                                    tp_group=(), role=EXPORT, model=key, stages=(), inputs=[],
-                                    deps=[], after=[], version=v, writes=-1, bound=0))
-            eids = exports[(key, v)]
-            out.append(dict(id=f"sync_{copy}/s{v - 1}/{LOAD}@{dev}", op=f"sync_{key}",
-                            kind=OpKind.SYNC_WEIGHTS, step=v - 1, device=dev, chunk=0, chunks=1,
-                            rank=0, world=1, tp_group=(), role=LOAD, model=copy, stages=(),
-                            inputs=[("weights", len(eids))], deps=list(eids), after=[],
-                            version=-1, writes=v, bound=0))
+        for v in versions:
+            loads[(base_of(copy), v)][dev].append(copy)
+    out = list(calls)
+    for (key, v), at in sorted(loads.items()):
+        p = trained[key]
+        tp = max(1, p.tp)
+        sources = tuple(homes[key]) if p.zero >= 3 else tuple(homes[key][:tp])
+        gang = tuple(sorted(set(sources) | set(at)))
+        common = dict(op=f"sync_{key}", kind=OpKind.SYNC_WEIGHTS, step=v - 1, chunk=0,
+                      chunks=1, rank=0, world=1, tp_group=(), stages=(), inputs=[], deps=[],
+                      after=[], bound=0, gang=gang, sources=sources)
+        for t, src in enumerate(sources):
+            out.append(dict(common, id=f"sync_{key}/s{v - 1}/{EXPORT}" + (f"/t{t}" if t else ""),
+                            device=src, role=EXPORT, model=key, version=v, writes=-1,
+                            fills=tuple(sorted(at.get(src, ())))))
+        for dev, copies in sorted(at.items()):
+            for copy in copies:
+                out.append(dict(common, id=f"sync_{copy}/s{v - 1}/{LOAD}@{dev}", device=dev,
+                                role=LOAD, model=copy, version=-1, writes=v,
+                                fills=tuple(sorted(copies))))
     return out
 
 
@@ -445,7 +455,9 @@ def _order_collectives(calls: list[dict]) -> None:
     of all calls), so gloo/NCCL collectives never interleave differently on two ranks."""
     gangs: dict[tuple, list[dict]] = defaultdict(list)
     for c in calls:
-        if c["tp_group"] or (c["kind"] is OpKind.TRAIN and c["world"] > 1):
+        if c.get("gang"):                  # a weight transfer: its exports and loads together
+            gangs[(c["op"], c["step"], 0, "sync")].append(c)
+        elif c["tp_group"] or (c["kind"] is OpKind.TRAIN and c["world"] > 1):
             gangs[(c["op"], c["step"], c["chunk"], c.get("role", ""))].append(c)
     gangs = {k: v for k, v in gangs.items() if len(v) > 1}
     if not gangs:

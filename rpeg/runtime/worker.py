@@ -37,8 +37,7 @@ def setup(ctx, device: int) -> dict:
     """Create this worker's model replicas (and join the collective world); idempotent per run."""
     if ctx.needs_collectives:
         from backends.torch_backend.distributed import init_world
-        groups = sorted({r.world for r in ctx.replicas if len(r.world) > 1})
-        init_world(device, ctx.num_devices, ctx.dist_addr, groups, ctx.use_cuda)
+        init_world(device, ctx.num_devices, ctx.dist_addr, list(ctx.groups), ctx.use_cuda)
     start = time.time()
     _STATE["executor"] = backend_module(ctx.backend).Executor(ctx, device)
     _STATE["device"] = device

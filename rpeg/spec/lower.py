@@ -273,6 +273,10 @@ def _model(m: ast.ModelDecl, path: str, warnings: list[SpecError]) -> Model:
         optimizer = Optimizer()
     dtype = V.name(_assigned(e["dtype"], "dtype"), "dtype", DTYPES) if "dtype" in e else \
         folder_dtype or "bf16"
+    if optimizer is not None and not optimizer.master and dtype == "fp32":
+        raise SpecError("master_weights = false must be asked of a 16-bit model, not of dtype "
+                        "fp32 (float32 weights are their own master weights)",
+                        e["optimizer"].span, hint="drop master_weights, or use dtype bf16")
     if "weights" in e:
         wv = _assigned(e["weights"], "weights")
         written = V.string(wv, "weights")
@@ -294,11 +298,14 @@ def _optimizer(v: ast.Value) -> Optimizer:
     if not isinstance(v, ast.Call) or v.func.value not in ("adam", "adamw"):
         raise SpecError(f"optimizer must be adam(lr = ...) or adamw(lr = ...), not "
                         f"{V.describe(v)}", v.span)
-    allowed = ("lr", "beta1", "beta2", "weight_decay", "eps", "grad_clip")
+    allowed = ("lr", "beta1", "beta2", "weight_decay", "eps", "grad_clip", "master_weights")
     kw = {}
     for k in v.kwargs:
         if k.key.value not in allowed:
             raise V.unknown_key(k.key, allowed, f"{v.func.value}(...)")
+        if k.key.value == "master_weights":
+            kw["master"] = V.name(k.value, "master_weights", ("true", "false")) == "true"
+            continue
         kw[k.key.value] = V.real(k.value, k.key.value, minimum=0.0)
     if v.args:
         kw.setdefault("lr", V.real(v.args[0], "lr", positive=True))
@@ -308,7 +315,8 @@ def _optimizer(v: ast.Value) -> Optimizer:
     return Optimizer(kind=v.func.value, lr=kw.get("lr", 1e-5),
                      betas=(kw.get("beta1", 0.9), kw.get("beta2", 0.999)),
                      weight_decay=kw.get("weight_decay", 0.0 if v.func.value == "adam" else 0.01),
-                     eps=kw.get("eps", 1e-8), grad_clip=kw.get("grad_clip", 1.0))
+                     eps=kw.get("eps", 1e-8), grad_clip=kw.get("grad_clip", 1.0),
+                     master=kw.get("master", True))
 
 
 def _weights_dir(text: str, path: str, warnings: list[SpecError], span: Span) -> str:

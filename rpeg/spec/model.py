@@ -190,6 +190,7 @@ class Optimizer:
     weight_decay: float = 0.0
     eps: float = 1e-8
     grad_clip: float = 1.0
+    master: bool = True           # 16-bit weights: Adam updates float32 master copies
 
 
 @attrs.frozen

@@ -97,12 +97,16 @@ def test_replica_layouts_follow_the_tp_groups(ppo):
 
 
 def test_a_tp_trainer_exports_from_each_rank_and_the_reader_joins_them(ppo):
+    """Both tensor-parallel ranks gather each weight whole; the first broadcasts it to the
+    reader on device 2: one collective of the three devices, no data through Dask."""
     plan = tp_plan(ppo, devs=(0, 1), gen=(2,), devices=3)
     calls = {c.id: c for c in build_calls(ppo, plan, steps=2)}
     exports = sorted(i for i, c in calls.items() if c.role == EXPORT and c.step == 0)
     assert exports == ["sync_actor/s0/export", "sync_actor/s0/export/t1"]
     load = calls["sync_actor/s0/load@2"]
-    assert load.role == LOAD and load.deps == tuple(exports) and load.inputs == (("weights", 2),)
+    assert load.role == LOAD and load.deps == () and load.inputs == ()
+    assert {calls[e].gang for e in exports} == {load.gang} == {(0, 1, 2)}
+    assert load.sources == (0, 1) and load.collective
 
 
 @pytest.mark.parametrize("change, match", [

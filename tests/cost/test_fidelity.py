@@ -121,13 +121,32 @@ def test_offload_moves_adam_state_off_the_device_between_steps(ppo):
     assert math.isclose(host_bandwidth(cluster_of("a100", 8).gpu), 25e9)
 
 
-def test_chunks_report_their_longest_response(ppo):
+def test_chunks_report_their_longest_and_mean_response(ppo):
     par = Parallel(dp=8)
     ends = generation_chunks(ppo, "rollout", par, R8, GH, 4, with_lengths=True)
-    tops = [top for _, _, top in ends]
+    tops = [top for _, _, top, _ in ends]
+    means = [mean for _, _, _, mean in ends]
     assert tops == sorted(tops) and tops[-1] == ppo.workload.gen_len.quantiles(512).max()
-    assert [(t, n) for t, n, _ in ends] == list(generation_chunks(ppo, "rollout", par, R8,
-                                                                  GH, 4))
+    assert means == sorted(means) and all(m <= t for m, t in zip(means, tops, strict=True))
+    assert [(t, n) for t, n, _, _ in ends] == list(generation_chunks(ppo, "rollout", par, R8,
+                                                                     GH, 4))
+
+
+def test_a_packed_batch_costs_its_real_lengths_not_the_longest(ppo):
+    """Packed, a forward or train op computes each response at its own length: the same
+    op padded to the batch's longest costs more, in time and memory; a packed chunk costs
+    its own mean length."""
+    for stage in ("ref_lp", "actor_step"):
+        padded, packed = Parallel(dp=8), Parallel(dp=8, packing=True)
+        assert estimate_stage(ppo, stage, packed, R8, GH).time_s \
+            < estimate_stage(ppo, stage, padded, R8, GH).time_s
+        assert stage_memory(ppo, stage, packed, GH).total \
+            < stage_memory(ppo, stage, padded, GH).total
+    short = estimate_stage(ppo, "ref_lp", Parallel(dp=8, packing=True), R8, GH, batch=128,
+                           padded_len=4096, mean_len=100).time_s
+    long = estimate_stage(ppo, "ref_lp", Parallel(dp=8, packing=True), R8, GH, batch=128,
+                          padded_len=4096, mean_len=1000).time_s
+    assert short < long
 
 
 def test_a_batch_padded_shorter_costs_less(ppo):

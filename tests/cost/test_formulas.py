@@ -92,6 +92,70 @@ def test_tp_pp_zero_divide_memory():
     assert z1.optimizer == pytest.approx(12 * LLAMA8B.param_count() / 4)
 
 
+def test_zero_levels_as_the_torch_backend_runs_them():
+    """ZeRO-2 is FSDP2 keeping its gathered weights whole between ops, beside the float32
+    shards it updates; ZeRO-3 holds a shard of everything (16 B/parameter over dp)."""
+    gh = cluster_of("gh200", 4)
+    fp32 = attrs.evolve(gh, gpu=attrs.evolve(gh.gpu, compute_bytes=4))
+    actor = Model("actor", "llama3.1-8b", LLAMA8B)
+    n, dp = LLAMA8B.param_count(), 4
+    z2 = resident_memory(actor, Parallel(dp=dp, zero=2), fp32, trained=True)
+    assert (z2.weights, z2.grads, z2.optimizer) == pytest.approx(
+        (4 * n + 4 * n / dp, 4 * n / dp, 8 * n / dp))          # a second, sharded copy
+    z2 = resident_memory(actor, Parallel(dp=dp, zero=2), gh, trained=True)
+    assert (z2.weights, z2.grads, z2.optimizer) == pytest.approx(
+        (2 * n, 4 * n / dp, 12 * n / dp))                      # the masters are the shards
+    for cluster in (gh, fp32):
+        z3 = resident_memory(actor, Parallel(dp=dp, zero=3), cluster, trained=True)
+        assert z3.total == pytest.approx(16 * n / dp)
+
+
+def test_fsdp_gathers_and_scatters_in_every_micro_batch():
+    """ZeRO-3's data-parallel traffic grows with the micro-batches (each gathers the weights
+    for its forward and backward and reduce-scatters its gradients); DDP's does not."""
+    gh = cluster_of("gh200", 4, 2)
+    p = ppo_pipeline("llama3.1-8b", prompts=512)
+    devs = tuple(range(8))
+
+    def reduce(zero, m):
+        c = estimate_stage(p, "actor_step", Parallel(dp=8, zero=zero, microbatches=m), devs, gh)
+        parts = dict(c.breakdown)
+        return sum(parts.get(k, 0.0) for k in ("dp_grad_reduce", "zero2_gather",
+                                                "zero3_gather"))
+    # the engine hides part of each micro-batch's traffic behind its compute, never all of it
+    assert reduce(3, 4) > 2 * reduce(3, 1)
+    assert reduce(2, 4) > 2 * reduce(2, 1)
+    assert reduce(0, 4) == pytest.approx(reduce(0, 1))
+    assert reduce(2, 4) < reduce(3, 4)             # ZeRO-2 keeps the gathered weights
+
+
+def test_master_weights_false_keeps_16_bit_moments_and_no_master_copy():
+    from rpeg.spec.model import Optimizer
+    gh = cluster_of("gh200", 4)
+    plain = Model("actor", "llama3.1-8b", LLAMA8B, optimizer=Optimizer(master=False))
+    m = resident_memory(plain, Parallel(), gh, trained=True)
+    n = LLAMA8B.param_count()
+    assert (m.weights, m.grads, m.optimizer) == (2 * n, 2 * n, 4 * n)
+
+
+def test_offload_frees_device_memory_only_where_it_is_not_the_hosts():
+    """A GPU's optimizer state leaves it between train steps; a CPU device's host memory is
+    its own memory, so offloading there frees none (it is still counted)."""
+    from rpeg.cost.memory import devices_are_host, offloaded_bytes
+    gh = cluster_of("gh200", 4)
+    cpu = attrs.evolve(gh, gpu=attrs.evolve(gh.gpu, compute_bytes=4,
+                                            extra=(("host_cores", 2.0),)))
+    actor = Model("actor", "llama3.1-8b", LLAMA8B)
+    on, off = Parallel(dp=4, zero=3, offload=True), Parallel(dp=4, zero=3)
+    assert not devices_are_host(gh.gpu) and devices_are_host(cpu.gpu)
+    gpu_saved = resident_memory(actor, off, gh, trained=True).total \
+        - resident_memory(actor, on, gh, trained=True).total
+    assert gpu_saved == pytest.approx(offloaded_bytes(actor, on, gh.gpu))
+    assert gpu_saved == pytest.approx(8 * LLAMA8B.param_count() / 4)   # moments, not masters
+    assert resident_memory(actor, on, cpu, trained=True).total == \
+        resident_memory(actor, off, cpu, trained=True).total
+
+
 def test_infeasible_degrees_raise_with_the_reason():
     p, gh = ppo_pipeline("llama3.1-8b"), cluster_of("gh200", 4, 2)
     with pytest.raises(CostError, match="tp must divide the 32 attention heads"):

@@ -78,13 +78,13 @@ def test_capped_chunks_hold_the_batch_and_end_with_the_step(ppo8b):
     for cap in (1366, 2048, 2467):
         ch = generation_chunks(ppo8b, "rollout", par, devs, gh, 4, partial=cap,
                                with_lengths=True)
-        assert sum(n for _, n, _ in ch) == ppo8b.workload.batch
-        ends = [t for t, _, _ in ch]
+        assert sum(c[1] for c in ch) == ppo8b.workload.batch
+        ends = [c[0] for c in ch]
         assert ends == sorted(ends)
         total = estimate_stage(ppo8b, "rollout", par, devs, gh, partial=cap).time_s
         assert ends[-1] == pytest.approx(total, rel=1e-6)
         # a consumer pads a chunk to its longest whole response, carried ones included
-        assert all(cap < top <= ppo8b.workload.gen_len.max_len for _, _, top in ch)
+        assert all(cap < top <= ppo8b.workload.gen_len.max_len for _, _, top, _ in ch)
 
 
 def test_an_off_policy_train_step_pays_the_correction_forward(ppo8b):

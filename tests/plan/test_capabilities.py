@@ -81,3 +81,39 @@ def test_the_planner_and_the_runtime_refuse_the_same_layouts(change, tiny):
     except PlanError:
         runtime_ok = False
     assert planner_ok == runtime_ok
+
+
+def test_lora_adapters_are_planned_only_as_the_runtime_trains_them(ppo8b, a100_16):
+    """The torch backend trains LoRA adapters whole (tp 1, ZeRO 0): the runtime's limits
+    offer no other layout for a LoRA model, and refuse a pin that asks for one; the
+    cost model (every executor) still prices them."""
+    from rpeg.plan.choices import enumerate_layouts
+    from rpeg.plan.pinned import check_pins
+    from rpeg.spec.model import Pin
+    from rpeg.spec.training import Lora
+
+    actor = attrs.evolve(ppo8b.model("actor"), lora=Lora(8, 16.0, ("q_proj", "v_proj")))
+    lora = attrs.evolve(ppo8b, models=tuple(actor if m.name == "actor" else m
+                                            for m in ppo8b.models))
+    runtime = enumerate_layouts(lora, "actor_step", (2, 4), a100_16, Limits.runtime())
+    assert runtime and all(lay.par.tp == 1 and lay.par.zero == 0 for lay in runtime)
+    anywhere = enumerate_layouts(lora, "actor_step", (2, 4), a100_16, Limits())
+    assert any(lay.par.zero >= 2 for lay in anywhere) and any(lay.par.tp > 1
+                                                              for lay in anywhere)
+    pinned = attrs.evolve(lora, place=(Pin("actor_step", 0, 1, dp=2, zero=2),))
+    with pytest.raises(PlanError, match="LoRA adapters this executor trains unsharded"):
+        check_pins(pinned, a100_16, Limits.runtime())
+    check_pins(pinned, a100_16, Limits())
+
+
+def test_the_runtime_packs_forward_and_train_ops_unless_pinned_padded(tiny, local_cpu):
+    """Packing is what the torch backend runs whenever it can (no padding computed), so the
+    planner lays out its forward and train ops packed; a pin ``packing = false`` pads."""
+    from rpeg.plan.choices import enumerate_layouts
+    from rpeg.spec.model import Pin
+
+    packed = enumerate_layouts(tiny, "actor_step", (1,), local_cpu, Limits.runtime())
+    assert packed and all(lay.par.packing for lay in packed)
+    padded = attrs.evolve(tiny, place=(Pin("actor_step", 0, 0, packing=False),))
+    assert not any(lay.par.packing for lay in enumerate_layouts(
+        padded, "actor_step", (1,), local_cpu, Limits.runtime()))

@@ -6,7 +6,7 @@ import attrs
 import numpy as np
 import pytest
 
-from rpeg.cost.memory import optimizer_state_bytes
+from rpeg.cost.memory import offloaded_bytes
 from rpeg.cost.stages import generation_rows, stage_memory
 from rpeg.plan import Strategy
 from rpeg.plan.evaluate import parallel_of
@@ -52,7 +52,7 @@ def test_offload_is_a_search_move_priced_by_the_evaluator(ppo8b, gh8, coloc):
                 if p.offload != q.offload]
     before, after = plan.placement(stage), flipped.placement(stage)
     model = ppo8b.model(ppo8b.stage(stage).target)
-    state = optimizer_state_bytes(model, parallel_of(before), gh8.gpu)
+    state = offloaded_bytes(model, parallel_of(before), gh8.gpu)     # what moves
     on, off = (after, before) if after.offload else (before, after)
     r_on = ev.resident(model.name, on, trained=True)
     r_off = ev.resident(model.name, off, trained=True)
@@ -63,22 +63,25 @@ def test_offload_is_a_search_move_priced_by_the_evaluator(ppo8b, gh8, coloc):
 
 def test_streamed_consumers_are_priced_chunk_by_chunk(ppo8b, gh8, coloc):
     """With the rollout in 4 chunks, each per-sample consumer chunk is its own batch: its
-    responses, padded to its longest; memory is the largest chunk's need."""
+    responses, padded to its longest (or packed, at their mean length); memory is the
+    largest chunk's need."""
     from rpeg.cost.stages import estimate_stage
     _, ev, out = coloc
     plan = attrs.evolve(out.best.plan, predicted=None, placements=tuple(
-        attrs.evolve(p, chunks=4) if p.stage == "rollout" else p
+        attrs.evolve(p, chunks=4) if p.stage == "rollout" else
+        attrs.evolve(p, packing=False) if p.stage == "ref_lp" else p     # padded, here
         for p in out.best.plan.placements))
     graph = ev.graph(plan)
     rows = ev.rows_of(plan, graph)
     ends = ev.chunk_ends("rollout", plan.placement("rollout"), rows["rollout"])
-    chunks = tuple((n, top) for _, n, top in ends)
-    assert len(chunks) == 4 and sum(n for n, _ in chunks) == ppo8b.workload.batch
+    chunks = tuple((n, top, mean) for _, n, top, mean in ends)
+    assert len(chunks) == 4 and sum(c[0] for c in chunks) == ppo8b.workload.batch
+    assert all(mean <= top for _, top, mean in chunks)
     assert ev.streamed(plan, graph, rows)["ref_lp"] == chunks
     timings, _ = ev.timings(plan, graph)
     p = plan.placement("ref_lp")
     expect = [estimate_stage(ppo8b, "ref_lp", parallel_of(p), p.devices, gh8, batch=n,
-                             padded_len=top).time_s for n, top in chunks]
+                             padded_len=top, mean_len=mean).time_s for n, top, mean in chunks]
     assert timings["ref_lp"].chunk_times == pytest.approx(expect)
     assert expect[0] < expect[-1]                  # the shortest responses are the cheapest
     whole = ev.stage_time("ref_lp", p)
@@ -87,31 +90,29 @@ def test_streamed_consumers_are_priced_chunk_by_chunk(ppo8b, gh8, coloc):
     assert dict(r.plan.predicted.op_times)["ref_lp"] == pytest.approx(sum(expect), abs=1e-5)
 
 
-def test_weight_sync_between_disjoint_groups_holds_only_the_generator(ppo8b, gh8, coloc):
-    """The trainer stages its new weights in host memory and goes on; the transfer
-    occupies the generating GPUs only. On shared GPUs the sync holds both."""
+def test_weight_sync_holds_the_trainers_senders_and_the_generator(ppo8b, gh8, coloc):
+    """A weight transfer is one collective, as the runtime runs it: the trainer's GPUs that
+    hold its weights (its first tensor-parallel block; every GPU under ZeRO-3, which gathers
+    them first) send, the generating GPUs receive, and the trainer goes on after it."""
     from rpeg.plan.choices import model_stages
     from rpeg.plan.edit import empty_plan, options, put, repair
     from rpeg.plan.space import Block
     ctx, ev, out = coloc
-    plan = empty_plan(ctx)
-    for s in model_stages(ppo8b):
-        block = Block(0, 4) if s == "rollout" else Block(4, 4)
-        # (ZeRO-3 weights are gathered over the trainer's GPUs first: not that case)
-        plan = put(ctx, plan, s, block, [c for c in options(ctx, s, 4) if c.par.zero < 3][0])
-    plan = repair(ctx, plan)
-    graph = ev.graph(plan)
-    timings, op_times = ev.timings(plan, graph)
-    actor = plan.placement("actor_step")
-    assert timings["sync_actor"].devices == (0, 1, 2, 3)
-    snap = ev.snapshot_time("actor", actor)
-    assert 0 < snap < 0.5                    # GB over the 450 GB/s host link
-    assert timings["actor_step"].time_s == pytest.approx(ev.stage_time("actor_step", actor)
-                                                         + snap)
-    assert dict(op_times)["actor_step"] == pytest.approx(timings["actor_step"].time_s,
-                                                         abs=1e-6)
+    for sharded in (False, True):
+        plan = empty_plan(ctx)
+        for s in model_stages(ppo8b):
+            block = Block(0, 4) if s == "rollout" else Block(4, 4)
+            pick = [c for c in options(ctx, s, 4) if (c.par.zero >= 3) == sharded
+                    or ppo8b.stage(s).kind.value != "train"]
+            plan = put(ctx, plan, s, block, pick[0])
+        plan = repair(ctx, plan)
+        timings, _ = ev.timings(plan, ev.graph(plan))
+        actor = plan.placement("actor_step")
+        senders = actor.devices if actor.zero >= 3 else actor.devices[:actor.tp]
+        assert timings["sync_actor"].devices == tuple(sorted((0, 1, 2, 3) + senders))
+        assert timings["actor_step"].time_s == pytest.approx(ev.stage_time("actor_step", actor))
     shared, _ = ev.timings(out.best.plan, ev.graph(out.best.plan))     # colocated
-    assert shared["sync_actor"].devices == tuple(range(8))
+    assert set(shared["sync_actor"].devices) <= set(range(8))
 
 
 def test_stale_or_carried_responses_cost_the_trainer_a_forward(ppo8b, gh8, coloc):

@@ -27,8 +27,12 @@ def test_split_plan_syncs_only_versions_that_are_read(ppo):
     loads = sorted(c.id for c in calls if c.role == "load")
     # staleness 1: steps 2 and 3 read versions 1 and 2; step 0 and 1 read the initial weights
     assert loads == ["sync_actor/s0/load@0", "sync_actor/s1/load@0"]
-    assert t["sync_actor/s0/load@0"].deps == ("sync_actor/s0/export",)
-    assert t["sync_actor/s0/export"].device == plan.home("actor")[0]
+    load, export = t["sync_actor/s0/load@0"], t["sync_actor/s0/export"]
+    assert export.device == plan.home("actor")[0]
+    # one collective transfer: no data through Dask; both wait for the trainer's version
+    assert load.deps == () and load.gang == export.gang == tuple(sorted({0, export.device}))
+    assert export.sources == (export.device,) and load.fills == ("actor",)
+    assert "actor_step/s0" in load.after and "actor_step/s0" in export.after
     assert t["rollout/s1/c0"].version == 0 and t["rollout/s3/c0"].version == 2
     # write after read: the load of version 1 waits for every chunk that reads version 0
     assert {"rollout/s1/c0", "rollout/s1/c1"} <= set(t["sync_actor/s0/load@0"].after)

@@ -127,6 +127,12 @@ CASES: list[tuple[str, str, int, int, str]] = [
      "model 'actor' is trained by two stages, 'actor_step' and 'actor_step2'"),
     ("frozen-with-optimizer", sub("{ frozen }", "{ frozen; optimizer = adam(lr = 1e-3) }"),
      5, 28, "model 'ref' is frozen and cannot have an optimizer"),
+    ("master-weights-of-fp32", sub("{ optimizer = adam(lr = 1e-3) }",
+                                   "{ optimizer = adam(lr = 1e-3, master_weights = false); "
+                                   "dtype = fp32 }"),
+     3, 22, "master_weights = false must be asked of a 16-bit model, not of dtype fp32"),
+    ("master-weights-not-a-flag", sub("adam(lr = 1e-3)", "adam(lr = 1e-3, master_weights = 0)"),
+     3, 67, "master_weights must be a name, not a number (0)"),
     ("share-different-architectures", sub("model critic : tiny", "model critic : small")
      + "share actor, critic\n", 14, 14, "cannot share models of different architectures"),
     ("share-unknown-model", add("share actor, critc"), 14, 14, "share names unknown model 'critc'"),
@@ -229,6 +235,18 @@ def test_error(tmp_path, text, line, col, message):
     assert rendered.startswith(f"{err.span.path}:{line}:{col}: error: ")
     assert "Traceback" not in rendered
     assert "Token(" not in rendered and "__ANON" not in rendered    # no parser internals
+
+
+def test_master_weights_false_reaches_the_model(tmp_path):
+    text = BASE.replace("adam(lr = 1e-3)", "adam(lr = 1e-3, master_weights = false)")
+    p = tmp_path / "p.rpeg"
+    p.write_text(text)
+    (tmp_path / "rewards.py").write_text(REWARDS)
+    from rpeg.spec import load
+    check_file(p)
+    pipeline = load(p)
+    assert pipeline.model("actor").optimizer.master is False
+    assert pipeline.model("critic").optimizer.master is True
 
 
 def test_two_producers_names_both_spans(tmp_path):

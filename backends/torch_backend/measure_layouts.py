@@ -1,0 +1,89 @@
+"""Train ops under each training layout, measured on data-parallel ranks (benchmarks).
+
+    >>> op = dict(dims=attrs.asdict(PRESETS["small"]), batch=16, prompt_len=32,
+    ...           lengths=[8, 40, 64] * 5 + [20], zero=3, recompute=True, offload=False,
+    ...           packed=True, microbatches=2)                     # doctest: +SKIP
+    >>> TwoDevices(clean=True).run({"kind": "layouts", "ops": [op], "peaks": True})  # doctest: +SKIP
+
+Each op is the runtime's own train path: ``build_model``, ``sharding.Trained.build`` with
+the layout (DDP, FSDP2 ZeRO-2 / ZeRO-3, recomputation, offload), then per call
+``before_step``, ``train_step`` over the whole batch (this rank trains its token-balanced
+share, padded or packed, in ``microbatches`` passes) and ``after_step`` — what a train op
+of ``rpeg run`` does on each of its devices. Peaks and times are read as
+``backends.torch_backend.measure`` reads them: peaks under the clean allocator over the
+build and two calls, times as the median CPU time of a call, round-robin over the ops.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from backends.torch_backend.measure import PeakMemory, _trim, measure_ops, warm_up
+from backends.torch_backend.modeling import build_model
+from backends.torch_backend.sharding import Trained, TrainLayout
+from backends.torch_backend.train import LossSpec, TokenHeads, TrainBatch, train_step
+from rpeg.spec.model import Model, Optimizer
+from rpeg.spec.presets import PRESETS, ModelDims  # noqa: F401  (doctest)
+
+
+def batch_of(op: dict) -> TrainBatch:
+    """The op's batch, the same on every rank: prompts of ``prompt_len`` tokens, responses
+    of the given ``lengths``, behaviour log-probabilities and advantages."""
+    rng = np.random.default_rng(0)
+    prompts = tuple(rng.integers(3, 250, op["prompt_len"]) for _ in op["lengths"])
+    responses = tuple(rng.integers(3, 250, n) for n in op["lengths"])
+    return TrainBatch(prompts, responses,
+                      old_logprobs=tuple(np.full(n, -5.5, np.float32) for n in op["lengths"]),
+                      advantages=tuple(rng.standard_normal(n).astype(np.float32)
+                                       for n in op["lengths"]))
+
+
+def runner(op: dict, rank: int, world: tuple[int, ...]):
+    """A zero-argument callable: one train op of ``op``'s layout on this rank."""
+    dims = ModelDims(**op["dims"]) if isinstance(op["dims"], dict) else op["dims"]
+    members = [Model("actor", "bench", dims, optimizer=Optimizer("adam", lr=1e-5))]
+    model = build_model(dims, heads=("lm",), seed=0)
+    layout = TrainLayout(world, zero=op["zero"], recompute=op["recompute"],
+                         offload=op["offload"])
+    trained = Trained.build(model, TokenHeads(model), members, layout, device="cpu",
+                            dtype=torch.float32, master=True, device_index=rank)
+    batch = batch_of(op)
+    losses = [LossSpec("ppo_clip", clip=0.2)]
+
+    def run():
+        trained.before_step()
+        train_step(trained.heads, trained.optimizer, batch, losses, version=0,
+                   microbatches=op["microbatches"], rank=rank, world=len(world),
+                   packed=op["packed"])
+        trained.after_step()
+    return run
+
+
+def run_layouts(rank: int, world: int, task: dict) -> dict:
+    """Inside a rank of a gloo world of ``world``: the task's ops, peaks or times."""
+    import torch.distributed as dist
+
+    from backends.torch_backend.distributed import make_groups
+    devices = tuple(range(world))
+    make_groups([devices])
+    warm_up()
+    if task.get("peaks"):
+        peaks = []
+        for op in task["ops"]:
+            dist.barrier()
+            with PeakMemory() as mem:
+                run = runner(op, rank, devices)
+                run()
+                run()
+            del run
+            _trim()
+            peaks.append(mem.peak)
+        return {"peaks": peaks}
+    specs = [dict(op=op) for op in task["ops"]]
+    rows = measure_ops(specs, task.get("repeats", 3), barrier=dist.barrier, memory=False,
+                       build=lambda spec: runner(spec["op"], rank, devices))
+    return {"ops": rows}
+
+
+__all__ = ["batch_of", "run_layouts", "runner"]

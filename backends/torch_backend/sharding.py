@@ -1,0 +1,386 @@
+"""A trained replica laid out as its plan says: DDP, FSDP2 (ZeRO-2 / ZeRO-3), DTensor tensor
+parallelism and both on a 2-D mesh; activation checkpointing; optimizer offload; precision.
+
+    >>> layout = TrainLayout(world=(0, 1), zero=3, recompute=True)
+    >>> layout.dp, layout.fsdp
+    (2, True)
+    >>> trained = Trained.build(model, members, layout, device="cpu",       # doctest: +SKIP
+    ...                         dtype=torch.float32, master=True)
+    >>> stats = train_step(trained.heads, trained.optimizer, batch, losses, ...)  # doctest: +SKIP
+
+Every rank of ``world`` builds the same full weights (same seed or folder) and keeps its
+part without communication. ZeRO levels, as ``rpeg.cost.memory`` prices them:
+
+* **0** — weights, gradients and optimizer state whole on every rank. Gradients are
+  averaged by ``DistributedDataParallel`` (tp = 1) or by per-parameter all-reduce hooks
+  over the ranks holding the same tensor-parallel shard (tp > 1).
+* **2** — FSDP2 (``fully_shard``) on every decoder layer and on the root, with
+  ``reshard_after_forward=False``: gradients and optimizer state are sharded over the
+  data-parallel ranks; after each train op the weights are gathered whole again
+  (``unshard``) and stay whole, so readers on these devices (generation, forward ops)
+  read them in place, without collectives.
+* **3** — FSDP2 with ``reshard_after_forward=True``: between ops each rank holds 1/dp of
+  weights, gradients and optimizer state; a layer's weights are gathered while it runs.
+  Readers on these devices read a whole copy that weight sync fills.
+
+ZeRO-1 (optimizer state alone sharded) is not executed: the backend declares levels 0, 2
+and 3 (``capabilities.py``). With tp > 1, FSDP2 shards over the data-parallel dimension of
+a 2-D (dp, tp) device mesh, after the tensor-parallel split.
+
+Precision: parameters are kept in ``dtype`` (the model's, bf16 on a GPU; float32 on a
+CPU, whose profile prices float32). With ``master`` and a 16-bit dtype, the optimizer
+updates float32 master weights: FSDP2 keeps the sharded parameters in float32 and
+gathers them in ``dtype`` (``MixedPrecisionPolicy``); DDP and tensor parallelism keep a
+float32 copy in the optimizer (:class:`MasterAdam`). ``recompute`` checkpoints each
+decoder layer's activations (recomputed in backward). ``offload`` keeps the optimizer
+state in host memory between train ops (:class:`HostOffload`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import attrs
+import torch
+from torch import nn
+
+from rpeg.errors import BackendError
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+FSDP_LEVELS = (2, 3)
+LEVELS = (0,) + FSDP_LEVELS
+
+
+@attrs.frozen
+class TrainLayout:
+    """How a trained replica is laid out over the devices that train it."""
+
+    world: tuple[int, ...]          # devices training it: dp blocks of len(tp) devices
+    tp: tuple[int, ...] = ()        # this device's tensor-parallel group (len > 1: split)
+    zero: int = 0
+    recompute: bool = False
+    offload: bool = False
+
+    @property
+    def tp_size(self) -> int:
+        return max(len(self.tp), 1)
+
+    @property
+    def dp(self) -> int:
+        return max(len(self.world) // self.tp_size, 1)
+
+    @property
+    def fsdp(self) -> bool:
+        """FSDP2 runs it: ZeRO 2-3, over the data-parallel ranks (one rank too, for its
+        mixed precision; with tensor parallelism and one data-parallel rank there is
+        nothing to shard, and it runs as tensor parallelism alone)."""
+        return self.zero in FSDP_LEVELS and (self.dp > 1 or self.tp_size == 1)
+
+    def dp_peers(self, device: int) -> tuple[int, ...]:
+        """The devices of ``world`` holding the same tensor-parallel shard as ``device``."""
+        if self.tp_size == 1:
+            return tuple(self.world)
+        t = self.tp.index(device)
+        return tuple(self.world[i + t] for i in range(0, len(self.world), self.tp_size))
+
+
+def param_dtype(model_dtype: str, device: str) -> torch.dtype:
+    """The dtype a replica keeps its parameters in: the model's on a GPU, float32 on a CPU
+    (the CPU profile prices float32: ``compute_bytes = 4``)."""
+    if not str(device).startswith("cuda"):
+        return torch.float32
+    return DTYPES[model_dtype]
+
+
+# --- building -----------------------------------------------------------------------------
+
+class Trained:
+    """A trained replica's training side: what ``train_step`` calls, its optimizer, and the
+    work around a train op (gathering ZeRO-2 weights, moving offloaded state)."""
+
+    def __init__(self, model, heads, layout: TrainLayout, optimizer, offload) -> None:
+        self.model = model
+        self.heads = heads              # what train_step calls (DDP / FSDP2 root / plain)
+        self.layout = layout
+        self.optimizer = optimizer
+        self.offload = offload
+
+    @classmethod
+    def build(cls, model, heads, members, layout: TrainLayout, *, device: str,
+              dtype: torch.dtype, master: bool, device_index: int) -> Trained:
+        """Lay out ``model`` (and ``heads``, the module over it that training calls) for
+        training; every rank of ``layout.world`` calls this at once (FSDP2 is collective)."""
+        from backends.torch_backend import distributed as D
+
+        if layout.zero not in LEVELS:
+            raise BackendError(f"zero must be one of {', '.join(map(str, LEVELS))} in the torch "
+                               f"backend, not {layout.zero}",
+                               hint="ZeRO-1 is not executed: plan with zero 0, 2 or 3")
+        mixed = master and dtype != torch.float32
+        meshes = fsdp_meshes(layout, device, device_index) if layout.fsdp else None
+        if len(layout.tp) > 1:
+            D.shard_tp(model, layout.tp, device, mesh=meshes[1] if meshes else None)
+        if layout.recompute:
+            recompute_layers(model.backbone)
+        if layout.fsdp:
+            if not mixed:
+                model.to(dtype)           # with master weights FSDP2 keeps float32 shards
+            heads = _fully_shard(model, heads, layout, meshes[0], device,
+                                 dtype if mixed else None)
+            optimizer = make_optimizer(model, members, master=False)
+        else:
+            optimizer = make_optimizer(model, members, master=mixed)   # masters from float32
+            model.to(dtype)
+            if len(layout.tp) > 1 and layout.dp > 1:
+                D.average_over(model.parameters(), layout.dp_peers(device_index))
+            elif layout.dp > 1:
+                heads = D.wrap_ddp(heads, layout.world, device)
+        offload = HostOffload(optimizer, device) if layout.offload else None
+        trained = cls(model, heads, layout, optimizer, offload)
+        trained.settle()
+        return trained
+
+    # --- around a train op --------------------------------------------------------------
+    def before_step(self) -> None:
+        """Called by every rank before a train op: the sharded parameters registered again
+        (FSDP2 gathers each layer as it runs), the offloaded state back on the device."""
+        self.unsettle()
+        if self.offload is not None:
+            self.offload.bring_in()
+
+    def after_step(self) -> None:
+        """Called by every rank at the end of a train op: gather ZeRO-2 weights whole again
+        (a collective), send offloaded state back to the host."""
+        if self.offload is not None:
+            self.offload.send_out()
+        self.settle()
+
+    @contextlib.contextmanager
+    def state_on_device(self):
+        """The optimizer state on the device inside the block (a checkpoint reads or writes
+        it), in host memory again after it when offloaded."""
+        if self.offload is None or not self.offload.out:     # on the device already
+            yield
+            return
+        self.offload.bring_in()
+        try:
+            yield
+        finally:
+            self.offload.send_out()
+
+    def settle(self) -> None:
+        """The between-ops state of the weights: ZeRO-2 whole (collective), else as they are."""
+        if self.layout.fsdp and self.layout.zero == 2:
+            for m in fsdp_modules(self.heads):
+                m.unshard()
+
+    def unsettle(self) -> None:
+        """Register the sharded parameters again (local): before reading or writing them."""
+        if self.layout.fsdp:
+            for m in fsdp_modules(self.heads):
+                m.reshard()
+
+    @property
+    def params(self) -> list[nn.Parameter]:
+        return [p for p in self.heads.parameters() if p.requires_grad]
+
+
+def recompute_layers(backbone) -> None:
+    """Checkpoint each decoder layer's activations (non-reentrant, recomputed in backward),
+    through transformers' own switch (renamed in transformers 5.2x)."""
+    kwargs = {"use_reentrant": False}
+    if hasattr(backbone, "activation_checkpointing_enable"):
+        backbone.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        backbone.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+
+
+def fsdp_modules(root: nn.Module) -> list[nn.Module]:
+    from torch.distributed.fsdp import FSDPModule
+    return [m for m in root.modules() if isinstance(m, FSDPModule)]
+
+
+def _fully_shard(model, heads, layout: TrainLayout, mesh, device: str,
+                 compute_dtype: torch.dtype | None):
+    """FSDP2 on each decoder layer, then on the ``heads`` root (embeddings, final norm and
+    heads); a no-gradient forward of one token initialises the root on every rank."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    mp = MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32) \
+        if compute_dtype is not None else MixedPrecisionPolicy()
+    again = layout.zero >= 3
+    for layer in model.backbone.layers:
+        fully_shard(layer, mesh=mesh, reshard_after_forward=again, mp_policy=mp)
+    fully_shard(heads, mesh=mesh, reshard_after_forward=again, mp_policy=mp)
+    ids = torch.full((1, 1), 3, dtype=torch.long, device=device)
+    with torch.no_grad():           # FSDP2 needs its root run before any submodule
+        heads(ids, torch.ones_like(ids), torch.zeros_like(ids))
+    for m in fsdp_modules(heads):   # the sharded parameters are what the optimizer updates
+        m.reshard()
+    return heads
+
+
+def fsdp_meshes(layout: TrainLayout, device: str, device_index: int):
+    """(the mesh FSDP2 shards over, the tensor-parallel mesh or None): 1-D over ``world``, or
+    the two dimensions of one (dp, tp) mesh (FSDP2 requires both from one parent)."""
+    from torch.distributed.device_mesh import DeviceMesh
+
+    from backends.torch_backend.distributed import group_of
+
+    kind = torch.device(device).type
+    if layout.tp_size == 1:
+        return DeviceMesh.from_group(group_of(layout.world), kind), None
+    grid = torch.tensor(layout.world).reshape(layout.dp, layout.tp_size)
+    mesh = DeviceMesh.from_group([group_of(layout.dp_peers(device_index)), group_of(layout.tp)],
+                                 kind, mesh=grid, mesh_dim_names=("dp", "tp"))
+    return mesh["dp"], mesh["tp"]
+
+
+def mesh_groups(layout: TrainLayout) -> list[tuple[int, ...]]:
+    """Process groups a layout needs (every rank creates all of a run's, in one order)."""
+    size = layout.tp_size
+    out = set()
+    if size == 1 and (layout.dp > 1 or layout.fsdp):
+        out.add(tuple(layout.world))
+    if size > 1:
+        for i in range(0, len(layout.world), size):
+            out.add(tuple(layout.world[i:i + size]))
+        if layout.dp > 1 or layout.fsdp:
+            for t in range(size):
+                out.add(tuple(layout.world[t::size]))
+    return sorted(out)
+
+
+# --- the optimizer ------------------------------------------------------------------------
+
+def make_optimizer(model, members, master: bool):
+    """Adam(W) over the backbone and LM head at the first trained member's settings, the
+    value head at the value model's learning rate; over float32 masters with ``master``."""
+    trainable = [m for m in members if m.optimizer is not None]
+    if not trainable:
+        raise BackendError(f"model '{members[0].name}' is trained, so it must have an optimizer",
+                           members[0].span, hint="add { optimizer = adam(lr = 1e-5) }")
+    first = trainable[0].optimizer
+    if first.kind not in ("adam", "adamw"):
+        raise BackendError(f"optimizer must be adam or adamw, not {first.kind!r}",
+                           trainable[0].span)
+    groups = [{"params": [p for n, p in model.named_parameters()
+                          if not n.startswith("value_head") and p.requires_grad],
+               "lr": first.lr}]
+    from rpeg.spec.model import Head
+    value_opt = next((m.optimizer for m in trainable if m.head is not Head.LM), first)
+    value_params = [p for n, p in model.named_parameters() if n.startswith("value_head")]
+    if value_params:
+        groups.append({"params": value_params, "lr": value_opt.lr})
+    cls = torch.optim.AdamW if first.kind == "adamw" else torch.optim.Adam
+    kwargs = dict(betas=tuple(first.betas), eps=first.eps, weight_decay=first.weight_decay)
+    if master:
+        return MasterAdam(groups, cls, **kwargs)
+    return cls(groups, **kwargs)
+
+
+class MasterAdam(torch.optim.Optimizer):
+    """Adam(W) that updates float32 copies of 16-bit parameters and writes them back.
+
+    The copies live in this optimizer's state (``master``), beside the two moments: the
+    12 bytes per parameter the cost model prices as optimizer state."""
+
+    def __init__(self, groups, cls, **kwargs) -> None:
+        self.inner_cls = cls
+        masters = [{**g, "params": [p.detach().clone().float() for p in g["params"]]}
+                   for g in groups]
+        self.inner = cls(masters, **kwargs)
+        super().__init__(groups, dict(kwargs, lr=groups[0]["lr"]))
+        for g, m in zip(self.param_groups, self.inner.param_groups, strict=True):
+            for p, q in zip(g["params"], m["params"], strict=True):
+                self.state[p]["master"] = q
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        for g, m in zip(self.param_groups, self.inner.param_groups, strict=True):
+            for p, q in zip(g["params"], m["params"], strict=True):
+                q.grad = None if p.grad is None else p.grad.float()
+        self.inner.step()
+        for g, m in zip(self.param_groups, self.inner.param_groups, strict=True):
+            for p, q in zip(g["params"], m["params"], strict=True):
+                if q.grad is not None:
+                    p.copy_(q)
+                    q.grad = None
+
+    def state_tensors(self) -> list[torch.Tensor]:
+        return [t for st in self.inner.state.values() for t in st.values()
+                if torch.is_tensor(t) and t.dim() > 0] + \
+            [q for m in self.inner.param_groups for q in m["params"]]
+
+    def moments(self, p) -> dict[str, torch.Tensor]:
+        """The inner optimizer's state of parameter ``p`` (exp_avg, exp_avg_sq, step)."""
+        return self.inner.state.get(self.state[p]["master"], {})
+
+
+def optimizer_state(optimizer, p) -> dict:
+    """The Adam state of parameter ``p`` (moments and step), whichever optimizer holds it."""
+    if isinstance(optimizer, MasterAdam):
+        return optimizer.moments(p)
+    return optimizer.state.get(p, {})
+
+
+def state_tensors(optimizer) -> list[torch.Tensor]:
+    if isinstance(optimizer, MasterAdam):
+        return optimizer.state_tensors()
+    return [t for st in optimizer.state.values() for t in st.values()
+            if torch.is_tensor(t) and t.dim() > 0]
+
+
+# --- optimizer offload --------------------------------------------------------------------
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
+class HostOffload:
+    """The optimizer state (moments, and master weights) in host memory between train ops.
+
+    ``send_out`` copies each state tensor to a host buffer and frees its device storage;
+    ``bring_in`` allocates it again and copies back. On a GPU the host buffers are pinned
+    and kept; on a CPU device they are freed as each tensor comes back (host memory is the
+    device's memory there, so offload moves bytes without saving any, as the cost model
+    prices it for such devices)."""
+
+    def __init__(self, optimizer, device: str) -> None:
+        self.optimizer = optimizer
+        self.cuda = str(device).startswith("cuda")
+        self.host: list[torch.Tensor | None] = []
+        self.out = False
+
+    def send_out(self) -> None:
+        tensors = [_local(t) for t in state_tensors(self.optimizer)]
+        if len(self.host) != len(tensors):
+            self.host = [None] * len(tensors)
+        for i, t in enumerate(tensors):
+            if self.host[i] is None:
+                self.host[i] = torch.empty(t.shape, dtype=t.dtype, device="cpu",
+                                           pin_memory=self.cuda)
+            self.host[i].copy_(t, non_blocking=self.cuda)
+        if self.cuda:
+            torch.cuda.synchronize()
+        for t in tensors:
+            t.untyped_storage().resize_(0)
+        self.out = True
+
+    def bring_in(self) -> None:
+        if not self.out:
+            return
+        tensors = [_local(t) for t in state_tensors(self.optimizer)]
+        for i, t in enumerate(tensors):
+            t.untyped_storage().resize_(t.numel() * t.element_size())
+            t.copy_(self.host[i], non_blocking=self.cuda)
+            if not self.cuda:
+                self.host[i] = None
+        if self.cuda:
+            torch.cuda.synchronize()
+        self.out = False
+
+
+__all__ = ["DTYPES", "HostOffload", "LEVELS", "MasterAdam", "TrainLayout", "Trained",
+           "fsdp_meshes", "fsdp_modules", "make_optimizer", "mesh_groups",
+           "optimizer_state", "param_dtype", "state_tensors"]

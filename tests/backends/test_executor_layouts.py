@@ -1,0 +1,97 @@
+"""The executor with the layouts a plan asks of a train stage, in one process (one device):
+offloaded optimizer state survives a checkpoint and a restore, forward ops run packed in
+the plan's micro-batches, and a planned ZeRO level builds its layout."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import attrs
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from backends.torch_backend.executor import Executor  # noqa: E402
+from rpeg.runtime.context import RunContext  # noqa: E402
+from rpeg.runtime.instances import build_calls  # noqa: E402
+from rpeg.runtime.placement import split_plan  # noqa: E402
+from rpeg.spec import load  # noqa: E402
+from rpeg.spec.model import OpKind  # noqa: E402
+
+PIPELINES = Path(__file__).resolve().parents[2] / "pipelines"
+
+
+def _plan(pipeline, **train):
+    plan = split_plan(pipeline, 1, staleness=0)
+    return attrs.evolve(plan, placements=tuple(
+        attrs.evolve(p, **train) if pipeline.stage(p.stage).kind is OpKind.TRAIN
+        else attrs.evolve(p, packing=True, microbatches=2)
+        if pipeline.stage(p.stage).kind is OpKind.FORWARD else p
+        for p in plan.placements))
+
+
+def _step(pipeline, plan):
+    calls = build_calls(pipeline, plan, steps=1)
+    ctx = RunContext.create(pipeline, plan, calls, spec_dir=str(PIPELINES), run_dir="")
+    ex = Executor(ctx, 0)
+    results = {}
+    for call in calls:
+        inputs, pos = {}, 0
+        for name, count in call.inputs:
+            inputs[name] = [results[call.deps[pos + i]][name] for i in range(count)]
+            pos += count
+        results[call.id], _ = ex.run(call, inputs)
+    return ex
+
+
+def _moments(opt, clone=False) -> dict:
+    params = [p for g in opt.param_groups for p in g["params"]]
+    return {(i, k): v.clone() if clone else v for i, p in enumerate(params)
+            for k, v in opt.state.get(p, {}).items() if torch.is_tensor(v) and v.dim()}
+
+
+def test_offloaded_optimizer_state_survives_a_checkpoint_and_a_restore(tmp_path):
+    """Regression: a checkpoint read the offloaded (freed) state and the worker crashed."""
+    ppo = load(PIPELINES / "tiny_ppo.rpeg")
+    ex = _step(ppo, _plan(ppo, offload=True))
+    replica = ex.replicas["actor"]
+    assert replica.trained.offload.out               # in host memory between ops
+    with replica.trained.state_on_device():
+        before = _moments(replica.optimizer, clone=True)
+    path = ex.checkpoint("actor", str(tmp_path / "actor"), {"step": 1})
+    assert replica.trained.offload.out               # sent out again after the write
+    assert ex.restore("actor", path) == replica.version == 1
+    replica.trained.before_step()                    # brought in: what the checkpoint held
+    after = _moments(replica.optimizer)
+    assert before.keys() == after.keys() and all(torch.equal(before[k], after[k])
+                                                 for k in before)
+
+
+def test_forward_ops_run_packed_in_the_plans_micro_batches():
+    """A packed forward in 2 micro-batches gives the log-probabilities of one padded pass."""
+    from backends.torch_backend.train import forward_arrays
+    ppo = load(PIPELINES / "tiny_ppo.rpeg")
+    ex = _step(ppo, _plan(ppo))
+    model = ex.replicas["ref"].model
+    rng = np.random.default_rng(0)
+    prompts = [rng.integers(3, 250, 8) for _ in range(5)]
+    responses = [rng.integers(3, 250, n) for n in (3, 9, 1, 6, 4)]
+    packed = forward_arrays(model, prompts, responses, "logprobs", microbatches=2, packed=True)
+    padded = forward_arrays(model, prompts, responses, "logprobs")
+    # float32 summation order only: tokens x (ffn + hidden) x layers terms per value
+    d = ppo.model("ref").dims
+    tol = sum(8 + len(r) for r in responses) * (d.ffn + d.hidden) * d.layers * 2.0 ** -23
+    for a, b in zip(packed, padded, strict=True):
+        np.testing.assert_allclose(a, b, rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("zero", [2, 3])
+def test_a_planned_zero_level_on_one_device_runs_fsdp2(zero, tmp_path):
+    """ZeRO 2/3 on a world of one rank is FSDP2 (mixed precision, its state handling) as on
+    many: it needs a process group of its own, which the context asks for."""
+    ppo = load(PIPELINES / "tiny_ppo.rpeg")
+    plan = _plan(ppo, zero=zero)
+    calls = build_calls(ppo, plan, steps=1)
+    ctx = RunContext.create(ppo, plan, calls, spec_dir=str(PIPELINES), run_dir="")
+    assert (0,) in ctx.groups and ctx.replicas_collective

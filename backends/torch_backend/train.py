@@ -1,4 +1,4 @@
-"""Forward passes and training steps: PPO clip, GRPO, clipped value loss, and their sum.
+"""Forward passes and training steps: the losses of ``losses.py``, and their sum.
 
     >>> from rpeg.spec.presets import PRESETS
     >>> model = build_model(PRESETS["tiny"], heads=("lm",), seed=0)
@@ -7,11 +7,12 @@
     >>> stats["clip_frac"]                                                                   # doctest: +SKIP
     0.0
 
-A batch is plain arrays, one per response. Losses average over response
-tokens. Several losses in one step (actor-critic sharing) add up into one
-backward pass and one optimizer step. With ``behaviour_version`` behind the
-model's version (staleness > 0) the surrogate is taken against the current
-("proximal") policy and weighted by the capped importance ratio
+A batch is plain arrays, one per response. Each loss aggregates its tokens as
+it says (``losses.aggregate``). Several losses in one step (actor-critic sharing)
+add up into one backward pass and one optimizer step. With ``behaviour_version``
+behind the model's version (staleness > 0), or a loss asking for truncated
+importance sampling on every batch (``tis``), the surrogate is taken against the
+current ("proximal") policy and weighted by the capped importance ratio
 ``min(pi_prox / pi_behaviour, cap)`` per token.
 """
 
@@ -26,17 +27,11 @@ from torch import nn
 
 from backends.torch_backend.distributed import clip_grad_norm
 from backends.torch_backend.generation import _autocast
+from backends.torch_backend.losses import LossSpec, Norm, compute_loss
 from backends.torch_backend.modeling import PolicyModel, build_model  # noqa: F401  (doctest)
 from backends.torch_backend.tokenizer import PAD_ID
 
-
-@attrs.frozen
-class LossSpec:
-    kind: str                   # "ppo_clip" | "grpo" | "value_mse"
-    clip: float = 0.2
-    kl: float = 0.0             # coefficient of a KL-to-reference loss term (GRPO style)
-    is_cap: float = 2.0         # cap on the off-policy importance weight
-    coef: float = 1.0           # weight of this loss in the sum
+__all__ = ["LossSpec", "Packed", "TokenHeads", "TrainBatch", "forward_arrays", "train_step"]
 
 
 @attrs.frozen
@@ -137,13 +132,14 @@ class TrainBatch:
 def train_step(heads: nn.Module, optimizer: torch.optim.Optimizer, batch: TrainBatch,
                losses: list[LossSpec], *, version: int, minibatches: int = 1, epochs: int = 1,
                grad_clip: float = 1.0, normalize: bool = True, seed: int = 0,
-               device="cpu", microbatches: int = 1) -> dict[str, float]:
+               device="cpu", microbatches: int = 1, budget: float = 1.0) -> dict[str, float]:
     """One optimizer step per minibatch, over ``epochs`` passes; returns mean statistics.
 
     Each minibatch runs as ``microbatches`` forward/backward passes whose gradients add
-    up before the step (gradient accumulation): each pass's loss is weighted by its share
-    of the minibatch's response tokens, so the update is the one-pass update (up to float
-    rounding) at a fraction of the activation memory."""
+    up before the step (gradient accumulation): each pass's loss is divided by the
+    minibatch's denominators (:class:`losses.Norm`), so the update is the one-pass update
+    (up to float rounding) at a fraction of the activation memory. ``budget``: the
+    generation budget (tokens) a ``seq_mean_token_sum`` loss divides by."""
     packed = Packed.build(batch.prompt_ids, batch.response_ids, device)
     n, t = packed.targets.shape
     tensors = {name: _pad(getattr(batch, name), n, t, device)
@@ -155,13 +151,14 @@ def train_step(heads: nn.Module, optimizer: torch.optim.Optimizer, batch: TrainB
         mean = (a * m).sum() / m.sum()
         std = (((a - mean) ** 2 * m).sum() / m.sum()).sqrt()
         tensors["advantages"] = (a - mean) / (std + 1e-6)
-    policy = any(loss.kind in ("ppo_clip", "grpo") for loss in losses)
-    off_policy = policy and batch.behaviour_version < version and "old_logprobs" in tensors
+    policy = [loss for loss in losses if loss.policy]
+    stale = batch.behaviour_version < version or any(loss.tis for loss in policy)
+    off_policy = bool(policy) and stale and "old_logprobs" in tensors
     if off_policy:
         with torch.no_grad():
             prox, _, _ = token_outputs(heads, packed)
         behaviour = tensors["old_logprobs"]
-        cap = max(loss.is_cap for loss in losses)
+        cap = max(loss.is_cap for loss in policy)
         tensors["is_weight"] = torch.exp(prox - behaviour).clamp(max=cap).detach()
         tensors["old_logprobs"] = prox.detach()
     gen = torch.Generator().manual_seed(seed)
@@ -172,7 +169,7 @@ def train_step(heads: nn.Module, optimizer: torch.optim.Optimizer, batch: TrainB
         order = torch.randperm(n, generator=gen).to(device)
         for part in torch.tensor_split(order, max(1, min(minibatches, n))):
             optimizer.zero_grad(set_to_none=True)
-            tokens = float(m[part].sum().clamp(min=1.0))
+            norm = Norm(float(m[part].sum().clamp(min=1.0)), float(len(part)), budget)
             micro = torch.tensor_split(part, max(1, min(microbatches, len(part))))
             stats: dict[str, float] = {}
             for i, piece in enumerate(micro):
@@ -185,16 +182,16 @@ def train_step(heads: nn.Module, optimizer: torch.optim.Optimizer, batch: TrainB
                     total = torch.zeros((), device=device)
                     parts: dict[str, torch.Tensor] = {}
                     for loss in losses:
-                        value, s = _loss(loss, lp, ent, values, mb.resp_mask, mb_t)
+                        value, s = compute_loss(loss, lp, ent, values, mb.resp_mask, mb_t, norm)
                         total = total + loss.coef * value
                         parts.update(s)
-                    share = float(mb.resp_mask.sum()) / tokens
-                    (total * share).backward()
+                    total.backward()
                 parts["loss"] = total
-                for k, v in parts.items():
-                    stats[k] = stats.get(k, 0.0) + share * float(v.detach() if torch.is_tensor(v)
-                                                                else v)
-            stats["grad_norm"] = float(clip_grad_norm(params, grad_clip))   # DTensor-aware (tp)
+                for k, v in parts.items():       # each already a share of the minibatch's
+                    stats[k] = stats.get(k, 0.0) + float(v.detach() if torch.is_tensor(v)
+                                                         else v)
+            # DTensor-aware (tp); 0: measured, not clipped
+            stats["grad_norm"] = float(clip_grad_norm(params, grad_clip or float("inf")))
             optimizer.step()
             for k, v in stats.items():
                 sums[k] = sums.get(k, 0.0) + v
@@ -203,36 +200,6 @@ def train_step(heads: nn.Module, optimizer: torch.optim.Optimizer, batch: TrainB
     if off_policy:
         out["is_weight"] = float(_masked_mean(tensors["is_weight"], m))
     return out
-
-
-def _loss(loss: LossSpec, lp, ent, values, m, t) -> tuple[torch.Tensor, dict]:
-    if loss.kind in ("ppo_clip", "grpo"):
-        ratio = torch.exp(lp - t["old_logprobs"])
-        adv = t["advantages"]
-        surr = torch.min(ratio * adv, ratio.clamp(1 - loss.clip, 1 + loss.clip) * adv)
-        if "is_weight" in t:
-            surr = surr * t["is_weight"]
-        value = -_masked_mean(surr, m)
-        stats = {"policy_loss": value.detach(),
-                 "clip_frac": _masked_mean(((ratio - 1).abs() > loss.clip).float(), m),
-                 "entropy": _masked_mean(ent, m).detach()}
-        if "ref_logprobs" in t:
-            d = t["ref_logprobs"] - lp
-            k3 = torch.exp(d) - d - 1          # non-negative, unbiased KL estimator
-            stats["kl"] = _masked_mean(lp - t["ref_logprobs"], m).detach()
-            if loss.kl:
-                value = value + loss.kl * _masked_mean(k3, m)
-        return value, stats
-    if loss.kind == "value_mse":
-        ret = t["returns"]
-        err = (values - ret) ** 2
-        if "old_values" in t and loss.clip > 0:
-            old = t["old_values"]
-            clipped = old + (values - old).clamp(-loss.clip, loss.clip)
-            err = torch.max(err, (clipped - ret) ** 2)
-        value = 0.5 * _masked_mean(err, m)
-        return value, {"value_loss": value.detach()}
-    raise ValueError(f"unknown loss {loss.kind!r}")
 
 
 def _masked_mean(x: torch.Tensor, m: torch.Tensor) -> torch.Tensor:

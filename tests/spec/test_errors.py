@@ -141,7 +141,7 @@ CASES: list[tuple[str, str, int, int, str]] = [
      "loss value_mse trains a value head"),
     ("unknown-loss", sub("train(actor, responses, advantages)",
                          "train(actor, responses, advantages, loss = ppo)"), 12, 63,
-     "loss must be one of ppo_clip, grpo, value_mse, not 'ppo'"),
+     "loss must be one of ppo_clip, grpo, gspo, value_mse, not 'ppo'"),
     ("generate-value-model", sub("generate(actor, prompts)", "generate(critic, prompts)"), 7, 26,
      "generate(...) needs a language model"),
     # --- numbers and units ---------------------------------------------------------------
@@ -153,7 +153,7 @@ CASES: list[tuple[str, str, int, int, str]] = [
     ("huge-steps", sub("steps = 10", "steps = 99999999999"), 2, 20, "steps must be at most"),
     ("string-for-number", sub("steps = 10", 'steps = "10"'), 2, 20,
      "steps must be an integer, not a string"),
-    ("lr-out-of-range", sub("adam(lr = 1e-3)", "adam(lr = 2)"), 3, 34, "lr must be in (0, 1)"),
+    ("lr-out-of-range", sub("adam(lr = 1e-3)", "adam(lr = 2)"), 3, 44, "lr must be in (0, 1)"),
     ("bad-distribution", sub("gen_len = 16", "gen_len = normal(16)"), 2, 63,
      "gen_len distribution must be one of fixed, uniform, lognormal, empirical, not 'normal'"),
     ("lognormal-max-below-median", sub("gen_len = 16", "gen_len = lognormal(median = 64, max = 8)"),
@@ -280,7 +280,7 @@ def test_error_in_base_names_the_base_and_the_extend(tmp_path):
 
 
 @pytest.mark.parametrize(("raw", "message"), [
-    (b"pipeline p\x00\x01\x02", "binary file"),
+    (b"pipeline p\x00\x01\x02", "not binary"),
     (b"pipeline p\n\xff\xfe model", "not valid UTF-8"),
 ])
 def test_binary_and_undecodable_files(tmp_path, raw, message):

@@ -38,7 +38,7 @@ from rpeg.runtime.instances import EXPORT, OpCall, base_of
 from rpeg.spec.functions import function
 from rpeg.spec.model import Engine, Head, OpKind
 from rpeg.spec.registry import Category, Role, Type
-from rpeg.spec.stages import roles_of
+from rpeg.spec.stages import refill_scores, roles_of
 
 BUCKET_BYTES = 32 << 20          # weight sync: one message per 32 MB bucket, not per tensor
 
@@ -180,8 +180,8 @@ class Executor:
             elif rounds:
                 done = self._refill(call, stage, engine, params, mine, codec, rounds)
                 stream, mine = iter(sampling.split(done.chunk, pieces)), None
-                stats = {"refill_rounds": done.rounds, "filtered_groups": done.filtered,
-                         "groups": done.groups}
+                stats = {"refill_rounds": done.rounds, "groups_filtered": done.filtered,
+                         "groups_checked": done.checked}
             else:
                 stream = engine.generate(self._prompts(call.step, mine, codec), params,
                                          chunks=pieces)
@@ -214,8 +214,7 @@ class Executor:
             got = sampling.concat(list(engine.generate(prompts, p, chunks=1)))
             return attrs.evolve(got, prompt_index=np.asarray(positions)[got.prompt_index])
 
-        readers = [s for s in self.ctx.pipeline.stages if s.kind is OpKind.SCORE
-                   and stage.outputs[0] in s.inputs]
+        readers = refill_scores(self.ctx.pipeline.stages, stage)
 
         def combined(chunk):
             texts = self._texts(call.step, chunk, int(params.max_new_tokens))
@@ -281,11 +280,13 @@ class Executor:
         """An estimator's inputs by role: the scores of its score stages added up with their
         weights, the responses' groups and lengths, the per-token inputs it reads."""
         fn = function(stage.function)
-        baseline_of = {str(v) for k, v in stage.params
-                       if fn.has(k) and fn.param(k).type is Type.DATA}
+        p = self.ctx.pipeline
+        baseline_of = [str(v) for k, v in stage.params
+                       if fn.has(k) and fn.param(k).type is Type.DATA]
+        apart = set(baseline_of) | {p.producer(n).inputs[0] for n in baseline_of}
         by_role: dict[Role, list[str]] = {}
         for name in inputs:
-            if name not in baseline_of:
+            if name not in apart:
                 by_role.setdefault(self.roles[name], []).append(name)
         scores = sum(self._weight(name) * np.asarray(_concat(inputs[name]), np.float64)
                      for name in by_role[Role.SCORES])
@@ -302,8 +303,8 @@ class Executor:
         groups = group_of(resp.prompt_index, w.samples) if resp is not None else None
         baseline = None
         if baseline_of:
-            name = next(iter(baseline_of))
-            greedy = _rollout(inputs[self.ctx.pipeline.producer(name).inputs[0]])
+            name = baseline_of[0]
+            greedy = _rollout(inputs[p.producer(name).inputs[0]])
             base = np.asarray(_concat(inputs[name]), np.float64)
             own = group_of(greedy.prompt_index, w.samples)
             means = dict(zip(own.tolist(), group_mean(base, own).tolist(), strict=True))

@@ -87,7 +87,8 @@ class Refilled:
     chunk: RolloutChunk
     rounds: int               # extra rounds run
     filtered: int             # groups replaced
-    groups: int               # groups generated in the first round
+    checked: int              # groups whose rewards were looked at (filtered / checked: the
+                              # measured filter rate, against the declared filter_rate)
 
 
 def refill(index: np.ndarray, generate, scores, samples: int, batch: int,
@@ -98,12 +99,12 @@ def refill(index: np.ndarray, generate, scores, samples: int, batch: int,
     for round ``rnd`` (prompt_index already the positions, before the round's offset);
     ``scores(chunk)`` -> their combined scores."""
     pending = _offset(generate(index, 0), 0, batch)
-    first = len(np.unique(pending.prompt_index // samples))
     kept: list[RolloutChunk] = []
-    filtered, done = 0, 0
+    filtered, done, checked = 0, 0, 0
     for rnd in range(1, rounds + 1):
         groups = pending.prompt_index // samples
         bad = degenerate(scores(pending), groups)
+        checked += len(np.unique(groups))
         if not bad:
             break
         drop = np.isin(groups, bad)
@@ -112,7 +113,7 @@ def refill(index: np.ndarray, generate, scores, samples: int, batch: int,
         positions = pending.prompt_index[drop] % batch
         pending = _offset(generate(positions, rnd), rnd, batch)
         done = rnd
-    return Refilled(concat(kept + [pending]) if kept else pending, done, filtered, first)
+    return Refilled(concat(kept + [pending]) if kept else pending, done, filtered, checked)
 
 
 def _offset(chunk: RolloutChunk, rnd: int, batch: int) -> RolloutChunk:

@@ -22,7 +22,7 @@ from rpeg.graph.ir import DataEdge, Graph, Op, VersionEdge
 from rpeg.spec.functions import function
 from rpeg.spec.model import OpKind, Pipeline
 from rpeg.spec.registry import Scope
-from rpeg.spec.stages import responses_of
+from rpeg.spec.stages import implicit_inputs
 
 
 def build(pipeline: Pipeline, staleness: dict[str, int] | None = None,
@@ -71,8 +71,7 @@ def _ops(pipeline: Pipeline, alias: dict[str, str]) -> list[Op]:
         writes = target if s.kind is OpKind.TRAIN else None
         fn = function(s.function)
         # an estimator of groups or lengths also reads the responses its scores are of
-        implicit = responses_of(pipeline, s)
-        inputs = s.inputs + ((implicit,) if implicit and implicit not in s.inputs else ())
+        inputs = s.inputs + implicit_inputs(pipeline, s)
         ops.append(Op(s.name, s.kind, inputs, s.outputs, reads, writes, (s.name,), s.span,
                       grouped=fn.scope is not Scope.SAMPLE))
     trainers: dict[str, Op] = {}

@@ -167,9 +167,9 @@ def step_metrics(step: int, events: list[dict], step_time: float) -> dict:
     if responses:
         row["response_len"] = tokens / responses
         row["tokens_per_s"] = tokens / step_time if step_time > 0 else 0.0
-    groups = sum(e["stats"].get("groups", 0) for e in gen)
-    if groups:                                # dynamic sampling
-        row["filtered"] = sum(e["stats"].get("filtered_groups", 0) for e in gen) / groups
+    groups = sum(e["stats"].get("groups_checked", 0) for e in gen)
+    if groups:                                # dynamic sampling: the measured filter rate
+        row["filtered"] = sum(e["stats"].get("groups_filtered", 0) for e in gen) / groups
         row["refill_rounds"] = max(e["stats"].get("refill_rounds", 0) for e in gen)
     kl_n = sum(e["stats"].get("kl_n", 0) for e in events)
     if kl_n:                                  # KL to the reference, as the advantages saw it

@@ -22,7 +22,7 @@ from rpeg.spec import values as V
 from rpeg.spec.calls import keywords, not_a_stage_function
 from rpeg.spec.functions import find, function, loss_for
 from rpeg.spec.model import WORKLOAD_DATA, Head, Model, OpKind, Reward, Stage, Workload
-from rpeg.spec.registry import Function, Role, Slot, Target, Type, output_roles
+from rpeg.spec.registry import Category, Function, Role, Slot, Target, Type, output_roles
 
 
 def lower_stage(s: ast.StageDecl, targets: dict[str, Model | Reward]) -> Stage:
@@ -202,17 +202,32 @@ def _check_refill(s: Stage, decl: ast.StageDecl, stages, targets) -> None:
     score stages that read the responses: there must be one, and each a reward (a reward
     model runs on devices of its own, not inside the generate op)."""
     span = _key_span(decl.call, "refill_rounds", function(s.function)) or decl.call.span
-    readers = [x for x in stages if x.kind is OpKind.SCORE and s.outputs[0] in x.inputs]
+    readers = refill_scores(stages, s)
     if not readers:
         raise SpecError(f"refill_rounds must come with a score stage reading "
-                        f"'{s.outputs[0]}', to find the groups whose rewards are all equal",
-                        span, hint=f"add: stage scores = score(REWARD, {s.outputs[0]}) -> scores")
+                        f"'{s.outputs[0]}' that an estimator adds up, to find the groups whose "
+                        "rewards are all equal", span,
+                        hint=f"add: stage scores = score(REWARD, {s.outputs[0]}) -> scores, read "
+                             "by the advantage estimator")
     for x in readers:
         if isinstance(targets.get(x.target), Model):
             raise SpecError(f"refill_rounds must score with rewards, not reward model "
                             f"'{x.target}' (stage '{x.name}'): dynamic sampling scores groups "
                             "inside the generate op", span,
                             hint="score with a python reward, or leave refill_rounds out")
+
+
+def refill_scores(stages, generate: Stage) -> list[Stage]:
+    """The score stages whose rewards dynamic sampling adds up for ``generate``'s groups: those
+    reading its responses whose scores an estimator adds up (not as a baseline)."""
+    summed = set()
+    for e in stages:
+        fn = function(e.function)
+        if fn.category is Category.ESTIMATOR:
+            data = {str(v) for k, v in e.params if fn.has(k) and fn.param(k).type is Type.DATA}
+            summed |= set(e.inputs) - data
+    return [x for x in stages if x.kind is OpKind.SCORE and generate.outputs[0] in x.inputs
+            and x.outputs[0] in summed]
 
 
 def _check_outputs(s: Stage, decl: ast.StageDecl, targets) -> None:
@@ -299,21 +314,24 @@ def _producer_hint(role: Role, roles: dict[str, Role]) -> str | None:
             Role.LOGPROBS: "name generate's second output: -> responses, logprobs"}.get(role)
 
 
-def responses_of(pipeline, stage: Stage) -> str | None:
-    """The responses an estimator's scores are of (it reads their groups and lengths): the
-    input of the stage producing its first scores (a baseline keyword's excluded)."""
+def implicit_inputs(pipeline, stage: Stage) -> tuple[str, ...]:
+    """What an estimator reads besides the data it names: the responses its scores are of
+    (their groups and lengths), and those a baseline keyword's scores are of (to match the
+    baseline to the prompts). The graph builder adds them as inputs of the estimator's op."""
     fn = function(stage.function)
     if not fn.reads_responses:
-        return None
+        return ()
     targets = {m.name: m for m in pipeline.models} | {r.name: r for r in pipeline.rewards}
     roles = roles_of(pipeline.stages, targets)
-    data = {str(v) for k, v in stage.params if fn.has(k) and fn.param(k).type is Type.DATA}
-    for name in stage.inputs:
-        if name in data:
-            continue
+    data = [str(v) for k, v in stage.params if fn.has(k) and fn.param(k).type is Type.DATA]
+    out: list[str] = []
+    main = next((n for n in stage.inputs if n not in data
+                 and roles.get(n) in (Role.RESPONSES, Role.SCORES)), None)
+    for name in ([main] if main else []) + data:
         if roles.get(name) is Role.RESPONSES:
-            return name
-        if roles.get(name) is Role.SCORES:
-            src = pipeline.producer(name)
-            return src.inputs[0] if src is not None and src.inputs else None
-    return None
+            out.append(name)
+            continue
+        src = pipeline.producer(name)
+        if src is not None and src.inputs:
+            out.append(src.inputs[0])
+    return tuple(dict.fromkeys(n for n in out if n not in stage.inputs))

@@ -66,7 +66,7 @@ def test_dynamic_sampling_refills_degenerate_groups_within_the_rounds():
     done = sampling.refill(np.arange(6), generate, scores, samples=2, batch=6, rounds=2)
     assert calls == [((0, 1, 2, 3, 4, 5), 0), ((2, 3), 1), ((2, 3), 2)]
     assert sorted(done.chunk.prompt_index.tolist()) == [0, 1, 4, 5, 14, 15]
-    assert (done.rounds, done.filtered, done.groups) == (2, 2, 3)
+    assert (done.rounds, done.filtered, done.checked) == (2, 2, 4)     # 3 groups, then 1
 
 
 def test_dynamic_sampling_stops_when_no_group_is_degenerate():

@@ -4,6 +4,7 @@
     Functions of the .rpeg language (generated from rpeg/spec/functions.py).
     ...
     $ rpeg help functions gae          # one function
+    $ rpeg help functions --markdown   # README's list of algorithms
 """
 
 from __future__ import annotations
@@ -18,17 +19,22 @@ def register(app: typer.Typer) -> None:
     def help_(
         topic: str = typer.Argument(..., help="What to describe: functions."),
         name: str = typer.Argument(None, help="One function (e.g. gae, ppo_clip)."),
+        markdown: bool = typer.Option(False, "--markdown",
+                                      help="README's list of estimators and losses."),
     ) -> None:
         """Print the language reference: every function, its keywords, defaults and meaning."""
         import click
 
         from rpeg.errors import did_you_mean
         from rpeg.spec.functions import FUNCTIONS, find
-        from rpeg.spec.reference import describe, reference
+        from rpeg.spec.reference import algorithms_markdown, describe, reference
         if topic not in TOPICS:
             raise click.UsageError(f"topic must be one of {', '.join(TOPICS)}, not {topic!r}"
                                    + (f"; {did_you_mean(topic, TOPICS)}"
                                       if did_you_mean(topic, TOPICS) else ""))
+        if markdown:
+            print(algorithms_markdown(), end="")
+            return
         if name is None:
             print(reference(), end="")
             return

@@ -36,7 +36,7 @@ from rpeg.errors import BackendError
 from rpeg.runtime.context import dataset_path, group_of, read_dataset
 from rpeg.runtime.instances import EXPORT, OpCall, base_of
 from rpeg.spec.functions import function
-from rpeg.spec.model import Engine, Head, OpKind
+from rpeg.spec.model import Engine, Head, OpKind, Reward
 from rpeg.spec.registry import Category, Role, Type
 from rpeg.spec.stages import refill_scores, roles_of
 
@@ -260,7 +260,7 @@ class Executor:
         stage = self._stage(call)
         chunk = _rollout(inputs[stage.inputs[0]])
         target = self.targets[stage.target]
-        if replica is not None and not hasattr(target, "kind"):          # head = reward
+        if not isinstance(target, Reward):                  # a model with head = reward
             scores = forward_arrays(replica.model, chunk.prompt_ids, chunk.response_ids,
                                     "scores", device=self.device)
         else:

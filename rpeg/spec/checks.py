@@ -10,6 +10,8 @@
 * ``check_trained``: a model that is not frozen must be trained by some stage.
 * ``check_weights``: a ``weights`` folder's ``config.json`` must agree with the model's
   dimensions (read as JSON; nothing in the folder runs).
+* ``check_shared_optimizers``: models that may share a backbone share its optimizer, so
+  their optimizers may differ only in the learning rate (each head keeps its own).
 """
 
 from __future__ import annotations
@@ -101,6 +103,22 @@ def check_trained(models: tuple[Model, ...], stages: tuple[Stage, ...], items,
                             "stage trains it", m.span,
                             hint=f"add {{ frozen }} to model '{m.name}', or a stage "
                                  f"train({m.name}, ...)")
+
+
+def check_shared_optimizers(shares, targets, items) -> None:
+    for group in shares:
+        members = [targets[n] for n in group if targets[n].optimizer is not None]
+        for m in members[1:]:
+            a, b = members[0].optimizer, m.optimizer
+            differ = [f.name for f in attrs.fields(type(a))
+                      if f.name != "lr" and getattr(a, f.name) != getattr(b, f.name)]
+            if differ:
+                raise SpecError(f"model '{m.name}' may share a backbone with '{members[0].name}', "
+                                f"so its optimizer must be the same but for lr, not differ in "
+                                f"{', '.join(differ)}", m.span,
+                                notes=[(f"'{members[0].name}''s optimizer", members[0].span)],
+                                hint="a shared backbone has one optimizer (each head keeps its "
+                                     "learning rate): make them agree, or drop the share")
 
 
 def check_weights(folder: str, preset: str, dims: ModelDims, span: Span,

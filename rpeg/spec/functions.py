@@ -137,8 +137,8 @@ _STAGES = (
          Param("max_len", Type.INT, "most tokens a response may have (at most the workload's "
                "gen_len max)", derived="the workload's gen_len max", unit="tokens", low=1,
                priced=True),
-         Param("min_len", Type.INT, "fewest tokens a response has: end-of-sequence is not "
-               "sampled before", unit="tokens", low=1, priced=True),
+         Param("min_len", Type.INT, "tokens a response has before it may end: "
+               "end-of-sequence is not sampled earlier", unit="tokens", low=1, priced=True),
          Param("engine", Type.CHOICE, "the generation engine (auto: the planner chooses)",
                default=Engine.AUTO, choices=tuple(e.value for e in Engine), priced=True),
          Param("refill_rounds", Type.INT, "dynamic sampling (DAPO): groups whose rewards are "
@@ -197,6 +197,10 @@ _STAGES = (
                               "{ microbatches = N }"))),
 )
 
+# An adaptive coefficient keeps state across steps, which the trainer holds (and checkpoints);
+# an estimator is a pure function of its step's data.
+_ADAPTIVE_IN_LOSS = (("kl_target", "an adaptive KL coefficient needs the KL in the loss: "
+                                   "loss = grpo(0.2, kl = 0.01, kl_target = 0.02)"),)
 _OUTCOME = (Slot(Role.SCORES, many=True), Slot(Role.LOGPROBS, required=False),
             Slot(Role.REF_LOGPROBS, required=False))
 
@@ -212,7 +216,7 @@ _ESTIMATORS = (
         inputs=(Slot(Role.SCORES, many=True), Slot(Role.VALUES), Slot(Role.LOGPROBS, False),
                 Slot(Role.REF_LOGPROBS, False)),
         outputs=(Role.ADVANTAGES, Role.RETURNS), pricing=Pricing.PER_TOKEN,
-        scope=Scope.SAMPLE),
+        scope=Scope.SAMPLE, moved=_ADAPTIVE_IN_LOSS),
     Function(
         "group_norm", Category.ESTIMATOR,
         "GRPO: each score minus its prompt group's mean, over the group's standard deviation "
@@ -225,14 +229,14 @@ _ESTIMATORS = (
                high=1e3, low_open=True)),
         kind=OpKind.COMPUTE, inputs=_OUTCOME, outputs=(Role.ADVANTAGES,),
         pricing=Pricing.PER_SAMPLE, scope=Scope.GROUP, min_samples=2, reads_responses=True,
-        moved=(("kl_target", "an adaptive KL coefficient needs the KL in the loss: "
-                             "loss = grpo(0.2, kl = 0.01, kl_target = 0.02)"),)),
+        moved=_ADAPTIVE_IN_LOSS),
     Function(
         "rloo", Category.ESTIMATOR,
         "REINFORCE leave-one-out: each score minus the mean of its group's other scores.",
         (_kl("in the token rewards"), _kl_estimator("k1")),
         kind=OpKind.COMPUTE, inputs=_OUTCOME, outputs=(Role.ADVANTAGES,),
-        pricing=Pricing.PER_SAMPLE, scope=Scope.GROUP, min_samples=2, reads_responses=True),
+        pricing=Pricing.PER_SAMPLE, scope=Scope.GROUP, min_samples=2, reads_responses=True,
+        moved=_ADAPTIVE_IN_LOSS),
     Function(
         "reinforce", Category.ESTIMATOR,
         "REINFORCE++: per-token discounted returns of the scores and the KL penalty, "
@@ -243,7 +247,8 @@ _ESTIMATORS = (
                "score) before the batch normalisation", default="none",
                choices=("none", "group"))),
         kind=OpKind.COMPUTE, inputs=_OUTCOME, outputs=(Role.ADVANTAGES,),
-        pricing=Pricing.PER_TOKEN, scope=Scope.BATCH, reads_responses=True),
+        pricing=Pricing.PER_TOKEN, scope=Scope.BATCH, reads_responses=True,
+        moved=_ADAPTIVE_IN_LOSS),
     Function(
         "remax", Category.ESTIMATOR,
         "ReMax: each score minus the score of a greedy response to the same prompt.",
@@ -251,7 +256,8 @@ _ESTIMATORS = (
                "stage reading a generate stage with temperature = 0)", needs=(Role.SCORES,)),
          _kl("in the token rewards"), _kl_estimator("k1")),
         kind=OpKind.COMPUTE, inputs=_OUTCOME, outputs=(Role.ADVANTAGES,),
-        pricing=Pricing.PER_SAMPLE, scope=Scope.GROUP, reads_responses=True),
+        pricing=Pricing.PER_SAMPLE, scope=Scope.GROUP, reads_responses=True,
+        moved=_ADAPTIVE_IN_LOSS),
 )
 
 _REWARDS = (

@@ -20,7 +20,13 @@ from rpeg.errors import Span, SpecError, SpecWarning, did_you_mean
 from rpeg.spec import ast
 from rpeg.spec import values as V
 from rpeg.spec.calls import keywords
-from rpeg.spec.checks import check_context, check_trained, check_weights, fold_lengths
+from rpeg.spec.checks import (
+    check_context,
+    check_shared_optimizers,
+    check_trained,
+    check_weights,
+    fold_lengths,
+)
 from rpeg.spec.functions import by_category, default_optimizer, function
 from rpeg.spec.model import (
     WORKLOAD_DATA,
@@ -94,6 +100,7 @@ def _lower(f: ast.File, items, chain) -> tuple[Pipeline, list[SpecError]]:
     place = tuple(lower_place(i, by_stage, targets) for i in items
                   if isinstance(i, ast.Place))
     check_roles(stages, items, targets, workload)
+    check_shared_optimizers(shares, targets, items)
     workload = fold_lengths(workload, stages, items)
     check_context(workload, models, stages, items)
     _check_unused(stages, models, items, warnings)

@@ -195,6 +195,12 @@ def check_roles(stages: tuple[Stage, ...], items, targets, workload: Workload) -
         _check_samples(s, fn, decl, workload, wl)
         if s.kind is OpKind.GENERATE and s.arg("refill_rounds"):
             _check_refill(s, decl, stages, targets)
+        if s.kind is OpKind.SCORE and s.param("weight") is not None \
+                and s.outputs[0] not in _summed(stages):
+            raise SpecError(f"weight must weigh scores an estimator adds up, and no estimator "
+                            f"adds up '{s.outputs[0]}'", _key_span(decl.call, "weight", fn),
+                            hint=f"read {s.outputs[0]} in an advantage estimator, or leave "
+                                 "weight out")
 
 
 def _check_refill(s: Stage, decl: ast.StageDecl, stages, targets) -> None:
@@ -220,14 +226,20 @@ def _check_refill(s: Stage, decl: ast.StageDecl, stages, targets) -> None:
 def refill_scores(stages, generate: Stage) -> list[Stage]:
     """The score stages whose rewards dynamic sampling adds up for ``generate``'s groups: those
     reading its responses whose scores an estimator adds up (not as a baseline)."""
-    summed = set()
+    summed = _summed(stages)
+    return [x for x in stages if x.kind is OpKind.SCORE and generate.outputs[0] in x.inputs
+            and x.outputs[0] in summed]
+
+
+def _summed(stages) -> set[str]:
+    """Data some estimator adds up as scores (not as a baseline)."""
+    out: set[str] = set()
     for e in stages:
         fn = function(e.function)
         if fn.category is Category.ESTIMATOR:
             data = {str(v) for k, v in e.params if fn.has(k) and fn.param(k).type is Type.DATA}
-            summed |= set(e.inputs) - data
-    return [x for x in stages if x.kind is OpKind.SCORE and generate.outputs[0] in x.inputs
-            and x.outputs[0] in summed]
+            out |= set(e.inputs) - data
+    return out
 
 
 def _check_outputs(s: Stage, decl: ast.StageDecl, targets) -> None:

@@ -143,6 +143,15 @@ CASES = [
      7, 40, "forward(...) takes no key 'microbatch'"),
     ("generate-chunks", g("generate(actor, prompts)", "generate(actor, prompts, chunks = 2)"),
      6, 42, "generate(...) takes no key 'chunks'"),
+    ("estimator-adaptive-kl", g("group_norm(scores)", "group_norm(scores, kl_target = 0.1)"),
+     9, 32, "group_norm(...) takes no key 'kl_target'"),
+    ("weight-of-unread-scores", g("stage adv =", "stage extra = score(r, responses, weight = 2) "
+                                  "-> extra\nstage adv ="), 9, 35,
+     "weight must weigh scores an estimator adds up, and no estimator adds up 'extra'"),
+    ("shared-optimizers-differ", p("model critic : tiny { head = value }",
+                                   "model critic : tiny { head = value; optimizer = "
+                                   "adamw(lr = 1e-3) }") + "share actor, critic\n", 4, 1,
+     "its optimizer must be the same but for lr, not differ in kind, weight_decay"),
     ("old-estimator-name", g("group_norm(scores)", "grpo_advantages(scores)"), 9, 13,
      "unknown stage kind 'grpo_advantages'"),
     ("loss-as-stage", g("group_norm(scores)", "ppo_clip(scores)"), 9, 13,

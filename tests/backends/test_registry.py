@@ -8,9 +8,13 @@ outside ``rpeg/spec/functions.py`` and the ``@implements`` that registers it.
 
 from __future__ import annotations
 
+import doctest
+import importlib
 import io
 import tokenize
 from pathlib import Path
+
+import pytest
 
 from backends.torch_backend import advantages, losses, optim
 from backends.torch_backend.algorithms import implementations
@@ -82,3 +86,14 @@ def test_no_name_is_matched_outside_the_registry_and_its_implementations():
             if value in names and not source.lstrip().startswith("@implements("):
                 found.append(f"{path.relative_to(ROOT)}:{line}: {source.strip()}")
     assert not found, "algorithm names matched outside the registry:\n" + "\n".join(found)
+
+
+@pytest.mark.parametrize("module", [
+    "rpeg.spec.functions", "rpeg.spec.registry", "rpeg.spec.calls", "rpeg.spec.reference",
+    "backends.torch_backend.advantages", "backends.torch_backend.losses",
+    "backends.torch_backend.optim", "backends.torch_backend.rewards",
+    "backends.torch_backend.sampling", "backends.torch_backend.algorithms"])
+def test_module_examples(module, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    result = doctest.testmod(importlib.import_module(module), optionflags=doctest.ELLIPSIS)
+    assert result.failed == 0, f"{result.failed} example(s) failed in {module}"

@@ -26,6 +26,7 @@ class SamplingParams:
     top_p: float = 1.0
     eos_id: int | None = None
     seed: int = 0
+    min_new_tokens: int = 0             # end-of-sequence is not sampled before this many tokens
 
 
 @attrs.frozen

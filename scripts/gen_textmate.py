@@ -55,15 +55,17 @@ def _words(words) -> str:
 
 
 def build() -> dict:
-    from rpeg.spec.model import LOSSES, STAGE_FUNCTIONS
+    from rpeg.spec.functions import FUNCTIONS, by_category
     from rpeg.spec.presets import PRESETS
+    from rpeg.spec.registry import Category
 
     grammar = LARK.read_text(encoding="utf-8")
     keywords, operators = literals(grammar)
     number, unit = _terminal(grammar, "NUMBER"), _terminal(grammar, "UNIT")
     name = _terminal(grammar, "NAME")
-    functions = list(STAGE_FUNCTIONS) + ["python", "adam", "adamw", "fixed", "uniform",
-                                         "lognormal", "empirical"]
+    losses = [f.name for f in by_category(Category.LOSS)]
+    functions = [f.name for f in FUNCTIONS if f.category is not Category.LOSS] + [
+        "fixed", "uniform", "lognormal", "empirical"]
     return {
         "$schema": "https://raw.githubusercontent.com/martinring/tmlanguage/master/"
                    "tmlanguage.json",
@@ -98,7 +100,7 @@ def build() -> dict:
             },
             "function": {"name": "support.function.rpeg",
                          "match": rf"\b(?:{_words(functions)})(?=\s*\()"},
-            "loss": {"name": "support.constant.loss.rpeg", "match": rf"\b(?:{_words(LOSSES)})\b"},
+            "loss": {"name": "support.constant.loss.rpeg", "match": rf"\b(?:{_words(losses)})\b"},
             "preset": {"name": "support.constant.preset.rpeg",
                        "match": rf"(?<=:)\s*(?:{_words(PRESETS)}|custom)(?![\w.\-])"},
             "operator": {"name": "keyword.operator.rpeg", "match": _words(operators)},

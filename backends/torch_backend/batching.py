@@ -97,6 +97,16 @@ class Padded:
         x = x.detach().float().cpu().numpy()
         return tuple(x[i, :n].astype(np.float32) for i, n in enumerate(lengths))
 
+    # one sequence a row, as losses aggregate them (``losses.aggregate``): already so
+    def per_sequence(self, x: torch.Tensor) -> torch.Tensor:
+        return x
+
+    def sequence_mask(self) -> torch.Tensor:
+        return self.resp_mask
+
+    def sequence_layout(self, rows, device="cpu") -> torch.Tensor:
+        return self.layout(rows, device)
+
 
 @attrs.frozen
 class Flat:
@@ -136,6 +146,36 @@ class Flat:
             r = np.asarray(r, dtype=np.float32)
             parts.append(np.full(n, float(r), np.float32) if r.ndim == 0 else r[:n])
         return torch.from_numpy(np.concatenate(parts))[None].to(device)
+
+    # one sequence a row, as losses aggregate them (``losses.aggregate``): each sequence's
+    # response tokens gathered from the row into a row of their own, right-padded with zeros
+    def _rows(self) -> tuple[torch.Tensor, torch.Tensor]:
+        n, t = len(self.lengths), max(self.lengths, default=0)
+        index = torch.zeros((n, t), dtype=torch.long)
+        mask = torch.zeros((n, t), dtype=torch.float32)
+        start = 0
+        for i, k in enumerate(self.lengths):
+            index[i, :k] = torch.arange(start, start + k)
+            mask[i, :k] = 1.0
+            start += k
+        return index.to(self.targets.device), mask.to(self.targets.device)
+
+    def per_sequence(self, x: torch.Tensor) -> torch.Tensor:
+        """A [1, T] per-token tensor as [B, T_max] (differentiable)."""
+        index, mask = self._rows()
+        return x[0][index] * mask.to(x.dtype)
+
+    def sequence_mask(self) -> torch.Tensor:
+        return self._rows()[1]
+
+    def sequence_layout(self, rows, device="cpu") -> torch.Tensor:
+        """Per-token values (or one value per sequence, broadcast) as a [B, T_max] tensor."""
+        index, mask = self._rows()
+        out = torch.zeros(mask.shape, dtype=torch.float32)
+        for i, (r, k) in enumerate(zip(rows, self.lengths, strict=True)):
+            r = np.asarray(r, dtype=np.float32)
+            out[i, :k] = float(r) if r.ndim == 0 else torch.from_numpy(r[:k])
+        return out.to(device)
 
     def split(self, x: torch.Tensor, lengths) -> tuple[np.ndarray, ...]:
         x = x.detach().float().cpu().numpy()[0]

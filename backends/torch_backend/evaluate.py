@@ -27,7 +27,8 @@ BATCH = 32                      # responses decoded together
 
 
 def evaluate(ex, model: str, step: int) -> dict:
-    from backends.torch_backend.executor import sample_row, score_rows
+    from backends.torch_backend.executor import sample_row
+    from backends.torch_backend.rewards import Texts, score
     from rpeg.runtime.data import eval_rows
 
     start = time.time()
@@ -55,14 +56,18 @@ def evaluate(ex, model: str, step: int) -> dict:
     engine = replica.engine
     engine.version = replica.version
     responses: list[str] = [""] * len(prompts)
-    tokens = 0
+    lengths = [0] * len(prompts)
     for lo in range(0, len(prompts), BATCH):
         batch = prompts[lo: lo + BATCH]
         for chunk in engine.generate(batch, attrs.evolve(params, seed=params.seed * 4096 + lo), chunks=1):
             for i, ids in zip(chunk.prompt_index, chunk.response_ids, strict=True):
                 responses[lo + int(i)] = codec.decode(ids)
-                tokens += len(ids)
-    scores = score_rows(ex._reward_fn(e.reward), p.reward(e.reward), step, rows, responses)
+                lengths[lo + int(i)] = len(ids)
+    tokens = sum(lengths)
+    texts = Texts(tuple(r["prompt"] for r in rows), tuple(responses),
+                  tuple(str(r.get("answer", "")) for r in rows), tuple(lengths),
+                  int(params.max_new_tokens), tuple(rows), step)
+    scores = score(p.reward(e.reward), texts)
     out = {"step": step, "version": replica.version, "prompts": len(ex.eval_rows),
            "samples": e.samples, "reward": float(scores.mean()),
            "response_len": tokens / max(len(responses), 1)}

@@ -15,8 +15,6 @@ version instead (the engine keeps the next steps' responses between steps).
 
 from __future__ import annotations
 
-import importlib
-import inspect
 import sys
 
 import attrs
@@ -24,23 +22,24 @@ import numpy as np
 import torch
 
 from backends.api import Cohort, RolloutChunk, SamplingParams
-from backends.torch_backend import advantages as adv
+from backends.torch_backend import sampling
+from backends.torch_backend.advantages import Batch, group_mean
+from backends.torch_backend.algorithms import implementation, implements
 from backends.torch_backend.generation import TorchEngine
+from backends.torch_backend.losses import LossSpec, adapt_kl
 from backends.torch_backend.modeling import build_model, load_checkpoint, save_checkpoint
+from backends.torch_backend.optim import set_lr
+from backends.torch_backend.rewards import Texts, score
 from backends.torch_backend.tokenizer import codec_for
-from backends.torch_backend.train import (
-    LossSpec,
-    TokenHeads,
-    TrainBatch,
-    forward_arrays,
-    train_step,
-)
+from backends.torch_backend.train import TokenHeads, TrainBatch, forward_arrays, train_step
 from rpeg.errors import BackendError
 from rpeg.runtime.context import group_of
-from rpeg.runtime.data import reward_extras, step_rows, workload_rows
+from rpeg.runtime.data import workload_rows
 from rpeg.runtime.instances import LOAD, OpCall, base_of
-from rpeg.runtime.rewards import call_reward
-from rpeg.spec.model import Engine, Head, OpKind
+from rpeg.spec.functions import function
+from rpeg.spec.model import Engine, Head, OpKind, Reward
+from rpeg.spec.registry import Category, Role, Type
+from rpeg.spec.stages import refill_scores, roles_of
 
 
 class Replica:
@@ -54,6 +53,7 @@ class Replica:
         dims = members[0].dims
         weights = next((m.weights for m in members if m.weights), None)
         self.dtype = param_dtype(members[0].dtype, device)
+        self.device, self.device_index = device, device_index
         self.model = build_model(dims, spec.heads, seed=pipeline.workload.seed,
                                  weights=weights)
         self.lora = next((m.lora for m in members if m.lora is not None), None)
@@ -74,15 +74,17 @@ class Replica:
         self.version = 0
         self.heads = TokenHeads(self.model)
         self.trained = None
+        self.optimizer_spec = None
         self.grad_clip = 1.0
+        self.kl_coef: dict[str, float] = {}        # adaptive KL coefficients, by train stage
         if spec.trainable:
             layout = TrainLayout(tuple(spec.world), self.tp, spec.zero, spec.recompute,
                                  spec.offload)
-            master = all(getattr(m.optimizer, "master", True) for m in members if m.optimizer)
+            self.optimizer_spec = next(m.optimizer for m in members if m.optimizer is not None)
             self.trained = Trained.build(self.model, self.heads, members, layout, device=device,
-                                         dtype=self.dtype, master=master,
+                                         dtype=self.dtype, master=self.optimizer_spec.master,
                                          device_index=device_index)
-            self.grad_clip = next(m.optimizer.grad_clip for m in members if m.optimizer)
+            self.grad_clip = self.optimizer_spec.grad_clip
         else:
             if len(self.tp) > 1:
                 from backends.torch_backend.distributed import shard_tp
@@ -132,27 +134,24 @@ class Executor:
         self.replicas = {r.model: Replica(r, ctx.pipeline, self.device, device)
                          for r in ctx.replicas_on(device)}
         self.streams: dict[tuple[str, int], object] = {}
-        self.reward_fns: dict[str, object] = {}
         self.peers: dict[int, Executor] = {}       # an in-process run: every device's executor
         self.transferred: set[tuple[str, int]] = set()
+        p = ctx.pipeline
+        self.targets = {m.name: m for m in p.models} | {r.name: r for r in p.rewards}
+        self.roles = roles_of(p.stages, self.targets)      # data name -> what it is
 
     # --- one op ------------------------------------------------------------------------
     def run(self, call: OpCall, inputs: dict[str, list]) -> tuple[dict, dict]:
         replica = self.replicas.get(call.model) if call.model else None
         info = {"version_read": replica.version if replica and call.version >= 0 else -1}
         kind = call.kind
-        if kind is OpKind.GENERATE:
-            out, stats = self._generate(call, replica)
-            if call.carry:               # the oldest version any token of the chunk came from
+        if kind is not OpKind.SYNC_WEIGHTS:
+            # the registry's function of the op's stage, by its implementation here
+            fn = function(self._stage(call).function)
+            op = implementation(fn.name) if fn.category is Category.STAGE else _estimate
+            out, stats = op(self, call, replica, inputs)
+            if kind is OpKind.GENERATE and call.carry:    # the oldest version of the chunk
                 info["version_read"] = out[self._stage(call).outputs[0]].version
-        elif kind is OpKind.FORWARD:
-            out, stats = self._forward(call, replica, inputs)
-        elif kind is OpKind.SCORE:
-            out, stats = self._score(call, inputs)
-        elif kind is OpKind.COMPUTE:
-            out, stats = self._compute(call, inputs)
-        elif kind is OpKind.TRAIN:
-            out, stats = self._train(call, replica, inputs)
         else:
             out, stats = self._sync(call, replica), {}
         if kind in (OpKind.TRAIN, OpKind.SYNC_WEIGHTS) and replica is not None:
@@ -170,38 +169,50 @@ class Executor:
         """Device r of D streams responses r, r + D, ... of the step, as chunks r, r + D, ...
 
         With partial rollouts (``call.carry``) the device's engine also advances its share
-        of the next ``carry`` steps' prompts, kept between steps (``generate_carried``)."""
+        of the next ``carry`` steps' prompts, kept between steps (``generate_carried``).
+        With dynamic sampling (``refill_rounds``) a device generates whole groups (prompts
+        r, r + D, ...) and refills the degenerate ones first (``sampling.refill``)."""
         stage = self._stage(call)
         key = (call.op, call.step)
         shard = call.world
+        stats: dict = {}
         if call.chunk < shard:
             w = self.ctx.pipeline.workload
             n = w.prompts * w.samples
-            mine = np.arange(call.chunk % shard, n, shard)
+            rounds = int(stage.arg("refill_rounds"))
+            mine = sampling.whole_groups(call.chunk % shard, shard, w) if rounds else \
+                np.arange(call.chunk % shard, n, shard)
             codec = self._codec()
             params = SamplingParams(
-                max_new_tokens=int(stage.param("max_len", w.gen_len.max_len)),
-                temperature=float(stage.param("temperature", 1.0)),
-                top_p=float(stage.param("top_p", 1.0)), eos_id=codec.eos_id,
-                seed=(w.seed * 1_000_003 + call.step) * 64 + call.chunk % shard)
+                max_new_tokens=int(stage.arg("max_len") or w.gen_len.max_len),
+                temperature=float(stage.arg("temperature")),
+                top_p=float(stage.arg("top_p")), eos_id=codec.eos_id,
+                seed=(w.seed * 1_000_003 + call.step) * 64 + call.chunk % shard,
+                min_new_tokens=int(stage.arg("min_len") or 0))
             engine = self._engine(stage, replica)
+            pieces = max(call.chunks // shard, 1)
             if call.carry:
-                if not hasattr(engine, "generate_carried"):
+                if rounds or not hasattr(engine, "generate_carried"):
                     raise BackendError(f"stage '{stage.name}' must generate whole responses "
-                                       f"with this engine, not carry them over {call.carry} "
-                                       "step(s)", stage.span, hint="plan it with carry 0")
+                                       f"here, not carry them over {call.carry} step(s)",
+                                       stage.span, hint="plan it with carry 0")
                 cohorts = [Cohort(t, tuple(self._prompts(t, mine, codec)), attrs.evolve(
                     params, seed=params.seed * 128 + t - call.step))
                     for t in range(call.step, call.step + call.carry + 1)]
-                stream = engine.generate_carried(cohorts, chunks=call.chunks // shard,
-                                                 key=call.op)
+                stream = engine.generate_carried(cohorts, chunks=pieces, key=call.op)
+            elif rounds:
+                done = self._refill(call, stage, engine, params, mine, codec, rounds)
+                stream, mine = iter(sampling.split(done.chunk, pieces)), None
+                stats = {"refill_rounds": done.rounds, "groups_filtered": done.filtered,
+                         "groups_checked": done.checked}
             else:
                 stream = engine.generate(self._prompts(call.step, mine, codec), params,
-                                         chunks=call.chunks // shard)
+                                         chunks=pieces)
             self.streams[key] = (stream, mine)
         stream, mine = self.streams[key]
         chunk = next(stream)
-        chunk = attrs.evolve(chunk, prompt_index=mine[chunk.prompt_index])   # step-wide indices
+        if mine is not None:
+            chunk = attrs.evolve(chunk, prompt_index=mine[chunk.prompt_index])   # step-wide
         if call.chunk + shard >= call.chunks:
             self.streams.pop(key, None)
         names = stage.outputs
@@ -212,112 +223,188 @@ class Executor:
         if call.tp_group and call.tp_group[0] != self.device_index:
             return out, {}                          # tp rank > 0: rank 0 reports the chunk
         return out, {"tokens": int(sum(lengths)), "responses": len(lengths),
-                     "finished": float(np.mean(chunk.finished)) if lengths else 0.0}
+                     "finished": float(np.mean(chunk.finished)) if lengths else 0.0, **stats}
+
+    def _refill(self, call, stage, engine, params, mine, codec, rounds):
+        """Dynamic sampling for this device's groups (see ``sampling``)."""
+        w = self.ctx.pipeline.workload
+        n = w.prompts * w.samples
+
+        def generate(positions, rnd):
+            prompts = [np.asarray(codec.prompt(r["prompt"], w.prompt_len, w.template), np.int64)
+                       for r in sampling.rows_for(self.rows, w, call.step, positions + rnd * n,
+                                                  self.ctx.data)]
+            p = attrs.evolve(params, seed=params.seed + rnd * sampling.ROUND_SEED)
+            got = sampling.concat(list(engine.generate(prompts, p, chunks=1)))
+            return attrs.evolve(got, prompt_index=np.asarray(positions)[got.prompt_index])
+
+        readers = refill_scores(self.ctx.pipeline.stages, stage)
+
+        def combined(chunk):
+            texts = self._texts(call.step, chunk, int(params.max_new_tokens))
+            return sum(float(s.arg("weight")) * score(self.ctx.pipeline.reward(s.target), texts)
+                       for s in readers)
+        return sampling.refill(mine, generate, combined, w.samples, n, rounds)
 
     def _prompts(self, step: int, mine: np.ndarray, codec) -> list[np.ndarray]:
         """Token ids of this device's share (``mine``) of step ``step``'s prompts."""
-        rows = self._step_rows(step)
         w = self.ctx.pipeline.workload
-        return [np.asarray(codec.prompt(rows[i]["prompt"], w.prompt_len, w.template), np.int64)
-                for i in mine]
+        return [np.asarray(codec.prompt(r["prompt"], w.prompt_len, w.template), np.int64)
+                for r in sampling.rows_for(self.rows, w, step, mine, self.ctx.data)]
 
-    def _step_rows(self, step: int) -> list[dict]:
-        w = self.ctx.pipeline.workload
-        return step_rows(self.rows, w.prompts, w.samples, w.seed, step, self.ctx.data)
+    def _texts(self, step: int, chunk: RolloutChunk, budget: int) -> Texts:
+        """What a reward sees of ``chunk``: its prompts, responses, answers and dataset rows."""
+        picked = sampling.rows_for(self.rows, self.ctx.pipeline.workload, step,
+                                   chunk.prompt_index, self.ctx.data)
+        text = self._codec().decode
+        return Texts(tuple(r["prompt"] for r in picked),
+                     tuple(text(r) for r in chunk.response_ids),
+                     tuple(str(r.get("answer", "")) for r in picked),
+                     tuple(len(r) for r in chunk.response_ids), budget, tuple(picked), step)
 
     def _forward(self, call, replica, inputs):
         stage = self._stage(call)
         chunk = _rollout(inputs[stage.inputs[0]])
         model = self.ctx.pipeline.model(stage.target)
         what = {Head.LM: "logprobs", Head.VALUE: "values", Head.REWARD: "scores"}[model.head]
-        temperature = float(self._gen_param("temperature", 1.0))
         place = self.ctx.plan.placement(stage.name)
         value = forward_arrays(replica.model, chunk.prompt_ids, chunk.response_ids, what,
-                               device=self.device, temperature=temperature,
+                               device=self.device,
+                               temperature=self._temperature(stage.inputs[0]),
                                microbatches=place.microbatches, packed=place.packing)
         return {stage.outputs[0]: value}, {}
 
-    def _score(self, call, inputs):
+    def _temperature(self, responses: str) -> float:
+        """The sampling temperature of the generate stage that made ``responses``: the
+        policy whose log-probabilities the trainer compares (a greedy stage: 1)."""
+        src = self.ctx.pipeline.producer(responses)
+        t = float(src.arg("temperature")) if src is not None and src.kind is OpKind.GENERATE \
+            else 1.0
+        return t if t > 0 else 1.0
+
+    def _score(self, call, replica, inputs):
         stage = self._stage(call)
         chunk = _rollout(inputs[stage.inputs[0]])
-        rows = self._step_rows(call.step)
-        picked = [rows[i] for i in chunk.prompt_index]
-        text = self._codec().decode
-        responses = [text(r) for r in chunk.response_ids]
-        scores = score_rows(self._reward_fn(stage.target), self.ctx.pipeline.reward(stage.target),
-                            call.step, picked, responses)
-        stats = {"reward_sum": float(scores.sum()), "reward_n": int(len(scores))}
+        target = self.targets[stage.target]
+        if not isinstance(target, Reward):                  # a model with head = reward
+            scores = forward_arrays(replica.model, chunk.prompt_ids, chunk.response_ids,
+                                    "scores", device=self.device)
+            texts = None
+        else:
+            texts = self._texts(call.step, chunk, self._budget(stage.inputs[0]))
+            scores = score(target, texts)
+        scores = np.asarray(scores, dtype=np.float32)
+        stats = {f"reward_sum.{stage.name}": float(scores.sum()),
+                 f"reward_n.{stage.name}": int(len(scores))}
         keep = self.ctx.pipeline.log.samples
         kept = [n for n, i in enumerate(chunk.prompt_index) if i < keep]
-        if kept:                        # the step's first responses, for samples.jsonl
-            stats["samples"] = [sample_row(int(chunk.prompt_index[n]), picked[n],
-                                           responses[n], float(scores[n])) for n in kept]
+        if kept and texts is not None:      # the step's first responses, for samples.jsonl
+            stats["samples"] = [sample_row(int(chunk.prompt_index[n]), texts.rows[n],
+                                           texts.responses[n], float(scores[n])) for n in kept]
         return {stage.outputs[0]: scores}, stats
+
+    def _budget(self, responses: str) -> int:
+        """The generation budget (max_len) of the stage that made ``responses``."""
+        src = self.ctx.pipeline.producer(responses)
+        top = src.arg("max_len") if src is not None and src.kind is OpKind.GENERATE else None
+        return int(top or self.ctx.pipeline.workload.gen_len.max_len)
+
+    def _estimator_batch(self, stage, inputs) -> tuple[Batch, dict]:
+        """An estimator's inputs by role: the scores of its score stages added up with their
+        weights, the responses' groups and lengths, the per-token inputs it reads."""
+        fn = function(stage.function)
+        p = self.ctx.pipeline
+        baseline_of = [str(v) for k, v in stage.params
+                       if fn.has(k) and fn.param(k).type is Type.DATA]
+        apart = set(baseline_of) | {p.producer(n).inputs[0] for n in baseline_of}
+        by_role: dict[Role, list[str]] = {}
+        for name in inputs:
+            if name not in apart:
+                by_role.setdefault(self.roles[name], []).append(name)
+        scores = sum(self._weight(name) * np.asarray(_concat(inputs[name]), np.float64)
+                     for name in by_role[Role.SCORES])
+        w = self.ctx.pipeline.workload
+
+        def one(role):
+            names = by_role.get(role)
+            return _concat(inputs[names[0]]) if names else None
+        resp = one(Role.RESPONSES)
+        values, logprobs, ref = one(Role.VALUES), one(Role.LOGPROBS), one(Role.REF_LOGPROBS)
+        per_token = next((x for x in (values, logprobs, ref) if x is not None), None)
+        lengths = tuple(len(r) for r in resp.response_ids) if resp is not None else \
+            tuple(len(x) for x in per_token) if per_token is not None else ()
+        groups = group_of(resp.prompt_index, w.samples) if resp is not None else None
+        baseline = None
+        if baseline_of:
+            name = baseline_of[0]
+            greedy = _rollout(inputs[p.producer(name).inputs[0]])
+            base = np.asarray(_concat(inputs[name]), np.float64)
+            own = group_of(greedy.prompt_index, w.samples)
+            means = dict(zip(own.tolist(), group_mean(base, own).tolist(), strict=True))
+            baseline = np.array([means[g] for g in groups.tolist()])
+        args = fn.resolve(dict(stage.params))
+        return Batch(np.asarray(scores, np.float32), lengths, groups, values, logprobs, ref,
+                     baseline), args
+
+    def _weight(self, scores: str) -> float:
+        src = self.ctx.pipeline.producer(scores)
+        return float(src.arg("weight")) if function(src.function).has("weight") else 1.0
 
     def _compute(self, call, inputs):
         stage = self._stage(call)
-        data = {role: _concat(inputs[name]) for name, role in self._roles(stage.inputs)
-                if name in inputs}
-        if stage.function == "gae":
-            a, r = adv.gae(data["scores"], data["values"], data.get("logprobs"),
-                           data.get("ref_logprobs"), kl=float(stage.param("kl", 0.0)),
-                           gamma=float(stage.param("gamma", 1.0)),
-                           lam=float(stage.param("lam", 0.95)))
-            out = {stage.outputs[0]: a}
-            if len(stage.outputs) > 1:
-                out[stage.outputs[1]] = r
-            stats = {}
-            if data.get("logprobs") is not None and data.get("ref_logprobs") is not None:
-                diff = np.concatenate([np.asarray(x, np.float32) - np.asarray(y, np.float32)
-                                       for x, y in zip(data["logprobs"], data["ref_logprobs"],
-                                                       strict=True)])
-                stats = {"kl_sum": float(diff.sum()), "kl_n": int(diff.size)}
-            return out, stats
-        groups = group_of(_rollout(inputs["responses"]).prompt_index,
-                          self.ctx.pipeline.workload.samples)
-        if stage.function in ("group_norm", "grpo_advantages"):
-            a = adv.group_norm(data["scores"], groups)
-        elif stage.function == "rloo":
-            a = adv.rloo(data["scores"], groups)
-        else:
-            raise BackendError(f"compute function must be gae, group_norm or rloo, "
-                               f"not {stage.function!r}", stage.span)
-        return {stage.outputs[0]: a}, {}
+        batch, args = self._estimator_batch(stage, inputs)
+        outputs = implementation(stage.function)(batch, args)
+        out = dict(zip(stage.outputs, outputs, strict=False))
+        stats = {"reward_sum": float(np.sum(batch.scores)), "reward_n": int(len(batch.scores))}
+        if batch.logprobs is not None and batch.ref_logprobs is not None:
+            diff = np.concatenate([np.asarray(x, np.float32) - np.asarray(y, np.float32)
+                                   for x, y in zip(batch.logprobs, batch.ref_logprobs,
+                                                   strict=True)] or [np.zeros(0)])
+            stats |= {"kl_sum": float(diff.sum()), "kl_n": int(diff.size)}
+        return out, stats
 
     def _train(self, call, replica, inputs):
         stages = [self.ctx.pipeline.stage(s) for s in call.stages]
-        chunk = _rollout(inputs["responses"] if "responses" in inputs
-                         else inputs[stages[0].inputs[0]])
         data = {}
         for s in stages:
-            for name, role in self._roles(s.inputs):
+            for name in s.inputs:
+                role = self.roles[name]
                 if name in inputs and role not in data:
                     data[role] = _concat(inputs[name])
-        behaviour = data.get("logprobs", chunk.logprobs)
-        versions = [c.version for c in inputs.get("responses", [])] or [chunk.version]
+        chunk = data[Role.RESPONSES]
+        behaviour = data.get(Role.LOGPROBS, chunk.logprobs)
+        responses = next(n for n in stages[0].inputs if self.roles[n] is Role.RESPONSES)
+        versions = [c.version for c in inputs.get(responses, [])] or [chunk.version]
 
         def whole(xs):
             return None if xs is None else tuple(xs)
 
         # every data-parallel rank gets the whole batch and trains its token-balanced share
         batch = TrainBatch(whole(chunk.prompt_ids), whole(chunk.response_ids),
-                           old_logprobs=whole(behaviour), advantages=whole(data.get("advantages")),
-                           returns=whole(data.get("returns")),
-                           old_values=whole(data.get("values")),
-                           ref_logprobs=whole(data.get("ref_logprobs")),
+                           old_logprobs=whole(behaviour),
+                           advantages=whole(data.get(Role.ADVANTAGES)),
+                           returns=whole(data.get(Role.RETURNS)),
+                           old_values=whole(data.get(Role.VALUES)),
+                           ref_logprobs=whole(data.get(Role.REF_LOGPROBS)),
                            behaviour_version=min(versions))
-        losses = [_loss_spec(s, shared=len(stages) > 1) for s in stages]
+        losses = [self._loss(s, replica, shared=len(stages) > 1,
+                             old_values=Role.VALUES in data) for s in stages]
         places = [self.ctx.plan.placement(s.name) for s in stages]
+        steps = self.ctx.pipeline.workload.steps
+        lr = set_lr(replica.optimizer, replica.optimizer_spec, replica.version, steps)
         replica.trained.before_step()
         stats = train_step(
             replica.train_heads, replica.optimizer, batch, losses, version=replica.version,
-            minibatches=max(int(s.param("minibatches", 1)) for s in stages),
-            epochs=max(int(s.param("epochs", 1)) for s in stages), grad_clip=replica.grad_clip,
+            minibatches=max(int(s.arg("minibatches")) for s in stages),
+            epochs=max(int(s.arg("epochs")) for s in stages), grad_clip=replica.grad_clip,
             microbatches=max(p.microbatches for p in places),
-            normalize=any(loss.kind == "ppo_clip" for loss in losses),
+            normalize=any(loss.whiten for loss in losses),
             seed=self.ctx.pipeline.workload.seed * 7919 + call.step, device=self.device,
-            rank=call.rank, world=call.world, packed=places[0].packing)
+            rank=call.rank, world=call.world, packed=places[0].packing,
+            budget=float(self._budget(responses)))
         replica.trained.after_step()
+        stats["lr"] = lr
+        self._adapt(stages, losses, replica, stats, len(chunk))
         replica.version += 1
         if call.writes >= 0 and replica.version != call.writes:
             raise BackendError(f"train op '{call.id}' must write version {call.writes}, "
@@ -342,51 +429,30 @@ class Executor:
                 replica.engine.version = call.writes
         return {}
 
-    # --- helpers -----------------------------------------------------------------------
-    def _roles(self, names):
-        """Data names -> what they are, from the stage that produces them."""
-        p = self.ctx.pipeline
-        for name in names:
-            src = p.producer(name)
-            if src is None:
-                continue
-            idx = src.outputs.index(name)
-            if src.kind is OpKind.GENERATE:
-                yield name, ("responses", "logprobs")[min(idx, 1)]
-            elif src.kind is OpKind.FORWARD:
-                m = p.model(src.target)
-                yield name, {Head.LM: "ref_logprobs" if m.frozen else "logprobs",
-                             Head.VALUE: "values", Head.REWARD: "scores"}[m.head]
-            elif src.kind is OpKind.SCORE:
-                yield name, "scores"
-            elif src.function == "gae":
-                yield name, ("advantages", "returns")[min(idx, 1)]
-            else:
-                yield name, "advantages"
+    def _loss(self, stage, replica, shared: bool, old_values: bool) -> LossSpec:
+        loss = LossSpec.from_call(stage.param("loss"), shared=shared, old_values=old_values)
+        if loss.kl_target is not None:           # adaptive: the coefficient this step
+            loss = attrs.evolve(loss, kl=replica.kl_coef.get(stage.name, loss.kl))
+        return loss
 
+    def _adapt(self, stages, losses, replica, stats, responses: int) -> None:
+        """Move each adaptive KL coefficient by the step's measured KL (all ranks agree: the
+        KL is averaged over the data-parallel ranks first)."""
+        for s, loss in zip(stages, losses, strict=True):
+            if loss.kl_target is None or "kl" not in stats:
+                continue
+            measured = _mean_over_ranks(replica, stats["kl"])
+            replica.kl_coef[s.name] = adapt_kl(loss.kl, measured, loss.kl_target, responses,
+                                               loss.kl_horizon)
+            stats["kl_coef"] = replica.kl_coef[s.name]
+
+    # --- helpers -----------------------------------------------------------------------
     def _codec(self):
         """Text <-> ids of the generating model: its folder's own tokenizer, or bytes."""
         for s in self.ctx.pipeline.stages:
             if s.kind is OpKind.GENERATE:
                 return codec_for(self.ctx.pipeline.model(s.target).weights)
         return codec_for(None)
-
-    def _gen_param(self, key, default):
-        for s in self.ctx.pipeline.stages:
-            if s.kind is OpKind.GENERATE:
-                return s.param(key, default)
-        return default
-
-    def _reward_fn(self, name: str):
-        if name not in self.reward_fns:
-            r = self.ctx.pipeline.reward(name)
-            try:
-                fn = getattr(importlib.import_module(r.module), r.function)
-            except (ImportError, AttributeError) as e:
-                raise BackendError(f"reward '{name}' must name a function, and "
-                                   f"{r.module}:{r.function} is not one ({e})", r.span) from e
-            self.reward_fns[name] = fn
-        return self.reward_fns[name]
 
     def evaluate(self, model: str, step: int) -> dict:
         """The eval block on this worker's replica of ``model`` (``backends.torch_backend.evaluate``)."""
@@ -411,7 +477,8 @@ class Executor:
             else:
                 whole = self._gather_whole(model, replica) if replica.sharded else None
             save_checkpoint(replica.model, path, {**meta, "model": model,
-                                                  "version": replica.version},
+                                                  "version": replica.version,
+                                                  "kl_coef": dict(replica.kl_coef)},
                             replica.optimizer, whole=whole)
         return path
 
@@ -449,6 +516,7 @@ class Executor:
             if replica.trained is not None:
                 replica.trained.settle()           # ZeRO-2: whole again (every rank at once)
         replica.version = int(meta["version"])
+        replica.kl_coef = {str(k): float(v) for k, v in meta.get("kl_coef", {}).items()}
         if replica.engine is not None:
             replica.engine.version = replica.version
             replica.engine.carried.clear()     # partial rollouts: the next step starts afresh
@@ -474,6 +542,47 @@ class Executor:
             if r.engine is not None:
                 r.engine.shutdown()
         self.replicas.clear()
+
+
+# --- the stage functions of the registry, as this backend runs them ------------------------
+
+@implements("generate")
+def generate_op(ex: Executor, call, replica, inputs):
+    return ex._generate(call, replica)
+
+
+@implements("forward")
+def forward_op(ex: Executor, call, replica, inputs):
+    return ex._forward(call, replica, inputs)
+
+
+@implements("score")
+def score_op(ex: Executor, call, replica, inputs):
+    return ex._score(call, replica, inputs)
+
+
+@implements("train")
+def train_op(ex: Executor, call, replica, inputs):
+    return ex._train(call, replica, inputs)
+
+
+def _estimate(ex: Executor, call, replica, inputs):
+    """An advantage estimator: its inputs by role, then its implementation by name."""
+    return ex._compute(call, inputs)
+
+
+def _mean_over_ranks(replica, value: float) -> float:
+    """``value`` averaged over the devices training ``replica`` (DDP, FSDP2, tp: a tensor-
+    parallel group's ranks agree already), or itself on one device."""
+    import torch.distributed as dist
+    layout = replica.trained.layout if replica.trained is not None else None
+    if layout is None or layout.dp <= 1 or not dist.is_initialized():
+        return float(value)
+    from backends.torch_backend.distributed import group_of
+    peers = layout.dp_peers(replica.device_index) if layout.tp_size > 1 else layout.world
+    t = torch.tensor([float(value)], dtype=torch.float64, device=replica.device)
+    dist.all_reduce(t, group=group_of(tuple(peers)))
+    return float(t.item()) / len(peers)
 
 
 def tp_pieces(model: str, group: tuple[int, ...]) -> dict | None:
@@ -511,28 +620,6 @@ def _device_name(ctx, device: int) -> str:
     if ctx.use_cuda and torch.cuda.is_available():
         return f"cuda:{device % torch.cuda.device_count()}"
     return "cpu"
-
-
-def _loss_spec(stage, shared: bool) -> LossSpec:
-    loss = stage.param("loss")
-    name = getattr(loss, "name", str(loss) if loss else "ppo_clip")
-    args = getattr(loss, "args", ())
-    clip = float(args[0]) if args else float(getattr(loss, "get", lambda *a: None)("clip") or 0.2)
-    coef = float(stage.param("coef", 0.5 if (shared and name == "value_mse") else 1.0))
-    return LossSpec(name, clip=clip, kl=float(stage.param("kl", 0.0)),
-                    is_cap=float(stage.param("is_cap", 2.0)), coef=coef)
-
-
-def score_rows(fn, reward, step: int, rows: list[dict], responses: list[str]) -> np.ndarray:
-    """``fn(prompts, responses, answers, **columns)``, its scores checked
-    (``rpeg.runtime.rewards``): the dataset's other columns reach the reward by name (each
-    one its parameters name, or all of them for ``**kwargs``)."""
-    extras = reward_extras(rows)
-    params = inspect.signature(fn).parameters if callable(fn) else {}
-    if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
-        extras = {k: v for k, v in extras.items() if k in params}
-    return call_reward(fn, reward, step, [r["prompt"] for r in rows], responses,
-                       [str(r.get("answer", "")) for r in rows], extras)
 
 
 SAMPLE_CHARS = 4000             # a kept sample's prompt and response, each at most this long

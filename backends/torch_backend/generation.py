@@ -120,9 +120,9 @@ class TorchEngine:
         hidden, cache, mask, pos = _prefill(model, dev, prompt_ids)
         rows = torch.arange(n)                       # original index of each live row
         same_on_all = _tp_agreement(model)
-        for _ in range(params.max_new_tokens):
+        for t in range(params.max_new_tokens):
             logits = model.lm_head(hidden[:, -1]).float()
-            tok, lp = sample(logits, params.temperature, params.top_p, gen)
+            tok, lp = sample_at_least(logits, params, gen, eos, t < params.min_new_tokens)
             tok = same_on_all(tok)
             active = torch.zeros(n, dtype=torch.bool)
             active[rows] = True
@@ -202,7 +202,9 @@ class TorchEngine:
             tok = torch.empty(len(rows), dtype=torch.long, device=logits.device)
             lp = torch.empty(len(rows), dtype=torch.float32, device=logits.device)
             for cohort, idx in _by_cohort(rows):
-                t, lps = sample(logits[idx], params.temperature, params.top_p, gens[cohort])
+                short = torch.tensor([len(rows[i].tokens) < params.min_new_tokens
+                                      for i in idx.tolist()])
+                t, lps = sample_at_least(logits[idx], params, gens[cohort], eos, short)
                 tok[idx], lp[idx] = t, lps
             tok = same_on_all(tok)
             ended = []
@@ -282,6 +284,22 @@ def sample(logits: torch.Tensor, temperature: float, top_p: float,
         probs = torch.zeros_like(probs).scatter(-1, order, sorted_p)
     tok = torch.multinomial(probs.cpu(), 1, generator=gen if gen.device.type == "cpu" else None)
     tok = tok.to(logits.device).squeeze(-1)
+    return tok, logp.gather(-1, tok[:, None]).squeeze(-1)
+
+
+def sample_at_least(logits: torch.Tensor, params: SamplingParams, gen: torch.Generator, eos: int,
+                    short) -> tuple[torch.Tensor, torch.Tensor]:
+    """``sample``, except that rows still ``short`` of ``min_new_tokens`` (a bool, or a mask
+    per row) cannot end: their end-of-sequence logit is masked out. The log-probability is
+    the model's own (unmasked) one, as the trainer computes it."""
+    if not bool(torch.as_tensor(short).any()) or not 0 <= eos < logits.shape[-1]:
+        return sample(logits, params.temperature, params.top_p, gen)
+    rows = torch.as_tensor(short, device=logits.device).expand(logits.shape[0])
+    masked = logits.clone()
+    masked[rows, eos] = float("-inf")
+    tok, _ = sample(masked, params.temperature, params.top_p, gen)
+    scale = params.temperature if params.temperature > 0 else 1.0
+    logp = torch.log_softmax(logits / scale, dim=-1)
     return tok, logp.gather(-1, tok[:, None]).squeeze(-1)
 
 

@@ -49,6 +49,8 @@ from backends.torch_backend.modeling import build_model
 from backends.torch_backend.tokenizer import EOS_ID
 from backends.torch_backend.train import LossSpec, TrainBatch, forward_arrays, train_step
 from rpeg.cost.calibrate import MALLOC_ENV, allocator, clean_env, worker_env
+from rpeg.spec.functions import loss_for
+from rpeg.spec.model import Head
 from rpeg.spec.presets import PRESETS, ModelDims
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -184,9 +186,8 @@ def probe_bytes(kind: str) -> int:
     return {"stream": lambda: _stream_probe()[1], "copy": lambda: _copy_probe()[1]}[kind]()
 
 
-# Host ops as the shipped pipelines run them: (spec, stage) -> the function it calls.
-HOST_STAGES = (("tiny_ppo.rpeg", "scores", "reward"), ("tiny_ppo.rpeg", "adv", "gae"),
-               ("tiny_grpo.rpeg", "adv", "group_norm"))
+# Host ops as the shipped pipelines run them: their python reward and advantage estimators.
+HOST_STAGES = (("tiny_ppo.rpeg", "scores"), ("tiny_ppo.rpeg", "adv"), ("tiny_grpo.rpeg", "adv"))
 HOST_SHAPES = ((16, 4), (16, 20), (64, 4), (64, 12), (64, 20), (128, 4), (128, 20))
 
 
@@ -240,7 +241,8 @@ def host_ops(repeats: int = 5) -> list[dict]:
     rows = []
     model_op = op_runner("train", PRESETS["tiny"], 32, 8, 20)
     model_op()
-    for spec, stage, fn in HOST_STAGES:
+    for spec, stage in HOST_STAGES:
+        fn = host_function(spec, stage)
         for batch, length in HOST_SHAPES:
             run = _host_op(spec, stage, batch, length)
             run()
@@ -253,6 +255,15 @@ def host_ops(repeats: int = 5) -> list[dict]:
             rows.append({"function": fn, "pipeline": spec, "stage": stage, "batch": batch,
                          "tokens": batch * length, "seconds": statistics.median(times)})
     return rows
+
+
+def host_function(spec: str, stage: str) -> str:
+    """What a host stage runs, as the cost model's fit names it: "reward" for a python
+    reward, else the estimator's registry name."""
+    from rpeg.spec import load
+    from rpeg.spec.model import OpKind
+    s = load(ROOT / "pipelines" / spec).stage(stage)
+    return "reward" if s.kind is OpKind.SCORE else s.function
 
 
 def model_host_per_sample(samples: int = 64, prompt_len: int = 8, gen_len: int = 20,
@@ -346,7 +357,7 @@ def op_runner(kind: str, dims: ModelDims, batch: int, prompt_len: int, gen_len: 
         opt = (_AllReduceAdamW if data_parallel else torch.optim.AdamW)(heads.parameters(),
                                                                         lr=1e-5)
         tb = _train_batch(prompts, responses)
-        loss = [LossSpec("ppo_clip", clip=0.2)]
+        loss = [LossSpec(loss_for(Head.LM).name, clip=0.2)]      # the default policy loss
         return lambda: train_step(heads, opt, tb, loss, version=0, minibatches=minibatches)
     raise ValueError(f"op kind must be forward, generate, train, stream or copy, not {kind!r}")
 

@@ -23,7 +23,8 @@ from backends.torch_backend.measure import PeakMemory, _trim, measure_ops, warm_
 from backends.torch_backend.modeling import build_model
 from backends.torch_backend.sharding import Trained, TrainLayout
 from backends.torch_backend.train import LossSpec, TokenHeads, TrainBatch, train_step
-from rpeg.spec.model import Model, Optimizer
+from rpeg.spec.functions import default_optimizer, loss_for
+from rpeg.spec.model import Head, Model, Optimizer
 from rpeg.spec.presets import PRESETS, ModelDims  # noqa: F401  (doctest)
 
 
@@ -42,14 +43,15 @@ def batch_of(op: dict) -> TrainBatch:
 def runner(op: dict, rank: int, world: tuple[int, ...]):
     """A zero-argument callable: one train op of ``op``'s layout on this rank."""
     dims = ModelDims(**op["dims"]) if isinstance(op["dims"], dict) else op["dims"]
-    members = [Model("actor", "bench", dims, optimizer=Optimizer("adam", lr=1e-5))]
+    members = [Model("actor", "bench", dims,
+                     optimizer=Optimizer(default_optimizer().name, lr=1e-5))]
     model = build_model(dims, heads=("lm",), seed=0)
     layout = TrainLayout(world, zero=op["zero"], recompute=op["recompute"],
                          offload=op["offload"])
     trained = Trained.build(model, TokenHeads(model), members, layout, device="cpu",
                             dtype=torch.float32, master=True, device_index=rank)
     batch = batch_of(op)
-    losses = [LossSpec("ppo_clip", clip=0.2)]
+    losses = [LossSpec(loss_for(Head.LM).name, clip=0.2)]     # the policy's default loss
 
     def run():
         trained.before_step()

@@ -254,29 +254,10 @@ def mesh_groups(layout: TrainLayout) -> list[tuple[int, ...]]:
 # --- the optimizer ------------------------------------------------------------------------
 
 def make_optimizer(model, members, master: bool):
-    """Adam(W) over the backbone and LM head at the first trained member's settings, the
-    value head at the value model's learning rate; over float32 masters with ``master``."""
-    trainable = [m for m in members if m.optimizer is not None]
-    if not trainable:
-        raise BackendError(f"model '{members[0].name}' is trained, so it must have an optimizer",
-                           members[0].span, hint="add { optimizer = adam(lr = 1e-5) }")
-    first = trainable[0].optimizer
-    if first.kind not in ("adam", "adamw"):
-        raise BackendError(f"optimizer must be adam or adamw, not {first.kind!r}",
-                           trainable[0].span)
-    groups = [{"params": [p for n, p in model.named_parameters()
-                          if not n.startswith("value_head") and p.requires_grad],
-               "lr": first.lr}]
-    from rpeg.spec.model import Head
-    value_opt = next((m.optimizer for m in trainable if m.head is not Head.LM), first)
-    value_params = [p for n, p in model.named_parameters() if n.startswith("value_head")]
-    if value_params:
-        groups.append({"params": value_params, "lr": value_opt.lr})
-    cls = torch.optim.AdamW if first.kind == "adamw" else torch.optim.Adam
-    kwargs = dict(betas=tuple(first.betas), eps=first.eps, weight_decay=first.weight_decay)
-    if master:
-        return MasterAdam(groups, cls, **kwargs)
-    return cls(groups, **kwargs)
+    """The members' optimizer (``optim.build_optimizer``: its kind, rates and schedule), over
+    float32 masters with ``master``."""
+    from backends.torch_backend.optim import build_optimizer
+    return build_optimizer(model, members, master=master)[0]
 
 
 class MasterAdam(torch.optim.Optimizer):
@@ -298,6 +279,7 @@ class MasterAdam(torch.optim.Optimizer):
     @torch.no_grad()
     def step(self, closure=None):
         for g, m in zip(self.param_groups, self.inner.param_groups, strict=True):
+            m["lr"] = g["lr"]                     # a schedule sets the outer groups' rate
             for p, q in zip(g["params"], m["params"], strict=True):
                 q.grad = None if p.grad is None else p.grad.float()
         self.inner.step()

@@ -1,4 +1,4 @@
-"""Forward passes and training steps: PPO clip, GRPO, clipped value loss, and their sum.
+"""Forward passes and training steps: the losses of ``losses.py``, and their sum.
 
     >>> from rpeg.spec.presets import PRESETS
     >>> model = build_model(PRESETS["tiny"], heads=("lm",), seed=0)
@@ -7,11 +7,12 @@
     >>> stats["clip_frac"]                                                                   # doctest: +SKIP
     0.0
 
-A batch is plain arrays, one per response. Losses average over response
-tokens. Several losses in one step (actor-critic sharing) add up into one
-backward pass and one optimizer step. With ``behaviour_version`` behind the
-model's version (staleness > 0) the surrogate is taken against the current
-("proximal") policy and weighted by the capped importance ratio
+A batch is plain arrays, one per response. Each loss aggregates its tokens as
+it says (``losses.aggregate``). Several losses in one step (actor-critic sharing)
+add up into one backward pass and one optimizer step. With ``behaviour_version``
+behind the model's version (staleness > 0), or a loss asking for truncated
+importance sampling on every batch (``tis``), the surrogate is taken against the
+current ("proximal") policy and weighted by the capped importance ratio
 ``min(pi_prox / pi_behaviour, cap)`` per token.
 """
 
@@ -29,16 +30,10 @@ from backends.torch_backend.batching import Flat, Padded, balance, micro_batches
 from backends.torch_backend.batching import build as build_rows
 from backends.torch_backend.distributed import clip_grad_norm
 from backends.torch_backend.generation import _autocast
+from backends.torch_backend.losses import LossSpec, Norm, compute_loss
 from backends.torch_backend.modeling import PolicyModel, build_model  # noqa: F401  (doctest)
 
-
-@attrs.frozen
-class LossSpec:
-    kind: str                   # "ppo_clip" | "grpo" | "value_mse"
-    clip: float = 0.2
-    kl: float = 0.0             # coefficient of a KL-to-reference loss term (GRPO style)
-    is_cap: float = 2.0         # cap on the off-policy importance weight
-    coef: float = 1.0           # weight of this loss in the sum
+__all__ = ["LossSpec", "Packed", "TokenHeads", "TrainBatch", "forward_arrays", "train_step"]
 
 
 Packed = Padded     # prompt + response ids, right-padded (the name used before packing)
@@ -131,18 +126,20 @@ def train_step(heads: nn.Module, optimizer: torch.optim.Optimizer, batch: TrainB
                losses: list[LossSpec], *, version: int, minibatches: int = 1, epochs: int = 1,
                grad_clip: float = 1.0, normalize: bool = True, seed: int = 0,
                device="cpu", microbatches: int = 1, rank: int = 0, world: int = 1,
-               packed: bool = False) -> dict[str, float]:
+               packed: bool = False, budget: float = 1.0) -> dict[str, float]:
     """One optimizer step per minibatch, over ``epochs`` passes; returns mean statistics.
 
     ``batch`` is the train op's whole batch, the same on every data-parallel rank; rank
     ``rank`` of ``world`` trains on its token-balanced share (:func:`balance`). Each rank
     splits its share into the same number of minibatches; each minibatch runs as
     ``microbatches`` token-balanced forward/backward passes (padded, or ``packed`` into
-    one row each) whose gradients add up before the step. A pass's loss is weighted by its
-    share of the minibatch's response tokens over all ranks (times ``world``, which the
-    data-parallel average divides out), so the update is the one-pass update over the
-    whole minibatch (up to float rounding) whatever the ranks and micro-batches. Advantages
-    are normalised over every response token of the batch."""
+    one row each) whose gradients add up before the step. A pass's loss is divided by the
+    denominators of the minibatch over all ranks (:class:`losses.Norm`: its response
+    tokens, its responses, the generation ``budget`` a ``seq_mean_token_sum`` loss divides
+    by) and multiplied by ``world``, which the data-parallel average divides out, so the
+    update is the one-pass update over the whole minibatch (up to float rounding) whatever
+    the aggregation, ranks and micro-batches. Advantages are normalised over every
+    response token of the batch."""
     n = len(batch.response_ids)
     resp = [len(r) for r in batch.response_ids]
     cost = [len(p) + r for p, r in zip(batch.prompt_ids, resp, strict=True)]
@@ -152,15 +149,16 @@ def train_step(heads: nn.Module, optimizer: torch.optim.Optimizer, batch: TrainB
         fields["advantages"] = _normalized(fields["advantages"], resp)
     parts = balance(cost, world)
     mine = parts[rank]
-    policy = any(loss.kind in ("ppo_clip", "grpo") for loss in losses)
-    off_policy = policy and batch.behaviour_version < version and "old_logprobs" in fields
+    policy = [loss for loss in losses if loss.policy]
+    stale = batch.behaviour_version < version or any(loss.tis for loss in policy)
+    off_policy = bool(policy) and stale and "old_logprobs" in fields
     collective = world > 1
     if off_policy:
         groups = _micro(mine, cost, microbatches, collective)
         with torch.no_grad():
             prox = _per_sequence(heads, batch.prompt_ids, batch.response_ids,
                                  [g or [0] for g in groups], packed, device)[0]
-        cap = max(loss.is_cap for loss in losses)
+        cap = max(loss.is_cap for loss in policy)
         fields["is_weight"] = [None] * n
         for i in mine:
             behaviour = np.asarray(fields["old_logprobs"][i], np.float32)
@@ -173,14 +171,15 @@ def train_step(heads: nn.Module, optimizer: torch.optim.Optimizer, batch: TrainB
     params = [p for p in heads.parameters() if p.requires_grad]
     for _ in range(epochs):
         splits = []
-        for r in range(world):              # every rank's split: the minibatch token totals
+        for r in range(world):              # every rank's split: the minibatch's totals
             order = torch.randperm(len(parts[r]), generator=gens[r]).tolist()
             splits.append([[parts[r][j] for j in piece.tolist()]
                            for piece in torch.tensor_split(torch.tensor(order), k)])
         for j in range(k):
-            everyone = max(sum(resp[i] for r in range(world) for i in splits[r][j]), 1)
+            everyone = [i for r in range(world) for i in splits[r][j]]
+            norm = Norm(float(max(sum(resp[i] for i in everyone), 1)),
+                        float(max(len(everyone), 1)), budget)
             part = splits[rank][j]
-            own = max(sum(resp[i] for i in part), 1)
             optimizer.zero_grad(set_to_none=True)
             micro = _micro(part, cost, microbatches, collective)
             stats: dict[str, float] = {}
@@ -193,24 +192,26 @@ def train_step(heads: nn.Module, optimizer: torch.optim.Optimizer, batch: TrainB
                     group = group or [0]
                     rows = build_rows([batch.prompt_ids[i] for i in group],
                                       [batch.response_ids[i] for i in group], packed, device)
-                    mb_t = {name: rows.layout([_or_zero(v[i]) for i in group], device)
+                    mb_t = {name: rows.sequence_layout([_or_zero(v[i]) for i in group], device)
                             for name, v in fields.items()}
-                    lp, ent, values = token_outputs(heads, rows)
+                    lp, ent, values = (None if x is None else rows.per_sequence(x)
+                                       for x in token_outputs(heads, rows))
                     total = torch.zeros((), device=device)
                     terms: dict[str, torch.Tensor] = {}
                     for loss in losses:
-                        value, st = _loss(loss, lp, ent, values, rows.resp_mask, mb_t)
+                        value, st = compute_loss(loss, lp, ent, values, rows.sequence_mask(),
+                                                 mb_t, norm)
                         total = total + loss.coef * value
                         terms.update(st)
-                    tokens = 0.0 if dummy else float(rows.resp_mask.sum())
-                    (total * (tokens / everyone * world)).backward()
+                    (total * (0.0 if dummy else float(world))).backward()
                 if dummy:
                     continue
                 terms["loss"] = total
-                for key, v in terms.items():
-                    stats[key] = stats.get(key, 0.0) + tokens / own * float(
+                for key, v in terms.items():    # each a share of the minibatch's, all ranks'
+                    stats[key] = stats.get(key, 0.0) + world * float(
                         v.detach() if torch.is_tensor(v) else v)
-            stats["grad_norm"] = float(clip_grad_norm(params, grad_clip))   # DTensor-aware
+            # DTensor-aware; 0: measured, not clipped
+            stats["grad_norm"] = float(clip_grad_norm(params, grad_clip or float("inf")))
             optimizer.step()
             for key, v in stats.items():
                 sums[key] = sums.get(key, 0.0) + v
@@ -250,36 +251,6 @@ def _normalized(advantages, lengths) -> list[np.ndarray]:
     mean, std = flat.mean(), flat.std()
     return [((np.asarray(a, np.float32) - mean) / (std + 1e-6)).astype(np.float32)
             for a in advantages]
-
-
-def _loss(loss: LossSpec, lp, ent, values, m, t) -> tuple[torch.Tensor, dict]:
-    if loss.kind in ("ppo_clip", "grpo"):
-        ratio = torch.exp(lp - t["old_logprobs"])
-        adv = t["advantages"]
-        surr = torch.min(ratio * adv, ratio.clamp(1 - loss.clip, 1 + loss.clip) * adv)
-        if "is_weight" in t:
-            surr = surr * t["is_weight"]
-        value = -_masked_mean(surr, m)
-        stats = {"policy_loss": value.detach(),
-                 "clip_frac": _masked_mean(((ratio - 1).abs() > loss.clip).float(), m),
-                 "entropy": _masked_mean(ent, m).detach()}
-        if "ref_logprobs" in t:
-            d = t["ref_logprobs"] - lp
-            k3 = torch.exp(d) - d - 1          # non-negative, unbiased KL estimator
-            stats["kl"] = _masked_mean(lp - t["ref_logprobs"], m).detach()
-            if loss.kl:
-                value = value + loss.kl * _masked_mean(k3, m)
-        return value, stats
-    if loss.kind == "value_mse":
-        ret = t["returns"]
-        err = (values - ret) ** 2
-        if "old_values" in t and loss.clip > 0:
-            old = t["old_values"]
-            clipped = old + (values - old).clamp(-loss.clip, loss.clip)
-            err = torch.max(err, (clipped - ret) ** 2)
-        value = 0.5 * _masked_mean(err, m)
-        return value, {"value_loss": value.detach()}
-    raise ValueError(f"unknown loss {loss.kind!r}")
 
 
 def _masked_mean(x: torch.Tensor, m: torch.Tensor) -> torch.Tensor:

@@ -298,6 +298,7 @@ def _vllm_sampling(params: SamplingParams, eos: int | None, index: int):
 
     return VSamplingParams(
         n=1, max_tokens=params.max_new_tokens, temperature=params.temperature, top_p=params.top_p,
+        min_tokens=params.min_new_tokens,
         # One seed per request: reproducible calls, distinct samples of a repeated prompt.
         seed=(params.seed * 1_000_003 + index) % (1 << 63),
         logprobs=0, stop_token_ids=[eos] if _stops(eos) else None,

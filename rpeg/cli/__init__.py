@@ -20,7 +20,7 @@ import typer
 from rpeg.errors import RpegError
 
 COMMANDS = ("check", "fmt", "graph", "compile", "simulate", "diff", "run", "verify", "show",
-            "export", "calibrate")
+            "export", "calibrate", "help")
 
 app = typer.Typer(
     name="rpeg",

@@ -269,8 +269,11 @@ def fit_host(rows: list[dict]) -> dict[str, float]:
     >>> {k: round(v, 9) for k, v in fit_host(rows).items()}
     {'reward_call_overhead': 0.0002, 'reward_sample_overhead': 3e-06, 'reward_token_time': 1e-07}
     """
+    from rpeg.spec.functions import by_category, find
+    from rpeg.spec.registry import Category
     out: dict[str, float] = {}
-    groups = (("reward", ("reward",)), ("compute", ("gae", "group_norm", "rloo")))
+    groups = (("reward", ("reward",)),
+              ("compute", tuple(f.name for f in by_category(Category.ESTIMATOR))))
     names = {"reward": ("reward_call_overhead", "reward_sample_overhead", "reward_token_time"),
              "compute": ("compute_call_overhead", "compute_sample_time", "compute_token_time")}
     for group, functions in groups:
@@ -278,7 +281,7 @@ def fit_host(rows: list[dict]) -> dict[str, float]:
         if not sel:
             continue
         t = np.array([r["seconds"] for r in sel])
-        a = np.array([[1.0, r["batch"], r["tokens"] if r["function"] in ("reward", "gae")
+        a = np.array([[1.0, r["batch"], r["tokens"] if _per_token(r["function"], find)
                        else 0.0] for r in sel], float) / t[:, None]
         x = _nnls(a, np.ones_like(t))
         call, sample, token = names[group]
@@ -286,6 +289,13 @@ def fit_host(rows: list[dict]) -> dict[str, float]:
         if a[:, 2].any():
             out[token] = float(x[2])
     return out
+
+
+def _per_token(name: str, find) -> bool:
+    """A host function whose work grows with the response tokens (the reward decodes them;
+    the registry's pricing says which estimators do)."""
+    fn = find(name)
+    return name == "reward" or (fn is not None and fn.pricing.per_token)
 
 
 def fit_dispatch(d: dict) -> float:

@@ -57,7 +57,9 @@ def ppo_pipeline(preset: str = "tiny", *, prompts: int = 8, samples: int = 1,
               (("minibatches", minibatches),)),
         Stage("critic_step", OpKind.TRAIN, "train", "critic", ("responses", "returns"), ()),
     )
-    return Pipeline("ppo", "<python>", w, models, (Reward("verifier", "rewards", "exact_match"),),
+    # a spec's words, written out (the registry's names, as a .rpeg file would hold them)
+    return Pipeline("ppo", "<python>", w, models, (Reward("verifier", "rewards", "exact_match",
+                                                          kind="python"),),
                     st, staleness=(("rollout", 1),), shares=(("actor", "critic"),))
 
 

@@ -14,6 +14,9 @@ What each op kind costs (all per step, on the op's devices):
 - GENERATE: prefill, then one decode step per generated token. Finished rows leave the
   batch (the torch engine drops them from its cache; vLLM batches continuously), so the
   batch shrinks along the workload's length distribution — its long tail sets the end.
+  Dynamic sampling (``refill_rounds``) adds, per extra round, the generation of the share
+  of the batch its declared ``filter_rate`` expects to be filtered (round k: rate^k), and
+  the python rewards that decide it.
   vLLM's per-layer and per-step host overheads are the profile's ``vllm_*`` extras.
 - FORWARD: one pass over prompt + response (padded to the batch's longest, or packed:
   each response at its own length, ``Parallel.packing``).
@@ -91,9 +94,9 @@ from rpeg.cost.passes import (
 )
 from rpeg.cost.topology import Collective, Topology, collective_time
 from rpeg.errors import CostError
+from rpeg.spec.functions import function
 from rpeg.spec.model import Cluster, Engine, Model, OpKind, Pipeline
 
-_PER_SAMPLE_FUNCTIONS = frozenset({"group_norm", "grpo_advantages", "rloo"})
 # names the tests and other modules read from here
 _slowest_lengths, _admissions = slowest_lengths, admissions
 
@@ -155,18 +158,22 @@ def _estimate(pipeline, stage, par, devices, topo, cluster, batch, engine, rows,
     gpu, w = cluster.gpu, pipeline.workload
     if stage.kind is OpKind.GENERATE:
         model = pipeline.model(stage.target)
-        return generation(model, par, devices, topo, cluster, batch, w, engine, rows,
-                          partial).cost
+        g = generation(model, par, devices, topo, cluster, batch, w, engine, rows, partial)
+        refills = refill_batches(stage, batch)
+        if not refills:
+            return g.cost
+        # each round's responses are scored (python rewards) to find the groups to refill
+        return _with_refills(g.cost, refills, lambda n: _plus_host(generation(
+            model, par, devices, topo, cluster, n, w, engine, rows, partial).cost,
+            reward_host_time(gpu, w, n)), reward_host_time(gpu, w, batch))
     if stage.kind is OpKind.SCORE and not pipeline.has_model(stage.target or ""):
-        # a python reward: per call, per response, and per response token (decoding, text)
-        t = gpu.get("reward_call_overhead", 0.0) \
-            + batch * gpu.get("reward_sample_overhead", gpu.sample_overhead) \
-            + batch * mean_len(w.gen_len) * gpu.get("reward_token_time", 0.0)
+        t = reward_host_time(gpu, w, batch)
         return StageCost(t, t, 0.0, (("reward", t),))
     if stage.kind is OpKind.COMPUTE:
         # per response, plus per response token for a per-token estimator (GAE's
-        # recursion); a group estimator (group_norm, rloo) works on one score per response
-        per_token = stage.function not in _PER_SAMPLE_FUNCTIONS
+        # recursion); a group estimator works on one score per response (the registry's
+        # pricing says which)
+        per_token = function(stage.function).pricing.per_token
         tokens = batch * mean_len(w.gen_len) if per_token else 0.0
         t = gpu.get("compute_call_overhead", 0.0) \
             + batch * gpu.get("compute_sample_time", gpu.sample_overhead) \
@@ -186,6 +193,40 @@ def _estimate(pipeline, stage, par, devices, topo, cluster, batch, engine, rows,
     raise CostError(f"stage kind must be one the cost model knows, not {stage.kind.value}")
 
 
+def refill_batches(stage, batch: int) -> tuple[int, ...]:
+    """Responses each extra round of a generate stage's dynamic sampling generates, expected
+    from its declared filter rate: round k regenerates the filtered share of round k - 1."""
+    rounds = int(stage.arg("refill_rounds") or 0) if stage.kind is OpKind.GENERATE else 0
+    rate = float(stage.arg("filter_rate") or 0.0)
+    return tuple(max(1, math.ceil(batch * rate ** k)) for k in range(1, rounds + 1)
+                 if batch * rate ** k >= 0.5)
+
+
+def reward_host_time(gpu, w, batch: int) -> float:
+    """Seconds of a python reward over ``batch`` responses: per call, per response, and per
+    response token (decoding, text)."""
+    return gpu.get("reward_call_overhead", 0.0) \
+        + batch * gpu.get("reward_sample_overhead", gpu.sample_overhead) \
+        + batch * mean_len(w.gen_len) * gpu.get("reward_token_time", 0.0)
+
+
+def _plus_host(cost: StageCost, host: float) -> StageCost:
+    return StageCost(cost.time_s + host, cost.compute_s + host, cost.comm_s, cost.breakdown)
+
+
+def _with_refills(cost: StageCost, batches: tuple[int, ...], price, scoring: float
+                  ) -> StageCost:
+    """``cost`` plus that of the extra generation rounds of ``batches`` responses each, and
+    the rewards that decide them (``scoring``: the first round's)."""
+    cost = StageCost(cost.time_s + scoring, cost.compute_s + scoring, cost.comm_s,
+                     cost.breakdown + (("refill_scoring", scoring),))
+    for n in batches:
+        extra = price(n)
+        cost = StageCost(cost.time_s + extra.time_s, cost.compute_s + extra.compute_s,
+                         cost.comm_s + extra.comm_s, cost.breakdown + (("refill", extra.time_s),))
+    return cost
+
+
 def generation_chunks(pipeline: Pipeline, stage_name: str, par: Parallel,
                       devices: Sequence[int], cluster: Cluster, chunks: int, *,
                       batch: int | None = None,
@@ -196,8 +237,9 @@ def generation_chunks(pipeline: Pipeline, stage_name: str, par: Parallel,
     in chunk i), chunks ordered by length: the first holds the shortest responses.
     ``with_lengths``: each with a third and fourth item, the chunk's longest response
     (tokens), which a consumer processing the chunk pads to, and their mean, which a packed
-    one computes. ``partial``: as for :func:`estimate_stage`; the chunks hold the responses that finish in the step (as many as the batch), a carried
-    one padded to its whole length."""
+    one computes. ``partial``: as for :func:`estimate_stage`; the chunks hold the responses
+    that finish in the step (as many as the batch), a carried one padded to its whole
+    length."""
     stage = pipeline.stage(stage_name)
     if stage.kind is not OpKind.GENERATE:
         raise CostError(f"generation_chunks must be asked of a generate stage, not "
@@ -235,6 +277,11 @@ def generation_chunks(pipeline: Pipeline, stage_name: str, par: Parallel,
     if out and count != batch:
         t, n, top, mean = out[-1]
         out[-1] = (t, n + batch - count, top, mean)
+    if refill_batches(stage, batch):
+        # dynamic sampling: the step's responses are known after its last round, all at once
+        end = estimate_stage(pipeline, stage_name, par, devices, cluster, batch=batch,
+                             engine=engine, rows=rows, partial=partial).time_s
+        out = [(end,) + o[1:] for o in out]
     return tuple(out) if with_lengths else tuple((t, n) for t, n, _, _ in out)
 
 

@@ -5,7 +5,8 @@
     'actor+critic'
 
 Passes in order (each a function from value to value):
-  1. ops        — one op per stage; models named through the sharing alias
+  1. ops        — one op per stage; models named through the sharing alias; an estimator
+                  that needs groups or lengths also reads its scores' responses
   2. merge      — train ops of one shared backbone become one op (one combined loss)
   3. syncs      — a weight-sync op for every trained model a generate op reads
   4. data edges — producer -> consumer for every datum read
@@ -17,8 +18,11 @@ from __future__ import annotations
 import attrs
 
 from rpeg.errors import GraphError
-from rpeg.graph.ir import GROUP_FUNCTIONS, DataEdge, Graph, Op, VersionEdge
+from rpeg.graph.ir import DataEdge, Graph, Op, VersionEdge
+from rpeg.spec.functions import function
 from rpeg.spec.model import OpKind, Pipeline
+from rpeg.spec.registry import Scope
+from rpeg.spec.stages import implicit_inputs
 
 
 def build(pipeline: Pipeline, staleness: dict[str, int] | None = None,
@@ -65,8 +69,11 @@ def _ops(pipeline: Pipeline, alias: dict[str, str]) -> list[Op]:
         target = alias.get(s.target, s.target) if s.target else None
         reads = target if s.target in models and s.kind is not OpKind.COMPUTE else None
         writes = target if s.kind is OpKind.TRAIN else None
-        ops.append(Op(s.name, s.kind, s.inputs, s.outputs, reads, writes, (s.name,), s.span,
-                      grouped=s.function in GROUP_FUNCTIONS))
+        fn = function(s.function)
+        # an estimator of groups or lengths also reads the responses its scores are of
+        inputs = s.inputs + implicit_inputs(pipeline, s)
+        ops.append(Op(s.name, s.kind, inputs, s.outputs, reads, writes, (s.name,), s.span,
+                      grouped=fn.scope is not Scope.SAMPLE))
     trainers: dict[str, Op] = {}
     for o in ops:
         if o.kind is OpKind.TRAIN and len(o.stages) == 1:

@@ -35,7 +35,7 @@ class Op:
     writes_model: str | None = None    # whose new version it makes (train; sync: at the reader)
     stages: tuple[str, ...] = ()       # spec stages this op implements (more than one when fused)
     span: Span = attrs.field(default=NOWHERE, eq=False, repr=False)
-    grouped: bool = False              # reads whole groups of a prompt's samples (GROUP_FUNCTIONS)
+    grouped: bool = False              # needs the step's whole batch (a group or batch estimator)
 
     @property
     def per_sample(self) -> bool:
@@ -43,10 +43,6 @@ class Op:
         group estimator normalises over a prompt's samples, which chunks split: it waits
         for the whole step)."""
         return self.kind in (OpKind.FORWARD, OpKind.SCORE, OpKind.COMPUTE) and not self.grouped
-
-
-# Advantage functions that normalise over the samples of one prompt.
-GROUP_FUNCTIONS = ("group_norm", "grpo_advantages", "rloo")
 
 
 @attrs.frozen

@@ -198,8 +198,9 @@ def fit_carry(ctx: Context, plan: Plan, p: StagePlacement) -> int:
     """``p.carry``, or as much of it as the stage's staleness bound leaves (its chosen
     staleness plus the carry must stay in the bound, :mod:`rpeg.cost.partial`); 0 where the
     stage's engine cannot carry responses over on this backend."""
-    if p.engine not in ctx.limits.carry_engines \
-            or ctx.pipeline.stage(p.stage).kind is not OpKind.GENERATE:
+    stage = ctx.pipeline.stage(p.stage)
+    if p.engine not in ctx.limits.carry_engines or stage.kind is not OpKind.GENERATE \
+            or stage.arg("refill_rounds"):
         return 0
     bound = dict(ctx.pipeline.staleness).get(p.stage, 0)
     return min(p.carry, max_carries(bound, plan.staleness_of(p.stage)))

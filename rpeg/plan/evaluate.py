@@ -40,10 +40,10 @@ from rpeg.plan.model import Plan, Predicted, StagePlacement
 from rpeg.plan.passes import fuse
 from rpeg.plan.simulate import OpTiming, Timeline, simulate, steps_for, tasks_per_step
 from rpeg.plan.staleness import staleness_problem, step_graph
+from rpeg.spec.functions import loss_of
 from rpeg.spec.model import Cluster, Engine, OpKind, Pipeline
 
 GB = 1e9
-POLICY_LOSSES = frozenset({"ppo_clip", "grpo"})    # losses with the off-policy correction
 
 
 @attrs.frozen
@@ -421,10 +421,13 @@ class Evaluator:
 
     def _off_policy(self, op, plan: Plan, graph: Graph) -> bool:
         """A policy-gradient train op whose responses were sampled with older weights (the
-        generate stage's staleness or carry): it runs the correction's extra forward."""
-        loss = self.pipeline.stage(op.stages[0]).param("loss")
-        if getattr(loss, "name", str(loss) if loss else "ppo_clip") not in POLICY_LOSSES:
+        generate stage's staleness or carry, or truncated importance sampling asked for on
+        every batch): it runs the correction's extra forward."""
+        stage = self.pipeline.stage(op.stages[0])
+        if not loss_of(stage, self.pipeline).policy:
             return False
+        if getattr(stage.param("loss"), "get", dict().get)("tis") is not None:
+            return True                          # corrected on every batch, stale or not
         return any(plan.staleness_of(g.stages[0]) + plan.placement(g.stages[0]).carry > 0
                    for g in graph.ops if g.kind is OpKind.GENERATE
                    and g.reads_model == op.writes_model)

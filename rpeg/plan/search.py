@@ -240,7 +240,8 @@ class Moves:
         self.trains = tuple(s for s in self.laid
                             if ctx.pipeline.stage(s).kind is OpKind.TRAIN) \
             if ctx.limits.offload else ()
-        self.partials = tuple((s, k) for s, k in self.bounded if s in self.gens) \
+        self.partials = tuple((s, k) for s, k in self.bounded if s in self.gens
+                              and not ctx.pipeline.stage(s).arg("refill_rounds")) \
             if ctx.limits.carry_engines else ()
         self.table = [
             (self.block, 4.0), (self.layout, 3.0), (self.colocate, 2.0), (self.chunks, 1.0),

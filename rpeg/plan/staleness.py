@@ -57,11 +57,14 @@ def staleness_problem(pipeline: Pipeline, plan: Plan) -> str | None:
     bounds = dict(pipeline.staleness)
     stages = {s.name for s in pipeline.stages}
     carries = {p.stage: p.carry for p in plan.placements if p.carry and p.stage in stages}
-    for stage in carries:
+    for stage, carry in carries.items():
         kind = pipeline.stage(stage).kind
         if kind is not OpKind.GENERATE:
             return (f"partial rollouts must be asked of a generate stage, not '{stage}' "
                     f"({kind.value})")
+        if pipeline.stage(stage).arg("refill_rounds"):
+            return (f"stage '{stage}' samples dynamically (refill_rounds): it must generate "
+                    f"whole groups of responses each step, not carry them over ({carry})")
     for stage, lag in chosen_staleness(pipeline, plan).items():
         if stage not in stages:
             return f"the plan's staleness must name stages of the pipeline, not '{stage}'"

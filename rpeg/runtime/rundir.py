@@ -9,8 +9,10 @@
                            step, chunk, version read and written, CPU seconds
         events.jsonl       the same op events, appended at each checkpoint (trace.json is
                            rewritten whenever they have doubled, and at the end of a run)
-        metrics.jsonl      one line per step: reward, KL, clip fraction, value loss,
-                           entropy, step time, tokens/s
+        metrics.jsonl      one line per step: reward (the estimators' weighted sum of
+                           scores) and each score stage's own, KL, clip fraction, value
+                           loss, entropy, learning rate and gradient norm per train op,
+                           step time, tokens/s, dynamic sampling's filtered share
         checkpoints/       safetensors + JSON per trained model
 
     >>> rd = RunDir.create("runs", "tiny_ppo")                 # doctest: +SKIP
@@ -155,12 +157,21 @@ def step_metrics(step: int, events: list[dict], step_time: float) -> dict:
     reward_n = sum(e["stats"].get("reward_n", 0) for e in events)
     if reward_n:
         row["reward"] = reward_sum / reward_n
+    for key in sorted({k for e in events for k in e["stats"] if k.startswith("reward_sum.")}):
+        name = key.split(".", 1)[1]            # one score stage's own mean (unweighted)
+        n = sum(e["stats"].get(f"reward_n.{name}", 0) for e in events)
+        if n:
+            row[f"reward.{name}"] = sum(e["stats"].get(key, 0.0) for e in events) / n
     gen = [e for e in events if e["kind"] == "generate"]
     tokens = sum(e["stats"].get("tokens", 0) for e in gen)
     responses = sum(e["stats"].get("responses", 0) for e in gen)
     if responses:
         row["response_len"] = tokens / responses
         row["tokens_per_s"] = tokens / step_time if step_time > 0 else 0.0
+    groups = sum(e["stats"].get("groups_checked", 0) for e in gen)
+    if groups:                                # dynamic sampling: the measured filter rate
+        row["filtered"] = sum(e["stats"].get("groups_filtered", 0) for e in gen) / groups
+        row["refill_rounds"] = max(e["stats"].get("refill_rounds", 0) for e in gen)
     kl_n = sum(e["stats"].get("kl_n", 0) for e in events)
     if kl_n:                                  # KL to the reference, as the advantages saw it
         row["kl"] = sum(e["stats"].get("kl_sum", 0.0) for e in events) / kl_n
@@ -170,8 +181,9 @@ def step_metrics(step: int, events: list[dict], step_time: float) -> dict:
         for k in ("kl", "clip_frac", "value_loss", "entropy", "policy_loss", "is_weight"):
             if k in e["stats"] and k not in row:
                 row[k] = e["stats"][k]
-        if "grad_norm" in e["stats"]:
-            row[f"grad_norm.{e['op']}"] = e["stats"]["grad_norm"]
+        for k in ("grad_norm", "lr", "kl_coef"):
+            if k in e["stats"]:
+                row[f"{k}.{e['op']}"] = e["stats"][k]
     versions = [e["version_read"] for e in gen if e.get("version_read", -1) >= 0]
     if versions:
         row["gen_version"] = min(versions)

@@ -112,7 +112,7 @@ def _model_sig(m: Model) -> tuple:
 
 
 def _reward_sig(r: Reward) -> tuple:
-    return (r.module, r.function)
+    return (r.kind, r.module, r.function, r.params)
 
 
 def _match_by_sig(a: dict[str, object], b: dict[str, object], sig) -> dict[str, str]:
@@ -210,8 +210,7 @@ def diff(a: Pipeline, b: Pipeline) -> SpecDiff:
     changes += _workload(a, b)
     changes += _things("models", a.models, b.models, m.models, _model_fields, _describe_model)
     changes += _things("rewards", a.rewards, b.rewards, m.rewards,
-                       lambda r, _m: {"function": f"{r.module}:{r.function}"},
-                       lambda r: f"python(\"{r.module}:{r.function}\")")
+                       lambda r, _m: {"function": str(r)}, str)
     changes += _stages(a, b, m)
     changes += _edges(a, b, m)
     changes += _staleness(a, b, m)

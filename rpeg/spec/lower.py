@@ -20,12 +20,11 @@ from rpeg.errors import Span, SpecError, SpecWarning, did_you_mean
 from rpeg.spec import ast
 from rpeg.spec import values as V
 from rpeg.spec.arch import MODEL_ARCH_KEYS, lower_dims
+from rpeg.spec.calls import keywords
+from rpeg.spec.checks import check_context, check_shared_optimizers, check_trained, fold_lengths
+from rpeg.spec.functions import by_category, default_optimizer, function
 from rpeg.spec.model import (
-    GENERATE_ENGINES,
-    LOSSES,
-    STAGE_FUNCTIONS,
     WORKLOAD_DATA,
-    Engine,
     Head,
     LengthDist,
     LengthKind,
@@ -39,7 +38,8 @@ from rpeg.spec.model import (
     lognormal_sigma,
 )
 from rpeg.spec.pins import lower_place
-from rpeg.spec.resolve import resolve_pipeline
+from rpeg.spec.registry import Category
+from rpeg.spec.resolve import blame, resolve_pipeline
 from rpeg.spec.sections import (
     DATA_KEYS,
     check_weights,
@@ -51,6 +51,7 @@ from rpeg.spec.sections import (
 )
 from rpeg.spec.sections import assigned as _assigned
 from rpeg.spec.sections import entries as _entries
+from rpeg.spec.stages import check_roles, lower_stage
 
 WORKLOAD_KEYS = ("steps", "prompts", "samples", "prompt_len", "gen_len", "dataset",
                  "seed") + DATA_KEYS
@@ -60,29 +61,32 @@ MAX_STEPS = 10_000_000
 MAX_TOKENS = 1 << 21
 MAX_HISTOGRAM_BYTES = 64 * 1024 * 1024
 
-# Keyword arguments each stage function takes (and of which type).
-STAGE_KWARGS: dict[str, tuple[str, ...]] = {
-    "generate": ("temperature", "top_p", "max_len", "engine", "chunks", "min_len"),
-    "forward": ("microbatch",),
-    "score": (),
-    "train": ("loss", "minibatches", "epochs", "grad_clip", "kl", "entropy", "value_clip",
-              "is_cap", "microbatch"),
-    "gae": ("kl", "gamma", "lam"),
-    "group_norm": ("kl", "eps"),
-    "grpo_advantages": ("kl", "eps"),
-    "rloo": ("kl",),
-    "reinforce": ("kl", "gamma"),
-}
-_TARGETED = (OpKind.GENERATE, OpKind.FORWARD, OpKind.SCORE, OpKind.TRAIN)
-
 
 def lower_pipeline(f: ast.File, overrides: tuple = ()) -> tuple[Pipeline, list[SpecError]]:
     """Resolve ``extend``, apply command-line ``overrides`` (``rpeg.spec.overrides``) and check
-    everything; return the pipeline and any warnings."""
+    everything; return the pipeline and any warnings.
+
+    An error in a base file's text that the extending file causes (it overrides what the
+    base's line relies on) is reported at the extending file's line, with a note into the
+    base (:func:`rpeg.spec.resolve.blame`)."""
+    items, chain = _resolved(f, overrides)
+    try:
+        return _lower(f, items, chain)
+    except SpecError as e:
+        if not chain:
+            raise
+        raise blame(f, e, lambda fi: _lower(fi, *_resolved(fi, overrides))) from None
+
+
+def _resolved(f: ast.File, overrides: tuple):
     items, chain = resolve_pipeline(f)
     if overrides:
         from rpeg.spec.overrides import apply_overrides
         items = apply_overrides(items, overrides)
+    return items, chain
+
+
+def _lower(f: ast.File, items, chain) -> tuple[Pipeline, list[SpecError]]:
     warnings: list[SpecError] = []
     decl = next(i for i in items if isinstance(i, ast.PipelineDecl))
     wl_items = [i for i in items if isinstance(i, ast.WorkloadDecl)]
@@ -94,7 +98,7 @@ def lower_pipeline(f: ast.File, overrides: tuple = ()) -> tuple[Pipeline, list[S
     models = tuple(_model(m, f.path, warnings) for m in items if isinstance(m, ast.ModelDecl))
     rewards = tuple(_reward(r, warnings) for r in items if isinstance(r, ast.RewardDecl))
     targets = {m.name: m for m in models} | {r.name: r for r in rewards}
-    stages = tuple(_stage(s, targets) for s in items if isinstance(s, ast.StageDecl))
+    stages = tuple(lower_stage(s, targets) for s in items if isinstance(s, ast.StageDecl))
     if not stages:
         raise SpecError(f"pipeline '{decl.name.value}' has no stages", decl.span,
                         hint="add at least 'stage rollout = generate(MODEL, prompts) -> responses'")
@@ -110,10 +114,15 @@ def lower_pipeline(f: ast.File, overrides: tuple = ()) -> tuple[Pipeline, list[S
     colocate = tuple(_colocate(i, by_stage, targets) for i in items if isinstance(i, ast.Colocate))
     place = tuple(lower_place(i, by_stage, targets) for i in items
                   if isinstance(i, ast.Place))
+    check_roles(stages, items, targets, workload)
+    check_shared_optimizers(shares, targets, items)
+    workload = fold_lengths(workload, stages, items)
+    check_context(workload, models, stages, items)
     _check_unused(stages, models, items, warnings)
     evaluation = next((lower_eval(i, f.path, rewards, workload.steps, warnings) for i in items
                        if isinstance(i, ast.EvalDecl)), None)
     log = next((lower_log(i) for i in items if isinstance(i, ast.LogDecl)), None)
+    check_trained(models, stages, items, versioned)
     pipeline = Pipeline(
         name=decl.name.value, path=f.path, workload=workload, models=models, rewards=rewards,
         stages=stages, staleness=staleness, shares=shares, colocate=colocate, place=place,
@@ -270,7 +279,7 @@ def _model(m: ast.ModelDecl, path: str, warnings: list[SpecError]) -> Model:
                             e["optimizer"].span, hint="remove 'frozen' or the optimizer")
         optimizer = _optimizer(_assigned(e["optimizer"], "optimizer"))
     elif not frozen:
-        optimizer = Optimizer()
+        optimizer = _optimizer_of(default_optimizer(), {})
     dtype = V.name(_assigned(e["dtype"], "dtype"), "dtype", DTYPES) if "dtype" in e else \
         folder_dtype or "bf16"
     if optimizer is not None and not optimizer.master and dtype == "fp32":
@@ -295,28 +304,21 @@ def _model(m: ast.ModelDecl, path: str, warnings: list[SpecError]) -> Model:
 
 
 def _optimizer(v: ast.Value) -> Optimizer:
-    if not isinstance(v, ast.Call) or v.func.value not in ("adam", "adamw"):
-        raise SpecError(f"optimizer must be adam(lr = ...) or adamw(lr = ...), not "
-                        f"{V.describe(v)}", v.span)
-    allowed = ("lr", "beta1", "beta2", "weight_decay", "eps", "grad_clip", "master_weights")
-    kw = {}
-    for k in v.kwargs:
-        if k.key.value not in allowed:
-            raise V.unknown_key(k.key, allowed, f"{v.func.value}(...)")
-        if k.key.value == "master_weights":
-            kw["master"] = V.name(k.value, "master_weights", ("true", "false")) == "true"
-            continue
-        kw[k.key.value] = V.real(k.value, k.key.value, minimum=0.0)
-    if v.args:
-        kw.setdefault("lr", V.real(v.args[0], "lr", positive=True))
-    if "lr" in kw and not 0 < kw["lr"] < 1:
-        where = next((k.value.span for k in v.kwargs if k.key.value == "lr"), v.span)
-        raise SpecError(f"lr must be in (0, 1), not {kw['lr']:g}", where)
-    return Optimizer(kind=v.func.value, lr=kw.get("lr", 1e-5),
-                     betas=(kw.get("beta1", 0.9), kw.get("beta2", 0.999)),
-                     weight_decay=kw.get("weight_decay", 0.0 if v.func.value == "adam" else 0.01),
-                     eps=kw.get("eps", 1e-8), grad_clip=kw.get("grad_clip", 1.0),
-                     master=kw.get("master", True))
+    names = tuple(f.name for f in by_category(Category.OPTIMIZER))
+    if not isinstance(v, ast.Call) or v.func.value not in names:
+        raise SpecError(f"optimizer must be one of {', '.join(n + '(lr = ...)' for n in names)}, "
+                        f"not {V.describe(v)}", v.span)
+    fn = function(v.func.value)
+    return _optimizer_of(fn, {k: value for k, (value, _) in
+                              keywords(fn, v.args, v.kwargs, f"{fn.name}(...)").items()})
+
+
+def _optimizer_of(fn, given: dict) -> Optimizer:
+    kw = fn.resolve(given)
+    return Optimizer(kind=fn.name, lr=kw["lr"], betas=(kw["beta1"], kw["beta2"]),
+                     weight_decay=kw["weight_decay"], eps=kw["eps"], grad_clip=kw["grad_clip"],
+                     master=kw["master_weights"], schedule=kw["schedule"], warmup=kw["warmup"],
+                     min_lr=kw["min_lr"])
 
 
 def _weights_dir(text: str, path: str, warnings: list[SpecError], span: Span) -> str:
@@ -337,16 +339,25 @@ def _weights_dir(text: str, path: str, warnings: list[SpecError], span: Span) ->
 
 def _reward(r: ast.RewardDecl, warnings: list[SpecError]) -> Reward:
     c = r.call
-    if c.func.value != "python" or len(c.args) != 1 or c.kwargs:
-        raise SpecError(f'a reward must be python("module:function"), not {V.describe(c)}',
-                        c.span)
-    ref = V.string(c.args[0], "python(...)")
+    kinds = tuple(f.name for f in by_category(Category.REWARD))
+    if c.func.value not in kinds:
+        raise SpecError(f"a reward must be one of {', '.join(k + '(...)' for k in kinds)}, not "
+                        f"{V.describe(c)}", c.span,
+                        hint='python("module:function") names your own reward function')
+    fn = function(c.func.value)
+    given = keywords(fn, c.args, c.kwargs, f"{fn.name}(...)")
+    if not fn.user_code:
+        return Reward(r.name.value, "", "", r.span, kind=fn.name,
+                      params=tuple((k, v) for k, (v, _) in given.items()))
+    if "ref" not in given:
+        raise SpecError(f'{fn.name}(...) must name "module:function"', c.span)
+    ref, where = given["ref"]
     if ref.count(":") != 1 or not all(part.replace(".", "").replace("_", "a").isalnum()
                                       for part in ref.split(":")):
-        raise SpecError(f'python(...) must name "module:function", not "{ref}"', c.args[0].span)
-    module, function = ref.split(":")
-    _resolve_python(module, function, Path(r.span.path).parent, c.args[0].span)
-    return Reward(r.name.value, module, function, r.span)
+        raise SpecError(f'{fn.name}(...) must name "module:function", not "{ref}"', where)
+    module, function_ = ref.split(":")
+    _resolve_python(module, function_, Path(r.span.path).parent, where)
+    return Reward(r.name.value, module, function_, r.span, kind=fn.name)
 
 
 def _resolve_python(module: str, function: str, folder: Path, span: Span) -> None:
@@ -396,118 +407,6 @@ def _find_module(module: str):
 
 
 # --- stages ------------------------------------------------------------------
-
-def _stage(s: ast.StageDecl, targets: dict[str, Model | Reward]) -> Stage:
-    fn = s.call.func.value
-    if fn not in STAGE_FUNCTIONS:
-        raise SpecError(f"unknown stage kind '{fn}'", s.call.func.span,
-                        hint=did_you_mean(fn, STAGE_FUNCTIONS) or
-                        "stage kinds: " + ", ".join(STAGE_FUNCTIONS))
-    kind = STAGE_FUNCTIONS[fn]
-    args = list(s.call.args)
-    for a in args:
-        if not isinstance(a, ast.Ident):
-            raise SpecError(f"arguments of {fn}(...) must be names of models and data, "
-                            f"not {V.kind_of(a)} ({V.describe(a)})", a.span,
-                            hint="settings go in keyword form: name = value")
-    target = None
-    if kind in _TARGETED:
-        if not args:
-            raise SpecError(f"{fn}(...) needs the {'reward' if kind is OpKind.SCORE else 'model'}"
-                            " it runs as its first argument", s.call.span)
-        t = args.pop(0)
-        target = t.value
-        if target not in targets:
-            raise SpecError(f"unknown {'reward or model' if kind is OpKind.SCORE else 'model'} "
-                            f"'{target}'", t.span, hint=did_you_mean(target, targets))
-        obj = targets[target]
-        if kind is OpKind.SCORE:
-            if isinstance(obj, Model) and obj.head is not Head.REWARD:
-                raise SpecError(f"score(...) needs a reward or a model with head = reward; "
-                                f"'{target}' has head = {obj.head.value}", t.span)
-        elif not isinstance(obj, Model):
-            raise SpecError(f"{fn}(...) runs a model, and '{target}' is a reward", t.span,
-                            hint=f"use score({target}, ...) to run a reward")
-        if kind is OpKind.TRAIN and obj.frozen:
-            raise SpecError(f"cannot train frozen model '{target}'", t.span,
-                            notes=[("declared frozen here", obj.span)],
-                            hint="remove 'frozen' from the model, or drop this train stage")
-        if kind is OpKind.GENERATE and obj.head is not Head.LM:
-            raise SpecError(f"generate(...) needs a language model; '{target}' has head = "
-                            f"{obj.head.value}", t.span)
-    inputs = tuple(a.value for a in args)
-    for a in args:
-        if a.value in targets:
-            raise SpecError(f"'{a.value}' is a model or reward, not data; only the first "
-                            f"argument of {fn}(...) names one", a.span)
-    if len(set(inputs)) != len(inputs):
-        dup = next(a for n, a in enumerate(args) if a.value in inputs[:n])
-        raise SpecError(f"'{dup.value}' is passed twice", dup.span)
-    outputs = tuple(o.value for o in s.outputs)
-    for n, o in enumerate(s.outputs):
-        if o.value in outputs[:n]:
-            raise SpecError(f"output '{o.value}' is listed twice", o.span)
-        if o.value in targets:
-            raise SpecError(f"output '{o.value}' has the name of a model or reward", o.span)
-        if o.value in WORKLOAD_DATA:
-            raise SpecError(f"'{o.value}' comes from the workload and cannot be produced by a "
-                            "stage", o.span)
-    if kind is OpKind.TRAIN and outputs:
-        raise SpecError("a train stage produces a new version of its model, not data", s.span,
-                        hint="remove the '-> ...' outputs")
-    if kind is not OpKind.TRAIN and not outputs:
-        raise SpecError(f"stage '{s.name.value}' produces nothing", s.call.span,
-                        hint="name its outputs: '-> name, ...'")
-    if kind is OpKind.GENERATE and "prompts" not in inputs:
-        raise SpecError("generate(...) must read the workload's prompts", s.call.span,
-                        hint=f"write generate({target}, prompts)")
-    params = _stage_params(s, fn, kind, targets.get(target) if target else None)
-    return Stage(s.name.value, kind, fn, target, inputs, outputs, params, s.span)
-
-
-def _stage_params(s: ast.StageDecl, fn: str, kind: OpKind, obj) -> tuple[tuple[str, object], ...]:
-    allowed = STAGE_KWARGS[fn]
-    params: list[tuple[str, object]] = []
-    for k in s.call.kwargs:
-        key = k.key.value
-        if key not in allowed:
-            raise V.unknown_key(k.key, allowed or ("(none)",), f"{fn}(...)")
-        if key == "engine":
-            value: object = Engine(V.name(k.value, "engine",
-                                          tuple(e.value for e in GENERATE_ENGINES)))
-        elif key == "loss":
-            value = V.plain(k.value, "loss")
-            lname = value.name if isinstance(value, V.Fn) else value
-            if lname not in LOSSES:
-                raise SpecError(f"loss must be one of {', '.join(LOSSES)}, not '{lname}'",
-                                k.value.span, hint=did_you_mean(str(lname), LOSSES))
-            if not isinstance(value, V.Fn):
-                value = V.Fn(lname)
-            _check_loss(value, obj, k.value.span)
-        elif key in ("minibatches", "epochs", "chunks", "max_len", "min_len", "microbatch"):
-            value = V.integer(k.value, key, minimum=1, maximum=MAX_TOKENS)
-        else:
-            value = V.real(k.value, key, minimum=0.0, maximum=1e6)
-        params.append((key, value))
-    if kind is OpKind.TRAIN and not any(k == "loss" for k, _ in params):
-        default = V.Fn("value_mse" if obj.head is Head.VALUE else "ppo_clip")
-        params.append(("loss", default))
-    return tuple(params)
-
-
-def _check_loss(loss: V.Fn, model, span: Span) -> None:
-    if model is None:
-        return
-    if loss.name == "value_mse" and model.head is not Head.VALUE:
-        raise SpecError(f"loss value_mse trains a value head; '{model.name}' has head = "
-                        f"{model.head.value}", span, hint="add 'head = value' to the model")
-    if loss.name in ("ppo_clip", "grpo") and model.head is not Head.LM:
-        raise SpecError(f"loss {loss.name} trains a policy; '{model.name}' has head = "
-                        f"{model.head.value}", span, hint="use loss = value_mse")
-    clip = loss.get("clip", position=0)
-    if clip is not None and not (isinstance(clip, (int, float)) and 0 < clip < 1):
-        raise SpecError(f"{loss.name} clip must be in (0, 1), not {clip}", span)
-
 
 def _check_trainers(stages: tuple[Stage, ...], items) -> None:
     """One train stage per model: a second would write a second new version in one step."""
@@ -573,7 +472,8 @@ def _output_span(decl: ast.StageDecl, name: str) -> Span:
 
 
 def _input_span(decl: ast.StageDecl, name: str) -> Span:
-    return next((a.span for a in decl.call.args if isinstance(a, ast.Ident) and a.value == name),
+    values = list(decl.call.args) + [k.value for k in decl.call.kwargs]
+    return next((a.span for a in values if isinstance(a, ast.Ident) and a.value == name),
                 decl.span)
 
 

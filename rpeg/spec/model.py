@@ -68,21 +68,6 @@ GENERATE_ENGINES = (Engine.AUTO, Engine.TORCH, Engine.VLLM, Engine.HF, Engine.HY
 PASS_ENGINES = (Engine.TORCH, Engine.DEEPSPEED, Engine.MEGATRON)    # forward and train
 
 
-# Stage functions and the op kind each one is.
-STAGE_FUNCTIONS: dict[str, OpKind] = {
-    "generate": OpKind.GENERATE,
-    "forward": OpKind.FORWARD,
-    "score": OpKind.SCORE,
-    "train": OpKind.TRAIN,
-    "gae": OpKind.COMPUTE,
-    "group_norm": OpKind.COMPUTE,
-    "grpo_advantages": OpKind.COMPUTE,
-    "rloo": OpKind.COMPUTE,
-    "reinforce": OpKind.COMPUTE,
-}
-
-LOSSES = ("ppo_clip", "grpo", "value_mse")
-
 # Data every pipeline has without a stage producing it.
 WORKLOAD_DATA = ("prompts",)
 
@@ -98,6 +83,20 @@ class LengthDist:
     low: int = 0                   # uniform
     bins: tuple[tuple[int, float], ...] = ()   # empirical: (length, weight)
     source: str | None = None      # empirical: the histogram file
+    top: int = 0                   # uniform: its upper end, when a generate stage's max_len
+                                   # caps it below (max_len is then the cap)
+    floor: int = 0                 # a generate stage's min_len: no response is shorter
+
+    def capped(self, low: int, high: int) -> LengthDist:
+        """The lengths a generate stage with ``min_len = low`` and ``max_len = high`` gives."""
+        changes: dict = {}
+        if high < self.max_len:
+            changes["max_len"] = high
+            if self.kind is LengthKind.UNIFORM:
+                changes["top"] = self.top or self.max_len
+        if low > max(self.floor, 1):
+            changes["floor"] = min(low, changes.get("max_len", self.max_len))
+        return attrs.evolve(self, **changes) if changes else self
 
     @classmethod
     def fixed(cls, n: int) -> LengthDist:
@@ -109,7 +108,7 @@ class LengthDist:
         if self.kind is LengthKind.FIXED:
             out = np.full(n, float(self.max_len))
         elif self.kind is LengthKind.UNIFORM:
-            out = self.low + q * (self.max_len - self.low)
+            out = self.low + q * ((self.top or self.max_len) - self.low)
         elif self.kind is LengthKind.LOGNORMAL:
             from statistics import NormalDist
             z = np.array([NormalDist().inv_cdf(float(x)) for x in q])
@@ -120,29 +119,34 @@ class LengthDist:
             order = np.argsort(lengths)
             cdf = np.cumsum(weights[order]) / weights.sum()
             out = lengths[order][np.searchsorted(cdf, q, side="left").clip(0, len(lengths) - 1)]
-        return np.clip(np.round(out), 1, self.max_len)
+        return np.clip(np.round(out), max(self.floor, 1), self.max_len)
 
     def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
         """``n`` random lengths (integers in [1, max_len])."""
         if self.kind is LengthKind.FIXED:
             out = np.full(n, self.max_len)
         elif self.kind is LengthKind.UNIFORM:
-            out = rng.integers(self.low, self.max_len + 1, size=n)
+            out = rng.integers(self.low, (self.top or self.max_len) + 1, size=n)
         elif self.kind is LengthKind.LOGNORMAL:
             out = np.round(self.median * np.exp(self.sigma * rng.standard_normal(n)))
         else:
             lengths = np.array([b[0] for b in self.bins])
             weights = np.array([b[1] for b in self.bins], dtype=float)
             out = rng.choice(lengths, size=n, p=weights / weights.sum())
-        return np.clip(out, 1, self.max_len).astype(int)
+        return np.clip(out, max(self.floor, 1), self.max_len).astype(int)
 
     def mean(self) -> float:
         return float(self.quantiles(256).mean())
 
     def __str__(self) -> str:
+        return self._text() + (f", at least {self.floor}" if self.floor > 1 else "")
+
+    def _text(self) -> str:
         if self.kind is LengthKind.FIXED:
             return str(self.max_len)
         if self.kind is LengthKind.UNIFORM:
+            if self.top:
+                return f"uniform(min = {self.low}, max = {self.top}) capped at {self.max_len}"
             return f"uniform(min = {self.low}, max = {self.max_len})"
         if self.kind is LengthKind.LOGNORMAL:
             return f"lognormal(median = {_num(self.median)}, max = {self.max_len}, sigma = {_num(self.sigma)})"
@@ -184,13 +188,18 @@ class Workload:
 
 @attrs.frozen
 class Optimizer:
-    kind: str = "adam"
+    """A model's optimizer (``rpeg.spec.functions``: adam, adamw) and its schedule."""
+
+    kind: str                       # an optimizer of the registry
     lr: float = 1e-5
     betas: tuple[float, float] = (0.9, 0.999)
     weight_decay: float = 0.0
     eps: float = 1e-8
     grad_clip: float = 1.0
     master: bool = True           # 16-bit weights: Adam updates float32 master copies
+    schedule: str = "constant"      # learning rate after warmup: constant, linear, cosine
+    warmup: int = 0                 # steps of linear warmup
+    min_lr: float = 0.0             # where a decaying schedule ends
 
 
 @attrs.frozen
@@ -213,10 +222,20 @@ class Model:
 
 @attrs.frozen
 class Reward:
+    """``reward NAME = KIND(...)``: ``python("module:function")``, or a built-in kind (with
+    its keywords in ``params``, as in ``rpeg.spec.functions``)."""
+
     name: str
-    module: str
+    module: str                   # a reward running the user's code: its module and function
     function: str
     span: Span = NOWHERE
+    kind: str = ""                # the reward kind of the registry
+    params: tuple[tuple[str, object], ...] = ()
+
+    def __str__(self) -> str:
+        if self.module:
+            return f'{self.kind}("{self.module}:{self.function}")'
+        return f"{self.kind}({', '.join(f'{k} = {v}' for k, v in self.params)})"
 
 
 @attrs.frozen
@@ -237,6 +256,16 @@ class Stage:
             if k == key:
                 return v
         return default
+
+    def arg(self, key: str) -> object:
+        """A keyword's value as written, else its default in the registry
+        (``rpeg.spec.functions``; None where the default is off or derived elsewhere)."""
+        for k, v in self.params:
+            if k == key:
+                return v
+        from rpeg.spec.functions import function
+        p = function(self.function).param(key)
+        return None if p.derived else p.default
 
 
 @attrs.frozen

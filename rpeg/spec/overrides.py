@@ -149,8 +149,7 @@ def _apply(items: list, o: Override) -> list:
         current = next((e for e in block.entries if isinstance(e, ast.Assign)
                         and e.key.value == key), None)
         call = current.value if current is not None and isinstance(current.value, ast.Call) \
-            else ast.Call(ast.Ident("adam" if key == "optimizer" else "lora", o.spans[2]), (),
-                          (), o.spans[2])
+            else ast.Call(ast.Ident(_default_call(key), o.spans[2]), (), (), o.spans[2])
         value = _kwarg(call, o.path[3], o.value, o)
         items[at] = attrs.evolve(decl, block=_set(block, key, value, o, at_col=2))
         return items
@@ -179,3 +178,11 @@ def _kwarg(call: ast.Call, key: str, value: ast.Value, o: Override) -> ast.Call:
     kw = ast.KwArg(ast.Ident(key, span), value, span)
     kwargs = tuple(k for k in call.kwargs if k.key.value != key) + (kw,)
     return attrs.evolve(call, kwargs=kwargs)
+
+
+def _default_call(key: str) -> str:
+    """The call a ``model.NAME.KEY.ARG`` override fills in when the model sets no ``KEY``."""
+    if key == "optimizer":
+        from rpeg.spec.functions import default_optimizer
+        return default_optimizer().name
+    return key                          # lora = lora(...)

@@ -120,7 +120,13 @@ def parse_bytes(raw: bytes, path: str) -> ast.File:
     if len(raw) > MAX_SOURCE_BYTES:
         raise _too_big(len(raw), path)
     if b"\x00" in raw:
-        raise SpecError("this is a binary file, not a .rpeg text file", Span(path, 0, 0))
+        # said at the first one: a stray byte (in a comment, say) is found and deleted there
+        at = raw.index(b"\x00")
+        line = raw[:at].count(b"\n") + 1
+        col = len(raw[raw.rfind(b"\n", 0, at) + 1: at].decode("utf-8", "replace")) + 1
+        raise SpecError("a .rpeg file must be text, not binary: it holds a NUL byte (0x00) "
+                        "here", Span(path, line, col), hint="delete the stray byte" if
+                        raw.count(b"\x00") <= 16 else "this looks like a binary file")
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:

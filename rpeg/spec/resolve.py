@@ -178,3 +178,42 @@ def _merge_block(base, own):
 
 def entry_key(e: ast.Entry) -> str:
     return e.kind.value if isinstance(e, ast.Section) else e.key.value
+
+
+def blame(f: ast.File, err: SpecError, lower) -> SpecError:
+    """``err`` points into a base file, but the extending file ``f`` may be what causes it (it
+    overrides something the base's line relies on): find the item of ``f`` -- or the entry
+    of its workload block -- without which ``f`` lowers cleanly, and report ``err`` there,
+    with a note at the base's line. ``lower``: ``File -> anything``, raising SpecError."""
+    if err.span is None or _same_file(err.span.path, f.path):
+        return err
+    for where, without in _without_each(f):
+        try:
+            lower(without)
+        except SpecError:
+            continue
+        return SpecError(err.message, where, hint=err.hint,
+                         notes=(("the base file's line this breaks", err.span),) + err.notes)
+    return err
+
+
+def _same_file(a: str, b: str) -> bool:
+    try:
+        return Path(a).resolve() == Path(b).resolve()
+    except OSError:
+        return a == b
+
+
+def _without_each(f: ast.File):
+    """(span, ``f`` without it) for each own item and each entry of its workload block."""
+    for n, item in enumerate(f.items):
+        if isinstance(item, (ast.PipelineDecl, ast.Extend)):
+            continue
+        rest = f.items[:n] + f.items[n + 1:]
+        if isinstance(item, ast.WorkloadDecl):
+            for k, e in enumerate(item.block.entries):
+                block = ast.Block(item.block.entries[:k] + item.block.entries[k + 1:],
+                                  item.block.span)
+                yield e.span, ast.File(f.path, f.items[:n] + (ast.WorkloadDecl(block, item.span),)
+                                       + f.items[n + 1:], f.comments, f.source)
+        yield item.span, ast.File(f.path, rest, f.comments, f.source)

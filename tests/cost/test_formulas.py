@@ -132,7 +132,7 @@ def test_fsdp_gathers_and_scatters_in_every_micro_batch():
 def test_master_weights_false_keeps_16_bit_moments_and_no_master_copy():
     from rpeg.spec.model import Optimizer
     gh = cluster_of("gh200", 4)
-    plain = Model("actor", "llama3.1-8b", LLAMA8B, optimizer=Optimizer(master=False))
+    plain = Model("actor", "llama3.1-8b", LLAMA8B, optimizer=Optimizer("adam", master=False))
     m = resident_memory(plain, Parallel(), gh, trained=True)
     n = LLAMA8B.param_count()
     assert (m.weights, m.grads, m.optimizer) == (2 * n, 2 * n, 4 * n)

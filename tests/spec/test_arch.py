@@ -21,7 +21,7 @@ REWARDS = "def score(prompts, responses, answers=None):\n    return [0.0] * len(
 
 def _spec(tmp_path: Path, model_line: str) -> Path:
     text = ("pipeline p\n"
-            "workload { steps = 1; prompts = 8; prompt_len = 16; gen_len = 16 }\n"
+            "workload { steps = 1; prompts = 4; samples = 2; prompt_len = 16; gen_len = 16 }\n"
             f"{model_line}\n"
             'reward r = python("rewards:score")\n'
             "stage rollout = generate(actor, prompts) -> responses\n"
@@ -145,4 +145,4 @@ def test_prompt_lengths_may_be_a_distribution(tmp_path):
     path.write_text(text.replace("lognormal(median = 200, max = 1024)", "gamma(2)"))
     with pytest.raises(SpecError, match="prompt_len distribution must be one of") as info:
         check_file(path)
-    assert (info.value.span.line, info.value.span.col) == (2, 49)
+    assert (info.value.span.line, info.value.span.col) == (2, 62)

@@ -51,7 +51,8 @@ def test_consistent_renames_are_not_changes(spec):
 
 def test_renamed_and_changed_stage_is_a_change(spec):
     text = BASE.replace("stage values = forward(critic, responses) -> values",
-                        "stage v2 = forward(ref, responses) -> values")
+                        "model vf : tiny { head = value; frozen }\n"
+                        "stage v2 = forward(vf, responses) -> values")
     d = diff(spec(BASE), spec(text))
     assert ("stages", "-", "values") in changes(d) and ("stages", "+", "v2") in changes(d)
 

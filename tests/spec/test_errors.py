@@ -147,7 +147,7 @@ CASES: list[tuple[str, str, int, int, str]] = [
      "loss value_mse trains a value head"),
     ("unknown-loss", sub("train(actor, responses, advantages)",
                          "train(actor, responses, advantages, loss = ppo)"), 12, 63,
-     "loss must be one of ppo_clip, grpo, value_mse, not 'ppo'"),
+     "loss must be one of ppo_clip, grpo, gspo, value_mse, not 'ppo'"),
     ("generate-value-model", sub("generate(actor, prompts)", "generate(critic, prompts)"), 7, 26,
      "generate(...) needs a language model"),
     # --- numbers and units ---------------------------------------------------------------
@@ -298,7 +298,7 @@ def test_error_in_base_names_the_base_and_the_extend(tmp_path):
 
 
 @pytest.mark.parametrize(("raw", "message"), [
-    (b"pipeline p\x00\x01\x02", "binary file"),
+    (b"pipeline p\x00\x01\x02", "not binary"),
     (b"pipeline p\n\xff\xfe model", "not valid UTF-8"),
 ])
 def test_binary_and_undecodable_files(tmp_path, raw, message):

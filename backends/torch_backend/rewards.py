@@ -1,0 +1,84 @@
+"""Reward kinds: the user's python function, and DAPO's overlong shaping.
+
+    >>> x = Texts(("p",) * 3, ("a", "bb", "ccc"), ("",) * 3, (4, 7, 8), budget=8)
+    >>> overlong(Reward("long", "", "", kind="overlong", params=(("buffer", 4),)), x).tolist()
+    [0.0, -0.75, -1.0]
+
+Each kind takes the reward's declaration and the batch's texts and lengths and
+returns one float32 score per response. A python reward is imported on first use,
+in the worker, from the module next to the spec (or on the Python path), and called
+``fn(prompts, responses, answers, **columns)``: the dataset's other columns reach it by
+name (each one its parameters name, or all of them for ``**kwargs``); its scores are
+checked (``rpeg.runtime.rewards``).
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+
+import attrs
+import numpy as np
+
+from backends.torch_backend.algorithms import implementation, implements
+from rpeg.errors import BackendError
+from rpeg.runtime.data import reward_extras
+from rpeg.runtime.rewards import call_reward
+from rpeg.spec.model import Reward
+
+
+@attrs.frozen
+class Texts:
+    """What a reward sees of a batch of responses."""
+
+    prompts: tuple[str, ...]
+    responses: tuple[str, ...]
+    answers: tuple[str, ...]
+    lengths: tuple[int, ...]          # response tokens
+    budget: int = 0                   # the generate stage's max_len
+    rows: tuple[dict, ...] = ()       # each response's dataset row (its other columns)
+    step: int = 0                     # the step (for the errors a reward raises)
+
+
+_FUNCTIONS: dict[tuple[str, str], object] = {}
+
+
+def _python_function(reward: Reward):
+    key = (reward.module, reward.function)
+    if key not in _FUNCTIONS:
+        try:
+            fn = getattr(importlib.import_module(reward.module), reward.function)
+        except (ImportError, AttributeError) as e:
+            raise BackendError(f"reward '{reward.name}' must name a function, and "
+                               f"{reward.module}:{reward.function} is not one ({e})",
+                               reward.span) from e
+        _FUNCTIONS[key] = fn
+    return _FUNCTIONS[key]
+
+
+@implements("python")
+def python(reward: Reward, x: Texts) -> np.ndarray:
+    fn = _python_function(reward)
+    extras = reward_extras(list(x.rows))
+    params = inspect.signature(fn).parameters if callable(fn) else {}
+    if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        extras = {k: v for k, v in extras.items() if k in params}
+    return call_reward(fn, reward, x.step, list(x.prompts), list(x.responses),
+                       list(x.answers), extras)
+
+
+@implements("overlong")
+def overlong(reward: Reward, x: Texts) -> np.ndarray:
+    """0 up to ``max_len - buffer`` tokens, then linearly down to -1 at ``max_len``, -1 past."""
+    args = dict(reward.params)
+    top = int(args.get("max_len") or x.budget or max(x.lengths, default=1))
+    band = int(args.get("buffer") or max(top // 4, 1))
+    start = top - band
+    lengths = np.asarray(x.lengths, np.float64)
+    out = np.where(lengths <= start, 0.0, np.maximum((start - lengths) / band, -1.0))
+    return out.astype(np.float32)
+
+
+def score(reward: Reward, x: Texts) -> np.ndarray:
+    """The reward's scores, by its kind's implementation."""
+    return implementation(reward.kind)(reward, x)

@@ -1,0 +1,359 @@
+"""The registry: every function of the language, once (see ``rpeg.spec.registry``).
+
+    >>> [f.name for f in by_category(Category.ESTIMATOR)]
+    ['gae', 'group_norm', 'rloo', 'reinforce', 'remax']
+    >>> function("grpo").policy, function("value_mse").trains.value
+    (True, 'value')
+
+A new algorithm is one entry here plus its implementation in each backend
+(``backends/torch_backend/algorithms.py`` registers them by name) and its tests;
+nothing else in rpeg matches names. Defaults, ranges and units are the
+language reference (``rpeg help functions``).
+"""
+
+from __future__ import annotations
+
+from rpeg.spec.model import GENERATE_ENGINES, Engine, Head, OpKind
+from rpeg.spec.registry import (
+    Category,
+    Function,
+    Param,
+    Pricing,
+    Role,
+    Scope,
+    Slot,
+    Target,
+    Type,
+)
+
+KL_ESTIMATORS = ("k1", "k2", "k3")
+AGGREGATIONS = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum")
+SCHEDULES = ("constant", "linear", "cosine")
+
+_KL_ROLES = (Role.LOGPROBS, Role.REF_LOGPROBS)
+
+
+def _kl(where: str) -> Param:
+    return Param("kl", Type.REAL, f"coefficient of the KL penalty to the reference model {where}",
+                 default=0.0, low=0.0, high=1e3, needs=_KL_ROLES)
+
+
+def _kl_estimator(default: str) -> Param:
+    return Param("kl_estimator", Type.CHOICE,
+                 "how the KL is estimated per token from log-probabilities: k1 = log p - log "
+                 "p_ref, k2 = (log p - log p_ref)^2 / 2, k3 = p_ref/p - log(p_ref/p) - 1 "
+                 "(non-negative, low variance)", default=default, choices=KL_ESTIMATORS,
+                 requires="kl")
+
+
+_KL_TARGET = Param("kl_target", Type.REAL,
+                   "adaptive KL: the coefficient starts at kl and after each step is multiplied "
+                   "by 1 + clip(KL / kl_target - 1, -0.2, 0.2) x responses / kl_horizon",
+                   low=0.0, low_open=True, high=1e3, requires="kl")
+_KL_HORIZON = Param("kl_horizon", Type.REAL, "responses over which the adaptive coefficient "
+                    "moves by up to 20%", default=10000.0, unit="responses", low=1.0, high=1e12,
+                    requires="kl_target")
+
+# Gamma of a discounted estimator.
+_GAMMA = Param("gamma", Type.REAL, "discount per token", default=1.0, low=0.0, high=1.0)
+
+
+def _policy_params(clip: float, agg: str, whiten: bool) -> tuple[Param, ...]:
+    return (
+        Param("clip", Type.REAL, "clipping range of the importance ratio: [1 - clip, 1 + clip]",
+              default=clip, low=0.0, high=1.0, low_open=True, high_open=True),
+        Param("clip_low", Type.REAL, "lower clipping range (the ratio is clipped below at "
+              "1 - clip_low)", derived="clip", low=0.0, high=1.0, low_open=True,
+              high_open=True),
+        Param("clip_high", Type.REAL, "upper clipping range (the ratio is clipped above at "
+              "1 + clip_high; DAPO's clip-higher: 0.28)", derived="clip", low=0.0, high=10.0,
+              low_open=True),
+        Param("dual_clip", Type.REAL, "dual-clip: for negative advantages the loss is bounded "
+              "by dual_clip x |advantage|", low=1.0, high=1e3, low_open=True),
+        Param("agg", Type.CHOICE, "how token losses become the batch's loss: token_mean "
+              "(every token weighs the same: DAPO), seq_mean_token_mean (each response "
+              "weighs the same), seq_mean_token_sum (token sums over a constant, the "
+              "generation budget: Dr. GRPO)", default=agg, choices=AGGREGATIONS),
+        Param("entropy", Type.REAL, "coefficient of the entropy bonus", default=0.0, low=0.0,
+              high=10.0),
+        _kl("as a loss term (GRPO)"),
+        _kl_estimator("k3"),
+        _KL_TARGET,
+        _KL_HORIZON,
+        Param("whiten", Type.BOOL, "normalise the advantages over the batch (mean 0, std 1) "
+              "before the loss", default=whiten),
+        Param("tis", Type.REAL, "truncated importance sampling: recompute the behaviour "
+              "policy's log-probabilities with the trainer on every batch and weight each "
+              "token by min(p_trainer / p_generator, tis) (engines differ from the trainer); "
+              "without it only responses sampled with older weights are corrected, capped "
+              "at 2", low=1.0, high=1e3, priced=True),
+        Param("coef", Type.REAL, "weight of this loss in a shared backbone's sum", default=1.0,
+              low=0.0, high=1e3, low_open=True),
+    )
+
+
+_POLICY_INPUTS = (Slot(Role.ADVANTAGES), Slot(Role.LOGPROBS, required=False),
+                  Slot(Role.REF_LOGPROBS, required=False))
+
+_LOSSES = (
+    Function(
+        "ppo_clip", Category.LOSS,
+        "PPO's clipped surrogate objective on per-token importance ratios.",
+        _policy_params(0.2, "token_mean", True), inputs=_POLICY_INPUTS,
+        pricing=Pricing.IN_TRAINING, positional=("clip",), trains=Head.LM, policy=True),
+    Function(
+        "grpo", Category.LOSS,
+        "GRPO's objective: the clipped surrogate on group-normalised advantages (not "
+        "whitened again), usually with the KL to the reference as a loss term.",
+        _policy_params(0.2, "token_mean", False), inputs=_POLICY_INPUTS,
+        pricing=Pricing.IN_TRAINING, positional=("clip",), trains=Head.LM, policy=True),
+    Function(
+        "gspo", Category.LOSS,
+        "GSPO: one importance ratio per response, the geometric mean of its tokens' ratios, "
+        "clipped at the sequence level.",
+        _policy_params(4e-4, "seq_mean_token_mean", False), inputs=_POLICY_INPUTS,
+        pricing=Pricing.IN_TRAINING, positional=("clip",), trains=Head.LM, policy=True),
+    Function(
+        "value_mse", Category.LOSS,
+        "Squared error of the value head against the returns, optionally clipped around the "
+        "old values.",
+        (Param("clip", Type.REAL, "value clipping: the new value may move at most clip from "
+               "the old one", derived="0.2 with the old values as an input, else none",
+               low=0.0, high=1e6, off=0.0, needs=(Role.VALUES,)),
+         Param("coef", Type.REAL, "weight of this loss in a shared backbone's sum",
+               derived="1, or 0.5 beside a policy loss on a shared backbone", low=0.0,
+               high=1e3, low_open=True)),
+        inputs=(Slot(Role.RETURNS), Slot(Role.VALUES, required=False)),
+        pricing=Pricing.IN_TRAINING, positional=("clip",), trains=Head.VALUE),
+)
+
+_STAGES = (
+    Function(
+        "generate", Category.STAGE, "Sample one response per prompt and sample.",
+        (Param("temperature", Type.REAL, "sampling temperature (0: greedy)", default=1.0,
+               low=0.0, high=100.0),
+         Param("top_p", Type.REAL, "nucleus sampling: the smallest set of tokens whose "
+               "probability reaches top_p", default=1.0, low=0.0, high=1.0, low_open=True),
+         Param("max_len", Type.INT, "most tokens a response may have (at most the workload's "
+               "gen_len max)", derived="the workload's gen_len max", unit="tokens", low=1,
+               priced=True),
+         Param("min_len", Type.INT, "tokens a response has before it may end: "
+               "end-of-sequence is not sampled earlier", unit="tokens", low=1, priced=True),
+         Param("engine", Type.CHOICE, "the generation engine (auto: the planner chooses)",
+               default=Engine.AUTO, choices=tuple(e.value for e in GENERATE_ENGINES), priced=True),
+         Param("refill_rounds", Type.INT, "dynamic sampling (DAPO): groups whose rewards are "
+               "all equal are replaced by new prompts' groups, in at most this many extra "
+               "generation rounds", default=0, low=0, high=16, unit="rounds", priced=True),
+         Param("filter_rate", Type.REAL, "expected fraction of groups dynamic sampling "
+               "filters out each round (what the cost model prices the extra rounds by)",
+               default=0.5, low=0.0, high=1.0, high_open=True, requires="refill_rounds",
+               priced=True)),
+        kind=OpKind.GENERATE, target=Target.LM, inputs=(Slot(Role.PROMPTS),),
+        outputs=(Role.RESPONSES, Role.LOGPROBS), pricing=Pricing.GENERATION,
+        moved=(("chunks", "streaming is the plan's choice: place STAGE on gpus A..B "
+                          "{ chunks = N }"),
+               ("microbatch", "the plan's choice: place STAGE on gpus A..B "
+                              "{ microbatches = N }"))),
+    Function(
+        "forward", Category.STAGE,
+        "One forward pass over the responses: log-probabilities of a language model "
+        "(reference log-probabilities when it is frozen), values of a value head, scores of "
+        "a reward head.", (), kind=OpKind.FORWARD, target=Target.MODEL,
+        inputs=(Slot(Role.RESPONSES),), outputs_from_head=True, pricing=Pricing.MODEL_PASS,
+        moved=(("microbatch", "the plan's choice: place STAGE on gpus A..B "
+                              "{ microbatches = N }"),)),
+    Function(
+        "score", Category.STAGE,
+        "One reward per response, from a reward (python, overlong) or a model with "
+        "head = reward. Several score stages read by one estimator add up, each times its "
+        "weight.",
+        (Param("weight", Type.REAL, "weight of these scores where an estimator adds several",
+               default=1.0, low=-1e6, high=1e6),),
+        kind=OpKind.SCORE, target=Target.SCORER, inputs=(Slot(Role.RESPONSES),),
+        outputs=(Role.SCORES,), pricing=Pricing.SCORING),
+    Function(
+        "train", Category.STAGE,
+        "Update a model on the step's responses: one optimizer step per minibatch, epochs "
+        "times; the loss says what it reads.",
+        (Param("loss", Type.CALL, "the loss (see losses)",
+               derived="value_mse for a value head, else ppo_clip",
+               choices=tuple(f.name for f in _LOSSES)),
+         Param("minibatches", Type.INT, "optimizer steps per epoch (the batch split evenly)",
+               default=1, low=1, priced=True),
+         Param("epochs", Type.INT, "passes over the step's batch", default=1, low=1, high=1000,
+               priced=True)),
+        kind=OpKind.TRAIN, target=Target.TRAINABLE, inputs=(Slot(Role.RESPONSES),),
+        pricing=Pricing.TRAINING,
+        moved=(("grad_clip", "set it on the model's optimizer: optimizer = adam(lr = ..., "
+                             "grad_clip = 1.0)"),
+               ("kl", "a KL loss term belongs to the loss: loss = grpo(0.2, kl = 0.01)"),
+               ("entropy", "the entropy bonus belongs to the loss: loss = ppo_clip(0.2, "
+                           "entropy = 0.001)"),
+               ("value_clip", "value clipping belongs to the loss: loss = value_mse(clip = "
+                              "0.2)"),
+               ("is_cap", "the importance-weight cap belongs to the loss: loss = "
+                          "ppo_clip(0.2, tis = 2)"),
+               ("microbatch", "the plan's choice: place STAGE on gpus A..B "
+                              "{ microbatches = N }"))),
+)
+
+# An adaptive coefficient keeps state across steps, which the trainer holds (and checkpoints);
+# an estimator is a pure function of its step's data.
+_ADAPTIVE_IN_LOSS = (("kl_target", "an adaptive KL coefficient needs the KL in the loss: "
+                                   "loss = grpo(0.2, kl = 0.01, kl_target = 0.02)"),)
+_OUTCOME = (Slot(Role.SCORES, many=True), Slot(Role.LOGPROBS, required=False),
+            Slot(Role.REF_LOGPROBS, required=False))
+
+_ESTIMATORS = (
+    Function(
+        "gae", Category.ESTIMATOR,
+        "Generalised advantage estimation (PPO): per-token advantages and returns from the "
+        "scores (on each response's last token), the values and the KL penalty.",
+        (_kl("in the token rewards (PPO-RLHF)"), _kl_estimator("k1"), _GAMMA,
+         Param("lam", Type.REAL, "GAE's lambda: bias-variance trade-off", default=0.95,
+               low=0.0, high=1.0)),
+        kind=OpKind.COMPUTE,
+        inputs=(Slot(Role.SCORES, many=True), Slot(Role.VALUES), Slot(Role.LOGPROBS, False),
+                Slot(Role.REF_LOGPROBS, False)),
+        outputs=(Role.ADVANTAGES, Role.RETURNS), pricing=Pricing.PER_TOKEN,
+        scope=Scope.SAMPLE, moved=_ADAPTIVE_IN_LOSS),
+    Function(
+        "group_norm", Category.ESTIMATOR,
+        "GRPO: each score minus its prompt group's mean, over the group's standard deviation "
+        "(std = false: not scaled, Dr. GRPO); a KL in the reward is subtracted per token "
+        "afterwards, as a reward-to-go.",
+        (_kl("in the token rewards"), _kl_estimator("k1"),
+         Param("std", Type.BOOL, "divide by the group's standard deviation (false: Dr. GRPO)",
+               default=True),
+         Param("eps", Type.REAL, "added to the standard deviation", default=1e-6, low=0.0,
+               high=1e3, low_open=True)),
+        kind=OpKind.COMPUTE, inputs=_OUTCOME, outputs=(Role.ADVANTAGES,),
+        pricing=Pricing.PER_SAMPLE, scope=Scope.GROUP, min_samples=2, reads_responses=True,
+        moved=_ADAPTIVE_IN_LOSS),
+    Function(
+        "rloo", Category.ESTIMATOR,
+        "REINFORCE leave-one-out: each score minus the mean of its group's other scores.",
+        (_kl("in the token rewards"), _kl_estimator("k1")),
+        kind=OpKind.COMPUTE, inputs=_OUTCOME, outputs=(Role.ADVANTAGES,),
+        pricing=Pricing.PER_SAMPLE, scope=Scope.GROUP, min_samples=2, reads_responses=True,
+        moved=_ADAPTIVE_IN_LOSS),
+    Function(
+        "reinforce", Category.ESTIMATOR,
+        "REINFORCE++: per-token discounted returns of the scores and the KL penalty, "
+        "normalised over the whole batch (baseline = group: the group's mean score is "
+        "subtracted first).",
+        (_kl("in the token rewards"), _kl_estimator("k1"), _GAMMA,
+         Param("baseline", Type.CHOICE, "subtract a per-prompt baseline (the group's mean "
+               "score) before the batch normalisation", default="none",
+               choices=("none", "group"))),
+        kind=OpKind.COMPUTE, inputs=_OUTCOME, outputs=(Role.ADVANTAGES,),
+        pricing=Pricing.PER_TOKEN, scope=Scope.BATCH, reads_responses=True,
+        moved=_ADAPTIVE_IN_LOSS),
+    Function(
+        "remax", Category.ESTIMATOR,
+        "ReMax: each score minus the score of a greedy response to the same prompt.",
+        (Param("baseline", Type.DATA, "scores of greedy responses to the same prompts (a score "
+               "stage reading a generate stage with temperature = 0)", needs=(Role.SCORES,)),
+         _kl("in the token rewards"), _kl_estimator("k1")),
+        kind=OpKind.COMPUTE, inputs=_OUTCOME, outputs=(Role.ADVANTAGES,),
+        pricing=Pricing.PER_SAMPLE, scope=Scope.GROUP, reads_responses=True,
+        moved=_ADAPTIVE_IN_LOSS),
+)
+
+_REWARDS = (
+    Function(
+        "python", Category.REWARD,
+        "A python function next to the spec (or on the Python path): f(prompts, responses, "
+        "answers) -> one float per response.",
+        (Param("ref", Type.STRING, '"module:function"'),), positional=("ref",),
+        pricing=Pricing.SCORING, user_code=True),
+    Function(
+        "overlong", Category.REWARD,
+        "DAPO's overlong shaping: 0 up to max_len - buffer tokens, then falling linearly to "
+        "-1 at max_len; add it to a task reward with a second score stage.",
+        (Param("max_len", Type.INT, "length of the full penalty",
+               derived="the generate stage's max_len", unit="tokens", low=1),
+         Param("buffer", Type.INT, "length of the band over which the penalty grows",
+               derived="a quarter of max_len", unit="tokens", low=1)),
+        pricing=Pricing.HOST),
+)
+
+
+def _optimizer(name: str, doc: str, weight_decay: float) -> Function:
+    return Function(
+        name, Category.OPTIMIZER, doc,
+        (Param("lr", Type.REAL, "peak learning rate", default=1e-5, low=0.0, high=1.0,
+               low_open=True, high_open=True),
+         Param("beta1", Type.REAL, "first-moment decay", default=0.9, low=0.0, high=1.0,
+               high_open=True),
+         Param("beta2", Type.REAL, "second-moment decay", default=0.999, low=0.0, high=1.0,
+               high_open=True),
+         Param("weight_decay", Type.REAL, "weight decay", default=weight_decay, low=0.0,
+               high=10.0),
+         Param("eps", Type.REAL, "added to the second moment's root", default=1e-8, low=0.0,
+               high=1.0, low_open=True),
+         Param("grad_clip", Type.REAL, "clip the gradient's global norm to this (0: no "
+               "clipping)", default=1.0, low=0.0, high=1e6),
+         Param("schedule", Type.CHOICE, "learning rate over the run's steps after warmup: "
+               "constant, linear or cosine decay to min_lr at the last step",
+               default="constant", choices=SCHEDULES),
+         Param("warmup", Type.INT, "steps over which the learning rate rises linearly to lr",
+               default=0, low=0, unit="steps"),
+         Param("min_lr", Type.REAL, "learning rate a decaying schedule ends at", default=0.0,
+               low=0.0, high=1.0, requires="schedule"),
+         Param("master_weights", Type.BOOL, "a 16-bit model's Adam updates float32 master "
+               "weights (false: 16-bit moments and no master copy, 4 bytes a parameter less)",
+               default=True, priced=True)),
+        positional=("lr",), pricing=Pricing.OPTIMIZER)
+
+
+_OPTIMIZERS = (
+    _optimizer("adam", "Adam (weight decay as an L2 term of the gradient).", 0.0),
+    _optimizer("adamw", "AdamW (decoupled weight decay).", 0.01),
+)
+
+FUNCTIONS: tuple[Function, ...] = _STAGES + _ESTIMATORS + _LOSSES + _REWARDS + _OPTIMIZERS
+_BY_NAME = {f.name: f for f in FUNCTIONS}
+assert len(_BY_NAME) == len(FUNCTIONS), "registry names must be unique"
+
+
+def function(name: str) -> Function:
+    """The entry named ``name``; KeyError when there is none."""
+    return _BY_NAME[name]
+
+
+def find(name: str) -> Function | None:
+    return _BY_NAME.get(name)
+
+
+def by_category(category: Category) -> tuple[Function, ...]:
+    return tuple(f for f in FUNCTIONS if f.category is category)
+
+
+def stage_functions() -> tuple[Function, ...]:
+    """What a ``stage NAME = FUNCTION(...)`` may call: the stage functions and estimators."""
+    return tuple(f for f in FUNCTIONS if f.kind is not None)
+
+
+def loss_for(head) -> Function | None:
+    """The loss a train stage of a model with ``head`` gets when it names none: the
+    registry's first that trains that head."""
+    return next((f for f in by_category(Category.LOSS) if f.trains is head), None)
+
+
+def loss_of(stage, pipeline) -> Function:
+    """A train stage's loss: the one it names, else its model's head's default."""
+    loss = stage.param("loss")
+    if loss is not None:
+        return function(loss.name)
+    return loss_for(pipeline.model(stage.target).head)
+
+
+def default_optimizer() -> Function:
+    """The optimizer of a trainable model that names none: the registry's first."""
+    return by_category(Category.OPTIMIZER)[0]
+
+
+def kind_of(name: str) -> OpKind | None:
+    f = _BY_NAME.get(name)
+    return f.kind if f else None

@@ -1,0 +1,138 @@
+"""The language reference, generated from the registry: what ``rpeg help functions`` prints.
+
+    >>> print(signature(function("gae")))
+    gae(scores..., values, [logprobs], [ref_logprobs]) -> advantages[, returns]
+    >>> "clip_high" in reference()
+    True
+
+Every function, its inputs and outputs by role, its keywords with type, range,
+default, unit and meaning, and how the cost model prices it -- from
+``rpeg.spec.functions``, so the reference cannot disagree with what is checked,
+priced and run. ``algorithms_markdown`` is README's list of algorithms (a test
+keeps README equal to it).
+"""
+
+from __future__ import annotations
+
+import textwrap
+
+from rpeg.spec.functions import by_category, function
+from rpeg.spec.registry import Category, Function, Param, Role, Target, Type
+
+_SECTIONS = (
+    (Category.STAGE, "Stage functions", "stage NAME = FUNCTION(target, inputs..., key = value) "
+                                        "-> outputs"),
+    (Category.ESTIMATOR, "Advantage estimators", "stage NAME = ESTIMATOR(inputs..., key = value) "
+                                                 "-> outputs"),
+    (Category.LOSS, "Losses", "train(MODEL, inputs..., loss = LOSS(key = value))"),
+    (Category.REWARD, "Rewards", "reward NAME = KIND(...), read by score(NAME, responses)"),
+    (Category.OPTIMIZER, "Optimizers", "model NAME : PRESET { optimizer = KIND(key = value) }"),
+)
+WIDTH = 96
+
+
+def signature(fn: Function) -> str:
+    """How a call of ``fn`` is written, with the roles of what it reads and writes."""
+    if fn.category in (Category.LOSS, Category.OPTIMIZER, Category.REWARD):
+        pos = [p for p in fn.positional]
+        keys = [k for k in fn.keys if k not in pos]
+        return f"{fn.name}({', '.join(pos + [k + ' = ...' for k in keys])})"
+    args = [] if fn.target is Target.NONE else [_TARGET[fn.target]]
+    for slot in fn.inputs:
+        word = slot.role.value + ("..." if slot.many else "")
+        args.append(word if slot.required else f"[{word}]")
+    if fn.category is Category.STAGE and fn.kind is not None and fn.kind.value == "train":
+        args.append("(what the loss reads)")
+    outputs = fn.outputs
+    if fn.outputs_from_head:
+        out = " -> logprobs | ref_logprobs | values | scores (by the model's head)"
+    elif outputs:
+        out = " -> " + outputs[0].value + "".join(f"[, {r.value}]" for r in outputs[1:])
+    else:
+        out = ""
+    return f"{fn.name}({', '.join(args)}){out}"
+
+
+_TARGET = {Target.LM: "MODEL", Target.MODEL: "MODEL", Target.SCORER: "REWARD",
+           Target.TRAINABLE: "MODEL"}
+
+
+def _param_line(p: Param) -> list[str]:
+    kind = p.type.value + (f" {p.range_text()}" if p.range_text() and p.type is not Type.CHOICE
+                           else "")
+    if p.type in (Type.CHOICE, Type.BOOL):
+        kind = p.range_text()
+    if p.type is Type.CALL:
+        kind = "a loss: " + " | ".join(p.choices)
+    unit = f" ({p.unit})" if p.unit else ""
+    head = f"      {p.name:<14} {kind}{unit}; default {p.default_text()}"
+    notes = []
+    if p.needs:
+        notes.append("needs " + ", ".join(r.value for r in p.needs) + " as inputs"
+                     if p.type is not Type.DATA else "names " + p.needs[0].value)
+    if p.requires:
+        notes.append(f"only with {p.requires}")
+    if p.priced:
+        notes.append("priced by the cost model")
+    body = p.doc + (f" ({'; '.join(notes)})" if notes else "")
+    return [head] + textwrap.wrap(body, WIDTH, initial_indent=" " * 21,
+                                  subsequent_indent=" " * 21)
+
+
+def describe(fn: Function) -> list[str]:
+    lines = [f"  {signature(fn)}"]
+    lines += textwrap.wrap(fn.doc, WIDTH, initial_indent="      ", subsequent_indent="      ")
+    facts = []
+    if fn.kind is not None:
+        facts.append(f"op: {fn.kind.value}")
+    if fn.target is not Target.NONE:
+        facts.append(f"first argument: {fn.target.value}")
+    if fn.category is Category.ESTIMATOR:
+        facts.append(f"sees: {fn.scope.value} at a time" + (
+            " (streams chunks)" if fn.scope.value == "sample" else " (waits for the step)"))
+    if fn.min_samples > 1:
+        facts.append(f"needs samples >= {fn.min_samples}")
+    if fn.trains is not None:
+        facts.append("trains a " + {"lm": "language model's", "value": "value"}.get(
+            fn.trains.value, fn.trains.value) + " head")
+    facts.append(f"priced: {fn.pricing.value}")
+    lines += textwrap.wrap("; ".join(facts), WIDTH, initial_indent="      ",
+                           subsequent_indent="        ")
+    for p in fn.params:
+        lines += _param_line(p)
+    for key, where in fn.moved:
+        lines += textwrap.wrap(f"{key}: not here -- {where}", WIDTH,
+                               initial_indent="      (", subsequent_indent="       ")
+        lines[-1] += ")"
+    return lines
+
+
+def reference() -> str:
+    """The whole language reference of functions, as ``rpeg help functions`` prints it."""
+    lines = ["Functions of the .rpeg language (generated from rpeg/spec/functions.py).", "",
+             "Data has a role, given by the function that produces it:"]
+    for r in Role:
+        lines += textwrap.wrap(r.what, WIDTH, initial_indent=f"  {r.value:<14} ",
+                               subsequent_indent=" " * 17)
+    for category, title, form in _SECTIONS:
+        lines += ["", f"{title}: {form}", ""]
+        for fn in by_category(category):
+            lines += describe(fn) + [""]
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def algorithms_markdown() -> str:
+    """README's list of algorithms: estimators and losses, one line each."""
+    out = []
+    for category, title in ((Category.ESTIMATOR, "Advantage estimators"),
+                            (Category.LOSS, "Losses")):
+        out.append(f"{title}:")
+        out.append("")
+        for fn in by_category(category):
+            keys = ", ".join(f"`{p.name}`" for p in fn.params)
+            out.append(f"- `{fn.name}` — {fn.doc}" + (f" Keywords: {keys}." if keys else ""))
+        out.append("")
+    return "\n".join(out).rstrip() + "\n"
+
+
+__all__ = ["reference", "algorithms_markdown", "signature", "describe", "function"]

@@ -22,6 +22,7 @@ import typer
 
 from rpeg.errors import RuntimeFailure
 from rpeg.resources import clusters_dir
+from rpeg.spec.lower import MAX_STEPS
 
 DEFAULT_CLUSTER = clusters_dir() / "local_cpu.rpeg"
 
@@ -33,7 +34,9 @@ def register(app: typer.Typer) -> None:
         scheduler: str = typer.Option(None, "--scheduler",
                                       help="Attach to a Dask scheduler (tcp://HOST:8786) "
                                            "whose workers each have --resources GPU=1."),
-        steps: int = typer.Option(None, "--steps", min=1, help="Steps to run (default: the workload's)."),
+        steps: int = typer.Option(None, "--steps", min=1, max=MAX_STEPS,
+                                  help="Steps to run (default: the workload's); with --resume, "
+                                       "the steps the run is extended to."),
         run_dir: Path = typer.Option(None, "--run-dir", help="Write the run here."),
         resume: Path = typer.Option(None, "--resume", help="Continue a run directory."),
         spec: Path = typer.Option(None, "--spec", help="The pipeline a plan.json was compiled from."),
@@ -67,6 +70,8 @@ def register(app: typer.Typer) -> None:
                                       "(PEM); also RPEG_TLS_CERT."),
         tls_key: Path = typer.Option(None, "--tls-key", help="This client's private key "
                                      "(PEM, mode 600); also RPEG_TLS_KEY."),
+        force: bool = typer.Option(False, "--force", help="Run a plan with a spec other than "
+                                   "the one it was compiled from (a warning, not an error)."),
     ) -> None:
         """Run a pipeline on a Dask cluster; write runs/<pipeline>-<time>/ (verify it with rpeg verify)."""
         from rpeg.runtime import RunOptions, plan_for_run, run_pipeline
@@ -82,7 +87,8 @@ def register(app: typer.Typer) -> None:
                 raise RuntimeFailure("--resume continues a run directory; give no FILE with it")
             with dask_tls(tls):
                 result = resume_run(resume, RunOptions(scheduler=scheduler, progress=progress,
-                                                       use_cuda=cuda), resilience, devices=devices)
+                                                       use_cuda=cuda), resilience, devices=devices,
+                                    steps=steps)
             print(f"run: {result.path}  ({result.steps} steps, resumed)")
             return
         if file is None:
@@ -94,9 +100,11 @@ def register(app: typer.Typer) -> None:
             local = local_profile(choice)                  # this machine's, or said it is not
             cluster = local.cluster
             print(local.note, file=sys.stderr)
+        if cluster is None and file.suffix != ".json":
+            cluster = DEFAULT_CLUSTER
         pipeline, plan, spec_path = plan_for_run(
-            file, spec=spec, cluster=cluster or DEFAULT_CLUSTER, strategy=strategy,
-            staleness=staleness, seed=seed)
+            file, spec=spec, cluster=cluster, strategy=strategy, staleness=staleness,
+            seed=seed, force=force)
         options = RunOptions(steps=steps, scheduler=scheduler,
                              run_dir=str(run_dir) if run_dir else None, progress=progress,
                              use_cuda=cuda)

@@ -306,7 +306,7 @@ def load_tree(path: Path, name: str) -> dict:
         if "__dict__" in v and isinstance(v["__dict__"], dict):
             return {k: dec(x) for k, x in v["__dict__"].items()}
         if "__attrs__" in v and isinstance(v.get("fields"), dict):
-            cls = _carry_class(v["__attrs__"], path)
+            cls = _carry_class(v["__attrs__"], path / f"{name}.json")
             try:
                 return cls(**{k: dec(x) for k, x in v["fields"].items()})
             except TypeError as e:

@@ -92,6 +92,8 @@ def metrics_before(rd: RunDir, step: int) -> list[dict]:
         missing = next((s for s in range(step) if s not in counts), None)
         what = (f"step {doubled} twice" if doubled is not None else
                 f"no row for step {missing}" if missing is not None else "its steps out of order")
+        if damaged:
+            what += f" (line {damaged[0][0]} is {damaged[0][1]})"
         raise RuntimeFailure(f"metrics file '{path}' must record steps 0..{step - 1} once each "
                              f"for the checkpoint at step {step}, and it holds {what}",
                              Span(str(path), 0, 0),

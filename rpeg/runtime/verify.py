@@ -37,7 +37,7 @@ import attrs
 from rpeg.errors import RuntimeFailure, Span
 from rpeg.plan.model import Plan
 from rpeg.runtime import runfiles as rf
-from rpeg.runtime.instances import LOAD, OpCall, build_calls, model_homes
+from rpeg.runtime.instances import LOAD, OpCall, build_calls, lookback, model_homes
 from rpeg.runtime.runcheck import check_event_fields, check_meta, check_metrics, check_plan_of_run
 from rpeg.runtime.rundir import RunDir, events_from_trace
 from rpeg.runtime.serial import loads, plan_from_json
@@ -89,16 +89,17 @@ def verify_run(path: str | Path) -> Report:
     check_plan_of_run(rd, pipeline, plan)
     counted, problems = check_metrics(rd, meta, events)
     try:
-        steps = counted.checked
+        steps = counted.checked                # steps whose every op is expected in the trace
         workers = {int(d): a for d, a in meta.get("workers", {}).items()}
         for d, addrs in meta.get("worker_history", {}).items():   # devices whose worker was replaced
             workers[int(d)] = tuple(addrs)
         segments = tuple(
-            Segment(tuple(c for c in build_calls(pipeline, p, upto, first=base)
-                          if first <= c.step < end),
+            # built a little past the steps checked: their calls are as the run made them
+            Segment(tuple(c for c in build_calls(pipeline, p, min(upto, steps + lookback(
+                pipeline, p)), first=base) if first <= c.step < min(end, steps)),
                     p, model_homes(pipeline, p, _graph(pipeline, p)))
-            for p, first, end, base, upto in governing_plans(rd, plan, meta, steps)
-            if first < end)
+            for p, first, end, base, upto in governing_plans(rd, plan, meta, counted.recorded)
+            if first < min(end, steps))
         report = check_segments(segments, events, workers, steps)
     except (KeyError, TypeError, ValueError, AttributeError) as e:
         raise RuntimeFailure(f"run directory '{rd.path}' must hold the records rpeg run wrote; "

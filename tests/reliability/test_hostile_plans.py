@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from rpeg.cli import main
+from tests.reliability.hostile import PLAN_EDITS, write_edited_plan
 from tests.reliability.test_hostile_input import no_hang
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -34,11 +35,7 @@ def good(tmp_path_factory) -> Path:
 
 
 def _edited(good: Path, tmp_path: Path, edit) -> Path:
-    data = json.loads(good.read_text())
-    text = edit(data)
-    path = tmp_path / "plan.json"
-    path.write_text(text if isinstance(text, str) else json.dumps(data, indent=1))
-    return path
+    return write_edited_plan(good, tmp_path / "plan.json", edit)
 
 
 def _refused_by_every_command(path: Path, good: Path, says: str, capsys, tmp_path,
@@ -59,50 +56,9 @@ def _refused_by_every_command(path: Path, good: Path, says: str, capsys, tmp_pat
         assert not run_dir.exists(), f"{argv[0]} wrote a run directory for a refused plan"
 
 
-def _placement(d: dict, stage: str) -> dict:
-    return next(p for p in d["placements"] if p["stage"] == stage)
-
-
-CASES = {
-    "deep-nesting": (lambda d: '{"schema_version": 1, "placements": ' + "[" * 100_000
-                     + "]" * 100_000 + "}", "nest"),
-    "device-half": (lambda d: d["placements"][0].update(devices=[0.5]),
-                    "'placements[0].devices[0]' must be an integer"),
-    "device-string": (lambda d: d["placements"][0].update(devices=["0"]),
-                      "'placements[0].devices[0]' must be an integer"),
-    "5000-digits": (lambda d: json.dumps(d).replace('"seed": 1', '"seed": ' + "9" * 5000),
-                    "at most 20 digits"),
-    "duplicate-key": (lambda d: json.dumps(d).replace('"num_devices": 2',
-                                                      '"num_devices": 2, "num_devices": 1000000'),
-                      "'num_devices' twice"),
-    "million-devices": (lambda d: d.update(num_devices=1_000_000), "num_devices"),
-    "home-device-7": (lambda d: d.update(model_homes=[["actor+critic", [7]]]),
-                      "model_homes[0]"),
-    "home-unknown-model": (lambda d: d.update(model_homes=[["actress", [0]]]),
-                           "model_homes[0]"),
-    "shared-unknown-model": (lambda d: d.update(shared=[["actor", "critter"]]), "shared[0]"),
-    "unknown-stage": (lambda d: _placement(d, "scores").update(stage="scorez"),
-                      "placements[3].stage"),
-    "fusion-unknown-stage": (lambda d: d.update(fusion=[["ref_lp", "valuez"]]), "fusion[0]"),
-    "staleness-unknown-stage": (lambda d: d.update(staleness=[["rollouts", 1]]),
-                                "staleness[0]"),
-    "staleness-past-bound": (lambda d: d.update(staleness=[["rollout", 5]]), "staleness[0]"),
-    "missing-stage": (lambda d: d.update(placements=[p for p in d["placements"]
-                                                     if p["stage"] != "adv"]),
-                      "leave out 'adv'"),
-    "wrong-spec-hash": (lambda d: d.update(spec_hash="0123456789abcdef"), "0123456789abcdef"),
-    "infinite-time": (lambda d: json.dumps(d).replace('"step_time_s": ', '"step_time_s": 1e999, '
-                                                      '"x": '), "finite"),
-    "nan-time": (lambda d: json.dumps(d).replace('"step_time_s": ', '"step_time_s": NaN, "x": '),
-                 "finite"),
-    "negative-time": (lambda d: d["predicted"].update(step_time_s=-1.0), "step_time_s"),
-    "cluster-is-a-pipeline": (lambda d: d.update(cluster_path=d["spec_path"]), "cluster_path"),
-}
-
-
-@pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.parametrize("case", sorted(PLAN_EDITS))
 def test_a_hostile_plan_is_refused_alike_by_every_command(good, tmp_path, capsys, case):
-    edit, says = CASES[case]
+    edit, says = PLAN_EDITS[case]
     path = _edited(good, tmp_path, edit)
     _refused_by_every_command(path, good, says, capsys, tmp_path)
 

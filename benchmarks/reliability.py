@@ -189,7 +189,6 @@ def hostile(work: Path) -> dict:
     import hostile as H
     import test_faults as tf
 
-    from rpeg.cli import main
     from rpeg.runtime import RunOptions
     from rpeg.runtime.placement import split_plan
     from rpeg.runtime.recovery import Resilience, run_resilient
@@ -197,14 +196,7 @@ def hostile(work: Path) -> dict:
 
     folder = work / "plans"
     folder.mkdir()
-    for name in ("tiny_ppo.rpeg", "rewards.py"):
-        shutil.copy(ROOT / "pipelines" / name, folder / name)
-    shutil.copytree(ROOT / "pipelines" / "data", folder / "data")
-    shutil.copytree(ROOT / "pipelines" / "clusters", folder / "clusters")
-    good = folder / "plan.json"
-    assert main(["compile", str(folder / "tiny_ppo.rpeg"), "--cluster",
-                 str(folder / "clusters" / "local_cpu.rpeg"), "-o", str(good), "--no-gantt",
-                 "--iterations", "200", "--seed", "1"]) == 0
+    good = H.compile_good_plan(folder)
     cases = []
     for name, (edit, says) in sorted(H.PLAN_EDITS.items()):
         bad = H.write_edited_plan(good, work / f"{name}.json", edit)

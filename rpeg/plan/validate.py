@@ -78,11 +78,8 @@ def check_plan(plan: Plan, pipeline: Pipeline, *, path: str, cluster: Cluster | 
                                               "with this spec anyway")
         warnings.append(text)
     stages = [s.name for s in pipeline.stages]
-    for i, p in enumerate(plan.placements):
-        if p.stage not in stages:
-            raise PlanError(f"plan field 'placements[{i}].stage' must name a stage of pipeline "
-                            f"'{pipeline.name}', not '{p.stage}'", where,
-                            hint=did_you_mean(p.stage, stages) or hint)
+    _known([(f"placements[{i}].stage", p.stage) for i, p in enumerate(plan.placements)],
+           stages, "a stage", pipeline.name, where, hint)
     placed = {p.stage for p in plan.placements}
     missing = [s for s in stages if s not in placed]
     if missing:
@@ -90,21 +87,14 @@ def check_plan(plan: Plan, pipeline: Pipeline, *, path: str, cluster: Cluster | 
                         f"'{pipeline.name}', not leave out '{missing[0]}'"
                         + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""),
                         where, hint=hint)
+    named = [(f"staleness[{i}]", stage) for i, (stage, _) in enumerate(plan.staleness)]
+    named += [(f"fusion[{i}]", stage) for i, group in enumerate(plan.fusion) for stage in group]
+    _known(named, stages, "a stage", pipeline.name, where, hint)
     for i, (stage, k) in enumerate(plan.staleness):
-        if stage not in stages:
-            raise PlanError(f"plan field 'staleness[{i}]' must name a stage of pipeline "
-                            f"'{pipeline.name}', not '{stage}'", where,
-                            hint=did_you_mean(stage, stages) or hint)
         bound = pipeline.staleness_of(stage)
         if k > bound:
             raise PlanError(f"plan field 'staleness[{i}]' (stage '{stage}') must be at most the "
                             f"spec's bound {bound}, not {k}", where, hint=hint)
-    for i, group in enumerate(plan.fusion):
-        for stage in group:
-            if stage not in stages:
-                raise PlanError(f"plan field 'fusion[{i}]' must name stages of pipeline "
-                                f"'{pipeline.name}', not '{stage}'", where,
-                                hint=did_you_mean(stage, stages) or hint)
     _check_models(plan, pipeline, where, hint)
     if cluster is not None:
         _check_devices(plan, cluster, where, exact_devices)
@@ -114,12 +104,11 @@ def check_plan(plan: Plan, pipeline: Pipeline, *, path: str, cluster: Cluster | 
 def _check_models(plan: Plan, pipeline: Pipeline, where: Span, hint: str) -> None:
     models = [m.name for m in pipeline.models]
     allowed = [set(g) for g in pipeline.shares]
+    named = [(f"shared[{i}]", m) for i, group in enumerate(plan.shared) for m in group]
+    named += [(f"model_homes[{i}]", m) for i, (key, _) in enumerate(plan.model_homes)
+              for m in key.split("+")]
+    _known(named, models, "a model", pipeline.name, where, hint)
     for i, group in enumerate(plan.shared):
-        for m in group:
-            if m not in models:
-                raise PlanError(f"plan field 'shared[{i}]' must name models of pipeline "
-                                f"'{pipeline.name}', not '{m}'", where,
-                                hint=did_you_mean(m, models) or hint)
         if set(group) not in allowed:
             raise PlanError(f"plan field 'shared[{i}]' must be a group the spec allows to "
                             f"share ({'; '.join(', '.join(g) for g in pipeline.shares) or 'none'}"
@@ -127,14 +116,18 @@ def _check_models(plan: Plan, pipeline: Pipeline, where: Span, hint: str) -> Non
                             hint="allow it in the spec with `share A, B`, or " + hint)
     merged = {"+".join(g) for g in plan.shared}
     for i, (key, _) in enumerate(plan.model_homes):
-        for m in key.split("+"):
-            if m not in models:
-                raise PlanError(f"plan field 'model_homes[{i}]' must name a model of pipeline "
-                                f"'{pipeline.name}', not '{m}'", where,
-                                hint=did_you_mean(m, models) or hint)
         if "+" in key and key not in merged:
             raise PlanError(f"plan field 'model_homes[{i}]' names the shared backbone '{key}', "
                             "which the plan's 'shared' does not list", where, hint=hint)
+
+
+def _known(named: list[tuple[str, str]], choices: list[str], what: str, pipeline: str,
+           where: Span, hint: str) -> None:
+    """Each ``(field, name)`` names one of ``choices``, or a PlanError naming the field."""
+    for field, name in named:
+        if name not in choices:
+            raise PlanError(f"plan field '{field}' must name {what} of pipeline '{pipeline}', "
+                            f"not '{name}'", where, hint=did_you_mean(name, choices) or hint)
 
 
 def _check_devices(plan: Plan, cluster: Cluster, where: Span, exact: bool) -> None:

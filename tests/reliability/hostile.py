@@ -60,6 +60,24 @@ PLAN_EDITS: dict[str, tuple[Callable[[dict], object], str]] = {
 }
 
 
+def compile_good_plan(folder: Path) -> Path:
+    """A plan compiled for tiny_ppo on the local cluster into ``folder``, with copies of its
+    spec (and tiny_grpo's), rewards, data and clusters beside it (it records their paths)."""
+    from rpeg.cli import main
+    root = Path(__file__).resolve().parents[2] / "pipelines"
+    for name in ("tiny_ppo.rpeg", "tiny_grpo.rpeg", "rewards.py"):
+        shutil.copy(root / name, folder / name)
+    shutil.copytree(root / "data", folder / "data")
+    shutil.copytree(root / "clusters", folder / "clusters")
+    out = folder / "plan.json"
+    rc = main(["compile", str(folder / "tiny_ppo.rpeg"), "--cluster",
+               str(folder / "clusters" / "local_cpu.rpeg"), "-o", str(out), "--no-gantt",
+               "--iterations", "200", "--seed", "1"])
+    if rc != 0:
+        raise RuntimeError(f"compiling the plan the hostile edits start from failed ({rc})")
+    return out
+
+
 def write_edited_plan(good: Path, dst: Path, edit) -> Path:
     """``good`` (a plan file) with ``edit`` applied, written to ``dst``."""
     data = json.loads(good.read_text())

@@ -6,13 +6,12 @@ directory). Each runs under a hang guard, never a speed target."""
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
 
 from rpeg.cli import main
-from tests.reliability.hostile import PLAN_EDITS, write_edited_plan
+from tests.reliability.hostile import PLAN_EDITS, compile_good_plan, write_edited_plan
 from tests.reliability.test_hostile_input import no_hang
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -20,18 +19,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope="module")
 def good(tmp_path_factory) -> Path:
-    """A plan compiled for tiny_ppo on the local cluster, with its spec and cluster beside
-    it (it records their paths)."""
-    folder = tmp_path_factory.mktemp("plans")
-    for name in ("tiny_ppo.rpeg", "tiny_grpo.rpeg", "rewards.py"):
-        shutil.copy(ROOT / "pipelines" / name, folder / name)
-    shutil.copytree(ROOT / "pipelines" / "data", folder / "data")
-    shutil.copytree(ROOT / "pipelines" / "clusters", folder / "clusters")
-    out = folder / "plan.json"
-    assert main(["compile", str(folder / "tiny_ppo.rpeg"), "--cluster",
-                 str(folder / "clusters" / "local_cpu.rpeg"), "-o", str(out), "--no-gantt",
-                 "--iterations", "200", "--seed", "1"]) == 0
-    return out
+    return compile_good_plan(tmp_path_factory.mktemp("plans"))
 
 
 def _edited(good: Path, tmp_path: Path, edit) -> Path:

@@ -10,33 +10,15 @@ from pathlib import Path
 import attrs
 import pytest
 
-from rpeg.plan.model import Plan, StagePlacement, Strategy
+from rpeg.plan.model import Plan
 from rpeg.runtime.instances import build_calls, lookback
 from rpeg.runtime.placement import split_plan
 from rpeg.runtime.windows import CallWindows
 from rpeg.spec import load
+from tests.runtime.test_tp_run import plan_with
 
 ROOT = Path(__file__).resolve().parents[2]
 STEPS = 30
-
-
-def _tp_plan(pipeline, devs, tp, gen=None, devices=2, staleness=0) -> Plan:
-    """Model stages on ``devs`` at ``tp``; generation and the reference on ``gen``."""
-    places = []
-    for s in pipeline.stages:
-        kind = s.kind.value
-        if s.target in ("actor", "critic", "ref") and kind in ("generate", "forward", "train"):
-            d, t = devs, tp
-            if gen is not None and (kind == "generate" or s.target == "ref"):
-                d, t = gen, 1
-            places.append(StagePlacement(s.name, d, dp=len(d) // t, tp=t,
-                                         chunks=2 if kind == "generate" else 1))
-        else:
-            places.append(StagePlacement(s.name, (0,)))
-    return Plan(pipeline.name, "test", devices, tuple(places),
-                model_homes=(("actor", devs), ("critic", devs)),
-                staleness=tuple((st, min(k, staleness)) for st, k in pipeline.staleness),
-                strategy=Strategy.MANUAL)
 
 
 def _carrying(plan: Plan) -> Plan:
@@ -64,9 +46,9 @@ def _plans(stale2):
                 out[f"{name}-s{st}-dp{dp}"] = (p, split_plan(p, 2, staleness=st, dp=dp))
         out[f"{name}-carry"] = (p, _carrying(split_plan(p, 2)))
         out[f"{name}-share"] = (p, split_plan(p, 2, share=True, dp=2))
-    out["ppo-tp"] = (ppo, _tp_plan(ppo, (0, 1), 2))
-    out["ppo-dp2tp2"] = (ppo, _tp_plan(ppo, (0, 1, 2, 3), 2, devices=4, staleness=1))
-    out["stale2-tp-gen"] = (stale2, _tp_plan(stale2, (0, 1), 2, gen=(2,), devices=3,
+    out["ppo-tp"] = (ppo, plan_with(ppo, (0, 1), 2))
+    out["ppo-dp2tp2"] = (ppo, plan_with(ppo, (0, 1, 2, 3), 2, devices=4, staleness=1))
+    out["stale2-tp-gen"] = (stale2, plan_with(stale2, (0, 1), 2, gen=(2,), devices=3,
                                              staleness=2))
     return out
 

@@ -131,9 +131,10 @@ def fault_runs(work: Path) -> list[dict]:
 HANG_S = 120.0       # an attempt still running after this long counts as a hang
 
 
-def attempt(argv: list[str], says: str, names: str) -> dict:
-    """``rpeg ARGV`` in this process, its outcome classified: refused | accepted | hang |
-    internal | other (exit 1 without the file or the words, or a usage error)."""
+def attempt(argv: list[str], says: str, names: tuple[str, ...]) -> dict:
+    """``rpeg ARGV`` in this process, its outcome classified: refused (exit 1, the words
+    ``says`` and one of ``names`` in the message) | accepted | hang | internal | other (exit 1
+    without the file or the words, or a usage error)."""
     import contextlib
     import io
 
@@ -163,7 +164,7 @@ def attempt(argv: list[str], says: str, names: str) -> dict:
         outcome = "internal"
     elif rc == 0:
         outcome = "accepted"
-    elif rc == 1 and says in text and names in text:
+    elif rc == 1 and says in text and any(n in text for n in names):
         outcome = "refused"
     else:
         outcome = "other"
@@ -192,6 +193,7 @@ def hostile(work: Path) -> dict:
     from rpeg.runtime import RunOptions
     from rpeg.runtime.placement import split_plan
     from rpeg.runtime.recovery import Resilience, run_resilient
+    from rpeg.runtime.runfiles import FILES
     from rpeg.spec import load
 
     folder = work / "plans"
@@ -205,7 +207,7 @@ def hostile(work: Path) -> dict:
                      ["run", str(bad), "--no-progress", "--steps", "1", "--run-dir",
                       str(run_dir)],
                      ["diff", str(good), str(bad)], ["show", str(bad)]):
-            r = attempt(argv, says, str(bad))
+            r = attempt(argv, says, (str(bad),))
             r.update(kind="plan", case=name, outside_touched=run_dir.exists())
             cases.append(r)
     spec = tf.micro_spec(work / "micro")
@@ -223,7 +225,8 @@ def hostile(work: Path) -> dict:
         argvs = {"verify": ["verify", str(run)], "show": ["show", str(run)],
                  "resume": ["run", "--resume", str(run), "--no-progress"]}
         for command in commands:
-            r = attempt(argvs[command], says, str(run))
+            # verify's report names the file of the run directory, not its path
+            r = attempt(argvs[command], says, (str(run), *FILES))
             r.update(kind="run directory", case=name,
                      outside_touched=_snapshot(outside) != before)
             cases.append(r)
@@ -234,7 +237,7 @@ def hostile(work: Path) -> dict:
         else:
             path.write_text(text)
         shutil.copy(ROOT / "pipelines" / "rewards.py", work / "rewards.py")
-        r = attempt(["check", str(path)], says, str(path))
+        r = attempt(["check", str(path)], says, (str(path),))
         r.update(kind="spec", case=name, outside_touched=False)
         cases.append(r)
     count = {k: sum(1 for c in cases if c["outcome"] == k)
@@ -253,7 +256,7 @@ def _hostile_specs() -> list[tuple[str, str | None, str]]:
     base = (ROOT / "pipelines" / "tiny_ppo.rpeg").read_text()
     import re
     steps = re.sub(r"steps\s*=\s*\d+", "steps = " + "9" * 5000, base, count=1)
-    paren = re.sub(r"stage ref_lp\s*=\s*forward\(ref, responses\)",
+    paren = re.sub(r"stage ref_lp\s*=\s*forward\(ref, responses\)\s*->\s*ref_logprobs",
                    "stage ref_lp = forward(ref, responses", base, count=1)
     return [("steps-5000-digits", steps, "at most 10,000,000"),
             ("unclosed-paren", paren, "not closed"),

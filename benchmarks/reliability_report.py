@@ -69,6 +69,10 @@ def _faults(faults: list[dict] | None) -> list[str]:
         lines.append(f"| {r['scenario']} | {r['injected']} | {r['recoveries']} | "
                      f"{r['resumes']} | {r['steps_once_each']} | "
                      f"{r['metrics_equal_reference']} | {r['verify_ok']} | {r['wall_s']} |")
+    failed = [r for r in faults if r.get("error")]
+    if failed:
+        lines += [""] + [f"The run of \"{r['scenario']}\" ended with an error: {r['error']}"
+                         for r in failed]
     return lines + [""]
 
 

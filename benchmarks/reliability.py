@@ -301,7 +301,12 @@ def overhead(chunks: int, steps: int) -> dict:
     from rpeg.runtime.placement import split_plan
     from rpeg.spec import load
 
+    import attrs
     pipeline = load(ROOT / "pipelines" / "tiny_ppo.rpeg")
+    # a chunk holds one response at least: enough prompts that none of the chunks asked for
+    # is merged away (the ops are null, so the prompts cost nothing)
+    pipeline = attrs.evolve(pipeline, workload=attrs.evolve(
+        pipeline.workload, prompts=max(pipeline.workload.prompts, chunks)))
     plan = split_plan(pipeline, 2, staleness=1, chunks=chunks)
     calls = build_calls(pipeline, plan, steps)
     per_step = len(calls) / steps

@@ -19,7 +19,7 @@ def markdown(result: dict) -> str:
              "repository's root:", ""]
     for part in PARTS:
         p = result.get("provenance", {}).get(part)
-        if p is None:
+        if p is None or part == "fuzz":           # fuzz.py measured it; its command is below
             continue
         m, load = p["machine"], p["load_average"]
         end = f" to {load['end']}" if "end" in load else ""

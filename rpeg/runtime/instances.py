@@ -103,9 +103,16 @@ def graph_for(pipeline: Pipeline, plan: Plan) -> Graph:
     return step_graph(pipeline, plan)
 
 
-def build_calls(pipeline: Pipeline, plan: Plan, steps: int) -> tuple[OpCall, ...]:
-    """Every op instance of ``steps`` steps, in an order where dependencies come first
-    (except write-after-read edges, which may point one staleness window ahead)."""
+def build_calls(pipeline: Pipeline, plan: Plan, steps: int, *, first: int = 0
+                ) -> tuple[OpCall, ...]:
+    """Every op instance of steps ``first``..``steps - 1``, in an order where dependencies
+    come first (except write-after-read edges, which may point one staleness window ahead).
+
+    ``first`` > 0: the run starts at that step with every replica at version ``first``
+    (as step 0 starts with every replica at version 0): readers read no older version,
+    and only newer ones are synced. A run extended past its end restarts so; and the
+    calls of steps ``first + r`` onwards, ``r`` at least the steps any dependency
+    reaches back (:func:`lookback`), are those of a run built from step 0."""
     graph = graph_for(pipeline, plan)
     problem = staleness_problem(pipeline, plan)
     if problem:                      # a hand-written plan: a carry past the staleness bound
@@ -117,7 +124,7 @@ def build_calls(pipeline: Pipeline, plan: Plan, steps: int) -> tuple[OpCall, ...
     chunked = _chunked_ops(graph, pipeline)
     calls: list[dict] = []
     produced: dict[tuple[str, int], list[str]] = defaultdict(list)   # (op, step) -> ids by chunk
-    for s in range(steps):
+    for s in range(first, steps):
         for name in graph.topo_order():
             op = graph.op(name)
             if op.kind is OpKind.SYNC_WEIGHTS:
@@ -139,7 +146,7 @@ def build_calls(pipeline: Pipeline, plan: Plan, steps: int) -> tuple[OpCall, ...
                 members = op.reads_model.split("+") if op.reads_model else []
                 if op.reads_model and not all(m in frozen for m in members):
                     lag = 0 if op.kind is OpKind.TRAIN else graph.lag_of(name)
-                    call["version"] = read_version(op.kind, s, lag)
+                    call["version"] = read_version(op.kind, s, lag, first)
                     call["bound"] = lag
                     call["limit"] = max((bounds.get(st, 0) for st in op.stages), default=0)
                 if op.kind is OpKind.TRAIN:
@@ -148,8 +155,8 @@ def build_calls(pipeline: Pipeline, plan: Plan, steps: int) -> tuple[OpCall, ...
                 if rank == 0 and (not group or group[0] == dev):
                     produced[(name, s)].append(cid)       # what readers take: tp rank 0's
     _split_layouts(calls)
-    calls = _add_syncs(calls, homes, _home_tp(graph, plan))
-    _order_versions(calls, homes, frozen)
+    calls = _add_syncs(calls, homes, _home_tp(graph, plan), first)
+    _order_versions(calls, homes, frozen, first)
     _order_chunks(calls)
     _order_collectives(calls)
     out = tuple(OpCall(**{**c, "inputs": tuple(c["inputs"]), "deps": tuple(c["deps"]),
@@ -157,6 +164,17 @@ def build_calls(pipeline: Pipeline, plan: Plan, steps: int) -> tuple[OpCall, ...
                 for c in calls)
     replica_layouts(out)                         # one layout per replica, or a PlanError
     return out
+
+
+def lookback(pipeline: Pipeline, plan: Plan) -> int:
+    """Steps back any op call's dependencies reach, at most: a reader of version
+    ``s - k`` waits for its writer (and that writer's sync) of step ``s - k - 1``, a
+    generate op with partial rollouts for its previous steps, a writer for readers of the
+    version before. Calls built from ``first`` are exact from ``first + lookback``."""
+    k = max((b for _, b in plan.staleness), default=0)
+    k = max(k, max((b for _, b in pipeline.staleness), default=0))
+    carry = max((p.carry for p in plan.placements), default=0)
+    return k + carry + 3
 
 
 def replica_layouts(calls) -> dict[tuple[str, int], tuple[int, ...]]:
@@ -366,7 +384,8 @@ def _split_layouts(calls: list[dict]) -> None:
             c["model"] = copied[(c["op"], c["step"], c["chunk"])]
 
 
-def _add_syncs(calls: list[dict], homes, home_tp: dict[str, int]) -> list[dict]:
+def _add_syncs(calls: list[dict], homes, home_tp: dict[str, int], first: int = 0
+               ) -> list[dict]:
     """Export/load pairs for every version of a trained model read off its home devices.
     A tensor-parallel home exports from each rank of its first block (its shard); the
     load joins the shards, so a reader gets whole weights whatever its own layout."""
@@ -374,7 +393,7 @@ def _add_syncs(calls: list[dict], homes, home_tp: dict[str, int]) -> list[dict]:
     for c in calls:
         key = c["model"]
         b = base_of(key)
-        if b in homes and (c["device"] not in homes[b] or key != b) and c["version"] > 0:
+        if b in homes and (c["device"] not in homes[b] or key != b) and c["version"] > first:
             needed[(key, c["device"])].add(c["version"])
     out = list(calls)
     exports: dict[tuple[str, int], list[str]] = {}
@@ -400,7 +419,7 @@ def _add_syncs(calls: list[dict], homes, home_tp: dict[str, int]) -> list[dict]:
     return out
 
 
-def _order_versions(calls: list[dict], homes, frozen) -> None:
+def _order_versions(calls: list[dict], homes, frozen, first: int = 0) -> None:
     """Reader after the writer of its version; writer of v after readers of v - 1 (same device)."""
     writer: dict[tuple[str, int, int], str] = {}
     readers: dict[tuple[str, int, int], list[str]] = defaultdict(list)
@@ -411,7 +430,7 @@ def _order_versions(calls: list[dict], homes, frozen) -> None:
             readers[(c["model"], c["device"], c["version"])].append(c["id"])
     for c in calls:
         key, dev = c["model"], c["device"]
-        if c["version"] > 0 and base_of(key) in homes:
+        if c["version"] > first and base_of(key) in homes:
             w = writer.get((key, dev, c["version"]))
             if w is None:
                 raise PlanError(f"no op makes version {c['version']} of '{key}' on device {dev} "

@@ -13,6 +13,7 @@ uses the runtime's own split placement (``rpeg.runtime.placement``).
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import attrs
@@ -52,9 +53,14 @@ def engine_installed(engine) -> bool:
 
 def plan_for_run(file: str | Path, *, spec: str | Path | None = None,
                  cluster: str | Path | None = None, strategy: str = "search",
-                 staleness: int | None = None, seed: int = 0, overrides: tuple = ()):
+                 staleness: int | None = None, seed: int = 0, overrides: tuple = (),
+                 force: bool = False):
     """(pipeline, plan, spec path) for ``rpeg run FILE``; ``overrides``
     (``rpeg.spec.overrides``) change the spec before it is checked.
+
+    A plan file is checked against its spec and, when one is given or the plan names one
+    that is there, its cluster (``rpeg.plan.validate``; ``force``: a different spec is a
+    warning).
 
     ``staleness`` K plans the run under every staleness bound of the spec capped at K
     (0: synchronous; a partial rollout's carry spends the same bound): a pipeline is
@@ -68,12 +74,16 @@ def plan_for_run(file: str | Path, *, spec: str | Path | None = None,
     file = Path(file)
     if file.suffix == ".json":
         from rpeg.plan.model import Plan
+        from rpeg.plan.validate import check_plan, recorded_cluster
         plan = Plan.load(file)
         spec_path = Path(spec) if spec else _find_spec(file, plan)
         pipeline = load(spec_path, overrides)
-        if pipeline.name != plan.pipeline:
-            raise PlanError(f"plan '{file}' must be for pipeline '{pipeline.name}', "
-                            f"not '{plan.pipeline}'", hint="pass the right --spec")
+        machine = load_cluster(cluster) if cluster else recorded_cluster(plan, file)[0]
+        warnings = check_plan(plan, pipeline, path=str(file), cluster=machine, force=force)
+        for w in warnings:
+            print(f"{file}: warning: {w}", file=sys.stderr)
+        if warnings:              # run with another spec, as asked: the hash no longer applies
+            plan = attrs.evolve(plan, spec_hash="")
         _check_cap(pipeline, staleness)
         plan = explicit(pipeline, plan)             # a stage the plan does not list: 0
         if staleness is not None:

@@ -340,6 +340,7 @@ class Executor:
         save_checkpoint(replica.model, path, {**meta, "model": model,
                                               "version": replica.version}, replica.optimizer,
                         whole=whole)
+        _save_carried(replica, path)
         return path
 
     def _gather_whole(self, model: str, replica) -> dict:
@@ -373,7 +374,7 @@ class Executor:
         replica.version = int(meta["version"])
         if replica.engine is not None:
             replica.engine.version = replica.version
-            replica.engine.carried.clear()     # partial rollouts: the next step starts afresh
+        _restore_carried(replica, path)
         return replica.version
 
     def _engine(self, stage, replica):
@@ -396,6 +397,38 @@ class Executor:
             if r.engine is not None:
                 r.engine.shutdown()
         self.replicas.clear()
+
+
+CARRIED = "carried"           # a replica checkpoint's partial rollouts: carried.json + .safetensors
+
+
+def _save_carried(replica, path: str) -> None:
+    """Write the partial rollouts the replica's engines keep, so a resumed run continues
+    the same responses (nothing is written when they keep none)."""
+    states = tuple(s for e in (replica.engine, getattr(replica, "vllm_engine", None))
+                   if e is not None and hasattr(e, "carried_state") for s in e.carried_state())
+    if states:
+        from pathlib import Path
+
+        from rpeg.runtime.checkpoint_io import save_tree
+        save_tree(Path(path), CARRIED, {"buffers": states})
+
+
+def _restore_carried(replica, path: str) -> None:
+    """The partial rollouts a checkpoint holds, into the replica's engines (none: they start
+    afresh). A vLLM engine not started yet gets them when it starts."""
+    from pathlib import Path
+    states: tuple = ()
+    if (Path(path) / f"{CARRIED}.json").exists():
+        from rpeg.runtime.checkpoint_io import load_tree
+        states = tuple(load_tree(Path(path), CARRIED)["buffers"])
+    if replica.engine is not None:
+        replica.engine.restore_carried(states)
+    vllm = getattr(replica, "vllm_engine", None)
+    if vllm is not None:
+        vllm.restore_carried(states)
+    else:
+        replica.carried_restore = states
 
 
 def tp_pieces(model: str, group: tuple[int, ...]) -> dict | None:

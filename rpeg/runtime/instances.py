@@ -29,9 +29,8 @@ version v on a device waits for every reader of v - 1 there (write after read).
 A generate op with partial rollouts (the plan's ``carry``) keeps the next steps'
 responses in its engine between steps, so on each device its step s runs after
 its step s - 1; its chunks may hold tokens up to ``carry`` versions older than
-the version it reads. That buffer is not checkpointed: after a lost worker or a
-resume the engine starts empty and admits the cohorts it lacks, so the steps
-after the cut sample afresh (they verify, but differ from an uninterrupted run).
+the version it reads. That buffer is checkpointed with the replica, so a resumed
+run continues the same responses.
 The ranks of an instance that runs collectives (data-parallel train ranks, a
 tensor-parallel block) wait for the union of their dependencies and keep one
 order per device, so gloo/NCCL collectives never interleave.

@@ -12,10 +12,9 @@ the ops between two cuts on the scheduling core; at its cut every replica on
 every worker is checkpointed (weights, optimizer state, version), with the
 outputs made before the cut and read after it, so the state at a cut is
 complete: re-running from it gives the same numbers as running through it
-(all randomness is seeded by (seed, step)) — except under partial rollouts (a
-generate stage's ``carry``): the responses an engine started early for later steps
-are not checkpointed, so after a cut it starts them again, and the steps after it
-sample afresh (they still keep every bound ``rpeg verify`` checks).
+(all randomness is seeded by (seed, step)); under partial rollouts (a generate
+stage's ``carry``) the responses an engine started early for later steps are
+checkpointed with its replica and continued after the cut.
 
 The ops the core releases are submitted as fused tasks (``rpeg.runtime.fusion``:
 consecutive ready ops of one device in one Dask task, each op still traced on

@@ -299,6 +299,21 @@ class VllmEngine:
         self.version = version
         return record
 
+    def receive_weights(self, addr: str, first_rank: int, world: int, version: int) -> SyncRecord:
+        """One update through the trainer's weight-sync group (``backends.vllm_backend.sync``):
+        every worker of this engine receives the buckets and loads its shard; then the KV
+        computed with the old weights is dropped and ``version`` served."""
+        if version < self.version:
+            raise BackendError(f"weight version must not go back, not {version} after {self.version}",
+                               hint="push versions in training order")
+        t0 = time.perf_counter()
+        got = self._llm.collective_rpc("rpeg_receive_weights", args=(addr, first_rank, world))
+        self._llm.reset_prefix_cache()
+        record = SyncRecord(version, int(got[0][1]), int(got[0][0]), time.perf_counter() - t0)
+        self.syncs.append(record)
+        self.version = version
+        return record
+
     def param_checksum(self, name: str) -> float:
         """Sum of one of vLLM's own parameters (e.g. ``model.norm.weight``) on the first worker."""
         return self._llm.collective_rpc("rpeg_param_checksum", args=(name,))[0]

@@ -102,6 +102,11 @@ class EngineActor:
     def param_checksum(self, name: str) -> float:
         return self.engine.param_checksum(name)
 
+    def receive_weights(self, addr: str, first_rank: int, world: int, version: int) -> SyncRecord:
+        """One update through the trainer's weight-sync group (``backends.vllm_backend.sync``)."""
+        self._close_stream()
+        return self.engine.receive_weights(addr, first_rank, world, version)
+
     def shutdown(self) -> None:
         self._close_stream()
         self.engine.shutdown()

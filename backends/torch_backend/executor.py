@@ -36,7 +36,7 @@ from backends.torch_backend.train import (
 )
 from rpeg.errors import BackendError
 from rpeg.runtime.context import dataset_path, group_of, read_dataset, step_rows
-from rpeg.runtime.instances import EXPORT, OpCall, base_of
+from rpeg.runtime.instances import EXPORT, RECV, SEND, OpCall, base_of
 from rpeg.spec.model import Engine, Head, OpKind
 
 BUCKET_BYTES = 32 << 20          # weight sync: one message per 32 MB bucket, not per tensor
@@ -106,10 +106,23 @@ class Executor:
         if groups:
             from backends.torch_backend.distributed import make_groups
             make_groups(groups)
-        self.replicas = {r.model: Replica(r, ctx.pipeline, self.device)
-                         for r in ctx.replicas_on(device)}
+        self.replicas = {r.model: self._replica(r) for r in ctx.replicas_on(device)}
+        self.groups: dict[str, object] = {}         # model -> its weight-sync group (sender)
         self.streams: dict[tuple[str, int], object] = {}
         self.reward_fns: dict[str, object] = {}
+
+    def _replica(self, spec):
+        """A torch replica, or the vLLM engine serving a copy of its own (``spec.engine``)."""
+        if not spec.engine:
+            return Replica(spec, self.ctx.pipeline, self.device)
+        from backends.vllm_backend.disaggregated import EngineReplica
+        stage = next(c for c in self.ctx.pipeline.stages if c.kind is OpKind.GENERATE
+                     and self.ctx.pipeline.model(c.target).name in base_of(spec.model).split("+"))
+        place = self.ctx.plan.placement(stage.name)
+        return EngineReplica.start(spec, self.ctx.pipeline, self.device_index,
+                                   use_cuda=self.device.startswith("cuda"),
+                                   max_num_seqs=getattr(place, "max_seqs", 0) or None,
+                                   kv_fraction=getattr(place, "kv_fraction", 0.0) or None)
 
     # --- one op ------------------------------------------------------------------------
     def run(self, call: OpCall, inputs: dict[str, list]) -> tuple[dict, dict]:
@@ -130,6 +143,12 @@ class Executor:
             out, stats = self._train(call, replica, inputs)
         elif call.role == EXPORT:
             out, stats = {"weights": _export(replica)}, {}
+        elif call.role == SEND:
+            out, stats = {}, self._send(call, replica)
+        elif call.role == RECV:
+            sync = self.ctx.sync_of(base_of(call.model))
+            out, stats = {}, replica.receive(sync, call.writes, host=self.device_index,
+                                             background=self.device_index in sync.senders)
         else:
             _load(replica, inputs["weights"], call.writes)
             out, stats = {}, {}
@@ -140,6 +159,24 @@ class Executor:
 
     def _stage(self, call: OpCall):
         return self.ctx.pipeline.stage(call.stages[0])
+
+    def _send(self, call, replica) -> dict:
+        """Version ``call.version`` of the trainer's weights into the vLLM engines serving
+        copies of the model (``backends.vllm_backend.sync``): the first sender broadcasts,
+        the trainer's other ranks gather their pieces of split parameters with it."""
+        from backends.vllm_backend import sync as S
+        from backends.vllm_backend.weights import DEFAULT_BUCKET_BYTES
+        group = self.ctx.sync_of(call.model)
+        state = replica.model.state_dict()
+        if self.device_index != group.senders[0]:
+            for _ in S.gather(state, S.bucket_plan(S.trainer_metas(state), DEFAULT_BUCKET_BYTES)):
+                pass
+            return {}
+        if call.model not in self.groups:
+            self.groups[call.model] = S.open_group(group.addr, 0, group.world, self.device)
+        buckets, nbytes = S.send(self.groups[call.model], state, DEFAULT_BUCKET_BYTES,
+                                 self.device)
+        return {"bytes": nbytes, "buckets": buckets}
 
     def _generate(self, call, replica):
         """Device r of D streams responses r, r + D, ... of the step, as chunks r, r + D, ...
@@ -336,6 +373,10 @@ class Executor:
 
     def checkpoint(self, model: str, path: str, meta: dict) -> str:
         replica = self.replicas[model]
+        if not isinstance(replica, Replica):        # a vLLM engine's copy: version, no weights
+            replica.checkpoint(path, meta)
+            _save_carried(replica, path)
+            return path
         whole = self._gather_whole(model, replica) if replica.sharded else None
         save_checkpoint(replica.model, path, {**meta, "model": model,
                                               "version": replica.version}, replica.optimizer,
@@ -370,6 +411,10 @@ class Executor:
     def restore(self, model: str, path: str) -> int:
         """Load a replica written by :meth:`checkpoint` (weights, optimizer state, version)."""
         replica = self.replicas[model]
+        if not isinstance(replica, Replica):
+            version = replica.restore(path)
+            _restore_carried(replica, path)
+            return version
         meta = load_checkpoint(replica.model, path, replica.optimizer)
         replica.version = int(meta["version"])
         if replica.engine is not None:
@@ -382,6 +427,8 @@ class Executor:
 
         The plan's placement decides (``engine = auto`` may have become vLLM there).
         """
+        if not isinstance(replica, Replica):         # a vLLM engine's own copy
+            return replica.ready()
         if self.ctx.plan.placement(stage.name).engine is Engine.VLLM:
             from backends.vllm_backend.colocated import colocated_engine
             return colocated_engine(replica)
@@ -391,6 +438,9 @@ class Executor:
     def shutdown(self) -> None:
         self.streams.clear()
         for r in self.replicas.values():
+            if not isinstance(r, Replica):
+                r.shutdown()
+                continue
             if getattr(r, "vllm_engine", None) is not None:
                 from backends.vllm_backend.colocated import shutdown_colocated
                 shutdown_colocated(r)

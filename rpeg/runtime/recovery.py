@@ -284,7 +284,8 @@ class _Runner:
         ctx = RunContext.create(self.pipeline, self.plan, self.calls, spec_dir=self.spec_dir,
                                 run_dir=str(self.rd.path), dist_addr=_rendezvous(workers[0]),
                                 use_cuda=self.options.use_cuda)
-        ctx = attrs.evolve(ctx, threads=self.options.threads)
+        ctx = attrs.evolve(ctx, threads=self.options.threads, syncs=tuple(   # met on the sender
+            attrs.evolve(s, addr=_rendezvous(workers[s.senders[0]])) for s in ctx.syncs))
         futs = [cl.client.submit(W.setup, ctx, d, workers=[a], allow_other_workers=False,
                                  key=f"setup-{d}-{cl.token}-{self.attempt}", pure=False)
                 for d, a in workers.items()]

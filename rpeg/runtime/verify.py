@@ -10,8 +10,9 @@ The expected op calls are rebuilt from the run's own pipeline and plan (the
 same unrolling the run used); the trace says what each worker observed. Checks:
 
 * every expected op ran exactly once, and nothing else ran;
-* placement: it ran on the device the plan gave its stage (weight-sync export on
-  the model's home, load where the reader is), on the worker mapped to that device;
+* placement: it ran on the device the plan gave its stage (weight-sync export or send
+  on the model's home, load or receive where the reader is), on the worker mapped to
+  that device;
 * dependencies: everything it depends on (data and ordering) ended before it started;
 * versions: the parameter version it read is within ``[step - k, step]`` for its
   staleness bound k (exactly ``step`` for training), and a train op wrote ``step + 1``;
@@ -36,7 +37,7 @@ import attrs
 
 from rpeg.errors import RpegError, RuntimeFailure, Span
 from rpeg.plan.model import Plan
-from rpeg.runtime.instances import LOAD, OpCall, build_calls, model_homes
+from rpeg.runtime.instances import LOAD, RECV, OpCall, build_calls, model_homes
 from rpeg.runtime.rundir import RunDir, events_from_trace
 from rpeg.runtime.serial import loads, plan_from_json
 from rpeg.spec.model import OpKind
@@ -188,8 +189,8 @@ def check_segments(segments: tuple[Segment, ...], events: list[dict],
 
 def _placement(c: OpCall, e: dict, plan: Plan, workers, homes) -> list[Violation]:
     if c.kind is OpKind.SYNC_WEIGHTS:
-        allowed = (homes.get(c.model, ()) if c.role != LOAD else (c.device,))
-        what = f"the home of {c.model}" if c.role != LOAD else "the reader's device"
+        allowed = (homes.get(c.model, ()) if c.role not in (LOAD, RECV) else (c.device,))
+        what = f"the home of {c.model}" if c.role not in (LOAD, RECV) else "the reader's device"
     else:
         allowed = plan.placement(c.stages[0]).devices
         what = f"stage {c.stages[0]}'s devices"

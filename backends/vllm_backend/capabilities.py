@@ -1,10 +1,14 @@
 """What the vLLM engine executes inside rpeg's runtime (values only; imports no vLLM).
 
     >>> CAPABILITIES.max_tp, CAPABILITIES.carry
-    (1, True)
+    (8, True)
 
-One engine per device, beside the torch replica it serves (``colocated``): tensor
-parallelism 1. Partial rollouts: responses unfinished at a step's cut are stopped and
+Engines on devices of their own (disaggregated) or beside the trainer (colocated), at
+tensor parallelism up to 8 (vLLM's own, within a node; its workers span the block),
+several replicas of it sharing a step's prompts (data parallelism). An engine at tp 1
+beside its model's unsplit trained replica is updated from it in memory; every other one
+serves a copy of its own that each version reaches through collectives from the trainer
+(``backends.vllm_backend.sync``). Partial rollouts: responses unfinished at a step's cut are stopped and
 continued in the next step under the new weights (``VllmEngine.generate_carried``), and
 the carried buffer is checkpointed.
 """
@@ -12,4 +16,4 @@ the carried buffer is checkpointed.
 from rpeg.plan.capabilities import EngineCapabilities
 from rpeg.spec.model import Engine
 
-CAPABILITIES = EngineCapabilities(Engine.VLLM, max_tp=1, carry=True)
+CAPABILITIES = EngineCapabilities(Engine.VLLM, max_tp=8, carry=True)

@@ -2,7 +2,7 @@
 
     >>> caps = runtime_capabilities()
     >>> caps.max_pp, caps.engine(Engine.VLLM).max_tp, caps.engine(Engine.VLLM).carry
-    (1, 1, True)
+    (1, 8, True)
     >>> caps.engine(Engine.TORCH).carry
     True
 

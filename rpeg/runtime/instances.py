@@ -235,7 +235,7 @@ def _placement(plan: Plan, op, pipeline: Pipeline | None = None):
 
 _HINTS = {"pp": "the runtime executes data (dp) and tensor (tp) parallelism; plan with pp = 1",
           "zero": "plan with a ZeRO level the runtime declares",
-          "tp": "generate with engine = torch for tp > 1",
+          "tp": "plan the generate stage with a tp its engine declares",
           "recompute": "plan without recomputation", "offload": "plan without offload"}
 
 

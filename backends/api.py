@@ -26,6 +26,8 @@ class SamplingParams:
     top_p: float = 1.0
     eos_id: int | None = None
     seed: int = 0
+    max_seqs: int = 0                  # sequences decoded at once (0: all; the torch engine
+                                       # decodes in waves; vLLM's is set when it starts)
 
 
 @attrs.frozen

@@ -118,11 +118,15 @@ class Executor:
         from backends.vllm_backend.disaggregated import EngineReplica
         stage = next(c for c in self.ctx.pipeline.stages if c.kind is OpKind.GENERATE
                      and self.ctx.pipeline.model(c.target).name in base_of(spec.model).split("+"))
-        place = self.ctx.plan.placement(stage.name)
+        seqs, frac = self._concurrency(stage)
         return EngineReplica.start(spec, self.ctx.pipeline, self.device_index,
-                                   use_cuda=self.device.startswith("cuda"),
-                                   max_num_seqs=getattr(place, "max_seqs", 0) or None,
-                                   kv_fraction=getattr(place, "kv_fraction", 0.0) or None)
+                                   use_cuda=self.device.startswith("cuda"), max_seqs=seqs,
+                                   kv_fraction=frac, devices=self.ctx.num_devices)
+
+    def _concurrency(self, stage) -> tuple[int, float]:
+        """(max_seqs, kv_fraction) of a generate stage, as the cost model priced them."""
+        from rpeg.cost.engines import concurrency
+        return concurrency(self.ctx.pipeline, self.ctx.plan.placement(stage.name))
 
     # --- one op ------------------------------------------------------------------------
     def run(self, call: OpCall, inputs: dict[str, list]) -> tuple[dict, dict]:
@@ -195,7 +199,8 @@ class Executor:
                 max_new_tokens=int(stage.param("max_len", w.gen_len.max_len)),
                 temperature=float(stage.param("temperature", 1.0)),
                 top_p=float(stage.param("top_p", 1.0)), eos_id=codec.eos_id,
-                seed=(w.seed * 1_000_003 + call.step) * 64 + call.chunk % shard)
+                seed=(w.seed * 1_000_003 + call.step) * 64 + call.chunk % shard,
+                max_seqs=self._concurrency(stage)[0])
             engine = self._engine(stage, replica)
             if call.carry:
                 if not hasattr(engine, "generate_carried"):
@@ -430,8 +435,10 @@ class Executor:
         if not isinstance(replica, Replica):         # a vLLM engine's own copy
             return replica.ready()
         if self.ctx.plan.placement(stage.name).engine is Engine.VLLM:
-            from backends.vllm_backend.colocated import colocated_engine
-            return colocated_engine(replica)
+            from backends.vllm_backend.colocated import COLOCATED_OPTIONS, colocated_engine
+            from backends.vllm_backend.engine import with_concurrency
+            return colocated_engine(replica, with_concurrency(
+                COLOCATED_OPTIONS, *self._concurrency(stage), self.ctx.num_devices))
         replica.engine.version = replica.version
         return replica.engine
 

@@ -71,21 +71,24 @@ class TorchEngine:
         lengths = torch.zeros(n, dtype=torch.long)
         finished = torch.zeros(n, dtype=torch.bool)
         emitted = 0
-        for t, (tok, lp, active) in enumerate(self._decode(prompt_ids, params, gen, eos)):
-            tokens[active, t] = tok
-            logps[active, t] = lp
-            lengths[active] += 1
-            ended = active.clone()
-            ended[active] = tok == eos
-            if t + 1 == params.max_new_tokens:
-                ended = active
-            finished |= ended & active & (tokens[:, t] == eos)
-            done_order += torch.nonzero(ended).flatten().tolist()
-            while emitted < len(bounds) and len(done_order) >= bounds[emitted][1]:
-                lo, hi = bounds[emitted]
-                yield self._chunk(prompt_ids, sorted(done_order[lo:hi]), tokens, logps,
-                                  lengths, finished)
-                emitted += 1
+        width = params.max_seqs if 0 < params.max_seqs < n else max(n, 1)
+        for lo in range(0, n, width):            # waves of at most max_seqs sequences
+            wave = torch.arange(lo, min(lo + width, n))
+            for t, (tok, lp, active) in enumerate(self._decode(prompt_ids[lo:lo + width],
+                                                               params, gen, eos)):
+                rows = wave[active]
+                tokens[rows, t] = tok
+                logps[rows, t] = lp
+                lengths[rows] += 1
+                ended = torch.ones_like(tok, dtype=torch.bool) \
+                    if t + 1 == params.max_new_tokens else tok == eos
+                finished[rows[tok == eos]] = True
+                done_order += rows[ended].tolist()
+                while emitted < len(bounds) and len(done_order) >= bounds[emitted][1]:
+                    lo_, hi_ = bounds[emitted]
+                    yield self._chunk(prompt_ids, sorted(done_order[lo_:hi_]), tokens, logps,
+                                      lengths, finished)
+                    emitted += 1
         assert emitted == len(bounds), "every response must finish by max_new_tokens"
 
     @torch.no_grad()
@@ -136,17 +139,19 @@ class TorchEngine:
         live = carry.live(own, buf)
         # each cohort samples from its own generator: seeded per step, cohort and replica
         gens = {c.step: torch.Generator().manual_seed(int(c.params.seed)) for c in cohorts}
-        decoding = self._advance(live, params, gens, eos)
-        for ended, rows in decoding:
-            buf.sampled += rows
-            carry.mark_ended(buf, ended)
-            done += [r for r in ended if r.cohort == now]
-            while emitted < len(bounds) and len(done) >= bounds[emitted][1]:
-                yield carry.chunk(done[slice(*bounds[emitted])], eos)
-                emitted += 1
-            if emitted == len(bounds):
-                decoding.close()
-                return
+        width = params.max_seqs if params.max_seqs > 0 else max(len(live), 1)
+        for lo in range(0, len(live), width):    # waves; this step's own responses first
+            decoding = self._advance(live[lo:lo + width], params, gens, eos)
+            for ended, rows in decoding:
+                buf.sampled += rows
+                carry.mark_ended(buf, ended)
+                done += [r for r in ended if r.cohort == now]
+                while emitted < len(bounds) and len(done) >= bounds[emitted][1]:
+                    yield carry.chunk(done[slice(*bounds[emitted])], eos)
+                    emitted += 1
+                if emitted == len(bounds):
+                    decoding.close()
+                    return
         raise AssertionError("every response must finish by max_new_tokens")
 
     @torch.no_grad()

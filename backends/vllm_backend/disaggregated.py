@@ -31,7 +31,13 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from backends.vllm_backend.engine import SyncRecord, VllmEngine, VllmOptions, random_state_kept
+from backends.vllm_backend.engine import (
+    SyncRecord,
+    VllmEngine,
+    VllmOptions,
+    random_state_kept,
+    with_concurrency,
+)
 from rpeg.errors import BackendError
 
 
@@ -48,8 +54,8 @@ class EngineReplica:
         self._pending: tuple[threading.Thread, dict] | None = None
 
     @classmethod
-    def start(cls, spec, pipeline, device: int, use_cuda: bool = False,
-              max_num_seqs: int | None = None, kv_fraction: float | None = None) -> EngineReplica:
+    def start(cls, spec, pipeline, device: int, use_cuda: bool = False, max_seqs: int = 0,
+              kv_fraction: float = 0.0, devices: int = 1) -> EngineReplica:
         """Start the engine of ``spec`` (a ``rpeg.runtime.context.Replica`` with ``engine``
         set) serving version 0 of its model."""
         from rpeg.runtime.instances import base_of
@@ -72,9 +78,9 @@ class EngineReplica:
         if gpu:
             _gpu_block(spec.engine)
         options = VllmOptions(dtype="bfloat16" if gpu else "float32", tensor_parallel=tp,
-                              cpu_cores="nobind", max_num_seqs=max_num_seqs,
-                              isolate=True if gpu else None,     # its GPUs: CUDA_VISIBLE_DEVICES
-                              gpu_memory_utilization=kv_fraction or VllmOptions().gpu_memory_utilization)
+                              cpu_cores="nobind",
+                              isolate=True if gpu else None)     # its GPUs: CUDA_VISIBLE_DEVICES
+        options = with_concurrency(options, max_seqs, kv_fraction, devices)
         return cls(spec.model, VllmEngine.start(path, options), workdir)
 
     def ready(self) -> VllmEngine:

@@ -80,6 +80,22 @@ class VllmOptions:
     isolate: bool | None = None        # engine in a child process; None: only when it must be
 
 
+def with_concurrency(options: VllmOptions, max_seqs: int, kv_fraction: float,
+                     devices: int = 1) -> VllmOptions:
+    """``options`` with a plan's concurrency: ``max_seqs`` sequences at once (vLLM's
+    ``max_num_seqs``; 0 leaves vLLM's default) in ``kv_fraction`` of a device (on GPU
+    ``gpu_memory_utilization``; on CPU that share of this host's memory per device, as
+    KV-cache space; 0 leaves the default)."""
+    if max_seqs > 0:
+        options = attrs.evolve(options, max_num_seqs=max_seqs)
+    if kv_fraction > 0:
+        host = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        options = attrs.evolve(options, gpu_memory_utilization=kv_fraction,
+                               kv_cache_gib=max(1, int(kv_fraction * host / max(devices, 1)
+                                                       / 2**30)))
+    return options
+
+
 @attrs.frozen
 class SyncRecord:
     """One weight update as the engine saw it."""

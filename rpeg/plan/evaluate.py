@@ -23,12 +23,18 @@ from __future__ import annotations
 import attrs
 import numpy as np
 
+from rpeg.cost.engines import (
+    collective_sync_time,
+    concurrency,
+    engine_copy,
+    engine_memory,
+    engine_rows,
+)
 from rpeg.cost.memory import Parallel, local_params, resident_memory, value_bytes
 from rpeg.cost.partial import max_carries, smallest_cap
 from rpeg.cost.stages import (
     estimate_stage,
     generation_chunks,
-    generation_rows,
     host_bandwidth,
     stage_memory,
     weight_sync_time,
@@ -165,10 +171,13 @@ class Evaluator:
         """Bytes a stage needs while it runs: for the whole batch, or (``chunks`` of a
         streamed consumer) the largest of its chunks, each processed on its own."""
         key = ("m", stage, p.tp, p.pp, p.dp, p.microbatches, p.recompute, p.zero, p.offload,
-               p.carry, rows, chunks)
+               p.carry, p.engine, rows, chunks)
         if key not in self._cost:
             par = parallel_of(p)
-            if chunks:
+            if self.pipeline.stage(stage).kind is OpKind.GENERATE:
+                self._cost[key] = engine_memory(self.pipeline, stage, par, self.cluster, rows,
+                                                p.engine, partial=self.cap(p)).total
+            elif chunks:
                 self._cost[key] = max(stage_memory(self.pipeline, stage, par, self.cluster,
                                                    batch=n, padded_len=top).total
                                       for n, top in chunks)
@@ -205,11 +214,15 @@ class Evaluator:
         return smallest_cap(self.pipeline.workload.gen_len.max_len, p.carry)
 
     def gen_rows(self, stage: str, p: StagePlacement, free: float) -> int:
-        """Sequences a generate stage runs at once per replica with ``free`` bytes per GPU."""
-        key = ("g", stage, p.tp, p.pp, p.dp, p.carry, round(free / 2**20))
+        """Sequences a generate stage runs at once per replica with ``free`` bytes per GPU
+        (at most its ``max_seqs``, in at most its ``kv_fraction`` of a device)."""
+        seqs, frac = concurrency(self.pipeline, p)
+        key = ("g", stage, p.tp, p.pp, p.dp, p.carry, p.engine, seqs, frac,
+               round(free / 2**20))
         if key not in self._cost:
-            self._cost[key] = generation_rows(self.pipeline, stage, parallel_of(p),
-                                              self.cluster, free, partial=self.cap(p))
+            self._cost[key] = engine_rows(self.pipeline, stage, parallel_of(p), self.cluster,
+                                          free, p.engine, max_seqs=seqs, kv_fraction=frac,
+                                          partial=self.cap(p))
         return self._cost[key]
 
     def rows_of(self, plan: Plan, graph: Graph, resident: np.ndarray | None = None) -> dict:
@@ -237,6 +250,10 @@ class Evaluator:
     def sync_time(self, model: str, src: StagePlacement, dst: StagePlacement) -> float:
         src, dst = self.canonical(src, dst)
         key = ("s", model, src, dst)
+        if key not in self._cost and engine_copy(src, dst):     # collectives into vLLM
+            blocks = tuple(dst.devices[i:i + dst.tp] for i in range(0, len(dst.devices), dst.tp))
+            self._cost[key] = collective_sync_time(self.pipeline.model(model), src.devices,
+                                                   parallel_of(src), blocks, self.cluster)
         if key not in self._cost:
             self._cost[key] = weight_sync_time(self.pipeline.model(model), src.devices,
                                                parallel_of(src), dst.devices, parallel_of(dst),
@@ -359,7 +376,9 @@ class Evaluator:
             model = self._model_name(trainer[op.reads_model])
             t = self.sync_time(model, src, dst)
             devices = tuple(sorted(set(src.devices) | set(dst.devices)))
-            if src.zero < 3 and not set(src.devices) & set(dst.devices):
+            if engine_copy(src, dst):
+                pass        # the trainer's first rank broadcasts: both device sets take part
+            elif src.zero < 3 and not set(src.devices) & set(dst.devices):
                 # Disjoint groups: the trainer copies its new weights to host memory at the
                 # end of its step and goes on; the transfer occupies the generator only.
                 name = trainer[op.reads_model].name

@@ -61,6 +61,10 @@ class StagePlacement:
     carry: int = 0                    # generate: each response spans up to carry + 1 steps (a step
                                       # also advances the next carry steps' responses; partial
                                       # rollouts); 0: whole responses in their own step
+    max_seqs: int = 0                 # generate: sequences one replica decodes at once (0: the
+                                      # stage's max_seqs, else as many as memory holds)
+    kv_fraction: float = 0.0          # generate: share of a device the engine may take (0: the
+                                      # stage's kv_fraction, else what is free)
 
 
 @attrs.frozen
@@ -159,6 +163,11 @@ class Plan:
                 return f"stage '{p.stage}' degrees must be at least 1"
             if not 0 <= p.carry <= MAX_CARRY:
                 return f"stage '{p.stage}' carry must be 0..{MAX_CARRY} steps, not {p.carry}"
+            if not 0 <= p.max_seqs <= MAX_PLAN_DEVICES:
+                return f"stage '{p.stage}' max_seqs must be 0..{MAX_PLAN_DEVICES:,}, not " \
+                       f"{p.max_seqs}"
+            if not 0.0 <= p.kv_fraction <= 1.0:
+                return f"stage '{p.stage}' kv_fraction must be in 0..1, not {p.kv_fraction}"
             if max(p.microbatches, p.chunks) > MAX_PLAN_DEVICES:
                 return f"stage '{p.stage}' micro-batches and chunks must be at most " \
                        f"{MAX_PLAN_DEVICES:,}"
@@ -210,6 +219,9 @@ class Plan:
         for p in self.placements:
             if p.carry:
                 lines.append(f"  carry {p.stage} = {p.carry}")
+            if p.max_seqs or p.kv_fraction:
+                lines.append(f"  concurrency {p.stage} = {p.max_seqs or 'memory'} sequences"
+                             + (f", kv_fraction {p.kv_fraction:g}" if p.kv_fraction else ""))
         for group in self.shared:
             lines.append(f"  share {', '.join(group)}")
         for group in self.fusion:

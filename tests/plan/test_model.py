@@ -116,3 +116,13 @@ def test_missing_and_binary_files(tmp_path):
     f.write_bytes(b"\xff\xfe\x00garbage")
     with pytest.raises(PlanError, match="UTF-8"):
         Plan.load(f)
+
+
+def test_a_generate_placement_carries_its_concurrency_through_json():
+    p = StagePlacement("rollout", (0,), max_seqs=64, kv_fraction=0.85)
+    plan = Plan("tiny", "local", 1, (p,))
+    assert Plan.from_json(plan.to_json()) == plan
+    assert "concurrency rollout = 64 sequences, kv_fraction 0.85" in str(plan)
+    bad = plan.to_json().replace('"kv_fraction": 0.85', '"kv_fraction": 1.5')
+    with pytest.raises(PlanError, match="kv_fraction must be in 0..1, not 1.5"):
+        Plan.from_json(bad)

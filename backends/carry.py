@@ -30,6 +30,8 @@ other devices) is dropped and admitted anew.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import attrs
 import numpy as np
 
@@ -117,6 +119,32 @@ def mark_ended(buf: Carried, ended: list[Response]) -> None:
     """Number the responses that just ended, in the order they ended."""
     for r in ended:
         r.ended_at, buf.ends = buf.ends, buf.ends + 1
+
+
+class Stream:
+    """This step's responses (``own``), streamed in ``chunks`` groups as they end: those
+    that ended in earlier steps first, in the order they ended."""
+
+    def __init__(self, own: list[Response], chunks: int, eos: int | None) -> None:
+        from backends.torch_backend.generation import chunk_bounds
+        self.step = own[0].cohort if own else -1
+        self.bounds = chunk_bounds(len(own), chunks)
+        self.done = sorted((r for r in own if r.ended), key=lambda r: r.ended_at)
+        self.emitted = 0
+        self.eos = eos
+
+    @property
+    def complete(self) -> bool:
+        return self.emitted == len(self.bounds)
+
+    def add(self, ended: list[Response]) -> None:
+        self.done += [r for r in ended if r.cohort == self.step]
+
+    def ready(self) -> Iterator[RolloutChunk]:
+        """The chunks whose responses have all ended, not yielded before."""
+        while not self.complete and len(self.done) >= self.bounds[self.emitted][1]:
+            yield chunk(self.done[slice(*self.bounds[self.emitted])], self.eos)
+            self.emitted += 1
 
 
 def chunk(done: list[Response], eos: int | None) -> RolloutChunk:

@@ -125,31 +125,23 @@ class TorchEngine:
         (the ones that finished in earlier steps first). The other cohorts' responses stay
         in this engine, finished or not, for their own steps (see the module doc)."""
         buf, own = carry.admit(self.carried, key, cohorts)
-        now = buf.step
         params = cohorts[0].params
-        eos = EOS_ID if params.eos_id is None else params.eos_id
-        bounds = chunk_bounds(len(own), chunks)
-        done = sorted((r for r in own if r.ended), key=lambda r: r.ended_at)
-        emitted = 0
-        while emitted < len(bounds) and len(done) >= bounds[emitted][1]:
-            yield carry.chunk(done[slice(*bounds[emitted])], eos)
-            emitted += 1
-        if emitted == len(bounds):
+        stream = carry.Stream(own, chunks, EOS_ID if params.eos_id is None else params.eos_id)
+        yield from stream.ready()
+        if stream.complete:
             return
         live = carry.live(own, buf)
         # each cohort samples from its own generator: seeded per step, cohort and replica
         gens = {c.step: torch.Generator().manual_seed(int(c.params.seed)) for c in cohorts}
         width = params.max_seqs if params.max_seqs > 0 else max(len(live), 1)
         for lo in range(0, len(live), width):    # waves; this step's own responses first
-            decoding = self._advance(live[lo:lo + width], params, gens, eos)
+            decoding = self._advance(live[lo:lo + width], params, gens, stream.eos)
             for ended, rows in decoding:
                 buf.sampled += rows
                 carry.mark_ended(buf, ended)
-                done += [r for r in ended if r.cohort == now]
-                while emitted < len(bounds) and len(done) >= bounds[emitted][1]:
-                    yield carry.chunk(done[slice(*bounds[emitted])], eos)
-                    emitted += 1
-                if emitted == len(bounds):
+                stream.add(ended)
+                yield from stream.ready()
+                if stream.complete:
                     decoding.close()
                     return
         raise AssertionError("every response must finish by max_new_tokens")

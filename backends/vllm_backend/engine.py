@@ -213,15 +213,11 @@ class VllmEngine:
         from vllm import TokensPrompt
 
         buf, own = carry.admit(self.carried, key, cohorts)
-        now, params = buf.step, cohorts[0].params
+        params = cohorts[0].params
         eos = self.eos_id if params.eos_id is None else params.eos_id
-        bounds = chunk_bounds(len(own), chunks)
-        done = sorted((r for r in own if r.ended), key=lambda r: r.ended_at)
-        emitted = 0
-        while emitted < len(bounds) and len(done) >= bounds[emitted][1]:
-            yield carry.chunk(done[slice(*bounds[emitted])], eos)
-            emitted += 1
-        if emitted == len(bounds):
+        stream = carry.Stream(own, chunks, eos)
+        yield from stream.ready()
+        if stream.complete:
             return
         engine, version, call = self._llm.llm_engine, self.version, next(self._calls)
         seeds = {c.step: c.params.seed for c in cohorts}
@@ -233,7 +229,7 @@ class VllmEngine:
                                               r.index, made=len(r.tokens)))
             open_ids[rid] = r
         try:
-            while emitted < len(bounds):
+            while not stream.complete:
                 ended = []
                 for out in engine.step():        # every output of the step before a chunk
                     r = open_ids.get(out.request_id)
@@ -251,10 +247,8 @@ class VllmEngine:
                         ended.append(r)
                         del open_ids[out.request_id]
                 carry.mark_ended(buf, ended)
-                done += [r for r in ended if r.cohort == now]
-                while emitted < len(bounds) and len(done) >= bounds[emitted][1]:
-                    yield carry.chunk(done[slice(*bounds[emitted])], eos)
-                    emitted += 1
+                stream.add(ended)
+                yield from stream.ready()
         finally:
             if open_ids:       # the step's cut: later cohorts keep their tokens so far
                 engine.abort_request(sorted(open_ids))

@@ -124,9 +124,7 @@ class Executor:
                                    kv_fraction=frac, devices=self.ctx.num_devices)
 
     def _concurrency(self, stage) -> tuple[int, float]:
-        """(max_seqs, kv_fraction) of a generate stage, as the cost model priced them."""
-        from rpeg.cost.engines import concurrency
-        return concurrency(self.ctx.pipeline, self.ctx.plan.placement(stage.name))
+        return _concurrency(self.ctx, stage)
 
     # --- one op ------------------------------------------------------------------------
     def run(self, call: OpCall, inputs: dict[str, list]) -> tuple[dict, dict]:
@@ -378,7 +376,7 @@ class Executor:
 
     def checkpoint(self, model: str, path: str, meta: dict) -> str:
         replica = self.replicas[model]
-        if not isinstance(replica, Replica):        # a vLLM engine's copy: version, no weights
+        if getattr(replica, "engine_copy", False):  # a vLLM engine's copy: version, no weights
             replica.checkpoint(path, meta)
             _save_carried(replica, path)
             return path
@@ -416,7 +414,7 @@ class Executor:
     def restore(self, model: str, path: str) -> int:
         """Load a replica written by :meth:`checkpoint` (weights, optimizer state, version)."""
         replica = self.replicas[model]
-        if not isinstance(replica, Replica):
+        if getattr(replica, "engine_copy", False):
             version = replica.restore(path)
             _restore_carried(replica, path)
             return version
@@ -432,20 +430,20 @@ class Executor:
 
         The plan's placement decides (``engine = auto`` may have become vLLM there).
         """
-        if not isinstance(replica, Replica):         # a vLLM engine's own copy
+        if getattr(replica, "engine_copy", False):   # a vLLM engine's own copy
             return replica.ready()
         if self.ctx.plan.placement(stage.name).engine is Engine.VLLM:
             from backends.vllm_backend.colocated import COLOCATED_OPTIONS, colocated_engine
             from backends.vllm_backend.engine import with_concurrency
             return colocated_engine(replica, with_concurrency(
-                COLOCATED_OPTIONS, *self._concurrency(stage), self.ctx.num_devices))
+                COLOCATED_OPTIONS, *_concurrency(self.ctx, stage), self.ctx.num_devices))
         replica.engine.version = replica.version
         return replica.engine
 
     def shutdown(self) -> None:
         self.streams.clear()
         for r in self.replicas.values():
-            if not isinstance(r, Replica):
+            if getattr(r, "engine_copy", False):
                 r.shutdown()
                 continue
             if getattr(r, "vllm_engine", None) is not None:
@@ -454,6 +452,12 @@ class Executor:
             if r.engine is not None:
                 r.engine.shutdown()
         self.replicas.clear()
+
+
+def _concurrency(ctx, stage) -> tuple[int, float]:
+    """(max_seqs, kv_fraction) of a generate stage, as the cost model priced them."""
+    from rpeg.cost.engines import concurrency
+    return concurrency(ctx.pipeline, ctx.plan.placement(stage.name))
 
 
 CARRIED = "carried"           # a replica checkpoint's partial rollouts: carried.json + .safetensors

@@ -29,7 +29,6 @@ import shutil
 import tempfile
 import threading
 from pathlib import Path
-from typing import Any
 
 from backends.vllm_backend.engine import (
     SyncRecord,
@@ -43,6 +42,8 @@ from rpeg.errors import BackendError
 
 class EngineReplica:
     """The runtime's replica for an engine copy: its engine, version and pending receive."""
+
+    engine_copy = True        # what the executor asks (it keeps torch replicas beside these)
 
     def __init__(self, key: str, engine: VllmEngine, workdir: Path | None) -> None:
         # Use EngineReplica.start.
@@ -192,6 +193,3 @@ def _gpu_block(block: tuple[int, ...]) -> None:
     if len(block) == 1:
         torch.cuda.set_device(block[0] % count)
 
-
-def is_engine_replica(replica: Any) -> bool:
-    return isinstance(replica, EngineReplica)

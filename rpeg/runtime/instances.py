@@ -89,7 +89,8 @@ class OpCall:
     chunks: int = 1                          # instances of this op in a step (chunks or ranks)
     rank: int = 0
     world: int = 1                           # data-parallel degree
-    tp_group: tuple[int, ...] = ()           # devices running this instance together (tp > 1)
+    tp_group: tuple[int, ...] = ()           # devices running this instance together (tp > 1;
+                                             # a weight sync's senders and engine hosts)
     role: str = ""                           # sync ops: export | load
     model: str | None = None                 # backbone whose state the op reads or writes
     stages: tuple[str, ...] = ()             # spec stages it implements

@@ -154,3 +154,10 @@ def test_verify_places_a_receive_on_its_engine_and_checks_the_version_it_wrote(v
 def test_the_engine_copy_keeps_the_plans_engine(vgrpo):
     plan = split_plan(vgrpo, 2, staleness=1)
     assert plan.placement("rollout").engine is Engine.VLLM
+
+
+def test_an_in_process_run_refuses_a_collective_sync(vgrpo):
+    from rpeg.errors import RuntimeFailure
+    from rpeg.runtime.inline import run_inline
+    with pytest.raises(RuntimeFailure, match="vLLM engine's own copy"):
+        run_inline(vgrpo, split_plan(vgrpo, 2, staleness=1), steps=3, spec_dir=".")

@@ -69,8 +69,10 @@ class StagePlacement:
     ep: int = 1                       # expert parallel degree (inside dp x cp x tp)
     packing: bool = False             # forward / train: sequences packed without padding
     param_offload: bool = False       # weights in host memory between passes
-    max_num_seqs: int = 0             # generate: sequences at once per replica (0: what fits)
-    kv_fraction: float = 0.0          # generate: share of GPU memory the engine takes (0: free)
+    max_num_seqs: int = 0             # generate: sequences one replica decodes at once (0: the
+                                      # stage's max_num_seqs, else as many as memory holds)
+    kv_fraction: float = 0.0          # generate: share of a device the engine takes (0: the
+                                      # stage's kv_fraction, else what is free)
     cuda_graph: bool = False          # generate: decode steps replayed from CUDA graphs
 
 
@@ -172,8 +174,8 @@ class Plan:
                 return f"{where} zero must be a ZeRO level 0..3, not {p.zero}"
             if not 0 <= p.max_num_seqs <= MAX_PLAN_DEVICES:
                 return f"{where} max_num_seqs must be 0..{MAX_PLAN_DEVICES:,}, not {p.max_num_seqs}"
-            if not 0 <= p.kv_fraction < 1:
-                return f"{where} kv_fraction must be a fraction 0 <= f < 1, not {p.kv_fraction}"
+            if not 0 <= p.kv_fraction <= 1:
+                return f"{where} kv_fraction must be a fraction 0..1, not {p.kv_fraction}"
             if max(p.microbatches, p.chunks, p.dp, p.tp, p.pp, p.cp, p.ep) > MAX_PLAN_DEVICES:
                 return f"stage '{p.stage}' micro-batches and chunks must be at most " \
                        f"{MAX_PLAN_DEVICES:,}"
@@ -264,6 +266,10 @@ class Plan:
         for p in self.placements:
             if p.carry:
                 lines.append(f"  carry {p.stage} = {p.carry}")
+            if p.max_num_seqs or p.kv_fraction or p.cuda_graph:
+                lines.append(f"  concurrency {p.stage} = {p.max_num_seqs or 'memory'} sequences"
+                             + (f", kv_fraction {p.kv_fraction:g}" if p.kv_fraction else "")
+                             + (", cuda_graph" if p.cuda_graph else ""))
         for group in self.shared:
             lines.append(f"  share {', '.join(group)}")
         for group in self.fusion:
@@ -457,6 +463,12 @@ def _convert(name: str, typ: object, value: object, where: str) -> object:
     if name in ("engines", "carry_engines"):
         return frozenset(Engine(_expect(f"{where}[{i}]", x, str))
                          for i, x in enumerate(_expect(where, value, list)))
+    if name == "engine_batching":
+        return tuple((Engine(_shape(("pair", "str", ("list", "str")), x, f"{where}[{i}]")[0]),
+                      tuple(x[1])) for i, x in enumerate(_expect(where, value, list)))
+    if name == "engine_kv":
+        return tuple(_engine_kv(x, f"{where}[{i}]")
+                     for i, x in enumerate(_expect(where, value, list)))
     if name == "engine_tp":
         return tuple((Engine(_shape(("pair", "str", "int"), x, f"{where}[{i}]")[0]), x[1])
                      for i, x in enumerate(_expect(where, value, list)))
@@ -473,6 +485,14 @@ def _convert(name: str, typ: object, value: object, where: str) -> object:
         _expect(where, value, bool)
         return value
     raise TypeError(f"'{where}' is not a field rpeg reads")
+
+
+def _engine_kv(value: object, where: str) -> tuple:
+    """An ``engine_kv`` entry: [engine, GPU share, CPU bytes]."""
+    got = _shape(("list", "float"), value[1:], where) if isinstance(value, list) else None
+    if got is None or len(value) != 3 or not isinstance(value[0], str):
+        raise TypeError(f"'{where}' must be [engine, share, bytes], not {_show(value)}")
+    return Engine(value[0]), float(got[0]), _shape("int", value[2], f"{where}[2]")
 
 
 def _shape(shape: object, value: object, where: str) -> object:

@@ -16,7 +16,16 @@ import numpy as np
 
 from rpeg.plan.model import Plan
 from rpeg.runtime.data import Cursor
-from rpeg.runtime.instances import OpCall, base_of, model_homes, replica_layouts
+from rpeg.runtime.instances import (
+    SEND,
+    OpCall,
+    base_of,
+    engine_hosts,
+    engine_key,
+    is_engine_key,
+    model_homes,
+    replica_layouts,
+)
 from rpeg.spec.model import Head, Pipeline
 
 
@@ -30,6 +39,32 @@ class Replica:
     trainable: bool                  # holds an optimizer (a home device of a trained model)
     world: tuple[int, ...] = ()      # devices training it (dp x tp; len > 1: collectives)
     tp: tuple[int, ...] = ()         # its tensor-parallel group (len > 1: weights sharded)
+    engine: tuple[int, ...] = ()     # a vLLM engine's own copy: the devices its workers span
+
+
+@attrs.frozen
+class WeightSync:
+    """The collective weight sync of one trained model into the vLLM engines serving copies
+    of it (``backends.vllm_backend.sync``): group rank 0 is the first sender, then each
+    engine's workers, hosts in order."""
+
+    model: str
+    senders: tuple[int, ...]         # the trainer's first block: all gather, the first sends
+    engines: tuple[tuple[int, int], ...]   # (host device, workers of its engine)
+    addr: str = ""                   # tcp://host:port of the rendezvous (the first sender's)
+
+    @property
+    def world(self) -> int:
+        return 1 + sum(tp for _, tp in self.engines)
+
+    def first_rank(self, host: int) -> int:
+        """Group rank of the first worker of the engine on ``host``."""
+        rank = 1
+        for h, tp in self.engines:
+            if h == host:
+                return rank
+            rank += tp
+        raise KeyError(host)
 
 
 @attrs.frozen
@@ -45,6 +80,7 @@ class RunContext:
     use_cuda: bool = False
     threads: int = 1                 # intra-op threads per worker
     data: Cursor = Cursor()          # where the run reads its prompts from (a resume's)
+    syncs: tuple[WeightSync, ...] = ()    # collective weight syncs into vLLM engines
 
     @classmethod
     def create(cls, pipeline: Pipeline, plan: Plan, calls: tuple[OpCall, ...], *, spec_dir: str,
@@ -57,14 +93,31 @@ class RunContext:
             heads = wanted.setdefault((c.model, c.device), set())
             heads.update(_heads(pipeline, c.model))
         groups = replica_layouts(calls)
+        blocks = _engine_blocks(plan, calls)
         replicas = tuple(
             Replica(model, dev, tuple(sorted(heads)),
                     trainable=dev in homes.get(model, ()),
                     world=homes.get(model, ()) if dev in homes.get(model, ()) else (),
-                    tp=groups.get((model, dev), ()))
+                    tp=groups.get((model, dev), ()), engine=blocks.get((model, dev), ()))
             for (model, dev), heads in sorted(wanted.items()))
+        first: dict[str, int] = {}
+        for c in calls:
+            if c.role == SEND:
+                first[c.model] = min(first.get(c.model, c.step), c.step)
+        senders: dict[str, list[int]] = {}
+        for c in calls:                 # the first version's sends, in rank order
+            if c.role == SEND and c.step == first[c.model]:
+                senders.setdefault(c.model, []).append(c.device)
+        syncs = tuple(WeightSync(model, tuple(senders[model]),
+                                 tuple((h, len(blocks[(engine_key(model), h)])) for h in hosts))
+                      for model, hosts in sorted(engine_hosts(calls).items())
+                      if model in senders)
         return cls(pipeline, plan, spec_dir, run_dir, replicas=replicas,
-                   num_devices=plan.num_devices, dist_addr=dist_addr, use_cuda=use_cuda)
+                   num_devices=plan.num_devices, dist_addr=dist_addr, use_cuda=use_cuda,
+                   syncs=syncs)
+
+    def sync_of(self, model: str) -> WeightSync:
+        return next(s for s in self.syncs if s.model == model)
 
     def replicas_on(self, device: int) -> tuple[Replica, ...]:
         return tuple(r for r in self.replicas if r.device == device)
@@ -72,6 +125,18 @@ class RunContext:
     @property
     def needs_collectives(self) -> bool:
         return any(len(r.world) > 1 or len(r.tp) > 1 for r in self.replicas)
+
+
+def _engine_blocks(plan: Plan, calls) -> dict[tuple[str, int], tuple[int, ...]]:
+    """(engine copy key, host device) -> the devices its vLLM engine's workers span: the
+    tensor-parallel block of its generate stage that starts at the host."""
+    out = {}
+    for c in calls:
+        if is_engine_key(c.model) and not c.role:
+            p = plan.placement(c.stages[0])
+            i = p.devices.index(c.device)
+            out[(c.model, c.device)] = tuple(p.devices[i:i + p.tp])
+    return out
 
 
 def _graph(pipeline, plan):

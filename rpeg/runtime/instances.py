@@ -16,6 +16,14 @@ backbones) is placed on the plan's devices and unrolled over steps:
 * with tp > 1 a stage's devices are blocks of tp; every device of a block runs
   the instance (ids of ranks > 0 end in ``/t<rank>``) and readers take rank 0's
   output;
+* a vLLM generate stage runs one instance per tensor-parallel block, on its first
+  device (the engine's own workers span the block). Its engine serves a copy of its
+  own (``actor~vllm``) unless it runs at tp 1 beside the model's unsplit trained
+  replica (then it is updated from that replica in memory). Such a copy gets each
+  version it serves through collectives: a ``send`` on the trainer's first block
+  (rank 0 broadcasts, the others gather their pieces) and a ``recv`` on each engine's
+  device run as one gang (``backends.vllm_backend.sync``); a ``recv`` on a device that
+  also sends starts the receive and returns, and that device's ``send`` follows it;
 * a model's weights live on its home devices; a reader elsewhere gets them from a
   weight-sync op pair — ``export`` on the home (one per tp rank: its shard),
   ``load`` at the reader (joins the shards) — only for versions someone reads
@@ -29,9 +37,8 @@ version v on a device waits for every reader of v - 1 there (write after read).
 A generate op with partial rollouts (the plan's ``carry``) keeps the next steps'
 responses in its engine between steps, so on each device its step s runs after
 its step s - 1; its chunks may hold tokens up to ``carry`` versions older than
-the version it reads. That buffer is not checkpointed: after a lost worker or a
-resume the engine starts empty and admits the cohorts it lacks, so the steps
-after the cut sample afresh (they verify, but differ from an uninterrupted run).
+the version it reads. That buffer is checkpointed with the replica, so a resumed
+run continues the same responses.
 The ranks of an instance that runs collectives (data-parallel train ranks, a
 tensor-parallel block) wait for the union of their dependencies and keep one
 order per device, so gloo/NCCL collectives never interleave.
@@ -48,15 +55,26 @@ from rpeg.graph import Graph
 from rpeg.graph.versions import read_version
 from rpeg.plan.model import Plan
 from rpeg.plan.staleness import staleness_problem, step_graph
-from rpeg.spec.model import OpKind, Pipeline
+from rpeg.spec.model import Engine, OpKind, Pipeline
 
 EXPORT, LOAD = "export", "load"
+SEND, RECV = "send", "recv"      # weight sync into a vLLM engine's copy, through collectives
 VARIANT = "~"          # "actor~tp0-1": a second copy of actor on a device, split another way
+ENGINE = "vllm"        # "actor~vllm": the copy a vLLM engine serves (its own devices, or tp > 1)
 
 
 def base_of(key: str | None) -> str | None:
     """The backbone a replica key names (``actor~tp0-1`` -> ``actor``)."""
     return key.split(VARIANT)[0] if key else key
+
+
+def engine_key(model: str) -> str:
+    """The key of the copy of ``model`` a vLLM engine serves alone (``actor~vllm``)."""
+    return model + VARIANT + ENGINE
+
+
+def is_engine_key(key: str | None) -> bool:
+    return bool(key) and key.endswith(VARIANT + ENGINE)
 
 
 @attrs.frozen
@@ -72,7 +90,8 @@ class OpCall:
     chunks: int = 1                          # instances of this op in a step (chunks or ranks)
     rank: int = 0
     world: int = 1                           # data-parallel degree
-    tp_group: tuple[int, ...] = ()           # devices running this instance together (tp > 1)
+    tp_group: tuple[int, ...] = ()           # devices running this instance together (tp > 1;
+                                             # a weight sync's senders and engine hosts)
     role: str = ""                           # sync ops: export | load
     model: str | None = None                 # backbone whose state the op reads or writes
     stages: tuple[str, ...] = ()             # spec stages it implements
@@ -120,6 +139,7 @@ def build_calls(pipeline: Pipeline, plan: Plan, steps: int, *, first: int = 0
     frozen = {m.name for m in pipeline.models if m.frozen}
     bounds = dict(pipeline.staleness)
     homes = model_homes(pipeline, plan, graph)
+    home_tp = _home_tp(graph, plan)
     n_chunks = _chunks(graph, plan, pipeline.workload.prompts * pipeline.workload.samples)
     chunked = _chunked_ops(graph, pipeline)
     calls: list[dict] = []
@@ -136,10 +156,13 @@ def build_calls(pipeline: Pipeline, plan: Plan, steps: int, *, first: int = 0
                 if group and op.kind is not OpKind.TRAIN and group.index(dev) > 0:
                     cid += f"/t{group.index(dev)}"          # a further rank of a tp group
                 inputs, deps = _data_deps(graph, op, s, idx, name in chunked, produced, pipeline)
+                model = op.reads_model
+                if model and _engine_copy(op, place, dev, homes, home_tp):
+                    model = engine_key(model)
                 call = dict(id=cid, op=name, kind=op.kind, step=s, device=dev,
                             chunk=idx if name in chunked else 0,
                             chunks=n_chunks if name in chunked else len(layout),
-                            rank=rank, world=world, tp_group=group, model=op.reads_model,
+                            rank=rank, world=world, tp_group=group, model=model,
                             stages=op.stages, inputs=inputs, deps=deps, after=[],
                             version=-1, writes=-1, bound=0, limit=0,
                             carry=place.carry if op.kind is OpKind.GENERATE else 0)
@@ -155,10 +178,11 @@ def build_calls(pipeline: Pipeline, plan: Plan, steps: int, *, first: int = 0
                 if rank == 0 and (not group or group[0] == dev):
                     produced[(name, s)].append(cid)       # what readers take: tp rank 0's
     _split_layouts(calls)
-    calls = _add_syncs(calls, homes, _home_tp(graph, plan), first)
+    calls = _add_syncs(calls, homes, home_tp, first)
     _order_versions(calls, homes, frozen, first)
     _order_chunks(calls)
     _order_collectives(calls)
+    _order_pushes(calls)
     out = tuple(OpCall(**{**c, "inputs": tuple(c["inputs"]), "deps": tuple(c["deps"]),
                           "after": tuple(dict.fromkeys(a for a in c["after"] if a != c["id"]))})
                 for c in calls)
@@ -234,7 +258,7 @@ def _placement(plan: Plan, op, pipeline: Pipeline | None = None):
 
 _HINTS = {"pp": "the runtime executes data (dp) and tensor (tp) parallelism; plan with pp = 1",
           "zero": "plan with a ZeRO level the runtime declares",
-          "tp": "generate with engine = torch for tp > 1",
+          "tp": "plan the generate stage with a tp its engine declares",
           "recompute": "plan without recomputation", "offload": "plan without offload"}
 
 
@@ -289,6 +313,8 @@ def _layout(op, place, is_chunked: bool, n_chunks: int):
     tp = place.tp if (op.reads_model and place.tp > 1) else 1
     blocks = [tuple(devices[i:i + tp]) for i in range(0, len(devices), tp)]
     gang = (lambda b: b) if tp > 1 else (lambda b: ())
+    if _vllm(op, place):            # one instance per block: vLLM's own workers span it
+        return [(c, blocks[c % len(blocks)][0], 0, ()) for c in range(n_chunks)], len(blocks)
     if op.kind is OpKind.TRAIN:
         return ([(r * tp + t, b[t], r, gang(b)) for r, b in enumerate(blocks)
                  for t in range(tp)], len(blocks))
@@ -297,6 +323,30 @@ def _layout(op, place, is_chunked: bool, n_chunks: int):
         return ([(c, blocks[c % len(blocks)][t], 0, gang(blocks[c % len(blocks)]))
                  for c in range(n_chunks) for t in range(tp)], world)
     return [(0, blocks[0][t], 0, gang(blocks[0])) for t in range(tp)], 1
+
+
+def _vllm(op, place) -> bool:
+    return op.kind is OpKind.GENERATE and place.engine is Engine.VLLM
+
+
+def _engine_copy(op, place, device: int, homes, home_tp: dict[str, int]) -> bool:
+    """Whether a generate instance on ``device`` reads a vLLM engine's own copy of its model:
+    always with vLLM, except at tp 1 on a device holding the model's unsplit trained
+    replica, which the engine beside it is updated from in memory."""
+    if not _vllm(op, place):
+        return False
+    model = op.reads_model
+    return not (place.tp == 1 and device in homes.get(model, ()) and home_tp.get(model, 1) == 1)
+
+
+def engine_hosts(calls) -> dict[str, tuple[int, ...]]:
+    """Backbone -> the devices hosting a vLLM engine that serves its own copy of it."""
+    out: dict[str, set[int]] = defaultdict(set)
+    for c in calls:
+        c = c if isinstance(c, dict) else attrs.asdict(c, recurse=False)
+        if is_engine_key(c["model"]) and not c.get("role"):
+            out[base_of(c["model"])].add(c["device"])
+    return {k: tuple(sorted(v)) for k, v in out.items()}
 
 
 def _home_tp(graph: Graph, plan: Plan) -> dict[str, int]:
@@ -396,9 +446,13 @@ def _add_syncs(calls: list[dict], homes, home_tp: dict[str, int], first: int = 0
         if b in homes and (c["device"] not in homes[b] or key != b) and c["version"] > first:
             needed[(key, c["device"])].add(c["version"])
     out = list(calls)
+    pushes: dict[str, set[int]] = defaultdict(set)        # model -> versions its engines need
     exports: dict[tuple[str, int], list[str]] = {}
     for (copy, dev), versions in sorted(needed.items()):
         key = base_of(copy)
+        if is_engine_key(copy):
+            pushes[key] |= versions
+            continue
         tp = home_tp.get(key, 1)
         for v in sorted(versions):
             if (key, v) not in exports:
@@ -416,6 +470,21 @@ def _add_syncs(calls: list[dict], homes, home_tp: dict[str, int], first: int = 0
                             rank=0, world=1, tp_group=(), role=LOAD, model=copy, stages=(),
                             inputs=[("weights", len(eids))], deps=list(eids), after=[],
                             version=-1, writes=v, bound=0))
+    hosts = engine_hosts(calls)
+    for key, versions in sorted(pushes.items()):
+        senders = homes[key][:home_tp.get(key, 1)]
+        group = tuple(sorted(set(senders) | set(hosts[key])))
+        for v in sorted(versions):
+            common = dict(op=f"sync_{key}", kind=OpKind.SYNC_WEIGHTS, step=v - 1, chunk=0,
+                          chunks=1, rank=0, world=1, tp_group=group, stages=(), inputs=[],
+                          deps=[], after=[], bound=0)
+            for dev in hosts[key]:        # every engine takes every version: one group
+                out.append(dict(common, id=f"sync_{engine_key(key)}/s{v - 1}/{RECV}@{dev}",
+                                device=dev, role=RECV, model=engine_key(key), version=-1,
+                                writes=v))
+            for t, src in enumerate(senders):
+                out.append(dict(common, id=f"sync_{key}/s{v - 1}/{SEND}" + (f"/t{t}" if t else ""),
+                                device=src, role=SEND, model=key, version=v, writes=-1))
     return out
 
 
@@ -465,7 +534,9 @@ def _order_collectives(calls: list[dict]) -> None:
     gangs: dict[tuple, list[dict]] = defaultdict(list)
     for c in calls:
         if c["tp_group"] or (c["kind"] is OpKind.TRAIN and c["world"] > 1):
-            gangs[(c["op"], c["step"], c["chunk"], c.get("role", ""))].append(c)
+            role = c.get("role", "")
+            gangs[(c["op"], c["step"], c["chunk"], "push" if role in (SEND, RECV) else role)
+                  ].append(c)
     gangs = {k: v for k, v in gangs.items() if len(v) > 1}
     if not gangs:
         return
@@ -487,6 +558,16 @@ def _order_collectives(calls: list[dict]) -> None:
             c["after"] += before
         for c in ranks:
             last_on[c["device"]] = c["id"]
+
+
+def _order_pushes(calls: list[dict]) -> None:
+    """A device both sending a version and hosting an engine that receives it runs the
+    ``recv`` (which then only starts the receive) before the ``send``: one worker thread
+    cannot wait in both."""
+    recv = {(c["op"], c["step"], c["device"]): c["id"] for c in calls if c.get("role") == RECV}
+    for c in calls:
+        if c.get("role") == SEND and (c["op"], c["step"], c["device"]) in recv:
+            c["after"].append(recv[(c["op"], c["step"], c["device"])])
 
 
 def _topo(calls: list[dict]) -> list[str]:

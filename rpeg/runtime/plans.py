@@ -88,6 +88,8 @@ def plan_for_run(file: str | Path, *, spec: str | Path | None = None,
         plan = explicit(pipeline, plan)             # a stage the plan does not list: 0
         if staleness is not None:
             plan = _capped_plan(pipeline, plan, staleness, cluster)
+        if machine is not None:
+            plan = settled(pipeline, plan, machine)
         from rpeg.plan.compile import check_executable
         check_executable(plan, runtime_limits())         # a hand-written plan asks too much
         from rpeg.runtime.instances import build_calls
@@ -100,6 +102,7 @@ def plan_for_run(file: str | Path, *, spec: str | Path | None = None,
         if strategy == RUNTIME_SPLIT:
             plan = split_plan(pipeline, c.num_gpus if c else 2, staleness=staleness,
                               cluster=c.name if c else "local")
+            plan = settled(pipeline, plan, c) if c is not None else plan
         else:
             plan = _compile(pipeline, c, strategy, seed, staleness)
     return pipeline, plan, spec_path
@@ -133,8 +136,21 @@ def _capped_plan(pipeline, plan, cap: int, cluster):
                         f"({where or 'none recorded'})", hint="pass --cluster CLUSTER.rpeg")
     from rpeg.plan.evaluate import Evaluator
     from rpeg.spec import load_cluster
-    return Evaluator(pipeline, load_cluster(where)).evaluate(
-        attrs.evolve(new, predicted=None)).plan
+    return Evaluator(pipeline, load_cluster(where), engine_kv=runtime_limits().engine_kv
+                     ).evaluate(attrs.evolve(new, predicted=None)).plan
+
+
+def settled(pipeline, plan, cluster):
+    """``plan`` with its generate stages' batching as this runtime runs them
+    (``rpeg.plan.evaluate.settle_batching``: a vLLM stage's KV share the plan left at 0 is
+    the share the engine takes here), priced again when that changed it."""
+    from rpeg.plan.evaluate import Evaluator, settle_batching
+    kv = runtime_limits().engine_kv
+    new = settle_batching(pipeline, plan, cluster, kv)
+    if new == plan or plan.predicted is None:
+        return new
+    return Evaluator(pipeline, cluster, engine_kv=kv).evaluate(
+        attrs.evolve(new, predicted=None), simulate_infeasible=True).plan
 
 
 def _compile(pipeline, cluster, strategy: str, seed: int, staleness: int | None = None):

@@ -12,10 +12,9 @@ the ops between two cuts on the scheduling core; at its cut every replica on
 every worker is checkpointed (weights, optimizer state, version), with the
 outputs made before the cut and read after it, so the state at a cut is
 complete: re-running from it gives the same numbers as running through it
-(all randomness is seeded by (seed, step)) — except under partial rollouts (a
-generate stage's ``carry``): the responses an engine started early for later steps
-are not checkpointed, so after a cut it starts them again, and the steps after it
-sample afresh (they still keep every bound ``rpeg verify`` checks).
+(all randomness is seeded by (seed, step)); under partial rollouts (a generate
+stage's ``carry``) the responses an engine started early for later steps are
+checkpointed with its replica and continued after the cut.
 
 The ops the core releases are submitted as fused tasks (``rpeg.runtime.fusion``:
 consecutive ready ops of one device in one Dask task, each op still traced on
@@ -310,7 +309,8 @@ class _Runner:
                                 spec_dir=self.spec_dir,
                                 run_dir=str(self.rd.path), dist_addr=_rendezvous(workers[0]),
                                 use_cuda=self.options.use_cuda)
-        ctx = attrs.evolve(ctx, threads=self.options.threads, data=self._cursor())
+        ctx = attrs.evolve(ctx, threads=self.options.threads, data=self._cursor(), syncs=tuple(
+            attrs.evolve(s, addr=_rendezvous(workers[s.senders[0]])) for s in ctx.syncs))
         futs = [cl.client.submit(W.setup, ctx, d, workers=[a], allow_other_workers=False,
                                  key=f"setup-{d}-{cl.token}-{self.attempt}", pure=False)
                 for d, a in workers.items()]

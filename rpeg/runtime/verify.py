@@ -10,8 +10,9 @@ The expected op calls are rebuilt from the run's own pipeline and plan (the
 same unrolling the run used); the trace says what each worker observed. Checks:
 
 * every expected op ran exactly once, and nothing else ran;
-* placement: it ran on the device the plan gave its stage (weight-sync export on
-  the model's home, load where the reader is), on the worker mapped to that device;
+* placement: it ran on the device the plan gave its stage (weight-sync export or send
+  on the model's home, load or receive where the reader is), on the worker mapped to
+  that device;
 * dependencies: everything it depends on (data and ordering) ended before it started;
 * versions: the parameter version it read is within ``[step - k, step]`` for the
   plan's staleness k of its stage (exactly ``step`` for training), and a train op wrote
@@ -42,7 +43,7 @@ from rpeg.errors import RuntimeFailure, Span
 from rpeg.graph.versions import readable
 from rpeg.plan.model import Plan
 from rpeg.runtime import runfiles as rf
-from rpeg.runtime.instances import LOAD, OpCall, build_calls, lookback, model_homes
+from rpeg.runtime.instances import LOAD, RECV, OpCall, build_calls, lookback, model_homes
 from rpeg.runtime.runcheck import check_event_fields, check_meta, check_metrics, check_plan_of_run
 from rpeg.runtime.rundir import RunDir, events_from_trace
 from rpeg.runtime.serial import loads, plan_from_json
@@ -228,8 +229,8 @@ def _identity(c: OpCall, e: dict) -> list[Violation]:
 
 def _placement(c: OpCall, e: dict, plan: Plan, workers, homes) -> list[Violation]:
     if c.kind is OpKind.SYNC_WEIGHTS:
-        allowed = (homes.get(c.model, ()) if c.role != LOAD else (c.device,))
-        what = f"the home of {c.model}" if c.role != LOAD else "the reader's device"
+        allowed = (homes.get(c.model, ()) if c.role not in (LOAD, RECV) else (c.device,))
+        what = f"the home of {c.model}" if c.role not in (LOAD, RECV) else "the reader's device"
     else:
         allowed = plan.placement(c.stages[0]).devices
         what = f"stage {c.stages[0]}'s devices"

@@ -62,7 +62,8 @@ MAX_HISTOGRAM_BYTES = 64 * 1024 * 1024
 
 # Keyword arguments each stage function takes (and of which type).
 STAGE_KWARGS: dict[str, tuple[str, ...]] = {
-    "generate": ("temperature", "top_p", "max_len", "engine", "chunks", "min_len"),
+    "generate": ("temperature", "top_p", "max_len", "engine", "chunks", "min_len", "max_num_seqs",
+                 "kv_fraction"),
     "forward": ("microbatch",),
     "score": (),
     "train": ("loss", "minibatches", "epochs", "grad_clip", "kl", "entropy", "value_clip",
@@ -476,8 +477,11 @@ def _stage_params(s: ast.StageDecl, fn: str, kind: OpKind, obj) -> tuple[tuple[s
             if not isinstance(value, V.Fn):
                 value = V.Fn(lname)
             _check_loss(value, obj, k.value.span)
-        elif key in ("minibatches", "epochs", "chunks", "max_len", "min_len", "microbatch"):
+        elif key in ("minibatches", "epochs", "chunks", "max_len", "min_len", "microbatch",
+                     "max_num_seqs"):
             value = V.integer(k.value, key, minimum=1, maximum=MAX_TOKENS)
+        elif key == "kv_fraction":           # the share of a device the engine may take
+            value = V.real(k.value, key, positive=True, maximum=1.0)
         else:
             value = V.real(k.value, key, minimum=0.0, maximum=1e6)
         params.append((key, value))

@@ -89,17 +89,28 @@ def test_streamed_consumers_are_priced_chunk_by_chunk(ppo8b, gh8, coloc):
 
 def test_weight_sync_between_disjoint_groups_holds_only_the_generator(ppo8b, gh8, coloc):
     """The trainer stages its new weights in host memory and goes on; the transfer
-    occupies the generating GPUs only. On shared GPUs the sync holds both."""
+    occupies the generating GPUs only (a torch generator's copy). On shared GPUs the sync
+    holds both, and so does the broadcast into a vLLM engine's own copy, which the
+    trainer's first rank sends (rpeg.cost.engines)."""
     from rpeg.plan.choices import model_stages
     from rpeg.plan.edit import empty_plan, options, put, repair
     from rpeg.plan.space import Block
+    from rpeg.spec.model import Engine
     ctx, ev, out = coloc
+
     plan = empty_plan(ctx)
     for s in model_stages(ppo8b):
         block = Block(0, 4) if s == "rollout" else Block(4, 4)
         # (ZeRO-3 weights are gathered over the trainer's GPUs first: not that case)
         plan = put(ctx, plan, s, block, [c for c in options(ctx, s, 4) if c.par.zero < 3][0])
     plan = repair(ctx, plan)
+    vllm = attrs.evolve(plan, placements=tuple(
+        attrs.evolve(p, engine=Engine.VLLM if p.stage == "rollout" else p.engine)
+        for p in plan.placements))
+    assert ev.timings(vllm, ev.graph(vllm))[0]["sync_actor"].devices == tuple(range(8))
+    plan = attrs.evolve(plan, placements=tuple(
+        attrs.evolve(p, engine=Engine.TORCH if p.stage == "rollout" else p.engine)
+        for p in plan.placements))
     graph = ev.graph(plan)
     timings, op_times = ev.timings(plan, graph)
     actor = plan.placement("actor_step")

@@ -112,7 +112,7 @@ def test_damaged_plan_files_name_file_and_problem(tmp_path, text, words):
     (lambda d: d["placements"][0].update(dp=3), "must run on dp x tp x pp = 6 devices, not 4"),
     (lambda d: d["placements"][1].update(devices=[4, 5, 6, 9]), "must lie in 0..7, not include 9"),
     (lambda d: d["placements"].append(d["placements"][0]), "placed once, not twice"),
-    (lambda d: d["placements"][0].update(kv_fraction=1.5), "kv_fraction must be a fraction"),
+    (lambda d: d["placements"][0].update(kv_fraction=1.5), "kv_fraction must be a fraction 0..1"),
     (lambda d: d["placements"][0].update(max_num_seqs=-1), "max_num_seqs must be 0.."),
     (lambda d: d["placements"][0].update(cp="2"), "'placements[0].cp' must be an integer"),
 ])
@@ -133,3 +133,13 @@ def test_missing_and_binary_files(tmp_path):
     f.write_bytes(b"\xff\xfe\x00garbage")
     with pytest.raises(PlanError, match="UTF-8"):
         Plan.load(f)
+
+
+def test_a_generate_placement_carries_its_concurrency_through_json():
+    p = StagePlacement("rollout", (0,), max_num_seqs=64, kv_fraction=0.85)
+    plan = Plan("tiny", "local", 1, (p,))
+    assert Plan.from_json(plan.to_json()) == plan
+    assert "concurrency rollout = 64 sequences, kv_fraction 0.85" in str(plan)
+    bad = plan.to_json().replace('"kv_fraction": 0.85', '"kv_fraction": 1.5')
+    with pytest.raises(PlanError, match="kv_fraction must be a fraction 0..1, not 1.5"):
+        Plan.from_json(bad)

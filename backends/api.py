@@ -27,6 +27,8 @@ class SamplingParams:
     eos_id: int | None = None
     seed: int = 0
     min_new_tokens: int = 0             # end-of-sequence is not sampled before this many tokens
+    max_num_seqs: int = 0                  # sequences decoded at once (0: all; the torch engine
+                                       # decodes in waves; vLLM's is set when it starts)
 
 
 @attrs.frozen
@@ -86,3 +88,36 @@ class CarryingEngine(GenerationEngine, Protocol):
         those in ``chunks`` groups. ``version`` of a chunk: the oldest parameter version
         any of its tokens was sampled with. ``key`` names the buffer (one per generate op)."""
         ...
+
+    def carried_state(self) -> tuple[CarriedState, ...]:
+        """The buffers, as plain values a checkpoint holds (``backends.carry.export``)."""
+        ...
+
+    def restore_carried(self, states: tuple[CarriedState, ...]) -> None:
+        """Replace the buffers by checkpointed ones: the next step continues them."""
+        ...
+
+
+@attrs.frozen
+class CarriedResponse:
+    """A response an engine started early under partial rollouts, as a checkpoint holds it."""
+
+    cohort: int                        # the step whose prompts it answers
+    index: int                         # its prompt's position in that step's share
+    prompt: np.ndarray                 # int64
+    tokens: np.ndarray                 # int64 tokens sampled so far
+    logprobs: np.ndarray               # float32, each under the policy that sampled it
+    versions: np.ndarray               # int64, that policy's parameter version per token
+    ended: bool
+    ended_at: int
+
+
+@attrs.frozen
+class CarriedState:
+    """One generate op's partial-rollout buffer on one engine (``backends.carry``)."""
+
+    key: str                           # the generate op
+    step: int                          # the step it last served
+    ends: int
+    sampled: int
+    responses: tuple[CarriedResponse, ...]

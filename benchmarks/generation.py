@@ -4,6 +4,8 @@ the time of one in-memory weight update; calibrates the cost model's vLLM decode
     .venv-vllm/bin/python benchmarks/generation.py            # 3 models x batches 1, 4, 16: ~5 min
     .venv-vllm/bin/python benchmarks/generation.py --quick    # tiny-vllm only: ~1 min
     .venv/bin/python benchmarks/generation.py --refit         # refit the extras, no vLLM
+    .venv-vllm/bin/python benchmarks/generation.py --only concurrency   # see generation_engines.py
+    .venv-vllm/bin/python benchmarks/generation.py --only sync          # see generation_engines.py
 
 Run it in the vLLM venv (scripts/setup-vllm-venv.sh). Per model, on the same weights,
 prompts (32 random tokens each) and batch, every engine samples exactly ``--gen`` tokens
@@ -122,7 +124,7 @@ def torch_engine_runner(model):
 
 def vllm_runner(host):
     def run(ps: list[np.ndarray], gen: int) -> float:
-        seconds, tokens = host.actor.timed_generate(
+        seconds, tokens, _ = host.actor.timed_generate(
             ps, SamplingParams(max_new_tokens=gen, eos_id=NO_EOS, seed=1)).result()
         assert tokens == len(ps) * gen
         return seconds
@@ -293,7 +295,9 @@ def markdown(doc: dict) -> str:
               f"`vllm_layer_overhead = {p['vllm_layer_overhead']:.3g} s`, "
               f"`vllm_decode_overhead = {p['vllm_decode_overhead']:.3g} s` (decode-step fit "
               f"MAPE {p['fit_mape_decode']:.1%}; whole generate op through rpeg.cost "
-              f"MAPE {p['fit_mape_generate']:.1%}).", "", doc["paragraph"], ""]
+              f"MAPE {p['fit_mape_generate']:.1%}).", "", doc["paragraph"]]
+    from benchmarks.generation_engines import concurrency_markdown, sync_markdown
+    lines += concurrency_markdown(doc) + sync_markdown(doc) + [""]
     return "\n".join(lines)
 
 
@@ -324,8 +328,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=str(RESULTS / "generation"))
     ap.add_argument("--refit", action="store_true", help="refit the profile extras to the "
                     "measurements already in --out's JSON (after the base profile changed)")
+    ap.add_argument("--only", choices=("concurrency", "sync"), help="measure this part alone "
+                    "and add it to --out's JSON (benchmarks/generation_engines.py)")
+    ap.add_argument("--concurrency", default="1,4,16,64")
+    ap.add_argument("--lengths", default="32,128")
     args = ap.parse_args(argv)
     started = provenance(sys.argv[:1] + (argv if argv is not None else sys.argv[1:]))
+    if args.only:
+        return _only(args, argv)
     if args.refit:
         out = Path(args.out)
         doc = json.loads(out.with_suffix(".json").read_text())
@@ -376,6 +386,52 @@ def main(argv: list[str] | None = None) -> int:
     doc["paragraph"] = paragraph(doc)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".json").write_text(json.dumps(doc, indent=2) + "\n")
+    text = markdown(doc)
+    out.with_suffix(".md").write_text(text)
+    print(text)
+    return 0
+
+
+def _only(args, argv) -> int:
+    """One part of the measurements (concurrency, or the weight sync), added to --out's JSON."""
+    import dask
+    import torch
+    from distributed import Client, LocalCluster
+
+    from backends.vllm_backend import require, vllm_dask_config
+    from benchmarks import generation_engines as G
+
+    require()
+    torch.set_num_threads(args.threads)          # the torch engine here, as vLLM's one core
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    args.concurrency = [int(x) for x in args.concurrency.split(",")]
+    args.lengths = [int(x) for x in args.lengths.split(",")]
+    load0 = os.getloadavg()[0]
+    with dask.config.set({**vllm_dask_config(),
+                          "distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_": None}):
+        cluster = LocalCluster(n_workers=2 if args.only == "sync" else 1, threads_per_worker=1,
+                               processes=True, dashboard_address=":0")
+    client = Client(cluster)
+    try:
+        if args.only == "sync":
+            part = G.measure_sync(args, client)
+        else:
+            names = [m for m in args.models.split(",") if m] if args.models != ",".join(MODELS) \
+                else ["small"]
+            with tempfile.TemporaryDirectory() as tmp:
+                part = {"models": [G.measure_concurrency(n, args, client, Path(tmp))
+                                   for n in names]}
+    finally:
+        client.close()
+        cluster.close()
+    part["command"] = " ".join([".venv-vllm/bin/python", "benchmarks/generation.py",
+                                *(argv if argv is not None else sys.argv[1:])])
+    part["load"] = [load0, os.getloadavg()[0]]
+    part["date"] = dt.datetime.now(dt.timezone.utc).isoformat()
+    out = Path(args.out)
+    doc = json.loads(out.with_suffix(".json").read_text())
+    doc[args.only] = part
     out.with_suffix(".json").write_text(json.dumps(doc, indent=2) + "\n")
     text = markdown(doc)
     out.with_suffix(".md").write_text(text)

@@ -1,14 +1,22 @@
-"""Reliability figures: faults injected and survived, resume equality, fuzzing, and the
-scheduling overhead per op of a fine-grained (1,000+ ops per step) graph on Dask.
+"""Reliability figures: hostile files refused, faults injected and survived, resume
+equality, fuzzing, and the scheduling overhead per op of a fine-grained (1,000+ ops per
+step) graph on Dask.
 
-    $ .venv/bin/python benchmarks/reliability.py                # all parts, ~10 min on 2 cores
-    $ .venv/bin/python benchmarks/reliability.py --only overhead
+    $ .venv/bin/python benchmarks/reliability.py                # all parts, ~20 min on 2 cores
+    $ .venv/bin/python benchmarks/reliability.py --only hostile
 
-Writes benchmarks/results/reliability.json and reliability.md. Fault runs use a
-small PPO pipeline (tests/reliability/test_faults.py's) on a local Dask
-cluster of 2 worker processes; every run's metrics are compared, value by value,
-with the in-process reference of the same op calls. The fuzz figures are read
-from benchmarks/results/fuzz.json (``benchmarks/fuzz.py``).
+Writes benchmarks/results/reliability.json and reliability.md; a part run alone replaces
+that part's figures and keeps the others, each with the command, date, machine and load
+that measured it (``benchmarks/provenance.py``). Hostile files are the catalogue of
+tests/reliability/hostile.py (hand-edited plans through ``simulate``, ``run``, ``diff``
+and ``show``; damaged run directories through ``verify``, ``show`` and ``run --resume``)
+and a few hostile specs through ``check``: each attempt is counted as refused (exit 1, the
+file and the field named), accepted, a hang (still running after 120 s), or an internal
+error (exit 3 or a traceback). Fault runs use a small PPO pipeline
+(tests/reliability/test_faults.py's) on a local Dask cluster of 2 worker processes; every
+run's metrics are compared, value by value, with the in-process reference of the same op
+calls. The fuzz figures are read from benchmarks/results/fuzz.json (``benchmarks/fuzz.py``).
+Every sentence of the report is computed from the figures beside it.
 """
 
 from __future__ import annotations
@@ -16,7 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import signal
 import sys
 import tempfile
@@ -30,12 +37,15 @@ sys.path.insert(0, str(ROOT / "tests" / "reliability"))
 OUT = ROOT / "benchmarks" / "results"
 STEPS = 6
 
+from benchmarks.provenance import finish, provenance  # noqa: E402
+from benchmarks.reliability_report import PARTS, markdown  # noqa: E402
 
 # --- faults ----------------------------------------------------------------------------------
 
 def fault_runs(work: Path) -> list[dict]:
     import test_faults as tf
 
+    from rpeg.errors import RpegError
     from rpeg.runtime import RunOptions, verify_run
     from rpeg.runtime.inline import run_inline
     from rpeg.runtime.placement import split_plan
@@ -68,53 +78,208 @@ def fault_runs(work: Path) -> list[dict]:
         return row
 
     res = Resilience(checkpoint_every=2, timeout_floor_s=20.0, timeout_factor=1.0)
+    folder = {"kill": work / "kill", "resume": work / "resume", "ctrlc": work / "ctrlc"}
+
+    def scenario(key: str, name: str, go, injected) -> None:
+        """Run one scenario; a run that fails is recorded with its error, not a crash of
+        the benchmark (the table then says it did not survive, and why)."""
+        t0 = time.time()
+        try:
+            extra = go() or {}
+        except RpegError as e:
+            row = {"scenario": name, "injected": injected(), "recoveries": 0, "resumes": 0,
+                   "steps_once_each": False, "metrics_equal_reference": False,
+                   "verify_ok": False, "wall_s": round(time.time() - t0, 1),
+                   "survived": False, "error": e.message}
+            print(f"  {name}: {row}", flush=True)
+            results.append(row)
+            return
+        results.append({**judge(name, folder[key], injected(), t0), **extra})
 
     # 1. two workers SIGKILLed in one run (steps 1 and 3), one frozen with SIGSTOP (step 4)
-    run_dir = work / "kill"
-    t0 = time.time()
     plan_faults = [(1, signal.SIGKILL), (3, signal.SIGKILL), (4, signal.SIGSTOP)]
     done: list[int] = []
 
     def inject() -> None:
         for after, sig in plan_faults:
-            tf._wait_for(lambda a=after: len(tf._rows(run_dir)) >= a
-                         and len(tf._meta(run_dir).get("recoveries", [])) >= len(done),
+            tf._wait_for(lambda a=after: len(tf._rows(folder["kill"])) >= a
+                         and len(tf._meta(folder["kill"]).get("recoveries", [])) >= len(done),
                          600, f"step {after}")
             procs = tf._worker_processes()
             procs[len(done) % len(procs)].send_signal(sig)
             done.append(after)
 
-    t = threading.Thread(target=inject, daemon=True)
-    t.start()
-    run_resilient(pipeline, plan, RunOptions(steps=STEPS, run_dir=str(run_dir), progress=False),
-                  spec_path=str(spec), resilience=res)
-    t.join(5)
-    results.append(judge("2 workers SIGKILLed + 1 frozen (SIGSTOP)", run_dir, len(done), t0))
+    def killed() -> None:
+        t = threading.Thread(target=inject, daemon=True)
+        t.start()
+        try:
+            run_resilient(pipeline, plan, RunOptions(steps=STEPS, run_dir=str(folder["kill"]),
+                                                     progress=False),
+                          spec_path=str(spec), resilience=res)
+        finally:
+            t.join(5)
+
+    scenario("kill", "2 workers SIGKILLed + 1 frozen (SIGSTOP)", killed, lambda: len(done))
 
     # 2. the whole run SIGKILLed (with its workers), then resumed
-    run_dir = work / "resume"
-    t0 = time.time()
-    proc = tf._start_run(work, spec, run_dir)
-    tf._wait_for(lambda: len(tf._rows(run_dir)) >= 3, 600, "step 2")
-    os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait(30)
-    resume_run(run_dir, RunOptions(progress=False), res)
-    results.append(judge("whole run SIGKILLed, resumed", run_dir, 1, t0))
+    def resumed() -> None:
+        proc = tf._start_run(work, spec, folder["resume"])
+        tf._wait_for(lambda: len(tf._rows(folder["resume"])) >= 3, 600, "step 2")
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(30)
+        resume_run(folder["resume"], RunOptions(progress=False), res)
+
+    scenario("resume", "whole run SIGKILLed, resumed", resumed, lambda: 1)
 
     # 3. Ctrl-C to the process group, then resumed
-    run_dir = work / "ctrlc"
-    t0 = time.time()
-    proc = tf._start_run(work, spec, run_dir)
-    tf._wait_for(lambda: len(tf._rows(run_dir)) >= 2, 600, "step 1")
-    os.killpg(proc.pid, signal.SIGINT)
-    proc.communicate(timeout=600)
-    row_status = tf._meta(run_dir).get("status")
-    resume_run(run_dir, RunOptions(progress=False), res)
-    r = judge("Ctrl-C, checkpoint, resumed", run_dir, 1, t0)
-    r["status_after_ctrl_c"] = row_status
-    r["exit_code"] = proc.returncode
-    results.append(r)
+    def ctrl_c() -> dict:
+        proc = tf._start_run(work, spec, folder["ctrlc"])
+        tf._wait_for(lambda: len(tf._rows(folder["ctrlc"])) >= 2, 600, "step 1")
+        os.killpg(proc.pid, signal.SIGINT)
+        proc.communicate(timeout=600)
+        status = tf._meta(folder["ctrlc"]).get("status")
+        resume_run(folder["ctrlc"], RunOptions(progress=False), res)
+        return {"status_after_ctrl_c": status, "exit_code": proc.returncode}
+
+    scenario("ctrlc", "Ctrl-C, checkpoint, resumed", ctrl_c, lambda: 1)
     return results
+
+
+# --- hostile files -------------------------------------------------------------------------
+
+HANG_S = 120.0       # an attempt still running after this long counts as a hang
+
+
+def attempt(argv: list[str], says: str, names: tuple[str, ...]) -> dict:
+    """``rpeg ARGV`` in this process, its outcome classified: refused (exit 1, the words
+    ``says`` and one of ``names`` in the message) | accepted | hang | internal | other (exit 1
+    without the file or the words, or a usage error)."""
+    import contextlib
+    import io
+
+    from rpeg.cli import main
+
+    out = io.StringIO()
+
+    def alarm(signum, frame):
+        raise TimeoutError
+    old = signal.signal(signal.SIGALRM, alarm)
+    signal.setitimer(signal.ITIMER_REAL, HANG_S)
+    t0 = time.time()
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+            rc = main(argv)
+    except TimeoutError:
+        rc = None
+    except BaseException as e:  # noqa: BLE001 — anything escaping main is a bug in rpeg
+        rc, _ = 3, out.write(f"{type(e).__name__}: {e}")
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+    text = out.getvalue()
+    if rc is None:
+        outcome = "hang"
+    elif rc == 3 or "Traceback" in text or "internal error" in text:
+        outcome = "internal"
+    elif rc == 0:
+        outcome = "accepted"
+    elif rc == 1 and says in text and any(n in text for n in names):
+        outcome = "refused"
+    else:
+        outcome = "other"
+    return {"argv": argv[0] if argv[0] != "run" or "--resume" not in argv else "run --resume",
+            "outcome": outcome, "rc": rc, "s": round(time.time() - t0, 2),
+            "message": text.strip().splitlines()[0][:300] if text.strip() else ""}
+
+
+def _snapshot(path: Path) -> dict[str, str]:
+    import hashlib
+    out = {}
+    for p in sorted(path.rglob("*")):
+        if p.name == "run.lock":
+            continue
+        out[str(p)] = ("-> " + os.readlink(p)) if p.is_symlink() else (
+            hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else "dir")
+    return out
+
+
+def hostile(work: Path) -> dict:
+    import shutil
+
+    import hostile as H
+    import test_faults as tf
+
+    from rpeg.runtime import RunOptions
+    from rpeg.runtime.placement import split_plan
+    from rpeg.runtime.recovery import Resilience, run_resilient
+    from rpeg.runtime.runfiles import FILES
+    from rpeg.spec import load
+
+    folder = work / "plans"
+    folder.mkdir()
+    good = H.compile_good_plan(folder)
+    cases = []
+    for name, (edit, says) in sorted(H.PLAN_EDITS.items()):
+        bad = H.write_edited_plan(good, work / f"{name}.json", edit)
+        run_dir = work / f"{name}-run"
+        for argv in (["simulate", str(bad), "--steps", "2"],
+                     ["run", str(bad), "--no-progress", "--steps", "1", "--run-dir",
+                      str(run_dir)],
+                     ["diff", str(good), str(bad)], ["show", str(bad)]):
+            r = attempt(argv, says, (str(bad),))
+            r.update(kind="plan", case=name, outside_touched=run_dir.exists())
+            cases.append(r)
+    spec = tf.micro_spec(work / "micro")
+    pipeline = load(spec)
+    made = work / "made"
+    run_resilient(pipeline, split_plan(pipeline, 2, staleness=1),
+                  RunOptions(steps=4, run_dir=str(made), progress=False), spec_path=str(spec),
+                  resilience=Resilience(checkpoint_every=2))
+    for name, (damage, says, commands) in sorted(H.RUN_DIR_DAMAGE.items()):
+        run, outside = work / name / "run", work / name / "outside"
+        shutil.copytree(made, run)
+        outside.mkdir()
+        damage(run, outside)
+        before = _snapshot(outside)
+        argvs = {"verify": ["verify", str(run)], "show": ["show", str(run)],
+                 "resume": ["run", "--resume", str(run), "--no-progress"]}
+        for command in commands:
+            # verify's report names the file of the run directory, not its path
+            r = attempt(argvs[command], says, (str(run), *FILES))
+            r.update(kind="run directory", case=name,
+                     outside_touched=_snapshot(outside) != before)
+            cases.append(r)
+    for name, text, says in _hostile_specs():
+        path = work / f"{name}.rpeg"
+        if text is None:
+            os.mkfifo(path)
+        else:
+            path.write_text(text)
+        shutil.copy(ROOT / "pipelines" / "rewards.py", work / "rewards.py")
+        r = attempt(["check", str(path)], says, (str(path),))
+        r.update(kind="spec", case=name, outside_touched=False)
+        cases.append(r)
+    count = {k: sum(1 for c in cases if c["outcome"] == k)
+             for k in ("refused", "accepted", "hang", "internal", "other")}
+    by_kind = {k: sum(1 for c in cases if c["kind"] == k)
+               for k in ("plan", "run directory", "spec")}
+    print(f"hostile: {count}", flush=True)
+    return {"tried": len(cases), **count, "by_kind": by_kind,
+            "outside_touched": sum(1 for c in cases if c["outside_touched"]),
+            "slowest_s": max(c["s"] for c in cases), "cases": cases}
+
+
+def _hostile_specs() -> list[tuple[str, str | None, str]]:
+    """(name, text (None: a named pipe), words the refusal says) of hostile specs beyond
+    the fuzzer's mutations: sizes of thousands of digits, brackets left open, a pipe."""
+    base = (ROOT / "pipelines" / "tiny_ppo.rpeg").read_text()
+    import re
+    steps = re.sub(r"steps\s*=\s*\d+", "steps = " + "9" * 5000, base, count=1)
+    paren = re.sub(r"stage ref_lp\s*=\s*forward\(ref, responses\)\s*->\s*ref_logprobs",
+                   "stage ref_lp = forward(ref, responses", base, count=1)
+    return [("steps-5000-digits", steps, "at most 10,000,000"),
+            ("unclosed-paren", paren, "not closed"),
+            ("spec-pipe", None, "not a regular file")]
 
 
 # --- scheduling overhead ---------------------------------------------------------------------
@@ -129,14 +294,18 @@ def overhead(chunks: int, steps: int) -> dict:
     generation (each forward/score/advantage op runs per chunk), with null ops."""
     import logging
 
+    import attrs
     from distributed import Client, LocalCluster, as_completed
 
     from rpeg.runtime import core as C
     from rpeg.runtime.instances import build_calls
     from rpeg.runtime.placement import split_plan
     from rpeg.spec import load
-
     pipeline = load(ROOT / "pipelines" / "tiny_ppo.rpeg")
+    # a chunk holds one response at least: enough prompts that none of the chunks asked for
+    # is merged away (the ops are null, so the prompts cost nothing)
+    pipeline = attrs.evolve(pipeline, workload=attrs.evolve(
+        pipeline.workload, prompts=max(pipeline.workload.prompts, chunks)))
     plan = split_plan(pipeline, 2, staleness=1, chunks=chunks)
     calls = build_calls(pipeline, plan, steps)
     per_step = len(calls) / steps
@@ -199,122 +368,57 @@ def overhead(chunks: int, steps: int) -> dict:
             "stages": sorted({table[i].op for i in table})}
 
 
-# --- report ------------------------------------------------------------------------------------
+# --- the run ---------------------------------------------------------------------------------
 
-def markdown(result: dict) -> str:
-    lines = ["## Reliability", "", f"Measured on {result['machine']}:", ""]
-    for part, cmd in sorted(result.get("commands", {}).items()):
-        lines.append(f"- {part}: `{cmd}`")
-    lines.append("")
-    faults = result.get("faults")
-    if faults:
-        inj = sum(r["injected"] for r in faults)
-        ok = sum(r["injected"] for r in faults if r["survived"])
-        lines += [f"**Faults:** {inj} injected, {ok} survived with nothing lost (every step "
-                  "once in the metrics, every value equal to the uninterrupted in-process "
-                  "reference, exactly, on CPU).", "",
-                  "| scenario | injected | recoveries | resumes | steps once each | "
-                  "metrics = reference | rpeg verify | wall s |", "|---|---|---|---|---|---|---|---|"]
-        for r in faults:
-            lines.append(f"| {r['scenario']} | {r['injected']} | {r['recoveries']} | "
-                         f"{r['resumes']} | {r['steps_once_each']} | "
-                         f"{r['metrics_equal_reference']} | {r['verify_ok']} | {r['wall_s']} |")
-        lines.append("")
-    fz = result.get("fuzz")
-    if fz:
-        lines += [f"**Fuzzing:** {fz['inputs_tried']:,} inputs (half coverage-guided with "
-                  "atheris, half structure-aware mutations: pipelines, clusters, profiles "
-                  f"through the parser and checker, and plan.json), {fz['crashes_found']} "
-                  f"crashes or hangs; `{fz['command']}`.", ""]
-    oh = result.get("overhead")
-    if oh and faults:
-        med = sorted(r["op_ms_median"] for r in faults if r.get("op_ms_median"))
-        if med:
-            lines += [f"Real ops of the small PPO runs above take {med[len(med) // 2]} ms "
-                      "(median, from their traces).", ""]
-    if oh:
-        lines += ["**Scheduling overhead** (scheduling core + Dask, null ops, 2 worker "
-                  "processes):", "",
-                  "| chunks | ops per step | core only ms/op | core + Dask ms/op | ops/s |",
-                  "|---|---|---|---|---|"]
-        for r in oh:
-            lines.append(f"| {r['chunks']} | {r['ops_per_step']} | {r['core_only_ms_per_op']} | "
-                         f"{r['dask_ms_per_op']} | {r['dask_ops_per_s']} |")
-        big = max(oh, key=lambda r: r["ops_per_step"])
-        lines += ["", f"At {big['ops_per_step']:,} ops per step, scheduling alone costs "
-                  f"{big['ops_per_step'] * big['dask_ms_per_op'] / 1e3:.1f} s per step "
-                  f"({big['dask_ms_per_op']} ms per op, of which the scheduling core is "
-                  f"{big['core_only_ms_per_op']} ms); the per-op cost stays flat from "
-                  f"{min(r['ops_per_step'] for r in oh)} to {big['ops_per_step']:,} ops per "
-                  "step, so the core and Dask scale with the graph. Dask is not the "
-                  f"bottleneck while an op takes well over {big['dask_ms_per_op']:.0f} ms "
-                  f"(10x that, {10 * big['dask_ms_per_op']:.0f} ms, keeps it under 10%): "
-                  "true of GPU-sized chunks, not of this tiny CPU model, whose ops take "
-                  "about 2 ms — chunk it coarsely.", ""]
-    return "\n".join(lines) + "\n" + SECURITY
-
-
-SECURITY = """## Security
-
-- **What runs code.** A spec runs no code of its own except the rewards it names as
-  `python("module:function")`. `rpeg check` and `rpeg compile` find the module (next to
-  the spec, then on the Python path) and the function in it by reading its source,
-  without importing or running it, and report a missing one at the line of the spec.
-  `rpeg run` imports and calls those functions inside the workers: a spec with such a
-  reference runs that code, with the permissions of the workers. Review a spec's
-  `python(...)` references as you would review the module itself.
-- **Nothing read from disk is unpickled.** Plans, traces, run records and the pipeline
-  in a run directory are JSON; checkpoints are safetensors plus JSON (carried data may
-  name only rpeg's own value types); a test searches `rpeg/` and `backends/` for pickle,
-  `torch.load` without `weights_only=True`, `eval` and `exec`. Hostile files (huge, binary,
-  truncated, a pipe, a device) are refused with a message naming the file.
-- **What listens where.** The embedded cluster (no `--scheduler`) binds its scheduler,
-  workers and nannies to 127.0.0.1 only; nothing on another machine can reach it.
-- **TLS.** A remote scheduler is reached over `tls://` with mutual authentication:
-  `rpeg run --scheduler tls://HOST:8786 --tls-ca ca.pem --tls-cert me.pem --tls-key me.key`
-  (or `RPEG_TLS_CA`, `RPEG_TLS_CERT`, `RPEG_TLS_KEY`, or Dask's `distributed.comm.tls.*`
-  configuration). Encryption is then required; the key file must be readable by its owner
-  only. Start the scheduler and workers with the same CA (`dask scheduler --tls-ca-file ...
-  --tls-cert ... --tls-key ...`); it refuses clients without a certificate the CA signed
-  (tested with certificates made in the test: no certificate, a certificate from another
-  CA, and plain TCP are all refused).
-"""
-
-
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--only", choices=("faults", "overhead", "fuzz"), action="append")
+    ap.add_argument("--only", choices=PARTS, action="append",
+                    help="measure only this part (repeatable); the others keep their figures")
     ap.add_argument("--chunks", type=int, nargs="*", default=[16, 64, 220])
-    args = ap.parse_args()
-    parts = set(args.only or ("faults", "overhead", "fuzz"))
+    args = ap.parse_args(argv)
+    parts = [p for p in PARTS if p in (args.only or PARTS)]
     out_json = OUT / "reliability.json"
     result = json.loads(out_json.read_text()) if out_json.exists() else {}
-    result["command"] = "python benchmarks/reliability.py " + " ".join(sys.argv[1:])
-    commands = result.setdefault("commands", {})
-    for part in parts:
-        commands[part] = result["command"] + f" (load average {os.getloadavg()[0]:.1f})"
-    result["machine"] = (f"{platform.machine()}, {os.cpu_count()} cores shared with other "
-                         "work, python " + platform.python_version())
-    if "overhead" in parts:
-        result["overhead"] = []
-        for c in args.chunks:
-            r = overhead(c, steps=3)
-            print(f"overhead: {r}", flush=True)
-            result["overhead"].append(r)
-    if "fuzz" in parts:
-        fz = OUT / "fuzz.json"
-        if fz.exists():
-            d = json.loads(fz.read_text())
-            result["fuzz"] = {"inputs_tried": d["inputs_tried"],
-                              "crashes_found": d["crashes_found"], "command": d["command"]}
-    if "faults" in parts:
-        with tempfile.TemporaryDirectory(prefix="rpeg-faults-") as work:
-            result["faults"] = fault_runs(Path(work))
-    OUT.mkdir(parents=True, exist_ok=True)
-    out_json.write_text(json.dumps(result, indent=2) + "\n")
-    (OUT / "reliability.md").write_text(markdown(result))
+    for stale in ("command", "commands", "machine"):     # superseded by per-part provenance
+        result.pop(stale, None)
+    started = provenance(sys.argv[:1] + (argv if argv is not None else sys.argv[1:]))
+    measured = {}
+    with tempfile.TemporaryDirectory(prefix="rpeg-reliability-") as work:
+        for part in parts:
+            here = json.loads(json.dumps(started))
+            here["load_average"]["start"] = round(os.getloadavg()[0], 2)
+            if part == "hostile":
+                (Path(work) / "hostile").mkdir()
+                result["hostile"] = hostile(Path(work) / "hostile")
+            elif part == "faults":
+                (Path(work) / "faults").mkdir()
+                result["faults"] = fault_runs(Path(work) / "faults")
+            elif part == "overhead":
+                result["overhead"] = []
+                for c in args.chunks:
+                    r = overhead(c, steps=3)
+                    print(f"overhead: {r}", flush=True)
+                    result["overhead"].append(r)
+            elif part == "fuzz":
+                fz = OUT / "fuzz.json"
+                if not fz.exists():
+                    continue
+                d = json.loads(fz.read_text())
+                result["fuzz"] = {"inputs_tried": d["inputs_tried"],
+                                  "crashes_found": d["crashes_found"], "command": d["command"]}
+                result.get("provenance", {}).pop("fuzz", None)    # read, not measured, here
+                continue
+            measured[part] = finish(here)
+            result.setdefault("provenance", {}).update(measured)
+            _write(result)                       # each part as it ends: a later one may fail
     print(markdown(result))
     return 0
+
+
+def _write(result: dict) -> None:
+    OUT.mkdir(parents=True, exist_ok=True)
+    (OUT / "reliability.json").write_text(json.dumps(result, indent=2) + "\n")
+    (OUT / "reliability.md").write_text(markdown(result))
 
 
 if __name__ == "__main__":

@@ -26,7 +26,9 @@ CAPABILITIES = Capabilities(
     recompute=True,
     offload=True,
     packing=True,
-    engines=(EngineCapabilities(Engine.TORCH, max_tp=8, carry=True),),
+    engines=(EngineCapabilities(Engine.TORCH, max_tp=8, carry=True,
+                                batching=("max_num_seqs",)),),     # decoded in waves
+    batching=True,
     families=frozenset({"llama", "qwen2", "qwen3", "mistral"}),
     model_features=frozenset({"head_dim", "qk_norm"}),      # Qwen3's heads
     lora=True,                                               # adapters with peft,

@@ -35,7 +35,7 @@ from backends.torch_backend.train import TokenHeads, TrainBatch, forward_arrays,
 from rpeg.errors import BackendError
 from rpeg.runtime.context import group_of
 from rpeg.runtime.data import workload_rows
-from rpeg.runtime.instances import LOAD, OpCall, base_of
+from rpeg.runtime.instances import LOAD, RECV, SEND, OpCall, base_of
 from rpeg.spec.functions import function
 from rpeg.spec.model import Engine, Head, OpKind, Reward
 from rpeg.spec.registry import Category, Role, Type
@@ -131,14 +131,30 @@ class Executor:
         if ctx.groups and torch.distributed.is_initialized():   # none in one process
             from backends.torch_backend.distributed import make_groups
             make_groups(ctx.groups)
-        self.replicas = {r.model: Replica(r, ctx.pipeline, self.device, device)
-                         for r in ctx.replicas_on(device)}
+        self.replicas = {r.model: self._replica(r) for r in ctx.replicas_on(device)}
+        self.groups: dict[str, object] = {}         # model -> its weight-sync group (sender)
         self.streams: dict[tuple[str, int], object] = {}
         self.peers: dict[int, Executor] = {}       # an in-process run: every device's executor
         self.transferred: set[tuple[str, int]] = set()
         p = ctx.pipeline
         self.targets = {m.name: m for m in p.models} | {r.name: r for r in p.rewards}
         self.roles = roles_of(p.stages, self.targets)      # data name -> what it is
+
+    def _replica(self, spec):
+        """A torch replica, or the vLLM engine serving a copy of its own (``spec.engine``)."""
+        if not spec.engine:
+            return Replica(spec, self.ctx.pipeline, self.device, self.device_index)
+        from backends.vllm_backend.disaggregated import EngineReplica
+        stage = next(c for c in self.ctx.pipeline.stages if c.kind is OpKind.GENERATE
+                     and self.ctx.pipeline.model(c.target).name in base_of(spec.model).split("+"))
+        seqs, frac, graph = self._concurrency(stage)
+        return EngineReplica.start(spec, self.ctx.pipeline, self.device_index,
+                                   use_cuda=self.device.startswith("cuda"), max_num_seqs=seqs,
+                                   kv_fraction=frac, devices=self.ctx.num_devices,
+                                   cuda_graph=graph)
+
+    def _concurrency(self, stage) -> tuple[int, float, bool]:
+        return _concurrency(self.ctx, stage)
 
     # --- one op ------------------------------------------------------------------------
     def run(self, call: OpCall, inputs: dict[str, list]) -> tuple[dict, dict]:
@@ -152,6 +168,12 @@ class Executor:
             out, stats = op(self, call, replica, inputs)
             if kind is OpKind.GENERATE and call.carry:    # the oldest version of the chunk
                 info["version_read"] = out[self._stage(call).outputs[0]].version
+        elif call.role == SEND:
+            out, stats = {}, self._send(call, replica)
+        elif call.role == RECV:
+            sync = self.ctx.sync_of(base_of(call.model))
+            out, stats = {}, replica.receive(sync, call.writes, host=self.device_index,
+                                             background=self.device_index in sync.senders)
         else:
             out, stats = self._sync(call, replica), {}
         if kind in (OpKind.TRAIN, OpKind.SYNC_WEIGHTS) and replica is not None:
@@ -164,6 +186,24 @@ class Executor:
 
     def _stage(self, call: OpCall):
         return self.ctx.pipeline.stage(call.stages[0])
+
+    def _send(self, call, replica) -> dict:
+        """Version ``call.version`` of the trainer's weights into the vLLM engines serving
+        copies of the model (``backends.vllm_backend.sync``): the first sender broadcasts,
+        the trainer's other ranks gather their pieces of split parameters with it."""
+        from backends.vllm_backend import sync as S
+        from backends.vllm_backend.weights import DEFAULT_BUCKET_BYTES
+        group = self.ctx.sync_of(call.model)
+        state = replica.model.state_dict()
+        if self.device_index != group.senders[0]:
+            for _ in S.gather(state, S.bucket_plan(S.trainer_metas(state), DEFAULT_BUCKET_BYTES)):
+                pass
+            return {}
+        if call.model not in self.groups:
+            self.groups[call.model] = S.open_group(group.addr, 0, group.world, self.device)
+        buckets, nbytes = S.send(self.groups[call.model], state, DEFAULT_BUCKET_BYTES,
+                                 self.device)
+        return {"bytes": nbytes, "buckets": buckets}
 
     def _generate(self, call, replica):
         """Device r of D streams responses r, r + D, ... of the step, as chunks r, r + D, ...
@@ -188,7 +228,8 @@ class Executor:
                 temperature=float(stage.arg("temperature")),
                 top_p=float(stage.arg("top_p")), eos_id=codec.eos_id,
                 seed=(w.seed * 1_000_003 + call.step) * 64 + call.chunk % shard,
-                min_new_tokens=int(stage.arg("min_len") or 0))
+                min_new_tokens=int(stage.arg("min_len") or 0),
+                max_num_seqs=self._concurrency(stage)[0])
             engine = self._engine(stage, replica)
             pieces = max(call.chunks // shard, 1)
             if call.carry:
@@ -461,6 +502,10 @@ class Executor:
 
     def checkpoint(self, model: str, path: str, meta: dict) -> str:
         replica = self.replicas[model]
+        if getattr(replica, "engine_copy", False):  # a vLLM engine's copy: version, no weights
+            replica.checkpoint(path, meta)
+            _save_carried(replica, path)
+            return path
         with _state_on_device(replica):
             if replica.trained is not None and (replica.fsdp or _masters(replica)
                                                 or replica.trained.offload is not None
@@ -480,6 +525,7 @@ class Executor:
                                                   "version": replica.version,
                                                   "kl_coef": dict(replica.kl_coef)},
                             replica.optimizer, whole=whole)
+        _save_carried(replica, path)
         return path
 
     def _gather_whole(self, model: str, replica) -> dict:
@@ -509,6 +555,10 @@ class Executor:
     def restore(self, model: str, path: str) -> int:
         """Load a replica written by :meth:`checkpoint` (weights, optimizer state, version)."""
         replica = self.replicas[model]
+        if getattr(replica, "engine_copy", False):
+            version = replica.restore(path)
+            _restore_carried(replica, path)
+            return version
         with _state_on_device(replica):
             if replica.trained is not None:
                 replica.trained.unsettle()
@@ -519,7 +569,7 @@ class Executor:
         replica.kl_coef = {str(k): float(v) for k, v in meta.get("kl_coef", {}).items()}
         if replica.engine is not None:
             replica.engine.version = replica.version
-            replica.engine.carried.clear()     # partial rollouts: the next step starts afresh
+        _restore_carried(replica, path)
         return replica.version
 
     def _engine(self, stage, replica):
@@ -527,15 +577,23 @@ class Executor:
 
         The plan's placement decides (``engine = auto`` may have become vLLM there).
         """
+        if getattr(replica, "engine_copy", False):   # a vLLM engine's own copy
+            return replica.ready()
         if self.ctx.plan.placement(stage.name).engine is Engine.VLLM:
-            from backends.vllm_backend.colocated import colocated_engine
-            return colocated_engine(replica)
+            from backends.vllm_backend.colocated import COLOCATED_OPTIONS, colocated_engine
+            from backends.vllm_backend.engine import with_concurrency
+            seqs, frac, graph = _concurrency(self.ctx, stage)
+            return colocated_engine(replica, with_concurrency(
+                COLOCATED_OPTIONS, seqs, frac, self.ctx.num_devices, graph))
         replica.engine.version = replica.version
         return replica.engine
 
     def shutdown(self) -> None:
         self.streams.clear()
         for r in self.replicas.values():
+            if getattr(r, "engine_copy", False):
+                r.shutdown()
+                continue
             if getattr(r, "vllm_engine", None) is not None:
                 from backends.vllm_backend.colocated import shutdown_colocated
                 shutdown_colocated(r)
@@ -583,6 +641,45 @@ def _mean_over_ranks(replica, value: float) -> float:
     t = torch.tensor([float(value)], dtype=torch.float64, device=replica.device)
     dist.all_reduce(t, group=group_of(tuple(peers)))
     return float(t.item()) / len(peers)
+
+
+def _concurrency(ctx, stage) -> tuple[int, float, bool]:
+    """(max_num_seqs, kv_fraction, cuda_graph) of a generate stage, as the cost model
+    priced them (the plan's placement, else the stage's parameters)."""
+    from rpeg.cost.generation import batching_of
+    return batching_of(ctx.pipeline, ctx.plan.placement(stage.name))
+
+
+CARRIED = "carried"           # a replica checkpoint's partial rollouts: carried.json + .safetensors
+
+
+def _save_carried(replica, path: str) -> None:
+    """Write the partial rollouts the replica's engines keep, so a resumed run continues
+    the same responses (nothing is written when they keep none)."""
+    states = tuple(s for e in (replica.engine, getattr(replica, "vllm_engine", None))
+                   if e is not None and hasattr(e, "carried_state") for s in e.carried_state())
+    if states:
+        from pathlib import Path
+
+        from rpeg.runtime.checkpoint_io import save_tree
+        save_tree(Path(path), CARRIED, {"buffers": states})
+
+
+def _restore_carried(replica, path: str) -> None:
+    """The partial rollouts a checkpoint holds, into the replica's engines (none: they start
+    afresh). A vLLM engine not started yet gets them when it starts."""
+    from pathlib import Path
+    states: tuple = ()
+    if (Path(path) / f"{CARRIED}.json").exists():
+        from rpeg.runtime.checkpoint_io import load_tree
+        states = tuple(load_tree(Path(path), CARRIED)["buffers"])
+    if replica.engine is not None:
+        replica.engine.restore_carried(states)
+    vllm = getattr(replica, "vllm_engine", None)
+    if vllm is not None:
+        vllm.restore_carried(states)
+    else:
+        replica.carried_restore = states
 
 
 def tp_pieces(model: str, group: tuple[int, ...]) -> dict | None:

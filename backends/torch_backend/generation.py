@@ -39,37 +39,13 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-import attrs
 import numpy as np
 import torch
 
-from backends.api import Cohort, RolloutChunk, SamplingParams
+from backends import carry
+from backends.api import CarriedState, Cohort, RolloutChunk, SamplingParams
 from backends.torch_backend.modeling import PolicyModel, build_model  # noqa: F401  (doctest)
 from backends.torch_backend.tokenizer import EOS_ID, PAD_ID
-
-
-@attrs.define(eq=False)
-class _Response:
-    """One response of a cohort, kept between steps until its step streams it."""
-
-    cohort: int                       # the step whose prompts it answers
-    index: int                        # its prompt's position in the cohort
-    prompt: np.ndarray
-    tokens: list[int] = attrs.Factory(list)
-    logprobs: list[float] = attrs.Factory(list)   # each under the policy that sampled it
-    oldest: int = -1                  # oldest parameter version of its tokens (-1: none yet)
-    ended: bool = False               # reached EOS or the length cap
-    ended_at: int = -1                # when, in the order responses ended (across steps)
-
-
-@attrs.define
-class Carried:
-    """What one generate op keeps on a replica between steps under partial rollouts."""
-
-    step: int = -1                    # the step it last served
-    cohorts: dict[int, list[_Response]] = attrs.Factory(dict)   # later steps' responses
-    ends: int = 0                     # responses ended so far (orders ``ended_at``)
-    sampled: int = 0                  # tokens sampled so far
 
 
 class TorchEngine:
@@ -79,7 +55,7 @@ class TorchEngine:
         self.model = model
         self.device = device
         self.version = version
-        self.carried: dict[str, Carried] = {}     # generate op -> its partial rollouts
+        self.carried: dict[str, carry.Carried] = {}     # generate op -> its partial rollouts
 
     def generate(self, prompt_ids: list[np.ndarray], params: SamplingParams,
                  chunks: int = 1) -> Iterator[RolloutChunk]:
@@ -95,21 +71,24 @@ class TorchEngine:
         lengths = torch.zeros(n, dtype=torch.long)
         finished = torch.zeros(n, dtype=torch.bool)
         emitted = 0
-        for t, (tok, lp, active) in enumerate(self._decode(prompt_ids, params, gen, eos)):
-            tokens[active, t] = tok
-            logps[active, t] = lp
-            lengths[active] += 1
-            ended = active.clone()
-            ended[active] = tok == eos
-            if t + 1 == params.max_new_tokens:
-                ended = active
-            finished |= ended & active & (tokens[:, t] == eos)
-            done_order += torch.nonzero(ended).flatten().tolist()
-            while emitted < len(bounds) and len(done_order) >= bounds[emitted][1]:
-                lo, hi = bounds[emitted]
-                yield self._chunk(prompt_ids, sorted(done_order[lo:hi]), tokens, logps,
-                                  lengths, finished)
-                emitted += 1
+        width = params.max_num_seqs if 0 < params.max_num_seqs < n else max(n, 1)
+        for lo in range(0, n, width):            # waves of at most max_num_seqs sequences
+            wave = torch.arange(lo, min(lo + width, n))
+            for t, (tok, lp, active) in enumerate(self._decode(prompt_ids[lo:lo + width],
+                                                               params, gen, eos)):
+                rows = wave[active]
+                tokens[rows, t] = tok
+                logps[rows, t] = lp
+                lengths[rows] += 1
+                ended = torch.ones_like(tok, dtype=torch.bool) \
+                    if t + 1 == params.max_new_tokens else tok == eos
+                finished[rows[tok == eos]] = True
+                done_order += rows[ended].tolist()
+                while emitted < len(bounds) and len(done_order) >= bounds[emitted][1]:
+                    lo_, hi_ = bounds[emitted]
+                    yield self._chunk(prompt_ids, sorted(done_order[lo_:hi_]), tokens, logps,
+                                      lengths, finished)
+                    emitted += 1
         assert emitted == len(bounds), "every response must finish by max_new_tokens"
 
     @torch.no_grad()
@@ -145,55 +124,36 @@ class TorchEngine:
         response of ``cohorts[0]`` (this step's) finished; stream those in ``chunks`` groups
         (the ones that finished in earlier steps first). The other cohorts' responses stay
         in this engine, finished or not, for their own steps (see the module doc)."""
-        now = cohorts[0].step
-        buf = self.carried.get(key)
-        if buf is None or buf.step != now - 1:      # first step, or resumed: nothing kept
-            buf = self.carried[key] = Carried()
-        buf.step = now
-        for c in [c for c in buf.cohorts if c < now]:
-            del buf.cohorts[c]
-        for c in cohorts:
-            if c.step not in buf.cohorts:
-                buf.cohorts[c.step] = [_Response(c.step, i, np.asarray(p, dtype=np.int64))
-                                       for i, p in enumerate(c.prompt_ids)]
-        own = buf.cohorts.pop(now)
+        buf, own = carry.admit(self.carried, key, cohorts)
         params = cohorts[0].params
-        eos = EOS_ID if params.eos_id is None else params.eos_id
-        bounds = chunk_bounds(len(own), chunks)
-        done = sorted((r for r in own if r.ended), key=lambda r: r.ended_at)
-        emitted = 0
-        while emitted < len(bounds) and len(done) >= bounds[emitted][1]:
-            yield _carried_chunk(done[slice(*bounds[emitted])], eos)
-            emitted += 1
-        if emitted == len(bounds):
+        stream = carry.Stream(own, chunks, EOS_ID if params.eos_id is None else params.eos_id)
+        yield from stream.ready()
+        if stream.complete:
             return
-        live = [r for r in own if not r.ended] + [
-            r for c in sorted(buf.cohorts) for r in buf.cohorts[c] if not r.ended]
+        live = carry.live(own, buf)
         # each cohort samples from its own generator: seeded per step, cohort and replica
         gens = {c.step: torch.Generator().manual_seed(int(c.params.seed)) for c in cohorts}
-        decoding = self._advance(live, params, gens, eos)
-        for ended, rows in decoding:
-            buf.sampled += rows
-            for r in ended:
-                r.ended_at, buf.ends = buf.ends, buf.ends + 1
-            done += [r for r in ended if r.cohort == now]
-            while emitted < len(bounds) and len(done) >= bounds[emitted][1]:
-                yield _carried_chunk(done[slice(*bounds[emitted])], eos)
-                emitted += 1
-            if emitted == len(bounds):
-                decoding.close()
-                return
+        width = params.max_num_seqs if params.max_num_seqs > 0 else max(len(live), 1)
+        for lo in range(0, len(live), width):    # waves; this step's own responses first
+            decoding = self._advance(live[lo:lo + width], params, gens, stream.eos)
+            for ended, rows in decoding:
+                buf.sampled += rows
+                carry.mark_ended(buf, ended)
+                stream.add(ended)
+                yield from stream.ready()
+                if stream.complete:
+                    decoding.close()
+                    return
         raise AssertionError("every response must finish by max_new_tokens")
 
     @torch.no_grad()
-    def _advance(self, live: list[_Response], params: SamplingParams, gens, eos: int):
+    def _advance(self, live: list[carry.Response], params: SamplingParams, gens, eos: int):
         """Decode ``live`` responses together, one token each per round, from their prompt
         and the tokens they have: the KV cache is rebuilt under the current weights (a
         carried response's earlier tokens came from older ones). After each round, yield
         (responses that ended, rows decoded); ended rows drop out of the batch."""
         model, dev = self.model, self.device
-        contexts = [np.concatenate([r.prompt, np.asarray(r.tokens, dtype=np.int64)])
-                    for r in live]
+        contexts = [r.context() for r in live]
         hidden, cache, mask, pos = _prefill(model, dev, contexts)
         same_on_all = _tp_agreement(model)
         rows = list(live)
@@ -209,11 +169,7 @@ class TorchEngine:
             tok = same_on_all(tok)
             ended = []
             for r, t, logp in zip(rows, tok.cpu().tolist(), lp.cpu().tolist(), strict=True):
-                r.tokens.append(int(t))
-                r.logprobs.append(float(logp))
-                r.oldest = self.version if r.oldest < 0 else min(r.oldest, self.version)
-                if t == eos or len(r.tokens) >= params.max_new_tokens:
-                    r.ended = True
+                if carry.record(r, t, logp, self.version, params.max_new_tokens, eos):
                     ended.append(r)
             yield ended, len(rows)
             keep = torch.tensor([not r.ended for r in rows])
@@ -245,6 +201,12 @@ class TorchEngine:
             for name, value in named_tensors:
                 own[name].copy_(torch.as_tensor(value))
         self.version = version
+
+    def carried_state(self) -> tuple[CarriedState, ...]:
+        return carry.export(self.carried)
+
+    def restore_carried(self, states: tuple[CarriedState, ...]) -> None:
+        self.carried = carry.restore(states)
 
     def shutdown(self) -> None:
         self.model = None
@@ -303,26 +265,12 @@ def sample_at_least(logits: torch.Tensor, params: SamplingParams, gen: torch.Gen
     return tok, logp.gather(-1, tok[:, None]).squeeze(-1)
 
 
-def _by_cohort(rows: list[_Response]):
+def _by_cohort(rows: list[carry.Response]):
     """(cohort, row positions) for the cohorts among ``rows``, oldest cohort first."""
     out: dict[int, list[int]] = {}
     for i, r in enumerate(rows):
         out.setdefault(r.cohort, []).append(i)
     return [(c, torch.tensor(out[c])) for c in sorted(out)]
-
-
-def _carried_chunk(done: list[_Response], eos: int) -> RolloutChunk:
-    """Finished responses of one cohort, in prompt order; its version is the oldest any of
-    their tokens was sampled with."""
-    rs = sorted(done, key=lambda r: r.index)
-    return RolloutChunk(
-        prompt_index=np.asarray([r.index for r in rs], dtype=np.int64),
-        prompt_ids=tuple(r.prompt for r in rs),
-        response_ids=tuple(np.asarray(r.tokens, dtype=np.int64) for r in rs),
-        logprobs=tuple(np.asarray(r.logprobs, dtype=np.float32) for r in rs),
-        finished=np.asarray([r.tokens[-1] == eos for r in rs], dtype=bool),
-        version=min(r.oldest for r in rs),
-    )
 
 
 def _tp_agreement(model):

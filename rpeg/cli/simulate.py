@@ -7,13 +7,15 @@
     wrote gantt.png
 
 The plan names the spec and cluster it was compiled from (``--spec`` and
-``--cluster`` override them); op times come from the cost model again, so a plan
+``--cluster`` override them) and is checked against them as every command checks
+a plan (``rpeg.plan.validate``); op times come from the cost model again, so a plan
 edited by hand is priced as written.
 """
 
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import typer
@@ -35,26 +37,21 @@ def register(app: typer.Typer) -> None:
         cluster: Path = typer.Option(None, "--cluster", help="The cluster, if not where the "
                                                              "plan says."),
         as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
+        force: bool = typer.Option(False, "--force", help="Use the plan with a spec other "
+                                   "than the one it was compiled from (a warning, not an "
+                                   "error)."),
     ) -> None:
         """Simulate a plan step by step; print the step time and idle time per GPU group."""
-        from rpeg.errors import PlanError, Span
         from rpeg.plan.evaluate import Evaluator
-        from rpeg.plan.model import Plan, device_ranges
-        from rpeg.spec import load, load_cluster
+        from rpeg.plan.model import device_ranges
+        from rpeg.plan.validate import open_plan
 
         output = suffix(writable(output, "-o"), "-o", PICTURES)
-        plan = Plan.load(plan_file)
-        spec_path = spec or _near(plan.spec_path, plan_file)
-        cluster_path = cluster or _near(plan.cluster_path, plan_file)
-        if spec_path is None or cluster_path is None:
-            raise PlanError("plan must name its spec and cluster files, not leave them out",
-                            Span(str(plan_file), 0, 0),
-                            hint="pass --spec FILE.rpeg --cluster CLUSTER.rpeg")
-        pipeline, machine = load(spec_path), load_cluster(cluster_path)
-        if pipeline.name != plan.pipeline or machine.num_gpus != plan.num_devices:
-            raise PlanError(f"plan must be for pipeline '{pipeline.name}' on {machine.num_gpus} "
-                            f"GPUs, not '{plan.pipeline}' on {plan.num_devices}",
-                            Span(str(plan_file), 0, 0), hint="recompile the plan")
+        opened = open_plan(plan_file, spec=spec, cluster=cluster, need_spec=True,
+                           need_cluster=True, exact_devices=True, force=force)
+        for w in opened.warnings:
+            print(f"{plan_file}: warning: {w}", file=sys.stderr)
+        plan, pipeline, machine = opened.plan, opened.pipeline, opened.cluster
         result = Evaluator(pipeline, machine, steps=steps).evaluate(plan,
                                                                      simulate_infeasible=True)
         tl = result.timeline
@@ -86,13 +83,3 @@ def register(app: typer.Typer) -> None:
         if output is not None:
             print(f"wrote {output}")
 
-
-def _near(recorded: str, plan_file: Path) -> Path | None:
-    """The recorded path as written, or beside the plan file."""
-    if not recorded:
-        return None
-    p = Path(recorded)
-    if p.exists():
-        return p
-    beside = plan_file.parent / p.name
-    return beside if beside.exists() else p

@@ -240,6 +240,17 @@ def generate_memory(model: Model, par: Parallel, w, gpu, engine: Engine, local: 
     return MemoryCost(weights=loaded, kv_cache=kv, buffers=gpu.runtime_memory + buf)
 
 
+def batching_of(pipeline: Pipeline, placement) -> tuple[int, float, bool]:
+    """(max_num_seqs, kv_fraction, cuda_graph) of a generate stage as it runs: a plan
+    placement's where it sets them, else its stage's ``generate(..., max_num_seqs = N,
+    kv_fraction = F)``; 0 leaves the engine's default (its batch, what memory is free).
+    The cost model prices these and the runtime passes the same to its engines."""
+    stage = pipeline.stage(placement.stage)
+    seqs = int(placement.max_num_seqs or stage.param("max_num_seqs", 0) or 0)
+    frac = float(placement.kv_fraction or stage.param("kv_fraction", 0.0) or 0.0)
+    return seqs, frac, bool(placement.cuda_graph)
+
+
 def generation_rows(pipeline: Pipeline, stage_name: str, par: Parallel, cluster: Cluster,
                     free_bytes: float, *, batch: int | None = None, partial: int = 0,
                     engine: Engine = Engine.TORCH) -> int:
@@ -399,6 +410,6 @@ def sync_bytes(model: Model, gpu) -> float:
     return model_params(model) * weight_bytes(model, gpu)
 
 
-__all__ = ["Gen", "StageCost", "admissions", "concurrency", "decoded_batch", "generate_memory",
+__all__ = ["Gen", "StageCost", "admissions", "batching_of", "concurrency", "decoded_batch", "generate_memory",
            "generation", "generation_rows", "kv_token_bytes", "mean_len", "padded_len",
            "slowest_lengths"]

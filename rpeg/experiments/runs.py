@@ -19,7 +19,6 @@ from pathlib import Path
 
 import attrs
 
-from rpeg.errors import RuntimeFailure
 from rpeg.plan.model import Plan, device_ranges
 from rpeg.runtime.record import load_run_cluster, read_record
 
@@ -35,30 +34,30 @@ class Run:
     pipeline: object
     cluster: object | None
     rows: tuple[dict, ...]
+    damaged: tuple[tuple[int, str], ...] = ()     # metrics.jsonl lines left out, and why
 
     @classmethod
     def open(cls, path: str | Path) -> Run:
+        from rpeg.runtime import runfiles as rf
         from rpeg.runtime.rundir import RunDir
         from rpeg.runtime.serial import loads, plan_from_json
 
         rd = RunDir.open(path)
+        rows, damaged = rf.read_metrics(rd.path)
         return cls(rd.path.resolve(), read_record(rd.path),
-                   plan_from_json((rd.path / "plan.json").read_text(encoding="utf-8")),
-                   loads((rd.path / "pipeline.json").read_text(encoding="utf-8")),
-                   load_run_cluster(rd.path), tuple(rd.metrics()))
+                   rf.read_parsed(rd.path / "plan.json", "plan.json", plan_from_json),
+                   rf.read_parsed(rd.path / "pipeline.json", "pipeline.json", loads),
+                   load_run_cluster(rd.path), tuple(rows), tuple(damaged))
 
     @property
     def name(self) -> str:
         return self.path.name
 
     def trace_events(self) -> list[dict]:
+        from rpeg.runtime import runfiles as rf
         from rpeg.runtime.rundir import events_from_trace
-        try:
-            trace = json.loads((self.path / "trace.json").read_text(encoding="utf-8"))
-        except (OSError, ValueError) as e:
-            raise RuntimeFailure(f"trace.json of '{self.path}' must be readable JSON, and it "
-                                 f"is not ({e})") from None
-        return events_from_trace(trace)
+        return rf.read_parsed(self.path / "trace.json", "trace.json",
+                              lambda text: events_from_trace(json.loads(text)))
 
     def measured_step_s(self) -> float | None:
         return self.record.get("measured", {}).get("step_time_s")
@@ -174,6 +173,11 @@ def summary(run: Run, report=None, plots_written: list[Path] | None = None) -> s
         for e in (evals[0], evals[-1]) if len(evals) > 1 else evals:
             lines.append(f"  step {e.get('step')}: " + ", ".join(f"{k} {_num(e[k])}"
                                                                  for k in keys if k in e))
+    if run.damaged:
+        n, why = run.damaged[0]
+        lines += ["", f"warning: metrics.jsonl line {n} is {why}; left out"
+                  + (f" (and {len(run.damaged) - 1} more damaged lines)"
+                     if len(run.damaged) > 1 else "")]
     lines += ["", "verification: " + (_head(str(report)) if report is not None else "not run "
                                       "(rpeg show RUN_DIR without --no-verify)")]
     lines += ["", "look at",

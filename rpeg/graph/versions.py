@@ -32,13 +32,15 @@ from __future__ import annotations
 from rpeg.spec.model import OpKind
 
 
-def read_version(kind: OpKind, step: int, lag: int) -> int:
-    """The parameter version an op of ``kind`` with staleness ``lag`` reads at ``step``."""
+def read_version(kind: OpKind, step: int, lag: int, first: int = 0) -> int:
+    """The parameter version an op of ``kind`` with staleness ``lag`` reads at ``step``, in a
+    run that started at step ``first`` with every replica at version ``first`` (a run
+    extended past its end restarts so): no reader reads older than that."""
     if kind is OpKind.TRAIN:
         return step
     if kind is OpKind.SYNC_WEIGHTS:
         return step + 1
-    return max(0, step - lag)
+    return max(first, step - lag)
 
 
 def writer_step(kind: OpKind, step: int, lag: int) -> int:

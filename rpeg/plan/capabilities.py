@@ -2,7 +2,7 @@
 
     >>> caps = runtime_capabilities()
     >>> caps.max_pp, caps.engine(Engine.VLLM).max_tp, caps.engine(Engine.VLLM).carry
-    (1, 1, False)
+    (1, 8, True)
     >>> caps.engine(Engine.TORCH).carry
     True
 
@@ -41,6 +41,11 @@ class EngineCapabilities:
     engine: Engine
     max_tp: int = 1                 # tensor-parallel degree it generates at, at most
     carry: bool = False             # partial rollouts: responses kept between steps
+    # a generate stage's batching keys it runs as a plan sets them (max_num_seqs,
+    # kv_fraction, cuda_graph); a plan setting another is refused
+    batching: tuple[str, ...] = ()
+    kv_fraction: float = 0.0        # share of a GPU it takes when a plan leaves it (0: what is free)
+    cpu_kv_bytes: int = 0           # on a CPU: bytes of KV cache it takes when a plan leaves it
 
 
 @attrs.frozen
@@ -63,6 +68,7 @@ class Capabilities:
     param_offload: bool = False              # weights in host memory between passes
     inference_zero: bool = False             # forward / generate on ZeRO-3-sharded weights
     batching: bool = False                   # generate: max_num_seqs, kv_fraction, cuda_graph
+                                             # (each engine says which: EngineCapabilities)
     families: frozenset[str] = frozenset()   # model families it builds
     model_features: frozenset[str] = frozenset()   # ModelDims.features() it builds
     dtypes: frozenset[str] = frozenset({"bf16", "fp16", "fp32"})

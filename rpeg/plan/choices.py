@@ -120,7 +120,10 @@ def enumerate_layouts(pipeline: Pipeline, stage: str, sizes: tuple[int, ...],
                     if base.tp > limits.engine_max_tp(e) and e in (Engine.TORCH, Engine.VLLM):
                         continue
                     if matches(pin, base, e) and limits.check_lora(model, base) is None:
-                        out.append(Layout(stage, size, base, e))
+                        # priced with the share the engine takes
+                        share = base.kv_fraction or float(s.param("kv_fraction", 0.0) or 0.0) \
+                            or limits.kv_share(e, cluster.gpu)
+                        out.append(Layout(stage, size, attrs.evolve(base, kv_fraction=share), e))
                 continue
             per_step = local
             if s.kind is OpKind.TRAIN:

@@ -72,7 +72,7 @@ def compile_report(pipeline: Pipeline, cluster: Cluster, strategy: Strategy = St
         pipeline = capped(pipeline, opts.staleness_cap)
     check_backend(pipeline, opts.limits, cluster)                      # refuse what can't run
     ctx = Context.of(pipeline, cluster, opts.limits)                   # enumerate, prune, estimate
-    ev = Evaluator(pipeline, cluster, steps=opts.steps)
+    ev = Evaluator(pipeline, cluster, steps=opts.steps, engine_kv=opts.limits.engine_kv)
     if strategy is Strategy.PINNED:                                    # priced as written
         return _pinned_report(pipeline, cluster, ev, opts, began)
     wanted = tuple(BASELINES) if strategy is Strategy.SEARCH else (strategy,)
@@ -343,15 +343,16 @@ def check_executable(plan: Plan, limits: Limits) -> None:
         if why:
             raise PlanError(f"stage '{p.stage}': {why}",
                             hint="recompile with this backend's limits")
+        if p.engine not in limits.engines and p.engine is not Engine.AUTO:
+            raise PlanError(f"stage '{p.stage}' must use an installed engine, not "
+                            f"'{p.engine.value}'", hint="install it, or recompile")
         if p.carry and p.engine not in limits.carry_engines:
             raise PlanError(f"stage '{p.stage}' must generate whole responses each step with "
                             f"the {p.engine.value} engine on this backend, not carry them "
                             f"into later steps (carry {p.carry})",
                             hint="recompile with this backend's limits (carry 0)")
-        if p.engine not in limits.engines and p.engine is not Engine.AUTO:
-            raise PlanError(f"stage '{p.stage}' must use an installed engine, not "
-                            f"'{p.engine.value}'", hint="install it, or recompile")
-        why = limits.check_engine(p.engine, p.tp, p.carry)
+        why = limits.check_engine(p.engine, p.tp, p.carry) or limits.check_batching(
+            p.engine, p.max_num_seqs, p.kv_fraction, p.cuda_graph)
         if why:
             raise PlanError(f"stage '{p.stage}': {why}",
                             hint="recompile with this backend's limits")

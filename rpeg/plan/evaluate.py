@@ -23,6 +23,8 @@ from __future__ import annotations
 import attrs
 import numpy as np
 
+from rpeg.cost.engine_sync import collective_sync_time, engine_copy
+from rpeg.cost.generation import batching_of
 from rpeg.cost.memory import MemoryCost, Parallel, resident_memory
 from rpeg.cost.partial import smallest_cap
 from rpeg.cost.stages import (
@@ -84,6 +86,27 @@ def parallel_of(p: StagePlacement) -> Parallel:
                     cuda_graph=p.cuda_graph)
 
 
+def settle_batching(pipeline: Pipeline, plan: Plan, cluster: Cluster,
+                    engine_kv: tuple = ()) -> Plan:
+    """``plan`` with each generate stage's batching as it runs, recorded in its placement:
+    the placement's ``max_num_seqs``, ``kv_fraction`` and ``cuda_graph``, else the stage's
+    (:func:`rpeg.cost.generation.batching_of`); a ``kv_fraction`` still 0 is the share the
+    executor's engine takes (``engine_kv``, as ``Limits.kv_share`` reads it), else what is
+    free."""
+    from rpeg.plan.space import Limits
+    limits = Limits(engine_kv=engine_kv)
+    out = []
+    for p in plan.placements:
+        if pipeline.stage(p.stage).kind is not OpKind.GENERATE:
+            out.append(p)
+            continue
+        seqs, frac, graph = batching_of(pipeline, p)
+        frac = frac or limits.kv_share(p.engine, cluster.gpu)
+        out.append(attrs.evolve(p, max_num_seqs=seqs, kv_fraction=frac, cuda_graph=graph))
+    out = tuple(out)
+    return plan if out == plan.placements else attrs.evolve(plan, placements=out)
+
+
 def is_host_op(pipeline: Pipeline, stage: str) -> bool:
     """Ops that run on the host CPU beside the devices (python rewards, advantages)."""
     s = pipeline.stage(stage)
@@ -103,10 +126,12 @@ def plan_graph(pipeline: Pipeline, plan: Plan) -> Graph:
 class Evaluator:
     """Prices plans of one pipeline on one cluster (see the module doc)."""
 
-    def __init__(self, pipeline: Pipeline, cluster: Cluster, steps: int | None = None) -> None:
+    def __init__(self, pipeline: Pipeline, cluster: Cluster, steps: int | None = None,
+                 engine_kv: tuple = ()) -> None:
         self.pipeline = pipeline
         self.cluster = cluster
         self.steps = steps
+        self.engine_kv = engine_kv      # the executor's KV share per engine (Limits.engine_kv)
         self._cost: dict[tuple, object] = {}
         self._graphs: dict[tuple, Graph] = {}
         self._last_rows: tuple[Plan, dict, dict] | None = None
@@ -229,6 +254,10 @@ class Evaluator:
     def sync_time(self, model: str, src: StagePlacement, dst: StagePlacement) -> float:
         src, dst = self.canonical(src, dst)
         key = ("s", model, src, dst)
+        if key not in self._cost and engine_copy(src, dst):     # collectives into vLLM
+            blocks = tuple(dst.devices[i:i + dst.tp] for i in range(0, len(dst.devices), dst.tp))
+            self._cost[key] = collective_sync_time(self.pipeline.model(model), src.devices,
+                                                   parallel_of(src), blocks, self.cluster)
         if key not in self._cost:
             self._cost[key] = weight_sync_time(self.pipeline.model(model), src.devices,
                                                parallel_of(src), dst.devices, parallel_of(dst),
@@ -266,6 +295,7 @@ class Evaluator:
         problem = staleness_problem(self.pipeline, plan)
         if problem:
             raise PlanError(problem, hint="lower the stage's carry or its staleness")
+        plan = settle_batching(self.pipeline, plan, self.cluster, self.engine_kv)  # as it runs
         graph = self.graph(plan)
         try:
             peak, shortfall = self.memory(plan, graph)
@@ -362,7 +392,8 @@ class Evaluator:
             model = self._model_name(trainer[op.reads_model])
             t = self.sync_time(model, src, dst)
             # one collective: the trainer's devices that hold its weights (the first tp
-            # block; every one when ZeRO-3 shards them) gather and send, the readers receive
+            # block; every one when ZeRO-3 shards them) gather and send, the readers (torch
+            # copies, or a vLLM engine's own copy) receive (rpeg.runtime.instances)
             sources = src.devices if src.zero >= 3 else src.devices[:max(src.tp, 1)]
             devices = tuple(sorted(set(sources) | set(dst.devices)))
             timings[op.name] = OpTiming(devices, t)

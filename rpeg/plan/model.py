@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import enum
 import json
+import math
+import re
 import stat
 from pathlib import Path
 
@@ -35,6 +37,7 @@ SCHEMA_VERSION = 1
 MAX_PLAN_BYTES = 64 * 1024 * 1024      # checked before reading: a plan is kilobytes
 MAX_PLAN_DEVICES = 1 << 20             # as for clusters (rpeg.spec.cluster.MAX_GPUS)
 MAX_CARRY = 64                         # steps a partial rollout may span, beyond its own
+MAX_STALENESS = 1000                   # versions a reader may lag (a spec's bound is far less)
 
 
 class Strategy(enum.Enum):
@@ -66,8 +69,10 @@ class StagePlacement:
     ep: int = 1                       # expert parallel degree (inside dp x cp x tp)
     packing: bool = False             # forward / train: sequences packed without padding
     param_offload: bool = False       # weights in host memory between passes
-    max_num_seqs: int = 0             # generate: sequences at once per replica (0: what fits)
-    kv_fraction: float = 0.0          # generate: share of GPU memory the engine takes (0: free)
+    max_num_seqs: int = 0             # generate: sequences one replica decodes at once (0: the
+                                      # stage's max_num_seqs, else as many as memory holds)
+    kv_fraction: float = 0.0          # generate: share of a device the engine takes (0: the
+                                      # stage's kv_fraction, else what is free)
     cuda_graph: bool = False          # generate: decode steps replayed from CUDA graphs
 
 
@@ -127,13 +132,7 @@ class Plan:
     @classmethod
     def from_json(cls, text: str, path: str = "<plan>") -> Plan:
         """Parse a plan; anything wrong with it is a PlanError naming ``path``."""
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise PlanError(f"plan file must be JSON, not fail to parse ({e.msg} at line "
-                            f"{e.lineno} column {e.colno})", Span(path, e.lineno, e.colno),
-                            hint="write plans with `rpeg compile -o plan.json`") from None
-        return cls.from_dict(data, path)
+        return cls.from_dict(read_json_text(text, path, "plan file"), path)
 
     @classmethod
     def from_dict(cls, data: object, path: str = "<plan>") -> Plan:
@@ -146,7 +145,7 @@ class Plan:
                             where, hint="recompile the spec with this rpeg "
                                         "(`rpeg compile FILE.rpeg --cluster CLUSTER.rpeg`)")
         try:
-            plan = _from_plain(cls, data)
+            plan = _from_plain(cls, data, "")
         except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise PlanError(f"plan must hold well-formed fields, not: {_describe(e)}",
                             where, hint="recompile, or compare with a plan rpeg wrote") from None
@@ -156,11 +155,14 @@ class Plan:
         return plan
 
     def inconsistency(self) -> str | None:
-        """What makes this plan impossible to execute as written, or None."""
-        if not 1 <= self.num_devices <= MAX_PLAN_DEVICES:
-            return f"num_devices must be 1..{MAX_PLAN_DEVICES:,}, not {self.num_devices:,}"
+        """What makes this plan impossible to execute as written, or None (the checks that
+        need no spec; :mod:`rpeg.plan.validate` resolves its names against one)."""
+        n = self.num_devices
+        if not 1 <= n <= MAX_PLAN_DEVICES:
+            return f"num_devices must be 1..{MAX_PLAN_DEVICES:,}, not {n:,}"
         seen = set()
-        for p in self.placements:
+        for i, p in enumerate(self.placements):
+            where = f"placements[{i}] (stage '{p.stage}')"
             if p.stage in seen:
                 return f"stage '{p.stage}' must be placed once, not twice"
             seen.add(p.stage)
@@ -168,17 +170,61 @@ class Plan:
                 return f"stage '{p.stage}' degrees must be at least 1"
             if not 0 <= p.carry <= MAX_CARRY:
                 return f"stage '{p.stage}' carry must be 0..{MAX_CARRY} steps, not {p.carry}"
-            if max(p.microbatches, p.chunks) > MAX_PLAN_DEVICES:
+            if not 0 <= p.zero <= 3:
+                return f"{where} zero must be a ZeRO level 0..3, not {p.zero}"
+            if not 0 <= p.max_num_seqs <= MAX_PLAN_DEVICES:
+                return f"{where} max_num_seqs must be 0..{MAX_PLAN_DEVICES:,}, not {p.max_num_seqs}"
+            if not 0 <= p.kv_fraction <= 1:
+                return f"{where} kv_fraction must be a fraction 0..1, not {p.kv_fraction}"
+            if max(p.microbatches, p.chunks, p.dp, p.tp, p.pp, p.cp, p.ep) > MAX_PLAN_DEVICES:
                 return f"stage '{p.stage}' micro-batches and chunks must be at most " \
                        f"{MAX_PLAN_DEVICES:,}"
             if len(p.devices) != p.dp * p.tp * p.pp * p.cp:
                 degrees = "dp x tp x pp" + (" x cp" if p.cp > 1 else "")
                 return (f"stage '{p.stage}' must run on {degrees} = "
                         f"{p.dp * p.tp * p.pp * p.cp} devices, not {len(p.devices)}")
-            bad = [d for d in p.devices if not 0 <= d < self.num_devices]
+            bad = [d for d in p.devices if not 0 <= d < n]
             if bad:
-                return (f"stage '{p.stage}' devices must lie in 0..{self.num_devices - 1}, "
+                return (f"stage '{p.stage}' devices must lie in 0..{n - 1}, "
                         f"not include {bad[0]}")
+            if len(set(p.devices)) != len(p.devices):
+                return f"{where} devices must be distinct, not {list(p.devices)}"
+        return self._structure_inconsistency()
+
+    def _structure_inconsistency(self) -> str | None:
+        """The structural fields: devices that exist, names given once, finite figures."""
+        n = self.num_devices
+        homes = [m for m, _ in self.model_homes]
+        for i, (model, devs) in enumerate(self.model_homes):
+            bad = [d for d in devs if not 0 <= d < n]
+            if bad:
+                return (f"model_homes[{i}] (model '{model}') devices must lie in 0..{n - 1}, "
+                        f"not include {bad[0]}")
+            if not devs or len(set(devs)) != len(devs):
+                return f"model_homes[{i}] (model '{model}') must list distinct devices, " \
+                       f"not {list(devs)}"
+            if homes.count(model) > 1:
+                return f"model_homes must name model '{model}' once, not {homes.count(model)} times"
+        named = [s for s, _ in self.staleness]
+        for i, (stage, k) in enumerate(self.staleness):
+            if not 0 <= k <= MAX_STALENESS:
+                return f"staleness[{i}] (stage '{stage}') must be 0..{MAX_STALENESS}, not {k}"
+            if named.count(stage) > 1:
+                return f"staleness must name stage '{stage}' once, not {named.count(stage)} times"
+        for field, groups in (("shared", self.shared), ("fusion", self.fusion)):
+            for i, group in enumerate(groups):
+                if len(group) < 2 or len(set(group)) != len(group):
+                    return f"{field}[{i}] must list at least two distinct names, not " \
+                           f"{list(group)}"
+        pr = self.predicted
+        if pr is not None:
+            values = [("step_time_s", pr.step_time_s), ("tokens_per_s", pr.tokens_per_s),
+                      ("memory_capacity", pr.memory_capacity), ("control_s", pr.control_s)]
+            values += [(f"peak_memory[{i}]", x) for i, x in enumerate(pr.peak_memory)]
+            values += [(f"op_times '{op}'", x) for op, x in pr.op_times]
+            for what, x in values:
+                if not 0 <= x < float("inf"):
+                    return f"predicted {what} must be a finite number >= 0, not {x}"
         return None
 
     @classmethod
@@ -220,6 +266,10 @@ class Plan:
         for p in self.placements:
             if p.carry:
                 lines.append(f"  carry {p.stage} = {p.carry}")
+            if p.max_num_seqs or p.kv_fraction or p.cuda_graph:
+                lines.append(f"  concurrency {p.stage} = {p.max_num_seqs or 'memory'} sequences"
+                             + (f", kv_fraction {p.kv_fraction:g}" if p.kv_fraction else "")
+                             + (", cuda_graph" if p.cuda_graph else ""))
         for group in self.shared:
             lines.append(f"  share {', '.join(group)}")
         for group in self.fusion:
@@ -283,80 +333,205 @@ def _to_plain(v: object) -> object:
     return v
 
 
+MAX_JSON_DEPTH = 32          # a plan nests a few levels; deeper is not a plan
+MAX_INT_DIGITS = 20          # beyond any count or seed a plan holds
+
+
+def read_json_text(text: str, path: str, what: str) -> object:
+    """``text`` parsed as JSON for a plan (or another small rpeg record): duplicate keys,
+    ``NaN``/``Infinity``, integers of more than 20 digits and nesting deeper than 32
+    levels are refused with a PlanError naming ``path`` (json would take the last of two
+    keys, accept non-finite numbers, and fail on the others with an internal error)."""
+    depth = _nesting(text)
+    if depth > MAX_JSON_DEPTH:
+        raise PlanError(f"{what} must nest at most {MAX_JSON_DEPTH} levels deep, not {depth}",
+                        Span(path, 0, 0), hint="write plans with `rpeg compile -o plan.json`")
+    try:
+        return json.loads(text, object_pairs_hook=_no_duplicates, parse_int=_bounded_int,
+                          parse_float=_finite_float, parse_constant=_no_constant)
+    except json.JSONDecodeError as e:
+        raise PlanError(f"{what} must be JSON, not fail to parse ({e.msg} at line "
+                        f"{e.lineno} column {e.colno})", Span(path, e.lineno, e.colno),
+                        hint="write plans with `rpeg compile -o plan.json`") from None
+    except ValueError as e:
+        raise PlanError(f"{what} must hold {e}", Span(path, 0, 0),
+                        hint="write plans with `rpeg compile -o plan.json`") from None
+
+
+def _nesting(text: str) -> int:
+    """The deepest nesting of ``[`` and ``{`` outside strings (json itself would recurse)."""
+    deepest = depth = 0
+    for m in _BRACKETS.finditer(text):
+        ch = m.group()
+        if ch in "[{":
+            depth += 1
+            if depth > deepest:
+                deepest = depth
+                if deepest > MAX_JSON_DEPTH:
+                    break
+        elif ch in "]}":
+            depth -= 1
+    return deepest
+
+
+_BRACKETS = re.compile(r'"(?:[^"\\]|\\.)*"|[\[\]{}]')
+
+
+def _no_duplicates(pairs: list[tuple[str, object]]) -> dict:
+    out: dict = {}
+    for k, v in pairs:
+        if k in out:
+            raise ValueError(f"each key once, not '{_cut(k)}' twice")
+        out[k] = v
+    return out
+
+
+def _bounded_int(text: str) -> int:
+    digits = len(text.lstrip("-"))
+    if digits > MAX_INT_DIGITS:
+        raise ValueError(f"integers of at most {MAX_INT_DIGITS} digits, not one of "
+                         f"{digits:,} digits ({_cut(text)})")
+    return int(text)
+
+
+def _finite_float(text: str) -> float:
+    x = float(text)
+    if not math.isfinite(x):
+        raise ValueError(f"finite numbers, not {_cut(text)}")
+    return x
+
+
+def _no_constant(text: str) -> float:
+    raise ValueError(f"finite numbers, not {text}")
+
+
+def _cut(text: str, width: int = 24) -> str:
+    """A long value as it appears in a message: its start, and how long it was."""
+    return text if len(text) <= width else f"{text[:width]}... ({len(text):,} characters)"
+
+
 # fields holding one attrs value each (None allowed where the field's default is None)
 _NESTED = {"predicted": Predicted, "search": SearchRecord, "options": SearchOptions,
            "limits": Limits}
 
+# the shape of each field holding lists: "int", "float", "str", or a tuple of shapes
+# (("list", X): any number of X; ("pair", X, Y): exactly two)
+_SHAPES: dict[str, object] = {
+    "devices": ("list", "int"),
+    "model_homes": ("list", ("pair", "str", ("list", "int"))),
+    "staleness": ("list", ("pair", "str", "int")),
+    "shared": ("list", ("list", "str")),
+    "fusion": ("list", ("list", "str")),
+    "peak_memory": ("list", "float"),
+    "busy": ("list", "float"),
+    "op_times": ("list", ("pair", "str", "float")),
+    "missing": ("list", ("pair", "str", "str")),
+    "zero": ("list", "int"),
+    "lora_zero": ("list", "int"),
+    "families": ("list", "str"),
+    "model_features": ("list", "str"),
+    "dtypes": ("list", "str"),
+}
 
-def _from_plain(cls, data: dict):
+
+def _from_plain(cls, data: dict, where: str):
     fields = {f.name: f for f in attrs.fields(cls)}
     unknown = sorted(set(data) - set(fields))
     if unknown:
-        raise KeyError(f"unknown field '{unknown[0]}'")
+        raise KeyError(f"unknown field '{where}{_cut(unknown[0])}'")
     kwargs = {}
     for name, value in data.items():
         f = fields[name]
-        kwargs[name] = _convert(name, f.type, value)
+        kwargs[name] = _convert(name, f.type, value, where + name)
     missing = [n for n, f in fields.items() if f.default is attrs.NOTHING and n not in kwargs]
     if missing:
-        raise KeyError(f"missing field '{missing[0]}'")
+        raise KeyError(f"missing field '{where}{missing[0]}'")
     return cls(**kwargs)
 
 
-def _convert(name: str, typ: object, value: object) -> object:
+def _convert(name: str, typ: object, value: object, where: str) -> object:
     t = str(typ)
     if name == "placements":
-        _expect(name, value, list)
-        return tuple(_from_plain(StagePlacement, _expect(name, x, dict)) for x in value)
+        _expect(where, value, list)
+        return tuple(_from_plain(StagePlacement, _expect(f"{where}[{i}]", x, dict),
+                                 f"{where}[{i}].") for i, x in enumerate(value))
     if name in _NESTED:
-        return None if value is None else _from_plain(_NESTED[name], _expect(name, value, dict))
-    if name == "strategy":
-        return Strategy(value)
-    if name == "engine":
-        return Engine(value)
+        return None if value is None else _from_plain(
+            _NESTED[name], _expect(where, value, dict), where + ".")
+    if name in ("strategy", "engine", "method", "start"):
+        kind = {"strategy": Strategy, "engine": Engine, "method": Method, "start": Start}[name]
+        return kind(_expect(where, value, str))
     if name in ("engines", "carry_engines"):
-        return frozenset(Engine(x) for x in _expect(name, value, list))
+        return frozenset(Engine(_expect(f"{where}[{i}]", x, str))
+                         for i, x in enumerate(_expect(where, value, list)))
+    if name == "engine_batching":
+        return tuple((Engine(_shape(("pair", "str", ("list", "str")), x, f"{where}[{i}]")[0]),
+                      tuple(x[1])) for i, x in enumerate(_expect(where, value, list)))
+    if name == "engine_kv":
+        return tuple(_engine_kv(x, f"{where}[{i}]")
+                     for i, x in enumerate(_expect(where, value, list)))
     if name == "engine_tp":
-        return tuple((Engine(_expect(name, x, list)[0]), _convert("max_tp", "int", x[1]))
-                     for x in _expect(name, value, list))
-    if t.startswith("frozenset"):
-        return frozenset(_tuples(name, _expect(name, value, list)))
-    if name == "method":
-        return Method(value)
-    if name == "start":
-        return Start(value)
+        return tuple((Engine(_shape(("pair", "str", "int"), x, f"{where}[{i}]")[0]), x[1])
+                     for i, x in enumerate(_expect(where, value, list)))
+    if name in _SHAPES and t.startswith(("tuple", "frozenset")):
+        got = _shape(_SHAPES[name], value, where)
+        return frozenset(got) if t.startswith("frozenset") else got
     if t == "int | None":
-        return None if value is None else _convert(name, "int", value)
-    if t.startswith("tuple"):
-        return _tuples(name, value)
-    if t == "int":
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise TypeError(f"'{name}' must be an integer, not {value!r}")
-        return value
+        return None if value is None else _shape("int", value, where)
     if t == "float":
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise TypeError(f"'{name}' must be a number, not {value!r}")
-        return float(value)
+        return float(_shape(t, value, where))
+    if t in ("int", "str"):
+        return _shape(t, value, where)
     if t == "bool":
-        _expect(name, value, bool)
+        _expect(where, value, bool)
         return value
-    if t == "str":
-        _expect(name, value, str)
+    raise TypeError(f"'{where}' is not a field rpeg reads")
+
+
+def _engine_kv(value: object, where: str) -> tuple:
+    """An ``engine_kv`` entry: [engine, GPU share, CPU bytes]."""
+    got = _shape(("list", "float"), value[1:], where) if isinstance(value, list) else None
+    if got is None or len(value) != 3 or not isinstance(value[0], str):
+        raise TypeError(f"'{where}' must be [engine, share, bytes], not {_show(value)}")
+    return Engine(value[0]), float(got[0]), _shape("int", value[2], f"{where}[2]")
+
+
+def _shape(shape: object, value: object, where: str) -> object:
+    """``value`` checked against ``shape`` (see _SHAPES), lists made tuples."""
+    if shape == "int":
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"'{where}' must be an integer, not {_show(value)}")
         return value
-    return value
-
-
-def _tuples(name: str, value: object) -> object:
-    if isinstance(value, list):
-        return tuple(_tuples(name, x) for x in value)
-    if isinstance(value, (str, int, float)) and not isinstance(value, bool):
+    if shape == "float":
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise TypeError(f"'{where}' must be a number, not {_show(value)}")
+        return value                      # as written: a whole number stays an int
+    if shape == "str":
+        if not isinstance(value, str):
+            raise TypeError(f"'{where}' must be a string, not {_show(value)}")
         return value
-    raise TypeError(f"'{name}' must hold lists, numbers and names, not {value!r}")
+    kind, *parts = shape
+    if not isinstance(value, list):
+        raise TypeError(f"'{where}' must be a list, not {_show(value)}")
+    if kind == "pair":
+        if len(value) != 2:
+            raise TypeError(f"'{where}' must be a pair, not a list of {len(value)}")
+        return tuple(_shape(p, v, f"{where}[{i}]")
+                     for i, (p, v) in enumerate(zip(parts, value, strict=True)))
+    return tuple(_shape(parts[0], v, f"{where}[{i}]") for i, v in enumerate(value))
 
 
-def _expect(name: str, value: object, typ: type) -> object:
+def _show(value: object) -> str:
+    if isinstance(value, (dict, list)):
+        return f"a JSON {'object' if isinstance(value, dict) else 'list'}"
+    return _cut(json.dumps(value))
+
+
+def _expect(where: str, value: object, typ: type) -> object:
     if not isinstance(value, typ):
-        raise TypeError(f"'{name}' must be a {typ.__name__}, not {value!r}")
+        names = {dict: "JSON object", list: "list", str: "string", bool: "true or false"}
+        raise TypeError(f"'{where}' must be a {names.get(typ, typ.__name__)}, not "
+                        f"{_show(value)}")
     return value
 
 

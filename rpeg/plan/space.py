@@ -46,6 +46,10 @@ class Limits:
     # engines that carry unfinished responses into later steps (partial rollouts)
     carry_engines: frozenset[Engine] = frozenset({Engine.TORCH, Engine.VLLM})
     engine_tp: tuple[tuple[Engine, int], ...] = ()   # a generate engine's tp cap (else max_tp)
+    # per engine: the batching keys it runs (none listed: every key), and the KV share it
+    # takes when a plan leaves kv_fraction at 0 (a GPU's share, a CPU's bytes; 0: what is free)
+    engine_batching: tuple[tuple[Engine, tuple[str, ...]], ...] = ()
+    engine_kv: tuple[tuple[Engine, float, int], ...] = ()
     missing: tuple[tuple[str, str], ...] = ()         # what the executor lacks, and why
     max_cp: int = 64                  # context (sequence) parallel degree
     max_ep: int = 1 << 10             # expert parallel degree
@@ -70,6 +74,9 @@ class Limits:
                    packing=caps.packing,
                    carry_engines=frozenset(e.engine for e in caps.engines if e.carry),
                    engine_tp=tuple((e.engine, e.max_tp) for e in caps.engines),
+                   engine_batching=tuple((e.engine, e.batching) for e in caps.engines),
+                   engine_kv=tuple((e.engine, e.kv_fraction, e.cpu_kv_bytes)
+                                   for e in caps.engines if e.kv_fraction or e.cpu_kv_bytes),
                    missing=caps.missing, max_cp=caps.max_cp, max_ep=caps.max_ep,
                    param_offload=caps.param_offload, inference_zero=caps.inference_zero,
                    batching=caps.batching, foreign=False, any_model=False,
@@ -83,6 +90,28 @@ class Limits:
         """rpeg's runtime, as declared: the same on every machine that plans."""
         from rpeg.plan.capabilities import runtime_capabilities
         return cls.of(runtime_capabilities())
+
+    def kv_share(self, engine: Engine, gpu) -> float:
+        """The share of a device ``engine`` takes when a plan leaves ``kv_fraction`` at 0
+        (``engine_kv``: on a CPU profile its KV bytes over the device's memory); 0: what is
+        free."""
+        for e, share, cpu in self.engine_kv:
+            if e is engine:
+                return min(cpu / gpu.memory, 1.0) if not gpu.async_launch and cpu else share
+        return 0.0
+
+    def check_batching(self, engine: Engine, max_num_seqs: int, kv_fraction: float,
+                       cuda_graph: bool) -> str | None:
+        """Why a generate stage's batching cannot run on ``engine``, or None."""
+        runs = dict(self.engine_batching)
+        if engine not in runs:
+            return None
+        for key, value in (("max_num_seqs", max_num_seqs), ("kv_fraction", kv_fraction),
+                           ("cuda_graph", cuda_graph)):
+            if value and key not in runs[engine]:
+                return (f"{key} is not run by the {engine.value} engine on this backend "
+                        f"(it runs {', '.join(runs[engine]) or 'none of them'})")
+        return None
 
     def engine_max_tp(self, engine: Engine) -> int:
         return min(dict(self.engine_tp).get(engine, self.max_tp), self.max_tp)

@@ -58,7 +58,18 @@ class Checkpoint:
 
 
 def folder(run_dir: Path) -> Path:
-    return Path(run_dir) / "checkpoints"
+    """The run's checkpoints folder; RuntimeFailure when it is a symlink or not a folder
+    (written through, checkpoints and pruning would land elsewhere)."""
+    root = Path(run_dir) / "checkpoints"
+    try:
+        mode = os.lstat(root).st_mode
+    except FileNotFoundError:
+        return root
+    if not stat.S_ISDIR(mode):
+        raise RuntimeFailure(f"checkpoints folder '{root}' must be a folder in the run "
+                             "directory, not a symlink or a file", Span(str(root), 0, 0),
+                             hint="rpeg writes only plain folders into a run directory")
+    return root
 
 
 def step_name(step: int) -> str:
@@ -101,7 +112,8 @@ def latest(run_dir: Path, *, before: int | None = None,
         return None
     steps = []
     for p in root.iterdir():
-        if p.is_dir() and p.name.startswith("step-") and "." not in p.name:
+        if p.is_dir() and not p.is_symlink() and p.name.startswith("step-") \
+                and "." not in p.name:
             try:
                 steps.append((int(p.name[5:]), p))
             except ValueError:
@@ -125,31 +137,90 @@ def validate(path: Path) -> Checkpoint:
     marker = path / MARKER
     manifest = _read_json(marker, "checkpoint manifest")
     files = manifest.get("files") if isinstance(manifest, dict) else None
-    if manifest.get("format") != FORMAT or not isinstance(files, dict):
-        raise RuntimeFailure(f"checkpoint manifest format must be {FORMAT}, not "
-                             f"{manifest.get('format')!r}", Span(str(marker), 0, 0),
-                             hint="this checkpoint was written by another rpeg version")
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT \
+            or not isinstance(files, dict):
+        got = manifest.get("format") if isinstance(manifest, dict) else \
+            f"a JSON {type(manifest).__name__}"
+        raise RuntimeFailure(f"checkpoint manifest must be an object of format {FORMAT} "
+                             f"listing its files, not {got!r}"[:300], Span(str(marker), 0, 0),
+                             hint="this checkpoint was written by another rpeg version, or "
+                                  "damaged")
     for name, entry in files.items():
         f = path / name
         if ".." in Path(name).parts or Path(name).is_absolute():
             raise RuntimeFailure(f"checkpoint manifest names a path outside the checkpoint: "
                                  f"{name!r}", Span(str(marker), 0, 0))
+        if not isinstance(entry, dict):
+            raise RuntimeFailure(f"checkpoint manifest entry {name!r} must be an object with "
+                                 f"size and sha256, not {entry!r}"[:300], Span(str(marker), 0, 0))
         try:
-            size = f.stat().st_size
+            st = os.lstat(f)
         except OSError:
             raise RuntimeFailure(f"checkpoint file '{f}' is missing", Span(str(f), 0, 0)
                                  ) from None
-        if size != entry.get("size"):
+        if not stat.S_ISREG(st.st_mode):
+            raise RuntimeFailure(f"checkpoint file '{f}' must be a regular file, not a "
+                                 "symlink, pipe or device", Span(str(f), 0, 0))
+        if st.st_size != entry.get("size"):
             raise RuntimeFailure(f"checkpoint file '{f}' must be {entry.get('size')} bytes, "
-                                 f"not {size} (truncated or overwritten)", Span(str(f), 0, 0))
+                                 f"not {st.st_size} (truncated or overwritten)",
+                                 Span(str(f), 0, 0))
         if _sha256(f) != entry.get("sha256"):
             raise RuntimeFailure(f"checkpoint file '{f}' does not match its checksum "
                                  "(corrupted)", Span(str(f), 0, 0))
+        if f.suffix == ".safetensors":
+            _check_safetensors(f)
     state = _read_json(path / STATE, "checkpoint state")
-    if not isinstance(state, dict) or not isinstance(state.get("step"), int):
-        raise RuntimeFailure("checkpoint state must be a JSON object with a step",
-                             Span(str(path / STATE), 0, 0))
+    _check_state(state, path)
     return Checkpoint(path, state["step"], state)
+
+
+def _check_state(state: object, path: Path) -> None:
+    """state.json as :func:`commit` writes it, for the step its folder is named after."""
+    where = Span(str(path / STATE), 0, 0)
+    if not isinstance(state, dict) or isinstance(state.get("step"), bool) \
+            or not isinstance(state.get("step"), int):
+        raise RuntimeFailure("checkpoint state must be a JSON object with a step", where)
+    if path.name.startswith("step-") and path.name[5:].isdigit() \
+            and int(path.name[5:]) != state["step"]:
+        raise RuntimeFailure(f"checkpoint state must be for step {int(path.name[5:])}, as its "
+                             f"folder says, not step {state['step']}", where)
+    checks = (("replicas", dict), ("pending", list), ("carry", list), ("events", list))
+    for key, typ in checks:
+        if key in state and not isinstance(state[key], typ):
+            raise RuntimeFailure(f"checkpoint state field '{key}' must be a JSON "
+                                 f"{'object' if typ is dict else 'list'}", where)
+    for key in ("events_bytes", "events_count", "metrics_rows", "run_steps", "num_devices"):
+        v = state.get(key, 0)
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+            raise RuntimeFailure(f"checkpoint state field '{key}' must be a count, not {v!r}",
+                                 where)
+    for k, v in state.get("replicas", {}).items():
+        if "@" not in k or not k.rsplit("@", 1)[1].isdigit() or isinstance(v, bool) \
+                or not isinstance(v, int):
+            raise RuntimeFailure(f"checkpoint state field 'replicas' must map MODEL@DEVICE to "
+                                 f"a version, not {k!r}: {v!r}"[:300], where)
+    for e in state.get("pending", []) + state.get("events", []):
+        if not isinstance(e, dict) or isinstance(e.get("step"), bool) \
+                or not isinstance(e.get("step"), int) or not isinstance(e.get("id"), str):
+            raise RuntimeFailure("checkpoint state must hold op events with an id and a step",
+                                 where)
+
+
+def _check_safetensors(path: Path) -> None:
+    """A safetensors file's header: an 8-byte length, then that much JSON (no tensor is
+    read); a file that is something else is refused naming it."""
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(8)
+            n = int.from_bytes(head, "little") if len(head) == 8 else -1
+            ok = 2 <= n <= min(path.stat().st_size - 8, 100 << 20)
+            header = json.loads(fh.read(n)) if ok else None
+    except (OSError, ValueError):
+        header = None
+    if not isinstance(header, dict):
+        raise RuntimeFailure(f"checkpoint file '{path}' must be a safetensors file, and it is "
+                             "not", Span(str(path), 0, 0))
 
 
 def prune(run_dir: Path, keep: int = 2) -> None:
@@ -210,7 +281,15 @@ def load_tree(path: Path, name: str) -> dict:
     from safetensors.numpy import load_file
 
     doc = _read_json(path / f"{name}.json", "checkpoint data")
-    arrays = load_file(str(path / f"{name}.safetensors"))
+    tensors = path / f"{name}.safetensors"
+    _check_safetensors(tensors)
+    try:
+        arrays = load_file(str(tensors))
+    except Exception as e:  # noqa: BLE001 — safetensors' own errors: a damaged file
+        raise RuntimeFailure(f"checkpoint file '{tensors}' must be a safetensors file rpeg "
+                             f"wrote, and it is not ({e})"[:300], Span(str(tensors), 0, 0)
+                             ) from None
+    where = Span(str(path / f"{name}.json"), 0, 0)
 
     def dec(v):
         if isinstance(v, list):
@@ -218,26 +297,41 @@ def load_tree(path: Path, name: str) -> dict:
         if not isinstance(v, dict):
             return v
         if "__array__" in v:
+            if v["__array__"] not in arrays:
+                raise RuntimeFailure(f"checkpoint data names an array {v['__array__']!r} its "
+                                     "safetensors file does not hold"[:300], where)
             return arrays[v["__array__"]]
-        if "__tuple__" in v:
+        if "__tuple__" in v and isinstance(v["__tuple__"], list):
             return tuple(dec(x) for x in v["__tuple__"])
-        if "__dict__" in v:
+        if "__dict__" in v and isinstance(v["__dict__"], dict):
             return {k: dec(x) for k, x in v["__dict__"].items()}
-        if "__attrs__" in v:
-            return _carry_class(v["__attrs__"], path)(**{k: dec(x)
-                                                         for k, x in v["fields"].items()})
-        raise RuntimeFailure(f"checkpoint data holds an unknown entry {sorted(v)[:3]}",
-                             Span(str(path / f"{name}.json"), 0, 0))
+        if "__attrs__" in v and isinstance(v.get("fields"), dict):
+            cls = _carry_class(v["__attrs__"], path / f"{name}.json")
+            try:
+                return cls(**{k: dec(x) for k, x in v["fields"].items()})
+            except TypeError as e:
+                raise RuntimeFailure(f"checkpoint data holds a {v['__attrs__']} rpeg cannot "
+                                     f"rebuild ({e})"[:300], where) from None
+        raise RuntimeFailure(f"checkpoint data holds an unknown entry {sorted(v)[:3]}"[:300],
+                             where)
 
-    return dec(doc)
+    try:
+        return dec(doc)
+    except RecursionError:
+        raise RuntimeFailure("checkpoint data must nest as rpeg writes it, not this deep",
+                             where) from None
 
 
-def _carry_class(ref: str, path: Path):
-    if not ref.startswith(_CARRY_CLASSES) or ref.count(":") != 1:
-        raise RuntimeFailure(f"checkpoint data may hold only rpeg's own values, not {ref!r}",
-                             Span(str(path), 0, 0))
+def _carry_class(ref: object, path: Path):
+    if not isinstance(ref, str) or not ref.startswith(_CARRY_CLASSES) or ref.count(":") != 1:
+        raise RuntimeFailure(f"checkpoint data may hold only rpeg's own values, not {ref!r}"
+                             [:300], Span(str(path), 0, 0))
     module, name = ref.split(":")
-    cls = getattr(importlib.import_module(module), name, None)
+    try:
+        cls = getattr(importlib.import_module(module), name, None)
+    except ImportError as e:
+        raise RuntimeFailure(f"checkpoint data names a value type in module '{module}', which "
+                             f"cannot be imported ({e})"[:300], Span(str(path), 0, 0)) from None
     if cls is None or not attrs.has(cls):
         raise RuntimeFailure(f"checkpoint data names an unknown value type {ref!r}",
                              Span(str(path), 0, 0))
@@ -331,15 +425,5 @@ def _fsync(path: Path) -> None:
 
 
 def _read_json(path: Path, what: str):
-    try:
-        st = path.stat()
-        if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_JSON_BYTES:
-            raise RuntimeFailure(f"{what} '{path}' must be a JSON file of at most "
-                                 f"{MAX_JSON_BYTES:,} bytes", Span(str(path), 0, 0))
-        return json.loads(path.read_text(encoding="utf-8"))
-    except OSError as e:
-        raise RuntimeFailure(f"{what} '{path}' must be readable, not {e.strerror}",
-                             Span(str(path), 0, 0)) from None
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise RuntimeFailure(f"{what} '{path}' must be JSON, and it is not ({e})",
-                             Span(str(path), 0, 0)) from None
+    from rpeg.runtime import runfiles as rf
+    return rf.read_json(path, what, MAX_JSON_BYTES)

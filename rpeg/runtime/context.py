@@ -18,8 +18,12 @@ from rpeg.plan.model import Plan
 from rpeg.runtime.data import Cursor
 from rpeg.runtime.instances import (
     EXPORT,
+    SEND,
     OpCall,
     base_of,
+    engine_hosts,
+    engine_key,
+    is_engine_key,
     model_homes,
     replica_layouts,
     train_layouts,
@@ -40,6 +44,7 @@ class Replica:
     zero: int = 0                    # trained: 0 DDP, 2 / 3 FSDP2 (rpeg.cost.memory)
     recompute: bool = False          # trained: activations recomputed in backward
     offload: bool = False            # trained: optimizer state in host memory between ops
+    engine: tuple[int, ...] = ()     # a vLLM engine's own copy: the devices its workers span
 
     @property
     def layout_groups(self) -> tuple[tuple[int, ...], ...]:
@@ -59,6 +64,31 @@ class Replica:
 
 
 @attrs.frozen
+class WeightSync:
+    """The collective weight sync of one trained model into the vLLM engines serving copies
+    of it (``backends.vllm_backend.sync``): group rank 0 is the first sender, then each
+    engine's workers, hosts in order."""
+
+    model: str
+    senders: tuple[int, ...]         # the trainer's first block: all gather, the first sends
+    engines: tuple[tuple[int, int], ...]   # (host device, workers of its engine)
+    addr: str = ""                   # tcp://host:port of the rendezvous (the first sender's)
+
+    @property
+    def world(self) -> int:
+        return 1 + sum(tp for _, tp in self.engines)
+
+    def first_rank(self, host: int) -> int:
+        """Group rank of the first worker of the engine on ``host``."""
+        rank = 1
+        for h, tp in self.engines:
+            if h == host:
+                return rank
+            rank += tp
+        raise KeyError(host)
+
+
+@attrs.frozen
 class RunContext:
     pipeline: Pipeline
     plan: Plan
@@ -72,6 +102,7 @@ class RunContext:
     use_cuda: bool = False
     threads: int = 1                 # intra-op threads per worker
     data: Cursor = Cursor()          # where the run reads its prompts from (a resume's)
+    syncs: tuple[WeightSync, ...] = ()    # collective weight syncs into vLLM engines
 
     @classmethod
     def create(cls, pipeline: Pipeline, plan: Plan, calls: tuple[OpCall, ...], *, spec_dir: str,
@@ -86,6 +117,7 @@ class RunContext:
             heads = wanted.setdefault((c.model, c.device), set())
             heads.update(_heads(pipeline, c.model))
         groups = replica_layouts(calls)
+        blocks = _engine_blocks(plan, calls)
         replicas = []
         for (model, dev), heads in sorted(wanted.items()):
             home = dev in homes.get(model, ())
@@ -94,14 +126,29 @@ class RunContext:
                 model, dev, tuple(sorted(heads)), trainable=home,
                 world=homes.get(model, ()) if home else (), tp=groups.get((model, dev), ()),
                 zero=p.zero if p else 0, recompute=p.recompute if p else False,
-                offload=p.offload if p else False))
+                offload=p.offload if p else False, engine=blocks.get((model, dev), ())))
         made = {g for r in replicas for g in r.layout_groups}
         for c in calls:                    # a weight transfer: its broadcast group
             if c.gang and c.role == EXPORT and c.device == c.sources[0]:
                 made.add(transfer_group(c))
+        first: dict[str, int] = {}
+        for c in calls:
+            if c.role == SEND:
+                first[c.model] = min(first.get(c.model, c.step), c.step)
+        senders: dict[str, list[int]] = {}
+        for c in calls:                 # the first version's sends, in rank order
+            if c.role == SEND and c.step == first[c.model]:
+                senders.setdefault(c.model, []).append(c.device)
+        syncs = tuple(WeightSync(model, tuple(senders[model]),
+                                 tuple((h, len(blocks[(engine_key(model), h)])) for h in hosts))
+                      for model, hosts in sorted(engine_hosts(calls).items())
+                      if model in senders)
         return cls(pipeline, plan, spec_dir, run_dir, replicas=tuple(replicas),
                    num_devices=plan.num_devices, dist_addr=dist_addr, use_cuda=use_cuda,
-                   groups=tuple(sorted(g for g in made if g)))
+                   groups=tuple(sorted(g for g in made if g)), syncs=syncs)
+
+    def sync_of(self, model: str) -> WeightSync:
+        return next(s for s in self.syncs if s.model == model)
 
     def replicas_on(self, device: int) -> tuple[Replica, ...]:
         return tuple(r for r in self.replicas if r.device == device)
@@ -122,6 +169,18 @@ def transfer_group(call: OpCall) -> tuple[int, ...]:
     that is not a source (empty when every loading device is a source)."""
     rest = tuple(d for d in call.gang if d not in call.sources)
     return (call.sources[0],) + rest if rest else ()
+
+
+def _engine_blocks(plan: Plan, calls) -> dict[tuple[str, int], tuple[int, ...]]:
+    """(engine copy key, host device) -> the devices its vLLM engine's workers span: the
+    tensor-parallel block of its generate stage that starts at the host."""
+    out = {}
+    for c in calls:
+        if is_engine_key(c.model) and not c.role:
+            p = plan.placement(c.stages[0])
+            i = p.devices.index(c.device)
+            out[(c.model, c.device)] = tuple(p.devices[i:i + p.tp])
+    return out
 
 
 def _graph(pipeline, plan):

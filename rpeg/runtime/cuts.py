@@ -51,7 +51,9 @@ def core_view(table: dict[str, OpCall], seg: set[str], end: int) -> list[OpCall]
 class Cuts:
     """:func:`closure`, :func:`carried` and :func:`core_view` of one run's table, each in
     time proportional to the steps it concerns (the functions above scan the whole run's
-    table, so a long run's checkpoints would cost more and more). Same answers.
+    table, so a long run's checkpoints would cost more and more). Same answers. The table
+    may be a window of the run's calls (``rpeg.runtime.windows``): a dependency on a call
+    before it is one on a call done before the window's cuts.
 
         >>> cuts = Cuts(table)                                       # doctest: +SKIP
         >>> cuts.closure(20) == closure(table, 20)                   # doctest: +SKIP
@@ -79,7 +81,7 @@ class Cuts:
         stack = [i for s in range(base or 0, cut) for i in self.by_step.get(s, ())]
         while stack:
             i = stack.pop()
-            if i in out:
+            if i in out or i not in self.table:     # a call before a window: done already
                 continue
             out.add(i)
             top = max(top, self.table[i].step)

@@ -67,6 +67,31 @@ def run(pipeline: Pipeline, plan: Plan, options: RunOptions, spec_path: str | No
                          Resilience(checkpoint_every=steps, max_recoveries=0), on_step)
 
 
+WORKER_BYTES = 256 << 20     # a device worker's memory once torch is imported (about 250 MB)
+
+
+def local_device_limit() -> int:
+    """How many device workers the embedded cluster may start here: one process each,
+    about 250 MB apiece, within this machine's memory."""
+    try:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        total = 8 << 30
+    return max(1, total // WORKER_BYTES)
+
+
+def check_local_devices(devices: int) -> None:
+    """Refuse, before any worker starts, a plan for more devices than the embedded cluster
+    can start worker processes for on this machine."""
+    limit = local_device_limit()
+    if devices > limit:
+        raise RuntimeFailure(f"the plan needs {devices:,} devices, and the embedded cluster "
+                             f"can start at most {limit:,} worker processes on this machine "
+                             f"(one per device, about {WORKER_BYTES >> 20} MB each)",
+                             hint="run it on a cluster: --scheduler tcp://HOST:8786, or plan "
+                                  "for fewer devices")
+
+
 def uses_vllm(plan: Plan) -> bool:
     """Whether any stage of ``plan`` generates with vLLM (its workers must then be non-daemon)."""
     return any(p.engine is Engine.VLLM for p in plan.placements)

@@ -24,9 +24,11 @@ def run_inline(pipeline, plan, steps: int, spec_dir: str, on_step=None) -> list[
     calls = build_calls(pipeline, plan, steps)
     table = {c.id: c for c in calls}
     ctx = RunContext.create(pipeline, plan, calls, spec_dir=spec_dir, run_dir="")
-    if ctx.replicas_collective:
+    if ctx.replicas_collective or ctx.syncs:
         from rpeg.errors import RuntimeFailure
-        raise RuntimeFailure("an in-process run must not train data-parallel: collectives need "
+        what = "train data-parallel" if ctx.replicas_collective else \
+            "sync weights into a vLLM engine's own copy"
+        raise RuntimeFailure(f"an in-process run must not {what}: collectives need "
                              "one process per device", hint="run it on Dask (rpeg run)")
     backend = backend_module(ctx.backend)
     executors = {d: backend.Executor(ctx, d) for d in range(plan.num_devices)}

@@ -16,6 +16,14 @@ backbones) is placed on the plan's devices and unrolled over steps:
 * with tp > 1 a stage's devices are blocks of tp; every device of a block runs
   the instance (ids of ranks > 0 end in ``/t<rank>``) and readers take rank 0's
   output;
+* a vLLM generate stage runs one instance per tensor-parallel block, on its first
+  device (the engine's own workers span the block). Its engine serves a copy of its
+  own (``actor~vllm``) unless it runs at tp 1 beside the model's unsplit trained
+  replica (then it is updated from that replica in memory). Such a copy gets each
+  version it serves through collectives: a ``send`` on the trainer's first block
+  (rank 0 broadcasts, the others gather their pieces) and a ``recv`` on each engine's
+  device run as one gang (``backends.vllm_backend.sync``); a ``recv`` on a device that
+  also sends starts the receive and returns, and that device's ``send`` follows it;
 * a model's weights live on its home devices; a reader elsewhere gets them from a
   weight-sync op pair — ``export`` on the home (one per tp rank: its shard),
   ``load`` at the reader (joins the shards) — only for versions someone reads
@@ -29,9 +37,8 @@ version v on a device waits for every reader of v - 1 there (write after read).
 A generate op with partial rollouts (the plan's ``carry``) keeps the next steps'
 responses in its engine between steps, so on each device its step s runs after
 its step s - 1; its chunks may hold tokens up to ``carry`` versions older than
-the version it reads. That buffer is not checkpointed: after a lost worker or a
-resume the engine starts empty and admits the cohorts it lacks, so the steps
-after the cut sample afresh (they verify, but differ from an uninterrupted run).
+the version it reads. That buffer is checkpointed with the replica, so a resumed
+run continues the same responses.
 The ranks of an instance that runs collectives (data-parallel train ranks, a
 tensor-parallel block) wait for the union of their dependencies and keep one
 order per device, so gloo/NCCL collectives never interleave.
@@ -48,15 +55,26 @@ from rpeg.graph import Graph
 from rpeg.graph.versions import read_version
 from rpeg.plan.model import Plan
 from rpeg.plan.staleness import staleness_problem, step_graph
-from rpeg.spec.model import OpKind, Pipeline
+from rpeg.spec.model import Engine, OpKind, Pipeline
 
 EXPORT, LOAD = "export", "load"
+SEND, RECV = "send", "recv"      # weight sync into a vLLM engine's copy, through collectives
 VARIANT = "~"          # "actor~tp0-1": a second copy of actor on a device, split another way
+ENGINE = "vllm"        # "actor~vllm": the copy a vLLM engine serves (its own devices, or tp > 1)
 
 
 def base_of(key: str | None) -> str | None:
     """The backbone a replica key names (``actor~tp0-1`` -> ``actor``)."""
     return key.split(VARIANT)[0] if key else key
+
+
+def engine_key(model: str) -> str:
+    """The key of the copy of ``model`` a vLLM engine serves alone (``actor~vllm``)."""
+    return model + VARIANT + ENGINE
+
+
+def is_engine_key(key: str | None) -> bool:
+    return bool(key) and key.endswith(VARIANT + ENGINE)
 
 
 @attrs.frozen
@@ -72,7 +90,8 @@ class OpCall:
     chunks: int = 1                          # instances of this op in a step (chunks or ranks)
     rank: int = 0
     world: int = 1                           # data-parallel degree
-    tp_group: tuple[int, ...] = ()           # devices running this instance together (tp > 1)
+    tp_group: tuple[int, ...] = ()           # devices running this instance together (tp > 1;
+                                             # a weight sync's senders and engine hosts)
     role: str = ""                           # sync ops: export | load
     gang: tuple[int, ...] = ()               # sync ops: every device of the weight transfer
     sources: tuple[int, ...] = ()            # sync ops: the trainer's devices that send
@@ -107,9 +126,16 @@ def graph_for(pipeline: Pipeline, plan: Plan) -> Graph:
     return step_graph(pipeline, plan)
 
 
-def build_calls(pipeline: Pipeline, plan: Plan, steps: int) -> tuple[OpCall, ...]:
-    """Every op instance of ``steps`` steps, in an order where dependencies come first
-    (except write-after-read edges, which may point one staleness window ahead)."""
+def build_calls(pipeline: Pipeline, plan: Plan, steps: int, *, first: int = 0
+                ) -> tuple[OpCall, ...]:
+    """Every op instance of steps ``first``..``steps - 1``, in an order where dependencies
+    come first (except write-after-read edges, which may point one staleness window ahead).
+
+    ``first`` > 0: the run starts at that step with every replica at version ``first``
+    (as step 0 starts with every replica at version 0): readers read no older version,
+    and only newer ones are synced. A run extended past its end restarts so; and the
+    calls of steps ``first + r`` onwards, ``r`` at least the steps any dependency
+    reaches back (:func:`lookback`), are those of a run built from step 0."""
     graph = graph_for(pipeline, plan)
     problem = staleness_problem(pipeline, plan)
     if problem:                      # a hand-written plan: a carry past the staleness bound
@@ -117,11 +143,12 @@ def build_calls(pipeline: Pipeline, plan: Plan, steps: int) -> tuple[OpCall, ...
     frozen = {m.name for m in pipeline.models if m.frozen}
     bounds = dict(pipeline.staleness)
     homes = model_homes(pipeline, plan, graph)
+    whole = _home_whole(graph, plan)
     n_chunks = _chunks(graph, plan, pipeline.workload.prompts * pipeline.workload.samples)
     chunked = _chunked_ops(graph, pipeline)
     calls: list[dict] = []
     produced: dict[tuple[str, int], list[str]] = defaultdict(list)   # (op, step) -> ids by chunk
-    for s in range(steps):
+    for s in range(first, steps):
         for name in graph.topo_order():
             op = graph.op(name)
             if op.kind is OpKind.SYNC_WEIGHTS:
@@ -133,17 +160,20 @@ def build_calls(pipeline: Pipeline, plan: Plan, steps: int) -> tuple[OpCall, ...
                 if group and op.kind is not OpKind.TRAIN and group.index(dev) > 0:
                     cid += f"/t{group.index(dev)}"          # a further rank of a tp group
                 inputs, deps = _data_deps(graph, op, s, idx, name in chunked, produced, pipeline)
+                model = op.reads_model
+                if model and _engine_copy(op, place, dev, homes, whole):
+                    model = engine_key(model)
                 call = dict(id=cid, op=name, kind=op.kind, step=s, device=dev,
                             chunk=idx if name in chunked else 0,
                             chunks=n_chunks if name in chunked else len(layout),
-                            rank=rank, world=world, tp_group=group, model=op.reads_model,
+                            rank=rank, world=world, tp_group=group, model=model,
                             stages=op.stages, inputs=inputs, deps=deps, after=[],
                             version=-1, writes=-1, bound=0, limit=0,
                             carry=place.carry if op.kind is OpKind.GENERATE else 0)
                 members = op.reads_model.split("+") if op.reads_model else []
                 if op.reads_model and not all(m in frozen for m in members):
                     lag = 0 if op.kind is OpKind.TRAIN else graph.lag_of(name)
-                    call["version"] = read_version(op.kind, s, lag)
+                    call["version"] = read_version(op.kind, s, lag, first)
                     call["bound"] = lag
                     call["limit"] = max((bounds.get(st, 0) for st in op.stages), default=0)
                 if op.kind is OpKind.TRAIN:
@@ -153,15 +183,27 @@ def build_calls(pipeline: Pipeline, plan: Plan, steps: int) -> tuple[OpCall, ...
                     produced[(name, s)].append(cid)       # what readers take: tp rank 0's
     trained = train_layouts(graph, plan)
     _split_layouts(calls, {m: p.zero >= 3 for m, p in trained.items()})
-    calls = _add_syncs(calls, homes, trained)
-    _order_versions(calls, homes, frozen)
+    calls = _add_syncs(calls, homes, trained, first)
+    _order_versions(calls, homes, frozen, first)
     _order_chunks(calls)
     _order_collectives(calls)
+    _order_pushes(calls)
     out = tuple(OpCall(**{**c, "inputs": tuple(c["inputs"]), "deps": tuple(c["deps"]),
                           "after": tuple(dict.fromkeys(a for a in c["after"] if a != c["id"]))})
                 for c in calls)
     replica_layouts(out)                         # one layout per replica, or a PlanError
     return out
+
+
+def lookback(pipeline: Pipeline, plan: Plan) -> int:
+    """Steps back any op call's dependencies reach, at most: a reader of version
+    ``s - k`` waits for its writer (and that writer's sync) of step ``s - k - 1``, a
+    generate op with partial rollouts for its previous steps, a writer for readers of the
+    version before. Calls built from ``first`` are exact from ``first + lookback``."""
+    k = max((b for _, b in plan.staleness), default=0)
+    k = max(k, max((b for _, b in pipeline.staleness), default=0))
+    carry = max((p.carry for p in plan.placements), default=0)
+    return k + carry + 3
 
 
 def replica_layouts(calls) -> dict[tuple[str, int], tuple[int, ...]]:
@@ -221,7 +263,7 @@ def _placement(plan: Plan, op, pipeline: Pipeline | None = None):
 
 _HINTS = {"pp": "the runtime executes data (dp) and tensor (tp) parallelism; plan with pp = 1",
           "zero": "plan with a ZeRO level the runtime declares",
-          "tp": "generate with engine = torch for tp > 1",
+          "tp": "plan the generate stage with a tp its engine declares",
           "recompute": "plan without recomputation", "offload": "plan without offload"}
 
 
@@ -276,6 +318,8 @@ def _layout(op, place, is_chunked: bool, n_chunks: int):
     tp = place.tp if (op.reads_model and place.tp > 1) else 1
     blocks = [tuple(devices[i:i + tp]) for i in range(0, len(devices), tp)]
     gang = (lambda b: b) if tp > 1 else (lambda b: ())
+    if _vllm(op, place):            # one instance per block: vLLM's own workers span it
+        return [(c, blocks[c % len(blocks)][0], 0, ()) for c in range(n_chunks)], len(blocks)
     if op.kind is OpKind.TRAIN:
         return ([(r * tp + t, b[t], r, gang(b)) for r, b in enumerate(blocks)
                  for t in range(tp)], len(blocks))
@@ -290,6 +334,36 @@ def train_layouts(graph: Graph, plan: Plan) -> dict:
     """Backbone -> the placement of its training (how its home holds the weights)."""
     return {op.writes_model: _placement(plan, op) for op in graph.ops
             if op.kind is OpKind.TRAIN and op.writes_model}
+
+
+def _vllm(op, place) -> bool:
+    return op.kind is OpKind.GENERATE and place.engine is Engine.VLLM
+
+
+def _engine_copy(op, place, device: int, homes, whole: dict[str, bool]) -> bool:
+    """Whether a generate instance on ``device`` reads a vLLM engine's own copy of its model:
+    always with vLLM, except at tp 1 on a device holding the model's unsplit trained
+    replica, which the engine beside it is updated from in memory."""
+    if not _vllm(op, place):
+        return False
+    model = op.reads_model
+    return not (place.tp == 1 and device in homes.get(model, ()) and whole.get(model, True))
+
+
+def engine_hosts(calls) -> dict[str, tuple[int, ...]]:
+    """Backbone -> the devices hosting a vLLM engine that serves its own copy of it."""
+    out: dict[str, set[int]] = defaultdict(set)
+    for c in calls:
+        c = c if isinstance(c, dict) else attrs.asdict(c, recurse=False)
+        if is_engine_key(c["model"]) and not c.get("role"):
+            out[base_of(c["model"])].add(c["device"])
+    return {k: tuple(sorted(v)) for k, v in out.items()}
+
+
+def _home_whole(graph: Graph, plan: Plan) -> dict[str, bool]:
+    """Backbone -> whether each home device holds its whole weights between ops (tp 1 and
+    not sharded by ZeRO-3): what an engine beside it can be updated from in memory."""
+    return {m: p.tp <= 1 and p.zero < 3 for m, p in train_layouts(graph, plan).items()}
 
 
 def _chunks(graph: Graph, plan: Plan, responses: int) -> int:
@@ -371,34 +445,39 @@ def _split_layouts(calls: list[dict], sharded: dict[str, bool]) -> None:
             c["model"] = copied[(c["op"], c["step"], c["chunk"])]
 
 
-def _add_syncs(calls: list[dict], homes, trained: dict) -> list[dict]:
+def _add_syncs(calls: list[dict], homes, trained: dict, first: int = 0) -> list[dict]:
     """Export/load pairs for every version of a trained model read off its home devices.
 
     One weight transfer per (model, version) runs as a collective over every device taking
     part (``gang``): the home devices that hold the weights (``sources``: the first
     tensor-parallel block, or every home device when ZeRO-3 shards the weights, which they
     gather together) and every device loading a copy (``fills``: the copies there). The
-    first source broadcasts the weights, in buckets, to the devices that are not sources."""
+    first source broadcasts the weights, in buckets, to the devices that are not sources.
+    A vLLM engine's own copy (an engine key) is pushed instead: per version, the same sources
+    send (``SEND``) and every engine hosting a copy receives (``RECV``) in one group
+    (``backends.vllm_backend.sync``)."""
     needed: dict[tuple[str, int], set[int]] = defaultdict(set)
     for c in calls:
         key = c["model"]
         b = base_of(key)
-        if b in homes and (c["device"] not in homes[b] or key != b) and c["version"] > 0:
+        if b in homes and (c["device"] not in homes[b] or key != b) and c["version"] > first:
             needed[(key, c["device"])].add(c["version"])
     loads: dict[tuple[str, int], dict[int, list[str]]] = defaultdict(lambda: defaultdict(list))
+    pushes: dict[str, set[int]] = defaultdict(set)        # model -> versions its engines need
     for (copy, dev), versions in sorted(needed.items()):
+        if is_engine_key(copy):
+            pushes[base_of(copy)] |= versions
+            continue
         for v in versions:
             loads[(base_of(copy), v)][dev].append(copy)
     out = list(calls)
     for (key, v), at in sorted(loads.items()):
-        p = trained[key]
-        tp = max(1, p.tp)
-        sources = tuple(homes[key]) if p.zero >= 3 else tuple(homes[key][:tp])
-        gang = tuple(sorted(set(sources) | set(at)))
         common = dict(op=f"sync_{key}", kind=OpKind.SYNC_WEIGHTS, step=v - 1, chunk=0,
                       chunks=1, rank=0, world=1, tp_group=(), stages=(), inputs=[], deps=[],
-                      after=[], bound=0, gang=gang, sources=sources)
-        for t, src in enumerate(sources):
+                      after=[], bound=0, gang=tuple(sorted(set(_sources(homes, trained, key))
+                                                           | set(at))),
+                      sources=_sources(homes, trained, key))
+        for t, src in enumerate(common["sources"]):
             out.append(dict(common, id=f"sync_{key}/s{v - 1}/{EXPORT}" + (f"/t{t}" if t else ""),
                             device=src, role=EXPORT, model=key, version=v, writes=-1,
                             fills=tuple(sorted(at.get(src, ())))))
@@ -407,10 +486,32 @@ def _add_syncs(calls: list[dict], homes, trained: dict) -> list[dict]:
                 out.append(dict(common, id=f"sync_{copy}/s{v - 1}/{LOAD}@{dev}", device=dev,
                                 role=LOAD, model=copy, version=-1, writes=v,
                                 fills=tuple(sorted(copies))))
+    hosts = engine_hosts(calls)
+    for key, versions in sorted(pushes.items()):
+        senders = _sources(homes, trained, key)
+        group = tuple(sorted(set(senders) | set(hosts[key])))
+        for v in sorted(versions):
+            common = dict(op=f"sync_{key}", kind=OpKind.SYNC_WEIGHTS, step=v - 1, chunk=0,
+                          chunks=1, rank=0, world=1, tp_group=group, stages=(), inputs=[],
+                          deps=[], after=[], bound=0)
+            for dev in hosts[key]:        # every engine takes every version: one group
+                out.append(dict(common, id=f"sync_{engine_key(key)}/s{v - 1}/{RECV}@{dev}",
+                                device=dev, role=RECV, model=engine_key(key), version=-1,
+                                writes=v))
+            for t, src in enumerate(senders):
+                out.append(dict(common, id=f"sync_{key}/s{v - 1}/{SEND}" + (f"/t{t}" if t else ""),
+                                device=src, role=SEND, model=key, version=v, writes=-1))
     return out
 
 
-def _order_versions(calls: list[dict], homes, frozen) -> None:
+def _sources(homes, trained: dict, key: str) -> tuple[int, ...]:
+    """The home devices that hold a trained model's weights for a transfer: its first
+    tensor-parallel block, or every home device when ZeRO-3 shards them."""
+    p = trained[key]
+    return tuple(homes[key]) if p.zero >= 3 else tuple(homes[key][:max(1, p.tp)])
+
+
+def _order_versions(calls: list[dict], homes, frozen, first: int = 0) -> None:
     """Reader after the writer of its version; writer of v after readers of v - 1 (same device)."""
     writer: dict[tuple[str, int, int], str] = {}
     readers: dict[tuple[str, int, int], list[str]] = defaultdict(list)
@@ -421,7 +522,7 @@ def _order_versions(calls: list[dict], homes, frozen) -> None:
             readers[(c["model"], c["device"], c["version"])].append(c["id"])
     for c in calls:
         key, dev = c["model"], c["device"]
-        if c["version"] > 0 and base_of(key) in homes:
+        if c["version"] > first and base_of(key) in homes:
             w = writer.get((key, dev, c["version"]))
             if w is None:
                 raise PlanError(f"no op makes version {c['version']} of '{key}' on device {dev} "
@@ -458,7 +559,9 @@ def _order_collectives(calls: list[dict]) -> None:
         if c.get("gang"):                  # a weight transfer: its exports and loads together
             gangs[(c["op"], c["step"], 0, "sync")].append(c)
         elif c["tp_group"] or (c["kind"] is OpKind.TRAIN and c["world"] > 1):
-            gangs[(c["op"], c["step"], c["chunk"], c.get("role", ""))].append(c)
+            role = c.get("role", "")
+            gangs[(c["op"], c["step"], c["chunk"], "push" if role in (SEND, RECV) else role)
+                  ].append(c)
     gangs = {k: v for k, v in gangs.items() if len(v) > 1}
     if not gangs:
         return
@@ -480,6 +583,16 @@ def _order_collectives(calls: list[dict]) -> None:
             c["after"] += before
         for c in ranks:
             last_on[c["device"]] = c["id"]
+
+
+def _order_pushes(calls: list[dict]) -> None:
+    """A device both sending a version and hosting an engine that receives it runs the
+    ``recv`` (which then only starts the receive) before the ``send``: one worker thread
+    cannot wait in both."""
+    recv = {(c["op"], c["step"], c["device"]): c["id"] for c in calls if c.get("role") == RECV}
+    for c in calls:
+        if c.get("role") == SEND and (c["op"], c["step"], c["device"]) in recv:
+            c["after"].append(recv[(c["op"], c["step"], c["device"])])
 
 
 def _topo(calls: list[dict]) -> list[str]:

@@ -18,8 +18,9 @@ resumed to a cut keeps the lines of the steps before it (:func:`cut_back`), like
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
+
+from rpeg.runtime.runfiles import open_append, read_metrics, write_atomic
 
 SAMPLES = "samples.jsonl"
 EVALS = "eval.jsonl"
@@ -28,22 +29,14 @@ EVALS = "eval.jsonl"
 def append_rows(run_dir: Path, name: str, rows: list[dict]) -> None:
     if not rows:
         return
-    with open(Path(run_dir) / name, "a", encoding="utf-8") as f:
+    with open_append(Path(run_dir) / name, name) as f:      # never through a symlink
         for r in rows:
             f.write(json.dumps(r, sort_keys=True) + "\n")
 
 
 def read_rows(run_dir: Path, name: str) -> list[dict]:
-    path = Path(run_dir) / name
-    if not path.is_file():
-        return []
-    out = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError:       # a line cut short by a crash: the rest stands
-            continue
-    return out
+    """The rows of ``name``; a line cut short by a crash is left out, the rest stand."""
+    return read_metrics(Path(run_dir), name=name)[0]
 
 
 def take_samples(step: int, events: list[dict]) -> list[dict]:
@@ -67,12 +60,10 @@ def cut_back(run_dir: Path, start: int) -> None:
 
 def _rewrite(run_dir: Path, name: str, keep) -> None:
     path = Path(run_dir) / name
-    if not path.is_file():
+    if not path.exists():
         return
     rows = [r for r in read_rows(run_dir, name) if keep(r)]
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in rows), encoding="utf-8")
-    os.replace(tmp, path)
+    write_atomic(path, "".join(json.dumps(r, sort_keys=True) + "\n" for r in rows))
 
 
 def eval_line(row: dict) -> str:

@@ -13,6 +13,7 @@ uses the runtime's own split placement (``rpeg.runtime.placement``).
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import attrs
@@ -52,9 +53,14 @@ def engine_installed(engine) -> bool:
 
 def plan_for_run(file: str | Path, *, spec: str | Path | None = None,
                  cluster: str | Path | None = None, strategy: str = "search",
-                 staleness: int | None = None, seed: int = 0, overrides: tuple = ()):
+                 staleness: int | None = None, seed: int = 0, overrides: tuple = (),
+                 force: bool = False):
     """(pipeline, plan, spec path) for ``rpeg run FILE``; ``overrides``
     (``rpeg.spec.overrides``) change the spec before it is checked.
+
+    A plan file is checked against its spec and, when one is given or the plan names one
+    that is there, its cluster (``rpeg.plan.validate``; ``force``: a different spec is a
+    warning).
 
     ``staleness`` K plans the run under every staleness bound of the spec capped at K
     (0: synchronous; a partial rollout's carry spends the same bound): a pipeline is
@@ -68,16 +74,22 @@ def plan_for_run(file: str | Path, *, spec: str | Path | None = None,
     file = Path(file)
     if file.suffix == ".json":
         from rpeg.plan.model import Plan
+        from rpeg.plan.validate import check_plan, recorded_cluster
         plan = Plan.load(file)
         spec_path = Path(spec) if spec else _find_spec(file, plan)
         pipeline = load(spec_path, overrides)
-        if pipeline.name != plan.pipeline:
-            raise PlanError(f"plan '{file}' must be for pipeline '{pipeline.name}', "
-                            f"not '{plan.pipeline}'", hint="pass the right --spec")
+        machine = load_cluster(cluster) if cluster else recorded_cluster(plan, file)[0]
+        warnings = check_plan(plan, pipeline, path=str(file), cluster=machine, force=force)
+        for w in warnings:
+            print(f"{file}: warning: {w}", file=sys.stderr)
+        if warnings:              # run with another spec, as asked: the hash no longer applies
+            plan = attrs.evolve(plan, spec_hash="")
         _check_cap(pipeline, staleness)
         plan = explicit(pipeline, plan)             # a stage the plan does not list: 0
         if staleness is not None:
             plan = _capped_plan(pipeline, plan, staleness, cluster)
+        if machine is not None:
+            plan = settled(pipeline, plan, machine)
         from rpeg.plan.compile import check_executable
         check_executable(plan, runtime_limits())         # a hand-written plan asks too much
         from rpeg.runtime.instances import build_calls
@@ -90,6 +102,7 @@ def plan_for_run(file: str | Path, *, spec: str | Path | None = None,
         if strategy == RUNTIME_SPLIT:
             plan = split_plan(pipeline, c.num_gpus if c else 2, staleness=staleness,
                               cluster=c.name if c else "local")
+            plan = settled(pipeline, plan, c) if c is not None else plan
         else:
             plan = _compile(pipeline, c, strategy, seed, staleness)
     return pipeline, plan, spec_path
@@ -123,8 +136,21 @@ def _capped_plan(pipeline, plan, cap: int, cluster):
                         f"({where or 'none recorded'})", hint="pass --cluster CLUSTER.rpeg")
     from rpeg.plan.evaluate import Evaluator
     from rpeg.spec import load_cluster
-    return Evaluator(pipeline, load_cluster(where)).evaluate(
-        attrs.evolve(new, predicted=None)).plan
+    return Evaluator(pipeline, load_cluster(where), engine_kv=runtime_limits().engine_kv
+                     ).evaluate(attrs.evolve(new, predicted=None)).plan
+
+
+def settled(pipeline, plan, cluster):
+    """``plan`` with its generate stages' batching as this runtime runs them
+    (``rpeg.plan.evaluate.settle_batching``: a vLLM stage's KV share the plan left at 0 is
+    the share the engine takes here), priced again when that changed it."""
+    from rpeg.plan.evaluate import Evaluator, settle_batching
+    kv = runtime_limits().engine_kv
+    new = settle_batching(pipeline, plan, cluster, kv)
+    if new == plan or plan.predicted is None:
+        return new
+    return Evaluator(pipeline, cluster, engine_kv=kv).evaluate(
+        attrs.evolve(new, predicted=None), simulate_infeasible=True).plan
 
 
 def _compile(pipeline, cluster, strategy: str, seed: int, staleness: int | None = None):

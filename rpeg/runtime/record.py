@@ -45,9 +45,10 @@ FINAL_WINDOW = 5        # final metrics: mean over this many last steps
 
 
 def sha256_file(path: Path) -> str | None:
+    from rpeg.runtime.runfiles import read_bytes
     try:
-        return hashlib.sha256(Path(path).read_bytes()).hexdigest()
-    except OSError:
+        return hashlib.sha256(read_bytes(Path(path), "file")).hexdigest()
+    except RpegError:
         return None
 
 
@@ -111,8 +112,9 @@ def load_run_cluster(run_dir: Path):
     p = Path(run_dir) / "cluster.json"
     if not p.exists():
         return None
+    from rpeg.runtime.runfiles import read_parsed
     from rpeg.runtime.serial import loads
-    return loads(p.read_text(encoding="utf-8"))
+    return read_parsed(p, "cluster.json", loads)
 
 
 # --- measured and predicted figures ---------------------------------------------------
@@ -175,13 +177,15 @@ def predicted(pipeline, plan, cluster) -> dict:
 def build_record(run_dir: str | Path, spec_path: str | None = None) -> dict:
     """The record of ``run_dir`` as it is now (writes cluster.json if it can find the cluster)."""
     from rpeg.runtime.rundir import RunDir
+    from rpeg.runtime.runfiles import read_metrics, read_parsed
     from rpeg.runtime.serial import dumps, loads, plan_from_json
 
     rd = RunDir(Path(run_dir))
     path = rd.path
-    meta = _read_json(path / "run.json") or {}
-    pipeline = loads((path / "pipeline.json").read_text(encoding="utf-8"))
-    plan = plan_from_json((path / "plan.json").read_text(encoding="utf-8"))
+    meta = _read_json(path / "run.json")
+    meta = meta if isinstance(meta, dict) else {}
+    pipeline = read_parsed(path / "pipeline.json", "pipeline.json", loads)
+    plan = read_parsed(path / "plan.json", "plan.json", plan_from_json)
     cluster = load_run_cluster(path)
     cluster_source = None
     if cluster is None:
@@ -195,8 +199,9 @@ def build_record(run_dir: str | Path, spec_path: str | None = None) -> dict:
                 rd.write_text("cluster.json", dumps(cluster))
             except RpegError:
                 cluster = None
-    rows = rd.metrics()
-    before = (_read_json(path / RECORD) or {}).get("inputs", {})
+    rows, damaged = read_metrics(path)             # damaged lines are left out, and counted
+    before = _read_json(path / RECORD)
+    before = before.get("inputs", {}) if isinstance(before, dict) else {}
     inputs = {
         "spec": {**_entry(path, "spec.rpeg",
                           source=spec_path or before.get("spec", {}).get("source")),
@@ -228,6 +233,7 @@ def build_record(run_dir: str | Path, spec_path: str | None = None) -> dict:
         "final": final_metrics(rows),
         "eval": _evals(path),
         "files": _files(path),
+        **({"damaged_metrics_lines": [n for n, _ in damaged]} if damaged else {}),
     }
 
 
@@ -252,25 +258,28 @@ def write_record(run_dir: str | Path, spec_path: str | None = None) -> dict:
             rec["files"]["tensorboard"] = str(tb.relative_to(path))
     except Exception as e:  # noqa: BLE001 — optional extra; a broken install must not fail a run
         rec.setdefault("warnings", []).append(f"tensorboard events not written: {e}")
-    tmp = path / (RECORD + ".tmp")
-    tmp.write_text(json.dumps(rec, indent=1, sort_keys=True) + "\n", encoding="utf-8")
-    tmp.replace(path / RECORD)
+    from rpeg.runtime.runfiles import write_atomic
+    write_atomic(path / RECORD, json.dumps(rec, indent=1, sort_keys=True) + "\n")
     return rec
 
 
 def read_record(run_dir: str | Path) -> dict:
     """``record.json`` if the run wrote one, else the record built now (not written)."""
     rec = _read_json(Path(run_dir) / RECORD)
-    if rec and "error" not in rec:
-        return rec
-    return build_record(run_dir)
+    shaped = isinstance(rec, dict) and rec.get("schema") == SCHEMA and "error" not in rec \
+        and all(isinstance(rec.get(k, {}), dict)
+                for k in ("inputs", "where", "predicted", "measured", "final", "files"))
+    return rec if shaped else build_record(run_dir)
 
 
 def _workers(meta: dict) -> dict:
     """Device -> the worker that ran it last (a resilient run keeps each device's history)."""
-    if meta.get("workers"):
+    if isinstance(meta.get("workers"), dict) and meta["workers"]:
         return dict(meta["workers"])
-    return {d: hist[-1] for d, hist in meta.get("worker_history", {}).items() if hist}
+    history = meta.get("worker_history")
+    if not isinstance(history, dict):
+        return {}
+    return {d: hist[-1] for d, hist in history.items() if isinstance(hist, list) and hist}
 
 
 def _entry(path: Path, name: str, source: str | None = None) -> dict:
@@ -290,9 +299,11 @@ def _files(path: Path) -> dict:
 
 
 def _read_json(p: Path):
+    """A JSON record, or None when it is missing or unusable (never a pipe waited on)."""
+    from rpeg.runtime.runfiles import read_json
     try:
-        return json.loads(p.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        return read_json(p, p.name, 64 << 20)
+    except RpegError:
         return None
 
 

@@ -12,10 +12,9 @@ the ops between two cuts on the scheduling core; at its cut every replica on
 every worker is checkpointed (weights, optimizer state, version), with the
 outputs made before the cut and read after it, so the state at a cut is
 complete: re-running from it gives the same numbers as running through it
-(all randomness is seeded by (seed, step)) — except under partial rollouts (a
-generate stage's ``carry``): the responses an engine started early for later steps
-are not checkpointed, so after a cut it starts them again, and the steps after it
-sample afresh (they still keep every bound ``rpeg verify`` checks).
+(all randomness is seeded by (seed, step)); under partial rollouts (a generate
+stage's ``carry``) the responses an engine started early for later steps are
+checkpointed with its replica and continued after the cut.
 
 The ops the core releases are submitted as fused tasks (``rpeg.runtime.fusion``:
 consecutive ready ops of one device in one Dask task, each op still traced on
@@ -64,14 +63,24 @@ from rpeg.runtime import worker as W
 from rpeg.runtime.context import RunContext
 from rpeg.runtime.cuts import Cuts
 from rpeg.runtime.data import Cursor, eval_rows, workload_rows
-from rpeg.runtime.driver import RunOptions, RunResult, _Cluster, _Progress, _rendezvous, uses_vllm
+from rpeg.runtime.driver import (
+    RunOptions,
+    RunResult,
+    _Cluster,
+    _Progress,
+    _rendezvous,
+    check_local_devices,
+    uses_vllm,
+)
 from rpeg.runtime.flight import Flight, Task
-from rpeg.runtime.instances import build_calls, graph_for, model_homes
+from rpeg.runtime.instances import base_of, graph_for, model_homes
 from rpeg.runtime.record import write_record
 from rpeg.runtime.rundir import RunDir, host_usage, step_metrics
+from rpeg.runtime.runfiles import RunLock
 from rpeg.runtime.runstate import RunState, state_at
-from rpeg.runtime.serial import dumps, loads, plan_from_json, plan_to_json
-from rpeg.runtime.stopflag import StopFlag
+from rpeg.runtime.serial import dumps, plan_to_json
+from rpeg.runtime.stopflag import StopFlag, Terminated
+from rpeg.runtime.windows import CallWindows
 from rpeg.spec.model import Pipeline
 
 
@@ -106,16 +115,23 @@ def run_resilient(pipeline: Pipeline, plan: Plan, options: RunOptions,
                   spec_path: str | None = None, resilience: Resilience = Resilience(),
                   on_step=None, *, _resume: tuple[RunDir, RunState, dict] | None = None
                   ) -> RunResult:
-    """Run ``plan`` with step checkpoints, surviving worker loss and stuck ops."""
+    """Run ``plan`` with step checkpoints, surviving worker loss and stuck ops. The run
+    directory is locked while the run writes it; one that already holds a run is refused
+    (``rpeg run --resume`` continues it: ``rpeg.runtime.resume``)."""
     steps = options.steps or pipeline.workload.steps
+    if options.scheduler is None:
+        check_local_devices(plan.num_devices)             # before any worker process starts
     spec_dir = str(Path(spec_path).resolve().parent) if spec_path else str(Path.cwd())
     if _resume is not None:
         spec_dir = str(_resume[2].get("spec_dir", spec_dir))    # where the data and rewards are
-    workload_rows(pipeline, spec_dir)                 # a dataset problem stops the run here
-    if pipeline.evaluation is not None:
-        eval_rows(pipeline, spec_dir)
-    if _resume is None:
-        rd = RunDir.create(options.root, pipeline.name, options.run_dir)
+        _check_data(pipeline, spec_dir)
+        return _run(pipeline, plan, options, spec_path, resilience, on_step, *_resume,
+                    resumed=True)
+    _check_data(pipeline, spec_dir)
+    rd = RunDir.create(options.root, pipeline.name, options.run_dir)
+    with RunLock.take(rd.path):
+        if rd.holds_run():
+            raise _holds_run(rd)
         if spec_path:
             import shutil
             shutil.copyfile(spec_path, rd.path / "spec.rpeg")
@@ -125,11 +141,38 @@ def run_resilient(pipeline: Pipeline, plan: Plan, options: RunOptions,
                 "scheduler": options.scheduler or "local", "started": time.time(),
                 "spec_dir": spec_dir, "recoveries": [], "replans": [], "resumes": [],
                 "overrides": list(options.overrides)}
-        state = RunState(0, [], [], defaultdict(list), {})
         rd.write_text("metrics.jsonl", "")
-    else:
-        rd, state, meta = _resume
-        steps = int(meta["steps"])
+        state = RunState(0, [], [], defaultdict(list), {})
+        return _run(pipeline, plan, options, spec_path, resilience, on_step, rd, state, meta)
+
+
+def _check_data(pipeline: Pipeline, spec_dir: str) -> None:
+    """A dataset problem (the workload's or the eval block's) stops the run here."""
+    workload_rows(pipeline, spec_dir)
+    if pipeline.evaluation is not None:
+        eval_rows(pipeline, spec_dir)
+
+
+def _holds_run(rd: RunDir) -> RuntimeFailure:
+    """The refusal to start a run in a directory that holds one (its records would mix)."""
+    try:
+        meta = rd.read_json("run.json")
+    except RpegError:
+        meta = None
+    what = ""
+    if isinstance(meta, dict):
+        what = (f" ({meta.get('pipeline', '?')}, {meta.get('status', '?')}, "
+                f"{meta.get('steps', '?')} steps)")
+    return RuntimeFailure(f"run directory '{rd.path}' must be empty or new for a new run, and "
+                          f"it holds a run{what}; a second run would mix its records with "
+                          "that one's", Span(str(rd.path), 0, 0),
+                          hint=f"continue that run with: rpeg run --resume {rd.path} (add "
+                               "--steps N to extend it), or choose another --run-dir")
+
+
+def _run(pipeline, plan, options, spec_path, resilience, on_step, rd: RunDir,
+         state: RunState, meta: dict, *, resumed: bool = False) -> RunResult:
+    steps = int(meta["steps"])
     meta["checkpoint_every"] = resilience.checkpoint_every
     from rpeg.runtime.trackers import Trackers, chosen
     picked = chosen(pipeline, options.trackers)
@@ -140,18 +183,23 @@ def run_resilient(pipeline: Pipeline, plan: Plan, options: RunOptions,
     trackers = Trackers.open(pipeline, rd.path, picked,
                              config={"pipeline": pipeline.name, "steps": steps,
                                      "overrides": " ".join(meta.get("overrides", []))},
-                             resume=_resume is not None)
-    runner = _Runner(pipeline, plan, options, resilience, rd, meta, state, steps, spec_dir,
-                     on_step, stop)
+                             resume=resumed)
+    runner = _Runner(pipeline, plan, options, resilience, rd, meta, state, steps,
+                     str(meta["spec_dir"]), on_step, stop)
     runner.trackers = trackers
     try:
+        stop.install_terminate(str(rd.path))        # SIGTERM closes the record, as Ctrl-C does
         # worker processes start with Ctrl-C ignored: a terminal sends it to the whole
         # process group, and they must live to finish the ops before the checkpoint
         with stop.ignored(), _Cluster(plan.num_devices, options.scheduler,
                                               uses_vllm(plan)) as cl:
             stop.install()
             runner.cl = cl
-            runner.go()
+            try:
+                runner.go()
+            except BaseException:
+                runner.salvage()                    # the ops that finished, for the trace
+                raise
         meta["status"] = "ok"
         current = set(runner.workers.values())          # a restarted worker counts afresh
         host = host_usage([e for e in state.events if e.get("worker") in current],
@@ -161,6 +209,9 @@ def run_resilient(pipeline: Pipeline, plan: Plan, options: RunOptions,
     except Interrupted:
         meta["status"] = "interrupted"
         raise
+    except Terminated:
+        meta["status"] = "terminated"
+        raise
     except BaseException:
         meta["status"] = "failed"
         raise
@@ -168,8 +219,12 @@ def run_resilient(pipeline: Pipeline, plan: Plan, options: RunOptions,
         stop.uninstall()
         trackers.close()
         try:
-            state.write_trace(rd, runner.workers, meta.get("started", t_start), force=True)
-        except OSError as e:
+            if meta["status"] == "ok":
+                state.write_trace(rd, runner.workers, meta.get("started", t_start), force=True)
+            else:                            # and every op that finished after the last step
+                rd.write_trace(state.events + state.unfinished(), runner.workers,
+                               meta.get("started", t_start))
+        except (OSError, RpegError) as e:
             print(f"rpeg: warning: trace.json not written: {e}", file=sys.stderr)
         meta["wall_s"] = meta.get("wall_s", 0.0) + time.time() - t_start
         rd.write_json("run.json", meta)
@@ -179,67 +234,10 @@ def run_resilient(pipeline: Pipeline, plan: Plan, options: RunOptions,
 
 def resume_run(run_dir: str | Path, options: RunOptions | None = None,
                resilience: Resilience = Resilience(), devices: int | None = None,
-               on_step=None) -> RunResult:
-    """Continue a run directory from its last complete checkpoint (re-planned for
-    ``devices`` when that differs from the plan's device count)."""
-    rd = _open_for_resume(Path(run_dir))
-    meta = ckio._read_json(rd.path / "run.json", "run record")
-    if not isinstance(meta, dict) or not isinstance(meta.get("steps"), int) or meta["steps"] < 1:
-        raise RuntimeFailure(f"run record '{rd.path / 'run.json'}' must be a JSON object with "
-                             "a positive integer 'steps'", Span(str(rd.path / "run.json"), 0, 0))
-    pipeline = _load_value(rd.path / "pipeline.json", loads, "pipeline")
-    plan = _load_value(rd.path / "plan.json", plan_from_json, "plan")
-    skipped: list[str] = []
-    ck = ckio.latest(rd.path, skipped=skipped)
-    for s in skipped:
-        print(f"rpeg: warning: skipping a damaged checkpoint: {s}", file=sys.stderr)
-    ckio.prune(rd.path, keep=10**6)                  # drop interrupted writes only
-    state = state_at(rd, ck)
-    O.cut_back(rd.path, state.start)
-    if devices is not None and devices != plan.num_devices:
-        plan = _replan(pipeline, plan, devices, meta, rd, why="resumed onto "
-                       f"{devices} device(s)", from_step=state.start)
-    if state.start >= int(meta["steps"]) and meta.get("status") == "ok":
-        print(f"rpeg: {rd.path} is complete ({meta['steps']} steps); nothing to resume",
-              file=sys.stderr)
-        return RunResult(rd.path, tuple(state.metrics), float(meta.get("wall_s", 0.0)),
-                         int(meta["steps"]))
-    meta.setdefault("resumes", []).append({"from_step": state.start, "at": time.time(),
-                                           "checkpoint": str(ck.path) if ck else None})
-    meta["status"] = "running"
-    options = options or RunOptions()
-    options = attrs.evolve(options, steps=int(meta["steps"]), run_dir=str(rd.path))
-    print(f"rpeg: resuming {rd.path} at step {state.start} of {meta['steps']}"
-          + (f" from {ck.path.name}" if ck else " (no complete checkpoint: from the start)"),
-          file=sys.stderr)
-    return run_resilient(pipeline, plan, options, None, resilience, on_step,
-                         _resume=(rd, state, meta))
-
-
-def _open_for_resume(path: Path) -> RunDir:
-    if not path.is_dir():
-        raise RuntimeFailure(f"run directory '{path}' must exist, and it does not",
-                             hint="pass a directory made by `rpeg run`")
-    missing = [f for f in ("run.json", "pipeline.json", "plan.json") if not (path / f).is_file()]
-    if missing:
-        raise RuntimeFailure(f"run directory '{path}' must hold {', '.join(missing)}, and it "
-                             "does not", hint="pass a directory made by `rpeg run`")
-    return RunDir(path.resolve())
-
-
-def _load_value(path: Path, parse, what: str):
-    try:
-        st = path.stat()
-        if st.st_size > ckio.MAX_JSON_BYTES:
-            raise RuntimeFailure(f"{what} file '{path}' is too large ({st.st_size:,} bytes)")
-        return parse(path.read_text(encoding="utf-8"))
-    except RpegError as e:
-        if e.span is None or not e.span.path or e.span.path.startswith("<"):
-            raise RuntimeFailure(f"{what} file '{path}' is unusable: {e.message}") from None
-        raise
-    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError) as e:
-        raise RuntimeFailure(f"{what} file '{path}' must be what rpeg wrote, and it is not "
-                             f"({type(e).__name__}: {e})") from None
+               on_step=None, steps: int | None = None) -> RunResult:
+    """Continue a run directory from its last complete checkpoint (``rpeg.runtime.resume``)."""
+    from rpeg.runtime.resume import resume
+    return resume(run_dir, options, resilience, devices=devices, on_step=on_step, steps=steps)
 
 
 class _Runner:
@@ -281,6 +279,12 @@ class _Runner:
         workers = self._wait_workers(n)
         if workers is None:
             have = self._gpu_workers()
+            if self.attempt == 1 and self.state.checkpoint is None:
+                raise RuntimeFailure(f"the plan needs {n:,} devices, and the scheduler at "
+                                     f"{self.options.scheduler} has {len(have)} worker(s) with "
+                                     "resource GPU=1",
+                                     hint="start one worker per device with --resources GPU=1, "
+                                          "or plan for the workers there are")
             if not have:
                 raise RuntimeFailure("no worker with resource GPU=1 is left to continue on")
             self.plan = _replan(self.pipeline, self.plan, len(have), self.meta, self.rd,
@@ -289,10 +293,8 @@ class _Runner:
             workers = dict(enumerate(have))
         self.workers = workers
         self.host_marks = []
-        self.calls = build_calls(self.pipeline, self.plan, self.steps)
-        self.table = {c.id: c for c in self.calls}
-        self.cuts = Cuts(self.table)
-        self.consumers = F.consumers_of(self.calls)
+        self.calls_of = CallWindows(self.pipeline, self.plan, self.steps, self.state.base)
+        self._window(self.state.start, min(self.steps, self.state.start + 1))
         # k + 1 steps may run at once; one more is submitted ahead, so the scheduler holds
         # its ops and starts them the moment their inputs exist (no client round trip)
         self.window = max((k for _, k in self.plan.staleness), default=0) + 2
@@ -303,10 +305,12 @@ class _Runner:
                     self._run_on(a, W.teardown, 30.0)
                 except (Exception, _Lost):  # noqa: BLE001 — a fresh replacement has nothing to tear down
                     pass
-        ctx = RunContext.create(self.pipeline, self.plan, self.calls, spec_dir=self.spec_dir,
+        ctx = RunContext.create(self.pipeline, self.plan, self.calls_of.sample(),
+                                spec_dir=self.spec_dir,
                                 run_dir=str(self.rd.path), dist_addr=_rendezvous(workers[0]),
                                 use_cuda=self.options.use_cuda)
-        ctx = attrs.evolve(ctx, threads=self.options.threads, data=self._cursor())
+        ctx = attrs.evolve(ctx, threads=self.options.threads, data=self._cursor(), syncs=tuple(
+            attrs.evolve(s, addr=_rendezvous(workers[s.senders[0]])) for s in ctx.syncs))
         futs = [cl.client.submit(W.setup, ctx, d, workers=[a], allow_other_workers=False,
                                  key=f"setup-{d}-{cl.token}-{self.attempt}", pure=False)
                 for d, a in workers.items()]
@@ -337,6 +341,7 @@ class _Runner:
         # frozen model and a copy equal to its trained replica are rebuilt, not saved)
         saved = {k: v for k, v in dict(ck.state.get("replicas", {})).items()
                  if (ck.path / k).is_dir()}
+        restart = ck.step == self.state.base > 0            # an extended run restarts here
         futs = []
         for d, a in self.workers.items():
             sources = {}
@@ -346,11 +351,21 @@ class _Runner:
                     sources[model] = str(ck.path / key)
             for key in saved:                                  # re-planned: map by model
                 model, _ = key.rsplit("@", 1)
+                if restart:                # every replica at the newest version, as at step 0
+                    sources[model] = str(ck.path / _best_source(saved, model, ck))
                 sources.setdefault(model, str(ck.path / _best_source(saved, model, ck)))
             futs.append(self.cl.client.submit(ckio.restore_replicas, sources, workers=[a],
                                               allow_other_workers=False, pure=False,
                                               key=f"restore-{d}-{self.cl.token}-{self.attempt}"))
-        self._gather(futs, "restore", list(self.workers))
+        try:
+            self._gather(futs, "restore", list(self.workers))
+        except (RpegError, _Lost):
+            raise
+        except Exception as e:  # noqa: BLE001 — a checkpoint file the backend cannot load
+            raise RuntimeFailure(f"checkpoint '{ck.path}' must restore every replica, and it "
+                                 f"does not ({type(e).__name__}: {e})"[:500],
+                                 Span(str(ck.path), 0, 0),
+                                 hint="remove it to resume from the one before") from None
 
     def _cursor(self) -> Cursor:
         """Where step ``state.start`` reads its prompts: from the checkpoint, else the start."""
@@ -392,6 +407,7 @@ class _Runner:
             start = self.state.start
             end = min(self.steps, (start // self.res.checkpoint_every + 1)
                       * self.res.checkpoint_every, (start // every + 1) * every)
+            self._window(start, end)
             before = self.cuts.closure(start) if start else set()
             inside = self.cuts.closure(end)
             end, inside = self._run_segment(start, end, inside - before, inside)
@@ -402,6 +418,21 @@ class _Runner:
                 raise Interrupted(f"interrupted: stopped after step {end - 1} and wrote a "
                                   f"checkpoint; the run directory is {self.rd.path}",
                                   hint=f"continue with: rpeg run --resume {self.rd.path}")
+
+    def _window(self, start: int, end: int) -> None:
+        """The calls around the segment start..end: its table, cuts and consumers (built a
+        window at a time, so a long run starts as fast as a short one)."""
+        table = self.calls_of.around(start, end)
+        if table is not getattr(self, "table", None):
+            self.table = table
+            self.cuts = Cuts(table)
+            self.consumers = F.consumers_of(table.values())
+        unknown = sorted(op for op in self.state.carry if op not in table)
+        if unknown:
+            raise RuntimeFailure(f"the checkpoint at step {start} carries outputs of op "
+                                 f"'{unknown[0]}', which is not an op of this run's "
+                                 f"{self.steps} steps", hint="was run.json edited? resume "
+                                 "with the steps the run was made with (--steps N)")
 
     def _run_segment(self, start: int, end: int, seg: set[str], inside: set[str]):
         from distributed import as_completed
@@ -546,6 +577,21 @@ class _Runner:
                 self._check_alive()
                 raise _Lost(-1, "?", what, self.state.start, "worker lost during " + what)
         return self.cl.client.gather(futs)
+
+    def salvage(self) -> None:
+        """The events of ops that finished since the last step, from every worker that
+        answers within seconds: a run that stops early leaves them in its trace."""
+        import asyncio
+        try:
+            client, addrs = self.cl.client, list(self.workers.values())
+            got = client.sync(lambda: asyncio.wait_for(
+                client._run(W.drain, workers=addrs, on_error="return"), 5.0))
+            for a in addrs:
+                if isinstance(got.get(a), list):
+                    for e in got[a]:
+                        self.state.pending[int(e["step"])].append(e)
+        except BaseException:  # noqa: BLE001 — best effort while the run is already ending
+            pass
 
     def _step_done(self, step: int, last: float) -> float:
         now = time.time()
@@ -728,7 +774,7 @@ class _Runner:
             "replicas": versions, "events_bytes": size, "events_count": len(self.state.events),
             "pending": pending,
             "metrics_rows": len(self.state.metrics), "num_devices": self.plan.num_devices,
-            "carry": sorted(carry),
+            "carry": sorted(carry), "run_steps": self.steps, "base": self.state.base,
             "data": self._cursor().moved_to(cut, self.pipeline.workload.prompts).to_json()})
         ckio.prune(rd.path, keep=self.res.keep)
         self.state.start = cut
@@ -822,8 +868,13 @@ def _is_loss(err) -> bool:
 
 
 def _best_source(saved: dict[str, int], model: str, ck) -> str:
-    """For a model on a device it was not on before: its newest replica (a trained one first)."""
+    """For a model on a device it was not on before: its newest replica (a trained one
+    first; of the same copy, or else of the backbone it copies)."""
     cands = [k for k in saved if k.rsplit("@", 1)[0] == model]
+    newest = max((saved[k] for k in saved if base_of(k.rsplit("@", 1)[0]) == base_of(model)),
+                 default=None)
+    if not cands or (newest is not None and max(saved[k] for k in cands) < newest):
+        cands = [k for k in saved if base_of(k.rsplit("@", 1)[0]) == base_of(model)]
     with_opt = [k for k in cands if (ck.path / k / "optimizer.safetensors").exists()]
     return max(with_opt or cands, key=lambda k: saved[k])
 

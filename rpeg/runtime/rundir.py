@@ -29,7 +29,8 @@ from pathlib import Path
 
 import attrs
 
-from rpeg.errors import RuntimeFailure
+from rpeg.errors import RuntimeFailure, Span
+from rpeg.runtime import runfiles as rf
 from rpeg.runtime.tensorboard import append_event
 
 EVENTS = "events.jsonl"      # every committed op event, appended at each checkpoint
@@ -49,44 +50,62 @@ class RunDir:
                 n += 1
                 path = Path(root) / f"{pipeline}-{stamp}-{n}"
         path = Path(path)
+        if path.exists() and not path.is_dir():
+            raise RuntimeFailure(f"run directory '{path}' must be a directory, and it is not",
+                                 Span(str(path), 0, 0), hint="choose another --run-dir")
         path.mkdir(parents=True, exist_ok=True)
+        rf.check_entries(path)
         (path / "checkpoints").mkdir(exist_ok=True)
         return cls(path.resolve())
 
     @classmethod
     def open(cls, path: str | Path) -> RunDir:
         path = Path(path)
+        if not path.is_dir():
+            raise RuntimeFailure(f"run directory '{path}' must be a directory made by `rpeg "
+                                 "run`, and it is not", Span(str(path), 0, 0),
+                                 hint="pass a directory made by `rpeg run`")
         missing = [f for f in ("plan.json", "trace.json", "run.json", "pipeline.json")
-                   if not (path / f).exists()]
+                   if not os.path.lexists(path / f)]
         if missing:
             raise RuntimeFailure(f"run directory '{path}' must hold {', '.join(missing)}, "
                                  "and it does not", hint="pass a directory made by `rpeg run`")
+        rf.check_entries(path)
         return cls(path)
 
+    def holds_run(self) -> bool:
+        """Whether a run has written here (its record, plan, metrics or events)."""
+        return any(os.path.lexists(self.path / f) for f in
+                   ("run.json", "plan.json", "metrics.jsonl", EVENTS, "trace.json"))
+
     def write_text(self, name: str, text: str) -> Path:
-        """Write atomically: a temporary name, then rename."""
-        target = self.path / name
-        tmp = target.with_name(target.name + ".tmp")
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, target)
-        return target
+        """Write atomically: a fresh temporary name, then rename (never through a symlink)."""
+        return rf.write_atomic(self.path / name, text)
 
     def write_json(self, name: str, value) -> Path:
         return self.write_text(name, json.dumps(value, indent=1, sort_keys=True) + "\n")
 
     def read_json(self, name: str):
-        return json.loads((self.path / name).read_text(encoding="utf-8"))
+        return rf.read_json(self.path / name, name)
 
     def append_metrics(self, row: dict) -> None:
-        with open(self.path / "metrics.jsonl", "a", encoding="utf-8") as f:
+        with rf.open_append(self.path / "metrics.jsonl", "metrics file") as f:
             f.write(json.dumps(row, sort_keys=True) + "\n")
         append_event(self.path, row)
 
     def metrics(self) -> list[dict]:
-        p = self.path / "metrics.jsonl"
-        if not p.exists():
-            return []
-        return [json.loads(line) for line in p.read_text().splitlines() if line.strip()]
+        """The rows of metrics.jsonl; RuntimeFailure naming the first damaged line."""
+        rows, damaged = rf.read_metrics(self.path)
+        if damaged:
+            n, why = damaged[0]
+            path = self.path / "metrics.jsonl"
+            raise RuntimeFailure(f"metrics file '{path}' line {n} must be a row rpeg wrote, "
+                                 f"and it is {why}"
+                                 + (f" ({len(damaged) - 1} more such lines)"
+                                    if len(damaged) > 1 else ""), Span(str(path), n, 1),
+                                 hint="a run killed while writing leaves its last line cut "
+                                      "short; remove the damaged lines to use the rest")
+        return rows
 
     def write_trace(self, events: list[dict], workers: dict[int, str], t0: float) -> Path:
         return self.write_json("trace.json", chrome_trace(events, workers, t0))
@@ -95,30 +114,51 @@ class RunDir:
         """Append op events to ``events.jsonl`` (on disk when this returns); its size in
         bytes, which a checkpoint records: what is past it belongs to later steps."""
         path = self.path / EVENTS
-        with open(path, "a", encoding="utf-8") as f:
+        with rf.open_append(path, "event log") as f:
             for e in events:
                 f.write(json.dumps(e, sort_keys=True) + "\n")
             f.flush()
             os.fsync(f.fileno())
-        return path.stat().st_size
+            return os.fstat(f.fileno()).st_size
 
-    def cut_events(self, size: int) -> list[dict]:
-        """The events of ``events.jsonl``'s first ``size`` bytes, the rest cut off (a run
-        rolled back or resumed from a checkpoint runs those steps again)."""
+    def read_events(self, size: int) -> list[dict]:
+        """The events of ``events.jsonl``'s first ``size`` bytes (what a checkpoint recorded);
+        RuntimeFailure when the log is shorter or damaged there. Changes nothing."""
         path = self.path / EVENTS
-        if not path.exists():
+        if not os.path.lexists(path):
             if size:
                 raise RuntimeFailure(f"run directory '{self.path}' must hold {EVENTS} "
                                      f"({size} bytes recorded by its checkpoint), and it "
                                      "does not")
             return []
-        with open(path, "r+b") as f:
-            data = f.read(size)
-            if len(data) < size:
-                raise RuntimeFailure(f"'{path}' must hold the {size} bytes its checkpoint "
-                                     f"recorded, and it holds {len(data)}")
-            f.truncate(size)
-        return [json.loads(line) for line in data.decode("utf-8").splitlines() if line.strip()]
+        data = rf.read_bytes(path, "event log")[:size]
+        if len(data) < size:
+            raise RuntimeFailure(f"'{path}' must hold the {size} bytes its checkpoint "
+                                 f"recorded, and it holds {len(data)}", Span(str(path), 0, 0))
+        out = []
+        for n, line in enumerate(data.decode("utf-8", errors="replace").split("\n"), 1):
+            if not line.strip():
+                continue
+            try:
+                e = json.loads(line)
+            except ValueError:
+                e = None
+            if not isinstance(e, dict) or not isinstance(e.get("id"), str) \
+                    or not isinstance(e.get("step"), int):
+                raise RuntimeFailure(f"event log '{path}' line {n} must be an op event rpeg "
+                                     "wrote, and it is damaged", Span(str(path), n, 1))
+            out.append(e)
+        return out
+
+    def cut_events(self, size: int) -> list[dict]:
+        """The events of ``events.jsonl``'s first ``size`` bytes, the rest cut off (a run
+        rolled back or resumed from a checkpoint runs those steps again)."""
+        events = self.read_events(size)
+        path = self.path / EVENTS
+        if os.path.lexists(path):
+            with rf.open_update(path, "event log") as f:
+                f.truncate(size)
+        return events
 
 
 def chrome_trace(events: list[dict], workers: dict[int, str], t0: float) -> dict:

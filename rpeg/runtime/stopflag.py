@@ -1,4 +1,5 @@
-"""Ctrl-C during a run: once, stop at the next checkpoint cut; twice, stop at once."""
+"""Ctrl-C during a run: once, stop at the next checkpoint cut; twice, stop at once.
+SIGTERM: stop at once (the run's record is closed on the way out)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,13 @@ import signal
 import sys
 import threading
 
+from rpeg.errors import RuntimeFailure
+
+
+class Terminated(RuntimeFailure):
+    """SIGTERM: the run stopped at once; its record says so, and it can be resumed from
+    its last checkpoint."""
+
 
 class StopFlag:
     """Ctrl-C once: stop at the next cut and checkpoint. Twice: stop now."""
@@ -14,6 +22,24 @@ class StopFlag:
     def __init__(self) -> None:
         self.requested = False
         self.previous = None
+        self.previous_term = None
+        self.run_dir = ""
+
+    def install_terminate(self, run_dir: str = "") -> None:
+        """SIGTERM stops the run at once, as a second Ctrl-C does, so that the run's
+        record is closed (status, trace) on the way out instead of the process vanishing."""
+        if threading.current_thread() is threading.main_thread():
+            self.run_dir = run_dir
+            previous = signal.signal(signal.SIGTERM, self._terminate)
+            if self.previous_term is None:
+                self.previous_term = previous
+
+    def _terminate(self, signum, frame) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)     # a second SIGTERM ends it outright
+        where = f" {self.run_dir}" if self.run_dir else " RUN_DIR"
+        raise Terminated("terminated (SIGTERM): the run stopped; its record is closed",
+                         hint=f"continue from its last checkpoint with: rpeg run --resume"
+                              f"{where}")
 
     def install(self) -> None:
         if threading.current_thread() is threading.main_thread():
@@ -32,7 +58,7 @@ class StopFlag:
             try:
                 yield
             finally:
-                self.uninstall()
+                signal.signal(signal.SIGINT, self.previous)
         return block()
 
     def _handle(self, signum, frame) -> None:
@@ -43,5 +69,10 @@ class StopFlag:
               "(Ctrl-C again to stop at once)", file=sys.stderr)
 
     def uninstall(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return
         if self.previous is not None:
             signal.signal(signal.SIGINT, self.previous)
+        if self.previous_term is not None:
+            signal.signal(signal.SIGTERM, self.previous_term)
+            self.previous_term = None

@@ -21,7 +21,8 @@ TensorFlow. Nothing is written when tensorboard is absent.
 from __future__ import annotations
 
 import importlib.util
-import json
+import math
+import os
 import time
 from pathlib import Path
 
@@ -51,17 +52,18 @@ def write_events(run_dir: str | Path) -> Path | None:
     run_dir = Path(run_dir)
     rows = _rows(run_dir / "metrics.jsonl")
     meta = _json(run_dir / "run.json")
-    started = float(meta.get("started", time.time()))
-    wall = started + float(meta.get("setup_s") or 0.0)
+    started = _number(meta.get("started"), time.time())
+    wall = started + _number(meta.get("setup_s"), 0.0)
     for old in run_dir.glob("events.out.tfevents.*.rpeg"):
         old.unlink()
     path = event_file(run_dir, started)
     tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
+    with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644),
+              "wb") as f:
         w = RecordWriter(f)
         w.write(Event(wall_time=started, file_version="brain.Event:2").SerializeToString())
         for row in rows:
-            wall += float(row.get("step_time_s", 0.0))
+            wall += _number(row.get("step_time_s"), 0.0)
             w.write(_event(row, wall).SerializeToString())
         for row in _rows(run_dir / "eval.jsonl"):        # evaluations: eval/reward, ...
             w.write(_event(eval_scalars(row), wall).SerializeToString())
@@ -84,9 +86,10 @@ def append_event(run_dir: str | Path, row: dict) -> Path | None:
 
         run_dir = Path(run_dir)
         existing = sorted(run_dir.glob("events.out.tfevents.*.rpeg"))
-        started = float(_json(run_dir / "run.json").get("started", time.time()))
+        started = _number(_json(run_dir / "run.json").get("started"), time.time())
         path = existing[0] if existing else event_file(run_dir, started)
-        with open(path, "ab") as f:
+        with open(os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW
+                          | os.O_NONBLOCK, 0o644), "ab") as f:
             w = RecordWriter(f)
             if f.tell() == 0:
                 w.write(Event(wall_time=started, file_version="brain.Event:2").SerializeToString())
@@ -113,19 +116,29 @@ def eval_scalars(row: dict) -> dict:
                                     if k in keep or k.startswith("pass@")}}
 
 
+def _number(value: object, default: float) -> float:
+    """A finite number from a record, or ``default`` (a damaged record still gets events)."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool) \
+            and math.isfinite(float(value)):
+        return float(value)
+    return default
+
+
 def tag(name: str) -> str:
     """``actor_step.grad_norm`` -> ``actor_step/grad_norm``; plain names stay as they are."""
     return name.replace(".", "/")
 
 
 def _rows(p: Path) -> list[dict]:
-    if not p.exists():
-        return []
-    return [json.loads(line) for line in p.read_text(encoding="utf-8").splitlines() if line.strip()]
+    from rpeg.runtime.runfiles import read_metrics
+    return read_metrics(p.parent, name=p.name)[0]      # damaged lines are left out
 
 
 def _json(p: Path) -> dict:
+    from rpeg.errors import RpegError
+    from rpeg.runtime.runfiles import read_json
     try:
-        return json.loads(p.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        got = read_json(p, "run record", 1 << 20)
+    except RpegError:
         return {}
+    return got if isinstance(got, dict) else {}

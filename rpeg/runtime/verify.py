@@ -10,8 +10,9 @@ The expected op calls are rebuilt from the run's own pipeline and plan (the
 same unrolling the run used); the trace says what each worker observed. Checks:
 
 * every expected op ran exactly once, and nothing else ran;
-* placement: it ran on the device the plan gave its stage (weight-sync export on
-  the model's home, load where the reader is), on the worker mapped to that device;
+* placement: it ran on the device the plan gave its stage (weight-sync export or send
+  on the model's home, load or receive where the reader is), on the worker mapped to
+  that device;
 * dependencies: everything it depends on (data and ordering) ended before it started;
 * versions: the parameter version it read is within ``[step - k, step]`` for the
   plan's staleness k of its stage (exactly ``step`` for training), and a train op wrote
@@ -38,10 +39,12 @@ from pathlib import Path
 
 import attrs
 
-from rpeg.errors import RpegError, RuntimeFailure, Span
+from rpeg.errors import RuntimeFailure, Span
 from rpeg.graph.versions import readable
 from rpeg.plan.model import Plan
-from rpeg.runtime.instances import LOAD, OpCall, build_calls, model_homes
+from rpeg.runtime import runfiles as rf
+from rpeg.runtime.instances import LOAD, RECV, OpCall, build_calls, lookback, model_homes
+from rpeg.runtime.runcheck import check_event_fields, check_meta, check_metrics, check_plan_of_run
 from rpeg.runtime.rundir import RunDir, events_from_trace
 from rpeg.runtime.serial import loads, plan_from_json
 from rpeg.spec.model import OpKind
@@ -49,14 +52,14 @@ from rpeg.spec.model import OpKind
 # Clock resolution between processes on one machine: ends and starts closer than
 # this are treated as ordered (time.time() across processes, microsecond trace units).
 SLACK_S = 2e-6
-MAX_RECORD_BYTES = 1 << 30         # a trace of a long run is large; beyond this it is not one
 
 
 @attrs.frozen
 class Violation:
     op: str
     step: int
-    check: str           # missing | extra | placement | dependency | version | staleness
+    check: str           # missing | extra | identity | placement | dependency | version |
+                         # staleness | metrics
     message: str
 
     def __str__(self) -> str:
@@ -87,27 +90,39 @@ def verify_run(path: str | Path) -> Report:
     rd = RunDir.open(path)
     pipeline = _read(rd, "pipeline.json", loads)
     plan = _read(rd, "plan.json", plan_from_json)
-    meta = _read(rd, "run.json", json.loads)
+    meta = check_meta(_read(rd, "run.json", json.loads), rd.path / "run.json")
     events = _read(rd, "trace.json", lambda text: events_from_trace(json.loads(text)))
+    check_event_fields(events, rd.path / "trace.json")
+    check_plan_of_run(rd, pipeline, plan)
+    counted, problems = check_metrics(rd, meta, events)
     try:
-        steps = int(meta["steps"])
+        steps = counted.checked                # steps whose every op is expected in the trace
         workers = {int(d): a for d, a in meta.get("workers", {}).items()}
         for d, addrs in meta.get("worker_history", {}).items():   # devices whose worker was replaced
             workers[int(d)] = tuple(addrs)
         segments = tuple(
-            Segment(tuple(c for c in build_calls(pipeline, p, steps) if first <= c.step < end),
+            # built a little past the steps checked: their calls are as the run made them
+            Segment(tuple(c for c in build_calls(pipeline, p, min(upto, steps + lookback(
+                pipeline, p)), first=base) if first <= c.step < min(end, steps)),
                     p, model_homes(pipeline, p, _graph(pipeline, p)))
-            for p, first, end in governing_plans(rd, plan, meta, steps) if first < end)
-        return check_segments(segments, events, workers, steps)
+            for p, first, end, base, upto in governing_plans(rd, plan, meta, counted.recorded)
+            if first < min(end, steps))
+        report = check_segments(segments, events, workers, steps)
     except (KeyError, TypeError, ValueError, AttributeError) as e:
         raise RuntimeFailure(f"run directory '{rd.path}' must hold the records rpeg run wrote; "
                              f"they are malformed ({type(e).__name__}: {e})",
                              Span(str(rd.path), 0, 0)) from None
+    extra = tuple(Violation("metrics", step, "metrics", text) for step, text in problems)
+    return attrs.evolve(report, steps=counted.recorded, violations=report.violations + extra)
 
 
 def governing_plans(rd: RunDir, plan: Plan, meta: dict,
-                    steps: int) -> list[tuple[Plan, int, int]]:
-    """``(plan, first step, end step)`` for each plan the run followed, in order.
+                    steps: int) -> list[tuple[Plan, int, int, int, int]]:
+    """``(plan, first step, end step, base, built to)`` for each part of the run, in order:
+    each plan it followed, and within one, each stretch between the points a resume
+    extended it from. A stretch's calls are those of ``build_calls(first=base)`` up to
+    ``built to``: an extended run restarted at ``base`` (run.json's ``extensions``), and
+    the stretch before it ran as part of a run of ``built to`` steps.
 
     Replan ``i`` saved the plan it replaced as ``plan.{i}.json`` and records the first
     step the next plan governs; the last plan is plan.json. Without those records
@@ -116,30 +131,37 @@ def governing_plans(rd: RunDir, plan: Plan, meta: dict,
     replans = meta.get("replans") or []
     if not isinstance(replans, list) or not replans or not all(
             isinstance(r, dict) and isinstance(r.get("from_step"), int) for r in replans):
-        return [(plan, 0, steps)]
-    plans = [_read(rd, f"plan.{i}.json", plan_from_json) for i in range(len(replans))]
-    cuts = [0] + [min(max(int(r["from_step"]), 0), steps) for r in replans] + [steps]
-    for i in range(1, len(cuts)):                     # a later cut never precedes an earlier
-        cuts[i] = max(cuts[i], cuts[i - 1])
-    return [(p, cuts[i], cuts[i + 1]) for i, p in enumerate([*plans, plan])]
+        parts = [(plan, 0, steps)]
+    else:
+        plans = [_read(rd, f"plan.{i}.json", plan_from_json) for i in range(len(replans))]
+        for i, p in enumerate(plans):
+            check_plan_of_run(rd, loads_pipeline(rd), p, f"plan.{i}.json")
+        cuts = [0] + [min(max(int(r["from_step"]), 0), steps) for r in replans] + [steps]
+        for i in range(1, len(cuts)):                     # a later cut never precedes an earlier
+            cuts[i] = max(cuts[i], cuts[i - 1])
+        parts = [(p, cuts[i], cuts[i + 1]) for i, p in enumerate([*plans, plan])]
+    made = {}                                  # extension start -> steps the run had before
+    for x in meta.get("extensions") or []:
+        if isinstance(x.get("from_step"), int) and isinstance(x.get("from_steps"), int):
+            made[min(max(x["from_step"], 0), steps)] = x["from_steps"]
+    out = []
+    for p, first, end in parts:
+        bounds = [first] + sorted(b for b in made if first < b < end) + [end]
+        for lo, hi in zip(bounds, bounds[1:], strict=False):
+            base = max((b for b in made if b <= lo), default=0)
+            # a run's calls near its end reach a few steps past them, never more
+            upto = min(max(made[hi], hi), hi + 64) if hi in made else steps
+            out.append((p, lo, hi, base, upto))
+    return out
+
+
+def loads_pipeline(rd: RunDir):
+    return _read(rd, "pipeline.json", loads)
 
 
 def _read(rd: RunDir, name: str, parse):
     """One record of the run directory, parsed; a damaged one is named in the error."""
-    path = rd.path / name
-    try:
-        if path.stat().st_size > MAX_RECORD_BYTES:
-            raise RuntimeFailure(f"'{path}' must be at most {MAX_RECORD_BYTES:,} bytes",
-                                 Span(str(path), 0, 0))
-        return parse(path.read_text(encoding="utf-8"))
-    except RpegError as e:
-        if e.span is not None and e.span.path and not e.span.path.startswith("<"):
-            raise
-        raise RuntimeFailure(f"'{path}' is unusable: {e.message}", Span(str(path), 0, 0),
-                             hint=e.hint) from None
-    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError, AttributeError) as e:
-        raise RuntimeFailure(f"'{path}' must be the {name} rpeg run wrote, and it is not "
-                             f"({type(e).__name__}: {e})", Span(str(path), 0, 0)) from None
+    return rf.read_parsed(rd.path / name, name, parse)
 
 
 def _graph(pipeline, plan):
@@ -185,16 +207,30 @@ def check_segments(segments: tuple[Segment, ...], events: list[dict],
             if e is None:
                 out.append(Violation(c.id, c.step, "missing", "never ran"))
                 continue
+            out += _identity(c, e)
             out += _placement(c, e, seg.plan, workers, seg.homes)
             out += _dependencies(c, e, seen, own)
             out += _versions(c, e)
     return Report(tuple(sorted(seen)), steps, tuple(out))
 
 
+def _identity(c: OpCall, e: dict) -> list[Violation]:
+    """The event under an op's id is that op's: its name, kind, step and chunk (an event
+    relabelled with another op's id would otherwise stand in for it)."""
+    said = {k: e.get(k) for k in ("op", "kind", "step", "chunk")}
+    want = {"op": c.op, "kind": c.kind.value, "step": c.step, "chunk": c.chunk}
+    wrong = [k for k in want if said[k] is not None and said[k] != want[k]]
+    if not wrong:
+        return []
+    return [Violation(c.id, c.step, "identity",
+                      "its event is another op's: " + ", ".join(
+                          f"{k} {said[k]!r}, must be {want[k]!r}" for k in wrong))]
+
+
 def _placement(c: OpCall, e: dict, plan: Plan, workers, homes) -> list[Violation]:
     if c.kind is OpKind.SYNC_WEIGHTS:
-        allowed = (homes.get(c.model, ()) if c.role != LOAD else (c.device,))
-        what = f"the home of {c.model}" if c.role != LOAD else "the reader's device"
+        allowed = (homes.get(c.model, ()) if c.role not in (LOAD, RECV) else (c.device,))
+        what = f"the home of {c.model}" if c.role not in (LOAD, RECV) else "the reader's device"
     else:
         allowed = plan.placement(c.stages[0]).devices
         what = f"stage {c.stages[0]}'s devices"

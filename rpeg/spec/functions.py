@@ -139,6 +139,12 @@ _STAGES = (
                priced=True),
          Param("min_len", Type.INT, "tokens a response has before it may end: "
                "end-of-sequence is not sampled earlier", unit="tokens", low=1, priced=True),
+         Param("max_num_seqs", Type.INT, "sequences the engine decodes at once (vLLM's "
+               "max_num_seqs; the torch engine decodes in waves of this many)",
+               derived="all of the device's share", unit="sequences", low=1, priced=True),
+         Param("kv_fraction", Type.REAL, "share of a device's memory the engine may take "
+               "(vLLM's gpu_memory_utilization)", derived="the share rpeg's vLLM takes",
+               low=0.0, high=1.0, low_open=True, priced=True),
          Param("engine", Type.CHOICE, "the generation engine (auto: the planner chooses)",
                default=Engine.AUTO, choices=tuple(e.value for e in GENERATE_ENGINES), priced=True),
          Param("refill_rounds", Type.INT, "dynamic sampling (DAPO): groups whose rewards are "

@@ -548,12 +548,32 @@ def _share(i: ast.Share, targets) -> tuple[str, ...]:
         if first is None:
             first = m
         elif m.dims.backbone_key() != first.dims.backbone_key():
-            raise SpecError(f"cannot share models of different architectures: '{first.name}' is "
-                            f"{first.preset} and '{m.name}' is {m.preset}", n.span,
-                            hint="shared models need the same backbone (family and dimensions)")
+            raise _unlike_backbones(first, m, n.span)
     if len(set(names)) != len(names):
         raise SpecError("share lists a model twice", i.span)
     return names
+
+
+_BACKBONE_FIELDS = ("family", "layers", "hidden", "heads", "kv_heads", "ffn", "vocab")
+
+
+def _unlike_backbones(first: Model, m: Model, span: Span) -> SpecError:
+    """Two models whose backbones differ: which dimension, and the override that made two
+    models of one preset differ."""
+    a, b = first.dims.backbone_key(), m.dims.backbone_key()
+    field, x, y = next((f, x, y) for f, x, y in zip(_BACKBONE_FIELDS, a, b, strict=True)
+                       if x != y)
+    if first.preset == m.preset:
+        what = (f"'{first.name}' and '{m.name}' are both {m.preset}, with {field} = {x} and "
+                f"{field} = {y} (an override of the preset's dimensions)")
+    else:
+        what = (f"'{first.name}' is {first.preset} ({field} = {x}) and '{m.name}' is "
+                f"{m.preset} ({field} = {y})")
+    return SpecError(f"cannot share models of different architectures: {what}", span,
+                     notes=[(f"'{first.name}' is declared here", first.span),
+                            (f"'{m.name}' is declared here", m.span)],
+                     hint=f"shared models need the same backbone: give both {field} = {x}, or "
+                          "share neither")
 
 
 def _colocate(i: ast.Colocate, stages, targets) -> tuple[str, ...]:

@@ -393,7 +393,50 @@ def _syntax_error(e: UnexpectedInput, text: str, path: str) -> SpecError:
         msg = f"unexpected end of file; expected {_describe_expected(set(e.expected))}"
     else:  # pragma: no cover — lark has no other kinds
         msg = "syntax error"
-    return SpecError(msg, Span(path, line, col), hint=hint)
+    notes = []
+    pos = getattr(e, "pos_in_stream", None)
+    if isinstance(e, UnexpectedToken) and e.token.type == "$END" or pos is None:
+        pos = len(text)
+    opened = unclosed_bracket(text, pos)
+    if opened is not None and opened[1] < line:
+        ch, o_line, o_col = opened
+        notes.append((f"the '{ch}' opened here is not closed", Span(path, o_line, o_col)))
+        hint = f"close the '{ch}' on line {o_line} with '{_CLOSER[ch]}'" + (
+            f"; {hint}" if hint else "")
+    return SpecError(msg, Span(path, line, col), hint=hint, notes=notes)
+
+
+_CLOSER = {"(": ")", "[": "]"}
+
+
+def unclosed_bracket(text: str, upto: int) -> tuple[str, int, int] | None:
+    """The innermost ``(`` or ``[`` still open at offset ``upto`` of ``text``, as (bracket,
+    line, column), strings and comments skipped; None when every one before is closed.
+    (Inside them line ends do not end a statement, so an unclosed one on an earlier line
+    makes the error surface lines later; a block's ``{`` spans lines by design.)"""
+    stack: list[tuple[str, int, int]] = []
+    line, line_start, i, n = 1, 0, 0, min(upto, len(text))
+    while i < n:
+        ch = text[i]
+        if ch == "\n":
+            line, line_start = line + 1, i + 1
+        elif ch == "#":
+            end = text.find("\n", i)
+            i = n if end < 0 else end
+            continue
+        elif ch == '"':
+            j = i + 1
+            while j < n and text[j] not in '"\n':
+                j += 2 if text[j] == "\\" else 1
+            i = j + 1 if j < n and text[j] == '"' else j
+            continue
+        elif ch in _CLOSER:
+            stack.append((ch, line, i - line_start + 1))
+        elif ch in ")]":
+            if stack and _CLOSER[stack[-1][0]] == ch:
+                stack.pop()
+        i += 1
+    return stack[-1] if stack else None
 
 
 def _previous_token(e: UnexpectedToken) -> str | None:

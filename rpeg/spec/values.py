@@ -93,8 +93,17 @@ def integer(v: ast.Value, key: str, *, minimum: int = 0, maximum: int = MAX_INT)
     if v.unit is not None:
         raise SpecError(f"{key} must be a plain integer, not {describe(v)}", v.span,
                         hint=f"{key} has no unit; write {v.text}")
+    digits = v.text.lstrip("+-")
+    if digits.isdigit() and (len(digits) > 18 or not math.isfinite(v.value)):
+        # a whole number too long for a float: say which way it is out of range, and do not
+        # echo thousands of digits back
+        negative = v.text.startswith("-")
+        bound = f"at least {minimum:,}" if negative else f"at most {maximum:,}"
+        raise SpecError(f"{key} must be {bound}, not a {len(digits):,}-digit number "
+                        f"({v.text[:12]}...)", v.span,
+                        hint="rpeg refuses sizes beyond what any cluster runs")
     if not v.is_int:
-        raise SpecError(f"{key} must be an integer, not {v.text}", v.span)
+        raise SpecError(f"{key} must be an integer, not {_cut(v.text)}", v.span)
     n = int(v.value)
     if n < minimum:
         raise SpecError(f"{key} must be at least {minimum}, not {n}", v.span)
@@ -102,6 +111,10 @@ def integer(v: ast.Value, key: str, *, minimum: int = 0, maximum: int = MAX_INT)
         raise SpecError(f"{key} must be at most {maximum:,}, not {n:,}", v.span,
                         hint="rpeg refuses sizes beyond what any cluster runs")
     return n
+
+
+def _cut(text: str, width: int = 24) -> str:
+    return text if len(text) <= width else f"{text[:width]}... ({len(text):,} characters)"
 
 
 def real(v: ast.Value, key: str, *, minimum: float | None = None, positive: bool = False,

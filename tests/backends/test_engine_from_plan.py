@@ -11,11 +11,12 @@ from rpeg.spec.model import Engine
 
 
 def _engine_for(plan_engine: Engine, monkeypatch):
-    monkeypatch.setattr(colocated, "colocated_engine", lambda replica: "vllm-engine")
+    monkeypatch.setattr(colocated, "colocated_engine", lambda replica, options: "vllm-engine")
     plan = Plan("p", "c", 1, (StagePlacement("rollout", (0,), engine=plan_engine),))
-    ex = SimpleNamespace(ctx=SimpleNamespace(plan=plan))
     # the spec says auto (no engine parameter): only the plan can say vLLM
     stage = SimpleNamespace(name="rollout", param=lambda key, default=None: default)
+    ex = SimpleNamespace(ctx=SimpleNamespace(plan=plan, num_devices=1,
+                                             pipeline=SimpleNamespace(stage=lambda _: stage)))
     replica = SimpleNamespace(engine=SimpleNamespace(version=0), version=3)
     return Executor._engine(ex, stage, replica), replica
 

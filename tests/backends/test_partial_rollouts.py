@@ -154,3 +154,38 @@ def test_sampling_is_deterministic_and_a_lost_buffer_starts_afresh():
     buf = a.carried["rollout"]
     assert buf.step == 5 and sorted(buf.cohorts) == [6]
     assert all(len(r.tokens) <= MAX for r in buf.cohorts[6])
+
+
+@pytest.mark.parametrize("carry", [0, 1])
+def test_max_seqs_decodes_in_waves_and_streams_every_response_once(carry):
+    """A plan's max_num_seqs: the torch engine decodes at most that many sequences at once;
+    every response still comes out once, in full, and its logprobs are the policy's."""
+    import attrs
+
+    model = _model()
+    engine = TorchEngine(model)
+    seen = []
+    real_advance, real_decode = engine._advance, engine._decode
+
+    def advance(live, *a):
+        seen.append(len(live))
+        return real_advance(live, *a)
+
+    def decode(prompts, *a):
+        seen.append(len(prompts))
+        return real_decode(prompts, *a)
+    engine._advance, engine._decode = advance, decode
+    for s in range(3):
+        cohorts = [attrs.evolve(c, params=attrs.evolve(c.params, max_num_seqs=4))
+                   for c in _cohorts(s, carry)]
+        chunks = (list(engine.generate_carried(cohorts, chunks=2, key="rollout")) if carry
+                  else list(engine.generate(list(cohorts[0].prompt_ids), cohorts[0].params,
+                                            chunks=2)))
+        assert sorted(np.concatenate([c.prompt_index for c in chunks]).tolist()) == \
+            list(range(PROMPTS))
+        for c in chunks:
+            fresh = forward_arrays(model, c.prompt_ids, c.response_ids, "logprobs")
+            for r, lp, f in zip(c.response_ids, c.logprobs, fresh, strict=True):
+                assert (r[-1] == EOS_ID or len(r) == MAX) and len(lp) == len(r)
+                np.testing.assert_allclose(lp, f, atol=2e-4)
+    assert seen and max(seen) <= 4 and len(seen) > 3

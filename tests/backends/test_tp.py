@@ -113,7 +113,8 @@ def test_a_tp_trainer_exports_from_each_rank_and_the_reader_joins_them(ppo):
     (dict(stage="ref_lp", devices=(0, 1, 2), dp=1, tp=3), "tp must divide the 4 attention"),
     (dict(stage="actor_step", devices=(0, 1), dp=1, tp=1, pp=2), "pp = 1"),
     (dict(stage="ref_lp", devices=(0, 1, 2), dp=1, tp=2), "dp x tp = 1 x 2 devices, not 3"),
-    (dict(stage="rollout", engine=Engine.VLLM), "tp = 1 with engine = vllm"),
+    (dict(stage="rollout", engine=Engine.VLLM, devices=tuple(range(16)), dp=1, tp=16),
+     "tp = 8 with engine = vllm"),
 ])
 def test_degrees_the_backend_cannot_run_are_refused_at_plan_time(ppo, change, match):
     with pytest.raises(PlanError, match=match):

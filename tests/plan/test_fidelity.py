@@ -93,10 +93,12 @@ def test_streamed_consumers_are_priced_chunk_by_chunk(ppo8b, gh8, coloc):
 def test_weight_sync_holds_the_trainers_senders_and_the_generator(ppo8b, gh8, coloc):
     """A weight transfer is one collective, as the runtime runs it: the trainer's GPUs that
     hold its weights (its first tensor-parallel block; every GPU under ZeRO-3, which gathers
-    them first) send, the generating GPUs receive, and the trainer goes on after it."""
+    them first) send, the generating GPUs receive, and the trainer goes on after it. The
+    same holds for the broadcast into a vLLM engine's own copy."""
     from rpeg.plan.choices import model_stages
     from rpeg.plan.edit import empty_plan, options, put, repair
     from rpeg.plan.space import Block
+    from rpeg.spec.model import Engine
     ctx, ev, out = coloc
     for sharded in (False, True):
         plan = empty_plan(ctx)
@@ -111,6 +113,11 @@ def test_weight_sync_holds_the_trainers_senders_and_the_generator(ppo8b, gh8, co
         senders = actor.devices if actor.zero >= 3 else actor.devices[:actor.tp]
         assert timings["sync_actor"].devices == tuple(sorted((0, 1, 2, 3) + senders))
         assert timings["actor_step"].time_s == pytest.approx(ev.stage_time("actor_step", actor))
+    vllm = attrs.evolve(plan, placements=tuple(
+        attrs.evolve(p, engine=Engine.VLLM if p.stage == "rollout" else p.engine)
+        for p in plan.placements))
+    assert ev.timings(vllm, ev.graph(vllm))[0]["sync_actor"].devices == \
+        tuple(sorted((0, 1, 2, 3) + senders))
     shared, _ = ev.timings(out.best.plan, ev.graph(out.best.plan))     # colocated
     assert set(shared["sync_actor"].devices) <= set(range(8))
 

@@ -61,6 +61,20 @@ def placements(draw):
         zero=draw(st.integers(0, 3)))
 
 
+def test_a_compiled_plan_with_every_field_round_trips():
+    """Every field rpeg writes is one it reads back: the search record's limits (model
+    families, features, dtypes) and a generate stage's engine settings included."""
+    from rpeg.plan.options import SearchOptions, SearchRecord
+    from rpeg.plan.space import Limits
+    limits = Limits(families=("llama", "qwen3"), model_features=("moe",), dtypes=("bf16",))
+    plan = _plan()
+    plan = Plan(plan.pipeline, plan.cluster, plan.num_devices,
+                (StagePlacement("rollout", (0, 1, 2, 3), dp=2, tp=2, engine=Engine.VLLM,
+                                max_num_seqs=64, kv_fraction=0.5, cuda_graph=True, cp=1),),
+                search=SearchRecord(SearchOptions(limits=limits), proposals=3))
+    assert Plan.from_json(plan.to_json()) == plan
+
+
 @settings(max_examples=60, deadline=None)
 @given(st.lists(placements(), max_size=5), st.sampled_from(list(Strategy)), st.integers(0, 2**31),
        st.one_of(st.none(), st.builds(Predicted, st.floats(0, 1e4),
@@ -91,13 +105,16 @@ def test_damaged_plan_files_name_file_and_problem(tmp_path, text, words):
     (lambda d: d.pop("placements"), "missing field 'placements'"),
     (lambda d: d.update(strategy="fastest"), "'fastest' is not a known Strategy"),
     (lambda d: d["placements"][0].update(engine="tpu"), "'tpu' is not a known Engine"),
-    (lambda d: d["placements"][0].update(dp="two"), "'dp' must be an integer, not 'two'"),
+    (lambda d: d["placements"][0].update(dp="two"), "'placements[0].dp' must be an integer, not \"two\""),
     (lambda d: d.update(colour="red"), "unknown field 'colour'"),
     (lambda d: d.update(placements={"a": 1}), "'placements' must be a list"),
-    (lambda d: d["predicted"].update(step_time_s="fast"), "'step_time_s' must be a number"),
+    (lambda d: d["predicted"].update(step_time_s="fast"), "'predicted.step_time_s' must be a number"),
     (lambda d: d["placements"][0].update(dp=3), "must run on dp x tp x pp = 6 devices, not 4"),
     (lambda d: d["placements"][1].update(devices=[4, 5, 6, 9]), "must lie in 0..7, not include 9"),
     (lambda d: d["placements"].append(d["placements"][0]), "placed once, not twice"),
+    (lambda d: d["placements"][0].update(kv_fraction=1.5), "kv_fraction must be a fraction 0..1"),
+    (lambda d: d["placements"][0].update(max_num_seqs=-1), "max_num_seqs must be 0.."),
+    (lambda d: d["placements"][0].update(cp="2"), "'placements[0].cp' must be an integer"),
 ])
 def test_wrong_fields_are_plan_errors(tmp_path, edit, words):
     d = _plan().to_dict()
@@ -116,3 +133,13 @@ def test_missing_and_binary_files(tmp_path):
     f.write_bytes(b"\xff\xfe\x00garbage")
     with pytest.raises(PlanError, match="UTF-8"):
         Plan.load(f)
+
+
+def test_a_generate_placement_carries_its_concurrency_through_json():
+    p = StagePlacement("rollout", (0,), max_num_seqs=64, kv_fraction=0.85)
+    plan = Plan("tiny", "local", 1, (p,))
+    assert Plan.from_json(plan.to_json()) == plan
+    assert "concurrency rollout = 64 sequences, kv_fraction 0.85" in str(plan)
+    bad = plan.to_json().replace('"kv_fraction": 0.85', '"kv_fraction": 1.5')
+    with pytest.raises(PlanError, match="kv_fraction must be a fraction 0..1, not 1.5"):
+        Plan.from_json(bad)

@@ -26,10 +26,11 @@ from rpeg.spec import load
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _fake_checkpoint(run_dir: Path, step: int, payload: bytes = b"x" * 1000) -> ckio.Checkpoint:
+def _fake_checkpoint(run_dir: Path, step: int) -> ckio.Checkpoint:
+    from safetensors.numpy import save_file
     tmp = ckio.begin(run_dir, step)
     (tmp / "actor@0").mkdir()
-    (tmp / "actor@0" / "model.safetensors").write_bytes(payload)
+    save_file({"w": np.arange(250, dtype=np.float32)}, str(tmp / "actor@0" / "model.safetensors"))
     ckio.save_tree(tmp, "carry", {"rollout/s2/c0": {"logprobs": (np.arange(3.0),)}})
     return ckio.commit(run_dir, tmp, step, {"replicas": {"actor@0": step}})
 
@@ -59,7 +60,8 @@ def test_incomplete_checkpoints_never_look_complete(tmp_path):
 
 @pytest.mark.parametrize("damage, says", [
     (lambda ck: (ck.path / "actor@0" / "model.safetensors").write_bytes(b"x" * 10), "truncated"),
-    (lambda ck: (ck.path / "actor@0" / "model.safetensors").write_bytes(b"y" * 1000), "checksum"),
+    (lambda ck: (ck.path / "actor@0" / "model.safetensors").write_bytes(
+        b"y" * (ck.path / "actor@0" / "model.safetensors").stat().st_size), "checksum"),
     (lambda ck: (ck.path / "actor@0" / "model.safetensors").unlink(), "missing"),
     (lambda ck: (ck.path / ckio.MARKER).write_text("{not json"), "must be JSON"),
     (lambda ck: (ck.path / ckio.MARKER).write_text(json.dumps({"format": 99, "files": {}})),

@@ -110,28 +110,29 @@ def test_verify_allows_tokens_carry_steps_older_and_no_more(ppo, trace_of):
 
 # --- real runs -------------------------------------------------------------------------------
 
-def test_vllm_is_refused_carry_and_torch_is_not():
+def test_both_engines_carry_and_an_executor_without_it_refuses():
     from rpeg.plan.compile import check_executable
-    from rpeg.runtime.plans import runtime_limits
+    from rpeg.plan.space import Limits
     from rpeg.spec.model import Engine
-    limits = runtime_limits()
-    assert Engine.TORCH in limits.carry_engines and Engine.VLLM not in limits.carry_engines
+    limits = Limits.runtime()
+    assert limits.carry_engines == {Engine.TORCH, Engine.VLLM}
     plan = with_carry(split_plan(load(PIPELINES / "tiny_ppo.rpeg"), 2, staleness=0), 1)
-    check_executable(plan, limits)
     vllm = attrs.evolve(plan, placements=tuple(
         attrs.evolve(p, engine=Engine.VLLM) if p.stage == "rollout" else p
         for p in plan.placements))
+    check_executable(plan, limits)
+    check_executable(vllm, limits)
     with pytest.raises(PlanError, match="whole responses each step with the vllm engine"):
-        check_executable(vllm, attrs.evolve(limits, engines=frozenset(Engine)))
+        check_executable(vllm, attrs.evolve(limits, carry_engines=frozenset({Engine.TORCH})))
 
 
-def _run_plan_file(pipeline, plan, tmp_path, scheduler, steps, capsys):
+def _run_plan_file(pipeline, plan, tmp_path, scheduler, steps, capsys, every: int = 2):
     """``rpeg run plan.json`` (a hand-written plan with carry) then ``rpeg verify``."""
     plan_file, run_dir = tmp_path / "plan.json", tmp_path / "run"
     plan.save(plan_file)
     assert main(["run", str(plan_file), "--spec", str(pipeline.path), "--scheduler", scheduler,
                  "--steps", str(steps), "--no-progress", "--run-dir", str(run_dir),
-                 "--checkpoint-every", "2"]) == 0
+                 "--checkpoint-every", str(every)]) == 0
     assert main(["verify", str(run_dir)]) == 0
     rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert len(rows) == steps
@@ -174,29 +175,35 @@ def test_ppo_with_carry_on_two_workers_verifies_and_verify_catches_a_stale_chunk
 
 
 @pytest.mark.slow
-def test_grpo_with_carry_verifies_and_a_resumed_run_starts_its_buffer_afresh(
+def test_grpo_with_carry_verifies_and_a_resumed_run_continues_the_same_responses(
         grpo, tmp_path, local_cluster, capsys):
-    """After a resume the workers' engines hold nothing: the first step admits the cohorts
-    it lacks, and the run still verifies."""
+    """The checkpoint holds the engines' buffers: resumed from the cut at step 3, step 3
+    continues the responses started in step 2 and steps 3..5 give the same numbers."""
     import shutil
 
     from rpeg.runtime.recovery import Resilience, resume_run
     plan = with_carry(split_plan(grpo, 2, staleness=0), 1)
     with local_cluster(2) as scheduler:
-        run_dir, rows = _run_plan_file(grpo, plan, tmp_path, scheduler, 6, capsys)
+        run_dir, rows = _run_plan_file(grpo, plan, tmp_path, scheduler, 6, capsys, every=3)
         assert all(math.isfinite(r["kl"]) for r in rows)
         assert set(_lags(run_dir)) <= {0, 1} and 1 in _lags(run_dir)
-        # as if killed after the checkpoint at step 4: that one is the latest
+        read = {e["args"]["id"]: e["args"]["version_read"] for e in _rollouts(run_dir)}
+        # the scenario: step 3's responses were started in step 2, before the cut
+        assert 2 in {v for k, v in read.items() if k.startswith("rollout/s3/")}
+        assert list((run_dir / "checkpoints" / "step-000003").glob("actor@*/carried.json"))
+        # as if killed after the checkpoint at step 3: that one is the latest
         shutil.rmtree(run_dir / "checkpoints" / "step-000006")
         meta = json.loads((run_dir / "run.json").read_text())
         (run_dir / "run.json").write_text(json.dumps({**meta, "status": "interrupted"}))
         result = resume_run(run_dir, RunOptions(progress=False, scheduler=scheduler),
-                            Resilience(checkpoint_every=2))
+                            Resilience(checkpoint_every=3))
     assert len(result.metrics) == 6
     report = verify_run(run_dir)
     assert report.ok, str(report)
-    resumed = [e for e in _rollouts(run_dir) if e["args"]["step"] == 4]
-    assert {e["args"]["version_read"] for e in resumed} == {4}     # nothing carried over
+    assert {e["args"]["id"]: e["args"]["version_read"] for e in _rollouts(run_dir)} == read
+    for before, after in zip(rows[3:], result.metrics[3:], strict=True):
+        for key in ("reward", "response_len", "kl", "policy_loss"):
+            assert after[key] == before[key], key
 
 
 @pytest.mark.slow

@@ -94,6 +94,8 @@ def _replanned_run_dir(ppo, tmp_path, from_step=2, steps=4):
                          "to_devices": 1, "from_step": from_step, "at": 0.0}]}
     rd.write_json("run.json", meta)
     rd.write_trace(before + after, {0: "tcp://c", 1: "tcp://b"}, 0.0)
+    for s in range(steps):                       # verify reads the metrics too: each step once
+        rd.append_metrics({"step": s})
     return rd, meta, before, after
 
 

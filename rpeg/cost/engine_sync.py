@@ -1,0 +1,78 @@
+"""Weight sync into a vLLM engine's own copy, through collectives, and when an engine has one.
+
+    >>> from rpeg.cost.profiles import cluster_of
+    >>> from rpeg.cost.examples import ppo_pipeline
+    >>> from rpeg.cost.memory import Parallel
+    >>> p = ppo_pipeline("llama3.1-8b", prompts=512)
+    >>> m, r8 = p.model("actor"), tuple(range(8))
+    >>> t = collective_sync_time(m, r8, Parallel(dp=8), ((8, 9), (10, 11)), cluster_of("h200", 8, 2))
+    >>> round(t, 2)                 # 16 GB of bf16 in 240 buckets over a 50 GB/s node link
+    0.33
+
+A generate stage on vLLM serves a copy of its own (``actor~vllm``) unless it runs at tp 1
+beside its model's unsplit trained replica, which updates the engine in memory
+(:func:`engine_copy`, the runtime's rule: ``rpeg.runtime.instances``). Each version
+reaches a copy as ``backends.vllm_backend.sync`` moves it: the trainer's weights in their
+dtype, gathered whole first where the trainer splits them (tensor parallel, or ZeRO-3),
+then broadcast by the trainer's first rank to every worker of every engine, one bucket of
+``SYNC_BUCKET_BYTES`` at a time over the link the two device sets span (a pipelined tree:
+a latency per tree level per bucket, the bytes once at the link's bandwidth), and copied
+into each worker's shard at memory bandwidth.
+
+How many sequences an engine decodes at once, and in how much of the device, is the
+generation model's (:func:`rpeg.cost.generation.concurrency`, from a placement's
+``max_num_seqs``, ``kv_fraction`` and ``cuda_graph``: :func:`rpeg.cost.generation.batching_of`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from rpeg.cost import compute as C
+from rpeg.cost.generation import sync_bytes
+from rpeg.cost.memory import Parallel
+from rpeg.cost.topology import Collective, Topology, collective_time
+from rpeg.spec.model import Cluster, Engine, Model
+
+SYNC_BUCKET_BYTES = 64 << 20        # the runtime's bucket (backends.vllm_backend.weights)
+
+
+def engine_copy(src, dst) -> bool:
+    """Whether a vLLM generate placement ``dst`` serves a copy of its own that the trainer
+    (``src``) sends each version to (the runtime's rule): all but tp 1 on devices where the
+    model is trained unsplit, which the engine beside it is updated from in memory."""
+    return dst.engine is Engine.VLLM and not (
+        dst.tp == 1 and set(dst.devices) <= set(src.devices) and src.tp == 1
+        and src.pp == 1 and src.zero < 3)
+
+
+def collective_sync_time(model: Model, src_devices: Sequence[int], src_par: Parallel,
+                         engines: tuple[tuple[int, ...], ...], cluster: Cluster,
+                         bucket_bytes: int = SYNC_BUCKET_BYTES) -> float:
+    """Seconds of one update from a trainer (``src`` layout) into the vLLM engines whose
+    workers span ``engines`` (one device block each), as ``backends.vllm_backend.sync``
+    moves it (see the module doc)."""
+    src = tuple(src_devices)
+    gpu = cluster.gpu
+    topo = Topology.from_cluster(cluster)
+    nbytes = sync_bytes(model, gpu)
+    gather = 0.0
+    split = src_par.tp * src_par.pp
+    if split > 1:                            # whole tensors from the first block's pieces
+        gather += collective_time(Collective.ALL_GATHER, nbytes, src[:split], topo)
+    if src_par.zero >= 3 and src_par.dp > 1:
+        gather += collective_time(Collective.ALL_GATHER, nbytes / split,
+                                  src[::split][:src_par.dp], topo)
+    workers = tuple(d for block in engines for d in block)
+    world = (src[0],) + tuple(d for d in workers if d != src[0])
+    link = topo.link(topo.level_of(world))
+    buckets = max(math.ceil(nbytes / bucket_bytes), 1)
+    levels = math.ceil(math.log2(len(world))) if len(world) > 1 else 0
+    broadcast = buckets * levels * link.latency + nbytes / link.bandwidth if levels else 0.0
+    tp = max(len(b) for b in engines) if engines else 1
+    load = 2 * nbytes / tp / gpu.mem_bandwidth + C.param_tensors(model.dims) * gpu.launch_overhead
+    return gather + broadcast + load
+
+
+__all__ = ["SYNC_BUCKET_BYTES", "collective_sync_time", "engine_copy"]

@@ -1,0 +1,207 @@
+"""One check of a plan against the spec and cluster it is used with, for every command.
+
+    >>> plan = Plan.load("plan.json")                                       # doctest: +SKIP
+    >>> warnings = check_plan(plan, pipeline, path="plan.json", cluster=cluster)  # doctest: +SKIP
+    >>> opened = open_plan("plan.json", need_spec=True)                     # doctest: +SKIP
+    >>> opened.plan.num_devices, opened.pipeline.name                       # doctest: +SKIP
+    (2, 'tiny_ppo')
+
+Reading a plan file (``Plan.load``) already refuses what no plan can hold: wrong
+JSON, wrong types, values out of range, devices that are not the plan's. What is
+checked here needs the spec, and the cluster when there is one:
+
+* the plan is for this pipeline, and places every stage of it and no other;
+* the names it uses resolve: staleness and fusion name stages, model_homes and
+  shared name models, a shared group is one the spec allows, a stage's staleness plus
+  its carry is within the spec's bound (:mod:`rpeg.plan.staleness`, the rule the cost
+  model and the runtime read);
+* the spec is the one it was compiled from (``spec_hash``): a different one is an
+  error naming both hashes, or a warning with ``--force``;
+* the cluster it names (``cluster_path``) is a cluster, and the plan uses no more
+  devices than the cluster it runs on has (exactly as many, to simulate it).
+
+``rpeg simulate``, ``run``, ``diff``, ``show`` and ``verify`` all go through
+:func:`check_plan`, so a plan one of them refuses, all of them refuse.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import attrs
+
+from rpeg.errors import PlanError, RpegError, Span, did_you_mean
+from rpeg.graph.versions import bound_problem
+from rpeg.plan.model import Plan
+from rpeg.plan.staleness import staleness_problem
+from rpeg.spec.model import Cluster, Pipeline
+
+
+@attrs.frozen
+class OpenedPlan:
+    """A plan file read and checked, with the spec and cluster it was checked against."""
+
+    plan: Plan
+    pipeline: Pipeline | None
+    cluster: Cluster | None
+    spec_path: Path | None
+    cluster_path: Path | None
+    warnings: tuple[str, ...] = ()
+
+
+def spec_hash_of_file(path: str | Path) -> str:
+    """The hash ``rpeg compile`` records of a spec file (``Plan.spec_hash``), or ""."""
+    try:
+        return hashlib.sha256(Path(path).read_bytes()).hexdigest()[:16]
+    except OSError:
+        return ""
+
+
+def check_plan(plan: Plan, pipeline: Pipeline, *, path: str, cluster: Cluster | None = None,
+               exact_devices: bool = False, force: bool = False,
+               spec_hash: str | None = None) -> tuple[str, ...]:
+    """PlanError naming ``path`` and the field when ``plan`` cannot be used with
+    ``pipeline`` (and ``cluster``); the warnings ``force`` turned errors into.
+    ``spec_hash``: the hash of the spec as given (default: of the file it was read from)."""
+    where = Span(path, 0, 0)
+    hint = "recompile the plan for this spec: rpeg compile SPEC --cluster CLUSTER"
+    if plan.pipeline != pipeline.name:
+        raise PlanError(f"plan field 'pipeline' must name the spec's pipeline "
+                        f"'{pipeline.name}', not '{plan.pipeline}'", where,
+                        hint="pass the spec the plan was compiled from (--spec), or " + hint)
+    warnings: list[str] = []
+    now = spec_hash if spec_hash is not None else spec_hash_of_file(pipeline.path)
+    if plan.spec_hash and now and plan.spec_hash != now:
+        text = (f"plan field 'spec_hash' must match the spec it runs with: the plan was "
+                f"compiled from a spec with hash {plan.spec_hash}, and {pipeline.path or 'the spec'} "
+                f"has hash {now}")
+        if not force:
+            raise PlanError(text, where, hint="recompile the plan, or pass --force to use it "
+                                              "with this spec anyway")
+        warnings.append(text)
+    stages = [s.name for s in pipeline.stages]
+    _known([(f"placements[{i}].stage", p.stage) for i, p in enumerate(plan.placements)],
+           stages, "a stage", pipeline.name, where, hint)
+    placed = {p.stage for p in plan.placements}
+    missing = [s for s in stages if s not in placed]
+    if missing:
+        raise PlanError(f"plan field 'placements' must place every stage of pipeline "
+                        f"'{pipeline.name}', not leave out '{missing[0]}'"
+                        + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""),
+                        where, hint=hint)
+    named = [(f"staleness[{i}]", stage) for i, (stage, _) in enumerate(plan.staleness)]
+    named += [(f"fusion[{i}]", stage) for i, group in enumerate(plan.fusion) for stage in group]
+    _known(named, stages, "a stage", pipeline.name, where, hint)
+    carries = {p.stage: p.carry for p in plan.placements}
+    for i, (stage, k) in enumerate(plan.staleness):
+        problem = bound_problem(stage, k, carries.get(stage, 0), pipeline.staleness_of(stage))
+        if problem:
+            raise PlanError(f"plan field 'staleness[{i}]': {problem}", where, hint=hint)
+    problem = staleness_problem(pipeline, plan)     # carries: the rule the runtime runs by
+    if problem:
+        raise PlanError(f"plan field 'placements' carry: {problem}", where, hint=hint)
+    _check_models(plan, pipeline, where, hint)
+    if cluster is not None:
+        _check_devices(plan, cluster, where, exact_devices)
+    return tuple(warnings)
+
+
+def _check_models(plan: Plan, pipeline: Pipeline, where: Span, hint: str) -> None:
+    models = [m.name for m in pipeline.models]
+    allowed = [set(g) for g in pipeline.shares]
+    named = [(f"shared[{i}]", m) for i, group in enumerate(plan.shared) for m in group]
+    named += [(f"model_homes[{i}]", m) for i, (key, _) in enumerate(plan.model_homes)
+              for m in key.split("+")]
+    _known(named, models, "a model", pipeline.name, where, hint)
+    for i, group in enumerate(plan.shared):
+        if set(group) not in allowed:
+            raise PlanError(f"plan field 'shared[{i}]' must be a group the spec allows to "
+                            f"share ({'; '.join(', '.join(g) for g in pipeline.shares) or 'none'}"
+                            f"), not {', '.join(group)}", where,
+                            hint="allow it in the spec with `share A, B`, or " + hint)
+    merged = {"+".join(g) for g in plan.shared}
+    for i, (key, _) in enumerate(plan.model_homes):
+        if "+" in key and key not in merged:
+            raise PlanError(f"plan field 'model_homes[{i}]' names the shared backbone '{key}', "
+                            "which the plan's 'shared' does not list", where, hint=hint)
+
+
+def _known(named: list[tuple[str, str]], choices: list[str], what: str, pipeline: str,
+           where: Span, hint: str) -> None:
+    """Each ``(field, name)`` names one of ``choices``, or a PlanError naming the field."""
+    for field, name in named:
+        if name not in choices:
+            raise PlanError(f"plan field '{field}' must name {what} of pipeline '{pipeline}', "
+                            f"not '{name}'", where, hint=did_you_mean(name, choices) or hint)
+
+
+def _check_devices(plan: Plan, cluster: Cluster, where: Span, exact: bool) -> None:
+    have = cluster.num_gpus
+    if plan.num_devices > have or (exact and plan.num_devices != have):
+        need = "exactly" if exact else "at most"
+        raise PlanError(f"plan field 'num_devices' must be {need} the {have:,} devices of "
+                        f"cluster '{cluster.name}', not {plan.num_devices:,}", where,
+                        hint="recompile the plan for this cluster, or pass the cluster it was "
+                             "compiled for (--cluster)")
+
+
+def recorded_file(recorded: str, plan_file: Path) -> Path | None:
+    """A path a plan records, as written or beside the plan file; None when neither exists."""
+    if not recorded:
+        return None
+    p = Path(recorded)
+    if p.exists():
+        return p
+    beside = plan_file.parent / p.name
+    return beside if beside.exists() else None
+
+
+def recorded_cluster(plan: Plan, plan_file: Path) -> tuple[Cluster | None, Path | None]:
+    """The cluster file the plan names (``cluster_path``), loaded; (None, None) when it is
+    not there. A file that is there and is not a cluster is a PlanError naming the field."""
+    from rpeg.spec import load_cluster
+    found = recorded_file(plan.cluster_path, plan_file)
+    if found is None:
+        return None, None
+    try:
+        return load_cluster(found), found
+    except RpegError as e:
+        raise PlanError(f"plan field 'cluster_path' must name a cluster file, not '{found}' "
+                        f"({e.message})", Span(str(plan_file), 0, 0),
+                        hint="pass the cluster with --cluster, or recompile the plan") from None
+
+
+def open_plan(plan_file: str | Path, *, spec: str | Path | None = None,
+              cluster: str | Path | None = None, need_spec: bool = False,
+              need_cluster: bool = False, exact_devices: bool = False,
+              force: bool = False) -> OpenedPlan:
+    """Read a plan file and check it against its spec and cluster: ``spec`` and
+    ``cluster`` when given, else the files the plan records (beside the plan when they
+    were moved with it). ``need_spec`` / ``need_cluster``: a PlanError when it cannot be
+    found; otherwise a plan whose spec is not there is checked on its own."""
+    from rpeg.spec import load, load_cluster
+    plan_file = Path(plan_file)
+    plan = Plan.load(plan_file)
+    where = Span(str(plan_file), 0, 0)
+    spec_path = Path(spec) if spec else recorded_file(plan.spec_path, plan_file)
+    if spec_path is None and need_spec:
+        raise PlanError("plan must name its spec file, and the one it names is not there"
+                        + (f" ({plan.spec_path})" if plan.spec_path else ""), where,
+                        hint="pass --spec FILE.rpeg")
+    if cluster:
+        machine, cluster_path = load_cluster(cluster), Path(cluster)
+    else:
+        machine, cluster_path = recorded_cluster(plan, plan_file)
+    if machine is None and need_cluster:
+        raise PlanError("plan must name its cluster file, and the one it names is not there"
+                        + (f" ({plan.cluster_path})" if plan.cluster_path else ""), where,
+                        hint="pass --cluster CLUSTER.rpeg")
+    pipeline = load(spec_path) if spec_path is not None else None
+    warnings: tuple[str, ...] = ()
+    if pipeline is not None:
+        warnings = check_plan(plan, pipeline, path=str(plan_file), cluster=machine,
+                              exact_devices=exact_devices, force=force)
+    elif machine is not None:
+        _check_devices(plan, machine, where, exact_devices)
+    return OpenedPlan(plan, pipeline, machine, spec_path, cluster_path, warnings)

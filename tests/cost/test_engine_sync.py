@@ -1,0 +1,169 @@
+"""The collective weight sync into vLLM engines' own copies, and a generate stage's
+batching (max_num_seqs, kv_fraction) as a plan records it, priced and settled."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import attrs
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from rpeg.cost.engine_sync import SYNC_BUCKET_BYTES, collective_sync_time, engine_copy
+from rpeg.cost.examples import ppo_pipeline
+from rpeg.cost.generation import sync_bytes
+from rpeg.cost.memory import Parallel
+from rpeg.cost.profiles import cluster_of
+from rpeg.cost.stages import estimate_stage
+from rpeg.plan.model import StagePlacement
+from rpeg.spec.model import Engine
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def ppo():
+    return ppo_pipeline("llama3.1-8b", prompts=512, prompt_len=1024, gen_median=1024,
+                        gen_max=4096)
+
+
+@pytest.mark.parametrize("engine", [Engine.VLLM, Engine.TORCH])
+def test_fewer_rows_decode_longer(ppo, engine):
+    h200, par = cluster_of("h200", 8), Parallel(dp=8)
+    times = [estimate_stage(ppo, "rollout", par, tuple(range(8)), h200, engine=engine,
+                            rows=r).time_s for r in (64, 16, 4)]
+    assert times[0] < times[1] < times[2]
+
+
+def test_the_sync_is_priced_by_bytes_in_the_dtype_per_bucket_over_the_links():
+    ppo = ppo_pipeline("llama3.1-8b")
+    actor = ppo.model("actor")
+    two = cluster_of("h200", 8, 2)
+    r8 = tuple(range(8))
+    same_node = collective_sync_time(actor, r8[:4], Parallel(dp=4), ((4, 5), (6, 7)), two)
+    other_node = collective_sync_time(actor, r8, Parallel(dp=8), ((8, 9), (10, 11)), two)
+    assert other_node > same_node > 0                     # the slower link the sets span
+    fp32 = collective_sync_time(attrs.evolve(actor, dtype="fp32"), r8, Parallel(dp=8),
+                                ((8, 9),), two)
+    bf16 = collective_sync_time(actor, r8, Parallel(dp=8), ((8, 9),), two)
+    assert fp32 == pytest.approx(2 * bf16, rel=0.05)      # bytes in the parameter dtype
+    assert sync_bytes(attrs.evolve(actor, dtype="fp32"), two.gpu) == 2 * sync_bytes(actor, two.gpu)
+    small = collective_sync_time(actor, r8, Parallel(dp=8), ((8, 9),), two, bucket_bytes=1 << 20)
+    assert small > bf16                                    # a latency per bucket
+    # a trainer split tp-ways gathers whole tensors first
+    assert collective_sync_time(actor, r8, Parallel(dp=4, tp=2), ((8, 9),), two) > bf16
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(1, 8), st.integers(1, 3))
+def test_more_engines_never_sync_faster(engines, tp):
+    actor = ppo_pipeline("llama3.1-8b").model("actor")
+    big = cluster_of("h200", 8, 4)
+    blocks = tuple(tuple(range(8 + i * tp, 8 + (i + 1) * tp)) for i in range(engines))
+    more = blocks + (tuple(range(8 + engines * tp, 8 + (engines + 1) * tp)),)
+    src = tuple(range(8))
+    assert collective_sync_time(actor, src, Parallel(dp=8), more, big) >= \
+        collective_sync_time(actor, src, Parallel(dp=8), blocks, big)
+
+
+def test_which_engines_get_a_copy():
+    trainer = StagePlacement("train", (0, 1), dp=2)
+    assert not engine_copy(trainer, StagePlacement("g", (0,), engine=Engine.VLLM))
+    assert engine_copy(trainer, StagePlacement("g", (2,), engine=Engine.VLLM))
+    assert engine_copy(trainer, StagePlacement("g", (0, 1), tp=2, engine=Engine.VLLM))
+    assert not engine_copy(trainer, StagePlacement("g", (2,), engine=Engine.TORCH))
+    split = StagePlacement("train", (0, 1), tp=2)
+    assert engine_copy(split, StagePlacement("g", (0,), engine=Engine.VLLM))
+
+
+def test_the_bucket_is_the_runtimes():
+    from backends.vllm_backend.weights import DEFAULT_BUCKET_BYTES
+    assert SYNC_BUCKET_BYTES == DEFAULT_BUCKET_BYTES
+
+
+def test_the_planner_prices_a_disaggregated_engine_with_the_collective_sync():
+    """A plan's sync op into a vLLM engine's own copy costs what collective_sync_time
+    says, and the devices taking part are busy for it: the trainer's first rank, which
+    broadcasts (its other ranks hold the same weights), and the engines' workers."""
+    from rpeg.plan.evaluate import Evaluator
+    from rpeg.runtime.placement import split_plan
+    from rpeg.spec import load
+    pipeline = load(ROOT / "pipelines/grpo_qwen7b.rpeg")
+    cluster = cluster_of("h200", 8, 1)
+    trains = {s.name for s in pipeline.stages if s.kind.value == "train"}
+
+    def placed(p):
+        if p.stage == "rollout":
+            return attrs.evolve(p, devices=(0, 1, 2, 3), dp=2, tp=2, engine=Engine.VLLM)
+        if p.stage in trains or p.devices != (0,):
+            return attrs.evolve(p, devices=(4, 5, 6, 7), dp=4)
+        return p
+    base = split_plan(pipeline, 8)
+    plan = attrs.evolve(base, placements=tuple(placed(p) for p in base.placements),
+                        model_homes=(("actor", (4, 5, 6, 7)),))
+    ev = Evaluator(pipeline, cluster)
+    timings, _ = ev.timings(plan, ev.graph(plan))
+    sync = next(t for name, t in timings.items() if name.startswith("sync_"))
+    src = plan.placement(next(iter(trains)))
+    want = collective_sync_time(pipeline.model("actor"), src.devices, Parallel(dp=4),
+                                ((0, 1), (2, 3)), cluster)
+    assert sync.time_s == pytest.approx(want)
+    assert set(sync.devices) == {0, 1, 2, 3, 4}    # the engines and the trainer's first rank
+    capped = attrs.evolve(plan, placements=tuple(
+        attrs.evolve(p, max_num_seqs=2) if p.stage == "rollout" else p for p in plan.placements))
+    def step(p):            # memory aside (the trainer here is not laid out to fit)
+        return ev.evaluate(p, simulate_infeasible=True).plan.predicted.step_time_s
+    assert step(capped) > step(plan) > 0                        # the knob is priced
+
+
+def test_a_stages_batching_is_recorded_in_the_plan_and_the_runtimes_kv_share_priced():
+    """A generate stage's max_num_seqs and kv_fraction (the stage's, where the placement
+    leaves them) are written into the placement the cost model prices and the runtime
+    passes to its engine; a vLLM stage that leaves kv_fraction at 0 is priced with the
+    share rpeg's vLLM takes (half a GPU), an executor that declares none with free memory."""
+    from rpeg.plan.evaluate import settle_batching
+    from rpeg.plan.space import Limits
+    from rpeg.runtime.placement import split_plan
+    from rpeg.spec import load
+    pipeline = load(ROOT / "pipelines/grpo_qwen7b.rpeg")
+    cluster = cluster_of("h200", 8, 1)
+    plan = split_plan(pipeline, 8)
+    plan = attrs.evolve(plan, placements=tuple(
+        attrs.evolve(p, engine=Engine.VLLM) if p.stage == "rollout" else p
+        for p in plan.placements))
+    runtime = Limits.runtime().engine_kv
+    settled = settle_batching(pipeline, plan, cluster, runtime).placement("rollout")
+    assert settled.kv_fraction == 0.5 and settled.max_num_seqs == 0
+    assert settle_batching(pipeline, plan, cluster, ()).placement("rollout").kv_fraction == 0
+    from rpeg.spec import load_cluster
+    local = load_cluster(ROOT / "pipelines/clusters/local_cpu.rpeg")     # a CPU: 1 GiB of KV
+    small = attrs.evolve(split_plan(pipeline, 2), placements=tuple(
+        attrs.evolve(p, engine=Engine.VLLM) if p.stage == "rollout" else p
+        for p in split_plan(pipeline, 2).placements))
+    on_cpu = settle_batching(pipeline, small, local, runtime).placement("rollout")
+    assert on_cpu.kv_fraction == pytest.approx((1 << 30) / local.gpu.memory)
+    pinned = attrs.evolve(plan, placements=tuple(
+        attrs.evolve(p, max_num_seqs=8, kv_fraction=0.3) if p.stage == "rollout" else p
+        for p in plan.placements))
+    got = settle_batching(pipeline, pinned, cluster, runtime).placement("rollout")
+    assert (got.max_num_seqs, got.kv_fraction) == (8, 0.3)
+
+
+def test_the_layouts_offered_are_priced_with_the_share_the_engine_takes():
+    """The planner's layouts for a vLLM stage carry the KV share rpeg's vLLM takes, so a
+    baseline never picks a vLLM layout that fits only at free memory (colocated beside an
+    8B actor's Adam state, half of a 96 GB GPU does not fit: the torch engine does)."""
+    from rpeg.plan.compile import compile_plan
+    from rpeg.plan.model import Strategy
+    from rpeg.plan.search import SearchOptions
+    from rpeg.plan.space import Limits
+    from rpeg.spec import load, load_cluster
+    pipeline = load(ROOT / "pipelines/ppo_llama8b.rpeg")
+    cluster = load_cluster(ROOT / "pipelines/clusters/gh200_64.rpeg")
+    plan = compile_plan(pipeline, cluster, Strategy.COLOCATED,
+                        SearchOptions(limits=Limits.runtime()))
+    assert max(plan.predicted.peak_memory) <= cluster.gpu.memory
+    for p in plan.placements:
+        if p.engine is Engine.VLLM:
+            assert p.kv_fraction == 0.5

@@ -1,0 +1,163 @@
+"""vLLM engines in the instance graph: their own copies of the model (disaggregated, or at
+tp > 1), one instance per tensor-parallel block, and the weight sync into them as one gang
+of send and receive calls (no export/load pair through Dask). No vLLM is needed here."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import attrs
+import pytest
+
+from rpeg.runtime import core as C
+from rpeg.runtime.context import RunContext, WeightSync
+from rpeg.runtime.instances import (
+    EXPORT,
+    LOAD,
+    RECV,
+    SEND,
+    build_calls,
+    by_id,
+    graph_for,
+    model_homes,
+)
+from rpeg.runtime.placement import split_plan
+from rpeg.runtime.verify import check
+from rpeg.spec import load
+from rpeg.spec.model import Engine
+
+PIPELINES = Path(__file__).resolve().parents[2] / "pipelines"
+
+
+@pytest.fixture(scope="module")
+def vgrpo(tmp_path_factory):
+    """tiny_grpo on the tiny-vllm preset, generating with vLLM."""
+    text = (PIPELINES / "tiny_grpo.rpeg").read_text()
+    text = re.sub(r":\s*tiny\s*\{", ": tiny-vllm {", text)
+    text = re.sub(r"(stage rollout\s*=\s*generate\([^)]*)\)", r"\1, engine = vllm)", text)
+    folder = tmp_path_factory.mktemp("spec")
+    (folder / "g.rpeg").write_text(text)
+    (folder / "rewards.py").write_text((PIPELINES / "rewards.py").read_text())
+    return load(folder / "g.rpeg")
+
+
+def _place(plan, stage, **changes):
+    return attrs.evolve(plan, placements=tuple(
+        attrs.evolve(p, **changes) if p.stage == stage else p for p in plan.placements))
+
+
+def _steps(calls, steps):
+    """Run the calls through the scheduling core in dependency order: no cycle, none left."""
+    table = by_id(calls)
+    core = C.Core.create(calls, steps=steps, window=2)
+    pending = [i.call.id for i in core.handle(C.Started()) if isinstance(i, C.Submit)]
+    done = []
+    while pending:
+        op = pending.pop(0)
+        assert all(d in done for d in table[op].all_deps)
+        done.append(op)
+        pending += [i.call.id for i in core.handle(C.OpDone(op)) if isinstance(i, C.Submit)]
+    assert core.finished and len(done) == len(calls)
+
+
+def test_a_disaggregated_engine_serves_its_own_copy_synced_by_collectives(vgrpo):
+    plan = split_plan(vgrpo, 2, staleness=1)        # rollout on 0 (vLLM), actor trained on 1
+    calls = build_calls(vgrpo, plan, steps=4)
+    rollouts = [c for c in calls if c.op == "rollout"]
+    assert {(c.model, c.device) for c in rollouts} == {("actor~vllm", 0)}
+    assert [max(0, c.step - 1) for c in rollouts] == [c.version for c in rollouts]
+    assert not [c for c in calls if c.role in (EXPORT, LOAD)]     # nothing through Dask
+    table = by_id(calls)
+    assert not [c for c in calls if c.op == "sync_actor" and c.step >= 2]   # v3: nobody reads
+    for v in (1, 2):
+        recv, send = table[f"sync_actor~vllm/s{v - 1}/recv@0"], table[f"sync_actor/s{v - 1}/send"]
+        assert (recv.device, recv.model, recv.writes) == (0, "actor~vllm", v)
+        assert (send.device, send.model, send.version) == (1, "actor", v)
+        assert recv.tp_group == send.tp_group == (0, 1) and recv.collective
+        # a gang: both wait for everything either waits for
+        assert set(recv.all_deps) == set(send.all_deps)
+        readers = [c.id for c in rollouts if c.version == v]
+        assert readers and all(recv.id in table[r].after for r in readers)
+    ctx = RunContext.create(vgrpo, plan, calls, spec_dir=".", run_dir=".")
+    engine = next(r for r in ctx.replicas if r.model == "actor~vllm")
+    assert engine.engine == (0,) and not engine.trainable
+    assert ctx.syncs == (WeightSync("actor", (1,), ((0, 1),)),)
+    assert ctx.syncs[0].world == 2 and ctx.syncs[0].first_rank(0) == 1
+    _steps(calls, 4)
+
+
+def test_a_tensor_parallel_engine_runs_one_instance_per_block(vgrpo):
+    base = split_plan(vgrpo, 5, staleness=0)          # actor trained on 4
+    plan = _place(base, "rollout", devices=(0, 1, 2, 3), dp=2, tp=2, chunks=4)
+    calls = build_calls(vgrpo, plan, steps=2)
+    rollouts = [c for c in calls if c.op == "rollout" and c.step == 0]
+    assert [(c.chunk, c.device, c.tp_group, c.world) for c in rollouts] == [
+        (0, 0, (), 2), (1, 2, (), 2), (2, 0, (), 2), (3, 2, (), 2)]
+    ctx = RunContext.create(vgrpo, plan, calls, spec_dir=".", run_dir=".")
+    blocks = {r.device: r.engine for r in ctx.replicas if r.model == "actor~vllm"}
+    assert blocks == {0: (0, 1), 2: (2, 3)}
+    sync = ctx.syncs[0]
+    assert sync.engines == ((0, 2), (2, 2)) and sync.world == 5
+    assert [sync.first_rank(h) for h in (0, 2)] == [1, 3]
+    gang = [c for c in calls if c.op == "sync_actor" and c.step == 0]
+    assert sorted((c.role, c.device) for c in gang) == [(RECV, 0), (RECV, 2), (SEND, 4)]
+    _steps(calls, 2)
+
+
+def test_an_engine_beside_its_unsplit_trainer_is_updated_in_memory(vgrpo):
+    plan = _place(split_plan(vgrpo, 2, staleness=0), "rollout", devices=(1,))   # home: 1
+    calls = build_calls(vgrpo, plan, steps=3)
+    assert {c.model for c in calls if c.op == "rollout"} == {"actor"}
+    assert not [c for c in calls if c.kind.value == "sync_weights"]
+    assert RunContext.create(vgrpo, plan, calls, spec_dir=".", run_dir=".").syncs == ()
+
+
+def test_a_host_that_also_sends_starts_its_receive_before_it_sends(vgrpo):
+    # the trainer's device hosts a tp = 2 engine: its worker cannot wait in both calls
+    plan = _place(split_plan(vgrpo, 2, staleness=0), "rollout", devices=(0, 1), tp=2)
+    plan = _place(plan, "actor_step", devices=(0,))
+    plan = attrs.evolve(plan, model_homes=(("actor", (0,)),))
+    calls = build_calls(vgrpo, plan, steps=3)
+    table = by_id(calls)
+    recv, send = table["sync_actor~vllm/s0/recv@0"], table["sync_actor/s0/send"]
+    assert recv.device == send.device == 0 and recv.id in send.after
+    later = [c for c in calls if c.collective and c.device == 0 and c.step == 1
+             and c.op == "sync_actor"]
+    assert all(send.id in c.after for c in later)         # the next gang waits for the send
+    _steps(calls, 3)
+
+
+def test_verify_places_a_receive_on_its_engine_and_checks_the_version_it_wrote(vgrpo):
+    from rpeg.runtime.core import _submission_order
+    plan = split_plan(vgrpo, 2, staleness=1)
+    calls = build_calls(vgrpo, plan, steps=3)
+    workers = {0: "tcp://a", 1: "tcp://b"}
+    homes = model_homes(vgrpo, plan, graph_for(vgrpo, plan))
+    table = by_id(calls)
+
+    def trace(wrote):
+        events, t = [], 0.0
+        for op in _submission_order(calls):
+            c = table[op]
+            events.append({"id": c.id, "step": c.step, "device": c.device,
+                           "worker": workers[c.device], "start": t, "end": t + 1.0,
+                           "version_read": c.version, "version_written": wrote(c)})
+            t += 1.0
+        return events
+    assert check(calls, plan, trace(lambda c: c.writes), workers, 3, homes).ok
+    bad = check(calls, plan, trace(lambda c: c.writes - (c.role == RECV)), workers, 3, homes)
+    assert {v.check for v in bad.violations} == {"version"}
+    assert all(RECV in v.op for v in bad.violations)
+
+
+def test_the_engine_copy_keeps_the_plans_engine(vgrpo):
+    plan = split_plan(vgrpo, 2, staleness=1)
+    assert plan.placement("rollout").engine is Engine.VLLM
+
+
+def test_an_in_process_run_refuses_a_collective_sync(vgrpo):
+    from rpeg.errors import RuntimeFailure
+    from rpeg.runtime.inline import run_inline
+    with pytest.raises(RuntimeFailure, match="vLLM engine's own copy"):
+        run_inline(vgrpo, split_plan(vgrpo, 2, staleness=1), steps=3, spec_dir=".")

@@ -14,7 +14,7 @@ What each op kind costs (all per step, on the op's devices):
 - GENERATE: prefill, then one decode step per generated token. Finished rows leave the
   batch (the torch engine drops them from its cache; vLLM batches continuously), so the
   batch shrinks along the workload's length distribution — its long tail sets the end.
-  vLLM's per-layer and per-step host overheads are the profile's ``vllm_*`` extras.
+  vLLM's per-layer and per-step host overheads are the profile's ``vllm_*`` fields.
 - FORWARD: one pass over prompt + response (padded to the batch's longest).
 - TRAIN: per optimizer step (minibatches x epochs), forward + backward (+ recomputation)
   over micro-batches in a 1F1B pipeline, TP all-reduces, DP gradient reduction, Adam.
@@ -126,7 +126,7 @@ def estimate_stage(pipeline: Pipeline, stage_name: str, par: Parallel, devices: 
     gpu = cluster.gpu
     cost = _estimate(pipeline, stage, par, devices, topo, cluster, batch, engine, rows,
                      padded_len, partial, off_policy)
-    cost = _concurrent(cost, gpu.get("concurrency_slowdown", 1.0)) if len(devices) > 1 \
+    cost = _concurrent(cost, gpu.concurrency_slowdown) if len(devices) > 1 \
         else cost
     return cost
 
@@ -157,18 +157,20 @@ def _estimate(pipeline, stage, par, devices, topo, cluster, batch, engine, rows,
                           partial).cost
     if stage.kind is OpKind.SCORE and not pipeline.has_model(stage.target or ""):
         # a python reward: per call, per response, and per response token (decoding, text)
-        t = gpu.get("reward_call_overhead", 0.0) \
-            + batch * gpu.get("reward_sample_overhead", gpu.sample_overhead) \
-            + batch * mean_len(w.gen_len) * gpu.get("reward_token_time", 0.0)
+        per_sample = gpu.reward_sample_overhead
+        t = gpu.reward_call_overhead \
+            + batch * (gpu.sample_overhead if per_sample is None else per_sample) \
+            + batch * mean_len(w.gen_len) * gpu.reward_token_time
         return StageCost(t, t, 0.0, (("reward", t),))
     if stage.kind is OpKind.COMPUTE:
         # per response, plus per response token for a per-token estimator (GAE's
         # recursion); a group estimator (group_norm, rloo) works on one score per response
         per_token = stage.function not in _PER_SAMPLE_FUNCTIONS
         tokens = batch * mean_len(w.gen_len) if per_token else 0.0
-        t = gpu.get("compute_call_overhead", 0.0) \
-            + batch * gpu.get("compute_sample_time", gpu.sample_overhead) \
-            + tokens * gpu.get("compute_token_time", 2e-9)
+        per_sample = gpu.compute_sample_time
+        t = gpu.compute_call_overhead \
+            + batch * (gpu.sample_overhead if per_sample is None else per_sample) \
+            + tokens * gpu.compute_token_time
         return StageCost(t, t, 0.0, (("host", t),))
     model = pipeline.model(stage.target)
     gen = padded_len(w.gen_len, math.ceil(batch / par.dp)) if padded_len_ is None \
@@ -217,7 +219,7 @@ def generation_chunks(pipeline: Pipeline, stage_name: str, par: Parallel,
         n = min(len(finish), math.ceil(batch / par.dp))
         finish = finish[:n]
         lengths = np.array([part.finished_top(x) for x in lengths[:n]])
-    total = _concurrent(g.cost, cluster.gpu.get("concurrency_slowdown", 1.0)).time_s \
+    total = _concurrent(g.cost, cluster.gpu.concurrency_slowdown).time_s \
         if len(devices) > 1 else g.cost.time_s
     scale = total / g.cost.time_s if g.cost.time_s > 0 else 1.0
     per_chunk = np.array_split(np.arange(len(finish)), chunks)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import attrs
 
 from rpeg.errors import GraphError
-from rpeg.graph.ir import GROUP_FUNCTIONS, DataEdge, Graph, Op, VersionEdge
+from rpeg.graph.ir import GROUP_FUNCTIONS, SAME_STEP, DataEdge, Graph, Op, VersionEdge
 from rpeg.spec.model import OpKind, Pipeline
 
 
@@ -134,7 +134,7 @@ def _version_edges(ops: list[Op], bounds: dict[str, int]) -> tuple[VersionEdge, 
         if m is None or m not in writer:
             continue
         if o.kind is OpKind.SYNC_WEIGHTS:
-            edges.append(VersionEdge(m, writer[m], o.name, -1))       # right after its train
+            edges.append(VersionEdge(m, writer[m], o.name, SAME_STEP))       # right after its train
             continue
         lag = max((bounds.get(s, 0) for s in o.stages), default=0)
         src = sync[m] if o.kind is OpKind.GENERATE else writer[m]

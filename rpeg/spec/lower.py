@@ -25,6 +25,7 @@ from rpeg.spec.model import (
     LOSSES,
     STAGE_FUNCTIONS,
     WORKLOAD_DATA,
+    DType,
     Engine,
     Head,
     LengthDist,
@@ -32,6 +33,7 @@ from rpeg.spec.model import (
     Model,
     OpKind,
     Optimizer,
+    OptimizerKind,
     Pipeline,
     Reward,
     Stage,
@@ -55,7 +57,7 @@ from rpeg.spec.sections import entries as _entries
 WORKLOAD_KEYS = ("steps", "prompts", "samples", "prompt_len", "gen_len", "dataset",
                  "seed") + DATA_KEYS
 MODEL_KEYS = ("optimizer", "head", "frozen", "dtype", "weights", "lora") + MODEL_ARCH_KEYS
-DTYPES = ("bf16", "fp16", "fp32", "fp8")
+DTYPES = tuple(DType)
 MAX_STEPS = 10_000_000
 MAX_TOKENS = 1 << 21
 MAX_HISTOGRAM_BYTES = 64 * 1024 * 1024
@@ -291,7 +293,7 @@ def _model(m: ast.ModelDecl, path: str, warnings: list[SpecError]) -> Model:
 
 
 def _optimizer(v: ast.Value) -> Optimizer:
-    if not isinstance(v, ast.Call) or v.func.value not in ("adam", "adamw"):
+    if not isinstance(v, ast.Call) or v.func.value not in tuple(OptimizerKind):
         raise SpecError(f"optimizer must be adam(lr = ...) or adamw(lr = ...), not "
                         f"{V.describe(v)}", v.span)
     allowed = ("lr", "beta1", "beta2", "weight_decay", "eps", "grad_clip")
@@ -305,9 +307,10 @@ def _optimizer(v: ast.Value) -> Optimizer:
     if "lr" in kw and not 0 < kw["lr"] < 1:
         where = next((k.value.span for k in v.kwargs if k.key.value == "lr"), v.span)
         raise SpecError(f"lr must be in (0, 1), not {kw['lr']:g}", where)
-    return Optimizer(kind=v.func.value, lr=kw.get("lr", 1e-5),
+    kind = OptimizerKind(v.func.value)
+    return Optimizer(kind=kind, lr=kw.get("lr", 1e-5),
                      betas=(kw.get("beta1", 0.9), kw.get("beta2", 0.999)),
-                     weight_decay=kw.get("weight_decay", 0.0 if v.func.value == "adam" else 0.01),
+                     weight_decay=kw.get("weight_decay", 0.0 if kind is OptimizerKind.ADAM else 0.01),
                      eps=kw.get("eps", 1e-8), grad_clip=kw.get("grad_clip", 1.0))
 
 

@@ -39,6 +39,20 @@ class Head(enum.Enum):
     REWARD = "reward"
 
 
+class DType(enum.StrEnum):
+    """The type a model's parameters are stored and computed in."""
+
+    BF16 = "bf16"
+    FP16 = "fp16"
+    FP32 = "fp32"
+    FP8 = "fp8"
+
+
+class OptimizerKind(enum.StrEnum):
+    ADAM = "adam"      # L2 weight decay (default 0)
+    ADAMW = "adamw"    # decoupled weight decay (default 0.01)
+
+
 class LengthKind(enum.Enum):
     FIXED = "fixed"
     UNIFORM = "uniform"
@@ -184,7 +198,7 @@ class Workload:
 
 @attrs.frozen
 class Optimizer:
-    kind: str = "adam"
+    kind: OptimizerKind = attrs.field(default=OptimizerKind.ADAM, converter=OptimizerKind)
     lr: float = 1e-5
     betas: tuple[float, float] = (0.9, 0.999)
     weight_decay: float = 0.0
@@ -200,7 +214,7 @@ class Model:
     head: Head = Head.LM
     frozen: bool = False
     optimizer: Optimizer | None = None
-    dtype: str = "bf16"
+    dtype: DType = attrs.field(default=DType.BF16, converter=DType)
     weights: str | None = None      # a local weights directory (safetensors + config)
     span: Span = NOWHERE
     lora: Lora | None = None        # low-rank adapters train; the backbone stays frozen

@@ -73,15 +73,3 @@ class GenerationEngine(Protocol):
 
     def shutdown(self) -> None:
         ...
-
-
-class CarryingEngine(GenerationEngine, Protocol):
-    """An engine that keeps unfinished responses between steps (partial rollouts)."""
-
-    def generate_carried(self, cohorts: list[Cohort], chunks: int = 1,
-                         key: str = "") -> Iterator[RolloutChunk]:
-        """Advance the responses of ``cohorts`` (``cohorts[0]`` is this step's; the others
-        start early, or continue) until every response of ``cohorts[0]`` finished; yield
-        those in ``chunks`` groups. ``version`` of a chunk: the oldest parameter version
-        any of its tokens was sampled with. ``key`` names the buffer (one per generate op)."""
-        ...

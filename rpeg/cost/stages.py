@@ -131,12 +131,6 @@ def estimate_stage(pipeline: Pipeline, stage_name: str, par: Parallel, devices: 
     return cost
 
 
-def is_host_stage(pipeline: Pipeline, stage) -> bool:
-    """A per-sample host op: a python reward or a compute function (no model)."""
-    return stage.kind is OpKind.COMPUTE or (stage.kind is OpKind.SCORE
-                                            and not pipeline.has_model(stage.target or ""))
-
-
 def _concurrent(cost: StageCost, slowdown: float) -> StageCost:
     """Devices that share a last-level cache and memory (CPU cores) compute slower while
     all of them are busy: scale the compute parts by the calibrated slowdown."""
@@ -328,5 +322,5 @@ def weight_sync_time(model: Model, src_devices: Sequence[int], src_par: Parallel
 
 __all__ = ["StageCost", "activation_bytes_per_token", "decoded_batch", "dp_group",
            "estimate_stage", "generation_chunks", "generation_rows", "host_bandwidth",
-           "is_host_stage", "offload_time", "pp_group", "stage_memory", "tp_group",
+           "offload_time", "pp_group", "stage_memory", "tp_group",
            "weight_sync_time"]

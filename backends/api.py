@@ -78,26 +78,6 @@ class GenerationEngine(Protocol):
         ...
 
 
-class CarryingEngine(GenerationEngine, Protocol):
-    """An engine that keeps unfinished responses between steps (partial rollouts)."""
-
-    def generate_carried(self, cohorts: list[Cohort], chunks: int = 1,
-                         key: str = "") -> Iterator[RolloutChunk]:
-        """Advance the responses of ``cohorts`` (``cohorts[0]`` is this step's; the others
-        start early, or continue) until every response of ``cohorts[0]`` finished; yield
-        those in ``chunks`` groups. ``version`` of a chunk: the oldest parameter version
-        any of its tokens was sampled with. ``key`` names the buffer (one per generate op)."""
-        ...
-
-    def carried_state(self) -> tuple[CarriedState, ...]:
-        """The buffers, as plain values a checkpoint holds (``backends.carry.export``)."""
-        ...
-
-    def restore_carried(self, states: tuple[CarriedState, ...]) -> None:
-        """Replace the buffers by checkpointed ones: the next step continues them."""
-        ...
-
-
 @attrs.frozen
 class CarriedResponse:
     """A response an engine started early under partial rollouts, as a checkpoint holds it."""

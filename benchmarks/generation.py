@@ -3,7 +3,7 @@ the time of one in-memory weight update; calibrates the cost model's vLLM decode
 
     .venv-vllm/bin/python benchmarks/generation.py            # 3 models x batches 1, 4, 16: ~5 min
     .venv-vllm/bin/python benchmarks/generation.py --quick    # tiny-vllm only: ~1 min
-    .venv/bin/python benchmarks/generation.py --refit         # refit the extras, no vLLM
+    .venv/bin/python benchmarks/generation.py --refit         # refit the vLLM terms, no vLLM
     .venv-vllm/bin/python benchmarks/generation.py --only concurrency   # see generation_engines.py
     .venv-vllm/bin/python benchmarks/generation.py --only sync          # see generation_engines.py
 
@@ -244,9 +244,8 @@ def _generate_mape(results, cluster, scale: float, layer_oh: float, step_oh: flo
     from rpeg.cost.stages import estimate_stage
     from rpeg.spec.model import Engine
 
-    extra = dict(cluster.gpu.extra) | {"vllm_work_scale": scale, "vllm_layer_overhead": layer_oh,
-                                       "vllm_decode_overhead": step_oh}
-    gpu = attrs.evolve(cluster.gpu, extra=tuple(sorted(extra.items())))
+    gpu = attrs.evolve(cluster.gpu, vllm_work_scale=scale, vllm_layer_overhead=layer_oh,
+                       vllm_decode_overhead=step_oh)
     cl = attrs.evolve(cluster, gpu=gpu)
     errors = []
     for res in results:

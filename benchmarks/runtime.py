@@ -125,7 +125,7 @@ def control_model(pipeline, plan) -> dict:
     timings, _ = ev.timings(plan, graph)
     return {"tasks_per_step": ev.dask_tasks(plan, graph, timings),
             "control_cpu_per_step_s": round(ev.control_time(plan, graph, timings)
-                                            * cluster.gpu.get("host_cores", 0.0), 5),
+                                            * cluster.gpu.host_cores, 5),
             "control_share_s": round(ev.control_time(plan, graph, timings), 5)}
 
 

@@ -75,7 +75,7 @@ def hf_config(dims):
 
     if dims.family not in _FAMILIES:
         raise BackendError(f"model family must be one of {', '.join(_FAMILIES)}, not "
-                           f"{dims.family!r}",
+                           f"'{dims.family}'",
                            hint="the torch backend builds Llama, Qwen2, Qwen3 and Mistral shapes")
     if dims.qk_norm != (dims.family == "qwen3"):
         raise BackendError(f"qk_norm must be {str(dims.family == 'qwen3').lower()} for a "

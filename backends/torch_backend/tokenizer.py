@@ -24,7 +24,6 @@ import functools
 from pathlib import Path
 
 PAD_ID, BOS_ID, EOS_ID = 256, 257, 258
-VOCAB_SIZE = 259
 SPECIALS = {"<pad>": PAD_ID, "<bos>": BOS_ID, "<eos>": EOS_ID}
 
 

@@ -11,7 +11,6 @@ never as a Python traceback (set RPEG_DEBUG=1 to see one for a bug in rpeg).
 from __future__ import annotations
 
 import importlib
-import importlib.util
 import os
 import sys
 
@@ -47,11 +46,17 @@ def _root(version: bool = typer.Option(False, "--version", is_eager=True,
 
 
 def _register_all() -> None:
+    # every command is a module of this package: one that is missing is a broken install,
+    # said as such, not a command silently gone from --help
     for name in COMMANDS:
-        mod = f"rpeg.cli.{name}"
-        if importlib.util.find_spec(mod) is None:
-            continue
-        importlib.import_module(mod).register(app)
+        module = f"rpeg.cli.{name}"
+        try:
+            importlib.import_module(module).register(app)
+        except ModuleNotFoundError as e:
+            if e.name != module:
+                raise
+            raise RpegError(f"rpeg's '{name}' command must be installed, not missing "
+                            f"(no module {module})", hint="reinstall rpeg") from None
 
 
 def report(err: RpegError) -> None:
@@ -61,8 +66,8 @@ def report(err: RpegError) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    _register_all()
     try:
+        _register_all()
         rc = app(args=argv, standalone_mode=False)
     except RpegError as e:
         report(e)

@@ -31,11 +31,11 @@ from rpeg.errors import RpegError
 
 
 def _control_line(p) -> str:
-    if not p.get("host_cores", 0.0):
+    if not p.host_cores:
         return "control plane not measured"
-    return (f"control plane {p.get('control_step_s') * 1e3:.1f} ms CPU per device and "
-            f"{p.get('control_task_s') * 1e3:.2f} ms per task a step, on "
-            f"{p.get('host_cores'):.0f} cores")
+    return (f"control plane {p.control_step_s * 1e3:.1f} ms CPU per device and "
+            f"{p.control_task_s * 1e3:.2f} ms per task a step, on "
+            f"{p.host_cores:.0f} cores")
 
 
 def register(app: typer.Typer) -> None:
@@ -52,7 +52,7 @@ def register(app: typer.Typer) -> None:
                                            "terms of the --out profile, keeping the rest."),
     ) -> None:
         """Measure this machine's devices and links into a hardware profile."""
-        from rpeg.cost.calibrate import cluster_text, fit_profile, keep_extras, with_dispatch
+        from rpeg.cost.calibrate import cluster_text, fit_profile, keep_unmeasured, with_dispatch
         from rpeg.cost.profiles import load_profile, profile_text
         from rpeg.runtime.dispatch import measure_control, measure_dispatch
         from rpeg.runtime.machine import measure_machine
@@ -85,7 +85,7 @@ def register(app: typer.Typer) -> None:
         fit = fit_profile(m, name=name)
         p = fit.profile
         if out is not None and out.exists():
-            p = keep_extras(p, load_profile(out))
+            p = keep_unmeasured(fit, load_profile(out))
         text = profile_text(p, comment=f"{name}: measured by rpeg calibrate")
         print(f"fitted on {len(m['ops'])} ops in {time.perf_counter() - t0:.0f} s: "
               f"GEMM {p.matmul_flops / 1e9:.0f} GFLOPS, copy {p.mem_bandwidth / 1e9:.0f} GB/s, "

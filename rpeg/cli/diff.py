@@ -16,7 +16,6 @@ or two run directories.
 
 from __future__ import annotations
 
-import importlib
 import json
 import sys
 from pathlib import Path
@@ -34,29 +33,12 @@ def _kind(p: Path) -> str:
     return "spec"
 
 
-def _optional(module: str, name: str):
-    """``module.name`` if someone has built it yet, else None."""
-    try:
-        return getattr(importlib.import_module(module), name, None)
-    except ImportError:
-        return None
-
-
-def _not_available(what: str) -> None:
-    print(f"rpeg diff: {what}", file=sys.stderr)
-    raise typer.Exit(2)
-
-
 def _predicted(pipeline, cluster, seed: int, budget: int) -> dict:
     """Compile one pipeline on the cluster; the figures the diff compares (or the error)."""
-    compile_plan = _optional("rpeg.plan", "compile_plan")
-    options = _optional("rpeg.plan", "SearchOptions")
-    if compile_plan is None or options is None:
-        return {"error": "planner not available yet (rpeg.plan.compile_plan)"}
-    strategy = _optional("rpeg.plan", "Strategy")
+    from rpeg.plan import SearchOptions, Strategy, compile_plan
     try:
-        plan = compile_plan(pipeline, cluster, strategy.SEARCH,
-                            options(seed=seed, iterations=budget))
+        plan = compile_plan(pipeline, cluster, Strategy.SEARCH,
+                            SearchOptions(seed=seed, iterations=budget))
     except RpegError as e:
         return {"error": e.message}
     pred = plan.predicted
@@ -136,9 +118,7 @@ def register(app: typer.Typer) -> None:
         if ka == "plan":
             _plan_diff(a, b, as_json, force)
         if ka == "run":
-            diff_runs = _optional("rpeg.experiments", "diff_runs")
-            if diff_runs is None:
-                _not_available("run-directory diff: not yet")
+            from rpeg.experiments import diff_runs
             result = diff_runs(a, b)
             _emit(result, as_json)
             raise typer.Exit(1 if getattr(result, "changed", bool(result)) else 0)
@@ -146,9 +126,7 @@ def register(app: typer.Typer) -> None:
 
 
 def _plan_diff(a: Path, b: Path, as_json: bool, force: bool = False) -> None:
-    diff_plans = _optional("rpeg.plan", "diff_plans")
-    if diff_plans is None:
-        _not_available("plan diff not available yet")
+    from rpeg.plan import diff_plans
     from rpeg.plan.validate import open_plan
 
     opened = [open_plan(p, force=force) for p in (a, b)]

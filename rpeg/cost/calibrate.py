@@ -67,6 +67,7 @@ class Fit:
     profile: GpuProfile
     link: Link
     residuals: tuple[tuple[str, float], ...]      # op -> relative latency error on its own fit
+    measured: frozenset[str] = frozenset()        # the host-side profile fields it measured
 
 
 def cpu_cluster(profile: GpuProfile, link: Link, devices: int = 2) -> Cluster:
@@ -211,7 +212,7 @@ def fit_profile(m: dict, name: str = "local_cpu", devices: int = 2) -> Fit:
         backward_factor=0.0, optimizer_tensor_overhead=0.0, sample_overhead=m.get("sample_s", 0.0),
         async_launch=0.0, compute_bytes=4.0, act_factor=1.0, runtime_memory=0.0,
         # the torch backend drops gradients after each step (zero_grad(set_to_none=True))
-        extra=(("grads_freed", 1.0),))
+        grads_freed=1.0)
 
     # 1. Inference: elementwise rate, attention rate, per-layer / per-call / per-step /
     #    per-sample costs.
@@ -237,20 +238,20 @@ def fit_profile(m: dict, name: str = "local_cpu", devices: int = 2) -> Fit:
                    f"g{o['gen_len']}", float(_predict(o, prof, link)[0] / o["latency_s"] - 1))
                   for o in m["ops"])
     bf16 = m.get("gemm_bf16") or []
-    extra = [("threads", float(m.get("threads", 1))), ("grads_freed", 1.0),
-             *fit_host(m.get("host", [])).items(),
-             ("concurrency_slowdown", max(float(m.get("concurrency", 1.0)), 1.0)),
-             ("copy_bandwidth", float(m["copy_bandwidth"])),
-             ("gloo_bandwidth", link.bandwidth), ("gloo_latency", link.latency)]
+    host = {"threads": float(m.get("threads", 1)), "grads_freed": 1.0,
+            **fit_host(m.get("host", [])),
+            "concurrency_slowdown": max(float(m.get("concurrency", 1.0)), 1.0),
+            "copy_bandwidth": float(m["copy_bandwidth"]),
+            "gloo_bandwidth": link.bandwidth, "gloo_latency": link.latency}
     if "dispatch" in m:
-        extra.append(("dispatch_s", fit_dispatch(m["dispatch"])))
+        host["dispatch_s"] = fit_dispatch(m["dispatch"])
     if "control" in m:
-        extra += list(fit_control(m["control"]).items())
+        host.update(fit_control(m["control"]))
     if bf16:
-        extra.append(("bf16_matmul_flops", float(np.median(
-            [2.0 * r["m"] * r["n"] * r["k"] / r["seconds"] for r in bf16]))))
-    prof = attrs.evolve(prof, extra=tuple(extra), source=_source(m))
-    return Fit(prof, link, resid)
+        host["bf16_matmul_flops"] = float(np.median(
+            [2.0 * r["m"] * r["n"] * r["k"] / r["seconds"] for r in bf16]))
+    prof = attrs.evolve(prof, **host, source=_source(m))
+    return Fit(prof, link, resid, frozenset(host))
 
 
 def fit_host(rows: list[dict]) -> dict[str, float]:
@@ -343,26 +344,27 @@ def with_dispatch(profile: GpuProfile, d: dict, control: dict | None = None) -> 
     """``profile`` with its ``dispatch_s`` from a new dispatch measurement (and, given
     ``control``, the control-plane terms of :func:`fit_control`), the rest kept.
 
-    >>> p = with_dispatch(GpuProfile("cpu", extra=(("threads", 1.0),)), {"dispatch_s": 0.003})
-    >>> p.get("dispatch_s"), p.get("threads")
-    (0.003, 1.0)
+    >>> p = with_dispatch(GpuProfile("cpu", threads=2.0), {"dispatch_s": 0.003})
+    >>> p.dispatch_s, p.threads
+    (0.003, 2.0)
     """
-    new = {"dispatch_s": fit_dispatch(d), **(fit_control(control) if control else {})}
-    extra = tuple((k, v) for k, v in profile.extra if k not in new)
-    return attrs.evolve(profile, extra=extra + tuple(new.items()))
+    return attrs.evolve(profile, dispatch_s=fit_dispatch(d),
+                        **(fit_control(control) if control else {}))
 
 
-def keep_extras(profile: GpuProfile, old: GpuProfile) -> GpuProfile:
-    """``profile`` with the extras of ``old`` it does not measure itself (e.g. the vLLM
-    overheads ``benchmarks/generation.py`` measured), so recalibrating keeps them.
+def keep_unmeasured(fit: Fit, old: GpuProfile) -> GpuProfile:
+    """``fit``'s profile with the host-side fields of ``old`` the fit did not measure (e.g.
+    the vLLM overheads ``benchmarks/generation.py`` measured), so recalibrating keeps them.
 
-    >>> new = GpuProfile("cpu", extra=(("threads", 1.0),))
-    >>> keep_extras(new, GpuProfile("cpu", extra=(("threads", 2.0), ("vllm_x", 3.0)))).extra
-    (('threads', 1.0), ('vllm_x', 3.0))
+    >>> link = Link(Level.GPU, 1e9, 1e-5)
+    >>> new = Fit(GpuProfile("cpu", threads=1.0), link, (), frozenset({"threads"}))
+    >>> p = keep_unmeasured(new, GpuProfile("cpu", threads=2.0, vllm_work_scale=0.5))
+    >>> p.threads, p.vllm_work_scale
+    (1.0, 0.5)
     """
-    have = {k for k, _ in profile.extra}
-    return attrs.evolve(profile, extra=profile.extra + tuple(
-        (k, v) for k, v in old.extra if k not in have))
+    kept = {f.name: getattr(old, f.name) for f in attrs.fields(GpuProfile)
+            if f.metadata.get("measured") and f.name not in fit.measured}
+    return attrs.evolve(fit.profile, **kept)
 
 
 def _solve_act_factor(o: dict, prof: GpuProfile, link: Link) -> float:

@@ -81,9 +81,10 @@ def engine_terms(engine: Engine, gpu: GpuProfile) -> EngineTerms:
         engine = Engine.TORCH
     if not gpu.async_launch:                  # a CPU rpeg calibrate measured: its own terms
         if engine is Engine.VLLM:
-            return EngineTerms(layer_s=gpu.get("vllm_layer_overhead", gpu.layer_overhead),
-                               step_s=gpu.get("vllm_decode_overhead", gpu.decode_overhead),
-                               work=gpu.get("vllm_work_scale", 1.0), paged=True)
+            layer, step = gpu.vllm_layer_overhead, gpu.vllm_decode_overhead
+            return EngineTerms(layer_s=gpu.layer_overhead if layer is None else layer,
+                               step_s=gpu.decode_overhead if step is None else step,
+                               work=gpu.vllm_work_scale, paged=True)
         return EngineTerms(layer_s=gpu.layer_overhead, step_s=gpu.decode_overhead,
                            kv_copy=True, static_batch=engine in (Engine.HF, Engine.HYBRID))
     return ENGINES[engine]

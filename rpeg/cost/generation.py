@@ -351,7 +351,7 @@ def _cached(model, par, devices, topo, gpu, t, local, prompt, extra, dist, engin
         # the shards gathered once into the inference kernels' layout (tp of this stage)
         prefill_x += collective_time(Collective.ALL_GATHER, wbytes, tuple(devices), topo)
     if par.param_offload:      # an engine woken up: its weights back from host memory
-        prefill_x += wbytes / gpu.get("host_bandwidth", 25e9)
+        prefill_x += wbytes / gpu.host_bandwidth
 
     # Decode, integrated over segments of constant batch size.
     done = np.sort(last)

@@ -262,7 +262,7 @@ def offloaded_bytes(model: Model, par: Parallel, gpu: GpuProfile, *,
 def devices_are_host(gpu: GpuProfile) -> bool:
     """Whether the devices' memory is the host's (a CPU profile: its devices are host cores),
     so offloading to host memory frees none of it."""
-    return gpu.get("host_cores", 0.0) > 0
+    return gpu.host_cores > 0
 
 
 def fits(total_bytes: float, cluster: Cluster) -> bool:

@@ -171,7 +171,7 @@ def weights_gather(model: Model, par: Parallel, devices, topo, gpu) -> float:
 def host_bandwidth(gpu) -> float:
     """Bytes/s one way between a device and host memory (the profile's ``host_bandwidth``;
     PCIe Gen4 x16's achievable ~25 GB/s when a profile does not say)."""
-    return gpu.get("host_bandwidth", 25e9)
+    return gpu.host_bandwidth
 
 
 # --- forward ----------------------------------------------------------------------------------
@@ -288,7 +288,7 @@ def offload_time(model: Model, par: Parallel, gpu, engine: Engine = Engine.TORCH
     t = 0.0
     if par.offload and engine is Engine.DEEPSPEED:
         n = trained_local_params(model, par) / (par.shards if par.zero >= 1 else 1)
-        adam = n * 7 * 4 / gpu.get("host_memory_bandwidth", 12.5e9)
+        adam = n * 7 * 4 / gpu.host_memory_bandwidth
         t += opt_steps * (n * 2 * value_bytes(model, gpu) / bw + adam)
     elif par.offload:
         t += 2 * offloaded_bytes(model, par, gpu) / bw
@@ -372,7 +372,7 @@ def train_memory(model: Model, par: Parallel, gpu, engine: Engine, w, batch: int
         acts = sh.tokens * in_flight * layers * per_layer
     loss = logits_bytes(model, par, sh.head_tokens, t, train=True)
     full = trained_local_params(model, par) * bpv
-    if gpu.get("grads_freed"):
+    if gpu.grads_freed:
         # Gradients are dropped after each step (zero_grad(set_to_none)) and re-created
         # while the backward pass frees activations: the two share their peak.
         acts = max(acts - full / (par.shards if par.zero >= 2 else 1), 0.0)

@@ -73,16 +73,16 @@ def profile_text(p: GpuProfile, comment: str = "") -> str:
              f"profile {p.name} {{"]
     units = profile_fields()
     width = max(len(k) for k in units)
+    measured = [f.name for f in attrs.fields(GpuProfile) if f.metadata.get("measured")]
     for key, dim in units.items():
-        value = getattr(p, key)
-        lines.append(f"    {key:<{width}} = {_with_unit(value, dim)}")
+        if key not in measured:
+            lines.append(f"    {key:<{width}} = {_with_unit(getattr(p, key), dim)}")
     if p.source:
         lines.append(f'    {"source":<{width}} = "{_escape(p.source)}"')
-    if p.extra:
-        lines.append("    extra {")
-        for k, v in p.extra:
-            lines.append(f"        {k} = {_num(v)}")
-        lines.append("    }")
+    defaults = GpuProfile(p.name)
+    for key in measured:      # what was measured: a field at its default says nothing
+        if getattr(p, key) != getattr(defaults, key):
+            lines.append(f"    {key:<{width}} = {_with_unit(getattr(p, key), units[key])}")
     lines.append("}")
     from rpeg.spec.printer import format_text  # the canonical form `rpeg fmt --check` expects
     return format_text("\n".join(lines) + "\n")

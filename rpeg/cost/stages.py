@@ -17,7 +17,7 @@ What each op kind costs (all per step, on the op's devices):
   Dynamic sampling (``refill_rounds``) adds, per extra round, the generation of the share
   of the batch its declared ``filter_rate`` expects to be filtered (round k: rate^k), and
   the python rewards that decide it.
-  vLLM's per-layer and per-step host overheads are the profile's ``vllm_*`` extras.
+  vLLM's per-layer and per-step host overheads are the profile's ``vllm_*`` fields.
 - FORWARD: one pass over prompt + response (padded to the batch's longest, or packed:
   each response at its own length, ``Parallel.packing``).
 - TRAIN: per optimizer step (minibatches x epochs), forward + backward (+ recomputation)
@@ -131,15 +131,9 @@ def estimate_stage(pipeline: Pipeline, stage_name: str, par: Parallel, devices: 
     gpu = cluster.gpu
     cost = _estimate(pipeline, stage, par, devices, topo, cluster, batch, engine, rows,
                      padded_len, partial, off_policy, mean_len)
-    cost = _concurrent(cost, gpu.get("concurrency_slowdown", 1.0)) if len(devices) > 1 \
+    cost = _concurrent(cost, gpu.concurrency_slowdown) if len(devices) > 1 \
         else cost
     return cost
-
-
-def is_host_stage(pipeline: Pipeline, stage) -> bool:
-    """A per-sample host op: a python reward or a compute function (no model)."""
-    return stage.kind is OpKind.COMPUTE or (stage.kind is OpKind.SCORE
-                                            and not pipeline.has_model(stage.target or ""))
 
 
 def _concurrent(cost: StageCost, slowdown: float) -> StageCost:
@@ -175,9 +169,10 @@ def _estimate(pipeline, stage, par, devices, topo, cluster, batch, engine, rows,
         # pricing says which)
         per_token = function(stage.function).pricing.per_token
         tokens = batch * mean_len(w.gen_len) if per_token else 0.0
-        t = gpu.get("compute_call_overhead", 0.0) \
-            + batch * gpu.get("compute_sample_time", gpu.sample_overhead) \
-            + tokens * gpu.get("compute_token_time", 2e-9)
+        per_sample = gpu.compute_sample_time
+        t = gpu.compute_call_overhead \
+            + batch * (gpu.sample_overhead if per_sample is None else per_sample) \
+            + tokens * gpu.compute_token_time
         return StageCost(t, t, 0.0, (("host", t),))
     model = pipeline.model(stage.target)
     gen = response_len(w.gen_len, math.ceil(batch / par.dp), par, padded_len_, mean_len_)
@@ -205,9 +200,10 @@ def refill_batches(stage, batch: int) -> tuple[int, ...]:
 def reward_host_time(gpu, w, batch: int) -> float:
     """Seconds of a python reward over ``batch`` responses: per call, per response, and per
     response token (decoding, text)."""
-    return gpu.get("reward_call_overhead", 0.0) \
-        + batch * gpu.get("reward_sample_overhead", gpu.sample_overhead) \
-        + batch * mean_len(w.gen_len) * gpu.get("reward_token_time", 0.0)
+    per_sample = gpu.reward_sample_overhead
+    return gpu.reward_call_overhead \
+        + batch * (gpu.sample_overhead if per_sample is None else per_sample) \
+        + batch * mean_len(w.gen_len) * gpu.reward_token_time
 
 
 def _plus_host(cost: StageCost, host: float) -> StageCost:
@@ -260,7 +256,7 @@ def generation_chunks(pipeline: Pipeline, stage_name: str, par: Parallel,
         n = min(len(finish), math.ceil(batch / par.dp))
         finish = finish[:n]
         lengths = np.array([part.finished_top(x) for x in lengths[:n]])
-    total = _concurrent(g.cost, cluster.gpu.get("concurrency_slowdown", 1.0)).time_s \
+    total = _concurrent(g.cost, cluster.gpu.concurrency_slowdown).time_s \
         if len(devices) > 1 else g.cost.time_s
     scale = total / g.cost.time_s if g.cost.time_s > 0 else 1.0
     per_chunk = np.array_split(np.arange(len(finish)), chunks)
@@ -382,5 +378,5 @@ def response_len(dist, local: int, par: Parallel, padded: float | None = None,
 
 __all__ = ["StageCost", "activation_bytes_per_token", "decoded_batch", "dp_group",
            "estimate_stage", "generation_chunks", "generation_rows", "host_bandwidth",
-           "is_host_stage", "offload_time", "pp_group", "response_len", "stage_memory",
+           "offload_time", "pp_group", "response_len", "stage_memory",
            "tp_group", "weight_sync_time"]

@@ -18,7 +18,7 @@ from __future__ import annotations
 import attrs
 
 from rpeg.errors import GraphError
-from rpeg.graph.ir import DataEdge, Graph, Op, VersionEdge
+from rpeg.graph.ir import SAME_STEP, DataEdge, Graph, Op, VersionEdge
 from rpeg.spec.functions import function
 from rpeg.spec.model import OpKind, Pipeline
 from rpeg.spec.registry import Scope
@@ -141,7 +141,7 @@ def _version_edges(ops: list[Op], bounds: dict[str, int]) -> tuple[VersionEdge, 
         if m is None or m not in writer:
             continue
         if o.kind is OpKind.SYNC_WEIGHTS:
-            edges.append(VersionEdge(m, writer[m], o.name, -1))       # right after its train
+            edges.append(VersionEdge(m, writer[m], o.name, SAME_STEP))       # right after its train
             continue
         lag = max((bounds.get(s, 0) for s in o.stages), default=0)
         src = sync[m] if o.kind is OpKind.GENERATE else writer[m]

@@ -52,6 +52,11 @@ class DataEdge:
     data: str
 
 
+# The lag of a train op's edge to its weight sync: the sync runs right after the train op,
+# in the same step (s - 1 - SAME_STEP = s), so it carries the version just made.
+SAME_STEP = -1
+
+
 @attrs.frozen
 class VersionEdge:
     """``reader`` at step s needs the version ``writer`` produced at step s - 1 - lag."""
@@ -60,6 +65,10 @@ class VersionEdge:
     writer: str
     reader: str
     lag: int = 0
+
+    @property
+    def same_step(self) -> bool:
+        return self.lag == SAME_STEP
 
 
 @attrs.frozen
@@ -106,7 +115,7 @@ class Graph:
         for e in self.data_edges:
             succ[e.src].add(e.dst)
         for e in self.version_edges:
-            if e.lag == -1:
+            if e.same_step:
                 succ[e.writer].add(e.reader)
         indeg = {o.name: 0 for o in self.ops}
         for s in succ.values():

@@ -30,7 +30,7 @@ import subprocess
 from pathlib import Path
 
 from rpeg.errors import GraphError
-from rpeg.graph.ir import Graph, Op
+from rpeg.graph.ir import SAME_STEP, Graph, Op
 from rpeg.graph.unroll import DepKind, Instance, Unrolled, unroll
 from rpeg.spec.model import OpKind
 
@@ -91,7 +91,7 @@ class _Style:
                 f"writes {', '.join(op.outputs) or '-'}")
 
     def version_attrs(self, model: str, lag: int, label: bool = True) -> str:
-        if lag == -1:
+        if lag == SAME_STEP:
             return _attrs(color=SYNC_COLOUR, penwidth=2.5, style="bold",
                           label=f"{model} weights" if label else None, fontcolor=SYNC_COLOUR)
         c = self.colour.get(model, _MODEL_COLOURS[0])
@@ -130,7 +130,7 @@ def step_dot(g: Graph) -> str:
                      f"{_attrs(label=', '.join(data), color=DATA_COLOUR)};")
     for e in g.version_edges:
         attrs = style.version_attrs(e.model, e.lag)
-        if e.lag != -1:
+        if not e.same_step:
             attrs = attrs[:-1] + ", constraint=false]"
         lines.append(f"  {_q(e.writer)} -> {_q(e.reader)} {attrs};")
     lines += _legend(style)

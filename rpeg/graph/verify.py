@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections import Counter
 
 from rpeg.errors import GraphError
-from rpeg.graph.ir import Graph
+from rpeg.graph.ir import SAME_STEP, Graph
 from rpeg.graph.unroll import DepKind, Unrolled
 from rpeg.spec.model import OpKind
 
@@ -63,10 +63,10 @@ def _verify_versions(g: Graph, ops) -> None:
             raise GraphError(f"version edge {e.writer} -> {e.reader} is for '{e.model}', but "
                              f"the writer writes '{w.writes_model}' and the reader reads "
                              f"'{r.reads_model}'")
-        if e.lag == -1 and not (w.kind is OpKind.TRAIN and r.kind is OpKind.SYNC_WEIGHTS):
+        if e.same_step and not (w.kind is OpKind.TRAIN and r.kind is OpKind.SYNC_WEIGHTS):
             raise GraphError(f"lag -1 (same step) is only for a train -> sync edge, not "
                              f"{e.writer} -> {e.reader}")
-        if e.lag < -1:
+        if e.lag < SAME_STEP:
             raise GraphError(f"version edge {e.writer} -> {e.reader} has lag {e.lag} < 0")
         if r.kind is OpKind.GENERATE and w.kind is not OpKind.SYNC_WEIGHTS:
             raise GraphError(f"generate op '{r.name}' must read '{e.model}' through its "

@@ -136,12 +136,6 @@ def choice_for(ctx: Context, stage: str, size: int, budget: float | None = None,
     return options_[min(rank, len(options_) - 1)]
 
 
-def same_choice(p: StagePlacement, stage: str) -> Choice:
-    """A placement's layout as a Choice (to copy it onto another stage of the same model)."""
-    from rpeg.plan.evaluate import parallel_of
-    return Choice(stage, len(p.devices), parallel_of(p), p.engine, 0.0, 0.0)
-
-
 def repair(ctx: Context, plan: Plan) -> Plan | None:
     """The nearest plan keeping every rule in the module doc, or None if there is none."""
     by = {p.stage: p for p in plan.placements}

@@ -311,7 +311,7 @@ class Evaluator:
             timings, op_times = self.timings(plan, graph)
             steps = self.steps or steps_for(max((k for _, k in plan.staleness), default=0))
             timeline = simulate(graph, timings, steps=steps, events=detail,
-                                crossing_s=max(self.cluster.gpu.get("dispatch_s", 0.0), 0.0))
+                                crossing_s=max(self.cluster.gpu.dispatch_s, 0.0))
             control, tasks = self._control(plan, graph, timings, steps)
             step = timeline.step_time_s + control
             if self.pipeline.evaluation is not None:    # an eval op every `every` steps
@@ -419,12 +419,12 @@ class Evaluator:
                  steps: int) -> tuple[float, int]:
         """(:meth:`control_time`, the Dask tasks a step it counted; 0 where not charged)."""
         gpu = self.cluster.gpu
-        cores = gpu.get("host_cores", 0.0)
+        cores = gpu.host_cores
         if cores <= 0:
             return 0.0, 0
         used = {d for t in timings.values() for d in t.devices}
         tasks = self.dask_tasks(plan, graph, timings, steps)
-        cpu = gpu.get("control_step_s", 0.0) * len(used) + gpu.get("control_task_s", 0.0) * tasks
+        cpu = gpu.control_step_s * len(used) + gpu.control_task_s * tasks
         return cpu / (cores * max(1, -(-len(used) // self.cluster.gpus_per_node))), tasks
 
     def dask_tasks(self, plan: Plan, graph: Graph, timings: dict[str, OpTiming],

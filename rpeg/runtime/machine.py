@@ -226,12 +226,12 @@ def measure_machine(repeats: int, control_steps: int = 40) -> dict:
 def calibrate_into(profile_path: Path, cluster_path: Path, repeats: int = QUICK_REPEATS,
                    control_steps: int = QUICK_CONTROL_STEPS) -> str:
     """A short ``rpeg calibrate``: this machine's profile to ``profile_path`` and its local
-    cluster to ``cluster_path`` (the shipped profile's extras it does not measure, the vLLM
+    cluster to ``cluster_path`` (the shipped profile's fields it does not measure, the vLLM
     terms, are kept); returns a one-line summary."""
-    from rpeg.cost.calibrate import cluster_text, fit_profile, keep_extras
+    from rpeg.cost.calibrate import cluster_text, fit_profile, keep_unmeasured
     from rpeg.cost.profiles import load_profile, profile_text
     fit = fit_profile(measure_machine(repeats, control_steps))
-    p = keep_extras(fit.profile, load_profile(SHIPPED_PROFILE))
+    p = keep_unmeasured(fit, load_profile(SHIPPED_PROFILE))
     profile_path.write_text(profile_text(p, comment=f"{p.name}: measured by rpeg calibrate"),
                             encoding="utf-8")
     cluster_path.write_text(cluster_text(p.name, os.path.relpath(profile_path,

@@ -30,7 +30,6 @@ import attrs
 
 from rpeg.errors import RuntimeFailure, Span
 
-LOOPBACK = "127.0.0.1"
 ENV = {"ca": "RPEG_TLS_CA", "cert": "RPEG_TLS_CERT", "key": "RPEG_TLS_KEY"}
 MAX_PEM_BYTES = 1 << 20
 

@@ -10,8 +10,8 @@
         link rack { bandwidth = 25 GB/s;  latency = 10 us }
     }
 
-A profile file holds ``profile NAME { key = value ... ; extra { key = value } }``;
-its keys are the fields of ``GpuProfile``, each with the unit its metadata names.
+A profile file holds ``profile NAME { key = value ... }``; its keys are the fields of
+``GpuProfile``, each with the unit its metadata names, and any other key is an error.
 """
 
 from __future__ import annotations
@@ -35,28 +35,21 @@ PROFILE_DIRS = (profiles_dir(),)
 
 
 def _profile_fields() -> dict[str, attrs.Attribute]:
-    return {a.name: a for a in attrs.fields(GpuProfile)
-            if a.name not in ("name", "extra") and "unit" in a.metadata or a.name == "source"}
+    return {a.name: a for a in attrs.fields(GpuProfile) if "unit" in a.metadata or a.name == "source"}
 
 
 def lower_profile_block(name: ast.Ident, block: ast.Block) -> GpuProfile:
     fields = _profile_fields()
     values: dict[str, object] = {}
-    extra: list[tuple[str, float]] = []
     seen: dict[str, Span] = {}
     for e in block.entries:
         if isinstance(e, ast.Section):
-            if e.kind.value != "extra" or e.name is not None:
-                raise SpecError(f"a profile has no section '{e.kind.value}'", e.kind.span,
-                                hint="free-form figures go in 'extra { key = value }'")
-            for x in e.block.entries:
-                if not isinstance(x, ast.Assign):
-                    raise SpecError("extra holds 'key = number' entries", x.span)
-                extra.append((x.key.value, V.real(x.value, x.key.value)))
-            continue
+            hint = ("write its keys in the profile itself, each with its unit"
+                    if e.kind.value == "extra" else None)
+            raise SpecError(f"a profile has no section '{e.kind.value}'", e.kind.span, hint=hint)
         key = e.key
         if key.value not in fields:
-            raise V.unknown_key(key, tuple(fields) + ("extra",), f"profile '{name.value}'")
+            raise V.unknown_key(key, tuple(fields), f"profile '{name.value}'")
         if key.value in seen:
             raise V.duplicate("key", key.value, key.span, seen[key.value])
         seen[key.value] = key.span
@@ -69,7 +62,7 @@ def lower_profile_block(name: ast.Ident, block: ast.Block) -> GpuProfile:
     if values.get("memory", 0) <= 0:
         raise SpecError(f"profile '{name.value}' must give the device memory", name.span,
                         hint="add 'memory = 80 GB'")
-    return GpuProfile(name=name.value, extra=tuple(extra), **values)
+    return GpuProfile(name=name.value, **values)
 
 
 def lower_profile(f: ast.File) -> GpuProfile:

@@ -467,19 +467,14 @@ def diff_clusters(a: Cluster, b: Cluster) -> SpecDiff:
     if ga.name != gb.name:
         out.append(Change("gpu", ChangeKind.CHANGED, "name", "", ga.name, gb.name))
     for f in attrs.fields(type(ga)):
-        if f.name in ("name", "source", "extra"):
+        if f.name in ("name", "source"):
             continue
         x, y = getattr(ga, f.name), getattr(gb, f.name)
         if x != y:
             unit = f.metadata.get("unit", "")
-            rel = f"{(y - x) / x:+.1%}" if x else ""
-            out.append(Change("gpu", ChangeKind.CHANGED, f.name, rel, _quantity(x, unit),
-                              _quantity(y, unit)))
-    ea, eb = dict(ga.extra), dict(gb.extra)
-    for key in dict.fromkeys(list(ea) + list(eb)):
-        if ea.get(key) != eb.get(key):
-            out.append(Change("gpu", ChangeKind.CHANGED, f"extra.{key}", "",
-                              _s(ea.get(key)), _s(eb.get(key))))
+            rel = f"{(y - x) / x:+.1%}" if x and y is not None else ""
+            out.append(Change("gpu", ChangeKind.CHANGED, f.name, rel, _figure(x, unit),
+                              _figure(y, unit)))
     la = {link.level: link for link in a.links}
     lb = {link.level: link for link in b.links}
     for level in sorted(set(la) | set(lb)):
@@ -504,6 +499,10 @@ _UNITS = {"bytes": (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("KB", 1e3), ("B", 1
           "bytes/s": (("TB/s", 1e12), ("GB/s", 1e9), ("MB/s", 1e6), ("B/s", 1.0)),
           "flops": (("PFLOPS", 1e15), ("TFLOPS", 1e12), ("GFLOPS", 1e9), ("FLOPS", 1.0)),
           "s": (("s", 1.0), ("ms", 1e-3), ("us", 1e-6), ("ns", 1e-9))}
+
+
+def _figure(x: float | None, unit: str) -> str:
+    return _s(x) if x is None else _quantity(x, unit)
 
 
 def _quantity(x: float, unit: str) -> str:

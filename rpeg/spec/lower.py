@@ -25,6 +25,7 @@ from rpeg.spec.checks import check_context, check_shared_optimizers, check_train
 from rpeg.spec.functions import by_category, default_optimizer, function
 from rpeg.spec.model import (
     WORKLOAD_DATA,
+    DType,
     Head,
     LengthDist,
     LengthKind,
@@ -56,7 +57,7 @@ from rpeg.spec.stages import check_roles, lower_stage
 WORKLOAD_KEYS = ("steps", "prompts", "samples", "prompt_len", "gen_len", "dataset",
                  "seed") + DATA_KEYS
 MODEL_KEYS = ("optimizer", "head", "frozen", "dtype", "weights", "lora") + MODEL_ARCH_KEYS
-DTYPES = ("bf16", "fp16", "fp32", "fp8")
+DTYPES = tuple(DType)
 MAX_STEPS = 10_000_000
 MAX_TOKENS = 1 << 21
 MAX_HISTOGRAM_BYTES = 64 * 1024 * 1024

@@ -39,6 +39,20 @@ class Head(enum.Enum):
     REWARD = "reward"
 
 
+class DType(enum.StrEnum):
+    """The type a model's parameters are stored and computed in."""
+
+    BF16 = "bf16"
+    FP16 = "fp16"
+    FP32 = "fp32"
+    FP8 = "fp8"
+
+
+class OptimizerKind(enum.StrEnum):
+    ADAM = "adam"      # L2 weight decay (default 0)
+    ADAMW = "adamw"    # decoupled weight decay (default 0.01)
+
+
 class LengthKind(enum.Enum):
     FIXED = "fixed"
     UNIFORM = "uniform"
@@ -190,7 +204,7 @@ class Workload:
 class Optimizer:
     """A model's optimizer (``rpeg.spec.functions``: adam, adamw) and its schedule."""
 
-    kind: str                       # an optimizer of the registry
+    kind: OptimizerKind = attrs.field(default=OptimizerKind.ADAM, converter=OptimizerKind)
     lr: float = 1e-5
     betas: tuple[float, float] = (0.9, 0.999)
     weight_decay: float = 0.0
@@ -210,7 +224,7 @@ class Model:
     head: Head = Head.LM
     frozen: bool = False
     optimizer: Optimizer | None = None
-    dtype: str = "bf16"
+    dtype: DType = attrs.field(default=DType.BF16, converter=DType)
     weights: str | None = None      # a local weights directory (safetensors + config)
     span: Span = NOWHERE
     lora: Lora | None = None        # low-rank adapters train; the backbone stays frozen
@@ -377,13 +391,20 @@ def _q(unit: str, default: float = 0.0):
     return attrs.field(default=default, metadata={"unit": unit})
 
 
+def _m(unit: str, default: float | None = 0.0):
+    """A figure a calibration (or a benchmark) measures, printed only where it was."""
+    return attrs.field(default=default, metadata={"unit": unit, "measured": True})
+
+
 @attrs.frozen
 class GpuProfile:
     """What the cost model knows of one device: measured where it can be, cited where not.
 
     Every numeric field has a unit in its metadata; the cluster language sets
-    any of them by name (``memory = 96 GB``). ``extra`` carries calibrated
-    curves and anything else a profile records, as (key, value) pairs.
+    any of them by name (``memory = 96 GB``), and a key that is none of them is an
+    error. The fields after ``source`` are what ``rpeg calibrate`` (or a benchmark)
+    measures beyond the device's figures; each default is what the cost model assumes
+    where nothing was measured, and ``None`` means "the field named in its comment".
 
     Time of one GEMM of ``f`` FLOPs over ``m`` rows reading ``b`` bytes (rpeg.cost.compute):
     ``max((f * (1 + matmul_m_half / m) + matmul_half) / matmul_flops, b / mem_bandwidth)
@@ -414,10 +435,31 @@ class GpuProfile:
     act_factor: float = _q("", 1.0)                # multiplier on the activation-memory formula
     runtime_memory: float = _q("bytes", 0.0)       # fixed transient per op (workspaces, allocator slack)
     source: str = ""                               # where the figures come from
-    extra: tuple[tuple[str, float], ...] = ()
-
-    def get(self, key: str, default: float = 0.0) -> float:
-        return dict(self.extra).get(key, default)
+    # Host side: the run's scheduler and control plane, and the python ops.
+    dispatch_s: float = _m("s")                    # scheduler time one task crossing adds (Dask)
+    host_cores: float = _m("")                     # cores the control plane shares; 0: not priced
+    control_step_s: float = _m("s")                # control-plane CPU per device per step
+    control_task_s: float = _m("s")                # control-plane CPU per task per step
+    concurrency_slowdown: float = _m("", 1.0)      # one device's op time when all run at once / alone
+    reward_call_overhead: float = _m("s")          # per call of a python reward
+    reward_sample_overhead: float | None = _m("s", None)  # per sample; None: sample_overhead
+    reward_token_time: float = _m("s")             # per response token
+    compute_call_overhead: float = _m("s")         # per call of a host compute op (gae, ...)
+    compute_sample_time: float | None = _m("s", None)     # per sample; None: sample_overhead
+    compute_token_time: float = _m("s", 2e-9)      # per token
+    host_bandwidth: float = _m("bytes/s", 25e9)    # device <-> host memory, one way (offload)
+    host_memory_bandwidth: float = _m("bytes/s", 12.5e9)  # host memory streaming (CPU Adam)
+    grads_freed: float = _m("")                    # 1: the backend frees gradients after each step
+    # Generation engines measured on this device (benchmarks/generation.py).
+    vllm_layer_overhead: float | None = _m("s", None)     # None: layer_overhead
+    vllm_decode_overhead: float | None = _m("s", None)    # None: decode_overhead
+    vllm_work_scale: float = _m("", 1.0)           # vLLM's device work / the model's
+    # What the calibration measured that the model reads elsewhere (reference only).
+    threads: float = _m("", 1.0)                   # torch threads per device
+    copy_bandwidth: float = _m("bytes/s")          # memory copy rate
+    gloo_bandwidth: float = _m("bytes/s")          # all-reduce between two workers (the GPU link)
+    gloo_latency: float = _m("s")
+    bf16_matmul_flops: float = _m("flops")         # large bf16 GEMM throughput
 
 
 @attrs.frozen

@@ -26,14 +26,28 @@ counts the active ones.
 
 from __future__ import annotations
 
+import enum
+
 import attrs
+
+
+class Family(enum.StrEnum):
+    """The architecture family a model's layers follow (its Hugging Face ``model_type``)."""
+
+    LLAMA = "llama"
+    QWEN2 = "qwen2"
+    QWEN3 = "qwen3"
+    MISTRAL = "mistral"
+    QWEN3_MOE = "qwen3_moe"
+    DEEPSEEK_V3 = "deepseek_v3"
+    OPT = "opt"
 
 
 @attrs.frozen
 class ModelDims:
     """The architecture of a decoder-only transformer, enough to count FLOPs and bytes."""
 
-    family: str            # llama, qwen2, qwen3, mistral, qwen3_moe, deepseek_v3, opt
+    family: Family = attrs.field(converter=Family)
     layers: int
     hidden: int
     heads: int

@@ -99,7 +99,8 @@ def test_bf16_export_holds_the_rounded_weights(fp32_run, tmp_path):
     pipeline_json = fp32_run / "pipeline.json"
     saved = pipeline_json.read_text()
     try:
-        pipeline_json.write_text(saved.replace('"dtype": "fp32"', '"dtype": "bf16"'))
+        # every model's dtype (a DType; the only enum whose value is fp32)
+        pipeline_json.write_text(saved.replace('"value": "fp32"', '"value": "bf16"'))
         got = export_run(fp32_run, tmp_path / "bf16")
     finally:
         pipeline_json.write_text(saved)

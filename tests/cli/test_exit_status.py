@@ -92,3 +92,11 @@ def test_strategy_manual_is_not_offered():
 def test_version(capsys):
     rc, text = _run(capsys, ["--version"])
     assert rc == 0 and text.strip() == f"rpeg {rpeg.__version__}"
+
+
+def test_a_missing_command_module_is_an_error_not_a_silent_gap(capsys, monkeypatch):
+    import rpeg.cli
+    monkeypatch.setattr(rpeg.cli, "COMMANDS", ("check", "nope"))
+    rc, text = _run(capsys, ["--help"])
+    assert rc == 1
+    assert "'nope' command must be installed, not missing (no module rpeg.cli.nope)" in text

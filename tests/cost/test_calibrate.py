@@ -8,6 +8,7 @@ import pytest
 
 from rpeg.cost.calibrate import (
     MALLOC_ENV,
+    Fit,
     allocator,
     clean_env,
     cpu_cluster,
@@ -16,7 +17,7 @@ from rpeg.cost.calibrate import (
     fit_host,
     fit_link,
     fit_profile,
-    keep_extras,
+    keep_unmeasured,
     mape,
     predict_op,
     worker_env,
@@ -31,7 +32,7 @@ TRUE = GpuProfile("cpu", memory=8e9, peak_flops=1e11, matmul_flops=1e11, matmul_
                   layer_overhead=1e-4, call_overhead=3e-4, decode_overhead=2e-4,
                   backward_factor=2.2, optimizer_tensor_overhead=3e-5, sample_overhead=2e-5,
                   async_launch=0.0, compute_bytes=4.0, act_factor=0.5, runtime_memory=1e6,
-                  extra=(("grads_freed", 1.0),))
+                  grads_freed=1.0)
 LINK = Link(Level.GPU, 1.5e9, 1e-4)
 DIMS = {"tiny": PRESETS["tiny"], "tiny-vllm": PRESETS["tiny-vllm"],
         "tiny4": ModelDims("llama", 4, 64, 4, 2, 128, 259)}
@@ -86,13 +87,18 @@ def test_mape():
     assert np.isnan(mape([]))
 
 
-def test_profile_text_reads_back(tmp_path):
+@pytest.mark.parametrize("measured", [{}, {"vllm_layer_overhead": 7e-5, "dispatch_s": 2e-3,
+                                          "host_cores": 2.0, "compute_token_time": 3e-7}])
+def test_profile_text_reads_back(tmp_path, measured):
+    p = attrs.evolve(TRUE, **measured)
     path = tmp_path / "p.rpeg"
-    path.write_text(profile_text(TRUE))
+    path.write_text(profile_text(p))
     back = load_profile(path)
     for f in attrs.fields(GpuProfile):
+        want = getattr(p, f.name)
         if "unit" in f.metadata:
-            assert getattr(back, f.name) == pytest.approx(getattr(TRUE, f.name), rel=1e-3), f.name
+            assert getattr(back, f.name) == (None if want is None else
+                                             pytest.approx(want, rel=1e-3)), f.name
 
 
 @pytest.mark.parametrize("name", ["gh200", "h100", "h200", "a100"])
@@ -108,7 +114,7 @@ def test_local_cpu_profile_is_calibrated():
     p = load_profile(PROFILE_DIR / "local_cpu.rpeg")
     assert "rpeg calibrate" in p.source
     assert p.compute_bytes == 4 and p.async_launch == 0
-    assert p.matmul_flops > 1e9 and p.get("gloo_bandwidth") > 0
+    assert p.matmul_flops > 1e9 and p.gloo_bandwidth > 0
 
 
 def test_host_terms_are_fitted_per_response_and_per_token():
@@ -131,8 +137,8 @@ def test_fit_uses_the_host_rows_and_the_model_ops_host_cost():
         [{"function": "reward", "batch": 64, "tokens": 64 * 2, "seconds": 64 * 4e-6
           + 128 * 2e-7}]
     p = fit_profile(m).profile
-    assert p.get("reward_sample_overhead") == pytest.approx(4e-6, rel=1e-4)
-    assert p.get("reward_token_time") == pytest.approx(2e-7, rel=1e-4)
+    assert p.reward_sample_overhead == pytest.approx(4e-6, rel=1e-4)
+    assert p.reward_token_time == pytest.approx(2e-7, rel=1e-4)
     assert p.sample_overhead == m["sample_s"]
     assert "glibc defaults" in p.source
 
@@ -143,11 +149,12 @@ def test_allocator_settings_are_told_apart():
     assert allocator({"MALLOC_TRIM_THRESHOLD_": "65536"}) == "other"
 
 
-def test_recalibrating_keeps_extras_it_does_not_measure():
-    old = attrs.evolve(TRUE, extra=(("vllm_layer_overhead", 2e-5), ("grads_freed", 1.0)))
-    new = keep_extras(TRUE, old)
-    assert new.get("vllm_layer_overhead") == 2e-5 and new.get("grads_freed") == 1.0
-    assert len(new.extra) == 2
+def test_recalibrating_keeps_the_fields_it_does_not_measure():
+    old = attrs.evolve(TRUE, vllm_layer_overhead=2e-5, threads=4.0, dispatch_s=0.003)
+    fit = Fit(TRUE, LINK, (), frozenset({"threads", "grads_freed"}))
+    new = keep_unmeasured(fit, old)
+    assert new.vllm_layer_overhead == 2e-5 and new.dispatch_s == 0.003    # kept
+    assert new.threads == TRUE.threads and new.grads_freed == 1.0        # measured anew
 
 
 def test_a_generate_op_is_predicted_with_the_lengths_it_produced():

@@ -144,7 +144,7 @@ def test_offload_frees_device_memory_only_where_it_is_not_the_hosts():
     from rpeg.cost.memory import devices_are_host, offloaded_bytes
     gh = cluster_of("gh200", 4)
     cpu = attrs.evolve(gh, gpu=attrs.evolve(gh.gpu, compute_bytes=4,
-                                            extra=(("host_cores", 2.0),)))
+                                            host_cores=2.0))
     actor = Model("actor", "llama3.1-8b", LLAMA8B)
     on, off = Parallel(dp=4, zero=3, offload=True), Parallel(dp=4, zero=3)
     assert not devices_are_host(gh.gpu) and devices_are_host(cpu.gpu)

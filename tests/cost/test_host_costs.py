@@ -14,7 +14,7 @@ from rpeg.spec.presets import PRESETS
 
 HOST = {"reward_sample_overhead": 3e-6, "reward_token_time": 1e-7,
         "compute_sample_time": 2e-6, "compute_token_time": 4e-7}
-PROFILE = GpuProfile("cpu", sample_overhead=5e-5, extra=tuple(HOST.items()))
+PROFILE = GpuProfile("cpu", sample_overhead=5e-5, **HOST)
 CLUSTER = cpu_cluster(PROFILE, Link(Level.GPU, 1e9, 1e-4))
 
 
@@ -54,8 +54,7 @@ def test_profiles_without_host_terms_fall_back_to_the_sample_overhead():
 
 
 def test_each_call_of_a_host_op_pays_its_call_overhead():
-    prof = attrs.evolve(PROFILE, extra=PROFILE.extra + (("reward_call_overhead", 3e-4),
-                                                        ("compute_call_overhead", 2e-4)))
+    prof = attrs.evolve(PROFILE, reward_call_overhead=3e-4, compute_call_overhead=2e-4)
     cluster = cpu_cluster(prof, Link(Level.GPU, 1e9, 1e-4))
     p = _pipeline()
     for stage, call in (("scores", 3e-4), ("adv", 2e-4)):

@@ -97,8 +97,8 @@ def test_calibrate_writes_a_profile_that_loads(tmp_path):
     c = load_cluster(clus)
     assert c.gpu.matmul_flops > 1e9 and c.num_gpus == 2 and c.links[0].bandwidth > 0
     # what Dask costs: the dispatch gap and the control plane's CPU, from real runs
-    assert 0 < c.gpu.get("dispatch_s") < 0.1 and c.gpu.get("host_cores") >= 1
-    assert c.gpu.get("control_task_s") > 0
+    assert 0 < c.gpu.dispatch_s < 0.1 and c.gpu.host_cores >= 1
+    assert c.gpu.control_task_s > 0
     assert "control plane" in r.stderr
 
 

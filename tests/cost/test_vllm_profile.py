@@ -16,4 +16,4 @@ def test_local_cpu_profile_has_the_measured_vllm_overheads():
     measured = json.loads((ROOT / "benchmarks/results/generation.json").read_text())["profile"]
     gpu = load_cluster(ROOT / "pipelines/clusters/local_cpu.rpeg").gpu
     for key in ("vllm_layer_overhead", "vllm_decode_overhead"):
-        assert gpu.get(key) == pytest.approx(measured[key], rel=1e-3), key
+        assert getattr(gpu, key) == pytest.approx(measured[key], rel=1e-3), key

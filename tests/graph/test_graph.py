@@ -11,6 +11,7 @@ import pytest
 
 from rpeg.errors import GraphError
 from rpeg.graph import DataEdge, Graph, Op, VersionEdge, unroll, verify, verify_unrolled
+from rpeg.graph.ir import SAME_STEP
 from rpeg.graph.unroll import Dep, DepKind, Instance
 from rpeg.spec import load
 from rpeg.spec.model import OpKind
@@ -93,7 +94,7 @@ def test_staleness_is_a_version_edge_lag():
     lags = {(e.writer, e.reader): e.lag for e in g.version_edges}
     assert lags[("sync_actor", "rollout")] == 2
     assert lags[("critic_step", "values")] == 1
-    assert lags[("actor_step", "sync_actor")] == -1
+    assert lags[("actor_step", "sync_actor")] == SAME_STEP
     u = unroll(g, 4)
     deps = {str(d.src) for d in u.deps_of(Instance("rollout", 3)) if d.kind is DepKind.VERSION}
     assert deps == {"sync_actor@0"}          # step 3 with lag 2 reads the version made at step 0

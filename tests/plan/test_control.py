@@ -73,7 +73,7 @@ def test_one_device_runs_a_step_as_one_task():
 def test_control_time_is_charged_only_where_devices_share_the_host_cores():
     pipeline = load(PIPELINES / "tiny_ppo.rpeg")
     cpu = builtin_cluster("local_cpu")
-    assert cpu.gpu.get("host_cores") > 0
+    assert cpu.gpu.host_cores > 0
     plans = {n: _chunks(_shared(pipeline, 1), n) for n in (1, 3)}
 
     def control(cluster, plan):
@@ -85,12 +85,11 @@ def test_control_time_is_charged_only_where_devices_share_the_host_cores():
     t1, t3 = control(cpu, plans[1]), control(cpu, plans[3])
     n1, n3 = _tasks(pipeline, plans[1], cpu), _tasks(pipeline, plans[3], cpu)
     g = cpu.gpu
-    assert t1 == pytest.approx((2 * g.get("control_step_s") + n1 * g.get("control_task_s"))
-                               / g.get("host_cores"))
-    assert t3 - t1 == pytest.approx((n3 - n1) * g.get("control_task_s") / g.get("host_cores"))
+    assert t1 == pytest.approx((2 * g.control_step_s + n1 * g.control_task_s)
+                               / g.host_cores)
+    assert t3 - t1 == pytest.approx((n3 - n1) * g.control_task_s / g.host_cores)
     # the step's prediction carries it, and says so
-    bare = attrs.evolve(cpu, gpu=attrs.evolve(cpu.gpu, extra=tuple(
-        (k, v) for k, v in cpu.gpu.extra if k != "host_cores")))
+    bare = attrs.evolve(cpu, gpu=attrs.evolve(cpu.gpu, host_cores=0.0))
     priced = Evaluator(pipeline, cpu).evaluate(plans[1]).plan
     assert priced.predicted.step_time_s == pytest.approx(
         Evaluator(pipeline, bare).evaluate(plans[1]).step_time_s + t1)
@@ -100,7 +99,7 @@ def test_control_time_is_charged_only_where_devices_share_the_host_cores():
     assert Evaluator(pipeline, bare).evaluate(plans[1]).plan.predicted.control_s == 0.0
     # a GPU's host CPUs are not its devices: nothing is charged
     gpus = cluster_of("h100", 8)
-    assert gpus.gpu.get("host_cores", 0.0) == 0.0
+    assert gpus.gpu.host_cores == 0.0
     assert control(gpus, split_plan(pipeline, 2, staleness=1)) == 0.0
 
 
@@ -117,8 +116,8 @@ def test_control_terms_are_fitted_and_round_trip_through_the_profile(tmp_path):
     path.write_text(profile_text(p))
     back = load_profile(path)
     for key in ("control_step_s", "control_task_s", "host_cores", "dispatch_s"):
-        assert back.get(key) == pytest.approx(p.get(key)), key
-    assert [k for k, _ in back.extra].count("control_task_s") == 1
+        assert getattr(back, key) == pytest.approx(getattr(p, key)), key
+    assert profile_text(p).count("control_task_s") == 1
 
 
 @pytest.mark.slow

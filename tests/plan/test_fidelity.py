@@ -58,7 +58,7 @@ def test_offload_is_a_search_move_priced_by_the_evaluator(ppo8b, gh8, coloc):
     r_off = ev.resident(model.name, off, trained=True)
     assert r_off - r_on == pytest.approx(state)
     t_on, t_off = ev.stage_time(stage, on), ev.stage_time(stage, off)
-    assert t_on - t_off == pytest.approx(2 * state / gh8.gpu.get("host_bandwidth"))
+    assert t_on - t_off == pytest.approx(2 * state / gh8.gpu.host_bandwidth)
 
 
 def test_streamed_consumers_are_priced_chunk_by_chunk(ppo8b, gh8, coloc):

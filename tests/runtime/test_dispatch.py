@@ -46,11 +46,11 @@ def test_dispatch_is_charged_where_an_input_crosses_devices():
 
 def test_shipped_profiles_carry_dispatch_and_it_round_trips(tmp_path):
     for name in ("local_cpu", "a100", "h100", "h200", "gh200"):
-        assert 0 < builtin_profile(name).get("dispatch_s") < 0.1, name
+        assert 0 < builtin_profile(name).dispatch_s < 0.1, name
     p = with_dispatch(builtin_cluster("local_cpu").gpu, {"dispatch_s": 0.0025})
     path = tmp_path / "cpu.rpeg"
     path.write_text(profile_text(p))
-    assert load_profile(path).get("dispatch_s") == pytest.approx(0.0025)
+    assert load_profile(path).dispatch_s == pytest.approx(0.0025)
     with pytest.raises(CostError, match="between 0 and 1 s"):
         fit_dispatch({"dispatch_s": math.nan})
 

@@ -137,7 +137,7 @@ def test_a_real_first_use_calibration_is_cached_and_prices_plans(cache):
     assert made.this_machines and made.cluster.is_file()
     cluster = load_cluster(made.cluster)
     assert calibrated_on(cluster.gpu) == MachineId.here() and cluster.num_gpus == 2
-    assert cluster.gpu.get("dispatch_s") > 0 and cluster.gpu.get("vllm_work_scale") > 0
+    assert cluster.gpu.dispatch_s > 0 and cluster.gpu.vllm_work_scale > 0
     plan = compile_plan(load(TINY), cluster, options=SearchOptions(iterations=100,
                                                                     limits=runtime_limits()))
     assert plan.predicted.step_time_s > 0

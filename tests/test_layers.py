@@ -1,0 +1,78 @@
+"""The layers import only leftward: spec -> graph -> cost -> plan -> runtime -> backends.
+
+Every import statement in rpeg/ is read with ``ast`` (those inside functions too: a lazy
+import is still a dependency). A layer may import its own package and those to its left,
+never one to its right, and the compile path (spec, graph, cost, plan) never imports a
+backend.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+RPEG = Path(__file__).resolve().parents[1] / "rpeg"
+LAYERS = ("spec", "graph", "cost", "plan", "runtime")
+COMPILE_PATH = LAYERS[:4]
+# The runtime modules that still name a backend module themselves (the rest go through
+# rpeg.runtime.worker's BACKENDS table): no new one may join them.
+RUNTIME_BACKEND_IMPORTS = {("rpeg/runtime/worker.py", "backends.torch_backend.distributed"),
+                           ("rpeg/runtime/driver.py", "backends.vllm_backend.host"),
+                           ("rpeg/runtime/plans.py", "backends")}
+
+
+def imports(source: str, package: str) -> list[tuple[int, str]]:
+    """(line, module) of every import in ``source`` (a module of ``package``), relative
+    imports resolved."""
+    out = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            out += [(node.lineno, a.name) for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")
+                base = ".".join(parts[:len(parts) - node.level + 1] + ([base] if base else []))
+            out.append((node.lineno, base))
+    return sorted(out)
+
+
+def rightward(layer: str, module: str) -> bool:
+    """Whether ``module`` lies to the right of ``layer``."""
+    parts = module.split(".")
+    if parts[0] == "backends":
+        return True
+    if parts[0] != "rpeg" or len(parts) < 2 or parts[1] not in LAYERS:
+        return False
+    return LAYERS.index(parts[1]) > LAYERS.index(layer)
+
+
+def rightward_imports(layer: str) -> list[tuple[str, int, str]]:
+    out = []
+    for path in sorted((RPEG / layer).rglob("*.py")):
+        name = path.relative_to(RPEG.parent)
+        package = ".".join(name.with_suffix("").parts[:-1])
+        out += [(name.as_posix(), line, module)
+                for line, module in imports(path.read_text(encoding="utf-8"), package)
+                if rightward(layer, module)]
+    return out
+
+
+@pytest.mark.parametrize("layer", COMPILE_PATH)
+def test_the_compile_path_imports_only_leftward_and_no_backend(layer):
+    assert rightward_imports(layer) == []
+
+
+def test_the_runtime_names_no_new_backend_module():
+    found = {(path, module) for path, _, module in rightward_imports("runtime")}
+    assert found <= RUNTIME_BACKEND_IMPORTS
+
+
+def test_a_rightward_import_is_seen_even_inside_a_function():
+    source = "def f():\n    from backends import vllm_backend\nfrom ..plan import space\n"
+    (_, lazy), (_, relative) = imports(source, "rpeg.cost")
+    assert (lazy, relative) == ("backends", "rpeg.plan")
+    assert rightward("cost", lazy) and rightward("cost", relative)
+    assert not rightward("plan", "rpeg.cost.memory") and not rightward("spec", "rpeg.errors")

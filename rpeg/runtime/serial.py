@@ -49,7 +49,13 @@ def from_data(data):
         if "__type__" in data:
             cls = _class(data["__type__"])
             fields = {f.name for f in attrs.fields(cls)}
-            return cls(**{k: from_data(v) for k, v in data.items() if k in fields})
+            values = {k: from_data(v) for k, v in data.items() if k in fields}
+            # a profile written when its measured terms were (key, value) pairs: the fields
+            old = data.get("extra") if "extra" not in fields else None
+            for pair in old if isinstance(old, list) else ():
+                if isinstance(pair, list) and len(pair) == 2 and pair[0] in fields:
+                    values.setdefault(pair[0], from_data(pair[1]))
+            return cls(**values)
         if "__enum__" in data:
             return _class(data["__enum__"])(data["value"])
         return {k: from_data(v) for k, v in data.items()}

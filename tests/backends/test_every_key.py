@@ -111,6 +111,10 @@ witness("generate.top_p", "run", GRPO, arg(GRPO, gen, ", top_p = 0.5"))
 witness("generate.max_len", "plan", GRPO, arg(GRPO, gen, ", max_len = 4"))
 witness("generate.min_len", "either", EOS, arg(EOS, gen, ", min_len = 6"))
 witness("generate.engine", "plan", GRPO, arg(GRPO, gen, ", engine = vllm"))
+# the torch engine decodes in waves of max_num_seqs; vLLM's KV cache takes kv_fraction
+witness("generate.max_num_seqs", "plan", GRPO, arg(GRPO, gen, ", max_num_seqs = 1"))
+witness("generate.kv_fraction", "plan@gh200_8", arg(GRPO, gen, ", engine = vllm"),
+        arg(GRPO, gen, ", engine = vllm, kv_fraction = 0.2"))
 witness("generate.refill_rounds", "plan", GRPO, arg(GRPO, gen, ", refill_rounds = 2"))
 witness("generate.filter_rate", "plan", arg(GRPO, gen, ", refill_rounds = 2"),
         arg(GRPO, gen, ", refill_rounds = 2, filter_rate = 0.9"))

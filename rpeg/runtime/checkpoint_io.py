@@ -346,7 +346,9 @@ def replica_versions() -> dict[str, tuple[int, bool, bool]]:
     ex = W._STATE["executor"]
     device = W._STATE["device"]
     frozen = {m.name for m in ex.ctx.pipeline.models if m.frozen}
-    return {f"{model}@{device}": (r.version, r.optimizer is not None,
+    # a vLLM engine's own copy (``actor~vllm``) trains nothing and is never rebuilt: its
+    # files hold its version and its carried responses
+    return {f"{model}@{device}": (r.version, getattr(r, "optimizer", None) is not None,
                                   set(model.split("+")) <= frozen)
             for model, r in ex.replicas.items()}
 

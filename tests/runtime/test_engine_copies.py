@@ -161,3 +161,24 @@ def test_an_in_process_run_refuses_a_collective_sync(vgrpo):
     from rpeg.runtime.inline import run_inline
     with pytest.raises(RuntimeFailure, match="vLLM engine's own copy"):
         run_inline(vgrpo, split_plan(vgrpo, 2, staleness=1), steps=3, spec_dir=".")
+
+
+def test_a_checkpoint_asks_an_engine_copy_its_version_and_keeps_its_files(monkeypatch):
+    """A vLLM engine's own copy holds no optimizer: the checkpoint reads it as a replica
+    trained elsewhere and writes its files (its version and carried responses), never
+    treating it as one rebuilt from the trained replica."""
+    from types import SimpleNamespace
+
+    from rpeg.runtime import checkpoint_io as ckio
+    from rpeg.runtime import worker as W
+    from rpeg.spec import load
+    pipeline = load(PIPELINES / "tiny_ppo.rpeg")
+    trained = SimpleNamespace(version=3, optimizer=object())
+    copy = SimpleNamespace(version=3)                         # an EngineReplica: no optimizer
+    ex = SimpleNamespace(ctx=SimpleNamespace(pipeline=pipeline),
+                         replicas={"actor": trained, "actor~vllm": copy})
+    monkeypatch.setitem(W._STATE, "executor", ex)
+    monkeypatch.setitem(W._STATE, "device", 1)
+    versions = ckio.replica_versions()
+    assert versions["actor~vllm@1"] == (3, False, False)
+    assert "actor~vllm@1" not in ckio.rebuildable(versions)

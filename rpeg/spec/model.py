@@ -48,11 +48,6 @@ class DType(enum.StrEnum):
     FP8 = "fp8"
 
 
-class OptimizerKind(enum.StrEnum):
-    ADAM = "adam"      # L2 weight decay (default 0)
-    ADAMW = "adamw"    # decoupled weight decay (default 0.01)
-
-
 class LengthKind(enum.Enum):
     FIXED = "fixed"
     UNIFORM = "uniform"
@@ -204,7 +199,7 @@ class Workload:
 class Optimizer:
     """A model's optimizer (``rpeg.spec.functions``: adam, adamw) and its schedule."""
 
-    kind: OptimizerKind = attrs.field(default=OptimizerKind.ADAM, converter=OptimizerKind)
+    kind: str                       # an optimizer of the registry: its names are the modes
     lr: float = 1e-5
     betas: tuple[float, float] = (0.9, 0.999)
     weight_decay: float = 0.0

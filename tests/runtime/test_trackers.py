@@ -46,6 +46,10 @@ def test_a_missing_tracker_stops_the_run_before_it_starts(monkeypatch):
                     reason="wandb is not installed (pip install 'rpeg[wandb]')")
 def test_wandb_offline(tmp_path, monkeypatch):
     monkeypatch.delenv("WANDB_MODE", raising=False)
+    # on a loaded machine W&B's service starts slowly; past its waits the tracker is dropped
+    # (as a failing tracker is, mid-run) and the log stays empty: wait as long as a hang guard
+    monkeypatch.setenv("WANDB__SERVICE_WAIT", "600")
+    monkeypatch.setenv("WANDB_INIT_TIMEOUT", "600")
     t = T.Trackers.open(_pipeline("[wandb]"), tmp_path, (Tracker.WANDB,), config={"a": 1})
     for row in ROWS:
         t.log(row)

@@ -7,7 +7,9 @@
 
 Modules: ``instances`` (the plan unrolled into op calls), ``core`` (the
 scheduling core: events in, instructions out), ``recovery`` (the Dask adapter every
-run goes through: segments between checkpoint cuts, loss and stuck detection, resume),
+run goes through; its parts: ``segments``, the loop between checkpoint cuts,
+``checkpointing``, worker start, restore and checkpoints, and ``losses``, loss and stuck
+detection and the rollback; ``resume`` continues a run),
 ``fusion`` and ``flight`` (ops packed into Dask tasks, and those tasks tracked),
 ``driver`` (options, the cluster, the plain run), ``worker`` (what runs in a worker), ``rundir`` and ``verify`` (the record of a
 run and its check), ``placement`` (the split plan used when none is given),

@@ -1,0 +1,259 @@
+"""The segment loop: the ops between two cuts run on the scheduling core, as fused Dask
+tasks, with each step's metrics written as it ends and the eval block at each cut.
+
+    >>> runner._segments()          # every segment up to the last step   # doctest: +SKIP
+
+A segment runs from the run's last cut to the next checkpoint (or eval) step; the
+core (``rpeg.runtime.core``) says what to submit, ``rpeg.runtime.fusion`` packs it
+into tasks and ``rpeg.runtime.flight`` tracks them, so a lost worker or a stuck op
+is raised as a loss (``rpeg.runtime.losses``) for the runner to roll back. Ctrl-C
+cuts the segment short at the first cut that holds every op already submitted, and
+the run stops there with :class:`Interrupted` once its checkpoint is written.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+from rpeg.errors import RpegError, RuntimeFailure
+from rpeg.runtime import core as C
+from rpeg.runtime import fusion as F
+from rpeg.runtime import outputs as O
+from rpeg.runtime import worker as W
+from rpeg.runtime.cuts import Cuts
+from rpeg.runtime.flight import Flight, Task
+from rpeg.runtime.losses import _is_loss, _Lost
+from rpeg.runtime.rundir import step_metrics
+
+
+class Interrupted(RpegError):
+    """Ctrl-C: the run stopped at a checkpoint and can be resumed."""
+
+
+class SegmentLoop:
+    """The runner's segments, steps and evals (a part of ``recovery._Runner``)."""
+
+    def _evaluate(self, step: int) -> None:
+        """The eval block at the cut at ``step`` (every ``every`` steps, the first and the
+        last), on the trained actor's first home device; once per step, across resumes."""
+        from rpeg.runtime.instances import base_of
+        e = self.pipeline.evaluation
+        if e is None or (step % e.every and step != self.steps) or O.evaluated(self.rd.path,
+                                                                                step):
+            return
+        gen = next(s for s in self.pipeline.stages if s.kind.value == "generate")
+        homes = {m: d for m, d in self.meta.get("homes", {}).items()
+                 if gen.target in base_of(m).split("+")}
+        if not homes:
+            raise RuntimeFailure(f"eval needs a trained replica of '{gen.target}', and the "
+                                 "plan trains none", e.span)
+        model, devices = next(iter(homes.items()))
+        device = devices[0]
+        fut = self.cl.client.submit(_evaluate_on_worker, model, step,
+                                    workers=[self.workers[device]], allow_other_workers=False,
+                                    pure=False, key=f"eval-{step}-{self.cl.token}-{self.attempt}")
+        row = self._gather([fut], f"eval at step {step}", [device])[0]
+        kept = row.pop("kept", [])
+        O.append_rows(self.rd.path, O.SAMPLES, [{"step": step, "eval": True, **r} for r in kept])
+        O.append_rows(self.rd.path, O.EVALS, [row])
+        self.trackers.log_eval(row)
+        print(f"rpeg: {O.eval_line(row)}", file=sys.stderr, flush=True)
+
+    def _segments(self) -> None:
+        if self.state.start == 0:
+            self._evaluate(0)                       # the untrained model, to compare with
+        every = self.pipeline.evaluation.every if self.pipeline.evaluation else self.steps
+        while self.state.start < self.steps:
+            start = self.state.start
+            end = min(self.steps, (start // self.res.checkpoint_every + 1)
+                      * self.res.checkpoint_every, (start // every + 1) * every)
+            self._window(start, end)
+            before = self.cuts.closure(start) if start else set()
+            inside = self.cuts.closure(end)
+            end, inside = self._run_segment(start, end, inside - before, inside)
+            self._checkpoint(end, inside)
+            self._seg_futures = {}
+            self._evaluate(end)
+            if self.stop.requested:
+                raise Interrupted(f"interrupted: stopped after step {end - 1} and wrote a "
+                                  f"checkpoint; the run directory is {self.rd.path}",
+                                  hint=f"continue with: rpeg run --resume {self.rd.path}")
+
+    def _window(self, start: int, end: int) -> None:
+        """The calls around the segment start..end: its table, cuts and consumers (built a
+        window at a time, so a long run starts as fast as a short one)."""
+        table = self.calls_of.around(start, end)
+        if table is not getattr(self, "table", None):
+            self.table = table
+            self.cuts = Cuts(table)
+            self.consumers = F.consumers_of(table.values())
+        unknown = sorted(op for op in self.state.carry if op not in table)
+        if unknown:
+            raise RuntimeFailure(f"the checkpoint at step {start} carries outputs of op "
+                                 f"'{unknown[0]}', which is not an op of this run's "
+                                 f"{self.steps} steps", hint="was run.json edited? resume "
+                                 "with the steps the run was made with (--steps N)")
+
+    def _run_segment(self, start: int, end: int, seg: set[str], inside: set[str]):
+        from distributed import as_completed
+
+        cl, table = self.cl, self.table
+        keep = self.cuts.carried(end)
+        before = set(inside) - seg
+        futures: dict[str, object] = {}              # op id -> the future of its task
+        self._seg_futures = futures
+        for op_id, value in self.state.carry.items():          # outputs from before the cut
+            futures[op_id] = self._scatter({op_id: value}, table[op_id].device, start)
+        core = C.Core.create(self.cuts.core_view(seg, end), end, self.window)
+        core.steps_done = start
+        fl = Flight()
+        last_done = dict.fromkeys(self.workers, time.time())
+        held: set[str] = set()
+        limit_cut: set[str] | None = None
+        last_step = time.time()
+        last_alive = 0.0
+        completions = as_completed()
+        idle_s = 0.0005
+        # an op with no future is done: it ran before the cut (or in this batch's groups)
+        finished = lambda d: d not in futures or futures[d].status == "finished"  # noqa: E731
+        task_of = lambda d: futures[d].key if d in futures else None             # noqa: E731
+        instructions = core.handle(C.Started())
+        while True:
+            # submissions first: the per-step bookkeeping (a round trip to every worker)
+            # must not delay work that is ready
+            batch = []
+            for ins in instructions:
+                if isinstance(ins, C.Submit):
+                    if limit_cut is not None and ins.call.id not in limit_cut:
+                        held.add(ins.call.id)
+                    else:
+                        batch.append(table[ins.call.id])
+            now = time.time()
+            for g in F.fuse(batch, self.consumers, finished, self.options.fuse, task_of):
+                f = F.submit(cl.client, g, futures, self.workers[g.device],
+                             key=f"{g.ids[0]}+{len(g.ids) - 1}-{cl.token}-{self.attempt}")
+                for op_id in g.ids:
+                    futures[op_id] = f
+                fl.add(f.key, Task(g.ids, g.device, g.calls[0].step, self._limit(g.calls),
+                                   tuple(d for d in g.external if d in seg)), now)
+                completions.add(f)
+                self.meta["tasks"] = self.meta.get("tasks", 0) + 1
+            for ins in instructions:
+                if isinstance(ins, C.Release):
+                    if ins.op_id not in keep:
+                        futures.pop(ins.op_id, None)
+                elif isinstance(ins, C.StepDone):
+                    last_step = self._step_done(ins.step, last_step)
+                elif isinstance(ins, C.Abort):
+                    call = table[ins.op_id]
+                    raise RuntimeFailure(
+                        f"op '{ins.op_id}' (stage {call.op}, step {call.step}) failed on "
+                        f"device {call.device}: {ins.error}",
+                        hint="the trace and metrics up to the failure are in the run directory")
+                elif isinstance(ins, C.Finish):
+                    return end, inside
+            if limit_cut is not None and limit_cut <= fl.done | before:
+                return self._cut_short(end, limit_cut)
+            if self.stop.requested and limit_cut is None:
+                limit_cut, end = self._reachable_cut(fl.submitted(), start, end)
+                inside = limit_cut
+                keep = self.cuts.carried(end)
+                if limit_cut <= fl.done | before:
+                    return self._cut_short(end, limit_cut)
+            if not len(fl):
+                if held:
+                    continue
+                self._check_alive()               # a loss not seen yet is a loss, not a stall
+                raise RuntimeFailure("the run stalled: nothing is running and nothing is left "
+                                     "to submit (a bug in rpeg's scheduling)")
+            # completions in batches without blocking, so the loss and stuck checks below run
+            # however long an op takes; the pause grows while nothing finishes (at most 10 ms)
+            got = completions.next_batch(block=False)
+            if got:
+                idle_s = 0.0005
+            else:
+                time.sleep(idle_s)
+                idle_s = min(idle_s * 2, 0.01)
+            now = time.time()
+            instructions = []
+            for f in got:
+                ok = f.status == "finished"
+                task = fl.finish(f.key, now, ok)
+                if f.status == "error":
+                    err = f.exception()
+                    op_id = getattr(err, "rpeg_op", task.ids[0])
+                    call = table[op_id]
+                    if _is_loss(err):
+                        raise _Lost(call.device, self.workers[call.device], op_id, call.step,
+                                    f"worker lost ({type(err).__name__})")
+                    if isinstance(err, RpegError):
+                        raise err
+                    instructions += core.handle(C.OpFailed(op_id, f"{type(err).__name__}: "
+                                                                  f"{err}"))
+                    continue
+                if not ok:
+                    # cancelled: the scheduler gave the task up because what it needs was lost
+                    # with a worker (an output scattered there at the cut, or one only it
+                    # held). Its ops never ran; forgetting it would leave the core waiting
+                    # for them with nothing in flight (the run "stalled"): it is a loss.
+                    raise self._gave_up(task, f.status, fl)
+                last_done[task.device] = now
+                for op_id in task.ids:
+                    instructions += core.handle(C.OpDone(op_id))
+            if now - last_alive > 0.5:
+                last_alive = now
+                self._check_alive(fl)
+            if (hit := fl.stuck(last_done, now)) is not None:
+                task, idle = hit
+                raise self._lost_or_stuck(task.device, self.workers[task.device], task.ids[0],
+                                          task.step, f"op stuck: no progress for {idle:.1f} s "
+                                          f"(limit {task.limit_s:.1f} s from the plan's "
+                                          f"prediction for {len(task.ids)} op(s))")
+
+    def _step_done(self, step: int, last: float) -> float:
+        now = time.time()
+        for e in self._drain():
+            self.state.pending[int(e["step"])].append(e)
+        evs = self.state.pending.pop(step, [])
+        O.append_rows(self.rd.path, O.SAMPLES, O.take_samples(step, evs))
+        self.state.events += evs
+        row = step_metrics(step, evs, now - last)
+        cpu = os.times()
+        cpu = cpu.user + cpu.system
+        if self.host_marks:               # the client's CPU since the last step (checkpoints too)
+            row["client_cpu_s"] = round(cpu - self.host_marks[-1][2], 5)
+        self.host_marks.append((step, now, cpu, self.meta.get("tasks", 0)))
+        self.rd.append_metrics(row)
+        self.trackers.log(row)
+        self.state.metrics.append(row)
+        self.bar.update(row)
+        if self.on_step is not None:
+            self.on_step(row)
+        return now
+
+    def _limit(self, calls) -> float:
+        """How long a task of ``calls`` may go without progress: ``timeout_factor`` x the
+        plan's predicted time of its ops together, and never less than the floor (once per
+        task: a frozen worker is found as fast whatever the task holds)."""
+        predicted = dict(self.plan.predicted.op_times) if self.plan.predicted else {}
+        t = sum(max((predicted.get(s, 0.0) for s in c.stages), default=0.0) for c in calls)
+        return max(self.res.timeout_floor_s, self.res.timeout_factor * t)
+
+    def _reachable_cut(self, started: set[str], start: int, end: int):
+        """The first cut after ``start`` that holds every op already submitted."""
+        for b in range(start + 1, end + 1):
+            inside = self.cuts.closure(b)
+            if started <= inside:
+                return inside, b
+        return self.cuts.closure(end), end
+
+    def _cut_short(self, end: int, inside: set[str]):
+        print(f"rpeg: interrupted: steps before {end} are done; writing a checkpoint",
+              file=sys.stderr)
+        return end, inside
+
+
+def _evaluate_on_worker(model: str, step: int) -> dict:
+    return W._STATE["executor"].evaluate(model, step)

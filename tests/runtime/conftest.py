@@ -58,6 +58,28 @@ def synthetic_trace(calls, workers: dict[int, str], read=lambda c: c.version) ->
     return events
 
 
+def through_core(calls, steps: int, window: int = 2) -> None:
+    """Run ``calls`` through the scheduling core in dependency order: no cycle, none left."""
+    from rpeg.runtime import core as C
+    from rpeg.runtime.instances import by_id
+    table = by_id(calls)
+    core = C.Core.create(calls, steps=steps, window=window)
+    pending = [i.call.id for i in core.handle(C.Started()) if isinstance(i, C.Submit)]
+    done = []
+    while pending:
+        op = pending.pop(0)
+        assert all(d in done for d in table[op].all_deps)
+        done.append(op)
+        pending += [i.call.id for i in core.handle(C.OpDone(op)) if isinstance(i, C.Submit)]
+    assert core.finished and len(done) == len(calls)
+
+
+@pytest.fixture(scope="session")
+def run_through_core():
+    """:func:`through_core`."""
+    return through_core
+
+
 @pytest.fixture(scope="session")
 def trace_of():
     """:func:`synthetic_trace`."""

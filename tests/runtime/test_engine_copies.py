@@ -10,7 +10,6 @@ from pathlib import Path
 import attrs
 import pytest
 
-from rpeg.runtime import core as C
 from rpeg.runtime.context import RunContext, WeightSync
 from rpeg.runtime.instances import (
     EXPORT,
@@ -47,21 +46,7 @@ def _place(plan, stage, **changes):
         attrs.evolve(p, **changes) if p.stage == stage else p for p in plan.placements))
 
 
-def _steps(calls, steps):
-    """Run the calls through the scheduling core in dependency order: no cycle, none left."""
-    table = by_id(calls)
-    core = C.Core.create(calls, steps=steps, window=2)
-    pending = [i.call.id for i in core.handle(C.Started()) if isinstance(i, C.Submit)]
-    done = []
-    while pending:
-        op = pending.pop(0)
-        assert all(d in done for d in table[op].all_deps)
-        done.append(op)
-        pending += [i.call.id for i in core.handle(C.OpDone(op)) if isinstance(i, C.Submit)]
-    assert core.finished and len(done) == len(calls)
-
-
-def test_a_disaggregated_engine_serves_its_own_copy_synced_by_collectives(vgrpo):
+def test_a_disaggregated_engine_serves_its_own_copy_synced_by_collectives(vgrpo, run_through_core):
     plan = split_plan(vgrpo, 2, staleness=1)        # rollout on 0 (vLLM), actor trained on 1
     calls = build_calls(vgrpo, plan, steps=4)
     rollouts = [c for c in calls if c.op == "rollout"]
@@ -84,10 +69,10 @@ def test_a_disaggregated_engine_serves_its_own_copy_synced_by_collectives(vgrpo)
     assert engine.engine == (0,) and not engine.trainable
     assert ctx.syncs == (WeightSync("actor", (1,), ((0, 1),)),)
     assert ctx.syncs[0].world == 2 and ctx.syncs[0].first_rank(0) == 1
-    _steps(calls, 4)
+    run_through_core(calls, 4)
 
 
-def test_a_tensor_parallel_engine_runs_one_instance_per_block(vgrpo):
+def test_a_tensor_parallel_engine_runs_one_instance_per_block(vgrpo, run_through_core):
     base = split_plan(vgrpo, 5, staleness=0)          # actor trained on 4
     plan = _place(base, "rollout", devices=(0, 1, 2, 3), dp=2, tp=2, chunks=4)
     calls = build_calls(vgrpo, plan, steps=2)
@@ -102,7 +87,7 @@ def test_a_tensor_parallel_engine_runs_one_instance_per_block(vgrpo):
     assert [sync.first_rank(h) for h in (0, 2)] == [1, 3]
     gang = [c for c in calls if c.op == "sync_actor" and c.step == 0]
     assert sorted((c.role, c.device) for c in gang) == [(RECV, 0), (RECV, 2), (SEND, 4)]
-    _steps(calls, 2)
+    run_through_core(calls, 2)
 
 
 def test_an_engine_beside_its_unsplit_trainer_is_updated_in_memory(vgrpo):
@@ -113,7 +98,7 @@ def test_an_engine_beside_its_unsplit_trainer_is_updated_in_memory(vgrpo):
     assert RunContext.create(vgrpo, plan, calls, spec_dir=".", run_dir=".").syncs == ()
 
 
-def test_a_host_that_also_sends_starts_its_receive_before_it_sends(vgrpo):
+def test_a_host_that_also_sends_starts_its_receive_before_it_sends(vgrpo, run_through_core):
     # the trainer's device hosts a tp = 2 engine: its worker cannot wait in both calls
     plan = _place(split_plan(vgrpo, 2, staleness=0), "rollout", devices=(0, 1), tp=2)
     plan = _place(plan, "actor_step", devices=(0,))
@@ -125,7 +110,7 @@ def test_a_host_that_also_sends_starts_its_receive_before_it_sends(vgrpo):
     later = [c for c in calls if c.collective and c.device == 0 and c.step == 1
              and c.op == "sync_actor"]
     assert all(send.id in c.after for c in later)         # the next gang waits for the send
-    _steps(calls, 3)
+    run_through_core(calls, 3)
 
 
 def test_verify_places_a_receive_on_its_engine_and_checks_the_version_it_wrote(vgrpo):

@@ -14,7 +14,6 @@ import pytest
 from rpeg.cli import main
 from rpeg.errors import PlanError
 from rpeg.runtime import RunOptions, run_pipeline, verify_run
-from rpeg.runtime import core as C
 from rpeg.runtime.instances import build_calls, by_id, graph_for, model_homes
 from rpeg.runtime.placement import split_plan
 from rpeg.runtime.verify import check
@@ -32,10 +31,9 @@ def _chunks(calls, step, op="rollout"):
     return [c for c in calls if c.op == op and c.step == step]
 
 
-def test_a_carrying_generate_op_runs_step_after_step_on_its_device(ppo):
+def test_a_carrying_generate_op_runs_step_after_step_on_its_device(ppo, run_through_core):
     plan = with_carry(split_plan(ppo, 2, staleness=0), 1)
     calls = build_calls(ppo, plan, steps=3)
-    table = by_id(calls)
     for s in (1, 2):
         first, *_ = _chunks(calls, s)
         *_, last = _chunks(calls, s - 1)
@@ -44,15 +42,7 @@ def test_a_carrying_generate_op_runs_step_after_step_on_its_device(ppo):
     plain = build_calls(ppo, split_plan(ppo, 2, staleness=1), steps=3)
     assert not any(c.id.startswith("rollout/s0") for c in _chunks(plain, 1)[0].after)
     # the scheduling core runs it through
-    core = C.Core.create(calls, steps=3, window=2)
-    pending = [i.call.id for i in core.handle(C.Started()) if isinstance(i, C.Submit)]
-    done = []
-    while pending:
-        op = pending.pop(0)
-        assert all(d in done for d in table[op].all_deps)
-        done.append(op)
-        pending += [i.call.id for i in core.handle(C.OpDone(op)) if isinstance(i, C.Submit)]
-    assert core.finished and len(done) == len(calls)
+    run_through_core(calls, 3)
 
 
 def test_each_generating_device_keeps_its_own_order(ppo, plan_by_hand):

@@ -32,6 +32,8 @@ def run_inline(pipeline, plan, steps: int, spec_dir: str, on_step=None) -> list[
                              "one process per device", hint="run it on Dask (rpeg run)")
     backend = backend_module(ctx.backend)
     executors = {d: backend.Executor(ctx, d) for d in range(plan.num_devices)}
+    for ex in executors.values():      # a weight transfer reads its source device's replica
+        ex.peers = executors
     results: dict[str, dict] = {}
     events: dict[int, list[dict]] = {}
     rows = []

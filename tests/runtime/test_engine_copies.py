@@ -141,6 +141,18 @@ def test_the_engine_copy_keeps_the_plans_engine(vgrpo):
     assert plan.placement("rollout").engine is Engine.VLLM
 
 
+def test_an_in_process_run_syncs_the_generation_copy_from_its_trainer(ppo):
+    """Generation on device 0, the actor trained on device 1: the in-process reference run
+    copies each new version into the generator, so it learns step for step as the run on
+    one device does (it generated from the initial weights, with KL 0, before)."""
+    from rpeg.runtime.inline import run_inline
+    split = run_inline(ppo, split_plan(ppo, 2, staleness=0), steps=3, spec_dir=str(PIPELINES))
+    alone = run_inline(ppo, split_plan(ppo, 1, staleness=0), steps=3, spec_dir=str(PIPELINES))
+    keys = ("reward", "kl", "policy_loss", "value_loss")
+    assert [[r[k] for k in keys] for r in split] == [[r[k] for k in keys] for r in alone]
+    assert split[-1]["kl"] != 0.0
+
+
 def test_an_in_process_run_refuses_a_collective_sync(vgrpo):
     from rpeg.errors import RuntimeFailure
     from rpeg.runtime.inline import run_inline

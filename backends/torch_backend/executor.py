@@ -500,6 +500,10 @@ class Executor:
         from backends.torch_backend.evaluate import evaluate
         return evaluate(self, model, step)
 
+    def carries(self, model: str) -> bool:
+        """Whether the replica's engines keep partial rollouts a checkpoint must write."""
+        return bool(_carried_states(self.replicas[model]))
+
     def checkpoint(self, model: str, path: str, meta: dict) -> str:
         replica = self.replicas[model]
         if getattr(replica, "engine_copy", False):  # a vLLM engine's copy: version, no weights
@@ -653,11 +657,16 @@ def _concurrency(ctx, stage) -> tuple[int, float, bool]:
 CARRIED = "carried"           # a replica checkpoint's partial rollouts: carried.json + .safetensors
 
 
+def _carried_states(replica) -> tuple:
+    """The partial rollouts the replica's engines keep (their buffers' states)."""
+    return tuple(s for e in (replica.engine, getattr(replica, "vllm_engine", None))
+                 if e is not None and hasattr(e, "carried_state") for s in e.carried_state())
+
+
 def _save_carried(replica, path: str) -> None:
     """Write the partial rollouts the replica's engines keep, so a resumed run continues
     the same responses (nothing is written when they keep none)."""
-    states = tuple(s for e in (replica.engine, getattr(replica, "vllm_engine", None))
-                   if e is not None and hasattr(e, "carried_state") for s in e.carried_state())
+    states = _carried_states(replica)
     if states:
         from pathlib import Path
 

@@ -340,8 +340,9 @@ def _carry_class(ref: object, path: Path):
 
 # --- worker side: every replica on this worker, saved or restored -------------------------
 
-def replica_versions() -> dict[str, tuple[int, bool, bool]]:
-    """In a worker: ``MODEL@DEVICE`` -> (version, trained here, frozen) of each replica."""
+def replica_versions() -> dict[str, tuple[int, bool, bool, bool]]:
+    """In a worker: ``MODEL@DEVICE`` -> (version, trained here, frozen, keeps partial
+    rollouts) of each replica."""
     from rpeg.runtime import worker as W
     ex = W._STATE["executor"]
     device = W._STATE["device"]
@@ -349,17 +350,17 @@ def replica_versions() -> dict[str, tuple[int, bool, bool]]:
     # a vLLM engine's own copy (``actor~vllm``) trains nothing and is never rebuilt: its
     # files hold its version and its carried responses
     return {f"{model}@{device}": (r.version, getattr(r, "optimizer", None) is not None,
-                                  set(model.split("+")) <= frozen)
+                                  set(model.split("+")) <= frozen, ex.carries(model))
             for model, r in ex.replicas.items()}
 
 
-def rebuildable(versions: dict[str, tuple[int, bool, bool]]) -> set[str]:
+def rebuildable(versions: dict[str, tuple[int, bool, bool, bool]]) -> set[str]:
     """Replicas a resume rebuilds without their files: a frozen model (made again from its
     weights or seed), and a copy whose version equals its trained replica's (loaded from
-    that one's files)."""
-    trained = {k.rsplit("@", 1)[0]: v for k, (v, home, _) in versions.items() if home}
-    return {k for k, (v, home, frozen) in versions.items()
-            if frozen or (not home and trained.get(k.rsplit("@", 1)[0]) == v)}
+    that one's files) and that keeps no partial rollouts (only its own files hold them)."""
+    trained = {k.rsplit("@", 1)[0]: v for k, (v, home, _, _) in versions.items() if home}
+    return {k for k, (v, home, frozen, carries) in versions.items()
+            if frozen or (not home and not carries and trained.get(k.rsplit("@", 1)[0]) == v)}
 
 
 def save_replicas(root: str, step: int, skip: tuple[str, ...] = ()) -> dict[str, int]:

@@ -173,9 +173,21 @@ def test_a_checkpoint_asks_an_engine_copy_its_version_and_keeps_its_files(monkey
     trained = SimpleNamespace(version=3, optimizer=object())
     copy = SimpleNamespace(version=3)                         # an EngineReplica: no optimizer
     ex = SimpleNamespace(ctx=SimpleNamespace(pipeline=pipeline),
-                         replicas={"actor": trained, "actor~vllm": copy})
+                         replicas={"actor": trained, "actor~vllm": copy},
+                         carries=lambda model: False)
     monkeypatch.setitem(W._STATE, "executor", ex)
     monkeypatch.setitem(W._STATE, "device", 1)
     versions = ckio.replica_versions()
-    assert versions["actor~vllm@1"] == (3, False, False)
+    assert versions["actor~vllm@1"] == (3, False, False, False)
     assert "actor~vllm@1" not in ckio.rebuildable(versions)
+
+
+def test_a_copy_that_keeps_partial_rollouts_is_written_though_its_version_is_current():
+    """A generator's copy at its trainer's version is rebuilt from the trainer's files,
+    unless it keeps partial rollouts: only its own files hold those."""
+    from rpeg.runtime import checkpoint_io as ckio
+    versions = {"actor@1": (3, True, False, False), "actor@0": (3, False, False, True),
+                "critic@0": (3, False, False, False), "ref@1": (0, False, True, False)}
+    assert ckio.rebuildable(versions) == {"ref@1"}
+    assert ckio.rebuildable({**versions, "actor@0": (3, False, False, False)}) == \
+        {"ref@1", "actor@0"}

@@ -22,8 +22,7 @@ from rpeg.plan.model import Plan, StagePlacement, device_ranges  # noqa: F401 (d
 def describe(p: StagePlacement) -> str:
     mb = f"{p.microbatches}" + ("+recompute" if p.recompute else "")
     return (f"devices {device_ranges(p.devices)} dp{p.dp} tp{p.tp} pp{p.pp} mb{mb} "
-            f"zero{p.zero}{'+offload' if p.offload else ''} chunks{p.chunks} {p.engine.value}"
-            + (f" carry{p.carry}" if p.carry else ""))
+            f"zero{p.zero}{'+offload' if p.offload else ''} chunks{p.chunks} {p.engine.value}")
 
 
 @attrs.frozen
@@ -94,6 +93,11 @@ def diff_plans(a: Plan, b: Plan, a_name: str = "a", b_name: str = "b") -> PlanDi
         if sa.get(stage, 0) != sb.get(stage, 0):
             structure.append((f"staleness {stage}", str(sa.get(stage, 0)),
                               str(sb.get(stage, 0))))
+    ca = {p.stage: p.carry for p in a.placements}
+    cb = {p.stage: p.carry for p in b.placements}
+    for stage in sorted(set(ca) | set(cb)):         # partial rollouts spend the bound too
+        if ca.get(stage, 0) != cb.get(stage, 0):
+            structure.append((f"carry {stage}", str(ca.get(stage, 0)), str(cb.get(stage, 0))))
     for field, label in (("shared", "share"), ("fusion", "fuse")):
         x, y = getattr(a, field), getattr(b, field)
         if set(x) != set(y):

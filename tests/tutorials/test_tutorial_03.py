@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -40,4 +41,5 @@ def test_tutorial_runs_as_written(tmp_path):
     assert json.loads((first / "record.json").read_text())["status"] == "ok"
     for name in ("timeline", "memory", "curves"):
         assert (first / "plots" / f"{name}.png").stat().st_size > 5000
-    assert "staleness" in joined.split("rpeg diff")[-1] or "staleness" in outputs[-1]
+    # the asynchronous plan spends the bound by reading older weights or carrying responses
+    assert re.search(r"(staleness|carry) rollout: 0 -> 1", outputs[-1]), outputs[-1][-2000:]

@@ -1,6 +1,6 @@
 """A real task end to end: GRPO on SmolLM2-135M-Instruct, arithmetic word problems.
 
-    .venv/bin/python benchmarks/real_task.py              # 60 steps, eval every 10 on 64 problems
+    .venv/bin/python benchmarks/real_task.py              # 30 steps, eval every 10 on 64 problems
     .venv/bin/python benchmarks/real_task.py --quick      # 6 steps, eval every 3 on 16
 
 What it does, with the commands a user would type:
@@ -104,7 +104,7 @@ def reload_accuracy(folder: Path, rows: list[dict], max_new: int, threads: int) 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--steps", type=int, default=60)
+    ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--every", type=int, default=10)
     ap.add_argument("--eval-prompts", type=int, default=64)
     ap.add_argument("--quick", action="store_true", help="6 steps, eval every 3 on 16 problems")
@@ -129,6 +129,9 @@ def main() -> None:
     rows = [json.loads(x) for x in (args.work / "data/arith_test.jsonl").read_text()
             .splitlines()][: args.eval_prompts]
     reload = reload_accuracy(out, rows, 48, threads=2)
+    resolved = json.loads((run_dir / "pipeline.json").read_text())   # the spec as it ran
+    w = resolved["workload"]
+    opt = next(m["optimizer"] for m in resolved["models"] if m["name"] == "actor")
     before, after = evals[0], evals[-1]
     result = {
         "provenance": finish(prov),
@@ -148,8 +151,10 @@ def main() -> None:
     (RESULTS / "real_task.json").write_text(json.dumps(result, indent=1) + "\n")
     lines = ["# Real task: GRPO on SmolLM2-135M-Instruct, arithmetic word problems", "",
              header(result["provenance"]), "",
-             f"{args.steps} steps (8 prompts x 4 samples), eval every {args.every} steps on "
-             f"{args.eval_prompts} held-out problems, greedy, rewards:exact_match.", "",
+             f"{args.steps} steps ({w['prompts']} prompts x {w['samples']} samples, "
+             f"responses up to {w['gen_len']['max_len']} tokens, Adam lr {opt['lr']:g}), "
+             f"eval every {args.every} steps on {args.eval_prompts} held-out problems, greedy, "
+             "rewards:exact_match.", "",
              "| step | eval accuracy | eval reward | seconds |", "|---|---|---|---|"]
     lines += [f"| {e['step']} | {e.get('accuracy', float('nan')):.3f} | {e['reward']:.3f} | "
               f"{e.get('eval_s', 0):.0f} |" for e in evals]

@@ -102,6 +102,10 @@ def reload_accuracy(folder: Path, rows: list[dict], max_new: int, threads: int) 
                          for r, x in list(zip(rows, responses, strict=True))[:4]]}
 
 
+def _mean(xs: list[float]) -> float:
+    return sum(xs) / max(len(xs), 1)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=30)
@@ -142,6 +146,8 @@ def main() -> None:
         "accuracy_before": before.get("accuracy"), "accuracy_after": after.get("accuracy"),
         "reward_first_steps": sum(m.get("reward", 0) for m in metrics[:5]) / min(5, len(metrics)),
         "reward_last_steps": sum(m.get("reward", 0) for m in metrics[-5:]) / min(5, len(metrics)),
+        "entropy_first_steps": _mean([m.get("entropy", 0.0) for m in metrics[:5]]),
+        "entropy_last_steps": _mean([m.get("entropy", 0.0) for m in metrics[-5:]]),
         "reloaded": reload,
         "reload_matches": abs(reload["accuracy"] - (after.get("accuracy") or 0)) < 1e-9,
         "run_s": run_s, "export_s": export_s,
@@ -159,7 +165,9 @@ def main() -> None:
     lines += [f"| {e['step']} | {e.get('accuracy', float('nan')):.3f} | {e['reward']:.3f} | "
               f"{e.get('eval_s', 0):.0f} |" for e in evals]
     lines += ["", f"Training reward, mean of the first 5 steps {result['reward_first_steps']:.3f},"
-              f" of the last 5 {result['reward_last_steps']:.3f}; median step "
+              f" of the last 5 {result['reward_last_steps']:.3f}; the policy's entropy per token "
+              f"{result['entropy_first_steps']:.3f} then {result['entropy_last_steps']:.3f}; "
+              "median step "
               f"{result['step_time_median_s']:.1f} s; the run {run_s / 60:.1f} min.", "",
               f"Exported (`rpeg export`, {export_s:.0f} s) and reloaded with transformers "
               f"({reload['class']}, {reload['dtype']}): accuracy {reload['accuracy']:.3f} on the "

@@ -17,7 +17,6 @@ plan.json predicts what runs; a K above the spec's bounds is refused.
 
 from __future__ import annotations
 
-import enum
 import sys
 from pathlib import Path
 
@@ -25,6 +24,7 @@ import typer
 
 from rpeg.errors import RpegError, RuntimeFailure
 from rpeg.resources import clusters_dir
+from rpeg.runtime.plans import RunStrategy
 from rpeg.spec.lower import MAX_STEPS
 
 DEFAULT_CLUSTER = clusters_dir() / "local_cpu.rpeg"
@@ -119,7 +119,7 @@ def register(app: typer.Typer) -> None:
         parsed = _overrides(overrides or [])
         try:
             pipeline, plan, spec_path = plan_for_run(
-                file, spec=spec, cluster=cluster, strategy=strategy.value,
+                file, spec=spec, cluster=cluster, strategy=strategy,
                 staleness=staleness, seed=seed, overrides=parsed, force=force)
         except RpegError as e:
             _show_override(e, overrides or [])
@@ -138,14 +138,6 @@ def register(app: typer.Typer) -> None:
         tail = f"; reward {rewards[0]:.3f} -> {sum(rewards[-5:]) / len(rewards[-5:]):.3f}" \
             if rewards else ""
         print(f"run: {result.path}  ({result.steps} steps, {result.wall_s:.1f} s{tail})")
-
-
-class RunStrategy(enum.Enum):
-    SEARCH = "search"
-    COLOCATED = "colocated"
-    SPLIT = "split"
-    REALLOC = "realloc"
-    RUNTIME_SPLIT = "runtime-split"
 
 
 def _usage(file: Path | None, resume: Path | None, spec, strategy: RunStrategy, devices,

@@ -13,6 +13,7 @@ uses the runtime's own split placement (``rpeg.runtime.placement``).
 
 from __future__ import annotations
 
+import enum
 import sys
 from pathlib import Path
 
@@ -22,7 +23,15 @@ from rpeg.errors import PlanError, RuntimeFailure
 from rpeg.graph.versions import carry_room
 from rpeg.runtime.placement import split_plan
 
-RUNTIME_SPLIT = "runtime-split"
+
+class RunStrategy(enum.Enum):
+    """How ``rpeg run`` plans a pipeline: the search, a baseline, or the runtime's own
+    split placement without the planner."""
+    SEARCH = "search"
+    COLOCATED = "colocated"
+    SPLIT = "split"
+    REALLOC = "realloc"
+    RUNTIME_SPLIT = "runtime-split"
 
 
 def runtime_limits():
@@ -52,7 +61,8 @@ def engine_installed(engine) -> bool:
 
 
 def plan_for_run(file: str | Path, *, spec: str | Path | None = None,
-                 cluster: str | Path | None = None, strategy: str = "search",
+                 cluster: str | Path | None = None,
+                 strategy: RunStrategy = RunStrategy.SEARCH,
                  staleness: int | None = None, seed: int = 0, overrides: tuple = (),
                  force: bool = False):
     """(pipeline, plan, spec path) for ``rpeg run FILE``; ``overrides``
@@ -99,7 +109,7 @@ def plan_for_run(file: str | Path, *, spec: str | Path | None = None,
         pipeline = load(file, overrides)
         _check_cap(pipeline, staleness)
         c = load_cluster(cluster) if cluster else None
-        if strategy == RUNTIME_SPLIT:
+        if strategy is RunStrategy.RUNTIME_SPLIT:
             plan = split_plan(pipeline, c.num_gpus if c else 2, staleness=staleness,
                               cluster=c.name if c else "local")
             plan = settled(pipeline, plan, c) if c is not None else plan
@@ -153,7 +163,8 @@ def settled(pipeline, plan, cluster):
         attrs.evolve(new, predicted=None), simulate_infeasible=True).plan
 
 
-def _compile(pipeline, cluster, strategy: str, seed: int, staleness: int | None = None):
+def _compile(pipeline, cluster, strategy: RunStrategy, seed: int,
+             staleness: int | None = None):
     from rpeg.plan.compile import compile_plan
     from rpeg.plan.model import Strategy
     from rpeg.plan.search import SearchOptions
@@ -162,12 +173,9 @@ def _compile(pipeline, cluster, strategy: str, seed: int, staleness: int | None 
     if cluster is None:
         raise RuntimeFailure("a cluster file is needed to plan the run, and none was given",
                              hint="pass --cluster pipelines/clusters/local_cpu.rpeg")
-    choices = [s.value for s in Strategy if s is not Strategy.MANUAL] + [RUNTIME_SPLIT]
-    if strategy not in choices:
-        raise PlanError(f"--strategy must be one of {', '.join(choices)}, not {strategy!r}")
     options = SearchOptions(seed=seed, limits=runtime_limits(),     # the search's own budget
                             staleness_cap=staleness)
-    plan = compile_plan(pipeline, cluster, Strategy(strategy), options)
+    plan = compile_plan(pipeline, cluster, Strategy(strategy.value), options)
     build_calls(pipeline, plan, steps=1)          # what the planner chose, the runtime lays out
     return plan
 

@@ -49,7 +49,8 @@ def fault_runs(work: Path) -> list[dict]:
     from rpeg.runtime import RunOptions, verify_run
     from rpeg.runtime.inline import run_inline
     from rpeg.runtime.placement import split_plan
-    from rpeg.runtime.recovery import Resilience, resume_run, run_resilient
+    from rpeg.runtime.recovery import Resilience, run_resilient
+    from rpeg.runtime.resume import resume_run
     from rpeg.spec import load
 
     spec = tf.micro_spec(work / "micro")

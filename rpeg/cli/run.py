@@ -90,7 +90,8 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Run a pipeline on a Dask cluster; write runs/<pipeline>-<time>/ (verify it with rpeg verify)."""
         from rpeg.runtime import RunOptions, plan_for_run, run_pipeline
-        from rpeg.runtime.recovery import Resilience, resume_run, run_resilient
+        from rpeg.runtime.recovery import Resilience, run_resilient
+        from rpeg.runtime.resume import resume_run
         from rpeg.runtime.security import TlsFiles, check_scheduler_address, dask_tls
 
         tls = TlsFiles.resolve(*(str(p) if p else None for p in (tls_ca, tls_cert, tls_key)))

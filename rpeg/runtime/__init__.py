@@ -11,7 +11,7 @@ run goes through; its parts: ``segments``, the loop between checkpoint cuts,
 ``checkpointing``, worker start, restore and checkpoints, and ``losses``, loss and stuck
 detection and the rollback; ``resume`` continues a run),
 ``fusion`` and ``flight`` (ops packed into Dask tasks, and those tasks tracked),
-``driver`` (options, the cluster, the plain run), ``worker`` (what runs in a worker), ``rundir`` and ``verify`` (the record of a
+``driver`` (options, the cluster, the progress bar), ``worker`` (what runs in a worker), ``rundir`` and ``verify`` (the record of a
 run and its check), ``placement`` (the split plan used when none is given),
 ``inline`` (the same calls in one process, the reference for overhead).
 """
@@ -19,8 +19,8 @@ run and its check), ``placement`` (the split plan used when none is given),
 from __future__ import annotations
 
 from rpeg.runtime.driver import RunOptions, RunResult
-from rpeg.runtime.driver import run as run_pipeline
 from rpeg.runtime.plans import plan_for_run
+from rpeg.runtime.recovery import run as run_pipeline
 from rpeg.runtime.verify import Report, Violation, verify_run
 
 __all__ = ["RunOptions", "RunResult", "run_pipeline", "plan_for_run", "verify_run", "Report",

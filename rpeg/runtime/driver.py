@@ -1,10 +1,10 @@
-"""Running a plan on Dask: options, the cluster, the progress bar, and the plain run.
+"""Running a plan on Dask: the run's options and result, the cluster, the progress bar.
 
-    >>> result = run(pipeline, plan, RunOptions(steps=4), spec_path="pipelines/tiny_ppo.rpeg")  # doctest: +SKIP
-    >>> result.path, result.metrics[-1]["reward"]                                             # doctest: +SKIP
-    (PosixPath('runs/tiny_ppo-20261130-011500'), 0.41)
+    >>> with _Cluster(2, scheduler=None) as cl:                  # doctest: +SKIP
+    ...     cl.client.ncores()
 
-Every run goes through the resilient runner (``rpeg.runtime.recovery``): the scheduling
+Every run goes through the resilient runner (``rpeg.runtime.recovery``, whose ``run`` is
+the plain run: one segment, no recovery): the scheduling
 core decides what to submit, ``rpeg.runtime.fusion`` packs it into Dask tasks. Device i of the plan is the i-th worker (sorted by address) that offers the
 resource ``GPU``; every op call is a future pinned to its device's worker, with
 the futures of its dependencies as arguments, so data moves between workers
@@ -31,7 +31,7 @@ from rpeg.errors import RuntimeFailure
 from rpeg.plan.model import Plan
 from rpeg.runtime import worker as W
 from rpeg.runtime.record import dashboard_line
-from rpeg.spec.model import Engine, Pipeline
+from rpeg.spec.model import Engine
 
 
 @attrs.frozen
@@ -54,17 +54,6 @@ class RunResult:
     metrics: tuple[dict, ...]
     wall_s: float
     steps: int
-
-
-def run(pipeline: Pipeline, plan: Plan, options: RunOptions, spec_path: str | None = None,
-        on_step=None) -> RunResult:
-    """Execute ``plan`` for ``pipeline`` with one checkpoint, at the end; write and return the
-    run directory. The run is the resilient runner's (``rpeg.runtime.recovery``) with a
-    single segment and no recovery: a lost worker fails the run."""
-    from rpeg.runtime.recovery import Resilience, run_resilient
-    steps = options.steps or pipeline.workload.steps
-    return run_resilient(pipeline, plan, options, spec_path,
-                         Resilience(checkpoint_every=steps, max_recoveries=0), on_step)
 
 
 WORKER_BYTES = 256 << 20     # a device worker's memory once torch is imported (about 250 MB)

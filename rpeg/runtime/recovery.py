@@ -2,7 +2,7 @@
 
     >>> result = run_resilient(pipeline, plan, RunOptions(steps=60), spec_path=spec,
     ...                        resilience=Resilience(checkpoint_every=10))   # doctest: +SKIP
-    >>> result = resume_run("runs/tiny_ppo-20261130-011500")                 # doctest: +SKIP
+    >>> result = resume_run("runs/tiny_ppo-20261130-011500")  # rpeg.runtime.resume  # doctest: +SKIP
 
 The run is cut into segments at step boundaries. A *cut* at step B is the set
 of op calls every step before B needs — all ops of steps < B plus, with
@@ -79,7 +79,7 @@ from rpeg.runtime.serial import dumps, plan_to_json
 from rpeg.runtime.stopflag import StopFlag, Terminated
 from rpeg.spec.model import Pipeline
 
-__all__ = ["Resilience", "Interrupted", "run_resilient", "resume_run"]
+__all__ = ["Resilience", "Interrupted", "run", "run_resilient"]
 
 
 @attrs.frozen
@@ -94,6 +94,16 @@ class Resilience:
 
 
 # --- the run -------------------------------------------------------------------------------
+
+def run(pipeline: Pipeline, plan: Plan, options: RunOptions, spec_path: str | None = None,
+        on_step=None) -> RunResult:
+    """Execute ``plan`` for ``pipeline`` with one checkpoint, at the end; write and return the
+    run directory. The run is the resilient runner's with a single segment and no recovery:
+    a lost worker fails the run."""
+    steps = options.steps or pipeline.workload.steps
+    return run_resilient(pipeline, plan, options, spec_path,
+                         Resilience(checkpoint_every=steps, max_recoveries=0), on_step)
+
 
 def run_resilient(pipeline: Pipeline, plan: Plan, options: RunOptions,
                   spec_path: str | None = None, resilience: Resilience = Resilience(),
@@ -214,14 +224,6 @@ def _run(pipeline, plan, options, spec_path, resilience, on_step, rd: RunDir,
         rd.write_json("run.json", meta)
         write_record(rd.path, spec_path)
     return RunResult(rd.path, tuple(state.metrics), meta["wall_s"], steps)
-
-
-def resume_run(run_dir: str | Path, options: RunOptions | None = None,
-               resilience: Resilience = Resilience(), devices: int | None = None,
-               on_step=None, steps: int | None = None) -> RunResult:
-    """Continue a run directory from its last complete checkpoint (``rpeg.runtime.resume``)."""
-    from rpeg.runtime.resume import resume
-    return resume(run_dir, options, resilience, devices=devices, on_step=on_step, steps=steps)
 
 
 class _Runner(SegmentLoop, Checkpointing, WorkerWatch):

@@ -1,8 +1,8 @@
 """``rpeg run --resume RUN_DIR [--steps N]``: continue a run directory from its last
 complete checkpoint, or extend a finished run to more steps.
 
-    >>> resume("runs/tiny_ppo-20261130-011500")                        # doctest: +SKIP
-    >>> resume("runs/tiny_ppo-20261130-011500", steps=120)             # a 60-step run, extended
+    >>> resume_run("runs/tiny_ppo-20261130-011500")                    # doctest: +SKIP
+    >>> resume_run("runs/tiny_ppo-20261130-011500", steps=120)         # a 60-step run, extended
 
 Everything the resume reads is checked before anything in the directory is changed:
 run.json's fields, the pipeline and the plan (against each other, as every command
@@ -42,9 +42,9 @@ from rpeg.runtime.serial import loads, plan_from_json
 from rpeg.spec.lower import MAX_STEPS
 
 
-def resume(run_dir: str | Path, options: RunOptions | None = None,
-           resilience: Resilience = Resilience(), *, devices: int | None = None,
-           on_step=None, steps: int | None = None) -> RunResult:
+def resume_run(run_dir: str | Path, options: RunOptions | None = None,
+               resilience: Resilience = Resilience(), *, devices: int | None = None,
+               on_step=None, steps: int | None = None) -> RunResult:
     """Continue a run directory from its last complete checkpoint (re-planned for
     ``devices`` when that differs from the plan's device count; extended to ``steps``
     when that is more than it was made with)."""

@@ -20,7 +20,7 @@ from rpeg.runtime import checkpoint_io as ckio
 from rpeg.runtime.cuts import carried, closure, core_view
 from rpeg.runtime.instances import build_calls
 from rpeg.runtime.placement import split_plan
-from rpeg.runtime.recovery import resume_run
+from rpeg.runtime.resume import resume_run
 from rpeg.spec import load
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -24,7 +24,8 @@ import pytest
 from rpeg.runtime import RunOptions, verify_run
 from rpeg.runtime.inline import run_inline
 from rpeg.runtime.placement import split_plan
-from rpeg.runtime.recovery import Resilience, resume_run, run_resilient
+from rpeg.runtime.recovery import Resilience, run_resilient
+from rpeg.runtime.resume import resume_run
 from rpeg.spec import load
 
 pytestmark = pytest.mark.slow

@@ -13,7 +13,8 @@ import pytest
 from rpeg.runtime import RunOptions
 from rpeg.runtime.data import row_indices
 from rpeg.runtime.placement import split_plan
-from rpeg.runtime.recovery import Resilience, resume_run, run_resilient
+from rpeg.runtime.recovery import Resilience, run_resilient
+from rpeg.runtime.resume import resume_run
 from rpeg.spec import load
 
 pytestmark = pytest.mark.slow          # two real runs on a local Dask cluster, minutes

@@ -171,7 +171,8 @@ def test_grpo_with_carry_verifies_and_a_resumed_run_continues_the_same_responses
     continues the responses started in step 2 and steps 3..5 give the same numbers."""
     import shutil
 
-    from rpeg.runtime.recovery import Resilience, resume_run
+    from rpeg.runtime.recovery import Resilience
+    from rpeg.runtime.resume import resume_run
     plan = with_carry(split_plan(grpo, 2, staleness=0), 1)
     with local_cluster(2) as scheduler:
         run_dir, rows = _run_plan_file(grpo, plan, tmp_path, scheduler, 6, capsys, every=3)

@@ -35,11 +35,21 @@ def save_policy(model, path: str | Path) -> Path:
         raise BackendError("model must have an LM head to generate, not only a value head",
                            hint="build the actor with heads=('lm',) or ('lm', 'value')")
     full = AutoModelForCausalLM.from_config(model.config)
+    # the parameters as this device holds them: a ZeRO-2 trainer's are whole between ops,
+    # while its state_dict() always gives FSDP2's shards
+    held = dict(model.named_parameters(remove_duplicate=False))
     state = {}
     for name, tensor in model.state_dict().items():
         target = vllm_name(name)
-        if target is not None:
-            state[target] = tensor.detach().to(torch.float32)
+        if target is None:
+            continue
+        tensor = held.get(name, tensor)
+        if hasattr(tensor, "full_tensor"):
+            raise BackendError(f"parameter '{name}' must be whole on this device to start a vLLM "
+                               "engine beside it, not a shard",
+                               hint="give the engine its own copy (a plan with the trainer "
+                                    "at ZeRO-3 or tp > 1 does)")
+        state[target] = tensor.detach().to(torch.float32)
     full.load_state_dict(state, strict=True)
     path = Path(path)
     full.save_pretrained(path)

@@ -10,7 +10,8 @@
     0.33
 
 A generate stage on vLLM serves a copy of its own (``actor~vllm``) unless it runs at tp 1
-beside its model's unsplit trained replica, which updates the engine in memory
+beside its model's unsplit trained replica outside FSDP2 (ZeRO 0), which updates the
+engine in memory
 (:func:`engine_copy`, the runtime's rule: ``rpeg.runtime.instances``). Each version
 reaches a copy as ``backends.vllm_backend.sync`` moves it: the trainer's weights in their
 dtype, gathered whole first where the trainer splits them (tensor parallel, or ZeRO-3),
@@ -41,10 +42,11 @@ SYNC_BUCKET_BYTES = 64 << 20        # the runtime's bucket (backends.vllm_backen
 def engine_copy(src, dst) -> bool:
     """Whether a vLLM generate placement ``dst`` serves a copy of its own that the trainer
     (``src``) sends each version to (the runtime's rule): all but tp 1 on devices where the
-    model is trained unsplit, which the engine beside it is updated from in memory."""
+    model is trained unsplit and outside FSDP2 (ZeRO 0), which the engine beside it is
+    updated from in memory."""
     return dst.engine is Engine.VLLM and not (
         dst.tp == 1 and set(dst.devices) <= set(src.devices) and src.tp == 1
-        and src.pp == 1 and src.zero < 3)
+        and src.pp == 1 and src.zero == 0)
 
 
 def collective_sync_time(model: Model, src_devices: Sequence[int], src_par: Parallel,

@@ -361,9 +361,11 @@ def engine_hosts(calls) -> dict[str, tuple[int, ...]]:
 
 
 def _home_whole(graph: Graph, plan: Plan) -> dict[str, bool]:
-    """Backbone -> whether each home device holds its whole weights between ops (tp 1 and
-    not sharded by ZeRO-3): what an engine beside it can be updated from in memory."""
-    return {m: p.tp <= 1 and p.zero < 3 for m, p in train_layouts(graph, plan).items()}
+    """Backbone -> whether each home device holds its plain whole weights between ops (tp 1,
+    not laid out by FSDP2): what an engine beside it can be updated from in memory. A
+    ZeRO-2 trainer holds them whole too, but as FSDP2's parameters: a vLLM engine started
+    beside one ended its worker at the first train op, so it gets its own copy."""
+    return {m: p.tp <= 1 and p.zero == 0 for m, p in train_layouts(graph, plan).items()}
 
 
 def _chunks(graph: Graph, plan: Plan, responses: int) -> int:

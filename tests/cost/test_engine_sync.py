@@ -75,6 +75,9 @@ def test_which_engines_get_a_copy():
     assert not engine_copy(trainer, StagePlacement("g", (2,), engine=Engine.TORCH))
     split = StagePlacement("train", (0, 1), tp=2)
     assert engine_copy(split, StagePlacement("g", (0,), engine=Engine.VLLM))
+    for zero in (2, 3):             # FSDP2's parameters: the engine gets a copy of its own
+        fsdp = StagePlacement("train", (0, 1), dp=2, zero=zero)
+        assert engine_copy(fsdp, StagePlacement("g", (0,), engine=Engine.VLLM))
 
 
 def test_the_bucket_is_the_runtimes():

@@ -141,6 +141,21 @@ def test_the_engine_copy_keeps_the_plans_engine(vgrpo):
     assert plan.placement("rollout").engine is Engine.VLLM
 
 
+def test_an_engine_beside_an_fsdp2_trainer_serves_its_own_copy(vgrpo):
+    """vLLM at tp 1 on a home device of its model: updated in memory beside a DDP trainer
+    (ZeRO 0), given a copy of its own beside an FSDP2 one (ZeRO 2 or 3), as the cost model's
+    engine_copy says."""
+    from rpeg.cost.engine_sync import engine_copy
+    split = split_plan(vgrpo, 2, staleness=0)
+    base = attrs.evolve(_place(split, "actor_step", devices=(0, 1), dp=2), model_homes=tuple(
+        (m, (0, 1) if m == "actor" else d) for m, d in split.model_homes))
+    for zero in (0, 2, 3):
+        plan = _place(base, "actor_step", zero=zero)
+        rollouts = {c.model for c in build_calls(vgrpo, plan, steps=2) if c.op == "rollout"}
+        copy = engine_copy(plan.placement("actor_step"), plan.placement("rollout"))
+        assert rollouts == ({"actor~vllm"} if zero else {"actor"}) and copy == bool(zero)
+
+
 def test_an_in_process_run_syncs_the_generation_copy_from_its_trainer(ppo):
     """Generation on device 0, the actor trained on device 1: the in-process reference run
     copies each new version into the generator, so it learns step for step as the run on

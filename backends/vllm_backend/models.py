@@ -48,7 +48,7 @@ def save_policy(model, path: str | Path) -> Path:
             raise BackendError(f"parameter '{name}' must be whole on this device to start a vLLM "
                                "engine beside it, not a shard",
                                hint="give the engine its own copy (a plan with the trainer "
-                                    "at ZeRO-3 or tp > 1 does)")
+                                    "at ZeRO 2 or 3, or tp > 1, does)")
         state[target] = tensor.detach().to(torch.float32)
     full.load_state_dict(state, strict=True)
     path = Path(path)

@@ -22,6 +22,7 @@ from __future__ import annotations
 import attrs
 
 from rpeg.errors import NOWHERE, Span
+from rpeg.graph.order import topological
 from rpeg.spec.model import OpKind
 
 
@@ -111,28 +112,13 @@ class Graph:
     def topo_order(self) -> tuple[str, ...]:
         """Ops in an order where every producer comes before its consumers within a step
         (data edges, and train -> weight sync), stable in graph order."""
-        succ: dict[str, set[str]] = {o.name: set() for o in self.ops}
+        before: dict[str, list[str]] = {o.name: [] for o in self.ops}
         for e in self.data_edges:
-            succ[e.src].add(e.dst)
+            before[e.dst].append(e.src)
         for e in self.version_edges:
             if e.same_step:
-                succ[e.writer].add(e.reader)
-        indeg = {o.name: 0 for o in self.ops}
-        for s in succ.values():
-            for d in s:
-                indeg[d] += 1
-        position = {o.name: n for n, o in enumerate(self.ops)}
-        ready = sorted((n for n, d in indeg.items() if d == 0), key=position.get)
-        out: list[str] = []
-        while ready:
-            n = ready.pop(0)
-            out.append(n)
-            for c in succ[n]:
-                indeg[c] -= 1
-                if indeg[c] == 0:
-                    ready.append(c)
-            ready.sort(key=position.get)
-        return tuple(out)
+                before[e.reader].append(e.writer)
+        return topological([o.name for o in self.ops], before.get)
 
     def lag_of(self, op: str) -> int:
         """The staleness an op reads its model's parameters with (0 if it reads none)."""

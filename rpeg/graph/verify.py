@@ -13,6 +13,7 @@ from collections import Counter
 
 from rpeg.errors import GraphError
 from rpeg.graph.ir import SAME_STEP, Graph
+from rpeg.graph.order import Cycle, topological
 from rpeg.graph.unroll import DepKind, Unrolled
 from rpeg.spec.model import OpKind
 
@@ -45,8 +46,11 @@ def verify(g: Graph) -> Graph:
             raise GraphError(f"data edge {e.src} -> {e.dst} names an op not in the graph")
         if e.data not in ops[e.src].outputs or e.data not in ops[e.dst].inputs:
             raise GraphError(f"data edge {e.src} -> {e.dst} [{e.data}] does not match the ops")
-    if len(g.topo_order()) != len(g.ops):
-        raise GraphError("data edges form a cycle inside one step")
+    try:
+        g.topo_order()
+    except Cycle as e:
+        raise GraphError(f"data edges form a cycle inside one step: {', '.join(e.stuck)}"
+                         ) from None
     _verify_versions(g, ops)
     return g
 
@@ -107,20 +111,9 @@ def verify_unrolled(u: Unrolled) -> Unrolled:
             if d.src.step != d.dst.step - 1 - lag:
                 raise GraphError(f"version dependency {d.src} -> {d.dst} breaks lag {lag}")
         incoming[d.dst].append(d.src)
-    # acyclic: Kahn over instances
-    indeg = {i: len(v) for i, v in incoming.items()}
-    out: dict = {i: [] for i in u.instances}
-    for d in u.deps:
-        out[d.src].append(d.dst)
-    ready = [i for i, n in indeg.items() if n == 0]
-    done = 0
-    while ready:
-        i = ready.pop()
-        done += 1
-        for j in out[i]:
-            indeg[j] -= 1
-            if indeg[j] == 0:
-                ready.append(j)
-    if done != len(u.instances):
-        raise GraphError("the unrolled graph has a dependency cycle")
+    try:
+        topological(u.instances, incoming.get)
+    except Cycle as e:
+        raise GraphError(f"the unrolled graph has a dependency cycle: "
+                         f"{', '.join(map(str, e.stuck[:5]))}") from None
     return u

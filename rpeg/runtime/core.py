@@ -23,6 +23,8 @@ from collections import defaultdict
 
 import attrs
 
+from rpeg.errors import PlanError
+from rpeg.graph.order import Cycle, topological
 from rpeg.runtime.instances import OpCall
 
 
@@ -152,28 +154,9 @@ class Core:
 def _submission_order(calls) -> tuple[str, ...]:
     """Dependencies before dependents (stable in build order); write-after-read edges may
     point forward, so this is a real topological sort, not the build order."""
-    ids = [c.id for c in calls]
-    indeg = {i: 0 for i in ids}
-    succ: dict[str, list[str]] = defaultdict(list)
-    for c in calls:
-        for d in set(c.all_deps):
-            succ[d].append(c.id)
-            indeg[c.id] += 1
-    pos = {i: n for n, i in enumerate(ids)}
-    import heapq
-    ready = [(pos[i], i) for i in ids if indeg[i] == 0]
-    heapq.heapify(ready)
-    out = []
-    while ready:
-        _, i = heapq.heappop(ready)
-        out.append(i)
-        for j in succ[i]:
-            indeg[j] -= 1
-            if indeg[j] == 0:
-                heapq.heappush(ready, (pos[j], j))
-    if len(out) != len(ids):
-        stuck = sorted(set(ids) - set(out))[:5]
-        from rpeg.errors import PlanError
+    table = {c.id: c for c in calls}
+    try:
+        return topological(list(table), lambda i: table[i].all_deps)
+    except Cycle as e:
         raise PlanError(f"the op dependencies must be acyclic, and these wait on each other: "
-                        f"{', '.join(stuck)}")
-    return tuple(out)
+                        f"{', '.join(e.stuck[:5])}") from None

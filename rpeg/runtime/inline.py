@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import time
 
+from rpeg.graph.order import topological
 from rpeg.runtime.context import RunContext
 from rpeg.runtime.core import _submission_order
 from rpeg.runtime.instances import build_calls
@@ -37,9 +38,11 @@ def run_inline(pipeline, plan, steps: int, spec_dir: str, on_step=None) -> list[
     results: dict[str, dict] = {}
     events: dict[int, list[dict]] = {}
     rows = []
-    order = sorted(_submission_order(calls), key=lambda i: table[i].step)
+    # one step at a time: dependencies first, then the earlier step, then submission order
+    submitted = {op_id: n for n, op_id in enumerate(_submission_order(calls))}
     last = time.time()
-    for op_id in _stable_topo(order, table):
+    for op_id in topological(list(table), lambda i: table[i].all_deps,
+                             key=lambda i: (table[i].step, submitted[i])):
         call = table[op_id]
         inputs, pos = {}, 0
         for name, count in call.inputs:
@@ -60,20 +63,6 @@ def run_inline(pipeline, plan, steps: int, spec_dir: str, on_step=None) -> list[
             if on_step:
                 on_step(row)
     return rows
-
-
-def _stable_topo(order, table):
-    """Dependencies first; within that, earlier steps first (one step at a time)."""
-    done: set[str] = set()
-    pending = list(order)
-    while pending:
-        for i, op_id in enumerate(pending):
-            if all(d in done for d in table[op_id].all_deps):
-                done.add(op_id)
-                yield pending.pop(i)
-                break
-        else:
-            raise RuntimeError("dependency cycle")
 
 
 def _step_complete(call, table, results) -> bool:

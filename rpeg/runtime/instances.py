@@ -52,6 +52,7 @@ import attrs
 
 from rpeg.errors import PlanError
 from rpeg.graph import Graph
+from rpeg.graph.order import Cycle, topological
 from rpeg.graph.versions import read_version
 from rpeg.plan.model import Plan
 from rpeg.plan.staleness import staleness_problem, step_graph
@@ -597,27 +598,11 @@ def _order_pushes(calls: list[dict]) -> None:
             c["after"].append(recv[(c["op"], c["step"], c["device"])])
 
 
-def _topo(calls: list[dict]) -> list[str]:
+def _topo(calls: list[dict]) -> tuple[str, ...]:
     """Call ids in a dependency order; ties go to the earlier call in ``calls``."""
-    import heapq
-
-    index = {c["id"]: i for i, c in enumerate(calls)}
-    waits = {c["id"]: {d for d in c["deps"] + c["after"] if d in index} for c in calls}
-    users: dict[str, list[str]] = defaultdict(list)
-    for cid, ds in waits.items():
-        for d in ds:
-            users[d].append(cid)
-    ready = [index[c] for c, ds in waits.items() if not ds]
-    heapq.heapify(ready)
-    out = []
-    while ready:
-        cid = calls[heapq.heappop(ready)]["id"]
-        out.append(cid)
-        for u in users[cid]:
-            waits[u].discard(cid)
-            if not waits[u]:
-                heapq.heappush(ready, index[u])
-    if len(out) != len(calls):
-        stuck = sorted(set(index) - set(out))[:3]
-        raise PlanError(f"the op calls must have no dependency cycle, and {stuck} are in one")
-    return out
+    table = {c["id"]: c for c in calls}
+    try:
+        return topological(list(table), lambda i: table[i]["deps"] + table[i]["after"])
+    except Cycle as e:
+        raise PlanError(f"the op calls must have no dependency cycle, and {e.stuck[:3]} "
+                        "are in one") from None

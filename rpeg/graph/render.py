@@ -169,6 +169,9 @@ def unrolled_dot(u: Unrolled) -> str:
                            and x.src == d.src and x.dst == d.dst})
             lines.append(f"  {_q(key[0])} -> {_q(key[1])} "
                          f"{_attrs(color=DATA_COLOUR, tooltip=', '.join(data))};")
+        elif d.kind is DepKind.ORDER:          # no data: order only (stream, carry, write)
+            lines.append(f"  {_q(key[0])} -> {_q(key[1])} "
+                         f"{_attrs(color='#adb5bd', style='dotted', tooltip=d.data)};")
         else:
             lag = _lag(g, d.src.op, d.dst.op)
             lines.append(f"  {_q(key[0])} -> {_q(key[1])} {style.version_attrs(d.data, lag)};")

@@ -9,6 +9,24 @@ per-sample consumers (forward, score, compute) start on chunk c as soon as it is
 generated; a consumer that needs the whole batch (train) waits for every chunk.
 Version dependencies cross steps: the reader at step s waits for the writer at
 step s - 1 - lag (nothing before step 0: version 0 is the initial weights).
+
+Ordering dependencies (``ORDER``: no data passes) are what executing the graph needs
+besides data and versions, the same for the simulator that prices it and the runtime
+that runs it:
+
+* a stream's chunks in order: chunk c after chunk c - 1 of the same op and step;
+* a carried stream (a generate op with partial rollouts, ``carry``) continues its
+  previous step's responses: its step s after its step s - 1;
+* write after read: the writer of version v + 1 of a replica (a train op's weights, or
+  the copy a weight sync fills) after every reader of version v of it, so no reader sees
+  a newer version than it was planned to read (with staleness a reader of step s + k may
+  precede the writer of step s). Which readers share a replica with its writer is known
+  once ops are placed: ``in_place`` holds those (writer, reader) version edges
+  (:func:`in_place`: the two run on a common device).
+
+``horizon``: the steps of the whole run (default: unbounded, as in a steady state). A
+weight sync runs only for the versions some reader of the run reads, so the syncs of
+versions nobody reads before the run ends are left out.
 """
 
 from __future__ import annotations
@@ -19,11 +37,16 @@ import attrs
 
 from rpeg.graph.ir import Graph
 from rpeg.graph.versions import read_version, writer_step
+from rpeg.spec.model import OpKind
 
 
 class DepKind(enum.Enum):
     DATA = "data"
     VERSION = "version"
+    ORDER = "order"           # no data: stream order, a carried stream, write after read
+
+
+MARK = {DepKind.DATA: "", DepKind.VERSION: "~", DepKind.ORDER: "^"}
 
 
 @attrs.frozen(order=True)
@@ -52,6 +75,9 @@ class Unrolled:
     instances: tuple[Instance, ...]
     deps: tuple[Dep, ...]
 
+    def of_kind(self, kind: DepKind) -> tuple[Dep, ...]:
+        return tuple(d for d in self.deps if d.kind is kind)
+
     def chunks_of(self, op: str) -> int:
         return dict(self.chunks).get(op, 1)
 
@@ -71,34 +97,44 @@ class Unrolled:
     def __str__(self) -> str:
         lines = [f"unrolled {self.graph.name} steps {self.steps}"]
         for inst in self.instances:
-            deps = sorted(f"{d.src}" + ("~" if d.kind is DepKind.VERSION else "")
-                          for d in self.deps if d.dst == inst)
+            deps = sorted(f"{d.src}{MARK[d.kind]}" for d in self.deps if d.dst == inst)
             lines.append(f"  {inst}: {' '.join(deps) if deps else '-'}")
         return "\n".join(lines)
 
 
 def chunk_counts(graph: Graph, chunks: dict[str, int]) -> dict[str, int]:
-    """Chunk count of every op: generate ops as asked; per-sample consumers inherit it."""
+    """Chunk count of every op: generate ops as asked; a per-sample consumer all of whose
+    producers stream in the same number of chunks streams too (one that also reads a
+    whole-step output waits for the step)."""
     out: dict[str, int] = {}
     for name in graph.topo_order():
         op = graph.op(name)
         if name in chunks and chunks[name] > 1:
             out[name] = chunks[name]
             continue
-        if op.per_sample:
-            inherited = {out.get(p, 1) for p in graph.producers(name)} - {1}
-            if len(inherited) == 1:
-                out[name] = inherited.pop()
-                continue
-        out[name] = 1
+        counts = {out[p] for p in graph.producers(name)}
+        out[name] = counts.pop() if op.per_sample and len(counts) == 1 else 1
     return out
 
 
-def unroll(graph: Graph, steps: int, chunks: dict[str, int] | None = None) -> Unrolled:
+def in_place(graph: Graph, devices: dict[str, tuple[int, ...]]
+             ) -> frozenset[tuple[str, str]]:
+    """(writer, reader) of the version edges whose reader reads the writer's replica where
+    it is: the two ops run on a common device (``devices``: op -> its devices)."""
+    return frozenset((e.writer, e.reader) for e in graph.version_edges
+                     if set(devices.get(e.writer, ())) & set(devices.get(e.reader, ())))
+
+
+def unroll(graph: Graph, steps: int, chunks: dict[str, int] | None = None, *,
+           carry: dict[str, int] | None = None, horizon: int | None = None,
+           in_place: frozenset[tuple[str, str]] = frozenset()) -> Unrolled:
+    """``steps`` steps of ``graph``: generate ops in ``chunks`` chunks, those in ``carry``
+    (op -> steps) continuing their responses across steps, readers in ``in_place`` sharing
+    their writer's replica; see the module doc."""
     counts = chunk_counts(graph, chunks or {})
     order = graph.topo_order()
-    instances = tuple(Instance(op, s, c) for s in range(steps) for op in order
-                      for c in range(counts[op]))
+    lags = {(e.writer, e.reader): e.lag for e in graph.version_edges}
+    read: set[tuple[str, int]] = set()        # (sync op, step) whose version someone reads
     deps: list[Dep] = []
     for s in range(steps):
         for op in order:
@@ -122,4 +158,42 @@ def unroll(graph: Graph, steps: int, chunks: dict[str, int] | None = None) -> Un
                     if src_step >= 0:
                         deps.append(Dep(Instance(e.writer, src_step, 0), dst, DepKind.VERSION,
                                         e.model))
+                        read.add((e.writer, src_step))
+    end = steps if horizon is None else min(steps, horizon)
+    syncs = {o.name for o in graph.ops if o.kind is OpKind.SYNC_WEIGHTS}
+
+    def runs(op: str, s: int) -> bool:
+        return op not in syncs or horizon is None and s < end or (op, s) in read
+
+    instances = tuple(Instance(op, s, c) for s in range(steps) for op in order
+                      if runs(op, s) for c in range(counts[op]))
+    kept = set(instances)
+    deps = [d for d in deps if d.src in kept and d.dst in kept]
+    linked = {(d.src, d.dst) for d in deps}
+    deps += [d for d in _ordering(graph, instances, counts, carry or {}, lags, in_place)
+             if d.src in kept and d.dst in kept and (d.src, d.dst) not in linked
+             and not linked.add((d.src, d.dst))]
     return Unrolled(graph, steps, tuple(sorted(counts.items())), instances, tuple(deps))
+
+
+def _ordering(graph: Graph, instances, counts: dict[str, int], carry: dict[str, int],
+              lags: dict[tuple[str, str], int], in_place: frozenset[tuple[str, str]]
+              ) -> list[Dep]:
+    """The ORDER dependencies of the module doc: stream order, carried streams, write
+    after read."""
+    out: list[Dep] = []
+    for i in instances:
+        if i.chunk:
+            out.append(Dep(Instance(i.op, i.step, i.chunk - 1), i, DepKind.ORDER, "stream"))
+        elif carry.get(i.op, 0) > 0 and i.step > 0:
+            last = Instance(i.op, i.step - 1, counts[i.op] - 1)
+            out.append(Dep(last, i, DepKind.ORDER, "carry"))
+    for i in instances:
+        for e in graph.version_edges:
+            if e.reader != i.op or (e.writer, e.reader) not in in_place:
+                continue
+            v = read_version(graph.op(i.op).kind, i.step, lags[(e.writer, e.reader)])
+            writer = Instance(e.writer, v, 0)          # makes version v + 1 of that replica
+            if (writer.op, writer.step) != (i.op, i.step):
+                out.append(Dep(i, writer, DepKind.ORDER, e.model))
+    return out

@@ -114,6 +114,12 @@ def is_host_op(pipeline: Pipeline, stage: str) -> bool:
                                        and not pipeline.has_model(s.target or ""))
 
 
+def carried(plan: Plan, graph: Graph) -> tuple[tuple[str, int], ...]:
+    """(generate op, carry) of the plan's streams that carry responses across steps."""
+    return tuple((o.name, plan.placement(o.stages[0]).carry) for o in graph.ops
+                 if o.kind is OpKind.GENERATE and plan.placement(o.stages[0]).carry > 0)
+
+
 def plan_graph(pipeline: Pipeline, plan: Plan) -> Graph:
     """The step graph the plan's structural choices make: staleness, sharing, fusion."""
     try:
@@ -311,7 +317,8 @@ class Evaluator:
             timings, op_times = self.timings(plan, graph)
             steps = self.steps or steps_for(max((k for _, k in plan.staleness), default=0))
             timeline = simulate(graph, timings, steps=steps, events=detail,
-                                crossing_s=max(self.cluster.gpu.dispatch_s, 0.0))
+                                crossing_s=max(self.cluster.gpu.dispatch_s, 0.0),
+                                carry=carried(plan, graph))
             control, tasks = self._control(plan, graph, timings, steps)
             step = timeline.step_time_s + control
             if self.pipeline.evaluation is not None:    # an eval op every `every` steps

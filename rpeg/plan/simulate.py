@@ -39,7 +39,8 @@ import math
 import attrs
 import numpy as np
 
-from rpeg.graph import Graph, Instance, unroll
+from rpeg.graph import DepKind, Graph, Instance, unroll
+from rpeg.graph.unroll import in_place
 
 
 @attrs.frozen
@@ -157,12 +158,15 @@ def chunk_durations(graph: Graph, timings: dict[str, OpTiming],
 
 
 def simulate(graph: Graph, timings: dict[str, OpTiming], steps: int = 6, *,
-             events: bool = True, crossing_s: float = 0.0) -> Timeline:
+             events: bool = True, crossing_s: float = 0.0,
+             carry: tuple[tuple[str, int], ...] = ()) -> Timeline:
     """Run ``steps`` steps of ``graph`` with the given op timings; see the module doc.
     ``events=False``: the step figures only, no per-instance events (a search needs no
     more; ``busy`` and ``bubbles`` are then empty). ``crossing_s``: what an output takes to
     reach an op on other devices (a new task dispatched there); an op on the same devices
     as its input's producer (the same task, or the next one already queued) waits nothing.
+    ``carry``: (generate op, steps) of the streams that carry responses across steps. The
+    instances and their dependencies are :func:`rpeg.graph.unroll`'s, ordering ones included.
 
         >>> from rpeg.graph import Graph, Op, DataEdge
         >>> from rpeg.spec.model import OpKind
@@ -175,7 +179,8 @@ def simulate(graph: Graph, timings: dict[str, OpTiming], steps: int = 6, *,
     """
     chunks = tuple(sorted((n, len(t.chunk_ends)) for n, t in timings.items()
                           if len(t.chunk_ends) > 1))
-    prep = _prepare(graph, steps, chunks)
+    placed = in_place(graph, {n: t.devices for n, t in timings.items()})
+    prep = _prepare(graph, steps, chunks, carry, placed)
     durations = chunk_durations(graph, timings, prep.counts)
     num_devices = 1 + max((d for t in timings.values() for d in t.devices), default=0)
 
@@ -282,7 +287,7 @@ def tasks_per_step(graph: Graph, timings: dict[str, OpTiming], steps: int = 6,
     insts = prep.instances
     where = [timings[i.op].devices for i in insts]
     inputs: list[list[int]] = [[] for _ in insts]
-    for k, ds in enumerate(prep.dependents):
+    for k, ds in enumerate(prep.fed):
         for d in ds:
             inputs[d].append(k)
     task: dict[tuple[int, int], int] = {}          # (instance, device) -> its task
@@ -314,7 +319,7 @@ def tasks_per_step(graph: Graph, timings: dict[str, OpTiming], steps: int = 6,
                     gi = len(groups) - 1
                     here.append(gi)
                 task[(k, dev)] = gi
-                if gi in here and any(set(where[c]) - {dev} for c in prep.dependents[k]):
+                if gi in here and any(set(where[c]) - {dev} for c in prep.fed[k]):
                     here.remove(gi)
         return len(groups) - first
 
@@ -328,43 +333,48 @@ class _Prepared:
     instances: tuple[Instance, ...]            # sorted by priority: step, graph order, chunk
     waiting: tuple[int, ...]                   # dependencies of each
     step_of: tuple[int, ...]                   # the step of each
-    dependents: tuple[tuple[int, ...], ...]
+    dependents: tuple[tuple[int, ...], ...]    # every kind of dependency
+    fed: tuple[tuple[int, ...], ...]           # by data, versions and stream order (Dask tasks)
     counts: dict
 
 
 _PREPARED: dict[tuple, tuple[Graph, _Prepared]] = {}
 
 
-def _prepare(graph: Graph, steps: int, chunks: tuple[tuple[str, int], ...]) -> _Prepared:
+def _prepare(graph: Graph, steps: int, chunks: tuple[tuple[str, int], ...],
+             carry: tuple[tuple[str, int], ...] = (),
+             placed: frozenset[tuple[str, str]] = frozenset()) -> _Prepared:
     """The unrolled graph as index arrays, cached per graph object (graphs are values; the
     cache keeps each one alive, so its id is not reused while cached)."""
-    key = (id(graph), steps, chunks)
+    key = (id(graph), steps, chunks, carry, placed)
     hit = _PREPARED.get(key)
     if hit is not None and hit[0] is graph:
         return hit[1]
     if len(_PREPARED) > 512:
         _PREPARED.clear()
-    prep = _prepare_uncached(graph, steps, chunks)
+    prep = _prepare_uncached(graph, steps, chunks, carry, placed)
     _PREPARED[key] = (graph, prep)
     return prep
 
 
-def _prepare_uncached(graph: Graph, steps: int, chunks: tuple[tuple[str, int], ...]) -> _Prepared:
-    u = unroll(graph, steps, dict(chunks))
+def _prepare_uncached(graph: Graph, steps: int, chunks: tuple[tuple[str, int], ...],
+                      carry: tuple[tuple[str, int], ...] = (),
+                      placed: frozenset[tuple[str, str]] = frozenset()) -> _Prepared:
+    u = unroll(graph, steps, dict(chunks), carry=dict(carry), in_place=placed)
     order = {name: i for i, name in enumerate(graph.topo_order())}
     insts = sorted(u.instances, key=lambda i: (i.step, order[i.op], i.chunk))
     index = {inst: k for k, inst in enumerate(insts)}
     waiting = [0] * len(insts)
     dependents: list[list[int]] = [[] for _ in insts]
+    fed: list[list[int]] = [[] for _ in insts]
     for dep in u.deps:
         waiting[index[dep.dst]] += 1
         dependents[index[dep.src]].append(index[dep.dst])
-    for inst in insts:                  # chunks of one op run in order
-        if inst.chunk > 0:
-            waiting[index[inst]] += 1
-            dependents[index[Instance(inst.op, inst.step, inst.chunk - 1)]].append(index[inst])
+        if dep.kind is not DepKind.ORDER or dep.data == "stream":
+            fed[index[dep.src]].append(index[dep.dst])
     return _Prepared(tuple(insts), tuple(waiting), tuple(i.step for i in insts),
-                     tuple(tuple(d) for d in dependents), dict(u.chunks))
+                     tuple(tuple(d) for d in dependents), tuple(tuple(d) for d in fed),
+                     dict(u.chunks))
 
 
 @functools.lru_cache(maxsize=4096)

@@ -14,9 +14,11 @@ Ordering dependencies (``ORDER``: no data passes) are what executing the graph n
 besides data and versions, the same for the simulator that prices it and the runtime
 that runs it:
 
-* a stream's chunks in order: chunk c after chunk c - 1 of the same op and step;
+* a generate op's chunks stream in order: an op generating on ``lanes`` data-parallel
+  blocks streams chunk c on block c mod lanes, after chunk c - lanes (its consumers'
+  chunks are independent of each other);
 * a carried stream (a generate op with partial rollouts, ``carry``) continues its
-  previous step's responses: its step s after its step s - 1;
+  previous step's responses: each block's first chunk of step s after its last of s - 1;
 * write after read: the writer of version v + 1 of a replica (a train op's weights, or
   the copy a weight sync fills) after every reader of version v of it, so no reader sees
   a newer version than it was planned to read (with staleness a reader of step s + k may
@@ -127,10 +129,12 @@ def in_place(graph: Graph, devices: dict[str, tuple[int, ...]]
 
 def unroll(graph: Graph, steps: int, chunks: dict[str, int] | None = None, *,
            carry: dict[str, int] | None = None, horizon: int | None = None,
-           in_place: frozenset[tuple[str, str]] = frozenset()) -> Unrolled:
-    """``steps`` steps of ``graph``: generate ops in ``chunks`` chunks, those in ``carry``
-    (op -> steps) continuing their responses across steps, readers in ``in_place`` sharing
-    their writer's replica; see the module doc."""
+           in_place: frozenset[tuple[str, str]] = frozenset(),
+           lanes: dict[str, int] | None = None) -> Unrolled:
+    """``steps`` steps of ``graph``: generate ops in ``chunks`` chunks streamed on ``lanes``
+    blocks (op -> count, default 1), those in ``carry`` (op -> steps) continuing their
+    responses across steps, readers in ``in_place`` sharing their writer's replica; see the
+    module doc."""
     counts = chunk_counts(graph, chunks or {})
     order = graph.topo_order()
     lags = {(e.writer, e.reader): e.lag for e in graph.version_edges}
@@ -170,23 +174,27 @@ def unroll(graph: Graph, steps: int, chunks: dict[str, int] | None = None, *,
     kept = set(instances)
     deps = [d for d in deps if d.src in kept and d.dst in kept]
     linked = {(d.src, d.dst) for d in deps}
-    deps += [d for d in _ordering(graph, instances, counts, carry or {}, lags, in_place)
+    deps += [d for d in _ordering(graph, instances, counts, carry or {}, lags, in_place,
+                                  lanes or {})
              if d.src in kept and d.dst in kept and (d.src, d.dst) not in linked
              and not linked.add((d.src, d.dst))]
     return Unrolled(graph, steps, tuple(sorted(counts.items())), instances, tuple(deps))
 
 
 def _ordering(graph: Graph, instances, counts: dict[str, int], carry: dict[str, int],
-              lags: dict[tuple[str, str], int], in_place: frozenset[tuple[str, str]]
-              ) -> list[Dep]:
+              lags: dict[tuple[str, str], int], in_place: frozenset[tuple[str, str]],
+              lanes: dict[str, int]) -> list[Dep]:
     """The ORDER dependencies of the module doc: stream order, carried streams, write
     after read."""
     out: list[Dep] = []
     for i in instances:
-        if i.chunk:
-            out.append(Dep(Instance(i.op, i.step, i.chunk - 1), i, DepKind.ORDER, "stream"))
+        if graph.op(i.op).kind is not OpKind.GENERATE:
+            continue
+        n, d = counts[i.op], max(1, lanes.get(i.op, 1))
+        if i.chunk >= d:
+            out.append(Dep(Instance(i.op, i.step, i.chunk - d), i, DepKind.ORDER, "stream"))
         elif carry.get(i.op, 0) > 0 and i.step > 0:
-            last = Instance(i.op, i.step - 1, counts[i.op] - 1)
+            last = Instance(i.op, i.step - 1, i.chunk + (n - 1 - i.chunk) // d * d)
             out.append(Dep(last, i, DepKind.ORDER, "carry"))
     for i in instances:
         for e in graph.version_edges:

@@ -39,7 +39,7 @@ from rpeg.graph import Graph
 from rpeg.graph.unroll import chunk_counts
 from rpeg.plan.evalcost import EVAL_OP, eval_time, trainer_devices
 from rpeg.plan.model import Plan, Predicted, StagePlacement
-from rpeg.plan.passes import fuse
+from rpeg.plan.passes import elide_syncs, fuse, reads_in_place
 from rpeg.plan.simulate import OpTiming, Timeline, simulate, steps_for, tasks_per_step
 from rpeg.plan.staleness import staleness_problem, step_graph
 from rpeg.spec.functions import loss_of
@@ -114,19 +114,43 @@ def is_host_op(pipeline: Pipeline, stage: str) -> bool:
                                        and not pipeline.has_model(s.target or ""))
 
 
-def carried(plan: Plan, graph: Graph) -> tuple[tuple[str, int], ...]:
-    """(generate op, carry) of the plan's streams that carry responses across steps."""
-    return tuple((o.name, plan.placement(o.stages[0]).carry) for o in graph.ops
-                 if o.kind is OpKind.GENERATE and plan.placement(o.stages[0]).carry > 0)
+def streams_of(plan: Plan, graph: Graph) -> tuple[tuple[str, int, int], ...]:
+    """(generate op, data-parallel blocks streaming its chunks, steps it carries responses
+    over) of each generate op of ``plan``."""
+    out = []
+    for o in graph.ops:
+        if o.kind is OpKind.GENERATE:
+            p = plan.placement(o.stages[0])
+            out.append((o.name, max(1, len(p.devices) // max(p.tp, 1)), p.carry))
+    return tuple(out)
 
 
-def plan_graph(pipeline: Pipeline, plan: Plan) -> Graph:
-    """The step graph the plan's structural choices make: staleness, sharing, fusion."""
+def plan_graph(pipeline: Pipeline, plan: Plan, base: Graph | None = None) -> Graph:
+    """The step graph the plan's structural choices make: staleness, sharing, fusion, and no
+    weight sync where the generator reads the trained weights in place (as it runs).
+    ``base``: the plan's unfused step graph, when already built."""
     try:
-        return fuse(step_graph(pipeline, plan), plan.fusion)
+        graph = base or step_graph(pipeline, plan)
+        return fuse(elide_syncs(graph, synced_in_place(graph, plan)), plan.fusion)
     except GraphError as e:
         raise PlanError(f"plan structure must be one the spec allows, not: {e.message}",
                         e.span, hint=e.hint) from None
+
+
+def synced_in_place(graph: Graph, plan: Plan) -> frozenset[str]:
+    """Models whose weight sync moves nothing under ``plan``: every generate op reading them
+    reads the trainer's weights in place (:func:`rpeg.plan.passes.reads_in_place`)."""
+    trainer = {o.writes_model: plan.placement(o.stages[0]) for o in graph.ops
+               if o.kind is OpKind.TRAIN and o.writes_model and plan.has_placement(o.stages[0])}
+    out = set()
+    for o in graph.ops:
+        if o.kind is not OpKind.SYNC_WEIGHTS or o.reads_model not in trainer:
+            continue
+        readers = [plan.placement(g.stages[0]) for g in graph.ops if g.kind is OpKind.GENERATE
+                   and g.reads_model == o.reads_model and plan.has_placement(g.stages[0])]
+        if readers and all(reads_in_place(trainer[o.reads_model], r) for r in readers):
+            out.add(o.reads_model)
+    return frozenset(out)
 
 
 class Evaluator:
@@ -286,9 +310,13 @@ class Evaluator:
         return ps if len(ps) > 1 else ps[0]
 
     def graph(self, plan: Plan) -> Graph:
-        key = (plan.staleness, plan.shared, plan.fusion)
+        base_key = (plan.staleness, plan.shared)
+        if base_key not in self._graphs:
+            self._graphs[base_key] = step_graph(self.pipeline, plan)
+        base = self._graphs[base_key]
+        key = (base_key, plan.fusion, synced_in_place(base, plan))
         if key not in self._graphs:
-            self._graphs[key] = plan_graph(self.pipeline, plan)
+            self._graphs[key] = plan_graph(self.pipeline, plan, base)
         return self._graphs[key]
 
     # --- the evaluation ------------------------------------------------------------
@@ -318,7 +346,7 @@ class Evaluator:
             steps = self.steps or steps_for(max((k for _, k in plan.staleness), default=0))
             timeline = simulate(graph, timings, steps=steps, events=detail,
                                 crossing_s=max(self.cluster.gpu.dispatch_s, 0.0),
-                                carry=carried(plan, graph))
+                                streams=streams_of(plan, graph))
             control, tasks = self._control(plan, graph, timings, steps)
             step = timeline.step_time_s + control
             if self.pipeline.evaluation is not None:    # an eval op every `every` steps

@@ -109,6 +109,9 @@ class Plan:
     search: SearchRecord | None = None    # how it was compiled: `rpeg compile PLAN` remakes it
     schema_version: int = SCHEMA_VERSION
 
+    def has_placement(self, stage: str) -> bool:
+        return any(p.stage == stage for p in self.placements)
+
     def placement(self, stage: str) -> StagePlacement:
         for p in self.placements:
             if p.stage == stage:

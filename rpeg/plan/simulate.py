@@ -40,7 +40,7 @@ import attrs
 import numpy as np
 
 from rpeg.graph import DepKind, Graph, Instance, unroll
-from rpeg.graph.unroll import in_place
+from rpeg.graph.unroll import Unrolled, in_place
 
 
 @attrs.frozen
@@ -159,14 +159,15 @@ def chunk_durations(graph: Graph, timings: dict[str, OpTiming],
 
 def simulate(graph: Graph, timings: dict[str, OpTiming], steps: int = 6, *,
              events: bool = True, crossing_s: float = 0.0,
-             carry: tuple[tuple[str, int], ...] = ()) -> Timeline:
+             streams: tuple[tuple[str, int, int], ...] = ()) -> Timeline:
     """Run ``steps`` steps of ``graph`` with the given op timings; see the module doc.
     ``events=False``: the step figures only, no per-instance events (a search needs no
     more; ``busy`` and ``bubbles`` are then empty). ``crossing_s``: what an output takes to
     reach an op on other devices (a new task dispatched there); an op on the same devices
     as its input's producer (the same task, or the next one already queued) waits nothing.
-    ``carry``: (generate op, steps) of the streams that carry responses across steps. The
-    instances and their dependencies are :func:`rpeg.graph.unroll`'s, ordering ones included.
+    ``streams``: (generate op, data-parallel blocks streaming it, steps it carries responses
+    over) of the chunked or carried generate ops. The instances and their dependencies are
+    :func:`rpeg.graph.unroll`'s, ordering ones included (:func:`priced_graph`).
 
         >>> from rpeg.graph import Graph, Op, DataEdge
         >>> from rpeg.spec.model import OpKind
@@ -177,10 +178,8 @@ def simulate(graph: Graph, timings: dict[str, OpTiming], steps: int = 6, *,
         >>> [(e.start, e.end) for e in simulate(g, t, steps=2, crossing_s=0.5).events]
         [(0.0, 2.0), (2.0, 4.0), (2.5, 3.5), (4.5, 5.5)]
     """
-    chunks = tuple(sorted((n, len(t.chunk_ends)) for n, t in timings.items()
-                          if len(t.chunk_ends) > 1))
-    placed = in_place(graph, {n: t.devices for n, t in timings.items()})
-    prep = _prepare(graph, steps, chunks, carry, placed)
+    chunks, placed = _placing(graph, timings)
+    prep = _prepare(graph, steps, chunks, streams, placed)
     durations = chunk_durations(graph, timings, prep.counts)
     num_devices = 1 + max((d for t in timings.values() for d in t.devices), default=0)
 
@@ -277,8 +276,7 @@ def tasks_per_step(graph: Graph, timings: dict[str, OpTiming], steps: int = 6,
         ...                    "c": OpTiming((1,), 1.0)})
         2
     """
-    chunks = tuple(sorted((n, len(t.chunk_ends)) for n, t in timings.items()
-                          if len(t.chunk_ends) > 1))
+    chunks = _placing(graph, timings)[0]
     # a step far enough in for its inputs to come from steady steps (lag + 2 back), and
     # the steps after it that read its outputs (lag + 1 on)
     lag = max((e.lag for e in graph.version_edges), default=0)
@@ -328,6 +326,27 @@ def tasks_per_step(graph: Graph, timings: dict[str, OpTiming], steps: int = 6,
     return batch(last)
 
 
+def priced_graph(graph: Graph, timings: dict[str, OpTiming], steps: int, *,
+                 streams: tuple[tuple[str, int, int], ...] = (), horizon: int | None = None
+                 ) -> Unrolled:
+    """The instance graph :func:`simulate` prices with these timings (``horizon``: as a run
+    of that many steps executes it, without the syncs nobody reads)."""
+    chunks, placed = _placing(graph, timings)
+    return _unroll(graph, steps, chunks, streams, placed, horizon)
+
+
+def _unroll(graph, steps, chunks, streams, placed, horizon=None) -> Unrolled:
+    return unroll(graph, steps, dict(chunks), carry={op: c for op, _, c in streams},
+                  lanes={op: n for op, n, _ in streams}, in_place=placed, horizon=horizon)
+
+
+def _placing(graph: Graph, timings: dict[str, OpTiming]):
+    """(chunks per streamed op, readers sharing their writer's replica) of ``timings``."""
+    chunks = tuple(sorted((n, len(t.chunk_ends)) for n, t in timings.items()
+                          if len(t.chunk_ends) > 1))
+    return chunks, in_place(graph, {n: t.devices for n, t in timings.items()})
+
+
 @attrs.frozen
 class _Prepared:
     instances: tuple[Instance, ...]            # sorted by priority: step, graph order, chunk
@@ -342,25 +361,25 @@ _PREPARED: dict[tuple, tuple[Graph, _Prepared]] = {}
 
 
 def _prepare(graph: Graph, steps: int, chunks: tuple[tuple[str, int], ...],
-             carry: tuple[tuple[str, int], ...] = (),
+             streams: tuple[tuple[str, int, int], ...] = (),
              placed: frozenset[tuple[str, str]] = frozenset()) -> _Prepared:
     """The unrolled graph as index arrays, cached per graph object (graphs are values; the
     cache keeps each one alive, so its id is not reused while cached)."""
-    key = (id(graph), steps, chunks, carry, placed)
+    key = (id(graph), steps, chunks, streams, placed)
     hit = _PREPARED.get(key)
     if hit is not None and hit[0] is graph:
         return hit[1]
     if len(_PREPARED) > 512:
         _PREPARED.clear()
-    prep = _prepare_uncached(graph, steps, chunks, carry, placed)
+    prep = _prepare_uncached(graph, steps, chunks, streams, placed)
     _PREPARED[key] = (graph, prep)
     return prep
 
 
 def _prepare_uncached(graph: Graph, steps: int, chunks: tuple[tuple[str, int], ...],
-                      carry: tuple[tuple[str, int], ...] = (),
+                      streams: tuple[tuple[str, int, int], ...] = (),
                       placed: frozenset[tuple[str, str]] = frozenset()) -> _Prepared:
-    u = unroll(graph, steps, dict(chunks), carry=dict(carry), in_place=placed)
+    u = _unroll(graph, steps, chunks, streams, placed)
     order = {name: i for i, name in enumerate(graph.topo_order())}
     insts = sorted(u.instances, key=lambda i: (i.step, order[i.op], i.chunk))
     index = {inst: k for k, inst in enumerate(insts)}

@@ -51,7 +51,7 @@ from collections import defaultdict
 import attrs
 
 from rpeg.errors import PlanError
-from rpeg.graph import Graph
+from rpeg.graph import Graph, chunk_counts
 from rpeg.graph.order import Cycle, topological
 from rpeg.graph.versions import read_version
 from rpeg.plan.model import Plan
@@ -146,7 +146,7 @@ def build_calls(pipeline: Pipeline, plan: Plan, steps: int, *, first: int = 0
     homes = model_homes(pipeline, plan, graph)
     whole = _home_whole(graph, plan)
     n_chunks = _chunks(graph, plan, pipeline.workload.prompts * pipeline.workload.samples)
-    chunked = _chunked_ops(graph, pipeline)
+    chunked = _chunked_ops(graph)
     calls: list[dict] = []
     produced: dict[tuple[str, int], list[str]] = defaultdict(list)   # (op, step) -> ids by chunk
     for s in range(first, steps):
@@ -382,18 +382,11 @@ def _chunks(graph: Graph, plan: Plan, responses: int) -> int:
     return n
 
 
-def _chunked_ops(graph: Graph, pipeline: Pipeline) -> set[str]:
-    """Ops that run per chunk: generate, and per-sample ops all of whose inputs stream."""
-    out: set[str] = set()
-    for name in graph.topo_order():
-        op = graph.op(name)
-        if op.kind is OpKind.GENERATE:
-            out.add(name)
-        elif op.per_sample:
-            srcs = graph.producers(name)
-            if srcs and all(s in out for s in srcs):
-                out.add(name)
-    return out
+def _chunked_ops(graph: Graph) -> set[str]:
+    """Ops that run per chunk: generate, and the per-sample ops the graph streams
+    (:func:`rpeg.graph.chunk_counts`, the rule the simulator prices)."""
+    streamed = chunk_counts(graph, {o.name: 2 for o in graph.ops if o.kind is OpKind.GENERATE})
+    return {op for op, n in streamed.items() if n > 1}
 
 
 def _data_deps(graph, op, step, chunk, is_chunked, produced, pipeline):

@@ -106,7 +106,7 @@ def test_chunks_stream_into_per_sample_consumers():
     assert u.chunks_of("values") == 4 and u.chunks_of("actor_step") == 1
     deps = u.deps_of(Instance("values", 0, 2))
     assert [str(d.src) for d in deps if d.kind is DepKind.DATA] == ["rollout@0#2"]
-    assert [str(d.src) for d in deps if d.kind is DepKind.ORDER] == ["values@0#1"]  # in order
+    assert [str(d.src) for d in u.deps_of(Instance("rollout", 0, 2))] == ["rollout@0#1"]
     srcs = {str(d.src) for d in u.deps_of(Instance("actor_step", 0)) if d.data == "responses"}
     assert srcs == {"rollout@0", "rollout@0#1", "rollout@0#2", "rollout@0#3"}
 

@@ -104,8 +104,15 @@ def test_simulate_draws_and_reports(compiled, tmp_path, capsys):
     data = json.loads(capsys.readouterr().out)
     plan = json.loads(compiled.read_text())
     assert data["step_time_s"] == pytest.approx(plan["predicted"]["step_time_s"], rel=0.25)
-    assert {e["op"] for e in data["events"]} >= {"rollout", "sync_actor+critic"} or \
-        {e["op"] for e in data["events"]} >= {"rollout", "sync_actor"}
+    ops = {e["op"] for e in data["events"]}
+    assert "rollout" in ops and any(o.startswith("actor_step") for o in ops)
+    # a weight sync is simulated where the generator reads a copy, not where it reads the
+    # trained weights in place (nothing moves there)
+    rollout = next(p for p in plan["placements"] if p["stage"] == "rollout")
+    trainer = next(p for p in plan["placements"] if p["stage"] == "actor_step")
+    in_place = rollout["devices"] == trainer["devices"] and rollout.get("tp", 1) == trainer.get(
+        "tp", 1) and rollout.get("engine", "torch") != "vllm" and trainer.get("zero", 0) < 3
+    assert any(o.startswith("sync_") for o in ops) is not in_place
 
 
 def test_simulate_damaged_plan(tmp_path, capsys):

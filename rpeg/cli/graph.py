@@ -17,7 +17,7 @@ import typer
 
 from rpeg.cli.output import suffix, writable
 from rpeg.errors import SpecError
-from rpeg.graph import Graph, unroll, verify, verify_unrolled
+from rpeg.graph import build, unroll, verify, verify_unrolled
 from rpeg.graph.render import FORMATS, to_dot, write
 from rpeg.graph.unroll import DepKind
 from rpeg.spec import load
@@ -54,7 +54,7 @@ def register(app: typer.Typer) -> None:
             raise typer.BadParameter("needs --steps: chunks are in the unrolled graph",
                                      param_hint="--chunks")
         pipeline = load(file)
-        g = verify(Graph.from_pipeline(pipeline, share=share))
+        g = verify(build(pipeline, share=share))
         for stage in split:
             if not g.has_op(stage):
                 raise SpecError(f"--chunks names unknown stage '{stage}'",

@@ -1,6 +1,6 @@
 """The RPEG IR: one RL step as ops and data edges, plus parameter-version edges across steps.
 
-    >>> g = Graph.from_pipeline(load("pipelines/ppo_llama8b.rpeg"))     # doctest: +SKIP
+    >>> g = build(load("pipelines/ppo_llama8b.rpeg"))     # doctest: +SKIP
     >>> print(g)                                                        # doctest: +SKIP
     graph ppo_llama8b
       op rollout      generate      actor   reads prompts -> responses, logprobs   needs actor >= s-1
@@ -82,14 +82,6 @@ class Graph:
     trained: tuple[str, ...]                      # models some op writes
     shared: tuple[tuple[str, tuple[str, ...]], ...] = ()   # backbone -> models merged into it
     workload_data: tuple[str, ...] = ("prompts",)
-
-    @classmethod
-    def from_pipeline(cls, pipeline, staleness: dict[str, int] | None = None,
-                      share: bool = False) -> Graph:
-        """Build the step graph; ``staleness`` overrides the spec's bounds (<= them);
-        ``share`` merges every ``share`` group of the spec into one backbone."""
-        from rpeg.graph.build import build
-        return build(pipeline, staleness=staleness, share=share)
 
     def op(self, name: str) -> Op:
         for o in self.ops:

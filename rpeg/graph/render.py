@@ -2,7 +2,7 @@
 
     >>> from rpeg.spec import load
     >>> from rpeg.graph import Graph
-    >>> g = Graph.from_pipeline(load("pipelines/ppo_llama8b.rpeg"))      # doctest: +SKIP
+    >>> g = build(load("pipelines/ppo_llama8b.rpeg"))      # doctest: +SKIP
     >>> dot = to_dot(g, steps=3)                                          # doctest: +SKIP
     >>> write(dot, "ppo.svg")                                             # doctest: +SKIP
 

@@ -1,6 +1,6 @@
 """Invariants of the RPEG IR, checked after every pass in tests.
 
-    >>> verify(Graph.from_pipeline(pipeline))           # doctest: +SKIP
+    >>> verify(build(pipeline))           # doctest: +SKIP
     >>> verify_unrolled(unroll(graph, steps=3))          # doctest: +SKIP
 
 A violation is a bug in a pass (or a hand-made graph), reported as a GraphError

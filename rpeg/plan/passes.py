@@ -1,7 +1,7 @@
 """Graph rewrites the planner chooses: fusion of adjacent per-sample ops.
 
     >>> from rpeg.spec import load                                     # doctest: +SKIP
-    >>> g = Graph.from_pipeline(load("pipelines/ppo_llama8b.rpeg"))     # doctest: +SKIP
+    >>> g = build(load("pipelines/ppo_llama8b.rpeg"))     # doctest: +SKIP
     >>> fusable(g)                                                       # doctest: +SKIP
     (('ref_lp', 'values'), ('ref_lp', 'scores'), ...)
     >>> fuse(g, (("ref_lp", "values"),)).op("ref_lp+values").stages      # doctest: +SKIP

@@ -25,7 +25,7 @@ from __future__ import annotations
 import attrs
 
 from rpeg.cost.partial import smallest_cap
-from rpeg.graph import Graph
+from rpeg.graph import Graph, build
 from rpeg.graph.versions import bound_problem
 from rpeg.plan.model import Plan
 from rpeg.spec.model import OpKind, Pipeline
@@ -46,7 +46,7 @@ def explicit(pipeline: Pipeline, plan: Plan) -> Plan:
 
 def step_graph(pipeline: Pipeline, plan: Plan) -> Graph:
     """The step graph of the plan's structural choices (staleness, sharing), unfused."""
-    return Graph.from_pipeline(pipeline, staleness=chosen_staleness(pipeline, plan),
+    return build(pipeline, staleness=chosen_staleness(pipeline, plan),
                                share=bool(plan.shared))
 
 

@@ -113,8 +113,8 @@ class _Cluster:
             # the setting at every worker (re)start, so it holds for the cluster's whole life.
             import dask
 
-            from backends.vllm_backend.host import vllm_dask_config
-            self._config.enter_context(dask.config.set(vllm_dask_config()))
+            import backends
+            self._config.enter_context(dask.config.set(backends.load("vllm", "dask_config")()))
         if self.scheduler:
             try:
                 self.client = Client(self.scheduler, timeout=10)

@@ -18,7 +18,7 @@ from rpeg.runtime.context import RunContext
 from rpeg.runtime.core import _submission_order
 from rpeg.runtime.instances import build_calls
 from rpeg.runtime.rundir import step_metrics
-from rpeg.runtime.worker import backend_module
+from rpeg.runtime.worker import executor_class
 
 
 def run_inline(pipeline, plan, steps: int, spec_dir: str, on_step=None) -> list[dict]:
@@ -31,8 +31,8 @@ def run_inline(pipeline, plan, steps: int, spec_dir: str, on_step=None) -> list[
             "sync weights into a vLLM engine's own copy"
         raise RuntimeFailure(f"an in-process run must not {what}: collectives need "
                              "one process per device", hint="run it on Dask (rpeg run)")
-    backend = backend_module(ctx.backend)
-    executors = {d: backend.Executor(ctx, d) for d in range(plan.num_devices)}
+    executor = executor_class(ctx.backend)
+    executors = {d: executor(ctx, d) for d in range(plan.num_devices)}
     for ex in executors.values():      # a weight transfer reads its source device's replica
         ex.peers = executors
     results: dict[str, dict] = {}

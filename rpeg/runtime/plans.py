@@ -54,8 +54,8 @@ def engine_installed(engine) -> bool:
     if engine is not Engine.VLLM:
         return True
     try:
-        from backends import vllm_backend
-        return vllm_backend.available()[0]
+        import backends
+        return backends.load("vllm", "available")()[0]
     except Exception:  # noqa: BLE001 — a broken optional backend is an absent one
         return False
 

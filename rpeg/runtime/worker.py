@@ -14,7 +14,6 @@ parameter version its replica held), which is what ``rpeg verify`` checks.
 
 from __future__ import annotations
 
-import importlib
 import sys
 import threading
 import time
@@ -23,23 +22,19 @@ _STATE: dict[str, object] = {}
 _EVENTS: list[dict] = []
 _LOCK = threading.Lock()
 
-BACKENDS = {"torch": "backends.torch_backend.executor"}
-
-
-def backend_module(name: str):
-    from rpeg.errors import BackendError
-    if name not in BACKENDS:
-        raise BackendError(f"backend must be one of {', '.join(BACKENDS)}, not {name!r}")
-    return importlib.import_module(BACKENDS[name])
+def executor_class(name: str):
+    """The op runner of backend ``name`` (``backends.load``: the runtime's only way in)."""
+    import backends
+    return backends.load(name, "executor")
 
 
 def setup(ctx, device: int) -> dict:
     """Create this worker's model replicas (and join the collective world); idempotent per run."""
     if ctx.needs_collectives:
-        from backends.torch_backend.distributed import init_world
-        init_world(device, ctx.num_devices, ctx.dist_addr, list(ctx.groups), ctx.use_cuda)
+        import backends
+        backends.load(ctx.backend, "init_world")(device, ctx.num_devices, ctx.dist_addr, list(ctx.groups), ctx.use_cuda)
     start = time.time()
-    _STATE["executor"] = backend_module(ctx.backend).Executor(ctx, device)
+    _STATE["executor"] = executor_class(ctx.backend)(ctx, device)
     _STATE["device"] = device
     _STATE["address"] = _address()
     with _LOCK:
@@ -105,8 +100,8 @@ def teardown() -> None:
     if ex is not None:
         ex.shutdown()
     if "torch.distributed" in sys.modules:
-        from backends.torch_backend.distributed import shutdown_world
-        shutdown_world()
+        import backends
+        backends.load("torch", "shutdown_world")()
     _STATE.clear()
 
 

@@ -20,23 +20,12 @@ import attrs
 import numpy as np
 
 from rpeg.errors import NOWHERE, Span
+from rpeg.spec.functions import function
+from rpeg.spec.kinds import GENERATE_ENGINES as GENERATE_ENGINES  # re-exported
+from rpeg.spec.kinds import PASS_ENGINES as PASS_ENGINES  # re-exported
+from rpeg.spec.kinds import Engine, Head, OpKind
 from rpeg.spec.presets import ModelDims
 from rpeg.spec.training import Evaluation, Fields, Logging, Lora, Template
-
-
-class OpKind(enum.Enum):
-    GENERATE = "generate"
-    FORWARD = "forward"
-    SCORE = "score"
-    COMPUTE = "compute"
-    TRAIN = "train"
-    SYNC_WEIGHTS = "sync_weights"
-
-
-class Head(enum.Enum):
-    LM = "lm"
-    VALUE = "value"
-    REWARD = "reward"
 
 
 class DType(enum.StrEnum):
@@ -53,28 +42,6 @@ class LengthKind(enum.Enum):
     UNIFORM = "uniform"
     LOGNORMAL = "lognormal"
     EMPIRICAL = "empirical"
-
-
-class Engine(enum.Enum):
-    """Who executes a stage. rpeg's own runtime: ``torch`` (training, inference, generation)
-    and ``vllm`` (generation). The others are models of other systems' engines, for pricing
-    a configuration as another system ran it (a pinned layout, ``rpeg compile
-    --any-executor``): ``hf`` (transformers' ``generate``: a static batch padded to its
-    longest), ``hybrid`` (DeepSpeed-Chat's Hybrid Engine: ZeRO-3 weights gathered into
-    inference kernels once a step), ``deepspeed`` (DeepSpeed ZeRO training and inference)
-    and ``megatron`` (Megatron-style training and inference)."""
-
-    AUTO = "auto"
-    TORCH = "torch"
-    VLLM = "vllm"
-    HF = "hf"
-    HYBRID = "hybrid"
-    DEEPSPEED = "deepspeed"
-    MEGATRON = "megatron"
-
-
-GENERATE_ENGINES = (Engine.AUTO, Engine.TORCH, Engine.VLLM, Engine.HF, Engine.HYBRID)
-PASS_ENGINES = (Engine.TORCH, Engine.DEEPSPEED, Engine.MEGATRON)    # forward and train
 
 
 # Data every pipeline has without a stage producing it.
@@ -272,7 +239,6 @@ class Stage:
         for k, v in self.params:
             if k == key:
                 return v
-        from rpeg.spec.functions import function
         p = function(self.function).param(key)
         return None if p.derived else p.default
 

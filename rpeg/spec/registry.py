@@ -28,7 +28,7 @@ import math
 
 import attrs
 
-from rpeg.spec.model import Head, OpKind
+from rpeg.spec.kinds import Head, OpKind
 
 
 class Role(enum.Enum):

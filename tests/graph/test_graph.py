@@ -10,7 +10,7 @@ import attrs
 import pytest
 
 from rpeg.errors import GraphError
-from rpeg.graph import DataEdge, Graph, Op, VersionEdge, unroll, verify, verify_unrolled
+from rpeg.graph import DataEdge, Graph, Op, VersionEdge, build, unroll, verify, verify_unrolled
 from rpeg.graph.ir import SAME_STEP
 from rpeg.graph.unroll import Dep, DepKind, Instance
 from rpeg.spec import load
@@ -32,10 +32,10 @@ def _pipeline(name: str):
 def golden_text(path: Path) -> str:
     """Every graph of one pipeline a golden file holds: separate, shared, and 2 steps."""
     p = load(path)
-    parts = [str(Graph.from_pipeline(p))]
+    parts = [str(build(p))]
     if p.shares:
-        parts.append(str(Graph.from_pipeline(p, share=True)))
-    parts.append(str(unroll(Graph.from_pipeline(p), 2)))
+        parts.append(str(build(p, share=True)))
+    parts.append(str(unroll(build(p), 2)))
     return "\n\n".join(parts) + "\n"
 
 
@@ -50,7 +50,7 @@ def test_golden_text_form(name):
 
 def test_text_form_is_deterministic():
     p = _pipeline("ppo_llama8b")
-    assert str(Graph.from_pipeline(p)) == str(Graph.from_pipeline(p))
+    assert str(build(p)) == str(build(p))
 
 
 def _staleness_choices(p):
@@ -68,7 +68,7 @@ def test_verifier_passes_after_every_pass(path):
     generators = [s.name for s in p.stages if s.kind is OpKind.GENERATE]
     for share in (False, True):
         for chosen in _staleness_choices(p):
-            g = verify(Graph.from_pipeline(p, staleness=chosen, share=share))
+            g = verify(build(p, staleness=chosen, share=share))
             for steps, n in itertools.product((1, 3), (1, 2, 4)):
                 verify_unrolled(unroll(g, steps, {s: n for s in generators}))
 
@@ -76,13 +76,13 @@ def test_verifier_passes_after_every_pass(path):
 def test_staleness_outside_the_bound_is_refused():
     p = _pipeline("ppo_llama8b")
     with pytest.raises(GraphError, match="outside the spec's bound 0..1"):
-        Graph.from_pipeline(p, staleness={"rollout": 2})
+        build(p, staleness={"rollout": 2})
     with pytest.raises(GraphError, match="outside the spec's bound 0..0"):
-        Graph.from_pipeline(p, staleness={"values": 1})
+        build(p, staleness={"values": 1})
 
 
 def test_sharing_merges_trainers_and_renames_models():
-    g = Graph.from_pipeline(_pipeline("ppo_llama8b"), share=True)
+    g = build(_pipeline("ppo_llama8b"), share=True)
     assert g.has_op("actor_step+critic_step")
     assert g.op("actor_step+critic_step").writes_model == "actor+critic"
     assert g.shared == (("actor+critic", ("actor", "critic")),)
@@ -90,7 +90,7 @@ def test_sharing_merges_trainers_and_renames_models():
 
 
 def test_staleness_is_a_version_edge_lag():
-    g = Graph.from_pipeline(_pipeline("ppo_async"))
+    g = build(_pipeline("ppo_async"))
     lags = {(e.writer, e.reader): e.lag for e in g.version_edges}
     assert lags[("sync_actor", "rollout")] == 2
     assert lags[("critic_step", "values")] == 1
@@ -101,7 +101,7 @@ def test_staleness_is_a_version_edge_lag():
 
 
 def test_chunks_stream_into_per_sample_consumers():
-    g = Graph.from_pipeline(_pipeline("ppo_llama8b"))
+    g = build(_pipeline("ppo_llama8b"))
     u = verify_unrolled(unroll(g, 1, {"rollout": 4}))
     assert u.chunks_of("values") == 4 and u.chunks_of("actor_step") == 1
     deps = u.deps_of(Instance("values", 0, 2))
@@ -115,7 +115,7 @@ def test_chunks_stream_into_per_sample_consumers():
 
 @pytest.fixture
 def good() -> Graph:
-    return verify(Graph.from_pipeline(_pipeline("ppo_llama8b")))
+    return verify(build(_pipeline("ppo_llama8b")))
 
 
 def _without(edges, **match):
@@ -210,7 +210,7 @@ def test_verifier_passes_after_fusion(path):
     passes = pytest.importorskip("rpeg.plan.passes")
     p = load(path)
     for share in (False, True):
-        g = Graph.from_pipeline(p, share=share)
+        g = build(p, share=share)
         for pair in passes.fusable(g):
             fused = verify(passes.fuse(g, (pair,)))
             verify_unrolled(unroll(fused, 2, {"rollout": 2} if fused.has_op("rollout") else {}))

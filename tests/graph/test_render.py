@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from rpeg.errors import GraphError
-from rpeg.graph import Graph
+from rpeg.graph import Graph, build
 from rpeg.graph.render import SYNC_COLOUR, to_dot, write
 from rpeg.spec import load
 
@@ -19,7 +19,7 @@ HAVE_DOT = shutil.which("dot") is not None
 
 @pytest.fixture(scope="module")
 def ppo() -> Graph:
-    return Graph.from_pipeline(load(ROOT / "pipelines" / "ppo_llama8b.rpeg"))
+    return build(load(ROOT / "pipelines" / "ppo_llama8b.rpeg"))
 
 
 def _edges(dot: str) -> list[str]:
@@ -53,7 +53,7 @@ def test_three_unrolled_steps_one_box_each(ppo):
 
 
 def test_shared_backbone_is_visible():
-    g = Graph.from_pipeline(load(ROOT / "pipelines" / "ppo_shared.rpeg"), share=True)
+    g = build(load(ROOT / "pipelines" / "ppo_shared.rpeg"), share=True)
     dot = to_dot(g, steps=2)
     assert "shared: actor, critic" in dot
     assert "peripheries" in dot

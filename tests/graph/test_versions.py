@@ -6,7 +6,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rpeg.graph import Graph, unroll
+from rpeg.graph import build, unroll
 from rpeg.graph.versions import bound_problem, carry_room, read_version, readable, writer_step
 from rpeg.spec import load
 from rpeg.spec.model import OpKind
@@ -40,7 +40,7 @@ def test_training_reads_its_own_step_and_a_sync_carries_the_next(step):
 def test_the_unrolled_graph_waits_for_the_writer_of_the_version_it_reads(pipelines):
     ppo = load(pipelines / "tiny_ppo.rpeg")
     for lag in (0, 1):
-        g = Graph.from_pipeline(ppo, staleness={"rollout": lag})
+        g = build(ppo, staleness={"rollout": lag})
         u = unroll(g, steps=4)
         for s in range(4):
             inst = next(i for i in u.instances if i.op == "rollout" and i.step == s)

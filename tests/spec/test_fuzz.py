@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from rpeg.errors import RpegError
-from rpeg.graph import Graph, verify
+from rpeg.graph import build, verify
 from rpeg.spec.lower import lower_pipeline
 from rpeg.spec.parser import parse_bytes, parse_text
 from rpeg.spec.printer import fmt
@@ -61,7 +61,7 @@ def exercise(text: str, path: Path) -> None:
         return
     # a pipeline `rpeg check` accepts must make a valid graph: a GraphError here is a check gap
     for share in (False, True):
-        verify(Graph.from_pipeline(pipeline, share=share))
+        verify(build(pipeline, share=share))
 
 
 INTERNALS = re.compile(r"__ANON|\$END|_SEP|Token\(|Tree\(|[A-Z]{3,}_[A-Z]+|\bRPAR\b|\bLBRACE\b")

@@ -180,9 +180,10 @@ def capped(plan, k: int):
 
 def best_sync_plan(pipeline):
     """The planner's plan for the local cluster with every staleness bound at 0."""
-    from rpeg.runtime.plans import _compile
+    from rpeg.runtime.plans import RunStrategy, _compile
     zero = tuple((st, 0) for st, _ in pipeline.staleness)
-    sync = _compile(attrs.evolve(pipeline, staleness=zero), load_cluster(CLUSTER), "search", 0)
+    sync = _compile(attrs.evolve(pipeline, staleness=zero), load_cluster(CLUSTER),
+                    RunStrategy.SEARCH, 0)
     return capped(attrs.evolve(sync, staleness=zero), 0)
 
 

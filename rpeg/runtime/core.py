@@ -6,7 +6,7 @@
     >>> core.handle(OpDone("rollout/s0/c0"))                               # doctest: +SKIP
     []
 
-The core decides *what to submit when*; the adapter (``rpeg.runtime.recovery``)
+The core decides *what to submit when*; the adapter (``rpeg.runtime.segments``, on Dask)
 turns ``Submit`` into a Dask future whose arguments are the futures of the op's
 dependencies, so *when it runs* is decided by completion events on the cluster,
 never by predicted times. The core keeps at most ``window`` steps in flight
@@ -14,24 +14,66 @@ never by predicted times. The core keeps at most ``window`` steps in flight
 submits an op only after everything it depends on was submitted, releases an
 op's result once every consumer finished, and reports each finished step.
 
-Transitions: pending -> submitted (Submit) -> done (OpDone) | failed (OpFailed -> Abort).
+It also makes every decision of a segment of a resilient run, from events the adapter
+reports with the time they happened (``now``: the core reads no clock):
+
+* the tasks the adapter packed its submissions into (``TaskSubmitted``) and how each
+  ended (``TaskEnded``): done, failed (``Abort``), its worker lost (``Lost``), or
+  given up by the scheduler (``GaveUp``); a device that made no progress for longer
+  than its task's limit is stuck (``Stuck``, on a ``Tick``); when to ask the cluster
+  whether every worker is still there (``CheckAlive``); nothing in flight with work
+  left is a scheduling bug (``Stalled``);
+* Ctrl-C (``StopRequested``): the first cut that holds every op already submitted
+  (``Stopping``), the ops past it held, and ``CutShort`` once every op inside is done.
+
+An op's state moves by :data:`TRANSITIONS` only: pending -> submitted (Submit) -> done
+(OpDone) | failed (OpFailed -> Abort); pending -> held (past a Ctrl-C cut).
 """
 
 from __future__ import annotations
 
+import enum
 from collections import defaultdict
 
 import attrs
 
 from rpeg.errors import PlanError
 from rpeg.graph.order import Cycle, topological
+from rpeg.runtime.flight import Flight, Task
 from rpeg.runtime.instances import OpCall
+
+
+# --- states ------------------------------------------------------------------------------
+class OpState(enum.Enum):
+    PENDING = "pending"
+    HELD = "held"                 # past the cut a Ctrl-C stops at: never submitted
+    SUBMITTED = "submitted"
+    DONE = "done"
+    FAILED = "failed"
+
+
+# (state, what happens) -> the next state; any other move is a bug in the core
+TRANSITIONS: dict[tuple[OpState, str], OpState] = {
+    (OpState.PENDING, "submit"): OpState.SUBMITTED,
+    (OpState.PENDING, "hold"): OpState.HELD,
+    (OpState.SUBMITTED, "done"): OpState.DONE,
+    (OpState.SUBMITTED, "fail"): OpState.FAILED,
+}
+
+
+class Outcome(enum.Enum):
+    """How a task ended, as the adapter saw it."""
+
+    DONE = "done"
+    FAILED = "failed"             # an op raised: the run stops
+    LOST = "lost"                 # its worker died under it
+    CANCELLED = "cancelled"       # the scheduler gave it up (something it needs was lost)
 
 
 # --- events -------------------------------------------------------------------------------
 @attrs.frozen
 class Started:
-    pass
+    now: float = 0.0
 
 
 @attrs.frozen
@@ -43,6 +85,32 @@ class OpDone:
 class OpFailed:
     op_id: str
     error: str
+
+
+@attrs.frozen
+class TaskSubmitted:
+    key: object
+    task: Task
+    now: float
+
+
+@attrs.frozen
+class TaskEnded:
+    key: object
+    now: float
+    outcome: Outcome = Outcome.DONE
+    op_id: str = ""               # FAILED / LOST: the op that raised (default: the first)
+    error: object = None          # FAILED / LOST: what it raised
+
+
+@attrs.frozen
+class Tick:
+    now: float
+
+
+@attrs.frozen
+class StopRequested:
+    pass
 
 
 # --- instructions -------------------------------------------------------------------------
@@ -70,6 +138,59 @@ class Finish:
 class Abort:
     op_id: str
     error: str
+    cause: object = attrs.field(default=None, eq=False)   # what the op raised, when known
+
+
+@attrs.frozen
+class Lost:
+    """A worker died under a task: roll back to the last cut."""
+
+    device: int
+    op_id: str
+    step: int
+    reason: str
+
+
+@attrs.frozen
+class GaveUp:
+    """The scheduler gave a task up: find the worker that left, else roll back anyway."""
+
+    task: Task
+    status: str
+
+
+@attrs.frozen
+class Stuck:
+    """A device made no progress for longer than its task's limit: kill it, roll back."""
+
+    task: Task
+    idle_s: float
+
+
+@attrs.frozen
+class CheckAlive:
+    """Ask the cluster whether every worker is still there (a loss not seen otherwise)."""
+
+
+@attrs.frozen
+class Stalled:
+    """Nothing in flight and work left: a bug in the scheduling."""
+
+
+@attrs.frozen
+class Stopping:
+    """Ctrl-C: the segment now ends at the cut at ``end``, holding ``inside``."""
+
+    end: int
+    inside: frozenset[str]
+
+
+@attrs.frozen
+class CutShort:
+    """Every op inside the Ctrl-C cut is done: checkpoint there and stop."""
+
+    end: int
+    inside: frozenset[str]
 
 
 @attrs.define
@@ -78,15 +199,27 @@ class Core:
     order: tuple[str, ...]                    # submission order (dependencies first)
     steps: int
     window: int
-    status: dict[str, str]                    # id -> pending | submitted | done
+    status: dict[str, OpState]
     consumers: dict[str, set[str]]
     left_in_step: dict[int, int]
     by_step: dict[int, list[str]]             # submission order, per step
     steps_done: int = 0                       # steps 0..steps_done-1 are complete
     finished: bool = False
+    # a segment of a resilient run (rpeg.runtime.segments)
+    cuts: object = None                       # rpeg.runtime.cuts.Cuts of the run, if any
+    start: int = 0                            # the segment's first step (its cut)
+    before: frozenset[str] = frozenset()      # ops done before the segment's cut
+    flight: Flight = attrs.field(factory=Flight)
+    last_done: dict[int, float] = attrs.field(factory=dict)   # device -> its last finish
+    alive_every_s: float = 0.5
+    last_alive: float = 0.0
+    stop_cut: frozenset[str] | None = None    # Ctrl-C: the ops inside the cut it stops at
+    stop_end: int = 0
+    submitted: int = 0                        # ops in the submitted state (in flight)
 
     @classmethod
-    def create(cls, calls, steps: int, window: int) -> Core:
+    def create(cls, calls, steps: int, window: int, *, start: int = 0, cuts=None,
+               before=frozenset(), devices=()) -> Core:
         table = {c.id: c for c in calls}
         consumers: dict[str, set[str]] = defaultdict(set)
         for c in calls:
@@ -99,27 +232,54 @@ class Core:
         by_step: dict[int, list[str]] = defaultdict(list)
         for op_id in order:
             by_step[table[op_id].step].append(op_id)
-        return cls(table, order, steps, max(1, window), {c.id: "pending" for c in calls},
-                   dict(consumers), dict(left), dict(by_step))
+        return cls(table, order, steps, max(1, window), {c.id: OpState.PENDING for c in calls},
+                   dict(consumers), dict(left), dict(by_step), steps_done=start, cuts=cuts,
+                   start=start, before=frozenset(before),
+                   last_done=dict.fromkeys(devices, 0.0))
+
+    @property
+    def stopping(self) -> bool:
+        return self.stop_cut is not None
 
     def handle(self, event) -> list:
         if isinstance(event, Started):
+            self.last_done = dict.fromkeys(self.last_done, event.now)
+            self.last_alive = event.now
             return self._submit_ready()
         if isinstance(event, OpDone):
-            return self._done(event.op_id)
+            return self._done(event.op_id) + self._stop_reached()
         if isinstance(event, OpFailed):
-            self.finished = True
-            return [Abort(event.op_id, event.error)]
+            return self._fail(event.op_id, event.error)
+        if isinstance(event, TaskSubmitted):
+            self.flight.add(event.key, event.task, event.now)
+            return []
+        if isinstance(event, TaskEnded):
+            return self._task_ended(event)
+        if isinstance(event, Tick):
+            return self._tick(event.now)
+        if isinstance(event, StopRequested):
+            return self._stop()
         raise TypeError(f"unknown event {event!r}")
 
+    def _move(self, op_id: str, what: str) -> None:
+        old = self.status[op_id]
+        new = self.status[op_id] = TRANSITIONS[(old, what)]
+        self.submitted += (new is OpState.SUBMITTED) - (old is OpState.SUBMITTED)
+
+    def _fail(self, op_id: str, error: str, cause=None) -> list:
+        if self.status.get(op_id) is OpState.SUBMITTED:
+            self._move(op_id, "fail")
+        self.finished = True
+        return [Abort(op_id, error, cause)]
+
     def _done(self, op_id: str) -> list:
-        if self.status.get(op_id) != "submitted":
+        if self.status.get(op_id) is not OpState.SUBMITTED:
             return []
-        self.status[op_id] = "done"
+        self._move(op_id, "done")
         out: list = []
         call = self.calls[op_id]
         for d in call.all_deps:
-            if all(self.status[c] == "done" for c in self.consumers.get(d, ())):
+            if all(self.status[c] is OpState.DONE for c in self.consumers.get(d, ())):
                 out.append(Release(d))
         if not self.consumers.get(op_id):
             out.append(Release(op_id))
@@ -141,14 +301,79 @@ class Core:
             progress = False
             for step in range(self.steps_done, limit):
                 for op_id in self.by_step.get(step, ()):
-                    if self.status[op_id] != "pending":
+                    if self.status[op_id] is not OpState.PENDING:
                         continue
                     call = self.calls[op_id]
-                    if all(self.status.get(d, "pending") != "pending" for d in call.all_deps):
-                        self.status[op_id] = "submitted"
+                    if all(self.status.get(d, OpState.PENDING) not in (OpState.PENDING,
+                                                                       OpState.HELD)
+                           for d in call.all_deps):
+                        if self.stop_cut is not None and op_id not in self.stop_cut:
+                            self._move(op_id, "hold")
+                            continue
+                        self._move(op_id, "submit")
                         out.append(Submit(call))
                         progress = True
         return out
+
+    # --- a segment's tasks ----------------------------------------------------------------
+    def _task_ended(self, e: TaskEnded) -> list:
+        task = self.flight.finish(e.key, e.now, e.outcome is Outcome.DONE)
+        if e.outcome is Outcome.DONE:
+            self.last_done[task.device] = e.now
+            out: list = []
+            for op_id in task.ids:
+                out += self._done(op_id)
+            return out + self._stop_reached()
+        op_id = e.op_id or task.ids[0]
+        if e.outcome is Outcome.FAILED:
+            return self._fail(op_id, f"{type(e.error).__name__}: {e.error}", e.error)
+        if e.outcome is Outcome.LOST:
+            call = self.calls[op_id]
+            return [Lost(call.device, op_id, call.step,
+                         f"worker lost ({type(e.error).__name__})")]
+        # cancelled: its ops never ran; forgetting it would leave the core waiting for them
+        # with nothing in flight (the run "stalled"): it is a loss
+        return [GaveUp(task, e.outcome.value)]
+
+    def _tick(self, now: float) -> list:
+        out: list = []
+        if not self.finished and not self.submitted:
+            return [CheckAlive(), Stalled()]    # a loss not seen yet is a loss, not a stall
+        if now - self.last_alive > self.alive_every_s:
+            self.last_alive = now
+            out.append(CheckAlive())
+        hit = self.flight.stuck(self.last_done, now)
+        if hit is not None:
+            out.append(Stuck(*hit))
+        return out
+
+    def _stop(self) -> list:
+        """Ctrl-C: stop at the first cut after the segment's start that holds every op
+        already submitted (or the segment's own end)."""
+        if self.stop_cut is not None or self.cuts is None:
+            return []
+        started = {i for i, st in self.status.items() if st in (OpState.SUBMITTED,
+                                                                   OpState.DONE)}
+        end = self.steps
+        inside = None
+        for b in range(self.start + 1, self.steps + 1):
+            inside = self.cuts.closure(b)
+            if started <= inside:
+                end = b
+                break
+        else:
+            inside = self.cuts.closure(self.steps)
+        self.stop_cut, self.stop_end = frozenset(inside), end
+        return [Stopping(end, self.stop_cut)] + self._stop_reached()
+
+    def _stop_reached(self) -> list:
+        if self.stop_cut is None or self.finished:
+            return []
+        done = {i for i, st in self.status.items() if st is OpState.DONE} | self.before
+        if self.stop_cut <= done:
+            self.finished = True
+            return [CutShort(self.stop_end, self.stop_cut)]
+        return []
 
 
 def _submission_order(calls) -> tuple[str, ...]:

@@ -23,7 +23,7 @@ from rpeg.runtime import fusion as F
 from rpeg.runtime import outputs as O
 from rpeg.runtime import worker as W
 from rpeg.runtime.cuts import Cuts
-from rpeg.runtime.flight import Flight, Task
+from rpeg.runtime.flight import Task
 from rpeg.runtime.losses import _is_loss, _Lost
 from rpeg.runtime.rundir import step_metrics
 
@@ -97,47 +97,38 @@ class SegmentLoop:
                                  "with the steps the run was made with (--steps N)")
 
     def _run_segment(self, start: int, end: int, seg: set[str], inside: set[str]):
+        """Run the segment's ops on the scheduling core, which makes every decision; this
+        loop only carries its instructions out on Dask and reports what happened."""
         from distributed import as_completed
 
         cl, table = self.cl, self.table
         keep = self.cuts.carried(end)
-        before = set(inside) - seg
         futures: dict[str, object] = {}              # op id -> the future of its task
         self._seg_futures = futures
         for op_id, value in self.state.carry.items():          # outputs from before the cut
             futures[op_id] = self._scatter({op_id: value}, table[op_id].device, start)
-        core = C.Core.create(self.cuts.core_view(seg, end), end, self.window)
-        core.steps_done = start
-        fl = Flight()
-        last_done = dict.fromkeys(self.workers, time.time())
-        held: set[str] = set()
-        limit_cut: set[str] | None = None
+        core = C.Core.create(self.cuts.core_view(seg, end), end, self.window, start=start,
+                             cuts=self.cuts, before=set(inside) - seg, devices=self.workers)
         last_step = time.time()
-        last_alive = 0.0
         completions = as_completed()
         idle_s = 0.0005
         # an op with no future is done: it ran before the cut (or in this batch's groups)
         finished = lambda d: d not in futures or futures[d].status == "finished"  # noqa: E731
         task_of = lambda d: futures[d].key if d in futures else None             # noqa: E731
-        instructions = core.handle(C.Started())
+        instructions = core.handle(C.Started(time.time()))
         while True:
             # submissions first: the per-step bookkeeping (a round trip to every worker)
             # must not delay work that is ready
-            batch = []
-            for ins in instructions:
-                if isinstance(ins, C.Submit):
-                    if limit_cut is not None and ins.call.id not in limit_cut:
-                        held.add(ins.call.id)
-                    else:
-                        batch.append(table[ins.call.id])
+            batch = [table[i.call.id] for i in instructions if isinstance(i, C.Submit)]
             now = time.time()
             for g in F.fuse(batch, self.consumers, finished, self.options.fuse, task_of):
                 f = F.submit(cl.client, g, futures, self.workers[g.device],
                              key=f"{g.ids[0]}+{len(g.ids) - 1}-{cl.token}-{self.attempt}")
                 for op_id in g.ids:
                     futures[op_id] = f
-                fl.add(f.key, Task(g.ids, g.device, g.calls[0].step, self._limit(g.calls),
-                                   tuple(d for d in g.external if d in seg)), now)
+                core.handle(C.TaskSubmitted(f.key, Task(
+                    g.ids, g.device, g.calls[0].step, self._limit(g.calls),
+                    tuple(d for d in g.external if d in seg)), now))
                 completions.add(f)
                 self.meta["tasks"] = self.meta.get("tasks", 0) + 1
             for ins in instructions:
@@ -146,29 +137,18 @@ class SegmentLoop:
                         futures.pop(ins.op_id, None)
                 elif isinstance(ins, C.StepDone):
                     last_step = self._step_done(ins.step, last_step)
-                elif isinstance(ins, C.Abort):
-                    call = table[ins.op_id]
-                    raise RuntimeFailure(
-                        f"op '{ins.op_id}' (stage {call.op}, step {call.step}) failed on "
-                        f"device {call.device}: {ins.error}",
-                        hint="the trace and metrics up to the failure are in the run directory")
+                elif isinstance(ins, C.Stopping):
+                    end, inside, keep = ins.end, set(ins.inside), self.cuts.carried(ins.end)
+                elif isinstance(ins, C.CutShort):
+                    return self._cut_short(ins.end, set(ins.inside))
                 elif isinstance(ins, C.Finish):
                     return end, inside
-            if limit_cut is not None and limit_cut <= fl.done | before:
-                return self._cut_short(end, limit_cut)
-            if self.stop.requested and limit_cut is None:
-                limit_cut, end = self._reachable_cut(fl.submitted(), start, end)
-                inside = limit_cut
-                keep = self.cuts.carried(end)
-                if limit_cut <= fl.done | before:
-                    return self._cut_short(end, limit_cut)
-            if not len(fl):
-                if held:
-                    continue
-                self._check_alive()               # a loss not seen yet is a loss, not a stall
-                raise RuntimeFailure("the run stalled: nothing is running and nothing is left "
-                                     "to submit (a bug in rpeg's scheduling)")
-            # completions in batches without blocking, so the loss and stuck checks below run
+                elif not isinstance(ins, C.Submit):
+                    self._carry_out(ins, core)
+            if self.stop.requested and not core.stopping:
+                instructions = core.handle(C.StopRequested())
+                continue
+            # completions in batches without blocking, so the loss and stuck checks run
             # however long an op takes; the pause grows while nothing finishes (at most 10 ms)
             got = completions.next_batch(block=False)
             if got:
@@ -179,38 +159,37 @@ class SegmentLoop:
             now = time.time()
             instructions = []
             for f in got:
-                ok = f.status == "finished"
-                task = fl.finish(f.key, now, ok)
-                if f.status == "error":
-                    err = f.exception()
-                    op_id = getattr(err, "rpeg_op", task.ids[0])
-                    call = table[op_id]
-                    if _is_loss(err):
-                        raise _Lost(call.device, self.workers[call.device], op_id, call.step,
-                                    f"worker lost ({type(err).__name__})")
-                    if isinstance(err, RpegError):
-                        raise err
-                    instructions += core.handle(C.OpFailed(op_id, f"{type(err).__name__}: "
-                                                                  f"{err}"))
-                    continue
-                if not ok:
-                    # cancelled: the scheduler gave the task up because what it needs was lost
-                    # with a worker (an output scattered there at the cut, or one only it
-                    # held). Its ops never ran; forgetting it would leave the core waiting
-                    # for them with nothing in flight (the run "stalled"): it is a loss.
-                    raise self._gave_up(task, f.status, fl)
-                last_done[task.device] = now
-                for op_id in task.ids:
-                    instructions += core.handle(C.OpDone(op_id))
-            if now - last_alive > 0.5:
-                last_alive = now
-                self._check_alive(fl)
-            if (hit := fl.stuck(last_done, now)) is not None:
-                task, idle = hit
-                raise self._lost_or_stuck(task.device, self.workers[task.device], task.ids[0],
-                                          task.step, f"op stuck: no progress for {idle:.1f} s "
-                                          f"(limit {task.limit_s:.1f} s from the plan's "
-                                          f"prediction for {len(task.ids)} op(s))")
+                instructions += core.handle(_ended(f, now))
+            instructions += core.handle(C.Tick(now))
+
+    def _carry_out(self, ins, core) -> None:
+        """The core's instructions that end the segment with an error (each raises) or ask
+        the cluster something."""
+        if isinstance(ins, C.Abort):
+            if isinstance(ins.cause, RpegError):
+                raise ins.cause
+            call = self.table[ins.op_id]
+            raise RuntimeFailure(
+                f"op '{ins.op_id}' (stage {call.op}, step {call.step}) failed on "
+                f"device {call.device}: {ins.error}",
+                hint="the trace and metrics up to the failure are in the run directory")
+        if isinstance(ins, C.CheckAlive):
+            self._check_alive(core.flight)
+        elif isinstance(ins, C.Stalled):
+            raise RuntimeFailure("the run stalled: nothing is running and nothing is left "
+                                 "to submit (a bug in rpeg's scheduling)")
+        elif isinstance(ins, C.Lost):
+            raise _Lost(ins.device, self.workers[ins.device], ins.op_id, ins.step, ins.reason)
+        elif isinstance(ins, C.GaveUp):
+            raise self._gave_up(ins.task, ins.status, core.flight)
+        elif isinstance(ins, C.Stuck):
+            task = ins.task
+            raise self._lost_or_stuck(task.device, self.workers[task.device], task.ids[0],
+                                      task.step, f"op stuck: no progress for {ins.idle_s:.1f} "
+                                      f"s (limit {task.limit_s:.1f} s from the plan's "
+                                      f"prediction for {len(task.ids)} op(s))")
+        else:
+            raise TypeError(f"unknown instruction {ins!r}")
 
     def _step_done(self, step: int, last: float) -> float:
         now = time.time()
@@ -241,14 +220,6 @@ class SegmentLoop:
         t = sum(max((predicted.get(s, 0.0) for s in c.stages), default=0.0) for c in calls)
         return max(self.res.timeout_floor_s, self.res.timeout_factor * t)
 
-    def _reachable_cut(self, started: set[str], start: int, end: int):
-        """The first cut after ``start`` that holds every op already submitted."""
-        for b in range(start + 1, end + 1):
-            inside = self.cuts.closure(b)
-            if started <= inside:
-                return inside, b
-        return self.cuts.closure(end), end
-
     def _cut_short(self, end: int, inside: set[str]):
         print(f"rpeg: interrupted: steps before {end} are done; writing a checkpoint",
               file=sys.stderr)
@@ -257,3 +228,16 @@ class SegmentLoop:
 
 def _evaluate_on_worker(model: str, step: int) -> dict:
     return W._STATE["executor"].evaluate(model, step)
+
+
+def _ended(future, now: float) -> C.TaskEnded:
+    """What the core hears of a finished Dask future."""
+    if future.status == "finished":
+        return C.TaskEnded(future.key, now)
+    if future.status == "error":
+        err = future.exception()
+        outcome = C.Outcome.LOST if _is_loss(err) else C.Outcome.FAILED
+        return C.TaskEnded(future.key, now, outcome, getattr(err, "rpeg_op", ""), err)
+    # cancelled: the scheduler gave the task up because what it needs was lost with a worker
+    # (an output scattered there at the cut, or one only it held)
+    return C.TaskEnded(future.key, now, C.Outcome.CANCELLED)

@@ -73,3 +73,107 @@ def test_a_failed_op_aborts(ppo, plan_by_hand):
     core.handle(Started())
     out = core.handle(OpFailed("rollout/s0/c0", "boom"))
     assert out == [Abort("rollout/s0/c0", "boom")]
+
+
+# --- a segment's decisions: tasks, losses, stuck devices, Ctrl-C, all without Dask ----------
+from rpeg.runtime import core as C  # noqa: E402
+from rpeg.runtime.cuts import Cuts  # noqa: E402
+from rpeg.runtime.flight import Task  # noqa: E402
+
+
+def _segment(ppo, plan_by_hand, steps=3, window=1):
+    calls = build_calls(ppo, plan_by_hand(ppo, {}, devices=1), steps=steps)
+    table = {c.id: c for c in calls}
+    cuts = Cuts(table)
+    core = C.Core.create(cuts.core_view(set(table), steps), steps, window, cuts=cuts,
+                         devices=[0])
+    return core, core.handle(C.Started(now=0.0))
+
+
+def _pack(core, out, now, limit=5.0):
+    """Each submitted op as a task of its own, as the adapter reports them."""
+    keys = []
+    for ins in out:
+        if isinstance(ins, C.Submit):
+            core.handle(C.TaskSubmitted(ins.call.id, Task((ins.call.id,), ins.call.device,
+                                                          ins.call.step, limit, ()), now))
+            keys.append(ins.call.id)
+    return keys
+
+
+def test_tasks_that_end_finish_their_ops_and_the_segment(ppo, plan_by_hand):
+    core, out = _segment(ppo, plan_by_hand)
+    queue, t, log = _pack(core, out, 0.0), 0.0, []
+    while queue:
+        t += 1.0
+        new = core.handle(C.TaskEnded(queue.pop(0), t))
+        log += new
+        queue += _pack(core, new, t)
+    assert isinstance(log[-1], C.Finish) and core.submitted == 0
+    assert all(st is C.OpState.DONE for st in core.status.values())
+
+
+def test_a_worker_lost_under_a_task_is_a_loss_and_a_cancelled_task_is_given_up(ppo, plan_by_hand):
+    core, out = _segment(ppo, plan_by_hand)
+    first = _pack(core, out, 0.0)[0]
+    lost = core.handle(C.TaskEnded(first, 1.0, C.Outcome.LOST, error=ConnectionError("gone")))
+    assert lost == [C.Lost(0, first, 0, "worker lost (ConnectionError)")]
+    core, out = _segment(ppo, plan_by_hand)
+    first = _pack(core, out, 0.0)[0]
+    [gave_up] = core.handle(C.TaskEnded(first, 1.0, C.Outcome.CANCELLED))
+    assert isinstance(gave_up, C.GaveUp) and gave_up.task.ids == (first,)
+
+
+def test_an_op_that_raises_aborts_and_is_failed(ppo, plan_by_hand):
+    core, out = _segment(ppo, plan_by_hand)
+    first = _pack(core, out, 0.0)[0]
+    err = ValueError("bad reward")
+    [abort] = core.handle(C.TaskEnded(first, 1.0, C.Outcome.FAILED, error=err))
+    assert abort == C.Abort(first, "ValueError: bad reward") and abort.cause is err
+    assert core.status[first] is C.OpState.FAILED and core.finished
+
+
+def test_a_device_without_progress_past_its_limit_is_stuck(ppo, plan_by_hand):
+    core, out = _segment(ppo, plan_by_hand)
+    first = _pack(core, out, 0.0, limit=5.0)[0]
+    assert not [i for i in core.handle(C.Tick(4.0)) if isinstance(i, C.Stuck)]
+    stuck = [i for i in core.handle(C.Tick(6.0)) if isinstance(i, C.Stuck)]
+    assert [(s.task.ids, s.idle_s) for s in stuck] == [((first,), 6.0)]
+
+
+def test_the_cluster_is_asked_for_lost_workers_twice_a_second(ppo, plan_by_hand):
+    core, out = _segment(ppo, plan_by_hand)
+    _pack(core, out, 0.0)
+    asks = [t for t in (0.1, 0.3, 0.6, 0.8, 1.2) if C.CheckAlive() in core.handle(C.Tick(t))]
+    assert asks == [0.6, 1.2]
+
+
+def test_nothing_in_flight_with_work_left_is_a_stall(ppo, plan_by_hand):
+    core, _ = _segment(ppo, plan_by_hand)
+    core.submitted = 0                          # as if the adapter had lost track of them
+    assert C.Stalled() in core.handle(C.Tick(1.0))
+
+
+def test_ctrl_c_stops_at_the_first_cut_holding_every_submitted_op(ppo, plan_by_hand):
+    core, out = _segment(ppo, plan_by_hand, steps=3, window=2)
+    queue = _pack(core, out, 0.0)
+    [stopping] = core.handle(C.StopRequested())
+    assert isinstance(stopping, C.Stopping) and stopping.end >= 1
+    assert {i for i, st in core.status.items() if st is C.OpState.SUBMITTED} <= stopping.inside
+    log, t = [], 0.0
+    while queue:
+        t += 1.0
+        new = core.handle(C.TaskEnded(queue.pop(0), t))
+        log += new
+        queue += _pack(core, new, t)
+    assert [i for i in log if isinstance(i, C.CutShort)] == [C.CutShort(stopping.end,
+                                                                         stopping.inside)]
+    # nothing past the cut was submitted: it is held for the resumed run
+    assert all(core.status[i] is not C.OpState.DONE for i in core.status
+               if i not in stopping.inside)
+
+
+def test_every_state_change_is_in_the_transition_table():
+    moves = {(a.value, what, b.value) for (a, what), b in C.TRANSITIONS.items()}
+    assert moves == {("pending", "submit", "submitted"), ("pending", "hold", "held"),
+                     ("submitted", "done", "done"), ("submitted", "fail", "failed")}

@@ -59,6 +59,7 @@ sys.path.insert(0, str(ROOT))
 
 from backends.api import SamplingParams  # noqa: E402
 from benchmarks.provenance import finish, provenance  # noqa: E402
+from rpeg.graph.work import work_of  # noqa: E402
 from rpeg.spec.presets import PRESETS, ModelDims  # noqa: E402
 
 MODELS = ("tiny-vllm", "small", "smollm2-135m")
@@ -255,7 +256,7 @@ def _generate_mape(results, cluster, scale: float, layer_oh: float, step_oh: flo
                 continue
             p = ppo_pipeline(dims=dims, prompts=row["batch"], prompt_len=PROMPT_LEN,
                              gen_median=gen, gen_max=gen)
-            t = estimate_stage(p, _STAGE["generate"], Parallel(), (0,), cl,
+            t = estimate_stage(work_of(p, _STAGE["generate"]), Parallel(), (0,), cl,
                                engine=Engine.VLLM).time_s
             errors.append(abs(t - row["seconds"]) / row["seconds"])
     return float(np.mean(errors)) if errors else None

@@ -42,6 +42,7 @@ import attrs
 import numpy as np
 
 from backends.api import SamplingParams
+from rpeg.graph.work import work_of  # noqa: E402
 
 PROMPT_LEN = 32
 NO_EOS = -1
@@ -68,7 +69,7 @@ def predict_generate(name: str, engine, batch: int, gen: int, rows: int | None) 
     from rpeg.spec.presets import PRESETS
     p = ppo_pipeline(dims=PRESETS[name], prompts=batch, prompt_len=PROMPT_LEN, gen_median=gen,
                      gen_max=gen)
-    return estimate_stage(p, "rollout", Parallel(), (0,), _cluster(), engine=engine,
+    return estimate_stage(work_of(p, "rollout"), Parallel(), (0,), _cluster(), engine=engine,
                           rows=rows).time_s
 
 

@@ -47,6 +47,7 @@ from rpeg.cost.examples import ppo_pipeline  # noqa: E402
 from rpeg.cost.memory import Parallel, resident_memory  # noqa: E402
 from rpeg.cost.profiles import load_cluster  # noqa: E402
 from rpeg.cost.stages import estimate_stage, stage_memory  # noqa: E402
+from rpeg.graph.work import work_of  # noqa: E402
 from rpeg.spec.presets import PRESETS, ModelDims  # noqa: E402
 
 MODELS = {
@@ -81,10 +82,10 @@ def predict(op: dict, cluster) -> tuple[float, float]:
     par = Parallel(dp=2, microbatches=op["microbatches"], recompute=op["recompute"],
                    zero=op["zero"], offload=op["offload"], packing=op["packed"])
     cluster = attrs.evolve(cluster, gpu=with_dispatch(cluster.gpu, {"dispatch_s": 0.0}))
-    t = estimate_stage(p, "actor_step", par, (0, 1), cluster).time_s
+    t = estimate_stage(work_of(p, "actor_step"), par, (0, 1), cluster).time_s
     model = p.model("actor")
     mem = resident_memory(model, par, cluster, trained=True).total \
-        + stage_memory(p, "actor_step", par, cluster).total
+        + stage_memory(work_of(p, "actor_step"), par, cluster).total
     return t, mem
 
 

@@ -1,9 +1,10 @@
 """The analytical cost model: time and memory of every op under a parallel layout.
 
     >>> from rpeg.cost import Parallel, estimate_stage, builtin_cluster
+    >>> from rpeg.graph import work_of
     >>> from rpeg.cost.examples import ppo_pipeline
     >>> p, c = ppo_pipeline("llama3.1-8b", prompts=512), builtin_cluster("gh200_64")
-    >>> cost = estimate_stage(p, "rollout", Parallel(dp=2, tp=4), tuple(range(8)), c)
+    >>> cost = estimate_stage(work_of(p, "rollout"), Parallel(dp=2, tp=4), tuple(range(8)), c)
     >>> cost.time_s > 0
     True
 

@@ -29,6 +29,7 @@ import numpy as np
 from rpeg.cost.examples import ppo_pipeline
 from rpeg.cost.memory import Parallel, resident_memory
 from rpeg.cost.stages import estimate_stage, stage_memory
+from rpeg.graph.work import work_of
 from rpeg.spec.model import Cluster, GpuProfile, LengthDist, LengthKind, Level, Link
 from rpeg.spec.presets import PRESETS, ModelDims
 
@@ -103,10 +104,10 @@ def predict_op(kind: str, dims: ModelDims, batch: int, prompt_len: int, gen_len:
     stage = _STAGE[kind]
     # a measured op is a direct call, not a Dask task: no dispatch
     cluster = attrs.evolve(cluster, gpu=with_dispatch(cluster.gpu, {"dispatch_s": 0.0}))
-    t = estimate_stage(p, stage, par, devices, cluster).time_s
-    model = p.model(p.stage(stage).target)
-    mem = resident_memory(model, par, cluster, trained=kind == "train").total \
-        + stage_memory(p, stage, par, cluster).total
+    work = work_of(p, stage)
+    t = estimate_stage(work, par, devices, cluster).time_s
+    mem = resident_memory(work.model, par, cluster, trained=kind == "train").total \
+        + stage_memory(work, par, cluster).total
     return t, mem
 
 

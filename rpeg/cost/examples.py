@@ -15,6 +15,7 @@ by default), for comparing against ops timed on that GPU.
 
 from __future__ import annotations
 
+from rpeg.graph.work import work_of
 from rpeg.spec.model import (
     Head,
     LengthDist,
@@ -81,5 +82,5 @@ def single_gpu_op(kind: str, preset: str | ModelDims, *, batch: int, prompt_len:
     name = preset if isinstance(preset, str) else "custom"
     p = ppo_pipeline(name, prompts=batch, prompt_len=prompt_len, gen_median=gen_len,
                      gen_max=gen_len, dims=dims)
-    return estimate_stage(p, stage, Parallel(), (0,), cluster_of(profile, 1),
+    return estimate_stage(work_of(p, stage), Parallel(), (0,), cluster_of(profile, 1),
                           engine=Engine(engine)).time_s

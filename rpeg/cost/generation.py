@@ -2,11 +2,12 @@
 
     >>> from rpeg.cost.profiles import cluster_of
     >>> from rpeg.cost.examples import ppo_pipeline
+    >>> from rpeg.graph import work_of
     >>> from rpeg.cost.memory import Parallel
     >>> p, gh = ppo_pipeline("llama3.1-8b", prompts=512), cluster_of("gh200", 8)
-    >>> generation_rows(p, "rollout", Parallel(dp=8), gh, 1e12)      # all 64 fit
+    >>> generation_rows(work_of(p, "rollout"), Parallel(dp=8), gh, 1e12)      # all 64 fit
     64
-    >>> 1 <= generation_rows(p, "rollout", Parallel(dp=8), gh, 4e9) < 64
+    >>> 1 <= generation_rows(work_of(p, "rollout"), Parallel(dp=8), gh, 4e9) < 64
     True
 
 How many sequences decode at once per replica (the concurrency) is the engine's batching
@@ -58,7 +59,7 @@ from rpeg.cost.memory import (
 )
 from rpeg.cost.partial import Partial
 from rpeg.cost.topology import Collective, collective_time
-from rpeg.spec.model import Cluster, Engine, Model, Pipeline
+from rpeg.spec.model import Cluster, Engine, Model
 
 SEGMENTS = 32          # decode is integrated over this many segments of constant batch
 
@@ -240,26 +241,23 @@ def generate_memory(model: Model, par: Parallel, w, gpu, engine: Engine, local: 
     return MemoryCost(weights=loaded, kv_cache=kv, buffers=gpu.runtime_memory + buf)
 
 
-def batching_of(pipeline: Pipeline, placement) -> tuple[int, float, bool]:
+def batching_of(work, placement) -> tuple[int, float, bool]:
     """(max_num_seqs, kv_fraction, cuda_graph) of a generate stage as it runs: a plan
     placement's where it sets them, else its stage's ``generate(..., max_num_seqs = N,
     kv_fraction = F)``; 0 leaves the engine's default (its batch, what memory is free).
     The cost model prices these and the runtime passes the same to its engines."""
-    stage = pipeline.stage(placement.stage)
-    seqs = int(placement.max_num_seqs or stage.param("max_num_seqs", 0) or 0)
-    frac = float(placement.kv_fraction or stage.param("kv_fraction", 0.0) or 0.0)
+    seqs = int(placement.max_num_seqs or work.max_num_seqs)
+    frac = float(placement.kv_fraction or work.kv_fraction)
     return seqs, frac, bool(placement.cuda_graph)
 
 
-def generation_rows(pipeline: Pipeline, stage_name: str, par: Parallel, cluster: Cluster,
+def generation_rows(work, par: Parallel, cluster: Cluster,
                     free_bytes: float, *, batch: int | None = None, partial: int = 0,
                     engine: Engine = Engine.TORCH) -> int:
     """How many sequences a generate stage runs at once per replica when ``free_bytes`` per
     GPU are left beside the weights resident there: the engine's batch, as much of it as
     the free memory holds (at least one; the memory check then reports the shortfall)."""
-    stage = pipeline.stage(stage_name)
-    model = pipeline.model(stage.target)
-    w = pipeline.workload
+    model, w = work.model, work.workload
     batch = w.batch if batch is None else batch
     local = math.ceil(decoded_batch(batch, w.gen_len, partial) / par.dp)
     return concurrency(model, par, w, cluster.gpu, engine, local, free_bytes)

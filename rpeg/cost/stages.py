@@ -2,8 +2,9 @@
 
     >>> from rpeg.cost.profiles import cluster_of
     >>> from rpeg.cost.examples import ppo_pipeline
+    >>> from rpeg.graph import work_of
     >>> p, gh = ppo_pipeline("llama3.1-8b", prompts=512), cluster_of("gh200", 4, 2)
-    >>> c = estimate_stage(p, "actor_step", Parallel(dp=2, tp=4), tuple(range(8)), gh)
+    >>> c = estimate_stage(work_of(p, "actor_step"), Parallel(dp=2, tp=4), tuple(range(8)), gh)
     >>> c.time_s > c.compute_s > 0 and c.comm_s > 0
     True
     >>> dict(c.breakdown)["optimizer"] > 0
@@ -94,8 +95,8 @@ from rpeg.cost.passes import (
 )
 from rpeg.cost.topology import Collective, Topology, collective_time
 from rpeg.errors import CostError
-from rpeg.spec.functions import function
-from rpeg.spec.model import Cluster, Engine, Model, OpKind, Pipeline
+from rpeg.graph.work import Work
+from rpeg.spec.model import Cluster, Engine, Model, OpKind
 
 # names the tests and other modules read from here
 _slowest_lengths, _admissions = slowest_lengths, admissions
@@ -110,12 +111,13 @@ def _check_devices(devices: Sequence[int], par: Parallel, stage: str) -> None:
 
 # --- the public entry points ---------------------------------------------------------
 
-def estimate_stage(pipeline: Pipeline, stage_name: str, par: Parallel, devices: Sequence[int],
+def estimate_stage(work: Work, par: Parallel, devices: Sequence[int],
                    cluster: Cluster, *, batch: int | None = None,
                    engine: Engine = Engine.TORCH, rows: int | None = None,
                    padded_len: float | None = None, partial: int = 0,
                    off_policy: bool = False, mean_len: float | None = None) -> StageCost:
-    """Predicted seconds of one step of ``stage_name`` on ``devices`` laid out as ``par``.
+    """Predicted seconds of one step of a stage (its ``work``: :func:`rpeg.graph.work_of`, or an
+    op's) on ``devices`` laid out as ``par``.
     ``rows``: at most this many sequences generated at once per replica (see
     :func:`generation_rows`); None for the whole local batch in one wave.
     ``padded_len``: the response length a forward or train batch is padded to (a streamed
@@ -123,13 +125,12 @@ def estimate_stage(pipeline: Pipeline, stage_name: str, par: Parallel, devices: 
     ``mean_len``: the same chunk's mean response length, which a packed op computes.
     ``partial``: a generate stage decodes at most this many tokens per response a step, the
     rest in later steps (partial rollouts, :mod:`rpeg.cost.partial`); 0: whole responses."""
-    stage = pipeline.stage(stage_name)
     devices = tuple(devices)
-    _check_devices(devices, par, stage_name)
-    batch = pipeline.workload.batch if batch is None else batch
+    _check_devices(devices, par, work.stage)
+    batch = work.workload.batch if batch is None else batch
     topo = Topology.from_cluster(cluster)
     gpu = cluster.gpu
-    cost = _estimate(pipeline, stage, par, devices, topo, cluster, batch, engine, rows,
+    cost = _estimate(work, par, devices, topo, cluster, batch, engine, rows,
                      padded_len, partial, off_policy, mean_len)
     cost = _concurrent(cost, gpu.concurrency_slowdown) if len(devices) > 1 \
         else cost
@@ -147,52 +148,49 @@ def _concurrent(cost: StageCost, slowdown: float) -> StageCost:
                                         for k, v in cost.breakdown))
 
 
-def _estimate(pipeline, stage, par, devices, topo, cluster, batch, engine, rows,
+def _estimate(work, par, devices, topo, cluster, batch, engine, rows,
               padded_len_=None, partial=0, off_policy=False, mean_len_=None) -> StageCost:
-    gpu, w = cluster.gpu, pipeline.workload
-    if stage.kind is OpKind.GENERATE:
-        model = pipeline.model(stage.target)
+    gpu, w, model = cluster.gpu, work.workload, work.model
+    if work.kind is OpKind.GENERATE:
         g = generation(model, par, devices, topo, cluster, batch, w, engine, rows, partial)
-        refills = refill_batches(stage, batch)
+        refills = refill_batches(work, batch)
         if not refills:
             return g.cost
         # each round's responses are scored (python rewards) to find the groups to refill
         return _with_refills(g.cost, refills, lambda n: _plus_host(generation(
             model, par, devices, topo, cluster, n, w, engine, rows, partial).cost,
             reward_host_time(gpu, w, n)), reward_host_time(gpu, w, batch))
-    if stage.kind is OpKind.SCORE and not pipeline.has_model(stage.target or ""):
+    if work.kind is OpKind.SCORE and work.on_host:
         t = reward_host_time(gpu, w, batch)
         return StageCost(t, t, 0.0, (("reward", t),))
-    if stage.kind is OpKind.COMPUTE:
+    if work.kind is OpKind.COMPUTE:
         # per response, plus per response token for a per-token estimator (GAE's
         # recursion); a group estimator works on one score per response (the registry's
         # pricing says which)
-        per_token = function(stage.function).pricing.per_token
-        tokens = batch * mean_len(w.gen_len) if per_token else 0.0
+        tokens = batch * mean_len(w.gen_len) if work.per_token else 0.0
         per_sample = gpu.compute_sample_time
         t = gpu.compute_call_overhead \
             + batch * (gpu.sample_overhead if per_sample is None else per_sample) \
             + tokens * gpu.compute_token_time
         return StageCost(t, t, 0.0, (("host", t),))
-    model = pipeline.model(stage.target)
     gen = response_len(w.gen_len, math.ceil(batch / par.dp), par, padded_len_, mean_len_)
-    if stage.kind in (OpKind.FORWARD, OpKind.SCORE):
+    if work.kind in (OpKind.FORWARD, OpKind.SCORE):
         return forward_cost(model, par, devices, topo, gpu, engine, w, batch, gen)
-    if stage.kind is OpKind.TRAIN:
-        steps = int(stage.param("minibatches", 1) or 1) * int(stage.param("epochs", 1) or 1)
+    if work.kind is OpKind.TRAIN:
+        steps = work.minibatches * work.epochs
         return train_cost(model, par, devices, topo, gpu, engine, w, batch, gen, steps,
                           off_policy)
-    if stage.kind is OpKind.SYNC_WEIGHTS:
+    if work.kind is OpKind.SYNC_WEIGHTS:
         t = weight_sync_time(model, devices[:1], Parallel(), devices, par, cluster)
         return StageCost(t, 0.0, t, (("sync", t),))
-    raise CostError(f"stage kind must be one the cost model knows, not {stage.kind.value}")
+    raise CostError(f"stage kind must be one the cost model knows, not {work.kind.value}")
 
 
-def refill_batches(stage, batch: int) -> tuple[int, ...]:
+def refill_batches(work: Work, batch: int) -> tuple[int, ...]:
     """Responses each extra round of a generate stage's dynamic sampling generates, expected
     from its declared filter rate: round k regenerates the filtered share of round k - 1."""
-    rounds = int(stage.arg("refill_rounds") or 0) if stage.kind is OpKind.GENERATE else 0
-    rate = float(stage.arg("filter_rate") or 0.0)
+    rounds = work.refill_rounds if work.kind is OpKind.GENERATE else 0
+    rate = work.filter_rate
     return tuple(max(1, math.ceil(batch * rate ** k)) for k in range(1, rounds + 1)
                  if batch * rate ** k >= 0.5)
 
@@ -223,7 +221,7 @@ def _with_refills(cost: StageCost, batches: tuple[int, ...], price, scoring: flo
     return cost
 
 
-def generation_chunks(pipeline: Pipeline, stage_name: str, par: Parallel,
+def generation_chunks(work: Work, par: Parallel,
                       devices: Sequence[int], cluster: Cluster, chunks: int, *,
                       batch: int | None = None,
                       engine: Engine = Engine.TORCH,
@@ -236,17 +234,16 @@ def generation_chunks(pipeline: Pipeline, stage_name: str, par: Parallel,
     one computes. ``partial``: as for :func:`estimate_stage`; the chunks hold the responses
     that finish in the step (as many as the batch), a carried one padded to its whole
     length."""
-    stage = pipeline.stage(stage_name)
-    if stage.kind is not OpKind.GENERATE:
+    if work.kind is not OpKind.GENERATE:
         raise CostError(f"generation_chunks must be asked of a generate stage, not "
-                        f"'{stage_name}' ({stage.kind.value})")
+                        f"'{work.stage}' ({work.kind.value})")
     if chunks < 1:
         raise CostError(f"chunks must be at least 1, not {chunks}")
     devices = tuple(devices)
-    _check_devices(devices, par, stage_name)
-    batch = pipeline.workload.batch if batch is None else batch
-    w = pipeline.workload
-    g = generation(pipeline.model(stage.target), par, devices, Topology.from_cluster(cluster),
+    _check_devices(devices, par, work.stage)
+    batch = work.workload.batch if batch is None else batch
+    w = work.workload
+    g = generation(work.model, par, devices, Topology.from_cluster(cluster),
                    cluster, batch, w, engine, rows, partial)
     finish, lengths = g.finish, g.lengths     # sorted, one per local response
     part = partial_of(w.gen_len, partial)
@@ -273,41 +270,39 @@ def generation_chunks(pipeline: Pipeline, stage_name: str, par: Parallel,
     if out and count != batch:
         t, n, top, mean = out[-1]
         out[-1] = (t, n + batch - count, top, mean)
-    if refill_batches(stage, batch):
+    if refill_batches(work, batch):
         # dynamic sampling: the step's responses are known after its last round, all at once
-        end = estimate_stage(pipeline, stage_name, par, devices, cluster, batch=batch,
+        end = estimate_stage(work, par, devices, cluster, batch=batch,
                              engine=engine, rows=rows, partial=partial).time_s
         out = [(end,) + o[1:] for o in out]
     return tuple(out) if with_lengths else tuple((t, n) for t, n, _, _ in out)
 
 
-def stage_memory(pipeline: Pipeline, stage_name: str, par: Parallel, cluster: Cluster, *,
+def stage_memory(work: Work, par: Parallel, cluster: Cluster, *,
                  batch: int | None = None, rows: int | None = None,
                  padded_len: float | None = None, partial: int = 0,
                  engine: Engine = Engine.TORCH, mean_len: float | None = None) -> MemoryCost:
     """Transient bytes per GPU while the stage runs (activations, KV cache, buffers);
     a generate stage holds the KV cache of ``rows`` sequences at once (None: all local ones).
     A train stage whose optimizer state is offloaded brings it back for the step."""
-    stage = pipeline.stage(stage_name)
-    batch = pipeline.workload.batch if batch is None else batch
-    w = pipeline.workload
+    batch = work.workload.batch if batch is None else batch
+    w = work.workload
     gpu = cluster.gpu
-    if stage.kind in (OpKind.COMPUTE, OpKind.SYNC_WEIGHTS) or (
-            stage.kind is OpKind.SCORE and not pipeline.has_model(stage.target or "")):
+    if work.kind in (OpKind.COMPUTE, OpKind.SYNC_WEIGHTS) or (
+            work.kind is OpKind.SCORE and work.on_host):
         seq = w.prompt_len + w.gen_len.max_len
         return MemoryCost(buffers=gpu.runtime_memory + batch * seq * 8.0 * 4)
-    model = pipeline.model(stage.target)
+    model = work.model
     check_parallel(model.dims, par, model.name)
     local = math.ceil(batch / par.dp)
-    if stage.kind is OpKind.GENERATE:
+    if work.kind is OpKind.GENERATE:
         # carried sequences beside the new ones, each holding up to its whole length
         local = math.ceil(decoded_batch(batch, w.gen_len, partial) / par.dp)
         return generate_memory(model, par, w, gpu, engine, local, rows)
     gen = response_len(w.gen_len, local, par, padded_len, mean_len)
-    if stage.kind in (OpKind.FORWARD, OpKind.SCORE):
+    if work.kind in (OpKind.FORWARD, OpKind.SCORE):
         return forward_memory(model, par, gpu, engine, w, batch, gen)
-    minibatches = int(stage.param("minibatches", 1) or 1)
-    return train_memory(model, par, gpu, engine, w, batch, gen, minibatches)
+    return train_memory(model, par, gpu, engine, w, batch, gen, work.minibatches)
 
 
 def weight_sync_time(model: Model, src_devices: Sequence[int], src_par: Parallel,

@@ -9,9 +9,10 @@ from rpeg.graph.build import build
 from rpeg.graph.ir import DataEdge, Graph, Op, VersionEdge
 from rpeg.graph.unroll import Dep, DepKind, Instance, Unrolled, chunk_counts, unroll
 from rpeg.graph.verify import verify, verify_unrolled
+from rpeg.graph.work import Work, work_of
 
 __all__ = [
     "build", "Graph", "Op", "DataEdge", "VersionEdge",
     "unroll", "Unrolled", "Instance", "Dep", "DepKind", "chunk_counts",
-    "verify", "verify_unrolled",
+    "verify", "verify_unrolled", "Work", "work_of",
 ]

@@ -19,6 +19,7 @@ import attrs
 
 from rpeg.errors import GraphError
 from rpeg.graph.ir import SAME_STEP, DataEdge, Graph, Op, VersionEdge
+from rpeg.graph.work import work_of
 from rpeg.spec.functions import function
 from rpeg.spec.model import OpKind, Pipeline
 from rpeg.spec.registry import Scope
@@ -73,7 +74,7 @@ def _ops(pipeline: Pipeline, alias: dict[str, str]) -> list[Op]:
         # an estimator of groups or lengths also reads the responses its scores are of
         inputs = s.inputs + implicit_inputs(pipeline, s)
         ops.append(Op(s.name, s.kind, inputs, s.outputs, reads, writes, (s.name,), s.span,
-                      grouped=fn.scope is not Scope.SAMPLE))
+                      grouped=fn.scope is not Scope.SAMPLE, work=(work_of(pipeline, s.name),)))
     trainers: dict[str, Op] = {}
     for o in ops:
         if o.kind is OpKind.TRAIN and len(o.stages) == 1:
@@ -106,7 +107,8 @@ def _merge_trainers(ops: list[Op]) -> list[Op]:
         elif o is group[0]:
             inputs = tuple(dict.fromkeys(i for g in group for i in g.inputs))
             stages = tuple(s for g in group for s in g.stages)
-            out.append(attrs.evolve(o, name="+".join(stages), inputs=inputs, stages=stages))
+            out.append(attrs.evolve(o, name="+".join(stages), inputs=inputs, stages=stages,
+                                    work=tuple(w for g in group for w in g.work)))
     return out
 
 

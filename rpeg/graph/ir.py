@@ -23,6 +23,7 @@ import attrs
 
 from rpeg.errors import NOWHERE, Span
 from rpeg.graph.order import topological
+from rpeg.graph.work import Work
 from rpeg.spec.model import OpKind
 
 
@@ -37,6 +38,8 @@ class Op:
     stages: tuple[str, ...] = ()       # spec stages this op implements (more than one when fused)
     span: Span = attrs.field(default=NOWHERE, eq=False, repr=False)
     grouped: bool = False              # needs the step's whole batch (a group or batch estimator)
+    # what each stage computes, as the cost model prices it (rpeg.graph.work)
+    work: tuple[Work, ...] = attrs.field(default=(), eq=False, repr=False)
 
     @property
     def per_sample(self) -> bool:

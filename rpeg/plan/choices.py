@@ -28,6 +28,7 @@ import attrs
 from rpeg.cost.memory import Parallel, resident_memory
 from rpeg.cost.stages import estimate_stage, generation_rows, offload_time, stage_memory
 from rpeg.errors import CostError
+from rpeg.graph.work import work_of
 from rpeg.plan.pinned import FOREIGN, matches, overlay
 from rpeg.plan.space import Limits, block_sizes, generate_engines, layouts
 from rpeg.spec.model import Cluster, Engine, OpKind, Pipeline
@@ -174,8 +175,8 @@ def prune(pipeline: Pipeline, layouts_: tuple[Layout, ...], cluster: Cluster) ->
                     host_grads=lay.engine is Engine.DEEPSPEED).total
             if s.kind is OpKind.GENERATE:
                 lay = attrs.evolve(lay, rows=generation_rows(
-                    pipeline, lay.stage, p, cluster, cap - resident[key], engine=lay.engine))
-            need = stage_memory(pipeline, lay.stage, p, cluster, rows=lay.rows,
+                    work_of(pipeline, lay.stage), p, cluster, cap - resident[key], engine=lay.engine))
+            need = stage_memory(work_of(pipeline, lay.stage), p, cluster, rows=lay.rows,
                                 engine=lay.engine).total + resident[key]
         except CostError:
             continue
@@ -195,7 +196,7 @@ def estimate(pipeline: Pipeline, fitting: tuple[tuple[Layout, float], ...],
         twin = lay if not p.offload else attrs.evolve(lay, par=attrs.evolve(p, offload=False))
         try:
             if twin not in kept:
-                kept[twin] = estimate_stage(pipeline, lay.stage, twin.par,
+                kept[twin] = estimate_stage(work_of(pipeline, lay.stage), twin.par,
                                             tuple(range(lay.size)), cluster,
                                             engine=lay.engine, rows=lay.rows).time_s
         except CostError:

@@ -25,6 +25,7 @@ import rpeg
 from rpeg.cost.memory import resident_memory
 from rpeg.cost.stages import stage_memory
 from rpeg.errors import CostError, PlanError, Span
+from rpeg.graph.work import work_of
 from rpeg.plan.baselines import BASELINES, run_baselines
 from rpeg.plan.choices import Choice, enumerate_layouts, model_stages
 from rpeg.plan.edit import Context, placement, repair
@@ -404,7 +405,7 @@ def _least_need(ctx: Context, stage: str):
     for lay in lays:
         par = lay.par
         try:
-            m = stage_memory(ctx.pipeline, stage, par, ctx.cluster, rows=1,
+            m = stage_memory(work_of(ctx.pipeline, stage), par, ctx.cluster, rows=1,
                              engine=lay.engine) + resident_memory(
                 model, par, ctx.cluster, trained=s.kind is OpKind.TRAIN,
                 host_grads=lay.engine is Engine.DEEPSPEED)

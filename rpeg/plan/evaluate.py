@@ -35,7 +35,7 @@ from rpeg.cost.stages import (
     weight_sync_time,
 )
 from rpeg.errors import CostError, GraphError, PlanError
-from rpeg.graph import Graph
+from rpeg.graph import Graph, build, work_of
 from rpeg.graph.unroll import chunk_counts
 from rpeg.plan.evalcost import EVAL_OP, eval_time, trainer_devices
 from rpeg.plan.model import Plan, Predicted, StagePlacement
@@ -100,7 +100,7 @@ def settle_batching(pipeline: Pipeline, plan: Plan, cluster: Cluster,
         if pipeline.stage(p.stage).kind is not OpKind.GENERATE:
             out.append(p)
             continue
-        seqs, frac, graph = batching_of(pipeline, p)
+        seqs, frac, graph = batching_of(work_of(pipeline, p.stage), p)
         frac = frac or limits.kv_share(p.engine, cluster.gpu)
         out.append(attrs.evolve(p, max_num_seqs=seqs, kv_fraction=frac, cuda_graph=graph))
     out = tuple(out)
@@ -165,6 +165,8 @@ class Evaluator:
         self._cost: dict[tuple, object] = {}
         self._graphs: dict[tuple, Graph] = {}
         self._last_rows: tuple[Plan, dict, dict] | None = None
+        # what each stage computes, from the step graph's ops: all the cost model prices
+        self.works = {w.stage: w for o in build(pipeline).ops for w in o.work}
         w = pipeline.workload
         self.gen_tokens = w.batch * w.gen_len.mean()
 
@@ -181,7 +183,7 @@ class Evaluator:
                 q = canonical[2]
                 batch, padded, mean = chunk if chunk is not None else (None, None, None)
                 self._cost[canonical] = estimate_stage(
-                    self.pipeline, stage, parallel_of(q), q.devices, self.cluster,
+                    self.works[stage], parallel_of(q), q.devices, self.cluster,
                     engine=q.engine, rows=rows, batch=batch, padded_len=padded,
                     partial=self.cap(q), off_policy=off_policy, mean_len=mean).time_s
             self._cost[key] = self._cost[canonical]
@@ -194,7 +196,7 @@ class Evaluator:
         p = self.canonical(p)
         key = ("c", stage, p, rows)
         if key not in self._cost:
-            self._cost[key] = generation_chunks(self.pipeline, stage, parallel_of(p), p.devices,
+            self._cost[key] = generation_chunks(self.works[stage], parallel_of(p), p.devices,
                                                 self.cluster, p.chunks, engine=p.engine,
                                                 rows=rows, with_lengths=True,
                                                 partial=self.cap(p))
@@ -208,12 +210,12 @@ class Evaluator:
         if key not in self._cost:
             par = parallel_of(p)
             if chunks:
-                self._cost[key] = max(stage_memory(self.pipeline, stage, par, self.cluster,
+                self._cost[key] = max(stage_memory(self.works[stage], par, self.cluster,
                                                    batch=n, padded_len=top,
                                                    engine=p.engine, mean_len=mean).total
                                       for n, top, mean in chunks)
             else:
-                self._cost[key] = stage_memory(self.pipeline, stage, par, self.cluster,
+                self._cost[key] = stage_memory(self.works[stage], par, self.cluster,
                                                rows=rows, partial=self.cap(p),
                                                engine=p.engine).total
         return self._cost[key]
@@ -249,7 +251,7 @@ class Evaluator:
         """Sequences a generate stage runs at once per replica with ``free`` bytes per GPU."""
         key = ("g", stage, parallel_of(p), p.engine, p.carry, round(free / 2**20))
         if key not in self._cost:
-            self._cost[key] = generation_rows(self.pipeline, stage, parallel_of(p),
+            self._cost[key] = generation_rows(self.works[stage], parallel_of(p),
                                               self.cluster, free, partial=self.cap(p),
                                               engine=p.engine)
         return self._cost[key]
@@ -615,11 +617,11 @@ class Evaluator:
             p = plan.placement(op)
             par = parallel_of(p)
             if chunks:
-                total += max((stage_memory(self.pipeline, op, par, self.cluster, batch=n,
+                total += max((stage_memory(self.works[op], par, self.cluster, batch=n,
                                            padded_len=top, engine=p.engine, mean_len=mean)
                               for n, top, mean in chunks), key=lambda m: m.total)
             else:
-                total += stage_memory(self.pipeline, op, par, self.cluster, rows=rows,
+                total += stage_memory(self.works[op], par, self.cluster, rows=rows,
                                       partial=self.cap(p), engine=p.engine)
         return tuple((k, float(getattr(total, k))) for k in
                      ("weights", "grads", "optimizer", "activations", "kv_cache", "buffers"))

@@ -92,7 +92,8 @@ def _fuse_pair(graph: Graph, a: Op, b: Op) -> Graph:
         reads = b.reads_model
     inputs = tuple(dict.fromkeys(i for i in a.inputs + b.inputs if i not in a.outputs))
     merged = Op(name, a.kind if a.kind is b.kind else b.kind, inputs, a.outputs + b.outputs,
-                reads, None, a.stages + b.stages, a.span, grouped=a.grouped or b.grouped)
+                reads, None, a.stages + b.stages, a.span, grouped=a.grouped or b.grouped,
+                work=a.work + b.work)
     rename = {a.name: name, b.name: name}
     ops = []
     for o in graph.ops:

@@ -16,6 +16,7 @@ from rpeg.cost.generation import sync_bytes
 from rpeg.cost.memory import Parallel
 from rpeg.cost.profiles import cluster_of
 from rpeg.cost.stages import estimate_stage
+from rpeg.graph.work import work_of
 from rpeg.plan.model import StagePlacement
 from rpeg.spec.model import Engine
 
@@ -31,7 +32,7 @@ def ppo():
 @pytest.mark.parametrize("engine", [Engine.VLLM, Engine.TORCH])
 def test_fewer_rows_decode_longer(ppo, engine):
     h200, par = cluster_of("h200", 8), Parallel(dp=8)
-    times = [estimate_stage(ppo, "rollout", par, tuple(range(8)), h200, engine=engine,
+    times = [estimate_stage(work_of(ppo, "rollout"), par, tuple(range(8)), h200, engine=engine,
                             rows=r).time_s for r in (64, 16, 4)]
     assert times[0] < times[1] < times[2]
 

@@ -14,6 +14,7 @@ from rpeg.cost.passes import train_cost, train_memory
 from rpeg.cost.profiles import builtin_profile, cluster_of
 from rpeg.cost.stages import estimate_stage, stage_memory
 from rpeg.cost.topology import Collective, Topology, collective_time
+from rpeg.graph.work import work_of
 from rpeg.spec.model import Engine, Model
 from rpeg.spec.presets import PRESETS
 
@@ -36,29 +37,29 @@ def test_a_paged_cache_holds_live_tokens_not_the_longest_response(ppo):
     # the 512 + 4096 a contiguous cache reserves
     assert paged < static / 4
     free = 40e9
-    assert generation_rows(ppo, "rollout", par, H100, free, engine=Engine.VLLM) > \
-        generation_rows(ppo, "rollout", par, H100, free, engine=Engine.HF)
+    assert generation_rows(work_of(ppo, "rollout"), par, H100, free, engine=Engine.VLLM) > \
+        generation_rows(work_of(ppo, "rollout"), par, H100, free, engine=Engine.HF)
 
 
 def test_concurrency_is_the_engines_batch_bounded_by_memory(ppo):
     par = Parallel(dp=8)
-    assert generation_rows(ppo, "rollout", par, H100, 1e12, engine=Engine.VLLM) == 64
+    assert generation_rows(work_of(ppo, "rollout"), par, H100, 1e12, engine=Engine.VLLM) == 64
     eight = attrs.evolve(par, max_num_seqs=8)
-    assert generation_rows(ppo, "rollout", eight, H100, 1e12, engine=Engine.VLLM) == 8
+    assert generation_rows(work_of(ppo, "rollout"), eight, H100, 1e12, engine=Engine.VLLM) == 8
     # fewer at once: more decode steps, each reading the weights again
-    assert estimate_stage(ppo, "rollout", eight, R8, H100, engine=Engine.VLLM, rows=8).time_s \
-        > estimate_stage(ppo, "rollout", par, R8, H100, engine=Engine.VLLM).time_s
+    assert estimate_stage(work_of(ppo, "rollout"), eight, R8, H100, engine=Engine.VLLM, rows=8).time_s \
+        > estimate_stage(work_of(ppo, "rollout"), par, R8, H100, engine=Engine.VLLM).time_s
     # a pinned share of the GPU is what the engine takes, whatever it caches
     share = attrs.evolve(par, kv_fraction=0.5)
-    m = stage_memory(ppo, "rollout", share, H100, rows=8, engine=Engine.VLLM)
+    m = stage_memory(work_of(ppo, "rollout"), share, H100, rows=8, engine=Engine.VLLM)
     weights = local_params(ppo.model("actor"), Parallel()) * 2
     assert m.total == pytest.approx(0.5 * H100.gpu.memory - weights)
 
 
 def test_a_static_batch_decodes_until_its_longest_response(ppo):
     par = Parallel(dp=8)
-    keeps = estimate_stage(ppo, "rollout", par, R8, H100, engine=Engine.HF)
-    drops = estimate_stage(ppo, "rollout", attrs.evolve(par), R8, H100, engine=Engine.TORCH)
+    keeps = estimate_stage(work_of(ppo, "rollout"), par, R8, H100, engine=Engine.HF)
+    drops = estimate_stage(work_of(ppo, "rollout"), attrs.evolve(par), R8, H100, engine=Engine.TORCH)
     hf, torch = ENGINES[Engine.HF], ENGINES[Engine.TORCH]
     assert hf.static_batch and not torch.static_batch
     assert dict(keeps.breakdown)["decode"] > dict(drops.breakdown)["decode"] \
@@ -67,8 +68,8 @@ def test_a_static_batch_decodes_until_its_longest_response(ppo):
 
 def test_generation_on_zero3_shards_gathers_the_weights_every_step(ppo):
     par = Parallel(dp=8)
-    plain = estimate_stage(ppo, "rollout", par, R8, H100, engine=Engine.HF).time_s
-    sharded = estimate_stage(ppo, "rollout", attrs.evolve(par, zero=3), R8, H100,
+    plain = estimate_stage(work_of(ppo, "rollout"), par, R8, H100, engine=Engine.HF).time_s
+    sharded = estimate_stage(work_of(ppo, "rollout"), attrs.evolve(par, zero=3), R8, H100,
                              engine=Engine.HF).time_s
     gather = collective_time(Collective.ALL_GATHER, model_params(ppo.model("actor")) * 2, R8,
                              Topology.from_cluster(H100))
@@ -94,15 +95,15 @@ def test_zero_2_and_3_buckets_are_not_the_whole_gradient(ppo):
 
 def test_packed_sequences_cost_their_real_lengths(ppo):
     par = Parallel(dp=8, microbatches=4)
-    padded = estimate_stage(ppo, "ref_lp", par, R8, H100).time_s
-    packed = estimate_stage(ppo, "ref_lp", attrs.evolve(par, packing=True), R8, H100).time_s
+    padded = estimate_stage(work_of(ppo, "ref_lp"), par, R8, H100).time_s
+    packed = estimate_stage(work_of(ppo, "ref_lp"), attrs.evolve(par, packing=True), R8, H100).time_s
     assert packed < padded / 3         # mean answer ~300 tokens, padded to ~4000
 
 
 def test_cuda_graphs_replace_the_per_layer_launches(ppo):
     par = Parallel(dp=8)
-    eager = estimate_stage(ppo, "rollout", par, R8, H100, engine=Engine.VLLM).time_s
-    graph = estimate_stage(ppo, "rollout", attrs.evolve(par, cuda_graph=True), R8, H100,
+    eager = estimate_stage(work_of(ppo, "rollout"), par, R8, H100, engine=Engine.VLLM).time_s
+    graph = estimate_stage(work_of(ppo, "rollout"), attrs.evolve(par, cuda_graph=True), R8, H100,
                            engine=Engine.VLLM).time_s
     assert graph < eager
 
@@ -121,8 +122,8 @@ def test_experts_all_held_but_only_the_active_ones_computed():
     assert held == pytest.approx(moe.param_count() * 2)
     p = ppo_pipeline("qwen3-30b-a3b", prompts=64, prompt_len=1024, gen_median=512, gen_max=512)
     dense = ppo_pipeline("qwen3-32b", prompts=64, prompt_len=1024, gen_median=512, gen_max=512)
-    assert estimate_stage(p, "ref_lp", Parallel(), (0,), H100).time_s < \
-        estimate_stage(dense, "ref_lp", Parallel(), (0,), H100).time_s / 4
+    assert estimate_stage(work_of(p, "ref_lp"), Parallel(), (0,), H100).time_s < \
+        estimate_stage(work_of(dense, "ref_lp"), Parallel(), (0,), H100).time_s / 4
     # expert parallelism splits the experts: 1/8 of them on a GPU with ep = 8
     assert local_params(m, Parallel(dp=8, ep=8)) < local_params(m, Parallel(dp=8)) / 4
 

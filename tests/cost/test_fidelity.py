@@ -20,6 +20,7 @@ from rpeg.cost.stages import (
     weight_sync_time,
 )
 from rpeg.cost.topology import Collective, Topology, collective_time
+from rpeg.graph.work import work_of
 from rpeg.spec.model import Model
 from rpeg.spec.presets import PRESETS
 
@@ -42,23 +43,23 @@ def test_generation_rows_is_free_memory_over_bytes_per_sequence(ppo):
     free = 20e9
     expect = int((free - GH.gpu.runtime_memory) // (kv + other))
     assert 1 <= expect < 64
-    assert generation_rows(ppo, "rollout", par, GH, free) == expect
-    assert generation_rows(ppo, "rollout", par, GH, 1e13) == 64          # all of the batch
-    assert generation_rows(ppo, "rollout", par, GH, 0.0) == 1            # shortfall reported
-    m = stage_memory(ppo, "rollout", par, GH, rows=expect)
+    assert generation_rows(work_of(ppo, "rollout"), par, GH, free) == expect
+    assert generation_rows(work_of(ppo, "rollout"), par, GH, 1e13) == 64          # all of the batch
+    assert generation_rows(work_of(ppo, "rollout"), par, GH, 0.0) == 1            # shortfall reported
+    m = stage_memory(work_of(ppo, "rollout"), par, GH, rows=expect)
     assert m.kv_cache == pytest.approx(expect * kv)
-    assert stage_memory(ppo, "rollout", par, GH).kv_cache == pytest.approx(64 * kv)
+    assert stage_memory(work_of(ppo, "rollout"), par, GH).kv_cache == pytest.approx(64 * kv)
 
 
 def test_waves_cost_one_wave_each(ppo):
     par = Parallel(dp=8)
-    one_wave = estimate_stage(ppo, "rollout", par, R8, GH, batch=128).time_s   # 16 per replica
-    four = estimate_stage(ppo, "rollout", par, R8, GH, rows=16).time_s         # 64 in 4 waves
+    one_wave = estimate_stage(work_of(ppo, "rollout"), par, R8, GH, batch=128).time_s   # 16 per replica
+    four = estimate_stage(work_of(ppo, "rollout"), par, R8, GH, rows=16).time_s         # 64 in 4 waves
     # Each wave waits for its longest response; of a 512 batch that is longer than of 128.
     assert 4 * one_wave < four < 4 * 1.5 * one_wave
-    whole = estimate_stage(ppo, "rollout", par, R8, GH).time_s
+    whole = estimate_stage(work_of(ppo, "rollout"), par, R8, GH).time_s
     assert whole < four                       # one wave of 64 shares each weight read
-    ends = generation_chunks(ppo, "rollout", par, R8, GH, 4, rows=16)
+    ends = generation_chunks(work_of(ppo, "rollout"), par, R8, GH, 4, rows=16)
     assert [round(4 * t / four, 6) for t, _ in ends] == [1, 2, 3, 4]
     assert sum(n for _, n in ends) == 512
 
@@ -113,9 +114,9 @@ def test_offload_moves_adam_state_off_the_device_between_steps(ppo):
     assert keep.optimizer == pytest.approx(state) and gone.optimizer == 0.0
     assert keep.total - gone.total == pytest.approx(state)
     # ... but the train step brings it back: the step's own peak is unchanged
-    assert stage_memory(ppo, "actor_step", off, GH).optimizer == pytest.approx(state)
-    dt = estimate_stage(ppo, "actor_step", off, R8, GH).time_s \
-        - estimate_stage(ppo, "actor_step", par, R8, GH).time_s
+    assert stage_memory(work_of(ppo, "actor_step"), off, GH).optimizer == pytest.approx(state)
+    dt = estimate_stage(work_of(ppo, "actor_step"), off, R8, GH).time_s \
+        - estimate_stage(work_of(ppo, "actor_step"), par, R8, GH).time_s
     assert dt == pytest.approx(2 * state / 450e9)
     assert host_bandwidth(GH.gpu) == 450e9
     assert math.isclose(host_bandwidth(cluster_of("a100", 8).gpu), 25e9)
@@ -123,12 +124,12 @@ def test_offload_moves_adam_state_off_the_device_between_steps(ppo):
 
 def test_chunks_report_their_longest_and_mean_response(ppo):
     par = Parallel(dp=8)
-    ends = generation_chunks(ppo, "rollout", par, R8, GH, 4, with_lengths=True)
+    ends = generation_chunks(work_of(ppo, "rollout"), par, R8, GH, 4, with_lengths=True)
     tops = [top for _, _, top, _ in ends]
     means = [mean for _, _, _, mean in ends]
     assert tops == sorted(tops) and tops[-1] == ppo.workload.gen_len.quantiles(512).max()
     assert means == sorted(means) and all(m <= t for m, t in zip(means, tops, strict=True))
-    assert [(t, n) for t, n, _, _ in ends] == list(generation_chunks(ppo, "rollout", par, R8,
+    assert [(t, n) for t, n, _, _ in ends] == list(generation_chunks(work_of(ppo, "rollout"), par, R8,
                                                                      GH, 4))
 
 
@@ -138,24 +139,24 @@ def test_a_packed_batch_costs_its_real_lengths_not_the_longest(ppo):
     its own mean length."""
     for stage in ("ref_lp", "actor_step"):
         padded, packed = Parallel(dp=8), Parallel(dp=8, packing=True)
-        assert estimate_stage(ppo, stage, packed, R8, GH).time_s \
-            < estimate_stage(ppo, stage, padded, R8, GH).time_s
-        assert stage_memory(ppo, stage, packed, GH).total \
-            < stage_memory(ppo, stage, padded, GH).total
-    short = estimate_stage(ppo, "ref_lp", Parallel(dp=8, packing=True), R8, GH, batch=128,
+        assert estimate_stage(work_of(ppo, stage), packed, R8, GH).time_s \
+            < estimate_stage(work_of(ppo, stage), padded, R8, GH).time_s
+        assert stage_memory(work_of(ppo, stage), packed, GH).total \
+            < stage_memory(work_of(ppo, stage), padded, GH).total
+    short = estimate_stage(work_of(ppo, "ref_lp"), Parallel(dp=8, packing=True), R8, GH, batch=128,
                            padded_len=4096, mean_len=100).time_s
-    long = estimate_stage(ppo, "ref_lp", Parallel(dp=8, packing=True), R8, GH, batch=128,
+    long = estimate_stage(work_of(ppo, "ref_lp"), Parallel(dp=8, packing=True), R8, GH, batch=128,
                           padded_len=4096, mean_len=1000).time_s
     assert short < long
 
 
 def test_a_batch_padded_shorter_costs_less(ppo):
     par = Parallel(dp=8, microbatches=2)
-    whole = estimate_stage(ppo, "ref_lp", par, R8, GH, batch=128).time_s
-    short = estimate_stage(ppo, "ref_lp", par, R8, GH, batch=128, padded_len=128).time_s
+    whole = estimate_stage(work_of(ppo, "ref_lp"), par, R8, GH, batch=128).time_s
+    short = estimate_stage(work_of(ppo, "ref_lp"), par, R8, GH, batch=128, padded_len=128).time_s
     assert short < 0.8 * whole              # 512 + 128 tokens a row, not 512 + ~600
-    m_whole = stage_memory(ppo, "ref_lp", par, GH, batch=128).total
-    m_short = stage_memory(ppo, "ref_lp", par, GH, batch=128, padded_len=128).total
+    m_whole = stage_memory(work_of(ppo, "ref_lp"), par, GH, batch=128).total
+    m_short = stage_memory(work_of(ppo, "ref_lp"), par, GH, batch=128, padded_len=128).total
     assert m_short < m_whole
 
 
@@ -173,12 +174,12 @@ def test_continuous_batching_admits_into_the_first_free_slot():
 def test_vllm_refills_freed_slots_instead_of_waiting_for_each_wave(ppo):
     from rpeg.spec.model import Engine
     par, vllm = Parallel(dp=8), Engine.VLLM
-    whole = estimate_stage(ppo, "rollout", par, R8, GH, engine=vllm).time_s
-    assert estimate_stage(ppo, "rollout", par, R8, GH, engine=vllm, rows=64).time_s == whole
-    refill = estimate_stage(ppo, "rollout", par, R8, GH, engine=vllm, rows=16).time_s
-    one_wave = estimate_stage(ppo, "rollout", par, R8, GH, engine=vllm, batch=128).time_s
+    whole = estimate_stage(work_of(ppo, "rollout"), par, R8, GH, engine=vllm).time_s
+    assert estimate_stage(work_of(ppo, "rollout"), par, R8, GH, engine=vllm, rows=64).time_s == whole
+    refill = estimate_stage(work_of(ppo, "rollout"), par, R8, GH, engine=vllm, rows=16).time_s
+    one_wave = estimate_stage(work_of(ppo, "rollout"), par, R8, GH, engine=vllm, batch=128).time_s
     assert whole < refill < 4 * one_wave        # 16 at once, but one tail, not four
-    ends = generation_chunks(ppo, "rollout", par, R8, GH, 4, engine=vllm, rows=16)
+    ends = generation_chunks(work_of(ppo, "rollout"), par, R8, GH, 4, engine=vllm, rows=16)
     assert [t for t, _ in ends] == sorted(t for t, _ in ends)
     assert ends[-1][0] == pytest.approx(refill) and sum(n for _, n in ends) == 512
 

@@ -22,6 +22,7 @@ from rpeg.cost import (
     weight_sync_time,
 )
 from rpeg.cost.examples import ppo_pipeline
+from rpeg.graph.work import work_of
 from rpeg.spec.model import Cluster, GpuProfile, Level, Link, Model
 from rpeg.spec.presets import PRESETS
 
@@ -118,7 +119,7 @@ def test_fsdp_gathers_and_scatters_in_every_micro_batch():
     devs = tuple(range(8))
 
     def reduce(zero, m):
-        c = estimate_stage(p, "actor_step", Parallel(dp=8, zero=zero, microbatches=m), devs, gh)
+        c = estimate_stage(work_of(p, "actor_step"), Parallel(dp=8, zero=zero, microbatches=m), devs, gh)
         parts = dict(c.breakdown)
         return sum(parts.get(k, 0.0) for k in ("dp_grad_reduce", "zero2_gather",
                                                 "zero3_gather"))
@@ -159,25 +160,25 @@ def test_offload_frees_device_memory_only_where_it_is_not_the_hosts():
 def test_infeasible_degrees_raise_with_the_reason():
     p, gh = ppo_pipeline("llama3.1-8b"), cluster_of("gh200", 4, 2)
     with pytest.raises(CostError, match="tp must divide the 32 attention heads"):
-        estimate_stage(p, "ref_lp", Parallel(tp=3), (0, 1, 2), gh)
+        estimate_stage(work_of(p, "ref_lp"), Parallel(tp=3), (0, 1, 2), gh)
     with pytest.raises(CostError, match="pp must be at most the 32 layers"):
-        estimate_stage(p, "ref_lp", Parallel(pp=64), tuple(range(64)), cluster_of("gh200", 4, 16))
+        estimate_stage(work_of(p, "ref_lp"), Parallel(pp=64), tuple(range(64)), cluster_of("gh200", 4, 16))
     with pytest.raises(CostError, match="must run on dp x tp x pp = 4 devices, not 2"):
-        estimate_stage(p, "ref_lp", Parallel(tp=4), (0, 1), gh)
+        estimate_stage(work_of(p, "ref_lp"), Parallel(tp=4), (0, 1), gh)
 
 
 def test_tp_speeds_up_and_communicates():
     p, gh = ppo_pipeline("llama3.1-8b", prompts=64), cluster_of("gh200", 4, 2)
-    one = estimate_stage(p, "ref_lp", Parallel(), (0,), gh)
-    four = estimate_stage(p, "ref_lp", Parallel(tp=4), (0, 1, 2, 3), gh)
+    one = estimate_stage(work_of(p, "ref_lp"), Parallel(), (0,), gh)
+    four = estimate_stage(work_of(p, "ref_lp"), Parallel(tp=4), (0, 1, 2, 3), gh)
     assert one.comm_s == 0 and four.comm_s > 0
     assert four.compute_s < one.compute_s / 3
 
 
 def test_pipeline_bubble_shrinks_with_microbatches():
     p, gh = ppo_pipeline("llama3.1-8b", prompts=64), cluster_of("gh200", 4, 2)
-    fb = dict(estimate_stage(p, "actor_step", Parallel(pp=4), (0, 1, 2, 3), gh).breakdown)
-    fb8 = dict(estimate_stage(p, "actor_step", Parallel(pp=4, microbatches=8), (0, 1, 2, 3),
+    fb = dict(estimate_stage(work_of(p, "actor_step"), Parallel(pp=4), (0, 1, 2, 3), gh).breakdown)
+    fb8 = dict(estimate_stage(work_of(p, "actor_step"), Parallel(pp=4, microbatches=8), (0, 1, 2, 3),
                               gh).breakdown)
     # (m + p - 1) stage passes: 4 passes of the whole batch vs 11 passes of an eighth
     assert fb8["forward+backward"] < 0.5 * fb["forward+backward"]
@@ -185,9 +186,9 @@ def test_pipeline_bubble_shrinks_with_microbatches():
 
 def test_dp_gradient_reduction_crosses_nodes():
     p, gh = ppo_pipeline("llama3.1-8b", prompts=64), cluster_of("gh200", 4, 2)
-    inside = dict(estimate_stage(p, "actor_step", Parallel(dp=2, tp=2), (0, 1, 2, 3), gh)
+    inside = dict(estimate_stage(work_of(p, "actor_step"), Parallel(dp=2, tp=2), (0, 1, 2, 3), gh)
                   .breakdown)["dp_grad_reduce"]
-    across = dict(estimate_stage(p, "actor_step", Parallel(dp=2, tp=2), (0, 1, 4, 5), gh)
+    across = dict(estimate_stage(work_of(p, "actor_step"), Parallel(dp=2, tp=2), (0, 1, 4, 5), gh)
                   .breakdown)["dp_grad_reduce"]
     assert across > 2 * inside
 
@@ -195,19 +196,19 @@ def test_dp_gradient_reduction_crosses_nodes():
 def test_generation_chunks_follow_the_length_tail():
     p = ppo_pipeline("llama3.1-8b", prompts=256, gen_median=512, gen_max=4096)
     gh = cluster_of("gh200", 4, 2)
-    chunks = generation_chunks(p, "rollout", Parallel(dp=2, tp=4), tuple(range(8)), gh, 4)
+    chunks = generation_chunks(work_of(p, "rollout"), Parallel(dp=2, tp=4), tuple(range(8)), gh, 4)
     times = [t for t, _ in chunks]
     assert sum(n for _, n in chunks) == 256
     assert times == sorted(times)
-    total = estimate_stage(p, "rollout", Parallel(dp=2, tp=4), tuple(range(8)), gh).time_s
+    total = estimate_stage(work_of(p, "rollout"), Parallel(dp=2, tp=4), tuple(range(8)), gh).time_s
     assert times[-1] == pytest.approx(total)
     assert times[0] < 0.5 * total                   # short responses are done long before
 
 
 def test_cheap_host_ops_cost_per_sample():
     p, gh = ppo_pipeline("llama3.1-8b", prompts=512), cluster_of("gh200", 4)
-    score = estimate_stage(p, "scores", Parallel(), (0,), gh)
-    adv = estimate_stage(p, "adv", Parallel(), (0,), gh)
+    score = estimate_stage(work_of(p, "scores"), Parallel(), (0,), gh)
+    adv = estimate_stage(work_of(p, "adv"), Parallel(), (0,), gh)
     assert score.time_s == pytest.approx(512 * gh.gpu.sample_overhead)
     assert adv.time_s > 512 * gh.gpu.sample_overhead
 
@@ -228,10 +229,10 @@ def test_weight_sync():
 def test_kv_cache_memory_of_generation():
     p = ppo_pipeline("llama3.1-8b", prompts=64, prompt_len=1024, gen_median=1024, gen_max=1024)
     gh = cluster_of("gh200", 4)
-    m = stage_memory(p, "rollout", Parallel(), gh)
+    m = stage_memory(work_of(p, "rollout"), Parallel(), gh)
     # 64 sequences x 2048 tokens x 128 KiB, plus one layer being grown (33/32)
     assert m.kv_cache == pytest.approx(64 * 2048 * 131072 * 33 / 32)
-    m4 = stage_memory(p, "rollout", Parallel(tp=4), gh)
+    m4 = stage_memory(work_of(p, "rollout"), Parallel(tp=4), gh)
     assert m4.kv_cache == pytest.approx(m.kv_cache / 4)
 
 
@@ -241,5 +242,5 @@ def test_every_shipped_cluster_loads_and_prices_a_step():
         c = builtin_cluster(name)
         p = ppo_pipeline("tiny" if name == "local_cpu" else "llama3.1-8b")
         for s in p.stages:
-            cost = estimate_stage(p, s.name, Parallel(), (0,), c)
+            cost = estimate_stage(work_of(p, s.name), Parallel(), (0,), c)
             assert cost.time_s > 0 and math.isfinite(cost.time_s), (name, s.name)

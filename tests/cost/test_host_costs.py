@@ -9,6 +9,7 @@ from rpeg.cost.calibrate import cpu_cluster
 from rpeg.cost.examples import ppo_pipeline
 from rpeg.cost.memory import Parallel
 from rpeg.cost.stages import estimate_stage
+from rpeg.graph.work import work_of
 from rpeg.spec.model import GpuProfile, Level, Link
 from rpeg.spec.presets import PRESETS
 
@@ -26,14 +27,14 @@ def _pipeline(**kw):
 def test_a_python_reward_costs_per_response_and_per_token():
     p = _pipeline()
     mean = p.workload.gen_len.mean()
-    t = estimate_stage(p, "scores", Parallel(), (0,), CLUSTER).time_s
+    t = estimate_stage(work_of(p, "scores"), Parallel(), (0,), CLUSTER).time_s
     assert t == pytest.approx(64 * 3e-6 + 64 * mean * 1e-7)
 
 
 def test_gae_costs_per_response_and_per_response_token():
     p = _pipeline()
     mean = p.workload.gen_len.mean()
-    t = estimate_stage(p, "adv", Parallel(), (0,), CLUSTER).time_s
+    t = estimate_stage(work_of(p, "adv"), Parallel(), (0,), CLUSTER).time_s
     assert t == pytest.approx(64 * 2e-6 + 64 * mean * 4e-7)
 
 
@@ -42,15 +43,15 @@ def test_a_group_estimator_costs_per_response_only():
     adv = p.stage("adv")
     p = attrs.evolve(p, stages=tuple(attrs.evolve(s, function="group_norm") if s is adv else s
                                      for s in p.stages))
-    t = estimate_stage(p, "adv", Parallel(), (0,), CLUSTER).time_s
+    t = estimate_stage(work_of(p, "adv"), Parallel(), (0,), CLUSTER).time_s
     assert t == pytest.approx(64 * 2e-6)
 
 
 def test_profiles_without_host_terms_fall_back_to_the_sample_overhead():
     plain = cpu_cluster(GpuProfile("cpu", sample_overhead=5e-5), Link(Level.GPU, 1e9, 1e-4))
     p = _pipeline()
-    assert estimate_stage(p, "scores", Parallel(), (0,), plain).time_s == pytest.approx(64 * 5e-5)
-    assert estimate_stage(p, "adv", Parallel(), (0,), plain).time_s > 64 * 5e-5
+    assert estimate_stage(work_of(p, "scores"), Parallel(), (0,), plain).time_s == pytest.approx(64 * 5e-5)
+    assert estimate_stage(work_of(p, "adv"), Parallel(), (0,), plain).time_s > 64 * 5e-5
 
 
 def test_each_call_of_a_host_op_pays_its_call_overhead():
@@ -58,8 +59,8 @@ def test_each_call_of_a_host_op_pays_its_call_overhead():
     cluster = cpu_cluster(prof, Link(Level.GPU, 1e9, 1e-4))
     p = _pipeline()
     for stage, call in (("scores", 3e-4), ("adv", 2e-4)):
-        base = estimate_stage(p, stage, Parallel(), (0,), CLUSTER).time_s
-        assert estimate_stage(p, stage, Parallel(), (0,), cluster).time_s == \
+        base = estimate_stage(work_of(p, stage), Parallel(), (0,), CLUSTER).time_s
+        assert estimate_stage(work_of(p, stage), Parallel(), (0,), cluster).time_s == \
             pytest.approx(base + call)
-        half = estimate_stage(p, stage, Parallel(), (0,), cluster, batch=32).time_s
+        half = estimate_stage(work_of(p, stage), Parallel(), (0,), cluster, batch=32).time_s
         assert half > (base + call) / 2             # a chunk of half the batch: same call cost

@@ -16,6 +16,7 @@ from rpeg.cost import (
     stage_memory,
 )
 from rpeg.cost.examples import ppo_pipeline
+from rpeg.graph.work import work_of
 from rpeg.spec.model import Model
 from rpeg.spec.presets import PRESETS
 
@@ -31,11 +32,11 @@ def test_time_and_memory_never_fall_as_the_batch_grows(stage, b1, b2, tp):
     lo, hi = sorted((b1, b2))
     devs = tuple(range(tp))
     par = Parallel(tp=tp)
-    t_lo = estimate_stage(p, stage, par, devs, GH, batch=lo).time_s
-    t_hi = estimate_stage(p, stage, par, devs, GH, batch=hi).time_s
+    t_lo = estimate_stage(work_of(p, stage), par, devs, GH, batch=lo).time_s
+    t_hi = estimate_stage(work_of(p, stage), par, devs, GH, batch=hi).time_s
     assert t_hi >= t_lo * (1 - 1e-9)
-    m_lo = stage_memory(p, stage, par, GH, batch=lo).total
-    m_hi = stage_memory(p, stage, par, GH, batch=hi).total
+    m_lo = stage_memory(work_of(p, stage), par, GH, batch=lo).total
+    m_hi = stage_memory(work_of(p, stage), par, GH, batch=hi).total
     assert m_hi >= m_lo
 
 
@@ -68,7 +69,7 @@ def test_collectives_cost_more_for_more_bytes(kind, a, b, devices):
 @given(st.integers(1, 4), st.integers(1, 8))
 def test_more_dp_replicas_never_slow_a_forward_within_a_node(dp_a, mb):
     p = ppo_pipeline("llama3.1-8b", prompts=64)
-    t1 = estimate_stage(p, "ref_lp", Parallel(microbatches=mb), (0,), GH).time_s
-    tn = estimate_stage(p, "ref_lp", Parallel(dp=dp_a, microbatches=mb), tuple(range(dp_a)),
+    t1 = estimate_stage(work_of(p, "ref_lp"), Parallel(microbatches=mb), (0,), GH).time_s
+    tn = estimate_stage(work_of(p, "ref_lp"), Parallel(dp=dp_a, microbatches=mb), tuple(range(dp_a)),
                         GH).time_s
     assert tn <= t1 * (1 + 1e-9)

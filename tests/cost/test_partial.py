@@ -14,6 +14,7 @@ from rpeg.cost.memory import Parallel
 from rpeg.cost.partial import Partial, max_carries, smallest_cap
 from rpeg.cost.profiles import cluster_of
 from rpeg.cost.stages import decoded_batch, estimate_stage, generation_chunks, stage_memory
+from rpeg.graph.work import work_of
 from rpeg.spec import load
 from rpeg.spec.model import LengthDist, LengthKind
 
@@ -60,28 +61,28 @@ def test_the_smallest_cap_of_a_carry_keeps_every_response_within_it():
 def test_a_capped_step_ends_sooner_and_decodes_more_sequences(ppo8b):
     gh = cluster_of("gh200", 4, 16)
     par, devs = Parallel(dp=32), tuple(range(32))
-    whole = estimate_stage(ppo8b, "rollout", par, devs, gh)
-    half = estimate_stage(ppo8b, "rollout", par, devs, gh, partial=2048)
+    whole = estimate_stage(work_of(ppo8b, "rollout"), par, devs, gh)
+    half = estimate_stage(work_of(ppo8b, "rollout"), par, devs, gh, partial=2048)
     assert half.time_s < 0.75 * whole.time_s         # the tail past 2,048 tokens is gone
-    assert estimate_stage(ppo8b, "rollout", par, devs, gh, partial=4096).time_s \
+    assert estimate_stage(work_of(ppo8b, "rollout"), par, devs, gh, partial=4096).time_s \
         == pytest.approx(whole.time_s)                # a cap at the longest cuts nothing
     # the KV cache holds the carried sequences too
     batch = ppo8b.workload.batch
     assert decoded_batch(batch, ppo8b.workload.gen_len, 2048) > batch
-    assert stage_memory(ppo8b, "rollout", par, gh, partial=2048).kv_cache \
-        > stage_memory(ppo8b, "rollout", par, gh).kv_cache
+    assert stage_memory(work_of(ppo8b, "rollout"), par, gh, partial=2048).kv_cache \
+        > stage_memory(work_of(ppo8b, "rollout"), par, gh).kv_cache
 
 
 def test_capped_chunks_hold_the_batch_and_end_with_the_step(ppo8b):
     gh = cluster_of("gh200", 4, 16)
     par, devs = Parallel(dp=32), tuple(range(32))
     for cap in (1366, 2048, 2467):
-        ch = generation_chunks(ppo8b, "rollout", par, devs, gh, 4, partial=cap,
+        ch = generation_chunks(work_of(ppo8b, "rollout"), par, devs, gh, 4, partial=cap,
                                with_lengths=True)
         assert sum(c[1] for c in ch) == ppo8b.workload.batch
         ends = [c[0] for c in ch]
         assert ends == sorted(ends)
-        total = estimate_stage(ppo8b, "rollout", par, devs, gh, partial=cap).time_s
+        total = estimate_stage(work_of(ppo8b, "rollout"), par, devs, gh, partial=cap).time_s
         assert ends[-1] == pytest.approx(total, rel=1e-6)
         # a consumer pads a chunk to its longest whole response, carried ones included
         assert all(cap < top <= ppo8b.workload.gen_len.max_len for _, _, top, _ in ch)
@@ -90,8 +91,8 @@ def test_capped_chunks_hold_the_batch_and_end_with_the_step(ppo8b):
 def test_an_off_policy_train_step_pays_the_correction_forward(ppo8b):
     gh = cluster_of("gh200", 4, 4)
     par, devs = Parallel(dp=16), tuple(range(16))
-    on = estimate_stage(ppo8b, "actor_step", par, devs, gh)
-    off = estimate_stage(ppo8b, "actor_step", par, devs, gh, off_policy=True)
+    on = estimate_stage(work_of(ppo8b, "actor_step"), par, devs, gh)
+    off = estimate_stage(work_of(ppo8b, "actor_step"), par, devs, gh, off_policy=True)
     fb = dict(on.breakdown)["forward+backward"]
     extra = dict(off.breakdown)["proximal_forward"]
     # one forward of the batch: a fraction of the forward + backward passes

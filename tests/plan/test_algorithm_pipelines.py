@@ -8,6 +8,7 @@ import pytest
 
 from rpeg.cost.memory import Parallel
 from rpeg.cost.stages import estimate_stage, generation_chunks, refill_batches
+from rpeg.graph.work import work_of
 from rpeg.plan import SearchOptions, compile_plan
 from rpeg.plan.evaluate import Evaluator
 from rpeg.plan.space import Limits
@@ -37,24 +38,23 @@ def test_compiles_to_a_plan_that_fits(name, h100):
 
 def test_dynamic_sampling_is_priced_from_the_filter_rate(h100):
     p = load(ROOT / "pipelines" / "dapo_qwen7b.rpeg")
-    stage = p.stage("rollout")
     # 2048 responses, rate 0.4: rounds regenerate 820, 328 and 132 of them
-    assert refill_batches(stage, p.workload.batch) == (820, 328, 132)
+    assert refill_batches(work_of(p, "rollout"), p.workload.batch) == (820, 328, 132)
     par, devices = Parallel(dp=8), tuple(range(8))
-    with_refill = estimate_stage(p, "rollout", par, devices, h100).time_s
+    with_refill = estimate_stage(work_of(p, "rollout"), par, devices, h100).time_s
     plain = attrs.evolve(p, stages=tuple(
         attrs.evolve(s, params=tuple(kv for kv in s.params if kv[0] not in
                                      ("refill_rounds", "filter_rate")))
         if s.name == "rollout" else s for s in p.stages))
-    without = estimate_stage(plain, "rollout", par, devices, h100).time_s
+    without = estimate_stage(work_of(plain, "rollout"), par, devices, h100).time_s
     assert with_refill > without
     # a higher declared rate, more generation
     busier = attrs.evolve(p, stages=tuple(
         attrs.evolve(s, params=tuple((k, 0.8 if k == "filter_rate" else v) for k, v in s.params))
         if s.name == "rollout" else s for s in p.stages))
-    assert estimate_stage(busier, "rollout", par, devices, h100).time_s > with_refill
+    assert estimate_stage(work_of(busier, "rollout"), par, devices, h100).time_s > with_refill
     # the step's responses are known after the last round: every chunk ends there
-    ends = [t for t, _ in generation_chunks(p, "rollout", par, devices, h100, 4)]
+    ends = [t for t, _ in generation_chunks(work_of(p, "rollout"), par, devices, h100, 4)]
     assert ends == pytest.approx([with_refill] * 4)
 
 

@@ -8,6 +8,7 @@ import pytest
 
 from rpeg.cost.memory import offloaded_bytes
 from rpeg.cost.stages import generation_rows, stage_memory
+from rpeg.graph.work import work_of
 from rpeg.plan import Strategy
 from rpeg.plan.evaluate import parallel_of
 from rpeg.plan.search import Moves
@@ -34,9 +35,9 @@ def test_colocated_fits_on_8_gh200_with_generation_in_waves(ppo8b, gh8, coloc):
     resident, _ = ev.resident_bytes(plan, graph)
     gen = plan.placement("rollout")
     free = gh8.gpu.memory - resident[list(gen.devices)].max()
-    rows = generation_rows(ppo8b, "rollout", parallel_of(gen), gh8, free, engine=gen.engine)
+    rows = generation_rows(work_of(ppo8b, "rollout"), parallel_of(gen), gh8, free, engine=gen.engine)
     assert ev.rows_of(plan, graph)["rollout"] == rows
-    kv = stage_memory(ppo8b, "rollout", parallel_of(gen), gh8, rows=rows,
+    kv = stage_memory(work_of(ppo8b, "rollout"), parallel_of(gen), gh8, rows=rows,
                       engine=gen.engine).total
     assert resident[list(gen.devices)].max() + kv <= gh8.gpu.memory
     again = ev.evaluate(attrs.evolve(plan, predicted=None))
@@ -80,7 +81,7 @@ def test_streamed_consumers_are_priced_chunk_by_chunk(ppo8b, gh8, coloc):
     assert ev.streamed(plan, graph, rows)["ref_lp"] == chunks
     timings, _ = ev.timings(plan, graph)
     p = plan.placement("ref_lp")
-    expect = [estimate_stage(ppo8b, "ref_lp", parallel_of(p), p.devices, gh8, batch=n,
+    expect = [estimate_stage(work_of(ppo8b, "ref_lp"), parallel_of(p), p.devices, gh8, batch=n,
                              padded_len=top, mean_len=mean).time_s for n, top, mean in chunks]
     assert timings["ref_lp"].chunk_times == pytest.approx(expect)
     assert expect[0] < expect[-1]                  # the shortest responses are the cheapest

@@ -1,0 +1,57 @@
+"""What an op computes: the part of its stage the cost model prices, read from the spec once.
+
+    >>> w = work_of(load("pipelines/ppo_llama8b.rpeg"), "actor_step")      # doctest: +SKIP
+    >>> w.kind, w.model.name, w.minibatches                                  # doctest: +SKIP
+    (<OpKind.TRAIN: 'train'>, 'actor', 4)
+
+Each op of the step graph carries one :class:`Work` per stage it implements (more than one
+when trainers merge or ops fuse), built when the graph is built. The cost model prices an
+op from its work, its placement and the cluster's profile, and never reads the spec: what
+a stage's keywords change in its cost is named here.
+"""
+
+from __future__ import annotations
+
+import attrs
+
+from rpeg.spec.functions import function
+from rpeg.spec.model import Model, OpKind, Pipeline, Workload
+
+
+@attrs.frozen
+class Work:
+    stage: str
+    kind: OpKind
+    workload: Workload = attrs.field(eq=False, repr=False)
+    model: Model | None = attrs.field(default=None, eq=False, repr=False)  # None: on the host
+    per_token: bool = False           # compute: priced per response token too (GAE's recursion)
+    minibatches: int = 1              # train: optimizer steps per epoch
+    epochs: int = 1
+    refill_rounds: int = 0            # generate: dynamic sampling's extra rounds at most
+    filter_rate: float = 0.0          # ... and the share of groups each round filters out
+    max_num_seqs: int = 0             # generate: sequences decoded at once (0: the engine's)
+    kv_fraction: float = 0.0          # ... and its share of memory for the KV cache (0: free)
+
+    @property
+    def on_host(self) -> bool:
+        """A python function run beside the devices (a rule reward, an advantage estimator)."""
+        return self.model is None
+
+
+def work_of(pipeline: Pipeline, stage_name: str) -> Work:
+    """The :class:`Work` of one stage of ``pipeline``."""
+    s = pipeline.stage(stage_name)
+    has_model = pipeline.has_model(s.target or "")
+    model = pipeline.model(s.target) if has_model and s.kind is not OpKind.COMPUTE else None
+    common = dict(stage=s.name, kind=s.kind, workload=pipeline.workload, model=model)
+    if s.kind is OpKind.GENERATE:
+        return Work(**common, refill_rounds=int(s.arg("refill_rounds") or 0),
+                    filter_rate=float(s.arg("filter_rate") or 0.0),
+                    max_num_seqs=int(s.param("max_num_seqs", 0) or 0),
+                    kv_fraction=float(s.param("kv_fraction", 0.0) or 0.0))
+    if s.kind is OpKind.TRAIN:
+        return Work(**common, minibatches=int(s.param("minibatches", 1) or 1),
+                    epochs=int(s.param("epochs", 1) or 1))
+    if s.kind is OpKind.COMPUTE:
+        return Work(**common, per_token=function(s.function).pricing.per_token)
+    return Work(**common)

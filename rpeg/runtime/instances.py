@@ -51,31 +51,31 @@ from collections import defaultdict
 import attrs
 
 from rpeg.errors import PlanError
-from rpeg.graph import Graph, chunk_counts
-from rpeg.graph.order import Cycle, topological
+from rpeg.graph import DepKind, Graph, Instance, chunk_counts, unroll
 from rpeg.graph.versions import read_version
 from rpeg.plan.model import Plan
 from rpeg.plan.staleness import staleness_problem, step_graph
+from rpeg.runtime.ordering import (
+    _add_syncs,
+    _order_chunks,
+    _order_collectives,
+    _order_pushes,
+    _order_versions,
+    _split_layouts,
+)
+from rpeg.runtime.replicas import (
+    ENGINE,
+    EXPORT,
+    LOAD,
+    RECV,
+    SEND,
+    VARIANT,
+    base_of,
+    engine_hosts,
+    engine_key,
+    is_engine_key,
+)
 from rpeg.spec.model import Engine, OpKind, Pipeline
-
-EXPORT, LOAD = "export", "load"
-SEND, RECV = "send", "recv"      # weight sync into a vLLM engine's copy, through collectives
-VARIANT = "~"          # "actor~tp0-1": a second copy of actor on a device, split another way
-ENGINE = "vllm"        # "actor~vllm": the copy a vLLM engine serves (its own devices, or tp > 1)
-
-
-def base_of(key: str | None) -> str | None:
-    """The backbone a replica key names (``actor~tp0-1`` -> ``actor``)."""
-    return key.split(VARIANT)[0] if key else key
-
-
-def engine_key(model: str) -> str:
-    """The key of the copy of ``model`` a vLLM engine serves alone (``actor~vllm``)."""
-    return model + VARIANT + ENGINE
-
-
-def is_engine_key(key: str | None) -> bool:
-    return bool(key) and key.endswith(VARIANT + ENGINE)
 
 
 @attrs.frozen
@@ -147,6 +147,11 @@ def build_calls(pipeline: Pipeline, plan: Plan, steps: int, *, first: int = 0
     whole = _home_whole(graph, plan)
     n_chunks = _chunks(graph, plan, pipeline.workload.prompts * pipeline.workload.samples)
     chunked = _chunked_ops(graph)
+    # the instances and data edges the cost model priced (rpeg.graph.unroll): every call is
+    # one device's share of one of them, reading what its data edges bring (within a step,
+    # the same at every step: one step's tell them all)
+    reads = _reads(unroll(graph, 1, {o.name: n_chunks for o in graph.ops
+                                     if o.kind is OpKind.GENERATE}))
     calls: list[dict] = []
     produced: dict[tuple[str, int], list[str]] = defaultdict(list)   # (op, step) -> ids by chunk
     for s in range(first, steps):
@@ -160,7 +165,8 @@ def build_calls(pipeline: Pipeline, plan: Plan, steps: int, *, first: int = 0
                 cid = _id(name, s, idx, op.kind, len(layout), name in chunked)
                 if group and op.kind is not OpKind.TRAIN and group.index(dev) > 0:
                     cid += f"/t{group.index(dev)}"          # a further rank of a tp group
-                inputs, deps = _data_deps(graph, op, s, idx, name in chunked, produced, pipeline)
+                inputs, deps = _data_deps(reads[(name, idx if name in chunked else 0)],
+                                          s, produced)
                 model = op.reads_model
                 if model and _engine_copy(op, place, dev, homes, whole):
                     model = engine_key(model)
@@ -351,16 +357,6 @@ def _engine_copy(op, place, device: int, homes, whole: dict[str, bool]) -> bool:
     return not (place.tp == 1 and device in homes.get(model, ()) and whole.get(model, True))
 
 
-def engine_hosts(calls) -> dict[str, tuple[int, ...]]:
-    """Backbone -> the devices hosting a vLLM engine that serves its own copy of it."""
-    out: dict[str, set[int]] = defaultdict(set)
-    for c in calls:
-        c = c if isinstance(c, dict) else attrs.asdict(c, recurse=False)
-        if is_engine_key(c["model"]) and not c.get("role"):
-            out[base_of(c["model"])].add(c["device"])
-    return {k: tuple(sorted(v)) for k, v in out.items()}
-
-
 def _home_whole(graph: Graph, plan: Plan) -> dict[str, bool]:
     """Backbone -> whether each home device holds its plain whole weights between ops (tp 1,
     not laid out by FSDP2): what an engine beside it can be updated from in memory. A
@@ -389,20 +385,27 @@ def _chunked_ops(graph: Graph) -> set[str]:
     return {op for op, n in streamed.items() if n > 1}
 
 
-def _data_deps(graph, op, step, chunk, is_chunked, produced, pipeline):
-    names = list(op.inputs)
-    if op.grouped and "responses" not in names:
-        names.append("responses")                 # groups are read from the responses
-    producer = {d: o.name for o in graph.ops for d in o.outputs}
-    inputs, deps = [], []
-    for d in names:
-        src = producer.get(d)
-        if src is None:
-            continue                               # workload data (prompts): read on the worker
-        ids = produced[(src, step)]
-        chosen = [ids[chunk]] if is_chunked else list(ids)
-        inputs.append((d, len(chosen)))
-        deps += chosen
+def _reads(u) -> dict[tuple[str, int], list[tuple[str, Instance]]]:
+    """(op, chunk) -> (datum, the instance making it) of each data edge into it, in the op's
+    input order (the order its arguments take)."""
+    out: dict[tuple[str, int], list] = defaultdict(list)
+    for d in u.deps:
+        if d.kind is DepKind.DATA:
+            out[(d.dst.op, d.dst.chunk)].append((d.data, d.src))
+    return out
+
+
+def _data_deps(edges, step: int, produced) -> tuple[list, list]:
+    """(inputs as (datum, how many futures), the futures' op ids) of a call at ``step``: the
+    output of tensor-parallel rank 0 of each instance its data edges come from."""
+    inputs: list[tuple[str, int]] = []
+    deps: list[str] = []
+    for datum, src in edges:
+        deps.append(produced[(src.op, step)][src.chunk])
+        if inputs and inputs[-1][0] == datum:
+            inputs[-1] = (datum, inputs[-1][1] + 1)
+        else:
+            inputs.append((datum, 1))
     return inputs, deps
 
 
@@ -414,188 +417,7 @@ def _id(name, step, idx, kind, n, is_chunked) -> str:
     return f"{name}/s{step}"
 
 
-def _split_layouts(calls: list[dict], sharded: dict[str, bool]) -> None:
-    """A replica has one layout. Where an op reads a model on a device laid out differently
-    from the model's layout there (the trainer's on its home devices, else the first
-    reader's), it reads a second copy, ``model~tp<group>`` (``model~whole``: unsplit),
-    which gets its weights by weight sync like a replica on another device (resharding).
-    A trainer whose weights are sharded between ops (ZeRO-3) is read through such a copy
-    on its own devices too."""
-    primary: dict[tuple[str, int], tuple] = {}
-    for c in calls:
-        if c["kind"] is OpKind.TRAIN and c["model"]:
-            primary.setdefault((c["model"], c["device"]),
-                               (c["tp_group"], sharded.get(c["model"], False)))
-    for c in calls:
-        if c["model"] and not c.get("role"):
-            key = (c["model"], c["device"])
-            layout = primary.setdefault(key, (c["tp_group"], False))
-            if layout != (c["tp_group"], c["kind"] is OpKind.TRAIN and layout[1]):
-                g = c["tp_group"]
-                c["model"] = c["model"] + VARIANT + (
-                    "tp" + "-".join(map(str, g)) if g else "whole")
-    copied = {(c["op"], c["step"], c["chunk"]): c["model"] for c in calls
-              if c["tp_group"] and c["model"] and VARIANT in c["model"]}
-    for c in calls:                        # every rank of a tp group reads the same copy
-        if c["tp_group"] and (c["op"], c["step"], c["chunk"]) in copied:
-            c["model"] = copied[(c["op"], c["step"], c["chunk"])]
-
-
-def _add_syncs(calls: list[dict], homes, trained: dict, first: int = 0) -> list[dict]:
-    """Export/load pairs for every version of a trained model read off its home devices.
-
-    One weight transfer per (model, version) runs as a collective over every device taking
-    part (``gang``): the home devices that hold the weights (``sources``: the first
-    tensor-parallel block, or every home device when ZeRO-3 shards the weights, which they
-    gather together) and every device loading a copy (``fills``: the copies there). The
-    first source broadcasts the weights, in buckets, to the devices that are not sources.
-    A vLLM engine's own copy (an engine key) is pushed instead: per version, the same sources
-    send (``SEND``) and every engine hosting a copy receives (``RECV``) in one group
-    (``backends.vllm_backend.sync``)."""
-    needed: dict[tuple[str, int], set[int]] = defaultdict(set)
-    for c in calls:
-        key = c["model"]
-        b = base_of(key)
-        if b in homes and (c["device"] not in homes[b] or key != b) and c["version"] > first:
-            needed[(key, c["device"])].add(c["version"])
-    loads: dict[tuple[str, int], dict[int, list[str]]] = defaultdict(lambda: defaultdict(list))
-    pushes: dict[str, set[int]] = defaultdict(set)        # model -> versions its engines need
-    for (copy, dev), versions in sorted(needed.items()):
-        if is_engine_key(copy):
-            pushes[base_of(copy)] |= versions
-            continue
-        for v in versions:
-            loads[(base_of(copy), v)][dev].append(copy)
-    out = list(calls)
-    for (key, v), at in sorted(loads.items()):
-        common = dict(op=f"sync_{key}", kind=OpKind.SYNC_WEIGHTS, step=v - 1, chunk=0,
-                      chunks=1, rank=0, world=1, tp_group=(), stages=(), inputs=[], deps=[],
-                      after=[], bound=0, gang=tuple(sorted(set(_sources(homes, trained, key))
-                                                           | set(at))),
-                      sources=_sources(homes, trained, key))
-        for t, src in enumerate(common["sources"]):
-            out.append(dict(common, id=f"sync_{key}/s{v - 1}/{EXPORT}" + (f"/t{t}" if t else ""),
-                            device=src, role=EXPORT, model=key, version=v, writes=-1,
-                            fills=tuple(sorted(at.get(src, ())))))
-        for dev, copies in sorted(at.items()):
-            for copy in copies:
-                out.append(dict(common, id=f"sync_{copy}/s{v - 1}/{LOAD}@{dev}", device=dev,
-                                role=LOAD, model=copy, version=-1, writes=v,
-                                fills=tuple(sorted(copies))))
-    hosts = engine_hosts(calls)
-    for key, versions in sorted(pushes.items()):
-        senders = _sources(homes, trained, key)
-        group = tuple(sorted(set(senders) | set(hosts[key])))
-        for v in sorted(versions):
-            common = dict(op=f"sync_{key}", kind=OpKind.SYNC_WEIGHTS, step=v - 1, chunk=0,
-                          chunks=1, rank=0, world=1, tp_group=group, stages=(), inputs=[],
-                          deps=[], after=[], bound=0)
-            for dev in hosts[key]:        # every engine takes every version: one group
-                out.append(dict(common, id=f"sync_{engine_key(key)}/s{v - 1}/{RECV}@{dev}",
-                                device=dev, role=RECV, model=engine_key(key), version=-1,
-                                writes=v))
-            for t, src in enumerate(senders):
-                out.append(dict(common, id=f"sync_{key}/s{v - 1}/{SEND}" + (f"/t{t}" if t else ""),
-                                device=src, role=SEND, model=key, version=v, writes=-1))
-    return out
-
-
-def _sources(homes, trained: dict, key: str) -> tuple[int, ...]:
-    """The home devices that hold a trained model's weights for a transfer: its first
-    tensor-parallel block, or every home device when ZeRO-3 shards them."""
-    p = trained[key]
-    return tuple(homes[key]) if p.zero >= 3 else tuple(homes[key][:max(1, p.tp)])
-
-
-def _order_versions(calls: list[dict], homes, frozen, first: int = 0) -> None:
-    """Reader after the writer of its version; writer of v after readers of v - 1 (same device)."""
-    writer: dict[tuple[str, int, int], str] = {}
-    readers: dict[tuple[str, int, int], list[str]] = defaultdict(list)
-    for c in calls:
-        if c["writes"] >= 0:
-            writer[(c["model"], c["device"], c["writes"])] = c["id"]
-        if c["version"] >= 0 and base_of(c["model"]) in homes:
-            readers[(c["model"], c["device"], c["version"])].append(c["id"])
-    for c in calls:
-        key, dev = c["model"], c["device"]
-        if c["version"] > first and base_of(key) in homes:
-            w = writer.get((key, dev, c["version"]))
-            if w is None:
-                raise PlanError(f"no op makes version {c['version']} of '{key}' on device {dev} "
-                                f"for '{c['id']}'")
-            c["after"].append(w)
-        if c["writes"] >= 0:
-            v = c["writes"]
-            c["after"] += [r for r in readers.get((key, dev, v - 1), []) if r != c["id"]]
-            if (key, dev, v - 1) in writer:
-                c["after"].append(writer[(key, dev, v - 1)])
-
-
-def _order_chunks(calls: list[dict]) -> None:
-    """Each device streams its share of a generate op's chunks (c, c + D, ...) from one
-    stream: a chunk after the previous one of the same device. Under partial rollouts
-    (carry > 0) the device's engine keeps the next steps' responses between steps, so its
-    first chunk of step s also comes after its last chunk of step s - 1."""
-    last: dict[tuple, str] = {}
-    for c in calls:                                   # built step by step: s - 1 comes first
-        if c["kind"] is OpKind.GENERATE:
-            key = (c["op"], c["device"]) + (() if c.get("carry") else (c["step"],))
-            if key in last:
-                c["after"].append(last[key])
-            last[key] = c["id"]
-
-
-def _order_collectives(calls: list[dict]) -> None:
-    """Calls that run collectives together (the ranks of a data-parallel train op, the ranks
-    of a tensor-parallel group) form a gang. Each gang waits for the union of its members'
-    dependencies, and on every device gangs run in one global order (a topological order
-    of all calls), so gloo/NCCL collectives never interleave differently on two ranks."""
-    gangs: dict[tuple, list[dict]] = defaultdict(list)
-    for c in calls:
-        if c.get("gang"):                  # a weight transfer: its exports and loads together
-            gangs[(c["op"], c["step"], 0, "sync")].append(c)
-        elif c["tp_group"] or (c["kind"] is OpKind.TRAIN and c["world"] > 1):
-            role = c.get("role", "")
-            gangs[(c["op"], c["step"], c["chunk"], "push" if role in (SEND, RECV) else role)
-                  ].append(c)
-    gangs = {k: v for k, v in gangs.items() if len(v) > 1}
-    if not gangs:
-        return
-    for ranks in gangs.values():
-        own = {r["id"] for r in ranks}
-        union = list(dict.fromkeys(d for r in ranks for d in r["deps"] + r["after"]
-                                   if d not in own))
-        for r in ranks:
-            r["after"] = [d for d in union if d not in r["deps"]]
-    gang_of = {r["id"]: k for k, ranks in gangs.items() for r in ranks}
-    order = list(dict.fromkeys(gang_of[cid] for cid in _topo(calls) if cid in gang_of))
-    last_on: dict[int, str] = {}
-    for key in order:                        # gangs by their first member's place in the order
-        ranks = gangs[key]
-        # every member waits for the previous gang on each member's device: a rank that
-        # starts never blocks in a collective whose partner still waits for other work
-        before = [last_on[c["device"]] for c in ranks if c["device"] in last_on]
-        for c in ranks:
-            c["after"] += before
-        for c in ranks:
-            last_on[c["device"]] = c["id"]
-
-
-def _order_pushes(calls: list[dict]) -> None:
-    """A device both sending a version and hosting an engine that receives it runs the
-    ``recv`` (which then only starts the receive) before the ``send``: one worker thread
-    cannot wait in both."""
-    recv = {(c["op"], c["step"], c["device"]): c["id"] for c in calls if c.get("role") == RECV}
-    for c in calls:
-        if c.get("role") == SEND and (c["op"], c["step"], c["device"]) in recv:
-            c["after"].append(recv[(c["op"], c["step"], c["device"])])
-
-
-def _topo(calls: list[dict]) -> tuple[str, ...]:
-    """Call ids in a dependency order; ties go to the earlier call in ``calls``."""
-    table = {c["id"]: c for c in calls}
-    try:
-        return topological(list(table), lambda i: table[i]["deps"] + table[i]["after"])
-    except Cycle as e:
-        raise PlanError(f"the op calls must have no dependency cycle, and {e.stuck[:3]} "
-                        "are in one") from None
+# the replica keys and sync roles (rpeg.runtime.replicas) are also this module's
+__all__ = ["ENGINE", "EXPORT", "LOAD", "RECV", "SEND", "VARIANT", "OpCall", "base_of",
+           "build_calls", "by_id", "engine_hosts", "engine_key", "graph_for", "is_engine_key",
+           "lookback", "model_homes", "replica_layouts", "train_layouts"]

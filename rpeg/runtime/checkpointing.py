@@ -23,6 +23,7 @@ import attrs
 from rpeg.errors import RpegError, RuntimeFailure, Span
 from rpeg.plan.model import Plan
 from rpeg.runtime import checkpoint_io as ckio
+from rpeg.runtime import core as C
 from rpeg.runtime import worker as W
 from rpeg.runtime.context import RunContext
 from rpeg.runtime.data import Cursor
@@ -45,13 +46,15 @@ class Checkpointing:
         workers = self._wait_workers(n)
         if workers is None:
             have = self._gpu_workers()
-            if self.attempt == 1 and self.state.checkpoint is None:
+            decision = C.on_workers(n, len(have), started=self.attempt > 1
+                                    or self.state.checkpoint is not None)
+            if decision is C.Workers.REFUSE:
                 raise RuntimeFailure(f"the plan needs {n:,} devices, and the scheduler at "
                                      f"{self.options.scheduler} has {len(have)} worker(s) with "
                                      "resource GPU=1",
                                      hint="start one worker per device with --resources GPU=1, "
                                           "or plan for the workers there are")
-            if not have:
+            if decision is C.Workers.GIVE_UP:
                 raise RuntimeFailure("no worker with resource GPU=1 is left to continue on")
             self.plan = _replan(self.pipeline, self.plan, len(have), self.meta, self.rd,
                                 why=f"only {len(have)} worker(s) left",

@@ -26,6 +26,10 @@ reports with the time they happened (``now``: the core reads no clock):
 * Ctrl-C (``StopRequested``): the first cut that holds every op already submitted
   (``Stopping``), the ops past it held, and ``CutShort`` once every op inside is done.
 
+Between segments, the run's own decisions are functions here too: where the next segment
+ends (:func:`next_cut`), what to do with the workers found at a (re)start
+(:func:`on_workers`: run, refuse, give up, re-plan) and after a loss (:func:`on_loss`).
+
 An op's state moves by :data:`TRANSITIONS` only: pending -> submitted (Submit) -> done
 (OpDone) | failed (OpFailed -> Abort); pending -> held (past a Ctrl-C cut).
 """
@@ -374,6 +378,54 @@ class Core:
             self.finished = True
             return [CutShort(self.stop_end, self.stop_cut)]
         return []
+
+
+# --- a run's decisions between segments ------------------------------------------------------
+def next_cut(start: int, steps: int, checkpoint_every: int, eval_every: int | None) -> int:
+    """The step a segment starting at ``start`` ends at: the next checkpoint or eval step,
+    or the run's end.
+
+        >>> next_cut(0, 25, 10, None), next_cut(10, 25, 10, 4), next_cut(20, 25, 10, None)
+        (10, 12, 25)
+    """
+    every = eval_every or steps
+    return min(steps, (start // checkpoint_every + 1) * checkpoint_every,
+               (start // every + 1) * every)
+
+
+class Workers(enum.Enum):
+    """What a run does with the workers it finds at a (re)start."""
+
+    RUN = "run"                   # as many as the plan's devices
+    REFUSE = "refuse"             # too few for a run that never started: plan for these
+    GIVE_UP = "give up"           # none left
+    REPLAN = "replan"             # too few after a loss: re-plan for those left
+
+
+def on_workers(needed: int, have: int, *, started: bool) -> Workers:
+    """The decision of :class:`Workers` for ``have`` workers of the ``needed`` (``started``:
+    the run has made a checkpoint, or this is a restart after a loss).
+
+        >>> [on_workers(2, n, started=s).value for n, s in ((2, False), (1, False), (1, True),
+        ...                                                  (0, True))]
+        ['run', 'refuse', 'replan', 'give up']
+    """
+    if have >= needed:
+        return Workers.RUN
+    if not started:
+        return Workers.REFUSE
+    return Workers.GIVE_UP if have == 0 else Workers.REPLAN
+
+
+def on_loss(losses: int, max_losses: int, stuck: bool) -> tuple[bool, bool]:
+    """(give up, kill the worker first) after the run's ``losses``-th loss: past
+    ``max_losses`` the run stops (resumable); a stuck worker (still there, not answering) is
+    killed before the rollback, a lost one is gone already.
+
+        >>> on_loss(1, 3, stuck=True), on_loss(4, 3, stuck=False)
+        ((False, True), (True, False))
+    """
+    return losses > max_losses, stuck
 
 
 def _submission_order(calls) -> tuple[str, ...]:

@@ -20,6 +20,7 @@ import sys
 import time
 
 from rpeg.errors import RuntimeFailure
+from rpeg.runtime import core as C
 from rpeg.runtime import outputs as O
 from rpeg.runtime import worker as W
 from rpeg.runtime.flight import Flight, Task
@@ -187,11 +188,13 @@ class WorkerWatch:
                   "op": lost.op, "step": lost.step, "reason": lost.reason,
                   "rolled_back_to": self.state.start, "at": time.time()}
         self.meta.setdefault("recoveries", []).append(record)
-        if len(self.meta["recoveries"]) > self.res.max_recoveries:
+        give_up, kill = C.on_loss(len(self.meta["recoveries"]), self.res.max_recoveries,
+                                  stuck="stuck" in lost.reason)
+        if give_up:
             raise RuntimeFailure(f"the run lost workers {len(self.meta['recoveries'])} times "
                                  f"(last: {lost}); giving up",
                                  hint=f"resume later with: rpeg run --resume {self.rd.path}")
-        if "stuck" in lost.reason:
+        if kill:
             self._kill(lost.worker)
         # dropping the futures releases what has not run (each attempt has keys of its own);
         # an explicit cancel of a graph whose workers died trips assertions in the scheduler

@@ -64,11 +64,10 @@ class SegmentLoop:
     def _segments(self) -> None:
         if self.state.start == 0:
             self._evaluate(0)                       # the untrained model, to compare with
-        every = self.pipeline.evaluation.every if self.pipeline.evaluation else self.steps
+        every = self.pipeline.evaluation.every if self.pipeline.evaluation else None
         while self.state.start < self.steps:
             start = self.state.start
-            end = min(self.steps, (start // self.res.checkpoint_every + 1)
-                      * self.res.checkpoint_every, (start // every + 1) * every)
+            end = C.next_cut(start, self.steps, self.res.checkpoint_every, every)
             self._window(start, end)
             before = self.cuts.closure(start) if start else set()
             inside = self.cuts.closure(end)

@@ -177,3 +177,24 @@ def test_every_state_change_is_in_the_transition_table():
     moves = {(a.value, what, b.value) for (a, what), b in C.TRANSITIONS.items()}
     assert moves == {("pending", "submit", "submitted"), ("pending", "hold", "held"),
                      ("submitted", "done", "done"), ("submitted", "fail", "failed")}
+
+
+def test_a_segment_ends_at_the_next_checkpoint_or_eval_step_or_the_run_end():
+    assert [C.next_cut(s, 25, 10, None) for s in (0, 9, 10, 20)] == [10, 10, 20, 25]
+    assert [C.next_cut(s, 25, 10, 4) for s in (0, 4, 8, 10, 24)] == [4, 8, 10, 12, 25]
+
+
+def test_workers_found_at_a_restart_run_refuse_replan_or_give_up():
+    decide = C.on_workers
+    assert decide(2, 2, started=False) is C.Workers.RUN
+    assert decide(2, 3, started=True) is C.Workers.RUN
+    assert decide(2, 1, started=False) is C.Workers.REFUSE       # a run never started
+    assert decide(2, 0, started=False) is C.Workers.REFUSE
+    assert decide(2, 1, started=True) is C.Workers.REPLAN        # after a loss: the rest
+    assert decide(2, 0, started=True) is C.Workers.GIVE_UP
+
+
+def test_a_loss_past_the_limit_gives_up_and_a_stuck_worker_is_killed_first():
+    assert C.on_loss(1, 3, stuck=False) == (False, False)
+    assert C.on_loss(3, 3, stuck=True) == (False, True)
+    assert C.on_loss(4, 3, stuck=False) == (True, False)

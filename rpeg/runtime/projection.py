@@ -56,10 +56,11 @@ def project(calls, graph: Graph) -> Projected:
             (collective if both and (of[d], of[c.id]) not in data else order).add(
                 (of[d], of[c.id]))
     return Projected(frozenset(of.values()), frozenset(data), frozenset(order - data),
-                     frozenset(collective), _closure(data | order | collective))
+                     frozenset(collective), closure(data | order | collective))
 
 
-def _closure(edges) -> dict:
+def closure(edges) -> dict:
+    """Instance -> every instance it waits for through ``edges`` (pairs before -> after)."""
     before: dict = {}
     for a, b in edges:
         before.setdefault(b, set()).add(a)

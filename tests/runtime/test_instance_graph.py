@@ -18,7 +18,7 @@ from rpeg.plan.model import Plan, StagePlacement, Strategy
 from rpeg.plan.simulate import priced_graph
 from rpeg.runtime.instances import build_calls
 from rpeg.runtime.placement import split_plan
-from rpeg.runtime.projection import project
+from rpeg.runtime.projection import closure, project
 from rpeg.spec import load_cluster
 
 STEPS = 5
@@ -84,22 +84,7 @@ def test_the_runtime_executes_the_graph_the_simulator_priced(shape, name, ppo, g
     assert not missed, missed
     # ... and the runtime keeps no order the graph does not imply, but for the one order of
     # collectives on common devices
-    implied = _closure(kept)
+    implied = closure(kept)
     extra = sorted(f"{a} -> {b}" for a, b in ran.order if a not in implied.get(b, ()))
     assert not extra, extra
 
-
-def _closure(edges) -> dict:
-    before: dict = {}
-    for a, b in edges:
-        before.setdefault(b, set()).add(a)
-    memo: dict = {}
-
-    def up(i):
-        if i not in memo:
-            memo[i] = set()
-            for a in before.get(i, ()):
-                memo[i] |= {a} | up(a)
-        return memo[i]
-
-    return {b: up(b) for b in list(before)}

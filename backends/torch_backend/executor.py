@@ -33,7 +33,7 @@ from backends.torch_backend.rewards import Texts, score
 from backends.torch_backend.tokenizer import codec_for
 from backends.torch_backend.train import TokenHeads, TrainBatch, forward_arrays, train_step
 from rpeg.errors import BackendError
-from rpeg.graph.work import work_of
+from rpeg.graph.work import batching
 from rpeg.runtime.context import group_of
 from rpeg.runtime.data import workload_rows
 from rpeg.runtime.instances import LOAD, RECV, SEND, OpCall, base_of
@@ -652,7 +652,7 @@ def _concurrency(ctx, stage) -> tuple[int, float, bool]:
     """(max_num_seqs, kv_fraction, cuda_graph) of a generate stage, as the cost model
     priced them (the plan's placement, else the stage's parameters)."""
     from rpeg.cost.generation import batching_of
-    return batching_of(work_of(ctx.pipeline, stage.name), ctx.plan.placement(stage.name))
+    return batching_of(batching(stage), ctx.plan.placement(stage.name))
 
 
 CARRIED = "carried"           # a replica checkpoint's partial rollouts: carried.json + .safetensors

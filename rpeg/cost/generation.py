@@ -244,7 +244,8 @@ def generate_memory(model: Model, par: Parallel, w, gpu, engine: Engine, local: 
 def batching_of(work, placement) -> tuple[int, float, bool]:
     """(max_num_seqs, kv_fraction, cuda_graph) of a generate stage as it runs: a plan
     placement's where it sets them, else its stage's ``generate(..., max_num_seqs = N,
-    kv_fraction = F)``; 0 leaves the engine's default (its batch, what memory is free).
+    kv_fraction = F)`` (``work``: its Work, or its Batching, :mod:`rpeg.graph.work`); 0
+    leaves the engine's default (its batch, what memory is free).
     The cost model prices these and the runtime passes the same to its engines."""
     seqs = int(placement.max_num_seqs or work.max_num_seqs)
     frac = float(placement.kv_fraction or work.kv_fraction)

@@ -38,6 +38,20 @@ class Work:
         return self.model is None
 
 
+@attrs.frozen
+class Batching:
+    """A generate stage's own batching keywords (0: the engine's default)."""
+
+    max_num_seqs: int = 0
+    kv_fraction: float = 0.0
+
+
+def batching(stage) -> Batching:
+    """The batching keywords ``generate(..., max_num_seqs = N, kv_fraction = F)`` set."""
+    return Batching(int(stage.param("max_num_seqs", 0) or 0),
+                    float(stage.param("kv_fraction", 0.0) or 0.0))
+
+
 def work_of(pipeline: Pipeline, stage_name: str) -> Work:
     """The :class:`Work` of one stage of ``pipeline``."""
     s = pipeline.stage(stage_name)
@@ -45,10 +59,10 @@ def work_of(pipeline: Pipeline, stage_name: str) -> Work:
     model = pipeline.model(s.target) if has_model and s.kind is not OpKind.COMPUTE else None
     common = dict(stage=s.name, kind=s.kind, workload=pipeline.workload, model=model)
     if s.kind is OpKind.GENERATE:
+        b = batching(s)
         return Work(**common, refill_rounds=int(s.arg("refill_rounds") or 0),
                     filter_rate=float(s.arg("filter_rate") or 0.0),
-                    max_num_seqs=int(s.param("max_num_seqs", 0) or 0),
-                    kv_fraction=float(s.param("kv_fraction", 0.0) or 0.0))
+                    max_num_seqs=b.max_num_seqs, kv_fraction=b.kv_fraction)
     if s.kind is OpKind.TRAIN:
         return Work(**common, minibatches=int(s.param("minibatches", 1) or 1),
                     epochs=int(s.param("epochs", 1) or 1))

@@ -18,8 +18,9 @@ It also makes every decision of a segment of a resilient run, from events the ad
 reports with the time they happened (``now``: the core reads no clock):
 
 * the tasks the adapter packed its submissions into (``TaskSubmitted``) and how each
-  ended (``TaskEnded``): done, failed (``Abort``), its worker lost (``Lost``), or
-  given up by the scheduler (``GaveUp``); a device that made no progress for longer
+  ended (``TaskEnded``): done, failed (``Abort``; a collective op's failure first waits
+  ``peer_grace_s`` for the cluster to report a lost peer, which then takes precedence),
+  its worker lost (``Lost``), or given up by the scheduler (``GaveUp``); a device that made no progress for longer
   than its task's limit is stuck (``Stuck``, on a ``Tick``); when to ask the cluster
   whether every worker is still there (``CheckAlive``); nothing in flight with work
   left is a scheduling bug (``Stalled``);
@@ -41,7 +42,7 @@ from collections import defaultdict
 
 import attrs
 
-from rpeg.errors import PlanError
+from rpeg.errors import PlanError, RpegError
 from rpeg.graph.order import Cycle, topological
 from rpeg.runtime.flight import Flight, Task
 from rpeg.runtime.instances import OpCall
@@ -220,6 +221,8 @@ class Core:
     stop_cut: frozenset[str] | None = None    # Ctrl-C: the ops inside the cut it stops at
     stop_end: int = 0
     submitted: int = 0                        # ops in the submitted state (in flight)
+    peer_grace_s: float = 10.0                # a collective's failure waits this for a loss
+    suspect: tuple | None = None              # (op, error, cause, when) of such a failure
 
     @classmethod
     def create(cls, calls, steps: int, window: int, *, start: int = 0, cuts=None,
@@ -330,7 +333,15 @@ class Core:
             return out + self._stop_reached()
         op_id = e.op_id or task.ids[0]
         if e.outcome is Outcome.FAILED:
-            return self._fail(op_id, f"{type(e.error).__name__}: {e.error}", e.error)
+            error = f"{type(e.error).__name__}: {e.error}"
+            if (self.calls[op_id].collective and self.suspect is None
+                    and not isinstance(e.error, RpegError)):
+                # a collective fails when a peer dies (gloo: "connection closed by peer"):
+                # the loss, once the cluster sees it, rolls back; only without one it aborts
+                self.suspect = (op_id, error, e.error, e.now)
+                self.last_alive = e.now
+                return [CheckAlive()]
+            return self._fail(op_id, error, e.error)
         if e.outcome is Outcome.LOST:
             call = self.calls[op_id]
             return [Lost(call.device, op_id, call.step,
@@ -341,6 +352,10 @@ class Core:
 
     def _tick(self, now: float) -> list:
         out: list = []
+        if self.suspect is not None and not self.finished:
+            op_id, error, cause, when = self.suspect
+            if now - when >= self.peer_grace_s:       # no worker was lost: the op failed
+                return self._fail(op_id, error, cause)
         if not self.finished and not self.submitted:
             return [CheckAlive(), Stalled()]    # a loss not seen yet is a loss, not a stall
         if now - self.last_alive > self.alive_every_s:

@@ -198,3 +198,27 @@ def test_a_loss_past_the_limit_gives_up_and_a_stuck_worker_is_killed_first():
     assert C.on_loss(1, 3, stuck=False) == (False, False)
     assert C.on_loss(3, 3, stuck=True) == (False, True)
     assert C.on_loss(4, 3, stuck=False) == (True, False)
+
+
+def test_a_collective_that_fails_waits_for_a_lost_peer_before_it_aborts(ppo):
+    """A gloo collective fails at once when its peer is killed, often before the cluster
+    reports the peer gone: the loss must win, so the core asks for lost workers first and
+    aborts only when none shows up within the grace."""
+    calls = build_calls(ppo, split_plan(ppo, 2, staleness=1), steps=3)
+    table = {c.id: c for c in calls}
+    cuts = Cuts(table)
+    core = C.Core.create(cuts.core_view(set(table), 3), 3, 2, cuts=cuts, devices=[0, 1])
+    queue, t, sync = _pack(core, core.handle(C.Started(now=0.0)), 0.0), 0.0, None
+    while queue and sync is None:
+        t += 1.0
+        op = queue.pop(0)
+        if table[op].collective:
+            sync = op
+            break
+        queue += _pack(core, core.handle(C.TaskEnded(op, t)), t)
+    assert sync is not None
+    err = RuntimeError("Connection closed by peer")
+    assert core.handle(C.TaskEnded(sync, t, C.Outcome.FAILED, error=err)) == [C.CheckAlive()]
+    assert not [i for i in core.handle(C.Tick(t + 5.0)) if isinstance(i, C.Abort)]
+    [abort] = [i for i in core.handle(C.Tick(t + core.peer_grace_s)) if isinstance(i, C.Abort)]
+    assert abort.op_id == sync and abort.cause is err and core.finished

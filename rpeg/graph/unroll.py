@@ -163,21 +163,20 @@ def unroll(graph: Graph, steps: int, chunks: dict[str, int] | None = None, *,
                         deps.append(Dep(Instance(e.writer, src_step, 0), dst, DepKind.VERSION,
                                         e.model))
                         read.add((e.writer, src_step))
-    end = steps if horizon is None else min(steps, horizon)
     syncs = {o.name for o in graph.ops if o.kind is OpKind.SYNC_WEIGHTS}
 
-    def runs(op: str, s: int) -> bool:
-        return op not in syncs or horizon is None and s < end or (op, s) in read
+    def runs(op: str, s: int) -> bool:          # a finite run syncs only versions it reads
+        return op not in syncs or horizon is None or (op, s) in read
 
     instances = tuple(Instance(op, s, c) for s in range(steps) for op in order
                       if runs(op, s) for c in range(counts[op]))
     kept = set(instances)
     deps = [d for d in deps if d.src in kept and d.dst in kept]
     linked = {(d.src, d.dst) for d in deps}
-    deps += [d for d in _ordering(graph, instances, counts, carry or {}, lags, in_place,
-                                  lanes or {})
-             if d.src in kept and d.dst in kept and (d.src, d.dst) not in linked
-             and not linked.add((d.src, d.dst))]
+    for d in _ordering(graph, instances, counts, carry or {}, lags, in_place, lanes or {}):
+        if d.src in kept and d.dst in kept and (d.src, d.dst) not in linked:
+            linked.add((d.src, d.dst))
+            deps.append(d)
     return Unrolled(graph, steps, tuple(sorted(counts.items())), instances, tuple(deps))
 
 

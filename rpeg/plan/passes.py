@@ -20,6 +20,7 @@ import attrs
 
 from rpeg.errors import GraphError
 from rpeg.graph import DataEdge, Graph, Op
+from rpeg.spec.model import OpKind
 
 
 def fusable(graph: Graph) -> tuple[tuple[str, str], ...]:
@@ -133,10 +134,10 @@ def elide_syncs(graph: Graph, in_place: frozenset[str]) -> Graph:
     trainer's weights where they are, :func:`reads_in_place`): they read the train op's
     version directly, with the same staleness."""
     syncs = {o.name: o.reads_model for o in graph.ops
-             if o.kind.value == "sync_weights" and o.reads_model in in_place}
+             if o.kind is OpKind.SYNC_WEIGHTS and o.reads_model in in_place}
     if not syncs:
         return graph
-    writer = {o.writes_model: o.name for o in graph.ops if o.kind.value == "train"}
+    writer = {o.writes_model: o.name for o in graph.ops if o.kind is OpKind.TRAIN}
     edges = tuple(attrs.evolve(e, writer=writer[e.model]) if e.writer in syncs else e
                   for e in graph.version_edges if e.reader not in syncs)
     return attrs.evolve(graph, ops=tuple(o for o in graph.ops if o.name not in syncs),

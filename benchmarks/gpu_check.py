@@ -65,8 +65,8 @@ stage rollout    = generate(actor, prompts, temperature = 1.0, max_len = {gen}) 
 stage ref_lp     = forward(ref, responses) -> ref_logprobs
 stage scores     = score(toy, responses)   -> scores
 stage adv        = group_norm(scores)      -> advantages
-stage actor_step = train(actor, responses, advantages, logprobs, ref_logprobs, loss = grpo(0.2),
-                         kl = 0.01, minibatches = 2)
+stage actor_step = train(actor, responses, advantages, logprobs, ref_logprobs,
+                         loss = grpo(0.2, kl = 0.01), minibatches = 2)
 
 place actor_step on gpus 0..0 {{ zero = 3; recompute; packing; microbatches = 2 }}
 place ref_lp on gpus 0..0 {{ packing }}

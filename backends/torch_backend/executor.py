@@ -36,7 +36,7 @@ from rpeg.errors import BackendError
 from rpeg.graph.work import batching
 from rpeg.runtime.context import group_of
 from rpeg.runtime.data import workload_rows
-from rpeg.runtime.instances import LOAD, RECV, SEND, OpCall, base_of
+from rpeg.runtime.instances import LOAD, RECV, SEND, OpCall, base_of, engine_key
 from rpeg.spec.functions import function
 from rpeg.spec.model import Engine, Head, OpKind, Reward
 from rpeg.spec.registry import Category, Role, Type
@@ -173,8 +173,8 @@ class Executor:
             out, stats = {}, self._send(call, replica)
         elif call.role == RECV:
             sync = self.ctx.sync_of(base_of(call.model))
-            out, stats = {}, replica.receive(sync, call.writes, host=self.device_index,
-                                             background=self.device_index in sync.senders)
+            out, stats = {}, (replica.loaded(call.writes) if self.device_index in sync.local
+                              else replica.receive(sync, call.writes, host=self.device_index))
         else:
             out, stats = self._sync(call, replica), {}
         if kind in (OpKind.TRAIN, OpKind.SYNC_WEIGHTS) and replica is not None:
@@ -190,21 +190,31 @@ class Executor:
 
     def _send(self, call, replica) -> dict:
         """Version ``call.version`` of the trainer's weights into the vLLM engines serving
-        copies of the model (``backends.vllm_backend.sync``): the first sender broadcasts,
-        the trainer's other ranks gather their pieces of split parameters with it."""
+        copies of the model (``backends.vllm_backend.sync``): every sender reads the weights
+        as held between ops (whole, or ZeRO-3's shards, gathered by all of them together),
+        the first broadcasts them to the engines on devices of their own, and an engine on
+        this device is loaded in process."""
+        from backends.torch_backend.weights import check_gather, sent_weights
         from backends.vllm_backend import sync as S
         from backends.vllm_backend.weights import DEFAULT_BUCKET_BYTES
-        group = self.ctx.sync_of(call.model)
-        state = replica.model.state_dict()
-        if self.device_index != group.senders[0]:
-            for _ in S.gather(state, S.bucket_plan(S.trainer_metas(state), DEFAULT_BUCKET_BYTES)):
-                pass
-            return {}
-        if call.model not in self.groups:
-            self.groups[call.model] = S.open_group(group.addr, 0, group.world, self.device)
-        buckets, nbytes = S.send(self.groups[call.model], state, DEFAULT_BUCKET_BYTES,
-                                 self.device)
-        return {"bytes": nbytes, "buckets": buckets}
+        sync = self.ctx.sync_of(call.model)
+        state = dict(sent_weights(replica))    # never state_dict(): FSDP2 reshards for it
+        check_gather(state.items(), sync.senders)
+        group = None
+        if self.device_index == sync.senders[0] and sync.engines:
+            if call.model not in self.groups:
+                self.groups[call.model] = S.open_group(sync.addr, 0, sync.world, self.device)
+            group = self.groups[call.model]
+        engine = self.replicas.get(engine_key(call.model)) \
+            if self.device_index in sync.local else None
+        if engine is not None:
+            engine.begin_local()
+        buckets, nbytes = S.send(group, state, DEFAULT_BUCKET_BYTES, self.device,
+                                 loads=[engine.load_local] if engine is not None else [])
+        if engine is not None:
+            engine.commit_local(call.version)
+        return {"bytes": nbytes, "buckets": buckets} \
+            if group is not None or engine is not None else {}
 
     def _generate(self, call, replica):
         """Device r of D streams responses r, r + D, ... of the step, as chunks r, r + D, ...

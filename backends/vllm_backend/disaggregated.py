@@ -12,9 +12,9 @@ span the block (child processes when tp > 1; on GPU they see the block's devices
 torch model stays beside it: the engine starts from the model's weights folder, or from
 a checkpoint of the model built as the trainer builds it (version 0, the only disk
 write), and every later version arrives through collectives from the trainer
-(``receive``; ``backends.vllm_backend.sync``). A receive whose host also sends (the
-engine shares a device with the trainer's first rank) runs in a thread, and the next use
-of the engine waits for it.
+(``receive``; ``backends.vllm_backend.sync``), or, for an engine sharing a device with a
+sender, from that sender in process (``load_local``; CUDA IPC handles on a GPU): one
+process group never holds two ranks on one GPU.
 
 A checkpoint of the copy holds its version and its partial rollouts, not weights: a
 restore loads the weights of that version from the replica of the model the same
@@ -27,7 +27,6 @@ import json
 import os
 import shutil
 import tempfile
-import threading
 from pathlib import Path
 
 from backends.vllm_backend.engine import (
@@ -52,7 +51,6 @@ class EngineReplica:
         self.workdir = workdir
         self.version = 0
         self.syncs: list[SyncRecord] = []
-        self._pending: tuple[threading.Thread, dict] | None = None
 
     @classmethod
     def start(cls, spec, pipeline, device: int, use_cuda: bool = False, max_num_seqs: int = 0,
@@ -86,47 +84,41 @@ class EngineReplica:
         return cls(spec.model, VllmEngine.start(path, options), workdir)
 
     def ready(self) -> VllmEngine:
-        """The engine, once any receive in flight finished."""
-        self._settle()
+        """The engine, serving the version last received."""
         return self.engine
 
     # -- weights ------------------------------------------------------------------------
 
-    def receive(self, sync, version: int, host: int, background: bool = False) -> dict:
-        """One update through ``sync`` (a ``WeightSync``) for the engine on ``host``;
-        ``background``: start it in a thread and return (the next use waits for it)."""
-        self._settle()
-
-        def work(box: dict) -> None:
-            try:
-                box["record"] = self.engine.receive_weights(sync.addr, sync.first_rank(host),
-                                                            sync.world, version)
-            except BaseException as e:  # noqa: BLE001 — raised again where it is waited for
-                box["error"] = e
-        self.version = version
-        if background:
-            box: dict = {}
-            thread = threading.Thread(target=work, args=(box,), daemon=True,
-                                      name=f"rpeg-receive-{self.key}")
-            thread.start()
-            self._pending = (thread, box)
-            return {}
-        box = {}
-        work(box)
-        return self._done(box)
-
-    def _settle(self) -> None:
-        if self._pending is not None:
-            thread, box = self._pending
-            self._pending = None
-            thread.join()
-            self._done(box)
-
-    def _done(self, box: dict) -> dict:
-        if "error" in box:
+    def receive(self, sync, version: int, host: int) -> dict:
+        """One update through ``sync`` (a ``WeightSync``) for the engine on ``host``."""
+        try:
+            record = self.engine.receive_weights(sync.addr, sync.first_rank(host), sync.world,
+                                                 version)
+        except Exception as e:  # noqa: BLE001 — said with the engine's name
             raise BackendError(f"the weight update of '{self.key}' must arrive, and it failed: "
-                               f"{type(box['error']).__name__}: {box['error']}")
-        record = box["record"]
+                               f"{type(e).__name__}: {e}") from e
+        self.version = version
+        self.syncs.append(record)
+        return {"bytes": record.bytes, "buckets": record.buckets}
+
+    # an engine on a sending device: that send loads it in process (CUDA IPC on a GPU)
+    def begin_local(self) -> None:
+        self.engine.begin_update()
+
+    def load_local(self, names: list[str], tensors: list) -> None:
+        self.engine.load_bucket(list(zip(names, tensors, strict=True)))
+
+    def commit_local(self, version: int) -> None:
+        self.engine.commit(version)
+
+    def loaded(self, version: int) -> dict:
+        """The receive of an engine the send on its device loaded: it serves ``version``."""
+        if self.engine.version != version:
+            raise BackendError(f"the weight update of '{self.key}' must have loaded version "
+                               f"{version} in process, and the engine serves "
+                               f"{self.engine.version}")
+        self.version = version
+        record = self.engine.syncs[-1]
         self.syncs.append(record)
         return {"bytes": record.bytes, "buckets": record.buckets}
 
@@ -135,7 +127,6 @@ class EngineReplica:
     def checkpoint(self, path: str, meta: dict) -> None:
         """Its version and partial rollouts (the weights are those of its model's replica
         at that version, which the same checkpoint holds)."""
-        self._settle()
         out = Path(path)
         out.mkdir(parents=True, exist_ok=True)
         (out / "meta.json").write_text(json.dumps({**meta, "model": self.key,
@@ -144,7 +135,6 @@ class EngineReplica:
 
     def restore(self, path: str) -> int:
         """Serve the version a checkpoint of it names, with that version's weights."""
-        self._settle()
         meta = json.loads((Path(path) / "meta.json").read_text())
         version = int(meta["version"])
         if version:
@@ -156,13 +146,10 @@ class EngineReplica:
         return version
 
     def shutdown(self) -> None:
-        try:
-            self._settle()
-        finally:
-            self.engine.shutdown()
-            if self.workdir is not None:
-                shutil.rmtree(self.workdir, ignore_errors=True)
-                self.workdir = None
+        self.engine.shutdown()
+        if self.workdir is not None:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+            self.workdir = None
 
 
 def _weights_at(checkpoint: Path, key: str, version: int) -> Path:

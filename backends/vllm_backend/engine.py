@@ -53,7 +53,7 @@ from backends.torch_backend.generation import chunk_bounds
 from backends.vllm_backend import require
 from backends.vllm_backend.capabilities import CAPABILITIES
 from backends.vllm_backend.weights import DEFAULT_BUCKET_BYTES, buckets
-from backends.vllm_backend.worker_ext import EXTENSION, pack
+from backends.vllm_backend.worker_ext import EXTENSION, ipc_handles, pack
 from rpeg.errors import BackendError
 
 
@@ -288,7 +288,10 @@ class VllmEngine:
         t0 = time.perf_counter()
         names = [name for name, _ in bucket]
         tensors = [_as_tensor(t) for _, t in bucket]
-        if self.isolated:                    # to another process: one byte string per bucket
+        if self.isolated and tensors and tensors[0].is_cuda:   # vLLM's colocate path
+            loaded = self._llm.collective_rpc("rpeg_load_ipc",
+                                              args=(names, ipc_handles(tensors)))[0]
+        elif self.isolated:                  # to another process: one byte string per bucket
             loaded = self._llm.collective_rpc("rpeg_load_packed", args=(names, *pack(tensors)))[0]
         else:
             loaded = self._llm.collective_rpc("rpeg_load_bucket", args=(names, tensors))[0]

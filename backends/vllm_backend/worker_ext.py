@@ -49,6 +49,18 @@ class WeightSyncExtension:
         """``rpeg_load_bucket`` for a bucket packed into one byte string (see ``pack``)."""
         return self.rpeg_load_bucket(names, unpack(dtypes, shapes, blob))
 
+    def rpeg_load_ipc(self, names: list[str], handles: list) -> int:
+        """``rpeg_load_bucket`` for a bucket on the sender's GPU, shared through CUDA IPC
+        handles (vLLM's colocate path: an engine on its trainer's GPU). The engine's
+        processes see its block's GPUs, the host's (the sender's) first, so each handle is
+        reopened on visible device 0."""
+        tensors = []
+        for rebuild, args in handles:
+            args = list(args)
+            args[6] = 0                      # the storage's device, as this process sees it
+            tensors.append(rebuild(*args))
+        return self.rpeg_load_bucket(names, tensors)
+
     def rpeg_finish_update(self) -> None:
         from vllm.config import set_current_vllm_config
         from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
@@ -97,6 +109,17 @@ def pack(tensors: list) -> tuple[list[str], list[list[int]], bytes]:
     blob = torch.cat(parts).numpy().tobytes() if parts else b""
     return ([str(t.dtype).removeprefix("torch.") for t in tensors],
             [list(t.shape) for t in tensors], blob)
+
+
+def ipc_handles(tensors: list) -> list:
+    """CUDA IPC handles of GPU tensors (``torch.multiprocessing``'s own reduction): another
+    process reopens each without a copy through the host. The caller keeps the tensors
+    alive until the receiver has loaded them."""
+    import torch
+    from torch.multiprocessing.reductions import reduce_tensor
+
+    torch.cuda.synchronize()                 # the gathered bytes are written before shared
+    return [reduce_tensor(t.detach().contiguous()) for t in tensors]
 
 
 def unpack(dtypes: list[str], shapes: list[list[int]], blob: bytes) -> list:

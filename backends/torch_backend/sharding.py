@@ -175,8 +175,13 @@ class Trained:
                 m.unshard()
 
     def unsettle(self) -> None:
-        """Register the sharded parameters again (local): before reading or writing them."""
+        """Register the sharded parameters again (local): before reading or writing them.
+        FSDP2 also forgets the order of the forwards since the last backward: a reader on
+        this device (generation, a forward op) ran the layers of a ZeRO-2 trainer in place,
+        on this rank alone, and the next backward would prefetch (all-gather) by that order
+        on this rank only, waiting for the other ranks forever."""
         if self.layout.fsdp:
+            forget_forwards(self.heads)
             for m in fsdp_modules(self.heads):
                 m.reshard()
 
@@ -198,6 +203,20 @@ def recompute_layers(backbone) -> None:
 def fsdp_modules(root: nn.Module) -> list[nn.Module]:
     from torch.distributed.fsdp import FSDPModule
     return [m for m in root.modules() if isinstance(m, FSDPModule)]
+
+
+def forget_forwards(root: nn.Module) -> None:
+    """Clear what FSDP2 recorded of the forwards run since its last backward (the order it
+    prefetches the backward's all-gathers by), on the FSDP2 ``root``; every group resharded."""
+    reset = getattr(root, "reset_iter_state", None)
+    if callable(reset):                  # torch >= 2.12
+        reset()
+        return
+    state = root._get_fsdp_state()       # earlier: the same trackers, cleared by hand
+    state._comm_ctx.post_forward_order.clear()
+    for s in state._state_ctx.all_states:
+        for group in s._fsdp_param_groups:
+            group._post_forward_indices.clear()
 
 
 def _fully_shard(model, heads, layout: TrainLayout, mesh, device: str,

@@ -24,6 +24,7 @@ _REGISTRY: dict[str, dict[str, str]] = {
         "executor": "backends.torch_backend.executor:Executor",     # a device's op runner
         "init_world": "backends.torch_backend.distributed:init_world",
         "shutdown_world": "backends.torch_backend.distributed:shutdown_world",
+        "device_report": "backends.torch_backend.distributed:device_report",
     },
     "vllm": {
         "available": "backends.vllm_backend:available",             # (importable, why not)

@@ -126,6 +126,8 @@ class Executor:
         self.ctx = ctx
         self.device_index = device
         self.device = _device_name(ctx, device)
+        if self.device.startswith("cuda"):          # before any tensor or engine is made
+            torch.cuda.set_device(self.device)
         if ctx.spec_dir not in sys.path:
             sys.path.insert(0, ctx.spec_dir)            # python("module:fn") next to the spec
         self.rows = workload_rows(ctx.pipeline, ctx.spec_dir)
@@ -150,9 +152,24 @@ class Executor:
                      and self.ctx.pipeline.model(c.target).name in base_of(spec.model).split("+"))
         seqs, frac, graph = self._concurrency(stage)
         return EngineReplica.start(spec, self.ctx.pipeline, self.device_index,
-                                   use_cuda=self.device.startswith("cuda"), max_num_seqs=seqs,
+                                   gpus=self._gpus(spec.engine), max_num_seqs=seqs,
                                    kv_fraction=frac, devices=self.ctx.num_devices,
-                                   cuda_graph=graph)
+                                   cuda_graph=graph, sleep=self._sleeps(spec.engine))
+
+    def _gpus(self, block: tuple[int, ...]) -> str:
+        """On CUDA, the GPUs of an engine's devices as their node names them, this worker's
+        first (whatever each worker sees itself: ``rpeg.runtime.devices``); "" on CPU."""
+        if not self.ctx.use_cuda:
+            return ""
+        from rpeg.runtime.devices import block_gpus
+        return block_gpus(self.ctx.gpus, tuple(block))
+
+    def _sleeps(self, block) -> bool:
+        """Whether an engine on ``block`` sleeps between its generate calls: on GPUs it
+        shares with a trainer (``rpeg.cost.engine_sync.engine_sleeps``, as priced)."""
+        from rpeg.cost.engine_sync import engine_sleeps
+        trained = {r.device for r in self.ctx.replicas if r.trainable}
+        return engine_sleeps(block, trained, devices_are_host=not self.ctx.use_cuda)
 
     def _concurrency(self, stage) -> tuple[int, float, bool]:
         return _concurrency(self.ctx, stage)
@@ -203,7 +220,8 @@ class Executor:
         group = None
         if self.device_index == sync.senders[0] and sync.engines:
             if call.model not in self.groups:
-                self.groups[call.model] = S.open_group(sync.addr, 0, sync.world, self.device)
+                self.groups[call.model] = S.open_group(sync.addr, 0, sync.world, self.device,
+                                                       sync.timeout_s)
             group = self.groups[call.model]
         engine = self.replicas.get(engine_key(call.model)) \
             if self.device_index in sync.local else None
@@ -265,8 +283,12 @@ class Executor:
         chunk = next(stream)
         if mine is not None:
             chunk = attrs.evolve(chunk, prompt_index=mine[chunk.prompt_index])   # step-wide
-        if call.chunk + shard >= call.chunks:
+        if call.chunk + shard >= call.chunks:        # this device's last chunk of the step
             self.streams.pop(key, None)
+            engine = self._engine(stage, replica)
+            if getattr(getattr(engine, "options", None), "sleep", False):
+                stream.close()                       # its requests ended, then it sleeps
+                engine.rest()
         names = stage.outputs
         out = {names[0]: chunk}
         if len(names) > 1:
@@ -595,11 +617,14 @@ class Executor:
         if getattr(replica, "engine_copy", False):   # a vLLM engine's own copy
             return replica.ready()
         if self.ctx.plan.placement(stage.name).engine is Engine.VLLM:
-            from backends.vllm_backend.colocated import COLOCATED_OPTIONS, colocated_engine
+            from backends.vllm_backend.colocated import colocated_engine, colocated_options
             from backends.vllm_backend.engine import with_concurrency
             seqs, frac, graph = _concurrency(self.ctx, stage)
+            model = self.ctx.pipeline.model(stage.target)
+            options = colocated_options(model.dtype, self._gpus((self.device_index,)),
+                                        self._sleeps((self.device_index,)))
             return colocated_engine(replica, with_concurrency(
-                COLOCATED_OPTIONS, seqs, frac, self.ctx.num_devices, graph))
+                options, seqs, frac, self.ctx.num_devices, graph))
         replica.engine.version = replica.version
         return replica.engine
 
@@ -734,8 +759,9 @@ def _moments_whole(replica) -> dict:
 
 
 def _device_name(ctx, device: int) -> str:
-    if ctx.use_cuda and torch.cuda.is_available():
-        return f"cuda:{device % torch.cuda.device_count()}"
+    """This worker's device: its own GPU (``ctx.gpus``, ``rpeg.runtime.devices``), or the CPU."""
+    if ctx.use_cuda:
+        return f"cuda:{ctx.gpus[device].index}"
     return "cpu"
 
 

@@ -349,6 +349,7 @@ class HostOffload:
 
     def __init__(self, optimizer, device: str) -> None:
         self.optimizer = optimizer
+        self.device = device
         self.cuda = str(device).startswith("cuda")
         self.host: list[torch.Tensor | None] = []
         self.out = False
@@ -363,7 +364,7 @@ class HostOffload:
                                            pin_memory=self.cuda)
             self.host[i].copy_(t, non_blocking=self.cuda)
         if self.cuda:
-            torch.cuda.synchronize()
+            torch.cuda.synchronize(self.device)      # this worker's GPU, not the current one
         for t in tensors:
             t.untyped_storage().resize_(0)
         self.out = True
@@ -378,7 +379,7 @@ class HostOffload:
             if not self.cuda:
                 self.host[i] = None
         if self.cuda:
-            torch.cuda.synchronize()
+            torch.cuda.synchronize(self.device)
         self.out = False
 
 

@@ -24,7 +24,6 @@ checkpoint holds (the trainer's, at a cut they agree).
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -33,6 +32,7 @@ from backends.vllm_backend.engine import (
     SyncRecord,
     VllmEngine,
     VllmOptions,
+    engine_dtype,
     random_state_kept,
     with_concurrency,
 )
@@ -53,15 +53,17 @@ class EngineReplica:
         self.syncs: list[SyncRecord] = []
 
     @classmethod
-    def start(cls, spec, pipeline, device: int, use_cuda: bool = False, max_num_seqs: int = 0,
-              kv_fraction: float = 0.0, devices: int = 1,
-              cuda_graph: bool = False) -> EngineReplica:
+    def start(cls, spec, pipeline, device: int, gpus: str = "", max_num_seqs: int = 0,
+              kv_fraction: float = 0.0, devices: int = 1, cuda_graph: bool = False,
+              sleep: bool = False) -> EngineReplica:
         """Start the engine of ``spec`` (a ``rpeg.runtime.context.Replica`` with ``engine``
-        set) serving version 0 of its model."""
+        set) serving version 0 of its model; ``gpus``: on a GPU, its block's GPUs as their
+        node names them, its host's first (``rpeg.runtime.devices.block_gpus``); ``sleep``:
+        it shares a GPU with a trainer and sleeps between generate calls."""
         from rpeg.runtime.instances import base_of
         members = [pipeline.model(m) for m in base_of(spec.model).split("+")]
         weights = next((m.weights for m in members if m.weights), None)
-        gpu = use_cuda and _cuda()
+        gpu = bool(gpus) and _cuda()
         workdir = None
         if weights and (Path(weights) / "config.json").exists():
             path = Path(weights)
@@ -74,12 +76,9 @@ class EngineReplica:
                                     weights=weights)
                 path = save_policy(model, workdir / "policy")
             del model
-        tp = len(spec.engine)
-        if gpu:
-            _gpu_block(spec.engine)
-        options = VllmOptions(dtype="bfloat16" if gpu else "float32", tensor_parallel=tp,
-                              cpu_cores="nobind",
-                              isolate=True if gpu else None)     # its GPUs: CUDA_VISIBLE_DEVICES
+        options = VllmOptions(dtype=engine_dtype(members[0].dtype, gpu),
+                              tensor_parallel=len(spec.engine), cpu_cores="nobind",
+                              gpus=gpus if gpu else "", sleep=sleep and gpu)
         options = with_concurrency(options, max_num_seqs, kv_fraction, devices, cuda_graph)
         return cls(spec.model, VllmEngine.start(path, options), workdir)
 
@@ -93,7 +92,7 @@ class EngineReplica:
         """One update through ``sync`` (a ``WeightSync``) for the engine on ``host``."""
         try:
             record = self.engine.receive_weights(sync.addr, sync.first_rank(host), sync.world,
-                                                 version)
+                                                 version, sync.timeout_s)
         except Exception as e:  # noqa: BLE001 — said with the engine's name
             raise BackendError(f"the weight update of '{self.key}' must arrive, and it failed: "
                                f"{type(e).__name__}: {e}") from e
@@ -170,14 +169,3 @@ def _weights_at(checkpoint: Path, key: str, version: int) -> Path:
 def _cuda() -> bool:
     import torch
     return bool(torch.cuda.is_available())
-
-
-def _gpu_block(block: tuple[int, ...]) -> None:
-    """Show the engine the GPUs of its block: its worker processes inherit the variable;
-    in this process (tp 1) the current device is the block's."""
-    import torch
-    count = torch.cuda.device_count()
-    os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(str(d % count) for d in block)
-    if len(block) == 1:
-        torch.cuda.set_device(block[0] % count)
-

@@ -80,6 +80,9 @@ class VllmOptions:
     prefix_caching: bool = True
     enforce_eager: bool = True         # no graph capture: start-up in seconds, not minutes
     isolate: bool | None = None        # engine in a child process; None: only when it must be
+    gpus: str = ""                     # GPU: CUDA_VISIBLE_DEVICES of its processes, its host's
+                                       # GPU first (its block); "" on CPU
+    sleep: bool = False                # GPU: sleep between generate calls (vLLM's sleep mode)
 
 
 def with_concurrency(options: VllmOptions, max_num_seqs: int, kv_fraction: float,
@@ -132,6 +135,7 @@ class VllmEngine:
         self._calls = itertools.count()
         self.isolated = isolated             # engine core in a child process
         self.carried: dict[str, carry.Carried] = {}    # generate op -> its partial rollouts
+        self.asleep = False
 
     @classmethod
     def start(cls, model_dir: str | Path, options: VllmOptions = VllmOptions(),
@@ -145,7 +149,9 @@ class VllmEngine:
         gpu = on_gpu()
         if options.tensor_parallel < 1:
             raise BackendError(f"tensor_parallel must be at least 1, not {options.tensor_parallel}")
-        isolated = options.tensor_parallel > 1 or (
+        # on a GPU always in processes of its own, shown its block's GPUs: vLLM's own
+        # single-process executor takes local rank 0, whatever device this worker owns
+        isolated = options.tensor_parallel > 1 or bool(gpu and options.gpus) or (
             options.isolate if options.isolate is not None else _distributed_in_use())
         _configure_environment(options, gpu, isolated)
         from vllm import LLM
@@ -161,10 +167,25 @@ class VllmEngine:
             kwargs["max_num_seqs"] = options.max_num_seqs
         if gpu:
             kwargs["gpu_memory_utilization"] = options.gpu_memory_utilization
+            kwargs["enable_sleep_mode"] = options.sleep
         # In-process, vLLM seeds the global generators: keep the host's random streams as they were.
-        with random_state_kept():
+        with random_state_kept(), _visible(options.gpus if gpu else None):
             llm = LLM(**kwargs)
         return cls(llm, options, path, _config_eos(path), version, isolated)
+
+    # -- sleep (a GPU shared with a trainer) -----------------------------------------------
+
+    def rest(self) -> None:
+        """Sleep until the next use when started to (``options.sleep``): the weights to host
+        memory, the KV cache freed, so a trainer on the same GPU has the memory."""
+        if self.options.sleep and not self.asleep:
+            self._llm.sleep(level=1)
+            self.asleep = True
+
+    def _awake(self) -> None:
+        if self.asleep:
+            self._llm.wake_up()
+            self.asleep = False
 
     # -- generation -------------------------------------------------------------------------
 
@@ -177,6 +198,7 @@ class VllmEngine:
             raise BackendError(f"max_new_tokens must be at least 1, not {params.max_new_tokens}")
         from vllm import TokensPrompt
 
+        self._awake()
         engine = self._llm.llm_engine
         version = self.version     # weights change only between calls: one thread owns the engine
         call = next(self._calls)
@@ -216,6 +238,7 @@ class VllmEngine:
             raise BackendError(f"chunks must be at least 1, not {chunks}")
         from vllm import TokensPrompt
 
+        self._awake()
         buf, own = carry.admit(self.carried, key, cohorts)
         params = cohorts[0].params
         eos = self.eos_id if params.eos_id is None else params.eos_id
@@ -277,6 +300,7 @@ class VllmEngine:
         if self._pending is not None:
             raise BackendError("a weight update must be committed before the next one begins, not left open",
                                hint="call commit(version) after the last bucket")
+        self._awake()
         t0 = time.perf_counter()
         self._llm.collective_rpc("rpeg_begin_update")
         self._pending = (0, 0, time.perf_counter() - t0)
@@ -316,15 +340,18 @@ class VllmEngine:
         self.version = version
         return record
 
-    def receive_weights(self, addr: str, first_rank: int, world: int, version: int) -> SyncRecord:
+    def receive_weights(self, addr: str, first_rank: int, world: int, version: int,
+                        timeout_s: float | None = None) -> SyncRecord:
         """One update through the trainer's weight-sync group (``backends.vllm_backend.sync``):
         every worker of this engine receives the buckets and loads its shard; then the KV
         computed with the old weights is dropped and ``version`` served."""
         if version < self.version:
             raise BackendError(f"weight version must not go back, not {version} after {self.version}",
                                hint="push versions in training order")
+        self._awake()
         t0 = time.perf_counter()
-        got = self._llm.collective_rpc("rpeg_receive_weights", args=(addr, first_rank, world))
+        got = self._llm.collective_rpc("rpeg_receive_weights",
+                                       args=(addr, first_rank, world, timeout_s))
         self._llm.reset_prefix_cache()
         record = SyncRecord(version, int(got[0][1]), int(got[0][0]), time.perf_counter() - t0)
         self.syncs.append(record)
@@ -385,6 +412,31 @@ def random_state_kept():
         random.setstate(states[0])
         np.random.set_state(states[1])
         torch.random.set_rng_state(states[2])
+
+
+@contextlib.contextmanager
+def _visible(gpus: str | None):
+    """``CUDA_VISIBLE_DEVICES`` set to ``gpus`` while the engine starts its processes (they
+    inherit it); this process's own setting as it was after (None: left alone)."""
+    if gpus is None:
+        yield
+        return
+    before = os.environ.get("CUDA_VISIBLE_DEVICES")
+    os.environ["CUDA_VISIBLE_DEVICES"] = gpus
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ["CUDA_VISIBLE_DEVICES"]
+        else:
+            os.environ["CUDA_VISIBLE_DEVICES"] = before
+
+
+def engine_dtype(model_dtype: str, gpu: bool) -> str:
+    """The dtype an engine serves a model in: the model's on a GPU (what the trainer's
+    readers keep and the cost model prices), float32 on a CPU (the CPU profile's)."""
+    return {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}[model_dtype] if gpu \
+        else "float32"
 
 
 def _config_eos(path: Path) -> int | None:

@@ -35,15 +35,16 @@ import json
 from collections.abc import Iterable, Iterator
 from typing import Any
 
+from rpeg.runtime.devices import COLLECTIVE_TIMEOUT_S
+
 ALIGN = 16                      # bytes: every tensor of a bucket starts at a multiple
-TIMEOUT_S = 1800.0              # a collective waits this long for its partners
 _PREFIX = "rpeg-weights/"
 
 Meta = tuple[str, str, tuple[int, ...]]      # (vLLM name, dtype name, full shape)
 
 
 def open_group(addr: str, rank: int, world: int, device: str = "cpu",
-               timeout_s: float = TIMEOUT_S):
+               timeout_s: float = COLLECTIVE_TIMEOUT_S):
     """A process group of ``world`` ranks met at ``addr`` (``tcp://host:port``; rank 0
     serves the store): NCCL when ``device`` is a GPU, else gloo. Blocks until all joined."""
     import torch

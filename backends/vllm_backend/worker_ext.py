@@ -69,7 +69,8 @@ class WeightSyncExtension:
         with set_current_vllm_config(self.vllm_config):
             finalize_layerwise_reload(runner.get_model(), self.vllm_config.model_config)
 
-    def rpeg_receive_weights(self, addr: str, first_rank: int, world: int) -> list[int]:
+    def rpeg_receive_weights(self, addr: str, first_rank: int, world: int,
+                             timeout_s: float | None = None) -> list[int]:
         """Join the trainer's weight-sync group (once; this worker's rank is ``first_rank`` +
         its tensor-parallel rank), receive one update and load it; returns [bytes, buckets]."""
         from backends.vllm_backend import sync
@@ -78,7 +79,9 @@ class WeightSyncExtension:
         if group is None or self._rpeg_group_addr != addr:
             from vllm.distributed.parallel_state import get_tp_group
             rank = first_rank + get_tp_group().rank_in_group
-            group = self._rpeg_group = sync.open_group(addr, rank, world, str(self.device))
+            group = self._rpeg_group = sync.open_group(
+                addr, rank, world, str(self.device),
+                **({"timeout_s": timeout_s} if timeout_s else {}))
             self._rpeg_group_addr = addr
         self.rpeg_begin_update()
         total = count = 0

@@ -109,6 +109,21 @@ def sync_refusal(layout: SyncLayout) -> str | None:
     return None
 
 
+def engine_sleeps(engine_devices, trained_devices, devices_are_host: bool) -> bool:
+    """Whether a vLLM engine sleeps between its generate ops (vLLM's sleep mode, level 1: its
+    weights to host memory, its KV cache freed; the runtime's rule): on GPUs, where it shares
+    a device with a trainer, which then has the memory for training. A CPU device's memory
+    is the host's: nothing to free."""
+    return not devices_are_host and bool(set(engine_devices) & set(trained_devices))
+
+
+def sleep_wake_time(model: Model, tp: int, gpu) -> float:
+    """Seconds a sleeping engine spends per step: its weights (its tensor-parallel share)
+    out to host memory after generating and back before it generates again, each way at the
+    device's host bandwidth."""
+    return 2 * sync_bytes(model, gpu) / max(tp, 1) / gpu.host_bandwidth
+
+
 def collective_sync_time(model: Model, src_devices: Sequence[int], src_par: Parallel,
                          engines: tuple[tuple[int, ...], ...], cluster: Cluster,
                          bucket_bytes: int = SYNC_BUCKET_BYTES) -> float:
@@ -139,5 +154,5 @@ def collective_sync_time(model: Model, src_devices: Sequence[int], src_par: Para
     return gather + broadcast + load
 
 
-__all__ = ["SYNC_BUCKET_BYTES", "SyncLayout", "collective_sync_time", "engine_copy", "sync_layout",
-           "sync_refusal", "sync_senders"]
+__all__ = ["SYNC_BUCKET_BYTES", "SyncLayout", "collective_sync_time", "engine_copy",
+           "engine_sleeps", "sleep_wake_time", "sync_layout", "sync_refusal", "sync_senders"]

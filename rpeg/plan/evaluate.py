@@ -23,9 +23,15 @@ from __future__ import annotations
 import attrs
 import numpy as np
 
-from rpeg.cost.engine_sync import collective_sync_time, engine_copy
+from rpeg.cost.engine_sync import (
+    collective_sync_time,
+    engine_copy,
+    engine_sleeps,
+    sleep_wake_time,
+    sync_senders,
+)
 from rpeg.cost.generation import batching_of
-from rpeg.cost.memory import MemoryCost, Parallel, resident_memory
+from rpeg.cost.memory import MemoryCost, Parallel, devices_are_host, resident_memory
 from rpeg.cost.partial import smallest_cap
 from rpeg.cost.stages import (
     estimate_stage,
@@ -397,7 +403,7 @@ class Evaluator:
             if op.kind is OpKind.GENERATE:
                 r = rows.get(op.stages[0])
                 ends = self.chunk_ends(op.stages[0], p, r) if p.chunks > 1 else ()
-                t = self.stage_time(op.stages[0], p, r)
+                t = self.stage_time(op.stages[0], p, r) + self._rest(op, p, plan, graph)
                 timing = OpTiming(p.devices, t, tuple(e[0] for e in ends),
                                   tuple(e[1] for e in ends))
             elif op.kind is OpKind.TRAIN:
@@ -431,7 +437,7 @@ class Evaluator:
             # one collective: the trainer's devices that hold its weights (the first tp
             # block; every one when ZeRO-3 shards them) gather and send, the readers (torch
             # copies, or a vLLM engine's own copy) receive (rpeg.runtime.instances)
-            sources = src.devices if src.zero >= 3 else src.devices[:max(src.tp, 1)]
+            sources = sync_senders(src.devices, max(src.tp, 1), src.zero)
             devices = tuple(sorted(set(sources) | set(dst.devices)))
             timings[op.name] = OpTiming(devices, t)
             op_times.append((op.name, round(t, 6)))
@@ -504,6 +510,18 @@ class Evaluator:
         """Seconds of an op's stages back to back (fused: one dispatch instead of several)."""
         times = [self.stage_time(s, plan.placement(s), chunk=chunk) for s in op.stages]
         return max(sum(times) - (len(times) - 1) * self.cluster.gpu.call_overhead, max(times))
+
+    def _rest(self, op, p: StagePlacement, plan: Plan, graph: Graph) -> float:
+        """A vLLM engine sharing a GPU with a trainer sleeps between its generate ops and
+        wakes for the next (``engine_sleeps``): its weights out and back, once a step."""
+        if p.engine is not Engine.VLLM:
+            return 0.0
+        trained = {d for o in graph.ops if o.kind is OpKind.TRAIN
+                   for d in plan.placement(o.stages[0]).devices}
+        if not engine_sleeps(p.devices, trained, devices_are_host(self.cluster.gpu)):
+            return 0.0
+        return sleep_wake_time(self.pipeline.model(self._model_name(op)), p.tp,
+                               self.cluster.gpu)
 
     def _model_name(self, op) -> str:
         return self.pipeline.stage(op.stages[0]).target

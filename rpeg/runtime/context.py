@@ -17,6 +17,7 @@ import numpy as np
 from rpeg.cost.engine_sync import sync_layout
 from rpeg.plan.model import Plan
 from rpeg.runtime.data import Cursor
+from rpeg.runtime.devices import COLLECTIVE_TIMEOUT_S, GpuOf
 from rpeg.runtime.instances import (
     EXPORT,
     SEND,
@@ -77,6 +78,7 @@ class WeightSync:
     engines: tuple[tuple[int, int], ...]   # (host device, workers of its engine): the group's
     addr: str = ""                   # tcp://host:port of the rendezvous (the first sender's)
     local: tuple[int, ...] = ()      # hosts of engines loaded in process by their sender
+    timeout_s: float = COLLECTIVE_TIMEOUT_S   # the group's collectives wait this long
 
     @property
     def world(self) -> int:
@@ -107,6 +109,8 @@ class RunContext:
     threads: int = 1                 # intra-op threads per worker
     data: Cursor = Cursor()          # where the run reads its prompts from (a resume's)
     syncs: tuple[WeightSync, ...] = ()    # collective weight syncs into vLLM engines
+    gpus: tuple[GpuOf, ...] = ()     # on CUDA: device -> the GPU its worker owns
+    collective_timeout_s: float = COLLECTIVE_TIMEOUT_S   # then a collective fails
 
     @classmethod
     def create(cls, pipeline: Pipeline, plan: Plan, calls: tuple[OpCall, ...], *, spec_dir: str,

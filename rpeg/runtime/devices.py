@@ -32,6 +32,8 @@ import attrs
 from rpeg.errors import RuntimeFailure
 
 VISIBLE = "CUDA_VISIBLE_DEVICES"
+COLLECTIVE_TIMEOUT_S = 1800.0     # a collective waits this long for its partners (the default
+                                  # of rpeg run --collective-timeout), then fails
 
 
 @attrs.frozen
@@ -109,6 +111,24 @@ def gpu_table(seen: Mapping[int, Seen]) -> tuple[GpuOf, ...]:
     return tuple(out)
 
 
+def cuda_choice(asked: bool | None, gpus: Mapping[int, int]) -> bool:
+    """Whether a run's ops run on CUDA, from what was asked (``--cuda`` True, ``--cpu``
+    False, neither None) and how many GPUs each device worker can use: automatic when every
+    worker has one; asked for, every worker must have one."""
+    have = [d for d, n in sorted(gpus.items()) if n > 0]
+    if asked is False:
+        return False
+    if asked is None:
+        return bool(gpus) and len(have) == len(gpus)
+    lack = [d for d in sorted(gpus) if gpus[d] < 1]
+    if lack:
+        raise RuntimeFailure(f"--cuda runs every op on a GPU, and the workers of devices "
+                             f"{lack} have none that torch can use",
+                             hint="start those workers on GPU machines with a CUDA build of "
+                                  "torch, or run on CPU (rpeg run --cpu)")
+    return True
+
+
 def block_gpus(table: tuple[GpuOf, ...], block: tuple[int, ...]) -> str:
     """``CUDA_VISIBLE_DEVICES`` for the processes of an engine spanning ``block`` (its host
     first): the block's GPUs by node-level id, all on the host's node."""
@@ -136,5 +156,5 @@ def worker_environments(devices: int, cuda: bool | None,
     return [{VISIBLE: visible[d]} for d in range(devices)]
 
 
-__all__ = ["GpuOf", "Seen", "VISIBLE", "block_gpus", "gpu_table", "local_index", "visible_gpus",
+__all__ = ["COLLECTIVE_TIMEOUT_S", "GpuOf", "Seen", "VISIBLE", "block_gpus", "cuda_choice", "gpu_table", "local_index", "visible_gpus",
            "worker_environments"]

@@ -67,6 +67,7 @@ from rpeg.runtime.driver import (
     _Cluster,
     _Progress,
     check_local_devices,
+    plan_is_for_gpus,
     uses_vllm,
 )
 from rpeg.runtime.losses import WorkerWatch, _Lost
@@ -185,8 +186,8 @@ def _run(pipeline, plan, options, spec_path, resilience, on_step, rd: RunDir,
         stop.install_terminate(str(rd.path))        # SIGTERM closes the record, as Ctrl-C does
         # worker processes start with Ctrl-C ignored: a terminal sends it to the whole
         # process group, and they must live to finish the ops before the checkpoint
-        with stop.ignored(), _Cluster(plan.num_devices, options.scheduler,
-                                              uses_vllm(plan)) as cl:
+        with stop.ignored(), _Cluster(plan.num_devices, options.scheduler, uses_vllm(plan),
+                                      options.use_cuda, _host_bytes(plan, meta)) as cl:
             stop.install()
             runner.cl = cl
             try:
@@ -224,6 +225,15 @@ def _run(pipeline, plan, options, spec_path, resilience, on_step, rd: RunDir,
         rd.write_json("run.json", meta)
         write_record(rd.path, spec_path)
     return RunResult(rd.path, tuple(state.metrics), meta["wall_s"], steps)
+
+
+def _host_bytes(plan: Plan, meta: dict) -> float:
+    """Host memory one device worker needs: a CPU device's predicted peak (its memory is
+    the host's); on GPUs the model lives on the device."""
+    peaks = plan.predicted.peak_memory if plan.predicted is not None else ()
+    if not peaks or plan_is_for_gpus(plan, str(meta.get("spec_dir", "."))):
+        return 0.0
+    return float(max(peaks))
 
 
 class _Runner(SegmentLoop, Checkpointing, WorkerWatch):

@@ -171,3 +171,58 @@ def test_the_layouts_offered_are_priced_with_the_share_the_engine_takes():
     for p in plan.placements:
         if p.engine is Engine.VLLM:
             assert p.kv_fraction == 0.5
+
+
+# --- who takes part in a sync (the runtime's rule, priced as it runs) -----------------------
+
+def test_every_device_holding_a_piece_sends():
+    from rpeg.cost.engine_sync import sync_senders
+    devices = (4, 5, 6, 7)
+    assert sync_senders(devices, tp=1, zero=0) == (4,)           # whole on each rank
+    assert sync_senders(devices, tp=1, zero=2) == (4,)           # ZeRO-2: whole between ops
+    assert sync_senders(devices, tp=2, zero=2) == (4, 5)         # the first tp block gathers
+    assert sync_senders(devices, tp=1, zero=3) == devices        # shards: every rank gathers
+    assert sync_senders(devices, tp=2, zero=3) == devices
+
+
+@given(st.lists(st.integers(0, 15), min_size=1, max_size=4, unique=True),
+       st.lists(st.lists(st.integers(0, 15), min_size=1, max_size=4, unique=True),
+                min_size=1, max_size=4))
+def test_no_sync_group_holds_two_ranks_on_one_device(senders, blocks):
+    from rpeg.cost.engine_sync import sync_layout, sync_refusal
+    taken = set()
+    disjoint = []
+    for b in blocks:                       # one engine per device, as placements give them
+        if not taken & set(b):
+            disjoint.append(tuple(b))
+            taken |= set(b)
+    lay = sync_layout(tuple(senders), disjoint)
+    if sync_refusal(lay) is None:
+        assert len(set(lay.members)) == len(lay.members)
+        assert all(b[0] in senders for b in lay.local)
+    assert sorted(lay.group + lay.local) == sorted(disjoint)
+    for b in lay.group:
+        assert not set(b) & set(senders)
+
+
+def test_an_engine_on_a_sending_device_is_loaded_in_process_and_priced_so():
+    from rpeg.cost.engine_sync import sync_layout, sync_refusal
+    lay = sync_layout((0, 1), ((0,), (2,)))
+    assert lay.local == ((0,),) and lay.group == ((2,),) and lay.members == (0, 2)
+    assert sync_refusal(sync_layout((0,), ((1, 0),))) is not None     # hosted off a sender
+    cluster = cluster_of("h200", 8)
+    m = ppo_pipeline("llama3.1-8b", prompts=8).model("actor")
+    apart = collective_sync_time(m, (0, 1), Parallel(dp=2, zero=3), ((2,),), cluster)
+    beside = collective_sync_time(m, (0, 1), Parallel(dp=2, zero=3), ((0,),), cluster)
+    assert beside < apart                               # no broadcast: a copy in process
+
+
+def test_an_engine_sleeps_beside_a_trainer_on_gpus_only():
+    from rpeg.cost.engine_sync import engine_sleeps, sleep_wake_time
+    assert engine_sleeps((0, 1), (1, 2), devices_are_host=False)
+    assert not engine_sleeps((0,), (1, 2), devices_are_host=False)
+    assert not engine_sleeps((1,), (1, 2), devices_are_host=True)     # CPU memory is the host's
+    h200 = cluster_of("h200", 8).gpu
+    m = ppo_pipeline("llama3.1-8b", prompts=8).model("actor")
+    assert sleep_wake_time(m, 1, h200) == pytest.approx(2 * sync_bytes(m, h200)
+                                                        / h200.host_bandwidth)

@@ -29,8 +29,9 @@ a 2-D (dp, tp) device mesh, after the tensor-parallel split.
 
 Precision: parameters are kept in ``dtype`` (the model's, bf16 on a GPU; float32 on a
 CPU, whose profile prices float32). With ``master`` and a 16-bit dtype, the optimizer
-updates float32 master weights: FSDP2 keeps the sharded parameters in float32 and
-gathers them in ``dtype`` (``MixedPrecisionPolicy``); DDP and tensor parallelism keep a
+updates float32 master weights: FSDP2 keeps the sharded parameters in float32,
+gathers them in ``dtype`` and reduces the gradients in it (``MixedPrecisionPolicy``,
+:func:`reduce_dtype`: the cost model's rule, so priced as run); DDP and tensor parallelism keep a
 float32 copy in the optimizer (:class:`MasterAdam`). ``recompute`` checkpoints each
 decoder layer's activations (recomputed in backward). ``offload`` keeps the optimizer
 state in host memory between train ops (:class:`HostOffload`).
@@ -205,6 +206,14 @@ def fsdp_modules(root: nn.Module) -> list[nn.Module]:
     return [m for m in root.modules() if isinstance(m, FSDPModule)]
 
 
+def reduce_dtype(param: torch.dtype) -> torch.dtype:
+    """The dtype data-parallel ranks reduce gradients in, by the cost model's rule
+    (``rpeg.cost.memory.grad_reduce_bytes``): the weights' own, 16 bits on a GPU."""
+    from rpeg.cost.memory import grad_reduce_bytes
+    size = torch.empty((), dtype=param).element_size()
+    return param if grad_reduce_bytes(size) == size else torch.float32
+
+
 def forget_forwards(root: nn.Module) -> None:
     """Clear what FSDP2 recorded of the forwards run since its last backward (the order it
     prefetches the backward's all-gathers by), on the FSDP2 ``root``; every group resharded."""
@@ -225,7 +234,8 @@ def _fully_shard(model, heads, layout: TrainLayout, mesh, device: str,
     heads); a no-gradient forward of one token initialises the root on every rank."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    mp = MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32) \
+    mp = MixedPrecisionPolicy(param_dtype=compute_dtype,
+                              reduce_dtype=reduce_dtype(compute_dtype)) \
         if compute_dtype is not None else MixedPrecisionPolicy()
     again = layout.zero >= 3
     for layer in model.backbone.layers:

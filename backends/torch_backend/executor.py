@@ -55,8 +55,11 @@ class Replica:
         weights = next((m.weights for m in members if m.weights), None)
         self.dtype = param_dtype(members[0].dtype, device)
         self.device, self.device_index = device, device_index
+        # built on its device, in float32 for a trained replica (its masters, or FSDP2's
+        # float32 shards, come from these) and in its parameter dtype for a reader
         self.model = build_model(dims, spec.heads, seed=pipeline.workload.seed,
-                                 weights=weights)
+                                 weights=weights, device=device,
+                                 dtype=torch.float32 if spec.trainable else self.dtype)
         self.lora = next((m.lora for m in members if m.lora is not None), None)
         if self.lora is not None and len(getattr(spec, "tp", ())) > 1:
             raise BackendError(f"model '{members[0].name}' trains LoRA adapters, which this "
@@ -154,7 +157,8 @@ class Executor:
         return EngineReplica.start(spec, self.ctx.pipeline, self.device_index,
                                    gpus=self._gpus(spec.engine), max_num_seqs=seqs,
                                    kv_fraction=frac, devices=self.ctx.num_devices,
-                                   cuda_graph=graph, sleep=self._sleeps(spec.engine))
+                                   cuda_graph=graph, sleep=self._sleeps(spec.engine),
+                                   build_on=self.device)
 
     def _gpus(self, block: tuple[int, ...]) -> str:
         """On CUDA, the GPUs of an engine's devices as their node names them, this worker's

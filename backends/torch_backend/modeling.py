@@ -94,8 +94,16 @@ def hf_config(dims):
 
 
 def build_model(dims, heads: tuple[str, ...] = ("lm",), seed: int = 0,
-                weights: str | None = None) -> PolicyModel:
-    """A model with the requested heads; random init from ``seed``, or loaded from ``weights``."""
+                weights: str | None = None, device: str = "cpu",
+                dtype: torch.dtype | None = None) -> PolicyModel:
+    """A model with the requested heads; random init from ``seed``, or loaded from ``weights``,
+    made directly on ``device`` (a GPU's models never pass through a whole float32 copy in
+    host memory; ``meta``: shapes only), in ``dtype`` (None: float32).
+
+    A random init draws on the device (float32, then cast): every model built from the same
+    dims and seed on the same kind of device starts the same, as a frozen reference must
+    equal its actor's initial weights. A folder's weights load straight to the device in
+    ``dtype`` (transformers' meta-device load, one shard at a time)."""
     from transformers import MODEL_MAPPING, AutoModelForCausalLM
 
     if weights:
@@ -106,21 +114,25 @@ def build_model(dims, heads: tuple[str, ...] = ("lm",), seed: int = 0,
         if not (path / "config.json").exists():
             raise BackendError(f"weights directory must hold config.json, not {sorted(p.name for p in path.glob('*'))[:5]}",
                                hint=f"point 'weights' at a saved transformers model ({path})")
-        full = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+        where = {} if torch.device(device).type == "cpu" else {"device_map": {"": device}}
+        full = AutoModelForCausalLM.from_pretrained(path, dtype=dtype or torch.float32, **where)
         lm_head = full.lm_head if "lm" in heads else None
-        return PolicyModel(full.model, full.config.hidden_size, lm_head, "value" in heads)
+        return PolicyModel(full.model, full.config.hidden_size, lm_head, "value" in heads) \
+            .to(device=device, dtype=dtype or torch.float32)
     config = hf_config(dims)
     config._attn_implementation = "sdpa"
-    torch.manual_seed(seed)
-    backbone = MODEL_MAPPING[type(config)](config)
-    torch.manual_seed(seed + 1)
-    lm_head = None
-    if "lm" in heads:
-        lm_head = nn.Linear(dims.hidden, dims.vocab, bias=False)
-        nn.init.normal_(lm_head.weight, std=0.02)
-        if dims.tied_embeddings:
-            lm_head.weight = backbone.embed_tokens.weight
-    return PolicyModel(backbone, dims.hidden, lm_head, "value" in heads)
+    with torch.device(device):
+        torch.manual_seed(seed)
+        backbone = MODEL_MAPPING[type(config)](config)
+        torch.manual_seed(seed + 1)
+        lm_head = None
+        if "lm" in heads:
+            lm_head = nn.Linear(dims.hidden, dims.vocab, bias=False)
+            nn.init.normal_(lm_head.weight, std=0.02)
+            if dims.tied_embeddings:
+                lm_head.weight = backbone.embed_tokens.weight
+        model = PolicyModel(backbone, dims.hidden, lm_head, "value" in heads)
+    return model if dtype is None else model.to(dtype)
 
 
 def state_arrays(model: nn.Module) -> dict[str, torch.Tensor]:

@@ -55,11 +55,12 @@ class EngineReplica:
     @classmethod
     def start(cls, spec, pipeline, device: int, gpus: str = "", max_num_seqs: int = 0,
               kv_fraction: float = 0.0, devices: int = 1, cuda_graph: bool = False,
-              sleep: bool = False) -> EngineReplica:
+              sleep: bool = False, build_on: str = "cpu") -> EngineReplica:
         """Start the engine of ``spec`` (a ``rpeg.runtime.context.Replica`` with ``engine``
         set) serving version 0 of its model; ``gpus``: on a GPU, its block's GPUs as their
         node names them, its host's first (``rpeg.runtime.devices.block_gpus``); ``sleep``:
-        it shares a GPU with a trainer and sleeps between generate calls."""
+        it shares a GPU with a trainer and sleeps between generate calls; ``build_on``: the
+        device the trainer builds version 0 on, where a random init draws the same."""
         from rpeg.runtime.instances import base_of
         members = [pipeline.model(m) for m in base_of(spec.model).split("+")]
         weights = next((m.weights for m in members if m.weights), None)
@@ -73,7 +74,7 @@ class EngineReplica:
             workdir = Path(tempfile.mkdtemp(prefix="rpeg-vllm-"))
             with random_state_kept():        # built as the trainer builds version 0
                 model = build_model(members[0].dims, spec.heads, seed=pipeline.workload.seed,
-                                    weights=weights)
+                                    weights=weights, device=build_on)
                 path = save_policy(model, workdir / "policy")
             del model
         options = VllmOptions(dtype=engine_dtype(members[0].dtype, gpu),

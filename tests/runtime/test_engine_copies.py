@@ -236,3 +236,18 @@ def test_a_copy_that_keeps_partial_rollouts_is_written_though_its_version_is_cur
     assert ckio.rebuildable(versions) == {"ref@1"}
     assert ckio.rebuildable({**versions, "actor@0": (3, False, False, False)}) == \
         {"ref@1", "actor@0"}
+
+
+def test_a_plan_whose_engine_shares_a_sender_it_is_not_hosted_on_is_refused(vgrpo):
+    """The engine block (1, 0) shares device 0 with the trainer's sender but is hosted on 1:
+    neither loaded in process nor a rank of its own in the group. Every command refuses the
+    plan (``check_plan``), and the runtime's call builder does too."""
+    from rpeg.errors import PlanError
+    from rpeg.plan.validate import check_plan
+    plan = _place(split_plan(vgrpo, 2, staleness=0), "rollout", devices=(1, 0), tp=2)
+    plan = _place(plan, "actor_step", devices=(0,))
+    plan = attrs.evolve(plan, model_homes=(("actor", (0,)),))
+    with pytest.raises(PlanError, match="device of its own"):
+        check_plan(plan, vgrpo, path="plan.json")
+    with pytest.raises(PlanError, match="device of its own"):
+        build_calls(vgrpo, plan, steps=3)

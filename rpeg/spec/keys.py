@@ -227,7 +227,7 @@ EVAL = Section(
      _int("max_len", "most tokens an answer may have", high=MAX_TOKENS,
           derived="the generate stage's", unit="tokens"),
      Param("reward", Type.NAME, "the reward that scores the answers",
-           derived="the pipeline's only reward", example="toy"),
+           derived="the pipeline's only reward", example="long"),
      Param("split", Type.STRING, "the split of a saved DatasetDict", example='"test"')))
 
 LOG = Section(

@@ -52,7 +52,7 @@ _OPT = "optimizer = adam(lr = ...)"
 FOREIGN: tuple[Foreign, ...] = (
     # --- the KL to the reference ---------------------------------------------------------------
     _f("kl_coef init_kl_coef", "verl's and OpenRLHF's", "the KL coefficient",
-       "gae.kl grpo.kl", _KL_HOW, same=False),
+       "gae.kl grpo.kl", _KL_HOW),
     _f("kl_loss_coef reference_policy_kl_penalty beta", "verl's, NeMo-RL's and TRL's",
        "the KL loss term's coefficient", "grpo.kl", "kl of the policy loss: loss = grpo(0.2, "
        "kl = 0.001)"),

@@ -4,7 +4,7 @@
     ['functions', 'presets', 'workload', 'data']
     >>> "gen_len" in text("workload") and "uniform(min = A, max = B)" in text("workload")
     True
-    >>> print(text("cluster", "racks"))
+    >>> print(text("cluster", "racks"), end="")
       racks          integer [1, 1048576]; default 1
                      racks
 

@@ -271,3 +271,13 @@ def test_the_checker_accepts_no_key_the_registry_does_not_name(context):
     assert not accepted, (f"the {where} block takes keys rpeg/spec/keys.py does not document "
                           "(add them to the registry, with their meaning):\n"
                           + "\n".join(accepted))
+
+
+@pytest.mark.parametrize("module", ["rpeg.spec.keys", "rpeg.spec.topics",
+                                    "rpeg.spec.vocabulary", "rpeg.spec.arch"])
+def test_module_examples(module, monkeypatch):
+    import doctest
+    import importlib
+    monkeypatch.chdir(ROOT)
+    result = doctest.testmod(importlib.import_module(module), optionflags=doctest.ELLIPSIS)
+    assert result.failed == 0, f"{result.failed} example(s) failed in {module}"

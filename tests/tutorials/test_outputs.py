@@ -161,3 +161,34 @@ def test_console_blocks_print_what_they_show():
                                                 str(path.name), "what the commands print"))
             raise AssertionError(f"{path.name} shows outputs its commands no longer print: "
                                  f"{STALE}\n{diff}")
+
+
+# README's figures come from scripts in benchmarks/: each part of its figures names the
+# command that measured it and the results file it wrote.
+README = ROOT / "README.md"
+COMMAND = re.compile(r"`[^`]*\bbenchmarks/\w+\.py[^`]*`")
+README_FIGURE = re.compile(r"\d(?:[\d,.]*\d)?\s?(?:%|×|x\b|s\b|ms\b|GB\b|MB\b|tokens/s)")
+
+
+def _section(text: str, title: str) -> str:
+    start = text.index(f"## {title}")
+    end = text.find("\n## ", start + 1)
+    return text[start:end if end >= 0 else len(text)]
+
+
+def test_readme_figures_name_their_commands():
+    text = README.read_text(encoding="utf-8")
+    figures = _section(text, "Figures, and the commands behind them")
+    intro, *parts = re.split(r"\n(?=\*\*[^*\n]+\*\* — )", figures)
+    assert len(parts) >= 8 and not README_FIGURE.search(intro.split("\n\n", 1)[1])
+    for part in parts:
+        name = part.split("**")[1]
+        assert COMMAND.search(part.split("\n\n")[0]), f"README's '{name}' names no command"
+        assert "benchmarks/results/" in part, f"README's '{name}' names no results file"
+    reliability = _section(text, "Reliability")
+    listed = {m.group(1) for m in re.finditer(r"^- (\w+): `[^`]*benchmarks/", reliability, re.M)}
+    for part in re.split(r"\n(?=\*\*[^*\n]+\*\*)", reliability)[1:]:
+        name = part.split("**")[1].rstrip(":")
+        if README_FIGURE.search(part) and not COMMAND.search(part):
+            assert set(name.lower().split()) & listed, \
+                f"README's '{name}' figures name no command (list it under Reliability)"

@@ -51,13 +51,9 @@ def register(app: typer.Typer) -> None:
             raise click.UsageError(f"topic must be one of "
                                    f"{', '.join(t.name for t in topics.TOPICS)}, not {topic!r}"
                                    + (f"; {hint}" if hint else ""))
-        if markdown:
-            if name is not None:
-                raise click.UsageError("--markdown prints a whole topic: leave out the name")
-            print(topics.topic_markdown_text(topic, backend_builds), end="")
-            return
         try:
-            print(topics.text(topic, name, backend_builds), end="")
+            print(topics.topic_markdown_text(topic, name, backend_builds) if markdown
+                  else topics.text(topic, name, backend_builds), end="")
         except KeyError:
             from rpeg.errors import did_you_mean
             from rpeg.spec.vocabulary import foreign_hint

@@ -185,6 +185,11 @@ def presets_text(name: str | None = None, builds: Builds | None = None) -> str:
 
 
 def preset_detail(name: str, d: ModelDims, builds: Builds | None) -> list[str]:
+    return [f"  {name}"] + [f"      {k:<22} {v}" for k, v in preset_facts(d, builds)]
+
+
+def preset_facts(d: ModelDims, builds: Builds | None) -> list[tuple[str, object]]:
+    """A preset's dimensions and what follows from them, in the order the reference shows."""
     facts = [("family", d.family.value), ("parameters", f"{d.param_count():,}"),
              ("active per token", f"{d.active_param_count():,}" if d.moe else "all"),
              ("layers", d.layers), ("hidden", d.hidden), ("heads", d.heads),
@@ -203,7 +208,7 @@ def preset_detail(name: str, d: ModelDims, builds: Builds | None) -> list[str]:
               ("beyond a dense block", ", ".join(sorted(d.features())) or "nothing")]
     if builds is not None:
         facts.append(("rpeg run builds it", builds(d)))
-    return [f"  {name}"] + [f"      {k:<22} {v}" for k, v in facts]
+    return facts
 
 
 def _billions(n: int) -> str:
@@ -310,11 +315,43 @@ def markdown(builds: Builds | None = None) -> str:
     return "\n".join(out).rstrip() + "\n"
 
 
-def topic_markdown_text(name: str, builds: Builds | None = None) -> str:
+def topic_markdown_text(name: str, item: str | None = None,
+                        builds: Builds | None = None) -> str:
+    """``rpeg help NAME [ITEM] --markdown``; KeyError naming what is missing."""
     t = topic(name)
     if t is None:
         raise KeyError(name)
-    return "\n".join(topic_markdown(t, builds)).rstrip() + "\n"
+    if item is None:
+        out = topic_markdown(t, builds)
+    elif t.name == "functions":
+        fn = find(item)
+        if fn is None:
+            raise KeyError(item)
+        out = function_markdown(fn)
+    elif t.name == "presets":
+        if item not in PRESETS:
+            raise KeyError(item)
+        out = [f"#### {item}", ""] + [f"- {k}: {v}" for k, v in
+                                      preset_facts(PRESETS[item], builds)]
+    elif t.name == "vocabulary":
+        entries = [f for f in FOREIGN if item in f.names]
+        if not entries:
+            raise KeyError(item)
+        out = [f"`{item}`: {entries[0].systems} names for {entries[0].what}; in rpeg: "
+               f"{entries[0].how}"]
+    else:
+        out = _section_item_markdown(t, item)
+    return "\n".join(out).rstrip() + "\n"
+
+
+def _section_item_markdown(t: Topic, item: str) -> list[str]:
+    for s in t.sections:
+        if s.name == item:
+            return section_markdown(s)
+    for s in t.sections:
+        if s.has(item):
+            return param_table((s.param(item),))
+    raise KeyError(item)
 
 
 __all__ = ["TOPICS", "Topic", "topic", "listing", "text", "items", "markdown",

@@ -92,4 +92,15 @@ def test_help_usage_errors_exit_2(capsys):
     assert "did you mean 'steps'?" in capsys.readouterr().err
     assert main(["help", "cluster", "nodes"]) == 2
     assert "nodes_per_rack x racks" in capsys.readouterr().err
-    assert main(["help", "workload", "steps", "--markdown"]) == 2
+    assert main(["help", "workload", "stpes", "--markdown"]) == 2
+
+
+def test_one_item_as_markdown(capsys):
+    assert main(["help", "workload", "steps", "--markdown"]) == 0
+    assert capsys.readouterr().out.splitlines()[2].startswith("| `steps` | integer")
+    assert main(["help", "functions", "gae", "--markdown"]) == 0
+    assert capsys.readouterr().out.startswith("#### gae\n")
+    assert main(["help", "presets", "qwen3-8b", "--markdown"]) == 0
+    assert "- head_dim: 128\n" in capsys.readouterr().out
+    assert main(["help", "vocabulary", "nnodes", "--markdown"]) == 0
+    assert "nodes_per_rack" in capsys.readouterr().out

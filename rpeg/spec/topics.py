@@ -273,15 +273,17 @@ def function_markdown(fn: Function) -> list[str]:
     return out + ([""] if fn.moved else [])
 
 
-_CATEGORIES = ((Category.STAGE, "Stage functions"), (Category.ESTIMATOR, "Advantage estimators"),
-               (Category.LOSS, "Losses"), (Category.REWARD, "Rewards"),
-               (Category.OPTIMIZER, "Optimizers"))
+def _categories() -> list[tuple[Category, str]]:
+    """Every category of the registry, titled as ``rpeg help functions`` titles it."""
+    from rpeg.spec import reference as R
+    titles = {c: title for c, title, _ in R._SECTIONS}
+    return [(c, titles.get(c, c.value.capitalize() + "s")) for c in Category]
 
 
 def topic_markdown(t: Topic, builds: Builds | None = None) -> list[str]:
     out = [f"## {t.name}", "", f"`rpeg help {t.name}`: {t.summary}.", ""]
     if t.name == "functions":
-        for category, title in _CATEGORIES:
+        for category, title in _categories():
             out += [f"### {title}", ""]
             for fn in by_category(category):
                 out += function_markdown(fn)

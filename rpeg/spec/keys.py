@@ -156,16 +156,19 @@ MODEL = Section(
      Param("lora", Type.CALL, "train low-rank adapters on a frozen backbone (rpeg help model "
            "lora)", choices=("lora",), example="lora(rank = 8)")))
 
+_PRESET = "the preset's (a custom model must give it)"
+
 ARCHITECTURE = Section(
     "architecture", "model NAME : PRESET { layers = N; ... }",
-    "A preset's dimensions, overridden one by one, or all of a custom model's.",
-    (_int("layers", "decoder blocks", high=MAX_DIM),
-     _int("hidden", "the model width", high=MAX_DIM),
-     _int("heads", "attention (query) heads", high=MAX_DIM),
+    "A preset's dimensions, overridden one by one, or all of a custom model's. A flag is "
+    "written alone (qk_norm) or as qk_norm = false.",
+    (_int("layers", "decoder blocks", high=MAX_DIM, derived=_PRESET),
+     _int("hidden", "the model width", high=MAX_DIM, derived=_PRESET),
+     _int("heads", "attention (query) heads", high=MAX_DIM, derived=_PRESET),
      _int("kv_heads", "key/value heads (grouped-query attention: fewer than heads)",
-          high=MAX_DIM),
-     _int("ffn", "the MLP's inner width", high=MAX_DIM),
-     _int("vocab", "vocabulary size", high=MAX_DIM),
+          high=MAX_DIM, derived=_PRESET),
+     _int("ffn", "the MLP's inner width", high=MAX_DIM, derived=_PRESET),
+     _int("vocab", "vocabulary size", high=MAX_DIM, derived=_PRESET),
      _int("head_dim", "a head's width when it is not hidden / heads (Qwen3)", high=MAX_DIM,
           derived="hidden / heads"),
      Param("qk_norm", Type.FLAG, "RMS norm on each head's query and key (Qwen3)",
@@ -261,7 +264,8 @@ PLACE = Section(
     "place", "place STAGE on gpus A..B { KEY = VALUE ... }",
     "A stage pinned to devices, with any part of its layout; what the block leaves out the "
     "planner searches. Which keys a stage may pin depends on its kind (a score stage: one "
-    "with a reward model; a stage on the host pins devices only).",
+    "with a reward model; a stage on the host pins devices only). A flag is written alone "
+    "(recompute) or as recompute = false.",
     (_degree("dp", "data-parallel degree", _ALL),
      _degree("tp", "tensor-parallel degree (divides the heads and the KV heads)", _ALL),
      _degree("pp", "pipeline-parallel degree (at most the layers)", _ALL),

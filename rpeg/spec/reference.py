@@ -67,7 +67,7 @@ def kind_text(p: Param) -> str:
     elif p.type is Type.NAMES:
         kind = "a list of " + " | ".join(p.choices) if p.choices else p.type.value
     elif p.type is Type.FLAG:
-        kind = "a flag (alone, or = true | false)"
+        kind = "a flag"
     elif p.type is Type.QUANTITY:
         kind = f"{DIMENSION_NAMES[p.unit]} such as {EXAMPLES[p.unit]}"
     else:

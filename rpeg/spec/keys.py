@@ -392,15 +392,13 @@ def profile_section() -> Section:
                                 PROFILE_DOCS.get(a.name, ""), unit=unit, low=0.0,
                                 default=a.default, derived=unset,
                                 required=a.name == "memory",
-                                example=f"1 {_UNIT_WORD[unit]}".strip()))
+                                example=V.EXAMPLES.get(unit, "1")))
     return Section(
         "profile", "profile NAME { KEY = VALUE ... }  (a file; or gpu NAME { ... } in a cluster)",
         "What the cost model knows of one device, each figure with its unit: measured by "
         "rpeg calibrate where it can be, cited where not; a figure left out is the default.",
         tuple(params))
 
-
-_UNIT_WORD = {"bytes": "GB", "bytes/s": "GB/s", "flops": "TFLOPS", "s": "us", "": ""}
 
 
 # --- reading a block's values --------------------------------------------------------------

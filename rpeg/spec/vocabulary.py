@@ -320,4 +320,41 @@ def foreign_hint(name: str, allowed=()) -> str | None:
         else f"{head}; in rpeg: {entry.how}"
 
 
-__all__ = ["FOREIGN", "Foreign", "STATEMENTS", "foreign_hint", "lookup"]
+def override_hint(name: str) -> str | None:
+    """:func:`foreign_hint` for a command-line override (``actor_rollout_ref.rollout.n=8``),
+    with rpeg's override of the same key where there is one (``workload.samples=...``)."""
+    hint = foreign_hint(name)
+    if hint is None:
+        return None
+    paths = [p for p in (_override_path(r) for r in lookup(name).rpeg) if p]
+    return hint + (f"; on the command line: {' or '.join(p + '=...' for p in paths)}"
+                   if paths else "")
+
+
+def _override_path(ref: str) -> str | None:
+    """The override that sets rpeg key ``ref`` (rpeg.spec.overrides), if one does."""
+    from rpeg.spec.functions import find
+    from rpeg.spec.registry import Category
+
+    if "." not in ref:
+        return None
+    owner, key = ref.split(".")
+    if owner in ("workload", "data"):
+        return f"workload.{key}"
+    if owner in ("eval", "log"):
+        return f"{owner}.{key}"
+    if owner in ("model", "architecture"):
+        return f"model.NAME.{key}"
+    if owner == "lora":
+        return f"model.NAME.lora.{key}"
+    fn = find(owner)
+    if fn is None:
+        return None
+    if fn.category is Category.OPTIMIZER:
+        return f"model.NAME.optimizer.{key}"
+    if fn.category in (Category.STAGE, Category.ESTIMATOR):
+        return f"stage.NAME.{key}"
+    return None
+
+
+__all__ = ["FOREIGN", "Foreign", "STATEMENTS", "foreign_hint", "lookup", "override_hint"]

@@ -150,6 +150,10 @@ def test_a_hydra_override_from_verl_points_at_rpeg_s(tmp_path):
     with pytest.raises(SpecError) as info:
         parse_overrides(["actor_rollout_ref.rollout.n=8"])
     assert "samples in the workload block" in info.value.hint
+    assert info.value.hint.endswith("on the command line: workload.samples=...")
+    with pytest.raises(SpecError) as info:
+        parse_overrides(["actor_rollout_ref.actor.optim.lr=1e-6"])
+    assert info.value.hint.endswith("on the command line: model.NAME.optimizer.lr=...")
 
 
 def test_a_misspelt_rpeg_key_still_gets_did_you_mean(tmp_path):

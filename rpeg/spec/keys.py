@@ -90,8 +90,8 @@ DATA = Section(
     "Where a run's prompts come from, written in the workload block. A dataset is a "
     "JSON-lines or Parquet file, or a folder saved by datasets' save_to_disk; columns "
     "other than the prompt and the answer reach a python reward by name.",
-    (Param("dataset", Type.STRING, "the prompts' file or folder, relative to the spec's "
-           "folder (without one, a run generates from synthetic prompts)",
+    (Param("dataset", Type.STRING, "the prompts' file or folder, relative to the folder of "
+           "the file that names it (without one, a run generates from synthetic prompts)",
            example='"data/toy.jsonl"'),
      Param("prompt_field", Type.STRING, "the column holding the prompt", default="prompt",
            example='"question"'),
@@ -122,7 +122,8 @@ DISTRIBUTIONS = (
              Param("sigma", Type.REAL, "spread of the log-lengths", low=0.0, high=10.0,
                    derived="max at the 99.9th percentile"))),
     Section("empirical", 'empirical("FILE", max = B)',
-            "a histogram file, one 'length,weight' pair per line, relative to the spec",
+            "a histogram file, one 'length,weight' pair per line, relative to the folder of "
+            "the file that names it",
             (_int("max", "the cap", high=MAX_TOKENS, unit="tokens",
                   derived="the histogram's longest"),)),
 )
@@ -151,7 +152,8 @@ MODEL = Section(
      Param("dtype", Type.CHOICE, "the type its weights are held and computed in",
            derived="bf16, or the folder's torch_dtype", choices=tuple(d.value for d in DType)),
      Param("weights", Type.STRING, "a folder of safetensors weights and config.json, "
-           "relative to the spec; a preset must describe the folder's model",
+           "relative to the folder of the file that names it; a preset must describe the "
+           "folder's model",
            derived="random weights, seeded", example='"weights/actor"'),
      Param("lora", Type.CALL, "train low-rank adapters on a frozen backbone (rpeg help model "
            "lora)", choices=("lora",), example="lora(rank = 8)")))
@@ -220,7 +222,7 @@ EVAL = Section(
     "Held-out prompts the actor answers every N steps (and before the first): mean reward, "
     "accuracy and pass@k in eval.jsonl and the trackers.",
     (Param("dataset", Type.STRING, "the held-out prompts, a file or folder like the "
-           "workload's", required=True, example='"data/toy.jsonl"'),
+           "workload's (relative to the folder of the file that names it)", required=True, example='"data/toy.jsonl"'),
      _int("every", "evaluate every N steps", high=MAX_STEPS, required=True, unit="steps"),
      _int("samples", "responses per prompt (pass@k counts them)", high=MAX_EVAL_SAMPLES,
           default=1, unit="responses"),

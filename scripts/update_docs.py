@@ -59,6 +59,7 @@ def readme_text(current: str) -> str:
 TUTORIALS = ROOT / "tutorials"
 CONSOLE = re.compile(r"^```console\n(.*?)^```\n", re.M | re.S)
 ELIDED = "..."
+CHECKOUT = "/path/to/rpeg"          # where an output names the folder the commands ran in
 # Parts of an output that are measured, not computed: a run shows what it measured, and a
 # check compares everything else.
 VOLATILE = (re.compile(r"(planned in )[\d.]+( s)"),)
@@ -140,7 +141,9 @@ def run_command(cmd: Command, work: Path, timeout: float = 1800) -> list[str]:
         raise SystemExit(f"'{cmd.line}' must exit {cmd.status}, as its tutorial shows, not "
                          f"{proc.returncode}; it printed:\n{proc.stdout}\nfix rpeg or the "
                          "tutorial by hand, then run " + COMMAND)
-    return proc.stdout.rstrip("\n").split("\n") if proc.stdout.strip() else []
+    # the folder it ran in is the reader's checkout, wherever that is
+    out = proc.stdout.replace(str(work), CHECKOUT).replace(str(ROOT), CHECKOUT)
+    return out.rstrip("\n").split("\n") if out.strip() else []
 
 
 def regenerate(text: str, work: Path) -> str:

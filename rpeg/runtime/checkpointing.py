@@ -80,7 +80,6 @@ class Checkpointing:
         gpus = gpu_table({d: Seen(r["host"], tuple(r["gpus"])) for d, r in seen.items()}) \
             if cuda else ()
         ctx = RunContext.create(self.pipeline, self.plan, self.calls_of.sample(),
-                                spec_dir=self.spec_dir,
                                 run_dir=str(self.rd.path), dist_addr=_rendezvous(workers[0]),
                                 use_cuda=cuda)
         timeout = self.options.collective_timeout_s
@@ -121,7 +120,7 @@ class Checkpointing:
         self.meta["cuda"] = cuda
         if cuda:
             self.meta["gpus"] = {str(d): f"{g.host}:{g.gpu}" for d, g in enumerate(gpus)}
-        elif first and plan_is_for_gpus(self.plan, self.spec_dir):
+        elif first and plan_is_for_gpus(self.plan):
             print(f"rpeg: warning: the plan was priced for the GPU cluster "
                   f"'{self.plan.cluster}' and runs on CPU workers (no GPU that torch can use, "
                   "or --cpu): its predicted times and memory are that cluster's, not these "

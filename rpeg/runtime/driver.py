@@ -84,13 +84,13 @@ def check_local_devices(devices: int) -> None:
                                   "for fewer devices")
 
 
-def plan_is_for_gpus(plan: Plan, spec_dir: str) -> bool:
+def plan_is_for_gpus(plan: Plan) -> bool:
     """Whether ``plan`` was priced on a cluster of GPUs (not host cores: a CPU profile)."""
     from rpeg.cost.memory import devices_are_host
     from rpeg.errors import RpegError
     from rpeg.runtime.record import find_cluster_file
     from rpeg.spec import load_cluster
-    where = find_cluster_file(plan, Path(spec_dir))
+    where = find_cluster_file(plan)
     if where is None:
         return False
     try:

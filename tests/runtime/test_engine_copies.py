@@ -113,7 +113,7 @@ def test_an_engine_on_a_sending_device_is_loaded_in_process_never_through_the_gr
     later = [c for c in calls if c.collective and c.device == 0 and c.step == 1
              and c.op == "sync_actor"]
     assert all(recv.id in c.after for c in later)         # the next gang waits for it
-    ctx = RunContext.create(vgrpo, plan, calls, spec_dir=".", run_dir=".")
+    ctx = RunContext.create(vgrpo, plan, calls, run_dir=".")
     assert ctx.syncs == (WeightSync("actor", (0,), (), local=(0,)),)
     assert ctx.syncs[0].world == 1                        # nobody else in the group
     run_through_core(calls, 3)
@@ -132,11 +132,11 @@ def test_a_sharded_trainers_senders_are_every_device_holding_a_piece(vgrpo, zero
     calls = build_calls(vgrpo, plan, steps=4)
     sends = sorted({c.device for c in calls if c.role == SEND})
     assert sends == ([1] if zero == 2 else [1, 2])
-    sync = RunContext.create(vgrpo, plan, calls, spec_dir=".", run_dir=".").syncs[0]
+    sync = RunContext.create(vgrpo, plan, calls, run_dir=".").syncs[0]
     assert sync.senders == tuple(sends) and sync.engines == ((0, 1),) and not sync.local
     shared = _place(plan, "rollout", devices=(2,))
     calls = build_calls(vgrpo, shared, steps=4)
-    sync = RunContext.create(vgrpo, shared, calls, spec_dir=".", run_dir=".").syncs[0]
+    sync = RunContext.create(vgrpo, shared, calls, run_dir=".").syncs[0]
     if zero == 3:                                          # device 2 sends: in process
         assert (sync.engines, sync.local) == ((), (2,))
     else:                                                  # its own rank in the group

@@ -121,9 +121,38 @@ def read_whole(folder: Path, keep=lambda name: True) -> dict[str, torch.Tensor]:
     return state
 
 
+SHARDED = "sharded"          # a replica folder's meta.json key: the folder of its shards
+
+
+def sharded_of(replica_folder: Path) -> Path | None:
+    """The folder of a replica's shards when its checkpoint is sharded (else None)."""
+    import json
+    meta = json.loads((Path(replica_folder) / "meta.json").read_text())
+    name = meta.get(SHARDED)
+    return Path(replica_folder).parent / name if isinstance(name, str) else None
+
+
+def weights_of(replica_folder: Path) -> dict[str, torch.Tensor]:
+    """A checkpointed replica's weights, whole, by name: from its shards, or from the whole
+    ``model.safetensors`` of a replica written unsharded."""
+    shards = sharded_of(replica_folder)
+    if shards is not None:
+        return read_whole(shards, keep=lambda name: "::" not in name)
+    from safetensors.torch import load_file
+    return load_file(str(Path(replica_folder) / "model.safetensors"))
+
+
+def holds_weights(replica_folder: Path) -> bool:
+    """Whether a replica folder of a checkpoint holds weights (whole, or as shards)."""
+    folder = Path(replica_folder)
+    return (folder / "model.safetensors").is_file() or (
+        (folder / "meta.json").is_file() and sharded_of(folder) is not None)
+
+
 def files(folder: Path) -> list[Path]:
     """The files of a sharded checkpoint (one per rank that held something)."""
     return sorted(p for p in Path(folder).iterdir() if p.suffix == ".safetensors")
 
 
-__all__ = ["files", "flat_state", "load_sharded", "read_whole", "save_sharded"]
+__all__ = ["SHARDED", "files", "flat_state", "holds_weights", "load_sharded", "read_whole",
+           "save_sharded", "sharded_of", "weights_of"]

@@ -543,6 +543,8 @@ class Executor:
             replica.checkpoint(path, meta)
             _save_carried(replica, path)
             return path
+        if replica.trained is not None and replica.lora is None:
+            return self._checkpoint_sharded(model, replica, path, meta)
         with _state_on_device(replica):
             if replica.trained is not None and (replica.fsdp or _masters(replica)
                                                 or replica.trained.offload is not None
@@ -562,6 +564,25 @@ class Executor:
                                                   "version": replica.version,
                                                   "kl_coef": dict(replica.kl_coef)},
                             replica.optimizer, whole=whole)
+        _save_carried(replica, path)
+        return path
+
+    def _checkpoint_sharded(self, model: str, replica, path: str, meta: dict) -> str:
+        """A trained replica through torch.distributed.checkpoint: every rank of its world at
+        once writes its own shard, once, into one folder beside the replicas' (``MODEL.dcp``);
+        the replica's folder holds its meta.json naming it (``backends.torch_backend.dcp``)."""
+        import json
+        from pathlib import Path
+
+        from backends.torch_backend.dcp import SHARDED, save_sharded
+        folder = Path(path)
+        shards = folder.parent / f"{model}.dcp"
+        save_sharded(replica.trained, replica.trained.layout.world, shards)
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "meta.json").write_text(json.dumps(
+            {**meta, "model": model, "version": replica.version,
+             "kl_coef": dict(replica.kl_coef), SHARDED: shards.name,
+             "world": list(replica.trained.layout.world)}, indent=2, sort_keys=True))
         _save_carried(replica, path)
         return path
 
@@ -596,18 +617,40 @@ class Executor:
             version = replica.restore(path)
             _restore_carried(replica, path)
             return version
-        with _state_on_device(replica):
-            if replica.trained is not None:
-                replica.trained.unsettle()
-            meta = load_checkpoint(replica.model, path, replica.optimizer)
-            if replica.trained is not None:
-                replica.trained.settle()           # ZeRO-2: whole again (every rank at once)
+        from backends.torch_backend.dcp import sharded_of
+        shards = sharded_of(path)
+        if shards is not None:                    # written sharded: read on this layout
+            meta = self._restore_sharded(replica, path, shards)
+        else:
+            with _state_on_device(replica):
+                if replica.trained is not None:
+                    replica.trained.unsettle()
+                meta = load_checkpoint(replica.model, path, replica.optimizer)
+                if replica.trained is not None:
+                    replica.trained.settle()       # ZeRO-2: whole again (every rank at once)
         replica.version = int(meta["version"])
         replica.kl_coef = {str(k): float(v) for k, v in meta.get("kl_coef", {}).items()}
         if replica.engine is not None:
             replica.engine.version = replica.version
         _restore_carried(replica, path)
         return replica.version
+
+    def _restore_sharded(self, replica, path: str, shards) -> dict:
+        """A replica from a sharded checkpoint, whatever layout wrote it: a trained one loads
+        its own pieces of every tensor (every rank of its world at once: DCP reshards, so a
+        checkpoint of dp 2 resumes at dp 1), a copy that reads the model its whole weights."""
+        import json
+        from pathlib import Path
+
+        from backends.torch_backend.dcp import load_sharded, weights_of
+        from backends.torch_backend.distributed import load_full
+        if replica.trained is not None:
+            load_sharded(replica.trained, replica.trained.layout.world, shards)
+        else:
+            with torch.no_grad():
+                load_full(replica.model, ((k, v.to(replica.dtype))
+                                          for k, v in weights_of(Path(path)).items()))
+        return json.loads((Path(path) / "meta.json").read_text())
 
     def _engine(self, stage, replica):
         """The replica's torch engine, or its vLLM engine (synced to it) when the plan chose vLLM.

@@ -44,8 +44,8 @@ class Exported:
 def export_run(run_dir: str | Path, out: str | Path, *, step: int | None = None,
                model: str = "actor", merge: bool = False) -> Exported:
     import torch
-    from safetensors.torch import load_file
 
+    from backends.torch_backend.dcp import weights_of
     from rpeg.runtime import checkpoint_io as ckio
     from rpeg.runtime.serial import loads
 
@@ -78,7 +78,7 @@ def export_run(run_dir: str | Path, out: str | Path, *, step: int | None = None,
         ck = ckio.validate(where)
     replica = _trained_replica(ck, model)
     meta = json.loads((replica / "meta.json").read_text())
-    state = load_file(str(replica / "model.safetensors"))
+    state = weights_of(replica)                  # whole: from its shards, or its file
     dtype = getattr(torch, DTYPE_NAMES[spec.dtype])
     out = Path(out)
     tmp = out.with_name(out.name + f".tmp{os.getpid()}")
@@ -110,12 +110,15 @@ def export_run(run_dir: str | Path, out: str | Path, *, step: int | None = None,
 
 def _trained_replica(ck, model: str) -> Path:
     """The checkpoint's folder of ``model``'s trained replica (the newest trained copy)."""
+    from backends.torch_backend.dcp import holds_weights, sharded_of
     found = []
     for key, version in ck.state.get("replicas", {}).items():
         backbone = key.rsplit("@", 1)[0]
         folder = ck.path / key
-        if model in backbone.split("+") and (folder / "model.safetensors").is_file():
-            found.append(((folder / "optimizer.safetensors").is_file(), version, folder))
+        if model in backbone.split("+") and holds_weights(folder):
+            trained = (folder / "optimizer.safetensors").is_file() \
+                or sharded_of(folder) is not None
+            found.append((trained, version, folder))
     if not found:
         raise BackendError(f"checkpoint {ck.path.name} must hold model '{model}', and it "
                            "does not")

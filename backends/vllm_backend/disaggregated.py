@@ -138,10 +138,9 @@ class EngineReplica:
         meta = json.loads((Path(path) / "meta.json").read_text())
         version = int(meta["version"])
         if version:
+            from backends.torch_backend.dcp import weights_of
             source = _weights_at(Path(path).parent, self.key, version)
-            from safetensors.torch import load_file
-            self.engine.update_weights(load_file(str(source / "model.safetensors")).items(),
-                                       version)
+            self.engine.update_weights(weights_of(source).items(), version)
         self.version = version
         return version
 
@@ -154,11 +153,12 @@ class EngineReplica:
 
 def _weights_at(checkpoint: Path, key: str, version: int) -> Path:
     """The folder of a replica of ``key``'s model at ``version`` in a checkpoint."""
+    from backends.torch_backend.dcp import holds_weights
     from rpeg.runtime.instances import base_of, is_engine_key
     base = base_of(key)
     for d in sorted(checkpoint.iterdir()):
         model, _, _ = d.name.rpartition("@")
-        if model != base or is_engine_key(model) or not (d / "model.safetensors").exists():
+        if model != base or is_engine_key(model) or not holds_weights(d):
             continue
         if int(json.loads((d / "meta.json").read_text()).get("version", -1)) == version:
             return d

@@ -228,7 +228,7 @@ def _best_source(saved: dict[str, int], model: str, ck) -> str:
                  default=None)
     if not cands or (newest is not None and max(saved[k] for k in cands) < newest):
         cands = [k for k in saved if base_of(k.rsplit("@", 1)[0]) == base_of(model)]
-    with_opt = [k for k in cands if (ck.path / k / "optimizer.safetensors").exists()]
+    with_opt = [k for k in cands if ckio.holds_optimizer(ck.path / k)]
     return max(with_opt or cands, key=lambda k: saved[k])
 
 

@@ -149,10 +149,7 @@ class VllmEngine:
         gpu = on_gpu()
         if options.tensor_parallel < 1:
             raise BackendError(f"tensor_parallel must be at least 1, not {options.tensor_parallel}")
-        # on a GPU always in processes of its own, shown its block's GPUs: vLLM's own
-        # single-process executor takes local rank 0, whatever device this worker owns
-        isolated = options.tensor_parallel > 1 or bool(gpu and options.gpus) or (
-            options.isolate if options.isolate is not None else _distributed_in_use())
+        isolated = runs_isolated(options, gpu, _distributed_in_use())
         _configure_environment(options, gpu, isolated)
         from vllm import LLM
 
@@ -381,6 +378,16 @@ class VllmEngine:
 
         destroy_model_parallel()
         destroy_distributed_environment()
+
+
+def runs_isolated(options: VllmOptions, gpu: bool, distributed: bool) -> bool:
+    """Whether an engine runs in processes of its own: at tp > 1; on a GPU always, shown its
+    block's GPUs (vLLM's single-process executor takes local rank 0, whatever device this
+    worker owns), then loaded through CUDA IPC handles; beside a ``torch.distributed`` world
+    (vLLM in this process would join it); or as ``options.isolate`` says."""
+    if options.tensor_parallel > 1 or (gpu and options.gpus):
+        return True
+    return options.isolate if options.isolate is not None else distributed
 
 
 def _distributed_in_use() -> bool:

@@ -7,19 +7,14 @@ resharded on the way in); and no file of it needs unpickling (safetensors only).
 
 from __future__ import annotations
 
-import socket
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from tests.backends.ranks import answers
+
 STEPS = 2
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _trained(zero: int, world: tuple[int, ...], rank: int, seed: int = 0):
@@ -37,7 +32,7 @@ def _trained(zero: int, world: tuple[int, ...], rank: int, seed: int = 0):
                          device="cpu", dtype=torch.float32, master=True, device_index=rank)
 
 
-def _rank(rank: int, port: int, folder: str, q) -> None:
+def _rank(rank: int, port: int, q, folder: str) -> None:
     import torch
 
     from backends.torch_backend import distributed as D
@@ -68,17 +63,8 @@ def _rank(rank: int, port: int, folder: str, q) -> None:
 
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory):
-    import multiprocessing as mp
     folder = tmp_path_factory.mktemp("dcp")
-    ctx = mp.get_context("spawn")
-    q = ctx.Queue()
-    port = _free_port()
-    procs = [ctx.Process(target=_rank, args=(r, port, str(folder), q)) for r in range(2)]
-    for p in procs:
-        p.start()
-    held, zero2_diff = q.get(timeout=600)
-    for p in procs:
-        p.join(timeout=60)
+    (held, zero2_diff), = answers(_rank, 2, str(folder), count=1)
     return folder, held, zero2_diff
 
 

@@ -5,14 +5,13 @@ the reduce-scatter (before, FSDP2 reduced in float32: twice the bytes priced).""
 
 from __future__ import annotations
 
-import socket
-
 import torch
 
 from backends.torch_backend.sharding import Trained, TrainLayout, fsdp_modules, reduce_dtype
 from rpeg.cost.examples import ppo_pipeline
 from rpeg.cost.memory import grad_reduce_bytes, value_bytes
 from rpeg.cost.profiles import cluster_of
+from tests.backends.ranks import free_port
 
 
 def test_fsdp2_reduces_in_the_bytes_the_cost_model_prices():
@@ -27,10 +26,7 @@ def test_fsdp2_reduces_in_the_bytes_the_cost_model_prices():
     h100 = cluster_of("h100", 8).gpu
     priced = grad_reduce_bytes(value_bytes(ppo_pipeline("llama3.1-8b", prompts=8)
                                            .model("actor"), h100))
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    D.init_world(0, 1, f"tcp://127.0.0.1:{port}", [(0,)])
+    D.init_world(0, 1, f"tcp://127.0.0.1:{free_port()}", [(0,)])
     try:
         dims = PRESETS["tiny"]
         model = build_model(dims, heads=("lm",), seed=0)

@@ -7,17 +7,12 @@ two gloo ranks each write theirs, and vLLM's loader reads the same names."""
 from __future__ import annotations
 
 import json
-import socket
 from pathlib import Path
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from tests.backends.ranks import answers
 
 
-def _rank(rank: int, port: int, folder: str, q) -> None:
+def _rank(rank: int, port: int, q, folder: str) -> None:
     import torch
 
     from backends.torch_backend import distributed as D
@@ -34,19 +29,9 @@ def _rank(rank: int, port: int, folder: str, q) -> None:
 
 
 def test_every_rank_writes_the_policy_an_engine_starts_from(tmp_path):
-    import multiprocessing as mp
-
     from safetensors import safe_open
     from transformers import AutoModelForCausalLM
-    ctx = mp.get_context("spawn")
-    q = ctx.Queue()
-    port = _free_port()
-    procs = [ctx.Process(target=_rank, args=(r, port, str(tmp_path), q)) for r in range(2)]
-    for p in procs:
-        p.start()
-    got = dict(q.get(timeout=300) for _ in procs)
-    for p in procs:
-        p.join(timeout=30)
+    got = dict(answers(_rank, 2, str(tmp_path)))
     assert got[0] == got[1] and {"config.json", "model.safetensors"} <= set(got[1])
     config = json.loads((tmp_path / "policy1" / "config.json").read_text())
     assert config["architectures"] == ["LlamaForCausalLM"]

@@ -14,18 +14,12 @@ its devices read them in place, each rank on its own. Two things must then still
 
 from __future__ import annotations
 
-import socket
-
 import numpy as np
 import pytest
 
+from tests.backends.ranks import answers
+
 STEPS = 3
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _rank(rank: int, port: int, q) -> None:
@@ -65,20 +59,7 @@ def _rank(rank: int, port: int, q) -> None:
 
 
 def test_a_zero2_trainer_read_in_place_trains_and_clips_off_policy():
-    import multiprocessing as mp
-    ctx = mp.get_context("spawn")
-    q = ctx.Queue()
-    port = _free_port()
-    procs = [ctx.Process(target=_rank, args=(r, port, q)) for r in range(2)]
-    for p in procs:
-        p.start()
-    try:
-        got = dict(q.get(timeout=300) for _ in procs)     # a hang guard: the old code hangs
-    finally:
-        for p in procs:
-            p.join(timeout=30)
-            if p.is_alive():
-                p.kill()
+    got = dict(answers(_rank, 2, timeout=300))           # a hang guard: the old code hangs
     # step 0 is on-policy (version 0 = behaviour 0); steps 1.. run the proximal forward
     assert got[0] == pytest.approx(got[1])
     assert all(n > 1e-3 for n in got[0]), got          # measured, above the clip: clipped

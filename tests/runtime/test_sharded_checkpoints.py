@@ -15,19 +15,11 @@ import pytest
 
 from rpeg.cli import main
 from rpeg.runtime import verify_run
+from tests.runtime.test_sharded_syncs import CLUSTER, PROFILE
 
 pytestmark = pytest.mark.slow
 
 PIPELINES = Path(__file__).resolve().parents[2] / "pipelines"
-PROFILE = PIPELINES / "clusters" / "profiles" / "local_cpu.rpeg"
-CLUSTER = """cluster cpu{n} {{
-    gpu            = "{profile}"
-    gpus_per_node  = {n}
-    nodes_per_rack = 1
-    racks          = 1
-    link gpu {{ bandwidth = 887.2 MB/s; latency = 149.1 us }}
-}}
-"""
 TIMING = ("step_time_s", "tokens_per_s", "client_cpu_s")
 
 

@@ -121,7 +121,8 @@ def ipc_handles(tensors: list) -> list:
     import torch
     from torch.multiprocessing.reductions import reduce_tensor
 
-    torch.cuda.synchronize()                 # the gathered bytes are written before shared
+    for device in {t.device for t in tensors}:     # the gathered bytes are written before
+        torch.cuda.synchronize(device)             # shared, on the GPU that holds them
     return [reduce_tensor(t.detach().contiguous()) for t in tensors]
 
 

@@ -269,7 +269,7 @@ def mesh_groups(layout: TrainLayout) -> list[tuple[int, ...]]:
     """Process groups a layout needs (every rank creates all of a run's, in one order)."""
     size = layout.tp_size
     out = set()
-    if size == 1 and (layout.dp > 1 or layout.fsdp):
+    if len(layout.world) > 1 or layout.fsdp:    # its ranks checkpoint together (DCP)
         out.add(tuple(layout.world))
     if size > 1:
         for i in range(0, len(layout.world), size):

@@ -56,7 +56,7 @@ class Replica:
         size = max(len(self.tp), 1)
         sharded = self.zero >= 2
         out = set()
-        if size == 1 and (len(self.world) > 1 or sharded):
+        if len(self.world) > 1 or sharded:      # its ranks checkpoint together (DCP)
             out.add(tuple(self.world))
         if size > 1:
             out.update(tuple(self.world[i:i + size]) for i in range(0, len(self.world), size))

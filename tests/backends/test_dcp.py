@@ -107,3 +107,16 @@ def test_no_file_of_it_is_a_pickle(saved):
     folder, _, _ = saved
     for p in (folder / "zero3-dp2").iterdir():
         assert p.suffix in (".safetensors", ".json"), p.name
+
+
+@pytest.mark.parametrize("world, tp, zero", [((1, 2), (), 3), ((1, 2, 3, 4), (1, 2), 3),
+                                             ((1, 2, 3, 4), (1, 2), 0), ((0, 1), (0, 1), 0)])
+def test_every_rank_of_a_trained_replica_meets_in_one_group_to_checkpoint(world, tp, zero):
+    """DCP saves and loads over the replica's whole world: a run creates that group on every
+    rank, whatever the mesh (a dp 2 x tp 2 trainer had only its dp and tp groups, and its
+    first checkpoint failed)."""
+    from backends.torch_backend.sharding import TrainLayout, mesh_groups
+    from rpeg.runtime.context import Replica
+    replica = Replica("actor", world[0], ("lm",), trainable=True, world=world, tp=tp, zero=zero)
+    assert world in replica.layout_groups
+    assert set(replica.layout_groups) == set(mesh_groups(TrainLayout(world, tp, zero)))

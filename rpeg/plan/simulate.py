@@ -40,7 +40,7 @@ import attrs
 import numpy as np
 
 from rpeg.graph import DepKind, Graph, Instance, unroll
-from rpeg.graph.unroll import Unrolled, in_place
+from rpeg.graph.unroll import Unrolled, chunk_counts, in_place
 
 
 @attrs.frozen
@@ -241,7 +241,29 @@ def simulate(graph: Graph, timings: dict[str, OpTiming], steps: int = 6, *,
     events_ = [Event(i, timings[i.op].devices, start[k], end[k])
                for k, i in enumerate(insts)] if events else []
     drain = 1 + max((e.lag for e in graph.version_edges), default=0)
-    # No steady state is faster than the busiest atom's work of one step.
+    return _timeline(events_, steps, num_devices, drain, _floor(durations, needs), ends)
+
+
+def floor(graph: Graph, timings: dict[str, OpTiming]) -> float:
+    """The busiest device's work of one step: no steady step :func:`simulate` finds for
+    these timings is shorter (it is the figure it never reads below), and it needs no
+    simulation.
+
+        >>> from rpeg.graph import Graph, Op, DataEdge
+        >>> from rpeg.spec.model import OpKind
+        >>> g = Graph("toy", (Op("a", OpKind.FORWARD, outputs=("x",)),
+        ...                   Op("b", OpKind.FORWARD, inputs=("x",))),
+        ...           (DataEdge("a", "b", "x"),), (), (), ())
+        >>> floor(g, {"a": OpTiming((0,), 2.0), "b": OpTiming((1,), 1.0)})
+        2.0
+    """
+    chunks = {n: len(t.chunk_ends) for n, t in timings.items() if len(t.chunk_ends) > 1}
+    durations = chunk_durations(graph, timings, chunk_counts(graph, chunks))
+    return _floor(durations, _needs(tuple(sorted((n, t.devices) for n, t in timings.items()))))
+
+
+def _floor(durations: dict[tuple[str, int], float], needs: dict[str, int]) -> float:
+    """The largest work of one step on one atom (``needs``: the atoms each op holds)."""
     load: dict[int, float] = {}
     for (op, _), d in durations.items():
         bits = needs.get(op, 0)
@@ -249,8 +271,7 @@ def simulate(graph: Graph, timings: dict[str, OpTiming], steps: int = 6, *,
             low = bits & -bits
             load[low] = load.get(low, 0.0) + d
             bits ^= low
-    return _timeline(events_, steps, num_devices, drain, max(load.values(), default=0.0),
-                     ends)
+    return max(load.values(), default=0.0)
 
 
 def tasks_per_step(graph: Graph, timings: dict[str, OpTiming], steps: int = 6,
@@ -357,22 +378,20 @@ class _Prepared:
     counts: dict
 
 
-_PREPARED: dict[tuple, tuple[Graph, _Prepared]] = {}
+_PREPARED: dict[tuple, _Prepared] = {}
 
 
 def _prepare(graph: Graph, steps: int, chunks: tuple[tuple[str, int], ...],
              streams: tuple[tuple[str, int, int], ...] = (),
              placed: frozenset[tuple[str, str]] = frozenset()) -> _Prepared:
-    """The unrolled graph as index arrays, cached per graph object (graphs are values; the
-    cache keeps each one alive, so its id is not reused while cached)."""
-    key = (id(graph), steps, chunks, streams, placed)
+    """The unrolled graph as index arrays, cached per graph (a value, hashed once)."""
+    key = (graph, steps, chunks, streams, placed)
     hit = _PREPARED.get(key)
-    if hit is not None and hit[0] is graph:
-        return hit[1]
+    if hit is not None:
+        return hit
     if len(_PREPARED) > 512:
         _PREPARED.clear()
-    prep = _prepare_uncached(graph, steps, chunks, streams, placed)
-    _PREPARED[key] = (graph, prep)
+    prep = _PREPARED[key] = _prepare_uncached(graph, steps, chunks, streams, placed)
     return prep
 
 

@@ -93,12 +93,20 @@ class Walk:
     rows: dict[str, int]               # generate stage -> sequences at once per replica
     streamed: dict[str, tuple[Chunk, ...]]   # op -> the chunks it consumes as generated
     transient: np.ndarray              # the largest transient need per device
-    top: np.ndarray                    # the stage (index in ``stages``) with it, -1: none
-    stages: tuple[str, ...]            # the stages the transients were priced for
+    needs: tuple[tuple[str, tuple[int, ...], float], ...]   # (stage, devices, transient)
 
     @property
     def peak(self) -> np.ndarray:
         return self.resident + self.transient
+
+    def top(self, device: int) -> str:
+        """The stage with the largest transient need on ``device`` (the first, in the
+        spec's order, of those with as much); "" for none."""
+        best, most = "", 0.0
+        for stage, devices, b in self.needs:
+            if b > most and device in _members(devices):
+                best, most = stage, b
+        return best
 
 
 @attrs.frozen(eq=False)
@@ -234,6 +242,8 @@ class Evaluator:
         self.stages = _Stages.of(pipeline)
         self._limits = Limits(engine_kv=engine_kv)
         self._graphs: dict[tuple, Graph] = {}
+        self._per_graph: dict[tuple, tuple] = {}
+        self._ops: dict[tuple, OpTiming] = {}
         self._copies: dict[tuple, tuple] = {}
         self._settled: dict[StagePlacement, StagePlacement] = {}
         self._priced: dict[tuple, _Priced] = {}
@@ -280,7 +290,7 @@ class Evaluator:
     # --- the plan's graph ------------------------------------------------------------
 
     def graph(self, plan: Plan) -> Graph:
-        base_key = (plan.staleness, plan.shared)
+        base_key = (tuple(x for x in plan.staleness if x[1]), plan.shared)   # 0: unlisted
         if base_key not in self._graphs:
             self._graphs[base_key] = step_graph(self.pipeline, plan)
         base = self._graphs[base_key]
@@ -290,7 +300,9 @@ class Evaluator:
         return self._graphs[key]
 
     def settle(self, plan: Plan) -> Plan:
-        """``plan`` with each generate stage's batching as it runs (:func:`settle_batching`)."""
+        """``plan`` with each generate stage's batching as it runs (:func:`settle_batching`),
+        every placement the one instance of its value this evaluator keeps (so the memos
+        keyed by placements find it by identity)."""
         out = []
         for p in plan.placements:
             q = self._settled.get(p)
@@ -298,10 +310,12 @@ class Evaluator:
                 q = p
                 if self.stages.kind.get(p.stage) is OpKind.GENERATE:
                     q = _settled(self.works[p.stage], p, self._limits, self.cluster)
+                    q = self._settled.setdefault(q, q)
                 self._settled[p] = q
             out.append(q)
-        out = tuple(out)
-        return plan if out == plan.placements else attrs.evolve(plan, placements=out)
+        if all(a is b for a, b in zip(out, plan.placements, strict=True)):
+            return plan
+        return attrs.evolve(plan, placements=tuple(out))
 
     # --- one walk over the plan's ops --------------------------------------------------
 
@@ -315,23 +329,33 @@ class Evaluator:
             resident[_at(p.devices)] += self.prices.resident(model, p, trained)
         rows = self.rows_of(plan, graph, resident)
         streamed = self.streamed(plan, graph, rows)
-        chunks_of = {s: streamed[o.name] for o in graph.ops if o.name in streamed
-                     for s in o.stages}
-        followers = {s for o in graph.ops if o.kind is OpKind.TRAIN for s in o.stages[1:]}
+        chunks_of = {s: streamed[o] for o, stages in self._streaming(graph)
+                     if o in streamed for s in stages}
         transient = np.zeros(n)
-        top = np.full(n, -1)
-        for k, stage in enumerate(self.stages.order):
-            if stage in followers:            # runs inside the lead stage's op
-                continue
+        needs = []
+        for stage in self._priced_stages(graph):
             p = plan.placement(stage)
             b = self.prices.transient(stage, p, rows.get(stage), chunks_of.get(stage, ()))
             at = _at(p.devices)
-            bigger = b > transient[at]
-            if isinstance(at, slice):
-                at = np.arange(at.start, at.stop)
-            transient[at[bigger]] = b
-            top[at[bigger]] = k
-        return Walk(tuple(copies), resident, rows, streamed, transient, top, self.stages.order)
+            transient[at] = np.maximum(transient[at], b)
+            needs.append((stage, p.devices, b))
+        return Walk(tuple(copies), resident, rows, streamed, transient, tuple(needs))
+
+    def _priced_stages(self, graph: Graph) -> tuple[str, ...]:
+        """The stages whose transient need is priced: all but those running inside another
+        stage's op (a shared backbone's train stages after the first)."""
+        key = ("priced", graph)
+        if key not in self._per_graph:
+            followers = {s for o in graph.ops if o.kind is OpKind.TRAIN for s in o.stages[1:]}
+            self._per_graph[key] = tuple(s for s in self.stages.order if s not in followers)
+        return self._per_graph[key]
+
+    def _streaming(self, graph: Graph) -> tuple[tuple[str, tuple[str, ...]], ...]:
+        """(op, its stages) of every op of ``graph``."""
+        key = ("stages", graph)
+        if key not in self._per_graph:
+            self._per_graph[key] = tuple((o.name, o.stages) for o in graph.ops)
+        return self._per_graph[key]
 
     def copies(self, plan: Plan, graph: Graph) -> list[tuple[str, StagePlacement, bool]]:
         """(model, placement, trained) for every copy of every model's weights: the trained
@@ -428,11 +452,10 @@ class Evaluator:
             if worst in _members(p.devices):
                 by_model[model] += self.prices.resident(model, p, trained)
         what = sorted(((m, b) for m, b in by_model.items() if b > 0), key=lambda x: -x[1])
-        k = int(walk.top[worst])
-        op = walk.stages[k] if k >= 0 else ""
+        op = walk.top(worst)
         what.append((f"{op} (transient)", float(walk.transient[worst])))
-        chunks_of = {s: walk.streamed[o.name] for o in graph.ops if o.name in walk.streamed
-                     for s in o.stages}
+        chunks_of = {s: walk.streamed[o] for o, stages in self._streaming(graph)
+                     if o in walk.streamed for s in stages}
         kinds = self.kinds(plan, graph, worst, op, walk.rows.get(op),
                            chunks_of.get(op, ()), walk) if detail else ()
         return peak, Shortfall(worst, float(peak[worst]), cap, op,
@@ -486,33 +509,8 @@ class Evaluator:
         timings: dict[str, OpTiming] = {}
         trainer = {o.writes_model: o for o in graph.ops if o.kind is OpKind.TRAIN}
         for op in graph.ops:
-            if op.kind is OpKind.SYNC_WEIGHTS:
-                continue
-            p = plan.placement(op.stages[0])
-            if op.kind is OpKind.GENERATE:
-                r = walk.rows.get(op.stages[0])
-                ends = self.prices.chunk_ends(op.stages[0], p, r) if p.chunks > 1 else ()
-                t = self.stage_time(op.stages[0], p, r)
-                timing = OpTiming(p.devices, t, tuple(e[0] for e in ends),
-                                  tuple(e[1] for e in ends))
-            elif op.kind is OpKind.TRAIN:
-                # Train stages of a shared backbone: one pass with a combined loss on the
-                # first stage's schedule (its minibatches); the extra head costs nothing here.
-                t = self.stage_time(op.stages[0], p, off_policy=self._off_policy(op, plan, graph))
-                t += self._reload(op, p, trainer, plan)
-                timing = OpTiming(p.devices, t)
-            else:
-                # streamed: each chunk priced on its own responses, padded to its longest
-                per_chunk = [self._fused(op, plan, c) for c in walk.streamed.get(op.name, ())]
-                reload = self._reload(op, p, trainer, plan)
-                if per_chunk:
-                    per_chunk[0] += reload
-                    t = sum(per_chunk)
-                else:
-                    t = self._fused(op, plan, None) + reload
-                # host ops too: they run in their device's worker, which waits for them
-                timing = OpTiming(p.devices, t, chunk_times=tuple(per_chunk))
-            timings[op.name] = timing
+            if op.kind is not OpKind.SYNC_WEIGHTS:
+                timings[op.name] = self._op_timing(graph, op, plan, walk, trainer)
         for op in graph.ops:
             if op.kind is not OpKind.SYNC_WEIGHTS:
                 continue
@@ -524,6 +522,48 @@ class Evaluator:
             t = self.prices.sync_time(model, src, dst)
             timings[op.name] = OpTiming(_sync_devices(src, dst), t)
         return timings, tuple((n, round(t.time_s, 6)) for n, t in timings.items())
+
+    def _op_timing(self, graph: Graph, op, plan: Plan, walk: Walk, trainer) -> OpTiming:
+        """Where ``op`` runs and for how long, from what it reads of the plan and the walk
+        (memoised by exactly that)."""
+        p = plan.placement(op.stages[0])
+        off = op.kind is OpKind.TRAIN and self._off_policy(op, plan, graph)
+        if op.kind is OpKind.GENERATE:
+            key = (graph, op.name, p, walk.rows.get(op.stages[0]))
+        elif op.kind is OpKind.TRAIN:
+            key = (graph, op.name, p, off)
+        else:
+            src = plan.placement(trainer[op.reads_model].stages[0]) \
+                if op.kind is OpKind.FORWARD and op.reads_model in trainer else None
+            key = (graph, op.name, tuple(plan.placement(s) for s in op.stages),
+                   walk.streamed.get(op.name, ()), src, plan.shared)
+        timing = self._ops.get(key)
+        if timing is None:
+            timing = self._ops[key] = self._time_op(op, p, plan, walk, trainer, off)
+        return timing
+
+    def _time_op(self, op, p: StagePlacement, plan: Plan, walk: Walk, trainer,
+                 off_policy: bool) -> OpTiming:
+        if op.kind is OpKind.GENERATE:
+            r = walk.rows.get(op.stages[0])
+            ends = self.prices.chunk_ends(op.stages[0], p, r) if p.chunks > 1 else ()
+            t = self.stage_time(op.stages[0], p, r)
+            return OpTiming(p.devices, t, tuple(e[0] for e in ends), tuple(e[1] for e in ends))
+        if op.kind is OpKind.TRAIN:
+            # Train stages of a shared backbone: one pass with a combined loss on the
+            # first stage's schedule (its minibatches); the extra head costs nothing here.
+            t = self.stage_time(op.stages[0], p, off_policy=off_policy)
+            return OpTiming(p.devices, t + self._reload(op, p, trainer, plan))
+        # streamed: each chunk priced on its own responses, padded to its longest
+        per_chunk = [self._fused(op, plan, c) for c in walk.streamed.get(op.name, ())]
+        reload = self._reload(op, p, trainer, plan)
+        if per_chunk:
+            per_chunk[0] += reload
+            t = sum(per_chunk)
+        else:
+            t = self._fused(op, plan, None) + reload
+        # host ops too: they run in their device's worker, which waits for them
+        return OpTiming(p.devices, t, chunk_times=tuple(per_chunk))
 
     def control_time(self, plan: Plan, graph: Graph, timings: dict[str, OpTiming],
                      steps: int = 6) -> float:
@@ -640,7 +680,9 @@ class Evaluator:
 
     def _price(self, plan: Plan, detail: bool, simulate_infeasible: bool,
                bound: float | None) -> _Priced:
-        plan = self.settle(attrs.evolve(plan, predicted=None))         # as it runs
+        if plan.predicted is not None:
+            plan = attrs.evolve(plan, predicted=None)
+        plan = self.settle(plan)                                       # as it runs
         graph = self.graph(plan)
         try:
             walk = self.walk(plan, graph)

@@ -149,16 +149,33 @@ def anneal(ctx: Context, ev: Evaluator, start: Evaluation, opts: SearchOptions,
             if plan in seen:
                 continue
             seen.add(plan)
-            r = ev.evaluate(plan, detail=False)
-            if not r.feasible and best.feasible:
-                continue                     # once anything fits, never leave the feasible set
             if best.feasible and not start.feasible and scale == 1e9:
                 scale = best.step_time_s
                 t0 = opts.t_start * scale
-            delta = score(r, cap) - score(base, cap)
             temp = t0 * ratio ** ((j - walk_from) / per_chain) \
                 if opts.method is Method.ANNEAL else 0.0
-            if delta < 0 or (temp > 0 and rng.random() < math.exp(-delta / temp)):
+            here = score(base, cap)
+            u = None                         # the acceptance draw, once made
+            if best.feasible:
+                # Simulated only if it could be accepted or better the walk: a plan whose
+                # step is no less than the plan it would replace and than the walk's best
+                # (its busiest device's work says so) is taken only by the Metropolis draw,
+                # made here in the same place of the stream as after a simulation.
+                r = ev.evaluate(plan, detail=False, bound=max(here, walk_best - 1e-12))
+                if r.bounded:
+                    if temp <= 0:
+                        continue
+                    u = rng.random()
+                    if u >= math.exp(-(r.step_time_s - here) / temp):
+                        continue
+                    r = ev.evaluate(plan, detail=False)
+            else:
+                r = ev.evaluate(plan, detail=False)
+            if not r.feasible and best.feasible:
+                continue                     # once anything fits, never leave the feasible set
+            delta = score(r, cap) - here
+            if delta < 0 or (temp > 0 and (rng.random() if u is None else u)
+                             < math.exp(-delta / temp)):
                 current = r
                 accepted += 1
             if score(r, cap) < walk_best - 1e-12:

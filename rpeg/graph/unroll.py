@@ -140,13 +140,18 @@ def unroll(graph: Graph, steps: int, chunks: dict[str, int] | None = None, *,
     lags = {(e.writer, e.reader): e.lag for e in graph.version_edges}
     read: set[tuple[str, int]] = set()        # (sync op, step) whose version someone reads
     deps: list[Dep] = []
+    into: dict[str, list] = {op: [] for op in order}          # each op's data edges in
+    for e in graph.data_edges:
+        into[e.dst].append(e)
+    versions: dict[str, list] = {op: [] for op in order}      # ... and version edges in
+    for e in graph.version_edges:
+        versions[e.reader].append(e)
+    kinds = {op: graph.op(op).kind for op in order}
     for s in range(steps):
         for op in order:
             for c in range(counts[op]):
                 dst = Instance(op, s, c)
-                for e in graph.data_edges:
-                    if e.dst != op:
-                        continue
+                for e in into[op]:
                     n_src = counts[e.src]
                     if n_src == 1:
                         deps.append(Dep(Instance(e.src, s, 0), dst, DepKind.DATA, e.data))
@@ -155,10 +160,8 @@ def unroll(graph: Graph, steps: int, chunks: dict[str, int] | None = None, *,
                     else:
                         deps += [Dep(Instance(e.src, s, k), dst, DepKind.DATA, e.data)
                                  for k in range(n_src)]
-                for e in graph.version_edges:
-                    if e.reader != op:
-                        continue
-                    src_step = writer_step(graph.op(op).kind, s, e.lag)
+                for e in versions[op]:
+                    src_step = writer_step(kinds[op], s, e.lag)
                     if src_step >= 0:
                         deps.append(Dep(Instance(e.writer, src_step, 0), dst, DepKind.VERSION,
                                         e.model))

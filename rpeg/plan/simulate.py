@@ -179,7 +179,7 @@ def simulate(graph: Graph, timings: dict[str, OpTiming], steps: int = 6, *,
         [(0.0, 2.0), (2.0, 4.0), (2.5, 3.5), (4.5, 5.5)]
     """
     chunks, placed = _placing(graph, timings)
-    prep = _prepare(graph, steps, chunks, streams, placed)
+    prep = _prepare(graph, steps, chunks, _lanes(streams, chunks), placed)
     durations = chunk_durations(graph, timings, prep.counts)
     num_devices = 1 + max((d for t in timings.values() for d in t.devices), default=0)
 
@@ -354,6 +354,14 @@ def priced_graph(graph: Graph, timings: dict[str, OpTiming], steps: int, *,
     of that many steps executes it, without the syncs nobody reads)."""
     chunks, placed = _placing(graph, timings)
     return _unroll(graph, steps, chunks, streams, placed, horizon)
+
+
+def _lanes(streams: tuple[tuple[str, int, int], ...], chunks: tuple[tuple[str, int], ...]
+           ) -> tuple[tuple[str, int, int], ...]:
+    """``streams`` with no more lanes than chunks (more change no dependency): fewer
+    distinct unrolled graphs to prepare."""
+    n = dict(chunks)
+    return tuple((op, min(lanes, n.get(op, 1)), carry) for op, lanes, carry in streams)
 
 
 def _unroll(graph, steps, chunks, streams, placed, horizon=None) -> Unrolled:

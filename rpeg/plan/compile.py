@@ -212,10 +212,12 @@ def _found(outcomes) -> tuple[list[Evaluation], list[Evaluation]]:
 
 def _search_ladder(ctx: Context, ev: Evaluator, opts: SearchOptions):
     """Search under each staleness cap in turn, 0 up to the spec's bound. Under cap 0 the
-    walk starts from the best baseline; under each higher cap from the best plan of the
-    caps below (warm: 3/4 of the patience), the baselines under this cap being the
-    other starts it restarts from when it stalls. What a tighter bound finds is never
-    lost, and the walk under a cap depends only on that cap (a spec with a larger bound
+    walk starts from the best baseline; under each higher cap from the better of the best
+    plan of the caps below and the best baseline under this cap (warm: 3/4 of the
+    patience), the other and the rest of this cap's baselines being the starts it
+    restarts from when it stalls. So no walk ends slower than a baseline it could start
+    from, what a tighter bound finds is never lost, and the walk under a cap depends
+    only on that cap (a spec with a larger bound
     repeats the same walks, then climbs further). Above cap 0, where a generate stage may
     carry responses into later steps, each cap's walk leaves partial rollouts out (the
     walk a backend without them gets), then a second walk (1/2 of the patience) adds
@@ -243,8 +245,10 @@ def _search_ladder(ctx: Context, ev: Evaluator, opts: SearchOptions):
             if drawn is not None:
                 r = ev.evaluate(drawn, detail=False)
                 feasible, near = ([r], []) if r.feasible else ([], [r])
-        if prev is not None and prev.feasible:    # warm, from the best of the tighter caps
-            start, others, share, stream = prev, tuple(feasible), WARM_PATIENCE, (cap,)
+        if prev is not None and prev.feasible:    # warm: the best of the tighter caps and
+            # of this cap's baselines, the other one first among the walk's restarts
+            first, *rest = sorted([prev, *feasible], key=lambda e: e.step_time_s)
+            start, others, share, stream = first, tuple(rest), WARM_PATIENCE, (cap,)
         elif feasible:
             start, others, share, stream = feasible[0], tuple(feasible[1:]), 1.0, ()
         elif near or prev is not None:    # the search may still walk into a plan that fits

@@ -249,6 +249,7 @@ class Evaluator:
         self._priced: dict[tuple, _Priced] = {}
         self._tasks: dict[tuple, int] = {}
         self._eval: dict[tuple[int, ...], float] = {}
+        self._index: dict[StagePlacement, slice | np.ndarray] = {}
         w = pipeline.workload
         self.gen_tokens = w.batch * w.gen_len.mean()
 
@@ -286,6 +287,13 @@ class Evaluator:
 
     def cap(self, p: StagePlacement) -> int:
         return self.prices.cap(p)
+
+    def _at(self, p: StagePlacement) -> slice | np.ndarray:
+        """An index of ``p``'s devices into a per-device array (see :func:`_at`)."""
+        at = self._index.get(p)
+        if at is None:
+            at = self._index[p] = _at(p.devices)
+        return at
 
     # --- the plan's graph ------------------------------------------------------------
 
@@ -326,7 +334,7 @@ class Evaluator:
         n = plan.num_devices
         resident = np.zeros(n)
         for model, p, trained in copies:
-            resident[_at(p.devices)] += self.prices.resident(model, p, trained)
+            resident[self._at(p)] += self.prices.resident(model, p, trained)
         rows = self.rows_of(plan, graph, resident)
         streamed = self.streamed(plan, graph, rows)
         chunks_of = {s: streamed[o] for o, stages in self._streaming(graph)
@@ -336,7 +344,7 @@ class Evaluator:
         for stage in self._priced_stages(graph):
             p = plan.placement(stage)
             b = self.prices.transient(stage, p, rows.get(stage), chunks_of.get(stage, ()))
-            at = _at(p.devices)
+            at = self._at(p)
             transient[at] = np.maximum(transient[at], b)
             needs.append((stage, p.devices, b))
         return Walk(tuple(copies), resident, rows, streamed, transient, tuple(needs))
@@ -402,7 +410,7 @@ class Evaluator:
         by_model: dict[str, np.ndarray] = {}
         for model, p, trained in self.copies(plan, graph):
             b = self.prices.resident(model, p, trained)
-            at = _at(p.devices)
+            at = self._at(p)
             resident[at] += b
             by_model.setdefault(model, np.zeros(n))[at] += b
         return resident, by_model
@@ -415,7 +423,7 @@ class Evaluator:
         out = {}
         for s in self.stages.generates:
             p = plan.placement(s)
-            free = cap - float(resident[_at(p.devices)].max())
+            free = cap - float(resident[self._at(p)].max())
             out[s] = self.prices.gen_rows(s, p, free)
         return out
 

@@ -90,7 +90,7 @@ class Prices:
         models = {m.name: m for m in pipeline.models}
         prices = cls(works, models, cluster, pipeline.workload.gen_len.max_len)
         for name in ("_timed", "_laid", "_stage_cost", "_chunk_ends", "_transient",
-                     "_resident", "_gen_rows", "_sync_time"):
+                     "_resident", "_gen_rows", "_synced", "_sync_time"):
             prices._memo[name] = _Memo(getattr(prices, name))
         return prices
 
@@ -160,6 +160,9 @@ class Prices:
     def sync_time(self, model: str, src: StagePlacement, dst: StagePlacement) -> float:
         """Seconds to bring ``model``'s new weights from a trainer placed as ``src`` into a
         reader placed as ``dst`` (collectives into a vLLM engine's own copy)."""
+        return self._memo["_synced"](model, src, dst)
+
+    def _synced(self, model, src, dst) -> float:
         return self._memo["_sync_time"](model, *self.canonical(src, dst))
 
     def _sync_time(self, model, src, dst) -> float:

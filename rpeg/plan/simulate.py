@@ -426,12 +426,28 @@ def _prepare_uncached(graph: Graph, steps: int, chunks: tuple[tuple[str, int], .
 @functools.lru_cache(maxsize=4096)
 def _needs(placed: tuple[tuple[str, tuple[int, ...]], ...]) -> dict[str, int]:
     """Atoms make device checks cheap: each op holds whole atoms, bits of one integer.
-    (Cached: do not modify the answer.)"""
+    Where every op runs on one run of devices, the runs between any two of their ends
+    serve (a finer partition: the same conflicts, the same loads), found without looking
+    at each device. (Cached: do not modify the answer.)"""
+    runs = {n: _run(devs) for n, devs in placed}
+    if all(r is not None for r in runs.values()):
+        cut = {x: i for i, x in enumerate(sorted({x for r in runs.values() if r for x in r}))}
+        return {n: (1 << cut[r[1]]) - (1 << cut[r[0]]) if r else 0 for n, r in runs.items()}
     atom_of: dict[int, int] = {}
     for k, atom in enumerate(_atoms({devs for _, devs in placed if devs})):
         for d in atom:
             atom_of[d] = k
     return {n: sum(1 << a for a in {atom_of[d] for d in devs}) for n, devs in placed}
+
+
+def _run(devices: tuple[int, ...]) -> tuple[int, int] | None:
+    """(first, last + 1) of devices that are one ascending run, () for none, else None."""
+    if not devices:
+        return ()
+    first, last = devices[0], devices[-1]
+    if last - first == len(devices) - 1 and devices == tuple(range(first, last + 1)):
+        return first, last + 1
+    return None
 
 
 def _atoms(sets: set[tuple[int, ...]]) -> list[tuple[int, ...]]:

@@ -51,6 +51,7 @@ search it stops says so (``SearchResult.time_capped``, recorded in the plan).
 
 from __future__ import annotations
 
+import bisect
 import math
 import time
 
@@ -100,7 +101,7 @@ def anneal(ctx: Context, ev: Evaluator, start: Evaluation, opts: SearchOptions,
     ``deadline``: the ``time.monotonic()`` at which the time cap stops the walk (default:
     ``opts.time_cap_s`` from now)."""
     rng = np.random.default_rng((opts.seed, *stream) if stream else opts.seed)
-    moves = Moves(ctx, rng)
+    moves = Moves(ctx, rng, ev.graph)
     cap = ctx.cluster.gpu.memory
     best = current = start
     scale = start.step_time_s if start.feasible else 1e9
@@ -240,7 +241,8 @@ def merged(results: list[SearchResult]) -> SearchResult:
 class Moves:
     """Proposal moves over plans of one context (see the module doc)."""
 
-    def __init__(self, ctx: Context, rng: np.random.Generator) -> None:
+    def __init__(self, ctx: Context, rng: np.random.Generator, graphs=None) -> None:
+        """``graphs``: plan -> its step graph (:meth:`Evaluator.graph`, which keeps them)."""
         self.ctx, self.rng = ctx, rng
         self.stages = tuple(s for s in model_stages(ctx.pipeline) if not ctx.pinned_block(s))
         self.gens = tuple(s for s in model_stages(ctx.pipeline)
@@ -270,9 +272,14 @@ class Moves:
             (self.partial, 1.0 if self.partials else 0.0)]
         w = np.array([x[1] for x in self.table])
         self.p = w / w.sum()
+        # rng.choice(len(table), p=p) as numpy draws it (one uniform, searched in the
+        # normalised cumulative weights), without its checks on every call
+        cdf = self.p.cumsum()
+        self.cdf = (cdf / cdf[-1]).tolist()
+        self.graph = graphs or (lambda plan: plan_graph(ctx.pipeline, plan))
 
     def propose(self, plan: Plan) -> Plan | None:
-        k = int(self.rng.choice(len(self.table), p=self.p))
+        k = bisect.bisect_right(self.cdf, self.rng.random())
         new = self.table[k][0](plan)
         return None if new is None or new == plan else repair(self.ctx, new)
 
@@ -445,7 +452,7 @@ class Moves:
         if plan.fusion and self.rng.random() < 0.5:
             drop = int(self.rng.integers(len(plan.fusion)))
             return attrs.evolve(plan, fusion=plan.fusion[:drop] + plan.fusion[drop + 1:])
-        graph = plan_graph(self.ctx.pipeline, plan)
+        graph = self.graph(plan)
         pairs = [pr for pr in fusable(graph)
                  if plan.placement(graph.op(pr[0]).stages[0]).devices
                  == plan.placement(graph.op(pr[1]).stages[0]).devices]

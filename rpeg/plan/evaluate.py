@@ -209,6 +209,7 @@ class _Stages:
     policy: frozenset[str] = frozenset()       # train stages with a policy-gradient loss
     corrected: frozenset[str] = frozenset()    # ... that correct every batch (tis)
     generates: tuple[str, ...] = ()
+    syncing: tuple[str, ...] = ()              # train and generate stages: who syncs in place
 
     @classmethod
     def of(cls, pipeline: Pipeline) -> _Stages:
@@ -224,7 +225,9 @@ class _Stages:
                    frozenset(s.name for s in pipeline.stages
                              if pipeline.has_model(s.target or "")),
                    policy, corrected,
-                   tuple(s.name for s in pipeline.stages if s.kind is OpKind.GENERATE))
+                   tuple(s.name for s in pipeline.stages if s.kind is OpKind.GENERATE),
+                   tuple(s.name for s in pipeline.stages
+                         if s.kind in (OpKind.TRAIN, OpKind.GENERATE)))
 
 
 class Evaluator:
@@ -250,6 +253,8 @@ class Evaluator:
         self._tasks: dict[tuple, int] = {}
         self._eval: dict[tuple[int, ...], float] = {}
         self._index: dict[StagePlacement, slice | np.ndarray] = {}
+        self._synced: dict[tuple, frozenset[str]] = {}
+        self._problems: dict[tuple, str | None] = {}
         w = pipeline.workload
         self.gen_tokens = w.batch * w.gen_len.mean()
 
@@ -302,7 +307,12 @@ class Evaluator:
         if base_key not in self._graphs:
             self._graphs[base_key] = step_graph(self.pipeline, plan)
         base = self._graphs[base_key]
-        key = (base_key, plan.fusion, synced_in_place(base, plan))
+        readers = (base_key, tuple(plan.placement(st) for st in self.stages.syncing
+                                   if plan.has_placement(st)))
+        synced = self._synced.get(readers)
+        if synced is None:
+            synced = self._synced[readers] = synced_in_place(base, plan)
+        key = (base_key, plan.fusion, synced)
         if key not in self._graphs:
             self._graphs[key] = plan_graph(self.pipeline, plan, base)
         return self._graphs[key]
@@ -667,7 +677,10 @@ class Evaluator:
         ``detail=False`` skips the per-device figures (busy fractions, model homes, what
         fills a device that overflows) the search does not need. ``bound``: simulate only
         when the step could be below it (see the module doc)."""
-        problem = staleness_problem(self.pipeline, plan)
+        chosen = (plan.staleness, tuple((p.stage, p.carry) for p in plan.placements if p.carry))
+        if chosen not in self._problems:
+            self._problems[chosen] = staleness_problem(self.pipeline, plan)
+        problem = self._problems[chosen]
         if problem:
             raise PlanError(problem, hint="lower the stage's carry or its staleness")
         if detail or simulate_infeasible:

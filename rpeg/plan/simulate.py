@@ -185,8 +185,8 @@ def simulate(graph: Graph, timings: dict[str, OpTiming], steps: int = 6, *,
 
     needs = _needs(tuple(sorted((n, t.devices) for n, t in timings.items())))
     insts = prep.instances                       # in priority order
-    need = [needs[i.op] for i in insts]
-    dur = [durations[(i.op, i.chunk)] for i in insts]
+    need = [needs[op] for op in prep.ops]
+    dur = [durations[key] for key in prep.keys]
     waiting = list(prep.waiting)
     ready = [k for k, w in enumerate(waiting) if w == 0]
     busy = 0
@@ -384,6 +384,8 @@ class _Prepared:
     dependents: tuple[tuple[int, ...], ...]    # every kind of dependency
     fed: tuple[tuple[int, ...], ...]           # by data, versions and stream order (Dask tasks)
     counts: dict
+    ops: tuple[str, ...] = ()                  # the op of each
+    keys: tuple[tuple[str, int], ...] = ()     # (op, chunk) of each
 
 
 _PREPARED: dict[tuple, _Prepared] = {}
@@ -420,7 +422,8 @@ def _prepare_uncached(graph: Graph, steps: int, chunks: tuple[tuple[str, int], .
             fed[index[dep.src]].append(index[dep.dst])
     return _Prepared(tuple(insts), tuple(waiting), tuple(i.step for i in insts),
                      tuple(tuple(d) for d in dependents), tuple(tuple(d) for d in fed),
-                     dict(u.chunks))
+                     dict(u.chunks), tuple(i.op for i in insts),
+                     tuple((i.op, i.chunk) for i in insts))
 
 
 @functools.lru_cache(maxsize=4096)

@@ -28,7 +28,7 @@ from rpeg.plan.choices import (
     model_stages,
     prune,
 )
-from rpeg.plan.evaluate import is_host_op
+from rpeg.plan.structure import is_host_op
 from rpeg.plan.model import Plan, StagePlacement
 from rpeg.plan.pinned import check_pins, honour
 from rpeg.plan.space import Block, Limits

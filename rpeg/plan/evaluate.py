@@ -34,19 +34,29 @@ from __future__ import annotations
 import attrs
 import numpy as np
 
-from rpeg.cost.generation import StageCost, batching_of
+from rpeg.cost.generation import StageCost
 from rpeg.cost.memory import MemoryCost, resident_memory
 from rpeg.cost.stages import stage_memory
-from rpeg.errors import CostError, GraphError, PlanError
+from rpeg.errors import CostError, PlanError
 from rpeg.graph import Graph
-from rpeg.graph.unroll import chunk_counts
 from rpeg.plan.evalcost import EVAL_OP, eval_time, trainer_devices
 from rpeg.plan.model import Plan, Predicted, StagePlacement
-from rpeg.plan.passes import elide_syncs, fuse, reads_in_place
 from rpeg.plan.prices import Chunk, Prices, parallel_of
 from rpeg.plan.simulate import OpTiming, Timeline, floor, simulate, steps_for, tasks_per_step
 from rpeg.plan.staleness import staleness_problem, step_graph
-from rpeg.spec.functions import loss_of
+from rpeg.plan.structure import (  # noqa: F401 — re-exported: what the plan makes of its graph
+    Stages,
+    backbone,
+    graph_backbone,
+    is_host_op,
+    plan_graph,
+    settle_batching,
+    settled,
+    stream_sources,
+    streams_of,
+    sync_devices,
+    synced_in_place,
+)
 from rpeg.spec.model import Cluster, Engine, OpKind, Pipeline
 
 GB = 1e9
@@ -122,114 +132,6 @@ class _Priced:
     bounded: bool
 
 
-def settle_batching(pipeline: Pipeline, plan: Plan, cluster: Cluster,
-                    engine_kv: tuple = ()) -> Plan:
-    """``plan`` with each generate stage's batching as it runs, recorded in its placement:
-    the placement's ``max_num_seqs``, ``kv_fraction`` and ``cuda_graph``, else the stage's
-    (:func:`rpeg.cost.generation.batching_of`); a ``kv_fraction`` still 0 is the share the
-    executor's engine takes (``engine_kv``, as ``Limits.kv_share`` reads it), else what is
-    free."""
-    from rpeg.graph import work_of
-    from rpeg.plan.space import Limits
-    limits = Limits(engine_kv=engine_kv)
-    out = []
-    for p in plan.placements:
-        if pipeline.stage(p.stage).kind is not OpKind.GENERATE:
-            out.append(p)
-            continue
-        out.append(_settled(work_of(pipeline, p.stage), p, limits, cluster))
-    out = tuple(out)
-    return plan if out == plan.placements else attrs.evolve(plan, placements=out)
-
-
-def _settled(work, p: StagePlacement, limits, cluster: Cluster) -> StagePlacement:
-    seqs, frac, graph = batching_of(work, p)
-    frac = frac or limits.kv_share(p.engine, cluster.gpu)
-    if (seqs, frac, graph) == (p.max_num_seqs, p.kv_fraction, p.cuda_graph):
-        return p
-    return attrs.evolve(p, max_num_seqs=seqs, kv_fraction=frac, cuda_graph=graph)
-
-
-def is_host_op(pipeline: Pipeline, stage: str) -> bool:
-    """Ops that run on the host CPU beside the devices (python rewards, advantages)."""
-    s = pipeline.stage(stage)
-    return s.kind is OpKind.COMPUTE or (s.kind is OpKind.SCORE
-                                       and not pipeline.has_model(s.target or ""))
-
-
-def streams_of(plan: Plan, graph: Graph) -> tuple[tuple[str, int, int], ...]:
-    """(generate op, data-parallel blocks streaming its chunks, steps it carries responses
-    over) of each generate op of ``plan``."""
-    out = []
-    for o in graph.ops:
-        if o.kind is OpKind.GENERATE:
-            p = plan.placement(o.stages[0])
-            out.append((o.name, max(1, len(p.devices) // max(p.tp, 1)), p.carry))
-    return tuple(out)
-
-
-def plan_graph(pipeline: Pipeline, plan: Plan, base: Graph | None = None) -> Graph:
-    """The step graph the plan's structural choices make: staleness, sharing, fusion, and no
-    weight sync where the generator reads the trained weights in place (as it runs).
-    ``base``: the plan's unfused step graph, when already built."""
-    try:
-        graph = base or step_graph(pipeline, plan)
-        return fuse(elide_syncs(graph, synced_in_place(graph, plan)), plan.fusion)
-    except GraphError as e:
-        raise PlanError(f"plan structure must be one the spec allows, not: {e.message}",
-                        e.span, hint=e.hint) from None
-
-
-def synced_in_place(graph: Graph, plan: Plan) -> frozenset[str]:
-    """Models whose weight sync moves nothing under ``plan``: every generate op reading them
-    reads the trainer's weights in place (:func:`rpeg.plan.passes.reads_in_place`)."""
-    trainer = {o.writes_model: plan.placement(o.stages[0]) for o in graph.ops
-               if o.kind is OpKind.TRAIN and o.writes_model and plan.has_placement(o.stages[0])}
-    out = set()
-    for o in graph.ops:
-        if o.kind is not OpKind.SYNC_WEIGHTS or o.reads_model not in trainer:
-            continue
-        readers = [plan.placement(g.stages[0]) for g in graph.ops if g.kind is OpKind.GENERATE
-                   and g.reads_model == o.reads_model and plan.has_placement(g.stages[0])]
-        if readers and all(reads_in_place(trainer[o.reads_model], r) for r in readers):
-            out.add(o.reads_model)
-    return frozenset(out)
-
-
-@attrs.frozen
-class _Stages:
-    """What the evaluator reads of the spec's stages, read once: their kinds and models,
-    which run on the host, and the train stages' off-policy correction."""
-
-    order: tuple[str, ...]                     # every stage, in the spec's order
-    kind: dict[str, OpKind] = attrs.field(eq=False)
-    target: dict[str, str | None] = attrs.field(eq=False)
-    model_stage: frozenset[str] = frozenset()  # stages that run a model of the spec
-    modelled: frozenset[str] = frozenset()     # stages whose target is a model
-    policy: frozenset[str] = frozenset()       # train stages with a policy-gradient loss
-    corrected: frozenset[str] = frozenset()    # ... that correct every batch (tis)
-    generates: tuple[str, ...] = ()
-    syncing: tuple[str, ...] = ()              # train and generate stages: who syncs in place
-
-    @classmethod
-    def of(cls, pipeline: Pipeline) -> _Stages:
-        trains = [s for s in pipeline.stages if s.kind is OpKind.TRAIN]
-        policy = frozenset(s.name for s in trains if loss_of(s, pipeline).policy)
-        corrected = frozenset(s.name for s in trains if s.name in policy and getattr(
-            s.param("loss"), "get", dict().get)("tis") is not None)
-        return cls(tuple(s.name for s in pipeline.stages),
-                   {s.name: s.kind for s in pipeline.stages},
-                   {s.name: s.target for s in pipeline.stages},
-                   frozenset(s.name for s in pipeline.stages if s.kind is not OpKind.COMPUTE
-                             and pipeline.has_model(s.target or "")),
-                   frozenset(s.name for s in pipeline.stages
-                             if pipeline.has_model(s.target or "")),
-                   policy, corrected,
-                   tuple(s.name for s in pipeline.stages if s.kind is OpKind.GENERATE),
-                   tuple(s.name for s in pipeline.stages
-                         if s.kind in (OpKind.TRAIN, OpKind.GENERATE)))
-
-
 class Evaluator:
     """Prices plans of one pipeline on one cluster (see the module doc)."""
 
@@ -242,7 +144,7 @@ class Evaluator:
         self.engine_kv = engine_kv      # the executor's KV share per engine (Limits.engine_kv)
         self.prices = Prices.of(pipeline, cluster)
         self.works = self.prices.works
-        self.stages = _Stages.of(pipeline)
+        self.stages = Stages.of(pipeline)
         self._limits = Limits(engine_kv=engine_kv)
         self._graphs: dict[tuple, Graph] = {}
         self._per_graph: dict[tuple, tuple] = {}
@@ -327,7 +229,7 @@ class Evaluator:
             if q is None:
                 q = p
                 if self.stages.kind.get(p.stage) is OpKind.GENERATE:
-                    q = _settled(self.works[p.stage], p, self._limits, self.cluster)
+                    q = settled(self.works[p.stage], p, self._limits, self.cluster)
                     q = self._settled.setdefault(q, q)
                 self._settled[p] = q
             out.append(q)
@@ -404,7 +306,7 @@ class Evaluator:
             by: dict[str, list[str]] = {}
             for s in self.stages.order:
                 if s in self.stages.model_stage:
-                    by.setdefault(_backbone(shared, self.stages.target[s]), []).append(s)
+                    by.setdefault(backbone(shared, self.stages.target[s]), []).append(s)
             out = []
             for stages in by.values():
                 train = next((s for s in stages if self.stages.kind[s] is OpKind.TRAIN), None)
@@ -450,7 +352,7 @@ class Evaluator:
         if not ends:
             return {}
         return {op: ends[src] for op, src in
-                _stream_sources(graph, tuple(sorted((g, len(e)) for g, e in ends.items())))}
+                stream_sources(graph, tuple(sorted((g, len(e)) for g, e in ends.items())))}
 
     # --- memory ---------------------------------------------------------------------
 
@@ -538,7 +440,7 @@ class Evaluator:
             dst = plan.placement(reader.stages[0])
             model = self.stages.target[trainer[op.reads_model].stages[0]]
             t = self.prices.sync_time(model, src, dst)
-            timings[op.name] = OpTiming(_sync_devices(src, dst), t)
+            timings[op.name] = OpTiming(sync_devices(src, dst), t)
         return timings, tuple((n, round(t.time_s, 6)) for n, t in timings.items())
 
     def _op_timing(self, graph: Graph, op, plan: Plan, walk: Walk, trainer) -> OpTiming:
@@ -759,75 +661,5 @@ def _members(devices: tuple[int, ...]):
     return range(at.start, at.stop) if isinstance(at, slice) else set(devices)
 
 
-def _sync_devices(src: StagePlacement, dst: StagePlacement) -> tuple[int, ...]:
-    """The devices of a weight sync: the trainer's devices that hold its weights (the first
-    tp block; every one when ZeRO-3 shards them) gather and send, the readers (torch copies,
-    or a vLLM engine's own copy) receive (rpeg.runtime.instances)."""
-    sources = src.devices if src.zero >= 3 else src.devices[:max(src.tp, 1)]
-    return _union(sources, dst.devices)
-
-
-_UNIONS: dict[tuple, tuple[int, ...]] = {}
-
-
-def _union(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[int, ...]:
-    key = (a, b)
-    out = _UNIONS.get(key)
-    if out is None:
-        if len(_UNIONS) > 4096:
-            _UNIONS.clear()
-        out = _UNIONS[key] = tuple(sorted(set(a) | set(b)))
-    return out
-
-
-_SOURCES: dict[tuple, tuple[tuple[str, str], ...]] = {}
-
-
-def _stream_sources(graph: Graph, chunked: tuple[tuple[str, int], ...]
-                    ) -> tuple[tuple[str, str], ...]:
-    """(op, the chunked generate op whose chunks it consumes one by one) for every op that
-    streams, given each chunked generate op's chunk count."""
-    key = (graph, chunked)
-    out = _SOURCES.get(key)
-    if out is None:
-        ends = dict(chunked)
-        counts = chunk_counts(graph, ends)
-        found = []
-        for name in graph.topo_order():
-            if name in ends or counts.get(name, 1) <= 1:
-                continue
-            src = _streamed_from(graph, name, ends)
-            if src is not None and ends[src] == counts[name]:
-                found.append((name, src))
-        if len(_SOURCES) > 4096:
-            _SOURCES.clear()
-        out = _SOURCES[key] = tuple(found)
-    return out
-
-
-def _streamed_from(graph: Graph, op: str, chunked: dict) -> str | None:
-    """The chunked generate op whose chunks ``op`` inherits (nearest upstream)."""
-    frontier, seen = list(graph.producers(op)), set()
-    while frontier:
-        name = frontier.pop(0)
-        if name in chunked:
-            return name
-        if name in seen or not graph.op(name).per_sample:
-            continue
-        seen.add(name)
-        frontier += list(graph.producers(name))
-    return None
-
-
-def graph_backbone(plan: Plan, model: str) -> str:
-    return _backbone(plan.shared, model)
-
-
-def _backbone(shared: tuple[tuple[str, ...], ...], model: str) -> str:
-    for group in shared:
-        if model in group:
-            return "+".join(group)
-    return model
-
-
-__all__ = ["Evaluator", "Evaluation", "Shortfall", "Walk", "parallel_of", "plan_graph"]
+__all__ = ["Evaluator", "Evaluation", "Shortfall", "Walk", "is_host_op", "parallel_of",
+           "plan_graph", "settle_batching"]

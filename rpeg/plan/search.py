@@ -36,6 +36,14 @@ a walk returns to the best plan so far, and a walk that has not bettered its own
 for ``stall`` proposals starts again, warm, from the next of the other baselines' plans
 (then the start plan again): another basin.
 
+Most proposals are worse than the plan they would replace; such a plan matters only if
+the Metropolis draw takes it. So once any plan fits, a proposal is first priced up to
+its step's lower bound (the busiest device's work of a step:
+``Evaluator.evaluate(bound=...)``) and simulated only when that bound is below the plan
+it would replace or the walk's best, or when the draw could still accept it; the draw
+is made where it would be made after a simulation, so the random stream, the walk and
+the plan are those of simulating every proposal.
+
 A spec with staleness bounds is searched as a ladder (``compile_report``): one walk per
 cap 0, 1, ... up to the largest bound (:func:`staleness_caps`, :func:`capped`), each
 starting from the best of the baselines under its cap and of the walk below it (above

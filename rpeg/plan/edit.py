@@ -28,10 +28,10 @@ from rpeg.plan.choices import (
     model_stages,
     prune,
 )
-from rpeg.plan.structure import is_host_op
 from rpeg.plan.model import Plan, StagePlacement
 from rpeg.plan.pinned import check_pins, honour
 from rpeg.plan.space import Block, Limits
+from rpeg.plan.structure import is_host_op
 from rpeg.spec.model import Cluster, OpKind, Pipeline
 
 

@@ -628,7 +628,7 @@ class Evaluator:
                            else 0.0)
         if held_out is not None:                       # an eval op every `every` steps
             op_times = tuple(op_times) + ((EVAL_OP, held_out),)
-        least = floor(graph, timings) + extra
+        least = floor(graph, timings) + extra if bound is not None and feasible else 0.0
         if bound is not None and feasible and least >= bound:
             return _Priced(plan, homes, True, None, Predicted(
                 least, op_times=op_times, memory_capacity=capacity,

@@ -1,7 +1,8 @@
 """Compile time: CPU seconds of ``rpeg compile`` on the shipped specs, and where they go.
 
     .venv/bin/python benchmarks/compile_time.py                 # the table and the phases
-    .venv/bin/python benchmarks/compile_time.py --against DIR   # the same with DIR's rpeg too
+    .venv/bin/python benchmarks/compile_time.py --against DIR --name main@abc123
+                                                                # the same with DIR's rpeg too
     .venv/bin/python benchmarks/compile_time.py --quick         # 8 GPUs only
 
 Writes benchmarks/results/compile_time.json and .md. Two measurements per configuration
@@ -188,13 +189,15 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="8 GPUs only")
     ap.add_argument("--against", type=Path, help="another checkout's rpeg to time beside")
+    ap.add_argument("--name", default="against",
+                    help="what to call that checkout in the table (a commit, say)")
     ap.add_argument("--no-phases", action="store_true")
     args = ap.parse_args()
     here = provenance()
     gpus = (8,) if args.quick else (8, 256, 2048)
     trees = {"this": ROOT}
     if args.against:
-        trees = {"against": args.against.resolve(), **trees}
+        trees = {args.name: args.against.resolve(), **trees}
     res = {"provenance": here, "trees": list(trees), "cli": [], "phases": []}
     if args.against:
         res["against"] = str(args.against)

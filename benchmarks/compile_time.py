@@ -38,9 +38,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.provenance import finish, header, provenance  # noqa: E402
+from benchmarks.provenance import finish, header, provenance, save  # noqa: E402
 
-RESULTS = ROOT / "benchmarks" / "results"
 SPECS = ("ppo_llama8b", "grpo_qwen7b")
 TARGETS = {8: 1.5, 256: 3.0, 2048: 10.0}      # CPU seconds the planner should stay under
 
@@ -215,11 +214,7 @@ def main() -> None:
                 print(spec, n, "phases", r.get("phases", r.get("error")), flush=True)
                 res["phases"].append(r)
     finish(here)
-    name = "compile_time_quick" if args.quick else "compile_time"
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / f"{name}.json").write_text(json.dumps(res, indent=2) + "\n")
-    (RESULTS / f"{name}.md").write_text(markdown(res))
-    print(f"wrote {RESULTS / name}.json and .md")
+    save("compile_time_quick" if args.quick else "compile_time", res, markdown(res))
 
 
 if __name__ == "__main__":

@@ -14,7 +14,8 @@ Writes benchmarks/results/compile_time.json and .md. Two measurements per config
   seconds depend less on other work on the machine than wall seconds, but not nothing
   (caches and cores are shared): the load average is recorded with each row. With
   ``--against DIR`` the same command also runs with DIR's ``rpeg`` first on the path (a
-  checkout of another commit), the two alternating, so both see the same load.
+  checkout of another commit), the two alternating, so both see the same load, and
+  the table gives DIR's CPU seconds over this tree's.
 - **Phases**: the same compile in this process, each phase's own CPU seconds (a phase
   called inside another counts for itself only): check (parse and check the spec and
   cluster), build (step graphs), enumerate (layouts, pruned and priced; during the
@@ -157,15 +158,21 @@ def markdown(res: dict) -> str:
              "--json --no-gantt` in a process of its own (imports included); the load "
              "average beside each row is the machine's other work at the time.", ""]
     trees = res["trees"]
+    ratio = len(trees) > 1          # the other checkout's CPU seconds over this one's
     head = "| spec | GPUs | target CPU s | " + " | ".join(
-        f"{t} CPU s | {t} step (s) | {t} proposals" for t in trees) + " | load |"
-    lines += [head, "|" + "---|" * (4 + 3 * len(trees))]
+        f"{t} CPU s | {t} step (s) | {t} proposals" for t in trees) + (
+        f" | {trees[0]} / this CPU" if ratio else "") + " | load |"
+    lines += [head, "|" + "---|" * (4 + 3 * len(trees) + ratio)]
     for row in res["cli"]:
         cells = []
         for t in trees:
             m = row[t]
             cells += ([m["error"][:60], "-", "-"] if "error" in m else
                       [str(m["cpu_s"]), f"{m['step_time_s']:.4f}", str(m["proposals"])])
+        if ratio:
+            a, b = row[trees[0]], row["this"]
+            cells.append(f"{a['cpu_s'] / b['cpu_s']:.2f}x" if "cpu_s" in a and "cpu_s" in b
+                         else "-")
         load = max(row[t].get("load_average", 0) for t in trees)
         lines.append(f"| {row['spec']} | {row['gpus']} | {TARGETS[row['gpus']]} | "
                      + " | ".join(cells) + f" | {load} |")

@@ -226,3 +226,35 @@ def test_an_engine_sleeps_beside_a_trainer_on_gpus_only():
     m = ppo_pipeline("llama3.1-8b", prompts=8).model("actor")
     assert sleep_wake_time(m, 1, h200) == pytest.approx(2 * sync_bytes(m, h200)
                                                         / h200.host_bandwidth)
+
+
+@pytest.mark.parametrize("trainer, sleeps", [((4, 5, 6, 7), False), ((2, 3, 4, 5), True)])
+def test_the_planner_prices_an_engine_asleep_while_its_gpus_train(trainer, sleeps):
+    """A plan's generate op on vLLM beside a trainer on GPUs costs its decode plus one sleep
+    and wake (``sleep_wake_time``); on devices of its own, its decode alone."""
+    from rpeg.cost.engine_sync import sleep_wake_time
+    from rpeg.plan.evaluate import Evaluator
+    from rpeg.runtime.placement import split_plan
+    from rpeg.spec import load
+    pipeline = load(ROOT / "pipelines/grpo_qwen7b.rpeg")
+    cluster = cluster_of("h200", 8, 1)
+    trains = {s.name for s in pipeline.stages if s.kind.value == "train"}
+
+    def placed(p):
+        if p.stage == "rollout":
+            return attrs.evolve(p, devices=(0, 1, 2, 3), dp=2, tp=2, engine=Engine.VLLM)
+        if p.stage in trains or p.devices != (0,):
+            return attrs.evolve(p, devices=trainer, dp=4)
+        return p
+    base = split_plan(pipeline, 8)
+    plan = attrs.evolve(base, placements=tuple(placed(p) for p in base.placements),
+                        model_homes=(("actor", trainer),))
+    ev = Evaluator(pipeline, cluster)
+    graph = ev.graph(plan)
+    timings, _ = ev.timings(plan, graph)
+    gen = next(o for o in graph.ops if o.kind.value == "generate")
+    p = plan.placement(gen.stages[0])
+    decode = ev.stage_time(gen.stages[0], p, ev.walk(plan, graph).rows.get(gen.stages[0]))
+    rest = sleep_wake_time(pipeline.model("actor"), 2, cluster.gpu) if sleeps else 0.0
+    assert timings[gen.name].time_s == pytest.approx(decode + rest)
+    assert (rest > 0) == sleeps

@@ -22,7 +22,7 @@ from rpeg.spec import values as V
 from rpeg.spec.arch import MODEL_ARCH_KEYS, lower_dims
 from rpeg.spec.calls import keywords
 from rpeg.spec.checks import check_context, check_shared_optimizers, check_trained, fold_lengths
-from rpeg.spec.functions import by_category, default_optimizer, function
+from rpeg.spec.functions import by_category, declared, default_optimizer, function
 from rpeg.spec.model import (
     WORKLOAD_DATA,
     DType,
@@ -53,6 +53,7 @@ from rpeg.spec.sections import (
 from rpeg.spec.sections import assigned as _assigned
 from rpeg.spec.sections import entries as _entries
 from rpeg.spec.stages import check_roles, lower_stage
+from rpeg.spec.tools import Tool, check_conversations, check_signature
 
 WORKLOAD_KEYS = ("steps", "prompts", "samples", "prompt_len", "gen_len", "dataset",
                  "seed") + DATA_KEYS
@@ -98,6 +99,7 @@ def _lower(f: ast.File, items, chain) -> tuple[Pipeline, list[SpecError]]:
     workload = _workload(wl_items[0], f.path, warnings)
     models = tuple(_model(m, f.path, warnings) for m in items if isinstance(m, ast.ModelDecl))
     rewards = tuple(_reward(r, warnings) for r in items if isinstance(r, ast.RewardDecl))
+    tools = tuple(_tool(t) for t in items if isinstance(t, ast.ToolDecl))
     targets = {m.name: m for m in models} | {r.name: r for r in rewards}
     stages = tuple(lower_stage(s, targets) for s in items if isinstance(s, ast.StageDecl))
     if not stages:
@@ -118,6 +120,7 @@ def _lower(f: ast.File, items, chain) -> tuple[Pipeline, list[SpecError]]:
     check_roles(stages, items, targets, workload)
     check_shared_optimizers(shares, targets, items)
     workload = fold_lengths(workload, stages, items)
+    check_conversations(stages, tools, items, workload, warnings)
     check_context(workload, models, stages, items)
     _check_unused(stages, models, items, warnings)
     evaluation = next((lower_eval(i, f.path, rewards, workload.steps, warnings) for i in items
@@ -127,7 +130,7 @@ def _lower(f: ast.File, items, chain) -> tuple[Pipeline, list[SpecError]]:
     pipeline = Pipeline(
         name=decl.name.value, path=f.path, workload=workload, models=models, rewards=rewards,
         stages=stages, staleness=staleness, shares=shares, colocate=colocate, place=place,
-        extends=chain, evaluation=evaluation, **({"log": log} if log else {}))
+        extends=chain, evaluation=evaluation, **({"log": log} if log else {}), tools=tools)
     return pipeline, warnings
 
 
@@ -159,6 +162,11 @@ def _workload(w: ast.WorkloadDecl, path: str, warnings: list[SpecError]) -> Work
     fields, template, split = data_fields(e)
     return Workload(steps, prompts, samples, prompt_len, gen_len, dataset, seed, w.span,
                     fields=fields, template=template, split=split, prompt_dist=prompt_dist)
+
+
+def length(v: ast.Value, path: str, key: str = "gen_len") -> LengthDist:
+    """A count (tokens, turns) or a distribution of counts, as ``gen_len`` is written."""
+    return _length(v, path, key)
 
 
 def _length(v: ast.Value, path: str, key: str = "gen_len") -> LengthDist:
@@ -361,32 +369,71 @@ def _reward(r: ast.RewardDecl, warnings: list[SpecError]) -> Reward:
     return Reward(r.name.value, module, function_, r.span, kind=fn.name)
 
 
-def _resolve_python(module: str, function: str, folder: Path, span: Span) -> None:
+def _tool(t: ast.ToolDecl) -> Tool:
+    """``tool NAME = python("module:function", ...)`` or ``environment NAME = ...``: the
+    code found by reading its source, its signature checked, the sandbox's limits."""
+    category = Category.ENVIRONMENT if t.environment else Category.TOOL
+    c = t.call
+    fn = declared(category, c.func.value)
+    if fn is None:
+        kinds = [f.name for f in by_category(category)]
+        raise SpecError(f"{t.keyword} '{t.name.value}' must be one of "
+                        f"{', '.join(k + '(...)' for k in kinds)}, not {V.describe(c)}", c.span,
+                        hint=f'python("module:{"Class" if t.environment else "function"}") '
+                             "names your own code")
+    given = keywords(fn, c.args, c.kwargs, f"{fn.name}(...)")
+    if "ref" not in given:
+        raise SpecError(f'{fn.name}(...) must name "module:'
+                        f'{"Class" if t.environment else "function"}"', c.span)
+    ref, where = given["ref"]
+    if ref.count(":") != 1 or not all(part.replace(".", "").replace("_", "a").isalnum()
+                                      for part in ref.split(":")):
+        raise SpecError(f'{fn.name}(...) must name "module:'
+                        f'{"Class" if t.environment else "function"}", not "{ref}"', where)
+    module, function_ = ref.split(":")
+    args = fn.resolve({k: v for k, (v, _) in given.items()})
+    tool = Tool(t.name.value, module, function_, t.span, environment=t.environment,
+                timeout=args["timeout"], memory=args["memory"], max_output=args["max_output"],
+                cores=args["cores"], latency=args["latency"], kind=fn.name)
+    source, tree = _resolve_python(module, function_, Path(t.span.path).parent, where,
+                                   what=t.keyword)
+    check_signature(tool, tree, str(source), where)
+    return tool
+
+
+def _resolve_python(module: str, function: str, folder: Path, span: Span,
+                    what: str = "reward") -> tuple[Path, pyast.Module]:
     """Find the module (next to the spec first, then on sys.path) and the function in it,
-    by reading its source: checking a spec runs none of the user's code."""
+    by reading its source: checking a spec runs none of the user's code. Returns the
+    source's path and syntax tree."""
     candidates = [folder / (module.replace(".", "/") + ".py"),
                   folder / module.replace(".", "/") / "__init__.py"]
     source = next((p for p in candidates if p.is_file()), None)
     if source is None:
         found = _find_module(module)
         if found is None or not found.origin or not found.origin.endswith(".py"):
-            raise SpecError(f"reward module '{module}' not found", span,
+            raise SpecError(f"{what} module '{module}' not found", span,
                             hint=f"put {module.replace('.', '/')}.py next to the spec "
                                  f"({folder}) or on the Python path")
         source = Path(found.origin)
     try:
         tree = pyast.parse(source.read_text(encoding="utf-8"))
     except (SyntaxError, UnicodeDecodeError, OSError) as e:
-        raise SpecError(f"reward module '{module}' ({source}) cannot be read: {e}", span) from None
+        raise SpecError(f"{what} module '{module}' ({source}) cannot be read: {e}",
+                        span) from None
     names = {n.name for n in tree.body if isinstance(n, (pyast.FunctionDef,
                                                          pyast.AsyncFunctionDef))}
     names |= {t.id for n in tree.body if isinstance(n, pyast.Assign) for t in n.targets
               if isinstance(t, pyast.Name)}
     names |= {a.asname or a.name for n in tree.body if isinstance(n, pyast.ImportFrom)
               for a in n.names}
+    names |= {n.name for n in tree.body if isinstance(n, pyast.ClassDef)} \
+        if what != "reward" else set()
     if function not in names:
-        raise SpecError(f"module '{module}' ({source}) has no function '{function}'", span,
+        kind = "class" if what == "environment" else "function"
+        raise SpecError(f"module '{module}' ({source}) has no {kind} '{function}'", span,
                         hint=did_you_mean(function, sorted(names)))
+    return source, tree
 
 
 def _find_module(module: str):

@@ -306,6 +306,7 @@ class Pipeline:
     extends: tuple[str, ...] = ()                      # resolved paths, nearest first
     evaluation: Evaluation | None = None               # held-out prompts every N steps
     log: Logging = Logging()                           # trackers, sampled responses kept
+    tools: tuple = ()          # rpeg.spec.tools.Tool: the tools and environments declared
 
     def model(self, name: str) -> Model:
         return next(m for m in self.models if m.name == name)
@@ -315,6 +316,10 @@ class Pipeline:
 
     def reward(self, name: str) -> Reward:
         return next(r for r in self.rewards if r.name == name)
+
+    def tool(self, name: str):
+        """The tool or environment declared as ``name`` (``rpeg.spec.tools.Tool``)."""
+        return next(t for t in self.tools if t.name == name)
 
     def has_model(self, name: str) -> bool:
         return any(m.name == name for m in self.models)

@@ -69,6 +69,8 @@ class Category(enum.Enum):
     LOSS = "loss"
     REWARD = "reward"
     OPTIMIZER = "optimizer"
+    TOOL = "tool"
+    ENVIRONMENT = "environment"
 
 
 class Target(enum.Enum):
@@ -105,6 +107,8 @@ class Pricing(enum.Enum):
                   "forward pass without gradients)"
     HOST = "host work per response, inside its score op"
     OPTIMIZER = "the optimizer's step, inside its train op"
+    TOOL = "each call its declared latency (rpeg calibrate --tools measures it), on the host " \
+           "cores the cluster gives tool executors, inside its generate op"
 
     @property
     def per_token(self) -> bool:
@@ -119,6 +123,12 @@ class Type(enum.Enum):
     CALL = "call"          # a loss: ppo_clip(0.2)
     DATA = "data name"     # another stage's output, read as an input
     STRING = "string"
+    SECONDS = "duration"   # 5 s, 200 ms
+    BYTES = "size"         # 512 MB
+    LENGTHS = "distribution of counts"    # uniform(min = 1, max = 4), like gen_len
+    LATENCY = "distribution of durations"  # lognormal(median = 2 s, max = 30 s)
+    NAMES = "list of names"                # names declared in the spec: tools = [calc, search]
+    NAME = "declared name"                 # one: environment = maze
 
 
 @attrs.frozen

@@ -103,6 +103,7 @@ class RunContext:
     threads: int = 1                 # intra-op threads per worker
     data: Cursor = Cursor()          # where the run reads its prompts from (a resume's)
     syncs: tuple[WeightSync, ...] = ()    # collective weight syncs into vLLM engines
+    tool_slots: int = 1              # tool calls a worker's sandbox runs at once
 
     @classmethod
     def create(cls, pipeline: Pipeline, plan: Plan, calls: tuple[OpCall, ...], *, spec_dir: str,

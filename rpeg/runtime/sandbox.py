@@ -115,7 +115,7 @@ class Sandbox:
         finally:
             log.close()
         self._write({"tools": [_config(t) for t in self.tools.values()],
-                     "path": [p for p in self.path if p], "root": self.root,
+                     "path": [os.path.abspath(p) for p in self.path if p], "root": self.root,
                      "slots": self.slots})
         ready = self._read(START_TIMEOUT_S)
         if ready is None or not ready.get("ready"):

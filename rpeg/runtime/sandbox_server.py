@@ -393,10 +393,7 @@ class Server:
             if job is None or job.status is not None:
                 self._reply(msg, False, error="the environment has ended", done=True)
                 return
-            job.waiting_id = msg["id"]
-            job.deadline = time.monotonic() + float(self.tools[job.req["tool"]]["timeout"])
-            job.start = time.monotonic()
-            _write_all(job.requests, _frame(str(msg.get("action", "")).encode("utf-8")))
+            self.queue.append(msg)
         elif op == "close":
             job = self.envs.pop(int(msg.get("handle", -1)), None)
             if job is not None:
@@ -406,14 +403,34 @@ class Server:
             self._reply(msg, False, error=f"unknown request {op!r}")
 
     def _start_queued(self) -> None:
+        """Start queued work while slots are free: a call or an environment's start forks a
+        child; a step goes to its environment. Each holds its tool's cores until answered
+        (an environment waiting between steps holds none)."""
         while self.queue:
             msg = self.queue[0]
-            t = self.tools[msg["tool"]]
+            env = self.envs.get(int(msg.get("handle", -1))) if msg["op"] == "step" else None
+            if msg["op"] == "step" and env is None:
+                self.queue.pop(0)
+                self._reply(msg, False, error="the environment has ended", done=True)
+                continue
+            t = self.tools[env.req["tool"] if env is not None else msg["tool"]]
             need = min(max(int(t.get("cores", 1)), 1), self.slots)
             if self.busy and self.busy + need > self.slots:
                 return
             self.queue.pop(0)
-            self._fork(msg, t, need)
+            self.busy += need
+            if env is None:
+                self._fork(msg, t, need)
+                continue
+            env.slots, env.waiting_id = need, msg["id"]
+            env.deadline = env.start = time.monotonic()
+            env.deadline += float(t["timeout"])
+            _write_all(env.requests, _frame(str(msg.get("action", "")).encode("utf-8")))
+
+    def _answered(self, job: Job) -> None:
+        """An environment answered: its cores are free until its next step."""
+        self.busy -= job.slots
+        job.slots = 0
 
     def _fork(self, msg: dict, t: dict, need: int) -> None:
         self.count += 1
@@ -449,7 +466,6 @@ class Server:
         os.set_blocking(r, False)
         deadline = time.monotonic() + float(t["timeout"])
         job = Job(msg, pid, r, scratch, deadline, int(t["max_output"]), need, req_w)
-        self.busy += need
         self.jobs[pid] = job
         if env:
             job.waiting_id = msg["id"]
@@ -486,6 +502,7 @@ class Server:
                 extra = {"handle": job.req["id"]} if job.waiting_id == job.req["id"] else {}
                 self._send(job.waiting_id, answer, time.monotonic() - job.start, **extra)
                 job.waiting_id = None
+                self._answered(job)
             if not answer.get("ok", False) and job.req["id"] in self.envs:
                 self.envs.pop(job.req["id"])
                 self._finish(job)

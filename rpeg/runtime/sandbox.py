@@ -79,6 +79,7 @@ class Counts:
 
 def _config(tool) -> dict:
     return {"name": tool.name, "module": tool.module, "function": tool.function,
+            "source": getattr(tool, "source", ""), "folder": getattr(tool, "folder", ""),
             "environment": tool.environment, "timeout": tool.timeout, "memory": tool.memory,
             "max_output": tool.max_output, "cores": tool.cores}
 

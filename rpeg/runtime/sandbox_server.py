@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import ctypes
 import importlib
+import importlib.util
 import inspect
 import json
 import os
@@ -341,7 +342,7 @@ class Server:
         failed = {}
         for name, t in self.tools.items():
             try:
-                obj = getattr(importlib.import_module(t["module"]), t["function"])
+                obj = getattr(_module(t), t["function"])
                 if t.get("environment"):
                     if not inspect.isclass(obj) or not callable(getattr(obj, "step", None)):
                         raise TypeError(f"{t['function']} must be a class with step(action)")
@@ -608,6 +609,27 @@ class Server:
     def _shutdown(self) -> None:
         for job in list(self.jobs.values()):
             self._finish(job)
+
+
+def _module(t: dict):
+    """A tool's module: the file the spec found (its folder first on the path, for the
+    modules beside it), else by name."""
+    folder, source = t.get("folder") or "", t.get("source") or ""
+    if folder and folder not in sys.path:
+        sys.path.insert(0, folder)
+    if not source:
+        return importlib.import_module(t["module"])
+    name = t["module"]
+    have = sys.modules.get(name)
+    if have is not None and os.path.realpath(getattr(have, "__file__", "") or "") == \
+            os.path.realpath(source):
+        return have
+    spec = importlib.util.spec_from_file_location(name if have is None else
+                                                  f"_tool_{t['name']}_{name}", source)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod
+    spec.loader.exec_module(mod)
+    return mod
 
 
 def _confine_with(scratch: str, limits: dict, abi: int, answer_fd: int, request_fd: int) -> None:

@@ -56,7 +56,7 @@ def convert(p: Param, v: ast.Value) -> object:
         return _names(v, key)
     if p.type is Type.LENGTHS:
         from rpeg.spec.lower import length
-        return length(v, v.span.path, key)
+        return length(v, key)
     if p.type is Type.LATENCY:
         from rpeg.spec.tools import latency
         return latency(v, key)

@@ -27,6 +27,7 @@ import json
 import attrs
 
 from rpeg.spec.model import WORKLOAD_DATA, Cluster, Model, Pipeline, Reward, Stage
+from rpeg.spec.paths import FileRef
 
 SECTIONS = ("workload", "models", "rewards", "tools", "stages", "edges", "staleness", "sharing",
             "colocation", "placement", "eval", "log", "cluster", "gpu", "links")
@@ -112,7 +113,7 @@ def _model_sig(m: Model) -> tuple:
 
 
 def _reward_sig(r: Reward) -> tuple:
-    return (r.kind, r.module, r.function, r.params)
+    return (r.kind, r.module, r.function, r.params, r.source)
 
 
 def _match_by_sig(a: dict[str, object], b: dict[str, object], sig) -> dict[str, str]:
@@ -210,7 +211,7 @@ def diff(a: Pipeline, b: Pipeline) -> SpecDiff:
     changes += _workload(a, b)
     changes += _things("models", a.models, b.models, m.models, _model_fields, _describe_model)
     changes += _things("rewards", a.rewards, b.rewards, m.rewards,
-                       lambda r, _m: {"function": str(r)}, str)
+                       lambda r, _m: {"function": str(r), "source": r.source or "none"}, str)
     changes += _things("tools", a.tools, b.tools, {t.name: t.name for t in a.tools
                                                    if any(u.name == t.name for u in b.tools)},
                        _tool_fields, str)
@@ -234,14 +235,29 @@ def _workload(a: Pipeline, b: Pipeline) -> list[Change]:
               ("fields", "dataset columns"), ("template", "prompt rendering"), ("split", ""))
     for key, meaning in fields:
         x, y = getattr(wa, key), getattr(wb, key)
-        if str(x) != str(y):
+        if _differs(x, y):
             detail = meaning
             if key in ("prompts", "samples") and wa.batch != wb.batch:
                 detail += f", responses per step {wa.batch} -> {wb.batch}"
             if key == "gen_len":
                 detail += f", mean {wa.gen_len.mean():.0f} -> {wb.gen_len.mean():.0f}"
-            out.append(Change("workload", ChangeKind.CHANGED, key, detail, _s(x), _s(y)))
+            out.append(Change("workload", ChangeKind.CHANGED, key, detail, *_pair(x, y)))
     return out
+
+
+def _differs(x: object, y: object) -> bool:
+    """A file a spec names differs by its path (one text may name two files); anything
+    else by how it reads."""
+    if isinstance(x, FileRef) or isinstance(y, FileRef):
+        return x != y
+    return str(x) != str(y)
+
+
+def _pair(x: object, y: object) -> tuple[str, str]:
+    """Two values as a change shows them: files by their paths where the texts agree."""
+    if isinstance(x, FileRef) and isinstance(y, FileRef) and x.text == y.text:
+        return x.path, y.path
+    return _s(x), _s(y)
 
 
 def _s(v: object) -> str:
@@ -271,8 +287,9 @@ def _blocks(a: Pipeline, b: Pipeline) -> list[Change]:
                 continue
             vx, vy = getattr(x, f.name), getattr(y, f.name)
             if vx != vy:
+                shown = _pair(vx, vy) if isinstance(vx, FileRef) else (_listed(vx), _listed(vy))
                 out.append(Change(section, ChangeKind.CHANGED, f"{section}.{f.name}", "",
-                                  _listed(vx), _listed(vy)))
+                                  *shown))
     return out
 
 
@@ -328,6 +345,7 @@ def _tool_fields(t, _m) -> dict[str, str]:
     """A tool's or environment's code and sandbox, field by field."""
     from rpeg.spec.tools import _s
     return {"kind": "environment" if t.environment else "tool", "code": t.ref,
+            "source": t.source or "none",
             "timeout": _s(t.timeout), "memory": f"{t.memory:g} bytes",
             "max_output": f"{t.max_output:g} bytes", "cores": str(t.cores),
             "latency": str(t.latency) if t.latency is not None else "measured"}

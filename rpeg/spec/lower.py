@@ -12,8 +12,6 @@ yet on disk) are returned as warnings.
 from __future__ import annotations
 
 import ast as pyast
-import importlib.machinery
-import sys
 from pathlib import Path
 
 from rpeg.errors import Span, SpecError, SpecWarning, did_you_mean
@@ -38,6 +36,7 @@ from rpeg.spec.model import (
     Workload,
     lognormal_sigma,
 )
+from rpeg.spec.paths import FileRef, find_python, resolve_written
 from rpeg.spec.pins import lower_place
 from rpeg.spec.registry import Category
 from rpeg.spec.resolve import blame, resolve_pipeline
@@ -96,8 +95,8 @@ def _lower(f: ast.File, items, chain) -> tuple[Pipeline, list[SpecError]]:
         raise SpecError(f"pipeline '{decl.name.value}' has no workload block", decl.span,
                         hint="add 'workload { steps = ...; prompts = ...; prompt_len = ...; "
                              "gen_len = ... }'")
-    workload = _workload(wl_items[0], f.path, warnings)
-    models = tuple(_model(m, f.path, warnings) for m in items if isinstance(m, ast.ModelDecl))
+    workload = _workload(wl_items[0], warnings)
+    models = tuple(_model(m, warnings) for m in items if isinstance(m, ast.ModelDecl))
     rewards = tuple(_reward(r, warnings) for r in items if isinstance(r, ast.RewardDecl))
     tools = tuple(_tool(t) for t in items if isinstance(t, ast.ToolDecl))
     targets = {m.name: m for m in models} | {r.name: r for r in rewards}
@@ -123,7 +122,7 @@ def _lower(f: ast.File, items, chain) -> tuple[Pipeline, list[SpecError]]:
     check_conversations(stages, tools, items, workload, warnings)
     check_context(workload, models, stages, items)
     _check_unused(stages, models, items, warnings)
-    evaluation = next((lower_eval(i, f.path, rewards, workload.steps, warnings) for i in items
+    evaluation = next((lower_eval(i, rewards, workload.steps, warnings) for i in items
                        if isinstance(i, ast.EvalDecl)), None)
     log = next((lower_log(i) for i in items if isinstance(i, ast.LogDecl)), None)
     check_trained(models, stages, items, versioned)
@@ -136,7 +135,7 @@ def _lower(f: ast.File, items, chain) -> tuple[Pipeline, list[SpecError]]:
 
 # --- workload ----------------------------------------------------------------
 
-def _workload(w: ast.WorkloadDecl, path: str, warnings: list[SpecError]) -> Workload:
+def _workload(w: ast.WorkloadDecl, warnings: list[SpecError]) -> Workload:
     e = _entries(w.block, WORKLOAD_KEYS, "the workload block")
     for required in ("steps", "prompts", "prompt_len", "gen_len"):
         if required not in e:
@@ -147,29 +146,29 @@ def _workload(w: ast.WorkloadDecl, path: str, warnings: list[SpecError]) -> Work
     samples = V.integer(_assigned(e["samples"], "samples"), "samples", minimum=1,
                         maximum=4096) if "samples" in e else 1
     pv = _assigned(e["prompt_len"], "prompt_len")
-    prompt_dist = None if isinstance(pv, ast.Number) else _length(pv, path, "prompt_len")
+    prompt_dist = None if isinstance(pv, ast.Number) else _length(pv, "prompt_len")
     prompt_len = prompt_dist.max_len if prompt_dist else V.integer(
         pv, "prompt_len", minimum=1, maximum=MAX_TOKENS)
-    gen_len = _length(_assigned(e["gen_len"], "gen_len"), path)
+    gen_len = _length(_assigned(e["gen_len"], "gen_len"))
     seed = V.integer(_assigned(e["seed"], "seed"), "seed", maximum=2**31 - 1) if "seed" in e else 0
     dataset = None
     if "dataset" in e:
         dv = _assigned(e["dataset"], "dataset")
-        dataset = V.string(dv, "dataset")
-        if not (Path(path).parent / dataset).exists():
-            warnings.append(SpecWarning(f"dataset '{dataset}' does not exist (yet); a run needs it",
-                                      dv.span))
+        dataset = FileRef.written(V.string(dv, "dataset"), dv.span)
+        if not dataset.exists():
+            warnings.append(SpecWarning(f"dataset {dataset.described()} does not exist (yet); "
+                                        "a run needs it", dv.span))
     fields, template, split = data_fields(e)
     return Workload(steps, prompts, samples, prompt_len, gen_len, dataset, seed, w.span,
                     fields=fields, template=template, split=split, prompt_dist=prompt_dist)
 
 
-def length(v: ast.Value, path: str, key: str = "gen_len") -> LengthDist:
+def length(v: ast.Value, key: str = "gen_len") -> LengthDist:
     """A count (tokens, turns) or a distribution of counts, as ``gen_len`` is written."""
-    return _length(v, path, key)
+    return _length(v, key)
 
 
-def _length(v: ast.Value, path: str, key: str = "gen_len") -> LengthDist:
+def _length(v: ast.Value, key: str = "gen_len") -> LengthDist:
     if isinstance(v, ast.Number):
         return LengthDist.fixed(V.integer(v, key, minimum=1, maximum=MAX_TOKENS))
     if not isinstance(v, ast.Call):
@@ -222,7 +221,7 @@ def _length(v: ast.Value, path: str, key: str = "gen_len") -> LengthDist:
     if src is None:
         raise SpecError('empirical(...) needs a histogram file: empirical("lengths.csv")', v.span)
     file = V.string(src, "empirical histogram")
-    bins = _histogram(Path(path).parent / file, src.span)
+    bins = _histogram(resolve_written(file, src.span), src.span)
     mv = arg("max")
     hi = V.integer(mv, "max", minimum=1, maximum=MAX_TOKENS) if mv is not None else \
         max(b[0] for b in bins)
@@ -264,12 +263,12 @@ def _histogram(file: Path, span: Span) -> tuple[tuple[int, float], ...]:
 
 # --- models and rewards ------------------------------------------------------
 
-def _model(m: ast.ModelDecl, path: str, warnings: list[SpecError]) -> Model:
+def _model(m: ast.ModelDecl, warnings: list[SpecError]) -> Model:
     preset = m.preset.value
     e = _entries(m.block, MODEL_KEYS, f"model '{m.name.value}'") if m.block else {}
     folder_dtype, weights = None, None
     if m.source is not None:
-        dims, folder_dtype, weights = hf_model(m, e, path)
+        dims, folder_dtype, weights = hf_model(m, e)
     elif preset == "hf":
         raise SpecError("hf needs the model's folder: hf(\"path/to/folder\")", m.preset.span,
                         hint="the folder holds config.json, the weights and the tokenizer")
@@ -298,7 +297,7 @@ def _model(m: ast.ModelDecl, path: str, warnings: list[SpecError]) -> Model:
     if "weights" in e:
         wv = _assigned(e["weights"], "weights")
         written = V.string(wv, "weights")
-        weights = _weights_dir(written, path, warnings, wv.span)
+        weights = _weights_dir(written, warnings, wv.span)
         if preset != "custom":
             check_weights(m, dims, weights, wv.span, warnings, written)
     adapters = None
@@ -330,16 +329,13 @@ def _optimizer_of(fn, given: dict) -> Optimizer:
                      min_lr=kw["min_lr"])
 
 
-def _weights_dir(text: str, path: str, warnings: list[SpecError], span: Span) -> str:
-    """A model's weights folder as an absolute path, relative to the spec file's folder.
-
-    This is the one place it is resolved: every later reader (the runtime's workers, whatever
+def _weights_dir(text: str, warnings: list[SpecError], span: Span) -> str:
+    """A model's weights folder as an absolute path, relative to the folder of the file
+    that names it (``rpeg.spec.paths``): every later reader (the runtime's workers, whatever
     their working directory) gets the absolute path. A folder not there yet is a warning
     here and an error at run time, like the dataset.
     """
-    where = Path(text).expanduser()
-    if not where.is_absolute():
-        where = Path(path).resolve().parent / where
+    where = resolve_written(text, span)
     if not where.is_dir():
         warnings.append(SpecWarning(f"weights directory '{text}' does not exist (yet); a run "
                                     "needs it", span))
@@ -365,93 +361,46 @@ def _reward(r: ast.RewardDecl, warnings: list[SpecError]) -> Reward:
                                       for part in ref.split(":")):
         raise SpecError(f'{fn.name}(...) must name "module:function", not "{ref}"', where)
     module, function_ = ref.split(":")
-    _resolve_python(module, function_, Path(r.span.path).parent, where)
-    return Reward(r.name.value, module, function_, r.span, kind=fn.name)
+    found = find_python(module, function_, where)
+    return Reward(r.name.value, module, function_, r.span, kind=fn.name, source=found.source,
+                  folder=found.folder)
 
 
 def _tool(t: ast.ToolDecl) -> Tool:
     """``tool NAME = python("module:function", ...)`` or ``environment NAME = ...``: the
     code found by reading its source, its signature checked, the sandbox's limits."""
     category = Category.ENVIRONMENT if t.environment else Category.TOOL
+    code = "Class" if t.environment else "function"
     c = t.call
     fn = declared(category, c.func.value)
     if fn is None:
         kinds = [f.name for f in by_category(category)]
         raise SpecError(f"{t.keyword} '{t.name.value}' must be one of "
                         f"{', '.join(k + '(...)' for k in kinds)}, not {V.describe(c)}", c.span,
-                        hint=f'python("module:{"Class" if t.environment else "function"}") '
-                             "names your own code")
+                        hint=f'python("module:{code}") names your own code')
     given = keywords(fn, c.args, c.kwargs, f"{fn.name}(...)")
     if "ref" not in given:
-        raise SpecError(f'{fn.name}(...) must name "module:'
-                        f'{"Class" if t.environment else "function"}"', c.span)
+        raise SpecError(f'{fn.name}(...) must name "module:{code}"', c.span)
     ref, where = given["ref"]
     if ref.count(":") != 1 or not all(part.replace(".", "").replace("_", "a").isalnum()
                                       for part in ref.split(":")):
-        raise SpecError(f'{fn.name}(...) must name "module:'
-                        f'{"Class" if t.environment else "function"}", not "{ref}"', where)
+        raise SpecError(f'{fn.name}(...) must name "module:{code}", not "{ref}"', where)
     module, function_ = ref.split(":")
+    found = find_python(module, function_, where, what=t.keyword)
     args = fn.resolve({k: v for k, (v, _) in given.items()})
     tool = Tool(t.name.value, module, function_, t.span, environment=t.environment,
                 timeout=args["timeout"], memory=args["memory"], max_output=args["max_output"],
-                cores=args["cores"], latency=args["latency"], kind=fn.name)
-    source, tree = _resolve_python(module, function_, Path(t.span.path).parent, where,
-                                   what=t.keyword)
-    check_signature(tool, tree, str(source), where)
+                cores=args["cores"], latency=args["latency"], kind=fn.name,
+                source=found.source, folder=found.folder)
+    check_signature(tool, _source_tree(found.source, where), found.source, where)
     return tool
 
 
-def _resolve_python(module: str, function: str, folder: Path, span: Span,
-                    what: str = "reward") -> tuple[Path, pyast.Module]:
-    """Find the module (next to the spec first, then on sys.path) and the function in it,
-    by reading its source: checking a spec runs none of the user's code. Returns the
-    source's path and syntax tree."""
-    candidates = [folder / (module.replace(".", "/") + ".py"),
-                  folder / module.replace(".", "/") / "__init__.py"]
-    source = next((p for p in candidates if p.is_file()), None)
-    if source is None:
-        found = _find_module(module)
-        if found is None or not found.origin or not found.origin.endswith(".py"):
-            raise SpecError(f"{what} module '{module}' not found", span,
-                            hint=f"put {module.replace('.', '/')}.py next to the spec "
-                                 f"({folder}) or on the Python path")
-        source = Path(found.origin)
+def _source_tree(source: str, span: Span) -> pyast.Module:
     try:
-        tree = pyast.parse(source.read_text(encoding="utf-8"))
+        return pyast.parse(Path(source).read_text(encoding="utf-8"))
     except (SyntaxError, UnicodeDecodeError, OSError) as e:
-        raise SpecError(f"{what} module '{module}' ({source}) cannot be read: {e}",
-                        span) from None
-    names = {n.name for n in tree.body if isinstance(n, (pyast.FunctionDef,
-                                                         pyast.AsyncFunctionDef))}
-    names |= {t.id for n in tree.body if isinstance(n, pyast.Assign) for t in n.targets
-              if isinstance(t, pyast.Name)}
-    names |= {a.asname or a.name for n in tree.body if isinstance(n, pyast.ImportFrom)
-              for a in n.names}
-    names |= {n.name for n in tree.body if isinstance(n, pyast.ClassDef)} \
-        if what != "reward" else set()
-    if function not in names:
-        kind = "class" if what == "environment" else "function"
-        raise SpecError(f"module '{module}' ({source}) has no {kind} '{function}'", span,
-                        hint=did_you_mean(function, sorted(names)))
-    return source, tree
-
-
-def _find_module(module: str):
-    """The spec of ``a.b.c`` found along sys.path without importing anything: importlib's
-    find_spec would import (run) the parent packages ``a`` and ``a.b``."""
-    if module in sys.builtin_module_names:
-        return None
-    found = None
-    path = None
-    for part in module.split("."):
-        try:
-            found = importlib.machinery.PathFinder.find_spec(part, path)
-        except (ImportError, ValueError):
-            return None
-        if found is None:
-            return None
-        path = found.submodule_search_locations
-    return found
+        raise SpecError(f"'{source}' cannot be read: {e}", span) from None
 
 
 # --- stages ------------------------------------------------------------------

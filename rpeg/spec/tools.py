@@ -168,6 +168,8 @@ class Tool:
     cores: int = 1                # host cores one call takes
     latency: Latency | None = None    # declared; None: the profile's measured call time
     kind: str = "python"
+    source: str = ""              # the module's file, found when the spec was loaded
+    folder: str = ""              # the folder of the file naming it: imported from there
 
     @property
     def ref(self) -> str:

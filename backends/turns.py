@@ -8,8 +8,9 @@ A conversation is a :class:`backends.carry.Response` whose ``mask`` says which o
 tokens the policy sampled (1) and which an observation put there (0). It advances in
 rounds: every live conversation's policy decodes one turn (the engine's ``decode``: to
 end-of-sequence, a stop string of the format -- a call's closing tag -- or the turn's
-budget), the turn's text is parsed for a tool call (or, with an environment, is the
-action), the calls run in the sandbox together, and each observation -- the tool's text,
+budget), the turn's text is parsed for a tool call that ends it (read from the policy's
+text since the last observation, or for a first turn since the prompt's end: a call the
+prompt opened is completed by the turn), or with an environment is the action, the calls run in the sandbox together, and each observation -- the tool's text,
 or ``error: ...`` -- is wrapped by the format, encoded once, cut to ``max_obs_len`` tokens
 with a truncation marker, and appended. The policy's tokens are the engine's, never
 decoded and encoded again; the next turn continues from the token ids so far. A turn's
@@ -199,8 +200,8 @@ def _after_turn(live: list[Response], box: Toolbox, eos: int) -> list[Response]:
             else:
                 _end(r, cut=not at_eos)
             continue
-        call = box.format.parse(box.codec.decode(turn, special=True), conv.tools) \
-            if turn else None
+        call = box.format.parse(box.codec.decode(_since_observation(r), special=True),
+                                conv.tools) if turn else None
         if call is not None and r.turns < conv.max_turns and room > 0:
             calls.append((r, call, at_eos))
         else:
@@ -224,6 +225,20 @@ def _after_turn(live: list[Response], box: Toolbox, eos: int) -> list[Response]:
                 closing.append(r.handle)
         box.sandbox.close_many(closing)
     return [r for r in live if r.ended]
+
+
+PREFILL = 256       # prompt tokens a first turn's call may have started in
+
+
+def _since_observation(r: Response) -> list[int]:
+    """What a call in the current turn is read from: the turn, and before it the policy's
+    text back to the last observation -- for the first turn, the prompt's end, so a call
+    the prompt opened (an assistant prefill) is completed by the turn."""
+    start = r.turn_start
+    while start > 0 and r.mask[start - 1] == 1:
+        start -= 1
+    head = [int(t) for t in r.prompt[-PREFILL:]] if start == 0 else []
+    return head + list(r.tokens[start:])
 
 
 def _count(box: Toolbox, ended: list[Response]) -> None:

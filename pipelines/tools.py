@@ -45,3 +45,22 @@ def _value(node):
         v = _value(node.operand)
         return -v if isinstance(node.op, ast.USub) else v
     raise ValueError("not an arithmetic expression: only numbers, + - * / and parentheses")
+
+
+def run_python(code: str) -> str:
+    """Run a snippet of Python and return what it printed (code execution for a policy that
+    writes programs). A call's arguments may come as JSON ({"code": "..."}, the chat
+    formats' arguments object). Runs inside rpeg's sandbox: its limits bound it."""
+    import contextlib
+    import io
+    import json
+    try:
+        args = json.loads(code)
+        if isinstance(args, dict) and isinstance(args.get("code"), str):
+            code = args["code"]
+    except ValueError:
+        pass
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        exec(compile(code, "<tool call>", "exec"), {"__name__": "__tool__"})
+    return out.getvalue()

@@ -420,6 +420,7 @@ class GpuProfile:
     host_bandwidth: float = _m("bytes/s", 25e9)    # device <-> host memory, one way (offload)
     host_memory_bandwidth: float = _m("bytes/s", 12.5e9)  # host memory streaming (CPU Adam)
     grads_freed: float = _m("")                    # 1: the backend frees gradients after each step
+    tool_call_s: float = _m("s", 0.01)             # a sandboxed tool call that returns at once
     # Generation engines measured on this device (benchmarks/generation.py).
     vllm_layer_overhead: float | None = _m("s", None)     # None: layer_overhead
     vllm_decode_overhead: float | None = _m("s", None)    # None: decode_overhead
@@ -442,6 +443,11 @@ class Cluster:
     racks: int = 1
     links: tuple[Link, ...] = ()
     span: Span = NOWHERE
+    tool_cores: int = 0      # host cores per node tool calls run on (0: one per device)
+
+    @property
+    def tool_cores_per_node(self) -> int:
+        return self.tool_cores or self.gpus_per_node
 
     @property
     def num_gpus(self) -> int:

@@ -263,15 +263,43 @@ class Sandbox:
             pass
 
 
-def measure(box: Sandbox, tool: str, args: list[str], calls: int) -> list[float]:
+def measure(box: Sandbox, tool: str, args: list[str], calls: int) -> tuple[list[float], int]:
     """Seconds of ``calls`` calls of ``tool`` (one at a time, over ``args`` in turn), as the
-    policy waits for them: for ``rpeg calibrate --tools``."""
-    out = []
+    policy waits for them, and how many failed: for ``rpeg calibrate --tools``."""
+    out, failed = [], 0
     for n in range(calls):
         t0 = time.perf_counter()
-        box.call_many([(tool, args[n % len(args)] if args else "")])
+        (o,) = box.call_many([(tool, args[n % len(args)] if args else "")])
         out.append(time.perf_counter() - t0)
-    return out
+        failed += 0 if o.ok else 1
+    return out, failed
 
 
-__all__ = ["Counts", "Outcome", "Sandbox", "measure"]
+def measure_environment(box: Sandbox, name: str, args: list[str], calls: int
+                        ) -> tuple[list[float], int]:
+    """Seconds of ``calls`` steps of environment ``name`` (each started afresh, reset on an
+    empty prompt), and how many failed."""
+    out, failed = [], 0
+    for n in range(calls):
+        (opened,) = box.open_many([(name, "", {})])
+        if not opened.ok:
+            failed += 1
+            continue
+        t0 = time.perf_counter()
+        (o,) = box.step_many([(opened.handle, args[n % len(args)] if args else "")])
+        out.append(time.perf_counter() - t0)
+        failed += 0 if o.ok else 1
+        box.close_many([opened.handle])
+    return out, failed
+
+
+def probe_tool():
+    """A tool that answers at once (``rpeg.runtime.sandbox_probe``): what a sandboxed call
+    costs by itself."""
+    from rpeg.spec.tools import Tool
+    here = Path(__file__).resolve()
+    return Tool("probe", "sandbox_probe", "echo", timeout=10.0,
+                source=str(here.with_name("sandbox_probe.py")), folder=str(here.parent))
+
+
+__all__ = ["Counts", "Outcome", "Sandbox", "measure", "measure_environment", "probe_tool"]

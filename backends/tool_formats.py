@@ -6,6 +6,8 @@ format (``generate(..., format = ...)``, :class:`rpeg.spec.kinds.ToolFormat`).
     ('</calc>',)
     >>> f.parse("let me see <calc>6*7</calc>", ("calc",))
     Call(name='calc', arg='6*7')
+    >>> f.parse("<calc>6*7", ("calc",))                  # the turn ended inside the call
+    Call(name='calc', arg='6*7')
     >>> f.wrap("42", ended_at_eos=False)
     ('<result>', '</result>')
     >>> of(ToolFormat.HERMES).parse('<tool_call>{"name": "calc", "arguments": {"x": 1}}'
@@ -52,7 +54,9 @@ class Format:
 
 
 class Tags(Format):
-    """``<NAME>ARGUMENT</NAME>``, answered by ``<result>TEXT</result>``."""
+    """``<NAME>ARGUMENT</NAME>``, answered by ``<result>TEXT</result>``. A turn that ends (at
+    end-of-sequence, or its length) inside a call it or the prompt opened closes it: the
+    argument is what follows the opening tag."""
 
     def stops(self, tools):
         return tuple(f"</{t}>" for t in tools)
@@ -66,7 +70,18 @@ class Tags(Format):
             start = text.rfind(f"<{t}>", 0, end)
             if start >= 0 and (found is None or end > found[0]):
                 found = (end, Call(t, text[start + len(t) + 2:end]))
-        return found[1] if found else None
+        return found[1] if found else self._open(text, tools)
+
+    @staticmethod
+    def _open(text, tools):
+        """A call still open at the end of ``text``: its opening tag is the last tag."""
+        last = max(text.rfind("</"), text.rfind("<result>"))
+        best = None
+        for t in tools:
+            at = text.rfind(f"<{t}>")
+            if at > last and (best is None or at > best[0]):
+                best = (at, Call(t, text[at + len(t) + 2:]))
+        return best[1] if best else None
 
     def wrap(self, observation, ended_at_eos):
         return "<result>", "</result>"

@@ -200,8 +200,9 @@ def _after_turn(live: list[Response], box: Toolbox, eos: int) -> list[Response]:
             else:
                 _end(r, cut=not at_eos)
             continue
-        call = box.format.parse(box.codec.decode(_since_observation(r), special=True),
-                                conv.tools) if turn else None
+        said = _since_observation(r)[:-1 if at_eos else None]
+        call = box.format.parse(box.codec.decode(said, special=True), conv.tools) \
+            if turn else None
         if call is not None and r.turns < conv.max_turns and room > 0:
             calls.append((r, call, at_eos))
         else:

@@ -23,6 +23,18 @@ def exact_match(prompts: list[str], responses: list[str], answers: list[str] | N
 
 
 
+def final_answer(prompts: list[str], responses: list[str], answers: list[str] | None = None
+                 ) -> list[float]:
+    """``exact_match`` on what the policy wrote after the last tool result of its
+    conversation (``</tool_response>`` or ``</result>``): a number the tool printed is not
+    the policy's answer until it says it."""
+    last = []
+    for response in responses:
+        cut = max(response.rfind("</tool_response>"), response.rfind("</result>"))
+        last.append(response[cut:].split(">", 1)[-1] if cut >= 0 else response)
+    return exact_match(prompts, last, answers)
+
+
 def toy_reward(prompts: list[str], responses: list[str], answers: list[str] | None = None
                ) -> list[float]:
     """The toy task (``data/toy.jsonl``): repeat a letter n times, then stop.
@@ -48,37 +60,39 @@ TOY_MAX_LEN = 20        # the tiny pipelines' max_len
 
 def lookup_reward(prompts: list[str], responses: list[str], answers: list[str] | None = None
                   ) -> list[float]:
-    """The tool task (``data/keys.jsonl``): call the lookup tool with the prompt's key, then
-    answer with the value it returned. A response is the whole conversation: the policy's
-    turns and the observations (``<result>...</result>``) between them.
+    """The tool task (``data/keys.jsonl``): each prompt opens a call of the lookup tool on a
+    key; the policy must end the call to get the key's value, then answer with it. A
+    response is the whole conversation: the policy's turns and the observations
+    (``<result>...</result>``) between them.
 
-    0.2 x how much of the call ``<k>KEY</k>`` the response starts with (the common prefix's
-    share: a gradient towards the call, one character at a time), plus, only after an
-    observation, 0.8 x how much of the value the text after the last observation starts
-    with, over at least the value's length (extra text costs). Without a call there is no
-    observation, so the most a policy that never calls the tool scores is 0.2 x 9/10 = 0.18
-    (a call one character short); answering right after the tool's result scores 1.
+    0.2 when the last observation is a value (not an error: the call held the key and
+    nothing else), plus 0.8 x the share of the value's letters the text after it has in
+    place (over at least the value's length, so extra text costs). Without the tool there
+    is no observation and the reward is 0; a policy that calls the tool but ignores its
+    result scores at most 0.2 + 0.8 x the best guess (``guess_ceiling``); answering with
+    the tool's result scores 1.
     """
     answers = answers or [""] * len(responses)
     out = []
-    for key, response, value in zip(prompts, responses, answers, strict=False):
-        call = f"<k>{key.strip()}</k>"
-        credit = _common_prefix(response, call) / len(call)
-        answer = 0.0
-        if "</result>" in response:
-            text = response[response.rindex("</result>") + len("</result>"):]
-            answer = _common_prefix(text, value) / max(len(text), len(value), 1)
-        out.append(0.2 * credit + 0.8 * answer)
+    for response, value in zip(responses, answers, strict=False):
+        if "</result>" not in response:
+            out.append(0.0)
+            continue
+        end = response.rindex("</result>")
+        result = response[response.rfind("<result>", 0, end) + len("<result>"):end]
+        text = response[end + len("</result>"):]
+        hits = sum(a == b for a, b in zip(text, value, strict=False))
+        found = 0.0 if result.startswith("error") else 1.0
+        out.append(0.2 * found + 0.8 * hits / max(len(text), len(value), 1))
     return out
 
 
-def _common_prefix(a: str, b: str) -> int:
-    n = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        n += 1
-    return n
-
-
-LOOKUP_NO_TOOL_CEILING = 0.2 * 9 / 10     # see lookup_reward
+def guess_ceiling(answers: list[str]) -> float:
+    """The most ``lookup_reward`` gives, in expectation over ``answers``, a policy that
+    calls the tool but does not read its result: 0.2, plus 0.8 x the best fixed answer's
+    expected share of letters in place (the commonest letter at each position)."""
+    from collections import Counter
+    n = max(len(a) for a in answers)
+    share = sum(Counter(a[i] for a in answers if len(a) > i).most_common(1)[0][1] / len(answers)
+                for i in range(n)) / n
+    return 0.2 + 0.8 * share

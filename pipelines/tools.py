@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 import hashlib
+import json
 
 _SALT = b"rpeg-lookup-table"          # the table is a hash the policy cannot reproduce
 LETTERS = "abcdefghijklmnopqrstuvwxyz"
@@ -24,7 +25,14 @@ def lookup(key: str) -> str:
 
 
 def calculator(expression: str) -> str:
-    """The value of an arithmetic expression of numbers, + - * / and parentheses."""
+    """The value of an arithmetic expression of numbers, + - * / and parentheses; given as
+    text, or as the chat formats' arguments object ``{"expression": "12*7"}``."""
+    try:
+        args = json.loads(expression)
+        if isinstance(args, dict):
+            expression = str(next(iter(args.values()), ""))
+    except ValueError:
+        pass
     tree = ast.parse(expression.strip(), mode="eval")
     value = _value(tree.body)
     if isinstance(value, float) and value.is_integer():

@@ -290,15 +290,20 @@ class Executor:
             raise BackendError(f"stage '{stage.name}' holds conversations with tools, which "
                                "the torch engine runs at tp = 1", stage.span,
                                hint="pin it to tp = 1: place ... { tp = 1 }")
-        if self.sandbox is None:
-            from rpeg.runtime.sandbox import Sandbox
-            self.sandbox = Sandbox.start(self.ctx.pipeline.tools, slots=self.ctx.tool_slots)
-        from backends.turns import Toolbox
         w = self.ctx.pipeline.workload
 
         def row_of(step: int, index: int) -> dict:
             return sampling.rows_for(self.rows, w, step, mine[index:index + 1], self.ctx.data)[0]
-        return Toolbox(self.sandbox, conv, codec, row_of, params.max_new_tokens)
+        return self.toolbox(conv, codec, row_of, params.max_new_tokens)
+
+    def toolbox(self, conv, codec, row_of, max_len: int):
+        """A :class:`backends.turns.Toolbox` on this worker's sandbox (started once, with
+        every tool of the pipeline)."""
+        if self.sandbox is None:
+            from rpeg.runtime.sandbox import Sandbox
+            self.sandbox = Sandbox.start(self.ctx.pipeline.tools, slots=self.ctx.tool_slots)
+        from backends.turns import Toolbox
+        return Toolbox(self.sandbox, conv, codec, row_of, max_len)
 
     def _refill(self, call, stage, engine, params, mine, codec, rounds):
         """Dynamic sampling for this device's groups (see ``sampling``)."""

@@ -2,10 +2,12 @@
 
     $ python pipelines/data/make_keys.py          # deterministic: same file every time
 
-Each prompt is a key of three letters from a to h, ``"hbe"``; its answer is the value the
-lookup tool (``pipelines/tools.py``, ``tools:lookup``) holds for it, three letters a to z
-drawn from a seeded hash of the key with a salt the policy never sees. The keys are 400 of
-the 512 possible, drawn at random: a policy that does not call the tool can only guess.
+Each prompt opens a call of the lookup tool on a key of three lowercase letters,
+``"<k>kqz"`` (as a system prompt shows a tool's use); its answer is the value the tool
+(``pipelines/tools.py``, ``tools:lookup``) holds for the key: three letters drawn from a
+seeded hash of the key with a salt the policy never sees. The keys are 2,000 of the 17,576
+possible, drawn at random. The policy must end the call (at once, or with ``</k>``) to get
+the value, then answer with it; a policy that ignores the tool's result can only guess.
 """
 
 from __future__ import annotations
@@ -15,9 +17,9 @@ import random
 import sys
 from pathlib import Path
 
-KEYS = 400
-ALPHABET = "abcdefgh"       # keys over 8 letters (512 possible); values over all 26
+KEYS = 2000
 SEED = 7
+LETTERS = "abcdefghijklmnopqrstuvwxyz"
 
 
 def rows() -> list[dict]:
@@ -27,11 +29,11 @@ def rows() -> list[dict]:
     keys: list[str] = []
     seen: set[str] = set()
     while len(keys) < KEYS:
-        k = "".join(rng.choice(ALPHABET) for _ in range(3))
+        k = "".join(rng.choice(LETTERS) for _ in range(3))
         if k not in seen:
             seen.add(k)
             keys.append(k)
-    return [{"prompt": k, "answer": lookup(k)} for k in keys]
+    return [{"prompt": f"<k>{k}", "answer": lookup(k)} for k in keys]
 
 
 if __name__ == "__main__":

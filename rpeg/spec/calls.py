@@ -46,15 +46,15 @@ def convert(p: Param, v: ast.Value) -> object:
         return v.value
     if p.type is Type.STRING:
         return V.string(v, key)
-    if p.type in (Type.SECONDS, Type.BYTES):
-        x = V.quantity(v, "s" if p.type is Type.SECONDS else "bytes", key)
+    if p.type is Type.QUANTITY:
+        x = V.quantity(v, p.unit, key)
         _check_range(p, x, v)
         return x
     if p.type is Type.NAME:
         return V.name(v, key)
     if p.type is Type.NAMES:
         return _names(v, key)
-    if p.type is Type.LENGTHS:
+    if p.type is Type.LENGTH:
         from rpeg.spec.lower import length
         return length(v, key)
     if p.type is Type.LATENCY:

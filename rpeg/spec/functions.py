@@ -151,10 +151,10 @@ _TURN_PARAMS = (
           "and observation tokens together: it ends when they are reached",
           derived="max_turns x (max_len + max_obs_len)", unit="tokens", low=1, high=1 << 21,
           priced=True),
-    Param("turns", Type.LENGTHS, "policy turns per sample, the distribution the cost model "
+    Param("turns", Type.LENGTH, "policy turns per sample, the distribution the cost model "
           "prices (e.g. uniform(min = 1, max = 4))", derived="max_turns", unit="turns",
           priced=True),
-    Param("obs_len", Type.LENGTHS, "observation tokens per tool call, the distribution the "
+    Param("obs_len", Type.LENGTH, "observation tokens per tool call, the distribution the "
           "cost model prices", derived="max_obs_len", unit="tokens", priced=True),
 )
 
@@ -323,13 +323,13 @@ def _sandbox(what: str, code: str) -> tuple[Param, ...]:
     """The keywords of a tool or environment: its code and the sandbox each call runs in."""
     return (
         Param("ref", Type.STRING, f'"module:{code}" next to the spec (or on the Python path)'),
-        Param("timeout", Type.SECONDS, f"wall-clock time one {what} may take; past it the call "
+        Param("timeout", Type.QUANTITY, f"wall-clock time one {what} may take; past it the call "
               "is killed and the policy sees an error", default=5.0, unit="s", low=1e-3,
               high=3600.0),
-        Param("memory", Type.BYTES, f"memory one {what} may allocate (an address-space limit "
+        Param("memory", Type.QUANTITY, f"memory one {what} may allocate (an address-space limit "
               "beyond what the loaded module holds)", default=1e9, unit="bytes", low=1e6,
               high=1e13),
-        Param("max_output", Type.BYTES, f"bytes of text one {what} may return or print; more "
+        Param("max_output", Type.QUANTITY, f"bytes of text one {what} may return or print; more "
               "is an error", default=65536.0, unit="bytes", low=16.0, high=1e9),
         Param("cores", Type.INT, f"host cores one {what} takes of those the cluster gives tool "
               "executors (tool_cores)", default=1, low=1, high=1024, priced=True),

@@ -123,12 +123,14 @@ class Type(enum.Enum):
     CALL = "call"          # a loss: ppo_clip(0.2)
     DATA = "data name"     # another stage's output, read as an input
     STRING = "string"
-    SECONDS = "duration"   # 5 s, 200 ms
-    BYTES = "size"         # 512 MB
-    LENGTHS = "distribution of counts"    # uniform(min = 1, max = 4), like gen_len
+    # Keys of the blocks (rpeg.spec.keys):
+    NAME = "declared name"                 # of something the spec declares (a reward)
+    FLAG = "flag"                          # written alone, or = true | false
+    QUANTITY = "quantity"                  # a number with a unit: 80 GB, 25 GB/s, 5 us
+    LENGTH = "length or distribution"      # 512, or lognormal(median = 512, max = 2048)
+    NAMES = "list of names"                # [tensorboard, wandb]
+    BLOCK = "block"                        # a section of its own: link gpu { ... }
     LATENCY = "distribution of durations"  # lognormal(median = 2 s, max = 30 s)
-    NAMES = "list of names"                # names declared in the spec: tools = [calc, search]
-    NAME = "declared name"                 # one: environment = maze
 
 
 @attrs.frozen
@@ -156,6 +158,9 @@ class Param:
     derived: str = ""
     priced: bool = False
     off: object = None               # the value that means "off" when default is derived
+    required: bool = False           # a block's key that must be given
+    example: str = ""                # a value as written in a spec, where none is derived
+    applies: tuple[str, ...] = ()    # a place key: the kinds of stage it may pin
 
     def in_range(self, x: float) -> bool:
         if self.low is not None and (x < self.low or (self.low_open and x == self.low)):
@@ -169,6 +174,8 @@ class Param:
             return " | ".join(self.choices)
         if self.type is Type.BOOL:
             return "true | false"
+        if self.type in (Type.NAMES, Type.CALL) and self.choices:
+            return " | ".join(self.choices)
         if self.low is None and self.high is None:
             return ""
         if self.high is None:
@@ -179,6 +186,8 @@ class Param:
                 f"{')' if self.high_open else ']'}")
 
     def default_text(self) -> str:
+        if self.required:
+            return "required"
         if self.derived:
             return self.derived
         if self.default is None:

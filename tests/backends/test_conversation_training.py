@@ -143,3 +143,49 @@ def test_an_estimator_sees_the_policy_tokens_as_one_sequence():
                   kl=0.1, lam=0.9)
     assert adv[0][mask == 0].tolist() == [0.0] * 4
     np.testing.assert_array_equal(adv[0][mask == 1], want[0])
+
+
+STAGED = '''\
+class Staged:
+    def reset(self, prompt, row):
+        self.n, self.last = 0, 2 + int(prompt)      # step s's conversations: 2 + s turns
+
+    def step(self, action):
+        self.n += 1
+        return "seen", self.n >= self.last
+'''
+
+
+def test_carried_conversations_pause_between_turns_and_resume_under_new_weights(tmp_path):
+    """Partial rollouts with the torch engine: step 0 ends its own conversations (two turns)
+    while step 1's (three turns) advance beside them and pause between turns; with new
+    weights (version 1) step 1 ends them, each token keeping the version that sampled it."""
+    from backends.api import Cohort
+    (tmp_path / "envs.py").write_text(STAGED)
+    box = Sandbox.start([Tool("env", "envs", "Staged", environment=True)], path=[str(tmp_path)])
+    try:
+        model = build_model(PRESETS["tiny"], seed=4)
+        engine = TorchEngine(model, version=0)
+        conv = Conversation(environment="env", max_turns=3, max_obs_len=8, max_total_len=80)
+        tools = Toolbox(box, conv, codec_for(None), lambda s, i: {"prompt": str(s)}, max_len=6)
+
+        def cohorts(step):
+            return [Cohort(s, tuple(np.array([257, 97 + i], np.int64) for i in range(3)),
+                           SamplingParams(6, temperature=1.0, eos_id=EOS_ID, seed=100 + s))
+                    for s in (step, step + 1)]
+        list(engine.generate_carried(cohorts(0), chunks=1, key="g", tools=tools))
+        paused = {r.index: list(r.tokens) for r in engine.carried["g"].cohorts[1]}
+        assert all(paused.values())                         # started, not finished
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(0.01)
+        engine.version = 1
+        (chunk,) = list(engine.generate_carried(cohorts(1), chunks=1, key="g", tools=tools))
+        for i, ids, versions, mask in zip(chunk.prompt_index, chunk.response_ids,
+                                          chunk.versions, chunk.masks, strict=True):
+            assert ids[:len(paused[int(i)])].tolist() == paused[int(i)]
+            policy = versions[np.asarray(mask, bool)]
+            assert set(policy.tolist()) == {0, 1}           # turns of both versions
+        assert chunk.version == 0
+    finally:
+        box.close()

@@ -66,11 +66,12 @@ def lookup_reward(prompts: list[str], responses: list[str], answers: list[str] |
     (``<result>...</result>``) between them.
 
     0.2 when the last observation is a value (not an error: the call held the key and
-    nothing else), plus 0.8 x the share of the value's letters the text after it has in
-    place (over at least the value's length, so extra text costs). Without the tool there
-    is no observation and the reward is 0; a policy that calls the tool but ignores its
-    result scores at most 0.2 + 0.8 x the best guess (``guess_ceiling``); answering with
-    the tool's result scores 1.
+    nothing else), plus 0.8 x (0.3 x the share of lowercase letters in the text after it,
+    + 0.7 x the share of the value's letters it has in place), over at least the value's
+    length (extra text costs). Without the tool there is no observation and the reward is
+    0; a policy that calls the tool but ignores its result scores at most
+    ``guess_ceiling`` of the values (its best fixed answer); answering with the tool's
+    result scores 1.
     """
     answers = answers or [""] * len(responses)
     out = []
@@ -81,18 +82,21 @@ def lookup_reward(prompts: list[str], responses: list[str], answers: list[str] |
         end = response.rindex("</result>")
         result = response[response.rfind("<result>", 0, end) + len("<result>"):end]
         text = response[end + len("</result>"):]
-        hits = sum(a == b for a, b in zip(text, value, strict=False))
+        n = max(len(text), len(value), 1)
+        lower = sum("a" <= c <= "z" for c in text) / n
+        hits = sum(a == b for a, b in zip(text, value, strict=False)) / n
         found = 0.0 if result.startswith("error") else 1.0
-        out.append(0.2 * found + 0.8 * hits / max(len(text), len(value), 1))
+        out.append(0.2 * found + 0.8 * (0.3 * lower + 0.7 * hits))
     return out
 
 
 def guess_ceiling(answers: list[str]) -> float:
     """The most ``lookup_reward`` gives, in expectation over ``answers``, a policy that
-    calls the tool but does not read its result: 0.2, plus 0.8 x the best fixed answer's
-    expected share of letters in place (the commonest letter at each position)."""
+    calls the tool but does not read its result: 0.2, plus 0.8 x (0.3 for lowercase
+    letters, + 0.7 x the best fixed answer's expected share of letters in place: the
+    commonest letter at each position)."""
     from collections import Counter
     n = max(len(a) for a in answers)
     share = sum(Counter(a[i] for a in answers if len(a) > i).most_common(1)[0][1] / len(answers)
                 for i in range(n)) / n
-    return 0.2 + 0.8 * share
+    return 0.2 + 0.8 * (0.3 + 0.7 * share)

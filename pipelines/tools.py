@@ -15,13 +15,16 @@ _SALT = b"rpeg-lookup-table"          # the table is a hash the policy cannot re
 LETTERS = "abcdefghijklmnopqrstuvwxyz"
 
 
+VALUES = "abcdefgh"
+
+
 def lookup(key: str) -> str:
-    """The value of a three-letter key in a table only this tool holds: three letters."""
+    """The value of a three-letter key in a table only this tool holds: a letter a to h."""
     key = key.strip()
     if len(key) != 3 or not all(c in LETTERS for c in key):
         raise KeyError(f"no key {key!r}: keys are three lowercase letters")
     digest = hashlib.sha256(_SALT + key.encode()).digest()
-    return "".join(LETTERS[b % 26] for b in digest[:3])
+    return VALUES[digest[0] % len(VALUES)]
 
 
 def calculator(expression: str) -> str:

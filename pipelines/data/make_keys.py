@@ -4,7 +4,7 @@
 
 Each prompt opens a call of the lookup tool on a key of three lowercase letters,
 ``"<k>kqz"`` (as a system prompt shows a tool's use); its answer is the value the tool
-(``pipelines/tools.py``, ``tools:lookup``) holds for the key: three letters drawn from a
+(``pipelines/tools.py``, ``tools:lookup``) holds for the key: a letter a to h drawn from a
 seeded hash of the key with a salt the policy never sees. The keys are 2,000 of the 17,576
 possible, drawn at random. The policy must end the call (at once, or with ``</k>``) to get
 the value, then answer with it; a policy that ignores the tool's result can only guess.

@@ -25,11 +25,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -37,6 +34,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from provenance import finish, header, provenance  # noqa: E402
+from real_task import rpeg  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 SPECS = ("smollm2_gsm.rpeg", "smollm2_tools.rpeg")
@@ -57,15 +55,6 @@ def prepare(work: Path) -> None:
     weights.parent.mkdir(exist_ok=True)
     if not weights.exists():
         weights.symlink_to(smollm2_dir())
-
-
-def rpeg(*args: str, cwd: Path) -> float:
-    env = dict(os.environ, PYTHONPATH=str(ROOT), RPEG_LOCAL_PROFILE=os.environ.get(
-        "RPEG_LOCAL_PROFILE", "shipped"))
-    start = time.time()
-    print("$ rpeg " + " ".join(args), flush=True)
-    subprocess.run([sys.executable, "-m", "rpeg", *args], cwd=cwd, env=env, check=True)
-    return time.time() - start
 
 
 def run(work: Path, spec: str, name: str, overrides: list[str]) -> dict:

@@ -25,7 +25,6 @@ import os
 import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -34,18 +33,10 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.insert(0, str(ROOT / "pipelines"))
 
 from provenance import finish, header, provenance  # noqa: E402
+from real_task import rpeg  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 SPEC = ROOT / "pipelines" / "tiny_tools.rpeg"
-
-
-def rpeg(*args: str) -> float:
-    env = dict(os.environ, PYTHONPATH=str(ROOT), RPEG_LOCAL_PROFILE=os.environ.get(
-        "RPEG_LOCAL_PROFILE", "shipped"))
-    start = time.time()
-    print("$ rpeg " + " ".join(args), flush=True)
-    subprocess.run([sys.executable, "-m", "rpeg", *args], cwd=ROOT, env=env, check=True)
-    return time.time() - start
 
 
 def tenth(rows: list[dict], key: str, last: bool) -> float:
@@ -61,7 +52,7 @@ def one_seed(seed: int, steps: int | None, work: Path) -> dict:
         shutil.rmtree(run_dir)
     over = [f"workload.seed={seed}"] + ([f"workload.steps={steps}"] if steps else [])
     seconds = rpeg("run", str(SPEC), *over, "--run-dir", str(run_dir), "--no-progress",
-                   "--op-timeout", "3600")
+                   "--op-timeout", "3600", cwd=ROOT)
     verified = subprocess.run([sys.executable, "-m", "rpeg", "verify", str(run_dir)],
                               cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)),
                               capture_output=True, text=True)

@@ -359,13 +359,7 @@ def _reward(r: ast.RewardDecl, warnings: list[SpecError]) -> Reward:
     if not fn.user_code:
         return Reward(r.name.value, "", "", r.span, kind=fn.name,
                       params=tuple((k, v) for k, (v, _) in given.items()))
-    if "ref" not in given:
-        raise SpecError(f'{fn.name}(...) must name "module:function"', c.span)
-    ref, where = given["ref"]
-    if ref.count(":") != 1 or not all(part.replace(".", "").replace("_", "a").isalnum()
-                                      for part in ref.split(":")):
-        raise SpecError(f'{fn.name}(...) must name "module:function", not "{ref}"', where)
-    module, function_ = ref.split(":")
+    module, function_, where = _python_ref(fn, given, c.span, "function")
     found = find_python(module, function_, where)
     return Reward(r.name.value, module, function_, r.span, kind=fn.name, source=found.source,
                   folder=found.folder)
@@ -384,13 +378,7 @@ def _tool(t: ast.ToolDecl) -> Tool:
                         f"{', '.join(k + '(...)' for k in kinds)}, not {V.describe(c)}", c.span,
                         hint=f'python("module:{code}") names your own code')
     given = keywords(fn, c.args, c.kwargs, f"{fn.name}(...)")
-    if "ref" not in given:
-        raise SpecError(f'{fn.name}(...) must name "module:{code}"', c.span)
-    ref, where = given["ref"]
-    if ref.count(":") != 1 or not all(part.replace(".", "").replace("_", "a").isalnum()
-                                      for part in ref.split(":")):
-        raise SpecError(f'{fn.name}(...) must name "module:{code}", not "{ref}"', where)
-    module, function_ = ref.split(":")
+    module, function_, where = _python_ref(fn, given, c.span, code)
     found = find_python(module, function_, where, what=t.keyword)
     args = fn.resolve({k: v for k, (v, _) in given.items()})
     tool = Tool(t.name.value, module, function_, t.span, environment=t.environment,
@@ -399,6 +387,18 @@ def _tool(t: ast.ToolDecl) -> Tool:
                 source=found.source, folder=found.folder)
     check_signature(tool, _source_tree(found.source, where), found.source, where)
     return tool
+
+
+def _python_ref(fn, given: dict, span: Span, code: str) -> tuple[str, str, Span]:
+    """The ``"module:NAME"`` a ``python(...)`` declaration names: (module, name, where)."""
+    if "ref" not in given:
+        raise SpecError(f'{fn.name}(...) must name "module:{code}"', span)
+    ref, where = given["ref"]
+    if ref.count(":") != 1 or not all(part.replace(".", "").replace("_", "a").isalnum()
+                                      for part in ref.split(":")):
+        raise SpecError(f'{fn.name}(...) must name "module:{code}", not "{ref}"', where)
+    module, name = ref.split(":")
+    return module, name, where
 
 
 def _source_tree(source: str, span: Span) -> pyast.Module:

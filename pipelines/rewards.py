@@ -65,11 +65,11 @@ def lookup_reward(prompts: list[str], responses: list[str], answers: list[str] |
     response is the whole conversation: the policy's turns and the observations
     (``<result>...</result>``) between them.
 
-    0.2 when the last observation is a value (not an error: the call held the key and
-    nothing else), plus 0.8 x (0.3 x the share of lowercase letters in the text after it,
-    + 0.7 x the share of the value's letters it has in place), over at least the value's
-    length (extra text costs). Without the tool there is no observation and the reward is
-    0; a policy that calls the tool but ignores its result scores at most
+    0 unless the last observation is a value (not an error: the call held the key and
+    nothing else); then 0.2, plus 0.8 x (0.3 x the share of lowercase letters in the text
+    after it, + 0.7 x the share of the value's letters it has in place), over at least the
+    value's length (extra text costs). Without the tool there is no observation and the
+    reward is 0; a policy that calls the tool but ignores its result scores at most
     ``guess_ceiling`` of the values (its best fixed answer); answering with the tool's
     result scores 1.
     """
@@ -85,8 +85,10 @@ def lookup_reward(prompts: list[str], responses: list[str], answers: list[str] |
         n = max(len(text), len(value), 1)
         lower = sum("a" <= c <= "z" for c in text) / n
         hits = sum(a == b for a, b in zip(text, value, strict=False)) / n
-        found = 0.0 if result.startswith("error") else 1.0
-        out.append(0.2 * found + 0.8 * (0.3 * lower + 0.7 * hits))
+        if result.startswith("error"):     # the call held more than the key: no value
+            out.append(0.0)
+            continue
+        out.append(0.2 + 0.8 * (0.3 * lower + 0.7 * hits))
     return out
 
 

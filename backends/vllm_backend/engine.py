@@ -237,7 +237,8 @@ class VllmEngine:
                 rid = f"rpeg-{call}-{r.cohort}-{r.index}"
                 sampling = _vllm_sampling(attrs.evolve(
                     params, seed=seeds[r.cohort], max_new_tokens=tools.budget(r) + made,
-                    min_new_tokens=params.min_new_tokens + made), eos, r.index, made=made)
+                    min_new_tokens=params.min_new_tokens + made), eos, r.index, made=made,
+                    seeded=False)
                 engine.add_request(rid, TokensPrompt(prompt_token_ids=r.context().tolist()),
                                    sampling)
                 open_ids[rid] = r
@@ -459,9 +460,13 @@ def _config_eos(path: Path) -> int | None:
     return eos
 
 
-def _vllm_sampling(params: SamplingParams, eos: int | None, index: int, made: int | None = None):
+def _vllm_sampling(params: SamplingParams, eos: int | None, index: int, made: int | None = None,
+                   seeded: bool = True):
     """vLLM's sampling parameters for prompt ``index`` of a call. ``made``: a carried
-    response continued with that many tokens so far (deltas out; its seed moves on with it)."""
+    response continued with that many tokens so far (deltas out; its seed moves on with it).
+    ``seeded`` False: drawn from the engine's own generator (seeded when it started) -- a
+    conversation's turn, whose long context vLLM may prefill in chunks, which a request's
+    own CPU generator cannot follow."""
     from vllm import SamplingParams as VSamplingParams
     from vllm.sampling_params import RequestOutputKind
 
@@ -475,7 +480,7 @@ def _vllm_sampling(params: SamplingParams, eos: int | None, index: int, made: in
         top_p=params.top_p,
         min_tokens=max(0, params.min_new_tokens - (made or 0)),
         # One seed per request: reproducible calls, distinct samples of a repeated prompt.
-        seed=seed % (1 << 63),
+        seed=seed % (1 << 63) if seeded else None,
         logprobs=0, stop_token_ids=[eos] if _stops(eos) else None,
         ignore_eos=not _stops(eos), detokenize=False, skip_special_tokens=False, **extra)
 

@@ -4,10 +4,10 @@
     .venv/bin/python benchmarks/tools_tiny.py --steps 40      # shorter
 
 Each prompt opens a call of a lookup tool on a key; the value is one only the tool holds
-(a salted hash). ``rewards:lookup_reward`` gives nothing without an observation, so with
-no tool the reward is 0 (the no-tool ceiling); a policy that calls the tool but ignores
-its result can score at most ``rewards.guess_ceiling`` of the values (the best fixed
-answer). Each seed is ``rpeg run pipelines/tiny_tools.rpeg workload.seed=S`` on the local
+(a salted hash). ``rewards:lookup_reward`` gives nothing without an observation (nor for
+no answer after it), so with no tool the reward is 0 (the no-tool ceiling); a policy that
+calls the tool but ignores its result can score at most ``rewards.guess_ceiling`` of the
+values (the best fixed answer). Each seed is ``rpeg run pipelines/tiny_tools.rpeg workload.seed=S`` on the local
 Dask cluster, then ``rpeg verify`` (every token's version checked); from its metrics: the
 reward of the first and the last tenth of the steps, the share of tool calls that came
 back as errors (a call the policy did not end right), the turns per sample, and the share

@@ -66,7 +66,9 @@ def lookup_reward(prompts: list[str], responses: list[str], answers: list[str] |
     (``<result>...</result>``) between them.
 
     0 unless the last observation is a value (not an error: the call held the key and
-    nothing else); then 0.2, plus 0.8 x (0.3 x the share of lowercase letters in the text
+    nothing else) and the policy answered after it (an empty answer, the policy stopping at
+    once, is no answer: a policy that learned to close the call must still learn to
+    speak); then 0.2, plus 0.8 x (0.3 x the share of lowercase letters in the text
     after it, + 0.7 x the share of the value's letters it has in place), over at least the
     value's length (extra text costs). Without the tool there is no observation and the
     reward is 0; a policy that calls the tool but ignores its result scores at most
@@ -85,7 +87,7 @@ def lookup_reward(prompts: list[str], responses: list[str], answers: list[str] |
         n = max(len(text), len(value), 1)
         lower = sum("a" <= c <= "z" for c in text) / n
         hits = sum(a == b for a, b in zip(text, value, strict=False)) / n
-        if result.startswith("error"):     # the call held more than the key: no value
+        if result.startswith("error") or not text.strip():    # no value, or no answer
             out.append(0.0)
             continue
         out.append(0.2 + 0.8 * (0.3 * lower + 0.7 * hits))

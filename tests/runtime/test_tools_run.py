@@ -118,3 +118,23 @@ def test_tiny_tools_runs_on_the_local_cluster_and_verifies(tmp_path):
     assert gen and all(e["stats"].get("token_versions") for e in gen)
     metrics = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert all(m["tool_calls"] > 0 and m["turns"] >= 2 for m in metrics)
+
+
+def test_the_tool_tasks_reward_pays_only_an_answer_after_the_tools_value():
+    """``rewards:lookup_reward``: no observation, an error observation or no answer after the
+    value score 0 (so neither skipping the tool nor stopping after it is a resting place);
+    the value itself scores 1, a wrong letter the lowercase credit; the best fixed answer's
+    expectation (``guess_ceiling``) lies between."""
+    import sys
+    sys.path.insert(0, str(ROOT / "pipelines"))
+    try:
+        from rewards import guess_ceiling, lookup_reward
+    finally:
+        sys.path.remove(str(ROOT / "pipelines"))
+    responses = ["h", "<result>h</result>", "<result>error: no key</result>h",
+                 "<result>h</result>h", "<result>h</result>x"]
+    assert lookup_reward(["<k>kem"] * 5, responses, ["h"] * 5) == \
+        pytest.approx([0.0, 0.0, 0.0, 1.0, 0.2 + 0.8 * 0.3])
+    answers = [json.loads(x)["answer"] for x in
+               (ROOT / "pipelines" / "data" / "keys.jsonl").read_text().splitlines()]
+    assert 0.2 + 0.8 * 0.3 < guess_ceiling(answers) < 1.0

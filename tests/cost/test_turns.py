@@ -125,3 +125,29 @@ def test_compile_prints_each_turns_generation_and_tool_time(pipelines, tmp_path)
     head = next(line for line in out.splitlines() if line.strip().startswith("turn"))
     assert head.split() == ["turn", "samples", "generation", "s", "tool", "calls", "tools", "s"]
     assert any(line.strip().startswith("1 ") for line in out.splitlines())
+
+
+@pytest.mark.parametrize("old, new, faster", [
+    ("median = 2 s, max = 30 s", "median = 6 s, max = 30 s", False),
+    ("max_turns = 4,", "max_turns = 2,", True)])
+def test_diff_prices_a_change_of_turns_or_tool_latency(tmp_path, old, new, faster):
+    """``rpeg diff --cluster`` of the GPU example against a copy with fewer turns or a
+    slower tool: the change listed, and the predicted step time moved the way it must."""
+    spec = PIPELINES / "grpo_qwen7b_tools.rpeg"
+    text = spec.read_text()
+    if new.startswith("max_turns"):
+        text = text.replace("uniform(min = 1, max = 4)", "uniform(min = 1, max = 2)")
+    assert old in text
+    (tmp_path / "b.rpeg").write_text(text.replace(old, new))
+    for name in ("tools.py", "rewards.py", "data"):
+        (tmp_path / name).symlink_to(PIPELINES / name)
+    done = subprocess.run(
+        [sys.executable, "-m", "rpeg", "diff", str(spec), str(tmp_path / "b.rpeg"), "--cluster",
+         str(PIPELINES / "clusters" / "h100_64.rpeg"), "--budget", "30"],
+        capture_output=True, text=True)
+    assert done.returncode == 1, done.stderr                 # 1: the specs differ
+    key = "rollout.max_turns: 4 -> 2" if faster else "python.latency: lognormal(median = 2 s"
+    assert key in done.stdout
+    line = next(x for x in done.stdout.splitlines() if x.strip().startswith("step time:"))
+    before, after = (float(x.split()[0]) for x in line.split(":", 1)[1].split("->"))
+    assert (after < before) if faster else (after > before), line

@@ -261,12 +261,26 @@ def generation_rows(work, par: Parallel, cluster: Cluster,
     model, w = work.model, work.workload
     batch = w.batch if batch is None else batch
     if getattr(work, "conversation", None) is not None:    # whole conversations, every cohort
-        from rpeg.cost.turns import carries, conversation_workload
         local = math.ceil(batch * (carries(work, partial) + 1) / par.dp)
         w = conversation_workload(work)
         return concurrency(model, par, w, cluster.gpu, engine, local, free_bytes)
     local = math.ceil(decoded_batch(batch, w.gen_len, partial) / par.dp)
     return concurrency(model, par, w, cluster.gpu, engine, local, free_bytes)
+
+
+def carries(work, partial: int) -> int:
+    """The plan's carry of a conversation stage, from the per-step token cap it is priced
+    with (``rpeg.cost.partial.smallest_cap`` of the turn length): 0 for whole ones."""
+    dist = work.workload.gen_len
+    return Partial(dist, partial).carries if 0 < partial < dist.max_len else 0
+
+
+def conversation_workload(work):
+    """The workload of a conversation stage's whole samples (prompt, then the turns and
+    observations), as its KV cache holds them at their longest."""
+    from rpeg.spec.tools import trajectory_len
+    return attrs.evolve(work.workload, gen_len=trajectory_len(work.workload.gen_len,
+                                                              work.conversation))
 
 
 # --- time ----------------------------------------------------------------------------------

@@ -36,18 +36,17 @@ import attrs
 import numpy as np
 
 from rpeg.cost.engines import engine_terms
-from rpeg.cost.generation import Gen, StageCost, generation, mean_len
-from rpeg.cost.partial import Partial
+from rpeg.cost.generation import (
+    Gen,
+    StageCost,
+    carries,
+    conversation_workload,
+    generation,
+    mean_len,
+)
 from rpeg.spec.model import Engine
 
 MAX_CALLS = 4096           # calls a round's queue is priced with, at most (then scaled)
-
-
-def carries(work, partial: int) -> int:
-    """The plan's carry of a conversation stage, from the per-step token cap it is priced
-    with (``rpeg.cost.partial.smallest_cap`` of the turn length): 0 for whole ones."""
-    dist = work.workload.gen_len
-    return Partial(dist, partial).carries if 0 < partial < dist.max_len else 0
 
 
 def survival(conv) -> np.ndarray:
@@ -186,14 +185,6 @@ def conversation_gen(work, par, devices, topo, cluster, batch: int, engine: Engi
     order = np.argsort(np.concatenate(finish)) if finish else np.array([0])
     return Gen(cost, prefill, host, np.array([0.0]), np.array([0.0]),
                lens[order] if len(lens) == len(order) else lens, np.minimum(fin, start))
-
-
-def conversation_workload(work):
-    """The workload of a conversation stage's whole samples (prompt, then the turns and
-    observations), as its KV cache holds them at their longest."""
-    from rpeg.spec.tools import trajectory_len
-    return attrs.evolve(work.workload, gen_len=trajectory_len(work.workload.gen_len,
-                                                              work.conversation))
 
 
 __all__ = ["Round", "carries", "conversation_gen", "conversation_workload", "latency_quantiles", "makespan", "rounds",

@@ -17,6 +17,7 @@ from rpeg.errors import Span, SpecError, did_you_mean
 from rpeg.spec import ast
 from rpeg.spec import values as V
 from rpeg.spec.functions import by_category, find, function
+from rpeg.spec.lengths import length
 from rpeg.spec.model import Engine
 from rpeg.spec.registry import Category, Function, Param, Type
 
@@ -55,7 +56,6 @@ def convert(p: Param, v: ast.Value) -> object:
     if p.type is Type.NAMES:
         return _names(v, key)
     if p.type is Type.LENGTH:
-        from rpeg.spec.lower import length
         return length(v, key)
     if p.type is Type.LATENCY:
         from rpeg.spec.tools import latency

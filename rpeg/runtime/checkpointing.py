@@ -25,7 +25,7 @@ from rpeg.plan.model import Plan
 from rpeg.runtime import checkpoint_io as ckio
 from rpeg.runtime import core as C
 from rpeg.runtime import worker as W
-from rpeg.runtime.context import RunContext
+from rpeg.runtime.context import RunContext, tool_slots
 from rpeg.runtime.data import Cursor
 from rpeg.runtime.devices import Seen, cuda_choice, gpu_table
 from rpeg.runtime.driver import _rendezvous, plan_is_for_gpus
@@ -84,9 +84,9 @@ class Checkpointing:
                                 use_cuda=cuda)
         timeout = self.options.collective_timeout_s
         ctx = attrs.evolve(ctx, threads=self.options.threads, data=self._cursor(), gpus=gpus,
-                           collective_timeout_s=timeout, syncs=tuple(
-            attrs.evolve(s, addr=_rendezvous(workers[s.senders[0]]), timeout_s=timeout)
-            for s in ctx.syncs))
+                           collective_timeout_s=timeout, tool_slots=tool_slots(self.plan),
+                           syncs=tuple(attrs.evolve(s, addr=_rendezvous(workers[s.senders[0]]),
+                                                    timeout_s=timeout) for s in ctx.syncs))
         _check_engine_hosts(ctx, seen, workers)
         self._say_devices(cuda, gpus)
         futs = [cl.client.submit(W.setup, ctx, d, workers=[a], allow_other_workers=False,

@@ -247,7 +247,8 @@ class TorchEngine:
             logprobs=tuple(logps[j, : lengths[j]].astype(np.float32) for j in range(len(idx))),
             finished=finished.astype(bool),
             version=self.version,
-            versions=tuple(np.full(int(lengths[i]), self.version, np.int64) for i in idx),
+            versions=tuple(np.full(int(lengths[j]), self.version, np.int64)
+                           for j in range(len(idx))),
         )
 
     def update_weights(self, named_tensors: Iterable[tuple[str, Any]], version: int) -> None:

@@ -42,7 +42,7 @@ OUT = ROOT / "benchmarks" / "results"
 STEPS = 6
 
 from benchmarks.provenance import finish, provenance  # noqa: E402
-from benchmarks.reliability_lost import bounds, nothing_lost  # noqa: E402
+from benchmarks.reliability_lost import _snapshot, bounds, nothing_lost  # noqa: E402
 from benchmarks.reliability_report import PARTS, markdown  # noqa: E402
 
 # --- faults ----------------------------------------------------------------------------------
@@ -196,17 +196,6 @@ def attempt(argv: list[str], says: str, names: tuple[str, ...]) -> dict:
     return {"argv": argv[0] if argv[0] != "run" or "--resume" not in argv else "run --resume",
             "outcome": outcome, "rc": rc, "s": round(time.time() - t0, 2),
             "message": text.strip().splitlines()[0][:300] if text.strip() else ""}
-
-
-def _snapshot(path: Path) -> dict[str, str]:
-    import hashlib
-    out = {}
-    for p in sorted(path.rglob("*")):
-        if p.name == "run.lock":
-            continue
-        out[str(p)] = ("-> " + os.readlink(p)) if p.is_symlink() else (
-            hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else "dir")
-    return out
 
 
 def hostile(work: Path) -> dict:

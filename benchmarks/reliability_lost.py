@@ -29,6 +29,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _snapshot(path: Path) -> dict[str, str]:
+    """Every file under ``path`` (or ``path`` itself) and a hash of its bytes; symlinks as
+    their targets, never followed."""
     if path.is_file():
         return {str(path): hashlib.sha256(path.read_bytes()).hexdigest()}
     out = {}
@@ -233,6 +235,9 @@ def bounds(work: Path, attempt, before_tree: Path | None = None) -> dict:
     out["check"] = [_timed_check(ROOT, p, n) for n, p in specs.items()]
     if before_tree is not None:
         out["check_before"] = [_timed_check(before_tree, p, n) for n, p in specs.items()]
+        head = subprocess.run(["git", "-C", str(before_tree), "rev-parse", "--short", "HEAD"],
+                              capture_output=True, text=True)
+        out["before_commit"] = head.stdout.strip() or None
     return out
 
 

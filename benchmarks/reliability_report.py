@@ -122,12 +122,14 @@ def _bounds(b: dict | None) -> list[str]:
               f"{big['wall_s']} s ({big['cpu_s']} s of CPU, load {big['load']}); its CPU time "
               f"grew {growth:.2f} times as fast as the spec from {small['stages']:,} stages "
               "(1.00: linear)."]
+    commit = f" (commit {b['before_commit']})" if b.get("before_commit") else ""
     if before and before.get(big["stages"], {}).get("rc") is None:
-        lines[-1] += (f" With the code before, it was still running after "
+        lines[-1] += (f" With the code before{commit}, it was still running after "
                       f"{before[big['stages']]['wall_s']} s.")
     elif before:
         o = before[big["stages"]]
-        lines[-1] += f" With the code before: {o['wall_s']} s ({o['cpu_s']} s of CPU)."
+        lines[-1] += (f" With the code before{commit}: {o['wall_s']} s ({o['cpu_s']} s of "
+                      "CPU).")
     return lines + [""]
 
 

@@ -130,8 +130,10 @@ def run_resilient(pipeline: Pipeline, plan: Plan, options: RunOptions,
                         cl=cl, stop=stop, resumed=True)
     check_inputs(pipeline)
     where = RunDir.target(options.root, pipeline.name, options.run_dir)
-    if where.is_dir() and RunDir(where).holds_run():
-        raise _holds_run(RunDir(where))
+    if where.is_dir():
+        rf.check_unlocked(where)                    # a run writing it: said with its pid
+        if RunDir(where).holds_run():
+            raise _holds_run(RunDir(where))
     # worker processes start with Ctrl-C ignored: a terminal sends it to the whole process
     # group, and they must live to finish the ops before the checkpoint
     with stop.ignored(), _cluster(plan, options) as cl:
@@ -219,8 +221,8 @@ def _run(pipeline, plan, options, spec_path, resilience, on_step, rd: RunDir,
         raise
     finally:
         if meta["status"] != "ok" and not resumed and not state.metrics \
-                and not rd.checkpoints():
-            meta["status"] = NOT_STARTED           # no step finished: the start can be retried
+                and not state.events and not state.unfinished() and not rd.checkpoints():
+            meta["status"] = NOT_STARTED           # no op ran: the start can be retried
         stop.uninstall()
         if trackers is not None:
             trackers.close()

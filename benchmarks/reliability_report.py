@@ -116,12 +116,15 @@ def _bounds(b: dict | None) -> list[str]:
             cells += (f" {o.get('wall_s')} | {o.get('cpu_s')} | {o.get('lines')} |"
                       if o.get("rc") is not None else f" > {o.get('wall_s')} (stopped) | | |")
         lines.append(cells)
-    small, big = rows[min(rows)], rows[max(rows)]
-    growth = (big["cpu_s"] / small["cpu_s"]) / (big["stages"] / small["stages"])
+    big = rows[max(rows)]
+    ns = sorted(rows)
+    per = [(a, b, 1e3 * (rows[b]["cpu_s"] - rows[a]["cpu_s"]) / (b - a))
+           for a, b in zip(ns, ns[1:], strict=False)]
     lines += ["", f"`rpeg check` of {big['stages']:,} stages ({big['bytes'] / 1e6:.1f} MB) took "
-              f"{big['wall_s']} s ({big['cpu_s']} s of CPU, load {big['load']}); its CPU time "
-              f"grew {growth:.2f} times as fast as the spec from {small['stages']:,} stages "
-              "(1.00: linear)."]
+              f"{big['wall_s']} s ({big['cpu_s']} s of CPU, load {big['load']}). Each stage "
+              "added cost " + ", ".join(f"{ms:.3f} ms of CPU from {a:,} to {b:,} stages"
+                                        for a, b, ms in per)
+              + _linear([ms for _, _, ms in per]) + "."]
     commit = f" (commit {b['before_commit']})" if b.get("before_commit") else ""
     if before and before.get(big["stages"], {}).get("rc") is None:
         lines[-1] += (f" With the code before{commit}, it was still running after "
@@ -131,6 +134,17 @@ def _bounds(b: dict | None) -> list[str]:
         lines[-1] += (f" With the code before{commit}: {o['wall_s']} s ({o['cpu_s']} s of "
                       "CPU).")
     return lines + [""]
+
+
+def _linear(costs: list[float]) -> str:
+    """What the cost per stage at each size says of the check's growth."""
+    if len(costs) < 2 or min(costs) <= 0:
+        return ""
+    spread = max(costs) / min(costs)
+    if spread <= 1.5:
+        return (f": within a factor of {spread:.2f} at every size, so time grows linearly with "
+                "the spec (the rest is the command's start)")
+    return f": it grew by a factor of {spread:.2f} with the spec's size (not linear)"
 
 
 def _faults(faults: list[dict] | None) -> list[str]:
@@ -205,8 +219,8 @@ SECURITY = """## Security
 
 - **What runs code.** A spec runs no code of its own except the rewards it names as
   `python("module:function")`. `rpeg check` and `rpeg compile` find the module (next to
-  the spec, then on the Python path) and the function in it by reading its source,
-  without importing or running it, and report a missing one at the line of the spec.
+  the file that names it, then on the Python path) and the function in it by reading its
+  source, without importing or running it, and report a missing one at the line of the spec.
   `rpeg run` imports and calls those functions inside the workers: a spec with such a
   reference runs that code, with the permissions of the workers. Review a spec's
   `python(...)` references as you would review the module itself.

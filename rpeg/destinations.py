@@ -59,12 +59,18 @@ def check_outside_runs(path: Path, option: str, reads: tuple[Path, ...] = ()) ->
             f"a place inside the run directory '{run}'"
         raise _refuse(option, path, f"{where}, and '{path}' is that",
                       "a run directory holds what its run wrote; write elsewhere")
+    check_not_around(path, option, reads)
+
+
+def check_not_around(path: Path, option: str, reads: tuple[Path, ...]) -> None:
+    """RpegError when ``path`` is, or holds, a file or folder of ``reads`` (what the
+    command reads)."""
     here = Path(os.path.abspath(path))
     for read in reads:
         read = Path(os.path.abspath(read))
         if here == read or here in read.parents:
             raise _refuse(option, path, f"a folder holding '{read}', which this command "
-                          "reads, and '{path}' does", "write elsewhere")
+                          f"reads, and '{path}' does", "write elsewhere")
 
 
 def check_file_destination(path: Path, option: str, reads: tuple[Path, ...] = ()) -> Path:

@@ -49,6 +49,7 @@ cut) and ``rpeg.runtime.losses`` (loss and stuck detection, and the rollback).
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from collections import defaultdict
@@ -56,6 +57,7 @@ from pathlib import Path
 
 import attrs
 
+from rpeg.destinations import check_not_around
 from rpeg.errors import RpegError, RuntimeFailure, Span
 from rpeg.plan.model import Plan
 from rpeg.runtime import runfiles as rf
@@ -69,7 +71,7 @@ from rpeg.runtime.driver import (
     check_local_devices,
     uses_vllm,
 )
-from rpeg.runtime.inputs import check_inputs
+from rpeg.runtime.inputs import check_inputs, recorded_paths
 from rpeg.runtime.losses import WorkerWatch, _Lost
 from rpeg.runtime.record import write_record
 from rpeg.runtime.rundir import NOT_STARTED, RunDir, host_usage
@@ -130,6 +132,8 @@ def run_resilient(pipeline: Pipeline, plan: Plan, options: RunOptions,
                         cl=cl, stop=stop, resumed=True)
     check_inputs(pipeline)
     where = RunDir.target(options.root, pipeline.name, options.run_dir)
+    check_not_around(where, "--run-dir", tuple(Path(p) for _, p, _ in recorded_paths(pipeline))
+                     + ((Path(spec_path),) if spec_path else ()))
     if where.is_dir():
         rf.check_unlocked(where)                    # a run writing it: said with its pid
         if RunDir(where).holds_run():
@@ -167,10 +171,15 @@ def _holds_run(rd: RunDir) -> RuntimeFailure:
         meta = rd.read_json("run.json")
     except RpegError:
         meta = None
-    what = ""
-    if isinstance(meta, dict):
-        what = (f" ({meta.get('pipeline', '?')}, {meta.get('status', '?')}, "
-                f"{meta.get('steps', '?')} steps)")
+    if not isinstance(meta, dict):
+        files = [f for f in rf.FILES if f != rf.LOCK and os.path.lexists(rd.path / f)]
+        return RuntimeFailure(f"run directory '{rd.path}' must be empty or new for a new run, "
+                              f"and it holds {', '.join(files)}, which a run writes; the run "
+                              f"would replace {'it' if len(files) == 1 else 'them'}",
+                              Span(str(rd.path), 0, 0),
+                              hint="choose a new or empty --run-dir")
+    what = (f" ({meta.get('pipeline', '?')}, {meta.get('status', '?')}, "
+            f"{meta.get('steps', '?')} steps)")
     return RuntimeFailure(f"run directory '{rd.path}' must be empty or new for a new run, and "
                           f"it holds a run{what}; a second run would mix its records with "
                           "that one's", Span(str(rd.path), 0, 0),

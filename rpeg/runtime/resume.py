@@ -103,6 +103,19 @@ def resume_run(run_dir: str | Path, options: RunOptions | None = None,
                              _resume=(rd, state, meta))
 
 
+def recorded_cadence(run_dir: str | Path) -> int | None:
+    """The steps between checkpoints a run was made with (run.json), so that a resume keeps
+    them unless told otherwise; None when the record does not say (the resume then says
+    what is wrong with it)."""
+    try:
+        meta = rf.read_json(Path(run_dir) / "run.json", "run record")
+    except (RpegError, OSError):
+        return None
+    every = meta.get("checkpoint_every") if isinstance(meta, dict) else None
+    return every if isinstance(every, int) and not isinstance(every, bool) and every >= 1 \
+        else None
+
+
 def _tensors_checked(pipeline):
     """A checkpoint's tensors read and checked against the pipeline's models by the backend
     (``backends.load``), as the workers will read them: damage the manifest cannot see

@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import functools
 import gc
 import stat
@@ -108,7 +109,9 @@ def parse_file(path: str | Path) -> ast.File:
     except IsADirectoryError:
         raise SpecError(f"'{p}' is a directory, not a .rpeg file", where) from None
     except OSError as e:
-        raise SpecError(f"cannot read '{p}': {e.strerror or e}", where) from None
+        loop = "symbolic links on this path lead back to themselves; point them at a .rpeg " \
+            "file" if e.errno == errno.ELOOP else None
+        raise SpecError(f"cannot read '{p}': {e.strerror or e}", where, hint=loop) from None
     return parse_bytes(raw, str(p))
 
 

@@ -103,3 +103,34 @@ def test_a_scheduler_reached_on_the_second_try_runs_the_same_command(spec, tmp_p
                       silence_logs=logging.ERROR), no_hang(900):
         assert main(argv) == 0
     assert main(["verify", str(run_dir)]) == 0
+
+
+def test_a_run_dir_holding_what_the_run_reads_is_refused_before_anything(spec, capsys):
+    before = sorted(p.name for p in spec.parent.rglob("*"))
+    _refused(_argv(spec, spec.parent), capsys, "--run-dir must not name a folder holding",
+             "toy.jsonl")
+    _refused(_argv(spec, spec.parent / "data"), capsys, "which this command reads")
+    assert sorted(p.name for p in spec.parent.rglob("*")) == before
+
+
+def test_a_folder_holding_a_file_a_run_writes_is_refused_naming_it(spec, tmp_path, capsys):
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "plan.json").write_text("{}")
+    _refused(_argv(spec, mine), capsys, "it holds plan.json, which a run writes")
+    assert (mine / "plan.json").read_text() == "{}" and len(list(mine.iterdir())) == 1
+
+
+def test_a_resume_keeps_the_runs_steps_between_checkpoints(micro_run, tmp_path, capsys,
+                                                           monkeypatch):
+    import rpeg.runtime.resume as resume
+    from rpeg.runtime.rundir import RunDir
+    made = json.loads((micro_run / "run.json").read_text())["checkpoint_every"]
+    assert made == 2
+    used = []
+    monkeypatch.setattr(resume, "resume_run", lambda path, options, resilience, **kw:
+                        used.append(resilience.checkpoint_every) or
+                        type("R", (), {"path": RunDir(Path(path)).path, "steps": 4})())
+    for extra, want in (((), made), (("--checkpoint-every", "3"), 3)):
+        assert main(["run", "--resume", str(micro_run), "--no-progress", *extra]) == 0
+        assert used.pop() == want

@@ -116,6 +116,14 @@ def nothing_lost(work: Path, attempt) -> dict:
     for case, argv, says in outputs:
         cases.append(_case(attempt, "output", case, argv, says, (str(run), "-o"),
                            (run, notes, foreign), run.parent))
+    mine = run.parent / "mine"
+    mine.mkdir()
+    (mine / "plan.json").write_text("{}\n")
+    new_run = ["run", str(spec), "--strategy", "runtime-split", "--no-progress", "--run-dir"]
+    for case, where, says in (("run --run-dir the spec's folder", spec.parent, "reads"),
+                              ("run --run-dir holding a plan.json", mine, "holds plan.json")):
+        cases.append(_case(attempt, "output", case, [*new_run, str(where)], says,
+                           (str(where), "--run-dir"), (spec.parent, mine), run.parent))
 
     # 2. damaged tensors, the manifest rewritten to match: export and resume refuse them
     for damage in tt.CASES:

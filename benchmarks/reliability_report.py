@@ -62,7 +62,8 @@ def _nothing_lost(n: dict | None) -> list[str]:
         return []
     kinds = n["by_kind"]
     lines = [f"**Nothing lost:** {n['tried']} attempts ({kinds['output']} writing an output "
-             f"over or into a run directory, onto a file or over a folder rpeg did not write; "
+             f"over or into a run directory, onto a file, over a folder rpeg did not write "
+             f"or around what the command reads; "
              f"{kinds['tensor']} exporting or resuming checkpoints whose tensors are damaged "
              f"behind a matching manifest; {kinds['start']} starts that cannot reach their "
              f"scheduler or name an unknown tracker): {n['refused']} refused with exit 1 and "
@@ -96,7 +97,7 @@ def _bounds(b: dict | None) -> list[str]:
     if not b:
         return []
     s, v = b["simulate_steps"], b["verify"]
-    lines = ["**Bounded input:** `rpeg simulate --steps 100000000` "
+    lines = ["**Bounds:** `rpeg simulate --steps 100000000` "
              + (f"is a usage error (exit {s['rc']}) in {s['s']} s" if s["rc"] == 2 else
                 f"ended with exit {s['rc']} after {s['s']} s")
              + f"; `rpeg verify` of a run whose trace lost every op prints "

@@ -135,10 +135,11 @@ class EngineReplica:
 
     def restore(self, path: str) -> int:
         """Serve the version a checkpoint of it names, with that version's weights."""
-        meta = json.loads((Path(path) / "meta.json").read_text())
-        version = int(meta["version"])
-        if version:
-            from backends.torch_backend.dcp import weights_of
+        from backends.torch_backend.dcp import weights_of
+        from backends.torch_backend.modeling import read_meta
+        self._settle()
+        version = int(read_meta(Path(path) / "meta.json")["version"])
+        if version:        # the model's weights: whole from its shards, or its file
             source = _weights_at(Path(path).parent, self.key, version)
             self.engine.update_weights(weights_of(source).items(), version)
         self.version = version

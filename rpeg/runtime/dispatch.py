@@ -20,8 +20,11 @@ one task submitted by the client and waited for.
 from __future__ import annotations
 
 import logging
+import os
 import statistics
 import time
+
+import attrs
 
 
 def _stamp(prev, hold_s: float = 0.0) -> dict:
@@ -116,6 +119,62 @@ def measure_control(steps: int = 40, root: str | None = None) -> dict:
             "loadavg": os.getloadavg()[0]}
 
 
-if __name__ == "__main__":
-    import json
-    print(json.dumps(measure_dispatch()))
+def measure_scheduler(workers=(8, 64, 256), tasks: int = 1500, deps: int = 8,
+                      idle_s: float = 4.0, broadcasts: int = 20) -> dict:
+    """What Dask's scheduler and client spend per task, per task argument and per worker,
+    with ``workers`` lightweight workers at a time (``rpeg.runtime.fleet``): CPU seconds of
+    each process over
+
+    * ``idle_s`` of nothing (the workers' heartbeats),
+    * ``broadcasts`` calls of ``client.run`` on every worker (the trace drain each step),
+    * ``tasks`` no-op tasks pinned round-robin to the workers as rpeg pins them, once with
+      no arguments and once with ``deps`` futures of earlier tasks on other workers each.
+
+    ``rpeg.cost.calibrate.fit_scheduler`` turns the rows into the profile's terms.
+    """
+    from distributed import wait
+
+    from rpeg.runtime import worker as W
+    from rpeg.runtime.fleet import Fleet
+
+    rows = []
+    for n in workers:
+        with Fleet(n) as f:
+            row: dict = {"workers": n, "tasks": tasks, "deps": deps,
+                         "memory": f.memory()}
+            time.sleep(1.0)                          # past the start's own traffic
+            a = f.cpu()
+            time.sleep(idle_s)
+            row["idle"] = attrs.asdict(f.cpu() - a)
+            a = f.cpu()
+            for _ in range(broadcasts):
+                f.client.run(W.drain)
+            row["broadcast"] = dict(attrs.asdict(f.cpu() - a), calls=broadcasts)
+            for k in (0, deps):
+                _tasks(f, min(tasks, 200), k)       # warm up
+                a = f.cpu()
+                wait(_tasks(f, tasks, k))
+                row[f"tasks_{k}"] = attrs.asdict(f.cpu() - a)
+            row["memory_after"] = f.memory()
+        rows.append(row)
+    return {"rows": rows, "loadavg": os.getloadavg()[0]}
+
+
+def _tasks(fleet, n: int, k: int, cross: bool = True) -> list:
+    """``n`` no-op tasks pinned round-robin, each taking the futures of ``k`` tasks before
+    it — on other workers (``cross``: the worker fetches them) or on its own — submitted
+    one by one as the runtime submits them."""
+    from distributed import wait
+
+    from rpeg.runtime.fleet import noop
+    futs: list = []
+    w = fleet.workers
+    stride = 1 if cross else len(w)
+    for i in range(n):
+        args = [futs[j] for j in range(i - stride, max(-1, i - stride * (k + 1)), -stride)
+                if j >= 0][:k]
+        futs.append(fleet.client.submit(noop, *args, key=f"t{k}-{i}-{time.time_ns()}",
+                                        workers=[w[i % len(w)]], allow_other_workers=False,
+                                        pure=False, priority=0))
+    wait(futs)
+    return futs

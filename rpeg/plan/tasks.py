@@ -25,10 +25,13 @@ another device reads ends its task; the ranks of a collective each start a task,
 gang of ``JOIN_MIN`` ranks or more waits through one join call, a task of its own
 (``rpeg.runtime.joins``). Nothing of a step in flight counts as finished (the runtime
 submits a step ahead), so this is the count with the least fusion. The futures counted
-are those of data, version and stream edges; the runtime passes a few more ordering ones.
+are those of data, version and stream edges, and one for each gang a member's device ran
+before (the order of collectives); the runtime passes a few more ordering ones.
 """
 
 from __future__ import annotations
+
+import bisect
 
 import attrs
 
@@ -84,45 +87,66 @@ def dispatch_per_step(graph: Graph, layouts: dict[str, OpLayout], chunks: int = 
     last = min(steps // 2, lag + 2)
     prep = _prepare(graph, last + lag + 2, _placing(graph, where)[0])
     insts = prep.instances
-    runs = [layouts[i.op].devices_of(i.chunk) for i in insts]
     inputs = _inputs(prep)
-    # does another device read an instance's output (its first rank's)
-    elsewhere = [bool(runs[k]) and any(d != runs[k][0] for c in prep.fed[k] for d in runs[c][:2])
-                 for k in range(len(insts))]
+    runs: dict[int, tuple[int, ...]] = {}
+
+    def run(k: int) -> tuple[int, ...]:
+        if k not in runs:
+            runs[k] = layouts[insts[k].op].devices_of(insts[k].chunk)
+        return runs[k]
+
     task: dict[int, int] = {}                    # instance -> the task of its first rank
     groups: list[set[int]] = []                  # what each task waits for
+    waiting: dict[int, list[int]] = {}           # task -> the tasks waiting for it
+
+    def new_group(deps: set[int]) -> int:
+        groups.append(deps)
+        g = len(groups) - 1
+        for d in deps:
+            waiting.setdefault(d, []).append(g)
+        return g
+
+    def fitting(here: list[int], deps: set[int]) -> int | None:
+        """The newest open group holding or waiting for every one of ``deps``."""
+        if not deps:
+            return here[-1] if here else None
+        d0 = next(iter(deps))
+        for g in sorted(set(waiting.get(d0, ())).union((d0,)).intersection(here),
+                        reverse=True):
+            if all(d == g or d in groups[g] for d in deps):
+                return g
+        return None
 
     def batch(step: int) -> tuple[int, int, int]:
         """Fuse one step's calls, as the runtime does when the step enters its window:
         (calls, tasks, futures)."""
-        first, calls = len(groups), 0
+        first, calls, order = len(groups), 0, 0
         open_: dict[int, list[int]] = {}
-        for k in range(len(insts)):
-            if prep.step_of[k] != step:
-                continue
-            ds = runs[k] or (-1,)
+        lo = bisect.bisect_left(prep.step_of, step)
+        for k in range(lo, bisect.bisect_right(prep.step_of, step, lo)):
+            ds = run(k) or (-1,)
             deps = {task[i] for i in inputs[k] if i in task}
             gang = layouts[insts[k].op].collective and len(ds) > 1
             if gang and len(ds) >= JOIN_MIN:      # the join: a task of its own
-                groups.append(deps)
                 calls += 1
-                deps = {len(groups) - 1}
+                deps = {new_group(deps)}
+            # a gang waits for the gang before it on each member's device (each member does,
+            # or its join): futures beyond the data's
+            order += len(ds) if gang and len(ds) >= JOIN_MIN else len(ds) ** 2 if gang else 0
+            # does another device read the instance's output (its first rank's)
+            elsewhere = any(d != ds[0] for c in prep.fed[k] for d in run(c)[:2])
             for dev in ds:
                 calls += 1
                 here = open_.setdefault(dev, [])
-                gi = None
-                if not gang:
-                    gi = next((g for g in reversed(here)
-                               if all(d == g or d in groups[g] for d in deps)), None)
+                gi = None if gang else fitting(here, deps)
                 if gi is None:
-                    groups.append(set(deps))
-                    gi = len(groups) - 1
+                    gi = new_group(deps)
                     here.append(gi)
                 if dev == ds[0]:
                     task[k] = gi
-                    if elsewhere[k] and gi in here:
+                    if elsewhere and gi in here:
                         here.remove(gi)
-        return calls, len(groups) - first, sum(len(g) for g in groups[first:])
+        return calls, len(groups) - first, sum(len(g) for g in groups[first:]) + order
 
     for step in range(last):                         # the tasks the step's inputs come from
         batch(step)
@@ -165,8 +189,8 @@ def layouts_of(pipeline, plan, graph: Graph, timings: dict[str, OpTiming]
     out: dict[str, OpLayout] = {}
     for op in graph.ops:
         if op.kind is OpKind.SYNC_WEIGHTS:
-            out[op.name] = OpLayout(timings[op.name].devices, everywhere=True,
-                                    collective=True)
+            out[op.name] = OpLayout(_sync_calls(plan, graph, op) or timings[op.name].devices,
+                                    everywhere=True, collective=True)
             continue
         p = plan.placement(op.stages[0])
         tp = p.tp if op.reads_model and p.tp > 1 else 1
@@ -179,3 +203,20 @@ def layouts_of(pipeline, plan, graph: Graph, timings: dict[str, OpTiming]
                                 everywhere=train, collective=not vllm and (
                                     tp > 1 or (train and len(p.devices) > 1)))
     return out, chunks
+
+
+def _sync_calls(plan, graph: Graph, op) -> tuple[int, ...]:
+    """The devices of a weight sync's calls, one entry a call: the trainer's devices that
+    send (its first tensor-parallel block; all of them under ZeRO-3), then the generating
+    devices that receive (a vLLM engine's first device per block)."""
+    from rpeg.spec.model import Engine, OpKind
+    train = next((o for o in graph.ops if o.kind is OpKind.TRAIN
+                  and o.writes_model == op.reads_model), None)
+    reader = next((o for o in graph.ops if o.kind is OpKind.GENERATE
+                   and o.reads_model == op.reads_model), None)
+    if train is None or reader is None:
+        return ()
+    src, dst = plan.placement(train.stages[0]), plan.placement(reader.stages[0])
+    sources = src.devices if src.zero >= 3 else src.devices[:max(src.tp, 1)]
+    readers = dst.devices[::max(dst.tp, 1)] if dst.engine is Engine.VLLM else dst.devices
+    return tuple(sources) + tuple(readers)

@@ -119,29 +119,27 @@ def measure_control(steps: int = 40, root: str | None = None) -> dict:
             "loadavg": os.getloadavg()[0]}
 
 
-def measure_scheduler(workers=(8, 64, 256), tasks: int = 1500, deps: int = 8,
-                      idle_s: float = 4.0, broadcasts: int = 20) -> dict:
+def measure_scheduler(workers=(8, 64), tasks: int = 600, deps: int = 4,
+                      idle_s: float = 3.0, broadcasts: int = 10) -> dict:
     """What Dask's scheduler and client spend per task, per task argument and per worker,
     with ``workers`` lightweight workers at a time (``rpeg.runtime.fleet``): CPU seconds of
     each process over
 
     * ``idle_s`` of nothing (the workers' heartbeats),
     * ``broadcasts`` calls of ``client.run`` on every worker (the trace drain each step),
-    * ``tasks`` no-op tasks pinned round-robin to the workers as rpeg pins them, once with
-      no arguments and once with ``deps`` futures of earlier tasks on other workers each.
+    * ``tasks`` no-op tasks pinned round-robin to the workers as rpeg pins them, with no
+      arguments and with ``deps`` futures each of earlier tasks on the same worker (and,
+      on the smallest fleet, on other workers, which the worker fetches).
 
     ``rpeg.cost.calibrate.fit_scheduler`` turns the rows into the profile's terms.
     """
-    from distributed import wait
-
     from rpeg.runtime import worker as W
     from rpeg.runtime.fleet import Fleet
 
     rows = []
-    for n in workers:
+    for i, n in enumerate(sorted(workers)):
         with Fleet(n) as f:
-            row: dict = {"workers": n, "tasks": tasks, "deps": deps,
-                         "memory": f.memory()}
+            row: dict = {"workers": n, "tasks": tasks, "deps": deps, "memory": f.memory()}
             time.sleep(1.0)                          # past the start's own traffic
             a = f.cpu()
             time.sleep(idle_s)
@@ -150,11 +148,14 @@ def measure_scheduler(workers=(8, 64, 256), tasks: int = 1500, deps: int = 8,
             for _ in range(broadcasts):
                 f.client.run(W.drain)
             row["broadcast"] = dict(attrs.asdict(f.cpu() - a), calls=broadcasts)
-            for k in (0, deps):
-                _tasks(f, min(tasks, 200), k)       # warm up
+            parts = [("tasks_0", 0, False), (f"tasks_{deps}", deps, False)]
+            if i == 0:
+                parts.append((f"tasks_{deps}_cross", deps, True))
+            for name, k, cross in parts:
+                _tasks(f, min(tasks, 100), k, cross)           # warm up
                 a = f.cpu()
-                wait(_tasks(f, tasks, k))
-                row[f"tasks_{k}"] = attrs.asdict(f.cpu() - a)
+                _tasks(f, tasks, k, cross)
+                row[name] = attrs.asdict(f.cpu() - a)
             row["memory_after"] = f.memory()
         rows.append(row)
     return {"rows": rows, "loadavg": os.getloadavg()[0]}

@@ -46,6 +46,15 @@ class Driven:
     client_cpu_s: float                # over the whole run
 
 
+def _polls(start: float, end: float):
+    """When the segment loop, last woken at ``start``, polls again before ``end``."""
+    pause, t = 0.0005, start + 0.0005
+    while t < end:
+        yield t
+        pause = min(pause * 2, 0.01)
+        t += pause
+
+
 def seconds_from(op_times: dict[str, float], calls) -> Callable[[OpCall], float]:
     """A call's time from its op's time per step (``Predicted.op_times``): the op's time
     shared by the calls of that op a device runs in a step (chunks stream one after another
@@ -55,9 +64,11 @@ def seconds_from(op_times: dict[str, float], calls) -> Callable[[OpCall], float]
 
 
 def drive(calls, steps: int, window: int, op_time: Callable[[OpCall], float], *,
-          fuse: bool = True, measure_from: int = 1) -> Driven:
+          fuse: bool = True, measure_from: int = 1, ticks: bool = True) -> Driven:
     """Run ``steps`` steps of ``calls`` through the core and the fusion on a simulated
-    clock (see the module doc); the per-step figures are over steps ``measure_from`` on."""
+    clock (see the module doc); the per-step figures are over steps ``measure_from`` on.
+    ``ticks``: the core also hears the segment loop's clock ticks, as often as the loop
+    polls while nothing ends (every 0.5 ms at first, the pause doubling to 10 ms)."""
     table = {c.id: c for c in calls}
     consumers = F.consumers_of(calls)
     devices = sorted({c.device for c in calls})
@@ -126,6 +137,9 @@ def drive(calls, steps: int, window: int, op_time: Callable[[OpCall], float], *,
     submit(timed(core.handle, C.Started(now)))
     start_ready()
     while finishing and not core.finished:
+        if ticks:
+            for t in _polls(now, finishing[0][0]):
+                timed(core.handle, C.Tick(t))
         now, k = heapq.heappop(finishing)
         g = tasks[k][0]
         running.discard(g.device)
@@ -154,3 +168,38 @@ def drive(calls, steps: int, window: int, op_time: Callable[[OpCall], float], *,
                   simulated_step_s=(step_end[last] - step_end[first - 1]) / span
                   if first > 0 else step_end[last] / steps,
                   client_cpu_s=cpu)
+
+
+def scaled(plan, factor: int):
+    """``plan`` on ``factor`` times its devices: each device becomes ``factor`` consecutive
+    ones, each stage's data-parallel degree, chunks and model homes grow with them (tensor
+    parallel blocks stay as wide). A plan's shape at another size, for measuring how the
+    control plane grows; not a plan anyone priced."""
+    def grow(devices):
+        return tuple(d * factor + j for d in devices for j in range(factor))
+    places = tuple(attrs.evolve(p, devices=grow(p.devices), dp=p.dp * factor,
+                                chunks=p.chunks * factor) for p in plan.placements)
+    return attrs.evolve(plan, num_devices=plan.num_devices * factor, placements=places,
+                        model_homes=tuple((m, grow(d)) for m, d in plan.model_homes),
+                        predicted=plan.predicted)
+
+
+def measure_core(devices: int = 64, steps: int = 6) -> dict:
+    """The client's CPU per op call on a simulated clock: the shipped PPO pipeline split over
+    two devices (generation on one, the trained models on the other, data parallel) and
+    :func:`scaled` to ``devices``, its ops taking 1 s each."""
+    import os
+
+    from rpeg.resources import shipped
+    from rpeg.runtime.instances import build_calls
+    from rpeg.runtime.placement import split_plan
+    from rpeg.spec import load
+
+    pipeline = load(shipped("pipelines", "ppo_llama8b.rpeg"))
+    plan = scaled(split_plan(pipeline, 2, chunks=2, dp=2, staleness=1), max(1, devices // 2))
+    calls = build_calls(pipeline, plan, steps)
+    r = drive(calls, steps, 2, lambda c: 1.0)
+    return {"devices": r.devices, "calls_per_step": r.calls_per_step,
+            "client_cpu_per_step_s": r.client_cpu_per_step_s,
+            "call_s": r.client_cpu_per_step_s / max(r.calls_per_step, 1),
+            "loadavg": os.getloadavg()[0]}

@@ -17,7 +17,6 @@ from rpeg.graph.order import topological
 from rpeg.runtime.context import RunContext
 from rpeg.runtime.core import _submission_order
 from rpeg.runtime.instances import build_calls
-from rpeg.runtime.joins import JOIN, Joined, expand
 from rpeg.runtime.rundir import step_metrics
 from rpeg.runtime.worker import executor_class
 
@@ -45,14 +44,9 @@ def run_inline(pipeline, plan, steps: int, spec_dir: str, on_step=None) -> list[
     for op_id in topological(list(table), lambda i: table[i].all_deps,
                              key=lambda i: (table[i].step, submitted[i])):
         call = table[op_id]
-        args = [results[d] for d in call.deps]
-        if call.role == JOIN:
-            results[op_id] = Joined(tuple(args))
-            continue
-        args = expand(args)
         inputs, pos = {}, 0
         for name, count in call.inputs:
-            inputs[name] = [args[pos + i][name] for i in range(count)]
+            inputs[name] = [results[call.deps[pos + i]][name] for i in range(count)]
             pos += count
         start = time.time()
         out, info = executors[call.device].run(call, inputs)

@@ -26,6 +26,7 @@ from rpeg.spec import ast
 from rpeg.spec import values as V
 from rpeg.spec.model import Cluster, GpuProfile, Level, Link
 from rpeg.spec.parser import parse_file
+from rpeg.spec.paths import resolve_written, written_folder
 from rpeg.spec.resolve import FileKind, file_kind
 
 CLUSTER_KEYS = ("gpu", "gpus_per_node", "nodes_per_rack", "racks", "link")
@@ -113,7 +114,7 @@ def lower_cluster(f: ast.File) -> Cluster:
         if not isinstance(e, ast.Assign):
             raise SpecError(f"{key.value} must be set with '{key.value} = VALUE'", e.span)
         if key.value == "gpu":
-            gpu = _gpu(e.value, Path(f.path).parent)
+            gpu = _gpu(e.value)
         else:
             ints[key.value] = V.integer(e.value, key.value, minimum=1, maximum=MAX_GPUS)
     if gpu is None:
@@ -163,12 +164,13 @@ def _link(e: ast.Section) -> Link:
     return Link(levels[e.name.value], vals["bandwidth"], vals["latency"], e.span)
 
 
-def _gpu(v: ast.Value, folder: Path) -> GpuProfile:
+def _gpu(v: ast.Value) -> GpuProfile:
     if isinstance(v, ast.Str):
-        p = folder / v.value
+        p = resolve_written(v.value, v.span)
         if not p.is_file():
             raise SpecError(f"gpu profile file '{v.value}' not found", v.span,
-                            hint=f"paths are relative to the cluster file's folder ({folder})")
+                            hint="paths are relative to the cluster file's folder "
+                                 f"({written_folder(v.span)})")
         return load_profile(p, v.span)
     if isinstance(v, ast.Ident):
         known = builtin_profiles()

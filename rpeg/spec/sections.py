@@ -18,6 +18,7 @@ from rpeg.errors import Span, SpecError, SpecWarning, did_you_mean
 from rpeg.spec import ast
 from rpeg.spec import values as V
 from rpeg.spec.hf import ConfigProblem, disagreements, folder_dims
+from rpeg.spec.paths import FileRef, resolve_written
 from rpeg.spec.presets import ARCH_KEYS, DIM_KEYS, ModelDims
 from rpeg.spec.training import (
     LORA_TARGETS,
@@ -56,16 +57,9 @@ def entries(block: ast.Block, allowed: tuple[str, ...], where: str) -> dict[str,
     return out
 
 
-def resolve_folder(text: str, spec_path: str) -> Path:
-    """A folder named in a spec, relative to the spec file's folder."""
-    where = Path(text).expanduser()
-    return where if where.is_absolute() else Path(spec_path).resolve().parent / where
-
-
 # --- a model's folder ------------------------------------------------------------------------
 
-def hf_model(m: ast.ModelDecl, e: dict[str, ast.Entry], path: str
-             ) -> tuple[ModelDims, str | None, str]:
+def hf_model(m: ast.ModelDecl, e: dict[str, ast.Entry]) -> tuple[ModelDims, str | None, str]:
     """``model NAME : hf("FOLDER")``: (dims, dtype or None, the folder's absolute path). The
     folder must be there at check time: its config.json is the model's shape."""
     if m.preset.value != "hf":
@@ -77,12 +71,12 @@ def hf_model(m: ast.ModelDecl, e: dict[str, ast.Entry], path: str
             raise SpecError(f"hf(...) takes the model's {'folder' if key == 'weights' else key} "
                             f"from the folder, so '{key}' must not be set here",
                             e[key].span, hint=f"remove '{key}'")
-    folder = resolve_folder(m.source.value, path)
+    folder = resolve_written(m.source.value, m.source.span)
     if not folder.is_dir():
         raise SpecError(f"hf(...) folder '{m.source.value}' must exist, and it does not "
                         f"(looked for {folder})", m.source.span,
-                        hint="the path is relative to the spec file's folder; the planner "
-                             "reads the model's shape from its config.json")
+                        hint="the path is relative to the folder of the file that names it; "
+                             "the planner reads the model's shape from its config.json")
     try:
         dims, dtype = folder_dims(folder)
     except ConfigProblem as p:
@@ -193,7 +187,7 @@ def data_fields(e: dict[str, ast.Entry]) -> tuple[Fields, Template, str | None]:
 
 # --- eval { ... } -------------------------------------------------------------------------
 
-def lower_eval(decl: ast.EvalDecl, path: str, rewards: tuple, steps: int,
+def lower_eval(decl: ast.EvalDecl, rewards: tuple, steps: int,
                warnings: list[SpecError]) -> Evaluation:
     e = entries(decl.block, EVAL_KEYS, "the eval block")
     for required in ("dataset", "every"):
@@ -201,10 +195,10 @@ def lower_eval(decl: ast.EvalDecl, path: str, rewards: tuple, steps: int,
             raise SpecError(f"the eval block must set {required}", decl.span,
                             hint='eval { dataset = "data/test.jsonl"; every = 10 }')
     dv = assigned(e["dataset"], "dataset")
-    dataset = V.string(dv, "dataset")
-    if not resolve_folder(dataset, path).exists():
-        warnings.append(SpecWarning(f"eval dataset '{dataset}' does not exist (yet); a run "
-                                    "needs it", dv.span))
+    dataset = FileRef.written(V.string(dv, "dataset"), dv.span)
+    if not dataset.exists():
+        warnings.append(SpecWarning(f"eval dataset {dataset.described()} does not exist (yet); "
+                                    "a run needs it", dv.span))
     every = V.integer(assigned(e["every"], "every"), "every", minimum=1, maximum=10**7)
     if every > steps:
         warnings.append(SpecWarning(f"eval every {every} steps evaluates only before the first "

@@ -30,8 +30,8 @@ ranks, the chunks behind a rollout, a weight sync's receivers — starts only as
 they handle it, one task after another, and the two work as a pipeline (the client a
 task ahead of the scheduler). So the slower of the two is charged to the step in full
 (``charged_s``): exact for a synchronous step whose waves all lie on its critical path,
-an upper bound where steps overlap. Past the step itself, one scheduler cannot keep up
-at all; :func:`verdict` says so.
+an upper bound where steps overlap. Above ``SHARE_LIMIT`` of the step, :func:`verdict`
+says so and what to do (past the step's own work, one scheduler cannot keep up at all).
 
 On a machine whose devices are the host's own cores (the CPU profile sets ``host_cores``)
 the control plane competes with the ops for those cores instead, and costs its CPU spread
@@ -125,19 +125,29 @@ def shared_cores_time(p: GpuProfile, devices: int, tasks: int, nodes: int = 1) -
     return cpu / (p.host_cores * max(1, nodes))
 
 
-def verdict(t: ControlTime, step_s: float, d: Dispatch) -> str | None:
-    """Why the control plane is a problem for this plan, with what to do, or None."""
-    if step_s <= 0 or t.charged_s <= SHARE_LIMIT * (step_s + t.charged_s):
+def share(control_s: float, step_s: float) -> float:
+    """The control plane's part of a step of ``step_s`` seconds that includes it."""
+    return control_s / step_s if step_s > 0 else 0.0
+
+
+def verdict(control_s: float, step_s: float, tasks: int, devices: int) -> str | None:
+    """Why the control plane is too large a part of a step (``step_s``, which includes its
+    ``control_s``), with what to do; None below ``SHARE_LIMIT``.
+
+        >>> print(verdict(0.5, 27.0, 5600, 1536))
+        None
+        >>> print(verdict(6.0, 27.0, 5600, 1536))
+        the control plane takes 22.2% of the step: one client and one Dask scheduler dispatch 5,600 tasks a step to 1,536 devices; plan fewer chunks or fewer data-parallel ranks (larger tasks), or run the devices as several smaller jobs
+    """
+    part = share(control_s, step_s)
+    if part <= SHARE_LIMIT:
         return None
-    share = t.charged_s / (step_s + t.charged_s)
-    who = "the scheduler" if t.scheduler_s >= t.client_s else "rpeg's client"
-    text = (f"the control plane takes {100 * share:.1f}% of the step: {who} spends "
-            f"{max(t.client_s, t.scheduler_s):.2f} s of CPU a step on {d.tasks:,} Dask tasks "
-            f"({d.calls:,} op calls) for {d.devices:,} devices")
-    if max(t.client_s, t.scheduler_s) > step_s:
-        text += ", more than the step's own work: one scheduler cannot keep up"
-    return text + ("; plan fewer chunks or data-parallel ranks (larger fused segments), "
-                   "or run fewer, larger steps")
+    text = (f"the control plane takes {100 * part:.1f}% of the step: one client and one Dask "
+            f"scheduler dispatch {tasks:,} tasks a step to {devices:,} devices")
+    if control_s > step_s - control_s:
+        text += ", more than the step's own work (one scheduler cannot keep up)"
+    return text + ("; plan fewer chunks or fewer data-parallel ranks (larger tasks), or run "
+                   "the devices as several smaller jobs")
 
 
 @functools.cache

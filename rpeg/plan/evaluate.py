@@ -467,13 +467,14 @@ class Evaluator:
                  steps: int = 6) -> Dispatch:
         """The op calls, Dask tasks and futures a steady step of ``plan`` dispatches
         (:func:`rpeg.plan.tasks.dispatch_per_step`)."""
-        # the runtime runs a fused op's stages as calls of their own, each starting a task
-        # where its own inputs say so: counted on the graph without fusion
+        # the runtime runs a fused op's stages as calls of their own, in one task where
+        # their inputs allow: counted on the graph without fusion
         loose = self.graph(attrs.evolve(plan, fusion=()))
         layouts, chunks = layouts_of(self.pipeline, plan, loose, timings)
-        key = ("dispatch", id(loose), tuple(sorted(layouts.items())), chunks, steps)
+        key = ("dispatch", id(loose), tuple(sorted(layouts.items())), chunks, steps,
+               plan.fusion)
         if key not in self._cost:
-            self._cost[key] = dispatch_per_step(loose, layouts, chunks, steps)
+            self._cost[key] = dispatch_per_step(loose, layouts, chunks, steps, plan.fusion)
         return self._cost[key]
 
     def _off_policy(self, op, plan: Plan, graph: Graph) -> bool:

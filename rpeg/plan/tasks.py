@@ -21,7 +21,7 @@ data-parallel rank each), any other op on the first block; a weight sync on the 
 sending and receiving. Readers take the first rank's output. The fusion is the runtime's
 (``rpeg.runtime.fusion``, the same rule on instances): a step's calls on one device share
 a task while every input is in it, or in a task it already waits for; a call whose output
-another device reads ends its task; the ranks of a collective each start a task, and a
+another device reads ends its task, but for the stages the plan fused with it; the ranks of a collective each start a task, and a
 gang of ``JOIN_MIN`` ranks or more waits through one join call, a task of its own
 (``rpeg.runtime.joins``). Nothing of a step in flight counts as finished (the runtime
 submits a step ahead), so this is the count with the least fusion. The futures counted
@@ -75,9 +75,14 @@ def stream_chunks(chunks: int, blocks: int, responses: int) -> int:
 
 
 def dispatch_per_step(graph: Graph, layouts: dict[str, OpLayout], chunks: int = 1,
-                      steps: int = 6) -> Dispatch:
+                      steps: int = 6, together: tuple[tuple[str, ...], ...] = ()) -> Dispatch:
     """The calls, tasks and futures of one steady step of ``graph`` laid out by ``layouts``
-    (op name -> :class:`OpLayout`), its generate ops streaming ``chunks`` chunks a step."""
+    (op name -> :class:`OpLayout`), its generate ops streaming ``chunks`` chunks a step;
+    ``together``: the plan's fused stages, whose calls of a chunk share a task."""
+    partners: dict[str, set[str]] = {}
+    for names in together:
+        for a in names:
+            partners.setdefault(a, set()).update(set(names) - {a})
     where = {n: OpTiming(lay.devices, 0.0, (0.0,) * chunks if chunks > 1 and any(
         o.name == n and o.kind.value == "generate" for o in graph.ops) else ())
         for n, lay in layouts.items()}
@@ -122,6 +127,7 @@ def dispatch_per_step(graph: Graph, layouts: dict[str, OpLayout], chunks: int = 
         (calls, tasks, futures)."""
         first, calls, order = len(groups), 0, 0
         open_: dict[int, list[int]] = {}
+        sealed: dict[int, dict[int, tuple]] = {}   # closed but to fusion partners: (chunk, ops)
         lo = bisect.bisect_left(prep.step_of, step)
         for k in range(lo, bisect.bisect_right(prep.step_of, step, lo)):
             ds = run(k) or (-1,)
@@ -139,13 +145,21 @@ def dispatch_per_step(graph: Graph, layouts: dict[str, OpLayout], chunks: int = 
                 calls += 1
                 here = open_.setdefault(dev, [])
                 gi = None if gang else fitting(here, deps)
+                if gi is None and not gang:
+                    gi = next((g for g, (chunk, ops) in reversed(sealed.get(dev, {}).items())
+                               if insts[k].op in ops and chunk == insts[k].chunk
+                               and all(d == g or d in groups[g] for d in deps)), None)
                 if gi is None:
                     gi = new_group(deps)
                     here.append(gi)
                 if dev == ds[0]:
                     task[k] = gi
-                    if elsewhere and gi in here:
-                        here.remove(gi)
+                    if elsewhere:
+                        if gi in here:
+                            here.remove(gi)
+                        if insts[k].op in partners:
+                            sealed.setdefault(dev, {})[gi] = (insts[k].chunk,
+                                                              partners[insts[k].op])
         return calls, len(groups) - first, sum(len(g) for g in groups[first:]) + order
 
     for step in range(last):                         # the tasks the step's inputs come from

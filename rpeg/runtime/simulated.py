@@ -64,11 +64,13 @@ def seconds_from(op_times: dict[str, float], calls) -> Callable[[OpCall], float]
 
 
 def drive(calls, steps: int, window: int, op_time: Callable[[OpCall], float], *,
-          fuse: bool = True, measure_from: int = 1, ticks: bool = True) -> Driven:
+          fuse: bool = True, measure_from: int = 1, ticks: bool = True,
+          together=()) -> Driven:
     """Run ``steps`` steps of ``calls`` through the core and the fusion on a simulated
     clock (see the module doc); the per-step figures are over steps ``measure_from`` on.
     ``ticks``: the core also hears the segment loop's clock ticks, as often as the loop
-    polls while nothing ends (every 0.5 ms at first, the pause doubling to 10 ms)."""
+    polls while nothing ends (every 0.5 ms at first, the pause doubling to 10 ms).
+    ``together``: the plan's fused stages (``Plan.fusion``), as the runtime packs them."""
     table = {c.id: c for c in calls}
     consumers = F.consumers_of(calls)
     devices = sorted({c.device for c in calls})
@@ -100,7 +102,8 @@ def drive(calls, steps: int, window: int, op_time: Callable[[OpCall], float], *,
         batch = [table[i.call.id] for i in instructions if isinstance(i, C.Submit)]
         is_done = lambda d: d not in key_of or key_of[d] in ended   # noqa: E731
         task_of = lambda d: key_of.get(d)                              # noqa: E731
-        for g in timed(F.fuse, batch, consumers, is_done, fuse, task_of) if batch else ():
+        for g in (timed(F.fuse, batch, consumers, is_done, fuse, task_of, together)
+                  if batch else ()):
             k = len(tasks)
             tasks.append((g, sum(op_time(c) for c in g.calls)))
             own = set(g.ids)

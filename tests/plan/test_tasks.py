@@ -23,7 +23,7 @@ def _runtime(pipeline, plan):
     flight done."""
     calls = build_calls(pipeline, plan, 10)
     step = [c for c in calls if c.step == 6]
-    groups = F.fuse(step, F.consumers_of(calls), lambda d: False)
+    groups = F.fuse(step, F.consumers_of(calls), lambda d: False, together=plan.fusion)
     where = {c.id: i for i, g in enumerate(groups) for c in g.calls}
     futures = sum(len({where.get(d, d) for c in g.calls for d in c.all_deps
                        if d not in set(g.ids)}) for g in groups)
@@ -36,6 +36,12 @@ def _tp(plan, stage, tp):
         for p in plan.placements))
 
 
+def _moved(plan, stage, devices):
+    return attrs.evolve(plan, placements=tuple(
+        attrs.evolve(p, devices=tuple(devices)) if p.stage == stage else p
+        for p in plan.placements))
+
+
 def _plans():
     ppo = load(shipped("pipelines", "ppo_llama8b.rpeg"))
     grpo = load(shipped("pipelines", "grpo_qwen7b.rpeg"))
@@ -43,6 +49,9 @@ def _plans():
     return {"ppo split x32": (ppo, base(ppo)),
             "grpo split x32": (grpo, base(grpo)),
             "ppo, training at tp 4": (ppo, _tp(base(ppo), "actor_step", 4)),
+            "ppo, advantages elsewhere": (ppo, _moved(base(ppo), "adv", range(32))),
+            "ppo, advantages elsewhere, ref_lp and scores fused": (ppo, attrs.evolve(
+                _moved(base(ppo), "adv", range(32)), fusion=(("ref_lp", "scores"),))),
             "grpo, 3 chunks a block": (grpo, attrs.evolve(base(grpo), placements=tuple(
                 attrs.evolve(p, chunks=3 * len(p.devices)) if p.stage == "rollout" else p
                 for p in base(grpo).placements)))}
@@ -63,3 +72,11 @@ def test_the_model_counts_what_the_runtime_dispatches_at_scale(name):
     # the futures of data, version and stream edges and of the collectives' order; the
     # runtime passes some more ordering ones
     assert 0.6 * futures <= d.args <= futures, (d.args, futures)
+
+
+def test_stages_the_plan_fused_share_their_tasks():
+    """Where another device reads the first of two fused stages, the second still joins
+    its task: fewer tasks, as the model counts (the test above)."""
+    pipeline, fused = PLANS["ppo, advantages elsewhere, ref_lp and scores fused"]
+    _, plain = PLANS["ppo, advantages elsewhere"]
+    assert _runtime(pipeline, fused)[1] < _runtime(pipeline, plain)[1]

@@ -142,11 +142,17 @@ def run_core(quick: bool, recompile: bool) -> dict:
 
 
 # --- 2. Dask's scheduler and client with many lightweight workers ----------------------------
-def run_dask(quick: bool) -> dict:
+def run_dask(quick: bool, workers: tuple[int, ...], save) -> dict:
     from rpeg.runtime.dispatch import measure_scheduler
     from rpeg.runtime.simulated import measure_core
-    workers = (8, 32) if quick else (8, 32, 128, 512)
-    m = measure_scheduler(workers=workers, tasks=300 if quick else 1000, deps=4)
+    m: dict = {"rows": []}
+    for n in sorted(workers):                # a fleet at a time, kept as it ends
+        one = measure_scheduler(workers=(n,), tasks=300 if quick else 1000, deps=4,
+                                cross=n == min(workers))
+        m["rows"] += one["rows"]
+        m["loadavg"] = one["loadavg"]
+        save({"measured": m})
+        print(f"dask: {n} workers measured", file=sys.stderr)
     core = measure_core(64)
     terms = fit_scheduler(m, core)
     # how each term grows with the workers: the terms of each fleet alone, and a line
@@ -341,6 +347,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--recompile", action="store_true", help="make the plans again")
     ap.add_argument("--write-profile", type=Path, help="write the fitted terms into this profile")
+    ap.add_argument("--workers", default="8,32,128,512", help="fleet sizes of the dask part")
     args = ap.parse_args(argv)
     parts = args.only.split(",")
     path = OUT / ("control_plane_quick.json" if args.quick else "control_plane.json")
@@ -352,7 +359,11 @@ def main(argv: list[str] | None = None) -> int:
         if part == "core":
             res["core"] = run_core(args.quick, args.recompile)
         elif part == "dask":
-            res["dask"] = run_dask(args.quick)
+            def save(partial):
+                path.write_text(json.dumps({**res, "dask_partial": partial}, indent=1) + "\n")
+            workers = tuple(int(w) for w in args.workers.split(","))
+            res["dask"] = run_dask(args.quick, (8, 32) if args.quick else workers, save)
+            res.pop("dask_partial", None)
             if args.write_profile:
                 write_profile(args.write_profile, res["dask"]["terms"])
         elif part == "rendezvous":

@@ -119,8 +119,8 @@ def measure_control(steps: int = 40, root: str | None = None) -> dict:
             "loadavg": os.getloadavg()[0]}
 
 
-def measure_scheduler(workers=(8, 64), tasks: int = 600, deps: int = 4,
-                      idle_s: float = 3.0, broadcasts: int = 10) -> dict:
+def measure_scheduler(workers=(8, 32), tasks: int = 400, deps: int = 4,
+                      idle_s: float = 3.0, broadcasts: int = 10, cross: bool = True) -> dict:
     """What Dask's scheduler and client spend per task, per task argument and per worker,
     with ``workers`` lightweight workers at a time (``rpeg.runtime.fleet``): CPU seconds of
     each process over
@@ -129,7 +129,7 @@ def measure_scheduler(workers=(8, 64), tasks: int = 600, deps: int = 4,
     * ``broadcasts`` calls of ``client.run`` on every worker (the trace drain each step),
     * ``tasks`` no-op tasks pinned round-robin to the workers as rpeg pins them, with no
       arguments and with ``deps`` futures each of earlier tasks on the same worker (and,
-      on the smallest fleet, on other workers, which the worker fetches).
+      on the smallest fleet, with ``cross``, on other workers, which the worker fetches).
 
     ``rpeg.cost.calibrate.fit_scheduler`` turns the rows into the profile's terms.
     """
@@ -149,7 +149,7 @@ def measure_scheduler(workers=(8, 64), tasks: int = 600, deps: int = 4,
                 f.client.run(W.drain)
             row["broadcast"] = dict(attrs.asdict(f.cpu() - a), calls=broadcasts)
             parts = [("tasks_0", 0, False), (f"tasks_{deps}", deps, False)]
-            if i == 0:
+            if i == 0 and cross:
                 parts.append((f"tasks_{deps}_cross", deps, True))
             for name, k, cross in parts:
                 _tasks(f, min(tasks, 100), k, cross)           # warm up

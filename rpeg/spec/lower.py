@@ -16,13 +16,26 @@ from pathlib import Path
 from rpeg.errors import Span, SpecError, SpecWarning, did_you_mean
 from rpeg.spec import ast
 from rpeg.spec import values as V
-from rpeg.spec.arch import MODEL_ARCH_KEYS, lower_dims
+from rpeg.spec.arch import lower_dims
 from rpeg.spec.calls import keywords
 from rpeg.spec.checks import check_context, check_shared_optimizers, check_trained, fold_lengths
 from rpeg.spec.functions import by_category, default_optimizer, function
+from rpeg.spec.keys import (
+    DATA,
+    DISTRIBUTIONS,
+    MAX_STEPS,
+    MAX_TOKENS,
+    MODEL,
+    MODEL_BLOCK,
+    WORKLOAD,
+    WORKLOAD_BLOCK,
+    assigned,
+    distribution,
+    entries,
+    read,
+)
 from rpeg.spec.model import (
     WORKLOAD_DATA,
-    DType,
     Head,
     LengthDist,
     LengthKind,
@@ -40,7 +53,6 @@ from rpeg.spec.pins import lower_place
 from rpeg.spec.registry import Category
 from rpeg.spec.resolve import blame, resolve_pipeline
 from rpeg.spec.sections import (
-    DATA_KEYS,
     check_weights,
     data_fields,
     hf_model,
@@ -48,16 +60,12 @@ from rpeg.spec.sections import (
     lower_eval,
     lower_log,
 )
-from rpeg.spec.sections import assigned as _assigned
-from rpeg.spec.sections import entries as _entries
 from rpeg.spec.stages import check_roles, lower_stage
 
-WORKLOAD_KEYS = ("steps", "prompts", "samples", "prompt_len", "gen_len", "dataset",
-                 "seed") + DATA_KEYS
-MODEL_KEYS = ("optimizer", "head", "frozen", "dtype", "weights", "lora") + MODEL_ARCH_KEYS
-DTYPES = tuple(DType)
-MAX_STEPS = 10_000_000
-MAX_TOKENS = 1 << 21
+__all__ = ["lower_pipeline", "WORKLOAD_KEYS", "MODEL_KEYS", "MAX_STEPS", "MAX_TOKENS"]
+
+WORKLOAD_KEYS = WORKLOAD_BLOCK.keys
+MODEL_KEYS = MODEL_BLOCK.keys
 MAX_HISTOGRAM_BYTES = 64 * 1024 * 1024
 
 
@@ -132,25 +140,25 @@ def _lower(f: ast.File, items, chain) -> tuple[Pipeline, list[SpecError]]:
 # --- workload ----------------------------------------------------------------
 
 def _workload(w: ast.WorkloadDecl, warnings: list[SpecError]) -> Workload:
-    e = _entries(w.block, WORKLOAD_KEYS, "the workload block")
-    for required in ("steps", "prompts", "prompt_len", "gen_len"):
+    e = entries(w.block, WORKLOAD_BLOCK, "the workload block")
+    for required in (p.name for p in WORKLOAD_BLOCK.params if p.required):
         if required not in e:
             raise SpecError(f"the workload block must set {required}", w.span,
                             hint=f"add '{required} = ...'")
-    steps = V.integer(_assigned(e["steps"], "steps"), "steps", minimum=1, maximum=MAX_STEPS)
-    prompts = V.integer(_assigned(e["prompts"], "prompts"), "prompts", minimum=1)
-    samples = V.integer(_assigned(e["samples"], "samples"), "samples", minimum=1,
-                        maximum=4096) if "samples" in e else 1
-    pv = _assigned(e["prompt_len"], "prompt_len")
+
+    def get(key: str) -> object:
+        return read(e[key], WORKLOAD.param(key)) if key in e else WORKLOAD.param(key).default
+
+    steps, prompts, samples, seed = get("steps"), get("prompts"), get("samples"), get("seed")
+    pv = assigned(e["prompt_len"], "prompt_len")
     prompt_dist = None if isinstance(pv, ast.Number) else _length(pv, "prompt_len")
     prompt_len = prompt_dist.max_len if prompt_dist else V.integer(
         pv, "prompt_len", minimum=1, maximum=MAX_TOKENS)
-    gen_len = _length(_assigned(e["gen_len"], "gen_len"))
-    seed = V.integer(_assigned(e["seed"], "seed"), "seed", maximum=2**31 - 1) if "seed" in e else 0
+    gen_len = _length(assigned(e["gen_len"], "gen_len"))
     dataset = None
     if "dataset" in e:
-        dv = _assigned(e["dataset"], "dataset")
-        dataset = FileRef.written(V.string(dv, "dataset"), dv.span)
+        dv = assigned(e["dataset"], "dataset")
+        dataset = FileRef.written(read(e["dataset"], DATA.param("dataset")), dv.span)
         if not dataset.exists():
             warnings.append(SpecWarning(f"dataset {dataset.described()} does not exist (yet); "
                                         "a run needs it", dv.span))
@@ -166,7 +174,7 @@ def _length(v: ast.Value, key: str = "gen_len") -> LengthDist:
         raise SpecError(f"{key} must be a length or a distribution such as "
                         f"lognormal(median = 512, max = 2048), not {V.kind_of(v)}", v.span)
     fn = v.func.value
-    kinds = ("fixed", "uniform", "lognormal", "empirical")
+    kinds = tuple(d.name for d in DISTRIBUTIONS)
     if fn not in kinds:
         raise SpecError(f"{key} distribution must be one of {', '.join(kinds)}, not '{fn}'",
                         v.func.span, hint=did_you_mean(fn, kinds))
@@ -185,8 +193,7 @@ def _length(v: ast.Value, key: str = "gen_len") -> LengthDist:
             raise SpecError(f"{fn}(...) needs {key} = ...", v.span)
         return x
 
-    allowed = {"fixed": ("n",), "uniform": ("min", "max"), "lognormal": ("median", "max", "sigma"),
-               "empirical": ("max",)}[fn]
+    allowed = distribution(fn).keys
     for k in v.kwargs:
         if k.key.value not in allowed:
             raise V.unknown_key(k.key, allowed, f"{fn}(...)")
@@ -256,7 +263,7 @@ def _histogram(file: Path, span: Span) -> tuple[tuple[int, float], ...]:
 
 def _model(m: ast.ModelDecl, warnings: list[SpecError]) -> Model:
     preset = m.preset.value
-    e = _entries(m.block, MODEL_KEYS, f"model '{m.name.value}'") if m.block else {}
+    e = entries(m.block, MODEL_BLOCK, f"model '{m.name.value}'") if m.block else {}
     folder_dtype, weights = None, None
     if m.source is not None:
         dims, folder_dtype, weights = hf_model(m, e)
@@ -265,9 +272,8 @@ def _model(m: ast.ModelDecl, warnings: list[SpecError]) -> Model:
                         hint="the folder holds config.json, the weights and the tokenizer")
     else:
         dims = lower_dims(m.preset, e)
-    head = Head.LM
-    if "head" in e:
-        head = Head(V.name(_assigned(e["head"], "head"), "head", tuple(h.value for h in Head)))
+    head = Head(read(e["head"], MODEL.param("head")) if "head" in e
+                else MODEL.param("head").default)
     frozen = "frozen" in e
     if frozen and not isinstance(e["frozen"], ast.Flag):
         raise SpecError("frozen is a flag: write 'frozen' alone", e["frozen"].span)
@@ -276,18 +282,17 @@ def _model(m: ast.ModelDecl, warnings: list[SpecError]) -> Model:
         if frozen:
             raise SpecError(f"model '{m.name.value}' is frozen and cannot have an optimizer",
                             e["optimizer"].span, hint="remove 'frozen' or the optimizer")
-        optimizer = _optimizer(_assigned(e["optimizer"], "optimizer"))
+        optimizer = _optimizer(assigned(e["optimizer"], "optimizer"))
     elif not frozen:
         optimizer = _optimizer_of(default_optimizer(), {})
-    dtype = V.name(_assigned(e["dtype"], "dtype"), "dtype", DTYPES) if "dtype" in e else \
-        folder_dtype or "bf16"
+    dtype = read(e["dtype"], MODEL.param("dtype")) if "dtype" in e else folder_dtype or "bf16"
     if optimizer is not None and not optimizer.master and dtype == "fp32":
         raise SpecError("master_weights = false must be asked of a 16-bit model, not of dtype "
                         "fp32 (float32 weights are their own master weights)",
                         e["optimizer"].span, hint="drop master_weights, or use dtype bf16")
     if "weights" in e:
-        wv = _assigned(e["weights"], "weights")
-        written = V.string(wv, "weights")
+        wv = assigned(e["weights"], "weights")
+        written = read(e["weights"], MODEL.param("weights"))
         weights = _weights_dir(written, warnings, wv.span)
         if preset != "custom":
             check_weights(m, dims, weights, wv.span, warnings, written)
@@ -297,7 +302,7 @@ def _model(m: ast.ModelDecl, warnings: list[SpecError]) -> Model:
             raise SpecError("lora adapts a trained language model; this one is "
                             + ("frozen" if frozen else f"a {head.value} model"), e["lora"].span,
                             hint="remove 'frozen' or 'lora'" if frozen else "remove 'lora'")
-        adapters = lora(_assigned(e["lora"], "lora"), dims)
+        adapters = lora(assigned(e["lora"], "lora"), dims)
     return Model(m.name.value, preset, dims, head, frozen, optimizer, dtype, weights, m.span,
                  lora=adapters)
 

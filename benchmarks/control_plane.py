@@ -6,8 +6,6 @@ of process groups, and what that makes of a step of the shipped plans at 64 to 2
     .venv/bin/python benchmarks/control_plane.py --only core     # one part: core, dask,
                                                                  # rendezvous, table
     .venv/bin/python benchmarks/control_plane.py --quick         # a smoke run of each part
-    .venv/bin/python benchmarks/control_plane.py --only dask --write-profile \\
-        pipelines/clusters/profiles/local_cpu.rpeg               # the fitted terms into a profile
 
 Writes benchmarks/results/control_plane.{json,md} (each part as it ends; a part not run
 keeps its last results).
@@ -26,7 +24,8 @@ keeps its last results).
    tasks pinned as rpeg pins them, futures of earlier tasks as arguments, the trace drain's
    broadcast), CPU seconds of each process; ``rpeg.cost.calibrate.fit_scheduler`` makes the
    terms of ``rpeg.cost.control`` from them, and each term is also fitted per fleet size
-   (how it grows with the workers).
+   (how it grows with the workers). The profiles' terms are not written here: ``rpeg
+   calibrate --control-only -o PROFILE.rpeg`` measures them the same way.
 3. rendezvous: torch.distributed's gloo process group over 2 to 16 processes on this
    machine (``init_process_group`` over TCP, a group of every rank, a barrier), beside
    NCCL's published initialisation times.
@@ -333,20 +332,11 @@ def _md_table(p: dict) -> list[str]:
     return rows
 
 
-def write_profile(path: Path, terms: dict) -> None:
-    from rpeg.cost.profiles import load_profile, profile_text
-    p = load_profile(path)
-    p = attrs.evolve(p, **terms)
-    path.write_text(profile_text(p, comment=f"{p.name}: measured by rpeg calibrate"),
-                    encoding="utf-8")
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--only", default="core,dask,rendezvous,table")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--recompile", action="store_true", help="make the plans again")
-    ap.add_argument("--write-profile", type=Path, help="write the fitted terms into this profile")
     ap.add_argument("--workers", default="8,32,128,512", help="fleet sizes of the dask part")
     args = ap.parse_args(argv)
     parts = args.only.split(",")
@@ -364,8 +354,6 @@ def main(argv: list[str] | None = None) -> int:
             workers = tuple(int(w) for w in args.workers.split(","))
             res["dask"] = run_dask(args.quick, (8, 32) if args.quick else workers, save)
             res.pop("dask_partial", None)
-            if args.write_profile:
-                write_profile(args.write_profile, res["dask"]["terms"])
         elif part == "rendezvous":
             res["rendezvous"] = run_rendezvous(args.quick)
         else:

@@ -16,9 +16,10 @@ task in three short real runs (``measure_control``), which the cost model charge
 devices share the host's cores; and what the control plane costs on a host of its own
 (``measure_scheduler``: Dask's scheduler and client per task, future and worker with many
 lightweight workers; ``measure_core``: the scheduling core per op call on a simulated
-clock), which GPU clusters are priced with (``rpeg.cost.control``). ``--dispatch-only
--o GPU_PROFILE.rpeg`` on the host that will run the client and the scheduler measures
-those for a GPU cluster.
+clock), which GPU clusters are priced with (``rpeg.cost.control``). ``--control-only
+-o PROFILE.rpeg`` measures only those (on the host that will run the client and the
+scheduler, for a GPU cluster's profile; on this machine, for the shipped CPU profile,
+whose terms a GPU profile without its own is priced with).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import sys
 import time
 from pathlib import Path
 
+import attrs
 import typer
 
 from rpeg.cli.output import writable, writing
@@ -64,9 +66,22 @@ def register(app: typer.Typer) -> None:
                                            "task, future and worker on a host of its own) and "
                                            "update those terms of the --out profile, keeping "
                                            "the rest."),
+        control_only: bool = typer.Option(False, "--control-only", help="Measure only what "
+                                          "the control plane costs on a host of its own "
+                                          "(Dask's scheduler and client per task, future and "
+                                          "worker with many lightweight workers; the "
+                                          "scheduling core per op call), the terms GPU "
+                                          "clusters are priced with, and update those terms "
+                                          "of the --out profile, keeping the rest."),
     ) -> None:
         """Measure this machine's devices and links into a hardware profile."""
-        from rpeg.cost.calibrate import cluster_text, fit_profile, keep_unmeasured, with_dispatch
+        from rpeg.cost.calibrate import (
+            cluster_text,
+            fit_profile,
+            fit_scheduler,
+            keep_unmeasured,
+            with_dispatch,
+        )
         from rpeg.cost.profiles import load_profile, profile_text
         from rpeg.runtime.dispatch import measure_control, measure_dispatch, measure_scheduler
         from rpeg.runtime.machine import measure_machine
@@ -75,14 +90,26 @@ def register(app: typer.Typer) -> None:
         for path, option in ((out, "--out"), (cluster, "--cluster"),
                              (save, "--save-measurements")):
             writable(path, option)                   # before minutes of measuring, not after
-        if dispatch_only:
+        if dispatch_only or control_only:
+            flag = "--dispatch-only" if dispatch_only else "--control-only"
             if out is None:
                 raise typer.BadParameter("updates an existing profile: give it with --out "
-                                         "PROFILE.rpeg", param_hint="--dispatch-only")
+                                         "PROFILE.rpeg", param_hint=flag)
             if not out.is_file():
-                raise RpegError(f"--dispatch-only updates an existing profile, and '{out}' "
+                raise RpegError(f"{flag} updates an existing profile, and '{out}' "
                                 "is none", hint="measure the whole profile first: rpeg "
                                                 f"calibrate -o {out}")
+        if control_only:
+            s, core = measure_scheduler(), measure_core()
+            p = attrs.evolve(load_profile(out), **fit_scheduler(s, core))
+            note = (f"{p.name}: measured by rpeg calibrate, its control plane on a host of its "
+                    f"own by rpeg calibrate --control-only at load {s['loadavg']:.1f}")
+            with writing(out, "the profile"):
+                out.write_text(profile_text(p, comment=note))
+            print(f"{_control_line(p)} (fleets of {', '.join(str(r['workers']) for r in s['rows'])}"
+                  f" workers, load {s['loadavg']:.1f}); wrote {out}", file=sys.stderr)
+            return
+        if dispatch_only:
             d = measure_dispatch()
             old = load_profile(out)
             # a profile of the devices' own cores gets their control plane measured too;

@@ -115,8 +115,8 @@ def register(app: typer.Typer) -> None:
             p = attrs.evolve(load_profile(out), **fit_scheduler(s, core))
             note = (f"{p.name}: measured by rpeg calibrate, its control plane on a host of its "
                     f"own by rpeg calibrate --control-only at load {s['loadavg']:.1f}")
-            with writing(out, "the profile"):
-                out.write_text(profile_text(p, comment=note))
+            with writing(out, "the profile") as tmp:
+                tmp.write_text(profile_text(p, comment=note))
             print(f"{_control_line(p)} (fleets of {', '.join(str(r['workers']) for r in s['rows'])}"
                   f" workers, load {s['loadavg']:.1f}); wrote {out}", file=sys.stderr)
             return
@@ -127,8 +127,8 @@ def register(app: typer.Typer) -> None:
             # every profile, what the control plane costs on a host of its own
             c = measure_control() if old.host_cores else None
             p = with_dispatch(old, d, c, measure_scheduler(), measure_core())
-            with writing(out, "the profile"):
-                out.write_text(profile_text(p, comment=f"{p.name}: measured by rpeg calibrate"))
+            with writing(out, "the profile") as tmp:
+                tmp.write_text(profile_text(p, comment=f"{p.name}: measured by rpeg calibrate"))
             print(f"dispatch {d['dispatch_s'] * 1e3:.2f} ms per task (one worker "
                   f"{d['same_worker_s'] * 1e3:.2f} ms, across two {d['cross_worker_s'] * 1e3:.2f}"
                   f" ms, load {d['loadavg']:.1f}); {_control_line(p)}; wrote {out}",
@@ -136,8 +136,8 @@ def register(app: typer.Typer) -> None:
             return
         m = measure_machine(repeats, scheduler=True)
         if save:
-            with writing(save, "the measurements"):
-                save.write_text(json.dumps(m))
+            with writing(save, "the measurements") as tmp:
+                tmp.write_text(json.dumps(m))
         fit = fit_profile(m, name=name)
         p = fit.profile
         if out is not None and out.exists():
@@ -153,13 +153,13 @@ def register(app: typer.Typer) -> None:
         if out is None:
             print(text, end="")
         else:
-            with writing(out, "the profile"):
-                out.write_text(text)
+            with writing(out, "the profile") as tmp:
+                tmp.write_text(text)
             print(f"wrote {out}", file=sys.stderr)
         if cluster is not None:
             rel = os.path.relpath(out, cluster.parent) if out else f"profiles/{name}.rpeg"
-            with writing(cluster, "the cluster file"):
-                cluster.write_text(cluster_text(name, rel, fit.link))
+            with writing(cluster, "the cluster file") as tmp:
+                tmp.write_text(cluster_text(name, rel, fit.link))
             print(f"wrote {cluster}", file=sys.stderr)
 
 

@@ -192,9 +192,7 @@ def summary_text(report, cluster, output: Path, gantt: Path | None, pipeline,
              f"{plan.strategy.value}, seed {plan.seed}, planned in {report.seconds:.1f} s",
              f"predicted step time {pr.step_time_s:.2f} s, {pr.tokens_per_s:.0f} generated "
              f"tokens/s"]
-    if pr.control_s:
-        lines.append(f"  of which {pr.control_s:.3f} s is the control plane's CPU on the devices' "
-                     f"cores ({pr.tasks_per_step} Dask tasks a step)")
+    lines += control_lines(pr, cluster)
     if plan.search is not None and plan.search.time_capped:
         lines.append(f"note: the search stopped at its {plan.search.options.time_cap_s:g} s time "
                      f"cap after {plan.search.proposals} proposals, before its budget of "
@@ -240,6 +238,20 @@ def summary_text(report, cluster, output: Path, gantt: Path | None, pipeline,
                      "model prices, " + (f"and `rpeg run` cannot execute this plan ({why})"
                                          if why else "and `rpeg run` executes this plan too"))
     return "\n".join(lines)
+
+
+def control_lines(pr, cluster) -> list[str]:
+    """The control plane's part of the predicted step, and a note where it is too large."""
+    from rpeg.cost.control import share, terms_of, verdict
+    if not pr.control_s:
+        return []
+    where = ("CPU on the devices' cores" if cluster.gpu.host_cores > 0 else
+             f"time in its client and Dask scheduler (terms of the {terms_of(cluster.gpu)[1]} "
+             "profile)")
+    lines = [f"  of which {pr.control_s:.3f} s ({100 * share(pr.control_s, pr.step_time_s):.1f}%)"
+             f" is the control plane's {where}: {pr.tasks_per_step:,} Dask tasks a step"]
+    why = verdict(pr.control_s, pr.step_time_s, pr.tasks_per_step, cluster.num_gpus)
+    return lines + ([f"note: {why}"] if why else [])
 
 
 def conversation_lines(plan, pipeline, cluster) -> list[str]:

@@ -34,6 +34,7 @@ from __future__ import annotations
 import attrs
 import numpy as np
 
+from rpeg.cost.control import Dispatch, control_time, shared_cores_time, terms_of
 from rpeg.cost.generation import StageCost
 from rpeg.cost.memory import MemoryCost, resident_memory
 from rpeg.cost.stages import stage_memory
@@ -42,7 +43,7 @@ from rpeg.graph import Graph
 from rpeg.plan.evalcost import EVAL_OP, eval_time, trainer_devices
 from rpeg.plan.model import Plan, Predicted, StagePlacement
 from rpeg.plan.prices import Chunk, Prices, parallel_of
-from rpeg.plan.simulate import OpTiming, Timeline, floor, simulate, steps_for, tasks_per_step
+from rpeg.plan.simulate import OpTiming, Timeline, floor, simulate, steps_for
 from rpeg.plan.staleness import staleness_problem, step_graph
 from rpeg.plan.structure import (  # noqa: F401 — re-exported: what the plan makes of its graph
     Stages,
@@ -57,6 +58,7 @@ from rpeg.plan.structure import (  # noqa: F401 — re-exported: what the plan m
     sync_devices,
     synced_in_place,
 )
+from rpeg.plan.tasks import dispatch_per_step, layouts_of
 from rpeg.spec.model import Cluster, Engine, OpKind, Pipeline
 
 GB = 1e9
@@ -152,7 +154,7 @@ class Evaluator:
         self._copies: dict[tuple, tuple] = {}
         self._settled: dict[StagePlacement, StagePlacement] = {}
         self._priced: dict[tuple, _Priced] = {}
-        self._tasks: dict[tuple, int] = {}
+        self._tasks: dict[tuple, Dispatch] = {}
         self._eval: dict[tuple[int, ...], float] = {}
         self._index: dict[StagePlacement, slice | np.ndarray] = {}
         self._synced: dict[tuple, frozenset[str]] = {}
@@ -486,53 +488,40 @@ class Evaluator:
         return OpTiming(p.devices, t, chunk_times=tuple(per_chunk))
 
     def control_time(self, plan: Plan, graph: Graph, timings: dict[str, OpTiming],
-                     steps: int = 6) -> float:
-        """Seconds a step loses to the control plane where it shares the devices' cores.
-
-        On a machine whose devices are CPU cores (the local profile: ``host_cores``), the
-        client, the Dask scheduler and the workers' event loops run on those same cores:
-        per step, ``control_step_s`` for each device in use (the round trip that collects
-        its trace, its worker's loop) and ``control_task_s`` for each Dask task the runtime
-        dispatches (:func:`rpeg.plan.simulate.tasks_per_step`). That CPU time, spread over
-        the host's cores, delays the devices' work by its share: ``W / host_cores``. Both
-        are fitted by ``rpeg calibrate`` from real runs; profiles without ``host_cores``
-        (GPUs, whose host CPUs are not the devices) pay nothing here.
-        """
-        return self._control(plan, graph, timings, steps)[0]
+                     steps: int = 6, step_s: float = 0.0) -> float:
+        """Seconds a step of ``step_s`` seconds of work loses to the control plane
+        (``rpeg.cost.control``): where the devices are the host's own cores (the CPU
+        profile: ``host_cores``) its CPU spread over them; elsewhere the client's and the
+        Dask scheduler's time on the calls, tasks and futures a step dispatches
+        (:meth:`dispatch`), serialised in one thread each."""
+        return self._control(plan, graph, timings, steps, step_s)[0]
 
     def _control(self, plan: Plan, graph: Graph, timings: dict[str, OpTiming],
-                 steps: int) -> tuple[float, int]:
-        """(:meth:`control_time`, the Dask tasks a step it counted; 0 where not charged)."""
+                 steps: int, step_s: float = 0.0) -> tuple[float, int]:
+        """(:meth:`control_time`, the Dask tasks a step it counted)."""
+        d = self.dispatch(plan, graph, timings, steps)
         gpu = self.cluster.gpu
-        cores = gpu.host_cores
-        if cores <= 0:
-            return 0.0, 0
-        used = {d for t in timings.values() for d in t.devices}
-        tasks = self.dask_tasks(plan, graph, timings, steps)
-        cpu = gpu.control_step_s * len(used) + gpu.control_task_s * tasks
-        return cpu / (cores * max(1, -(-len(used) // self.cluster.gpus_per_node))), tasks
+        if gpu.host_cores > 0:
+            nodes = -(-d.devices // self.cluster.gpus_per_node)
+            return shared_cores_time(gpu, d.devices, d.tasks, nodes), d.tasks
+        return control_time(terms_of(gpu)[0], d, step_s).charged_s, d.tasks
 
     def dask_tasks(self, plan: Plan, graph: Graph, timings: dict[str, OpTiming],
                    steps: int = 6) -> int:
         """Dask tasks a steady step of ``plan`` dispatches under the runtime's fusion."""
-        # the runtime runs a fused op's stages as calls of their own, each starting a task
-        # where its own inputs say so: counted on the graph without fusion
+        return self.dispatch(plan, graph, timings, steps).tasks
+
+    def dispatch(self, plan: Plan, graph: Graph, timings: dict[str, OpTiming],
+                 steps: int = 6) -> Dispatch:
+        """The op calls, Dask tasks and futures a steady step of ``plan`` dispatches
+        (:func:`rpeg.plan.tasks.dispatch_per_step`)."""
+        # the runtime runs a fused op's stages as calls of their own, in one task where
+        # their inputs allow: counted on the graph without fusion
         loose = self.graph(attrs.evolve(plan, fusion=()))
-        where = {}
-        for op in loose.ops:
-            if op.kind is OpKind.SYNC_WEIGHTS:
-                where[op.name] = OpTiming(timings[op.name].devices, 0.0)
-            else:
-                p = plan.placement(op.stages[0])
-                where[op.name] = OpTiming(p.devices, 0.0, (0.0,) * p.chunks
-                                          if op.kind is OpKind.GENERATE and p.chunks > 1
-                                          else ())
-        collective = frozenset(
-            o.name for o in loose.ops if len(where[o.name].devices) > 1 and o.stages
-            and (o.kind is OpKind.TRAIN or plan.placement(o.stages[0]).tp > 1))
-        key = (loose, tuple(where.items()), collective, steps)
+        layouts, chunks = layouts_of(self.pipeline, plan, loose, timings)
+        key = (loose, tuple(sorted(layouts.items())), chunks, steps, plan.fusion)
         if key not in self._tasks:
-            self._tasks[key] = tasks_per_step(loose, where, steps, collective)
+            self._tasks[key] = dispatch_per_step(loose, layouts, chunks, steps, plan.fusion)
         return self._tasks[key]
 
     def eval_time(self, plan: Plan) -> float:
@@ -622,13 +611,14 @@ class Evaluator:
                                      memory_capacity=capacity), None, False)
         timings, op_times = self.timings(plan, graph, walk)
         steps = self.steps or steps_for(max((k for _, k in plan.staleness), default=0))
-        control, tasks = self._control(plan, graph, timings, steps)
         held_out = self.eval_time(plan) if self.pipeline.evaluation is not None else None
-        extra = control + (held_out / self.pipeline.evaluation.every if held_out is not None
-                           else 0.0)
+        every = held_out / self.pipeline.evaluation.every if held_out is not None else 0.0
         if held_out is not None:                       # an eval op every `every` steps
             op_times = tuple(op_times) + ((EVAL_OP, held_out),)
-        least = floor(graph, timings) + extra if bound is not None and feasible else 0.0
+        # the control plane's time grows with the step's (heartbeats): at the floor, a floor
+        work = floor(graph, timings) if bound is not None and feasible else 0.0
+        control, tasks = self._control(plan, graph, timings, steps, work)
+        least = work + control + every if bound is not None and feasible else 0.0
         if bound is not None and feasible and least >= bound:
             return _Priced(plan, homes, True, None, Predicted(
                 least, op_times=op_times, memory_capacity=capacity,
@@ -636,7 +626,8 @@ class Evaluator:
         timeline = simulate(graph, timings, steps=steps, events=detail,
                             crossing_s=max(self.cluster.gpu.dispatch_s, 0.0),
                             streams=streams_of(plan, graph))
-        step = timeline.step_time_s + extra
+        control, tasks = self._control(plan, graph, timings, steps, timeline.step_time_s)
+        step = timeline.step_time_s + control + every
         predicted = Predicted(
             step_time_s=step,
             peak_memory=tuple(round(float(x)) for x in peak) if detail else (),

@@ -292,7 +292,7 @@ class Plan:
                          f"{pr.tokens_per_s:.0f} tokens/s")
             if pr.control_s:
                 lines.append(f"  of which the control plane {pr.control_s:.3f} s "
-                             f"({pr.tasks_per_step} Dask tasks a step, on the devices' cores)")
+                             f"({pr.tasks_per_step} Dask tasks a step)")
             if pr.peak_memory:
                 lines.append(f"  predicted peak memory {max(pr.peak_memory) / 1e9:.1f} GB of "
                              f"{pr.memory_capacity / 1e9:.1f} GB per device")

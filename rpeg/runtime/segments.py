@@ -120,7 +120,8 @@ class SegmentLoop:
             # must not delay work that is ready
             batch = [table[i.call.id] for i in instructions if isinstance(i, C.Submit)]
             now = time.time()
-            for g in F.fuse(batch, self.consumers, finished, self.options.fuse, task_of):
+            for g in F.fuse(batch, self.consumers, finished, self.options.fuse, task_of,
+                            self.plan.fusion):
                 f = F.submit(cl.client, g, futures, self.workers[g.device],
                              key=f"{g.ids[0]}+{len(g.ids) - 1}-{cl.token}-{self.attempt}")
                 for op_id in g.ids:

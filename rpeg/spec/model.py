@@ -419,6 +419,16 @@ class GpuProfile:
     host_cores: float = _m("")                     # cores the control plane shares; 0: not priced
     control_step_s: float = _m("s")                # control-plane CPU per device per step
     control_task_s: float = _m("s")                # control-plane CPU per task per step
+    # ... and on a host of its own (GPU clusters): one client, one Dask scheduler
+    # (rpeg.cost.control; rpeg calibrate: measure_scheduler, the core on a simulated clock)
+    control_call_s: float = _m("s")                # client: scheduling core + fusion per op call
+    client_task_s: float = _m("s")                 # client: Dask's CPU per task
+    client_arg_s: float = _m("s")                  # client: per future a task takes
+    client_worker_s: float = _m("s")               # client: per worker per step (trace drain)
+    scheduler_task_s: float = _m("s")              # scheduler: CPU per task
+    scheduler_arg_s: float = _m("s")               # scheduler: per future a task takes
+    scheduler_worker_s: float = _m("s")            # scheduler: per worker per step
+    scheduler_heartbeat_s: float = _m("s")         # scheduler: per worker heartbeat
     concurrency_slowdown: float = _m("", 1.0)      # one device's op time when all run at once / alone
     reward_call_overhead: float = _m("s")          # per call of a python reward
     reward_sample_overhead: float | None = _m("s", None)  # per sample; None: sample_overhead

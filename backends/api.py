@@ -41,6 +41,9 @@ class RolloutChunk:
     logprobs: tuple[np.ndarray, ...]    # float32 log-probability of each generated token
     finished: np.ndarray                # bool [n]: EOS reached (else cut at max_new_tokens)
     version: int                        # parameter version that generated the chunk
+    temperature: float = 1.0            # the temperature its logprobs are at: the sampling
+                                        # temperature (1 for greedy); every logprob computed
+                                        # of these responses later uses it too
 
     def __len__(self) -> int:
         return len(self.response_ids)

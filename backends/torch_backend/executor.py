@@ -252,7 +252,9 @@ class Executor:
                                          chunks=pieces)
             self.streams[key] = (stream, mine)
         stream, mine = self.streams[key]
-        chunk = next(stream)
+        # the policy the responses were sampled from travels with them: every logprob of
+        # them computed later (old policy, reference, trainer) is at this temperature
+        chunk = attrs.evolve(next(stream), temperature=logprob_temperature(stage))
         if mine is not None:
             chunk = attrs.evolve(chunk, prompt_index=mine[chunk.prompt_index])   # step-wide
         if call.chunk + shard >= call.chunks:
@@ -311,18 +313,9 @@ class Executor:
         what = {Head.LM: "logprobs", Head.VALUE: "values", Head.REWARD: "scores"}[model.head]
         place = self.ctx.plan.placement(stage.name)
         value = forward_arrays(replica.model, chunk.prompt_ids, chunk.response_ids, what,
-                               device=self.device,
-                               temperature=self._temperature(stage.inputs[0]),
+                               device=self.device, temperature=chunk.temperature,
                                microbatches=place.microbatches, packed=place.packing)
         return {stage.outputs[0]: value}, {}
-
-    def _temperature(self, responses: str) -> float:
-        """The sampling temperature of the generate stage that made ``responses``: the
-        policy whose log-probabilities the trainer compares (a greedy stage: 1)."""
-        src = self.ctx.pipeline.producer(responses)
-        t = float(src.arg("temperature")) if src is not None and src.kind is OpKind.GENERATE \
-            else 1.0
-        return t if t > 0 else 1.0
 
     def _score(self, call, replica, inputs):
         stage = self._stage(call)
@@ -428,7 +421,7 @@ class Executor:
                            returns=whole(data.get(Role.RETURNS)),
                            old_values=whole(data.get(Role.VALUES)),
                            ref_logprobs=whole(data.get(Role.REF_LOGPROBS)),
-                           behaviour_version=min(versions))
+                           behaviour_version=min(versions), temperature=chunk.temperature)
         losses = [self._loss(s, replica, shared=len(stages) > 1,
                              old_values=Role.VALUES in data) for s in stages]
         places = [self.ctx.plan.placement(s.name) for s in stages]
@@ -742,16 +735,17 @@ def sample_row(index: int, row: dict, response: str, reward: float) -> dict:
     return out
 
 
+def logprob_temperature(stage) -> float:
+    """The temperature a generate stage's logprobs are at: its sampling temperature; a
+    greedy stage's (temperature 0) are the model's own, at 1."""
+    t = float(stage.arg("temperature"))
+    return t if t > 0 else 1.0
+
+
 def _rollout(parts) -> RolloutChunk:
     if len(parts) == 1:
         return parts[0]
-    return RolloutChunk(
-        prompt_index=np.concatenate([p.prompt_index for p in parts]),
-        prompt_ids=tuple(x for p in parts for x in p.prompt_ids),
-        response_ids=tuple(x for p in parts for x in p.response_ids),
-        logprobs=tuple(x for p in parts for x in p.logprobs),
-        finished=np.concatenate([p.finished for p in parts]),
-        version=min(p.version for p in parts))
+    return sampling.concat(list(parts))
 
 
 def _concat(parts):

@@ -22,6 +22,7 @@ import attrs
 import numpy as np
 
 from backends.api import RolloutChunk
+from rpeg.errors import BackendError
 from rpeg.runtime.data import Cursor, step_rows
 
 ROUND_SEED = 1_000_003        # round r of a step draws its prompts with seed + r * ROUND_SEED
@@ -67,16 +68,21 @@ def select(chunk: RolloutChunk, keep: np.ndarray) -> RolloutChunk:
     return RolloutChunk(chunk.prompt_index[idx], tuple(chunk.prompt_ids[i] for i in idx),
                         tuple(chunk.response_ids[i] for i in idx),
                         tuple(chunk.logprobs[i] for i in idx), chunk.finished[idx],
-                        chunk.version)
+                        chunk.version, chunk.temperature)
 
 
 def concat(parts: list[RolloutChunk]) -> RolloutChunk:
+    """The chunks as one, in order; they were sampled at one temperature."""
+    temperatures = {p.temperature for p in parts}
+    if len(temperatures) > 1:
+        raise BackendError(f"responses sampled at one temperature must be joined, not at "
+                           f"{sorted(temperatures)}")
     return RolloutChunk(np.concatenate([p.prompt_index for p in parts]),
                         tuple(x for p in parts for x in p.prompt_ids),
                         tuple(x for p in parts for x in p.response_ids),
                         tuple(x for p in parts for x in p.logprobs),
                         np.concatenate([p.finished for p in parts]),
-                        min(p.version for p in parts))
+                        min(p.version for p in parts), parts[0].temperature)
 
 
 def split(chunk: RolloutChunk, pieces: int) -> list[RolloutChunk]:

@@ -29,6 +29,7 @@ from rpeg.spec.registry import (
 KL_ESTIMATORS = ("k1", "k2", "k3")
 AGGREGATIONS = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum")
 SCHEDULES = ("constant", "linear", "cosine")
+CLIP_FRACS = ("binding", "outside")
 
 _KL_ROLES = (Role.LOGPROBS, Role.REF_LOGPROBS)
 
@@ -42,7 +43,8 @@ def _kl_estimator(default: str) -> Param:
     return Param("kl_estimator", Type.CHOICE,
                  "how the KL is estimated per token from log-probabilities: k1 = log p - log "
                  "p_ref, k2 = (log p - log p_ref)^2 / 2, k3 = p_ref/p - log(p_ref/p) - 1 "
-                 "(non-negative, low variance)", default=default, choices=KL_ESTIMATORS,
+                 "(non-negative, low variance; exact: not clamped, where verl's low_var_kl "
+                 "clamps it to [-10, 10])", default=default, choices=KL_ESTIMATORS,
                  requires="kl")
 
 
@@ -89,6 +91,12 @@ def _policy_params(clip: float, agg: str, whiten: bool) -> tuple[Param, ...]:
               "at 2", low=1.0, high=1e3, priced=True),
         Param("coef", Type.REAL, "weight of this loss in a shared backbone's sum", default=1.0,
               low=0.0, high=1e3, low_open=True),
+        Param("clip_frac", Type.CHOICE, "what the clip_frac metric counts, per response "
+              "token: binding = the tokens where the clip binds (the ratio above 1 + "
+              "clip_high with a positive advantage, below 1 - clip_low with a negative one: "
+              "verl's pg_clipfrac, TRL's clip_ratio); outside = every token whose ratio is "
+              "outside the band, whatever its advantage (rpeg's earlier default)",
+              default="binding", choices=CLIP_FRACS),
     )
 
 
@@ -130,10 +138,20 @@ _LOSSES = (
 _STAGES = (
     Function(
         "generate", Category.STAGE, "Sample one response per prompt and sample.",
-        (Param("temperature", Type.REAL, "sampling temperature (0: greedy)", default=1.0,
+        (Param("temperature", Type.REAL, "sampling temperature (0: greedy). The behaviour "
+               "policy is log_softmax(logits / temperature) over the whole vocabulary, and "
+               "every logprob of the stage's responses is of it: the engine's, the old-policy "
+               "and reference forwards' and the trainer's (a greedy stage's: at 1), so a "
+               "synchronous first update has importance ratio 1", default=1.0,
                low=0.0, high=100.0),
          Param("top_p", Type.REAL, "nucleus sampling: the smallest set of tokens whose "
-               "probability reaches top_p", default=1.0, low=0.0, high=1.0, low_open=True),
+               "probability reaches top_p. It limits what is sampled, not the policy the "
+               "losses compare with, which stays the whole vocabulary's at the temperature "
+               "(as verl's and TRL's trainers compute it): the torch engine reports those "
+               "logprobs; vLLM reports the nucleus's, renormalised, so under vLLM with top_p "
+               "< 1 the ratio starts below 1 by the nucleus's mass unless the loss sets tis, "
+               "which recomputes the behaviour logprobs with the trainer and weights each "
+               "token by min(p / q, tis)", default=1.0, low=0.0, high=1.0, low_open=True),
          Param("max_len", Type.INT, "most tokens a response may have (at most the workload's "
                "gen_len max)", derived="the workload's gen_len max", unit="tokens", low=1,
                priced=True),
@@ -231,6 +249,10 @@ _ESTIMATORS = (
         (_kl("in the token rewards"), _kl_estimator("k1"),
          Param("std", Type.BOOL, "divide by the group's standard deviation (false: Dr. GRPO)",
                default=True),
+         Param("correction", Type.INT, "Bessel's correction of the group's standard "
+               "deviation: squared deviations are summed over n - correction (1: the sample "
+               "standard deviation, torch.std's, as verl and TRL compute it; 0: the population "
+               "one, rpeg's earlier default)", default=1, low=0, high=1),
          Param("eps", Type.REAL, "added to the standard deviation", default=1e-6, low=0.0,
                high=1e3, low_open=True)),
         kind=OpKind.COMPUTE, inputs=_OUTCOME, outputs=(Role.ADVANTAGES,),

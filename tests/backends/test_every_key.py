@@ -137,6 +137,8 @@ for name in ("group_norm", "rloo", "reinforce"):
             sub(with_kl, "kl = 0.5", "kl = 0.5, kl_estimator = k3"))
 witness("group_norm.std", "run", GRPO, sub(GRPO, "group_norm(scores)", "group_norm(scores, "
                                                                          "std = false)"))
+witness("group_norm.correction", "run", GRPO, sub(GRPO, "group_norm(scores)",
+                                                  "group_norm(scores, correction = 0)"))
 witness("group_norm.eps", "run", GRPO, sub(GRPO, "group_norm(scores)", "group_norm(scores, "
                                                                          "eps = 0.5)"))
 witness("reinforce.gamma", "run", estimator("reinforce"),
@@ -181,6 +183,11 @@ for loss in ("ppo_clip", "grpo", "gspo"):
             with_("whiten = false" if loss == "ppo_clip" else "whiten = true"))
     witness(f"{loss}.tis", "either", base, with_("tis = 1"))
     witness(f"{loss}.coef", "run", base, with_("coef = 3"))
+    # a tight clip: the second minibatch's ratios leave the band both ways, whatever the sign
+    # of their advantage, so counting every one differs from counting where the clip binds
+    narrow = sub(base, f"{loss}(0.2)", f"{loss}({tight})")
+    witness(f"{loss}.clip_frac", "run", narrow,
+            sub(narrow, f"{loss}({tight})", f"{loss}({tight}, clip_frac = outside)"))
 witness("value_mse.clip", "run", PPO, sub(PPO, "loss = value_mse", "loss = value_mse(0.001)"))
 witness("value_mse.coef", "run", PPO, sub(PPO, "loss = value_mse", "loss = value_mse(coef = 3)"))
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 import math
 
 import numpy as np
-import torch
 import pytest
+import torch
 
 from backends.torch_backend.advantages import Batch, kl_tokens
 from backends.torch_backend.algorithms import implementation

@@ -36,8 +36,11 @@ def evaluate(ex, model: str, step: int) -> dict:
     e, w = p.evaluation, p.workload
     replica = ex.replicas.get(model)
     if replica is None or replica.engine is None:
-        raise BackendError(f"eval must run on a replica of '{model}' with its LM head, and "
-                           "this worker holds none")
+        raise BackendError(f"eval must run on a whole trained replica of '{model}' with its "
+                           "LM head, and this worker holds none (its trainer is sharded, or "
+                           "it holds no LM head)", p.evaluation.span,
+                           hint="plan it with rpeg compile's limits: they keep the evaluated "
+                                "model's trainer at ZeRO 0 or 2 and tp = 1")
     if replica.sharded:
         raise BackendError(f"eval generates with one whole replica of '{model}', and its "
                            "trainer is split over tensor-parallel ranks",

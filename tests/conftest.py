@@ -24,3 +24,24 @@ def root() -> Path:
 @pytest.fixture
 def pipelines() -> Path:
     return ROOT / "pipelines"
+
+
+def save_reward_model(folder: Path, seed: int = 11) -> Path:
+    """A tiny reward model as a sequence-classification checkpoint of one label (what a
+    reward model trained elsewhere is saved as): its ``score`` head is what rpeg reads."""
+    import torch
+    from transformers import LlamaForSequenceClassification
+
+    from backends.torch_backend.modeling import hf_config
+    from rpeg.spec.presets import PRESETS
+    config = hf_config(PRESETS["tiny"])
+    config.num_labels = 1
+    torch.manual_seed(seed)
+    LlamaForSequenceClassification(config).save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture
+def reward_model():
+    """``save_reward_model``, for tests that need a reward model's folder."""
+    return save_reward_model

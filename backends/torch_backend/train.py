@@ -32,6 +32,7 @@ from backends.torch_backend.distributed import clip_grad_norm
 from backends.torch_backend.generation import _autocast
 from backends.torch_backend.losses import LossSpec, Norm, compute_loss
 from backends.torch_backend.modeling import PolicyModel, build_model  # noqa: F401  (doctest)
+from backends.torch_backend.tokenizer import PAD_ID
 
 __all__ = ["LossSpec", "Packed", "TokenHeads", "TrainBatch", "forward_arrays", "train_step"]
 
@@ -78,7 +79,15 @@ def forward_arrays(model: PolicyModel, prompt_ids, response_ids, what: str,
                    device="cpu", temperature: float = 1.0, microbatches: int = 1,
                    packed: bool = False) -> tuple[np.ndarray, ...] | np.ndarray:
     """Per-token ``logprobs`` or ``values`` (tuples of arrays), or per-response ``scores``;
-    in ``microbatches`` token-balanced passes, each padded or ``packed`` into one row."""
+    in ``microbatches`` token-balanced passes, each padded or ``packed`` into one row.
+
+    A value at response token t is the head's output where token t is predicted (the
+    state before it); a score is the head's output at the response's last token itself,
+    where a reward model (a sequence classifier) reads it: one placeholder token is
+    appended, whose prediction position is that last token (causal: it changes nothing
+    before it)."""
+    if what == "scores":
+        response_ids = tuple(np.append(np.asarray(r, np.int64), PAD_ID) for r in response_ids)
     lengths = [len(p) + len(r) for p, r in zip(prompt_ids, response_ids, strict=True)]
     groups = [g for g in micro_batches(lengths, microbatches) if g]
     lp, _, values = _per_sequence(TokenHeads(model), prompt_ids, response_ids, groups,

@@ -13,6 +13,7 @@ language reference (``rpeg help functions``).
 
 from __future__ import annotations
 
+from rpeg.spec import rules as R
 from rpeg.spec.kinds import GENERATE_ENGINES, Engine, Head, OpKind
 from rpeg.spec.registry import (
     Category,
@@ -108,19 +109,22 @@ _LOSSES = (
         "ppo_clip", Category.LOSS,
         "PPO's clipped surrogate objective on per-token importance ratios.",
         _policy_params(0.2, "token_mean", True), inputs=_POLICY_INPUTS,
-        pricing=Pricing.IN_TRAINING, positional=("clip",), trains=Head.LM, policy=True),
+        pricing=Pricing.IN_TRAINING, positional=("clip",), trains=Head.LM, policy=True,
+        rules=R.POLICY_LOSS),
     Function(
         "grpo", Category.LOSS,
         "GRPO's objective: the clipped surrogate on group-normalised advantages (not "
         "whitened again), usually with the KL to the reference as a loss term.",
         _policy_params(0.2, "token_mean", False), inputs=_POLICY_INPUTS,
-        pricing=Pricing.IN_TRAINING, positional=("clip",), trains=Head.LM, policy=True),
+        pricing=Pricing.IN_TRAINING, positional=("clip",), trains=Head.LM, policy=True,
+        rules=R.POLICY_LOSS),
     Function(
         "gspo", Category.LOSS,
         "GSPO: one importance ratio per response, the geometric mean of its tokens' ratios, "
         "clipped at the sequence level.",
         _policy_params(4e-4, "seq_mean_token_mean", False), inputs=_POLICY_INPUTS,
-        pricing=Pricing.IN_TRAINING, positional=("clip",), trains=Head.LM, policy=True),
+        pricing=Pricing.IN_TRAINING, positional=("clip",), trains=Head.LM, policy=True,
+        rules=R.POLICY_LOSS),
     Function(
         "value_mse", Category.LOSS,
         "Squared error of the value head against the returns, optionally clipped around the "
@@ -173,7 +177,7 @@ _STAGES = (
                default=0.5, low=0.0, high=1.0, high_open=True, requires="refill_rounds",
                priced=True)),
         kind=OpKind.GENERATE, target=Target.LM, inputs=(Slot(Role.PROMPTS),),
-        outputs=(Role.RESPONSES, Role.LOGPROBS), pricing=Pricing.GENERATION,
+        outputs=(Role.RESPONSES, Role.LOGPROBS), pricing=Pricing.GENERATION, rules=R.GENERATE,
         moved=(("chunks", "streaming is the plan's choice: place STAGE on gpus A..B "
                           "{ chunks = N }"),
                ("microbatch", "the plan's choice: place STAGE on gpus A..B "
@@ -184,6 +188,7 @@ _STAGES = (
         "(reference log-probabilities when it is frozen), values of a value head, scores of "
         "a reward head.", (), kind=OpKind.FORWARD, target=Target.MODEL,
         inputs=(Slot(Role.RESPONSES),), outputs_from_head=True, pricing=Pricing.MODEL_PASS,
+        rules=R.MODEL_PASS,
         moved=(("microbatch", "the plan's choice: place STAGE on gpus A..B "
                               "{ microbatches = N }"),)),
     Function(
@@ -194,7 +199,7 @@ _STAGES = (
         (Param("weight", Type.REAL, "weight of these scores where an estimator adds several",
                default=1.0, low=-1e6, high=1e6),),
         kind=OpKind.SCORE, target=Target.SCORER, inputs=(Slot(Role.RESPONSES),),
-        outputs=(Role.SCORES,), pricing=Pricing.SCORING),
+        outputs=(Role.SCORES,), pricing=Pricing.SCORING, rules=R.SCORE),
     Function(
         "train", Category.STAGE,
         "Update a model on the step's responses: one optimizer step per minibatch, epochs "
@@ -207,7 +212,7 @@ _STAGES = (
          Param("epochs", Type.INT, "passes over the step's batch", default=1, low=1, high=1000,
                priced=True)),
         kind=OpKind.TRAIN, target=Target.TRAINABLE, inputs=(Slot(Role.RESPONSES),),
-        pricing=Pricing.TRAINING,
+        pricing=Pricing.TRAINING, rules=R.TRAIN,
         moved=(("grad_clip", "set it on the model's optimizer: optimizer = adam(lr = ..., "
                              "grad_clip = 1.0)"),
                ("kl", "a KL loss term belongs to the loss: loss = grpo(0.2, kl = 0.01)"),
@@ -257,14 +262,14 @@ _ESTIMATORS = (
                high=1e3, low_open=True)),
         kind=OpKind.COMPUTE, inputs=_OUTCOME, outputs=(Role.ADVANTAGES,),
         pricing=Pricing.PER_SAMPLE, scope=Scope.GROUP, min_samples=2, reads_responses=True,
-        moved=_ADAPTIVE_IN_LOSS),
+        moved=_ADAPTIVE_IN_LOSS, rules=R.GROUP_NORM),
     Function(
         "rloo", Category.ESTIMATOR,
         "REINFORCE leave-one-out: each score minus the mean of its group's other scores.",
         (_kl("in the token rewards"), _kl_estimator("k1")),
         kind=OpKind.COMPUTE, inputs=_OUTCOME, outputs=(Role.ADVANTAGES,),
         pricing=Pricing.PER_SAMPLE, scope=Scope.GROUP, min_samples=2, reads_responses=True,
-        moved=_ADAPTIVE_IN_LOSS),
+        moved=_ADAPTIVE_IN_LOSS, rules=R.GROUPS),
     Function(
         "reinforce", Category.ESTIMATOR,
         "REINFORCE++: per-token discounted returns of the scores and the KL penalty, "
@@ -276,7 +281,7 @@ _ESTIMATORS = (
                choices=("none", "group"))),
         kind=OpKind.COMPUTE, inputs=_OUTCOME, outputs=(Role.ADVANTAGES,),
         pricing=Pricing.PER_TOKEN, scope=Scope.BATCH, reads_responses=True,
-        moved=_ADAPTIVE_IN_LOSS),
+        moved=_ADAPTIVE_IN_LOSS, rules=R.GROUPS),
     Function(
         "remax", Category.ESTIMATOR,
         "ReMax: each score minus the score of a greedy response to the same prompt.",
@@ -285,7 +290,7 @@ _ESTIMATORS = (
          _kl("in the token rewards"), _kl_estimator("k1")),
         kind=OpKind.COMPUTE, inputs=_OUTCOME, outputs=(Role.ADVANTAGES,),
         pricing=Pricing.PER_SAMPLE, scope=Scope.GROUP, reads_responses=True,
-        moved=_ADAPTIVE_IN_LOSS),
+        moved=_ADAPTIVE_IN_LOSS, rules=R.REMAX),
 )
 
 _REWARDS = (
@@ -303,7 +308,7 @@ _REWARDS = (
                derived="the generate stage's max_len", unit="tokens", low=1),
          Param("buffer", Type.INT, "length of the band over which the penalty grows",
                derived="a quarter of max_len", unit="tokens", low=1)),
-        pricing=Pricing.HOST),
+        pricing=Pricing.HOST, rules=R.OVERLONG),
 )
 
 
@@ -332,7 +337,7 @@ def _optimizer(name: str, doc: str, weight_decay: float) -> Function:
          Param("master_weights", Type.BOOL, "a 16-bit model's Adam updates float32 master "
                "weights (false: 16-bit moments and no master copy, 4 bytes a parameter less)",
                default=True, priced=True)),
-        positional=("lr",), pricing=Pricing.OPTIMIZER)
+        positional=("lr",), pricing=Pricing.OPTIMIZER, rules=R.OPTIMIZER)
 
 
 _OPTIMIZERS = (

@@ -21,7 +21,7 @@ from rpeg.spec import ast
 from rpeg.spec import values as V
 from rpeg.spec.arch import MODEL_ARCH_KEYS, lower_dims
 from rpeg.spec.calls import keywords
-from rpeg.spec.checks import check_context, check_shared_optimizers, check_trained, fold_lengths
+from rpeg.spec.checks import fold_lengths
 from rpeg.spec.functions import by_category, default_optimizer, function
 from rpeg.spec.model import (
     WORKLOAD_DATA,
@@ -41,6 +41,7 @@ from rpeg.spec.model import (
 from rpeg.spec.pins import lower_place
 from rpeg.spec.registry import Category
 from rpeg.spec.resolve import blame, resolve_pipeline
+from rpeg.spec.rules import Site, check_rules
 from rpeg.spec.sections import (
     DATA_KEYS,
     check_weights,
@@ -116,14 +117,14 @@ def _lower(f: ast.File, items, chain) -> tuple[Pipeline, list[SpecError]]:
     place = tuple(lower_place(i, by_stage, targets) for i in items
                   if isinstance(i, ast.Place))
     check_roles(stages, items, targets, workload)
-    check_shared_optimizers(shares, targets, items)
     workload = fold_lengths(workload, stages, items)
-    check_context(workload, models, stages, items)
     _check_unused(stages, models, items, warnings)
-    evaluation = next((lower_eval(i, f.path, rewards, workload.steps, warnings) for i in items
+    evaluation = next((lower_eval(i, f.path, rewards, warnings) for i in items
                        if isinstance(i, ast.EvalDecl)), None)
     log = next((lower_log(i) for i in items if isinstance(i, ast.LogDecl)), None)
-    check_trained(models, stages, items, versioned)
+    # every function's and section's preconditions (rpeg.spec.rules)
+    warnings += check_rules(Site(tuple(items), workload, models, rewards, stages, shares,
+                                 evaluation))
     pipeline = Pipeline(
         name=decl.name.value, path=f.path, workload=workload, models=models, rewards=rewards,
         stages=stages, staleness=staleness, shares=shares, colocate=colocate, place=place,

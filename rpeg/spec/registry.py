@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import enum
 import math
+from collections.abc import Callable
 
 import attrs
 
@@ -200,6 +201,20 @@ class Slot:
 
 
 @attrs.frozen
+class Rule:
+    """A precondition of a function or a section: what must hold for what it says to take
+    effect. ``check(site, subject)`` returns the SpecError at the text that breaks it (a
+    SpecWarning where a run still means something), or None; ``subject`` is the stage
+    calling the function (a loss: its train stage), the reward, the model whose optimizer
+    it is, or nothing for a section (``rpeg.spec.rules``). ``name`` names its golden error
+    (tests/fixtures/errors/rules/NAME.rpeg)."""
+
+    name: str
+    doc: str
+    check: Callable = attrs.field(repr=False, eq=False)
+
+
+@attrs.frozen
 class Function:
     """One entry of the registry (see the module doc)."""
 
@@ -222,6 +237,7 @@ class Function:
     user_code: bool = False               # a reward: names the user's python function
     moved: tuple[tuple[str, str], ...] = ()   # keywords it no longer takes: (key, where now)
     signature: str = ""                   # as written in the reference, when not derived
+    rules: tuple[Rule, ...] = ()          # preconditions of a call (rpeg.spec.rules)
 
     def param(self, name: str) -> Param:
         for p in self.params:

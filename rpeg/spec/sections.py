@@ -193,7 +193,7 @@ def data_fields(e: dict[str, ast.Entry]) -> tuple[Fields, Template, str | None]:
 
 # --- eval { ... } -------------------------------------------------------------------------
 
-def lower_eval(decl: ast.EvalDecl, path: str, rewards: tuple, steps: int,
+def lower_eval(decl: ast.EvalDecl, path: str, rewards: tuple,
                warnings: list[SpecError]) -> Evaluation:
     e = entries(decl.block, EVAL_KEYS, "the eval block")
     for required in ("dataset", "every"):
@@ -206,10 +206,6 @@ def lower_eval(decl: ast.EvalDecl, path: str, rewards: tuple, steps: int,
         warnings.append(SpecWarning(f"eval dataset '{dataset}' does not exist (yet); a run "
                                     "needs it", dv.span))
     every = V.integer(assigned(e["every"], "every"), "every", minimum=1, maximum=10**7)
-    if every > steps:
-        warnings.append(SpecWarning(f"eval every {every} steps evaluates only before the first "
-                                    f"and after the last of the workload's {steps} steps",
-                                    e["every"].span))
     samples = V.integer(assigned(e["samples"], "samples"), "samples", minimum=1,
                         maximum=MAX_EVAL_SAMPLES) if "samples" in e else 1
     temperature = V.real(assigned(e["temperature"], "temperature"), "temperature",

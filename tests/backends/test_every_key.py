@@ -23,6 +23,7 @@ from rpeg.runtime.placement import split_plan
 from rpeg.spec import load, load_cluster
 from rpeg.spec.functions import FUNCTIONS
 from rpeg.spec.lower import MODEL_KEYS, WORKLOAD_KEYS
+from tests.conftest import save_reward_model
 
 ROOT = Path(__file__).resolve().parents[2]
 CLUSTERS = ROOT / "pipelines" / "clusters"
@@ -90,7 +91,8 @@ OVERLONG = sub(sub(EOS, "reward toy", "reward long = overlong()\nreward toy"),
                "stage adv = group_norm(scores)",
                "stage penalty = score(long, responses) -> penalty\n"
                "stage adv = group_norm(scores, penalty)")
-REWARD_MODEL = sub(sub(GRPO, "model ref", "model rm : tiny { head = reward; frozen }\nmodel ref"),
+REWARD_MODEL = sub(sub(GRPO, "model ref", 'model rm : tiny { head = reward; frozen; weights = '
+                                          '"rm" }\nmodel ref'),
                    "stage adv = group_norm(scores)",
                    "stage rm_scores = score(rm, responses) -> rm_scores\n"
                    "stage adv = group_norm(scores, rm_scores)")
@@ -175,7 +177,7 @@ for loss in ("ppo_clip", "grpo", "gspo"):
                                                   "agg = seq_mean_token_mean", lengths))
     witness(f"{loss}.entropy", "run", base, with_("entropy = 0.5"))
     witness(f"{loss}.kl", "run", base, with_("kl = 0.5"))
-    witness(f"{loss}.kl_estimator", "run", with_("kl = 0.5"), with_("kl = 0.5, kl_estimator = k1"))
+    witness(f"{loss}.kl_estimator", "run", with_("kl = 0.5"), with_("kl = 0.5, kl_estimator = k2"))
     witness(f"{loss}.kl_target", "run", with_("kl = 0.5"), with_("kl = 0.5, kl_target = 0.001"))
     witness(f"{loss}.kl_horizon", "run", with_("kl = 0.5, kl_target = 0.001"),
             with_("kl = 0.5, kl_target = 0.001, kl_horizon = 1"))
@@ -219,8 +221,9 @@ for kind in ("adam", "adamw"):
 # --- model keys ------------------------------------------------------------------------------------
 witness("model.optimizer", "run", sub(GRPO, " { optimizer = adam(lr = 3e-3) }", ""), GRPO)
 witness("model.head", "run", GRPO, REWARD_MODEL)
+# a frozen critic reads its value head from its folder (a reward model's checkpoint)
 witness("model.frozen", "run", PPO, sub(sub(PPO, "head = value; optimizer = adam(lr = 1e-3)",
-                                            "head = value; frozen"),
+                                            'head = value; frozen; weights = "rm"'),
                                         "stage critic_step = train(critic, responses, returns, "
                                         "values, loss = value_mse, minibatches = 2)\n", ""))
 witness("model.dtype", "plan@gh200_8", GRPO, sub(GRPO, "adam(lr = 3e-3) }",
@@ -319,6 +322,7 @@ def folder(tmp_path_factory):
     LlamaForCausalLM(hf_config(PRESETS["tiny"])).save_pretrained(d / "w")
     _eos_model(hf_config(PRESETS["tiny"])).save_pretrained(d / "eos")
     _chat_folder(d / "chat", hf_config(PRESETS["tiny"]))
+    save_reward_model(d / "rm")
     with (d / "data" / "fields.jsonl").open("w") as out:     # two prompt and answer columns
         for n, row in enumerate(map(json.loads, rows)):
             out.write(json.dumps({"q1": row["prompt"], "q2": f"b*{n % 5 + 1}=",

@@ -27,7 +27,7 @@ BATCH = 32                      # responses decoded together
 
 
 def evaluate(ex, model: str, step: int) -> dict:
-    from backends.torch_backend.executor import sample_row
+    from backends.torch_backend.executor import row_prompt, sample_row
     from backends.torch_backend.rewards import Texts, score
     from rpeg.runtime.data import eval_rows
 
@@ -50,8 +50,7 @@ def evaluate(ex, model: str, step: int) -> dict:
     rows = [r for r in ex.eval_rows for _ in range(e.samples)]
     gen = next(s for s in p.stages if s.kind is OpKind.GENERATE)
     codec = ex._codec()
-    prompts = [np.asarray(codec.prompt(r["prompt"], w.prompt_len, w.template), np.int64)
-               for r in rows]
+    prompts = [row_prompt(codec, r, w) for r in rows]
     params = SamplingParams(
         max_new_tokens=e.max_len or int(gen.param("max_len", w.gen_len.max_len)),
         temperature=e.temperature, top_p=1.0, eos_id=codec.eos_id,

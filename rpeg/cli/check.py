@@ -40,6 +40,14 @@ def register(app: typer.Typer) -> None:
                 print(e.render(), file=sys.stderr)
                 failed += 1
                 continue
+            if checked.kind is FileKind.PIPELINE:
+                try:               # the datasets' first rows against the data contract
+                    from rpeg.runtime.datacheck import check_data
+                    check_data(checked.value, Path(f).resolve().parent)
+                except RpegError as e:
+                    print(e.render(), file=sys.stderr)
+                    failed += 1
+                    continue
             for w in checked.warnings:
                 print(w.render(), file=sys.stderr)
             if not quiet:

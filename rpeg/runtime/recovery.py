@@ -141,7 +141,11 @@ def run_resilient(pipeline: Pipeline, plan: Plan, options: RunOptions,
 
 
 def _check_data(pipeline: Pipeline, spec_dir: str) -> None:
-    """A dataset problem (the workload's or the eval block's) stops the run here."""
+    """A dataset problem (the workload's or the eval block's) stops the run here: the
+    first rows against the data contract (``rpeg.runtime.datacheck``), then every row's
+    fields."""
+    from rpeg.runtime.datacheck import check_data
+    check_data(pipeline, spec_dir)
     workload_rows(pipeline, spec_dir)
     if pipeline.evaluation is not None:
         eval_rows(pipeline, spec_dir)

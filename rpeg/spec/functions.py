@@ -297,9 +297,17 @@ _REWARDS = (
     Function(
         "python", Category.REWARD,
         "A python function next to the spec (or on the Python path): f(prompts, responses, "
-        "answers) -> one float per response.",
-        (Param("ref", Type.STRING, '"module:function"'),), positional=("ref",),
-        pricing=Pricing.SCORING, user_code=True),
+        "answers, **columns) -> one float per response, once a batch; or verl's "
+        "compute_score(data_source, solution_str, ground_truth, extra_info=None) -> a float "
+        "(or a dict with its score), once a response, ground_truth the answer and the other "
+        "parameters the row's columns by name. rpeg check reads its signature against what "
+        "rpeg passes and the dataset's columns.",
+        (Param("ref", Type.STRING, '"module:function"'),
+         Param("on_error", Type.CHOICE, "what an exception in the reward (or a score that is "
+               "not finite) does: stop = the run stops at that step, before any update reads "
+               "the scores; zero = the responses it failed on score 0, counted in the "
+               "metrics (reward_errors.STAGE)", default="stop", choices=("stop", "zero"))),
+        positional=("ref",), pricing=Pricing.SCORING, user_code=True, rules=R.PYTHON),
     Function(
         "overlong", Category.REWARD,
         "DAPO's overlong shaping: 0 up to max_len - buffer tokens, then falling linearly to "

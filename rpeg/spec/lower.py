@@ -11,9 +11,6 @@ yet on disk) are returned as warnings.
 
 from __future__ import annotations
 
-import ast as pyast
-import importlib.machinery
-import sys
 from pathlib import Path
 
 from rpeg.errors import Span, SpecError, SpecWarning, did_you_mean
@@ -41,6 +38,7 @@ from rpeg.spec.model import (
 from rpeg.spec.pins import lower_place
 from rpeg.spec.registry import Category
 from rpeg.spec.resolve import blame, resolve_pipeline
+from rpeg.spec.rewards import BadSignature, Signature, reward_signature
 from rpeg.spec.rules import Site, check_rules
 from rpeg.spec.sections import (
     DATA_KEYS,
@@ -157,9 +155,10 @@ def _workload(w: ast.WorkloadDecl, path: str, warnings: list[SpecError]) -> Work
         if not (Path(path).parent / dataset).exists():
             warnings.append(SpecWarning(f"dataset '{dataset}' does not exist (yet); a run needs it",
                                       dv.span))
-    fields, template, split = data_fields(e)
+    fields, template, split, truncation = data_fields(e)
     return Workload(steps, prompts, samples, prompt_len, gen_len, dataset, seed, w.span,
-                    fields=fields, template=template, split=split, prompt_dist=prompt_dist)
+                    fields=fields, template=template, split=split, prompt_dist=prompt_dist,
+                    truncation=truncation, keys=tuple((k, x.span) for k, x in e.items()))
 
 
 def _length(v: ast.Value, path: str, key: str = "gen_len") -> LengthDist:
@@ -358,54 +357,15 @@ def _reward(r: ast.RewardDecl, warnings: list[SpecError]) -> Reward:
                                       for part in ref.split(":")):
         raise SpecError(f'{fn.name}(...) must name "module:function", not "{ref}"', where)
     module, function_ = ref.split(":")
-    _resolve_python(module, function_, Path(r.span.path).parent, where)
-    return Reward(r.name.value, module, function_, r.span, kind=fn.name)
-
-
-def _resolve_python(module: str, function: str, folder: Path, span: Span) -> None:
-    """Find the module (next to the spec first, then on sys.path) and the function in it,
-    by reading its source: checking a spec runs none of the user's code."""
-    candidates = [folder / (module.replace(".", "/") + ".py"),
-                  folder / module.replace(".", "/") / "__init__.py"]
-    source = next((p for p in candidates if p.is_file()), None)
-    if source is None:
-        found = _find_module(module)
-        if found is None or not found.origin or not found.origin.endswith(".py"):
-            raise SpecError(f"reward module '{module}' not found", span,
-                            hint=f"put {module.replace('.', '/')}.py next to the spec "
-                                 f"({folder}) or on the Python path")
-        source = Path(found.origin)
     try:
-        tree = pyast.parse(source.read_text(encoding="utf-8"))
-    except (SyntaxError, UnicodeDecodeError, OSError) as e:
-        raise SpecError(f"reward module '{module}' ({source}) cannot be read: {e}", span) from None
-    names = {n.name for n in tree.body if isinstance(n, (pyast.FunctionDef,
-                                                         pyast.AsyncFunctionDef))}
-    names |= {t.id for n in tree.body if isinstance(n, pyast.Assign) for t in n.targets
-              if isinstance(t, pyast.Name)}
-    names |= {a.asname or a.name for n in tree.body if isinstance(n, pyast.ImportFrom)
-              for a in n.names}
-    if function not in names:
-        raise SpecError(f"module '{module}' ({source}) has no function '{function}'", span,
-                        hint=did_you_mean(function, sorted(names)))
+        sig = reward_signature(module, function_, Path(r.span.path).parent, where)
+    except BadSignature:
+        sig = Signature()         # the reward_signature rule says what is wrong with it
+    return Reward(r.name.value, module, function_, r.span, kind=fn.name,
+                  params=tuple((k, v) for k, (v, _) in given.items() if k != "ref"),
+                  form=sig.form, columns=sig.columns)
 
 
-def _find_module(module: str):
-    """The spec of ``a.b.c`` found along sys.path without importing anything: importlib's
-    find_spec would import (run) the parent packages ``a`` and ``a.b``."""
-    if module in sys.builtin_module_names:
-        return None
-    found = None
-    path = None
-    for part in module.split("."):
-        try:
-            found = importlib.machinery.PathFinder.find_spec(part, path)
-        except (ImportError, ValueError):
-            return None
-        if found is None:
-            return None
-        path = found.submodule_search_locations
-    return found
 
 
 # --- stages ------------------------------------------------------------------

@@ -442,6 +442,18 @@ def overlong_reaches(site: Site, reward) -> SpecError | None:
     return None
 
 
+def takes_what_rpeg_passes(site: Site, reward) -> SpecError | None:
+    from rpeg.spec.rewards import BadSignature, reward_signature
+    decl = next(i for i in site.items if isinstance(i, ast.RewardDecl)
+                and i.name.value == reward.name)
+    where = decl.call.args[0].span if decl.call.args else decl.call.span
+    try:
+        reward_signature(reward.module, reward.function, Path(reward.span.path).parent, where)
+    except BadSignature as e:
+        return e
+    return None
+
+
 # --- optimizers -------------------------------------------------------------------------------
 
 def warmup_within_run(site: Site, model) -> SpecError | None:
@@ -533,6 +545,9 @@ POLICY_LOSS = (Rule("k1_loss", "warning: a KL loss term estimated with k1 (its e
                     "gradient is 0)", k1_loss),)
 OVERLONG = (Rule("overlong_reaches", "the penalty starts below the longest response, "
                  "buffer below max_len", overlong_reaches),)
+PYTHON = (Rule("reward_signature", "the function takes what rpeg passes: (prompts, responses, "
+                "answers, **columns), or verl's compute_score(data_source, solution_str, "
+                "ground_truth, extra_info)", takes_what_rpeg_passes),)
 OPTIMIZER = (
     Rule("warmup_within_run", "warmup shorter than the run", warmup_within_run),
     Rule("min_lr_below_lr", "a decaying schedule's min_lr below lr", min_lr_below_lr),

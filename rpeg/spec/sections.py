@@ -27,10 +27,11 @@ from rpeg.spec.training import (
     Lora,
     Template,
     Tracker,
+    Truncation,
     projection_shapes,
 )
 
-DATA_KEYS = ("prompt_field", "answer_field", "template", "split")
+DATA_KEYS = ("prompt_field", "answer_field", "template", "split", "truncation")
 EVAL_KEYS = ("dataset", "every", "samples", "temperature", "prompts", "max_len", "reward",
              "split")
 LOG_KEYS = ("trackers", "samples", "project")
@@ -170,7 +171,7 @@ def lora(v: ast.Value, dims: ModelDims | None = None) -> Lora:
 
 # --- the workload's data fields ---------------------------------------------------------------
 
-def data_fields(e: dict[str, ast.Entry]) -> tuple[Fields, Template, str | None]:
+def data_fields(e: dict[str, ast.Entry]) -> tuple[Fields, Template, str | None, Truncation]:
     def text(key: str, default: str | None) -> str | None:
         if key not in e:
             return default
@@ -188,7 +189,11 @@ def data_fields(e: dict[str, ast.Entry]) -> tuple[Fields, Template, str | None]:
     if "template" in e:
         template = Template(V.name(assigned(e["template"], "template"), "template",
                                    tuple(t.value for t in Template)))
-    return fields, template, text("split", None)
+    truncation = Truncation.ERROR
+    if "truncation" in e:
+        truncation = Truncation(V.name(assigned(e["truncation"], "truncation"), "truncation",
+                                       tuple(t.value for t in Truncation)))
+    return fields, template, text("split", None), truncation
 
 
 # --- eval { ... } -------------------------------------------------------------------------
@@ -230,7 +235,7 @@ def lower_eval(decl: ast.EvalDecl, path: str, rewards: tuple,
                                         "declared in the pipeline")
     split = V.string(assigned(e["split"], "split"), "split") if "split" in e else None
     return Evaluation(dataset, every, samples, temperature, prompts, max_len, reward, split,
-                      decl.span)
+                      decl.span, keys=tuple((k, x.span) for k, x in e.items()))
 
 
 # --- log { ... } ----------------------------------------------------------------------------

@@ -23,7 +23,7 @@ from rpeg.runtime.placement import split_plan
 from rpeg.spec import load, load_cluster
 from rpeg.spec.functions import FUNCTIONS
 from rpeg.spec.lower import MODEL_KEYS, WORKLOAD_KEYS
-from tests.conftest import save_reward_model
+from tests.conftest import save_chat_model, save_reward_model
 
 ROOT = Path(__file__).resolve().parents[2]
 CLUSTERS = ROOT / "pipelines" / "clusters"
@@ -195,6 +195,9 @@ witness("value_mse.coef", "run", PPO, sub(PPO, "loss = value_mse", "loss = value
 
 # --- rewards -----------------------------------------------------------------------------------
 witness("python.ref", "run", GRPO, sub(GRPO, "rewards:toy_reward", "rewards:exact_match"))
+# recorded in the metrics when declared (reward_errors.STAGE: how many scored 0)
+witness("python.on_error", "run", GRPO, sub(GRPO, 'python("rewards:toy_reward")',
+                                            'python("rewards:toy_reward", on_error = zero)'))
 witness("overlong.max_len", "run", OVERLONG, sub(OVERLONG, "overlong()", "overlong(max_len = 4)"))
 witness("overlong.buffer", "run", OVERLONG, sub(OVERLONG, "overlong()", "overlong(buffer = 1)"))
 
@@ -218,6 +221,12 @@ for kind in ("adam", "adamw"):
     # optimizer keeps them or not; the CPU runs float32, whose weights are their own masters
     witness(f"{kind}.master_weights", "plan@gh200_8", base, opt("master_weights = false"))
 
+def arch(extra: str, text: str = GRPO) -> str:
+    """The actor (and its reference) with ``extra`` architecture keys."""
+    return sub(sub(text, "adam(lr = 3e-3) }", f"adam(lr = 3e-3); {extra} }}"),
+               "model ref : tiny { frozen }", f"model ref : tiny {{ frozen; {extra} }}")
+
+
 # --- model keys ------------------------------------------------------------------------------------
 witness("model.optimizer", "run", sub(GRPO, " { optimizer = adam(lr = 3e-3) }", ""), GRPO)
 witness("model.head", "run", GRPO, REWARD_MODEL)
@@ -228,25 +237,20 @@ witness("model.frozen", "run", PPO, sub(sub(PPO, "head = value; optimizer = adam
                                         "values, loss = value_mse, minibatches = 2)\n", ""))
 witness("model.dtype", "plan@gh200_8", GRPO, sub(GRPO, "adam(lr = 3e-3) }",
                                                  "adam(lr = 3e-3); dtype = fp32 }"))
-witness("model.weights", "run", GRPO, sub(GRPO, "model actor : tiny {", 'model actor : tiny { '
-                                                                       'weights = "w";'))
-witness("model.tied", "plan", GRPO, sub(GRPO, "adam(lr = 3e-3) }", "adam(lr = 3e-3); tied }"))
-witness("model.family", "run", GRPO, sub(GRPO, "adam(lr = 3e-3) }",
-                                         "adam(lr = 3e-3); family = qwen2 }"))
+# the reference starts where the actor does: the same folder, the same architecture
+witness("model.weights", "run", GRPO, sub(sub(GRPO, "model actor : tiny {",
+                                              'model actor : tiny { weights = "w";'),
+                                          "model ref : tiny { frozen }",
+                                          'model ref : tiny { frozen; weights = "w" }'))
+witness("model.tied", "plan", GRPO, arch("tied"))
+witness("model.family", "run", GRPO, arch("family = qwen2"))
 for key, value in (("layers", 3), ("hidden", 128), ("heads", 8), ("kv_heads", 4), ("ffn", 256),
                    ("vocab", 300), ("head_dim", 32), ("mlp", "plain")):
-    witness(f"model.{key}", "plan", GRPO, sub(GRPO, "adam(lr = 3e-3) }",
-                                              f"adam(lr = 3e-3); {key} = {value} }}"))
+    witness(f"model.{key}", "plan", GRPO, arch(f"{key} = {value}"))
 # priced (its norms' weights); the torch backend builds it only with the family that has it
-witness("model.qk_norm", "plan", GRPO, sub(GRPO, "adam(lr = 3e-3) }", "adam(lr = 3e-3); qk_norm }"))
+witness("model.qk_norm", "plan", GRPO, arch("qk_norm"))
 witness("model.lora", "plan@gh200_8", GRPO, sub(GRPO, "adam(lr = 3e-3) }",
                                                 "adam(lr = 3e-3); lora = lora(rank = 4) }"))
-
-
-def arch(extra: str, text: str = GRPO) -> str:
-    """The actor (and its reference) with ``extra`` architecture keys."""
-    return sub(sub(text, "adam(lr = 3e-3) }", f"adam(lr = 3e-3); {extra} }}"),
-               "model ref : tiny { frozen }", f"model ref : tiny {{ frozen; {extra} }}")
 
 
 MOE = "experts = 4; active_experts = 2; expert_ffn = 64"
@@ -276,6 +280,9 @@ witness("workload.gen_len", "plan", GRPO, sub(GRPO, "uniform(min = 1, max = 8)",
                                               "uniform(min = 4, max = 8)"))
 witness("workload.dataset", "run", GRPO, sub(GRPO, "data/toy.jsonl", "data/other.jsonl"))
 witness("workload.seed", "run", GRPO, sub(GRPO, "seed = 0", "seed = 1"))
+# the toy prompts are 5 or 6 tokens with BOS: at prompt_len 4 each is cut, at its end or start
+witness("workload.truncation", "run", sub(GRPO, "prompt_len = 8", "prompt_len = 4; truncation = left"),
+        sub(GRPO, "prompt_len = 8", "prompt_len = 4; truncation = right"))
 # the data keys: columns of a dataset with two of each (fields.jsonl), the splits of a saved
 # dataset (the folder ``saved``), the chat template of a folder whose tokenizer has one
 FIELDS = sub(GRPO, "data/toy.jsonl", "data/fields.jsonl")
@@ -321,7 +328,7 @@ def folder(tmp_path_factory):
     torch.manual_seed(7)                          # weights other than the preset's seed-0 init
     LlamaForCausalLM(hf_config(PRESETS["tiny"])).save_pretrained(d / "w")
     _eos_model(hf_config(PRESETS["tiny"])).save_pretrained(d / "eos")
-    _chat_folder(d / "chat", hf_config(PRESETS["tiny"]))
+    save_chat_model(d / "chat")
     save_reward_model(d / "rm")
     with (d / "data" / "fields.jsonl").open("w") as out:     # two prompt and answer columns
         for n, row in enumerate(map(json.loads, rows)):
@@ -332,23 +339,6 @@ def folder(tmp_path_factory):
     DatasetDict({"train": Dataset.from_list(table),
                  "other": Dataset.from_list(table[::-1])}).save_to_disk(str(d / "data" / "saved"))
     return d
-
-
-def _chat_folder(path: Path, config) -> None:
-    """The tiny model with a tokenizer of its byte vocabulary that has a chat template."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import LlamaForCausalLM, PreTrainedTokenizerFast
-    vocab = {chr(i) if 33 <= i < 127 else f"<{i}>": i for i in range(config.vocab_size)}
-    core = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<0>"))
-    core.pre_tokenizer = pre_tokenizers.Split("", "isolated")
-    core.decoder = decoders.Fuse()
-    tok = PreTrainedTokenizerFast(tokenizer_object=core, unk_token="<0>", eos_token="<2>",
-                                  pad_token="<3>")
-    tok.chat_template = "{% for m in messages %}[{{ m['content'] }}]{% endfor %}>"
-    tok.save_pretrained(path)
-    torch_seed = __import__("torch").manual_seed
-    torch_seed(5)
-    LlamaForCausalLM(config).save_pretrained(path)
 
 
 def _eos_model(config):

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from rpeg.cli import main
-from rpeg.errors import RuntimeFailure, SpecError
+from rpeg.errors import RuntimeFailure
 from rpeg.runtime.datacheck import check_data
 from rpeg.runtime.inline import run_inline
 from rpeg.runtime.placement import split_plan

@@ -192,13 +192,10 @@ def greedy_groups(site: Site, stage) -> SpecError | None:
     if not estimators:
         return None
     e = estimators[0]
-    return SpecError(f"temperature must be above 0 for samples {e.function}(...) compares, "
-                     f"not 0: the {site.workload.samples} samples of a prompt are one greedy "
-                     "response repeated, so every group's advantage is 0",
-                     site.key_span(stage, "temperature"),
-                     notes=[(f"'{e.name}' compares them here", e.span)],
-                     hint="sample at temperature = 1.0 (a greedy stage is ReMax's baseline, "
-                          "scored, not trained on)")
+    return _sample_instead(site, stage, f"for samples {e.function}(...) compares, not 0: the "
+                           f"{site.workload.samples} samples of a prompt are one greedy "
+                           "response repeated, so every group's advantage is 0",
+                           (f"'{e.name}' compares them here", e.span))
 
 
 def greedy_policy(site: Site, stage) -> SpecError | None:
@@ -208,13 +205,17 @@ def greedy_policy(site: Site, stage) -> SpecError | None:
     if not trainers or _summing_groups(site, stage):
         return None
     t = trainers[0]
-    return SpecError(f"temperature must be above 0 for responses a policy loss learns from, "
-                     f"not 0: '{t.name}' trains on '{stage.outputs[0]}', and greedy responses "
-                     "are not samples of the policy its ratios and gradients are of",
-                     site.key_span(stage, "temperature"),
-                     notes=[(f"'{t.name}' trains on them here", t.span)],
-                     hint="sample at temperature = 1.0 (a greedy stage is ReMax's baseline, "
-                          "scored, not trained on)")
+    return _sample_instead(site, stage, f"for responses a policy loss learns from, not 0: "
+                           f"'{t.name}' trains on '{stage.outputs[0]}', and greedy responses "
+                           "are not samples of the policy its ratios and gradients are of",
+                           (f"'{t.name}' trains on them here", t.span))
+
+
+def _sample_instead(site: Site, stage, why: str, note) -> SpecError:
+    """A greedy stage whose responses must be samples: at its temperature, ``why``."""
+    return SpecError(f"temperature must be above 0 {why}", site.key_span(stage, "temperature"),
+                     notes=[note], hint="sample at temperature = 1.0 (a greedy stage is "
+                                        "ReMax's baseline, scored, not trained on)")
 
 
 def top_p_greedy(site: Site, stage) -> SpecError | None:

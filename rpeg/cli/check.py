@@ -42,7 +42,10 @@ def register(app: typer.Typer) -> None:
                 continue
             if checked.kind is FileKind.PIPELINE:
                 try:               # the datasets' first rows against the data contract
+                    from rpeg.plan.pinned import check_eval_pins
+                    from rpeg.plan.space import Limits
                     from rpeg.runtime.datacheck import check_data
+                    check_eval_pins(checked.value, Limits.runtime())
                     check_data(checked.value, Path(f).resolve().parent)
                 except RpegError as e:
                     print(e.render(), file=sys.stderr)

@@ -88,6 +88,13 @@ def check_pins(pipeline: Pipeline, cluster: Cluster, limits: Limits) -> None:
         _check_eval_pin(pin, pipeline, limits)
 
 
+def check_eval_pins(pipeline: Pipeline, limits: Limits) -> None:
+    """PlanError at a pin the eval block cannot run beside (whatever the cluster): what
+    ``rpeg check`` asks of rpeg's runtime before any plan."""
+    for pin in pipeline.place:
+        _check_eval_pin(pin, pipeline, limits)
+
+
 def _check_eval_pin(pin: Pin, pipeline: Pipeline, limits: Limits) -> None:
     """A pinned layout of the evaluated model's train stage the eval block cannot run
     beside (ZeRO-3, tensor parallelism: the eval needs one whole trained replica)."""
@@ -147,4 +154,5 @@ def _refusal(pin: Pin, pipeline: Pipeline, limits: Limits) -> tuple[str, str] | 
     return None
 
 
-__all__ = ["ANY_EXECUTOR", "FOREIGN", "check_pins", "honour", "matches", "overlay"]
+__all__ = ["ANY_EXECUTOR", "FOREIGN", "check_eval_pins", "check_pins", "honour", "matches",
+           "overlay"]

@@ -121,3 +121,11 @@ def test_a_pinned_zero3_actor_with_an_eval_block_is_refused_with_a_hint(tmp_path
                local_cpu, Limits.runtime())                    # ZeRO-2 keeps it whole
     check_pins(_spec(tmp_path, "place actor_step on gpus 0..1 { dp = 2; zero = 3 }"),
                local_cpu, Limits.runtime())                    # no eval: ZeRO-3 runs
+
+
+def test_rpeg_check_refuses_the_pin_before_any_plan(tmp_path, capsys):
+    from rpeg.cli import main
+    _spec(tmp_path, EVAL, "place actor_step on gpus 0..1 { dp = 2; zero = 3 }")
+    assert main(["check", str(tmp_path / "pinned.rpeg")]) == 1
+    err = capsys.readouterr().err
+    assert "pinned.rpeg:" in err and "with an eval block, not 3" in err and "hint: pin zero" in err

@@ -4,7 +4,8 @@
     >>> adv, ret = gae([1.0], [np.zeros(3, np.float32)], gamma=1.0, lam=1.0)
     >>> adv[0].tolist(), ret[0].tolist()
     ([1.0, 1.0, 1.0], [1.0, 1.0, 1.0])
-    >>> group_norm(np.array([1.0, 0.0, 0.5, 0.5]), np.array([0, 0, 1, 1])).round(3).tolist()
+    >>> [round(float(a), 3) for a in group_norm(np.array([1.0, 0.0, 0.5, 0.5]),
+    ...                                          np.array([0, 0, 1, 1]))]
     [0.707, -0.707, 0.0, 0.0]
 
 Per-token quantities are tuples of float32 arrays, one per response; the

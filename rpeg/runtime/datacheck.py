@@ -58,7 +58,7 @@ def check_data(pipeline, spec_dir, limit: int = CHECK_ROWS) -> None:
                                 span if bad.key == "dataset" else w.span_of(bad.key),
                                 hint=bad.hint) from None
             for reward in rewards:
-                _check_columns(reward, raw, where)
+                _check_columns(reward, raw, f"{what} '{text}'", n)
             if codec is None:
                 codec = _codec(pipeline) or False
             if codec:
@@ -74,12 +74,12 @@ def _rewards(pipeline, eval_only: bool) -> list[Reward]:
     return [r for r in pipeline.rewards if r.name in names and r.module]
 
 
-def _check_columns(reward: Reward, raw: dict, where: str) -> None:
+def _check_columns(reward: Reward, raw: dict, dataset: str, n: int) -> None:
     missing = [c for c in reward.columns if c not in raw]
     if missing:
         raise SpecError(f"reward '{reward.name}' ({reward.module}:{reward.function}) takes "
                         f"{', '.join(repr(c) for c in missing)} by name, which must be a column "
-                        f"of the {where.split(' row ')[0]}, and {where} has "
+                        f"of the {dataset}, and its row {n} has "
                         f"{', '.join(sorted(raw)[:8])}", reward.span,
                         hint=did_you_mean(missing[0], sorted(raw))
                         or f"give {missing[0]} a default in the reward, or add the column")

@@ -46,7 +46,7 @@ def register(app: typer.Typer) -> None:
                     from rpeg.plan.space import Limits
                     from rpeg.runtime.datacheck import check_data
                     check_eval_pins(checked.value, Limits.runtime())
-                    check_data(checked.value, Path(f).resolve().parent)
+                    check_data(checked.value)
                 except RpegError as e:
                     print(e.render(), file=sys.stderr)
                     failed += 1

@@ -1,6 +1,6 @@
 """The data contract, checked before launch: a dataset's first rows against the spec.
 
-    >>> check_data(load("pipelines/tiny_grpo.rpeg"), "pipelines")      # doctest: +SKIP
+    >>> check_data(load("pipelines/tiny_grpo.rpeg"))                   # doctest: +SKIP
 
 ``rpeg check`` and ``rpeg run`` (before any worker starts) read the first
 ``CHECK_ROWS`` rows of the workload's dataset and of the eval block's (JSON lines,
@@ -25,14 +25,16 @@ the run at it, before anything is trained on it.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from rpeg.errors import RpegError, SpecError, did_you_mean
-from rpeg.runtime.data import BadRow, answer_required, contract_row, first_rows, resolve
+from rpeg.runtime.data import BadRow, answer_required, contract_row, first_rows
 from rpeg.spec.model import OpKind, Reward
 
 CHECK_ROWS = 64
 
 
-def check_data(pipeline, spec_dir, limit: int = CHECK_ROWS) -> None:
+def check_data(pipeline, limit: int = CHECK_ROWS) -> None:
     """SpecError at the first row of the workload's or the eval's dataset that breaks the
     contract (see the module doc); nothing when the datasets are not there yet."""
     w = pipeline.workload
@@ -45,12 +47,11 @@ def check_data(pipeline, spec_dir, limit: int = CHECK_ROWS) -> None:
         sets.append(("eval dataset", e.dataset, e.split, e.span_of("dataset"),
                      _rewards(pipeline, eval_only=True)))
     codec = None
-    for what, text, split, span, rewards in sets:
-        path = resolve(text, spec_dir)
-        if not path.exists():
+    for what, ref, split, span, rewards in sets:
+        if not ref.exists():
             continue
-        for n, raw in first_rows(path, split, limit, span, what):
-            where = f"{what} '{text}' row {n}"
+        for n, raw in first_rows(Path(ref.path), split, limit, span, what):
+            where = f"{what} '{ref.text}' row {n}"
             try:
                 row = contract_row(raw, w.fields, answer_required(w))
             except BadRow as bad:
@@ -58,7 +59,7 @@ def check_data(pipeline, spec_dir, limit: int = CHECK_ROWS) -> None:
                                 span if bad.key == "dataset" else w.span_of(bad.key),
                                 hint=bad.hint) from None
             for reward in rewards:
-                _check_columns(reward, raw, f"{what} '{text}'", n)
+                _check_columns(reward, raw, f"{what} '{ref.text}'", n)
             if codec is None:
                 codec = _codec(pipeline) or False
             if codec:
@@ -89,8 +90,6 @@ def _codec(pipeline):
     """Text <-> token ids of the generating model, as the run's workers build it; None
     while its weights folder is not there (the checker's warning): its tokenizer is not
     known yet."""
-    from pathlib import Path
-
     from backends import load
     gen = next((s for s in pipeline.stages if s.kind is OpKind.GENERATE), None)
     weights = pipeline.model(gen.target).weights if gen is not None else None

@@ -296,12 +296,12 @@ _ESTIMATORS = (
 _REWARDS = (
     Function(
         "python", Category.REWARD,
-        "A python function next to the spec (or on the Python path): f(prompts, responses, "
-        "answers, **columns) -> one float per response, once a batch; or verl's "
-        "compute_score(data_source, solution_str, ground_truth, extra_info=None) -> a float "
-        "(or a dict with its score), once a response, ground_truth the answer and the other "
-        "parameters the row's columns by name. rpeg check reads its signature against what "
-        "rpeg passes and the dataset's columns.",
+        "A python function next to the file that names it (or on the Python path): "
+        "f(prompts, responses, answers, **columns) -> one float per response, once a batch; "
+        "or verl's compute_score(data_source, solution_str, ground_truth, extra_info=None) "
+        "-> a float (or a dict with its score), once a response, ground_truth the answer and "
+        "the other parameters the row's columns by name. rpeg check reads its signature "
+        "against what rpeg passes and the dataset's columns.",
         (Param("ref", Type.STRING, '"module:function"'),
          Param("on_error", Type.CHOICE, "what an exception in the reward (or a score that is "
                "not finite) does: stop = the run stops at that step, before any update reads "

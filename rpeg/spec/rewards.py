@@ -21,20 +21,19 @@ rpeg calls a reward in one of two forms, told apart by its parameters:
 
 A parameter without a default that is not one of those names must be a column of the
 dataset (``rpeg check`` reads the dataset's first rows to say so). Checking runs none of
-the user's code: the module's source is parsed, and a name bound otherwise than by
+the user's code: the module's source (the file the spec found, ``rpeg.spec.paths``) is
+parsed, and a name bound otherwise than by
 ``def`` or a lambda (imported, or the result of a call) is taken as it comes.
 """
 
 from __future__ import annotations
 
 import ast as pyast
-import importlib.machinery
-import sys
 from pathlib import Path
 
 import attrs
 
-from rpeg.errors import Span, SpecError, did_you_mean
+from rpeg.errors import Span, SpecError
 from rpeg.spec.training import RewardForm
 
 BATCH_ARGS = ("prompts", "responses", "answers")
@@ -57,20 +56,18 @@ class BadSignature(SpecError):
     """A reward that cannot take what rpeg passes (the ``reward_signature`` rule's error)."""
 
 
-def reward_signature(module: str, function: str, folder: Path, span: Span) -> Signature:
-    """The reward's form, from its module's source (next to the spec first, then on the
-    Python path); SpecError at ``span`` when it is missing or cannot take what rpeg
-    passes."""
-    source = _source(module, folder, span)
+def reward_signature(source: str, module: str, function: str, span: Span) -> Signature:
+    """The reward's form, from the source of its module (the file ``rpeg.spec.paths.
+    find_python`` found where the spec names it); BadSignature at ``span`` when it cannot
+    take what rpeg passes."""
     try:
-        tree = pyast.parse(source.read_text(encoding="utf-8"))
-    except (SyntaxError, UnicodeDecodeError, OSError) as e:
-        raise SpecError(f"reward module '{module}' ({source}) cannot be read: {e}", span) from None
+        tree = pyast.parse(Path(source).read_text(encoding="utf-8"))
+    except (SyntaxError, UnicodeDecodeError, OSError):
+        return Signature()               # find_python said why when the spec was loaded
     bound = _bindings(tree)
-    if function not in bound:
-        raise SpecError(f"module '{module}' ({source}) has no function '{function}'", span,
-                        hint=did_you_mean(function, sorted(bound)))
-    node = bound[function]
+    node = bound.get(function)
+    if node is None:
+        return Signature()               # find_python said so when the spec was loaded
     ref = f"{module}:{function}"
     if isinstance(node, pyast.AsyncFunctionDef):
         raise BadSignature(f"reward {ref} must be a plain function, not async: rpeg calls it and "
@@ -142,36 +139,3 @@ def _bindings(tree: pyast.Module) -> dict[str, object]:
             for a in n.names:
                 out[a.asname or a.name.split(".")[0]] = n
     return out
-
-
-def _source(module: str, folder: Path, span: Span) -> Path:
-    """The module's source file: next to the spec first, then on the Python path."""
-    candidates = [folder / (module.replace(".", "/") + ".py"),
-                  folder / module.replace(".", "/") / "__init__.py"]
-    source = next((p for p in candidates if p.is_file()), None)
-    if source is not None:
-        return source
-    found = _find_module(module)
-    if found is None or not found.origin or not found.origin.endswith(".py"):
-        raise SpecError(f"reward module '{module}' not found", span,
-                        hint=f"put {module.replace('.', '/')}.py next to the spec "
-                             f"({folder}) or on the Python path")
-    return Path(found.origin)
-
-
-def _find_module(module: str):
-    """The spec of ``a.b.c`` found along sys.path without importing anything: importlib's
-    find_spec would import (run) the parent packages ``a`` and ``a.b``."""
-    if module in sys.builtin_module_names:
-        return None
-    found = None
-    path = None
-    for part in module.split("."):
-        try:
-            found = importlib.machinery.PathFinder.find_spec(part, path)
-        except (ImportError, ValueError):
-            return None
-        if found is None:
-            return None
-        path = found.submodule_search_locations
-    return found

@@ -449,7 +449,7 @@ def takes_what_rpeg_passes(site: Site, reward) -> SpecError | None:
                 and i.name.value == reward.name)
     where = decl.call.args[0].span if decl.call.args else decl.call.span
     try:
-        reward_signature(reward.module, reward.function, Path(reward.span.path).parent, where)
+        reward_signature(reward.source, reward.module, reward.function, where)
     except BadSignature as e:
         return e
     return None

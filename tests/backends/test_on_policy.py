@@ -56,8 +56,7 @@ def _first_update(rows: list[dict]) -> tuple[float, float]:
 def test_the_first_update_of_a_synchronous_run_is_on_policy(temperature, tmp_path):
     spec = _synchronous(tmp_path, temperature)
     pipeline = load(spec)
-    rows = run_inline(pipeline, split_plan(pipeline, 1, staleness=0), steps=1,
-                      spec_dir=str(tmp_path))
+    rows = run_inline(pipeline, split_plan(pipeline, 1, staleness=0), steps=1)
     clip_frac, kl = _first_update(rows)
     assert clip_frac == 0.0 and abs(kl) < 1e-6, rows[0]
 
@@ -151,7 +150,6 @@ def test_smollm2_first_update_is_on_policy(temperature, tmp_path):
         return re.sub(r"eval \{[^}]*\}", "", text)
     spec = _synchronous(tmp_path, temperature, base="smollm2_gsm", edit=smol)
     pipeline = load(spec)
-    rows = run_inline(pipeline, split_plan(pipeline, 1, staleness=0), steps=1,
-                      spec_dir=str(tmp_path))
+    rows = run_inline(pipeline, split_plan(pipeline, 1, staleness=0), steps=1)
     clip_frac, kl = _first_update(rows)
     assert clip_frac == 0.0 and abs(kl) < 1e-6, rows[0]

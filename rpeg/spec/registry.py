@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import enum
 import math
-from collections.abc import Callable
 
 import attrs
 
@@ -217,15 +216,13 @@ class Slot:
 @attrs.frozen
 class Rule:
     """A precondition of a function or a section: what must hold for what it says to take
-    effect. ``check(site, subject)`` returns the SpecError at the text that breaks it (a
-    SpecWarning where a run still means something), or None; ``subject`` is the stage
-    calling the function (a loss: its train stage), the reward, the model whose optimizer
-    it is, or nothing for a section (``rpeg.spec.rules``). ``name`` names its golden error
+    effect. Its check (``rpeg.spec.rules.CHECKS``, ``rpeg.spec.checks.SECTION_CHECKS``, by
+    ``name``) returns the SpecError at the text that breaks it (a SpecWarning where a run
+    still means something), or None. ``name`` names its golden error
     (tests/fixtures/errors/rules/NAME.rpeg)."""
 
     name: str
     doc: str
-    check: Callable = attrs.field(repr=False, eq=False)
 
 
 @attrs.frozen

@@ -8,9 +8,12 @@ A spec can be well-typed and still compute nothing useful: a GRPO group sampled 
 (every advantage 0), a reward model whose head nothing trained (every score 0), a KL to a
 reference that is a random initialisation, more minibatches than responses, a warmup
 longer than the run. Each such precondition is one :class:`~rpeg.spec.registry.Rule` of
-the function it belongs to (``rpeg.spec.functions``) or of a section
-(``rpeg.spec.checks.SECTION_RULES``), checked here against the whole pipeline
-(:class:`Site`) and refused at the text that breaks it, with a hint. A rule whose
+the function it belongs to (``rpeg.spec.functions``, declared in
+``rpeg.spec.preconditions``) or of a section (``rpeg.spec.checks.SECTION_RULES``), checked
+here by its name (``CHECKS``) against the whole pipeline (:class:`Site`) and refused at
+the text that breaks it, with a hint. A check's signature is ``check(site, subject)``:
+``subject`` is the stage calling the function (a loss: its train stage), the reward, the
+model whose optimizer it is, or nothing for a section. A rule whose
 breach leaves a run still meaningful returns a SpecWarning instead. ``rpeg help
 functions`` lists each function's rules; each has a golden error test.
 """
@@ -133,12 +136,13 @@ class Site:
 def check_rules(site: Site) -> list[SpecError]:
     """Every rule of every function the pipeline calls, and of its sections: raises the
     first broken one; returns the warnings."""
-    from rpeg.spec.checks import SECTION_RULES
+    from rpeg.spec.checks import SECTION_CHECKS, SECTION_RULES
     from rpeg.spec.functions import function
     warnings: list[SpecError] = []
+    checks = CHECKS | SECTION_CHECKS
 
     def run(rule: Rule, subject) -> None:
-        problem = rule.check(site, subject)
+        problem = checks[rule.name](site, subject)
         if problem is None:
             return
         if isinstance(problem, SpecWarning):
@@ -507,49 +511,26 @@ def _weight_summed(site: Site, stage) -> None:
                              "weight out")
 
 
-GENERATE = (
-    Rule("refill_groups", "refill_rounds needs samples >= 2 (groups to compare)",
-         group_samples),
-    Rule("refill_scores", "refill_rounds needs a python reward's score stage on the responses "
-         "that an estimator adds up", _existing(_refill_scores)),
-    Rule("greedy_groups", "temperature > 0 where a group estimator compares a prompt's "
-         "samples (greedy samples are all one response)", greedy_groups),
-    Rule("greedy_policy", "temperature > 0 for responses a policy loss learns from",
-         greedy_policy),
-    Rule("top_p_greedy", "top_p only with temperature > 0", top_p_greedy),
-    Rule("top_p_engine", "warning: top_p < 1 under vLLM without tis on the loss starts the "
-         "ratios below 1", top_p_engine),
-)
-MODEL_PASS = (
-    Rule("untrained_head", "a value or reward head nothing trains comes from weights that "
-         "hold it", untrained_head),
-    Rule("random_reference", "a frozen language model without weights only where the policy "
-         "is the same seed initialisation", random_reference),
-    Rule("one_vocabulary", "the model reads token ids of the generating model's vocabulary",
-         one_vocabulary),
-)
-SCORE = (Rule("weight_summed", "weight only on scores an estimator adds up",
-              _existing(_weight_summed)),) + MODEL_PASS[:1] + MODEL_PASS[2:]
-TRAIN = (
-    Rule("minibatches_fit", "minibatches at most the step's responses", minibatches_fit),
-    Rule("own_samples", "a policy loss trains on responses its own model generated",
-         own_samples),
-    MODEL_PASS[2],
-)
-GROUPS = (Rule("group_samples", "samples >= 2 per prompt (and reinforce's baseline = group)",
-               group_samples),)
-REMAX = (Rule("greedy_baseline", "baseline: scores of a generate stage with temperature = 0",
-              greedy_baseline),)
-GROUP_NORM = GROUPS + (Rule("std_keywords", "eps and correction only with std = true",
-                            std_keywords),)
-POLICY_LOSS = (Rule("k1_loss", "warning: a KL loss term estimated with k1 (its expected "
-                    "gradient is 0)", k1_loss),)
-OVERLONG = (Rule("overlong_reaches", "the penalty starts below the longest response, "
-                 "buffer below max_len", overlong_reaches),)
-PYTHON = (Rule("reward_signature", "the function takes what rpeg passes: (prompts, responses, "
-                "answers, **columns), or verl's compute_score(data_source, solution_str, "
-                "ground_truth, extra_info)", takes_what_rpeg_passes),)
-OPTIMIZER = (
-    Rule("warmup_within_run", "warmup shorter than the run", warmup_within_run),
-    Rule("min_lr_below_lr", "a decaying schedule's min_lr below lr", min_lr_below_lr),
-)
+# every rule of the registry (rpeg.spec.preconditions) by name: the check it runs
+CHECKS = {
+    "refill_groups": group_samples,
+    "refill_scores": _existing(_refill_scores),
+    "greedy_groups": greedy_groups,
+    "greedy_policy": greedy_policy,
+    "top_p_greedy": top_p_greedy,
+    "top_p_engine": top_p_engine,
+    "untrained_head": untrained_head,
+    "random_reference": random_reference,
+    "one_vocabulary": one_vocabulary,
+    "weight_summed": _existing(_weight_summed),
+    "minibatches_fit": minibatches_fit,
+    "own_samples": own_samples,
+    "group_samples": group_samples,
+    "greedy_baseline": greedy_baseline,
+    "std_keywords": std_keywords,
+    "k1_loss": k1_loss,
+    "overlong_reaches": overlong_reaches,
+    "reward_signature": takes_what_rpeg_passes,
+    "warmup_within_run": warmup_within_run,
+    "min_lr_below_lr": min_lr_below_lr,
+}

@@ -12,8 +12,9 @@ import pytest
 
 from rpeg.errors import SpecError
 from rpeg.spec import check_file
-from rpeg.spec.checks import SECTION_RULES
+from rpeg.spec.checks import SECTION_CHECKS, SECTION_RULES
 from rpeg.spec.functions import FUNCTIONS
+from rpeg.spec.rules import CHECKS
 
 RULES = Path(__file__).resolve().parents[1] / "fixtures" / "errors" / "rules"
 
@@ -33,6 +34,13 @@ def test_every_rule_has_a_golden():
     fixtures = {p.stem for p in RULES.glob("*.rpeg")}
     assert names - fixtures == set(), "rules without a golden error"
     assert fixtures - names == set(), "goldens of no rule"
+
+
+def test_every_rule_has_one_check():
+    """A rule is declared (the registry, the sections) and checked (by name) apart: each
+    name has a check, each check a rule, and none is both a function's and a section's."""
+    assert set(CHECKS).isdisjoint(SECTION_CHECKS)
+    assert set(all_rules()) == set(CHECKS) | set(SECTION_CHECKS)
 
 
 def _diagnostic(name: str) -> str:

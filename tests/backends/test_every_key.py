@@ -86,7 +86,9 @@ REMAX = sub(GREEDY, "group_norm(scores)",
             "remax(scores, logprobs, ref_logprobs, baseline = greedy_scores)")
 # an actor that ends a response with probability 1/4 a token (the ``eos`` weights folder), so
 # responses have different lengths: what aggregations, min_len and length rewards act on
-EOS = sub(GRPO, "model actor : tiny {", 'model actor : tiny { weights = "eos";')
+# (its reference the same folder: a KL to a random initialisation is refused)
+EOS = sub(sub(GRPO, "model actor : tiny {", 'model actor : tiny { weights = "eos";'),
+          "model ref : tiny { frozen }", 'model ref : tiny { frozen; weights = "eos" }')
 OVERLONG = sub(sub(EOS, "reward toy", "reward long = overlong()\nreward toy"),
                "stage adv = group_norm(scores)",
                "stage penalty = score(long, responses) -> penalty\n"
@@ -214,7 +216,8 @@ for kind in ("adam", "adamw"):
     witness(f"{kind}.eps", "run", base, opt("eps = 0.1"))
     witness(f"{kind}.grad_clip", "run", base, opt("grad_clip = 0.01"))
     witness(f"{kind}.schedule", "run", base, opt("schedule = linear"))
-    witness(f"{kind}.warmup", "run", base, opt("warmup = 2"))
+    longer = sub(base, "steps = 2", "steps = 3")        # a warmup shorter than the run
+    witness(f"{kind}.warmup", "run", longer, opt("warmup = 2", longer))
     witness(f"{kind}.min_lr", "run", opt("schedule = cosine"),
             opt("schedule = cosine, min_lr = 1e-3"))
     # a 16-bit model's masters: priced (4 bytes a parameter), and on a GPU its FSDP2/DDP

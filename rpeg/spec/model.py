@@ -13,6 +13,7 @@ bytes per second, FLOP/s, seconds.
 from __future__ import annotations
 
 import enum
+import functools
 import math
 from collections.abc import Iterator
 
@@ -88,23 +89,9 @@ class LengthDist:
         return cls(LengthKind.FIXED, max_len=n)
 
     def quantiles(self, n: int = 64) -> np.ndarray:
-        """``n`` lengths at evenly spaced quantiles (midpoints): a deterministic sample."""
-        q = (np.arange(n) + 0.5) / n
-        if self.kind is LengthKind.FIXED:
-            out = np.full(n, float(self.max_len))
-        elif self.kind is LengthKind.UNIFORM:
-            out = self.low + q * ((self.top or self.max_len) - self.low)
-        elif self.kind is LengthKind.LOGNORMAL:
-            from statistics import NormalDist
-            z = np.array([NormalDist().inv_cdf(float(x)) for x in q])
-            out = self.median * np.exp(self.sigma * z)
-        else:
-            lengths = np.array([b[0] for b in self.bins], dtype=float)
-            weights = np.array([b[1] for b in self.bins], dtype=float)
-            order = np.argsort(lengths)
-            cdf = np.cumsum(weights[order]) / weights.sum()
-            out = lengths[order][np.searchsorted(cdf, q, side="left").clip(0, len(lengths) - 1)]
-        return np.clip(np.round(out), max(self.floor, 1), self.max_len)
+        """``n`` lengths at evenly spaced quantiles (midpoints): a deterministic sample
+        (read-only: computed once per distribution and ``n``, the cost model asks often)."""
+        return _quantiles(self, n)
 
     def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
         """``n`` random lengths (integers in [1, max_len])."""
@@ -144,6 +131,28 @@ def lognormal_sigma(median: float, max_len: int) -> float:
         return 0.0
     return math.log(max_len / median) / 3.09
 
+
+
+@functools.lru_cache(maxsize=1024)
+def _quantiles(dist: LengthDist, n: int) -> np.ndarray:
+    q = (np.arange(n) + 0.5) / n
+    if dist.kind is LengthKind.FIXED:
+        out = np.full(n, float(dist.max_len))
+    elif dist.kind is LengthKind.UNIFORM:
+        out = dist.low + q * ((dist.top or dist.max_len) - dist.low)
+    elif dist.kind is LengthKind.LOGNORMAL:
+        from statistics import NormalDist
+        z = np.array([NormalDist().inv_cdf(float(x)) for x in q])
+        out = dist.median * np.exp(dist.sigma * z)
+    else:
+        lengths = np.array([b[0] for b in dist.bins], dtype=float)
+        weights = np.array([b[1] for b in dist.bins], dtype=float)
+        order = np.argsort(lengths)
+        cdf = np.cumsum(weights[order]) / weights.sum()
+        out = lengths[order][np.searchsorted(cdf, q, side="left").clip(0, len(lengths) - 1)]
+    out = np.clip(np.round(out), max(dist.floor, 1), dist.max_len)
+    out.flags.writeable = False
+    return out
 
 @attrs.frozen
 class Workload:
@@ -331,6 +340,7 @@ class Pipeline:
     extends: tuple[str, ...] = ()                      # resolved paths, nearest first
     evaluation: Evaluation | None = None               # held-out prompts every N steps
     log: Logging = Logging()                           # trackers, sampled responses kept
+    tools: tuple = ()          # rpeg.spec.tools.Tool: the tools and environments declared
 
     def model(self, name: str) -> Model:
         return next(m for m in self.models if m.name == name)
@@ -340,6 +350,10 @@ class Pipeline:
 
     def reward(self, name: str) -> Reward:
         return next(r for r in self.rewards if r.name == name)
+
+    def tool(self, name: str):
+        """The tool or environment declared as ``name`` (``rpeg.spec.tools.Tool``)."""
+        return next(t for t in self.tools if t.name == name)
 
     def has_model(self, name: str) -> bool:
         return any(m.name == name for m in self.models)
@@ -436,6 +450,7 @@ class GpuProfile:
     host_bandwidth: float = _m("bytes/s", 25e9)    # device <-> host memory, one way (offload)
     host_memory_bandwidth: float = _m("bytes/s", 12.5e9)  # host memory streaming (CPU Adam)
     grads_freed: float = _m("")                    # 1: the backend frees gradients after each step
+    tool_call_s: float = _m("s", 0.01)             # a sandboxed tool call that returns at once
     # Generation engines measured on this device (benchmarks/generation.py).
     vllm_layer_overhead: float | None = _m("s", None)     # None: layer_overhead
     vllm_decode_overhead: float | None = _m("s", None)    # None: decode_overhead
@@ -458,6 +473,11 @@ class Cluster:
     racks: int = 1
     links: tuple[Link, ...] = ()
     span: Span = NOWHERE
+    tool_cores: int = 0      # host cores per node tool calls run on (0: one per device)
+
+    @property
+    def tool_cores_per_node(self) -> int:
+        return self.tool_cores or self.gpus_per_node
 
     @property
     def num_gpus(self) -> int:

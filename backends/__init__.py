@@ -26,6 +26,8 @@ _REGISTRY: dict[str, dict[str, str]] = {
         "shutdown_world": "backends.torch_backend.distributed:shutdown_world",
         "codec": "backends.torch_backend.tokenizer:codec_for",      # a model's text <-> ids
         "prompt_too_long": "backends.torch_backend.tokenizer:PromptTooLong",
+        # a checkpoint's tensors checked against the pipeline's models, before a resume
+        "check_checkpoint": "backends.torch_backend.modeling:check_checkpoint",
     },
     "vllm": {
         "available": "backends.vllm_backend:available",             # (importable, why not)

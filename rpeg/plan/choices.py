@@ -157,7 +157,8 @@ def enumerate_layouts(pipeline: Pipeline, stage: str, sizes: tuple[int, ...],
                             par = attrs.evolve(base, microbatches=m, recompute=r, zero=z,
                                                offload=o, packing=packing)
                             if matches(pin, par, train_engine) \
-                                    and limits.check_lora(model, par) is None:
+                                    and limits.check_lora(model, par) is None \
+                                    and limits.check_eval(pipeline, s, par) is None:
                                 out.append(Layout(stage, size, par, train_engine))
     return tuple(out)
 

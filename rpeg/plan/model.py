@@ -438,6 +438,7 @@ _SHAPES: dict[str, object] = {
     "missing": ("list", ("pair", "str", "str")),
     "zero": ("list", "int"),
     "lora_zero": ("list", "int"),
+    "eval_zero": ("list", "int"),
     "families": ("list", "str"),
     "model_features": ("list", "str"),
     "dtypes": ("list", "str"),

@@ -253,6 +253,8 @@ def step_metrics(step: int, events: list[dict], step_time: float) -> dict:
         n = sum(e["stats"].get(f"reward_n.{name}", 0) for e in events)
         if n:
             row[f"reward.{name}"] = sum(e["stats"].get(key, 0.0) for e in events) / n
+    for key in sorted({k for e in events for k in e["stats"] if k.startswith("reward_errors.")}):
+        row[key] = sum(e["stats"].get(key, 0) for e in events)   # scored 0 (on_error = zero)
     gen = [e for e in events if e["kind"] == "generate"]
     tokens = sum(e["stats"].get("tokens", 0) for e in gen)
     responses = sum(e["stats"].get("responses", 0) for e in gen)

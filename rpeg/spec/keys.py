@@ -27,7 +27,7 @@ from rpeg.spec.kinds import GENERATE_ENGINES, PASS_ENGINES, Head, OpKind
 from rpeg.spec.model import DType, GpuProfile
 from rpeg.spec.presets import Family
 from rpeg.spec.registry import Category, Param, Type
-from rpeg.spec.training import LORA_TARGETS, Template, Tracker
+from rpeg.spec.training import LORA_TARGETS, Template, Tracker, Truncation
 
 MAX_STEPS = 10_000_000
 MAX_TOKENS = 1 << 21
@@ -101,7 +101,11 @@ DATA = Section(
            "template when it has one, else the text as it is), chat (always the template), "
            "raw (the text as it is)", default=Template.AUTO.value,
            choices=tuple(t.value for t in Template)),
-     Param("split", Type.STRING, "the split of a saved DatasetDict", example='"train"')))
+     Param("split", Type.STRING, "the split of a saved DatasetDict", example='"train"'),
+     Param("truncation", Type.CHOICE, "what a prompt longer than prompt_len does: error (rpeg "
+           "check and run name its row; verl's default), left (keep its last prompt_len "
+           "tokens), right (keep its first)", default=Truncation.ERROR.value,
+           choices=tuple(t.value for t in Truncation))))
 
 WORKLOAD_BLOCK = WORKLOAD + DATA            # what a workload block accepts
 

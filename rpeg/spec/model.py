@@ -27,7 +27,15 @@ from rpeg.spec.kinds import PASS_ENGINES as PASS_ENGINES  # re-exported
 from rpeg.spec.kinds import Engine, Head, OpKind
 from rpeg.spec.paths import FileRef
 from rpeg.spec.presets import ModelDims
-from rpeg.spec.training import Evaluation, Fields, Logging, Lora, Template
+from rpeg.spec.training import (
+    Evaluation,
+    Fields,
+    Logging,
+    Lora,
+    RewardForm,
+    Template,
+    Truncation,
+)
 
 
 class DType(enum.StrEnum):
@@ -160,6 +168,12 @@ class Workload:
     template: Template = Template.AUTO        # chat template or raw text
     split: str | None = None                  # a saved DatasetDict's split
     prompt_dist: LengthDist | None = None     # the prompts' lengths (None: all prompt_len)
+    truncation: Truncation = Truncation.ERROR  # a prompt over prompt_len: refused, or cut
+    # where each key was written (for errors about the data it names)
+    keys: tuple[tuple[str, Span], ...] = attrs.field(default=(), eq=False, repr=False)
+
+    def span_of(self, key: str) -> Span:
+        return dict(self.keys).get(key, self.span)
 
     @property
     def batch(self) -> int:
@@ -220,6 +234,13 @@ class Reward:
     params: tuple[tuple[str, object], ...] = ()
     source: str = ""              # the module's file, found when the spec was loaded
     folder: str = ""              # the folder of the file naming it: imported from there
+    form: RewardForm = RewardForm.BATCH      # a python reward: how it is called
+    columns: tuple[str, ...] = ()            # ... the columns it needs by name (no default)
+
+    @property
+    def on_error(self) -> str:
+        """What a failing call does: stop the run, or score 0 (python rewards)."""
+        return str(dict(self.params).get("on_error", "stop"))
 
     def __str__(self) -> str:
         if self.module:

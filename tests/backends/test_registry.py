@@ -92,6 +92,7 @@ def test_no_name_is_matched_outside_the_registry_and_its_implementations():
 
 @pytest.mark.parametrize("module", [
     "rpeg.spec.functions", "rpeg.spec.registry", "rpeg.spec.calls", "rpeg.spec.reference",
+    "rpeg.spec.rules", "rpeg.spec.preconditions", "rpeg.spec.rewards",
     "backends.torch_backend.advantages", "backends.torch_backend.losses",
     "backends.torch_backend.optim", "backends.torch_backend.rewards",
     "backends.torch_backend.sampling", "backends.torch_backend.algorithms"])

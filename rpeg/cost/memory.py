@@ -265,15 +265,34 @@ def devices_are_host(gpu: GpuProfile) -> bool:
     return gpu.host_cores > 0
 
 
+def usable_memory(gpu: GpuProfile) -> float:
+    """Bytes per device a plan may fill: the capacity less the profile's ``reserve``.
+
+    >>> usable_memory(GpuProfile("g", memory=80e9)) / 1e9                 # 10% by default
+    72.0
+    """
+    return gpu.memory * (1.0 - gpu.reserve)
+
+
+def with_reserve(cluster: Cluster, reserve: float | None) -> Cluster:
+    """``cluster`` with ``reserve`` of each device's memory kept free (None: as it says)."""
+    if reserve is None:
+        return cluster
+    if not 0 <= reserve < 1:
+        raise CostError(f"memory reserve must be a share from 0 up to below 1, not {reserve:g}")
+    return attrs.evolve(cluster, gpu=attrs.evolve(cluster.gpu, reserve=float(reserve)))
+
+
 def fits(total_bytes: float, cluster: Cluster) -> bool:
-    return total_bytes <= cluster.gpu.memory
+    return total_bytes <= usable_memory(cluster.gpu)
 
 
 def check_fits(total_bytes: float, cluster: Cluster, what: str) -> None:
-    """Raise CostError when ``total_bytes`` per GPU exceeds the GPU's memory."""
-    cap = cluster.gpu.memory
+    """Raise CostError when ``total_bytes`` per GPU exceeds what a plan may use of it."""
+    cap = usable_memory(cluster.gpu)
     if total_bytes > cap:
-        raise CostError(f"{what} must fit in {cap / 1e9:.0f} GB per GPU, not need "
+        raise CostError(f"{what} must fit in {cap / 1e9:.0f} GB per GPU (its memory less "
+                        f"the {cluster.gpu.reserve:.0%} reserve), not need "
                         f"{total_bytes / 1e9:.1f} GB",
                         hint="raise tp or pp, shard the optimizer (zero), add micro-batches "
                              "or recomputation, or place fewer models on these GPUs")

@@ -145,7 +145,7 @@ def _concurrent(cost: StageCost, slowdown: float) -> StageCost:
     comm = {"tp+pp", "dp_grad_reduce", "sync", "offload"}
     return StageCost(cost.compute_s * slowdown + cost.comm_s, cost.compute_s * slowdown,
                      cost.comm_s, tuple((k, v if k in comm else v * slowdown)
-                                        for k, v in cost.breakdown))
+                                        for k, v in cost.breakdown), cost.roof)
 
 
 def _estimate(work, par, devices, topo, cluster, batch, engine, rows,
@@ -205,7 +205,8 @@ def reward_host_time(gpu, w, batch: int) -> float:
 
 
 def _plus_host(cost: StageCost, host: float) -> StageCost:
-    return StageCost(cost.time_s + host, cost.compute_s + host, cost.comm_s, cost.breakdown)
+    return StageCost(cost.time_s + host, cost.compute_s + host, cost.comm_s, cost.breakdown,
+                     cost.roof)
 
 
 def _with_refills(cost: StageCost, batches: tuple[int, ...], price, scoring: float
@@ -213,11 +214,12 @@ def _with_refills(cost: StageCost, batches: tuple[int, ...], price, scoring: flo
     """``cost`` plus that of the extra generation rounds of ``batches`` responses each, and
     the rewards that decide them (``scoring``: the first round's)."""
     cost = StageCost(cost.time_s + scoring, cost.compute_s + scoring, cost.comm_s,
-                     cost.breakdown + (("refill_scoring", scoring),))
+                     cost.breakdown + (("refill_scoring", scoring),), cost.roof)
     for n in batches:
         extra = price(n)
         cost = StageCost(cost.time_s + extra.time_s, cost.compute_s + extra.compute_s,
-                         cost.comm_s + extra.comm_s, cost.breakdown + (("refill", extra.time_s),))
+                         cost.comm_s + extra.comm_s, cost.breakdown + (("refill", extra.time_s),),
+                         cost.roof + extra.roof)
     return cost
 
 

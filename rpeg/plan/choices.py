@@ -25,7 +25,7 @@ import math
 
 import attrs
 
-from rpeg.cost.memory import Parallel, resident_memory
+from rpeg.cost.memory import Parallel, resident_memory, usable_memory
 from rpeg.cost.stages import estimate_stage, generation_rows, offload_time, stage_memory
 from rpeg.errors import CostError
 from rpeg.graph.work import work_of
@@ -161,7 +161,7 @@ def prune(pipeline: Pipeline, layouts_: tuple[Layout, ...], cluster: Cluster) ->
         tuple[Layout, float], ...]:
     """Layouts whose stage alone fits a device, with that memory need in bytes."""
     out = []
-    cap = cluster.gpu.memory
+    cap = usable_memory(cluster.gpu)
     resident: dict[tuple, float] = {}        # depends on few of a layout's fields
     for lay in layouts_:
         s = pipeline.stage(lay.stage)

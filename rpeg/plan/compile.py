@@ -22,7 +22,7 @@ from pathlib import Path
 import attrs
 
 import rpeg
-from rpeg.cost.memory import resident_memory
+from rpeg.cost.memory import resident_memory, usable_memory
 from rpeg.cost.stages import stage_memory
 from rpeg.errors import CostError, PlanError, Span
 from rpeg.graph.work import work_of
@@ -129,7 +129,7 @@ def shortfall_error(pipeline: Pipeline, cluster: Cluster, limits: Limits, sf: Sh
                     what: str) -> PlanError:
     """``what`` does not fit: the GPU, the stage with the largest need there and its layout,
     what fills the GPU by kind against its capacity, and something that would help."""
-    cap = cluster.gpu.memory
+    cap = usable_memory(cluster.gpu)
     s = pipeline.stage(sf.op) if sf.op else None
     kinds = ", ".join(f"{k.replace('_', ' ')} {b / GB:.1f} GB" for k, b in sf.kinds if b > 0)
     layout = f" running {sf.op} as {_layout_words(sf.layout)}" if sf.layout else ""
@@ -361,7 +361,7 @@ def check_executable(plan: Plan, limits: Limits) -> None:
 
 def no_fit(ctx: Context, closest: list[Evaluation]) -> PlanError:
     """The error for 'nothing fits': which model and op is short, by how much, what helps."""
-    cap = ctx.cluster.gpu.memory
+    cap = usable_memory(ctx.cluster.gpu)
     for stage in model_stages(ctx.pipeline):                # a stage that fits nowhere alone
         if not any(ctx.table.options(stage, size) for size in ctx.table.sizes):
             need, par, kinds = _least_need(ctx, stage)

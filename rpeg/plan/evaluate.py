@@ -23,9 +23,10 @@ from __future__ import annotations
 import attrs
 import numpy as np
 
+from rpeg.cost.compute import Roof
 from rpeg.cost.engine_sync import collective_sync_time, engine_copy
 from rpeg.cost.generation import batching_of
-from rpeg.cost.memory import MemoryCost, Parallel, resident_memory
+from rpeg.cost.memory import MemoryCost, Parallel, resident_memory, usable_memory
 from rpeg.cost.partial import smallest_cap
 from rpeg.cost.stages import (
     estimate_stage,
@@ -42,6 +43,7 @@ from rpeg.plan.model import Plan, Predicted, StagePlacement
 from rpeg.plan.passes import elide_syncs, fuse, reads_in_place
 from rpeg.plan.simulate import OpTiming, Timeline, simulate, steps_for, tasks_per_step
 from rpeg.plan.staleness import staleness_problem, step_graph
+from rpeg.plan.usage import memory_uses, op_uses
 from rpeg.spec.functions import loss_of
 from rpeg.spec.model import Cluster, Engine, OpKind, Pipeline
 
@@ -165,6 +167,7 @@ class Evaluator:
         self._cost: dict[tuple, object] = {}
         self._graphs: dict[tuple, Graph] = {}
         self._last_rows: tuple[Plan, dict, dict] | None = None
+        self._last_roofs: tuple[Plan, dict] | None = None
         # what each stage computes, from the step graph's ops: all the cost model prices
         self.works = {w.stage: w for o in build(pipeline).ops for w in o.work}
         w = pipeline.workload
@@ -176,6 +179,11 @@ class Evaluator:
                    chunk: tuple[int, float] | None = None, off_policy: bool = False) -> float:
         """Seconds of ``stage``; ``chunk``: (responses, longest, mean length) of one streamed
         chunk; ``off_policy``: a train stage corrects for responses sampled with older weights."""
+        return self.stage_cost(stage, p, rows, chunk, off_policy).time_s
+
+    def stage_cost(self, stage: str, p: StagePlacement, rows: int | None = None,
+                   chunk: tuple[int, float] | None = None, off_policy: bool = False):
+        """The cost model's :class:`rpeg.cost.StageCost` of ``stage`` (see ``stage_time``)."""
         key = ("t", stage, p, rows, chunk, off_policy)
         if key not in self._cost:
             canonical = ("t", stage, self.canonical(p), rows, chunk, off_policy)
@@ -185,7 +193,7 @@ class Evaluator:
                 self._cost[canonical] = estimate_stage(
                     self.works[stage], parallel_of(q), q.devices, self.cluster,
                     engine=q.engine, rows=rows, batch=batch, padded_len=padded,
-                    partial=self.cap(q), off_policy=off_policy, mean_len=mean).time_s
+                    partial=self.cap(q), off_policy=off_policy, mean_len=mean)
             self._cost[key] = self._cost[canonical]
         return self._cost[key]
 
@@ -260,7 +268,7 @@ class Evaluator:
         """Per generate stage: its wave size given what stays resident on its devices."""
         if resident is None:
             resident = self.resident_bytes(plan, graph)[0]
-        cap = self.cluster.gpu.memory
+        cap = usable_memory(self.cluster.gpu)
         out = {}
         for s in self.pipeline.stages:
             if s.kind is not OpKind.GENERATE:
@@ -339,10 +347,12 @@ class Evaluator:
             raise PlanError(f"plan layout must be one the cost model can price, not: "
                             f"{e.message}", e.span, hint=e.hint) from None
         capacity = self.cluster.gpu.memory
+        reserve = capacity - usable_memory(self.cluster.gpu)
         feasible = shortfall is None
         timeline = None
+        memory = memory_uses(self, plan, graph) if detail else ()
         predicted = Predicted(float("inf"), tuple(float(x) for x in peak),
-                              memory_capacity=capacity)
+                              memory_capacity=capacity, memory=memory, memory_reserve=reserve)
         if feasible or simulate_infeasible:
             timings, op_times = self.timings(plan, graph)
             steps = self.steps or steps_for(max((k for _, k in plan.staleness), default=0))
@@ -361,7 +371,9 @@ class Evaluator:
                 busy=tuple(round(float(b), 4) for b in timeline.busy()) if detail else (),
                 tokens_per_s=self.gen_tokens / step if step > 0 else 0.0,
                 op_times=op_times, memory_capacity=capacity, control_s=round(control, 6),
-                tasks_per_step=tasks)
+                tasks_per_step=tasks, memory=memory, memory_reserve=reserve,
+                ops=op_uses(self, plan, timings, op_times, self._last_roofs[1])
+                if detail else ())
         homes = self.homes(plan, graph) if detail else plan.model_homes
         return Evaluation(attrs.evolve(plan, predicted=predicted, model_homes=homes),
                           feasible, shortfall, timeline)
@@ -383,6 +395,7 @@ class Evaluator:
     def timings(self, plan: Plan, graph: Graph):
         timings: dict[str, OpTiming] = {}
         op_times: list[tuple[str, float]] = []
+        roofs: dict[str, Roof] = {}          # per op: FLOPs and bytes on one of its devices
         trainer = {o.writes_model: o for o in graph.ops if o.kind is OpKind.TRAIN}
         last = self._last_rows
         if last is not None and last[0] is plan:
@@ -398,17 +411,23 @@ class Evaluator:
                 r = rows.get(op.stages[0])
                 ends = self.chunk_ends(op.stages[0], p, r) if p.chunks > 1 else ()
                 t = self.stage_time(op.stages[0], p, r)
+                roofs[op.name] = self.stage_cost(op.stages[0], p, r).roof
                 timing = OpTiming(p.devices, t, tuple(e[0] for e in ends),
                                   tuple(e[1] for e in ends))
             elif op.kind is OpKind.TRAIN:
                 # Train stages of a shared backbone: one pass with a combined loss on the
                 # first stage's schedule (its minibatches); the extra head costs nothing here.
-                t = self.stage_time(op.stages[0], p, off_policy=self._off_policy(op, plan, graph))
+                off = self._off_policy(op, plan, graph)
+                t = self.stage_time(op.stages[0], p, off_policy=off)
+                roofs[op.name] = self.stage_cost(op.stages[0], p, off_policy=off).roof
                 t += self._reload(op, p, trainer, plan)
                 timing = OpTiming(p.devices, t)
             else:
                 # streamed: each chunk priced on its own responses, padded to its longest
                 per_chunk = [self._fused(op, plan, c) for c in streamed.get(op.name, ())]
+                roofs[op.name] = sum((self.stage_cost(s, plan.placement(s), chunk=c).roof
+                                      for c in streamed.get(op.name, None) or (None,)
+                                      for s in op.stages), Roof())
                 reload = self._reload(op, p, trainer, plan)
                 if per_chunk:
                     per_chunk[0] += reload
@@ -435,6 +454,7 @@ class Evaluator:
             devices = tuple(sorted(set(sources) | set(dst.devices)))
             timings[op.name] = OpTiming(devices, t)
             op_times.append((op.name, round(t, 6)))
+        self._last_roofs = (plan, roofs)      # evaluate() reports them (op_uses)
         return timings, tuple((n, round(timings[n].time_s, 6)) for n, _ in op_times)
 
     def control_time(self, plan: Plan, graph: Graph, timings: dict[str, OpTiming],
@@ -571,6 +591,25 @@ class Evaluator:
         rows = self.rows_of(plan, graph, resident)
         streamed = self.streamed(plan, graph, rows)
         self._last_rows = (plan, rows, streamed)   # timings() of the same plan reuses them
+        transient, top, chunks_of = self.transients(plan, graph, rows, streamed)
+        peak = resident + transient
+        cap = usable_memory(self.cluster.gpu)
+        worst = int(np.argmax(peak - cap))
+        if peak[worst] <= cap:
+            return peak, None
+        what = sorted(((m, float(v[worst])) for m, v in by_model.items() if v[worst] > 0),
+                      key=lambda x: -x[1])
+        op = top[worst]
+        what.append((f"{op} (transient)", float(transient[worst])))
+        kinds = self.kinds(plan, graph, worst, op, rows.get(op), chunks_of.get(op, ()))
+        return peak, Shortfall(worst, float(peak[worst]), cap, op,
+                               what[0][0] if what else "", tuple(what), kinds,
+                               plan.placement(op) if op else None)
+
+    def transients(self, plan: Plan, graph: Graph, rows: dict, streamed: dict
+                   ) -> tuple[np.ndarray, list[str], dict]:
+        """(the largest transient bytes of any op on each device, that op's stage ('' for
+        none), the chunks each streamed stage is priced in)."""
         chunks_of = {s: streamed[o.name] for o in graph.ops if o.name in streamed
                      for s in o.stages}
         n = plan.num_devices
@@ -587,19 +626,7 @@ class Evaluator:
             bigger = b > transient[idx]
             transient[idx[bigger]] = b
             top_op[idx[bigger]] = k
-        peak = resident + transient
-        cap = self.cluster.gpu.memory
-        worst = int(np.argmax(peak - cap))
-        if peak[worst] <= cap:
-            return peak, None
-        what = sorted(((m, float(v[worst])) for m, v in by_model.items() if v[worst] > 0),
-                      key=lambda x: -x[1])
-        op = stages[top_op[worst]] if top_op[worst] >= 0 else ""
-        what.append((f"{op} (transient)", float(transient[worst])))
-        kinds = self.kinds(plan, graph, worst, op, rows.get(op), chunks_of.get(op, ()))
-        return peak, Shortfall(worst, float(peak[worst]), cap, op,
-                               what[0][0] if what else "", tuple(what), kinds,
-                               plan.placement(op) if op else None)
+        return transient, [stages[k] if k >= 0 else "" for k in top_op], chunks_of
 
     def kinds(self, plan: Plan, graph: Graph, device: int, op: str, rows, chunks
               ) -> tuple[tuple[str, float], ...]:

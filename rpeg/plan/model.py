@@ -77,6 +77,38 @@ class StagePlacement:
 
 
 @attrs.frozen
+class OpUse:
+    """What one op of a step computes and moves, and how much of the hardware it uses."""
+
+    stage: str                  # the op (a fused op's stages joined by +)
+    devices: int                # devices it runs on
+    flops: float                # FLOPs a step, over its devices
+    bytes: float                # bytes moved through device memory a step, over its devices
+    time_s: float               # predicted seconds a step
+    mfu: float                  # achieved fraction of the devices' peak compute
+    mbu: float                  # achieved fraction of their memory bandwidth
+
+
+@attrs.frozen
+class MemoryUse:
+    """Predicted peak bytes per device of a group of devices alike, by kind."""
+
+    devices: tuple[int, ...]
+    weights: float = 0.0
+    grads: float = 0.0
+    optimizer: float = 0.0
+    activations: float = 0.0
+    kv_cache: float = 0.0
+    buffers: float = 0.0
+    op: str = ""                # the op whose transient need sets the peak
+
+    @property
+    def total(self) -> float:
+        return (self.weights + self.grads + self.optimizer + self.activations
+                + self.kv_cache + self.buffers)
+
+
+@attrs.frozen
 class Predicted:
     step_time_s: float
     peak_memory: tuple[float, ...] = ()    # bytes, per device index
@@ -86,6 +118,9 @@ class Predicted:
     memory_capacity: float = 0.0           # bytes per device
     control_s: float = 0.0                 # of the step: the control plane on the devices' cores
     tasks_per_step: int = 0                # Dask tasks a step dispatches (where control_s > 0)
+    ops: tuple[OpUse, ...] = ()            # per op: FLOPs, bytes, time, MFU, MBU
+    memory: tuple[MemoryUse, ...] = ()     # per group of devices alike: the peak by kind
+    memory_reserve: float = 0.0            # bytes per device kept free (of memory_capacity)
 
 
 @attrs.frozen
@@ -458,6 +493,10 @@ def _convert(name: str, typ: object, value: object, where: str) -> object:
         _expect(where, value, list)
         return tuple(_from_plain(StagePlacement, _expect(f"{where}[{i}]", x, dict),
                                  f"{where}[{i}].") for i, x in enumerate(value))
+    if name in ("ops", "memory"):
+        kind = OpUse if name == "ops" else MemoryUse
+        return tuple(_from_plain(kind, _expect(f"{where}[{i}]", x, dict), f"{where}[{i}].")
+                     for i, x in enumerate(_expect(where, value, list)))
     if name in _NESTED:
         return None if value is None else _from_plain(
             _NESTED[name], _expect(where, value, dict), where + ".")

@@ -57,6 +57,7 @@ import time
 import attrs
 import numpy as np
 
+from rpeg.cost.memory import usable_memory
 from rpeg.graph.versions import carry_room
 from rpeg.plan.choices import model_stages
 from rpeg.plan.edit import Context, empty_plan, options, put, repair
@@ -101,7 +102,7 @@ def anneal(ctx: Context, ev: Evaluator, start: Evaluation, opts: SearchOptions,
     ``opts.time_cap_s`` from now)."""
     rng = np.random.default_rng((opts.seed, *stream) if stream else opts.seed)
     moves = Moves(ctx, rng)
-    cap = ctx.cluster.gpu.memory
+    cap = usable_memory(ctx.cluster.gpu)
     best = current = start
     scale = start.step_time_s if start.feasible else 1e9
     t0 = opts.t_start * scale

@@ -395,6 +395,8 @@ class GpuProfile:
     compute_bytes: float = _q("", 0.0)             # bytes per value the device computes in; 0: model dtype
     act_factor: float = _q("", 1.0)                # multiplier on the activation-memory formula
     runtime_memory: float = _q("bytes", 0.0)       # fixed transient per op (workspaces, allocator slack)
+    reserve: float = _q("fraction", 0.1)           # share of memory plans leave free (fragmentation,
+                                                   # spikes: vLLM's gpu_memory_utilization 0.9)
     source: str = ""                               # where the figures come from
     # Host side: the run's scheduler and control plane, and the python ops.
     dispatch_s: float = _m("s")                    # scheduler time one task crossing adds (Dask)

@@ -242,7 +242,10 @@ def train_cost(model: Model, par: Parallel, devices, topo, gpu, engine: Engine, 
     if gather:       # gathered for the forward, the backward (and recomputation), grads scattered
         moved = gather * (passes - back + 1) + collective_time(
             Collective.REDUCE_SCATTER, trained, shards, topo)
-        z3 = exposed(moved, mb, t.overlap) + hooks * (passes - back + 1)
+        # hooks: the forward's (and recomputation's) gathers, the backward's gather and
+        # gradient hook on every tensor
+        z3 = exposed(moved, mb, t.overlap) + hooks * (passes - back + 1) \
+            + C.param_tensors(d, layers) * t.grad_hook_s
         dp_comm = 0.0
     elif par.zero == 2 and par.shards > 1:
         # FSDP2 (module doc): a gather and a reduce-scatter each micro-batch, hidden behind

@@ -62,6 +62,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from rpeg.cost import compute as C
+from rpeg.cost.engines import engine_terms
 from rpeg.cost.generation import (
     StageCost,
     admissions,
@@ -132,6 +133,11 @@ def estimate_stage(work: Work, par: Parallel, devices: Sequence[int],
     gpu = cluster.gpu
     cost = _estimate(work, par, devices, topo, cluster, batch, engine, rows,
                      padded_len, partial, off_policy, mean_len)
+    if cluster.controller and (work.kind in (OpKind.GENERATE, OpKind.FORWARD, OpKind.TRAIN)
+                               or work.kind is OpKind.SCORE and not work.on_host):
+        c = engine_terms(engine, gpu).call_s        # the controller's round trip
+        cost = StageCost(cost.time_s + c, cost.compute_s + c, cost.comm_s,
+                         cost.breakdown + (("control", c),), cost.roof)
     cost = _concurrent(cost, gpu.concurrency_slowdown) if len(devices) > 1 \
         else cost
     return cost

@@ -100,8 +100,10 @@ def write_plots(run: Run, folder: str | Path | None = None) -> list[Path]:
     panels = []
     tl = predicted_timeline(run, steps)
     if tl is not None:
+        from rpeg.plan.gantt import step_words
         panels.append((f"predicted by the plan's simulation on {run.cluster.name}: "
-                       f"steady step {tl.step_time_s:.3g} s", plots.bars_from_timeline(tl)))
+                       f"{step_words(run.predicted_step_s(), tl)}",
+                       plots.bars_from_timeline(tl)))
     measured = run.measured_step_s()
     panels.append((f"measured (trace.json), first {steps} steps"
                    + (f": steady step {measured:.3g} s" if measured else ""),
@@ -134,7 +136,9 @@ def plan_plots(plan: Plan, base: Path, pipeline=None, cluster=None) -> list[Path
         ev = Evaluator(pipeline, cluster, steps=6).evaluate(plan, simulate_infeasible=True)
         pr = ev.plan.predicted
         if ev.timeline is not None:
-            written += plots.timeline([(f"simulated, steady step {ev.timeline.step_time_s:.3g} s",
+            from rpeg.plan.gantt import step_words
+            words = step_words(pr.step_time_s, ev.timeline)
+            written += plots.timeline([(f"simulated, {words}",
                                         plots.bars_from_timeline(ev.timeline))],
                                       base.with_name(base.name + "-gantt"),
                                       title=f"{plan.pipeline} on {plan.cluster}")

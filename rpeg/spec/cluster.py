@@ -12,6 +12,9 @@
 
 A profile file holds ``profile NAME { key = value ... }``; its keys are the fields of
 ``GpuProfile``, each with the unit its metadata names, and any other key is an error.
+``reserve = 10%`` (in a profile, or in a cluster over its profile's) is the share of each
+device's memory that plans leave free; ``gpu h100 { memory = 72 GB }`` in a cluster is the
+shipped profile with the keys given changed.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from rpeg.spec.model import Cluster, GpuProfile, Level, Link
 from rpeg.spec.parser import parse_file
 from rpeg.spec.resolve import FileKind, file_kind
 
-CLUSTER_KEYS = ("gpu", "gpus_per_node", "nodes_per_rack", "racks", "link")
+CLUSTER_KEYS = ("gpu", "gpus_per_node", "nodes_per_rack", "racks", "reserve", "link")
 LINK_KEYS = ("bandwidth", "latency")
 MAX_GPUS = 1 << 20
 PROFILE_DIRS = (profiles_dir(),)
@@ -38,7 +41,10 @@ def _profile_fields() -> dict[str, attrs.Attribute]:
     return {a.name: a for a in attrs.fields(GpuProfile) if "unit" in a.metadata or a.name == "source"}
 
 
-def lower_profile_block(name: ast.Ident, block: ast.Block) -> GpuProfile:
+def lower_profile_block(name: ast.Ident, block: ast.Block,
+                        base: GpuProfile | None = None) -> GpuProfile:
+    """A profile from its block's keys; ``base``: the profile whose figures the keys
+    change (a shipped one named in a cluster: ``gpu h100 { reserve = 20% }``)."""
     fields = _profile_fields()
     values: dict[str, object] = {}
     seen: dict[str, Span] = {}
@@ -59,6 +65,8 @@ def lower_profile_block(name: ast.Ident, block: ast.Block) -> GpuProfile:
             values["source"] = V.string(e.value, "source")
         else:
             values[key.value] = V.quantity(e.value, fields[key.value].metadata["unit"], key.value)
+    if base is not None:
+        values = {**{k: getattr(base, k) for k in fields}, **values}
     if values.get("memory", 0) <= 0:
         raise SpecError(f"profile '{name.value}' must give the device memory", name.span,
                         hint="add 'memory = 80 GB'")
@@ -92,10 +100,14 @@ def lower_cluster(f: ast.File) -> Cluster:
     ints: dict[str, int] = {}
     links: dict[Level, Link] = {}
     seen: dict[str, Span] = {}
+    reserve: float | None = None
     for e in item.block.entries:
         if isinstance(e, ast.Section):
             if e.kind.value == "gpu" and e.name is not None:
-                gpu = lower_profile_block(e.name, e.block)
+                # a shipped profile's name: its figures, the block's keys changed
+                shipped = builtin_profiles().get(e.name.value)
+                gpu = lower_profile_block(e.name, e.block, None if shipped is None
+                                          else load_profile(shipped, e.name.span))
                 continue
             if e.kind.value != "link":
                 raise V.unknown_key(e.kind, CLUSTER_KEYS, f"cluster '{item.name.value}'")
@@ -114,11 +126,15 @@ def lower_cluster(f: ast.File) -> Cluster:
             raise SpecError(f"{key.value} must be set with '{key.value} = VALUE'", e.span)
         if key.value == "gpu":
             gpu = _gpu(e.value, Path(f.path).parent)
+        elif key.value == "reserve":
+            reserve = V.fraction(e.value, "reserve")
         else:
             ints[key.value] = V.integer(e.value, key.value, minimum=1, maximum=MAX_GPUS)
     if gpu is None:
         raise SpecError(f"cluster '{item.name.value}' must say which gpu it has", item.name.span,
                         hint='add gpu = "profiles/NAME.rpeg" or gpu = h100')
+    if reserve is not None:            # the cluster's own reserve, over its profile's
+        gpu = attrs.evolve(gpu, reserve=reserve)
     if "gpus_per_node" not in ints:
         raise SpecError(f"cluster '{item.name.value}' must set gpus_per_node", item.name.span)
     cluster = Cluster(name=item.name.value, path=f.path, gpu=gpu,

@@ -435,6 +435,10 @@ class Cluster:
     racks: int = 1
     links: tuple[Link, ...] = ()
     span: Span = NOWHERE
+    # ops dispatched one call at a time by an RL framework's controller (the published
+    # systems that have one), each call paying the control plane's fitted ``call_s``
+    # (rpeg.cost.engines); rpeg's own runtime prices its control plane on its own terms
+    controller: bool = False
 
     @property
     def num_gpus(self) -> int:

@@ -71,7 +71,7 @@ def _fmt(v: object) -> str:
 def describe(v: ast.Value) -> str:
     """A value as the user wrote it, for messages."""
     if isinstance(v, ast.Number):
-        return f"{v.text}{' ' + v.unit if v.unit else ''}"
+        return v.text + (("" if v.unit == "%" else " ") + v.unit if v.unit else "")
     if isinstance(v, ast.Str):
         return f'"{v.value}"'
     if isinstance(v, ast.Ident):

@@ -98,7 +98,7 @@ def test_simulate_draws_and_reports(compiled, tmp_path, capsys):
     png = tmp_path / "g.png"
     assert main(["simulate", str(compiled), "--steps", "6", "-o", str(png)]) == 0
     text = capsys.readouterr().out
-    assert "steady-state step" in text and "idle" in text
+    assert "predicted step" in text and "idle" in text
     assert png.stat().st_size > 1000
     assert main(["simulate", str(compiled), "--steps", "6", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)

@@ -69,6 +69,7 @@ class EngineTerms:
     logits_fwd: float = 12.0    # bytes per logit value a forward holds (fp32 copies: 12)
     logits_train: float = 12.0  # ... a train step holds, with the logits' gradient
     sequence_parallel: bool = False   # TP ranks split the norms' and residuals' activations
+    grads_freed: bool = False   # train: gradients set to None after each step (not resident)
 
 
 def _term(unit: str, low: float, high: float, what: str):
@@ -113,9 +114,9 @@ BOUNDS: dict[str, tuple[float, float]] = {
 # Fitted on the calibration set by benchmarks/published_fit.py (results:
 # benchmarks/results/published.md, which also reports each source predicted with the terms
 # fitted on the others).
-EFFICIENCY = Efficiency(launch_s=10e-6, generate_step_s=5e-3, vllm_step_s=4e-3,
-                        graph_step_s=0.5e-3, hook_s=40e-6, grad_hook_s=40e-6, gemm=0.8,
-                        overlap=0.5, call_s=0.0)
+EFFICIENCY = Efficiency(launch_s=10.09e-6, generate_step_s=50e-3, vllm_step_s=4.265e-3,
+                        graph_step_s=0.5e-3, hook_s=0.6353e-6, grad_hook_s=10e-3, gemm=1.0,
+                        overlap=0.6575, call_s=1.988)
 
 
 class Loop:
@@ -140,13 +141,14 @@ class EngineKind:
     logits_fwd: float = 12.0
     logits_train: float = 12.0
     sequence_parallel: bool = False
+    grads_freed: bool = False          # gradients set to None after each step
 
 
 KINDS: dict[Engine, EngineKind] = {
     # rpeg's torch backend: transformers' modules, eager; its own loop drops finished rows
     # and keeps bf16 logits with a fused log-probability
     Engine.TORCH: EngineKind(kernels=40, loop=Loop.PYTHON, kv_copy=True, logits_fwd=2,
-                             logits_train=4),
+                             logits_train=4, grads_freed=True),
     Engine.VLLM: EngineKind(kernels=10, loop=Loop.VLLM, paged=True, default_seqs=256),
     Engine.HF: EngineKind(kernels=40, loop=Loop.PYTHON, per_tensor_hooks=True,
                           static_batch=True, kv_copy=True, logits_fwd=10, logits_train=14),
@@ -168,7 +170,8 @@ def terms_of(kind: EngineKind, eff: Efficiency) -> EngineTerms:
                        gemm=eff.gemm, call_s=eff.call_s,
                        paged=kind.paged, static_batch=kind.static_batch, kv_copy=kind.kv_copy,
                        default_seqs=kind.default_seqs, logits_fwd=kind.logits_fwd,
-                       logits_train=kind.logits_train, sequence_parallel=kind.sequence_parallel)
+                       logits_train=kind.logits_train, sequence_parallel=kind.sequence_parallel,
+                       grads_freed=kind.grads_freed)
 
 
 ENGINES: dict[Engine, EngineTerms] = {e: terms_of(k, EFFICIENCY) for e, k in KINDS.items()}
@@ -185,7 +188,8 @@ def engine_terms(engine: Engine, gpu: GpuProfile) -> EngineTerms:
                                step_s=gpu.decode_overhead if step is None else step,
                                work=gpu.vllm_work_scale, paged=True)
         return EngineTerms(layer_s=gpu.layer_overhead, step_s=gpu.decode_overhead,
-                           kv_copy=True, static_batch=engine in (Engine.HF, Engine.HYBRID))
+                           kv_copy=True, static_batch=engine in (Engine.HF, Engine.HYBRID),
+                           grads_freed=bool(gpu.grads_freed))
     return ENGINES[engine]
 
 

@@ -52,6 +52,7 @@ from rpeg.cost.memory import (
     Parallel,
     check_parallel,
     devices_are_host,
+    grad_bytes,
     head_dims,
     local_params,
     offloaded_bytes,
@@ -383,10 +384,13 @@ def train_memory(model: Model, par: Parallel, gpu, engine: Engine, w, batch: int
         acts = sh.tokens * in_flight * layers * per_layer
     loss = logits_bytes(model, par, sh.head_tokens, t, train=True)
     full = trained_local_params(model, par) * bpv
-    if gpu.grads_freed:
-        # Gradients are dropped after each step (zero_grad(set_to_none)) and re-created
-        # while the backward pass frees activations: the two share their peak.
-        acts = max(acts - full / (par.shards if par.zero >= 2 else 1), 0.0)
+    grads = 0.0
+    if t.grads_freed:
+        # Gradients are dropped after each step (zero_grad(set_to_none)), so they are not
+        # resident (rpeg.cost.memory.grads_between_steps), and made again while the
+        # backward pass frees activations: the two share the step's peak.
+        grads = grad_bytes(model, par, gpu, engine is Engine.DEEPSPEED)[1]
+        acts = max(acts - grads, 0.0)
     if par.shards <= 1:
         bucket = 0.0
     elif par.zero >= 2:          # reduce-scatter buckets: about two layers' gradients
@@ -400,7 +404,7 @@ def train_memory(model: Model, par: Parallel, gpu, engine: Engine, w, batch: int
     if par.param_offload:
         shards = par.shards if par.zero >= 3 else 1
         loaded = 2 * local_params(model, par) * bpv / shards
-    return MemoryCost(activations=acts, optimizer=state, weights=loaded,
+    return MemoryCost(activations=acts, optimizer=state, weights=loaded, grads=grads,
                       buffers=gpu.runtime_memory + bucket + gather_buffer(model, par, gpu, engine)
                       + max(loss, working_set(model, par, sh.tokens, bpv)))
 

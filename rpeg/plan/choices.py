@@ -172,7 +172,7 @@ def prune(pipeline: Pipeline, layouts_: tuple[Layout, ...], cluster: Cluster) ->
             if key not in resident:
                 resident[key] = resident_memory(
                     model, p, cluster, trained=trained,
-                    host_grads=lay.engine is Engine.DEEPSPEED).total
+                    engine=lay.engine).total
             if s.kind is OpKind.GENERATE:
                 lay = attrs.evolve(lay, rows=generation_rows(
                     work_of(pipeline, lay.stage), p, cluster, cap - resident[key], engine=lay.engine))

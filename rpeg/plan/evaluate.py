@@ -45,7 +45,7 @@ from rpeg.plan.simulate import OpTiming, Timeline, simulate, steps_for, tasks_pe
 from rpeg.plan.staleness import staleness_problem, step_graph
 from rpeg.plan.usage import memory_uses, op_uses
 from rpeg.spec.functions import loss_of
-from rpeg.spec.model import Cluster, Engine, OpKind, Pipeline
+from rpeg.spec.model import Cluster, OpKind, Pipeline
 
 GB = 1e9
 
@@ -288,7 +288,7 @@ class Evaluator:
             par = attrs.evolve(parallel_of(p), zero=zero, offload=p.offload and trained)
             self._cost[key] = resident_memory(self.pipeline.model(model), par,
                                               self.cluster, trained=trained,
-                                              host_grads=p.engine is Engine.DEEPSPEED).total
+                                              engine=p.engine).total
         return self._cost[key]
 
     def sync_time(self, model: str, src: StagePlacement, dst: StagePlacement) -> float:
@@ -639,7 +639,7 @@ class Evaluator:
                 par = attrs.evolve(parallel_of(p), zero=zero, offload=p.offload and trained)
                 total += resident_memory(self.pipeline.model(model), par, self.cluster,
                                          trained=trained,
-                                         host_grads=p.engine is Engine.DEEPSPEED)
+                                         engine=p.engine)
         if op:
             p = plan.placement(op)
             par = parallel_of(p)

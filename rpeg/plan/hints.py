@@ -28,7 +28,7 @@ from rpeg.errors import CostError, PlanError
 from rpeg.graph.work import work_of
 from rpeg.plan.choices import enumerate_layouts
 from rpeg.plan.space import Limits, block_sizes, generate_engines
-from rpeg.spec.model import Cluster, Engine, OpKind, Pipeline
+from rpeg.spec.model import Cluster, OpKind, Pipeline
 
 GB = 1e9
 MORE_GPUS = (2, 4, 8)          # cluster sizes tried, in multiples of this one's
@@ -59,7 +59,7 @@ def least_need(pipeline: Pipeline, stage: str, cluster: Cluster, limits: Limits,
             m = stage_memory(work_of(pipeline, stage), par, cluster, rows=1,
                              engine=lay.engine) + resident_memory(
                 model, par, cluster, trained=s.kind is OpKind.TRAIN,
-                host_grads=lay.engine is Engine.DEEPSPEED)
+                engine=lay.engine)
         except CostError:
             continue
         if m.total < best[0]:

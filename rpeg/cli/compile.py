@@ -274,11 +274,19 @@ def not_runnable(plan) -> str | None:
 
 def op_rows(pr) -> list[tuple[str, ...]]:
     """The per-op table: FLOPs, bytes, time, MFU, MBU."""
-    rows = [("op", "GPUs", "TFLOP", "GB moved", "seconds", "MFU", "MBU")]
+    rows = [("op", "GPUs", "FLOPs", "bytes moved", "seconds", "MFU", "MBU")]
     for u in pr.ops:
-        rows.append((u.stage, str(u.devices), f"{u.flops / 1e12:.1f}", f"{u.bytes / 1e9:.1f}",
+        rows.append((u.stage, str(u.devices), _si(u.flops, "FLOP"), _si(u.bytes, "B"),
                      f"{u.time_s:.3g}", f"{100 * u.mfu:.0f}%", f"{100 * u.mbu:.0f}%"))
     return rows
+
+
+def _si(x: float, unit: str) -> str:
+    """``x`` with the largest SI prefix that keeps it at or above 1 (3 significant digits)."""
+    for prefix, f in (("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if x >= f:
+            return f"{x / f:.3g} {prefix}{unit}"
+    return f"{x:.3g} {unit}"
 
 
 def memory_title(pr) -> str:
@@ -294,7 +302,8 @@ def memory_rows(pr) -> list[tuple[str, ...]]:
              "total", "used", "busy", "peak in")]
     usable = pr.memory_capacity - pr.memory_reserve
     for m in pr.memory:
-        busy = sum(pr.busy[d] for d in m.devices) / len(m.devices) if pr.busy else 0.0
+        busy = sum(pr.busy[d] if d < len(pr.busy) else 0.0 for d in m.devices) \
+            / len(m.devices)
         rows.append((device_ranges(m.devices), *(f"{getattr(m, k) / 1e9:.1f}" for k in (
             "weights", "grads", "optimizer", "activations", "kv_cache", "buffers")),
             f"{m.total / 1e9:.1f}", f"{100 * m.total / usable:.0f}%" if usable else "",

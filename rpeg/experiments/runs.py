@@ -113,9 +113,11 @@ def write_plots(run: Run, folder: str | Path | None = None) -> list[Path]:
                                     "(each panel on its own time scale)")
     peak, capacity = run.predicted_memory()
     if peak:
+        pr = run.record["predicted"]
         written += plots.memory(peak, capacity, out / "memory",
                                 title=f"{run.pipeline.name}: predicted peak memory per device "
-                                      f"({run.record['predicted'].get('source', '')})")
+                                      f"({pr.get('source', '')})",
+                                kinds=pr.get("memory"), reserve=pr.get("memory_reserve", 0.0))
     evals = [{"step": e["step"], **{f"eval.{k}": e[k] for k in ("reward", "accuracy") if k in e}}
              for e in run.record.get("eval") or []]          # drawn at the step they follow
     written += plots.curves(list(run.rows) + evals, out / "curves",
@@ -123,6 +125,10 @@ def write_plots(run: Run, folder: str | Path | None = None) -> list[Path]:
                                   + (f" ({run.name})" if run.name != run.pipeline.name else ""),
                             predicted_step_s=run.predicted_step_s())
     return written
+
+
+def _plain(m) -> dict:
+    return attrs.asdict(m)
 
 
 def plan_plots(plan: Plan, base: Path, pipeline=None, cluster=None) -> list[Path]:
@@ -146,7 +152,9 @@ def plan_plots(plan: Plan, base: Path, pipeline=None, cluster=None) -> list[Path
         written += plots.memory(list(pr.peak_memory), pr.memory_capacity,
                                 base.with_name(base.name + "-memory"),
                                 title=f"{plan.pipeline} on {plan.cluster}: predicted peak "
-                                      "memory per device")
+                                      "memory per device",
+                                kinds=[_plain(m) for m in pr.memory],
+                                reserve=pr.memory_reserve)
     return written
 
 

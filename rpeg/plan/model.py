@@ -323,7 +323,19 @@ class Plan:
                              f"({pr.tasks_per_step} Dask tasks a step, on the devices' cores)")
             if pr.peak_memory:
                 lines.append(f"  predicted peak memory {max(pr.peak_memory) / 1e9:.1f} GB of "
-                             f"{pr.memory_capacity / 1e9:.1f} GB per device")
+                             f"{pr.memory_capacity / 1e9:.1f} GB per device"
+                             + (f" ({pr.memory_reserve / 1e9:.1f} GB of it kept in reserve)"
+                                if pr.memory_reserve else ""))
+            for m in pr.memory:
+                kinds = ", ".join(f"{k.replace('_', ' ')} {getattr(m, k) / 1e9:.2f}" for k in (
+                    "weights", "grads", "optimizer", "activations", "kv_cache", "buffers")
+                    if getattr(m, k))
+                lines.append(f"    devices {device_ranges(m.devices)}: {kinds} GB"
+                             + (f" (at {m.op})" if m.op else ""))
+            for u in pr.ops:
+                lines.append(f"  op {u.stage}: {u.time_s:.3g} s, {u.flops / 1e12:.3g} TFLOP, "
+                             f"{u.bytes / 1e9:.3g} GB moved, MFU {100 * u.mfu:.0f}%, "
+                             f"MBU {100 * u.mbu:.0f}%")
         return "\n".join(lines)
 
 

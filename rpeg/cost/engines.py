@@ -84,18 +84,21 @@ class Efficiency:
         "s", 2e-6, 50e-6, "host time of one kernel launched eagerly from Python (PyTorch's "
         "dispatcher and the CUDA launch; ~5-20 us measured per op)")
     generate_step_s: float = _term(
-        "s", 0.2e-3, 50e-3, "host time of one step of a Python decode loop (logits "
-        "processors, sampling, stop checks, cache bookkeeping: transformers' generate)")
+        "s", 0.2e-3, 20e-3, "host time of one step of a Python decode loop beyond the "
+        "model's own launches: logits processors, sampling over the vocabulary, stop "
+        "checks, the cache's and attention mask's bookkeeping (transformers' generate: a "
+        "few dozen ops on [batch, vocab] tensors, milliseconds)")
     vllm_step_s: float = _term(
         "s", 0.2e-3, 50e-3, "host time of one step of vLLM's scheduler and sampler")
     graph_step_s: float = _term(
         "s", 20e-6, 5e-3, "host time of one decode step replayed from a captured CUDA graph")
     hook_s: float = _term(
-        "s", 0.0, 2e-3, "host time per parameter tensor per pass of a ZeRO-3 that gathers "
-        "and releases tensor by tensor (DeepSpeed's hooks)")
+        "s", 0.0, 200e-6, "host time per parameter tensor per pass of a ZeRO-3 that gathers "
+        "and releases tensor by tensor (DeepSpeed's hooks: a Python hook and a collective's "
+        "launch, tens of microseconds)")
     grad_hook_s: float = _term(
-        "s", 0.0, 10e-3, "host time per parameter tensor of a backward pass under such a "
-        "ZeRO-3 beyond its gather: the gradient hook that reduces and partitions it")
+        "s", 0.0, 2e-3, "host time per parameter tensor of a backward pass under such a "
+        "ZeRO-3 beyond its gather: the gradient hook that copies, reduces and partitions it")
     call_s: float = _term(
         "s", 0.0, 10.0, "host time of an RL framework's controller per op call and step: "
         "it gathers the op's inputs, dispatches them to its workers, collects the outputs "

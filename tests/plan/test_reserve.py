@@ -54,7 +54,7 @@ def test_compile_keeps_the_reserve_and_prints_what_fills_each_gpu(tmp_path, caps
     assert main(["compile", GRPO, "--cluster", A100, "-o", str(out), *QUICK,
                  "--memory-reserve", "25%"]) == 0
     text = capsys.readouterr().out
-    for words in ("MFU", "MBU", "TFLOP", "bytes moved", "weights", "optimizer", "KV cache",
+    for words in ("MFU", "MBU", "FLOP", "bytes moved", "weights", "optimizer", "KV cache",
                   "less a 25% reserve", "usable 60.0 GB"):
         assert words in text, words
     assert main(["compile", GRPO, "--cluster", A100, "-o", str(out), *QUICK, "--json",

@@ -7,7 +7,7 @@
     >>> p, gh = ppo_pipeline("llama3.1-8b", prompts=512), cluster_of("gh200", 8)
     >>> generation_rows(work_of(p, "rollout"), Parallel(dp=8), gh, 1e12)      # all 64 fit
     64
-    >>> 1 <= generation_rows(work_of(p, "rollout"), Parallel(dp=8), gh, 4e9) < 64
+    >>> 1 <= generation_rows(work_of(p, "rollout"), Parallel(dp=8), gh, 2.5e9) < 64
     True
 
 How many sequences decode at once per replica (the concurrency) is the engine's batching

@@ -56,7 +56,7 @@ def fault_runs(work: Path) -> list[dict]:
     spec = tf.micro_spec(work / "micro")
     pipeline = load(spec)
     plan = split_plan(pipeline, 2, staleness=1)
-    reference = [tf._values(r) for r in run_inline(pipeline, plan, STEPS, str(spec.parent))]
+    reference = [tf._values(r) for r in run_inline(pipeline, plan, STEPS)]
     results = []
 
     def judge(name: str, run_dir: Path, injected: int, t0: float) -> dict:

@@ -308,7 +308,7 @@ def overhead(steps, root, rounds=3) -> dict:
         unfused.append(dask_run(pipeline, plan, steps, root, fuse=False))
         wait_quiet()
         before = load_avg()
-        rows = run_inline(pipeline, plan, steps, str(ROOT / "pipelines"))
+        rows = run_inline(pipeline, plan, steps)
         inline.append({"median_step_s": round(median_step(rows), 4),
                        "load_avg": [before, load_avg()]})
     d = statistics.median(r["median_step_s"] for r in dask)

@@ -43,7 +43,7 @@ def evaluate(ex, model: str, step: int) -> dict:
                            "trainer is split over tensor-parallel ranks",
                            p.evaluation.span, hint="plan the actor's training with tp = 1")
     if getattr(ex, "eval_rows", None) is None:
-        ex.eval_rows = eval_rows(p, ex.ctx.spec_dir)
+        ex.eval_rows = eval_rows(p)
     rows = [r for r in ex.eval_rows for _ in range(e.samples)]
     gen = next(s for s in p.stages if s.kind is OpKind.GENERATE)
     codec = ex._codec()

@@ -15,8 +15,6 @@ version instead (the engine keeps the next steps' responses between steps).
 
 from __future__ import annotations
 
-import sys
-
 import attrs
 import numpy as np
 import torch
@@ -126,9 +124,7 @@ class Executor:
         self.ctx = ctx
         self.device_index = device
         self.device = _device_name(ctx, device)
-        if ctx.spec_dir not in sys.path:
-            sys.path.insert(0, ctx.spec_dir)            # python("module:fn") next to the spec
-        self.rows = workload_rows(ctx.pipeline, ctx.spec_dir)
+        self.rows = workload_rows(ctx.pipeline)
         if ctx.groups and torch.distributed.is_initialized():   # none in one process
             from backends.torch_backend.distributed import make_groups
             make_groups(ctx.groups)

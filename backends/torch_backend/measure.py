@@ -210,7 +210,7 @@ def _host_op(spec: str, stage: str, batch: int, length: int, seed: int = 0):
     p = attrs.evolve(p, workload=attrs.evolve(w, prompts=max(batch // w.samples, 1)))
     plan = split_plan(p, 1, staleness=0)
     call = next(c for c in build_calls(p, plan, 1) if c.op == stage)
-    ex = Executor(RunContext.create(p, plan, (call,), spec_dir=str(path.parent), run_dir=""), 0)
+    ex = Executor(RunContext.create(p, plan, (call,), run_dir=""), 0)
     rng = np.random.default_rng(seed)
     n = p.workload.batch
 

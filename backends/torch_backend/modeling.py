@@ -102,7 +102,8 @@ def build_model(dims, heads: tuple[str, ...] = ("lm",), seed: int = 0,
         path = Path(weights)
         if not path.is_dir():
             raise BackendError(f"weights directory '{path}' must exist to run, and it does not",
-                               hint="a relative 'weights' path is read from the spec file's folder")
+                               hint="a relative 'weights' path is relative to the folder of the "
+                                    "spec file that names it")
         if not (path / "config.json").exists():
             raise BackendError(f"weights directory must hold config.json, not {sorted(p.name for p in path.glob('*'))[:5]}",
                                hint=f"point 'weights' at a saved transformers model ({path})")

@@ -6,7 +6,7 @@
 
 Each kind takes the reward's declaration and the batch's texts and lengths and
 returns one float32 score per response. A python reward is imported on first use,
-in the worker, from the module next to the spec (or on the Python path), and called
+in the worker, from the file the spec found it in (``rpeg.runtime.usercode``), and called
 ``fn(prompts, responses, answers, **columns)``: the dataset's other columns reach it by
 name (each one its parameters name, or all of them for ``**kwargs``); its scores are
 checked (``rpeg.runtime.rewards``).
@@ -14,16 +14,15 @@ checked (``rpeg.runtime.rewards``).
 
 from __future__ import annotations
 
-import importlib
 import inspect
 
 import attrs
 import numpy as np
 
 from backends.torch_backend.algorithms import implementation, implements
-from rpeg.errors import BackendError
 from rpeg.runtime.data import reward_extras
 from rpeg.runtime.rewards import call_reward
+from rpeg.runtime.usercode import python_function
 from rpeg.spec.model import Reward
 
 
@@ -40,25 +39,11 @@ class Texts:
     step: int = 0                     # the step (for the errors a reward raises)
 
 
-_FUNCTIONS: dict[tuple[str, str], object] = {}
-
-
-def _python_function(reward: Reward):
-    key = (reward.module, reward.function)
-    if key not in _FUNCTIONS:
-        try:
-            fn = getattr(importlib.import_module(reward.module), reward.function)
-        except (ImportError, AttributeError) as e:
-            raise BackendError(f"reward '{reward.name}' must name a function, and "
-                               f"{reward.module}:{reward.function} is not one ({e})",
-                               reward.span) from e
-        _FUNCTIONS[key] = fn
-    return _FUNCTIONS[key]
-
-
 @implements("python")
 def python(reward: Reward, x: Texts) -> np.ndarray:
-    fn = _python_function(reward)
+    fn = python_function(reward.module, reward.function, source=reward.source,
+                         folder=reward.folder, what=f"reward '{reward.name}'",
+                         span=reward.span if reward.span.line else None)
     extras = reward_extras(list(x.rows))
     params = inspect.signature(fn).parameters if callable(fn) else {}
     if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):

@@ -184,7 +184,9 @@ def _remake(path: Path, cluster: Path | None, output: Path | None, as_json: bool
             lines.append(f"  the spec {old.spec_path} changed since")
         if old.search is not None and old.search.time_capped:
             lines.append("  the search that made it was stopped by its time cap")
-    pipeline, machine = load(old.spec_path), load_cluster(cluster or old.cluster_path)
+    from rpeg.plan.validate import plan_spec, recorded_file
+    pipeline = load(plan_spec(old, path))
+    machine = load_cluster(cluster or recorded_file(old.cluster_path, path))
     any_executor = old.search is not None and old.search.options.limits == Limits()
     _write(report, pipeline, machine, output, as_json, no_gantt, any_executor,
            extra=["", *lines])

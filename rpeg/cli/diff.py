@@ -96,6 +96,9 @@ def register(app: typer.Typer) -> None:
         force: bool = typer.Option(False, "--force", help="Two plans: compare a plan with a "
                                    "spec other than the one it was compiled from (a warning, "
                                    "not an error)."),
+        spec: list[Path] = typer.Option(None, "--spec",
+                                        help="Two plans: their spec, if not where a plan says "
+                                             "(once for both, or twice: A's, then B's)."),
     ) -> None:
         """Show what changed between two specs, plans or runs (exit 1 if anything did)."""
         ka, kb = _kind(a), _kind(b)
@@ -115,8 +118,15 @@ def register(app: typer.Typer) -> None:
                                      "predictions", param_hint="--cluster")
         seed = 0 if seed is None else seed
         budget = _default_budget() if budget is None else budget
+        specs = list(spec or ())
+        if specs and ka != "plan":
+            raise typer.BadParameter(f"names the specs of two plans; two {ka}s carry their own",
+                                     param_hint="--spec")
+        if len(specs) > 2:
+            raise typer.BadParameter("is given once (both plans' spec) or twice (A's, B's)",
+                                     param_hint="--spec")
         if ka == "plan":
-            _plan_diff(a, b, as_json, force)
+            _plan_diff(a, b, as_json, force, tuple(specs))
         if ka == "run":
             from rpeg.experiments import diff_runs
             result = diff_runs(a, b)
@@ -125,11 +135,13 @@ def register(app: typer.Typer) -> None:
         _spec_diff(a, b, cluster, as_json, seed, budget)
 
 
-def _plan_diff(a: Path, b: Path, as_json: bool, force: bool = False) -> None:
+def _plan_diff(a: Path, b: Path, as_json: bool, force: bool = False,
+               specs: tuple[Path, ...] = ()) -> None:
     from rpeg.plan import diff_plans
     from rpeg.plan.validate import open_plan
 
-    opened = [open_plan(p, force=force) for p in (a, b)]
+    given = (specs * 2)[:2] if specs else (None, None)
+    opened = [open_plan(p, spec=s, force=force) for p, s in zip((a, b), given, strict=True)]
     for p, o in zip((a, b), opened, strict=True):
         for w in o.warnings:
             print(f"{p}: warning: {w}", file=sys.stderr)

@@ -38,14 +38,19 @@ def register(app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="Print the record as JSON."),
         force: bool = typer.Option(False, "--force", help="A plan whose spec changed since it "
                                    "was compiled: a warning, not an error."),
+        spec: Path = typer.Option(None, "--spec", help="A plan's spec, if not where the plan "
+                                  "says."),
     ) -> None:
         """Summarise a run: what ran where, predicted vs measured step time, final metrics."""
         if not target.exists():
             raise RuntimeFailure(f"'{target}' must be a run directory or a plan file, and it "
                                  "does not exist", hint="runs are written under runs/ by rpeg run")
         if target.is_file():
-            _show_plan(target, plots, as_json, force)
+            _show_plan(target, plots, as_json, force, spec)
             return
+        if spec is not None:
+            raise typer.BadParameter("names a plan file's spec; a run directory holds its own",
+                                     param_hint="--spec")
         from rpeg.experiments.runs import Run, summary, verification, write_plots
 
         run = Run.open(target)
@@ -71,18 +76,19 @@ def register(app: typer.Typer) -> None:
             raise typer.Exit(1)
 
 
-def _show_plan(path: Path, plots: bool, as_json: bool, force: bool = False) -> None:
+def _show_plan(path: Path, plots: bool, as_json: bool, force: bool = False,
+               spec: Path | None = None) -> None:
     from rpeg.experiments.runs import plan_plots
     from rpeg.plan.validate import open_plan
 
-    opened = open_plan(path, force=force)
+    opened = open_plan(path, spec=spec, force=force)
     for w in opened.warnings:
         print(f"{path}: warning: {w}", file=sys.stderr)
     plan = opened.plan
     written = []
     if plots:
         pipeline, cluster = opened.pipeline, opened.cluster
-        if pipeline is None or cluster is None or cluster.num_gpus < plan.num_devices:
+        if cluster is None or cluster.num_gpus < plan.num_devices:
             pipeline = cluster = None
         written = plan_plots(plan, path.with_suffix(""), pipeline, cluster)
     if as_json:

@@ -48,8 +48,7 @@ def register(app: typer.Typer) -> None:
         from rpeg.plan.validate import open_plan
 
         output = suffix(writable(output, "-o"), "-o", PICTURES)
-        opened = open_plan(plan_file, spec=spec, cluster=cluster, need_spec=True,
-                           need_cluster=True, exact_devices=True, force=force)
+        opened = open_plan(plan_file, spec=spec, cluster=cluster, need_cluster=True, exact_devices=True, force=force)
         for w in opened.warnings:
             print(f"{plan_file}: warning: {w}", file=sys.stderr)
         plan, pipeline, machine = opened.plan, opened.pipeline, opened.cluster

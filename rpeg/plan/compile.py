@@ -183,18 +183,19 @@ def recompile(plan: Plan, path: str = "<plan>", cluster: str | Path | None = Non
         raise PlanError("plan must record the search options it was compiled with, not lack "
                         "them (written by hand, or by an older rpeg)", where,
                         hint="compile the spec: rpeg compile SPEC --cluster CLUSTER --seed N")
-    for what, file in (("spec", plan.spec_path), ("cluster", cluster or plan.cluster_path)):
-        if not file or not Path(file).is_file():
-            raise PlanError(f"the plan's {what} file must exist to remake the plan, not be "
-                            f"missing ({file or 'none recorded'})", where,
-                            hint="compile the spec with --seed and --budget as the plan "
-                                 "records them" if what == "spec" else "pass --cluster FILE")
+    from rpeg.plan.validate import plan_spec, recorded_file
+    spec = plan_spec(plan, Path(path))
+    machine = Path(cluster) if cluster else recorded_file(plan.cluster_path, Path(path))
+    if machine is None or not machine.is_file():
+        raise PlanError(f"the plan's cluster file must exist to remake the plan, not be "
+                        f"missing ({cluster or plan.cluster_path or 'none recorded'})", where,
+                        hint="pass --cluster FILE")
     strategy = plan.strategy if plan.strategy is not Strategy.MANUAL else Strategy.SEARCH
-    machine = load_cluster(cluster or plan.cluster_path)
+    loaded = load_cluster(machine)
     pr = plan.predicted
     if pr is not None and pr.memory_capacity:      # the reserve it was compiled with
-        machine = with_reserve(machine, pr.memory_reserve / pr.memory_capacity)
-    return compile_report(load(plan.spec_path), machine, strategy, plan.search.options)
+        loaded = with_reserve(loaded, pr.memory_reserve / pr.memory_capacity)
+    return compile_report(load(spec), loaded, strategy, plan.search.options)
 
 
 def _found(outcomes) -> tuple[list[Evaluation], list[Evaluation]]:

@@ -32,7 +32,7 @@ def eval_prompts(pipeline: Pipeline) -> int:
     e = pipeline.evaluation
     if e.prompts:
         return e.prompts
-    n = count_rows(Path(pipeline.path).resolve().parent / e.dataset, e.split)
+    n = count_rows(Path(e.dataset.path), e.split)
     return n or pipeline.workload.prompts
 
 

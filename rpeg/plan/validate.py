@@ -36,6 +36,7 @@ from rpeg.graph.versions import bound_problem
 from rpeg.plan.model import Plan
 from rpeg.plan.staleness import staleness_problem
 from rpeg.spec.model import Cluster, Pipeline
+from rpeg.spec.paths import resolve_written
 
 
 @attrs.frozen
@@ -43,9 +44,9 @@ class OpenedPlan:
     """A plan file read and checked, with the spec and cluster it was checked against."""
 
     plan: Plan
-    pipeline: Pipeline | None
+    pipeline: Pipeline
     cluster: Cluster | None
-    spec_path: Path | None
+    spec_path: Path
     cluster_path: Path | None
     warnings: tuple[str, ...] = ()
 
@@ -147,14 +148,29 @@ def _check_devices(plan: Plan, cluster: Cluster, where: Span, exact: bool) -> No
 
 
 def recorded_file(recorded: str, plan_file: Path) -> Path | None:
-    """A path a plan records, as written or beside the plan file; None when neither exists."""
+    """A path a plan records (``rpeg compile`` records it absolute; a relative one is
+    relative to the plan file's folder, as a spec's paths are to the spec's); None when it
+    is not there. Nothing else is looked for: a file of the same name elsewhere may be
+    another file."""
     if not recorded:
         return None
-    p = Path(recorded)
-    if p.exists():
-        return p
-    beside = plan_file.parent / p.name
-    return beside if beside.exists() else None
+    p = resolve_written(recorded, Span(str(plan_file), 0, 0))
+    return p if p.exists() else None
+
+
+def plan_spec(plan: Plan, plan_file: Path, spec: str | Path | None = None) -> Path:
+    """The spec a plan is used with: ``spec`` (``--spec``) when given, else the file the plan
+    records. The one rule of every command that reads a plan; a PlanError when neither is
+    there."""
+    if spec:
+        return Path(spec)
+    found = recorded_file(plan.spec_path, plan_file)
+    if found is None:
+        raise PlanError("plan must name its spec file, and the one it names is not there"
+                        + (f" ({plan.spec_path})" if plan.spec_path else " (it names none)"),
+                        Span(str(plan_file), 0, 0),
+                        hint="pass the spec it was compiled from with --spec FILE.rpeg")
+    return found
 
 
 def recorded_cluster(plan: Plan, plan_file: Path) -> tuple[Cluster | None, Path | None]:
@@ -173,22 +189,19 @@ def recorded_cluster(plan: Plan, plan_file: Path) -> tuple[Cluster | None, Path 
 
 
 def open_plan(plan_file: str | Path, *, spec: str | Path | None = None,
-              cluster: str | Path | None = None, need_spec: bool = False,
-              need_cluster: bool = False, exact_devices: bool = False,
-              force: bool = False) -> OpenedPlan:
+              cluster: str | Path | None = None, need_cluster: bool = False,
+              exact_devices: bool = False, force: bool = False,
+              overrides: tuple = ()) -> OpenedPlan:
     """Read a plan file and check it against its spec and cluster: ``spec`` and
-    ``cluster`` when given, else the files the plan records (beside the plan when they
-    were moved with it). ``need_spec`` / ``need_cluster``: a PlanError when it cannot be
-    found; otherwise a plan whose spec is not there is checked on its own."""
+    ``cluster`` when given, else the files the plan records (:func:`plan_spec`). A plan
+    whose spec is not there is refused, by every command alike; ``need_cluster``: so is
+    one whose cluster is not (otherwise it is checked without one). ``overrides``
+    (``rpeg.spec.overrides``) change the spec before the plan is checked against it."""
     from rpeg.spec import load, load_cluster
     plan_file = Path(plan_file)
     plan = Plan.load(plan_file)
     where = Span(str(plan_file), 0, 0)
-    spec_path = Path(spec) if spec else recorded_file(plan.spec_path, plan_file)
-    if spec_path is None and need_spec:
-        raise PlanError("plan must name its spec file, and the one it names is not there"
-                        + (f" ({plan.spec_path})" if plan.spec_path else ""), where,
-                        hint="pass --spec FILE.rpeg")
+    spec_path = plan_spec(plan, plan_file, spec)
     if cluster:
         machine, cluster_path = load_cluster(cluster), Path(cluster)
     else:
@@ -197,11 +210,7 @@ def open_plan(plan_file: str | Path, *, spec: str | Path | None = None,
         raise PlanError("plan must name its cluster file, and the one it names is not there"
                         + (f" ({plan.cluster_path})" if plan.cluster_path else ""), where,
                         hint="pass --cluster CLUSTER.rpeg")
-    pipeline = load(spec_path) if spec_path is not None else None
-    warnings: tuple[str, ...] = ()
-    if pipeline is not None:
-        warnings = check_plan(plan, pipeline, path=str(plan_file), cluster=machine,
-                              exact_devices=exact_devices, force=force)
-    elif machine is not None:
-        _check_devices(plan, machine, where, exact_devices)
+    pipeline = load(spec_path, overrides)
+    warnings = check_plan(plan, pipeline, path=str(plan_file), cluster=machine,
+                          exact_devices=exact_devices, force=force)
     return OpenedPlan(plan, pipeline, machine, spec_path, cluster_path, warnings)

@@ -75,7 +75,6 @@ class Checkpointing:
                 except (Exception, _Lost):  # noqa: BLE001 — a fresh replacement has nothing to tear down
                     pass
         ctx = RunContext.create(self.pipeline, self.plan, self.calls_of.sample(),
-                                spec_dir=self.spec_dir,
                                 run_dir=str(self.rd.path), dist_addr=_rendezvous(workers[0]),
                                 use_cuda=self.options.use_cuda)
         ctx = attrs.evolve(ctx, threads=self.options.threads, data=self._cursor(), syncs=tuple(

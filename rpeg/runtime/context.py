@@ -1,6 +1,6 @@
 """What every worker is told once, at set-up: the run's spec, plan, and its own place in it.
 
-    >>> ctx = RunContext.create(pipeline, plan, spec_dir="pipelines", run_dir="runs/x")  # doctest: +SKIP
+    >>> ctx = RunContext.create(pipeline, plan, calls, run_dir="runs/x")  # doctest: +SKIP
     >>> ctx.replicas_on(0)                                                             # doctest: +SKIP
     (Replica(model='actor', device=0, heads=('lm',), trainable=True), ...)
 
@@ -92,7 +92,6 @@ class WeightSync:
 class RunContext:
     pipeline: Pipeline
     plan: Plan
-    spec_dir: str
     run_dir: str
     backend: str = "torch"
     replicas: tuple[Replica, ...] = ()
@@ -105,7 +104,7 @@ class RunContext:
     syncs: tuple[WeightSync, ...] = ()    # collective weight syncs into vLLM engines
 
     @classmethod
-    def create(cls, pipeline: Pipeline, plan: Plan, calls: tuple[OpCall, ...], *, spec_dir: str,
+    def create(cls, pipeline: Pipeline, plan: Plan, calls: tuple[OpCall, ...], *,
                run_dir: str, dist_addr: str = "", use_cuda: bool = False) -> RunContext:
         graph = _graph(pipeline, plan)
         homes = model_homes(pipeline, plan, graph)
@@ -143,7 +142,7 @@ class RunContext:
                                  tuple((h, len(blocks[(engine_key(model), h)])) for h in hosts))
                       for model, hosts in sorted(engine_hosts(calls).items())
                       if model in senders)
-        return cls(pipeline, plan, spec_dir, run_dir, replicas=tuple(replicas),
+        return cls(pipeline, plan, run_dir, replicas=tuple(replicas),
                    num_devices=plan.num_devices, dist_addr=dist_addr, use_cuda=use_cuda,
                    groups=tuple(sorted(g for g in made if g)), syncs=syncs)
 

@@ -62,29 +62,25 @@ class Cursor:
         return cls(int(data.get("step", 0)), int(data.get("position", 0)))
 
 
-def resolve(text: str, spec_dir: str | Path) -> Path:
-    path = Path(text).expanduser()
-    return path if path.is_absolute() else Path(spec_dir) / path
-
-
-def dataset_path(pipeline, spec_dir: str | Path) -> Path:
-    """The workload's dataset, relative to the spec's folder."""
+def dataset_path(pipeline) -> Path:
+    """The workload's dataset: the absolute path the spec resolved where it named it
+    (``rpeg.spec.paths``)."""
     if not pipeline.workload.dataset:
         raise RuntimeFailure("the workload must name a dataset to run, and it names none",
                              pipeline.workload.span, hint='add dataset = "data/toy.jsonl"')
-    return resolve(pipeline.workload.dataset, spec_dir)
+    return Path(pipeline.workload.dataset.path)
 
 
-def workload_rows(pipeline, spec_dir: str | Path) -> list[dict]:
+def workload_rows(pipeline) -> list[dict]:
     w = pipeline.workload
-    return read_rows(dataset_path(pipeline, spec_dir), w.fields, w.split, w.span)
+    return read_rows(dataset_path(pipeline), w.fields, w.split, w.dataset.span)
 
 
-def eval_rows(pipeline, spec_dir: str | Path) -> list[dict]:
+def eval_rows(pipeline) -> list[dict]:
     """The eval block's held-out rows (its first ``prompts`` of them), in file order."""
     e = pipeline.evaluation
     w = pipeline.workload
-    rows = read_rows(resolve(e.dataset, spec_dir), w.fields, e.split, e.span, "eval dataset")
+    rows = read_rows(Path(e.dataset.path), w.fields, e.split, e.dataset.span, "eval dataset")
     return rows[: e.prompts] if e.prompts else rows
 
 
@@ -93,7 +89,8 @@ def read_rows(path: Path, fields: Fields = Fields(), split: str | None = None,
     """Every row of the dataset at ``path``, as ``{"prompt", "answer", ...}`` dicts."""
     if not path.exists():
         raise RuntimeFailure(f"{what} '{path}' must exist to run, and it does not", span,
-                             hint="the path is relative to the spec file")
+                             hint="a path in a spec is relative to the folder of the file "
+                                  "that names it")
     if path.is_dir():
         raw = _saved_dataset(path, split, span, what)
     elif path.suffix == ".parquet":

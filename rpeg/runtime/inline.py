@@ -1,6 +1,6 @@
 """The same op calls, one after another in this process: no Dask, no workers.
 
-    >>> rows = run_inline(pipeline, plan, steps=4, spec_dir="pipelines")   # doctest: +SKIP
+    >>> rows = run_inline(pipeline, plan, steps=4)   # doctest: +SKIP
     >>> rows[-1]["reward"]                                                  # doctest: +SKIP
     0.37
 
@@ -21,10 +21,10 @@ from rpeg.runtime.rundir import step_metrics
 from rpeg.runtime.worker import executor_class
 
 
-def run_inline(pipeline, plan, steps: int, spec_dir: str, on_step=None) -> list[dict]:
+def run_inline(pipeline, plan, steps: int, on_step=None) -> list[dict]:
     calls = build_calls(pipeline, plan, steps)
     table = {c.id: c for c in calls}
-    ctx = RunContext.create(pipeline, plan, calls, spec_dir=spec_dir, run_dir="")
+    ctx = RunContext.create(pipeline, plan, calls, run_dir="")
     if ctx.replicas_collective or ctx.syncs:
         from rpeg.errors import RuntimeFailure
         what = "train data-parallel" if ctx.replicas_collective else \

@@ -83,13 +83,11 @@ def plan_for_run(file: str | Path, *, spec: str | Path | None = None,
 
     file = Path(file)
     if file.suffix == ".json":
-        from rpeg.plan.model import Plan
-        from rpeg.plan.validate import check_plan, recorded_cluster
-        plan = Plan.load(file)
-        spec_path = Path(spec) if spec else _find_spec(file, plan)
-        pipeline = load(spec_path, overrides)
-        machine = load_cluster(cluster) if cluster else recorded_cluster(plan, file)[0]
-        warnings = check_plan(plan, pipeline, path=str(file), cluster=machine, force=force)
+        from rpeg.plan.validate import open_plan
+        opened = open_plan(file, spec=spec, cluster=cluster, force=force, overrides=overrides)
+        plan, pipeline, machine, spec_path = (opened.plan, opened.pipeline, opened.cluster,
+                                              opened.spec_path)
+        warnings = opened.warnings
         for w in warnings:
             print(f"{file}: warning: {w}", file=sys.stderr)
         if warnings:              # run with another spec, as asked: the hash no longer applies
@@ -97,7 +95,7 @@ def plan_for_run(file: str | Path, *, spec: str | Path | None = None,
         _check_cap(pipeline, staleness)
         plan = explicit(pipeline, plan)             # a stage the plan does not list: 0
         if staleness is not None:
-            plan = _capped_plan(pipeline, plan, staleness, cluster)
+            plan = _capped_plan(pipeline, plan, staleness, opened.cluster_path)
         if machine is not None:
             plan = settled(pipeline, plan, machine)
         from rpeg.plan.compile import check_executable
@@ -178,14 +176,3 @@ def _compile(pipeline, cluster, strategy: RunStrategy, seed: int,
     plan = compile_plan(pipeline, cluster, Strategy(strategy.value), options)
     build_calls(pipeline, plan, steps=1)          # what the planner chose, the runtime lays out
     return plan
-
-
-def _find_spec(plan_file: Path, plan) -> Path:
-    candidates = [Path(p) for p in (getattr(plan, "spec_path", "") or "",) if p]
-    candidates += [plan_file.parent / "spec.rpeg", plan_file.parent / f"{plan.pipeline}.rpeg",
-                   Path("pipelines") / f"{plan.pipeline}.rpeg"]
-    for candidate in candidates:
-        if candidate.exists():
-            return candidate
-    raise RuntimeFailure(f"the spec of plan '{plan_file}' (pipeline {plan.pipeline}) must be "
-                         "found, and it is not", hint="pass it with --spec FILE.rpeg")

@@ -85,15 +85,11 @@ def _git(*args: str) -> str:
 
 # --- the cluster a run was priced on --------------------------------------------------
 
-def find_cluster_file(plan, spec_dir: Path | None = None) -> Path | None:
-    """The cluster file a plan names: its recorded path, else a shipped cluster of that name."""
-    candidates = []
-    if plan.cluster_path:
-        candidates.append(Path(plan.cluster_path))
-        if spec_dir is not None:
-            candidates.append(spec_dir / plan.cluster_path)
-    for folder in ([spec_dir / "clusters", spec_dir] if spec_dir else []) + [SHIPPED_CLUSTERS]:
-        candidates.append(folder / f"{plan.cluster}.rpeg")
+def find_cluster_file(plan) -> Path | None:
+    """The cluster file a plan names: its recorded path (``rpeg compile`` records it
+    absolute), else a shipped cluster of that name."""
+    candidates = [Path(plan.cluster_path)] if plan.cluster_path else []
+    candidates.append(SHIPPED_CLUSTERS / f"{plan.cluster}.rpeg")
     return next((c for c in candidates if c.is_file()), None)
 
 
@@ -194,8 +190,7 @@ def build_record(run_dir: str | Path, spec_path: str | None = None) -> dict:
     cluster = load_run_cluster(path)
     cluster_source = None
     if cluster is None:
-        spec_dir = Path(spec_path).resolve().parent if spec_path else None
-        found = find_cluster_file(plan, spec_dir)
+        found = find_cluster_file(plan)
         if found is not None:
             from rpeg.spec import load_cluster
             try:

@@ -60,7 +60,6 @@ from rpeg.errors import RpegError, RuntimeFailure, Span
 from rpeg.plan.model import Plan
 from rpeg.runtime.checkpointing import Checkpointing
 from rpeg.runtime.checkpointing import _replan as _replan  # rpeg.runtime.resume re-plans
-from rpeg.runtime.data import eval_rows, workload_rows
 from rpeg.runtime.driver import (
     RunOptions,
     RunResult,
@@ -69,6 +68,7 @@ from rpeg.runtime.driver import (
     check_local_devices,
     uses_vllm,
 )
+from rpeg.runtime.inputs import check_inputs
 from rpeg.runtime.losses import WorkerWatch, _Lost
 from rpeg.runtime.record import write_record
 from rpeg.runtime.rundir import RunDir, host_usage
@@ -115,13 +115,10 @@ def run_resilient(pipeline: Pipeline, plan: Plan, options: RunOptions,
     steps = options.steps or pipeline.workload.steps
     if options.scheduler is None:
         check_local_devices(plan.num_devices)             # before any worker process starts
-    spec_dir = str(Path(spec_path).resolve().parent) if spec_path else str(Path.cwd())
-    if _resume is not None:
-        spec_dir = str(_resume[2].get("spec_dir", spec_dir))    # where the data and rewards are
-        _check_data(pipeline, spec_dir)
+    if _resume is not None:                         # its inputs checked by the resume
         return _run(pipeline, plan, options, spec_path, resilience, on_step, *_resume,
                     resumed=True)
-    _check_data(pipeline, spec_dir)
+    check_inputs(pipeline)
     rd = RunDir.create(options.root, pipeline.name, options.run_dir)
     with RunLock.take(rd.path):
         if rd.holds_run():
@@ -133,18 +130,12 @@ def run_resilient(pipeline: Pipeline, plan: Plan, options: RunOptions,
         rd.write_text("plan.json", plan_to_json(plan))
         meta = {"pipeline": pipeline.name, "steps": steps, "status": "running",
                 "scheduler": options.scheduler or "local", "started": time.time(),
-                "spec_dir": spec_dir, "recoveries": [], "replans": [], "resumes": [],
+                "spec": str(Path(spec_path).absolute()) if spec_path else None,
+                "recoveries": [], "replans": [], "resumes": [],
                 "overrides": list(options.overrides)}
         rd.write_text("metrics.jsonl", "")
         state = RunState(0, [], [], defaultdict(list), {})
         return _run(pipeline, plan, options, spec_path, resilience, on_step, rd, state, meta)
-
-
-def _check_data(pipeline: Pipeline, spec_dir: str) -> None:
-    """A dataset problem (the workload's or the eval block's) stops the run here."""
-    workload_rows(pipeline, spec_dir)
-    if pipeline.evaluation is not None:
-        eval_rows(pipeline, spec_dir)
 
 
 def _holds_run(rd: RunDir) -> RuntimeFailure:
@@ -178,8 +169,8 @@ def _run(pipeline, plan, options, spec_path, resilience, on_step, rd: RunDir,
                              config={"pipeline": pipeline.name, "steps": steps,
                                      "overrides": " ".join(meta.get("overrides", []))},
                              resume=resumed)
-    runner = _Runner(pipeline, plan, options, resilience, rd, meta, state, steps,
-                     str(meta["spec_dir"]), on_step, stop)
+    runner = _Runner(pipeline, plan, options, resilience, rd, meta, state, steps, on_step,
+                     stop)
     runner.trackers = trackers
     try:
         stop.install_terminate(str(rd.path))        # SIGTERM closes the record, as Ctrl-C does
@@ -231,11 +222,11 @@ class _Runner(SegmentLoop, Checkpointing, WorkerWatch):
     checkpoints (``checkpointing``), and its watch for lost or stuck workers with the
     rollback after one (``losses``)."""
 
-    def __init__(self, pipeline, plan, options, res, rd, meta, state, steps, spec_dir,
-                 on_step, stop) -> None:
+    def __init__(self, pipeline, plan, options, res, rd, meta, state, steps, on_step,
+                 stop) -> None:
         self.pipeline, self.plan, self.options, self.res = pipeline, plan, options, res
         self.rd, self.meta, self.state, self.steps = rd, meta, state, steps
-        self.spec_dir, self.on_step, self.stop = spec_dir, on_step, stop
+        self.on_step, self.stop = on_step, stop
         self.cl = None
         self._seg_futures: dict[str, object] = {}
         self.attempt = 0

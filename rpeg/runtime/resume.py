@@ -33,6 +33,7 @@ from rpeg.runtime import checkpoint_io as ckio
 from rpeg.runtime import outputs as O
 from rpeg.runtime import runfiles as rf
 from rpeg.runtime.driver import RunOptions, RunResult
+from rpeg.runtime.inputs import check_inputs, from_older_record
 from rpeg.runtime.instances import lookback
 from rpeg.runtime.recovery import Resilience, _replan, run_resilient
 from rpeg.runtime.runcheck import check_meta, check_plan_of_run
@@ -51,9 +52,11 @@ def resume_run(run_dir: str | Path, options: RunOptions | None = None,
     rd = _open_for_resume(Path(run_dir))
     with rf.RunLock.take(rd.path):
         meta = check_meta(rd.read_json("run.json"), rd.path / "run.json")
-        pipeline = _load_value(rd, "pipeline.json", loads, "pipeline")
+        pipeline = from_older_record(_load_value(rd, "pipeline.json", loads, "pipeline"),
+                                     _text(meta.get("spec_dir")))
         plan = _load_value(rd, "plan.json", plan_from_json, "plan")
         check_plan_of_run(rd, pipeline, plan)
+        check_inputs(pipeline, resumed=True)    # the files the run read, where it read them
         skipped: list[str] = []
         ck = ckio.latest(rd.path, skipped=skipped)
         for s in skipped:
@@ -135,3 +138,7 @@ def _load_value(rd: RunDir, name: str, parse, what: str):
         why = "nested too deep" if isinstance(e, RecursionError) else f"{type(e).__name__}: {e}"
         raise RuntimeFailure(f"{what} file '{path}' must be what rpeg wrote, and it is not "
                              f"({why})"[:400], Span(str(path), 0, 0)) from None
+
+
+def _text(value) -> str | None:
+    return value if isinstance(value, str) else None

@@ -4,9 +4,9 @@
     >>> f = parse_text('model a : custom { layers = 2; hidden = 64; heads = 4; kv_heads = 2;'
     ...                ' ffn = 128; vocab = 259; experts = 8; active_experts = 2;'
     ...                ' expert_ffn = 32 }', "x.rpeg")
-    >>> from rpeg.spec.lower import _entries
+    >>> from rpeg.spec.keys import entries
     >>> m = f.items[0]
-    >>> d = lower_dims(m.preset, _entries(m.block, MODEL_ARCH_KEYS, "m"))
+    >>> d = lower_dims(m.preset, entries(m.block, MODEL_ARCH_KEYS, "m"))
     >>> d.moe, d.experts, d.active_experts
     (True, 8, 2)
 
@@ -25,19 +25,19 @@ import attrs
 
 from rpeg.errors import Span, SpecError, did_you_mean
 from rpeg.spec import ast
-from rpeg.spec import values as V
-from rpeg.spec.presets import ARCH_KEYS, DIM_KEYS, PRESETS, ModelDims
+from rpeg.spec.keys import ARCHITECTURE, read
+from rpeg.spec.presets import DIM_KEYS, PRESETS, ModelDims
+from rpeg.spec.registry import Type
 
-FAMILIES = ("llama", "qwen2", "qwen3", "mistral", "qwen3_moe", "deepseek_v3", "opt")
-MODEL_ARCH_KEYS = DIM_KEYS + ARCH_KEYS + ("tied", "family")
-_INT_KEYS = DIM_KEYS + ("head_dim", "experts", "active_experts", "shared_experts",
-                        "expert_ffn", "dense_layers", "kv_lora", "q_lora", "rope_dim", "v_head")
-_FIELD = {"head_dim": "head_size"}          # spec key -> ModelDims field, where they differ
+FAMILIES = ARCHITECTURE.param("family").choices
+MODEL_ARCH_KEYS = ARCHITECTURE.keys
+_INT_KEYS = tuple(p.name for p in ARCHITECTURE.params if p.type is Type.INT)
+_FIELD = {"head_dim": "head_size", "tied": "tied_embeddings"}   # spec key -> ModelDims field
 
 
 def lower_dims(preset: ast.Ident, e: dict[str, ast.Entry]) -> ModelDims:
     """The checked dimensions of a model block (``e``: its entries by key)."""
-    ints = {k: _int(e[k], k) for k in _INT_KEYS if k in e}
+    ints = {k: read(e[k], ARCHITECTURE.param(k)) for k in _INT_KEYS if k in e}
     if preset.value in PRESETS:
         dims = PRESETS[preset.value]
     elif preset.value == "custom":
@@ -51,14 +51,11 @@ def lower_dims(preset: ast.Ident, e: dict[str, ast.Entry]) -> ModelDims:
                         hint=did_you_mean(preset.value, list(PRESETS) + ["custom"]) or
                         "presets: " + ", ".join(PRESETS) + ", or custom with explicit dimensions")
     changes: dict[str, object] = {_FIELD.get(k, k): v for k, v in ints.items()}
-    if "tied" in e:
-        changes["tied_embeddings"] = _flag(e["tied"], "tied")
-    if "qk_norm" in e:
-        changes["qk_norm"] = _flag(e["qk_norm"], "qk_norm")
-    if "family" in e:
-        changes["family"] = V.name(_value(e["family"], "family"), "family", FAMILIES)
+    for key in ("tied", "qk_norm", "family"):
+        if key in e:
+            changes[_FIELD.get(key, key)] = read(e[key], ARCHITECTURE.param(key))
     if "mlp" in e:
-        changes["gated"] = V.name(_value(e["mlp"], "mlp"), "mlp", ("gated", "plain")) == "gated"
+        changes["gated"] = read(e["mlp"], ARCHITECTURE.param("mlp")) == "gated"
     dims = attrs.evolve(dims, **changes) if changes else dims
     _check(dims, e, preset.span)
     return dims
@@ -108,23 +105,6 @@ def _check(d: ModelDims, e: dict[str, ast.Entry], where: Span) -> None:
         if d.v_head < 1:
             raise SpecError("latent attention must give v_head = SIZE (a value head)",
                             at("kv_lora"))
-
-
-def _value(e: ast.Entry, key: str) -> ast.Value:
-    if not isinstance(e, ast.Assign):
-        raise SpecError(f"{key} must be set with '{key} = VALUE'", e.span)
-    return e.value
-
-
-def _int(e: ast.Entry, key: str) -> int:
-    return V.integer(_value(e, key), key, minimum=0 if key == "dense_layers" else 1,
-                     maximum=1 << 22)
-
-
-def _flag(e: ast.Entry, key: str) -> bool:
-    if isinstance(e, ast.Flag):
-        return True
-    return V.name(_value(e, key), key, ("true", "false")) == "true"
 
 
 __all__ = ["FAMILIES", "MODEL_ARCH_KEYS", "lower_dims"]

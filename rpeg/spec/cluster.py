@@ -27,25 +27,24 @@ from rpeg.errors import Span, SpecError, did_you_mean
 from rpeg.resources import profiles_dir
 from rpeg.spec import ast
 from rpeg.spec import values as V
+from rpeg.spec.keys import CLUSTER, LINK, MAX_GPU, profile_section, read
 from rpeg.spec.model import Cluster, GpuProfile, Level, Link
 from rpeg.spec.parser import parse_file
+from rpeg.spec.paths import resolve_written, written_folder
 from rpeg.spec.resolve import FileKind, file_kind
 
-CLUSTER_KEYS = ("gpu", "gpus_per_node", "nodes_per_rack", "racks", "reserve", "link")
-LINK_KEYS = ("bandwidth", "latency")
-MAX_GPUS = 1 << 20
+CLUSTER_KEYS = CLUSTER.keys
+LINK_KEYS = LINK.keys
+MAX_GPUS = MAX_GPU
 PROFILE_DIRS = (profiles_dir(),)
-
-
-def _profile_fields() -> dict[str, attrs.Attribute]:
-    return {a.name: a for a in attrs.fields(GpuProfile) if "unit" in a.metadata or a.name == "source"}
 
 
 def lower_profile_block(name: ast.Ident, block: ast.Block,
                         base: GpuProfile | None = None) -> GpuProfile:
     """A profile from its block's keys; ``base``: the profile whose figures the keys
     change (a shipped one named in a cluster: ``gpu h100 { reserve = 20% }``)."""
-    fields = _profile_fields()
+    section = profile_section()
+    fields = section.keys
     values: dict[str, object] = {}
     seen: dict[str, Span] = {}
     for e in block.entries:
@@ -59,12 +58,7 @@ def lower_profile_block(name: ast.Ident, block: ast.Block,
         if key.value in seen:
             raise V.duplicate("key", key.value, key.span, seen[key.value])
         seen[key.value] = key.span
-        if not isinstance(e, ast.Assign):
-            raise SpecError(f"{key.value} must be set with '{key.value} = VALUE'", e.span)
-        if key.value == "source":
-            values["source"] = V.string(e.value, "source")
-        else:
-            values[key.value] = V.quantity(e.value, fields[key.value].metadata["unit"], key.value)
+        values[key.value] = read(e, section.param(key.value))
     if base is not None:
         values = {**{k: getattr(base, k) for k in fields}, **values}
     if values.get("memory", 0) <= 0:
@@ -122,14 +116,14 @@ def lower_cluster(f: ast.File) -> Cluster:
         if key.value in seen:
             raise V.duplicate("key", key.value, key.span, seen[key.value])
         seen[key.value] = key.span
-        if not isinstance(e, ast.Assign):
-            raise SpecError(f"{key.value} must be set with '{key.value} = VALUE'", e.span)
         if key.value == "gpu":
-            gpu = _gpu(e.value, Path(f.path).parent)
+            if not isinstance(e, ast.Assign):
+                raise SpecError(f"{key.value} must be set with '{key.value} = VALUE'", e.span)
+            gpu = _gpu(e.value)
         elif key.value == "reserve":
-            reserve = V.fraction(e.value, "reserve")
+            reserve = read(e, CLUSTER.param(key.value))
         else:
-            ints[key.value] = V.integer(e.value, key.value, minimum=1, maximum=MAX_GPUS)
+            ints[key.value] = read(e, CLUSTER.param(key.value))
     if gpu is None:
         raise SpecError(f"cluster '{item.name.value}' must say which gpu it has", item.name.span,
                         hint='add gpu = "profiles/NAME.rpeg" or gpu = h100')
@@ -169,8 +163,7 @@ def _link(e: ast.Section) -> Link:
         if not isinstance(x, ast.Assign) or x.key.value not in LINK_KEYS:
             key = x.kind if isinstance(x, ast.Section) else x.key
             raise V.unknown_key(key, LINK_KEYS, f"link {e.name.value}")
-        dim = "bytes/s" if x.key.value == "bandwidth" else "s"
-        vals[x.key.value] = V.quantity(x.value, dim, x.key.value)
+        vals[x.key.value] = read(x, LINK.param(x.key.value))
     for k in LINK_KEYS:
         if k not in vals:
             raise SpecError(f"link {e.name.value} must set {k}", e.span)
@@ -179,12 +172,13 @@ def _link(e: ast.Section) -> Link:
     return Link(levels[e.name.value], vals["bandwidth"], vals["latency"], e.span)
 
 
-def _gpu(v: ast.Value, folder: Path) -> GpuProfile:
+def _gpu(v: ast.Value) -> GpuProfile:
     if isinstance(v, ast.Str):
-        p = folder / v.value
+        p = resolve_written(v.value, v.span)
         if not p.is_file():
             raise SpecError(f"gpu profile file '{v.value}' not found", v.span,
-                            hint=f"paths are relative to the cluster file's folder ({folder})")
+                            hint="paths are relative to the cluster file's folder "
+                                 f"({written_folder(v.span)})")
         return load_profile(p, v.span)
     if isinstance(v, ast.Ident):
         known = builtin_profiles()

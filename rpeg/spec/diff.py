@@ -27,6 +27,7 @@ import json
 import attrs
 
 from rpeg.spec.model import WORKLOAD_DATA, Cluster, Model, Pipeline, Reward, Stage
+from rpeg.spec.paths import FileRef
 
 SECTIONS = ("workload", "models", "rewards", "stages", "edges", "staleness", "sharing",
             "colocation", "placement", "eval", "log", "cluster", "gpu", "links")
@@ -112,7 +113,7 @@ def _model_sig(m: Model) -> tuple:
 
 
 def _reward_sig(r: Reward) -> tuple:
-    return (r.kind, r.module, r.function, r.params)
+    return (r.kind, r.module, r.function, r.params, r.source)
 
 
 def _match_by_sig(a: dict[str, object], b: dict[str, object], sig) -> dict[str, str]:
@@ -210,7 +211,7 @@ def diff(a: Pipeline, b: Pipeline) -> SpecDiff:
     changes += _workload(a, b)
     changes += _things("models", a.models, b.models, m.models, _model_fields, _describe_model)
     changes += _things("rewards", a.rewards, b.rewards, m.rewards,
-                       lambda r, _m: {"function": str(r)}, str)
+                       lambda r, _m: {"function": str(r), "source": r.source or "none"}, str)
     changes += _stages(a, b, m)
     changes += _edges(a, b, m)
     changes += _staleness(a, b, m)
@@ -231,14 +232,29 @@ def _workload(a: Pipeline, b: Pipeline) -> list[Change]:
               ("fields", "dataset columns"), ("template", "prompt rendering"), ("split", ""))
     for key, meaning in fields:
         x, y = getattr(wa, key), getattr(wb, key)
-        if str(x) != str(y):
+        if _differs(x, y):
             detail = meaning
             if key in ("prompts", "samples") and wa.batch != wb.batch:
                 detail += f", responses per step {wa.batch} -> {wb.batch}"
             if key == "gen_len":
                 detail += f", mean {wa.gen_len.mean():.0f} -> {wb.gen_len.mean():.0f}"
-            out.append(Change("workload", ChangeKind.CHANGED, key, detail, _s(x), _s(y)))
+            out.append(Change("workload", ChangeKind.CHANGED, key, detail, *_pair(x, y)))
     return out
+
+
+def _differs(x: object, y: object) -> bool:
+    """A file a spec names differs by its path (one text may name two files); anything
+    else by how it reads."""
+    if isinstance(x, FileRef) or isinstance(y, FileRef):
+        return x != y
+    return str(x) != str(y)
+
+
+def _pair(x: object, y: object) -> tuple[str, str]:
+    """Two values as a change shows them: files by their paths where the texts agree."""
+    if isinstance(x, FileRef) and isinstance(y, FileRef) and x.text == y.text:
+        return x.path, y.path
+    return _s(x), _s(y)
 
 
 def _s(v: object) -> str:
@@ -268,8 +284,9 @@ def _blocks(a: Pipeline, b: Pipeline) -> list[Change]:
                 continue
             vx, vy = getattr(x, f.name), getattr(y, f.name)
             if vx != vy:
+                shown = _pair(vx, vy) if isinstance(vx, FileRef) else (_listed(vx), _listed(vy))
                 out.append(Change(section, ChangeKind.CHANGED, f"{section}.{f.name}", "",
-                                  _listed(vx), _listed(vy)))
+                                  *shown))
     return out
 
 

@@ -269,7 +269,8 @@ _ESTIMATORS = (
 _REWARDS = (
     Function(
         "python", Category.REWARD,
-        "A python function next to the spec (or on the Python path): f(prompts, responses, "
+        "A python function next to the file that names it (or on the Python path): "
+        "f(prompts, responses, "
         "answers) -> one float per response.",
         (Param("ref", Type.STRING, '"module:function"'),), positional=("ref",),
         pricing=Pricing.SCORING, user_code=True),

@@ -11,21 +11,31 @@ yet on disk) are returned as warnings.
 
 from __future__ import annotations
 
-import ast as pyast
-import importlib.machinery
-import sys
 from pathlib import Path
 
 from rpeg.errors import Span, SpecError, SpecWarning, did_you_mean
 from rpeg.spec import ast
 from rpeg.spec import values as V
-from rpeg.spec.arch import MODEL_ARCH_KEYS, lower_dims
+from rpeg.spec.arch import lower_dims
 from rpeg.spec.calls import keywords
 from rpeg.spec.checks import check_context, check_shared_optimizers, check_trained, fold_lengths
 from rpeg.spec.functions import by_category, default_optimizer, function
+from rpeg.spec.keys import (
+    DATA,
+    DISTRIBUTIONS,
+    MAX_STEPS,
+    MAX_TOKENS,
+    MODEL,
+    MODEL_BLOCK,
+    WORKLOAD,
+    WORKLOAD_BLOCK,
+    assigned,
+    distribution,
+    entries,
+    read,
+)
 from rpeg.spec.model import (
     WORKLOAD_DATA,
-    DType,
     Head,
     LengthDist,
     LengthKind,
@@ -38,11 +48,11 @@ from rpeg.spec.model import (
     Workload,
     lognormal_sigma,
 )
+from rpeg.spec.paths import FileRef, find_python, resolve_written
 from rpeg.spec.pins import lower_place
 from rpeg.spec.registry import Category
 from rpeg.spec.resolve import blame, resolve_pipeline
 from rpeg.spec.sections import (
-    DATA_KEYS,
     check_weights,
     data_fields,
     hf_model,
@@ -50,16 +60,12 @@ from rpeg.spec.sections import (
     lower_eval,
     lower_log,
 )
-from rpeg.spec.sections import assigned as _assigned
-from rpeg.spec.sections import entries as _entries
 from rpeg.spec.stages import check_roles, lower_stage
 
-WORKLOAD_KEYS = ("steps", "prompts", "samples", "prompt_len", "gen_len", "dataset",
-                 "seed") + DATA_KEYS
-MODEL_KEYS = ("optimizer", "head", "frozen", "dtype", "weights", "lora") + MODEL_ARCH_KEYS
-DTYPES = tuple(DType)
-MAX_STEPS = 10_000_000
-MAX_TOKENS = 1 << 21
+__all__ = ["lower_pipeline", "WORKLOAD_KEYS", "MODEL_KEYS", "MAX_STEPS", "MAX_TOKENS"]
+
+WORKLOAD_KEYS = WORKLOAD_BLOCK.keys
+MODEL_KEYS = MODEL_BLOCK.keys
 MAX_HISTOGRAM_BYTES = 64 * 1024 * 1024
 
 
@@ -95,8 +101,8 @@ def _lower(f: ast.File, items, chain) -> tuple[Pipeline, list[SpecError]]:
         raise SpecError(f"pipeline '{decl.name.value}' has no workload block", decl.span,
                         hint="add 'workload { steps = ...; prompts = ...; prompt_len = ...; "
                              "gen_len = ... }'")
-    workload = _workload(wl_items[0], f.path, warnings)
-    models = tuple(_model(m, f.path, warnings) for m in items if isinstance(m, ast.ModelDecl))
+    workload = _workload(wl_items[0], warnings)
+    models = tuple(_model(m, warnings) for m in items if isinstance(m, ast.ModelDecl))
     rewards = tuple(_reward(r, warnings) for r in items if isinstance(r, ast.RewardDecl))
     targets = {m.name: m for m in models} | {r.name: r for r in rewards}
     stages = tuple(lower_stage(s, targets) for s in items if isinstance(s, ast.StageDecl))
@@ -120,7 +126,7 @@ def _lower(f: ast.File, items, chain) -> tuple[Pipeline, list[SpecError]]:
     workload = fold_lengths(workload, stages, items)
     check_context(workload, models, stages, items)
     _check_unused(stages, models, items, warnings)
-    evaluation = next((lower_eval(i, f.path, rewards, workload.steps, warnings) for i in items
+    evaluation = next((lower_eval(i, rewards, workload.steps, warnings) for i in items
                        if isinstance(i, ast.EvalDecl)), None)
     log = next((lower_log(i) for i in items if isinstance(i, ast.LogDecl)), None)
     check_trained(models, stages, items, versioned)
@@ -133,42 +139,42 @@ def _lower(f: ast.File, items, chain) -> tuple[Pipeline, list[SpecError]]:
 
 # --- workload ----------------------------------------------------------------
 
-def _workload(w: ast.WorkloadDecl, path: str, warnings: list[SpecError]) -> Workload:
-    e = _entries(w.block, WORKLOAD_KEYS, "the workload block")
-    for required in ("steps", "prompts", "prompt_len", "gen_len"):
+def _workload(w: ast.WorkloadDecl, warnings: list[SpecError]) -> Workload:
+    e = entries(w.block, WORKLOAD_BLOCK, "the workload block")
+    for required in (p.name for p in WORKLOAD_BLOCK.params if p.required):
         if required not in e:
             raise SpecError(f"the workload block must set {required}", w.span,
                             hint=f"add '{required} = ...'")
-    steps = V.integer(_assigned(e["steps"], "steps"), "steps", minimum=1, maximum=MAX_STEPS)
-    prompts = V.integer(_assigned(e["prompts"], "prompts"), "prompts", minimum=1)
-    samples = V.integer(_assigned(e["samples"], "samples"), "samples", minimum=1,
-                        maximum=4096) if "samples" in e else 1
-    pv = _assigned(e["prompt_len"], "prompt_len")
-    prompt_dist = None if isinstance(pv, ast.Number) else _length(pv, path, "prompt_len")
+
+    def get(key: str) -> object:
+        return read(e[key], WORKLOAD.param(key)) if key in e else WORKLOAD.param(key).default
+
+    steps, prompts, samples, seed = get("steps"), get("prompts"), get("samples"), get("seed")
+    pv = assigned(e["prompt_len"], "prompt_len")
+    prompt_dist = None if isinstance(pv, ast.Number) else _length(pv, "prompt_len")
     prompt_len = prompt_dist.max_len if prompt_dist else V.integer(
         pv, "prompt_len", minimum=1, maximum=MAX_TOKENS)
-    gen_len = _length(_assigned(e["gen_len"], "gen_len"), path)
-    seed = V.integer(_assigned(e["seed"], "seed"), "seed", maximum=2**31 - 1) if "seed" in e else 0
+    gen_len = _length(assigned(e["gen_len"], "gen_len"))
     dataset = None
     if "dataset" in e:
-        dv = _assigned(e["dataset"], "dataset")
-        dataset = V.string(dv, "dataset")
-        if not (Path(path).parent / dataset).exists():
-            warnings.append(SpecWarning(f"dataset '{dataset}' does not exist (yet); a run needs it",
-                                      dv.span))
+        dv = assigned(e["dataset"], "dataset")
+        dataset = FileRef.written(read(e["dataset"], DATA.param("dataset")), dv.span)
+        if not dataset.exists():
+            warnings.append(SpecWarning(f"dataset {dataset.described()} does not exist (yet); "
+                                        "a run needs it", dv.span))
     fields, template, split = data_fields(e)
     return Workload(steps, prompts, samples, prompt_len, gen_len, dataset, seed, w.span,
                     fields=fields, template=template, split=split, prompt_dist=prompt_dist)
 
 
-def _length(v: ast.Value, path: str, key: str = "gen_len") -> LengthDist:
+def _length(v: ast.Value, key: str = "gen_len") -> LengthDist:
     if isinstance(v, ast.Number):
         return LengthDist.fixed(V.integer(v, key, minimum=1, maximum=MAX_TOKENS))
     if not isinstance(v, ast.Call):
         raise SpecError(f"{key} must be a length or a distribution such as "
                         f"lognormal(median = 512, max = 2048), not {V.kind_of(v)}", v.span)
     fn = v.func.value
-    kinds = ("fixed", "uniform", "lognormal", "empirical")
+    kinds = tuple(d.name for d in DISTRIBUTIONS)
     if fn not in kinds:
         raise SpecError(f"{key} distribution must be one of {', '.join(kinds)}, not '{fn}'",
                         v.func.span, hint=did_you_mean(fn, kinds))
@@ -187,8 +193,7 @@ def _length(v: ast.Value, path: str, key: str = "gen_len") -> LengthDist:
             raise SpecError(f"{fn}(...) needs {key} = ...", v.span)
         return x
 
-    allowed = {"fixed": ("n",), "uniform": ("min", "max"), "lognormal": ("median", "max", "sigma"),
-               "empirical": ("max",)}[fn]
+    allowed = distribution(fn).keys
     for k in v.kwargs:
         if k.key.value not in allowed:
             raise V.unknown_key(k.key, allowed, f"{fn}(...)")
@@ -214,7 +219,7 @@ def _length(v: ast.Value, path: str, key: str = "gen_len") -> LengthDist:
     if src is None:
         raise SpecError('empirical(...) needs a histogram file: empirical("lengths.csv")', v.span)
     file = V.string(src, "empirical histogram")
-    bins = _histogram(Path(path).parent / file, src.span)
+    bins = _histogram(resolve_written(file, src.span), src.span)
     mv = arg("max")
     hi = V.integer(mv, "max", minimum=1, maximum=MAX_TOKENS) if mv is not None else \
         max(b[0] for b in bins)
@@ -256,20 +261,19 @@ def _histogram(file: Path, span: Span) -> tuple[tuple[int, float], ...]:
 
 # --- models and rewards ------------------------------------------------------
 
-def _model(m: ast.ModelDecl, path: str, warnings: list[SpecError]) -> Model:
+def _model(m: ast.ModelDecl, warnings: list[SpecError]) -> Model:
     preset = m.preset.value
-    e = _entries(m.block, MODEL_KEYS, f"model '{m.name.value}'") if m.block else {}
+    e = entries(m.block, MODEL_BLOCK, f"model '{m.name.value}'") if m.block else {}
     folder_dtype, weights = None, None
     if m.source is not None:
-        dims, folder_dtype, weights = hf_model(m, e, path)
+        dims, folder_dtype, weights = hf_model(m, e)
     elif preset == "hf":
         raise SpecError("hf needs the model's folder: hf(\"path/to/folder\")", m.preset.span,
                         hint="the folder holds config.json, the weights and the tokenizer")
     else:
         dims = lower_dims(m.preset, e)
-    head = Head.LM
-    if "head" in e:
-        head = Head(V.name(_assigned(e["head"], "head"), "head", tuple(h.value for h in Head)))
+    head = Head(read(e["head"], MODEL.param("head")) if "head" in e
+                else MODEL.param("head").default)
     frozen = "frozen" in e
     if frozen and not isinstance(e["frozen"], ast.Flag):
         raise SpecError("frozen is a flag: write 'frozen' alone", e["frozen"].span)
@@ -278,19 +282,18 @@ def _model(m: ast.ModelDecl, path: str, warnings: list[SpecError]) -> Model:
         if frozen:
             raise SpecError(f"model '{m.name.value}' is frozen and cannot have an optimizer",
                             e["optimizer"].span, hint="remove 'frozen' or the optimizer")
-        optimizer = _optimizer(_assigned(e["optimizer"], "optimizer"))
+        optimizer = _optimizer(assigned(e["optimizer"], "optimizer"))
     elif not frozen:
         optimizer = _optimizer_of(default_optimizer(), {})
-    dtype = V.name(_assigned(e["dtype"], "dtype"), "dtype", DTYPES) if "dtype" in e else \
-        folder_dtype or "bf16"
+    dtype = read(e["dtype"], MODEL.param("dtype")) if "dtype" in e else folder_dtype or "bf16"
     if optimizer is not None and not optimizer.master and dtype == "fp32":
         raise SpecError("master_weights = false must be asked of a 16-bit model, not of dtype "
                         "fp32 (float32 weights are their own master weights)",
                         e["optimizer"].span, hint="drop master_weights, or use dtype bf16")
     if "weights" in e:
-        wv = _assigned(e["weights"], "weights")
-        written = V.string(wv, "weights")
-        weights = _weights_dir(written, path, warnings, wv.span)
+        wv = assigned(e["weights"], "weights")
+        written = read(e["weights"], MODEL.param("weights"))
+        weights = _weights_dir(written, warnings, wv.span)
         if preset != "custom":
             check_weights(m, dims, weights, wv.span, warnings, written)
     adapters = None
@@ -299,7 +302,7 @@ def _model(m: ast.ModelDecl, path: str, warnings: list[SpecError]) -> Model:
             raise SpecError("lora adapts a trained language model; this one is "
                             + ("frozen" if frozen else f"a {head.value} model"), e["lora"].span,
                             hint="remove 'frozen' or 'lora'" if frozen else "remove 'lora'")
-        adapters = lora(_assigned(e["lora"], "lora"), dims)
+        adapters = lora(assigned(e["lora"], "lora"), dims)
     return Model(m.name.value, preset, dims, head, frozen, optimizer, dtype, weights, m.span,
                  lora=adapters)
 
@@ -322,16 +325,13 @@ def _optimizer_of(fn, given: dict) -> Optimizer:
                      min_lr=kw["min_lr"])
 
 
-def _weights_dir(text: str, path: str, warnings: list[SpecError], span: Span) -> str:
-    """A model's weights folder as an absolute path, relative to the spec file's folder.
-
-    This is the one place it is resolved: every later reader (the runtime's workers, whatever
+def _weights_dir(text: str, warnings: list[SpecError], span: Span) -> str:
+    """A model's weights folder as an absolute path, relative to the folder of the file
+    that names it (``rpeg.spec.paths``): every later reader (the runtime's workers, whatever
     their working directory) gets the absolute path. A folder not there yet is a warning
     here and an error at run time, like the dataset.
     """
-    where = Path(text).expanduser()
-    if not where.is_absolute():
-        where = Path(path).resolve().parent / where
+    where = resolve_written(text, span)
     if not where.is_dir():
         warnings.append(SpecWarning(f"weights directory '{text}' does not exist (yet); a run "
                                     "needs it", span))
@@ -357,54 +357,9 @@ def _reward(r: ast.RewardDecl, warnings: list[SpecError]) -> Reward:
                                       for part in ref.split(":")):
         raise SpecError(f'{fn.name}(...) must name "module:function", not "{ref}"', where)
     module, function_ = ref.split(":")
-    _resolve_python(module, function_, Path(r.span.path).parent, where)
-    return Reward(r.name.value, module, function_, r.span, kind=fn.name)
-
-
-def _resolve_python(module: str, function: str, folder: Path, span: Span) -> None:
-    """Find the module (next to the spec first, then on sys.path) and the function in it,
-    by reading its source: checking a spec runs none of the user's code."""
-    candidates = [folder / (module.replace(".", "/") + ".py"),
-                  folder / module.replace(".", "/") / "__init__.py"]
-    source = next((p for p in candidates if p.is_file()), None)
-    if source is None:
-        found = _find_module(module)
-        if found is None or not found.origin or not found.origin.endswith(".py"):
-            raise SpecError(f"reward module '{module}' not found", span,
-                            hint=f"put {module.replace('.', '/')}.py next to the spec "
-                                 f"({folder}) or on the Python path")
-        source = Path(found.origin)
-    try:
-        tree = pyast.parse(source.read_text(encoding="utf-8"))
-    except (SyntaxError, UnicodeDecodeError, OSError) as e:
-        raise SpecError(f"reward module '{module}' ({source}) cannot be read: {e}", span) from None
-    names = {n.name for n in tree.body if isinstance(n, (pyast.FunctionDef,
-                                                         pyast.AsyncFunctionDef))}
-    names |= {t.id for n in tree.body if isinstance(n, pyast.Assign) for t in n.targets
-              if isinstance(t, pyast.Name)}
-    names |= {a.asname or a.name for n in tree.body if isinstance(n, pyast.ImportFrom)
-              for a in n.names}
-    if function not in names:
-        raise SpecError(f"module '{module}' ({source}) has no function '{function}'", span,
-                        hint=did_you_mean(function, sorted(names)))
-
-
-def _find_module(module: str):
-    """The spec of ``a.b.c`` found along sys.path without importing anything: importlib's
-    find_spec would import (run) the parent packages ``a`` and ``a.b``."""
-    if module in sys.builtin_module_names:
-        return None
-    found = None
-    path = None
-    for part in module.split("."):
-        try:
-            found = importlib.machinery.PathFinder.find_spec(part, path)
-        except (ImportError, ValueError):
-            return None
-        if found is None:
-            return None
-        path = found.submodule_search_locations
-    return found
+    found = find_python(module, function_, where)
+    return Reward(r.name.value, module, function_, r.span, kind=fn.name, source=found.source,
+                  folder=found.folder)
 
 
 # --- stages ------------------------------------------------------------------

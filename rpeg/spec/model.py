@@ -24,6 +24,7 @@ from rpeg.spec.functions import function
 from rpeg.spec.kinds import GENERATE_ENGINES as GENERATE_ENGINES  # re-exported
 from rpeg.spec.kinds import PASS_ENGINES as PASS_ENGINES  # re-exported
 from rpeg.spec.kinds import Engine, Head, OpKind
+from rpeg.spec.paths import FileRef
 from rpeg.spec.presets import ModelDims
 from rpeg.spec.training import Evaluation, Fields, Logging, Lora, Template
 
@@ -143,7 +144,7 @@ class Workload:
     samples: int                  # responses per prompt (GRPO: > 1)
     prompt_len: int
     gen_len: LengthDist
-    dataset: str | None = None
+    dataset: FileRef | None = None            # resolved where written (rpeg.spec.paths)
     seed: int = 0
     span: Span = NOWHERE
     fields: Fields = Fields()                 # which columns are the prompt and the answer
@@ -187,7 +188,8 @@ class Model:
     frozen: bool = False
     optimizer: Optimizer | None = None
     dtype: DType = attrs.field(default=DType.BF16, converter=DType)
-    weights: str | None = None      # a local weights directory (safetensors + config)
+    weights: str | None = None      # a local weights folder's absolute path (safetensors +
+                                    # config), resolved where written (rpeg.spec.paths)
     span: Span = NOWHERE
     lora: Lora | None = None        # low-rank adapters train; the backbone stays frozen
 
@@ -207,6 +209,8 @@ class Reward:
     span: Span = NOWHERE
     kind: str = ""                # the reward kind of the registry
     params: tuple[tuple[str, object], ...] = ()
+    source: str = ""              # the module's file, found when the spec was loaded
+    folder: str = ""              # the folder of the file naming it: imported from there
 
     def __str__(self) -> str:
         if self.module:

@@ -21,6 +21,7 @@ import attrs
 
 from rpeg.errors import Span, SpecError, did_you_mean
 from rpeg.spec import ast
+from rpeg.spec.vocabulary import override_hint
 
 WHERE = "command line"
 ROOTS = ("workload", "eval", "log", "model", "stage", "staleness")
@@ -62,7 +63,7 @@ def _parse(text: str, line: int) -> Override:
         col += len(part) + 1
     if parts[0] not in ROOTS:
         raise SpecError(f"an override must start with {', '.join(ROOTS)}, not '{parts[0]}'",
-                        spans[0], hint=did_you_mean(parts[0], ROOTS))
+                        spans[0], hint=override_hint(key) or did_you_mean(parts[0], ROOTS))
     prefix = "profile _ { v = "
     try:
         tree = parse_text(prefix + value + " }", WHERE)

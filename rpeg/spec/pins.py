@@ -30,19 +30,14 @@ from __future__ import annotations
 from rpeg.errors import SpecError, did_you_mean
 from rpeg.spec import ast
 from rpeg.spec import values as V
+from rpeg.spec.keys import MAX_GPU, PLACE, layout_keys, read
 from rpeg.spec.model import GENERATE_ENGINES, PASS_ENGINES, Engine, Model, OpKind, Pin, Stage
+from rpeg.spec.vocabulary import foreign_hint
 
 DEGREES = ("dp", "tp", "pp", "cp")
-_PASS = DEGREES + ("ep", "microbatches", "zero", "packing", "param_offload", "engine")
+# what a stage of each kind may pin (a score stage: one with a reward model)
 LAYOUT_KEYS: dict[OpKind, tuple[str, ...]] = {
-    OpKind.GENERATE: ("dp", "tp", "pp", "engine", "chunks", "zero", "param_offload",
-                      "max_num_seqs", "kv_fraction", "cuda_graph"),
-    OpKind.FORWARD: _PASS,
-    OpKind.SCORE: _PASS,          # a reward model
-    OpKind.TRAIN: _PASS + ("recompute", "offload"),
-}
-FLAGS = ("recompute", "offload", "packing", "param_offload", "cuda_graph")
-MAX_GPU = 1 << 20
+    k: layout_keys(k) for k in (OpKind.GENERATE, OpKind.FORWARD, OpKind.SCORE, OpKind.TRAIN)}
 
 
 def lower_place(i: ast.Place, stages: dict[str, Stage], targets: dict) -> Pin:
@@ -81,7 +76,8 @@ def _entries(block: ast.Block, stage: Stage, model) -> tuple[dict, tuple]:
         if key.value not in allowed:
             raise SpecError(f"the layout of {stage.kind.value} stage '{stage.name}' must be "
                             f"pinned with one of {', '.join(allowed)}, not '{key.value}'",
-                            key.span, hint=did_you_mean(key.value, allowed))
+                            key.span, hint=foreign_hint(key.value, allowed)
+                            or did_you_mean(key.value, allowed))
         if key.value in values:
             raise V.duplicate("key", key.value, key.span, dict(keys)[key.value])
         engines = GENERATE_ENGINES if stage.kind is OpKind.GENERATE else PASS_ENGINES
@@ -93,20 +89,11 @@ def _entries(block: ast.Block, stage: Stage, model) -> tuple[dict, tuple]:
 def _value(e: ast.Entry, key: str, engines: tuple[Engine, ...] = tuple(Engine)) -> object:
     if isinstance(e, ast.Section):
         raise SpecError(f"{key} must be set with '{key} = VALUE', not a block", e.span)
-    if key in FLAGS:
-        if isinstance(e, ast.Flag):
-            return True
-        return V.name(e.value, key, ("true", "false")) == "true"
-    if isinstance(e, ast.Flag):
-        raise SpecError(f"{key} must be set with '{key} = VALUE'", e.span)
     if key == "engine":
+        if isinstance(e, ast.Flag):
+            raise SpecError(f"{key} must be set with '{key} = VALUE'", e.span)
         return Engine(V.name(e.value, key, tuple(x.value for x in engines)))
-    if key == "zero":
-        return V.integer(e.value, key, minimum=0, maximum=3)
-    if key == "kv_fraction":
-        x = V.real(e.value, key, positive=True, maximum=1.0)
-        return x
-    return V.integer(e.value, key, minimum=1, maximum=MAX_GPU)
+    return read(e, PLACE.param(key))
 
 
 def _check_degrees(pin: Pin, stage: Stage, model) -> None:

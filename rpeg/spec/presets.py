@@ -256,6 +256,3 @@ PRESETS: dict[str, ModelDims] = {
 }
 
 DIM_KEYS = ("layers", "hidden", "heads", "kv_heads", "ffn", "vocab")
-# Architecture keys a model block may set beyond DIM_KEYS (integers; qk_norm a flag, mlp a name).
-ARCH_KEYS = ("head_dim", "qk_norm", "mlp", "experts", "active_experts", "shared_experts",
-             "expert_ffn", "dense_layers", "kv_lora", "q_lora", "rope_dim", "v_head")

@@ -18,6 +18,7 @@ import textwrap
 
 from rpeg.spec.functions import by_category, function
 from rpeg.spec.registry import Category, Function, Param, Role, Target, Type
+from rpeg.spec.values import DIMENSION_NAMES, EXAMPLES, UNITS
 
 _SECTIONS = (
     (Category.STAGE, "Stage functions", "stage NAME = FUNCTION(target, inputs..., key = value) "
@@ -57,49 +58,96 @@ _TARGET = {Target.LM: "MODEL", Target.MODEL: "MODEL", Target.SCORER: "REWARD",
            Target.TRAINABLE: "MODEL"}
 
 
-def _param_line(p: Param) -> list[str]:
-    kind = p.type.value + (f" {p.range_text()}" if p.range_text() and p.type is not Type.CHOICE
-                           else "")
+def kind_text(p: Param) -> str:
+    """A key's type with its range and unit, as the reference prints it."""
     if p.type in (Type.CHOICE, Type.BOOL):
         kind = p.range_text()
-    if p.type is Type.CALL:
-        kind = "a loss: " + " | ".join(p.choices)
-    unit = f" ({p.unit})" if p.unit else ""
-    head = f"      {p.name:<14} {kind}{unit}; default {p.default_text()}"
-    notes = []
+    elif p.type is Type.CALL:
+        kind = ("a loss: " if p.name == "loss" else "a call: ") + " | ".join(p.choices)
+    elif p.type is Type.NAMES:
+        kind = "a list of " + " | ".join(p.choices) if p.choices else p.type.value
+    elif p.type is Type.FLAG:
+        kind = "a flag"
+    elif p.type is Type.QUANTITY:
+        kind = f"{DIMENSION_NAMES[p.unit]} such as {EXAMPLES[p.unit]}"
+    else:
+        kind = p.type.value + (f" {p.range_text()}" if p.range_text() else "")
+    unit = f" ({p.unit})" if p.unit and p.type is not Type.QUANTITY else ""
+    return kind + unit
+
+
+def notes(p: Param) -> list[str]:
+    """What else the reference says of a key: the inputs it needs, the key it needs, whether
+    the cost model reads it, the stages it may pin."""
+    out = []
     if p.needs:
-        notes.append("needs " + ", ".join(r.value for r in p.needs) + " as inputs"
-                     if p.type is not Type.DATA else "names " + p.needs[0].value)
+        out.append("needs " + ", ".join(r.value for r in p.needs) + " as inputs"
+                   if p.type is not Type.DATA else "names " + p.needs[0].value)
     if p.requires:
-        notes.append(f"only with {p.requires}")
+        out.append(f"only with {p.requires}")
     if p.priced:
-        notes.append("priced by the cost model")
-    body = p.doc + (f" ({'; '.join(notes)})" if notes else "")
-    return [head] + textwrap.wrap(body, WIDTH, initial_indent=" " * 21,
-                                  subsequent_indent=" " * 21)
+        out.append("priced by the cost model")
+    if p.applies:
+        out.append("stages: " + ", ".join(p.applies))
+    return out
+
+
+def default_text(p: Param) -> str:
+    """A key's default as the reference prints it: a quantity in a readable unit."""
+    if p.required:
+        return "required"
+    if p.type is Type.QUANTITY and isinstance(p.default, (int, float)) and not p.derived:
+        return "default " + quantity_text(float(p.default), p.unit)
+    return f"default {p.default_text()}"
+
+
+def quantity_text(x: float, dimension: str) -> str:
+    """``x`` SI base units of ``dimension`` in the largest unit that keeps it at least 1:
+    ``quantity_text(2.5e10, "bytes/s")`` is ``'25 GB/s'``."""
+    if x == 0:
+        return f"0 {EXAMPLES[dimension].split()[1]}"
+    units = sorted(((f, u) for u, (d, f) in UNITS.items() if d == dimension
+                    and not u.endswith(("iB", "iB/s")) and u not in ("min", "h")), reverse=True)
+    factor, unit = next(((f, u) for f, u in units if x >= f), units[-1])
+    return f"{x / factor:g} {unit}"
+
+
+def param_lines(p: Param, indent: int = 6) -> list[str]:
+    """One key or keyword: its name, type, default, then its meaning, wrapped."""
+    default = default_text(p)
+    head = f"{' ' * indent}{p.name:<14} {kind_text(p)}; {default}"
+    said = notes(p)
+    body = p.doc + (f" ({'; '.join(said)})" if said else "")
+    return [head] + textwrap.wrap(body, WIDTH, initial_indent=" " * (indent + 15),
+                                  subsequent_indent=" " * (indent + 15))
+
+
+def facts(fn: Function) -> str:
+    """What a function is beyond its keywords: its op, target, scope and pricing."""
+    out = []
+    if fn.kind is not None:
+        out.append(f"op: {fn.kind.value}")
+    if fn.target is not Target.NONE:
+        out.append(f"first argument: {fn.target.value}")
+    if fn.category is Category.ESTIMATOR:
+        out.append(f"sees: {fn.scope.value} at a time" + (
+            " (streams chunks)" if fn.scope.value == "sample" else " (waits for the step)"))
+    if fn.min_samples > 1:
+        out.append(f"needs samples >= {fn.min_samples}")
+    if fn.trains is not None:
+        out.append("trains a " + {"lm": "language model's", "value": "value"}.get(
+            fn.trains.value, fn.trains.value) + " head")
+    out.append(f"priced: {fn.pricing.value}")
+    return "; ".join(out)
 
 
 def describe(fn: Function) -> list[str]:
     lines = [f"  {signature(fn)}"]
     lines += textwrap.wrap(fn.doc, WIDTH, initial_indent="      ", subsequent_indent="      ")
-    facts = []
-    if fn.kind is not None:
-        facts.append(f"op: {fn.kind.value}")
-    if fn.target is not Target.NONE:
-        facts.append(f"first argument: {fn.target.value}")
-    if fn.category is Category.ESTIMATOR:
-        facts.append(f"sees: {fn.scope.value} at a time" + (
-            " (streams chunks)" if fn.scope.value == "sample" else " (waits for the step)"))
-    if fn.min_samples > 1:
-        facts.append(f"needs samples >= {fn.min_samples}")
-    if fn.trains is not None:
-        facts.append("trains a " + {"lm": "language model's", "value": "value"}.get(
-            fn.trains.value, fn.trains.value) + " head")
-    facts.append(f"priced: {fn.pricing.value}")
-    lines += textwrap.wrap("; ".join(facts), WIDTH, initial_indent="      ",
+    lines += textwrap.wrap(facts(fn), WIDTH, initial_indent="      ",
                            subsequent_indent="        ")
     for p in fn.params:
-        lines += _param_line(p)
+        lines += param_lines(p)
     for key, where in fn.moved:
         lines += textwrap.wrap(f"{key}: not here -- {where}", WIDTH,
                                initial_indent="      (", subsequent_indent="       ")
@@ -135,4 +183,5 @@ def algorithms_markdown() -> str:
     return "\n".join(out).rstrip() + "\n"
 
 
-__all__ = ["reference", "algorithms_markdown", "signature", "describe", "function"]
+__all__ = ["reference", "algorithms_markdown", "signature", "describe", "facts", "function",
+           "param_lines", "kind_text", "notes", "default_text", "quantity_text"]

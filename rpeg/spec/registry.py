@@ -119,6 +119,13 @@ class Type(enum.Enum):
     CALL = "call"          # a loss: ppo_clip(0.2)
     DATA = "data name"     # another stage's output, read as an input
     STRING = "string"
+    # Keys of the blocks (rpeg.spec.keys):
+    NAME = "declared name"                 # of something the spec declares (a reward)
+    FLAG = "flag"                          # written alone, or = true | false
+    QUANTITY = "quantity"                  # a number with a unit: 80 GB, 25 GB/s, 5 us
+    LENGTH = "length or distribution"      # 512, or lognormal(median = 512, max = 2048)
+    NAMES = "list of names"                # [tensorboard, wandb]
+    BLOCK = "block"                        # a section of its own: link gpu { ... }
 
 
 @attrs.frozen
@@ -146,6 +153,9 @@ class Param:
     derived: str = ""
     priced: bool = False
     off: object = None               # the value that means "off" when default is derived
+    required: bool = False           # a block's key that must be given
+    example: str = ""                # a value as written in a spec, where none is derived
+    applies: tuple[str, ...] = ()    # a place key: the kinds of stage it may pin
 
     def in_range(self, x: float) -> bool:
         if self.low is not None and (x < self.low or (self.low_open and x == self.low)):
@@ -159,6 +169,8 @@ class Param:
             return " | ".join(self.choices)
         if self.type is Type.BOOL:
             return "true | false"
+        if self.type in (Type.NAMES, Type.CALL) and self.choices:
+            return " | ".join(self.choices)
         if self.low is None and self.high is None:
             return ""
         if self.high is None:
@@ -169,6 +181,8 @@ class Param:
                 f"{')' if self.high_open else ']'}")
 
     def default_text(self) -> str:
+        if self.required:
+            return "required"
         if self.derived:
             return self.derived
         if self.default is None:

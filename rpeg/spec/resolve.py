@@ -13,11 +13,13 @@ Within one file every name is defined once.
 from __future__ import annotations
 
 import enum
+import os
 from pathlib import Path
 
 from rpeg.errors import Span, SpecError
 from rpeg.spec import ast
 from rpeg.spec.parser import parse_file
+from rpeg.spec.paths import resolve_written, written_folder
 from rpeg.spec.values import duplicate
 
 MAX_EXTEND_DEPTH = 16
@@ -116,9 +118,9 @@ def resolve_pipeline(f: ast.File, _stack: tuple[str, ...] = ()) -> tuple[tuple[a
     own = tuple(i for i in f.items if not isinstance(i, ast.Extend))
     if ext is None:
         return own, ()
-    base_path = (Path(f.path).parent / ext.path.value)
-    real = str(base_path.resolve())
-    here = str(Path(f.path).resolve())
+    base_path = resolve_written(ext.path.value, ext.path.span)
+    real = os.path.realpath(base_path)          # a symlink loop is no error here: below
+    here = os.path.realpath(f.path)
     stack = _stack + (here,)
     if real in stack:
         chain = " -> ".join(Path(p).name for p in stack + (real,))
@@ -126,12 +128,16 @@ def resolve_pipeline(f: ast.File, _stack: tuple[str, ...] = ()) -> tuple[tuple[a
                         hint="a pipeline cannot extend itself, directly or through others")
     if len(stack) >= MAX_EXTEND_DEPTH:
         raise SpecError(f"extend chain is deeper than {MAX_EXTEND_DEPTH} files", ext.path.span)
-    if not base_path.is_file():
+    folder = written_folder(ext.path.span)
+    if not os.path.lexists(base_path):
         raise SpecError(f"extend: no such file '{ext.path.value}'", ext.path.span,
-                        hint=f"paths are relative to this file's folder ({Path(f.path).parent})")
+                        hint=f"paths are relative to this file's folder ({folder})")
     try:
         base = parse_file(base_path)
     except SpecError as e:
+        if e.span is not None and not e.span.line:     # the file itself: said at the extend
+            raise SpecError(f"extend: {e.message}", ext.path.span, hint=e.hint or
+                            f"paths are relative to this file's folder ({folder})") from None
         e.notes = e.notes + (("while reading the base of this extend", ext.span),)
         raise
     if file_kind(base) is not FileKind.PIPELINE:
@@ -198,10 +204,7 @@ def blame(f: ast.File, err: SpecError, lower) -> SpecError:
 
 
 def _same_file(a: str, b: str) -> bool:
-    try:
-        return Path(a).resolve() == Path(b).resolve()
-    except OSError:
-        return a == b
+    return os.path.realpath(a) == os.path.realpath(b)
 
 
 def _without_each(f: ast.File):

@@ -18,7 +18,9 @@ from rpeg.errors import Span, SpecError, SpecWarning, did_you_mean
 from rpeg.spec import ast
 from rpeg.spec import values as V
 from rpeg.spec.hf import ConfigProblem, disagreements, folder_dims
-from rpeg.spec.presets import ARCH_KEYS, DIM_KEYS, ModelDims
+from rpeg.spec.keys import ARCHITECTURE, DATA, EVAL, LOG, LORA, assigned, convert, entries, read
+from rpeg.spec.paths import FileRef, resolve_written
+from rpeg.spec.presets import ModelDims
 from rpeg.spec.training import (
     LORA_TARGETS,
     Evaluation,
@@ -30,59 +32,31 @@ from rpeg.spec.training import (
     projection_shapes,
 )
 
-DATA_KEYS = ("prompt_field", "answer_field", "template", "split")
-EVAL_KEYS = ("dataset", "every", "samples", "temperature", "prompts", "max_len", "reward",
-             "split")
-LOG_KEYS = ("trackers", "samples", "project")
-MAX_EVAL_SAMPLES = 1024
-
-
-def assigned(e: ast.Entry, key: str) -> ast.Value:
-    if not isinstance(e, ast.Assign):
-        raise SpecError(f"{key} must be set with '{key} = VALUE'", e.span)
-    return e.value
-
-
-def entries(block: ast.Block, allowed: tuple[str, ...], where: str) -> dict[str, ast.Entry]:
-    """A block's entries by key, each key one of ``allowed`` and written once."""
-    out: dict[str, ast.Entry] = {}
-    for e in block.entries:
-        key = e.kind if isinstance(e, ast.Section) else e.key
-        if key.value not in allowed:
-            raise V.unknown_key(key, allowed, where)
-        if key.value in out:
-            raise V.duplicate("key", key.value, key.span, out[key.value].span)
-        out[key.value] = e
-    return out
-
-
-def resolve_folder(text: str, spec_path: str) -> Path:
-    """A folder named in a spec, relative to the spec file's folder."""
-    where = Path(text).expanduser()
-    return where if where.is_absolute() else Path(spec_path).resolve().parent / where
+DATA_KEYS = DATA.keys
+EVAL_KEYS = EVAL.keys
+LOG_KEYS = LOG.keys
 
 
 # --- a model's folder ------------------------------------------------------------------------
 
-def hf_model(m: ast.ModelDecl, e: dict[str, ast.Entry], path: str
-             ) -> tuple[ModelDims, str | None, str]:
+def hf_model(m: ast.ModelDecl, e: dict[str, ast.Entry]) -> tuple[ModelDims, str | None, str]:
     """``model NAME : hf("FOLDER")``: (dims, dtype or None, the folder's absolute path). The
     folder must be there at check time: its config.json is the model's shape."""
     if m.preset.value != "hf":
         raise SpecError(f"a model read from a folder is written hf(\"FOLDER\"), not "
                         f"{m.preset.value}(...)", m.preset.span,
                         hint="write a preset alone (llama3.1-8b), or hf(\"path/to/folder\")")
-    for key in (*DIM_KEYS, *ARCH_KEYS, "tied", "family", "weights"):
+    for key in (*ARCHITECTURE.keys, "weights"):
         if key in e:
             raise SpecError(f"hf(...) takes the model's {'folder' if key == 'weights' else key} "
                             f"from the folder, so '{key}' must not be set here",
                             e[key].span, hint=f"remove '{key}'")
-    folder = resolve_folder(m.source.value, path)
+    folder = resolve_written(m.source.value, m.source.span)
     if not folder.is_dir():
         raise SpecError(f"hf(...) folder '{m.source.value}' must exist, and it does not "
                         f"(looked for {folder})", m.source.span,
-                        hint="the path is relative to the spec file's folder; the planner "
-                             "reads the model's shape from its config.json")
+                        hint="the path is relative to the folder of the file that names it; "
+                             "the planner reads the model's shape from its config.json")
     try:
         dims, dtype = folder_dims(folder)
     except ConfigProblem as p:
@@ -127,7 +101,7 @@ def lora(v: ast.Value, dims: ModelDims | None = None) -> Lora:
         raise SpecError(f"lora must be lora(rank = ...), not {V.describe(v)}", v.span,
                         hint="lora = lora(rank = 8) adapts q_proj, k_proj, v_proj and o_proj; "
                              "targets = [...] names others")
-    allowed = ("rank", "alpha", "targets", "dropout")
+    allowed = LORA.keys
     kw = {}
     for k in v.kwargs:
         if k.key.value not in allowed:
@@ -137,11 +111,12 @@ def lora(v: ast.Value, dims: ModelDims | None = None) -> Lora:
         kw.setdefault("rank", v.args[0])
     if "rank" not in kw:
         raise SpecError("lora(...) needs rank = N", v.span, hint="lora(rank = 8, alpha = 16)")
-    most = min(4096, dims.hidden) if dims is not None else 4096
-    rank = V.integer(kw["rank"], "rank", minimum=1, maximum=most)
-    alpha = V.real(kw["alpha"], "alpha", minimum=0.0, maximum=1e6) if "alpha" in kw else 0.0
-    dropout = V.real(kw["dropout"], "dropout", minimum=0.0, maximum=0.99) \
-        if "dropout" in kw else 0.0
+    most = LORA.param("rank").high
+    rank = V.integer(kw["rank"], "rank", minimum=1,
+                     maximum=int(min(most, dims.hidden) if dims is not None else most))
+    alpha = convert(kw["alpha"], LORA.param("alpha")) if "alpha" in kw else 0.0
+    dropout = convert(kw["dropout"], LORA.param("dropout")) if "dropout" in kw \
+        else LORA.param("dropout").default
     targets = Lora.__attrs_attrs__.targets.default
     if "targets" in kw:
         tv = kw["targets"]
@@ -171,57 +146,55 @@ def lora(v: ast.Value, dims: ModelDims | None = None) -> Lora:
 # --- the workload's data fields ---------------------------------------------------------------
 
 def data_fields(e: dict[str, ast.Entry]) -> tuple[Fields, Template, str | None]:
-    def text(key: str, default: str | None) -> str | None:
+    def text(key: str) -> str | None:
         if key not in e:
-            return default
-        value = V.string(assigned(e[key], key), key)
+            return DATA.param(key).default
+        value = read(e[key], DATA.param(key))
         if not value:
             raise SpecError(f"{key} must name a column, not an empty string", e[key].span)
         return value
 
-    fields = Fields(text("prompt_field", "prompt"), text("answer_field", "answer"))
+    fields = Fields(text("prompt_field"), text("answer_field"))
     if fields.prompt == fields.answer:
         raise SpecError(f"prompt_field and answer_field must be different columns, not both "
                         f"'{fields.prompt}'", e["answer_field"].span if "answer_field" in e
                         else e["prompt_field"].span)
-    template = Template.AUTO
-    if "template" in e:
-        template = Template(V.name(assigned(e["template"], "template"), "template",
-                                   tuple(t.value for t in Template)))
-    return fields, template, text("split", None)
+    template = Template(read(e["template"], DATA.param("template")) if "template" in e
+                        else DATA.param("template").default)
+    return fields, template, text("split")
 
 
 # --- eval { ... } -------------------------------------------------------------------------
 
-def lower_eval(decl: ast.EvalDecl, path: str, rewards: tuple, steps: int,
+def lower_eval(decl: ast.EvalDecl, rewards: tuple, steps: int,
                warnings: list[SpecError]) -> Evaluation:
-    e = entries(decl.block, EVAL_KEYS, "the eval block")
-    for required in ("dataset", "every"):
+    e = entries(decl.block, EVAL, "the eval block")
+    for required in (p.name for p in EVAL.params if p.required):
         if required not in e:
             raise SpecError(f"the eval block must set {required}", decl.span,
                             hint='eval { dataset = "data/test.jsonl"; every = 10 }')
     dv = assigned(e["dataset"], "dataset")
-    dataset = V.string(dv, "dataset")
-    if not resolve_folder(dataset, path).exists():
-        warnings.append(SpecWarning(f"eval dataset '{dataset}' does not exist (yet); a run "
-                                    "needs it", dv.span))
-    every = V.integer(assigned(e["every"], "every"), "every", minimum=1, maximum=10**7)
+    dataset = FileRef.written(read(e["dataset"], EVAL.param("dataset")), dv.span)
+    if not dataset.exists():
+        warnings.append(SpecWarning(f"eval dataset {dataset.described()} does not exist (yet); "
+                                    "a run needs it", dv.span))
+
+    def get(key: str, default: object) -> object:
+        return read(e[key], EVAL.param(key)) if key in e else default
+
+    every = get("every", None)
     if every > steps:
         warnings.append(SpecWarning(f"eval every {every} steps evaluates only before the first "
                                     f"and after the last of the workload's {steps} steps",
                                     e["every"].span))
-    samples = V.integer(assigned(e["samples"], "samples"), "samples", minimum=1,
-                        maximum=MAX_EVAL_SAMPLES) if "samples" in e else 1
-    temperature = V.real(assigned(e["temperature"], "temperature"), "temperature",
-                         minimum=0.0, maximum=100.0) if "temperature" in e else 1.0
-    prompts = V.integer(assigned(e["prompts"], "prompts"), "prompts", minimum=1) \
-        if "prompts" in e else 0
-    max_len = V.integer(assigned(e["max_len"], "max_len"), "max_len", minimum=1,
-                        maximum=1 << 21) if "max_len" in e else 0
+    samples = get("samples", EVAL.param("samples").default)
+    temperature = get("temperature", EVAL.param("temperature").default)
+    prompts = get("prompts", 0)
+    max_len = get("max_len", 0)
     names = [r.name for r in rewards]
     if "reward" in e:
         rv = assigned(e["reward"], "reward")
-        reward = V.name(rv, "reward")
+        reward = read(e["reward"], EVAL.param("reward"))
         if reward not in names:
             raise SpecError(f"eval reward must name a reward of the pipeline, not '{reward}'",
                             rv.span, hint=did_you_mean(reward, names))
@@ -232,7 +205,7 @@ def lower_eval(decl: ast.EvalDecl, path: str, rewards: tuple, steps: int,
                         f"{len(names) or 'no'} rewards{': ' + ', '.join(names) if names else ''})",
                         decl.span, hint="add reward = NAME, with a reward = python(...) "
                                         "declared in the pipeline")
-    split = V.string(assigned(e["split"], "split"), "split") if "split" in e else None
+    split = get("split", None)
     return Evaluation(dataset, every, samples, temperature, prompts, max_len, reward, split,
                       decl.span)
 
@@ -240,7 +213,7 @@ def lower_eval(decl: ast.EvalDecl, path: str, rewards: tuple, steps: int,
 # --- log { ... } ----------------------------------------------------------------------------
 
 def lower_log(decl: ast.LogDecl) -> Logging:
-    e = entries(decl.block, LOG_KEYS, "the log block")
+    e = entries(decl.block, LOG, "the log block")
     trackers = Logging.__attrs_attrs__.trackers.default
     if "trackers" in e:
         tv = assigned(e["trackers"], "trackers")
@@ -253,8 +226,8 @@ def lower_log(decl: ast.LogDecl) -> Logging:
                 raise SpecError(f"tracker {t.value} is listed twice", x.span)
             got.append(t)
         trackers = tuple(got)
-    samples = V.integer(assigned(e["samples"], "samples"), "samples", minimum=0,
-                        maximum=4096) if "samples" in e else 4
-    project = V.string(assigned(e["project"], "project"), "project") if "project" in e \
-        else "rpeg"
+    samples = read(e["samples"], LOG.param("samples")) if "samples" in e \
+        else LOG.param("samples").default
+    project = read(e["project"], LOG.param("project")) if "project" in e \
+        else LOG.param("project").default
     return Logging(trackers, samples, project, decl.span)

@@ -1,6 +1,7 @@
 """Values for what a run reads, evaluates and reports: data fields, eval, log, LoRA.
 
-    >>> Evaluation(dataset="data/test.jsonl", every=10, samples=4).pass_k
+    >>> Evaluation(dataset=FileRef("data/test.jsonl", "/exp/data/test.jsonl"), every=10,
+    ...            samples=4).pass_k
     4
     >>> Lora(rank=8, alpha=16).scale
     2.0
@@ -17,6 +18,7 @@ import enum
 import attrs
 
 from rpeg.errors import NOWHERE, Span
+from rpeg.spec.paths import FileRef
 
 
 class Template(enum.Enum):
@@ -48,7 +50,7 @@ class Evaluation:
     steps (and before the first) the actor answers the held-out prompts ``samples`` times
     each; mean reward, pass@k and accuracy go to the metrics."""
 
-    dataset: str
+    dataset: FileRef              # resolved where written (rpeg.spec.paths)
     every: int
     samples: int = 1
     temperature: float = 1.0

@@ -211,10 +211,13 @@ def plain(v: ast.Value, key: str) -> object:
 
 
 def unknown_key(key: ast.Ident, allowed: tuple[str, ...], where: str) -> SpecError:
+    """A key ``where`` does not take; the hint names rpeg's key for a name from another
+    system (``rpeg.spec.vocabulary``), else the closest spelling, else what it takes."""
     from rpeg.errors import did_you_mean
+    from rpeg.spec.vocabulary import foreign_hint
     return SpecError(f"unknown key '{key.value}' in {where}", key.span,
-                     hint=did_you_mean(key.value, allowed) or f"{where} takes: "
-                     + ", ".join(allowed))
+                     hint=foreign_hint(key.value, allowed) or did_you_mean(key.value, allowed)
+                     or f"{where} takes: " + ", ".join(allowed))
 
 
 def duplicate(kind: str, name_: str, span: Span, first: Span) -> SpecError:

@@ -374,8 +374,7 @@ class _Outcomes:
     def run(self, text: str):
         if ("run", text) not in self.cache:
             p = self.spec(text)
-            rows = run_inline(p, split_plan(p, 1, staleness=0), steps=p.workload.steps,
-                              spec_dir=str(self.folder))
+            rows = run_inline(p, split_plan(p, 1, staleness=0), steps=p.workload.steps)
             self.cache[("run", text)] = [{k: v for k, v in r.items() if k not in NOT_COMPARED}
                                          for r in rows]
         return self.cache[("run", text)]

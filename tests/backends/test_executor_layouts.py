@@ -33,7 +33,7 @@ def _plan(pipeline, **train):
 
 def _step(pipeline, plan):
     calls = build_calls(pipeline, plan, steps=1)
-    ctx = RunContext.create(pipeline, plan, calls, spec_dir=str(PIPELINES), run_dir="")
+    ctx = RunContext.create(pipeline, plan, calls, run_dir="")
     ex = Executor(ctx, 0)
     results = {}
     for call in calls:
@@ -93,5 +93,5 @@ def test_a_planned_zero_level_on_one_device_runs_fsdp2(zero, tmp_path):
     ppo = load(PIPELINES / "tiny_ppo.rpeg")
     plan = _plan(ppo, zero=zero)
     calls = build_calls(ppo, plan, steps=1)
-    ctx = RunContext.create(ppo, plan, calls, spec_dir=str(PIPELINES), run_dir="")
+    ctx = RunContext.create(ppo, plan, calls, run_dir="")
     assert (0,) in ctx.groups and ctx.replicas_collective

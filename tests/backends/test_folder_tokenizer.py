@@ -73,4 +73,4 @@ def test_missing_weights_folder_is_a_clear_run_error(tmp_path):
     from rpeg.errors import BackendError
     with pytest.raises(BackendError) as e:
         build_model(None, ("lm",), weights=str(tmp_path / "gone"))
-    assert "must exist to run" in e.value.message and "spec file's folder" in e.value.hint
+    assert "must exist to run" in e.value.message and "folder of the" in e.value.hint

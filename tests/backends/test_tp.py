@@ -89,7 +89,7 @@ def _in_dependency_order(calls):
 
 def test_replica_layouts_follow_the_tp_groups(ppo):
     plan = tp_plan(ppo)
-    ctx = RunContext.create(ppo, plan, build_calls(ppo, plan, 1), spec_dir=".", run_dir="")
+    ctx = RunContext.create(ppo, plan, build_calls(ppo, plan, 1), run_dir="")
     assert {(r.model, r.device): r.tp for r in ctx.replicas} == {
         (m, d): (0, 1) for m in MODELS for d in (0, 1)}
     assert {r.world for r in ctx.replicas if r.trainable} == {(0, 1)}
@@ -132,7 +132,7 @@ def test_a_model_read_split_another_way_on_its_home_gets_a_resharded_copy(ppo):
     loads = sorted(i for i, c in calls.items() if c.role == LOAD)
     assert loads == ["sync_actor~tp0-1/s0/load@0", "sync_actor~tp0-1/s0/load@1"]
     assert "sync_actor~tp0-1/s0/load@0" in calls["rollout/s1/c0"].after
-    ctx = RunContext.create(ppo, plan, tuple(calls.values()), spec_dir=".", run_dir="")
+    ctx = RunContext.create(ppo, plan, tuple(calls.values()), run_dir="")
     copies = {(r.model, r.device): (r.tp, r.trainable) for r in ctx.replicas
               if r.model.startswith("actor")}
     assert copies == {("actor", 0): ((), True), ("actor~tp0-1", 0): ((0, 1), False),

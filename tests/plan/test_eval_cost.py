@@ -23,7 +23,9 @@ CLUSTER = ROOT / "pipelines" / "clusters" / "local_cpu.rpeg"
 def priced():
     cluster = load_cluster(CLUSTER)
     plain = load(SPEC)
-    with_eval = load(SPEC, parse_overrides(['eval.dataset="data/toy.jsonl"', "eval.every=4",
+    # a path typed on the command line is relative to the current directory
+    with_eval = load(SPEC, parse_overrides([f'eval.dataset="{ROOT}/pipelines/data/toy.jsonl"',
+                                            "eval.every=4",
                                             "eval.samples=2"]))
     plan = split_plan(plain, 2, staleness=0)
     a = Evaluator(plain, cluster).evaluate(plan).plan.predicted

@@ -76,7 +76,7 @@ def micro(tmp_path_factory):
     spec = micro_spec(tmp_path_factory.mktemp("micro"))
     pipeline = load(spec)
     plan = split_plan(pipeline, 2, staleness=1)
-    reference = run_inline(pipeline, plan, STEPS, str(spec.parent))
+    reference = run_inline(pipeline, plan, STEPS)
     return spec, pipeline, plan, [_values(r) for r in reference]
 
 

@@ -229,7 +229,7 @@ def test_carried_data_naming_a_missing_module_refuses_the_resume(run, capsys):
 
 def test_a_run_into_a_directory_holding_a_run_is_refused(run, capsys):
     before = _tree(run)
-    spec = Path(json.loads((run / "run.json").read_text())["spec_dir"]) / "micro.rpeg"
+    spec = Path(json.loads((run / "run.json").read_text())["spec"])
     _refused(["run", str(spec), "--no-progress", "--strategy", "runtime-split", "--run-dir",
               str(run)], capsys, str(run), "holds a run", "--resume")
     assert _tree(run) == before

@@ -64,7 +64,7 @@ def test_a_disaggregated_engine_serves_its_own_copy_synced_by_collectives(vgrpo,
         assert set(recv.all_deps) == set(send.all_deps)
         readers = [c.id for c in rollouts if c.version == v]
         assert readers and all(recv.id in table[r].after for r in readers)
-    ctx = RunContext.create(vgrpo, plan, calls, spec_dir=".", run_dir=".")
+    ctx = RunContext.create(vgrpo, plan, calls, run_dir=".")
     engine = next(r for r in ctx.replicas if r.model == "actor~vllm")
     assert engine.engine == (0,) and not engine.trainable
     assert ctx.syncs == (WeightSync("actor", (1,), ((0, 1),)),)
@@ -79,7 +79,7 @@ def test_a_tensor_parallel_engine_runs_one_instance_per_block(vgrpo, run_through
     rollouts = [c for c in calls if c.op == "rollout" and c.step == 0]
     assert [(c.chunk, c.device, c.tp_group, c.world) for c in rollouts] == [
         (0, 0, (), 2), (1, 2, (), 2), (2, 0, (), 2), (3, 2, (), 2)]
-    ctx = RunContext.create(vgrpo, plan, calls, spec_dir=".", run_dir=".")
+    ctx = RunContext.create(vgrpo, plan, calls, run_dir=".")
     blocks = {r.device: r.engine for r in ctx.replicas if r.model == "actor~vllm"}
     assert blocks == {0: (0, 1), 2: (2, 3)}
     sync = ctx.syncs[0]
@@ -95,7 +95,7 @@ def test_an_engine_beside_its_unsplit_trainer_is_updated_in_memory(vgrpo):
     calls = build_calls(vgrpo, plan, steps=3)
     assert {c.model for c in calls if c.op == "rollout"} == {"actor"}
     assert not [c for c in calls if c.kind.value == "sync_weights"]
-    assert RunContext.create(vgrpo, plan, calls, spec_dir=".", run_dir=".").syncs == ()
+    assert RunContext.create(vgrpo, plan, calls, run_dir=".").syncs == ()
 
 
 def test_a_host_that_also_sends_starts_its_receive_before_it_sends(vgrpo, run_through_core):
@@ -161,8 +161,8 @@ def test_an_in_process_run_syncs_the_generation_copy_from_its_trainer(ppo):
     copies each new version into the generator, so it learns step for step as the run on
     one device does (it generated from the initial weights, with KL 0, before)."""
     from rpeg.runtime.inline import run_inline
-    split = run_inline(ppo, split_plan(ppo, 2, staleness=0), steps=3, spec_dir=str(PIPELINES))
-    alone = run_inline(ppo, split_plan(ppo, 1, staleness=0), steps=3, spec_dir=str(PIPELINES))
+    split = run_inline(ppo, split_plan(ppo, 2, staleness=0), steps=3)
+    alone = run_inline(ppo, split_plan(ppo, 1, staleness=0), steps=3)
     keys = ("reward", "kl", "policy_loss", "value_loss")
     assert [[r[k] for k in keys] for r in split] == [[r[k] for k in keys] for r in alone]
     assert split[-1]["kl"] != 0.0
@@ -172,7 +172,7 @@ def test_an_in_process_run_refuses_a_collective_sync(vgrpo):
     from rpeg.errors import RuntimeFailure
     from rpeg.runtime.inline import run_inline
     with pytest.raises(RuntimeFailure, match="vLLM engine's own copy"):
-        run_inline(vgrpo, split_plan(vgrpo, 2, staleness=1), steps=3, spec_dir=".")
+        run_inline(vgrpo, split_plan(vgrpo, 2, staleness=1), steps=3)
 
 
 def test_a_checkpoint_asks_an_engine_copy_its_version_and_keeps_its_files(monkeypatch):

@@ -33,8 +33,7 @@ def test_recommended_plans_for_grpo_qwen7b_are_ones_the_runtime_executes(cluster
     plan, pipeline = Plan.load(out), load(ROOT / "pipelines/grpo_qwen7b.rpeg")
     check_executable(plan, Limits.runtime())
     calls = build_calls(pipeline, plan, steps=3)
-    ctx = RunContext.create(pipeline, plan, calls, spec_dir=str(ROOT / "pipelines"),
-                            run_dir=str(tmp_path))
+    ctx = RunContext.create(pipeline, plan, calls, run_dir=str(tmp_path))
     gen, train = plan.placement("rollout"), plan.placement("actor_step")
     assert gen.engine is Engine.VLLM
     copies = {r.device: r.engine for r in ctx.replicas if r.model == engine_key("actor")}

@@ -67,7 +67,8 @@ CASES = [
      "must be pinned with one of dp, tp, pp, cp, ep, microbatches, zero, packing, "
      "param_offload, engine, recompute, offload, not 'dq'"),
     ("key-of-another-kind", "place rollout on gpus 0..1 { recompute }", 14, 30,
-     "layout of generate stage 'rollout' must be pinned with one of dp, tp, pp, engine, chunks"),
+     "layout of generate stage 'rollout' must be pinned with one of dp, tp, pp, zero, "
+     "param_offload, engine, chunks"),
     ("host-stage-layout", "place adv on gpus 0..1 { dp = 2 }", 14, 26,
      "may pin only the devices of a stage that runs on the host"),
     ("degrees-not-the-devices", "place actor_step on gpus 0..3 { dp = 2; tp = 1; pp = 1 }", 14,

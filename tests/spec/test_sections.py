@@ -11,6 +11,7 @@ from rpeg.errors import SpecError
 from rpeg.spec import load
 from rpeg.spec.diff import diff
 from rpeg.spec.parser import parse_text
+from rpeg.spec.paths import FileRef
 from rpeg.spec.printer import fmt
 from rpeg.spec.training import Evaluation, Lora, Template, Tracker
 
@@ -45,7 +46,8 @@ def test_data_fields_eval_log_and_lora(tmp_path):
     w = p.workload
     assert (w.fields.prompt, w.fields.answer, w.template) == ("question", "solution",
                                                                Template.RAW)
-    assert p.evaluation == Evaluation("data/toy.jsonl", 10, 4, 0.5, 32, 0, "toy", None)
+    data = FileRef("data/toy.jsonl", str(tmp_path / "data" / "toy.jsonl"))
+    assert p.evaluation == Evaluation(data, 10, 4, 0.5, 32, 0, "toy", None)
     assert p.log.trackers == (Tracker.TENSORBOARD, Tracker.WANDB) and p.log.samples == 2
     lora = p.model("actor").lora
     assert lora == Lora(4, 8.0, ("q_proj", "v_proj"))

@@ -1,0 +1,93 @@
+"""What a run reads from outside its run directory, checked before the run starts.
+
+    >>> check_inputs(pipeline)                              # doctest: +SKIP
+    >>> check_inputs(recorded, resumed=True)                # a resume: the paths the run read
+
+Every path a spec names was resolved when it was loaded (``rpeg.spec.paths``), and the
+run records the pipeline with those absolute paths (``pipeline.json``): a new run and a
+resume read the same files, wherever the command is started. The datasets (the
+workload's and the eval block's) are read in full, so a bad row stops the run before any
+worker starts; a ``python("module:function")`` module and a model's weights folder must be
+there. A resumed run whose file is gone says so: where the run read it, and that it moved.
+
+``from_older_record`` reads a ``pipeline.json`` written before the paths were recorded
+(a dataset as the text the spec had): its paths are resolved against the spec's folder,
+which that run recorded in run.json (``spec_dir``), as it ran.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import attrs
+
+from rpeg.errors import RuntimeFailure, Span
+from rpeg.runtime.data import eval_rows, workload_rows
+from rpeg.spec.model import Pipeline
+from rpeg.spec.paths import FileRef
+
+
+def check_inputs(pipeline: Pipeline, *, resumed: bool = False) -> None:
+    """RuntimeFailure when a file the run reads is missing or unusable (a resume: naming
+    the path the run recorded and saying it moved)."""
+    if resumed:
+        for what, path, span in recorded_paths(pipeline):
+            if not os.path.exists(path):
+                raise RuntimeFailure(
+                    f"{what} '{path}' must be where the run read it, and it is not there now "
+                    "(moved or removed since the run started)", span,
+                    hint=f"put it back at {path}: a resumed run reads the files its run read "
+                         "(pipeline.json records them)")
+    for m in pipeline.models:
+        if m.weights and not os.path.isdir(m.weights):
+            raise RuntimeFailure(f"model '{m.name}' weights folder '{m.weights}' must exist to "
+                                 "run, and it does not", _at(m.span),
+                                 hint="a path in a spec is relative to the folder of the file "
+                                      "that names it")
+    for r in pipeline.rewards:
+        if r.source and not os.path.isfile(r.source):
+            raise RuntimeFailure(f"reward '{r.name}' module '{r.module}' ({r.source}) must "
+                                 "exist to run, and it does not", _at(r.span))
+    workload_rows(pipeline)
+    if pipeline.evaluation is not None:
+        eval_rows(pipeline)
+
+
+def recorded_paths(pipeline: Pipeline) -> list[tuple[str, str, Span | None]]:
+    """(what, absolute path, where the spec names it) of every file the run reads."""
+    out: list[tuple[str, str, Span | None]] = []
+    if pipeline.workload.dataset is not None:
+        d = pipeline.workload.dataset
+        out.append(("dataset", d.path, _at(d.span)))
+    if pipeline.evaluation is not None:
+        d = pipeline.evaluation.dataset
+        out.append(("eval dataset", d.path, _at(d.span)))
+    out += [(f"model '{m.name}' weights folder", m.weights, _at(m.span))
+            for m in pipeline.models if m.weights]
+    out += [(f"reward '{r.name}' module", r.source, _at(r.span))
+            for r in pipeline.rewards if r.source]
+    return out
+
+
+def from_older_record(pipeline: Pipeline, spec_dir: str | None) -> Pipeline:
+    """A pipeline recorded with its paths as written: resolved against ``spec_dir``."""
+    folder = Path(spec_dir or os.getcwd())
+
+    def ref(v, span: Span) -> FileRef:
+        if isinstance(v, FileRef) or v is None:
+            return v
+        return FileRef(str(v), os.path.normpath(folder / Path(str(v)).expanduser()), span)
+
+    w = pipeline.workload
+    changes = {"workload": attrs.evolve(w, dataset=ref(w.dataset, w.span))}
+    if pipeline.evaluation is not None:
+        e = pipeline.evaluation
+        changes["evaluation"] = attrs.evolve(e, dataset=ref(e.dataset, e.span))
+    changes["rewards"] = tuple(attrs.evolve(r, folder=str(folder)) if r.module and not r.folder
+                               else r for r in pipeline.rewards)
+    return attrs.evolve(pipeline, **changes)
+
+
+def _at(span: Span | None) -> Span | None:
+    return span if span is not None and span.line else None

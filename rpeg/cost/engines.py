@@ -117,9 +117,9 @@ BOUNDS: dict[str, tuple[float, float]] = {
 # Fitted on the calibration set by benchmarks/published_fit.py (results:
 # benchmarks/results/published.md, which also reports each source predicted with the terms
 # fitted on the others).
-EFFICIENCY = Efficiency(launch_s=10.09e-6, generate_step_s=50e-3, vllm_step_s=4.265e-3,
-                        graph_step_s=0.5e-3, hook_s=0.6353e-6, grad_hook_s=10e-3, gemm=1.0,
-                        overlap=0.6575, call_s=1.988)
+EFFICIENCY = Efficiency(launch_s=14.22e-6, generate_step_s=20e-3, vllm_step_s=6.007e-3,
+                        graph_step_s=0.5e-3, hook_s=0.8948e-6, grad_hook_s=2e-3, gemm=0.8075,
+                        overlap=0.3325, call_s=2.803)
 
 
 class Loop:

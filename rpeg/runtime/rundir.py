@@ -255,6 +255,15 @@ def host_usage(events: list[dict], marks: list[tuple[int, float, float, int]],
         (2, 2.0, 0.1)
         >>> u["op_cpu_per_step_s"], u["worker_cpu_per_step_s"]
         (0.15, 0.075)
+
+    All of a short run's tasks submitted by its first step's end still count for their
+    steps (7 a step here), not as none:
+
+        >>> marks = [(1, 1.0, 1.0, 28), (3, 3.0, 1.2, 28)]
+        >>> host_usage(ev, marks, warmup=0, task_steps={0: 7, 1: 7, 2: 7, 3: 7})["tasks_per_step"]
+        7.0
+        >>> host_usage(ev, marks, warmup=0)["tasks_per_step"]
+        0.0
     """
     marks = sorted(marks)
     if not marks:

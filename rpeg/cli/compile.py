@@ -26,7 +26,7 @@ import attrs
 import typer
 
 from rpeg.cli.output import writable, writing
-from rpeg.plan.model import Strategy, device_ranges
+from rpeg.plan.model import Strategy, device_ranges, si
 
 
 class Compiled(enum.Enum):
@@ -278,17 +278,10 @@ def op_rows(pr) -> list[tuple[str, ...]]:
     """The per-op table: FLOPs, bytes, time, MFU, MBU."""
     rows = [("op", "GPUs", "FLOPs", "bytes moved", "seconds", "MFU", "MBU")]
     for u in pr.ops:
-        rows.append((u.stage, str(u.devices), _si(u.flops, "FLOP"), _si(u.bytes, "B"),
+        rows.append((u.stage, str(u.devices), si(u.flops, "FLOP"), si(u.bytes, "B"),
                      f"{u.time_s:.3g}", f"{100 * u.mfu:.0f}%", f"{100 * u.mbu:.0f}%"))
     return rows
 
-
-def _si(x: float, unit: str) -> str:
-    """``x`` with the largest SI prefix that keeps it at or above 1 (3 significant digits)."""
-    for prefix, f in (("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
-        if x >= f:
-            return f"{x / f:.3g} {prefix}{unit}"
-    return f"{x:.3g} {unit}"
 
 
 def memory_title(pr) -> str:

@@ -333,10 +333,22 @@ class Plan:
                 lines.append(f"    devices {device_ranges(m.devices)}: {kinds} GB"
                              + (f" (at {m.op})" if m.op else ""))
             for u in pr.ops:
-                lines.append(f"  op {u.stage}: {u.time_s:.3g} s, {u.flops / 1e12:.3g} TFLOP, "
-                             f"{u.bytes / 1e9:.3g} GB moved, MFU {100 * u.mfu:.0f}%, "
+                lines.append(f"  op {u.stage}: {u.time_s:.3g} s, {si(u.flops, 'FLOP')}, "
+                             f"{si(u.bytes, 'B')} moved, MFU {100 * u.mfu:.0f}%, "
                              f"MBU {100 * u.mbu:.0f}%")
         return "\n".join(lines)
+
+
+def si(x: float, unit: str) -> str:
+    """``x`` with the largest SI prefix that keeps it at or above 1 (3 significant digits).
+
+        >>> si(2.24e16, "FLOP"), si(512.0, "B")
+        ('22.4 PFLOP', '512 B')
+    """
+    for prefix, f in (("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if x >= f:
+            return f"{x / f:.3g} {prefix}{unit}"
+    return f"{x:.3g} {unit}"
 
 
 def device_ranges(devices: tuple[int, ...]) -> str:

@@ -105,7 +105,7 @@ def find_python(module: str, function: str, span: Span, what: str = "reward"
     try:
         tree = pyast.parse(source.read_text(encoding="utf-8"))
     except (SyntaxError, UnicodeDecodeError, OSError) as e:
-        raise SpecError(f"{what} module '{module}' ({source}) cannot be read: {e}",
+        raise SpecError(f"{what} module '{module}' ({_shown(source)}) cannot be read: {e}",
                         span) from None
     names = {n.name for n in tree.body if isinstance(n, (pyast.FunctionDef,
                                                          pyast.AsyncFunctionDef))}
@@ -114,9 +114,19 @@ def find_python(module: str, function: str, span: Span, what: str = "reward"
     names |= {a.asname or a.name for n in tree.body if isinstance(n, pyast.ImportFrom)
               for a in n.names}
     if function not in names:
-        raise SpecError(f"module '{module}' ({source}) has no function '{function}'", span,
+        raise SpecError(f"module '{module}' ({_shown(source)}) has no function '{function}'",
+                        span,
                         hint=did_you_mean(function, sorted(names)))
     return PythonSource(os.path.abspath(source), str(folder))
+
+
+def _shown(path: Path) -> str:
+    """A path as a message shows it: relative to the working folder when it lies inside it
+    (what the user typed), else whole."""
+    try:
+        return str(Path(path).resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
 
 
 def _find_module(module: str):

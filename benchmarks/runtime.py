@@ -24,6 +24,12 @@ dispatch (``tasks_per_step`` says how many Dask tasks a step took).
    ``--only prediction``: tiny_ppo and tiny_grpo with the planner's plan and five others
    (split, chunked, asynchronous, colocated, fused), the table of measured / predicted.
 
+Predictions price ops with the profile ``--profile`` names, as ``rpeg run --profile`` does:
+``auto`` (the default) this machine's, calibrated and cached by ``rpeg calibrate``'s short
+form on first use; ``calibrate`` measures this machine again first; ``shipped`` the
+shipped ``pipelines/clusters/local_cpu.rpeg``, measured on another machine. The results
+record which, and the CPU it was measured on.
+
 Step times are medians over steps after the first 5 (start-up). The machine is
 shared: before each run the script waits (up to 30 s) for the 1-minute load
 average to fall below 4, and every measurement records the load around it.
@@ -55,7 +61,17 @@ from rpeg.runtime.plans import plan_for_run  # noqa: E402
 from rpeg.runtime.recovery import Resilience, run_resilient  # noqa: E402
 from rpeg.spec import load, load_cluster  # noqa: E402
 
-CLUSTER = ROOT / "pipelines" / "clusters" / "local_cpu.rpeg"
+CLUSTER = ROOT / "pipelines" / "clusters" / "local_cpu.rpeg"   # --profile sets it
+
+
+def use_profile(choice: str) -> None:
+    """Price and plan with the local profile ``choice`` names (auto, calibrate, shipped),
+    the cluster file ``rpeg run --profile`` would use."""
+    global CLUSTER
+    from rpeg.runtime.machine import choice_from_env, local_profile
+    local = local_profile(choice_from_env(choice))
+    print(local.note, flush=True)
+    CLUSTER = local.cluster
 WARMUP = 5
 
 
@@ -472,13 +488,24 @@ def overlap(run_dir: str) -> dict:
             "fraction": round(hidden / total, 3) if total else 0.0}
 
 
+def shown(path: Path) -> str:
+    """A profile's path as the results show it: relative to the checkout, or the cache's
+    under ~ (a path that does not change from user to user)."""
+    path = Path(path)
+    for base, name in ((ROOT, ""), (Path.home(), "~/")):
+        if path.is_relative_to(base):
+            return name + str(path.relative_to(base))
+    return str(path)
+
+
 def markdown(res) -> str:
     lines = ["# Runtime figures", "",
              f"`{res['command']}` on {res['machine']} ({res['date']}); "
              f"1-minute load average {res['load_avg_start']} at the start, "
              f"{res['load_avg_end']} at the end (the machine is shared).", ""]
     if "profile" in res:
-        lines += [f"Predictions price ops with `{CLUSTER.relative_to(ROOT)}`, calibrated on "
+        where = res["profile"].get("file", "pipelines/clusters/local_cpu.rpeg")
+        lines += [f"Predictions price ops with `{where}`, calibrated on "
                   f"{res['profile']['calibrated_on']}.", ""]
     if "partial" in res:
         lines += [f"Re-measured in this run: {', '.join(res['partial']['remeasured'])}; the "
@@ -634,7 +661,10 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--root", default="/tmp/rpeg-bench-runs")
     ap.add_argument("--only", default="learning,asynchrony,overhead,malloc,longrun")
+    ap.add_argument("--profile", default="auto", choices=("auto", "calibrate", "shipped"),
+                    help="the CPU profile predictions price with (as rpeg run --profile)")
     args = ap.parse_args()
+    use_profile(args.profile)
     steps = 12 if args.quick else None
     seeds = [0] if args.quick else [0, 1, 2]
     parts = args.only.split(",")
@@ -643,7 +673,8 @@ def main() -> None:
     res = {"command": started["command"],
            "machine": f"{m['cpu']}, {m['cores']} cores, python {m['python']}",
            "date": started["date"], "load_avg_start": load_avg(),
-           "profile": profile_origin(load_cluster(CLUSTER))}
+           "profile": {**profile_origin(load_cluster(CLUSTER)), "choice": args.profile,
+                       "file": shown(CLUSTER)}}
     out = ROOT / "benchmarks" / "results" / "runtime.json"
     if out.exists() and args.only != "learning,asynchrony,overhead,malloc,longrun":
         # a partial run updates its parts and keeps the rest (and their provenance)

@@ -41,6 +41,27 @@ def test_the_subset_meets_the_calibration_targets(results):
     assert agg["spearman"] >= 0.9
 
 
+def test_no_op_of_a_published_row_runs_above_the_device(results):
+    """Physics first, on the configurations others ran: each op's achieved share of the
+    GPUs' peak compute and memory bandwidth is at most one."""
+    for r in results:
+        ops = r.plan.predicted.ops
+        assert ops, r.row.id
+        for u in ops:
+            assert 0 <= u.mfu <= 1 and 0 <= u.mbu <= 1, (r.row.id, u)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("rid", sorted(set(ROWS) - set(SUBSET)))
+def test_no_op_of_any_published_row_runs_above_the_device(rid):
+    r = price(ROWS[rid])
+    if r.plan is None:                      # a row that cannot be written yet
+        assert r.status == "unwritable", (rid, r.status, r.message)
+        return
+    for u in r.plan.predicted.ops:
+        assert 0 <= u.mfu <= 1 and 0 <= u.mbu <= 1, (rid, u)
+
+
 def test_predictions_are_the_ones_the_results_file_records(results):
     recorded = {r["id"]: r for r in json.loads(RECORDED.read_text())["rows"]}
     for r in results:

@@ -58,6 +58,7 @@ import attrs
 import numpy as np
 
 from rpeg.cost.memory import usable_memory
+from rpeg.errors import PlanError
 from rpeg.graph.versions import carry_room
 from rpeg.plan.choices import model_stages
 from rpeg.plan.edit import Context, empty_plan, options, put, repair
@@ -150,7 +151,10 @@ def anneal(ctx: Context, ev: Evaluator, start: Evaluation, opts: SearchOptions,
             if plan in seen:
                 continue
             seen.add(plan)
-            r = ev.evaluate(plan, detail=False)
+            try:
+                r = ev.evaluate(plan, detail=False)
+            except PlanError:                # a move the cost model cannot schedule
+                continue
             if not r.feasible and best.feasible:
                 continue                     # once anything fits, never leave the feasible set
             if best.feasible and not start.feasible and scale == 1e9:

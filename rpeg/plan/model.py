@@ -28,6 +28,7 @@ from pathlib import Path
 
 import attrs
 
+from rpeg.cost.memory import MemoryCost
 from rpeg.errors import PlanError, Span
 from rpeg.plan.options import Method, SearchOptions, SearchRecord, Start
 from rpeg.plan.space import Limits
@@ -90,22 +91,11 @@ class OpUse:
 
 
 @attrs.frozen
-class MemoryUse:
+class MemoryUse(MemoryCost):
     """Predicted peak bytes per device of a group of devices alike, by kind."""
 
-    devices: tuple[int, ...]
-    weights: float = 0.0
-    grads: float = 0.0
-    optimizer: float = 0.0
-    activations: float = 0.0
-    kv_cache: float = 0.0
-    buffers: float = 0.0
+    devices: tuple[int, ...] = ()
     op: str = ""                # the op whose transient need sets the peak
-
-    @property
-    def total(self) -> float:
-        return (self.weights + self.grads + self.optimizer + self.activations
-                + self.kv_cache + self.buffers)
 
 
 @attrs.frozen

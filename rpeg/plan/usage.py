@@ -65,7 +65,7 @@ def memory_uses(ev, plan: Plan, graph) -> tuple[MemoryUse, ...]:
     out = []
     for (_, op), devices in groups.items():
         kinds = dict(ev.kinds(plan, graph, devices[0], op, rows.get(op), chunks_of.get(op, ())))
-        out.append(MemoryUse(tuple(devices), *(kinds[k] for k in KINDS), op=op))
+        out.append(MemoryUse(devices=tuple(devices), op=op, **{k: kinds[k] for k in KINDS}))
     return tuple(sorted(out, key=lambda m: m.devices))
 
 

@@ -2,6 +2,8 @@
 
     $ .venv/bin/python benchmarks/runtime.py            # writes benchmarks/results/runtime.{json,md}
     $ .venv/bin/python benchmarks/runtime.py --quick    # fewer steps and seeds (a smoke run)
+    $ .venv/bin/python benchmarks/runtime.py --only prediction --profile calibrate
+                      # predicted against measured, this machine calibrated first
 
 1. learning: tiny_ppo and tiny_grpo as ``rpeg run`` runs them (the planner's plan
    for the local 2-worker cluster); mean reward of the untrained policy (steps

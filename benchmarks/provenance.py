@@ -17,6 +17,7 @@ profile was measured on (:func:`profile_origin`): its predictions are that machi
 from __future__ import annotations
 
 import datetime as dt
+import json
 import os
 import platform
 import shlex
@@ -61,6 +62,15 @@ def finish(p: dict) -> dict:
     """``p`` with the load average at the end of the run."""
     p["load_average"]["end"] = round(os.getloadavg()[0], 2)
     return p
+
+
+def save(name: str, res: dict, text: str) -> None:
+    """Write ``res`` to ``benchmarks/results/NAME.json`` and ``text`` beside it as .md."""
+    results = ROOT / "benchmarks" / "results"
+    results.mkdir(parents=True, exist_ok=True)
+    (results / f"{name}.json").write_text(json.dumps(res, indent=2) + "\n")
+    (results / f"{name}.md").write_text(text)
+    print(f"wrote {results / name}.json and .md")
 
 
 def header(p: dict) -> str:

@@ -117,6 +117,10 @@ def register(app: typer.Typer) -> None:
             print(local.note, file=sys.stderr)
         if file.suffix != ".json":
             cluster = cluster or DEFAULT_CLUSTER    # a plan file is priced on its own cluster
+        if scheduler is not None:                   # too few workers: said before planning
+            from rpeg.runtime.driver import check_scheduler
+            with dask_tls(tls):
+                check_scheduler(scheduler, *_devices_needed(file, cluster))
         parsed = _overrides(overrides or [])
         try:
             pipeline, plan, spec_path = plan_for_run(
@@ -186,6 +190,17 @@ def _usage(file: Path | None, resume: Path | None, spec, strategy: RunStrategy, 
                                 or strategy is RunStrategy.RUNTIME_SPLIT):
         bad("prices the plan with this machine when the run plans for it; with --cluster, "
             "--scheduler or --strategy runtime-split it does not", "--profile")
+
+
+def _devices_needed(file: Path, cluster: Path | None) -> tuple[int, str]:
+    """(the devices the run will ask its scheduler for, what needs them): a plan file's,
+    else those of the cluster it is planned for."""
+    if file.suffix == ".json":
+        from rpeg.plan.model import Plan
+        return Plan.load(file).num_devices, f"the plan {file}"
+    from rpeg.spec import load_cluster
+    path = cluster or DEFAULT_CLUSTER
+    return load_cluster(path).num_gpus, f"a plan for the cluster {path}"
 
 
 def _overrides(texts: list[str]) -> tuple:

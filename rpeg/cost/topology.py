@@ -73,10 +73,12 @@ class Topology:
 
     def level_of(self, devices: Sequence[int]) -> Level:
         """The slowest level joining any two of ``devices`` (GPU for one device)."""
-        devices = tuple(devices)
-        if len({self.rack_of(d) for d in devices}) > 1:
+        if not devices:
+            return Level.GPU
+        lo, hi = min(devices), max(devices)      # node and rack grow with the device index
+        if self.rack_of(lo) != self.rack_of(hi):
             return Level.RACK
-        if len({self.node_of(d) for d in devices}) > 1:
+        if self.node_of(lo) != self.node_of(hi):
             return Level.NODE
         return Level.GPU
 

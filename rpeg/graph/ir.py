@@ -19,6 +19,8 @@ The graph is a value: passes return new graphs (``attrs.evolve``), and
 
 from __future__ import annotations
 
+import functools
+
 import attrs
 
 from rpeg.errors import NOWHERE, Span
@@ -75,7 +77,7 @@ class VersionEdge:
         return self.lag == SAME_STEP
 
 
-@attrs.frozen
+@attrs.frozen(cache_hash=True)       # a planner's cache key: hashed once
 class Graph:
     name: str
     ops: tuple[Op, ...]
@@ -87,26 +89,44 @@ class Graph:
     workload_data: tuple[str, ...] = ("prompts",)
 
     def op(self, name: str) -> Op:
-        for o in self.ops:
-            if o.name == name:
-                return o
-        raise KeyError(name)
+        return self._by_name[name]
 
     def has_op(self, name: str) -> bool:
-        return any(o.name == name for o in self.ops)
+        return name in self._by_name
 
     def producers(self, name: str) -> tuple[str, ...]:
         """Ops whose data ``name`` reads, in graph order."""
-        srcs = {e.src for e in self.data_edges if e.dst == name}
-        return tuple(o.name for o in self.ops if o.name in srcs)
+        return self._neighbours[0].get(name, ())
 
     def consumers(self, name: str) -> tuple[str, ...]:
-        dsts = {e.dst for e in self.data_edges if e.src == name}
-        return tuple(o.name for o in self.ops if o.name in dsts)
+        return self._neighbours[1].get(name, ())
 
     def topo_order(self) -> tuple[str, ...]:
         """Ops in an order where every producer comes before its consumers within a step
         (data edges, and train -> weight sync), stable in graph order."""
+        return self._topo_order
+
+    # derived once (a graph is a value; these are read in every simulated instance)
+
+    @functools.cached_property
+    def _by_name(self) -> dict[str, Op]:
+        out: dict[str, Op] = {}
+        for o in self.ops:
+            out.setdefault(o.name, o)
+        return out
+
+    @functools.cached_property
+    def _neighbours(self) -> tuple[dict[str, tuple[str, ...]], dict[str, tuple[str, ...]]]:
+        srcs: dict[str, set[str]] = {}
+        dsts: dict[str, set[str]] = {}
+        for e in self.data_edges:
+            srcs.setdefault(e.dst, set()).add(e.src)
+            dsts.setdefault(e.src, set()).add(e.dst)
+        return ({n: tuple(o.name for o in self.ops if o.name in s) for n, s in srcs.items()},
+                {n: tuple(o.name for o in self.ops if o.name in d) for n, d in dsts.items()})
+
+    @functools.cached_property
+    def _topo_order(self) -> tuple[str, ...]:
         before: dict[str, list[str]] = {o.name: [] for o in self.ops}
         for e in self.data_edges:
             before[e.dst].append(e.src)

@@ -51,7 +51,7 @@ class DepKind(enum.Enum):
 MARK = {DepKind.DATA: "", DepKind.VERSION: "~", DepKind.ORDER: "^"}
 
 
-@attrs.frozen(order=True)
+@attrs.frozen(order=True, cache_hash=True)   # unrolled: each instance hashed once
 class Instance:
     op: str
     step: int
@@ -140,27 +140,38 @@ def unroll(graph: Graph, steps: int, chunks: dict[str, int] | None = None, *,
     lags = {(e.writer, e.reader): e.lag for e in graph.version_edges}
     read: set[tuple[str, int]] = set()        # (sync op, step) whose version someone reads
     deps: list[Dep] = []
+    into: dict[str, list] = {op: [] for op in order}          # each op's data edges in
+    for e in graph.data_edges:
+        into[e.dst].append(e)
+    versions: dict[str, list] = {op: [] for op in order}      # ... and version edges in
+    for e in graph.version_edges:
+        versions[e.reader].append(e)
+    kinds = {op: graph.op(op).kind for op in order}
+    made: dict[tuple[str, int, int], Instance] = {}   # each instance made once (hashed once)
+
+    def inst(op: str, s: int, c: int = 0) -> Instance:
+        i = made.get((op, s, c))
+        if i is None:
+            i = made[(op, s, c)] = Instance(op, s, c)
+        return i
+
     for s in range(steps):
         for op in order:
             for c in range(counts[op]):
-                dst = Instance(op, s, c)
-                for e in graph.data_edges:
-                    if e.dst != op:
-                        continue
+                dst = inst(op, s, c)
+                for e in into[op]:
                     n_src = counts[e.src]
                     if n_src == 1:
-                        deps.append(Dep(Instance(e.src, s, 0), dst, DepKind.DATA, e.data))
+                        deps.append(Dep(inst(e.src, s), dst, DepKind.DATA, e.data))
                     elif counts[op] == n_src:
-                        deps.append(Dep(Instance(e.src, s, c), dst, DepKind.DATA, e.data))
+                        deps.append(Dep(inst(e.src, s, c), dst, DepKind.DATA, e.data))
                     else:
-                        deps += [Dep(Instance(e.src, s, k), dst, DepKind.DATA, e.data)
+                        deps += [Dep(inst(e.src, s, k), dst, DepKind.DATA, e.data)
                                  for k in range(n_src)]
-                for e in graph.version_edges:
-                    if e.reader != op:
-                        continue
-                    src_step = writer_step(graph.op(op).kind, s, e.lag)
+                for e in versions[op]:
+                    src_step = writer_step(kinds[op], s, e.lag)
                     if src_step >= 0:
-                        deps.append(Dep(Instance(e.writer, src_step, 0), dst, DepKind.VERSION,
+                        deps.append(Dep(inst(e.writer, src_step), dst, DepKind.VERSION,
                                         e.model))
                         read.add((e.writer, src_step))
     syncs = {o.name for o in graph.ops if o.kind is OpKind.SYNC_WEIGHTS}
@@ -168,12 +179,13 @@ def unroll(graph: Graph, steps: int, chunks: dict[str, int] | None = None, *,
     def runs(op: str, s: int) -> bool:          # a finite run syncs only versions it reads
         return op not in syncs or horizon is None or (op, s) in read
 
-    instances = tuple(Instance(op, s, c) for s in range(steps) for op in order
+    instances = tuple(inst(op, s, c) for s in range(steps) for op in order
                       if runs(op, s) for c in range(counts[op]))
     kept = set(instances)
     deps = [d for d in deps if d.src in kept and d.dst in kept]
     linked = {(d.src, d.dst) for d in deps}
-    for d in _ordering(graph, instances, counts, carry or {}, lags, in_place, lanes or {}):
+    for d in _ordering(graph, instances, counts, carry or {}, lags, in_place, lanes or {},
+                       inst):
         if d.src in kept and d.dst in kept and (d.src, d.dst) not in linked:
             linked.add((d.src, d.dst))
             deps.append(d)
@@ -182,7 +194,7 @@ def unroll(graph: Graph, steps: int, chunks: dict[str, int] | None = None, *,
 
 def _ordering(graph: Graph, instances, counts: dict[str, int], carry: dict[str, int],
               lags: dict[tuple[str, str], int], in_place: frozenset[tuple[str, str]],
-              lanes: dict[str, int]) -> list[Dep]:
+              lanes: dict[str, int], inst=Instance) -> list[Dep]:
     """The ORDER dependencies of the module doc: stream order, carried streams, write
     after read."""
     out: list[Dep] = []
@@ -191,16 +203,16 @@ def _ordering(graph: Graph, instances, counts: dict[str, int], carry: dict[str, 
             continue
         n, d = counts[i.op], max(1, lanes.get(i.op, 1))
         if i.chunk >= d:
-            out.append(Dep(Instance(i.op, i.step, i.chunk - d), i, DepKind.ORDER, "stream"))
+            out.append(Dep(inst(i.op, i.step, i.chunk - d), i, DepKind.ORDER, "stream"))
         elif carry.get(i.op, 0) > 0 and i.step > 0:
-            last = Instance(i.op, i.step - 1, i.chunk + (n - 1 - i.chunk) // d * d)
+            last = inst(i.op, i.step - 1, i.chunk + (n - 1 - i.chunk) // d * d)
             out.append(Dep(last, i, DepKind.ORDER, "carry"))
     for i in instances:
         for e in graph.version_edges:
             if e.reader != i.op or (e.writer, e.reader) not in in_place:
                 continue
             v = read_version(graph.op(i.op).kind, i.step, lags[(e.writer, e.reader)])
-            writer = Instance(e.writer, v, 0)          # makes version v + 1 of that replica
+            writer = inst(e.writer, v, 0)             # makes version v + 1 of that replica
             if (writer.op, writer.step) != (i.op, i.step):
                 out.append(Dep(i, writer, DepKind.ORDER, e.model))
     return out

@@ -13,9 +13,10 @@
   train steps (verl's optimizer offload). Generation runs in waves when its KV cache
   does not fit beside the resident models. Synchronous.
 - **split** (OpenRLHF): disjoint contiguous GPU groups — generation, then one group per
-  model holding its training and inference stages; the grid is every split of the
-  cluster into those groups at 1/16 granularity, each stage in the fastest layout that
-  fits, synchronous and (as OpenRLHF's async mode allows) at the spec's staleness bound.
+  model holding its training and inference stages (on fewer GPUs than that, the models
+  share the groups after generation's); the grid is every split of the cluster into
+  those groups at 1/16 granularity, each stage in the fastest layout that fits,
+  synchronous and (as OpenRLHF's async mode allows) at the spec's staleness bound.
 - **realloc** (ReaL): every call with its own parallel strategy on all GPUs or half of
   them, parameters reallocated between calls (priced as weight resharding);
   synchronous; tuned by coordinate descent over each call's options.
@@ -116,16 +117,25 @@ def colocated(ctx: Context, ev: Evaluator) -> Outcome:
     return best.outcome()
 
 
-def _groups(ctx: Context) -> list[list[str]]:
-    """Generation stages first, then one group per model with all its other stages."""
+def _groups(ctx: Context) -> list[list[list[str]]]:
+    """The GPU groups of a split: generation stages first, then one group per model with
+    all its other stages; each group a list of models' stages (one model each, unless the
+    cluster has fewer devices than groups: then the models share the groups after
+    generation's, as evenly as they go, in the spec's order)."""
     stages = model_stages(ctx.pipeline)
     gens = [s for s in stages if ctx.pipeline.stage(s).kind is OpKind.GENERATE]
-    groups = [gens] if gens else []
     by_model: dict[str, list[str]] = {}
     for s in stages:
         if s not in gens:
             by_model.setdefault(ctx.pipeline.stage(s).target, []).append(s)
-    return groups + list(by_model.values())
+    models = list(by_model.values())
+    room = ctx.n - (1 if gens else 0)        # groups the models may have
+    if models and len(models) > room >= 1:
+        share = -(-len(models) // room)
+        merged = [models[i:i + share] for i in range(0, len(models), share)]
+    else:
+        merged = [[m] for m in models]
+    return ([[gens]] if gens else []) + merged
 
 
 def _compositions(total: int, parts: int):
@@ -137,8 +147,8 @@ def _compositions(total: int, parts: int):
 def split(ctx: Context, ev: Evaluator) -> Outcome:
     best = _Best(Strategy.SPLIT, ev)
     groups = _groups(ctx)
-    if len(groups) > ctx.n:
-        return best.outcome()
+    if len(groups) > ctx.n or len(groups) < 2:
+        return best.outcome()           # no two disjoint groups: nothing is split
     units = 16
     while units > len(groups) and ctx.n % units:
         units //= 2
@@ -154,13 +164,15 @@ def split(ctx: Context, ev: Evaluator) -> Outcome:
         if not all(_respects_nodes(ctx, st, k * unit) for st, k in zip(starts, sizes,
                                                                        strict=True)):
             continue
-        for room in (1.0, 0.75):
+        shared = max(len(g) for g in groups) > 1
+        for room in HEADROOM if shared else (1.0, 0.75):
             plan = empty_plan(ctx)
             start = 0
             for group, k in zip(groups, sizes, strict=True):
                 block = Block(start * unit, k * unit)
                 start += k
-                plan = _fill_group(ctx, plan, group, block, room) if plan else None
+                for model in group:
+                    plan = _fill_group(ctx, plan, model, block, room) if plan else None
             plan = repair(ctx, plan) if plan else None
             if plan is not None and ev.fits(plan):
                 cands.append((_rough_step(ctx, ev, plan, groups), plan))
@@ -200,8 +212,10 @@ def _fill_group(ctx: Context, plan: Plan, group: list[str], block: Block,
     return plan
 
 
-def _rough_step(ctx: Context, ev: Evaluator, plan: Plan, groups: list[list[str]]) -> float:
-    per_group = [sum(ev.stage_time(s, plan.placement(s)) for s in g) for g in groups]
+def _rough_step(ctx: Context, ev: Evaluator, plan: Plan, groups: list[list[list[str]]]
+                ) -> float:
+    per_group = [sum(ev.stage_time(s, plan.placement(s)) for m in g for s in m)
+                 for g in groups]
     return max(per_group) + per_group[0]
 
 

@@ -21,6 +21,7 @@ The search (``rpeg.plan.search``) then only ever picks among these choices.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import attrs
@@ -63,10 +64,14 @@ class ChoiceTable:
     table: tuple[tuple[str, tuple[tuple[int, tuple[Choice, ...]], ...]], ...]
 
     def options(self, stage: str, size: int) -> tuple[Choice, ...]:
+        return self._by_stage.get(stage, {}).get(size, ())
+
+    @functools.cached_property
+    def _by_stage(self) -> dict[str, dict[int, tuple[Choice, ...]]]:
+        out: dict[str, dict[int, tuple[Choice, ...]]] = {}
         for name, per_size in self.table:
-            if name == stage:
-                return dict(per_size).get(size, ())
-        return ()
+            out.setdefault(name, dict(per_size))
+        return out
 
     def sizes_of(self, stage: str) -> tuple[int, ...]:
         for name, per_size in self.table:

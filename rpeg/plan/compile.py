@@ -88,11 +88,14 @@ def compile_report(pipeline: Pipeline, cluster: Cluster, strategy: Strategy = St
     if strategy not in BASELINES and strategy is not Strategy.SEARCH:
         raise PlanError(f"strategy must be search, colocated, split or realloc, not "
                         f"{strategy.value}")
+    unfit = unfit_stage(ctx)                           # nothing fits: said before any search
+    if unfit is not None:
+        raise unfit
     if strategy is not Strategy.SEARCH:
         outcomes = run_baselines(wanted, ctx, ev)                      # hand-tuned baselines
         feasible, closest = _found(outcomes)
         if not feasible:
-            raise no_fit(ctx, closest)
+            raise no_fit(ctx, closest, ev, strategy)
         best, result = min(feasible, key=lambda e: e.step_time_s), None
     else:
         outcomes, best, result = _search_ladder(ctx, ev, opts)         # optimise
@@ -205,10 +208,12 @@ def _found(outcomes) -> tuple[list[Evaluation], list[Evaluation]]:
 
 def _search_ladder(ctx: Context, ev: Evaluator, opts: SearchOptions):
     """Search under each staleness cap in turn, 0 up to the spec's bound. Under cap 0 the
-    walk starts from the best baseline; under each higher cap from the best plan of the
-    caps below (warm: 3/4 of the patience), the baselines under this cap being the
-    other starts it restarts from when it stalls. What a tighter bound finds is never
-    lost, and the walk under a cap depends only on that cap (a spec with a larger bound
+    walk starts from the best baseline; under each higher cap from the better of the best
+    plan of the caps below and the best baseline under this cap (warm: 3/4 of the
+    patience), the other and the rest of this cap's baselines being the starts it
+    restarts from when it stalls. So no walk ends slower than a baseline it could start
+    from, what a tighter bound finds is never lost, and the walk under a cap depends
+    only on that cap (a spec with a larger bound
     repeats the same walks, then climbs further). Above cap 0, where a generate stage may
     carry responses into later steps, each cap's walk leaves partial rollouts out (the
     walk a backend without them gets), then a second walk (1/2 of the patience) adds
@@ -236,8 +241,10 @@ def _search_ladder(ctx: Context, ev: Evaluator, opts: SearchOptions):
             if drawn is not None:
                 r = ev.evaluate(drawn, detail=False)
                 feasible, near = ([r], []) if r.feasible else ([], [r])
-        if prev is not None and prev.feasible:    # warm, from the best of the tighter caps
-            start, others, share, stream = prev, tuple(feasible), WARM_PATIENCE, (cap,)
+        if prev is not None and prev.feasible:    # warm: the best of the tighter caps and
+            # of this cap's baselines, the other one first among the walk's restarts
+            first, *rest = sorted([prev, *feasible], key=lambda e: e.step_time_s)
+            start, others, share, stream = first, tuple(rest), WARM_PATIENCE, (cap,)
         elif feasible:
             start, others, share, stream = feasible[0], tuple(feasible[1:]), 1.0, ()
         elif near or prev is not None:    # the search may still walk into a plan that fits
@@ -264,10 +271,10 @@ def _search_ladder(ctx: Context, ev: Evaluator, opts: SearchOptions):
                 opts, patience=int(opts.patience * CARRY_PATIENCE)),
                 tuple(e for e in starts[1:] if e.feasible), stream + (1,), deadline))
     if not walks:
-        raise no_fit(ctx, closest)
+        raise no_fit(ctx, closest, ev)
     result = merged(walks)
     if not result.best.feasible:
-        raise no_fit(ctx, closest + [result.best])
+        raise no_fit(ctx, closest + [result.best], ev)
     return outcomes, result.best, result
 
 
@@ -352,32 +359,20 @@ def check_executable(plan: Plan, limits: Limits) -> None:
                             hint="recompile with this backend's limits")
 
 
-def no_fit(ctx: Context, closest: list[Evaluation]) -> PlanError:
+def no_fit(ctx: Context, closest: list[Evaluation], ev: Evaluator | None = None,
+           strategy: Strategy = Strategy.SEARCH) -> PlanError:
     """The error for 'nothing fits': which model and op is short, by how much, and a change
-    checked to make it fit, else what binds (:mod:`rpeg.plan.hints`)."""
-    cap = usable_memory(ctx.cluster.gpu)
-    for stage in model_stages(ctx.pipeline):                # a stage that fits nowhere alone
-        if not any(ctx.table.options(stage, size) for size in ctx.table.sizes):
-            need, par, engine, kinds = least_need(ctx.pipeline, stage, ctx.cluster,
-                                                  ctx.limits)
-            s = ctx.pipeline.stage(stage)
-            what = _what(ctx, stage)
-            if par is None:
-                return PlanError(f"{what} ({stage}) must have a layout this executor runs on "
-                                 f"this cluster, not none", s.span,
-                                 hint="check its place pin against the executor, or plan it "
-                                      "with --any-executor")
-            p = placement(stage, tuple(range(par.size)), Choice(stage, par.size, par,
-                                                               engine, 0, need))
-            sf = Shortfall(0, need, cap, stage, s.target, (), kinds, p)
-            return shortfall_error(ctx.pipeline, ctx.cluster, ctx.limits, sf,
-                                   f"{what} ({stage}) alone, in its smallest layout,",
-                                   stage_hints(ctx.pipeline, ctx.cluster, ctx.limits, stage),
-                                   binding(ctx.pipeline, ctx.cluster, ctx.limits, stage))
+    checked to make it fit, else what binds (:mod:`rpeg.plan.hints`; ``ev``: the evaluator
+    that priced ``closest``)."""
+    unfit = unfit_stage(ctx)
+    if unfit is not None:
+        return unfit
     if closest:
         near = min(closest, key=lambda e: e.shortfall.over)
         sf: Shortfall = near.shortfall
-        ev = Evaluator(ctx.pipeline, ctx.cluster, engine_kv=ctx.limits.engine_kv)
+        ev = ev or Evaluator(ctx.pipeline, ctx.cluster, engine_kv=ctx.limits.engine_kv)
+        if not sf.kinds:                            # a search's figures leave them out
+            sf = ev.evaluate(attrs.evolve(near.plan, predicted=None)).shortfall or sf
         hs = plan_hints(ev, near.plan, sf, ctx.limits)
         more = more_gpus_hint(ctx.pipeline, ctx.cluster, ctx.limits)
         r = reserve_hint(ev, near.plan, ctx.cluster)
@@ -387,9 +382,41 @@ def no_fit(ctx: Context, closest: list[Evaluation]) -> PlanError:
                                f"every stage fits alone but they do not fit together on "
                                f"{ctx.cluster.num_gpus} GPUs, and neither one change to "
                                f"{sf.op} nor up to {MORE_GPUS[-1]}x the GPUs makes a plan fit")
-    return PlanError("no plan fits this cluster: no stage has a layout this executor runs",
-                     hint="plan it for any executor with `rpeg compile --any-executor`, or "
-                          "add GPUs")
+    if strategy is Strategy.SPLIT and ctx.n < 2:
+        return PlanError(f"the split baseline must have disjoint groups of GPUs for "
+                         f"generation and training, not {ctx.n} GPU",
+                         hint="use --strategy colocated, realloc or search on one GPU")
+    hint = "add GPUs" if ctx.limits == Limits() else \
+        "plan it for any executor with `rpeg compile --any-executor`, or add GPUs"
+    what = "no plan" if strategy is Strategy.SEARCH else f"no {strategy.value} plan"
+    return PlanError(f"{what} fits this cluster: no stage has a layout this executor runs",
+                     hint=hint)
+
+
+def unfit_stage(ctx: Context) -> PlanError | None:
+    """The error for a model stage that fits no block of the cluster alone, in any layout
+    the executor runs (then nothing fits, whatever a search tries), with a change checked
+    to make it fit, else what binds; None if there is none."""
+    cap = usable_memory(ctx.cluster.gpu)
+    for stage in model_stages(ctx.pipeline):
+        if any(ctx.table.options(stage, size) for size in ctx.table.sizes):
+            continue
+        need, par, engine, kinds = least_need(ctx.pipeline, stage, ctx.cluster, ctx.limits)
+        s = ctx.pipeline.stage(stage)
+        what = _what(ctx, stage)
+        if par is None:
+            hint = "check its place pin against the executor" + (
+                "" if ctx.limits == Limits() else ", or plan it with --any-executor")
+            return PlanError(f"{what} ({stage}) must have a layout this executor runs on "
+                             f"this cluster, not none", s.span, hint=hint)
+        p = placement(stage, tuple(range(par.size)), Choice(stage, par.size, par,
+                                                           engine, 0, need))
+        sf = Shortfall(0, need, cap, stage, s.target, (), kinds, p)
+        return shortfall_error(ctx.pipeline, ctx.cluster, ctx.limits, sf,
+                               f"{what} ({stage}) alone, in its smallest layout,",
+                               stage_hints(ctx.pipeline, ctx.cluster, ctx.limits, stage),
+                               binding(ctx.pipeline, ctx.cluster, ctx.limits, stage))
+    return None
 
 
 def _what(ctx: Context, stage: str) -> str:
@@ -399,13 +426,6 @@ def _what(ctx: Context, stage: str) -> str:
     kind = {OpKind.TRAIN: "training", OpKind.GENERATE: "generation",
             OpKind.FORWARD: "inference", OpKind.SCORE: "scoring"}.get(s.kind, s.kind.value)
     return f"{s.target} {kind}"
-
-
-def _engine(ctx: Context, stage: str) -> Engine:
-    s = ctx.pipeline.stage(stage)
-    if s.kind is OpKind.GENERATE:
-        return generate_engines(ctx.pipeline, stage, ctx.limits)[0]
-    return Engine.TORCH
 
 
 __all__ = ["compile_plan", "compile_report", "recompile", "CompileReport", "check_backend",

@@ -14,6 +14,8 @@ stage of a model) onto the same devices. :func:`repair` restores all of these.
 
 from __future__ import annotations
 
+import functools
+
 import attrs
 
 from rpeg.cost.partial import max_carries
@@ -26,10 +28,10 @@ from rpeg.plan.choices import (
     model_stages,
     prune,
 )
-from rpeg.plan.evaluate import is_host_op
 from rpeg.plan.model import Plan, StagePlacement
 from rpeg.plan.pinned import check_pins, honour
 from rpeg.plan.space import Block, Limits
+from rpeg.plan.structure import is_host_op
 from rpeg.spec.model import Cluster, OpKind, Pipeline
 
 
@@ -64,6 +66,25 @@ class Context:
     def n(self) -> int:
         return self.cluster.num_gpus
 
+    @functools.cached_property
+    def host(self) -> frozenset[str]:
+        """Stages that run on the host beside the devices (:func:`is_host_op`)."""
+        return frozenset(s.name for s in self.pipeline.stages
+                         if is_host_op(self.pipeline, s.name))
+
+    @functools.cached_property
+    def upstream(self) -> dict[str, tuple[str, ...]]:
+        """Host stage -> the stages upstream of it, nearest first (:func:`feeder`)."""
+        return {s: _upstream(self.pipeline, s) for s in self.host}
+
+    @functools.cached_property
+    def model_stages(self) -> tuple[str, ...]:
+        return model_stages(self.pipeline)
+
+    @functools.cached_property
+    def _trains_of(self) -> dict[tuple[str, ...], list[str]]:
+        return {}
+
     def pinned_block(self, stage: str) -> Block | None:
         return dict(self.pinned).get(stage)
 
@@ -71,8 +92,10 @@ class Context:
         """Train stages that run as one op because their models share a backbone."""
         out = []
         for group in plan.shared:
-            out.append([s.name for s in self.pipeline.stages
-                        if s.kind is OpKind.TRAIN and s.target in group])
+            if group not in self._trains_of:
+                self._trains_of[group] = [s.name for s in self.pipeline.stages
+                                          if s.kind is OpKind.TRAIN and s.target in group]
+            out.append(self._trains_of[group])
         return out
 
 
@@ -169,13 +192,14 @@ def repair(ctx: Context, plan: Plan) -> Plan | None:
             by[s] = attrs.evolve(first, stage=s)
     # 4. host-side stages sit with the stage feeding them, or where they are pinned
     for s in ctx.pipeline.stages:
-        if is_host_op(ctx.pipeline, s.name) and ctx.pinned_block(s.name):
-            devs = ctx.pinned_block(s.name).devices
-            by[s.name] = StagePlacement(s.name, devs, dp=len(devs))
-        elif is_host_op(ctx.pipeline, s.name):
-            src = feeder(ctx.pipeline, s.name, by)
+        if s.name not in ctx.host:
+            continue
+        if ctx.pinned_block(s.name):
+            by[s.name] = _on_host(by.get(s.name), s.name, ctx.pinned_block(s.name).devices)
+        else:
+            src = _feeder(ctx, s.name, by)
             if src is not None:
-                by[s.name] = StagePlacement(s.name, src.devices, dp=len(src.devices))
+                by[s.name] = _on_host(by.get(s.name), s.name, src.devices)
     if any(s.name not in by for s in ctx.pipeline.stages):
         return None
     # 5. fused stages must share devices; drop a fusion that no longer does
@@ -203,15 +227,37 @@ def fit_carry(ctx: Context, plan: Plan, p: StagePlacement) -> int:
 def feeder(pipeline: Pipeline, stage: str, by: dict[str, StagePlacement]
            ) -> StagePlacement | None:
     """The placement of the nearest model stage upstream of ``stage``."""
-    seen, frontier = set(), list(pipeline.stage(stage).inputs)
+    for name in _upstream(pipeline, stage):
+        if name in by and not is_host_op(pipeline, name):
+            return by[name]
+    firsts = [by[s] for s in model_stages(pipeline) if s in by]
+    return firsts[0] if firsts else None
+
+
+def _feeder(ctx: Context, stage: str, by: dict[str, StagePlacement]) -> StagePlacement | None:
+    """:func:`feeder`, from what ``ctx`` knows of the pipeline."""
+    for name in ctx.upstream[stage]:
+        if name in by and name not in ctx.host:
+            return by[name]
+    return next((by[s] for s in ctx.model_stages if s in by), None)
+
+
+def _upstream(pipeline: Pipeline, stage: str) -> tuple[str, ...]:
+    """The stages upstream of ``stage``, nearest first (breadth first over its inputs)."""
+    out, seen, frontier = [], set(), list(pipeline.stage(stage).inputs)
     while frontier:
         data = frontier.pop(0)
         src = pipeline.producer(data)
         if src is None or src.name in seen:
             continue
         seen.add(src.name)
-        if src.name in by and not is_host_op(pipeline, src.name):
-            return by[src.name]
+        out.append(src.name)
         frontier += list(src.inputs)
-    firsts = [by[s] for s in model_stages(pipeline) if s in by]
-    return firsts[0] if firsts else None
+    return tuple(out)
+
+
+def _on_host(old: StagePlacement | None, stage: str, devices: tuple[int, ...]
+             ) -> StagePlacement:
+    """A host stage's placement on ``devices`` (``old`` itself when it is that already)."""
+    new = StagePlacement(stage, devices, dp=len(devices))
+    return old if old == new else new

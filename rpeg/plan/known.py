@@ -20,10 +20,10 @@ from __future__ import annotations
 
 from rpeg.errors import PlanError
 from rpeg.plan.edit import feeder
-from rpeg.plan.evaluate import is_host_op
 from rpeg.plan.model import Plan, StagePlacement, Strategy
 from rpeg.plan.pinned import check_pins
 from rpeg.plan.space import Limits, generate_engines
+from rpeg.plan.structure import is_host_op
 from rpeg.spec.model import Cluster, Engine, OpKind, Pin, Pipeline
 
 

@@ -20,6 +20,7 @@ damaged or foreign file raises :class:`PlanError` naming the file and the proble
 from __future__ import annotations
 
 import enum
+import functools
 import json
 import math
 import re
@@ -50,7 +51,7 @@ class Strategy(enum.Enum):
     PINNED = "pinned"             # the spec's pinned layouts priced as they are (no search)
 
 
-@attrs.frozen
+@attrs.frozen(cache_hash=True)       # a key of the evaluator's caches: hashed once
 class StagePlacement:
     stage: str
     devices: tuple[int, ...]          # global device indices, contiguous blocks
@@ -113,7 +114,7 @@ class Predicted:
     memory_reserve: float = 0.0            # bytes per device kept free (of memory_capacity)
 
 
-@attrs.frozen
+@attrs.frozen(cache_hash=True)
 class Plan:
     pipeline: str
     cluster: str
@@ -134,14 +135,20 @@ class Plan:
     search: SearchRecord | None = None    # how it was compiled: `rpeg compile PLAN` remakes it
     schema_version: int = SCHEMA_VERSION
 
+    @functools.cached_property
+    def _by_stage(self) -> dict[str, StagePlacement]:
+        """Stage -> its placement, derived once (not part of the value)."""
+        return {p.stage: p for p in self.placements}
+
     def has_placement(self, stage: str) -> bool:
-        return any(p.stage == stage for p in self.placements)
+        return stage in self._by_stage
 
     def placement(self, stage: str) -> StagePlacement:
-        for p in self.placements:
-            if p.stage == stage:
-                return p
-        raise PlanError(f"plan for '{self.pipeline}' must place stage '{stage}', not omit it")
+        p = self._by_stage.get(stage)
+        if p is None:
+            raise PlanError(f"plan for '{self.pipeline}' must place stage '{stage}', not "
+                            f"omit it")
+        return p
 
     def staleness_of(self, stage: str) -> int:
         return dict(self.staleness).get(stage, 0)

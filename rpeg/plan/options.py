@@ -44,7 +44,7 @@ class Start(enum.Enum):
 class SearchOptions:
     seed: int = 0
     iterations: int = 4500           # the budget: proposals evaluated per walk
-    patience: int = 2000             # stop after this many proposals without a better plan
+    patience: int = 1000             # stop after this many proposals without a better plan
     stall: int = 700                 # a walk this long without bettering itself starts afresh
     t_start: float = 0.05            # initial temperature, as a fraction of the start step time
     t_end: float = 0.0005

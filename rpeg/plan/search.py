@@ -36,6 +36,14 @@ a walk returns to the best plan so far, and a walk that has not bettered its own
 for ``stall`` proposals starts again, warm, from the next of the other baselines' plans
 (then the start plan again): another basin.
 
+Most proposals are worse than the plan they would replace; such a plan matters only if
+the Metropolis draw takes it. So once any plan fits, a proposal is first priced up to
+its step's lower bound (the busiest device's work of a step:
+``Evaluator.evaluate(bound=...)``) and simulated only when that bound is below the plan
+it would replace or the walk's best, or when the draw could still accept it; the draw
+is made where it would be made after a simulation, so the random stream, the walk and
+the plan are those of simulating every proposal.
+
 A spec with staleness bounds is searched as a ladder (``compile_report``): one walk per
 cap 0, 1, ... up to the largest bound (:func:`staleness_caps`, :func:`capped`), each
 starting from the best of the baselines under its cap and of the walk below it (above
@@ -51,6 +59,7 @@ search it stops says so (``SearchResult.time_capped``, recorded in the plan).
 
 from __future__ import annotations
 
+import bisect
 import math
 import time
 
@@ -102,7 +111,7 @@ def anneal(ctx: Context, ev: Evaluator, start: Evaluation, opts: SearchOptions,
     ``deadline``: the ``time.monotonic()`` at which the time cap stops the walk (default:
     ``opts.time_cap_s`` from now)."""
     rng = np.random.default_rng((opts.seed, *stream) if stream else opts.seed)
-    moves = Moves(ctx, rng)
+    moves = Moves(ctx, rng, ev.graph)
     cap = usable_memory(ctx.cluster.gpu)
     best = current = start
     scale = start.step_time_s if start.feasible else 1e9
@@ -151,19 +160,36 @@ def anneal(ctx: Context, ev: Evaluator, start: Evaluation, opts: SearchOptions,
             if plan in seen:
                 continue
             seen.add(plan)
+            if best.feasible and not start.feasible and scale == 1e9:
+                scale = best.step_time_s
+                t0 = opts.t_start * scale
+            temp = t0 * ratio ** ((j - walk_from) / per_chain) \
+                if opts.method is Method.ANNEAL else 0.0
+            here = score(base, cap)
+            u = None                         # the acceptance draw, once made
             try:
-                r = ev.evaluate(plan, detail=False)
+                if best.feasible:
+                    # Simulated only if it could be accepted or better the walk: a plan whose
+                    # step is no less than the plan it would replace and than the walk's best
+                    # (its busiest device's work says so) is taken only by the Metropolis draw,
+                    # made here in the same place of the stream as after a simulation.
+                    r = ev.evaluate(plan, detail=False, bound=max(here, walk_best - 1e-12))
+                    if r.bounded:
+                        if temp <= 0:
+                            continue
+                        u = rng.random()
+                        if u >= math.exp(-(r.step_time_s - here) / temp):
+                            continue
+                        r = ev.evaluate(plan, detail=False)
+                else:
+                    r = ev.evaluate(plan, detail=False)
             except PlanError:                # a move the cost model cannot schedule
                 continue
             if not r.feasible and best.feasible:
                 continue                     # once anything fits, never leave the feasible set
-            if best.feasible and not start.feasible and scale == 1e9:
-                scale = best.step_time_s
-                t0 = opts.t_start * scale
-            delta = score(r, cap) - score(base, cap)
-            temp = t0 * ratio ** ((j - walk_from) / per_chain) \
-                if opts.method is Method.ANNEAL else 0.0
-            if delta < 0 or (temp > 0 and rng.random() < math.exp(-delta / temp)):
+            delta = score(r, cap) - here
+            if delta < 0 or (temp > 0 and (rng.random() if u is None else u)
+                             < math.exp(-delta / temp)):
                 current = r
                 accepted += 1
             if score(r, cap) < walk_best - 1e-12:
@@ -228,7 +254,8 @@ def merged(results: list[SearchResult]) -> SearchResult:
 class Moves:
     """Proposal moves over plans of one context (see the module doc)."""
 
-    def __init__(self, ctx: Context, rng: np.random.Generator) -> None:
+    def __init__(self, ctx: Context, rng: np.random.Generator, graphs=None) -> None:
+        """``graphs``: plan -> its step graph (:meth:`Evaluator.graph`, which keeps them)."""
         self.ctx, self.rng = ctx, rng
         self.stages = tuple(s for s in model_stages(ctx.pipeline) if not ctx.pinned_block(s))
         self.gens = tuple(s for s in model_stages(ctx.pipeline)
@@ -258,9 +285,14 @@ class Moves:
             (self.partial, 1.0 if self.partials else 0.0)]
         w = np.array([x[1] for x in self.table])
         self.p = w / w.sum()
+        # rng.choice(len(table), p=p) as numpy draws it (one uniform, searched in the
+        # normalised cumulative weights), without its checks on every call
+        cdf = self.p.cumsum()
+        self.cdf = (cdf / cdf[-1]).tolist()
+        self.graph = graphs or (lambda plan: plan_graph(ctx.pipeline, plan))
 
     def propose(self, plan: Plan) -> Plan | None:
-        k = int(self.rng.choice(len(self.table), p=self.p))
+        k = bisect.bisect_right(self.cdf, self.rng.random())
         new = self.table[k][0](plan)
         return None if new is None or new == plan else repair(self.ctx, new)
 
@@ -433,7 +465,7 @@ class Moves:
         if plan.fusion and self.rng.random() < 0.5:
             drop = int(self.rng.integers(len(plan.fusion)))
             return attrs.evolve(plan, fusion=plan.fusion[:drop] + plan.fusion[drop + 1:])
-        graph = plan_graph(self.ctx.pipeline, plan)
+        graph = self.graph(plan)
         pairs = [pr for pr in fusable(graph)
                  if plan.placement(graph.op(pr[0]).stages[0]).devices
                  == plan.placement(graph.op(pr[1]).stages[0]).devices]

@@ -41,7 +41,7 @@ import numpy as np
 
 from rpeg.errors import PlanError
 from rpeg.graph import DepKind, Graph, Instance, unroll
-from rpeg.graph.unroll import Unrolled, in_place
+from rpeg.graph.unroll import Unrolled, chunk_counts, in_place
 
 
 @attrs.frozen
@@ -180,14 +180,14 @@ def simulate(graph: Graph, timings: dict[str, OpTiming], steps: int = 6, *,
         [(0.0, 2.0), (2.0, 4.0), (2.5, 3.5), (4.5, 5.5)]
     """
     chunks, placed = _placing(graph, timings)
-    prep = _prepare(graph, steps, chunks, streams, placed)
+    prep = _prepare(graph, steps, chunks, _lanes(streams, chunks), placed)
     durations = chunk_durations(graph, timings, prep.counts)
     num_devices = 1 + max((d for t in timings.values() for d in t.devices), default=0)
 
     needs = _needs(tuple(sorted((n, t.devices) for n, t in timings.items())))
     insts = prep.instances                       # in priority order
-    need = [needs[i.op] for i in insts]
-    dur = [durations[(i.op, i.chunk)] for i in insts]
+    need = [needs[op] for op in prep.ops]
+    dur = [durations[key] for key in prep.keys]
     waiting = list(prep.waiting)
     ready = [k for k, w in enumerate(waiting) if w == 0]
     busy = 0
@@ -246,7 +246,29 @@ def simulate(graph: Graph, timings: dict[str, OpTiming], steps: int = 6, *,
     events_ = [Event(i, timings[i.op].devices, start[k], end[k])
                for k, i in enumerate(insts)] if events else []
     drain = 1 + max((e.lag for e in graph.version_edges), default=0)
-    # No steady state is faster than the busiest atom's work of one step.
+    return _timeline(events_, steps, num_devices, drain, _floor(durations, needs), ends)
+
+
+def floor(graph: Graph, timings: dict[str, OpTiming]) -> float:
+    """The busiest device's work of one step: no steady step :func:`simulate` finds for
+    these timings is shorter (it is the figure it never reads below), and it needs no
+    simulation.
+
+        >>> from rpeg.graph import Graph, Op, DataEdge
+        >>> from rpeg.spec.model import OpKind
+        >>> g = Graph("toy", (Op("a", OpKind.FORWARD, outputs=("x",)),
+        ...                   Op("b", OpKind.FORWARD, inputs=("x",))),
+        ...           (DataEdge("a", "b", "x"),), (), (), ())
+        >>> floor(g, {"a": OpTiming((0,), 2.0), "b": OpTiming((1,), 1.0)})
+        2.0
+    """
+    chunks = {n: len(t.chunk_ends) for n, t in timings.items() if len(t.chunk_ends) > 1}
+    durations = chunk_durations(graph, timings, chunk_counts(graph, chunks))
+    return _floor(durations, _needs(tuple(sorted((n, t.devices) for n, t in timings.items()))))
+
+
+def _floor(durations: dict[tuple[str, int], float], needs: dict[str, int]) -> float:
+    """The largest work of one step on one atom (``needs``: the atoms each op holds)."""
     load: dict[int, float] = {}
     for (op, _), d in durations.items():
         bits = needs.get(op, 0)
@@ -254,8 +276,7 @@ def simulate(graph: Graph, timings: dict[str, OpTiming], steps: int = 6, *,
             low = bits & -bits
             load[low] = load.get(low, 0.0) + d
             bits ^= low
-    return _timeline(events_, steps, num_devices, drain, max(load.values(), default=0.0),
-                     ends)
+    return max(load.values(), default=0.0)
 
 
 def tasks_per_step(graph: Graph, timings: dict[str, OpTiming], steps: int = 6,
@@ -340,6 +361,14 @@ def priced_graph(graph: Graph, timings: dict[str, OpTiming], steps: int, *,
     return _unroll(graph, steps, chunks, streams, placed, horizon)
 
 
+def _lanes(streams: tuple[tuple[str, int, int], ...], chunks: tuple[tuple[str, int], ...]
+           ) -> tuple[tuple[str, int, int], ...]:
+    """``streams`` with no more lanes than chunks (more change no dependency): fewer
+    distinct unrolled graphs to prepare."""
+    n = dict(chunks)
+    return tuple((op, min(lanes, n.get(op, 1)), carry) for op, lanes, carry in streams)
+
+
 def _unroll(graph, steps, chunks, streams, placed, horizon=None) -> Unrolled:
     return unroll(graph, steps, dict(chunks), carry={op: c for op, _, c in streams},
                   lanes={op: n for op, n, _ in streams}, in_place=placed, horizon=horizon)
@@ -360,24 +389,24 @@ class _Prepared:
     dependents: tuple[tuple[int, ...], ...]    # every kind of dependency
     fed: tuple[tuple[int, ...], ...]           # by data, versions and stream order (Dask tasks)
     counts: dict
+    ops: tuple[str, ...] = ()                  # the op of each
+    keys: tuple[tuple[str, int], ...] = ()     # (op, chunk) of each
 
 
-_PREPARED: dict[tuple, tuple[Graph, _Prepared]] = {}
+_PREPARED: dict[tuple, _Prepared] = {}
 
 
 def _prepare(graph: Graph, steps: int, chunks: tuple[tuple[str, int], ...],
              streams: tuple[tuple[str, int, int], ...] = (),
              placed: frozenset[tuple[str, str]] = frozenset()) -> _Prepared:
-    """The unrolled graph as index arrays, cached per graph object (graphs are values; the
-    cache keeps each one alive, so its id is not reused while cached)."""
-    key = (id(graph), steps, chunks, streams, placed)
+    """The unrolled graph as index arrays, cached per graph (a value, hashed once)."""
+    key = (graph, steps, chunks, streams, placed)
     hit = _PREPARED.get(key)
-    if hit is not None and hit[0] is graph:
-        return hit[1]
+    if hit is not None:
+        return hit
     if len(_PREPARED) > 512:
         _PREPARED.clear()
-    prep = _prepare_uncached(graph, steps, chunks, streams, placed)
-    _PREPARED[key] = (graph, prep)
+    prep = _PREPARED[key] = _prepare_uncached(graph, steps, chunks, streams, placed)
     return prep
 
 
@@ -398,18 +427,35 @@ def _prepare_uncached(graph: Graph, steps: int, chunks: tuple[tuple[str, int], .
             fed[index[dep.src]].append(index[dep.dst])
     return _Prepared(tuple(insts), tuple(waiting), tuple(i.step for i in insts),
                      tuple(tuple(d) for d in dependents), tuple(tuple(d) for d in fed),
-                     dict(u.chunks))
+                     dict(u.chunks), tuple(i.op for i in insts),
+                     tuple((i.op, i.chunk) for i in insts))
 
 
 @functools.lru_cache(maxsize=4096)
 def _needs(placed: tuple[tuple[str, tuple[int, ...]], ...]) -> dict[str, int]:
     """Atoms make device checks cheap: each op holds whole atoms, bits of one integer.
-    (Cached: do not modify the answer.)"""
+    Where every op runs on one run of devices, the runs between any two of their ends
+    serve (a finer partition: the same conflicts, the same loads), found without looking
+    at each device. (Cached: do not modify the answer.)"""
+    runs = {n: _run(devs) for n, devs in placed}
+    if all(r is not None for r in runs.values()):
+        cut = {x: i for i, x in enumerate(sorted({x for r in runs.values() if r for x in r}))}
+        return {n: (1 << cut[r[1]]) - (1 << cut[r[0]]) if r else 0 for n, r in runs.items()}
     atom_of: dict[int, int] = {}
     for k, atom in enumerate(_atoms({devs for _, devs in placed if devs})):
         for d in atom:
             atom_of[d] = k
     return {n: sum(1 << a for a in {atom_of[d] for d in devs}) for n, devs in placed}
+
+
+def _run(devices: tuple[int, ...]) -> tuple[int, int] | None:
+    """(first, last + 1) of devices that are one ascending run, () for none, else None."""
+    if not devices:
+        return ()
+    first, last = devices[0], devices[-1]
+    if last - first == len(devices) - 1 and devices == tuple(range(first, last + 1)):
+        return first, last + 1
+    return None
 
 
 def _atoms(sets: set[tuple[int, ...]]) -> list[tuple[int, ...]]:

@@ -16,6 +16,8 @@ by and the backend can execute (:class:`Limits`).
 
 from __future__ import annotations
 
+import functools
+
 import attrs
 
 from rpeg.cost.memory import Parallel, check_parallel
@@ -248,7 +250,7 @@ class Block:
     start: int
     size: int
 
-    @property
+    @functools.cached_property
     def devices(self) -> tuple[int, ...]:
         return tuple(range(self.start, self.start + self.size))
 

@@ -50,21 +50,20 @@ def _fp8(ev, plan: Plan, op: str) -> bool:
     return False
 
 
-def memory_uses(ev, plan: Plan, graph) -> tuple[MemoryUse, ...]:
+def memory_uses(ev, plan: Plan, graph, walk) -> tuple[MemoryUse, ...]:
     """The peak of each group of devices that hold the same copies and the same largest
     transient op, by kind (weights, gradients, optimizer state, activations, KV cache,
-    buffers): every copy resident there plus that op's transient need."""
-    copies = ev.copies(plan, graph)
-    rows = ev.rows_of(plan, graph)
-    streamed = ev.streamed(plan, graph, rows)
-    _, top, chunks_of = ev.transients(plan, graph, rows, streamed)
+    buffers): every copy resident there plus that op's transient need (``walk``: the
+    evaluator's walk over the plan's ops)."""
+    chunks_of = ev.chunks_of(graph, walk)
     groups: dict[tuple, list[int]] = {}
     for d in range(plan.num_devices):
-        held = tuple(i for i, (_, p, _) in enumerate(copies) if d in p.devices)
-        groups.setdefault((held, top[d]), []).append(d)
+        held = tuple(i for i, (_, p, _) in enumerate(walk.copies) if d in p.devices)
+        groups.setdefault((held, walk.top(d)), []).append(d)
     out = []
     for (_, op), devices in groups.items():
-        kinds = dict(ev.kinds(plan, graph, devices[0], op, rows.get(op), chunks_of.get(op, ())))
+        kinds = dict(ev.kinds(plan, graph, devices[0], op, walk.rows.get(op),
+                              chunks_of.get(op, ()), walk))
         out.append(MemoryUse(devices=tuple(devices), op=op, **{k: kinds[k] for k in KINDS}))
     return tuple(sorted(out, key=lambda m: m.devices))
 

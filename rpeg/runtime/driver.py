@@ -116,13 +116,7 @@ class _Cluster:
             import backends
             self._config.enter_context(dask.config.set(backends.load("vllm", "dask_config")()))
         if self.scheduler:
-            try:
-                self.client = Client(self.scheduler, timeout=10)
-            except OSError as e:
-                raise RuntimeFailure(f"scheduler {self.scheduler} must be reachable, and it is "
-                                     f"not ({e})", hint="start it with `dask scheduler` and "
-                                     "workers with `dask worker ADDR --nthreads 1 "
-                                     "--resources GPU=1`") from e
+            self.client = _connect(self.scheduler)
         else:
             import dask
 
@@ -160,22 +154,52 @@ class _Cluster:
             self._config.close()
 
     def device_workers(self, n: int) -> dict[int, str]:
-        info = self.client.scheduler_info(n_workers=-1)["workers"] if self.scheduler else \
-            self.client.scheduler_info()["workers"]
-        gpu = sorted(a for a, w in info.items() if w.get("resources", {}).get("GPU", 0) >= 1)
-        if len(gpu) < n:
-            raise RuntimeFailure(f"the plan needs {n} workers with resource GPU=1, and the "
-                                 f"cluster has {len(gpu)}",
-                                 hint="start one worker per device with --resources GPU=1")
-        # One thread per device worker is what keeps two ops off one device at once, so op
-        # tasks need not request the resource (resource-restricted tasks take a slower path
-        # through the scheduler: about twice the dispatch gap, measured on this machine).
-        for a in gpu[:n]:
-            threads = info[a].get("nthreads", 1)
-            if threads != 1:
-                raise RuntimeFailure(f"worker {a} must run 1 thread, not {threads}",
-                                     hint="start device workers with --nthreads 1")
-        return dict(enumerate(gpu[:n]))
+        return device_workers(self.client, n, remote=bool(self.scheduler))
+
+
+def _connect(scheduler: str):
+    from distributed import Client
+    try:
+        return Client(scheduler, timeout=10)
+    except OSError as e:
+        raise RuntimeFailure(f"scheduler {scheduler} must be reachable, and it is not ({e})",
+                             hint="start it with `dask scheduler` and workers with `dask "
+                                  "worker ADDR --nthreads 1 --resources GPU=1`") from e
+
+
+def device_workers(client, n: int, *, remote: bool = True, needs: str = "the plan"
+                   ) -> dict[int, str]:
+    """Device index -> the address of the worker that runs it: the first ``n`` workers
+    with resource GPU=1; RuntimeFailure when the cluster has fewer, or one runs more than
+    one thread."""
+    info = client.scheduler_info(n_workers=-1)["workers"] if remote else \
+        client.scheduler_info()["workers"]
+    gpu = sorted(a for a, w in info.items() if w.get("resources", {}).get("GPU", 0) >= 1)
+    if len(gpu) < n:
+        raise RuntimeFailure(f"{needs} needs {n} workers with resource GPU=1, and the "
+                             f"cluster has {len(gpu)}",
+                             hint="start one worker per device with --resources GPU=1, or "
+                                  "plan for this many devices (--cluster)")
+    # One thread per device worker is what keeps two ops off one device at once, so op
+    # tasks need not request the resource (resource-restricted tasks take a slower path
+    # through the scheduler: about twice the dispatch gap, measured on this machine).
+    for a in gpu[:n]:
+        threads = info[a].get("nthreads", 1)
+        if threads != 1:
+            raise RuntimeFailure(f"worker {a} must run 1 thread, not {threads}",
+                                 hint="start device workers with --nthreads 1")
+    return dict(enumerate(gpu[:n]))
+
+
+def check_scheduler(scheduler: str, devices: int, needs: str = "the plan") -> None:
+    """Refuse a scheduler with fewer device workers than ``devices`` before anything is
+    planned or started (a search on a cluster it cannot run is time lost): connect, count,
+    disconnect."""
+    client = _connect(scheduler)
+    try:
+        device_workers(client, devices, needs=needs)
+    finally:
+        client.close()
 
 
 class _Progress:

@@ -13,6 +13,7 @@ bytes per second, FLOP/s, seconds.
 from __future__ import annotations
 
 import enum
+import functools
 import math
 from collections.abc import Iterator
 
@@ -80,23 +81,9 @@ class LengthDist:
         return cls(LengthKind.FIXED, max_len=n)
 
     def quantiles(self, n: int = 64) -> np.ndarray:
-        """``n`` lengths at evenly spaced quantiles (midpoints): a deterministic sample."""
-        q = (np.arange(n) + 0.5) / n
-        if self.kind is LengthKind.FIXED:
-            out = np.full(n, float(self.max_len))
-        elif self.kind is LengthKind.UNIFORM:
-            out = self.low + q * ((self.top or self.max_len) - self.low)
-        elif self.kind is LengthKind.LOGNORMAL:
-            from statistics import NormalDist
-            z = np.array([NormalDist().inv_cdf(float(x)) for x in q])
-            out = self.median * np.exp(self.sigma * z)
-        else:
-            lengths = np.array([b[0] for b in self.bins], dtype=float)
-            weights = np.array([b[1] for b in self.bins], dtype=float)
-            order = np.argsort(lengths)
-            cdf = np.cumsum(weights[order]) / weights.sum()
-            out = lengths[order][np.searchsorted(cdf, q, side="left").clip(0, len(lengths) - 1)]
-        return np.clip(np.round(out), max(self.floor, 1), self.max_len)
+        """``n`` lengths at evenly spaced quantiles (midpoints): a deterministic sample
+        (read-only: computed once per distribution and ``n``, the cost model asks often)."""
+        return _quantiles(self, n)
 
     def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
         """``n`` random lengths (integers in [1, max_len])."""
@@ -136,6 +123,28 @@ def lognormal_sigma(median: float, max_len: int) -> float:
         return 0.0
     return math.log(max_len / median) / 3.09
 
+
+
+@functools.lru_cache(maxsize=1024)
+def _quantiles(dist: LengthDist, n: int) -> np.ndarray:
+    q = (np.arange(n) + 0.5) / n
+    if dist.kind is LengthKind.FIXED:
+        out = np.full(n, float(dist.max_len))
+    elif dist.kind is LengthKind.UNIFORM:
+        out = dist.low + q * ((dist.top or dist.max_len) - dist.low)
+    elif dist.kind is LengthKind.LOGNORMAL:
+        from statistics import NormalDist
+        z = np.array([NormalDist().inv_cdf(float(x)) for x in q])
+        out = dist.median * np.exp(dist.sigma * z)
+    else:
+        lengths = np.array([b[0] for b in dist.bins], dtype=float)
+        weights = np.array([b[1] for b in dist.bins], dtype=float)
+        order = np.argsort(lengths)
+        cdf = np.cumsum(weights[order]) / weights.sum()
+        out = lengths[order][np.searchsorted(cdf, q, side="left").clip(0, len(lengths) - 1)]
+    out = np.clip(np.round(out), max(dist.floor, 1), dist.max_len)
+    out.flags.writeable = False
+    return out
 
 @attrs.frozen
 class Workload:

@@ -27,6 +27,7 @@ counts the active ones.
 from __future__ import annotations
 
 import enum
+import functools
 
 import attrs
 
@@ -43,7 +44,7 @@ class Family(enum.StrEnum):
     OPT = "opt"
 
 
-@attrs.frozen
+@attrs.frozen(cache_hash=True)       # a key of the cost model's caches: hashed once
 class ModelDims:
     """The architecture of a decoder-only transformer, enough to count FLOPs and bytes."""
 
@@ -133,9 +134,15 @@ class ModelDims:
 
     def body_params(self, active_only: bool = False) -> int:
         """Parameters of every block."""
+        return self._body[active_only]
+
+    @functools.cached_property
+    def _body(self) -> tuple[int, int]:
+        """:meth:`body_params` (every expert, the active ones), counted once: the cost model
+        asks for it in every memory and compute formula."""
         dense = self.layers - self.moe_layers
-        return dense * self.dense_layer_params() \
-            + self.moe_layers * self.moe_layer_params(active_only)
+        return tuple(dense * self.dense_layer_params() + self.moe_layers
+                     * self.moe_layer_params(active) for active in (False, True))
 
     def layer_params(self) -> int:
         """Parameters of an average block (every expert counted)."""

@@ -44,13 +44,36 @@ def test_compile_json(tmp_path, capsys):
         "step_time_s"]
 
 
-@pytest.mark.parametrize("strategy", ["colocated", "realloc"])
-def test_compile_baseline_strategy(tmp_path, capsys, strategy):
+@pytest.mark.parametrize("executor", [[], ["--any-executor"]])
+@pytest.mark.parametrize("strategy", ["colocated", "split", "realloc"])
+def test_compile_baseline_strategy(tmp_path, capsys, strategy, executor):
+    """Every baseline has a plan on the local 2-device cluster, for the runtime or any
+    executor (split: generation on one device, the models' training on the other)."""
     out = tmp_path / "p.json"
     rc = main(["compile", TINY, "--cluster", LOCAL, "-o", str(out), "--strategy", strategy,
-               "--json", "--no-gantt"])
-    assert rc == 0
-    assert json.loads(capsys.readouterr().out)["strategy"] == strategy
+               "--json", "--no-gantt", *executor])
+    assert rc == 0, capsys.readouterr().err
+    data = json.loads(capsys.readouterr().out)
+    assert data["strategy"] == strategy and (data["runnable"] or executor)
+    if strategy == "split":
+        where = {p["stage"]: set(p["devices"]) for p in data["placements"]}
+        assert not where["rollout"] & (where["actor_step"] | where["critic_step"])
+
+
+def test_no_hint_suggests_what_the_command_already_does(tmp_path, capsys):
+    """On one device nothing is split, for the runtime or any executor: the error says so,
+    and its hint offers what would work, never the flag the command was given."""
+    one = tmp_path / "one.rpeg"
+    profile = ROOT / "pipelines/clusters/profiles/local_cpu.rpeg"
+    one.write_text(open(LOCAL).read().replace("gpus_per_node  = 2", "gpus_per_node  = 1")
+                   .replace('"profiles/local_cpu.rpeg"', f'"{profile}"'))
+    for executor in ([], ["--any-executor"]):
+        rc = main(["compile", TINY, "--cluster", str(one), "--strategy", "split", "--no-gantt",
+                   "-o", str(tmp_path / "p.json"), *executor])
+        err = capsys.readouterr().err
+        assert rc == 1 and "split" in err and "hint:" in err, err
+        hint = err[err.index("hint:"):]
+        assert "--any-executor" not in hint and "split" not in hint, err
 
 
 def test_compile_usage_and_input_errors(tmp_path, capsys):

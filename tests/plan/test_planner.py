@@ -173,6 +173,20 @@ def test_nothing_fits_names_model_op_and_what_helps(ppo8b):
     assert "add GPUs" in text and "raise tp" not in text, text
 
 
+def test_nothing_fits_is_said_before_any_search(ppo8b, monkeypatch):
+    """A stage that fits no block of the cluster alone is refused right after the layouts
+    are enumerated: no baseline is built and no walk is made."""
+    import rpeg.plan.compile as compile_module
+
+    def never(*_a, **_k):
+        raise AssertionError("searched a cluster nothing fits on")
+
+    monkeypatch.setattr(compile_module, "run_baselines", never)
+    monkeypatch.setattr(compile_module, "anneal", never)
+    with pytest.raises(PlanError, match="alone, in its smallest layout"):
+        compile_plan(ppo8b, cluster_of("a100", gpus_per_node=1, nodes=1), options=QUICK)
+
+
 def test_missing_vllm_is_refused_at_compile(tmp_path, tiny, local_cpu):
     spec = (ROOT / "pipelines/tiny_ppo.rpeg").read_text().replace(
         "temperature = 1.0, max_len = 20", "temperature = 1.0, max_len = 20, engine = vllm"

@@ -75,3 +75,18 @@ def test_ppo_8b_separate_critic_16_gh200():
     opts = SearchOptions(seed=0, iterations=1500, patience=700, limits=EVERY_ENGINE)
     t = steps(ppo, cluster_of("gh200", 4, 4), opts, (1, 2))
     assert t[1] <= t[0] + 1e-9, t
+
+
+@pytest.mark.parametrize("carry", [False, True])
+def test_no_cap_ends_slower_than_its_own_best_baseline(carry):
+    """The case that ended at 0.84x of the best baseline without partial rollouts: each
+    cap's walk started from the tighter cap's best only. It starts from the better of that
+    and its own best baseline, so the search is never slower than a baseline it could
+    start from, at any budget (a small one here)."""
+    ppo = load(ROOT / "pipelines/ppo_llama8b.rpeg")
+    ppo = attrs.evolve(ppo, name="ppo_separate", shares=(), staleness=(("rollout", 1),))
+    limits = EVERY_ENGINE if carry else attrs.evolve(EVERY_ENGINE, carry_engines=frozenset())
+    opts = SearchOptions(seed=0, iterations=150, patience=80, limits=limits)
+    r = compile_report(ppo, cluster_of("gh200", 4, 4), options=opts)
+    best = min(e.step_time_s for _, e in r.baselines if e is not None)
+    assert r.plan.predicted.step_time_s <= best + 1e-9, (r.plan.predicted.step_time_s, best)

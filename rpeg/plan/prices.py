@@ -1,0 +1,227 @@
+"""The cost model's answers a planner asks again and again, each computed once.
+
+    >>> prices = Prices.of(load("pipelines/ppo_llama8b.rpeg"),
+    ...                    load_cluster("pipelines/clusters/gh200_64.rpeg"))  # doctest: +SKIP
+    >>> prices.stage_cost("actor_step", placement).time_s                    # doctest: +SKIP
+    9.8
+
+A search prices thousands of plans that differ from each other in one stage: the cost of
+every other op is the same as before. Every answer here is a pure function of a stage's
+:class:`rpeg.graph.work.Work`, a placement's layout and the cluster's profile, memoised
+per function and keyed by exactly what that function reads of the placement:
+
+- time (:meth:`stage_cost`, :meth:`chunk_ends`, :meth:`sync_time`): the layout and where
+  its devices sit in the cluster's tree (:meth:`timed`: moved to the first node or rack
+  alike, since the cluster's nodes and racks are alike);
+- memory (:meth:`transient`, :meth:`resident`, :meth:`gen_rows`): the layout alone, on
+  any devices (:meth:`laid`).
+
+A cost function changed in :mod:`rpeg.cost` changes these answers with it: nothing here
+restates a formula. Loading profiles is the caller's business.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import attrs
+
+from rpeg.cost.engine_sync import collective_sync_time, engine_copy
+from rpeg.cost.generation import StageCost
+from rpeg.cost.memory import Parallel, resident_memory
+from rpeg.cost.partial import smallest_cap
+from rpeg.cost.stages import (
+    estimate_stage,
+    generation_chunks,
+    generation_rows,
+    stage_memory,
+    weight_sync_time,
+)
+from rpeg.graph import build
+from rpeg.graph.work import Work
+from rpeg.plan.model import StagePlacement
+from rpeg.spec.model import Cluster, Model, Pipeline
+
+MIB = 2 ** 20
+
+# (responses, longest response, mean length) of one streamed chunk
+Chunk = tuple[int, float, float]
+
+
+def parallel_of(p: StagePlacement) -> Parallel:
+    return Parallel(dp=p.dp, tp=p.tp, pp=p.pp, microbatches=p.microbatches,
+                    recompute=p.recompute, zero=p.zero, offload=p.offload, cp=p.cp, ep=p.ep,
+                    packing=p.packing, param_offload=p.param_offload,
+                    max_num_seqs=p.max_num_seqs, kv_fraction=p.kv_fraction,
+                    cuda_graph=p.cuda_graph)
+
+
+class _Memo:
+    """One pure function's answers, by its arguments."""
+
+    def __init__(self, fn: Callable) -> None:
+        self.fn = fn
+        self.answers: dict = {}
+
+    def __call__(self, *args):
+        try:
+            return self.answers[args]
+        except KeyError:
+            out = self.answers[args] = self.fn(*args)
+            return out
+
+    def __len__(self) -> int:
+        return len(self.answers)
+
+
+@attrs.frozen(eq=False)
+class Prices:
+    """The memoised cost functions of one pipeline's stages on one cluster."""
+
+    works: dict[str, Work] = attrs.field(eq=False)         # stage -> what it computes
+    models: dict[str, Model] = attrs.field(eq=False)       # model name -> model
+    cluster: Cluster = attrs.field(eq=False)
+    max_len: int = 0                                        # longest response (tokens)
+    _memo: dict[str, _Memo] = attrs.field(init=False, eq=False, factory=dict)
+
+    @classmethod
+    def of(cls, pipeline: Pipeline, cluster: Cluster) -> Prices:
+        works = {w.stage: w for o in build(pipeline).ops for w in o.work}
+        models = {m.name: m for m in pipeline.models}
+        prices = cls(works, models, cluster, pipeline.workload.gen_len.max_len)
+        for name in ("_timed", "_laid", "_stage_cost", "_chunk_ends", "_transient",
+                     "_resident", "_gen_rows", "_synced", "_sync_time"):
+            prices._memo[name] = _Memo(getattr(prices, name))
+        return prices
+
+    # --- placements as the cost functions read them ---------------------------------
+
+    def timed(self, p: StagePlacement) -> StagePlacement:
+        """``p`` as time reads it: one chunk, moved to where the cluster's tree looks the
+        same (see :meth:`canonical`)."""
+        return self._memo["_timed"](p)
+
+    def _timed(self, p: StagePlacement) -> StagePlacement:
+        return self.canonical(attrs.evolve(p, chunks=1) if p.chunks != 1 else p)
+
+    def laid(self, p: StagePlacement) -> StagePlacement:
+        """``p`` as memory reads it: its layout, on no device in particular."""
+        return self._memo["_laid"](p)
+
+    @staticmethod
+    def _laid(p: StagePlacement) -> StagePlacement:
+        return attrs.evolve(p, stage="", devices=(), chunks=1)
+
+    def canonical(self, *ps: StagePlacement):
+        """The placements moved together to where the cluster's tree looks the same (its
+        nodes and racks are alike, so costs are too): inside one rack, to the first node
+        of the first rack; across racks, to the first rack. One or a tuple, as given."""
+        if not all(p.devices for p in ps):
+            return ps if len(ps) > 1 else ps[0]
+        lo, hi = min(min(p.devices) for p in ps), max(max(p.devices) for p in ps)
+        gpn = self.cluster.gpus_per_node
+        rack = gpn * self.cluster.nodes_per_rack
+        shift = (lo // gpn) * gpn if lo // rack == hi // rack else (lo // rack) * rack
+        if shift:
+            ps = tuple(attrs.evolve(p, devices=_shifted(p.devices, shift)) for p in ps)
+        return ps if len(ps) > 1 else ps[0]
+
+    def cap(self, p: StagePlacement) -> int:
+        """Tokens a step decodes per response when a generate stage carries responses over
+        ``p.carry`` steps: each advances by about an equal share of the longest (0: all)."""
+        return smallest_cap(self.max_len, p.carry)
+
+    # --- time -----------------------------------------------------------------------
+
+    def stage_cost(self, stage: str, p: StagePlacement, rows: int | None = None,
+                   chunk: Chunk | None = None, off_policy: bool = False) -> StageCost:
+        """The cost of one step of ``stage`` placed as ``p``: ``rows`` sequences generated
+        at once per replica; ``chunk``: one streamed chunk on its own; ``off_policy``: a
+        train stage corrects for responses sampled with older weights."""
+        return self._memo["_stage_cost"](stage, self.timed(p), rows, chunk, off_policy)
+
+    def _stage_cost(self, stage, q, rows, chunk, off_policy) -> StageCost:
+        batch, padded, mean = chunk if chunk is not None else (None, None, None)
+        return estimate_stage(self.works[stage], parallel_of(q), q.devices, self.cluster,
+                              engine=q.engine, rows=rows, batch=batch, padded_len=padded,
+                              partial=self.cap(q), off_policy=off_policy, mean_len=mean)
+
+    def chunk_ends(self, stage: str, p: StagePlacement, rows: int | None = None
+                   ) -> tuple[tuple[float, int, float, float], ...]:
+        """(end, responses, longest response, mean length) of each chunk of a generate
+        stage."""
+        return self._memo["_chunk_ends"](stage, self.canonical(p), rows)
+
+    def _chunk_ends(self, stage, p, rows):
+        return generation_chunks(self.works[stage], parallel_of(p), p.devices, self.cluster,
+                                 p.chunks, engine=p.engine, rows=rows, with_lengths=True,
+                                 partial=self.cap(p))
+
+    def sync_time(self, model: str, src: StagePlacement, dst: StagePlacement) -> float:
+        """Seconds to bring ``model``'s new weights from a trainer placed as ``src`` into a
+        reader placed as ``dst`` (collectives into a vLLM engine's own copy)."""
+        return self._memo["_synced"](model, src, dst)
+
+    def _synced(self, model, src, dst) -> float:
+        return self._memo["_sync_time"](model, *self.canonical(src, dst))
+
+    def _sync_time(self, model, src, dst) -> float:
+        m = self.models[model]
+        if engine_copy(src, dst):
+            blocks = tuple(dst.devices[i:i + dst.tp] for i in range(0, len(dst.devices), dst.tp))
+            return collective_sync_time(m, src.devices, parallel_of(src), blocks, self.cluster)
+        return weight_sync_time(m, src.devices, parallel_of(src), dst.devices,
+                                parallel_of(dst), self.cluster)
+
+    # --- memory ---------------------------------------------------------------------
+
+    def transient(self, stage: str, p: StagePlacement, rows: int | None = None,
+                  chunks: tuple[Chunk, ...] = ()) -> float:
+        """Bytes a stage needs while it runs: for the whole batch, or (``chunks`` of a
+        streamed consumer) the largest of its chunks, each processed on its own."""
+        return self._memo["_transient"](stage, self.laid(p), rows, chunks)
+
+    def _transient(self, stage, q, rows, chunks) -> float:
+        par, work = parallel_of(q), self.works[stage]
+        if chunks:
+            return max(stage_memory(work, par, self.cluster, batch=n, padded_len=top,
+                                    engine=q.engine, mean_len=mean).total
+                       for n, top, mean in chunks)
+        return stage_memory(work, par, self.cluster, rows=rows, partial=self.cap(q),
+                            engine=q.engine).total
+
+    def resident(self, model: str, p: StagePlacement, trained: bool) -> float:
+        """Bytes a copy of ``model`` keeps between stages: a ZeRO-3 copy (trained, or a
+        frozen model served on shards) sharded over its data and context parallel ranks."""
+        return self._memo["_resident"](model, self.laid(p), trained)
+
+    def _resident(self, model, q, trained) -> float:
+        zero = q.zero if trained or q.zero >= 3 else 0
+        par = attrs.evolve(parallel_of(q), zero=zero, offload=q.offload and trained)
+        return resident_memory(self.models[model], par, self.cluster, trained=trained,
+                               engine=q.engine).total
+
+    def gen_rows(self, stage: str, p: StagePlacement, free: float) -> int:
+        """Sequences a generate stage runs at once per replica with ``free`` bytes per GPU
+        (counted in whole MiB)."""
+        return self._memo["_gen_rows"](stage, self.laid(p), int(free // MIB))
+
+    def _gen_rows(self, stage, q, free_mib) -> int:
+        return generation_rows(self.works[stage], parallel_of(q), self.cluster,
+                               free_mib * MIB, partial=self.cap(q), engine=q.engine)
+
+    def sizes(self) -> dict[str, int]:
+        """Answers held per function (what a search asked, and how much it reused)."""
+        return {name.lstrip("_"): len(m) for name, m in self._memo.items()}
+
+
+def _shifted(devices: tuple[int, ...], shift: int) -> tuple[int, ...]:
+    first = devices[0] - shift
+    run = tuple(range(first, first + len(devices)))
+    if devices[-1] - devices[0] == len(devices) - 1 and devices == tuple(
+            range(devices[0], devices[-1] + 1)):
+        return run
+    return tuple(d - shift for d in devices)
+
+
+__all__ = ["Prices", "parallel_of"]

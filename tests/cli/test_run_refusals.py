@@ -1,0 +1,40 @@
+"""``rpeg run`` refuses what cannot run before it spends time planning: a scheduler with
+fewer device workers than the run needs is counted first."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+
+from rpeg.cli import main
+
+ROOT = Path(__file__).resolve().parents[2]
+TINY = str(ROOT / "pipelines" / "tiny_ppo.rpeg")
+A100_16 = str(ROOT / "pipelines" / "clusters" / "a100_16.rpeg")
+
+
+@pytest.fixture(scope="module")
+def one_worker():
+    """A scheduler with one single-threaded GPU=1 worker."""
+    from distributed import LocalCluster
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=True,
+                      resources={"GPU": 1}, host="127.0.0.1", dashboard_address="127.0.0.1:0",
+                      silence_logs=logging.ERROR) as cluster:
+        yield cluster.scheduler_address
+
+
+def test_too_few_workers_are_refused_before_planning(one_worker, capsys, monkeypatch, tmp_path):
+    import rpeg.plan.compile as compile_module
+
+    def never(*_a, **_k):
+        raise AssertionError("planned for a scheduler that cannot run the plan")
+
+    monkeypatch.setattr(compile_module, "compile_report", never)
+    rc = main(["run", TINY, "--cluster", A100_16, "--scheduler", one_worker, "--no-progress",
+               "--run-dir", str(tmp_path / "run")])
+    err = capsys.readouterr().err
+    assert rc == 1, err
+    assert "needs 16 workers with resource GPU=1, and the cluster has 1" in err, err
+    assert "Traceback" not in err and not (tmp_path / "run").exists()

@@ -41,9 +41,62 @@ class RolloutChunk:
     logprobs: tuple[np.ndarray, ...]    # float32 log-probability of each generated token
     finished: np.ndarray                # bool [n]: EOS reached (else cut at max_new_tokens)
     version: int                        # parameter version that generated the chunk
+    # per response token: the version of the policy that sampled it (-1: an observation)
+    versions: tuple[np.ndarray, ...] | None = None
+    # a conversation's (tools, an environment): 1 for the policy's tokens, 0 for the
+    # observations' -- out of the loss, the KL and token counts. None: all the policy's
+    masks: tuple[np.ndarray, ...] | None = None
 
     def __len__(self) -> int:
         return len(self.response_ids)
+
+    def policy_tokens(self) -> int:
+        """Tokens the policy sampled (observations left out)."""
+        if self.masks is None:
+            return int(sum(len(r) for r in self.response_ids))
+        return int(sum(int(np.sum(m)) for m in self.masks))
+
+
+def _opt(parts, field: str) -> tuple | None:
+    """An optional per-response field of ``parts`` concatenated; None when none has it. A
+    part without it gets its default: every token its chunk's version, or the policy's."""
+    if all(getattr(p, field) is None for p in parts):
+        return None
+    out = []
+    for p in parts:
+        have = getattr(p, field)
+        if have is not None:
+            out += list(have)
+        elif field == "versions":
+            out += [np.full(len(r), p.version, np.int64) for r in p.response_ids]
+        else:
+            out += [np.ones(len(r), np.uint8) for r in p.response_ids]
+    return tuple(out)
+
+
+def concat_chunks(parts: list[RolloutChunk]) -> RolloutChunk:
+    """Several chunks as one, in order; its version the oldest."""
+    if len(parts) == 1:
+        return parts[0]
+    return RolloutChunk(
+        prompt_index=np.concatenate([p.prompt_index for p in parts]),
+        prompt_ids=tuple(x for p in parts for x in p.prompt_ids),
+        response_ids=tuple(x for p in parts for x in p.response_ids),
+        logprobs=tuple(x for p in parts for x in p.logprobs),
+        finished=np.concatenate([p.finished for p in parts]),
+        version=min(p.version for p in parts), versions=_opt(parts, "versions"),
+        masks=_opt(parts, "masks"))
+
+
+def select_chunk(chunk: RolloutChunk, idx) -> RolloutChunk:
+    """The responses at positions ``idx`` of ``chunk``."""
+    idx = [int(i) for i in idx]
+
+    def pick(xs):
+        return None if xs is None else tuple(xs[i] for i in idx)
+    return RolloutChunk(chunk.prompt_index[idx], pick(chunk.prompt_ids), pick(chunk.response_ids),
+                        pick(chunk.logprobs), chunk.finished[idx], chunk.version,
+                        pick(chunk.versions), pick(chunk.masks))
 
 
 @attrs.frozen
@@ -66,8 +119,9 @@ class GenerationEngine(Protocol):
     version: int
 
     def generate(self, prompt_ids: list[np.ndarray], params: SamplingParams,
-                 chunks: int = 1) -> Iterator[RolloutChunk]:
-        """Sample one response per prompt; yield finished responses in ``chunks`` groups."""
+                 chunks: int = 1, tools=None) -> Iterator[RolloutChunk]:
+        """Sample one response per prompt; yield finished responses in ``chunks`` groups.
+        With ``tools`` (``backends.turns.Toolbox``) a conversation per prompt instead."""
         ...
 
     def update_weights(self, named_tensors: Iterable[tuple[str, Any]], version: int) -> None:
@@ -90,6 +144,10 @@ class CarriedResponse:
     versions: np.ndarray               # int64, that policy's parameter version per token
     ended: bool
     ended_at: int
+    mask: np.ndarray | None = None     # a conversation's: 1 policy token, 0 observation
+    turns: int = 0                     # a conversation's policy turns so far
+    turn_start: int = 0                # where its current turn's tokens start
+    cut: bool = False                  # ended by a cap, not by itself
 
 
 @attrs.frozen

@@ -50,11 +50,25 @@ class Response:
     versions: list[int] = attrs.Factory(list)     # the version of that policy, per token
     ended: bool = False               # reached EOS or the length cap
     ended_at: int = -1                # when, in the order responses ended (across steps)
+    # a conversation's (backends.turns): its tokens' mask (1 policy, 0 observation), policy
+    # turns, where the current turn started, its environment, whether a cap ended it
+    mask: list[int] | None = None
+    turns: int = 0
+    turn_start: int = 0
+    handle: int = -1
+    cut: bool = False
+
+    @property
+    def turn_len(self) -> int:
+        """Tokens of the current turn."""
+        return len(self.tokens) - self.turn_start
 
     @property
     def oldest(self) -> int:
-        """The oldest parameter version among its tokens (-1: none yet)."""
-        return min(self.versions) if self.versions else -1
+        """The oldest parameter version among its policy's tokens (-1: none yet; an
+        observation's tokens have none)."""
+        sampled = [v for v in self.versions if v >= 0]
+        return min(sampled) if sampled else -1
 
     def context(self) -> np.ndarray:
         """Prompt and the tokens so far: what an engine continues it from."""
@@ -151,14 +165,19 @@ def chunk(done: list[Response], eos: int | None) -> RolloutChunk:
     """Finished responses of one cohort, in prompt order; its version is the oldest any of
     their tokens was sampled with."""
     rs = sorted(done, key=lambda r: r.index)
+    conversations = any(r.mask is not None for r in rs)
     return RolloutChunk(
         prompt_index=np.asarray([r.index for r in rs], dtype=np.int64),
         prompt_ids=tuple(r.prompt for r in rs),
         response_ids=tuple(np.asarray(r.tokens, dtype=np.int64) for r in rs),
         logprobs=tuple(np.asarray(r.logprobs, dtype=np.float32) for r in rs),
-        finished=np.asarray([eos is not None and eos >= 0 and r.tokens[-1] == eos
+        finished=np.asarray([not r.cut if r.mask is not None else
+                             eos is not None and eos >= 0 and r.tokens[-1] == eos
                              for r in rs], dtype=bool),
         version=min(r.oldest for r in rs),
+        versions=tuple(np.asarray(r.versions, dtype=np.int64) for r in rs),
+        masks=tuple(np.asarray(r.mask if r.mask is not None else [1] * len(r.tokens),
+                               dtype=np.uint8) for r in rs) if conversations else None,
     )
 
 
@@ -182,7 +201,9 @@ def restore(states) -> dict[str, Carried]:
             buf.cohorts.setdefault(int(v.cohort), []).append(Response(
                 int(v.cohort), int(v.index), np.asarray(v.prompt, dtype=np.int64),
                 [int(x) for x in v.tokens], [float(x) for x in v.logprobs],
-                [int(x) for x in v.versions], bool(v.ended), int(v.ended_at)))
+                [int(x) for x in v.versions], bool(v.ended), int(v.ended_at),
+                mask=None if v.mask is None else [int(x) for x in v.mask],
+                turns=int(v.turns), turn_start=int(v.turn_start), cut=bool(v.cut)))
         for rs in buf.cohorts.values():
             rs.sort(key=lambda r: r.index)
         out[str(s.key)] = buf
@@ -194,4 +215,6 @@ def _response_value(r: Response) -> CarriedResponse:
                            tokens=np.asarray(r.tokens, dtype=np.int64),
                            logprobs=np.asarray(r.logprobs, dtype=np.float32),
                            versions=np.asarray(r.versions, dtype=np.int64),
-                           ended=r.ended, ended_at=r.ended_at)
+                           ended=r.ended, ended_at=r.ended_at,
+                           mask=None if r.mask is None else np.asarray(r.mask, np.uint8),
+                           turns=r.turns, turn_start=r.turn_start, cut=r.cut)

@@ -181,6 +181,39 @@ def with_kl_to_go(adv: np.ndarray, x: Batch, kl: float, estimator: str):
                  for a, p in zip(adv, penalty, strict=True))
 
 
+# --- conversations: the policy's tokens only --------------------------------------------------
+
+def policy_only(x: Batch, masks) -> Batch:
+    """``x`` with a conversation's observation tokens left out of every per-token input: an
+    estimator sees the policy's tokens as one sequence (its score on the last of them, its
+    KL and discounting over them), whatever observations sat between its turns."""
+    keep = [np.asarray(m, bool) for m in masks]
+
+    def cut(xs):
+        return None if xs is None else tuple(np.asarray(a)[k] for a, k in zip(xs, keep,
+                                                                              strict=True))
+    return attrs.evolve(x, lengths=tuple(int(k.sum()) for k in keep), values=cut(x.values),
+                        logprobs=cut(x.logprobs), ref_logprobs=cut(x.ref_logprobs))
+
+
+def at_policy_tokens(outputs, masks):
+    """An estimator's outputs of :func:`policy_only` inputs, back at every token: per-token
+    arrays spread over the policy's positions, 0 at the observations' (which the trainer
+    masks out); per-response values unchanged."""
+    def spread(a, m):
+        m = np.asarray(m, bool)
+        full = np.zeros(len(m), np.float32)
+        full[m] = np.asarray(a, np.float32)
+        return full
+    out = []
+    for o in outputs:
+        if isinstance(o, tuple):
+            out.append(tuple(spread(a, m) for a, m in zip(o, masks, strict=True)))
+        else:
+            out.append(o)
+    return tuple(out)
+
+
 # --- what the executor calls, by registry name ----------------------------------------------
 
 @implements("gae")

@@ -57,9 +57,15 @@ def evaluate(ex, model: str, step: int) -> dict:
     engine.version = replica.version
     responses: list[str] = [""] * len(prompts)
     lengths = [0] * len(prompts)
+    from rpeg.spec.tools import conversation
+    conv = conversation(gen, params.max_new_tokens)
     for lo in range(0, len(prompts), BATCH):
         batch = prompts[lo: lo + BATCH]
-        for chunk in engine.generate(batch, attrs.evolve(params, seed=params.seed * 4096 + lo), chunks=1):
+        # a stage with tools answers as it trains: conversations, with the same tools
+        talk = {} if conv is None else {"tools": ex.toolbox(
+            conv, codec, lambda _s, i, lo=lo: rows[lo + i], params.max_new_tokens)}
+        for chunk in engine.generate(batch, attrs.evolve(params, seed=params.seed * 4096 + lo),
+                                     chunks=1, **talk):
             for i, ids in zip(chunk.prompt_index, chunk.response_ids, strict=True):
                 responses[lo + int(i)] = codec.decode(ids)
                 lengths[lo + int(i)] = len(ids)

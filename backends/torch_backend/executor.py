@@ -19,9 +19,14 @@ import attrs
 import numpy as np
 import torch
 
-from backends.api import Cohort, RolloutChunk, SamplingParams
+from backends.api import Cohort, RolloutChunk, SamplingParams, concat_chunks
 from backends.torch_backend import sampling
-from backends.torch_backend.advantages import Batch, group_mean
+from backends.torch_backend.advantages import (
+    Batch,
+    at_policy_tokens,
+    group_mean,
+    policy_only,
+)
 from backends.torch_backend.algorithms import implementation, implements
 from backends.torch_backend.generation import TorchEngine
 from backends.torch_backend.losses import LossSpec, adapt_kl
@@ -136,6 +141,7 @@ class Executor:
         p = ctx.pipeline
         self.targets = {m.name: m for m in p.models} | {r.name: r for r in p.rewards}
         self.roles = roles_of(p.stages, self.targets)      # data name -> what it is
+        self.sandbox = None                # tool calls' sandbox, started by the first
 
     def _replica(self, spec):
         """A torch replica, or the vLLM engine serving a copy of its own (``spec.engine``)."""
@@ -229,6 +235,8 @@ class Executor:
                 max_num_seqs=self._concurrency(stage)[0])
             engine = self._engine(stage, replica)
             pieces = max(call.chunks // shard, 1)
+            tools = self._toolbox(call, stage, engine, mine, codec, params)
+            talk = {"tools": tools} if tools is not None else {}
             if call.carry:
                 if rounds or not hasattr(engine, "generate_carried"):
                     raise BackendError(f"stage '{stage.name}' must generate whole responses "
@@ -237,7 +245,7 @@ class Executor:
                 cohorts = [Cohort(t, tuple(self._prompts(t, mine, codec)), attrs.evolve(
                     params, seed=params.seed * 128 + t - call.step))
                     for t in range(call.step, call.step + call.carry + 1)]
-                stream = engine.generate_carried(cohorts, chunks=pieces, key=call.op)
+                stream = engine.generate_carried(cohorts, chunks=pieces, key=call.op, **talk)
             elif rounds:
                 done = self._refill(call, stage, engine, params, mine, codec, rounds)
                 stream, mine = iter(sampling.split(done.chunk, pieces)), None
@@ -245,10 +253,12 @@ class Executor:
                          "groups_checked": done.checked}
             else:
                 stream = engine.generate(self._prompts(call.step, mine, codec), params,
-                                         chunks=pieces)
-            self.streams[key] = (stream, mine)
-        stream, mine = self.streams[key]
+                                         chunks=pieces, **talk)
+            self.streams[key] = (stream, mine, tools)
+        stream, mine, tools = self.streams[key]
         chunk = next(stream)
+        if tools is not None:                # what the conversations did for this chunk
+            stats = {**stats, **tools.stats()}
         if mine is not None:
             chunk = attrs.evolve(chunk, prompt_index=mine[chunk.prompt_index])   # step-wide
         if call.chunk + shard >= call.chunks:
@@ -260,8 +270,40 @@ class Executor:
         lengths = [len(r) for r in chunk.response_ids]
         if call.tp_group and call.tp_group[0] != self.device_index:
             return out, {}                          # tp rank > 0: rank 0 reports the chunk
-        return out, {"tokens": int(sum(lengths)), "responses": len(lengths),
-                     "finished": float(np.mean(chunk.finished)) if lengths else 0.0, **stats}
+        return out, {"tokens": chunk.policy_tokens(), "responses": len(lengths),
+                     "finished": float(np.mean(chunk.finished)) if lengths else 0.0,
+                     **token_versions(chunk), **stats}
+
+    def _toolbox(self, call, stage, engine, mine, codec, params):
+        """A multi-turn generate stage's conversations (``backends.turns``): the worker's
+        sandbox (started once, with every tool of the pipeline), the stage's caps, the
+        dataset row of each of this device's prompts. None for single responses."""
+        from rpeg.spec.tools import conversation
+        conv = conversation(stage, params.max_new_tokens)
+        if conv is None:
+            return None
+        if not getattr(engine, "converses", False):
+            raise BackendError(f"stage '{stage.name}' holds conversations with tools, which "
+                               f"the {type(engine).__name__} does not run", stage.span,
+                               hint="generate it with engine = torch")
+        if len(call.tp_group) > 1:
+            raise BackendError(f"stage '{stage.name}' holds conversations with tools, which "
+                               "the torch engine runs at tp = 1", stage.span,
+                               hint="pin it to tp = 1: place ... { tp = 1 }")
+        w = self.ctx.pipeline.workload
+
+        def row_of(step: int, index: int) -> dict:
+            return sampling.rows_for(self.rows, w, step, mine[index:index + 1], self.ctx.data)[0]
+        return self.toolbox(conv, codec, row_of, params.max_new_tokens)
+
+    def toolbox(self, conv, codec, row_of, max_len: int):
+        """A :class:`backends.turns.Toolbox` on this worker's sandbox (started once, with
+        every tool of the pipeline)."""
+        if self.sandbox is None:
+            from rpeg.runtime.sandbox import Sandbox
+            self.sandbox = Sandbox.start(self.ctx.pipeline.tools, slots=self.ctx.tool_slots)
+        from backends.turns import Toolbox
+        return Toolbox(self.sandbox, conv, codec, row_of, max_len)
 
     def _refill(self, call, stage, engine, params, mine, codec, rounds):
         """Dynamic sampling for this device's groups (see ``sampling``)."""
@@ -338,14 +380,33 @@ class Executor:
         kept = [n for n, i in enumerate(chunk.prompt_index) if i < keep]
         if kept and texts is not None:      # the step's first responses, for samples.jsonl
             stats["samples"] = [sample_row(int(chunk.prompt_index[n]), texts.rows[n],
-                                           texts.responses[n], float(scores[n])) for n in kept]
+                                           texts.responses[n], float(scores[n]))
+                                | self._turns(chunk, n, stage.inputs[0]) for n in kept]
         return {stage.outputs[0]: scores}, stats
 
+    def _turns(self, chunk: RolloutChunk, n: int, responses: str) -> dict:
+        """A conversation's turns, for its row of samples.jsonl ({} for a single response)."""
+        if chunk.masks is None:
+            return {}
+        from backends.turns import turns_of
+        src = self.ctx.pipeline.producer(responses)
+        observer = "environment" if src is not None and src.param("environment") else "tool"
+        versions = chunk.versions[n] if chunk.versions is not None else \
+            np.full(len(chunk.response_ids[n]), chunk.version)
+        return {"turns": turns_of(chunk.response_ids[n], chunk.masks[n], versions,
+                                  self._codec().decode, observer, SAMPLE_CHARS)}
+
     def _budget(self, responses: str) -> int:
-        """The generation budget (max_len) of the stage that made ``responses``."""
+        """The generation budget (max_len) of the stage that made ``responses``: of a
+        conversation, its turns' (max_turns x max_len policy tokens)."""
         src = self.ctx.pipeline.producer(responses)
         top = src.arg("max_len") if src is not None and src.kind is OpKind.GENERATE else None
-        return int(top or self.ctx.pipeline.workload.gen_len.max_len)
+        top = int(top or self.ctx.pipeline.workload.gen_len.max_len)
+        if src is not None and src.kind is OpKind.GENERATE:
+            from rpeg.spec.tools import conversation
+            conv = conversation(src, top)
+            top *= conv.max_turns if conv is not None else 1
+        return top
 
     def _estimator_batch(self, stage, inputs) -> tuple[Batch, dict]:
         """An estimator's inputs by role: the scores of its score stages added up with their
@@ -381,8 +442,18 @@ class Executor:
             means = dict(zip(own.tolist(), group_mean(base, own).tolist(), strict=True))
             baseline = np.array([means[g] for g in groups.tolist()])
         args = fn.resolve(dict(stage.params))
-        return Batch(np.asarray(scores, np.float32), lengths, groups, values, logprobs, ref,
-                     baseline), args
+        batch = Batch(np.asarray(scores, np.float32), lengths, groups, values, logprobs, ref,
+                      baseline)
+        masks = self._masks(inputs)
+        return (policy_only(batch, masks) if masks is not None else batch), args, masks
+
+    def _masks(self, inputs) -> tuple | None:
+        """The policy-token masks of the conversations an op's inputs are about (None: single
+        responses): those of the responses it reads, or that its inputs were made from."""
+        for name in inputs:
+            if self.roles.get(name) is Role.RESPONSES:
+                return _concat(inputs[name]).masks
+        return None
 
     def _weight(self, scores: str) -> float:
         src = self.ctx.pipeline.producer(scores)
@@ -390,8 +461,10 @@ class Executor:
 
     def _compute(self, call, inputs):
         stage = self._stage(call)
-        batch, args = self._estimator_batch(stage, inputs)
+        batch, args, masks = self._estimator_batch(stage, inputs)
         outputs = implementation(stage.function)(batch, args)
+        if masks is not None:
+            outputs = at_policy_tokens(outputs, masks)
         out = dict(zip(stage.outputs, outputs, strict=False))
         stats = {"reward_sum": float(np.sum(batch.scores)), "reward_n": int(len(batch.scores))}
         if batch.logprobs is not None and batch.ref_logprobs is not None:
@@ -424,7 +497,7 @@ class Executor:
                            returns=whole(data.get(Role.RETURNS)),
                            old_values=whole(data.get(Role.VALUES)),
                            ref_logprobs=whole(data.get(Role.REF_LOGPROBS)),
-                           behaviour_version=min(versions))
+                           behaviour_version=min(versions), loss_mask=whole(chunk.masks))
         losses = [self._loss(s, replica, shared=len(stages) > 1,
                              old_values=Role.VALUES in data) for s in stages]
         places = [self.ctx.plan.placement(s.name) for s in stages]
@@ -591,6 +664,9 @@ class Executor:
 
     def shutdown(self) -> None:
         self.streams.clear()
+        if self.sandbox is not None:
+            self.sandbox.close()
+            self.sandbox = None
         for r in self.replicas.values():
             if getattr(r, "engine_copy", False):
                 r.shutdown()
@@ -739,15 +815,20 @@ def sample_row(index: int, row: dict, response: str, reward: float) -> dict:
 
 
 def _rollout(parts) -> RolloutChunk:
-    if len(parts) == 1:
-        return parts[0]
-    return RolloutChunk(
-        prompt_index=np.concatenate([p.prompt_index for p in parts]),
-        prompt_ids=tuple(x for p in parts for x in p.prompt_ids),
-        response_ids=tuple(x for p in parts for x in p.response_ids),
-        logprobs=tuple(x for p in parts for x in p.logprobs),
-        finished=np.concatenate([p.finished for p in parts]),
-        version=min(p.version for p in parts))
+    return concat_chunks(parts)
+
+
+def token_versions(chunk: RolloutChunk) -> dict:
+    """The versions the policy's tokens of ``chunk`` were sampled with, as a count per
+    version (``rpeg verify`` checks each against the staleness bound)."""
+    if chunk.versions is None:
+        return {}
+    flat = np.concatenate([np.asarray(v, np.int64) for v in chunk.versions] or
+                          [np.zeros(0, np.int64)])
+    flat = flat[flat >= 0]
+    values, counts = np.unique(flat, return_counts=True)
+    return {"token_versions": {str(int(v)): int(c) for v, c in zip(values, counts,
+                                                                   strict=True)}}
 
 
 def _concat(parts):

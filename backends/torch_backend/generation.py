@@ -42,7 +42,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from backends import carry
+from backends import carry, turns
 from backends.api import CarriedState, Cohort, RolloutChunk, SamplingParams
 from backends.torch_backend.modeling import PolicyModel, build_model  # noqa: F401  (doctest)
 from backends.torch_backend.tokenizer import EOS_ID, PAD_ID
@@ -51,6 +51,8 @@ from backends.torch_backend.tokenizer import EOS_ID, PAD_ID
 class TorchEngine:
     """A generation engine over a :class:`PolicyModel` (shared with training when colocated)."""
 
+    converses = True              # holds conversations with tools (``tools=``)
+
     def __init__(self, model: PolicyModel, device: str = "cpu", version: int = 0) -> None:
         self.model = model
         self.device = device
@@ -58,7 +60,13 @@ class TorchEngine:
         self.carried: dict[str, carry.Carried] = {}     # generate op -> its partial rollouts
 
     def generate(self, prompt_ids: list[np.ndarray], params: SamplingParams,
-                 chunks: int = 1) -> Iterator[RolloutChunk]:
+                 chunks: int = 1, tools=None) -> Iterator[RolloutChunk]:
+        if tools is not None:
+            yield from self._converse([carry.Response(0, i, np.asarray(p, dtype=np.int64))
+                                       for i, p in enumerate(prompt_ids)],
+                                      params, {0: torch.Generator().manual_seed(
+                                          int(params.seed))}, chunks, tools)
+            return
         n = len(prompt_ids)
         bounds = chunk_bounds(n, chunks)
         # Sampling draws on the CPU from this generator: the same seed, the same tokens, on
@@ -119,20 +127,24 @@ class TorchEngine:
                 hidden, cache = model(tok[:, None], mask, pos, cache)
 
     def generate_carried(self, cohorts: list[Cohort], chunks: int = 1,
-                         key: str = "") -> Iterator[RolloutChunk]:
+                         key: str = "", tools=None) -> Iterator[RolloutChunk]:
         """Partial rollouts: advance the responses of ``cohorts`` together until every
         response of ``cohorts[0]`` (this step's) finished; stream those in ``chunks`` groups
         (the ones that finished in earlier steps first). The other cohorts' responses stay
-        in this engine, finished or not, for their own steps (see the module doc)."""
+        in this engine, finished or not, for their own steps (see the module doc). With
+        ``tools``, conversations: the later cohorts' pause between turns."""
         buf, own = carry.admit(self.carried, key, cohorts)
         params = cohorts[0].params
+        # each cohort samples from its own generator: seeded per step, cohort and replica
+        gens = {c.step: torch.Generator().manual_seed(int(c.params.seed)) for c in cohorts}
+        if tools is not None:
+            yield from self._converse(own, params, gens, chunks, tools, buf)
+            return
         stream = carry.Stream(own, chunks, EOS_ID if params.eos_id is None else params.eos_id)
         yield from stream.ready()
         if stream.complete:
             return
         live = carry.live(own, buf)
-        # each cohort samples from its own generator: seeded per step, cohort and replica
-        gens = {c.step: torch.Generator().manual_seed(int(c.params.seed)) for c in cohorts}
         width = params.max_num_seqs if params.max_num_seqs > 0 else max(len(live), 1)
         for lo in range(0, len(live), width):    # waves; this step's own responses first
             decoding = self._advance(live[lo:lo + width], params, gens, stream.eos)
@@ -146,12 +158,48 @@ class TorchEngine:
                     return
         raise AssertionError("every response must finish by max_new_tokens")
 
+    def _converse(self, own: list[carry.Response], params: SamplingParams, gens, chunks: int,
+                  tools, buf: carry.Carried | None = None) -> Iterator[RolloutChunk]:
+        """Conversations (``backends.turns``): this call's own, and under partial rollouts
+        the later cohorts' beside them until the own ones all ended; a turn a round, every
+        live conversation's turn decoded together (in waves of ``max_num_seqs``)."""
+        eos = EOS_ID if params.eos_id is None else params.eos_id
+        stream = carry.Stream(own, chunks, eos)
+        yield from stream.ready()
+        if stream.complete:
+            return
+        rows = carry.live(own, buf) if buf is not None else own
+
+        def decode(live: list[carry.Response]) -> None:
+            width = params.max_num_seqs if params.max_num_seqs > 0 else max(len(live), 1)
+            for lo in range(0, len(live), width):
+                for _ in self._advance(live[lo:lo + width], params, gens, eos, tools.take):
+                    pass
+                for r in live[lo:lo + width]:
+                    r.ended = False             # a turn ended, not its conversation
+        for ended in turns.converse(rows, decode, tools, eos, until=lambda: stream.complete):
+            if buf is not None:
+                buf.sampled += sum(r.turn_len for r in rows)
+                carry.mark_ended(buf, ended)
+            stream.add(ended)
+            yield from stream.ready()
+            if stream.complete:
+                return
+        raise AssertionError("every conversation must end by max_turns")
+
     @torch.no_grad()
-    def _advance(self, live: list[carry.Response], params: SamplingParams, gens, eos: int):
+    def _advance(self, live: list[carry.Response], params: SamplingParams, gens, eos: int,
+                 take=None):
         """Decode ``live`` responses together, one token each per round, from their prompt
         and the tokens they have: the KV cache is rebuilt under the current weights (a
         carried response's earlier tokens came from older ones). After each round, yield
-        (responses that ended, rows decoded); ended rows drop out of the batch."""
+        (responses that ended, rows decoded); ended rows drop out of the batch. ``take``
+        records a token and says whether the row is done (default: the response ends at
+        end-of-sequence or ``max_new_tokens``); ``min_new_tokens`` counts a row's current
+        turn (``turn_start``)."""
+        if take is None:
+            def take(r, tok, logp, version, eos_):
+                return carry.record(r, tok, logp, version, params.max_new_tokens, eos_)
         model, dev = self.model, self.device
         contexts = [r.context() for r in live]
         hidden, cache, mask, pos = _prefill(model, dev, contexts)
@@ -162,14 +210,15 @@ class TorchEngine:
             tok = torch.empty(len(rows), dtype=torch.long, device=logits.device)
             lp = torch.empty(len(rows), dtype=torch.float32, device=logits.device)
             for cohort, idx in _by_cohort(rows):
-                short = torch.tensor([len(rows[i].tokens) < params.min_new_tokens
+                short = torch.tensor([rows[i].turn_len < params.min_new_tokens
                                       for i in idx.tolist()])
                 t, lps = sample_at_least(logits[idx], params, gens[cohort], eos, short)
                 tok[idx], lp[idx] = t, lps
             tok = same_on_all(tok)
             ended = []
             for r, t, logp in zip(rows, tok.cpu().tolist(), lp.cpu().tolist(), strict=True):
-                if carry.record(r, t, logp, self.version, params.max_new_tokens, eos):
+                if take(r, t, logp, self.version, eos):
+                    r.ended = True
                     ended.append(r)
             yield ended, len(rows)
             keep = torch.tensor([not r.ended for r in rows])
@@ -193,6 +242,7 @@ class TorchEngine:
             logprobs=tuple(logps[i, : lengths[i]].numpy().astype(np.float32) for i in idx),
             finished=finished[idx].numpy().astype(bool),
             version=self.version,
+            versions=tuple(np.full(int(lengths[i]), self.version, np.int64) for i in idx),
         )
 
     def update_weights(self, named_tensors: Iterable[tuple[str, Any]], version: int) -> None:

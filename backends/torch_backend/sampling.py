@@ -21,7 +21,7 @@ from __future__ import annotations
 import attrs
 import numpy as np
 
-from backends.api import RolloutChunk
+from backends.api import RolloutChunk, concat_chunks, select_chunk
 from rpeg.runtime.data import Cursor, step_rows
 
 ROUND_SEED = 1_000_003        # round r of a step draws its prompts with seed + r * ROUND_SEED
@@ -63,20 +63,11 @@ def degenerate(scores: np.ndarray, groups: np.ndarray) -> list[int]:
 
 
 def select(chunk: RolloutChunk, keep: np.ndarray) -> RolloutChunk:
-    idx = np.nonzero(keep)[0]
-    return RolloutChunk(chunk.prompt_index[idx], tuple(chunk.prompt_ids[i] for i in idx),
-                        tuple(chunk.response_ids[i] for i in idx),
-                        tuple(chunk.logprobs[i] for i in idx), chunk.finished[idx],
-                        chunk.version)
+    return select_chunk(chunk, np.nonzero(keep)[0])
 
 
 def concat(parts: list[RolloutChunk]) -> RolloutChunk:
-    return RolloutChunk(np.concatenate([p.prompt_index for p in parts]),
-                        tuple(x for p in parts for x in p.prompt_ids),
-                        tuple(x for p in parts for x in p.response_ids),
-                        tuple(x for p in parts for x in p.logprobs),
-                        np.concatenate([p.finished for p in parts]),
-                        min(p.version for p in parts))
+    return concat_chunks(parts)
 
 
 def split(chunk: RolloutChunk, pieces: int) -> list[RolloutChunk]:

@@ -51,9 +51,21 @@ def encode(text: str) -> list[int]:
     return byte_tokenizer().encode(text, add_special_tokens=False)
 
 
-def decode(ids) -> str:
-    """Text of ``ids`` with special tokens dropped; invalid UTF-8 becomes U+FFFD."""
-    return bytes(int(i) for i in ids if int(i) < 256).decode("utf-8", errors="replace")
+def decode(ids, special: bool = False) -> str:
+    """Text of ``ids`` with special tokens dropped (``special``: written by name);
+    invalid UTF-8 becomes U+FFFD."""
+    if not special:
+        return bytes(int(i) for i in ids if int(i) < 256).decode("utf-8", errors="replace")
+    names = {v: k for k, v in SPECIALS.items()}
+    out, run = [], bytearray()
+    for i in ids:
+        if int(i) < 256:
+            run.append(int(i))
+            continue
+        out.append(run.decode("utf-8", errors="replace"))
+        run = bytearray()
+        out.append(names.get(int(i), ""))
+    return "".join(out) + run.decode("utf-8", errors="replace")
 
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
@@ -119,10 +131,12 @@ class Codec:
                                                   tokenize=False)
         return list(self.tokenizer.encode(text, add_special_tokens=False))
 
-    def decode(self, ids) -> str:
+    def decode(self, ids, special: bool = False) -> str:
+        """Text of ``ids``; special tokens dropped, or (``special``) written out, as a
+        tool-call format reads them."""
         if self.tokenizer is None:
-            return decode(ids)
-        return self.tokenizer.decode([int(i) for i in ids], skip_special_tokens=True)
+            return decode(ids, special)
+        return self.tokenizer.decode([int(i) for i in ids], skip_special_tokens=not special)
 
 
 @functools.lru_cache(maxsize=8)

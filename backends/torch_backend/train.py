@@ -117,9 +117,10 @@ class TrainBatch:
     old_values: tuple | None = None
     ref_logprobs: tuple | None = None
     behaviour_version: int = 0
+    loss_mask: tuple | None = None         # conversations: 1 policy token, 0 observation
 
 
-FIELDS = ("old_logprobs", "advantages", "returns", "old_values", "ref_logprobs")
+FIELDS = ("old_logprobs", "advantages", "returns", "old_values", "ref_logprobs", "loss_mask")
 
 
 def train_step(heads: nn.Module, optimizer: torch.optim.Optimizer, batch: TrainBatch,
@@ -145,8 +146,14 @@ def train_step(heads: nn.Module, optimizer: torch.optim.Optimizer, batch: TrainB
     cost = [len(p) + r for p, r in zip(batch.prompt_ids, resp, strict=True)]
     fields = {name: list(getattr(batch, name)) for name in FIELDS
               if getattr(batch, name) is not None}
+    # the tokens a loss counts: a conversation's observations are not the policy's; what
+    # any input says at them is set aside (0) before anything reads it
+    counted = resp if batch.loss_mask is None else [int(np.sum(m)) for m in batch.loss_mask]
+    if batch.loss_mask is not None:
+        fields = {name: v if name == "loss_mask" else _at_policy(v, batch.loss_mask)
+                  for name, v in fields.items()}
     if "advantages" in fields and normalize:
-        fields["advantages"] = _normalized(fields["advantages"], resp)
+        fields["advantages"] = _normalized(fields["advantages"], resp, batch.loss_mask)
     parts = balance(cost, world)
     mine = parts[rank]
     policy = [loss for loss in losses if loss.policy]
@@ -177,7 +184,7 @@ def train_step(heads: nn.Module, optimizer: torch.optim.Optimizer, batch: TrainB
                            for piece in torch.tensor_split(torch.tensor(order), k)])
         for j in range(k):
             everyone = [i for r in range(world) for i in splits[r][j]]
-            norm = Norm(float(max(sum(resp[i] for i in everyone), 1)),
+            norm = Norm(float(max(sum(counted[i] for i in everyone), 1)),
                         float(max(len(everyone), 1)), budget)
             part = splits[rank][j]
             optimizer.zero_grad(set_to_none=True)
@@ -196,11 +203,13 @@ def train_step(heads: nn.Module, optimizer: torch.optim.Optimizer, batch: TrainB
                             for name, v in fields.items()}
                     lp, ent, values = (None if x is None else rows.per_sequence(x)
                                        for x in token_outputs(heads, rows))
+                    mask = rows.sequence_mask()
+                    if "loss_mask" in mb_t:        # observations weigh nothing, anywhere
+                        mask = mask * mb_t.pop("loss_mask")
                     total = torch.zeros((), device=device)
                     terms: dict[str, torch.Tensor] = {}
                     for loss in losses:
-                        value, st = compute_loss(loss, lp, ent, values, rows.sequence_mask(),
-                                                 mb_t, norm)
+                        value, st = compute_loss(loss, lp, ent, values, mask, mb_t, norm)
                         total = total + loss.coef * value
                         terms.update(st)
                     (total * (0.0 if dummy else float(world))).backward()
@@ -217,10 +226,12 @@ def train_step(heads: nn.Module, optimizer: torch.optim.Optimizer, batch: TrainB
                 sums[key] = sums.get(key, 0.0) + v
             count += 1
     out = {key: v / max(count, 1) for key, v in sums.items()}
-    out["tokens"] = int(sum(resp[i] for i in mine))          # this rank's share
+    out["tokens"] = int(sum(counted[i] for i in mine))       # this rank's share
     if off_policy:
-        w = np.concatenate([fields["is_weight"][i] for i in mine]) if mine else np.zeros(1)
-        out["is_weight"] = float(w.mean())
+        w = [fields["is_weight"][i] if batch.loss_mask is None else
+             fields["is_weight"][i][np.asarray(batch.loss_mask[i], bool)] for i in mine]
+        w = np.concatenate(w) if mine else np.zeros(1)
+        out["is_weight"] = float(w.mean()) if w.size else 1.0
     return out
 
 
@@ -244,13 +255,25 @@ def _micro(part: list[int], cost, count: int, collective: bool) -> list[list[int
     return groups if collective else [g for g in groups if g] or [[]]
 
 
-def _normalized(advantages, lengths) -> list[np.ndarray]:
-    """Advantages minus their mean over every response token, over their standard deviation."""
-    flat = np.concatenate([np.broadcast_to(np.asarray(a, np.float32), (n,))
-                           for a, n in zip(advantages, lengths, strict=True)]).astype(np.float64)
+def _normalized(advantages, lengths, masks=None) -> list[np.ndarray]:
+    """Advantages minus their mean over every response token (the policy's, of a
+    conversation), over their standard deviation."""
+    flat = np.concatenate([
+        np.broadcast_to(np.asarray(a, np.float32), (n,))[
+            slice(None) if masks is None else np.asarray(masks[i], bool)]
+        for i, (a, n) in enumerate(zip(advantages, lengths, strict=True))]).astype(np.float64)
     mean, std = flat.mean(), flat.std()
     return [((np.asarray(a, np.float32) - mean) / (std + 1e-6)).astype(np.float32)
             for a in advantages]
+
+
+def _at_policy(rows, masks) -> list:
+    """Per-token rows with 0 at the observations' tokens (per-response values unchanged)."""
+    out = []
+    for x, m in zip(rows, masks, strict=True):
+        x = np.asarray(x, np.float32)
+        out.append(x if x.ndim == 0 else np.where(np.asarray(m) > 0, x, 0.0).astype(np.float32))
+    return out
 
 
 def _masked_mean(x: torch.Tensor, m: torch.Tensor) -> torch.Tensor:

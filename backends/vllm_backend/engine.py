@@ -47,7 +47,7 @@ from typing import Any
 import attrs
 import numpy as np
 
-from backends import carry
+from backends import carry, turns
 from backends.api import CarriedState, Cohort, RolloutChunk, SamplingParams
 from backends.torch_backend.generation import chunk_bounds
 from backends.vllm_backend import require
@@ -168,13 +168,21 @@ class VllmEngine:
 
     # -- generation -------------------------------------------------------------------------
 
+    converses = True              # holds conversations with tools (``tools=``)
+
     def generate(self, prompt_ids: list[np.ndarray], params: SamplingParams,
-                 chunks: int = 1) -> Iterator[RolloutChunk]:
-        """Sample one response per prompt; yield finished ones in ``chunks`` groups as they finish."""
+                 chunks: int = 1, tools=None) -> Iterator[RolloutChunk]:
+        """Sample one response per prompt; yield finished ones in ``chunks`` groups as they
+        finish. With ``tools``, a conversation per prompt (``backends.turns``)."""
         if chunks < 1:
             raise BackendError(f"chunks must be at least 1, not {chunks}")
         if params.max_new_tokens < 1:
             raise BackendError(f"max_new_tokens must be at least 1, not {params.max_new_tokens}")
+        if tools is not None:
+            rows = [carry.Response(0, i, np.asarray(p, dtype=np.int64))
+                    for i, p in enumerate(prompt_ids)]
+            yield from self._converse(rows, params, {0: params.seed}, chunks, tools)
+            return
         from vllm import TokensPrompt
 
         engine = self._llm.llm_engine
@@ -204,8 +212,66 @@ class VllmEngine:
             if open_ids:          # the caller stopped early: free the engine for the next call
                 engine.abort_request(sorted(open_ids))
 
+    def _converse(self, own: list[carry.Response], params: SamplingParams,
+                  seeds: dict[int, int], chunks: int, tools,
+                  buf: carry.Carried | None = None) -> Iterator[RolloutChunk]:
+        """Conversations (``backends.turns``): each round, every live one's turn is one
+        request of its token ids so far (the prefix cache holds the earlier turns, so only
+        what came since is prefilled), ended by end-of-sequence, the turn's budget or a stop
+        string of the format (then the request is stopped); under partial rollouts the later
+        cohorts' conversations pause between turns when this step's have all ended."""
+        from vllm import TokensPrompt
+        eos = self.eos_id if params.eos_id is None else params.eos_id
+        stream = carry.Stream(own, chunks, eos)
+        yield from stream.ready()
+        if stream.complete:
+            return
+        rows = carry.live(own, buf) if buf is not None else own
+        engine = self._llm.llm_engine
+
+        def decode(live: list[carry.Response]) -> None:
+            version, call = self.version, next(self._calls)
+            open_ids: dict[str, carry.Response] = {}
+            for r in live:
+                made = len(r.tokens)          # its seed moves on with the conversation
+                rid = f"rpeg-{call}-{r.cohort}-{r.index}"
+                sampling = _vllm_sampling(attrs.evolve(
+                    params, seed=seeds[r.cohort], max_new_tokens=tools.budget(r) + made,
+                    min_new_tokens=params.min_new_tokens + made), eos, r.index, made=made,
+                    seeded=False)
+                engine.add_request(rid, TokensPrompt(prompt_token_ids=r.context().tolist()),
+                                   sampling)
+                open_ids[rid] = r
+            try:
+                while open_ids:
+                    for out in engine.step():
+                        r = open_ids.get(out.request_id)
+                        if r is None:
+                            continue
+                        completion = out.outputs[0]
+                        done = False
+                        for tok, lps in zip(completion.token_ids, completion.logprobs or (),
+                                            strict=True):
+                            if tools.take(r, tok, lps[int(tok)].logprob, version, eos):
+                                done = True
+                                break
+                        if done or out.finished:
+                            del open_ids[out.request_id]
+                            if not out.finished:
+                                engine.abort_request([out.request_id])
+            finally:
+                if open_ids:
+                    engine.abort_request(sorted(open_ids))
+        for ended in turns.converse(rows, decode, tools, eos, until=lambda: stream.complete):
+            if buf is not None:
+                carry.mark_ended(buf, ended)
+            stream.add(ended)
+            yield from stream.ready()
+            if stream.complete:
+                return
+
     def generate_carried(self, cohorts: list[Cohort], chunks: int = 1,
-                         key: str = "") -> Iterator[RolloutChunk]:
+                         key: str = "", tools=None) -> Iterator[RolloutChunk]:
         """Partial rollouts (``backends.carry``): advance the responses of ``cohorts`` until
         every response of ``cohorts[0]`` (this step's) finished; yield those in ``chunks``
         groups. A carried response is re-submitted as prompt + the tokens it has, for the
@@ -218,13 +284,16 @@ class VllmEngine:
 
         buf, own = carry.admit(self.carried, key, cohorts)
         params = cohorts[0].params
+        seeds = {c.step: c.params.seed for c in cohorts}
+        if tools is not None:
+            yield from self._converse(own, params, seeds, chunks, tools, buf)
+            return
         eos = self.eos_id if params.eos_id is None else params.eos_id
         stream = carry.Stream(own, chunks, eos)
         yield from stream.ready()
         if stream.complete:
             return
         engine, version, call = self._llm.llm_engine, self.version, next(self._calls)
-        seeds = {c.step: c.params.seed for c in cohorts}
         open_ids: dict[str, carry.Response] = {}
         for r in carry.live(own, buf):
             rid = f"rpeg-{call}-{r.cohort}-{r.index}"
@@ -391,9 +460,13 @@ def _config_eos(path: Path) -> int | None:
     return eos
 
 
-def _vllm_sampling(params: SamplingParams, eos: int | None, index: int, made: int | None = None):
+def _vllm_sampling(params: SamplingParams, eos: int | None, index: int, made: int | None = None,
+                   seeded: bool = True):
     """vLLM's sampling parameters for prompt ``index`` of a call. ``made``: a carried
-    response continued with that many tokens so far (deltas out; its seed moves on with it)."""
+    response continued with that many tokens so far (deltas out; its seed moves on with it).
+    ``seeded`` False: drawn from the engine's own generator (seeded when it started) -- a
+    conversation's turn, whose long context vLLM may prefill in chunks, which a request's
+    own CPU generator cannot follow."""
     from vllm import SamplingParams as VSamplingParams
     from vllm.sampling_params import RequestOutputKind
 
@@ -407,7 +480,7 @@ def _vllm_sampling(params: SamplingParams, eos: int | None, index: int, made: in
         top_p=params.top_p,
         min_tokens=max(0, params.min_new_tokens - (made or 0)),
         # One seed per request: reproducible calls, distinct samples of a repeated prompt.
-        seed=seed % (1 << 63),
+        seed=seed % (1 << 63) if seeded else None,
         logprobs=0, stop_token_ids=[eos] if _stops(eos) else None,
         ignore_eos=not _stops(eos), detokenize=False, skip_special_tokens=False, **extra)
 

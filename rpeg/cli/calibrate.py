@@ -50,8 +50,19 @@ def register(app: typer.Typer) -> None:
                                            "Dask costs (the dispatch gap, and the control "
                                            "plane's CPU in three short runs) and update those "
                                            "terms of the --out profile, keeping the rest."),
+        tools: Path = typer.Option(None, "--tools", help="Measure the tools and environments "
+                                   "this pipeline declares, in the sandbox, and what a "
+                                   "sandboxed call costs by itself (with --out: into that "
+                                   "profile's tool_call_s, keeping the rest)."),
+        arg: list[str] = typer.Option(None, "--arg", help="With --tools: an argument text to "
+                                      "call each tool with (repeat it; default: empty)."),
+        calls: int = typer.Option(20, "--calls", min=1, max=10000,
+                                  help="With --tools: calls per tool."),
     ) -> None:
         """Measure this machine's devices and links into a hardware profile."""
+        if tools is not None:
+            _tools(tools, list(arg or []), calls, out)
+            return
         from rpeg.cost.calibrate import cluster_text, fit_profile, keep_unmeasured, with_dispatch
         from rpeg.cost.profiles import load_profile, profile_text
         from rpeg.runtime.dispatch import measure_control, measure_dispatch
@@ -105,3 +116,52 @@ def register(app: typer.Typer) -> None:
             with writing(cluster, "the cluster file"):
                 cluster.write_text(cluster_text(name, rel, fit.link))
             print(f"wrote {cluster}", file=sys.stderr)
+
+
+def _tools(spec: Path, args: list[str], calls: int, out: Path | None) -> None:
+    """``rpeg calibrate --tools SPEC``: each tool's latency as the policy waits for it,
+    with the distribution to declare, and a sandboxed call's own cost."""
+    import numpy as np
+
+    from rpeg.cost.profiles import load_profile, profile_text
+    from rpeg.runtime.sandbox import Sandbox, measure, measure_environment, probe_tool
+    from rpeg.spec import load
+    writable(out, "--out")
+    if out is not None and not out.is_file():
+        raise RpegError(f"--tools with --out updates an existing profile's tool_call_s, and "
+                        f"'{out}' is none", hint=f"measure the whole profile first: rpeg "
+                                                 f"calibrate -o {out}")
+    pipeline = load(spec)
+    probe = probe_tool()
+    box = Sandbox.start(list(pipeline.tools) + [probe], slots=1)
+    try:
+        box.call_many([(probe.name, "")])                 # the first call warms the server
+        base, _ = measure(box, probe.name, [""], max(calls, 20))
+        print(f"a sandboxed call that answers at once: median {np.median(base) * 1e3:.1f} ms "
+              f"(tool_call_s), max {max(base) * 1e3:.1f} ms, over {len(base)} calls, "
+              f"landlock ABI {box.landlock}", file=sys.stderr)
+        for t in pipeline.tools:
+            fn = measure_environment if t.environment else measure
+            seconds, failed = fn(box, t.name, args, calls)
+            if not seconds:
+                print(f"{t.name}: every call failed", file=sys.stderr)
+                continue
+            median, top = float(np.median(seconds)), float(max(seconds))
+            print(f"{'environment' if t.environment else 'tool'} {t.name}: {len(seconds)} "
+                  f"calls, median {median * 1e3:.1f} ms, p90 "
+                  f"{np.percentile(seconds, 90) * 1e3:.1f} ms, max {top * 1e3:.1f} ms"
+                  + (f", {failed} failed" if failed else ""), file=sys.stderr)
+            print(f"  declare: latency = lognormal(median = {_ms(median)}, max = "
+                  f"{_ms(max(top, median))})")
+    finally:
+        box.close()
+    if out is not None:
+        import attrs
+        p = attrs.evolve(load_profile(out), tool_call_s=float(np.median(base)))
+        with writing(out, "the profile"):
+            out.write_text(profile_text(p, comment=f"{p.name}: measured by rpeg calibrate"))
+        print(f"wrote {out}", file=sys.stderr)
+
+
+def _ms(s: float) -> str:
+    return f"{s * 1e3:.3g} ms" if s < 1 else f"{s:.3g} s"

@@ -239,6 +239,7 @@ def summary_text(report, cluster, output: Path, gantt: Path | None, pipeline,
                      f"{p.microbatches}" + (" +recompute" if p.recompute else ""), str(p.zero),
                      str(p.chunks), p.engine.value, f"{t:.2f}"))
     lines += _table(rows)
+    lines += conversation_lines(plan, pipeline, cluster)
     lines += ["", "ops per step (FLOPs and bytes over their GPUs; MFU, MBU: the share of the "
                   "GPUs' peak compute and memory bandwidth they use)"]
     lines += _table(op_rows(pr))
@@ -260,6 +261,48 @@ def summary_text(report, cluster, output: Path, gantt: Path | None, pipeline,
                      "model prices, " + (f"and `rpeg run` cannot execute this plan ({why})"
                                          if why else "and `rpeg run` executes this plan too"))
     return "\n".join(lines)
+
+
+def conversation_lines(plan, pipeline, cluster) -> list[str]:
+    """Per generate stage with tools, each turn's predicted generation and tool time in a
+    step, as the plan's generate op is priced (``rpeg.cost.turns``)."""
+    from rpeg.cost.topology import Topology
+    from rpeg.cost.turns import carries, rounds
+    from rpeg.plan.evaluate import Evaluator, parallel_of
+    ev = None
+    lines: list[str] = []
+    for work in _conversation_works(pipeline):
+        if ev is None:
+            ev = Evaluator(pipeline, cluster)
+            row_of = ev.rows_of(plan, ev.graph(plan))
+        p = plan.placement(work.stage)
+        par = parallel_of(p)
+        rs, _ = rounds(work, par, p.devices, Topology.from_cluster(cluster), cluster,
+                       work.workload.batch, p.engine, row_of.get(work.stage), ev.cap(p))
+        conv = work.conversation
+        c = carries(work, ev.cap(p))
+        lines += ["", f"conversations: {work.stage} (up to {conv.max_turns} turns, "
+                      f"{', '.join(conv.declared)}"
+                      + (f"; {c + 1} cohorts a round, carried between turns" if c else "")
+                      + ")"]
+        rows = [("turn", "samples", "generation s", "tool calls", "tools s")]
+        for r in rs:
+            rows.append((str(r.turn), f"{r.rows:.0f}", f"{r.generate_s:.3f}", f"{r.calls:.0f}",
+                         f"{r.tools_s:.3f}"))
+        rows.append(("all", "", f"{sum(r.generate_s for r in rs):.3f}",
+                     f"{sum(r.calls for r in rs):.0f}", f"{sum(r.tools_s for r in rs):.3f}"))
+        lines += _table(rows)
+    return lines
+
+
+def _conversation_works(pipeline):
+    from rpeg.graph.work import work_of
+    from rpeg.spec.model import OpKind
+    for s in pipeline.stages:
+        if s.kind is OpKind.GENERATE:
+            w = work_of(pipeline, s.name)
+            if w.conversation is not None:
+                yield w
 
 
 def not_runnable(plan) -> str | None:

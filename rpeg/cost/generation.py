@@ -261,15 +261,36 @@ def generation_rows(work, par: Parallel, cluster: Cluster,
     the free memory holds (at least one; the memory check then reports the shortfall)."""
     model, w = work.model, work.workload
     batch = w.batch if batch is None else batch
+    if getattr(work, "conversation", None) is not None:    # whole conversations, every cohort
+        local = math.ceil(batch * (carries(work, partial) + 1) / par.dp)
+        w = conversation_workload(work)
+        return concurrency(model, par, w, cluster.gpu, engine, local, free_bytes)
     local = math.ceil(decoded_batch(batch, w.gen_len, partial) / par.dp)
     return concurrency(model, par, w, cluster.gpu, engine, local, free_bytes)
+
+
+def carries(work, partial: int) -> int:
+    """The plan's carry of a conversation stage, from the per-step token cap it is priced
+    with (``rpeg.cost.partial.smallest_cap`` of the turn length): 0 for whole ones."""
+    dist = work.workload.gen_len
+    return Partial(dist, partial).carries if 0 < partial < dist.max_len else 0
+
+
+def conversation_workload(work):
+    """The workload of a conversation stage's whole samples (prompt, then the turns and
+    observations), as its KV cache holds them at their longest."""
+    from rpeg.spec.tools import trajectory_len
+    return attrs.evolve(work.workload, gen_len=trajectory_len(work.workload.gen_len,
+                                                              work.conversation))
 
 
 # --- time ----------------------------------------------------------------------------------
 
 def generation(model, par, devices, topo, cluster, batch, w, engine, rows=None,
-               partial=0) -> Gen:
-    """The generate stage's cost and when each local response is finished."""
+               partial=0, reuse: float = 0.0) -> Gen:
+    """The generate stage's cost and when each local response is finished. ``reuse``:
+    tokens of each prompt already in the engine's cache (a conversation's earlier turns
+    under prefix caching), attended to but not prefilled again."""
     prompt, dist, extra = w.prompt_lens, w.gen_len, 0.0
     part = partial_of(dist, partial)
     if part is not None:
@@ -284,15 +305,15 @@ def generation(model, par, devices, topo, cluster, batch, w, engine, rows=None,
         # Continuous batching: ``n`` sequences at once, a finished one's slot refilled from
         # the queue at once, so only the last sequences leave a tail.
         return _cached(model, par, devices, topo, gpu, t, local, prompt, extra, dist, engine,
-                       par.dp, n)
+                       par.dp, n, reuse)
     if n >= local:
         return _cached(model, par, devices, topo, gpu, t, local, prompt, extra, dist, engine,
-                       par.dp)
+                       par.dp, None, reuse)
     # Waves: the local batch in ceil(local / n) consecutive batches of at most n sequences.
     # Each wave has the whole length distribution, so each waits for its own longest.
     waves = math.ceil(local / n)
     one = _cached(model, par, devices, topo, gpu, t, math.ceil(local / waves), prompt, extra,
-                  dist, engine, par.dp * waves)
+                  dist, engine, par.dp * waves, None, reuse)
     c, span = one.cost, one.cost.time_s
     cost = StageCost(c.time_s * waves, c.compute_s * waves, c.comm_s * waves,
                      tuple((k, v * waves) for k, v in c.breakdown), c.roof.scaled(waves))
@@ -303,7 +324,7 @@ def generation(model, par, devices, topo, cluster, batch, w, engine, rows=None,
 
 @functools.lru_cache(maxsize=4096)
 def _cached(model, par, devices, topo, gpu, t, local, prompt, extra, dist, engine, groups=1,
-            slots=None) -> Gen:
+            slots=None, reuse=0.0) -> Gen:
     """One wave of ``local`` sequences per replica, on the slowest of ``groups`` replicas
     (or waves) the batch is dealt to; each prompt ``extra`` tokens longer (what a carried
     sequence re-prefills). ``slots`` (continuous batching): at most this many decode at
@@ -346,8 +367,9 @@ def _cached(model, par, devices, topo, gpu, t, local, prompt, extra, dist, engin
         return tp + p2p
 
     pipe = (m + par.pp - 1)                      # 1F1B-style fill: m micro-batches, pp stages
-    pre_tokens = local * p_ctx / m
-    pre_t, pre_roof = stage_pass(pre, pre_tokens, p_ctx / 2, 0.0, local / m)
+    fresh = max(p_ctx - reuse, 1.0)              # a cached prefix is attended, not recomputed
+    pre_tokens = local * fresh / m
+    pre_t, pre_roof = stage_pass(pre, pre_tokens, p_ctx - fresh / 2, 0.0, local / m)
     prefill_c = pipe * pre_t
     roof = pre_roof.scaled(m)
     prefill_x = pipe * comm(pre_tokens)

@@ -95,6 +95,7 @@ from rpeg.cost.passes import (
     train_memory,
 )
 from rpeg.cost.topology import Collective, Topology, collective_time
+from rpeg.cost.turns import carries, conversation_gen, conversation_workload
 from rpeg.errors import CostError
 from rpeg.graph.work import Work
 from rpeg.spec.model import Cluster, Engine, Model, OpKind
@@ -157,6 +158,9 @@ def _concurrent(cost: StageCost, slowdown: float) -> StageCost:
 def _estimate(work, par, devices, topo, cluster, batch, engine, rows,
               padded_len_=None, partial=0, off_policy=False, mean_len_=None) -> StageCost:
     gpu, w, model = cluster.gpu, work.workload, work.model
+    if work.kind is OpKind.GENERATE and work.conversation is not None:
+        return conversation_gen(work, par, devices, topo, cluster, batch, engine, rows,
+                                partial).cost
     if work.kind is OpKind.GENERATE:
         g = generation(model, par, devices, topo, cluster, batch, w, engine, rows, partial)
         refills = refill_batches(work, batch)
@@ -251,8 +255,13 @@ def generation_chunks(work: Work, par: Parallel,
     _check_devices(devices, par, work.stage)
     batch = work.workload.batch if batch is None else batch
     w = work.workload
-    g = generation(work.model, par, devices, Topology.from_cluster(cluster),
-                   cluster, batch, w, engine, rows, partial)
+    if work.conversation is not None:        # a step's own conversations, as they end
+        g = conversation_gen(work, par, devices, Topology.from_cluster(cluster), cluster,
+                             batch, engine, rows, partial)
+        partial = 0
+    else:
+        g = generation(work.model, par, devices, Topology.from_cluster(cluster),
+                       cluster, batch, w, engine, rows, partial)
     finish, lengths = g.finish, g.lengths     # sorted, one per local response
     part = partial_of(w.gen_len, partial)
     if part is not None:
@@ -303,6 +312,11 @@ def stage_memory(work: Work, par: Parallel, cluster: Cluster, *,
     model = work.model
     check_parallel(model.dims, par, model.name)
     local = math.ceil(batch / par.dp)
+    if work.kind is OpKind.GENERATE and work.conversation is not None:
+        # every cohort's conversations at once, each holding up to its whole length
+        local = math.ceil(batch * (carries(work, partial) + 1) / par.dp)
+        return generate_memory(model, par, conversation_workload(work), gpu, engine, local,
+                               rows)
     if work.kind is OpKind.GENERATE:
         # carried sequences beside the new ones, each holding up to its whole length
         local = math.ceil(decoded_batch(batch, w.gen_len, partial) / par.dp)

@@ -16,6 +16,7 @@ import attrs
 
 from rpeg.spec.functions import function
 from rpeg.spec.model import Model, OpKind, Pipeline, Workload
+from rpeg.spec.tools import conversation, trajectory_len
 
 
 @attrs.frozen
@@ -31,6 +32,10 @@ class Work:
     filter_rate: float = 0.0          # ... and the share of groups each round filters out
     max_num_seqs: int = 0             # generate: sequences decoded at once (0: the engine's)
     kv_fraction: float = 0.0          # ... and its share of memory for the KV cache (0: free)
+    # generate with tools: its conversation (rpeg.spec.tools.Conversation; its workload's
+    # gen_len is then a turn's) and the tools it calls (their latency and cores)
+    conversation: object = None
+    tools: tuple = attrs.field(default=(), eq=False, repr=False)
 
     @property
     def on_host(self) -> bool:
@@ -53,19 +58,48 @@ def batching(stage) -> Batching:
 
 
 def work_of(pipeline: Pipeline, stage_name: str) -> Work:
-    """The :class:`Work` of one stage of ``pipeline``."""
+    """The :class:`Work` of one stage of ``pipeline``. A stage downstream of a generate
+    stage with tools works on whole conversations: its workload's response lengths are
+    theirs, policy and observation tokens (:func:`rpeg.spec.tools.trajectory_len`)."""
     s = pipeline.stage(stage_name)
     has_model = pipeline.has_model(s.target or "")
     model = pipeline.model(s.target) if has_model and s.kind is not OpKind.COMPUTE else None
-    common = dict(stage=s.name, kind=s.kind, workload=pipeline.workload, model=model)
+    w = pipeline.workload
     if s.kind is OpKind.GENERATE:
         b = batching(s)
-        return Work(**common, refill_rounds=int(s.arg("refill_rounds") or 0),
+        conv = conversation(s, int(s.arg("max_len") or w.gen_len.max_len))
+        used = tuple(pipeline.tool(n) for n in conv.declared) if conv is not None else ()
+        return Work(stage=s.name, kind=s.kind, workload=w, model=model,
+                    refill_rounds=int(s.arg("refill_rounds") or 0),
                     filter_rate=float(s.arg("filter_rate") or 0.0),
-                    max_num_seqs=b.max_num_seqs, kv_fraction=b.kv_fraction)
+                    max_num_seqs=b.max_num_seqs, kv_fraction=b.kv_fraction,
+                    conversation=conv, tools=used)
+    talked = _conversation_above(pipeline, s)
+    if talked is not None:
+        w = attrs.evolve(w, gen_len=trajectory_len(w.gen_len, talked))
+    common = dict(stage=s.name, kind=s.kind, workload=w, model=model)
     if s.kind is OpKind.TRAIN:
         return Work(**common, minibatches=int(s.param("minibatches", 1) or 1),
                     epochs=int(s.param("epochs", 1) or 1))
     if s.kind is OpKind.COMPUTE:
         return Work(**common, per_token=function(s.function).pricing.per_token)
     return Work(**common)
+
+
+def _conversation_above(pipeline: Pipeline, stage, seen: frozenset = frozenset()):
+    """The conversation of the first generate stage with tools whose responses ``stage``
+    reads, directly or through the stages between (None: single responses)."""
+    for name in stage.inputs:
+        src = pipeline.producer(name)
+        if src is None or src.name in seen:
+            continue
+        if src.kind is OpKind.GENERATE:
+            conv = conversation(src, int(src.arg("max_len") or
+                                         pipeline.workload.gen_len.max_len))
+            if conv is not None:
+                return conv
+            continue
+        found = _conversation_above(pipeline, src, seen | {stage.name})
+        if found is not None:
+            return found
+    return None

@@ -95,11 +95,23 @@ def describe(pipeline: Pipeline, plan: Plan) -> str:
             continue
         reads = "this step's weights" if not lag else f"weights up to {_updates(lag)} old"
         steps = "step" if carry == 1 else "steps"
-        out.append(f"{stage} reads {reads} and carries responses over {carry} {steps} "
-                   f"(partial rollouts: about {smallest_cap(longest, carry)} of their up to "
-                   f"{longest} tokens a step), so a token is at most {_updates(lag + carry)} "
-                   f"old (staleness {lag} + carry {carry} of {allows})")
+        turns = _max_turns(pipeline, stage)
+        what = (f"conversations over {carry} {steps} (they pause between turns: about "
+                f"{-(-turns // (carry + 1))} of their up to {turns} turns a step)") if turns \
+            else (f"responses over {carry} {steps} (partial rollouts: about "
+                  f"{smallest_cap(longest, carry)} of their up to {longest} tokens a step)")
+        out.append(f"{stage} reads {reads} and carries {what}, so a token is at most "
+                   f"{_updates(lag + carry)} old (staleness {lag} + carry {carry} of {allows})")
     return "; ".join(out)
+
+
+def _max_turns(pipeline: Pipeline, stage: str) -> int:
+    """A generate stage's most turns when it holds conversations (0: single responses)."""
+    from rpeg.spec.tools import conversation
+    s = pipeline.stage(stage)
+    conv = conversation(s, int(s.arg("max_len") or pipeline.workload.gen_len.max_len)) \
+        if s.kind is OpKind.GENERATE else None
+    return conv.max_turns if conv is not None else 0
 
 
 def _updates(n: int) -> str:

@@ -25,7 +25,7 @@ from rpeg.plan.model import Plan
 from rpeg.runtime import checkpoint_io as ckio
 from rpeg.runtime import core as C
 from rpeg.runtime import worker as W
-from rpeg.runtime.context import RunContext
+from rpeg.runtime.context import RunContext, tool_slots
 from rpeg.runtime.data import Cursor
 from rpeg.runtime.driver import _rendezvous
 from rpeg.runtime.instances import base_of, graph_for, model_homes
@@ -78,7 +78,8 @@ class Checkpointing:
                                 run_dir=str(self.rd.path), dist_addr=_rendezvous(workers[0]),
                                 use_cuda=self.options.use_cuda)
         ctx = attrs.evolve(ctx, threads=self.options.threads, data=self._cursor(), syncs=tuple(
-            attrs.evolve(s, addr=_rendezvous(workers[s.senders[0]])) for s in ctx.syncs))
+            attrs.evolve(s, addr=_rendezvous(workers[s.senders[0]])) for s in ctx.syncs),
+            tool_slots=tool_slots(self.plan))
         futs = [cl.client.submit(W.setup, ctx, d, workers=[a], allow_other_workers=False,
                                  key=f"setup-{d}-{cl.token}-{self.attempt}", pure=False)
                 for d, a in workers.items()]

@@ -102,6 +102,7 @@ class RunContext:
     threads: int = 1                 # intra-op threads per worker
     data: Cursor = Cursor()          # where the run reads its prompts from (a resume's)
     syncs: tuple[WeightSync, ...] = ()    # collective weight syncs into vLLM engines
+    tool_slots: int = 1              # tool calls a worker's sandbox runs at once
 
     @classmethod
     def create(cls, pipeline: Pipeline, plan: Plan, calls: tuple[OpCall, ...], *,
@@ -200,3 +201,17 @@ def group_of(prompt_index: np.ndarray, samples: int) -> np.ndarray:
     """The prompt (group) each response belongs to."""
     return np.asarray(prompt_index) // max(samples, 1)
 
+
+
+def tool_slots(plan: Plan) -> int:
+    """Tool calls a worker's sandbox runs at once: its device's share of its node's tool
+    cores, as the plan's cluster declares them (``tool_cores``) and the cost model priced
+    them; 1 where the plan names no cluster file that can be read."""
+    if not plan.cluster_path:
+        return 1
+    try:
+        from rpeg.spec import load_cluster
+        cluster = load_cluster(plan.cluster_path)
+    except Exception:            # noqa: BLE001 -- a plan moved from its cluster: the default
+        return 1
+    return max(cluster.tool_cores_per_node // max(cluster.gpus_per_node, 1), 1)

@@ -208,6 +208,7 @@ def step_metrics(step: int, events: list[dict], step_time: float) -> dict:
     if responses:
         row["response_len"] = tokens / responses
         row["tokens_per_s"] = tokens / step_time if step_time > 0 else 0.0
+    row.update(conversation_metrics(gen))
     groups = sum(e["stats"].get("groups_checked", 0) for e in gen)
     if groups:                                # dynamic sampling: the measured filter rate
         row["filtered"] = sum(e["stats"].get("groups_filtered", 0) for e in gen) / groups
@@ -232,6 +233,25 @@ def step_metrics(step: int, events: list[dict], step_time: float) -> dict:
     if bad:
         row = {k: v for k, v in row.items() if k not in bad} | {"nonfinite": bad}
     return row
+
+
+def conversation_metrics(gen: list[dict]) -> dict:
+    """What a step's conversations did, from its generate events: turns per sample, the
+    share of samples with two or more, tool calls, their errors and timeouts, their mean
+    seconds and observation tokens ({} where no stage holds conversations)."""
+    total = {k: sum(e["stats"].get(k, 0) for e in gen)
+             for k in ("conversations", "turns", "multi_turn", "tool_calls", "tool_errors",
+                       "tool_timeouts", "tool_s", "obs_tokens", "obs_truncated")}
+    if not total["conversations"]:
+        return {}
+    out = {"turns": total["turns"] / total["conversations"],
+           "multi_turn": total["multi_turn"] / total["conversations"],
+           "tool_calls": total["tool_calls"], "tool_errors": total["tool_errors"],
+           "tool_timeouts": total["tool_timeouts"], "obs_truncated": total["obs_truncated"]}
+    if total["tool_calls"]:
+        out["tool_s"] = total["tool_s"] / total["tool_calls"]
+        out["obs_len"] = total["obs_tokens"] / total["tool_calls"]
+    return out
 
 
 def host_usage(events: list[dict], marks: list[tuple[int, float, float, int]],

@@ -21,7 +21,11 @@ same unrolling the run used); the trace says what each worker observed. Checks:
   (:func:`rpeg.graph.versions.readable`, the rule the runtime ran by);
 * staleness: that version is also within the spec's bound K (``staleness STAGE <= K``
   of the run's pipeline.json): ``[step - K, step]``, checked apart from the plan's window,
-  so a run breaking the spec's contract fails whatever its plan says.
+  so a run breaking the spec's contract fails whatever its plan says;
+* per token: a generate op's event counts its output's tokens by the version that sampled
+  each (``token_versions``; a conversation's observations have none), and every one of
+  those versions is checked against both windows -- a conversation paused between turns
+  and resumed under newer weights holds tokens of several.
 
 A run re-planned mid-way (a worker gone for good, a resume onto another device
 count) kept each old plan as ``plan.{i}.json``, and each entry of run.json's
@@ -262,6 +266,35 @@ def _dependencies(c: OpCall, e: dict, seen: dict[str, dict], own: set[str]) -> l
     return out
 
 
+def _token_versions(c: OpCall, e: dict, window: tuple[int, int],
+                    oldest: int) -> list[Violation]:
+    """Every token a generate op output, by the version that sampled it (its event's
+    ``token_versions``: tokens per version): within the plan's window and the spec's bound,
+    whatever the turn or step it was sampled in."""
+    counts = (e.get("stats") or {}).get("token_versions")
+    if c.kind is not OpKind.GENERATE or not isinstance(counts, dict):
+        return []
+    out = []
+    lo, hi = window
+    stage = c.stages[0] if c.stages else c.op
+    for text, n in sorted(counts.items()):
+        try:
+            v = int(text)
+        except ValueError:
+            out.append(Violation(c.id, c.step, "version", f"token version {text!r} is not a "
+                                 "version"))
+            continue
+        if not lo <= v <= hi:
+            out.append(Violation(c.id, c.step, "version",
+                                 f"{n} token(s) sampled with version {v}, must be {lo}..{hi}"))
+        if v < oldest:
+            out.append(Violation(c.id, c.step, "staleness",
+                                 f"{n} token(s) sampled with version {v}, {c.step - v} updates "
+                                 f"old: the spec's 'staleness {stage} <= {c.limit}' allows "
+                                 f"{oldest}..{c.step}"))
+    return out
+
+
 def _versions(c: OpCall, e: dict) -> list[Violation]:
     """The version read against the plan's window (its staleness and carry) and the spec's
     (its bound): :func:`rpeg.graph.versions.readable` for both."""
@@ -285,6 +318,7 @@ def _versions(c: OpCall, e: dict) -> list[Violation]:
                                      f"read version {read}, {c.step - read} updates old: the "
                                      f"spec's 'staleness {stage} <= {c.limit}' allows "
                                      f"{oldest}..{c.step}"))
+            out += _token_versions(c, e, (lo, hi), oldest)
     if c.writes >= 0 and int(e.get("version_written", -1)) != c.writes:
         out.append(Violation(c.id, c.step, "version",
                              f"wrote version {e.get('version_written')}, must write {c.writes}"))

@@ -153,6 +153,20 @@ class RewardDecl:
 
 
 @attrs.frozen
+class ToolDecl:
+    """``tool NAME = KIND(...)``, or ``environment NAME = KIND(...)`` (``environment``)."""
+
+    name: Ident
+    call: Call
+    span: Span = _span_field()
+    environment: bool = False
+
+    @property
+    def keyword(self) -> str:
+        return "environment" if self.environment else "tool"
+
+
+@attrs.frozen
 class StageDecl:
     name: Ident
     call: Call
@@ -217,7 +231,8 @@ class ProfileDecl:
     span: Span = _span_field()
 
 
-Item = (PipelineDecl | Extend | WorkloadDecl | ModelDecl | RewardDecl | StageDecl | Staleness
+Item = (PipelineDecl | Extend | WorkloadDecl | ModelDecl | RewardDecl | ToolDecl | StageDecl
+        | Staleness
         | Share | Colocate | Place | EvalDecl | LogDecl | ClusterDecl | ProfileDecl)
 
 

@@ -17,6 +17,7 @@ from rpeg.errors import Span, SpecError, did_you_mean
 from rpeg.spec import ast
 from rpeg.spec import values as V
 from rpeg.spec.functions import by_category, find, function
+from rpeg.spec.lengths import length
 from rpeg.spec.model import Engine
 from rpeg.spec.registry import Category, Function, Param, Type
 
@@ -46,7 +47,35 @@ def convert(p: Param, v: ast.Value) -> object:
         return v.value
     if p.type is Type.STRING:
         return V.string(v, key)
+    if p.type is Type.QUANTITY:
+        x = V.quantity(v, p.unit, key)
+        _check_range(p, x, v)
+        return x
+    if p.type is Type.NAME:
+        return V.name(v, key)
+    if p.type is Type.NAMES:
+        return _names(v, key)
+    if p.type is Type.LENGTH:
+        return length(v, key)
+    if p.type is Type.LATENCY:
+        from rpeg.spec.tools import latency
+        return latency(v, key)
     return lower_call(_callee(p, v), v)
+
+
+def _names(v: ast.Value, key: str) -> tuple[str, ...]:
+    """A list of names (``[calc, search]``), each once."""
+    if not isinstance(v, ast.ListValue):
+        raise SpecError(f"{key} must be a list of names such as [calc], not {V.kind_of(v)} "
+                        f"({V.describe(v)})", v.span, hint=f"write {key} = [{V.describe(v)}]"
+                        if isinstance(v, ast.Ident) else None)
+    out: list[str] = []
+    for item in v.items:
+        name = V.name(item, key)
+        if name in out:
+            raise SpecError(f"{key} lists '{name}' twice", item.span)
+        out.append(name)
+    return tuple(out)
 
 
 def _check_range(p: Param, x: float, v: ast.Value) -> None:

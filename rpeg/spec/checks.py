@@ -66,12 +66,18 @@ def _note(items, key: str, text: str) -> list[tuple[str, Span]]:
 
 def check_context(workload: Workload, models: tuple[Model, ...], stages, items) -> None:
     """prompt_len + the longest response within every model's context that reads them."""
+    from rpeg.spec.tools import conversation
     used = {s.target for s in stages if s.target}
-    need = workload.prompt_len + workload.gen_len.max_len
+    longest = workload.gen_len.max_len
+    for s in stages:        # a conversation: its policy and observation tokens together
+        conv = conversation(s, int(s.arg("max_len") or workload.gen_len.max_len)) \
+            if s.kind is OpKind.GENERATE else None
+        longest = max(longest, conv.max_total_len if conv is not None else 0)
+    need = workload.prompt_len + longest
     for m in models:
         if m.name in used and need > m.dims.max_positions:
             raise SpecError(f"prompt_len + the longest response ({workload.prompt_len} + "
-                            f"{workload.gen_len.max_len} = {need} tokens) must fit model "
+                            f"{longest} = {need} tokens) must fit model "
                             f"'{m.name}''s context of {m.dims.max_positions} positions, not "
                             "exceed it", _entry_span(items, "gen_len") or workload.span,
                             notes=[(f"model '{m.name}' ({m.preset}) declared here", m.span)],

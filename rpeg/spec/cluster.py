@@ -8,7 +8,8 @@
         link gpu  { bandwidth = 450 GB/s; latency = 1 us }
         link node { bandwidth = 25 GB/s;  latency = 5 us }
         link rack { bandwidth = 25 GB/s;  latency = 10 us }
-    }
+        tool_cores     = 64                      # host cores per node for tool calls
+    }                                            #   (default: one per GPU)
 
 A profile file holds ``profile NAME { key = value ... }``; its keys are the fields of
 ``GpuProfile``, each with the unit its metadata names, and any other key is an error.
@@ -134,7 +135,8 @@ def lower_cluster(f: ast.File) -> Cluster:
     cluster = Cluster(name=item.name.value, path=f.path, gpu=gpu,
                       gpus_per_node=ints["gpus_per_node"],
                       nodes_per_rack=ints.get("nodes_per_rack", 1), racks=ints.get("racks", 1),
-                      links=tuple(links[k] for k in sorted(links)), span=item.span)
+                      links=tuple(links[k] for k in sorted(links)), span=item.span,
+                      tool_cores=ints.get("tool_cores", 0))
     if cluster.num_gpus > MAX_GPUS:
         raise SpecError(f"cluster has {cluster.num_gpus:,} GPUs; rpeg plans at most {MAX_GPUS:,}",
                         item.span)

@@ -14,7 +14,7 @@ name first, then by what they are: a model, reward or stage renamed but
 otherwise equal is a *rename*, not a change, and data renamed consistently
 (produced by the matching output of a matching stage, read by matching stages)
 is not a change either. Renames are listed (``renames``) but do not make two
-pipelines differ. Sections, in order: workload, models, rewards, stages, edges,
+pipelines differ. Sections, in order: workload, models, rewards, tools, stages, edges,
 staleness, sharing, colocation, placement. Two clusters compare by shape, GPU
 profile and links (:func:`diff_clusters`).
 """
@@ -29,7 +29,7 @@ import attrs
 from rpeg.spec.model import WORKLOAD_DATA, Cluster, Model, Pipeline, Reward, Stage
 from rpeg.spec.paths import FileRef
 
-SECTIONS = ("workload", "models", "rewards", "stages", "edges", "staleness", "sharing",
+SECTIONS = ("workload", "models", "rewards", "tools", "stages", "edges", "staleness", "sharing",
             "colocation", "placement", "eval", "log", "cluster", "gpu", "links")
 
 
@@ -212,6 +212,9 @@ def diff(a: Pipeline, b: Pipeline) -> SpecDiff:
     changes += _things("models", a.models, b.models, m.models, _model_fields, _describe_model)
     changes += _things("rewards", a.rewards, b.rewards, m.rewards,
                        lambda r, _m: {"function": str(r), "source": r.source or "none"}, str)
+    changes += _things("tools", a.tools, b.tools, {t.name: t.name for t in a.tools
+                                                   if any(u.name == t.name for u in b.tools)},
+                       _tool_fields, str)
     changes += _stages(a, b, m)
     changes += _edges(a, b, m)
     changes += _staleness(a, b, m)
@@ -336,6 +339,16 @@ def _things(section, a_items, b_items, mapping, fields, describe) -> list[Change
         if y.name not in mapping.values():
             out.append(Change(section, ChangeKind.ADDED, y.name, describe(y)))
     return out
+
+
+def _tool_fields(t, _m) -> dict[str, str]:
+    """A tool's or environment's code and sandbox, field by field."""
+    from rpeg.spec.tools import _s
+    return {"kind": "environment" if t.environment else "tool", "code": t.ref,
+            "source": t.source or "none",
+            "timeout": _s(t.timeout), "memory": f"{t.memory:g} bytes",
+            "max_output": f"{t.max_output:g} bytes", "cores": str(t.cores),
+            "latency": str(t.latency) if t.latency is not None else "measured"}
 
 
 def _stage_text(s: Stage) -> str:

@@ -13,7 +13,7 @@ language reference (``rpeg help functions``).
 
 from __future__ import annotations
 
-from rpeg.spec.kinds import GENERATE_ENGINES, Engine, Head, OpKind
+from rpeg.spec.kinds import DEFAULT_TURNS, FORMATS, GENERATE_ENGINES, Engine, Head, OpKind
 from rpeg.spec.registry import (
     Category,
     Function,
@@ -127,15 +127,48 @@ _LOSSES = (
         pricing=Pricing.IN_TRAINING, positional=("clip",), trains=Head.VALUE),
 )
 
+# A generate stage's conversation with tools or an environment (rpeg.spec.tools).
+_TURN_PARAMS = (
+    Param("tools", Type.NAMES, "tools the policy may call (tool NAME = python(...)): a call in "
+          "a turn runs the tool in a sandbox, and its result (or the error) is the next "
+          "observation", priced=True),
+    Param("environment", Type.NAME, "an environment (environment NAME = python(\"module:"
+          "Class\")) the conversation steps: each turn's text is an action, its observation "
+          "follows until the environment says done", priced=True),
+    Param("max_turns", Type.INT, "most policy turns per sample; a turn ends at a tool call, "
+          "or the conversation at the end of a response", derived=f"{DEFAULT_TURNS} with tools "
+          "or an environment", unit="turns", low=1, high=64, priced=True),
+    Param("format", Type.CHOICE, "how a tool call is written and its observation wrapped: rpeg "
+          "(<NAME>ARGUMENT</NAME>, then <result>TEXT</result>), hermes (ChatML of Qwen2.5, "
+          "Qwen3, SmolLM: <tool_call>{\"name\": ..., \"arguments\": ...}</tool_call>, then "
+          "a user turn's <tool_response>), llama3 ({\"name\": ..., \"parameters\": ...}, "
+          "then an ipython turn), mistral ([TOOL_CALLS][...], then [TOOL_RESULTS]...)",
+          default="rpeg", choices=FORMATS),
+    Param("max_obs_len", Type.INT, "most tokens of one observation: a longer one is cut and "
+          "ends with a truncation marker", default=256, unit="tokens", low=1, high=1 << 20,
+          priced=True),
+    Param("max_total_len", Type.INT, "most tokens of a conversation after its prompt, policy "
+          "and observation tokens together: it ends when they are reached",
+          derived="max_turns x (max_len + max_obs_len)", unit="tokens", low=1, high=1 << 21,
+          priced=True),
+    Param("turns", Type.LENGTH, "policy turns per sample, the distribution the cost model "
+          "prices (e.g. uniform(min = 1, max = 4))", derived="max_turns", unit="turns",
+          priced=True),
+    Param("obs_len", Type.LENGTH, "observation tokens per tool call, the distribution the "
+          "cost model prices", derived="max_obs_len", unit="tokens", priced=True),
+)
+
 _STAGES = (
     Function(
-        "generate", Category.STAGE, "Sample one response per prompt and sample.",
+        "generate", Category.STAGE, "Sample one response per prompt and sample; with tools or "
+        "an environment, a conversation: turns of the policy's tokens, each followed by an "
+        "observation (the tool's result), masked out of the loss, the KL and token counts.",
         (Param("temperature", Type.REAL, "sampling temperature (0: greedy)", default=1.0,
                low=0.0, high=100.0),
          Param("top_p", Type.REAL, "nucleus sampling: the smallest set of tokens whose "
                "probability reaches top_p", default=1.0, low=0.0, high=1.0, low_open=True),
-         Param("max_len", Type.INT, "most tokens a response may have (at most the workload's "
-               "gen_len max)", derived="the workload's gen_len max", unit="tokens", low=1,
+         Param("max_len", Type.INT, "most tokens a response (with tools: a turn) may have (at "
+               "most the workload's gen_len max)", derived="the workload's gen_len max", unit="tokens", low=1,
                priced=True),
          Param("min_len", Type.INT, "tokens a response has before it may end: "
                "end-of-sequence is not sampled earlier", unit="tokens", low=1, priced=True),
@@ -153,7 +186,7 @@ _STAGES = (
          Param("filter_rate", Type.REAL, "expected fraction of groups dynamic sampling "
                "filters out each round (what the cost model prices the extra rounds by)",
                default=0.5, low=0.0, high=1.0, high_open=True, requires="refill_rounds",
-               priced=True)),
+               priced=True)) + _TURN_PARAMS,
         kind=OpKind.GENERATE, target=Target.LM, inputs=(Slot(Role.PROMPTS),),
         outputs=(Role.RESPONSES, Role.LOGPROBS), pricing=Pricing.GENERATION,
         moved=(("chunks", "streaming is the plan's choice: place STAGE on gpus A..B "
@@ -286,6 +319,49 @@ _REWARDS = (
 )
 
 
+def _sandbox(what: str, code: str) -> tuple[Param, ...]:
+    """The keywords of a tool or environment: its code and the sandbox each call runs in."""
+    return (
+        Param("ref", Type.STRING, f'"module:{code}" next to the spec (or on the Python path)'),
+        Param("timeout", Type.QUANTITY, f"wall-clock time one {what} may take; past it the call "
+              "is killed and the policy sees an error", default=5.0, unit="s", low=1e-3,
+              high=3600.0),
+        Param("memory", Type.QUANTITY, f"memory one {what} may allocate (an address-space limit "
+              "beyond what the loaded module holds)", default=1e9, unit="bytes", low=1e6,
+              high=1e13),
+        Param("max_output", Type.QUANTITY, f"bytes of text one {what} may return or print; more "
+              "is an error", default=65536.0, unit="bytes", low=16.0, high=1e9),
+        Param("cores", Type.INT, f"host cores one {what} takes of those the cluster gives tool "
+              "executors (tool_cores)", default=1, low=1, high=1024, priced=True),
+        Param("latency", Type.LATENCY, f"how long one {what} takes, the distribution the cost "
+              "model prices (rpeg calibrate --tools measures it)",
+              derived="the profile's measured sandbox call time", unit="s", priced=True),
+    )
+
+
+_TOOLS = (
+    Function(
+        "python", Category.TOOL,
+        "A python function next to the spec (or on the Python path): f(text) -> observation "
+        "text, called with a tool call's argument text. Each call runs in a sandbox: a "
+        "process of its own with a wall-clock timeout, CPU and memory limits, a scratch "
+        "directory it cannot write outside, a cleared environment and no inherited file "
+        "descriptors; a failure, timeout or oversized output is an error observation.",
+        _sandbox("call", "function"), positional=("ref",), pricing=Pricing.TOOL,
+        user_code=True),
+)
+
+_ENVIRONMENTS = (
+    Function(
+        "python", Category.ENVIRONMENT,
+        "A python class next to the spec (or on the Python path), one instance per sample in "
+        "a sandboxed process of its own: reset(prompt, row) once, then step(action) -> "
+        "observation text, or (observation, done), per policy turn.",
+        _sandbox("step", "Class"), positional=("ref",), pricing=Pricing.TOOL,
+        user_code=True),
+)
+
+
 def _optimizer(name: str, doc: str, weight_decay: float) -> Function:
     return Function(
         name, Category.OPTIMIZER, doc,
@@ -319,9 +395,16 @@ _OPTIMIZERS = (
     _optimizer("adamw", "AdamW (decoupled weight decay).", 0.01),
 )
 
-FUNCTIONS: tuple[Function, ...] = _STAGES + _ESTIMATORS + _LOSSES + _REWARDS + _OPTIMIZERS
-_BY_NAME = {f.name: f for f in FUNCTIONS}
-assert len(_BY_NAME) == len(FUNCTIONS), "registry names must be unique"
+FUNCTIONS: tuple[Function, ...] = (_STAGES + _ESTIMATORS + _LOSSES + _REWARDS + _OPTIMIZERS
+                                   + _TOOLS + _ENVIRONMENTS)
+# A declaration's kinds (tool, environment) may share a name with a function (python):
+# ``function`` finds the function, ``declared`` the kind.
+_DECLARED = (Category.TOOL, Category.ENVIRONMENT)
+_BY_NAME = {f.name: f for f in FUNCTIONS if f.category not in _DECLARED}
+_BY_KIND = {(f.category, f.name): f for f in FUNCTIONS}
+assert len(_BY_NAME) + sum(f.category in _DECLARED for f in FUNCTIONS) == len(FUNCTIONS), \
+    "registry names must be unique"
+assert len(_BY_KIND) == len(FUNCTIONS), "names must be unique within a category"
 
 
 def function(name: str) -> Function:
@@ -331,6 +414,11 @@ def function(name: str) -> Function:
 
 def find(name: str) -> Function | None:
     return _BY_NAME.get(name)
+
+
+def declared(category: Category, name: str) -> Function | None:
+    """The kind ``name`` of a declaration of ``category`` (a tool's python, ...)."""
+    return _BY_KIND.get((category, name))
 
 
 def by_category(category: Category) -> tuple[Function, ...]:

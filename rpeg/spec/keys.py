@@ -316,6 +316,9 @@ CLUSTER = Section(
      Param("reserve", Type.QUANTITY, "share of each device's memory plans leave free "
            "(fragmentation, spikes), over the profile's", unit="fraction", low=0.0,
            derived="the profile's (10% unless it says)", example="10%"),
+     _int("tool_cores", "host cores per node that run tool calls (a generate stage's tools: "
+          "each call takes its tool's cores; the cost model queues calls on them)",
+          high=MAX_GPU, derived="one per device"),
      Param("link", Type.BLOCK, "link gpu | node | rack { bandwidth; latency }: between the "
            "devices of a node, the nodes of a rack, the racks; each level the cluster has "
            "needs one", derived="needed for each level with more than one unit",
@@ -374,6 +377,8 @@ PROFILE_DOCS: dict[str, str] = {
     "host_bandwidth": "device <-> host memory, one way (offload)",
     "host_memory_bandwidth": "host memory streaming (CPU Adam)",
     "grads_freed": "1: the backend frees gradients after each step",
+    "tool_call_s": "a sandboxed tool call that answers at once (rpeg calibrate --tools): "
+                   "a tool that declares no latency is priced with it",
     "vllm_layer_overhead": "vLLM's host time per layer per forward call (unset: "
                            "layer_overhead)",
     "vllm_decode_overhead": "vLLM's host time per decode step (unset: decode_overhead)",

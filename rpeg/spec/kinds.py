@@ -42,3 +42,25 @@ class Engine(enum.Enum):
 
 GENERATE_ENGINES = (Engine.AUTO, Engine.TORCH, Engine.VLLM, Engine.HF, Engine.HYBRID)
 PASS_ENGINES = (Engine.TORCH, Engine.DEEPSPEED, Engine.MEGATRON)    # forward and train
+
+
+class ToolFormat(enum.Enum):
+    """How a tool call is written in a policy's turn, and how its observation is wrapped.
+
+    ``rpeg``: ``<NAME>ARGUMENT</NAME>``, answered by ``<result>TEXT</result>`` (a turn ends at
+    a call's closing tag). ``hermes``: the ChatML tool calls of Qwen2.5, Qwen3, SmolLM and
+    Hermes (``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``, answered in a user
+    turn's ``<tool_response>``). ``llama3``: Llama 3.1-3.3's JSON calls (``{"name": ...,
+    "parameters": {...}}``, answered in an ``ipython`` turn). ``mistral``: ``[TOOL_CALLS]
+    [{"name": ..., "arguments": {...}}]``, answered by ``[TOOL_RESULTS]...[/TOOL_RESULTS]``.
+    A JSON call's argument text is its arguments object as JSON."""
+
+    RPEG = "rpeg"
+    HERMES = "hermes"
+    LLAMA3 = "llama3"
+    MISTRAL = "mistral"
+
+
+FORMATS = tuple(f.value for f in ToolFormat)
+
+DEFAULT_TURNS = 4          # a conversation's turns when max_turns is not given

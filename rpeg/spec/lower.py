@@ -11,6 +11,7 @@ yet on disk) are returned as warnings.
 
 from __future__ import annotations
 
+import ast as pyast
 from pathlib import Path
 
 from rpeg.errors import Span, SpecError, SpecWarning, did_you_mean
@@ -19,10 +20,9 @@ from rpeg.spec import values as V
 from rpeg.spec.arch import lower_dims
 from rpeg.spec.calls import keywords
 from rpeg.spec.checks import check_context, check_shared_optimizers, check_trained, fold_lengths
-from rpeg.spec.functions import by_category, default_optimizer, function
+from rpeg.spec.functions import by_category, declared, default_optimizer, function
 from rpeg.spec.keys import (
     DATA,
-    DISTRIBUTIONS,
     MAX_STEPS,
     MAX_TOKENS,
     MODEL,
@@ -30,15 +30,13 @@ from rpeg.spec.keys import (
     WORKLOAD,
     WORKLOAD_BLOCK,
     assigned,
-    distribution,
     entries,
     read,
 )
+from rpeg.spec.lengths import length
 from rpeg.spec.model import (
     WORKLOAD_DATA,
     Head,
-    LengthDist,
-    LengthKind,
     Model,
     OpKind,
     Optimizer,
@@ -46,7 +44,6 @@ from rpeg.spec.model import (
     Reward,
     Stage,
     Workload,
-    lognormal_sigma,
 )
 from rpeg.spec.paths import FileRef, find_python, resolve_written
 from rpeg.spec.pins import lower_place
@@ -61,12 +58,12 @@ from rpeg.spec.sections import (
     lower_log,
 )
 from rpeg.spec.stages import check_roles, lower_stage
+from rpeg.spec.tools import Tool, check_conversations, check_signature
 
 __all__ = ["lower_pipeline", "WORKLOAD_KEYS", "MODEL_KEYS", "MAX_STEPS", "MAX_TOKENS"]
 
 WORKLOAD_KEYS = WORKLOAD_BLOCK.keys
 MODEL_KEYS = MODEL_BLOCK.keys
-MAX_HISTOGRAM_BYTES = 64 * 1024 * 1024
 
 
 def lower_pipeline(f: ast.File, overrides: tuple = ()) -> tuple[Pipeline, list[SpecError]]:
@@ -104,6 +101,7 @@ def _lower(f: ast.File, items, chain) -> tuple[Pipeline, list[SpecError]]:
     workload = _workload(wl_items[0], warnings)
     models = tuple(_model(m, warnings) for m in items if isinstance(m, ast.ModelDecl))
     rewards = tuple(_reward(r, warnings) for r in items if isinstance(r, ast.RewardDecl))
+    tools = tuple(_tool(t) for t in items if isinstance(t, ast.ToolDecl))
     targets = {m.name: m for m in models} | {r.name: r for r in rewards}
     stages = tuple(lower_stage(s, targets) for s in items if isinstance(s, ast.StageDecl))
     if not stages:
@@ -124,6 +122,7 @@ def _lower(f: ast.File, items, chain) -> tuple[Pipeline, list[SpecError]]:
     check_roles(stages, items, targets, workload)
     check_shared_optimizers(shares, targets, items)
     workload = fold_lengths(workload, stages, items)
+    check_conversations(stages, tools, items, workload, warnings)
     check_context(workload, models, stages, items)
     _check_unused(stages, models, items, warnings)
     evaluation = next((lower_eval(i, rewards, workload.steps, warnings) for i in items
@@ -133,7 +132,7 @@ def _lower(f: ast.File, items, chain) -> tuple[Pipeline, list[SpecError]]:
     pipeline = Pipeline(
         name=decl.name.value, path=f.path, workload=workload, models=models, rewards=rewards,
         stages=stages, staleness=staleness, shares=shares, colocate=colocate, place=place,
-        extends=chain, evaluation=evaluation, **({"log": log} if log else {}))
+        extends=chain, evaluation=evaluation, **({"log": log} if log else {}), tools=tools)
     return pipeline, warnings
 
 
@@ -151,10 +150,10 @@ def _workload(w: ast.WorkloadDecl, warnings: list[SpecError]) -> Workload:
 
     steps, prompts, samples, seed = get("steps"), get("prompts"), get("samples"), get("seed")
     pv = assigned(e["prompt_len"], "prompt_len")
-    prompt_dist = None if isinstance(pv, ast.Number) else _length(pv, "prompt_len")
+    prompt_dist = None if isinstance(pv, ast.Number) else length(pv, "prompt_len")
     prompt_len = prompt_dist.max_len if prompt_dist else V.integer(
         pv, "prompt_len", minimum=1, maximum=MAX_TOKENS)
-    gen_len = _length(assigned(e["gen_len"], "gen_len"))
+    gen_len = length(assigned(e["gen_len"], "gen_len"))
     dataset = None
     if "dataset" in e:
         dv = assigned(e["dataset"], "dataset")
@@ -165,98 +164,6 @@ def _workload(w: ast.WorkloadDecl, warnings: list[SpecError]) -> Workload:
     fields, template, split = data_fields(e)
     return Workload(steps, prompts, samples, prompt_len, gen_len, dataset, seed, w.span,
                     fields=fields, template=template, split=split, prompt_dist=prompt_dist)
-
-
-def _length(v: ast.Value, key: str = "gen_len") -> LengthDist:
-    if isinstance(v, ast.Number):
-        return LengthDist.fixed(V.integer(v, key, minimum=1, maximum=MAX_TOKENS))
-    if not isinstance(v, ast.Call):
-        raise SpecError(f"{key} must be a length or a distribution such as "
-                        f"lognormal(median = 512, max = 2048), not {V.kind_of(v)}", v.span)
-    fn = v.func.value
-    kinds = tuple(d.name for d in DISTRIBUTIONS)
-    if fn not in kinds:
-        raise SpecError(f"{key} distribution must be one of {', '.join(kinds)}, not '{fn}'",
-                        v.func.span, hint=did_you_mean(fn, kinds))
-    kw = {k.key.value: k for k in v.kwargs}
-
-    def arg(key: str, pos: int | None = None) -> ast.Value | None:
-        if key in kw:
-            return kw[key].value
-        if pos is not None and pos < len(v.args):
-            return v.args[pos]
-        return None
-
-    def need(key: str, pos: int | None = None) -> ast.Value:
-        x = arg(key, pos)
-        if x is None:
-            raise SpecError(f"{fn}(...) needs {key} = ...", v.span)
-        return x
-
-    allowed = distribution(fn).keys
-    for k in v.kwargs:
-        if k.key.value not in allowed:
-            raise V.unknown_key(k.key, allowed, f"{fn}(...)")
-    if fn == "fixed":
-        return LengthDist.fixed(V.integer(need("n", 0), key, minimum=1, maximum=MAX_TOKENS))
-    if fn == "uniform":
-        lo = V.integer(need("min", 0), "min", minimum=1, maximum=MAX_TOKENS)
-        hi = V.integer(need("max", 1), "max", minimum=1, maximum=MAX_TOKENS)
-        if hi < lo:
-            raise SpecError(f"uniform max must be at least min ({lo}), not {hi}", v.span)
-        return LengthDist(LengthKind.UNIFORM, max_len=hi, low=lo)
-    if fn == "lognormal":
-        median = V.real(need("median", 0), "median", positive=True, maximum=MAX_TOKENS)
-        hi = V.integer(need("max", 1), "max", minimum=1, maximum=MAX_TOKENS)
-        if hi < median:
-            raise SpecError(f"lognormal max must be at least the median ({median:g}), not {hi}",
-                            v.span)
-        sv = arg("sigma", 2)
-        sigma = V.real(sv, "sigma", minimum=0.0, maximum=10.0) if sv is not None \
-            else lognormal_sigma(median, hi)
-        return LengthDist(LengthKind.LOGNORMAL, max_len=hi, median=median, sigma=sigma)
-    src = v.args[0] if v.args else None
-    if src is None:
-        raise SpecError('empirical(...) needs a histogram file: empirical("lengths.csv")', v.span)
-    file = V.string(src, "empirical histogram")
-    bins = _histogram(resolve_written(file, src.span), src.span)
-    mv = arg("max")
-    hi = V.integer(mv, "max", minimum=1, maximum=MAX_TOKENS) if mv is not None else \
-        max(b[0] for b in bins)
-    return LengthDist(LengthKind.EMPIRICAL, max_len=hi, bins=bins, source=file)
-
-
-def _histogram(file: Path, span: Span) -> tuple[tuple[int, float], ...]:
-    """A histogram file: one 'length,weight' (or 'length weight') pair per line; '#' comments."""
-    try:
-        if not file.is_file():        # a pipe or device would block or never end
-            raise OSError("not a regular file")
-        if file.stat().st_size > MAX_HISTOGRAM_BYTES:
-            raise SpecError(f"histogram file '{file}' is {file.stat().st_size:,} bytes; at most "
-                            f"{MAX_HISTOGRAM_BYTES:,}", span,
-                            hint="a histogram has one line per distinct length")
-        text = file.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError):
-        raise SpecError(f"cannot read histogram file '{file}'", span,
-                        hint="one 'length,weight' pair per line") from None
-    bins = []
-    for n, line in enumerate(text.splitlines(), 1):
-        line = line.split("#")[0].strip()
-        if not line or line.lower().startswith("length"):
-            continue
-        parts = line.replace(",", " ").split()
-        try:
-            length, weight = int(parts[0]), float(parts[1]) if len(parts) > 1 else 1.0
-        except (ValueError, IndexError):
-            raise SpecError(f"{file}:{n}: histogram lines must be 'length,weight', not "
-                            f"{line!r}", span) from None
-        if length < 1 or length > MAX_TOKENS or not (0 <= weight < float("inf")):
-            raise SpecError(f"{file}:{n}: length must be 1..{MAX_TOKENS} and weight >= 0",
-                            span)
-        bins.append((length, weight))
-    if not bins or sum(w for _, w in bins) <= 0:
-        raise SpecError(f"histogram file '{file}' has no positive weights", span)
-    return tuple(bins)
 
 
 # --- models and rewards ------------------------------------------------------
@@ -350,16 +257,53 @@ def _reward(r: ast.RewardDecl, warnings: list[SpecError]) -> Reward:
     if not fn.user_code:
         return Reward(r.name.value, "", "", r.span, kind=fn.name,
                       params=tuple((k, v) for k, (v, _) in given.items()))
-    if "ref" not in given:
-        raise SpecError(f'{fn.name}(...) must name "module:function"', c.span)
-    ref, where = given["ref"]
-    if ref.count(":") != 1 or not all(part.replace(".", "").replace("_", "a").isalnum()
-                                      for part in ref.split(":")):
-        raise SpecError(f'{fn.name}(...) must name "module:function", not "{ref}"', where)
-    module, function_ = ref.split(":")
+    module, function_, where = _python_ref(fn, given, c.span, "function")
     found = find_python(module, function_, where)
     return Reward(r.name.value, module, function_, r.span, kind=fn.name, source=found.source,
                   folder=found.folder)
+
+
+def _tool(t: ast.ToolDecl) -> Tool:
+    """``tool NAME = python("module:function", ...)`` or ``environment NAME = ...``: the
+    code found by reading its source, its signature checked, the sandbox's limits."""
+    category = Category.ENVIRONMENT if t.environment else Category.TOOL
+    code = "Class" if t.environment else "function"
+    c = t.call
+    fn = declared(category, c.func.value)
+    if fn is None:
+        kinds = [f.name for f in by_category(category)]
+        raise SpecError(f"{t.keyword} '{t.name.value}' must be one of "
+                        f"{', '.join(k + '(...)' for k in kinds)}, not {V.describe(c)}", c.span,
+                        hint=f'python("module:{code}") names your own code')
+    given = keywords(fn, c.args, c.kwargs, f"{fn.name}(...)")
+    module, function_, where = _python_ref(fn, given, c.span, code)
+    found = find_python(module, function_, where, what=t.keyword)
+    args = fn.resolve({k: v for k, (v, _) in given.items()})
+    tool = Tool(t.name.value, module, function_, t.span, environment=t.environment,
+                timeout=args["timeout"], memory=args["memory"], max_output=args["max_output"],
+                cores=args["cores"], latency=args["latency"], kind=fn.name,
+                source=found.source, folder=found.folder)
+    check_signature(tool, _source_tree(found.source, where), found.source, where)
+    return tool
+
+
+def _python_ref(fn, given: dict, span: Span, code: str) -> tuple[str, str, Span]:
+    """The ``"module:NAME"`` a ``python(...)`` declaration names: (module, name, where)."""
+    if "ref" not in given:
+        raise SpecError(f'{fn.name}(...) must name "module:{code}"', span)
+    ref, where = given["ref"]
+    if ref.count(":") != 1 or not all(part.replace(".", "").replace("_", "a").isalnum()
+                                      for part in ref.split(":")):
+        raise SpecError(f'{fn.name}(...) must name "module:{code}", not "{ref}"', where)
+    module, name = ref.split(":")
+    return module, name, where
+
+
+def _source_tree(source: str, span: Span) -> pyast.Module:
+    try:
+        return pyast.parse(Path(source).read_text(encoding="utf-8"))
+    except (SyntaxError, UnicodeDecodeError, OSError) as e:
+        raise SpecError(f"'{source}' cannot be read: {e}", span) from None
 
 
 # --- stages ------------------------------------------------------------------

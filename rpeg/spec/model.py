@@ -319,6 +319,7 @@ class Pipeline:
     extends: tuple[str, ...] = ()                      # resolved paths, nearest first
     evaluation: Evaluation | None = None               # held-out prompts every N steps
     log: Logging = Logging()                           # trackers, sampled responses kept
+    tools: tuple = ()          # rpeg.spec.tools.Tool: the tools and environments declared
 
     def model(self, name: str) -> Model:
         return next(m for m in self.models if m.name == name)
@@ -328,6 +329,10 @@ class Pipeline:
 
     def reward(self, name: str) -> Reward:
         return next(r for r in self.rewards if r.name == name)
+
+    def tool(self, name: str):
+        """The tool or environment declared as ``name`` (``rpeg.spec.tools.Tool``)."""
+        return next(t for t in self.tools if t.name == name)
 
     def has_model(self, name: str) -> bool:
         return any(m.name == name for m in self.models)
@@ -426,6 +431,7 @@ class GpuProfile:
     host_bandwidth: float = _m("bytes/s", 25e9)    # device <-> host memory, one way (offload)
     host_memory_bandwidth: float = _m("bytes/s", 12.5e9)  # host memory streaming (CPU Adam)
     grads_freed: float = _m("")                    # 1: the backend frees gradients after each step
+    tool_call_s: float = _m("s", 0.01)             # a sandboxed tool call that returns at once
     # Generation engines measured on this device (benchmarks/generation.py).
     vllm_layer_overhead: float | None = _m("s", None)     # None: layer_overhead
     vllm_decode_overhead: float | None = _m("s", None)    # None: decode_overhead
@@ -452,6 +458,11 @@ class Cluster:
     # systems that have one), each call paying the control plane's fitted ``call_s``
     # (rpeg.cost.engines); rpeg's own runtime prices its control plane on its own terms
     controller: bool = False
+    tool_cores: int = 0      # host cores per node tool calls run on (0: one per device)
+
+    @property
+    def tool_cores_per_node(self) -> int:
+        return self.tool_cores or self.gpus_per_node
 
     @property
     def num_gpus(self) -> int:

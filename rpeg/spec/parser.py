@@ -235,6 +235,9 @@ class _Build:
             return ast.LogDecl(self.block(c[0]), sp)
         if k == "reward":
             return ast.RewardDecl(self.ident(c[0]), self.value(c[1]), sp)
+        if k in ("tool", "environment"):
+            return ast.ToolDecl(self.ident(c[0]), self.value(c[1]), sp,
+                                environment=k == "environment")
         if k == "stage":
             outs = tuple(self.ident(x) for x in c[2].children) if c[2] is not None else ()
             return ast.StageDecl(self.ident(c[0]), self.value(c[1]), outs, sp)
@@ -317,8 +320,8 @@ _TERMINAL_NAMES = {
     "$END": "end of file",
 }
 
-_KEYWORDS = ("pipeline", "extend", "workload", "model", "reward", "stage", "staleness",
-             "share", "colocate", "place", "eval", "log", "cluster", "profile")
+_KEYWORDS = ("pipeline", "extend", "workload", "model", "reward", "tool", "environment", "stage",
+             "staleness", "share", "colocate", "place", "eval", "log", "cluster", "profile")
 
 
 def _describe_expected(expected: set[str]) -> str:

@@ -113,10 +113,12 @@ def find_python(module: str, function: str, span: Span, what: str = "reward"
               if isinstance(t, pyast.Name)}
     names |= {a.asname or a.name for n in tree.body if isinstance(n, pyast.ImportFrom)
               for a in n.names}
+    if what != "reward":         # a tool may name a class (an environment's, or by mistake)
+        names |= {n.name for n in tree.body if isinstance(n, pyast.ClassDef)}
     if function not in names:
-        raise SpecError(f"module '{module}' ({_shown(source)}) has no function '{function}'",
-                        span,
-                        hint=did_you_mean(function, sorted(names)))
+        kind = "class" if what == "environment" else "function"
+        raise SpecError(f"module '{module}' ({_shown(source)}) has no {kind} '{function}'",
+                        span, hint=did_you_mean(function, sorted(names)))
     return PythonSource(os.path.abspath(source), str(folder))
 
 

@@ -330,6 +330,8 @@ class _Printer:
             return "assign"          # a flag sits in a run of keys without breaking it
         if isinstance(n, ast.Section):
             return f"section {n.kind.value}"
+        if isinstance(n, ast.ToolDecl):
+            return n.keyword
         return {ast.StageDecl: "stage", ast.ModelDecl: "model", ast.RewardDecl: "reward",
                 ast.Staleness: "staleness"}.get(type(n))
 
@@ -367,6 +369,9 @@ class _Printer:
         if isinstance(n, ast.RewardDecl):
             return [_Line(x) for x in _wrapped(f"{indent}reward {n.name.value:<{name_w}} = ",
                                                n.call)]
+        if isinstance(n, ast.ToolDecl):
+            return [_Line(x) for x in _wrapped(
+                f"{indent}{n.keyword} {n.name.value:<{name_w}} = ", n.call)]
         if isinstance(n, ast.StageDecl):
             return self._stage(n, indent, name_w, widths.get("call"))
         if isinstance(n, ast.Staleness):

@@ -28,13 +28,18 @@ _SECTIONS = (
     (Category.LOSS, "Losses", "train(MODEL, inputs..., loss = LOSS(key = value))"),
     (Category.REWARD, "Rewards", "reward NAME = KIND(...), read by score(NAME, responses)"),
     (Category.OPTIMIZER, "Optimizers", "model NAME : PRESET { optimizer = KIND(key = value) }"),
+    (Category.TOOL, "Tools", "tool NAME = KIND(...), called by generate(MODEL, prompts, tools = "
+                             "[NAME, ...])"),
+    (Category.ENVIRONMENT, "Environments", "environment NAME = KIND(...), stepped by "
+                                           "generate(MODEL, prompts, environment = NAME)"),
 )
 WIDTH = 96
 
 
 def signature(fn: Function) -> str:
     """How a call of ``fn`` is written, with the roles of what it reads and writes."""
-    if fn.category in (Category.LOSS, Category.OPTIMIZER, Category.REWARD):
+    if fn.category in (Category.LOSS, Category.OPTIMIZER, Category.REWARD, Category.TOOL,
+                       Category.ENVIRONMENT):
         pos = [p for p in fn.positional]
         keys = [k for k in fn.keys if k not in pos]
         return f"{fn.name}({', '.join(pos + [k + ' = ...' for k in keys])})"

@@ -69,6 +69,8 @@ class Category(enum.Enum):
     LOSS = "loss"
     REWARD = "reward"
     OPTIMIZER = "optimizer"
+    TOOL = "tool"
+    ENVIRONMENT = "environment"
 
 
 class Target(enum.Enum):
@@ -105,6 +107,8 @@ class Pricing(enum.Enum):
                   "forward pass without gradients)"
     HOST = "host work per response, inside its score op"
     OPTIMIZER = "the optimizer's step, inside its train op"
+    TOOL = "each call its declared latency (rpeg calibrate --tools measures it), on the host " \
+           "cores the cluster gives tool executors, inside its generate op"
 
     @property
     def per_token(self) -> bool:
@@ -126,6 +130,7 @@ class Type(enum.Enum):
     LENGTH = "length or distribution"      # 512, or lognormal(median = 512, max = 2048)
     NAMES = "list of names"                # [tensorboard, wandb]
     BLOCK = "block"                        # a section of its own: link gpu { ... }
+    LATENCY = "distribution of durations"  # lognormal(median = 2 s, max = 30 s)
 
 
 @attrs.frozen

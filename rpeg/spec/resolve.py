@@ -32,7 +32,7 @@ class FileKind(enum.Enum):
 
 
 _PIPELINE_ITEMS = (ast.PipelineDecl, ast.Extend, ast.WorkloadDecl, ast.ModelDecl, ast.RewardDecl,
-                   ast.StageDecl, ast.Staleness, ast.Share, ast.Colocate, ast.Place,
+                   ast.ToolDecl, ast.StageDecl, ast.Staleness, ast.Share, ast.Colocate, ast.Place,
                    ast.EvalDecl, ast.LogDecl)
 # Blocks a pipeline holds once, merged key by key over the base's.
 _BLOCKS = {ast.WorkloadDecl: "workload", ast.EvalDecl: "eval", ast.LogDecl: "log"}
@@ -75,6 +75,8 @@ def _key(item) -> tuple[str, str] | None:
         return ("model", item.name.value)
     if isinstance(item, ast.RewardDecl):
         return ("reward", item.name.value)
+    if isinstance(item, ast.ToolDecl):
+        return (item.keyword, item.name.value)
     if isinstance(item, ast.StageDecl):
         return ("stage", item.name.value)
     if isinstance(item, ast.Staleness):
@@ -103,8 +105,9 @@ def _check_unique(f: ast.File) -> None:
             kind = key[0] if key[0] not in ("staleness", "place") else f"{key[0]} of stage"
             raise duplicate(kind, key[1], item.span, seen[key].span)
         seen[key] = item
-        if key[0] in ("model", "reward"):
-            # models and rewards share one namespace: a stage's target names either
+        if key[0] in ("model", "reward", "tool", "environment"):
+            # models, rewards, tools and environments share one namespace: a stage's target
+            # names a model or reward, a generate stage's tools the others
             if key[1] in names:
                 raise duplicate("name", key[1], item.span, names[key[1]].span)
             names[key[1]] = item

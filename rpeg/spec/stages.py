@@ -329,9 +329,11 @@ def _producer_hint(role: Role, roles: dict[str, Role]) -> str | None:
 def implicit_inputs(pipeline, stage: Stage) -> tuple[str, ...]:
     """What an estimator reads besides the data it names: the responses its scores are of
     (their groups and lengths), and those a baseline keyword's scores are of (to match the
-    baseline to the prompts). The graph builder adds them as inputs of the estimator's op."""
+    baseline to the prompts). The graph builder adds them as inputs of the estimator's op.
+    Where the responses are conversations (a generate stage with tools), every estimator
+    reads them: which of their tokens are the policy's."""
     fn = function(stage.function)
-    if not fn.reads_responses:
+    if not fn.reads_responses and not _conversations(pipeline):
         return ()
     targets = {m.name: m for m in pipeline.models} | {r.name: r for r in pipeline.rewards}
     roles = roles_of(pipeline.stages, targets)
@@ -347,3 +349,8 @@ def implicit_inputs(pipeline, stage: Stage) -> tuple[str, ...]:
         if src is not None and src.inputs:
             out.append(src.inputs[0])
     return tuple(dict.fromkeys(n for n in out if n not in stage.inputs))
+
+
+def _conversations(pipeline) -> bool:
+    from rpeg.spec.tools import multi_turn
+    return any(s.kind is OpKind.GENERATE and multi_turn(s) for s in pipeline.stages)

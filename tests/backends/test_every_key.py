@@ -97,6 +97,40 @@ REWARD_MODEL = sub(sub(GRPO, "model ref", "model rm : tiny { head = reward; froz
 
 W: dict[str, tuple[str, str, str]] = {}          # key -> (where it shows, spec A, spec B)
 
+TOOLS = """\
+import time
+
+
+def look(text):
+    return text[::-1]
+
+
+class Maze:
+    def reset(self, prompt, row):
+        self.n = 0
+
+    def step(self, action):
+        self.n += 1
+        return "wall " * self.n, self.n >= 3
+
+
+class Slow(Maze):
+    def step(self, action):
+        time.sleep(0.3)
+        return super().step(action)
+
+
+class Heavy(Maze):
+    def step(self, action):
+        self.blob = bytearray(200 * 1024 * 1024)
+        return super().step(action)
+
+
+class Loud(Maze):
+    def step(self, action):
+        return "x" * 2048, False
+"""
+
 
 def witness(key: str, where: str, a: str, b: str) -> None:
     assert key not in W, key
@@ -186,6 +220,36 @@ witness("value_mse.coef", "run", PPO, sub(PPO, "loss = value_mse", "loss = value
 
 # --- rewards -----------------------------------------------------------------------------------
 witness("python.ref", "run", GRPO, sub(GRPO, "rewards:toy_reward", "rewards:exact_match"))
+
+# --- tools and environments: conversations -----------------------------------------------------
+# an environment steps every turn whatever the (random) policy writes, so every sample holds
+# several turns and observations; a tool the random policy never calls shows in the plan
+TOOLED = sub(arg(GRPO, gen, ", tools = [look], max_obs_len = 16"), "reward toy",
+             'tool look = python("tools:look")\nreward toy')
+ENV = sub(arg(GRPO, gen, ", environment = maze, max_obs_len = 16"), "reward toy",
+          'environment maze = python("tools:Maze")\nreward toy')
+witness("generate.tools", "either", GRPO, TOOLED)
+witness("generate.environment", "run", GRPO, ENV)
+witness("generate.max_turns", "either", ENV, arg(ENV, "environment = maze", ", max_turns = 2"))
+witness("generate.format", "run", ENV, arg(ENV, "environment = maze", ", format = hermes"))
+witness("generate.max_obs_len", "either", ENV, sub(ENV, "max_obs_len = 16", "max_obs_len = 6"))
+witness("generate.max_total_len", "either", ENV, arg(ENV, "max_obs_len = 16",
+                                                     ", max_total_len = 20"))
+witness("generate.turns", "plan", TOOLED, arg(TOOLED, "max_obs_len = 16", ", turns = fixed(1)"))
+witness("generate.obs_len", "plan", TOOLED, arg(TOOLED, "max_obs_len = 16",
+                                                ", obs_len = fixed(2)"))
+SLOW = sub(ENV, "tools:Maze", "tools:Slow")         # a step sleeps 0.3 s
+witness("python.timeout", "run", SLOW, sub(SLOW, '"tools:Slow"', '"tools:Slow", timeout = 0.1 s'))
+HEAVY = sub(ENV, "tools:Maze", "tools:Heavy")       # a step allocates 200 MB
+witness("python.memory", "run", HEAVY, sub(HEAVY, '"tools:Heavy"',
+                                           '"tools:Heavy", memory = 50 MB'))
+LOUD = sub(ENV, "tools:Maze", "tools:Loud")         # a step answers 2 KB
+witness("python.max_output", "run", LOUD, sub(LOUD, '"tools:Loud"',
+                                              '"tools:Loud", max_output = 1 KB'))
+witness("python.cores", "plan@h100_64", TOOLED,         # 12 cores a GPU there: 12 calls, or 1
+        sub(TOOLED, '"tools:look"', '"tools:look", cores = 12'))
+witness("python.latency", "plan", TOOLED, sub(TOOLED, '"tools:look"',
+                                              '"tools:look", latency = fixed(2 s)'))
 witness("overlong.max_len", "run", OVERLONG, sub(OVERLONG, "overlong()", "overlong(max_len = 4)"))
 witness("overlong.buffer", "run", OVERLONG, sub(OVERLONG, "overlong()", "overlong(buffer = 1)"))
 
@@ -299,6 +363,7 @@ def folder(tmp_path_factory):
     """A folder with the specs' neighbours: the rewards, two datasets, a weights folder."""
     d = tmp_path_factory.mktemp("keys")
     shutil.copy(ROOT / "pipelines" / "rewards.py", d / "rewards.py")
+    (d / "tools.py").write_text(TOOLS)
     (d / "data").mkdir()
     shutil.copy(ROOT / "pipelines" / "data" / "toy.jsonl", d / "data" / "toy.jsonl")
     rows = (ROOT / "pipelines" / "data" / "toy.jsonl").read_text().splitlines()

@@ -24,6 +24,8 @@ _REGISTRY: dict[str, dict[str, str]] = {
         "executor": "backends.torch_backend.executor:Executor",     # a device's op runner
         "init_world": "backends.torch_backend.distributed:init_world",
         "shutdown_world": "backends.torch_backend.distributed:shutdown_world",
+        # a checkpoint's tensors checked against the pipeline's models, before a resume
+        "check_checkpoint": "backends.torch_backend.modeling:check_checkpoint",
     },
     "vllm": {
         "available": "backends.vllm_backend:available",             # (importable, why not)

@@ -2,8 +2,9 @@
 equality, fuzzing, and the scheduling overhead per op of a fine-grained (1,000+ ops per
 step) graph on Dask.
 
-    $ .venv/bin/python benchmarks/reliability.py                # all parts, ~20 min on 2 cores
+    $ .venv/bin/python benchmarks/reliability.py                # all parts, ~30 min on 2 cores
     $ .venv/bin/python benchmarks/reliability.py --only hostile
+    $ .venv/bin/python benchmarks/reliability.py --only bounds --before-tree ../old-checkout
 
 Writes benchmarks/results/reliability.json and reliability.md; a part run alone replaces
 that part's figures and keeps the others, each with the command, date, machine and load
@@ -16,6 +17,9 @@ error (exit 3 or a traceback). Fault runs use a small PPO pipeline
 (tests/reliability/test_faults.py's) on a local Dask cluster of 2 worker processes; every
 run's metrics are compared, value by value, with the in-process reference of the same op
 calls. The fuzz figures are read from benchmarks/results/fuzz.json (``benchmarks/fuzz.py``).
+What must never be lost (outputs over inputs, damaged tensors, a resume after a damaged
+checkpoint, failed starts) and bounded inputs (``--steps``, verify's output, ``rpeg check`` of
+specs up to 4 MB) are ``benchmarks/reliability_lost.py``'s parts.
 Every sentence of the report is computed from the figures beside it.
 """
 
@@ -38,6 +42,7 @@ OUT = ROOT / "benchmarks" / "results"
 STEPS = 6
 
 from benchmarks.provenance import finish, provenance  # noqa: E402
+from benchmarks.reliability_lost import _snapshot, bounds, nothing_lost  # noqa: E402
 from benchmarks.reliability_report import PARTS, markdown  # noqa: E402
 
 # --- faults ----------------------------------------------------------------------------------
@@ -191,17 +196,6 @@ def attempt(argv: list[str], says: str, names: tuple[str, ...]) -> dict:
     return {"argv": argv[0] if argv[0] != "run" or "--resume" not in argv else "run --resume",
             "outcome": outcome, "rc": rc, "s": round(time.time() - t0, 2),
             "message": text.strip().splitlines()[0][:300] if text.strip() else ""}
-
-
-def _snapshot(path: Path) -> dict[str, str]:
-    import hashlib
-    out = {}
-    for p in sorted(path.rglob("*")):
-        if p.name == "run.lock":
-            continue
-        out[str(p)] = ("-> " + os.readlink(p)) if p.is_symlink() else (
-            hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else "dir")
-    return out
 
 
 def hostile(work: Path) -> dict:
@@ -376,6 +370,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", choices=PARTS, action="append",
                     help="measure only this part (repeatable); the others keep their figures")
     ap.add_argument("--chunks", type=int, nargs="*", default=[16, 64, 220])
+    ap.add_argument("--before-tree", type=Path, default=None,
+                    help="bounds: also time rpeg check with this checkout's code (the "
+                         "commit before), for the report's before-and-after")
     args = ap.parse_args(argv)
     parts = [p for p in PARTS if p in (args.only or PARTS)]
     out_json = OUT / "reliability.json"
@@ -391,6 +388,12 @@ def main(argv: list[str] | None = None) -> int:
             if part == "hostile":
                 (Path(work) / "hostile").mkdir()
                 result["hostile"] = hostile(Path(work) / "hostile")
+            elif part == "nothing_lost":
+                (Path(work) / "lost").mkdir()
+                result["nothing_lost"] = nothing_lost(Path(work) / "lost", attempt)
+            elif part == "bounds":
+                (Path(work) / "bounds").mkdir()
+                result["bounds"] = bounds(Path(work) / "bounds", attempt, args.before_tree)
             elif part == "faults":
                 (Path(work) / "faults").mkdir()
                 result["faults"] = fault_runs(Path(work) / "faults")

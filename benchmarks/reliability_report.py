@@ -11,7 +11,7 @@ from __future__ import annotations
 import json  # noqa: F401 (doctest)
 from pathlib import Path  # noqa: F401 (doctest)
 
-PARTS = ("hostile", "faults", "fuzz", "overhead")
+PARTS = ("hostile", "nothing_lost", "bounds", "faults", "fuzz", "overhead")
 
 
 def markdown(result: dict) -> str:
@@ -27,6 +27,8 @@ def markdown(result: dict) -> str:
                      f"cores, python {m['python']}; load average {load['start']}{end})")
     lines.append("")
     lines += _hostile(result.get("hostile"))
+    lines += _nothing_lost(result.get("nothing_lost"))
+    lines += _bounds(result.get("bounds"))
     lines += _faults(result.get("faults"))
     lines += _fuzz(result.get("fuzz"))
     lines += _overhead(result.get("overhead"), result.get("faults"))
@@ -53,6 +55,97 @@ def _hostile(h: dict | None) -> list[str]:
                   f"{c['message'][:120]} |" for c in odd]
         lines.append("")
     return lines
+
+
+def _nothing_lost(n: dict | None) -> list[str]:
+    if not n:
+        return []
+    kinds = n["by_kind"]
+    lines = [f"**Nothing lost:** {n['tried']} attempts ({kinds['output']} writing an output "
+             f"over or into a run directory, onto a file, over a folder rpeg did not write "
+             f"or around what the command reads; "
+             f"{kinds['tensor']} exporting or resuming checkpoints whose tensors are damaged "
+             f"behind a matching manifest; {kinds['start']} starts that cannot reach their "
+             f"scheduler or name an unknown tracker): {n['refused']} refused with exit 1 and "
+             f"a message naming the file, {n['hang']} hangs, {n['internal']} internal errors, "
+             f"{n['accepted']} accepted, {n['other']} refused otherwise. Files that must not "
+             f"change changed in {n['touched']} attempts; {n['leftovers']} temporary files "
+             f"were left; {n['run_dir_written']} refused starts wrote their run directory.", ""]
+    for r in n["resumed"]:
+        ok = all(r[k] for k in ("steps_once_each", "earlier_rows_kept", "later_rows_set_aside",
+                                "damaged_checkpoint_kept", "verify_ok"))
+        lines.append(f"A resume after the latest checkpoint was damaged ({r['damage']}) "
+                     + ("went on from the one before it: every step once in the metrics, the "
+                        "rows before it kept, those after it moved to a file of their own, "
+                        "the damaged checkpoint kept under its own name, and the run "
+                        "verified." if ok else f"did not keep everything: {r}"))
+    t = n["retried"]
+    lines.append(f"A start whose workers' set-up failed left its run directory marked "
+                 f"`{t['status_after_failure']}`; the same command then "
+                 + ("ran into it and the run verified." if t["second_rc"] == 0
+                    and t["verify_ok"] else f"did not run (exit {t['second_rc']})."))
+    odd = [c for c in n["cases"] if c["outcome"] != "refused" or c["touched"]
+           or c["leftovers"]]
+    if odd:
+        lines += ["", "| kind | case | command | outcome | message |", "|---|---|---|---|---|"]
+        lines += [f"| {c['kind']} | {c['case']} | {c['argv']} | {c['outcome']} | "
+                  f"{c['message'][:120]} |" for c in odd]
+    return lines + [""]
+
+
+def _bounds(b: dict | None) -> list[str]:
+    if not b:
+        return []
+    s, v = b["simulate_steps"], b["verify"]
+    lines = ["**Bounds:** `rpeg simulate --steps 100000000` "
+             + (f"is a usage error (exit {s['rc']}) in {s['s']} s" if s["rc"] == 2 else
+                f"ended with exit {s['rc']} after {s['s']} s")
+             + f"; `rpeg verify` of a run whose trace lost every op prints "
+             f"{v['lines_printed']} lines for its {v['violations']} violations (a summary, the "
+             f"first {v['lines_printed'] - 2}, a count), where it printed "
+             f"{v['lines_before']} before (one line each).", ""]
+    rows = {r["stages"]: r for r in b["check"]}
+    before = {r["stages"]: r for r in b.get("check_before", [])}
+    lines += ["| stages | bytes | check wall s | CPU s | lines | load |"
+              + (" before: wall s | CPU s | lines |" if before else ""),
+              "|---|---|---|---|---|---|" + ("---|---|---|" if before else "")]
+    for n, r in sorted(rows.items()):
+        cells = f"| {n:,} | {r['bytes']:,} | {r['wall_s']} | {r['cpu_s']} | {r['lines']} | " \
+                f"{r['load']} |"
+        if before:
+            o = before.get(n, {})
+            cells += (f" {o.get('wall_s')} | {o.get('cpu_s')} | {o.get('lines')} |"
+                      if o.get("rc") is not None else f" > {o.get('wall_s')} (stopped) | | |")
+        lines.append(cells)
+    big = rows[max(rows)]
+    ns = sorted(rows)
+    per = [(a, b, 1e3 * (rows[b]["cpu_s"] - rows[a]["cpu_s"]) / (b - a))
+           for a, b in zip(ns, ns[1:], strict=False)]
+    lines += ["", f"`rpeg check` of {big['stages']:,} stages ({big['bytes'] / 1e6:.1f} MB) took "
+              f"{big['wall_s']} s ({big['cpu_s']} s of CPU, load {big['load']}). Each stage "
+              "added cost " + ", ".join(f"{ms:.3f} ms of CPU from {a:,} to {b:,} stages"
+                                        for a, b, ms in per)
+              + _linear([ms for _, _, ms in per]) + "."]
+    commit = f" (commit {b['before_commit']})" if b.get("before_commit") else ""
+    if before and before.get(big["stages"], {}).get("rc") is None:
+        lines[-1] += (f" With the code before{commit}, it was still running after "
+                      f"{before[big['stages']]['wall_s']} s.")
+    elif before:
+        o = before[big["stages"]]
+        lines[-1] += (f" With the code before{commit}: {o['wall_s']} s ({o['cpu_s']} s of "
+                      "CPU).")
+    return lines + [""]
+
+
+def _linear(costs: list[float]) -> str:
+    """What the cost per stage at each size says of the check's growth."""
+    if len(costs) < 2 or min(costs) <= 0:
+        return ""
+    spread = max(costs) / min(costs)
+    if spread <= 1.5:
+        return (f": within a factor of {spread:.2f} at every size, so time grows linearly with "
+                "the spec (the rest is the command's start)")
+    return f": it grew by a factor of {spread:.2f} with the spec's size (not linear)"
 
 
 def _faults(faults: list[dict] | None) -> list[str]:
@@ -127,8 +220,8 @@ SECURITY = """## Security
 
 - **What runs code.** A spec runs no code of its own except the rewards it names as
   `python("module:function")`. `rpeg check` and `rpeg compile` find the module (next to
-  the spec, then on the Python path) and the function in it by reading its source,
-  without importing or running it, and report a missing one at the line of the spec.
+  the file that names it, then on the Python path) and the function in it by reading its
+  source, without importing or running it, and report a missing one at the line of the spec.
   `rpeg run` imports and calls those functions inside the workers: a spec with such a
   reference runs that code, with the permissions of the workers. Review a spec's
   `python(...)` references as you would review the module itself.

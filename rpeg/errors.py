@@ -16,6 +16,8 @@ escapes is a bug in rpeg.
 from __future__ import annotations
 
 import difflib
+import os
+import stat
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -108,13 +110,9 @@ class BackendError(RpegError):
 def _excerpt(span: Span | None, source: str | None) -> list[str]:
     if span is None or span.line <= 0:
         return []
-    if source is None:
-        try:
-            source = Path(span.path).read_text(encoding="utf-8", errors="replace")
-        except OSError:
-            return []
-    # lines as the parser counts them: by '\n' only (splitlines would also split on \f, \x1c, ...)
-    text_lines = source.split("\n")
+    text_lines = _lines(span.path) if source is None else source.split("\n")
+    if text_lines is None:
+        return []
     if span.line > len(text_lines):
         return []
     raw = text_lines[span.line - 1].rstrip("\r")
@@ -137,6 +135,28 @@ def _excerpt(span: Span | None, source: str | None) -> list[str]:
 
 
 EXCERPT_WIDTH = 120
+
+
+def _lines(path: str) -> list[str] | None:
+    """The lines of the file at ``path`` as the parser counts them (by '\\n' only:
+    splitlines would also split on \\f, \\x1c, ...), read once while the file is unchanged:
+    many diagnostics in one large file cost one read."""
+    try:
+        st = os.stat(path)
+        if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_EXCERPT_FILE:
+            return None                 # a pipe would block; a huge record is not shown
+        key = (path, st.st_size, st.st_mtime_ns)
+        if key not in _LINES:
+            text = Path(path).read_text(encoding="utf-8", errors="replace")
+            _LINES.clear()
+            _LINES[key] = text.split("\n")
+        return _LINES[key]
+    except (OSError, ValueError):
+        return None
+
+
+_LINES: dict[tuple[str, int, int], list[str]] = {}
+MAX_EXCERPT_FILE = 64 << 20
 
 
 def did_you_mean(word: str, choices: Iterable[str]) -> str | None:

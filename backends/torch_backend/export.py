@@ -18,13 +18,14 @@ over the base model), or with ``merge`` the base model with the adapters folded 
 from __future__ import annotations
 
 import json
-import os
 import shutil
+import sys
 from pathlib import Path
 
 import attrs
 
 from rpeg.errors import BackendError
+from rpeg.spec.model import Pipeline
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
                    "chat_template.jinja", "generation_config.json", "vocab.json", "merges.txt",
@@ -43,17 +44,30 @@ class Exported:
 
 def export_run(run_dir: str | Path, out: str | Path, *, step: int | None = None,
                model: str = "actor", merge: bool = False) -> Exported:
-    import torch
-    from safetensors.torch import load_file
-
+    """The checkpoint's ``model`` written to the folder ``out``: checked before any work
+    (``rpeg.destinations``: never inside a run directory or around the one read, never
+    over a folder that is not an earlier export), every tensor checked as it is read
+    (:func:`backends.torch_backend.modeling.check_tensors`), written into a temporary
+    sibling renamed into place when complete (removed when anything fails)."""
+    from rpeg.destinations import EXPORT_MARK, check_folder_destination, written_folder
     from rpeg.runtime import checkpoint_io as ckio
+    from rpeg.runtime import runfiles as rf
     from rpeg.runtime.serial import loads
 
-    run_dir = Path(run_dir)
+    run_dir, out = Path(run_dir), Path(out)
     if not (run_dir / "pipeline.json").is_file():
         raise BackendError(f"'{run_dir}' must be a run directory written by rpeg run, and it "
                            "holds no pipeline.json")
-    pipeline = loads((run_dir / "pipeline.json").read_text(encoding="utf-8"))
+    check_folder_destination(out, "-o", reads=(run_dir,), mark=EXPORT_MARK)
+    import torch
+
+    from backends.torch_backend.modeling import expected_of, read_replica
+
+    rf.check_entries(run_dir)
+    pipeline = rf.read_parsed(run_dir / "pipeline.json", "pipeline.json", loads)
+    if not isinstance(pipeline, Pipeline):
+        raise BackendError(f"'{run_dir / 'pipeline.json'}' must hold the pipeline rpeg run "
+                           f"wrote, not a {type(pipeline).__name__}")
     if not pipeline.has_model(model):
         raise BackendError(f"--model must name a model of pipeline '{pipeline.name}', not "
                            f"'{model}'", hint="models: " + ", ".join(m.name for m in
@@ -63,7 +77,10 @@ def export_run(run_dir: str | Path, out: str | Path, *, step: int | None = None,
         raise BackendError(f"model '{model}' has a {spec.head.value} head; export writes a "
                            "causal language model", hint="export the actor")
     if step is None:
-        ck = ckio.latest(run_dir)
+        skipped: list[str] = []
+        ck = ckio.latest(run_dir, skipped=skipped)
+        for s in skipped:
+            print(f"rpeg: warning: skipping a damaged checkpoint: {s}", file=sys.stderr)
         if ck is None:
             raise BackendError(f"run directory '{run_dir}' must hold a complete checkpoint, "
                                "and it holds none")
@@ -76,50 +93,45 @@ def export_run(run_dir: str | Path, out: str | Path, *, step: int | None = None,
                                f"none at {where.name}", hint="checkpoints: " +
                                (", ".join(have) or "none"))
         ck = ckio.validate(where)
-    replica = _trained_replica(ck, model)
-    meta = json.loads((replica / "meta.json").read_text())
-    state = load_file(str(replica / "model.safetensors"))
+    key, replica = _trained_replica(ck, model)
+    meta, state = read_replica(replica, expected_of(pipeline, key))
     dtype = getattr(torch, DTYPE_NAMES[spec.dtype])
-    out = Path(out)
-    tmp = out.with_name(out.name + f".tmp{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
     kind = "model"
-    if spec.lora is not None and not merge:
-        from backends.torch_backend.lora import save_adapter
-        save_adapter(state, spec, tmp, dtype)
-        kind = "adapter"
-    else:
-        if spec.lora is not None:
-            from backends.torch_backend.lora import merged_state
-            state = merged_state(state, spec, seed=pipeline.workload.seed)
-            kind = "merged"
-        _save_weights(state, spec, tmp, dtype)
-        (tmp / "config.json").write_text(json.dumps(_config(spec), indent=2, sort_keys=True))
-    _tokenizer(spec, tmp)
-    version = int(meta.get("version", ck.step))
-    (tmp / "rpeg_export.json").write_text(json.dumps({
-        "run": str(run_dir.resolve()), "pipeline": pipeline.name, "model": model,
-        "step": ck.step, "version": version, "kind": kind, "dtype": spec.dtype,
-        "checkpoint": str(replica)}, indent=2, sort_keys=True))
-    if out.exists():
-        shutil.rmtree(out)
-    os.replace(tmp, out)
+    with written_folder(out, "the export") as tmp:
+        if spec.lora is not None and not merge:
+            from backends.torch_backend.lora import save_adapter
+            save_adapter(state, spec, tmp, dtype)
+            kind = "adapter"
+        else:
+            if spec.lora is not None:
+                from backends.torch_backend.lora import merged_state
+                state = merged_state(state, spec, seed=pipeline.workload.seed)
+                kind = "merged"
+            _save_weights(state, spec, tmp, dtype)
+            (tmp / "config.json").write_text(json.dumps(_config(spec), indent=2,
+                                                        sort_keys=True))
+        _tokenizer(spec, tmp)
+        version = int(meta["version"])
+        (tmp / EXPORT_MARK).write_text(json.dumps({
+            "run": str(run_dir.resolve()), "pipeline": pipeline.name, "model": model,
+            "step": ck.step, "version": version, "kind": kind, "dtype": spec.dtype,
+            "checkpoint": str(replica)}, indent=2, sort_keys=True))
     return Exported(out, ck.step, version, model, kind)
 
 
-def _trained_replica(ck, model: str) -> Path:
-    """The checkpoint's folder of ``model``'s trained replica (the newest trained copy)."""
+def _trained_replica(ck, model: str) -> tuple[str, Path]:
+    """The key (``MODEL@DEVICE``) and folder of ``model``'s trained replica in the
+    checkpoint (the newest trained copy)."""
     found = []
     for key, version in ck.state.get("replicas", {}).items():
         backbone = key.rsplit("@", 1)[0]
         folder = ck.path / key
         if model in backbone.split("+") and (folder / "model.safetensors").is_file():
-            found.append(((folder / "optimizer.safetensors").is_file(), version, folder))
+            found.append(((folder / "optimizer.safetensors").is_file(), version, key, folder))
     if not found:
         raise BackendError(f"checkpoint {ck.path.name} must hold model '{model}', and it "
                            "does not")
-    return max(found)[2]
+    return max(found)[2:]
 
 
 def hf_state(state: dict, dims) -> dict:

@@ -28,7 +28,7 @@ import torch
 from torch import nn
 
 from backends.torch_backend.tokenizer import BOS_ID, EOS_ID, PAD_ID
-from rpeg.errors import BackendError
+from rpeg.errors import BackendError, Span
 
 
 class PolicyModel(nn.Module):
@@ -172,23 +172,175 @@ def save_checkpoint(model: nn.Module, path: str | Path, meta: dict,
 
 def load_checkpoint(model: nn.Module, path: str | Path,
                     optimizer: torch.optim.Optimizer | None = None) -> dict:
-    """Load weights (and optimizer state) saved by :func:`save_checkpoint`; returns the meta."""
-    from safetensors.torch import load_file
-
+    """Load weights (and optimizer state) saved by :func:`save_checkpoint`, every tensor
+    checked against ``model`` first (:func:`read_replica`: none missing, none unknown, each
+    of its shape, readable in full and finite); returns the meta."""
     from backends.torch_backend.distributed import is_sharded, load_full
 
     path = Path(path)
-    meta = json.loads((path / "meta.json").read_text())
-    weights = load_file(str(path / "model.safetensors"))
+    meta, weights = read_replica(path, checkpoint_tensors(model))
     if any(is_sharded(p) for p in model.parameters()):
-        own = model.state_dict()
-        load_full(model, ((k, v) for k, v in weights.items() if k in own))
+        load_full(model, weights.items())
     else:
-        model.load_state_dict(weights, strict=False)
+        model.load_state_dict(weights, strict=not has_adapters(model))
     if optimizer is not None and (path / "optimizer.safetensors").exists():
-        _load_optimizer(model, optimizer, load_file(str(path / "optimizer.safetensors")),
-                        meta.get("optimizer_steps", {}), weights)
+        moments = read_tensors(path / "optimizer.safetensors")
+        check_moments(checkpoint_tensors(model), moments, path / "optimizer.safetensors")
+        _load_optimizer(model, optimizer, moments, meta.get("optimizer_steps", {}), weights)
     return meta
+
+
+# --- reading a checkpoint: every tensor checked where it is read ------------------------------
+# One check over (what the model's config implies, what was read), whatever format the
+# tensors were read from.
+
+Expected = dict[str, tuple[tuple[int, ...], torch.dtype]]
+
+
+def checkpoint_tensors(model: nn.Module) -> Expected:
+    """What a checkpoint of ``model`` holds (:func:`save_checkpoint`): each tensor's name,
+    whole (unsharded) shape and dtype, float32; a LoRA model's adapters alone."""
+    state = model.state_dict()
+    keep = set(_adapter_names(model)) if has_adapters(model) else set(state)
+    return {k: (tuple(v.shape), torch.float32) for k, v in state.items() if k in keep}
+
+
+def expected_tensors(dims, heads, lora=None) -> Expected:
+    """:func:`checkpoint_tensors` of a model of ``dims`` with ``heads`` (and ``lora``'s
+    adapters), from its configuration alone: built on the meta device (no memory, no
+    weights read)."""
+    with torch.device("meta"):
+        model = build_model(dims, tuple(sorted(heads)))
+        if lora is not None:
+            from backends.torch_backend.lora import apply_lora
+            apply_lora(model, lora)
+    return checkpoint_tensors(model)
+
+
+def expected_of(pipeline, key: str) -> Expected:
+    """What the checkpoint folder of replica ``key`` (``MODEL@DEVICE``) holds, from the
+    pipeline's models."""
+    from rpeg.runtime.context import heads_of
+    from rpeg.runtime.replicas import base_of
+    backbone = key.rsplit("@", 1)[0]
+    names = base_of(backbone).split("+")
+    first = pipeline.model(names[0])
+    lora = next((pipeline.model(n).lora for n in names if pipeline.model(n).lora), None)
+    return expected_tensors(first.dims, heads_of(pipeline, backbone), lora)
+
+
+def check_checkpoint(path: Path, pipeline, state: dict) -> None:
+    """Every replica folder of the checkpoint at ``path`` read and checked against the
+    pipeline's models (:func:`read_replica`, and the optimizer's moments), as a resume will
+    read them; a BackendError at the first problem."""
+    for key in sorted(state.get("replicas", {})):
+        folder = Path(path) / key
+        if not (folder / "model.safetensors").is_file():
+            if (folder / "meta.json").is_file():
+                read_meta(folder / "meta.json")       # an engine's copy: its version alone
+            continue
+        expected = expected_of(pipeline, key)
+        read_replica(folder, expected)
+        if (folder / "optimizer.safetensors").is_file():
+            check_moments(expected, read_tensors(folder / "optimizer.safetensors"),
+                          folder / "optimizer.safetensors")
+
+
+def read_replica(folder: Path, expected: Expected) -> tuple[dict, dict[str, torch.Tensor]]:
+    """(meta, weights) of a replica's checkpoint folder, each checked: meta.json an object
+    with a version, every expected tensor there, of its shape and dtype, finite, and no
+    other (:func:`check_tensors`)."""
+    meta = read_meta(folder / "meta.json")
+    weights = read_tensors(folder / "model.safetensors")
+    check_tensors(expected, weights, folder / "model.safetensors")
+    return meta, weights
+
+
+def read_meta(path: Path) -> dict:
+    """A replica's meta.json: a JSON object whose version is a count; a BackendError naming
+    the file and the field."""
+    from rpeg.runtime import runfiles as rf
+    meta = rf.read_json(path, "checkpoint meta")
+    if not isinstance(meta, dict):
+        raise _bad(path, f"must be a JSON object, not a {type(meta).__name__}")
+    version = meta.get("version")
+    if isinstance(version, bool) or not isinstance(version, int) or version < 0:
+        raise _bad(path, f"field 'version' must be a count, not {version!r}"[:200])
+    for field in ("kl_coef", "optimizer_steps"):
+        value = meta.get(field, {})
+        if not isinstance(value, dict) or not all(
+                isinstance(v, (int, float)) and not isinstance(v, bool) for v in value.values()):
+            raise _bad(path, f"field '{field}' must map names to numbers, not {value!r}"[:200])
+    return meta
+
+
+def read_tensors(path: Path) -> dict[str, torch.Tensor]:
+    """Every tensor of a safetensors file, read in full; a BackendError naming the file when
+    it cannot be (truncated, not safetensors)."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+    try:
+        return load_file(str(path))
+    except (SafetensorError, OSError, ValueError, RuntimeError) as e:
+        raise _bad(path, f"must be a safetensors file readable in full, and it is not "
+                         f"({type(e).__name__}: {e})"[:300]) from None
+
+
+def check_tensors(expected: Expected, tensors: dict[str, torch.Tensor], where: Path) -> None:
+    """Every tensor of ``expected`` is in ``tensors`` with its shape and dtype and only
+    finite values, and nothing else is; a BackendError naming the file, the tensor and the
+    problem."""
+    missing = [n for n in expected if n not in tensors]
+    if missing:
+        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+        raise _bad(where, f"must hold tensor '{missing[0]}'{more}, which the model's "
+                          "configuration has, and it does not")
+    unknown = [n for n in tensors if n not in expected]
+    if unknown:
+        raise _bad(where, f"must hold only the model's tensors, not '{unknown[0]}'"
+                          + (f" (and {len(unknown) - 1} more)" if len(unknown) > 1 else ""))
+    for name, (shape, dtype) in expected.items():
+        _check_one(name, tensors[name], shape, dtype, where)
+
+
+def check_moments(expected: Expected, moments: dict[str, torch.Tensor], where: Path) -> None:
+    """The Adam moments (``NAME::exp_avg``, ``NAME::exp_avg_sq``) of an optimizer file: each
+    of a tensor of the model, of its shape, finite."""
+    for key, t in moments.items():
+        name, _, kind = key.partition("::")
+        if name not in expected or kind not in ("exp_avg", "exp_avg_sq"):
+            raise _bad(where, f"must hold only the moments of the model's tensors, not '{key}'")
+        _check_one(key, t, expected[name][0], None, where)
+
+
+def _check_one(name: str, t: torch.Tensor, shape: tuple[int, ...], dtype, where: Path) -> None:
+    if tuple(t.shape) != shape:
+        raise _bad(where, f"tensor '{name}' must have the shape {list(shape)} the model's "
+                          f"configuration gives it, not {list(t.shape)}")
+    if dtype is not None and t.dtype != dtype:
+        raise _bad(where, f"tensor '{name}' must be {dtype}, not {t.dtype}")
+    if not t.is_floating_point():
+        raise _bad(where, f"tensor '{name}' must be floating point, not {t.dtype}")
+    bad = int((~torch.isfinite(t)).sum())
+    if bad:
+        raise _bad(where, f"tensor '{name}' must hold finite values, and {bad:,} of its "
+                          f"{t.numel():,} are NaN or infinite")
+
+
+def _bad(path: Path, problem: str) -> BackendError:
+    return BackendError(f"checkpoint file '{path}' {problem}", Span(str(path), 0, 0),
+                        hint="the checkpoint is damaged or was written for another model: "
+                             "`rpeg run --resume` goes on from an earlier complete one, "
+                             "`rpeg export --step N` exports another")
+
+
+def has_adapters(model: nn.Module) -> bool:
+    return any(True for _ in _adapter_names(model))
+
+
+def _adapter_names(model: nn.Module):
+    from backends.torch_backend.lora import adapter_names
+    return adapter_names(model)
 
 
 def _optimizer_tensors(model, optimizer, tensors: bool = True

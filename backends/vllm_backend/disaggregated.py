@@ -144,13 +144,12 @@ class EngineReplica:
 
     def restore(self, path: str) -> int:
         """Serve the version a checkpoint of it names, with that version's weights."""
+        from backends.torch_backend.modeling import read_meta, read_tensors
         self._settle()
-        meta = json.loads((Path(path) / "meta.json").read_text())
-        version = int(meta["version"])
-        if version:
+        version = int(read_meta(Path(path) / "meta.json")["version"])
+        if version:        # the model's files, checked with its replica's before the resume
             source = _weights_at(Path(path).parent, self.key, version)
-            from safetensors.torch import load_file
-            self.engine.update_weights(load_file(str(source / "model.safetensors")).items(),
+            self.engine.update_weights(read_tensors(source / "model.safetensors").items(),
                                        version)
         self.version = version
         return version

@@ -82,8 +82,8 @@ def register(app: typer.Typer) -> None:
             d = measure_dispatch()
             c = measure_control()
             p = with_dispatch(load_profile(out), d, c)
-            with writing(out, "the profile"):
-                out.write_text(profile_text(p, comment=f"{p.name}: measured by rpeg calibrate"))
+            with writing(out, "the profile") as tmp:
+                tmp.write_text(profile_text(p, comment=f"{p.name}: measured by rpeg calibrate"))
             print(f"dispatch {d['dispatch_s'] * 1e3:.2f} ms per task (one worker "
                   f"{d['same_worker_s'] * 1e3:.2f} ms, across two {d['cross_worker_s'] * 1e3:.2f}"
                   f" ms, load {d['loadavg']:.1f}); {_control_line(p)}; wrote {out}",
@@ -91,8 +91,8 @@ def register(app: typer.Typer) -> None:
             return
         m = measure_machine(repeats)
         if save:
-            with writing(save, "the measurements"):
-                save.write_text(json.dumps(m))
+            with writing(save, "the measurements") as tmp:
+                tmp.write_text(json.dumps(m))
         fit = fit_profile(m, name=name)
         p = fit.profile
         if out is not None and out.exists():
@@ -108,13 +108,13 @@ def register(app: typer.Typer) -> None:
         if out is None:
             print(text, end="")
         else:
-            with writing(out, "the profile"):
-                out.write_text(text)
+            with writing(out, "the profile") as tmp:
+                tmp.write_text(text)
             print(f"wrote {out}", file=sys.stderr)
         if cluster is not None:
             rel = os.path.relpath(out, cluster.parent) if out else f"profiles/{name}.rpeg"
-            with writing(cluster, "the cluster file"):
-                cluster.write_text(cluster_text(name, rel, fit.link))
+            with writing(cluster, "the cluster file") as tmp:
+                tmp.write_text(cluster_text(name, rel, fit.link))
             print(f"wrote {cluster}", file=sys.stderr)
 
 

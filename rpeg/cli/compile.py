@@ -145,14 +145,14 @@ def _write(report, pipeline, machine, output: Path | None, as_json: bool, no_gan
     """Write the plan (and its Gantt picture) where asked; print the summary."""
     gantt = None
     if output is not None:
-        with writing(output, "the plan"):
-            report.plan.save(output)
+        with writing(output, "the plan") as tmp:
+            report.plan.save(tmp)
         if not no_gantt and report.evaluation.timeline is not None:
             from rpeg.plan.gantt import draw
-            with writing(output.with_suffix(".png"), "the Gantt picture"):
-                gantt = draw(report.evaluation.timeline, output.with_suffix(".png"),
-                             title=f"{pipeline.name} on {machine.name}",
-                             step_s=report.plan.predicted.step_time_s)
+            gantt = output.with_suffix(".png")
+            with writing(gantt, "the Gantt picture") as tmp:
+                draw(report.evaluation.timeline, tmp, title=f"{pipeline.name} on {machine.name}",
+                     step_s=report.plan.predicted.step_time_s)
     if as_json:
         print(json.dumps(summary_json(report, output, gantt, any_executor), indent=2))
     else:

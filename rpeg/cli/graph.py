@@ -15,7 +15,7 @@ from pathlib import Path
 
 import typer
 
-from rpeg.cli.output import suffix, writable
+from rpeg.cli.output import suffix, writable, writing
 from rpeg.errors import SpecError
 from rpeg.graph import build, unroll, verify, verify_unrolled
 from rpeg.graph.render import FORMATS, to_dot, write
@@ -65,7 +65,8 @@ def register(app: typer.Typer) -> None:
             else:
                 print(g)
             return
-        write(to_dot(g, steps or None, split), output)
+        with writing(output, "the graph") as tmp:
+            write(to_dot(g, steps or None, split), tmp)
         if steps:
             u = unroll(g, steps, split)
             versions = sum(1 for d in u.deps if d.kind is DepKind.VERSION)

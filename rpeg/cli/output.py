@@ -8,50 +8,36 @@ traceback.
     rpeg.errors.RpegError: error: -o must name a file to write, not the directory '.'
 
 An output that cannot be written (a directory, a folder that does not exist or is not
-writable) is the user's input, so it is an error with exit status 1, said before a
-search or a measurement spends minutes; a write that fails anyway (a full disk) is
-reported the same way by :func:`writing`. A suffix the command cannot write (``-o
-graph.txt``) is a usage error (exit 2): :func:`suffix`.
+writable, a place inside a run directory) is the user's input, so it is an error with
+exit status 1, said before a search or a measurement spends minutes; a write goes through
+a temporary sibling renamed into place when complete (:func:`writing`), and one that fails
+anyway (a full disk) is reported the same way and leaves nothing behind. A suffix the
+command cannot write (``-o graph.txt``) is a usage error (exit 2): :func:`suffix`.
 """
 
 from __future__ import annotations
 
-import contextlib
-import os
-from collections.abc import Iterator
 from pathlib import Path
 
 import typer
 
-from rpeg.errors import RpegError
+from rpeg.destinations import check_file_destination, written
 
 
-def writable(path: Path | None, option: str) -> Path | None:
-    """``path`` if a file can be written there; RpegError (exit 1) saying why not."""
+def writable(path: Path | None, option: str, reads: tuple[Path, ...] = ()) -> Path | None:
+    """``path`` if a file can be written there (``rpeg.destinations``: not a directory, in
+    one that exists and this user can write, outside every run directory and around none of
+    ``reads``); RpegError (exit 1) saying why not."""
     if path is None:
         return None
-    if path.is_dir():
-        raise RpegError(f"{option} must name a file to write, not the directory '{path}'",
-                        hint=f"e.g. {option} {path / 'NAME'}")
-    parent = path.parent
-    if not parent.is_dir():
-        raise RpegError(f"{option} must name a file in an existing directory, not '{path}' "
-                        f"('{parent}' does not exist)", hint=f"create it first: mkdir -p {parent}")
-    if not os.access(parent, os.W_OK | os.X_OK) or (path.exists()
-                                                    and not os.access(path, os.W_OK)):
-        raise RpegError(f"{option} must name a file this user can write, not '{path}' "
-                        f"(permission denied)", hint="choose another place")
-    return path
+    return check_file_destination(path, option, reads)
 
 
-@contextlib.contextmanager
-def writing(path: Path, what: str) -> Iterator[None]:
-    """Turn an OSError while writing ``path`` into an RpegError naming it (exit 1)."""
-    try:
-        yield
-    except OSError as e:
-        raise RpegError(f"{what} '{path}' must be written, and writing it failed: "
-                        f"{e.strerror or e}") from None
+def writing(path: Path, what: str):
+    """Write ``path`` through a temporary sibling (``with writing(p, "the plan") as tmp``):
+    renamed into place when complete, removed on failure; an OSError is an RpegError naming
+    ``path`` (exit 1)."""
+    return written(path, what)
 
 
 def suffix(path: Path | None, option: str, allowed: tuple[str, ...]) -> Path | None:

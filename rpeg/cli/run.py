@@ -66,9 +66,10 @@ def register(app: typer.Typer) -> None:
         seed: int = typer.Option(0, "--seed", min=0, help="Planner seed."),
         cuda: bool = typer.Option(False, "--cuda", help="Run ops on CUDA when workers have it."),
         progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress bar."),
-        checkpoint_every: int = typer.Option(10, "--checkpoint-every", min=0,
+        checkpoint_every: int = typer.Option(None, "--checkpoint-every", min=0,
                                              help="Steps between checkpoints (0: only at the "
-                                                  "end; no recovery from worker loss)."),
+                                                  "end; no recovery from worker loss); "
+                                                  "default 10, with --resume the run's own."),
         op_timeout: float = typer.Option(120.0, "--op-timeout", min=1.0,
                                          help="Least seconds before an op counts as stuck "
                                               "(10x its predicted time when that is longer)."),
@@ -91,11 +92,13 @@ def register(app: typer.Typer) -> None:
         """Run a pipeline on a Dask cluster; write runs/<pipeline>-<time>/ (verify it with rpeg verify)."""
         from rpeg.runtime import RunOptions, plan_for_run, run_pipeline
         from rpeg.runtime.recovery import Resilience, run_resilient
-        from rpeg.runtime.resume import resume_run
+        from rpeg.runtime.resume import recorded_cadence, resume_run
         from rpeg.runtime.security import TlsFiles, check_scheduler_address, dask_tls
 
         tls = TlsFiles.resolve(*(str(p) if p else None for p in (tls_ca, tls_cert, tls_key)))
         check_scheduler_address(scheduler, tls)
+        if checkpoint_every is None:
+            checkpoint_every = (resume is not None and recorded_cadence(resume)) or 10
         resilience = Resilience(checkpoint_every=max(checkpoint_every, 1),
                                 timeout_floor_s=op_timeout)
         _usage(file, resume, spec, strategy, devices, cluster, staleness, profile, scheduler,

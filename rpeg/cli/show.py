@@ -87,6 +87,9 @@ def _show_plan(path: Path, plots: bool, as_json: bool, force: bool = False,
     plan = opened.plan
     written = []
     if plots:
+        from rpeg.destinations import check_outside_runs
+        check_outside_runs(path.with_name(path.stem + "-memory.png"),
+                           "--plots (pictures beside the plan)")
         pipeline, cluster = opened.pipeline, opened.cluster
         if cluster is None or cluster.num_gpus < plan.num_devices:
             pipeline = cluster = None

@@ -23,13 +23,17 @@ import typer
 from rpeg.cli.output import suffix, writable, writing
 
 PICTURES = (".png", ".svg", ".pdf")          # what the Gantt picture is drawn as
+# steps a simulation may be asked for: far past any steady state (a plan's steady state is
+# measured within 2 (k + 1) + 3 + (k + 1) steps at staleness k), and bounded in time and memory
+MAX_SIMULATED = 1000
 
 
 def register(app: typer.Typer) -> None:
     @app.command()
     def simulate(
         plan_file: Path = typer.Argument(..., metavar="PLAN.json", help="A plan from rpeg compile."),
-        steps: int = typer.Option(8, "--steps", min=2, help="Steps to simulate."),
+        steps: int = typer.Option(8, "--steps", min=2, max=MAX_SIMULATED,
+                                  help="Steps to simulate."),
         output: Path = typer.Option(None, "-o", "--output",
                                     help="Gantt picture (.png, .svg or .pdf)."),
         spec: Path = typer.Option(None, "--spec", help="The pipeline, if not where the plan "
@@ -57,8 +61,8 @@ def register(app: typer.Typer) -> None:
         tl = result.timeline
         if output is not None:
             from rpeg.plan.gantt import draw
-            with writing(output, "the Gantt picture"):
-                draw(tl, output, title=f"{plan.pipeline} on {plan.cluster}",
+            with writing(output, "the Gantt picture") as tmp:
+                draw(tl, tmp, title=f"{plan.pipeline} on {plan.cluster}",
                      step_s=result.step_time_s)
         bubbles = tl.bubbles()
         if as_json:

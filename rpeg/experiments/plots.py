@@ -38,13 +38,19 @@ def _plt():
 
 
 def save(fig, base: str | Path) -> tuple[Path, Path]:
-    """Write ``base.png`` and ``base.svg``; close the figure."""
+    """Write ``base.png`` and ``base.svg`` (each through a temporary sibling,
+    ``rpeg.destinations``); close the figure."""
+    from rpeg.destinations import written
     base = Path(base)
     base.parent.mkdir(parents=True, exist_ok=True)
     png, svg = base.with_suffix(".png"), base.with_suffix(".svg")
-    fig.savefig(png, dpi=110)
-    fig.savefig(svg)
-    _plt().close(fig)
+    try:
+        with written(png, "the picture") as tmp:
+            fig.savefig(tmp, dpi=110)
+        with written(svg, "the picture") as tmp:
+            fig.savefig(tmp)
+    finally:
+        _plt().close(fig)
     return png, svg
 
 

@@ -206,7 +206,7 @@ def write(dot: str, path: str | Path) -> Path:
     exe = shutil.which("dot")
     if exe is None:
         raise GraphError("Graphviz's 'dot' program is not installed, so no picture can be "
-                         f"drawn; write {p.with_suffix('.dot')} instead",
+                         "drawn; write a .dot file instead",
                          hint="install graphviz (apt-get install graphviz), or use -o x.dot")
     try:
         subprocess.run([exe, f"-T{fmt}", "-o", str(p)], input=dot.encode("utf-8"),

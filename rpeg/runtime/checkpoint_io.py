@@ -38,7 +38,7 @@ from pathlib import Path
 
 import attrs
 
-from rpeg.errors import RuntimeFailure, Span
+from rpeg.errors import RpegError, RuntimeFailure, Span
 
 FORMAT = 1
 MARKER = "COMPLETE"
@@ -91,8 +91,8 @@ def commit(run_dir: Path, tmp: Path, step: int, state: dict) -> Checkpoint:
     for f in tmp.rglob("*"):
         _fsync(f)
     final = folder(run_dir) / step_name(step)
-    if final.exists():                       # a stale copy (e.g. from before a rollback)
-        shutil.rmtree(final)
+    if os.path.lexists(final):               # never overwritten: an earlier write of this step
+        set_aside(final, "replaced")         # that never completed, kept under its own name
     os.replace(tmp, final)
     _fsync(final.parent)
     _write_synced(final / MARKER, json.dumps(manifest, indent=1, sort_keys=True))
@@ -101,11 +101,12 @@ def commit(run_dir: Path, tmp: Path, step: int, state: dict) -> Checkpoint:
 
 
 def latest(run_dir: Path, *, before: int | None = None,
-           skipped: list[str] | None = None) -> Checkpoint | None:
+           skipped: list[str] | None = None, check=None) -> Checkpoint | None:
     """The newest complete, intact checkpoint (at a step < ``before``), or None.
 
-    Incomplete ones (no marker) are passed over silently; damaged ones are passed over
-    and described in ``skipped``.
+    Incomplete ones (no marker) are passed over silently; damaged ones (``check``, a
+    function of a checkpoint raising RpegError, says what else is damage: the backend
+    reading its tensors) are passed over and described in ``skipped``.
     """
     root = folder(run_dir)
     if not root.is_dir():
@@ -124,8 +125,11 @@ def latest(run_dir: Path, *, before: int | None = None,
         if not (p / MARKER).exists():
             continue
         try:
-            return validate(p)
-        except RuntimeFailure as e:
+            ck = validate(p)
+            if check is not None:
+                check(ck)
+            return ck
+        except RpegError as e:
             if skipped is not None:
                 skipped.append(str(e))
     return None
@@ -221,6 +225,17 @@ def _check_safetensors(path: Path) -> None:
     if not isinstance(header, dict):
         raise RuntimeFailure(f"checkpoint file '{path}' must be a safetensors file, and it is "
                              "not", Span(str(path), 0, 0))
+
+
+def set_aside(path: Path, why: str) -> Path:
+    """Rename checkpoint folder ``path`` to ``STEP.WHY-N`` (the first N free), which no
+    resume reads and no pruning removes; the new name."""
+    n = 1
+    while os.path.lexists(path.with_name(f"{path.name}.{why}-{n}")):
+        n += 1
+    new = path.with_name(f"{path.name}.{why}-{n}")
+    os.replace(path, new)
+    return new
 
 
 def prune(run_dir: Path, keep: int = 2) -> None:

@@ -115,7 +115,7 @@ class RunContext:
             if c.model is None:
                 continue
             heads = wanted.setdefault((c.model, c.device), set())
-            heads.update(_heads(pipeline, c.model))
+            heads.update(heads_of(pipeline, c.model))
         groups = replica_layouts(calls)
         blocks = _engine_blocks(plan, calls)
         replicas = []
@@ -188,7 +188,8 @@ def _graph(pipeline, plan):
     return graph_for(pipeline, plan)
 
 
-def _heads(pipeline: Pipeline, backbone: str) -> set[str]:
+def heads_of(pipeline: Pipeline, backbone: str) -> set[str]:
+    """The heads a replica of ``backbone`` (one model, or models sharing it) carries."""
     heads = set()
     for name in base_of(backbone).split("+"):
         m = pipeline.model(name)

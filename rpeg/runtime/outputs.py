@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from rpeg.runtime.runfiles import open_append, read_metrics, write_atomic
+from rpeg.runtime.runfiles import open_append, read_bytes, read_metrics, write_atomic
 
 SAMPLES = "samples.jsonl"
 EVALS = "eval.jsonl"
@@ -51,19 +51,35 @@ def evaluated(run_dir: Path, step: int) -> bool:
     return any(r.get("step") == step for r in read_rows(run_dir, EVALS))
 
 
-def cut_back(run_dir: Path, start: int) -> None:
-    """Keep the samples of steps before ``start`` and the evaluations up to it."""
-    _rewrite(run_dir, SAMPLES, lambda r: r.get("step", 0) < start
-             or (r.get("eval") and r.get("step", 0) <= start))
-    _rewrite(run_dir, EVALS, lambda r: r.get("step", 0) <= start)
+def cut_back(run_dir: Path, start: int, aside: str | None = None) -> None:
+    """Keep the samples of steps before ``start`` and the evaluations up to it; with
+    ``aside`` (a resume), the other lines move to ``NAME.<aside>.jsonl``."""
+    keep_rows(run_dir, SAMPLES, lambda r: r.get("step", 0) < start
+              or (r.get("eval") and r.get("step", 0) <= start), aside)
+    keep_rows(run_dir, EVALS, lambda r: r.get("step", 0) <= start, aside)
 
 
-def _rewrite(run_dir: Path, name: str, keep) -> None:
+def keep_rows(run_dir: Path, name: str, keep, aside: str | None = None) -> None:
+    """Rewrite the JSON-lines file ``name`` with the rows ``keep`` accepts; with ``aside``,
+    every other line (a damaged one too) is written first, as it was, to
+    ``STEM.<aside>.jsonl``: nothing is lost."""
     path = Path(run_dir) / name
     if not path.exists():
         return
-    rows = [r for r in read_rows(run_dir, name) if keep(r)]
-    write_atomic(path, "".join(json.dumps(r, sort_keys=True) + "\n" for r in rows))
+    kept, dropped = [], []
+    for line in read_bytes(path, name).decode("utf-8", "replace").split("\n"):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except ValueError:
+            row = None
+        ok = isinstance(row, dict) and isinstance(row.get("step"), int) and keep(row)
+        (kept if ok else dropped).append(json.dumps(row, sort_keys=True) if ok else line)
+    if aside is not None and dropped:
+        write_atomic(path.with_name(f"{path.name.split('.')[0]}.{aside}.jsonl"),
+                     "".join(x + "\n" for x in dropped))
+    write_atomic(path, "".join(x + "\n" for x in kept))
 
 
 def eval_line(row: dict) -> str:

@@ -49,6 +49,7 @@ cut) and ``rpeg.runtime.losses`` (loss and stuck detection, and the rollback).
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from collections import defaultdict
@@ -56,8 +57,10 @@ from pathlib import Path
 
 import attrs
 
+from rpeg.destinations import check_not_around
 from rpeg.errors import RpegError, RuntimeFailure, Span
 from rpeg.plan.model import Plan
+from rpeg.runtime import runfiles as rf
 from rpeg.runtime.checkpointing import Checkpointing
 from rpeg.runtime.checkpointing import _replan as _replan  # rpeg.runtime.resume re-plans
 from rpeg.runtime.driver import (
@@ -68,15 +71,16 @@ from rpeg.runtime.driver import (
     check_local_devices,
     uses_vllm,
 )
-from rpeg.runtime.inputs import check_inputs
+from rpeg.runtime.inputs import check_inputs, recorded_paths
 from rpeg.runtime.losses import WorkerWatch, _Lost
 from rpeg.runtime.record import write_record
-from rpeg.runtime.rundir import RunDir, host_usage
+from rpeg.runtime.rundir import NOT_STARTED, RunDir, host_usage
 from rpeg.runtime.runfiles import RunLock
 from rpeg.runtime.runstate import RunState
 from rpeg.runtime.segments import Interrupted, SegmentLoop
 from rpeg.runtime.serial import dumps, plan_to_json
 from rpeg.runtime.stopflag import StopFlag, Terminated
+from rpeg.runtime.trackers import Trackers, check_installed, chosen
 from rpeg.spec.model import Pipeline
 
 __all__ = ["Resilience", "Interrupted", "run", "run_resilient"]
@@ -111,31 +115,54 @@ def run_resilient(pipeline: Pipeline, plan: Plan, options: RunOptions,
                   ) -> RunResult:
     """Run ``plan`` with step checkpoints, surviving worker loss and stuck ops. The run
     directory is locked while the run writes it; one that already holds a run is refused
-    (``rpeg run --resume`` continues it: ``rpeg.runtime.resume``)."""
+    (``rpeg run --resume`` continues it: ``rpeg.runtime.resume``).
+
+    A start is atomic: nothing is written to the run directory until the inputs (the
+    datasets, the reward's module, the trackers, the directory itself) are checked and the
+    cluster is reached; a start that fails after that and before its first step leaves the
+    directory marked ``failed-before-start``, and the same command runs into it again."""
     steps = options.steps or pipeline.workload.steps
     if options.scheduler is None:
         check_local_devices(plan.num_devices)             # before any worker process starts
+    check_installed(chosen(pipeline, options.trackers))
+    stop = StopFlag()
     if _resume is not None:                         # its inputs checked by the resume
-        return _run(pipeline, plan, options, spec_path, resilience, on_step, *_resume,
-                    resumed=True)
+        with stop.ignored(), _cluster(plan, options) as cl:
+            return _run(pipeline, plan, options, spec_path, resilience, on_step, *_resume,
+                        cl=cl, stop=stop, resumed=True)
     check_inputs(pipeline)
-    rd = RunDir.create(options.root, pipeline.name, options.run_dir)
-    with RunLock.take(rd.path):
-        if rd.holds_run():
-            raise _holds_run(rd)
-        if spec_path:
-            import shutil
-            shutil.copyfile(spec_path, rd.path / "spec.rpeg")
-        rd.write_text("pipeline.json", dumps(pipeline))
-        rd.write_text("plan.json", plan_to_json(plan))
-        meta = {"pipeline": pipeline.name, "steps": steps, "status": "running",
-                "scheduler": options.scheduler or "local", "started": time.time(),
-                "spec": str(Path(spec_path).absolute()) if spec_path else None,
-                "recoveries": [], "replans": [], "resumes": [],
-                "overrides": list(options.overrides)}
-        rd.write_text("metrics.jsonl", "")
-        state = RunState(0, [], [], defaultdict(list), {})
-        return _run(pipeline, plan, options, spec_path, resilience, on_step, rd, state, meta)
+    where = RunDir.target(options.root, pipeline.name, options.run_dir)
+    check_not_around(where, "--run-dir", tuple(Path(p) for _, p, _ in recorded_paths(pipeline))
+                     + ((Path(spec_path),) if spec_path else ()))
+    if where.is_dir():
+        rf.check_unlocked(where)                    # a run writing it: said with its pid
+        if RunDir(where).holds_run():
+            raise _holds_run(RunDir(where))
+    # worker processes start with Ctrl-C ignored: a terminal sends it to the whole process
+    # group, and they must live to finish the ops before the checkpoint
+    with stop.ignored(), _cluster(plan, options) as cl:
+        rd = RunDir.create(options.root, pipeline.name, where)
+        with RunLock.take(rd.path):
+            if rd.holds_run():
+                raise _holds_run(rd)
+            rd.clear_failed_start()
+            if spec_path:
+                rf.write_atomic(rd.path / "spec.rpeg", Path(spec_path).read_bytes())
+            rd.write_text("pipeline.json", dumps(pipeline))
+            rd.write_text("plan.json", plan_to_json(plan))
+            meta = {"pipeline": pipeline.name, "steps": steps, "status": "running",
+                    "scheduler": options.scheduler or "local", "started": time.time(),
+                    "spec": str(Path(spec_path).absolute()) if spec_path else None,
+                    "recoveries": [], "replans": [], "resumes": [],
+                    "overrides": list(options.overrides)}
+            rd.write_text("metrics.jsonl", "")
+            state = RunState(0, [], [], defaultdict(list), {})
+            return _run(pipeline, plan, options, spec_path, resilience, on_step, rd, state,
+                        meta, cl=cl, stop=stop)
+
+
+def _cluster(plan: Plan, options: RunOptions) -> _Cluster:
+    return _Cluster(plan.num_devices, options.scheduler, uses_vllm(plan))
 
 
 def _holds_run(rd: RunDir) -> RuntimeFailure:
@@ -144,10 +171,15 @@ def _holds_run(rd: RunDir) -> RuntimeFailure:
         meta = rd.read_json("run.json")
     except RpegError:
         meta = None
-    what = ""
-    if isinstance(meta, dict):
-        what = (f" ({meta.get('pipeline', '?')}, {meta.get('status', '?')}, "
-                f"{meta.get('steps', '?')} steps)")
+    if not isinstance(meta, dict):
+        files = [f for f in rf.FILES if f != rf.LOCK and os.path.lexists(rd.path / f)]
+        return RuntimeFailure(f"run directory '{rd.path}' must be empty or new for a new run, "
+                              f"and it holds {', '.join(files)}, which a run writes; the run "
+                              f"would replace {'it' if len(files) == 1 else 'them'}",
+                              Span(str(rd.path), 0, 0),
+                              hint="choose a new or empty --run-dir")
+    what = (f" ({meta.get('pipeline', '?')}, {meta.get('status', '?')}, "
+            f"{meta.get('steps', '?')} steps)")
     return RuntimeFailure(f"run directory '{rd.path}' must be empty or new for a new run, and "
                           f"it holds a run{what}; a second run would mix its records with "
                           "that one's", Span(str(rd.path), 0, 0),
@@ -156,35 +188,31 @@ def _holds_run(rd: RunDir) -> RuntimeFailure:
 
 
 def _run(pipeline, plan, options, spec_path, resilience, on_step, rd: RunDir,
-         state: RunState, meta: dict, *, resumed: bool = False) -> RunResult:
+         state: RunState, meta: dict, *, cl: _Cluster, stop: StopFlag,
+         resumed: bool = False) -> RunResult:
     steps = int(meta["steps"])
     meta["checkpoint_every"] = resilience.checkpoint_every
-    from rpeg.runtime.trackers import Trackers, chosen
     picked = chosen(pipeline, options.trackers)
     meta["trackers"] = [t.value for t in picked]      # TensorBoard reads it (tensorboard.py)
     rd.write_json("run.json", meta)
-    stop = StopFlag()
     t_start = time.time()
-    trackers = Trackers.open(pipeline, rd.path, picked,
-                             config={"pipeline": pipeline.name, "steps": steps,
-                                     "overrides": " ".join(meta.get("overrides", []))},
-                             resume=resumed)
     runner = _Runner(pipeline, plan, options, resilience, rd, meta, state, steps, on_step,
                      stop)
-    runner.trackers = trackers
+    trackers = None
     try:
+        trackers = Trackers.open(pipeline, rd.path, picked,
+                                 config={"pipeline": pipeline.name, "steps": steps,
+                                         "overrides": " ".join(meta.get("overrides", []))},
+                                 resume=resumed)
+        runner.trackers = trackers
         stop.install_terminate(str(rd.path))        # SIGTERM closes the record, as Ctrl-C does
-        # worker processes start with Ctrl-C ignored: a terminal sends it to the whole
-        # process group, and they must live to finish the ops before the checkpoint
-        with stop.ignored(), _Cluster(plan.num_devices, options.scheduler,
-                                              uses_vllm(plan)) as cl:
-            stop.install()
-            runner.cl = cl
-            try:
-                runner.go()
-            except BaseException:
-                runner.salvage()                    # the ops that finished, for the trace
-                raise
+        stop.install()
+        runner.cl = cl
+        try:
+            runner.go()
+        except BaseException:
+            runner.salvage()                        # the ops that finished, for the trace
+            raise
         meta["status"] = "ok"
         current = set(runner.workers.values())          # a restarted worker counts afresh
         host = host_usage([e for e in state.events if e.get("worker") in current],
@@ -201,8 +229,12 @@ def _run(pipeline, plan, options, spec_path, resilience, on_step, rd: RunDir,
         meta["status"] = "failed"
         raise
     finally:
+        if meta["status"] != "ok" and not resumed and not state.metrics \
+                and not state.events and not state.unfinished() and not rd.checkpoints():
+            meta["status"] = NOT_STARTED           # no op ran: the start can be retried
         stop.uninstall()
-        trackers.close()
+        if trackers is not None:
+            trackers.close()
         try:
             if meta["status"] == "ok":
                 state.write_trace(rd, runner.workers, meta.get("started", t_start), force=True)

@@ -58,14 +58,22 @@ def resume_run(run_dir: str | Path, options: RunOptions | None = None,
         check_plan_of_run(rd, pipeline, plan)
         check_inputs(pipeline, resumed=True)    # the files the run read, where it read them
         skipped: list[str] = []
-        ck = ckio.latest(rd.path, skipped=skipped)
+        ck = ckio.latest(rd.path, skipped=skipped, check=_tensors_checked(pipeline))
         for s in skipped:
             print(f"rpeg: warning: skipping a damaged checkpoint: {s}", file=sys.stderr)
-        made_for = int(ck.state.get("run_steps", meta["steps"])) if ck else int(meta["steps"])
+        if ck is None:
+            raise _nothing_to_resume(rd, meta, len(skipped))
+        made_for = int(ck.state.get("run_steps", meta["steps"]))
         total = _steps_wanted(steps, meta, ck, rd)
-        state = state_at(rd, ck)                    # checks metrics and events, then cuts
+        aside = _aside_name(rd)
+        state = state_at(rd, ck, aside)            # checks metrics and events, then cuts
+        damaged = [str(ckio.set_aside(p, "damaged").name) for p in _newer(rd, ck.step)]
         ckio.prune(rd.path, keep=10**6)             # drop interrupted writes only
-        O.cut_back(rd.path, state.start)            # samples and evaluations, as the metrics
+        O.cut_back(rd.path, state.start, aside)     # samples and evaluations, as the metrics
+        kept = sorted(p.name for p in rd.path.glob(f"*.{aside}.jsonl"))
+        if kept or damaged:
+            print(f"rpeg: kept what ran past {ck.path.name}: "
+                  + ", ".join(kept + [f"checkpoints/{d}" for d in damaged]), file=sys.stderr)
         if ck is not None and total != made_for \
                 and ck.step + 2 * lookback(pipeline, plan) > min(made_for, total):
             # the cut was made for a run that ended near it: restart there, every replica
@@ -84,15 +92,63 @@ def resume_run(run_dir: str | Path, options: RunOptions | None = None,
             return RunResult(rd.path, tuple(state.metrics), float(meta.get("wall_s", 0.0)),
                              total)
         meta.setdefault("resumes", []).append({"from_step": state.start, "at": time.time(),
-                                               "checkpoint": str(ck.path) if ck else None})
+                                               "checkpoint": str(ck.path), "set_aside": kept,
+                                               "damaged_checkpoints": damaged})
         meta["status"] = "running"
         options = options or RunOptions()
         options = attrs.evolve(options, steps=total, run_dir=str(rd.path))
-        print(f"rpeg: resuming {rd.path} at step {state.start} of {total}"
-              + (f" from {ck.path.name}" if ck else " (no complete checkpoint: from the start)"),
+        print(f"rpeg: resuming {rd.path} at step {state.start} of {total} from {ck.path.name}",
               file=sys.stderr)
         return run_resilient(pipeline, plan, options, None, resilience, on_step,
                              _resume=(rd, state, meta))
+
+
+def recorded_cadence(run_dir: str | Path) -> int | None:
+    """The steps between checkpoints a run was made with (run.json), so that a resume keeps
+    them unless told otherwise; None when the record does not say (the resume then says
+    what is wrong with it)."""
+    try:
+        meta = rf.read_json(Path(run_dir) / "run.json", "run record")
+    except (RpegError, OSError):
+        return None
+    every = meta.get("checkpoint_every") if isinstance(meta, dict) else None
+    return every if isinstance(every, int) and not isinstance(every, bool) and every >= 1 \
+        else None
+
+
+def _tensors_checked(pipeline):
+    """A checkpoint's tensors read and checked against the pipeline's models by the backend
+    (``backends.load``), as the workers will read them: damage the manifest cannot see
+    (a tensor of the wrong shape, NaN, one missing) is found before the resume chooses."""
+    import backends
+    check = backends.load("torch", "check_checkpoint")
+    return lambda ck: check(ck.path, pipeline, ck.state)
+
+
+def _nothing_to_resume(rd: RunDir, meta: dict, damaged: int) -> RuntimeFailure:
+    spec = meta.get("spec") if isinstance(meta.get("spec"), str) else "SPEC.rpeg"
+    why = f"its {damaged} checkpoint(s) are damaged" if damaged else "it holds none"
+    return RuntimeFailure(f"run directory '{rd.path}' must hold a complete checkpoint to "
+                          f"resume from, and {why}; nothing of it can be continued",
+                          Span(str(rd.path / "checkpoints"), 0, 0),
+                          hint=f"start the run anew in another directory: rpeg run {spec} "
+                               "--run-dir NEW_DIR (this one stays as it is)")
+
+
+def _aside_name(rd: RunDir) -> str:
+    """``set-aside-N``, the first N no file of the run directory uses yet."""
+    n = 1
+    while any(rd.path.glob(f"*.set-aside-{n}.jsonl")):
+        n += 1
+    return f"set-aside-{n}"
+
+
+def _newer(rd: RunDir, step: int) -> list[Path]:
+    """Complete checkpoints after ``step`` (the resume passed them over as damaged)."""
+    root = ckio.folder(rd.path)
+    return sorted(p for p in root.glob("step-*") if "." not in p.name
+                  and p.name[5:].isdigit() and int(p.name[5:]) > step
+                  and (p / ckio.MARKER).exists())
 
 
 def _steps_wanted(steps: int | None, meta: dict, ck, rd: RunDir) -> int:

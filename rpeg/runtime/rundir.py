@@ -34,6 +34,7 @@ from rpeg.runtime import runfiles as rf
 from rpeg.runtime.tensorboard import append_event
 
 EVENTS = "events.jsonl"      # every committed op event, appended at each checkpoint
+NOT_STARTED = "failed-before-start"   # run.json's status when no step finished
 
 
 @attrs.frozen
@@ -41,7 +42,10 @@ class RunDir:
     path: Path
 
     @classmethod
-    def create(cls, root: str | Path, pipeline: str, path: str | Path | None = None) -> RunDir:
+    def target(cls, root: str | Path, pipeline: str, path: str | Path | None = None) -> Path:
+        """Where a new run will write, checked and not yet made: ``path``, else a fresh
+        ``ROOT/PIPELINE-TIME``; RuntimeFailure when it is a file, lies inside another run's
+        directory, or holds a run (one whose start failed before its first step does not)."""
         if path is None:
             stamp = time.strftime("%Y%m%d-%H%M%S")
             path = Path(root) / f"{pipeline}-{stamp}"
@@ -50,9 +54,22 @@ class RunDir:
                 n += 1
                 path = Path(root) / f"{pipeline}-{stamp}-{n}"
         path = Path(path)
-        if path.exists() and not path.is_dir():
+        if os.path.lexists(path) and not path.is_dir():
             raise RuntimeFailure(f"run directory '{path}' must be a directory, and it is not",
                                  Span(str(path), 0, 0), hint="choose another --run-dir")
+        from rpeg.destinations import run_dir_around
+        around = run_dir_around(path.parent)
+        if around is not None:
+            raise RuntimeFailure(f"run directory '{path}' must not lie inside another run's "
+                                 f"directory, and it is inside '{around}'",
+                                 Span(str(path), 0, 0), hint="choose another --run-dir")
+        if path.is_dir():
+            rf.check_entries(path)
+        return path
+
+    @classmethod
+    def create(cls, root: str | Path, pipeline: str, path: str | Path | None = None) -> RunDir:
+        path = cls.target(root, pipeline, path)
         path.mkdir(parents=True, exist_ok=True)
         rf.check_entries(path)
         (path / "checkpoints").mkdir(exist_ok=True)
@@ -74,9 +91,34 @@ class RunDir:
         return cls(path)
 
     def holds_run(self) -> bool:
-        """Whether a run has written here (its record, plan, metrics or events)."""
+        """Whether a run has written here (its record, plan, metrics or events); a start
+        that failed before its first step (:data:`NOT_STARTED`) holds none."""
+        if self.failed_start():
+            return False
         return any(os.path.lexists(self.path / f) for f in
                    ("run.json", "plan.json", "metrics.jsonl", EVENTS, "trace.json"))
+
+    def failed_start(self) -> bool:
+        """Whether this directory holds only a start that failed before its first step."""
+        try:
+            meta = rf.read_json(self.path / "run.json", "run record")
+        except RuntimeFailure:
+            return False
+        return isinstance(meta, dict) and meta.get("status") == NOT_STARTED \
+            and not any(p.name.startswith("step-") for p in self.checkpoints())
+
+    def checkpoints(self) -> list[Path]:
+        root = self.path / "checkpoints"
+        return list(root.iterdir()) if root.is_dir() and not root.is_symlink() else []
+
+    def clear_failed_start(self) -> None:
+        """Remove what a start that failed before its first step wrote (its record files),
+        so that the same command can start the run here."""
+        if not self.failed_start():
+            return
+        for name in rf.FILES:
+            if name != rf.LOCK and os.path.lexists(self.path / name):
+                os.unlink(self.path / name)
 
     def write_text(self, name: str, text: str) -> Path:
         """Write atomically: a fresh temporary name, then rename (never through a symlink)."""
@@ -149,6 +191,15 @@ class RunDir:
                                      "wrote, and it is damaged", Span(str(path), n, 1))
             out.append(e)
         return out
+
+    def set_aside_events(self, size: int, aside: str) -> None:
+        """Copy what ``events.jsonl`` holds past its first ``size`` bytes to
+        ``events.<aside>.jsonl`` (before a resume cuts it)."""
+        path = self.path / EVENTS
+        if os.path.lexists(path):
+            tail = rf.read_bytes(path, "event log")[size:]
+            if tail:
+                rf.write_atomic(self.path / f"events.{aside}.jsonl", tail)
 
     def cut_events(self, size: int) -> list[dict]:
         """The events of ``events.jsonl``'s first ``size`` bytes, the rest cut off (a run

@@ -232,6 +232,33 @@ def open_update(path: Path, what: str):
     return os.fdopen(fd, "r+b")
 
 
+def _locked(run_dir: Path, pid: bytes) -> RuntimeFailure:
+    holder = pid.decode("ascii", "replace").strip() or "unknown"
+    return RuntimeFailure(f"run directory '{run_dir}' must not be written by two runs at "
+                          f"once, and rpeg run (pid {holder}) is writing it",
+                          Span(str(Path(run_dir) / LOCK), 0, 0),
+                          hint="wait for it to end, or choose another directory (--run-dir)")
+
+
+def check_unlocked(run_dir: Path) -> None:
+    """RuntimeFailure when a run holds ``run_dir``'s lock; writes nothing (a directory
+    without a lock file is unlocked)."""
+    try:
+        fd = os.open(Path(run_dir) / LOCK, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return                      # refused, with its kind, when the lock is taken
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise _locked(run_dir, os.pread(fd, 32, 0)) from None
+        fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
+
+
 class RunLock:
     """An exclusive lock on a run directory while a run writes it (``flock`` on
     ``run.lock``, which holds the pid of the process that took it). The kernel drops it
@@ -257,12 +284,7 @@ class RunLock:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
-                holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip() or "unknown"
-                raise RuntimeFailure(f"run directory '{run_dir}' must not be written by two "
-                                     f"runs at once, and rpeg run (pid {holder}) is writing "
-                                     "it", Span(str(path), 0, 0),
-                                     hint="wait for it to end, or choose another directory "
-                                          "(--run-dir)") from None
+                raise _locked(run_dir, os.pread(fd, 32, 0)) from None
             os.ftruncate(fd, 0)
             os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
             yield cls(path, fd)

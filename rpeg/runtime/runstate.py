@@ -51,10 +51,13 @@ class RunState:
             self.traced = len(self.events)
 
 
-def state_at(rd: RunDir, ck: ckio.Checkpoint | None) -> RunState:
+def state_at(rd: RunDir, ck: ckio.Checkpoint | None, aside: str | None = None) -> RunState:
     """The state at checkpoint ``ck`` (None: the start), the run directory's
     metrics and event log cut back to it. Everything is read and checked before anything
-    is cut: a damaged record refuses the resume and leaves the directory as it was."""
+    is cut: a damaged record refuses the resume and leaves the directory as it was. With
+    ``aside`` (a resume), what is cut is moved to files of its own rather than dropped:
+    ``metrics.<aside>.jsonl``, ``events.<aside>.jsonl`` (and the samples' and
+    evaluations', ``rpeg.runtime.outputs.cut_back``)."""
     if ck is None:
         rd.write_text("metrics.jsonl", "")
         rd.write_text(EVENTS, "")
@@ -68,6 +71,11 @@ def state_at(rd: RunDir, ck: ckio.Checkpoint | None) -> RunState:
     for e in ck.state.get("pending", []):
         pending[int(e["step"])].append(e)
     carry = ckio.load_tree(ck.path, "carry") if (ck.path / "carry.json").exists() else {}
+    if aside is not None:
+        from rpeg.runtime.outputs import keep_rows
+        keep_rows(rd.path, "metrics.jsonl", lambda r: r["step"] < ck.step, aside)
+        if "events_bytes" in ck.state:
+            rd.set_aside_events(int(ck.state["events_bytes"]), aside)
     rd.write_text("metrics.jsonl", "".join(_line(m) for m in rows))
     if "events_bytes" in ck.state:
         rd.cut_events(int(ck.state["events_bytes"]))

@@ -39,6 +39,7 @@ plan.json alone, as before.
 from __future__ import annotations
 
 import json
+from collections import Counter
 from pathlib import Path
 
 import attrs
@@ -52,6 +53,9 @@ from rpeg.runtime.runcheck import check_event_fields, check_meta, check_metrics,
 from rpeg.runtime.rundir import RunDir, events_from_trace
 from rpeg.runtime.serial import loads, plan_from_json
 from rpeg.spec.model import OpKind
+
+SHOWN = 20           # violations a report lists by default; the rest are counted
+MAX_SHOWN = 10_000   # the most it lists when asked
 
 # Clock resolution between processes on one machine: ends and starts closer than
 # this are treated as ordered (time.time() across processes, microsecond trace units).
@@ -81,12 +85,24 @@ class Report:
         return not self.violations
 
     def __str__(self) -> str:
+        return self.text()
+
+    def text(self, shown: int = SHOWN) -> str:
+        """The report: a summary line (violations counted by check), the first ``shown``
+        violations, and how many more there are -- bounded however many there are."""
         head = (f"verified {len(self.checked)} ops of {self.steps} steps: "
                 "placement, dependencies, versions")
         if self.ok:
             return head + " - ok"
-        lines = [head + f" - {len(self.violations)} violation(s)"]
-        lines += [f"  {v}" for v in self.violations]
+        n = len(self.violations)
+        kinds = Counter(v.check for v in self.violations)
+        lines = [head + f" - {n:,} violation(s): "
+                 + ", ".join(f"{c:,} {k}" for k, c in sorted(kinds.items(),
+                                                              key=lambda kc: (-kc[1], kc[0])))]
+        lines += [f"  {v}" for v in self.violations[:shown]]
+        if n > shown:
+            lines.append(f"  ... and {n - shown:,} more (rpeg verify --violations N shows "
+                         "more of them)")
         return "\n".join(lines)
 
 

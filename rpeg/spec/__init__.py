@@ -34,7 +34,7 @@ from rpeg.spec.model import (
     Stage,
     Workload,
 )
-from rpeg.spec.parser import parse_file, parse_text
+from rpeg.spec.parser import gc_paused, parse_file, parse_text
 from rpeg.spec.presets import PRESETS, ModelDims
 from rpeg.spec.resolve import FileKind, file_kind
 from rpeg.spec.values import Fn
@@ -60,14 +60,15 @@ class Checked:
 def check_file(path: str | Path, overrides: tuple = ()) -> Checked:
     """Parse and check any .rpeg file; raises SpecError on the first problem. ``overrides``
     (``rpeg.spec.overrides.parse_overrides``) change a pipeline before it is checked."""
-    f = parse_file(path)
-    kind = file_kind(f)
-    if kind is FileKind.PIPELINE:
-        pipeline, warnings = lower_pipeline(f, overrides)
-        return Checked(kind, pipeline, tuple(warnings))
-    if kind is FileKind.CLUSTER:
-        return Checked(kind, lower_cluster(f))
-    return Checked(kind, lower_profile(f))
+    with gc_paused():               # millions of small objects, no cycles (rpeg.spec.parser)
+        f = parse_file(path)
+        kind = file_kind(f)
+        if kind is FileKind.PIPELINE:
+            pipeline, warnings = lower_pipeline(f, overrides)
+            return Checked(kind, pipeline, tuple(warnings))
+        if kind is FileKind.CLUSTER:
+            return Checked(kind, lower_cluster(f))
+        return Checked(kind, lower_profile(f))
 
 
 def load(path: str | Path, overrides: tuple = ()) -> Pipeline:

@@ -27,12 +27,15 @@ from __future__ import annotations
 import ast as pyast
 import importlib.machinery
 import os
+import stat
 import sys
 from pathlib import Path
 
 import attrs
 
 from rpeg.errors import NOWHERE, Span, SpecError, did_you_mean
+
+MAX_MODULE_BYTES = 16 << 20        # a python("module:function") module's source, read to check it
 
 
 def written_folder(span: Span) -> Path:
@@ -103,8 +106,12 @@ def find_python(module: str, function: str, span: Span, what: str = "reward"
                                  "or on the Python path")
         source = Path(found.origin)
     try:
+        st = source.stat()
+        if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_MODULE_BYTES:
+            raise SpecError(f"{what} module '{module}' ({_shown(source)}) must be a regular file of "
+                            f"at most {MAX_MODULE_BYTES:,} bytes", span)
         tree = pyast.parse(source.read_text(encoding="utf-8"))
-    except (SyntaxError, UnicodeDecodeError, OSError) as e:
+    except (SyntaxError, UnicodeDecodeError, OSError, ValueError, RecursionError) as e:
         raise SpecError(f"{what} module '{module}' ({_shown(source)}) cannot be read: {e}",
                         span) from None
     names = {n.name for n in tree.body if isinstance(n, (pyast.FunctionDef,

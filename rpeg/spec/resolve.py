@@ -139,7 +139,8 @@ def resolve_pipeline(f: ast.File, _stack: tuple[str, ...] = ()) -> tuple[tuple[a
         base = parse_file(base_path)
     except SpecError as e:
         if e.span is not None and not e.span.line:     # the file itself: said at the extend
-            raise SpecError(f"extend: {e.message}", ext.path.span, hint=e.hint or
+            raise SpecError(f"extend '{ext.path.value}': {e.message}", ext.path.span,
+                            hint=e.hint or
                             f"paths are relative to this file's folder ({folder})") from None
         e.notes = e.notes + (("while reading the base of this extend", ext.span),)
         raise
@@ -151,37 +152,42 @@ def resolve_pipeline(f: ast.File, _stack: tuple[str, ...] = ()) -> tuple[tuple[a
 
 
 def _merge(base: tuple[ast.Item, ...], own: tuple[ast.Item, ...]) -> tuple[ast.Item, ...]:
-    out = list(base)
+    """``own`` over ``base`` (in time linear in both: each item found by its key)."""
+    decl = next((i for i in own if isinstance(i, ast.PipelineDecl)), None)
+    out = [i for i in base if decl is None or not isinstance(i, ast.PipelineDecl)]
+    at: dict[object, int] = {}
+    for n, item in enumerate(out):
+        at.setdefault(_slot(item), n)
     for item in own:
-        if isinstance(item, ast.PipelineDecl):
-            out = [i for i in out if not isinstance(i, ast.PipelineDecl)]
-            out.insert(0, item)
+        if item is decl:
             continue
-        if type(item) in _BLOCKS:
-            idx = next((n for n, i in enumerate(out) if type(i) is type(item)), None)
-            if idx is None:
-                out.append(item)
-            else:
-                out[idx] = _merge_block(out[idx], item)
-            continue
-        key = _key(item)
-        idx = next((n for n, i in enumerate(out) if key is not None and _key(i) == key), None)
-        if idx is None:
+        slot = _slot(item)
+        if slot is None or slot not in at:
+            at[slot] = len(out)
             out.append(item)
+        elif type(item) in _BLOCKS:
+            out[at[slot]] = _merge_block(out[at[slot]], item)
         else:
-            out[idx] = item
-    return tuple(out)
+            out[at[slot]] = item
+    return ((decl,) if decl is not None else ()) + tuple(out)
+
+
+def _slot(item) -> object:
+    """What an item of a derived file replaces in its base: the same block, or the same
+    (kind, name); None for what only adds (share, colocate)."""
+    return type(item) if type(item) in _BLOCKS else _key(item)
 
 
 def _merge_block(base, own):
     """A workload, eval or log block of a derived file over its base's, key by key."""
     entries = list(base.block.entries)
+    at = {entry_key(b): n for n, b in reversed(list(enumerate(entries)))}
     for e in own.block.entries:
-        idx = next((n for n, b in enumerate(entries) if entry_key(b) == entry_key(e)), None)
-        if idx is None:
-            entries.append(e)
+        if entry_key(e) in at:
+            entries[at[entry_key(e)]] = e
         else:
-            entries[idx] = e
+            at[entry_key(e)] = len(entries)
+            entries.append(e)
     return type(own)(ast.Block(tuple(entries), own.block.span), own.span)
 
 

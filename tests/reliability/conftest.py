@@ -99,3 +99,36 @@ def pki(tmp_path) -> Pki:
     rogue = make_ca(tmp_path, "rogue-ca")
     return Pki(ca.cert_path, issue(ca, tmp_path, "cluster"), issue(ca, tmp_path, "client"),
                issue(rogue, tmp_path, "intruder"))
+
+
+@pytest.fixture(scope="session")
+def micro_run(tmp_path_factory) -> Path:
+    """One real run of a small PPO pipeline (tests/reliability/test_faults.py's, 4 steps,
+    checkpoints at steps 2 and 4, split over 2 Dask workers), made once per session and
+    verified; tests copy it before they damage it."""
+    from rpeg.cli import main
+    from rpeg.runtime import RunOptions
+    from rpeg.runtime.placement import split_plan
+    from rpeg.runtime.recovery import Resilience, run_resilient
+    from rpeg.spec import load
+    from tests.reliability.test_faults import micro_spec
+    from tests.reliability.test_hostile_input import no_hang
+
+    spec = micro_spec(tmp_path_factory.mktemp("micro"))
+    pipeline = load(spec)
+    run_dir = tmp_path_factory.mktemp("made") / "run"
+    with no_hang(900):
+        run_resilient(pipeline, split_plan(pipeline, 2, staleness=1),
+                      RunOptions(steps=4, run_dir=str(run_dir), progress=False),
+                      spec_path=str(spec), resilience=Resilience(checkpoint_every=2))
+    assert main(["verify", str(run_dir)]) == 0
+    return run_dir
+
+
+@pytest.fixture
+def run(micro_run, tmp_path) -> Path:
+    """A copy of the session's real run to damage."""
+    import shutil
+    dst = tmp_path / "run"
+    shutil.copytree(micro_run, dst)
+    return dst

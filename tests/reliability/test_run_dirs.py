@@ -18,35 +18,9 @@ import pytest
 from rpeg.cli import main
 from rpeg.runtime import checkpoint_io as ckio
 from tests.reliability.hostile import RUN_DIR_DAMAGE
-from tests.reliability.test_faults import micro_spec
 from tests.reliability.test_hostile_input import no_hang
 
 STEPS = 4
-
-
-@pytest.fixture(scope="module")
-def made(tmp_path_factory) -> Path:
-    from rpeg.runtime import RunOptions
-    from rpeg.runtime.placement import split_plan
-    from rpeg.runtime.recovery import Resilience, run_resilient
-    from rpeg.spec import load
-
-    spec = micro_spec(tmp_path_factory.mktemp("micro"))
-    pipeline = load(spec)
-    run_dir = tmp_path_factory.mktemp("made") / "run"
-    with no_hang(900):
-        run_resilient(pipeline, split_plan(pipeline, 2, staleness=1),
-                      RunOptions(steps=STEPS, run_dir=str(run_dir), progress=False),
-                      spec_path=str(spec), resilience=Resilience(checkpoint_every=2))
-    assert main(["verify", str(run_dir)]) == 0
-    return run_dir
-
-
-@pytest.fixture
-def run(made, tmp_path) -> Path:
-    dst = tmp_path / "run"
-    shutil.copytree(made, dst)
-    return dst
 
 
 def _tree(path: Path) -> dict[str, str]:

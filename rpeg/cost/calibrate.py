@@ -30,7 +30,7 @@ from rpeg.cost.examples import ppo_pipeline
 from rpeg.cost.memory import Parallel, resident_memory
 from rpeg.cost.stages import estimate_stage, stage_memory
 from rpeg.graph.work import work_of
-from rpeg.spec.model import Cluster, GpuProfile, LengthDist, LengthKind, Level, Link
+from rpeg.spec.model import Cluster, Engine, GpuProfile, LengthDist, LengthKind, Level, Link
 from rpeg.spec.presets import PRESETS, ModelDims
 
 _HUGE = 1e30
@@ -106,7 +106,8 @@ def predict_op(kind: str, dims: ModelDims, batch: int, prompt_len: int, gen_len:
     cluster = attrs.evolve(cluster, gpu=with_dispatch(cluster.gpu, {"dispatch_s": 0.0}))
     work = work_of(p, stage)
     t = estimate_stage(work, par, devices, cluster).time_s
-    mem = resident_memory(work.model, par, cluster, trained=kind == "train").total \
+    mem = resident_memory(work.model, par, cluster, trained=kind == "train",
+                          engine=Engine.TORCH).total \
         + stage_memory(work, par, cluster).total
     return t, mem
 

@@ -34,9 +34,10 @@ from __future__ import annotations
 import attrs
 import numpy as np
 
+from rpeg.cost.compute import Roof
 from rpeg.cost.control import Dispatch, control_time, shared_cores_time, terms_of
 from rpeg.cost.generation import StageCost
-from rpeg.cost.memory import MemoryCost, resident_memory
+from rpeg.cost.memory import MemoryCost, resident_memory, usable_memory
 from rpeg.cost.stages import stage_memory
 from rpeg.errors import CostError, PlanError
 from rpeg.graph import Graph
@@ -59,10 +60,10 @@ from rpeg.plan.structure import (  # noqa: F401 — re-exported: what the plan m
     synced_in_place,
 )
 from rpeg.plan.tasks import dispatch_per_step, layouts_of
-from rpeg.spec.model import Cluster, Engine, OpKind, Pipeline
+from rpeg.plan.usage import KINDS, memory_uses, op_uses
+from rpeg.spec.model import Cluster, OpKind, Pipeline
 
 GB = 1e9
-KINDS = ("weights", "grads", "optimizer", "activations", "kv_cache", "buffers")
 
 
 @attrs.frozen
@@ -333,7 +334,7 @@ class Evaluator:
         """Per generate stage: its wave size given what stays resident on its devices."""
         if resident is None:
             resident = self.resident_bytes(plan, graph)[0]
-        cap = self.cluster.gpu.memory
+        cap = usable_memory(self.cluster.gpu)
         out = {}
         for s in self.stages.generates:
             p = plan.placement(s)
@@ -364,7 +365,7 @@ class Evaluator:
         leaves the shortfall's breakdown by kind out (a search compares shortfalls only)."""
         walk = walk or self.walk(plan, graph)
         peak = walk.peak
-        cap = self.cluster.gpu.memory
+        cap = usable_memory(self.cluster.gpu)
         worst = int(np.argmax(peak - cap))
         if peak[worst] <= cap:
             return peak, None
@@ -376,13 +377,16 @@ class Evaluator:
         what = sorted(((m, b) for m, b in by_model.items() if b > 0), key=lambda x: -x[1])
         op = walk.top(worst)
         what.append((f"{op} (transient)", float(walk.transient[worst])))
-        chunks_of = {s: walk.streamed[o] for o, stages in self._streaming(graph)
-                     if o in walk.streamed for s in stages}
         kinds = self.kinds(plan, graph, worst, op, walk.rows.get(op),
-                           chunks_of.get(op, ()), walk) if detail else ()
+                           self.chunks_of(graph, walk).get(op, ()), walk) if detail else ()
         return peak, Shortfall(worst, float(peak[worst]), cap, op,
                                what[0][0] if what else "", tuple(what), kinds,
                                plan.placement(op) if op else None)
+
+    def chunks_of(self, graph: Graph, walk: Walk) -> dict[str, tuple]:
+        """Per stage of a streamed op: the chunks it is priced in."""
+        return {s: walk.streamed[o] for o, stages in self._streaming(graph)
+                if o in walk.streamed for s in stages}
 
     def fits(self, plan: Plan) -> bool:
         """Memory only: does every device hold what the plan puts on it?"""
@@ -403,8 +407,7 @@ class Evaluator:
                 zero = p.zero if trained or p.zero >= 3 else 0
                 par = attrs.evolve(parallel_of(p), zero=zero, offload=p.offload and trained)
                 total += resident_memory(self.pipeline.model(model), par, self.cluster,
-                                         trained=trained,
-                                         host_grads=p.engine is Engine.DEEPSPEED)
+                                         trained=trained, engine=p.engine)
         if op:
             p = plan.placement(op)
             par = parallel_of(p)
@@ -444,6 +447,26 @@ class Evaluator:
             t = self.prices.sync_time(model, src, dst)
             timings[op.name] = OpTiming(sync_devices(src, dst), t)
         return timings, tuple((n, round(t.time_s, 6)) for n, t in timings.items())
+
+    def roofs(self, plan: Plan, graph: Graph, walk: Walk) -> dict[str, Roof]:
+        """Per op (not the syncs): the FLOPs and bytes the cost model prices it with, on one
+        of its devices (the busiest), as :meth:`timings` times it."""
+        out: dict[str, Roof] = {}
+        for op in graph.ops:
+            if op.kind is OpKind.SYNC_WEIGHTS:
+                continue
+            p = plan.placement(op.stages[0])
+            if op.kind is OpKind.GENERATE:
+                out[op.name] = self.stage_cost(op.stages[0], p,
+                                               walk.rows.get(op.stages[0])).roof
+            elif op.kind is OpKind.TRAIN:
+                off = self._off_policy(op, plan, graph)
+                out[op.name] = self.stage_cost(op.stages[0], p, off_policy=off).roof
+            else:
+                out[op.name] = sum((self.stage_cost(s, plan.placement(s), chunk=c).roof
+                                    for c in walk.streamed.get(op.name, None) or (None,)
+                                    for s in op.stages), Roof())
+        return out
 
     def _op_timing(self, graph: Graph, op, plan: Plan, walk: Walk, trainer) -> OpTiming:
         """Where ``op`` runs and for how long, from what it reads of the plan and the walk
@@ -603,12 +626,15 @@ class Evaluator:
             raise PlanError(f"plan layout must be one the cost model can price, not: "
                             f"{e.message}", e.span, hint=e.hint) from None
         capacity = self.cluster.gpu.memory
+        reserve = capacity - usable_memory(self.cluster.gpu)
         feasible = shortfall is None
         homes = self.homes(plan, graph) if detail else None
+        memory = memory_uses(self, plan, graph, walk) if detail else ()
         if not (feasible or simulate_infeasible):
             return _Priced(plan, homes, False, shortfall,
                            Predicted(float("inf"), tuple(peak.tolist()),
-                                     memory_capacity=capacity), None, False)
+                                     memory_capacity=capacity, memory=memory,
+                                     memory_reserve=reserve), None, False)
         timings, op_times = self.timings(plan, graph, walk)
         steps = self.steps or steps_for(max((k for _, k in plan.staleness), default=0))
         held_out = self.eval_time(plan) if self.pipeline.evaluation is not None else None
@@ -622,7 +648,8 @@ class Evaluator:
         if bound is not None and feasible and least >= bound:
             return _Priced(plan, homes, True, None, Predicted(
                 least, op_times=op_times, memory_capacity=capacity,
-                control_s=round(control, 6), tasks_per_step=tasks), None, True)
+                control_s=round(control, 6), tasks_per_step=tasks,
+                memory_reserve=reserve), None, True)
         timeline = simulate(graph, timings, steps=steps, events=detail,
                             crossing_s=max(self.cluster.gpu.dispatch_s, 0.0),
                             streams=streams_of(plan, graph))
@@ -634,7 +661,9 @@ class Evaluator:
             busy=tuple(round(float(b), 4) for b in timeline.busy()) if detail else (),
             tokens_per_s=self.gen_tokens / step if step > 0 else 0.0,
             op_times=op_times, memory_capacity=capacity, control_s=round(control, 6),
-            tasks_per_step=tasks)
+            tasks_per_step=tasks, memory=memory, memory_reserve=reserve,
+            ops=op_uses(self, plan, timings, op_times, self.roofs(plan, graph, walk))
+            if detail else ())
         return _Priced(plan, homes, feasible, shortfall, predicted, timeline, False)
 
 

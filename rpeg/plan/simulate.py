@@ -39,6 +39,7 @@ import math
 import attrs
 import numpy as np
 
+from rpeg.errors import PlanError
 from rpeg.graph import DepKind, Graph, Instance, unroll
 from rpeg.graph.unroll import Unrolled, chunk_counts, in_place
 
@@ -233,7 +234,11 @@ def simulate(graph: Graph, timings: dict[str, OpTiming], steps: int = 6, *,
             ready.sort()
     if started != len(insts):
         stuck = sorted(str(insts[k]) for k, w in enumerate(waiting) if w > 0)
-        raise RuntimeError(f"simulation deadlocked with {stuck[:3]} never started")
+        raise PlanError(f"the plan's ops must be schedulable step after step, but "
+                        f"{', '.join(stuck[:3])} wait on one another (an op reading a model "
+                        f"older than the trainer overwrites in place, or a stale reader "
+                        f"of a model its trainer shares)",
+                        hint="lower the stale stage's staleness, or keep its model unshared")
     ends = [0.0] * steps
     for s, e in zip(prep.step_of, end, strict=True):
         if e > ends[s]:

@@ -131,6 +131,7 @@ class SegmentLoop:
                     tuple(d for d in g.external if d in seg)), now))
                 completions.add(f)
                 self.meta["tasks"] = self.meta.get("tasks", 0) + 1
+                self.task_steps[g.calls[0].step] = self.task_steps.get(g.calls[0].step, 0) + 1
             for ins in instructions:
                 if isinstance(ins, C.Release):
                     if ins.op_id not in keep:

@@ -317,6 +317,9 @@ CLUSTER = Section(
      _int("gpus_per_node", "devices per node", high=MAX_GPU, required=True),
      _int("nodes_per_rack", "nodes per rack", high=MAX_GPU, default=1),
      _int("racks", "racks", high=MAX_GPU, default=1),
+     Param("reserve", Type.QUANTITY, "share of each device's memory plans leave free "
+           "(fragmentation, spikes), over the profile's", unit="fraction", low=0.0,
+           derived="the profile's (10% unless it says)", example="10%"),
      _int("tool_cores", "host cores per node that run tool calls (a generate stage's tools: "
           "each call takes its tool's cores; the cost model queues calls on them)",
           high=MAX_GPU, derived="one per device"),
@@ -359,7 +362,10 @@ PROFILE_DOCS: dict[str, str] = {
     "async_launch": "1: host overhead overlaps device work (a GPU); 0: it adds (a CPU)",
     "compute_bytes": "bytes per value the device computes in (0: the model's dtype)",
     "act_factor": "multiplier on the activation-memory formula",
-    "runtime_memory": "fixed transient memory per op (workspaces, allocator slack)",
+    "runtime_memory": "fixed transient memory per op (CUDA context, communication "
+                      "buffers, workspaces)",
+    "reserve": "share of memory plans leave free (fragmentation, spikes; vLLM's "
+               "gpu_memory_utilization 0.9 leaves 10%)",
     "source": "where the figures come from",
     "dispatch_s": "scheduler time one task crossing adds (Dask)",
     "host_cores": "cores the control plane shares (0: not priced)",

@@ -434,6 +434,8 @@ class GpuProfile:
     compute_bytes: float = _q("", 0.0)             # bytes per value the device computes in; 0: model dtype
     act_factor: float = _q("", 1.0)                # multiplier on the activation-memory formula
     runtime_memory: float = _q("bytes", 0.0)       # fixed transient per op (workspaces, allocator slack)
+    reserve: float = _q("fraction", 0.1)           # share of memory plans leave free (fragmentation,
+                                                   # spikes: vLLM's gpu_memory_utilization 0.9)
     source: str = ""                               # where the figures come from
     # Host side: the run's scheduler and control plane, and the python ops.
     dispatch_s: float = _m("s")                    # scheduler time one task crossing adds (Dask)
@@ -483,6 +485,10 @@ class Cluster:
     racks: int = 1
     links: tuple[Link, ...] = ()
     span: Span = NOWHERE
+    # ops dispatched one call at a time by an RL framework's controller (the published
+    # systems that have one), each call paying the control plane's fitted ``call_s``
+    # (rpeg.cost.engines); rpeg's own runtime prices its control plane on its own terms
+    controller: bool = False
     tool_cores: int = 0      # host cores per node tool calls run on (0: one per device)
 
     @property

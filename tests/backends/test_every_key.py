@@ -453,7 +453,10 @@ class _Outcomes:
             p = self.spec(text)
             predicted = Evaluator(p, load_cluster(CLUSTERS / f"{cluster}.rpeg")).evaluate(
                 split_plan(p, 1, staleness=0)).plan.predicted
-            self.cache[(cluster, text)] = (predicted.step_time_s, predicted.peak_memory)
+            # what each op computes too: a key that changes the FLOPs of a step that host time
+            # bounds (a tiny model on a GPU) changes what is priced, not the step
+            self.cache[(cluster, text)] = (predicted.step_time_s, predicted.peak_memory,
+                                           tuple(round(u.flops) for u in predicted.ops))
         return self.cache[(cluster, text)]
 
 

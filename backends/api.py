@@ -18,6 +18,8 @@ from typing import Any, Protocol
 import attrs
 import numpy as np
 
+from rpeg.errors import BackendError
+
 
 @attrs.frozen
 class SamplingParams:
@@ -46,6 +48,9 @@ class RolloutChunk:
     # a conversation's (tools, an environment): 1 for the policy's tokens, 0 for the
     # observations' -- out of the loss, the KL and token counts. None: all the policy's
     masks: tuple[np.ndarray, ...] | None = None
+    temperature: float = 1.0            # the temperature its logprobs are at: the sampling
+                                        # temperature (1 for greedy); every logprob computed
+                                        # of these responses later uses it too
 
     def __len__(self) -> int:
         return len(self.response_ids)
@@ -85,7 +90,7 @@ def concat_chunks(parts: list[RolloutChunk]) -> RolloutChunk:
         logprobs=tuple(x for p in parts for x in p.logprobs),
         finished=np.concatenate([p.finished for p in parts]),
         version=min(p.version for p in parts), versions=_opt(parts, "versions"),
-        masks=_opt(parts, "masks"))
+        masks=_opt(parts, "masks"), temperature=_one_temperature(parts))
 
 
 def select_chunk(chunk: RolloutChunk, idx) -> RolloutChunk:
@@ -96,7 +101,16 @@ def select_chunk(chunk: RolloutChunk, idx) -> RolloutChunk:
         return None if xs is None else tuple(xs[i] for i in idx)
     return RolloutChunk(chunk.prompt_index[idx], pick(chunk.prompt_ids), pick(chunk.response_ids),
                         pick(chunk.logprobs), chunk.finished[idx], chunk.version,
-                        pick(chunk.versions), pick(chunk.masks))
+                        pick(chunk.versions), pick(chunk.masks), chunk.temperature)
+
+
+def _one_temperature(parts: list[RolloutChunk]) -> float:
+    """The temperature chunks joined into one were sampled at: one, or the join is wrong."""
+    temperatures = {p.temperature for p in parts}
+    if len(temperatures) > 1:
+        raise BackendError(f"responses sampled at one temperature must be joined, not at "
+                           f"{sorted(temperatures)}")
+    return parts[0].temperature
 
 
 @attrs.frozen

@@ -22,11 +22,14 @@ import sys
 import time
 from pathlib import Path
 
+import attrs
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.provenance import finish, header, provenance  # noqa: E402
 from benchmarks.published_rows import ROWS, Result, aggregates, log2_error, price  # noqa: E402
+from rpeg.cost.engines import EFFICIENCY, Efficiency  # noqa: E402
 from rpeg.plan.model import Strategy  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
@@ -79,6 +82,18 @@ def markdown(results: list[Result], agg: dict, loso: dict | None, prov: dict) ->
                           for k in ("1.25x", "1.5x", "2x")),
              f"- Spearman rank correlation (priced rows): {_fmt(agg['spearman'])}",
              _time_only_line(agg["time_only"]), ""]
+    lines += ["## The shared terms", "",
+              "Kernels run at the GPU profiles' measured rates (`pipelines/clusters/profiles/`); "
+              "what is fitted on these rows is one set of terms every engine, source and GPU "
+              "kind shares (`rpeg/cost/engines.py`), each within its physical range. The "
+              "controller's call is charged to the systems that have one (Ray-based OpenRLHF, "
+              "verl, NeMo RL, ReaL), not to DeepSpeed-Chat's single program.", "",
+              "| term | value | range | unit | what it is |", "|---|---|---|---|---|"]
+    for f in attrs.fields(Efficiency):
+        lo, hi = f.metadata["bounds"]
+        lines.append(f"| {f.name} | {getattr(EFFICIENCY, f.name):.4g} | {lo:g} .. {hi:g} | "
+                     f"{f.metadata['unit'] or 'share'} | {f.metadata['what']} |")
+    lines.append("")
     if loso:
         lines += ["## Leave one source out", "",
                   "The engine terms fitted on every source but one; that source's rows "

@@ -58,6 +58,10 @@ class Row:
     scale: float = 1.0                 # published main figure / one priced step
     strategy: Strategy = Strategy.PINNED
     unwritable: str = ""               # why the configuration cannot be written yet
+    # a controller dispatches the system's ops one call at a time (Ray-based OpenRLHF, verl,
+    # NeMo RL, ReaL's master and workers); DeepSpeed-Chat and OpenRLHF's DeepSpeed launcher
+    # run every model in one program on every GPU, with no controller between the calls
+    controller: bool = True
 
     @property
     def figure(self) -> float:
@@ -93,15 +97,16 @@ UPDATES = ("actor_step", "critic_step")
 ORB_PHASES = (("gen", EXPERIENCE), ("train", UPDATES))
 
 
-def _orb(rid, spec, cluster, step, gen, train, system):
+def _orb(rid, spec, cluster, step, gen, train, system, controller=True):
     return Row(rid, "openrlhf-benchmark", system, f"orb/{spec}", cluster,
-               (("step", step), ("gen", gen), ("train", train)), phases=ORB_PHASES)
+               (("step", step), ("gen", gen), ("train", train)), phases=ORB_PHASES,
+               controller=controller)
 
 
 def _dsc(rid, spec, hours, batch):
     return Row(rid, "deepspeed-chat-blog", "DeepSpeed-Chat (Hybrid Engine)", f"dsc/{spec}",
                "a100_8.rpeg", (("epoch", hours * 3600),), main="epoch",
-               scale=EPOCH_SAMPLES / batch)
+               scale=EPOCH_SAMPLES / batch, controller=False)
 
 
 def _verl(rid, n, step, gen, old, update):
@@ -139,20 +144,21 @@ def _real_rows() -> list[Row]:
                 out.append(Row(f"REAL-{name}-{gpus}-g{gen}", "real-weak-scaling", system,
                                f"real/{name}_{size}{suffix}.rpeg", f"h100_{gpus}.rpeg",
                                (("step", step),),
-                               strategy=Strategy.SEARCH if name == "real" else Strategy.PINNED))
+                               strategy=Strategy.SEARCH if name == "real" else Strategy.PINNED,
+                               controller=name != "dschat"))
     return out
 
 
 _ROWS = [
     _orb("ORB-1", "orb1_dschat_7b.rpeg", "a800_8.rpeg", 1189.13, 697.12, 492.01,
-         "DeepSpeed-Chat (ZeRO-3, no Hybrid Engine)"),
+         "DeepSpeed-Chat (ZeRO-3, no Hybrid Engine)", controller=False),
     _orb("ORB-2", "orb2_openrlhf_7b.rpeg", "a800_8.rpeg", 1177.78, 920.81, 256.97,
-         "OpenRLHF (DeepSpeed)"),
+         "OpenRLHF (DeepSpeed)", controller=False),
     _orb("ORB-3", "orb3_ray_7b.rpeg", "a800_8.rpeg", 1894.46, 1498.77, 395.69, "OpenRLHF (Ray)"),
     _orb("ORB-4", "orb4_vllm_7b.rpeg", "a800_8.rpeg", 885.16, 481.86, 403.29,
          "OpenRLHF (Ray + vLLM)"),
     _orb("ORB-5", "orb5_dschat_13b.rpeg", "a800_8.rpeg", 3809.36, 2590.72, 1218.76,
-         "DeepSpeed-Chat (ZeRO-3, no Hybrid Engine)"),
+         "DeepSpeed-Chat (ZeRO-3, no Hybrid Engine)", controller=False),
     _orb("ORB-6", "orb6_ray_13b.rpeg", "a800_8.rpeg", 3671.61, 2722.51, 949.10, "OpenRLHF (Ray)"),
     _orb("ORB-7", "orb7_vllm_13b.rpeg", "a800_8.rpeg", 2392.91, 1425.75, 967.15,
          "OpenRLHF (Ray + vLLM)"),
@@ -194,6 +200,7 @@ def price(row: Row, limits: Limits | None = None, plan=None) -> Result:
     limits = Limits() if limits is None else limits
     try:
         pipeline, cluster = _loaded(row.spec, row.cluster)
+        cluster = attrs.evolve(cluster, controller=row.controller)
         if plan is not None or row.strategy is Strategy.PINNED:
             plan = pinned_plan(pipeline, cluster, limits) if plan is None else \
                 attrs.evolve(plan, predicted=None)

@@ -2,6 +2,8 @@
 
     $ .venv/bin/python benchmarks/runtime.py            # writes benchmarks/results/runtime.{json,md}
     $ .venv/bin/python benchmarks/runtime.py --quick    # fewer steps and seeds (a smoke run)
+    $ .venv/bin/python benchmarks/runtime.py --only prediction --profile calibrate
+                      # predicted against measured, this machine calibrated first
 
 1. learning: tiny_ppo and tiny_grpo as ``rpeg run`` runs them (the planner's plan
    for the local 2-worker cluster); mean reward of the untrained policy (steps
@@ -20,7 +22,15 @@ Every Dask run is what ``rpeg run`` runs: the resilient runner
 (``rpeg.runtime.recovery.run_resilient``, a checkpoint every 10 steps) with fused
 dispatch (``tasks_per_step`` says how many Dask tasks a step took).
 4. prediction: the cost model's step time for each executed plan
-   (``rpeg.plan.evaluate.Evaluator`` with the calibrated local_cpu profile) vs measured.
+   (``rpeg.plan.evaluate.Evaluator`` with the calibrated local_cpu profile) vs measured;
+   ``--only prediction``: tiny_ppo and tiny_grpo with the planner's plan and five others
+   (split, chunked, asynchronous, colocated, fused), the table of measured / predicted.
+
+Predictions price ops with the profile ``--profile`` names, as ``rpeg run --profile`` does:
+``auto`` (the default) this machine's, calibrated and cached by ``rpeg calibrate``'s short
+form on first use; ``calibrate`` measures this machine again first; ``shipped`` the
+shipped ``pipelines/clusters/local_cpu.rpeg``, measured on another machine. The results
+record which, and the CPU it was measured on.
 
 Step times are medians over steps after the first 5 (start-up). The machine is
 shared: before each run the script waits (up to 30 s) for the 1-minute load
@@ -53,7 +63,17 @@ from rpeg.runtime.plans import plan_for_run  # noqa: E402
 from rpeg.runtime.recovery import Resilience, run_resilient  # noqa: E402
 from rpeg.spec import load, load_cluster  # noqa: E402
 
-CLUSTER = ROOT / "pipelines" / "clusters" / "local_cpu.rpeg"
+CLUSTER = ROOT / "pipelines" / "clusters" / "local_cpu.rpeg"   # --profile sets it
+
+
+def use_profile(choice: str) -> None:
+    """Price and plan with the local profile ``choice`` names (auto, calibrate, shipped),
+    the cluster file ``rpeg run --profile`` would use."""
+    global CLUSTER
+    from rpeg.runtime.machine import choice_from_env, local_profile
+    local = local_profile(choice_from_env(choice))
+    print(local.note, flush=True)
+    CLUSTER = local.cluster
 WARMUP = 5
 
 
@@ -169,6 +189,63 @@ def learning(name, steps, root) -> dict:
     out["plan"] = plan.strategy.value
     out["predicted_step_s"] = round(predicted(pipeline, plan), 4)
     out["predicted_control"] = control_model(pipeline, plan)
+    return out
+
+
+def plan_variants(name: str) -> dict:
+    """The plans the prediction table runs for ``name``: the planner's (what ``rpeg run``
+    runs) and five hand-built ones on the 2-worker cluster: generation and training split
+    over the workers, the same streaming generation in 2 chunks, asynchronous (staleness
+    1), every model on both workers (the colocated baseline), and the split plan with two
+    of its ops fused into one call."""
+    from rpeg.errors import RpegError
+    from rpeg.plan.compile import compile_report
+    from rpeg.plan.model import Strategy
+    from rpeg.plan.options import SearchOptions
+    from rpeg.runtime.plans import runtime_limits, settled
+    spec = ROOT / "pipelines" / f"{name}.rpeg"
+    cluster = load_cluster(CLUSTER)
+    pipeline, default, _ = plan_for_run(spec, cluster=CLUSTER)
+    split = split_plan(pipeline, 2, staleness=0, chunks=1)
+    out = {"default": default, "split": split,
+           "chunked": split_plan(pipeline, 2, staleness=0, chunks=2),
+           "async": split_plan(pipeline, 2, staleness=1, chunks=1),
+           "colocated": compile_report(pipeline, cluster, Strategy.COLOCATED,
+                                       SearchOptions(seed=0, limits=runtime_limits())).plan}
+    ev = Evaluator(pipeline, cluster)
+    stages = [p.stage for p in split.placements]
+    for a in stages:                          # the first pair of ops fusion accepts
+        for b in stages:
+            same = split.placement(a).devices == split.placement(b).devices
+            if a == b or not same or "fused" in out:
+                continue
+            fused = attrs.evolve(split, fusion=((a, b),))
+            try:
+                ev.evaluate(fused)
+            except RpegError:
+                continue
+            out["fused"] = fused
+    return {k: (pipeline, settled(pipeline, plan, cluster)) for k, plan in out.items()}
+
+
+def prediction(steps: int, root) -> dict:
+    """Measured against predicted step time of each plan of :func:`plan_variants`, for
+    tiny_ppo and tiny_grpo: the median step (after the first 5), the Dask tasks a step
+    (measured by the step each task ran for; predicted by the runtime's fusion rule) and
+    the control plane's CPU a step."""
+    out = {}
+    for name in ("tiny_ppo", "tiny_grpo"):
+        for label, (pipeline, plan) in plan_variants(name).items():
+            r = dask_run(pipeline, plan, steps, root)
+            r["predicted_step_s"] = round(predicted(pipeline, plan), 4)
+            r["predicted_control"] = control_model(pipeline, plan)
+            r["ratio_measured_over_predicted"] = round(r["median_step_s"]
+                                                       / r["predicted_step_s"], 3)
+            r["placements"] = placements(plan) + (f"; fused {plan.fusion}" if plan.fusion
+                                                  else "")
+            out[f"{name} {label}"] = r
+            print(name, label, r["median_step_s"], r["predicted_step_s"],
+                  r["ratio_measured_over_predicted"], r["load_avg"], flush=True)
     return out
 
 
@@ -413,13 +490,24 @@ def overlap(run_dir: str) -> dict:
             "fraction": round(hidden / total, 3) if total else 0.0}
 
 
+def shown(path: Path) -> str:
+    """A profile's path as the results show it: relative to the checkout, or the cache's
+    under ~ (a path that does not change from user to user)."""
+    path = Path(path)
+    for base, name in ((ROOT, ""), (Path.home(), "~/")):
+        if path.is_relative_to(base):
+            return name + str(path.relative_to(base))
+    return str(path)
+
+
 def markdown(res) -> str:
     lines = ["# Runtime figures", "",
              f"`{res['command']}` on {res['machine']} ({res['date']}); "
              f"1-minute load average {res['load_avg_start']} at the start, "
              f"{res['load_avg_end']} at the end (the machine is shared).", ""]
     if "profile" in res:
-        lines += [f"Predictions price ops with `{CLUSTER.relative_to(ROOT)}`, calibrated on "
+        where = res["profile"].get("file", "pipelines/clusters/local_cpu.rpeg")
+        lines += [f"Predictions price ops with `{where}`, calibrated on "
                   f"{res['profile']['calibrated_on']}.", ""]
     if "partial" in res:
         lines += [f"Re-measured in this run: {', '.join(res['partial']['remeasured'])}; the "
@@ -513,6 +601,8 @@ def markdown(res) -> str:
                   f"**{w['slowdown_dask_default']}x**); in a worker of rpeg's embedded cluster "
                   f"(glibc defaults) {w['rpeg_worker']['cpu_s']} s "
                   f"({w['rpeg_worker']['faults']} faults, {w['slowdown_rpeg_worker']}x).", ""]
+    if "prediction" in res:
+        lines += prediction_table(res["prediction"])
     o = res["overhead"]
     lines += ["## Runtime overhead (1 worker, synchronous)", "",
               f"Median step: rpeg on Dask {o['median_step_dask_s']} s, same op calls in one "
@@ -549,12 +639,34 @@ def markdown(res) -> str:
     return "\n".join(lines) + "\n"
 
 
+def prediction_table(pred: dict) -> list[str]:
+    """The predicted-vs-measured table: the default plans' target is 15%, the others' 20%."""
+    lines = ["## Predicted against measured step time (2 workers)", "",
+             "`rpeg run`'s plan (default) and five others per pipeline; measured: the median "
+             "step after the first 5; predicted: the cost model with the profile this script "
+             "prices with. The targets, on a quiet machine: within 15% for the default "
+             "plans, 20% for the others.", "",
+             "| run | measured s | predicted s | measured / predicted | tasks a step "
+             "(measured / predicted) | load average | plan |", "|---|---|---|---|---|---|---|"]
+    for label, r in pred.items():
+        tasks = r.get("host", {}) or {}
+        lines.append(f"| {label} | {r['median_step_s']} | {r['predicted_step_s']} | "
+                     f"**{r['ratio_measured_over_predicted']}** | "
+                     f"{tasks.get('tasks_per_step', '?')} / "
+                     f"{r['predicted_control']['tasks_per_step']} | {r['load_avg']} | "
+                     f"`{r['placements']}` |")
+    return lines + [""]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--root", default="/tmp/rpeg-bench-runs")
     ap.add_argument("--only", default="learning,asynchrony,overhead,malloc,longrun")
+    ap.add_argument("--profile", default="auto", choices=("auto", "calibrate", "shipped"),
+                    help="the CPU profile predictions price with (as rpeg run --profile)")
     args = ap.parse_args()
+    use_profile(args.profile)
     steps = 12 if args.quick else None
     seeds = [0] if args.quick else [0, 1, 2]
     parts = args.only.split(",")
@@ -563,7 +675,8 @@ def main() -> None:
     res = {"command": started["command"],
            "machine": f"{m['cpu']}, {m['cores']} cores, python {m['python']}",
            "date": started["date"], "load_avg_start": load_avg(),
-           "profile": profile_origin(load_cluster(CLUSTER))}
+           "profile": {**profile_origin(load_cluster(CLUSTER)), "choice": args.profile,
+                       "file": shown(CLUSTER)}}
     out = ROOT / "benchmarks" / "results" / "runtime.json"
     if out.exists() and args.only != "learning,asynchrony,overhead,malloc,longrun":
         # a partial run updates its parts and keeps the rest (and their provenance)
@@ -599,6 +712,8 @@ def main() -> None:
         res["overhead"] = overhead(steps or 40, args.root)
         print("overhead", {k: v for k, v in res["overhead"].items()
                            if k not in ("dask", "inline", "dask_unfused")}, flush=True)
+    if "prediction" in parts:
+        res["prediction"] = prediction(steps or 60, args.root)
     if "repredict" in parts:
         repredict(res)
     if "optimes" in parts or "asynchrony" in parts:

@@ -4,8 +4,9 @@
     >>> adv, ret = gae([1.0], [np.zeros(3, np.float32)], gamma=1.0, lam=1.0)
     >>> adv[0].tolist(), ret[0].tolist()
     ([1.0, 1.0, 1.0], [1.0, 1.0, 1.0])
-    >>> group_norm(np.array([1.0, 0.0, 0.5, 0.5]), np.array([0, 0, 1, 1])).round(3).tolist()
-    [1.0, -1.0, 0.0, 0.0]
+    >>> [round(float(a), 3) for a in group_norm(np.array([1.0, 0.0, 0.5, 0.5]),
+    ...                                          np.array([0, 0, 1, 1]))]
+    [0.707, -0.707, 0.0, 0.0]
 
 Per-token quantities are tuples of float32 arrays, one per response; the
 sequence score lands on the last token. A KL penalty to the reference in the
@@ -108,16 +109,21 @@ def gae(scores, values, logprobs=None, ref_logprobs=None, kl: float = 0.0,
     return tuple(advs), tuple(rets)
 
 
-def group_norm(scores, groups, eps: float = 1e-6, scale: bool = True) -> np.ndarray:
-    """GRPO: each score minus its group's mean, over the group's standard deviation (``scale``
-    False: centred only, Dr. GRPO)."""
+def group_norm(scores, groups, eps: float = 1e-6, scale: bool = True,
+               correction: int = 1) -> np.ndarray:
+    """GRPO: each score minus its group's mean, over the group's standard deviation with
+    Bessel's ``correction`` (1: the sample std, as torch.std; 0: the population std);
+    ``scale`` False: centred only, Dr. GRPO. A group of one has no spread: advantage 0."""
     scores = np.asarray(scores, dtype=np.float64)
     groups = np.asarray(groups)
     out = np.zeros_like(scores)
     for g in np.unique(groups):
         sel = groups == g
         centred = scores[sel] - scores[sel].mean()
-        out[sel] = centred / (scores[sel].std() + eps) if scale else centred
+        if scale:
+            dof = max(int(sel.sum()) - correction, 1)
+            centred = centred / (np.sqrt((centred ** 2).sum() / dof) + eps)
+        out[sel] = centred
     return out.astype(np.float32)
 
 
@@ -224,7 +230,8 @@ def gae_op(x: Batch, args: dict):
 
 @implements("group_norm")
 def group_norm_op(x: Batch, args: dict):
-    a = group_norm(x.scores, x.groups, eps=args["eps"], scale=args["std"])
+    a = group_norm(x.scores, x.groups, eps=args["eps"], scale=args["std"],
+                   correction=args["correction"])
     return (with_kl_to_go(a, x, args["kl"], args["kl_estimator"]),)
 
 

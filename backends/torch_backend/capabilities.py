@@ -34,6 +34,8 @@ CAPABILITIES = Capabilities(
     lora=True,                                               # adapters with peft,
     lora_max_tp=1,                                           # at tp = 1,
     lora_zero=frozenset({0}),                                # whole (DDP), not FSDP2
+    eval_zero=frozenset({0, 2}),      # the eval generates with a whole trained replica:
+    eval_max_tp=1,                    # ZeRO-3 and tp keep it in pieces
     missing=(("pp", "pipeline parallelism is not executed"),
              ("zero", "ZeRO-1 (optimizer state alone sharded) is not executed; ZeRO-2 and "
                       "ZeRO-3 are, by FSDP2")),

@@ -27,7 +27,7 @@ BATCH = 32                      # responses decoded together
 
 
 def evaluate(ex, model: str, step: int) -> dict:
-    from backends.torch_backend.executor import sample_row
+    from backends.torch_backend.executor import row_prompt, sample_row
     from backends.torch_backend.rewards import Texts, score
     from rpeg.runtime.data import eval_rows
 
@@ -36,8 +36,11 @@ def evaluate(ex, model: str, step: int) -> dict:
     e, w = p.evaluation, p.workload
     replica = ex.replicas.get(model)
     if replica is None or replica.engine is None:
-        raise BackendError(f"eval must run on a replica of '{model}' with its LM head, and "
-                           "this worker holds none")
+        raise BackendError(f"eval must run on a whole trained replica of '{model}' with its "
+                           "LM head, and this worker holds none (its trainer is sharded, or "
+                           "it holds no LM head)", p.evaluation.span,
+                           hint="plan it with rpeg compile's limits: they keep the evaluated "
+                                "model's trainer at ZeRO 0 or 2 and tp = 1")
     if replica.sharded:
         raise BackendError(f"eval generates with one whole replica of '{model}', and its "
                            "trainer is split over tensor-parallel ranks",
@@ -47,8 +50,7 @@ def evaluate(ex, model: str, step: int) -> dict:
     rows = [r for r in ex.eval_rows for _ in range(e.samples)]
     gen = next(s for s in p.stages if s.kind is OpKind.GENERATE)
     codec = ex._codec()
-    prompts = [np.asarray(codec.prompt(r["prompt"], w.prompt_len, w.template), np.int64)
-               for r in rows]
+    prompts = [row_prompt(codec, r, w) for r in rows]
     params = SamplingParams(
         max_new_tokens=e.max_len or int(gen.param("max_len", w.gen_len.max_len)),
         temperature=e.temperature, top_p=1.0, eos_id=codec.eos_id,

@@ -32,7 +32,7 @@ from backends.torch_backend.generation import TorchEngine
 from backends.torch_backend.losses import LossSpec, adapt_kl
 from backends.torch_backend.modeling import build_model, load_checkpoint, save_checkpoint
 from backends.torch_backend.optim import set_lr
-from backends.torch_backend.rewards import Texts, score
+from backends.torch_backend.rewards import Texts, score, scored
 from backends.torch_backend.tokenizer import codec_for
 from backends.torch_backend.train import TokenHeads, TrainBatch, forward_arrays, train_step
 from rpeg.errors import BackendError
@@ -288,7 +288,9 @@ class Executor:
                                          chunks=pieces, **talk)
             self.streams[key] = (stream, mine, tools)
         stream, mine, tools = self.streams[key]
-        chunk = next(stream)
+        # the policy the responses were sampled from travels with them: every logprob of
+        # them computed later (old policy, reference, trainer) is at this temperature
+        chunk = attrs.evolve(next(stream), temperature=logprob_temperature(stage))
         if tools is not None:                # what the conversations did for this chunk
             stats = {**stats, **tools.stats()}
         if mine is not None:
@@ -347,7 +349,7 @@ class Executor:
         n = w.prompts * w.samples
 
         def generate(positions, rnd):
-            prompts = [np.asarray(codec.prompt(r["prompt"], w.prompt_len, w.template), np.int64)
+            prompts = [row_prompt(codec, r, w)
                        for r in sampling.rows_for(self.rows, w, call.step, positions + rnd * n,
                                                   self.ctx.data)]
             p = attrs.evolve(params, seed=params.seed + rnd * sampling.ROUND_SEED)
@@ -365,7 +367,7 @@ class Executor:
     def _prompts(self, step: int, mine: np.ndarray, codec) -> list[np.ndarray]:
         """Token ids of this device's share (``mine``) of step ``step``'s prompts."""
         w = self.ctx.pipeline.workload
-        return [np.asarray(codec.prompt(r["prompt"], w.prompt_len, w.template), np.int64)
+        return [row_prompt(codec, r, w)
                 for r in sampling.rows_for(self.rows, w, step, mine, self.ctx.data)]
 
     def _texts(self, step: int, chunk: RolloutChunk, budget: int) -> Texts:
@@ -385,18 +387,9 @@ class Executor:
         what = {Head.LM: "logprobs", Head.VALUE: "values", Head.REWARD: "scores"}[model.head]
         place = self.ctx.plan.placement(stage.name)
         value = forward_arrays(replica.model, chunk.prompt_ids, chunk.response_ids, what,
-                               device=self.device,
-                               temperature=self._temperature(stage.inputs[0]),
+                               device=self.device, temperature=chunk.temperature,
                                microbatches=place.microbatches, packed=place.packing)
         return {stage.outputs[0]: value}, {}
-
-    def _temperature(self, responses: str) -> float:
-        """The sampling temperature of the generate stage that made ``responses``: the
-        policy whose log-probabilities the trainer compares (a greedy stage: 1)."""
-        src = self.ctx.pipeline.producer(responses)
-        t = float(src.arg("temperature")) if src is not None and src.kind is OpKind.GENERATE \
-            else 1.0
-        return t if t > 0 else 1.0
 
     def _score(self, call, replica, inputs):
         stage = self._stage(call)
@@ -408,10 +401,12 @@ class Executor:
             texts = None
         else:
             texts = self._texts(call.step, chunk, self._budget(stage.inputs[0]))
-            scores = score(target, texts)
+            scores, failed = scored(target, texts)
         scores = np.asarray(scores, dtype=np.float32)
         stats = {f"reward_sum.{stage.name}": float(scores.sum()),
                  f"reward_n.{stage.name}": int(len(scores))}
+        if texts is not None and target.on_error == "zero":   # recorded when declared
+            stats[f"reward_errors.{stage.name}"] = failed
         keep = self.ctx.pipeline.log.samples
         kept = [n for n, i in enumerate(chunk.prompt_index) if i < keep]
         if kept and texts is not None:      # the step's first responses, for samples.jsonl
@@ -533,7 +528,8 @@ class Executor:
                            returns=whole(data.get(Role.RETURNS)),
                            old_values=whole(data.get(Role.VALUES)),
                            ref_logprobs=whole(data.get(Role.REF_LOGPROBS)),
-                           behaviour_version=min(versions), loss_mask=whole(chunk.masks))
+                           behaviour_version=min(versions), loss_mask=whole(chunk.masks),
+                           temperature=chunk.temperature)
         losses = [self._loss(s, replica, shared=len(stages) > 1,
                              old_values=Role.VALUES in data) for s in stages]
         places = [self.ctx.plan.placement(s.name) for s in stages]
@@ -884,6 +880,29 @@ def _device_name(ctx, device: int) -> str:
     return "cpu"
 
 
+def row_prompt(codec, row: dict, workload) -> np.ndarray:
+    """A dataset row's prompt as token ids, as the workload says (template, prompt_len,
+    truncation); a row that breaks the contract stops the run naming its file and row, at
+    the workload key it breaks, before anything is generated from it."""
+    from backends.torch_backend.tokenizer import PromptTooLong
+    from rpeg.errors import RuntimeFailure
+    from rpeg.runtime.data import ROW
+    where = "{}:{}".format(*row[ROW]) if ROW in row else "a dataset row"
+    try:
+        ids = codec.prompt(row["prompt"], workload.prompt_len, workload.template,
+                           workload.truncation)
+    except PromptTooLong as e:
+        raise RuntimeFailure(f"{where}: the prompt is {e.tokens} tokens, and prompt_len is "
+                             f"{e.max_len} (truncation = error)",
+                             workload.span_of("prompt_len"),
+                             hint="raise prompt_len, or set truncation = left (keep the end) "
+                                  "or right (keep the start) in the workload") from None
+    except BackendError as e:
+        raise RuntimeFailure(f"{where}: {e.message}", workload.span_of("template"),
+                             hint=e.hint) from None
+    return np.asarray(ids, np.int64)
+
+
 SAMPLE_CHARS = 4000             # a kept sample's prompt and response, each at most this long
 
 
@@ -895,6 +914,13 @@ def sample_row(index: int, row: dict, response: str, reward: float) -> dict:
     if "answer" in row:
         out["answer"] = str(row["answer"])[:SAMPLE_CHARS]
     return out
+
+
+def logprob_temperature(stage) -> float:
+    """The temperature a generate stage's logprobs are at: its sampling temperature; a
+    greedy stage's (temperature 0) are the model's own, at 1."""
+    t = float(stage.arg("temperature"))
+    return t if t > 0 else 1.0
 
 
 def _rollout(parts) -> RolloutChunk:

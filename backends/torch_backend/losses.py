@@ -62,6 +62,7 @@ class LossSpec:
     tis: bool = False                  # correct every batch (not only stale ones)
     kl_target: float | None = None     # adaptive KL coefficient (the executor adapts kl)
     kl_horizon: float = 10000.0
+    clip_frac: str = "binding"         # what the clip_frac metric counts (binding | outside)
 
     @classmethod
     def from_call(cls, call, *, shared: bool = False, old_values: bool = False) -> LossSpec:
@@ -76,7 +77,8 @@ class LossSpec:
                        clip_low=args["clip_low"], clip_high=args["clip_high"],
                        dual_clip=args["dual_clip"], agg=args["agg"], entropy=args["entropy"],
                        kl_estimator=args["kl_estimator"], whiten=args["whiten"],
-                       kl_target=args["kl_target"], kl_horizon=args["kl_horizon"])
+                       kl_target=args["kl_target"], kl_horizon=args["kl_horizon"],
+                       clip_frac=args["clip_frac"])
         clip = args["clip"]
         if clip is None:                       # derived: 0.2 with the old values as an input
             clip = 0.2 if old_values else 0.0
@@ -144,8 +146,8 @@ def _policy(loss: LossSpec, lp, ent, m, t, norm: Norm, sequence: bool):
     if "is_weight" in t:
         obj = obj * t["is_weight"]
     value = aggregate(-obj, m, loss.agg, norm)
-    outside = ((ratio < 1 - low) | (ratio > 1 + high)).float()
-    stats = {"policy_loss": value.detach(), "clip_frac": _token_mean(outside, m, norm).detach(),
+    clipped = _clipped(ratio.detach(), adv, low, high, loss.clip_frac)
+    stats = {"policy_loss": value.detach(), "clip_frac": _token_mean(clipped, m, norm).detach(),
              "entropy": _token_mean(ent, m, norm).detach()}
     if loss.entropy:
         value = value - loss.entropy * aggregate(ent, m, loss.agg, norm)
@@ -155,6 +157,16 @@ def _policy(loss: LossSpec, lp, ent, m, t, norm: Norm, sequence: bool):
             value = value + loss.kl * aggregate(kl_estimate(lp, t["ref_logprobs"],
                                                             loss.kl_estimator), m, loss.agg, norm)
     return value, stats
+
+
+def _clipped(ratio, adv, low: float, high: float, counts: str) -> torch.Tensor:
+    """1 for each token the clip_frac metric counts: where the clip binds (its gradient is
+    cut: above the band with a positive advantage, below it with a negative one), or every
+    token outside the band (``counts = "outside"``)."""
+    above, below = ratio > 1 + high, ratio < 1 - low
+    if counts == "outside":
+        return (above | below).float()
+    return ((above & (adv > 0)) | (below & (adv < 0))).float()
 
 
 @implements("ppo_clip")

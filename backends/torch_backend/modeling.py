@@ -118,8 +118,10 @@ def build_model(dims, heads: tuple[str, ...] = ("lm",), seed: int = 0,
         where = {} if torch.device(device).type == "cpu" else {"device_map": {"": device}}
         full = AutoModelForCausalLM.from_pretrained(path, dtype=dtype or torch.float32, **where)
         lm_head = full.lm_head if "lm" in heads else None
-        return PolicyModel(full.model, full.config.hidden_size, lm_head, "value" in heads) \
-            .to(device=device, dtype=dtype or torch.float32)
+        model = PolicyModel(full.model, full.config.hidden_size, lm_head, "value" in heads)
+        if model.value_head is not None:
+            _load_score_head(model.value_head, path)
+        return model.to(device=device, dtype=dtype or torch.float32)
     config = hf_config(dims)
     config._attn_implementation = "sdpa"
     with torch.device(device):
@@ -134,6 +136,34 @@ def build_model(dims, heads: tuple[str, ...] = ("lm",), seed: int = 0,
                 lm_head.weight = backbone.embed_tokens.weight
         model = PolicyModel(backbone, dims.hidden, lm_head, "value" in heads)
     return model if dtype is None else model.to(dtype)
+
+
+SCORE_HEAD = "score"     # transformers' *ForSequenceClassification head (a reward model's)
+
+
+def _load_score_head(head: nn.Linear, folder: Path) -> None:
+    """A value or reward head from a sequence-classification checkpoint of one label (its
+    ``score.weight``, and ``score.bias`` where it has one); a folder without one leaves the
+    head at zero."""
+    from safetensors import safe_open
+
+    for f in sorted(folder.glob("*.safetensors")):
+        with safe_open(str(f), framework="pt") as st:
+            keys = set(st.keys())
+            if f"{SCORE_HEAD}.weight" not in keys:
+                continue
+            weight = st.get_tensor(f"{SCORE_HEAD}.weight").float()
+            if weight.shape != head.weight.shape:
+                raise BackendError(f"the reward head in '{folder}' must have one label "
+                                   f"(shape {tuple(head.weight.shape)}), not shape "
+                                   f"{tuple(weight.shape)}",
+                                   hint="rpeg reads a one-label sequence-classification head")
+            with torch.no_grad():
+                head.weight.copy_(weight)
+                bias = st.get_tensor(f"{SCORE_HEAD}.bias").float() \
+                    if f"{SCORE_HEAD}.bias" in keys else torch.zeros_like(head.bias)
+                head.bias.copy_(bias.reshape(head.bias.shape))
+            return
 
 
 def state_arrays(model: nn.Module) -> dict[str, torch.Tensor]:

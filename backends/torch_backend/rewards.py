@@ -8,8 +8,9 @@ Each kind takes the reward's declaration and the batch's texts and lengths and
 returns one float32 score per response. A python reward is imported on first use,
 in the worker, from the file the spec found it in (``rpeg.runtime.usercode``), and called
 ``fn(prompts, responses, answers, **columns)``: the dataset's other columns reach it by
-name (each one its parameters name, or all of them for ``**kwargs``); its scores are
-checked (``rpeg.runtime.rewards``).
+name (each one its parameters name, or all of them for ``**kwargs``); or, in verl's form
+(``rpeg.spec.rewards``), ``compute_score(data_source=, solution_str=, ground_truth=,
+extra_info=)`` once a response. Its scores are checked (``rpeg.runtime.rewards``).
 """
 
 from __future__ import annotations
@@ -20,10 +21,11 @@ import attrs
 import numpy as np
 
 from backends.torch_backend.algorithms import implementation, implements
-from rpeg.runtime.data import reward_extras
-from rpeg.runtime.rewards import call_reward
+from rpeg.runtime.data import ROW, reward_extras
+from rpeg.runtime.rewards import call_per_response, call_reward
 from rpeg.runtime.usercode import python_function
 from rpeg.spec.model import Reward
+from rpeg.spec.training import RewardForm
 
 
 @attrs.frozen
@@ -40,16 +42,32 @@ class Texts:
 
 
 @implements("python")
-def python(reward: Reward, x: Texts) -> np.ndarray:
+def python(reward: Reward, x: Texts) -> tuple[np.ndarray, int]:
     fn = python_function(reward.module, reward.function, source=reward.source,
                          folder=reward.folder, what=f"reward '{reward.name}'",
                          span=reward.span if reward.span.line else None)
-    extras = reward_extras(list(x.rows))
     params = inspect.signature(fn).parameters if callable(fn) else {}
-    if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+    takes_all = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+    if reward.form is RewardForm.PER_RESPONSE:
+        calls = [_per_response(params, takes_all, x, i) for i in range(len(x.responses))]
+        return call_per_response(fn, reward, x.step, calls)
+    extras = reward_extras(list(x.rows))
+    if not takes_all:
         extras = {k: v for k, v in extras.items() if k in params}
     return call_reward(fn, reward, x.step, list(x.prompts), list(x.responses),
                        list(x.answers), extras)
+
+
+def _per_response(params, takes_all: bool, x: Texts, i: int) -> dict:
+    """verl's compute_score arguments for response ``i``: its text, its row's answer (as
+    the dataset holds it) and columns, each passed when the function takes it."""
+    row = x.rows[i] if i < len(x.rows) else {}
+    given = {k: v for k, v in row.items() if k not in ("prompt", "answer", ROW)}
+    given |= {"solution_str": x.responses[i], "ground_truth": row.get("answer", x.answers[i]),
+              "prompt": x.prompts[i]}
+    given.setdefault("data_source", None)
+    given.setdefault("extra_info", None)
+    return given if takes_all else {k: v for k, v in given.items() if k in params}
 
 
 @implements("overlong")
@@ -66,4 +84,10 @@ def overlong(reward: Reward, x: Texts) -> np.ndarray:
 
 def score(reward: Reward, x: Texts) -> np.ndarray:
     """The reward's scores, by its kind's implementation."""
-    return implementation(reward.kind)(reward, x)
+    return scored(reward, x)[0]
+
+
+def scored(reward: Reward, x: Texts) -> tuple[np.ndarray, int]:
+    """(the reward's scores, how many failed and scored 0 under ``on_error = zero``)."""
+    out = implementation(reward.kind)(reward, x)
+    return out if isinstance(out, tuple) else (out, 0)

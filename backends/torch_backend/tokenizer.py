@@ -91,8 +91,10 @@ class Codec:
     def has_chat_template(self) -> bool:
         return self.tokenizer is not None and bool(getattr(self.tokenizer, "chat_template", None))
 
-    def prompt(self, prompt, max_len: int, template=None) -> list[int]:
-        """A prompt's tokens, at most ``max_len`` (its last ones).
+    def prompt(self, prompt, max_len: int, template=None, truncation=None) -> list[int]:
+        """A prompt's tokens, at most ``max_len``: a longer one is refused
+        (:class:`PromptTooLong`, ``truncation`` error) or cut to its last (left, the
+        default) or first (right) ``max_len`` tokens -- raw text keeps its BOS token.
 
         Text is encoded as it is, after the BOS token when the tokenizer has one (template
         ``raw``, or ``auto`` without a chat template); chat messages, or text under
@@ -100,6 +102,19 @@ class Codec:
         template (``apply_chat_template``, with the generation prompt; text becomes one
         user message).
         """
+        from rpeg.spec.training import Truncation
+
+        head, ids = self._prompt(prompt, template)
+        if len(head) + len(ids) <= max_len:
+            return head + ids
+        truncation = truncation or Truncation.LEFT
+        if truncation is Truncation.ERROR:
+            raise PromptTooLong(len(head) + len(ids), max_len)
+        keep = max_len - len(head)
+        return head + (ids[-keep:] if truncation is Truncation.LEFT else ids[:keep])
+
+    def _prompt(self, prompt, template) -> tuple[list[int], list[int]]:
+        """(the BOS token kept in front of raw text, the rest of the prompt's tokens)."""
         from rpeg.errors import BackendError
         from rpeg.spec.training import Template
 
@@ -114,7 +129,7 @@ class Codec:
                                    "chat_template.jinja carries one")
             messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) \
                 else prompt
-            return self.chat(messages)[-max_len:]
+            return [], self.chat(messages)
         if not isinstance(prompt, str):
             raise BackendError("a prompt given as chat messages needs the chat template, and "
                                f"the template is {template.value}" + (
@@ -123,7 +138,7 @@ class Codec:
                                hint="give text prompts, or use a model whose tokenizer has a "
                                     "chat template")
         head = [] if self.bos_id is None else [self.bos_id]
-        return head + self.encode(prompt)[-(max_len - len(head)):]
+        return head, self.encode(prompt)
 
     def chat(self, messages: list[dict]) -> list[int]:
         """Token ids of ``messages`` rendered by the chat template, ready for the reply."""
@@ -137,6 +152,14 @@ class Codec:
         if self.tokenizer is None:
             return decode(ids, special)
         return self.tokenizer.decode([int(i) for i in ids], skip_special_tokens=not special)
+
+
+class PromptTooLong(Exception):
+    """A prompt over the workload's prompt_len where truncation = error."""
+
+    def __init__(self, tokens: int, max_len: int) -> None:
+        super().__init__(f"the prompt is {tokens} tokens, and prompt_len is {max_len}")
+        self.tokens, self.max_len = tokens, max_len
 
 
 @functools.lru_cache(maxsize=8)

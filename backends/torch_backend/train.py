@@ -32,6 +32,7 @@ from backends.torch_backend.distributed import clip_grad_norm
 from backends.torch_backend.generation import _autocast
 from backends.torch_backend.losses import LossSpec, Norm, compute_loss
 from backends.torch_backend.modeling import PolicyModel, build_model  # noqa: F401  (doctest)
+from backends.torch_backend.tokenizer import PAD_ID
 
 __all__ = ["LossSpec", "Packed", "TokenHeads", "TrainBatch", "forward_arrays", "train_step"]
 
@@ -40,31 +41,34 @@ Packed = Padded     # prompt + response ids, right-padded (the name used before 
 
 
 class TokenHeads(nn.Module):
-    """``PolicyModel`` -> per response token: log-probability, entropy, value (what exists)."""
+    """``PolicyModel`` -> per response token: logits, value (what exists). The logits are
+    the model's own; :func:`token_outputs` scales them by the sampling temperature."""
 
-    def __init__(self, model: PolicyModel, temperature: float = 1.0) -> None:
+    def __init__(self, model: PolicyModel) -> None:
         super().__init__()
         self.model = model
-        self.temperature = temperature
 
     def forward(self, ids, mask, gather, positions=None):
         with _autocast(str(ids.device)):
             hidden, _ = self.model(ids, mask, positions)
             h = hidden.gather(1, gather[..., None].expand(-1, -1, hidden.shape[-1]))
-            logits = self.model.lm_head(h).float() / self.temperature \
-                if self.model.lm_head is not None else None
+            logits = self.model.lm_head(h).float() if self.model.lm_head is not None else None
             # a copy, not a view: FSDP2 hooks the outputs of the module it wraps
             values = self.model.value_head(h).float().squeeze(-1).clone() \
                 if self.model.value_head is not None else None
         return logits, values
 
 
-def token_outputs(heads: nn.Module, packed: Padded | Flat):
-    """(logprobs, entropy, values) tensors [B, T]; None for a head the model lacks."""
+def token_outputs(heads: nn.Module, packed: Padded | Flat, temperature: float = 1.0):
+    """(logprobs, entropy, values) tensors [B, T]; None for a head the model lacks. The
+    log-probabilities and the entropy are those of the policy at ``temperature``,
+    ``log_softmax(logits / temperature)`` over the whole vocabulary: the distribution the
+    responses were sampled from (a greedy stage's: 1)."""
     logits, values = heads(packed.ids, packed.mask, packed.gather, packed.positions)
     lp = ent = None
     if logits is not None:
-        logp = torch.log_softmax(logits, dim=-1)
+        logp = torch.log_softmax(logits / temperature if temperature != 1.0 else logits,
+                                 dim=-1)
         lp = logp.gather(-1, packed.targets[..., None]).squeeze(-1)
         ent = -(logp.exp() * logp).sum(-1)
     return lp, ent, values
@@ -75,11 +79,19 @@ def forward_arrays(model: PolicyModel, prompt_ids, response_ids, what: str,
                    device="cpu", temperature: float = 1.0, microbatches: int = 1,
                    packed: bool = False) -> tuple[np.ndarray, ...] | np.ndarray:
     """Per-token ``logprobs`` or ``values`` (tuples of arrays), or per-response ``scores``;
-    in ``microbatches`` token-balanced passes, each padded or ``packed`` into one row."""
+    in ``microbatches`` token-balanced passes, each padded or ``packed`` into one row.
+
+    A value at response token t is the head's output where token t is predicted (the
+    state before it); a score is the head's output at the response's last token itself,
+    where a reward model (a sequence classifier) reads it: one placeholder token is
+    appended, whose prediction position is that last token (causal: it changes nothing
+    before it)."""
+    if what == "scores":
+        response_ids = tuple(np.append(np.asarray(r, np.int64), PAD_ID) for r in response_ids)
     lengths = [len(p) + len(r) for p, r in zip(prompt_ids, response_ids, strict=True)]
     groups = [g for g in micro_batches(lengths, microbatches) if g]
-    lp, _, values = _per_sequence(TokenHeads(model, temperature), prompt_ids, response_ids,
-                                  groups, packed, device)
+    lp, _, values = _per_sequence(TokenHeads(model), prompt_ids, response_ids, groups,
+                                  packed, device, temperature)
     if what == "logprobs":
         return tuple(lp)
     if what == "values":
@@ -87,9 +99,10 @@ def forward_arrays(model: PolicyModel, prompt_ids, response_ids, what: str,
     return np.asarray([v[-1] for v in values], dtype=np.float32)
 
 
-def _per_sequence(heads, prompt_ids, response_ids, groups, packed: bool, device):
+def _per_sequence(heads, prompt_ids, response_ids, groups, packed: bool, device,
+                  temperature: float = 1.0):
     """(logprobs, entropy, values): one array per sequence (None where a head is missing)
-    for the sequences in ``groups``, one forward pass per group."""
+    for the sequences in ``groups``, one forward pass per group, at ``temperature``."""
     n = len(response_ids)
     out = [[None] * n, [None] * n, [None] * n]
     for group in groups:
@@ -97,7 +110,7 @@ def _per_sequence(heads, prompt_ids, response_ids, groups, packed: bool, device)
                           packed, device)
         lengths = [len(response_ids[i]) for i in group]
         with packing(heads, packed):
-            outputs = token_outputs(heads, rows)
+            outputs = token_outputs(heads, rows, temperature)
         for k, x in enumerate(outputs):
             if x is not None:
                 for i, a in zip(group, rows.split(x, lengths), strict=True):
@@ -117,6 +130,7 @@ class TrainBatch:
     old_values: tuple | None = None
     ref_logprobs: tuple | None = None
     behaviour_version: int = 0
+    temperature: float = 1.0               # the behaviour policy's (the responses' sampling)
     loss_mask: tuple | None = None         # conversations: 1 policy token, 0 observation
 
 
@@ -164,7 +178,8 @@ def train_step(heads: nn.Module, optimizer: torch.optim.Optimizer, batch: TrainB
         groups = _micro(mine, cost, microbatches, collective)
         with torch.no_grad():
             prox = _per_sequence(heads, batch.prompt_ids, batch.response_ids,
-                                 [g or [0] for g in groups], packed, device)[0]
+                                 [g or [0] for g in groups], packed, device,
+                                 batch.temperature)[0]
         cap = max(loss.is_cap for loss in policy)
         fields["is_weight"] = [None] * n
         for i in mine:
@@ -201,7 +216,7 @@ def train_step(heads: nn.Module, optimizer: torch.optim.Optimizer, batch: TrainB
                     mb_t = {name: rows.sequence_layout([_or_zero(v[i]) for i in group], device)
                             for name, v in fields.items()}
                     lp, ent, values = (None if x is None else rows.per_sequence(x)
-                                       for x in token_outputs(heads, rows))
+                                       for x in token_outputs(heads, rows, batch.temperature))
                     mask = rows.sequence_mask()
                     if "loss_mask" in mb_t:        # observations weigh nothing, anywhere
                         mask = mask * mb_t.pop("loss_mask")

@@ -13,7 +13,13 @@ GPU-level link is the measured gloo all-reduce between two Dask worker processes
 What Dask itself costs is measured here too: the gap one task adds
 (``rpeg.runtime.dispatch.measure_dispatch``) and the control plane's CPU per device and per
 task in three short real runs (``measure_control``), which the cost model charges where the
-devices share the host's cores.
+devices share the host's cores; and what the control plane costs on a host of its own
+(``measure_scheduler``: Dask's scheduler and client per task, future and worker with many
+lightweight workers; ``measure_core``: the scheduling core per op call on a simulated
+clock), which GPU clusters are priced with (``rpeg.cost.control``). ``--control-only
+-o PROFILE.rpeg`` measures only those (on the host that will run the client and the
+scheduler, for a GPU cluster's profile; on this machine, for the shipped CPU profile,
+whose terms a GPU profile without its own is priced with).
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ import sys
 import time
 from pathlib import Path
 
+import attrs
 import typer
 
 from rpeg.cli.output import writable, writing
@@ -32,10 +39,17 @@ from rpeg.errors import RpegError
 
 def _control_line(p) -> str:
     if not p.host_cores:
-        return "control plane not measured"
-    return (f"control plane {p.control_step_s * 1e3:.1f} ms CPU per device and "
-            f"{p.control_task_s * 1e3:.2f} ms per task a step, on "
-            f"{p.host_cores:.0f} cores")
+        line = "control plane on the devices' cores not measured"
+    else:
+        line = (f"control plane {p.control_step_s * 1e3:.1f} ms CPU per device and "
+                f"{p.control_task_s * 1e3:.2f} ms per task a step, on "
+                f"{p.host_cores:.0f} cores")
+    if p.scheduler_task_s:
+        line += (f"; on a host of its own: the scheduler {p.scheduler_task_s * 1e3:.2f} ms "
+                 f"per task, {p.scheduler_arg_s * 1e3:.2f} ms per future, "
+                 f"{p.scheduler_worker_s * 1e3:.2f} ms per worker a step; the client "
+                 f"{(p.client_task_s + p.control_call_s) * 1e3:.2f} ms per task")
+    return line
 
 
 def register(app: typer.Typer) -> None:
@@ -47,9 +61,18 @@ def register(app: typer.Typer) -> None:
         repeats: int = typer.Option(5, min=1, max=50, help="Timed calls per measurement."),
         save: Path = typer.Option(None, "--save-measurements", help="Keep the raw measurements (JSON)."),
         dispatch_only: bool = typer.Option(False, "--dispatch-only", help="Measure only what "
-                                           "Dask costs (the dispatch gap, and the control "
-                                           "plane's CPU in three short runs) and update those "
-                                           "terms of the --out profile, keeping the rest."),
+                                           "Dask costs (the dispatch gap, the control plane's "
+                                           "CPU in three short runs on a CPU profile, and per "
+                                           "task, future and worker on a host of its own) and "
+                                           "update those terms of the --out profile, keeping "
+                                           "the rest."),
+        control_only: bool = typer.Option(False, "--control-only", help="Measure only what "
+                                          "the control plane costs on a host of its own "
+                                          "(Dask's scheduler and client per task, future and "
+                                          "worker with many lightweight workers; the "
+                                          "scheduling core per op call), the terms GPU "
+                                          "clusters are priced with, and update those terms "
+                                          "of the --out profile, keeping the rest."),
         tools: Path = typer.Option(None, "--tools", help="Measure the tools and environments "
                                    "this pipeline declares, in the sandbox, and what a "
                                    "sandboxed call costs by itself (with --out: into that "
@@ -63,25 +86,47 @@ def register(app: typer.Typer) -> None:
         if tools is not None:
             _tools(tools, list(arg or []), calls, out)
             return
-        from rpeg.cost.calibrate import cluster_text, fit_profile, keep_unmeasured, with_dispatch
+        from rpeg.cost.calibrate import (
+            cluster_text,
+            fit_profile,
+            fit_scheduler,
+            keep_unmeasured,
+            with_dispatch,
+        )
         from rpeg.cost.profiles import load_profile, profile_text
-        from rpeg.runtime.dispatch import measure_control, measure_dispatch
+        from rpeg.runtime.dispatch import measure_control, measure_dispatch, measure_scheduler
         from rpeg.runtime.machine import measure_machine
+        from rpeg.runtime.simulated import measure_core
         t0 = time.perf_counter()
         for path, option in ((out, "--out"), (cluster, "--cluster"),
                              (save, "--save-measurements")):
             writable(path, option)                   # before minutes of measuring, not after
-        if dispatch_only:
+        if dispatch_only or control_only:
+            flag = "--dispatch-only" if dispatch_only else "--control-only"
             if out is None:
                 raise typer.BadParameter("updates an existing profile: give it with --out "
-                                         "PROFILE.rpeg", param_hint="--dispatch-only")
+                                         "PROFILE.rpeg", param_hint=flag)
             if not out.is_file():
-                raise RpegError(f"--dispatch-only updates an existing profile, and '{out}' "
+                raise RpegError(f"{flag} updates an existing profile, and '{out}' "
                                 "is none", hint="measure the whole profile first: rpeg "
                                                 f"calibrate -o {out}")
+        if control_only:
+            s, core = measure_scheduler(), measure_core()
+            p = attrs.evolve(load_profile(out), **fit_scheduler(s, core))
+            note = (f"{p.name}: measured by rpeg calibrate, its control plane on a host of its "
+                    f"own by rpeg calibrate --control-only at load {s['loadavg']:.1f}")
+            with writing(out, "the profile") as tmp:
+                tmp.write_text(profile_text(p, comment=note))
+            print(f"{_control_line(p)} (fleets of {', '.join(str(r['workers']) for r in s['rows'])}"
+                  f" workers, load {s['loadavg']:.1f}); wrote {out}", file=sys.stderr)
+            return
+        if dispatch_only:
             d = measure_dispatch()
-            c = measure_control()
-            p = with_dispatch(load_profile(out), d, c)
+            old = load_profile(out)
+            # a profile of the devices' own cores gets their control plane measured too;
+            # every profile, what the control plane costs on a host of its own
+            c = measure_control() if old.host_cores else None
+            p = with_dispatch(old, d, c, measure_scheduler(), measure_core())
             with writing(out, "the profile") as tmp:
                 tmp.write_text(profile_text(p, comment=f"{p.name}: measured by rpeg calibrate"))
             print(f"dispatch {d['dispatch_s'] * 1e3:.2f} ms per task (one worker "
@@ -89,7 +134,7 @@ def register(app: typer.Typer) -> None:
                   f" ms, load {d['loadavg']:.1f}); {_control_line(p)}; wrote {out}",
                   file=sys.stderr)
             return
-        m = measure_machine(repeats)
+        m = measure_machine(repeats, scheduler=True)
         if save:
             with writing(save, "the measurements") as tmp:
                 tmp.write_text(json.dumps(m))

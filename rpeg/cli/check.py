@@ -46,6 +46,17 @@ def register(app: typer.Typer) -> None:
                 print(e.render(), file=sys.stderr)
                 failed += 1
                 continue
+            if checked.kind is FileKind.PIPELINE:
+                try:               # the datasets' first rows against the data contract
+                    from rpeg.plan.pinned import check_eval_pins
+                    from rpeg.plan.space import Limits
+                    from rpeg.runtime.datacheck import check_data
+                    check_eval_pins(checked.value, Limits.runtime())
+                    check_data(checked.value)
+                except RpegError as e:
+                    print(e.render(), file=sys.stderr)
+                    failed += 1
+                    continue
             for w in checked.warnings[:warnings]:
                 print(w.render(), file=sys.stderr)
             if len(checked.warnings) > warnings:

@@ -26,7 +26,7 @@ import attrs
 import typer
 
 from rpeg.cli.output import writable, writing
-from rpeg.plan.model import Strategy, device_ranges
+from rpeg.plan.model import Strategy, device_ranges, si
 
 
 class Compiled(enum.Enum):
@@ -77,6 +77,10 @@ def register(app: typer.Typer) -> None:
                                           help="Plan for an executor with everything the cost "
                                                "model prices, which `rpeg run` may not "
                                                "execute (the output says what it lacks)."),
+        memory_reserve: str = typer.Option(None, "--memory-reserve",
+                                           help="Share of each GPU's memory plans leave free "
+                                                "(10% or 0.1; default: the profile's reserve, "
+                                                "10% unless it says)."),
         as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
         no_gantt: bool = typer.Option(False, "--no-gantt", help="Skip the Gantt picture."),
     ) -> None:
@@ -85,6 +89,7 @@ def register(app: typer.Typer) -> None:
         Given a plan.json instead of a spec, compile again with the spec, cluster, strategy
         and search options the plan records, and say whether the same plan came out
         (exit 1 if not)."""
+        from rpeg.cost.memory import with_reserve
         from rpeg.plan.compile import compile_report
         from rpeg.plan.options import SearchOptions
         from rpeg.plan.space import Limits
@@ -103,7 +108,7 @@ def register(app: typer.Typer) -> None:
         if not no_gantt:
             writable(output.with_suffix(".png"), "-o (its Gantt picture beside it)")
         pipeline = load(spec)
-        machine = load_cluster(cluster)
+        machine = with_reserve(load_cluster(cluster), reserve_of(memory_reserve))
         # rpeg's runtime as its backends declare it: the same on every machine that plans
         limits = Limits() if any_executor else Limits.runtime()
         if not carry:
@@ -111,6 +116,21 @@ def register(app: typer.Typer) -> None:
         opts = SearchOptions(seed=seed, iterations=budget, time_cap_s=time_cap, limits=limits)
         report = compile_report(pipeline, machine, Strategy(strategy.value), opts)
         _write(report, pipeline, machine, output, as_json, no_gantt, any_executor)
+
+
+def reserve_of(text: str | None) -> float | None:
+    """``--memory-reserve``'s share: ``10%`` or ``0.1`` (None: the cluster's own)."""
+    if text is None:
+        return None
+    t = text.strip()
+    try:
+        x = float(t[:-1]) / 100 if t.endswith("%") else float(t)
+    except ValueError:
+        x = -1.0
+    if not 0 <= x < 1:
+        raise typer.BadParameter(f"must be a share from 0% up to below 100%, such as 10% or "
+                                 f"0.1, not '{text}'", param_hint="--memory-reserve")
+    return x
 
 
 def _defaults():
@@ -131,7 +151,8 @@ def _write(report, pipeline, machine, output: Path | None, as_json: bool, no_gan
             from rpeg.plan.gantt import draw
             gantt = output.with_suffix(".png")
             with writing(gantt, "the Gantt picture") as tmp:
-                draw(report.evaluation.timeline, tmp, title=f"{pipeline.name} on {machine.name}")
+                draw(report.evaluation.timeline, tmp, title=f"{pipeline.name} on {machine.name}",
+                     step_s=report.plan.predicted.step_time_s)
     if as_json:
         print(json.dumps(summary_json(report, output, gantt, any_executor), indent=2))
     else:
@@ -192,9 +213,7 @@ def summary_text(report, cluster, output: Path, gantt: Path | None, pipeline,
              f"{plan.strategy.value}, seed {plan.seed}, planned in {report.seconds:.1f} s",
              f"predicted step time {pr.step_time_s:.2f} s, {pr.tokens_per_s:.0f} generated "
              f"tokens/s"]
-    if pr.control_s:
-        lines.append(f"  of which {pr.control_s:.3f} s is the control plane's CPU on the devices' "
-                     f"cores ({pr.tasks_per_step} Dask tasks a step)")
+    lines += control_lines(pr, cluster)
     if plan.search is not None and plan.search.time_capped:
         lines.append(f"note: the search stopped at its {plan.search.options.time_cap_s:g} s time "
                      f"cap after {plan.search.proposals} proposals, before its budget of "
@@ -219,11 +238,11 @@ def summary_text(report, cluster, output: Path, gantt: Path | None, pipeline,
                      str(p.chunks), p.engine.value, f"{t:.2f}"))
     lines += _table(rows)
     lines += conversation_lines(plan, pipeline, cluster)
-    lines += ["", "memory per GPU (peak / capacity)"]
-    cap = pr.memory_capacity
-    for devs, peak, busy in _groups(report):
-        lines.append(f"  GPUs {device_ranges(devs):<12} {peak / 1e9:6.1f} GB / "
-                     f"{cap / 1e9:.0f} GB ({100 * peak / cap:3.0f}%)   busy {100 * busy:3.0f}%")
+    lines += ["", "ops per step (FLOPs and bytes over their GPUs; MFU, MBU: the share of the "
+                  "GPUs' peak compute and memory bandwidth they use)"]
+    lines += _table(op_rows(pr))
+    lines += ["", memory_title(pr)]
+    lines += _table(memory_rows(pr))
     lines += ["", "structure"]
     from rpeg.plan.staleness import describe
     lines.append(f"  staleness: {describe(pipeline, plan)}")
@@ -240,6 +259,20 @@ def summary_text(report, cluster, output: Path, gantt: Path | None, pipeline,
                      "model prices, " + (f"and `rpeg run` cannot execute this plan ({why})"
                                          if why else "and `rpeg run` executes this plan too"))
     return "\n".join(lines)
+
+
+def control_lines(pr, cluster) -> list[str]:
+    """The control plane's part of the predicted step, and a note where it is too large."""
+    from rpeg.cost.control import share, terms_of, verdict
+    if not pr.control_s:
+        return []
+    where = ("CPU on the devices' cores" if cluster.gpu.host_cores > 0 else
+             f"time in its client and Dask scheduler (terms of the {terms_of(cluster.gpu)[1]} "
+             "profile)")
+    lines = [f"  of which {pr.control_s:.3f} s ({100 * share(pr.control_s, pr.step_time_s):.1f}%)"
+             f" is the control plane's {where}: {pr.tasks_per_step:,} Dask tasks a step"]
+    why = verdict(pr.control_s, pr.step_time_s, pr.tasks_per_step, cluster.num_gpus)
+    return lines + ([f"note: {why}"] if why else [])
 
 
 def conversation_lines(plan, pipeline, cluster) -> list[str]:
@@ -296,14 +329,36 @@ def not_runnable(plan) -> str | None:
     return None
 
 
-def _groups(report):
-    """(device group, peak bytes, busy fraction) for the groups of the plan's timeline."""
-    from rpeg.plan.simulate import groups_of
-    pr = report.plan.predicted
-    tl = report.evaluation.timeline
-    groups = groups_of(tl.events) if tl else ((tuple(range(report.plan.num_devices))),)
-    for g in groups:
-        yield g, max(pr.peak_memory[d] for d in g), sum(pr.busy[d] for d in g) / len(g)
+def op_rows(pr) -> list[tuple[str, ...]]:
+    """The per-op table: FLOPs, bytes, time, MFU, MBU."""
+    rows = [("op", "GPUs", "FLOPs", "bytes moved", "seconds", "MFU", "MBU")]
+    for u in pr.ops:
+        rows.append((u.stage, str(u.devices), si(u.flops, "FLOP"), si(u.bytes, "B"),
+                     f"{u.time_s:.3g}", f"{100 * u.mfu:.0f}%", f"{100 * u.mbu:.0f}%"))
+    return rows
+
+
+
+def memory_title(pr) -> str:
+    cap, reserve = pr.memory_capacity, pr.memory_reserve
+    return (f"memory per GPU, GB, at its peak (usable {(cap - reserve) / 1e9:.1f} GB: "
+            f"{cap / 1e9:.0f} GB less a {100 * reserve / cap:.0f}% reserve)") if cap else \
+        "memory per GPU, GB, at its peak"
+
+
+def memory_rows(pr) -> list[tuple[str, ...]]:
+    """The peak of each group of GPUs alike, by kind, with how busy they are."""
+    rows = [("GPUs", "weights", "grads", "optimizer", "activations", "KV cache", "buffers",
+             "total", "used", "busy", "peak in")]
+    usable = pr.memory_capacity - pr.memory_reserve
+    for m in pr.memory:
+        busy = sum(pr.busy[d] if d < len(pr.busy) else 0.0 for d in m.devices) \
+            / len(m.devices)
+        rows.append((device_ranges(m.devices), *(f"{getattr(m, k) / 1e9:.1f}" for k in (
+            "weights", "grads", "optimizer", "activations", "kv_cache", "buffers")),
+            f"{m.total / 1e9:.1f}", f"{100 * m.total / usable:.0f}%" if usable else "",
+            f"{100 * busy:.0f}%", m.op or "-"))
+    return rows
 
 
 def _table(rows) -> list[str]:

@@ -1,7 +1,7 @@
 """``rpeg simulate plan.json``: replay a plan in the event-driven simulator and draw it.
 
     $ rpeg simulate plan.json --steps 8 -o gantt.png
-    ppo_llama8b on gh200_64: 8 steps simulated, steady-state step 12.70 s
+    ppo_llama8b on gh200_64: 8 steps simulated, predicted step 12.70 s
       GPUs 0-19      busy  97%   idle 0.38 s per step
       ...
     wrote gantt.png
@@ -47,6 +47,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Simulate a plan step by step; print the step time and idle time per GPU group."""
         from rpeg.plan.evaluate import Evaluator
+        from rpeg.plan.gantt import step_words
         from rpeg.plan.model import device_ranges
         from rpeg.plan.validate import open_plan
 
@@ -61,11 +62,13 @@ def register(app: typer.Typer) -> None:
         if output is not None:
             from rpeg.plan.gantt import draw
             with writing(output, "the Gantt picture") as tmp:
-                draw(tl, tmp, title=f"{plan.pipeline} on {plan.cluster}")
+                draw(tl, tmp, title=f"{plan.pipeline} on {plan.cluster}",
+                     step_s=result.step_time_s)
         bubbles = tl.bubbles()
         if as_json:
             print(json.dumps({
-                "step_time_s": tl.step_time_s, "steps": steps, "fits": result.feasible,
+                "step_time_s": result.plan.predicted.step_time_s,
+                "ops_step_time_s": tl.step_time_s, "steps": steps, "fits": result.feasible,
                 "step_ends": list(tl.step_ends),
                 "groups": [{"devices": list(g), "idle_s_per_step": b} for g, b in bubbles],
                 "events": [{"op": e.instance.op, "step": e.instance.step,
@@ -73,8 +76,8 @@ def register(app: typer.Typer) -> None:
                             "devices": device_ranges(e.devices)} for e in tl.events],
                 "gantt": str(output) if output else None}, indent=2))
             return
-        print(f"{plan.pipeline} on {plan.cluster}: {steps} steps simulated, steady-state step "
-              f"{tl.step_time_s:.3f} s")
+        print(f"{plan.pipeline} on {plan.cluster}: {steps} steps simulated, "
+              f"{step_words(result.plan.predicted.step_time_s, tl)}")
         busy = tl.busy()
         for g, idle in bubbles:
             print(f"  GPUs {device_ranges(g):<12} busy {100 * busy[list(g)].mean():3.0f}%   "

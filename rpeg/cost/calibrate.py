@@ -30,7 +30,7 @@ from rpeg.cost.examples import ppo_pipeline
 from rpeg.cost.memory import Parallel, resident_memory
 from rpeg.cost.stages import estimate_stage, stage_memory
 from rpeg.graph.work import work_of
-from rpeg.spec.model import Cluster, GpuProfile, LengthDist, LengthKind, Level, Link
+from rpeg.spec.model import Cluster, Engine, GpuProfile, LengthDist, LengthKind, Level, Link
 from rpeg.spec.presets import PRESETS, ModelDims
 
 _HUGE = 1e30
@@ -106,7 +106,8 @@ def predict_op(kind: str, dims: ModelDims, batch: int, prompt_len: int, gen_len:
     cluster = attrs.evolve(cluster, gpu=with_dispatch(cluster.gpu, {"dispatch_s": 0.0}))
     work = work_of(p, stage)
     t = estimate_stage(work, par, devices, cluster).time_s
-    mem = resident_memory(work.model, par, cluster, trained=kind == "train").total \
+    mem = resident_memory(work.model, par, cluster, trained=kind == "train",
+                          engine=Engine.TORCH).total \
         + stage_memory(work, par, cluster).total
     return t, mem
 
@@ -248,6 +249,8 @@ def fit_profile(m: dict, name: str = "local_cpu", devices: int = 2) -> Fit:
         host["dispatch_s"] = fit_dispatch(m["dispatch"])
     if "control" in m:
         host.update(fit_control(m["control"]))
+    if "scheduler" in m:
+        host.update(fit_scheduler(m["scheduler"], m.get("core")))
     if bf16:
         host["bf16_matmul_flops"] = float(np.median(
             [2.0 * r["m"] * r["n"] * r["k"] / r["seconds"] for r in bf16]))
@@ -341,16 +344,75 @@ def fit_control(c: dict) -> dict[str, float]:
             "control_task_s": float(x[1])}
 
 
-def with_dispatch(profile: GpuProfile, d: dict, control: dict | None = None) -> GpuProfile:
+def fit_scheduler(s: dict, core: dict | None = None) -> dict[str, float]:
+    """The terms of ``rpeg.cost.control`` from ``rpeg.runtime.dispatch.measure_scheduler``
+    (and, given ``core``, ``rpeg.runtime.simulated.measure_core``'s client CPU per op call).
+
+    Per row (a fleet of ``workers``), each process's CPU over what it did, less its idle
+    rate over the same wall time: a heartbeat from the idle scheduler's CPU (Dask's rate,
+    ``heartbeats_per_s``); per worker per step from the broadcasts; per task from tasks
+    without arguments; per future from the same tasks taking ``deps`` futures each. The
+    terms are the largest fleet's (where a worker gets one task per message, as at scale),
+    the cost of a future the larger of one fetched from another worker (measured on the
+    smallest fleet: fetches between hundreds of workers in one process stall) and one on
+    the same worker.
+
+    >>> cpu = lambda c, s, w: {"client_s": c, "scheduler_s": s, "workers_s": 0.0, "wall_s": w}
+    >>> row = {"workers": 64, "tasks": 1000, "deps": 4, "idle": cpu(0.0, 0.32, 4.0),
+    ...        "broadcast": dict(cpu(0.13, 0.64 + 0.08, 1.0), calls=10),
+    ...        "tasks_0": cpu(0.4, 1.0 + 0.16, 2.0), "tasks_4": cpu(0.6, 1.8 + 0.32, 4.0)}
+    >>> t = fit_scheduler({"rows": [row]}, {"call_s": 2e-5})
+    >>> {k: round(v * 1e6, 1) for k, v in sorted(t.items())}      # microseconds
+    {'client_arg_s': 50.0, 'client_task_s': 400.0, 'client_worker_s': 203.1, 'control_call_s': 20.0, 'scheduler_arg_s': 200.0, 'scheduler_heartbeat_s': 2500.0, 'scheduler_task_s': 1000.0, 'scheduler_worker_s': 1000.0}
+    """
+    from rpeg.cost.control import heartbeats_per_s
+    rows = sorted(s.get("rows", []), key=lambda r: r["workers"])
+    if not rows:
+        return {}
+
+    def terms(r: dict) -> dict[str, float]:
+        n, k = r["workers"], r["deps"]
+        idle = r["idle"]
+        rate = {w: idle[f"{w}_s"] / idle["wall_s"] for w in ("client", "scheduler")}
+
+        def busy(part: str, who: str) -> float:      # CPU over an idle run of as long
+            x = r[part]
+            return max(x[f"{who}_s"] - rate[who] * x["wall_s"], 0.0)
+        out = {"scheduler_heartbeat_s": idle["scheduler_s"]
+               / (heartbeats_per_s(n) * idle["wall_s"])}
+        b = r["broadcast"]["calls"] * n
+        for who in ("client", "scheduler"):
+            out[f"{who}_worker_s"] = busy("broadcast", who) / b
+            task = busy("tasks_0", who) / r["tasks"]
+            out[f"{who}_task_s"] = task
+            out[f"{who}_arg_s"] = max(busy(f"tasks_{k}", who) / r["tasks"] - task, 0.0) / k
+            if f"tasks_{k}_cross" in r:
+                out[f"{who}_arg_cross_s"] = max(
+                    busy(f"tasks_{k}_cross", who) / r["tasks"] - task, 0.0) / k
+        return out
+
+    last, first = terms(rows[-1]), terms(rows[0])
+    for who in ("client", "scheduler"):
+        last[f"{who}_arg_s"] = max(last[f"{who}_arg_s"], first.get(f"{who}_arg_cross_s", 0.0))
+        last.pop(f"{who}_arg_cross_s", None)
+    if core:
+        last["control_call_s"] = float(core["call_s"])
+    return {k: float(v) for k, v in last.items()}
+
+
+def with_dispatch(profile: GpuProfile, d: dict, control: dict | None = None,
+                  scheduler: dict | None = None, core: dict | None = None) -> GpuProfile:
     """``profile`` with its ``dispatch_s`` from a new dispatch measurement (and, given
-    ``control``, the control-plane terms of :func:`fit_control`), the rest kept.
+    ``control``, the control-plane terms of :func:`fit_control`; given ``scheduler``, those
+    of :func:`fit_scheduler`), the rest kept.
 
     >>> p = with_dispatch(GpuProfile("cpu", threads=2.0), {"dispatch_s": 0.003})
     >>> p.dispatch_s, p.threads
     (0.003, 2.0)
     """
     return attrs.evolve(profile, dispatch_s=fit_dispatch(d),
-                        **(fit_control(control) if control else {}))
+                        **(fit_control(control) if control else {}),
+                        **(fit_scheduler(scheduler, core) if scheduler else {}))
 
 
 def keep_unmeasured(fit: Fit, old: GpuProfile) -> GpuProfile:

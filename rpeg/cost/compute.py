@@ -146,12 +146,46 @@ def forward_flops(dims: ModelDims, tokens: int, context: float, tp: int = 1,
     return layers * (attn + mlp) + (head_gemm(dims, tokens, tp).flops if head else 0.0)
 
 
+@attrs.frozen
+class Roof:
+    """What device work computes and moves: its FLOPs (GEMMs and attention) and the bytes
+    it reads and writes in device memory (weights, activations, KV cache). Its time is
+    at least ``flops / peak_flops`` and ``bytes / hbm_bandwidth`` (the roofline);
+    :func:`utilisation` says how close an op comes.
+
+    >>> (Roof(2.0, 4.0) + Roof(1.0, 1.0)).scaled(2)
+    Roof(flops=6.0, bytes=10.0)
+    """
+
+    flops: float = 0.0
+    bytes: float = 0.0
+
+    def __add__(self, other: Roof) -> Roof:
+        return Roof(self.flops + other.flops, self.bytes + other.bytes)
+
+    def scaled(self, k: float) -> Roof:
+        return Roof(self.flops * k, self.bytes * k)
+
+
+@attrs.frozen
+class PassCost:
+    time_s: float
+    roof: Roof
+
+
+def pass_time(dims: ModelDims, gpu: GpuProfile, **kw) -> float:
+    """Seconds of one forward pass on one device (:func:`pass_cost`)."""
+    return pass_cost(dims, gpu, **kw).time_s
+
+
 @functools.lru_cache(maxsize=1 << 16)       # pure; the planner asks the same pass many times
-def pass_time(dims: ModelDims, gpu: GpuProfile, *, tokens: int, context: float,
+def pass_cost(dims: ModelDims, gpu: GpuProfile, *, tokens: int, context: float,
               bytes_per_value: float, tp: int = 1, layers: int | None = None,
               head: bool = True, kv_tokens: float = 0.0, head_tokens: int | None = None,
-              kv_copy: bool = False, ep: int = 1, weight_bytes: float | None = None) -> float:
-    """Seconds of one forward pass on one device (its ``layers`` and TP shard).
+              kv_copy: bool = False, ep: int = 1, weight_bytes: float | None = None
+              ) -> PassCost:
+    """Seconds of one forward pass on one device (its ``layers`` and TP shard), and its
+    FLOPs and memory traffic.
 
     ``tokens``: new tokens in the pass (batch x sequence); ``context``: keys each query
     attends to on average (S/2 for a causal prefill, the cache length when decoding);
@@ -163,14 +197,21 @@ def pass_time(dims: ModelDims, gpu: GpuProfile, *, tokens: int, context: float,
     """
     layers = dims.layers if layers is None else layers
     bpv, wbpv = bytes_per_value, weight_bytes
-    gemms = sum(gemm_time(g, gpu, bpv, wbpv) for g in attention_gemms(dims, tokens, tp))
+    wb = bpv if wbpv is None else wbpv
+    att = attention_gemms(dims, tokens, tp)
+    gemms = sum(gemm_time(g, gpu, bpv, wbpv) for g in att)
+    roof = _roof(att, bpv, wb)
     if dims.moe:
         share = dims.moe_layers / dims.layers
-        dense = sum(gemm_time(g, gpu, bpv, wbpv)
-                    for g in mlp_gemms(dims, tokens, dims.ffn, tp)) if dims.ffn else 0.0
+        dense_g = mlp_gemms(dims, tokens, dims.ffn, tp) if dims.ffn else ()
+        dense = sum(gemm_time(g, gpu, bpv, wbpv) for g in dense_g)
         gemms += share * moe_time(dims, gpu, tokens, bpv, tp, ep, wbpv) + (1 - share) * dense
+        roof += moe_roof(dims, tokens, bpv, tp, ep, wb).scaled(share) \
+            + _roof(dense_g, bpv, wb).scaled(1 - share)
     else:
-        gemms += sum(gemm_time(g, gpu, bpv, wbpv) for g in mlp_gemms(dims, tokens, dims.ffn, tp))
+        mlp = mlp_gemms(dims, tokens, dims.ffn, tp)
+        gemms += sum(gemm_time(g, gpu, bpv, wbpv) for g in mlp)
+        roof += _roof(mlp, bpv, wb)
     attn_f = attention_flops(dims, tokens, context, tp)
     per_token = dims.kv_values_per_token() if dims.mla else \
         2 * max(dims.kv_dim // tp, dims.head_dim)
@@ -180,17 +221,59 @@ def pass_time(dims: ModelDims, gpu: GpuProfile, *, tokens: int, context: float,
     attn = max(attn_f / attn_rate, kv_read / gpu.mem_bandwidth) if attn_f > 0 else 0.0
     width = dims.expert_ffn * (dims.active_experts + dims.shared_experts) if dims.moe \
         else dims.ffn
-    elem = tokens * (_ELEM_PER_HIDDEN * dims.hidden + _ELEM_PER_FFN * width / tp) \
-        * bpv / elem_bw
+    elem_bytes = tokens * (_ELEM_PER_HIDDEN * dims.hidden + _ELEM_PER_FFN * width / tp) * bpv
     if kv_copy:
-        elem += 2 * kv_read / elem_bw
+        elem_bytes += 2 * kv_read
+    elem = elem_bytes / elem_bw
+    roof += Roof(attn_f, (kv_read if attn_f > 0 else 0.0) + elem_bytes)
     work = layers * (gemms + attn + elem)
+    roof = roof.scaled(layers)
     host = layers * gpu.layer_overhead + gpu.call_overhead
     if head:
         ht = tokens if head_tokens is None else head_tokens
-        work += gemm_time(head_gemm(dims, ht, tp), gpu, bpv, wbpv)
-        work += 3 * ht * dims.vocab / tp * 4 / elem_bw      # fp32 logits, log-softmax, exp
-    return max(work, host) if gpu.async_launch else work + host
+        hg = head_gemm(dims, ht, tp)
+        logits = 3 * ht * dims.vocab / tp * 4          # fp32 logits, log-softmax, exp
+        work += gemm_time(hg, gpu, bpv, wbpv) + logits / elem_bw
+        roof += _roof((hg,), bpv, wb) + Roof(0.0, logits)
+    return PassCost(max(work, host) if gpu.async_launch else work + host, roof)
+
+
+def _roof(gemms, bpv: float, wb: float, count: int = 1) -> Roof:
+    return Roof(count * sum(g.flops for g in gemms),
+                count * sum(g.nbytes(bpv, wb) for g in gemms))
+
+
+def moe_roof(dims: ModelDims, tokens: int, bpv: float, tp: int, ep: int, wb: float) -> Roof:
+    """FLOPs and bytes of one MoE block's MLP on one device, as :func:`moe_time` prices it."""
+    local = dims.experts // ep if ep > 1 else dims.experts
+    split = 1 if ep > 1 else tp
+    rows = max(int(round(tokens * ep * dims.active_experts / dims.experts)), 1)
+    out = _roof((Gemm(tokens, dims.experts, dims.hidden),), bpv, wb) \
+        + _roof(mlp_gemms(dims, rows, dims.expert_ffn, split), bpv, wb, count=local)
+    if dims.shared_experts:
+        out += _roof(mlp_gemms(dims, tokens, dims.expert_ffn * dims.shared_experts, tp),
+                     bpv, wb)
+    return out
+
+
+def utilisation(roof: Roof, seconds: float, devices: int, gpu: GpuProfile,
+                fp8: bool = False) -> tuple[float, float]:
+    """(MFU, MBU) of ``roof`` done in ``seconds`` on ``devices`` devices: the achieved
+    fraction of the datasheet's dense peak compute (``peak_flops``; an FP8 model's against
+    twice it, the dense FP8 peak of the GPUs that have one) and of its memory bandwidth
+    (``hbm_bandwidth``). Each is at most 1 for any op the cost model prices.
+
+    >>> g = GpuProfile("g", peak_flops=1e12, hbm_bandwidth=1e11)
+    >>> utilisation(Roof(5e11, 2e10), 1.0, 1, g)
+    (0.5, 0.2)
+    """
+    if seconds <= 0 or devices <= 0:
+        return 0.0, 0.0
+    peak = gpu.peak_flops * (2 if fp8 else 1)
+    mfu = roof.flops / (seconds * devices * peak) if peak > 0 else 0.0
+    mbu = roof.bytes / (seconds * devices * gpu.hbm_bandwidth) if gpu.hbm_bandwidth > 0 \
+        else 0.0
+    return mfu, mbu
 
 
 def with_work_scale(gpu: GpuProfile, scale: float) -> GpuProfile:
@@ -213,7 +296,12 @@ def with_work_scale(gpu: GpuProfile, scale: float) -> GpuProfile:
 def optimizer_time(params: float, tensors: int, gpu: GpuProfile) -> float:
     """Adam over ``params`` local parameters in ``tensors`` tensors: stream 7 values each
     (read p, g, m, v; write p, m, v) in fp32, plus a per-tensor host cost."""
-    return params * 7 * 4 / gpu.mem_bandwidth + tensors * gpu.optimizer_tensor_overhead
+    return optimizer_bytes(params) / gpu.mem_bandwidth + tensors * gpu.optimizer_tensor_overhead
+
+
+def optimizer_bytes(params: float) -> float:
+    """Bytes Adam streams through device memory for ``params`` parameters."""
+    return params * 7 * 4
 
 
 def param_tensors(dims: ModelDims, layers: int | None = None) -> int:

@@ -1,4 +1,4 @@
-"""Execution engines: how each one runs a pass, as a few physical terms shared across GPU kinds.
+"""Execution engines: what each one is, and the few physical terms every engine shares.
 
     >>> from rpeg.cost.profiles import builtin_profile
     >>> t = engine_terms(Engine.HF, builtin_profile("h100"))
@@ -7,27 +7,36 @@
     >>> engine_terms(Engine.VLLM, builtin_profile("a100")) == engine_terms(Engine.VLLM,
     ...                                                                  builtin_profile("h20"))
     True
+    >>> all(lo <= getattr(EFFICIENCY, k) <= hi for k, (lo, hi) in BOUNDS.items())
+    True
 
-A GPU profile says what the device does (GEMM throughput, memory bandwidth, capacity:
-measured or from its datasheet). How fast an engine drives it is the engine's: the host
-time each layer of a forward call costs when kernels are launched one by one from Python
-(``layer_s``; nothing when decode steps replay CUDA graphs, whose replay costs the host
-``graph_step_s`` a step instead), the fixed host work of a decode step (sampling, scheduling, stop checks:
-``step_s``), how long its kernels take against the profile's (``work``), the bytes of each
-output logit it holds at once (``logits_fwd``, ``logits_train``: bf16 logits with a fused
-log-probability kernel hold 2, an fp32 upcast with its log-softmax 10), how much of its
-data-parallel and ZeRO traffic hides behind compute (``overlap``), the host time of ZeRO-3's
-gather and release hooks per parameter tensor and pass (``hook_s``), and how it batches
-generation: a paged KV cache with continuous batching (vLLM), a static batch that keeps
-finished sequences until its longest ends (transformers' ``generate``, DeepSpeed's Hybrid
-Engine, Megatron-style generation), or rpeg's own torch loop, which drops finished rows.
+A GPU profile says what the device does: its datasheet peaks and what was measured of it
+(the large-GEMM rate ``matmul_flops`` <= ``peak_flops``, the streaming bandwidth
+``mem_bandwidth`` <= ``hbm_bandwidth``, how GEMMs of a shape fall short of the large-GEMM
+rate). Every engine's kernels run at those rates: no engine computes faster or slower than
+the device, and no op's time is below its roofline (:func:`rpeg.cost.compute.utilisation`).
 
-The terms are the same on every GPU: they are the engine's, not the device's. Their values
-were fitted once on the published step times of the calibration set
-(``benchmarks/published_fit.py``; no term is per system, per row or per GPU), and
-``benchmarks/published.py`` reports how well each source is predicted when its own rows are
-left out of that fit. On a CPU profile (``async_launch = 0``: the host runs the kernels)
-the torch and vLLM terms are the ones ``rpeg calibrate`` measured on that machine.
+What makes engines differ is what they are (:class:`EngineKind`, from how each is built,
+not fitted): how many kernels one transformer block launches eagerly from Python
+(transformers' modules: about 40, norms and rotary as chains of elementwise ops;
+Megatron's Transformer Engine modules and vLLM's custom ops: fused, about 10-12;
+DeepSpeed's inference kernels: about 8), which decode loop drives generation (a Python
+``generate`` loop, or vLLM's scheduler), whether ZeRO-3 gathers tensor by tensor with a
+hook on each (DeepSpeed) or layer by layer (FSDP), how it batches generation (a paged KV
+cache with continuous batching; a static batch that keeps finished sequences until its
+longest ends; rpeg's torch loop, which drops finished rows), and the bytes of each output
+logit it holds at once (bf16 logits with a fused log-probability kernel: 2; an fp32 upcast
+with its log-softmax: 10).
+
+What they share (:class:`Efficiency`) is a handful of host and overlap terms, each with a
+unit and a physical range (:data:`BOUNDS`), the same for every engine, source and GPU kind:
+the host time of one eagerly launched kernel, of one step of a Python decode loop and of
+vLLM's scheduler, of a CUDA-graph replay, of a ZeRO-3 hook per parameter tensor, and the
+share of data-parallel and ZeRO traffic that hides behind compute. Their values were
+fitted once, within those ranges, on the published step times of the calibration set
+(``benchmarks/published_fit.py``); ``benchmarks/published.py`` reports each source
+predicted with the terms fitted on the others. On a CPU profile (``async_launch = 0``: the
+host runs the kernels) the terms are the ones ``rpeg calibrate`` measured on that machine.
 """
 
 from __future__ import annotations
@@ -41,12 +50,17 @@ from rpeg.spec.model import Engine, GpuProfile
 
 @attrs.frozen
 class EngineTerms:
+    """How an engine drives a device: what the cost functions read."""
+
     layer_s: float = 0.0        # host seconds per layer per forward call, kernels launched eagerly
     step_s: float = 0.0         # host seconds per decode step (sampling, scheduling, stop checks)
     graph_step_s: float = 0.0   # host seconds per decode step replayed from a CUDA graph
-    work: float = 1.0           # kernel time / the profile's torch kernels
+    work: float = 1.0           # CPU only: kernel time / the profile's torch ops (measured)
     overlap: float = 0.0        # share of DP / ZeRO communication hidden behind compute
     hook_s: float = 0.0         # host seconds per parameter tensor per pass under ZeRO-3
+    grad_hook_s: float = 0.0    # ... more per tensor in a backward pass (its gradient hook)
+    gemm: float = 1.0           # GPU: sustained share of the profile's GEMM rates, (0, 1]
+    call_s: float = 0.0         # a controller's host time per op call (Cluster.controller)
     paged: bool = False         # generate: KV cache in pages of live tokens, continuous batching
     static_batch: bool = False  # generate: finished sequences stay in the batch until it ends
     kv_copy: bool = False       # generate: the cache grows by concatenation (rewritten each step)
@@ -55,24 +69,115 @@ class EngineTerms:
     logits_fwd: float = 12.0    # bytes per logit value a forward holds (fp32 copies: 12)
     logits_train: float = 12.0  # ... a train step holds, with the logits' gradient
     sequence_parallel: bool = False   # TP ranks split the norms' and residuals' activations
+    grads_freed: bool = False   # train: gradients set to None after each step (not resident)
 
 
-# Fitted on the calibration set by benchmarks/published_fit.py from its PRIOR (results:
+def _term(unit: str, low: float, high: float, what: str):
+    return attrs.field(metadata={"unit": unit, "bounds": (low, high), "what": what})
+
+
+@attrs.frozen
+class Efficiency:
+    """The terms every engine shares, each a physical quantity within its range."""
+
+    launch_s: float = _term(
+        "s", 2e-6, 50e-6, "host time of one kernel launched eagerly from Python (PyTorch's "
+        "dispatcher and the CUDA launch; ~5-20 us measured per op)")
+    generate_step_s: float = _term(
+        "s", 0.2e-3, 20e-3, "host time of one step of a Python decode loop beyond the "
+        "model's own launches: logits processors, sampling over the vocabulary, stop "
+        "checks, the cache's and attention mask's bookkeeping (transformers' generate: a "
+        "few dozen ops on [batch, vocab] tensors, milliseconds)")
+    vllm_step_s: float = _term(
+        "s", 0.2e-3, 50e-3, "host time of one step of vLLM's scheduler and sampler")
+    graph_step_s: float = _term(
+        "s", 20e-6, 5e-3, "host time of one decode step replayed from a captured CUDA graph")
+    hook_s: float = _term(
+        "s", 0.0, 200e-6, "host time per parameter tensor per pass of a ZeRO-3 that gathers "
+        "and releases tensor by tensor (DeepSpeed's hooks: a Python hook and a collective's "
+        "launch, tens of microseconds)")
+    grad_hook_s: float = _term(
+        "s", 0.0, 2e-3, "host time per parameter tensor of a backward pass under such a "
+        "ZeRO-3 beyond its gather: the gradient hook that copies, reduces and partitions it")
+    call_s: float = _term(
+        "s", 0.0, 10.0, "host time of an RL framework's controller per op call and step: "
+        "it gathers the op's inputs, dispatches them to its workers, collects the outputs "
+        "(charged where the cluster says a controller drives the ops: Cluster.controller)")
+    gemm: float = _term(
+        "", 0.3, 1.0, "sustained share of the profile's measured GEMM rates (a benchmark's "
+        "short bursts) that a model's passes keep up: clocks under sustained power, "
+        "neighbouring kernels")
+    overlap: float = _term(
+        "", 0.0, 1.0, "share of data-parallel and ZeRO traffic that hides behind compute")
+
+
+BOUNDS: dict[str, tuple[float, float]] = {
+    f.name: f.metadata["bounds"] for f in attrs.fields(Efficiency)}
+
+# Fitted on the calibration set by benchmarks/published_fit.py (results:
 # benchmarks/results/published.md, which also reports each source predicted with the terms
-# fitted on the others). Kernel speeds (``work``) are against the GPU profile's GEMMs.
-ENGINES: dict[Engine, EngineTerms] = {
-    Engine.TORCH: EngineTerms(layer_s=400e-6, step_s=3e-3, work=0.8, overlap=0.5,
-                              kv_copy=True, logits_fwd=2, logits_train=4),
-    Engine.VLLM: EngineTerms(layer_s=150e-6, step_s=6.0e-3, graph_step_s=0.5e-3, work=0.6,
-                             paged=True, default_seqs=256),
-    Engine.HF: EngineTerms(layer_s=606e-6, step_s=8.5e-3, work=1.0, overlap=0.3, hook_s=40e-6,
-                           static_batch=True, kv_copy=True, logits_fwd=10, logits_train=14),
-    Engine.HYBRID: EngineTerms(layer_s=282e-6, step_s=95e-3, work=0.6, static_batch=True),
-    Engine.DEEPSPEED: EngineTerms(layer_s=400e-6, work=1.42, overlap=0.0, hook_s=2e-3,
-                                  logits_fwd=10, logits_train=14),
-    Engine.MEGATRON: EngineTerms(layer_s=100e-6, work=5.6, overlap=0.0, logits_fwd=6,
-                                 logits_train=10, sequence_parallel=True),
+# fitted on the others).
+EFFICIENCY = Efficiency(launch_s=14.22e-6, generate_step_s=20e-3, vllm_step_s=6.007e-3,
+                        graph_step_s=0.5e-3, hook_s=0.8948e-6, grad_hook_s=2e-3, gemm=0.8075,
+                        overlap=0.3325, call_s=2.803)
+
+
+class Loop:
+    """Which decode loop drives an engine's generation."""
+
+    NONE = "none"
+    PYTHON = "python"       # a generate loop in Python (transformers, DeepSpeed, rpeg's own)
+    VLLM = "vllm"           # vLLM's scheduler
+
+
+@attrs.frozen
+class EngineKind:
+    """What an engine is, from how it is built (nothing here is fitted)."""
+
+    kernels: int                # kernels one transformer block's forward launches
+    loop: str = Loop.NONE
+    per_tensor_hooks: bool = False     # ZeRO-3 gathers tensor by tensor, a hook on each
+    paged: bool = False
+    static_batch: bool = False
+    kv_copy: bool = False
+    default_seqs: int = 0
+    logits_fwd: float = 12.0
+    logits_train: float = 12.0
+    sequence_parallel: bool = False
+    grads_freed: bool = False          # gradients set to None after each step
+
+
+KINDS: dict[Engine, EngineKind] = {
+    # rpeg's torch backend: transformers' modules, eager; its own loop drops finished rows
+    # and keeps bf16 logits with a fused log-probability
+    Engine.TORCH: EngineKind(kernels=40, loop=Loop.PYTHON, kv_copy=True, logits_fwd=2,
+                             logits_train=4, grads_freed=True),
+    Engine.VLLM: EngineKind(kernels=10, loop=Loop.VLLM, paged=True, default_seqs=256),
+    Engine.HF: EngineKind(kernels=40, loop=Loop.PYTHON, per_tensor_hooks=True,
+                          static_batch=True, kv_copy=True, logits_fwd=10, logits_train=14),
+    Engine.HYBRID: EngineKind(kernels=8, loop=Loop.PYTHON, static_batch=True),
+    Engine.DEEPSPEED: EngineKind(kernels=40, per_tensor_hooks=True, logits_fwd=10,
+                                 logits_train=14),
+    Engine.MEGATRON: EngineKind(kernels=12, logits_fwd=6, logits_train=10,
+                                sequence_parallel=True),
 }
+
+
+def terms_of(kind: EngineKind, eff: Efficiency) -> EngineTerms:
+    """The terms an engine of ``kind`` runs with under the shared ``eff``."""
+    step = {Loop.PYTHON: eff.generate_step_s, Loop.VLLM: eff.vllm_step_s}.get(kind.loop, 0.0)
+    return EngineTerms(layer_s=kind.kernels * eff.launch_s, step_s=step,
+                       graph_step_s=eff.graph_step_s if kind.loop == Loop.VLLM else 0.0,
+                       overlap=eff.overlap, hook_s=eff.hook_s if kind.per_tensor_hooks else 0.0,
+                       grad_hook_s=eff.grad_hook_s if kind.per_tensor_hooks else 0.0,
+                       gemm=eff.gemm, call_s=eff.call_s,
+                       paged=kind.paged, static_batch=kind.static_batch, kv_copy=kind.kv_copy,
+                       default_seqs=kind.default_seqs, logits_fwd=kind.logits_fwd,
+                       logits_train=kind.logits_train, sequence_parallel=kind.sequence_parallel,
+                       grads_freed=kind.grads_freed)
+
+
+ENGINES: dict[Engine, EngineTerms] = {e: terms_of(k, EFFICIENCY) for e, k in KINDS.items()}
 
 
 def engine_terms(engine: Engine, gpu: GpuProfile) -> EngineTerms:
@@ -86,35 +191,52 @@ def engine_terms(engine: Engine, gpu: GpuProfile) -> EngineTerms:
                                step_s=gpu.decode_overhead if step is None else step,
                                work=gpu.vllm_work_scale, paged=True)
         return EngineTerms(layer_s=gpu.layer_overhead, step_s=gpu.decode_overhead,
-                           kv_copy=True, static_batch=engine in (Engine.HF, Engine.HYBRID))
+                           kv_copy=True, static_batch=engine in (Engine.HF, Engine.HYBRID),
+                           grads_freed=bool(gpu.grads_freed))
     return ENGINES[engine]
 
 
 @contextlib.contextmanager
-def engine_table(table: dict[Engine, EngineTerms]):
-    """Price with ``table`` instead of the fitted terms while the block runs (the fit of
-    ``benchmarks/published_fit.py`` tries candidate terms this way; every cost function
-    is keyed by the terms it used, so nothing cached carries over)."""
-    saved = dict(ENGINES)
-    ENGINES.clear()
-    ENGINES.update(table)
+def efficiency(eff: Efficiency):
+    """Price with the shared terms ``eff`` instead of the fitted ones while the block runs
+    (the fit of ``benchmarks/published_fit.py`` tries candidates this way; every cost
+    function is keyed by the terms it used, so nothing cached carries over)."""
+    global EFFICIENCY
+    saved = EFFICIENCY
+    EFFICIENCY = eff
+    ENGINES.update({e: terms_of(k, eff) for e, k in KINDS.items()})
     try:
         yield
     finally:
-        ENGINES.clear()
-        ENGINES.update(saved)
+        EFFICIENCY = saved
+        ENGINES.update({e: terms_of(k, saved) for e, k in KINDS.items()})
+
+
+def out_of_range(eff: Efficiency) -> list[str]:
+    """The terms of ``eff`` outside their physical range (none for a model that prices)."""
+    return [f"{k} = {getattr(eff, k):g} not in [{lo:g}, {hi:g}]"
+            for k, (lo, hi) in BOUNDS.items() if not lo <= getattr(eff, k) <= hi]
 
 
 def with_terms(gpu: GpuProfile, t: EngineTerms, decode: bool = False,
                graph: bool = False) -> GpuProfile:
-    """``gpu`` as the engine drives it: its host overheads and kernel speed. A pass replayed
-    from a CUDA graph costs the host ``graph_step_s`` instead of a launch per layer and a
-    call; a decode step also pays the engine's ``step_s`` (sampling, scheduling)."""
+    """``gpu`` as the engine drives it: its host overheads, and the GEMM rates it sustains
+    (on a CPU, the kernel speed ``rpeg calibrate`` measured). A pass replayed from a CUDA
+    graph costs the host ``graph_step_s`` instead of a launch per layer and a call; a
+    decode step also pays the engine's ``step_s`` (sampling, scheduling)."""
     from rpeg.cost.compute import with_work_scale
     out = attrs.evolve(gpu, layer_overhead=0.0 if graph else t.layer_s,
                        call_overhead=t.graph_step_s if graph else gpu.call_overhead,
                        decode_overhead=t.step_s if decode else gpu.decode_overhead)
-    return with_work_scale(out, t.work)
+    if not gpu.async_launch:
+        return with_work_scale(out, t.work)
+    if t.gemm >= 1.0:
+        return out
+    return attrs.evolve(out, matmul_flops=gpu.matmul_flops * t.gemm,
+                        fp8_flops=gpu.fp8_flops * t.gemm,
+                        attn_flops=(gpu.attn_flops or 0.6 * gpu.matmul_flops) * t.gemm)
 
 
-__all__ = ["ENGINES", "EngineTerms", "engine_table", "engine_terms", "with_terms"]
+__all__ = ["BOUNDS", "EFFICIENCY", "ENGINES", "KINDS", "Efficiency", "EngineKind",
+           "EngineTerms", "efficiency", "engine_terms", "out_of_range", "terms_of",
+           "with_terms"]

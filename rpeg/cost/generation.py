@@ -7,7 +7,7 @@
     >>> p, gh = ppo_pipeline("llama3.1-8b", prompts=512), cluster_of("gh200", 8)
     >>> generation_rows(work_of(p, "rollout"), Parallel(dp=8), gh, 1e12)      # all 64 fit
     64
-    >>> 1 <= generation_rows(work_of(p, "rollout"), Parallel(dp=8), gh, 4e9) < 64
+    >>> 1 <= generation_rows(work_of(p, "rollout"), Parallel(dp=8), gh, 2.5e9) < 64
     True
 
 How many sequences decode at once per replica (the concurrency) is the engine's batching
@@ -70,6 +70,7 @@ class StageCost:
     compute_s: float
     comm_s: float
     breakdown: tuple[tuple[str, float], ...] = ()
+    roof: C.Roof = C.Roof()      # FLOPs and memory traffic on the priced device (one replica)
 
 
 @attrs.frozen
@@ -315,7 +316,7 @@ def generation(model, par, devices, topo, cluster, batch, w, engine, rows=None,
                   dist, engine, par.dp * waves, None, reuse)
     c, span = one.cost, one.cost.time_s
     cost = StageCost(c.time_s * waves, c.compute_s * waves, c.comm_s * waves,
-                     tuple((k, v * waves) for k, v in c.breakdown))
+                     tuple((k, v * waves) for k, v in c.breakdown), c.roof.scaled(waves))
     finish = np.concatenate([one.finish + k * span for k in range(waves)])
     return Gen(cost, one.prefill, one.host, one.steps, one.cum_time,
                np.tile(one.lengths, waves), finish)
@@ -349,13 +350,15 @@ def _cached(model, par, devices, topo, gpu, t, local, prompt, extra, dist, engin
         if par.zero >= 3 and engine is not Engine.HYBRID else 0.0
     hooks = C.param_tensors(d, layers) * t.hook_s if gather else 0.0
 
-    def stage_pass(g, tokens: float, context: float, kv_tokens: float, head: float) -> float:
-        work = C.pass_time(hd, g, tokens=max(int(round(tokens)), 1), context=context,
-                           bytes_per_value=bpv, tp=par.tp, layers=layers, kv_tokens=kv_tokens,
-                           head_tokens=max(int(round(head)), 1), kv_copy=t.kv_copy)
+    def stage_pass(g, tokens: float, context: float, kv_tokens: float, head: float
+                   ) -> tuple[float, C.Roof]:
+        pc = C.pass_cost(hd, g, tokens=max(int(round(tokens)), 1), context=context,
+                         bytes_per_value=bpv, tp=par.tp, layers=layers, kv_tokens=kv_tokens,
+                         head_tokens=max(int(round(head)), 1), kv_copy=t.kv_copy)
+        work = pc.time_s
         if gather:             # ZeRO-3: every layer gathered in every pass, prefetched
             work += max(gather - work, gather * (1 - t.overlap)) + hooks
-        return work
+        return work, pc.roof
 
     def comm(tokens: float) -> float:
         nbytes = tokens * d.hidden * bpv
@@ -366,7 +369,9 @@ def _cached(model, par, devices, topo, gpu, t, local, prompt, extra, dist, engin
     pipe = (m + par.pp - 1)                      # 1F1B-style fill: m micro-batches, pp stages
     fresh = max(p_ctx - reuse, 1.0)              # a cached prefix is attended, not recomputed
     pre_tokens = local * fresh / m
-    prefill_c = pipe * stage_pass(pre, pre_tokens, p_ctx - fresh / 2, 0.0, local / m)
+    pre_t, pre_roof = stage_pass(pre, pre_tokens, p_ctx - fresh / 2, 0.0, local / m)
+    prefill_c = pipe * pre_t
+    roof = pre_roof.scaled(m)
     prefill_x = pipe * comm(pre_tokens)
     if engine is Engine.HYBRID and par.zero >= 3:
         # the shards gathered once into the inference kernels' layout (tp of this stage)
@@ -388,7 +393,9 @@ def _cached(model, par, devices, topo, gpu, t, local, prompt, extra, dist, engin
         active = local * float(live.sum()) / n
         ctx = p_ctx + (float((mid - first[live]).mean()) if live.any() else mid)
         per_mb = active / m
-        step = pipe * stage_pass(dec, per_mb, ctx, per_mb * ctx, per_mb) + dec.decode_overhead
+        one, one_roof = stage_pass(dec, per_mb, ctx, per_mb * ctx, per_mb)
+        step = pipe * one + dec.decode_overhead
+        roof += one_roof.scaled((hi - lo) * m)
         comp_seg.append((hi - lo) * step)
         comm_seg.append((hi - lo) * pipe * comm(per_mb))
     comp = np.array(comp_seg)
@@ -401,7 +408,7 @@ def _cached(model, par, devices, topo, gpu, t, local, prompt, extra, dist, engin
     comm_total = prefill_x + decode_x
     cost = StageCost(compute + comm_total, compute, comm_total,
                      (("prefill", prefill_c + prefill_x), ("decode", decode_c + decode_x),
-                      ("host", host)))
+                      ("host", host)), roof)
     prefill = prefill_c + prefill_x
     order = np.argsort(last, kind="stable")
     finish = np.interp(last[order], steps, cum) + prefill + host

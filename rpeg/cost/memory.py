@@ -47,7 +47,7 @@ import math
 import attrs
 
 from rpeg.errors import CostError
-from rpeg.spec.model import Cluster, GpuProfile, Head, Model
+from rpeg.spec.model import Cluster, Engine, GpuProfile, Head, Model
 from rpeg.spec.presets import ModelDims
 
 _DTYPE_BYTES = {"bf16": 2, "fp16": 2, "float16": 2, "bfloat16": 2, "fp32": 4, "float32": 4,
@@ -204,12 +204,18 @@ def local_params(model: Model, par: Parallel) -> float:
 
 
 def resident_memory(model: Model, par: Parallel, cluster: Cluster, *,
-                    trained: bool, host_grads: bool = False) -> MemoryCost:
+                    trained: bool, host_grads: bool = False,
+                    engine: Engine | None = None) -> MemoryCost:
     """Bytes per GPU the model holds between stages (+ gradients and Adam state if trained).
     ``host_grads``: an offloaded optimizer whose gradients go to host memory as the backward
-    pass makes them (DeepSpeed's ZeRO-Offload), so none stay on the device."""
+    pass makes them (DeepSpeed's ZeRO-Offload), so none stay on the device. ``engine``: the
+    engine that trains it, which says both that and whether it frees its gradients after
+    each step (``zero_grad(set_to_none=True)``: torch, FSDP), so they are not resident
+    between steps but part of the train step's own peak (:func:`grads_between_steps`)."""
     check_parallel(model.dims, par, model.name)
     gpu = cluster.gpu
+    if engine is not None:
+        host_grads = host_grads or engine is Engine.DEEPSPEED
     n = local_params(model, par)
     shards = max(par.shards, 1)
     wb = weight_bytes(model, gpu, trained and model.lora is None)
@@ -220,18 +226,42 @@ def resident_memory(model: Model, par: Parallel, cluster: Cluster, *,
         weights += t * bpv / (shards if par.zero >= 3 else 1)
     if not trained:
         return MemoryCost(weights=weights)
-    grads = 0.0 if par.param_offload or (host_grads and par.offload) \
-        else t * bpv / (shards if par.zero >= 2 else 1)
-    if par.zero == 2 and (shards > 1 or par.tp == 1) and grads:
-        # FSDP2: float32 shards beside the whole weights (module doc)
-        if bpv >= 4:
-            weights += t * 4 / shards
-        elif _master(model):
-            grads = t * 4 / shards
+    extra, grads = grad_bytes(model, par, gpu, host_grads)
+    weights += extra
+    if engine is not None and not grads_between_steps(engine, gpu):
+        grads = 0.0
     state = optimizer_state_bytes(model, par, gpu)
     if par.offload and not devices_are_host(gpu):
         state -= offloaded_bytes(model, par, gpu, host_optimizer=host_grads)
     return MemoryCost(weights=weights, grads=grads, optimizer=state)
+
+
+def grad_bytes(model: Model, par: Parallel, gpu: GpuProfile,
+               host_grads: bool = False) -> tuple[float, float]:
+    """(float32 weight shards kept beside them, gradient bytes) per GPU of a trained model
+    once its backward pass has made them."""
+    t = trained_local_params(model, par)
+    bpv = value_bytes(model, gpu)
+    shards = max(par.shards, 1)
+    grads = 0.0 if par.param_offload or (host_grads and par.offload) \
+        else t * bpv / (shards if par.zero >= 2 else 1)
+    extra = 0.0
+    if par.zero == 2 and (shards > 1 or par.tp == 1) and grads:
+        # FSDP2: float32 shards beside the whole weights (module doc)
+        if bpv >= 4:
+            extra = t * 4 / shards
+        elif _master(model):
+            grads = t * 4 / shards
+    return extra, grads
+
+
+def grads_between_steps(engine: Engine, gpu: GpuProfile) -> bool:
+    """Whether the gradients an engine trains with stay on the device between its steps:
+    not for torch (FSDP2 and DDP as rpeg's backend and verl run them: set to None after
+    each step), which makes them again in the next backward; yes for DeepSpeed (its
+    partitioned gradient buffers) and Megatron (its contiguous gradient buffer)."""
+    from rpeg.cost.engines import engine_terms
+    return not engine_terms(engine, gpu).grads_freed
 
 
 def trained_local_params(model: Model, par: Parallel) -> float:
@@ -274,15 +304,34 @@ def devices_are_host(gpu: GpuProfile) -> bool:
     return gpu.host_cores > 0
 
 
+def usable_memory(gpu: GpuProfile) -> float:
+    """Bytes per device a plan may fill: the capacity less the profile's ``reserve``.
+
+    >>> usable_memory(GpuProfile("g", memory=80e9)) / 1e9                 # 10% by default
+    72.0
+    """
+    return gpu.memory * (1.0 - gpu.reserve)
+
+
+def with_reserve(cluster: Cluster, reserve: float | None) -> Cluster:
+    """``cluster`` with ``reserve`` of each device's memory kept free (None: as it says)."""
+    if reserve is None:
+        return cluster
+    if not 0 <= reserve < 1:
+        raise CostError(f"memory reserve must be a share from 0 up to below 1, not {reserve:g}")
+    return attrs.evolve(cluster, gpu=attrs.evolve(cluster.gpu, reserve=float(reserve)))
+
+
 def fits(total_bytes: float, cluster: Cluster) -> bool:
-    return total_bytes <= cluster.gpu.memory
+    return total_bytes <= usable_memory(cluster.gpu)
 
 
 def check_fits(total_bytes: float, cluster: Cluster, what: str) -> None:
-    """Raise CostError when ``total_bytes`` per GPU exceeds the GPU's memory."""
-    cap = cluster.gpu.memory
+    """Raise CostError when ``total_bytes`` per GPU exceeds what a plan may use of it."""
+    cap = usable_memory(cluster.gpu)
     if total_bytes > cap:
-        raise CostError(f"{what} must fit in {cap / 1e9:.0f} GB per GPU, not need "
+        raise CostError(f"{what} must fit in {cap / 1e9:.0f} GB per GPU (its memory less "
+                        f"the {cluster.gpu.reserve:.0%} reserve), not need "
                         f"{total_bytes / 1e9:.1f} GB",
                         hint="raise tp or pp, shard the optimizer (zero), add micro-batches "
                              "or recomputation, or place fewer models on these GPUs")

@@ -52,6 +52,7 @@ from rpeg.cost.memory import (
     Parallel,
     check_parallel,
     devices_are_host,
+    grad_bytes,
     grad_reduce_bytes,
     head_dims,
     local_params,
@@ -177,10 +178,11 @@ def host_bandwidth(gpu) -> float:
 
 # --- forward ----------------------------------------------------------------------------------
 
-def _pass(model: Model, par: Parallel, gpu, t: EngineTerms, sh: Shape, layers: int) -> float:
+def _pass(model: Model, par: Parallel, gpu, t: EngineTerms, sh: Shape,
+          layers: int) -> C.PassCost:
     hd = head_dims(model)
     wb = weight_bytes(model, gpu)
-    return C.pass_time(hd, with_terms(gpu, t), tokens=max(sh.tokens, 1), context=sh.context,
+    return C.pass_cost(hd, with_terms(gpu, t), tokens=max(sh.tokens, 1), context=sh.context,
                        bytes_per_value=value_bytes(model, gpu), tp=par.tp, layers=layers,
                        head_tokens=max(sh.head_tokens, 1), ep=par.ep,
                        weight_bytes=wb if wb != value_bytes(model, gpu) else None)
@@ -196,7 +198,8 @@ def forward_cost(model: Model, par: Parallel, devices, topo, gpu, engine: Engine
     m = min(par.microbatches, local)
     layers = math.ceil(model.dims.layers / par.pp)
     sh = shape(w, par, math.ceil(local / m), gen)
-    fwd = _pass(model, par, gpu, t, sh, layers)
+    one = _pass(model, par, gpu, t, sh, layers)
+    fwd = one.time_s
     gather = zero3_gather(model, par, devices, topo, gpu)
     hooks = C.param_tensors(model.dims, layers) * t.hook_s if gather else 0.0
     z3 = exposed(gather, fwd, t.overlap) + hooks
@@ -207,7 +210,7 @@ def forward_cost(model: Model, par: Parallel, devices, topo, gpu, engine: Engine
         if par.param_offload else 0.0
     return StageCost(compute + comm + load, compute, comm + load,
                      (("forward", compute), ("tp+pp", comm - pipe * z3),
-                      ("zero3_gather", pipe * z3), ("offload", load)))
+                      ("zero3_gather", pipe * z3), ("offload", load)), one.roof.scaled(m))
 
 
 # --- train ------------------------------------------------------------------------------------
@@ -224,11 +227,15 @@ def train_cost(model: Model, par: Parallel, devices, topo, gpu, engine: Engine, 
     m = min(par.microbatches, per_step)
     layers = math.ceil(d.layers / par.pp)
     sh = shape(w, par, math.ceil(per_step / m), gen)
-    fwd = _pass(model, par, gpu, t, sh, layers)
+    one = _pass(model, par, gpu, t, sh, layers)
+    fwd = one.time_s
     # backward: activation and weight gradients; a LoRA model's frozen weights need none,
     # leaving about the activation-gradient half (the adapters' own GEMMs are rank-thin)
-    back = gpu.backward_factor * (0.5 if model.lora is not None else 1.0)
+    half = 0.5 if model.lora is not None else 1.0
+    back = gpu.backward_factor * half
     passes = 1 + back + (1 if par.recompute else 0)
+    # the backward's GEMMs do twice the forward's FLOPs (``backward_factor`` >= 2 is its time)
+    work_passes = 1 + 2 * half + (1 if par.recompute else 0)
     mb = fwd * passes
     gather = zero3_gather(model, par, devices, topo, gpu)
     hooks = C.param_tensors(d, layers) * t.hook_s if gather else 0.0
@@ -237,7 +244,10 @@ def train_cost(model: Model, par: Parallel, devices, topo, gpu, engine: Engine, 
     if gather:       # gathered for the forward, the backward (and recomputation), grads scattered
         moved = gather * (passes - back + 1) + collective_time(
             Collective.REDUCE_SCATTER, trained, shards, topo)
-        z3 = exposed(moved, mb, t.overlap) + hooks * (passes - back + 1)
+        # hooks: the forward's (and recomputation's) gathers, the backward's gather and
+        # gradient hook on every tensor
+        z3 = exposed(moved, mb, t.overlap) + hooks * (passes - back + 1) \
+            + C.param_tensors(d, layers) * t.grad_hook_s
         dp_comm = 0.0
     elif par.zero == 2 and par.shards > 1:
         # FSDP2 (module doc): a gather and a reduce-scatter each micro-batch, hidden behind
@@ -270,13 +280,15 @@ def train_cost(model: Model, par: Parallel, devices, topo, gpu, engine: Engine, 
     prox_comm = opt_steps * comm_layers / 2 if off_policy else 0.0
     compute += prox
     comm += prox_comm
+    roof = one.roof.scaled(opt_steps * m * (work_passes + (1 if off_policy else 0))) \
+        + C.Roof(0.0, opt_steps * C.optimizer_bytes(n_opt) if opt else 0.0)
     return StageCost(compute + comm, compute, comm,
                      (("proximal_forward", prox + prox_comm),
                       ("forward+backward", opt_steps * fb), ("optimizer", opt_steps * opt),
                       ("host", opt_steps * host), ("tp+pp", opt_steps * comm_layers),
                       ("dp_grad_reduce", opt_steps * dp_comm),
                       ("zero3_gather" if par.zero >= 3 else "zero2_gather",
-                       opt_steps * pipe * z3), ("offload", offload)))
+                       opt_steps * pipe * z3), ("offload", offload)), roof)
 
 
 def offload_time(model: Model, par: Parallel, gpu, engine: Engine = Engine.TORCH,
@@ -373,10 +385,13 @@ def train_memory(model: Model, par: Parallel, gpu, engine: Engine, w, batch: int
         acts = sh.tokens * in_flight * layers * per_layer
     loss = logits_bytes(model, par, sh.head_tokens, t, train=True)
     full = trained_local_params(model, par) * bpv
-    if gpu.grads_freed:
-        # Gradients are dropped after each step (zero_grad(set_to_none)) and re-created
-        # while the backward pass frees activations: the two share their peak.
-        acts = max(acts - full / (par.shards if par.zero >= 2 else 1), 0.0)
+    grads = 0.0
+    if t.grads_freed:
+        # Gradients are dropped after each step (zero_grad(set_to_none)), so they are not
+        # resident (rpeg.cost.memory.grads_between_steps), and made again while the
+        # backward pass frees activations: the two share the step's peak.
+        grads = grad_bytes(model, par, gpu, engine is Engine.DEEPSPEED)[1]
+        acts = max(acts - grads, 0.0)
     if par.shards <= 1:
         bucket = 0.0
     elif par.zero >= 2:          # reduce-scatter buckets: about two layers' gradients
@@ -390,7 +405,7 @@ def train_memory(model: Model, par: Parallel, gpu, engine: Engine, w, batch: int
     if par.param_offload:
         shards = par.shards if par.zero >= 3 else 1
         loaded = 2 * local_params(model, par) * bpv / shards
-    return MemoryCost(activations=acts, optimizer=state, weights=loaded,
+    return MemoryCost(activations=acts, optimizer=state, weights=loaded, grads=grads,
                       buffers=gpu.runtime_memory + bucket + gather_buffer(model, par, gpu, engine)
                       + max(loss, working_set(model, par, sh.tokens, bpv)))
 

@@ -96,6 +96,8 @@ def _with_unit(x: float, dim: str) -> str:
               "s": (("s", 1.0), ("ms", 1e-3), ("us", 1e-6), ("ns", 1e-9))}
     if dim == "":
         return _num(x)
+    if dim == "fraction":
+        return f"{_num(100 * x)}%"
     if x == 0:
         return "0 " + next(u for u, f in scales[dim] if f == 1.0)
     for unit, f in scales[dim]:

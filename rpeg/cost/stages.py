@@ -62,6 +62,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from rpeg.cost import compute as C
+from rpeg.cost.engines import engine_terms
 from rpeg.cost.generation import (
     StageCost,
     admissions,
@@ -133,6 +134,11 @@ def estimate_stage(work: Work, par: Parallel, devices: Sequence[int],
     gpu = cluster.gpu
     cost = _estimate(work, par, devices, topo, cluster, batch, engine, rows,
                      padded_len, partial, off_policy, mean_len)
+    if cluster.controller and (work.kind in (OpKind.GENERATE, OpKind.FORWARD, OpKind.TRAIN)
+                               or work.kind is OpKind.SCORE and not work.on_host):
+        c = engine_terms(engine, gpu).call_s        # the controller's round trip
+        cost = StageCost(cost.time_s + c, cost.compute_s + c, cost.comm_s,
+                         cost.breakdown + (("control", c),), cost.roof)
     cost = _concurrent(cost, gpu.concurrency_slowdown) if len(devices) > 1 \
         else cost
     return cost
@@ -146,7 +152,7 @@ def _concurrent(cost: StageCost, slowdown: float) -> StageCost:
     comm = {"tp+pp", "dp_grad_reduce", "sync", "offload"}
     return StageCost(cost.compute_s * slowdown + cost.comm_s, cost.compute_s * slowdown,
                      cost.comm_s, tuple((k, v if k in comm else v * slowdown)
-                                        for k, v in cost.breakdown))
+                                        for k, v in cost.breakdown), cost.roof)
 
 
 def _estimate(work, par, devices, topo, cluster, batch, engine, rows,
@@ -209,7 +215,8 @@ def reward_host_time(gpu, w, batch: int) -> float:
 
 
 def _plus_host(cost: StageCost, host: float) -> StageCost:
-    return StageCost(cost.time_s + host, cost.compute_s + host, cost.comm_s, cost.breakdown)
+    return StageCost(cost.time_s + host, cost.compute_s + host, cost.comm_s, cost.breakdown,
+                     cost.roof)
 
 
 def _with_refills(cost: StageCost, batches: tuple[int, ...], price, scoring: float
@@ -217,11 +224,12 @@ def _with_refills(cost: StageCost, batches: tuple[int, ...], price, scoring: flo
     """``cost`` plus that of the extra generation rounds of ``batches`` responses each, and
     the rewards that decide them (``scoring``: the first round's)."""
     cost = StageCost(cost.time_s + scoring, cost.compute_s + scoring, cost.comm_s,
-                     cost.breakdown + (("refill_scoring", scoring),))
+                     cost.breakdown + (("refill_scoring", scoring),), cost.roof)
     for n in batches:
         extra = price(n)
         cost = StageCost(cost.time_s + extra.time_s, cost.compute_s + extra.compute_s,
-                         cost.comm_s + extra.comm_s, cost.breakdown + (("refill", extra.time_s),))
+                         cost.comm_s + extra.comm_s, cost.breakdown + (("refill", extra.time_s),),
+                         cost.roof + extra.roof)
     return cost
 
 

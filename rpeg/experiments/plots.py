@@ -178,10 +178,20 @@ def device_groups(values: list[float]) -> list[tuple[int, int, float]]:
     return out
 
 
+KINDS = (("weights", "#1f77b4"), ("grads", "#ff7f0e"), ("optimizer", "#2ca02c"),
+         ("activations", "#d62728"), ("kv_cache", "#9467bd"), ("buffers", "#8c564b"))
+
+
 def memory(peak: list[float], capacity: float, base: str | Path, title: str = "",
-           max_bars: int = 64) -> tuple[Path, Path]:
+           max_bars: int = 64, kinds: list[dict] | None = None,
+           reserve: float = 0.0) -> tuple[Path, Path]:
     """Predicted peak bytes per device as bars, the capacity as a red line. Past
-    ``max_bars`` devices, runs of devices with the same peak share one bar."""
+    ``max_bars`` devices, runs of devices with the same peak share one bar. With ``kinds``
+    (the prediction's ``memory``: per group of devices alike, its peak by kind), one bar per
+    group stacked by kind (weights, gradients, optimizer state, activations, KV cache,
+    buffers), and what a plan may use (the capacity less ``reserve``) as a dashed line."""
+    if kinds:
+        return _memory_kinds(kinds, capacity, reserve, base, title)
     plt = _plt()
     if len(peak) > max_bars:
         groups = device_groups(peak)
@@ -281,4 +291,37 @@ def compare(runs: list[tuple[str, list[dict]]], base: str | Path, title: str = "
     if title:
         fig.suptitle(title, fontsize=11)
     fig.tight_layout(rect=(0, 0.05 if len(runs) > 1 else 0, 1, 1))
+    return save(fig, base)
+
+
+def _memory_kinds(groups: list[dict], capacity: float, reserve: float, base, title: str):
+    from rpeg.plan.model import device_ranges
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(max(6.0, min(16.0, 0.6 * len(groups) + 4)), 4.2))
+    xs = range(len(groups))
+    bottom = [0.0] * len(groups)
+    for kind, colour in KINDS:
+        vals = [g.get(kind, 0.0) / GB for g in groups]
+        if any(vals):
+            ax.bar(xs, vals, bottom=bottom, color=colour, edgecolor="black", linewidth=0.3,
+                   label=kind.replace("_", " "))
+            bottom = [b + v for b, v in zip(bottom, vals, strict=True)]
+    if capacity:
+        ax.axhline(capacity / GB, color="#d62728", linewidth=1.2)
+        ax.text(-0.5, capacity / GB, f" capacity {capacity / GB:.3g} GB", va="bottom",
+                ha="left", color="#d62728", fontsize=8)
+        if reserve:
+            usable = (capacity - reserve) / GB
+            ax.axhline(usable, color="#d62728", linestyle="--", linewidth=1.0)
+            ax.text(len(groups) - 0.5, usable, f"usable {usable:.3g} GB (reserve "
+                    f"{reserve / capacity:.0%}) ", va="bottom", ha="right", color="#d62728",
+                    fontsize=8)
+        ax.set_ylim(0, max(capacity / GB, max(bottom, default=0.0)) * 1.12)
+    ax.set_xticks(list(xs), [device_ranges(tuple(g["devices"])) for g in groups],
+                  rotation=90 if len(groups) > 12 else 0, fontsize=8)
+    ax.set_xlabel("devices (groups holding the same models and peak op)")
+    ax.set_ylabel("predicted peak memory (GB)")
+    ax.legend(fontsize=7, loc="upper right")
+    ax.set_title(title or "predicted peak memory by kind", fontsize=10)
+    fig.tight_layout()
     return save(fig, base)

@@ -100,8 +100,10 @@ def write_plots(run: Run, folder: str | Path | None = None) -> list[Path]:
     panels = []
     tl = predicted_timeline(run, steps)
     if tl is not None:
+        from rpeg.plan.gantt import step_words
         panels.append((f"predicted by the plan's simulation on {run.cluster.name}: "
-                       f"steady step {tl.step_time_s:.3g} s", plots.bars_from_timeline(tl)))
+                       f"{step_words(run.predicted_step_s(), tl)}",
+                       plots.bars_from_timeline(tl)))
     measured = run.measured_step_s()
     panels.append((f"measured (trace.json), first {steps} steps"
                    + (f": steady step {measured:.3g} s" if measured else ""),
@@ -111,9 +113,11 @@ def write_plots(run: Run, folder: str | Path | None = None) -> list[Path]:
                                     "(each panel on its own time scale)")
     peak, capacity = run.predicted_memory()
     if peak:
+        pr = run.record["predicted"]
         written += plots.memory(peak, capacity, out / "memory",
                                 title=f"{run.pipeline.name}: predicted peak memory per device "
-                                      f"({run.record['predicted'].get('source', '')})")
+                                      f"({pr.get('source', '')})",
+                                kinds=pr.get("memory"), reserve=pr.get("memory_reserve", 0.0))
     evals = [{"step": e["step"], **{f"eval.{k}": e[k] for k in ("reward", "accuracy") if k in e}}
              for e in run.record.get("eval") or []]          # drawn at the step they follow
     written += plots.curves(list(run.rows) + evals, out / "curves",
@@ -121,6 +125,10 @@ def write_plots(run: Run, folder: str | Path | None = None) -> list[Path]:
                                   + (f" ({run.name})" if run.name != run.pipeline.name else ""),
                             predicted_step_s=run.predicted_step_s())
     return written
+
+
+def _plain(m) -> dict:
+    return attrs.asdict(m)
 
 
 def plan_plots(plan: Plan, base: Path, pipeline=None, cluster=None) -> list[Path]:
@@ -134,7 +142,9 @@ def plan_plots(plan: Plan, base: Path, pipeline=None, cluster=None) -> list[Path
         ev = Evaluator(pipeline, cluster, steps=6).evaluate(plan, simulate_infeasible=True)
         pr = ev.plan.predicted
         if ev.timeline is not None:
-            written += plots.timeline([(f"simulated, steady step {ev.timeline.step_time_s:.3g} s",
+            from rpeg.plan.gantt import step_words
+            words = step_words(pr.step_time_s, ev.timeline)
+            written += plots.timeline([(f"simulated, {words}",
                                         plots.bars_from_timeline(ev.timeline))],
                                       base.with_name(base.name + "-gantt"),
                                       title=f"{plan.pipeline} on {plan.cluster}")
@@ -142,7 +152,9 @@ def plan_plots(plan: Plan, base: Path, pipeline=None, cluster=None) -> list[Path
         written += plots.memory(list(pr.peak_memory), pr.memory_capacity,
                                 base.with_name(base.name + "-memory"),
                                 title=f"{plan.pipeline} on {plan.cluster}: predicted peak "
-                                      "memory per device")
+                                      "memory per device",
+                                kinds=[_plain(m) for m in pr.memory],
+                                reserve=pr.memory_reserve)
     return written
 
 

@@ -32,6 +32,7 @@ from collections.abc import Iterable
 
 import attrs
 
+from rpeg.cost.memory import usable_memory
 from rpeg.errors import PlanError
 from rpeg.plan.choices import model_stages
 from rpeg.plan.edit import Context, empty_plan, options, put, repair
@@ -88,7 +89,7 @@ def _fill(ctx: Context, plan: Plan, assignments: Iterable[tuple[str, Block, int 
           offload: bool | None = None) -> Plan | None:
     """Put each (stage, block, tp or None, headroom) with its fastest fitting choice
     (train stages with their optimizer state offloaded or not, when ``offload`` says)."""
-    cap = ctx.cluster.gpu.memory
+    cap = usable_memory(ctx.cluster.gpu)
     for stage, block, tp, room in assignments:
         opts = [c for c in options(ctx, stage, block.size)
                 if (tp is None or c.par.tp == tp) and c.memory <= room * cap
@@ -197,7 +198,7 @@ def _fill_group(ctx: Context, plan: Plan, group: list[str], block: Block,
     """One model's stages on one block, as a user sets up one engine per model: the train
     stage in its fastest layout within ``room`` of a GPU, the model's other stages in the
     same TP x PP layout (one copy of the weights) when they can."""
-    cap = ctx.cluster.gpu.memory
+    cap = usable_memory(ctx.cluster.gpu)
     order = sorted(group, key=lambda s: ctx.pipeline.stage(s).kind is not OpKind.TRAIN)
     layout = None
     for stage in order:

@@ -75,6 +75,10 @@ class Capabilities:
     lora: bool = False                       # LoRA adapters
     lora_max_tp: int = 1                     # ... trained and read at tp at most this
     lora_zero: frozenset[int] = frozenset({0})     # ... trained at these ZeRO levels
+    # the eval block generates with the trained replica of the evaluated model: trained at
+    # these ZeRO levels and tp at most this
+    eval_zero: frozenset[int] = frozenset({0})
+    eval_max_tp: int = 1
 
     def engine(self, engine: Engine) -> EngineCapabilities | None:
         return next((e for e in self.engines if e.engine is engine), None)

@@ -26,7 +26,7 @@ import math
 
 import attrs
 
-from rpeg.cost.memory import Parallel, resident_memory
+from rpeg.cost.memory import Parallel, resident_memory, usable_memory
 from rpeg.cost.stages import estimate_stage, generation_rows, offload_time, stage_memory
 from rpeg.errors import CostError
 from rpeg.graph.work import work_of
@@ -157,7 +157,8 @@ def enumerate_layouts(pipeline: Pipeline, stage: str, sizes: tuple[int, ...],
                             par = attrs.evolve(base, microbatches=m, recompute=r, zero=z,
                                                offload=o, packing=packing)
                             if matches(pin, par, train_engine) \
-                                    and limits.check_lora(model, par) is None:
+                                    and limits.check_lora(model, par) is None \
+                                    and limits.check_eval(pipeline, s, par) is None:
                                 out.append(Layout(stage, size, par, train_engine))
     return tuple(out)
 
@@ -166,7 +167,7 @@ def prune(pipeline: Pipeline, layouts_: tuple[Layout, ...], cluster: Cluster) ->
         tuple[Layout, float], ...]:
     """Layouts whose stage alone fits a device, with that memory need in bytes."""
     out = []
-    cap = cluster.gpu.memory
+    cap = usable_memory(cluster.gpu)
     resident: dict[tuple, float] = {}        # depends on few of a layout's fields
     for lay in layouts_:
         s = pipeline.stage(lay.stage)
@@ -177,7 +178,7 @@ def prune(pipeline: Pipeline, layouts_: tuple[Layout, ...], cluster: Cluster) ->
             if key not in resident:
                 resident[key] = resident_memory(
                     model, p, cluster, trained=trained,
-                    host_grads=lay.engine is Engine.DEEPSPEED).total
+                    engine=lay.engine).total
             if s.kind is OpKind.GENERATE:
                 lay = attrs.evolve(lay, rows=generation_rows(
                     work_of(pipeline, lay.stage), p, cluster, cap - resident[key], engine=lay.engine))

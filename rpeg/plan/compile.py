@@ -22,14 +22,22 @@ from pathlib import Path
 import attrs
 
 import rpeg
-from rpeg.cost.memory import resident_memory
-from rpeg.cost.stages import stage_memory
-from rpeg.errors import CostError, PlanError, Span
-from rpeg.graph.work import work_of
+from rpeg.cost.memory import usable_memory, with_reserve
+from rpeg.errors import PlanError, Span
 from rpeg.plan.baselines import BASELINES, run_baselines
-from rpeg.plan.choices import Choice, enumerate_layouts, model_stages
+from rpeg.plan.choices import Choice, model_stages
 from rpeg.plan.edit import Context, placement, repair
 from rpeg.plan.evaluate import Evaluation, Evaluator, Shortfall, parallel_of
+from rpeg.plan.hints import (
+    MORE_GPUS,
+    Hint,
+    binding,
+    least_need,
+    more_gpus_hint,
+    plan_hints,
+    reserve_hint,
+    stage_hints,
+)
 from rpeg.plan.model import Plan, Strategy
 from rpeg.plan.options import SearchOptions, SearchRecord, Start
 from rpeg.plan.pinned import check_pins
@@ -113,7 +121,7 @@ def _pinned_report(pipeline: Pipeline, cluster: Cluster, ev: Evaluator, opts: Se
     plan = pinned_plan(pipeline, cluster, opts.limits)
     result = ev.evaluate(plan)
     if not result.feasible:
-        raise pinned_no_fit(pipeline, cluster, result.shortfall, opts.limits)
+        raise pinned_no_fit(pipeline, cluster, result.shortfall, opts.limits, result)
     plan = attrs.evolve(result.plan, seed=opts.seed, spec_hash=spec_hash(pipeline),
                         rpeg_version=rpeg.__version__, spec_path=_abs(pipeline.path),
                         cluster_path=_abs(cluster.path),
@@ -123,24 +131,38 @@ def _pinned_report(pipeline: Pipeline, cluster: Cluster, ev: Evaluator, opts: Se
 
 
 def pinned_no_fit(pipeline: Pipeline, cluster: Cluster, sf: Shortfall,
-                  limits: Limits | None = None) -> PlanError:
-    """The error for a pinned plan that does not fit: the stage, what fills the GPU."""
-    return shortfall_error(pipeline, cluster, limits or Limits(), sf, "the pinned plan")
+                  limits: Limits | None = None, evaluation: Evaluation | None = None
+                  ) -> PlanError:
+    """The error for a pinned plan that does not fit: the stage, what fills the GPU, and a
+    checked change that makes it fit (:mod:`rpeg.plan.hints`)."""
+    limits = limits or Limits()
+    hs: tuple[Hint, ...] = ()
+    if evaluation is not None:
+        ev = Evaluator(pipeline, cluster, engine_kv=limits.engine_kv)
+        hs = plan_hints(ev, evaluation.plan, sf, limits)
+        r = reserve_hint(ev, evaluation.plan, cluster)
+        hs += (r,) if r is not None else ()
+    return shortfall_error(pipeline, cluster, limits, sf, "the pinned plan", hs,
+                           "no one change to it that this executor runs makes it fit")
 
 
 def shortfall_error(pipeline: Pipeline, cluster: Cluster, limits: Limits, sf: Shortfall,
-                    what: str) -> PlanError:
+                    what: str, hints: tuple[Hint, ...] = (), otherwise: str = "") -> PlanError:
     """``what`` does not fit: the GPU, the stage with the largest need there and its layout,
-    what fills the GPU by kind against its capacity, and something that would help."""
-    cap = cluster.gpu.memory
+    what fills the GPU by kind against what a plan may use of it, and the checked hints
+    (else ``otherwise``: what binds)."""
+    cap = usable_memory(cluster.gpu)
     s = pipeline.stage(sf.op) if sf.op else None
     kinds = ", ".join(f"{k.replace('_', ' ')} {b / GB:.1f} GB" for k, b in sf.kinds if b > 0)
     layout = f" running {sf.op} as {_layout_words(sf.layout)}" if sf.layout else ""
-    return PlanError(
-        f"{what} must fit in {cap / GB:.0f} GB per GPU, not need {sf.need / GB:.1f} GB on "
+    err = PlanError(
+        f"{what} must fit in {cap / GB:.0f} GB per GPU ({cluster.gpu.memory / GB:.0f} GB "
+        f"less its {cluster.gpu.reserve:.0%} reserve), not need {sf.need / GB:.1f} GB on "
         f"GPU {sf.device}{layout} ({kinds or ', '.join(f'{w} {b / GB:.1f} GB' for w, b in sf.what)})",
         s.span if s else None,
-        hint=memory_hint(pipeline, cluster, limits, sf))
+        hint="; ".join(h.text for h in hints) if hints else otherwise)
+    err.hints = hints
+    return err
 
 
 def _layout_words(p) -> str:
@@ -149,39 +171,6 @@ def _layout_words(p) -> str:
         ["recompute"] if p.recompute else []) + (["offload"] if p.offload else []) + (
         [f"{p.microbatches} micro-batches"] if p.microbatches > 1 else []) + [p.engine.value]
     return ", ".join(parts)
-
-
-def memory_hint(pipeline: Pipeline, cluster: Cluster, limits: Limits, sf: Shortfall) -> str:
-    """Something that would shrink the largest share of ``sf``'s GPU and that this
-    executor, model and cluster allow; else more GPUs."""
-    kinds = dict(sf.kinds)
-    p = sf.layout
-    s = pipeline.stage(sf.op) if sf.op else None
-    model = pipeline.model(s.target) if s is not None and pipeline.has_model(s.target or "") \
-        else None
-    top = max(kinds, key=kinds.get) if kinds else ""
-    tips = []
-    if p is not None and model is not None:
-        d = model.dims
-        tps = [k for k in range(p.tp + 1, min(cluster.gpus_per_node, limits.max_tp) + 1)
-               if d.heads % k == 0 and (k <= d.kv_heads and d.kv_heads % k == 0
-                                        or k > d.kv_heads and k % d.kv_heads == 0)
-               and len(p.devices) % (k * p.pp * p.cp) == 0]
-        if top in ("optimizer", "grads") and p.zero < 3 and p.dp > 1 \
-                and any(z > p.zero for z in limits.zero):
-            tips.append(f"raise zero to {min(z for z in limits.zero if z > p.zero)}")
-        if top == "optimizer" and s.kind is OpKind.TRAIN and not p.offload and limits.offload:
-            tips.append("offload the optimizer state (offload)")
-        if top == "activations" and not p.recompute and limits.recompute:
-            tips.append("recompute activations (recompute)")
-        if top in ("activations", "buffers") and s.kind is not OpKind.GENERATE:
-            tips.append("use more micro-batches")
-        if top == "kv_cache":
-            tips.append("lower max_num_seqs or kv_fraction")
-        if tps:
-            tips.append(f"raise tp to {tps[0]}")
-    tips.append("place fewer models on these GPUs, or add GPUs")
-    return "; ".join(tips)
 
 
 def recompile(plan: Plan, path: str = "<plan>", cluster: str | Path | None = None
@@ -205,7 +194,11 @@ def recompile(plan: Plan, path: str = "<plan>", cluster: str | Path | None = Non
                         f"missing ({cluster or plan.cluster_path or 'none recorded'})", where,
                         hint="pass --cluster FILE")
     strategy = plan.strategy if plan.strategy is not Strategy.MANUAL else Strategy.SEARCH
-    return compile_report(load(spec), load_cluster(machine), strategy, plan.search.options)
+    loaded = load_cluster(machine)
+    pr = plan.predicted
+    if pr is not None and pr.memory_capacity:      # the reserve it was compiled with
+        loaded = with_reserve(loaded, pr.memory_reserve / pr.memory_capacity)
+    return compile_report(load(spec), loaded, strategy, plan.search.options)
 
 
 def _found(outcomes) -> tuple[list[Evaluation], list[Evaluation]]:
@@ -368,18 +361,27 @@ def check_executable(plan: Plan, limits: Limits) -> None:
 
 def no_fit(ctx: Context, closest: list[Evaluation], ev: Evaluator | None = None,
            strategy: Strategy = Strategy.SEARCH) -> PlanError:
-    """The error for 'nothing fits': which model and op is short, by how much, what helps
-    (``ev``: the evaluator that priced ``closest``, to say what fills the GPU)."""
+    """The error for 'nothing fits': which model and op is short, by how much, and a change
+    checked to make it fit, else what binds (:mod:`rpeg.plan.hints`; ``ev``: the evaluator
+    that priced ``closest``)."""
     unfit = unfit_stage(ctx)
     if unfit is not None:
         return unfit
     if closest:
         near = min(closest, key=lambda e: e.shortfall.over)
         sf: Shortfall = near.shortfall
-        if ev is not None and not sf.kinds:         # a search's figures leave them out
+        ev = ev or Evaluator(ctx.pipeline, ctx.cluster, engine_kv=ctx.limits.engine_kv)
+        if not sf.kinds:                            # a search's figures leave them out
             sf = ev.evaluate(attrs.evolve(near.plan, predicted=None)).shortfall or sf
+        hs = plan_hints(ev, near.plan, sf, ctx.limits)
+        more = more_gpus_hint(ctx.pipeline, ctx.cluster, ctx.limits)
+        r = reserve_hint(ev, near.plan, ctx.cluster)
+        hs += tuple(h for h in (more, r) if h is not None)
         return shortfall_error(ctx.pipeline, ctx.cluster, ctx.limits, sf,
-                               "the best plan found")
+                               "the best plan found", hs,
+                               f"every stage fits alone but they do not fit together on "
+                               f"{ctx.cluster.num_gpus} GPUs, and neither one change to "
+                               f"{sf.op} nor up to {MORE_GPUS[-1]}x the GPUs makes a plan fit")
     if strategy is Strategy.SPLIT and ctx.n < 2:
         return PlanError(f"the split baseline must have disjoint groups of GPUs for "
                          f"generation and training, not {ctx.n} GPU",
@@ -393,12 +395,13 @@ def no_fit(ctx: Context, closest: list[Evaluation], ev: Evaluator | None = None,
 
 def unfit_stage(ctx: Context) -> PlanError | None:
     """The error for a model stage that fits no block of the cluster alone, in any layout
-    the executor runs (then nothing fits, whatever a search tries); None if there is none."""
-    cap = ctx.cluster.gpu.memory
+    the executor runs (then nothing fits, whatever a search tries), with a change checked
+    to make it fit, else what binds; None if there is none."""
+    cap = usable_memory(ctx.cluster.gpu)
     for stage in model_stages(ctx.pipeline):
         if any(ctx.table.options(stage, size) for size in ctx.table.sizes):
             continue
-        need, par, kinds = _least_need(ctx, stage)
+        need, par, engine, kinds = least_need(ctx.pipeline, stage, ctx.cluster, ctx.limits)
         s = ctx.pipeline.stage(stage)
         what = _what(ctx, stage)
         if par is None:
@@ -407,10 +410,12 @@ def unfit_stage(ctx: Context) -> PlanError | None:
             return PlanError(f"{what} ({stage}) must have a layout this executor runs on "
                              f"this cluster, not none", s.span, hint=hint)
         p = placement(stage, tuple(range(par.size)), Choice(stage, par.size, par,
-                                                           _engine(ctx, stage), 0, need))
+                                                           engine, 0, need))
         sf = Shortfall(0, need, cap, stage, s.target, (), kinds, p)
         return shortfall_error(ctx.pipeline, ctx.cluster, ctx.limits, sf,
-                               f"{what} ({stage}) alone, in its smallest layout,")
+                               f"{what} ({stage}) alone, in its smallest layout,",
+                               stage_hints(ctx.pipeline, ctx.cluster, ctx.limits, stage),
+                               binding(ctx.pipeline, ctx.cluster, ctx.limits, stage))
     return None
 
 
@@ -421,35 +426,6 @@ def _what(ctx: Context, stage: str) -> str:
     kind = {OpKind.TRAIN: "training", OpKind.GENERATE: "generation",
             OpKind.FORWARD: "inference", OpKind.SCORE: "scoring"}.get(s.kind, s.kind.value)
     return f"{s.target} {kind}"
-
-
-def _least_need(ctx: Context, stage: str):
-    """(the smallest per-GPU need of ``stage`` over every layout, that layout, the need by
-    kind); (inf, None, ()) when it has no layout at all."""
-    s = ctx.pipeline.stage(stage)
-    model = ctx.pipeline.model(s.target)
-    best = (float("inf"), None, ())
-    lays = enumerate_layouts(ctx.pipeline, stage, ctx.table.sizes, ctx.cluster, ctx.limits)
-    for lay in lays:
-        par = lay.par
-        try:
-            m = stage_memory(work_of(ctx.pipeline, stage), par, ctx.cluster, rows=1,
-                             engine=lay.engine) + resident_memory(
-                model, par, ctx.cluster, trained=s.kind is OpKind.TRAIN,
-                host_grads=lay.engine is Engine.DEEPSPEED)
-        except CostError:
-            continue
-        if m.total < best[0]:
-            best = (m.total, par, tuple((k, float(getattr(m, k))) for k in (
-                "weights", "grads", "optimizer", "activations", "kv_cache", "buffers")))
-    return best
-
-
-def _engine(ctx: Context, stage: str) -> Engine:
-    s = ctx.pipeline.stage(stage)
-    if s.kind is OpKind.GENERATE:
-        return generate_engines(ctx.pipeline, stage, ctx.limits)[0]
-    return Engine.TORCH
 
 
 __all__ = ["compile_plan", "compile_report", "recompile", "CompileReport", "check_backend",

@@ -34,16 +34,18 @@ from __future__ import annotations
 import attrs
 import numpy as np
 
+from rpeg.cost.compute import Roof
+from rpeg.cost.control import Dispatch, control_time, shared_cores_time, terms_of
 from rpeg.cost.engine_sync import engine_sleeps, sleep_wake_time
 from rpeg.cost.generation import StageCost
-from rpeg.cost.memory import MemoryCost, devices_are_host, resident_memory
+from rpeg.cost.memory import MemoryCost, devices_are_host, resident_memory, usable_memory
 from rpeg.cost.stages import stage_memory
 from rpeg.errors import CostError, PlanError
 from rpeg.graph import Graph
 from rpeg.plan.evalcost import EVAL_OP, eval_time, trainer_devices
 from rpeg.plan.model import Plan, Predicted, StagePlacement
 from rpeg.plan.prices import Chunk, Prices, parallel_of
-from rpeg.plan.simulate import OpTiming, Timeline, floor, simulate, steps_for, tasks_per_step
+from rpeg.plan.simulate import OpTiming, Timeline, floor, simulate, steps_for
 from rpeg.plan.staleness import staleness_problem, step_graph
 from rpeg.plan.structure import (  # noqa: F401 — re-exported: what the plan makes of its graph
     Stages,
@@ -58,10 +60,11 @@ from rpeg.plan.structure import (  # noqa: F401 — re-exported: what the plan m
     sync_devices,
     synced_in_place,
 )
-from rpeg.spec.model import Cluster, Engine, OpKind, Pipeline
+from rpeg.plan.tasks import dispatch_per_step, layouts_of
+from rpeg.plan.usage import KINDS, memory_uses, op_uses
+from rpeg.spec.model import Cluster, OpKind, Pipeline
 
 GB = 1e9
-KINDS = ("weights", "grads", "optimizer", "activations", "kv_cache", "buffers")
 
 
 @attrs.frozen
@@ -153,7 +156,7 @@ class Evaluator:
         self._copies: dict[tuple, tuple] = {}
         self._settled: dict[StagePlacement, StagePlacement] = {}
         self._priced: dict[tuple, _Priced] = {}
-        self._tasks: dict[tuple, int] = {}
+        self._tasks: dict[tuple, Dispatch] = {}
         self._eval: dict[tuple[int, ...], float] = {}
         self._index: dict[StagePlacement, slice | np.ndarray] = {}
         self._synced: dict[tuple, frozenset[str]] = {}
@@ -332,7 +335,7 @@ class Evaluator:
         """Per generate stage: its wave size given what stays resident on its devices."""
         if resident is None:
             resident = self.resident_bytes(plan, graph)[0]
-        cap = self.cluster.gpu.memory
+        cap = usable_memory(self.cluster.gpu)
         out = {}
         for s in self.stages.generates:
             p = plan.placement(s)
@@ -363,7 +366,7 @@ class Evaluator:
         leaves the shortfall's breakdown by kind out (a search compares shortfalls only)."""
         walk = walk or self.walk(plan, graph)
         peak = walk.peak
-        cap = self.cluster.gpu.memory
+        cap = usable_memory(self.cluster.gpu)
         worst = int(np.argmax(peak - cap))
         if peak[worst] <= cap:
             return peak, None
@@ -375,13 +378,16 @@ class Evaluator:
         what = sorted(((m, b) for m, b in by_model.items() if b > 0), key=lambda x: -x[1])
         op = walk.top(worst)
         what.append((f"{op} (transient)", float(walk.transient[worst])))
-        chunks_of = {s: walk.streamed[o] for o, stages in self._streaming(graph)
-                     if o in walk.streamed for s in stages}
         kinds = self.kinds(plan, graph, worst, op, walk.rows.get(op),
-                           chunks_of.get(op, ()), walk) if detail else ()
+                           self.chunks_of(graph, walk).get(op, ()), walk) if detail else ()
         return peak, Shortfall(worst, float(peak[worst]), cap, op,
                                what[0][0] if what else "", tuple(what), kinds,
                                plan.placement(op) if op else None)
+
+    def chunks_of(self, graph: Graph, walk: Walk) -> dict[str, tuple]:
+        """Per stage of a streamed op: the chunks it is priced in."""
+        return {s: walk.streamed[o] for o, stages in self._streaming(graph)
+                if o in walk.streamed for s in stages}
 
     def fits(self, plan: Plan) -> bool:
         """Memory only: does every device hold what the plan puts on it?"""
@@ -402,8 +408,7 @@ class Evaluator:
                 zero = p.zero if trained or p.zero >= 3 else 0
                 par = attrs.evolve(parallel_of(p), zero=zero, offload=p.offload and trained)
                 total += resident_memory(self.pipeline.model(model), par, self.cluster,
-                                         trained=trained,
-                                         host_grads=p.engine is Engine.DEEPSPEED)
+                                         trained=trained, engine=p.engine)
         if op:
             p = plan.placement(op)
             par = parallel_of(p)
@@ -443,6 +448,26 @@ class Evaluator:
             t = self.prices.sync_time(model, src, dst)
             timings[op.name] = OpTiming(sync_devices(src, dst), t)
         return timings, tuple((n, round(t.time_s, 6)) for n, t in timings.items())
+
+    def roofs(self, plan: Plan, graph: Graph, walk: Walk) -> dict[str, Roof]:
+        """Per op (not the syncs): the FLOPs and bytes the cost model prices it with, on one
+        of its devices (the busiest), as :meth:`timings` times it."""
+        out: dict[str, Roof] = {}
+        for op in graph.ops:
+            if op.kind is OpKind.SYNC_WEIGHTS:
+                continue
+            p = plan.placement(op.stages[0])
+            if op.kind is OpKind.GENERATE:
+                out[op.name] = self.stage_cost(op.stages[0], p,
+                                               walk.rows.get(op.stages[0])).roof
+            elif op.kind is OpKind.TRAIN:
+                off = self._off_policy(op, plan, graph)
+                out[op.name] = self.stage_cost(op.stages[0], p, off_policy=off).roof
+            else:
+                out[op.name] = sum((self.stage_cost(s, plan.placement(s), chunk=c).roof
+                                    for c in walk.streamed.get(op.name, None) or (None,)
+                                    for s in op.stages), Roof())
+        return out
 
     def _op_timing(self, graph: Graph, op, plan: Plan, walk: Walk, trainer) -> OpTiming:
         """Where ``op`` runs and for how long, from what it reads of the plan and the walk
@@ -489,53 +514,40 @@ class Evaluator:
         return OpTiming(p.devices, t, chunk_times=tuple(per_chunk))
 
     def control_time(self, plan: Plan, graph: Graph, timings: dict[str, OpTiming],
-                     steps: int = 6) -> float:
-        """Seconds a step loses to the control plane where it shares the devices' cores.
-
-        On a machine whose devices are CPU cores (the local profile: ``host_cores``), the
-        client, the Dask scheduler and the workers' event loops run on those same cores:
-        per step, ``control_step_s`` for each device in use (the round trip that collects
-        its trace, its worker's loop) and ``control_task_s`` for each Dask task the runtime
-        dispatches (:func:`rpeg.plan.simulate.tasks_per_step`). That CPU time, spread over
-        the host's cores, delays the devices' work by its share: ``W / host_cores``. Both
-        are fitted by ``rpeg calibrate`` from real runs; profiles without ``host_cores``
-        (GPUs, whose host CPUs are not the devices) pay nothing here.
-        """
-        return self._control(plan, graph, timings, steps)[0]
+                     steps: int = 6, step_s: float = 0.0) -> float:
+        """Seconds a step of ``step_s`` seconds of work loses to the control plane
+        (``rpeg.cost.control``): where the devices are the host's own cores (the CPU
+        profile: ``host_cores``) its CPU spread over them; elsewhere the client's and the
+        Dask scheduler's time on the calls, tasks and futures a step dispatches
+        (:meth:`dispatch`), serialised in one thread each."""
+        return self._control(plan, graph, timings, steps, step_s)[0]
 
     def _control(self, plan: Plan, graph: Graph, timings: dict[str, OpTiming],
-                 steps: int) -> tuple[float, int]:
-        """(:meth:`control_time`, the Dask tasks a step it counted; 0 where not charged)."""
+                 steps: int, step_s: float = 0.0) -> tuple[float, int]:
+        """(:meth:`control_time`, the Dask tasks a step it counted)."""
+        d = self.dispatch(plan, graph, timings, steps)
         gpu = self.cluster.gpu
-        cores = gpu.host_cores
-        if cores <= 0:
-            return 0.0, 0
-        used = {d for t in timings.values() for d in t.devices}
-        tasks = self.dask_tasks(plan, graph, timings, steps)
-        cpu = gpu.control_step_s * len(used) + gpu.control_task_s * tasks
-        return cpu / (cores * max(1, -(-len(used) // self.cluster.gpus_per_node))), tasks
+        if gpu.host_cores > 0:
+            nodes = -(-d.devices // self.cluster.gpus_per_node)
+            return shared_cores_time(gpu, d.devices, d.tasks, nodes), d.tasks
+        return control_time(terms_of(gpu)[0], d, step_s).charged_s, d.tasks
 
     def dask_tasks(self, plan: Plan, graph: Graph, timings: dict[str, OpTiming],
                    steps: int = 6) -> int:
         """Dask tasks a steady step of ``plan`` dispatches under the runtime's fusion."""
-        # the runtime runs a fused op's stages as calls of their own, each starting a task
-        # where its own inputs say so: counted on the graph without fusion
+        return self.dispatch(plan, graph, timings, steps).tasks
+
+    def dispatch(self, plan: Plan, graph: Graph, timings: dict[str, OpTiming],
+                 steps: int = 6) -> Dispatch:
+        """The op calls, Dask tasks and futures a steady step of ``plan`` dispatches
+        (:func:`rpeg.plan.tasks.dispatch_per_step`)."""
+        # the runtime runs a fused op's stages as calls of their own, in one task where
+        # their inputs allow: counted on the graph without fusion
         loose = self.graph(attrs.evolve(plan, fusion=()))
-        where = {}
-        for op in loose.ops:
-            if op.kind is OpKind.SYNC_WEIGHTS:
-                where[op.name] = OpTiming(timings[op.name].devices, 0.0)
-            else:
-                p = plan.placement(op.stages[0])
-                where[op.name] = OpTiming(p.devices, 0.0, (0.0,) * p.chunks
-                                          if op.kind is OpKind.GENERATE and p.chunks > 1
-                                          else ())
-        collective = frozenset(
-            o.name for o in loose.ops if len(where[o.name].devices) > 1 and o.stages
-            and (o.kind is OpKind.TRAIN or plan.placement(o.stages[0]).tp > 1))
-        key = (loose, tuple(where.items()), collective, steps)
+        layouts, chunks = layouts_of(self.pipeline, plan, loose, timings)
+        key = (loose, tuple(sorted(layouts.items())), chunks, steps, plan.fusion)
         if key not in self._tasks:
-            self._tasks[key] = tasks_per_step(loose, where, steps, collective)
+            self._tasks[key] = dispatch_per_step(loose, layouts, chunks, steps, plan.fusion)
         return self._tasks[key]
 
     def eval_time(self, plan: Plan) -> float:
@@ -629,36 +641,44 @@ class Evaluator:
             raise PlanError(f"plan layout must be one the cost model can price, not: "
                             f"{e.message}", e.span, hint=e.hint) from None
         capacity = self.cluster.gpu.memory
+        reserve = capacity - usable_memory(self.cluster.gpu)
         feasible = shortfall is None
         homes = self.homes(plan, graph) if detail else None
+        memory = memory_uses(self, plan, graph, walk) if detail else ()
         if not (feasible or simulate_infeasible):
             return _Priced(plan, homes, False, shortfall,
                            Predicted(float("inf"), tuple(peak.tolist()),
-                                     memory_capacity=capacity), None, False)
+                                     memory_capacity=capacity, memory=memory,
+                                     memory_reserve=reserve), None, False)
         timings, op_times = self.timings(plan, graph, walk)
         steps = self.steps or steps_for(max((k for _, k in plan.staleness), default=0))
-        control, tasks = self._control(plan, graph, timings, steps)
         held_out = self.eval_time(plan) if self.pipeline.evaluation is not None else None
-        extra = control + (held_out / self.pipeline.evaluation.every if held_out is not None
-                           else 0.0)
+        every = held_out / self.pipeline.evaluation.every if held_out is not None else 0.0
         if held_out is not None:                       # an eval op every `every` steps
             op_times = tuple(op_times) + ((EVAL_OP, held_out),)
-        least = floor(graph, timings) + extra if bound is not None and feasible else 0.0
+        # the control plane's time grows with the step's (heartbeats): at the floor, a floor
+        work = floor(graph, timings) if bound is not None and feasible else 0.0
+        control, tasks = self._control(plan, graph, timings, steps, work)
+        least = work + control + every if bound is not None and feasible else 0.0
         if bound is not None and feasible and least >= bound:
             return _Priced(plan, homes, True, None, Predicted(
                 least, op_times=op_times, memory_capacity=capacity,
-                control_s=round(control, 6), tasks_per_step=tasks), None, True)
+                control_s=round(control, 6), tasks_per_step=tasks,
+                memory_reserve=reserve), None, True)
         timeline = simulate(graph, timings, steps=steps, events=detail,
                             crossing_s=max(self.cluster.gpu.dispatch_s, 0.0),
                             streams=streams_of(plan, graph))
-        step = timeline.step_time_s + extra
+        control, tasks = self._control(plan, graph, timings, steps, timeline.step_time_s)
+        step = timeline.step_time_s + control + every
         predicted = Predicted(
             step_time_s=step,
             peak_memory=tuple(round(float(x)) for x in peak) if detail else (),
             busy=tuple(round(float(b), 4) for b in timeline.busy()) if detail else (),
             tokens_per_s=self.gen_tokens / step if step > 0 else 0.0,
             op_times=op_times, memory_capacity=capacity, control_s=round(control, 6),
-            tasks_per_step=tasks)
+            tasks_per_step=tasks, memory=memory, memory_reserve=reserve,
+            ops=op_uses(self, plan, timings, op_times, self.roofs(plan, graph, walk))
+            if detail else ())
         return _Priced(plan, homes, feasible, shortfall, predicted, timeline, False)
 
 

@@ -2,8 +2,10 @@
 
     >>> draw(timeline, "gantt.png", title="ppo_llama8b on gh200_64")     # doctest: +SKIP
 
-Rows are the device groups the plan uses (maximal sets of devices that always
-work together); an op holding several groups draws a bar in each. Successive
+The title quotes the plan's predicted step (``step_s``: the ops' timeline plus the control
+plane and any held-out evaluation, as ``rpeg show`` prints it). Rows are the device groups
+the plan uses (maximal sets of devices that always work together); an op holding several
+groups draws a bar in each. Successive
 steps alternate between a full and a lighter shade of the op's colour, and each
 bar carries ``op@step`` when it is wide enough to read.
 """
@@ -16,7 +18,23 @@ from rpeg.plan.model import device_ranges
 from rpeg.plan.simulate import Timeline, groups_of
 
 
-def draw(timeline: Timeline, path: str | Path, title: str = "") -> Path:
+def step_words(step_s: float | None, timeline: Timeline) -> str:
+    """The one predicted step time a picture of ``timeline`` quotes: the plan's (its ops'
+    timeline, plus the control plane on the devices' cores and a held-out evaluation's
+    share), and how much of it the timeline drawn holds.
+
+        >>> from types import SimpleNamespace
+        >>> step_words(0.113, SimpleNamespace(step_time_s=0.083))
+        'predicted step 0.113 s, of it 0.083 s the ops drawn'
+    """
+    ops = timeline.step_time_s
+    if step_s is None or abs(step_s - ops) <= 1e-9 * max(step_s, 1.0):
+        return f"predicted step {ops:.3g} s"
+    return f"predicted step {step_s:.3g} s, of it {ops:.3g} s the ops drawn"
+
+
+def draw(timeline: Timeline, path: str | Path, title: str = "",
+         step_s: float | None = None) -> Path:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -46,8 +64,7 @@ def draw(timeline: Timeline, path: str | Path, title: str = "") -> Path:
     ax.set_xlabel("seconds")
     lo, hi = timeline.window
     ax.axvspan(lo, hi, color="grey", alpha=0.08, zorder=0)
-    ax.set_title(f"{title}  (steady-state step {timeline.step_time_s:.3f} s, "
-                 f"shaded window)".strip())
+    ax.set_title(f"{title}  ({step_words(step_s, timeline)}; steady window shaded)".strip())
     ax.legend(handles=[Patch(color=colour[o], label=o) for o in ops], fontsize=7,
               loc="upper center", bbox_to_anchor=(0.5, -0.25), ncol=min(len(ops), 6))
     fig.tight_layout()

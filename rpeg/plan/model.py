@@ -29,6 +29,7 @@ from pathlib import Path
 
 import attrs
 
+from rpeg.cost.memory import MemoryCost
 from rpeg.errors import PlanError, Span
 from rpeg.plan.options import Method, SearchOptions, SearchRecord, Start
 from rpeg.plan.space import Limits
@@ -78,6 +79,27 @@ class StagePlacement:
 
 
 @attrs.frozen
+class OpUse:
+    """What one op of a step computes and moves, and how much of the hardware it uses."""
+
+    stage: str                  # the op (a fused op's stages joined by +)
+    devices: int                # devices it runs on
+    flops: float                # FLOPs a step, over its devices
+    bytes: float                # bytes moved through device memory a step, over its devices
+    time_s: float               # predicted seconds a step
+    mfu: float                  # achieved fraction of the devices' peak compute
+    mbu: float                  # achieved fraction of their memory bandwidth
+
+
+@attrs.frozen
+class MemoryUse(MemoryCost):
+    """Predicted peak bytes per device of a group of devices alike, by kind."""
+
+    devices: tuple[int, ...] = ()
+    op: str = ""                # the op whose transient need sets the peak
+
+
+@attrs.frozen
 class Predicted:
     step_time_s: float
     peak_memory: tuple[float, ...] = ()    # bytes, per device index
@@ -87,6 +109,9 @@ class Predicted:
     memory_capacity: float = 0.0           # bytes per device
     control_s: float = 0.0                 # of the step: the control plane on the devices' cores
     tasks_per_step: int = 0                # Dask tasks a step dispatches (where control_s > 0)
+    ops: tuple[OpUse, ...] = ()            # per op: FLOPs, bytes, time, MFU, MBU
+    memory: tuple[MemoryUse, ...] = ()     # per group of devices alike: the peak by kind
+    memory_reserve: float = 0.0            # bytes per device kept free (of memory_capacity)
 
 
 @attrs.frozen(cache_hash=True)
@@ -292,11 +317,35 @@ class Plan:
                          f"{pr.tokens_per_s:.0f} tokens/s")
             if pr.control_s:
                 lines.append(f"  of which the control plane {pr.control_s:.3f} s "
-                             f"({pr.tasks_per_step} Dask tasks a step, on the devices' cores)")
+                             f"({pr.tasks_per_step} Dask tasks a step)")
             if pr.peak_memory:
                 lines.append(f"  predicted peak memory {max(pr.peak_memory) / 1e9:.1f} GB of "
-                             f"{pr.memory_capacity / 1e9:.1f} GB per device")
+                             f"{pr.memory_capacity / 1e9:.1f} GB per device"
+                             + (f" ({pr.memory_reserve / 1e9:.1f} GB of it kept in reserve)"
+                                if pr.memory_reserve else ""))
+            for m in pr.memory:
+                kinds = ", ".join(f"{k.replace('_', ' ')} {getattr(m, k) / 1e9:.2f}" for k in (
+                    "weights", "grads", "optimizer", "activations", "kv_cache", "buffers")
+                    if getattr(m, k))
+                lines.append(f"    devices {device_ranges(m.devices)}: {kinds} GB"
+                             + (f" (at {m.op})" if m.op else ""))
+            for u in pr.ops:
+                lines.append(f"  op {u.stage}: {u.time_s:.3g} s, {si(u.flops, 'FLOP')}, "
+                             f"{si(u.bytes, 'B')} moved, MFU {100 * u.mfu:.0f}%, "
+                             f"MBU {100 * u.mbu:.0f}%")
         return "\n".join(lines)
+
+
+def si(x: float, unit: str) -> str:
+    """``x`` with the largest SI prefix that keeps it at or above 1 (3 significant digits).
+
+        >>> si(2.24e16, "FLOP"), si(512.0, "B")
+        ('22.4 PFLOP', '512 B')
+    """
+    for prefix, f in (("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if x >= f:
+            return f"{x / f:.3g} {prefix}{unit}"
+    return f"{x:.3g} {unit}"
 
 
 def device_ranges(devices: tuple[int, ...]) -> str:
@@ -438,6 +487,7 @@ _SHAPES: dict[str, object] = {
     "missing": ("list", ("pair", "str", "str")),
     "zero": ("list", "int"),
     "lora_zero": ("list", "int"),
+    "eval_zero": ("list", "int"),
     "families": ("list", "str"),
     "model_features": ("list", "str"),
     "dtypes": ("list", "str"),
@@ -465,6 +515,10 @@ def _convert(name: str, typ: object, value: object, where: str) -> object:
         _expect(where, value, list)
         return tuple(_from_plain(StagePlacement, _expect(f"{where}[{i}]", x, dict),
                                  f"{where}[{i}].") for i, x in enumerate(value))
+    if name in ("ops", "memory"):
+        kind = OpUse if name == "ops" else MemoryUse
+        return tuple(_from_plain(kind, _expect(f"{where}[{i}]", x, dict), f"{where}[{i}].")
+                     for i, x in enumerate(_expect(where, value, list)))
     if name in _NESTED:
         return None if value is None else _from_plain(
             _NESTED[name], _expect(where, value, dict), where + ".")

@@ -85,6 +85,31 @@ def check_pins(pipeline: Pipeline, cluster: Cluster, limits: Limits) -> None:
             key, text = why
             raise PlanError(f"place {pin.stage}: {text}", pin.span_of(key),
                             hint=f"pin what the executor runs, or {ANY_EXECUTOR}")
+        _check_eval_pin(pin, pipeline, limits)
+
+
+def check_eval_pins(pipeline: Pipeline, limits: Limits) -> None:
+    """PlanError at a pin the eval block cannot run beside (whatever the cluster): what
+    ``rpeg check`` asks of rpeg's runtime before any plan."""
+    for pin in pipeline.place:
+        _check_eval_pin(pin, pipeline, limits)
+
+
+def _check_eval_pin(pin: Pin, pipeline: Pipeline, limits: Limits) -> None:
+    """A pinned layout of the evaluated model's train stage the eval block cannot run
+    beside (ZeRO-3, tensor parallelism: the eval needs one whole trained replica)."""
+    stage = pipeline.stage(pin.stage)
+    why = limits.check_eval(pipeline, stage, Parallel(tp=pin.tp or 1, zero=pin.zero or 0))
+    if why is None:
+        return
+    key = "zero" if (pin.zero or 0) not in limits.eval_zero else "tp"
+    levels = ", ".join(str(z) for z in sorted(limits.eval_zero))
+    raise PlanError(f"place {pin.stage}: {why}", pin.span_of(key),
+                    notes=[("the eval block", pipeline.evaluation.span)],
+                    hint=f"pin zero = {max(limits.eval_zero)} (levels {levels} keep the weights "
+                         "whole between steps) and tp = 1, or leave the layout to the "
+                         "planner, or drop the eval block"
+                    if key == "zero" else "pin tp = 1, or drop the eval block")
 
 
 def _refusal(pin: Pin, pipeline: Pipeline, limits: Limits) -> tuple[str, str] | None:
@@ -129,4 +154,5 @@ def _refusal(pin: Pin, pipeline: Pipeline, limits: Limits) -> tuple[str, str] | 
     return None
 
 
-__all__ = ["ANY_EXECUTOR", "FOREIGN", "check_pins", "honour", "matches", "overlay"]
+__all__ = ["ANY_EXECUTOR", "FOREIGN", "check_eval_pins", "check_pins", "honour", "matches",
+           "overlay"]

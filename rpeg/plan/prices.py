@@ -40,7 +40,7 @@ from rpeg.cost.stages import (
 from rpeg.graph import build
 from rpeg.graph.work import Work
 from rpeg.plan.model import StagePlacement
-from rpeg.spec.model import Cluster, Engine, Model, Pipeline
+from rpeg.spec.model import Cluster, Model, Pipeline
 
 MIB = 2 ** 20
 
@@ -199,7 +199,7 @@ class Prices:
         zero = q.zero if trained or q.zero >= 3 else 0
         par = attrs.evolve(parallel_of(q), zero=zero, offload=q.offload and trained)
         return resident_memory(self.models[model], par, self.cluster, trained=trained,
-                               host_grads=q.engine is Engine.DEEPSPEED).total
+                               engine=q.engine).total
 
     def gen_rows(self, stage: str, p: StagePlacement, free: float) -> int:
         """Sequences a generate stage runs at once per replica with ``free`` bytes per GPU

@@ -66,6 +66,8 @@ import time
 import attrs
 import numpy as np
 
+from rpeg.cost.memory import usable_memory
+from rpeg.errors import PlanError
 from rpeg.graph.versions import carry_room
 from rpeg.plan.choices import model_stages
 from rpeg.plan.edit import Context, empty_plan, options, put, repair
@@ -110,7 +112,7 @@ def anneal(ctx: Context, ev: Evaluator, start: Evaluation, opts: SearchOptions,
     ``opts.time_cap_s`` from now)."""
     rng = np.random.default_rng((opts.seed, *stream) if stream else opts.seed)
     moves = Moves(ctx, rng, ev.graph)
-    cap = ctx.cluster.gpu.memory
+    cap = usable_memory(ctx.cluster.gpu)
     best = current = start
     scale = start.step_time_s if start.feasible else 1e9
     t0 = opts.t_start * scale
@@ -165,21 +167,24 @@ def anneal(ctx: Context, ev: Evaluator, start: Evaluation, opts: SearchOptions,
                 if opts.method is Method.ANNEAL else 0.0
             here = score(base, cap)
             u = None                         # the acceptance draw, once made
-            if best.feasible:
-                # Simulated only if it could be accepted or better the walk: a plan whose
-                # step is no less than the plan it would replace and than the walk's best
-                # (its busiest device's work says so) is taken only by the Metropolis draw,
-                # made here in the same place of the stream as after a simulation.
-                r = ev.evaluate(plan, detail=False, bound=max(here, walk_best - 1e-12))
-                if r.bounded:
-                    if temp <= 0:
-                        continue
-                    u = rng.random()
-                    if u >= math.exp(-(r.step_time_s - here) / temp):
-                        continue
+            try:
+                if best.feasible:
+                    # Simulated only if it could be accepted or better the walk: a plan whose
+                    # step is no less than the plan it would replace and than the walk's best
+                    # (its busiest device's work says so) is taken only by the Metropolis draw,
+                    # made here in the same place of the stream as after a simulation.
+                    r = ev.evaluate(plan, detail=False, bound=max(here, walk_best - 1e-12))
+                    if r.bounded:
+                        if temp <= 0:
+                            continue
+                        u = rng.random()
+                        if u >= math.exp(-(r.step_time_s - here) / temp):
+                            continue
+                        r = ev.evaluate(plan, detail=False)
+                else:
                     r = ev.evaluate(plan, detail=False)
-            else:
-                r = ev.evaluate(plan, detail=False)
+            except PlanError:                # a move the cost model cannot schedule
+                continue
             if not r.feasible and best.feasible:
                 continue                     # once anything fits, never leave the feasible set
             delta = score(r, cap) - here

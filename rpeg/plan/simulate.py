@@ -39,6 +39,7 @@ import math
 import attrs
 import numpy as np
 
+from rpeg.errors import PlanError
 from rpeg.graph import DepKind, Graph, Instance, unroll
 from rpeg.graph.unroll import Unrolled, chunk_counts, in_place
 
@@ -233,7 +234,11 @@ def simulate(graph: Graph, timings: dict[str, OpTiming], steps: int = 6, *,
             ready.sort()
     if started != len(insts):
         stuck = sorted(str(insts[k]) for k, w in enumerate(waiting) if w > 0)
-        raise RuntimeError(f"simulation deadlocked with {stuck[:3]} never started")
+        raise PlanError(f"the plan's ops must be schedulable step after step, but "
+                        f"{', '.join(stuck[:3])} wait on one another (an op reading a model "
+                        f"older than the trainer overwrites in place, or a stale reader "
+                        f"of a model its trainer shares)",
+                        hint="lower the stale stage's staleness, or keep its model unshared")
     ends = [0.0] * steps
     for s, e in zip(prep.step_of, end, strict=True):
         if e > ends[s]:
@@ -272,79 +277,6 @@ def _floor(durations: dict[tuple[str, int], float], needs: dict[str, int]) -> fl
             load[low] = load.get(low, 0.0) + d
             bits ^= low
     return max(load.values(), default=0.0)
-
-
-def tasks_per_step(graph: Graph, timings: dict[str, OpTiming], steps: int = 6,
-                   collective: frozenset[str] = frozenset()) -> int:
-    """Dask tasks one steady step takes under the runtime's fused dispatch
-    (``rpeg.runtime.fusion``, the same rule on instances): a step's calls on one device
-    share a task while every input is in it, or in a task it already waits for; a call whose
-    output another device reads ends its task; each device of a multi-device instance runs
-    its own call, and the ranks of a ``collective`` op (data-parallel train, tensor
-    parallel) each start a task. Nothing of a step in flight counts as finished (the
-    runtime submits a step ahead), so this is the count with the least fusion.
-
-        >>> from rpeg.graph import Graph, Op, DataEdge
-        >>> from rpeg.spec.model import OpKind
-        >>> g = Graph("toy", (Op("a", OpKind.FORWARD, outputs=("x",)),
-        ...                   Op("b", OpKind.FORWARD, inputs=("x",), outputs=("y",)),
-        ...                   Op("c", OpKind.FORWARD, inputs=("y",))),
-        ...           (DataEdge("a", "b", "x"), DataEdge("b", "c", "y")), (), (), ())
-        >>> tasks_per_step(g, {"a": OpTiming((0,), 1.0), "b": OpTiming((0,), 1.0),
-        ...                    "c": OpTiming((0,), 1.0)})
-        1
-        >>> tasks_per_step(g, {"a": OpTiming((0,), 1.0), "b": OpTiming((1,), 1.0),
-        ...                    "c": OpTiming((1,), 1.0)})
-        2
-    """
-    chunks = _placing(graph, timings)[0]
-    # a step far enough in for its inputs to come from steady steps (lag + 2 back), and
-    # the steps after it that read its outputs (lag + 1 on)
-    lag = max((e.lag for e in graph.version_edges), default=0)
-    last = min(steps // 2, lag + 2)
-    prep = _prepare(graph, last + lag + 2, chunks)
-    insts = prep.instances
-    where = [timings[i.op].devices for i in insts]
-    inputs: list[list[int]] = [[] for _ in insts]
-    for k, ds in enumerate(prep.fed):
-        for d in ds:
-            inputs[d].append(k)
-    task: dict[tuple[int, int], int] = {}          # (instance, device) -> its task
-    groups: list[set[int]] = []                    # what each task waits for
-
-    def batch(step: int) -> int:
-        """Fuse one step's calls, as the runtime does when the step enters its window."""
-        first = len(groups)
-        open_: dict[int, list[int]] = {}
-        for k in range(len(insts)):
-            if prep.step_of[k] != step:
-                continue
-            for dev in where[k] or (-1,):
-                # an input made on this device is that call's; one made elsewhere, its first
-                # device's (the runtime passes one rank's result on); one never fused here
-                # (before the steps looked at) counts as finished
-                deps = {task[key] for i in inputs[k]
-                        if (key := (i, dev if dev in where[i] else (where[i] or (-1,))[0]))
-                        in task}
-                here = open_.setdefault(dev, [])
-                gi = None
-                if insts[k].op not in collective:
-                    for g in reversed(here):
-                        if all(d == g or d in groups[g] for d in deps):
-                            gi = g
-                            break
-                if gi is None:
-                    groups.append(deps)
-                    gi = len(groups) - 1
-                    here.append(gi)
-                task[(k, dev)] = gi
-                if gi in here and any(set(where[c]) - {dev} for c in prep.fed[k]):
-                    here.remove(gi)
-        return len(groups) - first
-
-    for step in range(last):                         # the tasks the step's inputs come from
-        batch(step)
-    return batch(last)
 
 
 def priced_graph(graph: Graph, timings: dict[str, OpTiming], steps: int, *,

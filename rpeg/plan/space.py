@@ -22,7 +22,7 @@ import attrs
 
 from rpeg.cost.memory import Parallel, check_parallel
 from rpeg.errors import CostError, PlanError
-from rpeg.spec.model import Cluster, Engine, Model, Pipeline
+from rpeg.spec.model import Cluster, Engine, Model, OpKind, Pipeline
 from rpeg.spec.presets import PRESETS, ModelDims
 
 __all__ = ["Block", "Limits", "device_blocks", "layouts", "PRESETS"]
@@ -66,6 +66,10 @@ class Limits:
     lora: bool = True                 # LoRA adapters
     lora_max_tp: int = 64             # ... trained and read at tp at most this
     lora_zero: frozenset[int] = frozenset({0, 1, 2, 3})   # ... trained at these ZeRO levels
+    # the eval block, on the trained replica of the model it evaluates: trained at these
+    # ZeRO levels and tp at most this
+    eval_zero: frozenset[int] = frozenset({0, 1, 2, 3})
+    eval_max_tp: int = 64
 
     @classmethod
     def of(cls, caps) -> Limits:
@@ -85,7 +89,8 @@ class Limits:
                    families=tuple(sorted(caps.families)),
                    model_features=tuple(sorted(caps.model_features)),
                    dtypes=tuple(sorted(caps.dtypes)), lora=caps.lora,
-                   lora_max_tp=caps.lora_max_tp, lora_zero=frozenset(caps.lora_zero))
+                   lora_max_tp=caps.lora_max_tp, lora_zero=frozenset(caps.lora_zero),
+                   eval_zero=frozenset(caps.eval_zero), eval_max_tp=caps.eval_max_tp)
 
     @classmethod
     def runtime(cls) -> Limits:
@@ -178,6 +183,25 @@ class Limits:
                     f"adapters this executor trains unsharded, not {par.zero}")
         return None
 
+    def check_eval(self, pipeline, stage, par: Parallel) -> str | None:
+        """Why the eval block could not run beside ``stage`` laid out as ``par``, or None:
+        it generates with the trained replica of the model it evaluates (the first
+        generate stage's), which must be whole on its first device."""
+        if pipeline.evaluation is None or stage.kind is not OpKind.TRAIN \
+                or stage.target != evaluated_model(pipeline):
+            return None
+        if par.zero not in self.eval_zero:
+            levels = ", ".join(str(z) for z in sorted(self.eval_zero))
+            return (f"zero must be one of {levels} for train stage '{stage.name}' of a "
+                    f"pipeline with an eval block, not {par.zero}: the eval generates with "
+                    f"the trained replica of '{stage.target}', which ZeRO-{par.zero} keeps "
+                    "only in shards")
+        if par.tp > self.eval_max_tp:
+            return (f"tp must be at most {self.eval_max_tp} for train stage '{stage.name}' "
+                    f"of a pipeline with an eval block, not {par.tp}: the eval generates "
+                    f"with one whole trained replica of '{stage.target}'")
+        return None
+
     def because(self, key: str) -> str:
         """`` (why)`` when the executor declares why it lacks ``key``, else ``""``."""
         reason = dict(self.missing).get(key)
@@ -196,6 +220,12 @@ class Limits:
             return (f"the {engine.value} engine must generate whole responses each step on "
                     f"this backend, not carry them into later steps (carry {carry})")
         return None
+
+
+def evaluated_model(pipeline) -> str | None:
+    """The model the eval block evaluates: the first generate stage's."""
+    gen = next((s for s in pipeline.stages if s.kind is OpKind.GENERATE), None)
+    return gen.target if gen is not None else None
 
 
 _FEATURE_WORDS = {"head_dim": "a head size other than hidden / heads", "qk_norm": "QK-norm",

@@ -38,6 +38,7 @@ An op's state moves by :data:`TRANSITIONS` only: pending -> submitted (Submit) -
 from __future__ import annotations
 
 import enum
+import heapq
 from collections import defaultdict
 
 import attrs
@@ -218,20 +219,34 @@ class Core:
     last_done: dict[int, float] = attrs.field(factory=dict)   # device -> its last finish
     alive_every_s: float = 0.5
     last_alive: float = 0.0
+    stuck_every_s: float = 0.5                # how often the tasks in flight are looked at
+    last_stuck: float = 0.0
     stop_cut: frozenset[str] | None = None    # Ctrl-C: the ops inside the cut it stops at
     stop_end: int = 0
     submitted: int = 0                        # ops in the submitted state (in flight)
     peer_grace_s: float = 10.0                # a collective's failure waits this for a loss
     suspect: tuple | None = None              # (op, error, cause, when) of such a failure
+    # what the core counts as it goes, so each event costs what it touches (not the
+    # whole window): a step's ops are found ready by their dependencies being submitted
+    unmet: dict[str, int] = attrs.field(factory=dict)      # op -> dependencies not submitted
+    undone: dict[str, int] = attrs.field(factory=dict)     # op -> consumers not done
+    ready: dict[int, list[int]] = attrs.field(factory=dict)  # step -> ready ops (positions)
+    position: dict[str, int] = attrs.field(factory=dict)   # op -> its place in ``order``
+    done_ids: set[str] = attrs.field(factory=set)
+    limit: int = 0                            # steps below it may submit (the window's end)
 
     @classmethod
     def create(cls, calls, steps: int, window: int, *, start: int = 0, cuts=None,
                before=frozenset(), devices=()) -> Core:
         table = {c.id: c for c in calls}
         consumers: dict[str, set[str]] = defaultdict(set)
+        unmet: dict[str, int] = {}
         for c in calls:
-            for d in c.all_deps:
+            deps = set(c.all_deps)
+            for d in deps:
                 consumers[d].add(c.id)
+            # a dependency outside the table never gets submitted: the op waits for ever
+            unmet[c.id] = len(deps)
         left: dict[int, int] = defaultdict(int)
         for c in calls:
             left[c.step] += 1
@@ -239,10 +254,17 @@ class Core:
         by_step: dict[int, list[str]] = defaultdict(list)
         for op_id in order:
             by_step[table[op_id].step].append(op_id)
+        position = {op_id: k for k, op_id in enumerate(order)}
+        ready: dict[int, list[int]] = defaultdict(list)
+        for op_id in order:
+            if not unmet[op_id]:
+                ready[table[op_id].step].append(position[op_id])
         return cls(table, order, steps, max(1, window), {c.id: OpState.PENDING for c in calls},
                    dict(consumers), dict(left), dict(by_step), steps_done=start, cuts=cuts,
                    start=start, before=frozenset(before),
-                   last_done=dict.fromkeys(devices, 0.0))
+                   last_done=dict.fromkeys(devices, 0.0), unmet=unmet,
+                   undone={d: len(cs) for d, cs in consumers.items()}, ready=ready,
+                   position=position)
 
     @property
     def stopping(self) -> bool:
@@ -251,7 +273,7 @@ class Core:
     def handle(self, event) -> list:
         if isinstance(event, Started):
             self.last_done = dict.fromkeys(self.last_done, event.now)
-            self.last_alive = event.now
+            self.last_alive = self.last_stuck = event.now
             return self._submit_ready()
         if isinstance(event, OpDone):
             return self._done(event.op_id) + self._stop_reached()
@@ -272,6 +294,14 @@ class Core:
         old = self.status[op_id]
         new = self.status[op_id] = TRANSITIONS[(old, what)]
         self.submitted += (new is OpState.SUBMITTED) - (old is OpState.SUBMITTED)
+        if new is OpState.SUBMITTED:              # its consumers wait for one fewer
+            for c in self.consumers.get(op_id, ()):
+                self.unmet[c] -= 1
+                if not self.unmet[c]:
+                    call = self.calls[c]
+                    self.ready.setdefault(call.step, []).append(self.position[c])
+        elif new is OpState.DONE:
+            self.done_ids.add(op_id)
 
     def _fail(self, op_id: str, error: str, cause=None) -> list:
         if self.status.get(op_id) is OpState.SUBMITTED:
@@ -285,8 +315,9 @@ class Core:
         self._move(op_id, "done")
         out: list = []
         call = self.calls[op_id]
-        for d in call.all_deps:
-            if all(self.status[c] is OpState.DONE for c in self.consumers.get(d, ())):
+        for d in dict.fromkeys(call.all_deps):
+            self.undone[d] -= 1
+            if not self.undone[d]:                 # every consumer of d is done
                 out.append(Release(d))
         if not self.consumers.get(op_id):
             out.append(Release(op_id))
@@ -301,26 +332,38 @@ class Core:
         return out
 
     def _submit_ready(self) -> list:
+        """Submit every pending op of the window whose dependencies are all submitted, in
+        passes over the window's steps in submission order (write-after-read edges point
+        forward, so an op made ready by one after it waits for the next pass), as a scan of
+        the whole window would; only the ops made ready are visited."""
         limit = min(self.steps_done + self.window, self.steps)
         out = []
-        progress = True
-        while progress:                      # forward (write-after-read) edges need a rescan
-            progress = False
-            for step in range(self.steps_done, limit):
-                for op_id in self.by_step.get(step, ()):
-                    if self.status[op_id] is not OpState.PENDING:
-                        continue
-                    call = self.calls[op_id]
-                    if all(self.status.get(d, OpState.PENDING) not in (OpState.PENDING,
-                                                                       OpState.HELD)
-                           for d in call.all_deps):
-                        if self.stop_cut is not None and op_id not in self.stop_cut:
-                            self._move(op_id, "hold")
-                            continue
-                        self._move(op_id, "submit")
-                        out.append(Submit(call))
-                        progress = True
+        now = self._take_ready(limit)
+        while now:
+            heapq.heapify(now)
+            later: list[tuple[int, int]] = []
+            while now:
+                key = heapq.heappop(now)
+                op_id = self.order[key[1]]
+                if self.status[op_id] is not OpState.PENDING:
+                    continue
+                if self.stop_cut is not None and op_id not in self.stop_cut:
+                    self._move(op_id, "hold")
+                    continue
+                self._move(op_id, "submit")
+                out.append(Submit(self.calls[op_id]))
+                for k in self._take_ready(limit):                # made ready by this one
+                    if k > key:
+                        heapq.heappush(now, k)
+                    else:
+                        later.append(k)
+            now = later
         return out
+
+    def _take_ready(self, limit: int) -> list[tuple[int, int]]:
+        """(step, position) of the ops found ready in the window's steps since last asked."""
+        return [(step, p) for step in range(self.steps_done, limit)
+                for p in self.ready.pop(step, ())]
 
     # --- a segment's tasks ----------------------------------------------------------------
     def _task_ended(self, e: TaskEnded) -> list:
@@ -361,9 +404,11 @@ class Core:
         if now - self.last_alive > self.alive_every_s:
             self.last_alive = now
             out.append(CheckAlive())
-        hit = self.flight.stuck(self.last_done, now)
-        if hit is not None:
-            out.append(Stuck(*hit))
+        if now - self.last_stuck >= self.stuck_every_s:    # every task in flight: not each tick
+            self.last_stuck = now
+            hit = self.flight.stuck(self.last_done, now)
+            if hit is not None:
+                out.append(Stuck(*hit))
         return out
 
     def _stop(self) -> list:
@@ -388,8 +433,7 @@ class Core:
     def _stop_reached(self) -> list:
         if self.stop_cut is None or self.finished:
             return []
-        done = {i for i, st in self.status.items() if st is OpState.DONE} | self.before
-        if self.stop_cut <= done:
+        if all(i in self.done_ids or i in self.before for i in self.stop_cut):
             self.finished = True
             return [CutShort(self.stop_end, self.stop_cut)]
         return []

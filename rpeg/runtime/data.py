@@ -32,7 +32,7 @@ from pathlib import Path
 import attrs
 import numpy as np
 
-from rpeg.errors import RuntimeFailure, Span
+from rpeg.errors import RuntimeFailure, Span, did_you_mean
 from rpeg.spec.training import Fields
 
 MAX_JSONL_BYTES = 4 << 30
@@ -73,19 +73,27 @@ def dataset_path(pipeline) -> Path:
 
 def workload_rows(pipeline) -> list[dict]:
     w = pipeline.workload
-    return read_rows(dataset_path(pipeline), w.fields, w.split, w.dataset.span)
+    return read_rows(dataset_path(pipeline), w.fields, w.split, w.dataset.span,
+                     answer_required=answer_required(w))
 
 
 def eval_rows(pipeline) -> list[dict]:
     """The eval block's held-out rows (its first ``prompts`` of them), in file order."""
     e = pipeline.evaluation
     w = pipeline.workload
-    rows = read_rows(Path(e.dataset.path), w.fields, e.split, e.dataset.span, "eval dataset")
+    rows = read_rows(Path(e.dataset.path), w.fields, e.split, e.dataset.span, "eval dataset",
+                     answer_required=answer_required(w))
     return rows[: e.prompts] if e.prompts else rows
 
 
+def answer_required(workload) -> bool:
+    """Whether every row must hold the answer column: when the workload names it."""
+    return "answer_field" in dict(workload.keys)
+
+
 def read_rows(path: Path, fields: Fields = Fields(), split: str | None = None,
-              span: Span | None = None, what: str = "dataset") -> list[dict]:
+              span: Span | None = None, what: str = "dataset",
+              answer_required: bool = False) -> list[dict]:
     """Every row of the dataset at ``path``, as ``{"prompt", "answer", ...}`` dicts."""
     if not path.exists():
         raise RuntimeFailure(f"{what} '{path}' must exist to run, and it does not", span,
@@ -97,7 +105,7 @@ def read_rows(path: Path, fields: Fields = Fields(), split: str | None = None,
         raw = _parquet(path, what)
     else:
         raw = _jsonl(path, what)
-    rows = [_row(r, n, fields, path) for n, r in raw]
+    rows = [_row(r, n, fields, path, answer_required) for n, r in raw]
     if not rows:
         raise RuntimeFailure(f"{what} '{path}' must hold at least one row, and it is empty",
                              span)
@@ -160,24 +168,122 @@ def _saved_dataset(path: Path, split: str | None, span, what: str):
     return list(enumerate(ds.to_list(), 1))
 
 
-def _row(raw, n: int, fields: Fields, path: Path) -> dict:
+ROW = "__row__"          # where a row came from: (file, row number); no reward sees it
+
+
+class BadRow(Exception):
+    """A row that breaks the data contract: ``key`` names the workload key whose text is
+    to blame (prompt_field, answer_field, or dataset for the row itself)."""
+
+    def __init__(self, key: str, text: str, hint: str | None = None) -> None:
+        super().__init__(text)
+        self.key, self.text, self.hint = key, text, hint
+
+
+def field(raw: dict, name: str, key: str):
+    """The value of column ``name`` in a row; a dotted name walks into nested columns
+    (``reward_model.ground_truth``, verl's layout). BadRow when a part is missing, with a
+    did-you-mean over the columns at that level."""
+    value, walked = raw, []
+    for part in name.split("."):
+        if not isinstance(value, dict) or part not in value:
+            where = ".".join(walked)
+            have = sorted(value) if isinstance(value, dict) else []
+            holds = (f"'{where}' is {type(value).__name__}, not an object" if
+                     not isinstance(value, dict) else
+                     f"{'its ' + repr(where) + ' holds' if where else 'the row has'} "
+                     f"{', '.join(have[:8])}{', ...' if len(have) > 8 else ''}")
+            raise BadRow(key, f"{key} '{name}' must name a column, and {holds}",
+                         did_you_mean(part, have) if have else None)
+        value = value[part]
+        walked.append(part)
+    return value
+
+
+def contract_row(raw, fields: Fields, answer_required: bool = True) -> dict:
+    """A dataset row as rpeg reads it: ``{"prompt", "answer", <other columns>}``, or BadRow.
+    The answer column may be absent when the workload leaves ``answer_field`` unset
+    (``answer_required`` False): its rows have no answer."""
     if not isinstance(raw, dict):
-        raise RuntimeFailure(f"{path}:{n}: each row must be an object, not "
-                             f"{type(raw).__name__}")
-    if fields.prompt not in raw:
-        raise RuntimeFailure(f"{path}:{n}: each row must have the prompt column "
-                             f"'{fields.prompt}', and this one has {sorted(raw)[:6]}",
-                             hint="name the column with prompt_field = \"...\" in the "
-                                  "workload")
-    prompt = raw[fields.prompt]
+        raise BadRow("dataset", f"each row must be an object, not {type(raw).__name__}")
+    prompt = field(raw, fields.prompt, "prompt_field")
     if not isinstance(prompt, str) and not _is_messages(prompt):
-        raise RuntimeFailure(f"{path}:{n}: prompt '{fields.prompt}' must be text or a list of "
-                             f"chat messages ({{\"role\", \"content\"}}), not "
-                             f"{type(prompt).__name__}")
+        raise BadRow("prompt_field", f"prompt '{fields.prompt}' must be text or a list of chat "
+                     f"messages ({{\"role\", \"content\"}}), not {type(prompt).__name__}")
+    # the prompt and answer columns become "prompt" and "answer"; a nested one's column
+    # stays whole, its other fields for the reward
     row = {k: v for k, v in raw.items() if k not in (fields.prompt, fields.answer)}
     row["prompt"] = prompt
-    if fields.answer in raw:
-        row["answer"] = raw[fields.answer]
+    try:
+        row["answer"] = field(raw, fields.answer, "answer_field")
+    except BadRow:
+        if answer_required:
+            raise
+    return row
+
+
+def first_rows(path: Path, split: str | None, limit: int, span: Span | None = None,
+               what: str = "dataset") -> list[tuple[int, object]]:
+    """(row number, raw row) of the first ``limit`` rows, reading no more of the file than
+    they take: JSON lines line by line, Parquet's first batch, a saved dataset's first Arrow
+    record batch (read with pyarrow: checking imports neither datasets nor torch)."""
+    if path.is_dir():
+        return _saved_first(path, split, limit, span, what)
+    if path.suffix == ".parquet":
+        import pyarrow.parquet as pq
+        try:
+            batch = next(pq.ParquetFile(path).iter_batches(batch_size=limit), None)
+        except Exception as e:  # noqa: BLE001 — pyarrow raises its own types for a bad file
+            raise RuntimeFailure(f"{what} '{path}' must be a Parquet file, and it is not "
+                                 f"({type(e).__name__}: {e})", span) from None
+        return list(enumerate(batch.to_pylist() if batch is not None else [], 1))
+    out = []
+    with open(path, encoding="utf-8") as fh:
+        for n, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                out.append((n, json.loads(line)))
+            except json.JSONDecodeError:
+                raise RuntimeFailure(f"{path}:{n}: each line must be a JSON object, not "
+                                     f"{line.strip()[:40]!r}", span) from None
+            if len(out) >= limit:
+                break
+    return out
+
+
+def _saved_first(path: Path, split: str | None, limit: int, span, what: str):
+    import pyarrow as pa
+    if (path / "dataset_dict.json").is_file():
+        splits = json.loads((path / "dataset_dict.json").read_text()).get("splits", [])
+        if split is None or split not in splits:
+            raise RuntimeFailure(f"{what} '{path}' holds the splits {', '.join(splits)}; split "
+                                 f"must name one of them, not {split!r}", span,
+                                 hint='add split = "train" (workload) or split = "test" '
+                                      "(eval)")
+        path = path / split
+    state = path / "state.json"
+    if not state.is_file():
+        raise RuntimeFailure(f"{what} folder '{path}' must be one written by datasets' "
+                             "save_to_disk (state.json or dataset_dict.json), and it is not",
+                             span, hint="or name a .jsonl or .parquet file")
+    out: list = []
+    for f in json.loads(state.read_text()).get("_data_files", []):
+        with pa.memory_map(str(path / f["filename"])) as source:
+            reader = pa.ipc.open_stream(source)
+            for batch in reader:
+                out += batch.to_pylist()
+                if len(out) >= limit:
+                    return list(enumerate(out[:limit], 1))
+    return list(enumerate(out, 1))
+
+
+def _row(raw, n: int, fields: Fields, path: Path, answer_required: bool = False) -> dict:
+    try:
+        row = contract_row(raw, fields, answer_required)
+    except BadRow as e:
+        raise RuntimeFailure(f"{path}:{n}: {e.text}", hint=e.hint) from None
+    row[ROW] = (str(path), n)
     return row
 
 
@@ -213,5 +319,5 @@ def step_rows(rows: list[dict], prompts: int, samples: int, seed: int, step: int
 
 def reward_extras(rows: list[dict]) -> dict[str, list]:
     """The columns other than prompt and answer, one list each, for the reward function."""
-    keys = dict.fromkeys(k for r in rows for k in r if k not in ("prompt", "answer"))
+    keys = dict.fromkeys(k for r in rows for k in r if k not in ("prompt", "answer", ROW))
     return {k: [r.get(k) for r in rows] for k in keys}

@@ -20,8 +20,11 @@ one task submitted by the client and waited for.
 from __future__ import annotations
 
 import logging
+import os
 import statistics
 import time
+
+import attrs
 
 
 def _stamp(prev, hold_s: float = 0.0) -> dict:
@@ -116,6 +119,63 @@ def measure_control(steps: int = 40, root: str | None = None) -> dict:
             "loadavg": os.getloadavg()[0]}
 
 
-if __name__ == "__main__":
-    import json
-    print(json.dumps(measure_dispatch()))
+def measure_scheduler(workers=(8, 32), tasks: int = 400, deps: int = 4,
+                      idle_s: float = 3.0, broadcasts: int = 10, cross: bool = True) -> dict:
+    """What Dask's scheduler and client spend per task, per task argument and per worker,
+    with ``workers`` lightweight workers at a time (``rpeg.runtime.fleet``): CPU seconds of
+    each process over
+
+    * ``idle_s`` of nothing (the workers' heartbeats),
+    * ``broadcasts`` calls of ``client.run`` on every worker (the trace drain each step),
+    * ``tasks`` no-op tasks pinned round-robin to the workers as rpeg pins them, with no
+      arguments and with ``deps`` futures each of earlier tasks on the same worker (and,
+      on the smallest fleet, with ``cross``, on other workers, which the worker fetches).
+
+    ``rpeg.cost.calibrate.fit_scheduler`` turns the rows into the profile's terms.
+    """
+    from rpeg.runtime import worker as W
+    from rpeg.runtime.fleet import Fleet
+
+    rows = []
+    for i, n in enumerate(sorted(workers)):
+        with Fleet(n) as f:
+            row: dict = {"workers": n, "tasks": tasks, "deps": deps, "memory": f.memory()}
+            time.sleep(1.0)                          # past the start's own traffic
+            a = f.cpu()
+            time.sleep(idle_s)
+            row["idle"] = attrs.asdict(f.cpu() - a)
+            a = f.cpu()
+            for _ in range(broadcasts):
+                f.client.run(W.drain)
+            row["broadcast"] = dict(attrs.asdict(f.cpu() - a), calls=broadcasts)
+            parts = [("tasks_0", 0, False), (f"tasks_{deps}", deps, False)]
+            if i == 0 and cross:
+                parts.append((f"tasks_{deps}_cross", deps, True))
+            for name, k, cross in parts:
+                _tasks(f, min(tasks, 100), k, cross)           # warm up
+                a = f.cpu()
+                _tasks(f, tasks, k, cross)
+                row[name] = attrs.asdict(f.cpu() - a)
+            row["memory_after"] = f.memory()
+        rows.append(row)
+    return {"rows": rows, "loadavg": os.getloadavg()[0]}
+
+
+def _tasks(fleet, n: int, k: int, cross: bool = True) -> list:
+    """``n`` no-op tasks pinned round-robin, each taking the futures of ``k`` tasks before
+    it — on other workers (``cross``: the worker fetches them) or on its own — submitted
+    one by one as the runtime submits them."""
+    from distributed import wait
+
+    from rpeg.runtime.fleet import noop
+    futs: list = []
+    w = fleet.workers
+    stride = 1 if cross else len(w)
+    for i in range(n):
+        args = [futs[j] for j in range(i - stride, max(-1, i - stride * (k + 1)), -stride)
+                if j >= 0][:k]
+        futs.append(fleet.client.submit(noop, *args, key=f"t{k}-{i}-{time.time_ns()}",
+                                        workers=[w[i % len(w)]], allow_other_workers=False,
+                                        pure=False, priority=0))
+    wait(futs)
+    return futs

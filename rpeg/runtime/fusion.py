@@ -67,15 +67,25 @@ def consumers_of(calls: Iterable[OpCall]) -> dict[str, tuple[OpCall, ...]]:
 
 def fuse(batch: Iterable[OpCall], consumers: dict[str, tuple[OpCall, ...]],
          is_done: Callable[[str], bool], enabled: bool = True,
-         task_of: Callable[[str], object] = lambda d: d) -> list[Group]:
+         task_of: Callable[[str], object] = lambda d: d,
+         together: Iterable[Iterable[str]] = ()) -> list[Group]:
     """Pack ``batch`` (submission order, dependencies first) into groups; groups come in an
     order where a group depends only on earlier groups or on calls submitted before.
     ``task_of(id)`` names the task of a call submitted before (ops of one task count as
-    one dependency: waiting for one of them is waiting for all)."""
+    one dependency: waiting for one of them is waiting for all). ``together``: the plan's
+    fused stages (``Plan.fusion``), whose calls of one step and chunk on a device stay in
+    one task even where another device reads the first (the plan priced them as one op,
+    whose readers wait for the whole)."""
     groups: list[list[OpCall]] = []
     waits: list[set[object]] = []                  # tasks each group waits for
     where: dict[str, int] = {}                      # batch id -> its group
     open_: dict[int, list[int]] = defaultdict(list)   # device -> its open groups
+    partners: dict[str, set[str]] = defaultdict(set)
+    for names in together:
+        for a in names:
+            partners[a] |= set(names) - {a}
+    # device -> groups closed but to the fusion partners of their last call: (step, chunk, ops)
+    sealed: dict[int, dict[int, tuple]] = defaultdict(dict)
 
     def task(d: str) -> object:
         return ("group", where[d]) if d in where else task_of(d)
@@ -89,8 +99,13 @@ def fuse(batch: Iterable[OpCall], consumers: dict[str, tuple[OpCall, ...]],
         here = open_[call.device]
         # a rank of a collective starts a task of its own: queued behind other work in a task,
         # it could hold back partners that already wait in the collective
-        gi = (next((g for g in reversed(here) if fits(call, g)), None)
-              if enabled and not call.collective else None)
+        gi = None
+        if enabled and not call.collective:
+            gi = next((g for g in reversed(here) if fits(call, g)), None)
+            if gi is None:
+                gi = next((g for g, (step, chunk, ops) in reversed(sealed[call.device].items())
+                           if call.op in ops and (call.step, call.chunk) == (step, chunk)
+                           and fits(call, g)), None)
         if gi is None:
             groups.append([])
             waits.append({task(d) for d in call.all_deps})
@@ -99,7 +114,10 @@ def fuse(batch: Iterable[OpCall], consumers: dict[str, tuple[OpCall, ...]],
         groups[gi].append(call)
         where[call.id] = gi
         if any(c.device != call.device for c in consumers.get(call.id, ())):
-            here.remove(gi)                        # another device reads it: don't hold it back
+            if gi in here:
+                here.remove(gi)                    # another device reads it: don't hold it back
+            if partners.get(call.op):              # ... but for the stages fused with it
+                sealed[call.device][gi] = (call.step, call.chunk, partners[call.op])
     out = []
     for g in groups:
         own = {c.id for c in g}

@@ -6,8 +6,9 @@
 Every path a spec names was resolved when it was loaded (``rpeg.spec.paths``), and the
 run records the pipeline with those absolute paths (``pipeline.json``): a new run and a
 resume read the same files, wherever the command is started. The datasets (the
-workload's and the eval block's) are read in full, so a bad row stops the run before any
-worker starts; a ``python("module:function")`` module and a model's weights folder must be
+workload's and the eval block's) are read in full, their first rows against the data
+contract (``rpeg.runtime.datacheck``), so a bad row stops the run before any worker
+starts; a ``python("module:function")`` module and a model's weights folder must be
 there. A resumed run whose file is gone says so: where the run read it, and that it moved.
 
 ``from_older_record`` reads a ``pipeline.json`` written before the paths were recorded
@@ -24,6 +25,7 @@ import attrs
 
 from rpeg.errors import RuntimeFailure, Span
 from rpeg.runtime.data import eval_rows, workload_rows
+from rpeg.runtime.datacheck import check_data
 from rpeg.spec.model import Pipeline
 from rpeg.spec.paths import FileRef
 
@@ -49,6 +51,7 @@ def check_inputs(pipeline: Pipeline, *, resumed: bool = False) -> None:
         if r.source and not os.path.isfile(r.source):
             raise RuntimeFailure(f"reward '{r.name}' module '{r.module}' ({r.source}) must "
                                  "exist to run, and it does not", _at(r.span))
+    check_data(pipeline)                    # the first rows against the data contract
     workload_rows(pipeline)
     if pipeline.evaluation is not None:
         eval_rows(pipeline)

@@ -204,12 +204,15 @@ def _calibrate_cached(where: Path, machine: MachineId, calibrate: Calibrator) ->
     return summary
 
 
-def measure_machine(repeats: int, control_steps: int = 40) -> dict:
+def measure_machine(repeats: int, control_steps: int = 40, scheduler: bool = False) -> dict:
     """Every measurement ``rpeg calibrate`` fits: the torch ops in a child process (under
     the workers' allocator settings), what one Dask task adds, and the control plane's CPU
-    in three short real runs."""
+    in three short real runs; with ``scheduler``, also what the control plane costs on a
+    host of its own (Dask's scheduler and client with many lightweight workers, the
+    scheduling core on a simulated clock), which GPU clusters are priced with."""
     from rpeg.cost.calibrate import worker_env
-    from rpeg.runtime.dispatch import measure_control, measure_dispatch
+    from rpeg.runtime.dispatch import measure_control, measure_dispatch, measure_scheduler
+    from rpeg.runtime.simulated import measure_core
     proc = subprocess.run([sys.executable, "-m", "backends.torch_backend.measure", "calibrate",
                            str(repeats)], capture_output=True, text=True, env=worker_env(),
                           cwd=ROOT)
@@ -220,6 +223,9 @@ def measure_machine(repeats: int, control_steps: int = 40) -> dict:
     m = json.loads(proc.stdout)
     m["dispatch"] = measure_dispatch()
     m["control"] = measure_control(steps=control_steps)
+    if scheduler:
+        m["scheduler"] = measure_scheduler()
+        m["core"] = measure_core()
     return m
 
 

@@ -24,6 +24,7 @@ from collections import defaultdict
 from rpeg.cost.engine_sync import sync_layout, sync_refusal, sync_senders
 from rpeg.errors import PlanError
 from rpeg.graph.order import Cycle, topological
+from rpeg.runtime.joins import join_gang
 from rpeg.runtime.replicas import (
     EXPORT,
     LOAD,
@@ -184,7 +185,9 @@ def _order_collectives(calls: list[dict]) -> None:
     """Calls that run collectives together (the ranks of a data-parallel train op, the ranks
     of a tensor-parallel group) form a gang. Each gang waits for the union of its members'
     dependencies, and on every device gangs run in one global order (a topological order
-    of all calls), so gloo/NCCL collectives never interleave differently on two ranks."""
+    of all calls), so gloo/NCCL collectives never interleave differently on two ranks.
+    A large gang waits through one join call instead of copying all that into every
+    member (``rpeg.runtime.joins``); the join is added to ``calls``."""
     gangs: dict[tuple, list[dict]] = defaultdict(list)
     for c in calls:
         if c.get("gang"):                  # a weight transfer: its exports and loads together
@@ -196,12 +199,18 @@ def _order_collectives(calls: list[dict]) -> None:
     gangs = {k: v for k, v in gangs.items() if len(v) > 1}
     if not gangs:
         return
-    for ranks in gangs.values():
+    joins: dict[tuple, dict] = {}
+    for key, ranks in gangs.items():
+        join = join_gang(ranks)
+        if join is not None:
+            joins[key] = join
+            continue
         own = {r["id"] for r in ranks}
         union = list(dict.fromkeys(d for r in ranks for d in r["deps"] + r["after"]
                                    if d not in own))
         for r in ranks:
             r["after"] = [d for d in union if d not in r["deps"]]
+    calls.extend(joins.values())
     gang_of = {r["id"]: k for k, ranks in gangs.items() for r in ranks}
     order = list(dict.fromkeys(gang_of[cid] for cid in _topo(calls) if cid in gang_of))
     last_on: dict[int, str] = {}
@@ -209,8 +218,9 @@ def _order_collectives(calls: list[dict]) -> None:
         ranks = gangs[key]
         # every member waits for the previous gang on each member's device: a rank that
         # starts never blocks in a collective whose partner still waits for other work
-        before = [last_on[c["device"]] for c in ranks if c["device"] in last_on]
-        for c in ranks:
+        before = list(dict.fromkeys(last_on[c["device"]] for c in ranks
+                                    if c["device"] in last_on))
+        for c in [joins[key]] if key in joins else ranks:
             c["after"] += before
         for c in ranks:
             last_on[c["device"]] = c["id"]

@@ -10,7 +10,8 @@ one instance; a fused op's stages, run as calls of their own, are the fused inst
 data dependencies are the instance's data edges; its ordering ones (``after``) realise the
 version and ordering edges, except those between collectives that share devices
 (``collective``): gloo/NCCL need one order of them on every device, which the graph
-leaves to the simulator's device exclusivity.
+leaves to the simulator's device exclusivity. A gang's join (``rpeg.runtime.joins``) is a
+share of the gang's instance too.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import attrs
 
 from rpeg.graph import Graph, Instance
 from rpeg.runtime.instances import base_of
+from rpeg.runtime.joins import JOIN
 from rpeg.spec.model import OpKind
 
 Edge = tuple[Instance, Instance]
@@ -52,11 +54,16 @@ def project(calls, graph: Graph) -> Projected:
         for d in c.after:
             if d not in table or of[d] == of[c.id]:
                 continue
-            both = table[d].collective and c.collective
+            both = _gang(table[d]) and _gang(c)
             (collective if both and (of[d], of[c.id]) not in data else order).add(
                 (of[d], of[c.id]))
     return Projected(frozenset(of.values()), frozenset(data), frozenset(order - data),
                      frozenset(collective), closure(data | order | collective))
+
+
+def _gang(call) -> bool:
+    """A rank of a collective, or the join its gang waits through (``rpeg.runtime.joins``)."""
+    return call.collective or call.role == JOIN
 
 
 def closure(edges) -> dict:

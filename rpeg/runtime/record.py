@@ -33,6 +33,8 @@ import time
 from importlib import metadata
 from pathlib import Path
 
+import attrs
+
 import rpeg
 from rpeg.errors import RpegError
 from rpeg.resources import clusters_dir
@@ -164,8 +166,11 @@ def predicted(pipeline, plan, cluster) -> dict:
             return {"error": e.message}
         source = f"cost model on {cluster.name}"
     return {"step_time_s": pr.step_time_s, "peak_memory": [float(x) for x in pr.peak_memory],
-            "memory_capacity": pr.memory_capacity, "tokens_per_s": pr.tokens_per_s,
-            "op_times": dict(pr.op_times), "source": source}
+            "memory_capacity": pr.memory_capacity, "memory_reserve": pr.memory_reserve,
+            "memory": [attrs.asdict(m) for m in pr.memory],
+            "ops": [attrs.asdict(u) for u in pr.ops], "tokens_per_s": pr.tokens_per_s,
+            "op_times": dict(pr.op_times), "control_s": pr.control_s,
+            "tasks_per_step": pr.tasks_per_step, "source": source}
 
 
 # --- the record -------------------------------------------------------------------------

@@ -218,7 +218,7 @@ def _run(pipeline, plan, options, spec_path, resilience, on_step, rd: RunDir,
         meta["status"] = "ok"
         current = set(runner.workers.values())          # a restarted worker counts afresh
         host = host_usage([e for e in state.events if e.get("worker") in current],
-                          runner.host_marks)
+                          runner.host_marks, task_steps=runner.task_steps)
         if host is not None:
             meta["host"] = host
     except Interrupted:
@@ -277,6 +277,7 @@ class _Runner(SegmentLoop, Checkpointing, WorkerWatch):
         self.workers: dict[int, str] = {}
         self.pids: dict[str, int] = {}
         self.host_marks: list[tuple[int, float, float, int]] = []    # see host_usage
+        self.task_steps: dict[int, int] = {}       # Dask tasks submitted, by the step they run
         self.bar = _Progress(steps, options.progress)
         self.trackers = None
         self.bar_done = state.start

@@ -34,14 +34,51 @@ MAX_FRAMES = 8           # of the user's traceback, innermost last
 
 
 def call_reward(fn, reward: Reward, step: int, prompts: list[str], responses: list[str],
-                answers: list[str], extras: dict | None = None) -> np.ndarray:
-    """``fn(prompts, responses, answers, **extras)`` checked: float32 scores, one per
-    response (``extras``: the dataset's other columns, by name)."""
+                answers: list[str], extras: dict | None = None) -> tuple[np.ndarray, int]:
+    """``fn(prompts, responses, answers, **extras)`` checked: (float32 scores, one per
+    response; how many failed and scored 0) -- ``extras``: the dataset's other columns, by
+    name. A failure (an exception, a score that is not finite) stops the run, or under
+    ``on_error = zero`` scores 0: every response for an exception, that one for a score."""
     try:
         value = fn(prompts, responses, answers, **(extras or {}))
     except Exception as e:  # noqa: BLE001 — the user's code: any exception is theirs to see
+        if reward.on_error == "zero":
+            return np.zeros(len(responses), np.float32), len(responses)
         raise _raised(e, reward, step) from None
-    return check_scores(value, len(responses), reward, step)
+    return _zeroed(value, len(responses), reward, step)
+
+
+def call_per_response(fn, reward: Reward, step: int, calls: list[dict]) -> tuple[np.ndarray,
+                                                                                   int]:
+    """verl's form: ``fn(**kwargs)`` once a response, each returning a number or a dict with
+    its ``score``; (float32 scores, how many failed and scored 0), as :func:`call_reward`."""
+    values, failed = [], 0
+    for kwargs in calls:
+        try:
+            value = fn(**kwargs)
+        except Exception as e:  # noqa: BLE001 — the user's code
+            if reward.on_error != "zero":
+                raise _raised(e, reward, step) from None
+            value, failed = 0.0, failed + 1
+        if isinstance(value, dict) and "score" in value:
+            value = value["score"]
+        values.append(value)
+    scores, bad = _zeroed(values, len(calls), reward, step)
+    return scores, failed + bad
+
+
+def _zeroed(value, n: int, reward: Reward, step: int) -> tuple[np.ndarray, int]:
+    """``check_scores``, except that under ``on_error = zero`` a score that is not finite
+    becomes 0 (and is counted)."""
+    if reward.on_error != "zero" or not isinstance(value, (list, tuple, np.ndarray)):
+        return check_scores(value, n, reward, step), 0
+    items = list(np.asarray(value).reshape(-1)) if isinstance(value, np.ndarray) else \
+        list(value)
+    bad = [i for i, x in enumerate(items) if isinstance(x, (numbers.Real, np.number))
+           and not np.isfinite(float(x))]
+    for i in bad:
+        items[i] = 0.0
+    return check_scores(items, n, reward, step), len(bad)
 
 
 def check_scores(value, n: int, reward: Reward, step: int) -> np.ndarray:
@@ -89,11 +126,15 @@ def _raised(e: Exception, reward: Reward, step: int) -> RuntimeFailure:
                    f.end_lineno or 0, (f.end_colno or 0) + 1))
              for i, f in enumerate(frames)]
     text = str(e)
+    hint = ("the reward's own frames are above, innermost last" if notes else
+            "the reward could not be called with what rpeg passes (prompts, responses, "
+            "answers, and columns by name; or verl's data_source, solution_str, "
+            "ground_truth, extra_info): see rpeg help functions python")
     return RuntimeFailure(f"reward '{reward.name}' ({reward.module}:{reward.function}) raised "
                           f"{type(e).__name__} at step {step}" + (f": {text}" if text else ""),
                           _span(reward), notes=notes,
-                          hint="the traceback of the reward is above, innermost last; the run "
-                               "stopped before any update used this step's scores")
+                          hint=hint + "; the run stopped before any update used this step's "
+                                      "scores (on_error = zero scores a failure 0 instead)")
 
 
 def _span(reward: Reward) -> Span | None:

@@ -253,6 +253,8 @@ def step_metrics(step: int, events: list[dict], step_time: float) -> dict:
         n = sum(e["stats"].get(f"reward_n.{name}", 0) for e in events)
         if n:
             row[f"reward.{name}"] = sum(e["stats"].get(key, 0.0) for e in events) / n
+    for key in sorted({k for e in events for k in e["stats"] if k.startswith("reward_errors.")}):
+        row[key] = sum(e["stats"].get(key, 0) for e in events)   # scored 0 (on_error = zero)
     gen = [e for e in events if e["kind"] == "generate"]
     tokens = sum(e["stats"].get("tokens", 0) for e in gen)
     responses = sum(e["stats"].get("responses", 0) for e in gen)
@@ -306,14 +308,18 @@ def conversation_metrics(gen: list[dict]) -> dict:
 
 
 def host_usage(events: list[dict], marks: list[tuple[int, float, float, int]],
-               warmup: int = 5) -> dict | None:
+               warmup: int = 5, task_steps: dict[int, int] | None = None) -> dict | None:
     """Where a run's CPU went per step, once past ``warmup`` steps: the ops' own CPU, the
     device workers' CPU outside ops (Dask's event loop, transfers) and the client's (the
     driver, and on a local cluster the scheduler and nannies, which share its process).
 
     ``marks``: ``(step, wall time, client CPU seconds, tasks submitted)`` taken as each
-    step finished (a run of under ``2 * warmup`` steps is measured over its second half); ``events``: op events with ``proc_cpu_s`` (the worker process's CPU at
-    the op's end). None when there is too little to measure.
+    step finished (a run of under ``2 * warmup`` steps is measured over its second half);
+    ``task_steps``: the Dask tasks submitted for each step, what the tasks a step counts
+    (tasks go out ahead of their step, in a window, so a count by when they were submitted
+    drifts, down to 0 where the window holds the steps measured); ``events``: op events
+    with ``proc_cpu_s`` (the worker process's CPU at the op's end). None when there is too
+    little to measure.
 
         >>> ev = [{"device": 0, "end": t, "cpu_s": 0.1, "proc_cpu_s": 0.15 * t}
         ...       for t in range(1, 6)]
@@ -322,6 +328,15 @@ def host_usage(events: list[dict], marks: list[tuple[int, float, float, int]],
         (2, 2.0, 0.1)
         >>> u["op_cpu_per_step_s"], u["worker_cpu_per_step_s"]
         (0.15, 0.075)
+
+    All of a short run's tasks submitted by its first step's end still count for their
+    steps (7 a step here), not as none:
+
+        >>> marks = [(1, 1.0, 1.0, 28), (3, 3.0, 1.2, 28)]
+        >>> host_usage(ev, marks, warmup=0, task_steps={0: 7, 1: 7, 2: 7, 3: 7})["tasks_per_step"]
+        7.0
+        >>> host_usage(ev, marks, warmup=0)["tasks_per_step"]
+        0.0
     """
     marks = sorted(marks)
     if not marks:
@@ -350,7 +365,9 @@ def host_usage(events: list[dict], marks: list[tuple[int, float, float, int]],
         other += max(spent - own, 0.0)
     return {"steps": steps, "from_step": first[0],
             "wall_per_step_s": round((t1 - t0) / steps, 6),
-            "tasks_per_step": round((last[3] - first[3]) / steps, 3),
+            "tasks_per_step": round((sum(n for s, n in task_steps.items()
+                                         if first[0] < s <= last[0]) if task_steps
+                                     else last[3] - first[3]) / steps, 3),
             "client_cpu_per_step_s": round((last[2] - first[2]) / steps, 6),
             "op_cpu_per_step_s": round(ops / steps, 6),
             "worker_cpu_per_step_s": round(other / steps, 6)}

@@ -120,7 +120,8 @@ class SegmentLoop:
             # must not delay work that is ready
             batch = [table[i.call.id] for i in instructions if isinstance(i, C.Submit)]
             now = time.time()
-            for g in F.fuse(batch, self.consumers, finished, self.options.fuse, task_of):
+            for g in F.fuse(batch, self.consumers, finished, self.options.fuse, task_of,
+                            self.plan.fusion):
                 f = F.submit(cl.client, g, futures, self.workers[g.device],
                              key=f"{g.ids[0]}+{len(g.ids) - 1}-{cl.token}-{self.attempt}")
                 for op_id in g.ids:
@@ -130,6 +131,7 @@ class SegmentLoop:
                     tuple(d for d in g.external if d in seg)), now))
                 completions.add(f)
                 self.meta["tasks"] = self.meta.get("tasks", 0) + 1
+                self.task_steps[g.calls[0].step] = self.task_steps.get(g.calls[0].step, 0) + 1
             for ins in instructions:
                 if isinstance(ins, C.Release):
                     if ins.op_id not in keep:

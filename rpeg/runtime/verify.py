@@ -49,6 +49,7 @@ from rpeg.graph.versions import readable
 from rpeg.plan.model import Plan
 from rpeg.runtime import runfiles as rf
 from rpeg.runtime.instances import LOAD, RECV, OpCall, build_calls, lookback, model_homes
+from rpeg.runtime.joins import JOIN
 from rpeg.runtime.runcheck import check_event_fields, check_meta, check_metrics, check_plan_of_run
 from rpeg.runtime.rundir import RunDir, events_from_trace
 from rpeg.runtime.serial import loads, plan_from_json
@@ -222,14 +223,22 @@ def check_segments(segments: tuple[Segment, ...], events: list[dict],
                                  "is not an op of this plan"))
     for seg in segments:
         own = {c.id for c in seg.calls}
+        ends = dict(seen)
         for c in seg.calls:
+            if c.role == JOIN:          # runs no op: it ends when the last it waits for does
+                ends[c.id] = max((dict(seen[d], via=d) for d in c.all_deps
+                                  if d in seen and d in own),
+                                 key=lambda x: x["end"], default={"end": float("-inf")})
+        for c in seg.calls:
+            if c.role == JOIN:
+                continue
             e = seen.get(c.id)
             if e is None:
                 out.append(Violation(c.id, c.step, "missing", "never ran"))
                 continue
             out += _identity(c, e)
             out += _placement(c, e, seg.plan, workers, seg.homes)
-            out += _dependencies(c, e, seen, own)
+            out += _dependencies(c, e, ends, own)
             out += _versions(c, e)
     return Report(tuple(sorted(seen)), steps, tuple(out))
 
@@ -276,9 +285,10 @@ def _dependencies(c: OpCall, e: dict, seen: dict[str, dict], own: set[str]) -> l
             continue                      # missing: reported on its own; other plan: before the cut
         if src["end"] > e["start"] + SLACK_S:
             kind = "data" if d in c.deps else "order"
+            through = f" (through {d})" if "via" in src else ""
             out.append(Violation(c.id, c.step, "dependency",
                                  f"started {1e3 * (src['end'] - e['start']):.3f} ms before "
-                                 f"{kind} dependency {d} ended"))
+                                 f"{kind} dependency {src.get('via', d)} ended{through}"))
     return out
 
 

@@ -18,6 +18,8 @@ import sys
 import threading
 import time
 
+from rpeg.runtime.joins import JOIN, Joined, expand
+
 _STATE: dict[str, object] = {}
 _EVENTS: list[dict] = []
 _LOCK = threading.Lock()
@@ -55,8 +57,10 @@ def setup(ctx, device: int) -> dict:
 
 
 def run_op(call, *args):
-    """Run one op call; ``args`` are the results of ``call.deps`` then ``call.after``."""
+    """Run one op call; ``args`` are the results of ``call.deps`` then ``call.after`` (a
+    join's result stands for the results it joined: ``rpeg.runtime.joins``)."""
     ex = _STATE["executor"]
+    args = expand(args)
     inputs: dict[str, list] = {}
     pos = 0
     for name, count in call.inputs:
@@ -91,6 +95,9 @@ def run_group(calls, keep, where, *results):
     local: dict[str, object] = {}
     for call, refs in zip(calls, where, strict=True):
         args = [local[oid] if j < 0 else results[j][oid] for j, oid in refs]
+        if call.role == JOIN:                  # no op: its inputs passed on as one value
+            local[call.id] = Joined(tuple(args))
+            continue
         try:
             local[call.id] = run_op(call, *args)
         except Exception as e:

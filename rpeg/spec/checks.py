@@ -10,15 +10,22 @@
 * ``check_trained``: a model that is not frozen must be trained by some stage.
 * ``check_shared_optimizers``: models that may share a backbone share its optimizer, so
   their optimizers may differ only in the learning rate (each head keeps its own).
+* the eval block: greedy samples of a prompt are one response (``eval_greedy_samples``),
+  its prompts and answers fit the evaluated model (``eval_context``), it evaluates
+  within the run (``eval_every``, a warning).
+
+``SECTION_RULES`` are these as rules (``rpeg.spec.rules``): each checked against the
+whole pipeline, each with a golden error.
 """
 
 from __future__ import annotations
 
 import attrs
 
-from rpeg.errors import Span, SpecError
+from rpeg.errors import Span, SpecError, SpecWarning
 from rpeg.spec import ast
 from rpeg.spec.model import Model, OpKind, Stage, Workload
+from rpeg.spec.registry import Rule
 
 
 def _kwarg_span(items, stage: str, key: str) -> Span | None:
@@ -114,3 +121,86 @@ def check_shared_optimizers(shares, targets, items) -> None:
                                      "learning rate): make them agree, or drop the share")
 
 
+
+
+# --- the sections' rules ------------------------------------------------------------------------
+
+def _raised(check):
+    def rule(site, _):
+        try:
+            check(site)
+        except SpecError as e:
+            return e
+        return None
+    return rule
+
+
+def _eval_entry(site, key: str):
+    return site.entry(ast.EvalDecl, key)
+
+
+def _evaluated(site) -> Model | None:
+    gen = next((s for s in site.stages if s.kind is OpKind.GENERATE), None)
+    return site.model(gen.target) if gen is not None else None
+
+
+def eval_greedy_samples(site, _) -> SpecError | None:
+    e = site.evaluation
+    if e is None or e.temperature > 0 or e.samples < 2:
+        return None
+    return SpecError(f"eval samples must be 1 at temperature 0, not {e.samples}: greedy "
+                     f"answers to a prompt are one answer repeated, so pass@{e.samples} would "
+                     "be the accuracy", _eval_entry(site, "samples").span,
+                     hint="samples = 1, or sample at temperature > 0 for pass@k")
+
+
+def eval_context(site, _) -> SpecError | None:
+    e, model = site.evaluation, _evaluated(site)
+    if e is None or model is None or not e.max_len:
+        return None
+    need = site.workload.prompt_len + e.max_len
+    if need <= model.dims.max_positions:
+        return None
+    return SpecError(f"prompt_len + the eval's max_len ({site.workload.prompt_len} + "
+                     f"{e.max_len} = {need} tokens) must fit model '{model.name}''s context "
+                     f"of {model.dims.max_positions} positions, not exceed it",
+                     _eval_entry(site, "max_len").span,
+                     notes=[(f"model '{model.name}' declared here", model.span)],
+                     hint=f"max_len = {model.dims.max_positions - site.workload.prompt_len} "
+                          "or less")
+
+
+def eval_every(site, _) -> SpecError | None:
+    e, steps = site.evaluation, site.workload.steps
+    if e is None or e.every <= steps:
+        return None
+    return SpecWarning(f"eval every {e.every} steps evaluates only before the first and after "
+                       f"the last of the workload's {steps} steps",
+                       _eval_entry(site, "every").span)
+
+
+SECTION_RULES = (
+    Rule("context", "workload: prompt_len + the longest response fit every model that reads "
+         "them"),
+    Rule("trained_or_frozen", "model: one with an optimizer is trained by a stage"),
+    Rule("shared_optimizers", "share: models of one backbone have one optimizer (lr aside)"),
+    Rule("eval_greedy_samples", "eval: samples = 1 at temperature 0"),
+    Rule("eval_context", "eval: prompt_len + max_len fit the evaluated model"),
+    Rule("eval_every", "eval (warning): every at most the workload's steps"),
+)
+SECTION_CHECKS = {                 # each section rule by name: the check it runs
+    "context": _raised(lambda site: check_context(site.workload, site.models, site.stages,
+                                                  site.items)),
+    "trained_or_frozen": _raised(lambda site: check_trained(site.models, site.stages,
+                                                            site.items, _versioned(site))),
+    "shared_optimizers": _raised(lambda site: check_shared_optimizers(site.shares,
+                                                                      site.targets, site.items)),
+    "eval_greedy_samples": eval_greedy_samples,
+    "eval_context": eval_context,
+    "eval_every": eval_every,
+}
+
+
+def _versioned(site) -> set[str]:
+    return {s.target for s in site.stages if s.kind is OpKind.TRAIN} | {
+        n for g in site.shares for n in g}

@@ -13,11 +13,16 @@
 
 A profile file holds ``profile NAME { key = value ... }``; its keys are the fields of
 ``GpuProfile``, each with the unit its metadata names, and any other key is an error.
+``reserve = 10%`` (in a profile, or in a cluster over its profile's) is the share of each
+device's memory that plans leave free; ``gpu h100 { memory = 72 GB }`` in a cluster is the
+shipped profile with the keys given changed.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+
+import attrs
 
 from rpeg.errors import Span, SpecError, did_you_mean
 from rpeg.resources import profiles_dir
@@ -35,7 +40,10 @@ MAX_GPUS = MAX_GPU
 PROFILE_DIRS = (profiles_dir(),)
 
 
-def lower_profile_block(name: ast.Ident, block: ast.Block) -> GpuProfile:
+def lower_profile_block(name: ast.Ident, block: ast.Block,
+                        base: GpuProfile | None = None) -> GpuProfile:
+    """A profile from its block's keys; ``base``: the profile whose figures the keys
+    change (a shipped one named in a cluster: ``gpu h100 { reserve = 20% }``)."""
     section = profile_section()
     fields = section.keys
     values: dict[str, object] = {}
@@ -52,6 +60,8 @@ def lower_profile_block(name: ast.Ident, block: ast.Block) -> GpuProfile:
             raise V.duplicate("key", key.value, key.span, seen[key.value])
         seen[key.value] = key.span
         values[key.value] = read(e, section.param(key.value))
+    if base is not None:
+        values = {**{k: getattr(base, k) for k in fields}, **values}
     if values.get("memory", 0) <= 0:
         raise SpecError(f"profile '{name.value}' must give the device memory", name.span,
                         hint="add 'memory = 80 GB'")
@@ -85,10 +95,14 @@ def lower_cluster(f: ast.File) -> Cluster:
     ints: dict[str, int] = {}
     links: dict[Level, Link] = {}
     seen: dict[str, Span] = {}
+    reserve: float | None = None
     for e in item.block.entries:
         if isinstance(e, ast.Section):
             if e.kind.value == "gpu" and e.name is not None:
-                gpu = lower_profile_block(e.name, e.block)
+                # a shipped profile's name: its figures, the block's keys changed
+                shipped = builtin_profiles().get(e.name.value)
+                gpu = lower_profile_block(e.name, e.block, None if shipped is None
+                                          else load_profile(shipped, e.name.span))
                 continue
             if e.kind.value != "link":
                 raise V.unknown_key(e.kind, CLUSTER_KEYS, f"cluster '{item.name.value}'")
@@ -107,11 +121,15 @@ def lower_cluster(f: ast.File) -> Cluster:
             if not isinstance(e, ast.Assign):
                 raise SpecError(f"{key.value} must be set with '{key.value} = VALUE'", e.span)
             gpu = _gpu(e.value)
+        elif key.value == "reserve":
+            reserve = read(e, CLUSTER.param(key.value))
         else:
             ints[key.value] = read(e, CLUSTER.param(key.value))
     if gpu is None:
         raise SpecError(f"cluster '{item.name.value}' must say which gpu it has", item.name.span,
                         hint='add gpu = "profiles/NAME.rpeg" or gpu = h100')
+    if reserve is not None:            # the cluster's own reserve, over its profile's
+        gpu = attrs.evolve(gpu, reserve=reserve)
     if "gpus_per_node" not in ints:
         raise SpecError(f"cluster '{item.name.value}' must set gpus_per_node", item.name.span)
     cluster = Cluster(name=item.name.value, path=f.path, gpu=gpu,

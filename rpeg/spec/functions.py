@@ -13,6 +13,7 @@ language reference (``rpeg help functions``).
 
 from __future__ import annotations
 
+from rpeg.spec import preconditions as R
 from rpeg.spec.kinds import DEFAULT_TURNS, FORMATS, GENERATE_ENGINES, Engine, Head, OpKind
 from rpeg.spec.registry import (
     Category,
@@ -29,6 +30,7 @@ from rpeg.spec.registry import (
 KL_ESTIMATORS = ("k1", "k2", "k3")
 AGGREGATIONS = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum")
 SCHEDULES = ("constant", "linear", "cosine")
+CLIP_FRACS = ("binding", "outside")
 
 _KL_ROLES = (Role.LOGPROBS, Role.REF_LOGPROBS)
 
@@ -42,7 +44,8 @@ def _kl_estimator(default: str) -> Param:
     return Param("kl_estimator", Type.CHOICE,
                  "how the KL is estimated per token from log-probabilities: k1 = log p - log "
                  "p_ref, k2 = (log p - log p_ref)^2 / 2, k3 = p_ref/p - log(p_ref/p) - 1 "
-                 "(non-negative, low variance)", default=default, choices=KL_ESTIMATORS,
+                 "(non-negative, low variance; exact: not clamped, where verl's low_var_kl "
+                 "clamps it to [-10, 10])", default=default, choices=KL_ESTIMATORS,
                  requires="kl")
 
 
@@ -89,6 +92,12 @@ def _policy_params(clip: float, agg: str, whiten: bool) -> tuple[Param, ...]:
               "at 2", low=1.0, high=1e3, priced=True),
         Param("coef", Type.REAL, "weight of this loss in a shared backbone's sum", default=1.0,
               low=0.0, high=1e3, low_open=True),
+        Param("clip_frac", Type.CHOICE, "what the clip_frac metric counts, per response "
+              "token: binding = the tokens where the clip binds (the ratio above 1 + "
+              "clip_high with a positive advantage, below 1 - clip_low with a negative one: "
+              "verl's pg_clipfrac, TRL's clip_ratio); outside = every token whose ratio is "
+              "outside the band, whatever its advantage (rpeg's earlier default)",
+              default="binding", choices=CLIP_FRACS),
     )
 
 
@@ -100,19 +109,22 @@ _LOSSES = (
         "ppo_clip", Category.LOSS,
         "PPO's clipped surrogate objective on per-token importance ratios.",
         _policy_params(0.2, "token_mean", True), inputs=_POLICY_INPUTS,
-        pricing=Pricing.IN_TRAINING, positional=("clip",), trains=Head.LM, policy=True),
+        pricing=Pricing.IN_TRAINING, positional=("clip",), trains=Head.LM, policy=True,
+        rules=R.POLICY_LOSS),
     Function(
         "grpo", Category.LOSS,
         "GRPO's objective: the clipped surrogate on group-normalised advantages (not "
         "whitened again), usually with the KL to the reference as a loss term.",
         _policy_params(0.2, "token_mean", False), inputs=_POLICY_INPUTS,
-        pricing=Pricing.IN_TRAINING, positional=("clip",), trains=Head.LM, policy=True),
+        pricing=Pricing.IN_TRAINING, positional=("clip",), trains=Head.LM, policy=True,
+        rules=R.POLICY_LOSS),
     Function(
         "gspo", Category.LOSS,
         "GSPO: one importance ratio per response, the geometric mean of its tokens' ratios, "
         "clipped at the sequence level.",
         _policy_params(4e-4, "seq_mean_token_mean", False), inputs=_POLICY_INPUTS,
-        pricing=Pricing.IN_TRAINING, positional=("clip",), trains=Head.LM, policy=True),
+        pricing=Pricing.IN_TRAINING, positional=("clip",), trains=Head.LM, policy=True,
+        rules=R.POLICY_LOSS),
     Function(
         "value_mse", Category.LOSS,
         "Squared error of the value head against the returns, optionally clipped around the "
@@ -163,12 +175,23 @@ _STAGES = (
         "generate", Category.STAGE, "Sample one response per prompt and sample; with tools or "
         "an environment, a conversation: turns of the policy's tokens, each followed by an "
         "observation (the tool's result), masked out of the loss, the KL and token counts.",
-        (Param("temperature", Type.REAL, "sampling temperature (0: greedy)", default=1.0,
+        (Param("temperature", Type.REAL, "sampling temperature (0: greedy). The behaviour "
+               "policy is log_softmax(logits / temperature) over the whole vocabulary, and "
+               "every logprob of the stage's responses is of it: the engine's, the old-policy "
+               "and reference forwards' and the trainer's (a greedy stage's: at 1), so a "
+               "synchronous first update has importance ratio 1", default=1.0,
                low=0.0, high=100.0),
          Param("top_p", Type.REAL, "nucleus sampling: the smallest set of tokens whose "
-               "probability reaches top_p", default=1.0, low=0.0, high=1.0, low_open=True),
+               "probability reaches top_p. It limits what is sampled, not the policy the "
+               "losses compare with, which stays the whole vocabulary's at the temperature "
+               "(as verl's and TRL's trainers compute it): the torch engine reports those "
+               "logprobs; vLLM reports the nucleus's, renormalised, so under vLLM with top_p "
+               "< 1 the ratio starts below 1 by the nucleus's mass unless the loss sets tis, "
+               "which recomputes the behaviour logprobs with the trainer and weights each "
+               "token by min(p / q, tis)", default=1.0, low=0.0, high=1.0, low_open=True),
          Param("max_len", Type.INT, "most tokens a response (with tools: a turn) may have (at "
-               "most the workload's gen_len max)", derived="the workload's gen_len max", unit="tokens", low=1,
+               "most the workload's gen_len max)", derived="the workload's gen_len max",
+               unit="tokens", low=1,
                priced=True),
          Param("min_len", Type.INT, "tokens a response has before it may end: "
                "end-of-sequence is not sampled earlier", unit="tokens", low=1, priced=True),
@@ -188,7 +211,7 @@ _STAGES = (
                default=0.5, low=0.0, high=1.0, high_open=True, requires="refill_rounds",
                priced=True)) + _TURN_PARAMS,
         kind=OpKind.GENERATE, target=Target.LM, inputs=(Slot(Role.PROMPTS),),
-        outputs=(Role.RESPONSES, Role.LOGPROBS), pricing=Pricing.GENERATION,
+        outputs=(Role.RESPONSES, Role.LOGPROBS), pricing=Pricing.GENERATION, rules=R.GENERATE,
         moved=(("chunks", "streaming is the plan's choice: place STAGE on gpus A..B "
                           "{ chunks = N }"),
                ("microbatch", "the plan's choice: place STAGE on gpus A..B "
@@ -199,6 +222,7 @@ _STAGES = (
         "(reference log-probabilities when it is frozen), values of a value head, scores of "
         "a reward head.", (), kind=OpKind.FORWARD, target=Target.MODEL,
         inputs=(Slot(Role.RESPONSES),), outputs_from_head=True, pricing=Pricing.MODEL_PASS,
+        rules=R.MODEL_PASS,
         moved=(("microbatch", "the plan's choice: place STAGE on gpus A..B "
                               "{ microbatches = N }"),)),
     Function(
@@ -209,7 +233,7 @@ _STAGES = (
         (Param("weight", Type.REAL, "weight of these scores where an estimator adds several",
                default=1.0, low=-1e6, high=1e6),),
         kind=OpKind.SCORE, target=Target.SCORER, inputs=(Slot(Role.RESPONSES),),
-        outputs=(Role.SCORES,), pricing=Pricing.SCORING),
+        outputs=(Role.SCORES,), pricing=Pricing.SCORING, rules=R.SCORE),
     Function(
         "train", Category.STAGE,
         "Update a model on the step's responses: one optimizer step per minibatch, epochs "
@@ -222,7 +246,7 @@ _STAGES = (
          Param("epochs", Type.INT, "passes over the step's batch", default=1, low=1, high=1000,
                priced=True)),
         kind=OpKind.TRAIN, target=Target.TRAINABLE, inputs=(Slot(Role.RESPONSES),),
-        pricing=Pricing.TRAINING,
+        pricing=Pricing.TRAINING, rules=R.TRAIN,
         moved=(("grad_clip", "set it on the model's optimizer: optimizer = adam(lr = ..., "
                              "grad_clip = 1.0)"),
                ("kl", "a KL loss term belongs to the loss: loss = grpo(0.2, kl = 0.01)"),
@@ -264,18 +288,22 @@ _ESTIMATORS = (
         (_kl("in the token rewards"), _kl_estimator("k1"),
          Param("std", Type.BOOL, "divide by the group's standard deviation (false: Dr. GRPO)",
                default=True),
+         Param("correction", Type.INT, "Bessel's correction of the group's standard "
+               "deviation: squared deviations are summed over n - correction (1: the sample "
+               "standard deviation, torch.std's, as verl and TRL compute it; 0: the population "
+               "one, rpeg's earlier default)", default=1, low=0, high=1),
          Param("eps", Type.REAL, "added to the standard deviation", default=1e-6, low=0.0,
                high=1e3, low_open=True)),
         kind=OpKind.COMPUTE, inputs=_OUTCOME, outputs=(Role.ADVANTAGES,),
         pricing=Pricing.PER_SAMPLE, scope=Scope.GROUP, min_samples=2, reads_responses=True,
-        moved=_ADAPTIVE_IN_LOSS),
+        moved=_ADAPTIVE_IN_LOSS, rules=R.GROUP_NORM),
     Function(
         "rloo", Category.ESTIMATOR,
         "REINFORCE leave-one-out: each score minus the mean of its group's other scores.",
         (_kl("in the token rewards"), _kl_estimator("k1")),
         kind=OpKind.COMPUTE, inputs=_OUTCOME, outputs=(Role.ADVANTAGES,),
         pricing=Pricing.PER_SAMPLE, scope=Scope.GROUP, min_samples=2, reads_responses=True,
-        moved=_ADAPTIVE_IN_LOSS),
+        moved=_ADAPTIVE_IN_LOSS, rules=R.GROUPS),
     Function(
         "reinforce", Category.ESTIMATOR,
         "REINFORCE++: per-token discounted returns of the scores and the KL penalty, "
@@ -287,7 +315,7 @@ _ESTIMATORS = (
                choices=("none", "group"))),
         kind=OpKind.COMPUTE, inputs=_OUTCOME, outputs=(Role.ADVANTAGES,),
         pricing=Pricing.PER_TOKEN, scope=Scope.BATCH, reads_responses=True,
-        moved=_ADAPTIVE_IN_LOSS),
+        moved=_ADAPTIVE_IN_LOSS, rules=R.GROUPS),
     Function(
         "remax", Category.ESTIMATOR,
         "ReMax: each score minus the score of a greedy response to the same prompt.",
@@ -296,17 +324,24 @@ _ESTIMATORS = (
          _kl("in the token rewards"), _kl_estimator("k1")),
         kind=OpKind.COMPUTE, inputs=_OUTCOME, outputs=(Role.ADVANTAGES,),
         pricing=Pricing.PER_SAMPLE, scope=Scope.GROUP, reads_responses=True,
-        moved=_ADAPTIVE_IN_LOSS),
+        moved=_ADAPTIVE_IN_LOSS, rules=R.REMAX),
 )
 
 _REWARDS = (
     Function(
         "python", Category.REWARD,
         "A python function next to the file that names it (or on the Python path): "
-        "f(prompts, responses, "
-        "answers) -> one float per response.",
-        (Param("ref", Type.STRING, '"module:function"'),), positional=("ref",),
-        pricing=Pricing.SCORING, user_code=True),
+        "f(prompts, responses, answers, **columns) -> one float per response, once a batch; "
+        "or verl's compute_score(data_source, solution_str, ground_truth, extra_info=None) "
+        "-> a float (or a dict with its score), once a response, ground_truth the answer and "
+        "the other parameters the row's columns by name. rpeg check reads its signature "
+        "against what rpeg passes and the dataset's columns.",
+        (Param("ref", Type.STRING, '"module:function"'),
+         Param("on_error", Type.CHOICE, "what an exception in the reward (or a score that is "
+               "not finite) does: stop = the run stops at that step, before any update reads "
+               "the scores; zero = the responses it failed on score 0, counted in the "
+               "metrics (reward_errors.STAGE)", default="stop", choices=("stop", "zero"))),
+        positional=("ref",), pricing=Pricing.SCORING, user_code=True, rules=R.PYTHON),
     Function(
         "overlong", Category.REWARD,
         "DAPO's overlong shaping: 0 up to max_len - buffer tokens, then falling linearly to "
@@ -315,7 +350,7 @@ _REWARDS = (
                derived="the generate stage's max_len", unit="tokens", low=1),
          Param("buffer", Type.INT, "length of the band over which the penalty grows",
                derived="a quarter of max_len", unit="tokens", low=1)),
-        pricing=Pricing.HOST),
+        pricing=Pricing.HOST, rules=R.OVERLONG),
 )
 
 
@@ -387,7 +422,7 @@ def _optimizer(name: str, doc: str, weight_decay: float) -> Function:
          Param("master_weights", Type.BOOL, "a 16-bit model's Adam updates float32 master "
                "weights (false: 16-bit moments and no master copy, 4 bytes a parameter less)",
                default=True, priced=True)),
-        positional=("lr",), pricing=Pricing.OPTIMIZER)
+        positional=("lr",), pricing=Pricing.OPTIMIZER, rules=R.OPTIMIZER)
 
 
 _OPTIMIZERS = (

@@ -15,7 +15,8 @@ does ``weights = "FOLDER"`` next to a preset, which must then describe the same
 model (:func:`disagreements`). Only the JSON file is read: nothing in the folder
 runs (no ``trust_remote_code``), and the families are the ones the cost model
 knows, by their ``architectures`` entry: Llama, Qwen2, Qwen3 and Mistral, which the
-torch backend also runs, and the mixtures of experts Qwen3-MoE and DeepSeek-V3 (latent
+torch backend also runs (as causal language models, or as one-label sequence classifiers:
+reward models, their ``score`` head read as the reward head), and the mixtures of experts Qwen3-MoE and DeepSeek-V3 (latent
 attention), which it prices and ``rpeg check`` accepts but rpeg's runtime does not build
 (``rpeg compile`` and ``rpeg run`` say so; ``--any-executor`` prices them).
 
@@ -46,6 +47,7 @@ ARCHITECTURES = {
 }
 # Mixture-of-experts families whose shape ModelDims does not say (a shared expert of its own
 # width, experts on every other layer of another scheme): recognised, and refused by name.
+CLASSIFIER = "ForSequenceClassification"     # a reward model's checkpoint: backbone + score
 MIXTURES = ("Qwen2MoeForCausalLM", "MixtralForCausalLM", "DeepseekV2ForCausalLM")
 DTYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
 MAX_CONFIG_BYTES = 1 << 20
@@ -85,6 +87,8 @@ def dims_from_config(cfg: dict, where: str) -> tuple[ModelDims, str | None]:
     the known families (``where`` names the file in messages)."""
     archs = cfg.get("architectures")
     arch = archs[0] if isinstance(archs, list) and archs and isinstance(archs[0], str) else None
+    if arch and arch.endswith(CLASSIFIER):      # a reward model: the family's backbone
+        arch = arch[: -len(CLASSIFIER)] + "ForCausalLM"
     if arch in MIXTURES:
         raise ConfigProblem(f"{where}: {arch} is a mixture-of-experts model whose shape rpeg "
                             "does not read (it reads Qwen3MoeForCausalLM and "

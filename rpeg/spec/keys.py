@@ -27,7 +27,7 @@ from rpeg.spec.kinds import GENERATE_ENGINES, PASS_ENGINES, Head, OpKind
 from rpeg.spec.model import DType, GpuProfile
 from rpeg.spec.presets import Family
 from rpeg.spec.registry import Category, Param, Type
-from rpeg.spec.training import LORA_TARGETS, Template, Tracker
+from rpeg.spec.training import LORA_TARGETS, Template, Tracker, Truncation
 
 MAX_STEPS = 10_000_000
 MAX_TOKENS = 1 << 21
@@ -101,7 +101,11 @@ DATA = Section(
            "template when it has one, else the text as it is), chat (always the template), "
            "raw (the text as it is)", default=Template.AUTO.value,
            choices=tuple(t.value for t in Template)),
-     Param("split", Type.STRING, "the split of a saved DatasetDict", example='"train"')))
+     Param("split", Type.STRING, "the split of a saved DatasetDict", example='"train"'),
+     Param("truncation", Type.CHOICE, "what a prompt longer than prompt_len does: error (rpeg "
+           "check and run name its row; verl's default), left (keep its last prompt_len "
+           "tokens), right (keep its first)", default=Truncation.ERROR.value,
+           choices=tuple(t.value for t in Truncation))))
 
 WORKLOAD_BLOCK = WORKLOAD + DATA            # what a workload block accepts
 
@@ -313,6 +317,9 @@ CLUSTER = Section(
      _int("gpus_per_node", "devices per node", high=MAX_GPU, required=True),
      _int("nodes_per_rack", "nodes per rack", high=MAX_GPU, default=1),
      _int("racks", "racks", high=MAX_GPU, default=1),
+     Param("reserve", Type.QUANTITY, "share of each device's memory plans leave free "
+           "(fragmentation, spikes), over the profile's", unit="fraction", low=0.0,
+           derived="the profile's (10% unless it says)", example="10%"),
      _int("tool_cores", "host cores per node that run tool calls (a generate stage's tools: "
           "each call takes its tool's cores; the cost model queues calls on them)",
           high=MAX_GPU, derived="one per device"),
@@ -355,12 +362,23 @@ PROFILE_DOCS: dict[str, str] = {
     "async_launch": "1: host overhead overlaps device work (a GPU); 0: it adds (a CPU)",
     "compute_bytes": "bytes per value the device computes in (0: the model's dtype)",
     "act_factor": "multiplier on the activation-memory formula",
-    "runtime_memory": "fixed transient memory per op (workspaces, allocator slack)",
+    "runtime_memory": "fixed transient memory per op (CUDA context, communication "
+                      "buffers, workspaces)",
+    "reserve": "share of memory plans leave free (fragmentation, spikes; vLLM's "
+               "gpu_memory_utilization 0.9 leaves 10%)",
     "source": "where the figures come from",
     "dispatch_s": "scheduler time one task crossing adds (Dask)",
     "host_cores": "cores the control plane shares (0: not priced)",
     "control_step_s": "control-plane CPU per device per step",
     "control_task_s": "control-plane CPU per task per step",
+    "control_call_s": "on a host of its own: the client's scheduling core per op call",
+    "client_task_s": "on a host of its own: Dask's client CPU per task",
+    "client_arg_s": "on a host of its own: the client's CPU per future a task takes",
+    "client_worker_s": "on a host of its own: the client's CPU per worker per step",
+    "scheduler_task_s": "on a host of its own: the Dask scheduler's CPU per task",
+    "scheduler_arg_s": "on a host of its own: the scheduler's CPU per future a task takes",
+    "scheduler_worker_s": "on a host of its own: the scheduler's CPU per worker per step",
+    "scheduler_heartbeat_s": "on a host of its own: the scheduler's CPU per worker heartbeat",
     "concurrency_slowdown": "one device's op time when all run at once / alone",
     "reward_call_overhead": "per call of a python reward",
     "reward_sample_overhead": "per sample of a python reward (unset: sample_overhead)",

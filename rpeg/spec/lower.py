@@ -19,7 +19,7 @@ from rpeg.spec import ast
 from rpeg.spec import values as V
 from rpeg.spec.arch import lower_dims
 from rpeg.spec.calls import keywords
-from rpeg.spec.checks import check_context, check_shared_optimizers, check_trained, fold_lengths
+from rpeg.spec.checks import fold_lengths
 from rpeg.spec.functions import by_category, declared, default_optimizer, function
 from rpeg.spec.keys import (
     DATA,
@@ -49,6 +49,8 @@ from rpeg.spec.paths import FileRef, find_python, resolve_written
 from rpeg.spec.pins import lower_place
 from rpeg.spec.registry import Category
 from rpeg.spec.resolve import blame, resolve_pipeline
+from rpeg.spec.rewards import BadSignature, Signature, reward_signature
+from rpeg.spec.rules import Site, check_rules
 from rpeg.spec.sections import (
     check_weights,
     data_fields,
@@ -120,15 +122,15 @@ def _lower(f: ast.File, items, chain) -> tuple[Pipeline, list[SpecError]]:
     place = tuple(lower_place(i, by_stage, targets) for i in items
                   if isinstance(i, ast.Place))
     check_roles(stages, items, targets, workload)
-    check_shared_optimizers(shares, targets, items)
     workload = fold_lengths(workload, stages, items)
     check_conversations(stages, tools, items, workload, warnings)
-    check_context(workload, models, stages, items)
     _check_unused(stages, models, items, warnings)
-    evaluation = next((lower_eval(i, rewards, workload.steps, warnings) for i in items
+    evaluation = next((lower_eval(i, rewards, warnings) for i in items
                        if isinstance(i, ast.EvalDecl)), None)
     log = next((lower_log(i) for i in items if isinstance(i, ast.LogDecl)), None)
-    check_trained(models, stages, items, versioned)
+    # every function's and section's preconditions (rpeg.spec.rules)
+    warnings += check_rules(Site(tuple(items), workload, models, rewards, stages, shares,
+                                 evaluation))
     pipeline = Pipeline(
         name=decl.name.value, path=f.path, workload=workload, models=models, rewards=rewards,
         stages=stages, staleness=staleness, shares=shares, colocate=colocate, place=place,
@@ -161,9 +163,10 @@ def _workload(w: ast.WorkloadDecl, warnings: list[SpecError]) -> Workload:
         if not dataset.exists():
             warnings.append(SpecWarning(f"dataset {dataset.described()} does not exist (yet); "
                                         "a run needs it", dv.span))
-    fields, template, split = data_fields(e)
+    fields, template, split, truncation = data_fields(e)
     return Workload(steps, prompts, samples, prompt_len, gen_len, dataset, seed, w.span,
-                    fields=fields, template=template, split=split, prompt_dist=prompt_dist)
+                    fields=fields, template=template, split=split, prompt_dist=prompt_dist,
+                    truncation=truncation, keys=tuple((k, x.span) for k, x in e.items()))
 
 
 # --- models and rewards ------------------------------------------------------
@@ -259,8 +262,13 @@ def _reward(r: ast.RewardDecl, warnings: list[SpecError]) -> Reward:
                       params=tuple((k, v) for k, (v, _) in given.items()))
     module, function_, where = _python_ref(fn, given, c.span, "function")
     found = find_python(module, function_, where)
-    return Reward(r.name.value, module, function_, r.span, kind=fn.name, source=found.source,
-                  folder=found.folder)
+    try:
+        sig = reward_signature(found.source, module, function_, where)
+    except BadSignature:
+        sig = Signature()         # the reward_signature rule says what is wrong with it
+    return Reward(r.name.value, module, function_, r.span, kind=fn.name,
+                  params=tuple((k, v) for k, (v, _) in given.items() if k != "ref"),
+                  source=found.source, folder=found.folder, form=sig.form, columns=sig.columns)
 
 
 def _tool(t: ast.ToolDecl) -> Tool:

@@ -27,7 +27,15 @@ from rpeg.spec.kinds import PASS_ENGINES as PASS_ENGINES  # re-exported
 from rpeg.spec.kinds import Engine, Head, OpKind
 from rpeg.spec.paths import FileRef
 from rpeg.spec.presets import ModelDims
-from rpeg.spec.training import Evaluation, Fields, Logging, Lora, Template
+from rpeg.spec.training import (
+    Evaluation,
+    Fields,
+    Logging,
+    Lora,
+    RewardForm,
+    Template,
+    Truncation,
+)
 
 
 class DType(enum.StrEnum):
@@ -160,6 +168,12 @@ class Workload:
     template: Template = Template.AUTO        # chat template or raw text
     split: str | None = None                  # a saved DatasetDict's split
     prompt_dist: LengthDist | None = None     # the prompts' lengths (None: all prompt_len)
+    truncation: Truncation = Truncation.ERROR  # a prompt over prompt_len: refused, or cut
+    # where each key was written (for errors about the data it names)
+    keys: tuple[tuple[str, Span], ...] = attrs.field(default=(), eq=False, repr=False)
+
+    def span_of(self, key: str) -> Span:
+        return dict(self.keys).get(key, self.span)
 
     @property
     def batch(self) -> int:
@@ -220,6 +234,13 @@ class Reward:
     params: tuple[tuple[str, object], ...] = ()
     source: str = ""              # the module's file, found when the spec was loaded
     folder: str = ""              # the folder of the file naming it: imported from there
+    form: RewardForm = RewardForm.BATCH      # a python reward: how it is called
+    columns: tuple[str, ...] = ()            # ... the columns it needs by name (no default)
+
+    @property
+    def on_error(self) -> str:
+        """What a failing call does: stop the run, or score 0 (python rewards)."""
+        return str(dict(self.params).get("on_error", "stop"))
 
     def __str__(self) -> str:
         if self.module:
@@ -413,12 +434,24 @@ class GpuProfile:
     compute_bytes: float = _q("", 0.0)             # bytes per value the device computes in; 0: model dtype
     act_factor: float = _q("", 1.0)                # multiplier on the activation-memory formula
     runtime_memory: float = _q("bytes", 0.0)       # fixed transient per op (workspaces, allocator slack)
+    reserve: float = _q("fraction", 0.1)           # share of memory plans leave free (fragmentation,
+                                                   # spikes: vLLM's gpu_memory_utilization 0.9)
     source: str = ""                               # where the figures come from
     # Host side: the run's scheduler and control plane, and the python ops.
     dispatch_s: float = _m("s")                    # scheduler time one task crossing adds (Dask)
     host_cores: float = _m("")                     # cores the control plane shares; 0: not priced
     control_step_s: float = _m("s")                # control-plane CPU per device per step
     control_task_s: float = _m("s")                # control-plane CPU per task per step
+    # ... and on a host of its own (GPU clusters): one client, one Dask scheduler
+    # (rpeg.cost.control; rpeg calibrate: measure_scheduler, the core on a simulated clock)
+    control_call_s: float = _m("s")                # client: scheduling core + fusion per op call
+    client_task_s: float = _m("s")                 # client: Dask's CPU per task
+    client_arg_s: float = _m("s")                  # client: per future a task takes
+    client_worker_s: float = _m("s")               # client: per worker per step (trace drain)
+    scheduler_task_s: float = _m("s")              # scheduler: CPU per task
+    scheduler_arg_s: float = _m("s")               # scheduler: per future a task takes
+    scheduler_worker_s: float = _m("s")            # scheduler: per worker per step
+    scheduler_heartbeat_s: float = _m("s")         # scheduler: per worker heartbeat
     concurrency_slowdown: float = _m("", 1.0)      # one device's op time when all run at once / alone
     reward_call_overhead: float = _m("s")          # per call of a python reward
     reward_sample_overhead: float | None = _m("s", None)  # per sample; None: sample_overhead
@@ -452,6 +485,10 @@ class Cluster:
     racks: int = 1
     links: tuple[Link, ...] = ()
     span: Span = NOWHERE
+    # ops dispatched one call at a time by an RL framework's controller (the published
+    # systems that have one), each call paying the control plane's fitted ``call_s``
+    # (rpeg.cost.engines); rpeg's own runtime prices its control plane on its own terms
+    controller: bool = False
     tool_cores: int = 0      # host cores per node tool calls run on (0: one per device)
 
     @property

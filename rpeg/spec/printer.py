@@ -75,7 +75,7 @@ def quote(s: str) -> str:
 
 
 def number_text(n: ast.Number) -> str:
-    return n.text + (f" {n.unit}" if n.unit else "")
+    return n.text + (("" if n.unit == "%" else " ") + n.unit if n.unit else "")
 
 
 def value_text(v: ast.Value) -> str:

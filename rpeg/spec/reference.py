@@ -153,6 +153,9 @@ def describe(fn: Function) -> list[str]:
                            subsequent_indent="        ")
     for p in fn.params:
         lines += param_lines(p)
+    for rule in fn.rules:
+        lines += textwrap.wrap(f"must: {rule.doc} ({rule.name})", WIDTH,
+                               initial_indent="      ", subsequent_indent="        ")
     for key, where in fn.moved:
         lines += textwrap.wrap(f"{key}: not here -- {where}", WIDTH,
                                initial_indent="      (", subsequent_indent="       ")

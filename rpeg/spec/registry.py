@@ -219,6 +219,18 @@ class Slot:
 
 
 @attrs.frozen
+class Rule:
+    """A precondition of a function or a section: what must hold for what it says to take
+    effect. Its check (``rpeg.spec.rules.CHECKS``, ``rpeg.spec.checks.SECTION_CHECKS``, by
+    ``name``) returns the SpecError at the text that breaks it (a SpecWarning where a run
+    still means something), or None. ``name`` names its golden error
+    (tests/fixtures/errors/rules/NAME.rpeg)."""
+
+    name: str
+    doc: str
+
+
+@attrs.frozen
 class Function:
     """One entry of the registry (see the module doc)."""
 
@@ -241,6 +253,7 @@ class Function:
     user_code: bool = False               # a reward: names the user's python function
     moved: tuple[tuple[str, str], ...] = ()   # keywords it no longer takes: (key, where now)
     signature: str = ""                   # as written in the reference, when not derived
+    rules: tuple[Rule, ...] = ()          # preconditions of a call (rpeg.spec.rules)
 
     def param(self, name: str) -> Param:
         for p in self.params:

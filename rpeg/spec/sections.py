@@ -29,6 +29,7 @@ from rpeg.spec.training import (
     Lora,
     Template,
     Tracker,
+    Truncation,
     projection_shapes,
 )
 
@@ -145,7 +146,7 @@ def lora(v: ast.Value, dims: ModelDims | None = None) -> Lora:
 
 # --- the workload's data fields ---------------------------------------------------------------
 
-def data_fields(e: dict[str, ast.Entry]) -> tuple[Fields, Template, str | None]:
+def data_fields(e: dict[str, ast.Entry]) -> tuple[Fields, Template, str | None, Truncation]:
     def text(key: str) -> str | None:
         if key not in e:
             return DATA.param(key).default
@@ -161,12 +162,14 @@ def data_fields(e: dict[str, ast.Entry]) -> tuple[Fields, Template, str | None]:
                         else e["prompt_field"].span)
     template = Template(read(e["template"], DATA.param("template")) if "template" in e
                         else DATA.param("template").default)
-    return fields, template, text("split")
+    truncation = Truncation(read(e["truncation"], DATA.param("truncation")) if "truncation" in e
+                            else DATA.param("truncation").default)
+    return fields, template, text("split"), truncation
 
 
 # --- eval { ... } -------------------------------------------------------------------------
 
-def lower_eval(decl: ast.EvalDecl, rewards: tuple, steps: int,
+def lower_eval(decl: ast.EvalDecl, rewards: tuple,
                warnings: list[SpecError]) -> Evaluation:
     e = entries(decl.block, EVAL, "the eval block")
     for required in (p.name for p in EVAL.params if p.required):
@@ -182,11 +185,7 @@ def lower_eval(decl: ast.EvalDecl, rewards: tuple, steps: int,
     def get(key: str, default: object) -> object:
         return read(e[key], EVAL.param(key)) if key in e else default
 
-    every = get("every", None)
-    if every > steps:
-        warnings.append(SpecWarning(f"eval every {every} steps evaluates only before the first "
-                                    f"and after the last of the workload's {steps} steps",
-                                    e["every"].span))
+    every = get("every", None)          # within the run: the eval_every rule (rpeg.spec.checks)
     samples = get("samples", EVAL.param("samples").default)
     temperature = get("temperature", EVAL.param("temperature").default)
     prompts = get("prompts", 0)
@@ -207,7 +206,7 @@ def lower_eval(decl: ast.EvalDecl, rewards: tuple, steps: int,
                                         "declared in the pipeline")
     split = get("split", None)
     return Evaluation(dataset, every, samples, temperature, prompts, max_len, reward, split,
-                      decl.span)
+                      decl.span, keys=tuple((k, x.span) for k, x in e.items()))
 
 
 # --- log { ... } ----------------------------------------------------------------------------

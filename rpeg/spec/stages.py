@@ -163,7 +163,6 @@ def slots_of(stage: Stage) -> tuple[Slot, ...]:
 
 def check_roles(stages: tuple[Stage, ...], items, targets, workload: Workload) -> None:
     decls = {i.name.value: i for i in items if isinstance(i, ast.StageDecl)}
-    wl = next(i for i in items if isinstance(i, ast.WorkloadDecl))
     for s in stages:
         _check_outputs(s, decls[s.name], targets)
     roles = roles_of(stages, targets)
@@ -192,15 +191,6 @@ def check_roles(stages: tuple[Stage, ...], items, targets, workload: Workload) -
                 raise SpecError(f"{fn.name}(...) must read {slot.role.what}", decl.call.span,
                                 hint=_producer_hint(slot.role, roles))
         _check_keywords(s, decl, read, roles)
-        _check_samples(s, fn, decl, workload, wl)
-        if s.kind is OpKind.GENERATE and s.arg("refill_rounds"):
-            _check_refill(s, decl, stages, targets)
-        if s.kind is OpKind.SCORE and s.param("weight") is not None \
-                and s.outputs[0] not in _summed(stages):
-            raise SpecError(f"weight must weigh scores an estimator adds up, and no estimator "
-                            f"adds up '{s.outputs[0]}'", _key_span(decl.call, "weight", fn),
-                            hint=f"read {s.outputs[0]} in an advantage estimator, or leave "
-                                 "weight out")
 
 
 def _check_refill(s: Stage, decl: ast.StageDecl, stages, targets) -> None:

@@ -29,6 +29,22 @@ class Template(enum.Enum):
     RAW = "raw"          # the text as it is
 
 
+class Truncation(enum.Enum):
+    """What a prompt longer than the workload's prompt_len does (as verl's data.truncation)."""
+
+    ERROR = "error"      # stops: check and run say which row (verl's default)
+    LEFT = "left"        # keeps its last prompt_len tokens
+    RIGHT = "right"      # keeps its first prompt_len tokens
+
+
+class RewardForm(enum.Enum):
+    """How a python reward is called (read from its signature, ``rpeg.spec.rewards``)."""
+
+    BATCH = "batch"              # f(prompts, responses, answers, **columns): one call a batch
+    PER_RESPONSE = "response"    # verl's compute_score(data_source, solution_str, ground_truth,
+                                 # extra_info): one call a response, columns by name
+
+
 class Tracker(enum.Enum):
     TENSORBOARD = "tensorboard"
     WANDB = "wandb"
@@ -59,10 +75,14 @@ class Evaluation:
     reward: str = ""              # the reward that scores it ("": the pipeline's only one)
     split: str | None = None      # a saved DatasetDict's split
     span: Span = attrs.field(default=NOWHERE, eq=False)
+    keys: tuple[tuple[str, Span], ...] = attrs.field(default=(), eq=False, repr=False)
 
     @property
     def pass_k(self) -> int:
         return self.samples
+
+    def span_of(self, key: str) -> Span:
+        return dict(self.keys).get(key, self.span)
 
 
 @attrs.frozen

@@ -28,11 +28,12 @@ for _u, _f in _BYTES.items():
 UNITS.update({"FLOPS": ("flops", 1.0), "KFLOPS": ("flops", 1e3), "MFLOPS": ("flops", 1e6),
               "GFLOPS": ("flops", 1e9), "TFLOPS": ("flops", 1e12), "PFLOPS": ("flops", 1e15),
               "ns": ("s", 1e-9), "us": ("s", 1e-6), "ms": ("s", 1e-3), "s": ("s", 1.0),
-              "min": ("s", 60.0), "h": ("s", 3600.0)})
+              "min": ("s", 60.0), "h": ("s", 3600.0), "%": ("fraction", 0.01)})
 
-EXAMPLES = {"bytes": "80 GB", "bytes/s": "25 GB/s", "flops": "700 TFLOPS", "s": "5 us"}
+EXAMPLES = {"bytes": "80 GB", "bytes/s": "25 GB/s", "flops": "700 TFLOPS", "s": "5 us",
+            "fraction": "10%"}
 DIMENSION_NAMES = {"bytes": "a size", "bytes/s": "a bandwidth", "flops": "a throughput",
-                   "s": "a duration"}
+                   "s": "a duration", "fraction": "a share"}
 
 # Hard limits: a spec describing more than this is refused before anything is sized by it.
 MAX_INT = 10**7
@@ -70,7 +71,7 @@ def _fmt(v: object) -> str:
 def describe(v: ast.Value) -> str:
     """A value as the user wrote it, for messages."""
     if isinstance(v, ast.Number):
-        return f"{v.text}{' ' + v.unit if v.unit else ''}"
+        return v.text + (("" if v.unit == "%" else " ") + v.unit if v.unit else "")
     if isinstance(v, ast.Str):
         return f'"{v.value}"'
     if isinstance(v, ast.Ident):
@@ -139,6 +140,8 @@ def quantity(v: ast.Value, dimension: str, key: str) -> float:
     """A number with a unit of ``dimension``, in SI base units; plain numbers for dimension ''."""
     if dimension == "":
         return real(v, key, minimum=0.0)
+    if dimension == "fraction":
+        return fraction(v, key)
     name = DIMENSION_NAMES[dimension]
     example = EXAMPLES[dimension]
     if not isinstance(v, ast.Number):
@@ -154,6 +157,21 @@ def quantity(v: ast.Value, dimension: str, key: str) -> float:
     x = v.value * factor
     if x < 0 or not math.isfinite(x):
         raise SpecError(f"{key} must be a positive {name.split()[1]}, not {describe(v)}", v.span)
+    return x
+
+
+def fraction(v: ast.Value, key: str) -> float:
+    """A share of a whole, at least 0 and below 1: ``10%`` or ``0.1``."""
+    if isinstance(v, ast.Number) and v.unit == "%":
+        x = v.value / 100
+    elif isinstance(v, ast.Number) and v.unit is None:
+        x = v.value
+    else:
+        raise SpecError(f"{key} must be a share such as 10% or 0.1, not {kind_of(v)} "
+                        f"({describe(v)})", v.span)
+    if not (math.isfinite(x) and 0 <= x < 1):
+        raise SpecError(f"{key} must be a share from 0% up to below 100%, not {describe(v)}",
+                        v.span)
     return x
 
 

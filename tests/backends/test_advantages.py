@@ -9,6 +9,7 @@ import math
 
 import numpy as np
 import pytest
+import torch
 
 from backends.torch_backend.advantages import Batch, kl_tokens
 from backends.torch_backend.algorithms import implementation
@@ -85,23 +86,39 @@ GROUPS = [0, 0, 1, 1]
 
 
 def test_group_norm_with_and_without_std():
-    # group 0: [1, 0], mean 0.5, std 0.5 -> +-0.5 / (0.5 + eps); group 1: all 0.5 -> [0, 0]
+    # group 0: [1, 0], mean 0.5, sample std sqrt(0.5 / 1) -> +-0.5 / (0.7071 + eps);
+    # group 1: all 0.5 -> [0, 0]
     (a,) = run("group_norm", batch([1, 0, 0.5, 0.5], groups=GROUPS))
+    x = 0.5 / (np.sqrt(0.5) + 1e-6)
+    close(a, np.array([x, -x, 0, 0], np.float32))
+    # correction = 0: the population std 0.5 -> +-0.5 / (0.5 + eps)
+    (a,) = run("group_norm", batch([1, 0, 0.5, 0.5], groups=GROUPS), correction=0)
     x = 0.5 / (0.5 + 1e-6)
     close(a, np.array([x, -x, 0, 0], np.float32))
     (a,) = run("group_norm", batch([1, 0, 0.5, 0.5], groups=GROUPS), std=False)   # Dr. GRPO
     close(a, np.array([0.5, -0.5, 0, 0], np.float32))
-    (a,) = run("group_norm", batch([1, 0, 0.5, 0.5], groups=GROUPS), eps=0.5)    # 0.5 / 1.0
+    (a,) = run("group_norm", batch([1, 0, 0.5, 0.5], groups=GROUPS), eps=0.5,
+               correction=0)                                                    # 0.5 / 1.0
     close(a, np.array([0.5, -0.5, 0, 0], np.float32))
 
 
+def test_group_norm_std_is_torch_std():
+    """The default is torch.std's (Bessel-corrected), as verl's and TRL's group std."""
+    scores = np.array([0.2, 1.0, 0.0, 0.7, 0.3, 0.3, 0.9, 0.1])
+    groups = np.array([0, 0, 0, 0, 1, 1, 1, 1])
+    (a,) = run("group_norm", batch(scores.tolist(), groups=groups.tolist()))
+    s = torch.tensor(scores).view(2, 4)
+    want = (s - s.mean(1, keepdim=True)) / (s.std(1, keepdim=True) + 1e-6)
+    close(a, want.reshape(-1).numpy().astype(np.float32))
+
+
 def test_group_norm_kl_in_the_reward_is_a_reward_to_go():
-    # A = +-0.5 / (0.5 + eps); k1 per token [0.5, -1] for both, its reverse cumsum
+    # A = +-0.5 / (sqrt(0.5) + eps); k1 per token [0.5, -1] for both, its reverse cumsum
     # [-0.5, -1]: minus 0.1 times it adds [0.05, 0.1]
     lp, ref = arr([-1, -2], [-1, -2]), arr([-1.5, -1], [-1.5, -1])
     (a,) = run("group_norm", batch([1, 0], [2, 2], [0, 0], logprobs=lp, ref_logprobs=ref),
                kl=0.1)
-    x = 0.5 / (0.5 + 1e-6)
+    x = 0.5 / (np.sqrt(0.5) + 1e-6)
     close(a, arr([x + 0.05, x + 0.1], [-x + 0.05, -x + 0.1]))
 
 

@@ -9,6 +9,7 @@ the sandbox like any tool.
 
 from __future__ import annotations
 
+import attrs
 import numpy as np
 import pytest
 import torch
@@ -78,11 +79,12 @@ def test_trained_logprobs_are_the_sampled_ones_token_for_token(conversations):
     model, chunk, _ = conversations
     recomputed = forward_arrays(model, chunk.prompt_ids, chunk.response_ids, "logprobs",
                                 temperature=TEMPERATURE)
-    heads = TokenHeads(model, temperature=TEMPERATURE)
+    heads = TokenHeads(model)
     from backends.torch_backend.batching import Padded
     from backends.torch_backend.train import token_outputs
     with torch.no_grad():
-        lp, _, _ = token_outputs(heads, Padded.build(chunk.prompt_ids, chunk.response_ids))
+        lp, _, _ = token_outputs(heads, Padded.build(chunk.prompt_ids, chunk.response_ids),
+                                 TEMPERATURE)
     for i, (mask, sampled) in enumerate(zip(chunk.masks, chunk.logprobs, strict=True)):
         mask = np.asarray(mask, bool)
         np.testing.assert_allclose(recomputed[i][mask], sampled[mask], rtol=0, atol=2e-5)
@@ -92,8 +94,9 @@ def test_trained_logprobs_are_the_sampled_ones_token_for_token(conversations):
 
 def _step(model_seed: int, batch: TrainBatch) -> tuple[dict, dict]:
     model = build_model(PRESETS["tiny"], seed=model_seed)
-    heads = TokenHeads(model, temperature=TEMPERATURE)
+    heads = TokenHeads(model)
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    batch = attrs.evolve(batch, temperature=TEMPERATURE)      # the responses' sampling
     stats = train_step(heads, opt, batch, [LossSpec("grpo", kl=0.1, agg="token_mean",
                                                     whiten=False)], version=0)
     return {k: v.detach().clone() for k, v in model.state_dict().items()}, stats

@@ -23,6 +23,7 @@ from rpeg.runtime.placement import split_plan
 from rpeg.spec import load, load_cluster
 from rpeg.spec.functions import FUNCTIONS
 from rpeg.spec.lower import MODEL_KEYS, WORKLOAD_KEYS
+from tests.conftest import save_chat_model, save_reward_model
 
 ROOT = Path(__file__).resolve().parents[2]
 CLUSTERS = ROOT / "pipelines" / "clusters"
@@ -85,12 +86,15 @@ REMAX = sub(GREEDY, "group_norm(scores)",
             "remax(scores, logprobs, ref_logprobs, baseline = greedy_scores)")
 # an actor that ends a response with probability 1/4 a token (the ``eos`` weights folder), so
 # responses have different lengths: what aggregations, min_len and length rewards act on
-EOS = sub(GRPO, "model actor : tiny {", 'model actor : tiny { weights = "eos";')
+# (its reference the same folder: a KL to a random initialisation is refused)
+EOS = sub(sub(GRPO, "model actor : tiny {", 'model actor : tiny { weights = "eos";'),
+          "model ref : tiny { frozen }", 'model ref : tiny { frozen; weights = "eos" }')
 OVERLONG = sub(sub(EOS, "reward toy", "reward long = overlong()\nreward toy"),
                "stage adv = group_norm(scores)",
                "stage penalty = score(long, responses) -> penalty\n"
                "stage adv = group_norm(scores, penalty)")
-REWARD_MODEL = sub(sub(GRPO, "model ref", "model rm : tiny { head = reward; frozen }\nmodel ref"),
+REWARD_MODEL = sub(sub(GRPO, "model ref", 'model rm : tiny { head = reward; frozen; weights = '
+                                          '"rm" }\nmodel ref'),
                    "stage adv = group_norm(scores)",
                    "stage rm_scores = score(rm, responses) -> rm_scores\n"
                    "stage adv = group_norm(scores, rm_scores)")
@@ -171,6 +175,8 @@ for name in ("group_norm", "rloo", "reinforce"):
             sub(with_kl, "kl = 0.5", "kl = 0.5, kl_estimator = k3"))
 witness("group_norm.std", "run", GRPO, sub(GRPO, "group_norm(scores)", "group_norm(scores, "
                                                                          "std = false)"))
+witness("group_norm.correction", "run", GRPO, sub(GRPO, "group_norm(scores)",
+                                                  "group_norm(scores, correction = 0)"))
 witness("group_norm.eps", "run", GRPO, sub(GRPO, "group_norm(scores)", "group_norm(scores, "
                                                                          "eps = 0.5)"))
 witness("reinforce.gamma", "run", estimator("reinforce"),
@@ -207,7 +213,7 @@ for loss in ("ppo_clip", "grpo", "gspo"):
                                                   "agg = seq_mean_token_mean", lengths))
     witness(f"{loss}.entropy", "run", base, with_("entropy = 0.5"))
     witness(f"{loss}.kl", "run", base, with_("kl = 0.5"))
-    witness(f"{loss}.kl_estimator", "run", with_("kl = 0.5"), with_("kl = 0.5, kl_estimator = k1"))
+    witness(f"{loss}.kl_estimator", "run", with_("kl = 0.5"), with_("kl = 0.5, kl_estimator = k2"))
     witness(f"{loss}.kl_target", "run", with_("kl = 0.5"), with_("kl = 0.5, kl_target = 0.001"))
     witness(f"{loss}.kl_horizon", "run", with_("kl = 0.5, kl_target = 0.001"),
             with_("kl = 0.5, kl_target = 0.001, kl_horizon = 1"))
@@ -215,11 +221,19 @@ for loss in ("ppo_clip", "grpo", "gspo"):
             with_("whiten = false" if loss == "ppo_clip" else "whiten = true"))
     witness(f"{loss}.tis", "either", base, with_("tis = 1"))
     witness(f"{loss}.coef", "run", base, with_("coef = 3"))
+    # a tight clip: the second minibatch's ratios leave the band both ways, whatever the sign
+    # of their advantage, so counting every one differs from counting where the clip binds
+    narrow = sub(base, f"{loss}(0.2)", f"{loss}({tight})")
+    witness(f"{loss}.clip_frac", "run", narrow,
+            sub(narrow, f"{loss}({tight})", f"{loss}({tight}, clip_frac = outside)"))
 witness("value_mse.clip", "run", PPO, sub(PPO, "loss = value_mse", "loss = value_mse(0.001)"))
 witness("value_mse.coef", "run", PPO, sub(PPO, "loss = value_mse", "loss = value_mse(coef = 3)"))
 
 # --- rewards -----------------------------------------------------------------------------------
 witness("python.ref", "run", GRPO, sub(GRPO, "rewards:toy_reward", "rewards:exact_match"))
+# recorded in the metrics when declared (reward_errors.STAGE: how many scored 0)
+witness("python.on_error", "run", GRPO, sub(GRPO, 'python("rewards:toy_reward")',
+                                            'python("rewards:toy_reward", on_error = zero)'))
 
 # --- tools and environments: conversations -----------------------------------------------------
 # an environment steps every turn whatever the (random) policy writes, so every sample holds
@@ -266,41 +280,44 @@ for kind in ("adam", "adamw"):
     witness(f"{kind}.eps", "run", base, opt("eps = 0.1"))
     witness(f"{kind}.grad_clip", "run", base, opt("grad_clip = 0.01"))
     witness(f"{kind}.schedule", "run", base, opt("schedule = linear"))
-    witness(f"{kind}.warmup", "run", base, opt("warmup = 2"))
+    longer = sub(base, "steps = 2", "steps = 3")        # a warmup shorter than the run
+    witness(f"{kind}.warmup", "run", longer, opt("warmup = 2", longer))
     witness(f"{kind}.min_lr", "run", opt("schedule = cosine"),
             opt("schedule = cosine, min_lr = 1e-3"))
     # a 16-bit model's masters: priced (4 bytes a parameter), and on a GPU its FSDP2/DDP
     # optimizer keeps them or not; the CPU runs float32, whose weights are their own masters
     witness(f"{kind}.master_weights", "plan@gh200_8", base, opt("master_weights = false"))
 
-# --- model keys ------------------------------------------------------------------------------------
-witness("model.optimizer", "run", sub(GRPO, " { optimizer = adam(lr = 3e-3) }", ""), GRPO)
-witness("model.head", "run", GRPO, REWARD_MODEL)
-witness("model.frozen", "run", PPO, sub(sub(PPO, "head = value; optimizer = adam(lr = 1e-3)",
-                                            "head = value; frozen"),
-                                        "stage critic_step = train(critic, responses, returns, "
-                                        "values, loss = value_mse, minibatches = 2)\n", ""))
-witness("model.dtype", "plan@gh200_8", GRPO, sub(GRPO, "adam(lr = 3e-3) }",
-                                                 "adam(lr = 3e-3); dtype = fp32 }"))
-witness("model.weights", "run", GRPO, sub(GRPO, "model actor : tiny {", 'model actor : tiny { '
-                                                                       'weights = "w";'))
-witness("model.tied", "plan", GRPO, sub(GRPO, "adam(lr = 3e-3) }", "adam(lr = 3e-3); tied }"))
-witness("model.family", "run", GRPO, sub(GRPO, "adam(lr = 3e-3) }",
-                                         "adam(lr = 3e-3); family = qwen2 }"))
-for key, value in (("layers", 3), ("hidden", 128), ("heads", 8), ("kv_heads", 4), ("ffn", 256),
-                   ("vocab", 300), ("head_dim", 32), ("mlp", "plain")):
-    witness(f"model.{key}", "plan", GRPO, sub(GRPO, "adam(lr = 3e-3) }",
-                                              f"adam(lr = 3e-3); {key} = {value} }}"))
-# priced (its norms' weights); the torch backend builds it only with the family that has it
-witness("model.qk_norm", "plan", GRPO, sub(GRPO, "adam(lr = 3e-3) }", "adam(lr = 3e-3); qk_norm }"))
-witness("model.lora", "plan@gh200_8", GRPO, sub(GRPO, "adam(lr = 3e-3) }",
-                                                "adam(lr = 3e-3); lora = lora(rank = 4) }"))
-
-
 def arch(extra: str, text: str = GRPO) -> str:
     """The actor (and its reference) with ``extra`` architecture keys."""
     return sub(sub(text, "adam(lr = 3e-3) }", f"adam(lr = 3e-3); {extra} }}"),
                "model ref : tiny { frozen }", f"model ref : tiny {{ frozen; {extra} }}")
+
+
+# --- model keys ------------------------------------------------------------------------------------
+witness("model.optimizer", "run", sub(GRPO, " { optimizer = adam(lr = 3e-3) }", ""), GRPO)
+witness("model.head", "run", GRPO, REWARD_MODEL)
+# a frozen critic reads its value head from its folder (a reward model's checkpoint)
+witness("model.frozen", "run", PPO, sub(sub(PPO, "head = value; optimizer = adam(lr = 1e-3)",
+                                            'head = value; frozen; weights = "rm"'),
+                                        "stage critic_step = train(critic, responses, returns, "
+                                        "values, loss = value_mse, minibatches = 2)\n", ""))
+witness("model.dtype", "plan@gh200_8", GRPO, sub(GRPO, "adam(lr = 3e-3) }",
+                                                 "adam(lr = 3e-3); dtype = fp32 }"))
+# the reference starts where the actor does: the same folder, the same architecture
+witness("model.weights", "run", GRPO, sub(sub(GRPO, "model actor : tiny {",
+                                              'model actor : tiny { weights = "w";'),
+                                          "model ref : tiny { frozen }",
+                                          'model ref : tiny { frozen; weights = "w" }'))
+witness("model.tied", "plan", GRPO, arch("tied"))
+witness("model.family", "run", GRPO, arch("family = qwen2"))
+for key, value in (("layers", 3), ("hidden", 128), ("heads", 8), ("kv_heads", 4), ("ffn", 256),
+                   ("vocab", 300), ("head_dim", 32), ("mlp", "plain")):
+    witness(f"model.{key}", "plan", GRPO, arch(f"{key} = {value}"))
+# priced (its norms' weights); the torch backend builds it only with the family that has it
+witness("model.qk_norm", "plan", GRPO, arch("qk_norm"))
+witness("model.lora", "plan@gh200_8", GRPO, sub(GRPO, "adam(lr = 3e-3) }",
+                                                "adam(lr = 3e-3); lora = lora(rank = 4) }"))
 
 
 MOE = "experts = 4; active_experts = 2; expert_ffn = 64"
@@ -330,6 +347,9 @@ witness("workload.gen_len", "plan", GRPO, sub(GRPO, "uniform(min = 1, max = 8)",
                                               "uniform(min = 4, max = 8)"))
 witness("workload.dataset", "run", GRPO, sub(GRPO, "data/toy.jsonl", "data/other.jsonl"))
 witness("workload.seed", "run", GRPO, sub(GRPO, "seed = 0", "seed = 1"))
+# the toy prompts are 5 or 6 tokens with BOS: at prompt_len 4 each is cut, at its end or start
+witness("workload.truncation", "run", sub(GRPO, "prompt_len = 8", "prompt_len = 4; truncation = left"),
+        sub(GRPO, "prompt_len = 8", "prompt_len = 4; truncation = right"))
 # the data keys: columns of a dataset with two of each (fields.jsonl), the splits of a saved
 # dataset (the folder ``saved``), the chat template of a folder whose tokenizer has one
 FIELDS = sub(GRPO, "data/toy.jsonl", "data/fields.jsonl")
@@ -376,7 +396,8 @@ def folder(tmp_path_factory):
     torch.manual_seed(7)                          # weights other than the preset's seed-0 init
     LlamaForCausalLM(hf_config(PRESETS["tiny"])).save_pretrained(d / "w")
     _eos_model(hf_config(PRESETS["tiny"])).save_pretrained(d / "eos")
-    _chat_folder(d / "chat", hf_config(PRESETS["tiny"]))
+    save_chat_model(d / "chat")
+    save_reward_model(d / "rm")
     with (d / "data" / "fields.jsonl").open("w") as out:     # two prompt and answer columns
         for n, row in enumerate(map(json.loads, rows)):
             out.write(json.dumps({"q1": row["prompt"], "q2": f"b*{n % 5 + 1}=",
@@ -386,23 +407,6 @@ def folder(tmp_path_factory):
     DatasetDict({"train": Dataset.from_list(table),
                  "other": Dataset.from_list(table[::-1])}).save_to_disk(str(d / "data" / "saved"))
     return d
-
-
-def _chat_folder(path: Path, config) -> None:
-    """The tiny model with a tokenizer of its byte vocabulary that has a chat template."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import LlamaForCausalLM, PreTrainedTokenizerFast
-    vocab = {chr(i) if 33 <= i < 127 else f"<{i}>": i for i in range(config.vocab_size)}
-    core = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<0>"))
-    core.pre_tokenizer = pre_tokenizers.Split("", "isolated")
-    core.decoder = decoders.Fuse()
-    tok = PreTrainedTokenizerFast(tokenizer_object=core, unk_token="<0>", eos_token="<2>",
-                                  pad_token="<3>")
-    tok.chat_template = "{% for m in messages %}[{{ m['content'] }}]{% endfor %}>"
-    tok.save_pretrained(path)
-    torch_seed = __import__("torch").manual_seed
-    torch_seed(5)
-    LlamaForCausalLM(config).save_pretrained(path)
 
 
 def _eos_model(config):
@@ -449,7 +453,10 @@ class _Outcomes:
             p = self.spec(text)
             predicted = Evaluator(p, load_cluster(CLUSTERS / f"{cluster}.rpeg")).evaluate(
                 split_plan(p, 1, staleness=0)).plan.predicted
-            self.cache[(cluster, text)] = (predicted.step_time_s, predicted.peak_memory)
+            # what each op computes too: a key that changes the FLOPs of a step that host time
+            # bounds (a tiny model on a GPU) changes what is priced, not the step
+            self.cache[(cluster, text)] = (predicted.step_time_s, predicted.peak_memory,
+                                           tuple(round(u.flops) for u in predicted.ops))
         return self.cache[(cluster, text)]
 
 

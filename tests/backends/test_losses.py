@@ -52,8 +52,20 @@ RATIO, ADV = [[1.5, 0.5], [1.1, 1.0]], [[1.0, 1.0], [-1.0, 0.0]]
 def test_ppo_clip_aggregations(agg, want):
     value, stats = loss_value(LossSpec("ppo_clip", agg=agg), *tensors(RATIO, ADV))
     assert value == pytest.approx(want, abs=TOL)
-    # clip_frac counts ratios outside [0.8, 1.2]: 1.5 and 0.5 of the 3 tokens
-    assert stats["clip_frac"] == pytest.approx(2 / 3, abs=TOL)
+    # clip_frac counts the tokens where the clip binds: 1.5 with advantage 1 (0.5 is below
+    # the band with a positive advantage: its unclipped term is the smaller), 1 of 3
+    assert stats["clip_frac"] == pytest.approx(1 / 3, abs=TOL)
+
+
+@pytest.mark.parametrize(("counts", "want"), [("binding", 2 / 4), ("outside", 4 / 4)])
+def test_clip_frac_counts_where_the_clip_binds_or_every_ratio_outside(counts, want):
+    """Four ratios outside [0.8, 1.2]: the clip binds on 1.5 with A > 0 and 0.5 with A < 0
+    (verl's pg_clipfrac, TRL's clip_ratio), not on 0.5 with A > 0 nor 1.5 with A < 0."""
+    lp, t = tensors([[1.5, 0.5], [0.5, 1.5]], [[1.0, 1.0], [-1.0, -1.0]])
+    mask = torch.ones(2, 2)
+    _, stats = compute_loss(LossSpec("ppo_clip", clip_frac=counts), lp, torch.zeros_like(lp),
+                            None, mask, t, Norm(4, 2, 2.0))
+    assert float(stats["clip_frac"]) == pytest.approx(want, abs=TOL)
 
 
 def test_clip_higher_and_clip_lower():

@@ -170,7 +170,11 @@ def test_gae_by_hand():
 def test_group_norm_and_rloo():
     scores = np.array([1.0, 0.0, 3.0, 3.0])
     groups = np.array([0, 0, 1, 1])
-    np.testing.assert_allclose(adv.group_norm(scores, groups), [1.0, -1.0, 0.0, 0.0], atol=1e-5)
+    # the sample std of [1, 0] is sqrt(1/2)
+    np.testing.assert_allclose(adv.group_norm(scores, groups),
+                               [np.sqrt(0.5), -np.sqrt(0.5), 0.0, 0.0], atol=1e-5)
+    np.testing.assert_allclose(adv.group_norm(scores, groups, correction=0),
+                               [1.0, -1.0, 0.0, 0.0], atol=1e-5)
     np.testing.assert_allclose(adv.rloo(scores, groups), [1.0, -1.0, 0.0, 0.0])
 
 

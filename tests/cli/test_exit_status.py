@@ -47,6 +47,8 @@ def test_every_output_option_is_checked_before_the_work(capsys, tmp_path):
         (["graph", TINY, "-o", tmp_path / "g.txt"], 2, "must end in .dot, .svg, .png, .pdf"),
         (["calibrate", "-o", missing / "p.rpeg"], 1, "--out must name a file in an existing"),
         (["calibrate", "--cluster", tmp_path], 1, "--cluster must name a file to write"),
+        (["calibrate", "--control-only", "-o", tmp_path / "p.rpeg"], 1,
+         "--control-only updates an existing profile"),
         (["compile", plan, "-o", missing / "again.json"], 1, "does not exist"),
     ]
     for args, code, words in cases:
@@ -73,6 +75,7 @@ def test_every_output_option_is_checked_before_the_work(capsys, tmp_path):
     (["diff", TINY, GRPO, "--cluster", LOCAL, "--seed", "-3"], "greater than or equal to 0"),
     (["diff", TINY, GRPO, "--budget", "10"], "it goes with --cluster"),
     (["calibrate", "--dispatch-only"], "give it with --out"),
+    (["calibrate", "--control-only"], "give it with --out"),
 ])
 def test_usage_errors_exit_2(capsys, args, words):
     rc, text = _run(capsys, args)

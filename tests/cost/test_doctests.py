@@ -12,6 +12,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 MODULES = ["compute", "memory", "stages", "topology", "profiles", "examples", "calibrate", "partial",
+           "engines", "generation", "passes", "engine_sync",
            "__init__"]
 
 

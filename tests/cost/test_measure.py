@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import attrs
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -91,7 +92,7 @@ def test_calibrate_writes_a_profile_that_loads(tmp_path):
     prof, clus = tmp_path / "cpu.rpeg", tmp_path / "local.rpeg"
     r = subprocess.run([sys.executable, "-m", "rpeg", "calibrate", "-o", str(prof), "--cluster",
                         str(clus), "--repeats", "2"], cwd=ROOT, capture_output=True, text=True,
-                       timeout=300)
+                       timeout=600)
     assert r.returncode == 0, r.stderr
     from rpeg.spec import load_cluster
     c = load_cluster(clus)
@@ -99,7 +100,36 @@ def test_calibrate_writes_a_profile_that_loads(tmp_path):
     # what Dask costs: the dispatch gap and the control plane's CPU, from real runs
     assert 0 < c.gpu.dispatch_s < 0.1 and c.gpu.host_cores >= 1
     assert c.gpu.control_task_s > 0
+    # and on a host of its own: Dask's scheduler and client, rpeg's core
+    assert c.gpu.scheduler_task_s > 0 and c.gpu.client_task_s > 0 and c.gpu.control_call_s > 0
     assert "control plane" in r.stderr
+
+
+@pytest.mark.slow
+def test_calibrate_control_only_measures_a_gpu_profiles_control_plane_and_keeps_the_rest(
+        tmp_path):
+    from rpeg.cost.control import ControlTerms
+    from rpeg.cost.profiles import load_profile
+    prof = tmp_path / "gh200.rpeg"
+    prof.write_text((ROOT / "pipelines" / "clusters" / "profiles" / "gh200.rpeg").read_text())
+    before = load_profile(prof)
+    assert not ControlTerms.of(before).measured
+    r = subprocess.run([sys.executable, "-m", "rpeg", "calibrate", "--control-only", "-o",
+                        str(prof)], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    after = load_profile(prof)
+    terms = ControlTerms.of(after)
+    assert terms.scheduler_task_s > 0 and terms.client_task_s > 0 and terms.call_s > 0
+    assert terms.heartbeat_s > 0 and terms.scheduler_worker_s > 0
+    # the device's figures are the GPU's still; the cores it shares are none
+    kept = attrs.evolve(after, **{f: getattr(before, f) for f in CONTROL_FIELDS})
+    assert kept == before and after.host_cores == 0
+    assert "--control-only at load" in prof.read_text().splitlines()[0]
+
+
+CONTROL_FIELDS = ("control_call_s", "client_task_s", "client_arg_s", "client_worker_s",
+                  "scheduler_task_s", "scheduler_arg_s", "scheduler_worker_s",
+                  "scheduler_heartbeat_s")
 
 
 @pytest.mark.slow

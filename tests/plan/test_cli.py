@@ -114,14 +114,17 @@ def test_compile_nothing_fits(tmp_path, capsys):
                "-o", str(tmp_path / "p.json"), *QUICK])
     assert rc == 1
     err = capsys.readouterr().err
-    assert "add GPUs" in err and "GB per GPU" in err and "weights" in err
+    assert "GB per GPU" in err and "weights" in err
+    # a checked hint, or what binds: the 2 local devices' tp cannot split the weights
+    # further, and more devices add replicas
+    assert "add GPUs" in err or "more GPUs add replicas, not room" in err, err
 
 
 def test_simulate_draws_and_reports(compiled, tmp_path, capsys):
     png = tmp_path / "g.png"
     assert main(["simulate", str(compiled), "--steps", "6", "-o", str(png)]) == 0
     text = capsys.readouterr().out
-    assert "steady-state step" in text and "idle" in text
+    assert "predicted step" in text and "idle" in text
     assert png.stat().st_size > 1000
     assert main(["simulate", str(compiled), "--steps", "6", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)

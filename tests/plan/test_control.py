@@ -8,6 +8,7 @@ from pathlib import Path
 import attrs
 import pytest
 
+from rpeg.cost import control as K
 from rpeg.cost.calibrate import fit_control, with_dispatch
 from rpeg.cost.profiles import builtin_cluster, cluster_of, load_profile, profile_text
 from rpeg.plan.evaluate import Evaluator
@@ -17,6 +18,9 @@ from rpeg.runtime.placement import split_plan
 from rpeg.spec import load
 
 PIPELINES = Path(__file__).resolve().parents[2] / "pipelines"
+HOST_TERMS = ("control_call_s", "client_task_s", "client_arg_s", "client_worker_s",
+              "scheduler_task_s", "scheduler_arg_s", "scheduler_worker_s",
+              "scheduler_heartbeat_s")
 
 
 def _chunks(plan, n):
@@ -88,19 +92,29 @@ def test_control_time_is_charged_only_where_devices_share_the_host_cores():
     assert t1 == pytest.approx((2 * g.control_step_s + n1 * g.control_task_s)
                                / g.host_cores)
     assert t3 - t1 == pytest.approx((n3 - n1) * g.control_task_s / g.host_cores)
-    # the step's prediction carries it, and says so
-    bare = attrs.evolve(cpu, gpu=attrs.evolve(cpu.gpu, host_cores=0.0))
+    # the step's prediction carries it, and says so: against the same cluster with a
+    # control plane that costs next to nothing
+    free = attrs.evolve(cpu, gpu=attrs.evolve(
+        cpu.gpu, host_cores=0.0, **{f: 0.0 for f in HOST_TERMS} | {"client_task_s": 1e-12}))
     priced = Evaluator(pipeline, cpu).evaluate(plans[1]).plan
     assert priced.predicted.step_time_s == pytest.approx(
-        Evaluator(pipeline, bare).evaluate(plans[1]).step_time_s + t1)
+        Evaluator(pipeline, free).evaluate(plans[1]).step_time_s + t1)
     assert priced.predicted.control_s == pytest.approx(t1, abs=1e-6)
     assert priced.predicted.tasks_per_step == n1
     assert f"({n1} Dask tasks a step" in str(priced)
-    assert Evaluator(pipeline, bare).evaluate(plans[1]).plan.predicted.control_s == 0.0
-    # a GPU's host CPUs are not its devices: nothing is charged
+    assert Evaluator(pipeline, free).evaluate(plans[1]).plan.predicted.control_s < 1e-6
+    # a GPU's host CPUs are not its devices: it pays the client's and the scheduler's time
+    # on a host of their own instead (rpeg.cost.control), with the shipped CPU profile's terms
     gpus = cluster_of("h100", 8)
     assert gpus.gpu.host_cores == 0.0
-    assert control(gpus, split_plan(pipeline, 2, staleness=1)) == 0.0
+    plan = split_plan(pipeline, 2, staleness=1)
+    ev = Evaluator(pipeline, gpus)
+    graph = ev.graph(plan)
+    timings = ev.timings(plan, graph)[0]
+    terms, whose = K.terms_of(gpus.gpu)
+    assert whose == "local_cpu" and terms.measured
+    expect = K.control_time(terms, ev.dispatch(plan, graph, timings), 0.0).charged_s
+    assert control(gpus, plan) == pytest.approx(expect) and expect > 0
 
 
 def test_control_terms_are_fitted_and_round_trip_through_the_profile(tmp_path):

@@ -89,3 +89,43 @@ def test_rpeg_compile_reports_a_refused_pin_as_a_user_error(tmp_path, local_cpu,
         assert rc == 1 and err.startswith(f"{pipeline.path}:{line}:34: error: place "
                                           "critic_step: zero must be one of")
         assert "Traceback" not in err and "^" in err
+
+
+EVAL = 'eval { dataset = "data/toy.jsonl"; every = 2; prompts = 4 }'
+
+
+def test_the_evaluated_model_is_never_planned_in_pieces(tmp_path, local_cpu):
+    """The eval block generates with the actor's trained replica, whole on its first device:
+    the planner offers the actor's train stage no ZeRO-3 (nor tp) layout with an eval block,
+    and does without one."""
+    from rpeg.plan.choices import enumerate_layouts
+    runtime = Limits.runtime()
+    plain, with_eval = _spec(tmp_path), _spec(tmp_path, EVAL)
+    def zeros(pipeline, stage: str = "actor_step") -> set[int]:
+        return {lay.par.zero for lay in enumerate_layouts(pipeline, stage, (2,), local_cpu,
+                                                          runtime)}
+    assert 3 in zeros(plain) and 3 not in zeros(with_eval) and 2 in zeros(with_eval)
+    # the critic is not evaluated: its layouts are unchanged
+    assert zeros(with_eval, "critic_step") == zeros(plain, "critic_step")
+
+
+def test_a_pinned_zero3_actor_with_an_eval_block_is_refused_with_a_hint(tmp_path, local_cpu):
+    pipeline = _spec(tmp_path, EVAL, "place actor_step on gpus 0..1 { dp = 2; zero = 3 }")
+    with pytest.raises(PlanError) as err:
+        check_pins(pipeline, local_cpu, Limits.runtime())
+    text = err.value.render()
+    assert "zero must be one of 0, 2 for train stage 'actor_step' of a pipeline with an " \
+           "eval block, not 3" in text
+    assert err.value.span.line == _line_of(pipeline, "actor_step") and "pin zero = 2" in text
+    check_pins(_spec(tmp_path, EVAL, "place actor_step on gpus 0..1 { dp = 2; zero = 2 }"),
+               local_cpu, Limits.runtime())                    # ZeRO-2 keeps it whole
+    check_pins(_spec(tmp_path, "place actor_step on gpus 0..1 { dp = 2; zero = 3 }"),
+               local_cpu, Limits.runtime())                    # no eval: ZeRO-3 runs
+
+
+def test_rpeg_check_refuses_the_pin_before_any_plan(tmp_path, capsys):
+    from rpeg.cli import main
+    _spec(tmp_path, EVAL, "place actor_step on gpus 0..1 { dp = 2; zero = 3 }")
+    assert main(["check", str(tmp_path / "pinned.rpeg")]) == 1
+    err = capsys.readouterr().err
+    assert "pinned.rpeg:" in err and "with an eval block, not 3" in err and "hint: pin zero" in err

@@ -165,10 +165,11 @@ def test_nothing_fits_names_model_op_and_what_helps(ppo8b):
         compile_plan(ppo8b, one, options=QUICK)
     text = e.value.render()
     assert re.search(r"(actor|critic|ref) (training|generation|inference) \((\w+)\) alone, in "
-                     r"its smallest layout, must fit in 80 GB per GPU, not need [\d.]+ GB on "
+                     r"its smallest layout, must fit in 72 GB per GPU \(80 GB less its 10% "
+                     r"reserve\), not need [\d.]+ GB on "
                      r"GPU 0 running \w+ as dp 1, tp 1", text), text
     # what fills the GPU, by kind, and only help that is possible: one GPU has no tp to raise
-    assert "weights" in text and "optimizer" in text and "activations" in text, text
+    assert "weights" in text and "optimizer" in text and "grads" in text, text
     assert "add GPUs" in text and "raise tp" not in text, text
 
 

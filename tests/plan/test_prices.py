@@ -39,7 +39,7 @@ def test_answers_are_the_cost_models(ppo8b, gh16, stage, layout):
     model = ppo8b.model(ppo8b.stage(stage).target)
     trained = stage == "actor_step"
     assert prices.resident(model.name, p, trained) == resident_memory(
-        model, parallel_of(p), gh16, trained=trained).total
+        model, parallel_of(p), gh16, trained=trained, engine=p.engine).total
 
 
 def test_a_layout_is_priced_once_wherever_the_tree_looks_the_same(ppo8b, gh16):

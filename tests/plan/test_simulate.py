@@ -175,3 +175,31 @@ def test_an_output_crossing_to_other_devices_arrives_a_dispatch_later():
     same = simulate(_gen_train(0), {"gen": OpTiming((0,), 2.0), "train": OpTiming((0,), 1.0)},
                     steps=2, crossing_s=0.5)
     assert same.step_ends == (3.0, 6.0)
+
+
+def test_ops_that_wait_on_one_another_are_a_plan_error_the_search_steps_over():
+    """ppo_async with actor and critic trained as one model and the critic's values one
+    update stale: the values of step k read the weights the shared train op overwrites in
+    place before step k's rollout, which waits on that train op. A plan error (a message,
+    not a traceback, from compile), and a move the search skips."""
+    import attrs
+
+    from rpeg.errors import PlanError
+    from rpeg.plan.compile import compile_report
+    from rpeg.plan.evaluate import Evaluator
+    from rpeg.plan.model import Strategy
+    from rpeg.plan.options import SearchOptions
+    from rpeg.plan.space import Limits
+    from rpeg.spec import load, load_cluster
+    from tests.conftest import ROOT
+
+    pipeline = load(ROOT / "pipelines" / "ppo_async.rpeg")
+    cluster = load_cluster(ROOT / "pipelines" / "clusters" / "a100_16.rpeg")
+    plan = compile_report(pipeline, cluster, Strategy.COLOCATED,
+                          SearchOptions(seed=0, iterations=5, limits=Limits())).plan
+    ev = Evaluator(pipeline, cluster)
+    shared = attrs.evolve(plan, shared=pipeline.shares, predicted=None)
+    assert ev.evaluate(shared).feasible                     # shared, synchronous: runs
+    with pytest.raises(PlanError, match="must be schedulable step after step") as e:
+        ev.evaluate(attrs.evolve(shared, staleness=(("values", 1),)))
+    assert "values" in e.value.message or "actor_step+critic_step" in e.value.message

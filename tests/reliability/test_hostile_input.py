@@ -227,7 +227,7 @@ def test_checking_a_spec_runs_none_of_its_code(tmp_path, monkeypatch):
     pkg.mkdir(parents=True)
     marker = tmp_path / "ran"
     (pkg / "__init__.py").write_text(f"open({str(marker)!r}, 'w').write('x')\n")
-    (pkg / "rw.py").write_text(f"open({str(marker)!r}, 'w').write('x')\ndef score(x): return 0\n")
+    (pkg / "rw.py").write_text(f"open({str(marker)!r}, 'w').write('x')\ndef score(prompts, responses, answers): return 0\n")
     monkeypatch.syspath_prepend(str(tmp_path / "site"))
     spec_dir = tmp_path / "spec"
     spec_dir.mkdir()

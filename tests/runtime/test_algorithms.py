@@ -18,6 +18,7 @@ import pytest
 from rpeg.runtime import RunOptions, run_pipeline, verify_run
 from rpeg.runtime.placement import split_plan
 from rpeg.spec import load
+from tests.conftest import save_reward_model
 
 ROOT = Path(__file__).resolve().parents[2]
 STEPS = 3
@@ -56,7 +57,7 @@ stage actor_step = train(actor, responses, advantages, logprobs,
                          minibatches = 2)
 """),
     "remax_rm": (1, "adamw(lr = 3e-3, schedule = cosine, warmup = 1, min_lr = 1e-4)", "", """\
-model rm : tiny { head = reward; frozen }
+model rm : tiny { head = reward; frozen; weights = "rm" }
 stage greedy = generate(actor, prompts, temperature = 0) -> greedy_responses
 stage greedy_scores = score(toy, greedy_responses) -> greedy_scores
 stage rm_scores = score(rm, responses, weight = 0.1) -> rm_scores
@@ -114,6 +115,7 @@ def folder(tmp_path_factory):
     (d / "first.py").write_text(FIRST)
     (d / "data").mkdir()
     shutil.copy(ROOT / "pipelines" / "data" / "toy.jsonl", d / "data" / "toy.jsonl")
+    save_reward_model(d / "rm")
     return d
 
 

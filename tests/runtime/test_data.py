@@ -11,11 +11,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rpeg.errors import RuntimeFailure
-from rpeg.runtime.data import Cursor, read_rows, reward_extras, row_indices, step_rows
+from rpeg.runtime.data import ROW, Cursor, read_rows, reward_extras, row_indices, step_rows
 from rpeg.spec.training import Fields
 
 ROWS = [{"question": f"q{i}", "solution": str(i), "level": i % 3} for i in range(7)]
 FIELDS = Fields("question", "solution")
+
+
+def _content(rows: list[dict]) -> list[dict]:
+    """The rows without where each came from (the file differs, the content is the same)."""
+    return [{k: v for k, v in r.items() if k != ROW} for r in rows]
 
 
 def _jsonl(tmp_path, rows=ROWS):
@@ -26,7 +31,9 @@ def _jsonl(tmp_path, rows=ROWS):
 
 def test_jsonl_with_a_field_map(tmp_path):
     rows = read_rows(_jsonl(tmp_path), FIELDS)
-    assert rows[2] == {"prompt": "q2", "answer": "2", "level": 2}
+    # where the row came from travels with it (file, row number), for a bad row's error
+    assert rows[2] == {"prompt": "q2", "answer": "2", "level": 2,
+                       ROW: (str(tmp_path / "d.jsonl"), 3)}
     assert reward_extras(rows[:3]) == {"level": [0, 1, 2]}
 
 
@@ -37,7 +44,7 @@ def test_parquet_reads_the_same_rows(tmp_path):
     import pyarrow.parquet as pq
     path = tmp_path / "d.parquet"
     pq.write_table(pa.Table.from_pylist(ROWS), path)
-    assert read_rows(path, FIELDS) == read_rows(_jsonl(tmp_path), FIELDS)
+    assert _content(read_rows(path, FIELDS)) == _content(read_rows(_jsonl(tmp_path), FIELDS))
 
 
 @pytest.mark.skipif(importlib.util.find_spec("datasets") is None,
@@ -45,7 +52,8 @@ def test_parquet_reads_the_same_rows(tmp_path):
 def test_a_saved_dataset_and_its_splits(tmp_path):
     from datasets import Dataset, DatasetDict
     Dataset.from_list(ROWS).save_to_disk(str(tmp_path / "one"))
-    assert read_rows(tmp_path / "one", FIELDS) == read_rows(_jsonl(tmp_path), FIELDS)
+    assert _content(read_rows(tmp_path / "one", FIELDS)) == \
+        _content(read_rows(_jsonl(tmp_path), FIELDS))
     DatasetDict({"train": Dataset.from_list(ROWS[:5]),
                  "test": Dataset.from_list(ROWS[5:])}).save_to_disk(str(tmp_path / "two"))
     assert [r["prompt"] for r in read_rows(tmp_path / "two", FIELDS, "test")] == ["q5", "q6"]
@@ -61,7 +69,8 @@ def test_chat_messages_are_prompts_too(tmp_path):
 
 
 @pytest.mark.parametrize("rows,fields,message", [
-    ([{"prompt": "a"}], FIELDS, "each row must have the prompt column 'question'"),
+    ([{"prompt": "a"}], FIELDS, "prompt_field 'question' must name a column, and the row has "
+                                "prompt"),
     ([{"question": 3}], FIELDS, "prompt 'question' must be text or a list of chat messages"),
     ([{"question": [{"role": "user"}]}], FIELDS, "must be text or a list of chat messages"),
     ([], FIELDS, "must hold at least one row"),

@@ -77,6 +77,32 @@ def test_an_exception_in_a_reward_shows_the_users_own_frames():
     assert "test_rewards.py:" in text and "^" in text and "Traceback" not in text
 
 
+def test_a_call_that_fails_before_the_reward_s_code_says_so():
+    """verl's signature called as a batch reward: the TypeError is raised by the call, so no
+    frame of the user's is shown, and the hint says what rpeg passes instead of pointing at
+    a traceback that is not there."""
+    def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+        return 0.0
+    with pytest.raises(RuntimeFailure) as got:
+        call_reward(compute_score, REWARD, 0, ["p"], ["r"], ["a"], {"data_source": ["x"]})
+    e = got.value
+    assert "raised TypeError at step 0" in e.message and not e.notes
+    assert e.hint.startswith("the reward could not be called with what rpeg passes")
+    assert "above" not in e.hint
+
+
+def test_on_error_zero_scores_failures_0_and_counts_them():
+    import attrs
+    zero = attrs.evolve(REWARD, params=(("on_error", "zero"),))
+    scores, failed = call_reward(_user_reward, zero, 3, ["p"] * 2, ["r"] * 2, ["a"] * 2)
+    assert scores.tolist() == [0.0, 0.0] and failed == 2
+    scores, failed = call_reward(lambda p, r, a: [1.0, math.nan], zero, 3, ["p"] * 2,
+                                 ["r"] * 2, ["a"] * 2)
+    assert scores.tolist() == [1.0, 0.0] and failed == 1
+    with pytest.raises(RuntimeFailure, match="4 scores"):      # a wrong count is a bug
+        call_reward(lambda p, r, a: [1.0], zero, 3, ["p"] * 4, ["r"] * 4, ["a"] * 4)
+
+
 def test_a_metrics_row_stays_strict_json_naming_what_was_not_finite():
     events = [{"kind": "train", "op": "actor_step", "rank": 0, "stats": {
         "policy_loss": math.nan, "entropy": 1.5, "grad_norm": math.inf}}]

@@ -210,7 +210,7 @@ def test_what_now_works_is_accepted(tmp_path):
     text = g("generate(actor, prompts)", "generate(actor, prompts, min_len = 2, max_len = 12, "
              "refill_rounds = 2, filter_rate = 0.3)")
     text = sub("group_norm(scores)", "group_norm(scores, logprobs, ref_logprobs, kl = 0.01, "
-               "eps = 1e-4, std = false)", text)
+               "eps = 1e-4, correction = 0)", text)
     text = sub("loss = grpo(0.2))", "loss = grpo(0.2, kl = 0.04, entropy = 0.001, tis = 2, "
                "clip_high = 0.28, agg = seq_mean_token_sum))", text)
     p = check_file(_write(tmp_path, text)).value
@@ -219,7 +219,8 @@ def test_what_now_works_is_accepted(tmp_path):
 
 
 def test_a_reward_model_scores_and_two_scores_add_up(tmp_path):
-    text = sub("reward r = python", "model rm : tiny { head = reward; frozen }\nreward r = python",
+    text = sub("reward r = python", 'model rm : tiny { head = reward; frozen; weights = "rm" }'
+               "\nreward r = python",
                GRPO)
     text = sub("stage adv = group_norm(scores)",
                "stage rm_scores = score(rm, responses, weight = 0.5) -> rm_scores\n"

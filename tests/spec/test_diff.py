@@ -51,7 +51,7 @@ def test_consistent_renames_are_not_changes(spec):
 
 def test_renamed_and_changed_stage_is_a_change(spec):
     text = BASE.replace("stage values = forward(critic, responses) -> values",
-                        "model vf : tiny { head = value; frozen }\n"
+                        'model vf : tiny { head = value; frozen; weights = "vf" }\n'
                         "stage v2 = forward(vf, responses) -> values")
     d = diff(spec(BASE), spec(text))
     assert ("stages", "-", "values") in changes(d) and ("stages", "+", "v2") in changes(d)
@@ -60,7 +60,8 @@ def test_renamed_and_changed_stage_is_a_change(spec):
 def test_workload_and_model_changes_say_what_they_do(spec):
     text = (BASE.replace("prompts = 4", "prompts = 8")
             .replace("model actor : tiny { optimizer = adam(lr = 1e-3) }",
-                     "model actor : small { optimizer = adam(lr = 1e-4) }"))
+                     "model actor : small { optimizer = adam(lr = 1e-4) }")
+            .replace("model ref : tiny", "model ref : small"))
     d = diff(spec(BASE), spec(text))
     by_name = {c.name: c for c in d.changes}
     assert by_name["prompts"].before == "4" and by_name["prompts"].after == "8"

@@ -10,7 +10,7 @@ from rpeg.spec.parser import parse_text
 SPEC = """pipeline k
 workload {{ steps = 2; prompts = 4; samples = 2; prompt_len = 8; gen_len = 16 }}
 model actor : tiny {{ optimizer = adam(lr = 1e-3) }}
-model rm : tiny {{ head = reward; frozen }}
+model rm : tiny {{ head = reward; frozen; weights = "rm" }}
 stage rollout = generate(actor, prompts, {kwargs}) -> responses, logprobs
 stage scores = score(rm, responses) -> scores
 stage adv = group_norm(scores) -> advantages

@@ -7,6 +7,7 @@ each family are written out field by field.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -62,6 +63,11 @@ def _spec(tmp_path: Path, actor: str) -> Path:
     lines = [x for x in text.splitlines() if not x.startswith("model actor")]
     at = next(n for n, x in enumerate(lines) if x.startswith("model"))
     lines.insert(at, actor)
+    # the reference starts where the actor does: its folder, frozen
+    weights = re.search(r'weights = "[^"]*"', actor)
+    ref = actor.split("{")[0].replace("model actor", "model ref").rstrip() + " { frozen" + \
+        (f"; {weights.group(0)}" if weights else "") + " }"
+    lines = [ref if x.startswith("model ref") else x for x in lines]
     (tmp_path / "rewards.py").write_text((ROOT / "pipelines/rewards.py").read_text())
     spec = tmp_path / "p.rpeg"
     spec.write_text("\n".join(lines) + "\n")

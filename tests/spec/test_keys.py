@@ -119,7 +119,7 @@ def _specs(tmp_path: Path):
         rank = "" if p.name == "rank" else "rank = 8, "
         yield "lora", p.name, _pipeline(model=f"lora = lora({rank}{p.name} = {example(p)})"), \
             "p.rpeg"
-    forms = {"fixed": "fixed(n = 8)", "uniform": "uniform(min = 1, max = 16)",
+    forms = {"fixed": "fixed(n = 16)", "uniform": "uniform(min = 1, max = 16)",
              "lognormal": "lognormal(median = 8, max = 16, sigma = 0.5)",
              "empirical": 'empirical("h.csv", max = 16)'}
     for d in keys.DISTRIBUTIONS:

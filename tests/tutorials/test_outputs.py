@@ -122,7 +122,9 @@ TUTORIAL_02 = ROOT / "tutorials" / "02-compile-and-read-a-plan.md"
 CLAIMS = [
     ("spends that allowance on a **partial rollout**", "carries responses over 1 step"),
     ("Generation runs on vLLM (the `rollout` row)", re.compile(r"^  rollout .* vllm ", re.M)),
-    ("which the search fuses\n  into one op", "fusion: ref_lp + values"),
+    ("here none, the two forwards run on different GPU groups", "fusion: none"),
+    ("The line under the step time is the control plane's share",
+     "is the control plane's time in its client and Dask scheduler"),
     ("lets one backbone carry both heads", "sharing: actor + critic"),
     ("streaming finished responses in chunks", "streaming: rollout in"),
     ("carries responses over a step (`carry rollout`)", "carry rollout: 0 -> 1"),

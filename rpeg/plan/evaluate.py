@@ -62,7 +62,7 @@ from rpeg.plan.structure import (  # noqa: F401 — re-exported: what the plan m
 )
 from rpeg.plan.tasks import dispatch_per_step, layouts_of
 from rpeg.plan.usage import KINDS, memory_uses, op_uses
-from rpeg.spec.model import Cluster, OpKind, Pipeline
+from rpeg.spec.model import Cluster, Engine, OpKind, Pipeline
 
 GB = 1e9
 

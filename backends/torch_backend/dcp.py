@@ -124,11 +124,13 @@ def read_whole(folder: Path, keep=lambda name: True) -> dict[str, torch.Tensor]:
 SHARDED = "sharded"          # a replica folder's meta.json key: the folder of its shards
 
 
-def sharded_of(replica_folder: Path) -> Path | None:
-    """The folder of a replica's shards when its checkpoint is sharded (else None)."""
-    import json
-    meta = json.loads((Path(replica_folder) / "meta.json").read_text())
-    name = meta.get(SHARDED)
+def sharded_of(replica_folder: Path, meta: dict | None = None) -> Path | None:
+    """The folder of a replica's shards when its checkpoint is sharded (else None); ``meta``:
+    its meta.json as already read (and checked: ``modeling.read_meta``)."""
+    if meta is None:
+        import json
+        meta = json.loads((Path(replica_folder) / "meta.json").read_text())
+    name = meta.get(SHARDED) if isinstance(meta, dict) else None
     return Path(replica_folder).parent / name if isinstance(name, str) else None
 
 

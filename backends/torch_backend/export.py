@@ -61,8 +61,7 @@ def export_run(run_dir: str | Path, out: str | Path, *, step: int | None = None,
     check_folder_destination(out, "-o", reads=(run_dir,), mark=EXPORT_MARK)
     import torch
 
-    from backends.torch_backend.dcp import weights_of
-    from backends.torch_backend.modeling import check_tensors, expected_of, read_meta
+    from backends.torch_backend.modeling import expected_of, read_replica
 
     rf.check_entries(run_dir)
     pipeline = rf.read_parsed(run_dir / "pipeline.json", "pipeline.json", loads)
@@ -95,9 +94,8 @@ def export_run(run_dir: str | Path, out: str | Path, *, step: int | None = None,
                                (", ".join(have) or "none"))
         ck = ckio.validate(where)
     key, replica = _trained_replica(ck, model)
-    meta = read_meta(replica / "meta.json")
-    state = weights_of(replica)                  # whole: from its shards, or its file
-    check_tensors(expected_of(pipeline, key), state, replica)
+    # whole, from its shards or its file, and every tensor checked against the model
+    meta, state = read_replica(replica, expected_of(pipeline, key))
     dtype = getattr(torch, DTYPE_NAMES[spec.dtype])
     kind = "model"
     with written_folder(out, "the export") as tmp:
@@ -125,14 +123,17 @@ def export_run(run_dir: str | Path, out: str | Path, *, step: int | None = None,
 def _trained_replica(ck, model: str) -> tuple[str, Path]:
     """The key (``MODEL@DEVICE``) and folder of ``model``'s trained replica in the
     checkpoint (the newest trained copy)."""
-    from backends.torch_backend.dcp import holds_weights, sharded_of
+    from backends.torch_backend.dcp import sharded_of
+    from backends.torch_backend.modeling import read_meta
     found = []
     for key, version in ck.state.get("replicas", {}).items():
         backbone = key.rsplit("@", 1)[0]
         folder = ck.path / key
-        if model in backbone.split("+") and holds_weights(folder):
-            trained = (folder / "optimizer.safetensors").is_file() \
-                or sharded_of(folder) is not None
+        if model not in backbone.split("+") or not (folder / "meta.json").is_file():
+            continue
+        sharded = sharded_of(folder, read_meta(folder / "meta.json")) is not None
+        if sharded or (folder / "model.safetensors").is_file():
+            trained = sharded or (folder / "optimizer.safetensors").is_file()
             found.append((trained, version, key, folder))
     if not found:
         raise BackendError(f"checkpoint {ck.path.name} must hold model '{model}', and it "

@@ -109,6 +109,73 @@ def test_no_file_of_it_is_a_pickle(saved):
         assert p.suffix in (".safetensors", ".json"), p.name
 
 
+def _damaged(saved, tmp_path, edit, rank: int) -> Path:
+    """A copy of the dp 2 checkpoint with ``edit(tensors)`` applied to the tensors of rank
+    ``rank``'s file (its pieces' offsets kept); returns that file."""
+    import shutil
+
+    from safetensors import safe_open
+    from safetensors.torch import load_file, save_file
+
+    from backends.torch_backend.dcp import files
+    folder = tmp_path / "ck"
+    shutil.copytree(saved[0] / "zero3-dp2", folder)
+    path = files(folder)[rank]
+    with safe_open(str(path), framework="pt") as f:
+        metadata = f.metadata()
+    tensors = load_file(str(path))
+    edit(tensors)
+    save_file(tensors, str(path), metadata=metadata)
+    return path
+
+
+Q = "backbone.layers.0.self_attn.q_proj.weight"
+
+
+def test_a_sharded_replica_is_checked_and_read_whole(saved, tmp_path):
+    import json
+    import shutil
+
+    from backends.torch_backend.modeling import expected_tensors, read_replica
+    from rpeg.spec.presets import PRESETS
+    folder, held, _ = saved
+    shutil.copytree(folder / "zero3-dp2", tmp_path / "actor.dcp")
+    (tmp_path / "actor@0").mkdir()
+    (tmp_path / "actor@0" / "meta.json").write_text(json.dumps({"version": 2,
+                                                                "sharded": "actor.dcp"}))
+    meta, weights = read_replica(tmp_path / "actor@0", expected_tensors(PRESETS["tiny"], {"lm"}))
+    assert meta["version"] == 2
+    assert set(weights) == {k for k in held if "::" not in k}
+    assert max(float(np.abs(weights[k].numpy() - held[k]).max()) for k in weights) == 0.0
+
+
+@pytest.mark.parametrize("case, rank, says", [
+    ("nan", 1, "must hold finite values, and 2,048 of the 2,048 of its 4,096 this file holds"),
+    ("moment", 1, "must hold finite values"), ("tail", 1, "must have the shape [64, 64]"),
+    ("gap", 0, "2,048 of its 4,096 values are in none")])
+def test_a_damaged_shard_is_refused_naming_its_file(saved, tmp_path, case, rank, says):
+    """A piece of one rank's file damaged: NaN in a weight or in a moment, or a piece
+    left out (the other rank's pieces alone do not make the tensor whole: short at its
+    end, or with a gap before)."""
+    from backends.torch_backend.modeling import check_shards, expected_tensors
+    from rpeg.errors import BackendError
+    from rpeg.spec.presets import PRESETS
+
+    def edit(t):
+        if case in ("gap", "tail"):
+            t.pop(Q)
+        else:
+            key = Q if case == "nan" else f"{Q}::exp_avg"
+            t[key] = t[key] * float("nan")
+    path = _damaged(saved, tmp_path, edit, rank)
+    with pytest.raises(BackendError) as e:
+        check_shards(path.parent, expected_tensors(PRESETS["tiny"], {"lm"}))
+    assert says in str(e.value) and Q in str(e.value)
+    # the file at fault; a piece in no file: the file that holds the rest of it
+    other = sorted(p for p in path.parent.glob("*.safetensors") if p != path)[0]
+    assert str(path if case in ("nan", "moment") else other) in str(e.value)
+
+
 @pytest.mark.parametrize("world, tp, zero", [((1, 2), (), 3), ((1, 2, 3, 4), (1, 2), 3),
                                              ((1, 2, 3, 4), (1, 2), 0), ((0, 1), (0, 1), 0)])
 def test_every_rank_of_a_trained_replica_meets_in_one_group_to_checkpoint(world, tp, zero):

@@ -86,11 +86,10 @@ def test_the_bucket_is_the_runtimes():
     assert SYNC_BUCKET_BYTES == DEFAULT_BUCKET_BYTES
 
 
-def test_the_planner_prices_a_disaggregated_engine_with_the_collective_sync():
-    """A plan's sync op into a vLLM engine's own copy costs what collective_sync_time
-    says, and the devices taking part are busy for it: the trainer's first rank, which
-    broadcasts (its other ranks hold the same weights), and the engines' workers."""
-    from rpeg.plan.evaluate import Evaluator
+def _vllm_beside(trainer: tuple[int, ...]):
+    """grpo_qwen7b on 8 H200s: the rollout on vLLM at dp 2 x tp 2 on GPUs 0-3, the train
+    stages (and the actor's home) at dp 4 on ``trainer``: (pipeline, cluster, train stage
+    names, plan)."""
     from rpeg.runtime.placement import split_plan
     from rpeg.spec import load
     pipeline = load(ROOT / "pipelines/grpo_qwen7b.rpeg")
@@ -101,11 +100,20 @@ def test_the_planner_prices_a_disaggregated_engine_with_the_collective_sync():
         if p.stage == "rollout":
             return attrs.evolve(p, devices=(0, 1, 2, 3), dp=2, tp=2, engine=Engine.VLLM)
         if p.stage in trains or p.devices != (0,):
-            return attrs.evolve(p, devices=(4, 5, 6, 7), dp=4)
+            return attrs.evolve(p, devices=trainer, dp=4)
         return p
     base = split_plan(pipeline, 8)
-    plan = attrs.evolve(base, placements=tuple(placed(p) for p in base.placements),
-                        model_homes=(("actor", (4, 5, 6, 7)),))
+    return pipeline, cluster, trains, attrs.evolve(
+        base, placements=tuple(placed(p) for p in base.placements),
+        model_homes=(("actor", trainer),))
+
+
+def test_the_planner_prices_a_disaggregated_engine_with_the_collective_sync():
+    """A plan's sync op into a vLLM engine's own copy costs what collective_sync_time
+    says, and the devices taking part are busy for it: the trainer's first rank, which
+    broadcasts (its other ranks hold the same weights), and the engines' workers."""
+    from rpeg.plan.evaluate import Evaluator
+    pipeline, cluster, trains, plan = _vllm_beside((4, 5, 6, 7))
     ev = Evaluator(pipeline, cluster)
     timings, _ = ev.timings(plan, ev.graph(plan))
     sync = next(t for name, t in timings.items() if name.startswith("sync_"))
@@ -234,21 +242,7 @@ def test_the_planner_prices_an_engine_asleep_while_its_gpus_train(trainer, sleep
     and wake (``sleep_wake_time``); on devices of its own, its decode alone."""
     from rpeg.cost.engine_sync import sleep_wake_time
     from rpeg.plan.evaluate import Evaluator
-    from rpeg.runtime.placement import split_plan
-    from rpeg.spec import load
-    pipeline = load(ROOT / "pipelines/grpo_qwen7b.rpeg")
-    cluster = cluster_of("h200", 8, 1)
-    trains = {s.name for s in pipeline.stages if s.kind.value == "train"}
-
-    def placed(p):
-        if p.stage == "rollout":
-            return attrs.evolve(p, devices=(0, 1, 2, 3), dp=2, tp=2, engine=Engine.VLLM)
-        if p.stage in trains or p.devices != (0,):
-            return attrs.evolve(p, devices=trainer, dp=4)
-        return p
-    base = split_plan(pipeline, 8)
-    plan = attrs.evolve(base, placements=tuple(placed(p) for p in base.placements),
-                        model_homes=(("actor", trainer),))
+    pipeline, cluster, _, plan = _vllm_beside(trainer)
     ev = Evaluator(pipeline, cluster)
     graph = ev.graph(plan)
     timings, _ = ev.timings(plan, graph)

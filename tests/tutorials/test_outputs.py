@@ -122,11 +122,13 @@ TUTORIAL_02 = ROOT / "tutorials" / "02-compile-and-read-a-plan.md"
 CLAIMS = [
     ("spends that allowance on a **partial rollout**", "carries responses over 1 step"),
     ("Generation runs on vLLM (the `rollout` row)", re.compile(r"^  rollout .* vllm ", re.M)),
-    ("here none, the two forwards run on different GPU groups", "fusion: none"),
+    ("fuses the\n  reference and value forwards with the reward and GAE",
+     "fusion: ref_lp + scores + values + adv"),
+    ("the search generates whole batches", "streaming: none (whole batches)"),
+    ("above 3% of the step a note\n  says so", "note: the control plane takes"),
     ("The line under the step time is the control plane's share",
      "is the control plane's time in its client and Dask scheduler"),
     ("lets one backbone carry both heads", "sharing: actor + critic"),
-    ("streaming finished responses in chunks", "streaming: rollout in"),
     ("carries responses over a step (`carry rollout`)", "carry rollout: 0 -> 1"),
 ]
 FIGURE = re.compile(r"\b\d+(?:\.\d+)?(?: s\b|x\b)|\bGPUs \d+-\d+")

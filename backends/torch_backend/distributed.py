@@ -33,6 +33,8 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from rpeg.runtime.devices import COLLECTIVE_TIMEOUT_S
+
 _GROUPS: dict[tuple[int, ...], object] = {}
 
 # Megatron-style split of one Llama / Qwen2 decoder layer (as transformers' own tp plan).
@@ -42,13 +44,39 @@ TP_PLAN = {"self_attn.q_proj": "colwise", "self_attn.k_proj": "colwise",
 
 
 def init_world(rank: int, world_size: int, addr: str, groups: list[tuple[int, ...]],
-               use_cuda: bool = False) -> None:
-    """Join the world and create every data-parallel group (all ranks, same order)."""
+               cuda_index: int | None = None, timeout_s: float = COLLECTIVE_TIMEOUT_S) -> None:
+    """Join the world and create every data-parallel group (all ranks, same order): gloo on
+    CPU; NCCL on CUDA, this worker's GPU (``cuda_index``, as it sees its GPUs:
+    ``rpeg.runtime.devices``) made its current device first and bound to the world
+    (``device_id``), so no rank's collectives, meshes or shards land on GPU 0 by default.
+    A collective waits ``timeout_s`` for its partners, then fails."""
     if dist.is_initialized():
         return
-    backend = "nccl" if use_cuda and torch.cuda.is_available() else "gloo"
-    dist.init_process_group(backend, init_method=addr, rank=rank, world_size=world_size)
+    import datetime
+    device = use_device(cuda_index)
+    extra = {"device_id": device} if device is not None else {}
+    dist.init_process_group("nccl" if device is not None else "gloo", init_method=addr,
+                            rank=rank, world_size=world_size,
+                            timeout=datetime.timedelta(seconds=timeout_s), **extra)
     make_groups(groups)
+
+
+def use_device(cuda_index: int | None):
+    """This worker's GPU as its current device (None: CPU)."""
+    if cuda_index is None:
+        return None
+    device = torch.device("cuda", cuda_index)
+    torch.cuda.set_device(device)
+    return device
+
+
+def device_report() -> dict:
+    """This worker's host and the GPUs torch can use here, by node-level id."""
+    import socket
+
+    from rpeg.runtime.devices import visible_gpus
+    n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    return {"host": socket.gethostname(), "gpus": list(visible_gpus(count=n)[:n]) if n else []}
 
 
 def make_groups(groups) -> None:

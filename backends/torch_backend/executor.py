@@ -39,7 +39,7 @@ from rpeg.errors import BackendError
 from rpeg.graph.work import batching
 from rpeg.runtime.context import group_of
 from rpeg.runtime.data import workload_rows
-from rpeg.runtime.instances import LOAD, RECV, SEND, OpCall, base_of
+from rpeg.runtime.instances import LOAD, RECV, SEND, OpCall, base_of, engine_key
 from rpeg.spec.functions import function
 from rpeg.spec.model import Engine, Head, OpKind, Reward
 from rpeg.spec.registry import Category, Role, Type
@@ -58,8 +58,11 @@ class Replica:
         weights = next((m.weights for m in members if m.weights), None)
         self.dtype = param_dtype(members[0].dtype, device)
         self.device, self.device_index = device, device_index
+        # built on its device, in float32 for a trained replica (its masters, or FSDP2's
+        # float32 shards, come from these) and in its parameter dtype for a reader
         self.model = build_model(dims, spec.heads, seed=pipeline.workload.seed,
-                                 weights=weights)
+                                 weights=weights, device=device,
+                                 dtype=torch.float32 if spec.trainable else self.dtype)
         self.lora = next((m.lora for m in members if m.lora is not None), None)
         if self.lora is not None and len(getattr(spec, "tp", ())) > 1:
             raise BackendError(f"model '{members[0].name}' trains LoRA adapters, which this "
@@ -129,6 +132,8 @@ class Executor:
         self.ctx = ctx
         self.device_index = device
         self.device = _device_name(ctx, device)
+        if self.device.startswith("cuda"):          # before any tensor or engine is made
+            torch.cuda.set_device(self.device)
         self.rows = workload_rows(ctx.pipeline)
         if ctx.groups and torch.distributed.is_initialized():   # none in one process
             from backends.torch_backend.distributed import make_groups
@@ -152,9 +157,25 @@ class Executor:
                      and self.ctx.pipeline.model(c.target).name in base_of(spec.model).split("+"))
         seqs, frac, graph = self._concurrency(stage)
         return EngineReplica.start(spec, self.ctx.pipeline, self.device_index,
-                                   use_cuda=self.device.startswith("cuda"), max_num_seqs=seqs,
+                                   gpus=self._gpus(spec.engine), max_num_seqs=seqs,
                                    kv_fraction=frac, devices=self.ctx.num_devices,
-                                   cuda_graph=graph)
+                                   cuda_graph=graph, sleep=self._sleeps(spec.engine),
+                                   build_on=self.device)
+
+    def _gpus(self, block: tuple[int, ...]) -> str:
+        """On CUDA, the GPUs of an engine's devices as their node names them, this worker's
+        first (whatever each worker sees itself: ``rpeg.runtime.devices``); "" on CPU."""
+        if not self.ctx.use_cuda:
+            return ""
+        from rpeg.runtime.devices import block_gpus
+        return block_gpus(self.ctx.gpus, tuple(block))
+
+    def _sleeps(self, block) -> bool:
+        """Whether an engine on ``block`` sleeps between its generate calls: on GPUs it
+        shares with a trainer (``rpeg.cost.engine_sync.engine_sleeps``, as priced)."""
+        from rpeg.cost.engine_sync import engine_sleeps
+        trained = {r.device for r in self.ctx.replicas if r.trainable}
+        return engine_sleeps(block, trained, devices_are_host=not self.ctx.use_cuda)
 
     def _concurrency(self, stage) -> tuple[int, float, bool]:
         return _concurrency(self.ctx, stage)
@@ -175,8 +196,8 @@ class Executor:
             out, stats = {}, self._send(call, replica)
         elif call.role == RECV:
             sync = self.ctx.sync_of(base_of(call.model))
-            out, stats = {}, replica.receive(sync, call.writes, host=self.device_index,
-                                             background=self.device_index in sync.senders)
+            out, stats = {}, (replica.loaded(call.writes) if self.device_index in sync.local
+                              else replica.receive(sync, call.writes, host=self.device_index))
         else:
             out, stats = self._sync(call, replica), {}
         if kind in (OpKind.TRAIN, OpKind.SYNC_WEIGHTS) and replica is not None:
@@ -192,21 +213,32 @@ class Executor:
 
     def _send(self, call, replica) -> dict:
         """Version ``call.version`` of the trainer's weights into the vLLM engines serving
-        copies of the model (``backends.vllm_backend.sync``): the first sender broadcasts,
-        the trainer's other ranks gather their pieces of split parameters with it."""
+        copies of the model (``backends.vllm_backend.sync``): every sender reads the weights
+        as held between ops (whole, or ZeRO-3's shards, gathered by all of them together),
+        the first broadcasts them to the engines on devices of their own, and an engine on
+        this device is loaded in process."""
+        from backends.torch_backend.weights import check_gather, sent_weights
         from backends.vllm_backend import sync as S
         from backends.vllm_backend.weights import DEFAULT_BUCKET_BYTES
-        group = self.ctx.sync_of(call.model)
-        state = replica.model.state_dict()
-        if self.device_index != group.senders[0]:
-            for _ in S.gather(state, S.bucket_plan(S.trainer_metas(state), DEFAULT_BUCKET_BYTES)):
-                pass
-            return {}
-        if call.model not in self.groups:
-            self.groups[call.model] = S.open_group(group.addr, 0, group.world, self.device)
-        buckets, nbytes = S.send(self.groups[call.model], state, DEFAULT_BUCKET_BYTES,
-                                 self.device)
-        return {"bytes": nbytes, "buckets": buckets}
+        sync = self.ctx.sync_of(call.model)
+        state = dict(sent_weights(replica))    # never state_dict(): FSDP2 reshards for it
+        check_gather(state.items(), sync.senders)
+        group = None
+        if self.device_index == sync.senders[0] and sync.engines:
+            if call.model not in self.groups:
+                self.groups[call.model] = S.open_group(sync.addr, 0, sync.world, self.device,
+                                                       sync.timeout_s)
+            group = self.groups[call.model]
+        engine = self.replicas.get(engine_key(call.model)) \
+            if self.device_index in sync.local else None
+        if engine is not None:
+            engine.begin_local()
+        buckets, nbytes = S.send(group, state, DEFAULT_BUCKET_BYTES, self.device,
+                                 loads=[engine.load_local] if engine is not None else [])
+        if engine is not None:
+            engine.commit_local(call.version)
+        return {"bytes": nbytes, "buckets": buckets} \
+            if group is not None or engine is not None else {}
 
     def _generate(self, call, replica):
         """Device r of D streams responses r, r + D, ... of the step, as chunks r, r + D, ...
@@ -263,8 +295,12 @@ class Executor:
             stats = {**stats, **tools.stats()}
         if mine is not None:
             chunk = attrs.evolve(chunk, prompt_index=mine[chunk.prompt_index])   # step-wide
-        if call.chunk + shard >= call.chunks:
+        if call.chunk + shard >= call.chunks:        # this device's last chunk of the step
             self.streams.pop(key, None)
+            engine = self._engine(stage, replica)
+            if getattr(getattr(engine, "options", None), "sleep", False):
+                stream.close()                       # its requests ended, then it sleeps
+                engine.rest()
         names = stage.outputs
         out = {names[0]: chunk}
         if len(names) > 1:
@@ -576,6 +612,8 @@ class Executor:
             replica.checkpoint(path, meta)
             _save_carried(replica, path)
             return path
+        if replica.trained is not None and replica.lora is None:
+            return self._checkpoint_sharded(model, replica, path, meta)
         with _state_on_device(replica):
             if replica.trained is not None and (replica.fsdp or _masters(replica)
                                                 or replica.trained.offload is not None
@@ -595,6 +633,25 @@ class Executor:
                                                   "version": replica.version,
                                                   "kl_coef": dict(replica.kl_coef)},
                             replica.optimizer, whole=whole)
+        _save_carried(replica, path)
+        return path
+
+    def _checkpoint_sharded(self, model: str, replica, path: str, meta: dict) -> str:
+        """A trained replica through torch.distributed.checkpoint: every rank of its world at
+        once writes its own shard, once, into one folder beside the replicas' (``MODEL.dcp``);
+        the replica's folder holds its meta.json naming it (``backends.torch_backend.dcp``)."""
+        import json
+        from pathlib import Path
+
+        from backends.torch_backend.dcp import SHARDED, save_sharded
+        folder = Path(path)
+        shards = folder.parent / f"{model}.dcp"
+        save_sharded(replica.trained, replica.trained.layout.world, shards)
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "meta.json").write_text(json.dumps(
+            {**meta, "model": model, "version": replica.version,
+             "kl_coef": dict(replica.kl_coef), SHARDED: shards.name,
+             "world": list(replica.trained.layout.world)}, indent=2, sort_keys=True))
         _save_carried(replica, path)
         return path
 
@@ -629,18 +686,40 @@ class Executor:
             version = replica.restore(path)
             _restore_carried(replica, path)
             return version
-        with _state_on_device(replica):
-            if replica.trained is not None:
-                replica.trained.unsettle()
-            meta = load_checkpoint(replica.model, path, replica.optimizer)
-            if replica.trained is not None:
-                replica.trained.settle()           # ZeRO-2: whole again (every rank at once)
+        from backends.torch_backend.dcp import sharded_of
+        shards = sharded_of(path)
+        if shards is not None:                    # written sharded: read on this layout
+            meta = self._restore_sharded(replica, path, shards)
+        else:
+            with _state_on_device(replica):
+                if replica.trained is not None:
+                    replica.trained.unsettle()
+                meta = load_checkpoint(replica.model, path, replica.optimizer)
+                if replica.trained is not None:
+                    replica.trained.settle()       # ZeRO-2: whole again (every rank at once)
         replica.version = int(meta["version"])
         replica.kl_coef = {str(k): float(v) for k, v in meta.get("kl_coef", {}).items()}
         if replica.engine is not None:
             replica.engine.version = replica.version
         _restore_carried(replica, path)
         return replica.version
+
+    def _restore_sharded(self, replica, path: str, shards) -> dict:
+        """A replica from a sharded checkpoint, whatever layout wrote it: a trained one loads
+        its own pieces of every tensor (every rank of its world at once: DCP reshards, so a
+        checkpoint of dp 2 resumes at dp 1), a copy that reads the model its whole weights."""
+        import json
+        from pathlib import Path
+
+        from backends.torch_backend.dcp import load_sharded, weights_of
+        from backends.torch_backend.distributed import load_full
+        if replica.trained is not None:
+            load_sharded(replica.trained, replica.trained.layout.world, shards)
+        else:
+            with torch.no_grad():
+                load_full(replica.model, ((k, v.to(replica.dtype))
+                                          for k, v in weights_of(Path(path)).items()))
+        return json.loads((Path(path) / "meta.json").read_text())
 
     def _engine(self, stage, replica):
         """The replica's torch engine, or its vLLM engine (synced to it) when the plan chose vLLM.
@@ -650,11 +729,14 @@ class Executor:
         if getattr(replica, "engine_copy", False):   # a vLLM engine's own copy
             return replica.ready()
         if self.ctx.plan.placement(stage.name).engine is Engine.VLLM:
-            from backends.vllm_backend.colocated import COLOCATED_OPTIONS, colocated_engine
+            from backends.vllm_backend.colocated import colocated_engine, colocated_options
             from backends.vllm_backend.engine import with_concurrency
             seqs, frac, graph = _concurrency(self.ctx, stage)
+            model = self.ctx.pipeline.model(stage.target)
+            options = colocated_options(model.dtype, self._gpus((self.device_index,)),
+                                        self._sleeps((self.device_index,)))
             return colocated_engine(replica, with_concurrency(
-                COLOCATED_OPTIONS, seqs, frac, self.ctx.num_devices, graph))
+                options, seqs, frac, self.ctx.num_devices, graph))
         replica.engine.version = replica.version
         return replica.engine
 
@@ -792,8 +874,9 @@ def _moments_whole(replica) -> dict:
 
 
 def _device_name(ctx, device: int) -> str:
-    if ctx.use_cuda and torch.cuda.is_available():
-        return f"cuda:{device % torch.cuda.device_count()}"
+    """This worker's device: its own GPU (``ctx.gpus``, ``rpeg.runtime.devices``), or the CPU."""
+    if ctx.use_cuda:
+        return f"cuda:{ctx.gpus[device].index}"
     return "cpu"
 
 

@@ -94,6 +94,7 @@ def export_run(run_dir: str | Path, out: str | Path, *, step: int | None = None,
                                (", ".join(have) or "none"))
         ck = ckio.validate(where)
     key, replica = _trained_replica(ck, model)
+    # whole, from its shards or its file, and every tensor checked against the model
     meta, state = read_replica(replica, expected_of(pipeline, key))
     dtype = getattr(torch, DTYPE_NAMES[spec.dtype])
     kind = "model"
@@ -122,12 +123,18 @@ def export_run(run_dir: str | Path, out: str | Path, *, step: int | None = None,
 def _trained_replica(ck, model: str) -> tuple[str, Path]:
     """The key (``MODEL@DEVICE``) and folder of ``model``'s trained replica in the
     checkpoint (the newest trained copy)."""
+    from backends.torch_backend.dcp import sharded_of
+    from backends.torch_backend.modeling import read_meta
     found = []
     for key, version in ck.state.get("replicas", {}).items():
         backbone = key.rsplit("@", 1)[0]
         folder = ck.path / key
-        if model in backbone.split("+") and (folder / "model.safetensors").is_file():
-            found.append(((folder / "optimizer.safetensors").is_file(), version, key, folder))
+        if model not in backbone.split("+") or not (folder / "meta.json").is_file():
+            continue
+        sharded = sharded_of(folder, read_meta(folder / "meta.json")) is not None
+        if sharded or (folder / "model.safetensors").is_file():
+            trained = sharded or (folder / "optimizer.safetensors").is_file()
+            found.append((trained, version, key, folder))
     if not found:
         raise BackendError(f"checkpoint {ck.path.name} must hold model '{model}', and it "
                            "does not")

@@ -64,27 +64,30 @@ class TorchEngine:
         if tools is not None:
             yield from self._converse([carry.Response(0, i, np.asarray(p, dtype=np.int64))
                                        for i, p in enumerate(prompt_ids)],
-                                      params, {0: torch.Generator().manual_seed(
-                                          int(params.seed))}, chunks, tools)
+                                      params, {0: generator(self.device, params.seed)},
+                                      chunks, tools)
             return
         n = len(prompt_ids)
         bounds = chunk_bounds(n, chunks)
-        # Sampling draws on the CPU from this generator: the same seed, the same tokens, on
-        # any device and on every rank of a tensor-parallel group.
-        gen = torch.Generator().manual_seed(int(params.seed))
+        dev = self.device
+        # Sampling draws on the device from this generator: the same seed, the same tokens,
+        # on every rank of a tensor-parallel group (and on a CPU, as before on any device).
+        gen = generator(dev, params.seed)
         eos = EOS_ID if params.eos_id is None else params.eos_id
         done_order: list[int] = []
-        tokens = torch.full((n, params.max_new_tokens), PAD_ID, dtype=torch.long)
-        logps = torch.zeros((n, params.max_new_tokens), dtype=torch.float32)
-        lengths = torch.zeros(n, dtype=torch.long)
-        finished = torch.zeros(n, dtype=torch.bool)
+        # the responses so far stay on the device; a token moves to the host once, in its
+        # chunk (per step the host reads only which rows ended: O(batch), never O(vocab))
+        tokens = torch.full((n, params.max_new_tokens), PAD_ID, dtype=torch.long, device=dev)
+        logps = torch.zeros((n, params.max_new_tokens), dtype=torch.float32, device=dev)
+        lengths = torch.zeros(n, dtype=torch.long, device=dev)
+        finished = torch.zeros(n, dtype=torch.bool, device=dev)
         emitted = 0
         width = params.max_num_seqs if 0 < params.max_num_seqs < n else max(n, 1)
         for lo in range(0, n, width):            # waves of at most max_num_seqs sequences
-            wave = torch.arange(lo, min(lo + width, n))
-            for t, (tok, lp, active) in enumerate(self._decode(prompt_ids[lo:lo + width],
-                                                               params, gen, eos)):
-                rows = wave[active]
+            wave = torch.arange(lo, min(lo + width, n), device=dev)
+            for t, (tok, lp, live) in enumerate(self._decode(prompt_ids[lo:lo + width],
+                                                             params, gen, eos)):
+                rows = wave[live]
                 tokens[rows, t] = tok
                 logps[rows, t] = lp
                 lengths[rows] += 1
@@ -101,26 +104,25 @@ class TorchEngine:
 
     @torch.no_grad()
     def _decode(self, prompt_ids, params, gen, eos):
-        """Yield (tokens, logprobs, active mask) per position; finished rows drop out of the cache."""
+        """Yield (tokens, logprobs, live rows) per position, on the device; finished rows
+        drop out of the cache."""
         model, dev = self.model, self.device
         n = len(prompt_ids)
         hidden, cache, mask, pos = _prefill(model, dev, prompt_ids)
-        rows = torch.arange(n)                       # original index of each live row
+        rows = torch.arange(n, device=dev)           # wave index of each live row
         same_on_all = _tp_agreement(model)
         for t in range(params.max_new_tokens):
             logits = model.lm_head(hidden[:, -1]).float()
             tok, lp = sample_at_least(logits, params, gen, eos, t < params.min_new_tokens)
             tok = same_on_all(tok)
-            active = torch.zeros(n, dtype=torch.bool)
-            active[rows] = True
-            yield tok.cpu(), lp.cpu(), active
-            keep = (tok != eos).to(mask.device)
+            yield tok, lp, rows
+            keep = tok != eos
             if not bool(keep.any()):
                 return
             if not bool(keep.all()):
                 # Drop finished rows: the batch shrinks as responses end.
                 cache.batch_select_indices(torch.nonzero(keep).flatten())
-                rows, mask, pos, tok = rows[keep.cpu()], mask[keep], pos[keep], tok[keep]
+                rows, mask, pos, tok = rows[keep], mask[keep], pos[keep], tok[keep]
             mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
             pos = pos[:, -1:] + 1
             with _autocast(dev):
@@ -136,7 +138,7 @@ class TorchEngine:
         buf, own = carry.admit(self.carried, key, cohorts)
         params = cohorts[0].params
         # each cohort samples from its own generator: seeded per step, cohort and replica
-        gens = {c.step: torch.Generator().manual_seed(int(c.params.seed)) for c in cohorts}
+        gens = {c.step: generator(self.device, c.params.seed) for c in cohorts}
         if tools is not None:
             yield from self._converse(own, params, gens, chunks, tools, buf)
             return
@@ -235,14 +237,18 @@ class TorchEngine:
                 hidden, cache = model(tok[:, None], mask, pos, cache)
 
     def _chunk(self, prompt_ids, idx, tokens, logps, lengths, finished) -> RolloutChunk:
+        at = torch.as_tensor(idx, dtype=torch.long, device=tokens.device)
+        tokens, logps = tokens[at].cpu().numpy(), logps[at].cpu().numpy()   # the chunk's rows
+        lengths, finished = lengths[at].cpu().numpy(), finished[at].cpu().numpy()
         return RolloutChunk(
             prompt_index=np.asarray(idx, dtype=np.int64),
             prompt_ids=tuple(np.asarray(prompt_ids[i], dtype=np.int64) for i in idx),
-            response_ids=tuple(tokens[i, : lengths[i]].numpy().astype(np.int64) for i in idx),
-            logprobs=tuple(logps[i, : lengths[i]].numpy().astype(np.float32) for i in idx),
-            finished=finished[idx].numpy().astype(bool),
+            response_ids=tuple(tokens[j, : lengths[j]].astype(np.int64) for j in range(len(idx))),
+            logprobs=tuple(logps[j, : lengths[j]].astype(np.float32) for j in range(len(idx))),
+            finished=finished.astype(bool),
             version=self.version,
-            versions=tuple(np.full(int(lengths[i]), self.version, np.int64) for i in idx),
+            versions=tuple(np.full(int(lengths[j]), self.version, np.int64)
+                           for j in range(len(idx))),
         )
 
     def update_weights(self, named_tensors: Iterable[tuple[str, Any]], version: int) -> None:
@@ -280,6 +286,11 @@ def _prefill(model, dev, contexts):
     return hidden, cache, mask, pos
 
 
+def generator(device, seed: int) -> torch.Generator:
+    """A random generator on ``device`` seeded with ``seed``: sampling draws there."""
+    return torch.Generator(device=torch.device(device)).manual_seed(int(seed))
+
+
 def sample(logits: torch.Tensor, temperature: float, top_p: float,
            gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
     """Sample one token per row; its log-probability under the temperature-scaled distribution."""
@@ -294,8 +305,9 @@ def sample(logits: torch.Tensor, temperature: float, top_p: float,
         cut = sorted_p.cumsum(-1) - sorted_p > top_p      # keep the smallest prefix reaching top_p
         sorted_p = sorted_p.masked_fill(cut, 0.0)
         probs = torch.zeros_like(probs).scatter(-1, order, sorted_p)
-    tok = torch.multinomial(probs.cpu(), 1, generator=gen if gen.device.type == "cpu" else None)
-    tok = tok.to(logits.device).squeeze(-1)
+    # on the logits' device, from a generator there (``generator``): no host copy of the
+    # batch x vocabulary probabilities
+    tok = torch.multinomial(probs, 1, generator=gen).squeeze(-1)
     return tok, logp.gather(-1, tok[:, None]).squeeze(-1)
 
 

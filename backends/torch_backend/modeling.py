@@ -21,6 +21,7 @@ from __future__ import annotations
 import functools
 import inspect
 import json
+import math
 import os
 from pathlib import Path
 
@@ -94,8 +95,16 @@ def hf_config(dims):
 
 
 def build_model(dims, heads: tuple[str, ...] = ("lm",), seed: int = 0,
-                weights: str | None = None) -> PolicyModel:
-    """A model with the requested heads; random init from ``seed``, or loaded from ``weights``."""
+                weights: str | None = None, device: str = "cpu",
+                dtype: torch.dtype | None = None) -> PolicyModel:
+    """A model with the requested heads; random init from ``seed``, or loaded from ``weights``,
+    made directly on ``device`` (a GPU's models never pass through a whole float32 copy in
+    host memory; ``meta``: shapes only), in ``dtype`` (None: float32).
+
+    A random init draws on the device (float32, then cast): every model built from the same
+    dims and seed on the same kind of device starts the same, as a frozen reference must
+    equal its actor's initial weights. A folder's weights load straight to the device in
+    ``dtype`` (transformers' meta-device load, one shard at a time)."""
     from transformers import MODEL_MAPPING, AutoModelForCausalLM
 
     if weights:
@@ -107,24 +116,27 @@ def build_model(dims, heads: tuple[str, ...] = ("lm",), seed: int = 0,
         if not (path / "config.json").exists():
             raise BackendError(f"weights directory must hold config.json, not {sorted(p.name for p in path.glob('*'))[:5]}",
                                hint=f"point 'weights' at a saved transformers model ({path})")
-        full = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+        where = {} if torch.device(device).type == "cpu" else {"device_map": {"": device}}
+        full = AutoModelForCausalLM.from_pretrained(path, dtype=dtype or torch.float32, **where)
         lm_head = full.lm_head if "lm" in heads else None
         model = PolicyModel(full.model, full.config.hidden_size, lm_head, "value" in heads)
         if model.value_head is not None:
             _load_score_head(model.value_head, path)
-        return model
+        return model.to(device=device, dtype=dtype or torch.float32)
     config = hf_config(dims)
     config._attn_implementation = "sdpa"
-    torch.manual_seed(seed)
-    backbone = MODEL_MAPPING[type(config)](config)
-    torch.manual_seed(seed + 1)
-    lm_head = None
-    if "lm" in heads:
-        lm_head = nn.Linear(dims.hidden, dims.vocab, bias=False)
-        nn.init.normal_(lm_head.weight, std=0.02)
-        if dims.tied_embeddings:
-            lm_head.weight = backbone.embed_tokens.weight
-    return PolicyModel(backbone, dims.hidden, lm_head, "value" in heads)
+    with torch.device(device):
+        torch.manual_seed(seed)
+        backbone = MODEL_MAPPING[type(config)](config)
+        torch.manual_seed(seed + 1)
+        lm_head = None
+        if "lm" in heads:
+            lm_head = nn.Linear(dims.hidden, dims.vocab, bias=False)
+            nn.init.normal_(lm_head.weight, std=0.02)
+            if dims.tied_embeddings:
+                lm_head.weight = backbone.embed_tokens.weight
+        model = PolicyModel(backbone, dims.hidden, lm_head, "value" in heads)
+    return model if dtype is None else model.to(dtype)
 
 
 SCORE_HEAD = "score"     # transformers' *ForSequenceClassification head (a reward model's)
@@ -262,29 +274,110 @@ def expected_of(pipeline, key: str) -> Expected:
 
 def check_checkpoint(path: Path, pipeline, state: dict) -> None:
     """Every replica folder of the checkpoint at ``path`` read and checked against the
-    pipeline's models (:func:`read_replica`, and the optimizer's moments), as a resume will
-    read them; a BackendError at the first problem."""
+    pipeline's models (:func:`read_replica`: its weights and the optimizer's moments, whole
+    or from their shards), as a resume will read them; a BackendError at the first problem."""
     for key in sorted(state.get("replicas", {})):
         folder = Path(path) / key
-        if not (folder / "model.safetensors").is_file():
-            if (folder / "meta.json").is_file():
-                read_meta(folder / "meta.json")       # an engine's copy: its version alone
-            continue
-        expected = expected_of(pipeline, key)
-        read_replica(folder, expected)
-        if (folder / "optimizer.safetensors").is_file():
-            check_moments(expected, read_tensors(folder / "optimizer.safetensors"),
-                          folder / "optimizer.safetensors")
+        if (folder / "model.safetensors").is_file():
+            read_replica(folder, expected_of(pipeline, key))
+        elif (folder / "meta.json").is_file():
+            from backends.torch_backend.dcp import sharded_of
+            shards = sharded_of(folder, read_meta(folder / "meta.json"))
+            if shards is not None:                   # checked piece by piece, not read whole
+                check_shards(shards, expected_of(pipeline, key))
+            # else an engine's copy: its version alone
 
 
 def read_replica(folder: Path, expected: Expected) -> tuple[dict, dict[str, torch.Tensor]]:
     """(meta, weights) of a replica's checkpoint folder, each checked: meta.json an object
     with a version, every expected tensor there, of its shape and dtype, finite, and no
-    other (:func:`check_tensors`)."""
+    other (:func:`check_tensors`), and so the optimizer's moments. A replica written sharded
+    (meta.json names its shards) is checked piece by piece (:func:`check_shards`) and read
+    whole, else read from its ``model.safetensors`` and ``optimizer.safetensors``."""
+    from backends.torch_backend.dcp import read_whole, sharded_of
     meta = read_meta(folder / "meta.json")
+    shards = sharded_of(folder, meta)
+    if shards is not None:
+        check_shards(shards, expected)
+        try:
+            return meta, read_whole(shards, keep=lambda name: "::" not in name)
+        except Exception as e:  # noqa: BLE001 — DCP's own errors: shards that do not fit
+            raise _bad(shards, f"must hold shards that read whole, and they do not "
+                               f"({type(e).__name__}: {e})"[:300]) from None
     weights = read_tensors(folder / "model.safetensors")
     check_tensors(expected, weights, folder / "model.safetensors")
+    if (folder / "optimizer.safetensors").is_file():
+        check_moments(expected, read_tensors(folder / "optimizer.safetensors"),
+                      folder / "optimizer.safetensors")
     return meta, weights
+
+
+def check_shards(folder: Path, expected: Expected) -> None:
+    """A sharded replica's checkpoint (``backends.torch_backend.dcp``) checked as a whole
+    file is: every shard file readable in full; the tensors' names those of the model and
+    its Adam moments, none missing, none other; each tensor covered by its pieces, whole of
+    the shape the model gives it; each piece of its dtype and finite. A BackendError names
+    the shard file at fault (the folder where none is: a tensor in no file)."""
+    from safetensors import safe_open
+
+    from backends.torch_backend.dcp import files
+    holder = _shard_holders(folder)
+    check_names(expected, [k for k in holder if "::" not in k], folder, holder)
+    _check_moment_names(expected, [k for k in holder if "::" in k], folder, holder)
+    sizes = _whole_sizes(folder, holder)
+    for name, size in sorted(sizes.items()):
+        base, _, kind = name.partition("::")
+        _check_shape(name, size, () if kind == "step" else expected[base][0], holder[name])
+    for f in files(folder):
+        with safe_open(str(f), framework="pt") as st:
+            for k in st.keys():
+                piece = st.get_tensor(k)
+                whole = math.prod(sizes[k])
+                _check_values(k, piece, None if "::" in k else expected[k][1], f,
+                              of=None if piece.numel() == whole else whole)
+
+
+def _shard_holders(folder: Path) -> dict[str, Path]:
+    """Each tensor name of a sharded checkpoint and the shard file holding it (the first of
+    several), read from the files' headers; a BackendError naming a file that is not
+    readable in full."""
+    from safetensors import SafetensorError, safe_open
+
+    from backends.torch_backend.dcp import files
+    if not Path(folder).is_dir() or not files(folder):
+        raise _bad(folder, "must hold the replica's shard files, and it holds none")
+    holder: dict[str, Path] = {}
+    for f in files(folder):
+        try:
+            with safe_open(str(f), framework="pt") as st:
+                for k in st.keys():
+                    holder.setdefault(k, f)
+        except (SafetensorError, OSError, ValueError, RuntimeError) as e:
+            raise _bad(f, f"must be a safetensors file readable in full, and it is not "
+                          f"({type(e).__name__}: {e})"[:300]) from None
+    return holder
+
+
+def _whole_sizes(folder: Path, holder: dict[str, Path]) -> dict[str, tuple[int, ...]]:
+    """Each tensor's whole shape, as its pieces' offsets and shapes give it, every tensor
+    covered by its pieces (none left out of every file: DCP would read such a gap as
+    uninitialised memory)."""
+    from torch.distributed.checkpoint import HuggingFaceStorageReader
+    try:
+        meta = HuggingFaceStorageReader(str(folder)).read_metadata()
+    except Exception as e:  # noqa: BLE001 — DCP's own errors: pieces' offsets unreadable
+        raise _bad(folder, f"must hold shards whose pieces DCP can place, and it does not "
+                           f"({type(e).__name__}: {e})"[:300]) from None
+    out = {}
+    for name, m in meta.state_dict_metadata.items():
+        total = math.prod(m.size)
+        have = sum(math.prod(c.sizes) for c in m.chunks)
+        if have < total:
+            raise _bad(holder.get(name, folder),
+                       f"tensor '{name}' must be covered by its shards, and {total - have:,} "
+                       f"of its {total:,} values are in none")
+        out[name] = tuple(m.size)
+    return out
 
 
 def read_meta(path: Path) -> dict:
@@ -297,6 +390,11 @@ def read_meta(path: Path) -> dict:
     version = meta.get("version")
     if isinstance(version, bool) or not isinstance(version, int) or version < 0:
         raise _bad(path, f"field 'version' must be a count, not {version!r}"[:200])
+    shards = meta.get("sharded")
+    if shards is not None and (not isinstance(shards, str) or Path(shards).name != shards
+                               or shards in (".", "..")):
+        raise _bad(path, f"field 'sharded' must name a folder of its checkpoint, not "
+                         f"{shards!r}"[:200])
     for field in ("kl_coef", "optimizer_steps"):
         value = meta.get(field, {})
         if not isinstance(value, dict) or not all(
@@ -317,49 +415,84 @@ def read_tensors(path: Path) -> dict[str, torch.Tensor]:
                          f"({type(e).__name__}: {e})"[:300]) from None
 
 
-def check_tensors(expected: Expected, tensors: dict[str, torch.Tensor], where: Path) -> None:
+def check_tensors(expected: Expected, tensors: dict[str, torch.Tensor], where: Path,
+                  holder: dict[str, Path] | None = None) -> None:
     """Every tensor of ``expected`` is in ``tensors`` with its shape and dtype and only
-    finite values, and nothing else is; a BackendError naming the file, the tensor and the
-    problem."""
-    missing = [n for n in expected if n not in tensors]
+    finite values, and nothing else is; a BackendError naming the file (``holder``'s for
+    the tensor, where the tensors come from several), the tensor and the problem."""
+    check_names(expected, list(tensors), where, holder)
+    for name, (shape, dtype) in expected.items():
+        _check_one(name, tensors[name], shape, dtype, (holder or {}).get(name, where))
+
+
+def check_names(expected: Expected, names: list[str], where: Path,
+                holder: dict[str, Path] | None = None) -> None:
+    """The tensor names read are those of ``expected``: none missing, none other."""
+    missing = [n for n in expected if n not in set(names)]
     if missing:
         more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
         raise _bad(where, f"must hold tensor '{missing[0]}'{more}, which the model's "
                           "configuration has, and it does not")
-    unknown = [n for n in tensors if n not in expected]
+    unknown = [n for n in names if n not in expected]
     if unknown:
-        raise _bad(where, f"must hold only the model's tensors, not '{unknown[0]}'"
-                          + (f" (and {len(unknown) - 1} more)" if len(unknown) > 1 else ""))
-    for name, (shape, dtype) in expected.items():
-        _check_one(name, tensors[name], shape, dtype, where)
+        raise _bad((holder or {}).get(unknown[0], where),
+                   f"must hold only the model's tensors, not '{unknown[0]}'"
+                   + (f" (and {len(unknown) - 1} more)" if len(unknown) > 1 else ""))
 
 
-def check_moments(expected: Expected, moments: dict[str, torch.Tensor], where: Path) -> None:
-    """The Adam moments (``NAME::exp_avg``, ``NAME::exp_avg_sq``) of an optimizer file: each
-    of a tensor of the model, of its shape, finite."""
+MOMENTS = ("exp_avg", "exp_avg_sq")       # Adam's, as ``NAME::KIND``; a sharded one's ``NAME::step``
+
+
+def check_moments(expected: Expected, moments: dict[str, torch.Tensor], where: Path,
+                  holder: dict[str, Path] | None = None) -> None:
+    """The Adam moments (``NAME::exp_avg``, ``NAME::exp_avg_sq``; a sharded checkpoint's
+    ``NAME::step`` too) of an optimizer file: each of a tensor of the model, of its shape
+    (a step: a number), finite."""
+    _check_moment_names(expected, list(moments), where, holder)
     for key, t in moments.items():
         name, _, kind = key.partition("::")
-        if name not in expected or kind not in ("exp_avg", "exp_avg_sq"):
-            raise _bad(where, f"must hold only the moments of the model's tensors, not '{key}'")
-        _check_one(key, t, expected[name][0], None, where)
+        _check_one(key, t, () if kind == "step" else expected[name][0], None,
+                   (holder or {}).get(key, where))
+
+
+def _check_moment_names(expected: Expected, keys: list[str], where: Path,
+                        holder: dict[str, Path] | None = None) -> None:
+    for key in keys:
+        name, _, kind = key.partition("::")
+        if name not in expected or kind not in (*MOMENTS, "step"):
+            raise _bad((holder or {}).get(key, where),
+                       f"must hold only the moments of the model's tensors, not '{key}'")
 
 
 def _check_one(name: str, t: torch.Tensor, shape: tuple[int, ...], dtype, where: Path) -> None:
-    if tuple(t.shape) != shape:
+    _check_shape(name, tuple(t.shape), shape, where)
+    _check_values(name, t, dtype, where)
+
+
+def _check_shape(name: str, got: tuple[int, ...], shape: tuple[int, ...], where: Path) -> None:
+    if got != shape:
         raise _bad(where, f"tensor '{name}' must have the shape {list(shape)} the model's "
-                          f"configuration gives it, not {list(t.shape)}")
+                          f"configuration gives it, not {list(got)}")
+
+
+def _check_values(name: str, t: torch.Tensor, dtype, where: Path, of: int | None = None) -> None:
+    """``t`` of ``dtype`` (any floating dtype where None), finite; ``of``: the whole
+    tensor's size where ``t`` is a piece of it (a shard's)."""
     if dtype is not None and t.dtype != dtype:
         raise _bad(where, f"tensor '{name}' must be {dtype}, not {t.dtype}")
     if not t.is_floating_point():
         raise _bad(where, f"tensor '{name}' must be floating point, not {t.dtype}")
     bad = int((~torch.isfinite(t)).sum())
     if bad:
-        raise _bad(where, f"tensor '{name}' must hold finite values, and {bad:,} of its "
-                          f"{t.numel():,} are NaN or infinite")
+        whose = f"of its {t.numel():,}" if of is None else \
+            f"of the {t.numel():,} of its {of:,} this file holds"
+        raise _bad(where, f"tensor '{name}' must hold finite values, and {bad:,} {whose} "
+                          "are NaN or infinite")
 
 
 def _bad(path: Path, problem: str) -> BackendError:
-    return BackendError(f"checkpoint file '{path}' {problem}", Span(str(path), 0, 0),
+    what = "folder" if Path(path).is_dir() else "file"       # a sharded checkpoint's folder
+    return BackendError(f"checkpoint {what} '{path}' {problem}", Span(str(path), 0, 0),
                         hint="the checkpoint is damaged or was written for another model: "
                              "`rpeg run --resume` goes on from an earlier complete one, "
                              "`rpeg export --step N` exports another")

@@ -29,8 +29,9 @@ a 2-D (dp, tp) device mesh, after the tensor-parallel split.
 
 Precision: parameters are kept in ``dtype`` (the model's, bf16 on a GPU; float32 on a
 CPU, whose profile prices float32). With ``master`` and a 16-bit dtype, the optimizer
-updates float32 master weights: FSDP2 keeps the sharded parameters in float32 and
-gathers them in ``dtype`` (``MixedPrecisionPolicy``); DDP and tensor parallelism keep a
+updates float32 master weights: FSDP2 keeps the sharded parameters in float32,
+gathers them in ``dtype`` and reduces the gradients in it (``MixedPrecisionPolicy``,
+:func:`reduce_dtype`: the cost model's rule, so priced as run); DDP and tensor parallelism keep a
 float32 copy in the optimizer (:class:`MasterAdam`). ``recompute`` checkpoints each
 decoder layer's activations (recomputed in backward). ``offload`` keeps the optimizer
 state in host memory between train ops (:class:`HostOffload`).
@@ -175,8 +176,13 @@ class Trained:
                 m.unshard()
 
     def unsettle(self) -> None:
-        """Register the sharded parameters again (local): before reading or writing them."""
+        """Register the sharded parameters again (local): before reading or writing them.
+        FSDP2 also forgets the order of the forwards since the last backward: a reader on
+        this device (generation, a forward op) ran the layers of a ZeRO-2 trainer in place,
+        on this rank alone, and the next backward would prefetch (all-gather) by that order
+        on this rank only, waiting for the other ranks forever."""
         if self.layout.fsdp:
+            forget_forwards(self.heads)
             for m in fsdp_modules(self.heads):
                 m.reshard()
 
@@ -200,13 +206,36 @@ def fsdp_modules(root: nn.Module) -> list[nn.Module]:
     return [m for m in root.modules() if isinstance(m, FSDPModule)]
 
 
+def reduce_dtype(param: torch.dtype) -> torch.dtype:
+    """The dtype data-parallel ranks reduce gradients in, by the cost model's rule
+    (``rpeg.cost.memory.grad_reduce_bytes``): the weights' own, 16 bits on a GPU."""
+    from rpeg.cost.memory import grad_reduce_bytes
+    size = torch.empty((), dtype=param).element_size()
+    return param if grad_reduce_bytes(size) == size else torch.float32
+
+
+def forget_forwards(root: nn.Module) -> None:
+    """Clear what FSDP2 recorded of the forwards run since its last backward (the order it
+    prefetches the backward's all-gathers by), on the FSDP2 ``root``; every group resharded."""
+    reset = getattr(root, "reset_iter_state", None)
+    if callable(reset):                  # torch >= 2.12
+        reset()
+        return
+    state = root._get_fsdp_state()       # earlier: the same trackers, cleared by hand
+    state._comm_ctx.post_forward_order.clear()
+    for s in state._state_ctx.all_states:
+        for group in s._fsdp_param_groups:
+            group._post_forward_indices.clear()
+
+
 def _fully_shard(model, heads, layout: TrainLayout, mesh, device: str,
                  compute_dtype: torch.dtype | None):
     """FSDP2 on each decoder layer, then on the ``heads`` root (embeddings, final norm and
     heads); a no-gradient forward of one token initialises the root on every rank."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    mp = MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32) \
+    mp = MixedPrecisionPolicy(param_dtype=compute_dtype,
+                              reduce_dtype=reduce_dtype(compute_dtype)) \
         if compute_dtype is not None else MixedPrecisionPolicy()
     again = layout.zero >= 3
     for layer in model.backbone.layers:
@@ -240,7 +269,7 @@ def mesh_groups(layout: TrainLayout) -> list[tuple[int, ...]]:
     """Process groups a layout needs (every rank creates all of a run's, in one order)."""
     size = layout.tp_size
     out = set()
-    if size == 1 and (layout.dp > 1 or layout.fsdp):
+    if len(layout.world) > 1 or layout.fsdp:    # its ranks checkpoint together (DCP)
         out.add(tuple(layout.world))
     if size > 1:
         for i in range(0, len(layout.world), size):
@@ -330,6 +359,7 @@ class HostOffload:
 
     def __init__(self, optimizer, device: str) -> None:
         self.optimizer = optimizer
+        self.device = device
         self.cuda = str(device).startswith("cuda")
         self.host: list[torch.Tensor | None] = []
         self.out = False
@@ -344,7 +374,7 @@ class HostOffload:
                                            pin_memory=self.cuda)
             self.host[i].copy_(t, non_blocking=self.cuda)
         if self.cuda:
-            torch.cuda.synchronize()
+            torch.cuda.synchronize(self.device)      # this worker's GPU, not the current one
         for t in tensors:
             t.untyped_storage().resize_(0)
         self.out = True
@@ -359,7 +389,7 @@ class HostOffload:
             if not self.cuda:
                 self.host[i] = None
         if self.cuda:
-            torch.cuda.synchronize()
+            torch.cuda.synchronize(self.device)
         self.out = False
 
 

@@ -190,7 +190,6 @@ def train_step(heads: nn.Module, optimizer: torch.optim.Optimizer, batch: TrainB
     k = max(1, min(minibatches, max(len(p) for p in parts)))
     sums: dict[str, float] = {}
     count = 0
-    params = [p for p in heads.parameters() if p.requires_grad]
     for _ in range(epochs):
         splits = []
         for r in range(world):              # every rank's split: the minibatch's totals
@@ -234,7 +233,11 @@ def train_step(heads: nn.Module, optimizer: torch.optim.Optimizer, batch: TrainB
                 for key, v in terms.items():    # each a share of the minibatch's, all ranks'
                     stats[key] = stats.get(key, 0.0) + world * float(
                         v.detach() if torch.is_tensor(v) else v)
-            # DTensor-aware; 0: measured, not clipped
+            # DTensor-aware; 0: measured, not clipped. The parameters as registered now, after
+            # the backward: FSDP2 registers its sharded ones again there, which hold the
+            # gradients (a forward before, e.g. the off-policy correction's, registered the
+            # gathered ones)
+            params = [p for p in heads.parameters() if p.requires_grad]
             stats["grad_norm"] = float(clip_grad_norm(params, grad_clip or float("inf")))
             optimizer.step()
             for key, v in stats.items():

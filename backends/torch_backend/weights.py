@@ -64,6 +64,34 @@ def sent_weights(replica) -> list[tuple[str, torch.Tensor]]:
     return [(k, v) for k, v in own if k in keep]
 
 
+def gather_refusal(tensors, takers) -> str | None:
+    """Why gathering ``tensors`` (name, tensor) whole on the devices ``takers`` would hang:
+    a tensor split over a device that takes no part never completes its gather (that rank
+    never enters it). None when every piece's holder takes part (ranks are devices)."""
+    takers = set(takers)
+    for name, t in tensors:
+        mesh = getattr(t, "device_mesh", None)
+        if mesh is None:
+            continue
+        ranks = sorted(int(r) for r in mesh.mesh.flatten().tolist())
+        missing = [r for r in ranks if r not in takers]
+        if missing:
+            return (f"'{name}' is split over devices {ranks}, and devices {missing} take no "
+                    "part in the weight sync, so its gather would wait for them forever")
+    return None
+
+
+def check_gather(tensors, takers) -> None:
+    """Refuse (before any collective) a gather that :func:`gather_refusal` says would hang."""
+    why = gather_refusal(tensors, takers)
+    if why:
+        from rpeg.errors import BackendError
+        raise BackendError(f"a weight sync must be run by every device holding a piece of the "
+                           f"weights, and {why}",
+                           hint="the senders are the trainer's first tensor-parallel block, or "
+                                "all its devices under ZeRO-3 (rpeg.cost.engine_sync.sync_senders)")
+
+
 def whole(t: torch.Tensor) -> torch.Tensor:
     """A tensor made whole: a DTensor gathered over its mesh (a collective), else itself."""
     return t.full_tensor() if hasattr(t, "full_tensor") else t
@@ -90,6 +118,8 @@ def transfer(call, replicas: dict, device: str, dtype: torch.dtype, peers=None) 
         return
     home = replicas[base_of(call.model)] if me in call.sources else None
     own = sent_weights(home if home is not None else loading[0])
+    if home is not None:
+        check_gather(own, call.sources)
     params = dict(own)
     shapes = [(k, tuple(v.shape)) for k, v in own]
     size = torch.empty((), dtype=dtype).element_size()
@@ -122,4 +152,5 @@ def _numel(shape) -> int:
     return n
 
 
-__all__ = ["BUCKET_BYTES", "bucket_plan", "named_weights", "sent_weights", "transfer", "whole"]
+__all__ = ["BUCKET_BYTES", "bucket_plan", "check_gather", "gather_refusal", "named_weights",
+           "sent_weights", "transfer", "whole"]

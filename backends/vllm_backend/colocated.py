@@ -23,11 +23,22 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from backends.vllm_backend.engine import VllmEngine, VllmOptions, random_state_kept
+import attrs
+
+from backends.vllm_backend.engine import VllmEngine, VllmOptions, engine_dtype, random_state_kept
 from backends.vllm_backend.models import save_policy
 
 # Runtime workers share the machine's cores: let the executor's thread setting stand.
 COLOCATED_OPTIONS = VllmOptions(dtype="float32", cpu_cores="nobind")
+
+
+def colocated_options(model_dtype: str, gpus: str = "", sleep: bool = False) -> VllmOptions:
+    """How an engine beside its trainer starts: in the model's dtype on a GPU (``gpus``: the
+    worker's own GPU, as its node names it; its processes see that one), float32 on a CPU;
+    sleeping between generate calls where it shares that GPU with the trainer (``sleep``),
+    and updated in place (through CUDA IPC handles on a GPU: ``VllmEngine.load_bucket``)."""
+    return attrs.evolve(COLOCATED_OPTIONS, dtype=engine_dtype(model_dtype, bool(gpus)),
+                        gpus=gpus, sleep=sleep and bool(gpus))
 
 
 def colocated_engine(replica: Any, options: VllmOptions = COLOCATED_OPTIONS) -> VllmEngine:

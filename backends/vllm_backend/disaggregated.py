@@ -12,9 +12,9 @@ span the block (child processes when tp > 1; on GPU they see the block's devices
 torch model stays beside it: the engine starts from the model's weights folder, or from
 a checkpoint of the model built as the trainer builds it (version 0, the only disk
 write), and every later version arrives through collectives from the trainer
-(``receive``; ``backends.vllm_backend.sync``). A receive whose host also sends (the
-engine shares a device with the trainer's first rank) runs in a thread, and the next use
-of the engine waits for it.
+(``receive``; ``backends.vllm_backend.sync``), or, for an engine sharing a device with a
+sender, from that sender in process (``load_local``; CUDA IPC handles on a GPU): one
+process group never holds two ranks on one GPU.
 
 A checkpoint of the copy holds its version and its partial rollouts, not weights: a
 restore loads the weights of that version from the replica of the model the same
@@ -24,16 +24,15 @@ checkpoint holds (the trainer's, at a cut they agree).
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import tempfile
-import threading
 from pathlib import Path
 
 from backends.vllm_backend.engine import (
     SyncRecord,
     VllmEngine,
     VllmOptions,
+    engine_dtype,
     random_state_kept,
     with_concurrency,
 )
@@ -52,18 +51,20 @@ class EngineReplica:
         self.workdir = workdir
         self.version = 0
         self.syncs: list[SyncRecord] = []
-        self._pending: tuple[threading.Thread, dict] | None = None
 
     @classmethod
-    def start(cls, spec, pipeline, device: int, use_cuda: bool = False, max_num_seqs: int = 0,
-              kv_fraction: float = 0.0, devices: int = 1,
-              cuda_graph: bool = False) -> EngineReplica:
+    def start(cls, spec, pipeline, device: int, gpus: str = "", max_num_seqs: int = 0,
+              kv_fraction: float = 0.0, devices: int = 1, cuda_graph: bool = False,
+              sleep: bool = False, build_on: str = "cpu") -> EngineReplica:
         """Start the engine of ``spec`` (a ``rpeg.runtime.context.Replica`` with ``engine``
-        set) serving version 0 of its model."""
+        set) serving version 0 of its model; ``gpus``: on a GPU, its block's GPUs as their
+        node names them, its host's first (``rpeg.runtime.devices.block_gpus``); ``sleep``:
+        it shares a GPU with a trainer and sleeps between generate calls; ``build_on``: the
+        device the trainer builds version 0 on, where a random init draws the same."""
         from rpeg.runtime.instances import base_of
         members = [pipeline.model(m) for m in base_of(spec.model).split("+")]
         weights = next((m.weights for m in members if m.weights), None)
-        gpu = use_cuda and _cuda()
+        gpu = bool(gpus) and _cuda()
         workdir = None
         if weights and (Path(weights) / "config.json").exists():
             path = Path(weights)
@@ -73,60 +74,51 @@ class EngineReplica:
             workdir = Path(tempfile.mkdtemp(prefix="rpeg-vllm-"))
             with random_state_kept():        # built as the trainer builds version 0
                 model = build_model(members[0].dims, spec.heads, seed=pipeline.workload.seed,
-                                    weights=weights)
+                                    weights=weights, device=build_on)
                 path = save_policy(model, workdir / "policy")
             del model
-        tp = len(spec.engine)
-        if gpu:
-            _gpu_block(spec.engine)
-        options = VllmOptions(dtype="bfloat16" if gpu else "float32", tensor_parallel=tp,
-                              cpu_cores="nobind",
-                              isolate=True if gpu else None)     # its GPUs: CUDA_VISIBLE_DEVICES
+        options = VllmOptions(dtype=engine_dtype(members[0].dtype, gpu),
+                              tensor_parallel=len(spec.engine), cpu_cores="nobind",
+                              gpus=gpus if gpu else "", sleep=sleep and gpu)
         options = with_concurrency(options, max_num_seqs, kv_fraction, devices, cuda_graph)
         return cls(spec.model, VllmEngine.start(path, options), workdir)
 
     def ready(self) -> VllmEngine:
-        """The engine, once any receive in flight finished."""
-        self._settle()
+        """The engine, serving the version last received."""
         return self.engine
 
     # -- weights ------------------------------------------------------------------------
 
-    def receive(self, sync, version: int, host: int, background: bool = False) -> dict:
-        """One update through ``sync`` (a ``WeightSync``) for the engine on ``host``;
-        ``background``: start it in a thread and return (the next use waits for it)."""
-        self._settle()
-
-        def work(box: dict) -> None:
-            try:
-                box["record"] = self.engine.receive_weights(sync.addr, sync.first_rank(host),
-                                                            sync.world, version)
-            except BaseException as e:  # noqa: BLE001 — raised again where it is waited for
-                box["error"] = e
-        self.version = version
-        if background:
-            box: dict = {}
-            thread = threading.Thread(target=work, args=(box,), daemon=True,
-                                      name=f"rpeg-receive-{self.key}")
-            thread.start()
-            self._pending = (thread, box)
-            return {}
-        box = {}
-        work(box)
-        return self._done(box)
-
-    def _settle(self) -> None:
-        if self._pending is not None:
-            thread, box = self._pending
-            self._pending = None
-            thread.join()
-            self._done(box)
-
-    def _done(self, box: dict) -> dict:
-        if "error" in box:
+    def receive(self, sync, version: int, host: int) -> dict:
+        """One update through ``sync`` (a ``WeightSync``) for the engine on ``host``."""
+        try:
+            record = self.engine.receive_weights(sync.addr, sync.first_rank(host), sync.world,
+                                                 version, sync.timeout_s)
+        except Exception as e:  # noqa: BLE001 — said with the engine's name
             raise BackendError(f"the weight update of '{self.key}' must arrive, and it failed: "
-                               f"{type(box['error']).__name__}: {box['error']}")
-        record = box["record"]
+                               f"{type(e).__name__}: {e}") from e
+        self.version = version
+        self.syncs.append(record)
+        return {"bytes": record.bytes, "buckets": record.buckets}
+
+    # an engine on a sending device: that send loads it in process (CUDA IPC on a GPU)
+    def begin_local(self) -> None:
+        self.engine.begin_update()
+
+    def load_local(self, names: list[str], tensors: list) -> None:
+        self.engine.load_bucket(list(zip(names, tensors, strict=True)))
+
+    def commit_local(self, version: int) -> None:
+        self.engine.commit(version)
+
+    def loaded(self, version: int) -> dict:
+        """The receive of an engine the send on its device loaded: it serves ``version``."""
+        if self.engine.version != version:
+            raise BackendError(f"the weight update of '{self.key}' must have loaded version "
+                               f"{version} in process, and the engine serves "
+                               f"{self.engine.version}")
+        self.version = version
+        record = self.engine.syncs[-1]
         self.syncs.append(record)
         return {"bytes": record.bytes, "buckets": record.buckets}
 
@@ -135,7 +127,6 @@ class EngineReplica:
     def checkpoint(self, path: str, meta: dict) -> None:
         """Its version and partial rollouts (the weights are those of its model's replica
         at that version, which the same checkpoint holds)."""
-        self._settle()
         out = Path(path)
         out.mkdir(parents=True, exist_ok=True)
         (out / "meta.json").write_text(json.dumps({**meta, "model": self.key,
@@ -144,33 +135,31 @@ class EngineReplica:
 
     def restore(self, path: str) -> int:
         """Serve the version a checkpoint of it names, with that version's weights."""
-        from backends.torch_backend.modeling import read_meta, read_tensors
+        from backends.torch_backend.dcp import weights_of
+        from backends.torch_backend.modeling import read_meta
         self._settle()
         version = int(read_meta(Path(path) / "meta.json")["version"])
-        if version:        # the model's files, checked with its replica's before the resume
+        if version:        # the model's weights: whole from its shards, or its file
             source = _weights_at(Path(path).parent, self.key, version)
-            self.engine.update_weights(read_tensors(source / "model.safetensors").items(),
-                                       version)
+            self.engine.update_weights(weights_of(source).items(), version)
         self.version = version
         return version
 
     def shutdown(self) -> None:
-        try:
-            self._settle()
-        finally:
-            self.engine.shutdown()
-            if self.workdir is not None:
-                shutil.rmtree(self.workdir, ignore_errors=True)
-                self.workdir = None
+        self.engine.shutdown()
+        if self.workdir is not None:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+            self.workdir = None
 
 
 def _weights_at(checkpoint: Path, key: str, version: int) -> Path:
     """The folder of a replica of ``key``'s model at ``version`` in a checkpoint."""
+    from backends.torch_backend.dcp import holds_weights
     from rpeg.runtime.instances import base_of, is_engine_key
     base = base_of(key)
     for d in sorted(checkpoint.iterdir()):
         model, _, _ = d.name.rpartition("@")
-        if model != base or is_engine_key(model) or not (d / "model.safetensors").exists():
+        if model != base or is_engine_key(model) or not holds_weights(d):
             continue
         if int(json.loads((d / "meta.json").read_text()).get("version", -1)) == version:
             return d
@@ -182,14 +171,3 @@ def _weights_at(checkpoint: Path, key: str, version: int) -> Path:
 def _cuda() -> bool:
     import torch
     return bool(torch.cuda.is_available())
-
-
-def _gpu_block(block: tuple[int, ...]) -> None:
-    """Show the engine the GPUs of its block: its worker processes inherit the variable;
-    in this process (tp 1) the current device is the block's."""
-    import torch
-    count = torch.cuda.device_count()
-    os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(str(d % count) for d in block)
-    if len(block) == 1:
-        torch.cuda.set_device(block[0] % count)
-

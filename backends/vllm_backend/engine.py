@@ -53,7 +53,7 @@ from backends.torch_backend.generation import chunk_bounds
 from backends.vllm_backend import require
 from backends.vllm_backend.capabilities import CAPABILITIES
 from backends.vllm_backend.weights import DEFAULT_BUCKET_BYTES, buckets
-from backends.vllm_backend.worker_ext import EXTENSION, pack
+from backends.vllm_backend.worker_ext import EXTENSION, ipc_handles, pack
 from rpeg.errors import BackendError
 
 
@@ -80,6 +80,9 @@ class VllmOptions:
     prefix_caching: bool = True
     enforce_eager: bool = True         # no graph capture: start-up in seconds, not minutes
     isolate: bool | None = None        # engine in a child process; None: only when it must be
+    gpus: str = ""                     # GPU: CUDA_VISIBLE_DEVICES of its processes, its host's
+                                       # GPU first (its block); "" on CPU
+    sleep: bool = False                # GPU: sleep between generate calls (vLLM's sleep mode)
 
 
 def with_concurrency(options: VllmOptions, max_num_seqs: int, kv_fraction: float,
@@ -132,6 +135,7 @@ class VllmEngine:
         self._calls = itertools.count()
         self.isolated = isolated             # engine core in a child process
         self.carried: dict[str, carry.Carried] = {}    # generate op -> its partial rollouts
+        self.asleep = False
 
     @classmethod
     def start(cls, model_dir: str | Path, options: VllmOptions = VllmOptions(),
@@ -145,8 +149,7 @@ class VllmEngine:
         gpu = on_gpu()
         if options.tensor_parallel < 1:
             raise BackendError(f"tensor_parallel must be at least 1, not {options.tensor_parallel}")
-        isolated = options.tensor_parallel > 1 or (
-            options.isolate if options.isolate is not None else _distributed_in_use())
+        isolated = runs_isolated(options, gpu, _distributed_in_use())
         _configure_environment(options, gpu, isolated)
         from vllm import LLM
 
@@ -161,10 +164,25 @@ class VllmEngine:
             kwargs["max_num_seqs"] = options.max_num_seqs
         if gpu:
             kwargs["gpu_memory_utilization"] = options.gpu_memory_utilization
+            kwargs["enable_sleep_mode"] = options.sleep
         # In-process, vLLM seeds the global generators: keep the host's random streams as they were.
-        with random_state_kept():
+        with random_state_kept(), _visible(options.gpus if gpu else None):
             llm = LLM(**kwargs)
         return cls(llm, options, path, _config_eos(path), version, isolated)
+
+    # -- sleep (a GPU shared with a trainer) -----------------------------------------------
+
+    def rest(self) -> None:
+        """Sleep until the next use when started to (``options.sleep``): the weights to host
+        memory, the KV cache freed, so a trainer on the same GPU has the memory."""
+        if self.options.sleep and not self.asleep:
+            self._llm.sleep(level=1)
+            self.asleep = True
+
+    def _awake(self) -> None:
+        if self.asleep:
+            self._llm.wake_up()
+            self.asleep = False
 
     # -- generation -------------------------------------------------------------------------
 
@@ -185,6 +203,7 @@ class VllmEngine:
             return
         from vllm import TokensPrompt
 
+        self._awake()
         engine = self._llm.llm_engine
         version = self.version     # weights change only between calls: one thread owns the engine
         call = next(self._calls)
@@ -282,6 +301,7 @@ class VllmEngine:
             raise BackendError(f"chunks must be at least 1, not {chunks}")
         from vllm import TokensPrompt
 
+        self._awake()
         buf, own = carry.admit(self.carried, key, cohorts)
         params = cohorts[0].params
         seeds = {c.step: c.params.seed for c in cohorts}
@@ -346,6 +366,7 @@ class VllmEngine:
         if self._pending is not None:
             raise BackendError("a weight update must be committed before the next one begins, not left open",
                                hint="call commit(version) after the last bucket")
+        self._awake()
         t0 = time.perf_counter()
         self._llm.collective_rpc("rpeg_begin_update")
         self._pending = (0, 0, time.perf_counter() - t0)
@@ -357,7 +378,10 @@ class VllmEngine:
         t0 = time.perf_counter()
         names = [name for name, _ in bucket]
         tensors = [_as_tensor(t) for _, t in bucket]
-        if self.isolated:                    # to another process: one byte string per bucket
+        if self.isolated and tensors and tensors[0].is_cuda:   # vLLM's colocate path
+            loaded = self._llm.collective_rpc("rpeg_load_ipc",
+                                              args=(names, ipc_handles(tensors)))[0]
+        elif self.isolated:                  # to another process: one byte string per bucket
             loaded = self._llm.collective_rpc("rpeg_load_packed", args=(names, *pack(tensors)))[0]
         else:
             loaded = self._llm.collective_rpc("rpeg_load_bucket", args=(names, tensors))[0]
@@ -382,15 +406,18 @@ class VllmEngine:
         self.version = version
         return record
 
-    def receive_weights(self, addr: str, first_rank: int, world: int, version: int) -> SyncRecord:
+    def receive_weights(self, addr: str, first_rank: int, world: int, version: int,
+                        timeout_s: float | None = None) -> SyncRecord:
         """One update through the trainer's weight-sync group (``backends.vllm_backend.sync``):
         every worker of this engine receives the buckets and loads its shard; then the KV
         computed with the old weights is dropped and ``version`` served."""
         if version < self.version:
             raise BackendError(f"weight version must not go back, not {version} after {self.version}",
                                hint="push versions in training order")
+        self._awake()
         t0 = time.perf_counter()
-        got = self._llm.collective_rpc("rpeg_receive_weights", args=(addr, first_rank, world))
+        got = self._llm.collective_rpc("rpeg_receive_weights",
+                                       args=(addr, first_rank, world, timeout_s))
         self._llm.reset_prefix_cache()
         record = SyncRecord(version, int(got[0][1]), int(got[0][0]), time.perf_counter() - t0)
         self.syncs.append(record)
@@ -422,6 +449,16 @@ class VllmEngine:
         destroy_distributed_environment()
 
 
+def runs_isolated(options: VllmOptions, gpu: bool, distributed: bool) -> bool:
+    """Whether an engine runs in processes of its own: at tp > 1; on a GPU always, shown its
+    block's GPUs (vLLM's single-process executor takes local rank 0, whatever device this
+    worker owns), then loaded through CUDA IPC handles; beside a ``torch.distributed`` world
+    (vLLM in this process would join it); or as ``options.isolate`` says."""
+    if options.tensor_parallel > 1 or (gpu and options.gpus):
+        return True
+    return options.isolate if options.isolate is not None else distributed
+
+
 def _distributed_in_use() -> bool:
     import torch.distributed as dist
 
@@ -451,6 +488,31 @@ def random_state_kept():
         random.setstate(states[0])
         np.random.set_state(states[1])
         torch.random.set_rng_state(states[2])
+
+
+@contextlib.contextmanager
+def _visible(gpus: str | None):
+    """``CUDA_VISIBLE_DEVICES`` set to ``gpus`` while the engine starts its processes (they
+    inherit it); this process's own setting as it was after (None: left alone)."""
+    if gpus is None:
+        yield
+        return
+    before = os.environ.get("CUDA_VISIBLE_DEVICES")
+    os.environ["CUDA_VISIBLE_DEVICES"] = gpus
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ["CUDA_VISIBLE_DEVICES"]
+        else:
+            os.environ["CUDA_VISIBLE_DEVICES"] = before
+
+
+def engine_dtype(model_dtype: str, gpu: bool) -> str:
+    """The dtype an engine serves a model in: the model's on a GPU (what the trainer's
+    readers keep and the cost model prices), float32 on a CPU (the CPU profile's)."""
+    return {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}[model_dtype] if gpu \
+        else "float32"
 
 
 def _config_eos(path: Path) -> int | None:

@@ -27,14 +27,23 @@ SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
 def save_policy(model, path: str | Path) -> Path:
-    """Write a torch-backend ``PolicyModel`` (LM head required) as a transformers checkpoint."""
+    """Write a torch-backend ``PolicyModel`` (LM head required) as a transformers checkpoint
+    (``config.json`` and ``model.safetensors``, float32, Hugging Face names).
+
+    Written here, not by ``save_pretrained``: in a process of a ``torch.distributed`` world
+    transformers writes a model's files on rank 0 only, and an engine beside another rank
+    would find an empty folder. The names and shapes are checked against the architecture
+    built on the meta device (no second copy of the weights)."""
     import torch
+    from safetensors.torch import save_file
     from transformers import AutoModelForCausalLM
 
     if getattr(model, "lm_head", None) is None:
         raise BackendError("model must have an LM head to generate, not only a value head",
                            hint="build the actor with heads=('lm',) or ('lm', 'value')")
-    full = AutoModelForCausalLM.from_config(model.config)
+    with torch.device("meta"):
+        full = AutoModelForCausalLM.from_config(model.config)
+    want = {k: tuple(v.shape) for k, v in full.state_dict().items()}
     # the parameters as this device holds them: a ZeRO-2 trainer's are whole between ops,
     # while its state_dict() always gives FSDP2's shards
     held = dict(model.named_parameters(remove_duplicate=False))
@@ -49,10 +58,20 @@ def save_policy(model, path: str | Path) -> Path:
                                "engine beside it, not a shard",
                                hint="give the engine its own copy (a plan with the trainer "
                                     "at ZeRO 2 or 3, or tp > 1, does)")
-        state[target] = tensor.detach().to(torch.float32)
-    full.load_state_dict(state, strict=True)
+        # safetensors refuses shared storage (tied embeddings): each tensor a copy of its own
+        state[target] = tensor.detach().to("cpu", torch.float32).contiguous().clone()
+    got = {k: tuple(v.shape) for k, v in state.items()}
+    if got != want:
+        wrong = sorted(set(got) ^ set(want)) or sorted(k for k in got if got[k] != want[k])
+        raise BackendError(f"the policy's weights must be those of its architecture, and "
+                           f"{wrong[:3]} differ", hint="a bug: report it")
     path = Path(path)
-    full.save_pretrained(path)
+    path.mkdir(parents=True, exist_ok=True)
+    config = model.config.__class__.from_dict(model.config.to_dict())
+    config.architectures = [type(full).__name__]
+    config.dtype = "float32"
+    config.save_pretrained(path)
+    save_file(state, str(path / "model.safetensors"), metadata={"format": "pt"})
     return path
 
 

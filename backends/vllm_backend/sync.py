@@ -19,9 +19,13 @@ everything, as JSON bytes), then each bucket as one flat byte buffer, the tensor
 the trainer's parameter dtype, each aligned so any dtype can view it. The trainer's
 layout is undone on the way out and the engine's made on the way in: a parameter split
 over the trainer's ranks (tensor or fully sharded data parallel, a DTensor) is gathered
-whole (``full_tensor``: every rank holding a piece takes part, :func:`gather`), and each
-engine worker loads the whole tensor with its model's own loader, which keeps the
-worker's tensor-parallel shard. Nothing goes through Dask, the client, or disk.
+whole (``full_tensor``: every rank holding a piece takes part, :func:`gather`; they are
+all senders, ``rpeg.cost.engine_sync.sync_senders``), and each engine worker loads the
+whole tensor with its model's own loader, which keeps the worker's tensor-parallel shard.
+An engine sharing a device with a sender is not in the group (two ranks of one group on
+one GPU: NCCL refuses it): that sender hands it each bucket in process (:func:`send`'s
+``loads``; through CUDA IPC handles on a GPU, ``worker_ext``). Nothing goes through Dask,
+the client, or disk.
 """
 
 from __future__ import annotations
@@ -31,15 +35,16 @@ import json
 from collections.abc import Iterable, Iterator
 from typing import Any
 
+from rpeg.runtime.devices import COLLECTIVE_TIMEOUT_S
+
 ALIGN = 16                      # bytes: every tensor of a bucket starts at a multiple
-TIMEOUT_S = 1800.0              # a collective waits this long for its partners
 _PREFIX = "rpeg-weights/"
 
 Meta = tuple[str, str, tuple[int, ...]]      # (vLLM name, dtype name, full shape)
 
 
 def open_group(addr: str, rank: int, world: int, device: str = "cpu",
-               timeout_s: float = TIMEOUT_S):
+               timeout_s: float = COLLECTIVE_TIMEOUT_S):
     """A process group of ``world`` ranks met at ``addr`` (``tcp://host:port``; rank 0
     serves the store): NCCL when ``device`` is a GPU, else gloo. Blocks until all joined."""
     import torch
@@ -137,19 +142,28 @@ def gather(state: dict[str, Any], plan: list[list[Meta]]) -> Iterator[list[Any]]
         yield out
 
 
-def send(group, state: dict[str, Any], bucket_size: int, device: str = "cpu") -> tuple[int, int]:
-    """Rank 0: broadcast the plan, then every bucket; returns (buckets, bytes)."""
+def send(group, state: dict[str, Any], bucket_size: int, device: str = "cpu",
+         loads=()) -> tuple[int, int]:
+    """A sender's part of one update, every sender in the same order: gather each bucket
+    whole (the trainer's ranks holding pieces together), broadcast it over ``group`` (the
+    first sender; None elsewhere, or when no engine is in the group) after the plan, and
+    hand it to each of ``loads`` (``load(names, tensors)``: an engine on this device,
+    loaded in process). Returns (buckets, bytes)."""
     import torch
 
     plan = bucket_plan(trainer_metas(state), bucket_size)
-    header = json.dumps([[[n, d, list(s)] for n, d, s in b] for b in plan]).encode()
-    broadcast(group, torch.tensor([len(header)], dtype=torch.int64, device=device))
-    broadcast(group, torch.frombuffer(bytearray(header), dtype=torch.uint8).to(device))
+    if group is not None:
+        header = json.dumps([[[n, d, list(s)] for n, d, s in b] for b in plan]).encode()
+        broadcast(group, torch.tensor([len(header)], dtype=torch.int64, device=device))
+        broadcast(group, torch.frombuffer(bytearray(header), dtype=torch.uint8).to(device))
     total = 0
-    for tensors in gather(state, plan):
-        flat = pack(tensors, device)
-        broadcast(group, flat)
-        total += flat.numel()
+    for bucket, tensors in zip(plan, gather(state, plan), strict=True):
+        if group is not None:
+            flat = pack(tensors, device)
+            broadcast(group, flat)
+        for load in loads:
+            load([n for n, _, _ in bucket], tensors)
+        total += bucket_bytes(bucket)
     return len(plan), total
 
 

@@ -49,6 +49,18 @@ class WeightSyncExtension:
         """``rpeg_load_bucket`` for a bucket packed into one byte string (see ``pack``)."""
         return self.rpeg_load_bucket(names, unpack(dtypes, shapes, blob))
 
+    def rpeg_load_ipc(self, names: list[str], handles: list) -> int:
+        """``rpeg_load_bucket`` for a bucket on the sender's GPU, shared through CUDA IPC
+        handles (vLLM's colocate path: an engine on its trainer's GPU). The engine's
+        processes see its block's GPUs, the host's (the sender's) first, so each handle is
+        reopened on visible device 0."""
+        tensors = []
+        for rebuild, args in handles:
+            args = list(args)
+            args[6] = 0                      # the storage's device, as this process sees it
+            tensors.append(rebuild(*args))
+        return self.rpeg_load_bucket(names, tensors)
+
     def rpeg_finish_update(self) -> None:
         from vllm.config import set_current_vllm_config
         from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
@@ -57,7 +69,8 @@ class WeightSyncExtension:
         with set_current_vllm_config(self.vllm_config):
             finalize_layerwise_reload(runner.get_model(), self.vllm_config.model_config)
 
-    def rpeg_receive_weights(self, addr: str, first_rank: int, world: int) -> list[int]:
+    def rpeg_receive_weights(self, addr: str, first_rank: int, world: int,
+                             timeout_s: float | None = None) -> list[int]:
         """Join the trainer's weight-sync group (once; this worker's rank is ``first_rank`` +
         its tensor-parallel rank), receive one update and load it; returns [bytes, buckets]."""
         from backends.vllm_backend import sync
@@ -66,7 +79,9 @@ class WeightSyncExtension:
         if group is None or self._rpeg_group_addr != addr:
             from vllm.distributed.parallel_state import get_tp_group
             rank = first_rank + get_tp_group().rank_in_group
-            group = self._rpeg_group = sync.open_group(addr, rank, world, str(self.device))
+            group = self._rpeg_group = sync.open_group(
+                addr, rank, world, str(self.device),
+                **({"timeout_s": timeout_s} if timeout_s else {}))
             self._rpeg_group_addr = addr
         self.rpeg_begin_update()
         total = count = 0
@@ -97,6 +112,18 @@ def pack(tensors: list) -> tuple[list[str], list[list[int]], bytes]:
     blob = torch.cat(parts).numpy().tobytes() if parts else b""
     return ([str(t.dtype).removeprefix("torch.") for t in tensors],
             [list(t.shape) for t in tensors], blob)
+
+
+def ipc_handles(tensors: list) -> list:
+    """CUDA IPC handles of GPU tensors (``torch.multiprocessing``'s own reduction): another
+    process reopens each without a copy through the host. The caller keeps the tensors
+    alive until the receiver has loaded them."""
+    import torch
+    from torch.multiprocessing.reductions import reduce_tensor
+
+    for device in {t.device for t in tensors}:     # the gathered bytes are written before
+        torch.cuda.synchronize(device)             # shared, on the GPU that holds them
+    return [reduce_tensor(t.detach().contiguous()) for t in tensors]
 
 
 def unpack(dtypes: list[str], shapes: list[list[int]], blob: bytes) -> list:

@@ -24,6 +24,7 @@ import typer
 
 from rpeg.errors import RpegError, RuntimeFailure
 from rpeg.resources import clusters_dir
+from rpeg.runtime.devices import COLLECTIVE_TIMEOUT_S
 from rpeg.runtime.plans import RunStrategy
 from rpeg.spec.lower import MAX_STEPS
 
@@ -64,7 +65,13 @@ def register(app: typer.Typer) -> None:
                                            "at K (0 = synchronous); a plan file is capped "
                                            "and priced again. At most the spec's bound."),
         seed: int = typer.Option(0, "--seed", min=0, help="Planner seed."),
-        cuda: bool = typer.Option(False, "--cuda", help="Run ops on CUDA when workers have it."),
+        cuda: bool = typer.Option(None, "--cuda/--cpu", help="Run ops on each worker's GPU "
+                                  "(--cuda: every worker must have one), or on CPU (--cpu); "
+                                  "default: on GPUs when every device worker has one."),
+        collective_timeout: float = typer.Option(
+            COLLECTIVE_TIMEOUT_S, "--collective-timeout", min=1.0,
+            help="Seconds a collective (a data-parallel or weight-sync exchange) waits for "
+                 "its partners before it fails."),
         progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress bar."),
         checkpoint_every: int = typer.Option(None, "--checkpoint-every", min=0,
                                              help="Steps between checkpoints (0: only at the "
@@ -107,6 +114,7 @@ def register(app: typer.Typer) -> None:
             with dask_tls(tls):
                 result = resume_run(resume, RunOptions(scheduler=scheduler, progress=progress,
                                                        use_cuda=cuda,
+                                                       collective_timeout_s=collective_timeout,
                                                        trackers=tuple(tracker or ())),
                                     resilience, devices=devices, steps=steps)
             print(f"run: {result.path}  ({result.steps} steps, resumed)")
@@ -135,6 +143,7 @@ def register(app: typer.Typer) -> None:
         options = RunOptions(steps=steps, scheduler=scheduler,
                              run_dir=str(run_dir) if run_dir else None, progress=progress,
                              use_cuda=cuda, trackers=tuple(tracker or ()),
+                             collective_timeout_s=collective_timeout,
                              overrides=tuple(overrides or ()))
         with dask_tls(tls):
             if checkpoint_every:

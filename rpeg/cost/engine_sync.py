@@ -14,11 +14,18 @@ beside its model's unsplit trained replica outside FSDP2 (ZeRO 0), which updates
 engine in memory
 (:func:`engine_copy`, the runtime's rule: ``rpeg.runtime.instances``). Each version
 reaches a copy as ``backends.vllm_backend.sync`` moves it: the trainer's weights in their
-dtype, gathered whole first where the trainer splits them (tensor parallel, or ZeRO-3),
-then broadcast by the trainer's first rank to every worker of every engine, one bucket of
-``SYNC_BUCKET_BYTES`` at a time over the link the two device sets span (a pipelined tree:
-a latency per tree level per bucket, the bytes once at the link's bandwidth), and copied
-into each worker's shard at memory bandwidth.
+dtype, gathered whole first where the trainer splits them (tensor parallel, or ZeRO-3) by
+every device holding a piece (:func:`sync_senders`: they all enter each gather), then
+broadcast by the trainer's first rank to every worker of every engine on devices of its
+own, one bucket of ``SYNC_BUCKET_BYTES`` at a time over the link the two device sets span
+(a pipelined tree: a latency per tree level per bucket, the bytes once at the link's
+bandwidth), and copied into each worker's shard at memory bandwidth. An engine sharing a
+device with a sender never joins that group (NCCL refuses two ranks on one GPU): the sender
+on its host loads it in process, through CUDA IPC handles on a GPU
+(:func:`sync_layout`), priced as that copy alone.
+
+    >>> sync_layout((0, 1), ((0,), (2, 3)))     # the engine on 0 in process, 2-3 in the group
+    SyncLayout(senders=(0, 1), group=((2, 3),), local=((0,),))
 
 How many sequences an engine decodes at once, and in how much of the device, is the
 generation model's (:func:`rpeg.cost.generation.concurrency`, from a placement's
@@ -29,6 +36,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+
+import attrs
 
 from rpeg.cost import compute as C
 from rpeg.cost.generation import sync_bytes
@@ -49,6 +58,72 @@ def engine_copy(src, dst) -> bool:
         and src.pp == 1 and src.zero == 0)
 
 
+@attrs.frozen
+class SyncLayout:
+    """Who takes part in one weight sync into vLLM engines (the runtime's rule)."""
+
+    senders: tuple[int, ...]                 # trainer devices that gather; the first sends
+    group: tuple[tuple[int, ...], ...]       # engine blocks in the sync group (own devices)
+    local: tuple[tuple[int, ...], ...]       # engine blocks loaded in process by their host
+
+    @property
+    def members(self) -> tuple[int, ...]:
+        """The sync group's devices, in group rank order: the first sender, then each
+        remote engine's workers."""
+        return (self.senders[0],) + tuple(d for b in self.group for d in b)
+
+
+def sync_senders(devices, tp: int, zero: int) -> tuple[int, ...]:
+    """The trainer devices that read its weights whole for a sync, all together: its first
+    tensor-parallel block (each tensor whole there between ops, as ZeRO 0 and FSDP2 at
+    ZeRO-2 keep it), or every device when ZeRO-3 keeps only shards; every device holding a
+    piece of a tensor enters its gather, so no gather waits for a rank that never comes."""
+    return tuple(devices) if zero >= 3 else tuple(devices[:max(1, tp)])
+
+
+def sync_layout(senders, blocks) -> SyncLayout:
+    """Split engine ``blocks`` (each the devices one engine's workers span, the first its
+    host) into those the sync group reaches and those sharing a device with a sender,
+    which their host loads in process (one process group never holds two ranks on one
+    device: NCCL refuses it). :func:`sync_refusal` says when a plan cannot be laid so."""
+    near = set(senders)
+    local = tuple(tuple(b) for b in blocks if near & set(b))
+    group = tuple(tuple(b) for b in blocks if not near & set(b))
+    return SyncLayout(tuple(senders), group, local)
+
+
+def sync_refusal(layout: SyncLayout) -> str | None:
+    """Why a weight sync cannot run as laid out (two ranks of its group on one device, or
+    an engine on a sender's device that no sender hosts), or None."""
+    for b in layout.local:
+        if b[0] not in layout.senders:
+            return (f"the vLLM engine on devices {list(b)} shares a device with the trainer's "
+                    f"sending devices {list(layout.senders)} and is hosted on device {b[0]}, "
+                    "which does not send: it can be loaded neither in process nor through "
+                    "a process group")
+    members = layout.members
+    twice = sorted({d for d in members if members.count(d) > 1})
+    if twice:
+        return (f"the weight sync's process group would hold two ranks on device(s) {twice} "
+                "(NCCL refuses that)")
+    return None
+
+
+def engine_sleeps(engine_devices, trained_devices, devices_are_host: bool) -> bool:
+    """Whether a vLLM engine sleeps between its generate ops (vLLM's sleep mode, level 1: its
+    weights to host memory, its KV cache freed; the runtime's rule): on GPUs, where it shares
+    a device with a trainer, which then has the memory for training. A CPU device's memory
+    is the host's: nothing to free."""
+    return not devices_are_host and bool(set(engine_devices) & set(trained_devices))
+
+
+def sleep_wake_time(model: Model, tp: int, gpu) -> float:
+    """Seconds a sleeping engine spends per step: its weights (its tensor-parallel share)
+    out to host memory after generating and back before it generates again, each way at the
+    device's host bandwidth."""
+    return 2 * sync_bytes(model, gpu) / max(tp, 1) / gpu.host_bandwidth
+
+
 def collective_sync_time(model: Model, src_devices: Sequence[int], src_par: Parallel,
                          engines: tuple[tuple[int, ...], ...], cluster: Cluster,
                          bucket_bytes: int = SYNC_BUCKET_BYTES) -> float:
@@ -66,15 +141,18 @@ def collective_sync_time(model: Model, src_devices: Sequence[int], src_par: Para
     if src_par.zero >= 3 and src_par.dp > 1:
         gather += collective_time(Collective.ALL_GATHER, nbytes / split,
                                   src[::split][:src_par.dp], topo)
-    workers = tuple(d for block in engines for d in block)
-    world = (src[0],) + tuple(d for d in workers if d != src[0])
-    link = topo.link(topo.level_of(world))
-    buckets = max(math.ceil(nbytes / bucket_bytes), 1)
-    levels = math.ceil(math.log2(len(world))) if len(world) > 1 else 0
-    broadcast = buckets * levels * link.latency + nbytes / link.bandwidth if levels else 0.0
+    lay = sync_layout(sync_senders(src, split, src_par.zero), engines)
+    world = lay.members if lay.group else ()
+    broadcast = 0.0
+    if len(world) > 1:
+        link = topo.link(topo.level_of(world))
+        buckets = max(math.ceil(nbytes / bucket_bytes), 1)
+        levels = math.ceil(math.log2(len(world)))
+        broadcast = buckets * levels * link.latency + nbytes / link.bandwidth
     tp = max(len(b) for b in engines) if engines else 1
     load = 2 * nbytes / tp / gpu.mem_bandwidth + C.param_tensors(model.dims) * gpu.launch_overhead
     return gather + broadcast + load
 
 
-__all__ = ["SYNC_BUCKET_BYTES", "collective_sync_time", "engine_copy"]
+__all__ = ["SYNC_BUCKET_BYTES", "SyncLayout", "collective_sync_time", "engine_copy",
+           "engine_sleeps", "sleep_wake_time", "sync_layout", "sync_refusal", "sync_senders"]

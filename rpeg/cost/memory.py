@@ -122,6 +122,15 @@ def value_bytes(model: Model, gpu: GpuProfile) -> float:
                         f"not '{model.dtype}'", model.span) from None
 
 
+def grad_reduce_bytes(param_bytes: float) -> float:
+    """Bytes per gradient value as data-parallel ranks reduce them: the trained weights'
+    own (``param_bytes``: bf16 on a GPU, float32 on a CPU), under DDP and FSDP2 alike (the
+    torch backend's ``MixedPrecisionPolicy(reduce_dtype=...)`` takes its dtype from here;
+    the float32 master weights are updated from the reduced gradients, as verl and NeMo
+    RL offer with bf16 reduction). One rule, priced as run."""
+    return param_bytes
+
+
 def weight_bytes(model: Model, gpu: GpuProfile, trained: bool = False) -> float:
     """Bytes per weight as stored for passes: one for an FP8 model's inference copy."""
     if model.dtype == "fp8" and not trained and not gpu.compute_bytes:

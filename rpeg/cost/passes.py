@@ -53,6 +53,7 @@ from rpeg.cost.memory import (
     check_parallel,
     devices_are_host,
     grad_bytes,
+    grad_reduce_bytes,
     head_dims,
     local_params,
     offloaded_bytes,
@@ -238,7 +239,7 @@ def train_cost(model: Model, par: Parallel, devices, topo, gpu, engine: Engine, 
     mb = fwd * passes
     gather = zero3_gather(model, par, devices, topo, gpu)
     hooks = C.param_tensors(d, layers) * t.hook_s if gather else 0.0
-    trained = trained_local_params(model, par) * bpv
+    trained = trained_local_params(model, par) * grad_reduce_bytes(bpv)   # gradients reduced
     shards = shard_group(devices, par)
     if gather:       # gathered for the forward, the backward (and recomputation), grads scattered
         moved = gather * (passes - back + 1) + collective_time(

@@ -36,8 +36,9 @@ import numpy as np
 
 from rpeg.cost.compute import Roof
 from rpeg.cost.control import Dispatch, control_time, shared_cores_time, terms_of
+from rpeg.cost.engine_sync import engine_sleeps, sleep_wake_time
 from rpeg.cost.generation import StageCost
-from rpeg.cost.memory import MemoryCost, resident_memory, usable_memory
+from rpeg.cost.memory import MemoryCost, devices_are_host, resident_memory, usable_memory
 from rpeg.cost.stages import stage_memory
 from rpeg.errors import CostError, PlanError
 from rpeg.graph import Graph
@@ -61,7 +62,7 @@ from rpeg.plan.structure import (  # noqa: F401 — re-exported: what the plan m
 )
 from rpeg.plan.tasks import dispatch_per_step, layouts_of
 from rpeg.plan.usage import KINDS, memory_uses, op_uses
-from rpeg.spec.model import Cluster, OpKind, Pipeline
+from rpeg.spec.model import Cluster, Engine, OpKind, Pipeline
 
 GB = 1e9
 
@@ -473,8 +474,10 @@ class Evaluator:
         (memoised by exactly that)."""
         p = plan.placement(op.stages[0])
         off = op.kind is OpKind.TRAIN and self._off_policy(op, plan, graph)
+        rest = 0.0
         if op.kind is OpKind.GENERATE:
-            key = (graph, op.name, p, walk.rows.get(op.stages[0]))
+            rest = self._rest(op, p, plan, graph)
+            key = (graph, op.name, p, walk.rows.get(op.stages[0]), rest)
         elif op.kind is OpKind.TRAIN:
             key = (graph, op.name, p, off)
         else:
@@ -484,15 +487,15 @@ class Evaluator:
                    walk.streamed.get(op.name, ()), src, plan.shared)
         timing = self._ops.get(key)
         if timing is None:
-            timing = self._ops[key] = self._time_op(op, p, plan, walk, trainer, off)
+            timing = self._ops[key] = self._time_op(op, p, plan, walk, trainer, off, rest)
         return timing
 
     def _time_op(self, op, p: StagePlacement, plan: Plan, walk: Walk, trainer,
-                 off_policy: bool) -> OpTiming:
+                 off_policy: bool, rest: float = 0.0) -> OpTiming:
         if op.kind is OpKind.GENERATE:
             r = walk.rows.get(op.stages[0])
             ends = self.prices.chunk_ends(op.stages[0], p, r) if p.chunks > 1 else ()
-            t = self.stage_time(op.stages[0], p, r)
+            t = self.stage_time(op.stages[0], p, r) + rest
             return OpTiming(p.devices, t, tuple(e[0] for e in ends), tuple(e[1] for e in ends))
         if op.kind is OpKind.TRAIN:
             # Train stages of a shared backbone: one pass with a combined loss on the
@@ -565,6 +568,18 @@ class Evaluator:
         return any(plan.staleness_of(g.stages[0]) + plan.placement(g.stages[0]).carry > 0
                    for g in graph.ops if g.kind is OpKind.GENERATE
                    and g.reads_model == op.writes_model)
+
+    def _rest(self, op, p: StagePlacement, plan: Plan, graph: Graph) -> float:
+        """A vLLM engine sharing a GPU with a trainer sleeps between its generate ops and
+        wakes for the next (``engine_sleeps``): its weights out and back, once a step."""
+        if p.engine is not Engine.VLLM:
+            return 0.0
+        trained = {d for o in graph.ops if o.kind is OpKind.TRAIN
+                   for d in plan.placement(o.stages[0]).devices}
+        if not engine_sleeps(p.devices, trained, devices_are_host(self.cluster.gpu)):
+            return 0.0
+        return sleep_wake_time(self.pipeline.model(self.stages.target[op.stages[0]]), p.tp,
+                               self.cluster.gpu)
 
     def _fused(self, op, plan: Plan, chunk: Chunk | None) -> float:
         """Seconds of an op's stages back to back (fused: one dispatch instead of several)."""

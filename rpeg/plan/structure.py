@@ -17,6 +17,7 @@ import functools
 
 import attrs
 
+from rpeg.cost.engine_sync import sync_senders
 from rpeg.cost.generation import batching_of
 from rpeg.errors import GraphError, PlanError
 from rpeg.graph import Graph
@@ -154,9 +155,9 @@ def backbone(shared: tuple[tuple[str, ...], ...], model: str) -> str:
 def sync_devices(src: StagePlacement, dst: StagePlacement) -> tuple[int, ...]:
     """The devices of a weight sync: the trainer's devices that hold its weights (the first
     tp block; every one when ZeRO-3 shards them) gather and send, the readers (torch copies,
-    or a vLLM engine's own copy) receive (rpeg.runtime.instances)."""
-    sources = src.devices if src.zero >= 3 else src.devices[:max(src.tp, 1)]
-    return _union(sources, dst.devices)
+    or a vLLM engine's own copy) receive (rpeg.runtime.instances): ``sync_senders``, the
+    runtime's rule."""
+    return _union(sync_senders(src.devices, max(src.tp, 1), src.zero), dst.devices)
 
 
 @functools.lru_cache(maxsize=4096)

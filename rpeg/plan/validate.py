@@ -103,9 +103,38 @@ def check_plan(plan: Plan, pipeline: Pipeline, *, path: str, cluster: Cluster | 
     if problem:
         raise PlanError(f"plan field 'placements' carry: {problem}", where, hint=hint)
     _check_models(plan, pipeline, where, hint)
+    _check_syncs(plan, pipeline, where)
     if cluster is not None:
         _check_devices(plan, cluster, where, exact_devices)
     return tuple(warnings)
+
+
+def _check_syncs(plan: Plan, pipeline: Pipeline, where: Span) -> None:
+    """A weight sync into a vLLM engine's own copy gives every rank of its process group a
+    device of its own (``rpeg.cost.engine_sync.sync_layout``, the runtime's rule): refuse
+    a plan whose engine shares a sending device yet is hosted on one that does not send."""
+    from rpeg.cost.engine_sync import engine_copy, sync_layout, sync_refusal, sync_senders
+    from rpeg.spec.model import Engine, OpKind
+    placed = {p.stage: p for p in plan.placements}
+    for g in pipeline.stages:
+        dst = placed.get(g.name)
+        if g.kind is not OpKind.GENERATE or dst is None or dst.engine is not Engine.VLLM:
+            continue
+        for t in pipeline.stages:
+            src = placed.get(t.name)
+            if t.kind is not OpKind.TRAIN or t.target != g.target or src is None \
+                    or not engine_copy(src, dst):
+                continue
+            tp = max(dst.tp, 1)
+            blocks = [tuple(dst.devices[i:i + tp]) for i in range(0, len(dst.devices), tp)]
+            why = sync_refusal(sync_layout(sync_senders(src.devices, max(src.tp, 1), src.zero),
+                                           blocks))
+            if why:
+                raise PlanError(f"plan field 'placements' of stage '{g.name}': the weight sync "
+                                f"from '{t.name}' must give every rank of its process group a "
+                                f"device of its own, and {why}", where,
+                                hint="host the engine on a sending device of the trainer, or on "
+                                     "devices of its own")
 
 
 def _check_models(plan: Plan, pipeline: Pipeline, where: Span, hint: str) -> None:

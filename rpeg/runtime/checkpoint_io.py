@@ -3,7 +3,8 @@
     runs/tiny_ppo-.../checkpoints/
         step-000010/                      state after steps 0..9 (the cut at step 10)
             actor@0/ model.safetensors optimizer.safetensors meta.json    one per replica
-            critic@1/ ...
+            critic@1/ meta.json           a trained replica: its meta.json names its shards
+            critic.dcp/ shard-*.safetensors   each rank's own pieces, written once
             carry.safetensors carry.json  outputs made before the cut and read after it
             state.json                    step, replica versions, pending trace events
             COMPLETE                      written last: the manifest (name, size, sha256)
@@ -255,6 +256,19 @@ def prune(run_dir: Path, keep: int = 2) -> None:
         except OSError:
             continue
         shutil.rmtree(doomed, ignore_errors=True)
+
+
+def holds_optimizer(replica: Path) -> bool:
+    """Whether a replica's folder in a checkpoint holds a trained replica's state: its
+    optimizer's file, or a sharded checkpoint's shards (``meta.json`` names their folder,
+    ``backends.torch_backend.dcp``)."""
+    if (replica / "optimizer.safetensors").exists():
+        return True
+    try:
+        meta = json.loads((replica / "meta.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(meta, dict) and isinstance(meta.get("sharded"), str)
 
 
 # --- carried data: outputs made before a cut and read after it ----------------------------

@@ -27,7 +27,8 @@ from rpeg.runtime import core as C
 from rpeg.runtime import worker as W
 from rpeg.runtime.context import RunContext, tool_slots
 from rpeg.runtime.data import Cursor
-from rpeg.runtime.driver import _rendezvous
+from rpeg.runtime.devices import Seen, cuda_choice, gpu_table
+from rpeg.runtime.driver import _rendezvous, plan_is_for_gpus
 from rpeg.runtime.instances import base_of, graph_for, model_homes
 from rpeg.runtime.losses import _Lost
 from rpeg.runtime.rundir import RunDir
@@ -74,12 +75,20 @@ class Checkpointing:
                     self._run_on(a, W.teardown, 30.0)
                 except (Exception, _Lost):  # noqa: BLE001 — a fresh replacement has nothing to tear down
                     pass
+        seen = {d: self._run_on(a, W.device_report, 120.0) for d, a in workers.items()}
+        cuda = cuda_choice(self.options.use_cuda, {d: len(r["gpus"]) for d, r in seen.items()})
+        gpus = gpu_table({d: Seen(r["host"], tuple(r["gpus"])) for d, r in seen.items()}) \
+            if cuda else ()
         ctx = RunContext.create(self.pipeline, self.plan, self.calls_of.sample(),
                                 run_dir=str(self.rd.path), dist_addr=_rendezvous(workers[0]),
-                                use_cuda=self.options.use_cuda)
-        ctx = attrs.evolve(ctx, threads=self.options.threads, data=self._cursor(), syncs=tuple(
-            attrs.evolve(s, addr=_rendezvous(workers[s.senders[0]])) for s in ctx.syncs),
-            tool_slots=tool_slots(self.plan))
+                                use_cuda=cuda)
+        timeout = self.options.collective_timeout_s
+        ctx = attrs.evolve(ctx, threads=self.options.threads, data=self._cursor(), gpus=gpus,
+                           collective_timeout_s=timeout, tool_slots=tool_slots(self.plan),
+                           syncs=tuple(attrs.evolve(s, addr=_rendezvous(workers[s.senders[0]]),
+                                                    timeout_s=timeout) for s in ctx.syncs))
+        _check_engine_hosts(ctx, seen, workers)
+        self._say_devices(cuda, gpus)
         futs = [cl.client.submit(W.setup, ctx, d, workers=[a], allow_other_workers=False,
                                  key=f"setup-{d}-{cl.token}-{self.attempt}", pure=False)
                 for d, a in workers.items()]
@@ -104,6 +113,18 @@ class Checkpointing:
         if self.state.checkpoint is not None:
             self._restore(self.state.checkpoint)
         self.rd.write_json("run.json", self.meta)
+
+    def _say_devices(self, cuda: bool, gpus) -> None:
+        """Record where the ops run; say it once when a plan priced for GPUs runs on CPU."""
+        first = "cuda" not in self.meta
+        self.meta["cuda"] = cuda
+        if cuda:
+            self.meta["gpus"] = {str(d): f"{g.host}:{g.gpu}" for d, g in enumerate(gpus)}
+        elif first and plan_is_for_gpus(self.plan):
+            print(f"rpeg: warning: the plan was priced for the GPU cluster "
+                  f"'{self.plan.cluster}' and runs on CPU workers (no GPU that torch can use, "
+                  "or --cpu): its predicted times and memory are that cluster's, not these "
+                  "workers'", file=sys.stderr)
 
     def _wait_workers(self, n: int) -> dict[int, str] | None:
         end = time.time() + (self.res.replace_wait_s if self.attempt > 1 else 30.0)
@@ -207,7 +228,7 @@ def _best_source(saved: dict[str, int], model: str, ck) -> str:
                  default=None)
     if not cands or (newest is not None and max(saved[k] for k in cands) < newest):
         cands = [k for k in saved if base_of(k.rsplit("@", 1)[0]) == base_of(model)]
-    with_opt = [k for k in cands if (ck.path / k / "optimizer.safetensors").exists()]
+    with_opt = [k for k in cands if ckio.holds_optimizer(ck.path / k)]
     return max(with_opt or cands, key=lambda k: saved[k])
 
 
@@ -227,3 +248,17 @@ def _replan(pipeline: Pipeline, plan: Plan, devices: int, meta: dict, rd: RunDir
     print(f"rpeg: re-planned for {devices} device(s) ({why}); the old plan is in "
           f"plan.{n - 1}.json", file=sys.stderr)
     return new
+
+
+def _check_engine_hosts(ctx: RunContext, seen: dict, workers: dict) -> None:
+    """A vLLM engine starts child processes, which a daemonic worker cannot have: refuse,
+    naming the fix, before any engine tries (the embedded cluster's workers are not)."""
+    from rpeg.spec.model import Engine
+    hosts = {d for p in ctx.plan.placements if p.engine is Engine.VLLM for d in p.devices}
+    daemonic = sorted(d for d in hosts if d in seen and seen[d]["daemon"])
+    if daemonic:
+        raise RuntimeFailure(f"the vLLM engines of devices {daemonic} start child processes, "
+                             f"and their workers ({', '.join(workers[d] for d in daemonic)}) "
+                             "are daemon processes, which cannot have children",
+                             hint="start those workers with DASK_DISTRIBUTED__WORKER__DAEMON="
+                                  "False dask worker ... (tutorial 05)")

@@ -14,16 +14,18 @@ from __future__ import annotations
 import attrs
 import numpy as np
 
+from rpeg.cost.engine_sync import sync_layout
 from rpeg.plan.model import Plan
 from rpeg.runtime.data import Cursor
+from rpeg.runtime.devices import COLLECTIVE_TIMEOUT_S, GpuOf
 from rpeg.runtime.instances import (
     EXPORT,
     SEND,
     OpCall,
     base_of,
+    engine_blocks,
     engine_hosts,
     engine_key,
-    is_engine_key,
     model_homes,
     replica_layouts,
     train_layouts,
@@ -54,7 +56,7 @@ class Replica:
         size = max(len(self.tp), 1)
         sharded = self.zero >= 2
         out = set()
-        if size == 1 and (len(self.world) > 1 or sharded):
+        if len(self.world) > 1 or sharded:      # its ranks checkpoint together (DCP)
             out.add(tuple(self.world))
         if size > 1:
             out.update(tuple(self.world[i:i + size]) for i in range(0, len(self.world), size))
@@ -66,13 +68,17 @@ class Replica:
 @attrs.frozen
 class WeightSync:
     """The collective weight sync of one trained model into the vLLM engines serving copies
-    of it (``backends.vllm_backend.sync``): group rank 0 is the first sender, then each
-    engine's workers, hosts in order."""
+    of it (``backends.vllm_backend.sync``; who takes part: ``rpeg.cost.engine_sync.sync_layout``):
+    group rank 0 is the first sender, then the workers of each engine on devices of its own,
+    hosts in order. An engine sharing a device with a sender is loaded by that sender, in
+    its process (``local``), never through the group."""
 
     model: str
-    senders: tuple[int, ...]         # the trainer's first block: all gather, the first sends
-    engines: tuple[tuple[int, int], ...]   # (host device, workers of its engine)
+    senders: tuple[int, ...]         # every trainer device holding a piece: all gather
+    engines: tuple[tuple[int, int], ...]   # (host device, workers of its engine): the group's
     addr: str = ""                   # tcp://host:port of the rendezvous (the first sender's)
+    local: tuple[int, ...] = ()      # hosts of engines loaded in process by their sender
+    timeout_s: float = COLLECTIVE_TIMEOUT_S   # the group's collectives wait this long
 
     @property
     def world(self) -> int:
@@ -102,6 +108,8 @@ class RunContext:
     threads: int = 1                 # intra-op threads per worker
     data: Cursor = Cursor()          # where the run reads its prompts from (a resume's)
     syncs: tuple[WeightSync, ...] = ()    # collective weight syncs into vLLM engines
+    gpus: tuple[GpuOf, ...] = ()     # on CUDA: device -> the GPU its worker owns
+    collective_timeout_s: float = COLLECTIVE_TIMEOUT_S   # then a collective fails
     tool_slots: int = 1              # tool calls a worker's sandbox runs at once
 
     @classmethod
@@ -117,7 +125,7 @@ class RunContext:
             heads = wanted.setdefault((c.model, c.device), set())
             heads.update(heads_of(pipeline, c.model))
         groups = replica_layouts(calls)
-        blocks = _engine_blocks(plan, calls)
+        blocks = engine_blocks(plan, calls)
         replicas = []
         for (model, dev), heads in sorted(wanted.items()):
             home = dev in homes.get(model, ())
@@ -139,13 +147,16 @@ class RunContext:
         for c in calls:                 # the first version's sends, in rank order
             if c.role == SEND and c.step == first[c.model]:
                 senders.setdefault(c.model, []).append(c.device)
-        syncs = tuple(WeightSync(model, tuple(senders[model]),
-                                 tuple((h, len(blocks[(engine_key(model), h)])) for h in hosts))
-                      for model, hosts in sorted(engine_hosts(calls).items())
-                      if model in senders)
+        syncs = []
+        for model, hosts in sorted(engine_hosts(calls).items()):
+            if model not in senders:
+                continue
+            lay = sync_layout(senders[model], [blocks[(engine_key(model), h)] for h in hosts])
+            syncs.append(WeightSync(model, lay.senders, tuple((b[0], len(b)) for b in lay.group),
+                                    local=tuple(b[0] for b in lay.local)))
         return cls(pipeline, plan, run_dir, replicas=tuple(replicas),
                    num_devices=plan.num_devices, dist_addr=dist_addr, use_cuda=use_cuda,
-                   groups=tuple(sorted(g for g in made if g)), syncs=syncs)
+                   groups=tuple(sorted(g for g in made if g)), syncs=tuple(syncs))
 
     def sync_of(self, model: str) -> WeightSync:
         return next(s for s in self.syncs if s.model == model)
@@ -169,18 +180,6 @@ def transfer_group(call: OpCall) -> tuple[int, ...]:
     that is not a source (empty when every loading device is a source)."""
     rest = tuple(d for d in call.gang if d not in call.sources)
     return (call.sources[0],) + rest if rest else ()
-
-
-def _engine_blocks(plan: Plan, calls) -> dict[tuple[str, int], tuple[int, ...]]:
-    """(engine copy key, host device) -> the devices its vLLM engine's workers span: the
-    tensor-parallel block of its generate stage that starts at the host."""
-    out = {}
-    for c in calls:
-        if is_engine_key(c.model) and not c.role:
-            p = plan.placement(c.stages[0])
-            i = p.devices.index(c.device)
-            out[(c.model, c.device)] = tuple(p.devices[i:i + p.tp])
-    return out
 
 
 def _graph(pipeline, plan):

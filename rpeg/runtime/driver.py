@@ -22,6 +22,7 @@ import contextlib
 import logging
 import os
 import socket
+import sys
 import uuid
 from pathlib import Path
 
@@ -30,6 +31,7 @@ import attrs
 from rpeg.errors import RuntimeFailure
 from rpeg.plan.model import Plan
 from rpeg.runtime import worker as W
+from rpeg.runtime.devices import COLLECTIVE_TIMEOUT_S
 from rpeg.runtime.record import dashboard_line
 from rpeg.spec.model import Engine
 
@@ -41,11 +43,12 @@ class RunOptions:
     root: str = "runs"
     run_dir: str | None = None
     progress: bool = True
-    use_cuda: bool = False
+    use_cuda: bool | None = None           # None: CUDA when every device worker has a GPU
     threads: int = 1                       # torch threads per worker
     fuse: bool = True                      # consecutive ops of a device as one Dask task
     trackers: tuple[str, ...] = ()         # --tracker: instead of the spec's log { trackers }
     overrides: tuple[str, ...] = ()        # KEY=VALUE overrides the pipeline was checked with
+    collective_timeout_s: float = COLLECTIVE_TIMEOUT_S   # then a collective fails
 
 
 @attrs.frozen
@@ -81,6 +84,31 @@ def check_local_devices(devices: int) -> None:
                                   "for fewer devices")
 
 
+def plan_is_for_gpus(plan: Plan) -> bool:
+    """Whether ``plan`` was priced on a cluster of GPUs (not host cores: a CPU profile)."""
+    from rpeg.cost.memory import devices_are_host
+    from rpeg.errors import RpegError
+    from rpeg.runtime.record import find_cluster_file
+    from rpeg.spec import load_cluster
+    where = find_cluster_file(plan)
+    if where is None:
+        return False
+    try:
+        return not devices_are_host(load_cluster(where).gpu)
+    except RpegError:
+        return False
+
+
+def worker_memory_limit(total: int, devices: int, host_bytes: float) -> int:
+    """The memory limit of each of the embedded cluster's ``devices`` workers on a machine of
+    ``total`` bytes: its fair share, or what its device needs of host memory when more
+    (``host_bytes``: a CPU device's whole predicted peak; nothing extra on a GPU, whose model
+    is built on the device), with the worker's own, within the machine. Dask stops a worker
+    near its limit: a limit below a model's host-side needs ends the run."""
+    share = total // max(devices, 1)
+    return int(min(total, max(share, host_bytes + WORKER_BYTES)))
+
+
 def uses_vllm(plan: Plan) -> bool:
     """Whether any stage of ``plan`` generates with vLLM (its workers must then be non-daemon)."""
     return any(p.engine is Engine.VLLM for p in plan.placements)
@@ -97,10 +125,13 @@ def _rendezvous(address: str) -> str:
 class _Cluster:
     """A Dask client on a local cluster we own, or on a scheduler someone else runs."""
 
-    def __init__(self, devices: int, scheduler: str | None, vllm: bool = False) -> None:
+    def __init__(self, devices: int, scheduler: str | None, vllm: bool = False,
+                 cuda: bool | None = None, host_bytes: float = 0.0) -> None:
         self.devices = devices
         self.scheduler = scheduler
         self.vllm = vllm
+        self.cuda = cuda                   # the embedded workers' GPUs: None = if enough
+        self.host_bytes = host_bytes       # host memory a device worker needs
         self.cluster = None
         self.client = None
         self.token = uuid.uuid4().hex[:8]
@@ -130,14 +161,39 @@ class _Cluster:
                 {"distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_": None}))
             if os.environ.get("MALLOC_TRIM_THRESHOLD_") == "65536":
                 del os.environ["MALLOC_TRIM_THRESHOLD_"]
-            self.cluster = LocalCluster(n_workers=self.devices, threads_per_worker=1,
-                                        processes=True, resources={"GPU": 1},
-                                        host="127.0.0.1", dashboard_address="127.0.0.1:0",
-                                        silence_logs=logging.CRITICAL)
+            self.cluster = self._local_cluster(LocalCluster)
             self.client = Client(self.cluster)
+            self.client.wait_for_workers(self.devices)
         if line := dashboard_line(self.client):
             print(line, flush=True)
         return self
+
+    def _local_cluster(self, LocalCluster):
+        """One single-threaded worker process per device, each given its own GPU (one of
+        this machine's, by ``CUDA_VISIBLE_DEVICES``: ``rpeg.runtime.devices``) or none, and
+        a memory limit that fits its device's host-side needs (:func:`worker_memory_limit`)."""
+        import copy
+
+        from rpeg.runtime.devices import visible_gpus, worker_environments
+        visible = visible_gpus()
+        cuda = self.cuda
+        if cuda is None and 0 < len(visible) < self.devices:
+            print(f"rpeg: this machine shows {len(visible)} GPU(s) for a plan of "
+                  f"{self.devices} devices: its workers run on CPU", file=sys.stderr)
+            cuda = False
+        envs = worker_environments(self.devices, cuda, visible)
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        cluster = LocalCluster(n_workers=0, threads_per_worker=1, processes=True,
+                               resources={"GPU": 1}, host="127.0.0.1",
+                               dashboard_address="127.0.0.1:0", silence_logs=logging.CRITICAL,
+                               memory_limit=worker_memory_limit(total, self.devices,
+                                                                self.host_bytes))
+        for d, env in enumerate(envs):
+            spec = copy.deepcopy(cluster.new_spec)
+            spec["options"]["env"] = {**spec["options"].get("env", {}), **env}
+            cluster.worker_spec[f"device-{d}"] = spec
+        cluster.sync(cluster._correct_state)
+        return cluster
 
     def __exit__(self, *exc) -> None:
         try:

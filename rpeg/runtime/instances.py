@@ -71,6 +71,7 @@ from rpeg.runtime.replicas import (
     SEND,
     VARIANT,
     base_of,
+    engine_blocks,
     engine_hosts,
     engine_key,
     is_engine_key,
@@ -190,7 +191,7 @@ def build_calls(pipeline: Pipeline, plan: Plan, steps: int, *, first: int = 0
                     produced[(name, s)].append(cid)       # what readers take: tp rank 0's
     trained = train_layouts(graph, plan)
     _split_layouts(calls, {m: p.zero >= 3 for m, p in trained.items()})
-    calls = _add_syncs(calls, homes, trained, first)
+    calls = _add_syncs(calls, homes, trained, first, engine_blocks(plan, calls))
     _order_versions(calls, homes, frozen, first)
     _order_chunks(calls)
     _order_collectives(calls)
@@ -419,5 +420,5 @@ def _id(name, step, idx, kind, n, is_chunked) -> str:
 
 # the replica keys and sync roles (rpeg.runtime.replicas) are also this module's
 __all__ = ["ENGINE", "EXPORT", "LOAD", "RECV", "SEND", "VARIANT", "OpCall", "base_of",
-           "build_calls", "by_id", "engine_hosts", "engine_key", "graph_for", "is_engine_key",
+           "build_calls", "by_id", "engine_blocks", "engine_hosts", "engine_key", "graph_for", "is_engine_key",
            "lookback", "model_homes", "replica_layouts", "train_layouts"]

@@ -12,14 +12,16 @@
   version before, on the same device (``_order_versions``);
 * streams: each device's chunks of a generate op in order, across steps when it carries
   responses (``_order_chunks``);
-* collectives: one global order of the gangs on every device (``_order_collectives``), a
-  receive before a send on a device doing both (``_order_pushes``).
+* collectives: one global order of the gangs on every device (``_order_collectives``); an
+  engine on a sending device is loaded by that send, in process, and its receive comes
+  after it (``_order_pushes``).
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
 
+from rpeg.cost.engine_sync import sync_layout, sync_refusal, sync_senders
 from rpeg.errors import PlanError
 from rpeg.graph.order import Cycle, topological
 from rpeg.runtime.joins import join_gang
@@ -64,7 +66,8 @@ def _split_layouts(calls: list[dict], sharded: dict[str, bool]) -> None:
             c["model"] = copied[(c["op"], c["step"], c["chunk"])]
 
 
-def _add_syncs(calls: list[dict], homes, trained: dict, first: int = 0) -> list[dict]:
+def _add_syncs(calls: list[dict], homes, trained: dict, first: int = 0,
+               blocks: dict | None = None) -> list[dict]:
     """Export/load pairs for every version of a trained model read off its home devices.
 
     One weight transfer per (model, version) runs as a collective over every device taking
@@ -74,7 +77,9 @@ def _add_syncs(calls: list[dict], homes, trained: dict, first: int = 0) -> list[
     first source broadcasts the weights, in buckets, to the devices that are not sources.
     A vLLM engine's own copy (an engine key) is pushed instead: per version, the same sources
     send (``SEND``) and every engine hosting a copy receives (``RECV``) in one group
-    (``backends.vllm_backend.sync``)."""
+    (``backends.vllm_backend.sync``), but for an engine sharing a device with a source,
+    which that source loads in process (``blocks``: each engine's devices; the layout is
+    ``rpeg.cost.engine_sync.sync_layout``'s, and one it refuses is a PlanError)."""
     needed: dict[tuple[str, int], set[int]] = defaultdict(set)
     for c in calls:
         key = c["model"]
@@ -108,6 +113,13 @@ def _add_syncs(calls: list[dict], homes, trained: dict, first: int = 0) -> list[
     hosts = engine_hosts(calls)
     for key, versions in sorted(pushes.items()):
         senders = _sources(homes, trained, key)
+        engines = [(blocks or {}).get((engine_key(key), h), (h,)) for h in hosts[key]]
+        why = sync_refusal(sync_layout(senders, engines))
+        if why:
+            raise PlanError(f"the weight sync of '{key}' must give every rank of its process "
+                            f"group a device of its own, and {why}",
+                            hint="host the engine on a sending device of the trainer (the "
+                                 "first of its devices), or on devices of its own")
         group = tuple(sorted(set(senders) | set(hosts[key])))
         for v in sorted(versions):
             common = dict(op=f"sync_{key}", kind=OpKind.SYNC_WEIGHTS, step=v - 1, chunk=0,
@@ -125,9 +137,10 @@ def _add_syncs(calls: list[dict], homes, trained: dict, first: int = 0) -> list[
 
 def _sources(homes, trained: dict, key: str) -> tuple[int, ...]:
     """The home devices that hold a trained model's weights for a transfer: its first
-    tensor-parallel block, or every home device when ZeRO-3 shards them."""
+    tensor-parallel block, or every home device when ZeRO-3 shards them (the cost model's
+    rule, ``sync_senders``)."""
     p = trained[key]
-    return tuple(homes[key]) if p.zero >= 3 else tuple(homes[key][:max(1, p.tp)])
+    return sync_senders(homes[key], p.tp, p.zero)
 
 
 def _order_versions(calls: list[dict], homes, frozen, first: int = 0) -> None:
@@ -214,13 +227,13 @@ def _order_collectives(calls: list[dict]) -> None:
 
 
 def _order_pushes(calls: list[dict]) -> None:
-    """A device both sending a version and hosting an engine that receives it runs the
-    ``recv`` (which then only starts the receive) before the ``send``: one worker thread
-    cannot wait in both."""
-    recv = {(c["op"], c["step"], c["device"]): c["id"] for c in calls if c.get("role") == RECV}
+    """A device both sending a version and hosting an engine that takes it hosts an engine
+    sharing a sending device, which the send loads in process (``sync_layout``): its
+    ``recv`` comes after the ``send`` and only marks the version served."""
+    send = {(c["op"], c["step"], c["device"]): c["id"] for c in calls if c.get("role") == SEND}
     for c in calls:
-        if c.get("role") == SEND and (c["op"], c["step"], c["device"]) in recv:
-            c["after"].append(recv[(c["op"], c["step"], c["device"])])
+        if c.get("role") == RECV and (c["op"], c["step"], c["device"]) in send:
+            c["after"].append(send[(c["op"], c["step"], c["device"])])
 
 
 def _topo(calls: list[dict]) -> tuple[str, ...]:

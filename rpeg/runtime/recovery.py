@@ -69,6 +69,7 @@ from rpeg.runtime.driver import (
     _Cluster,
     _Progress,
     check_local_devices,
+    plan_is_for_gpus,
     uses_vllm,
 )
 from rpeg.runtime.inputs import check_inputs, recorded_paths
@@ -162,7 +163,8 @@ def run_resilient(pipeline: Pipeline, plan: Plan, options: RunOptions,
 
 
 def _cluster(plan: Plan, options: RunOptions) -> _Cluster:
-    return _Cluster(plan.num_devices, options.scheduler, uses_vllm(plan))
+    return _Cluster(plan.num_devices, options.scheduler, uses_vllm(plan), options.use_cuda,
+                    _host_bytes(plan))
 
 
 def _holds_run(rd: RunDir) -> RuntimeFailure:
@@ -247,6 +249,15 @@ def _run(pipeline, plan, options, spec_path, resilience, on_step, rd: RunDir,
         rd.write_json("run.json", meta)
         write_record(rd.path, spec_path)
     return RunResult(rd.path, tuple(state.metrics), meta["wall_s"], steps)
+
+
+def _host_bytes(plan: Plan) -> float:
+    """Host memory one device worker needs: a CPU device's predicted peak (its memory is
+    the host's); on GPUs the model lives on the device."""
+    peaks = plan.predicted.peak_memory if plan.predicted is not None else ()
+    if not peaks or plan_is_for_gpus(plan):
+        return 0.0
+    return float(max(peaks))
 
 
 class _Runner(SegmentLoop, Checkpointing, WorkerWatch):

@@ -39,3 +39,16 @@ def engine_hosts(calls) -> dict[str, tuple[int, ...]]:
         if is_engine_key(c["model"]) and not c.get("role"):
             out[base_of(c["model"])].add(c["device"])
     return {k: tuple(sorted(v)) for k, v in out.items()}
+
+
+def engine_blocks(plan, calls) -> dict[tuple[str, int], tuple[int, ...]]:
+    """(engine copy key, host device) -> the devices its vLLM engine's workers span: the
+    tensor-parallel block of its generate stage that starts at the host."""
+    out = {}
+    for c in calls:
+        c = c if isinstance(c, dict) else attrs.asdict(c, recurse=False)
+        if is_engine_key(c["model"]) and not c.get("role"):
+            p = plan.placement(c["stages"][0])
+            i = p.devices.index(c["device"])
+            out[(c["model"], c["device"])] = tuple(p.devices[i:i + p.tp])
+    return out

@@ -115,6 +115,8 @@ def dask_tls(tls: TlsFiles | None) -> Iterator[None]:
         yield
         return
     import dask
+    import distributed  # noqa: F401 — its defaults join dask's config before the block: a
+    # first import inside it would lose them when the block restores the config
     with dask.config.set(dask_config(tls)):
         yield
 

@@ -30,11 +30,23 @@ def executor_class(name: str):
     return backends.load(name, "executor")
 
 
+def device_report() -> dict:
+    """What this worker offers as a device: its host, the GPUs it sees (node-level ids; none
+    where torch has no CUDA) and whether it may start child processes (``rpeg.runtime.devices``)."""
+    import multiprocessing
+
+    import backends
+    return {**backends.load("torch", "device_report")(),
+            "daemon": bool(multiprocessing.current_process().daemon)}
+
+
 def setup(ctx, device: int) -> dict:
     """Create this worker's model replicas (and join the collective world); idempotent per run."""
     if ctx.needs_collectives:
         import backends
-        backends.load(ctx.backend, "init_world")(device, ctx.num_devices, ctx.dist_addr, list(ctx.groups), ctx.use_cuda)
+        backends.load(ctx.backend, "init_world")(
+            device, ctx.num_devices, ctx.dist_addr, list(ctx.groups),
+            ctx.gpus[device].index if ctx.use_cuda else None, ctx.collective_timeout_s)
     start = time.time()
     _STATE["executor"] = executor_class(ctx.backend)(ctx, device)
     _STATE["device"] = device

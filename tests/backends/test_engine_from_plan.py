@@ -14,9 +14,14 @@ def _engine_for(plan_engine: Engine, monkeypatch):
     monkeypatch.setattr(colocated, "colocated_engine", lambda replica, options: "vllm-engine")
     plan = Plan("p", "c", 1, (StagePlacement("rollout", (0,), engine=plan_engine),))
     # the spec says auto (no engine parameter): only the plan can say vLLM
-    stage = SimpleNamespace(name="rollout", param=lambda key, default=None: default)
-    ex = SimpleNamespace(ctx=SimpleNamespace(plan=plan, num_devices=1,
-                                             pipeline=SimpleNamespace(stage=lambda _: stage)))
+    stage = SimpleNamespace(name="rollout", target="actor",
+                            param=lambda key, default=None: default)
+    pipeline = SimpleNamespace(stage=lambda _: stage,
+                               model=lambda _: SimpleNamespace(dtype="bf16"))
+    # a CPU worker (no GPU of its own), whose engine shares its device with nobody asleep
+    ex = SimpleNamespace(ctx=SimpleNamespace(plan=plan, num_devices=1, pipeline=pipeline),
+                         device_index=0, _gpus=lambda devices: "",
+                         _sleeps=lambda devices: False)
     replica = SimpleNamespace(engine=SimpleNamespace(version=0), version=3)
     return Executor._engine(ex, stage, replica), replica
 

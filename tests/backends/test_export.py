@@ -41,7 +41,9 @@ def _run(tmp: Path, actor: str, devices: int = 1) -> Path:
 
 def _policy_logits(run: Path, lora=None) -> torch.Tensor:
     """Logits of the trained actor as the torch backend holds it (rebuilt + checkpoint)."""
+    from backends.torch_backend.dcp import weights_of
     from backends.torch_backend.modeling import build_model, load_checkpoint
+    from rpeg.runtime.checkpoint_io import holds_optimizer
     from rpeg.runtime.serial import loads
     pipeline = loads((run / "pipeline.json").read_text())
     actor = pipeline.model("actor")
@@ -50,8 +52,11 @@ def _policy_logits(run: Path, lora=None) -> torch.Tensor:
         from backends.torch_backend.lora import apply_lora
         apply_lora(model, lora, seed=pipeline.workload.seed)
     ck = sorted((run / "checkpoints").glob("step-*"))[-1]
-    trained = next(p for p in sorted(ck.glob("actor@*")) if (p / "optimizer.safetensors").exists())
-    load_checkpoint(model, trained)
+    trained = next(p for p in sorted(ck.glob("actor@*")) if holds_optimizer(p))
+    if lora is None:                       # a trained replica's checkpoint: sharded
+        model.load_state_dict(weights_of(trained), strict=False)
+    else:
+        load_checkpoint(model, trained)
     ids = torch.tensor([PROMPT])
     with torch.no_grad():
         hidden, _ = model(ids, torch.ones_like(ids))
@@ -105,8 +110,9 @@ def test_bf16_export_holds_the_rounded_weights(fp32_run, tmp_path):
     finally:
         pipeline_json.write_text(saved)
     exported = load_file(str(got.path / "model.safetensors"))
+    from backends.torch_backend.dcp import weights_of
     ck = sorted((fp32_run / "checkpoints").glob("step-*"))[-1]
-    trained = load_file(str(ck / "actor@0" / "model.safetensors"))
+    trained = weights_of(ck / "actor@0")
     w = exported["model.layers.1.mlp.up_proj.weight"]
     assert w.dtype == torch.bfloat16
     assert torch.equal(w, trained["backbone.layers.1.mlp.up_proj.weight"].to(torch.bfloat16))
@@ -123,7 +129,7 @@ def test_export_errors(fp32_run, tmp_path, capsys):
 def test_checkpoint_leaves_out_the_frozen_reference(fp32_run):
     ck = sorted((fp32_run / "checkpoints").glob("step-*"))[-1]
     held = {p.name for p in ck.iterdir() if p.is_dir()}
-    assert held == {"actor@0"}
+    assert held == {"actor@0", "actor.dcp"}          # its folder and its shards
     assert set(json.loads((ck / "state.json").read_text())["replicas"]) == {"actor@0", "ref@0"}
 
 

@@ -186,7 +186,8 @@ def test_tensor_parallel_trains_as_data_parallel_does(runs):
 
 
 def test_bf16_with_float32_master_weights_under_fsdp2_and_ddp(runs):
-    """16-bit weights, float32 masters. FSDP2 reduces gradients in float32, DDP in bfloat16;
+    """16-bit weights, float32 masters. FSDP2 and DDP both reduce gradients in bfloat16
+    (rpeg.cost.memory.grad_reduce_bytes), in different orders and buckets;
     where the ranks' gradients nearly cancel, the rounded sum can change an update's sign,
     so the runs agree within Adam's largest step (``lr (1 - beta1) / sqrt(1 - beta2)``, the
     Adam paper's bound, twice, per step). What they keep are float32 masters: updates finer

@@ -86,11 +86,10 @@ def test_the_bucket_is_the_runtimes():
     assert SYNC_BUCKET_BYTES == DEFAULT_BUCKET_BYTES
 
 
-def test_the_planner_prices_a_disaggregated_engine_with_the_collective_sync():
-    """A plan's sync op into a vLLM engine's own copy costs what collective_sync_time
-    says, and the devices taking part are busy for it: the trainer's first rank, which
-    broadcasts (its other ranks hold the same weights), and the engines' workers."""
-    from rpeg.plan.evaluate import Evaluator
+def _vllm_beside(trainer: tuple[int, ...]):
+    """grpo_qwen7b on 8 H200s: the rollout on vLLM at dp 2 x tp 2 on GPUs 0-3, the train
+    stages (and the actor's home) at dp 4 on ``trainer``: (pipeline, cluster, train stage
+    names, plan)."""
     from rpeg.runtime.placement import split_plan
     from rpeg.spec import load
     pipeline = load(ROOT / "pipelines/grpo_qwen7b.rpeg")
@@ -101,11 +100,20 @@ def test_the_planner_prices_a_disaggregated_engine_with_the_collective_sync():
         if p.stage == "rollout":
             return attrs.evolve(p, devices=(0, 1, 2, 3), dp=2, tp=2, engine=Engine.VLLM)
         if p.stage in trains or p.devices != (0,):
-            return attrs.evolve(p, devices=(4, 5, 6, 7), dp=4)
+            return attrs.evolve(p, devices=trainer, dp=4)
         return p
     base = split_plan(pipeline, 8)
-    plan = attrs.evolve(base, placements=tuple(placed(p) for p in base.placements),
-                        model_homes=(("actor", (4, 5, 6, 7)),))
+    return pipeline, cluster, trains, attrs.evolve(
+        base, placements=tuple(placed(p) for p in base.placements),
+        model_homes=(("actor", trainer),))
+
+
+def test_the_planner_prices_a_disaggregated_engine_with_the_collective_sync():
+    """A plan's sync op into a vLLM engine's own copy costs what collective_sync_time
+    says, and the devices taking part are busy for it: the trainer's first rank, which
+    broadcasts (its other ranks hold the same weights), and the engines' workers."""
+    from rpeg.plan.evaluate import Evaluator
+    pipeline, cluster, trains, plan = _vllm_beside((4, 5, 6, 7))
     ev = Evaluator(pipeline, cluster)
     timings, _ = ev.timings(plan, ev.graph(plan))
     sync = next(t for name, t in timings.items() if name.startswith("sync_"))
@@ -171,3 +179,76 @@ def test_the_layouts_offered_are_priced_with_the_share_the_engine_takes():
     for p in plan.placements:
         if p.engine is Engine.VLLM:
             assert p.kv_fraction == 0.5
+
+
+# --- who takes part in a sync (the runtime's rule, priced as it runs) -----------------------
+
+def test_every_device_holding_a_piece_sends():
+    from rpeg.cost.engine_sync import sync_senders
+    devices = (4, 5, 6, 7)
+    assert sync_senders(devices, tp=1, zero=0) == (4,)           # whole on each rank
+    assert sync_senders(devices, tp=1, zero=2) == (4,)           # ZeRO-2: whole between ops
+    assert sync_senders(devices, tp=2, zero=2) == (4, 5)         # the first tp block gathers
+    assert sync_senders(devices, tp=1, zero=3) == devices        # shards: every rank gathers
+    assert sync_senders(devices, tp=2, zero=3) == devices
+
+
+@given(st.lists(st.integers(0, 15), min_size=1, max_size=4, unique=True),
+       st.lists(st.lists(st.integers(0, 15), min_size=1, max_size=4, unique=True),
+                min_size=1, max_size=4))
+def test_no_sync_group_holds_two_ranks_on_one_device(senders, blocks):
+    from rpeg.cost.engine_sync import sync_layout, sync_refusal
+    taken = set()
+    disjoint = []
+    for b in blocks:                       # one engine per device, as placements give them
+        if not taken & set(b):
+            disjoint.append(tuple(b))
+            taken |= set(b)
+    lay = sync_layout(tuple(senders), disjoint)
+    if sync_refusal(lay) is None:
+        assert len(set(lay.members)) == len(lay.members)
+        assert all(b[0] in senders for b in lay.local)
+    assert sorted(lay.group + lay.local) == sorted(disjoint)
+    for b in lay.group:
+        assert not set(b) & set(senders)
+
+
+def test_an_engine_on_a_sending_device_is_loaded_in_process_and_priced_so():
+    from rpeg.cost.engine_sync import sync_layout, sync_refusal
+    lay = sync_layout((0, 1), ((0,), (2,)))
+    assert lay.local == ((0,),) and lay.group == ((2,),) and lay.members == (0, 2)
+    assert sync_refusal(sync_layout((0,), ((1, 0),))) is not None     # hosted off a sender
+    cluster = cluster_of("h200", 8)
+    m = ppo_pipeline("llama3.1-8b", prompts=8).model("actor")
+    apart = collective_sync_time(m, (0, 1), Parallel(dp=2, zero=3), ((2,),), cluster)
+    beside = collective_sync_time(m, (0, 1), Parallel(dp=2, zero=3), ((0,),), cluster)
+    assert beside < apart                               # no broadcast: a copy in process
+
+
+def test_an_engine_sleeps_beside_a_trainer_on_gpus_only():
+    from rpeg.cost.engine_sync import engine_sleeps, sleep_wake_time
+    assert engine_sleeps((0, 1), (1, 2), devices_are_host=False)
+    assert not engine_sleeps((0,), (1, 2), devices_are_host=False)
+    assert not engine_sleeps((1,), (1, 2), devices_are_host=True)     # CPU memory is the host's
+    h200 = cluster_of("h200", 8).gpu
+    m = ppo_pipeline("llama3.1-8b", prompts=8).model("actor")
+    assert sleep_wake_time(m, 1, h200) == pytest.approx(2 * sync_bytes(m, h200)
+                                                        / h200.host_bandwidth)
+
+
+@pytest.mark.parametrize("trainer, sleeps", [((4, 5, 6, 7), False), ((2, 3, 4, 5), True)])
+def test_the_planner_prices_an_engine_asleep_while_its_gpus_train(trainer, sleeps):
+    """A plan's generate op on vLLM beside a trainer on GPUs costs its decode plus one sleep
+    and wake (``sleep_wake_time``); on devices of its own, its decode alone."""
+    from rpeg.cost.engine_sync import sleep_wake_time
+    from rpeg.plan.evaluate import Evaluator
+    pipeline, cluster, _, plan = _vllm_beside(trainer)
+    ev = Evaluator(pipeline, cluster)
+    graph = ev.graph(plan)
+    timings, _ = ev.timings(plan, graph)
+    gen = next(o for o in graph.ops if o.kind.value == "generate")
+    p = plan.placement(gen.stages[0])
+    decode = ev.stage_time(gen.stages[0], p, ev.walk(plan, graph).rows.get(gen.stages[0]))
+    rest = sleep_wake_time(pipeline.model("actor"), 2, cluster.gpu) if sleeps else 0.0
+    assert timings[gen.name].time_s == pytest.approx(decode + rest)
+    assert (rest > 0) == sleeps

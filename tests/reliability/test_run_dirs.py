@@ -159,7 +159,7 @@ def test_a_plan_edited_in_the_run_directory_is_checked_against_its_pipeline(run,
         {"format": 1, "files": {"state.json": "big"}})), "entry 'state.json'"),
     (lambda ck: _restate(ck, step=2), "must be for step 4"),
     (lambda ck: _restate(ck, pending="x"), "'pending'"),
-    (lambda ck: _rewrite(ck, next(ck.glob("*@*/model.safetensors")), b"not a tensor" * 10),
+    (lambda ck: _rewrite(ck, next(ck.glob("*/*.safetensors")), b"not a tensor" * 10),
      "must be a safetensors file"),
 ], ids=["manifest-list", "manifest-entry", "state-earlier-step", "state-field",
         "not-safetensors"])

@@ -223,3 +223,18 @@ def test_rpeg_run_checks_tls_flags_before_starting_anything(pki, tmp_path, capsy
                  "--tls-cert", str(pki.client[0]), "--tls-key", str(pki.client[1]),
                  "--no-progress"]) == 1
     assert "must start with tls://" in capsys.readouterr().err
+
+
+def test_a_tls_block_keeps_the_dask_defaults_a_first_import_of_distributed_brings():
+    """``rpeg run --scheduler tls://...`` checks the scheduler inside ``dask_tls`` before
+    anything imported ``distributed``: the block's exit must not drop distributed's
+    defaults (the next Client failed with KeyError 'client'). A fresh process, where
+    ``distributed`` is not imported yet."""
+    import subprocess
+    import sys
+    code = ("import dask\nfrom rpeg.runtime.security import TlsFiles, dask_tls\n"
+            "with dask_tls(TlsFiles('ca.pem', 'c.pem', 'c.key')):\n    pass\n"
+            "print(dask.config.get('distributed.client.direct-to-workers', 'MISSING'))\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120, cwd=ROOT)
+    assert done.returncode == 0 and done.stdout.strip() != "MISSING", done.stdout + done.stderr

@@ -3,33 +3,54 @@ rewritten after the damage) but whose tensors are truncated, of the wrong shape,
 missing or extra, or whose meta.json is not an object, is refused by ``rpeg export`` and
 ``rpeg run --resume`` with exit 1, naming the checkpoint file and the tensor, and no
 traceback; a resume goes on from an earlier checkpoint that is whole, and refuses when
-none is. The check is one function over what the model's configuration implies and what
-was read (``backends.torch_backend.modeling.check_tensors``)."""
+none is. The damage goes where the run wrote the trained actor: a file of its sharded
+checkpoint (``actor.dcp/``, read whole through DCP), or its whole ``model.safetensors``.
+The check is one function over what the model's configuration implies and what was read
+(``backends.torch_backend.modeling.check_tensors``)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from rpeg.errors import BackendError
 from tests.reliability.test_run_dirs import _refused, _remanifest, _tree
 
 
-def _trained(ck: Path) -> Path:
-    """The checkpoint's trained actor's weights (the folder with an optimizer file)."""
-    return next(p for p in ck.glob("*@*") if "actor" in p.name
-                and (p / "optimizer.safetensors").is_file()) / "model.safetensors"
+def _trained(ck: Path) -> tuple[Path, Path]:
+    """The checkpoint's trained actor: its replica folder (meta.json) and the file holding
+    its weights, as the run wrote them: the shard file of its sharded checkpoint (meta.json
+    names the folder of shards) that holds the first q_proj weight, or its
+    ``model.safetensors`` where it was written whole."""
+    for folder in sorted(ck.glob("actor@*")):
+        meta = json.loads((folder / "meta.json").read_text())
+        if "sharded" in meta:
+            shards = sorted((ck / meta["sharded"]).glob("*.safetensors"))
+            return folder, next(f for f in shards if _names(f, "q_proj.weight"))
+        if (folder / "optimizer.safetensors").is_file():
+            return folder, folder / "model.safetensors"
+    raise AssertionError(f"{ck} holds no trained actor")
+
+
+def _names(path: Path, ending: str) -> list[str]:
+    with safe_open(str(path), framework="pt") as f:
+        return sorted(k for k in f.keys() if k.endswith(ending))
 
 
 def _edit(path: Path, edit) -> str:
-    """Apply ``edit`` to the tensors of ``path`` (returns the tensor it names)."""
+    """Apply ``edit`` to the tensors of ``path``, keeping the file's own metadata (a shard's
+    pieces' offsets); returns the tensor it names."""
+    with safe_open(str(path), framework="pt") as f:
+        metadata = f.metadata()
     tensors = load_file(str(path))
-    name = sorted(k for k in tensors if k.endswith("q_proj.weight"))[0]
+    name = _names(path, "q_proj.weight")[0]
     edit(tensors, name)
-    save_file(tensors, str(path))
+    save_file(tensors, str(path), metadata=metadata)
     return name
 
 
@@ -54,18 +75,20 @@ DAMAGE = {
 def _damage(ck: Path, case: str) -> tuple[Path, str]:
     """Damage the trained actor's weights in checkpoint ``ck`` as ``case`` says, and
     rewrite its manifest to match: (the file, the words its refusal says)."""
-    path = _trained(ck)
+    replica, path = _trained(ck)
     if case == "truncated":
         says = _truncate(path)
     elif case == "meta-list":
-        (path.parent / "meta.json").write_text("[1, 2, 3]")
-        path, says = path.parent / "meta.json", "must be a JSON object"
+        (replica / "meta.json").write_text("[1, 2, 3]")
+        path, says = replica / "meta.json", "must be a JSON object"
     elif case == "meta-version":
-        (path.parent / "meta.json").write_text('{"version": "four"}')
-        path, says = path.parent / "meta.json", "'version' must be a count"
+        (replica / "meta.json").write_text('{"version": "four"}')
+        path, says = replica / "meta.json", "'version' must be a count"
     else:
         edit, says = DAMAGE[case]
         _edit(path, edit)
+        if case == "missing" and path.parent != replica:
+            path = path.parent             # in none of the shards: the folder of them lacks it
     _remanifest(ck)
     return path, says
 

@@ -98,19 +98,49 @@ def test_an_engine_beside_its_unsplit_trainer_is_updated_in_memory(vgrpo):
     assert RunContext.create(vgrpo, plan, calls, run_dir=".").syncs == ()
 
 
-def test_a_host_that_also_sends_starts_its_receive_before_it_sends(vgrpo, run_through_core):
-    # the trainer's device hosts a tp = 2 engine: its worker cannot wait in both calls
+def test_an_engine_on_a_sending_device_is_loaded_in_process_never_through_the_group(
+        vgrpo, run_through_core):
+    # the trainer's device hosts a tp = 2 engine: its worker on device 0 and the trainer's
+    # rank there would be two ranks of one process group on one GPU, which NCCL refuses;
+    # the send loads it in process (CUDA IPC on a GPU) and its receive only follows
     plan = _place(split_plan(vgrpo, 2, staleness=0), "rollout", devices=(0, 1), tp=2)
     plan = _place(plan, "actor_step", devices=(0,))
     plan = attrs.evolve(plan, model_homes=(("actor", (0,)),))
     calls = build_calls(vgrpo, plan, steps=3)
     table = by_id(calls)
     recv, send = table["sync_actor~vllm/s0/recv@0"], table["sync_actor/s0/send"]
-    assert recv.device == send.device == 0 and recv.id in send.after
+    assert recv.device == send.device == 0 and send.id in recv.after
     later = [c for c in calls if c.collective and c.device == 0 and c.step == 1
              and c.op == "sync_actor"]
-    assert all(send.id in c.after for c in later)         # the next gang waits for the send
+    assert all(recv.id in c.after for c in later)         # the next gang waits for it
+    ctx = RunContext.create(vgrpo, plan, calls, run_dir=".")
+    assert ctx.syncs == (WeightSync("actor", (0,), (), local=(0,)),)
+    assert ctx.syncs[0].world == 1                        # nobody else in the group
     run_through_core(calls, 3)
+
+
+@pytest.mark.parametrize("zero", [2, 3])
+def test_a_sharded_trainers_senders_are_every_device_holding_a_piece(vgrpo, zero):
+    """ZeRO-2 keeps each tensor whole on every rank between ops: the first rank alone
+    reads and sends. ZeRO-3 keeps shards: every rank enters each gather, so every rank
+    sends (the first broadcasts); an engine on a sending device is loaded in process."""
+    split = split_plan(vgrpo, 3, staleness=1)
+    plan = _place(split, "actor_step", devices=(1, 2), dp=2, zero=zero)
+    plan = _place(plan, "rollout", devices=(0,))
+    plan = attrs.evolve(plan, model_homes=tuple(
+        (m, (1, 2) if m == "actor" else d) for m, d in split.model_homes))
+    calls = build_calls(vgrpo, plan, steps=4)
+    sends = sorted({c.device for c in calls if c.role == SEND})
+    assert sends == ([1] if zero == 2 else [1, 2])
+    sync = RunContext.create(vgrpo, plan, calls, run_dir=".").syncs[0]
+    assert sync.senders == tuple(sends) and sync.engines == ((0, 1),) and not sync.local
+    shared = _place(plan, "rollout", devices=(2,))
+    calls = build_calls(vgrpo, shared, steps=4)
+    sync = RunContext.create(vgrpo, shared, calls, run_dir=".").syncs[0]
+    if zero == 3:                                          # device 2 sends: in process
+        assert (sync.engines, sync.local) == ((), (2,))
+    else:                                                  # its own rank in the group
+        assert (sync.engines, sync.local) == (((2, 1),), ())
 
 
 def test_verify_places_a_receive_on_its_engine_and_checks_the_version_it_wrote(vgrpo):
@@ -206,3 +236,18 @@ def test_a_copy_that_keeps_partial_rollouts_is_written_though_its_version_is_cur
     assert ckio.rebuildable(versions) == {"ref@1"}
     assert ckio.rebuildable({**versions, "actor@0": (3, False, False, False)}) == \
         {"ref@1", "actor@0"}
+
+
+def test_a_plan_whose_engine_shares_a_sender_it_is_not_hosted_on_is_refused(vgrpo):
+    """The engine block (1, 0) shares device 0 with the trainer's sender but is hosted on 1:
+    neither loaded in process nor a rank of its own in the group. Every command refuses the
+    plan (``check_plan``), and the runtime's call builder does too."""
+    from rpeg.errors import PlanError
+    from rpeg.plan.validate import check_plan
+    plan = _place(split_plan(vgrpo, 2, staleness=0), "rollout", devices=(1, 0), tp=2)
+    plan = _place(plan, "actor_step", devices=(0,))
+    plan = attrs.evolve(plan, model_homes=(("actor", (0,)),))
+    with pytest.raises(PlanError, match="device of its own"):
+        check_plan(plan, vgrpo, path="plan.json")
+    with pytest.raises(PlanError, match="device of its own"):
+        build_calls(vgrpo, plan, steps=3)

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from rpeg.cli import main
+from rpeg.cost.engine_sync import sync_layout, sync_senders
 from rpeg.plan.compile import check_executable
 from rpeg.plan.model import Plan
 from rpeg.plan.space import Limits
@@ -42,8 +43,12 @@ def test_recommended_plans_for_grpo_qwen7b_are_ones_the_runtime_executes(cluster
     if gen.tp > 1 or not set(gen.devices) <= set(train.devices):
         assert copies == blocks                      # one engine per block, its own copy
         (sync,) = ctx.syncs
-        assert sync.senders == train.devices[:train.tp]
-        assert sync.world == 1 + len(gen.devices)
+        # the trainer's first tp block sends, or every device where ZeRO-3 holds shards;
+        # engines on devices of their own join the group, the others load in process
+        lay = sync_layout(sync_senders(train.devices, train.tp, train.zero), blocks.values())
+        assert sync.senders == lay.senders
+        assert sync.world == 1 + sum(len(b) for b in lay.group)
+        assert set(sync.local) == {b[0] for b in lay.local}
     rollouts = [c for c in calls if c.op == "rollout" and c.step == 2]
     assert {c.device for c in rollouts} <= set(blocks) and all(c.carry == gen.carry
                                                                for c in rollouts)

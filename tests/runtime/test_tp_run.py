@@ -67,8 +67,8 @@ def _final(run: Path) -> Path:
 
 
 def _weights(path: Path):
-    from safetensors.numpy import load_file
-    return load_file(str(path / "model.safetensors"))
+    from backends.torch_backend.dcp import weights_of
+    return {k: v.numpy() for k, v in weights_of(path).items()}
 
 
 @pytest.mark.slow
@@ -81,7 +81,8 @@ def test_tp2_train_forward_generate_match_tp1(ppo, tmp_path, cluster3):
     ran = {(e["name"], e["tid"]) for e in trace["traceEvents"] if e["ph"] == "X"}
     for stage in ("rollout", "ref_lp", "values", "actor_step", "critic_step"):
         assert (stage, 0) in ran and (stage, 1) in ran, stage      # both ranks ran it
-    # the final checkpoint holds whole tensors on each rank, equal to the unsplit run's
+    # the final checkpoint holds the tensors (whole, read from each rank's shards), equal to
+    # the unsplit run's
     b = _weights(_final(whole.path) / "actor@0")
     for rank in (0, 1):
         a = _weights(_final(split.path) / f"actor@{rank}")

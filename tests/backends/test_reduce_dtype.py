@@ -1,0 +1,43 @@
+"""Gradients are reduced in the dtype the cost model prices them at (one rule,
+``rpeg.cost.memory.grad_reduce_bytes``): FSDP2's mixed-precision policy on a bf16 model
+with float32 master weights reduces in bf16, two bytes a value as ``train_cost`` prices
+the reduce-scatter (before, FSDP2 reduced in float32: twice the bytes priced)."""
+
+from __future__ import annotations
+
+import torch
+
+from backends.torch_backend.sharding import Trained, TrainLayout, fsdp_modules, reduce_dtype
+from rpeg.cost.examples import ppo_pipeline
+from rpeg.cost.memory import grad_reduce_bytes, value_bytes
+from rpeg.cost.profiles import cluster_of
+from tests.backends.ranks import free_port
+
+
+def test_fsdp2_reduces_in_the_bytes_the_cost_model_prices():
+    import torch.distributed as dist
+
+    from backends.torch_backend import distributed as D
+    from backends.torch_backend.modeling import build_model
+    from backends.torch_backend.train import TokenHeads
+    from rpeg.spec.model import Model, Optimizer
+    from rpeg.spec.presets import PRESETS
+
+    h100 = cluster_of("h100", 8).gpu
+    priced = grad_reduce_bytes(value_bytes(ppo_pipeline("llama3.1-8b", prompts=8)
+                                           .model("actor"), h100))
+    D.init_world(0, 1, f"tcp://127.0.0.1:{free_port()}", [(0,)])
+    try:
+        dims = PRESETS["tiny"]
+        model = build_model(dims, heads=("lm",), seed=0)
+        members = [Model("actor", "tiny", dims, optimizer=Optimizer("adam", lr=1e-3))]
+        trained = Trained.build(model, TokenHeads(model), members, TrainLayout((0,), (), 2),
+                                device="cpu", dtype=torch.bfloat16, master=True,
+                                device_index=0)
+        policies = {m._get_fsdp_state()._mp_policy for m in fsdp_modules(trained.heads)}
+        assert {p.reduce_dtype for p in policies} == {reduce_dtype(torch.bfloat16)}
+        assert torch.empty((), dtype=reduce_dtype(torch.bfloat16)).element_size() == priced
+        assert {p.param_dtype for p in policies} == {torch.bfloat16}
+    finally:
+        D.shutdown_world()
+        assert not dist.is_initialized()

@@ -11,10 +11,12 @@ from backends.torch_backend.sharding import Trained, TrainLayout, fsdp_modules, 
 from rpeg.cost.examples import ppo_pipeline
 from rpeg.cost.memory import grad_reduce_bytes, value_bytes
 from rpeg.cost.profiles import cluster_of
-from tests.backends.ranks import free_port
+from tests.backends.ranks import answers
 
 
-def test_fsdp2_reduces_in_the_bytes_the_cost_model_prices():
+def _policies(rank: int, port: int, queue) -> None:
+    """One gloo rank (a process of its own: a world's store would outlive it in the test's
+    process, listening): the reduce and param dtypes of a bf16 trainer's FSDP2 modules."""
     import torch.distributed as dist
 
     from backends.torch_backend import distributed as D
@@ -23,10 +25,7 @@ def test_fsdp2_reduces_in_the_bytes_the_cost_model_prices():
     from rpeg.spec.model import Model, Optimizer
     from rpeg.spec.presets import PRESETS
 
-    h100 = cluster_of("h100", 8).gpu
-    priced = grad_reduce_bytes(value_bytes(ppo_pipeline("llama3.1-8b", prompts=8)
-                                           .model("actor"), h100))
-    D.init_world(0, 1, f"tcp://127.0.0.1:{free_port()}", [(0,)])
+    D.init_world(rank, 1, f"tcp://127.0.0.1:{port}", [(0,)])
     try:
         dims = PRESETS["tiny"]
         model = build_model(dims, heads=("lm",), seed=0)
@@ -35,9 +34,17 @@ def test_fsdp2_reduces_in_the_bytes_the_cost_model_prices():
                                 device="cpu", dtype=torch.bfloat16, master=True,
                                 device_index=0)
         policies = {m._get_fsdp_state()._mp_policy for m in fsdp_modules(trained.heads)}
-        assert {p.reduce_dtype for p in policies} == {reduce_dtype(torch.bfloat16)}
-        assert torch.empty((), dtype=reduce_dtype(torch.bfloat16)).element_size() == priced
-        assert {p.param_dtype for p in policies} == {torch.bfloat16}
+        queue.put(({p.reduce_dtype for p in policies}, {p.param_dtype for p in policies}))
     finally:
         D.shutdown_world()
         assert not dist.is_initialized()
+
+
+def test_fsdp2_reduces_in_the_bytes_the_cost_model_prices():
+    h100 = cluster_of("h100", 8).gpu
+    priced = grad_reduce_bytes(value_bytes(ppo_pipeline("llama3.1-8b", prompts=8)
+                                           .model("actor"), h100))
+    [(reduced, params)] = answers(_policies, 1)
+    assert reduced == {reduce_dtype(torch.bfloat16)}
+    assert torch.empty((), dtype=reduce_dtype(torch.bfloat16)).element_size() == priced
+    assert params == {torch.bfloat16}

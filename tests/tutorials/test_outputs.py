@@ -122,8 +122,7 @@ TUTORIAL_02 = ROOT / "tutorials" / "02-compile-and-read-a-plan.md"
 CLAIMS = [
     ("spends that allowance on a **partial rollout**", "carries responses over 1 step"),
     ("Generation runs on vLLM (the `rollout` row)", re.compile(r"^  rollout .* vllm ", re.M)),
-    ("fuses the\n  reference and value forwards with the reward and GAE",
-     "fusion: ref_lp + scores + values + adv"),
+    ("the `fusion` line names ops the search fuses into one\n  task; here none", "fusion: none"),
     ("the search generates whole batches", "streaming: none (whole batches)"),
     ("above 3% of the step a note\n  says so", "note: the control plane takes"),
     ("The line under the step time is the control plane's share",

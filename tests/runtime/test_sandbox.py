@@ -153,10 +153,8 @@ def test_a_tool_answers(box):
     ("not_text", "a tool must return text, not int"),
 ])
 def test_a_misbehaving_tool_is_an_error_and_the_sandbox_goes_on(box, tool, why):
-    start = time.monotonic()
     (out,) = box.call_many([(tool, "k1")])
     assert not out.ok and why in out.error, out
-    assert time.monotonic() - start < 15
     (after,) = box.call_many([("calc", "1+1")])
     assert after.text == "2"
 
@@ -210,10 +208,17 @@ def test_a_call_sees_a_cleared_environment_its_own_folder_and_no_descriptors(box
 
 
 def test_calls_run_concurrently_up_to_the_slots(box):
-    start = time.monotonic()
-    out = box.call_many([("sleeps", "")] * 2)
-    assert [o.timed_out for o in out] == [True, True]
-    assert time.monotonic() - start < 2 * 1.5 + 1.0   # two slots: side by side, not in turn
+    import threading
+    out, most = [], 0
+    calls = threading.Thread(target=lambda: out.extend(box.call_many([("sleeps", "")] * 3)))
+    calls.start()
+    while calls.is_alive():             # the server's children: one per call running
+        most = max(most, len([p for p in os.listdir("/proc") if p.isdigit()
+                              and _parent(int(p)) == box.proc.pid]))
+        time.sleep(0.02)
+    calls.join()
+    assert [o.timed_out for o in out] == [True, True, True]
+    assert most == 2                    # two slots: two side by side, never three
 
 
 def test_an_environment_keeps_state_across_steps(box):

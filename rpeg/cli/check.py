@@ -52,15 +52,18 @@ def register(app: typer.Typer) -> None:
                     from rpeg.plan.space import Limits
                     from rpeg.runtime.datacheck import check_data
                     check_eval_pins(checked.value, Limits.runtime())
-                    check_data(checked.value)
+                    unchecked = check_data(checked.value)
                 except RpegError as e:
                     print(e.render(), file=sys.stderr)
                     failed += 1
                     continue
-            for w in checked.warnings[:warnings]:
+            else:
+                unchecked = []
+            shown = list(checked.warnings) + unchecked
+            for w in shown[:warnings]:
                 print(w.render(), file=sys.stderr)
-            if len(checked.warnings) > warnings:
-                print(f"{f}: ... and {len(checked.warnings) - warnings:,} more warnings "
+            if len(shown) > warnings:
+                print(f"{f}: ... and {len(shown) - warnings:,} more warnings "
                       "(rpeg check --warnings N shows more of them)", file=sys.stderr)
             if not quiet:
                 print(f"ok  {f}  {summary(checked)}")

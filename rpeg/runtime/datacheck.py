@@ -25,18 +25,22 @@ the run at it, before anything is trained on it.
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 
-from rpeg.errors import RpegError, SpecError, did_you_mean
+from rpeg.errors import RpegError, SpecError, SpecWarning, did_you_mean
 from rpeg.runtime.data import BadRow, answer_required, contract_row, first_rows
 from rpeg.spec.model import OpKind, Reward
 
 CHECK_ROWS = 64
 
 
-def check_data(pipeline, limit: int = CHECK_ROWS) -> None:
+def check_data(pipeline, limit: int = CHECK_ROWS) -> list[SpecWarning]:
     """SpecError at the first row of the workload's or the eval's dataset that breaks the
-    contract (see the module doc); nothing when the datasets are not there yet."""
+    contract (see the module doc); nothing when the datasets are not there yet. Returns
+    the checks it could not make: without the tokenizer libraries (the ``torch`` extra, which
+    a run needs anyway) the prompts' token lengths are a warning, not checked."""
+    skipped: list[SpecWarning] = []
     w = pipeline.workload
     sets = []
     if w.dataset:
@@ -62,8 +66,19 @@ def check_data(pipeline, limit: int = CHECK_ROWS) -> None:
                 _check_columns(reward, raw, f"{what} '{ref.text}'", n)
             if codec is None:
                 codec = _codec(pipeline) or False
+                if codec is False and not _can_tokenize():
+                    skipped.append(SpecWarning(
+                        f"the prompts of {what} '{ref.text}' are not checked against "
+                        f"prompt_len: the tokenizer libraries (tokenizers, transformers) are "
+                        f"not installed here", span,
+                        hint="pip install 'rpeg[torch]' to check them, as a run will"))
             if codec:
                 _check_prompt(codec, row, w, where, span)
+    return skipped
+
+
+def _can_tokenize() -> bool:
+    return all(importlib.util.find_spec(m) is not None for m in ("tokenizers", "transformers"))
 
 
 def _rewards(pipeline, eval_only: bool) -> list[Reward]:
@@ -93,7 +108,7 @@ def _codec(pipeline):
     from backends import load
     gen = next((s for s in pipeline.stages if s.kind is OpKind.GENERATE), None)
     weights = pipeline.model(gen.target).weights if gen is not None else None
-    if weights and not Path(weights).is_dir():
+    if (weights and not Path(weights).is_dir()) or not _can_tokenize():
         return None
     return load("torch", "codec")(weights)
 

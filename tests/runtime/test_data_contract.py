@@ -202,3 +202,21 @@ def test_the_check_reads_a_saved_dataset_with_pyarrow_alone(tmp_path):
     with pytest.raises(RuntimeFailure, match="holds the splits train"):
         first_rows(tmp_path / "saved", None, 1)
     shutil.rmtree(tmp_path / "saved")
+
+
+def test_without_the_tokenizer_libraries_the_prompt_lengths_are_a_warning(
+        folder, monkeypatch, capsys):
+    """The compile-only install (no ``torch`` extra) still checks columns and rewards; the
+    prompts' token lengths, which need the model's tokenizer, are said to be unchecked."""
+    import rpeg.runtime.datacheck as datacheck
+    spec = _spec(folder, "no_tok.rpeg",
+                 edit=lambda t: t.replace("prompt_len = 32", "prompt_len = 4"))
+    assert main(["check", str(spec)]) == 1                   # with the tokenizer: too long
+    capsys.readouterr()
+    monkeypatch.setattr(datacheck, "_can_tokenize", lambda: False)
+    assert main(["check", str(spec)]) == 0
+    err = capsys.readouterr().err
+    assert "not checked against prompt_len" in err and "rpeg[torch]" in err
+    broken = _spec(folder, "no_tok_col.rpeg",
+                   edit=lambda t: t.replace('prompt_field = "prompt"', 'prompt_field = "q"'))
+    assert main(["check", str(broken)]) == 1                 # columns still checked

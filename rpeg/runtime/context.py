@@ -30,7 +30,7 @@ from rpeg.runtime.instances import (
     replica_layouts,
     train_layouts,
 )
-from rpeg.spec.model import Head, Pipeline
+from rpeg.spec.model import Head, Pipeline, Zero
 
 
 @attrs.frozen
@@ -43,7 +43,7 @@ class Replica:
     trainable: bool                  # holds an optimizer (a home device of a trained model)
     world: tuple[int, ...] = ()      # devices training it (dp x tp; len > 1: collectives)
     tp: tuple[int, ...] = ()         # its tensor-parallel group (len > 1: weights sharded)
-    zero: int = 0                    # trained: 0 DDP, 2 / 3 FSDP2 (rpeg.cost.memory)
+    zero: Zero = attrs.field(default=Zero.NONE, converter=Zero.of)   # trained: DDP or FSDP2
     recompute: bool = False          # trained: activations recomputed in backward
     offload: bool = False            # trained: optimizer state in host memory between ops
     engine: tuple[int, ...] = ()     # a vLLM engine's own copy: the devices its workers span
@@ -54,7 +54,7 @@ class Replica:
         if not self.trainable:
             return (self.tp,) if len(self.tp) > 1 else ()
         size = max(len(self.tp), 1)
-        sharded = self.zero >= 2
+        sharded = self.zero.shards_grads
         out = set()
         if len(self.world) > 1 or sharded:      # its ranks checkpoint together (DCP)
             out.add(tuple(self.world))
@@ -133,7 +133,7 @@ class RunContext:
             replicas.append(Replica(
                 model, dev, tuple(sorted(heads)), trainable=home,
                 world=homes.get(model, ()) if home else (), tp=groups.get((model, dev), ()),
-                zero=p.zero if p else 0, recompute=p.recompute if p else False,
+                zero=p.zero if p else Zero.NONE, recompute=p.recompute if p else False,
                 offload=p.offload if p else False, engine=blocks.get((model, dev), ())))
         made = {g for r in replicas for g in r.layout_groups}
         for c in calls:                    # a weight transfer: its broadcast group

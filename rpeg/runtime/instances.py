@@ -190,7 +190,7 @@ def build_calls(pipeline: Pipeline, plan: Plan, steps: int, *, first: int = 0
                 if rank == 0 and (not group or group[0] == dev):
                     produced[(name, s)].append(cid)       # what readers take: tp rank 0's
     trained = train_layouts(graph, plan)
-    _split_layouts(calls, {m: p.zero >= 3 for m, p in trained.items()})
+    _split_layouts(calls, {m: p.zero.shards_params for m, p in trained.items()})
     calls = _add_syncs(calls, homes, trained, first, engine_blocks(plan, calls))
     _order_versions(calls, homes, frozen, first)
     _order_chunks(calls)
@@ -363,7 +363,7 @@ def _home_whole(graph: Graph, plan: Plan) -> dict[str, bool]:
     not laid out by FSDP2): what an engine beside it can be updated from in memory. A
     ZeRO-2 trainer holds them whole too, but as FSDP2's parameters: a vLLM engine started
     beside one ended its worker at the first train op, so it gets its own copy."""
-    return {m: p.tp <= 1 and p.zero == 0 for m, p in train_layouts(graph, plan).items()}
+    return {m: p.tp <= 1 and p.zero.replicated for m, p in train_layouts(graph, plan).items()}
 
 
 def _chunks(graph: Graph, plan: Plan, responses: int) -> int:

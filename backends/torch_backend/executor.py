@@ -53,7 +53,7 @@ class Replica:
 
     def __init__(self, spec, pipeline, device: str, device_index: int) -> None:
         from backends.torch_backend.sharding import Trained, TrainLayout, param_dtype
-        members = [pipeline.model(m) for m in base_of(spec.model).split("+")]
+        members = [pipeline.model(m) for m in base_of(spec.model).members]
         dims = members[0].dims
         weights = next((m.weights for m in members if m.weights), None)
         self.dtype = param_dtype(members[0].dtype, device)
@@ -154,7 +154,7 @@ class Executor:
             return Replica(spec, self.ctx.pipeline, self.device, self.device_index)
         from backends.vllm_backend.disaggregated import EngineReplica
         stage = next(c for c in self.ctx.pipeline.stages if c.kind is OpKind.GENERATE
-                     and self.ctx.pipeline.model(c.target).name in base_of(spec.model).split("+"))
+                     and self.ctx.pipeline.model(c.target).name in base_of(spec.model).members)
         seqs, frac, graph = self._concurrency(stage)
         return EngineReplica.start(spec, self.ctx.pipeline, self.device_index,
                                    gpus=self._gpus(spec.engine), max_num_seqs=seqs,
@@ -964,5 +964,5 @@ def _masters(replica) -> bool:
 def _transfer_dtype(ex, call):
     """The dtype weights travel in: the readers' parameter dtype."""
     from backends.torch_backend.sharding import param_dtype
-    first = base_of(call.model).split("+")[0]
+    first = base_of(call.model).members[0]
     return param_dtype(ex.ctx.pipeline.model(first).dtype, ex.device)

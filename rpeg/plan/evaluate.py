@@ -678,7 +678,7 @@ class Evaluator:
             tokens_per_s=self.gen_tokens / step if step > 0 else 0.0,
             op_times=op_times, memory_capacity=capacity, control_s=round(control, 6),
             tasks_per_step=tasks, memory=memory, memory_reserve=reserve,
-            ops=op_uses(self, plan, timings, op_times, self.roofs(plan, graph, walk))
+            ops=op_uses(self, plan, graph, timings, op_times, self.roofs(plan, graph, walk))
             if detail else ())
         return _Priced(plan, homes, feasible, shortfall, predicted, timeline, False)
 

@@ -190,7 +190,7 @@ def _graph(pipeline, plan):
 def heads_of(pipeline: Pipeline, backbone: str) -> set[str]:
     """The heads a replica of ``backbone`` (one model, or models sharing it) carries."""
     heads = set()
-    for name in base_of(backbone).split("+"):
+    for name in base_of(backbone).members:
         m = pipeline.model(name)
         heads.add("lm" if m.head is Head.LM else "value")
     return heads

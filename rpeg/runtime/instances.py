@@ -178,7 +178,7 @@ def build_calls(pipeline: Pipeline, plan: Plan, steps: int, *, first: int = 0
                             stages=op.stages, inputs=inputs, deps=deps, after=[],
                             version=-1, writes=-1, bound=0, limit=0,
                             carry=place.carry if op.kind is OpKind.GENERATE else 0)
-                members = op.reads_model.split("+") if op.reads_model else []
+                members = op.reads_model.members if op.reads_model else ()
                 if op.reads_model and not all(m in frozen for m in members):
                     lag = 0 if op.kind is OpKind.TRAIN else graph.lag_of(name)
                     call["version"] = read_version(op.kind, s, lag, first)
@@ -243,7 +243,7 @@ def model_homes(pipeline: Pipeline, plan: Plan, graph: Graph) -> dict[str, tuple
     homes: dict[str, tuple[int, ...]] = {}
     for op in graph.ops:
         if op.kind is OpKind.TRAIN and op.writes_model:
-            members = op.writes_model.split("+")
+            members = op.writes_model.members
             given = plan.home(op.writes_model) or plan.home(members[0])
             trained = _placement(plan, op).devices
             if given and not set(trained) <= set(given):
@@ -306,7 +306,7 @@ def _check_tp(stage: str, place, op, plan: Plan, pipeline: Pipeline | None) -> N
                         hint="give the stage dp * tp devices, or lower tp")
     if pipeline is None:
         return
-    for name in op.reads_model.split("+"):
+    for name in op.reads_model.members:
         dims = pipeline.model(name).dims
         for what, count in (("attention heads", dims.heads), ("KV heads", dims.kv_heads),
                             ("MLP width", dims.ffn)):

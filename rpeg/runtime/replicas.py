@@ -11,15 +11,17 @@ from collections import defaultdict
 
 import attrs
 
+from rpeg.graph.ids import Backbone
+
 EXPORT, LOAD = "export", "load"
 SEND, RECV = "send", "recv"      # weight sync into a vLLM engine's copy, through collectives
 VARIANT = "~"          # "actor~tp0-1": a second copy of actor on a device, split another way
 ENGINE = "vllm"        # "actor~vllm": the copy a vLLM engine serves (its own devices, or tp > 1)
 
 
-def base_of(key: str | None) -> str | None:
+def base_of(key: str | None) -> Backbone | None:
     """The backbone a replica key names (``actor~tp0-1`` -> ``actor``)."""
-    return key.split(VARIANT)[0] if key else key
+    return Backbone(key.split(VARIANT)[0]) if key else key
 
 
 def engine_key(model: str) -> str:

@@ -117,7 +117,7 @@ def enumerate_layouts(pipeline: Pipeline, stage: str, sizes: tuple[int, ...],
             base = overlay(pin, attrs.evolve(base, cp=cp))
             local = math.ceil(batch / base.dp)
             if s.kind is OpKind.GENERATE:
-                if pin is not None and pin.zero:        # generation on ZeRO-3 shards
+                if pin is not None and pin.sharded:     # generation on ZeRO-3 shards
                     base = attrs.evolve(base, zero=pin.zero)
                 # How many sequences decode at once is the engine's batching bounded by
                 # the memory free beside its weights (prune sizes it; the evaluator again

@@ -70,6 +70,7 @@ from rpeg.runtime.replicas import (
     RECV,
     SEND,
     VARIANT,
+    CallRole,
     base_of,
     engine_blocks,
     engine_hosts,
@@ -94,7 +95,7 @@ class OpCall:
     world: int = 1                           # data-parallel degree
     tp_group: tuple[int, ...] = ()           # devices running this instance together (tp > 1;
                                              # a weight sync's senders and engine hosts)
-    role: str = ""                           # sync ops: export | load
+    role: CallRole = attrs.field(default=CallRole.NONE, converter=CallRole)   # sync, join
     gang: tuple[int, ...] = ()               # sync ops: every device of the weight transfer
     sources: tuple[int, ...] = ()            # sync ops: the trainer's devices that send
     fills: tuple[str, ...] = ()              # sync ops: copies on this device it loads
@@ -419,6 +420,7 @@ def _id(name, step, idx, kind, n, is_chunked) -> str:
 
 
 # the replica keys and sync roles (rpeg.runtime.replicas) are also this module's
-__all__ = ["ENGINE", "EXPORT", "LOAD", "RECV", "SEND", "VARIANT", "OpCall", "base_of",
+__all__ = ["ENGINE", "EXPORT", "LOAD", "RECV", "SEND", "VARIANT", "CallRole", "OpCall",
+           "base_of",
            "build_calls", "by_id", "engine_blocks", "engine_hosts", "engine_key", "graph_for", "is_engine_key",
            "lookback", "model_homes", "replica_layouts", "train_layouts"]

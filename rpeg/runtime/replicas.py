@@ -7,14 +7,38 @@ roles of a weight sync's calls (shared by the calls' builder and its ordering pa
 
 from __future__ import annotations
 
+import enum
 from collections import defaultdict
 
 import attrs
 
 from rpeg.graph.ids import Backbone
 
-EXPORT, LOAD = "export", "load"
-SEND, RECV = "send", "recv"      # weight sync into a vLLM engine's copy, through collectives
+
+class CallRole(enum.StrEnum):
+    """The part a call plays besides running its op: one side of a weight sync, or a join.
+    Its text is what ids, run records and traces write ("" for a call that only runs its
+    op)."""
+
+    NONE = ""
+    EXPORT = "export"      # the trainer's sender hands the new weights to the copies beside it
+    LOAD = "load"          # a copy on another device loads them
+    SEND = "send"          # weight sync into a vLLM engine's copy, through collectives: the
+    RECV = "recv"          # trainer's sender, and each engine hosting a copy
+    JOIN = "join"          # runs no op: its inputs passed on as one value (rpeg.runtime.joins)
+
+    @property
+    def syncs(self) -> bool:
+        """One side of a weight sync."""
+        return self in (CallRole.EXPORT, CallRole.LOAD, CallRole.SEND, CallRole.RECV)
+
+    @property
+    def reads_at_reader(self) -> bool:
+        """Runs on the reader's device (a load or an engine's receive), not the trainer's."""
+        return self in (CallRole.LOAD, CallRole.RECV)
+
+
+EXPORT, LOAD, SEND, RECV = CallRole.EXPORT, CallRole.LOAD, CallRole.SEND, CallRole.RECV
 VARIANT = "~"          # "actor~tp0-1": a second copy of actor on a device, split another way
 ENGINE = "vllm"        # "actor~vllm": the copy a vLLM engine serves (its own devices, or tp > 1)
 

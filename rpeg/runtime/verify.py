@@ -48,7 +48,7 @@ from rpeg.errors import RuntimeFailure, Span
 from rpeg.graph.versions import readable
 from rpeg.plan.model import Plan
 from rpeg.runtime import runfiles as rf
-from rpeg.runtime.instances import LOAD, RECV, OpCall, build_calls, lookback, model_homes
+from rpeg.runtime.instances import OpCall, build_calls, lookback, model_homes
 from rpeg.runtime.joins import JOIN
 from rpeg.runtime.runcheck import check_event_fields, check_meta, check_metrics, check_plan_of_run
 from rpeg.runtime.rundir import RunDir, events_from_trace
@@ -258,8 +258,8 @@ def _identity(c: OpCall, e: dict) -> list[Violation]:
 
 def _placement(c: OpCall, e: dict, plan: Plan, workers, homes) -> list[Violation]:
     if c.kind is OpKind.SYNC_WEIGHTS:
-        allowed = (homes.get(c.model, ()) if c.role not in (LOAD, RECV) else (c.device,))
-        what = f"the home of {c.model}" if c.role not in (LOAD, RECV) else "the reader's device"
+        allowed = (c.device,) if c.role.reads_at_reader else homes.get(c.model, ())
+        what = "the reader's device" if c.role.reads_at_reader else f"the home of {c.model}"
     else:
         allowed = plan.placement(c.stages[0]).devices
         what = f"stage {c.stages[0]}'s devices"

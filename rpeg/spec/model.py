@@ -315,6 +315,12 @@ class Pin:
         return self.last - self.first + 1
 
     @property
+    def sharded(self) -> bool:
+        """The block pins a ZeRO level that shards something (on a forward or generate
+        stage: a pass on sharded weights)."""
+        return self.zero is not None and not self.zero.replicated
+
+    @property
     def devices(self) -> tuple[int, ...]:
         return tuple(range(self.first, self.last + 1))
 

@@ -3,15 +3,26 @@ their text or number forms.
 
 Every module of rpeg/ and backends/ is read with ``ast``: no comparison of a ZeRO level
 (a name or attribute called ``zero``) with a number (``zero >= 3``: ask
-``zero.shards_params``), and no backbone name split on ``+`` (``Backbone.members``).
+``zero.shards_params``), and no backbone name split on ``+`` (``Backbone.members``); and the typed values keep the text forms plans, records and
+traces write.
 """
 
 from __future__ import annotations
 
 import ast
+import doctest
+import importlib
+import json
+import pickle
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from rpeg.graph.ids import Backbone
+from rpeg.runtime.replicas import CallRole, ReplicaKey, base_of
+from rpeg.spec.kinds import Zero
 
 ROOT = Path(__file__).resolve().parents[1]
 SOURCES = sorted(p for d in ("rpeg", "backends") for p in (ROOT / d).rglob("*.py"))
@@ -82,3 +93,47 @@ def test_no_name_is_split_on_plus():
                                     'ok = base_of(m).split("+")[0]'])
 def test_a_split_on_plus_is_seen(source):
     assert plus_splits(source) == [1]
+
+
+# --- the typed values themselves --------------------------------------------------------
+
+NAMES = st.text(st.sampled_from("abcz_-0123456789"), min_size=1, max_size=8)
+
+
+@pytest.mark.parametrize("module", ["rpeg.spec.kinds", "rpeg.graph.ids", "rpeg.runtime.replicas"])
+def test_worked_examples_run(module):
+    result = doctest.testmod(importlib.import_module(module))
+    assert result.attempted and result.failed == 0
+
+
+@given(st.lists(NAMES, min_size=1, max_size=4))
+def test_a_backbone_is_its_members_joined_and_gives_them_back(members):
+    b = Backbone.of(members)
+    assert b.members == tuple(members) and b.shared == (len(members) > 1)
+    assert Backbone(str(b)).members == b.members and {str(b): 1}[b] == 1
+    assert pickle.loads(pickle.dumps(b)) == b and type(pickle.loads(pickle.dumps(b))) is Backbone
+
+
+@given(st.lists(NAMES, min_size=1, max_size=3), st.sampled_from(["", "vllm", "tp0-1", "whole"]))
+def test_a_replica_key_gives_back_its_backbone_and_variant(members, variant):
+    key = ReplicaKey.of(Backbone.of(members), variant)
+    assert key.backbone.members == tuple(members) and key.variant == variant
+    assert key.engine == (variant == "vllm") and base_of(key) == key.backbone
+
+
+def test_zero_levels_nest_and_read_as_their_numbers():
+    asks = [(z.shards_optimizer, z.shards_grads, z.shards_params) for z in Zero]
+    assert asks == [(False, False, False), (True, False, False), (True, True, False),
+                    (True, True, True)]
+    assert [z.replicated for z in Zero] == [True, False, False, False]
+    assert [z.keeps_gathered for z in Zero] == [False, False, True, False]
+    assert [Zero.of(n) for n in range(4)] == list(Zero) and json.dumps([Zero.WEIGHTS]) == "[3]"
+    for bad in (4, -1, True, "3", 2.0):
+        with pytest.raises(ValueError, match="ZeRO level"):
+            Zero.of(bad)
+
+
+def test_a_call_role_reads_as_its_text():
+    assert json.dumps([CallRole.EXPORT, CallRole.NONE]) == '["export", ""]'
+    assert f"sync_actor/s0/{CallRole.RECV}@3" == "sync_actor/s0/recv@3"
+    assert not CallRole.NONE and CallRole("load").reads_at_reader

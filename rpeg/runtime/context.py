@@ -22,6 +22,7 @@ from rpeg.runtime.instances import (
     EXPORT,
     SEND,
     OpCall,
+    ReplicaKey,
     base_of,
     engine_blocks,
     engine_hosts,
@@ -37,7 +38,7 @@ from rpeg.spec.model import Head, Pipeline, Zero
 class Replica:
     """One copy of a backbone's state on one device."""
 
-    model: str                       # backbone key ("actor", or "actor+critic" when shared)
+    model: ReplicaKey = attrs.field(converter=ReplicaKey)   # "actor", "actor+critic~vllm"
     device: int
     heads: tuple[str, ...]           # "lm", "value"
     trainable: bool                  # holds an optimizer (a home device of a trained model)

@@ -71,6 +71,7 @@ from rpeg.runtime.replicas import (
     SEND,
     VARIANT,
     CallRole,
+    ReplicaKey,
     base_of,
     engine_blocks,
     engine_hosts,
@@ -99,7 +100,8 @@ class OpCall:
     gang: tuple[int, ...] = ()               # sync ops: every device of the weight transfer
     sources: tuple[int, ...] = ()            # sync ops: the trainer's devices that send
     fills: tuple[str, ...] = ()              # sync ops: copies on this device it loads
-    model: str | None = None                 # backbone whose state the op reads or writes
+    # the copy of a backbone whose state the op reads or writes
+    model: ReplicaKey | None = attrs.field(default=None, converter=ReplicaKey.maybe)
     stages: tuple[str, ...] = ()             # spec stages it implements
     inputs: tuple[tuple[str, int], ...] = () # data name -> futures in ``deps``, in order
     deps: tuple[str, ...] = ()               # data dependencies (op ids), in argument order
@@ -420,7 +422,7 @@ def _id(name, step, idx, kind, n, is_chunked) -> str:
 
 
 # the replica keys and sync roles (rpeg.runtime.replicas) are also this module's
-__all__ = ["ENGINE", "EXPORT", "LOAD", "RECV", "SEND", "VARIANT", "CallRole", "OpCall",
+__all__ = ["ENGINE", "EXPORT", "LOAD", "RECV", "SEND", "VARIANT", "CallRole", "OpCall", "ReplicaKey",
            "base_of",
            "build_calls", "by_id", "engine_blocks", "engine_hosts", "engine_key", "graph_for", "is_engine_key",
            "lookback", "model_homes", "replica_layouts", "train_layouts"]

@@ -207,8 +207,8 @@ def _tools(spec: Path, args: list[str], calls: int, out: Path | None) -> None:
     if out is not None:
         import attrs
         p = attrs.evolve(load_profile(out), tool_call_s=float(np.median(base)))
-        with writing(out, "the profile"):
-            out.write_text(profile_text(p, comment=f"{p.name}: measured by rpeg calibrate"))
+        with writing(out, "the profile") as tmp:
+            tmp.write_text(profile_text(p, comment=f"{p.name}: measured by rpeg calibrate"))
         print(f"wrote {out}", file=sys.stderr)
 
 

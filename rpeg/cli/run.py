@@ -120,8 +120,10 @@ def register(app: typer.Typer) -> None:
             print(f"run: {result.path}  ({result.steps} steps, resumed)")
             return
         choice = _choice(profile)
+        parsed = _overrides(overrides or [])
         planned_here = file.suffix != ".json" and strategy is not RunStrategy.RUNTIME_SPLIT
         if cluster is None and scheduler is None and planned_here:
+            _check_spec(file, parsed, overrides or [])   # a broken spec before calibrating
             from rpeg.runtime.calibrate.machine import local_profile
             local = local_profile(choice)                  # this machine's, or said it is not
             cluster = local.cluster
@@ -132,7 +134,6 @@ def register(app: typer.Typer) -> None:
             from rpeg.runtime.dask.driver import check_scheduler
             with dask_tls(tls):
                 check_scheduler(scheduler, *_devices_needed(file, cluster))
-        parsed = _overrides(overrides or [])
         try:
             pipeline, plan, spec_path = plan_for_run(
                 file, spec=spec, cluster=cluster, strategy=strategy,
@@ -213,6 +214,17 @@ def _devices_needed(file: Path, cluster: Path | None) -> tuple[int, str]:
     from rpeg.spec import load_cluster
     path = cluster or DEFAULT_CLUSTER
     return load_cluster(path).num_gpus, f"a plan for the cluster {path}"
+
+
+def _check_spec(file: Path, parsed: tuple, texts: list[str]) -> None:
+    """The spec as the run will read it, checked before this machine is calibrated (minutes
+    on first use), so a mistake in it is said at once."""
+    from rpeg.spec import load
+    try:
+        load(file, parsed)
+    except RpegError as e:
+        _show_override(e, texts)
+        raise
 
 
 def _overrides(texts: list[str]) -> tuple:

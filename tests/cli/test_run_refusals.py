@@ -46,7 +46,7 @@ def test_a_broken_spec_is_said_before_this_machine_is_calibrated(
         capsys, monkeypatch, tmp_path, override):
     """Calibrating takes minutes on first use; a mistake in the spec (or in an override)
     is said before it, at its line."""
-    import rpeg.runtime.machine as machine
+    import rpeg.runtime.calibrate.machine as machine
 
     def never(*_a, **_k):
         raise AssertionError("calibrated before the spec was checked")

@@ -21,7 +21,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from rpeg.graph.ids import Backbone
-from rpeg.runtime.replicas import CallRole, ReplicaKey, base_of
+from rpeg.runtime.lowering.replicas import CallRole, ReplicaKey, base_of
 from rpeg.spec.kinds import Zero
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -100,7 +100,7 @@ def test_a_split_on_plus_is_seen(source):
 NAMES = st.text(st.sampled_from("abcz_-0123456789"), min_size=1, max_size=8)
 
 
-@pytest.mark.parametrize("module", ["rpeg.spec.kinds", "rpeg.graph.ids", "rpeg.runtime.replicas"])
+@pytest.mark.parametrize("module", ["rpeg.spec.kinds", "rpeg.graph.ids", "rpeg.runtime.lowering.replicas"])
 def test_worked_examples_run(module):
     result = doctest.testmod(importlib.import_module(module))
     assert result.attempted and result.failed == 0

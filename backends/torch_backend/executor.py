@@ -19,7 +19,7 @@ import attrs
 import numpy as np
 import torch
 
-from backends.api import Cohort, RolloutChunk, SamplingParams, concat_chunks
+from backends.api import Cohort, EngineCopy, RolloutChunk, SamplingParams, concat_chunks
 from backends.torch_backend import sampling
 from backends.torch_backend.advantages import (
     Batch,
@@ -608,7 +608,7 @@ class Executor:
 
     def checkpoint(self, model: str, path: str, meta: dict) -> str:
         replica = self.replicas[model]
-        if getattr(replica, "engine_copy", False):  # a vLLM engine's copy: version, no weights
+        if isinstance(replica, EngineCopy):  # a vLLM engine's copy: version, no weights
             replica.checkpoint(path, meta)
             _save_carried(replica, path)
             return path
@@ -682,7 +682,7 @@ class Executor:
     def restore(self, model: str, path: str) -> int:
         """Load a replica written by :meth:`checkpoint` (weights, optimizer state, version)."""
         replica = self.replicas[model]
-        if getattr(replica, "engine_copy", False):
+        if isinstance(replica, EngineCopy):
             version = replica.restore(path)
             _restore_carried(replica, path)
             return version
@@ -726,7 +726,7 @@ class Executor:
 
         The plan's placement decides (``engine = auto`` may have become vLLM there).
         """
-        if getattr(replica, "engine_copy", False):   # a vLLM engine's own copy
+        if isinstance(replica, EngineCopy):   # a vLLM engine's own copy
             return replica.ready()
         if self.ctx.plan.placement(stage.name).engine is Engine.VLLM:
             from backends.vllm_backend.colocated import colocated_engine, colocated_options
@@ -746,7 +746,7 @@ class Executor:
             self.sandbox.close()
             self.sandbox = None
         for r in self.replicas.values():
-            if getattr(r, "engine_copy", False):
+            if isinstance(r, EngineCopy):
                 r.shutdown()
                 continue
             if getattr(r, "vllm_engine", None) is not None:

@@ -3,7 +3,9 @@
 Every import statement in rpeg/ is read with ``ast`` (those inside functions too: a lazy
 import is still a dependency). A layer may import its own package and those to its left,
 never one to its right, and the compile path (spec, graph, cost, plan) never imports a
-backend.
+backend: of ``backends`` it reads only the registry (the package ``backends`` itself, which
+imports no backend until asked) for each backend's declared ``capabilities``, data modules
+that import nothing but the compile path's values.
 """
 
 from __future__ import annotations
@@ -33,14 +35,23 @@ def imports(source: str, package: str) -> list[tuple[int, str]]:
                 parts = package.split(".")
                 base = ".".join(parts[:len(parts) - node.level + 1] + ([base] if base else []))
             out.append((node.lineno, base))
+            # ``from backends import torch_backend`` imports a backend, not the registry
+            out += [(node.lineno, f"{base}.{a.name}") for a in node.names
+                    if base == REGISTRY and _is_module(f"{base}.{a.name}")]
     return sorted(out)
 
 
+def _is_module(name: str) -> bool:
+    path = RPEG.parent.joinpath(*name.split("."))
+    return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
+
+
 def rightward(layer: str, module: str) -> bool:
-    """Whether ``module`` lies to the right of ``layer``."""
+    """Whether ``module`` lies to the right of ``layer`` (the registry of backends lies to
+    the right of the runtime only)."""
     parts = module.split(".")
     if parts[0] == "backends":
-        return True
+        return module != REGISTRY or layer == "runtime"
     if parts[0] != "rpeg" or len(parts) < 2 or parts[1] not in LAYERS:
         return False
     return LAYERS.index(parts[1]) > LAYERS.index(layer)
@@ -62,6 +73,26 @@ def test_the_compile_path_imports_only_leftward_and_no_backend(layer):
     assert rightward_imports(layer) == []
 
 
+def test_the_compile_path_reads_the_backends_registry_only_for_capabilities():
+    """Where the compile path imports the registry, and what the registry's
+    ``capabilities`` entries are: modules importing only the compile path's values."""
+    users = set()
+    for layer in COMPILE_PATH:
+        for path in sorted((RPEG / layer).rglob("*.py")):
+            package = ".".join(path.relative_to(RPEG.parent).with_suffix("").parts[:-1])
+            if any(m == REGISTRY for _, m in imports(path.read_text(encoding="utf-8"),
+                                                    package)):
+                users.add(path.relative_to(RPEG).as_posix())
+    assert users == {"plan/capabilities.py"}
+    import backends
+    for name in backends.NAMES:
+        module = backends._REGISTRY[name]["capabilities"].split(":")[0]
+        path = RPEG.parent.joinpath(*module.split(".")).with_suffix(".py")
+        found = {m for _, m in imports(path.read_text(encoding="utf-8"), module)}
+        assert {m for m in found if m != "__future__" and not any(
+            m.startswith(f"rpeg.{layer}") for layer in COMPILE_PATH)} == set(), (name, found)
+
+
 def test_the_runtime_reaches_backends_only_through_their_registry():
     found = {(path, module) for path, _, module in rightward_imports("runtime")}
     assert found and {module for _, module in found} == {REGISTRY}, sorted(found)
@@ -69,9 +100,11 @@ def test_the_runtime_reaches_backends_only_through_their_registry():
 
 def test_a_rightward_import_is_seen_even_inside_a_function():
     source = "def f():\n    from backends import vllm_backend\nfrom ..plan import space\n"
-    (_, lazy), (_, relative) = imports(source, "rpeg.cost")
-    assert (lazy, relative) == ("backends", "rpeg.plan")
+    (_, registry), (_, lazy), (_, relative) = imports(source, "rpeg.cost")
+    assert (registry, lazy, relative) == ("backends", "backends.vllm_backend", "rpeg.plan")
     assert rightward("cost", lazy) and rightward("cost", relative)
+    assert rightward("plan", "backends.torch_backend.capabilities")
+    assert not rightward("plan", "backends") and rightward("runtime", "backends.api")
     assert not rightward("plan", "rpeg.cost.memory") and not rightward("spec", "rpeg.errors")
 
 

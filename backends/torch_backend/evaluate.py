@@ -27,8 +27,8 @@ BATCH = 32                      # responses decoded together
 
 
 def evaluate(ex, model: str, step: int) -> dict:
-    from backends.torch_backend.executor import row_prompt, sample_row
     from backends.torch_backend.rewards import Texts, score
+    from backends.torch_backend.rows import row_prompt, sample_row
     from rpeg.runtime.data import eval_rows
 
     start = time.time()

@@ -110,6 +110,13 @@ def select_chunk(chunk: RolloutChunk, idx) -> RolloutChunk:
                         pick(chunk.versions), pick(chunk.masks), chunk.temperature)
 
 
+def chunk_bounds(n: int, chunks: int) -> list[tuple[int, int]]:
+    """Cumulative [lo, hi) counts of finished responses that close each chunk."""
+    chunks = max(1, min(chunks, n))
+    edges = [round(i * n / chunks) for i in range(chunks + 1)]
+    return [(edges[i], edges[i + 1]) for i in range(chunks)]
+
+
 def _one_temperature(parts: list[RolloutChunk]) -> float:
     """The temperature chunks joined into one were sampled at: one, or the join is wrong."""
     temperatures = {p.temperature for p in parts}

@@ -181,8 +181,8 @@ def _restore_carried(replica, path: str) -> None:
 def tp_pieces(model: str, group: tuple[int, ...]) -> dict | None:
     """On a worker: its pieces of ``model`` when it holds a rank of the tp ``group``."""
     from backends.torch_backend.distributed import pieces
-    from rpeg.runtime import worker as W
-    ex = W._STATE.get("executor")
+    from rpeg.runtime.worker import current_executor
+    ex = current_executor()
     replica = ex.replicas.get(model) if ex is not None else None
     if replica is None or replica.tp != tuple(group):
         return None
@@ -218,5 +218,5 @@ def _state_on_device(replica):
 
 
 def _masters(replica) -> bool:
-    from backends.torch_backend.sharding import MasterAdam
+    from backends.torch_backend.optim import MasterAdam
     return isinstance(replica.optimizer, MasterAdam)

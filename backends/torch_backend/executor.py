@@ -37,7 +37,7 @@ from backends.torch_backend.rows import SAMPLE_CHARS, row_prompt, sample_row
 from backends.torch_backend.tokenizer import codec_for
 from backends.torch_backend.train import TrainBatch, forward_arrays, train_step
 from rpeg.errors import BackendError
-from rpeg.graph.work import batching
+from rpeg.graph.work import Batching, work_of
 from rpeg.runtime.context import group_of
 from rpeg.runtime.data import workload_rows
 from rpeg.runtime.instances import LOAD, RECV, SEND, OpCall, base_of, engine_key
@@ -67,6 +67,8 @@ class Executor:
         p = ctx.pipeline
         self.targets = {m.name: m for m in p.models} | {r.name: r for r in p.rewards}
         self.roles = roles_of(p.stages, self.targets)      # data name -> what it is
+        # each stage's settings (how it samples, its loss, its weight), as the graph reads them
+        self.works = {s.name: work_of(p, s.name) for s in p.stages}
         self.sandbox = None                # tool calls' sandbox, started by the first
 
     def _replica(self, spec):
@@ -99,7 +101,12 @@ class Executor:
         return engine_sleeps(block, trained, devices_are_host=not self.ctx.use_cuda)
 
     def _concurrency(self, stage) -> tuple[int, float, bool]:
-        return _concurrency(self.ctx, stage)
+        """(max_num_seqs, kv_fraction, cuda_graph) of a generate stage, as the cost model
+        priced them (the plan's placement, else the stage's own batching)."""
+        from rpeg.cost.generation import batching_of
+        work = self.works[stage.name]
+        return batching_of(Batching(work.max_num_seqs, work.kv_fraction),
+                           self.ctx.plan.placement(stage.name))
 
     # --- one op ------------------------------------------------------------------------
     def run(self, call: OpCall, inputs: dict[str, list]) -> tuple[dict, dict]:
@@ -175,16 +182,16 @@ class Executor:
         if call.chunk < shard:
             w = self.ctx.pipeline.workload
             n = w.prompts * w.samples
-            rounds = int(stage.arg("refill_rounds"))
+            work = self.works[stage.name]
+            rounds, how = work.refill_rounds, work.sampling
             mine = sampling.whole_groups(call.chunk % shard, shard, w) if rounds else \
                 np.arange(call.chunk % shard, n, shard)
             codec = self._codec()
             params = SamplingParams(
-                max_new_tokens=int(stage.arg("max_len") or w.gen_len.max_len),
-                temperature=float(stage.arg("temperature")),
-                top_p=float(stage.arg("top_p")), eos_id=codec.eos_id,
+                max_new_tokens=how.max_len, temperature=how.temperature, top_p=how.top_p,
+                eos_id=codec.eos_id,
                 seed=(w.seed * 1_000_003 + call.step) * 64 + call.chunk % shard,
-                min_new_tokens=int(stage.arg("min_len") or 0),
+                min_new_tokens=how.min_len,
                 max_num_seqs=self._concurrency(stage)[0])
             engine = self._engine(stage, replica)
             pieces = max(call.chunks // shard, 1)
@@ -211,7 +218,8 @@ class Executor:
         stream, mine, tools = self.streams[key]
         # the policy the responses were sampled from travels with them: every logprob of
         # them computed later (old policy, reference, trainer) is at this temperature
-        chunk = attrs.evolve(next(stream), temperature=logprob_temperature(stage))
+        chunk = attrs.evolve(next(stream),
+                             temperature=self.works[stage.name].sampling.logprob_temperature)
         if tools is not None:                # what the conversations did for this chunk
             stats = {**stats, **tools.stats()}
         if mine is not None:
@@ -237,8 +245,7 @@ class Executor:
         """A multi-turn generate stage's conversations (``backends.turns``): the worker's
         sandbox (started once, with every tool of the pipeline), the stage's caps, the
         dataset row of each of this device's prompts. None for single responses."""
-        from rpeg.spec.tools import conversation
-        conv = conversation(stage, params.max_new_tokens)
+        conv = self.works[stage.name].conversation
         if conv is None:
             return None
         if not getattr(engine, "converses", False):
@@ -281,8 +288,8 @@ class Executor:
 
         def combined(chunk):
             texts = self._texts(call.step, chunk, int(params.max_new_tokens))
-            return sum(float(s.arg("weight")) * score(self.ctx.pipeline.reward(s.target), texts)
-                       for s in readers)
+            return sum(self.works[s.name].weight * score(self.ctx.pipeline.reward(s.target),
+                                                         texts) for s in readers)
         return sampling.refill(mine, generate, combined, w.samples, n, rounds)
 
     def _prompts(self, step: int, mine: np.ndarray, codec) -> list[np.ndarray]:
@@ -342,7 +349,8 @@ class Executor:
             return {}
         from backends.turns import turns_of
         src = self.ctx.pipeline.producer(responses)
-        observer = "environment" if src is not None and src.param("environment") else "tool"
+        conv = self.works[src.name].conversation if src is not None else None
+        observer = "environment" if conv is not None and conv.environment else "tool"
         versions = chunk.versions[n] if chunk.versions is not None else \
             np.full(len(chunk.response_ids[n]), chunk.version)
         return {"turns": turns_of(chunk.response_ids[n], chunk.masks[n], versions,
@@ -352,13 +360,11 @@ class Executor:
         """The generation budget (max_len) of the stage that made ``responses``: of a
         conversation, its turns' (max_turns x max_len policy tokens)."""
         src = self.ctx.pipeline.producer(responses)
-        top = src.arg("max_len") if src is not None and src.kind is OpKind.GENERATE else None
-        top = int(top or self.ctx.pipeline.workload.gen_len.max_len)
-        if src is not None and src.kind is OpKind.GENERATE:
-            from rpeg.spec.tools import conversation
-            conv = conversation(src, top)
-            top *= conv.max_turns if conv is not None else 1
-        return top
+        if src is None or src.kind is not OpKind.GENERATE:
+            return int(self.ctx.pipeline.workload.gen_len.max_len)
+        work = self.works[src.name]
+        turns = work.conversation.max_turns if work.conversation is not None else 1
+        return work.sampling.max_len * turns
 
     def _estimator_batch(self, stage, inputs) -> tuple[Batch, dict]:
         """An estimator's inputs by role: the scores of its score stages added up with their
@@ -408,8 +414,7 @@ class Executor:
         return None
 
     def _weight(self, scores: str) -> float:
-        src = self.ctx.pipeline.producer(scores)
-        return float(src.arg("weight")) if function(src.function).has("weight") else 1.0
+        return self.works[self.ctx.pipeline.producer(scores).name].weight
 
     def _compute(self, call, inputs):
         stage = self._stage(call)
@@ -459,8 +464,8 @@ class Executor:
         replica.trained.before_step()
         stats = train_step(
             replica.train_heads, replica.optimizer, batch, losses, version=replica.version,
-            minibatches=max(int(s.arg("minibatches")) for s in stages),
-            epochs=max(int(s.arg("epochs")) for s in stages), grad_clip=replica.grad_clip,
+            minibatches=max(self.works[s.name].minibatches for s in stages),
+            epochs=max(self.works[s.name].epochs for s in stages), grad_clip=replica.grad_clip,
             microbatches=max(p.microbatches for p in places),
             normalize=any(loss.whiten for loss in losses),
             seed=self.ctx.pipeline.workload.seed * 7919 + call.step, device=self.device,
@@ -494,7 +499,8 @@ class Executor:
         return {}
 
     def _loss(self, stage, replica, shared: bool, old_values: bool) -> LossSpec:
-        loss = LossSpec.from_call(stage.param("loss"), shared=shared, old_values=old_values)
+        loss = LossSpec.from_call(self.works[stage.name].loss, shared=shared,
+                                  old_values=old_values)
         if loss.kl_target is not None:           # adaptive: the coefficient this step
             loss = attrs.evolve(loss, kl=replica.kl_coef.get(stage.name, loss.kl))
         return loss
@@ -545,7 +551,7 @@ class Executor:
         if self.ctx.plan.placement(stage.name).engine is Engine.VLLM:
             from backends.vllm_backend.colocated import colocated_engine, colocated_options
             from backends.vllm_backend.engine import with_concurrency
-            seqs, frac, graph = _concurrency(self.ctx, stage)
+            seqs, frac, graph = self._concurrency(stage)
             model = self.ctx.pipeline.model(stage.target)
             options = colocated_options(model.dtype, self._gpus((self.device_index,)),
                                         self._sleeps((self.device_index,)))
@@ -612,25 +618,11 @@ def _mean_over_ranks(replica, value: float) -> float:
     return float(t.item()) / len(peers)
 
 
-def _concurrency(ctx, stage) -> tuple[int, float, bool]:
-    """(max_num_seqs, kv_fraction, cuda_graph) of a generate stage, as the cost model
-    priced them (the plan's placement, else the stage's parameters)."""
-    from rpeg.cost.generation import batching_of
-    return batching_of(batching(stage), ctx.plan.placement(stage.name))
-
-
 def _device_name(ctx, device: int) -> str:
     """This worker's device: its own GPU (``ctx.gpus``, ``rpeg.runtime.devices``), or the CPU."""
     if ctx.use_cuda:
         return f"cuda:{ctx.gpus[device].index}"
     return "cpu"
-
-
-def logprob_temperature(stage) -> float:
-    """The temperature a generate stage's logprobs are at: its sampling temperature; a
-    greedy stage's (temperature 0) are the model's own, at 1."""
-    t = float(stage.arg("temperature"))
-    return t if t > 0 else 1.0
 
 
 def _rollout(parts) -> RolloutChunk:

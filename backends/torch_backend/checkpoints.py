@@ -157,7 +157,7 @@ def _save_carried(replica, path: str) -> None:
     if states:
         from pathlib import Path
 
-        from rpeg.runtime.checkpoint_io import save_tree
+        from rpeg.runtime.rundir.checkpoints import save_tree
         save_tree(Path(path), CARRIED, {"buffers": states})
 
 
@@ -167,7 +167,7 @@ def _restore_carried(replica, path: str) -> None:
     from pathlib import Path
     states: tuple = ()
     if (Path(path) / f"{CARRIED}.json").exists():
-        from rpeg.runtime.checkpoint_io import load_tree
+        from rpeg.runtime.rundir.checkpoints import load_tree
         states = tuple(load_tree(Path(path), CARRIED)["buffers"])
     if replica.engine is not None:
         replica.engine.restore_carried(states)
@@ -181,7 +181,7 @@ def _restore_carried(replica, path: str) -> None:
 def tp_pieces(model: str, group: tuple[int, ...]) -> dict | None:
     """On a worker: its pieces of ``model`` when it holds a rank of the tp ``group``."""
     from backends.torch_backend.distributed import pieces
-    from rpeg.runtime.worker import current_executor
+    from rpeg.runtime.dask.worker import current_executor
     ex = current_executor()
     replica = ex.replicas.get(model) if ex is not None else None
     if replica is None or replica.tp != tuple(group):

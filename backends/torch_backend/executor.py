@@ -5,7 +5,7 @@
     >>> info["version_read"]                                                # doctest: +SKIP
     3
 
-The runtime (``rpeg.runtime.worker``) times the call and records the trace
+The runtime (``rpeg.runtime.dask.worker``) times the call and records the trace
 event; this module does the tensor work. Data in and out is plain numpy and
 ``RolloutChunk`` values. Each replica's ``version`` counts the optimizer steps
 its weights have seen, and is what the trace reports as the version read; under
@@ -38,9 +38,9 @@ from backends.torch_backend.tokenizer import codec_for
 from backends.torch_backend.train import TrainBatch, forward_arrays, train_step
 from rpeg.errors import BackendError
 from rpeg.graph.work import Batching, work_of
-from rpeg.runtime.context import group_of
 from rpeg.runtime.data import workload_rows
-from rpeg.runtime.instances import LOAD, RECV, SEND, OpCall, base_of, engine_key
+from rpeg.runtime.lowering.context import group_of
+from rpeg.runtime.lowering.instances import LOAD, RECV, SEND, OpCall, base_of, engine_key
 from rpeg.spec.functions import function
 from rpeg.spec.model import Engine, Head, OpKind, Reward
 from rpeg.spec.registry import Category, Role, Type
@@ -87,10 +87,10 @@ class Executor:
 
     def _gpus(self, block: tuple[int, ...]) -> str:
         """On CUDA, the GPUs of an engine's devices as their node names them, this worker's
-        first (whatever each worker sees itself: ``rpeg.runtime.devices``); "" on CPU."""
+        first (whatever each worker sees itself: ``rpeg.runtime.dask.devices``); "" on CPU."""
         if not self.ctx.use_cuda:
             return ""
-        from rpeg.runtime.devices import block_gpus
+        from rpeg.runtime.dask.devices import block_gpus
         return block_gpus(self.ctx.gpus, tuple(block))
 
     def _sleeps(self, block) -> bool:
@@ -266,7 +266,7 @@ class Executor:
         """A :class:`backends.turns.Toolbox` on this worker's sandbox (started once, with
         every tool of the pipeline)."""
         if self.sandbox is None:
-            from rpeg.runtime.sandbox import Sandbox
+            from rpeg.runtime.usercode.sandbox import Sandbox
             self.sandbox = Sandbox.start(self.ctx.pipeline.tools, slots=self.ctx.tool_slots)
         from backends.turns import Toolbox
         return Toolbox(self.sandbox, conv, codec, row_of, max_len)
@@ -619,7 +619,8 @@ def _mean_over_ranks(replica, value: float) -> float:
 
 
 def _device_name(ctx, device: int) -> str:
-    """This worker's device: its own GPU (``ctx.gpus``, ``rpeg.runtime.devices``), or the CPU."""
+    """This worker's device: its own GPU (``ctx.gpus``, ``rpeg.runtime.dask.devices``), or
+    the CPU."""
     if ctx.use_cuda:
         return f"cuda:{ctx.gpus[device].index}"
     return "cpu"

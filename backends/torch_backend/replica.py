@@ -17,7 +17,7 @@ from backends.torch_backend.generation import TorchEngine
 from backends.torch_backend.modeling import build_model
 from backends.torch_backend.train import TokenHeads
 from rpeg.errors import BackendError
-from rpeg.runtime.instances import base_of
+from rpeg.runtime.lowering.instances import base_of
 
 
 class Replica:

@@ -56,6 +56,9 @@ class Executor:
         if self.device.startswith("cuda"):          # before any tensor or engine is made
             torch.cuda.set_device(self.device)
         self.rows = workload_rows(ctx.pipeline)
+        # each stage's settings (how it samples, its loss, its weight, its batching), as the
+        # graph reads them: an engine copy built below starts with its stage's batching
+        self.works = {s.name: work_of(ctx.pipeline, s.name) for s in ctx.pipeline.stages}
         if ctx.groups and torch.distributed.is_initialized():   # none in one process
             from backends.torch_backend.distributed import make_groups
             make_groups(ctx.groups)
@@ -67,8 +70,6 @@ class Executor:
         p = ctx.pipeline
         self.targets = {m.name: m for m in p.models} | {r.name: r for r in p.rewards}
         self.roles = roles_of(p.stages, self.targets)      # data name -> what it is
-        # each stage's settings (how it samples, its loss, its weight), as the graph reads them
-        self.works = {s.name: work_of(p, s.name) for s in p.stages}
         self.sandbox = None                # tool calls' sandbox, started by the first
 
     def _replica(self, spec):

@@ -5,11 +5,13 @@
     >>> load("vllm", "available")()[0] in (True, False)
     True
 
-The runtime reaches a backend only through this registry: ``load(name, what)`` imports
-what it asks of backend ``name`` on first use, so a worker that never generates with vLLM
-never imports it, and the runtime names no backend module itself. Each backend also
-declares what it executes in ``backends.<name>_backend.capabilities`` (the planner reads
-those as data) and implements the engine contract in ``backends.api``.
+This is rpeg's one table of backends. The runtime reaches a backend only through it:
+``load(name, what)`` imports what it asks of backend ``name`` on first use, so a worker that
+never generates with vLLM never imports it, and the runtime names no backend module itself.
+The planner reads here too, and only ``capabilities``: what each backend executes, declared
+as values in a data module of its own that imports neither torch nor vLLM (the compile path
+imports this module and nothing else of ``backends``: ``tests/test_layers.py``). Each
+backend implements the contracts of ``backends.api``.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ from rpeg.errors import BackendError
 # what the runtime asks of each backend -> "module:attribute"
 _REGISTRY: dict[str, dict[str, str]] = {
     "torch": {
+        # what it executes (values only: read by the planner without torch)
+        "capabilities": "backends.torch_backend.capabilities:CAPABILITIES",
         "executor": "backends.torch_backend.executor:Executor",     # a device's op runner
         "init_world": "backends.torch_backend.distributed:init_world",
         "shutdown_world": "backends.torch_backend.distributed:shutdown_world",
@@ -31,6 +35,7 @@ _REGISTRY: dict[str, dict[str, str]] = {
         "check_checkpoint": "backends.torch_backend.modeling:check_checkpoint",
     },
     "vllm": {
+        "capabilities": "backends.vllm_backend.capabilities:CAPABILITIES",   # its engine
         "available": "backends.vllm_backend:available",             # (importable, why not)
         "dask_config": "backends.vllm_backend.host:vllm_dask_config",
     },

@@ -1,4 +1,5 @@
-"""The contract between the runtime and a generation engine.
+"""The contracts between the runtime and a backend: a device's op runner, a generation
+engine, and an engine that serves a model's copy of its own.
 
     >>> engine = load_engine("torch", model_cfg, device="cpu")      # doctest: +SKIP
     >>> for chunk in engine.generate(prompts, SamplingParams(max_new_tokens=32), chunks=2):
@@ -8,12 +9,17 @@ Everything that crosses a process boundary is plain data (numpy arrays and
 Python scalars), so Dask can move it between workers without pickling tensors.
 A chunk holds responses that finished; downstream ops start on it while longer
 responses are still being generated.
+
+The runtime holds one :class:`Executor` per device (``backends.load(name, "executor")``,
+built as ``Executor(ctx, device)`` once per worker); the torch backend's runs every op, and
+for a generate stage the plan gives an engine of its own it holds that generation backend's
+:class:`EngineCopy` (vLLM's ``EngineReplica``) among its replicas.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import attrs
 import numpy as np
@@ -104,6 +110,13 @@ def select_chunk(chunk: RolloutChunk, idx) -> RolloutChunk:
                         pick(chunk.versions), pick(chunk.masks), chunk.temperature)
 
 
+def chunk_bounds(n: int, chunks: int) -> list[tuple[int, int]]:
+    """Cumulative [lo, hi) counts of finished responses that close each chunk."""
+    chunks = max(1, min(chunks, n))
+    edges = [round(i * n / chunks) for i in range(chunks + 1)]
+    return [(edges[i], edges[i + 1]) for i in range(chunks)]
+
+
 def _one_temperature(parts: list[RolloutChunk]) -> float:
     """The temperature chunks joined into one were sampled at: one, or the join is wrong."""
     temperatures = {p.temperature for p in parts}
@@ -127,6 +140,7 @@ class Cohort:
     params: SamplingParams
 
 
+@runtime_checkable
 class GenerationEngine(Protocol):
     """What a generate op needs of an engine (torch + transformers, or vLLM)."""
 
@@ -140,6 +154,83 @@ class GenerationEngine(Protocol):
 
     def update_weights(self, named_tensors: Iterable[tuple[str, Any]], version: int) -> None:
         """Load new parameters in place (bucketed by the caller); serve ``version`` after."""
+        ...
+
+    def shutdown(self) -> None:
+        ...
+
+
+@runtime_checkable
+class EngineCopy(Protocol):
+    """A generation backend's engine serving a model's copy of its own (on devices no
+    trainer uses, or at a tensor-parallel degree of its own), as a device's executor holds
+    it among its replicas: each version reaches it from the trainer, and a checkpoint of it
+    holds its version and partial rollouts, not weights."""
+
+    version: int                        # the parameter version it serves
+
+    def ready(self) -> GenerationEngine:
+        """The engine, serving the version last received."""
+        ...
+
+    def receive(self, sync, version: int, host: int) -> dict:
+        """One weight update through ``sync`` (the runtime's ``WeightSync``) for the engine
+        on device ``host``; the bytes and buckets moved."""
+        ...
+
+    def begin_local(self) -> None:
+        """A send on this engine's device starts loading it in process."""
+        ...
+
+    def load_local(self, names: list[str], tensors: list) -> None:
+        ...
+
+    def commit_local(self, version: int) -> None:
+        ...
+
+    def loaded(self, version: int) -> dict:
+        """The receive of an update the send on its device loaded in process."""
+        ...
+
+    def checkpoint(self, path: str, meta: dict) -> None:
+        ...
+
+    def restore(self, path: str) -> int:
+        """Serve the version a checkpoint of it names; that version."""
+        ...
+
+    def shutdown(self) -> None:
+        ...
+
+
+@runtime_checkable
+class Executor(Protocol):
+    """A device's op runner: the replicas of the models on one device (by model, each with
+    its parameter ``version``), and what the runtime's worker asks of them. Built once per
+    worker as ``Executor(ctx, device)`` (``ctx``: the runtime's ``RunContext``)."""
+
+    replicas: dict[str, Any]
+
+    def run(self, call, inputs: dict[str, list]) -> tuple[dict, dict]:
+        """Run one op call (the runtime's ``OpCall``) on ``inputs`` (data name -> the values
+        of its producers' calls); its outputs by data name, and what it observed
+        (``version_read``, ``version_written``, ``stats``)."""
+        ...
+
+    def evaluate(self, model: str, step: int) -> dict:
+        """The eval block on this device's replica of ``model``."""
+        ...
+
+    def carries(self, model: str) -> bool:
+        """Whether the replica's engines keep partial rollouts a checkpoint must write."""
+        ...
+
+    def checkpoint(self, model: str, path: str, meta: dict) -> str:
+        """Write the replica of ``model`` into folder ``path``; the folder."""
+        ...
+
+    def restore(self, model: str, path: str) -> int:
+        """Load the replica of ``model`` a checkpoint wrote; its version."""
         ...
 
     def shutdown(self) -> None:

@@ -35,7 +35,7 @@ from collections.abc import Iterator
 import attrs
 import numpy as np
 
-from backends.api import CarriedResponse, CarriedState, Cohort, RolloutChunk
+from backends.api import CarriedResponse, CarriedState, Cohort, RolloutChunk, chunk_bounds
 
 
 @attrs.define(eq=False)
@@ -140,7 +140,6 @@ class Stream:
     that ended in earlier steps first, in the order they ended."""
 
     def __init__(self, own: list[Response], chunks: int, eos: int | None) -> None:
-        from backends.torch_backend.generation import chunk_bounds
         self.step = own[0].cohort if own else -1
         self.bounds = chunk_bounds(len(own), chunks)
         self.done = sorted((r for r in own if r.ended), key=lambda r: r.ended_at)

@@ -41,6 +41,7 @@ if __name__ == "__main__" and allocator() != "worker":
 import attrs  # noqa: E402
 
 from backends.torch_backend import measure  # noqa: E402
+from backends.torch_backend.measure_layouts import run_layouts  # noqa: E402
 from benchmarks.provenance import finish, header, profile_origin, provenance  # noqa: E402
 from rpeg.cost.calibrate import empirical, mape, with_dispatch  # noqa: E402
 from rpeg.cost.examples import ppo_pipeline  # noqa: E402
@@ -93,9 +94,9 @@ def measure_all(configs, repeats: int) -> list[dict]:
     measure.set_threads(1)
     task = [op for _, _, op in configs]
     with measure.TwoDevices(clean=True) as two:
-        peaks = two.run({"kind": "layouts", "ops": task, "peaks": True})
+        peaks = two.run({"ops": task, "peaks": True}, run_layouts)
     with measure.TwoDevices() as two:
-        times = two.run({"kind": "layouts", "ops": task, "repeats": repeats})
+        times = two.run({"ops": task, "repeats": repeats}, run_layouts)
     rows = []
     for i, (model, layout, _) in enumerate(configs):
         a, b = (r["ops"][i] for r in times)

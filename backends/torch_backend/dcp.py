@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from backends.torch_backend.sharding import MasterAdam
+from backends.torch_backend.optim import MasterAdam
 
 
 def flat_state(trained, create: bool = False) -> dict[str, torch.Tensor]:

@@ -27,8 +27,8 @@ BATCH = 32                      # responses decoded together
 
 
 def evaluate(ex, model: str, step: int) -> dict:
-    from backends.torch_backend.executor import row_prompt, sample_row
     from backends.torch_backend.rewards import Texts, score
+    from backends.torch_backend.rows import row_prompt, sample_row
     from rpeg.runtime.data import eval_rows
 
     start = time.time()
@@ -52,7 +52,7 @@ def evaluate(ex, model: str, step: int) -> dict:
     codec = ex._codec()
     prompts = [row_prompt(codec, r, w) for r in rows]
     params = SamplingParams(
-        max_new_tokens=e.max_len or int(gen.param("max_len", w.gen_len.max_len)),
+        max_new_tokens=e.max_len or ex.works[gen.name].sampling.max_len,
         temperature=e.temperature, top_p=1.0, eos_id=codec.eos_id,
         seed=(w.seed * 1_000_003 + step) * 64 + 63)
     engine = replica.engine

@@ -19,8 +19,8 @@ import attrs
 import numpy as np
 import torch
 
-from backends.api import Cohort, RolloutChunk, SamplingParams, concat_chunks
-from backends.torch_backend import sampling
+from backends.api import Cohort, EngineCopy, RolloutChunk, SamplingParams, concat_chunks
+from backends.torch_backend import checkpoints, sampling
 from backends.torch_backend.advantages import (
     Batch,
     at_policy_tokens,
@@ -28,15 +28,16 @@ from backends.torch_backend.advantages import (
     policy_only,
 )
 from backends.torch_backend.algorithms import implementation, implements
-from backends.torch_backend.generation import TorchEngine
+from backends.torch_backend.checkpoints import carried_states
 from backends.torch_backend.losses import LossSpec, adapt_kl
-from backends.torch_backend.modeling import build_model, load_checkpoint, save_checkpoint
 from backends.torch_backend.optim import set_lr
+from backends.torch_backend.replica import Replica
 from backends.torch_backend.rewards import Texts, score, scored
+from backends.torch_backend.rows import SAMPLE_CHARS, row_prompt, sample_row
 from backends.torch_backend.tokenizer import codec_for
-from backends.torch_backend.train import TokenHeads, TrainBatch, forward_arrays, train_step
+from backends.torch_backend.train import TrainBatch, forward_arrays, train_step
 from rpeg.errors import BackendError
-from rpeg.graph.work import batching
+from rpeg.graph.work import Batching, work_of
 from rpeg.runtime.data import workload_rows
 from rpeg.runtime.lowering.context import group_of
 from rpeg.runtime.lowering.instances import LOAD, RECV, SEND, OpCall, base_of, engine_key
@@ -44,86 +45,6 @@ from rpeg.spec.functions import function
 from rpeg.spec.model import Engine, Head, OpKind, Reward
 from rpeg.spec.registry import Category, Role, Type
 from rpeg.spec.stages import refill_scores, roles_of
-
-
-class Replica:
-    """One copy of a backbone on this device: built from the spec's seed or folder, laid out
-    as the plan says (trained: ``sharding.Trained``; read: whole or tensor-parallel), kept in
-    the parameter dtype (``sharding.param_dtype``)."""
-
-    def __init__(self, spec, pipeline, device: str, device_index: int) -> None:
-        from backends.torch_backend.sharding import Trained, TrainLayout, param_dtype
-        members = [pipeline.model(m) for m in base_of(spec.model).members]
-        dims = members[0].dims
-        weights = next((m.weights for m in members if m.weights), None)
-        self.dtype = param_dtype(members[0].dtype, device)
-        self.device, self.device_index = device, device_index
-        # built on its device, in float32 for a trained replica (its masters, or FSDP2's
-        # float32 shards, come from these) and in its parameter dtype for a reader
-        self.model = build_model(dims, spec.heads, seed=pipeline.workload.seed,
-                                 weights=weights, device=device,
-                                 dtype=torch.float32 if spec.trainable else self.dtype)
-        self.lora = next((m.lora for m in members if m.lora is not None), None)
-        if self.lora is not None and len(getattr(spec, "tp", ())) > 1:
-            raise BackendError(f"model '{members[0].name}' trains LoRA adapters, which this "
-                               "backend runs at tp = 1 only", members[0].span,
-                               hint="pin the actor's stages to tp = 1 (place ... { tp = 1 })")
-        if self.lora is not None and spec.trainable and spec.zero.shards_grads:
-            raise BackendError(f"model '{members[0].name}' trains LoRA adapters, which this "
-                               f"backend trains whole (zero 0), not under FSDP2 (zero "
-                               f"{spec.zero})", members[0].span,
-                               hint="plan it with rpeg compile's default limits")
-        if self.lora is not None:               # adapters train, the backbone is frozen
-            from backends.torch_backend.lora import apply_lora
-            apply_lora(self.model, self.lora, seed=pipeline.workload.seed)
-        self.model = self.model.to(device)
-        self.tp = tuple(getattr(spec, "tp", ()))
-        self.version = 0
-        self.heads = TokenHeads(self.model)
-        self.trained = None
-        self.optimizer_spec = None
-        self.grad_clip = 1.0
-        self.kl_coef: dict[str, float] = {}        # adaptive KL coefficients, by train stage
-        if spec.trainable:
-            layout = TrainLayout(tuple(spec.world), self.tp, spec.zero, spec.recompute,
-                                 spec.offload)
-            self.optimizer_spec = next(m.optimizer for m in members if m.optimizer is not None)
-            self.trained = Trained.build(self.model, self.heads, members, layout, device=device,
-                                         dtype=self.dtype, master=self.optimizer_spec.master,
-                                         device_index=device_index)
-            self.grad_clip = self.optimizer_spec.grad_clip
-        else:
-            if len(self.tp) > 1:
-                from backends.torch_backend.distributed import shard_tp
-                shard_tp(self.model, self.tp, device)
-            self.model.to(self.dtype)
-            self.model.requires_grad_(False)
-        # ZeRO-3 keeps only a shard between ops: readers here read a whole copy instead
-        readable = self.trained is None or not self.trained.layout.zero.shards_params
-        self.engine = TorchEngine(self.model, device=device) \
-            if "lm" in spec.heads and readable else None
-
-    @property
-    def optimizer(self):
-        return self.trained.optimizer if self.trained is not None else None
-
-    @property
-    def train_heads(self):
-        return self.trained.heads if self.trained is not None else self.heads
-
-    @property
-    def sharded(self) -> bool:
-        return len(self.tp) > 1
-
-    @property
-    def fsdp(self) -> bool:
-        return self.trained is not None and self.trained.layout.fsdp
-
-    def weights(self):
-        """(name, tensor) of every parameter as this device holds it, without touching how
-        it is laid out (an engine on this device reads them)."""
-        from backends.torch_backend.weights import named_weights
-        return named_weights(self.model)
 
 
 class Executor:
@@ -135,6 +56,9 @@ class Executor:
         if self.device.startswith("cuda"):          # before any tensor or engine is made
             torch.cuda.set_device(self.device)
         self.rows = workload_rows(ctx.pipeline)
+        # each stage's settings (how it samples, its loss, its weight, its batching), as the
+        # graph reads them: an engine copy built below starts with its stage's batching
+        self.works = {s.name: work_of(ctx.pipeline, s.name) for s in ctx.pipeline.stages}
         if ctx.groups and torch.distributed.is_initialized():   # none in one process
             from backends.torch_backend.distributed import make_groups
             make_groups(ctx.groups)
@@ -178,7 +102,12 @@ class Executor:
         return engine_sleeps(block, trained, devices_are_host=not self.ctx.use_cuda)
 
     def _concurrency(self, stage) -> tuple[int, float, bool]:
-        return _concurrency(self.ctx, stage)
+        """(max_num_seqs, kv_fraction, cuda_graph) of a generate stage, as the cost model
+        priced them (the plan's placement, else the stage's own batching)."""
+        from rpeg.cost.generation import batching_of
+        work = self.works[stage.name]
+        return batching_of(Batching(work.max_num_seqs, work.kv_fraction),
+                           self.ctx.plan.placement(stage.name))
 
     # --- one op ------------------------------------------------------------------------
     def run(self, call: OpCall, inputs: dict[str, list]) -> tuple[dict, dict]:
@@ -254,16 +183,16 @@ class Executor:
         if call.chunk < shard:
             w = self.ctx.pipeline.workload
             n = w.prompts * w.samples
-            rounds = int(stage.arg("refill_rounds"))
+            work = self.works[stage.name]
+            rounds, how = work.refill_rounds, work.sampling
             mine = sampling.whole_groups(call.chunk % shard, shard, w) if rounds else \
                 np.arange(call.chunk % shard, n, shard)
             codec = self._codec()
             params = SamplingParams(
-                max_new_tokens=int(stage.arg("max_len") or w.gen_len.max_len),
-                temperature=float(stage.arg("temperature")),
-                top_p=float(stage.arg("top_p")), eos_id=codec.eos_id,
+                max_new_tokens=how.max_len, temperature=how.temperature, top_p=how.top_p,
+                eos_id=codec.eos_id,
                 seed=(w.seed * 1_000_003 + call.step) * 64 + call.chunk % shard,
-                min_new_tokens=int(stage.arg("min_len") or 0),
+                min_new_tokens=how.min_len,
                 max_num_seqs=self._concurrency(stage)[0])
             engine = self._engine(stage, replica)
             pieces = max(call.chunks // shard, 1)
@@ -290,7 +219,8 @@ class Executor:
         stream, mine, tools = self.streams[key]
         # the policy the responses were sampled from travels with them: every logprob of
         # them computed later (old policy, reference, trainer) is at this temperature
-        chunk = attrs.evolve(next(stream), temperature=logprob_temperature(stage))
+        chunk = attrs.evolve(next(stream),
+                             temperature=self.works[stage.name].sampling.logprob_temperature)
         if tools is not None:                # what the conversations did for this chunk
             stats = {**stats, **tools.stats()}
         if mine is not None:
@@ -316,8 +246,7 @@ class Executor:
         """A multi-turn generate stage's conversations (``backends.turns``): the worker's
         sandbox (started once, with every tool of the pipeline), the stage's caps, the
         dataset row of each of this device's prompts. None for single responses."""
-        from rpeg.spec.tools import conversation
-        conv = conversation(stage, params.max_new_tokens)
+        conv = self.works[stage.name].conversation
         if conv is None:
             return None
         if not getattr(engine, "converses", False):
@@ -360,8 +289,8 @@ class Executor:
 
         def combined(chunk):
             texts = self._texts(call.step, chunk, int(params.max_new_tokens))
-            return sum(float(s.arg("weight")) * score(self.ctx.pipeline.reward(s.target), texts)
-                       for s in readers)
+            return sum(self.works[s.name].weight * score(self.ctx.pipeline.reward(s.target),
+                                                         texts) for s in readers)
         return sampling.refill(mine, generate, combined, w.samples, n, rounds)
 
     def _prompts(self, step: int, mine: np.ndarray, codec) -> list[np.ndarray]:
@@ -421,7 +350,8 @@ class Executor:
             return {}
         from backends.turns import turns_of
         src = self.ctx.pipeline.producer(responses)
-        observer = "environment" if src is not None and src.param("environment") else "tool"
+        conv = self.works[src.name].conversation if src is not None else None
+        observer = "environment" if conv is not None and conv.environment else "tool"
         versions = chunk.versions[n] if chunk.versions is not None else \
             np.full(len(chunk.response_ids[n]), chunk.version)
         return {"turns": turns_of(chunk.response_ids[n], chunk.masks[n], versions,
@@ -431,13 +361,11 @@ class Executor:
         """The generation budget (max_len) of the stage that made ``responses``: of a
         conversation, its turns' (max_turns x max_len policy tokens)."""
         src = self.ctx.pipeline.producer(responses)
-        top = src.arg("max_len") if src is not None and src.kind is OpKind.GENERATE else None
-        top = int(top or self.ctx.pipeline.workload.gen_len.max_len)
-        if src is not None and src.kind is OpKind.GENERATE:
-            from rpeg.spec.tools import conversation
-            conv = conversation(src, top)
-            top *= conv.max_turns if conv is not None else 1
-        return top
+        if src is None or src.kind is not OpKind.GENERATE:
+            return int(self.ctx.pipeline.workload.gen_len.max_len)
+        work = self.works[src.name]
+        turns = work.conversation.max_turns if work.conversation is not None else 1
+        return work.sampling.max_len * turns
 
     def _estimator_batch(self, stage, inputs) -> tuple[Batch, dict]:
         """An estimator's inputs by role: the scores of its score stages added up with their
@@ -487,8 +415,7 @@ class Executor:
         return None
 
     def _weight(self, scores: str) -> float:
-        src = self.ctx.pipeline.producer(scores)
-        return float(src.arg("weight")) if function(src.function).has("weight") else 1.0
+        return self.works[self.ctx.pipeline.producer(scores).name].weight
 
     def _compute(self, call, inputs):
         stage = self._stage(call)
@@ -538,8 +465,8 @@ class Executor:
         replica.trained.before_step()
         stats = train_step(
             replica.train_heads, replica.optimizer, batch, losses, version=replica.version,
-            minibatches=max(int(s.arg("minibatches")) for s in stages),
-            epochs=max(int(s.arg("epochs")) for s in stages), grad_clip=replica.grad_clip,
+            minibatches=max(self.works[s.name].minibatches for s in stages),
+            epochs=max(self.works[s.name].epochs for s in stages), grad_clip=replica.grad_clip,
             microbatches=max(p.microbatches for p in places),
             normalize=any(loss.whiten for loss in losses),
             seed=self.ctx.pipeline.workload.seed * 7919 + call.step, device=self.device,
@@ -573,7 +500,8 @@ class Executor:
         return {}
 
     def _loss(self, stage, replica, shared: bool, old_values: bool) -> LossSpec:
-        loss = LossSpec.from_call(stage.param("loss"), shared=shared, old_values=old_values)
+        loss = LossSpec.from_call(self.works[stage.name].loss, shared=shared,
+                                  old_values=old_values)
         if loss.kl_target is not None:           # adaptive: the coefficient this step
             loss = attrs.evolve(loss, kl=replica.kl_coef.get(stage.name, loss.kl))
         return loss
@@ -604,134 +532,27 @@ class Executor:
 
     def carries(self, model: str) -> bool:
         """Whether the replica's engines keep partial rollouts a checkpoint must write."""
-        return bool(_carried_states(self.replicas[model]))
+        return bool(carried_states(self.replicas[model]))
 
     def checkpoint(self, model: str, path: str, meta: dict) -> str:
-        replica = self.replicas[model]
-        if getattr(replica, "engine_copy", False):  # a vLLM engine's copy: version, no weights
-            replica.checkpoint(path, meta)
-            _save_carried(replica, path)
-            return path
-        if replica.trained is not None and replica.lora is None:
-            return self._checkpoint_sharded(model, replica, path, meta)
-        with _state_on_device(replica):
-            if replica.trained is not None and (replica.fsdp or _masters(replica)
-                                                or replica.trained.offload is not None
-                                                or replica.lora is not None):
-                from backends.torch_backend.state import gathered
-                whole = gathered(replica.trained)      # every rank of a sharded model at once
-                if replica.lora is not None:    # the adapters alone: the backbone is rebuilt
-                    from backends.torch_backend.lora import adapter_names
-                    keep = set(adapter_names(replica.model))
-                    whole = {k: v for k, v in whole.items() if k.split("::")[0] in keep}
-            elif replica.lora is not None:      # a copy that reads the adapters
-                from backends.torch_backend.lora import adapter_state
-                whole = adapter_state(replica.model, replica.optimizer)
-            else:
-                whole = self._gather_whole(model, replica) if replica.sharded else None
-            save_checkpoint(replica.model, path, {**meta, "model": model,
-                                                  "version": replica.version,
-                                                  "kl_coef": dict(replica.kl_coef)},
-                            replica.optimizer, whole=whole)
-        _save_carried(replica, path)
-        return path
-
-    def _checkpoint_sharded(self, model: str, replica, path: str, meta: dict) -> str:
-        """A trained replica through torch.distributed.checkpoint: every rank of its world at
-        once writes its own shard, once, into one folder beside the replicas' (``MODEL.dcp``);
-        the replica's folder holds its meta.json naming it (``backends.torch_backend.dcp``)."""
-        import json
-        from pathlib import Path
-
-        from backends.torch_backend.dcp import SHARDED, save_sharded
-        folder = Path(path)
-        shards = folder.parent / f"{model}.dcp"
-        save_sharded(replica.trained, replica.trained.layout.world, shards)
-        folder.mkdir(parents=True, exist_ok=True)
-        (folder / "meta.json").write_text(json.dumps(
-            {**meta, "model": model, "version": replica.version,
-             "kl_coef": dict(replica.kl_coef), SHARDED: shards.name,
-             "world": list(replica.trained.layout.world)}, indent=2, sort_keys=True))
-        _save_carried(replica, path)
-        return path
-
-    def _gather_whole(self, model: str, replica) -> dict:
-        """Whole weights and moments of a tensor-parallel replica, from every rank's pieces.
-
-        The other ranks' pieces are read on their workers through Dask (no collective), so
-        this works whether one rank checkpoints or all of them do at once.
-        """
-        from backends.torch_backend.distributed import join_pieces, pieces
-        try:
-            from distributed import get_client, get_worker
-            get_worker()
-        except (ImportError, ValueError):
-            get_client = None
-        if get_client is None:                  # not in a Dask worker: the ranks gather together
-            from backends.torch_backend.distributed import full_state
-            return {**full_state(replica.model), **_moments_whole(replica)}
-        got = get_client().run(tp_pieces, model, replica.tp)
-        by_device = {d: p for per in got.values() if per for d, p in per.items()}
-        by_device[self.device_index] = _numpy_pieces(pieces(replica.model, replica.optimizer))
-        missing = [d for d in replica.tp if d not in by_device]
-        if missing:
-            raise BackendError(f"checkpoint of '{model}' must read every tensor-parallel rank, "
-                               f"and devices {missing} did not answer")
-        return join_pieces([_torch_pieces(by_device[d]) for d in replica.tp])
+        """Write the replica of ``model`` (``backends.torch_backend.checkpoints``)."""
+        return checkpoints.checkpoint(self, model, path, meta)
 
     def restore(self, model: str, path: str) -> int:
         """Load a replica written by :meth:`checkpoint` (weights, optimizer state, version)."""
-        replica = self.replicas[model]
-        if getattr(replica, "engine_copy", False):
-            version = replica.restore(path)
-            _restore_carried(replica, path)
-            return version
-        from backends.torch_backend.dcp import sharded_of
-        shards = sharded_of(path)
-        if shards is not None:                    # written sharded: read on this layout
-            meta = self._restore_sharded(replica, path, shards)
-        else:
-            with _state_on_device(replica):
-                if replica.trained is not None:
-                    replica.trained.unsettle()
-                meta = load_checkpoint(replica.model, path, replica.optimizer)
-                if replica.trained is not None:
-                    replica.trained.settle()       # ZeRO-2: whole again (every rank at once)
-        replica.version = int(meta["version"])
-        replica.kl_coef = {str(k): float(v) for k, v in meta.get("kl_coef", {}).items()}
-        if replica.engine is not None:
-            replica.engine.version = replica.version
-        _restore_carried(replica, path)
-        return replica.version
-
-    def _restore_sharded(self, replica, path: str, shards) -> dict:
-        """A replica from a sharded checkpoint, whatever layout wrote it: a trained one loads
-        its own pieces of every tensor (every rank of its world at once: DCP reshards, so a
-        checkpoint of dp 2 resumes at dp 1), a copy that reads the model its whole weights."""
-        import json
-        from pathlib import Path
-
-        from backends.torch_backend.dcp import load_sharded, weights_of
-        from backends.torch_backend.distributed import load_full
-        if replica.trained is not None:
-            load_sharded(replica.trained, replica.trained.layout.world, shards)
-        else:
-            with torch.no_grad():
-                load_full(replica.model, ((k, v.to(replica.dtype))
-                                          for k, v in weights_of(Path(path)).items()))
-        return json.loads((Path(path) / "meta.json").read_text())
+        return checkpoints.restore(self, model, path)
 
     def _engine(self, stage, replica):
         """The replica's torch engine, or its vLLM engine (synced to it) when the plan chose vLLM.
 
         The plan's placement decides (``engine = auto`` may have become vLLM there).
         """
-        if getattr(replica, "engine_copy", False):   # a vLLM engine's own copy
+        if isinstance(replica, EngineCopy):   # a vLLM engine's own copy
             return replica.ready()
         if self.ctx.plan.placement(stage.name).engine is Engine.VLLM:
             from backends.vllm_backend.colocated import colocated_engine, colocated_options
             from backends.vllm_backend.engine import with_concurrency
-            seqs, frac, graph = _concurrency(self.ctx, stage)
+            seqs, frac, graph = self._concurrency(stage)
             model = self.ctx.pipeline.model(stage.target)
             options = colocated_options(model.dtype, self._gpus((self.device_index,)),
                                         self._sleeps((self.device_index,)))
@@ -746,7 +567,7 @@ class Executor:
             self.sandbox.close()
             self.sandbox = None
         for r in self.replicas.values():
-            if getattr(r, "engine_copy", False):
+            if isinstance(r, EngineCopy):
                 r.shutdown()
                 continue
             if getattr(r, "vllm_engine", None) is not None:
@@ -798,130 +619,12 @@ def _mean_over_ranks(replica, value: float) -> float:
     return float(t.item()) / len(peers)
 
 
-def _concurrency(ctx, stage) -> tuple[int, float, bool]:
-    """(max_num_seqs, kv_fraction, cuda_graph) of a generate stage, as the cost model
-    priced them (the plan's placement, else the stage's parameters)."""
-    from rpeg.cost.generation import batching_of
-    return batching_of(batching(stage), ctx.plan.placement(stage.name))
-
-
-CARRIED = "carried"           # a replica checkpoint's partial rollouts: carried.json + .safetensors
-
-
-def _carried_states(replica) -> tuple:
-    """The partial rollouts the replica's engines keep (their buffers' states)."""
-    return tuple(s for e in (replica.engine, getattr(replica, "vllm_engine", None))
-                 if e is not None and hasattr(e, "carried_state") for s in e.carried_state())
-
-
-def _save_carried(replica, path: str) -> None:
-    """Write the partial rollouts the replica's engines keep, so a resumed run continues
-    the same responses (nothing is written when they keep none)."""
-    states = _carried_states(replica)
-    if states:
-        from pathlib import Path
-
-        from rpeg.runtime.rundir.checkpoints import save_tree
-        save_tree(Path(path), CARRIED, {"buffers": states})
-
-
-def _restore_carried(replica, path: str) -> None:
-    """The partial rollouts a checkpoint holds, into the replica's engines (none: they start
-    afresh). A vLLM engine not started yet gets them when it starts."""
-    from pathlib import Path
-    states: tuple = ()
-    if (Path(path) / f"{CARRIED}.json").exists():
-        from rpeg.runtime.rundir.checkpoints import load_tree
-        states = tuple(load_tree(Path(path), CARRIED)["buffers"])
-    if replica.engine is not None:
-        replica.engine.restore_carried(states)
-    vllm = getattr(replica, "vllm_engine", None)
-    if vllm is not None:
-        vllm.restore_carried(states)
-    else:
-        replica.carried_restore = states
-
-
-def tp_pieces(model: str, group: tuple[int, ...]) -> dict | None:
-    """On a worker: its pieces of ``model`` when it holds a rank of the tp ``group``."""
-    from backends.torch_backend.distributed import pieces
-    from rpeg.runtime.dask import worker as W
-    ex = W._STATE.get("executor")
-    replica = ex.replicas.get(model) if ex is not None else None
-    if replica is None or replica.tp != tuple(group):
-        return None
-    return {ex.device_index: _numpy_pieces(pieces(replica.model, replica.optimizer))}
-
-
-def _numpy_pieces(p: dict) -> dict:
-    return {k: (t.numpy(), d) for k, (t, d) in p.items()}
-
-
-def _torch_pieces(p: dict) -> dict:
-    return {k: (torch.as_tensor(t), d) for k, (t, d) in p.items()}
-
-
-def _moments_whole(replica) -> dict:
-    out = {}
-    if replica.optimizer is None:
-        return out
-    for name, p in replica.model.named_parameters():
-        for key, val in replica.optimizer.state.get(p, {}).items():
-            if torch.is_tensor(val) and val.dim() > 0:
-                out[f"{name}::{key}"] = (val.full_tensor() if hasattr(val, "full_tensor")
-                                         else val).detach().cpu()
-    return out
-
-
 def _device_name(ctx, device: int) -> str:
     """This worker's device: its own GPU (``ctx.gpus``, ``rpeg.runtime.dask.devices``), or
     the CPU."""
     if ctx.use_cuda:
         return f"cuda:{ctx.gpus[device].index}"
     return "cpu"
-
-
-def row_prompt(codec, row: dict, workload) -> np.ndarray:
-    """A dataset row's prompt as token ids, as the workload says (template, prompt_len,
-    truncation); a row that breaks the contract stops the run naming its file and row, at
-    the workload key it breaks, before anything is generated from it."""
-    from backends.torch_backend.tokenizer import PromptTooLong
-    from rpeg.errors import RuntimeFailure
-    from rpeg.runtime.data import ROW
-    where = "{}:{}".format(*row[ROW]) if ROW in row else "a dataset row"
-    try:
-        ids = codec.prompt(row["prompt"], workload.prompt_len, workload.template,
-                           workload.truncation)
-    except PromptTooLong as e:
-        raise RuntimeFailure(f"{where}: the prompt is {e.tokens} tokens, and prompt_len is "
-                             f"{e.max_len} (truncation = error)",
-                             workload.span_of("prompt_len"),
-                             hint="raise prompt_len, or set truncation = left (keep the end) "
-                                  "or right (keep the start) in the workload") from None
-    except BackendError as e:
-        raise RuntimeFailure(f"{where}: {e.message}", workload.span_of("template"),
-                             hint=e.hint) from None
-    return np.asarray(ids, np.int64)
-
-
-SAMPLE_CHARS = 4000             # a kept sample's prompt and response, each at most this long
-
-
-def sample_row(index: int, row: dict, response: str, reward: float) -> dict:
-    prompt = row["prompt"]
-    prompt = prompt if isinstance(prompt, str) else prompt[-1]["content"]
-    out = {"index": index, "prompt": prompt[-SAMPLE_CHARS:], "response": response[:SAMPLE_CHARS],
-           "reward": reward}
-    if "answer" in row:
-        out["answer"] = str(row["answer"])[:SAMPLE_CHARS]
-    return out
-
-
-def logprob_temperature(stage) -> float:
-    """The temperature a generate stage's logprobs are at: its sampling temperature; a
-    greedy stage's (temperature 0) are the model's own, at 1."""
-    t = float(stage.arg("temperature"))
-    return t if t > 0 else 1.0
 
 
 def _rollout(parts) -> RolloutChunk:
@@ -947,19 +650,6 @@ def _concat(parts):
     if isinstance(parts[0], np.ndarray):
         return np.concatenate(parts)
     return tuple(x for p in parts for x in p)
-
-
-def _state_on_device(replica):
-    """Offloaded optimizer state brought back for a checkpoint, and sent out again after."""
-    import contextlib
-    if replica.trained is None:
-        return contextlib.nullcontext()
-    return replica.trained.state_on_device()
-
-
-def _masters(replica) -> bool:
-    from backends.torch_backend.sharding import MasterAdam
-    return isinstance(replica.optimizer, MasterAdam)
 
 
 def _transfer_dtype(ex, call):

@@ -107,7 +107,10 @@ def export_run(run_dir: str | Path, out: str | Path, *, step: int | None = None,
         else:
             if spec.lora is not None:
                 from backends.torch_backend.lora import merged_state
-                state = merged_state(state, spec, seed=pipeline.workload.seed)
+                from backends.torch_backend.modeling import build_model
+                base = build_model(spec.dims, ("lm",), seed=pipeline.workload.seed,
+                                   weights=spec.weights)
+                state = merged_state(state, spec, base.state_dict())
                 kind = "merged"
             _save_weights(state, spec, tmp, dtype)
             (tmp / "config.json").write_text(json.dumps(_config(spec), indent=2,

@@ -43,7 +43,7 @@ import numpy as np
 import torch
 
 from backends import carry, turns
-from backends.api import CarriedState, Cohort, RolloutChunk, SamplingParams
+from backends.api import CarriedState, Cohort, RolloutChunk, SamplingParams, chunk_bounds
 from backends.torch_backend.modeling import PolicyModel, build_model  # noqa: F401  (doctest)
 from backends.torch_backend.tokenizer import EOS_ID, PAD_ID
 
@@ -350,13 +350,6 @@ def _tp_agreement(model):
         dist.broadcast(tok, src=src, group=group)
         return tok
     return agree
-
-
-def chunk_bounds(n: int, chunks: int) -> list[tuple[int, int]]:
-    """Cumulative [lo, hi) counts of finished responses that close each chunk."""
-    chunks = max(1, min(chunks, n))
-    edges = [round(i * n / chunks) for i in range(chunks + 1)]
-    return [(edges[i], edges[i + 1]) for i in range(chunks)]
 
 
 def _autocast(device: str):

@@ -95,13 +95,10 @@ def save_adapter(state: dict, spec, folder: Path, dtype) -> None:
     (folder / "adapter_config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
 
 
-def merged_state(state: dict, spec, seed: int = 0) -> dict[str, torch.Tensor]:
-    """The base model's weights (from its folder, or its preset and seed) with each adapter
-    folded in: ``W + alpha / r * B @ A``, under the policy model's own names."""
-    from backends.torch_backend.modeling import build_model
-
-    base = build_model(spec.dims, ("lm",), seed=seed, weights=spec.weights)
-    out = {k: v.detach().to(torch.float32).clone() for k, v in base.state_dict().items()}
+def merged_state(state: dict, spec, base: dict) -> dict[str, torch.Tensor]:
+    """The base model's weights ``base`` (from its folder, or its preset and seed) with each
+    adapter folded in: ``W + alpha / r * B @ A``, under the policy model's own names."""
+    out = {k: v.detach().to(torch.float32).clone() for k, v in base.items()}
     scale = spec.lora.scale
     for name, a in state.items():
         m = _ADAPTER.search(name)

@@ -484,13 +484,16 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _on_rank(rank: int, world: int, port: int, task: dict) -> dict:
-    """Runs inside a worker: join the gloo group, run ``task``, leave."""
+def _on_rank(rank: int, world: int, port: int, task: dict, work=None) -> dict:
+    """Runs inside a worker: join the gloo group, run ``task`` (by ``work(rank, world,
+    task)`` when given, e.g. ``measure_layouts.run_layouts``), leave."""
     import torch.distributed as dist
     set_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=world)
     try:
+        if work is not None:
+            return work(rank, world, task)
         if task["kind"] == "allreduce":
             for _ in range(3):
                 dist.all_reduce(torch.ones(1024))
@@ -503,9 +506,6 @@ def _on_rank(rank: int, world: int, port: int, task: dict) -> dict:
             return {"allreduce": out}
         if task["kind"] == "concurrency":
             return _concurrency(rank, task)
-        if task["kind"] == "layouts":             # training layouts (measure_layouts.py)
-            from backends.torch_backend.measure_layouts import run_layouts
-            return run_layouts(rank, world, task)
         return _dp_train(rank, world, task)
     finally:
         dist.destroy_process_group()
@@ -593,9 +593,11 @@ class TwoDevices:
         self.client.close()
         self.cluster.close()
 
-    def run(self, task: dict) -> list[dict]:
+    def run(self, task: dict, work=None) -> list[dict]:
+        """Each rank's result of ``task`` (``work(rank, world, task)`` runs it, when given)."""
         port = _free_port()
-        futures = [self.client.submit(_on_rank, r, 2, port, task, workers=[w], pure=False)
+        futures = [self.client.submit(_on_rank, r, 2, port, task, work, workers=[w],
+                                      pure=False)
                    for r, w in enumerate(self.workers)]
         return self.client.gather(futures)
 

@@ -3,7 +3,7 @@
     >>> op = dict(dims=attrs.asdict(PRESETS["small"]), batch=16, prompt_len=32,
     ...           lengths=[8, 40, 64] * 5 + [20], zero=3, recompute=True, offload=False,
     ...           packed=True, microbatches=2)                     # doctest: +SKIP
-    >>> TwoDevices(clean=True).run({"kind": "layouts", "ops": [op], "peaks": True})  # doctest: +SKIP
+    >>> TwoDevices(clean=True).run({"ops": [op], "peaks": True}, run_layouts)  # doctest: +SKIP
 
 Each op is the runtime's own train path: ``build_model``, ``sharding.Trained.build`` with
 the layout (DDP, FSDP2 ZeRO-2 / ZeRO-3, recomputation, offload), then per call

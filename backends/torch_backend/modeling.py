@@ -540,7 +540,7 @@ def _load_optimizer(model, optimizer, tensors, scalars, weights=None) -> None:
     """Adam moments (and steps) into ``optimizer``; an optimizer that keeps float32 master
     weights (``sharding.MasterAdam``) takes them from the checkpoint's float32 weights."""
     from backends.torch_backend.distributed import as_local
-    from backends.torch_backend.sharding import MasterAdam
+    from backends.torch_backend.optim import MasterAdam
 
     masters = isinstance(optimizer, MasterAdam)
     for name, p in model.named_parameters():

@@ -1,4 +1,5 @@
-"""Optimizers from the spec (adam, adamw) and their learning-rate schedule.
+"""Optimizers from the spec (adam, adamw), over float32 masters of 16-bit parameters
+(:class:`MasterAdam`), and their learning-rate schedule.
 
     >>> from rpeg.spec.model import Optimizer
     >>> o = Optimizer("adamw", lr=1e-3, schedule="cosine", warmup=2, min_lr=1e-4)
@@ -65,10 +66,48 @@ def _groups(model, members):
 def _adam(cls, model, members, master: bool) -> torch.optim.Optimizer:
     first = members[0].optimizer
     kwargs = dict(betas=tuple(first.betas), eps=first.eps, weight_decay=first.weight_decay)
-    if master:                        # float32 copies of 16-bit parameters (sharding.MasterAdam)
-        from backends.torch_backend.sharding import MasterAdam
+    if master:                        # float32 copies of 16-bit parameters
         return MasterAdam(_groups(model, members), cls, **kwargs)
     return cls(_groups(model, members), **kwargs)
+
+
+class MasterAdam(torch.optim.Optimizer):
+    """Adam(W) that updates float32 copies of 16-bit parameters and writes them back.
+
+    The copies live in this optimizer's state (``master``), beside the two moments: the
+    12 bytes per parameter the cost model prices as optimizer state."""
+
+    def __init__(self, groups, cls, **kwargs) -> None:
+        self.inner_cls = cls
+        masters = [{**g, "params": [p.detach().clone().float() for p in g["params"]]}
+                   for g in groups]
+        self.inner = cls(masters, **kwargs)
+        super().__init__(groups, dict(kwargs, lr=groups[0]["lr"]))
+        for g, m in zip(self.param_groups, self.inner.param_groups, strict=True):
+            for p, q in zip(g["params"], m["params"], strict=True):
+                self.state[p]["master"] = q
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        for g, m in zip(self.param_groups, self.inner.param_groups, strict=True):
+            m["lr"] = g["lr"]                     # a schedule sets the outer groups' rate
+            for p, q in zip(g["params"], m["params"], strict=True):
+                q.grad = None if p.grad is None else p.grad.float()
+        self.inner.step()
+        for g, m in zip(self.param_groups, self.inner.param_groups, strict=True):
+            for p, q in zip(g["params"], m["params"], strict=True):
+                if q.grad is not None:
+                    p.copy_(q)
+                    q.grad = None
+
+    def state_tensors(self) -> list[torch.Tensor]:
+        return [t for st in self.inner.state.values() for t in st.values()
+                if torch.is_tensor(t) and t.dim() > 0] + \
+            [q for m in self.inner.param_groups for q in m["params"]]
+
+    def moments(self, p) -> dict[str, torch.Tensor]:
+        """The inner optimizer's state of parameter ``p`` (exp_avg, exp_avg_sq, step)."""
+        return self.inner.state.get(self.state[p]["master"], {})
 
 
 @implements("adam")

@@ -45,6 +45,7 @@ import attrs
 import torch
 from torch import nn
 
+from backends.torch_backend.optim import MasterAdam, build_optimizer
 from rpeg.errors import BackendError
 from rpeg.spec.model import Zero
 
@@ -286,47 +287,7 @@ def mesh_groups(layout: TrainLayout) -> list[tuple[int, ...]]:
 def make_optimizer(model, members, master: bool):
     """The members' optimizer (``optim.build_optimizer``: its kind, rates and schedule), over
     float32 masters with ``master``."""
-    from backends.torch_backend.optim import build_optimizer
     return build_optimizer(model, members, master=master)[0]
-
-
-class MasterAdam(torch.optim.Optimizer):
-    """Adam(W) that updates float32 copies of 16-bit parameters and writes them back.
-
-    The copies live in this optimizer's state (``master``), beside the two moments: the
-    12 bytes per parameter the cost model prices as optimizer state."""
-
-    def __init__(self, groups, cls, **kwargs) -> None:
-        self.inner_cls = cls
-        masters = [{**g, "params": [p.detach().clone().float() for p in g["params"]]}
-                   for g in groups]
-        self.inner = cls(masters, **kwargs)
-        super().__init__(groups, dict(kwargs, lr=groups[0]["lr"]))
-        for g, m in zip(self.param_groups, self.inner.param_groups, strict=True):
-            for p, q in zip(g["params"], m["params"], strict=True):
-                self.state[p]["master"] = q
-
-    @torch.no_grad()
-    def step(self, closure=None):
-        for g, m in zip(self.param_groups, self.inner.param_groups, strict=True):
-            m["lr"] = g["lr"]                     # a schedule sets the outer groups' rate
-            for p, q in zip(g["params"], m["params"], strict=True):
-                q.grad = None if p.grad is None else p.grad.float()
-        self.inner.step()
-        for g, m in zip(self.param_groups, self.inner.param_groups, strict=True):
-            for p, q in zip(g["params"], m["params"], strict=True):
-                if q.grad is not None:
-                    p.copy_(q)
-                    q.grad = None
-
-    def state_tensors(self) -> list[torch.Tensor]:
-        return [t for st in self.inner.state.values() for t in st.values()
-                if torch.is_tensor(t) and t.dim() > 0] + \
-            [q for m in self.inner.param_groups for q in m["params"]]
-
-    def moments(self, p) -> dict[str, torch.Tensor]:
-        """The inner optimizer's state of parameter ``p`` (exp_avg, exp_avg_sq, step)."""
-        return self.inner.state.get(self.state[p]["master"], {})
 
 
 def optimizer_state(optimizer, p) -> dict:
@@ -394,6 +355,6 @@ class HostOffload:
         self.out = False
 
 
-__all__ = ["DTYPES", "HostOffload", "LEVELS", "MasterAdam", "TrainLayout", "Trained",
+__all__ = ["DTYPES", "HostOffload", "LEVELS", "TrainLayout", "Trained",
            "fsdp_meshes", "fsdp_modules", "make_optimizer", "mesh_groups",
            "optimizer_state", "param_dtype", "state_tensors"]

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import torch
 
-from backends.torch_backend.sharding import MasterAdam, optimizer_state
+from backends.torch_backend.optim import MasterAdam
+from backends.torch_backend.sharding import optimizer_state
 from backends.torch_backend.weights import whole
 
 

@@ -40,9 +40,8 @@ from rpeg.errors import BackendError
 
 
 class EngineReplica:
-    """The runtime's replica for an engine copy: its engine, version and pending receive."""
-
-    engine_copy = True        # what the executor asks (it keeps torch replicas beside these)
+    """The runtime's replica for an engine copy: its engine, version and pending receive
+    (``backends.api.EngineCopy``: the executor keeps torch replicas beside these)."""
 
     def __init__(self, key: str, engine: VllmEngine, workdir: Path | None) -> None:
         # Use EngineReplica.start.

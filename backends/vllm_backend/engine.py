@@ -48,8 +48,7 @@ import attrs
 import numpy as np
 
 from backends import carry, turns
-from backends.api import CarriedState, Cohort, RolloutChunk, SamplingParams
-from backends.torch_backend.generation import chunk_bounds
+from backends.api import CarriedState, Cohort, RolloutChunk, SamplingParams, chunk_bounds
 from backends.vllm_backend import require
 from backends.vllm_backend.capabilities import CAPABILITIES
 from backends.vllm_backend.weights import DEFAULT_BUCKET_BYTES, buckets

@@ -7,7 +7,9 @@
 Each op of the step graph carries one :class:`Work` per stage it implements (more than one
 when trainers merge or ops fuse), built when the graph is built. The cost model prices an
 op from its work, its placement and the cluster's profile, and never reads the spec: what
-a stage's keywords change in its cost is named here.
+a stage's keywords change in its cost is named here. The backends read a stage's settings
+here too (how it samples, its loss, its weight), not from its keywords; those settings
+change no price and take no part in a work's equality.
 """
 
 from __future__ import annotations
@@ -36,11 +38,42 @@ class Work:
     # gen_len is then a turn's) and the tools it calls (their latency and cores)
     conversation: object = None
     tools: tuple = attrs.field(default=(), eq=False, repr=False)
+    # what the backends read and the cost model does not: how a generate stage samples, a
+    # train stage's loss (the spec's call; None: its model's default), a score stage's
+    # weight where an estimator adds several scores
+    sampling: Sampling | None = attrs.field(default=None, eq=False, repr=False)
+    loss: object = attrs.field(default=None, eq=False, repr=False)
+    weight: float = attrs.field(default=1.0, eq=False, repr=False)
 
     @property
     def on_host(self) -> bool:
         """A python function run beside the devices (a rule reward, an advantage estimator)."""
         return self.model is None
+
+
+@attrs.frozen
+class Sampling:
+    """How a generate stage samples: its keywords, resolved against the workload."""
+
+    max_len: int                      # tokens a response (with tools: a turn) may have
+    min_len: int = 0                  # tokens before end-of-sequence may be sampled
+    temperature: float = 1.0          # 0: greedy
+    top_p: float = 1.0
+
+    @property
+    def logprob_temperature(self) -> float:
+        """The temperature the stage's logprobs are at: its sampling temperature; a greedy
+        stage's (temperature 0) are the model's own, at 1."""
+        return self.temperature if self.temperature > 0 else 1.0
+
+
+def sampling_of(stage, workload: Workload) -> Sampling:
+    """The sampling keywords of generate stage ``stage`` (max_len: the workload's gen_len
+    max where it sets none)."""
+    return Sampling(max_len=int(stage.arg("max_len") or workload.gen_len.max_len),
+                    min_len=int(stage.arg("min_len") or 0),
+                    temperature=float(stage.arg("temperature")),
+                    top_p=float(stage.arg("top_p")))
 
 
 @attrs.frozen
@@ -67,20 +100,24 @@ def work_of(pipeline: Pipeline, stage_name: str) -> Work:
     w = pipeline.workload
     if s.kind is OpKind.GENERATE:
         b = batching(s)
-        conv = conversation(s, int(s.arg("max_len") or w.gen_len.max_len))
+        sampling = sampling_of(s, w)
+        conv = conversation(s, sampling.max_len)
         used = tuple(pipeline.tool(n) for n in conv.declared) if conv is not None else ()
         return Work(stage=s.name, kind=s.kind, workload=w, model=model,
                     refill_rounds=int(s.arg("refill_rounds") or 0),
                     filter_rate=float(s.arg("filter_rate") or 0.0),
                     max_num_seqs=b.max_num_seqs, kv_fraction=b.kv_fraction,
-                    conversation=conv, tools=used)
+                    conversation=conv, tools=used, sampling=sampling)
     talked = _conversation_above(pipeline, s)
     if talked is not None:
         w = attrs.evolve(w, gen_len=trajectory_len(w.gen_len, talked))
     common = dict(stage=s.name, kind=s.kind, workload=w, model=model)
     if s.kind is OpKind.TRAIN:
         return Work(**common, minibatches=int(s.param("minibatches", 1) or 1),
-                    epochs=int(s.param("epochs", 1) or 1))
+                    epochs=int(s.param("epochs", 1) or 1), loss=s.param("loss"))
+    if s.kind is OpKind.SCORE:
+        has = function(s.function).has("weight")
+        return Work(**common, weight=float(s.arg("weight")) if has else 1.0)
     if s.kind is OpKind.COMPUTE:
         return Work(**common, per_token=function(s.function).pricing.per_token)
     return Work(**common)

@@ -7,11 +7,13 @@
     True
 
 Each execution backend declares what it executes once, as values in a data module of
-its own (``backends/<name>_backend/capabilities.py``: attrs values and nothing else, so
-reading it imports neither torch nor vLLM). The training backend declares the parallel
-degrees, ZeRO levels, recomputation, offload and packing it runs; each generation
-backend declares its engine (the tensor-parallel degree it generates at, whether it
-carries responses into later steps). :func:`runtime_capabilities` joins them into one
+its own that the backends' registry names (``backends.load(name, "capabilities")``: attrs
+values and nothing else, so reading it imports neither torch nor vLLM; the registry is the
+one module of ``backends`` the compile path imports). The training backend declares the
+parallel degrees, ZeRO levels, recomputation, offload and packing it runs (a
+:class:`Capabilities`); each generation backend declares its engine (an
+:class:`EngineCapabilities`: the tensor-parallel degree it generates at, whether it carries
+responses into later steps). :func:`runtime_capabilities` joins them into one
 :class:`Capabilities`, which :meth:`rpeg.plan.space.Limits.runtime` turns into the
 planner's limits, ``rpeg compile`` plans for by default, and the runtime's refusals
 (``rpeg.runtime.plans``, ``rpeg.runtime.lowering.instances``) read.
@@ -23,15 +25,11 @@ vLLM gives. Only ``rpeg run``, which executes here, asks which engines are insta
 
 from __future__ import annotations
 
-import importlib
-
 import attrs
 
+import backends
+from rpeg.errors import PlanError
 from rpeg.spec.model import Engine, Zero, zero_levels
-
-# The backends rpeg's runtime is made of: the training backend first, then the generation
-# engines; each name is ``backends.<name>_backend.capabilities``.
-RUNTIME_BACKENDS = ("torch", "vllm")
 
 
 @attrs.frozen
@@ -90,20 +88,21 @@ class Capabilities:
         return attrs.evolve(self, engines=self.engines + engines)
 
 
-def declared(backend: str):
-    """The ``CAPABILITIES`` value a backend's data module declares."""
-    module = importlib.import_module(f"backends.{backend}_backend.capabilities")
-    return module.CAPABILITIES
+def declared(backend: str) -> Capabilities | EngineCapabilities:
+    """What backend ``backend`` declares it executes (the registry's ``capabilities``)."""
+    return backends.load(backend, "capabilities")
 
 
 def runtime_capabilities() -> Capabilities:
-    """rpeg's runtime: the training backend's capabilities with every engine's."""
-    train, *generators = RUNTIME_BACKENDS
-    caps = declared(train)
-    for name in generators:
-        caps = caps.with_engines((declared(name),))
-    return caps
+    """rpeg's runtime: the training backend's capabilities with every engine's, each
+    backend of the registry in its order."""
+    found = [declared(name) for name in backends.NAMES]
+    trainers = [c for c in found if isinstance(c, Capabilities)]
+    if len(trainers) != 1:
+        raise PlanError(f"the backends must declare one training backend, not "
+                        f"{len(trainers)} ({', '.join(c.backend for c in trainers) or 'none'})")
+    return trainers[0].with_engines(tuple(c for c in found
+                                          if isinstance(c, EngineCapabilities)))
 
 
-__all__ = ["Capabilities", "EngineCapabilities", "RUNTIME_BACKENDS", "declared",
-           "runtime_capabilities"]
+__all__ = ["Capabilities", "EngineCapabilities", "declared", "runtime_capabilities"]

@@ -6,8 +6,9 @@ from types import SimpleNamespace
 
 import backends.vllm_backend.colocated as colocated
 from backends.torch_backend.executor import Executor
+from rpeg.graph.work import Work
 from rpeg.plan.model import Plan, StagePlacement
-from rpeg.spec.model import Engine
+from rpeg.spec.model import Engine, OpKind
 
 
 def _engine_for(plan_engine: Engine, monkeypatch):
@@ -19,9 +20,12 @@ def _engine_for(plan_engine: Engine, monkeypatch):
     pipeline = SimpleNamespace(stage=lambda _: stage,
                                model=lambda _: SimpleNamespace(dtype="bf16"))
     # a CPU worker (no GPU of its own), whose engine shares its device with nobody asleep
+    # and whose stage sets no batching of its own (its Work's)
     ex = SimpleNamespace(ctx=SimpleNamespace(plan=plan, num_devices=1, pipeline=pipeline),
                          device_index=0, _gpus=lambda devices: "",
-                         _sleeps=lambda devices: False)
+                         _sleeps=lambda devices: False,
+                         works={"rollout": Work("rollout", OpKind.GENERATE, workload=None)})
+    ex._concurrency = lambda s: Executor._concurrency(ex, s)
     replica = SimpleNamespace(engine=SimpleNamespace(version=0), version=3)
     return Executor._engine(ex, stage, replica), replica
 

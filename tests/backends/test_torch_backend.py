@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 import torch
 
-from backends.api import SamplingParams
+from backends.api import SamplingParams, chunk_bounds
 from backends.torch_backend import advantages as adv
-from backends.torch_backend.generation import TorchEngine, chunk_bounds, sample
+from backends.torch_backend.generation import TorchEngine, sample
 from backends.torch_backend.modeling import build_model, load_checkpoint, save_checkpoint
 from backends.torch_backend.tokenizer import EOS_ID, byte_tokenizer, decode, encode
 from backends.torch_backend.train import (

@@ -94,8 +94,7 @@ def test_same_seed_same_samples_and_repeated_prompts_differ(host):
 
 
 def test_eos_and_max_length_are_honoured_and_chunks_leave_in_finishing_order(host):
-    from backends.api import SamplingParams
-    from backends.torch_backend.generation import chunk_bounds
+    from backends.api import SamplingParams, chunk_bounds
 
     ps = prompts(10)
     greedy = SamplingParams(max_new_tokens=12, temperature=0.0, eos_id=0)

@@ -175,7 +175,7 @@ def test_a_bad_row_past_the_first_ones_stops_the_run_at_it(tmp_path):
 def test_a_prompt_over_prompt_len_at_run_time_names_its_file_and_row(folder):
     """A row the first-rows check did not read: the executor refuses its prompt before
     anything is generated from it."""
-    from backends.torch_backend.executor import row_prompt
+    from backends.torch_backend.rows import row_prompt
     from backends.torch_backend.tokenizer import codec_for
     from rpeg.runtime.data import read_rows
     pipeline = load(_spec(folder, "late.rpeg",

@@ -30,6 +30,12 @@ def executor_class(name: str):
     return backends.load(name, "executor")
 
 
+def current_executor():
+    """This worker's executor (None before ``setup``): what a function run on every worker
+    (``client.run``) asks of it."""
+    return _STATE.get("executor")
+
+
 def device_report() -> dict:
     """What this worker offers as a device: its host, the GPUs it sees (node-level ids; none
     where torch has no CUDA) and whether it may start child processes

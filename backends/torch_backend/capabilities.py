@@ -1,6 +1,6 @@
 """What the torch backend executes: read by the planner and the runtime (values only).
 
-    >>> CAPABILITIES.max_tp, CAPABILITIES.max_pp, sorted(CAPABILITIES.zero)
+    >>> CAPABILITIES.max_tp, CAPABILITIES.max_pp, sorted(map(int, CAPABILITIES.zero))
     (8, 1, [0, 2, 3])
 
 Training and forward ops: data parallelism (DDP, ZeRO 0), FSDP2 sharding (ZeRO 2: gradients

@@ -78,7 +78,7 @@ class Executor:
             return Replica(spec, self.ctx.pipeline, self.device, self.device_index)
         from backends.vllm_backend.disaggregated import EngineReplica
         stage = next(c for c in self.ctx.pipeline.stages if c.kind is OpKind.GENERATE
-                     and self.ctx.pipeline.model(c.target).name in base_of(spec.model).split("+"))
+                     and self.ctx.pipeline.model(c.target).name in base_of(spec.model).members)
         seqs, frac, graph = self._concurrency(stage)
         return EngineReplica.start(spec, self.ctx.pipeline, self.device_index,
                                    gpus=self._gpus(spec.engine), max_num_seqs=seqs,
@@ -655,5 +655,5 @@ def _concat(parts):
 def _transfer_dtype(ex, call):
     """The dtype weights travel in: the readers' parameter dtype."""
     from backends.torch_backend.sharding import param_dtype
-    first = base_of(call.model).split("+")[0]
+    first = base_of(call.model).members[0]
     return param_dtype(ex.ctx.pipeline.model(first).dtype, ex.device)

@@ -274,7 +274,7 @@ def expected_of(pipeline, key: str) -> Expected:
     from rpeg.runtime.lowering.context import heads_of
     from rpeg.runtime.lowering.replicas import base_of
     backbone = key.rsplit("@", 1)[0]
-    names = base_of(backbone).split("+")
+    names = base_of(backbone).members
     first = pipeline.model(names[0])
     lora = next((pipeline.model(n).lora for n in names if pipeline.model(n).lora), None)
     return expected_tensors(first.dims, heads_of(pipeline, backbone), lora)

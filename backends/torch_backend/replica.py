@@ -27,7 +27,7 @@ class Replica:
 
     def __init__(self, spec, pipeline, device: str, device_index: int) -> None:
         from backends.torch_backend.sharding import Trained, TrainLayout, param_dtype
-        members = [pipeline.model(m) for m in base_of(spec.model).split("+")]
+        members = [pipeline.model(m) for m in base_of(spec.model).members]
         dims = members[0].dims
         weights = next((m.weights for m in members if m.weights), None)
         self.dtype = param_dtype(members[0].dtype, device)
@@ -42,7 +42,7 @@ class Replica:
             raise BackendError(f"model '{members[0].name}' trains LoRA adapters, which this "
                                "backend runs at tp = 1 only", members[0].span,
                                hint="pin the actor's stages to tp = 1 (place ... { tp = 1 })")
-        if self.lora is not None and spec.trainable and spec.zero >= 2:
+        if self.lora is not None and spec.trainable and spec.zero.shards_grads:
             raise BackendError(f"model '{members[0].name}' trains LoRA adapters, which this "
                                f"backend trains whole (zero 0), not under FSDP2 (zero "
                                f"{spec.zero})", members[0].span,
@@ -73,7 +73,7 @@ class Replica:
             self.model.to(self.dtype)
             self.model.requires_grad_(False)
         # ZeRO-3 keeps only a shard between ops: readers here read a whole copy instead
-        readable = self.trained is None or self.trained.layout.zero < 3
+        readable = self.trained is None or not self.trained.layout.zero.shards_params
         self.engine = TorchEngine(self.model, device=device) \
             if "lm" in spec.heads and readable else None
 

@@ -47,10 +47,11 @@ from torch import nn
 
 from backends.torch_backend.optim import MasterAdam, build_optimizer
 from rpeg.errors import BackendError
+from rpeg.spec.model import Zero
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-FSDP_LEVELS = (2, 3)
-LEVELS = (0,) + FSDP_LEVELS
+FSDP_LEVELS = (Zero.GRADIENTS, Zero.WEIGHTS)
+LEVELS = (Zero.NONE,) + FSDP_LEVELS
 
 
 @attrs.frozen
@@ -59,7 +60,7 @@ class TrainLayout:
 
     world: tuple[int, ...]          # devices training it: dp blocks of len(tp) devices
     tp: tuple[int, ...] = ()        # this device's tensor-parallel group (len > 1: split)
-    zero: int = 0
+    zero: Zero = attrs.field(default=Zero.NONE, converter=Zero.of)
     recompute: bool = False
     offload: bool = False
 
@@ -172,7 +173,7 @@ class Trained:
 
     def settle(self) -> None:
         """The between-ops state of the weights: ZeRO-2 whole (collective), else as they are."""
-        if self.layout.fsdp and self.layout.zero == 2:
+        if self.layout.fsdp and self.layout.zero.keeps_gathered:
             for m in fsdp_modules(self.heads):
                 m.unshard()
 
@@ -238,7 +239,7 @@ def _fully_shard(model, heads, layout: TrainLayout, mesh, device: str,
     mp = MixedPrecisionPolicy(param_dtype=compute_dtype,
                               reduce_dtype=reduce_dtype(compute_dtype)) \
         if compute_dtype is not None else MixedPrecisionPolicy()
-    again = layout.zero >= 3
+    again = layout.zero.shards_params
     for layer in model.backbone.layers:
         fully_shard(layer, mesh=mesh, reshard_after_forward=again, mp_policy=mp)
     fully_shard(heads, mesh=mesh, reshard_after_forward=again, mp_policy=mp)

@@ -61,7 +61,7 @@ class EngineReplica:
         it shares a GPU with a trainer and sleeps between generate calls; ``build_on``: the
         device the trainer builds version 0 on, where a random init draws the same."""
         from rpeg.runtime.lowering.instances import base_of
-        members = [pipeline.model(m) for m in base_of(spec.model).split("+")]
+        members = [pipeline.model(m) for m in base_of(spec.model).members]
         weights = next((m.weights for m in members if m.weights), None)
         gpu = bool(gpus) and _cuda()
         workdir = None

@@ -231,8 +231,10 @@ def summary_text(report, cluster, output: Path, gantt: Path | None, pipeline,
     rows = [("stage", "GPUs", "dp", "tp", "pp", "micro-batches", "zero", "chunks", "engine",
              "seconds")]
     times = dict(pr.op_times)
+    from rpeg.plan.structure import plan_graph
+    op_of = {s: o.name for o in plan_graph(pipeline, plan).ops for s in o.stages}
     for p in plan.placements:
-        t = next((v for k, v in times.items() if p.stage in k.split("+")), 0.0)
+        t = times.get(op_of.get(p.stage), 0.0)
         rows.append((p.stage, device_ranges(p.devices), str(p.dp), str(p.tp), str(p.pp),
                      f"{p.microbatches}" + (" +recompute" if p.recompute else ""), str(p.zero),
                      str(p.chunks), p.engine.value, f"{t:.2f}"))

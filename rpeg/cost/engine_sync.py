@@ -43,7 +43,7 @@ from rpeg.cost import compute as C
 from rpeg.cost.generation import sync_bytes
 from rpeg.cost.memory import Parallel
 from rpeg.cost.topology import Collective, Topology, collective_time
-from rpeg.spec.model import Cluster, Engine, Model
+from rpeg.spec.model import Cluster, Engine, Model, Zero
 
 SYNC_BUCKET_BYTES = 64 << 20        # the runtime's bucket (backends.vllm_backend.weights)
 
@@ -55,7 +55,7 @@ def engine_copy(src, dst) -> bool:
     updated from in memory."""
     return dst.engine is Engine.VLLM and not (
         dst.tp == 1 and set(dst.devices) <= set(src.devices) and src.tp == 1
-        and src.pp == 1 and src.zero == 0)
+        and src.pp == 1 and src.zero.replicated)
 
 
 @attrs.frozen
@@ -73,12 +73,12 @@ class SyncLayout:
         return (self.senders[0],) + tuple(d for b in self.group for d in b)
 
 
-def sync_senders(devices, tp: int, zero: int) -> tuple[int, ...]:
+def sync_senders(devices, tp: int, zero: Zero) -> tuple[int, ...]:
     """The trainer devices that read its weights whole for a sync, all together: its first
     tensor-parallel block (each tensor whole there between ops, as ZeRO 0 and FSDP2 at
     ZeRO-2 keep it), or every device when ZeRO-3 keeps only shards; every device holding a
     piece of a tensor enters its gather, so no gather waits for a rank that never comes."""
-    return tuple(devices) if zero >= 3 else tuple(devices[:max(1, tp)])
+    return tuple(devices) if zero.shards_params else tuple(devices[:max(1, tp)])
 
 
 def sync_layout(senders, blocks) -> SyncLayout:
@@ -138,7 +138,7 @@ def collective_sync_time(model: Model, src_devices: Sequence[int], src_par: Para
     split = src_par.tp * src_par.pp
     if split > 1:                            # whole tensors from the first block's pieces
         gather += collective_time(Collective.ALL_GATHER, nbytes, src[:split], topo)
-    if src_par.zero >= 3 and src_par.dp > 1:
+    if src_par.zero.shards_params and src_par.dp > 1:
         gather += collective_time(Collective.ALL_GATHER, nbytes / split,
                                   src[::split][:src_par.dp], topo)
     lay = sync_layout(sync_senders(src, split, src_par.zero), engines)

@@ -59,7 +59,7 @@ from rpeg.cost.memory import (
 )
 from rpeg.cost.partial import Partial
 from rpeg.cost.topology import Collective, collective_time
-from rpeg.spec.model import Cluster, Engine, Model
+from rpeg.spec.model import Cluster, Engine, Model, Zero
 
 SEGMENTS = 32          # decode is integrated over this many segments of constant batch
 
@@ -178,13 +178,13 @@ def step_buffer(model: Model, par: Parallel, gpu, n: int) -> float:
 
 def engine_weights(model: Model, par: Parallel, gpu) -> float:
     """Bytes of the weights a generating engine holds on one GPU at its tensor parallelism."""
-    return local_params(model, attrs.evolve(par, zero=0, dp=1)) * weight_bytes(model, gpu)
+    return local_params(model, attrs.evolve(par, zero=Zero.NONE, dp=1)) * weight_bytes(model, gpu)
 
 
 def gather_buffer(model: Model, par: Parallel, gpu, engine: Engine) -> float:
     """Transient weights a pass on ZeRO-3 shards gathers: two layers (the one computing and
     the one prefetched), or the Hybrid Engine's whole inference copy."""
-    if par.zero < 3 or par.shards <= 1:
+    if not par.zero.shards_params or par.shards <= 1:
         return 0.0
     full = engine_weights(model, par, gpu)
     if engine is Engine.HYBRID:
@@ -347,7 +347,7 @@ def _cached(model, par, devices, topo, gpu, t, local, prompt, extra, dist, engin
     pre = with_terms(gpu, t)
     wbytes = engine_weights(model, par, gpu)
     gather = collective_time(Collective.ALL_GATHER, wbytes, dpg, topo) \
-        if par.zero >= 3 and engine is not Engine.HYBRID else 0.0
+        if par.zero.shards_params and engine is not Engine.HYBRID else 0.0
     hooks = C.param_tensors(d, layers) * t.hook_s if gather else 0.0
 
     def stage_pass(g, tokens: float, context: float, kv_tokens: float, head: float
@@ -373,7 +373,7 @@ def _cached(model, par, devices, topo, gpu, t, local, prompt, extra, dist, engin
     prefill_c = pipe * pre_t
     roof = pre_roof.scaled(m)
     prefill_x = pipe * comm(pre_tokens)
-    if engine is Engine.HYBRID and par.zero >= 3:
+    if engine is Engine.HYBRID and par.zero.shards_params:
         # the shards gathered once into the inference kernels' layout (tp of this stage)
         prefill_x += collective_time(Collective.ALL_GATHER, wbytes, tuple(devices), topo)
     if par.param_offload:      # an engine woken up: its weights back from host memory

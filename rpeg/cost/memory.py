@@ -47,7 +47,7 @@ import math
 import attrs
 
 from rpeg.errors import CostError
-from rpeg.spec.model import Cluster, Engine, GpuProfile, Head, Model
+from rpeg.spec.model import Cluster, Engine, GpuProfile, Head, Model, Zero
 from rpeg.spec.presets import ModelDims
 
 _DTYPE_BYTES = {"bf16": 2, "fp16": 2, "float16": 2, "bfloat16": 2, "fp32": 4, "float32": 4,
@@ -67,7 +67,7 @@ class Parallel:
     pp: int = 1
     microbatches: int = 1
     recompute: bool = False
-    zero: int = 0             # 0 none; 1 optimizer state, 2 + gradients, 3 + weights sharded over DP
+    zero: Zero = attrs.field(default=Zero.NONE, converter=Zero.of)   # what DP shards (Zero)
     offload: bool = False     # train: optimizer state kept in host memory between train steps
     cp: int = 1               # context (sequence) parallel: each rank holds 1/cp of every sequence
     ep: int = 1               # expert parallel: the experts split over ep of the dp x cp x tp ranks
@@ -174,8 +174,6 @@ def check_parallel(dims: ModelDims, par: Parallel, where: str = "") -> None:
     if par.pp > dims.layers:
         raise CostError(f"pp must be at most the {dims.layers} layers{at}, not {par.pp}",
                         hint="lower pp, or use tp to split the model further")
-    if par.zero not in (0, 1, 2, 3):
-        raise CostError(f"zero must be 0, 1, 2 or 3{at}, not {par.zero}")
     if par.cp < 1 or par.ep < 1:
         raise CostError(f"cp and ep must be at least 1{at}, not cp = {par.cp}, ep = {par.ep}")
     if par.ep > 1 and not dims.moe:
@@ -219,11 +217,11 @@ def resident_memory(model: Model, par: Parallel, cluster: Cluster, *,
     n = local_params(model, par)
     shards = max(par.shards, 1)
     wb = weight_bytes(model, gpu, trained and model.lora is None)
-    weights = 0.0 if par.param_offload else n * wb / (shards if par.zero >= 3 else 1)
+    weights = 0.0 if par.param_offload else n * wb / (shards if par.zero.shards_params else 1)
     t = trained_local_params(model, par)
     bpv = value_bytes(model, gpu)
     if model.lora is not None:         # the adapters, beside the frozen backbone
-        weights += t * bpv / (shards if par.zero >= 3 else 1)
+        weights += t * bpv / (shards if par.zero.shards_params else 1)
     if not trained:
         return MemoryCost(weights=weights)
     extra, grads = grad_bytes(model, par, gpu, host_grads)
@@ -244,9 +242,9 @@ def grad_bytes(model: Model, par: Parallel, gpu: GpuProfile,
     bpv = value_bytes(model, gpu)
     shards = max(par.shards, 1)
     grads = 0.0 if par.param_offload or (host_grads and par.offload) \
-        else t * bpv / (shards if par.zero >= 2 else 1)
+        else t * bpv / (shards if par.zero.shards_grads else 1)
     extra = 0.0
-    if par.zero == 2 and (shards > 1 or par.tp == 1) and grads:
+    if par.zero.keeps_gathered and (shards > 1 or par.tp == 1) and grads:
         # FSDP2: float32 shards beside the whole weights (module doc)
         if bpv >= 4:
             extra = t * 4 / shards
@@ -282,7 +280,7 @@ def optimizer_state_bytes(model: Model, par: Parallel, gpu: GpuProfile) -> float
     n = trained_local_params(model, par)
     bpv = value_bytes(model, gpu)
     per = 8 if bpv >= 4 else (12 if _master(model) else 2 * bpv)
-    return n * per / (par.shards if par.zero >= 1 else 1)
+    return n * per / (par.shards if par.zero.shards_optimizer else 1)
 
 
 def offloaded_bytes(model: Model, par: Parallel, gpu: GpuProfile, *,
@@ -292,7 +290,7 @@ def offloaded_bytes(model: Model, par: Parallel, gpu: GpuProfile, *,
     in place on the device (unless ``param_offload`` keeps the weights on the host too, or
     ``host_optimizer``: Adam runs on the host, DeepSpeed's CPU Adam)."""
     state = optimizer_state_bytes(model, par, gpu)
-    if par.zero >= 2 and value_bytes(model, gpu) < 4 and _master(model) \
+    if par.zero.shards_grads and value_bytes(model, gpu) < 4 and _master(model) \
             and not par.param_offload and not host_optimizer:
         return state * 8 / 12
     return state

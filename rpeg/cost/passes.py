@@ -62,7 +62,7 @@ from rpeg.cost.memory import (
     weight_bytes,
 )
 from rpeg.cost.topology import Collective, collective_time
-from rpeg.spec.model import Engine, Model
+from rpeg.spec.model import Engine, Model, Zero
 
 
 @attrs.frozen
@@ -156,7 +156,7 @@ def exposed(comm: float, compute: float, overlap: float) -> float:
 
 def zero3_gather(model: Model, par: Parallel, devices, topo, gpu) -> float:
     """Seconds of one all-gather of a device's layers over the shard group (ZeRO-3)."""
-    if par.zero < 3:
+    if not par.zero.shards_params:
         return 0.0
     return weights_gather(model, par, devices, topo, gpu)
 
@@ -166,7 +166,7 @@ def weights_gather(model: Model, par: Parallel, devices, topo, gpu) -> float:
     before each pass, ZeRO-2 before each micro-batch)."""
     if par.shards <= 1:
         return 0.0
-    full = local_params(model, attrs.evolve(par, zero=0)) * weight_bytes(model, gpu, True)
+    full = local_params(model, attrs.evolve(par, zero=Zero.NONE)) * weight_bytes(model, gpu, True)
     return collective_time(Collective.ALL_GATHER, full, shard_group(devices, par), topo)
 
 
@@ -249,7 +249,7 @@ def train_cost(model: Model, par: Parallel, devices, topo, gpu, engine: Engine, 
         z3 = exposed(moved, mb, t.overlap) + hooks * (passes - back + 1) \
             + C.param_tensors(d, layers) * t.grad_hook_s
         dp_comm = 0.0
-    elif par.zero == 2 and par.shards > 1:
+    elif par.zero.keeps_gathered and par.shards > 1:
         # FSDP2 (module doc): a gather and a reduce-scatter each micro-batch, hidden behind
         # its forward and backward as far as the engine overlaps them; the gather after the
         # op's last step, once (dp_comm is per optimizer step)
@@ -264,7 +264,7 @@ def train_cost(model: Model, par: Parallel, devices, topo, gpu, engine: Engine, 
     pipe = m + par.pp - 1
     fb = pipe * mb
     comm_layers = pipe * layer_comm(model, par, devices, topo, sh, bpv, layers, 2)
-    shard = par.shards if par.zero >= 1 else 1
+    shard = par.shards if par.zero.shards_optimizer else 1
     n_opt = trained_local_params(model, par) / shard
     opt = C.optimizer_time(n_opt, C.param_tensors(d, layers), gpu)
     host = per_step * gpu.sample_overhead
@@ -287,7 +287,7 @@ def train_cost(model: Model, par: Parallel, devices, topo, gpu, engine: Engine, 
                       ("forward+backward", opt_steps * fb), ("optimizer", opt_steps * opt),
                       ("host", opt_steps * host), ("tp+pp", opt_steps * comm_layers),
                       ("dp_grad_reduce", opt_steps * dp_comm),
-                      ("zero3_gather" if par.zero >= 3 else "zero2_gather",
+                      ("zero3_gather" if par.zero.shards_params else "zero2_gather",
                        opt_steps * pipe * z3), ("offload", offload)), roof)
 
 
@@ -300,13 +300,13 @@ def offload_time(model: Model, par: Parallel, gpu, engine: Engine = Engine.TORCH
     bw = host_bandwidth(gpu)
     t = 0.0
     if par.offload and engine is Engine.DEEPSPEED:
-        n = trained_local_params(model, par) / (par.shards if par.zero >= 1 else 1)
+        n = trained_local_params(model, par) / (par.shards if par.zero.shards_optimizer else 1)
         adam = n * 7 * 4 / gpu.host_memory_bandwidth
         t += opt_steps * (n * 2 * value_bytes(model, gpu) / bw + adam)
     elif par.offload:
         t += 2 * offloaded_bytes(model, par, gpu) / bw
     if par.param_offload:
-        shards = par.shards if par.zero >= 3 else 1
+        shards = par.shards if par.zero.shards_params else 1
         t += 2 * 2 * local_params(model, par) * value_bytes(model, gpu) / shards / bw
     return t
 
@@ -360,7 +360,7 @@ def forward_memory(model: Model, par: Parallel, gpu, engine: Engine, w, batch: i
                        logits_bytes(model, par, sh.head_tokens, t))
     buf += gather_buffer(model, par, gpu, engine)
     loaded = local_params(model, par) * weight_bytes(model, gpu) \
-        / (par.shards if par.zero >= 3 else 1) if par.param_offload else 0.0
+        / (par.shards if par.zero.shards_params else 1) if par.param_offload else 0.0
     return MemoryCost(weights=loaded, buffers=gpu.runtime_memory + buf)
 
 
@@ -394,7 +394,7 @@ def train_memory(model: Model, par: Parallel, gpu, engine: Engine, w, batch: int
         acts = max(acts - grads, 0.0)
     if par.shards <= 1:
         bucket = 0.0
-    elif par.zero >= 2:          # reduce-scatter buckets: about two layers' gradients
+    elif par.zero.shards_grads:  # reduce-scatter buckets: about two layers' gradients
         bucket = min(full, 2 * full / max(layers, 1))
     else:                        # an all-reduce of the whole flat gradient
         bucket = full
@@ -403,7 +403,7 @@ def train_memory(model: Model, par: Parallel, gpu, engine: Engine, w, batch: int
         else 0.0
     loaded = 0.0
     if par.param_offload:
-        shards = par.shards if par.zero >= 3 else 1
+        shards = par.shards if par.zero.shards_params else 1
         loaded = 2 * local_params(model, par) * bpv / shards
     return MemoryCost(activations=acts, optimizer=state, weights=loaded, grads=grads,
                       buffers=gpu.runtime_memory + bucket + gather_buffer(model, par, gpu, engine)

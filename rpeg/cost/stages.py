@@ -361,7 +361,7 @@ def weight_sync_time(model: Model, src_devices: Sequence[int], src_par: Parallel
         wbytes = model.lora.params(model.dims) * value_bytes(model, gpu)
         tensors = 2 * model.lora.linears(model.dims)
     gather = 0.0
-    if src_par.zero >= 3 and src_par.dp > 1:     # ZeRO-3: gather the full layer shards first
+    if src_par.zero.shards_params and src_par.dp > 1:     # ZeRO-3: gather the full layer shards first
         gather = collective_time(Collective.ALL_GATHER, wbytes / (src_par.tp * src_par.pp),
                                  dp_group(src, src_par), topo)
     if set(src) == set(dst) and same_layout:

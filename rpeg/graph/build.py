@@ -18,6 +18,7 @@ from __future__ import annotations
 import attrs
 
 from rpeg.errors import GraphError
+from rpeg.graph.ids import Backbone
 from rpeg.graph.ir import SAME_STEP, DataEdge, Graph, Op, VersionEdge
 from rpeg.graph.work import work_of
 from rpeg.spec.functions import function
@@ -57,7 +58,7 @@ def _bounds(pipeline: Pipeline, chosen: dict[str, int] | None) -> dict[str, int]
 def _alias(pipeline: Pipeline) -> dict[str, str]:
     alias: dict[str, str] = {}
     for group in pipeline.shares:
-        backbone = "+".join(group)
+        backbone = Backbone.of(group)
         for m in group:
             alias[m] = backbone
     return alias

@@ -24,6 +24,7 @@ import functools
 import attrs
 
 from rpeg.errors import NOWHERE, Span
+from rpeg.graph.ids import Backbone
 from rpeg.graph.order import topological
 from rpeg.graph.work import Work
 from rpeg.spec.model import OpKind
@@ -35,8 +36,10 @@ class Op:
     kind: OpKind
     inputs: tuple[str, ...] = ()       # data read
     outputs: tuple[str, ...] = ()      # data written
-    reads_model: str | None = None     # whose parameters it reads (generate, forward, train)
-    writes_model: str | None = None    # whose new version it makes (train; sync: at the reader)
+    # whose parameters it reads (generate, forward, train); whose new version it makes (train;
+    # sync: at the reader)
+    reads_model: Backbone | None = attrs.field(default=None, converter=Backbone.maybe)
+    writes_model: Backbone | None = attrs.field(default=None, converter=Backbone.maybe)
     stages: tuple[str, ...] = ()       # spec stages this op implements (more than one when fused)
     span: Span = attrs.field(default=NOWHERE, eq=False, repr=False)
     grouped: bool = False              # needs the step's whole batch (a group or batch estimator)
@@ -139,11 +142,11 @@ class Graph:
         """The staleness an op reads its model's parameters with (0 if it reads none)."""
         return max((e.lag for e in self.version_edges if e.reader == op), default=0)
 
-    def backbone(self, model: str) -> str:
+    def backbone(self, model: str) -> Backbone:
         for b, members in self.shared:
             if model in members:
-                return b
-        return model
+                return Backbone(b)
+        return Backbone(model)
 
     def __str__(self) -> str:
         w = max([len(o.name) for o in self.ops] + [4])

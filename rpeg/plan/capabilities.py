@@ -29,7 +29,7 @@ import attrs
 
 import backends
 from rpeg.errors import PlanError
-from rpeg.spec.model import Engine
+from rpeg.spec.model import Engine, Zero, zero_levels
 
 
 @attrs.frozen
@@ -55,7 +55,8 @@ class Capabilities:
     max_dp: int = 1 << 20
     max_tp: int = 1                          # train / forward ops
     max_pp: int = 1
-    zero: frozenset[int] = frozenset({0})    # ZeRO levels of train ops
+    zero: frozenset[Zero] = attrs.field(default=frozenset({Zero.NONE}),   # ZeRO levels of
+                                        converter=zero_levels)            # train ops
     recompute: bool = False                  # activation checkpointing in train ops
     offload: bool = False                    # optimizer state in host memory between steps
     packing: bool = False                    # forward / train without padding
@@ -72,10 +73,12 @@ class Capabilities:
     dtypes: frozenset[str] = frozenset({"bf16", "fp16", "fp32"})
     lora: bool = False                       # LoRA adapters
     lora_max_tp: int = 1                     # ... trained and read at tp at most this
-    lora_zero: frozenset[int] = frozenset({0})     # ... trained at these ZeRO levels
+    lora_zero: frozenset[Zero] = attrs.field(default=frozenset({Zero.NONE}),   # ... trained
+                                             converter=zero_levels)  # at these ZeRO levels
     # the eval block generates with the trained replica of the evaluated model: trained at
     # these ZeRO levels and tp at most this
-    eval_zero: frozenset[int] = frozenset({0})
+    eval_zero: frozenset[Zero] = attrs.field(default=frozenset({Zero.NONE}),
+                                             converter=zero_levels)
     eval_max_tp: int = 1
 
     def engine(self, engine: Engine) -> EngineCapabilities | None:

@@ -32,10 +32,10 @@ from rpeg.errors import CostError
 from rpeg.graph.work import work_of
 from rpeg.plan.pinned import FOREIGN, matches, overlay
 from rpeg.plan.space import Limits, block_sizes, generate_engines, layouts
-from rpeg.spec.model import Cluster, Engine, OpKind, Pipeline
+from rpeg.spec.model import Cluster, Engine, OpKind, Pipeline, Zero
 
 MICROBATCHES = (1, 2, 4, 8, 16, 32)
-ZERO = (0, 1, 2, 3)
+ZERO = tuple(Zero)
 OFFLOAD = (False, True)   # train: optimizer state in host memory between steps
 
 
@@ -117,7 +117,7 @@ def enumerate_layouts(pipeline: Pipeline, stage: str, sizes: tuple[int, ...],
             base = overlay(pin, attrs.evolve(base, cp=cp))
             local = math.ceil(batch / base.dp)
             if s.kind is OpKind.GENERATE:
-                if pin is not None and pin.zero:        # generation on ZeRO-3 shards
+                if pin is not None and pin.sharded:     # generation on ZeRO-3 shards
                     base = attrs.evolve(base, zero=pin.zero)
                 # How many sequences decode at once is the engine's batching bounded by
                 # the memory free beside its weights (prune sizes it; the evaluator again
@@ -139,7 +139,7 @@ def enumerate_layouts(pipeline: Pipeline, stage: str, sizes: tuple[int, ...],
                 mbs = [pin.microbatches]
             train = s.kind is OpKind.TRAIN
             zeros = tuple(z for z in ZERO if z in limits.zero) \
-                if (train and base.dp > 1) else (0,)
+                if (train and base.dp > 1) else (Zero.NONE,)
             if pin is not None and pin.zero is not None and pin.zero in limits.zero:
                 # pinned: a train op's even on one device (FSDP2 of one rank); ZeRO-3
                 # inference is priced only where pinned

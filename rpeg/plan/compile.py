@@ -167,7 +167,7 @@ def shortfall_error(pipeline: Pipeline, cluster: Cluster, limits: Limits, sf: Sh
 
 def _layout_words(p) -> str:
     parts = [f"dp {p.dp}", f"tp {p.tp}", f"pp {p.pp}"] + (
-        [f"cp {p.cp}"] if p.cp > 1 else []) + ([f"zero {p.zero}"] if p.zero else []) + (
+        [f"cp {p.cp}"] if p.cp > 1 else []) + ([f"zero {p.zero}"] if not p.zero.replicated else []) + (
         ["recompute"] if p.recompute else []) + (["offload"] if p.offload else []) + (
         [f"{p.microbatches} micro-batches"] if p.microbatches > 1 else []) + [p.engine.value]
     return ", ".join(parts)

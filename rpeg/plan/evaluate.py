@@ -62,7 +62,7 @@ from rpeg.plan.structure import (  # noqa: F401 — re-exported: what the plan m
 )
 from rpeg.plan.tasks import dispatch_per_step, layouts_of
 from rpeg.plan.usage import KINDS, memory_uses, op_uses
-from rpeg.spec.model import Cluster, Engine, OpKind, Pipeline
+from rpeg.spec.model import Cluster, Engine, OpKind, Pipeline, Zero
 
 GB = 1e9
 
@@ -291,13 +291,13 @@ class Evaluator:
             if train is not None:
                 p = plan.placement(train)
                 out.append((self.stages.target[train], p, True))
-                seen.append((p.devices, p.tp, p.pp, p.zero >= 3))
-                sharded = p.devices if p.zero >= 3 else None
+                seen.append((p.devices, p.tp, p.pp, p.zero.shards_params))
+                sharded = p.devices if p.zero.shards_params else None
             for s in stages:
                 p = plan.placement(s)
-                if p.zero >= 3 and p.devices == sharded:
+                if p.zero.shards_params and p.devices == sharded:
                     continue      # a pass on ZeRO-3 shards gathers the trained copy's
-                key = (p.devices, p.tp, p.pp, p.zero >= 3)
+                key = (p.devices, p.tp, p.pp, p.zero.shards_params)
                 if key not in seen:
                     seen.append(key)
                     out.append((model, p, False))
@@ -405,7 +405,7 @@ class Evaluator:
         copies = walk.copies if walk is not None else self.copies(plan, graph)
         for model, p, trained in copies:
             if device in _members(p.devices):
-                zero = p.zero if trained or p.zero >= 3 else 0
+                zero = p.zero if trained or p.zero.shards_params else Zero.NONE
                 par = attrs.evolve(parallel_of(p), zero=zero, offload=p.offload and trained)
                 total += resident_memory(self.pipeline.model(model), par, self.cluster,
                                          trained=trained, engine=p.engine)
@@ -591,7 +591,8 @@ class Evaluator:
         if op.kind is not OpKind.FORWARD or op.reads_model not in trainer:
             return 0.0
         src = plan.placement(trainer[op.reads_model].stages[0])
-        if src.devices == p.devices and (src.tp, src.pp) == (p.tp, p.pp) and src.zero < 3:
+        if src.devices == p.devices and (src.tp, src.pp) == (p.tp, p.pp) \
+                and not src.zero.shards_params:
             return 0.0
         target = self.stages.target
         stage = next(s for s in op.stages if s in self.stages.modelled
@@ -677,7 +678,7 @@ class Evaluator:
             tokens_per_s=self.gen_tokens / step if step > 0 else 0.0,
             op_times=op_times, memory_capacity=capacity, control_s=round(control, 6),
             tasks_per_step=tasks, memory=memory, memory_reserve=reserve,
-            ops=op_uses(self, plan, timings, op_times, self.roofs(plan, graph, walk))
+            ops=op_uses(self, plan, graph, timings, op_times, self.roofs(plan, graph, walk))
             if detail else ())
         return _Priced(plan, homes, feasible, shortfall, predicted, timeline, False)
 

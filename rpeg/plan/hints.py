@@ -203,7 +203,7 @@ def reserve_hint(ev, plan, cluster: Cluster) -> Hint | None:
 
 def _words(par, engine) -> str:
     parts = [f"dp {par.dp}", f"tp {par.tp}"] + ([f"pp {par.pp}"] if par.pp > 1 else []) + (
-        [f"zero {par.zero}"] if par.zero else []) + (["offload"] if par.offload else []) + (
+        [f"zero {par.zero}"] if not par.zero.replicated else []) + (["offload"] if par.offload else []) + (
         ["recompute"] if par.recompute else []) + ([engine.value] if engine else [])
     return ", ".join(parts)
 

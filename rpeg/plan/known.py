@@ -24,7 +24,7 @@ from rpeg.plan.model import Plan, StagePlacement, Strategy
 from rpeg.plan.pinned import check_pins
 from rpeg.plan.space import Limits, generate_engines
 from rpeg.plan.structure import is_host_op
-from rpeg.spec.model import Cluster, Engine, OpKind, Pin, Pipeline
+from rpeg.spec.model import Cluster, Engine, OpKind, Pin, Pipeline, Zero
 
 
 def pinned_plan(pipeline: Pipeline, cluster: Cluster, limits: Limits | None = None) -> Plan:
@@ -69,7 +69,7 @@ def _placement(pipeline: Pipeline, pin: Pin, limits: Limits) -> StagePlacement:
         engine = generate_engines(pipeline, pin.stage, limits)[0]
     return StagePlacement(pin.stage, pin.devices, dp, tp, pp,
                           microbatches=pin.microbatches or pp, chunks=pin.chunks or 1,
-                          engine=engine, recompute=bool(pin.recompute), zero=pin.zero or 0,
+                          engine=engine, recompute=bool(pin.recompute), zero=pin.zero or Zero.NONE,
                           offload=bool(pin.offload), cp=cp, ep=pin.ep or 1,
                           packing=bool(pin.packing), param_offload=bool(pin.param_offload),
                           max_num_seqs=pin.max_num_seqs or 0,

@@ -33,7 +33,7 @@ from rpeg.cost.memory import MemoryCost
 from rpeg.errors import PlanError, Span
 from rpeg.plan.options import Method, SearchOptions, SearchRecord, Start
 from rpeg.plan.space import Limits
-from rpeg.spec.model import Engine
+from rpeg.spec.model import Engine, Zero
 
 SCHEMA_VERSION = 1
 MAX_PLAN_BYTES = 64 * 1024 * 1024      # checked before reading: a plan is kilobytes
@@ -62,7 +62,7 @@ class StagePlacement:
     chunks: int = 1                   # generation streams finished responses in this many chunks
     engine: Engine = Engine.TORCH
     recompute: bool = False
-    zero: int = 0                     # ZeRO level of a train stage (0 none .. 3 weights sharded)
+    zero: Zero = attrs.field(default=Zero.NONE, converter=Zero.of)   # a train stage's ZeRO level
     offload: bool = False             # train: optimizer state in host memory between steps
     carry: int = 0                    # generate: each response spans up to carry + 1 steps (a step
                                       # also advances the next carry steps' responses; partial
@@ -205,8 +205,6 @@ class Plan:
                 return f"stage '{p.stage}' degrees must be at least 1"
             if not 0 <= p.carry <= MAX_CARRY:
                 return f"stage '{p.stage}' carry must be 0..{MAX_CARRY} steps, not {p.carry}"
-            if not 0 <= p.zero <= 3:
-                return f"{where} zero must be a ZeRO level 0..3, not {p.zero}"
             if not 0 <= p.max_num_seqs <= MAX_PLAN_DEVICES:
                 return f"{where} max_num_seqs must be 0..{MAX_PLAN_DEVICES:,}, not {p.max_num_seqs}"
             if not 0 <= p.kv_fraction <= 1:
@@ -540,6 +538,11 @@ def _convert(name: str, typ: object, value: object, where: str) -> object:
     if name in _SHAPES and t.startswith(("tuple", "frozenset")):
         got = _shape(_SHAPES[name], value, where)
         return frozenset(got) if t.startswith("frozenset") else got
+    if t == "Zero":
+        level = _shape("int", value, where)
+        if level not in set(Zero):
+            raise ValueError(f"'{where}' must be a ZeRO level 0..3, not {level}")
+        return Zero(level)
     if t == "int | None":
         return None if value is None else _shape("int", value, where)
     if t == "float":

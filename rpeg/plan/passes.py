@@ -120,7 +120,7 @@ def reads_in_place(trainer, reader) -> bool:
     ``rpeg.runtime.lowering.instances``): on the trainer's devices, split the same way, whole
     between train ops (not ZeRO-3 shards), and not a vLLM engine's own copy."""
     from rpeg.cost.engine_sync import engine_copy
-    if engine_copy(trainer, reader) or trainer.zero >= 3 or max(trainer.pp, reader.pp) > 1:
+    if engine_copy(trainer, reader) or trainer.zero.shards_params or max(trainer.pp, reader.pp) > 1:
         return False
     if reader.tp != trainer.tp:
         return False

@@ -27,7 +27,7 @@ from rpeg.cost.memory import Parallel
 from rpeg.errors import PlanError
 from rpeg.plan.model import StagePlacement
 from rpeg.plan.space import Limits
-from rpeg.spec.model import Cluster, Engine, OpKind, Pin, Pipeline
+from rpeg.spec.model import Cluster, Engine, OpKind, Pin, Pipeline, Zero
 
 _PARALLEL = ("dp", "tp", "pp", "zero", "recompute", "offload", "microbatches", "cp", "ep",
              "packing", "param_offload", "max_num_seqs", "kv_fraction", "cuda_graph")
@@ -99,10 +99,10 @@ def _check_eval_pin(pin: Pin, pipeline: Pipeline, limits: Limits) -> None:
     """A pinned layout of the evaluated model's train stage the eval block cannot run
     beside (ZeRO-3, tensor parallelism: the eval needs one whole trained replica)."""
     stage = pipeline.stage(pin.stage)
-    why = limits.check_eval(pipeline, stage, Parallel(tp=pin.tp or 1, zero=pin.zero or 0))
+    why = limits.check_eval(pipeline, stage, Parallel(tp=pin.tp or 1, zero=pin.zero or Zero.NONE))
     if why is None:
         return
-    key = "zero" if (pin.zero or 0) not in limits.eval_zero else "tp"
+    key = "zero" if (pin.zero or Zero.NONE) not in limits.eval_zero else "tp"
     levels = ", ".join(str(z) for z in sorted(limits.eval_zero))
     raise PlanError(f"place {pin.stage}: {why}", pin.span_of(key),
                     notes=[("the eval block", pipeline.evaluation.span)],
@@ -134,16 +134,17 @@ def _refusal(pin: Pin, pipeline: Pipeline, limits: Limits) -> tuple[str, str] | 
         return "engine", (f"engine {pin.engine.value} is another system's, which this "
                           f"executor does not run")
     stage = pipeline.stage(pin.stage)
-    if stage.kind is not OpKind.GENERATE and pin.zero and not limits.inference_zero \
+    if stage.kind is not OpKind.GENERATE and pin.sharded and not limits.inference_zero \
             and stage.kind is not OpKind.TRAIN:
         return "zero", "inference on ZeRO-3-sharded weights is not run by this executor"
-    if stage.kind is OpKind.GENERATE and pin.zero and not limits.inference_zero:
+    if stage.kind is OpKind.GENERATE and pin.sharded and not limits.inference_zero:
         return "zero", "generation on ZeRO-3-sharded weights is not run by this executor"
     model = pipeline.model(stage.target) if pipeline.has_model(stage.target or "") else None
     if model is not None and model.lora is not None:
         trained = stage.kind is OpKind.TRAIN
         why = limits.check_lora(model, Parallel(tp=pin.tp or 1,
-                                                zero=(pin.zero or 0) if trained else 0))
+                                                zero=(pin.zero or Zero.NONE) if trained
+                                                else Zero.NONE))
         if why is not None:
             return ("tp" if (pin.tp or 1) > limits.lora_max_tp else "zero"), why
     if stage.kind is OpKind.GENERATE and pin.engine is not None \

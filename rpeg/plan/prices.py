@@ -40,7 +40,7 @@ from rpeg.cost.stages import (
 from rpeg.graph import build
 from rpeg.graph.work import Work
 from rpeg.plan.model import StagePlacement
-from rpeg.spec.model import Cluster, Model, Pipeline
+from rpeg.spec.model import Cluster, Model, Pipeline, Zero
 
 MIB = 2 ** 20
 
@@ -196,7 +196,7 @@ class Prices:
         return self._memo["_resident"](model, self.laid(p), trained)
 
     def _resident(self, model, q, trained) -> float:
-        zero = q.zero if trained or q.zero >= 3 else 0
+        zero = q.zero if trained or q.zero.shards_params else Zero.NONE
         par = attrs.evolve(parallel_of(q), zero=zero, offload=q.offload and trained)
         return resident_memory(self.models[model], par, self.cluster, trained=trained,
                                engine=q.engine).total

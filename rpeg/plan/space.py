@@ -22,7 +22,7 @@ import attrs
 
 from rpeg.cost.memory import Parallel, check_parallel
 from rpeg.errors import CostError, PlanError
-from rpeg.spec.model import Cluster, Engine, Model, OpKind, Pipeline
+from rpeg.spec.model import Cluster, Engine, Model, OpKind, Pipeline, Zero, zero_levels
 from rpeg.spec.presets import PRESETS, ModelDims
 
 __all__ = ["Block", "Limits", "device_blocks", "layouts", "PRESETS"]
@@ -41,7 +41,7 @@ class Limits:
     max_pp: int = 16
     max_dp: int = 1 << 20
     engines: frozenset[Engine] = frozenset({Engine.TORCH, Engine.VLLM})
-    zero: frozenset[int] = frozenset({0, 1, 2, 3})   # ZeRO levels train ops may use
+    zero: frozenset[Zero] = attrs.field(default=frozenset(Zero), converter=zero_levels)  # train ops'
     recompute: bool = True            # activation recomputation in train ops
     offload: bool = True              # optimizer state in host memory between train steps
     packing: bool = True              # forward / train ops without padding
@@ -65,10 +65,11 @@ class Limits:
     dtypes: tuple[str, ...] = ()      #   these dtypes (empty: any),
     lora: bool = True                 # LoRA adapters
     lora_max_tp: int = 64             # ... trained and read at tp at most this
-    lora_zero: frozenset[int] = frozenset({0, 1, 2, 3})   # ... trained at these ZeRO levels
+    lora_zero: frozenset[Zero] = attrs.field(default=frozenset(Zero),   # ... trained at these
+                                             converter=zero_levels)  # ZeRO levels
     # the eval block, on the trained replica of the model it evaluates: trained at these
     # ZeRO levels and tp at most this
-    eval_zero: frozenset[int] = frozenset({0, 1, 2, 3})
+    eval_zero: frozenset[Zero] = attrs.field(default=frozenset(Zero), converter=zero_levels)
     eval_max_tp: int = 64
 
     @classmethod
@@ -76,7 +77,7 @@ class Limits:
         """The limits of an executor that declares ``caps`` (a ``Capabilities``)."""
         return cls(max_tp=caps.max_tp, max_pp=caps.max_pp, max_dp=caps.max_dp,
                    engines=frozenset(e.engine for e in caps.engines),
-                   zero=frozenset(caps.zero), recompute=caps.recompute, offload=caps.offload,
+                   zero=caps.zero, recompute=caps.recompute, offload=caps.offload,
                    packing=caps.packing,
                    carry_engines=frozenset(e.engine for e in caps.engines if e.carry),
                    engine_tp=tuple((e.engine, e.max_tp) for e in caps.engines),
@@ -89,8 +90,8 @@ class Limits:
                    families=tuple(sorted(caps.families)),
                    model_features=tuple(sorted(caps.model_features)),
                    dtypes=tuple(sorted(caps.dtypes)), lora=caps.lora,
-                   lora_max_tp=caps.lora_max_tp, lora_zero=frozenset(caps.lora_zero),
-                   eval_zero=frozenset(caps.eval_zero), eval_max_tp=caps.eval_max_tp)
+                   lora_max_tp=caps.lora_max_tp, lora_zero=caps.lora_zero,
+                   eval_zero=caps.eval_zero, eval_max_tp=caps.eval_max_tp)
 
     @classmethod
     def runtime(cls) -> Limits:

@@ -21,6 +21,7 @@ from rpeg.cost.engine_sync import sync_senders
 from rpeg.cost.generation import batching_of
 from rpeg.errors import GraphError, PlanError
 from rpeg.graph import Graph
+from rpeg.graph.ids import Backbone
 from rpeg.graph.unroll import chunk_counts
 from rpeg.plan.model import Plan, StagePlacement
 from rpeg.plan.passes import elide_syncs, fuse, reads_in_place
@@ -140,15 +141,15 @@ class Stages:
 
 
 
-def graph_backbone(plan: Plan, model: str) -> str:
+def graph_backbone(plan: Plan, model: str) -> Backbone:
     return backbone(plan.shared, model)
 
 
-def backbone(shared: tuple[tuple[str, ...], ...], model: str) -> str:
+def backbone(shared: tuple[tuple[str, ...], ...], model: str) -> Backbone:
     for group in shared:
         if model in group:
-            return "+".join(group)
-    return model
+            return Backbone.of(group)
+    return Backbone(model)
 
 
 

@@ -231,6 +231,6 @@ def _sync_calls(plan, graph: Graph, op) -> tuple[int, ...]:
     if train is None or reader is None:
         return ()
     src, dst = plan.placement(train.stages[0]), plan.placement(reader.stages[0])
-    sources = src.devices if src.zero >= 3 else src.devices[:max(src.tp, 1)]
+    sources = src.devices if src.zero.shards_params else src.devices[:max(src.tp, 1)]
     readers = dst.devices[::max(dst.tp, 1)] if dst.engine is Engine.VLLM else dst.devices
     return tuple(sources) + tuple(readers)

@@ -17,15 +17,16 @@ moves at no more than its memory bandwidth, and host time only adds.
 from __future__ import annotations
 
 from rpeg.cost.compute import Roof, utilisation
+from rpeg.graph import Graph
 from rpeg.plan.model import MemoryUse, OpUse, Plan
 
 KINDS = ("weights", "grads", "optimizer", "activations", "kv_cache", "buffers")
 
 
-def op_uses(ev, plan: Plan, timings: dict, op_times, roofs: dict[str, Roof]
+def op_uses(ev, plan: Plan, graph: Graph, timings: dict, op_times, roofs: dict[str, Roof]
             ) -> tuple[OpUse, ...]:
-    """Per op of ``op_times`` (in that order): its devices, FLOPs and bytes over them, time,
-    MFU and MBU on ``ev``'s cluster."""
+    """Per op of ``op_times`` (in that order; ops of ``graph``): its devices, FLOPs and bytes
+    over them, time, MFU and MBU on ``ev``'s cluster."""
     gpu = ev.cluster.gpu
     out = []
     for name, rounded in op_times:
@@ -33,14 +34,16 @@ def op_uses(ev, plan: Plan, timings: dict, op_times, roofs: dict[str, Roof]
         devices = len(timing.devices) if timing is not None else 0
         seconds = timing.time_s if timing is not None else rounded
         roof = roofs.get(name, Roof()).scaled(max(devices, 1))
-        mfu, mbu = utilisation(roof, seconds, max(devices, 1), gpu, _fp8(ev, plan, name))
+        stages = graph.op(name).stages if graph.has_op(name) else (name,)
+        mfu, mbu = utilisation(roof, seconds, max(devices, 1), gpu, _fp8(ev, plan, stages))
         out.append(OpUse(name, devices, roof.flops, roof.bytes, seconds, mfu, mbu))
     return tuple(out)
 
 
-def _fp8(ev, plan: Plan, op: str) -> bool:
-    """Whether the op's model computes its GEMMs in FP8 (its peak is FP8's)."""
-    for stage in op.split("+"):
+def _fp8(ev, plan: Plan, stages: tuple[str, ...]) -> bool:
+    """Whether the model of an op (running ``stages``) computes its GEMMs in FP8 (its peak
+    is FP8's)."""
+    for stage in stages:
         if not plan.has_placement(stage):
             continue
         target = ev.pipeline.stage(stage).target or ""

@@ -32,6 +32,7 @@ from pathlib import Path
 import attrs
 
 from rpeg.errors import PlanError, RpegError, Span, did_you_mean
+from rpeg.graph.ids import Backbone
 from rpeg.graph.versions import bound_problem
 from rpeg.plan.model import Plan
 from rpeg.plan.staleness import staleness_problem
@@ -142,7 +143,7 @@ def _check_models(plan: Plan, pipeline: Pipeline, where: Span, hint: str) -> Non
     allowed = [set(g) for g in pipeline.shares]
     named = [(f"shared[{i}]", m) for i, group in enumerate(plan.shared) for m in group]
     named += [(f"model_homes[{i}]", m) for i, (key, _) in enumerate(plan.model_homes)
-              for m in key.split("+")]
+              for m in Backbone(key).members]
     _known(named, models, "a model", pipeline.name, where, hint)
     for i, group in enumerate(plan.shared):
         if set(group) not in allowed:
@@ -150,9 +151,9 @@ def _check_models(plan: Plan, pipeline: Pipeline, where: Span, hint: str) -> Non
                             f"share ({'; '.join(', '.join(g) for g in pipeline.shares) or 'none'}"
                             f"), not {', '.join(group)}", where,
                             hint="allow it in the spec with `share A, B`, or " + hint)
-    merged = {"+".join(g) for g in plan.shared}
+    merged = {Backbone.of(g) for g in plan.shared}
     for i, (key, _) in enumerate(plan.model_homes):
-        if "+" in key and key not in merged:
+        if Backbone(key).shared and key not in merged:
             raise PlanError(f"plan field 'model_homes[{i}]' names the shared backbone '{key}', "
                             "which the plan's 'shared' does not list", where, hint=hint)
 

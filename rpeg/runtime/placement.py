@@ -14,6 +14,7 @@ per-sample scoring beside the trainer. One device: everything colocated.
 
 from __future__ import annotations
 
+from rpeg.graph.ids import Backbone
 from rpeg.plan.model import Plan, StagePlacement, Strategy
 from rpeg.spec.model import Engine, OpKind, Pipeline
 
@@ -26,13 +27,13 @@ def split_plan(pipeline: Pipeline, devices: int, *, staleness: int | None = None
     last = devices - 1
     gen_models = {s.target for s in pipeline.stages if s.kind is OpKind.GENERATE}
     shared = tuple(tuple(g) for g in pipeline.shares) if share else ()
-    merged = {m: "+".join(g) for g in shared for m in g}
+    merged = {m: Backbone.of(g) for g in shared for m in g}
     homes: dict[str, tuple[int, ...]] = {}
     for m in pipeline.models:
         if m.frozen:
             continue
         key = merged.get(m.name, m.name)
-        in_gen = any(x in gen_models for x in key.split("+"))
+        in_gen = any(x in gen_models for x in Backbone(key).members)
         homes[key] = tuple(range(dp)) if dp > 1 else ((last,) if in_gen else (0,))
     placements = []
     for s in pipeline.stages:

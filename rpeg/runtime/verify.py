@@ -47,7 +47,7 @@ import attrs
 from rpeg.errors import RuntimeFailure, Span
 from rpeg.graph.versions import readable
 from rpeg.plan.model import Plan
-from rpeg.runtime.lowering.instances import LOAD, RECV, OpCall, build_calls, lookback, model_homes
+from rpeg.runtime.lowering.instances import OpCall, build_calls, lookback, model_homes
 from rpeg.runtime.lowering.joins import JOIN
 from rpeg.runtime.rundir import files as rf
 from rpeg.runtime.rundir.check import (
@@ -263,8 +263,8 @@ def _identity(c: OpCall, e: dict) -> list[Violation]:
 
 def _placement(c: OpCall, e: dict, plan: Plan, workers, homes) -> list[Violation]:
     if c.kind is OpKind.SYNC_WEIGHTS:
-        allowed = (homes.get(c.model, ()) if c.role not in (LOAD, RECV) else (c.device,))
-        what = f"the home of {c.model}" if c.role not in (LOAD, RECV) else "the reader's device"
+        allowed = (c.device,) if c.role.reads_at_reader else homes.get(c.model, ())
+        what = "the reader's device" if c.role.reads_at_reader else f"the home of {c.model}"
     else:
         allowed = plan.placement(c.stages[0]).devices
         what = f"stage {c.stages[0]}'s devices"

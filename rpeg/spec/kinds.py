@@ -40,6 +40,68 @@ class Engine(enum.Enum):
     MEGATRON = "megatron"
 
 
+class Zero(enum.IntEnum):
+    """A ZeRO level: which parts of a trained model's state its data-parallel ranks shard
+    rather than each hold whole. Levels nest (each shards what the one below does, and one
+    thing more); plan files, specs and run records write the level's number.
+
+        >>> Zero.of(2).shards_grads, Zero.of(2).shards_params, str(Zero.WEIGHTS)
+        (True, False, '3')
+    """
+
+    NONE = 0            # every rank holds everything (DDP)
+    OPTIMIZER = 1       # the optimizer state sharded
+    GRADIENTS = 2       # ... and the gradients (FSDP2 keeping gathered weights to backward)
+    WEIGHTS = 3         # ... and the weights (FSDP2 resharding after each pass)
+
+    @classmethod
+    def of(cls, level: object) -> Zero:
+        """``level`` (a Zero or its number) as a Zero; ValueError for anything else."""
+        if type(level) is cls:
+            return level
+        if isinstance(level, bool) or not isinstance(level, int) or level not in _LEVELS:
+            raise ValueError(f"zero must be a ZeRO level 0..3, not {level!r}")
+        return cls(level)
+
+    @classmethod
+    def maybe(cls, level: object) -> Zero | None:
+        """``of``, with None kept (a key a pin leaves to the planner)."""
+        return None if level is None else cls.of(level)
+
+    @property
+    def replicated(self) -> bool:
+        """Every data-parallel rank holds the whole state: nothing sharded."""
+        return self is Zero.NONE
+
+    @property
+    def shards_optimizer(self) -> bool:
+        return self is not Zero.NONE
+
+    @property
+    def shards_grads(self) -> bool:
+        return self in (Zero.GRADIENTS, Zero.WEIGHTS)
+
+    @property
+    def shards_params(self) -> bool:
+        """The weights themselves are sharded: a pass gathers them, nothing reads them whole
+        between passes."""
+        return self is Zero.WEIGHTS
+
+    @property
+    def keeps_gathered(self) -> bool:
+        """Gradients sharded, weights whole between forward and backward (ZeRO-2: FSDP2
+        without resharding after the forward)."""
+        return self is Zero.GRADIENTS
+
+
+_LEVELS = frozenset(z.value for z in Zero)
+
+
+def zero_levels(levels) -> frozenset[Zero]:
+    """A set of ZeRO levels (numbers or Zeros) as Zeros."""
+    return frozenset(Zero.of(z) for z in levels)
+
+
 GENERATE_ENGINES = (Engine.AUTO, Engine.TORCH, Engine.VLLM, Engine.HF, Engine.HYBRID)
 PASS_ENGINES = (Engine.TORCH, Engine.DEEPSPEED, Engine.MEGATRON)    # forward and train
 

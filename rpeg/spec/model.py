@@ -24,7 +24,8 @@ from rpeg.errors import NOWHERE, Span
 from rpeg.spec.functions import function
 from rpeg.spec.kinds import GENERATE_ENGINES as GENERATE_ENGINES  # re-exported
 from rpeg.spec.kinds import PASS_ENGINES as PASS_ENGINES  # re-exported
-from rpeg.spec.kinds import Engine, Head, OpKind
+from rpeg.spec.kinds import Engine, Head, OpKind, Zero
+from rpeg.spec.kinds import zero_levels as zero_levels  # re-exported
 from rpeg.spec.paths import FileRef
 from rpeg.spec.presets import ModelDims
 from rpeg.spec.training import (
@@ -289,7 +290,7 @@ class Pin:
     dp: int | None = None
     tp: int | None = None
     pp: int | None = None
-    zero: int | None = None
+    zero: Zero | None = attrs.field(default=None, converter=Zero.maybe)
     recompute: bool | None = None
     offload: bool | None = None
     microbatches: int | None = None
@@ -312,6 +313,12 @@ class Pin:
     @property
     def size(self) -> int:
         return self.last - self.first + 1
+
+    @property
+    def sharded(self) -> bool:
+        """The block pins a ZeRO level that shards something (on a forward or generate
+        stage: a pass on sharded weights)."""
+        return self.zero is not None and not self.zero.replicated
 
     @property
     def devices(self) -> tuple[int, ...]:

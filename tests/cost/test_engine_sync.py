@@ -18,7 +18,7 @@ from rpeg.cost.profiles import cluster_of
 from rpeg.cost.stages import estimate_stage
 from rpeg.graph.work import work_of
 from rpeg.plan.model import StagePlacement
-from rpeg.spec.model import Engine
+from rpeg.spec.model import Engine, Zero
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -186,11 +186,11 @@ def test_the_layouts_offered_are_priced_with_the_share_the_engine_takes():
 def test_every_device_holding_a_piece_sends():
     from rpeg.cost.engine_sync import sync_senders
     devices = (4, 5, 6, 7)
-    assert sync_senders(devices, tp=1, zero=0) == (4,)           # whole on each rank
-    assert sync_senders(devices, tp=1, zero=2) == (4,)           # ZeRO-2: whole between ops
-    assert sync_senders(devices, tp=2, zero=2) == (4, 5)         # the first tp block gathers
-    assert sync_senders(devices, tp=1, zero=3) == devices        # shards: every rank gathers
-    assert sync_senders(devices, tp=2, zero=3) == devices
+    assert sync_senders(devices, tp=1, zero=Zero(0)) == (4,)           # whole on each rank
+    assert sync_senders(devices, tp=1, zero=Zero(2)) == (4,)           # ZeRO-2: whole between ops
+    assert sync_senders(devices, tp=2, zero=Zero(2)) == (4, 5)         # the first tp block gathers
+    assert sync_senders(devices, tp=1, zero=Zero(3)) == devices        # shards: every rank gathers
+    assert sync_senders(devices, tp=2, zero=Zero(3)) == devices
 
 
 @given(st.lists(st.integers(0, 15), min_size=1, max_size=4, unique=True),

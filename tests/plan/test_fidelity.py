@@ -105,13 +105,13 @@ def test_weight_sync_holds_the_trainers_senders_and_the_generator(ppo8b, gh8, co
         plan = empty_plan(ctx)
         for s in model_stages(ppo8b):
             block = Block(0, 4) if s == "rollout" else Block(4, 4)
-            pick = [c for c in options(ctx, s, 4) if (c.par.zero >= 3) == sharded
+            pick = [c for c in options(ctx, s, 4) if c.par.zero.shards_params == sharded
                     or ppo8b.stage(s).kind.value != "train"]
             plan = put(ctx, plan, s, block, pick[0])
         plan = repair(ctx, plan)
         timings, _ = ev.timings(plan, ev.graph(plan))
         actor = plan.placement("actor_step")
-        senders = actor.devices if actor.zero >= 3 else actor.devices[:actor.tp]
+        senders = actor.devices if actor.zero.shards_params else actor.devices[:actor.tp]
         assert timings["sync_actor"].devices == tuple(sorted((0, 1, 2, 3) + senders))
         assert timings["actor_step"].time_s == pytest.approx(ev.stage_time("actor_step", actor))
     vllm = attrs.evolve(plan, placements=tuple(

@@ -45,7 +45,7 @@ class SegmentLoop:
             return
         gen = next(s for s in self.pipeline.stages if s.kind.value == "generate")
         homes = {m: d for m, d in self.meta.get("homes", {}).items()
-                 if gen.target in base_of(m).split("+")}
+                 if gen.target in base_of(m).members}
         if not homes:
             raise RuntimeFailure(f"eval needs a trained replica of '{gen.target}', and the "
                                  "plan trains none", e.span)

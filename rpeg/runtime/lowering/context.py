@@ -22,6 +22,7 @@ from rpeg.runtime.lowering.instances import (
     EXPORT,
     SEND,
     OpCall,
+    ReplicaKey,
     base_of,
     engine_blocks,
     engine_hosts,
@@ -30,20 +31,20 @@ from rpeg.runtime.lowering.instances import (
     replica_layouts,
     train_layouts,
 )
-from rpeg.spec.model import Head, Pipeline
+from rpeg.spec.model import Head, Pipeline, Zero
 
 
 @attrs.frozen
 class Replica:
     """One copy of a backbone's state on one device."""
 
-    model: str                       # backbone key ("actor", or "actor+critic" when shared)
+    model: ReplicaKey = attrs.field(converter=ReplicaKey)   # "actor", "actor+critic~vllm"
     device: int
     heads: tuple[str, ...]           # "lm", "value"
     trainable: bool                  # holds an optimizer (a home device of a trained model)
     world: tuple[int, ...] = ()      # devices training it (dp x tp; len > 1: collectives)
     tp: tuple[int, ...] = ()         # its tensor-parallel group (len > 1: weights sharded)
-    zero: int = 0                    # trained: 0 DDP, 2 / 3 FSDP2 (rpeg.cost.memory)
+    zero: Zero = attrs.field(default=Zero.NONE, converter=Zero.of)   # trained: DDP or FSDP2
     recompute: bool = False          # trained: activations recomputed in backward
     offload: bool = False            # trained: optimizer state in host memory between ops
     engine: tuple[int, ...] = ()     # a vLLM engine's own copy: the devices its workers span
@@ -54,7 +55,7 @@ class Replica:
         if not self.trainable:
             return (self.tp,) if len(self.tp) > 1 else ()
         size = max(len(self.tp), 1)
-        sharded = self.zero >= 2
+        sharded = self.zero.shards_grads
         out = set()
         if len(self.world) > 1 or sharded:      # its ranks checkpoint together (DCP)
             out.add(tuple(self.world))
@@ -133,7 +134,7 @@ class RunContext:
             replicas.append(Replica(
                 model, dev, tuple(sorted(heads)), trainable=home,
                 world=homes.get(model, ()) if home else (), tp=groups.get((model, dev), ()),
-                zero=p.zero if p else 0, recompute=p.recompute if p else False,
+                zero=p.zero if p else Zero.NONE, recompute=p.recompute if p else False,
                 offload=p.offload if p else False, engine=blocks.get((model, dev), ())))
         made = {g for r in replicas for g in r.layout_groups}
         for c in calls:                    # a weight transfer: its broadcast group
@@ -190,7 +191,7 @@ def _graph(pipeline, plan):
 def heads_of(pipeline: Pipeline, backbone: str) -> set[str]:
     """The heads a replica of ``backbone`` (one model, or models sharing it) carries."""
     heads = set()
-    for name in base_of(backbone).split("+"):
+    for name in base_of(backbone).members:
         m = pipeline.model(name)
         heads.add("lm" if m.head is Head.LM else "value")
     return heads

@@ -70,6 +70,8 @@ from rpeg.runtime.lowering.replicas import (
     RECV,
     SEND,
     VARIANT,
+    CallRole,
+    ReplicaKey,
     base_of,
     engine_blocks,
     engine_hosts,
@@ -94,11 +96,12 @@ class OpCall:
     world: int = 1                           # data-parallel degree
     tp_group: tuple[int, ...] = ()           # devices running this instance together (tp > 1;
                                              # a weight sync's senders and engine hosts)
-    role: str = ""                           # sync ops: export | load
+    role: CallRole = attrs.field(default=CallRole.NONE, converter=CallRole)   # sync, join
     gang: tuple[int, ...] = ()               # sync ops: every device of the weight transfer
     sources: tuple[int, ...] = ()            # sync ops: the trainer's devices that send
     fills: tuple[str, ...] = ()              # sync ops: copies on this device it loads
-    model: str | None = None                 # backbone whose state the op reads or writes
+    # the copy of a backbone whose state the op reads or writes
+    model: ReplicaKey | None = attrs.field(default=None, converter=ReplicaKey.maybe)
     stages: tuple[str, ...] = ()             # spec stages it implements
     inputs: tuple[tuple[str, int], ...] = () # data name -> futures in ``deps``, in order
     deps: tuple[str, ...] = ()               # data dependencies (op ids), in argument order
@@ -178,7 +181,7 @@ def build_calls(pipeline: Pipeline, plan: Plan, steps: int, *, first: int = 0
                             stages=op.stages, inputs=inputs, deps=deps, after=[],
                             version=-1, writes=-1, bound=0, limit=0,
                             carry=place.carry if op.kind is OpKind.GENERATE else 0)
-                members = op.reads_model.split("+") if op.reads_model else []
+                members = op.reads_model.members if op.reads_model else ()
                 if op.reads_model and not all(m in frozen for m in members):
                     lag = 0 if op.kind is OpKind.TRAIN else graph.lag_of(name)
                     call["version"] = read_version(op.kind, s, lag, first)
@@ -190,7 +193,7 @@ def build_calls(pipeline: Pipeline, plan: Plan, steps: int, *, first: int = 0
                 if rank == 0 and (not group or group[0] == dev):
                     produced[(name, s)].append(cid)       # what readers take: tp rank 0's
     trained = train_layouts(graph, plan)
-    _split_layouts(calls, {m: p.zero >= 3 for m, p in trained.items()})
+    _split_layouts(calls, {m: p.zero.shards_params for m, p in trained.items()})
     calls = _add_syncs(calls, homes, trained, first, engine_blocks(plan, calls))
     _order_versions(calls, homes, frozen, first)
     _order_chunks(calls)
@@ -243,7 +246,7 @@ def model_homes(pipeline: Pipeline, plan: Plan, graph: Graph) -> dict[str, tuple
     homes: dict[str, tuple[int, ...]] = {}
     for op in graph.ops:
         if op.kind is OpKind.TRAIN and op.writes_model:
-            members = op.writes_model.split("+")
+            members = op.writes_model.members
             given = plan.home(op.writes_model) or plan.home(members[0])
             trained = _placement(plan, op).devices
             if given and not set(trained) <= set(given):
@@ -306,7 +309,7 @@ def _check_tp(stage: str, place, op, plan: Plan, pipeline: Pipeline | None) -> N
                         hint="give the stage dp * tp devices, or lower tp")
     if pipeline is None:
         return
-    for name in op.reads_model.split("+"):
+    for name in op.reads_model.members:
         dims = pipeline.model(name).dims
         for what, count in (("attention heads", dims.heads), ("KV heads", dims.kv_heads),
                             ("MLP width", dims.ffn)):
@@ -363,7 +366,7 @@ def _home_whole(graph: Graph, plan: Plan) -> dict[str, bool]:
     not laid out by FSDP2): what an engine beside it can be updated from in memory. A
     ZeRO-2 trainer holds them whole too, but as FSDP2's parameters: a vLLM engine started
     beside one ended its worker at the first train op, so it gets its own copy."""
-    return {m: p.tp <= 1 and p.zero == 0 for m, p in train_layouts(graph, plan).items()}
+    return {m: p.tp <= 1 and p.zero.replicated for m, p in train_layouts(graph, plan).items()}
 
 
 def _chunks(graph: Graph, plan: Plan, responses: int) -> int:
@@ -419,6 +422,7 @@ def _id(name, step, idx, kind, n, is_chunked) -> str:
 
 
 # the replica keys and sync roles (rpeg.runtime.lowering.replicas) are also this module's
-__all__ = ["ENGINE", "EXPORT", "LOAD", "RECV", "SEND", "VARIANT", "OpCall", "base_of",
+__all__ = ["ENGINE", "EXPORT", "LOAD", "RECV", "SEND", "VARIANT", "CallRole", "OpCall", "ReplicaKey",
+           "base_of",
            "build_calls", "by_id", "engine_blocks", "engine_hosts", "engine_key", "graph_for", "is_engine_key",
            "lookback", "model_homes", "replica_layouts", "train_layouts"]

@@ -32,8 +32,9 @@ from __future__ import annotations
 import attrs
 
 from rpeg.cost.control import JOIN_MIN
+from rpeg.runtime.lowering.replicas import CallRole
 
-JOIN = "join"           # the role of a join call
+JOIN = CallRole.JOIN    # the role of a join call
 
 
 @attrs.frozen

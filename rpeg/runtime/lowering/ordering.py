@@ -30,7 +30,7 @@ from rpeg.runtime.lowering.replicas import (
     LOAD,
     RECV,
     SEND,
-    VARIANT,
+    ReplicaKey,
     base_of,
     engine_hosts,
     engine_key,
@@ -57,10 +57,10 @@ def _split_layouts(calls: list[dict], sharded: dict[str, bool]) -> None:
             layout = primary.setdefault(key, (c["tp_group"], False))
             if layout != (c["tp_group"], c["kind"] is OpKind.TRAIN and layout[1]):
                 g = c["tp_group"]
-                c["model"] = c["model"] + VARIANT + (
-                    "tp" + "-".join(map(str, g)) if g else "whole")
+                c["model"] = ReplicaKey.of(c["model"],
+                                           "tp" + "-".join(map(str, g)) if g else "whole")
     copied = {(c["op"], c["step"], c["chunk"]): c["model"] for c in calls
-              if c["tp_group"] and c["model"] and VARIANT in c["model"]}
+              if c["tp_group"] and c["model"] and ReplicaKey(c["model"]).variant}
     for c in calls:                        # every rank of a tp group reads the same copy
         if c["tp_group"] and (c["op"], c["step"], c["chunk"]) in copied:
             c["model"] = copied[(c["op"], c["step"], c["chunk"])]

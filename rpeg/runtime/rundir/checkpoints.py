@@ -40,6 +40,7 @@ from pathlib import Path
 import attrs
 
 from rpeg.errors import RpegError, RuntimeFailure, Span
+from rpeg.graph.ids import Backbone
 
 FORMAT = 1
 MARKER = "COMPLETE"
@@ -379,7 +380,7 @@ def replica_versions() -> dict[str, tuple[int, bool, bool, bool]]:
     # a vLLM engine's own copy (``actor~vllm``) trains nothing and is never rebuilt: its
     # files hold its version and its carried responses
     return {f"{model}@{device}": (r.version, getattr(r, "optimizer", None) is not None,
-                                  set(model.split("+")) <= frozen, ex.carries(model))
+                                  set(Backbone(model).members) <= frozen, ex.carries(model))
             for model, r in ex.replicas.items()}
 
 
@@ -414,7 +415,7 @@ def restore_replicas(sources: dict[str, str]) -> dict[str, int]:
     frozen = {m.name for m in ex.ctx.pipeline.models if m.frozen}
     out = {}
     for model, replica in ex.replicas.items():
-        if set(model.split("+")) <= frozen:
+        if set(Backbone(model).members) <= frozen:
             out[model] = replica.version         # as built: frozen weights never change
             continue
         if model not in sources:

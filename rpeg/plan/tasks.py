@@ -14,12 +14,10 @@ instances out as, the Dask tasks its fusion packs them into, and the futures tho
     >>> d.calls, d.tasks, d.args
     (3, 2, 1)
 
-The layout is the runtime's (``rpeg.runtime.instances``): a stage's devices are blocks of
-``tp``; a streamed op's chunk c runs on block ``c mod blocks`` (every rank of it), a
-vLLM engine's chunk on that block's first device alone, a train op on every device (one
-data-parallel rank each), any other op on the first block; a weight sync on the devices
-sending and receiving. Readers take the first rank's output. The fusion is the runtime's
-(``rpeg.runtime.fusion``, the same rule on instances): a step's calls on one device share
+The calls lie on their devices as :func:`rpeg.plan.oplayout.op_layout` says (the layout the
+runtime lays its calls out by); a weight sync's on the devices sending and receiving
+(:func:`rpeg.plan.oplayout.sync_calls`). The fusion counted is that of
+``rpeg.runtime.fusion``, on instances: a step's calls on one device share
 a task while every input is in it, or in a task it already waits for; a call whose output
 another device reads ends its task, but for the stages the plan fused with it; the ranks of a collective each start a task, and a
 gang of ``JOIN_MIN`` ranks or more waits through one join call, a task of its own
@@ -33,45 +31,17 @@ from __future__ import annotations
 
 import bisect
 
-import attrs
-
 from rpeg.cost.control import JOIN_MIN, Dispatch
 from rpeg.graph import Graph
+from rpeg.plan.oplayout import (
+    OpLayout,
+    chunks_per_step,
+    op_layout,
+    streamed_ops,
+    sync_calls,
+)
 from rpeg.plan.simulate import OpTiming, _placing, _prepare
-
-
-@attrs.frozen
-class OpLayout:
-    """How the runtime lays one op's instances out on its devices."""
-
-    devices: tuple[int, ...]
-    tp: int = 1                       # devices per block (tensor-parallel ranks)
-    chunked: bool = False             # streamed: chunk c on block c mod blocks
-    per_block: bool = False           # one call per block, on its first device (vLLM)
-    everywhere: bool = False          # a call on every device (train ranks, weight syncs)
-    collective: bool = False          # its calls on several devices run collectives
-
-    def devices_of(self, chunk: int) -> tuple[int, ...]:
-        """The devices running an instance's calls, the one whose output readers take
-        first."""
-        if self.everywhere or not self.devices:
-            return self.devices
-        tp = max(1, self.tp)
-        blocks = -(-len(self.devices) // tp)
-        start = (chunk % blocks) * tp if self.chunked else 0
-        return self.devices[start:start + (1 if self.per_block else tp)]
-
-
-def stream_chunks(chunks: int, blocks: int, responses: int) -> int:
-    """Chunks a step streams from ``blocks`` generating blocks asked for ``chunks``: rounded
-    up so each block streams as many, and never more per block than the responses it
-    generates (a chunk holds at least one).
-
-        >>> stream_chunks(4, 512, 512), stream_chunks(16, 32, 512), stream_chunks(3, 2, 4)
-        (512, 32, 4)
-    """
-    per = min(-(-max(chunks, 1) // blocks), max(1, responses // blocks))
-    return per * blocks
+from rpeg.spec.model import OpKind
 
 
 def dispatch_per_step(graph: Graph, layouts: dict[str, OpLayout], chunks: int = 1,
@@ -189,48 +159,29 @@ def _inputs(prep) -> list[list[int]]:
 
 def layouts_of(pipeline, plan, graph: Graph, timings: dict[str, OpTiming]
                ) -> tuple[dict[str, OpLayout], int]:
-    """Each op's :class:`OpLayout` under ``plan`` (``graph``: the plan's graph without
-    fusion, whose ops the runtime calls one by one; ``timings``: where its weight syncs run),
-    and the chunks a step streams."""
-    from rpeg.graph import chunk_counts
-    from rpeg.spec.model import Engine, OpKind
-
-    streamed = {n for n, c in chunk_counts(graph, {o.name: 2 for o in graph.ops
-                                                   if o.kind is OpKind.GENERATE}).items()
-                if c > 1}
-    responses = pipeline.workload.prompts * pipeline.workload.samples
-    chunks = 1
+    """Each op's :class:`~rpeg.plan.oplayout.OpLayout` under ``plan`` (``graph``: the plan's
+    graph without fusion, whose ops the runtime calls one by one; ``timings``: where its
+    weight syncs run), and the chunks a step streams."""
+    streamed = streamed_ops(graph)
+    placed = lambda o: plan.placement(o.stages[0])            # noqa: E731
     out: dict[str, OpLayout] = {}
     for op in graph.ops:
         if op.kind is OpKind.SYNC_WEIGHTS:
             out[op.name] = OpLayout(_sync_calls(plan, graph, op) or timings[op.name].devices,
                                     everywhere=True, collective=True)
-            continue
-        p = plan.placement(op.stages[0])
-        tp = p.tp if op.reads_model and p.tp > 1 else 1
-        vllm = op.kind is OpKind.GENERATE and p.engine is Engine.VLLM
-        if op.kind is OpKind.GENERATE:
-            chunks = max(chunks, stream_chunks(p.chunks, len(p.devices) // max(p.tp, 1),
-                                               responses))
-        train = op.kind is OpKind.TRAIN
-        out[op.name] = OpLayout(p.devices, tp, chunked=op.name in streamed, per_block=vllm,
-                                everywhere=train, collective=not vllm and (
-                                    tp > 1 or (train and len(p.devices) > 1)))
-    return out, chunks
+        else:
+            out[op.name] = op_layout(op, placed(op), op.name in streamed)
+    responses = pipeline.workload.prompts * pipeline.workload.samples
+    return out, chunks_per_step(graph, placed, responses)
 
 
 def _sync_calls(plan, graph: Graph, op) -> tuple[int, ...]:
-    """The devices of a weight sync's calls, one entry a call: the trainer's devices that
-    send (its first tensor-parallel block; all of them under ZeRO-3), then the generating
-    devices that receive (a vLLM engine's first device per block)."""
-    from rpeg.spec.model import Engine, OpKind
+    """The devices of weight sync ``op``'s calls (:func:`rpeg.plan.oplayout.sync_calls`),
+    between the model's trainer and its generate op."""
     train = next((o for o in graph.ops if o.kind is OpKind.TRAIN
                   and o.writes_model == op.reads_model), None)
     reader = next((o for o in graph.ops if o.kind is OpKind.GENERATE
                    and o.reads_model == op.reads_model), None)
     if train is None or reader is None:
         return ()
-    src, dst = plan.placement(train.stages[0]), plan.placement(reader.stages[0])
-    sources = src.devices if src.zero >= 3 else src.devices[:max(src.tp, 1)]
-    readers = dst.devices[::max(dst.tp, 1)] if dst.engine is Engine.VLLM else dst.devices
-    return tuple(sources) + tuple(readers)
+    return sync_calls(plan.placement(train.stages[0]), plan.placement(reader.stages[0]))

@@ -35,30 +35,26 @@ from rpeg.runtime.replicas import (
     engine_hosts,
     engine_key,
     is_engine_key,
+    variant_key,
 )
 from rpeg.spec.model import OpKind
 
 
-def _split_layouts(calls: list[dict], sharded: dict[str, bool]) -> None:
-    """A replica has one layout. Where an op reads a model on a device laid out differently
-    from the model's layout there (the trainer's on its home devices, else the first
-    reader's), it reads a second copy, ``model~tp<group>`` (``model~whole``: unsplit),
-    which gets its weights by weight sync like a replica on another device (resharding).
-    A trainer whose weights are sharded between ops (ZeRO-3) is read through such a copy
-    on its own devices too."""
+def _split_layouts(calls: list[dict]) -> None:
+    """A replica has one layout on a device. A device's readers of a model its trainer holds
+    there are keyed as they lay out (``rpeg.runtime.instances._replica``); elsewhere the
+    first reader's layout is the model's, and an op reading it split another way reads a
+    second copy (``variant_key``), which gets its weights by weight sync like a replica on
+    another device (resharding)."""
     primary: dict[tuple[str, int], tuple] = {}
     for c in calls:
         if c["kind"] is OpKind.TRAIN and c["model"]:
-            primary.setdefault((c["model"], c["device"]),
-                               (c["tp_group"], sharded.get(c["model"], False)))
+            primary.setdefault((c["model"], c["device"]), c["tp_group"])
     for c in calls:
         if c["model"] and not c.get("role"):
-            key = (c["model"], c["device"])
-            layout = primary.setdefault(key, (c["tp_group"], False))
-            if layout != (c["tp_group"], c["kind"] is OpKind.TRAIN and layout[1]):
-                g = c["tp_group"]
-                c["model"] = c["model"] + VARIANT + (
-                    "tp" + "-".join(map(str, g)) if g else "whole")
+            layout = primary.setdefault((c["model"], c["device"]), c["tp_group"])
+            if layout != c["tp_group"]:
+                c["model"] = variant_key(c["model"], c["tp_group"])
     copied = {(c["op"], c["step"], c["chunk"]): c["model"] for c in calls
               if c["tp_group"] and c["model"] and VARIANT in c["model"]}
     for c in calls:                        # every rank of a tp group reads the same copy

@@ -27,6 +27,12 @@ def engine_key(model: str) -> str:
     return model + VARIANT + ENGINE
 
 
+def variant_key(model: str, group: tuple[int, ...]) -> str:
+    """The key of a second copy of ``model`` on a device, split over tp ``group``
+    (``actor~tp0-1``; ``actor~whole``: unsplit)."""
+    return model + VARIANT + ("tp" + "-".join(map(str, group)) if group else "whole")
+
+
 def is_engine_key(key: str | None) -> bool:
     return bool(key) and key.endswith(VARIANT + ENGINE)
 

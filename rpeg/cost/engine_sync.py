@@ -131,6 +131,17 @@ def sync_layout(senders, blocks) -> SyncLayout:
     return SyncLayout(tuple(senders), group, local)
 
 
+def engine_sync_layout(src, dsts) -> SyncLayout:
+    """Who takes part in the weight sync from a trainer placed as ``src`` into the vLLM
+    engines of the generate placements ``dsts`` that serve a copy of their own
+    (:func:`serves_copy`): the trainer's senders (:func:`sync_senders`) and each such
+    engine's block, by host device (:func:`sync_layout`)."""
+    blocks = {b[0]: b for dst in dsts for b in tp_blocks(dst.devices, dst.tp)
+              if serves_copy(src, dst, b[0])}
+    return sync_layout(sync_senders(src.devices, max(src.tp, 1), src.zero),
+                       [blocks[h] for h in sorted(blocks)])
+
+
 def sync_refusal(layout: SyncLayout) -> str | None:
     """Why a weight sync cannot run as laid out (two ranks of its group on one device, or
     an engine on a sender's device that no sender hosts), or None."""
@@ -194,5 +205,5 @@ def collective_sync_time(model: Model, src_devices: Sequence[int], src_par: Para
 
 
 __all__ = ["SYNC_BUCKET_BYTES", "SyncLayout", "collective_sync_time", "engine_copy",
-           "engine_hosts_of", "engine_sleeps", "serves_copy", "sleep_wake_time", "sync_layout",
+           "engine_hosts_of", "engine_sync_layout", "engine_sleeps", "serves_copy", "sleep_wake_time", "sync_layout",
            "sync_refusal", "sync_senders", "tp_blocks"]

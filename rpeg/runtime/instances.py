@@ -50,7 +50,7 @@ from collections import defaultdict
 
 import attrs
 
-from rpeg.cost.engine_sync import serves_copy
+from rpeg.cost.engine_sync import engine_sync_layout, serves_copy
 from rpeg.errors import PlanError
 from rpeg.graph import DepKind, Graph, Instance, unroll
 from rpeg.graph.versions import read_version
@@ -199,7 +199,7 @@ def build_calls(pipeline: Pipeline, plan: Plan, steps: int, *, first: int = 0
                 if one.rank == 0 and (not group or group[0] == dev):
                     produced[(name, s)].append(cid)       # what readers take: tp rank 0's
     _split_layouts(calls)
-    calls = _add_syncs(calls, homes, trained, first, engine_blocks(plan, calls))
+    calls = _add_syncs(calls, homes, trained, first, _engine_syncs(graph, plan, trained))
     _order_versions(calls, homes, frozen, first)
     _order_chunks(calls)
     _order_collectives(calls)
@@ -339,6 +339,14 @@ def _replica(op, place, device: int, trainer, group: tuple[int, ...]) -> str | N
             and not reads_in_place(trainer, place, device):
         return variant_key(model, group)
     return model
+
+
+def _engine_syncs(graph: Graph, plan: Plan, trained: dict) -> dict:
+    """Trained backbone -> who takes part in its weight sync into vLLM engines' own copies
+    (``rpeg.cost.engine_sync.engine_sync_layout``, over the generate ops reading it)."""
+    return {m: engine_sync_layout(p, [_placement(plan, o) for o in graph.ops
+                                      if o.kind is OpKind.GENERATE and o.reads_model == m])
+            for m, p in trained.items()}
 
 
 def train_layouts(graph: Graph, plan: Plan) -> dict:

@@ -154,10 +154,9 @@ def backbone(shared: tuple[tuple[str, ...], ...], model: str) -> str:
 
 
 def sync_devices(src: StagePlacement, dst: StagePlacement) -> tuple[int, ...]:
-    """The devices of a weight sync: the trainer's devices that hold its weights (the first
-    tp block; every one when ZeRO-3 shards them) gather and send, the readers (torch copies,
-    or a vLLM engine's own copy) receive (rpeg.runtime.instances): ``sync_senders``, the
-    runtime's rule."""
+    """The devices a weight sync occupies: the trainer's devices that gather and send
+    (:func:`rpeg.cost.engine_sync.sync_senders`) and every device of the reader (its torch
+    copies, or its vLLM engines' workers)."""
     return _union(sync_senders(src.devices, max(src.tp, 1), src.zero), dst.devices)
 
 

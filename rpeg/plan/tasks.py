@@ -16,12 +16,11 @@ instances out as, the Dask tasks its fusion packs them into, and the futures tho
 
 The calls lie on their devices as :func:`rpeg.plan.oplayout.op_layout` says (the layout the
 runtime lays its calls out by); a weight sync's on the devices sending and receiving
-(:func:`rpeg.plan.oplayout.sync_calls`). The fusion counted is that of
-``rpeg.runtime.fusion``, on instances: a step's calls on one device share
-a task while every input is in it, or in a task it already waits for; a call whose output
-another device reads ends its task, but for the stages the plan fused with it; the ranks of a collective each start a task, and a
-gang of ``JOIN_MIN`` ranks or more waits through one join call, a task of its own
-(``rpeg.runtime.joins``). Nothing of a step in flight counts as finished (the runtime
+(:func:`rpeg.plan.oplayout.sync_calls`). The calls pack into tasks
+by :class:`rpeg.plan.packing.Packer` (the runtime's fusion packs its calls by it), fed
+with instances: a call's dependencies are the tasks of the first ranks of the instances it
+reads, and a gang of ``JOIN_MIN`` ranks or more waits through one join call, a task of its
+own (``rpeg.runtime.joins``). Nothing of a step in flight counts as finished (the runtime
 submits a step ahead), so this is the count with the least fusion. The futures counted
 are those of data, version and stream edges, and one for each gang a member's device ran
 before (the order of collectives); the runtime passes a few more ordering ones.
@@ -40,6 +39,7 @@ from rpeg.plan.oplayout import (
     streamed_ops,
     sync_calls,
 )
+from rpeg.plan.packing import Packer
 from rpeg.plan.simulate import OpTiming, _placing, _prepare
 from rpeg.spec.model import OpKind
 
@@ -49,10 +49,6 @@ def dispatch_per_step(graph: Graph, layouts: dict[str, OpLayout], chunks: int = 
     """The calls, tasks and futures of one steady step of ``graph`` laid out by ``layouts``
     (op name -> :class:`OpLayout`), its generate ops streaming ``chunks`` chunks a step;
     ``together``: the plan's fused stages, whose calls of a chunk share a task."""
-    partners: dict[str, set[str]] = {}
-    for names in together:
-        for a in names:
-            partners.setdefault(a, set()).update(set(names) - {a})
     where = {n: OpTiming(lay.devices, 0.0, (0.0,) * chunks if chunks > 1 and any(
         o.name == n and o.kind.value == "generate" for o in graph.ops) else ())
         for n, lay in layouts.items()}
@@ -71,33 +67,12 @@ def dispatch_per_step(graph: Graph, layouts: dict[str, OpLayout], chunks: int = 
         return runs[k]
 
     task: dict[int, int] = {}                    # instance -> the task of its first rank
-    groups: list[set[int]] = []                  # what each task waits for
-    waiting: dict[int, list[int]] = {}           # task -> the tasks waiting for it
-
-    def new_group(deps: set[int]) -> int:
-        groups.append(deps)
-        g = len(groups) - 1
-        for d in deps:
-            waiting.setdefault(d, []).append(g)
-        return g
-
-    def fitting(here: list[int], deps: set[int]) -> int | None:
-        """The newest open group holding or waiting for every one of ``deps``."""
-        if not deps:
-            return here[-1] if here else None
-        d0 = next(iter(deps))
-        for g in sorted(set(waiting.get(d0, ())).union((d0,)).intersection(here),
-                        reverse=True):
-            if all(d == g or d in groups[g] for d in deps):
-                return g
-        return None
+    pack = Packer(together)
 
     def batch(step: int) -> tuple[int, int, int]:
-        """Fuse one step's calls, as the runtime does when the step enters its window:
+        """Pack one step's calls, as the runtime does when the step enters its window:
         (calls, tasks, futures)."""
-        first, calls, order = len(groups), 0, 0
-        open_: dict[int, list[int]] = {}
-        sealed: dict[int, dict[int, tuple]] = {}   # closed but to fusion partners: (chunk, ops)
+        first, calls, order = len(pack.waits), 0, 0
         lo = bisect.bisect_left(prep.step_of, step)
         for k in range(lo, bisect.bisect_right(prep.step_of, step, lo)):
             ds = run(k) or (-1,)
@@ -105,32 +80,21 @@ def dispatch_per_step(graph: Graph, layouts: dict[str, OpLayout], chunks: int = 
             gang = layouts[insts[k].op].collective and len(ds) > 1
             if gang and len(ds) >= JOIN_MIN:      # the join: a task of its own
                 calls += 1
-                deps = {new_group(deps)}
+                deps = {pack.new(deps)}
             # a gang waits for the gang before it on each member's device (each member does,
             # or its join): futures beyond the data's
             order += len(ds) if gang and len(ds) >= JOIN_MIN else len(ds) ** 2 if gang else 0
             # does another device read the instance's output (its first rank's)
             elsewhere = any(d != ds[0] for c in prep.fed[k] for d in run(c)[:2])
+            op, chunk = insts[k].op, insts[k].chunk
             for dev in ds:
                 calls += 1
-                here = open_.setdefault(dev, [])
-                gi = None if gang else fitting(here, deps)
-                if gi is None and not gang:
-                    gi = next((g for g, (chunk, ops) in reversed(sealed.get(dev, {}).items())
-                               if insts[k].op in ops and chunk == insts[k].chunk
-                               and all(d == g or d in groups[g] for d in deps)), None)
-                if gi is None:
-                    gi = new_group(deps)
-                    here.append(gi)
+                gi = pack.place(dev, step, chunk, op, deps, deps, collective=gang)
                 if dev == ds[0]:
                     task[k] = gi
                     if elsewhere:
-                        if gi in here:
-                            here.remove(gi)
-                        if insts[k].op in partners:
-                            sealed.setdefault(dev, {})[gi] = (insts[k].chunk,
-                                                              partners[insts[k].op])
-        return calls, len(groups) - first, sum(len(g) for g in groups[first:]) + order
+                        pack.read_elsewhere(dev, gi, step, chunk, op)
+        return calls, len(pack.waits) - first, sum(len(g) for g in pack.waits[first:]) + order
 
     for step in range(last):                         # the tasks the step's inputs come from
         batch(step)

@@ -16,7 +16,8 @@ instances out as, the Dask tasks its fusion packs them into, and the futures tho
 
 The calls lie on their devices as :func:`rpeg.plan.oplayout.op_layout` says (the layout the
 runtime lays its calls out by); a weight sync's on the devices sending and receiving
-(:func:`rpeg.plan.oplayout.sync_calls`). The calls pack into tasks
+(:func:`rpeg.plan.oplayout.sync_calls`), as :func:`rpeg.plan.lower.lower` places them. The
+calls pack into tasks
 by :class:`rpeg.plan.packing.Packer` (the runtime's fusion packs its calls by it), fed
 with instances: a call's dependencies are the tasks of the first ranks of the instances it
 reads, and a gang of ``JOIN_MIN`` ranks or more waits through one join call, a task of its
@@ -32,13 +33,8 @@ import bisect
 
 from rpeg.cost.control import JOIN_MIN, Dispatch
 from rpeg.graph import Graph
-from rpeg.plan.oplayout import (
-    OpLayout,
-    chunks_per_step,
-    op_layout,
-    streamed_ops,
-    sync_calls,
-)
+from rpeg.plan.lower import lower
+from rpeg.plan.oplayout import OpLayout
 from rpeg.plan.packing import Packer
 from rpeg.plan.simulate import OpTiming, _placing, _prepare
 from rpeg.spec.model import OpKind
@@ -124,28 +120,12 @@ def _inputs(prep) -> list[list[int]]:
 def layouts_of(pipeline, plan, graph: Graph, timings: dict[str, OpTiming]
                ) -> tuple[dict[str, OpLayout], int]:
     """Each op's :class:`~rpeg.plan.oplayout.OpLayout` under ``plan`` (``graph``: the plan's
-    graph without fusion, whose ops the runtime calls one by one; ``timings``: where its
-    weight syncs run), and the chunks a step streams."""
-    streamed = streamed_ops(graph)
-    placed = lambda o: plan.placement(o.stages[0])            # noqa: E731
-    out: dict[str, OpLayout] = {}
+    graph without fusion, whose ops the runtime calls one by one, placed by
+    :func:`rpeg.plan.lower.lower`; ``timings``: where a weight sync with no trainer or no
+    generate op runs), and the chunks a step streams."""
+    placed = lower(graph, plan, pipeline.workload.prompts * pipeline.workload.samples)
+    out = dict(placed.layouts)
     for op in graph.ops:
-        if op.kind is OpKind.SYNC_WEIGHTS:
-            out[op.name] = OpLayout(_sync_calls(plan, graph, op) or timings[op.name].devices,
-                                    everywhere=True, collective=True)
-        else:
-            out[op.name] = op_layout(op, placed(op), op.name in streamed)
-    responses = pipeline.workload.prompts * pipeline.workload.samples
-    return out, chunks_per_step(graph, placed, responses)
-
-
-def _sync_calls(plan, graph: Graph, op) -> tuple[int, ...]:
-    """The devices of weight sync ``op``'s calls (:func:`rpeg.plan.oplayout.sync_calls`),
-    between the model's trainer and its generate op."""
-    train = next((o for o in graph.ops if o.kind is OpKind.TRAIN
-                  and o.writes_model == op.reads_model), None)
-    reader = next((o for o in graph.ops if o.kind is OpKind.GENERATE
-                   and o.reads_model == op.reads_model), None)
-    if train is None or reader is None:
-        return ()
-    return sync_calls(plan.placement(train.stages[0]), plan.placement(reader.stages[0]))
+        if op.kind is OpKind.SYNC_WEIGHTS and not out[op.name].devices:
+            out[op.name] = OpLayout(timings[op.name].devices, everywhere=True, collective=True)
+    return out, placed.chunks

@@ -50,18 +50,13 @@ from collections import defaultdict
 
 import attrs
 
-from rpeg.cost.engine_sync import engine_sync_layout, serves_copy
+from rpeg.cost.engine_sync import serves_copy
 from rpeg.errors import PlanError
 from rpeg.graph import DepKind, Graph, Instance, unroll
 from rpeg.graph.versions import read_version
+from rpeg.plan.lower import lower
 from rpeg.plan.model import Plan
-from rpeg.plan.oplayout import (
-    chunks_per_step,
-    op_layout,
-    reads_in_place,
-    streamed_ops,
-    world_of,
-)
+from rpeg.plan.oplayout import reads_in_place, world_of
 from rpeg.plan.staleness import staleness_problem, step_graph
 from rpeg.runtime.ordering import (
     _add_syncs,
@@ -155,9 +150,9 @@ def build_calls(pipeline: Pipeline, plan: Plan, steps: int, *, first: int = 0
     bounds = dict(pipeline.staleness)
     homes = model_homes(pipeline, plan, graph)
     trained = train_layouts(graph, plan)
-    n_chunks = chunks_per_step(graph, lambda o: _placement(plan, o),
-                               pipeline.workload.prompts * pipeline.workload.samples)
-    chunked = streamed_ops(graph)
+    placed = lower(graph, plan, pipeline.workload.prompts * pipeline.workload.samples,
+                   lambda o: _placement(plan, o, pipeline))
+    n_chunks, chunked = placed.chunks, placed.streamed
     # the instances and data edges the cost model priced (rpeg.graph.unroll): every call is
     # one device's share of one of them, reading what its data edges bring (within a step,
     # the same at every step: one step's tell them all)
@@ -171,7 +166,7 @@ def build_calls(pipeline: Pipeline, plan: Plan, steps: int, *, first: int = 0
             if op.kind is OpKind.SYNC_WEIGHTS:
                 continue
             place = _placement(plan, op, pipeline)
-            lay = op_layout(op, place, name in chunked)
+            lay = placed.layout(name)
             layout, world = lay.calls(n_chunks), world_of(op, lay)
             for one in layout:
                 dev, group = one.device, one.group
@@ -199,7 +194,7 @@ def build_calls(pipeline: Pipeline, plan: Plan, steps: int, *, first: int = 0
                 if one.rank == 0 and (not group or group[0] == dev):
                     produced[(name, s)].append(cid)       # what readers take: tp rank 0's
     _split_layouts(calls)
-    calls = _add_syncs(calls, homes, trained, first, _engine_syncs(graph, plan, trained))
+    calls = _add_syncs(calls, homes, trained, first, dict(placed.engine_syncs))
     _order_versions(calls, homes, frozen, first)
     _order_chunks(calls)
     _order_collectives(calls)
@@ -339,14 +334,6 @@ def _replica(op, place, device: int, trainer, group: tuple[int, ...]) -> str | N
             and not reads_in_place(trainer, place, device):
         return variant_key(model, group)
     return model
-
-
-def _engine_syncs(graph: Graph, plan: Plan, trained: dict) -> dict:
-    """Trained backbone -> who takes part in its weight sync into vLLM engines' own copies
-    (``rpeg.cost.engine_sync.engine_sync_layout``, over the generate ops reading it)."""
-    return {m: engine_sync_layout(p, [_placement(plan, o) for o in graph.ops
-                                      if o.kind is OpKind.GENERATE and o.reads_model == m])
-            for m, p in trained.items()}
 
 
 def train_layouts(graph: Graph, plan: Plan) -> dict:

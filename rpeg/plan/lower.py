@@ -1,5 +1,5 @@
 """A plan's step graph placed on its devices: the one value the runtime lays its op calls
-out from (``rpeg.runtime.instances.build_calls``) and the cost model counts a step's calls
+out from (``rpeg.runtime.lowering.instances.build_calls``) and the cost model counts a step's calls
 and tasks from (``rpeg.plan.tasks.layouts_of``).
 
     >>> placed = lower(graph, plan, responses=512)                         # doctest: +SKIP
@@ -16,7 +16,7 @@ and tasks from (``rpeg.plan.tasks.layouts_of``).
    engines' own copies (:func:`rpeg.cost.engine_sync.engine_sync_layout`).
 
 Not here yet: the instances' dependency edges and their packing into tasks, which the
-runtime still derives from these (``rpeg.runtime.ordering``, ``rpeg.plan.packing``).
+runtime still derives from these (``rpeg.runtime.lowering.ordering``, ``rpeg.plan.packing``).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Where a plan's op instances run: one rule, read by the runtime as it lays out its op
-calls (``rpeg.runtime.instances``) and by the cost model as it counts them
+calls (``rpeg.runtime.lowering.instances``) and by the cost model as it counts them
 (``rpeg.plan.tasks``).
 
     >>> from rpeg.graph import Op

@@ -1,5 +1,5 @@
 """How a step's op calls pack into Dask tasks: one rule, run by the runtime as it submits
-(``rpeg.runtime.fusion``) and by the cost model as it counts a step's tasks
+(``rpeg.runtime.core.fusion``) and by the cost model as it counts a step's tasks
 (``rpeg.plan.tasks``).
 
     >>> p = Packer()

@@ -21,7 +21,7 @@ calls pack into tasks
 by :class:`rpeg.plan.packing.Packer` (the runtime's fusion packs its calls by it), fed
 with instances: a call's dependencies are the tasks of the first ranks of the instances it
 reads, and a gang of ``JOIN_MIN`` ranks or more waits through one join call, a task of its
-own (``rpeg.runtime.joins``). Nothing of a step in flight counts as finished (the runtime
+own (``rpeg.runtime.lowering.joins``). Nothing of a step in flight counts as finished (the runtime
 submits a step ahead), so this is the count with the least fusion. The futures counted
 are those of data, version and stream edges, and one for each gang a member's device ran
 before (the order of collectives); the runtime passes a few more ordering ones.

@@ -12,9 +12,9 @@ from rpeg.plan.lower import PASSES, Placed
 from rpeg.plan.oplayout import stream_chunks
 from rpeg.plan.staleness import step_graph
 from rpeg.resources import shipped
-from rpeg.runtime.instances import build_calls
+from rpeg.runtime.calibrate.simulated import scaled
+from rpeg.runtime.lowering.instances import build_calls
 from rpeg.runtime.placement import split_plan
-from rpeg.runtime.simulated import scaled
 from rpeg.spec import load
 from rpeg.spec.model import Engine, OpKind
 

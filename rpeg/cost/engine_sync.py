@@ -12,7 +12,8 @@
 A generate stage on vLLM serves a copy of its own (``actor~vllm``) unless it runs at tp 1
 beside its model's unsplit trained replica outside FSDP2 (ZeRO 0), which updates the
 engine in memory
-(:func:`engine_copy`, the runtime's rule: ``rpeg.runtime.lowering.instances``). Each version
+(:func:`serves_copy`, per engine; the runtime lays its calls and the cost model prices
+the sync by it). Each version
 reaches a copy as ``backends.vllm_backend.sync`` moves it: the trainer's weights in their
 dtype, gathered whole first where the trainer splits them (tensor parallel, or ZeRO-3) by
 every device holding a piece (:func:`sync_senders`: they all enter each gather), then
@@ -34,6 +35,7 @@ generation model's (:func:`rpeg.cost.generation.concurrency`, from a placement's
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 
@@ -48,19 +50,56 @@ from rpeg.spec.model import Cluster, Engine, Model, Zero
 SYNC_BUCKET_BYTES = 64 << 20        # the runtime's bucket (backends.vllm_backend.weights)
 
 
-def engine_copy(src, dst) -> bool:
-    """Whether a vLLM generate placement ``dst`` serves a copy of its own that the trainer
-    (``src``) sends each version to (the runtime's rule): all but tp 1 on devices where the
-    model is trained unsplit and outside FSDP2 (ZeRO 0), which the engine beside it is
-    updated from in memory."""
+def tp_blocks(devices, tp: int) -> tuple[tuple[int, ...], ...]:
+    """A layout's devices as its blocks of ``tp`` consecutive devices (one tensor-parallel
+    group each, or one vLLM engine's workers, the first its host).
+
+        >>> tp_blocks((4, 5, 6, 7), 2), tp_blocks((0, 1), 1)
+        (((4, 5), (6, 7)), ((0,), (1,)))
+    """
+    tp = max(tp, 1)
+    devices = tuple(devices)
+    return tuple(devices[i:i + tp] for i in range(0, len(devices), tp))
+
+
+def engine_hosts_of(dst) -> tuple[int, ...]:
+    """The devices hosting a generate placement's vLLM engines: each block's first."""
+    return tuple(b[0] for b in tp_blocks(dst.devices, dst.tp))
+
+
+def serves_copy(src, dst, device: int) -> bool:
+    """Whether the vLLM engine of generate placement ``dst`` hosted on ``device`` serves a
+    copy of its own that the trainer (``src``, None: the model is not trained) sends each
+    version to: every engine but one at tp 1 on a device where the model is trained unsplit
+    and outside FSDP2 (tp 1, pp 1, ZeRO 0), which is updated from those weights in memory.
+    A ZeRO-2 trainer holds them whole too, but as FSDP2's parameters: an engine started
+    beside one ended its worker at the first train op, so it gets its own copy.
+
+        >>> from types import SimpleNamespace as P
+        >>> g = P(devices=(0, 2), tp=1, engine=Engine.VLLM)
+        >>> t = P(devices=(0, 1), tp=1, pp=1, zero=Zero(0))
+        >>> [serves_copy(t, g, d) for d in g.devices], engine_copy(t, g)
+        ([False, True], True)
+    """
     return dst.engine is Engine.VLLM and not (
-        dst.tp == 1 and set(dst.devices) <= set(src.devices) and src.tp == 1
-        and src.pp == 1 and src.zero.replicated)
+        dst.tp == 1 and src is not None and src.tp == 1 and src.pp == 1 and src.zero.replicated
+        and device in _set(tuple(src.devices)))
+
+
+@functools.lru_cache(maxsize=1024)
+def _set(devices: tuple[int, ...]) -> frozenset[int]:
+    return frozenset(devices)
+
+
+def engine_copy(src, dst) -> bool:
+    """Whether any vLLM engine of generate placement ``dst`` serves a copy of its own that
+    the trainer (``src``) sends each version to (:func:`serves_copy`, over its hosts)."""
+    return any(serves_copy(src, dst, d) for d in engine_hosts_of(dst))
 
 
 @attrs.frozen
 class SyncLayout:
-    """Who takes part in one weight sync into vLLM engines (the runtime's rule)."""
+    """Who takes part in one weight sync into vLLM engines (:func:`sync_layout`)."""
 
     senders: tuple[int, ...]                 # trainer devices that gather; the first sends
     group: tuple[tuple[int, ...], ...]       # engine blocks in the sync group (own devices)
@@ -92,6 +131,17 @@ def sync_layout(senders, blocks) -> SyncLayout:
     return SyncLayout(tuple(senders), group, local)
 
 
+def engine_sync_layout(src, dsts) -> SyncLayout:
+    """Who takes part in the weight sync from a trainer placed as ``src`` into the vLLM
+    engines of the generate placements ``dsts`` that serve a copy of their own
+    (:func:`serves_copy`): the trainer's senders (:func:`sync_senders`) and each such
+    engine's block, by host device (:func:`sync_layout`)."""
+    blocks = {b[0]: b for dst in dsts for b in tp_blocks(dst.devices, dst.tp)
+              if serves_copy(src, dst, b[0])}
+    return sync_layout(sync_senders(src.devices, max(src.tp, 1), src.zero),
+                       [blocks[h] for h in sorted(blocks)])
+
+
 def sync_refusal(layout: SyncLayout) -> str | None:
     """Why a weight sync cannot run as laid out (two ranks of its group on one device, or
     an engine on a sender's device that no sender hosts), or None."""
@@ -111,7 +161,7 @@ def sync_refusal(layout: SyncLayout) -> str | None:
 
 def engine_sleeps(engine_devices, trained_devices, devices_are_host: bool) -> bool:
     """Whether a vLLM engine sleeps between its generate ops (vLLM's sleep mode, level 1: its
-    weights to host memory, its KV cache freed; the runtime's rule): on GPUs, where it shares
+    weights to host memory, its KV cache freed): on GPUs, where it shares
     a device with a trainer, which then has the memory for training. A CPU device's memory
     is the host's: nothing to free."""
     return not devices_are_host and bool(set(engine_devices) & set(trained_devices))
@@ -155,4 +205,5 @@ def collective_sync_time(model: Model, src_devices: Sequence[int], src_par: Para
 
 
 __all__ = ["SYNC_BUCKET_BYTES", "SyncLayout", "collective_sync_time", "engine_copy",
-           "engine_sleeps", "sleep_wake_time", "sync_layout", "sync_refusal", "sync_senders"]
+           "engine_hosts_of", "engine_sync_layout", "engine_sleeps", "serves_copy", "sleep_wake_time", "sync_layout",
+           "sync_refusal", "sync_senders", "tp_blocks"]

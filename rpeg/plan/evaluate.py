@@ -534,7 +534,7 @@ class Evaluator:
 
     def dask_tasks(self, plan: Plan, graph: Graph, timings: dict[str, OpTiming],
                    steps: int = 6) -> int:
-        """Dask tasks a steady step of ``plan`` dispatches under the runtime's fusion."""
+        """Dask tasks a steady step of ``plan`` dispatches (:meth:`dispatch`)."""
         return self.dispatch(plan, graph, timings, steps).tasks
 
     def dispatch(self, plan: Plan, graph: Graph, timings: dict[str, OpTiming],

@@ -114,24 +114,9 @@ def _fuse_pair(graph: Graph, a: Op, b: Op) -> Graph:
 __all__ = ["fusable", "fuse"]
 
 
-def reads_in_place(trainer, reader) -> bool:
-    """Whether a generate placement ``reader`` reads the trained weights where the trainer
-    (``trainer``) keeps them, so no weight sync moves them (the runtime's rule,
-    ``rpeg.runtime.lowering.instances``): on the trainer's devices, split the same way, whole
-    between train ops (not ZeRO-3 shards), and not a vLLM engine's own copy."""
-    from rpeg.cost.engine_sync import engine_copy
-    if engine_copy(trainer, reader) or trainer.zero.shards_params or max(trainer.pp, reader.pp) > 1:
-        return False
-    if reader.tp != trainer.tp:
-        return False
-    if reader.tp == 1:
-        return set(reader.devices) <= set(trainer.devices)
-    return tuple(reader.devices) == tuple(trainer.devices)
-
-
 def elide_syncs(graph: Graph, in_place: frozenset[str]) -> Graph:
     """Drop the weight-sync op of every model in ``in_place`` (its generate readers read the
-    trainer's weights where they are, :func:`reads_in_place`): they read the train op's
+    trainer's weights where they are, :func:`rpeg.plan.oplayout.all_in_place`): they read the train op's
     version directly, with the same staleness."""
     syncs = {o.name: o.reads_model for o in graph.ops
              if o.kind is OpKind.SYNC_WEIGHTS and o.reads_model in in_place}

@@ -24,7 +24,8 @@ from rpeg.graph import Graph
 from rpeg.graph.ids import Backbone
 from rpeg.graph.unroll import chunk_counts
 from rpeg.plan.model import Plan, StagePlacement
-from rpeg.plan.passes import elide_syncs, fuse, reads_in_place
+from rpeg.plan.oplayout import all_in_place
+from rpeg.plan.passes import elide_syncs, fuse
 from rpeg.plan.staleness import step_graph
 from rpeg.spec.functions import loss_of
 from rpeg.spec.model import Cluster, OpKind, Pipeline
@@ -92,7 +93,7 @@ def plan_graph(pipeline: Pipeline, plan: Plan, base: Graph | None = None) -> Gra
 
 def synced_in_place(graph: Graph, plan: Plan) -> frozenset[str]:
     """Models whose weight sync moves nothing under ``plan``: every generate op reading them
-    reads the trainer's weights in place (:func:`rpeg.plan.passes.reads_in_place`)."""
+    reads the trainer's weights in place (:func:`rpeg.plan.oplayout.all_in_place`)."""
     trainer = {o.writes_model: plan.placement(o.stages[0]) for o in graph.ops
                if o.kind is OpKind.TRAIN and o.writes_model and plan.has_placement(o.stages[0])}
     out = set()
@@ -101,7 +102,7 @@ def synced_in_place(graph: Graph, plan: Plan) -> frozenset[str]:
             continue
         readers = [plan.placement(g.stages[0]) for g in graph.ops if g.kind is OpKind.GENERATE
                    and g.reads_model == o.reads_model and plan.has_placement(g.stages[0])]
-        if readers and all(reads_in_place(trainer[o.reads_model], r) for r in readers):
+        if readers and all(all_in_place(trainer[o.reads_model], r) for r in readers):
             out.add(o.reads_model)
     return frozenset(out)
 
@@ -154,10 +155,9 @@ def backbone(shared: tuple[tuple[str, ...], ...], model: str) -> Backbone:
 
 
 def sync_devices(src: StagePlacement, dst: StagePlacement) -> tuple[int, ...]:
-    """The devices of a weight sync: the trainer's devices that hold its weights (the first
-    tp block; every one when ZeRO-3 shards them) gather and send, the readers (torch copies,
-    or a vLLM engine's own copy) receive (rpeg.runtime.lowering.instances): ``sync_senders``, the
-    runtime's rule."""
+    """The devices a weight sync occupies: the trainer's devices that gather and send
+    (:func:`rpeg.cost.engine_sync.sync_senders`) and every device of the reader (its torch
+    copies, or its vLLM engines' workers)."""
     return _union(sync_senders(src.devices, max(src.tp, 1), src.zero), dst.devices)
 
 

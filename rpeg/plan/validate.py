@@ -112,9 +112,10 @@ def check_plan(plan: Plan, pipeline: Pipeline, *, path: str, cluster: Cluster | 
 
 def _check_syncs(plan: Plan, pipeline: Pipeline, where: Span) -> None:
     """A weight sync into a vLLM engine's own copy gives every rank of its process group a
-    device of its own (``rpeg.cost.engine_sync.sync_layout``, the runtime's rule): refuse
-    a plan whose engine shares a sending device yet is hosted on one that does not send."""
-    from rpeg.cost.engine_sync import engine_copy, sync_layout, sync_refusal, sync_senders
+    device of its own (``rpeg.cost.engine_sync.engine_sync_layout``, the layout the runtime
+    runs it by): refuse a plan whose engine shares a sending device yet is hosted on one
+    that does not send."""
+    from rpeg.cost.engine_sync import engine_sync_layout, sync_refusal
     from rpeg.spec.model import Engine, OpKind
     placed = {p.stage: p for p in plan.placements}
     for g in pipeline.stages:
@@ -123,13 +124,9 @@ def _check_syncs(plan: Plan, pipeline: Pipeline, where: Span) -> None:
             continue
         for t in pipeline.stages:
             src = placed.get(t.name)
-            if t.kind is not OpKind.TRAIN or t.target != g.target or src is None \
-                    or not engine_copy(src, dst):
+            if t.kind is not OpKind.TRAIN or t.target != g.target or src is None:
                 continue
-            tp = max(dst.tp, 1)
-            blocks = [tuple(dst.devices[i:i + tp]) for i in range(0, len(dst.devices), tp)]
-            why = sync_refusal(sync_layout(sync_senders(src.devices, max(src.tp, 1), src.zero),
-                                           blocks))
+            why = sync_refusal(engine_sync_layout(src, [dst]))
             if why:
                 raise PlanError(f"plan field 'placements' of stage '{g.name}': the weight sync "
                                 f"from '{t.name}' must give every rank of its process group a "

@@ -7,31 +7,23 @@
 On a local Dask cluster each task costs a few milliseconds of dispatch (client ->
 scheduler -> worker -> scheduler -> client), as long as a tiny model's op. The
 scheduling core still decides op by op *what may be submitted*; this module
-only packs one batch of those submissions into tasks. A call joins the open
-group of its device when
-
-* it belongs to the same step (a step's group finishing lets the next one start,
-  so the device never waits for the client between steps), and
-* every dependency it has is in the group, in a task the group already waits
-  for, or finished — so joining never delays the ops before it.
-
-A device may have several open groups (one per chunk, say); a call joins the
-newest one it fits.
-
-A call whose output another device reads closes its group: the reader must not
-wait for the ops after it (this keeps generation on one worker overlapping
-training on the other). The worker runs a group's calls in order and records
-each op as its own trace event (``rpeg verify`` checks each op), so versions
-read and written are exactly those of unfused execution.
+only packs one batch of those submissions into tasks, by the rule the cost model counts
+a step's tasks with (``rpeg.plan.packing``): a call joins an open task of its device and
+step where every dependency it has is in the task, in a task the task already waits for,
+or finished (so joining never delays the ops before it); a call whose output another
+device reads ends its task (this keeps generation on one worker overlapping training on
+the other), but for the stages the plan fused with it. The worker runs a group's calls in order and
+records each op as its own trace event (``rpeg verify`` checks each op), so versions read
+and written are exactly those of unfused execution.
 """
 
 from __future__ import annotations
 
-from collections import defaultdict
 from collections.abc import Callable, Iterable
 
 import attrs
 
+from rpeg.plan.packing import Packer
 from rpeg.runtime.lowering.instances import OpCall
 
 
@@ -76,48 +68,24 @@ def fuse(batch: Iterable[OpCall], consumers: dict[str, tuple[OpCall, ...]],
     fused stages (``Plan.fusion``), whose calls of one step and chunk on a device stay in
     one task even where another device reads the first (the plan priced them as one op,
     whose readers wait for the whole)."""
+    pack = Packer(together)
     groups: list[list[OpCall]] = []
-    waits: list[set[object]] = []                  # tasks each group waits for
     where: dict[str, int] = {}                      # batch id -> its group
-    open_: dict[int, list[int]] = defaultdict(list)   # device -> its open groups
-    partners: dict[str, set[str]] = defaultdict(set)
-    for names in together:
-        for a in names:
-            partners[a] |= set(names) - {a}
-    # device -> groups closed but to the fusion partners of their last call: (step, chunk, ops)
-    sealed: dict[int, dict[int, tuple]] = defaultdict(dict)
 
     def task(d: str) -> object:
-        return ("group", where[d]) if d in where else task_of(d)
-
-    def fits(call: OpCall, gi: int) -> bool:
-        return call.step == groups[gi][0].step and all(
-            where.get(d) == gi or task(d) in waits[gi] or (d not in where and is_done(d))
-            for d in call.all_deps)
+        return where[d] if d in where else ("task", task_of(d))
 
     for call in batch:
-        here = open_[call.device]
-        # a rank of a collective starts a task of its own: queued behind other work in a task,
-        # it could hold back partners that already wait in the collective
-        gi = None
-        if enabled and not call.collective:
-            gi = next((g for g in reversed(here) if fits(call, g)), None)
-            if gi is None:
-                gi = next((g for g, (step, chunk, ops) in reversed(sealed[call.device].items())
-                           if call.op in ops and (call.step, call.chunk) == (step, chunk)
-                           and fits(call, g)), None)
-        if gi is None:
+        deps = call.all_deps
+        gi = pack.place(call.device, call.step, call.chunk, call.op,
+                        {task(d) for d in deps if d in where or not is_done(d)},
+                        {task(d) for d in deps}, collective=not enabled or call.collective)
+        if gi == len(groups):
             groups.append([])
-            waits.append({task(d) for d in call.all_deps})
-            gi = len(groups) - 1
-            here.append(gi)
         groups[gi].append(call)
         where[call.id] = gi
         if any(c.device != call.device for c in consumers.get(call.id, ())):
-            if gi in here:
-                here.remove(gi)                    # another device reads it: don't hold it back
-            if partners.get(call.op):              # ... but for the stages fused with it
-                sealed[call.device][gi] = (call.step, call.chunk, partners[call.op])
+            pack.read_elsewhere(call.device, gi, call.step, call.chunk, call.op)
     out = []
     for g in groups:
         own = {c.id for c in g}

@@ -50,10 +50,13 @@ from collections import defaultdict
 
 import attrs
 
+from rpeg.cost.engine_sync import serves_copy
 from rpeg.errors import PlanError
-from rpeg.graph import DepKind, Graph, Instance, chunk_counts, unroll
+from rpeg.graph import DepKind, Graph, Instance, unroll
 from rpeg.graph.versions import read_version
+from rpeg.plan.lower import lower
 from rpeg.plan.model import Plan
+from rpeg.plan.oplayout import reads_in_place, world_of
 from rpeg.plan.staleness import staleness_problem, step_graph
 from rpeg.runtime.lowering.ordering import (
     _add_syncs,
@@ -77,8 +80,9 @@ from rpeg.runtime.lowering.replicas import (
     engine_hosts,
     engine_key,
     is_engine_key,
+    variant_key,
 )
-from rpeg.spec.model import Engine, OpKind, Pipeline
+from rpeg.spec.model import OpKind, Pipeline
 
 
 @attrs.frozen
@@ -148,9 +152,10 @@ def build_calls(pipeline: Pipeline, plan: Plan, steps: int, *, first: int = 0
     frozen = {m.name for m in pipeline.models if m.frozen}
     bounds = dict(pipeline.staleness)
     homes = model_homes(pipeline, plan, graph)
-    whole = _home_whole(graph, plan)
-    n_chunks = _chunks(graph, plan, pipeline.workload.prompts * pipeline.workload.samples)
-    chunked = _chunked_ops(graph)
+    trained = train_layouts(graph, plan)
+    placed = lower(graph, plan, pipeline.workload.prompts * pipeline.workload.samples,
+                   lambda o: _placement(plan, o, pipeline))
+    n_chunks, chunked = placed.chunks, placed.streamed
     # the instances and data edges the cost model priced (rpeg.graph.unroll): every call is
     # one device's share of one of them, reading what its data edges bring (within a step,
     # the same at every step: one step's tell them all)
@@ -164,20 +169,19 @@ def build_calls(pipeline: Pipeline, plan: Plan, steps: int, *, first: int = 0
             if op.kind is OpKind.SYNC_WEIGHTS:
                 continue
             place = _placement(plan, op, pipeline)
-            layout, world = _layout(op, place, name in chunked, n_chunks)
-            for idx, dev, rank, group in layout:
-                cid = _id(name, s, idx, op.kind, len(layout), name in chunked)
+            lay = placed.layout(name)
+            layout, world = lay.calls(n_chunks), world_of(op, lay)
+            for one in layout:
+                dev, group = one.device, one.group
+                cid = _id(name, s, one.index, op.kind, len(layout), name in chunked)
                 if group and op.kind is not OpKind.TRAIN and group.index(dev) > 0:
                     cid += f"/t{group.index(dev)}"          # a further rank of a tp group
-                inputs, deps = _data_deps(reads[(name, idx if name in chunked else 0)],
-                                          s, produced)
-                model = op.reads_model
-                if model and _engine_copy(op, place, dev, homes, whole):
-                    model = engine_key(model)
+                inputs, deps = _data_deps(reads[(name, one.chunk)], s, produced)
+                model = _replica(op, place, dev, trained.get(op.reads_model), group)
                 call = dict(id=cid, op=name, kind=op.kind, step=s, device=dev,
-                            chunk=idx if name in chunked else 0,
+                            chunk=one.chunk,
                             chunks=n_chunks if name in chunked else len(layout),
-                            rank=rank, world=world, tp_group=group, model=model,
+                            rank=one.rank, world=world, tp_group=group, model=model,
                             stages=op.stages, inputs=inputs, deps=deps, after=[],
                             version=-1, writes=-1, bound=0, limit=0,
                             carry=place.carry if op.kind is OpKind.GENERATE else 0)
@@ -190,11 +194,10 @@ def build_calls(pipeline: Pipeline, plan: Plan, steps: int, *, first: int = 0
                 if op.kind is OpKind.TRAIN:
                     call["writes"] = s + 1
                 calls.append(call)
-                if rank == 0 and (not group or group[0] == dev):
+                if one.rank == 0 and (not group or group[0] == dev):
                     produced[(name, s)].append(cid)       # what readers take: tp rank 0's
-    trained = train_layouts(graph, plan)
-    _split_layouts(calls, {m: p.zero.shards_params for m, p in trained.items()})
-    calls = _add_syncs(calls, homes, trained, first, engine_blocks(plan, calls))
+    _split_layouts(calls)
+    calls = _add_syncs(calls, homes, trained, first, dict(placed.engine_syncs))
     _order_versions(calls, homes, frozen, first)
     _order_chunks(calls)
     _order_collectives(calls)
@@ -319,74 +322,27 @@ def _check_tp(stage: str, place, op, plan: Plan, pipeline: Pipeline | None) -> N
                                 hint=f"use tp in {[d for d in range(1, count + 1) if count % d == 0]}")
 
 
-def _layout(op, place, is_chunked: bool, n_chunks: int):
-    """[(index, device, dp rank, tp group)] of one op's instances in a step, and the dp degree.
-
-    A stage's devices are dp blocks of tp consecutive devices; every device of a block runs
-    the instance (one tensor-parallel gang), rank 0 of the block gives its outputs.
-    """
-    devices = place.devices
-    tp = place.tp if (op.reads_model and place.tp > 1) else 1
-    blocks = [tuple(devices[i:i + tp]) for i in range(0, len(devices), tp)]
-    gang = (lambda b: b) if tp > 1 else (lambda b: ())
-    if _vllm(op, place):            # one instance per block: vLLM's own workers span it
-        return [(c, blocks[c % len(blocks)][0], 0, ()) for c in range(n_chunks)], len(blocks)
-    if op.kind is OpKind.TRAIN:
-        return ([(r * tp + t, b[t], r, gang(b)) for r, b in enumerate(blocks)
-                 for t in range(tp)], len(blocks))
-    if is_chunked:
-        world = len(blocks) if op.kind is OpKind.GENERATE else 1
-        return ([(c, blocks[c % len(blocks)][t], 0, gang(blocks[c % len(blocks)]))
-                 for c in range(n_chunks) for t in range(tp)], world)
-    return [(0, blocks[0][t], 0, gang(blocks[0])) for t in range(tp)], 1
+def _replica(op, place, device: int, trainer, group: tuple[int, ...]) -> str | None:
+    """The key of the copy of its model an op placed as ``place`` reads on ``device``: a vLLM
+    engine's own (:func:`rpeg.cost.engine_sync.serves_copy`); on a device its trainer
+    (``trainer``) holds, the trained weights where they are read in place
+    (:func:`rpeg.plan.oplayout.reads_in_place`), else a copy split as the op splits it
+    (tp ``group``); elsewhere the model's (one layout per device: ``_split_layouts``)."""
+    model = op.reads_model
+    if not model or op.kind is OpKind.TRAIN:
+        return model
+    if op.kind is OpKind.GENERATE and serves_copy(trainer, place, device):
+        return engine_key(model)
+    if trainer is not None and device in trainer.devices \
+            and not reads_in_place(trainer, place, device):
+        return variant_key(model, group)
+    return model
 
 
 def train_layouts(graph: Graph, plan: Plan) -> dict:
     """Backbone -> the placement of its training (how its home holds the weights)."""
     return {op.writes_model: _placement(plan, op) for op in graph.ops
             if op.kind is OpKind.TRAIN and op.writes_model}
-
-
-def _vllm(op, place) -> bool:
-    return op.kind is OpKind.GENERATE and place.engine is Engine.VLLM
-
-
-def _engine_copy(op, place, device: int, homes, whole: dict[str, bool]) -> bool:
-    """Whether a generate instance on ``device`` reads a vLLM engine's own copy of its model:
-    always with vLLM, except at tp 1 on a device holding the model's unsplit trained
-    replica, which the engine beside it is updated from in memory."""
-    if not _vllm(op, place):
-        return False
-    model = op.reads_model
-    return not (place.tp == 1 and device in homes.get(model, ()) and whole.get(model, True))
-
-
-def _home_whole(graph: Graph, plan: Plan) -> dict[str, bool]:
-    """Backbone -> whether each home device holds its plain whole weights between ops (tp 1,
-    not laid out by FSDP2): what an engine beside it can be updated from in memory. A
-    ZeRO-2 trainer holds them whole too, but as FSDP2's parameters: a vLLM engine started
-    beside one ended its worker at the first train op, so it gets its own copy."""
-    return {m: p.tp <= 1 and p.zero.replicated for m, p in train_layouts(graph, plan).items()}
-
-
-def _chunks(graph: Graph, plan: Plan, responses: int) -> int:
-    """Chunks per step: the plan's, rounded up so each generating device streams as many,
-    and never more per device than the responses it generates (a chunk holds at least one)."""
-    n = 1
-    for o in graph.ops:
-        if o.kind is OpKind.GENERATE:
-            place = _placement(plan, o)
-            d = len(place.devices) // max(place.tp, 1)           # dp blocks that stream
-            per = min(-(-max(place.chunks, 1) // d), max(1, responses // d))
-            n = max(n, per * d)
-    return n
-
-
-def _chunked_ops(graph: Graph) -> set[str]:
-    """Ops that run per chunk: generate, and the per-sample ops the graph streams
-    (:func:`rpeg.graph.chunk_counts`, the rule the simulator prices)."""
-    streamed = chunk_counts(graph, {o.name: 2 for o in graph.ops if o.kind is OpKind.GENERATE})
-    return {op for op, n in streamed.items() if n > 1}
 
 
 def _reads(u) -> dict[tuple[str, int], list[tuple[str, Instance]]]:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from rpeg.cost.engine_sync import sync_layout, sync_refusal, sync_senders
+from rpeg.cost.engine_sync import sync_refusal, sync_senders
 from rpeg.errors import PlanError
 from rpeg.graph.order import Cycle, topological
 from rpeg.runtime.lowering.joins import join_gang
@@ -32,33 +32,28 @@ from rpeg.runtime.lowering.replicas import (
     SEND,
     ReplicaKey,
     base_of,
-    engine_hosts,
     engine_key,
     is_engine_key,
+    variant_key,
 )
 from rpeg.spec.model import OpKind
 
 
-def _split_layouts(calls: list[dict], sharded: dict[str, bool]) -> None:
-    """A replica has one layout. Where an op reads a model on a device laid out differently
-    from the model's layout there (the trainer's on its home devices, else the first
-    reader's), it reads a second copy, ``model~tp<group>`` (``model~whole``: unsplit),
-    which gets its weights by weight sync like a replica on another device (resharding).
-    A trainer whose weights are sharded between ops (ZeRO-3) is read through such a copy
-    on its own devices too."""
+def _split_layouts(calls: list[dict]) -> None:
+    """A replica has one layout on a device. A device's readers of a model its trainer holds
+    there are keyed as they lay out (``rpeg.runtime.lowering.instances._replica``); elsewhere the
+    first reader's layout is the model's, and an op reading it split another way reads a
+    second copy (``variant_key``), which gets its weights by weight sync like a replica on
+    another device (resharding)."""
     primary: dict[tuple[str, int], tuple] = {}
     for c in calls:
         if c["kind"] is OpKind.TRAIN and c["model"]:
-            primary.setdefault((c["model"], c["device"]),
-                               (c["tp_group"], sharded.get(c["model"], False)))
+            primary.setdefault((c["model"], c["device"]), c["tp_group"])
     for c in calls:
         if c["model"] and not c.get("role"):
-            key = (c["model"], c["device"])
-            layout = primary.setdefault(key, (c["tp_group"], False))
-            if layout != (c["tp_group"], c["kind"] is OpKind.TRAIN and layout[1]):
-                g = c["tp_group"]
-                c["model"] = ReplicaKey.of(c["model"],
-                                           "tp" + "-".join(map(str, g)) if g else "whole")
+            layout = primary.setdefault((c["model"], c["device"]), c["tp_group"])
+            if layout != c["tp_group"]:
+                c["model"] = variant_key(c["model"], c["tp_group"])
     copied = {(c["op"], c["step"], c["chunk"]): c["model"] for c in calls
               if c["tp_group"] and c["model"] and ReplicaKey(c["model"]).variant}
     for c in calls:                        # every rank of a tp group reads the same copy
@@ -67,7 +62,7 @@ def _split_layouts(calls: list[dict], sharded: dict[str, bool]) -> None:
 
 
 def _add_syncs(calls: list[dict], homes, trained: dict, first: int = 0,
-               blocks: dict | None = None) -> list[dict]:
+               engines: dict | None = None) -> list[dict]:
     """Export/load pairs for every version of a trained model read off its home devices.
 
     One weight transfer per (model, version) runs as a collective over every device taking
@@ -78,8 +73,9 @@ def _add_syncs(calls: list[dict], homes, trained: dict, first: int = 0,
     A vLLM engine's own copy (an engine key) is pushed instead: per version, the same sources
     send (``SEND``) and every engine hosting a copy receives (``RECV``) in one group
     (``backends.vllm_backend.sync``), but for an engine sharing a device with a source,
-    which that source loads in process (``blocks``: each engine's devices; the layout is
-    ``rpeg.cost.engine_sync.sync_layout``'s, and one it refuses is a PlanError)."""
+    which that source loads in process (``engines``: model -> the layout of its sync,
+    ``rpeg.cost.engine_sync.engine_sync_layout``; one ``sync_refusal`` refuses is a
+    PlanError)."""
     needed: dict[tuple[str, int], set[int]] = defaultdict(set)
     for c in calls:
         key = c["model"]
@@ -110,22 +106,22 @@ def _add_syncs(calls: list[dict], homes, trained: dict, first: int = 0,
                 out.append(dict(common, id=f"sync_{copy}/s{v - 1}/{LOAD}@{dev}", device=dev,
                                 role=LOAD, model=copy, version=-1, writes=v,
                                 fills=tuple(sorted(copies))))
-    hosts = engine_hosts(calls)
     for key, versions in sorted(pushes.items()):
-        senders = _sources(homes, trained, key)
-        engines = [(blocks or {}).get((engine_key(key), h), (h,)) for h in hosts[key]]
-        why = sync_refusal(sync_layout(senders, engines))
+        lay = (engines or {})[key]
+        senders = lay.senders
+        hosts = sorted(b[0] for b in lay.group + lay.local)
+        why = sync_refusal(lay)
         if why:
             raise PlanError(f"the weight sync of '{key}' must give every rank of its process "
                             f"group a device of its own, and {why}",
                             hint="host the engine on a sending device of the trainer (the "
                                  "first of its devices), or on devices of its own")
-        group = tuple(sorted(set(senders) | set(hosts[key])))
+        group = tuple(sorted(set(senders) | set(hosts)))
         for v in sorted(versions):
             common = dict(op=f"sync_{key}", kind=OpKind.SYNC_WEIGHTS, step=v - 1, chunk=0,
                           chunks=1, rank=0, world=1, tp_group=group, stages=(), inputs=[],
                           deps=[], after=[], bound=0)
-            for dev in hosts[key]:        # every engine takes every version: one group
+            for dev in hosts:             # every engine takes every version: one group
                 out.append(dict(common, id=f"sync_{engine_key(key)}/s{v - 1}/{RECV}@{dev}",
                                 device=dev, role=RECV, model=engine_key(key), version=-1,
                                 writes=v))
@@ -136,9 +132,8 @@ def _add_syncs(calls: list[dict], homes, trained: dict, first: int = 0,
 
 
 def _sources(homes, trained: dict, key: str) -> tuple[int, ...]:
-    """The home devices that hold a trained model's weights for a transfer: its first
-    tensor-parallel block, or every home device when ZeRO-3 shards them (the cost model's
-    rule, ``sync_senders``)."""
+    """The home devices that hold a trained model's weights for a transfer
+    (``rpeg.cost.engine_sync.sync_senders``)."""
     p = trained[key]
     return sync_senders(homes[key], p.tp, p.zero)
 

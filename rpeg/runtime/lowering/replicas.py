@@ -83,6 +83,12 @@ def engine_key(model: str) -> ReplicaKey:
     return ReplicaKey.of(model, ENGINE)
 
 
+def variant_key(model: str, group: tuple[int, ...]) -> ReplicaKey:
+    """The key of a second copy of ``model`` on a device, split over tp ``group``
+    (``actor~tp0-1``; ``actor~whole``: unsplit)."""
+    return ReplicaKey.of(model, "tp" + "-".join(map(str, group)) if group else "whole")
+
+
 def is_engine_key(key: str | None) -> bool:
     return bool(key) and ReplicaKey(key).engine
 

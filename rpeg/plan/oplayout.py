@@ -1,0 +1,188 @@
+"""Where a plan's op instances run: one rule, read by the runtime as it lays out its op
+calls (``rpeg.runtime.lowering.instances``) and by the cost model as it counts them
+(``rpeg.plan.tasks``).
+
+    >>> from rpeg.graph import Op
+    >>> from rpeg.plan.model import StagePlacement
+    >>> from rpeg.spec.model import Engine, OpKind
+    >>> gen = Op("rollout", OpKind.GENERATE, reads_model="actor", stages=("rollout",))
+    >>> lay = op_layout(gen, StagePlacement("rollout", (0, 1, 2, 3), tp=2), streamed=True)
+    >>> lay.devices_of(0), lay.devices_of(1), lay.devices_of(2)
+    ((0, 1), (2, 3), (0, 1))
+    >>> vllm = StagePlacement("rollout", (0, 1, 2, 3), tp=2, engine=Engine.VLLM)
+    >>> [(c.chunk, c.device, c.group) for c in op_layout(gen, vllm, streamed=True).calls(3)]
+    [(0, 0, ()), (1, 2, ()), (2, 0, ())]
+
+A stage's devices are blocks of ``tp`` consecutive devices (for an op that reads a model:
+one tensor-parallel group each); a streamed op's chunk ``c`` runs on block ``c mod
+blocks``, on every device of it, but a vLLM engine's on that block's first device alone
+(the engine's own workers span the block); a train op runs on every device (data-parallel
+rank ``i // tp``); any other op on the first block. Readers take the output of an
+instance's first device. The ranks of a tensor-parallel block or of a data-parallel train
+op run collectives together.
+
+Chunks a step streams (:func:`chunks_per_step`): each generate op's asked-for chunks,
+rounded up so each of its blocks streams as many, never more per block than the responses
+it generates; ops streaming those chunks are the graph's per-sample readers of them
+(:func:`streamed_ops`, :func:`rpeg.graph.chunk_counts`).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+
+import attrs
+
+from rpeg.cost.engine_sync import engine_hosts_of, serves_copy, sync_senders, tp_blocks
+from rpeg.graph import Graph, chunk_counts
+from rpeg.spec.model import Engine, OpKind
+
+
+@attrs.frozen
+class Call:
+    """One device's share of an op instance in a step."""
+
+    chunk: int                        # the instance's chunk (0: not streamed)
+    index: int                        # its place among the op's calls of a step
+    device: int
+    rank: int = 0                     # data-parallel rank (train)
+    group: tuple[int, ...] = ()       # the tensor-parallel block running it together (tp > 1)
+
+
+@attrs.frozen
+class OpLayout:
+    """How one op's instances lie on its devices (see the module doc)."""
+
+    devices: tuple[int, ...]
+    tp: int = 1                       # devices per block (tensor-parallel ranks)
+    chunked: bool = False             # streamed: chunk c on block c mod blocks
+    per_block: bool = False           # one call per block, on its first device (vLLM)
+    everywhere: bool = False          # a call on every device (train ranks, weight syncs)
+    collective: bool = False          # its calls on several devices run collectives
+
+    @property
+    def blocks(self) -> tuple[tuple[int, ...], ...]:
+        return tp_blocks(self.devices, self.tp)
+
+    def devices_of(self, chunk: int) -> tuple[int, ...]:
+        """The devices running an instance's calls, the one whose output readers take
+        first."""
+        if self.everywhere or not self.devices:
+            return self.devices
+        tp = max(1, self.tp)
+        blocks = -(-len(self.devices) // tp)
+        start = (chunk % blocks) * tp if self.chunked else 0
+        return self.devices[start:start + (1 if self.per_block else tp)]
+
+    def calls(self, chunks: int) -> tuple[Call, ...]:
+        """Every call of the op in a step whose generate ops stream ``chunks`` chunks."""
+        tp = max(1, self.tp)
+        if self.everywhere:
+            return tuple(Call(0, i, d, i // tp, self._group(d)) for i, d in
+                         enumerate(self.devices))
+        return tuple(Call(c, c, d, 0, self._group(d))
+                     for c in range(chunks if self.chunked else 1) for d in self.devices_of(c))
+
+    def _group(self, device: int) -> tuple[int, ...]:
+        return () if self.per_block else block_of(self.devices, self.tp, device)
+
+
+def block_of(devices: tuple[int, ...], tp: int, device: int) -> tuple[int, ...]:
+    """The tensor-parallel block of ``devices`` (blocks of ``tp``) that ``device`` runs in;
+    () unsplit (tp 1)."""
+    return () if tp <= 1 else _blocks(tuple(devices), tp)[device]
+
+
+@functools.lru_cache(maxsize=1024)
+def _blocks(devices: tuple[int, ...], tp: int) -> dict[int, tuple[int, ...]]:
+    """Device -> its block of ``devices`` (read-only: shared between callers)."""
+    return {d: b for b in tp_blocks(devices, tp) for d in b}
+
+
+def reads_in_place(trainer, reader, device: int) -> bool:
+    """Whether an op placed as ``reader`` reads, on ``device``, a trained model's weights
+    where its trainer (placed as ``trainer``) keeps them, so that no weight sync moves them
+    there: on one of the trainer's devices, split as the trainer splits them there (the same
+    tensor-parallel block, or both unsplit), held whole between train ops (not ZeRO-3's
+    shards, not pipeline stages), and not through a vLLM engine's own copy
+    (:func:`rpeg.cost.engine_sync.serves_copy`). Any other reader there reads a second copy
+    that a weight sync loads.
+
+        >>> from rpeg.plan.model import StagePlacement as P
+        >>> t = P("train", (0, 1, 2, 3), dp=2, tp=2)
+        >>> [reads_in_place(t, P("g", (0, 1), tp=2), d) for d in (0, 1)]
+        [True, True]
+        >>> reads_in_place(t, P("g", (1, 2), tp=2), 1), reads_in_place(t, P("g", (0,)), 0)
+        (False, False)
+    """
+    return (device in _blocks(tuple(trainer.devices), 1) and not trainer.zero.shards_params
+            and max(trainer.pp, reader.pp) == 1 and not serves_copy(trainer, reader, device)
+            and block_of(tuple(trainer.devices), trainer.tp, device)
+            == block_of(tuple(reader.devices), reader.tp, device))
+
+
+@functools.lru_cache(maxsize=4096)
+def all_in_place(trainer, reader) -> bool:
+    """Whether ``reader`` reads the trained weights in place on every device of its own
+    (:func:`reads_in_place`): its weight sync moves nothing."""
+    return all(reads_in_place(trainer, reader, d) for d in reader.devices)
+
+
+def op_layout(op, place, streamed: bool) -> OpLayout:
+    """The layout of graph op ``op`` on its stage's placement ``place`` (``streamed``: it
+    runs per chunk, :func:`streamed_ops`)."""
+    tp = place.tp if op.reads_model and place.tp > 1 else 1
+    vllm = op.kind is OpKind.GENERATE and place.engine is Engine.VLLM
+    train = op.kind is OpKind.TRAIN
+    return OpLayout(tuple(place.devices), tp, chunked=streamed, per_block=vllm,
+                    everywhere=train,
+                    collective=not vllm and (tp > 1 or (train and len(place.devices) > 1)))
+
+
+def world_of(op, layout: OpLayout) -> int:
+    """An op's data-parallel degree: its blocks for a train or generate op, else 1."""
+    return len(layout.blocks) if op.kind in (OpKind.TRAIN, OpKind.GENERATE) else 1
+
+
+def streamed_ops(graph: Graph) -> frozenset[str]:
+    """Ops that run per chunk: generate, and the per-sample ops the graph streams
+    (:func:`rpeg.graph.chunk_counts`, the rule the simulator prices)."""
+    counts = chunk_counts(graph, {o.name: 2 for o in graph.ops if o.kind is OpKind.GENERATE})
+    return frozenset(op for op, n in counts.items() if n > 1)
+
+
+def stream_chunks(chunks: int, blocks: int, responses: int) -> int:
+    """Chunks a step streams from ``blocks`` generating blocks asked for ``chunks``: rounded
+    up so each block streams as many, and never more per block than the responses it
+    generates (a chunk holds at least one).
+
+        >>> stream_chunks(4, 512, 512), stream_chunks(16, 32, 512), stream_chunks(3, 2, 4)
+        (512, 32, 4)
+    """
+    per = min(-(-max(chunks, 1) // blocks), max(1, responses // blocks))
+    return per * blocks
+
+
+def chunks_per_step(graph: Graph, placement_of: Callable, responses: int) -> int:
+    """Chunks a step streams: the most any generate op of ``graph`` streams
+    (:func:`stream_chunks`; ``placement_of``: op -> its placement)."""
+    n = 1
+    for o in graph.ops:
+        if o.kind is OpKind.GENERATE:
+            p = placement_of(o)
+            n = max(n, stream_chunks(p.chunks, len(p.devices) // max(p.tp, 1), responses))
+    return n
+
+
+def sync_calls(src, dst) -> tuple[int, ...]:
+    """The devices of a weight sync's calls, one entry a call: the trainer's (``src``)
+    devices that send (:func:`rpeg.cost.engine_sync.sync_senders`), then the reader's
+    (``dst``) devices that receive (a vLLM engine's host per block, else every device)."""
+    sources = sync_senders(src.devices, max(src.tp, 1), src.zero)
+    readers = engine_hosts_of(dst) if dst.engine is Engine.VLLM else tuple(dst.devices)
+    return tuple(sources) + tuple(readers)
+
+
+__all__ = ["Call", "OpLayout", "all_in_place", "block_of", "chunks_per_step", "op_layout",
+           "reads_in_place", "stream_chunks", "streamed_ops", "sync_calls", "world_of"]

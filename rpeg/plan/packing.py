@@ -1,0 +1,95 @@
+"""How a step's op calls pack into Dask tasks: one rule, run by the runtime as it submits
+(``rpeg.runtime.core.fusion``) and by the cost model as it counts a step's tasks
+(``rpeg.plan.tasks``).
+
+    >>> p = Packer()
+    >>> a = p.place(0, step=0, chunk=0, op="a", need=set(), deps=set())
+    >>> p.place(0, step=0, chunk=0, op="b", need={a}, deps={a}) == a     # its input is in a
+    True
+    >>> p.read_elsewhere(0, a, step=0, chunk=0, op="b")                  # device 1 reads b
+    >>> p.place(0, step=0, chunk=0, op="c", need={a}, deps={a}) == a     # a no longer open
+    False
+
+Calls come in submission order, dependencies first. A call joins the newest open task of
+its device and step whose every unfinished dependency is in that task, or in a task it
+already waits for, so joining never delays the calls before it; else, where another device
+reads a call of the plan's fused stages (``Plan.fusion``), the task that call ended, for the
+other stages fused with it and of its chunk; else it starts a task of its own, waiting for
+its dependencies. A rank of a collective always starts a task: queued behind other work in
+a task, it could hold back partners that already wait in the collective. A call whose
+output another device reads ends its task for every other call (the reader must not wait
+for the calls after it), but for the stages fused with it.
+
+Tasks are numbered from 0 as they start; a dependency is a task's number, or any other
+hashable naming a task submitted before.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Iterable
+
+
+class Packer:
+    """The tasks of calls packed so far (see the module doc)."""
+
+    def __init__(self, together: Iterable[Iterable[str]] = ()) -> None:
+        self.waits: list[set[Hashable]] = []          # task -> the tasks it waits for
+        self._waiting: dict[Hashable, list[int]] = {}  # task -> the tasks waiting for it
+        self._open: dict[tuple[int, int], list[int]] = {}          # (device, step) -> tasks
+        self._sealed: dict[tuple[int, int], dict[int, tuple]] = {}  # -> task: (chunk, ops)
+        self._partners: dict[str, set[str]] = {}
+        for names in together:
+            names = tuple(names)
+            for a in names:
+                self._partners.setdefault(a, set()).update(set(names) - {a})
+
+    def new(self, deps: set[Hashable]) -> int:
+        """Start a task waiting for ``deps``, open to no call: its number."""
+        self.waits.append(set(deps))
+        g = len(self.waits) - 1
+        for d in deps:
+            self._waiting.setdefault(d, []).append(g)
+        return g
+
+    def place(self, device: int, step: int, chunk: int, op: str, need: set[Hashable],
+              deps: set[Hashable], collective: bool = False) -> int:
+        """The task a call of ``op`` (``step``, ``chunk``) on ``device`` runs in: ``need``,
+        the tasks of its dependencies not yet finished; ``deps``, of all of them."""
+        key = (device, step)
+        here = self._open.setdefault(key, [])
+        if not collective:
+            g = self._fitting(here, need)
+            if g is None:
+                g = next((t for t, (c, ops) in reversed(self._sealed.get(key, {}).items())
+                          if op in ops and c == chunk and self._fits(t, need)), None)
+            if g is not None:
+                return g
+        g = self.new(deps)
+        here.append(g)
+        return g
+
+    def read_elsewhere(self, device: int, task: int, step: int, chunk: int, op: str) -> None:
+        """Another device reads a call of ``op`` in ``task``: it ends the task, but for the
+        stages fused with ``op``."""
+        here = self._open.get((device, step), [])
+        if task in here:
+            here.remove(task)
+        if self._partners.get(op):
+            self._sealed.setdefault((device, step), {})[task] = (chunk, self._partners[op])
+
+    def _fits(self, g: int, need: set[Hashable]) -> bool:
+        return all(d == g or d in self.waits[g] for d in need)
+
+    def _fitting(self, here: list[int], need: set[Hashable]) -> int | None:
+        """The newest task of ``here`` holding or waiting for every one of ``need``."""
+        if not need:
+            return here[-1] if here else None
+        d0 = next(iter(need))
+        for g in sorted(set(self._waiting.get(d0, ())).union((d0,)).intersection(here),
+                        reverse=True):
+            if self._fits(g, need):
+                return g
+        return None
+
+
+__all__ = ["Packer"]

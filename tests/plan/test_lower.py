@@ -1,0 +1,100 @@
+"""A plan's step graph placed on its devices (``rpeg.plan.lower``): each pass checked by a
+verifier of what it adds, on the shipped pipelines under plans of several shapes, and the
+runtime's op calls lying where the placed graph says."""
+
+from __future__ import annotations
+
+import attrs
+import pytest
+
+from rpeg.cost.engine_sync import engine_hosts_of, serves_copy, sync_refusal, sync_senders
+from rpeg.plan.lower import PASSES, Placed
+from rpeg.plan.oplayout import stream_chunks
+from rpeg.plan.staleness import step_graph
+from rpeg.resources import shipped
+from rpeg.runtime.calibrate.simulated import scaled
+from rpeg.runtime.lowering.instances import build_calls
+from rpeg.runtime.placement import split_plan
+from rpeg.spec import load
+from rpeg.spec.model import Engine, OpKind
+
+
+def _vllm(plan, tp: int = 1):
+    return attrs.evolve(plan, placements=tuple(
+        attrs.evolve(p, engine=Engine.VLLM, tp=tp, dp=len(p.devices) // tp)
+        if p.stage == "rollout" else p for p in plan.placements))
+
+
+def _plans():
+    tiny, grpo = load(shipped("pipelines", "tiny_ppo.rpeg")), load(shipped("pipelines",
+                                                                            "tiny_grpo.rpeg"))
+    ppo8b = load(shipped("pipelines", "ppo_llama8b.rpeg"))
+    return {"tiny ppo, split": (tiny, split_plan(tiny, 2, staleness=1)),
+            "tiny grpo, chunked, dp 2": (grpo, split_plan(grpo, 2, dp=2, chunks=4)),
+            "tiny ppo, one device": (tiny, split_plan(tiny, 1)),
+            "ppo 8b x8, vLLM beside": (ppo8b, _vllm(scaled(split_plan(ppo8b, 1, staleness=0), 8))),
+            "ppo 8b x16, vLLM at tp 2": (ppo8b, _vllm(scaled(split_plan(ppo8b, 2), 8), 2))}
+
+
+PLANS = _plans()
+
+
+def _verify_layouts(p: Placed, plan) -> None:
+    names = [o.name for o in p.graph.ops]
+    assert [n for n, _ in p.layouts] == names
+    assert {o.name for o in p.graph.ops if o.kind is OpKind.GENERATE} <= p.streamed
+    for op in p.graph.ops:
+        lay = p.layout(op.name)
+        if op.kind is OpKind.SYNC_WEIGHTS:
+            train = next(o for o in p.graph.ops if o.kind is OpKind.TRAIN
+                         and o.writes_model == op.reads_model)
+            src = plan.placement(train.stages[0])
+            assert lay.devices[:len(sync_senders(src.devices, src.tp, src.zero))] == \
+                sync_senders(src.devices, src.tp, src.zero)
+            continue
+        place = plan.placement(op.stages[0])
+        assert lay.devices == place.devices
+        assert lay.everywhere == (op.kind is OpKind.TRAIN)
+        assert lay.per_block == (op.kind is OpKind.GENERATE and place.engine is Engine.VLLM)
+
+
+def _verify_chunks(p: Placed, plan) -> None:
+    gens = [plan.placement(o.stages[0]) for o in p.graph.ops if o.kind is OpKind.GENERATE]
+    assert p.chunks == max(stream_chunks(g.chunks, len(g.devices) // g.tp, p.responses)
+                           for g in gens)
+    assert all(p.chunks >= len(g.devices) // g.tp for g in gens)
+
+
+def _verify_engine_syncs(p: Placed, plan) -> None:
+    for model, lay in p.engine_syncs:
+        train = next(o for o in p.graph.ops if o.kind is OpKind.TRAIN and o.writes_model == model)
+        src = plan.placement(train.stages[0])
+        gens = [plan.placement(o.stages[0]) for o in p.graph.ops
+                if o.kind is OpKind.GENERATE and o.reads_model == model]
+        assert {b[0] for b in lay.group + lay.local} == {
+            h for g in gens for h in engine_hosts_of(g) if serves_copy(src, g, h)}
+        assert sync_refusal(lay) is None
+
+
+VERIFY = {"layouts": _verify_layouts, "chunks": _verify_chunks,
+          "engine_syncs": _verify_engine_syncs}
+
+
+@pytest.mark.parametrize("name", sorted(PLANS))
+def test_each_pass_adds_what_its_verifier_checks(name):
+    pipeline, plan = PLANS[name]
+    graph = step_graph(pipeline, plan)
+    placed = Placed(graph, pipeline.workload.prompts * pipeline.workload.samples)
+    place = lambda o: plan.placement(o.stages[0])        # noqa: E731
+    assert [f.__name__ for f in PASSES] == list(VERIFY)
+    for step in PASSES:
+        placed = step(placed, place)
+        VERIFY[step.__name__](placed, plan)
+    synced = any(lay.group or lay.local for _, lay in placed.engine_syncs)
+    assert synced == ("vLLM at tp" in name)   # beside whole weights: updated in memory
+    # the runtime lays its op calls out where the placed graph says
+    for c in build_calls(pipeline, plan, 3):
+        if c.kind is OpKind.SYNC_WEIGHTS:
+            assert c.device in placed.layout(c.op).devices or c.role == "load"
+        else:
+            assert c.device in placed.layout(c.op).devices_of(c.chunk) or c.kind is OpKind.TRAIN

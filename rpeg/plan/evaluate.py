@@ -532,6 +532,20 @@ class Evaluator:
             return shared_cores_time(gpu, d.devices, d.tasks, nodes), d.tasks
         return control_time(terms_of(gpu)[0], d, step_s).charged_s, d.tasks
 
+    def _control_floor(self, plan: Plan, graph: Graph, timings: dict[str, OpTiming],
+                       step_s: float) -> float:
+        """No more than :meth:`control_time` (each term grows with what a step dispatches),
+        from the devices the step's calls use alone: none of its calls, tasks or futures
+        counted (the counting is the costly part)."""
+        loose = self.graph(attrs.evolve(plan, fusion=()))
+        layouts, _ = layouts_of(self.pipeline, plan, loose, timings)
+        devices = len({d for lay in layouts.values() for d in lay.devices})
+        gpu = self.cluster.gpu
+        if gpu.host_cores > 0:
+            nodes = -(-devices // self.cluster.gpus_per_node)
+            return shared_cores_time(gpu, devices, 0, nodes)
+        return control_time(terms_of(gpu)[0], Dispatch(devices, 0, 0, 0), step_s).charged_s
+
     def dask_tasks(self, plan: Plan, graph: Graph, timings: dict[str, OpTiming],
                    steps: int = 6) -> int:
         """Dask tasks a steady step of ``plan`` dispatches under the runtime's fusion."""
@@ -658,6 +672,17 @@ class Evaluator:
             op_times = tuple(op_times) + ((EVAL_OP, held_out),)
         # the control plane's time grows with the step's (heartbeats): at the floor, a floor
         work = floor(graph, timings) if bound is not None and feasible else 0.0
+        if bound is not None and feasible:
+            # the control plane's least (its devices alone) first: no need to count the
+            # step's tasks for a plan its work already holds at the bound; what it says is
+            # a step no greater than the counted one, so whatever the search decides from
+            # it, the counted one would have decided too (or the plan is simulated)
+            least = work + self._control_floor(plan, graph, timings, work) + every
+            if least >= bound:
+                return _Priced(plan, homes, True, None, Predicted(
+                    least, op_times=op_times, memory_capacity=capacity,
+                    control_s=round(least - work - every, 6), memory_reserve=reserve),
+                    None, True)
         control, tasks = self._control(plan, graph, timings, steps, work)
         least = work + control + every if bound is not None and feasible else 0.0
         if bound is not None and feasible and least >= bound:

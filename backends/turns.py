@@ -32,7 +32,7 @@ import attrs
 
 from backends import tool_formats as F
 from backends.carry import Response
-from rpeg.runtime.sandbox import Counts
+from rpeg.runtime.usercode.sandbox import Counts
 
 
 @attrs.define

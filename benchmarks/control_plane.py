@@ -12,15 +12,16 @@ keeps its last results).
 
 1. core: the planner's plans (``rpeg compile SPEC --cluster gh200_N``, made once and kept
    in benchmarks/results/control_plane_plans/) for ppo_llama8b and grpo_qwen7b at 64, 256
-   and 2,048 GPUs, and the 256-GPU plan widened to 1,024 (``rpeg.runtime.simulated.scaled``),
+   and 2,048 GPUs, and the 256-GPU plan widened to 1,024
+   (``rpeg.runtime.calibrate.simulated.scaled``),
    lowered to op calls as ``rpeg run`` lowers them and driven through the scheduling core
    and the fusion on a simulated clock, each op taking the plan's predicted time
-   (``rpeg.runtime.simulated``): calls, Dask tasks and futures a step, the client's thread
+   (``rpeg.runtime.calibrate.simulated``): calls, Dask tasks and futures a step, the client's thread
    CPU per step, and the memory the calls and the core hold (tracemalloc, a run apart).
    At 64 and 256 GPUs also without joins (every rank of a gang waiting for everything),
    which the runtime did before.
-2. dask: ``rpeg.runtime.dispatch.measure_scheduler`` with 8 to 512 lightweight workers
-   (``rpeg.runtime.fleet``: the scheduler and the workers in processes of their own, no-op
+2. dask: ``rpeg.runtime.calibrate.dispatch.measure_scheduler`` with 8 to 512 lightweight workers
+   (``rpeg.runtime.calibrate.fleet``: the scheduler and the workers in processes of their own, no-op
    tasks pinned as rpeg pins them, futures of earlier tasks as arguments, the trace drain's
    broadcast), CPU seconds of each process; ``rpeg.cost.calibrate.fit_scheduler`` makes the
    terms of ``rpeg.cost.control`` from them, and each term is also fitted per fleet size
@@ -67,9 +68,9 @@ from rpeg.cost.control import (  # noqa: E402
     heartbeats_per_s,
 )
 from rpeg.plan.model import Plan  # noqa: E402
-from rpeg.runtime import joins  # noqa: E402
-from rpeg.runtime.instances import build_calls  # noqa: E402
-from rpeg.runtime.simulated import drive, scaled, seconds_from  # noqa: E402
+from rpeg.runtime.calibrate.simulated import drive, scaled, seconds_from  # noqa: E402
+from rpeg.runtime.lowering import joins  # noqa: E402
+from rpeg.runtime.lowering.instances import build_calls  # noqa: E402
 from rpeg.spec import load  # noqa: E402
 
 OUT = ROOT / "benchmarks" / "results"
@@ -142,8 +143,8 @@ def run_core(quick: bool, recompile: bool) -> dict:
 
 # --- 2. Dask's scheduler and client with many lightweight workers ----------------------------
 def run_dask(quick: bool, workers: tuple[int, ...], save) -> dict:
-    from rpeg.runtime.dispatch import measure_scheduler
-    from rpeg.runtime.simulated import measure_core
+    from rpeg.runtime.calibrate.dispatch import measure_scheduler
+    from rpeg.runtime.calibrate.simulated import measure_core
     m: dict = {"rows": []}
     for n in sorted(workers):                # a fleet at a time, kept as it ends
         one = measure_scheduler(workers=(n,), tasks=300 if quick else 1000, deps=4,

@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/experiments.py RUN_DIR [RUN_DIR ...]    # existing runs
     .venv/bin/python benchmarks/experiments.py --make 2 --steps 8       # make runs first
 
-For each run directory: the time to write its record (rpeg.runtime.record.write_record:
+For each run directory: the time to write its record (rpeg.runtime.rundir.record.write_record:
 hashes, the cost model's prediction for its plan, TensorBoard events), to draw its
 pictures (rpeg show --plots) and to verify its trace; its predicted and measured
 steady-state step time and their ratio. ``--make N`` first runs tiny_ppo N times with
@@ -60,7 +60,7 @@ def timed(fn, repeats: int) -> float:
 
 def measure(path: Path, repeats: int) -> dict:
     from rpeg.experiments import Run, verification, write_plots
-    from rpeg.runtime.record import write_record
+    from rpeg.runtime.rundir.record import write_record
 
     rec = write_record(path)
     run = Run.open(path)

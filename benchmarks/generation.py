@@ -360,7 +360,7 @@ def main(argv: list[str] | None = None) -> int:
     require()
     torch.set_num_threads(args.threads)
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
-    # the worker's allocator as rpeg's own workers run (rpeg.runtime.driver): glibc defaults
+    # the worker's allocator as rpeg's own workers run (rpeg.runtime.dask.driver): glibc defaults
     with dask.config.set({**vllm_dask_config(),
                           "distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_": None}):
         cluster = LocalCluster(n_workers=1, threads_per_worker=1, processes=True,

@@ -27,7 +27,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from rpeg.runtime.machine import MachineId, calibrated_on  # noqa: E402
+from rpeg.runtime.calibrate.machine import MachineId, calibrated_on  # noqa: E402
 
 
 def command(argv: list[str] | None = None) -> str:

@@ -52,10 +52,10 @@ def fault_runs(work: Path) -> list[dict]:
 
     from rpeg.errors import RpegError
     from rpeg.runtime import RunOptions, verify_run
-    from rpeg.runtime.inline import run_inline
+    from rpeg.runtime.calibrate.inline import run_inline
+    from rpeg.runtime.dask.resume import resume_run
+    from rpeg.runtime.dask.runner import Resilience, run_resilient
     from rpeg.runtime.placement import split_plan
-    from rpeg.runtime.recovery import Resilience, run_resilient
-    from rpeg.runtime.resume import resume_run
     from rpeg.spec import load
 
     spec = tf.micro_spec(work / "micro")
@@ -205,9 +205,9 @@ def hostile(work: Path) -> dict:
     import test_faults as tf
 
     from rpeg.runtime import RunOptions
+    from rpeg.runtime.dask.runner import Resilience, run_resilient
     from rpeg.runtime.placement import split_plan
-    from rpeg.runtime.recovery import Resilience, run_resilient
-    from rpeg.runtime.runfiles import FILES
+    from rpeg.runtime.rundir.files import FILES
     from rpeg.spec import load
 
     folder = work / "plans"
@@ -292,8 +292,8 @@ def overhead(chunks: int, steps: int) -> dict:
     import attrs
     from distributed import Client, LocalCluster, as_completed
 
-    from rpeg.runtime import core as C
-    from rpeg.runtime.instances import build_calls
+    from rpeg.runtime.core import scheduler as C
+    from rpeg.runtime.lowering.instances import build_calls
     from rpeg.runtime.placement import split_plan
     from rpeg.spec import load
     pipeline = load(ROOT / "pipelines" / "tiny_ppo.rpeg")

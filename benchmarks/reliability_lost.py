@@ -52,8 +52,8 @@ def _made_run(work: Path, steps: int = 4) -> tuple[Path, Path]:
     import test_faults as tf
 
     from rpeg.runtime import RunOptions
+    from rpeg.runtime.dask.runner import Resilience, run_resilient
     from rpeg.runtime.placement import split_plan
-    from rpeg.runtime.recovery import Resilience, run_resilient
     from rpeg.spec import load
     spec = tf.micro_spec(work / "micro")
     pipeline = load(spec)
@@ -189,7 +189,7 @@ def _failed_start_retried(attempt, argv: list[str], run_dir: Path) -> dict:
     """A start that fails after the cluster is reached (its workers' set-up fails), then
     the same command once the cause is gone."""
     from rpeg.errors import RuntimeFailure
-    from rpeg.runtime.checkpointing import Checkpointing
+    from rpeg.runtime.dask.checkpointing import Checkpointing
     real = Checkpointing._start_workers
 
     def fail(self):

@@ -14,12 +14,12 @@
    the planner's best synchronous plan with the asynchronous one, and the runtime's
    split placement at both stalenesses.
 3. overhead: one worker, synchronous, rpeg on Dask vs the same op calls in one
-   process (``rpeg.runtime.inline``); ratio of median step times.
+   process (``rpeg.runtime.calibrate.inline``); ratio of median step times.
 5. long run: tiny_ppo for 1,000 steps; the client's CPU per step and the step time early
    and late in the run (does bookkeeping grow with the run?).
 
 Every Dask run is what ``rpeg run`` runs: the resilient runner
-(``rpeg.runtime.recovery.run_resilient``, a checkpoint every 10 steps) with fused
+(``rpeg.runtime.dask.runner.run_resilient``, a checkpoint every 10 steps) with fused
 dispatch (``tasks_per_step`` says how many Dask tasks a step took).
 4. prediction: the cost model's step time for each executed plan
    (``rpeg.plan.evaluate.Evaluator`` with the calibrated local_cpu profile) vs measured;
@@ -57,10 +57,10 @@ from benchmarks.provenance import profile_origin, provenance  # noqa: E402
 from rpeg.cost.calibrate import with_dispatch  # noqa: E402
 from rpeg.plan.evaluate import Evaluator  # noqa: E402
 from rpeg.runtime import RunOptions, verify_run  # noqa: E402
-from rpeg.runtime.inline import run_inline  # noqa: E402
+from rpeg.runtime.calibrate.inline import run_inline  # noqa: E402
+from rpeg.runtime.dask.runner import Resilience, run_resilient  # noqa: E402
 from rpeg.runtime.placement import split_plan  # noqa: E402
 from rpeg.runtime.plans import plan_for_run  # noqa: E402
-from rpeg.runtime.recovery import Resilience, run_resilient  # noqa: E402
 from rpeg.spec import load, load_cluster  # noqa: E402
 
 CLUSTER = ROOT / "pipelines" / "clusters" / "local_cpu.rpeg"   # --profile sets it
@@ -70,7 +70,7 @@ def use_profile(choice: str) -> None:
     """Price and plan with the local profile ``choice`` names (auto, calibrate, shipped),
     the cluster file ``rpeg run --profile`` would use."""
     global CLUSTER
-    from rpeg.runtime.machine import choice_from_env, local_profile
+    from rpeg.runtime.calibrate.machine import choice_from_env, local_profile
     local = local_profile(choice_from_env(choice))
     print(local.note, flush=True)
     CLUSTER = local.cluster
@@ -152,7 +152,7 @@ def control_model(pipeline, plan) -> dict:
 def predicted_run(run_dir: str) -> float | None:
     """The cost model's step time, with the current profile, for the plan a run executed
     (from its run directory); None when the directory is gone."""
-    from rpeg.runtime.serial import loads, plan_from_json
+    from rpeg.runtime.rundir.serial import loads, plan_from_json
     path = Path(run_dir)
     if not (path / "plan.json").is_file():
         return None
@@ -429,8 +429,8 @@ def worker_memory(n: int = 15) -> dict:
 def op_times(run_dir: str) -> dict:
     """Per stage: the cost model's predicted seconds per step vs the measured median of the
     per-step sum of its op durations (compute only: no dispatch gaps)."""
-    from rpeg.runtime.rundir import RunDir, events_from_trace
-    from rpeg.runtime.serial import loads, plan_from_json
+    from rpeg.runtime.rundir.directory import RunDir, events_from_trace
+    from rpeg.runtime.rundir.serial import loads, plan_from_json
     rd = RunDir(Path(run_dir))
     pipeline = loads((rd.path / "pipeline.json").read_text())
     plan = plan_from_json((rd.path / "plan.json").read_text())
@@ -476,7 +476,7 @@ def op_times(run_dir: str) -> dict:
 
 def overlap(run_dir: str) -> dict:
     """How much of the actor's training ran while a later step's generation ran elsewhere."""
-    from rpeg.runtime.rundir import RunDir, events_from_trace
+    from rpeg.runtime.rundir.directory import RunDir, events_from_trace
     ev = events_from_trace(RunDir(Path(run_dir)).read_json("trace.json"))
     gens = [e for e in ev if e["kind"] == "generate"]
     trains = [e for e in ev if e["kind"] == "train" and e["op"].startswith("actor")]

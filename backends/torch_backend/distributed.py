@@ -33,7 +33,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from rpeg.runtime.devices import COLLECTIVE_TIMEOUT_S
+from rpeg.runtime.dask.devices import COLLECTIVE_TIMEOUT_S
 
 _GROUPS: dict[tuple[int, ...], object] = {}
 
@@ -47,7 +47,7 @@ def init_world(rank: int, world_size: int, addr: str, groups: list[tuple[int, ..
                cuda_index: int | None = None, timeout_s: float = COLLECTIVE_TIMEOUT_S) -> None:
     """Join the world and create every data-parallel group (all ranks, same order): gloo on
     CPU; NCCL on CUDA, this worker's GPU (``cuda_index``, as it sees its GPUs:
-    ``rpeg.runtime.devices``) made its current device first and bound to the world
+    ``rpeg.runtime.dask.devices``) made its current device first and bound to the world
     (``device_id``), so no rank's collectives, meshes or shards land on GPU 0 by default.
     A collective waits ``timeout_s`` for its partners, then fails."""
     if dist.is_initialized():
@@ -74,7 +74,7 @@ def device_report() -> dict:
     """This worker's host and the GPUs torch can use here, by node-level id."""
     import socket
 
-    from rpeg.runtime.devices import visible_gpus
+    from rpeg.runtime.dask.devices import visible_gpus
     n = torch.cuda.device_count() if torch.cuda.is_available() else 0
     return {"host": socket.gethostname(), "gpus": list(visible_gpus(count=n)[:n]) if n else []}
 

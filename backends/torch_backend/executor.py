@@ -5,7 +5,7 @@
     >>> info["version_read"]                                                # doctest: +SKIP
     3
 
-The runtime (``rpeg.runtime.worker``) times the call and records the trace
+The runtime (``rpeg.runtime.dask.worker``) times the call and records the trace
 event; this module does the tensor work. Data in and out is plain numpy and
 ``RolloutChunk`` values. Each replica's ``version`` counts the optimizer steps
 its weights have seen, and is what the trace reports as the version read; under
@@ -37,9 +37,9 @@ from backends.torch_backend.tokenizer import codec_for
 from backends.torch_backend.train import TokenHeads, TrainBatch, forward_arrays, train_step
 from rpeg.errors import BackendError
 from rpeg.graph.work import batching
-from rpeg.runtime.context import group_of
 from rpeg.runtime.data import workload_rows
-from rpeg.runtime.instances import LOAD, RECV, SEND, OpCall, base_of, engine_key
+from rpeg.runtime.lowering.context import group_of
+from rpeg.runtime.lowering.instances import LOAD, RECV, SEND, OpCall, base_of, engine_key
 from rpeg.spec.functions import function
 from rpeg.spec.model import Engine, Head, OpKind, Reward
 from rpeg.spec.registry import Category, Role, Type
@@ -164,10 +164,10 @@ class Executor:
 
     def _gpus(self, block: tuple[int, ...]) -> str:
         """On CUDA, the GPUs of an engine's devices as their node names them, this worker's
-        first (whatever each worker sees itself: ``rpeg.runtime.devices``); "" on CPU."""
+        first (whatever each worker sees itself: ``rpeg.runtime.dask.devices``); "" on CPU."""
         if not self.ctx.use_cuda:
             return ""
-        from rpeg.runtime.devices import block_gpus
+        from rpeg.runtime.dask.devices import block_gpus
         return block_gpus(self.ctx.gpus, tuple(block))
 
     def _sleeps(self, block) -> bool:
@@ -338,7 +338,7 @@ class Executor:
         """A :class:`backends.turns.Toolbox` on this worker's sandbox (started once, with
         every tool of the pipeline)."""
         if self.sandbox is None:
-            from rpeg.runtime.sandbox import Sandbox
+            from rpeg.runtime.usercode.sandbox import Sandbox
             self.sandbox = Sandbox.start(self.ctx.pipeline.tools, slots=self.ctx.tool_slots)
         from backends.turns import Toolbox
         return Toolbox(self.sandbox, conv, codec, row_of, max_len)
@@ -821,7 +821,7 @@ def _save_carried(replica, path: str) -> None:
     if states:
         from pathlib import Path
 
-        from rpeg.runtime.checkpoint_io import save_tree
+        from rpeg.runtime.rundir.checkpoints import save_tree
         save_tree(Path(path), CARRIED, {"buffers": states})
 
 
@@ -831,7 +831,7 @@ def _restore_carried(replica, path: str) -> None:
     from pathlib import Path
     states: tuple = ()
     if (Path(path) / f"{CARRIED}.json").exists():
-        from rpeg.runtime.checkpoint_io import load_tree
+        from rpeg.runtime.rundir.checkpoints import load_tree
         states = tuple(load_tree(Path(path), CARRIED)["buffers"])
     if replica.engine is not None:
         replica.engine.restore_carried(states)
@@ -845,7 +845,7 @@ def _restore_carried(replica, path: str) -> None:
 def tp_pieces(model: str, group: tuple[int, ...]) -> dict | None:
     """On a worker: its pieces of ``model`` when it holds a rank of the tp ``group``."""
     from backends.torch_backend.distributed import pieces
-    from rpeg.runtime import worker as W
+    from rpeg.runtime.dask import worker as W
     ex = W._STATE.get("executor")
     replica = ex.replicas.get(model) if ex is not None else None
     if replica is None or replica.tp != tuple(group):
@@ -874,7 +874,8 @@ def _moments_whole(replica) -> dict:
 
 
 def _device_name(ctx, device: int) -> str:
-    """This worker's device: its own GPU (``ctx.gpus``, ``rpeg.runtime.devices``), or the CPU."""
+    """This worker's device: its own GPU (``ctx.gpus``, ``rpeg.runtime.dask.devices``), or
+    the CPU."""
     if ctx.use_cuda:
         return f"cuda:{ctx.gpus[device].index}"
     return "cpu"

@@ -50,9 +50,9 @@ def export_run(run_dir: str | Path, out: str | Path, *, step: int | None = None,
     (:func:`backends.torch_backend.modeling.check_tensors`), written into a temporary
     sibling renamed into place when complete (removed when anything fails)."""
     from rpeg.destinations import EXPORT_MARK, check_folder_destination, written_folder
-    from rpeg.runtime import checkpoint_io as ckio
-    from rpeg.runtime import runfiles as rf
-    from rpeg.runtime.serial import loads
+    from rpeg.runtime.rundir import checkpoints as ckio
+    from rpeg.runtime.rundir import files as rf
+    from rpeg.runtime.rundir.serial import loads
 
     run_dir, out = Path(run_dir), Path(out)
     if not (run_dir / "pipeline.json").is_file():

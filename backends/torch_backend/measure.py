@@ -16,7 +16,7 @@ activations, caches and allocator slack.
 
 Time and memory are measured under different allocator settings, in different
 processes. Ops are timed under glibc's defaults, the settings rpeg's workers run
-with (``rpeg.runtime.driver`` keeps Dask's 64 KiB trim threshold out of them): a
+with (``rpeg.runtime.dask.driver`` keeps Dask's 64 KiB trim threshold out of them): a
 64 KiB threshold makes every tensor above it a fresh mapping, page-faulted at each
 use, and a tiny model's train step costs ~2.4x the CPU time. Peaks are read in a
 child process started with ``MALLOC_ENV`` (``peaks_in_child``), where glibc returns
@@ -199,8 +199,8 @@ def _host_op(spec: str, stage: str, batch: int, length: int, seed: int = 0):
 
     from backends.api import RolloutChunk
     from backends.torch_backend.executor import Executor
-    from rpeg.runtime.context import RunContext
-    from rpeg.runtime.instances import build_calls
+    from rpeg.runtime.lowering.context import RunContext
+    from rpeg.runtime.lowering.instances import build_calls
     from rpeg.runtime.placement import split_plan
     from rpeg.spec import load
     from rpeg.spec.model import OpKind

@@ -263,8 +263,8 @@ def expected_tensors(dims, heads, lora=None) -> Expected:
 def expected_of(pipeline, key: str) -> Expected:
     """What the checkpoint folder of replica ``key`` (``MODEL@DEVICE``) holds, from the
     pipeline's models."""
-    from rpeg.runtime.context import heads_of
-    from rpeg.runtime.replicas import base_of
+    from rpeg.runtime.lowering.context import heads_of
+    from rpeg.runtime.lowering.replicas import base_of
     backbone = key.rsplit("@", 1)[0]
     names = base_of(backbone).split("+")
     first = pipeline.model(names[0])
@@ -383,7 +383,7 @@ def _whole_sizes(folder: Path, holder: dict[str, Path]) -> dict[str, tuple[int, 
 def read_meta(path: Path) -> dict:
     """A replica's meta.json: a JSON object whose version is a count; a BackendError naming
     the file and the field."""
-    from rpeg.runtime import runfiles as rf
+    from rpeg.runtime.rundir import files as rf
     meta = rf.read_json(path, "checkpoint meta")
     if not isinstance(meta, dict):
         raise _bad(path, f"must be a JSON object, not a {type(meta).__name__}")

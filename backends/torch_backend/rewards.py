@@ -6,11 +6,11 @@
 
 Each kind takes the reward's declaration and the batch's texts and lengths and
 returns one float32 score per response. A python reward is imported on first use,
-in the worker, from the file the spec found it in (``rpeg.runtime.usercode``), and called
+in the worker, from the file the spec found it in (``rpeg.runtime.usercode.functions``), and called
 ``fn(prompts, responses, answers, **columns)``: the dataset's other columns reach it by
 name (each one its parameters name, or all of them for ``**kwargs``); or, in verl's form
 (``rpeg.spec.rewards``), ``compute_score(data_source=, solution_str=, ground_truth=,
-extra_info=)`` once a response. Its scores are checked (``rpeg.runtime.rewards``).
+extra_info=)`` once a response. Its scores are checked (``rpeg.runtime.usercode.rewards``).
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ import numpy as np
 
 from backends.torch_backend.algorithms import implementation, implements
 from rpeg.runtime.data import ROW, reward_extras
-from rpeg.runtime.rewards import call_per_response, call_reward
-from rpeg.runtime.usercode import python_function
+from rpeg.runtime.usercode.functions import python_function
+from rpeg.runtime.usercode.rewards import call_per_response, call_reward
 from rpeg.spec.model import Reward
 from rpeg.spec.training import RewardForm
 

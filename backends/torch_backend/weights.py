@@ -19,7 +19,7 @@ calls' ``gang``), in the parameter dtype of the readers, in buckets of about
    (``fills``), each keeping its own slice when it is split another way.
 
 A device runs its part once, whichever of its calls of the transfer comes first. In one
-process (``rpeg.runtime.inline``: no process group) the loading copy reads the source
+process (``rpeg.runtime.calibrate.inline``: no process group) the loading copy reads the source
 replica directly.
 """
 
@@ -102,8 +102,8 @@ def transfer(call, replicas: dict, device: str, dtype: torch.dtype, peers=None) 
     import torch.distributed as dist
 
     from backends.torch_backend.distributed import group_of, load_full
-    from rpeg.runtime.context import transfer_group
-    from rpeg.runtime.instances import base_of
+    from rpeg.runtime.lowering.context import transfer_group
+    from rpeg.runtime.lowering.instances import base_of
 
     me = call.device
     loading = [replicas[c] for c in call.fills]

@@ -6,7 +6,7 @@
     >>> chunks = replica.ready().generate(prompts, params, chunks=2)              # doctest: +SKIP
     >>> replica.shutdown()                                                        # doctest: +SKIP
 
-The runtime gives such a copy (``actor~vllm``, ``rpeg.runtime.instances``) to the Dask
+The runtime gives such a copy (``actor~vllm``, ``rpeg.runtime.lowering.instances``) to the Dask
 worker of the first device of the engine's tensor-parallel block; vLLM's own workers
 span the block (child processes when tp > 1; on GPU they see the block's devices). No
 torch model stays beside it: the engine starts from the model's weights folder, or from
@@ -56,12 +56,12 @@ class EngineReplica:
     def start(cls, spec, pipeline, device: int, gpus: str = "", max_num_seqs: int = 0,
               kv_fraction: float = 0.0, devices: int = 1, cuda_graph: bool = False,
               sleep: bool = False, build_on: str = "cpu") -> EngineReplica:
-        """Start the engine of ``spec`` (a ``rpeg.runtime.context.Replica`` with ``engine``
+        """Start the engine of ``spec`` (a ``rpeg.runtime.lowering.context.Replica`` with ``engine``
         set) serving version 0 of its model; ``gpus``: on a GPU, its block's GPUs as their
-        node names them, its host's first (``rpeg.runtime.devices.block_gpus``); ``sleep``:
+        node names them, its host's first (``rpeg.runtime.dask.devices.block_gpus``); ``sleep``:
         it shares a GPU with a trainer and sleeps between generate calls; ``build_on``: the
         device the trainer builds version 0 on, where a random init draws the same."""
-        from rpeg.runtime.instances import base_of
+        from rpeg.runtime.lowering.instances import base_of
         members = [pipeline.model(m) for m in base_of(spec.model).split("+")]
         weights = next((m.weights for m in members if m.weights), None)
         gpu = bool(gpus) and _cuda()
@@ -155,7 +155,7 @@ class EngineReplica:
 def _weights_at(checkpoint: Path, key: str, version: int) -> Path:
     """The folder of a replica of ``key``'s model at ``version`` in a checkpoint."""
     from backends.torch_backend.dcp import holds_weights
-    from rpeg.runtime.instances import base_of, is_engine_key
+    from rpeg.runtime.lowering.instances import base_of, is_engine_key
     base = base_of(key)
     for d in sorted(checkpoint.iterdir()):
         model, _, _ = d.name.rpartition("@")

@@ -35,7 +35,7 @@ import json
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from rpeg.runtime.devices import COLLECTIVE_TIMEOUT_S
+from rpeg.runtime.dask.devices import COLLECTIVE_TIMEOUT_S
 
 ALIGN = 16                      # bytes: every tensor of a bucket starts at a multiple
 _PREFIX = "rpeg-weights/"

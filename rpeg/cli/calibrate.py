@@ -11,8 +11,8 @@ with glibc set to return freed memory (``MALLOC_ENV``), so readings start clean;
 ``profile`` block in the .rpeg language, and with ``--cluster`` the cluster file whose
 GPU-level link is the measured gloo all-reduce between two Dask worker processes.
 What Dask itself costs is measured here too: the gap one task adds
-(``rpeg.runtime.dispatch.measure_dispatch``) and the control plane's CPU per device and per
-task in three short real runs (``measure_control``), which the cost model charges where the
+(``rpeg.runtime.calibrate.dispatch.measure_dispatch``) and the control plane's CPU per device
+and per task in three short real runs (``measure_control``), which the cost model charges where the
 devices share the host's cores; and what the control plane costs on a host of its own
 (``measure_scheduler``: Dask's scheduler and client per task, future and worker with many
 lightweight workers; ``measure_core``: the scheduling core per op call on a simulated
@@ -94,9 +94,13 @@ def register(app: typer.Typer) -> None:
             with_dispatch,
         )
         from rpeg.cost.profiles import load_profile, profile_text
-        from rpeg.runtime.dispatch import measure_control, measure_dispatch, measure_scheduler
-        from rpeg.runtime.machine import measure_machine
-        from rpeg.runtime.simulated import measure_core
+        from rpeg.runtime.calibrate.dispatch import (
+            measure_control,
+            measure_dispatch,
+            measure_scheduler,
+        )
+        from rpeg.runtime.calibrate.machine import measure_machine
+        from rpeg.runtime.calibrate.simulated import measure_core
         t0 = time.perf_counter()
         for path, option in ((out, "--out"), (cluster, "--cluster"),
                              (save, "--save-measurements")):
@@ -169,7 +173,7 @@ def _tools(spec: Path, args: list[str], calls: int, out: Path | None) -> None:
     import numpy as np
 
     from rpeg.cost.profiles import load_profile, profile_text
-    from rpeg.runtime.sandbox import Sandbox, measure, measure_environment, probe_tool
+    from rpeg.runtime.usercode.sandbox import Sandbox, measure, measure_environment, probe_tool
     from rpeg.spec import load
     writable(out, "--out")
     if out is not None and not out.is_file():
@@ -203,8 +207,8 @@ def _tools(spec: Path, args: list[str], calls: int, out: Path | None) -> None:
     if out is not None:
         import attrs
         p = attrs.evolve(load_profile(out), tool_call_s=float(np.median(base)))
-        with writing(out, "the profile"):
-            out.write_text(profile_text(p, comment=f"{p.name}: measured by rpeg calibrate"))
+        with writing(out, "the profile") as tmp:
+            tmp.write_text(profile_text(p, comment=f"{p.name}: measured by rpeg calibrate"))
         print(f"wrote {out}", file=sys.stderr)
 
 

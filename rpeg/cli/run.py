@@ -8,7 +8,7 @@
 Without a plan file the plan is compiled here, told what this runtime can execute, for
 the cluster ``--cluster`` names or, by default, the local cluster on this machine priced
 with this machine's own profile: calibrated on first use and cached per CPU
-(``rpeg.runtime.machine``; ``--profile shipped`` or ``RPEG_LOCAL_PROFILE=shipped`` plans
+(``rpeg.runtime.calibrate.machine``; ``--profile shipped`` or ``RPEG_LOCAL_PROFILE=shipped`` plans
 with the shipped ``pipelines/clusters/local_cpu.rpeg`` instead, and says it was measured
 elsewhere). ``--staleness K`` plans the run again under the spec's bounds capped at K
 (a plan file: its staleness and carry capped, priced again on its cluster), so the run's
@@ -24,7 +24,7 @@ import typer
 
 from rpeg.errors import RpegError, RuntimeFailure
 from rpeg.resources import clusters_dir
-from rpeg.runtime.devices import COLLECTIVE_TIMEOUT_S
+from rpeg.runtime.dask.devices import COLLECTIVE_TIMEOUT_S
 from rpeg.runtime.plans import RunStrategy
 from rpeg.spec.lower import MAX_STEPS
 
@@ -98,9 +98,9 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Run a pipeline on a Dask cluster; write runs/<pipeline>-<time>/ (verify it with rpeg verify)."""
         from rpeg.runtime import RunOptions, plan_for_run, run_pipeline
-        from rpeg.runtime.recovery import Resilience, run_resilient
-        from rpeg.runtime.resume import recorded_cadence, resume_run
-        from rpeg.runtime.security import TlsFiles, check_scheduler_address, dask_tls
+        from rpeg.runtime.dask.resume import recorded_cadence, resume_run
+        from rpeg.runtime.dask.runner import Resilience, run_resilient
+        from rpeg.runtime.dask.security import TlsFiles, check_scheduler_address, dask_tls
 
         tls = TlsFiles.resolve(*(str(p) if p else None for p in (tls_ca, tls_cert, tls_key)))
         check_scheduler_address(scheduler, tls)
@@ -120,19 +120,20 @@ def register(app: typer.Typer) -> None:
             print(f"run: {result.path}  ({result.steps} steps, resumed)")
             return
         choice = _choice(profile)
+        parsed = _overrides(overrides or [])
         planned_here = file.suffix != ".json" and strategy is not RunStrategy.RUNTIME_SPLIT
         if cluster is None and scheduler is None and planned_here:
-            from rpeg.runtime.machine import local_profile
+            _check_spec(file, parsed, overrides or [])   # a broken spec before calibrating
+            from rpeg.runtime.calibrate.machine import local_profile
             local = local_profile(choice)                  # this machine's, or said it is not
             cluster = local.cluster
             print(local.note, file=sys.stderr)
         if file.suffix != ".json":
             cluster = cluster or DEFAULT_CLUSTER    # a plan file is priced on its own cluster
         if scheduler is not None:                   # too few workers: said before planning
-            from rpeg.runtime.driver import check_scheduler
+            from rpeg.runtime.dask.driver import check_scheduler
             with dask_tls(tls):
                 check_scheduler(scheduler, *_devices_needed(file, cluster))
-        parsed = _overrides(overrides or [])
         try:
             pipeline, plan, spec_path = plan_for_run(
                 file, spec=spec, cluster=cluster, strategy=strategy,
@@ -215,6 +216,17 @@ def _devices_needed(file: Path, cluster: Path | None) -> tuple[int, str]:
     return load_cluster(path).num_gpus, f"a plan for the cluster {path}"
 
 
+def _check_spec(file: Path, parsed: tuple, texts: list[str]) -> None:
+    """The spec as the run will read it, checked before this machine is calibrated (minutes
+    on first use), so a mistake in it is said at once."""
+    from rpeg.spec import load
+    try:
+        load(file, parsed)
+    except RpegError as e:
+        _show_override(e, texts)
+        raise
+
+
 def _overrides(texts: list[str]) -> tuple:
     from rpeg.spec.overrides import parse_overrides
     try:
@@ -234,7 +246,7 @@ def _show_override(err: RpegError, texts: list[str]) -> None:
 def _choice(value: str | None):
     """--profile's value (else $RPEG_LOCAL_PROFILE's) as a ProfileChoice: a usage error for
     a flag that is none of them, an error naming the variable for its value."""
-    from rpeg.runtime.machine import choice_from_env
+    from rpeg.runtime.calibrate.machine import choice_from_env
     if value is None:
         return choice_from_env()
     try:

@@ -9,7 +9,8 @@ The measurements come from ``backends.torch_backend.measure.calibration_measurem
 group normalisation — small-model forward, generate and train latencies timed under the
 workers' allocator settings and peaks read under ``MALLOC_ENV``, gloo all-reduce between
 two worker processes) and from
-``rpeg.runtime.dispatch.measure_dispatch`` (the gap one Dask task adds: ``dispatch_s``). Every
+``rpeg.runtime.calibrate.dispatch.measure_dispatch`` (the gap one Dask task adds:
+``dispatch_s``). Every
 fitted coefficient is read through the cost model itself: a feature is the change
 in the model's prediction per unit of that coefficient, so what is fitted is exactly
 what ``estimate_stage`` later uses. Fits minimise relative error (rows divided by the
@@ -36,7 +37,7 @@ from rpeg.spec.presets import PRESETS, ModelDims
 _HUGE = 1e30
 # glibc settings under which freed tensors go back to the system, so peak readings are clean.
 # Ops are timed without them, under glibc's defaults, as rpeg's workers run (see
-# ``rpeg.runtime.driver``): with them a tiny model's train step costs ~2.4x the CPU time.
+# ``rpeg.runtime.dask.driver``): with them a tiny model's train step costs ~2.4x the CPU time.
 MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": "65536", "MALLOC_TRIM_THRESHOLD_": "65536"}
 _STAGE = {"forward": "ref_lp", "generate": "rollout", "train": "actor_step"}
 
@@ -305,7 +306,7 @@ def _per_token(name: str, find) -> bool:
 
 def fit_dispatch(d: dict) -> float:
     """Seconds one Dask task adds between its dependency's end and its own start, from
-    ``rpeg.runtime.dispatch.measure_dispatch`` output: the median gap of task chains
+    ``rpeg.runtime.calibrate.dispatch.measure_dispatch`` output: the median gap of task chains
     alternating between two workers (``cross_worker_s``). The runtime fuses consecutive ops
     of a device into one task, so a model stage starts a task of its own when its input
     comes from the other device, and that is the gap it waits (a task after one on the
@@ -324,7 +325,7 @@ def fit_dispatch(d: dict) -> float:
 
 def fit_control(c: dict) -> dict[str, float]:
     """The control-plane terms of ``rpeg.plan.evaluate.Evaluator.control_time`` from
-    ``rpeg.runtime.dispatch.measure_control``: CPU seconds per step
+    ``rpeg.runtime.calibrate.dispatch.measure_control``: CPU seconds per step
     ``W = control_step_s * devices + control_task_s * tasks``, a non-negative fit in
     relative error over the measured runs, and ``host_cores``, the cores the devices share
     with the control plane.
@@ -345,8 +346,9 @@ def fit_control(c: dict) -> dict[str, float]:
 
 
 def fit_scheduler(s: dict, core: dict | None = None) -> dict[str, float]:
-    """The terms of ``rpeg.cost.control`` from ``rpeg.runtime.dispatch.measure_scheduler``
-    (and, given ``core``, ``rpeg.runtime.simulated.measure_core``'s client CPU per op call).
+    """The terms of ``rpeg.cost.control`` from
+    ``rpeg.runtime.calibrate.dispatch.measure_scheduler`` (and, given ``core``,
+    ``rpeg.runtime.calibrate.simulated.measure_core``'s client CPU per op call).
 
     Per row (a fleet of ``workers``), each process's CPU over what it did, less its idle
     rate over the same wall time: a heartbeat from the idle scheduler's CPU (Dask's rate,

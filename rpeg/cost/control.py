@@ -13,10 +13,11 @@ per task, per task argument and per worker.
     (16.0, 182.2)
 
 rpeg drives every device from one client through one Dask scheduler
-(``rpeg.runtime.segments``):
+(``rpeg.runtime.dask.segments``):
 
 * the client runs the scheduling core and the fusion for every op call
-  (``rpeg.runtime.core``, ``rpeg.runtime.fusion``: ``call_s``), and Dask's client submits
+  (``rpeg.runtime.core.scheduler``, ``rpeg.runtime.core.fusion``: ``call_s``), and Dask's
+  client submits
   every task with the futures it reads (``client_task_s``, ``client_arg_s``) and hears of
   each one's end; each step it drains every worker's trace events (``client_worker_s``);
 * the scheduler moves each task through its states and resolves each argument (who holds
@@ -39,7 +40,7 @@ over them (:func:`shared_cores_time`, from the per-device and per-task terms ``r
 calibrate`` fits on real runs).
 
 The terms are measured: ``rpeg calibrate`` measures them on the machine it runs on
-(``rpeg.runtime.dispatch.measure_scheduler`` with many lightweight workers, and the
+(``rpeg.runtime.calibrate.dispatch.measure_scheduler`` with many lightweight workers, and the
 scheduling core on a simulated clock); a GPU profile without them takes the shipped CPU
 profile's, measured on the machine named in its source (:func:`terms_of`).
 """
@@ -52,7 +53,7 @@ import attrs
 
 from rpeg.spec.model import GpuProfile
 
-JOIN_MIN = 8            # a gang of this many ranks waits through one join (rpeg.runtime.joins)
+JOIN_MIN = 8            # a gang of this many ranks waits through one join (runtime.lowering.joins)
 SHARE_LIMIT = 0.03      # a control plane above this share of the step is reported
 
 

@@ -12,7 +12,7 @@
 A generate stage on vLLM serves a copy of its own (``actor~vllm``) unless it runs at tp 1
 beside its model's unsplit trained replica outside FSDP2 (ZeRO 0), which updates the
 engine in memory
-(:func:`engine_copy`, the runtime's rule: ``rpeg.runtime.instances``). Each version
+(:func:`engine_copy`, the runtime's rule: ``rpeg.runtime.lowering.instances``). Each version
 reaches a copy as ``backends.vllm_backend.sync`` moves it: the trainer's weights in their
 dtype, gathered whole first where the trainer splits them (tensor parallel, or ZeRO-3) by
 every device holding a piece (:func:`sync_senders`: they all enter each gather), then

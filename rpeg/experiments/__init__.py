@@ -4,7 +4,7 @@
     >>> print(summary(Run.open("runs/tiny_ppo-20261130-011500")))     # doctest: +SKIP
     >>> print(diff_runs("runs/a", "runs/b").text())                    # doctest: +SKIP
 
-The record itself is written by the runtime (:mod:`rpeg.runtime.record`);
+The record itself is written by the runtime (:mod:`rpeg.runtime.rundir.record`);
 ``rpeg show`` and ``rpeg diff`` on run directories are built from this package.
 """
 

@@ -6,7 +6,7 @@
     >>> write_plots(run)                                                 # doctest: +SKIP
     [PosixPath('.../plots/timeline.png'), PosixPath('.../plots/timeline.svg'), ...]
 
-The record (``record.json``, see :mod:`rpeg.runtime.record`) carries the
+The record (``record.json``, see :mod:`rpeg.runtime.rundir.record`) carries the
 hashes and the predicted and measured figures; this module adds what is read
 from the other files when asked: the verification of the trace against the
 plan, and the pictures (written into ``RUN_DIR/plots/``).
@@ -20,7 +20,7 @@ from pathlib import Path
 import attrs
 
 from rpeg.plan.model import Plan, device_ranges
-from rpeg.runtime.record import load_run_cluster, read_record
+from rpeg.runtime.rundir.record import load_run_cluster, read_record
 
 PERFETTO = "https://ui.perfetto.dev"
 MAX_TIMELINE_STEPS = 6
@@ -38,9 +38,9 @@ class Run:
 
     @classmethod
     def open(cls, path: str | Path) -> Run:
-        from rpeg.runtime import runfiles as rf
-        from rpeg.runtime.rundir import RunDir
-        from rpeg.runtime.serial import loads, plan_from_json
+        from rpeg.runtime.rundir import files as rf
+        from rpeg.runtime.rundir.directory import RunDir
+        from rpeg.runtime.rundir.serial import loads, plan_from_json
 
         rd = RunDir.open(path)
         rows, damaged = rf.read_metrics(rd.path)
@@ -54,8 +54,8 @@ class Run:
         return self.path.name
 
     def trace_events(self) -> list[dict]:
-        from rpeg.runtime import runfiles as rf
-        from rpeg.runtime.rundir import events_from_trace
+        from rpeg.runtime.rundir import files as rf
+        from rpeg.runtime.rundir.directory import events_from_trace
         return rf.read_parsed(self.path / "trace.json", "trace.json",
                               lambda text: events_from_trace(json.loads(text)))
 

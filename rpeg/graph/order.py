@@ -10,7 +10,7 @@ Among the nodes whose dependencies are all placed, the one with the least ``key`
 next (default: its position in ``nodes``), so the order is stable: a list already in
 dependency order comes back unchanged. Dependencies that are not nodes are ignored. The
 step graph's op order (:meth:`rpeg.graph.ir.Graph.topo_order`), the runtime's call order
-(:mod:`rpeg.runtime.instances`), the scheduling core's submission order and the in-process
+(:mod:`rpeg.runtime.lowering.instances`), the scheduling core's submission order and the in-process
 run's execution order are all this function.
 """
 

@@ -14,7 +14,7 @@ backend declares its engine (the tensor-parallel degree it generates at, whether
 carries responses into later steps). :func:`runtime_capabilities` joins them into one
 :class:`Capabilities`, which :meth:`rpeg.plan.space.Limits.runtime` turns into the
 planner's limits, ``rpeg compile`` plans for by default, and the runtime's refusals
-(``rpeg.runtime.plans``, ``rpeg.runtime.instances``) read.
+(``rpeg.runtime.plans``, ``rpeg.runtime.lowering.instances``) read.
 
 What the declaration says does not depend on what is installed on the machine that
 plans: planning a GPU cluster from a laptop without vLLM gives the plan a machine with

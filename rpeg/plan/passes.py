@@ -117,7 +117,7 @@ __all__ = ["fusable", "fuse"]
 def reads_in_place(trainer, reader) -> bool:
     """Whether a generate placement ``reader`` reads the trained weights where the trainer
     (``trainer``) keeps them, so no weight sync moves them (the runtime's rule,
-    ``rpeg.runtime.instances``): on the trainer's devices, split the same way, whole
+    ``rpeg.runtime.lowering.instances``): on the trainer's devices, split the same way, whole
     between train ops (not ZeRO-3 shards), and not a vLLM engine's own copy."""
     from rpeg.cost.engine_sync import engine_copy
     if engine_copy(trainer, reader) or trainer.zero >= 3 or max(trainer.pp, reader.pp) > 1:

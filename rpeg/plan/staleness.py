@@ -16,7 +16,7 @@ empty list — is synchronous, staleness 0: the cost model priced those plans th
 and the runtime and ``rpeg verify`` read them the same way, never as the spec's bound.
 
 The cost model and the simulator (``rpeg.plan.evaluate.plan_graph``), the runtime
-(``rpeg.runtime.instances``) and ``rpeg verify`` build their step graph with
+(``rpeg.runtime.lowering.instances``) and ``rpeg verify`` build their step graph with
 :func:`step_graph`, so the version edges they read carry the same lags.
 """
 

@@ -155,7 +155,7 @@ def backbone(shared: tuple[tuple[str, ...], ...], model: str) -> str:
 def sync_devices(src: StagePlacement, dst: StagePlacement) -> tuple[int, ...]:
     """The devices of a weight sync: the trainer's devices that hold its weights (the first
     tp block; every one when ZeRO-3 shards them) gather and send, the readers (torch copies,
-    or a vLLM engine's own copy) receive (rpeg.runtime.instances): ``sync_senders``, the
+    or a vLLM engine's own copy) receive (rpeg.runtime.lowering.instances): ``sync_senders``, the
     runtime's rule."""
     return _union(sync_senders(src.devices, max(src.tp, 1), src.zero), dst.devices)
 

@@ -14,16 +14,16 @@ instances out as, the Dask tasks its fusion packs them into, and the futures tho
     >>> d.calls, d.tasks, d.args
     (3, 2, 1)
 
-The layout is the runtime's (``rpeg.runtime.instances``): a stage's devices are blocks of
+The layout is the runtime's (``rpeg.runtime.lowering.instances``): a stage's devices are blocks of
 ``tp``; a streamed op's chunk c runs on block ``c mod blocks`` (every rank of it), a
 vLLM engine's chunk on that block's first device alone, a train op on every device (one
 data-parallel rank each), any other op on the first block; a weight sync on the devices
 sending and receiving. Readers take the first rank's output. The fusion is the runtime's
-(``rpeg.runtime.fusion``, the same rule on instances): a step's calls on one device share
+(``rpeg.runtime.core.fusion``, the same rule on instances): a step's calls on one device share
 a task while every input is in it, or in a task it already waits for; a call whose output
 another device reads ends its task, but for the stages the plan fused with it; the ranks of a collective each start a task, and a
 gang of ``JOIN_MIN`` ranks or more waits through one join call, a task of its own
-(``rpeg.runtime.joins``). Nothing of a step in flight counts as finished (the runtime
+(``rpeg.runtime.lowering.joins``). Nothing of a step in flight counts as finished (the runtime
 submits a step ahead), so this is the count with the least fusion. The futures counted
 are those of data, version and stream edges, and one for each gang a member's device ran
 before (the order of collectives); the runtime passes a few more ordering ones.

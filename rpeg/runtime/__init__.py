@@ -5,22 +5,21 @@
     >>> verify_run(result.path).ok                                               # doctest: +SKIP
     True
 
-Modules: ``instances`` (the plan unrolled into op calls), ``core`` (the
-scheduling core: events in, instructions out), ``recovery`` (the Dask adapter every
-run goes through; its parts: ``segments``, the loop between checkpoint cuts,
-``checkpointing``, worker start, restore and checkpoints, and ``losses``, loss and stuck
-detection and the rollback; ``resume`` continues a run),
-``fusion`` and ``flight`` (ops packed into Dask tasks, and those tasks tracked),
-``driver`` (options, the cluster, the progress bar), ``worker`` (what runs in a worker), ``rundir`` and ``verify`` (the record of a
-run and its check), ``placement`` (the split plan used when none is given),
-``inline`` (the same calls in one process, the reference for overhead).
+Subpackages, one job each: ``lowering`` (the plan unrolled into op calls), ``core``
+(the scheduling core: events in, instructions out, every decision), ``dask`` (the adapter
+every run goes through: the cluster, the workers, the loop between checkpoint cuts, loss
+and stuck detection, resume), ``rundir`` (the run directory's files, records and
+checkpoints), ``usercode`` (user functions, rewards, the tool sandbox), ``calibrate``
+(what the runtime costs on this machine). Beside them: ``plans`` and ``placement`` (which
+plan a run executes), ``data``, ``datacheck`` and ``inputs`` (what a run reads), ``verify``
+(a run's trace checked against its plan).
 """
 
 from __future__ import annotations
 
-from rpeg.runtime.driver import RunOptions, RunResult
+from rpeg.runtime.dask.driver import RunOptions, RunResult
+from rpeg.runtime.dask.runner import run as run_pipeline
 from rpeg.runtime.plans import plan_for_run
-from rpeg.runtime.recovery import run as run_pipeline
 from rpeg.runtime.verify import Report, Violation, verify_run
 
 __all__ = ["RunOptions", "RunResult", "run_pipeline", "plan_for_run", "verify_run", "Report",

@@ -100,7 +100,7 @@ def plan_for_run(file: str | Path, *, spec: str | Path | None = None,
             plan = settled(pipeline, plan, machine)
         from rpeg.plan.compile import check_executable
         check_executable(plan, runtime_limits())         # a hand-written plan asks too much
-        from rpeg.runtime.instances import build_calls
+        from rpeg.runtime.lowering.instances import build_calls
         build_calls(pipeline, plan, steps=1)              # degrees the backend cannot split by
     else:
         spec_path = file
@@ -166,7 +166,7 @@ def _compile(pipeline, cluster, strategy: RunStrategy, seed: int,
     from rpeg.plan.compile import compile_plan
     from rpeg.plan.model import Strategy
     from rpeg.plan.search import SearchOptions
-    from rpeg.runtime.instances import build_calls
+    from rpeg.runtime.lowering.instances import build_calls
 
     if cluster is None:
         raise RuntimeFailure("a cluster file is needed to plan the run, and none was given",

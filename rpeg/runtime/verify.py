@@ -47,12 +47,17 @@ import attrs
 from rpeg.errors import RuntimeFailure, Span
 from rpeg.graph.versions import readable
 from rpeg.plan.model import Plan
-from rpeg.runtime import runfiles as rf
-from rpeg.runtime.instances import LOAD, RECV, OpCall, build_calls, lookback, model_homes
-from rpeg.runtime.joins import JOIN
-from rpeg.runtime.runcheck import check_event_fields, check_meta, check_metrics, check_plan_of_run
-from rpeg.runtime.rundir import RunDir, events_from_trace
-from rpeg.runtime.serial import loads, plan_from_json
+from rpeg.runtime.lowering.instances import LOAD, RECV, OpCall, build_calls, lookback, model_homes
+from rpeg.runtime.lowering.joins import JOIN
+from rpeg.runtime.rundir import files as rf
+from rpeg.runtime.rundir.check import (
+    check_event_fields,
+    check_meta,
+    check_metrics,
+    check_plan_of_run,
+)
+from rpeg.runtime.rundir.directory import RunDir, events_from_trace
+from rpeg.runtime.rundir.serial import loads, plan_from_json
 from rpeg.spec.model import OpKind
 
 SHOWN = 20           # violations a report lists by default; the rest are counted
@@ -186,7 +191,7 @@ def _read(rd: RunDir, name: str, parse):
 
 
 def _graph(pipeline, plan):
-    from rpeg.runtime.instances import graph_for
+    from rpeg.runtime.lowering.instances import graph_for
     return graph_for(pipeline, plan)
 
 

@@ -23,7 +23,7 @@ from backends.torch_backend.modeling import build_model
 from backends.torch_backend.tokenizer import EOS_ID, codec_for
 from backends.torch_backend.train import TokenHeads, TrainBatch, forward_arrays, train_step
 from backends.turns import Toolbox
-from rpeg.runtime.sandbox import Sandbox
+from rpeg.runtime.usercode.sandbox import Sandbox
 from rpeg.spec.presets import PRESETS
 from rpeg.spec.tools import Conversation, Tool
 

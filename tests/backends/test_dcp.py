@@ -183,7 +183,7 @@ def test_every_rank_of_a_trained_replica_meets_in_one_group_to_checkpoint(world,
     rank, whatever the mesh (a dp 2 x tp 2 trainer had only its dp and tp groups, and its
     first checkpoint failed)."""
     from backends.torch_backend.sharding import TrainLayout, mesh_groups
-    from rpeg.runtime.context import Replica
+    from rpeg.runtime.lowering.context import Replica
     replica = Replica("actor", world[0], ("lm",), trainable=True, world=world, tp=tp, zero=zero)
     assert world in replica.layout_groups
     assert set(replica.layout_groups) == set(mesh_groups(TrainLayout(world, tp, zero)))

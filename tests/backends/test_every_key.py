@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from rpeg.plan.evaluate import Evaluator
-from rpeg.runtime.inline import run_inline
+from rpeg.runtime.calibrate.inline import run_inline
 from rpeg.runtime.placement import split_plan
 from rpeg.spec import load, load_cluster
 from rpeg.spec.functions import FUNCTIONS

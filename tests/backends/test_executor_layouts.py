@@ -13,8 +13,8 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from backends.torch_backend.executor import Executor  # noqa: E402
-from rpeg.runtime.context import RunContext  # noqa: E402
-from rpeg.runtime.instances import build_calls  # noqa: E402
+from rpeg.runtime.lowering.context import RunContext  # noqa: E402
+from rpeg.runtime.lowering.instances import build_calls  # noqa: E402
 from rpeg.runtime.placement import split_plan  # noqa: E402
 from rpeg.spec import load  # noqa: E402
 from rpeg.spec.model import OpKind  # noqa: E402

@@ -15,8 +15,8 @@ import torch
 
 from rpeg.cli import main
 from rpeg.runtime import RunOptions
+from rpeg.runtime.dask.runner import Resilience, run_resilient
 from rpeg.runtime.placement import split_plan
-from rpeg.runtime.recovery import Resilience, run_resilient
 from rpeg.spec import load
 
 PIPELINES = Path(__file__).resolve().parents[2] / "pipelines"
@@ -43,8 +43,8 @@ def _policy_logits(run: Path, lora=None) -> torch.Tensor:
     """Logits of the trained actor as the torch backend holds it (rebuilt + checkpoint)."""
     from backends.torch_backend.dcp import weights_of
     from backends.torch_backend.modeling import build_model, load_checkpoint
-    from rpeg.runtime.checkpoint_io import holds_optimizer
-    from rpeg.runtime.serial import loads
+    from rpeg.runtime.rundir.checkpoints import holds_optimizer
+    from rpeg.runtime.rundir.serial import loads
     pipeline = loads((run / "pipeline.json").read_text())
     actor = pipeline.model("actor")
     model = build_model(actor.dims, ("lm",), seed=pipeline.workload.seed)
@@ -160,7 +160,7 @@ def test_lora_run_syncs_adapters_and_exports_them(tmp_path):
 
     from backends.torch_backend.export import hf_state
     from backends.torch_backend.modeling import build_model, hf_config
-    from rpeg.runtime.serial import loads
+    from rpeg.runtime.rundir.serial import loads
     pipeline = loads((run / "pipeline.json").read_text())
     dims = pipeline.model("actor").dims
     base = AutoModelForCausalLM.from_config(hf_config(dims))

@@ -13,8 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rpeg.runtime import checkpoint_io as ckio
-from rpeg.runtime.serial import dumps
+from rpeg.runtime.rundir import checkpoints as ckio
+from rpeg.runtime.rundir.serial import dumps
 from rpeg.spec import load
 
 pytestmark = [

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rpeg.runtime.inline import run_inline
+from rpeg.runtime.calibrate.inline import run_inline
 from rpeg.runtime.placement import split_plan
 from rpeg.spec import load
 

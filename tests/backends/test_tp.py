@@ -11,8 +11,8 @@ import pytest
 
 from rpeg.errors import PlanError
 from rpeg.plan.model import Plan, StagePlacement, Strategy
-from rpeg.runtime.context import RunContext
-from rpeg.runtime.instances import EXPORT, LOAD, build_calls
+from rpeg.runtime.lowering.context import RunContext
+from rpeg.runtime.lowering.instances import EXPORT, LOAD, build_calls
 from rpeg.spec import load
 from rpeg.spec.model import Engine
 

@@ -18,7 +18,7 @@ from backends import tool_formats as F
 from backends.carry import Response
 from backends.torch_backend.tokenizer import EOS_ID, codec_for
 from backends.turns import Toolbox, converse, turns_of
-from rpeg.runtime.sandbox import Sandbox
+from rpeg.runtime.usercode.sandbox import Sandbox
 from rpeg.spec.kinds import ToolFormat
 from rpeg.spec.model import LengthDist
 from rpeg.spec.tools import Conversation, Tool

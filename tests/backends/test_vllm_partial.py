@@ -125,7 +125,7 @@ def test_carried_responses_resume_under_new_weights_with_their_prefix_kept(setup
 
 
 def test_a_checkpointed_buffer_continues_the_same_responses(setup, tmp_path):
-    from rpeg.runtime.checkpoint_io import load_tree, save_tree
+    from rpeg.runtime.rundir.checkpoints import load_tree, save_tree
 
     model, engine, eos = setup
     engine.carried.clear()

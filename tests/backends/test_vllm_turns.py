@@ -36,7 +36,7 @@ def setup(tmp_path_factory):
     from backends.torch_backend.modeling import build_model
     from backends.vllm_backend.engine import VllmEngine, VllmOptions
     from backends.vllm_backend.models import save_policy
-    from rpeg.runtime.sandbox import Sandbox
+    from rpeg.runtime.usercode.sandbox import Sandbox
     from rpeg.spec.presets import PRESETS
     from rpeg.spec.tools import Tool
 

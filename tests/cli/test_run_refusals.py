@@ -1,5 +1,6 @@
 """``rpeg run`` refuses what cannot run before it spends time planning: a scheduler with
-fewer device workers than the run needs is counted first."""
+fewer device workers than the run needs is counted first, and a broken spec is said
+before this machine is calibrated."""
 
 from __future__ import annotations
 
@@ -38,3 +39,30 @@ def test_too_few_workers_are_refused_before_planning(one_worker, capsys, monkeyp
     assert rc == 1, err
     assert "needs 16 workers with resource GPU=1, and the cluster has 1" in err, err
     assert "Traceback" not in err and not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("override", [[], ["workload.prompts=0"]])
+def test_a_broken_spec_is_said_before_this_machine_is_calibrated(
+        capsys, monkeypatch, tmp_path, override):
+    """Calibrating takes minutes on first use; a mistake in the spec (or in an override)
+    is said before it, at its line."""
+    import rpeg.runtime.calibrate.machine as machine
+
+    def never(*_a, **_k):
+        raise AssertionError("calibrated before the spec was checked")
+
+    monkeypatch.setattr(machine, "local_profile", never)
+    spec = Path(TINY).read_text()
+    if not override:
+        spec = spec.replace("pipeline tiny_ppo", "pipeline tiny_ppo\nmodel oops : nosuch {}")
+    broken = tmp_path / "broken.rpeg"
+    broken.write_text(spec)
+    for extra in ("data", "rewards.py"):
+        target = Path(TINY).parent / extra
+        (tmp_path / extra).symlink_to(target)
+    rc = main(["run", str(broken), "--no-progress", "--run-dir", str(tmp_path / "run"),
+               *override])
+    err = capsys.readouterr().err
+    assert rc == 1, err
+    assert "error:" in err and "Traceback" not in err, err
+    assert not (tmp_path / "run").exists()

@@ -16,8 +16,8 @@ from rpeg.cost import control as K
 from rpeg.cost.profiles import builtin_cluster
 from rpeg.plan.evaluate import Evaluator
 from rpeg.resources import shipped
+from rpeg.runtime.calibrate.simulated import scaled
 from rpeg.runtime.placement import split_plan
-from rpeg.runtime.simulated import scaled
 from rpeg.spec import load
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -27,7 +27,7 @@ TERMS = K.ControlTerms(call_s=20e-6, client_task_s=300e-6, client_arg_s=30e-6,
 
 
 @pytest.mark.parametrize("name", ["rpeg.cost.control", "rpeg.plan.tasks",
-                                  "rpeg.runtime.joins"])
+                                  "rpeg.runtime.lowering.joins"])
 def test_module_examples(name):
     result = doctest.testmod(importlib.import_module(name), optionflags=doctest.ELLIPSIS)
     assert result.failed == 0 and result.attempted > 0

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from rpeg.runtime import RunOptions, run_pipeline
+from rpeg.runtime.dask.runner import run_resilient
 from rpeg.runtime.placement import split_plan
-from rpeg.runtime.recovery import run_resilient
 from rpeg.spec import load
 
 PIPELINES = Path(__file__).resolve().parents[2] / "pipelines"

@@ -6,8 +6,8 @@ import hashlib
 import json
 import shutil
 
-from rpeg.runtime.record import RECORD, read_record, steady_rows, write_record
-from rpeg.runtime.tensorboard import tag, write_events
+from rpeg.runtime.rundir.record import RECORD, read_record, steady_rows, write_record
+from rpeg.runtime.rundir.tensorboard import tag, write_events
 
 
 def _sha(path):
@@ -79,7 +79,7 @@ def test_tensorboard_events_hold_the_metrics(run_a):
 
 
 def test_tensorboard_absent_writes_nothing(run_a, tmp_path, monkeypatch):
-    import rpeg.runtime.tensorboard as tb
+    import rpeg.runtime.rundir.tensorboard as tb
     copy = tmp_path / "no_tb"
     shutil.copytree(run_a, copy)
     for f in copy.glob("events.out.tfevents.*"):
@@ -93,7 +93,7 @@ def test_tensorboard_absent_writes_nothing(run_a, tmp_path, monkeypatch):
 def test_tensorboard_events_appear_as_steps_end(tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    from rpeg.runtime.rundir import RunDir
+    from rpeg.runtime.rundir.directory import RunDir
 
     rd = RunDir.create(tmp_path, "live", tmp_path / "live")
     rd.write_json("run.json", {"started": 1796000000.0})

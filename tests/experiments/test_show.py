@@ -56,7 +56,7 @@ def test_show_json_and_a_failed_verification(run_a, tmp_path, capsys):
 def test_show_plan_writes_memory_and_gantt(run_a, tmp_path, capsys):
     import attrs
 
-    from rpeg.runtime.serial import plan_from_json
+    from rpeg.runtime.rundir.serial import plan_from_json
 
     pipelines = run_a.parents[0]
     plan = plan_from_json((run_a / "plan.json").read_text())

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from rpeg.runtime.record import dashboard_line
+from rpeg.runtime.rundir.record import dashboard_line
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -63,7 +63,7 @@ def _one(stage="actor_step", **kw) -> Plan:
 def test_the_planner_and_the_runtime_refuse_the_same_layouts(change, tiny):
     """What ``check_executable`` refuses with the runtime's limits, ``build_calls`` refuses
     too: both read the declaration."""
-    from rpeg.runtime.instances import build_calls
+    from rpeg.runtime.lowering.instances import build_calls
     limits = Limits.runtime()
     plan = _one(**change)
     try:

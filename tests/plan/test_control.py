@@ -12,8 +12,8 @@ from rpeg.cost import control as K
 from rpeg.cost.calibrate import fit_control, with_dispatch
 from rpeg.cost.profiles import builtin_cluster, cluster_of, load_profile, profile_text
 from rpeg.plan.evaluate import Evaluator
-from rpeg.runtime import fusion as F
-from rpeg.runtime.instances import build_calls
+from rpeg.runtime.core import fusion as F
+from rpeg.runtime.lowering.instances import build_calls
 from rpeg.runtime.placement import split_plan
 from rpeg.spec import load
 
@@ -136,7 +136,7 @@ def test_control_terms_are_fitted_and_round_trip_through_the_profile(tmp_path):
 
 @pytest.mark.slow
 def test_control_plane_cpu_is_measured_from_real_runs():
-    from rpeg.runtime.dispatch import measure_control
+    from rpeg.runtime.calibrate.dispatch import measure_control
     m = measure_control(steps=8)
     runs = {(r["devices"], r["chunks"]): r for r in m["runs"]}
     assert set(runs) == {(2, 1), (2, 3), (1, 1)}, m

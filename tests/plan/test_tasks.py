@@ -1,6 +1,6 @@
 """The cost model counts the op calls and Dask tasks a step dispatches as the runtime lays
-them out and fuses them (``rpeg.plan.tasks`` against ``rpeg.runtime.instances`` and
-``rpeg.runtime.fusion``), at GPU-cluster sizes: streamed chunks on their blocks, train
+them out and fuses them (``rpeg.plan.tasks`` against ``rpeg.runtime.lowering.instances`` and
+``rpeg.runtime.core.fusion``), at GPU-cluster sizes: streamed chunks on their blocks, train
 ranks on every device, joins for large gangs, weight syncs."""
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ import pytest
 from rpeg.cost.profiles import builtin_cluster
 from rpeg.plan.evaluate import Evaluator
 from rpeg.resources import shipped
-from rpeg.runtime import fusion as F
-from rpeg.runtime.instances import build_calls
+from rpeg.runtime.calibrate.simulated import scaled
+from rpeg.runtime.core import fusion as F
+from rpeg.runtime.lowering.instances import build_calls
 from rpeg.runtime.placement import split_plan
-from rpeg.runtime.simulated import scaled
 from rpeg.spec import load
 
 

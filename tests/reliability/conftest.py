@@ -108,8 +108,8 @@ def micro_run(tmp_path_factory) -> Path:
     verified; tests copy it before they damage it."""
     from rpeg.cli import main
     from rpeg.runtime import RunOptions
+    from rpeg.runtime.dask.runner import Resilience, run_resilient
     from rpeg.runtime.placement import split_plan
-    from rpeg.runtime.recovery import Resilience, run_resilient
     from rpeg.spec import load
     from tests.reliability.test_faults import micro_spec
     from tests.reliability.test_hostile_input import no_hang

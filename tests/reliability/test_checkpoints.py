@@ -16,11 +16,11 @@ import numpy as np
 import pytest
 
 from rpeg.errors import RuntimeFailure
-from rpeg.runtime import checkpoint_io as ckio
-from rpeg.runtime.cuts import carried, closure, core_view
-from rpeg.runtime.instances import build_calls
+from rpeg.runtime.core.cuts import carried, closure, core_view
+from rpeg.runtime.dask.resume import resume_run
+from rpeg.runtime.lowering.instances import build_calls
 from rpeg.runtime.placement import split_plan
-from rpeg.runtime.resume import resume_run
+from rpeg.runtime.rundir import checkpoints as ckio
 from rpeg.spec import load
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -93,7 +93,7 @@ def test_carried_data_may_not_name_arbitrary_classes(tmp_path):
 _WRITER = textwrap.dedent("""
     import os, sys
     from pathlib import Path
-    from rpeg.runtime import checkpoint_io as ckio
+    from rpeg.runtime.rundir import checkpoints as ckio
     run = Path(sys.argv[1])
     step = 0
     while True:

@@ -22,10 +22,10 @@ import psutil
 import pytest
 
 from rpeg.runtime import RunOptions, verify_run
-from rpeg.runtime.inline import run_inline
+from rpeg.runtime.calibrate.inline import run_inline
+from rpeg.runtime.dask.resume import resume_run
+from rpeg.runtime.dask.runner import Resilience, run_resilient
 from rpeg.runtime.placement import split_plan
-from rpeg.runtime.recovery import Resilience, run_resilient
-from rpeg.runtime.resume import resume_run
 from rpeg.spec import load
 
 pytestmark = pytest.mark.slow
@@ -174,7 +174,7 @@ _RUNNER = textwrap.dedent("""
     from rpeg.spec import load
     from rpeg.runtime import RunOptions
     from rpeg.runtime.placement import split_plan
-    from rpeg.runtime.recovery import Resilience, run_resilient, Interrupted
+    from rpeg.runtime.dask.runner import Resilience, run_resilient, Interrupted
 
     def main():
         spec, run_dir = sys.argv[1], sys.argv[2]
@@ -236,7 +236,7 @@ def test_ctrl_c_checkpoints_then_resume_onto_one_device(micro, tmp_path):
     assert "interrupted" in err and "rpeg run --resume" in err and "Traceback" not in err
     meta = _meta(run_dir)
     assert meta["status"] == "interrupted"
-    from rpeg.runtime import checkpoint_io as ckio
+    from rpeg.runtime.rundir import checkpoints as ckio
     ck = ckio.latest(run_dir)
     assert ck is not None and ck.step == len(_rows(run_dir)) >= 1
     assert [_values(r) for r in _rows(run_dir)] == reference[:ck.step]

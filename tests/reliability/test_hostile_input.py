@@ -373,7 +373,7 @@ def test_verify_and_resume_refuse_damaged_run_directories(tmp_path, capsys, name
     import json
 
     from rpeg.runtime.placement import split_plan
-    from rpeg.runtime.serial import dumps
+    from rpeg.runtime.rundir.serial import dumps
 
     pipeline = load(PIPELINES / "tiny_ppo.rpeg")
     run = tmp_path / "run"

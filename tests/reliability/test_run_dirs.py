@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from rpeg.cli import main
-from rpeg.runtime import checkpoint_io as ckio
+from rpeg.runtime.rundir import checkpoints as ckio
 from tests.reliability.hostile import RUN_DIR_DAMAGE
 from tests.reliability.test_hostile_input import no_hang
 
@@ -210,7 +210,7 @@ def test_a_run_into_a_directory_holding_a_run_is_refused(run, capsys):
 
 
 def test_a_locked_run_directory_is_refused_naming_the_holder(run, capsys):
-    from rpeg.runtime.runfiles import RunLock
+    from rpeg.runtime.rundir.files import RunLock
     with RunLock.take(run):
         _refused(["run", "--resume", str(run), "--no-progress"], capsys,
                  f"pid {os.getpid()}")

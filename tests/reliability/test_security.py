@@ -15,7 +15,7 @@ import psutil
 import pytest
 
 from rpeg.errors import RuntimeFailure
-from rpeg.runtime.security import (
+from rpeg.runtime.dask.security import (
     TlsFiles,
     check_scheduler_address,
     dask_tls,
@@ -35,7 +35,7 @@ def _listening_ips(pid: int) -> set[str]:
 
 
 def test_embedded_cluster_listens_on_loopback_only():
-    from rpeg.runtime.driver import _Cluster
+    from rpeg.runtime.dask.driver import _Cluster
 
     with _Cluster(2, None) as cl:
         addrs = listening_addresses(cl.client)
@@ -80,7 +80,7 @@ def test_tls_scheduler_runs_work_for_a_certified_client_and_refuses_others(pki, 
     from distributed import Client
     from distributed.security import Security
 
-    from rpeg.runtime.driver import _Cluster
+    from rpeg.runtime.dask.driver import _Cluster
 
     address = tls_cluster.scheduler_address
     assert address.startswith("tls://127.0.0.1:")
@@ -232,7 +232,7 @@ def test_a_tls_block_keeps_the_dask_defaults_a_first_import_of_distributed_bring
     ``distributed`` is not imported yet."""
     import subprocess
     import sys
-    code = ("import dask\nfrom rpeg.runtime.security import TlsFiles, dask_tls\n"
+    code = ("import dask\nfrom rpeg.runtime.dask.security import TlsFiles, dask_tls\n"
             "with dask_tls(TlsFiles('ca.pem', 'c.pem', 'c.key')):\n    pass\n"
             "print(dask.config.get('distributed.client.direct-to-workers', 'MISSING'))\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

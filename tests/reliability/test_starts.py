@@ -56,7 +56,7 @@ def test_a_missing_dataset_is_refused_before_anything_is_written(spec, tmp_path,
 
 
 def _failing_set_up(monkeypatch):
-    from rpeg.runtime.checkpointing import Checkpointing
+    from rpeg.runtime.dask.checkpointing import Checkpointing
 
     def fail(self):
         raise RuntimeFailure("worker set-up must succeed, and it failed: (a test's failure)")
@@ -123,8 +123,8 @@ def test_a_folder_holding_a_file_a_run_writes_is_refused_naming_it(spec, tmp_pat
 
 def test_a_resume_keeps_the_runs_steps_between_checkpoints(micro_run, tmp_path, capsys,
                                                            monkeypatch):
-    import rpeg.runtime.resume as resume
-    from rpeg.runtime.rundir import RunDir
+    import rpeg.runtime.dask.resume as resume
+    from rpeg.runtime.rundir.directory import RunDir
     made = json.loads((micro_run / "run.json").read_text())["checkpoint_every"]
     assert made == 2
     used = []

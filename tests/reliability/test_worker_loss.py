@@ -23,8 +23,8 @@ import cloudpickle
 import pytest
 
 from rpeg.runtime import RunOptions, verify_run
-from rpeg.runtime.instances import build_calls
-from rpeg.runtime.recovery import Resilience, run_resilient
+from rpeg.runtime.dask.runner import Resilience, run_resilient
+from rpeg.runtime.lowering.instances import build_calls
 
 ROOT = Path(__file__).resolve().parents[2]
 SPEC = ROOT / "pipelines" / "tiny_ppo.rpeg"
@@ -70,7 +70,7 @@ def _arm(target: str, phase: str, mid_s: float, marker: str) -> None:
     import os
     import signal
 
-    from rpeg.runtime import worker as W
+    from rpeg.runtime.dask import worker as W
 
     def fire() -> None:
         try:

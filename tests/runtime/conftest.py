@@ -46,7 +46,7 @@ def plan_by_hand():
 def synthetic_trace(calls, workers: dict[int, str], read=lambda c: c.version) -> list[dict]:
     """Trace events of ``calls`` back to back in dependency order, on the planned devices
     and ``workers``; ``read(call)`` is the parameter version each reports."""
-    from rpeg.runtime.core import _submission_order
+    from rpeg.runtime.core.scheduler import _submission_order
     table = {c.id: c for c in calls}
     events, t = [], 0.0
     for op in _submission_order(calls):
@@ -60,8 +60,8 @@ def synthetic_trace(calls, workers: dict[int, str], read=lambda c: c.version) ->
 
 def through_core(calls, steps: int, window: int = 2) -> None:
     """Run ``calls`` through the scheduling core in dependency order: no cycle, none left."""
-    from rpeg.runtime import core as C
-    from rpeg.runtime.instances import by_id
+    from rpeg.runtime.core import scheduler as C
+    from rpeg.runtime.lowering.instances import by_id
     table = by_id(calls)
     core = C.Core.create(calls, steps=steps, window=window)
     pending = [i.call.id for i in core.handle(C.Started()) if isinstance(i, C.Submit)]

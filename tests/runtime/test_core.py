@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from rpeg.runtime.core import (
+from rpeg.runtime.core.scheduler import (
     Abort,
     Core,
     Finish,
@@ -13,7 +13,7 @@ from rpeg.runtime.core import (
     StepDone,
     Submit,
 )
-from rpeg.runtime.instances import build_calls
+from rpeg.runtime.lowering.instances import build_calls
 from rpeg.runtime.placement import split_plan
 
 
@@ -76,9 +76,9 @@ def test_a_failed_op_aborts(ppo, plan_by_hand):
 
 
 # --- a segment's decisions: tasks, losses, stuck devices, Ctrl-C, all without Dask ----------
-from rpeg.runtime import core as C  # noqa: E402
-from rpeg.runtime.cuts import Cuts  # noqa: E402
-from rpeg.runtime.flight import Task  # noqa: E402
+from rpeg.runtime.core import scheduler as C  # noqa: E402
+from rpeg.runtime.core.cuts import Cuts  # noqa: E402
+from rpeg.runtime.core.flight import Task  # noqa: E402
 
 
 def _segment(ppo, plan_by_hand, steps=3, window=1):

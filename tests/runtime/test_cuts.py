@@ -5,8 +5,8 @@ from __future__ import annotations
 import attrs
 import pytest
 
-from rpeg.runtime.cuts import Cuts, carried, closure, core_view
-from rpeg.runtime.instances import build_calls
+from rpeg.runtime.core.cuts import Cuts, carried, closure, core_view
+from rpeg.runtime.lowering.instances import build_calls
 from rpeg.runtime.placement import split_plan
 
 

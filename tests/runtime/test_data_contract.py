@@ -17,8 +17,8 @@ import pytest
 
 from rpeg.cli import main
 from rpeg.errors import RuntimeFailure
+from rpeg.runtime.calibrate.inline import run_inline
 from rpeg.runtime.datacheck import check_data
-from rpeg.runtime.inline import run_inline
 from rpeg.runtime.placement import split_plan
 from rpeg.spec import load
 from tests.conftest import save_chat_model

@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from rpeg.errors import RuntimeFailure
-from rpeg.runtime.devices import (
+from rpeg.runtime.dask.devices import (
     VISIBLE,
     GpuOf,
     Seen,
@@ -21,7 +21,7 @@ from rpeg.runtime.devices import (
     visible_gpus,
     worker_environments,
 )
-from rpeg.runtime.driver import WORKER_BYTES, worker_memory_limit
+from rpeg.runtime.dask.driver import WORKER_BYTES, worker_memory_limit
 
 
 @pytest.mark.parametrize("per_node", [1, 4, 8])
@@ -107,7 +107,7 @@ def test_a_worker_memory_limit_fits_its_devices_host_needs():
 def test_an_engine_in_a_daemonic_worker_is_refused_naming_the_fix():
     from types import SimpleNamespace
 
-    from rpeg.runtime.checkpointing import _check_engine_hosts
+    from rpeg.runtime.dask.checkpointing import _check_engine_hosts
     from rpeg.spec.model import Engine
     plan = SimpleNamespace(placements=(SimpleNamespace(engine=Engine.VLLM, devices=(0,)),
                                        SimpleNamespace(engine=Engine.TORCH, devices=(1,))))

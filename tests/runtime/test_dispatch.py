@@ -58,7 +58,7 @@ def test_shipped_profiles_carry_dispatch_and_it_round_trips(tmp_path):
 
 @pytest.mark.slow
 def test_dispatch_is_measured_on_a_real_cluster():
-    from rpeg.runtime.dispatch import measure_dispatch
+    from rpeg.runtime.calibrate.dispatch import measure_dispatch
     m = measure_dispatch(tasks=12, repeats=1)
     for key in ("dispatch_s", "same_worker_s", "cross_worker_s", "round_trip_s"):
         assert 0 < m[key] < 1.0, (key, m)

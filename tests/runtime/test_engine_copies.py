@@ -10,8 +10,8 @@ from pathlib import Path
 import attrs
 import pytest
 
-from rpeg.runtime.context import RunContext, WeightSync
-from rpeg.runtime.instances import (
+from rpeg.runtime.lowering.context import RunContext, WeightSync
+from rpeg.runtime.lowering.instances import (
     EXPORT,
     LOAD,
     RECV,
@@ -144,7 +144,7 @@ def test_a_sharded_trainers_senders_are_every_device_holding_a_piece(vgrpo, zero
 
 
 def test_verify_places_a_receive_on_its_engine_and_checks_the_version_it_wrote(vgrpo):
-    from rpeg.runtime.core import _submission_order
+    from rpeg.runtime.core.scheduler import _submission_order
     plan = split_plan(vgrpo, 2, staleness=1)
     calls = build_calls(vgrpo, plan, steps=3)
     workers = {0: "tcp://a", 1: "tcp://b"}
@@ -190,7 +190,7 @@ def test_an_in_process_run_syncs_the_generation_copy_from_its_trainer(ppo):
     """Generation on device 0, the actor trained on device 1: the in-process reference run
     copies each new version into the generator, so it learns step for step as the run on
     one device does (it generated from the initial weights, with KL 0, before)."""
-    from rpeg.runtime.inline import run_inline
+    from rpeg.runtime.calibrate.inline import run_inline
     split = run_inline(ppo, split_plan(ppo, 2, staleness=0), steps=3)
     alone = run_inline(ppo, split_plan(ppo, 1, staleness=0), steps=3)
     keys = ("reward", "kl", "policy_loss", "value_loss")
@@ -200,7 +200,7 @@ def test_an_in_process_run_syncs_the_generation_copy_from_its_trainer(ppo):
 
 def test_an_in_process_run_refuses_a_collective_sync(vgrpo):
     from rpeg.errors import RuntimeFailure
-    from rpeg.runtime.inline import run_inline
+    from rpeg.runtime.calibrate.inline import run_inline
     with pytest.raises(RuntimeFailure, match="vLLM engine's own copy"):
         run_inline(vgrpo, split_plan(vgrpo, 2, staleness=1), steps=3)
 
@@ -211,8 +211,8 @@ def test_a_checkpoint_asks_an_engine_copy_its_version_and_keeps_its_files(monkey
     treating it as one rebuilt from the trained replica."""
     from types import SimpleNamespace
 
-    from rpeg.runtime import checkpoint_io as ckio
-    from rpeg.runtime import worker as W
+    from rpeg.runtime.dask import worker as W
+    from rpeg.runtime.rundir import checkpoints as ckio
     from rpeg.spec import load
     pipeline = load(PIPELINES / "tiny_ppo.rpeg")
     trained = SimpleNamespace(version=3, optimizer=object())
@@ -230,7 +230,7 @@ def test_a_checkpoint_asks_an_engine_copy_its_version_and_keeps_its_files(monkey
 def test_a_copy_that_keeps_partial_rollouts_is_written_though_its_version_is_current():
     """A generator's copy at its trainer's version is rebuilt from the trainer's files,
     unless it keeps partial rollouts: only its own files hold those."""
-    from rpeg.runtime import checkpoint_io as ckio
+    from rpeg.runtime.rundir import checkpoints as ckio
     versions = {"actor@1": (3, True, False, False), "actor@0": (3, False, False, True),
                 "critic@0": (3, False, False, False), "ref@1": (0, False, True, False)}
     assert ckio.rebuildable(versions) == {"ref@1"}

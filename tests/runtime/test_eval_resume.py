@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 
 from rpeg.runtime import RunOptions
+from rpeg.runtime.dask.resume import resume_run
+from rpeg.runtime.dask.runner import Resilience, run_resilient
 from rpeg.runtime.data import row_indices
 from rpeg.runtime.placement import split_plan
-from rpeg.runtime.recovery import Resilience, run_resilient
-from rpeg.runtime.resume import resume_run
 from rpeg.spec import load
 
 pytestmark = pytest.mark.slow          # two real runs on a local Dask cluster, minutes

@@ -10,11 +10,11 @@ import pytest
 
 from rpeg.errors import RuntimeFailure
 from rpeg.runtime import RunOptions, verify_run
-from rpeg.runtime import checkpoint_io as ckio
+from rpeg.runtime.dask.runner import Resilience, run_resilient
 from rpeg.runtime.placement import split_plan
-from rpeg.runtime.recovery import Resilience, run_resilient
-from rpeg.runtime.rundir import EVENTS, RunDir
-from rpeg.runtime.runstate import RunState
+from rpeg.runtime.rundir import checkpoints as ckio
+from rpeg.runtime.rundir.directory import EVENTS, RunDir
+from rpeg.runtime.rundir.state import RunState
 
 
 def _ev(i: int) -> dict:

@@ -9,12 +9,12 @@ import attrs
 import pytest
 
 from rpeg.runtime import RunOptions, verify_run
-from rpeg.runtime.cuts import carried, closure
-from rpeg.runtime.flight import Flight, Task
-from rpeg.runtime.fusion import consumers_of, fuse
-from rpeg.runtime.instances import build_calls
+from rpeg.runtime.core.cuts import carried, closure
+from rpeg.runtime.core.flight import Flight, Task
+from rpeg.runtime.core.fusion import consumers_of, fuse
+from rpeg.runtime.dask.runner import Resilience, run_resilient
+from rpeg.runtime.lowering.instances import build_calls
 from rpeg.runtime.placement import split_plan
-from rpeg.runtime.recovery import Resilience, run_resilient
 
 TIMING = ("step_time_s", "tokens_per_s", "client_cpu_s")
 

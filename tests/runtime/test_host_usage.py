@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import doctest
 
-from rpeg.runtime import rundir
-from rpeg.runtime.rundir import host_usage
+from rpeg.runtime.rundir import directory as rundir
+from rpeg.runtime.rundir.directory import host_usage
 
 EVENTS = [{"device": 0, "end": t, "cpu_s": 0.1, "proc_cpu_s": 0.15 * t} for t in range(1, 9)]
 

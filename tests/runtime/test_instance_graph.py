@@ -16,9 +16,9 @@ from rpeg.plan.compile import compile_plan
 from rpeg.plan.evaluate import Evaluator, settle_batching, streams_of
 from rpeg.plan.model import Plan, StagePlacement, Strategy
 from rpeg.plan.simulate import priced_graph
-from rpeg.runtime.instances import build_calls
+from rpeg.runtime.lowering.instances import build_calls
+from rpeg.runtime.lowering.projection import closure, project
 from rpeg.runtime.placement import split_plan
-from rpeg.runtime.projection import closure, project
 from rpeg.spec import load_cluster
 
 STEPS = 5

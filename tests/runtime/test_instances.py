@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from rpeg.errors import PlanError
-from rpeg.runtime.instances import build_calls, by_id
+from rpeg.runtime.lowering.instances import build_calls, by_id
 from rpeg.runtime.placement import split_plan
 from rpeg.spec.model import OpKind
 

@@ -1,4 +1,4 @@
-"""Joins (``rpeg.runtime.joins``): a large gang waits through one call, with the same
+"""Joins (``rpeg.runtime.lowering.joins``): a large gang waits through one call, with the same
 orderings, the same data and the same results as when every rank waits for everything.
 Here gangs of 2 are joined (``JOIN_MIN`` lowered), so the tiny pipelines have joins."""
 
@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from rpeg.runtime import RunOptions, joins, run_pipeline, verify_run
-from rpeg.runtime import worker as W
-from rpeg.runtime.instances import build_calls
+from rpeg.runtime import RunOptions, run_pipeline, verify_run
+from rpeg.runtime.dask import worker as W
+from rpeg.runtime.lowering import joins
+from rpeg.runtime.lowering.instances import build_calls
 from rpeg.runtime.placement import split_plan
 
 HERE = Path(__file__).resolve().parent
@@ -64,7 +65,7 @@ class _Recorder:
 
 
 def test_a_rank_gets_from_a_join_the_arguments_it_would_have_had(monkeypatch):
-    from rpeg.runtime.instances import OpCall
+    from rpeg.runtime.lowering.instances import OpCall
     from rpeg.spec.model import OpKind
     rec = _Recorder()
     monkeypatch.setitem(W._STATE, "executor", rec)

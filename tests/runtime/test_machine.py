@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from rpeg.errors import RuntimeFailure
-from rpeg.runtime.machine import (
+from rpeg.runtime.calibrate.machine import (
     SHIPPED_CLUSTER,
     SHIPPED_PROFILE,
     MachineId,

@@ -14,7 +14,7 @@ import pytest
 from rpeg.cli import main
 from rpeg.errors import PlanError
 from rpeg.runtime import RunOptions, run_pipeline, verify_run
-from rpeg.runtime.instances import build_calls, by_id, graph_for, model_homes
+from rpeg.runtime.lowering.instances import build_calls, by_id, graph_for, model_homes
 from rpeg.runtime.placement import split_plan
 from rpeg.runtime.verify import check
 from rpeg.spec import load
@@ -171,8 +171,8 @@ def test_grpo_with_carry_verifies_and_a_resumed_run_continues_the_same_responses
     continues the responses started in step 2 and steps 3..5 give the same numbers."""
     import shutil
 
-    from rpeg.runtime.recovery import Resilience
-    from rpeg.runtime.resume import resume_run
+    from rpeg.runtime.dask.resume import resume_run
+    from rpeg.runtime.dask.runner import Resilience
     plan = with_carry(split_plan(grpo, 2, staleness=0), 1)
     with local_cluster(2) as scheduler:
         run_dir, rows = _run_plan_file(grpo, plan, tmp_path, scheduler, 6, capsys, every=3)

@@ -16,8 +16,8 @@ from rpeg.cost.engine_sync import sync_layout, sync_senders
 from rpeg.plan.compile import check_executable
 from rpeg.plan.model import Plan
 from rpeg.plan.space import Limits
-from rpeg.runtime.context import RunContext
-from rpeg.runtime.instances import build_calls, engine_key
+from rpeg.runtime.lowering.context import RunContext
+from rpeg.runtime.lowering.instances import build_calls, engine_key
 from rpeg.spec import load
 from rpeg.spec.model import Engine
 

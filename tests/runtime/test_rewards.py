@@ -15,8 +15,8 @@ import pytest
 
 from rpeg.cli import main
 from rpeg.errors import RuntimeFailure, Span
-from rpeg.runtime.rewards import call_reward, check_scores
-from rpeg.runtime.rundir import step_metrics
+from rpeg.runtime.rundir.directory import step_metrics
+from rpeg.runtime.usercode.rewards import call_reward, check_scores
 from rpeg.spec.model import Reward
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -2,7 +2,7 @@
 keeps serving, and nothing outside a call's scratch directory changes.
 
 The tools are real code in a module next to a spec folder; each call runs in the server's
-forked, confined child (``rpeg.runtime.sandbox_server``).
+forked, confined child (``rpeg.runtime.usercode.sandbox_server``).
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from rpeg.errors import RuntimeFailure
-from rpeg.runtime.sandbox import Sandbox
-from rpeg.runtime.sandbox_server import landlock_abi
+from rpeg.runtime.usercode.sandbox import Sandbox
+from rpeg.runtime.usercode.sandbox_server import landlock_abi
 from rpeg.spec.tools import Tool
 
 TOOLS = '''\

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from rpeg.runtime.serial import from_data, to_data
+from rpeg.runtime.rundir.serial import from_data, to_data
 from rpeg.spec.model import GpuProfile
 
 

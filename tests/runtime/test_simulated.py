@@ -1,5 +1,5 @@
 """The client's work grows with a step's work, not faster: the scheduling core and the
-fusion driven on a simulated clock (``rpeg.runtime.simulated``) for the shipped PPO
+fusion driven on a simulated clock (``rpeg.runtime.calibrate.simulated``) for the shipped PPO
 pipeline at two sizes, 8x apart."""
 
 from __future__ import annotations
@@ -7,10 +7,10 @@ from __future__ import annotations
 import pytest
 
 from rpeg.resources import shipped
-from rpeg.runtime import joins
-from rpeg.runtime.instances import build_calls
+from rpeg.runtime.calibrate.simulated import drive, scaled
+from rpeg.runtime.lowering import joins
+from rpeg.runtime.lowering.instances import build_calls
 from rpeg.runtime.placement import split_plan
-from rpeg.runtime.simulated import drive, scaled
 from rpeg.spec import load
 
 STEPS = 6

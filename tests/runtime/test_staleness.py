@@ -17,7 +17,7 @@ from rpeg.cli import main
 from rpeg.errors import PlanError
 from rpeg.plan.evaluate import plan_graph
 from rpeg.plan.model import Plan
-from rpeg.runtime.instances import build_calls, graph_for, model_homes
+from rpeg.runtime.lowering.instances import build_calls, graph_for, model_homes
 from rpeg.runtime.placement import split_plan
 from rpeg.runtime.plans import plan_for_run
 from rpeg.runtime.verify import check

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from rpeg.errors import RuntimeFailure
-from rpeg.runtime import trackers as T
+from rpeg.runtime.rundir import trackers as T
 from rpeg.spec import load
 from rpeg.spec.overrides import parse_overrides
 from rpeg.spec.training import Tracker
@@ -100,7 +100,7 @@ def test_mlflow_file_store(tmp_path, monkeypatch):
 def test_tensorboard_is_written_only_when_chosen(tmp_path):
     import json
 
-    from rpeg.runtime.tensorboard import append_event, write_events
+    from rpeg.runtime.rundir.tensorboard import append_event, write_events
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in ROWS[:1]))
     (tmp_path / "run.json").write_text(json.dumps({"started": 1.0, "trackers": ["wandb"]}))
     assert append_event(tmp_path, ROWS[0]) is None and write_events(tmp_path) is None

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from rpeg.runtime.instances import build_calls, model_homes
+from rpeg.runtime.lowering.instances import build_calls, model_homes
 from rpeg.runtime.placement import split_plan
 from rpeg.runtime.verify import check
 
 
 def _trace(calls, workers):
     """A perfect trace: ops back to back in dependency order, versions as planned."""
-    from rpeg.runtime.core import _submission_order
+    from rpeg.runtime.core.scheduler import _submission_order
     table = {c.id: c for c in calls}
     events, t = [], 0.0
     for op in _submission_order(calls):
@@ -22,7 +22,7 @@ def _trace(calls, workers):
 
 
 def _setup(ppo, plan, steps=3):
-    from rpeg.runtime.instances import graph_for
+    from rpeg.runtime.lowering.instances import graph_for
     calls = build_calls(ppo, plan, steps)
     workers = {0: "tcp://a", 1: "tcp://b"}
     return calls, workers, model_homes(ppo, plan, graph_for(ppo, plan))
@@ -77,8 +77,8 @@ def _traced(calls, workers, keep, shift=0.0):
 def _replanned_run_dir(ppo, tmp_path, from_step=2, steps=4):
     """A run directory as a 2-device run re-planned onto 1 device at ``from_step`` leaves
     it: the old plan in plan.0.json, the new one in plan.json, both traces in trace.json."""
-    from rpeg.runtime.rundir import RunDir
-    from rpeg.runtime.serial import dumps, plan_to_json
+    from rpeg.runtime.rundir.directory import RunDir
+    from rpeg.runtime.rundir.serial import dumps, plan_to_json
     old, new = split_plan(ppo, 2, staleness=1), split_plan(ppo, 1, staleness=1)
     rd = RunDir.create(tmp_path, ppo.name, tmp_path / "run")
     before = _traced(build_calls(ppo, old, steps), {0: "tcp://a", 1: "tcp://b"},

@@ -5,7 +5,7 @@ from __future__ import annotations
 import multiprocessing
 
 from rpeg.plan.model import Plan, StagePlacement
-from rpeg.runtime.driver import _Cluster, uses_vllm
+from rpeg.runtime.dask.driver import _Cluster, uses_vllm
 from rpeg.spec.model import Engine
 
 

@@ -11,9 +11,9 @@ import attrs
 import pytest
 
 from rpeg.plan.model import Plan
-from rpeg.runtime.instances import build_calls, lookback
+from rpeg.runtime.core.windows import CallWindows
+from rpeg.runtime.lowering.instances import build_calls, lookback
 from rpeg.runtime.placement import split_plan
-from rpeg.runtime.windows import CallWindows
 from rpeg.spec import load
 from tests.runtime.test_tp_run import plan_with
 

@@ -1,0 +1,247 @@
+"""This machine's profile for the embedded default: calibrated once per CPU, then cached.
+
+    >>> MachineId("AMD EPYC 7B13 64-Core Processor", 2).key
+    'amd-epyc-7b13-64-core-processor-2c'
+    >>> calibrated_on(GpuProfile("cpu", source="rpeg calibrate on AMD EPYC (2 cores, load 1.4)"))
+    MachineId(cpu='AMD EPYC', cores=2)
+
+``rpeg run FILE.rpeg`` without ``--cluster`` or ``--scheduler`` plans for a local Dask
+cluster on this machine, and prices its ops with a profile of this machine
+(:func:`local_profile`, ``ProfileChoice.AUTO``): the one cached under
+``~/.cache/rpeg/machines/<cpu>-<cores>c/`` (``$RPEG_CACHE_DIR`` instead of
+``~/.cache/rpeg``), or, when there is none — the first run, or a run on another CPU —
+one measured now by a short ``rpeg calibrate`` (:func:`calibrate_into`) and cached.
+``ProfileChoice.SHIPPED`` plans with the shipped ``pipelines/clusters/local_cpu.rpeg``
+instead, and says on which CPU it was measured, so its predictions are never presented
+as this machine's; ``CALIBRATE`` measures again. The choice comes from ``rpeg run
+--profile`` or ``$RPEG_LOCAL_PROFILE`` (the tests set ``shipped``: nothing they check may
+depend on a calibration of the machine they run on).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import enum
+import json
+import os
+import platform
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import attrs
+
+from rpeg.errors import BackendError, RpegError, RuntimeFailure
+from rpeg.resources import clusters_dir, profiles_dir
+from rpeg.spec.model import GpuProfile
+
+ROOT = Path(__file__).resolve().parents[2]
+SHIPPED_CLUSTER = clusters_dir() / "local_cpu.rpeg"
+SHIPPED_PROFILE = profiles_dir() / "local_cpu.rpeg"
+CHOICE_ENV = "RPEG_LOCAL_PROFILE"
+CACHE_ENV = "RPEG_CACHE_DIR"
+QUICK_REPEATS = 2              # timed calls per measurement of a first-use calibration
+QUICK_CONTROL_STEPS = 16       # steps of each of the control plane's three short runs
+
+__all__ = ["ProfileChoice", "MachineId", "LocalProfile", "local_profile", "calibrated_on",
+           "choice_from_env", "cache_dir", "calibrate_into", "measure_machine"]
+
+
+class ProfileChoice(enum.Enum):
+    AUTO = "auto"                # this machine's cached profile; calibrated once if none
+    CALIBRATE = "calibrate"      # measure this machine again now, and cache it
+    SHIPPED = "shipped"          # the shipped profile, measured on another machine: said so
+
+
+@attrs.frozen
+class MachineId:
+    """What a CPU profile depends on: the CPU model and how many cores share the devices."""
+
+    cpu: str
+    cores: int
+
+    @classmethod
+    def here(cls, cpuinfo: str | Path = "/proc/cpuinfo") -> MachineId:
+        cpu = ""
+        try:
+            with open(cpuinfo, encoding="utf-8", errors="replace") as f:
+                cpu = next((line.split(":", 1)[1].strip() for line in f
+                            if line.startswith("model name")), "")
+        except OSError:
+            pass
+        return cls(cpu or platform.processor() or platform.machine() or "unknown CPU",
+                   os.cpu_count() or 1)
+
+    @property
+    def key(self) -> str:
+        """A folder name: the CPU model in lower-case words, and the core count."""
+        words = re.sub(r"[^a-z0-9]+", "-", self.cpu.lower()).strip("-") or "cpu"
+        return f"{words[:80]}-{self.cores}c"
+
+    def __str__(self) -> str:
+        return f"{self.cpu}, {self.cores} cores"
+
+
+_SOURCE = re.compile(r"rpeg calibrate on (?P<cpu>.+?) \((?P<cores>\d+) cores")
+
+
+def calibrated_on(profile: GpuProfile) -> MachineId | None:
+    """The machine a profile written by ``rpeg calibrate`` was measured on (None for one
+    not written by it, such as the GPU profiles of published measurements)."""
+    m = _SOURCE.search(profile.source or "")
+    return MachineId(m["cpu"], int(m["cores"])) if m else None
+
+
+@attrs.frozen
+class LocalProfile:
+    """The cluster file the embedded default plans with, and what to tell the user."""
+
+    cluster: Path
+    machine: MachineId                  # this machine
+    measured_on: MachineId | None       # where the profile's figures were measured
+    note: str
+
+    @property
+    def this_machines(self) -> bool:
+        return self.measured_on == self.machine
+
+
+def cache_dir() -> Path:
+    """Where machine profiles are cached: $RPEG_CACHE_DIR, else $XDG_CACHE_HOME/rpeg,
+    else ~/.cache/rpeg."""
+    if os.environ.get(CACHE_ENV):
+        return Path(os.environ[CACHE_ENV])
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "rpeg"
+
+
+def choice_from_env(value: str | None = None) -> ProfileChoice:
+    """``value`` (default: $RPEG_LOCAL_PROFILE, else auto) as a choice."""
+    value = value if value is not None else os.environ.get(CHOICE_ENV, "auto")
+    try:
+        return ProfileChoice(value.strip().lower())
+    except ValueError:
+        raise RuntimeFailure(f"{CHOICE_ENV} must be auto, calibrate or shipped, not "
+                             f"{value!r}") from None
+
+
+Calibrator = Callable[[Path, Path], str]       # (profile path, cluster path) -> summary line
+
+
+def local_profile(choice: ProfileChoice = ProfileChoice.AUTO, *,
+                  machine: MachineId | None = None, calibrate: Calibrator | None = None,
+                  say: Callable[[str], None] | None = None) -> LocalProfile:
+    """The profile the embedded default prices ops with (see the module doc). ``calibrate``
+    writes a profile and a cluster file of this machine (default :func:`calibrate_into`);
+    ``say`` prints progress (default: to stderr)."""
+    from rpeg.spec import load_cluster
+
+    machine = machine or MachineId.here()
+    say = say or (lambda line: print(line, file=sys.stderr, flush=True))
+    if choice is ProfileChoice.SHIPPED:
+        on = calibrated_on(load_cluster(SHIPPED_CLUSTER).gpu)
+        if on == machine:
+            note = (f"priced with the shipped CPU profile, measured on a machine like this "
+                    f"one ({machine})")
+        else:
+            note = (f"note: predictions are priced with the shipped CPU profile, measured on "
+                    f"{on or 'another machine'}, not on this machine ({machine}): they are "
+                    f"not this machine's (--profile auto calibrates it)")
+        return LocalProfile(SHIPPED_CLUSTER, machine, on, note)
+    where = cache_dir() / "machines" / machine.key
+    cluster = where / "local_cpu.rpeg"
+    if choice is ProfileChoice.AUTO and _usable(where, machine):
+        made = json.loads((where / "machine.json").read_text(encoding="utf-8"))["date"]
+        return LocalProfile(cluster, machine, machine,
+                            f"priced with this machine's profile ({machine}; calibrated "
+                            f"{made}, {cluster})")
+    say(f"calibrating this machine ({machine}) for the cost model: a minute or two, once "
+        f"per CPU (--profile shipped skips it)")
+    began = time.perf_counter()
+    summary = _calibrate_cached(where, machine, calibrate or calibrate_into)
+    say(f"calibrated in {time.perf_counter() - began:.0f} s: {summary}; cached in {where}")
+    return LocalProfile(cluster, machine, machine,
+                        f"priced with this machine's profile ({machine}; calibrated now, "
+                        f"{cluster})")
+
+
+def _usable(where: Path, machine: MachineId) -> bool:
+    """Whether a cached profile of ``machine`` is there and loads."""
+    from rpeg.spec import load_cluster
+    try:
+        meta = json.loads((where / "machine.json").read_text(encoding="utf-8"))
+        if (meta.get("cpu"), meta.get("cores")) != (machine.cpu, machine.cores):
+            return False
+        load_cluster(where / "local_cpu.rpeg")
+    except (OSError, ValueError, KeyError, RpegError):
+        return False
+    return True
+
+
+def _calibrate_cached(where: Path, machine: MachineId, calibrate: Calibrator) -> str:
+    """Calibrate into a fresh folder beside ``where``, then put it in place whole (a run
+    interrupted mid-calibration leaves no half-written profile)."""
+    where.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{machine.key}-", dir=where.parent))
+    summary = calibrate(tmp / "profile.rpeg", tmp / "local_cpu.rpeg")
+    (tmp / "machine.json").write_text(json.dumps(
+        {"cpu": machine.cpu, "cores": machine.cores,
+         "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+         "summary": summary}, indent=2) + "\n", encoding="utf-8")
+    if where.exists():
+        old = where.with_name(f".{machine.key}-old-{os.getpid()}")
+        where.rename(old)
+        tmp.rename(where)
+        for f in old.iterdir():
+            f.unlink()
+        old.rmdir()
+    else:
+        tmp.rename(where)
+    return summary
+
+
+def measure_machine(repeats: int, control_steps: int = 40, scheduler: bool = False) -> dict:
+    """Every measurement ``rpeg calibrate`` fits: the torch ops in a child process (under
+    the workers' allocator settings), what one Dask task adds, and the control plane's CPU
+    in three short real runs; with ``scheduler``, also what the control plane costs on a
+    host of its own (Dask's scheduler and client with many lightweight workers, the
+    scheduling core on a simulated clock), which GPU clusters are priced with."""
+    from rpeg.cost.calibrate import worker_env
+    from rpeg.runtime.calibrate.dispatch import measure_control, measure_dispatch, measure_scheduler
+    from rpeg.runtime.calibrate.simulated import measure_core
+    proc = subprocess.run([sys.executable, "-m", "backends.torch_backend.measure", "calibrate",
+                           str(repeats)], capture_output=True, text=True, env=worker_env(),
+                          cwd=ROOT)
+    if proc.returncode != 0:
+        raise BackendError("the calibration measurements must run, not fail: "
+                           + (proc.stderr.strip().splitlines() or ["no output"])[-1],
+                           hint="calibration needs the torch extra: pip install -e '.[torch]'")
+    m = json.loads(proc.stdout)
+    m["dispatch"] = measure_dispatch()
+    m["control"] = measure_control(steps=control_steps)
+    if scheduler:
+        m["scheduler"] = measure_scheduler()
+        m["core"] = measure_core()
+    return m
+
+
+def calibrate_into(profile_path: Path, cluster_path: Path, repeats: int = QUICK_REPEATS,
+                   control_steps: int = QUICK_CONTROL_STEPS) -> str:
+    """A short ``rpeg calibrate``: this machine's profile to ``profile_path`` and its local
+    cluster to ``cluster_path`` (the shipped profile's fields it does not measure, the vLLM
+    terms, are kept); returns a one-line summary."""
+    from rpeg.cost.calibrate import cluster_text, fit_profile, keep_unmeasured
+    from rpeg.cost.profiles import load_profile, profile_text
+    fit = fit_profile(measure_machine(repeats, control_steps))
+    p = keep_unmeasured(fit, load_profile(SHIPPED_PROFILE))
+    profile_path.write_text(profile_text(p, comment=f"{p.name}: measured by rpeg calibrate"),
+                            encoding="utf-8")
+    cluster_path.write_text(cluster_text(p.name, os.path.relpath(profile_path,
+                                                                 cluster_path.parent),
+                                         fit.link), encoding="utf-8")
+    return (f"GEMM {p.matmul_flops / 1e9:.0f} GFLOPS, copy {p.mem_bandwidth / 1e9:.0f} GB/s, "
+            f"gloo {fit.link.bandwidth / 1e9:.2f} GB/s + {fit.link.latency * 1e6:.0f} us")

@@ -1,0 +1,498 @@
+"""The scheduling core: events in, instructions out; no Dask, no clock, no I/O.
+
+    >>> core = Core.create(calls, steps=3, window=2)                      # doctest: +SKIP
+    >>> core.handle(Started())                                             # doctest: +SKIP
+    [Submit(call=OpCall(id='rollout/s0/c0', ...)), ...]
+    >>> core.handle(OpDone("rollout/s0/c0"))                               # doctest: +SKIP
+    []
+
+The core decides *what to submit when*; the adapter (``rpeg.runtime.dask.segments``, on Dask)
+turns ``Submit`` into a Dask future whose arguments are the futures of the op's
+dependencies, so *when it runs* is decided by completion events on the cluster,
+never by predicted times. The core keeps at most ``window`` steps in flight
+(staleness k needs k + 1: generation of step s + k overlaps training of step s),
+submits an op only after everything it depends on was submitted, releases an
+op's result once every consumer finished, and reports each finished step.
+
+It also makes every decision of a segment of a resilient run, from events the adapter
+reports with the time they happened (``now``: the core reads no clock):
+
+* the tasks the adapter packed its submissions into (``TaskSubmitted``) and how each
+  ended (``TaskEnded``): done, failed (``Abort``; a collective op's failure first waits
+  ``peer_grace_s`` for the cluster to report a lost peer, which then takes precedence),
+  its worker lost (``Lost``), or given up by the scheduler (``GaveUp``); a device that made no progress for longer
+  than its task's limit is stuck (``Stuck``, on a ``Tick``); when to ask the cluster
+  whether every worker is still there (``CheckAlive``); nothing in flight with work
+  left is a scheduling bug (``Stalled``);
+* Ctrl-C (``StopRequested``): the first cut that holds every op already submitted
+  (``Stopping``), the ops past it held, and ``CutShort`` once every op inside is done.
+
+Between segments, the run's own decisions are functions here too: where the next segment
+ends (:func:`next_cut`), what to do with the workers found at a (re)start
+(:func:`on_workers`: run, refuse, give up, re-plan) and after a loss (:func:`on_loss`).
+
+An op's state moves by :data:`TRANSITIONS` only: pending -> submitted (Submit) -> done
+(OpDone) | failed (OpFailed -> Abort); pending -> held (past a Ctrl-C cut).
+"""
+
+from __future__ import annotations
+
+import enum
+import heapq
+from collections import defaultdict
+
+import attrs
+
+from rpeg.errors import PlanError, RpegError
+from rpeg.graph.order import Cycle, topological
+from rpeg.runtime.core.flight import Flight, Task
+from rpeg.runtime.lowering.instances import OpCall
+
+
+# --- states ------------------------------------------------------------------------------
+class OpState(enum.Enum):
+    PENDING = "pending"
+    HELD = "held"                 # past the cut a Ctrl-C stops at: never submitted
+    SUBMITTED = "submitted"
+    DONE = "done"
+    FAILED = "failed"
+
+
+# (state, what happens) -> the next state; any other move is a bug in the core
+TRANSITIONS: dict[tuple[OpState, str], OpState] = {
+    (OpState.PENDING, "submit"): OpState.SUBMITTED,
+    (OpState.PENDING, "hold"): OpState.HELD,
+    (OpState.SUBMITTED, "done"): OpState.DONE,
+    (OpState.SUBMITTED, "fail"): OpState.FAILED,
+}
+
+
+class Outcome(enum.Enum):
+    """How a task ended, as the adapter saw it."""
+
+    DONE = "done"
+    FAILED = "failed"             # an op raised: the run stops
+    LOST = "lost"                 # its worker died under it
+    CANCELLED = "cancelled"       # the scheduler gave it up (something it needs was lost)
+
+
+# --- events -------------------------------------------------------------------------------
+@attrs.frozen
+class Started:
+    now: float = 0.0
+
+
+@attrs.frozen
+class OpDone:
+    op_id: str
+
+
+@attrs.frozen
+class OpFailed:
+    op_id: str
+    error: str
+
+
+@attrs.frozen
+class TaskSubmitted:
+    key: object
+    task: Task
+    now: float
+
+
+@attrs.frozen
+class TaskEnded:
+    key: object
+    now: float
+    outcome: Outcome = Outcome.DONE
+    op_id: str = ""               # FAILED / LOST: the op that raised (default: the first)
+    error: object = None          # FAILED / LOST: what it raised
+
+
+@attrs.frozen
+class Tick:
+    now: float
+
+
+@attrs.frozen
+class StopRequested:
+    pass
+
+
+# --- instructions -------------------------------------------------------------------------
+@attrs.frozen
+class Submit:
+    call: OpCall
+
+
+@attrs.frozen
+class Release:
+    op_id: str
+
+
+@attrs.frozen
+class StepDone:
+    step: int
+
+
+@attrs.frozen
+class Finish:
+    pass
+
+
+@attrs.frozen
+class Abort:
+    op_id: str
+    error: str
+    cause: object = attrs.field(default=None, eq=False)   # what the op raised, when known
+
+
+@attrs.frozen
+class Lost:
+    """A worker died under a task: roll back to the last cut."""
+
+    device: int
+    op_id: str
+    step: int
+    reason: str
+
+
+@attrs.frozen
+class GaveUp:
+    """The scheduler gave a task up: find the worker that left, else roll back anyway."""
+
+    task: Task
+    status: str
+
+
+@attrs.frozen
+class Stuck:
+    """A device made no progress for longer than its task's limit: kill it, roll back."""
+
+    task: Task
+    idle_s: float
+
+
+@attrs.frozen
+class CheckAlive:
+    """Ask the cluster whether every worker is still there (a loss not seen otherwise)."""
+
+
+@attrs.frozen
+class Stalled:
+    """Nothing in flight and work left: a bug in the scheduling."""
+
+
+@attrs.frozen
+class Stopping:
+    """Ctrl-C: the segment now ends at the cut at ``end``, holding ``inside``."""
+
+    end: int
+    inside: frozenset[str]
+
+
+@attrs.frozen
+class CutShort:
+    """Every op inside the Ctrl-C cut is done: checkpoint there and stop."""
+
+    end: int
+    inside: frozenset[str]
+
+
+@attrs.define
+class Core:
+    calls: dict[str, OpCall]
+    order: tuple[str, ...]                    # submission order (dependencies first)
+    steps: int
+    window: int
+    status: dict[str, OpState]
+    consumers: dict[str, set[str]]
+    left_in_step: dict[int, int]
+    by_step: dict[int, list[str]]             # submission order, per step
+    steps_done: int = 0                       # steps 0..steps_done-1 are complete
+    finished: bool = False
+    # a segment of a resilient run (rpeg.runtime.dask.segments)
+    cuts: object = None                       # rpeg.runtime.core.cuts.Cuts of the run, if any
+    start: int = 0                            # the segment's first step (its cut)
+    before: frozenset[str] = frozenset()      # ops done before the segment's cut
+    flight: Flight = attrs.field(factory=Flight)
+    last_done: dict[int, float] = attrs.field(factory=dict)   # device -> its last finish
+    alive_every_s: float = 0.5
+    last_alive: float = 0.0
+    stuck_every_s: float = 0.5                # how often the tasks in flight are looked at
+    last_stuck: float = 0.0
+    stop_cut: frozenset[str] | None = None    # Ctrl-C: the ops inside the cut it stops at
+    stop_end: int = 0
+    submitted: int = 0                        # ops in the submitted state (in flight)
+    peer_grace_s: float = 10.0                # a collective's failure waits this for a loss
+    suspect: tuple | None = None              # (op, error, cause, when) of such a failure
+    # what the core counts as it goes, so each event costs what it touches (not the
+    # whole window): a step's ops are found ready by their dependencies being submitted
+    unmet: dict[str, int] = attrs.field(factory=dict)      # op -> dependencies not submitted
+    undone: dict[str, int] = attrs.field(factory=dict)     # op -> consumers not done
+    ready: dict[int, list[int]] = attrs.field(factory=dict)  # step -> ready ops (positions)
+    position: dict[str, int] = attrs.field(factory=dict)   # op -> its place in ``order``
+    done_ids: set[str] = attrs.field(factory=set)
+    limit: int = 0                            # steps below it may submit (the window's end)
+
+    @classmethod
+    def create(cls, calls, steps: int, window: int, *, start: int = 0, cuts=None,
+               before=frozenset(), devices=()) -> Core:
+        table = {c.id: c for c in calls}
+        consumers: dict[str, set[str]] = defaultdict(set)
+        unmet: dict[str, int] = {}
+        for c in calls:
+            deps = set(c.all_deps)
+            for d in deps:
+                consumers[d].add(c.id)
+            # a dependency outside the table never gets submitted: the op waits for ever
+            unmet[c.id] = len(deps)
+        left: dict[int, int] = defaultdict(int)
+        for c in calls:
+            left[c.step] += 1
+        order = _submission_order(calls)
+        by_step: dict[int, list[str]] = defaultdict(list)
+        for op_id in order:
+            by_step[table[op_id].step].append(op_id)
+        position = {op_id: k for k, op_id in enumerate(order)}
+        ready: dict[int, list[int]] = defaultdict(list)
+        for op_id in order:
+            if not unmet[op_id]:
+                ready[table[op_id].step].append(position[op_id])
+        return cls(table, order, steps, max(1, window), {c.id: OpState.PENDING for c in calls},
+                   dict(consumers), dict(left), dict(by_step), steps_done=start, cuts=cuts,
+                   start=start, before=frozenset(before),
+                   last_done=dict.fromkeys(devices, 0.0), unmet=unmet,
+                   undone={d: len(cs) for d, cs in consumers.items()}, ready=ready,
+                   position=position)
+
+    @property
+    def stopping(self) -> bool:
+        return self.stop_cut is not None
+
+    def handle(self, event) -> list:
+        if isinstance(event, Started):
+            self.last_done = dict.fromkeys(self.last_done, event.now)
+            self.last_alive = self.last_stuck = event.now
+            return self._submit_ready()
+        if isinstance(event, OpDone):
+            return self._done(event.op_id) + self._stop_reached()
+        if isinstance(event, OpFailed):
+            return self._fail(event.op_id, event.error)
+        if isinstance(event, TaskSubmitted):
+            self.flight.add(event.key, event.task, event.now)
+            return []
+        if isinstance(event, TaskEnded):
+            return self._task_ended(event)
+        if isinstance(event, Tick):
+            return self._tick(event.now)
+        if isinstance(event, StopRequested):
+            return self._stop()
+        raise TypeError(f"unknown event {event!r}")
+
+    def _move(self, op_id: str, what: str) -> None:
+        old = self.status[op_id]
+        new = self.status[op_id] = TRANSITIONS[(old, what)]
+        self.submitted += (new is OpState.SUBMITTED) - (old is OpState.SUBMITTED)
+        if new is OpState.SUBMITTED:              # its consumers wait for one fewer
+            for c in self.consumers.get(op_id, ()):
+                self.unmet[c] -= 1
+                if not self.unmet[c]:
+                    call = self.calls[c]
+                    self.ready.setdefault(call.step, []).append(self.position[c])
+        elif new is OpState.DONE:
+            self.done_ids.add(op_id)
+
+    def _fail(self, op_id: str, error: str, cause=None) -> list:
+        if self.status.get(op_id) is OpState.SUBMITTED:
+            self._move(op_id, "fail")
+        self.finished = True
+        return [Abort(op_id, error, cause)]
+
+    def _done(self, op_id: str) -> list:
+        if self.status.get(op_id) is not OpState.SUBMITTED:
+            return []
+        self._move(op_id, "done")
+        out: list = []
+        call = self.calls[op_id]
+        for d in dict.fromkeys(call.all_deps):
+            self.undone[d] -= 1
+            if not self.undone[d]:                 # every consumer of d is done
+                out.append(Release(d))
+        if not self.consumers.get(op_id):
+            out.append(Release(op_id))
+        self.left_in_step[call.step] -= 1
+        while self.steps_done < self.steps and self.left_in_step.get(self.steps_done, 0) == 0:
+            out.append(StepDone(self.steps_done))
+            self.steps_done += 1
+        out += self._submit_ready()
+        if self.steps_done == self.steps and not self.finished:
+            self.finished = True
+            out.append(Finish())
+        return out
+
+    def _submit_ready(self) -> list:
+        """Submit every pending op of the window whose dependencies are all submitted, in
+        passes over the window's steps in submission order (write-after-read edges point
+        forward, so an op made ready by one after it waits for the next pass), as a scan of
+        the whole window would; only the ops made ready are visited."""
+        limit = min(self.steps_done + self.window, self.steps)
+        out = []
+        now = self._take_ready(limit)
+        while now:
+            heapq.heapify(now)
+            later: list[tuple[int, int]] = []
+            while now:
+                key = heapq.heappop(now)
+                op_id = self.order[key[1]]
+                if self.status[op_id] is not OpState.PENDING:
+                    continue
+                if self.stop_cut is not None and op_id not in self.stop_cut:
+                    self._move(op_id, "hold")
+                    continue
+                self._move(op_id, "submit")
+                out.append(Submit(self.calls[op_id]))
+                for k in self._take_ready(limit):                # made ready by this one
+                    if k > key:
+                        heapq.heappush(now, k)
+                    else:
+                        later.append(k)
+            now = later
+        return out
+
+    def _take_ready(self, limit: int) -> list[tuple[int, int]]:
+        """(step, position) of the ops found ready in the window's steps since last asked."""
+        return [(step, p) for step in range(self.steps_done, limit)
+                for p in self.ready.pop(step, ())]
+
+    # --- a segment's tasks ----------------------------------------------------------------
+    def _task_ended(self, e: TaskEnded) -> list:
+        task = self.flight.finish(e.key, e.now, e.outcome is Outcome.DONE)
+        if e.outcome is Outcome.DONE:
+            self.last_done[task.device] = e.now
+            out: list = []
+            for op_id in task.ids:
+                out += self._done(op_id)
+            return out + self._stop_reached()
+        op_id = e.op_id or task.ids[0]
+        if e.outcome is Outcome.FAILED:
+            error = f"{type(e.error).__name__}: {e.error}"
+            if (self.calls[op_id].collective and self.suspect is None
+                    and not isinstance(e.error, RpegError)):
+                # a collective fails when a peer dies (gloo: "connection closed by peer"):
+                # the loss, once the cluster sees it, rolls back; only without one it aborts
+                self.suspect = (op_id, error, e.error, e.now)
+                self.last_alive = e.now
+                return [CheckAlive()]
+            return self._fail(op_id, error, e.error)
+        if e.outcome is Outcome.LOST:
+            call = self.calls[op_id]
+            return [Lost(call.device, op_id, call.step,
+                         f"worker lost ({type(e.error).__name__})")]
+        # cancelled: its ops never ran; forgetting it would leave the core waiting for them
+        # with nothing in flight (the run "stalled"): it is a loss
+        return [GaveUp(task, e.outcome.value)]
+
+    def _tick(self, now: float) -> list:
+        out: list = []
+        if self.suspect is not None and not self.finished:
+            op_id, error, cause, when = self.suspect
+            if now - when >= self.peer_grace_s:       # no worker was lost: the op failed
+                return self._fail(op_id, error, cause)
+        if not self.finished and not self.submitted:
+            return [CheckAlive(), Stalled()]    # a loss not seen yet is a loss, not a stall
+        if now - self.last_alive > self.alive_every_s:
+            self.last_alive = now
+            out.append(CheckAlive())
+        if now - self.last_stuck >= self.stuck_every_s:    # every task in flight: not each tick
+            self.last_stuck = now
+            hit = self.flight.stuck(self.last_done, now)
+            if hit is not None:
+                out.append(Stuck(*hit))
+        return out
+
+    def _stop(self) -> list:
+        """Ctrl-C: stop at the first cut after the segment's start that holds every op
+        already submitted (or the segment's own end)."""
+        if self.stop_cut is not None or self.cuts is None:
+            return []
+        started = {i for i, st in self.status.items() if st in (OpState.SUBMITTED,
+                                                                   OpState.DONE)}
+        end = self.steps
+        inside = None
+        for b in range(self.start + 1, self.steps + 1):
+            inside = self.cuts.closure(b)
+            if started <= inside:
+                end = b
+                break
+        else:
+            inside = self.cuts.closure(self.steps)
+        self.stop_cut, self.stop_end = frozenset(inside), end
+        return [Stopping(end, self.stop_cut)] + self._stop_reached()
+
+    def _stop_reached(self) -> list:
+        if self.stop_cut is None or self.finished:
+            return []
+        if all(i in self.done_ids or i in self.before for i in self.stop_cut):
+            self.finished = True
+            return [CutShort(self.stop_end, self.stop_cut)]
+        return []
+
+
+# --- a run's decisions between segments ------------------------------------------------------
+def next_cut(start: int, steps: int, checkpoint_every: int, eval_every: int | None) -> int:
+    """The step a segment starting at ``start`` ends at: the next checkpoint or eval step,
+    or the run's end.
+
+        >>> next_cut(0, 25, 10, None), next_cut(10, 25, 10, 4), next_cut(20, 25, 10, None)
+        (10, 12, 25)
+    """
+    every = eval_every or steps
+    return min(steps, (start // checkpoint_every + 1) * checkpoint_every,
+               (start // every + 1) * every)
+
+
+class Workers(enum.Enum):
+    """What a run does with the workers it finds at a (re)start."""
+
+    RUN = "run"                   # as many as the plan's devices
+    REFUSE = "refuse"             # too few for a run that never started: plan for these
+    GIVE_UP = "give up"           # none left
+    REPLAN = "replan"             # too few after a loss: re-plan for those left
+
+
+def on_workers(needed: int, have: int, *, started: bool) -> Workers:
+    """The decision of :class:`Workers` for ``have`` workers of the ``needed`` (``started``:
+    the run has made a checkpoint, or this is a restart after a loss).
+
+        >>> [on_workers(2, n, started=s).value for n, s in ((2, False), (1, False), (1, True),
+        ...                                                  (0, True))]
+        ['run', 'refuse', 'replan', 'give up']
+    """
+    if have >= needed:
+        return Workers.RUN
+    if not started:
+        return Workers.REFUSE
+    return Workers.GIVE_UP if have == 0 else Workers.REPLAN
+
+
+def on_loss(losses: int, max_losses: int, stuck: bool) -> tuple[bool, bool]:
+    """(give up, kill the worker first) after the run's ``losses``-th loss: past
+    ``max_losses`` the run stops (resumable); a stuck worker (still there, not answering) is
+    killed before the rollback, a lost one is gone already.
+
+        >>> on_loss(1, 3, stuck=True), on_loss(4, 3, stuck=False)
+        ((False, True), (True, False))
+    """
+    return losses > max_losses, stuck
+
+
+def _submission_order(calls) -> tuple[str, ...]:
+    """Dependencies before dependents (stable in build order); write-after-read edges may
+    point forward, so this is a real topological sort, not the build order."""
+    table = {c.id: c for c in calls}
+    try:
+        return topological(list(table), lambda i: table[i].all_deps)
+    except Cycle as e:
+        raise PlanError(f"the op dependencies must be acyclic, and these wait on each other: "
+                        f"{', '.join(e.stuck[:5])}") from None

@@ -1,0 +1,57 @@
+"""A run's op calls, built a window of steps at a time.
+
+    >>> calls = CallWindows(pipeline, plan, steps=200_000)          # doctest: +SKIP
+    >>> table = calls.around(40, 50)        # every call of steps 40 - 2r .. 50 + 2r, exactly
+    >>> len(table) < 1000                                            # doctest: +SKIP
+    True
+
+Building every call of a run before its first step makes start-up grow with the run's
+length (200,000 steps: minutes before anything runs). A segment between two checkpoint
+cuts needs only the calls near it: its own steps, those its cut pulls in from the next
+few steps, and those whose outputs cross the cut. ``build_calls(first=...)`` builds the
+calls of a stretch of steps; its first ``r`` steps (``r = lookback``: how far back any
+dependency reaches) lack the writers of the versions they read, and its last ``r`` the
+readers its writers wait for, so :meth:`CallWindows.around` builds ``r`` steps more on
+each side than it keeps. What it keeps equals, call for call, what a build of the whole
+run holds for those steps (tests/runtime/test_windows.py).
+"""
+
+from __future__ import annotations
+
+from rpeg.runtime.lowering.instances import OpCall, build_calls, lookback
+
+AHEAD = 64            # steps built past what a segment needs, so the next reuses the build
+
+
+class CallWindows:
+    """The calls of steps ``base``..``steps - 1`` of a run, a window at a time (``base``:
+    the step the run (re)started from with every replica at that version, see
+    ``build_calls``)."""
+
+    def __init__(self, pipeline, plan, steps: int, base: int = 0) -> None:
+        self.pipeline, self.plan, self.steps, self.base = pipeline, plan, steps, base
+        self.reach = lookback(pipeline, plan)
+        self._range = (0, 0)
+        self._table: dict[str, OpCall] = {}
+
+    def around(self, start: int, end: int) -> dict[str, OpCall]:
+        """Id -> call for every step from ``start - 2r`` to ``end + 2r`` (within the run),
+        each call as the whole run's build has it; the dict is in build order."""
+        r = self.reach
+        lo, hi = max(self.base, start - 2 * r), min(self.steps, end + 2 * r)
+        if self._range[0] <= lo and hi <= self._range[1] and self._table:
+            return self._table
+        first = max(self.base, lo - r)
+        last = min(self.steps, max(hi, end + AHEAD) + r)
+        keep_lo = first if first == self.base else first + r
+        keep_hi = last if last == self.steps else last - r
+        calls = build_calls(self.pipeline, self.plan, last, first=first)
+        self._table = {c.id: c for c in calls if keep_lo <= c.step < keep_hi}
+        self._range = (keep_lo, keep_hi)
+        return self._table
+
+    def sample(self) -> tuple[OpCall, ...]:
+        """The calls of the run's first steps, enough to see every replica and layout it
+        uses (the same from one step to the next once the staleness window has filled)."""
+        return build_calls(self.pipeline, self.plan,
+                           min(self.steps, self.base + 3 * self.reach + 2), first=self.base)

@@ -1,0 +1,300 @@
+"""Runs that survive: step checkpoints, worker loss and stuck ops, resume, Ctrl-C.
+
+    >>> result = run_resilient(pipeline, plan, RunOptions(steps=60), spec_path=spec,
+    ...                        resilience=Resilience(checkpoint_every=10))   # doctest: +SKIP
+    >>> result = resume_run("runs/tiny_ppo-20261130-011500")  # dask.resume  # doctest: +SKIP
+
+The run is cut into segments at step boundaries. A *cut* at step B is the set
+of op calls every step before B needs — all ops of steps < B plus, with
+staleness k, the generation of step B that must read version B - 1 before
+training overwrites it in place (the write-after-read edges). A segment runs
+the ops between two cuts on the scheduling core; at its cut every replica on
+every worker is checkpointed (weights, optimizer state, version), with the
+outputs made before the cut and read after it, so the state at a cut is
+complete: re-running from it gives the same numbers as running through it
+(all randomness is seeded by (seed, step)); under partial rollouts (a generate
+stage's ``carry``) the responses an engine started early for later steps are
+checkpointed with its replica and continued after the cut.
+
+The ops the core releases are submitted as fused tasks (``rpeg.runtime.core.fusion``:
+consecutive ready ops of one device in one Dask task, each op still traced on
+its own); an output carried over a cut is one its task returns.
+
+Faults, each handled by rolling back to the last cut:
+
+* a worker process dies (SIGKILL, OOM): seen as its address leaving the
+  scheduler, or as a task the scheduler cancels because something it needs went with
+  the worker (an output scattered there at the cut, or one only it held) — whichever
+  comes first; the nanny's replacement (or a spare worker) takes its device. A task
+  that ends cancelled never ran: it is a loss, never dropped (dropped, the core waited
+  for its ops with nothing in flight);
+* an op is stuck: no task on a device finished for ``max(floor, factor x the
+  plan's predicted time of the task's ops)`` since its inputs were ready
+  (``rpeg.runtime.core.flight``); reported with op, step and worker, the worker is
+  killed, and it is handled as a loss;
+* too few workers remain: the plan is re-made for the devices left (split
+  placement, same staleness), said in run.json and on stderr, and state is
+  mapped by model onto the new layout.
+
+Rolling back truncates metrics.jsonl and the trace to the cut, so no step
+is lost or counted twice. Ctrl-C stops submitting past the next reachable cut,
+lets the ops already started finish, checkpoints there and raises
+:class:`Interrupted`; ``rpeg run --resume RUN_DIR`` continues from it.
+
+This module is the public face and the run's frame (its directory, status and
+attempts); the runner's work is in ``rpeg.runtime.dask.segments`` (the segment loop),
+``rpeg.runtime.dask.checkpointing`` (worker start, restore and the checkpoint at each
+cut) and ``rpeg.runtime.dask.losses`` (loss and stuck detection, and the rollback).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import attrs
+
+from rpeg.destinations import check_not_around
+from rpeg.errors import RpegError, RuntimeFailure, Span
+from rpeg.plan.model import Plan
+from rpeg.runtime.dask.checkpointing import Checkpointing
+from rpeg.runtime.dask.checkpointing import _replan as _replan  # rpeg.runtime.dask.resume re-plans
+from rpeg.runtime.dask.driver import (
+    RunOptions,
+    RunResult,
+    _Cluster,
+    _Progress,
+    check_local_devices,
+    plan_is_for_gpus,
+    uses_vllm,
+)
+from rpeg.runtime.dask.losses import WorkerWatch, _Lost
+from rpeg.runtime.dask.segments import Interrupted, SegmentLoop
+from rpeg.runtime.dask.stopflag import StopFlag, Terminated
+from rpeg.runtime.inputs import check_inputs, recorded_paths
+from rpeg.runtime.rundir import files as rf
+from rpeg.runtime.rundir.directory import NOT_STARTED, RunDir, host_usage
+from rpeg.runtime.rundir.files import RunLock
+from rpeg.runtime.rundir.record import write_record
+from rpeg.runtime.rundir.serial import dumps, plan_to_json
+from rpeg.runtime.rundir.state import RunState
+from rpeg.runtime.rundir.trackers import Trackers, check_installed, chosen
+from rpeg.spec.model import Pipeline
+
+__all__ = ["Resilience", "Interrupted", "run", "run_resilient"]
+
+
+@attrs.frozen
+class Resilience:
+    checkpoint_every: int = 10         # steps between cuts (the last step always ends one)
+    keep: int = 2                      # complete checkpoints kept
+    timeout_factor: float = 10.0       # an op is stuck after factor x its predicted time ...
+    timeout_floor_s: float = 120.0     # ... and never before this
+    max_recoveries: int = 3
+    replace_wait_s: float = 60.0       # how long to wait for a replacement worker
+    poll_s: float = 0.1
+
+
+# --- the run -------------------------------------------------------------------------------
+
+def run(pipeline: Pipeline, plan: Plan, options: RunOptions, spec_path: str | None = None,
+        on_step=None) -> RunResult:
+    """Execute ``plan`` for ``pipeline`` with one checkpoint, at the end; write and return the
+    run directory. The run is the resilient runner's with a single segment and no recovery:
+    a lost worker fails the run."""
+    steps = options.steps or pipeline.workload.steps
+    return run_resilient(pipeline, plan, options, spec_path,
+                         Resilience(checkpoint_every=steps, max_recoveries=0), on_step)
+
+
+def run_resilient(pipeline: Pipeline, plan: Plan, options: RunOptions,
+                  spec_path: str | None = None, resilience: Resilience = Resilience(),
+                  on_step=None, *, _resume: tuple[RunDir, RunState, dict] | None = None
+                  ) -> RunResult:
+    """Run ``plan`` with step checkpoints, surviving worker loss and stuck ops. The run
+    directory is locked while the run writes it; one that already holds a run is refused
+    (``rpeg run --resume`` continues it: ``rpeg.runtime.dask.resume``).
+
+    A start is atomic: nothing is written to the run directory until the inputs (the
+    datasets, the reward's module, the trackers, the directory itself) are checked and the
+    cluster is reached; a start that fails after that and before its first step leaves the
+    directory marked ``failed-before-start``, and the same command runs into it again."""
+    steps = options.steps or pipeline.workload.steps
+    if options.scheduler is None:
+        check_local_devices(plan.num_devices)             # before any worker process starts
+    check_installed(chosen(pipeline, options.trackers))
+    stop = StopFlag()
+    if _resume is not None:                         # its inputs checked by the resume
+        with stop.ignored(), _cluster(plan, options) as cl:
+            return _run(pipeline, plan, options, spec_path, resilience, on_step, *_resume,
+                        cl=cl, stop=stop, resumed=True)
+    check_inputs(pipeline)
+    where = RunDir.target(options.root, pipeline.name, options.run_dir)
+    check_not_around(where, "--run-dir", tuple(Path(p) for _, p, _ in recorded_paths(pipeline))
+                     + ((Path(spec_path),) if spec_path else ()))
+    if where.is_dir():
+        rf.check_unlocked(where)                    # a run writing it: said with its pid
+        if RunDir(where).holds_run():
+            raise _holds_run(RunDir(where))
+    # worker processes start with Ctrl-C ignored: a terminal sends it to the whole process
+    # group, and they must live to finish the ops before the checkpoint
+    with stop.ignored(), _cluster(plan, options) as cl:
+        rd = RunDir.create(options.root, pipeline.name, where)
+        with RunLock.take(rd.path):
+            if rd.holds_run():
+                raise _holds_run(rd)
+            rd.clear_failed_start()
+            if spec_path:
+                rf.write_atomic(rd.path / "spec.rpeg", Path(spec_path).read_bytes())
+            rd.write_text("pipeline.json", dumps(pipeline))
+            rd.write_text("plan.json", plan_to_json(plan))
+            meta = {"pipeline": pipeline.name, "steps": steps, "status": "running",
+                    "scheduler": options.scheduler or "local", "started": time.time(),
+                    "spec": str(Path(spec_path).absolute()) if spec_path else None,
+                    "recoveries": [], "replans": [], "resumes": [],
+                    "overrides": list(options.overrides)}
+            rd.write_text("metrics.jsonl", "")
+            state = RunState(0, [], [], defaultdict(list), {})
+            return _run(pipeline, plan, options, spec_path, resilience, on_step, rd, state,
+                        meta, cl=cl, stop=stop)
+
+
+def _cluster(plan: Plan, options: RunOptions) -> _Cluster:
+    return _Cluster(plan.num_devices, options.scheduler, uses_vllm(plan), options.use_cuda,
+                    _host_bytes(plan))
+
+
+def _holds_run(rd: RunDir) -> RuntimeFailure:
+    """The refusal to start a run in a directory that holds one (its records would mix)."""
+    try:
+        meta = rd.read_json("run.json")
+    except RpegError:
+        meta = None
+    if not isinstance(meta, dict):
+        files = [f for f in rf.FILES if f != rf.LOCK and os.path.lexists(rd.path / f)]
+        return RuntimeFailure(f"run directory '{rd.path}' must be empty or new for a new run, "
+                              f"and it holds {', '.join(files)}, which a run writes; the run "
+                              f"would replace {'it' if len(files) == 1 else 'them'}",
+                              Span(str(rd.path), 0, 0),
+                              hint="choose a new or empty --run-dir")
+    what = (f" ({meta.get('pipeline', '?')}, {meta.get('status', '?')}, "
+            f"{meta.get('steps', '?')} steps)")
+    return RuntimeFailure(f"run directory '{rd.path}' must be empty or new for a new run, and "
+                          f"it holds a run{what}; a second run would mix its records with "
+                          "that one's", Span(str(rd.path), 0, 0),
+                          hint=f"continue that run with: rpeg run --resume {rd.path} (add "
+                               "--steps N to extend it), or choose another --run-dir")
+
+
+def _run(pipeline, plan, options, spec_path, resilience, on_step, rd: RunDir,
+         state: RunState, meta: dict, *, cl: _Cluster, stop: StopFlag,
+         resumed: bool = False) -> RunResult:
+    steps = int(meta["steps"])
+    meta["checkpoint_every"] = resilience.checkpoint_every
+    picked = chosen(pipeline, options.trackers)
+    meta["trackers"] = [t.value for t in picked]      # TensorBoard reads it (tensorboard.py)
+    rd.write_json("run.json", meta)
+    t_start = time.time()
+    runner = _Runner(pipeline, plan, options, resilience, rd, meta, state, steps, on_step,
+                     stop)
+    trackers = None
+    try:
+        trackers = Trackers.open(pipeline, rd.path, picked,
+                                 config={"pipeline": pipeline.name, "steps": steps,
+                                         "overrides": " ".join(meta.get("overrides", []))},
+                                 resume=resumed)
+        runner.trackers = trackers
+        stop.install_terminate(str(rd.path))        # SIGTERM closes the record, as Ctrl-C does
+        stop.install()
+        runner.cl = cl
+        try:
+            runner.go()
+        except BaseException:
+            runner.salvage()                        # the ops that finished, for the trace
+            raise
+        meta["status"] = "ok"
+        current = set(runner.workers.values())          # a restarted worker counts afresh
+        host = host_usage([e for e in state.events if e.get("worker") in current],
+                          runner.host_marks, task_steps=runner.task_steps)
+        if host is not None:
+            meta["host"] = host
+    except Interrupted:
+        meta["status"] = "interrupted"
+        raise
+    except Terminated:
+        meta["status"] = "terminated"
+        raise
+    except BaseException:
+        meta["status"] = "failed"
+        raise
+    finally:
+        if meta["status"] != "ok" and not resumed and not state.metrics \
+                and not state.events and not state.unfinished() and not rd.checkpoints():
+            meta["status"] = NOT_STARTED           # no op ran: the start can be retried
+        stop.uninstall()
+        if trackers is not None:
+            trackers.close()
+        try:
+            if meta["status"] == "ok":
+                state.write_trace(rd, runner.workers, meta.get("started", t_start), force=True)
+            else:                            # and every op that finished after the last step
+                rd.write_trace(state.events + state.unfinished(), runner.workers,
+                               meta.get("started", t_start))
+        except (OSError, RpegError) as e:
+            print(f"rpeg: warning: trace.json not written: {e}", file=sys.stderr)
+        meta["wall_s"] = meta.get("wall_s", 0.0) + time.time() - t_start
+        rd.write_json("run.json", meta)
+        write_record(rd.path, spec_path)
+    return RunResult(rd.path, tuple(state.metrics), meta["wall_s"], steps)
+
+
+def _host_bytes(plan: Plan) -> float:
+    """Host memory one device worker needs: a CPU device's predicted peak (its memory is
+    the host's); on GPUs the model lives on the device."""
+    peaks = plan.predicted.peak_memory if plan.predicted is not None else ()
+    if not peaks or plan_is_for_gpus(plan):
+        return 0.0
+    return float(max(peaks))
+
+
+class _Runner(SegmentLoop, Checkpointing, WorkerWatch):
+    """One run's attempts: its segment loop (``segments``), its workers' start and
+    checkpoints (``checkpointing``), and its watch for lost or stuck workers with the
+    rollback after one (``losses``)."""
+
+    def __init__(self, pipeline, plan, options, res, rd, meta, state, steps, on_step,
+                 stop) -> None:
+        self.pipeline, self.plan, self.options, self.res = pipeline, plan, options, res
+        self.rd, self.meta, self.state, self.steps = rd, meta, state, steps
+        self.on_step, self.stop = on_step, stop
+        self.cl = None
+        self._seg_futures: dict[str, object] = {}
+        self.attempt = 0
+        self.t0 = time.time()
+        self.workers: dict[int, str] = {}
+        self.pids: dict[str, int] = {}
+        self.host_marks: list[tuple[int, float, float, int]] = []    # see host_usage
+        self.task_steps: dict[int, int] = {}       # Dask tasks submitted, by the step they run
+        self.bar = _Progress(steps, options.progress)
+        self.trackers = None
+        self.bar_done = state.start
+        if self.bar.p is not None and state.start:
+            self.bar.p.update(self.bar.task, advance=state.start)
+
+    # one attempt per (re)start of the workers
+    def go(self) -> None:
+        try:
+            while True:
+                self.attempt += 1
+                try:
+                    self._start_workers()
+                    self._segments()
+                    return
+                except _Lost as lost:
+                    lost.__traceback__ = None      # frees the abandoned attempt's futures
+                    self._recover(lost)
+        finally:
+            self.bar.close()

@@ -1,0 +1,7 @@
+"""The plan lowered to what runs: one op call per (op, step, chunk or rank), on one device.
+
+``instances`` (the calls), ``ordering`` (their weight transfers and ordering edges),
+``replicas`` (which copy of a model a call reads; a sync's roles), ``joins`` (one call
+through which a large gang's ranks wait), ``projection`` (the calls seen as the priced
+instance graph), ``context`` (what every worker is told at set-up).
+"""

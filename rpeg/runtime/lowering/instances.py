@@ -1,0 +1,424 @@
+"""The plan, unrolled to what runs: one op call per (op, step, chunk or rank), on one device.
+
+    >>> calls = build_calls(pipeline, plan, steps=2)                        # doctest: +SKIP
+    >>> [c.id for c in calls][:3]                                            # doctest: +SKIP
+    ['rollout/s0/c0', 'rollout/s0/c1', 'ref_lp/s0/c0']
+    >>> by_id(calls)["rollout/s1/c0"].after                                  # doctest: +SKIP
+    ('sync_actor/s0/load@0', 'rollout/s1/c0'...)
+
+The step graph (``rpeg.graph``: ops, data edges, fused trainers, shared
+backbones) is placed on the plan's devices and unrolled over steps:
+
+* per-sample ops (forward, score, per-response compute) whose inputs stream in
+  chunks run once per chunk, round-robin over their data-parallel blocks; group
+  ops (``group_norm``, ``rloo``) and train wait for the whole step;
+* a train op runs once per device: data-parallel rank ``i // tp``;
+* with tp > 1 a stage's devices are blocks of tp; every device of a block runs
+  the instance (ids of ranks > 0 end in ``/t<rank>``) and readers take rank 0's
+  output;
+* a vLLM generate stage runs one instance per tensor-parallel block, on its first
+  device (the engine's own workers span the block). Its engine serves a copy of its
+  own (``actor~vllm``) unless it runs at tp 1 beside the model's unsplit trained
+  replica (then it is updated from that replica in memory). Such a copy gets each
+  version it serves through collectives: a ``send`` on the trainer's first block
+  (rank 0 broadcasts, the others gather their pieces) and a ``recv`` on each engine's
+  device run as one gang (``backends.vllm_backend.sync``); a ``recv`` on a device that
+  also sends starts the receive and returns, and that device's ``send`` follows it;
+* a model's weights live on its home devices; a reader elsewhere gets them from a
+  weight-sync op pair — ``export`` on the home (one per tp rank: its shard),
+  ``load`` at the reader (joins the shards) — only for versions someone reads
+  there. Readers on the home read in place: no sync, unless they split the model
+  another way (then they read a copy ``model~tp<group>`` that a sync loads).
+
+Every reader reads an exact version: ``max(0, step - k)`` (train: ``step``), with
+``k`` the plan's staleness of the op. This is enforced by ordering edges
+(``after``): a reader waits for the writer of its version, and the writer of
+version v on a device waits for every reader of v - 1 there (write after read).
+A generate op with partial rollouts (the plan's ``carry``) keeps the next steps'
+responses in its engine between steps, so on each device its step s runs after
+its step s - 1; its chunks may hold tokens up to ``carry`` versions older than
+the version it reads. That buffer is checkpointed with the replica, so a resumed
+run continues the same responses.
+The ranks of an instance that runs collectives (data-parallel train ranks, a
+tensor-parallel block) wait for the union of their dependencies and keep one
+order per device, so gloo/NCCL collectives never interleave.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import attrs
+
+from rpeg.errors import PlanError
+from rpeg.graph import DepKind, Graph, Instance, chunk_counts, unroll
+from rpeg.graph.versions import read_version
+from rpeg.plan.model import Plan
+from rpeg.plan.staleness import staleness_problem, step_graph
+from rpeg.runtime.lowering.ordering import (
+    _add_syncs,
+    _order_chunks,
+    _order_collectives,
+    _order_pushes,
+    _order_versions,
+    _split_layouts,
+)
+from rpeg.runtime.lowering.replicas import (
+    ENGINE,
+    EXPORT,
+    LOAD,
+    RECV,
+    SEND,
+    VARIANT,
+    base_of,
+    engine_blocks,
+    engine_hosts,
+    engine_key,
+    is_engine_key,
+)
+from rpeg.spec.model import Engine, OpKind, Pipeline
+
+
+@attrs.frozen
+class OpCall:
+    """One op instance: everything a worker needs to run it, as plain data."""
+
+    id: str
+    op: str                                  # graph op: a stage, fused trainers, or sync_<model>
+    kind: OpKind
+    step: int
+    device: int
+    chunk: int = 0
+    chunks: int = 1                          # instances of this op in a step (chunks or ranks)
+    rank: int = 0
+    world: int = 1                           # data-parallel degree
+    tp_group: tuple[int, ...] = ()           # devices running this instance together (tp > 1;
+                                             # a weight sync's senders and engine hosts)
+    role: str = ""                           # sync ops: export | load
+    gang: tuple[int, ...] = ()               # sync ops: every device of the weight transfer
+    sources: tuple[int, ...] = ()            # sync ops: the trainer's devices that send
+    fills: tuple[str, ...] = ()              # sync ops: copies on this device it loads
+    model: str | None = None                 # backbone whose state the op reads or writes
+    stages: tuple[str, ...] = ()             # spec stages it implements
+    inputs: tuple[tuple[str, int], ...] = () # data name -> futures in ``deps``, in order
+    deps: tuple[str, ...] = ()               # data dependencies (op ids), in argument order
+    after: tuple[str, ...] = ()              # ordering dependencies (no data used)
+    version: int = -1                        # parameter version read (-1: none)
+    writes: int = -1                         # parameter version written (-1: none)
+    bound: int = 0                           # the plan's staleness: version >= step - bound
+    limit: int = 0                           # the spec's bound on it (carry included)
+    carry: int = 0                           # generate: responses span up to carry + 1 steps
+                                             # (a chunk's oldest token: step - bound - carry)
+
+    @property
+    def all_deps(self) -> tuple[str, ...]:
+        return self.deps + self.after
+
+    @property
+    def collective(self) -> bool:
+        """Runs collectives with other workers: a rank of a tensor-parallel block or of a
+        data-parallel train op. Its ranks start together (``_order_collectives``)."""
+        return bool(self.tp_group) or bool(self.gang) or (
+            self.kind is OpKind.TRAIN and self.world > 1)
+
+
+def graph_for(pipeline: Pipeline, plan: Plan) -> Graph:
+    """The step graph with the plan's structural choices (staleness, sharing): the one the
+    cost model priced (a stage the plan does not list is synchronous)."""
+    return step_graph(pipeline, plan)
+
+
+def build_calls(pipeline: Pipeline, plan: Plan, steps: int, *, first: int = 0
+                ) -> tuple[OpCall, ...]:
+    """Every op instance of steps ``first``..``steps - 1``, in an order where dependencies
+    come first (except write-after-read edges, which may point one staleness window ahead).
+
+    ``first`` > 0: the run starts at that step with every replica at version ``first``
+    (as step 0 starts with every replica at version 0): readers read no older version,
+    and only newer ones are synced. A run extended past its end restarts so; and the
+    calls of steps ``first + r`` onwards, ``r`` at least the steps any dependency
+    reaches back (:func:`lookback`), are those of a run built from step 0."""
+    graph = graph_for(pipeline, plan)
+    problem = staleness_problem(pipeline, plan)
+    if problem:                      # a hand-written plan: a carry past the staleness bound
+        raise PlanError(problem, hint="lower the stage's carry or its staleness")
+    frozen = {m.name for m in pipeline.models if m.frozen}
+    bounds = dict(pipeline.staleness)
+    homes = model_homes(pipeline, plan, graph)
+    whole = _home_whole(graph, plan)
+    n_chunks = _chunks(graph, plan, pipeline.workload.prompts * pipeline.workload.samples)
+    chunked = _chunked_ops(graph)
+    # the instances and data edges the cost model priced (rpeg.graph.unroll): every call is
+    # one device's share of one of them, reading what its data edges bring (within a step,
+    # the same at every step: one step's tell them all)
+    reads = _reads(unroll(graph, 1, {o.name: n_chunks for o in graph.ops
+                                     if o.kind is OpKind.GENERATE}))
+    calls: list[dict] = []
+    produced: dict[tuple[str, int], list[str]] = defaultdict(list)   # (op, step) -> ids by chunk
+    for s in range(first, steps):
+        for name in graph.topo_order():
+            op = graph.op(name)
+            if op.kind is OpKind.SYNC_WEIGHTS:
+                continue
+            place = _placement(plan, op, pipeline)
+            layout, world = _layout(op, place, name in chunked, n_chunks)
+            for idx, dev, rank, group in layout:
+                cid = _id(name, s, idx, op.kind, len(layout), name in chunked)
+                if group and op.kind is not OpKind.TRAIN and group.index(dev) > 0:
+                    cid += f"/t{group.index(dev)}"          # a further rank of a tp group
+                inputs, deps = _data_deps(reads[(name, idx if name in chunked else 0)],
+                                          s, produced)
+                model = op.reads_model
+                if model and _engine_copy(op, place, dev, homes, whole):
+                    model = engine_key(model)
+                call = dict(id=cid, op=name, kind=op.kind, step=s, device=dev,
+                            chunk=idx if name in chunked else 0,
+                            chunks=n_chunks if name in chunked else len(layout),
+                            rank=rank, world=world, tp_group=group, model=model,
+                            stages=op.stages, inputs=inputs, deps=deps, after=[],
+                            version=-1, writes=-1, bound=0, limit=0,
+                            carry=place.carry if op.kind is OpKind.GENERATE else 0)
+                members = op.reads_model.split("+") if op.reads_model else []
+                if op.reads_model and not all(m in frozen for m in members):
+                    lag = 0 if op.kind is OpKind.TRAIN else graph.lag_of(name)
+                    call["version"] = read_version(op.kind, s, lag, first)
+                    call["bound"] = lag
+                    call["limit"] = max((bounds.get(st, 0) for st in op.stages), default=0)
+                if op.kind is OpKind.TRAIN:
+                    call["writes"] = s + 1
+                calls.append(call)
+                if rank == 0 and (not group or group[0] == dev):
+                    produced[(name, s)].append(cid)       # what readers take: tp rank 0's
+    trained = train_layouts(graph, plan)
+    _split_layouts(calls, {m: p.zero >= 3 for m, p in trained.items()})
+    calls = _add_syncs(calls, homes, trained, first, engine_blocks(plan, calls))
+    _order_versions(calls, homes, frozen, first)
+    _order_chunks(calls)
+    _order_collectives(calls)
+    _order_pushes(calls)
+    out = tuple(OpCall(**{**c, "inputs": tuple(c["inputs"]), "deps": tuple(c["deps"]),
+                          "after": tuple(dict.fromkeys(a for a in c["after"] if a != c["id"]))})
+                for c in calls)
+    replica_layouts(out)                         # one layout per replica, or a PlanError
+    return out
+
+
+def lookback(pipeline: Pipeline, plan: Plan) -> int:
+    """Steps back any op call's dependencies reach, at most: a reader of version
+    ``s - k`` waits for its writer (and that writer's sync) of step ``s - k - 1``, a
+    generate op with partial rollouts for its previous steps, a writer for readers of the
+    version before. Calls built from ``first`` are exact from ``first + lookback``."""
+    k = max((b for _, b in plan.staleness), default=0)
+    k = max(k, max((b for _, b in pipeline.staleness), default=0))
+    carry = max((p.carry for p in plan.placements), default=0)
+    return k + carry + 3
+
+
+def replica_layouts(calls) -> dict[tuple[str, int], tuple[int, ...]]:
+    """(backbone, device) -> the tensor-parallel group its replica is split over. A replica
+    has one layout: every op reading a model on a device must split it the same way."""
+    out: dict[tuple[str, int], tuple[int, ...]] = {}
+    who: dict[tuple[str, int], str] = {}
+    for c in calls:
+        if c.model is None or c.role:
+            continue
+        key = (c.model, c.device)
+        if key in out and out[key] != c.tp_group:
+            raise PlanError(f"stage '{c.op}' must split '{c.model}' on device {c.device} like "
+                            f"'{who[key]}' does (tp group {list(out[key]) or 'none'}), not "
+                            f"{list(c.tp_group) or 'unsplit'}",
+                            hint="the torch runtime keeps one layout of a model per device: "
+                                 "give the stages that read it there the same tp")
+        out[key], who[key] = c.tp_group, c.op
+    return {k: v for k, v in out.items() if len(v) > 1}
+
+
+def by_id(calls) -> dict[str, OpCall]:
+    return {c.id: c for c in calls}
+
+
+def model_homes(pipeline: Pipeline, plan: Plan, graph: Graph) -> dict[str, tuple[int, ...]]:
+    """Backbone -> devices holding its trained weights: its train op's devices. The plan's
+    ``model_homes`` may list more (replicas kept for generation); they must include these."""
+    homes: dict[str, tuple[int, ...]] = {}
+    for op in graph.ops:
+        if op.kind is OpKind.TRAIN and op.writes_model:
+            members = op.writes_model.split("+")
+            given = plan.home(op.writes_model) or plan.home(members[0])
+            trained = _placement(plan, op).devices
+            if given and not set(trained) <= set(given):
+                raise PlanError(f"train op '{op.name}' must run on home devices of "
+                                f"'{op.writes_model}' {tuple(given)}, not {trained}")
+            homes[op.writes_model] = trained
+    return homes
+
+
+def _placement(plan: Plan, op, pipeline: Pipeline | None = None):
+    for stage in op.stages or (op.name,):
+        if not any(p.stage == stage for p in plan.placements):
+            continue
+        place = plan.placement(stage)
+        why = _refusal(place, op)
+        if why:
+            key, text = why
+            raise PlanError(f"stage '{stage}' must {text}", hint=_HINTS[key])
+        if place.tp > 1 and op.reads_model:
+            _check_tp(stage, place, op, plan, pipeline)
+        return place
+    raise PlanError(f"the plan must place stage '{op.name}', and it does not",
+                    hint="recompile the plan for this pipeline")
+
+
+_HINTS = {"pp": "the runtime executes data (dp) and tensor (tp) parallelism; plan with pp = 1",
+          "zero": "plan with a ZeRO level the runtime declares",
+          "tp": "plan the generate stage with a tp its engine declares",
+          "recompute": "plan without recomputation", "offload": "plan without offload"}
+
+
+def _refusal(place, op) -> tuple[str, str] | None:
+    """(key, what) the runtime's declared capabilities refuse of a placement, or None."""
+    from rpeg.plan.space import Limits
+    limits = Limits.runtime()
+    if place.pp > limits.max_pp:
+        return "pp", (f"have pp = {limits.max_pp} on the torch runtime, not pp = {place.pp}"
+                      + limits.because("pp"))
+    if place.zero not in limits.zero:
+        levels = ", ".join(str(z) for z in sorted(limits.zero))
+        return "zero", (f"have zero in {levels} on the torch runtime, not {place.zero}"
+                        + limits.because("zero"))
+    if place.recompute and not limits.recompute:
+        return "recompute", "have recompute off on the torch runtime" \
+            + limits.because("recompute")
+    if place.offload and not limits.offload:
+        return "offload", "have offload off on the torch runtime" + limits.because("offload")
+    if op.kind is OpKind.GENERATE and place.tp > limits.engine_max_tp(place.engine):
+        return "tp", (f"have tp = {limits.engine_max_tp(place.engine)} with engine = "
+                      f"{place.engine.value} on the torch runtime, not tp = {place.tp}")
+    return None
+
+
+def _check_tp(stage: str, place, op, plan: Plan, pipeline: Pipeline | None) -> None:
+    """Refuse tensor-parallel degrees the torch backend cannot split the model by."""
+    tp, n = place.tp, len(place.devices)
+    if n % tp or n // tp != max(place.dp, 1):
+        raise PlanError(f"stage '{stage}' must run on dp x tp = {place.dp} x {tp} devices, "
+                        f"not {n} ({list(place.devices)})",
+                        hint="give the stage dp * tp devices, or lower tp")
+    if pipeline is None:
+        return
+    for name in op.reads_model.split("+"):
+        dims = pipeline.model(name).dims
+        for what, count in (("attention heads", dims.heads), ("KV heads", dims.kv_heads),
+                            ("MLP width", dims.ffn)):
+            if count % tp:
+                raise PlanError(f"stage '{stage}': tp must divide the {count} {what} of model "
+                                f"'{name}', not {tp}",
+                                hint=f"use tp in {[d for d in range(1, count + 1) if count % d == 0]}")
+
+
+def _layout(op, place, is_chunked: bool, n_chunks: int):
+    """[(index, device, dp rank, tp group)] of one op's instances in a step, and the dp degree.
+
+    A stage's devices are dp blocks of tp consecutive devices; every device of a block runs
+    the instance (one tensor-parallel gang), rank 0 of the block gives its outputs.
+    """
+    devices = place.devices
+    tp = place.tp if (op.reads_model and place.tp > 1) else 1
+    blocks = [tuple(devices[i:i + tp]) for i in range(0, len(devices), tp)]
+    gang = (lambda b: b) if tp > 1 else (lambda b: ())
+    if _vllm(op, place):            # one instance per block: vLLM's own workers span it
+        return [(c, blocks[c % len(blocks)][0], 0, ()) for c in range(n_chunks)], len(blocks)
+    if op.kind is OpKind.TRAIN:
+        return ([(r * tp + t, b[t], r, gang(b)) for r, b in enumerate(blocks)
+                 for t in range(tp)], len(blocks))
+    if is_chunked:
+        world = len(blocks) if op.kind is OpKind.GENERATE else 1
+        return ([(c, blocks[c % len(blocks)][t], 0, gang(blocks[c % len(blocks)]))
+                 for c in range(n_chunks) for t in range(tp)], world)
+    return [(0, blocks[0][t], 0, gang(blocks[0])) for t in range(tp)], 1
+
+
+def train_layouts(graph: Graph, plan: Plan) -> dict:
+    """Backbone -> the placement of its training (how its home holds the weights)."""
+    return {op.writes_model: _placement(plan, op) for op in graph.ops
+            if op.kind is OpKind.TRAIN and op.writes_model}
+
+
+def _vllm(op, place) -> bool:
+    return op.kind is OpKind.GENERATE and place.engine is Engine.VLLM
+
+
+def _engine_copy(op, place, device: int, homes, whole: dict[str, bool]) -> bool:
+    """Whether a generate instance on ``device`` reads a vLLM engine's own copy of its model:
+    always with vLLM, except at tp 1 on a device holding the model's unsplit trained
+    replica, which the engine beside it is updated from in memory."""
+    if not _vllm(op, place):
+        return False
+    model = op.reads_model
+    return not (place.tp == 1 and device in homes.get(model, ()) and whole.get(model, True))
+
+
+def _home_whole(graph: Graph, plan: Plan) -> dict[str, bool]:
+    """Backbone -> whether each home device holds its plain whole weights between ops (tp 1,
+    not laid out by FSDP2): what an engine beside it can be updated from in memory. A
+    ZeRO-2 trainer holds them whole too, but as FSDP2's parameters: a vLLM engine started
+    beside one ended its worker at the first train op, so it gets its own copy."""
+    return {m: p.tp <= 1 and p.zero == 0 for m, p in train_layouts(graph, plan).items()}
+
+
+def _chunks(graph: Graph, plan: Plan, responses: int) -> int:
+    """Chunks per step: the plan's, rounded up so each generating device streams as many,
+    and never more per device than the responses it generates (a chunk holds at least one)."""
+    n = 1
+    for o in graph.ops:
+        if o.kind is OpKind.GENERATE:
+            place = _placement(plan, o)
+            d = len(place.devices) // max(place.tp, 1)           # dp blocks that stream
+            per = min(-(-max(place.chunks, 1) // d), max(1, responses // d))
+            n = max(n, per * d)
+    return n
+
+
+def _chunked_ops(graph: Graph) -> set[str]:
+    """Ops that run per chunk: generate, and the per-sample ops the graph streams
+    (:func:`rpeg.graph.chunk_counts`, the rule the simulator prices)."""
+    streamed = chunk_counts(graph, {o.name: 2 for o in graph.ops if o.kind is OpKind.GENERATE})
+    return {op for op, n in streamed.items() if n > 1}
+
+
+def _reads(u) -> dict[tuple[str, int], list[tuple[str, Instance]]]:
+    """(op, chunk) -> (datum, the instance making it) of each data edge into it, in the op's
+    input order (the order its arguments take)."""
+    out: dict[tuple[str, int], list] = defaultdict(list)
+    for d in u.deps:
+        if d.kind is DepKind.DATA:
+            out[(d.dst.op, d.dst.chunk)].append((d.data, d.src))
+    return out
+
+
+def _data_deps(edges, step: int, produced) -> tuple[list, list]:
+    """(inputs as (datum, how many futures), the futures' op ids) of a call at ``step``: the
+    output of tensor-parallel rank 0 of each instance its data edges come from."""
+    inputs: list[tuple[str, int]] = []
+    deps: list[str] = []
+    for datum, src in edges:
+        deps.append(produced[(src.op, step)][src.chunk])
+        if inputs and inputs[-1][0] == datum:
+            inputs[-1] = (datum, inputs[-1][1] + 1)
+        else:
+            inputs.append((datum, 1))
+    return inputs, deps
+
+
+def _id(name, step, idx, kind, n, is_chunked) -> str:
+    if is_chunked:
+        return f"{name}/s{step}/c{idx}"
+    if kind is OpKind.TRAIN and n > 1:
+        return f"{name}/s{step}/r{idx}"
+    return f"{name}/s{step}"
+
+
+# the replica keys and sync roles (rpeg.runtime.lowering.replicas) are also this module's
+__all__ = ["ENGINE", "EXPORT", "LOAD", "RECV", "SEND", "VARIANT", "OpCall", "base_of",
+           "build_calls", "by_id", "engine_blocks", "engine_hosts", "engine_key", "graph_for", "is_engine_key",
+           "lookback", "model_homes", "replica_layouts", "train_layouts"]

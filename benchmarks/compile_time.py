@@ -4,6 +4,7 @@
     .venv/bin/python benchmarks/compile_time.py --against DIR --name main@abc123
                                                                 # the same with DIR's rpeg too
     .venv/bin/python benchmarks/compile_time.py --quick         # 8 GPUs only
+    .venv/bin/python benchmarks/compile_time.py --gpus 8 256    # these cluster sizes only
 
 Writes benchmarks/results/compile_time.json and .md. Two measurements per configuration
 (``pipelines/{ppo_llama8b,grpo_qwen7b}.rpeg`` on ``pipelines/clusters/gh200_{8,256,2048}``):
@@ -215,10 +216,12 @@ def main() -> None:
     ap.add_argument("--against", type=Path, help="another checkout's rpeg to time beside")
     ap.add_argument("--name", default="against",
                     help="what to call that checkout in the table (a commit, say)")
+    ap.add_argument("--gpus", type=int, nargs="+", choices=sorted(TARGETS),
+                    help="these cluster sizes only (default: all three)")
     ap.add_argument("--no-phases", action="store_true")
     args = ap.parse_args()
     here = provenance()
-    gpus = (8,) if args.quick else (8, 256, 2048)
+    gpus = (8,) if args.quick else tuple(args.gpus or sorted(TARGETS))
     trees = {"this": ROOT}
     if args.against:
         trees = {args.name: args.against.resolve(), **trees}

@@ -118,7 +118,9 @@ def _verl(rid, n, step, gen, old, update):
 
 
 # ReaL's weak-scaling "Scale Actor" bars: (gen length) -> GPUs -> step seconds of
-# DeepSpeed-Chat, OpenRLHF, ReaL-Heuristic, ReaL (None: no bar, out of memory).
+# DeepSpeed-Chat, OpenRLHF, ReaL-Heuristic, ReaL (None: no bar; the authors' DeepSpeed-Chat
+# sweep, garrett4wade/DeepSpeedExamples @4b8f7b4 sosp_benchmark.py, ran no configuration with
+# under 4 prompts a GPU, and 128 prompts on 64 GPUs are 2).
 REAL_STEPS = {
     128: {8: (72.1, 157.3, 31.3, 23.3), 16: (57.0, 55.5, 30.1, 24.3),
           32: (106.0, 94.9, 34.0, 29.2), 64: (174.5, 189.9, 43.7, 41.6)},

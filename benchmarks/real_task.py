@@ -2,6 +2,8 @@
 
     .venv/bin/python benchmarks/real_task.py              # 30 steps, eval every 10 on 64 problems
     .venv/bin/python benchmarks/real_task.py --quick      # 6 steps, eval every 3 on 16
+    .venv/bin/python benchmarks/real_task.py --work W --reuse-run   # W's finished run: export
+                                                                    # and reload it again
 
 What it does, with the commands a user would type:
 
@@ -102,6 +104,21 @@ def reload_accuracy(folder: Path, rows: list[dict], max_new: int, threads: int) 
                          for r, x in list(zip(rows, responses, strict=True))[:4]]}
 
 
+def _finished(run_dir: Path, overrides: list[str], steps: int) -> dict | None:
+    """run.json of a finished run in ``run_dir`` made with ``overrides``, else None."""
+    try:
+        meta = json.loads((run_dir / "run.json").read_text())
+    except (OSError, ValueError):
+        return None
+    ok = meta.get("status") == "ok" and meta.get("steps") == steps \
+        and list(meta.get("overrides", [])) == overrides
+    return meta if ok else None
+
+
+def _utc(epoch: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(epoch))
+
+
 def _mean(xs: list[float]) -> float:
     return sum(xs) / max(len(xs), 1)
 
@@ -113,19 +130,29 @@ def main() -> None:
     ap.add_argument("--eval-prompts", type=int, default=64)
     ap.add_argument("--quick", action="store_true", help="6 steps, eval every 3 on 16 problems")
     ap.add_argument("--work", type=Path, default=ROOT / "runs" / "real_task")
+    ap.add_argument("--reuse-run", action="store_true",
+                    help="the work folder's finished run of these settings is not run again: "
+                         "export and reload it (its time from its run.json)")
     args = ap.parse_args()
     if args.quick:
         args.steps, args.every, args.eval_prompts = 6, 3, 16
     prov = provenance()
     spec = prepare(args.work)
     run_dir = args.work / "run"
-    shutil.rmtree(run_dir, ignore_errors=True)
     overrides = [f"workload.steps={args.steps}", f"eval.every={args.every}",
                  f"eval.prompts={args.eval_prompts}"]
-    # --op-timeout: on a machine shared with other work an op may take far longer than the
-    # plan predicts; it is not stuck
-    run_s = rpeg("run", spec.name, *overrides, "--run-dir", str(run_dir), "--no-progress",
-                 "--checkpoint-every", str(args.every), "--op-timeout", "3600", cwd=args.work)
+    reused = _finished(run_dir, overrides, args.steps) if args.reuse_run else None
+    if reused is not None:
+        run_s = reused["wall_s"] + reused.get("setup_s", 0.0)
+        print(f"reusing the run in {run_dir} (made {_utc(reused['started'])})", flush=True)
+    else:
+        shutil.rmtree(run_dir, ignore_errors=True)
+        # --op-timeout: on a machine shared with other work an op may take far longer than
+        # the plan predicts; it is not stuck
+        run_s = rpeg("run", spec.name, *overrides, "--run-dir", str(run_dir), "--no-progress",
+                     "--checkpoint-every", str(args.every), "--op-timeout", "3600",
+                     cwd=args.work)
+    shutil.rmtree(args.work / "export", ignore_errors=True)
     out = args.work / "export"
     export_s = rpeg("export", str(run_dir), "-o", str(out), cwd=args.work)
     evals = [json.loads(x) for x in (run_dir / "eval.jsonl").read_text().splitlines()]
@@ -151,6 +178,7 @@ def main() -> None:
         "reloaded": reload,
         "reload_matches": abs(reload["accuracy"] - (after.get("accuracy") or 0)) < 1e-9,
         "run_s": run_s, "export_s": export_s,
+        "run_started": _utc(reused["started"]) if reused else None,
         "step_time_median_s": sorted(m["step_time_s"] for m in metrics)[len(metrics) // 2],
     }
     RESULTS.mkdir(exist_ok=True)
@@ -168,7 +196,9 @@ def main() -> None:
               f" of the last 5 {result['reward_last_steps']:.3f}; the policy's entropy per token "
               f"{result['entropy_first_steps']:.3f} then {result['entropy_last_steps']:.3f}; "
               "median step "
-              f"{result['step_time_median_s']:.1f} s; the run {run_s / 60:.1f} min.", "",
+              f"{result['step_time_median_s']:.1f} s; the run {run_s / 60:.1f} min"
+              + (f" (made {result['run_started']}; exported and reloaded at the time above, "
+                 "with --reuse-run)" if reused else "") + ".", "",
               f"Exported (`rpeg export`, {export_s:.0f} s) and reloaded with transformers "
               f"({reload['class']}, {reload['dtype']}): accuracy {reload['accuracy']:.3f} on the "
               f"same problems against {after.get('accuracy', float('nan')):.3f} in the run's "

@@ -237,7 +237,12 @@ def load_checkpoint(model: nn.Module, path: str | Path,
 # One check over (what the model's config implies, what was read), whatever format the
 # tensors were read from.
 
-Expected = dict[str, tuple[tuple[int, ...], torch.dtype]]
+class Expected(dict):
+    """Tensor name -> (whole shape, dtype) of what a checkpoint of a model holds, and
+    ``tied``: the names that share their tensor with an earlier one (tied embeddings'
+    ``lm_head.weight``), which a sharded checkpoint holds once, under the first name."""
+
+    tied: frozenset[str] = frozenset()
 
 
 def checkpoint_tensors(model: nn.Module) -> Expected:
@@ -245,7 +250,10 @@ def checkpoint_tensors(model: nn.Module) -> Expected:
     whole (unsharded) shape and dtype, float32; a LoRA model's adapters alone."""
     state = model.state_dict()
     keep = set(_adapter_names(model)) if has_adapters(model) else set(state)
-    return {k: (tuple(v.shape), torch.float32) for k, v in state.items() if k in keep}
+    out = Expected({k: (tuple(v.shape), torch.float32) for k, v in state.items() if k in keep})
+    out.tied = frozenset(n for n, _ in model.named_parameters(remove_duplicate=False)) \
+        - {n for n, _ in model.named_parameters()}
+    return out
 
 
 def expected_tensors(dims, heads, lora=None) -> Expected:
@@ -322,6 +330,7 @@ def check_shards(folder: Path, expected: Expected) -> None:
 
     from backends.torch_backend.dcp import files
     holder = _shard_holders(folder)
+    expected = {k: v for k, v in expected.items() if k not in getattr(expected, "tied", ())}
     check_names(expected, [k for k in holder if "::" not in k], folder, holder)
     _check_moment_names(expected, [k for k in holder if "::" in k], folder, holder)
     sizes = _whole_sizes(folder, holder)

@@ -137,7 +137,6 @@ class EngineReplica:
         """Serve the version a checkpoint of it names, with that version's weights."""
         from backends.torch_backend.dcp import weights_of
         from backends.torch_backend.modeling import read_meta
-        self._settle()
         version = int(read_meta(Path(path) / "meta.json")["version"])
         if version:        # the model's weights: whole from its shards, or its file
             source = _weights_at(Path(path).parent, self.key, version)

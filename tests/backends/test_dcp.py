@@ -187,3 +187,41 @@ def test_every_rank_of_a_trained_replica_meets_in_one_group_to_checkpoint(world,
     replica = Replica("actor", world[0], ("lm",), trainable=True, world=world, tp=tp, zero=zero)
     assert world in replica.layout_groups
     assert set(replica.layout_groups) == set(mesh_groups(TrainLayout(world, tp, zero)))
+
+
+def test_tied_embeddings_are_held_once_and_read_back_whole(tmp_path):
+    """A model whose output layer shares the embedding (SmolLM2's tie_word_embeddings): the
+    sharded checkpoint holds the shared tensor once, under the embedding's name, and it
+    is checked and read back whole as the configuration says (the tied name not missing)."""
+    import json
+
+    import attrs
+    import torch
+    from safetensors import safe_open
+
+    from backends.torch_backend.dcp import files, save_sharded
+    from backends.torch_backend.modeling import build_model, expected_tensors, read_replica
+    from backends.torch_backend.sharding import Trained, TrainLayout
+    from backends.torch_backend.train import TokenHeads
+    from rpeg.spec.model import Model, Optimizer
+    from rpeg.spec.presets import PRESETS
+
+    dims = attrs.evolve(PRESETS["tiny"], tied_embeddings=True)
+    model = build_model(dims, heads=("lm",), seed=0)
+    members = [Model("actor", "tiny", dims, optimizer=Optimizer("adam", lr=1e-3))]
+    trained = Trained.build(model, TokenHeads(model), members, TrainLayout((0,), (), 0),
+                            device="cpu", dtype=torch.float32, master=True, device_index=0)
+    save_sharded(trained, (0,), tmp_path / "actor.dcp")
+    names = set()
+    for f in files(tmp_path / "actor.dcp"):
+        with safe_open(str(f), framework="pt") as st:
+            names |= {k for k in st.keys() if "::" not in k}
+    expected = expected_tensors(dims, {"lm"})
+    assert expected.tied and not expected.tied & names           # held once
+    assert names == set(expected) - expected.tied
+    (tmp_path / "actor@0").mkdir()
+    (tmp_path / "actor@0" / "meta.json").write_text(json.dumps({"version": 1,
+                                                                "sharded": "actor.dcp"}))
+    _, weights = read_replica(tmp_path / "actor@0", expected)
+    state = model.state_dict()
+    assert max(float((weights[k] - state[k]).abs().max()) for k in weights) == 0.0

@@ -158,6 +158,7 @@ def test_worker_killed_and_worker_frozen_mid_run(micro, tmp_path):
     assert all("worker lost" in r for r in reasons[2:]), reasons
     stuck = meta["recoveries"][1]
     assert stuck["op"] != "(none)" and stuck["step"] >= 2 and stuck["worker"].startswith("tcp://")
+    assert stuck["stimulus"].startswith("tick-"), stuck    # found by the core on a clock tick
     report = verify_run(result.path)
     assert report.ok, str(report)
 

@@ -177,6 +177,8 @@ def test_a_task_the_scheduler_cancels_is_rolled_back_not_forgotten(planned, clus
     assert [r["reason"] for r in meta["recoveries"]][:1] == [
         "task cancelled by the scheduler (an input of it was lost, or another client "
         "cancelled it)"]
+    # the rollback names the event the core found it in: the cancelled task's end
+    assert meta["recoveries"][0]["stimulus"].startswith("task-ended-"), meta["recoveries"]
 
 
 def _run_keys(dask_scheduler=None) -> list[str]:

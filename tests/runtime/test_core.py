@@ -141,6 +141,31 @@ def test_a_device_without_progress_past_its_limit_is_stuck(ppo, plan_by_hand):
     assert [(s.task.ids, s.idle_s) for s in stuck] == [((first,), 6.0)]
 
 
+def test_every_instruction_records_the_event_that_caused_it(ppo, plan_by_hand):
+    """Each instruction's stimulus is the id of the event it answers: the adapter's own name
+    for what it saw, else the core's (the event's kind and its place among the segment's
+    events), so a rollback names the task end or tick that found the loss."""
+    core, out = _segment(ppo, plan_by_hand)
+    assert out and {i.stimulus for i in out} == {"started-1"}
+    queue = _pack(core, out, 0.0, limit=5.0)                  # events 2 .. len(queue) + 1
+    stuck = [i for i in core.handle(C.Tick(6.0)) if isinstance(i, C.Stuck)]
+    assert [s.stimulus for s in stuck] == [f"tick-{len(queue) + 2}"]
+    t, log = 6.0, []
+    while queue:
+        key, t = queue.pop(0), t + 1.0
+        new = core.handle(C.TaskEnded(key, t, id=f"task-ended-{key}"))
+        assert all(i.stimulus == f"task-ended-{key}" for i in new), new
+        log += new
+        queue += _pack(core, new, t)
+    assert isinstance(log[-1], C.Finish) and any(isinstance(i, C.Submit) for i in log)
+    core, out = _segment(ppo, plan_by_hand)
+    first = _pack(core, out, 0.0)[0]
+    lost = core.handle(C.TaskEnded(first, 1.0, C.Outcome.LOST, error=EOFError(), id="k"))
+    assert [(type(i), i.stimulus) for i in lost] == [(C.Lost, "k")]
+    # the stimulus says where an instruction came from, not what it says
+    assert lost == [C.Lost(0, first, 0, "worker lost (EOFError)", stimulus="other")]
+
+
 def test_the_cluster_is_asked_for_lost_workers_twice_a_second(ppo, plan_by_hand):
     core, out = _segment(ppo, plan_by_hand)
     _pack(core, out, 0.0)

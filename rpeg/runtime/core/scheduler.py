@@ -31,6 +31,9 @@ Between segments, the run's own decisions are functions here too: where the next
 ends (:func:`next_cut`), what to do with the workers found at a (re)start
 (:func:`on_workers`: run, refuse, give up, re-plan) and after a loss (:func:`on_loss`).
 
+Every event carries an id and every instruction the id of the event that caused it
+(``stimulus``, as Dask's ``stimulus_id``).
+
 An op's state moves by :data:`TRANSITIONS` only: pending -> submitted (Submit) -> done
 (OpDone) | failed (OpFailed -> Abort); pending -> held (past a Ctrl-C cut).
 """
@@ -77,20 +80,26 @@ class Outcome(enum.Enum):
 
 
 # --- events -------------------------------------------------------------------------------
+# Each event carries an id (its stimulus, as Dask's ``stimulus_id``): the adapter names what
+# it saw (a task's end by its Dask key); an event without one is named by the core, by its
+# kind and place in the segment's events (``tick-12``).
 @attrs.frozen
 class Started:
     now: float = 0.0
+    id: str = attrs.field(default="", kw_only=True)
 
 
 @attrs.frozen
 class OpDone:
     op_id: str
+    id: str = attrs.field(default="", kw_only=True)
 
 
 @attrs.frozen
 class OpFailed:
     op_id: str
     error: str
+    id: str = attrs.field(default="", kw_only=True)
 
 
 @attrs.frozen
@@ -98,6 +107,7 @@ class TaskSubmitted:
     key: object
     task: Task
     now: float
+    id: str = attrs.field(default="", kw_only=True)
 
 
 @attrs.frozen
@@ -107,37 +117,44 @@ class TaskEnded:
     outcome: Outcome = Outcome.DONE
     op_id: str = ""               # FAILED / LOST: the op that raised (default: the first)
     error: object = None          # FAILED / LOST: what it raised
+    id: str = attrs.field(default="", kw_only=True)
 
 
 @attrs.frozen
 class Tick:
     now: float
+    id: str = attrs.field(default="", kw_only=True)
 
 
 @attrs.frozen
 class StopRequested:
-    pass
+    id: str = attrs.field(default="", kw_only=True)
 
 
 # --- instructions -------------------------------------------------------------------------
+# Each instruction records the event that caused it (``stimulus``: that event's id), so a
+# rollback or an abort names what the core saw when it decided; not part of its value.
 @attrs.frozen
 class Submit:
     call: OpCall
+    stimulus: str = attrs.field(default="", kw_only=True, eq=False)
 
 
 @attrs.frozen
 class Release:
     op_id: str
+    stimulus: str = attrs.field(default="", kw_only=True, eq=False)
 
 
 @attrs.frozen
 class StepDone:
     step: int
+    stimulus: str = attrs.field(default="", kw_only=True, eq=False)
 
 
 @attrs.frozen
 class Finish:
-    pass
+    stimulus: str = attrs.field(default="", kw_only=True, eq=False)
 
 
 @attrs.frozen
@@ -145,6 +162,7 @@ class Abort:
     op_id: str
     error: str
     cause: object = attrs.field(default=None, eq=False)   # what the op raised, when known
+    stimulus: str = attrs.field(default="", kw_only=True, eq=False)
 
 
 @attrs.frozen
@@ -155,6 +173,7 @@ class Lost:
     op_id: str
     step: int
     reason: str
+    stimulus: str = attrs.field(default="", kw_only=True, eq=False)
 
 
 @attrs.frozen
@@ -163,6 +182,7 @@ class GaveUp:
 
     task: Task
     status: str
+    stimulus: str = attrs.field(default="", kw_only=True, eq=False)
 
 
 @attrs.frozen
@@ -171,16 +191,21 @@ class Stuck:
 
     task: Task
     idle_s: float
+    stimulus: str = attrs.field(default="", kw_only=True, eq=False)
 
 
 @attrs.frozen
 class CheckAlive:
     """Ask the cluster whether every worker is still there (a loss not seen otherwise)."""
 
+    stimulus: str = attrs.field(default="", kw_only=True, eq=False)
+
 
 @attrs.frozen
 class Stalled:
     """Nothing in flight and work left: a bug in the scheduling."""
+
+    stimulus: str = attrs.field(default="", kw_only=True, eq=False)
 
 
 @attrs.frozen
@@ -189,6 +214,7 @@ class Stopping:
 
     end: int
     inside: frozenset[str]
+    stimulus: str = attrs.field(default="", kw_only=True, eq=False)
 
 
 @attrs.frozen
@@ -197,6 +223,7 @@ class CutShort:
 
     end: int
     inside: frozenset[str]
+    stimulus: str = attrs.field(default="", kw_only=True, eq=False)
 
 
 @attrs.define
@@ -234,6 +261,8 @@ class Core:
     position: dict[str, int] = attrs.field(factory=dict)   # op -> its place in ``order``
     done_ids: set[str] = attrs.field(factory=set)
     limit: int = 0                            # steps below it may submit (the window's end)
+    events: int = 0                           # events handled (an unnamed one's number)
+    stimulus: str = ""                        # the id of the event being handled
 
     @classmethod
     def create(cls, calls, steps: int, window: int, *, start: int = 0, cuts=None,
@@ -271,6 +300,9 @@ class Core:
         return self.stop_cut is not None
 
     def handle(self, event) -> list:
+        self.events += 1
+        self.stimulus = (getattr(event, "id", "")
+                         or f"{_KINDS.get(type(event), 'event')}-{self.events}")
         if isinstance(event, Started):
             self.last_done = dict.fromkeys(self.last_done, event.now)
             self.last_alive = self.last_stuck = event.now
@@ -307,7 +339,7 @@ class Core:
         if self.status.get(op_id) is OpState.SUBMITTED:
             self._move(op_id, "fail")
         self.finished = True
-        return [Abort(op_id, error, cause)]
+        return [Abort(op_id, error, cause, stimulus=self.stimulus)]
 
     def _done(self, op_id: str) -> list:
         if self.status.get(op_id) is not OpState.SUBMITTED:
@@ -318,17 +350,17 @@ class Core:
         for d in dict.fromkeys(call.all_deps):
             self.undone[d] -= 1
             if not self.undone[d]:                 # every consumer of d is done
-                out.append(Release(d))
+                out.append(Release(d, stimulus=self.stimulus))
         if not self.consumers.get(op_id):
-            out.append(Release(op_id))
+            out.append(Release(op_id, stimulus=self.stimulus))
         self.left_in_step[call.step] -= 1
         while self.steps_done < self.steps and self.left_in_step.get(self.steps_done, 0) == 0:
-            out.append(StepDone(self.steps_done))
+            out.append(StepDone(self.steps_done, stimulus=self.stimulus))
             self.steps_done += 1
         out += self._submit_ready()
         if self.steps_done == self.steps and not self.finished:
             self.finished = True
-            out.append(Finish())
+            out.append(Finish(stimulus=self.stimulus))
         return out
 
     def _submit_ready(self) -> list:
@@ -351,7 +383,7 @@ class Core:
                     self._move(op_id, "hold")
                     continue
                 self._move(op_id, "submit")
-                out.append(Submit(self.calls[op_id]))
+                out.append(Submit(self.calls[op_id], stimulus=self.stimulus))
                 for k in self._take_ready(limit):                # made ready by this one
                     if k > key:
                         heapq.heappush(now, k)
@@ -383,15 +415,15 @@ class Core:
                 # the loss, once the cluster sees it, rolls back; only without one it aborts
                 self.suspect = (op_id, error, e.error, e.now)
                 self.last_alive = e.now
-                return [CheckAlive()]
+                return [CheckAlive(stimulus=self.stimulus)]
             return self._fail(op_id, error, e.error)
         if e.outcome is Outcome.LOST:
             call = self.calls[op_id]
             return [Lost(call.device, op_id, call.step,
-                         f"worker lost ({type(e.error).__name__})")]
+                         f"worker lost ({type(e.error).__name__})", stimulus=self.stimulus)]
         # cancelled: its ops never ran; forgetting it would leave the core waiting for them
         # with nothing in flight (the run "stalled"): it is a loss
-        return [GaveUp(task, e.outcome.value)]
+        return [GaveUp(task, e.outcome.value, stimulus=self.stimulus)]
 
     def _tick(self, now: float) -> list:
         out: list = []
@@ -400,15 +432,15 @@ class Core:
             if now - when >= self.peer_grace_s:       # no worker was lost: the op failed
                 return self._fail(op_id, error, cause)
         if not self.finished and not self.submitted:
-            return [CheckAlive(), Stalled()]    # a loss not seen yet is a loss, not a stall
+            return [CheckAlive(stimulus=self.stimulus), Stalled(stimulus=self.stimulus)]    # a loss not seen yet is a loss, not a stall
         if now - self.last_alive > self.alive_every_s:
             self.last_alive = now
-            out.append(CheckAlive())
+            out.append(CheckAlive(stimulus=self.stimulus))
         if now - self.last_stuck >= self.stuck_every_s:    # every task in flight: not each tick
             self.last_stuck = now
             hit = self.flight.stuck(self.last_done, now)
             if hit is not None:
-                out.append(Stuck(*hit))
+                out.append(Stuck(*hit, stimulus=self.stimulus))
         return out
 
     def _stop(self) -> list:
@@ -428,15 +460,20 @@ class Core:
         else:
             inside = self.cuts.closure(self.steps)
         self.stop_cut, self.stop_end = frozenset(inside), end
-        return [Stopping(end, self.stop_cut)] + self._stop_reached()
+        return [Stopping(end, self.stop_cut, stimulus=self.stimulus)] + self._stop_reached()
 
     def _stop_reached(self) -> list:
         if self.stop_cut is None or self.finished:
             return []
         if all(i in self.done_ids or i in self.before for i in self.stop_cut):
             self.finished = True
-            return [CutShort(self.stop_end, self.stop_cut)]
+            return [CutShort(self.stop_end, self.stop_cut, stimulus=self.stimulus)]
         return []
+
+
+_KINDS = {Started: "started", OpDone: "op-done", OpFailed: "op-failed",
+          TaskSubmitted: "task-submitted", TaskEnded: "task-ended", Tick: "tick",
+          StopRequested: "stop-requested"}
 
 
 # --- a run's decisions between segments ------------------------------------------------------

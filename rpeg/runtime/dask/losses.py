@@ -30,9 +30,15 @@ ENDED = ("finished", "error", "cancelled")     # a future's end states ("lost" i
 
 
 class _Lost(Exception):
-    def __init__(self, device: int, worker: str, op: str, step: int, reason: str) -> None:
+    def __init__(self, device: int, worker: str, op: str, step: int, reason: str, *,
+                 stimulus: str = "") -> None:
         super().__init__(f"{reason}: device {device} ({worker}), op {op}, step {step}")
         self.device, self.worker, self.op, self.step, self.reason = device, worker, op, step, reason
+        self.stimulus = stimulus        # the core's event that found it ("" = seen outside it)
+
+    def caused_by(self, stimulus: str) -> _Lost:
+        self.stimulus = self.stimulus or stimulus
+        return self
 
 
 class WorkerWatch:
@@ -186,7 +192,8 @@ class WorkerWatch:
         print(f"rpeg: {lost}; rolling back to step {self.state.start}", file=sys.stderr)
         record = {"attempt": self.attempt, "device": lost.device, "worker": lost.worker,
                   "op": lost.op, "step": lost.step, "reason": lost.reason,
-                  "rolled_back_to": self.state.start, "at": time.time()}
+                  "stimulus": lost.stimulus, "rolled_back_to": self.state.start,
+                  "at": time.time()}
         self.meta.setdefault("recoveries", []).append(record)
         give_up, kill = C.on_loss(len(self.meta["recoveries"]), self.res.max_recoveries,
                                   stuck="stuck" in lost.reason)

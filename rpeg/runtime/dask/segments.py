@@ -180,15 +180,17 @@ class SegmentLoop:
             raise RuntimeFailure("the run stalled: nothing is running and nothing is left "
                                  "to submit (a bug in rpeg's scheduling)")
         elif isinstance(ins, C.Lost):
-            raise _Lost(ins.device, self.workers[ins.device], ins.op_id, ins.step, ins.reason)
+            raise _Lost(ins.device, self.workers[ins.device], ins.op_id, ins.step, ins.reason,
+                        stimulus=ins.stimulus)
         elif isinstance(ins, C.GaveUp):
-            raise self._gave_up(ins.task, ins.status, core.flight)
+            raise self._gave_up(ins.task, ins.status, core.flight).caused_by(ins.stimulus)
         elif isinstance(ins, C.Stuck):
             task = ins.task
             raise self._lost_or_stuck(task.device, self.workers[task.device], task.ids[0],
                                       task.step, f"op stuck: no progress for {ins.idle_s:.1f} "
                                       f"s (limit {task.limit_s:.1f} s from the plan's "
-                                      f"prediction for {len(task.ids)} op(s))")
+                                      f"prediction for {len(task.ids)} op(s))"
+                                      ).caused_by(ins.stimulus)
         else:
             raise TypeError(f"unknown instruction {ins!r}")
 
@@ -233,12 +235,14 @@ def _evaluate_on_worker(model: str, step: int) -> dict:
 
 def _ended(future, now: float) -> C.TaskEnded:
     """What the core hears of a finished Dask future."""
+    stimulus = f"task-ended-{future.key}"          # named by the Dask task it reports
     if future.status == "finished":
-        return C.TaskEnded(future.key, now)
+        return C.TaskEnded(future.key, now, id=stimulus)
     if future.status == "error":
         err = future.exception()
         outcome = C.Outcome.LOST if _is_loss(err) else C.Outcome.FAILED
-        return C.TaskEnded(future.key, now, outcome, getattr(err, "rpeg_op", ""), err)
+        return C.TaskEnded(future.key, now, outcome, getattr(err, "rpeg_op", ""), err,
+                           id=stimulus)
     # cancelled: the scheduler gave the task up because what it needs was lost with a worker
     # (an output scattered there at the cut, or one only it held)
-    return C.TaskEnded(future.key, now, C.Outcome.CANCELLED)
+    return C.TaskEnded(future.key, now, C.Outcome.CANCELLED, id=stimulus)

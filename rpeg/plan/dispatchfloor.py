@@ -26,19 +26,14 @@ import bisect
 
 from rpeg.cost.control import JOIN_MIN, Dispatch
 from rpeg.graph import Graph
-from rpeg.plan.simulate import OpTiming, _placing, _prepare
+from rpeg.plan.tasks import steady_step
 
 
 def dispatch_floor(graph: Graph, layouts: dict, chunks: int = 1, steps: int = 6) -> Dispatch:
     """No more, count by count, than ``dispatch_per_step(graph, layouts, chunks, steps,
     together)`` for any ``together`` (see the module doc): the same steady step of the
     same unrolled graph."""
-    where = {n: OpTiming(lay.devices, 0.0, (0.0,) * chunks if chunks > 1 and any(
-        o.name == n and o.kind.value == "generate" for o in graph.ops) else ())
-        for n, lay in layouts.items()}
-    lag = max((e.lag for e in graph.version_edges), default=0)
-    last = min(steps // 2, lag + 2)
-    prep = _prepare(graph, last + lag + 2, _placing(graph, where)[0])
+    prep, last = steady_step(graph, layouts, chunks, steps)
     calls = tasks = order = 0
     lo = bisect.bisect_left(prep.step_of, last)
     for k in range(lo, bisect.bisect_right(prep.step_of, last, lo)):

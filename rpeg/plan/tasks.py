@@ -74,6 +74,18 @@ def stream_chunks(chunks: int, blocks: int, responses: int) -> int:
     return per * blocks
 
 
+def steady_step(graph: Graph, layouts: dict[str, OpLayout], chunks: int, steps: int):
+    """(the unrolled graph, the steady step of it whose dispatch is counted)."""
+    where = {n: OpTiming(lay.devices, 0.0, (0.0,) * chunks if chunks > 1 and any(
+        o.name == n and o.kind.value == "generate" for o in graph.ops) else ())
+        for n, lay in layouts.items()}
+    # a step far enough in for its inputs to come from steady steps (lag + 2 back), and
+    # the steps after it that read its outputs (lag + 1 on)
+    lag = max((e.lag for e in graph.version_edges), default=0)
+    last = min(steps // 2, lag + 2)
+    return _prepare(graph, last + lag + 2, _placing(graph, where)[0]), last
+
+
 def dispatch_per_step(graph: Graph, layouts: dict[str, OpLayout], chunks: int = 1,
                       steps: int = 6, together: tuple[tuple[str, ...], ...] = ()) -> Dispatch:
     """The calls, tasks and futures of one steady step of ``graph`` laid out by ``layouts``
@@ -83,14 +95,7 @@ def dispatch_per_step(graph: Graph, layouts: dict[str, OpLayout], chunks: int = 
     for names in together:
         for a in names:
             partners.setdefault(a, set()).update(set(names) - {a})
-    where = {n: OpTiming(lay.devices, 0.0, (0.0,) * chunks if chunks > 1 and any(
-        o.name == n and o.kind.value == "generate" for o in graph.ops) else ())
-        for n, lay in layouts.items()}
-    # a step far enough in for its inputs to come from steady steps (lag + 2 back), and
-    # the steps after it that read its outputs (lag + 1 on)
-    lag = max((e.lag for e in graph.version_edges), default=0)
-    last = min(steps // 2, lag + 2)
-    prep = _prepare(graph, last + lag + 2, _placing(graph, where)[0])
+    prep, last = steady_step(graph, layouts, chunks, steps)
     insts = prep.instances
     inputs = _inputs(prep)
     runs: dict[int, tuple[int, ...]] = {}

@@ -69,7 +69,9 @@ class _Best:
             return
         self.seen.add(plan)
         self.tried += 1
-        r = self.ev.evaluate(plan, detail=False)
+        # a plan no faster than the best so far is not simulated: its step's least says so
+        r = self.ev.evaluate(plan, detail=False,
+                             bound=None if self.best is None else self.best.step_time_s)
         if r.feasible:
             if self.best is None or r.step_time_s < self.best.step_time_s:
                 self.best = r

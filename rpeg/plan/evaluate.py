@@ -42,6 +42,7 @@ from rpeg.cost.memory import MemoryCost, devices_are_host, resident_memory, usab
 from rpeg.cost.stages import stage_memory
 from rpeg.errors import CostError, PlanError
 from rpeg.graph import Graph
+from rpeg.plan.dispatchfloor import dispatch_floor
 from rpeg.plan.evalcost import EVAL_OP, eval_time, trainer_devices
 from rpeg.plan.model import Plan, Predicted, StagePlacement
 from rpeg.plan.prices import Chunk, Prices, parallel_of
@@ -526,11 +527,24 @@ class Evaluator:
                  steps: int, step_s: float = 0.0) -> tuple[float, int]:
         """(:meth:`control_time`, the Dask tasks a step it counted)."""
         d = self.dispatch(plan, graph, timings, steps)
+        return self._charged(d, step_s), d.tasks
+
+    def _charged(self, d: Dispatch, step_s: float) -> float:
+        """Seconds a step of ``step_s`` seconds of work loses to dispatching ``d``."""
         gpu = self.cluster.gpu
         if gpu.host_cores > 0:
             nodes = -(-d.devices // self.cluster.gpus_per_node)
-            return shared_cores_time(gpu, d.devices, d.tasks, nodes), d.tasks
-        return control_time(terms_of(gpu)[0], d, step_s).charged_s, d.tasks
+            return shared_cores_time(gpu, d.devices, d.tasks, nodes)
+        return control_time(terms_of(gpu)[0], d, step_s).charged_s
+
+    def _control_floor(self, plan: Plan, timings: dict[str, OpTiming], steps: int,
+                       step_s: float) -> float:
+        """No more than :meth:`control_time`: priced from :func:`dispatch_floor` (the
+        step's calls, and of its tasks and futures those no fusion changes), whose every
+        count is no more than :meth:`dispatch`'s, without packing the calls into tasks."""
+        loose = self.graph(attrs.evolve(plan, fusion=()))
+        layouts, chunks = layouts_of(self.pipeline, plan, loose, timings)
+        return self._charged(dispatch_floor(loose, layouts, chunks, steps), step_s)
 
     def dask_tasks(self, plan: Plan, graph: Graph, timings: dict[str, OpTiming],
                    steps: int = 6) -> int:
@@ -659,6 +673,17 @@ class Evaluator:
             op_times = tuple(op_times) + ((EVAL_OP, held_out),)
         # the control plane's time grows with the step's (heartbeats): at the floor, a floor
         work = floor(graph, timings) if bound is not None and feasible else 0.0
+        if bound is not None and feasible:
+            # the control plane's least first: no need to pack the step's calls into tasks
+            # for a plan its work and that least already hold at the bound; what it says is
+            # a step no greater than the counted one, so whatever the search decides from
+            # it, the counted one would have decided too (or the plan is simulated)
+            least = work + self._control_floor(plan, timings, steps, work) + every
+            if least >= bound:
+                return _Priced(plan, homes, True, None, Predicted(
+                    least, op_times=op_times, memory_capacity=capacity,
+                    control_s=round(least - work - every, 6), memory_reserve=reserve),
+                    None, True)
         control, tasks = self._control(plan, graph, timings, steps, work)
         least = work + control + every if bound is not None and feasible else 0.0
         if bound is not None and feasible and least >= bound:

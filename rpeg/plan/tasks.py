@@ -40,11 +40,8 @@ from rpeg.plan.simulate import OpTiming, _placing, _prepare
 from rpeg.spec.model import OpKind
 
 
-def dispatch_per_step(graph: Graph, layouts: dict[str, OpLayout], chunks: int = 1,
-                      steps: int = 6, together: tuple[tuple[str, ...], ...] = ()) -> Dispatch:
-    """The calls, tasks and futures of one steady step of ``graph`` laid out by ``layouts``
-    (op name -> :class:`OpLayout`), its generate ops streaming ``chunks`` chunks a step;
-    ``together``: the plan's fused stages, whose calls of a chunk share a task."""
+def steady_step(graph: Graph, layouts: dict[str, OpLayout], chunks: int, steps: int):
+    """(the unrolled graph, the steady step of it whose dispatch is counted)."""
     where = {n: OpTiming(lay.devices, 0.0, (0.0,) * chunks if chunks > 1 and any(
         o.name == n and o.kind.value == "generate" for o in graph.ops) else ())
         for n, lay in layouts.items()}
@@ -52,7 +49,15 @@ def dispatch_per_step(graph: Graph, layouts: dict[str, OpLayout], chunks: int = 
     # the steps after it that read its outputs (lag + 1 on)
     lag = max((e.lag for e in graph.version_edges), default=0)
     last = min(steps // 2, lag + 2)
-    prep = _prepare(graph, last + lag + 2, _placing(graph, where)[0])
+    return _prepare(graph, last + lag + 2, _placing(graph, where)[0]), last
+
+
+def dispatch_per_step(graph: Graph, layouts: dict[str, OpLayout], chunks: int = 1,
+                      steps: int = 6, together: tuple[tuple[str, ...], ...] = ()) -> Dispatch:
+    """The calls, tasks and futures of one steady step of ``graph`` laid out by ``layouts``
+    (op name -> :class:`OpLayout`), its generate ops streaming ``chunks`` chunks a step;
+    ``together``: the plan's fused stages, whose calls of a chunk share a task."""
+    prep, last = steady_step(graph, layouts, chunks, steps)
     insts = prep.instances
     inputs = _inputs(prep)
     runs: dict[int, tuple[int, ...]] = {}

@@ -9,13 +9,17 @@ import attrs
 import pytest
 
 from rpeg.cost.profiles import builtin_cluster
+from rpeg.plan.dispatchfloor import dispatch_floor
 from rpeg.plan.evaluate import Evaluator
+from rpeg.plan.tasks import layouts_of
 from rpeg.resources import shipped
 from rpeg.runtime.calibrate.simulated import scaled
 from rpeg.runtime.core import fusion as F
 from rpeg.runtime.lowering.instances import build_calls
 from rpeg.runtime.placement import split_plan
-from rpeg.spec import load
+from rpeg.spec import load, load_cluster
+
+from .conftest import ROOT, colocated_start
 
 
 def _runtime(pipeline, plan):
@@ -80,3 +84,36 @@ def test_stages_the_plan_fused_share_their_tasks():
     pipeline, fused = PLANS["ppo, advantages elsewhere, ref_lp and scores fused"]
     _, plain = PLANS["ppo, advantages elsewhere"]
     assert _runtime(pipeline, fused)[1] < _runtime(pipeline, plain)[1]
+
+
+@pytest.mark.parametrize("name", sorted(PLANS))
+def test_the_dispatch_floor_is_no_more_than_the_count(name):
+    """What a bounded proposal is priced from before its calls are packed: the same calls,
+    no more tasks or futures, so no more control-plane time, than the packing counts."""
+    pipeline, plan = PLANS[name]
+    ev = Evaluator(pipeline, builtin_cluster("gh200_64"))
+    loose = ev.graph(attrs.evolve(plan, fusion=()))
+    timings = ev.timings(plan, ev.graph(plan))[0]
+    layouts, chunks = layouts_of(pipeline, plan, loose, timings)
+    low = dispatch_floor(loose, layouts, chunks)
+    d = ev.dispatch(plan, ev.graph(plan), timings)
+    assert (low.devices, low.calls) == (d.devices, d.calls)
+    assert 0 < low.tasks <= d.tasks and low.args <= d.args
+    for step_s in (0.0, 10.0):
+        assert ev._control_floor(plan, timings, 6, step_s) <= ev._charged(d, step_s)
+
+
+@pytest.mark.parametrize("spec, cluster", [("grpo_qwen7b", "gh200_64"),
+                                           ("tiny_ppo", "local_cpu")])
+def test_a_bounded_step_is_no_more_than_the_simulated_one(spec, cluster):
+    """The step a bounded evaluation says (the search's Metropolis draw reads it) is no
+    more than the plan's simulated step: what the search rejects from it, the simulated
+    step rejects too (on GPUs, and where the control plane shares the host's cores)."""
+    pipeline = load(ROOT / f"pipelines/{spec}.rpeg")
+    _, ev, start = colocated_start(pipeline, load_cluster(
+        ROOT / f"pipelines/clusters/{cluster}.rpeg"))
+    plan = attrs.evolve(start.best.plan, predicted=None)
+    full = ev.evaluate(plan, detail=False)
+    bounded = Evaluator(pipeline, ev.cluster).evaluate(plan, detail=False, bound=0.0)
+    assert full.feasible and not full.bounded and bounded.bounded
+    assert 0 < bounded.step_time_s <= full.step_time_s

@@ -1,0 +1,57 @@
+"""A lower bound of what a steady step asks of the control plane, without its fusion.
+
+:func:`rpeg.plan.tasks.dispatch_per_step` packs a step's calls into Dask tasks call by
+call, the costly part of pricing a plan on hundreds of devices. A search that only asks
+whether a plan could be faster than another needs less: :func:`dispatch_floor` counts the
+same step's calls exactly, and of its tasks and futures only those no packing changes (a
+rank of a collective always starts a task of its own, a gang of ``JOIN_MIN`` ranks or
+more has its join's, and the futures ordering gangs on a device), so each of its counts is
+no more than ``dispatch_per_step``'s and the control plane's time priced from it
+(``rpeg.cost.control``, growing with each count) is no more than the counted one.
+
+    >>> from rpeg.graph import Graph, Op, DataEdge
+    >>> from rpeg.plan.oplayout import OpLayout
+    >>> from rpeg.plan.tasks import dispatch_per_step
+    >>> from rpeg.spec.model import OpKind
+    >>> g = Graph("toy", (Op("a", OpKind.FORWARD, outputs=("x",)),
+    ...                   Op("b", OpKind.TRAIN, inputs=("x",))),
+    ...           (DataEdge("a", "b", "x"),), (), (), ())
+    >>> lay = {"a": OpLayout((0, 1)), "b": OpLayout((0, 1), everywhere=True, collective=True)}
+    >>> dispatch_floor(g, lay), dispatch_per_step(g, lay)
+    (Dispatch(devices=2, calls=3, tasks=2, args=4), Dispatch(devices=2, calls=3, tasks=3, args=6))
+"""
+
+from __future__ import annotations
+
+import bisect
+
+from rpeg.cost.control import JOIN_MIN, Dispatch
+from rpeg.graph import Graph
+from rpeg.plan.tasks import steady_step
+
+
+def dispatch_floor(graph: Graph, layouts: dict, chunks: int = 1, steps: int = 6) -> Dispatch:
+    """No more, count by count, than ``dispatch_per_step(graph, layouts, chunks, steps,
+    together)`` for any ``together`` (see the module doc): the same steady step of the
+    same unrolled graph."""
+    prep, last = steady_step(graph, layouts, chunks, steps)
+    calls = tasks = order = 0
+    lo = bisect.bisect_left(prep.step_of, last)
+    for k in range(lo, bisect.bisect_right(prep.step_of, last, lo)):
+        inst = prep.instances[k]
+        lay = layouts[inst.op]
+        ranks = len(lay.devices_of(inst.chunk)) or 1
+        calls += ranks
+        if lay.collective and ranks > 1:          # each rank starts a task
+            tasks += ranks
+            if ranks >= JOIN_MIN:                 # and the join, a call and a task
+                calls += 1
+                tasks += 1
+                order += ranks
+            else:
+                order += ranks ** 2
+    used = {d for lay in layouts.values() for d in lay.devices}
+    return Dispatch(len(used), calls, tasks, order)
+
+
+__all__ = ["dispatch_floor"]

@@ -21,6 +21,7 @@ checkpoint written at dp 2 loads at dp 1 or as a plain model (resharding).
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import torch
@@ -117,7 +118,9 @@ def read_whole(folder: Path, keep=lambda name: True) -> dict[str, torch.Tensor]:
     meta = reader.read_metadata()
     state = {k: torch.empty(tuple(m.size), dtype=m.properties.dtype)
              for k, m in meta.state_dict_metadata.items() if keep(k)}
-    dcp.load(state, storage_reader=HuggingFaceStorageReader(str(folder)), no_dist=True)
+    with warnings.catch_warnings():     # one process by design: DCP's warning says only that
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        dcp.load(state, storage_reader=HuggingFaceStorageReader(str(folder)), no_dist=True)
     return state
 
 

@@ -52,6 +52,12 @@ from rpeg.runtime.core.flight import Flight, Task
 from rpeg.runtime.lowering.instances import OpCall
 
 
+def _caused_by():
+    """An instruction's ``stimulus``: the id of the event that caused it (kept out of its
+    equality, so an instruction is the same whatever caused it)."""
+    return attrs.field(default="", kw_only=True, eq=False)
+
+
 # --- states ------------------------------------------------------------------------------
 class OpState(enum.Enum):
     PENDING = "pending"
@@ -137,24 +143,24 @@ class StopRequested:
 @attrs.frozen
 class Submit:
     call: OpCall
-    stimulus: str = attrs.field(default="", kw_only=True, eq=False)
+    stimulus: str = _caused_by()
 
 
 @attrs.frozen
 class Release:
     op_id: str
-    stimulus: str = attrs.field(default="", kw_only=True, eq=False)
+    stimulus: str = _caused_by()
 
 
 @attrs.frozen
 class StepDone:
     step: int
-    stimulus: str = attrs.field(default="", kw_only=True, eq=False)
+    stimulus: str = _caused_by()
 
 
 @attrs.frozen
 class Finish:
-    stimulus: str = attrs.field(default="", kw_only=True, eq=False)
+    stimulus: str = _caused_by()
 
 
 @attrs.frozen
@@ -162,7 +168,7 @@ class Abort:
     op_id: str
     error: str
     cause: object = attrs.field(default=None, eq=False)   # what the op raised, when known
-    stimulus: str = attrs.field(default="", kw_only=True, eq=False)
+    stimulus: str = _caused_by()
 
 
 @attrs.frozen
@@ -173,7 +179,7 @@ class Lost:
     op_id: str
     step: int
     reason: str
-    stimulus: str = attrs.field(default="", kw_only=True, eq=False)
+    stimulus: str = _caused_by()
 
 
 @attrs.frozen
@@ -182,7 +188,7 @@ class GaveUp:
 
     task: Task
     status: str
-    stimulus: str = attrs.field(default="", kw_only=True, eq=False)
+    stimulus: str = _caused_by()
 
 
 @attrs.frozen
@@ -191,21 +197,21 @@ class Stuck:
 
     task: Task
     idle_s: float
-    stimulus: str = attrs.field(default="", kw_only=True, eq=False)
+    stimulus: str = _caused_by()
 
 
 @attrs.frozen
 class CheckAlive:
     """Ask the cluster whether every worker is still there (a loss not seen otherwise)."""
 
-    stimulus: str = attrs.field(default="", kw_only=True, eq=False)
+    stimulus: str = _caused_by()
 
 
 @attrs.frozen
 class Stalled:
     """Nothing in flight and work left: a bug in the scheduling."""
 
-    stimulus: str = attrs.field(default="", kw_only=True, eq=False)
+    stimulus: str = _caused_by()
 
 
 @attrs.frozen
@@ -214,7 +220,7 @@ class Stopping:
 
     end: int
     inside: frozenset[str]
-    stimulus: str = attrs.field(default="", kw_only=True, eq=False)
+    stimulus: str = _caused_by()
 
 
 @attrs.frozen
@@ -223,7 +229,7 @@ class CutShort:
 
     end: int
     inside: frozenset[str]
-    stimulus: str = attrs.field(default="", kw_only=True, eq=False)
+    stimulus: str = _caused_by()
 
 
 @attrs.define

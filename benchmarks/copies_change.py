@@ -4,8 +4,11 @@ plan the first chose priced again by this tree.
 
     .venv/bin/python benchmarks/copies_change.py --before main                 # every pair
     .venv/bin/python benchmarks/copies_change.py --before main --clusters gh200_8 a100_16
+    .venv/bin/python benchmarks/copies_change.py --before main --stored     # no compiling
 
-Writes benchmarks/results/copies_change.json and .md: per (pipeline, cluster) the
+Writes benchmarks/results/copies_change.json and .md (``--stored``: copies_change_stored):
+the plans stored in benchmarks/results/control_plane_plans priced by both trees, and per
+(pipeline, cluster) the
 predicted step time and peak memory per device of each side's compiled plan, and the
 peak of the earlier plan as this tree prices it (the same plan: what the change alone
 moves). Every figure is a prediction of the cost model; compiling is deterministic for a
@@ -68,17 +71,29 @@ def summary(js: dict | None) -> dict:
                         p.get("engine", "torch")) for p in js["placements"]]}
 
 
-def repriced(plan_path: Path) -> dict:
-    """The earlier plan priced by this tree: its step time and peak memory."""
-    from rpeg.plan.evaluate import Evaluator
-    from rpeg.plan.model import Plan
-    from rpeg.spec import load, load_cluster
-    plan = Plan.load(plan_path)
-    ev = Evaluator(load(plan.spec_path), load_cluster(plan.cluster_path))
-    e = ev.evaluate(plan)
-    return {"step_s": round(e.step_time_s, 4),
-            "peak_gb": round(max(e.plan.predicted.peak_memory) / GB, 3),
-            "feasible": e.feasible}
+PRICE = """
+import json, sys
+from rpeg.plan.evaluate import Evaluator
+from rpeg.plan.model import Plan
+from rpeg.spec import load, load_cluster
+plan = Plan.load(sys.argv[1])
+spec, cluster = sys.argv[2:4]
+e = Evaluator(load(spec), load_cluster(cluster)).evaluate(plan)
+print(json.dumps({"step_s": round(e.step_time_s, 4), "feasible": e.feasible,
+                  "peak_gb": round(max(e.plan.predicted.peak_memory) / 1e9, 3)}))
+"""
+
+
+def price_with(tree: Path, plan_path: Path, pipeline: str, cluster: str) -> dict:
+    """The plan at ``plan_path`` priced by ``tree``: its step time and peak memory."""
+    env = dict(os.environ, PYTHONPATH=str(tree))
+    r = subprocess.run([sys.executable, "-c", PRICE, str(plan_path),
+                        str(ROOT / "pipelines" / f"{pipeline}.rpeg"),
+                        str(ROOT / "pipelines" / "clusters" / f"{cluster}.rpeg")],
+                       env=env, capture_output=True, text=True, cwd=tree)
+    if r.returncode != 0:
+        return {"error": (r.stdout + r.stderr).strip().splitlines()[-1:]}
+    return json.loads(r.stdout)
 
 
 def main() -> None:
@@ -86,22 +101,32 @@ def main() -> None:
     ap.add_argument("--before", default="main", help="the git revision compared against")
     ap.add_argument("--pipelines", nargs="*", default=list(GPU_PIPELINES))
     ap.add_argument("--clusters", nargs="*", default=list(CLUSTERS))
+    ap.add_argument("--stored", action="store_true",
+                    help="only price the plans stored in benchmarks/results/"
+                         "control_plane_plans by both trees (no compiling)")
     args = ap.parse_args()
     prov = provenance()
-    rows = []
+    rows, stored = [], []
     with tempfile.TemporaryDirectory() as tmp:
         before = checkout(args.before, Path(tmp) / "before")
-        for pipeline in args.pipelines:
+        for path in sorted((ROOT / "benchmarks/results/control_plane_plans").glob("*.json")):
+            named = json.loads(path.read_text())
+            pipeline, cluster = named["pipeline"], named["cluster"]
+            stored.append({"plan": path.name,
+                           "before": price_with(before, path, pipeline, cluster),
+                           "after": price_with(ROOT, path, pipeline, cluster)})
+            print(json.dumps(stored[-1]), flush=True)
+        for pipeline in [] if args.stored else args.pipelines:
             for cluster in args.clusters:
                 a, b = Path(tmp) / f"{pipeline}-{cluster}-a.json", \
                     Path(tmp) / f"{pipeline}-{cluster}-b.json"
                 old = summary(compile_with(before, pipeline, cluster, a))
                 new = summary(compile_with(ROOT, pipeline, cluster, b))
-                again = repriced(a) if a.exists() else None
+                again = price_with(ROOT, a, pipeline, cluster) if a.exists() else None
                 rows.append({"pipeline": pipeline, "cluster": cluster, "before": old,
                              "after": new, "before_plan_now": again})
                 print(json.dumps(rows[-1]), flush=True)
-    res = {"provenance": finish(prov), "before": args.before, "rows": rows}
+    res = {"provenance": finish(prov), "before": args.before, "stored": stored, "rows": rows}
     lines = [f"# Memory priced by the runtime's copies: before ({args.before}) and after", "",
              header(res["provenance"]), "",
              "| pipeline | cluster | step s before | after | peak GB before | after | "
@@ -112,7 +137,14 @@ def main() -> None:
                      f"{n.get('step_s', n.get('error'))} | {o.get('peak_gb', '-')} | "
                      f"{n.get('peak_gb', '-')} | {g.get('peak_gb', '-')} | "
                      f"{o.get('layout') == n.get('layout')} |")
-    save("copies_change", res, "\n".join(lines) + "\n")
+    lines += ["", "Stored plans (benchmarks/results/control_plane_plans) priced by each tree:", "",
+              "| plan | step s before | after | peak GB before | after |", "|---|---|---|---|---|"]
+    for r in stored:
+        o, n = r["before"], r["after"]
+        lines.append(f"| {r['plan']} | {o.get('step_s', o.get('error'))} | "
+                     f"{n.get('step_s', n.get('error'))} | {o.get('peak_gb', '-')} | "
+                     f"{n.get('peak_gb', '-')} |")
+    save("copies_change" + ("_stored" if args.stored else ""), res, "\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":

@@ -52,7 +52,7 @@ import attrs
 
 from rpeg.cost.engine_sync import serves_copy
 from rpeg.graph.ids import Backbone, ReplicaKey, engine_key, variant_key
-from rpeg.plan.oplayout import OpLayout, reads_in_place
+from rpeg.plan.oplayout import OpLayout, all_in_place, reads_in_place
 from rpeg.spec.model import OpKind
 
 
@@ -88,10 +88,15 @@ def copy_key(op, place, device: int, trainer, group: tuple[int, ...]) -> Replica
         return ReplicaKey.maybe(model)
     if op.kind is OpKind.GENERATE and serves_copy(trainer, place, device):
         return engine_key(model)
-    if trainer is not None and device in trainer.devices \
+    if trainer is not None and device in _set(tuple(trainer.devices)) \
             and not reads_in_place(trainer, place, device):
         return variant_key(model, group)
     return ReplicaKey(model)
+
+
+@functools.lru_cache(maxsize=1024)
+def _set(devices: tuple[int, ...]) -> frozenset[int]:
+    return frozenset(devices)
 
 
 def copies(placed, placement_of: Callable) -> Copies:
@@ -135,8 +140,10 @@ def _backbone(model: Backbone, train, readers: tuple, chunks: int):
     for n, (op, place, lay) in enumerate(readers, start=1):
         members = lay.members(chunks)
         at = {}
+        # on every device, the trained copy where it is read in place there
+        whole = trainer is not None and all_in_place(trainer, place)
         for d, group in members:
-            key = copy_key(op, place, d, trainer, group)
+            key = ReplicaKey(model) if whole else copy_key(op, place, d, trainer, group)
             if layout.setdefault((key, d), group) != group:
                 key = variant_key(model, group)
             at.setdefault(d, key)

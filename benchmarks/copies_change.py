@@ -104,7 +104,11 @@ def main() -> None:
     ap.add_argument("--stored", action="store_true",
                     help="only price the plans stored in benchmarks/results/"
                          "control_plane_plans by both trees (no compiling)")
+    ap.add_argument("--render", type=Path, help="only write the markdown of a results file again")
     args = ap.parse_args()
+    if args.render:
+        args.render.with_suffix(".md").write_text(render(json.loads(args.render.read_text())))
+        return
     prov = provenance()
     rows, stored = [], []
     with tempfile.TemporaryDirectory() as tmp:
@@ -127,24 +131,33 @@ def main() -> None:
                              "after": new, "before_plan_now": again})
                 print(json.dumps(rows[-1]), flush=True)
     res = {"provenance": finish(prov), "before": args.before, "stored": stored, "rows": rows}
-    lines = [f"# Memory priced by the runtime's copies: before ({args.before}) and after", "",
+    save("copies_change" + ("_stored" if args.stored else ""), res, render(res))
+
+
+def _peak(r: dict) -> str:
+    """A priced plan's peak, marked where it no longer fits."""
+    return f"{r.get('peak_gb', '-')}" + ("" if r.get("feasible", True) else " (does not fit)")
+
+
+def render(res: dict) -> str:
+    """The results file's markdown."""
+    lines = [f"# Memory priced by the runtime's copies: before ({res['before']}) and after", "",
              header(res["provenance"]), "",
              "| pipeline | cluster | step s before | after | peak GB before | after | "
              "earlier plan's peak GB now | same layout |", "|---|---|---|---|---|---|---|---|"]
-    for r in rows:
+    for r in res["rows"]:
         o, n, g = r["before"], r["after"], r["before_plan_now"] or {}
         lines.append(f"| {r['pipeline']} | {r['cluster']} | {o.get('step_s', o.get('error'))} | "
                      f"{n.get('step_s', n.get('error'))} | {o.get('peak_gb', '-')} | "
-                     f"{n.get('peak_gb', '-')} | {g.get('peak_gb', '-')} | "
+                     f"{n.get('peak_gb', '-')} | {_peak(g)} | "
                      f"{o.get('layout') == n.get('layout')} |")
     lines += ["", "Stored plans (benchmarks/results/control_plane_plans) priced by each tree:", "",
               "| plan | step s before | after | peak GB before | after |", "|---|---|---|---|---|"]
-    for r in stored:
+    for r in res["stored"]:
         o, n = r["before"], r["after"]
         lines.append(f"| {r['plan']} | {o.get('step_s', o.get('error'))} | "
-                     f"{n.get('step_s', n.get('error'))} | {o.get('peak_gb', '-')} | "
-                     f"{n.get('peak_gb', '-')} |")
-    save("copies_change" + ("_stored" if args.stored else ""), res, "\n".join(lines) + "\n")
+                     f"{n.get('step_s', n.get('error'))} | {_peak(o)} | {_peak(n)} |")
+    return "\n".join(lines) + "\n"
 
 
 if __name__ == "__main__":

@@ -13,8 +13,11 @@ import re
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, reject, settings
+from hypothesis import strategies as st
 
 import rpeg.plan.copies
+from rpeg.errors import PlanError
 from rpeg.plan.compile import compile_plan
 from rpeg.plan.evaluate import Evaluator, settle_batching
 from rpeg.plan.model import Plan, StagePlacement, Strategy
@@ -228,3 +231,61 @@ def test_each_device_of_a_layout_is_a_member_once_in_call_order():
             want = list(dict.fromkeys((c.device, c.group) for c in calls))
             assert list(lay.members(chunks)) == want
 
+
+
+@pytest.fixture(scope="module")
+def tiny_vllm_grpo(tmp_path_factory):
+    return _tiny_vllm(tmp_path_factory.mktemp("spec"), "tiny_grpo")
+
+
+def _block(draw, n: int, tp: int) -> tuple[int, ...]:
+    """A run of devices of ``n``, a multiple of ``tp`` long."""
+    size = draw(st.sampled_from([k for k in range(tp, n + 1, tp)]))
+    start = draw(st.integers(0, n - size))
+    return tuple(range(start, start + size))
+
+
+@st.composite
+def plans(draw, pipeline, vllm: bool):
+    """A plan of ``pipeline`` on 2 or 4 devices with every model stage on a run of devices
+    at tp 1 or 2, trainers at ZeRO 0, 2 or 3, forward stages whole or on ZeRO-3 shards, the
+    generate stage on the torch engine or vLLM."""
+    n = draw(st.sampled_from([2, 4]))
+    places, homes = [], []
+    for s in pipeline.stages:
+        if not pipeline.has_model(s.target or "") or s.kind is OpKind.COMPUTE:
+            places.append(StagePlacement(s.name, (draw(st.integers(0, n - 1)),)))
+            continue
+        tp = draw(st.sampled_from([1, 2]))
+        devs = _block(draw, n, tp)
+        if s.kind is OpKind.GENERATE:
+            engine = draw(st.sampled_from([Engine.TORCH, Engine.VLLM])) if vllm else Engine.TORCH
+            places.append(StagePlacement(s.name, devs, dp=len(devs) // tp, tp=tp,
+                                         chunks=draw(st.sampled_from([1, 2, 4])),
+                                         engine=engine))
+        elif s.kind is OpKind.TRAIN:
+            places.append(StagePlacement(s.name, devs, dp=len(devs) // tp, tp=tp,
+                                         zero=draw(st.sampled_from([0, 2, 3]))))
+            homes.append((s.target, devs))
+        else:
+            places.append(StagePlacement(s.name, devs, dp=len(devs) // tp, tp=tp,
+                                         zero=draw(st.sampled_from([0, 3]))))
+    staleness = draw(st.integers(0, 1))
+    return Plan(pipeline.name, "test", n, tuple(places), model_homes=tuple(homes),
+                staleness=tuple((st_, min(k, staleness)) for st_, k in pipeline.staleness),
+                strategy=Strategy.MANUAL)
+
+
+@settings(max_examples=30, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(data=st.data())
+def test_the_copies_priced_for_any_plan_the_runtime_takes_are_the_runtimes(data, ppo,
+                                                                           tiny_vllm_grpo):
+    """For a random plan the runtime takes, the evaluator prices exactly its replicas."""
+    pipeline, vllm = data.draw(st.sampled_from([(ppo, False), (tiny_vllm_grpo, True)]))
+    plan = data.draw(plans(pipeline, vllm))
+    try:
+        runtime = made(pipeline, plan)
+    except PlanError:
+        reject()                   # a layout the runtime refuses (it says why)
+    assert priced(pipeline, load_cluster(CLUSTERS / "local_cpu.rpeg"), plan) == runtime

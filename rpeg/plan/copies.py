@@ -72,7 +72,8 @@ class Copies:
     """Every copy a plan keeps, and the copy each op reads on each of its devices."""
 
     held: tuple[Copy, ...]
-    reads: dict[str, dict[int, ReplicaKey]] = attrs.field(repr=False)   # op -> device -> key
+    # op -> device -> key (read-only: shared with every caller asking for the same copies)
+    reads: dict[str, dict[int, ReplicaKey]] = attrs.field(repr=False)
 
     def key_of(self, op: str, device: int) -> ReplicaKey | None:
         """The copy ``op`` reads on ``device`` (None: it reads no model)."""

@@ -52,7 +52,7 @@ import attrs
 
 from rpeg.cost.engine_sync import serves_copy
 from rpeg.graph.ids import Backbone, ReplicaKey, engine_key, variant_key
-from rpeg.plan.oplayout import OpLayout, all_in_place, reads_in_place
+from rpeg.plan.oplayout import all_in_place, reads_in_place
 from rpeg.spec.model import OpKind
 
 
@@ -61,7 +61,7 @@ class Copy:
     """One copy of a backbone's weights, on the devices holding it laid out alike."""
 
     key: ReplicaKey
-    devices: tuple[int, ...]          # ascending
+    devices: tuple[int, ...]          # ascending (a vLLM engine's: every worker's device)
     placement: object                 # the StagePlacement laying it out (the trainer's, or
                                       # the first reader's there)
     trained: bool                     # the trained copy: gradients and optimizer state too
@@ -157,17 +157,15 @@ def _backbone(model: Backbone, train, readers: tuple, chunks: int):
             first.setdefault((key, d), n)
         reads[op.name] = at
     places = (trainer,) + tuple(place for _, place, _ in readers)
+    # a vLLM engine's copy, read on its host, lies on every device its workers span
+    spans = ({},) + tuple({b[0]: b for b in lay.blocks} if lay.per_block else {}
+                          for _, _, lay in readers)
     devices: dict[tuple[ReplicaKey, int], list[int]] = {}
     for (key, d), n in first.items():       # one copy per key and op laying it out
-        devices.setdefault((key, n), []).append(d)
+        devices.setdefault((key, n), []).extend(spans[n].get(d, (d,)) if key.engine else (d,))
     out = tuple(Copy(key, tuple(sorted(ds)), places[n], n == 0)
                 for (key, n), ds in devices.items())
     return out, reads
 
 
-def copy_devices(held: tuple[Copy, ...]) -> frozenset[tuple[str, int]]:
-    """(key, device) of every copy in ``held``: what the runtime makes a replica of."""
-    return frozenset((str(c.key), d) for c in held for d in c.devices)
-
-
-__all__ = ["Copies", "Copy", "OpLayout", "copies", "copy_devices", "copy_key"]
+__all__ = ["Copies", "Copy", "copies", "copy_key"]

@@ -44,12 +44,12 @@ def priced(pipeline, cluster, plan) -> set[tuple[str, int, bool, int]]:
 
 
 def made(pipeline, plan) -> set[tuple[str, int, bool, int]]:
-    """The same of every replica the runtime's lowering creates (a vLLM engine's: the
-    devices its workers span)."""
+    """The same of every replica the runtime's lowering creates (a vLLM engine's on each
+    device its workers span)."""
     ctx = RunContext.create(pipeline, plan, build_calls(pipeline, plan, steps=3),
                             run_dir=".")
-    return {(str(r.model), r.device, r.trainable, len(r.engine) or max(len(r.tp), 1))
-            for r in ctx.replicas}
+    return {(str(r.model), d, r.trainable, len(r.engine) or max(len(r.tp), 1))
+            for r in ctx.replicas for d in r.engine or (r.device,)}
 
 
 def colocated(pipeline, n: int, *, zero: int = 0, reader_zero: int = 0,

@@ -53,7 +53,8 @@ def register(app: typer.Typer) -> None:
                                           "one it names."),
         output: Path = typer.Option(None, "-o", "--output",
                                     help="Where to write the plan (a Gantt PNG goes beside it); "
-                                         "default plan.json, for a plan nothing."),
+                                         "default plan.json in the current directory; for a "
+                                         "plan, nothing."),
         strategy: Compiled = typer.Option(Compiled.SEARCH, "--strategy", case_sensitive=False,
                                           help="search, a baseline (colocated, split, "
                                                "realloc), or pinned: the spec's `place` "

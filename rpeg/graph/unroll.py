@@ -48,6 +48,9 @@ class DepKind(enum.Enum):
     ORDER = "order"           # no data: stream order, a carried stream, write after read
 
 
+STREAM, CARRY = "stream", "carry"     # what an ORDER dep of a stream holds (else: the model)
+
+
 MARK = {DepKind.DATA: "", DepKind.VERSION: "~", DepKind.ORDER: "^"}
 
 
@@ -203,10 +206,10 @@ def _ordering(graph: Graph, instances, counts: dict[str, int], carry: dict[str, 
             continue
         n, d = counts[i.op], max(1, lanes.get(i.op, 1))
         if i.chunk >= d:
-            out.append(Dep(inst(i.op, i.step, i.chunk - d), i, DepKind.ORDER, "stream"))
+            out.append(Dep(inst(i.op, i.step, i.chunk - d), i, DepKind.ORDER, STREAM))
         elif carry.get(i.op, 0) > 0 and i.step > 0:
             last = inst(i.op, i.step - 1, i.chunk + (n - 1 - i.chunk) // d * d)
-            out.append(Dep(last, i, DepKind.ORDER, "carry"))
+            out.append(Dep(last, i, DepKind.ORDER, CARRY))
     for i in instances:
         for e in graph.version_edges:
             if e.reader != i.op or (e.writer, e.reader) not in in_place:

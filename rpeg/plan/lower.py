@@ -32,9 +32,13 @@ device's stream order from them.
     >>> [str(d.src) for d in u.deps if d.dst == Instance("rollout", 1, 2)]   # doctest: +SKIP
     ['sync_actor@0', 'rollout@1']
 
-Not here yet: the runtime's replicas (a copy per layout, per engine) with their weight
-transfers and version edges per device, and the packing of calls into tasks
-(``rpeg.runtime.lowering.ordering``, ``rpeg.plan.packing``).
+Not here yet: the runtime's replicas (a second copy per layout, an engine's own copy) with
+their weight transfers, version edges and write-after-read edges per device, the one order
+of collectives (``rpeg.runtime.lowering.ordering``); the packing of calls into tasks
+(``rpeg.plan.packing``, which the cost model feeds with its own unrolling,
+``rpeg.plan.tasks``); and the simulator, which prices the plan's fused graph by the same
+unrolling and streams (:func:`~rpeg.plan.oplayout.stream_of`) but orders a writer after
+the readers it shares a device with, not a replica.
 """
 
 from __future__ import annotations

@@ -169,14 +169,17 @@ def _shared_replicas(p: Placed, placement_of: Placing) -> frozenset[tuple[str, s
 PASSES = (layouts, chunks, engine_syncs, streams)
 
 
-def lower(graph: Graph, plan, responses: int, placement_of: Placing | None = None) -> Placed:
+def lower(graph: Graph, plan, responses: int, placement_of: Placing | None = None, *,
+          passes: tuple[Callable, ...] = PASSES) -> Placed:
     """``graph`` (the plan's step graph, its ops unfused) placed by ``plan``: each op on
     its stage's placement (``placement_of``: op -> placement, where a caller checks them;
     else the plan's placement of the op's first stage); ``responses``: those a step
-    generates."""
+    generates. ``passes``: the first of :data:`PASSES` a caller needs (a search pricing
+    each proposal's calls needs only their layouts and chunks)."""
+    assert passes == PASSES[:len(passes)], "passes run in order, each on those before"
     placement_of = placement_of or (lambda o: plan.placement(o.stages[0]))
     p = Placed(graph, responses)
-    for step in PASSES:
+    for step in passes:
         p = step(p, placement_of)
     return p
 

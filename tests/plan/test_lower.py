@@ -10,7 +10,7 @@ import pytest
 from rpeg.cost.engine_sync import engine_hosts_of, serves_copy, sync_refusal, sync_senders
 from rpeg.graph import DepKind
 from rpeg.graph.unroll import CARRY, STREAM
-from rpeg.plan.lower import PASSES, Placed
+from rpeg.plan.lower import PASSES, Placed, lower
 from rpeg.plan.oplayout import reads_in_place, stream_chunks
 from rpeg.plan.staleness import step_graph
 from rpeg.resources import shipped
@@ -133,3 +133,12 @@ def test_each_pass_adds_what_its_verifier_checks(name):
             assert c.device in placed.layout(c.op).devices or c.role == "load"
         else:
             assert c.device in placed.layout(c.op).devices_of(c.chunk) or c.kind is OpKind.TRAIN
+
+
+def test_a_caller_lowers_only_as_far_as_it_reads():
+    pipeline, plan = PLANS["ppo 8b x16, vLLM at tp 2"]
+    graph = step_graph(pipeline, plan)
+    whole = lower(graph, plan, 512)
+    first = lower(graph, plan, 512, passes=PASSES[:2])
+    assert (first.layouts, first.chunks) == (whole.layouts, whole.chunks)
+    assert first.engine_syncs == () and whole.engine_syncs

@@ -1,7 +1,8 @@
 """The runtime executes the placed graph (``rpeg.plan.lower``): for the shipped tiny pipelines
 under plans of every shape (synchronous, stale, carried, fused, chunked, tensor parallel,
-split, data parallel, shared backbone, the planner's) and under plans drawn at random, the op
-calls realise ``Placed.edges``, the instances and typed edges its one unrolling gives:
+split, data parallel, shared backbone, the planner's), for vLLM engines beside their trainer
+and with copies of their own, and for plans drawn at random, the op calls realise
+``Placed.edges``, the instances and typed edges its one unrolling gives:
 
 * every call is one device's share of one of its instances, on the devices it gives that
   instance, and every instance but a weight sync (which runs only where some reader needs
@@ -26,11 +27,12 @@ from rpeg.graph import DepKind
 from rpeg.plan.compile import compile_plan
 from rpeg.plan.model import Plan, StagePlacement, Strategy
 from rpeg.plan.staleness import staleness_problem
+from rpeg.runtime.calibrate.simulated import scaled
 from rpeg.runtime.lowering.instances import build_calls, placed_for
 from rpeg.runtime.lowering.joins import JOIN
 from rpeg.runtime.placement import split_plan
 from rpeg.spec import load, load_cluster
-from rpeg.spec.model import OpKind
+from rpeg.spec.model import Engine, OpKind
 
 STEPS = 5
 PIPELINES = Path(__file__).resolve().parents[2] / "pipelines"
@@ -148,6 +150,20 @@ def test_the_runtime_executes_the_placed_graph(shape, name, ppo, grpo):
     if shape == "tensor parallel" and name == "grpo":
         pytest.skip("tiny_grpo has no critic to split beside the actor")
     assert_realises_placed(pipeline, PLANS[shape](pipeline))
+
+
+def _vllm(plan: Plan, tp: int = 1) -> Plan:
+    return attrs.evolve(plan, placements=tuple(
+        attrs.evolve(p, engine=Engine.VLLM, tp=tp, dp=len(p.devices) // tp)
+        if p.stage == "rollout" else p for p in plan.placements))
+
+
+@pytest.mark.parametrize("shape", ["beside its trainer, x8", "its own copy at tp 2, x16"])
+def test_vllm_engines_and_their_copies_execute_the_placed_graph(shape):
+    ppo8b = load(PIPELINES / "ppo_llama8b.rpeg")
+    plan = _vllm(scaled(split_plan(ppo8b, 1, staleness=0), 8)) if "x8" in shape \
+        else _vllm(scaled(split_plan(ppo8b, 2), 8), 2)
+    assert_realises_placed(ppo8b, plan, 4)
 
 
 _PIPES = {n: load(PIPELINES / f"tiny_{n}.rpeg") for n in ("ppo", "grpo")}

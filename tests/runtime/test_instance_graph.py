@@ -23,9 +23,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rpeg.graph import DepKind
+from rpeg.graph import DepKind, Instance
+from rpeg.graph.unroll import CARRY, STREAM
 from rpeg.plan.compile import compile_plan
+from rpeg.plan.evaluate import Evaluator, settle_batching, streams_of
 from rpeg.plan.model import Plan, StagePlacement, Strategy
+from rpeg.plan.simulate import priced_graph
 from rpeg.plan.staleness import staleness_problem
 from rpeg.runtime.calibrate.simulated import scaled
 from rpeg.runtime.lowering.instances import build_calls, placed_for
@@ -150,6 +153,43 @@ def test_the_runtime_executes_the_placed_graph(shape, name, ppo, grpo):
     if shape == "tensor parallel" and name == "grpo":
         pytest.skip("tiny_grpo has no critic to split beside the actor")
     assert_realises_placed(pipeline, PLANS[shape](pipeline))
+
+
+@pytest.mark.parametrize("shape", sorted(PLANS))
+@pytest.mark.parametrize("name", ["ppo", "grpo"])
+def test_the_simulator_prices_the_placed_graphs_instances_and_streams(shape, name, ppo, grpo):
+    """Until the simulator takes ``Placed`` itself: the graph it prices (fused, without the
+    weight syncs that move nothing) has the placed graph's instances, data edges and stream
+    order, a fused op's stages seen as the fused op."""
+    pipeline = {"ppo": ppo, "grpo": grpo}[name]
+    if shape == "tensor parallel" and name == "grpo":
+        pytest.skip("tiny_grpo has no critic to split beside the actor")
+    plan = PLANS[shape](pipeline)
+    cluster = load_cluster(LOCAL)
+    ev = Evaluator(pipeline, cluster)
+    settled = settle_batching(pipeline, plan, cluster)
+    graph = ev.graph(settled)
+    timings, _ = ev.timings(settled, graph)
+    priced = priced_graph(graph, timings, STEPS, streams=streams_of(settled, graph),
+                          horizon=STEPS)
+    placed = placed_for(pipeline, plan).edges(STEPS, horizon=STEPS)
+    op_of = {s: o.name for o in graph.ops for s in (o.name,) + o.stages}
+
+    def seen(i):
+        return Instance(op_of.get(i.op, i.op), i.step, i.chunk)
+
+    def kept(deps, kinds):
+        return {(seen(d.src), seen(d.dst)) for d in deps if d.kind in kinds
+                and (d.kind is not DepKind.ORDER or d.data in (STREAM, CARRY))
+                and seen(d.src) != seen(d.dst)}
+
+    synced = {i for i in priced.instances if graph.op(i.op).kind is OpKind.SYNC_WEIGHTS}
+    assert set(priced.instances) - synced == {
+        seen(i) for i in placed.instances if placed.graph.op(i.op).kind is not
+        OpKind.SYNC_WEIGHTS}
+    assert synced <= {seen(i) for i in placed.instances}
+    assert kept(priced.deps, {DepKind.DATA, DepKind.ORDER}) == \
+        kept(placed.deps, {DepKind.DATA, DepKind.ORDER})
 
 
 def _vllm(plan: Plan, tp: int = 1) -> Plan:

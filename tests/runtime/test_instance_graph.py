@@ -11,7 +11,9 @@ and with copies of their own, and for plans drawn at random, the op calls realis
 * the calls wait, through one another, for every version and ordering edge (an edge from a
   weight sync that moves nothing is one from what the sync would wait for);
 * the calls keep no order those edges do not imply, but the one order of collectives on
-  common devices (gloo/NCCL need one order of them on every device).
+  common devices (gloo/NCCL need one order of them on every device);
+
+and the simulator prices the same instances, data edges and stream order.
 """
 
 from __future__ import annotations

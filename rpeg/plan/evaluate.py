@@ -44,10 +44,10 @@ from rpeg.cost.stages import stage_memory
 from rpeg.errors import CostError, PlanError
 from rpeg.graph import Graph
 from rpeg.graph.ids import ReplicaKey
-from rpeg.plan import lower as lowering
 from rpeg.plan.copies import copies as copies_of
 from rpeg.plan.dispatchfloor import dispatch_floor
 from rpeg.plan.evalcost import EVAL_OP, eval_time, trainer_devices
+from rpeg.plan.lower import PASSES, lower
 from rpeg.plan.model import Plan, Predicted, StagePlacement
 from rpeg.plan.prices import Chunk, Prices, parallel_of
 from rpeg.plan.simulate import OpTiming, Timeline, floor, simulate, steps_for
@@ -327,9 +327,8 @@ class Evaluator:
             def placing(op):
                 return plan.placement(op.stages[0])
 
-            # the op layouts and chunks a step streams, as lower() places them
-            placed = lowering.chunks(lowering.layouts(lowering.Placed(base, self.responses),
-                                                      placing), placing)
+            # the op layouts and chunks a step streams: what the copies are read from
+            placed = lower(base, plan, self.responses, placing, passes=PASSES[:2])
             names = self._model_names(plan.shared)
             held = self._copies[key] = tuple(
                 Held(names[(c.key.backbone, c.trained)], c.placement, c.trained, c.devices,

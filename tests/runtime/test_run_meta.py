@@ -100,3 +100,11 @@ _optional = {
     optional=_optional))
 def test_every_record_rpeg_writes_round_trips_key_for_key(record):
     assert RunMeta.from_json(check_meta(record, "run.json")).to_json() == record
+
+
+def test_the_worked_example_holds():
+    import doctest
+
+    from rpeg.runtime.rundir import meta
+    result = doctest.testmod(meta)
+    assert result.attempted and result.failed == 0

@@ -2,7 +2,7 @@
 when too few are left, and a checkpoint written at each cut.
 
     >>> attempt = starter.start(1, plan)        # set-up, then restore   # doctest: +SKIP
-    >>> checkpointer(10, attempt, futures)      # the cut at step 10     # doctest: +SKIP
+    >>> checkpointer(10, carried, attempt, futures)   # the cut at step 10  # doctest: +SKIP
 
 At a cut every replica on every worker is saved (weights, optimizer state,
 version; one a resume can rebuild is not), with the outputs made before the cut
@@ -27,7 +27,6 @@ from rpeg.runtime.core.windows import CallWindows, SegmentCalls
 from rpeg.runtime.dask import worker as W
 from rpeg.runtime.dask.devices import Seen, cuda_choice, gpu_table
 from rpeg.runtime.dask.driver import (
-    Resilience,
     RunOptions,
     _Cluster,
     _rendezvous,
@@ -43,8 +42,6 @@ from rpeg.runtime.rundir.meta import Replan, RunMeta
 from rpeg.runtime.rundir.serial import plan_to_json
 from rpeg.runtime.rundir.state import RunState
 from rpeg.spec.model import Pipeline
-
-SETUP_LIMIT_S = 600.0
 
 
 @attrs.frozen(eq=False)
@@ -65,7 +62,7 @@ class Starter:
 
     pipeline: Pipeline
     options: RunOptions
-    res: Resilience
+    replace_wait_s: float                       # how long to wait for a replacement worker
     steps: int
     cl: _Cluster
     watch: Watch
@@ -96,9 +93,7 @@ class Starter:
         watch.workers = workers
         calls = SegmentCalls(CallWindows(self.pipeline, plan, self.steps, self.state.base))
         calls.move(self.state.start, min(self.steps, self.state.start + 1), self.state.carry)
-        # k + 1 steps may run at once; one more is submitted ahead, so the scheduler holds
-        # its ops and starts them the moment their inputs exist (no client round trip)
-        window = max((k for _, k in plan.staleness), default=0) + 2
+        window = C.window_of(plan.staleness)
         cl = self.cl
         if number > 1:
             for a in workers.values():
@@ -124,9 +119,8 @@ class Starter:
                                  key=f"setup-{d}-{cl.token}-{number}", pure=False)
                 for d, a in workers.items()]
         try:
-            # set-up imports torch and builds models: minutes on a busy machine, not seconds
             setup = watch.gather(futs, "set-up", list(workers),
-                                 limit_s=max(SETUP_LIMIT_S, 2 * self.res.timeout_floor_s))
+                                 limit_s=watch.limits.setup_s)
         except (RpegError, _Lost):
             raise
         except Exception as e:
@@ -160,7 +154,7 @@ class Starter:
                   "workers'", file=sys.stderr)
 
     def _wait_workers(self, n: int, number: int) -> dict[int, str] | None:
-        end = time.time() + (self.res.replace_wait_s if number > 1 else 30.0)
+        end = time.time() + (self.replace_wait_s if number > 1 else 30.0)
         lost = self.meta.lost_workers()
         while True:
             have = [a for a in self.watch.gpu_workers() if a not in lost]
@@ -224,11 +218,11 @@ class Checkpointer:
     meta: RunMeta
     state: RunState
 
-    def __call__(self, cut: int, attempt: Attempt, futures: dict[str, object]) -> None:
-        """Checkpoint at ``cut``; ``futures``: op id -> the future of its task, for the
-        outputs carried over the cut."""
+    def __call__(self, cut: int, keep: frozenset[str], attempt: Attempt,
+                 futures: dict[str, object]) -> None:
+        """Checkpoint at ``cut`` with the outputs of ``keep`` (the ops whose outputs are
+        read past it, as the core says); ``futures``: op id -> the future of its task."""
         cl, rd, state, watch = self.cl, self.rd, self.state, self.watch
-        keep = attempt.calls.cuts.carried(cut)
         for e in watch.drain():
             state.pending[int(e["step"])].append(e)
         carry = {}

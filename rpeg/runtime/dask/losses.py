@@ -52,7 +52,7 @@ class Watch:
     says the step the run is at, for the reports."""
 
     client: object                              # the run's distributed.Client
-    floor_s: float                              # the longest wait on one worker's answer
+    limits: C.Limits                            # how long a worker may take to answer
     state: RunState
     workers: dict[int, str] = attrs.field(factory=dict)
 
@@ -63,7 +63,7 @@ class Watch:
         from distributed import wait
 
         start = time.time()
-        limit_s = limit_s or 2 * self.floor_s
+        limit_s = limit_s or self.limits.gather_s
         pending = list(futs)
         while pending:
             self.check_alive()
@@ -111,7 +111,7 @@ class Watch:
         try:
             got = client.sync(lambda: asyncio.wait_for(
                 client._run(W.drain, workers=addrs, on_error="return"),
-                min(10.0, self.floor_s)))
+                self.limits.drain_s))
             if all(isinstance(got.get(a), list) for a in addrs):
                 return [e for a in addrs for e in got[a]]
         except Exception:  # noqa: BLE001 — asked one by one below, which tells which failed
@@ -121,7 +121,7 @@ class Watch:
         out: list[dict] = []
         for a in addrs:
             try:
-                out += self.run_on(a, W.drain, self.floor_s)
+                out += self.run_on(a, W.drain, self.limits.floor_s)
             except _Lost:
                 raise
             except Exception:  # noqa: BLE001 — a worker died mid-drain: the loss check sees it
@@ -157,11 +157,11 @@ class Watch:
         try:
             # a list of one: scatter would split a dict and use its keys as task keys
             return client.sync(lambda: asyncio.wait_for(client._scatter(
-                [value], workers=[address], hash=False), self.floor_s))[0]
+                [value], workers=[address], hash=False), self.limits.floor_s))[0]
         except (TimeoutError, asyncio.TimeoutError):
             raise self.lost_or_stuck(device, address, "carry", step,
                                      "op stuck: worker did not take the carried outputs within "
-                                     f"{self.floor_s:.0f} s") from None
+                                     f"{self.limits.floor_s:.0f} s") from None
         except Exception as e:
             if _is_loss(e) or "timed out" in str(e).lower():
                 raise self.lost_or_stuck(device, address, "carry", step,

@@ -61,6 +61,7 @@ from pathlib import Path
 from rpeg.destinations import check_not_around
 from rpeg.errors import RpegError, RuntimeFailure, Span
 from rpeg.plan.model import Plan
+from rpeg.runtime.core import scheduler as C
 from rpeg.runtime.dask.checkpointing import Checkpointer, Starter
 from rpeg.runtime.dask.checkpointing import _replan as _replan  # rpeg.runtime.dask.resume re-plans
 from rpeg.runtime.dask.driver import (
@@ -263,8 +264,8 @@ class _Runner:
         self.rd, self.meta, self.state, self.cl, self.stop = rd, meta, state, cl, stop
         self.tally = Tally()
         self.pids: dict[str, int] = {}
-        self.watch = Watch(cl.client, res.timeout_floor_s, state)
-        self.starter = Starter(pipeline, options, res, steps, cl, self.watch, rd, meta, state,
+        self.watch = Watch(cl.client, C.Limits(res.timeout_factor, res.timeout_floor_s), state)
+        self.starter = Starter(pipeline, options, res.replace_wait_s, steps, cl, self.watch, rd, meta, state,
                                self.pids)
         self.checkpointer = Checkpointer(pipeline, steps, res.keep, time.time(), cl,
                                          self.watch, rd, meta, state)

@@ -106,8 +106,8 @@ class Evals:
     def __call__(self, step: int, attempt: int) -> None:
         from rpeg.runtime.lowering.instances import base_of
         e = self.pipeline.evaluation
-        if e is None or (step % e.every and step != self.steps) or O.evaluated(self.rd.path,
-                                                                                step):
+        if not C.eval_due(step, self.steps, e.every if e else None) \
+                or O.evaluated(self.rd.path, step):       # once per step, across resumes
             return
         gen = next(s for s in self.pipeline.stages if s.kind.value == "generate")
         homes = {m: d for m, d in (self.meta.homes or {}).items()
@@ -159,8 +159,8 @@ class SegmentLoop:
             calls.move(start, end, state.carry)
             before = calls.cuts.closure(start) if start else set()
             inside = calls.cuts.closure(end)
-            end, futures = self._run_segment(start, end, inside - before, inside)
-            self.checkpoint(end, self.attempt, futures)
+            end, carried, futures = self._run_segment(start, end, inside - before, inside)
+            self.checkpoint(end, carried, self.attempt, futures)
             del futures
             self.evaluate(end, self.attempt.number)
             if self.stop.requested:
@@ -171,13 +171,15 @@ class SegmentLoop:
     def _run_segment(self, start: int, end: int, seg: set[str], inside: set[str]):
         """Run the segment's ops on the scheduling core, which makes every decision; this
         loop only carries its instructions out on Dask and reports what happened. Returns
-        the step the segment ended at and the futures of the ops it keeps for the cut."""
+        the step the segment ended at, the ops whose outputs cross its cut, and the
+        futures of their tasks."""
         from distributed import as_completed
 
         cl, calls, workers = self.cl, self.attempt.calls, self.attempt.workers
         table, cuts = calls.table, calls.cuts
         plan, number = self.attempt.plan, self.attempt.number
-        keep = cuts.carried(end)
+        op_times = dict(plan.predicted.op_times) if plan.predicted else {}
+        limits = self.watch.limits
         futures: dict[str, object] = {}              # op id -> the future of its task
         for op_id, value in self.state.carry.items():          # outputs from before the cut
             futures[op_id] = self.watch.scatter({op_id: value}, table[op_id].device, start)
@@ -186,23 +188,22 @@ class SegmentLoop:
         last_step = time.time()
         completions = as_completed()
         idle_s = 0.0005
-        # an op with no future is done: it ran before the cut (or in this batch's groups)
-        finished = lambda d: d not in futures or futures[d].status == "finished"  # noqa: E731
-        task_of = lambda d: futures[d].key if d in futures else None             # noqa: E731
         instructions = core.handle(C.Started(time.time()))
         while True:
             # submissions first: the per-step bookkeeping (a round trip to every worker)
             # must not delay work that is ready
             batch = [table[i.call.id] for i in instructions if isinstance(i, C.Submit)]
             now = time.time()
-            for g in F.fuse(batch, calls.consumers, finished, self.options.fuse, task_of,
-                            plan.fusion):
-                f = F.submit(cl.client, g, futures, workers[g.device],
-                             key=f"{g.ids[0]}+{len(g.ids) - 1}-{cl.token}-{number}")
+            # packed by what the core has heard (never by a future's status, which races it)
+            for g in F.fuse(batch, calls.consumers, core.is_done, self.options.fuse,
+                            core.task_of, plan.fusion):
+                f = submit_group(cl.client, g, futures, workers[g.device],
+                                 key=f"{g.ids[0]}+{len(g.ids) - 1}-{cl.token}-{number}")
                 for op_id in g.ids:
                     futures[op_id] = f
                 core.handle(C.TaskSubmitted(f.key, Task(
-                    g.ids, g.device, g.calls[0].step, self._limit(g.calls),
+                    g.ids, g.device, g.calls[0].step,
+                    limits.task([c.stages for c in g.calls], op_times),
                     tuple(d for d in g.external if d in seg)), now))
                 completions.add(f)
                 self.meta.tasks += 1
@@ -210,18 +211,17 @@ class SegmentLoop:
                 steps[g.calls[0].step] = steps.get(g.calls[0].step, 0) + 1
             for ins in instructions:
                 if isinstance(ins, C.Release):
-                    if ins.op_id not in keep:
-                        futures.pop(ins.op_id, None)
+                    futures.pop(ins.op_id, None)
                 elif isinstance(ins, C.StepDone):
                     last_step = self.record(ins.step, last_step)
-                elif isinstance(ins, C.Stopping):
-                    end, keep = ins.end, cuts.carried(ins.end)
                 elif isinstance(ins, C.CutShort):
                     print(f"rpeg: interrupted: steps before {ins.end} are done; writing a "
                           "checkpoint", file=sys.stderr)
-                    return ins.end, futures
+                    return ins.end, ins.carried, futures
                 elif isinstance(ins, C.Finish):
-                    return end, futures
+                    return end, ins.carried, futures
+                elif isinstance(ins, C.Stopping):
+                    end = ins.end                   # the core holds what is past its cut
                 elif not isinstance(ins, C.Submit):
                     self._carry_out(ins, core, table)
             if self.stop.requested and not core.stopping:
@@ -273,14 +273,36 @@ class SegmentLoop:
         else:
             raise TypeError(f"unknown instruction {ins!r}")
 
-    def _limit(self, calls) -> float:
-        """How long a task of ``calls`` may go without progress: ``timeout_factor`` x the
-        plan's predicted time of its ops together, and never less than the floor (once per
-        task: a frozen worker is found as fast whatever the task holds)."""
-        plan = self.attempt.plan
-        predicted = dict(plan.predicted.op_times) if plan.predicted else {}
-        t = sum(max((predicted.get(s, 0.0) for s in c.stages), default=0.0) for c in calls)
-        return max(self.res.timeout_floor_s, self.res.timeout_factor * t)
+
+def submit_group(client, g: F.Group, futures: dict, worker: str, key: str):
+    """Submit ``g`` as one Dask task pinned to ``worker``, prioritised by its step.
+
+    Its arguments are the futures (``futures``: op id -> the future of its task) of the
+    other tasks whose results the calls read, each passed once, and of the tasks they only
+    wait for (ordering edges); an ordering dependency with no future finished before (an op
+    before a checkpoint cut) and is not waited for."""
+    args: list = []
+    index: dict[str, int] = {}
+    own = set(g.ids)
+
+    def arg(f) -> int:
+        if f.key not in index:
+            index[f.key] = len(args)
+            args.append(f)
+        return index[f.key]
+
+    where = []
+    for call in g.calls:
+        where.append(tuple((-1, d) if d in own else (arg(futures[d]), d) for d in call.deps))
+        for a in call.after:
+            if a not in own and a in futures:
+                arg(futures[a])
+    # of two tasks ready on one worker the older step's runs first (Dask runs higher priority
+    # first, and equal priorities in submission order): a step's cheap tail (a reward, say)
+    # must not wait behind the next step's generation while another device waits for it
+    return client.submit(W.run_group, g.calls, g.keep, tuple(where), *args, key=key,
+                         workers=[worker], allow_other_workers=False, pure=False,
+                         priority=-g.calls[0].step)
 
 
 def _evaluate_on_worker(model: str, step: int) -> dict:

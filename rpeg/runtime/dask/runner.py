@@ -265,8 +265,8 @@ class _Runner:
         self.tally = Tally()
         self.pids: dict[str, int] = {}
         self.watch = Watch(cl.client, C.Limits(res.timeout_factor, res.timeout_floor_s), state)
-        self.starter = Starter(pipeline, options, res.replace_wait_s, steps, cl, self.watch, rd, meta, state,
-                               self.pids)
+        self.starter = Starter(pipeline, options, res.replace_wait_s, steps, cl, self.watch,
+                               rd, meta, state, self.pids)
         self.checkpointer = Checkpointer(pipeline, steps, res.keep, time.time(), cl,
                                          self.watch, rd, meta, state)
         self.rollback = Rollback(self.watch, meta, rd, state, res.max_recoveries,

@@ -25,9 +25,10 @@ generate stage plus ``carries`` must stay within the spec's bound (see
 
 A plan states the carry (``StagePlacement.carry``), not the cap: each step also advances
 the responses of the next ``carry`` steps, and a step ends when its own responses are all
-done. Their longest had ``carry`` earlier steps of decoding, so in the steady state a
-step decodes about an equal share of the longest response — the cap
-:func:`smallest_cap` gives — and the sequences it decodes are exactly the segments above.
+done. A response started early advances by at most ``cap`` tokens in each step before
+its own (:func:`step_budget`, which the engines apply), so in the steady state a step
+decodes about an equal share of the longest response — the cap :func:`smallest_cap`
+gives — and the sequences it decodes are exactly the segments above.
 """
 
 from __future__ import annotations
@@ -111,3 +112,23 @@ def smallest_cap(max_len: int, carries: int) -> int:
     """The fewest tokens a step may decode per response so that no response spans more than
     ``carries + 1`` steps (0: whole responses, no carry allowed)."""
     return 0 if carries <= 0 else math.ceil(max_len / (carries + 1))
+
+
+def step_budget(max_len: int, carries: int, ahead: int) -> int:
+    """Tokens each response of the cohort ``ahead`` steps after the current one may have
+    when the current step's generate op ends (0: no limit, the step's own responses).
+
+    The engines pace the cohorts they start early by this rule, so that a step decodes
+    the share :func:`smallest_cap` prices: a response gets at most ``cap`` tokens in each
+    step before its own. Without it a step that decodes to its own longest response
+    carries the next cohort along as far, which then has nothing left for its own step:
+    the steps alternate between whole responses and none.
+
+        >>> [step_budget(20, 1, a) for a in (0, 1)]
+        [0, 10]
+        >>> [step_budget(20, 2, a) for a in (0, 1, 2)]
+        [0, 14, 7]
+    """
+    if carries <= 0 or ahead <= 0:
+        return 0
+    return (carries + 1 - ahead) * smallest_cap(max_len, carries)

@@ -72,6 +72,13 @@ class Partial:
         """Mean tokens a step's sequence already generated in earlier steps."""
         return _segments(self)[1]
 
+    @property
+    def longest_context(self) -> float:
+        """Most tokens a step's sequence already generated in earlier steps: what an engine
+        that pads a batch to its longest context (rpeg's torch loop) re-prefills every
+        sequence of the step to."""
+        return _segments(self)[3]
+
     def quantiles(self, n: int = 64) -> np.ndarray:
         seg = _segments(self)[0]
         idx = ((np.arange(n) + 0.5) / n * len(seg)).astype(int).clip(0, len(seg) - 1)
@@ -87,8 +94,9 @@ class Partial:
 
 
 @functools.lru_cache(maxsize=256)
-def _segments(p: Partial) -> tuple[np.ndarray, float, float]:
-    """(sorted segment lengths, mean earlier tokens per segment, segments per response)."""
+def _segments(p: Partial) -> tuple[np.ndarray, float, float, float]:
+    """(sorted segment lengths, mean earlier tokens per segment, segments per response,
+    most earlier tokens of a segment)."""
     lengths = p.base.quantiles(RESOLUTION)
     pieces = np.ceil(lengths / p.cap).astype(int).clip(1)
     seg, before = [], []
@@ -98,7 +106,8 @@ def _segments(p: Partial) -> tuple[np.ndarray, float, float]:
         before.append(np.full(len(alive), float(k * p.cap)))
     seg_all = np.sort(np.concatenate(seg))
     seg_all.flags.writeable = False
-    return seg_all, float(np.concatenate(before).mean()), float(pieces.mean())
+    earlier = np.concatenate(before)
+    return seg_all, float(earlier.mean()), float(pieces.mean()), float(earlier.max())
 
 
 def max_carries(bound: int, staleness: int) -> int:

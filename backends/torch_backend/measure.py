@@ -284,10 +284,14 @@ def model_host_per_sample(samples: int = 64, prompt_len: int = 8, gen_len: int =
 
 # --- model ops -----------------------------------------------------------------------
 
-def _arrays(batch: int, prompt_len: int, gen_len: int, seed: int = 0):
+def _arrays(batch: int, prompt_len: int, gen_len: int, seed: int = 0, varied: bool = False):
+    """Prompts and responses; ``varied``: response lengths drawn from 1..gen_len (the first
+    at gen_len), as a run's differ, else all ``gen_len``."""
     rng = np.random.default_rng(seed)
     prompts = [rng.integers(3, 259, prompt_len).astype(np.int64) for _ in range(batch)]
-    responses = [rng.integers(3, 259, gen_len).astype(np.int64) for _ in range(batch)]
+    lengths = rng.integers(1, gen_len + 1, batch) if varied else np.full(batch, gen_len)
+    lengths[0] = gen_len
+    responses = [rng.integers(3, 259, int(n)).astype(np.int64) for n in lengths]
     return prompts, responses
 
 
@@ -318,18 +322,31 @@ STOP_PER_TOKEN = 2.0     # a generate op's responses end at gen_len / 2 on avera
 
 def op_runner(kind: str, dims: ModelDims, batch: int, prompt_len: int, gen_len: int,
               minibatches: int = 1, seed: int = 0,
-              data_parallel: bool = False) -> Callable[[], object]:
+              data_parallel: bool = False, packed: bool = False) -> Callable[[], object]:
     """A zero-argument callable that runs one op on a freshly built model.
 
     With ``data_parallel`` (inside a gloo group) a train op averages gradients over the
-    group before each optimizer step; ``batch`` is then this rank's share.
+    group before each optimizer step; ``batch`` is then this rank's share. ``packed``: a
+    forward or train op on responses of varied lengths packed into one row per pass (a
+    plan's ``packing``), their lengths in ``run.lengths``.
     """
     if kind in BANDWIDTH_PROBES:
         return BANDWIDTH_PROBES[kind]()[0]
-    prompts, responses = _arrays(batch, prompt_len, gen_len, seed)
+    if packed and kind not in ("forward", "train"):
+        raise ValueError(f"only forward and train ops run packed, not {kind!r}")
+    prompts, responses = _arrays(batch, prompt_len, gen_len, seed, varied=packed)
+    run = _model_op(kind, dims, prompts, responses, gen_len, minibatches, data_parallel,
+                    packed)
+    if packed:
+        run.lengths = sorted(len(r) for r in responses)
+    return run
+
+
+def _model_op(kind: str, dims: ModelDims, prompts, responses, gen_len: int, minibatches: int,
+              data_parallel: bool, packed: bool) -> Callable[[], object]:
     if kind == "forward":
         model = build_model(dims, heads=("lm",), seed=0).eval()
-        return lambda: forward_arrays(model, prompts, responses, "logprobs")
+        return lambda: forward_arrays(model, prompts, responses, "logprobs", packed=packed)
     if kind == "generate":
         # Responses end as a run's do: a biased end-of-sequence logit stops each with
         # probability STOP_PER_TOKEN / gen_len per token (the engine then drops it from the
@@ -358,7 +375,8 @@ def op_runner(kind: str, dims: ModelDims, batch: int, prompt_len: int, gen_len: 
                                                                         lr=1e-5)
         tb = _train_batch(prompts, responses)
         loss = [LossSpec(loss_for(Head.LM).name, clip=0.2)]      # the default policy loss
-        return lambda: train_step(heads, opt, tb, loss, version=0, minibatches=minibatches)
+        return lambda: train_step(heads, opt, tb, loss, version=0, minibatches=minibatches,
+                                  packed=packed)
     raise ValueError(f"op kind must be forward, generate, train, stream or copy, not {kind!r}")
 
 
@@ -661,6 +679,15 @@ CALIBRATION_OPS = tuple(
                           ("generate", 48, 8, 20), ("train", 4, 32, 32),
                           ("train", 16, 32, 16), ("train", 2, 96, 32), ("train", 48, 8, 20))
 )
+# Packed (a plan's ``packing``): responses of varied lengths in one row per pass, each its
+# own attention call on a CPU (``backends.torch_backend.attention``): the profile's
+# ``packed_seq_overhead`` is fitted to these, after the padded ops above.
+PACKED_OPS = tuple(
+    (kind, name, b, p, g)
+    for name in ("tiny", "tiny-vllm", "wide2")
+    for kind, b, p, g in (("forward", 16, 32, 32), ("forward", 48, 8, 20),
+                          ("train", 16, 32, 16), ("train", 48, 8, 20))
+)
 GEMM_SHAPES = ((64, 64, 64), (128, 128, 128), (256, 256, 256), (512, 512, 512),
                (768, 768, 768), (1024, 1024, 1024), (256, 1024, 256), (1024, 256, 512),
                (32, 512, 512), (8, 1024, 1024), (16, 256, 256), (4, 512, 128))
@@ -690,12 +717,14 @@ def micro_measurements(repeats: int = 5) -> dict:
 
 
 def calibration_specs() -> list[tuple[dict, dict]]:
-    """(description, ``op_runner`` arguments) of every calibration op."""
+    """(description, ``op_runner`` arguments) of every calibration op, padded then packed."""
     import attrs
     return [({"kind": k, "model": n, "dims": attrs.asdict(CALIBRATION_DIMS[n]), "batch": b,
-              "prompt_len": p, "gen_len": g},
-             dict(kind=k, dims=CALIBRATION_DIMS[n], batch=b, prompt_len=p, gen_len=g))
-            for k, n, b, p, g in CALIBRATION_OPS]
+              "prompt_len": p, "gen_len": g, **({"packed": True} if packed else {})},
+             dict(kind=k, dims=CALIBRATION_DIMS[n], batch=b, prompt_len=p, gen_len=g,
+                  **({"packed": True} if packed else {})))
+            for ops, packed in ((CALIBRATION_OPS, False), (PACKED_OPS, True))
+            for k, n, b, p, g in ops]
 
 
 ALLREDUCE_SIZES = (2**16, 2**18, 2**20, 2**22, 2**24)

@@ -460,7 +460,9 @@ def _source(m: dict) -> str:
     return (f"rpeg calibrate on {mi.get('cpu') or 'this CPU'} ({mi.get('cores')} cores, "
             f"load {mi.get('loadavg', [0])[0]:.2f}), torch {m.get('torch')}, "
             f"{m.get('threads', 1)} thread per device, CPU-time medians under the workers' "
-            f"allocator (glibc defaults), peaks under MALLOC_ENV; fitted on the "
+            f"allocator (glibc defaults)"
+            f"{', model ops in a Dask worker' if m.get('ops_in') == 'worker' else ''}, "
+            f"peaks under MALLOC_ENV; fitted on the "
             f"tiny, tiny4, tiny-vllm and wide2 shapes only "
             f"(held-out shapes: benchmarks/cost_accuracy.py)")
 

@@ -182,10 +182,15 @@ def _pass(model: Model, par: Parallel, gpu, t: EngineTerms, sh: Shape,
           layers: int) -> C.PassCost:
     hd = head_dims(model)
     wb = weight_bytes(model, gpu)
-    return C.pass_cost(hd, with_terms(gpu, t), tokens=max(sh.tokens, 1), context=sh.context,
-                       bytes_per_value=value_bytes(model, gpu), tp=par.tp, layers=layers,
-                       head_tokens=max(sh.head_tokens, 1), ep=par.ep,
-                       weight_bytes=wb if wb != value_bytes(model, gpu) else None)
+    pc = C.pass_cost(hd, with_terms(gpu, t), tokens=max(sh.tokens, 1), context=sh.context,
+                     bytes_per_value=value_bytes(model, gpu), tp=par.tp, layers=layers,
+                     head_tokens=max(sh.head_tokens, 1), ep=par.ep,
+                     weight_bytes=wb if wb != value_bytes(model, gpu) else None)
+    if par.packing and gpu.packed_seq_overhead:
+        # packed rows where the device has no variable-length attention kernel: one
+        # attention call per sequence per layer (backends.torch_backend.attention)
+        pc = attrs.evolve(pc, time_s=pc.time_s + sh.rows * layers * gpu.packed_seq_overhead)
+    return pc
 
 
 def forward_cost(model: Model, par: Parallel, devices, topo, gpu, engine: Engine, w,

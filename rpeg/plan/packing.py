@@ -81,12 +81,28 @@ class Packer:
         return all(d == g or d in self.waits[g] for d in need)
 
     def _fitting(self, here: list[int], need: set[Hashable]) -> int | None:
-        """The newest task of ``here`` holding or waiting for every one of ``need``."""
+        """The newest task of ``here`` holding or waiting for every one of ``need``.
+
+        ``here`` is in the order its tasks started (numbers ascending). A task that fits
+        holds or waits for each dependency, so it is one of the tasks waiting for any one
+        of them, or that one: of those candidates and ``here``, the fewer are scanned,
+        newest first (hundreds of ranks wait for one trainer's task; a device has few
+        tasks open)."""
+        if not here:
+            return None
         if not need:
-            return here[-1] if here else None
-        d0 = next(iter(need))
-        for g in sorted(set(self._waiting.get(d0, ())).union((d0,)).intersection(here),
-                        reverse=True):
+            return here[-1]
+        waits = self.waits
+        fewest = min((self._waiting.get(d, ()) for d in need), key=len)
+        if len(fewest) >= len(here):
+            for g in reversed(here):
+                w = waits[g]
+                if all(d == g or d in w for d in need):
+                    return g
+            return None
+        candidates = set(fewest).intersection(here)
+        candidates.update(d for d in need if d in here)
+        for g in sorted(candidates, reverse=True):
             if self._fits(g, need):
                 return g
         return None

@@ -34,9 +34,13 @@ class Packer:
 
     def __init__(self, together: Iterable[Iterable[str]] = ()) -> None:
         self.waits: list[set[Hashable]] = []          # task -> the tasks it waits for
-        self._waiting: dict[Hashable, list[int]] = {}  # task -> the tasks waiting for it
         self._open: dict[tuple[int, int], list[int]] = {}          # (device, step) -> tasks
         self._sealed: dict[tuple[int, int], dict[int, tuple]] = {}  # -> task: (chunk, ops)
+        # (device, step, a task) -> the tasks started there waiting for it, and the tasks
+        # a call read elsewhere closed: where a call may join is found among the few
+        # tasks of its device that wait for one of its dependencies
+        self._waiting: dict[tuple[int, int, Hashable], list[int]] = {}
+        self._closed: set[int] = set()
         self._partners: dict[str, set[str]] = {}
         for names in together:
             names = tuple(names)
@@ -46,19 +50,18 @@ class Packer:
     def new(self, deps: set[Hashable]) -> int:
         """Start a task waiting for ``deps``, open to no call: its number."""
         self.waits.append(set(deps))
-        g = len(self.waits) - 1
-        for d in deps:
-            self._waiting.setdefault(d, []).append(g)
-        return g
+        return len(self.waits) - 1
 
     def place(self, device: int, step: int, chunk: int, op: str, need: set[Hashable],
               deps: set[Hashable], collective: bool = False) -> int:
         """The task a call of ``op`` (``step``, ``chunk``) on ``device`` runs in: ``need``,
         the tasks of its dependencies not yet finished; ``deps``, of all of them."""
         key = (device, step)
-        here = self._open.setdefault(key, [])
+        here = self._open.get(key)
+        if here is None:
+            here = self._open[key] = []
         if not collective:
-            g = self._fitting(here, need)
+            g = self._fitting(device, step, here, need)
             if g is None:
                 g = next((t for t, (c, ops) in reversed(self._sealed.get(key, {}).items())
                           if op in ops and c == chunk and self._fits(t, need)), None)
@@ -66,6 +69,13 @@ class Packer:
                 return g
         g = self.new(deps)
         here.append(g)
+        waiting = self._waiting
+        for d in deps:
+            w = waiting.get((device, step, d))
+            if w is None:
+                waiting[(device, step, d)] = [g]
+            else:
+                w.append(g)
         return g
 
     def read_elsewhere(self, device: int, task: int, step: int, chunk: int, op: str) -> None:
@@ -74,37 +84,34 @@ class Packer:
         here = self._open.get((device, step), [])
         if task in here:
             here.remove(task)
+            self._closed.add(task)
         if self._partners.get(op):
             self._sealed.setdefault((device, step), {})[task] = (chunk, self._partners[op])
 
     def _fits(self, g: int, need: set[Hashable]) -> bool:
         return all(d == g or d in self.waits[g] for d in need)
 
-    def _fitting(self, here: list[int], need: set[Hashable]) -> int | None:
-        """The newest task of ``here`` holding or waiting for every one of ``need``.
+    def _fitting(self, device: int, step: int, here: list[int], need: set[Hashable]
+                 ) -> int | None:
+        """The newest task of ``here`` (open on ``device`` in ``step``) holding or waiting
+        for every one of ``need``.
 
-        ``here`` is in the order its tasks started (numbers ascending). A task that fits
-        holds or waits for each dependency, so it is one of the tasks waiting for any one
-        of them, or that one: of those candidates and ``here``, the fewer are scanned,
-        newest first (hundreds of ranks wait for one trainer's task; a device has few
-        tasks open)."""
+        A task that fits holds or waits for each dependency: it is that dependency, or one
+        of the tasks of ``here`` waiting for it. Those of the dependency with the fewest
+        are tried, newest first (``here`` lists its tasks as they started, numbers
+        ascending; a dependency's waiters, likewise)."""
         if not here:
             return None
         if not need:
             return here[-1]
-        waits = self.waits
-        fewest = min((self._waiting.get(d, ()) for d in need), key=len)
-        if len(fewest) >= len(here):
-            for g in reversed(here):
-                w = waits[g]
-                if all(d == g or d in w for d in need):
-                    return g
-            return None
-        candidates = set(fewest).intersection(here)
-        candidates.update(d for d in need if d in here)
-        for g in sorted(candidates, reverse=True):
-            if self._fits(g, need):
+        waiting, closed = self._waiting, self._closed
+        fewest, d0 = min(((waiting.get((device, step, d), ()), d) for d in need),
+                         key=lambda x: len(x[0]))
+        for g in reversed(fewest):
+            if g not in closed and self._fits(g, need):
                 return g
+        if d0 in here:                 # older than every task waiting for it
+            return d0 if self._fits(d0, need) else None
         return None
 
 

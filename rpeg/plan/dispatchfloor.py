@@ -23,33 +23,32 @@ no more than ``dispatch_per_step``'s and the control plane's time priced from it
 
 from __future__ import annotations
 
-import bisect
-
 from rpeg.cost.control import JOIN_MIN, Dispatch
-from rpeg.graph import Graph
-from rpeg.plan.tasks import steady_step
+from rpeg.graph import Graph, chunk_counts
+from rpeg.spec.model import OpKind
 
 
 def dispatch_floor(graph: Graph, layouts: dict, chunks: int = 1, steps: int = 6) -> Dispatch:
     """No more, count by count, than ``dispatch_per_step(graph, layouts, chunks, steps,
-    together)`` for any ``together`` (see the module doc): the same steady step of the
-    same unrolled graph."""
-    prep, last = steady_step(graph, layouts, chunks, steps)
+    together)`` for any ``together`` (see the module doc): the same steady step, whose
+    instances are every op's chunks (:func:`rpeg.graph.chunk_counts`, as
+    :func:`rpeg.graph.unroll` makes them in every step), found without unrolling."""
+    streamed = {o.name: chunks for o in graph.ops if o.kind is OpKind.GENERATE} \
+        if chunks > 1 else {}
     calls = tasks = order = 0
-    lo = bisect.bisect_left(prep.step_of, last)
-    for k in range(lo, bisect.bisect_right(prep.step_of, last, lo)):
-        inst = prep.instances[k]
-        lay = layouts[inst.op]
-        ranks = len(lay.devices_of(inst.chunk)) or 1
-        calls += ranks
-        if lay.collective and ranks > 1:          # each rank starts a task
-            tasks += ranks
-            if ranks >= JOIN_MIN:                 # and the join, a call and a task
-                calls += 1
-                tasks += 1
-                order += ranks
-            else:
-                order += ranks ** 2
+    for op, n in chunk_counts(graph, streamed).items():
+        lay = layouts[op]
+        for c in range(n):
+            ranks = len(lay.devices_of(c)) or 1
+            calls += ranks
+            if lay.collective and ranks > 1:      # each rank starts a task
+                tasks += ranks
+                if ranks >= JOIN_MIN:             # and the join, a call and a task
+                    calls += 1
+                    tasks += 1
+                    order += ranks
+                else:
+                    order += ranks ** 2
     used = {d for lay in layouts.values() for d in lay.devices}
     return Dispatch(len(used), calls, tasks, order)
 

@@ -78,6 +78,27 @@ class Packer:
                 w.append(g)
         return g
 
+    def gang(self, devices: tuple[int, ...], step: int, deps: set[Hashable]) -> list[int]:
+        """The tasks of a collective's ranks on ``devices``, in order: each starts a task
+        waiting for ``deps``, as ``place(..., collective=True)`` of each would."""
+        out = []
+        waits, opened, waiting = self.waits, self._open, self._waiting
+        for device in devices:
+            g = len(waits)
+            waits.append(set(deps))
+            here = opened.get((device, step))
+            if here is None:
+                here = opened[(device, step)] = []
+            here.append(g)
+            for d in deps:
+                w = waiting.get((device, step, d))
+                if w is None:
+                    waiting[(device, step, d)] = [g]
+                else:
+                    w.append(g)
+            out.append(g)
+        return out
+
     def read_elsewhere(self, device: int, task: int, step: int, chunk: int, op: str) -> None:
         """Another device reads a call of ``op`` in ``task``: it ends the task, but for the
         stages fused with ``op``."""

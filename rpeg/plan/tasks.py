@@ -88,9 +88,10 @@ def dispatch_per_step(graph: Graph, layouts: dict[str, OpLayout], chunks: int = 
             head = ds[0]
             elsewhere = any(d != head for c in prep.fed[k] for d in heads[c])
             op, chunk = key
-            for dev in ds:
-                calls += 1
-                gi = pack.place(dev, step, chunk, op, deps, deps, collective=gang)
+            calls += len(ds)
+            ranks = pack.gang(ds, step, deps) if gang else (
+                pack.place(dev, step, chunk, op, deps, deps) for dev in ds)
+            for dev, gi in zip(ds, ranks, strict=True):
                 if dev == head:
                     task[k] = gi
                     if elsewhere:

@@ -148,8 +148,15 @@ def test_the_packing_is_the_reference_rules(batch, fused):
             j = fast.new(need)
             assert ref.new(need) == j
             need = {j}
-        g = fast.place(dev, step, chunk, op, need, need, collective=collective)
-        assert ref.place(dev, step, chunk, op, need, need, collective=collective) == g
+        if collective and op != "a":                      # a gang's ranks, placed as one
+            ranks = tuple((dev + r) % 4 for r in range(1 + chunk))
+            gs = fast.gang(ranks, step, need)
+            assert gs == [ref.place(d, step, chunk, op, need, need, collective=True)
+                          for d in ranks]
+            g = gs[0]
+        else:
+            g = fast.place(dev, step, chunk, op, need, need, collective=collective)
+            assert ref.place(dev, step, chunk, op, need, need, collective=collective) == g
         task.append(g)
         if elsewhere:
             fast.read_elsewhere(dev, g, step, chunk, op)

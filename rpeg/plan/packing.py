@@ -56,18 +56,28 @@ class Packer:
               deps: set[Hashable], collective: bool = False) -> int:
         """The task a call of ``op`` (``step``, ``chunk``) on ``device`` runs in: ``need``,
         the tasks of its dependencies not yet finished; ``deps``, of all of them."""
-        key = (device, step)
-        here = self._open.get(key)
-        if here is None:
-            here = self._open[key] = []
         if not collective:
+            here = self._open.get((device, step), ())
             g = self._fitting(device, step, here, need)
             if g is None:
-                g = next((t for t, (c, ops) in reversed(self._sealed.get(key, {}).items())
+                g = next((t for t, (c, ops) in reversed(self._sealed.get((device, step),
+                                                                         {}).items())
                           if op in ops and c == chunk and self._fits(t, need)), None)
             if g is not None:
                 return g
+        return self._start(device, step, deps)
+
+    def gang(self, devices: tuple[int, ...], step: int, deps: set[Hashable]) -> list[int]:
+        """The tasks of a collective's ranks on ``devices``, in order: each starts a task
+        waiting for ``deps``, as ``place(..., collective=True)`` of each would."""
+        return [self._start(device, step, deps) for device in devices]
+
+    def _start(self, device: int, step: int, deps: set[Hashable]) -> int:
+        """Start a task open to the calls of ``device`` in ``step``, waiting for ``deps``."""
         g = self.new(deps)
+        here = self._open.get((device, step))
+        if here is None:
+            here = self._open[(device, step)] = []
         here.append(g)
         waiting = self._waiting
         for d in deps:
@@ -77,27 +87,6 @@ class Packer:
             else:
                 w.append(g)
         return g
-
-    def gang(self, devices: tuple[int, ...], step: int, deps: set[Hashable]) -> list[int]:
-        """The tasks of a collective's ranks on ``devices``, in order: each starts a task
-        waiting for ``deps``, as ``place(..., collective=True)`` of each would."""
-        out = []
-        waits, opened, waiting = self.waits, self._open, self._waiting
-        for device in devices:
-            g = len(waits)
-            waits.append(set(deps))
-            here = opened.get((device, step))
-            if here is None:
-                here = opened[(device, step)] = []
-            here.append(g)
-            for d in deps:
-                w = waiting.get((device, step, d))
-                if w is None:
-                    waiting[(device, step, d)] = [g]
-                else:
-                    w.append(g)
-            out.append(g)
-        return out
 
     def read_elsewhere(self, device: int, task: int, step: int, chunk: int, op: str) -> None:
         """Another device reads a call of ``op`` in ``task``: it ends the task, but for the

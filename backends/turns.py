@@ -118,27 +118,32 @@ class Toolbox:
         self.counts.obs_tokens += len(ids)
         return self.conv.max_total_len - len(r.tokens) > 0
 
-    def open(self, rows: list[Response]) -> None:
+    def open(self, rows: list[Response]) -> list[Response]:
         """Each new conversation with an environment: its environment started (reset on the
-        prompt and its dataset row); reset's text, if any, is the first observation."""
+        prompt and its dataset row); reset's text, if any, is the first observation. The
+        conversations whose environment failed to start (an error, its timeout) end there,
+        with the error as their observation: those are returned."""
         fresh = [r for r in rows if r.mask is not None and not r.tokens and r.handle < 0]
         if not fresh or self.conv.environment is None:
-            return
+            return []
         opens = []
         for r in fresh:
             row = self.row_of(r.cohort, r.index)
             prompt = row.get("prompt", "")
             opens.append((self.conv.environment, prompt if isinstance(prompt, str)
                           else json.dumps(prompt), row))
+        failed = []
         for r, o in zip(fresh, self.sandbox.open_many(opens), strict=True):
             if not o.ok:
                 self.observe(r, F.observation_text(self.conv.format, False, "", o.error),
                              True)
                 _end(r, cut=False)
+                failed.append(r)
                 continue
             r.handle = o.handle
             if o.text:
                 self.observe(r, o.text, True)
+        return failed
 
 
 def _end(r: Response, cut: bool) -> None:
@@ -159,16 +164,16 @@ def converse(rows: list[Response], decode: Callable[[list[Response]], None], box
     (the others then pause between turns)."""
     for r in rows:
         start(r)
-    box.open(rows)
+    failed = box.open(rows)
     lost = [r for r in rows if box.conv.environment is not None and r.handle < 0
             and r.tokens and not r.ended]
     for r in lost:                  # resumed: its environment's process is gone
         box.observe(r, F.observation_text(box.conv.format, False, "", "the environment was "
                                           "lost when the run stopped"), True)
         _end(r, cut=True)
-    if lost:
-        _count(box, lost)
-        yield lost
+    if failed or lost:              # ended before their first turn
+        _count(box, failed + lost)
+        yield failed + lost
     while True:
         live = [r for r in rows if not r.ended]
         if not live:

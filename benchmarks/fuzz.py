@@ -171,7 +171,7 @@ HOSTILE = [
     b'python("rewards:exact_match")', b"extend \"ppo_llama8b.rpeg\"", b'extend "fuzz_input.rpeg"',
     b"share actor, actor", b"staleness rollout <= 99999999", b"colocate", b"place rollout on",
     b"steps = 1000000000", b"gpus_per_node = 1000000000000", b"racks = 0", b"\t", b"\r\n",
-    b"\ufeff".decode("latin-1").encode("latin-1"), "é".encode(), b"\xe2\x80\xae",
+    "\ufeff".encode(), "é".encode(), b"\xe2\x80\xae",
     b"null", b"[]", b"{}", b"true", b'"schema_version": 2,', b'"num_devices": 1e308,',
     b'"devices": [-1],', b'"dp": 0,', b'"__type__": "os:system",',
 ]

@@ -22,11 +22,11 @@ in another (device 1), as ``rpeg run`` places a disaggregated engine. New path
 (``backends.vllm_backend.sync``): the trainer's rank 0 broadcasts the weights in its
 parameter dtype (float32, and bfloat16) in 64 MB buckets through a gloo group the
 engine's worker joined; the engine loads them in place. Old path (the runtime's before):
-the trainer exports float32 numpy buckets of 32 MB (``executor._export``), Dask moves
+the trainer exports float32 numpy buckets of 32 MB (:func:`export_buckets`), Dask moves
 them to the engine's worker, which loads them into a torch copy of the model
-(``executor._load``) and pushes that copy into the engine in memory. Wall time from
+(:func:`load_buckets`) and pushes that copy into the engine in memory. Wall time from
 submitting to done, median of ``--repeats`` updates after a first one (which opens the
-group). Predicted: ``rpeg.cost.engines.collective_sync_time`` (new) and
+group). Predicted: ``rpeg.cost.engine_sync.collective_sync_time`` (new) and
 ``rpeg.cost.stages.weight_sync_time`` (old) on the local CPU cluster, whose link is the
 calibrated gloo all-reduce over 127.0.0.1.
 """
@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import statistics
 import time
-import types
 from pathlib import Path
 
 import attrs
@@ -151,9 +150,7 @@ def _engine_setup(path: str) -> float:
     t0 = time.perf_counter()
     _HELD["engine"] = VllmEngine.start(path, VllmOptions(dtype="float32", max_model_len=256,
                                                          cpu_cores="nobind", kv_cache_gib=1))
-    _HELD["copy"] = types.SimpleNamespace(
-        model=build_model(PRESETS["smollm2-135m"], heads=("lm", "value"), weights=path),
-        engine=None, sharded=False, version=0)
+    _HELD["copy"] = build_model(PRESETS["smollm2-135m"], heads=("lm", "value"), weights=path)
     return time.perf_counter() - t0
 
 
@@ -168,17 +165,51 @@ def _receive(addr: str, version: int) -> int:
     return _HELD["engine"].receive_weights(addr, 1, 2, version).bytes
 
 
+OLD_BUCKET_BYTES = 32 << 20     # the old path's numpy buckets
+
+
+def export_buckets(model, bucket_bytes: int = OLD_BUCKET_BYTES) -> list[tuple]:
+    """The old path's export: ``model``'s weights, whole, as float32 numpy buckets of about
+    ``bucket_bytes`` (``(names, shapes, flat array)`` each), cut as a transfer cuts them
+    (``backends.torch_backend.weights``)."""
+    import torch
+
+    from backends.torch_backend.weights import bucket_plan, named_weights, whole
+    weights = dict(named_weights(model))
+    shapes = [(k, tuple(v.shape)) for k, v in weights.items()]
+    out = []
+    for bucket in bucket_plan(shapes, 4, bucket_bytes):
+        flat = np.concatenate([whole(weights[k]).detach().to("cpu", torch.float32).numpy()
+                               .ravel() for k, _ in bucket])
+        out.append((tuple(k for k, _ in bucket), tuple(s for _, s in bucket), flat))
+    return out
+
+
+def load_buckets(model, buckets: list[tuple]) -> None:
+    """The old path's load: :func:`export_buckets`' buckets into ``model``
+    (``backends.torch_backend.distributed.load_full``)."""
+    import torch
+
+    from backends.torch_backend.distributed import load_full
+
+    def tensors():
+        for names, shapes, flat in buckets:
+            off = 0
+            for name, shape in zip(names, shapes, strict=True):
+                n = int(np.prod(shape, dtype=np.int64))
+                yield name, torch.from_numpy(flat[off:off + n].reshape(shape))
+                off += n
+    load_full(model, tensors())
+
+
 def _export_old() -> list:
-    from backends.torch_backend.executor import _export
-    return _export(types.SimpleNamespace(model=_HELD["model"]))
+    return export_buckets(_HELD["model"])
 
 
 def _load_old(buckets: list, version: int) -> int:
-    from backends.torch_backend.executor import _load
-    copy = _HELD["copy"]
-    _load(copy, [buckets], version)
-    _HELD["engine"].update_weights(copy.model.state_dict().items(), version)
-    return sum(int(b[3].nbytes) for b in buckets)
+    load_buckets(_HELD["copy"], buckets)
+    _HELD["engine"].update_weights(_HELD["copy"].state_dict().items(), version)
+    return sum(int(flat.nbytes) for _, _, flat in buckets)
 
 
 def _shutdown() -> None:
@@ -194,7 +225,7 @@ def sync_bucket() -> int:
 
 
 def predict_sync(path: str, dtype: str) -> float:
-    from rpeg.cost.engines import collective_sync_time
+    from rpeg.cost.engine_sync import collective_sync_time
     from rpeg.cost.memory import Parallel
     from rpeg.cost.stages import weight_sync_time
     from rpeg.spec.model import Model

@@ -61,9 +61,23 @@ class RpegError(Exception):
         self.notes = tuple(notes)
 
     def __str__(self) -> str:
-        where = f"{self.span}: " if self.span and self.span.line else (
-            f"{self.span.path}: " if self.span else "")
-        return f"{where}{self.severity}: {self.message}"
+        return f"{self._where()}{self.severity}: {self.message}"
+
+    @property
+    def located(self) -> str:
+        """The message with where it is, without the severity: for a line that reports
+        the error as something else (``warning: skipping a damaged checkpoint: ...``)."""
+        return f"{self._where()}{self.message}"
+
+    def _where(self) -> str:
+        """``FILE:LINE:COL: ``, or ``FILE: `` for a whole file: the headline names its file
+        once, so nothing where the message already names it (``checkpoint file 'FILE'
+        is missing``)."""
+        if self.span is None:
+            return ""
+        if self.span.line:
+            return f"{self.span}: "
+        return "" if f"'{self.span.path}'" in self.message else f"{self.span.path}: "
 
     def render(self, source: str | None = None) -> str:
         """The full diagnostic: headline, source line with a caret, notes and hint."""

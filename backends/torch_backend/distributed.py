@@ -55,10 +55,36 @@ def init_world(rank: int, world_size: int, addr: str, groups: list[tuple[int, ..
     import datetime
     device = use_device(cuda_index)
     extra = {"device_id": device} if device is not None else {}
-    dist.init_process_group("nccl" if device is not None else "gloo", init_method=addr,
-                            rank=rank, world_size=world_size,
-                            timeout=datetime.timedelta(seconds=timeout_s), **extra)
+    timeout = datetime.timedelta(seconds=timeout_s)
+    dist.init_process_group("nccl" if device is not None else "gloo",
+                            store=rendezvous_store(addr, rank, world_size, timeout),
+                            rank=rank, world_size=world_size, timeout=timeout, **extra)
     make_groups(groups)
+
+
+def rendezvous_store(addr: str, rank: int, world_size: int, timeout,
+                     wait_for_workers: bool = True) -> dist.TCPStore:
+    """The store the ranks of a world meet at, ``addr`` (``tcp://HOST:PORT``): rank 0 serves
+    it on HOST's address alone, the others connect to it. (torch's own ``tcp://`` rendezvous
+    listens on every interface of rank 0's machine: anything that reaches the port could
+    write the store.) The listening socket is made here, bound to HOST, and handed to the
+    store (``master_listen_fd``), which owns it from then on."""
+    import socket
+    host, port = addr.split("://")[-1].rsplit(":", 1)
+    host, port = host.strip("[]"), int(port)
+    if rank != 0:
+        return dist.TCPStore(host, port, world_size, is_master=False, timeout=timeout,
+                             wait_for_workers=wait_for_workers)
+    family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+    sock = socket.create_server((host, port), family=family)
+    try:
+        store = dist.TCPStore(host, port, world_size, is_master=True, timeout=timeout,
+                              wait_for_workers=wait_for_workers, master_listen_fd=sock.fileno())
+    except BaseException:
+        sock.close()
+        raise
+    sock.detach()
+    return store
 
 
 def use_device(cuda_index: int | None):

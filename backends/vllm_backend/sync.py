@@ -50,11 +50,11 @@ def open_group(addr: str, rank: int, world: int, device: str = "cpu",
     import torch
     import torch.distributed as dist
 
-    host, port = addr.split("://")[-1].rsplit(":", 1)
+    from backends.torch_backend.distributed import rendezvous_store
+
     timeout = datetime.timedelta(seconds=timeout_s)
-    store = dist.TCPStore(host, int(port), world, is_master=rank == 0, timeout=timeout,
-                          wait_for_workers=False)
-    store = dist.PrefixStore(_PREFIX, store)
+    store = dist.PrefixStore(_PREFIX, rendezvous_store(addr, rank, world, timeout,
+                                                       wait_for_workers=False))
     if str(device).startswith("cuda"):
         torch.cuda.set_device(torch.device(device))
         options = dist.ProcessGroupNCCL.Options()

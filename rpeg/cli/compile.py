@@ -27,6 +27,7 @@ import typer
 
 from rpeg.cli.output import writable, writing
 from rpeg.plan.model import Strategy, device_ranges, si
+from rpeg.plan.options import MAX_ITERATIONS
 
 
 class Compiled(enum.Enum):
@@ -53,15 +54,18 @@ def register(app: typer.Typer) -> None:
                                           "one it names."),
         output: Path = typer.Option(None, "-o", "--output",
                                     help="Where to write the plan (a Gantt PNG goes beside it); "
-                                         "default plan.json, for a plan nothing."),
+                                         "default plan.json in the current directory; for a "
+                                         "plan, nothing."),
         strategy: Compiled = typer.Option(Compiled.SEARCH, "--strategy", case_sensitive=False,
                                           help="search, a baseline (colocated, split, "
                                                "realloc), or pinned: the spec's `place` "
                                                "layouts priced as written."),
         seed: int = typer.Option(defaults.seed, "--seed", min=0, help="Seed of the search."),
-        budget: int = typer.Option(defaults.iterations, "--budget", "--iterations", min=1,
+        budget: int = typer.Option(defaults.iterations, "--budget", "--iterations",
+                                   callback=budget_of,
                                    help="Plans each walk of the search tries (the search's "
-                                        "budget: the same budget and seed give the same plan)."),
+                                        "budget: the same budget and seed give the same "
+                                        f"plan), 1 to {MAX_ITERATIONS:,}."),
         time_cap: float = typer.Option(defaults.time_cap_s, "--time-cap", min=0.0,
                                        help="Safety cap on the search's wall-clock seconds; a "
                                             "search it stops says so, in the output and the "
@@ -116,6 +120,17 @@ def register(app: typer.Typer) -> None:
         opts = SearchOptions(seed=seed, iterations=budget, time_cap_s=time_cap, limits=limits)
         report = compile_report(pipeline, machine, Strategy(strategy.value), opts)
         _write(report, pipeline, machine, output, as_json, no_gantt, any_executor)
+
+
+def budget_of(value: int | None) -> int | None:
+    """``--budget``: a count of proposals a walk, 1 to ``MAX_ITERATIONS`` (None: unset)."""
+    if value is not None and not 1 <= value <= MAX_ITERATIONS:
+        raise typer.BadParameter(
+            f"must be a count of proposals a walk from 1 to {MAX_ITERATIONS:,}, not "
+            f"{value:,}; the default, {_defaults().iterations:,}, plans the shipped "
+            "pipelines, and a search remembers every plan it proposes, so its memory grows "
+            "with the budget", param_hint="--budget")
+    return value
 
 
 def reserve_of(text: str | None) -> float | None:

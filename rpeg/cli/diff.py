@@ -22,6 +22,7 @@ from pathlib import Path
 
 import typer
 
+from rpeg.cli.compile import budget_of
 from rpeg.errors import RpegError, SpecError
 
 
@@ -90,7 +91,7 @@ def register(app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="Print the diff as JSON."),
         seed: int = typer.Option(None, "--seed", min=0,
                                  help="Seed of the plan search (with --cluster; default 0)."),
-        budget: int = typer.Option(None, "--budget", min=1,
+        budget: int = typer.Option(None, "--budget", callback=budget_of,
                                    help="Plans each walk of the search tries, per spec (with "
                                         f"--cluster; default {_default_budget()})."),
         force: bool = typer.Option(False, "--force", help="Two plans: compare a plan with a "

@@ -24,7 +24,8 @@ that runs it:
   a newer version than it was planned to read (with staleness a reader of step s + k may
   precede the writer of step s). Which readers share a replica with its writer is known
   once ops are placed: ``in_place`` holds those (writer, reader) version edges
-  (:func:`in_place`: the two run on a common device).
+  (:func:`in_place`: the two run on a common device), and (trainer, reader) pairs of a
+  reader of a weight sync that reads the trained weights where they are.
 
 ``horizon``: the steps of the whole run (default: unbounded, as in a steady state). A
 weight sync runs only for the versions some reader of the run reads, so the syncs of
@@ -46,6 +47,9 @@ class DepKind(enum.Enum):
     DATA = "data"
     VERSION = "version"
     ORDER = "order"           # no data: stream order, a carried stream, write after read
+
+
+STREAM, CARRY = "stream", "carry"     # what an ORDER dep of a stream holds (else: the model)
 
 
 MARK = {DepKind.DATA: "", DepKind.VERSION: "~", DepKind.ORDER: "^"}
@@ -209,16 +213,23 @@ def _ordering(graph: Graph, instances, counts: dict[str, int], carry: dict[str, 
             continue
         n, d = counts[i.op], max(1, lanes.get(i.op, 1))
         if i.chunk >= d:
-            out.append(Dep(inst(i.op, i.step, i.chunk - d), i, DepKind.ORDER, "stream"))
+            out.append(Dep(inst(i.op, i.step, i.chunk - d), i, DepKind.ORDER, STREAM))
         elif carry.get(i.op, 0) > 0 and i.step > 0:
             last = inst(i.op, i.step - 1, i.chunk + (n - 1 - i.chunk) // d * d)
-            out.append(Dep(last, i, DepKind.ORDER, "carry"))
+            out.append(Dep(last, i, DepKind.ORDER, CARRY))
+    # a weight sync's writer: a reader of the sync that reads the trained weights where they
+    # are (the sync moves nothing to it) shares the trainer's replica
+    behind = {e.reader: e.writer for e in graph.version_edges
+              if graph.op(e.reader).kind is OpKind.SYNC_WEIGHTS}
     for i in instances:
         for e in graph.version_edges:
-            if e.reader != i.op or (e.writer, e.reader) not in in_place:
+            if e.reader != i.op:
                 continue
-            v = read_version(graph.op(i.op).kind, i.step, lags[(e.writer, e.reader)])
-            writer = inst(e.writer, v, 0)             # makes version v + 1 of that replica
-            if (writer.op, writer.step) != (i.op, i.step):
-                out.append(Dep(i, writer, DepKind.ORDER, e.model))
+            for w in (e.writer, behind.get(e.writer)):
+                if w is None or (w, e.reader) not in in_place:
+                    continue
+                v = read_version(graph.op(i.op).kind, i.step, lags[(e.writer, e.reader)])
+                writer = inst(w, v, 0)                # makes version v + 1 of that replica
+                if (writer.op, writer.step) != (i.op, i.step):
+                    out.append(Dep(i, writer, DepKind.ORDER, e.model))
     return out

@@ -1,6 +1,7 @@
 """A plan's step graph placed on its devices: the one value the runtime lays its op calls
-out from (``rpeg.runtime.lowering.instances.build_calls``) and the cost model counts a step's calls
-and tasks from (``rpeg.plan.tasks.layouts_of``).
+out from (``rpeg.runtime.lowering.instances.build_calls``), ``rpeg verify`` checks a run's
+trace against (``rpeg.runtime.verify``), and the cost model counts a step's calls and tasks
+from (``rpeg.plan.tasks.layouts_of``).
 
     >>> placed = lower(graph, plan, responses=512)                         # doctest: +SKIP
     >>> placed.layout("rollout").devices_of(0), placed.chunks              # doctest: +SKIP
@@ -13,10 +14,31 @@ and tasks from (``rpeg.plan.tasks.layouts_of``).
    :func:`~rpeg.plan.oplayout.sync_calls`), and which ops run per chunk;
 2. ``chunks``: the chunks a step streams (:func:`~rpeg.plan.oplayout.chunks_per_step`);
 3. ``engine_syncs``: for each trained model, who takes part in its weight sync into vLLM
-   engines' own copies (:func:`rpeg.cost.engine_sync.engine_sync_layout`).
+   engines' own copies (:func:`rpeg.cost.engine_sync.engine_sync_layout`);
+4. ``streams``: how each generate op streams its chunks (its data-parallel blocks, the
+   steps it carries responses over: :func:`~rpeg.plan.oplayout.stream_of`) and which readers
+   read the very replica their writer writes, somewhere: what its instances' dependency
+   edges need beside the graph.
 
-Not here yet: the instances' dependency edges and their packing into tasks, which the
-runtime still derives from these (``rpeg.runtime.lowering.ordering``, ``rpeg.plan.packing``).
+The instances and their typed dependency edges over a run's steps are
+:meth:`Placed.edges` (:func:`rpeg.graph.unroll`, the one rule): data edges, version edges
+(a reader of version ``s - k`` after its writer), and ordering ones -- a generate op's
+chunks in order on each block (``stream``), a carried stream's next step after its last
+chunk (``carry``), a writer after the readers of the version before that read the replica
+it writes (write after read). The runtime takes its calls' data dependencies and each
+device's stream order from them.
+
+    >>> u = placed.edges(steps=3)                                            # doctest: +SKIP
+    >>> [str(d.src) for d in u.deps if d.dst == Instance("rollout", 1, 2)]   # doctest: +SKIP
+    ['sync_actor@0', 'rollout@1']
+
+Not here yet: the runtime's replicas (a second copy per layout, an engine's own copy) with
+their weight transfers, version edges and write-after-read edges per device, the one order
+of collectives (``rpeg.runtime.lowering.ordering``); the packing of calls into tasks
+(``rpeg.plan.packing``, which the cost model feeds with its own unrolling,
+``rpeg.plan.tasks``); and the simulator, which prices the plan's fused graph by the same
+unrolling and streams (:func:`~rpeg.plan.oplayout.stream_of`) but orders a writer after
+the readers it shares a device with, not a replica.
 """
 
 from __future__ import annotations
@@ -26,8 +48,17 @@ from collections.abc import Callable
 import attrs
 
 from rpeg.cost.engine_sync import SyncLayout, engine_sync_layout
-from rpeg.graph import Graph
-from rpeg.plan.oplayout import OpLayout, chunks_per_step, op_layout, streamed_ops, sync_calls
+from rpeg.graph import Graph, Unrolled, unroll
+from rpeg.graph.unroll import in_place
+from rpeg.plan.oplayout import (
+    OpLayout,
+    any_in_place,
+    chunks_per_step,
+    op_layout,
+    stream_of,
+    streamed_ops,
+    sync_calls,
+)
 from rpeg.spec.model import OpKind
 
 
@@ -42,12 +73,23 @@ class Placed:
     streamed: frozenset[str] = frozenset()                 # ops that run per chunk
     chunks: int = 0                                        # chunks a step streams
     engine_syncs: tuple[tuple[str, SyncLayout], ...] = ()  # trained model -> its sync
+    lanes: tuple[tuple[str, int], ...] = ()                # generate op -> blocks streaming
+    carry: tuple[tuple[str, int], ...] = ()                # generate op -> steps it carries
+    in_place: frozenset[tuple[str, str]] = frozenset()     # (writer, reader) on one replica
 
     def layout(self, op: str) -> OpLayout:
         return dict(self.layouts)[op]
 
     def engine_sync(self, model: str) -> SyncLayout:
         return dict(self.engine_syncs)[model]
+
+    def edges(self, steps: int, horizon: int | None = None) -> Unrolled:
+        """The instances (op, step, chunk) of ``steps`` steps and their typed dependency
+        edges (see the module doc); ``horizon``: a run of that many steps, whose weight
+        syncs of versions nobody reads are left out."""
+        return unroll(self.graph, steps, {op: self.chunks for op, _ in self.lanes},
+                      carry=dict(self.carry), lanes=dict(self.lanes),
+                      in_place=self.in_place, horizon=horizon)
 
 
 Placing = Callable[[object], object]         # graph op -> the placement of its stage
@@ -89,19 +131,57 @@ def engine_syncs(p: Placed, placement_of: Placing) -> Placed:
     return attrs.evolve(p, engine_syncs=tuple(out))
 
 
-PASSES = (layouts, chunks, engine_syncs)
+def streams(p: Placed, placement_of: Placing) -> Placed:
+    gens = [(op.name, stream_of(placement_of(op))) for op in p.graph.ops
+            if op.kind is OpKind.GENERATE]
+    return attrs.evolve(p, lanes=tuple((n, lanes) for n, (lanes, _) in gens),
+                        carry=tuple((n, c) for n, (_, c) in gens if c),
+                        in_place=_shared_replicas(p, placement_of))
 
 
-def lower(graph: Graph, plan, responses: int, placement_of: Placing | None = None) -> Placed:
+def _shared_replicas(p: Placed, placement_of: Placing) -> frozenset[tuple[str, str]]:
+    """(writer, reader) whose reader reads, on some device, the very replica its writer
+    writes (:func:`rpeg.graph.unroll.unroll`'s ``in_place``): a train op's weights where
+    the reader reads them in place (:func:`~rpeg.plan.oplayout.reads_in_place`; a reader
+    of a weight sync so reads its trainer's), a weight sync's copy where it loads it, and
+    the weights a weight sync sends where they are (:func:`rpeg.graph.unroll.in_place`: on
+    a common device)."""
+    devices = {name: lay.devices for name, lay in p.layouts}
+    loaded = in_place(p.graph, devices)
+    behind = {e.reader: e.writer for e in p.graph.version_edges
+              if p.graph.op(e.reader).kind is OpKind.SYNC_WEIGHTS}
+    out = set()
+    for e in p.graph.version_edges:
+        writer, reader = p.graph.op(e.writer), p.graph.op(e.reader)
+        if reader.kind is OpKind.SYNC_WEIGHTS:
+            if (e.writer, e.reader) in loaded:
+                out.add((e.writer, e.reader))
+            continue
+        if writer.kind is OpKind.SYNC_WEIGHTS:
+            if (e.writer, e.reader) in loaded:
+                out.add((e.writer, e.reader))
+            writer = p.graph.op(behind[e.writer]) if e.writer in behind else None
+        if writer is not None and any_in_place(placement_of(writer), placement_of(reader)):
+            out.add((writer.name, e.reader))     # reads the trained weights where they are
+    return frozenset(out)
+
+
+PASSES = (layouts, chunks, engine_syncs, streams)
+
+
+def lower(graph: Graph, plan, responses: int, placement_of: Placing | None = None, *,
+          passes: tuple[Callable, ...] = PASSES) -> Placed:
     """``graph`` (the plan's step graph, its ops unfused) placed by ``plan``: each op on
     its stage's placement (``placement_of``: op -> placement, where a caller checks them;
     else the plan's placement of the op's first stage); ``responses``: those a step
-    generates."""
+    generates. ``passes``: the first of :data:`PASSES` a caller needs (a search pricing
+    each proposal's calls needs only their layouts and chunks)."""
+    assert passes == PASSES[:len(passes)], "passes run in order, each on those before"
     placement_of = placement_of or (lambda o: plan.placement(o.stages[0]))
     p = Placed(graph, responses)
-    for step in PASSES:
+    for step in passes:
         p = step(p, placement_of)
     return p
 
 
-__all__ = ["PASSES", "Placed", "chunks", "engine_syncs", "layouts", "lower"]
+__all__ = ["PASSES", "Placed", "chunks", "engine_syncs", "layouts", "lower", "streams"]

@@ -129,6 +129,13 @@ def all_in_place(trainer, reader) -> bool:
     return all(reads_in_place(trainer, reader, d) for d in reader.devices)
 
 
+@functools.lru_cache(maxsize=4096)
+def any_in_place(trainer, reader) -> bool:
+    """Whether ``reader`` reads the trained weights in place on some device of its own
+    (:func:`reads_in_place`): there its trainer's next write waits for it."""
+    return any(reads_in_place(trainer, reader, d) for d in reader.devices)
+
+
 def op_layout(op, place, streamed: bool) -> OpLayout:
     """The layout of graph op ``op`` on its stage's placement ``place`` (``streamed``: it
     runs per chunk, :func:`streamed_ops`)."""
@@ -175,6 +182,18 @@ def chunks_per_step(graph: Graph, placement_of: Callable, responses: int) -> int
     return n
 
 
+def stream_of(place) -> tuple[int, int]:
+    """(data-parallel blocks streaming a generate op's chunks, steps it carries responses
+    over) of a generate stage placed as ``place``: chunk ``c`` streams on block ``c mod
+    blocks``, after chunk ``c - blocks`` (:func:`rpeg.graph.unroll`).
+
+        >>> from rpeg.plan.model import StagePlacement as P
+        >>> stream_of(P("g", (0, 1, 2, 3), tp=2)), stream_of(P("g", (0,), carry=1))
+        ((2, 0), (1, 1))
+    """
+    return max(1, len(place.devices) // max(place.tp, 1)), place.carry
+
+
 def sync_calls(src, dst) -> tuple[int, ...]:
     """The devices of a weight sync's calls, one entry a call: the trainer's (``src``)
     devices that send (:func:`rpeg.cost.engine_sync.sync_senders`), then the reader's
@@ -184,5 +203,5 @@ def sync_calls(src, dst) -> tuple[int, ...]:
     return tuple(sources) + tuple(readers)
 
 
-__all__ = ["Call", "OpLayout", "all_in_place", "block_of", "chunks_per_step", "op_layout",
-           "reads_in_place", "stream_chunks", "streamed_ops", "sync_calls", "world_of"]
+__all__ = ["Call", "OpLayout", "all_in_place", "any_in_place", "block_of", "chunks_per_step", "op_layout",
+           "reads_in_place", "stream_chunks", "stream_of", "streamed_ops", "sync_calls", "world_of"]

@@ -25,7 +25,14 @@ import attrs
 
 from rpeg.plan.space import Limits
 
-__all__ = ["Method", "Start", "SearchOptions", "SearchRecord"]
+__all__ = ["MAX_ITERATIONS", "Method", "Start", "SearchOptions", "SearchRecord"]
+
+# The most proposals a walk may be given (``--budget``). A walk remembers every plan it
+# proposed (a repeat is not priced again) and the evaluator every step graph and op it
+# priced, so a search's memory grows with its budget: about 17 KB a proposal for
+# ppo_llama8b on gh200_64 (peak RSS at 200 and 1,000 proposals a walk, patience off, three
+# walks: 84 and 124 MB), so 1.7 GB a walk at this bound, 22x the default's.
+MAX_ITERATIONS = 100_000
 
 
 class Method(enum.Enum):

@@ -24,7 +24,7 @@ from rpeg.graph import Graph
 from rpeg.graph.ids import Backbone
 from rpeg.graph.unroll import chunk_counts
 from rpeg.plan.model import Plan, StagePlacement
-from rpeg.plan.oplayout import all_in_place
+from rpeg.plan.oplayout import all_in_place, stream_of
 from rpeg.plan.passes import elide_syncs, fuse
 from rpeg.plan.staleness import step_graph
 from rpeg.spec.functions import loss_of
@@ -70,13 +70,10 @@ def is_host_op(pipeline: Pipeline, stage: str) -> bool:
 
 def streams_of(plan: Plan, graph: Graph) -> tuple[tuple[str, int, int], ...]:
     """(generate op, data-parallel blocks streaming its chunks, steps it carries responses
-    over) of each generate op of ``plan``."""
-    out = []
-    for o in graph.ops:
-        if o.kind is OpKind.GENERATE:
-            p = plan.placement(o.stages[0])
-            out.append((o.name, max(1, len(p.devices) // max(p.tp, 1)), p.carry))
-    return tuple(out)
+    over) of each generate op of ``plan`` (:func:`rpeg.plan.oplayout.stream_of`, as
+    :func:`rpeg.plan.lower.streams` places them)."""
+    return tuple((o.name, *stream_of(plan.placement(o.stages[0]))) for o in graph.ops
+                 if o.kind is OpKind.GENERATE)
 
 
 def plan_graph(pipeline: Pipeline, plan: Plan, base: Graph | None = None) -> Graph:

@@ -33,7 +33,7 @@ import bisect
 
 from rpeg.cost.control import JOIN_MIN, Dispatch
 from rpeg.graph import Graph
-from rpeg.plan.lower import lower
+from rpeg.plan.lower import PASSES, lower
 from rpeg.plan.oplayout import OpLayout
 from rpeg.plan.packing import Packer
 from rpeg.plan.simulate import OpTiming, _placing, _prepare
@@ -129,7 +129,8 @@ def layouts_of(pipeline, plan, graph: Graph, timings: dict[str, OpTiming]
     graph without fusion, whose ops the runtime calls one by one, placed by
     :func:`rpeg.plan.lower.lower`; ``timings``: where a weight sync with no trainer or no
     generate op runs), and the chunks a step streams."""
-    placed = lower(graph, plan, pipeline.workload.prompts * pipeline.workload.samples)
+    placed = lower(graph, plan, pipeline.workload.prompts * pipeline.workload.samples,
+                   passes=PASSES[:2])     # layouts, chunks: all a proposal's count reads
     out = dict(placed.layouts)
     for op in graph.ops:
         if op.kind is OpKind.SYNC_WEIGHTS and not out[op.name].devices:

@@ -14,6 +14,14 @@ same unrolling the run used); the trace says what each worker observed. Checks:
   on the model's home, load or receive where the reader is), on the worker mapped to
   that device;
 * dependencies: everything it depends on (data and ordering) ended before it started;
+* the placed graph (:func:`rpeg.plan.lower.lower`, the value the run's calls were laid out
+  from): each op that ran is a share of one of its instances (but a weight sync loading a
+  copy for a forward reader off its model's home, which the graph prices inside the
+  reader), on the devices it gives that instance (a weight sync's load or receive: on its
+  reader's), and each instance started
+  after its dependency edges -- the last of its shares to start, after the first share of
+  each instance it depends on ended (a reader on the trainer's device reads in place while
+  a share elsewhere waits for its copy);
 * versions: the parameter version it read is within ``[step - k, step]`` for the
   plan's staleness k of its stage (exactly ``step`` for training), and a train op wrote
   ``step + 1``; a generate op with partial rollouts (carry c) reports the oldest version
@@ -39,15 +47,22 @@ plan.json alone, as before.
 from __future__ import annotations
 
 import json
-from collections import Counter
+from collections import Counter, defaultdict
 from pathlib import Path
 
 import attrs
 
 from rpeg.errors import RuntimeFailure, Span
 from rpeg.graph.versions import readable
+from rpeg.plan.lower import Placed
 from rpeg.plan.model import Plan
-from rpeg.runtime.lowering.instances import OpCall, build_calls, lookback, model_homes
+from rpeg.runtime.lowering.instances import (
+    OpCall,
+    build_calls,
+    lookback,
+    model_homes,
+    placed_for,
+)
 from rpeg.runtime.lowering.joins import JOIN
 from rpeg.runtime.rundir import files as rf
 from rpeg.runtime.rundir.check import (
@@ -130,7 +145,7 @@ def verify_run(path: str | Path) -> Report:
             # built a little past the steps checked: their calls are as the run made them
             Segment(tuple(c for c in build_calls(pipeline, p, min(upto, steps + lookback(
                 pipeline, p)), first=base) if first <= c.step < min(end, steps)),
-                    p, model_homes(pipeline, p, _graph(pipeline, p)))
+                    p, model_homes(pipeline, p, _graph(pipeline, p)), placed_for(pipeline, p))
             for p, first, end, base, upto in governing_plans(rd, plan, meta, counted.recorded)
             if first < min(end, steps))
         report = check_segments(segments, events, workers, steps)
@@ -202,12 +217,15 @@ class Segment:
     calls: tuple[OpCall, ...]
     plan: Plan
     homes: dict[str, tuple[int, ...]]
+    placed: Placed | None = None       # the step graph the calls were laid out from
 
 
 def check(calls: tuple[OpCall, ...], plan: Plan, events: list[dict], workers: dict[int, str],
-          steps: int, homes: dict[str, tuple[int, ...]]) -> Report:
-    """Pure: expected calls of one plan + observed events -> violations."""
-    return check_segments((Segment(calls, plan, homes),), events, workers, steps)
+          steps: int, homes: dict[str, tuple[int, ...]], placed: Placed | None = None
+          ) -> Report:
+    """Pure: expected calls of one plan (laid out from ``placed``, when given) + observed
+    events -> violations."""
+    return check_segments((Segment(calls, plan, homes, placed),), events, workers, steps)
 
 
 def check_segments(segments: tuple[Segment, ...], events: list[dict],
@@ -245,7 +263,49 @@ def check_segments(segments: tuple[Segment, ...], events: list[dict],
             out += _placement(c, e, seg.plan, workers, seg.homes)
             out += _dependencies(c, e, ends, own)
             out += _versions(c, e)
+        if seg.placed is not None and seg.calls:
+            out += _against_placed(seg.calls, seg.placed, seen)
     return Report(tuple(sorted(seen)), steps, tuple(out))
+
+
+def _against_placed(calls: tuple[OpCall, ...], placed: Placed,
+                    seen: dict[str, dict]) -> list[Violation]:
+    """The traced calls against the placed graph they were laid out from (the module doc)."""
+    out: list[Violation] = []
+    edges = placed.edges(1 + max(c.step for c in calls))
+    known = set(edges.instances)
+    layouts = dict(placed.layouts)
+    shares: dict = defaultdict(list)             # instance -> (call, event) of its shares
+    for c in calls:
+        e = seen.get(c.id)
+        if e is None or c.role == JOIN:
+            continue
+        inst = c.instance
+        if inst.op not in layouts:      # a copy for a forward reader off its model's home:
+            continue                    # priced inside the reader, no instance of its own
+        if inst not in known:
+            out.append(Violation(c.id, c.step, "placement",
+                                 f"is a share of {inst}, no instance of the placed graph"))
+            continue
+        shares[inst].append((c, e))
+        lay = layouts[inst.op]
+        devices = lay.devices if c.kind is OpKind.SYNC_WEIGHTS else lay.devices_of(inst.chunk)
+        dev = int(e.get("device", -1))
+        if devices and dev not in devices and not c.role.reads_at_reader:
+            out.append(Violation(c.id, c.step, "placement",
+                                 f"ran on device {dev}, and the placed graph runs {inst} on "
+                                 f"{list(devices)}"))
+    for d in edges.deps:
+        if d.dst not in shares or d.src not in shares:
+            continue
+        c, last = max(shares[d.dst], key=lambda ce: ce[1]["start"])
+        src, first = min(shares[d.src], key=lambda ce: ce[1]["end"])
+        if first["end"] > last["start"] + SLACK_S:
+            out.append(Violation(c.id, c.step, "dependency",
+                                 f"{d.dst} started {1e3 * (first['end'] - last['start']):.3f} "
+                                 f"ms before its {d.kind.value} dependency {d.src} ended "
+                                 f"(its first share, {src.id})"))
+    return out
 
 
 def _identity(c: OpCall, e: dict) -> list[Violation]:

@@ -44,6 +44,11 @@ class Counter:
     def step(self, action):
         self.n += 1
         return f"seen {action}", action == "stop"
+
+
+class Broken(Counter):
+    def reset(self, prompt, row):
+        raise ValueError("no maze today")
 '''
 
 
@@ -53,7 +58,8 @@ def sandbox(tmp_path_factory):
     (d / "tools.py").write_text(TOOLS)
     box = Sandbox.start([Tool("calc", "tools", "calc"), Tool("echo", "tools", "echo"),
                          Tool("fails", "tools", "fails"),
-                         Tool("env", "tools", "Counter", environment=True)],
+                         Tool("env", "tools", "Counter", environment=True),
+                         Tool("broken", "tools", "Broken", environment=True)],
                         path=[str(d)], slots=2)
     yield box
     box.close()
@@ -148,6 +154,18 @@ def test_an_environment_steps_each_turn_until_it_says_done(sandbox):
                          "<result>seen stop</result>"
     assert (r.turns, r.cut) == (2, False)
     assert box.stats()["tool_calls"] == 2
+
+
+def test_a_conversation_whose_environment_fails_to_start_ends_with_the_error(sandbox):
+    """An environment that does not start (its reset raised, or it ran past its timeout on
+    a busy machine) ends its conversation before the first turn, the error its observation;
+    the others go on, and every conversation is handed back as ended."""
+    conv = Conversation(environment="broken", max_turns=3, max_obs_len=64, max_total_len=300)
+    rows, ended, box = talk(sandbox, {0: ["never$"], 1: ["said$"]}, conv)
+    assert ended == rows and [(r.ended, r.cut, r.turns) for r in rows] == [(True, False, 0)] * 2
+    for r in rows:
+        assert text(r, 1) == "" and "ValueError: no maze today" in text(r, 0), text(r)
+    assert box.stats()["conversations"] == 2
 
 
 def test_the_samples_file_shows_a_conversation_by_turn(sandbox):

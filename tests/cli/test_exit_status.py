@@ -16,6 +16,7 @@ TINY = str(ROOT / "pipelines" / "tiny_ppo.rpeg")
 GRPO = str(ROOT / "pipelines" / "tiny_grpo.rpeg")
 LOCAL = str(ROOT / "pipelines" / "clusters" / "local_cpu.rpeg")
 COMPILE = ["compile", TINY, "--cluster", LOCAL, "--strategy", "colocated"]
+BUDGET = "Invalid value for --budget: must be a count of proposals a walk from 1 to 100,000"
 
 
 def _run(capsys, args) -> tuple[int, str]:
@@ -68,9 +69,12 @@ def test_every_output_option_is_checked_before_the_work(capsys, tmp_path):
     (["graph", TINY, "--chunks", "rollout"], "must be STAGE=N"),
     (["graph", TINY, "--chunks", "rollout=2"], "needs --steps"),
     (["compile", TINY, "--cluster", LOCAL, "--strategy", "manual"], "'manual' is not one of"),
-    (["compile", TINY, "--cluster", LOCAL, "--budget", "0"], "greater than or equal to 1"),
-    (["compile", TINY, "--cluster", LOCAL, "--budget", "-1"], "greater than or equal to 1"),
-    (["compile", TINY, "--cluster", LOCAL, "--iterations", "0"], "greater than or equal to 1"),
+    (["compile", TINY, "--cluster", LOCAL, "--budget", "0"], f"{BUDGET}, not 0; the default"),
+    (["compile", TINY, "--cluster", LOCAL, "--budget", "-1"], f"{BUDGET}, not -1; the default"),
+    (["compile", TINY, "--cluster", LOCAL, "--iterations", "0"], f"{BUDGET}, not 0; the default"),
+    (["compile", TINY, "--cluster", LOCAL, "--budget", "100001"], f"{BUDGET}, not 100,001"),
+    (["compile", TINY, "--cluster", LOCAL, "--budget", "10" * 20], f"{BUDGET}, not 1,010,"),
+    (["diff", TINY, GRPO, "--cluster", LOCAL, "--budget", "0"], f"{BUDGET}, not 0; the default"),
     (["compile", TINY, "--cluster", LOCAL, "--seed", "-1"], "greater than or equal to 0"),
     (["diff", TINY, GRPO, "--cluster", LOCAL, "--seed", "-3"], "greater than or equal to 0"),
     (["diff", TINY, GRPO, "--budget", "10"], "it goes with --cluster"),

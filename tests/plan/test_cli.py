@@ -76,6 +76,17 @@ def test_no_hint_suggests_what_the_command_already_does(tmp_path, capsys):
         assert "--any-executor" not in hint and "split" not in hint, err
 
 
+def test_compile_without_o_writes_plan_json_and_its_picture_here(tmp_path, capsys,
+                                                                 monkeypatch):
+    """The CLI contract: compile writes the plan and a Gantt picture; without -o, as
+    plan.json and plan.png in the current directory."""
+    monkeypatch.chdir(tmp_path)
+    assert main(["compile", TINY, "--cluster", LOCAL, "--strategy", "colocated"]) == 0
+    assert capsys.readouterr().out.endswith("\nwrote plan.json and plan.png\n")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["plan.json", "plan.png"]
+    assert json.loads((tmp_path / "plan.json").read_text())["strategy"] == "colocated"
+
+
 def test_compile_usage_and_input_errors(tmp_path, capsys):
     assert main(["compile", TINY, "--cluster", LOCAL, "--strategy", "fastest"]) == 2
     assert main(["compile", TINY]) == 2                              # --cluster is required

@@ -8,8 +8,10 @@ import attrs
 import pytest
 
 from rpeg.cost.engine_sync import engine_hosts_of, serves_copy, sync_refusal, sync_senders
-from rpeg.plan.lower import PASSES, Placed
-from rpeg.plan.oplayout import stream_chunks
+from rpeg.graph import DepKind
+from rpeg.graph.unroll import CARRY, STREAM
+from rpeg.plan.lower import PASSES, Placed, lower
+from rpeg.plan.oplayout import reads_in_place, stream_chunks
 from rpeg.plan.staleness import step_graph
 from rpeg.resources import shipped
 from rpeg.runtime.calibrate.simulated import scaled
@@ -29,7 +31,11 @@ def _plans():
     tiny, grpo = load(shipped("pipelines", "tiny_ppo.rpeg")), load(shipped("pipelines",
                                                                             "tiny_grpo.rpeg"))
     ppo8b = load(shipped("pipelines", "ppo_llama8b.rpeg"))
+    carried = split_plan(grpo, 2, dp=2, chunks=4, staleness=0)
+    carried = attrs.evolve(carried, placements=tuple(
+        attrs.evolve(p, carry=1) if p.stage == "rollout" else p for p in carried.placements))
     return {"tiny ppo, split": (tiny, split_plan(tiny, 2, staleness=1)),
+            "tiny grpo, carried, dp 2": (grpo, carried),
             "tiny grpo, chunked, dp 2": (grpo, split_plan(grpo, 2, dp=2, chunks=4)),
             "tiny ppo, one device": (tiny, split_plan(tiny, 1)),
             "ppo 8b x8, vLLM beside": (ppo8b, _vllm(scaled(split_plan(ppo8b, 1, staleness=0), 8))),
@@ -76,8 +82,37 @@ def _verify_engine_syncs(p: Placed, plan) -> None:
         assert sync_refusal(lay) is None
 
 
+def _verify_streams(p: Placed, plan) -> None:
+    gens = [o for o in p.graph.ops if o.kind is OpKind.GENERATE]
+    assert [n for n, _ in p.lanes] == [o.name for o in gens]
+    for o in gens:
+        assert dict(p.lanes)[o.name] == len(p.layout(o.name).blocks)
+        assert dict(p.carry).get(o.name, 0) == plan.placement(o.stages[0]).carry
+    edges = {(e.writer, e.reader) for e in p.graph.version_edges}
+    for writer, reader in p.in_place:          # a version edge, or a trainer behind a sync
+        assert (writer, reader) in edges or any((writer, s) in edges and (s, reader) in edges
+                                                for s, _ in p.layouts)
+        w, r = p.graph.op(writer), p.graph.op(reader)
+        if w.kind is OpKind.TRAIN and r.kind is not OpKind.SYNC_WEIGHTS:
+            t, place = plan.placement(w.stages[0]), plan.placement(r.stages[0])
+            assert any(reads_in_place(t, place, d) for d in place.devices)
+        else:
+            assert set(p.layout(writer).devices) & set(p.layout(reader).devices)
+    # the typed edges: a stream within one block, a carry to the next step on it, a write
+    # after the reads of the version before on the replica both use
+    for d in p.edges(4).of_kind(DepKind.ORDER):
+        if d.data in (STREAM, CARRY):
+            lay = p.layout(d.dst.op)
+            assert d.src.op == d.dst.op and lay.devices_of(d.src.chunk) == \
+                lay.devices_of(d.dst.chunk)
+            assert d.dst.step - d.src.step == (d.data == CARRY)
+            assert d.data == STREAM or dict(p.carry)[d.dst.op] > 0
+        else:
+            assert (d.dst.op, d.src.op) in p.in_place
+
+
 VERIFY = {"layouts": _verify_layouts, "chunks": _verify_chunks,
-          "engine_syncs": _verify_engine_syncs}
+          "engine_syncs": _verify_engine_syncs, "streams": _verify_streams}
 
 
 @pytest.mark.parametrize("name", sorted(PLANS))
@@ -98,3 +133,12 @@ def test_each_pass_adds_what_its_verifier_checks(name):
             assert c.device in placed.layout(c.op).devices or c.role == "load"
         else:
             assert c.device in placed.layout(c.op).devices_of(c.chunk) or c.kind is OpKind.TRAIN
+
+
+def test_a_caller_lowers_only_as_far_as_it_reads():
+    pipeline, plan = PLANS["ppo 8b x16, vLLM at tp 2"]
+    graph = step_graph(pipeline, plan)
+    whole = lower(graph, plan, 512)
+    first = lower(graph, plan, 512, passes=PASSES[:2])
+    assert (first.layouts, first.chunks) == (whole.layouts, whole.chunks)
+    assert first.engine_syncs == () and whole.engine_syncs

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -45,6 +46,9 @@ def _refused(argv: list[str], capsys, *names: str, rc: int = 1) -> str:
     assert "Traceback" not in err and "internal error" not in err, err
     for name in names:
         assert name in err + out, (argv, name, err, out)
+    for line in err.splitlines():                 # a refusal names its file once
+        paths = re.findall(r"/[^\s':,()]+", line)
+        assert len(paths) == len(set(paths)), line
     return err + out
 
 

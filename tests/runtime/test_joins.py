@@ -32,12 +32,11 @@ def _instance_graph_test():
 
 
 @pytest.mark.parametrize("shape", ["chunked x4, dp 2", "tensor parallel", "shared backbone"])
-def test_the_runtime_with_joins_executes_the_graph_the_simulator_priced(shape, ppo, grpo,
-                                                                         joined):
+def test_the_runtime_with_joins_executes_the_placed_graph(shape, ppo, joined):
     mod = _instance_graph_test()
     plan = mod.PLANS[shape](ppo)
     assert any(c.role == joins.JOIN for c in build_calls(ppo, plan, 3))
-    mod.test_the_runtime_executes_the_graph_the_simulator_priced(shape, "ppo", ppo, grpo)
+    mod.assert_realises_placed(ppo, plan)
 
 
 def test_a_gang_waits_through_its_join_alone(ppo, joined):

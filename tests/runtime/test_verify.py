@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from rpeg.runtime.lowering.instances import build_calls, model_homes
+from rpeg.runtime.lowering.instances import build_calls, model_homes, placed_for
 from rpeg.runtime.placement import split_plan
 from rpeg.runtime.verify import check
 
@@ -123,3 +123,24 @@ def test_a_replanned_run_is_checked_step_by_step_against_the_plan_that_governed_
     old_style = verify_run(rd.path)
     assert not old_style.ok
     assert all(v.step < 2 for v in old_style.violations)
+
+
+def test_a_trace_is_checked_against_the_placed_graph(ppo):
+    plan = split_plan(ppo, 2, staleness=1)
+    calls, workers, homes = _setup(ppo, plan)
+    placed = placed_for(ppo, plan)
+    assert check(calls, plan, _trace(calls, workers), workers, 3, homes, placed).ok
+    events = {e["id"]: e for e in _trace(calls, workers)}
+    events["ref_lp/s1/c0"]["device"] = 0                      # off the instance's devices
+    events["adv/s2/c1"]["start"] = events["scores/s2/c1"]["start"]   # before its data edge
+    report = check(calls, plan, list(events.values()), workers, 3, homes, placed)
+    said = [str(v) for v in report.violations]
+    assert any("ref_lp/s1/c0" in s and "the placed graph runs ref_lp@1 on [1]" in s
+               for s in said), said
+    assert any("adv@2#1 started" in s and "data dependency scores@2#1" in s for s in said), said
+    # calls laid out from another plan (four chunks a step) are no instances of this one
+    four = split_plan(ppo, 2, staleness=1, chunks=4)
+    calls4, _, _ = _setup(ppo, four)
+    report = check(calls4, four, _trace(calls4, workers), workers, 3, homes, placed)
+    assert any("rollout@0#3, no instance of the placed graph" in str(v)
+               for v in report.violations), str(report)

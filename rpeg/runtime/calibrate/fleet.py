@@ -159,14 +159,41 @@ async def _workers(address: str, n: int) -> None:
     await asyncio.Event().wait()
 
 
+USAGE = ("usage: python -m rpeg.runtime.calibrate.fleet scheduler FILE | workers ADDRESS N\n"
+         "  scheduler FILE      a scheduler on 127.0.0.1; its address is written to FILE\n"
+         "  workers ADDRESS N   N workers of the scheduler at ADDRESS, in this process\n"
+         "(Fleet starts both as its children.)")
+
+
+def main(argv: list[str]) -> int:
+    """The children :class:`Fleet` starts; a wrong command line is a usage error (exit 2)."""
+    problem = _misuse(argv)
+    if problem:
+        print(f"{USAGE}\nerror: {problem}", file=sys.stderr)
+        return 2
+    if argv[0] == "scheduler":
+        asyncio.run(_scheduler(argv[1]))
+    else:
+        asyncio.run(_workers(argv[1], int(argv[2])))
+    return 0
+
+
+def _misuse(argv: list[str]) -> str | None:
+    """What is wrong with the command line ``argv``, or None."""
+    if not argv:
+        return "give a command: scheduler or workers"
+    what, args = argv[0], argv[1:]
+    wanted = {"scheduler": ("FILE",), "workers": ("ADDRESS", "N")}.get(what)
+    if wanted is None:
+        return f"the command must be scheduler or workers, not {what!r}"
+    if len(args) != len(wanted):
+        return f"{what} takes {' '.join(wanted)}, not {len(args)} argument(s)"
+    if what == "workers" and not (args[1].isdigit() and int(args[1]) >= 1):
+        return f"N must be a count of workers from 1, not {args[1]!r}"
+    return None
+
+
 if __name__ == "__main__":
     import logging
     logging.disable(logging.WARNING)
-    what = sys.argv[1]
-    if what == "scheduler":
-        asyncio.run(_scheduler(sys.argv[2]))
-    elif what == "workers":
-        asyncio.run(_workers(sys.argv[2], int(sys.argv[3])))
-    else:
-        raise SystemExit("usage: python -m rpeg.runtime.calibrate.fleet scheduler FILE"
-                         " | workers ADDRESS N")
+    sys.exit(main(sys.argv[1:]))

@@ -2,6 +2,7 @@
 
 ``instances`` (the calls), ``ordering`` (their weight transfers and ordering edges),
 ``replicas`` (which copy of a model a call reads; a sync's roles), ``joins`` (one call
-through which a large gang's ranks wait), ``projection`` (the calls seen as the priced
-instance graph), ``context`` (what every worker is told at set-up).
+through which a large gang's ranks wait), ``context`` (what every worker is told at
+set-up). Each call is one device's share of an instance of the plan's placed graph
+(``rpeg.plan.lower.Placed``, ``OpCall.instance``).
 """

@@ -34,9 +34,10 @@ Every reader reads an exact version: ``max(0, step - k)`` (train: ``step``), wit
 ``k`` the plan's staleness of the op. This is enforced by ordering edges
 (``after``): a reader waits for the writer of its version, and the writer of
 version v on a device waits for every reader of v - 1 there (write after read).
-A generate op with partial rollouts (the plan's ``carry``) keeps the next steps'
-responses in its engine between steps, so on each device its step s runs after
-its step s - 1; its chunks may hold tokens up to ``carry`` versions older than
+Each device streams its share of a generate op's chunks in order (the placed graph's
+stream edges, ``rpeg.plan.lower.Placed.edges``). A generate op with partial rollouts
+(the plan's ``carry``) keeps the next steps' responses in its engine between steps, so
+on each device its step s runs after its step s - 1; its chunks may hold tokens up to ``carry`` versions older than
 the version it reads. That buffer is checkpointed with the replica, so a resumed
 run continues the same responses.
 The ranks of an instance that runs collectives (data-parallel train ranks, a
@@ -52,15 +53,15 @@ import attrs
 
 from rpeg.cost.engine_sync import serves_copy
 from rpeg.errors import PlanError
-from rpeg.graph import DepKind, Graph, Instance, unroll
+from rpeg.graph import DepKind, Graph, Instance
+from rpeg.graph.unroll import CARRY, STREAM
 from rpeg.graph.versions import read_version
-from rpeg.plan.lower import lower
+from rpeg.plan.lower import Placed, lower
 from rpeg.plan.model import Plan
 from rpeg.plan.oplayout import reads_in_place, world_of
 from rpeg.plan.staleness import staleness_problem, step_graph
 from rpeg.runtime.lowering.ordering import (
     _add_syncs,
-    _order_chunks,
     _order_collectives,
     _order_pushes,
     _order_versions,
@@ -122,6 +123,14 @@ class OpCall:
         return self.deps + self.after
 
     @property
+    def instance(self) -> Instance:
+        """The instance of the placed graph (``rpeg.plan.lower.Placed.edges``) this call is
+        one device's share of: a rank of a train op or a tensor-parallel block, a weight
+        sync's export, load, send or receive, a gang's join."""
+        return Instance(self.op, self.step, 0 if self.kind is OpKind.SYNC_WEIGHTS
+                        else self.chunk)
+
+    @property
     def collective(self) -> bool:
         """Runs collectives with other workers: a rank of a tensor-parallel block or of a
         data-parallel train op. Its ranks start together (``_order_collectives``)."""
@@ -153,15 +162,15 @@ def build_calls(pipeline: Pipeline, plan: Plan, steps: int, *, first: int = 0
     bounds = dict(pipeline.staleness)
     homes = model_homes(pipeline, plan, graph)
     trained = train_layouts(graph, plan)
-    placed = lower(graph, plan, pipeline.workload.prompts * pipeline.workload.samples,
-                   lambda o: _placement(plan, o, pipeline))
+    placed = placed_for(pipeline, plan, graph)
     n_chunks, chunked = placed.chunks, placed.streamed
-    # the instances and data edges the cost model priced (rpeg.graph.unroll): every call is
-    # one device's share of one of them, reading what its data edges bring (within a step,
-    # the same at every step: one step's tell them all)
-    reads = _reads(unroll(graph, 1, {o.name: n_chunks for o in graph.ops
-                                     if o.kind is OpKind.GENERATE}))
+    # the placed graph's instances and dependency edges (Placed.edges): every call is one
+    # device's share of an instance, reading what its data edges bring and streaming after
+    # what its stream edges say (the same at every step: two steps' tell them all)
+    edges = placed.edges(2)
+    reads, streams = _reads(edges), _streams(edges)
     calls: list[dict] = []
+    at: dict[tuple[str, int, int, int], str] = {}   # (op, step, chunk, device) -> call id
     produced: dict[tuple[str, int], list[str]] = defaultdict(list)   # (op, step) -> ids by chunk
     for s in range(first, steps):
         for name in graph.topo_order():
@@ -194,12 +203,16 @@ def build_calls(pipeline: Pipeline, plan: Plan, steps: int, *, first: int = 0
                 if op.kind is OpKind.TRAIN:
                     call["writes"] = s + 1
                 calls.append(call)
+                at[(name, s, one.chunk, dev)] = cid
                 if one.rank == 0 and (not group or group[0] == dev):
                     produced[(name, s)].append(cid)       # what readers take: tp rank 0's
     _split_layouts(calls)
     calls = _add_syncs(calls, homes, trained, first, dict(placed.engine_syncs))
     _order_versions(calls, homes, frozen, first)
-    _order_chunks(calls)
+    for c in calls:                   # each device's share of a stream after its share before
+        src = streams.get((c["op"], c["chunk"])) if c["kind"] is OpKind.GENERATE else None
+        if src is not None and (src[0], c["step"] - src[2], src[1], c["device"]) in at:
+            c["after"].append(at[(src[0], c["step"] - src[2], src[1], c["device"])])
     _order_collectives(calls)
     _order_pushes(calls)
     out = tuple(OpCall(**{**c, "inputs": tuple(c["inputs"]), "deps": tuple(c["deps"]),
@@ -207,6 +220,14 @@ def build_calls(pipeline: Pipeline, plan: Plan, steps: int, *, first: int = 0
                 for c in calls)
     replica_layouts(out)                         # one layout per replica, or a PlanError
     return out
+
+
+def placed_for(pipeline: Pipeline, plan: Plan, graph: Graph | None = None) -> Placed:
+    """The plan's step graph (:func:`graph_for`) placed on its devices, each stage's placement
+    checked against what the runtime executes: the value the calls are laid out from."""
+    return lower(graph or graph_for(pipeline, plan), plan,
+                 pipeline.workload.prompts * pipeline.workload.samples,
+                 lambda o: _placement(plan, o, pipeline))
 
 
 def lookback(pipeline: Pipeline, plan: Plan) -> int:
@@ -346,13 +367,21 @@ def train_layouts(graph: Graph, plan: Plan) -> dict:
 
 
 def _reads(u) -> dict[tuple[str, int], list[tuple[str, Instance]]]:
-    """(op, chunk) -> (datum, the instance making it) of each data edge into it, in the op's
-    input order (the order its arguments take)."""
+    """(op, chunk) -> (datum, the instance making it) of each data edge into it within a
+    step, in the op's input order (the order its arguments take)."""
     out: dict[tuple[str, int], list] = defaultdict(list)
     for d in u.deps:
-        if d.kind is DepKind.DATA:
+        if d.kind is DepKind.DATA and d.dst.step == 0:
             out[(d.dst.op, d.dst.chunk)].append((d.data, d.src))
     return out
+
+
+def _streams(u) -> dict[tuple[str, int], tuple[str, int, int]]:
+    """(generate op, chunk) -> (op, chunk, steps back) of the instance it streams after on
+    each block (its ``stream`` or ``carry`` edge: step 1 of ``u`` has both)."""
+    return {(d.dst.op, d.dst.chunk): (d.src.op, d.src.chunk, d.dst.step - d.src.step)
+            for d in u.deps if d.kind is DepKind.ORDER and d.dst.step == 1
+            and d.data in (STREAM, CARRY)}
 
 
 def _data_deps(edges, step: int, produced) -> tuple[list, list]:
@@ -381,4 +410,4 @@ def _id(name, step, idx, kind, n, is_chunked) -> str:
 __all__ = ["ENGINE", "EXPORT", "LOAD", "RECV", "SEND", "VARIANT", "CallRole", "OpCall", "ReplicaKey",
            "base_of",
            "build_calls", "by_id", "engine_blocks", "engine_hosts", "engine_key", "graph_for", "is_engine_key",
-           "lookback", "model_homes", "replica_layouts", "train_layouts"]
+           "lookback", "model_homes", "placed_for", "replica_layouts", "train_layouts"]

@@ -10,8 +10,8 @@
   for every version read off the trainer's devices (``_add_syncs``);
 * versions: a reader after the writer of its version, a writer after the readers of the
   version before, on the same device (``_order_versions``);
-* streams: each device's chunks of a generate op in order, across steps when it carries
-  responses (``_order_chunks``);
+* (streams: each device's chunks of a generate op in order are the placed graph's stream
+  edges, ``rpeg.plan.lower.Placed.edges``, which ``build_calls`` adds itself;)
 * collectives: one global order of the gangs on every device (``_order_collectives``); an
   engine on a sending device is loaded by that send, in process, and its receive comes
   after it (``_order_pushes``).
@@ -160,20 +160,6 @@ def _order_versions(calls: list[dict], homes, frozen, first: int = 0) -> None:
             c["after"] += [r for r in readers.get((key, dev, v - 1), []) if r != c["id"]]
             if (key, dev, v - 1) in writer:
                 c["after"].append(writer[(key, dev, v - 1)])
-
-
-def _order_chunks(calls: list[dict]) -> None:
-    """Each device streams its share of a generate op's chunks (c, c + D, ...) from one
-    stream: a chunk after the previous one of the same device. Under partial rollouts
-    (carry > 0) the device's engine keeps the next steps' responses between steps, so its
-    first chunk of step s also comes after its last chunk of step s - 1."""
-    last: dict[tuple, str] = {}
-    for c in calls:                                   # built step by step: s - 1 comes first
-        if c["kind"] is OpKind.GENERATE:
-            key = (c["op"], c["device"]) + (() if c.get("carry") else (c["step"],))
-            if key in last:
-                c["after"].append(last[key])
-            last[key] = c["id"]
 
 
 def _order_collectives(calls: list[dict]) -> None:

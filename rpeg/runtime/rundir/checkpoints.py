@@ -133,7 +133,7 @@ def latest(run_dir: Path, *, before: int | None = None,
             return ck
         except RpegError as e:
             if skipped is not None:
-                skipped.append(str(e))
+                skipped.append(e.located)
     return None
 
 

@@ -566,15 +566,15 @@ class Evaluator:
         :func:`rpeg.plan.tasks.layouts_of`), memoised by what that reads: the placements,
         and where the weight syncs run. The runtime runs a fused op's stages as calls of
         their own, in one task where their inputs allow: counted on the graph without
-        fusion."""
+        fusion. Only the last is kept (a search asks for the floor and the count of one
+        proposal in turn; more would only burden memory)."""
         loose = self.graph(attrs.evolve(plan, fusion=()))
         syncs = tuple(timings[o.name].devices for o in loose.ops
                       if o.kind is OpKind.SYNC_WEIGHTS)
         key = (loose, plan.placements, syncs)
         laid = self._laid.get(key)
-        if laid is None:
-            if len(self._laid) > 4096:
-                self._laid.clear()
+        if laid is None:                # the proposal's floor, then its count: one kept
+            self._laid.clear()
             laid = self._laid[key] = (loose, *layouts_of(self.pipeline, plan, loose, timings))
         return laid
 

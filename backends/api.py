@@ -132,12 +132,15 @@ class Cohort:
 
     Under partial rollouts (a plan's ``carry``) the generate op of step s also starts the
     responses of steps s + 1 .. s + carry; ``params`` is how this call samples the cohort
-    (its seed differs per step, cohort and replica).
+    (its seed differs per step, cohort and replica). ``budget``: tokens each of its
+    responses may have when the call ends (``rpeg.cost.partial.step_budget``; 0: no
+    limit, as for the call's own step); one at its budget waits, unfinished, for the next.
     """
 
     step: int
     prompt_ids: tuple[np.ndarray, ...]
     params: SamplingParams
+    budget: int = 0
 
 
 @runtime_checkable

@@ -83,6 +83,7 @@ class Carried:
     cohorts: dict[int, list[Response]] = attrs.Factory(dict)   # later steps' responses
     ends: int = 0                     # responses ended so far (orders ``ended_at``)
     sampled: int = 0                  # tokens sampled so far
+    budgets: dict[int, int] = attrs.Factory(dict)   # this call's token budget per cohort
 
 
 def admit(carried: dict[str, Carried], key: str,
@@ -94,6 +95,7 @@ def admit(carried: dict[str, Carried], key: str,
     if buf is None or buf.step != now - 1:          # first step, or resumed without a buffer
         buf = carried[key] = Carried()
     buf.step = now
+    buf.budgets = {c.step: c.budget for c in cohorts if c.budget > 0}
     for c in [c for c in buf.cohorts if c < now]:
         del buf.cohorts[c]
     for c in cohorts:
@@ -113,9 +115,33 @@ def _same_prompts(kept: list[Response], cohort: Cohort) -> bool:
 
 
 def live(own: list[Response], buf: Carried) -> list[Response]:
-    """The responses a call decodes: this step's unfinished ones, then the later cohorts'."""
+    """The responses a call decodes: this step's unfinished ones, then the later cohorts'
+    that have not used their budget."""
     return [r for r in own if not r.ended] + [
-        r for c in sorted(buf.cohorts) for r in buf.cohorts[c] if not r.ended]
+        r for c in sorted(buf.cohorts) for r in buf.cohorts[c]
+        if not r.ended and not paused(buf, r)]
+
+
+def paused(buf: Carried, r: Response) -> bool:
+    """Whether ``r``, of a cohort started early, has the tokens its cohort's budget allows
+    in this call (``Cohort.budget``): it leaves the batch unfinished, for the next call.
+
+        >>> from backends.api import SamplingParams
+        >>> params = SamplingParams(max_new_tokens=4, eos_id=258)
+        >>> buf, own = admit({}, "g", [Cohort(0, (np.array([97]),), params),
+        ...                            Cohort(1, (np.array([97]),), params, budget=2)])
+        >>> later = buf.cohorts[1][0]
+        >>> record(later, token=97, logprob=-1.0, version=0, max_new=4, eos=258)
+        False
+        >>> paused(buf, later), len(live(own, buf))
+        (False, 2)
+        >>> record(later, token=97, logprob=-1.0, version=0, max_new=4, eos=258)
+        False
+        >>> paused(buf, later), len(live(own, buf))
+        (True, 1)
+    """
+    budget = buf.budgets.get(r.cohort, 0)
+    return budget > 0 and not r.ended and len(r.tokens) >= budget
 
 
 def record(r: Response, token: int, logprob: float, version: int, max_new: int,

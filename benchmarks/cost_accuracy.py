@@ -9,7 +9,8 @@ sampling with a KV cache, responses ending at an end-of-sequence token as a run'
 predicted with the lengths they had, a PPO train step, and a 2-worker data-parallel train step
 over gloo between two Dask worker processes), on Llama-shaped models built from a
 config with random weights. It is timed (median CPU time of repeats, round-robin across
-configurations) under glibc's default allocator settings, as rpeg's workers run, and its
+configurations, in a Dask device worker's task thread) under glibc's default allocator
+settings, as rpeg's workers run, and its
 peak memory is read in a separate process whose allocator hands freed memory back (see
 backends/torch_backend/measure.py); it is
 predicted by rpeg.cost with the calibrated profile in
@@ -113,15 +114,17 @@ def run(configs, repeats: int, cluster_path: Path, recalibrate: bool) -> tuple[l
     if recalibrate:
         micro.update(measure.bandwidths(measure.measure_ops(measure.PROBE_SPECS, repeats,
                                                             memory=False)))
-    # timed here (the workers' allocator), peaks in a child with MALLOC_ENV
+    # timed in a device worker (the workers' allocator, beside Dask's event loop, as
+    # `rpeg calibrate` times them), peaks in a child with MALLOC_ENV
     every = [s for _, s in cal] + specs
-    measured = measure.measure_ops(every, repeats, memory=False)
-    for row, peak in zip(measured, measure.peaks_in_child(every), strict=True):
-        row["peak_bytes"] = peak
-    results = dict(zip(single, measured[len(cal):], strict=True))
+    peaks = measure.peaks_in_child(every)
     ops = [dict(dims=MODELS[m], batch=b, prompt_len=p, gen_len=g)
            for _, m, b, p, g, _, _ in multi]
     with measure.TwoDevices() as two:
+        measured = two.timed_ops(every, repeats)
+        for row, peak in zip(measured, peaks, strict=True):
+            row["peak_bytes"] = peak
+        results = dict(zip(single, measured[len(cal):], strict=True))
         if recalibrate:
             micro["allreduce"] = two.allreduce(measure.ALLREDUCE_SIZES)
         if multi:

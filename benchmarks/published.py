@@ -3,6 +3,8 @@
     .venv/bin/python benchmarks/published.py            # every row, and leave-one-source-out
     .venv/bin/python benchmarks/published.py --quick    # the rows priced without a search
     .venv/bin/python benchmarks/published.py --only ORB  # rows whose id starts so
+    .venv/bin/python benchmarks/published.py --hold-out real-weak-scaling
+                                    # every row, then that source left out alone; prints only
 
 Writes benchmarks/results/published.json and benchmarks/results/published.md: per row the
 published figure and rpeg's prediction (and per phase where the source splits the step),
@@ -147,6 +149,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--quick", action="store_true", help="only the rows priced as pinned")
     ap.add_argument("--only", action="append", default=[], help="row ids starting so")
     ap.add_argument("--no-loso", action="store_true", help="skip leave-one-source-out")
+    ap.add_argument("--hold-out", action="append", default=[], metavar="SOURCE",
+                    help="leave out only this source (repeatable); prints, writes nothing")
     args = ap.parse_args(argv)
     prov = provenance()
     ids = [rid for rid, row in ROWS.items()
@@ -157,10 +161,12 @@ def main(argv: list[str] | None = None) -> None:
     loso = None
     if not (args.quick or args.only or args.no_loso):
         from benchmarks.published_fit import leave_one_source_out
-        loso = leave_one_source_out(results)
+        loso = leave_one_source_out(results, only=tuple(args.hold_out))
     finish(prov)
     print(json.dumps(agg, indent=2))
-    if args.only:
+    if args.hold_out:
+        print(json.dumps(loso, indent=2))
+    if args.only or args.hold_out:
         return
     RESULTS.mkdir(exist_ok=True)
     stem = "published_quick" if args.quick else "published"

@@ -114,11 +114,14 @@ def searched_plans(results: list[Result]) -> dict:
             and r.row.strategy.value == "search"}
 
 
-def leave_one_source_out(results: list[Result], rounds: int = 4, log=print) -> dict:
-    """For each source: the terms fitted on the others, its rows predicted with them."""
+def leave_one_source_out(results: list[Result], rounds: int = 4, log=print,
+                         only: tuple[str, ...] = ()) -> dict:
+    """For each source (or each of ``only``): the terms fitted on the others, its rows
+    predicted with them."""
     plans = searched_plans(results)
     ids = [r.row.id for r in results if r.status != "unwritable"]
-    sources = sorted({ROWS[i].source for i in ids})
+    sources = sorted({ROWS[i].source for i in ids} & set(only) if only
+                     else {ROWS[i].source for i in ids})
     per_source, errs = {}, []
     for src in sources:
         began = time.perf_counter()

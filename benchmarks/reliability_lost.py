@@ -189,16 +189,16 @@ def _failed_start_retried(attempt, argv: list[str], run_dir: Path) -> dict:
     """A start that fails after the cluster is reached (its workers' set-up fails), then
     the same command once the cause is gone."""
     from rpeg.errors import RuntimeFailure
-    from rpeg.runtime.dask.checkpointing import Checkpointing
-    real = Checkpointing._start_workers
+    from rpeg.runtime.dask.checkpointing import Starter
+    real = Starter.start
 
-    def fail(self):
+    def fail(self, number, plan):
         raise RuntimeFailure("worker set-up must succeed, and it failed (injected)")
-    Checkpointing._start_workers = fail
+    Starter.start = fail
     try:
         first = attempt(argv, "injected", ("set-up",))
     finally:
-        Checkpointing._start_workers = real
+        Starter.start = real
     status = json.loads((run_dir / "run.json").read_text()).get("status") \
         if (run_dir / "run.json").exists() else None
     second = attempt(argv, "", ())

@@ -36,6 +36,7 @@ from backends.torch_backend.rewards import Texts, score, scored
 from backends.torch_backend.rows import SAMPLE_CHARS, row_prompt, sample_row
 from backends.torch_backend.tokenizer import codec_for
 from backends.torch_backend.train import TrainBatch, forward_arrays, train_step
+from rpeg.cost.partial import step_budget
 from rpeg.errors import BackendError
 from rpeg.graph.work import Batching, work_of
 from rpeg.runtime.data import workload_rows
@@ -203,8 +204,12 @@ class Executor:
                     raise BackendError(f"stage '{stage.name}' must generate whole responses "
                                        f"here, not carry them over {call.carry} step(s)",
                                        stage.span, hint="plan it with carry 0")
+                # a cohort started early advances by the share of the longest response
+                # the cost model prices a step (conversations: whole turns, unpaced)
+                paced = w.gen_len.max_len if tools is None else 0
                 cohorts = [Cohort(t, tuple(self._prompts(t, mine, codec)), attrs.evolve(
-                    params, seed=params.seed * 128 + t - call.step))
+                    params, seed=params.seed * 128 + t - call.step),
+                    budget=step_budget(paced, call.carry, t - call.step))
                     for t in range(call.step, call.step + call.carry + 1)]
                 stream = engine.generate_carried(cohorts, chunks=pieces, key=call.op, **talk)
             elif rounds:

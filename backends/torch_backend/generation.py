@@ -20,7 +20,9 @@ early and keeps them between calls. At step s it admits every cohort up to
 s + carry it does not hold yet, prefills each carried response's prompt and
 tokens so far under the current weights (the weights changed since), and decodes
 all of them together until every response of cohort s ended; later cohorts'
-responses stay, finished or not. A token keeps the logprob of the policy that
+responses stay, finished or not. A later cohort's responses advance by at most their
+share of tokens a step (``Cohort.budget``: ``rpeg.cost.partial.step_budget``), then
+wait, so that each step decodes about an equal part of the longest response. A token keeps the logprob of the policy that
 sampled it; a chunk's ``version`` is the oldest version among its tokens:
 
     >>> cohorts = [Cohort(s, (np.array([257, 97]),) * 4, params) for s in (0, 1)]
@@ -149,7 +151,8 @@ class TorchEngine:
         live = carry.live(own, buf)
         width = params.max_num_seqs if params.max_num_seqs > 0 else max(len(live), 1)
         for lo in range(0, len(live), width):    # waves; this step's own responses first
-            decoding = self._advance(live[lo:lo + width], params, gens, stream.eos)
+            decoding = self._advance(live[lo:lo + width], params, gens, stream.eos,
+                                     stop=lambda r: carry.paused(buf, r))
             for ended, rows in decoding:
                 buf.sampled += rows
                 carry.mark_ended(buf, ended)
@@ -191,11 +194,12 @@ class TorchEngine:
 
     @torch.no_grad()
     def _advance(self, live: list[carry.Response], params: SamplingParams, gens, eos: int,
-                 take=None):
+                 take=None, stop=None):
         """Decode ``live`` responses together, one token each per round, from their prompt
         and the tokens they have: the KV cache is rebuilt under the current weights (a
         carried response's earlier tokens came from older ones). After each round, yield
-        (responses that ended, rows decoded); ended rows drop out of the batch. ``take``
+        (responses that ended, rows decoded); ended rows drop out of the batch, and so do
+        rows ``stop`` says wait for a later call (a cohort's budget, unfinished). ``take``
         records a token and says whether the row is done (default: the response ends at
         end-of-sequence or ``max_new_tokens``); ``min_new_tokens`` counts a row's current
         turn (``turn_start``)."""
@@ -223,12 +227,13 @@ class TorchEngine:
                     r.ended = True
                     ended.append(r)
             yield ended, len(rows)
-            keep = torch.tensor([not r.ended for r in rows])
-            if not bool(keep.any()):
+            kept = [not r.ended and not (stop is not None and stop(r)) for r in rows]
+            keep = torch.tensor(kept)
+            if not any(kept):
                 return
-            if not bool(keep.all()):
+            if not all(kept):
                 cache.batch_select_indices(torch.nonzero(keep).flatten().to(mask.device))
-                rows = [r for r in rows if not r.ended]
+                rows = [r for r, k in zip(rows, kept, strict=True) if k]
                 k = keep.to(mask.device)
                 mask, pos, tok = mask[k], pos[k], tok[k]
             mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)

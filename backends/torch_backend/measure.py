@@ -14,6 +14,9 @@ process's resident-set high-water mark (Linux ``VmHWM``, reset through
 second call, minus the resident set before: weights, optimizer state,
 activations, caches and allocator slack.
 
+Model ops are timed where a run executes them, in a Dask worker's task thread (its thread
+CPU time, as a run's trace records it; beside Dask's event loop the same op costs ~10% more
+than in a bare process).
 Time and memory are measured under different allocator settings, in different
 processes. Ops are timed under glibc's defaults, the settings rpeg's workers run
 with (``rpeg.runtime.dask.driver`` keeps Dask's 64 KiB trim threshold out of them): a
@@ -284,10 +287,14 @@ def model_host_per_sample(samples: int = 64, prompt_len: int = 8, gen_len: int =
 
 # --- model ops -----------------------------------------------------------------------
 
-def _arrays(batch: int, prompt_len: int, gen_len: int, seed: int = 0):
+def _arrays(batch: int, prompt_len: int, gen_len: int, seed: int = 0, varied: bool = False):
+    """Prompts and responses; ``varied``: response lengths drawn from 1..gen_len (the first
+    at gen_len), as a run's differ, else all ``gen_len``."""
     rng = np.random.default_rng(seed)
     prompts = [rng.integers(3, 259, prompt_len).astype(np.int64) for _ in range(batch)]
-    responses = [rng.integers(3, 259, gen_len).astype(np.int64) for _ in range(batch)]
+    lengths = rng.integers(1, gen_len + 1, batch) if varied else np.full(batch, gen_len)
+    lengths[0] = gen_len
+    responses = [rng.integers(3, 259, int(n)).astype(np.int64) for n in lengths]
     return prompts, responses
 
 
@@ -318,18 +325,31 @@ STOP_PER_TOKEN = 2.0     # a generate op's responses end at gen_len / 2 on avera
 
 def op_runner(kind: str, dims: ModelDims, batch: int, prompt_len: int, gen_len: int,
               minibatches: int = 1, seed: int = 0,
-              data_parallel: bool = False) -> Callable[[], object]:
+              data_parallel: bool = False, packed: bool = False) -> Callable[[], object]:
     """A zero-argument callable that runs one op on a freshly built model.
 
     With ``data_parallel`` (inside a gloo group) a train op averages gradients over the
-    group before each optimizer step; ``batch`` is then this rank's share.
+    group before each optimizer step; ``batch`` is then this rank's share. ``packed``: a
+    forward or train op on responses of varied lengths packed into one row per pass (a
+    plan's ``packing``), their lengths in ``run.lengths``.
     """
     if kind in BANDWIDTH_PROBES:
         return BANDWIDTH_PROBES[kind]()[0]
-    prompts, responses = _arrays(batch, prompt_len, gen_len, seed)
+    if packed and kind not in ("forward", "train"):
+        raise ValueError(f"only forward and train ops run packed, not {kind!r}")
+    prompts, responses = _arrays(batch, prompt_len, gen_len, seed, varied=packed)
+    run = _model_op(kind, dims, prompts, responses, gen_len, minibatches, data_parallel,
+                    packed)
+    if packed:
+        run.lengths = sorted(len(r) for r in responses)
+    return run
+
+
+def _model_op(kind: str, dims: ModelDims, prompts, responses, gen_len: int, minibatches: int,
+              data_parallel: bool, packed: bool) -> Callable[[], object]:
     if kind == "forward":
         model = build_model(dims, heads=("lm",), seed=0).eval()
-        return lambda: forward_arrays(model, prompts, responses, "logprobs")
+        return lambda: forward_arrays(model, prompts, responses, "logprobs", packed=packed)
     if kind == "generate":
         # Responses end as a run's do: a biased end-of-sequence logit stops each with
         # probability STOP_PER_TOKEN / gen_len per token (the engine then drops it from the
@@ -358,14 +378,15 @@ def op_runner(kind: str, dims: ModelDims, batch: int, prompt_len: int, gen_len: 
                                                                         lr=1e-5)
         tb = _train_batch(prompts, responses)
         loss = [LossSpec(loss_for(Head.LM).name, clip=0.2)]      # the default policy loss
-        return lambda: train_step(heads, opt, tb, loss, version=0, minibatches=minibatches)
+        return lambda: train_step(heads, opt, tb, loss, version=0, minibatches=minibatches,
+                                  packed=packed)
     raise ValueError(f"op kind must be forward, generate, train, stream or copy, not {kind!r}")
 
 
 def measure_ops(specs, repeats: int = 5, barrier: Callable[[], object] | None = None,
                 each_round: Callable[[], object] | None = None,
-                memory: bool = True, build: Callable[[dict], Callable] | None = None
-                ) -> list[dict]:
+                memory: bool = True, build: Callable[[dict], Callable] | None = None,
+                thread: bool = False) -> list[dict]:
     """Latency (and with ``memory``, peak memory) of each op in ``specs`` (dicts of
     ``op_runner`` arguments).
 
@@ -378,8 +399,11 @@ def measure_ops(specs, repeats: int = 5, barrier: Callable[[], object] | None = 
     ``wall_s`` is the median wall time; ``faults`` the median minor page faults per call.
     Without ``memory``, ``peak_bytes`` is None: read it with ``peaks_in_child``.
     ``build`` makes an op's callable from its spec (default: ``op_runner(**spec)``).
+    ``thread``: the calling thread's CPU time instead of the process's (in a Dask worker,
+    whose other threads' CPU the control plane's terms price), as a run's trace records it.
     """
     import resource
+    clock = time.thread_time if thread else time.process_time
     runners, peaks = [], []
     for spec in specs:
         if barrier is not None:
@@ -400,9 +424,9 @@ def measure_ops(specs, repeats: int = 5, barrier: Callable[[], object] | None = 
             if barrier is not None:
                 barrier()
             f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-            c0, t0 = time.process_time(), time.perf_counter()
+            c0, t0 = clock(), time.perf_counter()
             run()
-            cpu[i].append(time.process_time() - c0)
+            cpu[i].append(clock() - c0)
             wall[i].append(time.perf_counter() - t0)
             faults[i].append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0)
     lengths = [getattr(run, "lengths", None) for run in runners]
@@ -528,6 +552,12 @@ def _dp_train(rank: int, world: int, task: dict) -> dict:
     return {"ops": ops, **probe.result()}
 
 
+def _ops_in_worker(specs: list[dict], repeats: int) -> list[dict]:
+    set_threads(1)
+    warm_up()
+    return measure_ops(specs, repeats, memory=False, thread=True)
+
+
 CONCURRENCY_OP = dict(kind="train", dims=PRESETS["tiny-vllm"], batch=8, prompt_len=32,
                       gen_len=32)
 
@@ -637,6 +667,14 @@ class TwoDevices:
                  "faults": max(x["faults"], y["faults"]), "peak_bytes": None}
                 for x, y in zip(a, b, strict=True)]
 
+    def timed_ops(self, specs: list[dict], repeats: int = 5) -> list[dict]:
+        """``measure_ops`` of ``specs`` (no memory) inside one worker, while the other idles:
+        the environment a run's ops execute in (a task thread beside Dask's event loop and
+        its periodic callbacks), which costs the same op ~10% more thread CPU than a bare
+        process does."""
+        return self.client.submit(_ops_in_worker, specs, repeats, workers=[self.workers[0]],
+                                  pure=False).result()
+
     def dp_peaks(self, ops: list[dict]) -> list[int]:
         """Peak memory of each data-parallel train op: the larger rank's."""
         res = self.run(self._task(ops, peaks=True))
@@ -660,6 +698,15 @@ CALIBRATION_OPS = tuple(
                           ("generate", 4, 16, 16), ("generate", 16, 32, 24),
                           ("generate", 48, 8, 20), ("train", 4, 32, 32),
                           ("train", 16, 32, 16), ("train", 2, 96, 32), ("train", 48, 8, 20))
+)
+# Packed (a plan's ``packing``): responses of varied lengths in one row per pass, each its
+# own attention call on a CPU (``backends.torch_backend.attention``): the profile's
+# ``packed_seq_overhead`` is fitted to these, after the padded ops above.
+PACKED_OPS = tuple(
+    (kind, name, b, p, g)
+    for name in ("tiny", "tiny-vllm", "wide2")
+    for kind, b, p, g in (("forward", 16, 32, 32), ("forward", 48, 8, 20),
+                          ("train", 16, 32, 16), ("train", 48, 8, 20))
 )
 GEMM_SHAPES = ((64, 64, 64), (128, 128, 128), (256, 256, 256), (512, 512, 512),
                (768, 768, 768), (1024, 1024, 1024), (256, 1024, 256), (1024, 256, 512),
@@ -690,12 +737,14 @@ def micro_measurements(repeats: int = 5) -> dict:
 
 
 def calibration_specs() -> list[tuple[dict, dict]]:
-    """(description, ``op_runner`` arguments) of every calibration op."""
+    """(description, ``op_runner`` arguments) of every calibration op, padded then packed."""
     import attrs
     return [({"kind": k, "model": n, "dims": attrs.asdict(CALIBRATION_DIMS[n]), "batch": b,
-              "prompt_len": p, "gen_len": g},
-             dict(kind=k, dims=CALIBRATION_DIMS[n], batch=b, prompt_len=p, gen_len=g))
-            for k, n, b, p, g in CALIBRATION_OPS]
+              "prompt_len": p, "gen_len": g, **({"packed": True} if packed else {})},
+             dict(kind=k, dims=CALIBRATION_DIMS[n], batch=b, prompt_len=p, gen_len=g,
+                  **({"packed": True} if packed else {})))
+            for ops, packed in ((CALIBRATION_OPS, False), (PACKED_OPS, True))
+            for k, n, b, p, g in ops]
 
 
 ALLREDUCE_SIZES = (2**16, 2**18, 2**20, 2**22, 2**24)
@@ -722,13 +771,15 @@ def calibration_measurements(repeats: int = 5) -> dict:
     out = micro_measurements(repeats)
     specs = calibration_specs()
     out.update(bandwidths(measure_ops(PROBE_SPECS, repeats, memory=False)))
-    measured = measure_ops([s for _, s in specs], repeats, memory=False)
     peaks = peaks_in_child([s for _, s in specs])
-    out["ops"] = [{**meta, **r, "peak_bytes": peak} for (meta, _), r, peak in
-                  zip(specs, measured, peaks, strict=True)]
     with TwoDevices() as two:
+        # model ops timed where a run executes them: in a device worker's task thread
+        measured = two.timed_ops([s for _, s in specs], repeats)
         out["allreduce"] = two.allreduce(ALLREDUCE_SIZES)
         out["concurrency"] = two.concurrency()
+    out["ops"] = [{**meta, **r, "peak_bytes": peak} for (meta, _), r, peak in
+                  zip(specs, measured, peaks, strict=True)]
+    out["ops_in"] = "worker"
     out["seconds"] = time.perf_counter() - t0
     return out
 

@@ -318,7 +318,8 @@ class VllmEngine:
             rid = f"rpeg-{call}-{r.cohort}-{r.index}"
             engine.add_request(rid, TokensPrompt(prompt_token_ids=r.context().tolist()),
                                _vllm_sampling(attrs.evolve(params, seed=seeds[r.cohort]), eos,
-                                              r.index, made=len(r.tokens)))
+                                              r.index, made=len(r.tokens),
+                                              limit=buf.budgets.get(r.cohort, 0)))
             open_ids[rid] = r
         try:
             while not stream.complete:
@@ -334,9 +335,11 @@ class VllmEngine:
                         if carry.record(r, tok, lps[int(tok)].logprob, version,
                                         params.max_new_tokens, eos):
                             break
-                    if out.finished or r.ended:
+                    if r.ended or out.finished and not carry.paused(buf, r):
                         r.ended = True
                         ended.append(r)
+                        del open_ids[out.request_id]
+                    elif out.finished:          # its cohort's budget: waits, unfinished
                         del open_ids[out.request_id]
                 carry.mark_ended(buf, ended)
                 stream.add(ended)
@@ -522,9 +525,10 @@ def _config_eos(path: Path) -> int | None:
 
 
 def _vllm_sampling(params: SamplingParams, eos: int | None, index: int, made: int | None = None,
-                   seeded: bool = True):
+                   seeded: bool = True, limit: int = 0):
     """vLLM's sampling parameters for prompt ``index`` of a call. ``made``: a carried
-    response continued with that many tokens so far (deltas out; its seed moves on with it).
+    response continued with that many tokens so far (deltas out; its seed moves on with it);
+    ``limit``: the most tokens it may have when the call ends (its cohort's budget; 0: none).
     ``seeded`` False: drawn from the engine's own generator (seeded when it started) -- a
     conversation's turn, whose long context vLLM may prefill in chunks, which a request's
     own CPU generator cannot follow."""
@@ -537,7 +541,8 @@ def _vllm_sampling(params: SamplingParams, eos: int | None, index: int, made: in
         seed = seed * 65_537 + made
         extra["output_kind"] = RequestOutputKind.DELTA
     return VSamplingParams(
-        n=1, max_tokens=params.max_new_tokens - (made or 0), temperature=params.temperature,
+        n=1, max_tokens=min(params.max_new_tokens, limit or params.max_new_tokens) - (made or 0),
+        temperature=params.temperature,
         top_p=params.top_p,
         min_tokens=max(0, params.min_new_tokens - (made or 0)),
         # One seed per request: reproducible calls, distinct samples of a repeated prompt.

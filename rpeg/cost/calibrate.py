@@ -155,8 +155,9 @@ def fit_link(rows: list[dict]) -> Link:
     return Link(Level.GPU, float(1.0 / max(inv_bw, 1e-15)), float(alpha))
 
 
-def _ops_of(m: dict, kinds: tuple[str, ...]) -> list[dict]:
-    return [o for o in m["ops"] if o["kind"] in kinds]
+def _ops_of(m: dict, kinds: tuple[str, ...], packed: bool = False) -> list[dict]:
+    """The measured ops of ``kinds``, padded (or ``packed``)."""
+    return [o for o in m["ops"] if o["kind"] in kinds and bool(o.get("packed")) == packed]
 
 
 def _dims(o: dict) -> ModelDims:
@@ -165,7 +166,8 @@ def _dims(o: dict) -> ModelDims:
 
 def _predict(o: dict, profile: GpuProfile, link: Link) -> tuple[float, float]:
     return predict_op(o["kind"], _dims(o), o["batch"], o["prompt_len"], o["gen_len"],
-                      cpu_cluster(profile, link), lengths=o.get("lengths"))
+                      cpu_cluster(profile, link), Parallel(packing=bool(o.get("packed"))),
+                      lengths=o.get("lengths"))
 
 
 # Coefficients fitted through the cost model, as seconds per unit (rates are inverted).
@@ -230,6 +232,12 @@ def fit_profile(m: dict, name: str = "local_cpu", devices: int = 2) -> Fit:
     prof = attrs.evolve(prof, optimizer_tensor_overhead=max(float(np.median(per_tensor)), 0.0))
     tr_ops = _ops_of(m, ("train",))
     prof = _with(prof, _fit_through_model(tr_ops, prof, link, {"backward_factor": 2.0}))
+    # Packed passes: what one attention call per sequence and layer adds (the rest is
+    # priced by the terms above, on the responses' own lengths).
+    packed = _ops_of(m, ("forward", "train"), packed=True)
+    seq = {"packed_seq_overhead": 1e-5}
+    if packed:
+        prof = _with(prof, _fit_through_model(packed, prof, link, seq))
 
     # 3. Memory: a fixed per-op slack from inference ops, the activation factor from training.
     slack = [o["peak_bytes"] - _predict(o, prof, link)[1] for o in inf_ops]
@@ -237,11 +245,13 @@ def fit_profile(m: dict, name: str = "local_cpu", devices: int = 2) -> Fit:
     solved = [_solve_act_factor(o, prof, link) for o in tr_ops]
     prof = attrs.evolve(prof, act_factor=max(float(np.median(solved)), 0.05) if solved else 1.0)
 
-    resid = tuple((f"{o['kind']} {o['model']} b{o['batch']} p{o['prompt_len']} "
-                   f"g{o['gen_len']}", float(_predict(o, prof, link)[0] / o["latency_s"] - 1))
+    resid = tuple((f"{o['kind']}{' packed' if o.get('packed') else ''} {o['model']} "
+                   f"b{o['batch']} p{o['prompt_len']} g{o['gen_len']}",
+                   float(_predict(o, prof, link)[0] / o["latency_s"] - 1))
                   for o in m["ops"])
     bf16 = m.get("gemm_bf16") or []
     host = {"threads": float(m.get("threads", 1)), "grads_freed": 1.0,
+            **({"packed_seq_overhead": prof.packed_seq_overhead} if packed else {}),
             **fit_host(m.get("host", [])),
             "concurrency_slowdown": max(float(m.get("concurrency", 1.0)), 1.0),
             "copy_bandwidth": float(m["copy_bandwidth"]),
@@ -450,7 +460,9 @@ def _source(m: dict) -> str:
     return (f"rpeg calibrate on {mi.get('cpu') or 'this CPU'} ({mi.get('cores')} cores, "
             f"load {mi.get('loadavg', [0])[0]:.2f}), torch {m.get('torch')}, "
             f"{m.get('threads', 1)} thread per device, CPU-time medians under the workers' "
-            f"allocator (glibc defaults), peaks under MALLOC_ENV; fitted on the "
+            f"allocator (glibc defaults)"
+            f"{', model ops in a Dask worker' if m.get('ops_in') == 'worker' else ''}, "
+            f"peaks under MALLOC_ENV; fitted on the "
             f"tiny, tiny4, tiny-vllm and wide2 shapes only "
             f"(held-out shapes: benchmarks/cost_accuracy.py)")
 

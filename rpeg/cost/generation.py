@@ -293,12 +293,14 @@ def generation(model, par, devices, topo, cluster, batch, w, engine, rows=None,
     under prefix caching), attended to but not prefilled again."""
     prompt, dist, extra = w.prompt_lens, w.gen_len, 0.0
     part = partial_of(dist, partial)
-    if part is not None:
-        # Carried sequences beside the new ones; each re-prefills what it has so far.
-        batch, dist, extra = decoded_batch(batch, dist, partial), part, part.context
-    local = math.ceil(batch / par.dp)
     gpu = cluster.gpu
     t = engine_terms(engine, gpu)
+    if part is not None:
+        # Carried sequences beside the new ones; each re-prefills what it has so far: a
+        # paged cache its own, a padded batch (rpeg's torch loop) every row to the longest.
+        batch, dist = decoded_batch(batch, dist, partial), part
+        extra = part.context if t.paged else part.longest_context
+    local = math.ceil(batch / par.dp)
     n = concurrency(model, par, w, gpu, engine, local, None, dist) if rows is None \
         else max(min(rows, local), 1)
     if t.paged and n < local:

@@ -25,9 +25,10 @@ generate stage plus ``carries`` must stay within the spec's bound (see
 
 A plan states the carry (``StagePlacement.carry``), not the cap: each step also advances
 the responses of the next ``carry`` steps, and a step ends when its own responses are all
-done. Their longest had ``carry`` earlier steps of decoding, so in the steady state a
-step decodes about an equal share of the longest response — the cap
-:func:`smallest_cap` gives — and the sequences it decodes are exactly the segments above.
+done. A response started early advances by at most ``cap`` tokens in each step before
+its own (:func:`step_budget`, which the engines apply), so in the steady state a step
+decodes about an equal share of the longest response — the cap :func:`smallest_cap`
+gives — and the sequences it decodes are exactly the segments above.
 """
 
 from __future__ import annotations
@@ -71,6 +72,13 @@ class Partial:
         """Mean tokens a step's sequence already generated in earlier steps."""
         return _segments(self)[1]
 
+    @property
+    def longest_context(self) -> float:
+        """Most tokens a step's sequence already generated in earlier steps: what an engine
+        that pads a batch to its longest context (rpeg's torch loop) re-prefills every
+        sequence of the step to."""
+        return _segments(self)[3]
+
     def quantiles(self, n: int = 64) -> np.ndarray:
         seg = _segments(self)[0]
         idx = ((np.arange(n) + 0.5) / n * len(seg)).astype(int).clip(0, len(seg) - 1)
@@ -86,8 +94,9 @@ class Partial:
 
 
 @functools.lru_cache(maxsize=256)
-def _segments(p: Partial) -> tuple[np.ndarray, float, float]:
-    """(sorted segment lengths, mean earlier tokens per segment, segments per response)."""
+def _segments(p: Partial) -> tuple[np.ndarray, float, float, float]:
+    """(sorted segment lengths, mean earlier tokens per segment, segments per response,
+    most earlier tokens of a segment)."""
     lengths = p.base.quantiles(RESOLUTION)
     pieces = np.ceil(lengths / p.cap).astype(int).clip(1)
     seg, before = [], []
@@ -97,7 +106,8 @@ def _segments(p: Partial) -> tuple[np.ndarray, float, float]:
         before.append(np.full(len(alive), float(k * p.cap)))
     seg_all = np.sort(np.concatenate(seg))
     seg_all.flags.writeable = False
-    return seg_all, float(np.concatenate(before).mean()), float(pieces.mean())
+    earlier = np.concatenate(before)
+    return seg_all, float(earlier.mean()), float(pieces.mean()), float(earlier.max())
 
 
 def max_carries(bound: int, staleness: int) -> int:
@@ -111,3 +121,23 @@ def smallest_cap(max_len: int, carries: int) -> int:
     """The fewest tokens a step may decode per response so that no response spans more than
     ``carries + 1`` steps (0: whole responses, no carry allowed)."""
     return 0 if carries <= 0 else math.ceil(max_len / (carries + 1))
+
+
+def step_budget(max_len: int, carries: int, ahead: int) -> int:
+    """Tokens each response of the cohort ``ahead`` steps after the current one may have
+    when the current step's generate op ends (0: no limit, the step's own responses).
+
+    The engines pace the cohorts they start early by this rule, so that a step decodes
+    the share :func:`smallest_cap` prices: a response gets at most ``cap`` tokens in each
+    step before its own. Without it a step that decodes to its own longest response
+    carries the next cohort along as far, which then has nothing left for its own step:
+    the steps alternate between whole responses and none.
+
+        >>> [step_budget(20, 1, a) for a in (0, 1)]
+        [0, 10]
+        >>> [step_budget(20, 2, a) for a in (0, 1, 2)]
+        [0, 14, 7]
+    """
+    if carries <= 0 or ahead <= 0:
+        return 0
+    return (carries + 1 - ahead) * smallest_cap(max_len, carries)

@@ -182,10 +182,15 @@ def _pass(model: Model, par: Parallel, gpu, t: EngineTerms, sh: Shape,
           layers: int) -> C.PassCost:
     hd = head_dims(model)
     wb = weight_bytes(model, gpu)
-    return C.pass_cost(hd, with_terms(gpu, t), tokens=max(sh.tokens, 1), context=sh.context,
-                       bytes_per_value=value_bytes(model, gpu), tp=par.tp, layers=layers,
-                       head_tokens=max(sh.head_tokens, 1), ep=par.ep,
-                       weight_bytes=wb if wb != value_bytes(model, gpu) else None)
+    pc = C.pass_cost(hd, with_terms(gpu, t), tokens=max(sh.tokens, 1), context=sh.context,
+                     bytes_per_value=value_bytes(model, gpu), tp=par.tp, layers=layers,
+                     head_tokens=max(sh.head_tokens, 1), ep=par.ep,
+                     weight_bytes=wb if wb != value_bytes(model, gpu) else None)
+    if par.packing and gpu.packed_seq_overhead:
+        # packed rows where the device has no variable-length attention kernel: one
+        # attention call per sequence per layer (backends.torch_backend.attention)
+        pc = attrs.evolve(pc, time_s=pc.time_s + sh.rows * layers * gpu.packed_seq_overhead)
+    return pc
 
 
 def forward_cost(model: Model, par: Parallel, devices, topo, gpu, engine: Engine, w,
@@ -295,20 +300,49 @@ def offload_time(model: Model, par: Parallel, gpu, engine: Engine = Engine.TORCH
                  opt_steps: int = 1) -> float:
     """Seconds a train op spends on state kept in host memory: the optimizer state brought
     in and written back once (torch), or every optimizer step the gradients sent to the
-    host, Adam run there and the weights brought back (DeepSpeed's CPU Adam); the weights
-    and gradients of a ``param_offload`` stage loaded and written back once."""
+    host, Adam run there and the weights brought back (DeepSpeed's CPU Adam,
+    :func:`cpu_adam_step`); the weights and gradients of a ``param_offload`` stage loaded and
+    written back once."""
     bw = host_bandwidth(gpu)
     t = 0.0
     if par.offload and engine is Engine.DEEPSPEED:
-        n = trained_local_params(model, par) / (par.shards if par.zero.shards_optimizer else 1)
-        adam = n * 7 * 4 / gpu.host_memory_bandwidth
-        t += opt_steps * (n * 2 * value_bytes(model, gpu) / bw + adam)
+        t += opt_steps * cpu_adam_step(model, par, gpu)
     elif par.offload:
         t += 2 * offloaded_bytes(model, par, gpu) / bw
     if par.param_offload:
         shards = par.shards if par.zero.shards_params else 1
         t += 2 * 2 * local_params(model, par) * value_bytes(model, gpu) / shards / bw
     return t
+
+
+ADAM_HOST_BYTES = 28.0     # CPU Adam per parameter: reads fp32 weight, gradient, two moments;
+#                            writes weight and moments (4 x 4 + 3 x 4)
+CLIP_HOST_BYTES = 8.0      # the fp32 gradient unscaled and clipped in place (read, write)
+
+
+def cpu_adam_step(model: Model, par: Parallel, gpu) -> float:
+    """Seconds of one optimizer step of DeepSpeed's ZeRO-Offload (``offload`` on a DeepSpeed
+    train stage: the optimizer state and its step on the host) for the rank's share of the
+    trained parameters, as ``deepspeed/runtime/zero/stage_1_and_2.py`` runs it (v0.13-v0.14;
+    ``stage3.py`` sends the gradients the same way):
+
+    - the gradients are widened on the device (``src_tensor.float()``) and sent to the host
+      at 4 bytes a value;
+    - the host unscales and clips them in place (``unscale_and_clip_grads``: a ``mul_`` over
+      the float32 gradient, 8 bytes read and written);
+    - CPU Adam updates the float32 weights and moments (28 bytes);
+    - the float32 weights are copied into the device's 16-bit copy, which PyTorch converts on
+      the CPU before the transfer (read 4, write 2 bytes there) and sends at 2 bytes.
+
+    Host traffic runs at ``host_memory_bandwidth``, the host's streaming rate for one rank's
+    step (a Ray worker with ``num_cpus = 1``, as OpenRLHF places its models, runs DeepSpeed's
+    OpenMP CPU Adam and torch's CPU ops on one thread: Ray sets ``OMP_NUM_THREADS`` to the
+    actor's CPUs); the transfers at ``host_bandwidth``."""
+    n = trained_local_params(model, par) / (par.shards if par.zero.shards_optimizer else 1)
+    vb = value_bytes(model, gpu)
+    back = 4.0 + vb if vb < 4 else 0.0             # 16-bit weights: converted on the host
+    host = n * (CLIP_HOST_BYTES + ADAM_HOST_BYTES + back) / gpu.host_memory_bandwidth
+    return host + n * (4.0 + vb) / host_bandwidth(gpu)
 
 
 # --- memory -----------------------------------------------------------------------------------
@@ -410,6 +444,6 @@ def train_memory(model: Model, par: Parallel, gpu, engine: Engine, w, batch: int
                       + max(loss, working_set(model, par, sh.tokens, bpv)))
 
 
-__all__ = ["Shape", "activation_bytes_per_token", "dp_group", "forward_cost", "forward_memory",
-           "host_bandwidth", "offload_time", "pp_group", "shape", "tp_group", "train_cost",
-           "train_memory"]
+__all__ = ["Shape", "activation_bytes_per_token", "cpu_adam_step", "dp_group", "forward_cost",
+           "forward_memory", "host_bandwidth", "offload_time", "pp_group", "shape", "tp_group",
+           "train_cost", "train_memory"]

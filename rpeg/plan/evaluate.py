@@ -610,9 +610,11 @@ class Evaluator:
                                self.cluster.gpu)
 
     def _fused(self, op, plan: Plan, chunk: Chunk | None) -> float:
-        """Seconds of an op's stages back to back (fused: one dispatch instead of several)."""
-        times = [self.stage_time(s, plan.placement(s), chunk=chunk) for s in op.stages]
-        return max(sum(times) - (len(times) - 1) * self.cluster.gpu.call_overhead, max(times))
+        """Seconds of an op's stages back to back. Fused, they share a dispatch (one Dask
+        task: the control plane's count, :meth:`dispatch`), but each stage is still a call
+        of its own in the worker, paying its own ``call_overhead`` (embedding, head,
+        wrapper): the time is the stages' sum."""
+        return sum(self.stage_time(s, plan.placement(s), chunk=chunk) for s in op.stages)
 
     def _reload(self, op, p: StagePlacement, trainer, plan: Plan) -> float:
         """A forward op reading a model trained on other devices fetches the new weights."""

@@ -387,8 +387,11 @@ PROFILE_DOCS: dict[str, str] = {
     "compute_sample_time": "per sample of a host compute op (unset: sample_overhead)",
     "compute_token_time": "per token of a host compute op",
     "host_bandwidth": "device <-> host memory, one way (offload)",
-    "host_memory_bandwidth": "host memory streaming (CPU Adam)",
+    "host_memory_bandwidth": "one rank's host memory streaming (CPU Adam step)",
     "grads_freed": "1: the backend frees gradients after each step",
+    "packed_seq_overhead": "host time per sequence per layer of a packed forward pass, where "
+                           "each sequence is its own attention call (no variable-length "
+                           "kernel: a CPU)",
     "tool_call_s": "a sandboxed tool call that answers at once (rpeg calibrate --tools): "
                    "a tool that declares no latency is priced with it",
     "vllm_layer_overhead": "vLLM's host time per layer per forward call (unset: "

@@ -467,8 +467,10 @@ class GpuProfile:
     compute_sample_time: float | None = _m("s", None)     # per sample; None: sample_overhead
     compute_token_time: float = _m("s", 2e-9)      # per token
     host_bandwidth: float = _m("bytes/s", 25e9)    # device <-> host memory, one way (offload)
-    host_memory_bandwidth: float = _m("bytes/s", 12.5e9)  # host memory streaming (CPU Adam)
+    host_memory_bandwidth: float = _m("bytes/s", 12.5e9)  # one rank's CPU Adam step (passes.cpu_adam_step)
     grads_freed: float = _m("")                    # 1: the backend frees gradients after each step
+    packed_seq_overhead: float = _m("s")           # per sequence per layer of a packed pass: one
+                                                   # attention call each (no varlen kernel)
     tool_call_s: float = _m("s", 0.01)             # a sandboxed tool call that returns at once
     # Generation engines measured on this device (benchmarks/generation.py).
     vllm_layer_overhead: float | None = _m("s", None)     # None: layer_overhead

@@ -13,6 +13,7 @@ from backends.torch_backend.generation import TorchEngine
 from backends.torch_backend.modeling import build_model
 from backends.torch_backend.tokenizer import EOS_ID, encode
 from backends.torch_backend.train import forward_arrays
+from rpeg.cost.partial import step_budget
 from rpeg.spec.presets import PRESETS
 
 MAX = 16
@@ -32,14 +33,17 @@ def _model(seed: int = 0):
     return model.eval()
 
 
-def _cohorts(step: int, carry: int, replica: int = 0) -> list[Cohort]:
+def _cohorts(step: int, carry: int, replica: int = 0, paced: bool = True) -> list[Cohort]:
+    """The cohorts of a call at ``step``, those started early with the budget the executor
+    gives them (``paced``), else none."""
     out = []
     for c in range(step, step + carry + 1):
         prompts = tuple(np.array([257] + encode(f"{c}+{i}="), dtype=np.int64)
                         for i in range(PROMPTS))
         seed = ((7 * 1_000_003 + step) * 64 + replica) * 128 + (c - step)
         out.append(Cohort(c, prompts, SamplingParams(MAX, temperature=1.0, eos_id=EOS_ID,
-                                                     seed=seed)))
+                                                     seed=seed),
+                          budget=step_budget(MAX, carry, c - step) if paced else 0))
     return out
 
 
@@ -167,9 +171,9 @@ def test_max_seqs_decodes_in_waves_and_streams_every_response_once(carry):
     seen = []
     real_advance, real_decode = engine._advance, engine._decode
 
-    def advance(live, *a):
+    def advance(live, *a, **k):
         seen.append(len(live))
-        return real_advance(live, *a)
+        return real_advance(live, *a, **k)
 
     def decode(prompts, *a):
         seen.append(len(prompts))
@@ -189,3 +193,44 @@ def test_max_seqs_decodes_in_waves_and_streams_every_response_once(carry):
                 assert (r[-1] == EOS_ID or len(r) == MAX) and len(lp) == len(r)
                 np.testing.assert_allclose(lp, f, atol=2e-4)
     assert seen and max(seen) <= 4 and len(seen) > 3
+
+
+@pytest.mark.parametrize("carry", [1, 2])
+def test_cohorts_started_early_advance_by_their_share_a_step(carry):
+    """Every response runs to the length cap (no end-of-sequence): a cohort started early
+    holds at most its budget after each call, and every step after the first decodes a
+    share of the longest response, as the cost model prices it (``rpeg.cost.partial``)."""
+    model = _model()
+    with torch.no_grad():
+        model.lm_head.bias[EOS_ID] = -1e4
+    engine = TorchEngine(model)
+    cap = -(-MAX // (carry + 1))
+    sampled = []
+    for s in range(6):
+        before = engine.carried["rollout"].sampled if s else 0
+        chunks = list(engine.generate_carried(_cohorts(s, carry), chunks=1, key="rollout"))
+        assert all(len(r) == MAX for c in chunks for r in c.response_ids)
+        buf = engine.carried["rollout"]
+        sampled.append(buf.sampled - before)
+        for c, rs in buf.cohorts.items():
+            assert all(len(r.tokens) <= step_budget(MAX, carry, c - s) for r in rs)
+    # the first step decodes its own responses whole; later ones about an equal share each
+    assert sampled[0] >= PROMPTS * MAX
+    assert all(0 < n <= PROMPTS * (carry + 1) * cap for n in sampled[1:])
+    if carry == 1:
+        assert sampled[1:] == [PROMPTS * MAX] * 5
+
+
+def test_without_budgets_the_steps_alternate_between_whole_responses_and_none():
+    """What the budgets prevent: the next cohort carried along to the cap, so the step after
+    has nothing to decode."""
+    model = _model()
+    with torch.no_grad():
+        model.lm_head.bias[EOS_ID] = -1e4
+    engine = TorchEngine(model)
+    sampled = []
+    for s in range(4):
+        before = engine.carried["rollout"].sampled if s else 0
+        list(engine.generate_carried(_cohorts(s, 1, paced=False), chunks=1, key="rollout"))
+        sampled.append(engine.carried["rollout"].sampled - before)
+    assert sampled == [2 * PROMPTS * MAX, 0, 2 * PROMPTS * MAX, 0]

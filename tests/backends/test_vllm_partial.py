@@ -60,14 +60,17 @@ def eos_logit(model, eos: int, logit: float) -> None:
 
 
 def _cohorts(step: int, carry: int, eos: int):
+    """A call's cohorts, those started early with the budget the executor gives them."""
     from backends.api import Cohort, SamplingParams
     from backends.torch_backend.tokenizer import BOS_ID, encode
+    from rpeg.cost.partial import step_budget
     out = []
     for c in range(step, step + carry + 1):
         prompts = tuple(np.array([BOS_ID, *encode(f"{c}+{i}=")], dtype=np.int64)
                         for i in range(PROMPTS))
         out.append(Cohort(c, prompts, SamplingParams(MAX, temperature=1.0, eos_id=eos,
-                                                     seed=1000 * step + c)))
+                                                     seed=1000 * step + c),
+                          budget=step_budget(MAX, carry, c - step)))
     return out
 
 
@@ -121,6 +124,8 @@ def test_carried_responses_resume_under_new_weights_with_their_prefix_kept(setup
                     then = _logprobs(old, c)[list(c.prompt_index).index(i)]
                     np.testing.assert_allclose(lp[:k], then[:k], atol=TOL)
             assert c.version == oldest
+        # the next cohort advanced by its share, no further
+        assert all(len(r.tokens) <= MAX // 2 for r in engine.carried["rollout"].cohorts[s + 1])
     assert carried_seen > 0 and len(lengths) > 3
 
 

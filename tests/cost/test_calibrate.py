@@ -82,6 +82,31 @@ def test_profile_fit_reproduces_the_measurements():
     assert p.runtime_memory == pytest.approx(1e6, rel=0.05)
 
 
+def test_packed_ops_fit_the_per_sequence_attention_call():
+    """Packed ops (each sequence its own attention call per layer, on a CPU) measured as a
+    profile with ``packed_seq_overhead`` would produce them: the fit recovers it, and a
+    calibration without packed ops leaves it unmeasured (0, the GPU profiles' value)."""
+    from rpeg.cost.memory import Parallel
+    truth = attrs.evolve(TRUE, packed_seq_overhead=4e-5)
+    m = _synthetic()
+    cluster = cpu_cluster(truth, LINK)
+    rng = np.random.default_rng(0)
+    for name, dims in DIMS.items():
+        for kind, b, p, g in (("forward", 16, 32, 32), ("train", 16, 32, 16),
+                              ("train", 48, 8, 20)):
+            lengths = sorted(int(n) for n in rng.integers(1, g + 1, b))
+            t, mem = predict_op(kind, dims, b, p, g, cluster, Parallel(packing=True),
+                                lengths=lengths)
+            m["ops"].append({"kind": kind, "model": name, "dims": attrs.asdict(dims),
+                             "batch": b, "prompt_len": p, "gen_len": g, "packed": True,
+                             "lengths": lengths, "latency_s": t, "peak_bytes": mem})
+    fit = fit_profile(m)
+    assert fit.profile.packed_seq_overhead == pytest.approx(4e-5, rel=0.05)
+    assert "packed_seq_overhead" in fit.measured
+    assert max(abs(r) for _, r in fit.residuals) < 0.02
+    assert fit_profile(_synthetic()).profile.packed_seq_overhead == 0.0
+
+
 def test_mape():
     assert mape([(110, 100), (90, 100)]) == pytest.approx(10.0)
     assert np.isnan(mape([]))

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from rpeg.cost import compute as C
 from rpeg.cost.examples import ppo_pipeline
 from rpeg.cost.memory import Parallel, local_params, model_params, resident_memory
+from rpeg.cost.passes import cpu_adam_step, offload_time
 from rpeg.cost.profiles import cluster_of
 from rpeg.cost.stages import (
     estimate_stage,
@@ -21,7 +22,7 @@ from rpeg.cost.stages import (
 )
 from rpeg.cost.topology import Collective, Topology, collective_time
 from rpeg.graph.work import work_of
-from rpeg.spec.model import Model
+from rpeg.spec.model import Engine, Model, Zero
 from rpeg.spec.presets import PRESETS
 
 GH = cluster_of("gh200", 8)
@@ -120,6 +121,26 @@ def test_offload_moves_adam_state_off_the_device_between_steps(ppo):
     assert dt == pytest.approx(2 * state / 450e9)
     assert host_bandwidth(GH.gpu) == 450e9
     assert math.isclose(host_bandwidth(cluster_of("a100", 8).gpu), 25e9)
+
+
+def test_deepspeed_offload_streams_the_step_zero_offload_runs_on_the_host():
+    """DeepSpeed's ZeRO-Offload step per rank: float32 gradients out, unscaled and clipped in
+    place, CPU Adam, the float32 weights narrowed to 16 bits on the host and sent back; every
+    optimizer step of a DeepSpeed train stage pays it."""
+    a100 = cluster_of("a100", 8).gpu
+    par = Parallel(dp=4, zero=Zero.GRADIENTS, offload=True)
+    n = local_params(ACTOR, par) / 4                  # the rank's share of the optimizer
+    host = n * (8 + 28 + 6) / a100.host_memory_bandwidth
+    pcie = n * (4 + 2) / a100.host_bandwidth
+    assert cpu_adam_step(ACTOR, par, a100) == pytest.approx(host + pcie)
+    # more than Adam's own streaming, the rest of the step is the host's too
+    assert cpu_adam_step(ACTOR, par, a100) > n * 28 / a100.host_memory_bandwidth
+    assert offload_time(ACTOR, par, a100, Engine.DEEPSPEED, opt_steps=4) == \
+        pytest.approx(4 * cpu_adam_step(ACTOR, par, a100))
+    # a float32 model converts nothing: its weights go back as they are
+    f32 = attrs.evolve(ACTOR, dtype="fp32")
+    assert cpu_adam_step(f32, par, a100) == pytest.approx(
+        n * 36 / a100.host_memory_bandwidth + n * 8 / a100.host_bandwidth)
 
 
 def test_chunks_report_their_longest_and_mean_response(ppo):

@@ -68,6 +68,18 @@ def test_gemm_and_bandwidth_are_positive():
     assert measure.copy_bandwidth(8 * 2**20, repeats=2) > 1e8
 
 
+def test_packed_ops_run_responses_of_varied_lengths_and_say_them():
+    measure.set_threads(1)
+    spec = dict(dims=PRESETS["tiny"], batch=8, prompt_len=8, gen_len=12, packed=True)
+    for kind in ("forward", "train"):
+        run = measure.op_runner(kind, **spec)
+        run()
+        assert len(run.lengths) == 8 and max(run.lengths) == 12 and min(run.lengths) < 12
+    assert {m.get("packed", False) for m, _ in measure.calibration_specs()} == {False, True}
+    with pytest.raises(ValueError, match="forward and train"):
+        measure.op_runner("generate", **spec)
+
+
 def test_unknown_op_kind_is_refused():
     with pytest.raises(ValueError, match="forward, generate, train"):
         measure.op_runner("sleep", PRESETS["tiny"], 1, 1, 1)
@@ -81,6 +93,9 @@ def test_two_devices_run_with_the_allocator_asked_for():
         assert set(two.client.run(measure.allocator).values()) == {"worker"}
         (row,) = two.dp_train(ops, repeats=1)
         assert row["latency_s"] > 0 and row["peak_bytes"] is None
+        # the calibration's model ops, timed in a worker's task thread
+        (timed,) = two.timed_ops([dict(kind="forward", **ops[0])], repeats=2)
+        assert timed["latency_s"] > 0 and len(timed["times_s"]) == 2
     with measure.TwoDevices(clean=True) as two:
         assert set(two.client.run(measure.allocator).values()) == {"clean"}
         assert two.dp_peaks(ops)[0] > 0

@@ -34,6 +34,7 @@ def test_segments_by_hand():
     assert p.rows == pytest.approx(2.5, abs=0.01)
     # earlier tokens: pieces 0,1,2,3 have 0, 1000, 2000, 3000 before them, in 4:3:2:1
     assert p.context == pytest.approx((0 * 4 + 1000 * 3 + 2000 * 2 + 3000 * 1) / 10, rel=0.01)
+    assert p.longest_context == 3000
     q = p.quantiles(100)
     assert q.max() <= 1000 and np.all(np.diff(q) >= 0)
     assert p.finished_top(10) == 3010 and p.finished_top(999) == 3999
@@ -97,3 +98,21 @@ def test_an_off_policy_train_step_pays_the_correction_forward(ppo8b):
     extra = dict(off.breakdown)["proximal_forward"]
     # one forward of the batch: a fraction of the forward + backward passes
     assert 0 < extra < fb / 2 and off.time_s == pytest.approx(on.time_s + extra, rel=1e-9)
+
+
+def test_a_padded_engine_reprefills_every_carried_row_to_the_longest_context(monkeypatch):
+    """rpeg's torch loop pads a step's sequences to the longest context (a carried
+    response's prompt and tokens so far) and prefills them all: its prefill is priced at
+    the longest, not the mean, earlier tokens; a paged cache (vLLM) holds each its own."""
+    import rpeg.cost.generation as G
+    from rpeg.spec.model import Engine
+    tiny = load(ROOT / "pipelines/tiny_ppo.rpeg")
+    cpu = cluster_of("local_cpu", 2)
+    work = work_of(tiny, "rollout")
+    prefill = lambda engine: dict(estimate_stage(  # noqa: E731
+        work, Parallel(), (0,), cpu, partial=10, engine=engine).breakdown)["prefill"]
+    padded = prefill(Engine.TORCH)
+    G._cached.cache_clear()
+    monkeypatch.setattr(Partial, "longest_context", property(lambda p: p.context))
+    assert padded > prefill(Engine.TORCH)
+    G._cached.cache_clear()

@@ -145,3 +145,22 @@ def test_the_floor_is_no_more_than_the_count_on_every_baseline(spec, cluster):
                 d = dispatch_per_step(loose, layouts, chunks, steps, plan.fusion)
                 assert (low.devices, low.calls) == (d.devices, d.calls)
                 assert 0 < low.tasks <= d.tasks and low.args <= d.args, (low, d)
+
+
+def test_a_fused_op_takes_its_stages_time_and_saves_their_tasks():
+    """Fused stages run as calls of their own inside one task: the op's time is their sum
+    (each pays its own call overhead), and what fusion saves is dispatch, in the control
+    plane's task count."""
+    pipeline, fused = PLANS["ppo, advantages elsewhere, ref_lp and scores fused"]
+    _, plain = PLANS["ppo, advantages elsewhere"]
+    ev = Evaluator(pipeline, builtin_cluster("gh200_64"))
+    op = next(o for o in ev.graph(fused).ops if o.stages == ("ref_lp", "scores"))
+    timings = ev.timings(fused, ev.graph(fused))[0]
+    apart = ev.timings(plain, ev.graph(plain))[0]
+    per_chunk = timings[op.name].chunk_times
+    assert per_chunk and len(per_chunk) == len(apart["ref_lp"].chunk_times)
+    for both, a, b in zip(per_chunk, apart["ref_lp"].chunk_times,
+                          apart["scores"].chunk_times, strict=True):
+        assert both == pytest.approx(a + b, rel=1e-9)
+    assert ev.dispatch(fused, ev.graph(fused), timings).tasks \
+        < ev.dispatch(plain, ev.graph(plain), apart).tasks

@@ -47,7 +47,7 @@ def _refused(argv: list[str], capsys, *names: str, rc: int = 1) -> str:
     for name in names:
         assert name in err + out, (argv, name, err, out)
     for line in err.splitlines():                 # a refusal names its file once
-        paths = re.findall(r"/[^\s':,()]+", line)
+        paths = re.findall(r"(?<![:/])/[^\s':,()]+", line)
         assert len(paths) == len(set(paths)), line
     return err + out
 

@@ -56,11 +56,11 @@ def test_a_missing_dataset_is_refused_before_anything_is_written(spec, tmp_path,
 
 
 def _failing_set_up(monkeypatch):
-    from rpeg.runtime.dask.checkpointing import Checkpointing
+    from rpeg.runtime.dask.checkpointing import Starter
 
-    def fail(self):
+    def fail(self, number, plan):
         raise RuntimeFailure("worker set-up must succeed, and it failed: (a test's failure)")
-    monkeypatch.setattr(Checkpointing, "_start_workers", fail)
+    monkeypatch.setattr(Starter, "start", fail)
 
 
 def test_a_start_failing_before_its_first_step_is_marked_and_not_resumable(spec, tmp_path,

@@ -191,8 +191,8 @@ def test_ctrl_c_stops_at_the_first_cut_holding_every_submitted_op(ppo, plan_by_h
         new = core.handle(C.TaskEnded(queue.pop(0), t))
         log += new
         queue += _pack(core, new, t)
-    assert [i for i in log if isinstance(i, C.CutShort)] == [C.CutShort(stopping.end,
-                                                                         stopping.inside)]
+    assert [i for i in log if isinstance(i, C.CutShort)] == [C.CutShort(
+        stopping.end, stopping.inside, frozenset(core.cuts.carried(stopping.end)))]
     # nothing past the cut was submitted: it is held for the resumed run
     assert all(core.status[i] is not C.OpState.DONE for i in core.status
                if i not in stopping.inside)
@@ -247,3 +247,73 @@ def test_a_collective_that_fails_waits_for_a_lost_peer_before_it_aborts(ppo):
     assert not [i for i in core.handle(C.Tick(t + 5.0)) if isinstance(i, C.Abort)]
     [abort] = [i for i in core.handle(C.Tick(t + core.peer_grace_s)) if isinstance(i, C.Abort)]
     assert abort.op_id == sync and abort.cause is err and core.finished
+
+
+# --- the run's decisions the Dask adapter only carries out ----------------------------------
+def _staleness_segment(ppo, steps=4, end=2):
+    """The first segment (to ``end``) of a staleness-1 run on two devices, as the adapter
+    builds it."""
+    calls = build_calls(ppo, split_plan(ppo, 2, staleness=1), steps=steps)
+    table = {c.id: c for c in calls}
+    cuts = Cuts(table)
+    seg = cuts.closure(end)
+    core = C.Core.create(cuts.core_view(seg, end), end, C.window_of(((None, 1),)), cuts=cuts,
+                         devices=[0, 1])
+    return core, cuts, seg
+
+
+def test_a_segment_keeps_the_outputs_read_past_its_cut_and_releases_the_rest(ppo):
+    core, cuts, seg = _staleness_segment(ppo)
+    queue, t, log = _pack(core, core.handle(C.Started(now=0.0)), 0.0), 0.0, []
+    while queue:
+        t += 1.0
+        new = core.handle(C.TaskEnded(queue.pop(0), t))
+        log += new
+        queue += _pack(core, new, t)
+    carried = frozenset(cuts.carried(2))
+    assert carried and any("/s2/" in op for op in carried)    # generation pulled in by the cut
+    [finish] = [i for i in log if isinstance(i, C.Finish)]
+    assert finish.carried == carried
+    released = [i.op_id for i in log if isinstance(i, C.Release)]
+    assert len(released) == len(set(released)) and set(released) == seg - carried
+
+
+def test_fusion_reads_what_the_core_heard_not_the_cluster(ppo):
+    core, _, seg = _staleness_segment(ppo)
+    first = _pack(core, core.handle(C.Started(now=0.0)), 0.0)
+    op = first[0]
+    assert core.task_of(op) == op and not core.is_done(op)
+    assert core.is_done("actor_step/s40") and core.task_of("actor_step/s40") is None
+    core.handle(C.TaskEnded(op, 1.0))
+    assert core.is_done(op) and core.task_of(op) == op
+
+
+def test_the_window_holds_staleness_plus_one_steps_and_one_ahead():
+    assert C.window_of(()) == 2                                       # synchronous
+    assert C.window_of((("rollout", 1), ("critic", 0))) == 3
+    assert C.window_of((("rollout", 3),)) == 5
+
+
+def test_evals_run_every_so_many_steps_from_the_first_and_at_the_last():
+    assert [s for s in range(13) if C.eval_due(s, 12, 5)] == [0, 5, 10, 12]
+    assert [s for s in range(7) if C.eval_due(s, 6, 3)] == [0, 3, 6]
+    assert not any(C.eval_due(s, 12, None) for s in range(13))
+
+
+def test_a_task_may_take_factor_times_its_predicted_time_and_never_less_than_the_floor():
+    lim = C.Limits(factor=10.0, floor_s=120.0)
+    times = {"rollout": 20.0, "ref_lp": 1.0, "actor_step": 5.0}
+    # a fused call counts its slowest stage; the calls of a task add up
+    assert lim.task([("rollout", "ref_lp"), ("actor_step",)], times) == 250.0
+    assert lim.task([("ref_lp",)], times) == 120.0                    # the floor
+    assert lim.task([("unknown",)], {}) == 120.0
+    assert (lim.gather_s, lim.setup_s, lim.drain_s) == (240.0, 600.0, 10.0)
+    short = C.Limits(factor=1.0, floor_s=2.0)
+    assert (short.gather_s, short.setup_s, short.drain_s) == (4.0, 600.0, 2.0)
+    assert C.Limits(1.0, 400.0).setup_s == 800.0
+
+
+def test_the_worked_examples_of_the_run_decisions_hold():
+    import doctest
+    result = doctest.testmod(C)
+    assert result.attempted and result.failed == 0

@@ -100,9 +100,8 @@ def drive(calls, steps: int, window: int, op_time: Callable[[OpCall], float], *,
 
     def submit(instructions) -> None:
         batch = [table[i.call.id] for i in instructions if isinstance(i, C.Submit)]
-        is_done = lambda d: d not in key_of or key_of[d] in ended   # noqa: E731
-        task_of = lambda d: key_of.get(d)                              # noqa: E731
-        for g in (timed(F.fuse, batch, consumers, is_done, fuse, task_of, together)
+        # packed by what the core has heard, as the runtime packs them
+        for g in (timed(F.fuse, batch, consumers, core.is_done, fuse, core.task_of, together)
                   if batch else ()):
             k = len(tasks)
             tasks.append((g, sum(op_time(c) for c in g.calls)))

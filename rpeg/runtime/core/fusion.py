@@ -96,36 +96,3 @@ def fuse(batch: Iterable[OpCall], consumers: dict[str, tuple[OpCall, ...]],
                          or not consumers.get(c.id))
         out.append(Group(tuple(g), keep))
     return out
-
-
-def submit(client, g: Group, futures: dict, worker: str, key: str):
-    """Submit ``g`` as one Dask task pinned to ``worker``, prioritised by its step.
-
-    Its arguments are the futures (``futures``: op id -> the future of its task) of the
-    other tasks whose results the calls read, each passed once, and of the tasks they only
-    wait for (ordering edges); an ordering dependency with no future finished before (an op
-    before a checkpoint cut) and is not waited for."""
-    from rpeg.runtime.dask import worker as W
-
-    args: list = []
-    index: dict[str, int] = {}
-    own = set(g.ids)
-
-    def arg(f) -> int:
-        if f.key not in index:
-            index[f.key] = len(args)
-            args.append(f)
-        return index[f.key]
-
-    where = []
-    for call in g.calls:
-        where.append(tuple((-1, d) if d in own else (arg(futures[d]), d) for d in call.deps))
-        for a in call.after:
-            if a not in own and a in futures:
-                arg(futures[a])
-    # of two tasks ready on one worker the older step's runs first (Dask runs higher priority
-    # first, and equal priorities in submission order): a step's cheap tail (a reward, say)
-    # must not wait behind the next step's generation while another device waits for it
-    return client.submit(W.run_group, g.calls, g.keep, tuple(where), *args, key=key,
-                         workers=[worker], allow_other_workers=False, pure=False,
-                         priority=-g.calls[0].step)

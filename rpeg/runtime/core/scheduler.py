@@ -12,7 +12,10 @@ dependencies, so *when it runs* is decided by completion events on the cluster,
 never by predicted times. The core keeps at most ``window`` steps in flight
 (staleness k needs k + 1: generation of step s + k overlaps training of step s),
 submits an op only after everything it depends on was submitted, releases an
-op's result once every consumer finished, and reports each finished step.
+op's result once every consumer finished (but for the outputs read past the segment's
+cut: those it keeps for the checkpoint, and ``Finish`` / ``CutShort`` name them), and
+reports each finished step. The adapter packs its submissions into tasks by what the
+core has heard (:meth:`Core.is_done`, :meth:`Core.task_of`), never by Dask's view.
 
 It also makes every decision of a segment of a resilient run, from events the adapter
 reports with the time they happened (``now``: the core reads no clock):
@@ -28,7 +31,9 @@ reports with the time they happened (``now``: the core reads no clock):
   (``Stopping``), the ops past it held, and ``CutShort`` once every op inside is done.
 
 Between segments, the run's own decisions are functions here too: where the next segment
-ends (:func:`next_cut`), what to do with the workers found at a (re)start
+ends (:func:`next_cut`), how many steps it keeps in flight (:func:`window_of`), whether
+its cut runs the eval block (:func:`eval_due`), how long a worker may take before it is
+stuck (:class:`Limits`), what to do with the workers found at a (re)start
 (:func:`on_workers`: run, refuse, give up, re-plan) and after a loss (:func:`on_loss`).
 
 Every event carries an id and every instruction the id of the event that caused it
@@ -160,6 +165,9 @@ class StepDone:
 
 @attrs.frozen
 class Finish:
+    """Every op of the segment is done: checkpoint at its end, keeping ``carried``."""
+
+    carried: frozenset[str] = frozenset()    # outputs read past the cut (none without cuts)
     stimulus: str = _caused_by()
 
 
@@ -229,6 +237,7 @@ class CutShort:
 
     end: int
     inside: frozenset[str]
+    carried: frozenset[str] = frozenset()    # outputs read past the cut
     stimulus: str = _caused_by()
 
 
@@ -254,6 +263,7 @@ class Core:
     last_alive: float = 0.0
     stuck_every_s: float = 0.5                # how often the tasks in flight are looked at
     last_stuck: float = 0.0
+    keep: frozenset[str] = frozenset()        # outputs read past the cut: never released
     stop_cut: frozenset[str] | None = None    # Ctrl-C: the ops inside the cut it stops at
     stop_end: int = 0
     submitted: int = 0                        # ops in the submitted state (in flight)
@@ -267,6 +277,7 @@ class Core:
     position: dict[str, int] = attrs.field(factory=dict)   # op -> its place in ``order``
     done_ids: set[str] = attrs.field(factory=set)
     limit: int = 0                            # steps below it may submit (the window's end)
+    task_key: dict[str, object] = attrs.field(factory=dict)   # op -> the task it runs in
     events: int = 0                           # events handled (an unnamed one's number)
     stimulus: str = ""                        # the id of the event being handled
 
@@ -297,6 +308,7 @@ class Core:
         return cls(table, order, steps, max(1, window), {c.id: OpState.PENDING for c in calls},
                    dict(consumers), dict(left), dict(by_step), steps_done=start, cuts=cuts,
                    start=start, before=frozenset(before),
+                   keep=frozenset(cuts.carried(steps)) if cuts is not None else frozenset(),
                    last_done=dict.fromkeys(devices, 0.0), unmet=unmet,
                    undone={d: len(cs) for d, cs in consumers.items()}, ready=ready,
                    position=position)
@@ -319,6 +331,8 @@ class Core:
             return self._fail(event.op_id, event.error)
         if isinstance(event, TaskSubmitted):
             self.flight.add(event.key, event.task, event.now)
+            for op_id in event.task.ids:
+                self.task_key[op_id] = event.key
             return []
         if isinstance(event, TaskEnded):
             return self._task_ended(event)
@@ -327,6 +341,17 @@ class Core:
         if isinstance(event, StopRequested):
             return self._stop()
         raise TypeError(f"unknown event {event!r}")
+
+    def is_done(self, op_id: str) -> bool:
+        """Whether the core has heard that ``op_id`` finished (an op of no call of the
+        segment finished before its cut). The fusion packs by it: a call joins a task
+        without waiting for what is done."""
+        state = self.status.get(op_id)
+        return state is None or state is OpState.DONE
+
+    def task_of(self, op_id: str) -> object:
+        """The key of the task ``op_id`` was submitted in (None: before the segment)."""
+        return self.task_key.get(op_id)
 
     def _move(self, op_id: str, what: str) -> None:
         old = self.status[op_id]
@@ -356,9 +381,11 @@ class Core:
         for d in dict.fromkeys(call.all_deps):
             self.undone[d] -= 1
             if not self.undone[d]:                 # every consumer of d is done
-                out.append(Release(d, stimulus=self.stimulus))
+                if d not in self.keep:
+                    out.append(Release(d, stimulus=self.stimulus))
         if not self.consumers.get(op_id):
-            out.append(Release(op_id, stimulus=self.stimulus))
+            if op_id not in self.keep:
+                out.append(Release(op_id, stimulus=self.stimulus))
         self.left_in_step[call.step] -= 1
         while self.steps_done < self.steps and self.left_in_step.get(self.steps_done, 0) == 0:
             out.append(StepDone(self.steps_done, stimulus=self.stimulus))
@@ -366,7 +393,7 @@ class Core:
         out += self._submit_ready()
         if self.steps_done == self.steps and not self.finished:
             self.finished = True
-            out.append(Finish(stimulus=self.stimulus))
+            out.append(Finish(self.keep, stimulus=self.stimulus))
         return out
 
     def _submit_ready(self) -> list:
@@ -466,6 +493,7 @@ class Core:
         else:
             inside = self.cuts.closure(self.steps)
         self.stop_cut, self.stop_end = frozenset(inside), end
+        self.keep = frozenset(self.cuts.carried(end))
         return [Stopping(end, self.stop_cut, stimulus=self.stimulus)] + self._stop_reached()
 
     def _stop_reached(self) -> list:
@@ -473,7 +501,7 @@ class Core:
             return []
         if all(i in self.done_ids or i in self.before for i in self.stop_cut):
             self.finished = True
-            return [CutShort(self.stop_end, self.stop_cut, stimulus=self.stimulus)]
+            return [CutShort(self.stop_end, self.stop_cut, self.keep, stimulus=self.stimulus)]
         return []
 
 
@@ -528,6 +556,69 @@ def on_loss(losses: int, max_losses: int, stuck: bool) -> tuple[bool, bool]:
         ((False, True), (True, False))
     """
     return losses > max_losses, stuck
+
+
+def window_of(staleness) -> int:
+    """Steps a segment keeps in flight for a plan of ``staleness`` ((stage, k) pairs): k + 1
+    may run at once, and one more is submitted ahead, so the scheduler holds its ops and
+    starts them the moment their inputs exist (no client round trip).
+
+        >>> window_of(()), window_of((("rollout", 1), ("adv", 0)))
+        (2, 3)
+    """
+    return max((k for _, k in staleness), default=0) + 2
+
+
+def eval_due(step: int, steps: int, every: int | None) -> bool:
+    """Whether the cut at ``step`` runs the eval block: every ``every`` steps (the untrained
+    model at 0 among them) and the run's last step; never without one.
+
+        >>> [s for s in range(11) if eval_due(s, 10, 4)], eval_due(3, 10, None)
+        ([0, 4, 8, 10], False)
+    """
+    return every is not None and (step % every == 0 or step == steps)
+
+
+SETUP_LIMIT_S = 600.0        # a worker's set-up imports torch and builds models: minutes
+
+
+@attrs.frozen
+class Limits:
+    """How long the run waits on its workers before one counts as stuck (then it is killed
+    and the run rolls back): a task, ``factor`` x the plan's predicted time of its ops and
+    never less than ``floor_s``; any other call to a worker, from the floor.
+
+        >>> Limits(10.0, 120.0).task([("gen",), ("gen", "ref")], {"gen": 20.0, "ref": 30.0})
+        500.0
+        >>> Limits(10.0, 1.0).task([("gen",)], {}), Limits(10.0, 1.0).gather_s
+        (1.0, 2.0)
+    """
+
+    factor: float = 10.0
+    floor_s: float = 120.0
+
+    def task(self, stages_of_calls, op_times: dict[str, float]) -> float:
+        """A task running calls of these stages (each call's stages, as ``OpCall.stages``)
+        in turn: the slowest stage of each call, summed (once per task: a frozen worker
+        is found as fast whatever the task holds)."""
+        t = sum(max((op_times.get(s, 0.0) for s in stages), default=0.0)
+                for stages in stages_of_calls)
+        return max(self.floor_s, self.factor * t)
+
+    @property
+    def gather_s(self) -> float:
+        """Results of a call to every worker (a checkpoint's saves, an eval)."""
+        return 2 * self.floor_s
+
+    @property
+    def setup_s(self) -> float:
+        """The workers' set-up: importing torch and building models."""
+        return max(SETUP_LIMIT_S, 2 * self.floor_s)
+
+    @property
+    def drain_s(self) -> float:
+        """Trace events from every worker at once (then each is asked on its own)."""
+        return min(10.0, self.floor_s)
 
 
 def _submission_order(calls) -> tuple[str, ...]:

@@ -18,6 +18,9 @@ run holds for those steps (tests/runtime/test_windows.py).
 
 from __future__ import annotations
 
+from rpeg.errors import RuntimeFailure
+from rpeg.runtime.core.cuts import Cuts
+from rpeg.runtime.core.fusion import consumers_of
 from rpeg.runtime.lowering.instances import OpCall, build_calls, lookback
 
 AHEAD = 64            # steps built past what a segment needs, so the next reuses the build
@@ -55,3 +58,36 @@ class CallWindows:
         uses (the same from one step to the next once the staleness window has filled)."""
         return build_calls(self.pipeline, self.plan,
                            min(self.steps, self.base + 3 * self.reach + 2), first=self.base)
+
+
+class SegmentCalls:
+    """The calls around the segment a run is at: its table, cuts and consumers, built a
+    window at a time (so a long run starts as fast as a short one) and kept while the
+    next segment is inside the same window.
+
+        >>> seg = SegmentCalls(CallWindows(pipeline, plan, steps=60))    # doctest: +SKIP
+        >>> seg.move(0, 10, carry={})                                    # doctest: +SKIP
+        >>> seg.cuts.carried(10)                                         # doctest: +SKIP
+        {'rollout/s10/c0'}
+    """
+
+    def __init__(self, calls: CallWindows) -> None:
+        self.calls = calls
+        self.table: dict[str, OpCall] = {}
+        self.cuts: Cuts | None = None
+        self.consumers: dict[str, tuple[OpCall, ...]] = {}
+
+    def move(self, start: int, end: int, carry) -> None:
+        """Around the segment ``start``..``end``, which starts with the outputs ``carry``
+        (op id -> value) made before its cut; each must be an op of the run."""
+        table = self.calls.around(start, end)
+        if table is not self.table:
+            self.table = table
+            self.cuts = Cuts(table)
+            self.consumers = consumers_of(table.values())
+        unknown = sorted(op for op in carry if op not in table)
+        if unknown:
+            raise RuntimeFailure(f"the checkpoint at step {start} carries outputs of op "
+                                 f"'{unknown[0]}', which is not an op of this run's "
+                                 f"{self.calls.steps} steps", hint="was run.json edited? "
+                                 "resume with the steps the run was made with (--steps N)")

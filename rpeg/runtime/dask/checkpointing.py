@@ -1,8 +1,8 @@
 """Checkpoints at cuts: the workers started (or restarted) from the last one, re-planned
 when too few are left, and a checkpoint written at each cut.
 
-    >>> runner._start_workers()                 # set-up, then restore   # doctest: +SKIP
-    >>> runner._checkpoint(10, runner.cuts.closure(10))                  # doctest: +SKIP
+    >>> attempt = starter.start(1, plan)        # set-up, then restore   # doctest: +SKIP
+    >>> checkpointer(10, carried, attempt, futures)   # the cut at step 10  # doctest: +SKIP
 
 At a cut every replica on every worker is saved (weights, optimizer state,
 version; one a resume can rebuild is not), with the outputs made before the cut
@@ -23,31 +23,61 @@ import attrs
 from rpeg.errors import RpegError, RuntimeFailure, Span
 from rpeg.plan.model import Plan
 from rpeg.runtime.core import scheduler as C
-from rpeg.runtime.core.windows import CallWindows
+from rpeg.runtime.core.windows import CallWindows, SegmentCalls
 from rpeg.runtime.dask import worker as W
 from rpeg.runtime.dask.devices import Seen, cuda_choice, gpu_table
-from rpeg.runtime.dask.driver import _rendezvous, plan_is_for_gpus
-from rpeg.runtime.dask.losses import _Lost
+from rpeg.runtime.dask.driver import (
+    RunOptions,
+    _Cluster,
+    _rendezvous,
+    plan_is_for_gpus,
+)
+from rpeg.runtime.dask.losses import Watch, _Lost
 from rpeg.runtime.data import Cursor
 from rpeg.runtime.lowering.context import RunContext, tool_slots
 from rpeg.runtime.lowering.instances import base_of, graph_for, model_homes
 from rpeg.runtime.rundir import checkpoints as ckio
 from rpeg.runtime.rundir.directory import RunDir
+from rpeg.runtime.rundir.meta import Replan, RunMeta
 from rpeg.runtime.rundir.serial import plan_to_json
+from rpeg.runtime.rundir.state import RunState
 from rpeg.spec.model import Pipeline
 
-SETUP_LIMIT_S = 600.0
+
+@attrs.frozen(eq=False)
+class Attempt:
+    """One start of the run's workers: what the segments between losses run with."""
+
+    number: int                                 # 1, then one more after each loss
+    plan: Plan                                  # re-made when too few workers are left
+    workers: dict[int, str]                     # device -> worker address
+    calls: SegmentCalls
+    window: int                                 # steps in flight at once
 
 
-class Checkpointing:
-    """The runner's worker start, restore and checkpoints (a part of ``recovery._Runner``)."""
+@attrs.frozen(eq=False)
+class Starter:
+    """Workers started (or restarted after a loss) for the plan: found, set up, and
+    restored from the last checkpoint (mapped by model onto a re-made plan)."""
 
-    def _start_workers(self) -> None:
-        n = self.plan.num_devices
-        workers = self._wait_workers(n)
+    pipeline: Pipeline
+    options: RunOptions
+    replace_wait_s: float                       # how long to wait for a replacement worker
+    steps: int
+    cl: _Cluster
+    watch: Watch
+    rd: RunDir
+    meta: RunMeta
+    state: RunState
+    pids: dict[str, int]                        # worker address -> its process (filled here)
+
+    def start(self, number: int, plan: Plan) -> Attempt:
+        n = plan.num_devices
+        watch = self.watch
+        workers = self._wait_workers(n, number)
         if workers is None:
-            have = self._gpu_workers()
-            decision = C.on_workers(n, len(have), started=self.attempt > 1
+            have = watch.gpu_workers()
+            decision = C.on_workers(n, len(have), started=number > 1
                                     or self.state.checkpoint is not None)
             if decision is C.Workers.REFUSE:
                 raise RuntimeFailure(f"the plan needs {n:,} devices, and the scheduler at "
@@ -57,94 +87,92 @@ class Checkpointing:
                                           "or plan for the workers there are")
             if decision is C.Workers.GIVE_UP:
                 raise RuntimeFailure("no worker with resource GPU=1 is left to continue on")
-            self.plan = _replan(self.pipeline, self.plan, len(have), self.meta, self.rd,
-                                why=f"only {len(have)} worker(s) left",
-                                from_step=self.state.start)
+            plan = _replan(self.pipeline, plan, len(have), self.meta, self.rd,
+                           why=f"only {len(have)} worker(s) left", from_step=self.state.start)
             workers = dict(enumerate(have))
-        self.workers = workers
-        self.host_marks = []
-        self.calls_of = CallWindows(self.pipeline, self.plan, self.steps, self.state.base)
-        self._window(self.state.start, min(self.steps, self.state.start + 1))
-        # k + 1 steps may run at once; one more is submitted ahead, so the scheduler holds
-        # its ops and starts them the moment their inputs exist (no client round trip)
-        self.window = max((k for _, k in self.plan.staleness), default=0) + 2
+        watch.workers = workers
+        calls = SegmentCalls(CallWindows(self.pipeline, plan, self.steps, self.state.base))
+        calls.move(self.state.start, min(self.steps, self.state.start + 1), self.state.carry)
+        window = C.window_of(plan.staleness)
         cl = self.cl
-        if self.attempt > 1:
+        if number > 1:
             for a in workers.values():
                 try:
-                    self._run_on(a, W.teardown, 30.0)
+                    watch.run_on(a, W.teardown, 30.0)
                 except (Exception, _Lost):  # noqa: BLE001 — a fresh replacement has nothing to tear down
                     pass
-        seen = {d: self._run_on(a, W.device_report, 120.0) for d, a in workers.items()}
+        seen = {d: watch.run_on(a, W.device_report, 120.0) for d, a in workers.items()}
         cuda = cuda_choice(self.options.use_cuda, {d: len(r["gpus"]) for d, r in seen.items()})
         gpus = gpu_table({d: Seen(r["host"], tuple(r["gpus"])) for d, r in seen.items()}) \
             if cuda else ()
-        ctx = RunContext.create(self.pipeline, self.plan, self.calls_of.sample(),
+        ctx = RunContext.create(self.pipeline, plan, calls.calls.sample(),
                                 run_dir=str(self.rd.path), dist_addr=_rendezvous(workers[0]),
                                 use_cuda=cuda)
         timeout = self.options.collective_timeout_s
-        ctx = attrs.evolve(ctx, threads=self.options.threads, data=self._cursor(), gpus=gpus,
-                           collective_timeout_s=timeout, tool_slots=tool_slots(self.plan),
+        ctx = attrs.evolve(ctx, threads=self.options.threads, data=cursor_of(self.state),
+                           gpus=gpus, collective_timeout_s=timeout, tool_slots=tool_slots(plan),
                            syncs=tuple(attrs.evolve(s, addr=_rendezvous(workers[s.senders[0]]),
                                                     timeout_s=timeout) for s in ctx.syncs))
         _check_engine_hosts(ctx, seen, workers)
-        self._say_devices(cuda, gpus)
+        self._say_devices(plan, cuda, gpus)
         futs = [cl.client.submit(W.setup, ctx, d, workers=[a], allow_other_workers=False,
-                                 key=f"setup-{d}-{cl.token}-{self.attempt}", pure=False)
+                                 key=f"setup-{d}-{cl.token}-{number}", pure=False)
                 for d, a in workers.items()]
         try:
-            # set-up imports torch and builds models: minutes on a busy machine, not seconds
-            setup = self._gather(futs, "set-up", list(workers),
-                                 limit_s=max(SETUP_LIMIT_S, 2 * self.res.timeout_floor_s))
+            setup = watch.gather(futs, "set-up", list(workers),
+                                 limit_s=watch.limits.setup_s)
         except (RpegError, _Lost):
             raise
         except Exception as e:
             raise RuntimeFailure(f"worker set-up must succeed, and it failed: "
                                  f"{type(e).__name__}: {e}") from e
-        self.meta["setup_s"] = max(s["setup_s"] for s in setup)
-        self.meta["workers"] = {str(d): a for d, a in workers.items()}
-        self.meta["homes"] = {m: list(d) for m, d in model_homes(
-            self.pipeline, self.plan, graph_for(self.pipeline, self.plan)).items()}
-        history = self.meta.setdefault("worker_history", {})    # rpeg verify accepts each
-        for d, a in workers.items():
-            if a not in history.setdefault(str(d), []):
-                history[str(d)].append(a)
-        self.pids = {a: self._run_on(a, os.getpid, 60.0) for a in workers.values()}
+        meta = self.meta
+        meta.setup_s = max(s["setup_s"] for s in setup)
+        meta.workers = dict(workers)
+        meta.homes = {m: list(d) for m, d in model_homes(
+            self.pipeline, plan, graph_for(self.pipeline, plan)).items()}
+        for d, a in workers.items():                       # rpeg verify accepts each
+            if a not in meta.worker_history.setdefault(d, []):
+                meta.worker_history[d].append(a)
+        self.pids.clear()
+        self.pids.update({a: watch.run_on(a, os.getpid, 60.0) for a in workers.values()})
         if self.state.checkpoint is not None:
-            self._restore(self.state.checkpoint)
-        self.rd.write_json("run.json", self.meta)
+            self._restore(self.state.checkpoint, workers, number)
+        self.rd.write_json("run.json", meta.to_json())
+        return Attempt(number, plan, workers, calls, window)
 
-    def _say_devices(self, cuda: bool, gpus) -> None:
+    def _say_devices(self, plan: Plan, cuda: bool, gpus) -> None:
         """Record where the ops run; say it once when a plan priced for GPUs runs on CPU."""
-        first = "cuda" not in self.meta
-        self.meta["cuda"] = cuda
+        first = self.meta.cuda is None
+        self.meta.cuda = cuda
         if cuda:
-            self.meta["gpus"] = {str(d): f"{g.host}:{g.gpu}" for d, g in enumerate(gpus)}
-        elif first and plan_is_for_gpus(self.plan):
+            self.meta.gpus = {d: f"{g.host}:{g.gpu}" for d, g in enumerate(gpus)}
+        elif first and plan_is_for_gpus(plan):
             print(f"rpeg: warning: the plan was priced for the GPU cluster "
-                  f"'{self.plan.cluster}' and runs on CPU workers (no GPU that torch can use, "
+                  f"'{plan.cluster}' and runs on CPU workers (no GPU that torch can use, "
                   "or --cpu): its predicted times and memory are that cluster's, not these "
                   "workers'", file=sys.stderr)
 
-    def _wait_workers(self, n: int) -> dict[int, str] | None:
-        end = time.time() + (self.res.replace_wait_s if self.attempt > 1 else 30.0)
-        lost = {r["worker"] for r in self.meta.get("recoveries", [])}
+    def _wait_workers(self, n: int, number: int) -> dict[int, str] | None:
+        end = time.time() + (self.replace_wait_s if number > 1 else 30.0)
+        lost = self.meta.lost_workers()
         while True:
-            have = [a for a in self._gpu_workers() if a not in lost]
+            have = [a for a in self.watch.gpu_workers() if a not in lost]
             if len(have) >= n:
                 return dict(enumerate(have[:n]))
             if time.time() > end:
                 return None
             time.sleep(0.25)
 
-    def _restore(self, ck: ckio.Checkpoint) -> None:
+    def _restore(self, ck: ckio.Checkpoint, workers: dict[int, str], number: int) -> None:
         # "model@device" -> version, of the replicas whose files the checkpoint holds (a
         # frozen model and a copy equal to its trained replica are rebuilt, not saved)
         saved = {k: v for k, v in dict(ck.state.get("replicas", {})).items()
                  if (ck.path / k).is_dir()}
         restart = ck.step == self.state.base > 0            # an extended run restarts here
+        cl = self.cl
         futs = []
-        for d, a in self.workers.items():
+        for d, a in workers.items():
             sources = {}
             for key in saved:
                 model, dev = key.rsplit("@", 1)
@@ -155,11 +183,11 @@ class Checkpointing:
                 if restart:                # every replica at the newest version, as at step 0
                     sources[model] = str(ck.path / _best_source(saved, model, ck))
                 sources.setdefault(model, str(ck.path / _best_source(saved, model, ck)))
-            futs.append(self.cl.client.submit(ckio.restore_replicas, sources, workers=[a],
-                                              allow_other_workers=False, pure=False,
-                                              key=f"restore-{d}-{self.cl.token}-{self.attempt}"))
+            futs.append(cl.client.submit(ckio.restore_replicas, sources, workers=[a],
+                                         allow_other_workers=False, pure=False,
+                                         key=f"restore-{d}-{cl.token}-{number}"))
         try:
-            self._gather(futs, "restore", list(self.workers))
+            self.watch.gather(futs, "restore", list(workers))
         except (RpegError, _Lost):
             raise
         except Exception as e:  # noqa: BLE001 — a checkpoint file the backend cannot load
@@ -168,56 +196,75 @@ class Checkpointing:
                                  Span(str(ck.path), 0, 0),
                                  hint="remove it to resume from the one before") from None
 
-    def _cursor(self) -> Cursor:
-        """Where step ``state.start`` reads its prompts: from the checkpoint, else the start."""
-        ck = self.state.checkpoint
-        cursor = Cursor.from_json(ck.state.get("data")) if ck is not None else Cursor()
-        return cursor
 
-    def _checkpoint(self, cut: int, inside: set[str]) -> None:
-        cl, rd = self.cl, self.rd
-        keep = self.cuts.carried(cut)
-        for e in self._drain():
-            self.state.pending[int(e["step"])].append(e)
+def cursor_of(state: RunState) -> Cursor:
+    """Where step ``state.start`` reads its prompts: from the checkpoint, else the start."""
+    ck = state.checkpoint
+    return Cursor.from_json(ck.state.get("data")) if ck is not None else Cursor()
+
+
+@attrs.frozen(eq=False)
+class Checkpointer:
+    """The checkpoint at a cut: every replica on every worker (but those a resume can
+    rebuild), the outputs carried over the cut, the trace so far and the data cursor."""
+
+    pipeline: Pipeline
+    steps: int
+    keep: int                                   # complete checkpoints kept
+    t0: float                                   # the run's start, if run.json has none
+    cl: _Cluster
+    watch: Watch
+    rd: RunDir
+    meta: RunMeta
+    state: RunState
+
+    def __call__(self, cut: int, keep: frozenset[str], attempt: Attempt,
+                 futures: dict[str, object]) -> None:
+        """Checkpoint at ``cut`` with the outputs of ``keep`` (the ops whose outputs are
+        read past it, as the core says); ``futures``: op id -> the future of its task."""
+        cl, rd, state, watch = self.cl, self.rd, self.state, self.watch
+        for e in watch.drain():
+            state.pending[int(e["step"])].append(e)
         carry = {}
         if keep:
             # a task returns {op id: outputs} for the ops it keeps; each task gathered once
+            table = attempt.calls.table
             tasks = {}
             for op_id in sorted(keep):
-                tasks.setdefault(self._seg_futures[op_id].key, (self._seg_futures[op_id],
-                                                                self.table[op_id].device))
-            got = dict(zip(tasks, self._gather([f for f, _ in tasks.values()], "carry",
+                tasks.setdefault(futures[op_id].key, (futures[op_id], table[op_id].device))
+            got = dict(zip(tasks, watch.gather([f for f, _ in tasks.values()], "carry",
                                                [d for _, d in tasks.values()]), strict=True))
-            carry = {op_id: got[self._seg_futures[op_id].key][op_id] for op_id in sorted(keep)}
+            carry = {op_id: got[futures[op_id].key][op_id] for op_id in sorted(keep)}
         tmp = ckio.begin(rd.path, cut)
         held = {}                      # only what a resume cannot rebuild is written
-        for v in self._gather([cl.client.submit(
+        workers, number = attempt.workers, attempt.number
+        for v in watch.gather([cl.client.submit(
                 ckio.replica_versions, workers=[a], allow_other_workers=False, pure=False,
-                key=f"versions-{cut}-{d}-{cl.token}-{self.attempt}")
-                for d, a in self.workers.items()], "versions", list(self.workers)):
+                key=f"versions-{cut}-{d}-{cl.token}-{number}")
+                for d, a in workers.items()], "versions", list(workers)):
             held.update(v)
         skip = tuple(sorted(ckio.rebuildable(held)))
         saves = [cl.client.submit(ckio.save_replicas, str(tmp), cut, skip, workers=[a],
                                   allow_other_workers=False, pure=False,
-                                  key=f"ckpt-{cut}-{d}-{cl.token}-{self.attempt}")
-                 for d, a in self.workers.items()]
+                                  key=f"ckpt-{cut}-{d}-{cl.token}-{number}")
+                 for d, a in workers.items()]
         versions: dict[str, int] = {}
-        for v in self._gather(saves, f"checkpoint at step {cut}", list(self.workers)):
+        for v in watch.gather(saves, f"checkpoint at step {cut}", list(workers)):
             versions.update(v)
         ckio.save_tree(tmp, "carry", carry)
-        size = rd.append_events(self.state.events[self.state.appended:])
-        self.state.appended = len(self.state.events)
-        self.state.write_trace(rd, self.workers, self.meta.get("started", self.t0))
-        pending = [e for evs in self.state.pending.values() for e in evs]
-        self.state.checkpoint = ckio.commit(rd.path, tmp, cut, {
-            "replicas": versions, "events_bytes": size, "events_count": len(self.state.events),
+        size = rd.append_events(state.events[state.appended:])
+        state.appended = len(state.events)
+        state.write_trace(rd, workers, self.meta.started_or(self.t0))
+        pending = [e for evs in state.pending.values() for e in evs]
+        state.checkpoint = ckio.commit(rd.path, tmp, cut, {
+            "replicas": versions, "events_bytes": size, "events_count": len(state.events),
             "pending": pending,
-            "metrics_rows": len(self.state.metrics), "num_devices": self.plan.num_devices,
-            "carry": sorted(carry), "run_steps": self.steps, "base": self.state.base,
-            "data": self._cursor().moved_to(cut, self.pipeline.workload.prompts).to_json()})
-        ckio.prune(rd.path, keep=self.res.keep)
-        self.state.start = cut
-        self.state.carry = carry
+            "metrics_rows": len(state.metrics), "num_devices": attempt.plan.num_devices,
+            "carry": sorted(carry), "run_steps": self.steps, "base": state.base,
+            "data": cursor_of(state).moved_to(cut, self.pipeline.workload.prompts).to_json()})
+        ckio.prune(rd.path, keep=self.keep)
+        state.start = cut
+        state.carry = carry
 
 
 def _best_source(saved: dict[str, int], model: str, ck) -> str:
@@ -232,17 +279,15 @@ def _best_source(saved: dict[str, int], model: str, ck) -> str:
     return max(with_opt or cands, key=lambda k: saved[k])
 
 
-def _replan(pipeline: Pipeline, plan: Plan, devices: int, meta: dict, rd: RunDir,
+def _replan(pipeline: Pipeline, plan: Plan, devices: int, meta: RunMeta, rd: RunDir,
             why: str, from_step: int) -> Plan:
     """Re-plan for ``devices``; the new plan governs steps from ``from_step`` (the cut the
     run rolled back or resumed to), which ``rpeg verify`` reads from the replan record."""
     from rpeg.runtime.placement import split_plan
     k = max((b for _, b in plan.staleness), default=0)
     new = split_plan(pipeline, devices, staleness=k, share=bool(plan.shared))
-    meta.setdefault("replans", []).append({"why": why, "from_devices": plan.num_devices,
-                                           "to_devices": devices, "from_step": from_step,
-                                           "at": time.time()})
-    n = len(meta["replans"])
+    meta.replans.append(Replan(why, plan.num_devices, devices, from_step, time.time()))
+    n = len(meta.replans)
     rd.write_text(f"plan.{n - 1}.json", plan_to_json(plan))
     rd.write_text("plan.json", plan_to_json(new))
     print(f"rpeg: re-planned for {devices} device(s) ({why}); the old plan is in "

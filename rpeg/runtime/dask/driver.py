@@ -52,6 +52,17 @@ class RunOptions:
 
 
 @attrs.frozen
+class Resilience:
+    checkpoint_every: int = 10         # steps between cuts (the last step always ends one)
+    keep: int = 2                      # complete checkpoints kept
+    timeout_factor: float = 10.0       # an op is stuck after factor x its predicted time ...
+    timeout_floor_s: float = 120.0     # ... and never before this
+    max_recoveries: int = 3
+    replace_wait_s: float = 60.0       # how long to wait for a replacement worker
+    poll_s: float = 0.1
+
+
+@attrs.frozen
 class RunResult:
     path: Path
     metrics: tuple[dict, ...]

@@ -38,6 +38,7 @@ from rpeg.runtime.rundir import files as rf
 from rpeg.runtime.rundir import outputs as O
 from rpeg.runtime.rundir.check import check_meta, check_plan_of_run
 from rpeg.runtime.rundir.directory import RunDir
+from rpeg.runtime.rundir.meta import Extension, Resume, RunMeta, Status
 from rpeg.runtime.rundir.serial import loads, plan_from_json
 from rpeg.runtime.rundir.state import state_at
 from rpeg.spec.lower import MAX_STEPS
@@ -51,9 +52,9 @@ def resume_run(run_dir: str | Path, options: RunOptions | None = None,
     when that is more than it was made with)."""
     rd = _open_for_resume(Path(run_dir))
     with rf.RunLock.take(rd.path):
-        meta = check_meta(rd.read_json("run.json"), rd.path / "run.json")
+        meta = _run_meta(rd)
         pipeline = from_older_record(_load_value(rd, "pipeline.json", loads, "pipeline"),
-                                     _text(meta.get("spec_dir")))
+                                     _text(meta.extra.get("spec_dir")))
         plan = _load_value(rd, "plan.json", plan_from_json, "plan")
         check_plan_of_run(rd, pipeline, plan)
         check_inputs(pipeline, resumed=True)    # the files the run read, where it read them
@@ -63,7 +64,7 @@ def resume_run(run_dir: str | Path, options: RunOptions | None = None,
             print(f"rpeg: warning: skipping a damaged checkpoint: {s}", file=sys.stderr)
         if ck is None:
             raise _nothing_to_resume(rd, meta, len(skipped))
-        made_for = int(ck.state.get("run_steps", meta["steps"]))
+        made_for = int(ck.state.get("run_steps", meta.steps))
         total = _steps_wanted(steps, meta, ck, rd)
         aside = _aside_name(rd)
         state = state_at(rd, ck, aside)            # checks metrics and events, then cuts
@@ -79,28 +80,36 @@ def resume_run(run_dir: str | Path, options: RunOptions | None = None,
             # the cut was made for a run that ended near it: restart there, every replica
             # at the checkpoint's version (what ran past the cut is run again)
             state.base, state.carry, state.pending = ck.step, {}, defaultdict(list)
-            meta.setdefault("extensions", []).append(
-                {"from_step": ck.step, "from_steps": made_for, "to_steps": total,
-                 "at": time.time()})
+            meta.extensions.append(Extension(ck.step, made_for, total, time.time()))
         if devices is not None and devices != plan.num_devices:
             plan = _replan(pipeline, plan, devices, meta, rd, why="resumed onto "
                            f"{devices} device(s)", from_step=state.start)
-        meta["steps"] = total
-        if state.start >= total and meta.get("status") == "ok":
+        meta.steps = total
+        if state.start >= total and meta.status is Status.OK:
             print(f"rpeg: {rd.path} is complete ({total} steps); nothing to resume",
                   file=sys.stderr)
-            return RunResult(rd.path, tuple(state.metrics), float(meta.get("wall_s", 0.0)),
-                             total)
-        meta.setdefault("resumes", []).append({"from_step": state.start, "at": time.time(),
-                                               "checkpoint": str(ck.path), "set_aside": kept,
-                                               "damaged_checkpoints": damaged})
-        meta["status"] = "running"
+            return RunResult(rd.path, tuple(state.metrics), float(meta.wall_s or 0.0), total)
+        meta.resumes.append(Resume(state.start, time.time(), str(ck.path), kept, damaged))
+        meta.status = Status.RUNNING
         options = options or RunOptions()
         options = attrs.evolve(options, steps=total, run_dir=str(rd.path))
         print(f"rpeg: resuming {rd.path} at step {state.start} of {total} from {ck.path.name}",
               file=sys.stderr)
         return run_resilient(pipeline, plan, options, None, resilience, on_step,
                              _resume=(rd, state, meta))
+
+
+def _run_meta(rd: RunDir) -> RunMeta:
+    """run.json as a value, once checked; RuntimeFailure naming the file when a field is
+    not what rpeg writes."""
+    path = rd.path / "run.json"
+    value = check_meta(rd.read_json("run.json"), path)
+    try:
+        return RunMeta.from_json(value)
+    except (TypeError, ValueError, AttributeError) as e:
+        raise RuntimeFailure(f"run record '{path}' must be what rpeg wrote, and it is not "
+                             f"({type(e).__name__}: {e})"[:400], Span(str(path), 0, 0),
+                             hint="this is not a run.json rpeg run wrote") from None
 
 
 def recorded_cadence(run_dir: str | Path) -> int | None:
@@ -125,8 +134,8 @@ def _tensors_checked(pipeline):
     return lambda ck: check(ck.path, pipeline, ck.state)
 
 
-def _nothing_to_resume(rd: RunDir, meta: dict, damaged: int) -> RuntimeFailure:
-    spec = meta.get("spec") if isinstance(meta.get("spec"), str) else "SPEC.rpeg"
+def _nothing_to_resume(rd: RunDir, meta: RunMeta, damaged: int) -> RuntimeFailure:
+    spec = meta.spec if isinstance(meta.spec, str) else "SPEC.rpeg"
     why = f"its {damaged} checkpoint(s) are damaged" if damaged else "it holds none"
     return RuntimeFailure(f"run directory '{rd.path}' must hold a complete checkpoint to "
                           f"resume from, and {why}; nothing of it can be continued",
@@ -151,11 +160,11 @@ def _newer(rd: RunDir, step: int) -> list[Path]:
                   and (p / ckio.MARKER).exists())
 
 
-def _steps_wanted(steps: int | None, meta: dict, ck, rd: RunDir) -> int:
+def _steps_wanted(steps: int | None, meta: RunMeta, ck, rd: RunDir) -> int:
     """The steps the resumed run has: ``--steps`` when given (never fewer than the
     checkpoint has done), else run.json's."""
     done = ck.step if ck is not None else 0
-    total = int(meta["steps"]) if steps is None else steps
+    total = meta.steps if steps is None else steps
     if not 1 <= total <= MAX_STEPS:
         raise RuntimeFailure(f"--steps must be 1..{MAX_STEPS:,}, not {total:,}")
     if total < done:

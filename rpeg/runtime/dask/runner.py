@@ -42,9 +42,12 @@ lets the ops already started finish, checkpoints there and raises
 :class:`Interrupted`; ``rpeg run --resume RUN_DIR`` continues from it.
 
 This module is the public face and the run's frame (its directory, status and
-attempts); the runner's work is in ``rpeg.runtime.dask.segments`` (the segment loop),
-``rpeg.runtime.dask.checkpointing`` (worker start, restore and the checkpoint at each
-cut) and ``rpeg.runtime.dask.losses`` (loss and stuck detection, and the rollback).
+attempts); the runner composes its parts, each given what it needs:
+``rpeg.runtime.dask.losses`` (``Watch``: the calls to the workers, loss and stuck
+detection; ``Rollback``), ``rpeg.runtime.dask.checkpointing`` (``Starter``: worker start
+and restore; ``Checkpointer``: the checkpoint at each cut) and
+``rpeg.runtime.dask.segments`` (``SegmentLoop``, with ``Recorder`` for each step and
+``Evals``); run.json is ``rpeg.runtime.rundir.meta.RunMeta``.
 """
 
 from __future__ import annotations
@@ -55,14 +58,14 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-import attrs
-
 from rpeg.destinations import check_not_around
 from rpeg.errors import RpegError, RuntimeFailure, Span
 from rpeg.plan.model import Plan
-from rpeg.runtime.dask.checkpointing import Checkpointing
+from rpeg.runtime.core import scheduler as C
+from rpeg.runtime.dask.checkpointing import Checkpointer, Starter
 from rpeg.runtime.dask.checkpointing import _replan as _replan  # rpeg.runtime.dask.resume re-plans
 from rpeg.runtime.dask.driver import (
+    Resilience,
     RunOptions,
     RunResult,
     _Cluster,
@@ -71,13 +74,14 @@ from rpeg.runtime.dask.driver import (
     plan_is_for_gpus,
     uses_vllm,
 )
-from rpeg.runtime.dask.losses import WorkerWatch, _Lost
-from rpeg.runtime.dask.segments import Interrupted, SegmentLoop
+from rpeg.runtime.dask.losses import Rollback, Watch, _Lost
+from rpeg.runtime.dask.segments import Evals, Interrupted, Recorder, SegmentLoop, Tally
 from rpeg.runtime.dask.stopflag import StopFlag, Terminated
 from rpeg.runtime.inputs import check_inputs, recorded_paths
 from rpeg.runtime.rundir import files as rf
-from rpeg.runtime.rundir.directory import NOT_STARTED, RunDir, host_usage
+from rpeg.runtime.rundir.directory import RunDir, host_usage
 from rpeg.runtime.rundir.files import RunLock
+from rpeg.runtime.rundir.meta import RunMeta, Status
 from rpeg.runtime.rundir.record import write_record
 from rpeg.runtime.rundir.serial import dumps, plan_to_json
 from rpeg.runtime.rundir.state import RunState
@@ -85,17 +89,6 @@ from rpeg.runtime.rundir.trackers import Trackers, check_installed, chosen
 from rpeg.spec.model import Pipeline
 
 __all__ = ["Resilience", "Interrupted", "run", "run_resilient"]
-
-
-@attrs.frozen
-class Resilience:
-    checkpoint_every: int = 10         # steps between cuts (the last step always ends one)
-    keep: int = 2                      # complete checkpoints kept
-    timeout_factor: float = 10.0       # an op is stuck after factor x its predicted time ...
-    timeout_floor_s: float = 120.0     # ... and never before this
-    max_recoveries: int = 3
-    replace_wait_s: float = 60.0       # how long to wait for a replacement worker
-    poll_s: float = 0.1
 
 
 # --- the run -------------------------------------------------------------------------------
@@ -112,7 +105,7 @@ def run(pipeline: Pipeline, plan: Plan, options: RunOptions, spec_path: str | No
 
 def run_resilient(pipeline: Pipeline, plan: Plan, options: RunOptions,
                   spec_path: str | None = None, resilience: Resilience = Resilience(),
-                  on_step=None, *, _resume: tuple[RunDir, RunState, dict] | None = None
+                  on_step=None, *, _resume: tuple[RunDir, RunState, RunMeta] | None = None
                   ) -> RunResult:
     """Run ``plan`` with step checkpoints, surviving worker loss and stuck ops. The run
     directory is locked while the run writes it; one that already holds a run is refused
@@ -151,11 +144,10 @@ def run_resilient(pipeline: Pipeline, plan: Plan, options: RunOptions,
                 rf.write_atomic(rd.path / "spec.rpeg", Path(spec_path).read_bytes())
             rd.write_text("pipeline.json", dumps(pipeline))
             rd.write_text("plan.json", plan_to_json(plan))
-            meta = {"pipeline": pipeline.name, "steps": steps, "status": "running",
-                    "scheduler": options.scheduler or "local", "started": time.time(),
-                    "spec": str(Path(spec_path).absolute()) if spec_path else None,
-                    "recoveries": [], "replans": [], "resumes": [],
-                    "overrides": list(options.overrides)}
+            meta = RunMeta.new(pipeline.name, steps=steps,
+                               scheduler=options.scheduler or "local", started=time.time(),
+                               spec=str(Path(spec_path).absolute()) if spec_path else None,
+                               overrides=options.overrides)
             rd.write_text("metrics.jsonl", "")
             state = RunState(0, [], [], defaultdict(list), {})
             return _run(pipeline, plan, options, spec_path, resilience, on_step, rd, state,
@@ -190,65 +182,64 @@ def _holds_run(rd: RunDir) -> RuntimeFailure:
 
 
 def _run(pipeline, plan, options, spec_path, resilience, on_step, rd: RunDir,
-         state: RunState, meta: dict, *, cl: _Cluster, stop: StopFlag,
+         state: RunState, meta: RunMeta, *, cl: _Cluster, stop: StopFlag,
          resumed: bool = False) -> RunResult:
-    steps = int(meta["steps"])
-    meta["checkpoint_every"] = resilience.checkpoint_every
+    steps = meta.steps
+    meta.checkpoint_every = resilience.checkpoint_every
     picked = chosen(pipeline, options.trackers)
-    meta["trackers"] = [t.value for t in picked]      # TensorBoard reads it (tensorboard.py)
-    rd.write_json("run.json", meta)
+    meta.trackers = [t.value for t in picked]        # TensorBoard reads it (tensorboard.py)
+    rd.write_json("run.json", meta.to_json())
     t_start = time.time()
-    runner = _Runner(pipeline, plan, options, resilience, rd, meta, state, steps, on_step,
-                     stop)
+    runner = _Runner(pipeline, plan, options, resilience, steps, on_step, rd, meta, state,
+                     cl, stop)
     trackers = None
     try:
         trackers = Trackers.open(pipeline, rd.path, picked,
                                  config={"pipeline": pipeline.name, "steps": steps,
-                                         "overrides": " ".join(meta.get("overrides", []))},
+                                         "overrides": " ".join(meta.overrides)},
                                  resume=resumed)
-        runner.trackers = trackers
         stop.install_terminate(str(rd.path))        # SIGTERM closes the record, as Ctrl-C does
         stop.install()
-        runner.cl = cl
         try:
-            runner.go()
+            runner.go(trackers)
         except BaseException:
-            runner.salvage()                        # the ops that finished, for the trace
+            runner.watch.salvage()                  # the ops that finished, for the trace
             raise
-        meta["status"] = "ok"
-        current = set(runner.workers.values())          # a restarted worker counts afresh
+        meta.status = Status.OK
+        current = set(runner.watch.workers.values())    # a restarted worker counts afresh
         host = host_usage([e for e in state.events if e.get("worker") in current],
-                          runner.host_marks, task_steps=runner.task_steps)
+                          runner.tally.marks, task_steps=runner.tally.task_steps)
         if host is not None:
-            meta["host"] = host
+            meta.host = host
     except Interrupted:
-        meta["status"] = "interrupted"
+        meta.status = Status.INTERRUPTED
         raise
     except Terminated:
-        meta["status"] = "terminated"
+        meta.status = Status.TERMINATED
         raise
     except BaseException:
-        meta["status"] = "failed"
+        meta.status = Status.FAILED
         raise
     finally:
-        if meta["status"] != "ok" and not resumed and not state.metrics \
+        if meta.status is not Status.OK and not resumed and not state.metrics \
                 and not state.events and not state.unfinished() and not rd.checkpoints():
-            meta["status"] = NOT_STARTED           # no op ran: the start can be retried
+            meta.status = Status.NOT_STARTED       # no op ran: the start can be retried
         stop.uninstall()
         if trackers is not None:
             trackers.close()
+        workers = runner.watch.workers
         try:
-            if meta["status"] == "ok":
-                state.write_trace(rd, runner.workers, meta.get("started", t_start), force=True)
+            if meta.status is Status.OK:
+                state.write_trace(rd, workers, meta.started_or(t_start), force=True)
             else:                            # and every op that finished after the last step
-                rd.write_trace(state.events + state.unfinished(), runner.workers,
-                               meta.get("started", t_start))
+                rd.write_trace(state.events + state.unfinished(), workers,
+                               meta.started_or(t_start))
         except (OSError, RpegError) as e:
             print(f"rpeg: warning: trace.json not written: {e}", file=sys.stderr)
-        meta["wall_s"] = meta.get("wall_s", 0.0) + time.time() - t_start
-        rd.write_json("run.json", meta)
+        meta.wall_s = (meta.wall_s or 0.0) + time.time() - t_start
+        rd.write_json("run.json", meta.to_json())
         write_record(rd.path, spec_path)
-    return RunResult(rd.path, tuple(state.metrics), meta["wall_s"], steps)
+    return RunResult(rd.path, tuple(state.metrics), meta.wall_s, steps)
 
 
 def _host_bytes(plan: Plan) -> float:
@@ -260,41 +251,55 @@ def _host_bytes(plan: Plan) -> float:
     return float(max(peaks))
 
 
-class _Runner(SegmentLoop, Checkpointing, WorkerWatch):
-    """One run's attempts: its segment loop (``segments``), its workers' start and
-    checkpoints (``checkpointing``), and its watch for lost or stuck workers with the
-    rollback after one (``losses``)."""
+class _Runner:
+    """One run's attempts, composed of its parts: the watch on its workers (``losses``),
+    their start and the checkpoint at each cut (``checkpointing``), the segment loop
+    with its step records and evals (``segments``), and the rollback after a loss."""
 
-    def __init__(self, pipeline, plan, options, res, rd, meta, state, steps, on_step,
-                 stop) -> None:
+    def __init__(self, pipeline: Pipeline, plan: Plan, options: RunOptions, res: Resilience,
+                 steps: int, on_step, rd: RunDir, meta: RunMeta, state: RunState,
+                 cl: _Cluster, stop: StopFlag) -> None:
         self.pipeline, self.plan, self.options, self.res = pipeline, plan, options, res
-        self.rd, self.meta, self.state, self.steps = rd, meta, state, steps
-        self.on_step, self.stop = on_step, stop
-        self.cl = None
-        self._seg_futures: dict[str, object] = {}
-        self.attempt = 0
-        self.t0 = time.time()
-        self.workers: dict[int, str] = {}
+        self.steps, self.on_step = steps, on_step
+        self.rd, self.meta, self.state, self.cl, self.stop = rd, meta, state, cl, stop
+        self.tally = Tally()
         self.pids: dict[str, int] = {}
-        self.host_marks: list[tuple[int, float, float, int]] = []    # see host_usage
-        self.task_steps: dict[int, int] = {}       # Dask tasks submitted, by the step they run
-        self.bar = _Progress(steps, options.progress)
-        self.trackers = None
-        self.bar_done = state.start
-        if self.bar.p is not None and state.start:
-            self.bar.p.update(self.bar.task, advance=state.start)
+        self.watch = Watch(cl.client, C.Limits(res.timeout_factor, res.timeout_floor_s), state)
+        self.starter = Starter(pipeline, options, res.replace_wait_s, steps, cl, self.watch,
+                               rd, meta, state, self.pids)
+        self.checkpointer = Checkpointer(pipeline, steps, res.keep, time.time(), cl,
+                                         self.watch, rd, meta, state)
+        self.rollback = Rollback(self.watch, meta, rd, state, res.max_recoveries,
+                                 local=options.scheduler is None)
 
-    # one attempt per (re)start of the workers
-    def go(self) -> None:
+    def go(self, trackers: Trackers) -> None:
+        """Attempts until one reaches the last step: each (re)starts the workers and runs
+        the segments; a loss rolls back to the last cut and starts the next."""
+        bar = _Progress(self.steps, self.options.progress)
+        if bar.p is not None and self.state.start:
+            bar.p.update(bar.task, advance=self.state.start)
+        record = Recorder(self.watch, self.rd, self.meta, self.state, self.tally, trackers,
+                          bar, self.on_step)
+        evals = Evals(self.pipeline, self.steps, self.cl, self.watch, self.rd, self.meta,
+                      trackers)
+        number = 0
         try:
             while True:
-                self.attempt += 1
+                number += 1
                 try:
-                    self._start_workers()
-                    self._segments()
+                    self._attempt(number, record, evals)
                     return
                 except _Lost as lost:
                     lost.__traceback__ = None      # frees the abandoned attempt's futures
-                    self._recover(lost)
+                    self.rollback(lost, number, self.pids)
         finally:
-            self.bar.close()
+            bar.close()
+
+    def _attempt(self, number: int, record: Recorder, evals: Evals) -> None:
+        self.tally.marks.clear()
+        attempt = self.starter.start(number, self.plan)
+        self.plan = attempt.plan
+        every = self.pipeline.evaluation.every if self.pipeline.evaluation else None
+        SegmentLoop(self.options, self.res, self.steps, every, attempt, self.cl, self.watch,
+                    self.checkpointer, record, evals, self.rd, self.meta, self.state,
+                    self.tally, self.stop).run()

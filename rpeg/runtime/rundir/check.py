@@ -51,7 +51,7 @@ def check_meta(meta: object, path) -> dict:
         value = meta.get(field, [])
         if not isinstance(value, list) or not all(isinstance(x, dict) for x in value):
             raise bad(field, "a list of JSON objects", value)
-    for field in ("workers", "worker_history", "homes"):
+    for field in ("workers", "worker_history", "homes", "gpus"):
         value = meta.get(field, {})
         if not isinstance(value, dict):
             raise bad(field, "a JSON object", value)

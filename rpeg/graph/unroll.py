@@ -186,11 +186,17 @@ def unroll(graph: Graph, steps: int, chunks: dict[str, int] | None = None, *,
     instances = tuple(inst(op, s, c) for s in range(steps) for op in order
                       if runs(op, s) for c in range(counts[op]))
     kept = set(instances)
-    deps = [d for d in deps if d.src in kept and d.dst in kept]
-    linked = {(d.src, d.dst) for d in deps}
-    for d in _ordering(graph, instances, counts, carry or {}, lags, in_place, lanes or {},
-                       inst):
-        if d.src in kept and d.dst in kept and (d.src, d.dst) not in linked:
+    if len(kept) < len(made):                   # syncs left out: their edges too
+        deps = [d for d in deps if d.src in kept and d.dst in kept]
+    order_deps = [d for d in _ordering(graph, instances, counts, carry or {}, lags, in_place,
+                                       lanes or {}, inst)
+                  if d.src in kept and d.dst in kept]
+    # an ordering edge where an edge already runs adds nothing: looked for among the
+    # edges into the few instances ordering edges reach
+    ends = {d.dst for d in order_deps}
+    linked = {(d.src, d.dst) for d in deps if d.dst in ends}
+    for d in order_deps:
+        if (d.src, d.dst) not in linked:
             linked.add((d.src, d.dst))
             deps.append(d)
     return Unrolled(graph, steps, tuple(sorted(counts.items())), instances, tuple(deps))

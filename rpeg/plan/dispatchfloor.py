@@ -3,11 +3,14 @@
 :func:`rpeg.plan.tasks.dispatch_per_step` packs a step's calls into Dask tasks call by
 call, the costly part of pricing a plan on hundreds of devices. A search that only asks
 whether a plan could be faster than another needs less: :func:`dispatch_floor` counts the
-same step's calls exactly, and of its tasks and futures only those no packing changes (a
+same step's calls exactly, and of its tasks and futures only those no packing changes: a
 rank of a collective always starts a task of its own, a gang of ``JOIN_MIN`` ranks or
-more has its join's, and the futures ordering gangs on a device), so each of its counts is
-no more than ``dispatch_per_step``'s and the control plane's time priced from it
-(``rpeg.cost.control``, growing with each count) is no more than the counted one.
+more has its join's, the first call of a step on a device that is no such rank starts a
+task too (nothing of that step is open there yet), each of these tasks waits for at
+least one future where its op reads data, and the futures order gangs on a device. So
+each of its counts is no more than ``dispatch_per_step``'s and the control plane's time
+priced from it (``rpeg.cost.control``, growing with each count) is no more than the
+counted one.
 
     >>> from rpeg.graph import Graph, Op, DataEdge
     >>> from rpeg.plan.oplayout import OpLayout
@@ -18,40 +21,51 @@ no more than ``dispatch_per_step``'s and the control plane's time priced from it
     ...           (DataEdge("a", "b", "x"),), (), (), ())
     >>> lay = {"a": OpLayout((0, 1)), "b": OpLayout((0, 1), everywhere=True, collective=True)}
     >>> dispatch_floor(g, lay), dispatch_per_step(g, lay)
-    (Dispatch(devices=2, calls=3, tasks=2, args=4), Dispatch(devices=2, calls=3, tasks=3, args=6))
+    (Dispatch(devices=2, calls=3, tasks=3, args=6), Dispatch(devices=2, calls=3, tasks=3, args=6))
 """
 
 from __future__ import annotations
 
-import bisect
-
 from rpeg.cost.control import JOIN_MIN, Dispatch
-from rpeg.graph import Graph
-from rpeg.plan.tasks import steady_step
+from rpeg.graph import Graph, chunk_counts
+from rpeg.spec.model import OpKind
 
 
 def dispatch_floor(graph: Graph, layouts: dict, chunks: int = 1, steps: int = 6) -> Dispatch:
     """No more, count by count, than ``dispatch_per_step(graph, layouts, chunks, steps,
-    together)`` for any ``together`` (see the module doc): the same steady step of the
-    same unrolled graph."""
-    prep, last = steady_step(graph, layouts, chunks, steps)
-    calls = tasks = order = 0
-    lo = bisect.bisect_left(prep.step_of, last)
-    for k in range(lo, bisect.bisect_right(prep.step_of, last, lo)):
-        inst = prep.instances[k]
-        lay = layouts[inst.op]
-        ranks = len(lay.devices_of(inst.chunk)) or 1
-        calls += ranks
-        if lay.collective and ranks > 1:          # each rank starts a task
-            tasks += ranks
-            if ranks >= JOIN_MIN:                 # and the join, a call and a task
-                calls += 1
-                tasks += 1
-                order += ranks
-            else:
-                order += ranks ** 2
+    together)`` for any ``together`` (see the module doc): the same steady step, whose
+    instances are every op's chunks (:func:`rpeg.graph.chunk_counts`, as
+    :func:`rpeg.graph.unroll` makes them in every step), found without unrolling."""
+    streamed = {o.name: chunks for o in graph.ops if o.kind is OpKind.GENERATE} \
+        if chunks > 1 else {}
+    reads = {e.dst for e in graph.data_edges}
+    calls = tasks = args = 0
+    seen: set[int] = set()                         # devices with a call of the step so far
+    for op, n in chunk_counts(graph, streamed).items():   # in the step's order
+        lay = layouts[op]
+        fed = op in reads                          # a task it starts waits for its inputs
+        for c in range(n):
+            ds = lay.devices_of(c) or (-1,)
+            ranks = len(ds)
+            calls += ranks
+            if lay.collective and ranks > 1:       # each rank starts a task
+                tasks += ranks
+                if ranks >= JOIN_MIN:              # and the join, a call and a task
+                    calls += 1
+                    tasks += 1
+                    # the futures ordering gangs (one a rank), the ranks' on the join
+                    args += 2 * ranks + fed
+                else:
+                    args += ranks ** 2 + fed * ranks
+                seen.update(ds)
+                continue
+            for d in ds:
+                if d not in seen:                  # its device's first call of the step
+                    seen.add(d)
+                    tasks += 1
+                    args += fed
     used = {d for lay in layouts.values() for d in lay.devices}
-    return Dispatch(len(used), calls, tasks, order)
+    return Dispatch(len(used), calls, tasks, args)
 
 
 __all__ = ["dispatch_floor"]

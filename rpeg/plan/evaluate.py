@@ -174,6 +174,7 @@ class Evaluator:
         self._settled: dict[StagePlacement, StagePlacement] = {}
         self._priced: dict[tuple, _Priced] = {}
         self._tasks: dict[tuple, Dispatch] = {}
+        self._laid: dict[tuple, tuple] = {}
         self._eval: dict[tuple[int, ...], float] = {}
         self._index: dict[StagePlacement | tuple[int, ...], slice | np.ndarray] = {}
         self._synced: dict[tuple, frozenset[str]] = {}
@@ -584,8 +585,7 @@ class Evaluator:
         """No more than :meth:`control_time`: priced from :func:`dispatch_floor` (the
         step's calls, and of its tasks and futures those no fusion changes), whose every
         count is no more than :meth:`dispatch`'s, without packing the calls into tasks."""
-        loose = self.graph(attrs.evolve(plan, fusion=()))
-        layouts, chunks = layouts_of(self.pipeline, plan, loose, timings)
+        loose, layouts, chunks = self._layouts(plan, timings)
         return self._charged(dispatch_floor(loose, layouts, chunks, steps), step_s)
 
     def dask_tasks(self, plan: Plan, graph: Graph, timings: dict[str, OpTiming],
@@ -597,14 +597,28 @@ class Evaluator:
                  steps: int = 6) -> Dispatch:
         """The op calls, Dask tasks and futures a steady step of ``plan`` dispatches
         (:func:`rpeg.plan.tasks.dispatch_per_step`)."""
-        # the runtime runs a fused op's stages as calls of their own, in one task where
-        # their inputs allow: counted on the graph without fusion
-        loose = self.graph(attrs.evolve(plan, fusion=()))
-        layouts, chunks = layouts_of(self.pipeline, plan, loose, timings)
+        loose, layouts, chunks = self._layouts(plan, timings)
         key = (loose, tuple(sorted(layouts.items())), chunks, steps, plan.fusion)
         if key not in self._tasks:
             self._tasks[key] = dispatch_per_step(loose, layouts, chunks, steps, plan.fusion)
         return self._tasks[key]
+
+    def _layouts(self, plan: Plan, timings: dict[str, OpTiming]):
+        """(the plan's graph without fusion, each op's layout, the chunks a step streams:
+        :func:`rpeg.plan.tasks.layouts_of`), memoised by what that reads: the placements,
+        and where the weight syncs run. The runtime runs a fused op's stages as calls of
+        their own, in one task where their inputs allow: counted on the graph without
+        fusion. Only the last is kept (a search asks for the floor and the count of one
+        proposal in turn; more would only burden memory)."""
+        loose = self.graph(attrs.evolve(plan, fusion=()))
+        syncs = tuple(timings[o.name].devices for o in loose.ops
+                      if o.kind is OpKind.SYNC_WEIGHTS)
+        key = (loose, plan.placements, syncs)
+        laid = self._laid.get(key)
+        if laid is None:                # the proposal's floor, then its count: one kept
+            self._laid.clear()
+            laid = self._laid[key] = (loose, *layouts_of(self.pipeline, plan, loose, timings))
+        return laid
 
     def eval_time(self, plan: Plan) -> float:
         devices = trainer_devices(self.pipeline, plan)

@@ -34,9 +34,13 @@ class Packer:
 
     def __init__(self, together: Iterable[Iterable[str]] = ()) -> None:
         self.waits: list[set[Hashable]] = []          # task -> the tasks it waits for
-        self._waiting: dict[Hashable, list[int]] = {}  # task -> the tasks waiting for it
         self._open: dict[tuple[int, int], list[int]] = {}          # (device, step) -> tasks
         self._sealed: dict[tuple[int, int], dict[int, tuple]] = {}  # -> task: (chunk, ops)
+        # (device, step, a task) -> the tasks started there waiting for it, and the tasks
+        # a call read elsewhere closed: where a call may join is found among the few
+        # tasks of its device that wait for one of its dependencies
+        self._waiting: dict[tuple[int, int, Hashable], list[int]] = {}
+        self._closed: set[int] = set()
         self._partners: dict[str, set[str]] = {}
         for names in together:
             names = tuple(names)
@@ -46,26 +50,42 @@ class Packer:
     def new(self, deps: set[Hashable]) -> int:
         """Start a task waiting for ``deps``, open to no call: its number."""
         self.waits.append(set(deps))
-        g = len(self.waits) - 1
-        for d in deps:
-            self._waiting.setdefault(d, []).append(g)
-        return g
+        return len(self.waits) - 1
 
     def place(self, device: int, step: int, chunk: int, op: str, need: set[Hashable],
               deps: set[Hashable], collective: bool = False) -> int:
         """The task a call of ``op`` (``step``, ``chunk``) on ``device`` runs in: ``need``,
         the tasks of its dependencies not yet finished; ``deps``, of all of them."""
-        key = (device, step)
-        here = self._open.setdefault(key, [])
         if not collective:
-            g = self._fitting(here, need)
+            here = self._open.get((device, step), ())
+            g = self._fitting(device, step, here, need)
             if g is None:
-                g = next((t for t, (c, ops) in reversed(self._sealed.get(key, {}).items())
+                g = next((t for t, (c, ops) in reversed(self._sealed.get((device, step),
+                                                                         {}).items())
                           if op in ops and c == chunk and self._fits(t, need)), None)
             if g is not None:
                 return g
+        return self._start(device, step, deps)
+
+    def gang(self, devices: tuple[int, ...], step: int, deps: set[Hashable]) -> list[int]:
+        """The tasks of a collective's ranks on ``devices``, in order: each starts a task
+        waiting for ``deps``, as ``place(..., collective=True)`` of each would."""
+        return [self._start(device, step, deps) for device in devices]
+
+    def _start(self, device: int, step: int, deps: set[Hashable]) -> int:
+        """Start a task open to the calls of ``device`` in ``step``, waiting for ``deps``."""
         g = self.new(deps)
+        here = self._open.get((device, step))
+        if here is None:
+            here = self._open[(device, step)] = []
         here.append(g)
+        waiting = self._waiting
+        for d in deps:
+            w = waiting.get((device, step, d))
+            if w is None:
+                waiting[(device, step, d)] = [g]
+            else:
+                w.append(g)
         return g
 
     def read_elsewhere(self, device: int, task: int, step: int, chunk: int, op: str) -> None:
@@ -74,21 +94,34 @@ class Packer:
         here = self._open.get((device, step), [])
         if task in here:
             here.remove(task)
+            self._closed.add(task)
         if self._partners.get(op):
             self._sealed.setdefault((device, step), {})[task] = (chunk, self._partners[op])
 
     def _fits(self, g: int, need: set[Hashable]) -> bool:
         return all(d == g or d in self.waits[g] for d in need)
 
-    def _fitting(self, here: list[int], need: set[Hashable]) -> int | None:
-        """The newest task of ``here`` holding or waiting for every one of ``need``."""
+    def _fitting(self, device: int, step: int, here: list[int], need: set[Hashable]
+                 ) -> int | None:
+        """The newest task of ``here`` (open on ``device`` in ``step``) holding or waiting
+        for every one of ``need``.
+
+        A task that fits holds or waits for each dependency: it is that dependency, or one
+        of the tasks of ``here`` waiting for it. Those of the dependency with the fewest
+        are tried, newest first (``here`` lists its tasks as they started, numbers
+        ascending; a dependency's waiters, likewise)."""
+        if not here:
+            return None
         if not need:
-            return here[-1] if here else None
-        d0 = next(iter(need))
-        for g in sorted(set(self._waiting.get(d0, ())).union((d0,)).intersection(here),
-                        reverse=True):
-            if self._fits(g, need):
+            return here[-1]
+        waiting, closed = self._waiting, self._closed
+        fewest, d0 = min(((waiting.get((device, step, d), ()), d) for d in need),
+                         key=lambda x: len(x[0]))
+        for g in reversed(fewest):
+            if g not in closed and self._fits(g, need):
                 return g
+        if d0 in here:                 # older than every task waiting for it
+            return d0 if self._fits(d0, need) else None
         return None
 
 

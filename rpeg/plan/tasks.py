@@ -58,15 +58,14 @@ def dispatch_per_step(graph: Graph, layouts: dict[str, OpLayout], chunks: int = 
     (op name -> :class:`OpLayout`), its generate ops streaming ``chunks`` chunks a step;
     ``together``: the plan's fused stages, whose calls of a chunk share a task."""
     prep, last = steady_step(graph, layouts, chunks, steps)
-    insts = prep.instances
     inputs = _inputs(prep)
-    runs: dict[int, tuple[int, ...]] = {}
-
-    def run(k: int) -> tuple[int, ...]:
-        if k not in runs:
-            runs[k] = layouts[insts[k].op].devices_of(insts[k].chunk)
-        return runs[k]
-
+    # each instance's devices, and whether another device reads its output (its first
+    # rank's: a reader's first two devices, where it runs), by (op, chunk) where they
+    # depend on nothing else
+    on = {key: layouts[key[0]].devices_of(key[1]) for key in set(prep.keys)}
+    devs = [on[key] for key in prep.keys]
+    heads = [on[key][:2] for key in prep.keys]
+    gangs = {key: layouts[key[0]].collective and len(ds) > 1 for key, ds in on.items()}
     task: dict[int, int] = {}                    # instance -> the task of its first rank
     pack = Packer(together)
 
@@ -76,22 +75,24 @@ def dispatch_per_step(graph: Graph, layouts: dict[str, OpLayout], chunks: int = 
         first, calls, order = len(pack.waits), 0, 0
         lo = bisect.bisect_left(prep.step_of, step)
         for k in range(lo, bisect.bisect_right(prep.step_of, step, lo)):
-            ds = run(k) or (-1,)
+            key = prep.keys[k]
+            ds = devs[k] or (-1,)
             deps = {task[i] for i in inputs[k] if i in task}
-            gang = layouts[insts[k].op].collective and len(ds) > 1
+            gang = gangs[key]
             if gang and len(ds) >= JOIN_MIN:      # the join: a task of its own
                 calls += 1
                 deps = {pack.new(deps)}
             # a gang waits for the gang before it on each member's device (each member does,
             # or its join): futures beyond the data's
             order += len(ds) if gang and len(ds) >= JOIN_MIN else len(ds) ** 2 if gang else 0
-            # does another device read the instance's output (its first rank's)
-            elsewhere = any(d != ds[0] for c in prep.fed[k] for d in run(c)[:2])
-            op, chunk = insts[k].op, insts[k].chunk
-            for dev in ds:
-                calls += 1
-                gi = pack.place(dev, step, chunk, op, deps, deps, collective=gang)
-                if dev == ds[0]:
+            head = ds[0]
+            elsewhere = any(d != head for c in prep.fed[k] for d in heads[c])
+            op, chunk = key
+            calls += len(ds)
+            ranks = pack.gang(ds, step, deps) if gang else (
+                pack.place(dev, step, chunk, op, deps, deps) for dev in ds)
+            for dev, gi in zip(ds, ranks, strict=True):
+                if dev == head:
                     task[k] = gi
                     if elsewhere:
                         pack.read_elsewhere(dev, gi, step, chunk, op)

@@ -119,6 +119,34 @@ def test_a_bounded_step_is_no_more_than_the_simulated_one(spec, cluster):
     assert 0 < bounded.step_time_s <= full.step_time_s
 
 
+@pytest.mark.parametrize("spec, cluster", [("tiny_ppo", "local_cpu"), ("tiny_grpo", "gh200_8"),
+                                           ("grpo_qwen7b", "gh200_8")])
+def test_the_floor_is_no_more_than_the_count_on_every_baseline(spec, cluster):
+    """Each baseline plan, fused as planned and not: the floor's every count no more than
+    the packing's, whatever the steps simulated."""
+    from rpeg.plan.baselines import BASELINES, run_baselines
+    from rpeg.plan.edit import Context
+    from rpeg.plan.space import Limits
+    from rpeg.plan.tasks import dispatch_per_step
+
+    pipeline = load(ROOT / f"pipelines/{spec}.rpeg")
+    c = load_cluster(ROOT / f"pipelines/clusters/{cluster}.rpeg")
+    ev = Evaluator(pipeline, c)
+    plans = [o.best or o.closest for o in run_baselines(
+        tuple(BASELINES), Context.of(pipeline, c, Limits.runtime()), ev)]
+    assert any(plans)
+    for e in filter(None, plans):
+        for fusion in {(), e.plan.fusion}:
+            plan = ev.settle(attrs.evolve(e.plan, predicted=None, fusion=fusion))
+            timings = ev.timings(plan, ev.graph(plan))[0]
+            loose, layouts, chunks = ev._layouts(plan, timings)
+            for steps in (6, 10):
+                low = dispatch_floor(loose, layouts, chunks, steps)
+                d = dispatch_per_step(loose, layouts, chunks, steps, plan.fusion)
+                assert (low.devices, low.calls) == (d.devices, d.calls)
+                assert 0 < low.tasks <= d.tasks and low.args <= d.args, (low, d)
+
+
 def test_a_fused_op_takes_its_stages_time_and_saves_their_tasks():
     """Fused stages run as calls of their own inside one task: the op's time is their sum
     (each pays its own call overhead), and what fusion saves is dispatch, in the control

@@ -153,12 +153,11 @@ class EngineReplica:
 def _weights_at(checkpoint: Path, key: str, version: int) -> Path:
     """The folder of a replica of ``key``'s model at ``version`` in a checkpoint."""
     from backends.torch_backend.dcp import holds_weights
-    from rpeg.graph.ids import ReplicaAt
-    from rpeg.runtime.lowering.instances import base_of
+    from rpeg.runtime.lowering.instances import base_of, is_engine_key
     base = base_of(key)
     for d in sorted(checkpoint.iterdir()):
-        at = ReplicaAt.parse(d.name)
-        if at is None or at.key != base or not holds_weights(d):
+        model, _, _ = d.name.rpartition("@")
+        if model != base or is_engine_key(model) or not holds_weights(d):
             continue
         if int(json.loads((d / "meta.json").read_text()).get("version", -1)) == version:
             return d

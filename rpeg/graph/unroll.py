@@ -23,9 +23,9 @@ that runs it:
   the copy a weight sync fills) after every reader of version v of it, so no reader sees
   a newer version than it was planned to read (with staleness a reader of step s + k may
   precede the writer of step s). Which readers share a replica with its writer is known
-  once ops are placed: ``in_place`` holds those (writer, reader) version edges
-  (:func:`in_place`: the two run on a common device), and (trainer, reader) pairs of a
-  reader of a weight sync that reads the trained weights where they are.
+  once ops are placed: ``in_place`` holds those (writer, reader) version edges, and
+  (trainer, reader) pairs of a reader of a weight sync that reads the trained weights
+  where they are (the placed graph's rule, ``rpeg.plan.lower``).
 
 ``horizon``: the steps of the whole run (default: unbounded, as in a steady state). A
 weight sync runs only for the versions some reader of the run reads, so the syncs of
@@ -121,14 +121,6 @@ def chunk_counts(graph: Graph, chunks: dict[str, int]) -> dict[str, int]:
         counts = {out[p] for p in graph.producers(name)}
         out[name] = counts.pop() if op.per_sample and len(counts) == 1 else 1
     return out
-
-
-def in_place(graph: Graph, devices: dict[str, tuple[int, ...]]
-             ) -> frozenset[tuple[str, str]]:
-    """(writer, reader) of the version edges whose reader reads the writer's replica where
-    it is: the two ops run on a common device (``devices``: op -> its devices)."""
-    return frozenset((e.writer, e.reader) for e in graph.version_edges
-                     if set(devices.get(e.writer, ())) & set(devices.get(e.reader, ())))
 
 
 def unroll(graph: Graph, steps: int, chunks: dict[str, int] | None = None, *,

@@ -44,6 +44,7 @@ from rpeg.errors import CostError, PlanError
 from rpeg.graph import Graph
 from rpeg.plan.dispatchfloor import dispatch_floor
 from rpeg.plan.evalcost import EVAL_OP, eval_time, trainer_devices
+from rpeg.plan.lower import Placed, lower
 from rpeg.plan.model import Plan, Predicted, StagePlacement
 from rpeg.plan.prices import Chunk, Prices, parallel_of
 from rpeg.plan.simulate import OpTiming, Timeline, floor, simulate, steps_for
@@ -57,7 +58,6 @@ from rpeg.plan.structure import (  # noqa: F401 — re-exported: what the plan m
     settle_batching,
     settled,
     stream_sources,
-    streams_of,
     sync_devices,
     synced_in_place,
 )
@@ -159,6 +159,7 @@ class Evaluator:
         self._priced: dict[tuple, _Priced] = {}
         self._tasks: dict[tuple, Dispatch] = {}
         self._laid: dict[tuple, tuple] = {}
+        self._placed: dict[tuple, Placed] = {}
         self._eval: dict[tuple[int, ...], float] = {}
         self._index: dict[StagePlacement, slice | np.ndarray] = {}
         self._synced: dict[tuple, frozenset[str]] = {}
@@ -578,6 +579,20 @@ class Evaluator:
             laid = self._laid[key] = (loose, *layouts_of(self.pipeline, plan, loose, timings))
         return laid
 
+    def placed(self, plan: Plan, graph: Graph) -> Placed:
+        """``graph`` (the plan's as priced: fused, without the weight syncs that move
+        nothing) placed by ``plan`` (:func:`rpeg.plan.lower.lower`): the instances and edges
+        the simulator prices, by the rules the runtime executes. Memoised by the
+        placements (a search prices each proposal once, and its floor first)."""
+        key = (graph, plan.placements)
+        placed = self._placed.get(key)
+        if placed is None:
+            if len(self._placed) > 256:
+                self._placed.clear()
+            w = self.pipeline.workload
+            placed = self._placed[key] = lower(graph, plan, w.prompts * w.samples)
+        return placed
+
     def eval_time(self, plan: Plan) -> float:
         devices = trainer_devices(self.pipeline, plan)
         if devices not in self._eval:
@@ -688,7 +703,8 @@ class Evaluator:
         if held_out is not None:                       # an eval op every `every` steps
             op_times = tuple(op_times) + ((EVAL_OP, held_out),)
         # the control plane's time grows with the step's (heartbeats): at the floor, a floor
-        work = floor(graph, timings) if bound is not None and feasible else 0.0
+        placed = self.placed(plan, graph)
+        work = floor(placed, timings) if bound is not None and feasible else 0.0
         if bound is not None and feasible:
             # the control plane's least first: no need to pack the step's calls into tasks
             # for a plan its work and that least already hold at the bound; what it says is
@@ -707,9 +723,8 @@ class Evaluator:
                 least, op_times=op_times, memory_capacity=capacity,
                 control_s=round(control, 6), tasks_per_step=tasks,
                 memory_reserve=reserve), None, True)
-        timeline = simulate(graph, timings, steps=steps, events=detail,
-                            crossing_s=max(self.cluster.gpu.dispatch_s, 0.0),
-                            streams=streams_of(plan, graph))
+        timeline = simulate(placed, timings, steps=steps, events=detail,
+                            crossing_s=max(self.cluster.gpu.dispatch_s, 0.0))
         control, tasks = self._control(plan, graph, timings, steps, timeline.step_time_s)
         step = timeline.step_time_s + control + every
         predicted = Predicted(

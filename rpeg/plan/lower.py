@@ -49,7 +49,6 @@ import attrs
 
 from rpeg.cost.engine_sync import SyncLayout, engine_sync_layout
 from rpeg.graph import Graph, Unrolled, unroll
-from rpeg.graph.unroll import in_place
 from rpeg.plan.oplayout import (
     OpLayout,
     any_in_place,
@@ -141,25 +140,24 @@ def streams(p: Placed, placement_of: Placing) -> Placed:
 
 def _shared_replicas(p: Placed, placement_of: Placing) -> frozenset[tuple[str, str]]:
     """(writer, reader) whose reader reads, on some device, the very replica its writer
-    writes (:func:`rpeg.graph.unroll.unroll`'s ``in_place``): a train op's weights where
-    the reader reads them in place (:func:`~rpeg.plan.oplayout.reads_in_place`; a reader
-    of a weight sync so reads its trainer's), a weight sync's copy where it loads it, and
-    the weights a weight sync sends where they are (:func:`rpeg.graph.unroll.in_place`: on
-    a common device)."""
-    devices = {name: lay.devices for name, lay in p.layouts}
-    loaded = in_place(p.graph, devices)
+    writes (:func:`rpeg.graph.unroll.unroll`'s ``in_place``), as the runtime keys a call's
+    replica (``rpeg.runtime.lowering.instances._replica``): a train op's weights where the
+    reader reads them in place (:func:`~rpeg.plan.oplayout.reads_in_place`; a reader of a
+    weight sync so reads its trainer's), a weight sync's copy where it loads it (a device
+    of its calls and the reader's), and the weights a weight sync sends where they are (a
+    device of its senders and the trainer's)."""
+    devices = {name: set(lay.devices) for name, lay in p.layouts}
     behind = {e.reader: e.writer for e in p.graph.version_edges
               if p.graph.op(e.reader).kind is OpKind.SYNC_WEIGHTS}
     out = set()
     for e in p.graph.version_edges:
         writer, reader = p.graph.op(e.writer), p.graph.op(e.reader)
+        if OpKind.SYNC_WEIGHTS in (writer.kind, reader.kind) \
+                and devices[e.writer] & devices[e.reader]:
+            out.add((e.writer, e.reader))          # the sync's copy, or what it sends
         if reader.kind is OpKind.SYNC_WEIGHTS:
-            if (e.writer, e.reader) in loaded:
-                out.add((e.writer, e.reader))
             continue
         if writer.kind is OpKind.SYNC_WEIGHTS:
-            if (e.writer, e.reader) in loaded:
-                out.add((e.writer, e.reader))
             writer = p.graph.op(behind[e.writer]) if e.writer in behind else None
         if writer is not None and any_in_place(placement_of(writer), placement_of(reader)):
             out.add((writer.name, e.reader))     # reads the trained weights where they are

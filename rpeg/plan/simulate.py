@@ -1,17 +1,22 @@
-"""Event-driven simulation of an unrolled RPEG graph on a set of devices.
+"""Event-driven simulation of a placed graph (:class:`rpeg.plan.lower.Placed`) on a set of
+devices.
 
     >>> from rpeg.graph import Graph, Op, DataEdge
     >>> from rpeg.spec.model import OpKind
     >>> g = Graph("toy", (Op("a", OpKind.FORWARD, outputs=("x",)),
     ...                   Op("b", OpKind.FORWARD, inputs=("x",))),
     ...           (DataEdge("a", "b", "x"),), (), (), ())
-    >>> tl = simulate(g, {"a": OpTiming((0,), 2.0), "b": OpTiming((0,), 1.0)}, steps=3)
+    >>> timings = {"a": OpTiming((0,), 2.0), "b": OpTiming((0,), 1.0)}
+    >>> tl = simulate(Placed(g, responses=1), timings, steps=3)
     >>> [(str(e.instance), e.start, e.end) for e in tl.events[:3]]
     [('a@0', 0.0, 2.0), ('b@0', 2.0, 3.0), ('a@1', 3.0, 5.0)]
     >>> tl.step_time_s
     3.0
 
-Rules. An instance (op, step, chunk) is ready when every data and version
+Rules. The instances (op, step, chunk) and their dependencies are the placed graph's
+(:meth:`Placed.edges <rpeg.plan.lower.Placed.edges>`: data, versions, stream order, write
+after read on a shared replica), the ones the runtime lays its calls out from; the op
+timings say where each op runs and for how long. An instance is ready when every data and version
 dependency has finished; it starts as soon as every device it needs is free
 (devices are exclusive: colocated ops time-share them). Among ready instances
 the earliest step goes first, then graph order, then chunk. A generate op split
@@ -40,8 +45,8 @@ import attrs
 import numpy as np
 
 from rpeg.errors import PlanError
-from rpeg.graph import DepKind, Graph, Instance, unroll
-from rpeg.graph.unroll import Unrolled, chunk_counts, in_place
+from rpeg.graph import DepKind, Graph, Instance, Unrolled, chunk_counts
+from rpeg.plan.lower import Placed
 
 
 @attrs.frozen
@@ -158,17 +163,15 @@ def chunk_durations(graph: Graph, timings: dict[str, OpTiming],
     return out
 
 
-def simulate(graph: Graph, timings: dict[str, OpTiming], steps: int = 6, *,
-             events: bool = True, crossing_s: float = 0.0,
-             streams: tuple[tuple[str, int, int], ...] = ()) -> Timeline:
-    """Run ``steps`` steps of ``graph`` with the given op timings; see the module doc.
+def simulate(placed: Placed, timings: dict[str, OpTiming], steps: int = 6, *,
+             events: bool = True, crossing_s: float = 0.0) -> Timeline:
+    """Run ``steps`` steps of ``placed`` (its instances and dependency edges,
+    :meth:`Placed.edges <rpeg.plan.lower.Placed.edges>`) with the given op timings; see the
+    module doc.
     ``events=False``: the step figures only, no per-instance events (a search needs no
     more; ``busy`` and ``bubbles`` are then empty). ``crossing_s``: what an output takes to
     reach an op on other devices (a new task dispatched there); an op on the same devices
     as its input's producer (the same task, or the next one already queued) waits nothing.
-    ``streams``: (generate op, data-parallel blocks streaming it, steps it carries responses
-    over) of the chunked or carried generate ops. The instances and their dependencies are
-    :func:`rpeg.graph.unroll`'s, ordering ones included (:func:`priced_graph`).
 
         >>> from rpeg.graph import Graph, Op, DataEdge
         >>> from rpeg.spec.model import OpKind
@@ -176,11 +179,13 @@ def simulate(graph: Graph, timings: dict[str, OpTiming], steps: int = 6, *,
         ...                   Op("b", OpKind.FORWARD, inputs=("x",))),
         ...           (DataEdge("a", "b", "x"),), (), (), ())
         >>> t = {"a": OpTiming((0,), 2.0), "b": OpTiming((1,), 1.0)}
-        >>> [(e.start, e.end) for e in simulate(g, t, steps=2, crossing_s=0.5).events]
+        >>> tl = simulate(Placed(g, responses=1), t, steps=2, crossing_s=0.5)
+        >>> [(e.start, e.end) for e in tl.events]
         [(0.0, 2.0), (2.0, 4.0), (2.5, 3.5), (4.5, 5.5)]
     """
-    chunks, placed = _placing(graph, timings)
-    prep = _prepare(graph, steps, chunks, _lanes(streams, chunks), placed)
+    placed = as_priced(placed, timings)
+    graph = placed.graph
+    prep = prepared(placed, steps)
     durations = chunk_durations(graph, timings, prep.counts)
     num_devices = 1 + max((d for t in timings.values() for d in t.devices), default=0)
 
@@ -249,7 +254,7 @@ def simulate(graph: Graph, timings: dict[str, OpTiming], steps: int = 6, *,
     return _timeline(events_, steps, num_devices, drain, _floor(durations, needs), ends)
 
 
-def floor(graph: Graph, timings: dict[str, OpTiming]) -> float:
+def floor(placed: Placed, timings: dict[str, OpTiming]) -> float:
     """The busiest device's work of one step: no steady step :func:`simulate` finds for
     these timings is shorter (it is the figure it never reads below), and it needs no
     simulation.
@@ -259,11 +264,12 @@ def floor(graph: Graph, timings: dict[str, OpTiming]) -> float:
         >>> g = Graph("toy", (Op("a", OpKind.FORWARD, outputs=("x",)),
         ...                   Op("b", OpKind.FORWARD, inputs=("x",))),
         ...           (DataEdge("a", "b", "x"),), (), (), ())
-        >>> floor(g, {"a": OpTiming((0,), 2.0), "b": OpTiming((1,), 1.0)})
+        >>> floor(Placed(g, responses=1), {"a": OpTiming((0,), 2.0), "b": OpTiming((1,), 1.0)})
         2.0
     """
-    chunks = {n: len(t.chunk_ends) for n, t in timings.items() if len(t.chunk_ends) > 1}
-    durations = chunk_durations(graph, timings, chunk_counts(graph, chunks))
+    placed = as_priced(placed, timings)
+    durations = chunk_durations(placed.graph, timings, chunk_counts(placed.graph,
+                                                                     _chunks(placed)))
     return _floor(durations, _needs(tuple(sorted((n, t.devices) for n, t in timings.items()))))
 
 
@@ -279,33 +285,41 @@ def _floor(durations: dict[tuple[str, int], float], needs: dict[str, int]) -> fl
     return max(load.values(), default=0.0)
 
 
-def priced_graph(graph: Graph, timings: dict[str, OpTiming], steps: int, *,
-                 streams: tuple[tuple[str, int, int], ...] = (), horizon: int | None = None
-                 ) -> Unrolled:
-    """The instance graph :func:`simulate` prices with these timings (``horizon``: as a run
-    of that many steps executes it, without the syncs nobody reads)."""
-    chunks, placed = _placing(graph, timings)
-    return _unroll(graph, steps, chunks, streams, placed, horizon)
+def as_priced(placed: Placed, timings: dict[str, OpTiming]) -> Placed:
+    """``placed`` streaming the chunks its generate ops' timings price (``chunk_ends``; none:
+    one). The cost model prices the chunks a plan asks for, as slices of the step's
+    responses by when they finish; the runtime streams them rounded up to a whole number
+    per data-parallel block (:func:`rpeg.plan.oplayout.stream_chunks`), each block its own
+    share. Where the two differ (fewer chunks asked than blocks, or not a multiple of
+    them) the simulator prices the cost model's: a block's chunk on the op's every device
+    would serialise what the blocks run side by side."""
+    priced = max((len(timings[op].chunk_ends) for op, _ in placed.lanes if op in timings),
+                 default=0)
+    return placed if max(priced, 1) == max(placed.chunks, 1) \
+        else attrs.evolve(placed, chunks=max(priced, 1))
 
 
-def _lanes(streams: tuple[tuple[str, int, int], ...], chunks: tuple[tuple[str, int], ...]
-           ) -> tuple[tuple[str, int, int], ...]:
-    """``streams`` with no more lanes than chunks (more change no dependency): fewer
-    distinct unrolled graphs to prepare."""
-    n = dict(chunks)
-    return tuple((op, min(lanes, n.get(op, 1)), carry) for op, lanes, carry in streams)
+def _chunks(placed: Placed) -> dict[str, int]:
+    """Generate op -> the chunks it streams a step (:meth:`Placed.edges
+    <rpeg.plan.lower.Placed.edges>`'s)."""
+    return {op: placed.chunks for op, _ in placed.lanes if placed.chunks > 1}
 
 
-def _unroll(graph, steps, chunks, streams, placed, horizon=None) -> Unrolled:
-    return unroll(graph, steps, dict(chunks), carry={op: c for op, _, c in streams},
-                  lanes={op: n for op, n, _ in streams}, in_place=placed, horizon=horizon)
-
-
-def _placing(graph: Graph, timings: dict[str, OpTiming]):
-    """(chunks per streamed op, readers sharing their writer's replica) of ``timings``."""
-    chunks = tuple(sorted((n, len(t.chunk_ends)) for n, t in timings.items()
-                          if len(t.chunk_ends) > 1))
-    return chunks, in_place(graph, {n: t.devices for n, t in timings.items()})
+def prepared(placed: Placed, steps: int) -> _Prepared:
+    """:meth:`Placed.edges <rpeg.plan.lower.Placed.edges>` of ``steps`` steps as index
+    arrays: what :func:`simulate` prices (cached per placed graph, a value hashed once)."""
+    n = max(placed.chunks, 1)
+    # only what the edges read, and no more lanes than chunks (more change no edge): fewer
+    # distinct graphs to prepare
+    key = (Placed(placed.graph, 0, chunks=n, carry=placed.carry, in_place=placed.in_place,
+                  lanes=tuple((op, min(k, n)) for op, k in placed.lanes)), steps)
+    hit = _PREPARED.get(key)
+    if hit is not None:
+        return hit
+    if len(_PREPARED) > 512:
+        _PREPARED.clear()
+    prep = _PREPARED[key] = _prepare_uncached(key[0].edges(steps))
+    return prep
 
 
 @attrs.frozen
@@ -323,24 +337,9 @@ class _Prepared:
 _PREPARED: dict[tuple, _Prepared] = {}
 
 
-def _prepare(graph: Graph, steps: int, chunks: tuple[tuple[str, int], ...],
-             streams: tuple[tuple[str, int, int], ...] = (),
-             placed: frozenset[tuple[str, str]] = frozenset()) -> _Prepared:
-    """The unrolled graph as index arrays, cached per graph (a value, hashed once)."""
-    key = (graph, steps, chunks, streams, placed)
-    hit = _PREPARED.get(key)
-    if hit is not None:
-        return hit
-    if len(_PREPARED) > 512:
-        _PREPARED.clear()
-    prep = _PREPARED[key] = _prepare_uncached(graph, steps, chunks, streams, placed)
-    return prep
-
-
-def _prepare_uncached(graph: Graph, steps: int, chunks: tuple[tuple[str, int], ...],
-                      streams: tuple[tuple[str, int, int], ...] = (),
-                      placed: frozenset[tuple[str, str]] = frozenset()) -> _Prepared:
-    u = _unroll(graph, steps, chunks, streams, placed)
+def _prepare_uncached(u: Unrolled) -> _Prepared:
+    """The unrolled graph ``u`` as index arrays."""
+    graph = u.graph
     order = {name: i for i, name in enumerate(graph.topo_order())}
     insts = sorted(u.instances, key=lambda i: (i.step, order[i.op], i.chunk))
     index = {inst: k for k, inst in enumerate(insts)}

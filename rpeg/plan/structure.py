@@ -24,7 +24,7 @@ from rpeg.graph import Graph
 from rpeg.graph.ids import Backbone
 from rpeg.graph.unroll import chunk_counts
 from rpeg.plan.model import Plan, StagePlacement
-from rpeg.plan.oplayout import all_in_place, stream_of
+from rpeg.plan.oplayout import all_in_place
 from rpeg.plan.passes import elide_syncs, fuse
 from rpeg.plan.staleness import step_graph
 from rpeg.spec.functions import loss_of
@@ -66,14 +66,6 @@ def is_host_op(pipeline: Pipeline, stage: str) -> bool:
     s = pipeline.stage(stage)
     return s.kind is OpKind.COMPUTE or (s.kind is OpKind.SCORE
                                        and not pipeline.has_model(s.target or ""))
-
-
-def streams_of(plan: Plan, graph: Graph) -> tuple[tuple[str, int, int], ...]:
-    """(generate op, data-parallel blocks streaming its chunks, steps it carries responses
-    over) of each generate op of ``plan`` (:func:`rpeg.plan.oplayout.stream_of`, as
-    :func:`rpeg.plan.lower.streams` places them)."""
-    return tuple((o.name, *stream_of(plan.placement(o.stages[0]))) for o in graph.ops
-                 if o.kind is OpKind.GENERATE)
 
 
 def plan_graph(pipeline: Pipeline, plan: Plan, base: Graph | None = None) -> Graph:
@@ -195,4 +187,4 @@ def _streamed_from(graph: Graph, op: str, chunked: dict) -> str | None:
 
 
 __all__ = ["Stages", "backbone", "graph_backbone", "is_host_op", "plan_graph", "settle_batching",
-           "settled", "stream_sources", "streams_of", "sync_devices", "synced_in_place"]
+           "settled", "stream_sources", "sync_devices", "synced_in_place"]

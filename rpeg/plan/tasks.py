@@ -33,23 +33,23 @@ import bisect
 
 from rpeg.cost.control import JOIN_MIN, Dispatch
 from rpeg.graph import Graph
-from rpeg.plan.lower import PASSES, lower
+from rpeg.plan.lower import PASSES, Placed, lower
 from rpeg.plan.oplayout import OpLayout
 from rpeg.plan.packing import Packer
-from rpeg.plan.simulate import OpTiming, _placing, _prepare
+from rpeg.plan.simulate import OpTiming, prepared
 from rpeg.spec.model import OpKind
 
 
 def steady_step(graph: Graph, layouts: dict[str, OpLayout], chunks: int, steps: int):
     """(the unrolled graph, the steady step of it whose dispatch is counted)."""
-    where = {n: OpTiming(lay.devices, 0.0, (0.0,) * chunks if chunks > 1 and any(
-        o.name == n and o.kind.value == "generate" for o in graph.ops) else ())
-        for n, lay in layouts.items()}
+    # its generate ops' chunks each on a lane of its own: the count with the least fusion
+    streamed = Placed(graph, 0, chunks=chunks, lanes=tuple(
+        (o.name, 1) for o in graph.ops if o.kind is OpKind.GENERATE))
     # a step far enough in for its inputs to come from steady steps (lag + 2 back), and
     # the steps after it that read its outputs (lag + 1 on)
     lag = max((e.lag for e in graph.version_edges), default=0)
     last = min(steps // 2, lag + 2)
-    return _prepare(graph, last + lag + 2, _placing(graph, where)[0]), last
+    return prepared(streamed, last + lag + 2), last
 
 
 def dispatch_per_step(graph: Graph, layouts: dict[str, OpLayout], chunks: int = 1,

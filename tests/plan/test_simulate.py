@@ -1,10 +1,11 @@
-"""The event-driven simulator on graphs small enough to check by hand."""
+"""The event-driven simulator on placed graphs small enough to check by hand."""
 
 from __future__ import annotations
 
 import pytest
 
 from rpeg.graph import DataEdge, Graph, Op, VersionEdge
+from rpeg.plan.lower import Placed
 from rpeg.plan.simulate import OpTiming, simulate
 from rpeg.spec.model import OpKind
 
@@ -15,11 +16,20 @@ def _graph(ops, data=(), versions=()):
                  tuple({o.writes_model for o in ops if o.writes_model}))
 
 
-def _gen_train(lag: int):
+def _placed(graph, chunks: int = 1, shared=()) -> Placed:
+    """``graph`` placed: its generate ops streaming ``chunks`` chunks a step on one lane,
+    the (writer, reader) pairs of ``shared`` reading one replica."""
+    return Placed(graph, 1, chunks=chunks, in_place=frozenset(shared), lanes=tuple(
+        (o.name, 1) for o in graph.ops if o.kind is OpKind.GENERATE))
+
+
+def _gen_train(lag: int, shared: bool = False) -> Placed:
+    """gen reads the weights train writes ``lag`` steps stale; ``shared``: one replica."""
     gen = Op("gen", OpKind.GENERATE, ("prompts",), ("x",), reads_model="m")
     train = Op("train", OpKind.TRAIN, ("x",), (), reads_model="m", writes_model="m")
-    return _graph([gen, train], [DataEdge("gen", "train", "x")],
-                  [VersionEdge("m", "train", "gen", lag)])
+    return _placed(_graph([gen, train], [DataEdge("gen", "train", "x")],
+                          [VersionEdge("m", "train", "gen", lag)]),
+                   shared=[("train", "gen")] if shared else ())
 
 
 def _events(tl):
@@ -29,7 +39,7 @@ def _events(tl):
 def test_chain_on_one_device_runs_back_to_back():
     a = Op("a", OpKind.FORWARD, outputs=("x",))
     b = Op("b", OpKind.FORWARD, inputs=("x",))
-    tl = simulate(_graph([a, b], [DataEdge("a", "b", "x")]),
+    tl = simulate(_placed(_graph([a, b], [DataEdge("a", "b", "x")])),
                   {"a": OpTiming((0,), 2.0), "b": OpTiming((0,), 1.0)}, steps=3)
     assert _events(tl) == [("a@0", 0.0, 2.0), ("b@0", 2.0, 3.0), ("a@1", 3.0, 5.0),
                            ("b@1", 5.0, 6.0), ("a@2", 6.0, 8.0), ("b@2", 8.0, 9.0)]
@@ -57,8 +67,8 @@ def test_one_step_stale_generation_overlaps_training_on_other_devices():
 
 
 def test_stale_generation_on_shared_devices_gains_nothing():
-    tl = simulate(_gen_train(1), {"gen": OpTiming((0,), 2.0), "train": OpTiming((0,), 3.0)},
-                  steps=6)
+    tl = simulate(_gen_train(1, shared=True),
+                  {"gen": OpTiming((0,), 2.0), "train": OpTiming((0,), 3.0)}, steps=6)
     assert tl.step_time_s == 5.0
     starts = [e.start for e in tl.events]
     ends = [e.end for e in tl.events]
@@ -71,10 +81,10 @@ def test_chunked_generation_streams_to_a_per_sample_consumer():
     g = _graph([gen, fwd], [DataEdge("gen", "fwd", "x")])
     timings = {"gen": OpTiming((0,), 3.0, chunk_ends=(1.0, 3.0), chunk_sizes=(4, 4)),
                "fwd": OpTiming((1,), 2.0)}
-    tl = simulate(g, timings, steps=2)
+    tl = simulate(_placed(g, chunks=2), timings, steps=2)
     assert _events(tl)[:4] == [("gen@0", 0.0, 1.0), ("gen@0#1", 1.0, 3.0), ("fwd@0", 1.0, 2.0),
                                ("fwd@0#1", 3.0, 4.0)]
-    whole = simulate(g, {"gen": OpTiming((0,), 3.0), "fwd": OpTiming((1,), 2.0)}, steps=2)
+    whole = simulate(_placed(g), {"gen": OpTiming((0,), 3.0), "fwd": OpTiming((1,), 2.0)}, steps=2)
     assert _events(whole)[:2] == [("gen@0", 0.0, 3.0), ("fwd@0", 3.0, 5.0)]
 
 
@@ -82,7 +92,8 @@ def test_chunk_sizes_split_consumer_time():
     gen = Op("gen", OpKind.GENERATE, ("prompts",), ("x",))
     fwd = Op("fwd", OpKind.FORWARD, ("x",), ("y",))
     g = _graph([gen, fwd], [DataEdge("gen", "fwd", "x")])
-    tl = simulate(g, {"gen": OpTiming((0,), 4.0, chunk_ends=(2.0, 4.0), chunk_sizes=(3, 1)),
+    tl = simulate(_placed(g, chunks=2),
+                  {"gen": OpTiming((0,), 4.0, chunk_ends=(2.0, 4.0), chunk_sizes=(3, 1)),
                       "fwd": OpTiming((1,), 4.0)}, steps=2)
     assert ("fwd@0", 2.0, 5.0) in _events(tl)           # 3 of 4 responses: 3 s of 4
     assert ("fwd@0#1", 5.0, 6.0) in _events(tl)
@@ -93,7 +104,7 @@ def test_host_ops_need_no_device():
     h = Op("h", OpKind.COMPUTE, inputs=("x",), outputs=("z",))
     b = Op("b", OpKind.FORWARD, inputs=("x",))
     g = _graph([a, h, b], [DataEdge("a", "h", "x"), DataEdge("a", "b", "x")])
-    tl = simulate(g, {"a": OpTiming((0,), 1.0), "h": OpTiming((), 5.0),
+    tl = simulate(_placed(g), {"a": OpTiming((0,), 1.0), "h": OpTiming((), 5.0),
                       "b": OpTiming((0,), 1.0)}, steps=2)
     assert ("h@0", 1.0, 6.0) in _events(tl) and ("b@0", 1.0, 2.0) in _events(tl)
 
@@ -103,7 +114,7 @@ def test_an_op_on_two_groups_waits_for_both():
     b = Op("b", OpKind.FORWARD, outputs=("y",))
     s = Op("s", OpKind.SYNC_WEIGHTS)
     g = _graph([a, b, s])
-    tl = simulate(g, {"a": OpTiming((0,), 1.0), "b": OpTiming((1,), 2.0),
+    tl = simulate(_placed(g), {"a": OpTiming((0,), 1.0), "b": OpTiming((1,), 2.0),
                       "s": OpTiming((0, 1), 0.5)}, steps=2)
     assert ("s@0", 2.0, 2.5) in _events(tl)
     assert tl.bubbles()[0][0] == (0,) and tl.bubbles()[1][0] == (1,)
@@ -115,7 +126,7 @@ def test_streamed_chunks_take_their_own_times():
     gen = Op("gen", OpKind.GENERATE, ("prompts",), ("x",))
     fwd = Op("fwd", OpKind.FORWARD, ("x",), ("y",))
     g = _graph([gen, fwd], [DataEdge("gen", "fwd", "x")])
-    tl = simulate(g, {"gen": OpTiming((0,), 4.0, chunk_ends=(1.0, 2.0, 4.0),
+    tl = simulate(_placed(g, chunks=3), {"gen": OpTiming((0,), 4.0, chunk_ends=(1.0, 2.0, 4.0),
                                       chunk_sizes=(2, 2, 2)),
                       "fwd": OpTiming((1,), 3.5, chunk_times=(0.5, 1.0, 2.0))}, steps=2)
     assert _events(tl)[:6] == [("gen@0", 0.0, 1.0), ("gen@0#1", 1.0, 2.0),
@@ -142,7 +153,7 @@ def test_the_window_leaves_out_the_fill_of_a_stale_pipeline():
     back; the step time is measured after them."""
     from rpeg.plan.simulate import steps_for
     timings = {"gen": OpTiming((0,), 2.0), "train": OpTiming((0,), 3.0)}
-    tl = simulate(_gen_train(1), timings, steps=steps_for(1))
+    tl = simulate(_gen_train(1, shared=True), timings, steps=steps_for(1))
     assert tl.steps == 10 and tl.window == (tl.step_ends[4], tl.step_ends[8])
     assert tl.step_time_s == 5.0
 
@@ -160,7 +171,8 @@ def test_step_time_is_never_below_the_busiest_devices_work():
     sync = Op("sync", OpKind.SYNC_WEIGHTS, (), (), reads_model="m")
     g = _graph([gen, train, sync], [DataEdge("gen", "train", "x")],
                [VersionEdge("m", "train", "sync", 0), VersionEdge("m", "sync", "gen", 2)])
-    tl = simulate(g, {"gen": OpTiming((0,), 2.0), "train": OpTiming((1,), 2.9),
+    tl = simulate(_placed(g, shared=[("sync", "gen")]),
+                  {"gen": OpTiming((0,), 2.0), "train": OpTiming((1,), 2.9),
                       "sync": OpTiming((0,), 1.0)}, steps=15)
     assert tl.step_time_s == pytest.approx(3.0)
 
@@ -172,7 +184,8 @@ def test_an_output_crossing_to_other_devices_arrives_a_dispatch_later():
                   steps=2, crossing_s=0.5)
     assert _events(tl) == [("gen@0", 0.0, 2.0), ("train@0", 2.5, 3.5),
                            ("gen@1", 4.0, 6.0), ("train@1", 6.5, 7.5)]
-    same = simulate(_gen_train(0), {"gen": OpTiming((0,), 2.0), "train": OpTiming((0,), 1.0)},
+    same = simulate(_gen_train(0, shared=True),
+                    {"gen": OpTiming((0,), 2.0), "train": OpTiming((0,), 1.0)},
                     steps=2, crossing_s=0.5)
     assert same.step_ends == (3.0, 6.0)
 

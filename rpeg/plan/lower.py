@@ -1,7 +1,9 @@
 """A plan's step graph placed on its devices: the one value the runtime lays its op calls
 out from (``rpeg.runtime.lowering.instances.build_calls``), ``rpeg verify`` checks a run's
-trace against (``rpeg.runtime.verify``), and the cost model counts a step's calls and tasks
-from (``rpeg.plan.tasks.layouts_of``).
+trace against (``rpeg.runtime.verify``), the simulator prices (``rpeg.plan.simulate``: the
+plan's graph as the cost model times it, fused and without the weight syncs that move
+nothing, lowered by the same passes: ``Evaluator.placed``), and the cost model counts a
+step's calls and tasks from (``rpeg.plan.tasks.layouts_of``).
 
     >>> placed = lower(graph, plan, responses=512)                         # doctest: +SKIP
     >>> placed.layout("rollout").devices_of(0), placed.chunks              # doctest: +SKIP
@@ -36,9 +38,11 @@ Not here yet: the runtime's replicas (a second copy per layout, an engine's own 
 their weight transfers, version edges and write-after-read edges per device, the one order
 of collectives (``rpeg.runtime.lowering.ordering``); the packing of calls into tasks
 (``rpeg.plan.packing``, which the cost model feeds with its own unrolling,
-``rpeg.plan.tasks``); and the simulator, which prices the plan's fused graph by the same
-unrolling and streams (:func:`~rpeg.plan.oplayout.stream_of`) but orders a writer after
-the readers it shares a device with, not a replica.
+``rpeg.plan.tasks``); a writer ordered after the readers of its replica per device: a
+reader reading it in place on some of its devices waits for it on all (the simulator, which
+places an op's instances on all its devices, prices that); and the chunks a generate op
+streams per data-parallel block where its plan asks fewer than it has blocks (the cost
+model prices the chunks asked, :func:`rpeg.plan.simulate.as_priced`).
 """
 
 from __future__ import annotations

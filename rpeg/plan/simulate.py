@@ -45,7 +45,7 @@ import attrs
 import numpy as np
 
 from rpeg.errors import PlanError
-from rpeg.graph import DepKind, Graph, Instance, Unrolled, chunk_counts
+from rpeg.graph import DepKind, Graph, Instance, chunk_counts
 from rpeg.plan.lower import Placed
 
 
@@ -318,7 +318,7 @@ def prepared(placed: Placed, steps: int) -> _Prepared:
         return hit
     if len(_PREPARED) > 512:
         _PREPARED.clear()
-    prep = _PREPARED[key] = _prepare_uncached(key[0].edges(steps))
+    prep = _PREPARED[key] = _prepare_uncached(*key)
     return prep
 
 
@@ -337,8 +337,9 @@ class _Prepared:
 _PREPARED: dict[tuple, _Prepared] = {}
 
 
-def _prepare_uncached(u: Unrolled) -> _Prepared:
-    """The unrolled graph ``u`` as index arrays."""
+def _prepare_uncached(placed: Placed, steps: int) -> _Prepared:
+    """The instances and edges of ``steps`` steps of ``placed`` as index arrays."""
+    u = placed.edges(steps)
     graph = u.graph
     order = {name: i for i, name in enumerate(graph.topo_order())}
     insts = sorted(u.instances, key=lambda i: (i.step, order[i.op], i.chunk))

@@ -167,10 +167,15 @@ def assert_realises_placed(pipeline, plan, steps: int = STEPS) -> None:
 @pytest.mark.parametrize("shape", sorted(PLANS))
 @pytest.mark.parametrize("name", ["ppo", "grpo"])
 def test_the_runtime_executes_the_placed_graph(shape, name, ppo, grpo):
-    pipeline = {"ppo": ppo, "grpo": grpo}[name]
+    pipeline = _tiny(name, shape, ppo, grpo)
+    assert_realises_placed(pipeline, PLANS[shape](pipeline))
+
+
+def _tiny(name: str, shape: str, ppo, grpo):
+    """The tiny pipeline ``name`` for a plan of ``shape`` (skipped where it has none)."""
     if shape == "tensor parallel" and name == "grpo":
         pytest.skip("tiny_grpo has no critic to split beside the actor")
-    assert_realises_placed(pipeline, PLANS[shape](pipeline))
+    return {"ppo": ppo, "grpo": grpo}[name]
 
 
 def assert_prices_placed(pipeline, plan, cluster, steps: int = STEPS) -> None:
@@ -228,9 +233,7 @@ PRICED = {**PLANS, "partly in place": _partly_in_place}
 @pytest.mark.parametrize("shape", sorted(PRICED))
 @pytest.mark.parametrize("name", ["ppo", "grpo"])
 def test_the_simulator_prices_the_runtimes_placed_graph(shape, name, ppo, grpo):
-    pipeline = {"ppo": ppo, "grpo": grpo}[name]
-    if shape == "tensor parallel" and name == "grpo":
-        pytest.skip("tiny_grpo has no critic to split beside the actor")
+    pipeline = _tiny(name, shape, ppo, grpo)
     assert_prices_placed(pipeline, PRICED[shape](pipeline), load_cluster(LOCAL))
 
 

@@ -84,6 +84,17 @@ class OpLayout:
         return tuple(Call(c, c, d, 0, self._group(d))
                      for c in range(chunks if self.chunked else 1) for d in self.devices_of(c))
 
+    def members(self, chunks: int) -> tuple[tuple[int, tuple[int, ...]], ...]:
+        """(device, its tensor-parallel block) of every device running a call of the op in
+        a step whose generate ops stream ``chunks`` chunks, once each, in the order of
+        :meth:`calls` (a streamed op's chunks past its blocks run on the same devices)."""
+        tp = max(1, self.tp)
+        if self.everywhere:
+            return tuple((d, self._group(d)) for d in self.devices)
+        blocks = -(-len(self.devices) // tp) if self.devices else 0
+        n = min(chunks, blocks) if self.chunked else 1
+        return tuple((d, self._group(d)) for c in range(n) for d in self.devices_of(c))
+
     def _group(self, device: int) -> tuple[int, ...]:
         return () if self.per_block else block_of(self.devices, self.tp, device)
 

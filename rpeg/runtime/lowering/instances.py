@@ -28,7 +28,9 @@ backbones) is placed on the plan's devices and unrolled over steps:
   weight-sync op pair — ``export`` on the home (one per tp rank: its shard),
   ``load`` at the reader (joins the shards) — only for versions someone reads
   there. Readers on the home read in place: no sync, unless they split the model
-  another way (then they read a copy ``model~tp<group>`` that a sync loads).
+  another way or it is sharded (then they read a copy ``model~tp<group>`` that a sync
+  loads). Which copy every call reads is :func:`rpeg.plan.copies.copies`' rule, the one
+  the cost model prices memory by.
 
 Every reader reads an exact version: ``max(0, step - k)`` (train: ``step``), with
 ``k`` the plan's staleness of the op. This is enforced by ordering edges
@@ -51,21 +53,21 @@ from collections import defaultdict
 
 import attrs
 
-from rpeg.cost.engine_sync import serves_copy
 from rpeg.errors import PlanError
 from rpeg.graph import DepKind, Graph, Instance
+from rpeg.graph.ids import OpId
 from rpeg.graph.unroll import CARRY, STREAM
 from rpeg.graph.versions import read_version
+from rpeg.plan.copies import copies
 from rpeg.plan.lower import Placed, lower
 from rpeg.plan.model import Plan
-from rpeg.plan.oplayout import reads_in_place, world_of
+from rpeg.plan.oplayout import world_of
 from rpeg.plan.staleness import staleness_problem, step_graph
 from rpeg.runtime.lowering.ordering import (
     _add_syncs,
     _order_collectives,
     _order_pushes,
     _order_versions,
-    _split_layouts,
 )
 from rpeg.runtime.lowering.replicas import (
     ENGINE,
@@ -81,7 +83,6 @@ from rpeg.runtime.lowering.replicas import (
     engine_hosts,
     engine_key,
     is_engine_key,
-    variant_key,
 )
 from rpeg.spec.model import OpKind, Pipeline
 
@@ -90,7 +91,7 @@ from rpeg.spec.model import OpKind, Pipeline
 class OpCall:
     """One op instance: everything a worker needs to run it, as plain data."""
 
-    id: str
+    id: OpId = attrs.field(converter=OpId)   # its text: the call's key in records and traces
     op: str                                  # graph op: a stage, fused trainers, or sync_<model>
     kind: OpKind
     step: int
@@ -163,6 +164,7 @@ def build_calls(pipeline: Pipeline, plan: Plan, steps: int, *, first: int = 0
     homes = model_homes(pipeline, plan, graph)
     trained = train_layouts(graph, plan)
     placed = placed_for(pipeline, plan, graph)
+    held = copies(placed, lambda o: _placement(plan, o, pipeline))   # the copy each call reads
     n_chunks, chunked = placed.chunks, placed.streamed
     # the placed graph's instances and dependency edges (Placed.edges): every call is one
     # device's share of an instance, reading what its data edges bring and streaming after
@@ -182,11 +184,11 @@ def build_calls(pipeline: Pipeline, plan: Plan, steps: int, *, first: int = 0
             layout, world = lay.calls(n_chunks), world_of(op, lay)
             for one in layout:
                 dev, group = one.device, one.group
-                cid = _id(name, s, one.index, op.kind, len(layout), name in chunked)
-                if group and op.kind is not OpKind.TRAIN and group.index(dev) > 0:
-                    cid += f"/t{group.index(dev)}"          # a further rank of a tp group
+                # a further rank of a tp group: its rank in the id
+                tp_rank = group.index(dev) if group and op.kind is not OpKind.TRAIN else 0
+                cid = _id(name, s, one.index, op.kind, len(layout), name in chunked, tp_rank)
                 inputs, deps = _data_deps(reads[(name, one.chunk)], s, produced)
-                model = _replica(op, place, dev, trained.get(op.reads_model), group)
+                model = held.key_of(name, dev)
                 call = dict(id=cid, op=name, kind=op.kind, step=s, device=dev,
                             chunk=one.chunk,
                             chunks=n_chunks if name in chunked else len(layout),
@@ -206,7 +208,6 @@ def build_calls(pipeline: Pipeline, plan: Plan, steps: int, *, first: int = 0
                 at[(name, s, one.chunk, dev)] = cid
                 if one.rank == 0 and (not group or group[0] == dev):
                     produced[(name, s)].append(cid)       # what readers take: tp rank 0's
-    _split_layouts(calls)
     calls = _add_syncs(calls, homes, trained, first, dict(placed.engine_syncs))
     _order_versions(calls, homes, frozen, first)
     for c in calls:                   # each device's share of a stream after its share before
@@ -343,23 +344,6 @@ def _check_tp(stage: str, place, op, plan: Plan, pipeline: Pipeline | None) -> N
                                 hint=f"use tp in {[d for d in range(1, count + 1) if count % d == 0]}")
 
 
-def _replica(op, place, device: int, trainer, group: tuple[int, ...]) -> str | None:
-    """The key of the copy of its model an op placed as ``place`` reads on ``device``: a vLLM
-    engine's own (:func:`rpeg.cost.engine_sync.serves_copy`); on a device its trainer
-    (``trainer``) holds, the trained weights where they are read in place
-    (:func:`rpeg.plan.oplayout.reads_in_place`), else a copy split as the op splits it
-    (tp ``group``); elsewhere the model's (one layout per device: ``_split_layouts``)."""
-    model = op.reads_model
-    if not model or op.kind is OpKind.TRAIN:
-        return model
-    if op.kind is OpKind.GENERATE and serves_copy(trainer, place, device):
-        return engine_key(model)
-    if trainer is not None and device in trainer.devices \
-            and not reads_in_place(trainer, place, device):
-        return variant_key(model, group)
-    return model
-
-
 def train_layouts(graph: Graph, plan: Plan) -> dict:
     """Backbone -> the placement of its training (how its home holds the weights)."""
     return {op.writes_model: _placement(plan, op) for op in graph.ops
@@ -398,12 +382,12 @@ def _data_deps(edges, step: int, produced) -> tuple[list, list]:
     return inputs, deps
 
 
-def _id(name, step, idx, kind, n, is_chunked) -> str:
+def _id(name, step, idx, kind, n, is_chunked, tp_rank: int = 0) -> OpId:
     if is_chunked:
-        return f"{name}/s{step}/c{idx}"
+        return OpId.of(name, step, chunk=idx, tp_rank=tp_rank)
     if kind is OpKind.TRAIN and n > 1:
-        return f"{name}/s{step}/r{idx}"
-    return f"{name}/s{step}"
+        return OpId.of(name, step, rank=idx, tp_rank=tp_rank)
+    return OpId.of(name, step, tp_rank=tp_rank)
 
 
 # the replica keys and sync roles (rpeg.runtime.lowering.replicas) are also this module's

@@ -32,9 +32,12 @@ runs on. On each device where an op reading a model runs a call (its layout's
   (:func:`rpeg.cost.engine_sync.serves_copy`: also beside a ZeRO-2 trainer, whose weights
   FSDP2 holds);
 * on a device its trainer holds, the trained copy where it reads that in place
-  (:func:`rpeg.plan.oplayout.reads_in_place`), else a second copy split as the op splits
-  it (``actor~tp0-1``; ``actor~whole``: unsplit), ZeRO-3 shards included: a per-chunk
-  pass never runs on the trainer's shards, which only all its ranks gather together;
+  (:func:`rpeg.plan.oplayout.reads_in_place`), or where it runs on every rank of the
+  trainer's ZeRO-3 shards, gathering each layer as it runs it
+  (:func:`rpeg.plan.oplayout.gathers_in_place`: its layout a call on every rank), else a
+  second copy split as the op splits it (``actor~tp0-1``; ``actor~whole``: unsplit),
+  ZeRO-3 shards included: a per-chunk pass never runs on the trainer's shards, which only
+  all its ranks gather together;
 * elsewhere the backbone's own key.
 
 A copy has one layout on a device: the first op to read a key there (its trainer, then
@@ -141,8 +144,9 @@ def _backbone(model: Backbone, train, readers: tuple, chunks: int):
     for n, (op, place, lay) in enumerate(readers, start=1):
         members = lay.members(chunks)
         at = {}
-        # on every device, the trained copy where it is read in place there
-        whole = trainer is not None and all_in_place(trainer, place)
+        # on every device, the trained copy where it is read in place there, or where the
+        # op runs on every rank of its trainer's ZeRO-3 shards (gathers_in_place)
+        whole = trainer is not None and (all_in_place(trainer, place) or lay.everywhere)
         for d, group in members:
             key = ReplicaKey(model) if whole else copy_key(op, place, d, trainer, group)
             if layout.setdefault((key, d), group) != group:

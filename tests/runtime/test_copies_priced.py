@@ -54,16 +54,18 @@ def made(pipeline, plan) -> set[tuple[str, int, bool, int]]:
 
 def colocated(pipeline, n: int, *, zero: int = 0, reader_zero: int = 0,
               engine: Engine = Engine.TORCH, gen_tp: int = 1, readers: int = 0,
-              reader_tp: int = 1, staleness: int = 0) -> Plan:
+              reader_tp: int = 1, staleness: int = 0, gen_on: int = 0) -> Plan:
     """Every model stage on devices 0..n-1, trained models at ``zero``; forward stages on
     the first ``readers`` devices (0: all) at ``reader_tp`` and ``reader_zero``; the
-    generate stage on ``engine`` at ``gen_tp``; the rest on device 0."""
+    generate stage on ``engine`` at ``gen_tp``, on the first ``gen_on`` devices (0: all;
+    one block: a step streams one chunk); the rest on device 0."""
     places = []
     every = tuple(range(n))
     for s in pipeline.stages:
         if s.kind is OpKind.GENERATE:
-            places.append(StagePlacement(s.name, every, dp=n // gen_tp, tp=gen_tp,
-                                         chunks=n // gen_tp, engine=engine))
+            gen = every[:gen_on or n]
+            places.append(StagePlacement(s.name, gen, dp=len(gen) // gen_tp, tp=gen_tp,
+                                         chunks=len(gen) // gen_tp, engine=engine))
         elif s.kind is OpKind.TRAIN:
             places.append(StagePlacement(s.name, every, dp=n, zero=zero))
         elif s.kind is OpKind.FORWARD:
@@ -99,8 +101,11 @@ def disaggregated(pipeline, n: int, *, zero: int = 2, gen_tp: int = 1) -> Plan:
 
 
 GPU = {
-    # a ZeRO-3 reader beside its ZeRO-3 trainer reads a whole copy of its own
+    # a ZeRO-3 reader beside its ZeRO-3 trainer reads a whole copy of its own, per chunk
     "zero-3 trainer and readers": lambda p: colocated(p, 8, zero=3, reader_zero=3),
+    # and reads the trainer's shards in place, once a step on every rank
+    "zero-3 readers gathering in place": lambda p: colocated(p, 8, zero=3, reader_zero=3,
+                                                             gen_on=1),
     "zero-3 trainer, whole readers": lambda p: colocated(p, 8, zero=3),
     # a vLLM engine beside a ZeRO-2 trainer serves a copy of its own
     "vllm beside zero-2": lambda p: colocated(p, 8, zero=2, engine=Engine.VLLM),
@@ -155,6 +160,7 @@ LOCAL = {
     if p.shares else split_plan(p, 2),
     "tensor parallel": _tp,
     "zero-3 colocated": lambda p: colocated(p, 2, zero=3, reader_zero=3),
+    "zero-3 gathered in place": lambda p: colocated(p, 2, zero=3, reader_zero=3, gen_on=1),
     "readers on one of two": lambda p: colocated(p, 2, readers=1),
     "the planner's": lambda p: compile_plan(p, load_cluster(CLUSTERS / "local_cpu.rpeg")),
 }
@@ -195,6 +201,31 @@ def test_the_two_cases_once_priced_apart_now_hold_their_copies():
     keys = {k for k, *_ in priced(pipeline, cluster, colocated(pipeline, 8,
                                                                  engine=Engine.VLLM))}
     assert "actor~vllm" not in keys and "actor~whole" not in keys
+
+
+@pytest.mark.parametrize("name", ["ppo_llama8b"])
+def test_a_zero3_reader_on_its_trainers_ranks_reads_the_shards_in_place(name):
+    """A forward beside its ZeRO-3 trainer, on the same ranks and once a step: a call on
+    every rank reading the trained replica (its FSDP2 module gathers each layer), no copy
+    of its own, no weight sync into one; the evaluator prices no copy either."""
+    pipeline = load(PIPELINES / f"{name}.rpeg")
+    plan = colocated(pipeline, 8, zero=3, reader_zero=3, gen_on=1)
+    calls = build_calls(pipeline, plan, steps=3)
+    readers = [s.name for s in pipeline.stages if s.kind is OpKind.FORWARD
+               and not pipeline.model(s.target).frozen]
+    assert readers
+    for stage in readers:
+        mine = [c for c in calls if c.op == stage and c.step == 1 and not c.role]
+        model = pipeline.model(pipeline.stage(stage).target).name
+        assert sorted(c.device for c in mine) == list(range(8))
+        assert {str(c.model) for c in mine} == {model}
+        assert sorted(c.rank for c in mine) == list(range(8))
+        assert all(c.world == 8 and c.collective for c in mine)
+    # the generation on one of the trainer's devices reads a whole copy of its own; nothing else
+    assert {c.op for c in calls if c.model is not None and c.model.variant} \
+        <= {"rollout", "sync_actor"}
+    keys = {k for k, *_ in priced(pipeline, load_cluster(CLUSTERS / "gh200_8.rpeg"), plan)}
+    assert {k for k in keys if "~" in k} == {"actor~whole"}, keys
 
 
 def test_a_copy_costs_memory_where_it_is_held():

@@ -68,6 +68,7 @@ from rpeg.runtime.lowering.ordering import (
     _order_collectives,
     _order_pushes,
     _order_versions,
+    ranks_together,
 )
 from rpeg.runtime.lowering.replicas import (
     ENGINE,
@@ -135,8 +136,7 @@ class OpCall:
     def collective(self) -> bool:
         """Runs collectives with other workers: a rank of a tensor-parallel block or of a
         data-parallel train op. Its ranks start together (``_order_collectives``)."""
-        return bool(self.tp_group) or bool(self.gang) or (
-            self.kind is OpKind.TRAIN and self.world > 1)
+        return bool(self.tp_group) or bool(self.gang) or ranks_together(self.kind, self.world)
 
 
 def graph_for(pipeline: Pipeline, plan: Plan) -> Graph:
@@ -165,7 +165,7 @@ def build_calls(pipeline: Pipeline, plan: Plan, steps: int, *, first: int = 0
     trained = train_layouts(graph, plan)
     placed = placed_for(pipeline, plan, graph)
     held = copies(placed, lambda o: _placement(plan, o, pipeline))   # the copy each call reads
-    n_chunks, chunked = placed.chunks, placed.streamed
+    n_chunks = placed.chunks
     # the placed graph's instances and dependency edges (Placed.edges): every call is one
     # device's share of an instance, reading what its data edges bring and streaming after
     # what its stream edges say (the same at every step: two steps' tell them all)
@@ -186,12 +186,13 @@ def build_calls(pipeline: Pipeline, plan: Plan, steps: int, *, first: int = 0
                 dev, group = one.device, one.group
                 # a further rank of a tp group: its rank in the id
                 tp_rank = group.index(dev) if group and op.kind is not OpKind.TRAIN else 0
-                cid = _id(name, s, one.index, op.kind, len(layout), name in chunked, tp_rank)
+                cid = _id(name, s, one.index, lay.everywhere, len(layout), lay.chunked,
+                          tp_rank)
                 inputs, deps = _data_deps(reads[(name, one.chunk)], s, produced)
                 model = held.key_of(name, dev)
                 call = dict(id=cid, op=name, kind=op.kind, step=s, device=dev,
                             chunk=one.chunk,
-                            chunks=n_chunks if name in chunked else len(layout),
+                            chunks=n_chunks if lay.chunked else len(layout),
                             rank=one.rank, world=world, tp_group=group, model=model,
                             stages=op.stages, inputs=inputs, deps=deps, after=[],
                             version=-1, writes=-1, bound=0, limit=0,
@@ -382,10 +383,12 @@ def _data_deps(edges, step: int, produced) -> tuple[list, list]:
     return inputs, deps
 
 
-def _id(name, step, idx, kind, n, is_chunked, tp_rank: int = 0) -> OpId:
+def _id(name, step, idx, ranks: bool, n, is_chunked, tp_rank: int = 0) -> OpId:
+    """A call's id: by chunk (streamed), by data-parallel rank (a call on every device: a
+    train op, a pass on its trainer's ZeRO-3 shards), else the op's and step's."""
     if is_chunked:
         return OpId.of(name, step, chunk=idx, tp_rank=tp_rank)
-    if kind is OpKind.TRAIN and n > 1:
+    if ranks and n > 1:
         return OpId.of(name, step, rank=idx, tp_rank=tp_rank)
     return OpId.of(name, step, tp_rank=tp_rank)
 

@@ -36,6 +36,12 @@ from rpeg.runtime.lowering.replicas import (
 from rpeg.spec.model import OpKind
 
 
+def ranks_together(kind: OpKind, world: int) -> bool:
+    """Whether an op's calls on ``world`` data-parallel ranks run collectives together: a
+    train op's, and a pass on its trainer's ZeRO-3 shards (each layer gathered by all)."""
+    return world > 1 and kind is not OpKind.GENERATE
+
+
 def _add_syncs(calls: list[dict], homes, trained: dict, first: int = 0,
                engines: dict | None = None) -> list[dict]:
     """Export/load pairs for every version of a trained model read off its home devices.
@@ -150,7 +156,7 @@ def _order_collectives(calls: list[dict]) -> None:
     for c in calls:
         if c.get("gang"):                  # a weight transfer: its exports and loads together
             gangs[(c["op"], c["step"], 0, "sync")].append(c)
-        elif c["tp_group"] or (c["kind"] is OpKind.TRAIN and c["world"] > 1):
+        elif c["tp_group"] or ranks_together(c["kind"], c["world"]):
             role = c.get("role", "")
             gangs[(c["op"], c["step"], c["chunk"], "push" if role in (SEND, RECV) else role)
                   ].append(c)

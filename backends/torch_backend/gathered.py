@@ -20,8 +20,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from backends.torch_backend.batching import build as build_rows
 from backends.torch_backend.batching import balance, micro_batches
+from backends.torch_backend.batching import build as build_rows
 from backends.torch_backend.tokenizer import PAD_ID
 from backends.torch_backend.train import _per_sequence, token_outputs
 

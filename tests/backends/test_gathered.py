@@ -11,6 +11,8 @@ import pytest
 
 from tests.backends.test_sharding import EPS32, LR, WORLD, _batch, _free_port
 
+pytestmark = pytest.mark.slow
+
 LENGTHS = [2, 9, 4, 7, 3]       # five responses: three on one rank (three passes), two (two)
 
 

@@ -24,6 +24,16 @@ resident between stages (:meth:`rpeg.plan.evaluate.Evaluator.copies`).
     >>> [(c.key, c.devices, c.trained) for c in h.held], h.key_of("rollout", 0)
     ([('actor', (0, 1), True)], 'actor')
 
+A forward on its ZeRO-3 trainer's ranks, in a step streaming one chunk, reads the trained
+copy itself (each rank's shards, gathered layer by layer as it runs):
+
+    >>> g = Graph("g", g.ops + (Op("old_lp", OpKind.FORWARD, reads_model="actor",
+    ...                            stages=("old_lp",)),), (), (), ("actor",), ("actor",))
+    >>> h = held(rollout=P("rollout", (0,)), train=P("train", (0, 1), dp=2, zero=3),
+    ...          old_lp=P("old_lp", (0, 1), dp=2, zero=3))
+    >>> [(c.key, c.devices) for c in h.held], h.key_of("old_lp", 1)
+    ([('actor', (0, 1)), ('actor~whole', (0,))], 'actor')
+
 A train op keeps its backbone's trained copy (the backbone's own key) on every device it
 runs on. On each device where an op reading a model runs a call (its layout's
 :meth:`~rpeg.plan.oplayout.OpLayout.members`), it reads (:func:`copy_key`):

@@ -29,8 +29,11 @@ backbones) is placed on the plan's devices and unrolled over steps:
   ``load`` at the reader (joins the shards) — only for versions someone reads
   there. Readers on the home read in place: no sync, unless they split the model
   another way or it is sharded (then they read a copy ``model~tp<group>`` that a sync
-  loads). Which copy every call reads is :func:`rpeg.plan.copies.copies`' rule, the one
-  the cost model prices memory by.
+  loads); but a forward on exactly its ZeRO-3 trainer's ranks, in a step streaming one
+  chunk, runs once a step on every rank (``/r<rank>``, a gang like a train op's) with the
+  trainer's FSDP2 module, each layer gathered as it runs
+  (:func:`rpeg.plan.oplayout.gathers_in_place`). Which copy every call reads is
+  :func:`rpeg.plan.copies.copies`' rule, the one the cost model prices memory by.
 
 Every reader reads an exact version: ``max(0, step - k)`` (train: ``step``), with
 ``k`` the plan's staleness of the op. This is enforced by ordering edges

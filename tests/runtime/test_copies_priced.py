@@ -12,6 +12,7 @@ import doctest
 import re
 from pathlib import Path
 
+import attrs
 import pytest
 from hypothesis import HealthCheck, given, reject, settings
 from hypothesis import strategies as st
@@ -56,7 +57,8 @@ def colocated(pipeline, n: int, *, zero: int = 0, reader_zero: int = 0,
               engine: Engine = Engine.TORCH, gen_tp: int = 1, readers: int = 0,
               reader_tp: int = 1, staleness: int = 0, gen_on: int = 0) -> Plan:
     """Every model stage on devices 0..n-1, trained models at ``zero``; forward stages on
-    the first ``readers`` devices (0: all) at ``reader_tp`` and ``reader_zero``; the
+    the first ``readers`` devices (0: all) at ``reader_tp`` and ``reader_zero`` (a trained
+    model's; a frozen one's whole); the
     generate stage on ``engine`` at ``gen_tp``, on the first ``gen_on`` devices (0: all;
     one block: a step streams one chunk); the rest on device 0."""
     places = []
@@ -70,8 +72,9 @@ def colocated(pipeline, n: int, *, zero: int = 0, reader_zero: int = 0,
             places.append(StagePlacement(s.name, every, dp=n, zero=zero))
         elif s.kind is OpKind.FORWARD:
             devs = every[:readers or n]
+            frozen = pipeline.model(s.target).frozen      # a frozen model's pass: whole
             places.append(StagePlacement(s.name, devs, dp=len(devs) // reader_tp,
-                                         tp=reader_tp, zero=reader_zero))
+                                         tp=reader_tp, zero=0 if frozen else reader_zero))
         else:
             places.append(StagePlacement(s.name, (0,)))
     homes = tuple((m.name, every) for m in pipeline.models if not m.frozen)
@@ -101,9 +104,8 @@ def disaggregated(pipeline, n: int, *, zero: int = 2, gen_tp: int = 1) -> Plan:
 
 
 GPU = {
-    # a ZeRO-3 reader beside its ZeRO-3 trainer reads a whole copy of its own, per chunk
-    "zero-3 trainer and readers": lambda p: colocated(p, 8, zero=3, reader_zero=3),
-    # and reads the trainer's shards in place, once a step on every rank
+    # a ZeRO-3 reader beside its ZeRO-3 trainer reads the trainer's shards in place, once a
+    # step on every rank (per chunk: refused, test_a_zero3_pass_reading_a_copy_is_refused)
     "zero-3 readers gathering in place": lambda p: colocated(p, 8, zero=3, reader_zero=3,
                                                              gen_on=1),
     "zero-3 trainer, whole readers": lambda p: colocated(p, 8, zero=3),
@@ -159,7 +161,6 @@ LOCAL = {
     "shared backbone": lambda p: split_plan(p, 2, share=True, staleness=1)
     if p.shares else split_plan(p, 2),
     "tensor parallel": _tp,
-    "zero-3 colocated": lambda p: colocated(p, 2, zero=3, reader_zero=3),
     "zero-3 gathered in place": lambda p: colocated(p, 2, zero=3, reader_zero=3, gen_on=1),
     "readers on one of two": lambda p: colocated(p, 2, readers=1),
     "the planner's": lambda p: compile_plan(p, load_cluster(CLUSTERS / "local_cpu.rpeg")),
@@ -187,14 +188,14 @@ def test_the_copies_of_a_vllm_engine_priced_are_the_runtimes(shape, tmp_path):
 
 
 def test_the_two_cases_once_priced_apart_now_hold_their_copies():
-    """A ZeRO-3 values forward beside its ZeRO-3 critic reads a whole copy of its own; a
-    vLLM engine beside a ZeRO-2 trainer serves its own copy; a tp-1 engine beside a ZeRO-0
-    trainer reads the trained weights in place."""
+    """A ZeRO-3 values forward beside its ZeRO-3 critic reads the critic's shards in place
+    (once a step); a vLLM engine beside a ZeRO-2 trainer serves its own copy; a tp-1 engine
+    beside a ZeRO-0 trainer reads the trained weights in place."""
     pipeline = load(PIPELINES / "ppo_llama8b.rpeg")
     cluster = load_cluster(CLUSTERS / "gh200_8.rpeg")
     keys = {k for k, *_ in priced(pipeline, cluster, colocated(pipeline, 8, zero=3,
-                                                                 reader_zero=3))}
-    assert {"critic~whole", "critic"} <= keys
+                                                                 reader_zero=3, gen_on=1))}
+    assert "critic" in keys and "critic~whole" not in keys
     keys = {k for k, *_ in priced(pipeline, cluster, colocated(pipeline, 8, zero=2,
                                                                  engine=Engine.VLLM))}
     assert "actor~vllm" in keys
@@ -226,6 +227,22 @@ def test_a_zero3_reader_on_its_trainers_ranks_reads_the_shards_in_place(name):
         <= {"rollout", "sync_actor"}
     keys = {k for k, *_ in priced(pipeline, load_cluster(CLUSTERS / "gh200_8.rpeg"), plan)}
     assert {k for k in keys if "~" in k} == {"actor~whole"}, keys
+
+
+@pytest.mark.parametrize("shape", ["per chunk", "frozen", "on part of the trainer's devices"])
+def test_a_zero3_pass_reading_a_copy_is_refused(shape):
+    """The torch runtime runs a pass on ZeRO-3 shards only where it reads its trainer's in
+    place: one that would read a whole copy of its own (per chunk, of a frozen model, on
+    some of the trainer's devices) is refused, never priced sharded and run whole."""
+    pipeline = load(PIPELINES / "ppo_llama8b.rpeg")
+    plan = {"per chunk": lambda p: colocated(p, 8, zero=3, reader_zero=3),
+            "frozen": lambda p: attrs.evolve(p, placements=tuple(
+                attrs.evolve(x, zero=3) if x.stage == "ref_lp" else x for x in p.placements)),
+            "on part of the trainer's devices": lambda p: colocated(
+                p, 8, zero=3, reader_zero=3, gen_on=1, readers=4)}[shape]
+    base = colocated(pipeline, 8, zero=3, gen_on=1)
+    with pytest.raises(PlanError, match="must read whole weights on the torch runtime"):
+        build_calls(pipeline, plan(base if shape == "frozen" else pipeline), steps=2)
 
 
 def test_a_copy_costs_memory_where_it_is_held():

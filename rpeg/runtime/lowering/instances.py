@@ -230,9 +230,20 @@ def build_calls(pipeline: Pipeline, plan: Plan, steps: int, *, first: int = 0
 def placed_for(pipeline: Pipeline, plan: Plan, graph: Graph | None = None) -> Placed:
     """The plan's step graph (:func:`graph_for`) placed on its devices, each stage's placement
     checked against what the runtime executes: the value the calls are laid out from."""
-    return lower(graph or graph_for(pipeline, plan), plan,
-                 pipeline.workload.prompts * pipeline.workload.samples,
-                 lambda o: _placement(plan, o, pipeline))
+    placed = lower(graph or graph_for(pipeline, plan), plan,
+                   pipeline.workload.prompts * pipeline.workload.samples,
+                   lambda o: _placement(plan, o, pipeline))
+    for op in placed.graph.ops:
+        place = _placement(plan, op, pipeline) if op.kind is not OpKind.SYNC_WEIGHTS else None
+        if place is not None and op.reads_model and op.kind is not OpKind.TRAIN \
+                and place.zero.shards_params and not placed.layout(op.name).everywhere:
+            raise PlanError(f"stage '{op.stages[0]}' must read whole weights on the torch "
+                            f"runtime, not ZeRO-{place.zero} shards: a pass reads shards only "
+                            "on its trainer's ZeRO-3 devices, once a step (every rank "
+                            "gathers each layer), and this one reads a whole copy",
+                            hint="plan it with zero 0, or on its trainer's ZeRO-3 devices at "
+                                 "tp 1 with its generate stages on one block, chunks = 1")
+    return placed
 
 
 def lookback(pipeline: Pipeline, plan: Plan) -> int:

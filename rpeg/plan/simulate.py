@@ -16,8 +16,8 @@ devices.
 Rules. The instances (op, step, chunk) and their dependencies are the placed graph's
 (:meth:`Placed.edges <rpeg.plan.lower.Placed.edges>`: data, versions, stream order, write
 after read on a shared replica), the ones the runtime lays its calls out from; the op
-timings say where each op runs and for how long. An instance is ready when every data and version
-dependency has finished; it starts as soon as every device it needs is free
+timings say where each op runs and for how long. An instance is ready when every data and
+version dependency has finished; it starts as soon as every device it needs is free
 (devices are exclusive: colocated ops time-share them). Among ready instances
 the earliest step goes first, then graph order, then chunk. A generate op split
 into chunks runs its chunks back to back on its devices, chunk i ending when the

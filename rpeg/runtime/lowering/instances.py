@@ -100,6 +100,18 @@ def build_calls(pipeline: Pipeline, plan: Plan, steps: int, *, first: int = 0
     and only newer ones are synced. A run extended past its end restarts so; and the
     calls of steps ``first + r`` onwards, ``r`` at least the steps any dependency
     reaches back (:func:`lookback`), are those of a run built from step 0."""
+    calls, ctx = lay_out(pipeline, plan, steps, first=first)
+    # the weight transfers and ordering edges (rpeg.runtime.lowering.ordering's passes)
+    out = ordered(calls, ctx)
+    replica_layouts(out)                         # one layout per replica, or a PlanError
+    return out
+
+
+def lay_out(pipeline: Pipeline, plan: Plan, steps: int, *, first: int = 0
+            ) -> tuple[tuple[OpCall, ...], Ordering]:
+    """The op calls of steps ``first``..``steps - 1`` with their data dependencies, before
+    the ordering passes (:data:`rpeg.runtime.lowering.ordering.PASSES`), and what those
+    passes read."""
     graph = graph_for(pipeline, plan)
     problem = staleness_problem(pipeline, plan)
     if problem:                      # a hand-written plan: a carry past the staleness bound
@@ -152,11 +164,7 @@ def build_calls(pipeline: Pipeline, plan: Plan, steps: int, *, first: int = 0
                 calls.append(OpCall(**{**call, "inputs": tuple(inputs), "deps": tuple(deps)}))
                 if one.rank == 0 and (not group or group[0] == dev):
                     produced[(name, s)].append(cid)       # what readers take: tp rank 0's
-    # the weight transfers and ordering edges (rpeg.runtime.lowering.ordering's passes)
-    out = ordered(tuple(calls), Ordering(homes, trained, first, dict(placed.engine_syncs),
-                                         streams))
-    replica_layouts(out)                         # one layout per replica, or a PlanError
-    return out
+    return tuple(calls), Ordering(homes, trained, first, dict(placed.engine_syncs), streams)
 
 
 def placed_for(pipeline: Pipeline, plan: Plan, graph: Graph | None = None) -> Placed:
@@ -342,5 +350,5 @@ def _id(name, step, idx, ranks: bool, n, is_chunked, tp_rank: int = 0) -> OpId:
 # the replica keys and sync roles (rpeg.runtime.lowering.replicas) are also this module's
 __all__ = ["ENGINE", "EXPORT", "LOAD", "RECV", "SEND", "VARIANT", "CallRole", "OpCall", "ReplicaKey",
            "base_of",
-           "build_calls", "by_id", "engine_blocks", "engine_hosts", "engine_key", "graph_for", "is_engine_key",
+           "build_calls", "by_id", "engine_blocks", "engine_hosts", "engine_key", "graph_for", "is_engine_key", "lay_out",
            "lookback", "model_homes", "placed_for", "replica_layouts", "train_layouts"]

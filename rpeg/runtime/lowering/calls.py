@@ -69,5 +69,5 @@ class OpCall:
     @property
     def collective(self) -> bool:
         """Runs collectives with other workers: a rank of a tensor-parallel block or of a
-        data-parallel train op. Its ranks start together (``_order_collectives``)."""
+        data-parallel train op. Its ranks start together (``ordering.order_collectives``)."""
         return bool(self.tp_group) or bool(self.gang) or ranks_together(self.kind, self.world)

@@ -1,7 +1,7 @@
 """The lowering's ordering passes (``rpeg.runtime.lowering.ordering.PASSES``), each followed
 by a verifier of what it establishes, on the calls of the tiny pipelines under plans of
 every shape (from step 0 and a resumed step) and of ppo_llama8b with vLLM engines on 8 GPUs
-(``benchmarks/lowering_calls.py``'s cases):
+(``lowering_calls.py``'s cases), whose calls are the golden ones (their text's digest):
 
 * ``add_syncs``: every version read off its trainer's devices has its sync (a load or an
   engine's receive of that version of that copy on the reader's device);
@@ -18,6 +18,7 @@ Each pass returns new calls and keeps the ones it was given (their ids in their 
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 from collections import defaultdict
 from pathlib import Path
@@ -32,18 +33,27 @@ from rpeg.runtime.lowering.joins import JOIN
 from rpeg.runtime.lowering.replicas import RECV, SEND, base_of
 from rpeg.spec.model import OpKind
 
-ROOT = Path(__file__).resolve().parents[2]
+HERE = Path(__file__).resolve().parent
 
 
 def _cases():
     spec = importlib.util.spec_from_file_location("lowering_calls",
-                                                  ROOT / "benchmarks" / "lowering_calls.py")
+                                                  HERE / "lowering_calls.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module, list(module.cases())
 
 
 GOLDEN, CASES = _cases()
+DIGEST = "f35a6b29557b5ec6bdea2e7e035ed3d0692aa200dbeb7b5a5818f5eac263a638"
+
+
+def test_the_lowerings_calls_are_the_golden_ones():
+    """A change that means to change what runs updates the digest: diff the text
+    (``python tests/runtime/lowering_calls.py``) before and after."""
+    text = GOLDEN.dump()
+    assert text.count("\n") > 5000                  # every case laid out
+    assert hashlib.sha256(text.encode()).hexdigest() == DIGEST
 
 
 def _reads_off_home(c, ctx) -> bool:

@@ -145,23 +145,19 @@ def lay_out(pipeline: Pipeline, plan: Plan, steps: int, *, first: int = 0
                 cid = _id(name, s, one.index, lay.everywhere, len(layout), lay.chunked,
                           tp_rank)
                 inputs, deps = _data_deps(reads[(name, one.chunk)], s, produced)
-                model = held.key_of(name, dev)
-                call = dict(id=cid, op=name, kind=op.kind, step=s, device=dev,
-                            chunk=one.chunk,
-                            chunks=n_chunks if lay.chunked else len(layout),
-                            rank=one.rank, world=world, tp_group=group, model=model,
-                            stages=op.stages, inputs=inputs, deps=deps, after=(),
-                            version=-1, writes=-1, bound=0, limit=0,
-                            carry=place.carry if op.kind is OpKind.GENERATE else 0)
+                version, bound, limit = -1, 0, 0       # what version of a trained model it reads
                 members = op.reads_model.members if op.reads_model else ()
                 if op.reads_model and not all(m in frozen for m in members):
-                    lag = 0 if op.kind is OpKind.TRAIN else graph.lag_of(name)
-                    call["version"] = read_version(op.kind, s, lag, first)
-                    call["bound"] = lag
-                    call["limit"] = max((bounds.get(st, 0) for st in op.stages), default=0)
-                if op.kind is OpKind.TRAIN:
-                    call["writes"] = s + 1
-                calls.append(OpCall(**{**call, "inputs": tuple(inputs), "deps": tuple(deps)}))
+                    bound = 0 if op.kind is OpKind.TRAIN else graph.lag_of(name)
+                    version = read_version(op.kind, s, bound, first)
+                    limit = max((bounds.get(st, 0) for st in op.stages), default=0)
+                calls.append(OpCall(
+                    id=cid, op=name, kind=op.kind, step=s, device=dev, chunk=one.chunk,
+                    chunks=n_chunks if lay.chunked else len(layout), rank=one.rank,
+                    world=world, tp_group=group, model=held.key_of(name, dev),
+                    stages=op.stages, inputs=tuple(inputs), deps=tuple(deps),
+                    version=version, writes=s + 1 if op.kind is OpKind.TRAIN else -1, bound=bound,
+                    limit=limit, carry=place.carry if op.kind is OpKind.GENERATE else 0))
                 if one.rank == 0 and (not group or group[0] == dev):
                     produced[(name, s)].append(cid)       # what readers take: tp rank 0's
     return tuple(calls), Ordering(homes, trained, first, dict(placed.engine_syncs), streams)

@@ -10,7 +10,7 @@ the layout (DDP, FSDP2 ZeRO-2 / ZeRO-3, recomputation, offload), then per call
 ``before_step``, ``train_step`` over the whole batch (this rank trains its token-balanced
 share, padded or packed, in ``microbatches`` passes) and ``after_step`` — what a train op
 of ``rpeg run`` does on each of its devices. Peaks and times are read as
-``backends.torch_backend.measure`` reads them: peaks under the clean allocator over the
+``backends.torch_backend.measure_model`` reads them: peaks under the clean allocator over the
 build and two calls, times as the median CPU time of a call, round-robin over the ops.
 """
 
@@ -19,7 +19,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from backends.torch_backend.measure import PeakMemory, _trim, measure_ops, warm_up
+from backends.torch_backend.measure_env import PeakMemory, _trim
+from backends.torch_backend.measure_model import measure_ops, warm_up
 from backends.torch_backend.modeling import build_model
 from backends.torch_backend.sharding import Trained, TrainLayout
 from backends.torch_backend.train import LossSpec, TokenHeads, TrainBatch, train_step

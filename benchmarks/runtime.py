@@ -265,7 +265,10 @@ def best_sync_plan(pipeline):
 
 
 def placements(plan) -> str:
-    return "; ".join(f"{p.stage}@{','.join(map(str, p.devices))}" for p in plan.placements) \
+    """Each stage on its devices, with the ZeRO level of a data-parallel one (DDP at 0,
+    FSDP2 at 2-3: the same devices, a different op to price and run)."""
+    return "; ".join(f"{p.stage}@{','.join(map(str, p.devices))}"
+                     + (f" zero {int(p.zero)}" if p.dp > 1 else "") for p in plan.placements) \
         + (f"; shared {plan.shared}" if plan.shared else "")
 
 

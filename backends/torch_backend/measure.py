@@ -51,6 +51,7 @@ from backends.torch_backend.measure_host import (
     host_ops,
     model_host_per_sample,
 )
+from backends.torch_backend.measure_layouts import dp_train_rows
 from backends.torch_backend.measure_model import (
     measure_op,
     measure_ops,
@@ -131,6 +132,12 @@ def calibration_specs() -> list[tuple[dict, dict]]:
             for k, n, b, p, g in ops]
 
 
+# Train ops data-parallel over the two devices under each ZeRO level the runtime executes
+# (DDP; FSDP2 keeping the weights gathered, and resharding them), on models of 21 and 39
+# parameter tensors: the profile's ``shard_tensor_overhead`` is fitted to the sharded ones.
+DP_TRAIN_OPS = tuple((name, CALIBRATION_DIMS[name], zero, b, p, g)
+                     for name in ("tiny", "tiny4") for zero in (0, 2, 3)
+                     for b, p, g in ((16, 32, 16), (48, 8, 20)))
 ALLREDUCE_SIZES = (2**16, 2**18, 2**20, 2**22, 2**24)
 # Bandwidth probes, timed in a round-robin of their own: in the ops' round, their 64 MB
 # copy would flush the caches before the next op (a tiny model's forward then ran 2x slower
@@ -161,6 +168,7 @@ def calibration_measurements(repeats: int = 5) -> dict:
         measured = two.timed_ops([s for _, s in specs], repeats)
         out["allreduce"] = two.allreduce(ALLREDUCE_SIZES)
         out["concurrency"] = two.concurrency()
+        out["dp_train"] = dp_train_rows(two, DP_TRAIN_OPS, repeats)
     out["ops"] = [{**meta, **r, "peak_bytes": peak} for (meta, _), r, peak in
                   zip(specs, measured, peaks, strict=True)]
     out["ops_in"] = "worker"
@@ -209,7 +217,7 @@ if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))
 
 
-__all__ = ["ALLREDUCE_SIZES", "CALIBRATION_DIMS", "CALIBRATION_OPS", "GEMM_SHAPES",
+__all__ = ["ALLREDUCE_SIZES", "CALIBRATION_DIMS", "CALIBRATION_OPS", "DP_TRAIN_OPS", "GEMM_SHAPES",
            "HOST_SHAPES", "HOST_STAGES", "MALLOC_ENV", "PACKED_OPS", "PROBE_SPECS",
            "PeakMemory", "TwoDevices", "allocator", "bandwidths", "calibration_measurements",
            "calibration_specs", "copy_bandwidth", "gemm_seconds", "gemm_sweep", "host_ops",

@@ -24,6 +24,8 @@ from collections import defaultdict
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from rpeg.errors import PlanError
 from rpeg.graph.order import topological
@@ -31,6 +33,7 @@ from rpeg.runtime.lowering import ordering as O
 from rpeg.runtime.lowering.instances import build_calls, lay_out
 from rpeg.runtime.lowering.joins import JOIN
 from rpeg.runtime.lowering.replicas import RECV, SEND, base_of
+from rpeg.runtime.placement import split_plan
 from rpeg.spec.model import OpKind
 
 HERE = Path(__file__).resolve().parent
@@ -143,19 +146,25 @@ def test_every_pass_has_a_verifier():
     assert set(O.PASSES) == set(VERIFIERS) and len(O.PASSES) == len(VERIFIERS)
 
 
-@pytest.mark.parametrize("first", [0, GOLDEN.RESUMED])
-@pytest.mark.parametrize("case", range(len(CASES)), ids=[t for t, _, _ in CASES])
-def test_each_pass_establishes_its_property(case, first):
-    _, pipeline, make = CASES[case]
-    try:
-        calls, ctx = lay_out(pipeline, make(), GOLDEN.STEPS, first=first)
-    except PlanError:
-        pytest.skip("a shape this pipeline refuses")
+def _verified(pipeline, plan, steps: int, first: int):
+    """The calls through every pass, each pass's verifier run after it."""
+    calls, ctx = lay_out(pipeline, plan, steps, first=first)
     for run in O.PASSES:
         given = calls
         calls = run(given, ctx)
         assert [c.id for c in calls[:len(given)]] == [c.id for c in given], run.__name__
         VERIFIERS[run](calls, ctx)
+    return calls
+
+
+@pytest.mark.parametrize("first", [0, GOLDEN.RESUMED])
+@pytest.mark.parametrize("case", range(len(CASES)), ids=[t for t, _, _ in CASES])
+def test_each_pass_establishes_its_property(case, first):
+    _, pipeline, make = CASES[case]
+    try:
+        calls = _verified(pipeline, make(), GOLDEN.STEPS, first)
+    except PlanError:
+        pytest.skip("a shape this pipeline refuses")
     assert calls == build_calls(pipeline, make(), GOLDEN.STEPS, first=first)
 
 
@@ -175,3 +184,15 @@ def test_each_verifier_rejects_calls_without_its_pass():
                 rejected.add(run)
             calls = run(calls, ctx)
     assert rejected == set(O.PASSES)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(name=st.sampled_from(["tiny_ppo", "tiny_grpo"]), devices=st.sampled_from([1, 2]),
+       dp=st.sampled_from([1, 2]), chunks=st.integers(1, 4), staleness=st.integers(0, 2),
+       share=st.booleans(), steps=st.integers(2, 6), first=st.integers(0, 2))
+def test_any_split_plan_passes_every_verifier(name, devices, dp, chunks, staleness, share,
+                                              steps, first):
+    pipeline = GOLDEN.load(GOLDEN.PIPELINES / f"{name}.rpeg")
+    plan = split_plan(pipeline, devices, dp=min(dp, devices), chunks=chunks,
+                      staleness=staleness, share=share and bool(pipeline.shares))
+    _verified(pipeline, plan, max(steps, first + 1), first)

@@ -2,9 +2,15 @@
 :func:`rpeg.runtime.lowering.instances.build_calls` lays out, each returning the calls with
 what keeps a run exact added, in one ordered list (``PASSES``).
 
-    >>> calls = laid_out                                                     # doctest: +SKIP
-    >>> for run in PASSES:                                                   # doctest: +SKIP
-    ...     calls = run(calls, ctx)
+    >>> ctx = Ordering(homes={"actor": (0,)}, trained={})
+    >>> train = OpCall("train/s0", "train", OpKind.TRAIN, 0, 0, model="actor", writes=1)
+    >>> gen = OpCall("rollout/s1/c0", "rollout", OpKind.GENERATE, 1, 0, model="actor",
+    ...              version=1)
+    >>> [c.after for c in order_versions((train, gen), ctx)]    # the reader of v1 after its writer
+    [(), ('train/s0',)]
+    >>> calls, ctx = lay_out(pipeline, plan, steps=4)                        # doctest: +SKIP
+    >>> ordered(calls, ctx) == build_calls(pipeline, plan, steps=4)          # doctest: +SKIP
+    True
 
 * ``add_syncs``: an export/load gang (or a send/receive one into a vLLM engine's copy) for
   every version read off the trainer's devices;
@@ -205,7 +211,7 @@ def gangs_of(calls: Calls) -> dict[tuple, list[int]]:
     return {k: v for k, v in gangs.items() if len(v) > 1}
 
 
-def order_collectives(calls: Calls, ctx: Ordering | None = None) -> Calls:
+def order_collectives(calls: Calls, ctx: Ordering) -> Calls:
     """Calls that run collectives together form a gang (:func:`gangs_of`). Each gang waits
     for the union of its members' dependencies, and on every device gangs run in one global
     order (a topological order of all calls), so gloo/NCCL collectives never interleave
@@ -246,7 +252,7 @@ def order_collectives(calls: Calls, ctx: Ordering | None = None) -> Calls:
     return tuple(_after(c, more.get(c.id, ())) for c in out)
 
 
-def order_pushes(calls: Calls, ctx: Ordering | None = None) -> Calls:
+def order_pushes(calls: Calls, ctx: Ordering) -> Calls:
     """A device both sending a version and hosting an engine that takes it hosts an engine
     sharing a sending device, which the send loads in process (``sync_layout``): its
     ``recv`` comes after the ``send`` and only marks the version served."""
@@ -255,7 +261,7 @@ def order_pushes(calls: Calls, ctx: Ordering | None = None) -> Calls:
                         and (c.op, c.step, c.device) in send else []) for c in calls)
 
 
-def settle(calls: Calls, ctx: Ordering | None = None) -> Calls:
+def settle(calls: Calls, ctx: Ordering) -> Calls:
     """Each call's ordering edges once each, in their first place, none to the call itself."""
     out = []
     for c in calls:

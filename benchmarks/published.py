@@ -99,10 +99,13 @@ def markdown(results: list[Result], agg: dict, loso: dict | None, prov: dict) ->
     if loso:
         lines += ["## Leave one source out", "",
                   "The engine terms fitted on every source but one; that source's rows "
-                  "predicted with them.", "",
-                  "| held out | rows | median abs log2 |", "|---|---|---|"]
+                  "predicted with them. A term the fit left on a bound of its range is one "
+                  "the other sources asked more of than it can physically give, or said "
+                  "nothing about.", "",
+                  "| held out | rows | median abs log2 | terms on a bound |", "|---|---|---|---|"]
         for src, v in loso["per_source"].items():
-            lines.append(f"| {src} | {v['rows']} | {_fmt(v['median_abs_log2'])} |")
+            bound = "; ".join(v.get("at_bound", [])) or "none"
+            lines.append(f"| {src} | {v['rows']} | {_fmt(v['median_abs_log2'])} | {bound} |")
         lines += ["", f"Median |log2 ratio| over every held-out row: "
                       f"{_fmt(loso['median_abs_log2'])}", ""]
     lines += ["## Rows", "", "| row | system | GPUs | figure | published s | predicted s | "

@@ -743,8 +743,7 @@ class Evaluator:
         if held_out is not None:                       # an eval op every `every` steps
             op_times = tuple(op_times) + ((EVAL_OP, held_out),)
         # the control plane's time grows with the step's (heartbeats): at the floor, a floor
-        placed = self.placed(plan, graph)
-        work = floor(placed, timings) if bound is not None and feasible else 0.0
+        work = floor(graph, timings) if bound is not None and feasible else 0.0
         if bound is not None and feasible:
             # the control plane's least first: no need to pack the step's calls into tasks
             # for a plan its work and that least already hold at the bound; what it says is
@@ -763,7 +762,7 @@ class Evaluator:
                 least, op_times=op_times, memory_capacity=capacity,
                 control_s=round(control, 6), tasks_per_step=tasks,
                 memory_reserve=reserve), None, True)
-        timeline = simulate(placed, timings, steps=steps, events=detail,
+        timeline = simulate(self.placed(plan, graph), timings, steps=steps, events=detail,
                             crossing_s=max(self.cluster.gpu.dispatch_s, 0.0))
         control, tasks = self._control(plan, graph, timings, steps, timeline.step_time_s)
         step = timeline.step_time_s + control + every

@@ -196,9 +196,11 @@ def world_of(op, layout: OpLayout) -> int:
         or layout.everywhere else 1
 
 
+@functools.lru_cache(maxsize=256)
 def streamed_ops(graph: Graph) -> frozenset[str]:
     """Ops that run per chunk: generate, and the per-sample ops the graph streams
-    (:func:`rpeg.graph.chunk_counts`, the rule the simulator prices)."""
+    (:func:`rpeg.graph.chunk_counts`, the rule the simulator prices). (Cached per graph, a
+    value hashed once.)"""
     counts = chunk_counts(graph, {o.name: 2 for o in graph.ops if o.kind is OpKind.GENERATE})
     return frozenset(op for op, n in counts.items() if n > 1)
 
@@ -238,6 +240,7 @@ def stream_of(place) -> tuple[int, int]:
     return max(1, len(place.devices) // max(place.tp, 1)), place.carry
 
 
+@functools.lru_cache(maxsize=4096)
 def sync_calls(src, dst) -> tuple[int, ...]:
     """The devices of a weight sync's calls, one entry a call: the trainer's (``src``)
     devices that send (:func:`rpeg.cost.engine_sync.sync_senders`), then the reader's

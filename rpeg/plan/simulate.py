@@ -47,6 +47,7 @@ import numpy as np
 from rpeg.errors import PlanError
 from rpeg.graph import DepKind, Graph, Instance, chunk_counts
 from rpeg.plan.lower import Placed
+from rpeg.spec.model import OpKind
 
 
 @attrs.frozen
@@ -254,22 +255,23 @@ def simulate(placed: Placed, timings: dict[str, OpTiming], steps: int = 6, *,
     return _timeline(events_, steps, num_devices, drain, _floor(durations, needs), ends)
 
 
-def floor(placed: Placed, timings: dict[str, OpTiming]) -> float:
+def floor(graph: Graph, timings: dict[str, OpTiming]) -> float:
     """The busiest device's work of one step: no steady step :func:`simulate` finds for
     these timings is shorter (it is the figure it never reads below), and it needs no
-    simulation.
+    simulation, nor the placed graph (its generate ops stream the chunks their timings
+    price, :func:`as_priced`).
 
         >>> from rpeg.graph import Graph, Op, DataEdge
         >>> from rpeg.spec.model import OpKind
         >>> g = Graph("toy", (Op("a", OpKind.FORWARD, outputs=("x",)),
         ...                   Op("b", OpKind.FORWARD, inputs=("x",))),
         ...           (DataEdge("a", "b", "x"),), (), (), ())
-        >>> floor(Placed(g, responses=1), {"a": OpTiming((0,), 2.0), "b": OpTiming((1,), 1.0)})
+        >>> floor(g, {"a": OpTiming((0,), 2.0), "b": OpTiming((1,), 1.0)})
         2.0
     """
-    placed = as_priced(placed, timings)
-    durations = chunk_durations(placed.graph, timings, chunk_counts(placed.graph,
-                                                                     _chunks(placed)))
+    n = _priced(graph.ops, timings)
+    chunks = {o.name: n for o in graph.ops if o.kind is OpKind.GENERATE and n > 1}
+    durations = chunk_durations(graph, timings, chunk_counts(graph, chunks))
     return _floor(durations, _needs(tuple(sorted((n, t.devices) for n, t in timings.items()))))
 
 
@@ -293,16 +295,14 @@ def as_priced(placed: Placed, timings: dict[str, OpTiming]) -> Placed:
     share. Where the two differ (fewer chunks asked than blocks, or not a multiple of
     them) the simulator prices the cost model's: a block's chunk on the op's every device
     would serialise what the blocks run side by side."""
-    priced = max((len(timings[op].chunk_ends) for op, _ in placed.lanes if op in timings),
-                 default=0)
-    return placed if max(priced, 1) == max(placed.chunks, 1) \
-        else attrs.evolve(placed, chunks=max(priced, 1))
+    priced = _priced(placed.graph.ops, timings)
+    return placed if priced == max(placed.chunks, 1) else attrs.evolve(placed, chunks=priced)
 
 
-def _chunks(placed: Placed) -> dict[str, int]:
-    """Generate op -> the chunks it streams a step (:meth:`Placed.edges
-    <rpeg.plan.lower.Placed.edges>`'s)."""
-    return {op: placed.chunks for op, _ in placed.lanes if placed.chunks > 1}
+def _priced(ops, timings: dict[str, OpTiming]) -> int:
+    """The chunks a step's generate ops stream as their timings price them (the most)."""
+    return max((len(timings[o.name].chunk_ends) for o in ops
+                if o.kind is OpKind.GENERATE and o.name in timings), default=1) or 1
 
 
 def prepared(placed: Placed, steps: int) -> _Prepared:

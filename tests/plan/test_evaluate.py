@@ -75,7 +75,7 @@ def test_the_bound_is_the_simulators_floor(ppo8b):
     assert full.feasible
     graph = ev.graph(full.plan)
     timings, _ = ev.timings(full.plan, graph)
-    least = floor(ev.placed(full.plan, graph), timings)
+    least = floor(graph, timings)
     assert least <= full.timeline.step_time_s
     busiest = max(sum(e.end - e.start for e in full.timeline.events
                       if d in e.devices and e.instance.step == 2)

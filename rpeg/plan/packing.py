@@ -70,7 +70,23 @@ class Packer:
     def gang(self, devices: tuple[int, ...], step: int, deps: set[Hashable]) -> list[int]:
         """The tasks of a collective's ranks on ``devices``, in order: each starts a task
         waiting for ``deps``, as ``place(..., collective=True)`` of each would."""
-        return [self._start(device, step, deps) for device in devices]
+        first = len(self.waits)
+        waits = set(deps)                    # one set for every rank's task: never changed
+        self.waits.extend([waits] * len(devices))
+        opened, waiting = self._open, self._waiting
+        for g, device in enumerate(devices, first):
+            here = opened.get((device, step))
+            if here is None:
+                opened[(device, step)] = [g]
+            else:
+                here.append(g)
+            for d in waits:
+                w = waiting.get((device, step, d))
+                if w is None:
+                    waiting[(device, step, d)] = [g]
+                else:
+                    w.append(g)
+        return list(range(first, len(self.waits)))
 
     def _start(self, device: int, step: int, deps: set[Hashable]) -> int:
         """Start a task open to the calls of ``device`` in ``step``, waiting for ``deps``."""

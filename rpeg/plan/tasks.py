@@ -31,6 +31,8 @@ from __future__ import annotations
 
 import bisect
 
+import attrs
+
 from rpeg.cost.control import JOIN_MIN, Dispatch
 from rpeg.graph import Graph
 from rpeg.plan.lower import PASSES, lower
@@ -66,6 +68,8 @@ def dispatch_per_step(graph: Graph, layouts: dict[str, OpLayout], chunks: int = 
     devs = [on[key] for key in prep.keys]
     heads = [on[key][:2] for key in prep.keys]
     gangs = {key: layouts[key[0]].collective and len(ds) > 1 for key, ds in on.items()}
+    at_head = {key: tuple(i for i, d in enumerate(ds) if d == ds[0]) for key, ds in on.items()
+               if gangs[key]}                    # a gang's ranks on its first device
     task: dict[int, int] = {}                    # instance -> the task of its first rank
     pack = Packer(together)
 
@@ -89,9 +93,15 @@ def dispatch_per_step(graph: Graph, layouts: dict[str, OpLayout], chunks: int = 
             elsewhere = any(d != head for c in prep.fed[k] for d in heads[c])
             op, chunk = key
             calls += len(ds)
-            ranks = pack.gang(ds, step, deps) if gang else (
-                pack.place(dev, step, chunk, op, deps, deps) for dev in ds)
-            for dev, gi in zip(ds, ranks, strict=True):
+            if gang:                              # the ranks start together
+                ranks = pack.gang(ds, step, deps)
+                for i in at_head[key]:
+                    task[k] = ranks[i]
+                    if elsewhere:
+                        pack.read_elsewhere(head, ranks[i], step, chunk, op)
+                continue
+            for dev in ds:                        # each call placed after the one before
+                gi = pack.place(dev, step, chunk, op, deps, deps)
                 if dev == head:
                     task[k] = gi
                     if elsewhere:
@@ -103,6 +113,24 @@ def dispatch_per_step(graph: Graph, layouts: dict[str, OpLayout], chunks: int = 
     calls, tasks, args = batch(last)
     used = {d for lay in layouts.values() for d in lay.devices}
     return Dispatch(len(used), calls, tasks, args)
+
+
+def relabelled(layouts: dict[str, OpLayout]) -> tuple[tuple[str, OpLayout], ...]:
+    """``layouts`` (op -> layout) by op name, their devices renamed 0, 1, ... as they first
+    appear: a key for :func:`dispatch_per_step`, which reads a device only as a name
+    (where a call runs, whether two calls share a device), so that layouts alike but for
+    the devices they use count the same.
+
+        >>> [(op, lay.devices) for op, lay in relabelled({"b": OpLayout((4, 5)),
+        ...                                               "a": OpLayout((6, 4), tp=2)})]
+        [('a', (0, 1)), ('b', (1, 2))]
+    """
+    names: dict[int, int] = {}
+    out = []
+    for op, lay in sorted(layouts.items()):
+        devices = tuple([names.setdefault(d, len(names)) for d in lay.devices])
+        out.append((op, lay if devices == lay.devices else attrs.evolve(lay, devices=devices)))
+    return tuple(out)
 
 
 _INPUTS: dict[int, tuple] = {}

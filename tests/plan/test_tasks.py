@@ -139,7 +139,7 @@ def test_the_floor_is_no_more_than_the_count_on_every_baseline(spec, cluster):
         for fusion in {(), e.plan.fusion}:
             plan = ev.settle(attrs.evolve(e.plan, predicted=None, fusion=fusion))
             timings = ev.timings(plan, ev.graph(plan))[0]
-            loose, layouts, chunks = ev._layouts(plan, timings)
+            loose, layouts, chunks, _ = ev._layouts(plan, timings)
             for steps in (6, 10):
                 low = dispatch_floor(loose, layouts, chunks, steps)
                 d = dispatch_per_step(loose, layouts, chunks, steps, plan.fusion)

@@ -59,9 +59,8 @@ class Packer:
         if not collective:
             here = self._open.get((device, step), ())
             g = self._fitting(device, step, here, need)
-            if g is None:
-                g = next((t for t, (c, ops) in reversed(self._sealed.get((device, step),
-                                                                         {}).items())
+            if g is None and (device, step) in self._sealed:
+                g = next((t for t, (c, ops) in reversed(self._sealed[(device, step)].items())
                           if op in ops and c == chunk and self._fits(t, need)), None)
             if g is not None:
                 return g
@@ -90,7 +89,8 @@ class Packer:
 
     def _start(self, device: int, step: int, deps: set[Hashable]) -> int:
         """Start a task open to the calls of ``device`` in ``step``, waiting for ``deps``."""
-        g = self.new(deps)
+        g = len(self.waits)
+        self.waits.append(set(deps))
         here = self._open.get((device, step))
         if here is None:
             here = self._open[(device, step)] = []
@@ -131,6 +131,12 @@ class Packer:
         if not need:
             return here[-1]
         waiting, closed = self._waiting, self._closed
+        if len(need) == 1:             # each task waiting for it fits: the newest open
+            (d0,) = need
+            for g in reversed(waiting.get((device, step, d0), ())):
+                if g not in closed:
+                    return g
+            return d0 if d0 in here else None
         fewest, d0 = min(((waiting.get((device, step, d), ()), d) for d in need),
                          key=lambda x: len(x[0]))
         for g in reversed(fewest):

@@ -23,10 +23,15 @@ device's capacity is infeasible and carries a :class:`Shortfall` saying why.
 A search needs a plan's step time only when it could be below a bound (the plan it
 would replace): ``evaluate(plan, bound=b)`` first prices the step's lower bound, the
 busiest device's work of one step (:func:`rpeg.plan.simulate.floor`, which no simulated
-step is below), and simulates only when that is below ``b``; otherwise the evaluation
-says the plan is no faster than that (``Evaluation.bounded``). Evaluations a search
-asks for again (another walk of the staleness ladder, a baseline of another cap) are
-answered from memory.
+step is below) with the least control plane any packing of its calls costs
+(:func:`rpeg.plan.dispatchfloor.dispatch_floor`), and simulates only when that is below
+``b``; then it counts the step's Dask tasks (the costliest part of pricing a plan on many
+devices, :func:`rpeg.plan.tasks.dispatch_per_step`) only when the simulated step with
+that least control plane is still below ``b``. Otherwise the evaluation says the plan is
+no faster than its lower bound (``Evaluation.bounded``); a search reads that figure only
+as a bound, so how tight it is changes no decision. Evaluations a search asks for again
+(another walk of the staleness ladder, a baseline of another cap) are answered from
+memory, a bounded one's simulated step with it.
 """
 
 from __future__ import annotations

@@ -119,6 +119,26 @@ def test_a_bounded_step_is_no_more_than_the_simulated_one(spec, cluster):
     assert 0 < bounded.step_time_s <= full.step_time_s
 
 
+@pytest.mark.parametrize("share", [0.5, 0.99, 0.999, 1.0, 1.01])
+def test_a_bound_anywhere_says_the_step_or_a_step_no_more_than_it(share):
+    """Whichever check stops an evaluation at the bound (the busiest device's work, or the
+    simulated step, each with the least control plane), it says a step no more than the
+    counted one and no less than the bound; asked again without a bound, the same step as a
+    fresh evaluation (the simulated step it kept is the one simulated again)."""
+    pipeline = load(ROOT / "pipelines/grpo_qwen7b.rpeg")
+    _, ev, start = colocated_start(pipeline, builtin_cluster("gh200_64"))
+    plan = attrs.evolve(start.best.plan, predicted=None)
+    full = Evaluator(pipeline, ev.cluster).evaluate(plan, detail=False).step_time_s
+    fresh = Evaluator(pipeline, ev.cluster)
+    r = fresh.evaluate(plan, detail=False, bound=share * full)
+    assert r.step_time_s <= full
+    if r.bounded:
+        assert r.step_time_s >= share * full
+    else:
+        assert r.step_time_s == full
+    assert fresh.evaluate(plan, detail=False).step_time_s == full
+
+
 @pytest.mark.parametrize("spec, cluster", [("tiny_ppo", "local_cpu"), ("tiny_grpo", "gh200_8"),
                                            ("grpo_qwen7b", "gh200_8")])
 def test_the_floor_is_no_more_than_the_count_on_every_baseline(spec, cluster):

@@ -134,7 +134,8 @@ class Toolbox:
                           else json.dumps(prompt), row))
         failed = []
         for r, o in zip(fresh, self.sandbox.open_many(opens), strict=True):
-            if not o.ok:
+            if not o.ok:                # a failed start is a sandbox call that failed
+                self.calls.add(o)
                 self.observe(r, F.observation_text(self.conv.format, False, "", o.error),
                              True)
                 _end(r, cut=False)

@@ -165,7 +165,9 @@ def test_a_conversation_whose_environment_fails_to_start_ends_with_the_error(san
     assert ended == rows and [(r.ended, r.cut, r.turns) for r in rows] == [(True, False, 0)] * 2
     for r in rows:
         assert text(r, 1) == "" and "ValueError: no maze today" in text(r, 0), text(r)
-    assert box.stats()["conversations"] == 2
+    stats = box.stats()
+    assert stats["conversations"] == 2
+    assert (stats["tool_calls"], stats["tool_errors"]) == (2, 2)    # the failed starts count
 
 
 def test_the_samples_file_shows_a_conversation_by_turn(sandbox):

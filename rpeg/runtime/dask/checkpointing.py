@@ -105,13 +105,15 @@ class Starter:
         cuda = cuda_choice(self.options.use_cuda, {d: len(r["gpus"]) for d, r in seen.items()})
         gpus = gpu_table({d: Seen(r["host"], tuple(r["gpus"])) for d, r in seen.items()}) \
             if cuda else ()
+        def meet(address: str) -> str:
+            return _rendezvous(address, watch.run_on(address, W.free_port, 30.0))
         ctx = RunContext.create(self.pipeline, plan, calls.calls.sample(),
-                                run_dir=str(self.rd.path), dist_addr=_rendezvous(workers[0]),
+                                run_dir=str(self.rd.path), dist_addr=meet(workers[0]),
                                 use_cuda=cuda)
         timeout = self.options.collective_timeout_s
         ctx = attrs.evolve(ctx, threads=self.options.threads, data=cursor_of(self.state),
                            gpus=gpus, collective_timeout_s=timeout, tool_slots=tool_slots(plan),
-                           syncs=tuple(attrs.evolve(s, addr=_rendezvous(workers[s.senders[0]]),
+                           syncs=tuple(attrs.evolve(s, addr=meet(workers[s.senders[0]]),
                                                     timeout_s=timeout) for s in ctx.syncs))
         _check_engine_hosts(ctx, seen, workers)
         self._say_devices(plan, cuda, gpus)

@@ -21,7 +21,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import socket
 import sys
 import uuid
 from pathlib import Path
@@ -125,11 +124,10 @@ def uses_vllm(plan: Plan) -> bool:
     return any(p.engine is Engine.VLLM for p in plan.placements)
 
 
-def _rendezvous(address: str) -> str:
+def _rendezvous(address: str, port: int) -> str:
+    """Where a collective world meets: the host of the worker at ``address`` (its first
+    rank's), at ``port`` (free there: ``worker.free_port`` run on it)."""
     host = address.split("://")[-1].rsplit(":", 1)[0]
-    with socket.socket() as s:
-        s.bind(("127.0.0.1" if host in ("127.0.0.1", "localhost") else "", 0))
-        port = s.getsockname()[1]
     return f"tcp://{host}:{port}"
 
 

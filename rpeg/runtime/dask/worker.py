@@ -47,6 +47,16 @@ def device_report() -> dict:
             "daemon": bool(multiprocessing.current_process().daemon)}
 
 
+def free_port() -> int:
+    """A port free on this worker's host now: where a collective world whose first rank
+    runs here meets (picked here, not on the client's machine, where it may be free while
+    taken on this host)."""
+    import socket
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
 def setup(ctx, device: int) -> dict:
     """Create this worker's model replicas (and join the collective world); idempotent per run."""
     if ctx.needs_collectives:

@@ -27,7 +27,8 @@ step is below) with the least control plane any packing of its calls costs
 (:func:`rpeg.plan.dispatchfloor.dispatch_floor`), and simulates only when that is below
 ``b``; then it counts the step's Dask tasks (the costliest part of pricing a plan on many
 devices, :func:`rpeg.plan.tasks.dispatch_per_step`) only when the simulated step with
-that least control plane is still below ``b``. Otherwise the evaluation says the plan is
+the least control plane its unrolled calls cost (:func:`rpeg.plan.tasks.dispatch_least`)
+is still below ``b``. Otherwise the evaluation says the plan is
 no faster than its lower bound (``Evaluation.bounded``); a search reads that figure only
 as a bound, so how tight it is changes no decision. Evaluations a search asks for again
 (another walk of the staleness ladder, a baseline of another cap) are answered from
@@ -66,7 +67,7 @@ from rpeg.plan.structure import (  # noqa: F401 — re-exported: what the plan m
     sync_devices,
     synced_in_place,
 )
-from rpeg.plan.tasks import dispatch_per_step, layouts_of, relabelled
+from rpeg.plan.tasks import dispatch_least, dispatch_per_step, layouts_of, relabelled
 from rpeg.plan.usage import KINDS, memory_uses, op_uses
 from rpeg.spec.model import Cluster, Engine, OpKind, Pipeline, Zero
 
@@ -166,6 +167,7 @@ class Evaluator:
         self._tasks: dict[tuple, Dispatch] = {}
         self._laid: dict[tuple, tuple] = {}
         self._floors: dict[tuple, Dispatch] = {}
+        self._least: dict[tuple, Dispatch] = {}
         self._eval: dict[tuple[int, ...], float] = {}
         self._index: dict[StagePlacement, slice | np.ndarray] = {}
         self._synced: dict[tuple, frozenset[str]] = {}
@@ -557,6 +559,19 @@ class Evaluator:
             low = self._floors[key] = dispatch_floor(loose, dict(named), chunks, steps)
         return self._charged(low, step_s)
 
+    def _control_least(self, plan: Plan, timings: dict[str, OpTiming], steps: int,
+                       step_s: float) -> float:
+        """No more than :meth:`control_time`, no less than :meth:`_control_floor`: priced
+        from :func:`rpeg.plan.tasks.dispatch_least` (the step unrolled, its calls not
+        packed)."""
+        loose, _, chunks, named = self._layouts(plan, timings)
+        key = (loose, named, chunks, steps, plan.fusion)
+        low = self._least.get(key)
+        if low is None:
+            low = self._least[key] = dispatch_least(loose, dict(named), chunks, steps,
+                                                    plan.fusion)
+        return self._charged(low, step_s)
+
     def dask_tasks(self, plan: Plan, graph: Graph, timings: dict[str, OpTiming],
                    steps: int = 6) -> int:
         """Dask tasks a steady step of ``plan`` dispatches (:meth:`dispatch`)."""
@@ -726,7 +741,7 @@ class Evaluator:
             # the simulated step, and the control plane's least again: packing the step's
             # calls into tasks (the costliest part of pricing a plan on many devices) only
             # for a plan that could still be below the bound
-            least = timeline.step_time_s + self._control_floor(
+            least = timeline.step_time_s + self._control_least(
                 plan, timings, steps, timeline.step_time_s) + every
             if least >= bound:
                 return _Priced(plan, homes, True, None, Predicted(

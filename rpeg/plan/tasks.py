@@ -115,6 +115,58 @@ def dispatch_per_step(graph: Graph, layouts: dict[str, OpLayout], chunks: int = 
     return Dispatch(len(used), calls, tasks, args)
 
 
+def dispatch_least(graph: Graph, layouts: dict[str, OpLayout], chunks: int = 1,
+                   steps: int = 6, together: tuple[tuple[str, ...], ...] = ()) -> Dispatch:
+    """No more, count by count, than ``dispatch_per_step(graph, layouts, chunks, steps,
+    together)``, found from the same steady step without packing its calls: the same
+    calls; a task for every rank of a collective and every join; a task for a call on a
+    device where every task the step started there so far has ended (none yet, or each
+    ended by a call another device reads), unless stages fused with it could join one
+    sealed there; and each such task waiting for at least one future per (device, step)
+    its inputs ran on (tasks of different devices or steps are different tasks)."""
+    prep, last = steady_step(graph, layouts, chunks, steps)
+    inputs = _inputs(prep)
+    on = {key: layouts[key[0]].devices_of(key[1]) for key in set(prep.keys)}
+    partners = {a for names in together for a in names if len(set(names)) > 1}
+    closed: dict[int, bool] = {}        # device -> every task of the step there has ended
+    sealed: set[int] = set()            # devices with a task fused stages may still join
+    calls = tasks = args = 0
+    lo = bisect.bisect_left(prep.step_of, last)
+    for k in range(lo, bisect.bisect_right(prep.step_of, last, lo)):
+        key = prep.keys[k]
+        op = key[0]
+        ds = on[key] or (-1,)
+        head = ds[0]
+        # the distinct tasks among its inputs' first ranks: one per (device, step)
+        sources = len({((on[prep.keys[i]] or (-1,))[0], prep.step_of[i])
+                       for i in inputs[k] if i < k})
+        elsewhere = any(d != head for c in prep.fed[k] for d in on[prep.keys[c]][:2])
+        calls += len(ds)
+        if layouts[op].collective and len(ds) > 1:       # each rank starts a task
+            tasks += len(ds)
+            if len(ds) >= JOIN_MIN:                      # and the join, waiting for the inputs
+                calls += 1
+                tasks += 1
+                args += sources + 2 * len(ds)            # each rank on the join, the order
+            else:
+                args += len(ds) * sources + len(ds) ** 2
+            for d in ds:
+                closed[d] = d == head and elsewhere and closed.get(d, True)
+            if elsewhere and op in partners:
+                sealed.add(head)
+            continue
+        for d in ds:
+            if closed.get(d, True) and not (op in partners and d in sealed):
+                tasks += 1                               # nothing open there to join
+                args += sources
+            ended = d == head and elsewhere
+            closed[d] = ended and closed.get(d, True)
+            if ended and op in partners:
+                sealed.add(d)
+    used = {d for lay in layouts.values() for d in lay.devices}
+    return Dispatch(len(used), calls, tasks, args)
+
+
 def relabelled(layouts: dict[str, OpLayout]) -> tuple[tuple[str, OpLayout], ...]:
     """``layouts`` (op -> layout) by op name, their devices renamed 0, 1, ... as they first
     appear: a key for :func:`dispatch_per_step`, which reads a device only as a name

@@ -10,7 +10,8 @@ from hypothesis import strategies as st
 
 from rpeg.graph import build
 from rpeg.plan.oplayout import OpLayout, streamed_ops
-from rpeg.plan.tasks import dispatch_per_step, relabelled
+from rpeg.plan.dispatchfloor import dispatch_floor
+from rpeg.plan.tasks import dispatch_least, dispatch_per_step, relabelled
 from rpeg.spec import load
 from rpeg.spec.model import OpKind
 
@@ -56,3 +57,17 @@ def test_layouts_renamed_device_for_device_count_the_same(case, names):
     # and the key says so: both relabel to one layout set, counted the same
     assert relabelled(renamed) == relabelled(layouts)
     assert dispatch_per_step(graph, dict(relabelled(layouts)), chunks, 6, fused) == d
+
+
+@settings(deadline=None, max_examples=80)
+@given(laid_out(), st.sampled_from((6, 10)))
+def test_the_least_count_is_no_more_than_the_packed_one(case, steps):
+    """What a bounded evaluation prices after simulating, before packing: count by count no
+    more than the packing's (the same calls), and no less than the floor's."""
+    graph, layouts, chunks, fused = case
+    d = dispatch_per_step(graph, layouts, chunks, steps, fused)
+    least = dispatch_least(graph, layouts, chunks, steps, fused)
+    low = dispatch_floor(graph, layouts, chunks, steps)
+    assert (least.devices, least.calls) == (d.devices, d.calls)
+    assert least.tasks <= d.tasks and least.args <= d.args, (least, d)
+    assert least.tasks >= low.tasks

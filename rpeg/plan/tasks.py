@@ -118,49 +118,66 @@ def dispatch_per_step(graph: Graph, layouts: dict[str, OpLayout], chunks: int = 
 def dispatch_least(graph: Graph, layouts: dict[str, OpLayout], chunks: int = 1,
                    steps: int = 6, together: tuple[tuple[str, ...], ...] = ()) -> Dispatch:
     """No more, count by count, than ``dispatch_per_step(graph, layouts, chunks, steps,
-    together)``, found from the same steady step without packing its calls: the same
-    calls; a task for every rank of a collective and every join; a task for a call on a
-    device where every task the step started there so far has ended (none yet, or each
-    ended by a call another device reads), unless stages fused with it could join one
-    sealed there; and each such task waiting for at least one future per (device, step)
-    its inputs ran on (tasks of different devices or steps are different tasks)."""
+    together)``, found from the same steady step without packing its calls. A task of
+    the step lies on one device (a join on none), so tasks of different (device, step)
+    are different: the same calls; a task for every rank of a collective and every join;
+    a task for a call that no task open on its device could take, unless stages fused
+    with it could join one sealed there: every task the step started there has ended
+    (none yet, or each ended by a call another device reads), or one of its inputs ran
+    where no call that may have started an open task there had an input; and each such
+    task waiting for a future per (device, step) its inputs ran on."""
     prep, last = steady_step(graph, layouts, chunks, steps)
     inputs = _inputs(prep)
     on = {key: layouts[key[0]].devices_of(key[1]) for key in set(prep.keys)}
     partners = {a for names in together for a in names if len(set(names)) > 1}
     closed: dict[int, bool] = {}        # device -> every task of the step there has ended
+    waited: dict[int, set] = {}         # device -> where the inputs its open tasks wait for ran
     sealed: set[int] = set()            # devices with a task fused stages may still join
     calls = tasks = args = 0
+
+    def after(d: int, ended: bool, waits: set) -> None:
+        """A call on ``d`` placed: whether every task there has now ended, and what the
+        tasks left open there may wait for."""
+        closed[d] = ended and closed.get(d, True)
+        if closed[d]:
+            waited[d] = set()
+        else:
+            waited.setdefault(d, set()).update(waits)
+
     lo = bisect.bisect_left(prep.step_of, last)
     for k in range(lo, bisect.bisect_right(prep.step_of, last, lo)):
         key = prep.keys[k]
         op = key[0]
         ds = on[key] or (-1,)
         head = ds[0]
-        # the distinct tasks among its inputs' first ranks: one per (device, step)
-        sources = len({((on[prep.keys[i]] or (-1,))[0], prep.step_of[i])
-                       for i in inputs[k] if i < k})
+        # where its inputs' first ranks ran, each a task of its own: (device, step)
+        sources = {((on[prep.keys[i]] or (-1,))[0], prep.step_of[i])
+                   for i in inputs[k] if i < k}
         elsewhere = any(d != head for c in prep.fed[k] for d in on[prep.keys[c]][:2])
         calls += len(ds)
         if layouts[op].collective and len(ds) > 1:       # each rank starts a task
             tasks += len(ds)
+            waits = sources
             if len(ds) >= JOIN_MIN:                      # and the join, waiting for the inputs
                 calls += 1
                 tasks += 1
-                args += sources + 2 * len(ds)            # each rank on the join, the order
+                args += len(sources) + 2 * len(ds)       # each rank on the join, the order
+                waits = {("join", k)}
             else:
-                args += len(ds) * sources + len(ds) ** 2
+                args += len(ds) * len(sources) + len(ds) ** 2
             for d in ds:
-                closed[d] = d == head and elsewhere and closed.get(d, True)
+                after(d, d == head and elsewhere, waits)
             if elsewhere and op in partners:
                 sealed.add(head)
             continue
         for d in ds:
-            if closed.get(d, True) and not (op in partners and d in sealed):
-                tasks += 1                               # nothing open there to join
-                args += sources
+            held = waited.get(d, ())
+            apart = any(p not in held and p != (d, last) for p in sources)
+            if (closed.get(d, True) or apart) and not (op in partners and d in sealed):
+                tasks += 1                               # nothing open there can take it
+                args += len(sources)
             ended = d == head and elsewhere
-            closed[d] = ended and closed.get(d, True)
+            after(d, ended, sources)
             if ended and op in partners:
                 sealed.add(d)
     used = {d for lay in layouts.values() for d in lay.devices}

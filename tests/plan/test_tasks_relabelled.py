@@ -9,8 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rpeg.graph import build
-from rpeg.plan.oplayout import OpLayout, streamed_ops
 from rpeg.plan.dispatchfloor import dispatch_floor
+from rpeg.plan.oplayout import OpLayout, streamed_ops
 from rpeg.plan.tasks import dispatch_least, dispatch_per_step, relabelled
 from rpeg.spec import load
 from rpeg.spec.model import OpKind

@@ -1,6 +1,8 @@
-"""A step's count reads a device only as a name: layouts renamed device for device count
-the same calls, tasks and futures (``rpeg.plan.tasks.relabelled``, the key the evaluator
-memoises the count by, across proposals that differ only in the devices they use)."""
+"""What the evaluator reads instead of packing a step's calls, checked against the packing
+over random layouts: a step's count reads a device only as a name (layouts renamed device
+for device count the same calls, tasks and futures: ``rpeg.plan.tasks.relabelled``, the
+key the count is memoised by across proposals that differ only in the devices they use),
+and the least count (``rpeg.plan.tasks.dispatch_least``) is no more than the packed one."""
 
 from __future__ import annotations
 

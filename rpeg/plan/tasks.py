@@ -106,7 +106,9 @@ def dispatch_per_step(graph: Graph, layouts: dict[str, OpLayout], chunks: int = 
                     task[k] = gi
                     if elsewhere:
                         pack.read_elsewhere(dev, gi, step, chunk, op)
-        return calls, len(pack.waits) - first, sum(len(g) for g in pack.waits[first:]) + order
+        if step < last:                 # only the steady step's futures are counted
+            return calls, len(pack.waits) - first, order
+        return calls, len(pack.waits) - first, sum(map(len, pack.waits[first:])) + order
 
     for step in range(last):                         # the tasks the step's inputs come from
         batch(step)

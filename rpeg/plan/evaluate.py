@@ -566,7 +566,7 @@ class Evaluator:
         packed)."""
         loose, _, chunks, named = self._layouts(plan, timings)
         key = (loose, named, chunks, steps, plan.fusion)
-        low = self._least.get(key)
+        low = self._least.get(key) or self._tasks.get(key)      # or the count itself
         if low is None:
             low = self._least[key] = dispatch_least(loose, dict(named), chunks, steps,
                                                     plan.fusion)

@@ -320,9 +320,16 @@ class Executor:
         model = self.ctx.pipeline.model(stage.target)
         what = {Head.LM: "logprobs", Head.VALUE: "values", Head.REWARD: "scores"}[model.head]
         place = self.ctx.plan.placement(stage.name)
-        value = forward_arrays(replica.model, chunk.prompt_ids, chunk.response_ids, what,
-                               device=self.device, temperature=chunk.temperature,
-                               microbatches=place.microbatches, packed=place.packing)
+        if call.world > 1:          # on its trainer's ZeRO-3 shards, with every rank of it
+            from backends.torch_backend.gathered import forward_on_shards
+            value = forward_on_shards(replica.trained, chunk.prompt_ids, chunk.response_ids,
+                                      what, rank=call.rank, world=call.world,
+                                      device=self.device, temperature=chunk.temperature,
+                                      microbatches=place.microbatches, packed=place.packing)
+        else:
+            value = forward_arrays(replica.model, chunk.prompt_ids, chunk.response_ids, what,
+                                   device=self.device, temperature=chunk.temperature,
+                                   microbatches=place.microbatches, packed=place.packing)
         return {stage.outputs[0]: value}, {}
 
     def _score(self, call, replica, inputs):

@@ -25,7 +25,7 @@ from pathlib import Path
 import attrs
 
 from rpeg.errors import BackendError
-from rpeg.graph.ids import Backbone
+from rpeg.graph.ids import ReplicaAt
 from rpeg.spec.model import Pipeline
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
@@ -131,9 +131,10 @@ def _trained_replica(ck, model: str) -> tuple[str, Path]:
     from backends.torch_backend.modeling import read_meta
     found = []
     for key, version in ck.state.get("replicas", {}).items():
-        backbone = Backbone(key.rsplit("@", 1)[0])
+        at = ReplicaAt.parse(key)
         folder = ck.path / key
-        if model not in backbone.members or not (folder / "meta.json").is_file():
+        if at is None or at.key.variant or model not in at.key.backbone.members \
+                or not (folder / "meta.json").is_file():
             continue
         sharded = sharded_of(folder, read_meta(folder / "meta.json")) is not None
         if sharded or (folder / "model.safetensors").is_file():

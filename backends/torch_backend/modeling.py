@@ -271,13 +271,13 @@ def expected_tensors(dims, heads, lora=None) -> Expected:
 def expected_of(pipeline, key: str) -> Expected:
     """What the checkpoint folder of replica ``key`` (``MODEL@DEVICE``) holds, from the
     pipeline's models."""
+    from rpeg.graph.ids import ReplicaAt
     from rpeg.runtime.lowering.context import heads_of
-    from rpeg.runtime.lowering.replicas import base_of
-    backbone = key.rsplit("@", 1)[0]
-    names = base_of(backbone).members
+    copy = ReplicaAt(key).key
+    names = copy.backbone.members
     first = pipeline.model(names[0])
     lora = next((pipeline.model(n).lora for n in names if pipeline.model(n).lora), None)
-    return expected_tensors(first.dims, heads_of(pipeline, backbone), lora)
+    return expected_tensors(first.dims, heads_of(pipeline, copy), lora)
 
 
 def check_checkpoint(path: Path, pipeline, state: dict) -> None:

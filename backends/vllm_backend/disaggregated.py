@@ -153,11 +153,12 @@ class EngineReplica:
 def _weights_at(checkpoint: Path, key: str, version: int) -> Path:
     """The folder of a replica of ``key``'s model at ``version`` in a checkpoint."""
     from backends.torch_backend.dcp import holds_weights
-    from rpeg.runtime.lowering.instances import base_of, is_engine_key
+    from rpeg.graph.ids import ReplicaAt
+    from rpeg.runtime.lowering.instances import base_of
     base = base_of(key)
     for d in sorted(checkpoint.iterdir()):
-        model, _, _ = d.name.rpartition("@")
-        if model != base or is_engine_key(model) or not holds_weights(d):
+        at = ReplicaAt.parse(d.name)
+        if at is None or at.key != base or not holds_weights(d):
             continue
         if int(json.loads((d / "meta.json").read_text()).get("version", -1)) == version:
             return d

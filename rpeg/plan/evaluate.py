@@ -13,8 +13,9 @@ layout and the profile, each computed once); ``evaluate`` is a function of the p
 alone. One walk over the plan's ops (:meth:`Evaluator.walk`) finds what memory and time
 both read: the copies of each model's weights, the wave size of each generate op, the
 chunks each streamed op consumes. Memory per device is what every model keeps there
-between stages (:func:`rpeg.cost.memory.resident_memory`, one copy per distinct
-layout, the trained copy with its gradients and optimizer state) plus the
+between stages (:func:`rpeg.cost.memory.resident_memory`, of each copy the runtime keeps
+there, :func:`rpeg.plan.copies.copies`: the trained copy with its gradients and optimizer
+state, and the copies readers of other layouts and vLLM engines read) plus the
 largest transient need of any op placed there. A generate op runs as many sequences at
 once as the memory left beside the resident weights holds (in waves when the local
 batch does not fit, :func:`rpeg.cost.stages.generation_rows`). A plan whose peak exceeds the
@@ -48,8 +49,11 @@ from rpeg.cost.memory import MemoryCost, devices_are_host, resident_memory, usab
 from rpeg.cost.stages import stage_memory
 from rpeg.errors import CostError, PlanError
 from rpeg.graph import Graph
+from rpeg.graph.ids import ReplicaKey
+from rpeg.plan.copies import copies as copies_of
 from rpeg.plan.dispatchfloor import dispatch_floor
 from rpeg.plan.evalcost import EVAL_OP, eval_time, trainer_devices
+from rpeg.plan.lower import PASSES, lower
 from rpeg.plan.model import Plan, Predicted, StagePlacement
 from rpeg.plan.prices import Chunk, Prices, parallel_of
 from rpeg.plan.simulate import OpTiming, Timeline, floor, simulate, steps_for
@@ -105,11 +109,23 @@ class Evaluation:
         return self.plan.predicted.step_time_s if self.plan.predicted else float("inf")
 
 
+@attrs.frozen
+class Held:
+    """One copy of a model's weights as the cost model prices it: as ``placement`` holds
+    it, on ``devices`` (:class:`rpeg.plan.copies.Copy`)."""
+
+    model: str                      # the spec model it is priced as
+    placement: StagePlacement       # the placement laying it out
+    trained: bool
+    devices: tuple[int, ...]
+    key: ReplicaKey = ReplicaKey("")    # the runtime's key of it (actor, actor~vllm, ...)
+
+
 @attrs.frozen(eq=False)
 class Walk:
     """What one walk over a plan's ops finds, which its memory and its time both read."""
 
-    copies: tuple[tuple[str, StagePlacement, bool], ...]   # (model, placement, trained)
+    copies: tuple[Held, ...]
     resident: np.ndarray               # bytes per device between stages
     rows: dict[str, int]               # generate stage -> sequences at once per replica
     streamed: dict[str, tuple[Chunk, ...]]   # op -> the chunks it consumes as generated
@@ -169,11 +185,12 @@ class Evaluator:
         self._floors: dict[tuple, Dispatch] = {}
         self._least: dict[tuple, Dispatch] = {}
         self._eval: dict[tuple[int, ...], float] = {}
-        self._index: dict[StagePlacement, slice | np.ndarray] = {}
+        self._index: dict[StagePlacement | tuple[int, ...], slice | np.ndarray] = {}
         self._synced: dict[tuple, frozenset[str]] = {}
         self._problems: dict[tuple, str | None] = {}
         w = pipeline.workload
         self.gen_tokens = w.batch * w.gen_len.mean()
+        self.responses = w.prompts * w.samples          # a step's (the runtime's chunks)
 
     # --- the cost model's answers (rpeg.plan.prices) ---------------------------------
 
@@ -210,6 +227,13 @@ class Evaluator:
     def cap(self, p: StagePlacement) -> int:
         return self.prices.cap(p)
 
+    def _at_devices(self, devices: tuple[int, ...]) -> slice | np.ndarray:
+        """An index of ``devices`` into a per-device array (see :func:`_at`)."""
+        at = self._index.get(devices)
+        if at is None:
+            at = self._index[devices] = _at(devices)
+        return at
+
     def _at(self, p: StagePlacement) -> slice | np.ndarray:
         """An index of ``p``'s devices into a per-device array (see :func:`_at`)."""
         at = self._index.get(p)
@@ -219,11 +243,18 @@ class Evaluator:
 
     # --- the plan's graph ------------------------------------------------------------
 
-    def graph(self, plan: Plan) -> Graph:
+    def step_graph(self, plan: Plan) -> Graph:
+        """The plan's step graph, unfused, its weight syncs kept: the one the runtime lays
+        its op calls out from."""
         base_key = (tuple(x for x in plan.staleness if x[1]), plan.shared)   # 0: unlisted
         if base_key not in self._graphs:
             self._graphs[base_key] = step_graph(self.pipeline, plan)
-        base = self._graphs[base_key]
+        return self._graphs[base_key]
+
+    def graph(self, plan: Plan) -> Graph:
+        """The step graph the plan's structural choices make (:func:`plan_graph`)."""
+        base_key = (tuple(x for x in plan.staleness if x[1]), plan.shared)   # 0: unlisted
+        base = self.step_graph(plan)
         readers = (base_key, tuple(plan.placement(st) for st in self.stages.syncing
                                    if plan.has_placement(st)))
         synced = self._synced.get(readers)
@@ -257,11 +288,12 @@ class Evaluator:
     def walk(self, plan: Plan, graph: Graph) -> Walk:
         """The copies each model keeps, what they leave free, each generate op's wave size,
         the chunks each streamed op consumes, and each device's largest transient need."""
-        copies = self.copies(plan, graph)
+        copies = self.copies(plan)
         n = plan.num_devices
         resident = np.zeros(n)
-        for model, p, trained in copies:
-            resident[self._at(p)] += self.prices.resident(model, p, trained)
+        for h in copies:
+            resident[self._at_devices(h.devices)] += self.prices.resident(
+                h.model, h.placement, h.trained)
         rows = self.rows_of(plan, graph, resident)
         streamed = self.streamed(plan, graph, rows)
         chunks_of = {s: streamed[o] for o, stages in self._streaming(graph)
@@ -274,7 +306,7 @@ class Evaluator:
             at = self._at(p)
             transient[at] = np.maximum(transient[at], b)
             needs.append((stage, p.devices, b))
-        return Walk(tuple(copies), resident, rows, streamed, transient, tuple(needs))
+        return Walk(copies, resident, rows, streamed, transient, tuple(needs))
 
     def _priced_stages(self, graph: Graph) -> tuple[str, ...]:
         """The stages whose transient need is priced: all but those running inside another
@@ -292,54 +324,63 @@ class Evaluator:
             self._per_graph[key] = tuple((o.name, o.stages) for o in graph.ops)
         return self._per_graph[key]
 
-    def copies(self, plan: Plan, graph: Graph) -> list[tuple[str, StagePlacement, bool]]:
-        """(model, placement, trained) for every copy of every model's weights: the trained
-        copy where its train stage runs, one weights-only copy per other layout reading it."""
-        out = []
-        for model, train, stages in self._backbones(plan.shared):
-            seen = []
-            sharded = None
-            if train is not None:
-                p = plan.placement(train)
-                out.append((self.stages.target[train], p, True))
-                seen.append((p.devices, p.tp, p.pp, p.zero.shards_params))
-                sharded = p.devices if p.zero.shards_params else None
-            for s in stages:
-                p = plan.placement(s)
-                if p.zero.shards_params and p.devices == sharded:
-                    continue      # a pass on ZeRO-3 shards gathers the trained copy's
-                key = (p.devices, p.tp, p.pp, p.zero.shards_params)
-                if key not in seen:
-                    seen.append(key)
-                    out.append((model, p, False))
-        return out
+    def copies(self, plan: Plan, graph: Graph | None = None) -> tuple[Held, ...]:
+        """Every copy of every model's weights, on the devices the runtime keeps it on
+        (:func:`rpeg.plan.copies.copies`, by which it keys its replicas): the trained copy
+        where its train op runs, the others as the first op reading them there lays them
+        out. ``graph`` is not read (the copies are those of the plan's step graph)."""
+        base = self.step_graph(plan)
+        ops = self._model_ops(base)
+        key = (base, tuple(plan.placement(o.stages[0]) for o in ops))
+        held = self._copies.get(key)
+        if held is None:
+            def placing(op):
+                return plan.placement(op.stages[0])
 
-    def _backbones(self, shared: tuple[tuple[str, ...], ...]):
-        """Per backbone: (its first stage's model, its train stage or None, its other
-        stages), when the plan merges the ``shared`` groups."""
-        if shared not in self._copies:
+            # the op layouts and chunks a step streams: what the copies are read from
+            placed = lower(base, plan, self.responses, placing, passes=PASSES[:2])
+            names = self._model_names(plan.shared)
+            held = self._copies[key] = tuple(
+                Held(names[(c.key.backbone, c.trained)], c.placement, c.trained, c.devices,
+                     c.key)
+                for c in copies_of(placed, placing).held)
+        return held
+
+    def _model_ops(self, graph: Graph) -> tuple:
+        """The ops of ``graph`` that read or train a model (not its weight syncs)."""
+        key = ("model ops", graph)
+        if key not in self._per_graph:
+            self._per_graph[key] = tuple(o for o in graph.ops if o.reads_model
+                                         and o.kind is not OpKind.SYNC_WEIGHTS)
+        return self._per_graph[key]
+
+    def _model_names(self, shared: tuple[tuple[str, ...], ...]) -> dict:
+        """(backbone, trained) -> the spec model its copies are priced as: its train
+        stage's for the trained copy, its first stage's for the others."""
+        key = ("names", shared)
+        if key not in self._per_graph:
             by: dict[str, list[str]] = {}
             for s in self.stages.order:
                 if s in self.stages.model_stage:
                     by.setdefault(backbone(shared, self.stages.target[s]), []).append(s)
-            out = []
-            for stages in by.values():
+            out = {}
+            for b, stages in by.items():
                 train = next((s for s in stages if self.stages.kind[s] is OpKind.TRAIN), None)
-                out.append((self.stages.target[stages[0]], train,
-                            tuple(s for s in stages if self.stages.kind[s] is not OpKind.TRAIN)))
-            self._copies[shared] = tuple(out)
-        return self._copies[shared]
+                out[(b, False)] = self.stages.target[stages[0]]
+                out[(b, True)] = self.stages.target[train or stages[0]]
+            self._per_graph[key] = out
+        return self._per_graph[key]
 
     def resident_bytes(self, plan: Plan, graph: Graph):
         """(bytes resident per device, the same per model)."""
         n = plan.num_devices
         resident = np.zeros(n)
         by_model: dict[str, np.ndarray] = {}
-        for model, p, trained in self.copies(plan, graph):
-            b = self.prices.resident(model, p, trained)
-            at = self._at(p)
+        for h in self.copies(plan):
+            b = self.prices.resident(h.model, h.placement, h.trained)
+            at = self._at_devices(h.devices)
             resident[at] += b
-            by_model.setdefault(model, np.zeros(n))[at] += b
+            by_model.setdefault(h.model, np.zeros(n))[at] += b
         return resident, by_model
 
     def rows_of(self, plan: Plan, graph: Graph, resident: np.ndarray | None = None) -> dict:
@@ -382,10 +423,10 @@ class Evaluator:
         if peak[worst] <= cap:
             return peak, None
         by_model: dict[str, float] = {}
-        for model, p, trained in walk.copies:
-            by_model.setdefault(model, 0.0)
-            if worst in _members(p.devices):
-                by_model[model] += self.prices.resident(model, p, trained)
+        for h in walk.copies:
+            by_model.setdefault(h.model, 0.0)
+            if worst in _members(h.devices):
+                by_model[h.model] += self.prices.resident(h.model, h.placement, h.trained)
         what = sorted(((m, b) for m, b in by_model.items() if b > 0), key=lambda x: -x[1])
         op = walk.top(worst)
         what.append((f"{op} (transient)", float(walk.transient[worst])))
@@ -413,9 +454,10 @@ class Evaluator:
         """What fills ``device`` by kind (weights, gradients, optimizer state, activations,
         KV cache, buffers): every copy resident there and the op's transient need."""
         total = MemoryCost()
-        copies = walk.copies if walk is not None else self.copies(plan, graph)
-        for model, p, trained in copies:
-            if device in _members(p.devices):
+        copies = walk.copies if walk is not None else self.copies(plan)
+        for h in copies:
+            model, p, trained = h.model, h.placement, h.trained
+            if device in _members(h.devices):
                 zero = p.zero if trained or p.zero.shards_params else Zero.NONE
                 par = attrs.evolve(parallel_of(p), zero=zero, offload=p.offload and trained)
                 total += resident_memory(self.pipeline.model(model), par, self.cluster,
@@ -434,8 +476,8 @@ class Evaluator:
 
     def homes(self, plan: Plan, graph: Graph) -> tuple[tuple[str, tuple[int, ...]], ...]:
         out: dict[str, set[int]] = {}
-        for model, p, _ in self.copies(plan, graph):
-            out.setdefault(model, set()).update(p.devices)
+        for h in self.copies(plan):
+            out.setdefault(h.model, set()).update(h.devices)
         return tuple((m, tuple(sorted(d))) for m, d in sorted(out.items()))
 
     # --- time -----------------------------------------------------------------------

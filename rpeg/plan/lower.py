@@ -9,10 +9,11 @@ from (``rpeg.plan.tasks.layouts_of``).
 
 ``lower`` runs an ordered list of pure passes (:data:`PASSES`), each adding one thing:
 
-1. ``layouts``: each op's :class:`~rpeg.plan.oplayout.OpLayout` (its instances' devices,
-   :func:`~rpeg.plan.oplayout.op_layout`; a weight sync's, the devices of its calls,
-   :func:`~rpeg.plan.oplayout.sync_calls`), and which ops run per chunk;
-2. ``chunks``: the chunks a step streams (:func:`~rpeg.plan.oplayout.chunks_per_step`);
+1. ``chunks``: the chunks a step streams (:func:`~rpeg.plan.oplayout.chunks_per_step`);
+2. ``layouts``: each op's :class:`~rpeg.plan.oplayout.OpLayout` (its instances' devices,
+   :func:`~rpeg.plan.oplayout.op_layout`: a pass on its trainer's ZeRO-3 shards on every
+   rank, :func:`~rpeg.plan.oplayout.gathers_in_place`; a weight sync's, the devices of its
+   calls, :func:`~rpeg.plan.oplayout.sync_calls`), and which ops run per chunk;
 3. ``engine_syncs``: for each trained model, who takes part in its weight sync into vLLM
    engines' own copies (:func:`rpeg.cost.engine_sync.engine_sync_layout`);
 4. ``streams``: how each generate op streams its chunks (its data-parallel blocks, the
@@ -54,6 +55,7 @@ from rpeg.plan.oplayout import (
     OpLayout,
     any_in_place,
     chunks_per_step,
+    gathers_in_place,
     op_layout,
     stream_of,
     streamed_ops,
@@ -103,8 +105,14 @@ def _trainer_and_reader(graph: Graph, model: str | None):
     return train, reader
 
 
+def chunks(p: Placed, placement_of: Placing) -> Placed:
+    return attrs.evolve(p, chunks=chunks_per_step(p.graph, placement_of, p.responses))
+
+
 def layouts(p: Placed, placement_of: Placing) -> Placed:
     streamed = streamed_ops(p.graph)
+    trainers = {o.writes_model: placement_of(o) for o in p.graph.ops
+                if o.kind is OpKind.TRAIN and o.writes_model}
     out = []
     for op in p.graph.ops:
         if op.kind is OpKind.SYNC_WEIGHTS:
@@ -113,12 +121,10 @@ def layouts(p: Placed, placement_of: Placing) -> Placed:
                 if train is not None and reader is not None else ()
             out.append((op.name, OpLayout(devices, everywhere=True, collective=True)))
         else:
-            out.append((op.name, op_layout(op, placement_of(op), op.name in streamed)))
+            place = placement_of(op)
+            gathered = gathers_in_place(op, trainers.get(op.reads_model), place, p.chunks)
+            out.append((op.name, op_layout(op, place, op.name in streamed, gathered)))
     return attrs.evolve(p, layouts=tuple(out), streamed=streamed)
-
-
-def chunks(p: Placed, placement_of: Placing) -> Placed:
-    return attrs.evolve(p, chunks=chunks_per_step(p.graph, placement_of, p.responses))
 
 
 def engine_syncs(p: Placed, placement_of: Placing) -> Placed:
@@ -142,7 +148,8 @@ def streams(p: Placed, placement_of: Placing) -> Placed:
 def _shared_replicas(p: Placed, placement_of: Placing) -> frozenset[tuple[str, str]]:
     """(writer, reader) whose reader reads, on some device, the very replica its writer
     writes (:func:`rpeg.graph.unroll.unroll`'s ``in_place``): a train op's weights where
-    the reader reads them in place (:func:`~rpeg.plan.oplayout.reads_in_place`; a reader
+    the reader reads them in place (:func:`~rpeg.plan.oplayout.reads_in_place`, or runs
+    on their ZeRO-3 shards, :func:`~rpeg.plan.oplayout.gathers_in_place`; a reader
     of a weight sync so reads its trainer's), a weight sync's copy where it loads it, and
     the weights a weight sync sends where they are (:func:`rpeg.graph.unroll.in_place`: on
     a common device)."""
@@ -161,12 +168,20 @@ def _shared_replicas(p: Placed, placement_of: Placing) -> frozenset[tuple[str, s
             if (e.writer, e.reader) in loaded:
                 out.add((e.writer, e.reader))
             writer = p.graph.op(behind[e.writer]) if e.writer in behind else None
-        if writer is not None and any_in_place(placement_of(writer), placement_of(reader)):
+        if writer is not None and (any_in_place(placement_of(writer), placement_of(reader))
+                                   or _gathers(p, writer, reader)):
             out.add((writer.name, e.reader))     # reads the trained weights where they are
     return frozenset(out)
 
 
-PASSES = (layouts, chunks, engine_syncs, streams)
+def _gathers(p: Placed, writer, reader) -> bool:
+    """Whether ``reader`` runs on its trainer ``writer``'s ZeRO-3 shards, on every rank
+    (its layout, :func:`~rpeg.plan.oplayout.gathers_in_place`)."""
+    return writer.kind is OpKind.TRAIN and reader.kind is not OpKind.TRAIN \
+        and p.layout(reader.name).everywhere
+
+
+PASSES = (chunks, layouts, engine_syncs, streams)
 
 
 def lower(graph: Graph, plan, responses: int, placement_of: Placing | None = None, *,

@@ -84,6 +84,17 @@ class OpLayout:
         return tuple(Call(c, c, d, 0, self._group(d))
                      for c in range(chunks if self.chunked else 1) for d in self.devices_of(c))
 
+    def members(self, chunks: int) -> tuple[tuple[int, tuple[int, ...]], ...]:
+        """(device, its tensor-parallel block) of every device running a call of the op in
+        a step whose generate ops stream ``chunks`` chunks, once each, in the order of
+        :meth:`calls` (a streamed op's chunks past its blocks run on the same devices)."""
+        tp = max(1, self.tp)
+        if self.everywhere:
+            return tuple((d, self._group(d)) for d in self.devices)
+        blocks = -(-len(self.devices) // tp) if self.devices else 0
+        n = min(chunks, blocks) if self.chunked else 1
+        return tuple((d, self._group(d)) for c in range(n) for d in self.devices_of(c))
+
     def _group(self, device: int) -> tuple[int, ...]:
         return () if self.per_block else block_of(self.devices, self.tp, device)
 
@@ -122,6 +133,34 @@ def reads_in_place(trainer, reader, device: int) -> bool:
             == block_of(tuple(reader.devices), reader.tp, device))
 
 
+def gathers_in_place(op, trainer, reader, chunks: int) -> bool:
+    """Whether graph op ``op`` (a forward pass, placed as ``reader``) runs on its
+    trainer's ZeRO-3 shards in place (``trainer``: the placement training its model, or
+    None): on exactly the trainer's devices, in the same data-parallel group (both ZeRO-3,
+    unsplit, one pipeline stage), once a step (``chunks``: the step streams one). Every
+    rank then runs its share of the pass with the trainer's sharded module, which gathers
+    each layer's weights over the group as it runs it (FSDP2's all-gather, as
+    DeepSpeed-Chat's hybrid engine and verl's FSDP workers read their actor): no copy of
+    its own, no weight sync. A pass per chunk on one block never runs on shards that only
+    all the ranks gather together: it reads a copy of its own.
+
+        >>> from rpeg.graph import Op
+        >>> from rpeg.plan.model import StagePlacement as P
+        >>> fwd = Op("old_lp", OpKind.FORWARD, reads_model="actor", stages=("old_lp",))
+        >>> t = P("train", (0, 1), dp=2, zero=3)
+        >>> gathers_in_place(fwd, t, P("old_lp", (0, 1), dp=2, zero=3), 1)
+        True
+        >>> [gathers_in_place(fwd, t, P("old_lp", (0, 1), dp=2, zero=z), n)
+        ...  for z, n in ((3, 2), (0, 1))]
+        [False, False]
+    """
+    return (trainer is not None and op.kind is OpKind.FORWARD
+            and chunks == 1 and len(reader.devices) > 1
+            and trainer.zero.shards_params and reader.zero.shards_params
+            and tuple(reader.devices) == tuple(trainer.devices)
+            and trainer.tp == reader.tp == 1 and max(trainer.pp, reader.pp) == 1)
+
+
 @functools.lru_cache(maxsize=4096)
 def all_in_place(trainer, reader) -> bool:
     """Whether ``reader`` reads the trained weights in place on every device of its own
@@ -136,9 +175,12 @@ def any_in_place(trainer, reader) -> bool:
     return any(reads_in_place(trainer, reader, d) for d in reader.devices)
 
 
-def op_layout(op, place, streamed: bool) -> OpLayout:
+def op_layout(op, place, streamed: bool, gathered: bool = False) -> OpLayout:
     """The layout of graph op ``op`` on its stage's placement ``place`` (``streamed``: it
-    runs per chunk, :func:`streamed_ops`)."""
+    runs per chunk, :func:`streamed_ops`; ``gathered``: it runs on its trainer's ZeRO-3
+    shards, :func:`gathers_in_place`, a call on every rank, as a train op)."""
+    if gathered:
+        return OpLayout(tuple(place.devices), everywhere=True, collective=True)
     tp = place.tp if op.reads_model and place.tp > 1 else 1
     vllm = op.kind is OpKind.GENERATE and place.engine is Engine.VLLM
     train = op.kind is OpKind.TRAIN
@@ -148,8 +190,10 @@ def op_layout(op, place, streamed: bool) -> OpLayout:
 
 
 def world_of(op, layout: OpLayout) -> int:
-    """An op's data-parallel degree: its blocks for a train or generate op, else 1."""
-    return len(layout.blocks) if op.kind in (OpKind.TRAIN, OpKind.GENERATE) else 1
+    """An op's data-parallel degree: its blocks for a train or generate op, or a pass on
+    every rank of its trainer's ZeRO-3 shards (:func:`gathers_in_place`), else 1."""
+    return len(layout.blocks) if op.kind in (OpKind.TRAIN, OpKind.GENERATE) \
+        or layout.everywhere else 1
 
 
 def streamed_ops(graph: Graph) -> frozenset[str]:
@@ -203,5 +247,6 @@ def sync_calls(src, dst) -> tuple[int, ...]:
     return tuple(sources) + tuple(readers)
 
 
-__all__ = ["Call", "OpLayout", "all_in_place", "any_in_place", "block_of", "chunks_per_step", "op_layout",
+__all__ = ["Call", "OpLayout", "all_in_place", "any_in_place", "block_of", "chunks_per_step",
+           "gathers_in_place", "op_layout",
            "reads_in_place", "stream_chunks", "stream_of", "streamed_ops", "sync_calls", "world_of"]

@@ -112,6 +112,24 @@ def _check_eval_pin(pin: Pin, pipeline: Pipeline, limits: Limits) -> None:
                     if key == "zero" else "pin tp = 1, or drop the eval block")
 
 
+def gathers_pinned(pin: Pin, pipeline: Pipeline) -> bool:
+    """Whether the pins place forward stage ``pin.stage`` where every plan honouring them
+    reads its trainer's ZeRO-3 shards in place (``rpeg.plan.oplayout.gathers_in_place``):
+    on the GPUs its model's train stage is pinned to at ZeRO-3, both at tp 1, and every
+    generate stage pinned to one block streaming one chunk (a step streams one)."""
+    stage = pipeline.stage(pin.stage)
+    if stage.kind is not OpKind.FORWARD or (pin.tp or 1) != 1 or pin.size < 2:
+        return False
+    pins = {p.stage: p for p in pipeline.place}
+    train = next((pins.get(s.name) for s in pipeline.stages
+                  if s.kind is OpKind.TRAIN and s.target == stage.target), None)
+    if train is None or train.devices != pin.devices or (train.tp or 1) != 1 \
+            or train.zero is None or not train.zero.shards_params:
+        return False
+    gens = [pins.get(s.name) for s in pipeline.stages if s.kind is OpKind.GENERATE]
+    return all(g is not None and g.chunks == 1 and g.size == (g.tp or 1) for g in gens)
+
+
 def _refusal(pin: Pin, pipeline: Pipeline, limits: Limits) -> tuple[str, str] | None:
     for key, cap in (("tp", limits.max_tp), ("pp", limits.max_pp), ("dp", limits.max_dp),
                      ("cp", limits.max_cp), ("ep", limits.max_ep)):
@@ -135,8 +153,11 @@ def _refusal(pin: Pin, pipeline: Pipeline, limits: Limits) -> tuple[str, str] | 
                           f"executor does not run")
     stage = pipeline.stage(pin.stage)
     if stage.kind is not OpKind.GENERATE and pin.sharded and not limits.inference_zero \
-            and stage.kind is not OpKind.TRAIN:
-        return "zero", "inference on ZeRO-3-sharded weights is not run by this executor"
+            and stage.kind is not OpKind.TRAIN and not gathers_pinned(pin, pipeline):
+        return "zero", ("inference on ZeRO-3-sharded weights is not run by this executor, "
+                        "but by a forward stage on its trainer's ZeRO-3 GPUs (tp 1) in a step "
+                        "streaming one chunk (its generate stages pinned to one block, "
+                        "chunks = 1): there it reads the trainer's shards in place")
     if stage.kind is OpKind.GENERATE and pin.sharded and not limits.inference_zero:
         return "zero", "generation on ZeRO-3-sharded weights is not run by this executor"
     model = pipeline.model(stage.target) if pipeline.has_model(stage.target or "") else None
@@ -155,5 +176,6 @@ def _refusal(pin: Pin, pipeline: Pipeline, limits: Limits) -> tuple[str, str] | 
     return None
 
 
-__all__ = ["ANY_EXECUTOR", "FOREIGN", "check_eval_pins", "check_pins", "honour", "matches",
+__all__ = ["ANY_EXECUTOR", "FOREIGN", "check_eval_pins", "check_pins", "gathers_pinned",
+           "honour", "matches",
            "overlay"]

@@ -61,7 +61,7 @@ def memory_uses(ev, plan: Plan, graph, walk) -> tuple[MemoryUse, ...]:
     chunks_of = ev.chunks_of(graph, walk)
     groups: dict[tuple, list[int]] = {}
     for d in range(plan.num_devices):
-        held = tuple(i for i, (_, p, _) in enumerate(walk.copies) if d in p.devices)
+        held = tuple(i for i, h in enumerate(walk.copies) if d in h.devices)
         groups.setdefault((held, walk.top(d)), []).append(d)
     out = []
     for (_, op), devices in groups.items():

@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 
 from backends.vllm_backend import available
+from rpeg.graph.ids import OpId
 
 pytestmark = [pytest.mark.vllm,
               pytest.mark.skipif(not available()[0], reason="vllm is not installed")]
@@ -110,7 +111,7 @@ def test_vllm_partial_rollouts_verify_and_a_resumed_run_continues_them(tmp_path)
     _verified(run_dir)
     read = {e["args"]["id"]: e["args"]["version_read"] for e in _events(run_dir)
             if e["name"] == "rollout"}
-    lags = [int(k.split("/s")[1].split("/")[0]) - v for k, v in read.items()]
+    lags = [OpId(k).step - v for k, v in read.items()]
     assert set(lags) <= {0, 1} and 1 in lags
     assert list((run_dir / "checkpoints" / "step-000003").glob("actor~vllm@*/carried.json"))
     before = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
@@ -122,9 +123,8 @@ def test_vllm_partial_rollouts_verify_and_a_resumed_run_continues_them(tmp_path)
     after = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert {e["args"]["id"]: e["args"]["version_read"] for e in _events(run_dir)
             if e["name"] == "rollout"} == read
-    carried = [k for k, v in read.items() if k.startswith(("rollout/s3/", "rollout/s4/",
-                                                           "rollout/s5/"))
-               and int(k.split("/s")[1].split("/")[0]) - v == 1]
+    carried = [k for k, v in read.items() if OpId(k).step in (3, 4, 5)
+               and OpId(k).step - v == 1]
     assert carried                                       # some continued across the cut
     for b, a in zip(before[3:], after[3:], strict=True):
         assert (a["reward"], a["response_len"]) == (b["reward"], b["response_len"])

@@ -11,7 +11,7 @@ from rpeg.cost.engine_sync import engine_hosts_of, serves_copy, sync_refusal, sy
 from rpeg.graph import DepKind
 from rpeg.graph.unroll import CARRY, STREAM
 from rpeg.plan.lower import PASSES, Placed, lower
-from rpeg.plan.oplayout import reads_in_place, stream_chunks
+from rpeg.plan.oplayout import gathers_in_place, reads_in_place, stream_chunks
 from rpeg.plan.staleness import step_graph
 from rpeg.resources import shipped
 from rpeg.runtime.calibrate.simulated import scaled
@@ -60,7 +60,11 @@ def _verify_layouts(p: Placed, plan) -> None:
             continue
         place = plan.placement(op.stages[0])
         assert lay.devices == place.devices
-        assert lay.everywhere == (op.kind is OpKind.TRAIN)
+        trainer = next((plan.placement(o.stages[0]) for o in p.graph.ops
+                        if o.kind is OpKind.TRAIN and o.writes_model == op.reads_model), None)
+        gathered = gathers_in_place(op, trainer, place, p.chunks)
+        assert lay.everywhere == (op.kind is OpKind.TRAIN or gathered)
+        assert not gathered or lay.devices == trainer.devices
         assert lay.per_block == (op.kind is OpKind.GENERATE and place.engine is Engine.VLLM)
 
 
@@ -95,7 +99,8 @@ def _verify_streams(p: Placed, plan) -> None:
         w, r = p.graph.op(writer), p.graph.op(reader)
         if w.kind is OpKind.TRAIN and r.kind is not OpKind.SYNC_WEIGHTS:
             t, place = plan.placement(w.stages[0]), plan.placement(r.stages[0])
-            assert any(reads_in_place(t, place, d) for d in place.devices)
+            assert any(reads_in_place(t, place, d) for d in place.devices) \
+                or p.layout(reader).everywhere
         else:
             assert set(p.layout(writer).devices) & set(p.layout(reader).devices)
     # the typed edges: a stream within one block, a carry to the next step on it, a write
@@ -111,7 +116,7 @@ def _verify_streams(p: Placed, plan) -> None:
             assert (d.dst.op, d.src.op) in p.in_place
 
 
-VERIFY = {"layouts": _verify_layouts, "chunks": _verify_chunks,
+VERIFY = {"chunks": _verify_chunks, "layouts": _verify_layouts,
           "engine_syncs": _verify_engine_syncs, "streams": _verify_streams}
 
 

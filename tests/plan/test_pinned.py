@@ -129,3 +129,26 @@ def test_rpeg_check_refuses_the_pin_before_any_plan(tmp_path, capsys):
     assert main(["check", str(tmp_path / "pinned.rpeg")]) == 1
     err = capsys.readouterr().err
     assert "pinned.rpeg:" in err and "with an eval block, not 3" in err and "hint: pin zero" in err
+
+
+GATHERED = ("place values on gpus 0..1 { dp = 2; zero = 3 }",
+            "place critic_step on gpus 0..1 { dp = 2; zero = 3 }")
+
+
+def test_a_zero3_forward_is_run_only_where_it_reads_its_trainers_shards(tmp_path, local_cpu):
+    """A forward pinned to ZeRO-3 runs on the torch runtime where every plan keeping the
+    pins reads the trainer's shards in place (its trainer's ZeRO-3 GPUs, a step streaming
+    one chunk), and is refused at its line elsewhere."""
+    runtime = Limits.runtime()
+    one = "place rollout on gpus 0..0 { chunks = 1 }"
+    plan = compile_plan(_spec(tmp_path, one, *GATHERED), local_cpu,
+                        options=SearchOptions(**QUICK))
+    assert plan.placement("values").zero == 3
+    for pins in ((one.replace("chunks = 1", "chunks = 2"), *GATHERED),      # per chunk
+                 GATHERED,                                                 # chunks unpinned
+                 (one, GATHERED[0], GATHERED[1].replace("zero = 3", "zero = 2"))):
+        pipeline = _spec(tmp_path, *pins)
+        with pytest.raises(PlanError) as info:
+            check_pins(pipeline, local_cpu, runtime)
+        assert "inference on ZeRO-3-sharded weights" in info.value.message
+        assert info.value.span.line == _line_of(pipeline, "values")

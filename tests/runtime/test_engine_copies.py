@@ -251,3 +251,28 @@ def test_a_plan_whose_engine_shares_a_sender_it_is_not_hosted_on_is_refused(vgrp
         check_plan(plan, vgrpo, path="plan.json")
     with pytest.raises(PlanError, match="device of its own"):
         build_calls(vgrpo, plan, steps=3)
+
+
+def test_every_copy_of_a_frozen_model_is_frozen(monkeypatch):
+    """A frozen model's second copy on a device (``ref~tp0-1``, a reader splitting it
+    another way) never changes either: a checkpoint rebuilds it rather than writing it, and
+    a resume builds it again rather than looking for its files."""
+    from types import SimpleNamespace
+
+    from rpeg.runtime.dask import worker as W
+    from rpeg.runtime.rundir import checkpoints as ckio
+    from rpeg.spec import load
+    pipeline = load(PIPELINES / "tiny_ppo.rpeg")
+    frozen = {m.name for m in pipeline.models if m.frozen}
+    assert ckio.of_frozen("ref~tp0-1", frozen) and ckio.of_frozen("ref", frozen)
+    assert not ckio.of_frozen("actor~tp0-1", frozen) and not ckio.of_frozen("actor", frozen)
+    ref, copy = SimpleNamespace(version=0), SimpleNamespace(version=0)
+    ex = SimpleNamespace(ctx=SimpleNamespace(pipeline=pipeline),
+                         replicas={"ref": ref, "ref~tp0-1": copy}, carries=lambda model: False,
+                         restore=lambda model, path: pytest.fail(f"{model} read from {path}"))
+    monkeypatch.setitem(W._STATE, "executor", ex)
+    monkeypatch.setitem(W._STATE, "device", 2)
+    versions = ckio.replica_versions()
+    assert versions["ref~tp0-1@2"] == (0, False, True, False)
+    assert ckio.rebuildable(versions) == {"ref@2", "ref~tp0-1@2"}
+    assert ckio.restore_replicas({}) == {"ref": 0, "ref~tp0-1": 0}

@@ -93,3 +93,33 @@ def test_chunks_are_capped_by_the_responses_of_a_step(ppo):
             attrs.evolve(p, chunks=8) if p.stage == "rollout" else p for p in plan.placements))
         rollouts = [c for c in build_calls(small, plan, steps=1) if c.op == "rollout"]
         assert len(rollouts) == want and {c.chunks for c in rollouts} == {want}
+
+
+@pytest.mark.parametrize("zero", [0, 3])
+def test_every_call_id_names_the_call(ppo, zero):
+    """An op call's id is its op, step and what tells it apart (chunk, rank, tp rank, a
+    weight sync's role and loading device), read back as fields (``OpId``)."""
+    import attrs
+
+    from rpeg.graph.ids import OpId
+    base = split_plan(ppo, 4, dp=4, chunks=4, staleness=1)    # trainers on 0-3
+    plan = attrs.evolve(base, placements=tuple(
+        attrs.evolve(p, tp=2, dp=2, zero=zero) if p.stage.endswith("_step") else p
+        for p in base.placements))
+    calls = build_calls(ppo, plan, steps=3)
+    assert {"export", "load"} <= {c.role for c in calls}
+    assert any(c.id.tp_rank for c in calls if c.role == "export")
+    for c in calls:
+        i = c.id
+        assert type(i) is OpId and OpId(str(i)) == i and i.step == c.step
+        assert i.role == ("" if c.role == "join" else c.role) and i.join == (c.role == "join")
+        if i.chunk is not None:
+            assert i.chunk == c.chunk and c.kind is not OpKind.TRAIN
+        if i.rank is not None:
+            assert c.kind is OpKind.TRAIN and c.world > 1
+        if not c.role:
+            assert i.op == c.op
+            assert i.tp_rank == (c.tp_group.index(c.device) if c.tp_group
+                                 and c.kind is not OpKind.TRAIN else 0)
+        if c.role in ("load", "recv"):
+            assert i.device == c.device and i.op == f"sync_{c.model}"

@@ -21,6 +21,7 @@ import time
 import attrs
 
 from rpeg.errors import RpegError, RuntimeFailure, Span
+from rpeg.graph.ids import ReplicaAt, ReplicaKey
 from rpeg.plan.model import Plan
 from rpeg.runtime.core import scheduler as C
 from rpeg.runtime.core.windows import CallWindows, SegmentCalls
@@ -35,7 +36,7 @@ from rpeg.runtime.dask.driver import (
 from rpeg.runtime.dask.losses import Watch, _Lost
 from rpeg.runtime.data import Cursor
 from rpeg.runtime.lowering.context import RunContext, tool_slots
-from rpeg.runtime.lowering.instances import base_of, graph_for, model_homes
+from rpeg.runtime.lowering.instances import graph_for, model_homes
 from rpeg.runtime.rundir import checkpoints as ckio
 from rpeg.runtime.rundir.directory import RunDir
 from rpeg.runtime.rundir.meta import Replan, RunMeta
@@ -177,11 +178,10 @@ class Starter:
         for d, a in workers.items():
             sources = {}
             for key in saved:
-                model, dev = key.rsplit("@", 1)
-                if int(dev) == d:
-                    sources[model] = str(ck.path / key)
+                if ReplicaAt(key).device == d:
+                    sources[ReplicaAt(key).key] = str(ck.path / key)
             for key in saved:                                  # re-planned: map by model
-                model, _ = key.rsplit("@", 1)
+                model = ReplicaAt(key).key
                 if restart:                # every replica at the newest version, as at step 0
                     sources[model] = str(ck.path / _best_source(saved, model, ck))
                 sources.setdefault(model, str(ck.path / _best_source(saved, model, ck)))
@@ -272,11 +272,12 @@ class Checkpointer:
 def _best_source(saved: dict[str, int], model: str, ck) -> str:
     """For a model on a device it was not on before: its newest replica (a trained one
     first; of the same copy, or else of the backbone it copies)."""
-    cands = [k for k in saved if k.rsplit("@", 1)[0] == model]
-    newest = max((saved[k] for k in saved if base_of(k.rsplit("@", 1)[0]) == base_of(model)),
+    backbone = ReplicaKey(model).backbone
+    cands = [k for k in saved if ReplicaAt(k).key == model]
+    newest = max((saved[k] for k in saved if ReplicaAt(k).key.backbone == backbone),
                  default=None)
     if not cands or (newest is not None and max(saved[k] for k in cands) < newest):
-        cands = [k for k in saved if base_of(k.rsplit("@", 1)[0]) == base_of(model)]
+        cands = [k for k in saved if ReplicaAt(k).key.backbone == backbone]
     with_opt = [k for k in cands if ckio.holds_optimizer(ck.path / k)]
     return max(with_opt or cands, key=lambda k: saved[k])
 

@@ -28,7 +28,12 @@ backbones) is placed on the plan's devices and unrolled over steps:
   weight-sync op pair — ``export`` on the home (one per tp rank: its shard),
   ``load`` at the reader (joins the shards) — only for versions someone reads
   there. Readers on the home read in place: no sync, unless they split the model
-  another way (then they read a copy ``model~tp<group>`` that a sync loads).
+  another way or it is sharded (then they read a copy ``model~tp<group>`` that a sync
+  loads); but a forward on exactly its ZeRO-3 trainer's ranks, in a step streaming one
+  chunk, runs once a step on every rank (``/r<rank>``, a gang like a train op's) with the
+  trainer's FSDP2 module, each layer gathered as it runs
+  (:func:`rpeg.plan.oplayout.gathers_in_place`). Which copy every call reads is
+  :func:`rpeg.plan.copies.copies`' rule, the one the cost model prices memory by.
 
 Every reader reads an exact version: ``max(0, step - k)`` (train: ``step``), with
 ``k`` the plan's staleness of the op. This is enforced by ordering edges
@@ -51,21 +56,22 @@ from collections import defaultdict
 
 import attrs
 
-from rpeg.cost.engine_sync import serves_copy
 from rpeg.errors import PlanError
 from rpeg.graph import DepKind, Graph, Instance
+from rpeg.graph.ids import OpId
 from rpeg.graph.unroll import CARRY, STREAM
 from rpeg.graph.versions import read_version
+from rpeg.plan.copies import copies
 from rpeg.plan.lower import Placed, lower
 from rpeg.plan.model import Plan
-from rpeg.plan.oplayout import reads_in_place, world_of
+from rpeg.plan.oplayout import world_of
 from rpeg.plan.staleness import staleness_problem, step_graph
 from rpeg.runtime.lowering.ordering import (
     _add_syncs,
     _order_collectives,
     _order_pushes,
     _order_versions,
-    _split_layouts,
+    ranks_together,
 )
 from rpeg.runtime.lowering.replicas import (
     ENGINE,
@@ -81,7 +87,6 @@ from rpeg.runtime.lowering.replicas import (
     engine_hosts,
     engine_key,
     is_engine_key,
-    variant_key,
 )
 from rpeg.spec.model import OpKind, Pipeline
 
@@ -90,7 +95,7 @@ from rpeg.spec.model import OpKind, Pipeline
 class OpCall:
     """One op instance: everything a worker needs to run it, as plain data."""
 
-    id: str
+    id: OpId = attrs.field(converter=OpId)   # its text: the call's key in records and traces
     op: str                                  # graph op: a stage, fused trainers, or sync_<model>
     kind: OpKind
     step: int
@@ -134,8 +139,7 @@ class OpCall:
     def collective(self) -> bool:
         """Runs collectives with other workers: a rank of a tensor-parallel block or of a
         data-parallel train op. Its ranks start together (``_order_collectives``)."""
-        return bool(self.tp_group) or bool(self.gang) or (
-            self.kind is OpKind.TRAIN and self.world > 1)
+        return bool(self.tp_group) or bool(self.gang) or ranks_together(self.kind, self.world)
 
 
 def graph_for(pipeline: Pipeline, plan: Plan) -> Graph:
@@ -163,7 +167,8 @@ def build_calls(pipeline: Pipeline, plan: Plan, steps: int, *, first: int = 0
     homes = model_homes(pipeline, plan, graph)
     trained = train_layouts(graph, plan)
     placed = placed_for(pipeline, plan, graph)
-    n_chunks, chunked = placed.chunks, placed.streamed
+    held = copies(placed, lambda o: _placement(plan, o, pipeline))   # the copy each call reads
+    n_chunks = placed.chunks
     # the placed graph's instances and dependency edges (Placed.edges): every call is one
     # device's share of an instance, reading what its data edges bring and streaming after
     # what its stream edges say (the same at every step: two steps' tell them all)
@@ -182,14 +187,15 @@ def build_calls(pipeline: Pipeline, plan: Plan, steps: int, *, first: int = 0
             layout, world = lay.calls(n_chunks), world_of(op, lay)
             for one in layout:
                 dev, group = one.device, one.group
-                cid = _id(name, s, one.index, op.kind, len(layout), name in chunked)
-                if group and op.kind is not OpKind.TRAIN and group.index(dev) > 0:
-                    cid += f"/t{group.index(dev)}"          # a further rank of a tp group
+                # a further rank of a tp group: its rank in the id
+                tp_rank = group.index(dev) if group and op.kind is not OpKind.TRAIN else 0
+                cid = _id(name, s, one.index, lay.everywhere, len(layout), lay.chunked,
+                          tp_rank)
                 inputs, deps = _data_deps(reads[(name, one.chunk)], s, produced)
-                model = _replica(op, place, dev, trained.get(op.reads_model), group)
+                model = held.key_of(name, dev)
                 call = dict(id=cid, op=name, kind=op.kind, step=s, device=dev,
                             chunk=one.chunk,
-                            chunks=n_chunks if name in chunked else len(layout),
+                            chunks=n_chunks if lay.chunked else len(layout),
                             rank=one.rank, world=world, tp_group=group, model=model,
                             stages=op.stages, inputs=inputs, deps=deps, after=[],
                             version=-1, writes=-1, bound=0, limit=0,
@@ -206,7 +212,6 @@ def build_calls(pipeline: Pipeline, plan: Plan, steps: int, *, first: int = 0
                 at[(name, s, one.chunk, dev)] = cid
                 if one.rank == 0 and (not group or group[0] == dev):
                     produced[(name, s)].append(cid)       # what readers take: tp rank 0's
-    _split_layouts(calls)
     calls = _add_syncs(calls, homes, trained, first, dict(placed.engine_syncs))
     _order_versions(calls, homes, frozen, first)
     for c in calls:                   # each device's share of a stream after its share before
@@ -225,9 +230,20 @@ def build_calls(pipeline: Pipeline, plan: Plan, steps: int, *, first: int = 0
 def placed_for(pipeline: Pipeline, plan: Plan, graph: Graph | None = None) -> Placed:
     """The plan's step graph (:func:`graph_for`) placed on its devices, each stage's placement
     checked against what the runtime executes: the value the calls are laid out from."""
-    return lower(graph or graph_for(pipeline, plan), plan,
-                 pipeline.workload.prompts * pipeline.workload.samples,
-                 lambda o: _placement(plan, o, pipeline))
+    placed = lower(graph or graph_for(pipeline, plan), plan,
+                   pipeline.workload.prompts * pipeline.workload.samples,
+                   lambda o: _placement(plan, o, pipeline))
+    for op in placed.graph.ops:
+        place = _placement(plan, op, pipeline) if op.kind is not OpKind.SYNC_WEIGHTS else None
+        if place is not None and op.reads_model and op.kind is not OpKind.TRAIN \
+                and place.zero.shards_params and not placed.layout(op.name).everywhere:
+            raise PlanError(f"stage '{op.stages[0]}' must read whole weights on the torch "
+                            f"runtime, not ZeRO-{place.zero} shards: a pass reads shards only "
+                            "on its trainer's ZeRO-3 devices, once a step (every rank "
+                            "gathers each layer), and this one reads a whole copy",
+                            hint="plan it with zero 0, or on its trainer's ZeRO-3 devices at "
+                                 "tp 1 with its generate stages on one block, chunks = 1")
+    return placed
 
 
 def lookback(pipeline: Pipeline, plan: Plan) -> int:
@@ -343,23 +359,6 @@ def _check_tp(stage: str, place, op, plan: Plan, pipeline: Pipeline | None) -> N
                                 hint=f"use tp in {[d for d in range(1, count + 1) if count % d == 0]}")
 
 
-def _replica(op, place, device: int, trainer, group: tuple[int, ...]) -> str | None:
-    """The key of the copy of its model an op placed as ``place`` reads on ``device``: a vLLM
-    engine's own (:func:`rpeg.cost.engine_sync.serves_copy`); on a device its trainer
-    (``trainer``) holds, the trained weights where they are read in place
-    (:func:`rpeg.plan.oplayout.reads_in_place`), else a copy split as the op splits it
-    (tp ``group``); elsewhere the model's (one layout per device: ``_split_layouts``)."""
-    model = op.reads_model
-    if not model or op.kind is OpKind.TRAIN:
-        return model
-    if op.kind is OpKind.GENERATE and serves_copy(trainer, place, device):
-        return engine_key(model)
-    if trainer is not None and device in trainer.devices \
-            and not reads_in_place(trainer, place, device):
-        return variant_key(model, group)
-    return model
-
-
 def train_layouts(graph: Graph, plan: Plan) -> dict:
     """Backbone -> the placement of its training (how its home holds the weights)."""
     return {op.writes_model: _placement(plan, op) for op in graph.ops
@@ -398,12 +397,14 @@ def _data_deps(edges, step: int, produced) -> tuple[list, list]:
     return inputs, deps
 
 
-def _id(name, step, idx, kind, n, is_chunked) -> str:
+def _id(name, step, idx, ranks: bool, n, is_chunked, tp_rank: int = 0) -> OpId:
+    """A call's id: by chunk (streamed), by data-parallel rank (a call on every device: a
+    train op, a pass on its trainer's ZeRO-3 shards), else the op's and step's."""
     if is_chunked:
-        return f"{name}/s{step}/c{idx}"
-    if kind is OpKind.TRAIN and n > 1:
-        return f"{name}/s{step}/r{idx}"
-    return f"{name}/s{step}"
+        return OpId.of(name, step, chunk=idx, tp_rank=tp_rank)
+    if ranks and n > 1:
+        return OpId.of(name, step, rank=idx, tp_rank=tp_rank)
+    return OpId.of(name, step, tp_rank=tp_rank)
 
 
 # the replica keys and sync roles (rpeg.runtime.lowering.replicas) are also this module's

@@ -32,6 +32,7 @@ from __future__ import annotations
 import attrs
 
 from rpeg.cost.control import JOIN_MIN
+from rpeg.graph.ids import OpId
 from rpeg.runtime.lowering.replicas import CallRole
 
 JOIN = CallRole.JOIN    # the role of a join call
@@ -58,7 +59,7 @@ def join_gang(ranks: list[dict]) -> dict | None:
     shared = first["deps"] if all(r["deps"] == first["deps"] for r in ranks) else []
     waits = dict.fromkeys(d for r in ranks for d in (r["after"] if shared else
                                                     r["deps"] + r["after"]))
-    join = dict(first, id=f"{first['id']}/{JOIN}", rank=0, world=1, tp_group=(), role=JOIN,
+    join = dict(first, id=OpId(first["id"]).joined, rank=0, world=1, tp_group=(), role=JOIN,
                 gang=(), sources=(), fills=(), model=None, version=-1, writes=-1, bound=0,
                 limit=0, carry=0, inputs=[], deps=list(shared),
                 after=[d for d in waits if d not in own and d not in shared])

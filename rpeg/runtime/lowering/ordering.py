@@ -4,8 +4,6 @@
     >>> calls = _add_syncs(calls, homes, trained)                            # doctest: +SKIP
     >>> _order_versions(calls, homes, frozen)                                # doctest: +SKIP
 
-* layouts: a replica has one layout per device; an op reading it split another way reads
-  a second copy (``_split_layouts``);
 * weight transfers: an export/load gang (or a send/receive one into a vLLM engine's copy)
   for every version read off the trainer's devices (``_add_syncs``);
 * versions: a reader after the writer of its version, a writer after the readers of the
@@ -23,6 +21,7 @@ from collections import defaultdict
 
 from rpeg.cost.engine_sync import sync_refusal, sync_senders
 from rpeg.errors import PlanError
+from rpeg.graph.ids import OpId
 from rpeg.graph.order import Cycle, topological
 from rpeg.runtime.lowering.joins import join_gang
 from rpeg.runtime.lowering.replicas import (
@@ -30,35 +29,17 @@ from rpeg.runtime.lowering.replicas import (
     LOAD,
     RECV,
     SEND,
-    ReplicaKey,
     base_of,
     engine_key,
     is_engine_key,
-    variant_key,
 )
 from rpeg.spec.model import OpKind
 
 
-def _split_layouts(calls: list[dict]) -> None:
-    """A replica has one layout on a device. A device's readers of a model its trainer holds
-    there are keyed as they lay out (``rpeg.runtime.lowering.instances._replica``); elsewhere the
-    first reader's layout is the model's, and an op reading it split another way reads a
-    second copy (``variant_key``), which gets its weights by weight sync like a replica on
-    another device (resharding)."""
-    primary: dict[tuple[str, int], tuple] = {}
-    for c in calls:
-        if c["kind"] is OpKind.TRAIN and c["model"]:
-            primary.setdefault((c["model"], c["device"]), c["tp_group"])
-    for c in calls:
-        if c["model"] and not c.get("role"):
-            layout = primary.setdefault((c["model"], c["device"]), c["tp_group"])
-            if layout != c["tp_group"]:
-                c["model"] = variant_key(c["model"], c["tp_group"])
-    copied = {(c["op"], c["step"], c["chunk"]): c["model"] for c in calls
-              if c["tp_group"] and c["model"] and ReplicaKey(c["model"]).variant}
-    for c in calls:                        # every rank of a tp group reads the same copy
-        if c["tp_group"] and (c["op"], c["step"], c["chunk"]) in copied:
-            c["model"] = copied[(c["op"], c["step"], c["chunk"])]
+def ranks_together(kind: OpKind, world: int) -> bool:
+    """Whether an op's calls on ``world`` data-parallel ranks run collectives together: a
+    train op's, and a pass on its trainer's ZeRO-3 shards (each layer gathered by all)."""
+    return world > 1 and kind is not OpKind.GENERATE
 
 
 def _add_syncs(calls: list[dict], homes, trained: dict, first: int = 0,
@@ -98,12 +79,13 @@ def _add_syncs(calls: list[dict], homes, trained: dict, first: int = 0,
                                                            | set(at))),
                       sources=_sources(homes, trained, key))
         for t, src in enumerate(common["sources"]):
-            out.append(dict(common, id=f"sync_{key}/s{v - 1}/{EXPORT}" + (f"/t{t}" if t else ""),
+            out.append(dict(common, id=OpId.of(f"sync_{key}", v - 1, role=EXPORT, tp_rank=t),
                             device=src, role=EXPORT, model=key, version=v, writes=-1,
                             fills=tuple(sorted(at.get(src, ())))))
         for dev, copies in sorted(at.items()):
             for copy in copies:
-                out.append(dict(common, id=f"sync_{copy}/s{v - 1}/{LOAD}@{dev}", device=dev,
+                out.append(dict(common, id=OpId.of(f"sync_{copy}", v - 1, role=LOAD, device=dev),
+                                device=dev,
                                 role=LOAD, model=copy, version=-1, writes=v,
                                 fills=tuple(sorted(copies))))
     for key, versions in sorted(pushes.items()):
@@ -122,11 +104,12 @@ def _add_syncs(calls: list[dict], homes, trained: dict, first: int = 0,
                           chunks=1, rank=0, world=1, tp_group=group, stages=(), inputs=[],
                           deps=[], after=[], bound=0)
             for dev in hosts:             # every engine takes every version: one group
-                out.append(dict(common, id=f"sync_{engine_key(key)}/s{v - 1}/{RECV}@{dev}",
+                out.append(dict(common, id=OpId.of(f"sync_{engine_key(key)}", v - 1, role=RECV,
+                                                   device=dev),
                                 device=dev, role=RECV, model=engine_key(key), version=-1,
                                 writes=v))
             for t, src in enumerate(senders):
-                out.append(dict(common, id=f"sync_{key}/s{v - 1}/{SEND}" + (f"/t{t}" if t else ""),
+                out.append(dict(common, id=OpId.of(f"sync_{key}", v - 1, role=SEND, tp_rank=t),
                                 device=src, role=SEND, model=key, version=v, writes=-1))
     return out
 
@@ -173,7 +156,7 @@ def _order_collectives(calls: list[dict]) -> None:
     for c in calls:
         if c.get("gang"):                  # a weight transfer: its exports and loads together
             gangs[(c["op"], c["step"], 0, "sync")].append(c)
-        elif c["tp_group"] or (c["kind"] is OpKind.TRAIN and c["world"] > 1):
+        elif c["tp_group"] or ranks_together(c["kind"], c["world"]):
             role = c.get("role", "")
             gangs[(c["op"], c["step"], c["chunk"], "push" if role in (SEND, RECV) else role)
                   ].append(c)

@@ -15,7 +15,14 @@ from collections import defaultdict
 
 import attrs
 
-from rpeg.graph.ids import Backbone
+from rpeg.graph.ids import (  # noqa: F401 — the replica keys are also this module's
+    ENGINE,
+    VARIANT,
+    Backbone,
+    ReplicaKey,
+    engine_key,
+    variant_key,
+)
 
 
 class CallRole(enum.StrEnum):
@@ -37,56 +44,11 @@ class CallRole(enum.StrEnum):
 
 
 EXPORT, LOAD, SEND, RECV = CallRole.EXPORT, CallRole.LOAD, CallRole.SEND, CallRole.RECV
-VARIANT = "~"          # "actor~tp0-1": a second copy of actor on a device, split another way
-ENGINE = "vllm"        # "actor~vllm": the copy a vLLM engine serves (its own devices, or tp > 1)
-
-
-class ReplicaKey(str):
-    """Which copy of a backbone's weights an op call reads: the backbone's own name, or the
-    name and a variant: ``actor~tp0-1`` (a second copy on a device, split another way),
-    ``actor~vllm`` (the copy a vLLM engine serves alone). Its text is the key run records,
-    checkpoints and the executors' replica tables use."""
-
-    __slots__ = ()
-
-    @classmethod
-    def of(cls, backbone: str, variant: str = "") -> ReplicaKey:
-        return cls(f"{backbone}{VARIANT}{variant}" if variant else backbone)
-
-    @classmethod
-    def maybe(cls, key: str | None) -> ReplicaKey | None:
-        """``key`` as a ReplicaKey; None (no model) and the empty key kept as they are."""
-        return key if not key or type(key) is cls else cls(key)
-
-    @property
-    def backbone(self) -> Backbone:
-        return Backbone(self.partition(VARIANT)[0])
-
-    @property
-    def variant(self) -> str:
-        """"" for the backbone's own copy."""
-        return self.partition(VARIANT)[2]
-
-    @property
-    def engine(self) -> bool:
-        """The copy a vLLM engine serves alone."""
-        return self.variant == ENGINE
 
 
 def base_of(key: str | None) -> Backbone | None:
     """The backbone a replica key names (``actor~tp0-1`` -> ``actor``)."""
     return ReplicaKey(key).backbone if key else key
-
-
-def engine_key(model: str) -> ReplicaKey:
-    """The key of the copy of ``model`` a vLLM engine serves alone (``actor~vllm``)."""
-    return ReplicaKey.of(model, ENGINE)
-
-
-def variant_key(model: str, group: tuple[int, ...]) -> ReplicaKey:
-    """The key of a second copy of ``model`` on a device, split over tp ``group``
-    (``actor~tp0-1``; ``actor~whole``: unsplit)."""
-    return ReplicaKey.of(model, "tp" + "-".join(map(str, group)) if group else "whole")
 
 
 def is_engine_key(key: str | None) -> bool:

@@ -40,7 +40,7 @@ from pathlib import Path
 import attrs
 
 from rpeg.errors import RpegError, RuntimeFailure, Span
-from rpeg.graph.ids import Backbone
+from rpeg.graph.ids import ReplicaAt, ReplicaKey
 
 FORMAT = 1
 MARKER = "COMPLETE"
@@ -202,8 +202,7 @@ def _check_state(state: object, path: Path) -> None:
             raise RuntimeFailure(f"checkpoint state field '{key}' must be a count, not {v!r}",
                                  where)
     for k, v in state.get("replicas", {}).items():
-        if "@" not in k or not k.rsplit("@", 1)[1].isdigit() or isinstance(v, bool) \
-                or not isinstance(v, int):
+        if ReplicaAt.parse(k) is None or isinstance(v, bool) or not isinstance(v, int):
             raise RuntimeFailure(f"checkpoint state field 'replicas' must map MODEL@DEVICE to "
                                  f"a version, not {k!r}: {v!r}"[:300], where)
     for e in state.get("pending", []) + state.get("events", []):
@@ -379,18 +378,24 @@ def replica_versions() -> dict[str, tuple[int, bool, bool, bool]]:
     frozen = {m.name for m in ex.ctx.pipeline.models if m.frozen}
     # a vLLM engine's own copy (``actor~vllm``) trains nothing and is never rebuilt: its
     # files hold its version and its carried responses
-    return {f"{model}@{device}": (r.version, getattr(r, "optimizer", None) is not None,
-                                  set(Backbone(model).members) <= frozen, ex.carries(model))
+    return {ReplicaAt.of(model, device): (r.version, getattr(r, "optimizer", None) is not None,
+                                          of_frozen(model, frozen), ex.carries(model))
             for model, r in ex.replicas.items()}
+
+
+def of_frozen(key: str, frozen: set[str]) -> bool:
+    """Whether the copy ``key`` (``ref``, ``ref~tp0-1``: any copy of it) holds weights
+    of frozen models only, which never change."""
+    return set(ReplicaKey(key).backbone.members) <= frozen
 
 
 def rebuildable(versions: dict[str, tuple[int, bool, bool, bool]]) -> set[str]:
     """Replicas a resume rebuilds without their files: a frozen model (made again from its
     weights or seed), and a copy whose version equals its trained replica's (loaded from
     that one's files) and that keeps no partial rollouts (only its own files hold them)."""
-    trained = {k.rsplit("@", 1)[0]: v for k, (v, home, _, _) in versions.items() if home}
+    trained = {ReplicaAt(k).key: v for k, (v, home, _, _) in versions.items() if home}
     return {k for k, (v, home, frozen, carries) in versions.items()
-            if frozen or (not home and not carries and trained.get(k.rsplit("@", 1)[0]) == v)}
+            if frozen or (not home and not carries and trained.get(ReplicaAt(k).key) == v)}
 
 
 def save_replicas(root: str, step: int, skip: tuple[str, ...] = ()) -> dict[str, int]:
@@ -401,7 +406,7 @@ def save_replicas(root: str, step: int, skip: tuple[str, ...] = ()) -> dict[str,
     device = W._STATE["device"]
     out = {}
     for model, replica in ex.replicas.items():
-        key = f"{model}@{device}"
+        key = ReplicaAt.of(model, device)
         if key not in skip:
             ex.checkpoint(model, str(Path(root) / key), {"step": step, "device": device})
         out[key] = replica.version
@@ -415,7 +420,7 @@ def restore_replicas(sources: dict[str, str]) -> dict[str, int]:
     frozen = {m.name for m in ex.ctx.pipeline.models if m.frozen}
     out = {}
     for model, replica in ex.replicas.items():
-        if set(Backbone(model).members) <= frozen:
+        if of_frozen(model, frozen):
             out[model] = replica.version         # as built: frozen weights never change
             continue
         if model not in sources:

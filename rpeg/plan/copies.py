@@ -1,0 +1,185 @@
+"""Which copies of each backbone's weights a plan keeps, on which devices, and which copy
+each op reads there: one rule, by which the runtime keys its op calls' replicas
+(``rpeg.runtime.lowering.instances.build_calls``) and the cost model prices what stays
+resident between stages (:meth:`rpeg.plan.evaluate.Evaluator.copies`).
+
+    >>> from rpeg.graph import Graph, Op
+    >>> from rpeg.plan.lower import lower
+    >>> from rpeg.plan.model import StagePlacement as P
+    >>> from rpeg.spec.model import Engine, OpKind
+    >>> g = Graph("g", (Op("rollout", OpKind.GENERATE, reads_model="actor", stages=("rollout",)),
+    ...                 Op("train", OpKind.TRAIN, reads_model="actor", writes_model="actor",
+    ...                    stages=("train",))), (), (), ("actor",), ("actor",))
+    >>> def held(**place):
+    ...     at = lambda o: place[o.name]
+    ...     return copies(lower(g, None, 8, at), at)
+    >>> h = held(rollout=P("rollout", (0, 1), dp=2), train=P("train", (0, 1), dp=2, zero=3))
+    >>> [(c.key, c.devices, c.trained) for c in h.held], h.key_of("rollout", 1)
+    ([('actor', (0, 1), True), ('actor~whole', (0, 1), False)], 'actor~whole')
+    >>> h = held(rollout=P("rollout", (0, 1), dp=2, engine=Engine.VLLM),
+    ...          train=P("train", (0, 1), dp=2, zero=2))
+    >>> [(c.key, c.devices, c.trained) for c in h.held]
+    [('actor', (0, 1), True), ('actor~vllm', (0, 1), False)]
+    >>> h = held(rollout=P("rollout", (0,)), train=P("train", (0, 1), dp=2))
+    >>> [(c.key, c.devices, c.trained) for c in h.held], h.key_of("rollout", 0)
+    ([('actor', (0, 1), True)], 'actor')
+
+A forward on its ZeRO-3 trainer's ranks, in a step streaming one chunk, reads the trained
+copy itself (each rank's shards, gathered layer by layer as it runs):
+
+    >>> g = Graph("g", g.ops + (Op("old_lp", OpKind.FORWARD, reads_model="actor",
+    ...                            stages=("old_lp",)),), (), (), ("actor",), ("actor",))
+    >>> h = held(rollout=P("rollout", (0,)), train=P("train", (0, 1), dp=2, zero=3),
+    ...          old_lp=P("old_lp", (0, 1), dp=2, zero=3))
+    >>> [(c.key, c.devices) for c in h.held], h.key_of("old_lp", 1)
+    ([('actor', (0, 1)), ('actor~whole', (0,))], 'actor')
+
+A train op keeps its backbone's trained copy (the backbone's own key) on every device it
+runs on. On each device where an op reading a model runs a call (its layout's
+:meth:`~rpeg.plan.oplayout.OpLayout.members`), it reads (:func:`copy_key`):
+
+* a vLLM engine's own copy (``actor~vllm``) where its engine serves one
+  (:func:`rpeg.cost.engine_sync.serves_copy`: also beside a ZeRO-2 trainer, whose weights
+  FSDP2 holds);
+* on a device its trainer holds, the trained copy where it reads that in place
+  (:func:`rpeg.plan.oplayout.reads_in_place`), or where it runs on every rank of the
+  trainer's ZeRO-3 shards, gathering each layer as it runs it
+  (:func:`rpeg.plan.oplayout.gathers_in_place`: its layout a call on every rank), else a
+  second copy split as the op splits it (``actor~tp0-1``; ``actor~whole``: unsplit),
+  ZeRO-3 shards included: a per-chunk pass never runs on the trainer's shards, which only
+  all its ranks gather together;
+* elsewhere the backbone's own key.
+
+A copy has one layout on a device: the first op to read a key there (its trainer, then
+the readers in the graph's topological order) lays it out, and a later reader splitting
+it another way reads a second copy; every rank of a tensor-parallel block reads the same
+copy. Each copy is held as the placement that first lays it out holds it (:class:`Copy`).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+
+import attrs
+
+from rpeg.cost.engine_sync import serves_copy
+from rpeg.graph.ids import Backbone, ReplicaKey, engine_key, variant_key
+from rpeg.plan.oplayout import all_in_place, reads_in_place
+from rpeg.spec.model import OpKind
+
+
+@attrs.frozen
+class Copy:
+    """One copy of a backbone's weights, on the devices holding it laid out alike."""
+
+    key: ReplicaKey
+    devices: tuple[int, ...]          # ascending (a vLLM engine's: every worker's device)
+    placement: object                 # the StagePlacement laying it out (the trainer's, or
+                                      # the first reader's there)
+    trained: bool                     # the trained copy: gradients and optimizer state too
+
+
+@attrs.frozen(eq=False)
+class Copies:
+    """Every copy a plan keeps, and the copy each op reads on each of its devices."""
+
+    held: tuple[Copy, ...]
+    # op -> device -> key (read-only: shared with every caller asking for the same copies)
+    reads: dict[str, dict[int, ReplicaKey]] = attrs.field(repr=False)
+
+    def key_of(self, op: str, device: int) -> ReplicaKey | None:
+        """The copy ``op`` reads on ``device`` (None: it reads no model)."""
+        return self.reads.get(op, {}).get(device)
+
+
+def copy_key(op, place, device: int, trainer, group: tuple[int, ...]) -> ReplicaKey | None:
+    """The key of the copy of its model an op placed as ``place`` reads on ``device`` (its
+    tensor-parallel block there: ``group``; ``trainer``: the placement training the model,
+    or None), before layouts are compared (see the module doc)."""
+    model = op.reads_model
+    if not model or op.kind is OpKind.TRAIN:
+        return ReplicaKey.maybe(model)
+    if op.kind is OpKind.GENERATE and serves_copy(trainer, place, device):
+        return engine_key(model)
+    if trainer is not None and device in _set(tuple(trainer.devices)) \
+            and not reads_in_place(trainer, place, device):
+        return variant_key(model, group)
+    return ReplicaKey(model)
+
+
+@functools.lru_cache(maxsize=1024)
+def _set(devices: tuple[int, ...]) -> frozenset[int]:
+    return frozenset(devices)
+
+
+def copies(placed, placement_of: Callable) -> Copies:
+    """The copies of a plan's step graph placed as ``placed`` (:class:`rpeg.plan.lower.Placed`;
+    ``placement_of``: graph op -> its placement), and which each op reads where."""
+    graph = placed.graph
+    trainers = {o.writes_model: o for o in graph.ops if o.kind is OpKind.TRAIN and o.writes_model}
+    readers: dict[Backbone, list] = {}
+    for name in graph.topo_order():
+        o = graph.op(name)
+        if o.reads_model and o.kind not in (OpKind.TRAIN, OpKind.SYNC_WEIGHTS):
+            readers.setdefault(o.reads_model, []).append(o)
+    held: list[Copy] = []
+    reads: dict[str, dict[int, ReplicaKey]] = {}
+    for model in dict.fromkeys([*trainers, *readers]):
+        t = trainers.get(model)
+        train = (t, placement_of(t), placed.layout(t.name)) if t is not None else None
+        mine = tuple((o, placement_of(o), placed.layout(o.name)) for o in readers.get(model, ()))
+        one, by_op = _backbone(model, train, mine, placed.chunks)
+        held += one
+        reads.update(by_op)
+    return Copies(tuple(held), reads)
+
+
+@functools.lru_cache(maxsize=4096)
+def _backbone(model: Backbone, train, readers: tuple, chunks: int):
+    """(its copies, op -> device -> key) of one backbone: ``train``: (op, placement, layout)
+    of its train op or None; ``readers``: those of the ops reading it, in topological order."""
+    layout: dict[tuple[ReplicaKey, int], tuple[int, ...]] = {}   # the first layout there
+    first: dict[tuple[ReplicaKey, int], int] = {}    # who lays it out there: 0 the trainer
+    reads: dict[str, dict[int, ReplicaKey]] = {}
+    trainer = None
+    if train is not None:
+        op, trainer, lay = train
+        key = ReplicaKey(model)
+        at = reads[op.name] = {}
+        for d, group in lay.members(chunks):
+            layout.setdefault((key, d), group)
+            first.setdefault((key, d), 0)
+            at[d] = key
+    for n, (op, place, lay) in enumerate(readers, start=1):
+        members = lay.members(chunks)
+        at = {}
+        # on every device, the trained copy where it is read in place there, or where the
+        # op runs on every rank of its trainer's ZeRO-3 shards (gathers_in_place)
+        whole = trainer is not None and (all_in_place(trainer, place) or lay.everywhere)
+        for d, group in members:
+            key = ReplicaKey(model) if whole else copy_key(op, place, d, trainer, group)
+            if layout.setdefault((key, d), group) != group:
+                key = variant_key(model, group)
+            at.setdefault(d, key)
+        for d, group in members:            # every rank of a block reads the same copy
+            if group and not at[d].variant:
+                other = next((at[x] for x in group if at[x].variant), None)
+                if other is not None:
+                    at[d] = other
+        for d, key in at.items():
+            first.setdefault((key, d), n)
+        reads[op.name] = at
+    places = (trainer,) + tuple(place for _, place, _ in readers)
+    # a vLLM engine's copy, read on its host, lies on every device its workers span
+    spans = ({},) + tuple({b[0]: b for b in lay.blocks} if lay.per_block else {}
+                          for _, _, lay in readers)
+    devices: dict[tuple[ReplicaKey, int], list[int]] = {}
+    for (key, d), n in first.items():       # one copy per key and op laying it out
+        devices.setdefault((key, n), []).extend(spans[n].get(d, (d,)) if key.engine else (d,))
+    out = tuple(Copy(key, tuple(sorted(ds)), places[n], n == 0)
+                for (key, n), ds in devices.items())
+    return out, reads
+
+
+__all__ = ["Copies", "Copy", "copies", "copy_key"]

@@ -72,29 +72,24 @@ class Packer:
         first = len(self.waits)
         waits = set(deps)                    # one set for every rank's task: never changed
         self.waits.extend([waits] * len(devices))
-        opened, waiting = self._open, self._waiting
         for g, device in enumerate(devices, first):
-            here = opened.get((device, step))
-            if here is None:
-                opened[(device, step)] = [g]
-            else:
-                here.append(g)
-            for d in waits:
-                w = waiting.get((device, step, d))
-                if w is None:
-                    waiting[(device, step, d)] = [g]
-                else:
-                    w.append(g)
+            self._open_on(device, step, g, waits)
         return list(range(first, len(self.waits)))
 
     def _start(self, device: int, step: int, deps: set[Hashable]) -> int:
         """Start a task open to the calls of ``device`` in ``step``, waiting for ``deps``."""
         g = len(self.waits)
         self.waits.append(set(deps))
+        self._open_on(device, step, g, deps)
+        return g
+
+    def _open_on(self, device: int, step: int, g: int, deps: set[Hashable]) -> None:
+        """Task ``g``, waiting for ``deps``, is open to the calls of ``device`` in ``step``."""
         here = self._open.get((device, step))
         if here is None:
-            here = self._open[(device, step)] = []
-        here.append(g)
+            self._open[(device, step)] = [g]
+        else:
+            here.append(g)
         waiting = self._waiting
         for d in deps:
             w = waiting.get((device, step, d))
@@ -102,7 +97,6 @@ class Packer:
                 waiting[(device, step, d)] = [g]
             else:
                 w.append(g)
-        return g
 
     def read_elsewhere(self, device: int, task: int, step: int, chunk: int, op: str) -> None:
         """Another device reads a call of ``op`` in ``task``: it ends the task, but for the

@@ -240,7 +240,7 @@ def predict_sync(path: str, dtype: str) -> float:
 
 
 def measure_sync(args, client) -> dict:
-    from backends.torch_backend.measure import _free_port
+    from backends.torch_backend.measure_devices import _free_port
     from backends.vllm_backend.models import smollm2_dir
 
     path = str(smollm2_dir())

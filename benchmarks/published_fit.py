@@ -128,16 +128,41 @@ def leave_one_source_out(results: list[Result], rounds: int = 4, log=print,
         train = [i for i in ids if ROWS[i].source != src]
         held = [i for i in ids if ROWS[i].source == src]
         log(f"leave out {src} ({len(held)} rows)")
-        values, _ = fit(train, plans, rounds=rounds, log=log)
+        trail: list[str] = []
+        values, _ = fit(train, plans, rounds=rounds, log=_both(trail, log))
         got = evaluate(values, held, plans)
         e = [abs(math.log2(r.ratio)) for r in got if r.ratio]
         errs += e + [NO_FIT_PENALTY] * sum(r.status == "no-fit" for r in got)
         per_source[src] = {"rows": len(held), "median_abs_log2": _median(e),
                            "no_fit": sum(r.status == "no-fit" for r in got),
+                           "terms": attrs.asdict(values), "at_bound": at_bound(values),
+                           "ratios": {r.row.id: r.ratio for r in got},
+                           "fit_rounds": trail,
                            "seconds": round(time.perf_counter() - began, 1)}
         log(f"  held-out median |log2| {per_source[src]['median_abs_log2']:.3f}")
     return {"per_source": per_source, "median_abs_log2": _median(errs),
             "rounds": rounds}
+
+
+def _both(trail: list[str], log):
+    """A log that also keeps each line in ``trail``."""
+    def out(line: str) -> None:
+        trail.append(line.strip())
+        log(line)
+    return out
+
+
+def at_bound(values: Efficiency) -> list[str]:
+    """The terms of ``values`` a fit left on a bound of their range: the rows it was fitted
+    to asked for more than the term can physically give (or say nothing of it)."""
+    out = []
+    for term, (lo, hi) in BOUNDS.items():
+        v = getattr(values, term)
+        if math.isclose(v, lo, rel_tol=1e-9, abs_tol=1e-12):
+            out.append(f"{term} = {v:g} (its floor)")
+        elif math.isclose(v, hi, rel_tol=1e-9):
+            out.append(f"{term} = {v:g} (its ceiling)")
+    return out
 
 
 def _median(xs: list[float]) -> float:

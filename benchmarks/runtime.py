@@ -24,7 +24,9 @@ dispatch (``tasks_per_step`` says how many Dask tasks a step took).
 4. prediction: the cost model's step time for each executed plan
    (``rpeg.plan.evaluate.Evaluator`` with the calibrated local_cpu profile) vs measured;
    ``--only prediction``: tiny_ppo and tiny_grpo with the planner's plan and five others
-   (split, chunked, asynchronous, colocated, fused), the table of measured / predicted.
+   (split, chunked, asynchronous, colocated, fused), the table of measured / predicted,
+   and for the colocated plans (every op a data-parallel gang over both workers) each op's
+   predicted time against its measured wall and CPU time.
 
 Predictions price ops with the profile ``--profile`` names, as ``rpeg run --profile`` does:
 ``auto`` (the default) this machine's, calibrated and cached by ``rpeg calibrate``'s short
@@ -243,6 +245,8 @@ def prediction(steps: int, root) -> dict:
                                                        / r["predicted_step_s"], 3)
             r["placements"] = placements(plan) + (f"; fused {plan.fusion}" if plan.fusion
                                                   else "")
+            if label == "colocated":       # every op a gang over both devices: per op
+                r["op_times"] = op_times(r["run_dir"])
             out[f"{name} {label}"] = r
             print(name, label, r["median_step_s"], r["predicted_step_s"],
                   r["ratio_measured_over_predicted"], r["load_avg"], flush=True)
@@ -265,7 +269,10 @@ def best_sync_plan(pipeline):
 
 
 def placements(plan) -> str:
-    return "; ".join(f"{p.stage}@{','.join(map(str, p.devices))}" for p in plan.placements) \
+    """Each stage on its devices, with the ZeRO level of a data-parallel one (DDP at 0,
+    FSDP2 at 2-3: the same devices, a different op to price and run)."""
+    return "; ".join(f"{p.stage}@{','.join(map(str, p.devices))}"
+                     + (f" zero {int(p.zero)}" if p.dp > 1 else "") for p in plan.placements) \
         + (f"; shared {plan.shared}" if plan.shared else "")
 
 
@@ -655,7 +662,17 @@ def prediction_table(pred: dict) -> list[str]:
                      f"{tasks.get('tasks_per_step', '?')} / "
                      f"{r['predicted_control']['tasks_per_step']} | {r['load_avg']} | "
                      f"`{r['placements']}` |")
-    return lines + [""]
+    lines.append("")
+    for label, r in pred.items():
+        if "op_times" not in r:
+            continue
+        lines += [f"Per op, {label} (each op on both devices: the median per device of its "
+                  f"wall time, and of its thread's CPU time):", "",
+                  "| op | predicted s | measured wall s | measured CPU s |", "|---|---|---|---|"]
+        lines += [f"| {stage} | {v['predicted_s']} | {v['measured_s']} | "
+                  f"{v.get('measured_cpu_s', '')} |" for stage, v in r["op_times"]["stages"].items()]
+        lines.append("")
+    return lines
 
 
 def main() -> None:

@@ -10,7 +10,7 @@ the layout (DDP, FSDP2 ZeRO-2 / ZeRO-3, recomputation, offload), then per call
 ``before_step``, ``train_step`` over the whole batch (this rank trains its token-balanced
 share, padded or packed, in ``microbatches`` passes) and ``after_step`` — what a train op
 of ``rpeg run`` does on each of its devices. Peaks and times are read as
-``backends.torch_backend.measure`` reads them: peaks under the clean allocator over the
+``backends.torch_backend.measure_model`` reads them: peaks under the clean allocator over the
 build and two calls, times as the median CPU time of a call, round-robin over the ops.
 """
 
@@ -19,7 +19,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from backends.torch_backend.measure import PeakMemory, _trim, measure_ops, warm_up
+from backends.torch_backend.measure_env import PeakMemory, _trim
+from backends.torch_backend.measure_model import measure_ops, warm_up
 from backends.torch_backend.modeling import build_model
 from backends.torch_backend.sharding import Trained, TrainLayout
 from backends.torch_backend.train import LossSpec, TokenHeads, TrainBatch, train_step
@@ -88,4 +89,23 @@ def run_layouts(rank: int, world: int, task: dict) -> dict:
     return {"ops": rows}
 
 
-__all__ = ["batch_of", "run_layouts", "runner"]
+def dp_train_rows(two, ops, repeats: int = 3) -> list[dict]:
+    """Train ops data-parallel over ``two``'s ranks (a ``measure_devices.TwoDevices``), as
+    calibration rows: ``ops`` are (model name, dims, ZeRO level, batch, prompt_len,
+    gen_len), every response ``gen_len`` tokens, one optimizer step per call. ``latency_s``
+    is the slower rank's median CPU time of its whole process per call: its compute, its
+    gloo threads' copies (on a CPU they take the same cores) and FSDP2's host work."""
+    import attrs
+    task = [dict(dims=attrs.asdict(dims), batch=b, prompt_len=p, lengths=[g] * b, zero=zero,
+                 recompute=False, offload=False, packed=False, microbatches=1)
+            for _, dims, zero, b, p, g in ops]
+    res = two.run({"ops": task, "repeats": repeats}, run_layouts)
+    world = len(res)
+    return [{"kind": "train", "model": name, "dims": attrs.asdict(dims), "batch": b,
+             "prompt_len": p, "gen_len": g, "dp": world, "zero": zero,
+             "latency_s": max(r["ops"][i]["latency_s"] for r in res),
+             "wall_s": max(r["ops"][i]["wall_s"] for r in res)}
+            for i, (name, dims, zero, b, p, g) in enumerate(ops)]
+
+
+__all__ = ["batch_of", "dp_train_rows", "run_layouts", "runner"]

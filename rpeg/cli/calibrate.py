@@ -152,6 +152,10 @@ def register(app: typer.Typer) -> None:
               f"gloo {fit.link.bandwidth / 1e9:.2f} GB/s + {fit.link.latency * 1e6:.0f} us",
               file=sys.stderr)
         print(_control_line(p), file=sys.stderr)
+        if "dp_tensor_overhead" in fit.measured:
+            print(f"data-parallel training over two workers: {p.dp_tensor_overhead * 1e6:.0f} "
+                  f"us of host work per parameter tensor per step, FSDP2 "
+                  f"{p.shard_tensor_overhead * 1e6:.0f} us more", file=sys.stderr)
         worst = max(fit.residuals, key=lambda r: abs(r[1]))
         print(f"fit residuals: worst {worst[0]} {worst[1] * 100:+.0f}%", file=sys.stderr)
         if out is None:

@@ -8,7 +8,8 @@ The measurements come from ``backends.torch_backend.measure.calibration_measurem
 (GEMM sweep, copy bandwidth, the executor's host ops — the shipped python reward, GAE,
 group normalisation — small-model forward, generate and train latencies timed under the
 workers' allocator settings and peaks read under ``MALLOC_ENV``, gloo all-reduce between
-two worker processes) and from
+two worker processes, train ops data-parallel over those two under each ZeRO level the
+runtime executes) and from
 ``rpeg.runtime.calibrate.dispatch.measure_dispatch`` (the gap one Dask task adds:
 ``dispatch_s``). Every
 fitted coefficient is read through the cost model itself: a feature is the change
@@ -165,8 +166,12 @@ def _dims(o: dict) -> ModelDims:
 
 
 def _predict(o: dict, profile: GpuProfile, link: Link) -> tuple[float, float]:
+    """A measured op as the cost model prices it: on one device, or data-parallel over
+    ``o["dp"]`` devices at ZeRO level ``o["zero"]`` (``dp_train`` rows)."""
+    dp = int(o.get("dp", 1))
+    par = Parallel(dp=dp, zero=int(o.get("zero", 0)), packing=bool(o.get("packed")))
     return predict_op(o["kind"], _dims(o), o["batch"], o["prompt_len"], o["gen_len"],
-                      cpu_cluster(profile, link), Parallel(packing=bool(o.get("packed"))),
+                      cpu_cluster(profile, link), par, devices=tuple(range(dp)),
                       lengths=o.get("lengths"))
 
 
@@ -239,6 +244,16 @@ def fit_profile(m: dict, name: str = "local_cpu", devices: int = 2) -> Fit:
     if packed:
         prof = _with(prof, _fit_through_model(packed, prof, link, seq))
 
+    # Data-parallel training (DDP and FSDP2 on two worker ranks, each rank's whole CPU: its
+    # gloo threads' copies compete for the same cores): the host work per parameter tensor
+    # per step beyond the compute and the link's collectives priced above, and what
+    # FSDP2's sharded parameters add to it.
+    dp_ops = m.get("dp_train", [])
+    dp_terms = {"dp_tensor_overhead": 1e-5, "shard_tensor_overhead": 1e-4}
+    sharded = any(o.get("zero", 0) >= 2 for o in dp_ops)
+    if dp_ops and sharded:
+        prof = _with(prof, _fit_through_model(dp_ops, prof, link, dp_terms))
+
     # 3. Memory: a fixed per-op slack from inference ops, the activation factor from training.
     slack = [o["peak_bytes"] - _predict(o, prof, link)[1] for o in inf_ops]
     prof = attrs.evolve(prof, runtime_memory=max(float(np.median(slack)), 0.0))
@@ -248,10 +263,14 @@ def fit_profile(m: dict, name: str = "local_cpu", devices: int = 2) -> Fit:
     resid = tuple((f"{o['kind']}{' packed' if o.get('packed') else ''} {o['model']} "
                    f"b{o['batch']} p{o['prompt_len']} g{o['gen_len']}",
                    float(_predict(o, prof, link)[0] / o["latency_s"] - 1))
-                  for o in m["ops"])
+                  for o in m["ops"]) + tuple(
+        (f"{o['kind']} dp{o['dp']} zero {o['zero']} {o['model']} b{o['batch']} "
+         f"p{o['prompt_len']} g{o['gen_len']}",
+         float(_predict(o, prof, link)[0] / o["latency_s"] - 1)) for o in m.get("dp_train", []))
     bf16 = m.get("gemm_bf16") or []
     host = {"threads": float(m.get("threads", 1)), "grads_freed": 1.0,
             **({"packed_seq_overhead": prof.packed_seq_overhead} if packed else {}),
+            **({k: getattr(prof, k) for k in dp_terms} if dp_ops and sharded else {}),
             **fit_host(m.get("host", [])),
             "concurrency_slowdown": max(float(m.get("concurrency", 1.0)), 1.0),
             "copy_bandwidth": float(m["copy_bandwidth"]),

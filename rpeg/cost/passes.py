@@ -272,6 +272,11 @@ def train_cost(model: Model, par: Parallel, devices, topo, gpu, engine: Engine, 
     shard = par.shards if par.zero.shards_optimizer else 1
     n_opt = trained_local_params(model, par) / shard
     opt = C.optimizer_time(n_opt, C.param_tensors(d, layers), gpu)
+    if par.shards > 1:
+        # a data-parallel rank's host work per tensor per step, more with FSDP2's sharded
+        # parameters (a CPU profile measures both on two worker ranks; 0 elsewhere)
+        opt += C.param_tensors(d, layers) * (gpu.dp_tensor_overhead + (
+            gpu.shard_tensor_overhead if par.zero.shards_grads else 0.0))
     host = per_step * gpu.sample_overhead
     compute = opt_steps * (fb + host)
     comm = opt_steps * (comm_layers + dp_comm + pipe * z3)

@@ -392,6 +392,14 @@ PROFILE_DOCS: dict[str, str] = {
     "packed_seq_overhead": "host time per sequence per layer of a packed forward pass, where "
                            "each sequence is its own attention call (no variable-length "
                            "kernel: a CPU)",
+    "dp_tensor_overhead": "host time per parameter tensor per optimizer step of a "
+                          "data-parallel rank: gradient hooks, bucket copies and its "
+                          "collectives' copies where the devices are the host's cores (rpeg "
+                          "calibrate, on two worker ranks)",
+    "shard_tensor_overhead": "host time per parameter tensor per optimizer step an FSDP2 "
+                             "(ZeRO 2-3) data-parallel rank adds to dp_tensor_overhead: its "
+                             "sharded tensors' optimizer and clipping ops, its hooks (rpeg "
+                             "calibrate, on two worker ranks)",
     "tool_call_s": "a sandboxed tool call that answers at once (rpeg calibrate --tools): "
                    "a tool that declares no latency is priced with it",
     "vllm_layer_overhead": "vLLM's host time per layer per forward call (unset: "

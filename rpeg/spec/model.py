@@ -471,6 +471,12 @@ class GpuProfile:
     grads_freed: float = _m("")                    # 1: the backend frees gradients after each step
     packed_seq_overhead: float = _m("s")           # per sequence per layer of a packed pass: one
                                                    # attention call each (no varlen kernel)
+    dp_tensor_overhead: float = _m("s")            # per parameter tensor per optimizer step of a
+                                                   # data-parallel rank's host work: gradient
+                                                   # hooks, bucket and collective copies (where
+                                                   # the devices are a CPU's cores)
+    shard_tensor_overhead: float = _m("s")         # ... more under FSDP2 (ZeRO 2-3): DTensor
+                                                   # optimizer and clipping, its hooks
     tool_call_s: float = _m("s", 0.01)             # a sandboxed tool call that returns at once
     # Generation engines measured on this device (benchmarks/generation.py).
     vllm_layer_overhead: float | None = _m("s", None)     # None: layer_overhead

@@ -21,7 +21,7 @@ def trainer_group(request):
     if request.param == "alone":
         yield False
         return
-    from backends.torch_backend.measure import _free_port
+    from backends.torch_backend.measure_devices import _free_port
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{_free_port()}",
                             rank=0, world_size=1)

@@ -37,7 +37,7 @@ def test_engine_weights_after_a_collective_sync_are_the_trainers(tmp_path, tp, d
     from distributed import Client, LocalCluster
 
     from backends.api import SamplingParams
-    from backends.torch_backend.measure import _free_port
+    from backends.torch_backend.measure_devices import _free_port
     from backends.torch_backend.modeling import build_model
     from backends.torch_backend.tokenizer import BOS_ID, encode
     from backends.torch_backend.train import forward_arrays

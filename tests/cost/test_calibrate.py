@@ -107,6 +107,35 @@ def test_packed_ops_fit_the_per_sequence_attention_call():
     assert fit_profile(_synthetic()).profile.packed_seq_overhead == 0.0
 
 
+def test_sharded_train_ops_fit_the_per_tensor_host_work():
+    """Data-parallel train ops on two devices (DDP, FSDP2 ZeRO-2 and ZeRO-3) measured as a
+    profile with ``dp_tensor_overhead`` and ``shard_tensor_overhead`` would produce them:
+    the fit recovers both (the second from the sharded ones alone), and a calibration
+    without such ops leaves them unmeasured (0, the GPU profiles' value)."""
+    from rpeg.cost.memory import Parallel
+    truth = attrs.evolve(TRUE, dp_tensor_overhead=1e-4, shard_tensor_overhead=5e-4)
+    m = _synthetic()
+    cluster = cpu_cluster(truth, LINK)
+    m["dp_train"] = []
+    for name in ("tiny", "tiny4"):
+        for zero in (0, 2, 3):
+            for b, p, g in ((16, 32, 16), (48, 8, 20)):
+                t, _ = predict_op("train", DIMS[name], b, p, g, cluster,
+                                  Parallel(dp=2, zero=zero), devices=(0, 1))
+                m["dp_train"].append({"kind": "train", "model": name,
+                                      "dims": attrs.asdict(DIMS[name]), "batch": b,
+                                      "prompt_len": p, "gen_len": g, "dp": 2, "zero": zero,
+                                      "latency_s": t})
+    fit = fit_profile(m)
+    assert fit.profile.dp_tensor_overhead == pytest.approx(1e-4, rel=0.05)
+    assert fit.profile.shard_tensor_overhead == pytest.approx(5e-4, rel=0.05)
+    assert {"dp_tensor_overhead", "shard_tensor_overhead"} <= fit.measured
+    assert max(abs(r) for _, r in fit.residuals) < 0.02
+    assert len([k for k, _ in fit.residuals if "zero 0" in k]) == 4
+    plain = fit_profile(_synthetic()).profile
+    assert plain.dp_tensor_overhead == plain.shard_tensor_overhead == 0.0
+
+
 def test_mape():
     assert mape([(110, 100), (90, 100)]) == pytest.approx(10.0)
     assert np.isnan(mape([]))

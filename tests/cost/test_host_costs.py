@@ -64,3 +64,25 @@ def test_each_call_of_a_host_op_pays_its_call_overhead():
             pytest.approx(base + call)
         half = estimate_stage(work_of(p, stage), Parallel(), (0,), cluster, batch=32).time_s
         assert half > (base + call) / 2             # a chunk of half the batch: same call cost
+
+
+def test_data_parallel_training_pays_its_host_work_per_tensor_per_step():
+    """A train op over two CPU devices pays ``dp_tensor_overhead`` per parameter tensor per
+    optimizer step (DDP), and ``shard_tensor_overhead`` more under FSDP2 (ZeRO 2-3); on one
+    device neither."""
+    from rpeg.cost.compute import param_tensors
+    from rpeg.cost.profiles import PROFILE_DIR, load_profile
+    base = attrs.evolve(load_profile(PROFILE_DIR / "local_cpu.rpeg"), concurrency_slowdown=1.0)
+    priced = attrs.evolve(base, dp_tensor_overhead=1e-4, shard_tensor_overhead=5e-4)
+    plain = attrs.evolve(base, dp_tensor_overhead=0.0, shard_tensor_overhead=0.0)
+    work = work_of(_pipeline(minibatches=2), "actor_step")
+
+    def extra(par: Parallel, devices: tuple[int, ...]) -> float:
+        link = Link(Level.GPU, 1e9, 1e-4)
+        return (estimate_stage(work, par, devices, cpu_cluster(priced, link)).time_s
+                - estimate_stage(work, par, devices, cpu_cluster(plain, link)).time_s)
+    tensors_steps = param_tensors(PRESETS["tiny"]) * 2            # two optimizer steps
+    assert extra(Parallel(dp=2), (0, 1)) == pytest.approx(tensors_steps * 1e-4)
+    for zero in (2, 3):
+        assert extra(Parallel(dp=2, zero=zero), (0, 1)) == pytest.approx(tensors_steps * 6e-4)
+    assert extra(Parallel(), (0,)) == 0.0

@@ -13,6 +13,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from backends.torch_backend import measure  # noqa: E402
+from backends.torch_backend.measure_layouts import dp_train_rows  # noqa: E402
 from rpeg.spec.presets import PRESETS  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -96,6 +97,12 @@ def test_two_devices_run_with_the_allocator_asked_for():
         # the calibration's model ops, timed in a worker's task thread
         (timed,) = two.timed_ops([dict(kind="forward", **ops[0])], repeats=2)
         assert timed["latency_s"] > 0 and len(timed["times_s"]) == 2
+        # train ops data-parallel over the two under the runtime's DDP and FSDP2 layouts
+        rows = dp_train_rows(two, [("tiny", PRESETS["tiny"], z, 4, 8, 4) for z in (0, 2)],
+                             repeats=1)
+        assert [(r["dp"], r["zero"], r["model"]) for r in rows] == [(2, 0, "tiny"),
+                                                                     (2, 2, "tiny")]
+        assert all(r["latency_s"] > 0 and r["wall_s"] > 0 for r in rows)
     with measure.TwoDevices(clean=True) as two:
         assert set(two.client.run(measure.allocator).values()) == {"clean"}
         assert two.dp_peaks(ops)[0] > 0

@@ -91,6 +91,22 @@ def test_a_damaged_cache_is_calibrated_again(cache):
     assert fake.calls == 2
 
 
+def test_a_cache_from_an_earlier_calibration_is_measured_again(cache):
+    """A profile cached before the calibration measured what the cost model now reads (its
+    machine.json without the calibration's number) is calibrated again on first use."""
+    import json
+    fake = FakeCalibration(HERE)
+    made = local_profile(ProfileChoice.AUTO, machine=HERE, calibrate=fake, say=lambda _: None)
+    meta = made.cluster.parent / "machine.json"
+    old = json.loads(meta.read_text())
+    assert old.pop("calibration") >= 2
+    meta.write_text(json.dumps(old))
+    local_profile(ProfileChoice.AUTO, machine=HERE, calibrate=fake, say=lambda _: None)
+    assert fake.calls == 2
+    local_profile(ProfileChoice.AUTO, machine=HERE, calibrate=fake, say=lambda _: None)
+    assert fake.calls == 2
+
+
 def test_the_shipped_profile_is_never_presented_as_this_machines(cache):
     shipped_on = calibrated_on(load_cluster(SHIPPED_CLUSTER).gpu)
     assert shipped_on is not None                  # the shipped file says where it was measured

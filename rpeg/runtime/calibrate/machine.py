@@ -46,6 +46,10 @@ CHOICE_ENV = "RPEG_LOCAL_PROFILE"
 CACHE_ENV = "RPEG_CACHE_DIR"
 QUICK_REPEATS = 2              # timed calls per measurement of a first-use calibration
 QUICK_CONTROL_STEPS = 16       # steps of each of the control plane's three short runs
+# What a calibration measures, numbered: a cached profile from an earlier one lacks terms
+# the cost model now reads, so it is measured again (2: data-parallel train ops on two
+# worker ranks, the profile's dp_tensor_overhead and shard_tensor_overhead)
+CALIBRATION = 2
 
 __all__ = ["ProfileChoice", "MachineId", "LocalProfile", "local_profile", "calibrated_on",
            "choice_from_env", "cache_dir", "calibrate_into", "measure_machine"]
@@ -170,11 +174,14 @@ def local_profile(choice: ProfileChoice = ProfileChoice.AUTO, *,
 
 
 def _usable(where: Path, machine: MachineId) -> bool:
-    """Whether a cached profile of ``machine`` is there and loads."""
+    """Whether a cached profile of ``machine`` is there, loads, and measures what the
+    current calibration does."""
     from rpeg.spec import load_cluster
     try:
         meta = json.loads((where / "machine.json").read_text(encoding="utf-8"))
         if (meta.get("cpu"), meta.get("cores")) != (machine.cpu, machine.cores):
+            return False
+        if meta.get("calibration", 1) < CALIBRATION:
             return False
         load_cluster(where / "local_cpu.rpeg")
     except (OSError, ValueError, KeyError, RpegError):
@@ -189,7 +196,7 @@ def _calibrate_cached(where: Path, machine: MachineId, calibrate: Calibrator) ->
     tmp = Path(tempfile.mkdtemp(prefix=f".{machine.key}-", dir=where.parent))
     summary = calibrate(tmp / "profile.rpeg", tmp / "local_cpu.rpeg")
     (tmp / "machine.json").write_text(json.dumps(
-        {"cpu": machine.cpu, "cores": machine.cores,
+        {"cpu": machine.cpu, "cores": machine.cores, "calibration": CALIBRATION,
          "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
          "summary": summary}, indent=2) + "\n", encoding="utf-8")
     if where.exists():

@@ -54,8 +54,6 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-import attrs
-
 from rpeg.errors import PlanError
 from rpeg.graph import DepKind, Graph, Instance
 from rpeg.graph.ids import OpId
@@ -66,13 +64,8 @@ from rpeg.plan.lower import Placed, lower
 from rpeg.plan.model import Plan
 from rpeg.plan.oplayout import world_of
 from rpeg.plan.staleness import staleness_problem, step_graph
-from rpeg.runtime.lowering.ordering import (
-    _add_syncs,
-    _order_collectives,
-    _order_pushes,
-    _order_versions,
-    ranks_together,
-)
+from rpeg.runtime.lowering.calls import OpCall
+from rpeg.runtime.lowering.ordering import Ordering, ordered
 from rpeg.runtime.lowering.replicas import (
     ENGINE,
     EXPORT,
@@ -91,57 +84,6 @@ from rpeg.runtime.lowering.replicas import (
 from rpeg.spec.model import OpKind, Pipeline
 
 
-@attrs.frozen
-class OpCall:
-    """One op instance: everything a worker needs to run it, as plain data."""
-
-    id: OpId = attrs.field(converter=OpId)   # its text: the call's key in records and traces
-    op: str                                  # graph op: a stage, fused trainers, or sync_<model>
-    kind: OpKind
-    step: int
-    device: int
-    chunk: int = 0
-    chunks: int = 1                          # instances of this op in a step (chunks or ranks)
-    rank: int = 0
-    world: int = 1                           # data-parallel degree
-    tp_group: tuple[int, ...] = ()           # devices running this instance together (tp > 1;
-                                             # a weight sync's senders and engine hosts)
-    role: CallRole = attrs.field(default=CallRole.NONE, converter=CallRole)   # sync, join
-    gang: tuple[int, ...] = ()               # sync ops: every device of the weight transfer
-    sources: tuple[int, ...] = ()            # sync ops: the trainer's devices that send
-    fills: tuple[str, ...] = ()              # sync ops: copies on this device it loads
-    # the copy of a backbone whose state the op reads or writes
-    model: ReplicaKey | None = attrs.field(default=None, converter=ReplicaKey.maybe)
-    stages: tuple[str, ...] = ()             # spec stages it implements
-    inputs: tuple[tuple[str, int], ...] = () # data name -> futures in ``deps``, in order
-    deps: tuple[str, ...] = ()               # data dependencies (op ids), in argument order
-    after: tuple[str, ...] = ()              # ordering dependencies (no data used)
-    version: int = -1                        # parameter version read (-1: none)
-    writes: int = -1                         # parameter version written (-1: none)
-    bound: int = 0                           # the plan's staleness: version >= step - bound
-    limit: int = 0                           # the spec's bound on it (carry included)
-    carry: int = 0                           # generate: responses span up to carry + 1 steps
-                                             # (a chunk's oldest token: step - bound - carry)
-
-    @property
-    def all_deps(self) -> tuple[str, ...]:
-        return self.deps + self.after
-
-    @property
-    def instance(self) -> Instance:
-        """The instance of the placed graph (``rpeg.plan.lower.Placed.edges``) this call is
-        one device's share of: a rank of a train op or a tensor-parallel block, a weight
-        sync's export, load, send or receive, a gang's join."""
-        return Instance(self.op, self.step, 0 if self.kind is OpKind.SYNC_WEIGHTS
-                        else self.chunk)
-
-    @property
-    def collective(self) -> bool:
-        """Runs collectives with other workers: a rank of a tensor-parallel block or of a
-        data-parallel train op. Its ranks start together (``_order_collectives``)."""
-        return bool(self.tp_group) or bool(self.gang) or ranks_together(self.kind, self.world)
-
-
 def graph_for(pipeline: Pipeline, plan: Plan) -> Graph:
     """The step graph with the plan's structural choices (staleness, sharing): the one the
     cost model priced (a stage the plan does not list is synchronous)."""
@@ -158,6 +100,18 @@ def build_calls(pipeline: Pipeline, plan: Plan, steps: int, *, first: int = 0
     and only newer ones are synced. A run extended past its end restarts so; and the
     calls of steps ``first + r`` onwards, ``r`` at least the steps any dependency
     reaches back (:func:`lookback`), are those of a run built from step 0."""
+    calls, ctx = lay_out(pipeline, plan, steps, first=first)
+    # the weight transfers and ordering edges (rpeg.runtime.lowering.ordering's passes)
+    out = ordered(calls, ctx)
+    replica_layouts(out)                         # one layout per replica, or a PlanError
+    return out
+
+
+def lay_out(pipeline: Pipeline, plan: Plan, steps: int, *, first: int = 0
+            ) -> tuple[tuple[OpCall, ...], Ordering]:
+    """The op calls of steps ``first``..``steps - 1`` with their data dependencies, before
+    the ordering passes (:data:`rpeg.runtime.lowering.ordering.PASSES`), and what those
+    passes read."""
     graph = graph_for(pipeline, plan)
     problem = staleness_problem(pipeline, plan)
     if problem:                      # a hand-written plan: a carry past the staleness bound
@@ -174,8 +128,7 @@ def build_calls(pipeline: Pipeline, plan: Plan, steps: int, *, first: int = 0
     # what its stream edges say (the same at every step: two steps' tell them all)
     edges = placed.edges(2)
     reads, streams = _reads(edges), _streams(edges)
-    calls: list[dict] = []
-    at: dict[tuple[str, int, int, int], str] = {}   # (op, step, chunk, device) -> call id
+    calls: list[OpCall] = []
     produced: dict[tuple[str, int], list[str]] = defaultdict(list)   # (op, step) -> ids by chunk
     for s in range(first, steps):
         for name in graph.topo_order():
@@ -192,39 +145,22 @@ def build_calls(pipeline: Pipeline, plan: Plan, steps: int, *, first: int = 0
                 cid = _id(name, s, one.index, lay.everywhere, len(layout), lay.chunked,
                           tp_rank)
                 inputs, deps = _data_deps(reads[(name, one.chunk)], s, produced)
-                model = held.key_of(name, dev)
-                call = dict(id=cid, op=name, kind=op.kind, step=s, device=dev,
-                            chunk=one.chunk,
-                            chunks=n_chunks if lay.chunked else len(layout),
-                            rank=one.rank, world=world, tp_group=group, model=model,
-                            stages=op.stages, inputs=inputs, deps=deps, after=[],
-                            version=-1, writes=-1, bound=0, limit=0,
-                            carry=place.carry if op.kind is OpKind.GENERATE else 0)
+                version, bound, limit = -1, 0, 0       # what version of a trained model it reads
                 members = op.reads_model.members if op.reads_model else ()
                 if op.reads_model and not all(m in frozen for m in members):
-                    lag = 0 if op.kind is OpKind.TRAIN else graph.lag_of(name)
-                    call["version"] = read_version(op.kind, s, lag, first)
-                    call["bound"] = lag
-                    call["limit"] = max((bounds.get(st, 0) for st in op.stages), default=0)
-                if op.kind is OpKind.TRAIN:
-                    call["writes"] = s + 1
-                calls.append(call)
-                at[(name, s, one.chunk, dev)] = cid
+                    bound = 0 if op.kind is OpKind.TRAIN else graph.lag_of(name)
+                    version = read_version(op.kind, s, bound, first)
+                    limit = max((bounds.get(st, 0) for st in op.stages), default=0)
+                calls.append(OpCall(
+                    id=cid, op=name, kind=op.kind, step=s, device=dev, chunk=one.chunk,
+                    chunks=n_chunks if lay.chunked else len(layout), rank=one.rank,
+                    world=world, tp_group=group, model=held.key_of(name, dev),
+                    stages=op.stages, inputs=tuple(inputs), deps=tuple(deps),
+                    version=version, writes=s + 1 if op.kind is OpKind.TRAIN else -1, bound=bound,
+                    limit=limit, carry=place.carry if op.kind is OpKind.GENERATE else 0))
                 if one.rank == 0 and (not group or group[0] == dev):
                     produced[(name, s)].append(cid)       # what readers take: tp rank 0's
-    calls = _add_syncs(calls, homes, trained, first, dict(placed.engine_syncs))
-    _order_versions(calls, homes, frozen, first)
-    for c in calls:                   # each device's share of a stream after its share before
-        src = streams.get((c["op"], c["chunk"])) if c["kind"] is OpKind.GENERATE else None
-        if src is not None and (src[0], c["step"] - src[2], src[1], c["device"]) in at:
-            c["after"].append(at[(src[0], c["step"] - src[2], src[1], c["device"])])
-    _order_collectives(calls)
-    _order_pushes(calls)
-    out = tuple(OpCall(**{**c, "inputs": tuple(c["inputs"]), "deps": tuple(c["deps"]),
-                          "after": tuple(dict.fromkeys(a for a in c["after"] if a != c["id"]))})
-                for c in calls)
-    replica_layouts(out)                         # one layout per replica, or a PlanError
-    return out
+    return tuple(calls), Ordering(homes, trained, first, dict(placed.engine_syncs), streams)
 
 
 def placed_for(pipeline: Pipeline, plan: Plan, graph: Graph | None = None) -> Placed:
@@ -410,5 +346,5 @@ def _id(name, step, idx, ranks: bool, n, is_chunked, tp_rank: int = 0) -> OpId:
 # the replica keys and sync roles (rpeg.runtime.lowering.replicas) are also this module's
 __all__ = ["ENGINE", "EXPORT", "LOAD", "RECV", "SEND", "VARIANT", "CallRole", "OpCall", "ReplicaKey",
            "base_of",
-           "build_calls", "by_id", "engine_blocks", "engine_hosts", "engine_key", "graph_for", "is_engine_key",
+           "build_calls", "by_id", "engine_blocks", "engine_hosts", "engine_key", "graph_for", "is_engine_key", "lay_out",
            "lookback", "model_homes", "placed_for", "replica_layouts", "train_layouts"]

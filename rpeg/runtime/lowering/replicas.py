@@ -13,8 +13,6 @@ from __future__ import annotations
 import enum
 from collections import defaultdict
 
-import attrs
-
 from rpeg.graph.ids import (  # noqa: F401 — the replica keys are also this module's
     ENGINE,
     VARIANT,
@@ -59,9 +57,8 @@ def engine_hosts(calls) -> dict[str, tuple[int, ...]]:
     """Backbone -> the devices hosting a vLLM engine that serves its own copy of it."""
     out: dict[str, set[int]] = defaultdict(set)
     for c in calls:
-        c = c if isinstance(c, dict) else attrs.asdict(c, recurse=False)
-        if is_engine_key(c["model"]) and not c.get("role"):
-            out[base_of(c["model"])].add(c["device"])
+        if is_engine_key(c.model) and not c.role:
+            out[base_of(c.model)].add(c.device)
     return {k: tuple(sorted(v)) for k, v in out.items()}
 
 
@@ -70,9 +67,8 @@ def engine_blocks(plan, calls) -> dict[tuple[str, int], tuple[int, ...]]:
     tensor-parallel block of its generate stage that starts at the host."""
     out = {}
     for c in calls:
-        c = c if isinstance(c, dict) else attrs.asdict(c, recurse=False)
-        if is_engine_key(c["model"]) and not c.get("role"):
-            p = plan.placement(c["stages"][0])
-            i = p.devices.index(c["device"])
-            out[(c["model"], c["device"])] = tuple(p.devices[i:i + p.tp])
+        if is_engine_key(c.model) and not c.role:
+            p = plan.placement(c.stages[0])
+            i = p.devices.index(c.device)
+            out[(c.model, c.device)] = tuple(p.devices[i:i + p.tp])
     return out

@@ -1,0 +1,198 @@
+"""The lowering's ordering passes (``rpeg.runtime.lowering.ordering.PASSES``), each followed
+by a verifier of what it establishes, on the calls of the tiny pipelines under plans of
+every shape (from step 0 and a resumed step) and of ppo_llama8b with vLLM engines on 8 GPUs
+(``lowering_calls.py``'s cases), whose calls are the golden ones (their text's digest):
+
+* ``add_syncs``: every version read off its trainer's devices has its sync (a load or an
+  engine's receive of that version of that copy on the reader's device);
+* ``order_versions``: every reader after the writer of its version, every writer after
+  the readers of the version before, on the same device;
+* ``order_streams``: each device's share of a generate op after its share before;
+* ``order_collectives``: the members of a gang wait for the same calls, and on every device
+  each gang waits for the one before it there: one order of gangs on every device;
+* ``order_pushes``: an engine's receive on a sending device after that send;
+* ``settle``: each ordering edge once, none to the call itself.
+
+Each pass returns new calls and keeps the ones it was given (their ids in their order).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from rpeg.errors import PlanError
+from rpeg.graph.order import topological
+from rpeg.runtime.lowering import ordering as O
+from rpeg.runtime.lowering.instances import build_calls, lay_out
+from rpeg.runtime.lowering.joins import JOIN
+from rpeg.runtime.lowering.replicas import RECV, SEND, base_of
+from rpeg.runtime.placement import split_plan
+from rpeg.spec.model import OpKind
+
+HERE = Path(__file__).resolve().parent
+
+
+def _cases():
+    spec = importlib.util.spec_from_file_location("lowering_calls",
+                                                  HERE / "lowering_calls.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module, list(module.cases())
+
+
+GOLDEN, CASES = _cases()
+DIGEST = "f35a6b29557b5ec6bdea2e7e035ed3d0692aa200dbeb7b5a5818f5eac263a638"
+
+
+def test_the_lowerings_calls_are_the_golden_ones():
+    """A change that means to change what runs updates the digest: diff the text
+    (``python tests/runtime/lowering_calls.py``) before and after."""
+    text = GOLDEN.dump()
+    assert text.count("\n") > 5000                  # every case laid out
+    assert hashlib.sha256(text.encode()).hexdigest() == DIGEST
+
+
+def _reads_off_home(c, ctx) -> bool:
+    b = base_of(c.model)
+    return b in ctx.homes and (c.device not in ctx.homes[b] or c.model != b) \
+        and c.version > ctx.first
+
+
+def verify_syncs(calls, ctx) -> None:
+    made = {(c.model, c.device, c.writes) for c in calls if c.role}
+    missing = [c.id for c in calls if _reads_off_home(c, ctx)
+               and (c.model, c.device, c.version) not in made]
+    assert not missing, missing
+
+
+def verify_versions(calls, ctx) -> None:
+    writer = {(c.model, c.device, c.writes): c.id for c in calls if c.writes >= 0}
+    readers = defaultdict(set)
+    for c in calls:
+        if c.version >= 0 and base_of(c.model) in ctx.homes:
+            readers[(c.model, c.device, c.version)].add(c.id)
+    for c in calls:
+        if c.version > ctx.first and base_of(c.model) in ctx.homes:
+            assert writer[(c.model, c.device, c.version)] in c.after, c.id
+        if c.writes >= 0:
+            assert readers[(c.model, c.device, c.writes - 1)] - {c.id} <= set(c.after), c.id
+
+
+def verify_streams(calls, ctx) -> None:
+    at = {(c.op, c.step, c.chunk, c.device): c.id for c in calls if not c.role}
+    for c in calls:
+        src = ctx.streams.get((c.op, c.chunk)) if c.kind is OpKind.GENERATE else None
+        if src is not None:
+            before = at.get((src[0], c.step - src[2], src[1], c.device))
+            assert before is None or before in c.after, c.id
+
+
+def verify_collectives(calls, ctx) -> None:
+    table = {c.id: c for c in calls}
+
+    def waits(c) -> set:                # what a call waits for, through its gang's join
+        out = set()
+        for d in c.deps + c.after:
+            j = table[d]
+            out |= set(j.deps + j.after) if j.role == JOIN else {d}
+        return out
+
+    gangs = O.gangs_of(calls)
+    for at in gangs.values():
+        own = {calls[i].id for i in at}
+        assert len({frozenset(waits(calls[i]) - own) for i in at}) == 1, sorted(own)
+    place = {cid: n for n, cid in enumerate(O._topo(calls))}
+    on: dict[int, dict[tuple, list]] = defaultdict(dict)  # device -> gang -> its members
+    for key, at in gangs.items():
+        for i in at:
+            on[calls[i].device].setdefault(key, []).append(calls[i])
+    follows: dict[tuple, set] = defaultdict(set)      # gang -> the gangs just before it
+    for here in on.values():
+        keys = sorted(here, key=lambda k: min(place[c.id] for c in here[k]))
+        for a, b in zip(keys, keys[1:], strict=False):
+            for c in here[b]:                 # each waits for the gang before it there
+                assert {m.id for m in here[a]} & waits(c), (a, c.id)
+            follows[b].add(a)
+    # one order of gangs on every device: the devices' orders together have no cycle
+    topological(list(gangs), lambda k: sorted(follows[k], key=str))
+
+
+def verify_pushes(calls, ctx) -> None:
+    send = {(c.op, c.step, c.device): c.id for c in calls if c.role == SEND}
+    for c in calls:
+        if c.role == RECV and (c.op, c.step, c.device) in send:
+            assert send[(c.op, c.step, c.device)] in c.after, c.id
+
+
+def verify_settled(calls, ctx) -> None:
+    for c in calls:
+        assert c.id not in c.after and len(set(c.after)) == len(c.after), c.id
+    assert len({c.id for c in calls}) == len(calls)
+
+
+VERIFIERS = {O.add_syncs: verify_syncs, O.order_versions: verify_versions,
+             O.order_streams: verify_streams, O.order_collectives: verify_collectives,
+             O.order_pushes: verify_pushes, O.settle: verify_settled}
+
+
+def test_every_pass_has_a_verifier():
+    assert set(O.PASSES) == set(VERIFIERS) and len(O.PASSES) == len(VERIFIERS)
+
+
+def _verified(pipeline, plan, steps: int, first: int):
+    """The calls through every pass, each pass's verifier run after it."""
+    calls, ctx = lay_out(pipeline, plan, steps, first=first)
+    for run in O.PASSES:
+        given = calls
+        calls = run(given, ctx)
+        assert [c.id for c in calls[:len(given)]] == [c.id for c in given], run.__name__
+        VERIFIERS[run](calls, ctx)
+    return calls
+
+
+@pytest.mark.parametrize("first", [0, GOLDEN.RESUMED])
+@pytest.mark.parametrize("case", range(len(CASES)), ids=[t for t, _, _ in CASES])
+def test_each_pass_establishes_its_property(case, first):
+    _, pipeline, make = CASES[case]
+    try:
+        calls = _verified(pipeline, make(), GOLDEN.STEPS, first)
+    except PlanError:
+        pytest.skip("a shape this pipeline refuses")
+    assert calls == build_calls(pipeline, make(), GOLDEN.STEPS, first=first)
+
+
+def test_each_verifier_rejects_calls_without_its_pass():
+    """The verifiers can fail: each rejects its pass's input in some case (the property does
+    not hold before the pass)."""
+    rejected = set()
+    for _, pipeline, make in CASES:
+        try:
+            calls, ctx = lay_out(pipeline, make(), GOLDEN.STEPS)
+        except PlanError:
+            continue
+        for run in O.PASSES:
+            try:
+                VERIFIERS[run](calls, ctx)
+            except AssertionError:
+                rejected.add(run)
+            calls = run(calls, ctx)
+    assert rejected == set(O.PASSES)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(name=st.sampled_from(["tiny_ppo", "tiny_grpo"]), devices=st.sampled_from([1, 2]),
+       dp=st.sampled_from([1, 2]), chunks=st.integers(1, 4), staleness=st.integers(0, 2),
+       share=st.booleans(), steps=st.integers(2, 6), first=st.integers(0, 2))
+def test_any_split_plan_passes_every_verifier(name, devices, dp, chunks, staleness, share,
+                                              steps, first):
+    pipeline = GOLDEN.load(GOLDEN.PIPELINES / f"{name}.rpeg")
+    plan = split_plan(pipeline, devices, dp=min(dp, devices), chunks=chunks,
+                      staleness=staleness, share=share and bool(pipeline.shares))
+    _verified(pipeline, plan, max(steps, first + 1), first)

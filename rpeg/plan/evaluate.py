@@ -24,10 +24,16 @@ device's capacity is infeasible and carries a :class:`Shortfall` saying why.
 A search needs a plan's step time only when it could be below a bound (the plan it
 would replace): ``evaluate(plan, bound=b)`` first prices the step's lower bound, the
 busiest device's work of one step (:func:`rpeg.plan.simulate.floor`, which no simulated
-step is below), and simulates only when that is below ``b``; otherwise the evaluation
-says the plan is no faster than that (``Evaluation.bounded``). Evaluations a search
-asks for again (another walk of the staleness ladder, a baseline of another cap) are
-answered from memory.
+step is below) with the least control plane any packing of its calls costs
+(:func:`rpeg.plan.dispatchfloor.dispatch_floor`), and simulates only when that is below
+``b``; then it counts the step's Dask tasks (the costliest part of pricing a plan on many
+devices, :func:`rpeg.plan.tasks.dispatch_per_step`) only when the simulated step with
+the least control plane its unrolled calls cost (:func:`rpeg.plan.tasks.dispatch_least`)
+is still below ``b``. Otherwise the evaluation says the plan is
+no faster than its lower bound (``Evaluation.bounded``); a search reads that figure only
+as a bound, so how tight it is changes no decision. Evaluations a search asks for again
+(another walk of the staleness ladder, a baseline of another cap) are answered from
+memory, a bounded one's simulated step with it.
 """
 
 from __future__ import annotations
@@ -64,7 +70,7 @@ from rpeg.plan.structure import (  # noqa: F401 — re-exported: what the plan m
     sync_devices,
     synced_in_place,
 )
-from rpeg.plan.tasks import dispatch_per_step, layouts_of
+from rpeg.plan.tasks import dispatch_least, dispatch_per_step, layouts_of, relabelled
 from rpeg.plan.usage import KINDS, memory_uses, op_uses
 from rpeg.spec.model import Cluster, Engine, OpKind, Pipeline, Zero
 
@@ -150,6 +156,7 @@ class _Priced:
     predicted: Predicted
     timeline: Timeline | None
     bounded: bool
+    simulated: Timeline | None = None   # a bounded plan's simulated step, kept to reprice it
 
 
 class Evaluator:
@@ -175,6 +182,8 @@ class Evaluator:
         self._tasks: dict[tuple, Dispatch] = {}
         self._laid: dict[tuple, tuple] = {}
         self._placed: dict[tuple, Placed] = {}
+        self._floors: dict[tuple, Dispatch] = {}
+        self._least: dict[tuple, Dispatch] = {}
         self._eval: dict[tuple[int, ...], float] = {}
         self._index: dict[StagePlacement | tuple[int, ...], slice | np.ndarray] = {}
         self._synced: dict[tuple, frozenset[str]] = {}
@@ -585,8 +594,25 @@ class Evaluator:
         """No more than :meth:`control_time`: priced from :func:`dispatch_floor` (the
         step's calls, and of its tasks and futures those no fusion changes), whose every
         count is no more than :meth:`dispatch`'s, without packing the calls into tasks."""
-        loose, layouts, chunks = self._layouts(plan, timings)
-        return self._charged(dispatch_floor(loose, layouts, chunks, steps), step_s)
+        loose, _, chunks, named = self._layouts(plan, timings)
+        key = (loose, named, chunks, steps)
+        low = self._floors.get(key)
+        if low is None:
+            low = self._floors[key] = dispatch_floor(loose, dict(named), chunks, steps)
+        return self._charged(low, step_s)
+
+    def _control_least(self, plan: Plan, timings: dict[str, OpTiming], steps: int,
+                       step_s: float) -> float:
+        """No more than :meth:`control_time`, no less than :meth:`_control_floor`: priced
+        from :func:`rpeg.plan.tasks.dispatch_least` (the step unrolled, its calls not
+        packed)."""
+        loose, _, chunks, named = self._layouts(plan, timings)
+        key = (loose, named, chunks, steps, plan.fusion)
+        low = self._least.get(key) or self._tasks.get(key)      # or the count itself
+        if low is None:
+            low = self._least[key] = dispatch_least(loose, dict(named), chunks, steps,
+                                                    plan.fusion)
+        return self._charged(low, step_s)
 
     def dask_tasks(self, plan: Plan, graph: Graph, timings: dict[str, OpTiming],
                    steps: int = 6) -> int:
@@ -596,16 +622,20 @@ class Evaluator:
     def dispatch(self, plan: Plan, graph: Graph, timings: dict[str, OpTiming],
                  steps: int = 6) -> Dispatch:
         """The op calls, Dask tasks and futures a steady step of ``plan`` dispatches
-        (:func:`rpeg.plan.tasks.dispatch_per_step`)."""
-        loose, layouts, chunks = self._layouts(plan, timings)
-        key = (loose, tuple(sorted(layouts.items())), chunks, steps, plan.fusion)
-        if key not in self._tasks:
-            self._tasks[key] = dispatch_per_step(loose, layouts, chunks, steps, plan.fusion)
-        return self._tasks[key]
+        (:func:`rpeg.plan.tasks.dispatch_per_step`), counted once for all plans whose
+        layouts differ only in the devices they name (:func:`rpeg.plan.tasks.relabelled`)."""
+        loose, _, chunks, named = self._layouts(plan, timings)
+        key = (loose, named, chunks, steps, plan.fusion)
+        d = self._tasks.get(key)
+        if d is None:
+            d = self._tasks[key] = dispatch_per_step(loose, dict(named), chunks, steps,
+                                                     plan.fusion)
+        return d
 
     def _layouts(self, plan: Plan, timings: dict[str, OpTiming]):
         """(the plan's graph without fusion, each op's layout, the chunks a step streams:
-        :func:`rpeg.plan.tasks.layouts_of`), memoised by what that reads: the placements,
+        :func:`rpeg.plan.tasks.layouts_of`, and the layouts relabelled:
+        :func:`rpeg.plan.tasks.relabelled`), memoised by what that reads: the placements,
         and where the weight syncs run. The runtime runs a fused op's stages as calls of
         their own, in one task where their inputs allow: counted on the graph without
         fusion. Only the last is kept (a search asks for the floor and the count of one
@@ -617,7 +647,8 @@ class Evaluator:
         laid = self._laid.get(key)
         if laid is None:                # the proposal's floor, then its count: one kept
             self._laid.clear()
-            laid = self._laid[key] = (loose, *layouts_of(self.pipeline, plan, loose, timings))
+            layouts, chunks = layouts_of(self.pipeline, plan, loose, timings)
+            laid = self._laid[key] = (loose, layouts, chunks, relabelled(layouts))
         return laid
 
     def placed(self, plan: Plan, graph: Graph) -> Placed:
@@ -704,7 +735,8 @@ class Evaluator:
         priced = self._priced.get(key)
         if priced is None or priced.bounded and (bound is None
                                                  or priced.predicted.step_time_s < bound):
-            priced = self._priced[key] = self._price(plan, False, False, bound)
+            priced = self._priced[key] = self._price(
+                plan, False, False, bound, priced.simulated if priced is not None else None)
         return self._wrap(plan, priced)
 
     def _wrap(self, plan: Plan, priced: _Priced) -> Evaluation:
@@ -715,7 +747,9 @@ class Evaluator:
                           priced.bounded)
 
     def _price(self, plan: Plan, detail: bool, simulate_infeasible: bool,
-               bound: float | None) -> _Priced:
+               bound: float | None, known: Timeline | None = None) -> _Priced:
+        """Price ``plan`` (see :meth:`evaluate`); ``known``: its step as simulated before
+        (by an evaluation that stopped at the bound)."""
         if plan.predicted is not None:
             plan = attrs.evolve(plan, predicted=None)
         plan = self.settle(plan)                                       # as it runs
@@ -755,15 +789,20 @@ class Evaluator:
                     least, op_times=op_times, memory_capacity=capacity,
                     control_s=round(least - work - every, 6), memory_reserve=reserve),
                     None, True)
-        control, tasks = self._control(plan, graph, timings, steps, work)
-        least = work + control + every if bound is not None and feasible else 0.0
-        if bound is not None and feasible and least >= bound:
-            return _Priced(plan, homes, True, None, Predicted(
-                least, op_times=op_times, memory_capacity=capacity,
-                control_s=round(control, 6), tasks_per_step=tasks,
-                memory_reserve=reserve), None, True)
-        timeline = simulate(self.placed(plan, graph), timings, steps=steps, events=detail,
-                            crossing_s=max(self.cluster.gpu.dispatch_s, 0.0))
+        timeline = known if known is not None else simulate(
+            self.placed(plan, graph), timings, steps=steps, events=detail,
+            crossing_s=max(self.cluster.gpu.dispatch_s, 0.0))
+        if bound is not None and feasible:
+            # the simulated step, and the control plane's least again: packing the step's
+            # calls into tasks (the costliest part of pricing a plan on many devices) only
+            # for a plan that could still be below the bound
+            least = timeline.step_time_s + self._control_least(
+                plan, timings, steps, timeline.step_time_s) + every
+            if least >= bound:
+                return _Priced(plan, homes, True, None, Predicted(
+                    least, op_times=op_times, memory_capacity=capacity,
+                    control_s=round(least - timeline.step_time_s - every, 6),
+                    memory_reserve=reserve), None, True, timeline)
         control, tasks = self._control(plan, graph, timings, steps, timeline.step_time_s)
         step = timeline.step_time_s + control + every
         predicted = Predicted(

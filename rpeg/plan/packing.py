@@ -59,9 +59,8 @@ class Packer:
         if not collective:
             here = self._open.get((device, step), ())
             g = self._fitting(device, step, here, need)
-            if g is None:
-                g = next((t for t, (c, ops) in reversed(self._sealed.get((device, step),
-                                                                         {}).items())
+            if g is None and (device, step) in self._sealed:
+                g = next((t for t, (c, ops) in reversed(self._sealed[(device, step)].items())
                           if op in ops and c == chunk and self._fits(t, need)), None)
             if g is not None:
                 return g
@@ -70,15 +69,27 @@ class Packer:
     def gang(self, devices: tuple[int, ...], step: int, deps: set[Hashable]) -> list[int]:
         """The tasks of a collective's ranks on ``devices``, in order: each starts a task
         waiting for ``deps``, as ``place(..., collective=True)`` of each would."""
-        return [self._start(device, step, deps) for device in devices]
+        first = len(self.waits)
+        waits = set(deps)                    # one set for every rank's task: never changed
+        self.waits.extend([waits] * len(devices))
+        for g, device in enumerate(devices, first):
+            self._open_on(device, step, g, waits)
+        return list(range(first, len(self.waits)))
 
     def _start(self, device: int, step: int, deps: set[Hashable]) -> int:
         """Start a task open to the calls of ``device`` in ``step``, waiting for ``deps``."""
-        g = self.new(deps)
+        g = len(self.waits)
+        self.waits.append(set(deps))
+        self._open_on(device, step, g, deps)
+        return g
+
+    def _open_on(self, device: int, step: int, g: int, deps: set[Hashable]) -> None:
+        """Task ``g``, waiting for ``deps``, is open to the calls of ``device`` in ``step``."""
         here = self._open.get((device, step))
         if here is None:
-            here = self._open[(device, step)] = []
-        here.append(g)
+            self._open[(device, step)] = [g]
+        else:
+            here.append(g)
         waiting = self._waiting
         for d in deps:
             w = waiting.get((device, step, d))
@@ -86,7 +97,6 @@ class Packer:
                 waiting[(device, step, d)] = [g]
             else:
                 w.append(g)
-        return g
 
     def read_elsewhere(self, device: int, task: int, step: int, chunk: int, op: str) -> None:
         """Another device reads a call of ``op`` in ``task``: it ends the task, but for the
@@ -115,6 +125,12 @@ class Packer:
         if not need:
             return here[-1]
         waiting, closed = self._waiting, self._closed
+        if len(need) == 1:             # each task waiting for it fits: the newest open
+            (d0,) = need
+            for g in reversed(waiting.get((device, step, d0), ())):
+                if g not in closed:
+                    return g
+            return d0 if d0 in here else None
         fewest, d0 = min(((waiting.get((device, step, d), ()), d) for d in need),
                          key=lambda x: len(x[0]))
         for g in reversed(fewest):

@@ -31,6 +31,8 @@ from __future__ import annotations
 
 import bisect
 
+import attrs
+
 from rpeg.cost.control import JOIN_MIN, Dispatch
 from rpeg.graph import Graph
 from rpeg.plan.lower import PASSES, Placed, lower
@@ -66,6 +68,8 @@ def dispatch_per_step(graph: Graph, layouts: dict[str, OpLayout], chunks: int = 
     devs = [on[key] for key in prep.keys]
     heads = [on[key][:2] for key in prep.keys]
     gangs = {key: layouts[key[0]].collective and len(ds) > 1 for key, ds in on.items()}
+    at_head = {key: tuple(i for i, d in enumerate(ds) if d == ds[0]) for key, ds in on.items()
+               if gangs[key]}                    # a gang's ranks on its first device
     task: dict[int, int] = {}                    # instance -> the task of its first rank
     pack = Packer(together)
 
@@ -89,20 +93,115 @@ def dispatch_per_step(graph: Graph, layouts: dict[str, OpLayout], chunks: int = 
             elsewhere = any(d != head for c in prep.fed[k] for d in heads[c])
             op, chunk = key
             calls += len(ds)
-            ranks = pack.gang(ds, step, deps) if gang else (
-                pack.place(dev, step, chunk, op, deps, deps) for dev in ds)
-            for dev, gi in zip(ds, ranks, strict=True):
+            if gang:                              # the ranks start together
+                ranks = pack.gang(ds, step, deps)
+                for i in at_head[key]:
+                    task[k] = ranks[i]
+                    if elsewhere:
+                        pack.read_elsewhere(head, ranks[i], step, chunk, op)
+                continue
+            for dev in ds:                        # each call placed after the one before
+                gi = pack.place(dev, step, chunk, op, deps, deps)
                 if dev == head:
                     task[k] = gi
                     if elsewhere:
                         pack.read_elsewhere(dev, gi, step, chunk, op)
-        return calls, len(pack.waits) - first, sum(len(g) for g in pack.waits[first:]) + order
+        if step < last:                 # only the steady step's futures are counted
+            return calls, len(pack.waits) - first, order
+        return calls, len(pack.waits) - first, sum(map(len, pack.waits[first:])) + order
 
     for step in range(last):                         # the tasks the step's inputs come from
         batch(step)
     calls, tasks, args = batch(last)
     used = {d for lay in layouts.values() for d in lay.devices}
     return Dispatch(len(used), calls, tasks, args)
+
+
+def dispatch_least(graph: Graph, layouts: dict[str, OpLayout], chunks: int = 1,
+                   steps: int = 6, together: tuple[tuple[str, ...], ...] = ()) -> Dispatch:
+    """No more, count by count, than ``dispatch_per_step(graph, layouts, chunks, steps,
+    together)``, found from the same steady step without packing its calls. A task of
+    the step lies on one device (a join on none), so tasks of different (device, step)
+    are different: the same calls; a task for every rank of a collective and every join;
+    a task for a call that no task open on its device could take, unless stages fused
+    with it could join one sealed there: every task the step started there has ended
+    (none yet, or each ended by a call another device reads), or one of its inputs ran
+    where no call that may have started an open task there had an input; and each such
+    task waiting for a future per (device, step) its inputs ran on."""
+    prep, last = steady_step(graph, layouts, chunks, steps)
+    inputs = _inputs(prep)
+    on = {key: layouts[key[0]].devices_of(key[1]) for key in set(prep.keys)}
+    partners = {a for names in together for a in names if len(set(names)) > 1}
+    closed: dict[int, bool] = {}        # device -> every task of the step there has ended
+    waited: dict[int, set] = {}         # device -> where the inputs its open tasks wait for ran
+    sealed: set[int] = set()            # devices with a task fused stages may still join
+    calls = tasks = args = 0
+
+    def after(d: int, ended: bool, waits: set) -> None:
+        """A call on ``d`` placed: whether every task there has now ended, and what the
+        tasks left open there may wait for."""
+        closed[d] = ended and closed.get(d, True)
+        if closed[d]:
+            waited[d] = set()
+        else:
+            waited.setdefault(d, set()).update(waits)
+
+    lo = bisect.bisect_left(prep.step_of, last)
+    for k in range(lo, bisect.bisect_right(prep.step_of, last, lo)):
+        key = prep.keys[k]
+        op = key[0]
+        ds = on[key] or (-1,)
+        head = ds[0]
+        # where its inputs' first ranks ran, each a task of its own: (device, step)
+        sources = {((on[prep.keys[i]] or (-1,))[0], prep.step_of[i])
+                   for i in inputs[k] if i < k}
+        elsewhere = any(d != head for c in prep.fed[k] for d in on[prep.keys[c]][:2])
+        calls += len(ds)
+        if layouts[op].collective and len(ds) > 1:       # each rank starts a task
+            tasks += len(ds)
+            waits = sources
+            if len(ds) >= JOIN_MIN:                      # and the join, waiting for the inputs
+                calls += 1
+                tasks += 1
+                args += len(sources) + 2 * len(ds)       # each rank on the join, the order
+                waits = {("join", k)}
+            else:
+                args += len(ds) * len(sources) + len(ds) ** 2
+            for d in ds:
+                after(d, d == head and elsewhere, waits)
+            if elsewhere and op in partners:
+                sealed.add(head)
+            continue
+        for d in ds:
+            held = waited.get(d, ())
+            apart = any(p not in held and p != (d, last) for p in sources)
+            if (closed.get(d, True) or apart) and not (op in partners and d in sealed):
+                tasks += 1                               # nothing open there can take it
+                args += len(sources)
+            ended = d == head and elsewhere
+            after(d, ended, sources)
+            if ended and op in partners:
+                sealed.add(d)
+    used = {d for lay in layouts.values() for d in lay.devices}
+    return Dispatch(len(used), calls, tasks, args)
+
+
+def relabelled(layouts: dict[str, OpLayout]) -> tuple[tuple[str, OpLayout], ...]:
+    """``layouts`` (op -> layout) by op name, their devices renamed 0, 1, ... as they first
+    appear: a key for :func:`dispatch_per_step`, which reads a device only as a name
+    (where a call runs, whether two calls share a device), so that layouts alike but for
+    the devices they use count the same.
+
+        >>> [(op, lay.devices) for op, lay in relabelled({"b": OpLayout((4, 5)),
+        ...                                               "a": OpLayout((6, 4), tp=2)})]
+        [('a', (0, 1)), ('b', (1, 2))]
+    """
+    names: dict[int, int] = {}
+    out = []
+    for op, lay in sorted(layouts.items()):
+        devices = tuple([names.setdefault(d, len(names)) for d in lay.devices])
+        out.append((op, lay if devices == lay.devices else attrs.evolve(lay, devices=devices)))
+    return tuple(out)
 
 
 _INPUTS: dict[int, tuple] = {}

@@ -11,7 +11,7 @@ import pytest
 from rpeg.cost.profiles import builtin_cluster
 from rpeg.plan.dispatchfloor import dispatch_floor
 from rpeg.plan.evaluate import Evaluator
-from rpeg.plan.tasks import layouts_of
+from rpeg.plan.tasks import dispatch_least, layouts_of
 from rpeg.resources import shipped
 from rpeg.runtime.calibrate.simulated import scaled
 from rpeg.runtime.core import fusion as F
@@ -99,8 +99,12 @@ def test_the_dispatch_floor_is_no_more_than_the_count(name):
     d = ev.dispatch(plan, ev.graph(plan), timings)
     assert (low.devices, low.calls) == (d.devices, d.calls)
     assert 0 < low.tasks <= d.tasks and low.args <= d.args
+    least = dispatch_least(loose, layouts, chunks, 6, plan.fusion)
+    assert (least.devices, least.calls) == (d.devices, d.calls)
+    assert low.tasks <= least.tasks <= d.tasks and least.args <= d.args
     for step_s in (0.0, 10.0):
-        assert ev._control_floor(plan, timings, 6, step_s) <= ev._charged(d, step_s)
+        assert ev._control_floor(plan, timings, 6, step_s) \
+            <= ev._control_least(plan, timings, 6, step_s) <= ev._charged(d, step_s)
 
 
 @pytest.mark.parametrize("spec, cluster", [("grpo_qwen7b", "gh200_64"),
@@ -117,6 +121,26 @@ def test_a_bounded_step_is_no_more_than_the_simulated_one(spec, cluster):
     bounded = Evaluator(pipeline, ev.cluster).evaluate(plan, detail=False, bound=0.0)
     assert full.feasible and not full.bounded and bounded.bounded
     assert 0 < bounded.step_time_s <= full.step_time_s
+
+
+@pytest.mark.parametrize("share", [0.5, 0.99, 0.999, 1.0, 1.01])
+def test_a_bound_anywhere_says_the_step_or_a_step_no_more_than_it(share):
+    """Whichever check stops an evaluation at the bound (the busiest device's work, or the
+    simulated step, each with the least control plane), it says a step no more than the
+    counted one and no less than the bound; asked again without a bound, the same step as a
+    fresh evaluation (the simulated step it kept is the one simulated again)."""
+    pipeline = load(ROOT / "pipelines/grpo_qwen7b.rpeg")
+    _, ev, start = colocated_start(pipeline, builtin_cluster("gh200_64"))
+    plan = attrs.evolve(start.best.plan, predicted=None)
+    full = Evaluator(pipeline, ev.cluster).evaluate(plan, detail=False).step_time_s
+    fresh = Evaluator(pipeline, ev.cluster)
+    r = fresh.evaluate(plan, detail=False, bound=share * full)
+    assert r.step_time_s <= full
+    if r.bounded:
+        assert r.step_time_s >= share * full
+    else:
+        assert r.step_time_s == full
+    assert fresh.evaluate(plan, detail=False).step_time_s == full
 
 
 @pytest.mark.parametrize("spec, cluster", [("tiny_ppo", "local_cpu"), ("tiny_grpo", "gh200_8"),
@@ -139,12 +163,15 @@ def test_the_floor_is_no_more_than_the_count_on_every_baseline(spec, cluster):
         for fusion in {(), e.plan.fusion}:
             plan = ev.settle(attrs.evolve(e.plan, predicted=None, fusion=fusion))
             timings = ev.timings(plan, ev.graph(plan))[0]
-            loose, layouts, chunks = ev._layouts(plan, timings)
+            loose, layouts, chunks, _ = ev._layouts(plan, timings)
             for steps in (6, 10):
                 low = dispatch_floor(loose, layouts, chunks, steps)
                 d = dispatch_per_step(loose, layouts, chunks, steps, plan.fusion)
                 assert (low.devices, low.calls) == (d.devices, d.calls)
                 assert 0 < low.tasks <= d.tasks and low.args <= d.args, (low, d)
+                least = dispatch_least(loose, layouts, chunks, steps, plan.fusion)
+                assert least.calls == d.calls and least.tasks <= d.tasks \
+                    and least.args <= d.args, (least, d)
 
 
 def test_a_fused_op_takes_its_stages_time_and_saves_their_tasks():

@@ -3,6 +3,9 @@
 # outside the source tree: the grammar, pipelines, clusters and profiles must come from the
 # installed package (rpeg.resources), never from this checkout.
 set -euo pipefail
+# A clean venv sees nothing of this checkout: with the tree on PYTHONPATH, pip takes its
+# rpeg.egg-info for rpeg installed and installs no wheel.
+unset PYTHONPATH
 cd "$(dirname "$0")/.."
 SRC=$(pwd)
 PYTHON=${PYTHON:-python3}

@@ -122,10 +122,9 @@ TUTORIAL_02 = ROOT / "tutorials" / "02-compile-and-read-a-plan.md"
 CLAIMS = [
     ("spends that allowance on a **partial rollout**", "carries responses over 1 step"),
     ("Generation runs on vLLM (the `rollout` row)", re.compile(r"^  rollout .* vllm ", re.M)),
-    ("the `fusion` line names ops the search fuses into one\n  task; here none", "fusion: none"),
-    ("the search streams generation in 8 chunks", "streaming: rollout in 8 chunks"),
-    ("here the share stays at 3%, and no note is\n  printed",
-     re.compile(r"\((?:[0-2]\.\d|3\.0)%\) is the control plane's time")),
+    ("fuses the\n  values forward with the advantages into one task", "fusion: values + adv"),
+    ("the search generates whole batches", "streaming: none (whole batches)"),
+    ("above 3% of the step a note\n  says so", "note: the control plane takes"),
     ("The line under the step time is the control plane's share",
      "is the control plane's time in its client and Dask scheduler"),
     ("lets one backbone carry both heads", "sharing: actor + critic"),

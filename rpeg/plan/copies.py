@@ -152,17 +152,13 @@ def _backbone(model: Backbone, train, readers: tuple, chunks: int):
             first.setdefault((key, d), 0)
             at[d] = key
     for n, (op, place, lay) in enumerate(readers, start=1):
-        members = lay.members(chunks)
+        members = _wanted(model, op, place, lay, trainer, chunks)
         at = {}
-        # on every device, the trained copy where it is read in place there, or where the
-        # op runs on every rank of its trainer's ZeRO-3 shards (gathers_in_place)
-        whole = trainer is not None and (all_in_place(trainer, place) or lay.everywhere)
-        for d, group in members:
-            key = ReplicaKey(model) if whole else copy_key(op, place, d, trainer, group)
+        for d, group, key in members:
             if layout.setdefault((key, d), group) != group:
                 key = variant_key(model, group)
             at.setdefault(d, key)
-        for d, group in members:            # every rank of a block reads the same copy
+        for d, group, _ in members:         # every rank of a block reads the same copy
             if group and not at[d].variant:
                 other = next((at[x] for x in group if at[x].variant), None)
                 if other is not None:
@@ -175,11 +171,26 @@ def _backbone(model: Backbone, train, readers: tuple, chunks: int):
     spans = ({},) + tuple({b[0]: b for b in lay.blocks} if lay.per_block else {}
                           for _, _, lay in readers)
     devices: dict[tuple[ReplicaKey, int], list[int]] = {}
+    engine = {key: key.engine for key in {key for key, _ in first}}
     for (key, d), n in first.items():       # one copy per key and op laying it out
-        devices.setdefault((key, n), []).extend(spans[n].get(d, (d,)) if key.engine else (d,))
+        devices.setdefault((key, n), []).extend(spans[n].get(d, (d,)) if engine[key] else (d,))
     out = tuple(Copy(key, tuple(sorted(ds)), places[n], n == 0)
                 for (key, n), ds in devices.items())
     return out, reads
+
+
+@functools.lru_cache(maxsize=4096)
+def _wanted(model: Backbone, op, place, lay, trainer, chunks: int) -> tuple:
+    """(device, its tensor-parallel block, the key of the copy it wants) of every device
+    where a reader placed as ``place`` (laid out as ``lay``) runs a call, before the
+    layouts of the copies there are compared: a pure function of the reader and its
+    trainer, so a plan that moves another op finds it again."""
+    # on every device, the trained copy where it is read in place there, or where the op
+    # runs on every rank of its trainer's ZeRO-3 shards (gathers_in_place)
+    whole = trainer is not None and (all_in_place(trainer, place) or lay.everywhere)
+    own = ReplicaKey(model)
+    return tuple((d, group, own if whole else copy_key(op, place, d, trainer, group))
+                 for d, group in lay.members(chunks))
 
 
 __all__ = ["Copies", "Copy", "copies", "copy_key"]

@@ -50,7 +50,7 @@ class Call:
     group: tuple[int, ...] = ()       # the tensor-parallel block running it together (tp > 1)
 
 
-@attrs.frozen
+@attrs.frozen(cache_hash=True)        # a key of the copies' memos: hashed once
 class OpLayout:
     """How one op's instances lie on its devices (see the module doc)."""
 
@@ -88,6 +88,9 @@ class OpLayout:
         """(device, its tensor-parallel block) of every device running a call of the op in
         a step whose generate ops stream ``chunks`` chunks, once each, in the order of
         :meth:`calls` (a streamed op's chunks past its blocks run on the same devices)."""
+        return _members(self, chunks)
+
+    def _members_uncached(self, chunks: int) -> tuple[tuple[int, tuple[int, ...]], ...]:
         tp = max(1, self.tp)
         if self.everywhere:
             return tuple((d, self._group(d)) for d in self.devices)
@@ -97,6 +100,12 @@ class OpLayout:
 
     def _group(self, device: int) -> tuple[int, ...]:
         return () if self.per_block else block_of(self.devices, self.tp, device)
+
+
+@functools.lru_cache(maxsize=4096)
+def _members(layout: OpLayout, chunks: int) -> tuple[tuple[int, tuple[int, ...]], ...]:
+    """:meth:`OpLayout.members`, memoised: a search lays the same ops out again and again."""
+    return layout._members_uncached(chunks)
 
 
 def block_of(devices: tuple[int, ...], tp: int, device: int) -> tuple[int, ...]:

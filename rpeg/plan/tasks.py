@@ -55,10 +55,21 @@ def steady_step(graph: Graph, layouts: dict[str, OpLayout], chunks: int, steps: 
 
 
 def dispatch_per_step(graph: Graph, layouts: dict[str, OpLayout], chunks: int = 1,
-                      steps: int = 6, together: tuple[tuple[str, ...], ...] = ()) -> Dispatch:
+                      steps: int = 6, together: tuple[tuple[str, ...], ...] = (),
+                      replay: bool = False) -> Dispatch:
     """The calls, tasks and futures of one steady step of ``graph`` laid out by ``layouts``
     (op name -> :class:`OpLayout`), its generate ops streaming ``chunks`` chunks a step;
-    ``together``: the plan's fused stages, whose calls of a chunk share a task."""
+    ``together``: the plan's fused stages, whose calls of a chunk share a task.
+
+    The steps before the steady one are packed only where the steady step could tell: it
+    reads them through the tasks of the instances it takes inputs from, and tasks of
+    another step are never open to its calls, so only which of those instances share a
+    task matters. An instance of a gang (a collective on several devices) is read through
+    its first rank's task, which the gang started for itself: a task no other instance is
+    read through. So where the steady step reads only gangs of the steps before (the
+    train ranks and weight syncs it reads across steps), each stands for a task of its
+    own and the steady step is packed alone; elsewhere (or with ``replay``) the steps
+    before are packed first, as the runtime does."""
     prep, last = steady_step(graph, layouts, chunks, steps)
     inputs = _inputs(prep)
     # each instance's devices, and whether another device reads its output (its first
@@ -110,8 +121,14 @@ def dispatch_per_step(graph: Graph, layouts: dict[str, OpLayout], chunks: int = 
             return calls, len(pack.waits) - first, order
         return calls, len(pack.waits) - first, sum(map(len, pack.waits[first:])) + order
 
-    for step in range(last):                         # the tasks the step's inputs come from
-        batch(step)
+    lo = bisect.bisect_left(prep.step_of, last)
+    before = {i for k in range(lo, bisect.bisect_right(prep.step_of, last, lo))
+              for i in inputs[k] if i < lo}
+    if replay or not all(gangs[prep.keys[i]] for i in before):
+        for step in range(last):                     # the tasks the step's inputs come from
+            batch(step)
+    else:                                            # each read through a task of its own
+        task.update((i, ("before", i)) for i in before)
     calls, tasks, args = batch(last)
     used = {d for lay in layouts.values() for d in lay.devices}
     return Dispatch(len(used), calls, tasks, args)

@@ -103,8 +103,8 @@ def test_the_dispatch_floor_is_no_more_than_the_count(name):
     assert (least.devices, least.calls) == (d.devices, d.calls)
     assert low.tasks <= least.tasks <= d.tasks and least.args <= d.args
     for step_s in (0.0, 10.0):
-        assert ev._control_floor(plan, timings, 6, step_s) \
-            <= ev._control_least(plan, timings, 6, step_s) <= ev._charged(d, step_s)
+        assert ev.control.floor(plan, timings, 6, step_s) \
+            <= ev.control.least(plan, timings, 6, step_s) <= ev.control.charged(d, step_s)
 
 
 @pytest.mark.parametrize("spec, cluster", [("grpo_qwen7b", "gh200_64"),
@@ -163,7 +163,7 @@ def test_the_floor_is_no_more_than_the_count_on_every_baseline(spec, cluster):
         for fusion in {(), e.plan.fusion}:
             plan = ev.settle(attrs.evolve(e.plan, predicted=None, fusion=fusion))
             timings = ev.timings(plan, ev.graph(plan))[0]
-            loose, layouts, chunks, _ = ev._layouts(plan, timings)
+            loose, layouts, chunks, _ = ev.control.layouts(plan, timings)
             for steps in (6, 10):
                 low = dispatch_floor(loose, layouts, chunks, steps)
                 d = dispatch_per_step(loose, layouts, chunks, steps, plan.fusion)

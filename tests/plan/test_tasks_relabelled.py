@@ -73,3 +73,13 @@ def test_the_least_count_is_no_more_than_the_packed_one(case, steps):
     assert (least.devices, least.calls) == (d.devices, d.calls)
     assert least.tasks <= d.tasks and least.args <= d.args, (least, d)
     assert least.tasks >= low.tasks
+
+
+@settings(deadline=None, max_examples=120)
+@given(laid_out(), st.sampled_from((6, 10)))
+def test_the_steady_step_packed_alone_counts_as_the_replay(case, steps):
+    """Where the steady step reads the steps before only through gangs, it is packed alone:
+    the same calls, tasks and futures as packing every step before it first."""
+    graph, layouts, chunks, fused = case
+    assert dispatch_per_step(graph, layouts, chunks, steps, fused) \
+        == dispatch_per_step(graph, layouts, chunks, steps, fused, replay=True)

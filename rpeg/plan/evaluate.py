@@ -184,6 +184,7 @@ class Evaluator:
         self._index: dict[StagePlacement | tuple[int, ...], slice | np.ndarray] = {}
         self._synced: dict[tuple, frozenset[str]] = {}
         self._problems: dict[tuple, str | None] = {}
+        self._fits: dict[tuple, bool] = {}
         w = pipeline.workload
         self.gen_tokens = w.batch * w.gen_len.mean()
         self.responses = w.prompts * w.samples          # a step's (the runtime's chunks)
@@ -438,12 +439,18 @@ class Evaluator:
                 if o in walk.streamed for s in stages}
 
     def fits(self, plan: Plan) -> bool:
-        """Memory only: does every device hold what the plan puts on it?"""
-        try:
-            graph = self.graph(plan)
-            return self.memory(plan, graph, detail=False)[1] is None
-        except CostError:
-            return False
+        """Memory only: does every device hold what the plan puts on it? (Memoised: each
+        staleness ladder's baselines try the same plans.)"""
+        key = (plan.placements, plan.staleness, plan.shared, plan.fusion)
+        fits = self._fits.get(key)
+        if fits is None:
+            try:
+                graph = self.graph(plan)
+                fits = self.memory(plan, graph, detail=False)[1] is None
+            except CostError:
+                fits = False
+            self._fits[key] = fits
+        return fits
 
     def kinds(self, plan: Plan, graph: Graph, device: int, op: str, rows, chunks,
               walk: Walk | None = None) -> tuple[tuple[str, float], ...]:

@@ -195,6 +195,7 @@ def simulate(placed: Placed, timings: dict[str, OpTiming], steps: int = 6, *,
     need = [needs[op] for op in prep.ops]
     dur = [durations[key] for key in prep.keys]
     waiting = list(prep.waiting)
+    dependents = prep.dependents
     ready = [k for k, w in enumerate(waiting) if w == 0]
     busy = 0
     running: list[tuple[float, int]] = []
@@ -204,37 +205,43 @@ def simulate(placed: Placed, timings: dict[str, OpTiming], steps: int = 6, *,
     end = [0.0] * len(insts)
     now = 0.0
     started = 0
+    push, pop = heapq.heappush, heapq.heappop
     while ready or running or arriving:
-        still: list[int] = []
+        still: list[int] = []           # start what is ready where its devices are free
         for k in ready:
             if need[k] & busy:
                 still.append(k)
                 continue
             busy |= need[k]
-            start[k], end[k] = now, now + dur[k]
-            heapq.heappush(running, (end[k], k))
+            start[k] = now
+            end[k] = e = now + dur[k]
+            push(running, (e, k))
             started += 1
         ready = still
         if not running and not arriving:
             break
-        now = min(running[0][0] if running else math.inf,
-                  arriving[0][0] if arriving else math.inf)
+        now = running[0][0] if running else math.inf
+        if arriving and arriving[0][0] < now:
+            now = arriving[0][0]
         fresh = False
         while running and running[0][0] <= now:
-            _, k = heapq.heappop(running)
-            busy &= ~need[k]
-            for nxt in prep.dependents[k]:
-                if crossing_s and need[nxt] != need[k]:
-                    at[nxt] = max(at[nxt], now + crossing_s)
+            k = pop(running)[1]
+            mine = need[k]
+            busy &= ~mine
+            for nxt in dependents[k]:
+                if crossing_s and need[nxt] != mine:
+                    t = now + crossing_s
+                    if t > at[nxt]:
+                        at[nxt] = t
                 waiting[nxt] -= 1
                 if waiting[nxt] == 0:
                     if at[nxt] > now:
-                        heapq.heappush(arriving, (at[nxt], nxt))
+                        push(arriving, (at[nxt], nxt))
                     else:
                         ready.append(nxt)
                         fresh = True
         while arriving and arriving[0][0] <= now:
-            ready.append(heapq.heappop(arriving)[1])
+            ready.append(pop(arriving)[1])
             fresh = True
         if fresh:
             ready.sort()

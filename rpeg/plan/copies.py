@@ -187,9 +187,13 @@ def _wanted(model: Backbone, op, place, lay, trainer, chunks: int) -> tuple:
     trainer, so a plan that moves another op finds it again."""
     # on every device, the trained copy where it is read in place there, or where the op
     # runs on every rank of its trainer's ZeRO-3 shards (gathers_in_place)
-    whole = trainer is not None and (all_in_place(trainer, place) or lay.everywhere)
-    own = ReplicaKey(model)
-    return tuple((d, group, own if whole else copy_key(op, place, d, trainer, group))
+    if trainer is not None and (all_in_place(trainer, place) or lay.everywhere):
+        own = ReplicaKey(model)
+        return tuple((d, group, own) for d, group in lay.members(chunks))
+    # off its trainer's devices the key is the same on every device (device -1: none)
+    held = _set(tuple(trainer.devices)) if trainer is not None else frozenset()
+    elsewhere = copy_key(op, place, -1, trainer, ())
+    return tuple((d, group, copy_key(op, place, d, trainer, group) if d in held else elsewhere)
                  for d, group in lay.members(chunks))
 
 

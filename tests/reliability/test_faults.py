@@ -153,11 +153,11 @@ def test_worker_killed_and_worker_frozen_mid_run(micro, tmp_path):
     reasons = [r["reason"] for r in meta["recoveries"]]
     # Under load, one more rollback can follow, nothing lost (checked above): the stuck
     # worker's own departure after it is killed seen as one more loss before its replacement
-    # arrives, or, where the op timeout fired on a rank waiting for the frozen one, the frozen
-    # worker found when the next attempt asks every worker for its devices.
+    # arrives. Never the frozen worker found only at the next start: a rank waiting for it in
+    # a collective is not the one blamed (the core asks which answers).
     assert 2 <= len(reasons) <= 3 and "worker lost" in reasons[0] and "stuck" in reasons[1], \
         reasons
-    assert all("worker lost" in r or "worker did not answer" in r for r in reasons[2:]), reasons
+    assert all("worker lost" in r for r in reasons[2:]), reasons
     stuck = meta["recoveries"][1]
     assert stuck["op"] != "(none)" and stuck["step"] >= 2 and stuck["worker"].startswith("tcp://")
     assert stuck["stimulus"].startswith("tick-"), stuck    # found by the core on a clock tick

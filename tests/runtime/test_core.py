@@ -317,3 +317,95 @@ def test_the_worked_examples_of_the_run_decisions_hold():
     import doctest
     result = doctest.testmod(C)
     assert result.attempted and result.failed == 0
+
+
+# --- whom a stuck collective blames -----------------------------------------------------------
+def _at_the_sync(ppo):
+    """A staleness-1 segment on two devices run until its first weight sync (a collective of
+    both devices: the trainer's export, the generator's load) is all that is ready: neither
+    rank finishes it, as when one of them froze."""
+    core, _, _ = _staleness_segment(ppo)
+    table = core.calls
+    queue, t, held = _pack(core, core.handle(C.Started(now=0.0)), 0.0), 0.0, []
+    while queue:
+        op = queue.pop(0)
+        if table[op].collective:
+            held.append(op)
+            continue
+        t += 1.0
+        queue += _pack(core, core.handle(C.TaskEnded(op, t)), t)
+    first = [op for op in held if table[op].step == min(table[h].step for h in held)]
+    assert sorted(table[op].device for op in first) == [0, 1], held
+    return core, t, {table[op].device: op for op in first}
+
+
+def test_a_stuck_collective_blames_the_rank_that_does_not_answer_not_the_one_waiting(ppo):
+    """Both ranks of the sync are overdue; device 0's is found first, but device 1 is the
+    one that does not answer (frozen): the core asks before it blames, and blames device 1,
+    naming device 0 as blocked with it."""
+    core, t, sync = _at_the_sync(ppo)
+    [ask] = [i for i in core.handle(C.Tick(t + 6.0)) if not isinstance(i, C.CheckAlive)]
+    assert ask == C.Ask((0, 1)) and ask.stimulus.startswith("tick-")
+    # asked once: the ticks until the answer do not ask again
+    assert not [i for i in core.handle(C.Tick(t + 7.0)) if isinstance(i, (C.Ask, C.Stuck))]
+    [stuck] = core.handle(C.Answers(t + 7.0, frozenset({1}), id="tick-9/answers"))
+    assert stuck.task.ids == (sync[1],) and stuck.blocked == (0,)
+    assert stuck.stimulus == "tick-9/answers" and stuck.idle_s > stuck.task.limit_s
+
+
+def test_a_stuck_collective_whose_ranks_all_answer_blames_the_rank_found(ppo):
+    core, t, sync = _at_the_sync(ppo)
+    [ask] = [i for i in core.handle(C.Tick(t + 6.0)) if isinstance(i, C.Ask)]
+    [stuck] = core.handle(C.Answers(t + 6.0, frozenset()))
+    assert stuck.task.ids == (sync[0],) and stuck.blocked == ()
+    core, t, sync = _at_the_sync(ppo)
+    core.handle(C.Tick(t + 6.0))
+    [stuck] = core.handle(C.Answers(t + 6.0, frozenset({0, 1})))    # both frozen: the first
+    assert stuck.task.ids == (sync[0],)
+    assert core.handle(C.Answers(t + 6.0, frozenset({1}))) == []     # nothing was asked
+
+
+def test_a_stuck_task_outside_any_collective_is_blamed_without_asking(ppo, plan_by_hand):
+    core, out = _segment(ppo, plan_by_hand)
+    _pack(core, out, 0.0, limit=5.0)
+    got = core.handle(C.Tick(6.0))
+    assert any(isinstance(i, C.Stuck) for i in got) and not any(isinstance(i, C.Ask)
+                                                               for i in got)
+
+
+from hypothesis import given  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from rpeg.runtime.core.flight import Flight, blame  # noqa: E402
+
+
+@given(st.lists(st.tuples(st.integers(0, 3), st.floats(0, 10), st.floats(1, 8),
+                          st.booleans()), min_size=1, max_size=8),
+       st.frozensets(st.integers(0, 3)), st.floats(0, 20))
+def test_blame_prefers_a_silent_device_then_an_overdue_peer_busy_elsewhere(tasks, silent,
+                                                                            last):
+    """Over any tasks in flight (device, ready at, limit, holds its device's call of the
+    collective), any devices silent: the blamed is the rank in hand when it is silent, else
+    a silent peer, else an overdue peer busy outside the collective, else the rank in hand."""
+    fl = Flight()
+    gang_ops: dict[int, str] = {}
+    for n, (device, ready, limit, member) in enumerate(tasks):
+        op = f"op{n}"
+        if member and device not in gang_ops:
+            gang_ops[device] = op
+        fl.add(f"k{n}", Task((op,), device, 0, limit, ()), now=ready)
+    now, last_done = 30.0, dict.fromkeys(range(4), last)
+    hit = fl.stuck(last_done, now)
+    if hit is None or hit[0].device not in gang_ops:
+        return
+    gang = {d: op for d, op in gang_ops.items() if d != hit[0].device}
+    task, idle = blame(fl, hit, gang, silent, last_done, now)
+    if hit[0].device in silent:
+        assert (task, idle) == hit
+    elif silent & set(gang):
+        assert task.device in silent & set(gang)
+    elif task != hit[0]:
+        assert task.device in gang and gang[task.device] not in task.ids
+        assert idle > task.limit_s
+    assert idle == now - max(fl.ready_at[next(k for k, t in fl.tasks.items() if t == task)],
+                             last_done[task.device])

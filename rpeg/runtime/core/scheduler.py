@@ -24,7 +24,10 @@ reports with the time they happened (``now``: the core reads no clock):
   ended (``TaskEnded``): done, failed (``Abort``; a collective op's failure first waits
   ``peer_grace_s`` for the cluster to report a lost peer, which then takes precedence),
   its worker lost (``Lost``), or given up by the scheduler (``GaveUp``); a device that made no progress for longer
-  than its task's limit is stuck (``Stuck``, on a ``Tick``); when to ask the cluster
+  than its task's limit is stuck (``Stuck``, on a ``Tick``), but a rank blocked in a
+  collective is blamed last: the core first asks whether its peers' workers answer
+  (``Ask``, answered by ``Answers``) and blames one that does not, or a peer that made no
+  progress before joining (:func:`rpeg.runtime.core.flight.blame`); when to ask the cluster
   whether every worker is still there (``CheckAlive``); nothing in flight with work
   left is a scheduling bug (``Stalled``);
 * Ctrl-C (``StopRequested``): the first cut that holds every op already submitted
@@ -53,8 +56,9 @@ import attrs
 
 from rpeg.errors import PlanError, RpegError
 from rpeg.graph.order import Cycle, topological
-from rpeg.runtime.core.flight import Flight, Task
+from rpeg.runtime.core.flight import Flight, Task, blame
 from rpeg.runtime.lowering.instances import OpCall
+from rpeg.runtime.lowering.ordering import gangs_of
 
 
 def _caused_by():
@@ -142,6 +146,15 @@ class StopRequested:
     id: str = attrs.field(default="", kw_only=True)
 
 
+@attrs.frozen
+class Answers:
+    """The answer to ``Ask``: of the devices asked, those whose workers did not answer."""
+
+    now: float
+    silent: frozenset[int] = frozenset()
+    id: str = attrs.field(default="", kw_only=True)
+
+
 # --- instructions -------------------------------------------------------------------------
 # Each instruction records the event that caused it (``stimulus``: that event's id), so a
 # rollback or an abort names what the core saw when it decided; not part of its value.
@@ -201,10 +214,22 @@ class GaveUp:
 
 @attrs.frozen
 class Stuck:
-    """A device made no progress for longer than its task's limit: kill it, roll back."""
+    """A device made no progress for longer than its task's limit: kill it, roll back.
+    ``blocked``: devices blocked in a collective with it, the first found overdue."""
 
     task: Task
     idle_s: float
+    blocked: tuple[int, ...] = ()
+    stimulus: str = _caused_by()
+
+
+@attrs.frozen
+class Ask:
+    """A rank blocked in a collective is overdue: ask whether the workers of ``devices``
+    (it and its peers in the collective) answer, and report it (``Answers``), so the core
+    blames the one that does not, not the rank waiting for it."""
+
+    devices: tuple[int, ...]
     stimulus: str = _caused_by()
 
 
@@ -280,6 +305,8 @@ class Core:
     task_key: dict[str, object] = attrs.field(factory=dict)   # op -> the task it runs in
     events: int = 0                           # events handled (an unnamed one's number)
     stimulus: str = ""                        # the id of the event being handled
+    asking: tuple | None = None               # (overdue task, idle, its gang) awaiting Answers
+    gangs: dict[str, tuple[str, ...]] | None = None   # op -> the calls of its collective
 
     @classmethod
     def create(cls, calls, steps: int, window: int, *, start: int = 0, cuts=None,
@@ -340,6 +367,8 @@ class Core:
             return self._tick(event.now)
         if isinstance(event, StopRequested):
             return self._stop()
+        if isinstance(event, Answers):
+            return self._answers(event)
         raise TypeError(f"unknown event {event!r}")
 
     def is_done(self, op_id: str) -> bool:
@@ -469,12 +498,40 @@ class Core:
         if now - self.last_alive > self.alive_every_s:
             self.last_alive = now
             out.append(CheckAlive(stimulus=self.stimulus))
-        if now - self.last_stuck >= self.stuck_every_s:    # every task in flight: not each tick
-            self.last_stuck = now
+        if now - self.last_stuck >= self.stuck_every_s and self.asking is None:
+            self.last_stuck = now                    # every task in flight: not each tick
             hit = self.flight.stuck(self.last_done, now)
-            if hit is not None:
+            gang = self._gang_of(hit[0]) if hit is not None else {}
+            if gang:                                 # blocked in a collective: who answers?
+                self.asking = (hit, gang)
+                out.append(Ask(tuple(sorted({hit[0].device, *gang})), stimulus=self.stimulus))
+            elif hit is not None:
                 out.append(Stuck(*hit, stimulus=self.stimulus))
         return out
+
+    def _answers(self, e: Answers) -> list:
+        """Blame, for the overdue rank of a collective asked about, the device that does not
+        answer or made no progress before joining (:func:`blame`), else the rank itself."""
+        if self.asking is None or self.finished:
+            return []
+        hit, gang = self.asking
+        self.asking = None
+        task, idle = blame(self.flight, hit, gang, e.silent, self.last_done, e.now)
+        blocked = () if task == hit[0] else (hit[0].device,)
+        return [Stuck(task, idle, blocked, stimulus=self.stimulus)]
+
+    def _gang_of(self, task: Task) -> dict[int, str]:
+        """Device -> the call of each peer (on another device) in the collective of the
+        first collective call of ``task``; empty when it runs none."""
+        if self.gangs is None:
+            calls = tuple(self.calls.values())
+            self.gangs = {calls[i].id: tuple(calls[j].id for j in at)
+                          for at in gangs_of(calls).values() for i in at}
+        for op_id in task.ids:
+            if op_id in self.gangs:
+                return {self.calls[o].device: o for o in self.gangs[op_id]
+                        if self.calls[o].device != task.device}
+        return {}
 
     def _stop(self) -> list:
         """Ctrl-C: stop at the first cut after the segment's start that holds every op
@@ -507,7 +564,7 @@ class Core:
 
 _KINDS = {Started: "started", OpDone: "op-done", OpFailed: "op-failed",
           TaskSubmitted: "task-submitted", TaskEnded: "task-ended", Tick: "tick",
-          StopRequested: "stop-requested"}
+          StopRequested: "stop-requested", Answers: "answers"}
 
 
 # --- a run's decisions between segments ------------------------------------------------------
@@ -619,6 +676,12 @@ class Limits:
     def drain_s(self) -> float:
         """Trace events from every worker at once (then each is asked on its own)."""
         return min(10.0, self.floor_s)
+
+    @property
+    def answer_s(self) -> float:
+        """Whether a worker answers at all (``Ask``): its event loop replies at once, even
+        while its task blocks in a collective; a frozen one never does."""
+        return min(5.0, self.floor_s)
 
 
 def _submission_order(calls) -> tuple[str, ...]:

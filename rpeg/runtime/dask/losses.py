@@ -148,6 +148,25 @@ class Watch:
             raise
         return got[address]
 
+    def silent(self, devices) -> set[int]:
+        """Of ``devices``, those whose workers do not answer within ``limits.answer_s`` (all
+        asked at once): frozen, or gone."""
+        import asyncio
+
+        client = self.client
+        addrs = {d: self.workers[d] for d in devices if d in self.workers}
+
+        async def ask():
+            return await asyncio.gather(*(asyncio.wait_for(
+                client._run(os.getpid, workers=[a], on_error="raise"), self.limits.answer_s)
+                for a in addrs.values()), return_exceptions=True)
+
+        try:
+            got = client.sync(ask)
+        except Exception:  # noqa: BLE001 — the scheduler itself does not answer: blame none
+            return set()
+        return {d for d, g in zip(addrs, got, strict=True) if isinstance(g, BaseException)}
+
     def scatter(self, value, device: int, step: int):
         """Put an output carried over a cut on ``device``'s worker, with the same time limit
         as any op: a worker that died or froze since the cut is a loss, not a hang."""

@@ -209,6 +209,7 @@ class SegmentLoop:
                 self.meta.tasks += 1
                 steps = self.tally.task_steps
                 steps[g.calls[0].step] = steps.get(g.calls[0].step, 0) + 1
+            follow: list = []                       # the core's answers to what was asked
             for ins in instructions:
                 if isinstance(ins, C.Release):
                     futures.pop(ins.op_id, None)
@@ -223,7 +224,10 @@ class SegmentLoop:
                 elif isinstance(ins, C.Stopping):
                     end = ins.end                   # the core holds what is past its cut
                 elif not isinstance(ins, C.Submit):
-                    self._carry_out(ins, core, table)
+                    follow += self._carry_out(ins, core, table)
+            if follow:
+                instructions = follow
+                continue
             if self.stop.requested and not core.stopping:
                 instructions = core.handle(C.StopRequested())
                 continue
@@ -241,9 +245,9 @@ class SegmentLoop:
                 instructions += core.handle(_ended(f, now))
             instructions += core.handle(C.Tick(now))
 
-    def _carry_out(self, ins, core, table) -> None:
+    def _carry_out(self, ins, core, table) -> list:
         """The core's instructions that end the segment with an error (each raises) or ask
-        the cluster something."""
+        the cluster something (the core's answer to what it heard is returned)."""
         watch, workers = self.watch, self.attempt.workers
         if isinstance(ins, C.Abort):
             if isinstance(ins.cause, RpegError):
@@ -255,6 +259,10 @@ class SegmentLoop:
                 hint="the trace and metrics up to the failure are in the run directory")
         if isinstance(ins, C.CheckAlive):
             watch.check_alive(core.flight)
+        elif isinstance(ins, C.Ask):
+            silent = watch.silent(ins.devices)
+            return core.handle(C.Answers(time.time(), frozenset(silent),
+                                         id=f"{ins.stimulus}/answers"))
         elif isinstance(ins, C.Stalled):
             raise RuntimeFailure("the run stalled: nothing is running and nothing is left "
                                  "to submit (a bug in rpeg's scheduling)")
@@ -265,13 +273,16 @@ class SegmentLoop:
             raise watch.gave_up(ins.task, ins.status, core.flight).caused_by(ins.stimulus)
         elif isinstance(ins, C.Stuck):
             task = ins.task
+            waiting = "".join(f"; device {d} waits for it in a collective"
+                              for d in ins.blocked)
             raise watch.lost_or_stuck(task.device, workers[task.device], task.ids[0],
                                       task.step, f"op stuck: no progress for {ins.idle_s:.1f} "
                                       f"s (limit {task.limit_s:.1f} s from the plan's "
-                                      f"prediction for {len(task.ids)} op(s))"
+                                      f"prediction for {len(task.ids)} op(s)){waiting}"
                                       ).caused_by(ins.stimulus)
         else:
             raise TypeError(f"unknown instruction {ins!r}")
+        return []
 
 
 def submit_group(client, g: F.Group, futures: dict, worker: str, key: str):

@@ -162,6 +162,18 @@ def blame(fl: Flight, hit: tuple[Task, float], gang: dict[int, str],
     return hit
 
 
+def first_silent(devices, silent) -> int:
+    """Whom a call to several workers that timed out blames: the first of ``devices`` (those
+    whose results are missing, in order) whose worker does not answer, else the first (the
+    others may only be waiting for it, in a collective).
+
+        >>> first_silent([0, 1], frozenset({1})), first_silent([0, 1], frozenset())
+        (1, 0)
+    """
+    devices = list(devices)
+    return next((d for d in devices if d in silent), devices[0] if devices else -1)
+
+
 def _holding(fl: Flight, op_id: str, last_done: dict[int, float], now: float
              ) -> tuple[Task, float] | None:
     """The task in flight that holds ``op_id`` (not yet ready), with its device's idle time

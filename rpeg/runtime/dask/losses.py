@@ -23,7 +23,7 @@ import attrs
 
 from rpeg.errors import RuntimeFailure
 from rpeg.runtime.core import scheduler as C
-from rpeg.runtime.core.flight import Flight, Task
+from rpeg.runtime.core.flight import Flight, Task, first_silent
 from rpeg.runtime.dask import worker as W
 from rpeg.runtime.rundir import outputs as O
 from rpeg.runtime.rundir.directory import RunDir
@@ -75,7 +75,9 @@ class Watch:
             # never): still pending, until the loss check above sees the worker gone
             pending = [f for f in pending if f.status not in ENDED]
             if pending and time.time() - start > limit_s:
-                d = devices[futs.index(pending[0])] if devices else -1
+                late = list(dict.fromkeys(devices[futs.index(f)] for f in pending)) \
+                    if devices else []
+                d = first_silent(late, self.silent(late) if len(late) > 1 else set())
                 raise self.lost_or_stuck(d, self.workers.get(d, "?"), what, self.state.start,
                                          f"op stuck: {what} took over {limit_s:.0f} s")
         for f in futs:

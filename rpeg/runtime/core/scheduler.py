@@ -637,6 +637,8 @@ def eval_due(step: int, steps: int, every: int | None) -> bool:
 
 
 SETUP_LIMIT_S = 600.0        # a worker's set-up imports torch and builds models: minutes
+QUICK_S = 30.0               # a call answered at once, but for a loaded machine
+REPORT_S = 120.0             # a worker's first import of torch, on a loaded machine
 
 
 @attrs.frozen
@@ -676,6 +678,17 @@ class Limits:
     def drain_s(self) -> float:
         """Trace events from every worker at once (then each is asked on its own)."""
         return min(10.0, self.floor_s)
+
+    @property
+    def quick_s(self) -> float:
+        """A call a worker or the scheduler answers at once: a teardown, a free port, its
+        pid, a restart, the scheduler going idle after a loss."""
+        return QUICK_S
+
+    @property
+    def report_s(self) -> float:
+        """A worker's report of its devices (it looks at its GPUs, importing torch)."""
+        return REPORT_S
 
     @property
     def answer_s(self) -> float:

@@ -35,10 +35,11 @@ ENDED = ("finished", "error", "cancelled")     # a future's end states ("lost" i
 
 class _Lost(Exception):
     def __init__(self, device: int, worker: str, op: str, step: int, reason: str, *,
-                 stimulus: str = "") -> None:
+                 stimulus: str = "", stuck: bool = False) -> None:
         super().__init__(f"{reason}: device {device} ({worker}), op {op}, step {step}")
         self.device, self.worker, self.op, self.step, self.reason = device, worker, op, step, reason
         self.stimulus = stimulus        # the core's event that found it ("" = seen outside it)
+        self.stuck = stuck              # still in the cluster, not answering: killed first
 
     def caused_by(self, stimulus: str) -> _Lost:
         self.stimulus = self.stimulus or stimulus
@@ -186,20 +187,21 @@ class Watch:
         except Exception as e:
             if _is_loss(e) or "timed out" in str(e).lower():
                 raise self.lost_or_stuck(device, address, "carry", step,
-                                         f"worker lost ({type(e).__name__})") from None
+                                         f"worker lost ({type(e).__name__})", stuck=False
+                                         ) from None
             raise
 
     def lost_or_stuck(self, device: int, address: str, op: str, step: int,
-                      reason: str) -> _Lost:
+                      reason: str, *, stuck: bool = True) -> _Lost:
         """A worker that did not answer: lost if it has left the cluster (killed, OOM), else
-        stuck (frozen, hung in a collective) with ``reason``."""
+        ``stuck`` (frozen, hung in a collective: killed before the rollback) with ``reason``."""
         try:
             gone = address not in set(self.gpu_workers())
         except Exception:  # noqa: BLE001 — the scheduler itself is unreachable: report as given
             gone = False
         if gone:
             return _Lost(device, address, op, step, "worker lost (left the cluster)")
-        return _Lost(device, address, op, step, reason)
+        return _Lost(device, address, op, step, reason, stuck=stuck)
 
     def gave_up(self, task: Task, status: str, fl: Flight) -> _Lost:
         """The loss behind a task the scheduler gave up: the worker that left (with the op it
@@ -230,7 +232,8 @@ class Watch:
             except ProcessLookupError:
                 return
         try:
-            self.client.restart_workers([worker], timeout=30, raise_for_error=False)
+            self.client.restart_workers([worker], timeout=self.limits.quick_s,
+                                        raise_for_error=False)
         except Exception:  # noqa: BLE001 — it may be gone already
             pass
 
@@ -268,7 +271,7 @@ class Rollback:
                           lost.stimulus, self.state.start, time.time())
         self.meta.recoveries.append(record)
         give_up, kill = C.on_loss(len(self.meta.recoveries), self.max_recoveries,
-                                  stuck="stuck" in lost.reason)
+                                  stuck=lost.stuck)
         if give_up:
             raise RuntimeFailure(f"the run lost workers {len(self.meta.recoveries)} times "
                                  f"(last: {lost}); giving up",
@@ -278,7 +281,7 @@ class Rollback:
             watch.kill(lost.worker, pids.get(lost.worker), self.local)
         # the attempt's futures went with it (each attempt has keys of its own); an explicit
         # cancel of a graph whose workers died trips assertions in the scheduler
-        watch.wait_idle(30.0)
+        watch.wait_idle(watch.limits.quick_s)
         try:                     # the workers still there: a dead one would only time out
             alive = set(watch.gpu_workers())
             abandoned = len(watch.drain([a for a in watch.workers.values() if a in alive]))

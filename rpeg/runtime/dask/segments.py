@@ -23,6 +23,7 @@ import attrs
 from rpeg.errors import RpegError, RuntimeFailure
 from rpeg.runtime.core import fusion as F
 from rpeg.runtime.core import scheduler as C
+from rpeg.runtime.core.choices import eval_home
 from rpeg.runtime.core.flight import Task
 from rpeg.runtime.dask import worker as W
 from rpeg.runtime.dask.checkpointing import Attempt, Checkpointer
@@ -110,13 +111,11 @@ class Evals:
                 or O.evaluated(self.rd.path, step):       # once per step, across resumes
             return
         gen = next(s for s in self.pipeline.stages if s.kind.value == "generate")
-        homes = {m: d for m, d in (self.meta.homes or {}).items()
-                 if gen.target in base_of(m).members}
-        if not homes:
+        home = eval_home(self.meta.homes or {}, lambda m: gen.target in base_of(m).members)
+        if home is None:
             raise RuntimeFailure(f"eval needs a trained replica of '{gen.target}', and the "
                                  "plan trains none", e.span)
-        model, devices = next(iter(homes.items()))
-        device = devices[0]
+        model, device = home
         cl = self.cl
         fut = cl.client.submit(_evaluate_on_worker, model, step,
                                workers=[self.watch.workers[device]], allow_other_workers=False,

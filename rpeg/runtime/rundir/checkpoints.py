@@ -41,6 +41,7 @@ import attrs
 
 from rpeg.errors import RpegError, RuntimeFailure, Span
 from rpeg.graph.ids import ReplicaAt, ReplicaKey
+from rpeg.runtime.core.choices import pruned
 
 FORMAT = 1
 MARKER = "COMPLETE"
@@ -246,8 +247,9 @@ def prune(run_dir: Path, keep: int = 2) -> None:
         return
     for p in root.glob("step-*.partial-*"):
         shutil.rmtree(p, ignore_errors=True)
-    done = sorted(p for p in root.glob("step-*") if (p / MARKER).exists() and "." not in p.name)
-    for p in done[:-keep] if keep else done:
+    done = {int(p.name[5:]): p for p in root.glob("step-*")
+            if (p / MARKER).exists() and "." not in p.name and p.name[5:].isdigit()}
+    for p in (done[s] for s in pruned(done, keep)):
         # Rename first (atomic), then delete: a kill in the middle of deleting must not
         # leave a folder that still carries its marker but has lost some of its files.
         doomed = p.with_name(f"{p.name}.partial-pruned-{os.getpid()}")

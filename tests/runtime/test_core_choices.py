@@ -85,3 +85,26 @@ def test_the_worked_examples_hold():
     from rpeg.runtime.core import flight
     result = doctest.testmod(flight)
     assert result.attempted and result.failed == 0
+
+
+_REPLICAS = st.dictionaries(
+    st.builds(lambda m, d: f"{m}@{d}", st.sampled_from(["actor", "actor~vllm", "critic", "ref"]),
+              st.integers(0, 2)),
+    st.tuples(st.integers(0, 3), st.booleans(), st.booleans(), st.booleans()))
+
+
+@given(_REPLICAS)
+def test_a_cut_saves_every_replica_a_resume_cannot_rebuild(versions):
+    """(version, trained home, frozen, carries partial rollouts) per replica: a replica is
+    left out only when frozen, or when a trained one of the same copy is at its version and
+    it keeps no partial rollouts of its own."""
+    from rpeg.graph.ids import ReplicaAt
+    skip = K.rebuildable(versions)
+    for k, (v, home, frozen, carries) in versions.items():
+        if frozen:
+            assert k in skip
+        elif home or carries:
+            assert k not in skip
+        elif k in skip:
+            assert any(ReplicaAt(o).key == ReplicaAt(k).key and h and ov == v
+                       for o, (ov, h, _, _) in versions.items())

@@ -1,6 +1,6 @@
 """The run's choices outside a segment: which workers a start takes, which saved replica each
 model restores from, whether a resume restarts at its cut, where the eval runs, which
-checkpoints a cut keeps. Pure functions of what the adapter found; no Dask, no files.
+replicas a cut saves and which checkpoints it keeps. Pure functions of what the adapter found; no Dask, no files.
 
     >>> take_workers(["tcp://a", "tcp://b", "tcp://c"], lost={"tcp://a"}, n=2)
     {0: 'tcp://b', 1: 'tcp://c'}
@@ -41,6 +41,15 @@ def pruned(steps, keep: int) -> list[int]:
     (``keep`` = 0: all of them)."""
     done = sorted(steps)
     return done[:-keep] if keep else done
+
+
+def rebuildable(versions: dict[str, tuple[int, bool, bool, bool]]) -> set[str]:
+    """Replicas a cut does not save, as a resume rebuilds them without their files: a frozen model (made again from its
+    weights or seed), and a copy whose version equals its trained replica's (loaded from
+    that one's files) and that keeps no partial rollouts (only its own files hold them)."""
+    trained = {ReplicaAt(k).key: v for k, (v, home, _, _) in versions.items() if home}
+    return {k for k, (v, home, frozen, carries) in versions.items()
+            if frozen or (not home and not carries and trained.get(ReplicaAt(k).key) == v)}
 
 
 def best_source(saved: dict[str, int], model: str, trained) -> str:

@@ -23,7 +23,12 @@ import attrs
 from rpeg.errors import RpegError, RuntimeFailure, Span
 from rpeg.plan.model import Plan
 from rpeg.runtime.core import scheduler as C
-from rpeg.runtime.core.choices import restore_sources, take_workers, workers_wait_s
+from rpeg.runtime.core.choices import (
+    rebuildable,
+    restore_sources,
+    take_workers,
+    workers_wait_s,
+)
 from rpeg.runtime.core.windows import CallWindows, SegmentCalls
 from rpeg.runtime.dask import worker as W
 from rpeg.runtime.dask.devices import Seen, cuda_choice, gpu_table
@@ -239,7 +244,7 @@ class Checkpointer:
                 key=f"versions-{cut}-{d}-{cl.token}-{number}")
                 for d, a in workers.items()], "versions", list(workers)):
             held.update(v)
-        skip = tuple(sorted(ckio.rebuildable(held)))
+        skip = tuple(sorted(rebuildable(held)))
         saves = [cl.client.submit(ckio.save_replicas, str(tmp), cut, skip, workers=[a],
                                   allow_other_workers=False, pure=False,
                                   key=f"ckpt-{cut}-{d}-{cl.token}-{number}")

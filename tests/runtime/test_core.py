@@ -409,3 +409,16 @@ def test_blame_prefers_a_silent_device_then_an_overdue_peer_busy_elsewhere(tasks
         assert idle > task.limit_s
     assert idle == now - max(fl.ready_at[next(k for k, t in fl.tasks.items() if t == task)],
                              last_done[task.device])
+
+
+def test_a_task_that_raised_is_lost_when_its_worker_went_and_failed_otherwise():
+    """Dask's errors by name (the core imports no Dask): a killed worker, a closed comm, a
+    cancelled future are losses; whatever an op raises is a failure."""
+    killed = type("KilledWorker", (Exception,), {})
+    closed = type("CommClosedError", (OSError,), {})
+    assert C.outcome_of("error", killed()) is C.Outcome.LOST
+    assert C.outcome_of("error", closed()) is C.Outcome.LOST
+    assert C.outcome_of("error", BrokenPipeError()) is C.Outcome.LOST
+    assert C.outcome_of("error", RuntimeError("Connection closed by peer")) is C.Outcome.FAILED
+    assert C.outcome_of("cancelled") is C.Outcome.CANCELLED
+    assert C.outcome_of("finished") is C.Outcome.DONE

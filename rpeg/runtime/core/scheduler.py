@@ -94,6 +94,36 @@ class Outcome(enum.Enum):
     CANCELLED = "cancelled"       # the scheduler gave it up (something it needs was lost)
 
 
+# what a worker's death looks like to a task that ran there (by name: the core imports no Dask)
+LOSSES = ("KilledWorker", "CommClosedError", "FutureCancelledError", "CancelledError")
+
+
+def is_loss(error) -> bool:
+    """Whether ``error``, raised by a call to a worker, means the worker went (killed, OOM, its
+    connection closed) rather than that the op failed.
+
+        >>> is_loss(ConnectionResetError()), is_loss(ValueError("bad reward"))
+        (True, False)
+    """
+    return type(error).__name__ in LOSSES or isinstance(error, (ConnectionError, EOFError))
+
+
+def outcome_of(status: str, error=None) -> Outcome:
+    """How a task ended, from the status of its future ("finished", "error", "cancelled")
+    and, when it raised, what: a loss is ``LOST``, anything else ``FAILED``; a task the
+    scheduler cancelled (what it needs went with a worker) is ``CANCELLED``.
+
+        >>> [outcome_of(s, e).value for s, e in (("finished", None), ("error", EOFError()),
+        ...                                       ("error", KeyError()), ("cancelled", None))]
+        ['done', 'lost', 'failed', 'cancelled']
+    """
+    if status == "finished":
+        return Outcome.DONE
+    if status == "error":
+        return Outcome.LOST if is_loss(error) else Outcome.FAILED
+    return Outcome.CANCELLED
+
+
 # --- events -------------------------------------------------------------------------------
 # Each event carries an id (its stimulus, as Dask's ``stimulus_id``): the adapter names what
 # it saw (a task's end by its Dask key); an event without one is named by the core, by its

@@ -82,7 +82,7 @@ class Watch:
                 raise self.lost_or_stuck(d, self.workers.get(d, "?"), what, self.state.start,
                                          f"op stuck: {what} took over {limit_s:.0f} s")
         for f in futs:
-            if f.status == "cancelled" or (f.status == "error" and _is_loss(f.exception())):
+            if f.status == "cancelled" or (f.status == "error" and C.is_loss(f.exception())):
                 self.check_alive()
                 raise _Lost(-1, "?", what, self.state.start, "worker lost during " + what)
         return self.client.gather(futs)
@@ -145,7 +145,7 @@ class Watch:
                                      f"op stuck: worker did not answer within {timeout:.0f} s"
                                      ) from None
         except Exception as e:
-            if _is_loss(e):
+            if C.is_loss(e):
                 raise _Lost(device, address, fn.__name__, self.state.start,
                             f"worker lost ({type(e).__name__})") from None
             raise
@@ -185,7 +185,7 @@ class Watch:
                                      "op stuck: worker did not take the carried outputs within "
                                      f"{self.limits.floor_s:.0f} s") from None
         except Exception as e:
-            if _is_loss(e) or "timed out" in str(e).lower():
+            if C.is_loss(e) or "timed out" in str(e).lower():
                 raise self.lost_or_stuck(device, address, "carry", step,
                                          f"worker lost ({type(e).__name__})", stuck=False
                                          ) from None
@@ -301,9 +301,3 @@ class Rollback:
 def _gpu_worker_addresses(dask_scheduler=None) -> list[str]:
     return [a for a, ws in dask_scheduler.workers.items()
             if ws.resources.get("GPU", 0) >= 1 and ws.status.name == "running"]
-
-
-def _is_loss(err) -> bool:
-    name = type(err).__name__
-    return name in ("KilledWorker", "CommClosedError", "FutureCancelledError",
-                    "CancelledError") or isinstance(err, (ConnectionError, EOFError))

@@ -28,7 +28,7 @@ from rpeg.runtime.core.flight import Task
 from rpeg.runtime.dask import worker as W
 from rpeg.runtime.dask.checkpointing import Attempt, Checkpointer
 from rpeg.runtime.dask.driver import Resilience, RunOptions, _Cluster, _Progress
-from rpeg.runtime.dask.losses import Watch, _is_loss, _Lost
+from rpeg.runtime.dask.losses import Watch, _Lost
 from rpeg.runtime.dask.stopflag import StopFlag
 from rpeg.runtime.rundir import outputs as O
 from rpeg.runtime.rundir.directory import RunDir, step_metrics
@@ -156,9 +156,8 @@ class SegmentLoop:
             start = state.start
             end = C.next_cut(start, self.steps, self.res.checkpoint_every, self.eval_every)
             calls.move(start, end, state.carry)
-            before = calls.cuts.closure(start) if start else set()
-            inside = calls.cuts.closure(end)
-            end, carried, futures = self._run_segment(start, end, inside - before, inside)
+            end, carried, futures = self._run_segment(start, end,
+                                                      *calls.cuts.segment(start, end))
             self.checkpoint(end, carried, self.attempt, futures)
             del futures
             self.evaluate(end, self.attempt.number)
@@ -322,13 +321,6 @@ def _evaluate_on_worker(model: str, step: int) -> dict:
 def _ended(future, now: float) -> C.TaskEnded:
     """What the core hears of a finished Dask future."""
     stimulus = f"task-ended-{future.key}"          # named by the Dask task it reports
-    if future.status == "finished":
-        return C.TaskEnded(future.key, now, id=stimulus)
-    if future.status == "error":
-        err = future.exception()
-        outcome = C.Outcome.LOST if _is_loss(err) else C.Outcome.FAILED
-        return C.TaskEnded(future.key, now, outcome, getattr(err, "rpeg_op", ""), err,
-                           id=stimulus)
-    # cancelled: the scheduler gave the task up because what it needs was lost with a worker
-    # (an output scattered there at the cut, or one only it held)
-    return C.TaskEnded(future.key, now, C.Outcome.CANCELLED, id=stimulus)
+    err = future.exception() if future.status == "error" else None
+    return C.TaskEnded(future.key, now, C.outcome_of(future.status, err),
+                       getattr(err, "rpeg_op", ""), err, id=stimulus)

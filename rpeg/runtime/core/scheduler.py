@@ -37,7 +37,9 @@ Between segments, the run's own decisions are functions here too: where the next
 ends (:func:`next_cut`), how many steps it keeps in flight (:func:`window_of`), whether
 its cut runs the eval block (:func:`eval_due`), how long a worker may take before it is
 stuck (:class:`Limits`), what to do with the workers found at a (re)start
-(:func:`on_workers`: run, refuse, give up, re-plan) and after a loss (:func:`on_loss`).
+(:func:`on_workers`: run, refuse, give up, re-plan) and after a loss (:func:`on_loss`), what
+counts as a lost worker (:func:`is_loss`); the rest, at a start, a resume and a cut, are
+in ``rpeg.runtime.core.choices``.
 
 Every event carries an id and every instruction the id of the event that caused it
 (``stimulus``, as Dask's ``stimulus_id``).

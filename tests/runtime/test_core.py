@@ -76,6 +76,7 @@ def test_a_failed_op_aborts(ppo, plan_by_hand):
 
 
 # --- a segment's decisions: tasks, losses, stuck devices, Ctrl-C, all without Dask ----------
+from rpeg.runtime.core import choices as K  # noqa: E402
 from rpeg.runtime.core import scheduler as C  # noqa: E402
 from rpeg.runtime.core.cuts import Cuts  # noqa: E402
 from rpeg.runtime.core.flight import Task  # noqa: E402
@@ -205,24 +206,24 @@ def test_every_state_change_is_in_the_transition_table():
 
 
 def test_a_segment_ends_at_the_next_checkpoint_or_eval_step_or_the_run_end():
-    assert [C.next_cut(s, 25, 10, None) for s in (0, 9, 10, 20)] == [10, 10, 20, 25]
-    assert [C.next_cut(s, 25, 10, 4) for s in (0, 4, 8, 10, 24)] == [4, 8, 10, 12, 25]
+    assert [K.next_cut(s, 25, 10, None) for s in (0, 9, 10, 20)] == [10, 10, 20, 25]
+    assert [K.next_cut(s, 25, 10, 4) for s in (0, 4, 8, 10, 24)] == [4, 8, 10, 12, 25]
 
 
 def test_workers_found_at_a_restart_run_refuse_replan_or_give_up():
-    decide = C.on_workers
-    assert decide(2, 2, started=False) is C.Workers.RUN
-    assert decide(2, 3, started=True) is C.Workers.RUN
-    assert decide(2, 1, started=False) is C.Workers.REFUSE       # a run never started
-    assert decide(2, 0, started=False) is C.Workers.REFUSE
-    assert decide(2, 1, started=True) is C.Workers.REPLAN        # after a loss: the rest
-    assert decide(2, 0, started=True) is C.Workers.GIVE_UP
+    decide = K.on_workers
+    assert decide(2, 2, started=False) is K.Workers.RUN
+    assert decide(2, 3, started=True) is K.Workers.RUN
+    assert decide(2, 1, started=False) is K.Workers.REFUSE       # a run never started
+    assert decide(2, 0, started=False) is K.Workers.REFUSE
+    assert decide(2, 1, started=True) is K.Workers.REPLAN        # after a loss: the rest
+    assert decide(2, 0, started=True) is K.Workers.GIVE_UP
 
 
 def test_a_loss_past_the_limit_gives_up_and_a_stuck_worker_is_killed_first():
-    assert C.on_loss(1, 3, stuck=False) == (False, False)
-    assert C.on_loss(3, 3, stuck=True) == (False, True)
-    assert C.on_loss(4, 3, stuck=False) == (True, False)
+    assert K.on_loss(1, 3, stuck=False) == (False, False)
+    assert K.on_loss(3, 3, stuck=True) == (False, True)
+    assert K.on_loss(4, 3, stuck=False) == (True, False)
 
 
 def test_a_collective_that_fails_waits_for_a_lost_peer_before_it_aborts(ppo):
@@ -257,7 +258,7 @@ def _staleness_segment(ppo, steps=4, end=2):
     table = {c.id: c for c in calls}
     cuts = Cuts(table)
     seg = cuts.closure(end)
-    core = C.Core.create(cuts.core_view(seg, end), end, C.window_of(((None, 1),)), cuts=cuts,
+    core = C.Core.create(cuts.core_view(seg, end), end, K.window_of(((None, 1),)), cuts=cuts,
                          devices=[0, 1])
     return core, cuts, seg
 
@@ -289,28 +290,28 @@ def test_fusion_reads_what_the_core_heard_not_the_cluster(ppo):
 
 
 def test_the_window_holds_staleness_plus_one_steps_and_one_ahead():
-    assert C.window_of(()) == 2                                       # synchronous
-    assert C.window_of((("rollout", 1), ("critic", 0))) == 3
-    assert C.window_of((("rollout", 3),)) == 5
+    assert K.window_of(()) == 2                                       # synchronous
+    assert K.window_of((("rollout", 1), ("critic", 0))) == 3
+    assert K.window_of((("rollout", 3),)) == 5
 
 
 def test_evals_run_every_so_many_steps_from_the_first_and_at_the_last():
-    assert [s for s in range(13) if C.eval_due(s, 12, 5)] == [0, 5, 10, 12]
-    assert [s for s in range(7) if C.eval_due(s, 6, 3)] == [0, 3, 6]
-    assert not any(C.eval_due(s, 12, None) for s in range(13))
+    assert [s for s in range(13) if K.eval_due(s, 12, 5)] == [0, 5, 10, 12]
+    assert [s for s in range(7) if K.eval_due(s, 6, 3)] == [0, 3, 6]
+    assert not any(K.eval_due(s, 12, None) for s in range(13))
 
 
 def test_a_task_may_take_factor_times_its_predicted_time_and_never_less_than_the_floor():
-    lim = C.Limits(factor=10.0, floor_s=120.0)
+    lim = K.Limits(factor=10.0, floor_s=120.0)
     times = {"rollout": 20.0, "ref_lp": 1.0, "actor_step": 5.0}
     # a fused call counts its slowest stage; the calls of a task add up
     assert lim.task([("rollout", "ref_lp"), ("actor_step",)], times) == 250.0
     assert lim.task([("ref_lp",)], times) == 120.0                    # the floor
     assert lim.task([("unknown",)], {}) == 120.0
     assert (lim.gather_s, lim.setup_s, lim.drain_s) == (240.0, 600.0, 10.0)
-    short = C.Limits(factor=1.0, floor_s=2.0)
+    short = K.Limits(factor=1.0, floor_s=2.0)
     assert (short.gather_s, short.setup_s, short.drain_s) == (4.0, 600.0, 2.0)
-    assert C.Limits(1.0, 400.0).setup_s == 800.0
+    assert K.Limits(1.0, 400.0).setup_s == 800.0
 
 
 def test_the_worked_examples_of_the_run_decisions_hold():

@@ -1,6 +1,9 @@
-"""The run's choices outside a segment: which workers a start takes, which saved replica each
-model restores from, whether a resume restarts at its cut, where the eval runs, which
-replicas a cut saves and which checkpoints it keeps. Pure functions of what the adapter found; no Dask, no files.
+"""The run's choices between segments: where a segment ends, how many steps it keeps in
+flight, whether its cut runs the eval, how long a worker may take, what to do with the
+workers at a start and after a loss, which workers a start takes, which saved replica
+each model restores from, whether a resume restarts at its cut, where the eval runs,
+which replicas a cut saves and which checkpoints it keeps. Pure functions of what the
+adapter found; no Dask, no files.
 
     >>> take_workers(["tcp://a", "tcp://b", "tcp://c"], lost={"tcp://a"}, n=2)
     {0: 'tcp://b', 1: 'tcp://c'}
@@ -11,10 +14,14 @@ replicas a cut saves and which checkpoints it keeps. Pure functions of what the 
 
 The Dask adapter (``rpeg.runtime.dask``) asks the cluster and reads the checkpoint, then
 carries out what these return; the scheduling core's own decisions (what to submit, when a
-segment ends, what is stuck) are in ``rpeg.runtime.core.scheduler``.
+segment's work is done, what is stuck) are in ``rpeg.runtime.core.scheduler``.
 """
 
 from __future__ import annotations
+
+import enum
+
+import attrs
 
 from rpeg.graph.ids import ReplicaAt, ReplicaKey
 
@@ -117,3 +124,133 @@ def eval_home(homes: dict[str, list[int]], generates) -> tuple[str, int] | None:
         if generates(model) and devices:
             return model, devices[0]
     return None
+
+
+# --- between segments: where one ends, its window, the eval, the limits, after a loss -------
+def next_cut(start: int, steps: int, checkpoint_every: int, eval_every: int | None) -> int:
+    """The step a segment starting at ``start`` ends at: the next checkpoint or eval step,
+    or the run's end.
+
+        >>> next_cut(0, 25, 10, None), next_cut(10, 25, 10, 4), next_cut(20, 25, 10, None)
+        (10, 12, 25)
+    """
+    every = eval_every or steps
+    return min(steps, (start // checkpoint_every + 1) * checkpoint_every,
+               (start // every + 1) * every)
+
+
+class Workers(enum.Enum):
+    """What a run does with the workers it finds at a (re)start."""
+
+    RUN = "run"                   # as many as the plan's devices
+    REFUSE = "refuse"             # too few for a run that never started: plan for these
+    GIVE_UP = "give up"           # none left
+    REPLAN = "replan"             # too few after a loss: re-plan for those left
+
+
+def on_workers(needed: int, have: int, *, started: bool) -> Workers:
+    """The decision of :class:`Workers` for ``have`` workers of the ``needed`` (``started``:
+    the run has made a checkpoint, or this is a restart after a loss).
+
+        >>> [on_workers(2, n, started=s).value for n, s in ((2, False), (1, False), (1, True),
+        ...                                                  (0, True))]
+        ['run', 'refuse', 'replan', 'give up']
+    """
+    if have >= needed:
+        return Workers.RUN
+    if not started:
+        return Workers.REFUSE
+    return Workers.GIVE_UP if have == 0 else Workers.REPLAN
+
+
+def on_loss(losses: int, max_losses: int, stuck: bool) -> tuple[bool, bool]:
+    """(give up, kill the worker first) after the run's ``losses``-th loss: past
+    ``max_losses`` the run stops (resumable); a stuck worker (still there, not answering) is
+    killed before the rollback, a lost one is gone already.
+
+        >>> on_loss(1, 3, stuck=True), on_loss(4, 3, stuck=False)
+        ((False, True), (True, False))
+    """
+    return losses > max_losses, stuck
+
+
+def window_of(staleness) -> int:
+    """Steps a segment keeps in flight for a plan of ``staleness`` ((stage, k) pairs): k + 1
+    may run at once, and one more is submitted ahead, so the scheduler holds its ops and
+    starts them the moment their inputs exist (no client round trip).
+
+        >>> window_of(()), window_of((("rollout", 1), ("adv", 0)))
+        (2, 3)
+    """
+    return max((k for _, k in staleness), default=0) + 2
+
+
+def eval_due(step: int, steps: int, every: int | None) -> bool:
+    """Whether the cut at ``step`` runs the eval block: every ``every`` steps (the untrained
+    model at 0 among them) and the run's last step; never without one.
+
+        >>> [s for s in range(11) if eval_due(s, 10, 4)], eval_due(3, 10, None)
+        ([0, 4, 8, 10], False)
+    """
+    return every is not None and (step % every == 0 or step == steps)
+
+
+SETUP_LIMIT_S = 600.0        # a worker's set-up imports torch and builds models: minutes
+QUICK_S = 30.0               # a call answered at once, but for a loaded machine
+REPORT_S = 120.0             # a worker's first import of torch, on a loaded machine
+
+
+@attrs.frozen
+class Limits:
+    """How long the run waits on its workers before one counts as stuck (then it is killed
+    and the run rolls back): a task, ``factor`` x the plan's predicted time of its ops and
+    never less than ``floor_s``; any other call to a worker, from the floor.
+
+        >>> Limits(10.0, 120.0).task([("gen",), ("gen", "ref")], {"gen": 20.0, "ref": 30.0})
+        500.0
+        >>> Limits(10.0, 1.0).task([("gen",)], {}), Limits(10.0, 1.0).gather_s
+        (1.0, 2.0)
+    """
+
+    factor: float = 10.0
+    floor_s: float = 120.0
+
+    def task(self, stages_of_calls, op_times: dict[str, float]) -> float:
+        """A task running calls of these stages (each call's stages, as ``OpCall.stages``)
+        in turn: the slowest stage of each call, summed (once per task: a frozen worker
+        is found as fast whatever the task holds)."""
+        t = sum(max((op_times.get(s, 0.0) for s in stages), default=0.0)
+                for stages in stages_of_calls)
+        return max(self.floor_s, self.factor * t)
+
+    @property
+    def gather_s(self) -> float:
+        """Results of a call to every worker (a checkpoint's saves, an eval)."""
+        return 2 * self.floor_s
+
+    @property
+    def setup_s(self) -> float:
+        """The workers' set-up: importing torch and building models."""
+        return max(SETUP_LIMIT_S, 2 * self.floor_s)
+
+    @property
+    def drain_s(self) -> float:
+        """Trace events from every worker at once (then each is asked on its own)."""
+        return min(10.0, self.floor_s)
+
+    @property
+    def quick_s(self) -> float:
+        """A call a worker or the scheduler answers at once: a teardown, a free port, its
+        pid, a restart, the scheduler going idle after a loss."""
+        return QUICK_S
+
+    @property
+    def report_s(self) -> float:
+        """A worker's report of its devices (it looks at its GPUs, importing torch)."""
+        return REPORT_S
+
+    @property
+    def answer_s(self) -> float:
+        """Whether a worker answers at all (``Ask``): its event loop replies at once, even
+        while its task blocks in a collective; a frozen one never does."""
+        return min(5.0, self.floor_s)

@@ -33,13 +33,12 @@ reports with the time they happened (``now``: the core reads no clock):
 * Ctrl-C (``StopRequested``): the first cut that holds every op already submitted
   (``Stopping``), the ops past it held, and ``CutShort`` once every op inside is done.
 
-Between segments, the run's own decisions are functions here too: where the next segment
-ends (:func:`next_cut`), how many steps it keeps in flight (:func:`window_of`), whether
-its cut runs the eval block (:func:`eval_due`), how long a worker may take before it is
-stuck (:class:`Limits`), what to do with the workers found at a (re)start
-(:func:`on_workers`: run, refuse, give up, re-plan) and after a loss (:func:`on_loss`), what
-counts as a lost worker (:func:`is_loss`); the rest, at a start, a resume and a cut, are
-in ``rpeg.runtime.core.choices``.
+What counts as a lost worker is decided here too (:func:`is_loss`, :func:`outcome_of`).
+The run's decisions between segments are functions of ``rpeg.runtime.core.choices``:
+where the next segment ends, how many steps it keeps in flight, whether its cut runs the
+eval block, how long a worker may take before it is stuck (``Limits``), what to do with
+the workers found at a (re)start and after a loss, and what a start, a resume and a cut
+choose.
 
 Every event carries an id and every instruction the id of the event that caused it
 (``stimulus``, as Dask's ``stimulus_id``).
@@ -597,136 +596,6 @@ class Core:
 _KINDS = {Started: "started", OpDone: "op-done", OpFailed: "op-failed",
           TaskSubmitted: "task-submitted", TaskEnded: "task-ended", Tick: "tick",
           StopRequested: "stop-requested", Answers: "answers"}
-
-
-# --- a run's decisions between segments ------------------------------------------------------
-def next_cut(start: int, steps: int, checkpoint_every: int, eval_every: int | None) -> int:
-    """The step a segment starting at ``start`` ends at: the next checkpoint or eval step,
-    or the run's end.
-
-        >>> next_cut(0, 25, 10, None), next_cut(10, 25, 10, 4), next_cut(20, 25, 10, None)
-        (10, 12, 25)
-    """
-    every = eval_every or steps
-    return min(steps, (start // checkpoint_every + 1) * checkpoint_every,
-               (start // every + 1) * every)
-
-
-class Workers(enum.Enum):
-    """What a run does with the workers it finds at a (re)start."""
-
-    RUN = "run"                   # as many as the plan's devices
-    REFUSE = "refuse"             # too few for a run that never started: plan for these
-    GIVE_UP = "give up"           # none left
-    REPLAN = "replan"             # too few after a loss: re-plan for those left
-
-
-def on_workers(needed: int, have: int, *, started: bool) -> Workers:
-    """The decision of :class:`Workers` for ``have`` workers of the ``needed`` (``started``:
-    the run has made a checkpoint, or this is a restart after a loss).
-
-        >>> [on_workers(2, n, started=s).value for n, s in ((2, False), (1, False), (1, True),
-        ...                                                  (0, True))]
-        ['run', 'refuse', 'replan', 'give up']
-    """
-    if have >= needed:
-        return Workers.RUN
-    if not started:
-        return Workers.REFUSE
-    return Workers.GIVE_UP if have == 0 else Workers.REPLAN
-
-
-def on_loss(losses: int, max_losses: int, stuck: bool) -> tuple[bool, bool]:
-    """(give up, kill the worker first) after the run's ``losses``-th loss: past
-    ``max_losses`` the run stops (resumable); a stuck worker (still there, not answering) is
-    killed before the rollback, a lost one is gone already.
-
-        >>> on_loss(1, 3, stuck=True), on_loss(4, 3, stuck=False)
-        ((False, True), (True, False))
-    """
-    return losses > max_losses, stuck
-
-
-def window_of(staleness) -> int:
-    """Steps a segment keeps in flight for a plan of ``staleness`` ((stage, k) pairs): k + 1
-    may run at once, and one more is submitted ahead, so the scheduler holds its ops and
-    starts them the moment their inputs exist (no client round trip).
-
-        >>> window_of(()), window_of((("rollout", 1), ("adv", 0)))
-        (2, 3)
-    """
-    return max((k for _, k in staleness), default=0) + 2
-
-
-def eval_due(step: int, steps: int, every: int | None) -> bool:
-    """Whether the cut at ``step`` runs the eval block: every ``every`` steps (the untrained
-    model at 0 among them) and the run's last step; never without one.
-
-        >>> [s for s in range(11) if eval_due(s, 10, 4)], eval_due(3, 10, None)
-        ([0, 4, 8, 10], False)
-    """
-    return every is not None and (step % every == 0 or step == steps)
-
-
-SETUP_LIMIT_S = 600.0        # a worker's set-up imports torch and builds models: minutes
-QUICK_S = 30.0               # a call answered at once, but for a loaded machine
-REPORT_S = 120.0             # a worker's first import of torch, on a loaded machine
-
-
-@attrs.frozen
-class Limits:
-    """How long the run waits on its workers before one counts as stuck (then it is killed
-    and the run rolls back): a task, ``factor`` x the plan's predicted time of its ops and
-    never less than ``floor_s``; any other call to a worker, from the floor.
-
-        >>> Limits(10.0, 120.0).task([("gen",), ("gen", "ref")], {"gen": 20.0, "ref": 30.0})
-        500.0
-        >>> Limits(10.0, 1.0).task([("gen",)], {}), Limits(10.0, 1.0).gather_s
-        (1.0, 2.0)
-    """
-
-    factor: float = 10.0
-    floor_s: float = 120.0
-
-    def task(self, stages_of_calls, op_times: dict[str, float]) -> float:
-        """A task running calls of these stages (each call's stages, as ``OpCall.stages``)
-        in turn: the slowest stage of each call, summed (once per task: a frozen worker
-        is found as fast whatever the task holds)."""
-        t = sum(max((op_times.get(s, 0.0) for s in stages), default=0.0)
-                for stages in stages_of_calls)
-        return max(self.floor_s, self.factor * t)
-
-    @property
-    def gather_s(self) -> float:
-        """Results of a call to every worker (a checkpoint's saves, an eval)."""
-        return 2 * self.floor_s
-
-    @property
-    def setup_s(self) -> float:
-        """The workers' set-up: importing torch and building models."""
-        return max(SETUP_LIMIT_S, 2 * self.floor_s)
-
-    @property
-    def drain_s(self) -> float:
-        """Trace events from every worker at once (then each is asked on its own)."""
-        return min(10.0, self.floor_s)
-
-    @property
-    def quick_s(self) -> float:
-        """A call a worker or the scheduler answers at once: a teardown, a free port, its
-        pid, a restart, the scheduler going idle after a loss."""
-        return QUICK_S
-
-    @property
-    def report_s(self) -> float:
-        """A worker's report of its devices (it looks at its GPUs, importing torch)."""
-        return REPORT_S
-
-    @property
-    def answer_s(self) -> float:
-        """Whether a worker answers at all (``Ask``): its event loop replies at once, even
-        while its task blocks in a collective; a frozen one never does."""
-        return min(5.0, self.floor_s)
 
 
 def _submission_order(calls) -> tuple[str, ...]:

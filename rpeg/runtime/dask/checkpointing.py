@@ -22,7 +22,7 @@ import attrs
 
 from rpeg.errors import RpegError, RuntimeFailure, Span
 from rpeg.plan.model import Plan
-from rpeg.runtime.core import scheduler as C
+from rpeg.runtime.core import choices as K
 from rpeg.runtime.core.choices import (
     rebuildable,
     restore_sources,
@@ -83,15 +83,15 @@ class Starter:
         workers = self._wait_workers(n, number)
         if workers is None:
             have = watch.gpu_workers()
-            decision = C.on_workers(n, len(have), started=number > 1
+            decision = K.on_workers(n, len(have), started=number > 1
                                     or self.state.checkpoint is not None)
-            if decision is C.Workers.REFUSE:
+            if decision is K.Workers.REFUSE:
                 raise RuntimeFailure(f"the plan needs {n:,} devices, and the scheduler at "
                                      f"{self.options.scheduler} has {len(have)} worker(s) with "
                                      "resource GPU=1",
                                      hint="start one worker per device with --resources GPU=1, "
                                           "or plan for the workers there are")
-            if decision is C.Workers.GIVE_UP:
+            if decision is K.Workers.GIVE_UP:
                 raise RuntimeFailure("no worker with resource GPU=1 is left to continue on")
             plan = _replan(self.pipeline, plan, len(have), self.meta, self.rd,
                            why=f"only {len(have)} worker(s) left", from_step=self.state.start)
@@ -99,7 +99,7 @@ class Starter:
         watch.workers = workers
         calls = SegmentCalls(CallWindows(self.pipeline, plan, self.steps, self.state.base))
         calls.move(self.state.start, min(self.steps, self.state.start + 1), self.state.carry)
-        window = C.window_of(plan.staleness)
+        window = K.window_of(plan.staleness)
         cl = self.cl
         if number > 1:
             for a in workers.values():

@@ -22,6 +22,7 @@ import time
 import attrs
 
 from rpeg.errors import RuntimeFailure
+from rpeg.runtime.core import choices as K
 from rpeg.runtime.core import scheduler as C
 from rpeg.runtime.core.flight import Flight, Task, first_silent
 from rpeg.runtime.dask import worker as W
@@ -53,7 +54,7 @@ class Watch:
     says the step the run is at, for the reports."""
 
     client: object                              # the run's distributed.Client
-    limits: C.Limits                            # how long a worker may take to answer
+    limits: K.Limits                            # how long a worker may take to answer
     state: RunState
     workers: dict[int, str] = attrs.field(factory=dict)
 
@@ -270,7 +271,7 @@ class Rollback:
         record = Recovery(attempt, lost.device, lost.worker, lost.op, lost.step, lost.reason,
                           lost.stimulus, self.state.start, time.time())
         self.meta.recoveries.append(record)
-        give_up, kill = C.on_loss(len(self.meta.recoveries), self.max_recoveries,
+        give_up, kill = K.on_loss(len(self.meta.recoveries), self.max_recoveries,
                                   stuck=lost.stuck)
         if give_up:
             raise RuntimeFailure(f"the run lost workers {len(self.meta.recoveries)} times "

@@ -21,9 +21,9 @@ from collections.abc import Callable
 import attrs
 
 from rpeg.errors import RpegError, RuntimeFailure
+from rpeg.runtime.core import choices as K
 from rpeg.runtime.core import fusion as F
 from rpeg.runtime.core import scheduler as C
-from rpeg.runtime.core.choices import eval_home
 from rpeg.runtime.core.flight import Task
 from rpeg.runtime.dask import worker as W
 from rpeg.runtime.dask.checkpointing import Attempt, Checkpointer
@@ -107,11 +107,11 @@ class Evals:
     def __call__(self, step: int, attempt: int) -> None:
         from rpeg.runtime.lowering.instances import base_of
         e = self.pipeline.evaluation
-        if not C.eval_due(step, self.steps, e.every if e else None) \
+        if not K.eval_due(step, self.steps, e.every if e else None) \
                 or O.evaluated(self.rd.path, step):       # once per step, across resumes
             return
         gen = next(s for s in self.pipeline.stages if s.kind.value == "generate")
-        home = eval_home(self.meta.homes or {}, lambda m: gen.target in base_of(m).members)
+        home = K.eval_home(self.meta.homes or {}, lambda m: gen.target in base_of(m).members)
         if home is None:
             raise RuntimeFailure(f"eval needs a trained replica of '{gen.target}', and the "
                                  "plan trains none", e.span)
@@ -154,7 +154,7 @@ class SegmentLoop:
             self.evaluate(0, self.attempt.number)        # the untrained model, to compare with
         while state.start < self.steps:
             start = state.start
-            end = C.next_cut(start, self.steps, self.res.checkpoint_every, self.eval_every)
+            end = K.next_cut(start, self.steps, self.res.checkpoint_every, self.eval_every)
             calls.move(start, end, state.carry)
             end, carried, futures = self._run_segment(start, end,
                                                       *calls.cuts.segment(start, end))

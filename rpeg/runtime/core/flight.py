@@ -112,10 +112,15 @@ class Flight:
     def overdue(self, last_done: dict[int, float], now: float) -> list[tuple[Task, float]]:
         """Every device that made no progress for longer than its earliest-ready task's
         limit: that task and the time, by device."""
-        devices = sorted({self.tasks[k].device for k in self.ready_at})
+        first: dict[int, tuple[float, object]] = {}      # one pass over the ready tasks
+        for key, t_ready in self.ready_at.items():
+            d = self.tasks[key].device
+            if d not in first or t_ready < first[d][0]:
+                first[d] = (t_ready, key)
         out = []
-        for d in devices:
-            task, idle = self.idle(d, last_done, now)
+        for d, (t_ready, key) in sorted(first.items()):
+            task = self.tasks[key]
+            idle = now - max(t_ready, last_done.get(d, t_ready))
             if idle > task.limit_s:
                 out.append((task, idle))
         return out

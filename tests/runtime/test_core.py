@@ -312,6 +312,8 @@ def test_a_task_may_take_factor_times_its_predicted_time_and_never_less_than_the
     short = K.Limits(factor=1.0, floor_s=2.0)
     assert (short.gather_s, short.setup_s, short.drain_s) == (4.0, 600.0, 2.0)
     assert K.Limits(1.0, 400.0).setup_s == 800.0
+    # a call answered at once, a worker's first look at its GPUs, whether it answers at all
+    assert (lim.quick_s, lim.report_s, lim.answer_s, short.answer_s) == (30.0, 120.0, 5.0, 2.0)
 
 
 def test_the_worked_examples_of_the_run_decisions_hold():

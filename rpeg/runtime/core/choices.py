@@ -51,9 +51,10 @@ def pruned(steps, keep: int) -> list[int]:
 
 
 def rebuildable(versions: dict[str, tuple[int, bool, bool, bool]]) -> set[str]:
-    """Replicas a cut does not save, as a resume rebuilds them without their files: a frozen model (made again from its
-    weights or seed), and a copy whose version equals its trained replica's (loaded from
-    that one's files) and that keeps no partial rollouts (only its own files hold them)."""
+    """Replicas a cut does not save, as a resume rebuilds them without their files: a
+    frozen model (made again from its weights or seed), and a copy whose version equals its
+    trained replica's (loaded from that one's files) and that keeps no partial rollouts
+    (only its own files hold them)."""
     trained = {ReplicaAt(k).key: v for k, (v, home, _, _) in versions.items() if home}
     return {k for k, (v, home, frozen, carries) in versions.items()
             if frozen or (not home and not carries and trained.get(ReplicaAt(k).key) == v)}

@@ -23,12 +23,6 @@ import attrs
 from rpeg.errors import RpegError, RuntimeFailure, Span
 from rpeg.plan.model import Plan
 from rpeg.runtime.core import choices as K
-from rpeg.runtime.core.choices import (
-    rebuildable,
-    restore_sources,
-    take_workers,
-    workers_wait_s,
-)
 from rpeg.runtime.core.windows import CallWindows, SegmentCalls
 from rpeg.runtime.dask import worker as W
 from rpeg.runtime.dask.devices import Seen, cuda_choice, gpu_table
@@ -145,7 +139,8 @@ class Starter:
             if a not in meta.worker_history.setdefault(d, []):
                 meta.worker_history[d].append(a)
         self.pids.clear()
-        self.pids.update({a: watch.run_on(a, os.getpid, watch.limits.quick_s) for a in workers.values()})
+        self.pids.update({a: watch.run_on(a, os.getpid, watch.limits.quick_s)
+                          for a in workers.values()})
         if self.state.checkpoint is not None:
             self._restore(self.state.checkpoint, workers, number)
         self.rd.write_json("run.json", meta.to_json())
@@ -164,10 +159,10 @@ class Starter:
                   "workers'", file=sys.stderr)
 
     def _wait_workers(self, n: int, number: int) -> dict[int, str] | None:
-        end = time.time() + workers_wait_s(number, self.replace_wait_s)
+        end = time.time() + K.workers_wait_s(number, self.replace_wait_s)
         lost = self.meta.lost_workers()
         while True:
-            workers = take_workers(self.watch.gpu_workers(), lost, n)
+            workers = K.take_workers(self.watch.gpu_workers(), lost, n)
             if workers is not None or time.time() > end:
                 return workers
             time.sleep(0.25)
@@ -182,7 +177,7 @@ class Starter:
         cl = self.cl
         futs = []
         for d, a in workers.items():
-            sources = {model: str(ck.path / k) for model, k in restore_sources(
+            sources = {model: str(ck.path / k) for model, k in K.restore_sources(
                 saved, d, trained, restart=restart).items()}
             futs.append(cl.client.submit(ckio.restore_replicas, sources, workers=[a],
                                          allow_other_workers=False, pure=False,
@@ -244,7 +239,7 @@ class Checkpointer:
                 key=f"versions-{cut}-{d}-{cl.token}-{number}")
                 for d, a in workers.items()], "versions", list(workers)):
             held.update(v)
-        skip = tuple(sorted(rebuildable(held)))
+        skip = tuple(sorted(K.rebuildable(held)))
         saves = [cl.client.submit(ckio.save_replicas, str(tmp), cut, skip, workers=[a],
                                   allow_other_workers=False, pure=False,
                                   key=f"ckpt-{cut}-{d}-{cl.token}-{number}")

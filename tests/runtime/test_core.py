@@ -322,6 +322,19 @@ def test_the_worked_examples_of_the_run_decisions_hold():
     assert result.attempted and result.failed == 0
 
 
+def test_a_task_that_raised_is_lost_when_its_worker_went_and_failed_otherwise():
+    """Dask's errors by name (the core imports no Dask): a killed worker, a closed comm, a
+    cancelled future are losses; whatever an op raises is a failure."""
+    killed = type("KilledWorker", (Exception,), {})
+    closed = type("CommClosedError", (OSError,), {})
+    assert C.outcome_of("error", killed()) is C.Outcome.LOST
+    assert C.outcome_of("error", closed()) is C.Outcome.LOST
+    assert C.outcome_of("error", BrokenPipeError()) is C.Outcome.LOST
+    assert C.outcome_of("error", RuntimeError("Connection closed by peer")) is C.Outcome.FAILED
+    assert C.outcome_of("cancelled") is C.Outcome.CANCELLED
+    assert C.outcome_of("finished") is C.Outcome.DONE
+
+
 # --- whom a stuck collective blames -----------------------------------------------------------
 def _at_the_sync(ppo):
     """A staleness-1 segment on two devices run until its first weight sync (a collective of

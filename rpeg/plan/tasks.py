@@ -72,15 +72,15 @@ def dispatch_per_step(graph: Graph, layouts: dict[str, OpLayout], chunks: int = 
     before are packed first, as the runtime does."""
     prep, last = steady_step(graph, layouts, chunks, steps)
     inputs = _inputs(prep)
-    # each instance's devices, and whether another device reads its output (its first
-    # rank's: a reader's first two devices, where it runs), by (op, chunk) where they
-    # depend on nothing else
-    on = {key: layouts[key[0]].devices_of(key[1]) for key in set(prep.keys)}
-    devs = [on[key] for key in prep.keys]
-    heads = [on[key][:2] for key in prep.keys]
+    # by (op, chunk), where they depend on nothing else: each instance's devices, the
+    # first two (where a reader runs: another device reads the output of an instance's
+    # first rank when it runs there), whether it is a gang, and its ranks on its first device
+    on = {key: layouts[key[0]].devices_of(key[1]) or (-1,) for key in set(prep.keys)}
+    heads = {key: ds[:2] for key, ds in on.items()}
     gangs = {key: layouts[key[0]].collective and len(ds) > 1 for key, ds in on.items()}
     at_head = {key: tuple(i for i, d in enumerate(ds) if d == ds[0]) for key, ds in on.items()
-               if gangs[key]}                    # a gang's ranks on its first device
+               if gangs[key]}
+    keys, fed = prep.keys, prep.fed
     task: dict[int, int] = {}                    # instance -> the task of its first rank
     pack = Packer(together)
 
@@ -90,22 +90,21 @@ def dispatch_per_step(graph: Graph, layouts: dict[str, OpLayout], chunks: int = 
         first, calls, order = len(pack.waits), 0, 0
         lo = bisect.bisect_left(prep.step_of, step)
         for k in range(lo, bisect.bisect_right(prep.step_of, step, lo)):
-            key = prep.keys[k]
-            ds = devs[k] or (-1,)
+            key = keys[k]
+            ds = on[key]
             deps = {task[i] for i in inputs[k] if i in task}
-            gang = gangs[key]
-            if gang and len(ds) >= JOIN_MIN:      # the join: a task of its own
-                calls += 1
-                deps = {pack.new(deps)}
-            # a gang waits for the gang before it on each member's device (each member does,
-            # or its join): futures beyond the data's
-            order += len(ds) if gang and len(ds) >= JOIN_MIN else len(ds) ** 2 if gang else 0
             head = ds[0]
-            elsewhere = any(d != head for c in prep.fed[k] for d in heads[c])
+            elsewhere = any(d != head for c in fed[k] for d in heads[keys[c]])
             op, chunk = key
             calls += len(ds)
-            if gang:                              # the ranks start together
-                ranks = pack.gang(ds, step, deps)
+            if gangs[key]:                        # the ranks start together
+                if len(ds) >= JOIN_MIN:           # waiting through a join, a task of its own
+                    calls += 1
+                    order += len(ds)              # each member on the gang before it there
+                    ranks = pack.gang(ds, step, {pack.new(deps)}, named=False)
+                else:                             # each member waits for the gang before
+                    order += len(ds) ** 2         # it on each member's device
+                    ranks = pack.gang(ds, step, deps)
                 for i in at_head[key]:
                     task[k] = ranks[i]
                     if elsewhere:

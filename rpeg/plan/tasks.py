@@ -42,8 +42,12 @@ from rpeg.plan.simulate import OpTiming, prepared
 from rpeg.spec.model import OpKind
 
 
-def steady_step(graph: Graph, layouts: dict[str, OpLayout], chunks: int, steps: int):
-    """(the unrolled graph, the steady step of it whose dispatch is counted)."""
+def steady_step(graph: Graph, layouts: dict[str, OpLayout], chunks: int, steps: int,
+                warm: bool = True):
+    """(the unrolled graph, the steady step of it whose dispatch is counted). ``warm``: a
+    step whose inputs come from steady steps, to pack the steps before it first; else the
+    first step all of whose inputs are unrolled (what it reads, lag + 1 back, is there),
+    one step less to unroll for a step packed alone."""
     # its generate ops' chunks each on a lane of its own: the count with the least fusion
     streamed = Placed(graph, 0, chunks=chunks, lanes=tuple(
         (o.name, 1) for o in graph.ops if o.kind is OpKind.GENERATE))
@@ -51,6 +55,8 @@ def steady_step(graph: Graph, layouts: dict[str, OpLayout], chunks: int, steps: 
     # the steps after it that read its outputs (lag + 1 on)
     lag = max((e.lag for e in graph.version_edges), default=0)
     last = min(steps // 2, lag + 2)
+    if not warm and last == lag + 2:
+        last = lag + 1
     return prepared(streamed, last + lag + 2), last
 
 
@@ -70,14 +76,21 @@ def dispatch_per_step(graph: Graph, layouts: dict[str, OpLayout], chunks: int = 
     train ranks and weight syncs it reads across steps), each stands for a task of its
     own and the steady step is packed alone; elsewhere (or with ``replay``) the steps
     before are packed first, as the runtime does."""
-    prep, last = steady_step(graph, layouts, chunks, steps)
+    prep, last = steady_step(graph, layouts, chunks, steps, warm=replay)
     inputs = _inputs(prep)
+    lo = bisect.bisect_left(prep.step_of, last)
+    before = {i for k in range(lo, bisect.bisect_right(prep.step_of, last, lo))
+              for i in inputs[k] if i < lo}
+    alone = not replay and all(_gang(layouts, prep.keys[i]) for i in before)
+    if not (alone or replay):                    # the steps before packed first
+        prep, last = steady_step(graph, layouts, chunks, steps)
+        inputs = _inputs(prep)
     # by (op, chunk), where they depend on nothing else: each instance's devices, the
     # first two (where a reader runs: another device reads the output of an instance's
     # first rank when it runs there), whether it is a gang, and its ranks on its first device
     on = {key: layouts[key[0]].devices_of(key[1]) or (-1,) for key in set(prep.keys)}
     heads = {key: ds[:2] for key, ds in on.items()}
-    gangs = {key: layouts[key[0]].collective and len(ds) > 1 for key, ds in on.items()}
+    gangs = {key: _gang(layouts, key) for key in on}
     at_head = {key: tuple(i for i, d in enumerate(ds) if d == ds[0]) for key, ds in on.items()
                if gangs[key]}
     keys, fed = prep.keys, prep.fed
@@ -120,17 +133,20 @@ def dispatch_per_step(graph: Graph, layouts: dict[str, OpLayout], chunks: int = 
             return calls, len(pack.waits) - first, order
         return calls, len(pack.waits) - first, sum(map(len, pack.waits[first:])) + order
 
-    lo = bisect.bisect_left(prep.step_of, last)
-    before = {i for k in range(lo, bisect.bisect_right(prep.step_of, last, lo))
-              for i in inputs[k] if i < lo}
-    if replay or not all(gangs[prep.keys[i]] for i in before):
+    if alone:                                        # each read through a task of its own
+        task.update((i, ("before", i)) for i in before)
+    else:
         for step in range(last):                     # the tasks the step's inputs come from
             batch(step)
-    else:                                            # each read through a task of its own
-        task.update((i, ("before", i)) for i in before)
     calls, tasks, args = batch(last)
     used = {d for lay in layouts.values() for d in lay.devices}
     return Dispatch(len(used), calls, tasks, args)
+
+
+def _gang(layouts: dict[str, OpLayout], key: tuple[str, int]) -> bool:
+    """Whether instance ``key`` (op, chunk) is a gang: a collective on several devices."""
+    lay = layouts[key[0]]
+    return lay.collective and len(lay.devices_of(key[1])) > 1
 
 
 def relabelled(layouts: dict[str, OpLayout]) -> tuple[tuple[str, OpLayout], ...]:

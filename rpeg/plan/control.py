@@ -11,11 +11,10 @@ A :class:`ControlPlane` prices the op calls, Dask tasks and futures a steady ste
 plan dispatches (:func:`rpeg.plan.tasks.dispatch_per_step`: the step's calls packed into
 tasks as the runtime's fusion packs them) in seconds a step loses to them
 (:func:`rpeg.cost.control.control_time`, or :func:`rpeg.cost.control.shared_cores_time`
-where the devices are the host's own cores). Two cheaper figures, each no more than the
-counted one, let a search skip the count for a plan that cannot beat its bound:
+where the devices are the host's own cores). A cheaper figure, no more than the counted
+one, lets a search skip the count for a plan that cannot beat its bound:
 :meth:`ControlPlane.floor` (:func:`rpeg.plan.dispatchfloor.dispatch_floor`, the step
-neither unrolled nor packed) and :meth:`ControlPlane.least`
-(:func:`rpeg.plan.tasks.dispatch_least`, unrolled, not packed).
+neither unrolled nor packed).
 
 Each count is a function of the plan's graph without fusion, each op's layout with its
 devices renamed in order of appearance (:func:`rpeg.plan.tasks.relabelled`), the chunks a
@@ -34,7 +33,7 @@ from rpeg.graph import Graph
 from rpeg.plan.dispatchfloor import dispatch_floor
 from rpeg.plan.model import Plan
 from rpeg.plan.simulate import OpTiming
-from rpeg.plan.tasks import dispatch_least, dispatch_per_step, layouts_of, relabelled
+from rpeg.plan.tasks import dispatch_per_step, layouts_of, relabelled
 from rpeg.spec.model import Cluster, OpKind, Pipeline
 
 
@@ -48,7 +47,6 @@ class ControlPlane:
     graph: Callable[[Plan], Graph]
     _tasks: dict[tuple, Dispatch] = attrs.field(factory=dict, init=False)
     _floors: dict[tuple, Dispatch] = attrs.field(factory=dict, init=False)
-    _least: dict[tuple, Dispatch] = attrs.field(factory=dict, init=False)
     _laid: dict[tuple, tuple] = attrs.field(factory=dict, init=False)
 
     def time(self, plan: Plan, timings: dict[str, OpTiming], steps: int,
@@ -76,18 +74,6 @@ class ControlPlane:
         low = self._floors.get(key)
         if low is None:
             low = self._floors[key] = dispatch_floor(loose, dict(named), chunks, steps)
-        return self.charged(low, step_s)
-
-    def least(self, plan: Plan, timings: dict[str, OpTiming], steps: int,
-              step_s: float) -> float:
-        """No more than :meth:`time`, no less than :meth:`floor`: priced from
-        :func:`rpeg.plan.tasks.dispatch_least` (the step unrolled, its calls not packed)."""
-        loose, _, chunks, named = self.layouts(plan, timings)
-        key = (loose, named, chunks, steps, plan.fusion)
-        low = self._least.get(key) or self._tasks.get(key)      # or the count itself
-        if low is None:
-            low = self._least[key] = dispatch_least(loose, dict(named), chunks, steps,
-                                                    plan.fusion)
         return self.charged(low, step_s)
 
     def dispatch(self, plan: Plan, timings: dict[str, OpTiming], steps: int = 6) -> Dispatch:

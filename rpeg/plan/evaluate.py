@@ -26,10 +26,9 @@ would replace): ``evaluate(plan, bound=b)`` first prices the step's lower bound,
 busiest device's work of one step (:func:`rpeg.plan.simulate.floor`, which no simulated
 step is below) with the least control plane any packing of its calls costs
 (:func:`rpeg.plan.dispatchfloor.dispatch_floor`), and simulates only when that is below
-``b``; then it counts the step's Dask tasks (the costliest part of pricing a plan on many
-devices, :func:`rpeg.plan.tasks.dispatch_per_step`) only when the simulated step with
-the least control plane its unrolled calls cost (:func:`rpeg.plan.tasks.dispatch_least`)
-is still below ``b``. Otherwise the evaluation says the plan is
+``b``; then it counts the step's Dask tasks (:func:`rpeg.plan.tasks.dispatch_per_step`)
+only when the simulated step with that least control plane is still below ``b``.
+Otherwise the evaluation says the plan is
 no faster than its lower bound (``Evaluation.bounded``); a search reads that figure only
 as a bound, so how tight it is changes no decision. Evaluations a search asks for again
 (another walk of the staleness ladder, a baseline of another cap) are answered from
@@ -732,10 +731,10 @@ class Evaluator:
             self.placed(plan, graph), timings, steps=steps, events=detail,
             crossing_s=max(self.cluster.gpu.dispatch_s, 0.0))
         if bound is not None and feasible:
-            # the simulated step, and the control plane's least again: packing the step's
-            # calls into tasks (the costliest part of pricing a plan on many devices) only
-            # for a plan that could still be below the bound
-            least = timeline.step_time_s + self.control.least(
+            # the simulated step, and the control plane's least again (as it grows with
+            # the step): packing the step's calls into tasks only for a plan that could
+            # still be below the bound
+            least = timeline.step_time_s + self.control.floor(
                 plan, timings, steps, timeline.step_time_s) + every
             if least >= bound:
                 return _Priced(plan, homes, True, None, Predicted(

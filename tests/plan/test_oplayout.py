@@ -89,3 +89,25 @@ def test_a_reader_reads_in_place_only_the_trainers_own_split_of_whole_weights(tr
         assert all_in_place(train, reader) == (set(reader.devices) <= set(train.devices))
     same = StagePlacement("g", train.devices, dp=train.dp, tp=train.tp)
     assert all_in_place(train, same) == (train.zero < 3)
+
+
+@settings(deadline=None)
+@given(placements(), placements(), st.sampled_from(KINDS[:2]), st.booleans(),
+       st.integers(1, 12), st.booleans())
+def test_the_memoised_copy_keys_are_the_rule_applied_device_by_device(
+        place, trainer, kind, streamed, chunks, trained):
+    """A reader's wanted copies (memoised by the reader and its trainer) are
+    :func:`copy_key` on each device it runs a call on, its members those of its layout."""
+    from rpeg.graph.ids import ReplicaKey
+    from rpeg.plan.copies import _wanted, copy_key
+    from rpeg.plan.oplayout import OpLayout
+    op = Op("o", kind, reads_model="m", stages=("s",))
+    lay = op_layout(op, place, streamed or kind is OpKind.GENERATE)
+    train = trainer if trained else None
+    fresh = OpLayout(lay.devices, lay.tp, lay.chunked, lay.per_block, lay.everywhere,
+                     lay.collective)
+    assert lay.members(chunks) == fresh._members_uncached(chunks)
+    whole = train is not None and all_in_place(train, place)
+    assert _wanted("m", op, place, lay, train, chunks) == tuple(
+        (d, g, ReplicaKey("m") if whole else copy_key(op, place, d, train, g))
+        for d, g in fresh._members_uncached(chunks))

@@ -158,9 +158,10 @@ def _backbone(model: Backbone, train, readers: tuple, chunks: int):
             if layout.setdefault((key, d), group) != group:
                 key = variant_key(model, group)
             at.setdefault(d, key)
-        for d, group, _ in members:         # every rank of a block reads the same copy
-            if group and not at[d].variant:
-                other = next((at[x] for x in group if at[x].variant), None)
+        split = {key for key in set(at.values()) if key.variant}
+        for d, group, _ in members if split else ():  # a block's ranks read one copy
+            if group and at[d] not in split:
+                other = next((at[x] for x in group if at[x] in split), None)
                 if other is not None:
                     at[d] = other
         for d, key in at.items():

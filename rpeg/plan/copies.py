@@ -102,15 +102,17 @@ def copy_key(op, place, device: int, trainer, group: tuple[int, ...]) -> Replica
         return ReplicaKey.maybe(model)
     if op.kind is OpKind.GENERATE and serves_copy(trainer, place, device):
         return engine_key(model)
-    if trainer is not None and device in _set(tuple(trainer.devices)) \
+    if trainer is not None and device in _held(trainer) \
             and not reads_in_place(trainer, place, device):
         return variant_key(model, group)
     return ReplicaKey(model)
 
 
-@functools.lru_cache(maxsize=1024)
-def _set(devices: tuple[int, ...]) -> frozenset[int]:
-    return frozenset(devices)
+@functools.lru_cache(maxsize=4096)
+def _held(trainer) -> frozenset[int]:
+    """The trainer's devices, by the placement (its hash kept: not a tuple of thousands
+    hashed again for every device asked about)."""
+    return frozenset(trainer.devices)
 
 
 def copies(placed, placement_of: Callable) -> Copies:
@@ -192,7 +194,7 @@ def _wanted(model: Backbone, op, place, lay, trainer, chunks: int) -> tuple:
         own = ReplicaKey(model)
         return tuple((d, group, own) for d, group in lay.members(chunks))
     # off its trainer's devices the key is the same on every device (device -1: none)
-    held = _set(tuple(trainer.devices)) if trainer is not None else frozenset()
+    held = _held(trainer) if trainer is not None else frozenset()
     elsewhere = copy_key(op, place, -1, trainer, ())
     return tuple((d, group, copy_key(op, place, d, trainer, group) if d in held else elsewhere)
                  for d, group in lay.members(chunks))

@@ -99,7 +99,7 @@ class OpLayout:
         return tuple((d, self._group(d)) for c in range(n) for d in self.devices_of(c))
 
     def _group(self, device: int) -> tuple[int, ...]:
-        return () if self.per_block else block_of(self.devices, self.tp, device)
+        return () if self.per_block or self.tp <= 1 else _layout_blocks(self)[device]
 
 
 @functools.lru_cache(maxsize=4096)
@@ -120,6 +120,23 @@ def _blocks(devices: tuple[int, ...], tp: int) -> dict[int, tuple[int, ...]]:
     return {d: b for b in tp_blocks(devices, tp) for d in b}
 
 
+# By the layout or placement, whose hash is kept, not by its devices, which a tuple of
+# thousands would hash again on every device's question.
+@functools.lru_cache(maxsize=4096)
+def _layout_blocks(layout: OpLayout) -> dict[int, tuple[int, ...]]:
+    return _blocks(tuple(layout.devices), layout.tp)
+
+
+@functools.lru_cache(maxsize=4096)
+def _placed_blocks(p, tp: int) -> dict[int, tuple[int, ...]]:
+    return _blocks(tuple(p.devices), tp)
+
+
+def _block_at(p, device: int) -> tuple[int, ...]:
+    """:func:`block_of` ``p``'s devices at ``device``."""
+    return () if p.tp <= 1 else _placed_blocks(p, p.tp)[device]
+
+
 def reads_in_place(trainer, reader, device: int) -> bool:
     """Whether an op placed as ``reader`` reads, on ``device``, a trained model's weights
     where its trainer (placed as ``trainer``) keeps them, so that no weight sync moves them
@@ -136,10 +153,9 @@ def reads_in_place(trainer, reader, device: int) -> bool:
         >>> reads_in_place(t, P("g", (1, 2), tp=2), 1), reads_in_place(t, P("g", (0,)), 0)
         (False, False)
     """
-    return (device in _blocks(tuple(trainer.devices), 1) and not trainer.zero.shards_params
+    return (device in _placed_blocks(trainer, 1) and not trainer.zero.shards_params
             and max(trainer.pp, reader.pp) == 1 and not serves_copy(trainer, reader, device)
-            and block_of(tuple(trainer.devices), trainer.tp, device)
-            == block_of(tuple(reader.devices), reader.tp, device))
+            and _block_at(trainer, device) == _block_at(reader, device))
 
 
 def gathers_in_place(op, trainer, reader, chunks: int) -> bool:

@@ -65,7 +65,7 @@ import attrs
 
 from rpeg.cost.engine_sync import serves_copy
 from rpeg.graph.ids import Backbone, ReplicaKey, engine_key, variant_key
-from rpeg.plan.oplayout import all_in_place, reads_in_place
+from rpeg.plan.oplayout import all_in_place, reads_in_place_on
 from rpeg.spec.model import OpKind
 
 
@@ -97,15 +97,22 @@ def copy_key(op, place, device: int, trainer, group: tuple[int, ...]) -> Replica
     """The key of the copy of its model an op placed as ``place`` reads on ``device`` (its
     tensor-parallel block there: ``group``; ``trainer``: the placement training the model,
     or None), before layouts are compared (see the module doc)."""
+    return copy_keys(op, place, ((device, group),), trainer)[0]
+
+
+def copy_keys(op, place, members, trainer) -> tuple[ReplicaKey | None, ...]:
+    """:func:`copy_key` on each (device, group) of ``members`` (the trainer's devices and
+    where the op reads in place looked up once, not once per device)."""
     model = op.reads_model
     if not model or op.kind is OpKind.TRAIN:
-        return ReplicaKey.maybe(model)
-    if op.kind is OpKind.GENERATE and serves_copy(trainer, place, device):
-        return engine_key(model)
-    if trainer is not None and device in _held(trainer) \
-            and not reads_in_place(trainer, place, device):
-        return variant_key(model, group)
-    return ReplicaKey(model)
+        return (ReplicaKey.maybe(model),) * len(members)
+    held = _held(trainer) if trainer is not None else frozenset()
+    on = tuple(d for d, _ in members if d in held)
+    in_place = dict(zip(on, reads_in_place_on(trainer, place, on), strict=True)) if on else {}
+    gen = op.kind is OpKind.GENERATE
+    return tuple(engine_key(model) if gen and serves_copy(trainer, place, d)
+                 else variant_key(model, group) if d in in_place and not in_place[d]
+                 else ReplicaKey(model) for d, group in members)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -195,9 +202,12 @@ def _wanted(model: Backbone, op, place, lay, trainer, chunks: int) -> tuple:
         return tuple((d, group, own) for d, group in lay.members(chunks))
     # off its trainer's devices the key is the same on every device (device -1: none)
     held = _held(trainer) if trainer is not None else frozenset()
+    members = lay.members(chunks)
+    on = tuple((d, group) for d, group in members if d in held)
+    keys = dict(zip((d for d, _ in on), copy_keys(op, place, on, trainer), strict=True))
     elsewhere = copy_key(op, place, -1, trainer, ())
-    return tuple((d, group, copy_key(op, place, d, trainer, group) if d in held else elsewhere)
-                 for d, group in lay.members(chunks))
+    return tuple((d, group, keys.get(d, elsewhere) if d in held else elsewhere)
+                 for d, group in members)
 
 
-__all__ = ["Copies", "Copy", "copies", "copy_key"]
+__all__ = ["Copies", "Copy", "copies", "copy_key", "copy_keys"]

@@ -77,11 +77,11 @@ class OpLayout:
 
     def calls(self, chunks: int) -> tuple[Call, ...]:
         """Every call of the op in a step whose generate ops stream ``chunks`` chunks."""
-        tp = max(1, self.tp)
+        tp, group = max(1, self.tp), self._groups()
         if self.everywhere:
-            return tuple(Call(0, i, d, i // tp, self._group(d)) for i, d in
+            return tuple(Call(0, i, d, i // tp, group.get(d, ())) for i, d in
                          enumerate(self.devices))
-        return tuple(Call(c, c, d, 0, self._group(d))
+        return tuple(Call(c, c, d, 0, group.get(d, ()))
                      for c in range(chunks if self.chunked else 1) for d in self.devices_of(c))
 
     def members(self, chunks: int) -> tuple[tuple[int, tuple[int, ...]], ...]:
@@ -91,15 +91,17 @@ class OpLayout:
         return _members(self, chunks)
 
     def _members_uncached(self, chunks: int) -> tuple[tuple[int, tuple[int, ...]], ...]:
-        tp = max(1, self.tp)
+        tp, group = max(1, self.tp), self._groups()
         if self.everywhere:
-            return tuple((d, self._group(d)) for d in self.devices)
+            return tuple((d, group.get(d, ())) for d in self.devices)
         blocks = -(-len(self.devices) // tp) if self.devices else 0
         n = min(chunks, blocks) if self.chunked else 1
-        return tuple((d, self._group(d)) for c in range(n) for d in self.devices_of(c))
+        return tuple((d, group.get(d, ())) for c in range(n) for d in self.devices_of(c))
 
-    def _group(self, device: int) -> tuple[int, ...]:
-        return () if self.per_block or self.tp <= 1 else _layout_blocks(self)[device]
+    def _groups(self) -> dict[int, tuple[int, ...]]:
+        """Device -> the tensor-parallel block its call runs with ({}: none, unsplit or one
+        call per block), looked up once per question, not once per device."""
+        return {} if self.per_block or self.tp <= 1 else _layout_blocks(self)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -132,9 +134,6 @@ def _placed_blocks(p, tp: int) -> dict[int, tuple[int, ...]]:
     return _blocks(tuple(p.devices), tp)
 
 
-def _block_at(p, device: int) -> tuple[int, ...]:
-    """:func:`block_of` ``p``'s devices at ``device``."""
-    return () if p.tp <= 1 else _placed_blocks(p, p.tp)[device]
 
 
 def reads_in_place(trainer, reader, device: int) -> bool:
@@ -153,9 +152,20 @@ def reads_in_place(trainer, reader, device: int) -> bool:
         >>> reads_in_place(t, P("g", (1, 2), tp=2), 1), reads_in_place(t, P("g", (0,)), 0)
         (False, False)
     """
-    return (device in _placed_blocks(trainer, 1) and not trainer.zero.shards_params
-            and max(trainer.pp, reader.pp) == 1 and not serves_copy(trainer, reader, device)
-            and _block_at(trainer, device) == _block_at(reader, device))
+    return reads_in_place_on(trainer, reader, (device,))[0]
+
+
+def reads_in_place_on(trainer, reader, devices) -> tuple[bool, ...]:
+    """:func:`reads_in_place` on each of ``devices`` (the placements' blocks looked up once,
+    not once per device)."""
+    if trainer.zero.shards_params or max(trainer.pp, reader.pp) != 1:
+        return (False,) * len(devices)
+    held = _placed_blocks(trainer, 1)
+    mine = _placed_blocks(trainer, trainer.tp) if trainer.tp > 1 else None
+    theirs = _placed_blocks(reader, reader.tp) if reader.tp > 1 else None
+    return tuple(d in held and not serves_copy(trainer, reader, d)
+                 and (mine[d] if mine is not None else ())
+                 == (theirs[d] if theirs is not None else ()) for d in devices)
 
 
 def gathers_in_place(op, trainer, reader, chunks: int) -> bool:
@@ -190,14 +200,14 @@ def gathers_in_place(op, trainer, reader, chunks: int) -> bool:
 def all_in_place(trainer, reader) -> bool:
     """Whether ``reader`` reads the trained weights in place on every device of its own
     (:func:`reads_in_place`): its weight sync moves nothing."""
-    return all(reads_in_place(trainer, reader, d) for d in reader.devices)
+    return all(reads_in_place_on(trainer, reader, tuple(reader.devices)))
 
 
 @functools.lru_cache(maxsize=4096)
 def any_in_place(trainer, reader) -> bool:
     """Whether ``reader`` reads the trained weights in place on some device of its own
     (:func:`reads_in_place`): there its trainer's next write waits for it."""
-    return any(reads_in_place(trainer, reader, d) for d in reader.devices)
+    return any(reads_in_place_on(trainer, reader, tuple(reader.devices)))
 
 
 def op_layout(op, place, streamed: bool, gathered: bool = False) -> OpLayout:
@@ -277,4 +287,4 @@ def sync_calls(src, dst) -> tuple[int, ...]:
 
 __all__ = ["Call", "OpLayout", "all_in_place", "any_in_place", "block_of", "chunks_per_step",
            "gathers_in_place", "op_layout",
-           "reads_in_place", "stream_chunks", "stream_of", "streamed_ops", "sync_calls", "world_of"]
+           "reads_in_place", "reads_in_place_on", "stream_chunks", "stream_of", "streamed_ops", "sync_calls", "world_of"]

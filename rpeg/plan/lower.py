@@ -11,7 +11,8 @@ step's calls and tasks from (``rpeg.plan.tasks.layouts_of``).
 
 ``lower`` runs an ordered list of pure passes (:data:`PASSES`), each adding one thing:
 
-1. ``chunks``: the chunks a step streams (:func:`~rpeg.plan.oplayout.chunks_per_step`);
+1. ``chunks``: the chunks a step streams (:func:`~rpeg.plan.oplayout.chunks_per_step`: a
+   whole number of rounds, a chunk on each block of a generate op side by side);
 2. ``layouts``: each op's :class:`~rpeg.plan.oplayout.OpLayout` (its instances' devices,
    :func:`~rpeg.plan.oplayout.op_layout`: a pass on its trainer's ZeRO-3 shards on every
    rank, :func:`~rpeg.plan.oplayout.gathers_in_place`; a weight sync's, the devices of its
@@ -29,7 +30,11 @@ The instances and their typed dependency edges over a run's steps are
 chunks in order on each block (``stream``), a carried stream's next step after its last
 chunk (``carry``), a writer after the readers of the version before that read the replica
 it writes (write after read). The runtime takes its calls' data dependencies and each
-device's stream order from them.
+device's stream order from them. The simulator prices them round by round
+(:meth:`Placed.by_round`): a round's chunks, one on each block side by side, as one
+instance on all the op's devices, the cost model pricing a round as one chunk of the
+step's responses -- the instances and edges the runtime runs, a round's chunks collapsed
+into one.
 
     >>> u = placed.edges(steps=3)                                            # doctest: +SKIP
     >>> [str(d.src) for d in u.deps if d.dst == Instance("rollout", 1, 2)]   # doctest: +SKIP
@@ -41,9 +46,7 @@ of collectives (``rpeg.runtime.lowering.ordering``); the packing of calls into t
 (``rpeg.plan.packing``, which the cost model feeds with its own unrolling,
 ``rpeg.plan.tasks``); a writer ordered after the readers of its replica per device: a
 reader reading it in place on some of its devices waits for it on all (the simulator, which
-places an op's instances on all its devices, prices that); and the chunks a generate op
-streams per data-parallel block where its plan asks fewer than it has blocks (the cost
-model prices the chunks asked, :func:`rpeg.plan.simulate.as_priced`).
+places an op's instances on all its devices, prices that).
 """
 
 from __future__ import annotations
@@ -95,6 +98,15 @@ class Placed:
         return unroll(self.graph, steps, {op: self.chunks for op, _ in self.lanes},
                       carry=dict(self.carry), lanes=dict(self.lanes),
                       in_place=self.in_place, horizon=horizon)
+
+    def by_round(self) -> Placed:
+        """This placed graph with a generate op's chunks of a round (one on each of its
+        blocks, side by side: :func:`~rpeg.plan.oplayout.rounds_of`) as one instance on
+        all its devices, the rounds of each block in order: what the simulator prices, the
+        cost model pricing a round as one chunk of the step's responses."""
+        rounds = max((-(-max(self.chunks, 1) // k) for _, k in self.lanes),
+                     default=max(self.chunks, 1))
+        return attrs.evolve(self, chunks=rounds, lanes=tuple((op, 1) for op, _ in self.lanes))
 
 
 Placing = Callable[[object], object]         # graph op -> the placement of its stage

@@ -11,6 +11,7 @@ from rpeg.cost.stages import generation_rows, stage_memory
 from rpeg.graph.work import work_of
 from rpeg.plan import Strategy
 from rpeg.plan.evaluate import parallel_of
+from rpeg.plan.oplayout import blocks_of
 from rpeg.plan.search import Moves
 from rpeg.spec import load_cluster
 
@@ -63,18 +64,20 @@ def test_offload_is_a_search_move_priced_by_the_evaluator(ppo8b, gh8, coloc):
 
 
 def test_streamed_consumers_are_priced_chunk_by_chunk(ppo8b, gh8, coloc):
-    """With the rollout in 4 chunks, each per-sample consumer chunk is its own batch: its
-    responses, padded to its longest (or packed, at their mean length); memory is the
-    largest chunk's need."""
+    """With the rollout in 4 rounds (4 chunks on each of its blocks), each per-sample
+    consumer chunk is its own batch: its responses, padded to its longest (or packed, at
+    their mean length); memory is the largest chunk's need."""
     from rpeg.cost.stages import estimate_stage
     _, ev, out = coloc
+    blocks = blocks_of(out.best.plan.placement("rollout"))
     plan = attrs.evolve(out.best.plan, predicted=None, placements=tuple(
-        attrs.evolve(p, chunks=4) if p.stage == "rollout" else
+        attrs.evolve(p, chunks=4 * blocks) if p.stage == "rollout" else
         attrs.evolve(p, packing=False) if p.stage == "ref_lp" else p     # padded, here
         for p in out.best.plan.placements))
     graph = ev.graph(plan)
     rows = ev.rows_of(plan, graph)
-    ends = ev.chunk_ends("rollout", plan.placement("rollout"), rows["rollout"])
+    ends = ev.chunk_ends("rollout", attrs.evolve(plan.placement("rollout"), chunks=4),
+                         rows["rollout"])
     chunks = tuple((n, top, mean) for _, n, top, mean in ends)
     assert len(chunks) == 4 and sum(c[0] for c in chunks) == ppo8b.workload.batch
     assert all(mean <= top for _, top, mean in chunks)

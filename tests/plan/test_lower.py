@@ -11,7 +11,7 @@ from rpeg.cost.engine_sync import engine_hosts_of, serves_copy, sync_refusal, sy
 from rpeg.graph import DepKind
 from rpeg.graph.unroll import CARRY, STREAM
 from rpeg.plan.lower import PASSES, Placed, lower
-from rpeg.plan.oplayout import gathers_in_place, reads_in_place, stream_chunks
+from rpeg.plan.oplayout import gathers_in_place, reads_in_place, rounds_of, stream_chunks
 from rpeg.plan.staleness import step_graph
 from rpeg.resources import shipped
 from rpeg.runtime.calibrate.simulated import scaled
@@ -147,3 +147,34 @@ def test_a_caller_lowers_only_as_far_as_it_reads():
     first = lower(graph, plan, 512, passes=PASSES[:2])
     assert (first.layouts, first.chunks) == (whole.layouts, whole.chunks)
     assert first.engine_syncs == () and whole.engine_syncs
+
+
+@pytest.mark.parametrize("name", sorted(PLANS))
+def test_the_simulators_rounds_are_the_runtimes_chunks_collapsed(name):
+    """A round of a generate op's chunks (``Placed.by_round``) is a chunk on each of its
+    blocks, side by side, and the instances and edges the simulator prices are the
+    runtime's with the chunks of a round as one."""
+    pipeline, plan = PLANS[name]
+    placed = lower(step_graph(pipeline, plan), plan,
+                   pipeline.workload.prompts * pipeline.workload.samples)
+    lanes = {k for _, k in placed.lanes}
+    assert len(lanes) == 1                         # one generate op, or all on as many blocks
+    blocks = lanes.pop()
+    rounds = placed.by_round()
+    assert rounds.chunks == -(-placed.chunks // blocks) == \
+        rounds_of(plan.placement(placed.lanes[0][0]), placed.chunks)
+    assert placed.chunks % blocks == 0             # whole rounds
+    for op, _ in placed.lanes:
+        lay = placed.layout(op)
+        for r in range(rounds.chunks):
+            on = [lay.devices_of(c) for c in range(r * blocks, (r + 1) * blocks)]
+            assert len(set(on)) == blocks          # side by side, on every block
+
+    def collapsed(i):
+        return attrs.evolve(i, chunk=i.chunk // blocks) if i.op in placed.streamed else i
+
+    ran, priced = placed.edges(4, horizon=4), rounds.edges(4, horizon=4)
+    assert {collapsed(i) for i in ran.instances} == set(priced.instances)
+    assert {(collapsed(d.src), collapsed(d.dst), d.kind, d.data) for d in ran.deps
+            if collapsed(d.src) != collapsed(d.dst)} == \
+        {(d.src, d.dst, d.kind, d.data) for d in priced.deps}

@@ -92,6 +92,7 @@ PLANS = {
     if p.shares else split_plan(p, 2),
     "tensor parallel": lambda p: _tp(p, staleness=1),
     "the planner's": lambda p: compile_plan(p, load_cluster(LOCAL)),
+    "partly in place": _partly_in_place,
 }
 
 
@@ -226,17 +227,11 @@ def assert_prices_placed(pipeline, plan, cluster, steps: int = STEPS) -> None:
         assert a in into[b] or any(a in into.get(s, ()) for s in into[b]), (a, b)
 
 
-# the placed graph orders a trainer after every chunk of a reader that reads its weights in
-# place on some device, the runtime after those on such devices: priced as placed, not yet
-# realised exactly
-PRICED = {**PLANS, "partly in place": _partly_in_place}
-
-
-@pytest.mark.parametrize("shape", sorted(PRICED))
+@pytest.mark.parametrize("shape", sorted(PLANS))
 @pytest.mark.parametrize("name", ["ppo", "grpo"])
 def test_the_simulator_prices_the_runtimes_placed_graph(shape, name, ppo, grpo):
     pipeline = _tiny(name, shape, ppo, grpo)
-    assert_prices_placed(pipeline, PRICED[shape](pipeline), load_cluster(LOCAL))
+    assert_prices_placed(pipeline, PLANS[shape](pipeline), load_cluster(LOCAL))
 
 
 def _vllm(plan: Plan, tp: int = 1) -> Plan:

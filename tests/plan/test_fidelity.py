@@ -145,3 +145,30 @@ def test_stale_or_carried_responses_cost_the_trainer_a_forward(ppo8b, gh8, coloc
     graph = ev.graph(plan)
     timings, _ = ev.timings(plan, graph)
     assert timings["scores"].devices == plan.placement("scores").devices
+
+
+def test_chunks_are_priced_as_the_rounds_the_runtime_streams(coloc):
+    """The runtime streams a step's chunks in rounds, a chunk on each block of the rollout
+    side by side, as many on each: fewer chunks asked than blocks stream one round (each
+    block its whole share), as one chunk does, and are priced so; ``m`` rounds are priced
+    as ``m`` chunks of the step's responses."""
+    _, ev, out = coloc
+    blocks = blocks_of(out.best.plan.placement("rollout"))
+    assert blocks > 2                         # the rollout on several blocks
+
+    def priced(chunks):
+        plan = attrs.evolve(out.best.plan, predicted=None, placements=tuple(
+            attrs.evolve(p, chunks=chunks) if p.stage == "rollout" else p
+            for p in out.best.plan.placements))
+        graph = ev.graph(plan)
+        return plan, graph, ev.timings(plan, graph)[0]["rollout"]
+
+    one, graph, whole = priced(1)
+    assert whole.chunk_ends == () and ev.placed(one, graph).by_round().chunks == 1
+    for asked in (2, blocks - 1):
+        plan, graph, timing = priced(asked)
+        assert timing == whole and ev.placed(plan, graph).chunks == blocks
+        assert ev.evaluate(plan).plan.predicted.step_time_s == \
+            pytest.approx(ev.evaluate(one).plan.predicted.step_time_s)
+    plan, graph, timing = priced(2 * blocks)
+    assert len(timing.chunk_ends) == ev.placed(plan, graph).by_round().chunks == 2

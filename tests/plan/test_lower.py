@@ -6,12 +6,20 @@ from __future__ import annotations
 
 import attrs
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from rpeg.cost.engine_sync import engine_hosts_of, serves_copy, sync_refusal, sync_senders
 from rpeg.graph import DepKind
 from rpeg.graph.unroll import CARRY, STREAM
 from rpeg.plan.lower import PASSES, Placed, lower
-from rpeg.plan.oplayout import gathers_in_place, reads_in_place, rounds_of, stream_chunks
+from rpeg.plan.oplayout import (
+    blocks_of,
+    gathers_in_place,
+    reads_in_place,
+    rounds_of,
+    stream_chunks,
+)
 from rpeg.plan.staleness import step_graph
 from rpeg.resources import shipped
 from rpeg.runtime.calibrate.simulated import scaled
@@ -212,3 +220,26 @@ def test_the_simulators_rounds_are_the_runtimes_chunks_collapsed(name):
         return seen
 
     assert all(a in before(b, set()) for a, b, _, _ in ran_deps - priced_deps)
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(factor=st.integers(1, 3), chunks=st.integers(1, 7), staleness=st.integers(0, 1))
+def test_any_rollout_streams_whole_rounds_of_its_blocks(factor, chunks, staleness):
+    """The runtime's generate calls of a step are whole rounds, a chunk on each block: the
+    chunks asked rounded up to as many on each block (never more than its responses)."""
+    pipeline = load(shipped("pipelines", "tiny_grpo.rpeg"))
+    plan = scaled(split_plan(pipeline, 2, staleness=staleness), factor)
+    plan = attrs.evolve(plan, placements=tuple(
+        attrs.evolve(p, chunks=chunks) if p.stage == "rollout" else p for p in plan.placements))
+    responses = pipeline.workload.prompts * pipeline.workload.samples
+    placed = lower(step_graph(pipeline, plan), plan, responses)
+    blocks, rounds = blocks_of(plan.placement("rollout")), placed.by_round().chunks
+    assert placed.chunks == rounds * blocks
+    assert rounds == min(-(-chunks // blocks), max(1, responses // blocks))
+    lay, calls = placed.layout("rollout"), build_calls(pipeline, plan, 2)
+    for step in range(2):
+        mine = [c for c in calls if c.op == "rollout" and c.step == step]
+        for r in range(rounds):
+            got = sorted(lay.blocks.index(next(b for b in lay.blocks if c.device in b))
+                         for c in mine if c.chunk // blocks == r)
+            assert got == list(range(blocks))       # one chunk on each block

@@ -102,11 +102,19 @@ def markdown(results: list[Result], agg: dict, loso: dict | None, prov: dict) ->
                   "The engine terms fitted on every source but one; that source's rows "
                   "predicted with them. A term the fit left on a bound of its range is one "
                   "the other sources asked more of than it can physically give, or said "
-                  "nothing about.", "",
-                  "| held out | rows | median abs log2 | terms on a bound |", "|---|---|---|---|"]
+                  "nothing about. The rows that hold it there: each training row's error "
+                  "(main figure and phases, as the fit weighs them) rises by the amount shown "
+                  "when the term moves one step of the fit inside its range; the largest "
+                  "rises name the rows whose missing cost the term stands in for.", "",
+                  "| held out | rows | median abs log2 | terms on a bound | rows that hold it "
+                  "there |", "|---|---|---|---|---|"]
         for src, v in loso["per_source"].items():
             bound = "; ".join(v.get("at_bound", [])) or "none"
-            lines.append(f"| {src} | {v['rows']} | {_fmt(v['median_abs_log2'])} | {bound} |")
+            held = "; ".join(f"{t}: " + (", ".join(f"{rid} +{d:.2f}" for rid, d in rows)
+                                          or "none")
+                             for t, rows in v.get("pulled_by", {}).items()) or ""
+            lines.append(f"| {src} | {v['rows']} | {_fmt(v['median_abs_log2'])} | {bound} "
+                         f"| {held} |")
         lines += ["", f"Median |log2 ratio| over every held-out row: "
                       f"{_fmt(loso['median_abs_log2'])}", ""]
     lines += ["## Rows", "", "| row | system | GPUs | figure | published s | predicted s | "

@@ -47,16 +47,17 @@ PHASE_WEIGHT = 0.5
 NO_FIT_PENALTY = 3.0                 # |log2| charged for a row that does not fit (8x off)
 
 
-def loss(results: list[Result]) -> float:
-    """Mean |log2 ratio| of the main figures, the phases at half weight."""
-    total, weight = 0.0, 0.0
+def row_errors(results: list[Result]) -> dict[str, tuple[float, float]]:
+    """Per row, (weighted sum of |log2 ratio|, weight): the main figure at weight 1, the
+    phases at half weight, a row that does not fit charged :data:`NO_FIT_PENALTY`."""
+    out = {}
     for r in results:
         if r.status == "unwritable":
             continue
         if r.status != "ok":
-            total += NO_FIT_PENALTY
-            weight += 1
+            out[r.row.id] = (NO_FIT_PENALTY, 1.0)
             continue
+        total, weight = 0.0, 0.0
         for what, published in r.row.figures:
             got = r.predicted.get(what)
             if got is None or not math.isfinite(got) or got <= 0:
@@ -64,7 +65,15 @@ def loss(results: list[Result]) -> float:
             w = 1.0 if what == r.row.main else PHASE_WEIGHT
             total += w * abs(math.log2(got / published))
             weight += w
-    return total / weight if weight else 0.0
+        out[r.row.id] = (total, weight)
+    return out
+
+
+def loss(results: list[Result]) -> float:
+    """Mean |log2 ratio| of the main figures, the phases at half weight."""
+    errs = row_errors(results).values()
+    weight = sum(w for _, w in errs)
+    return sum(t for t, _ in errs) / weight if weight else 0.0
 
 
 def evaluate(values: Efficiency, rows: list, plans: dict) -> list[Result]:
@@ -104,6 +113,37 @@ def fit(rows: list[str], plans: dict, start: Efficiency | None = None, rounds: i
     return values, best
 
 
+def off_bound(values: Efficiency, term: str) -> Efficiency | None:
+    """``values`` with ``term`` moved one step of the fit inward from the bound it sits on
+    (None where it sits on neither)."""
+    lo, hi = BOUNDS[term]
+    v = getattr(values, term)
+    if math.isclose(v, hi, rel_tol=1e-9):
+        step = STEPS[2]
+    elif math.isclose(v, lo, rel_tol=1e-9, abs_tol=1e-12):
+        step = STEPS[1]
+    else:
+        return None
+    if term not in ("overlap", "gemm") and v == 0.0:
+        return attrs.evolve(values, **{term: lo + (hi - lo) / 100})
+    return attrs.evolve(values, **{term: _trial(term, v, step)})
+
+
+def pulls(values: Efficiency, term: str, rows: list[str], plans: dict,
+          top: int = 3) -> list[tuple[str, float]]:
+    """The rows that hold ``term`` on its bound: each row's weighted |log2| error (main
+    figure and phases, as the fit counts it) with the term one step inside its range,
+    less the error on the bound; the ``top`` largest rises, largest first. A term a single
+    row holds on a bound is that row's missing cost, not a property of the hardware."""
+    moved = off_bound(values, term)
+    if moved is None:
+        return []
+    on, off = row_errors(evaluate(values, rows, plans)), row_errors(evaluate(moved, rows, plans))
+    rises = sorted(((rid, off[rid][0] - on[rid][0]) for rid in on if rid in off),
+                   key=lambda x: -x[1])
+    return [(rid, round(d, 3)) for rid, d in rises[:top] if d > 1e-3]
+
+
 def _show(values: Efficiency) -> str:
     return ", ".join(f"{k} {getattr(values, k):.3g}" for k in BOUNDS)
 
@@ -136,6 +176,8 @@ def leave_one_source_out(results: list[Result], rounds: int = 4, log=print,
         per_source[src] = {"rows": len(held), "median_abs_log2": _median(e),
                            "no_fit": sum(r.status == "no-fit" for r in got),
                            "terms": attrs.asdict(values), "at_bound": at_bound(values),
+                           "pulled_by": {t: pulls(values, t, train, plans)
+                                         for t in BOUNDS if off_bound(values, t)},
                            "ratios": {r.row.id: r.ratio for r in got},
                            "fit_rounds": trail,
                            "seconds": round(time.perf_counter() - began, 1)}

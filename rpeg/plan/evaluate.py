@@ -26,10 +26,9 @@ would replace): ``evaluate(plan, bound=b)`` first prices the step's lower bound,
 busiest device's work of one step (:func:`rpeg.plan.simulate.floor`, which no simulated
 step is below) with the least control plane any packing of its calls costs
 (:func:`rpeg.plan.dispatchfloor.dispatch_floor`), and simulates only when that is below
-``b``; then it counts the step's Dask tasks (the costliest part of pricing a plan on many
-devices, :func:`rpeg.plan.tasks.dispatch_per_step`) only when the simulated step with
-the least control plane its unrolled calls cost (:func:`rpeg.plan.tasks.dispatch_least`)
-is still below ``b``. Otherwise the evaluation says the plan is
+``b``; then it counts the step's Dask tasks (:func:`rpeg.plan.tasks.dispatch_per_step`)
+only when the simulated step with that least control plane is still below ``b``.
+Otherwise the evaluation says the plan is
 no faster than its lower bound (``Evaluation.bounded``); a search reads that figure only
 as a bound, so how tight it is changes no decision. Evaluations a search asks for again
 (another walk of the staleness ladder, a baseline of another cap) are answered from
@@ -42,7 +41,7 @@ import attrs
 import numpy as np
 
 from rpeg.cost.compute import Roof
-from rpeg.cost.control import Dispatch, control_time, shared_cores_time, terms_of
+from rpeg.cost.control import Dispatch
 from rpeg.cost.engine_sync import engine_sleeps, sleep_wake_time
 from rpeg.cost.generation import StageCost
 from rpeg.cost.memory import MemoryCost, devices_are_host, resident_memory, usable_memory
@@ -50,8 +49,8 @@ from rpeg.cost.stages import stage_memory
 from rpeg.errors import CostError, PlanError
 from rpeg.graph import Graph
 from rpeg.graph.ids import ReplicaKey
+from rpeg.plan.control import ControlPlane
 from rpeg.plan.copies import copies as copies_of
-from rpeg.plan.dispatchfloor import dispatch_floor
 from rpeg.plan.evalcost import EVAL_OP, eval_time, trainer_devices
 from rpeg.plan.lower import PASSES, Placed, lower
 from rpeg.plan.model import Plan, Predicted, StagePlacement
@@ -71,7 +70,6 @@ from rpeg.plan.structure import (  # noqa: F401 — re-exported: what the plan m
     sync_devices,
     synced_in_place,
 )
-from rpeg.plan.tasks import dispatch_least, dispatch_per_step, layouts_of, relabelled
 from rpeg.plan.usage import KINDS, memory_uses, op_uses
 from rpeg.spec.model import Cluster, Engine, OpKind, Pipeline, Zero
 
@@ -180,11 +178,8 @@ class Evaluator:
         self._copies: dict[tuple, tuple] = {}
         self._settled: dict[StagePlacement, StagePlacement] = {}
         self._priced: dict[tuple, _Priced] = {}
-        self._tasks: dict[tuple, Dispatch] = {}
-        self._laid: dict[tuple, tuple] = {}
         self._placed: dict[tuple, Placed] = {}
-        self._floors: dict[tuple, Dispatch] = {}
-        self._least: dict[tuple, Dispatch] = {}
+        self.control = ControlPlane(pipeline, cluster, self.graph)
         self._eval: dict[tuple[int, ...], float] = {}
         self._index: dict[StagePlacement | tuple[int, ...], slice | np.ndarray] = {}
         self._synced: dict[tuple, frozenset[str]] = {}
@@ -580,87 +575,23 @@ class Evaluator:
     def control_time(self, plan: Plan, graph: Graph, timings: dict[str, OpTiming],
                      steps: int = 6, step_s: float = 0.0) -> float:
         """Seconds a step of ``step_s`` seconds of work loses to the control plane
-        (``rpeg.cost.control``): where the devices are the host's own cores (the CPU
-        profile: ``host_cores``) its CPU spread over them; elsewhere the client's and the
-        Dask scheduler's time on the calls, tasks and futures a step dispatches
-        (:meth:`dispatch`), serialised in one thread each."""
-        return self._control(plan, graph, timings, steps, step_s)[0]
-
-    def _control(self, plan: Plan, graph: Graph, timings: dict[str, OpTiming],
-                 steps: int, step_s: float = 0.0) -> tuple[float, int]:
-        """(:meth:`control_time`, the Dask tasks a step it counted)."""
-        d = self.dispatch(plan, graph, timings, steps)
-        return self._charged(d, step_s), d.tasks
-
-    def _charged(self, d: Dispatch, step_s: float) -> float:
-        """Seconds a step of ``step_s`` seconds of work loses to dispatching ``d``."""
-        gpu = self.cluster.gpu
-        if gpu.host_cores > 0:
-            nodes = -(-d.devices // self.cluster.gpus_per_node)
-            return shared_cores_time(gpu, d.devices, d.tasks, nodes)
-        return control_time(terms_of(gpu)[0], d, step_s).charged_s
-
-    def _control_floor(self, plan: Plan, timings: dict[str, OpTiming], steps: int,
-                       step_s: float) -> float:
-        """No more than :meth:`control_time`: priced from :func:`dispatch_floor` (the
-        step's calls, and of its tasks and futures those no fusion changes), whose every
-        count is no more than :meth:`dispatch`'s, without packing the calls into tasks."""
-        loose, _, chunks, named = self._layouts(plan, timings)
-        key = (loose, named, chunks, steps)
-        low = self._floors.get(key)
-        if low is None:
-            low = self._floors[key] = dispatch_floor(loose, dict(named), chunks, steps)
-        return self._charged(low, step_s)
-
-    def _control_least(self, plan: Plan, timings: dict[str, OpTiming], steps: int,
-                       step_s: float) -> float:
-        """No more than :meth:`control_time`, no less than :meth:`_control_floor`: priced
-        from :func:`rpeg.plan.tasks.dispatch_least` (the step unrolled, its calls not
-        packed)."""
-        loose, _, chunks, named = self._layouts(plan, timings)
-        key = (loose, named, chunks, steps, plan.fusion)
-        low = self._least.get(key) or self._tasks.get(key)      # or the count itself
-        if low is None:
-            low = self._least[key] = dispatch_least(loose, dict(named), chunks, steps,
-                                                    plan.fusion)
-        return self._charged(low, step_s)
+        (:class:`rpeg.plan.control.ControlPlane`): where the devices are the host's own
+        cores (the CPU profile: ``host_cores``) its CPU spread over them; elsewhere the
+        client's and the Dask scheduler's time on the calls, tasks and futures a step
+        dispatches (:meth:`dispatch`), serialised in one thread each. ``graph`` is not read
+        (the count is the plan's graph's, without fusion)."""
+        return self.control.time(plan, timings, steps, step_s)[0]
 
     def dask_tasks(self, plan: Plan, graph: Graph, timings: dict[str, OpTiming],
                    steps: int = 6) -> int:
         """Dask tasks a steady step of ``plan`` dispatches (:meth:`dispatch`)."""
-        return self.dispatch(plan, graph, timings, steps).tasks
+        return self.control.dispatch(plan, timings, steps).tasks
 
     def dispatch(self, plan: Plan, graph: Graph, timings: dict[str, OpTiming],
                  steps: int = 6) -> Dispatch:
         """The op calls, Dask tasks and futures a steady step of ``plan`` dispatches
-        (:func:`rpeg.plan.tasks.dispatch_per_step`), counted once for all plans whose
-        layouts differ only in the devices they name (:func:`rpeg.plan.tasks.relabelled`)."""
-        loose, _, chunks, named = self._layouts(plan, timings)
-        key = (loose, named, chunks, steps, plan.fusion)
-        d = self._tasks.get(key)
-        if d is None:
-            d = self._tasks[key] = dispatch_per_step(loose, dict(named), chunks, steps,
-                                                     plan.fusion)
-        return d
-
-    def _layouts(self, plan: Plan, timings: dict[str, OpTiming]):
-        """(the plan's graph without fusion, each op's layout, the chunks a step streams:
-        :func:`rpeg.plan.tasks.layouts_of`, and the layouts relabelled:
-        :func:`rpeg.plan.tasks.relabelled`), memoised by what that reads: the placements,
-        and where the weight syncs run. The runtime runs a fused op's stages as calls of
-        their own, in one task where their inputs allow: counted on the graph without
-        fusion. Only the last is kept (a search asks for the floor and the count of one
-        proposal in turn; more would only burden memory)."""
-        loose = self.graph(attrs.evolve(plan, fusion=()))
-        syncs = tuple(timings[o.name].devices for o in loose.ops
-                      if o.kind is OpKind.SYNC_WEIGHTS)
-        key = (loose, plan.placements, syncs)
-        laid = self._laid.get(key)
-        if laid is None:                # the proposal's floor, then its count: one kept
-            self._laid.clear()
-            layouts, chunks = layouts_of(self.pipeline, plan, loose, timings)
-            laid = self._laid[key] = (loose, layouts, chunks, relabelled(layouts))
-        return laid
+        (:meth:`rpeg.plan.control.ControlPlane.dispatch`)."""
+        return self.control.dispatch(plan, timings, steps)
 
     def placed(self, plan: Plan, graph: Graph) -> Placed:
         """``graph`` (the plan's as priced: fused, without the weight syncs that move
@@ -794,7 +725,7 @@ class Evaluator:
             # for a plan its work and that least already hold at the bound; what it says is
             # a step no greater than the counted one, so whatever the search decides from
             # it, the counted one would have decided too (or the plan is simulated)
-            least = work + self._control_floor(plan, timings, steps, work) + every
+            least = work + self.control.floor(plan, timings, steps, work) + every
             if least >= bound:
                 return _Priced(plan, homes, True, None, Predicted(
                     least, op_times=op_times, memory_capacity=capacity,
@@ -804,17 +735,17 @@ class Evaluator:
             self.placed(plan, graph), timings, steps=steps, events=detail,
             crossing_s=max(self.cluster.gpu.dispatch_s, 0.0))
         if bound is not None and feasible:
-            # the simulated step, and the control plane's least again: packing the step's
-            # calls into tasks (the costliest part of pricing a plan on many devices) only
-            # for a plan that could still be below the bound
-            least = timeline.step_time_s + self._control_least(
+            # the simulated step, and the control plane's least again (as it grows with
+            # the step): packing the step's calls into tasks only for a plan that could
+            # still be below the bound
+            least = timeline.step_time_s + self.control.floor(
                 plan, timings, steps, timeline.step_time_s) + every
             if least >= bound:
                 return _Priced(plan, homes, True, None, Predicted(
                     least, op_times=op_times, memory_capacity=capacity,
                     control_s=round(least - timeline.step_time_s - every, 6),
                     memory_reserve=reserve), None, True, timeline)
-        control, tasks = self._control(plan, graph, timings, steps, timeline.step_time_s)
+        control, tasks = self.control.time(plan, timings, steps, timeline.step_time_s)
         step = timeline.step_time_s + control + every
         predicted = Predicted(
             step_time_s=step,

@@ -66,12 +66,24 @@ class Packer:
                 return g
         return self._start(device, step, deps)
 
-    def gang(self, devices: tuple[int, ...], step: int, deps: set[Hashable]) -> list[int]:
+    def gang(self, devices: tuple[int, ...], step: int, deps: set[Hashable],
+             named: bool = True) -> list[int]:
         """The tasks of a collective's ranks on ``devices``, in order: each starts a task
-        waiting for ``deps``, as ``place(..., collective=True)`` of each would."""
+        waiting for ``deps``, as ``place(..., collective=True)`` of each would.
+        ``named=False``: no call names any of ``deps`` as a dependency (a join's ranks wait
+        for the join alone), so no call looks for the tasks waiting for them."""
         first = len(self.waits)
         waits = set(deps)                    # one set for every rank's task: never changed
         self.waits.extend([waits] * len(devices))
+        if not named:
+            opened = self._open
+            for g, device in enumerate(devices, first):
+                here = opened.get((device, step))
+                if here is None:
+                    opened[(device, step)] = [g]
+                else:
+                    here.append(g)
+            return list(range(first, len(self.waits)))
         for g, device in enumerate(devices, first):
             self._open_on(device, step, g, waits)
         return list(range(first, len(self.waits)))

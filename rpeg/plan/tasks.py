@@ -42,8 +42,12 @@ from rpeg.plan.simulate import OpTiming, prepared
 from rpeg.spec.model import OpKind
 
 
-def steady_step(graph: Graph, layouts: dict[str, OpLayout], chunks: int, steps: int):
-    """(the unrolled graph, the steady step of it whose dispatch is counted)."""
+def steady_step(graph: Graph, layouts: dict[str, OpLayout], chunks: int, steps: int,
+                warm: bool = True):
+    """(the unrolled graph, the steady step of it whose dispatch is counted). ``warm``: a
+    step whose inputs come from steady steps, to pack the steps before it first; else the
+    first step all of whose inputs are unrolled (what it reads, lag + 1 back, is there),
+    one step less to unroll for a step packed alone."""
     # its generate ops' chunks each on a lane of its own: the count with the least fusion
     streamed = Placed(graph, 0, chunks=chunks, lanes=tuple(
         (o.name, 1) for o in graph.ops if o.kind is OpKind.GENERATE))
@@ -51,25 +55,45 @@ def steady_step(graph: Graph, layouts: dict[str, OpLayout], chunks: int, steps: 
     # the steps after it that read its outputs (lag + 1 on)
     lag = max((e.lag for e in graph.version_edges), default=0)
     last = min(steps // 2, lag + 2)
+    if not warm and last == lag + 2:
+        last = lag + 1
     return prepared(streamed, last + lag + 2), last
 
 
 def dispatch_per_step(graph: Graph, layouts: dict[str, OpLayout], chunks: int = 1,
-                      steps: int = 6, together: tuple[tuple[str, ...], ...] = ()) -> Dispatch:
+                      steps: int = 6, together: tuple[tuple[str, ...], ...] = (),
+                      replay: bool = False) -> Dispatch:
     """The calls, tasks and futures of one steady step of ``graph`` laid out by ``layouts``
     (op name -> :class:`OpLayout`), its generate ops streaming ``chunks`` chunks a step;
-    ``together``: the plan's fused stages, whose calls of a chunk share a task."""
-    prep, last = steady_step(graph, layouts, chunks, steps)
+    ``together``: the plan's fused stages, whose calls of a chunk share a task.
+
+    The steps before the steady one are packed only where the steady step could tell: it
+    reads them through the tasks of the instances it takes inputs from, and tasks of
+    another step are never open to its calls, so only which of those instances share a
+    task matters. An instance of a gang (a collective on several devices) is read through
+    its first rank's task, which the gang started for itself: a task no other instance is
+    read through. So where the steady step reads only gangs of the steps before (the
+    train ranks and weight syncs it reads across steps), each stands for a task of its
+    own and the steady step is packed alone; elsewhere (or with ``replay``) the steps
+    before are packed first, as the runtime does."""
+    prep, last = steady_step(graph, layouts, chunks, steps, warm=replay)
     inputs = _inputs(prep)
-    # each instance's devices, and whether another device reads its output (its first
-    # rank's: a reader's first two devices, where it runs), by (op, chunk) where they
-    # depend on nothing else
-    on = {key: layouts[key[0]].devices_of(key[1]) for key in set(prep.keys)}
-    devs = [on[key] for key in prep.keys]
-    heads = [on[key][:2] for key in prep.keys]
-    gangs = {key: layouts[key[0]].collective and len(ds) > 1 for key, ds in on.items()}
+    lo = bisect.bisect_left(prep.step_of, last)
+    before = {i for k in range(lo, bisect.bisect_right(prep.step_of, last, lo))
+              for i in inputs[k] if i < lo}
+    alone = not replay and all(_gang(layouts, prep.keys[i]) for i in before)
+    if not (alone or replay):                    # the steps before packed first
+        prep, last = steady_step(graph, layouts, chunks, steps)
+        inputs = _inputs(prep)
+    # by (op, chunk), where they depend on nothing else: each instance's devices, the
+    # first two (where a reader runs: another device reads the output of an instance's
+    # first rank when it runs there), whether it is a gang, and its ranks on its first device
+    on = {key: layouts[key[0]].devices_of(key[1]) or (-1,) for key in set(prep.keys)}
+    heads = {key: ds[:2] for key, ds in on.items()}
+    gangs = {key: _gang(layouts, key) for key in on}
     at_head = {key: tuple(i for i, d in enumerate(ds) if d == ds[0]) for key, ds in on.items()
-               if gangs[key]}                    # a gang's ranks on its first device
+               if gangs[key]}
+    keys, fed = prep.keys, prep.fed
     task: dict[int, int] = {}                    # instance -> the task of its first rank
     pack = Packer(together)
 
@@ -79,22 +103,21 @@ def dispatch_per_step(graph: Graph, layouts: dict[str, OpLayout], chunks: int = 
         first, calls, order = len(pack.waits), 0, 0
         lo = bisect.bisect_left(prep.step_of, step)
         for k in range(lo, bisect.bisect_right(prep.step_of, step, lo)):
-            key = prep.keys[k]
-            ds = devs[k] or (-1,)
+            key = keys[k]
+            ds = on[key]
             deps = {task[i] for i in inputs[k] if i in task}
-            gang = gangs[key]
-            if gang and len(ds) >= JOIN_MIN:      # the join: a task of its own
-                calls += 1
-                deps = {pack.new(deps)}
-            # a gang waits for the gang before it on each member's device (each member does,
-            # or its join): futures beyond the data's
-            order += len(ds) if gang and len(ds) >= JOIN_MIN else len(ds) ** 2 if gang else 0
             head = ds[0]
-            elsewhere = any(d != head for c in prep.fed[k] for d in heads[c])
+            elsewhere = any(d != head for c in fed[k] for d in heads[keys[c]])
             op, chunk = key
             calls += len(ds)
-            if gang:                              # the ranks start together
-                ranks = pack.gang(ds, step, deps)
+            if gangs[key]:                        # the ranks start together
+                if len(ds) >= JOIN_MIN:           # waiting through a join, a task of its own
+                    calls += 1
+                    order += len(ds)              # each member on the gang before it there
+                    ranks = pack.gang(ds, step, {pack.new(deps)}, named=False)
+                else:                             # each member waits for the gang before
+                    order += len(ds) ** 2         # it on each member's device
+                    ranks = pack.gang(ds, step, deps)
                 for i in at_head[key]:
                     task[k] = ranks[i]
                     if elsewhere:
@@ -110,80 +133,20 @@ def dispatch_per_step(graph: Graph, layouts: dict[str, OpLayout], chunks: int = 
             return calls, len(pack.waits) - first, order
         return calls, len(pack.waits) - first, sum(map(len, pack.waits[first:])) + order
 
-    for step in range(last):                         # the tasks the step's inputs come from
-        batch(step)
+    if alone:                                        # each read through a task of its own
+        task.update((i, ("before", i)) for i in before)
+    else:
+        for step in range(last):                     # the tasks the step's inputs come from
+            batch(step)
     calls, tasks, args = batch(last)
     used = {d for lay in layouts.values() for d in lay.devices}
     return Dispatch(len(used), calls, tasks, args)
 
 
-def dispatch_least(graph: Graph, layouts: dict[str, OpLayout], chunks: int = 1,
-                   steps: int = 6, together: tuple[tuple[str, ...], ...] = ()) -> Dispatch:
-    """No more, count by count, than ``dispatch_per_step(graph, layouts, chunks, steps,
-    together)``, found from the same steady step without packing its calls. A task of
-    the step lies on one device (a join on none), so tasks of different (device, step)
-    are different: the same calls; a task for every rank of a collective and every join;
-    a task for a call that no task open on its device could take, unless stages fused
-    with it could join one sealed there: every task the step started there has ended
-    (none yet, or each ended by a call another device reads), or one of its inputs ran
-    where no call that may have started an open task there had an input; and each such
-    task waiting for a future per (device, step) its inputs ran on."""
-    prep, last = steady_step(graph, layouts, chunks, steps)
-    inputs = _inputs(prep)
-    on = {key: layouts[key[0]].devices_of(key[1]) for key in set(prep.keys)}
-    partners = {a for names in together for a in names if len(set(names)) > 1}
-    closed: dict[int, bool] = {}        # device -> every task of the step there has ended
-    waited: dict[int, set] = {}         # device -> where the inputs its open tasks wait for ran
-    sealed: set[int] = set()            # devices with a task fused stages may still join
-    calls = tasks = args = 0
-
-    def after(d: int, ended: bool, waits: set) -> None:
-        """A call on ``d`` placed: whether every task there has now ended, and what the
-        tasks left open there may wait for."""
-        closed[d] = ended and closed.get(d, True)
-        if closed[d]:
-            waited[d] = set()
-        else:
-            waited.setdefault(d, set()).update(waits)
-
-    lo = bisect.bisect_left(prep.step_of, last)
-    for k in range(lo, bisect.bisect_right(prep.step_of, last, lo)):
-        key = prep.keys[k]
-        op = key[0]
-        ds = on[key] or (-1,)
-        head = ds[0]
-        # where its inputs' first ranks ran, each a task of its own: (device, step)
-        sources = {((on[prep.keys[i]] or (-1,))[0], prep.step_of[i])
-                   for i in inputs[k] if i < k}
-        elsewhere = any(d != head for c in prep.fed[k] for d in on[prep.keys[c]][:2])
-        calls += len(ds)
-        if layouts[op].collective and len(ds) > 1:       # each rank starts a task
-            tasks += len(ds)
-            waits = sources
-            if len(ds) >= JOIN_MIN:                      # and the join, waiting for the inputs
-                calls += 1
-                tasks += 1
-                args += len(sources) + 2 * len(ds)       # each rank on the join, the order
-                waits = {("join", k)}
-            else:
-                args += len(ds) * len(sources) + len(ds) ** 2
-            for d in ds:
-                after(d, d == head and elsewhere, waits)
-            if elsewhere and op in partners:
-                sealed.add(head)
-            continue
-        for d in ds:
-            held = waited.get(d, ())
-            apart = any(p not in held and p != (d, last) for p in sources)
-            if (closed.get(d, True) or apart) and not (op in partners and d in sealed):
-                tasks += 1                               # nothing open there can take it
-                args += len(sources)
-            ended = d == head and elsewhere
-            after(d, ended, sources)
-            if ended and op in partners:
-                sealed.add(d)
-    used = {d for lay in layouts.values() for d in lay.devices}
-    return Dispatch(len(used), calls, tasks, args)
+def _gang(layouts: dict[str, OpLayout], key: tuple[str, int]) -> bool:
+    """Whether instance ``key`` (op, chunk) is a gang: a collective on several devices."""
+    lay = layouts[key[0]]
+    return lay.collective and len(lay.devices_of(key[1])) > 1
 
 
 def relabelled(layouts: dict[str, OpLayout]) -> tuple[tuple[str, OpLayout], ...]:

@@ -11,7 +11,7 @@ import pytest
 from rpeg.cost.profiles import builtin_cluster
 from rpeg.plan.dispatchfloor import dispatch_floor
 from rpeg.plan.evaluate import Evaluator
-from rpeg.plan.tasks import dispatch_least, layouts_of
+from rpeg.plan.tasks import layouts_of
 from rpeg.resources import shipped
 from rpeg.runtime.calibrate.simulated import scaled
 from rpeg.runtime.core import fusion as F
@@ -99,12 +99,8 @@ def test_the_dispatch_floor_is_no_more_than_the_count(name):
     d = ev.dispatch(plan, ev.graph(plan), timings)
     assert (low.devices, low.calls) == (d.devices, d.calls)
     assert 0 < low.tasks <= d.tasks and low.args <= d.args
-    least = dispatch_least(loose, layouts, chunks, 6, plan.fusion)
-    assert (least.devices, least.calls) == (d.devices, d.calls)
-    assert low.tasks <= least.tasks <= d.tasks and least.args <= d.args
     for step_s in (0.0, 10.0):
-        assert ev._control_floor(plan, timings, 6, step_s) \
-            <= ev._control_least(plan, timings, 6, step_s) <= ev._charged(d, step_s)
+        assert ev.control.floor(plan, timings, 6, step_s) <= ev.control.charged(d, step_s)
 
 
 @pytest.mark.parametrize("spec, cluster", [("grpo_qwen7b", "gh200_64"),
@@ -163,15 +159,12 @@ def test_the_floor_is_no_more_than_the_count_on_every_baseline(spec, cluster):
         for fusion in {(), e.plan.fusion}:
             plan = ev.settle(attrs.evolve(e.plan, predicted=None, fusion=fusion))
             timings = ev.timings(plan, ev.graph(plan))[0]
-            loose, layouts, chunks, _ = ev._layouts(plan, timings)
+            loose, layouts, chunks, _ = ev.control.layouts(plan, timings)
             for steps in (6, 10):
                 low = dispatch_floor(loose, layouts, chunks, steps)
                 d = dispatch_per_step(loose, layouts, chunks, steps, plan.fusion)
                 assert (low.devices, low.calls) == (d.devices, d.calls)
                 assert 0 < low.tasks <= d.tasks and low.args <= d.args, (low, d)
-                least = dispatch_least(loose, layouts, chunks, steps, plan.fusion)
-                assert least.calls == d.calls and least.tasks <= d.tasks \
-                    and least.args <= d.args, (least, d)
 
 
 def test_a_fused_op_takes_its_stages_time_and_saves_their_tasks():

@@ -76,6 +76,7 @@ def test_a_failed_op_aborts(ppo, plan_by_hand):
 
 
 # --- a segment's decisions: tasks, losses, stuck devices, Ctrl-C, all without Dask ----------
+from rpeg.runtime.core import choices as K  # noqa: E402
 from rpeg.runtime.core import scheduler as C  # noqa: E402
 from rpeg.runtime.core.cuts import Cuts  # noqa: E402
 from rpeg.runtime.core.flight import Task  # noqa: E402
@@ -205,24 +206,24 @@ def test_every_state_change_is_in_the_transition_table():
 
 
 def test_a_segment_ends_at_the_next_checkpoint_or_eval_step_or_the_run_end():
-    assert [C.next_cut(s, 25, 10, None) for s in (0, 9, 10, 20)] == [10, 10, 20, 25]
-    assert [C.next_cut(s, 25, 10, 4) for s in (0, 4, 8, 10, 24)] == [4, 8, 10, 12, 25]
+    assert [K.next_cut(s, 25, 10, None) for s in (0, 9, 10, 20)] == [10, 10, 20, 25]
+    assert [K.next_cut(s, 25, 10, 4) for s in (0, 4, 8, 10, 24)] == [4, 8, 10, 12, 25]
 
 
 def test_workers_found_at_a_restart_run_refuse_replan_or_give_up():
-    decide = C.on_workers
-    assert decide(2, 2, started=False) is C.Workers.RUN
-    assert decide(2, 3, started=True) is C.Workers.RUN
-    assert decide(2, 1, started=False) is C.Workers.REFUSE       # a run never started
-    assert decide(2, 0, started=False) is C.Workers.REFUSE
-    assert decide(2, 1, started=True) is C.Workers.REPLAN        # after a loss: the rest
-    assert decide(2, 0, started=True) is C.Workers.GIVE_UP
+    decide = K.on_workers
+    assert decide(2, 2, started=False) is K.Workers.RUN
+    assert decide(2, 3, started=True) is K.Workers.RUN
+    assert decide(2, 1, started=False) is K.Workers.REFUSE       # a run never started
+    assert decide(2, 0, started=False) is K.Workers.REFUSE
+    assert decide(2, 1, started=True) is K.Workers.REPLAN        # after a loss: the rest
+    assert decide(2, 0, started=True) is K.Workers.GIVE_UP
 
 
 def test_a_loss_past_the_limit_gives_up_and_a_stuck_worker_is_killed_first():
-    assert C.on_loss(1, 3, stuck=False) == (False, False)
-    assert C.on_loss(3, 3, stuck=True) == (False, True)
-    assert C.on_loss(4, 3, stuck=False) == (True, False)
+    assert K.on_loss(1, 3, stuck=False) == (False, False)
+    assert K.on_loss(3, 3, stuck=True) == (False, True)
+    assert K.on_loss(4, 3, stuck=False) == (True, False)
 
 
 def test_a_collective_that_fails_waits_for_a_lost_peer_before_it_aborts(ppo):
@@ -257,7 +258,7 @@ def _staleness_segment(ppo, steps=4, end=2):
     table = {c.id: c for c in calls}
     cuts = Cuts(table)
     seg = cuts.closure(end)
-    core = C.Core.create(cuts.core_view(seg, end), end, C.window_of(((None, 1),)), cuts=cuts,
+    core = C.Core.create(cuts.core_view(seg, end), end, K.window_of(((None, 1),)), cuts=cuts,
                          devices=[0, 1])
     return core, cuts, seg
 
@@ -289,31 +290,142 @@ def test_fusion_reads_what_the_core_heard_not_the_cluster(ppo):
 
 
 def test_the_window_holds_staleness_plus_one_steps_and_one_ahead():
-    assert C.window_of(()) == 2                                       # synchronous
-    assert C.window_of((("rollout", 1), ("critic", 0))) == 3
-    assert C.window_of((("rollout", 3),)) == 5
+    assert K.window_of(()) == 2                                       # synchronous
+    assert K.window_of((("rollout", 1), ("critic", 0))) == 3
+    assert K.window_of((("rollout", 3),)) == 5
 
 
 def test_evals_run_every_so_many_steps_from_the_first_and_at_the_last():
-    assert [s for s in range(13) if C.eval_due(s, 12, 5)] == [0, 5, 10, 12]
-    assert [s for s in range(7) if C.eval_due(s, 6, 3)] == [0, 3, 6]
-    assert not any(C.eval_due(s, 12, None) for s in range(13))
+    assert [s for s in range(13) if K.eval_due(s, 12, 5)] == [0, 5, 10, 12]
+    assert [s for s in range(7) if K.eval_due(s, 6, 3)] == [0, 3, 6]
+    assert not any(K.eval_due(s, 12, None) for s in range(13))
 
 
 def test_a_task_may_take_factor_times_its_predicted_time_and_never_less_than_the_floor():
-    lim = C.Limits(factor=10.0, floor_s=120.0)
+    lim = K.Limits(factor=10.0, floor_s=120.0)
     times = {"rollout": 20.0, "ref_lp": 1.0, "actor_step": 5.0}
     # a fused call counts its slowest stage; the calls of a task add up
     assert lim.task([("rollout", "ref_lp"), ("actor_step",)], times) == 250.0
     assert lim.task([("ref_lp",)], times) == 120.0                    # the floor
     assert lim.task([("unknown",)], {}) == 120.0
     assert (lim.gather_s, lim.setup_s, lim.drain_s) == (240.0, 600.0, 10.0)
-    short = C.Limits(factor=1.0, floor_s=2.0)
+    short = K.Limits(factor=1.0, floor_s=2.0)
     assert (short.gather_s, short.setup_s, short.drain_s) == (4.0, 600.0, 2.0)
-    assert C.Limits(1.0, 400.0).setup_s == 800.0
+    assert K.Limits(1.0, 400.0).setup_s == 800.0
+    # a call answered at once, a worker's first look at its GPUs, whether it answers at all
+    assert (lim.quick_s, lim.report_s, lim.answer_s, short.answer_s) == (30.0, 120.0, 5.0, 2.0)
 
 
 def test_the_worked_examples_of_the_run_decisions_hold():
     import doctest
     result = doctest.testmod(C)
     assert result.attempted and result.failed == 0
+
+
+def test_a_task_that_raised_is_lost_when_its_worker_went_and_failed_otherwise():
+    """Dask's errors by name (the core imports no Dask): a killed worker, a closed comm, a
+    cancelled future are losses; whatever an op raises is a failure."""
+    killed = type("KilledWorker", (Exception,), {})
+    closed = type("CommClosedError", (OSError,), {})
+    assert C.outcome_of("error", killed()) is C.Outcome.LOST
+    assert C.outcome_of("error", closed()) is C.Outcome.LOST
+    assert C.outcome_of("error", BrokenPipeError()) is C.Outcome.LOST
+    assert C.outcome_of("error", RuntimeError("Connection closed by peer")) is C.Outcome.FAILED
+    assert C.outcome_of("cancelled") is C.Outcome.CANCELLED
+    assert C.outcome_of("finished") is C.Outcome.DONE
+
+
+# --- whom a stuck collective blames -----------------------------------------------------------
+def _at_the_sync(ppo):
+    """A staleness-1 segment on two devices run until its first weight sync (a collective of
+    both devices: the trainer's export, the generator's load) is all that is ready: neither
+    rank finishes it, as when one of them froze."""
+    core, _, _ = _staleness_segment(ppo)
+    table = core.calls
+    queue, t, held = _pack(core, core.handle(C.Started(now=0.0)), 0.0), 0.0, []
+    while queue:
+        op = queue.pop(0)
+        if table[op].collective:
+            held.append(op)
+            continue
+        t += 1.0
+        queue += _pack(core, core.handle(C.TaskEnded(op, t)), t)
+    first = [op for op in held if table[op].step == min(table[h].step for h in held)]
+    assert sorted(table[op].device for op in first) == [0, 1], held
+    return core, t, {table[op].device: op for op in first}
+
+
+def test_a_stuck_collective_blames_the_rank_that_does_not_answer_not_the_one_waiting(ppo):
+    """Both ranks of the sync are overdue; device 0's is found first, but device 1 is the
+    one that does not answer (frozen): the core asks before it blames, and blames device 1,
+    naming device 0 as blocked with it."""
+    core, t, sync = _at_the_sync(ppo)
+    [ask] = [i for i in core.handle(C.Tick(t + 6.0)) if not isinstance(i, C.CheckAlive)]
+    assert ask == C.Ask((0, 1)) and ask.stimulus.startswith("tick-")
+    # asked once: the ticks until the answer do not ask again
+    assert not [i for i in core.handle(C.Tick(t + 7.0)) if isinstance(i, (C.Ask, C.Stuck))]
+    [stuck] = core.handle(C.Answers(t + 7.0, frozenset({1}), id="tick-9/answers"))
+    assert stuck.task.ids == (sync[1],) and stuck.blocked == (0,)
+    assert stuck.stimulus == "tick-9/answers" and stuck.idle_s > stuck.task.limit_s
+
+
+def test_a_stuck_collective_whose_ranks_all_answer_blames_the_rank_found(ppo):
+    core, t, sync = _at_the_sync(ppo)
+    [ask] = [i for i in core.handle(C.Tick(t + 6.0)) if isinstance(i, C.Ask)]
+    [stuck] = core.handle(C.Answers(t + 6.0, frozenset()))
+    assert stuck.task.ids == (sync[0],) and stuck.blocked == ()
+    core, t, sync = _at_the_sync(ppo)
+    core.handle(C.Tick(t + 6.0))
+    [stuck] = core.handle(C.Answers(t + 6.0, frozenset({0, 1})))    # both frozen: the first
+    assert stuck.task.ids == (sync[0],)
+    assert core.handle(C.Answers(t + 6.0, frozenset({1}))) == []     # nothing was asked
+
+
+def test_a_stuck_task_outside_any_collective_is_blamed_without_asking(ppo, plan_by_hand):
+    core, out = _segment(ppo, plan_by_hand)
+    _pack(core, out, 0.0, limit=5.0)
+    got = core.handle(C.Tick(6.0))
+    assert any(isinstance(i, C.Stuck) for i in got) and not any(isinstance(i, C.Ask)
+                                                               for i in got)
+
+
+from hypothesis import given  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from rpeg.runtime.core.flight import Flight, blame  # noqa: E402
+
+
+@given(st.lists(st.tuples(st.integers(0, 3), st.floats(0, 10), st.floats(1, 8),
+                          st.booleans(), st.booleans()), min_size=1, max_size=8),
+       st.frozensets(st.integers(0, 3)), st.floats(0, 20))
+def test_blame_prefers_a_silent_device_then_an_overdue_peer_busy_elsewhere(tasks, silent,
+                                                                            last):
+    """Over any tasks in flight (device, ready at, limit, holds its device's call of the
+    collective, waits for an op not done), any devices silent: the blamed is the rank in
+    hand when it is silent, else a silent peer, else an overdue peer busy outside the
+    collective, else the rank in hand."""
+    fl = Flight()
+    gang_ops: dict[int, str] = {}
+    for n, (device, ready, limit, member, waits) in enumerate(tasks):
+        op = f"op{n}"
+        if member and device not in gang_ops:
+            gang_ops[device] = op
+        fl.add(f"k{n}", Task((op,), device, 0, limit, ("never",) if waits else ()), now=ready)
+    now, last_done = 30.0, dict.fromkeys(range(4), last)
+    hit = fl.stuck(last_done, now)
+    if hit is None or hit[0].device not in gang_ops:
+        return
+    gang = {d: op for d, op in gang_ops.items() if d != hit[0].device}
+    task, idle = blame(fl, hit, gang, silent, last_done, now)
+    key = next(k for k, t in fl.tasks.items() if t == task)
+    if hit[0].device in silent:
+        assert (task, idle) == hit
+    elif silent & set(gang):
+        assert task.device in silent & set(gang)
+        if key not in fl.ready_at:                # nothing ready there: the collective's call
+            assert gang[task.device] in task.ids and idle == now - last
+    elif task != hit[0]:
+        assert task.device in gang and gang[task.device] not in task.ids
+        assert idle > task.limit_s
+    if key in fl.ready_at:
+        assert idle == now - max(fl.ready_at[key], last_done[task.device])

@@ -33,3 +33,19 @@ def test_segment_cuts_equal_whole_table_cuts(ppo, devices, staleness, carry):
         assert cuts.core_view(seg, end) == core_view(table, seg, end), end
         before = inside
     assert cuts.reach >= 1 + staleness
+
+
+@pytest.mark.parametrize("staleness", [0, 1])
+def test_segments_between_cuts_run_every_op_once(ppo, staleness):
+    """The segments between successive cuts are disjoint and together run every op of the
+    run; a segment ending at B has run, with those before it, every op of a step before B."""
+    table = {c.id: c for c in build_calls(ppo, split_plan(ppo, 2, staleness=staleness), 9)}
+    cuts = Cuts(table)
+    ran: set[str] = set()
+    ends = (2, 3, 6, 9)
+    for start, end in zip((0, *ends[:-1]), ends, strict=True):
+        seg, inside = cuts.segment(start, end)
+        assert not seg & ran and inside == ran | seg
+        ran |= seg
+        assert {i for i, c in table.items() if c.step < end} <= ran
+    assert ran == set(table)

@@ -10,6 +10,7 @@ from pathlib import Path
 import attrs
 import pytest
 
+from rpeg.runtime.core.choices import rebuildable
 from rpeg.runtime.lowering.context import RunContext, WeightSync
 from rpeg.runtime.lowering.instances import (
     EXPORT,
@@ -227,17 +228,16 @@ def test_a_checkpoint_asks_an_engine_copy_its_version_and_keeps_its_files(monkey
     monkeypatch.setitem(W._STATE, "device", 1)
     versions = ckio.replica_versions()
     assert versions["actor~vllm@1"] == (3, False, False, False)
-    assert "actor~vllm@1" not in ckio.rebuildable(versions)
+    assert "actor~vllm@1" not in rebuildable(versions)
 
 
 def test_a_copy_that_keeps_partial_rollouts_is_written_though_its_version_is_current():
     """A generator's copy at its trainer's version is rebuilt from the trainer's files,
     unless it keeps partial rollouts: only its own files hold those."""
-    from rpeg.runtime.rundir import checkpoints as ckio
     versions = {"actor@1": (3, True, False, False), "actor@0": (3, False, False, True),
                 "critic@0": (3, False, False, False), "ref@1": (0, False, True, False)}
-    assert ckio.rebuildable(versions) == {"ref@1"}
-    assert ckio.rebuildable({**versions, "actor@0": (3, False, False, False)}) == \
+    assert rebuildable(versions) == {"ref@1"}
+    assert rebuildable({**versions, "actor@0": (3, False, False, False)}) == \
         {"ref@1", "actor@0"}
 
 
@@ -277,5 +277,5 @@ def test_every_copy_of_a_frozen_model_is_frozen(monkeypatch):
     monkeypatch.setitem(W._STATE, "device", 2)
     versions = ckio.replica_versions()
     assert versions["ref~tp0-1@2"] == (0, False, True, False)
-    assert ckio.rebuildable(versions) == {"ref@2", "ref~tp0-1@2"}
+    assert rebuildable(versions) == {"ref@2", "ref~tp0-1@2"}
     assert ckio.restore_replicas({}) == {"ref": 0, "ref~tp0-1": 0}

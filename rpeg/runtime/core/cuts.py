@@ -106,6 +106,12 @@ class Cuts:
                     out.update(d for d in self.table[r].deps if d in inside)
         return out
 
+    def segment(self, start: int, end: int) -> tuple[set[str], set[str]]:
+        """(the ops a segment from the cut at ``start`` to the cut at ``end`` runs, every op
+        inside the cut at ``end``): those inside it and not inside the one at ``start``."""
+        inside = self.closure(end)
+        return inside - (self.closure(start) if start else set()), inside
+
     def core_view(self, seg: set[str], end: int) -> list[OpCall]:
         return core_view({i: self.table[i] for i in sorted(seg, key=self.order.__getitem__)},
                          seg, end)

@@ -91,17 +91,99 @@ class Flight:
         step, op = min(live)
         return op, step
 
-    def stuck(self, last_done: dict[int, float], now: float) -> tuple[Task, float] | None:
-        """A task whose device made no progress for longer than its limit, if any, and for
-        how long its device made none."""
-        first: dict[int, tuple[float, object]] = {}
+    def first_ready(self, device: int) -> tuple[object, float] | None:
+        """(key, when it became ready) of ``device``'s earliest-ready task; None if none."""
+        ready = [(t, k) for k, t in self.ready_at.items() if self.tasks[k].device == device]
+        if not ready:
+            return None
+        t, key = min(ready, key=lambda x: x[0])
+        return key, t
+
+    def idle(self, device: int, last_done: dict[int, float], now: float
+             ) -> tuple[Task, float] | None:
+        """``device``'s earliest-ready task and how long the device made no progress on it
+        (since it became ready or the device last finished a task); None if none is ready."""
+        first = self.first_ready(device)
+        if first is None:
+            return None
+        key, t_ready = first
+        return self.tasks[key], now - max(t_ready, last_done.get(device, t_ready))
+
+    def overdue(self, last_done: dict[int, float], now: float) -> list[tuple[Task, float]]:
+        """Every device that made no progress for longer than its earliest-ready task's
+        limit: that task and the time, by device."""
+        first: dict[int, tuple[float, object]] = {}      # one pass over the ready tasks
         for key, t_ready in self.ready_at.items():
             d = self.tasks[key].device
             if d not in first or t_ready < first[d][0]:
                 first[d] = (t_ready, key)
+        out = []
         for d, (t_ready, key) in sorted(first.items()):
             task = self.tasks[key]
             idle = now - max(t_ready, last_done.get(d, t_ready))
             if idle > task.limit_s:
-                return task, idle
-        return None
+                out.append((task, idle))
+        return out
+
+    def stuck(self, last_done: dict[int, float], now: float) -> tuple[Task, float] | None:
+        """A task whose device made no progress for longer than its limit, if any (the first
+        device's), and for how long its device made none."""
+        over = self.overdue(last_done, now)
+        return over[0] if over else None
+
+
+def blame(fl: Flight, hit: tuple[Task, float], gang: dict[int, str],
+          silent: frozenset[int], last_done: dict[int, float], now: float
+          ) -> tuple[Task, float]:
+    """Whom a stuck collective blames: ``hit`` is the overdue task of a device blocked in a
+    collective, ``gang`` its peers' calls of that collective (device -> op id), ``silent``
+    the devices whose workers did not answer when asked. A rank blocked in a collective
+    waits for a peer that never joined, so it is the last to blame: first a device that
+    does not answer (frozen: the task in hand if it is its own), then an overdue peer busy
+    with a task that holds no call of the collective (it made no progress before joining),
+    and only then the rank in hand.
+
+        >>> fl = Flight()
+        >>> fl.add("a", Task(("load",), 0, 2, 5.0, ()), now=0.0)
+        >>> fl.add("b", Task(("export",), 1, 2, 5.0, ()), now=0.0)
+        >>> hit = fl.stuck({0: 0.0, 1: 0.0}, now=6.0)
+        >>> hit[0].device, blame(fl, hit, {1: "export"}, frozenset({1}), {}, 6.0)[0].device
+        (0, 1)
+    """
+    task, _ = hit
+    if task.device in silent:
+        return hit
+    for device in sorted(gang):
+        if device in silent:
+            found = fl.idle(device, last_done, now) or _holding(fl, gang[device], last_done,
+                                                                 now)
+            if found is not None:
+                return found
+    for device in sorted(gang):
+        found = fl.idle(device, last_done, now)
+        if found is not None and gang[device] not in found[0].ids \
+                and found[1] > found[0].limit_s:
+            return found
+    return hit
+
+
+def first_silent(devices, silent) -> int:
+    """Whom a call to several workers that timed out blames: the first of ``devices`` (those
+    whose results are missing, in order) whose worker does not answer, else the first (the
+    others may only be waiting for it, in a collective).
+
+        >>> first_silent([0, 1], frozenset({1})), first_silent([0, 1], frozenset())
+        (1, 0)
+    """
+    devices = list(devices)
+    return next((d for d in devices if d in silent), devices[0] if devices else -1)
+
+
+def _holding(fl: Flight, op_id: str, last_done: dict[int, float], now: float
+             ) -> tuple[Task, float] | None:
+    """The task in flight that holds ``op_id`` (not yet ready), with its device's idle time
+    since it last finished a task."""
+    for t in fl.tasks.values():
+        if op_id in t.ids:
+            return t, now - last_done.get(t.device, now)
+    return None

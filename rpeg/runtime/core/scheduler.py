@@ -24,17 +24,21 @@ reports with the time they happened (``now``: the core reads no clock):
   ended (``TaskEnded``): done, failed (``Abort``; a collective op's failure first waits
   ``peer_grace_s`` for the cluster to report a lost peer, which then takes precedence),
   its worker lost (``Lost``), or given up by the scheduler (``GaveUp``); a device that made no progress for longer
-  than its task's limit is stuck (``Stuck``, on a ``Tick``); when to ask the cluster
+  than its task's limit is stuck (``Stuck``, on a ``Tick``), but a rank blocked in a
+  collective is blamed last: the core first asks whether its peers' workers answer
+  (``Ask``, answered by ``Answers``) and blames one that does not, or a peer that made no
+  progress before joining (:func:`rpeg.runtime.core.flight.blame`); when to ask the cluster
   whether every worker is still there (``CheckAlive``); nothing in flight with work
   left is a scheduling bug (``Stalled``);
 * Ctrl-C (``StopRequested``): the first cut that holds every op already submitted
   (``Stopping``), the ops past it held, and ``CutShort`` once every op inside is done.
 
-Between segments, the run's own decisions are functions here too: where the next segment
-ends (:func:`next_cut`), how many steps it keeps in flight (:func:`window_of`), whether
-its cut runs the eval block (:func:`eval_due`), how long a worker may take before it is
-stuck (:class:`Limits`), what to do with the workers found at a (re)start
-(:func:`on_workers`: run, refuse, give up, re-plan) and after a loss (:func:`on_loss`).
+What counts as a lost worker is decided here too (:func:`is_loss`, :func:`outcome_of`).
+The run's decisions between segments are functions of ``rpeg.runtime.core.choices``:
+where the next segment ends, how many steps it keeps in flight, whether its cut runs the
+eval block, how long a worker may take before it is stuck (``Limits``), what to do with
+the workers found at a (re)start and after a loss, and what a start, a resume and a cut
+choose.
 
 Every event carries an id and every instruction the id of the event that caused it
 (``stimulus``, as Dask's ``stimulus_id``).
@@ -53,8 +57,9 @@ import attrs
 
 from rpeg.errors import PlanError, RpegError
 from rpeg.graph.order import Cycle, topological
-from rpeg.runtime.core.flight import Flight, Task
+from rpeg.runtime.core.flight import Flight, Task, blame
 from rpeg.runtime.lowering.instances import OpCall
+from rpeg.runtime.lowering.ordering import gangs_of
 
 
 def _caused_by():
@@ -88,6 +93,36 @@ class Outcome(enum.Enum):
     FAILED = "failed"             # an op raised: the run stops
     LOST = "lost"                 # its worker died under it
     CANCELLED = "cancelled"       # the scheduler gave it up (something it needs was lost)
+
+
+# what a worker's death looks like to a task that ran there (by name: the core imports no Dask)
+LOSSES = ("KilledWorker", "CommClosedError", "FutureCancelledError", "CancelledError")
+
+
+def is_loss(error) -> bool:
+    """Whether ``error``, raised by a call to a worker, means the worker went (killed, OOM, its
+    connection closed) rather than that the op failed.
+
+        >>> is_loss(ConnectionResetError()), is_loss(ValueError("bad reward"))
+        (True, False)
+    """
+    return type(error).__name__ in LOSSES or isinstance(error, (ConnectionError, EOFError))
+
+
+def outcome_of(status: str, error=None) -> Outcome:
+    """How a task ended, from the status of its future ("finished", "error", "cancelled")
+    and, when it raised, what: a loss is ``LOST``, anything else ``FAILED``; a task the
+    scheduler cancelled (what it needs went with a worker) is ``CANCELLED``.
+
+        >>> [outcome_of(s, e).value for s, e in (("finished", None), ("error", EOFError()),
+        ...                                       ("error", KeyError()), ("cancelled", None))]
+        ['done', 'lost', 'failed', 'cancelled']
+    """
+    if status == "finished":
+        return Outcome.DONE
+    if status == "error":
+        return Outcome.LOST if is_loss(error) else Outcome.FAILED
+    return Outcome.CANCELLED
 
 
 # --- events -------------------------------------------------------------------------------
@@ -139,6 +174,15 @@ class Tick:
 
 @attrs.frozen
 class StopRequested:
+    id: str = attrs.field(default="", kw_only=True)
+
+
+@attrs.frozen
+class Answers:
+    """The answer to ``Ask``: of the devices asked, those whose workers did not answer."""
+
+    now: float
+    silent: frozenset[int] = frozenset()
     id: str = attrs.field(default="", kw_only=True)
 
 
@@ -201,10 +245,22 @@ class GaveUp:
 
 @attrs.frozen
 class Stuck:
-    """A device made no progress for longer than its task's limit: kill it, roll back."""
+    """A device made no progress for longer than its task's limit: kill it, roll back.
+    ``blocked``: devices blocked in a collective with it, the first found overdue."""
 
     task: Task
     idle_s: float
+    blocked: tuple[int, ...] = ()
+    stimulus: str = _caused_by()
+
+
+@attrs.frozen
+class Ask:
+    """A rank blocked in a collective is overdue: ask whether the workers of ``devices``
+    (it and its peers in the collective) answer, and report it (``Answers``), so the core
+    blames the one that does not, not the rank waiting for it."""
+
+    devices: tuple[int, ...]
     stimulus: str = _caused_by()
 
 
@@ -280,6 +336,8 @@ class Core:
     task_key: dict[str, object] = attrs.field(factory=dict)   # op -> the task it runs in
     events: int = 0                           # events handled (an unnamed one's number)
     stimulus: str = ""                        # the id of the event being handled
+    asking: tuple | None = None               # (overdue task, idle, its gang) awaiting Answers
+    gangs: dict[str, tuple[str, ...]] | None = None   # op -> the calls of its collective
 
     @classmethod
     def create(cls, calls, steps: int, window: int, *, start: int = 0, cuts=None,
@@ -340,6 +398,8 @@ class Core:
             return self._tick(event.now)
         if isinstance(event, StopRequested):
             return self._stop()
+        if isinstance(event, Answers):
+            return self._answers(event)
         raise TypeError(f"unknown event {event!r}")
 
     def is_done(self, op_id: str) -> bool:
@@ -469,12 +529,40 @@ class Core:
         if now - self.last_alive > self.alive_every_s:
             self.last_alive = now
             out.append(CheckAlive(stimulus=self.stimulus))
-        if now - self.last_stuck >= self.stuck_every_s:    # every task in flight: not each tick
-            self.last_stuck = now
+        if now - self.last_stuck >= self.stuck_every_s and self.asking is None:
+            self.last_stuck = now                    # every task in flight: not each tick
             hit = self.flight.stuck(self.last_done, now)
-            if hit is not None:
+            gang = self._gang_of(hit[0]) if hit is not None else {}
+            if gang:                                 # blocked in a collective: who answers?
+                self.asking = (hit, gang)
+                out.append(Ask(tuple(sorted({hit[0].device, *gang})), stimulus=self.stimulus))
+            elif hit is not None:
                 out.append(Stuck(*hit, stimulus=self.stimulus))
         return out
+
+    def _answers(self, e: Answers) -> list:
+        """Blame, for the overdue rank of a collective asked about, the device that does not
+        answer or made no progress before joining (:func:`blame`), else the rank itself."""
+        if self.asking is None or self.finished:
+            return []
+        hit, gang = self.asking
+        self.asking = None
+        task, idle = blame(self.flight, hit, gang, e.silent, self.last_done, e.now)
+        blocked = () if task == hit[0] else (hit[0].device,)
+        return [Stuck(task, idle, blocked, stimulus=self.stimulus)]
+
+    def _gang_of(self, task: Task) -> dict[int, str]:
+        """Device -> the call of each peer (on another device) in the collective of the
+        first collective call of ``task``; empty when it runs none."""
+        if self.gangs is None:
+            calls = tuple(self.calls.values())
+            self.gangs = {calls[i].id: tuple(calls[j].id for j in at)
+                          for at in gangs_of(calls).values() for i in at}
+        for op_id in task.ids:
+            if op_id in self.gangs:
+                return {self.calls[o].device: o for o in self.gangs[op_id]
+                        if self.calls[o].device != task.device}
+        return {}
 
     def _stop(self) -> list:
         """Ctrl-C: stop at the first cut after the segment's start that holds every op
@@ -507,118 +595,7 @@ class Core:
 
 _KINDS = {Started: "started", OpDone: "op-done", OpFailed: "op-failed",
           TaskSubmitted: "task-submitted", TaskEnded: "task-ended", Tick: "tick",
-          StopRequested: "stop-requested"}
-
-
-# --- a run's decisions between segments ------------------------------------------------------
-def next_cut(start: int, steps: int, checkpoint_every: int, eval_every: int | None) -> int:
-    """The step a segment starting at ``start`` ends at: the next checkpoint or eval step,
-    or the run's end.
-
-        >>> next_cut(0, 25, 10, None), next_cut(10, 25, 10, 4), next_cut(20, 25, 10, None)
-        (10, 12, 25)
-    """
-    every = eval_every or steps
-    return min(steps, (start // checkpoint_every + 1) * checkpoint_every,
-               (start // every + 1) * every)
-
-
-class Workers(enum.Enum):
-    """What a run does with the workers it finds at a (re)start."""
-
-    RUN = "run"                   # as many as the plan's devices
-    REFUSE = "refuse"             # too few for a run that never started: plan for these
-    GIVE_UP = "give up"           # none left
-    REPLAN = "replan"             # too few after a loss: re-plan for those left
-
-
-def on_workers(needed: int, have: int, *, started: bool) -> Workers:
-    """The decision of :class:`Workers` for ``have`` workers of the ``needed`` (``started``:
-    the run has made a checkpoint, or this is a restart after a loss).
-
-        >>> [on_workers(2, n, started=s).value for n, s in ((2, False), (1, False), (1, True),
-        ...                                                  (0, True))]
-        ['run', 'refuse', 'replan', 'give up']
-    """
-    if have >= needed:
-        return Workers.RUN
-    if not started:
-        return Workers.REFUSE
-    return Workers.GIVE_UP if have == 0 else Workers.REPLAN
-
-
-def on_loss(losses: int, max_losses: int, stuck: bool) -> tuple[bool, bool]:
-    """(give up, kill the worker first) after the run's ``losses``-th loss: past
-    ``max_losses`` the run stops (resumable); a stuck worker (still there, not answering) is
-    killed before the rollback, a lost one is gone already.
-
-        >>> on_loss(1, 3, stuck=True), on_loss(4, 3, stuck=False)
-        ((False, True), (True, False))
-    """
-    return losses > max_losses, stuck
-
-
-def window_of(staleness) -> int:
-    """Steps a segment keeps in flight for a plan of ``staleness`` ((stage, k) pairs): k + 1
-    may run at once, and one more is submitted ahead, so the scheduler holds its ops and
-    starts them the moment their inputs exist (no client round trip).
-
-        >>> window_of(()), window_of((("rollout", 1), ("adv", 0)))
-        (2, 3)
-    """
-    return max((k for _, k in staleness), default=0) + 2
-
-
-def eval_due(step: int, steps: int, every: int | None) -> bool:
-    """Whether the cut at ``step`` runs the eval block: every ``every`` steps (the untrained
-    model at 0 among them) and the run's last step; never without one.
-
-        >>> [s for s in range(11) if eval_due(s, 10, 4)], eval_due(3, 10, None)
-        ([0, 4, 8, 10], False)
-    """
-    return every is not None and (step % every == 0 or step == steps)
-
-
-SETUP_LIMIT_S = 600.0        # a worker's set-up imports torch and builds models: minutes
-
-
-@attrs.frozen
-class Limits:
-    """How long the run waits on its workers before one counts as stuck (then it is killed
-    and the run rolls back): a task, ``factor`` x the plan's predicted time of its ops and
-    never less than ``floor_s``; any other call to a worker, from the floor.
-
-        >>> Limits(10.0, 120.0).task([("gen",), ("gen", "ref")], {"gen": 20.0, "ref": 30.0})
-        500.0
-        >>> Limits(10.0, 1.0).task([("gen",)], {}), Limits(10.0, 1.0).gather_s
-        (1.0, 2.0)
-    """
-
-    factor: float = 10.0
-    floor_s: float = 120.0
-
-    def task(self, stages_of_calls, op_times: dict[str, float]) -> float:
-        """A task running calls of these stages (each call's stages, as ``OpCall.stages``)
-        in turn: the slowest stage of each call, summed (once per task: a frozen worker
-        is found as fast whatever the task holds)."""
-        t = sum(max((op_times.get(s, 0.0) for s in stages), default=0.0)
-                for stages in stages_of_calls)
-        return max(self.floor_s, self.factor * t)
-
-    @property
-    def gather_s(self) -> float:
-        """Results of a call to every worker (a checkpoint's saves, an eval)."""
-        return 2 * self.floor_s
-
-    @property
-    def setup_s(self) -> float:
-        """The workers' set-up: importing torch and building models."""
-        return max(SETUP_LIMIT_S, 2 * self.floor_s)
-
-    @property
-    def drain_s(self) -> float:
-        """Trace events from every worker at once (then each is asked on its own)."""
-        return min(10.0, self.floor_s)
+          StopRequested: "stop-requested", Answers: "answers"}
 
 
 def _submission_order(calls) -> tuple[str, ...]:

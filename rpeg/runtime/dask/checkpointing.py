@@ -21,9 +21,8 @@ import time
 import attrs
 
 from rpeg.errors import RpegError, RuntimeFailure, Span
-from rpeg.graph.ids import ReplicaAt, ReplicaKey
 from rpeg.plan.model import Plan
-from rpeg.runtime.core import scheduler as C
+from rpeg.runtime.core import choices as K
 from rpeg.runtime.core.windows import CallWindows, SegmentCalls
 from rpeg.runtime.dask import worker as W
 from rpeg.runtime.dask.devices import Seen, cuda_choice, gpu_table
@@ -78,15 +77,15 @@ class Starter:
         workers = self._wait_workers(n, number)
         if workers is None:
             have = watch.gpu_workers()
-            decision = C.on_workers(n, len(have), started=number > 1
+            decision = K.on_workers(n, len(have), started=number > 1
                                     or self.state.checkpoint is not None)
-            if decision is C.Workers.REFUSE:
+            if decision is K.Workers.REFUSE:
                 raise RuntimeFailure(f"the plan needs {n:,} devices, and the scheduler at "
                                      f"{self.options.scheduler} has {len(have)} worker(s) with "
                                      "resource GPU=1",
                                      hint="start one worker per device with --resources GPU=1, "
                                           "or plan for the workers there are")
-            if decision is C.Workers.GIVE_UP:
+            if decision is K.Workers.GIVE_UP:
                 raise RuntimeFailure("no worker with resource GPU=1 is left to continue on")
             plan = _replan(self.pipeline, plan, len(have), self.meta, self.rd,
                            why=f"only {len(have)} worker(s) left", from_step=self.state.start)
@@ -94,20 +93,22 @@ class Starter:
         watch.workers = workers
         calls = SegmentCalls(CallWindows(self.pipeline, plan, self.steps, self.state.base))
         calls.move(self.state.start, min(self.steps, self.state.start + 1), self.state.carry)
-        window = C.window_of(plan.staleness)
+        window = K.window_of(plan.staleness)
         cl = self.cl
         if number > 1:
             for a in workers.values():
                 try:
-                    watch.run_on(a, W.teardown, 30.0)
+                    watch.run_on(a, W.teardown, watch.limits.quick_s)
                 except (Exception, _Lost):  # noqa: BLE001 — a fresh replacement has nothing to tear down
                     pass
-        seen = {d: watch.run_on(a, W.device_report, 120.0) for d, a in workers.items()}
+        seen = {d: watch.run_on(a, W.device_report, watch.limits.report_s)
+                for d, a in workers.items()}
         cuda = cuda_choice(self.options.use_cuda, {d: len(r["gpus"]) for d, r in seen.items()})
         gpus = gpu_table({d: Seen(r["host"], tuple(r["gpus"])) for d, r in seen.items()}) \
             if cuda else ()
         def meet(address: str) -> str:
-            return _rendezvous(address, watch.run_on(address, W.free_port, 30.0))
+            return _rendezvous(address, watch.run_on(address, W.free_port,
+                                                     watch.limits.quick_s))
         ctx = RunContext.create(self.pipeline, plan, calls.calls.sample(),
                                 run_dir=str(self.rd.path), dist_addr=meet(workers[0]),
                                 use_cuda=cuda)
@@ -138,7 +139,8 @@ class Starter:
             if a not in meta.worker_history.setdefault(d, []):
                 meta.worker_history[d].append(a)
         self.pids.clear()
-        self.pids.update({a: watch.run_on(a, os.getpid, 60.0) for a in workers.values()})
+        self.pids.update({a: watch.run_on(a, os.getpid, watch.limits.quick_s)
+                          for a in workers.values()})
         if self.state.checkpoint is not None:
             self._restore(self.state.checkpoint, workers, number)
         self.rd.write_json("run.json", meta.to_json())
@@ -157,14 +159,12 @@ class Starter:
                   "workers'", file=sys.stderr)
 
     def _wait_workers(self, n: int, number: int) -> dict[int, str] | None:
-        end = time.time() + (self.replace_wait_s if number > 1 else 30.0)
+        end = time.time() + K.workers_wait_s(number, self.replace_wait_s)
         lost = self.meta.lost_workers()
         while True:
-            have = [a for a in self.watch.gpu_workers() if a not in lost]
-            if len(have) >= n:
-                return dict(enumerate(have[:n]))
-            if time.time() > end:
-                return None
+            workers = K.take_workers(self.watch.gpu_workers(), lost, n)
+            if workers is not None or time.time() > end:
+                return workers
             time.sleep(0.25)
 
     def _restore(self, ck: ckio.Checkpoint, workers: dict[int, str], number: int) -> None:
@@ -173,18 +173,12 @@ class Starter:
         saved = {k: v for k, v in dict(ck.state.get("replicas", {})).items()
                  if (ck.path / k).is_dir()}
         restart = ck.step == self.state.base > 0            # an extended run restarts here
+        trained = {k for k in saved if ckio.holds_optimizer(ck.path / k)}
         cl = self.cl
         futs = []
         for d, a in workers.items():
-            sources = {}
-            for key in saved:
-                if ReplicaAt(key).device == d:
-                    sources[ReplicaAt(key).key] = str(ck.path / key)
-            for key in saved:                                  # re-planned: map by model
-                model = ReplicaAt(key).key
-                if restart:                # every replica at the newest version, as at step 0
-                    sources[model] = str(ck.path / _best_source(saved, model, ck))
-                sources.setdefault(model, str(ck.path / _best_source(saved, model, ck)))
+            sources = {model: str(ck.path / k) for model, k in K.restore_sources(
+                saved, d, trained, restart=restart).items()}
             futs.append(cl.client.submit(ckio.restore_replicas, sources, workers=[a],
                                          allow_other_workers=False, pure=False,
                                          key=f"restore-{d}-{cl.token}-{number}"))
@@ -245,7 +239,7 @@ class Checkpointer:
                 key=f"versions-{cut}-{d}-{cl.token}-{number}")
                 for d, a in workers.items()], "versions", list(workers)):
             held.update(v)
-        skip = tuple(sorted(ckio.rebuildable(held)))
+        skip = tuple(sorted(K.rebuildable(held)))
         saves = [cl.client.submit(ckio.save_replicas, str(tmp), cut, skip, workers=[a],
                                   allow_other_workers=False, pure=False,
                                   key=f"ckpt-{cut}-{d}-{cl.token}-{number}")
@@ -264,22 +258,9 @@ class Checkpointer:
             "metrics_rows": len(state.metrics), "num_devices": attempt.plan.num_devices,
             "carry": sorted(carry), "run_steps": self.steps, "base": state.base,
             "data": cursor_of(state).moved_to(cut, self.pipeline.workload.prompts).to_json()})
-        ckio.prune(rd.path, keep=self.keep)
+        ckio.prune(rd.path, keep=self.keep)           # all but the newest: choices.pruned
         state.start = cut
         state.carry = carry
-
-
-def _best_source(saved: dict[str, int], model: str, ck) -> str:
-    """For a model on a device it was not on before: its newest replica (a trained one
-    first; of the same copy, or else of the backbone it copies)."""
-    backbone = ReplicaKey(model).backbone
-    cands = [k for k in saved if ReplicaAt(k).key == model]
-    newest = max((saved[k] for k in saved if ReplicaAt(k).key.backbone == backbone),
-                 default=None)
-    if not cands or (newest is not None and max(saved[k] for k in cands) < newest):
-        cands = [k for k in saved if ReplicaAt(k).key.backbone == backbone]
-    with_opt = [k for k in cands if ckio.holds_optimizer(ck.path / k)]
-    return max(with_opt or cands, key=lambda k: saved[k])
 
 
 def _replan(pipeline: Pipeline, plan: Plan, devices: int, meta: RunMeta, rd: RunDir,

@@ -22,8 +22,9 @@ import time
 import attrs
 
 from rpeg.errors import RuntimeFailure
+from rpeg.runtime.core import choices as K
 from rpeg.runtime.core import scheduler as C
-from rpeg.runtime.core.flight import Flight, Task
+from rpeg.runtime.core.flight import Flight, Task, first_silent
 from rpeg.runtime.dask import worker as W
 from rpeg.runtime.rundir import outputs as O
 from rpeg.runtime.rundir.directory import RunDir
@@ -35,10 +36,11 @@ ENDED = ("finished", "error", "cancelled")     # a future's end states ("lost" i
 
 class _Lost(Exception):
     def __init__(self, device: int, worker: str, op: str, step: int, reason: str, *,
-                 stimulus: str = "") -> None:
+                 stimulus: str = "", stuck: bool = False) -> None:
         super().__init__(f"{reason}: device {device} ({worker}), op {op}, step {step}")
         self.device, self.worker, self.op, self.step, self.reason = device, worker, op, step, reason
         self.stimulus = stimulus        # the core's event that found it ("" = seen outside it)
+        self.stuck = stuck              # still in the cluster, not answering: killed first
 
     def caused_by(self, stimulus: str) -> _Lost:
         self.stimulus = self.stimulus or stimulus
@@ -52,7 +54,7 @@ class Watch:
     says the step the run is at, for the reports."""
 
     client: object                              # the run's distributed.Client
-    limits: C.Limits                            # how long a worker may take to answer
+    limits: K.Limits                            # how long a worker may take to answer
     state: RunState
     workers: dict[int, str] = attrs.field(factory=dict)
 
@@ -75,11 +77,13 @@ class Watch:
             # never): still pending, until the loss check above sees the worker gone
             pending = [f for f in pending if f.status not in ENDED]
             if pending and time.time() - start > limit_s:
-                d = devices[futs.index(pending[0])] if devices else -1
+                late = list(dict.fromkeys(devices[futs.index(f)] for f in pending)) \
+                    if devices else []
+                d = first_silent(late, self.silent(late) if len(late) > 1 else set())
                 raise self.lost_or_stuck(d, self.workers.get(d, "?"), what, self.state.start,
                                          f"op stuck: {what} took over {limit_s:.0f} s")
         for f in futs:
-            if f.status == "cancelled" or (f.status == "error" and _is_loss(f.exception())):
+            if f.status == "cancelled" or (f.status == "error" and C.is_loss(f.exception())):
                 self.check_alive()
                 raise _Lost(-1, "?", what, self.state.start, "worker lost during " + what)
         return self.client.gather(futs)
@@ -142,11 +146,30 @@ class Watch:
                                      f"op stuck: worker did not answer within {timeout:.0f} s"
                                      ) from None
         except Exception as e:
-            if _is_loss(e):
+            if C.is_loss(e):
                 raise _Lost(device, address, fn.__name__, self.state.start,
                             f"worker lost ({type(e).__name__})") from None
             raise
         return got[address]
+
+    def silent(self, devices) -> set[int]:
+        """Of ``devices``, those whose workers do not answer within ``limits.answer_s`` (all
+        asked at once): frozen, or gone."""
+        import asyncio
+
+        client = self.client
+        addrs = {d: self.workers[d] for d in devices if d in self.workers}
+
+        async def ask():
+            return await asyncio.gather(*(asyncio.wait_for(
+                client._run(os.getpid, workers=[a], on_error="raise"), self.limits.answer_s)
+                for a in addrs.values()), return_exceptions=True)
+
+        try:
+            got = client.sync(ask)
+        except Exception:  # noqa: BLE001 — the scheduler itself does not answer: blame none
+            return set()
+        return {d for d, g in zip(addrs, got, strict=True) if isinstance(g, BaseException)}
 
     def scatter(self, value, device: int, step: int):
         """Put an output carried over a cut on ``device``'s worker, with the same time limit
@@ -163,22 +186,23 @@ class Watch:
                                      "op stuck: worker did not take the carried outputs within "
                                      f"{self.limits.floor_s:.0f} s") from None
         except Exception as e:
-            if _is_loss(e) or "timed out" in str(e).lower():
+            if C.is_loss(e) or "timed out" in str(e).lower():
                 raise self.lost_or_stuck(device, address, "carry", step,
-                                         f"worker lost ({type(e).__name__})") from None
+                                         f"worker lost ({type(e).__name__})", stuck=False
+                                         ) from None
             raise
 
     def lost_or_stuck(self, device: int, address: str, op: str, step: int,
-                      reason: str) -> _Lost:
+                      reason: str, *, stuck: bool = True) -> _Lost:
         """A worker that did not answer: lost if it has left the cluster (killed, OOM), else
-        stuck (frozen, hung in a collective) with ``reason``."""
+        ``stuck`` (frozen, hung in a collective: killed before the rollback) with ``reason``."""
         try:
             gone = address not in set(self.gpu_workers())
         except Exception:  # noqa: BLE001 — the scheduler itself is unreachable: report as given
             gone = False
         if gone:
             return _Lost(device, address, op, step, "worker lost (left the cluster)")
-        return _Lost(device, address, op, step, reason)
+        return _Lost(device, address, op, step, reason, stuck=stuck)
 
     def gave_up(self, task: Task, status: str, fl: Flight) -> _Lost:
         """The loss behind a task the scheduler gave up: the worker that left (with the op it
@@ -209,7 +233,8 @@ class Watch:
             except ProcessLookupError:
                 return
         try:
-            self.client.restart_workers([worker], timeout=30, raise_for_error=False)
+            self.client.restart_workers([worker], timeout=self.limits.quick_s,
+                                        raise_for_error=False)
         except Exception:  # noqa: BLE001 — it may be gone already
             pass
 
@@ -246,8 +271,8 @@ class Rollback:
         record = Recovery(attempt, lost.device, lost.worker, lost.op, lost.step, lost.reason,
                           lost.stimulus, self.state.start, time.time())
         self.meta.recoveries.append(record)
-        give_up, kill = C.on_loss(len(self.meta.recoveries), self.max_recoveries,
-                                  stuck="stuck" in lost.reason)
+        give_up, kill = K.on_loss(len(self.meta.recoveries), self.max_recoveries,
+                                  stuck=lost.stuck)
         if give_up:
             raise RuntimeFailure(f"the run lost workers {len(self.meta.recoveries)} times "
                                  f"(last: {lost}); giving up",
@@ -257,7 +282,7 @@ class Rollback:
             watch.kill(lost.worker, pids.get(lost.worker), self.local)
         # the attempt's futures went with it (each attempt has keys of its own); an explicit
         # cancel of a graph whose workers died trips assertions in the scheduler
-        watch.wait_idle(30.0)
+        watch.wait_idle(watch.limits.quick_s)
         try:                     # the workers still there: a dead one would only time out
             alive = set(watch.gpu_workers())
             abandoned = len(watch.drain([a for a in watch.workers.values() if a in alive]))
@@ -277,9 +302,3 @@ class Rollback:
 def _gpu_worker_addresses(dask_scheduler=None) -> list[str]:
     return [a for a, ws in dask_scheduler.workers.items()
             if ws.resources.get("GPU", 0) >= 1 and ws.status.name == "running"]
-
-
-def _is_loss(err) -> bool:
-    name = type(err).__name__
-    return name in ("KilledWorker", "CommClosedError", "FutureCancelledError",
-                    "CancelledError") or isinstance(err, (ConnectionError, EOFError))

@@ -29,6 +29,7 @@ from pathlib import Path
 import attrs
 
 from rpeg.errors import RpegError, RuntimeFailure, Span
+from rpeg.runtime.core.choices import restarts_at_cut
 from rpeg.runtime.dask.driver import RunOptions, RunResult
 from rpeg.runtime.dask.runner import Resilience, _replan, run_resilient
 from rpeg.runtime.inputs import check_inputs, from_older_record
@@ -75,8 +76,7 @@ def resume_run(run_dir: str | Path, options: RunOptions | None = None,
         if kept or damaged:
             print(f"rpeg: kept what ran past {ck.path.name}: "
                   + ", ".join(kept + [f"checkpoints/{d}" for d in damaged]), file=sys.stderr)
-        if ck is not None and total != made_for \
-                and ck.step + 2 * lookback(pipeline, plan) > min(made_for, total):
+        if restarts_at_cut(ck.step, lookback(pipeline, plan), made_for, total):
             # the cut was made for a run that ended near it: restart there, every replica
             # at the checkpoint's version (what ran past the cut is run again)
             state.base, state.carry, state.pending = ck.step, {}, defaultdict(list)

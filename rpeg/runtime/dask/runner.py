@@ -61,7 +61,7 @@ from pathlib import Path
 from rpeg.destinations import check_not_around
 from rpeg.errors import RpegError, RuntimeFailure, Span
 from rpeg.plan.model import Plan
-from rpeg.runtime.core import scheduler as C
+from rpeg.runtime.core import choices as K
 from rpeg.runtime.dask.checkpointing import Checkpointer, Starter
 from rpeg.runtime.dask.checkpointing import _replan as _replan  # rpeg.runtime.dask.resume re-plans
 from rpeg.runtime.dask.driver import (
@@ -264,7 +264,7 @@ class _Runner:
         self.rd, self.meta, self.state, self.cl, self.stop = rd, meta, state, cl, stop
         self.tally = Tally()
         self.pids: dict[str, int] = {}
-        self.watch = Watch(cl.client, C.Limits(res.timeout_factor, res.timeout_floor_s), state)
+        self.watch = Watch(cl.client, K.Limits(res.timeout_factor, res.timeout_floor_s), state)
         self.starter = Starter(pipeline, options, res.replace_wait_s, steps, cl, self.watch,
                                rd, meta, state, self.pids)
         self.checkpointer = Checkpointer(pipeline, steps, res.keep, time.time(), cl,

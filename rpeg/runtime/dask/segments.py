@@ -21,13 +21,14 @@ from collections.abc import Callable
 import attrs
 
 from rpeg.errors import RpegError, RuntimeFailure
+from rpeg.runtime.core import choices as K
 from rpeg.runtime.core import fusion as F
 from rpeg.runtime.core import scheduler as C
 from rpeg.runtime.core.flight import Task
 from rpeg.runtime.dask import worker as W
 from rpeg.runtime.dask.checkpointing import Attempt, Checkpointer
 from rpeg.runtime.dask.driver import Resilience, RunOptions, _Cluster, _Progress
-from rpeg.runtime.dask.losses import Watch, _is_loss, _Lost
+from rpeg.runtime.dask.losses import Watch, _Lost
 from rpeg.runtime.dask.stopflag import StopFlag
 from rpeg.runtime.rundir import outputs as O
 from rpeg.runtime.rundir.directory import RunDir, step_metrics
@@ -106,17 +107,15 @@ class Evals:
     def __call__(self, step: int, attempt: int) -> None:
         from rpeg.runtime.lowering.instances import base_of
         e = self.pipeline.evaluation
-        if not C.eval_due(step, self.steps, e.every if e else None) \
+        if not K.eval_due(step, self.steps, e.every if e else None) \
                 or O.evaluated(self.rd.path, step):       # once per step, across resumes
             return
         gen = next(s for s in self.pipeline.stages if s.kind.value == "generate")
-        homes = {m: d for m, d in (self.meta.homes or {}).items()
-                 if gen.target in base_of(m).members}
-        if not homes:
+        home = K.eval_home(self.meta.homes or {}, lambda m: gen.target in base_of(m).members)
+        if home is None:
             raise RuntimeFailure(f"eval needs a trained replica of '{gen.target}', and the "
                                  "plan trains none", e.span)
-        model, devices = next(iter(homes.items()))
-        device = devices[0]
+        model, device = home
         cl = self.cl
         fut = cl.client.submit(_evaluate_on_worker, model, step,
                                workers=[self.watch.workers[device]], allow_other_workers=False,
@@ -155,11 +154,10 @@ class SegmentLoop:
             self.evaluate(0, self.attempt.number)        # the untrained model, to compare with
         while state.start < self.steps:
             start = state.start
-            end = C.next_cut(start, self.steps, self.res.checkpoint_every, self.eval_every)
+            end = K.next_cut(start, self.steps, self.res.checkpoint_every, self.eval_every)
             calls.move(start, end, state.carry)
-            before = calls.cuts.closure(start) if start else set()
-            inside = calls.cuts.closure(end)
-            end, carried, futures = self._run_segment(start, end, inside - before, inside)
+            end, carried, futures = self._run_segment(start, end,
+                                                      *calls.cuts.segment(start, end))
             self.checkpoint(end, carried, self.attempt, futures)
             del futures
             self.evaluate(end, self.attempt.number)
@@ -209,6 +207,7 @@ class SegmentLoop:
                 self.meta.tasks += 1
                 steps = self.tally.task_steps
                 steps[g.calls[0].step] = steps.get(g.calls[0].step, 0) + 1
+            follow: list = []                       # the core's answers to what was asked
             for ins in instructions:
                 if isinstance(ins, C.Release):
                     futures.pop(ins.op_id, None)
@@ -223,7 +222,10 @@ class SegmentLoop:
                 elif isinstance(ins, C.Stopping):
                     end = ins.end                   # the core holds what is past its cut
                 elif not isinstance(ins, C.Submit):
-                    self._carry_out(ins, core, table)
+                    follow += self._carry_out(ins, core, table)
+            if follow:
+                instructions = follow
+                continue
             if self.stop.requested and not core.stopping:
                 instructions = core.handle(C.StopRequested())
                 continue
@@ -241,9 +243,9 @@ class SegmentLoop:
                 instructions += core.handle(_ended(f, now))
             instructions += core.handle(C.Tick(now))
 
-    def _carry_out(self, ins, core, table) -> None:
+    def _carry_out(self, ins, core, table) -> list:
         """The core's instructions that end the segment with an error (each raises) or ask
-        the cluster something."""
+        the cluster something (the core's answer to what it heard is returned)."""
         watch, workers = self.watch, self.attempt.workers
         if isinstance(ins, C.Abort):
             if isinstance(ins.cause, RpegError):
@@ -255,6 +257,10 @@ class SegmentLoop:
                 hint="the trace and metrics up to the failure are in the run directory")
         if isinstance(ins, C.CheckAlive):
             watch.check_alive(core.flight)
+        elif isinstance(ins, C.Ask):
+            silent = watch.silent(ins.devices)
+            return core.handle(C.Answers(time.time(), frozenset(silent),
+                                         id=f"{ins.stimulus}/answers"))
         elif isinstance(ins, C.Stalled):
             raise RuntimeFailure("the run stalled: nothing is running and nothing is left "
                                  "to submit (a bug in rpeg's scheduling)")
@@ -265,13 +271,16 @@ class SegmentLoop:
             raise watch.gave_up(ins.task, ins.status, core.flight).caused_by(ins.stimulus)
         elif isinstance(ins, C.Stuck):
             task = ins.task
+            waiting = "".join(f"; device {d} waits for it in a collective"
+                              for d in ins.blocked)
             raise watch.lost_or_stuck(task.device, workers[task.device], task.ids[0],
                                       task.step, f"op stuck: no progress for {ins.idle_s:.1f} "
                                       f"s (limit {task.limit_s:.1f} s from the plan's "
-                                      f"prediction for {len(task.ids)} op(s))"
+                                      f"prediction for {len(task.ids)} op(s)){waiting}"
                                       ).caused_by(ins.stimulus)
         else:
             raise TypeError(f"unknown instruction {ins!r}")
+        return []
 
 
 def submit_group(client, g: F.Group, futures: dict, worker: str, key: str):
@@ -312,13 +321,6 @@ def _evaluate_on_worker(model: str, step: int) -> dict:
 def _ended(future, now: float) -> C.TaskEnded:
     """What the core hears of a finished Dask future."""
     stimulus = f"task-ended-{future.key}"          # named by the Dask task it reports
-    if future.status == "finished":
-        return C.TaskEnded(future.key, now, id=stimulus)
-    if future.status == "error":
-        err = future.exception()
-        outcome = C.Outcome.LOST if _is_loss(err) else C.Outcome.FAILED
-        return C.TaskEnded(future.key, now, outcome, getattr(err, "rpeg_op", ""), err,
-                           id=stimulus)
-    # cancelled: the scheduler gave the task up because what it needs was lost with a worker
-    # (an output scattered there at the cut, or one only it held)
-    return C.TaskEnded(future.key, now, C.Outcome.CANCELLED, id=stimulus)
+    err = future.exception() if future.status == "error" else None
+    return C.TaskEnded(future.key, now, C.outcome_of(future.status, err),
+                       getattr(err, "rpeg_op", ""), err, id=stimulus)

@@ -41,6 +41,7 @@ import attrs
 
 from rpeg.errors import RpegError, RuntimeFailure, Span
 from rpeg.graph.ids import ReplicaAt, ReplicaKey
+from rpeg.runtime.core.choices import pruned
 
 FORMAT = 1
 MARKER = "COMPLETE"
@@ -246,8 +247,9 @@ def prune(run_dir: Path, keep: int = 2) -> None:
         return
     for p in root.glob("step-*.partial-*"):
         shutil.rmtree(p, ignore_errors=True)
-    done = sorted(p for p in root.glob("step-*") if (p / MARKER).exists() and "." not in p.name)
-    for p in done[:-keep] if keep else done:
+    done = {int(p.name[5:]): p for p in root.glob("step-*")
+            if (p / MARKER).exists() and "." not in p.name and p.name[5:].isdigit()}
+    for p in (done[s] for s in pruned(done, keep)):
         # Rename first (atomic), then delete: a kill in the middle of deleting must not
         # leave a folder that still carries its marker but has lost some of its files.
         doomed = p.with_name(f"{p.name}.partial-pruned-{os.getpid()}")
@@ -389,18 +391,9 @@ def of_frozen(key: str, frozen: set[str]) -> bool:
     return set(ReplicaKey(key).backbone.members) <= frozen
 
 
-def rebuildable(versions: dict[str, tuple[int, bool, bool, bool]]) -> set[str]:
-    """Replicas a resume rebuilds without their files: a frozen model (made again from its
-    weights or seed), and a copy whose version equals its trained replica's (loaded from
-    that one's files) and that keeps no partial rollouts (only its own files hold them)."""
-    trained = {ReplicaAt(k).key: v for k, (v, home, _, _) in versions.items() if home}
-    return {k for k, (v, home, frozen, carries) in versions.items()
-            if frozen or (not home and not carries and trained.get(ReplicaAt(k).key) == v)}
-
-
 def save_replicas(root: str, step: int, skip: tuple[str, ...] = ()) -> dict[str, int]:
     """In a worker: write each replica it holds to ``root/MODEL@DEVICE`` (but those in
-    ``skip``, see :func:`rebuildable`); the versions of all."""
+    ``skip``, see ``rpeg.runtime.core.choices.rebuildable``); the versions of all."""
     from rpeg.runtime.dask import worker as W
     ex = W._STATE["executor"]
     device = W._STATE["device"]

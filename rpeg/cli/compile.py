@@ -266,7 +266,7 @@ def summary_text(report, cluster, output: Path, gantt: Path | None, pipeline,
     lines.append("  sharing: " + ("; ".join(" + ".join(g) for g in plan.shared)
                                   or "none (separate backbones)"))
     lines.append("  fusion: " + ("; ".join(" + ".join(g) for g in plan.fusion) or "none"))
-    chunks = [f"{p.stage} in {p.chunks} chunks" for p in plan.placements if p.chunks > 1]
+    chunks = _streaming(pipeline, plan)
     lines.append("  streaming: " + (", ".join(chunks) or "none (whole batches)"))
     if output is not None:
         lines += ["", f"wrote {output}" + (f" and {gantt}" if gantt else "")]
@@ -382,3 +382,23 @@ def _table(rows) -> list[str]:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     return ["  " + "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
             for r in rows]
+
+
+def _streaming(pipeline, plan) -> list[str]:
+    """Each generate stage streaming its responses in more than one chunk a block, as the
+    runtime streams them (:func:`rpeg.plan.oplayout.stream_chunks`: the chunks asked, rounded
+    up to as many on each block; fewer than its blocks are one a block, whole batches)."""
+    from rpeg.plan.oplayout import blocks_of, stream_chunks
+    from rpeg.spec.model import OpKind
+    responses = pipeline.workload.prompts * pipeline.workload.samples
+    out = []
+    for s in pipeline.stages:
+        if s.kind is not OpKind.GENERATE:
+            continue
+        p = plan.placement(s.name)
+        blocks = blocks_of(p)
+        rounds = stream_chunks(p.chunks, blocks, responses) // blocks
+        if rounds > 1:
+            out.append(f"{s.name} in {rounds} chunks" + (f" on each of its {blocks} blocks"
+                                                         if blocks > 1 else ""))
+    return out

@@ -25,7 +25,11 @@ that runs it:
   precede the writer of step s). Which readers share a replica with its writer is known
   once ops are placed: ``in_place`` holds those (writer, reader) version edges, and
   (trainer, reader) pairs of a reader of a weight sync that reads the trained weights
-  where they are (the placed graph's rule, ``rpeg.plan.lower``).
+  where they are (the placed graph's rule, ``rpeg.plan.lower``); ``partly`` those of them
+  whose reader shares the replica on some of its blocks only: (writer, reader) ->
+  (blocks, the blocks sharing it), chunk c on block c mod blocks; the writer waits for
+  the reader's chunks there alone, and those chunks wait for the trainer, not for the
+  weight sync that loads a copy for the others.
 
 ``horizon``: the steps of the whole run (default: unbounded, as in a steady state). A
 weight sync runs only for the versions some reader of the run reads, so the syncs of
@@ -126,7 +130,9 @@ def chunk_counts(graph: Graph, chunks: dict[str, int]) -> dict[str, int]:
 def unroll(graph: Graph, steps: int, chunks: dict[str, int] | None = None, *,
            carry: dict[str, int] | None = None, horizon: int | None = None,
            in_place: frozenset[tuple[str, str]] = frozenset(),
-           lanes: dict[str, int] | None = None) -> Unrolled:
+           lanes: dict[str, int] | None = None,
+           partly: dict[tuple[str, str], tuple[int, frozenset[int]]] | None = None
+           ) -> Unrolled:
     """``steps`` steps of ``graph``: generate ops in ``chunks`` chunks streamed on ``lanes``
     blocks (op -> count, default 1), those in ``carry`` (op -> steps) continuing their
     responses across steps, readers in ``in_place`` sharing their writer's replica; see the
@@ -143,6 +149,9 @@ def unroll(graph: Graph, steps: int, chunks: dict[str, int] | None = None, *,
     for e in graph.version_edges:
         versions[e.reader].append(e)
     kinds = {op: graph.op(op).kind for op in order}
+    behind = {e.reader: e.writer for e in graph.version_edges
+              if kinds[e.reader] is OpKind.SYNC_WEIGHTS}     # a weight sync -> its trainer
+    partly = partly or {}
     made: dict[tuple[str, int, int], Instance] = {}   # each instance made once (hashed once)
 
     def inst(op: str, s: int, c: int = 0) -> Instance:
@@ -167,9 +176,10 @@ def unroll(graph: Graph, steps: int, chunks: dict[str, int] | None = None, *,
                 for e in versions[op]:
                     src_step = writer_step(kinds[op], s, e.lag)
                     if src_step >= 0:
-                        deps.append(Dep(inst(e.writer, src_step), dst, DepKind.VERSION,
+                        writer = _shared_writer(e.writer, op, c, behind, partly)
+                        deps.append(Dep(inst(writer, src_step), dst, DepKind.VERSION,
                                         e.model))
-                        read.add((e.writer, src_step))
+                        read.add((writer, src_step))
     syncs = {o.name for o in graph.ops if o.kind is OpKind.SYNC_WEIGHTS}
 
     def runs(op: str, s: int) -> bool:          # a finite run syncs only versions it reads
@@ -181,7 +191,7 @@ def unroll(graph: Graph, steps: int, chunks: dict[str, int] | None = None, *,
     if len(kept) < len(made):                   # syncs left out: their edges too
         deps = [d for d in deps if d.src in kept and d.dst in kept]
     order_deps = [d for d in _ordering(graph, instances, counts, carry or {}, lags, in_place,
-                                       lanes or {}, inst)
+                                       lanes or {}, inst, partly or {})
                   if d.src in kept and d.dst in kept]
     # an ordering edge where an edge already runs adds nothing: looked for among the
     # edges into the few instances ordering edges reach
@@ -194,9 +204,21 @@ def unroll(graph: Graph, steps: int, chunks: dict[str, int] | None = None, *,
     return Unrolled(graph, steps, tuple(sorted(counts.items())), instances, tuple(deps))
 
 
+def _shared_writer(writer: str, reader: str, chunk: int, behind: dict[str, str],
+                   partly: dict[tuple[str, str], tuple[int, frozenset[int]]]) -> str:
+    """The op a reader's chunk waits for the version it reads from: ``writer``, but the
+    trainer behind a weight sync where the chunk reads the trained weights in place on a
+    block sharing them (``partly``: the sync loads a copy for the reader's other blocks)."""
+    trainer = behind.get(writer)
+    some = partly.get((trainer, reader)) if trainer is not None else None
+    return trainer if some is not None and chunk % some[0] in some[1] else writer
+
+
 def _ordering(graph: Graph, instances, counts: dict[str, int], carry: dict[str, int],
               lags: dict[tuple[str, str], int], in_place: frozenset[tuple[str, str]],
-              lanes: dict[str, int], inst=Instance) -> list[Dep]:
+              lanes: dict[str, int], inst=Instance,
+              partly: dict[tuple[str, str], tuple[int, frozenset[int]]] | None = None
+              ) -> list[Dep]:
     """The ORDER dependencies of the module doc: stream order, carried streams, write
     after read."""
     out: list[Dep] = []
@@ -220,6 +242,9 @@ def _ordering(graph: Graph, instances, counts: dict[str, int], carry: dict[str, 
             for w in (e.writer, behind.get(e.writer)):
                 if w is None or (w, e.reader) not in in_place:
                     continue
+                some = (partly or {}).get((w, e.reader))
+                if some is not None and i.chunk % some[0] not in some[1]:
+                    continue                  # a chunk on a block reading a copy of its own
                 v = read_version(graph.op(i.op).kind, i.step, lags[(e.writer, e.reader)])
                 writer = inst(w, v, 0)                # makes version v + 1 of that replica
                 if (writer.op, writer.step) != (i.op, i.step):

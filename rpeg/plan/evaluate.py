@@ -54,6 +54,7 @@ from rpeg.plan.copies import copies as copies_of
 from rpeg.plan.evalcost import EVAL_OP, eval_time, trainer_devices
 from rpeg.plan.lower import PASSES, Placed, lower
 from rpeg.plan.model import Plan, Predicted, StagePlacement
+from rpeg.plan.oplayout import chunks_per_step, rounds_of
 from rpeg.plan.prices import Chunk, Prices, parallel_of
 from rpeg.plan.simulate import OpTiming, Timeline, floor, simulate, steps_for
 from rpeg.plan.staleness import staleness_problem, step_graph
@@ -396,8 +397,9 @@ class Evaluator:
         response, mean length) per chunk, as the generation finishes them."""
         ends = {}
         for o in graph.ops:
-            if o.kind is OpKind.GENERATE and plan.placement(o.stages[0]).chunks > 1:
-                p = plan.placement(o.stages[0])
+            rounds = self._rounds(plan, graph, o) if o.kind is OpKind.GENERATE else 1
+            if rounds > 1:
+                p = attrs.evolve(plan.placement(o.stages[0]), chunks=rounds)
                 e = self.prices.chunk_ends(o.stages[0], p, rows.get(o.stages[0]))
                 if len(e) > 1:
                     ends[o.name] = tuple((n, top, mean) for _, n, top, mean in e)
@@ -405,6 +407,13 @@ class Evaluator:
             return {}
         return {op: ends[src] for op, src in
                 stream_sources(graph, tuple(sorted((g, len(e)) for g, e in ends.items())))}
+
+    def _rounds(self, plan: Plan, graph: Graph, op) -> int:
+        """The rounds generate op ``op`` streams a step's chunks in, each priced as one chunk
+        of the step's responses (:func:`rpeg.plan.oplayout.rounds_of`: the chunks the
+        runtime streams, :func:`rpeg.plan.oplayout.chunks_per_step`)."""
+        chunks = chunks_per_step(graph, lambda o: plan.placement(o.stages[0]), self.responses)
+        return rounds_of(plan.placement(op.stages[0]), chunks)
 
     # --- memory ---------------------------------------------------------------------
 
@@ -529,10 +538,10 @@ class Evaluator:
         (memoised by exactly that)."""
         p = plan.placement(op.stages[0])
         off = op.kind is OpKind.TRAIN and self._off_policy(op, plan, graph)
-        rest = 0.0
+        rest, rounds = 0.0, 1
         if op.kind is OpKind.GENERATE:
-            rest = self._rest(op, p, plan, graph)
-            key = (graph, op.name, p, walk.rows.get(op.stages[0]), rest)
+            rest, rounds = self._rest(op, p, plan, graph), self._rounds(plan, graph, op)
+            key = (graph, op.name, p, walk.rows.get(op.stages[0]), rest, rounds)
         elif op.kind is OpKind.TRAIN:
             key = (graph, op.name, p, off)
         else:
@@ -542,14 +551,16 @@ class Evaluator:
                    walk.streamed.get(op.name, ()), src, plan.shared)
         timing = self._ops.get(key)
         if timing is None:
-            timing = self._ops[key] = self._time_op(op, p, plan, walk, trainer, off, rest)
+            timing = self._ops[key] = self._time_op(op, p, plan, walk, trainer, off, rest,
+                                                    rounds)
         return timing
 
     def _time_op(self, op, p: StagePlacement, plan: Plan, walk: Walk, trainer,
-                 off_policy: bool, rest: float = 0.0) -> OpTiming:
+                 off_policy: bool, rest: float = 0.0, rounds: int = 1) -> OpTiming:
         if op.kind is OpKind.GENERATE:
             r = walk.rows.get(op.stages[0])
-            ends = self.prices.chunk_ends(op.stages[0], p, r) if p.chunks > 1 else ()
+            ends = self.prices.chunk_ends(op.stages[0], attrs.evolve(p, chunks=rounds), r) \
+                if rounds > 1 else ()
             t = self.stage_time(op.stages[0], p, r) + rest
             return OpTiming(p.devices, t, tuple(e[0] for e in ends), tuple(e[1] for e in ends))
         if op.kind is OpKind.TRAIN:

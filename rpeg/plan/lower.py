@@ -11,7 +11,8 @@ step's calls and tasks from (``rpeg.plan.tasks.layouts_of``).
 
 ``lower`` runs an ordered list of pure passes (:data:`PASSES`), each adding one thing:
 
-1. ``chunks``: the chunks a step streams (:func:`~rpeg.plan.oplayout.chunks_per_step`);
+1. ``chunks``: the chunks a step streams (:func:`~rpeg.plan.oplayout.chunks_per_step`: a
+   whole number of rounds, a chunk on each block of a generate op side by side);
 2. ``layouts``: each op's :class:`~rpeg.plan.oplayout.OpLayout` (its instances' devices,
    :func:`~rpeg.plan.oplayout.op_layout`: a pass on its trainer's ZeRO-3 shards on every
    rank, :func:`~rpeg.plan.oplayout.gathers_in_place`; a weight sync's, the devices of its
@@ -28,22 +29,25 @@ The instances and their typed dependency edges over a run's steps are
 (a reader of version ``s - k`` after its writer), and ordering ones -- a generate op's
 chunks in order on each block (``stream``), a carried stream's next step after its last
 chunk (``carry``), a writer after the readers of the version before that read the replica
-it writes (write after read). The runtime takes its calls' data dependencies and each
-device's stream order from them.
+it writes (write after read; a reader sharing it on some of its blocks only, the
+``partly`` of :class:`Placed`: its chunks there, which wait for the trainer rather than
+the weight sync loading a copy for its other blocks). The runtime takes its calls' data
+dependencies and each device's stream order from them. The simulator prices them round by
+round (:meth:`Placed.by_round`): a round's chunks, one on each block side by side, as one
+instance on all the op's devices, the cost model pricing a round as one chunk of the
+step's responses -- the instances and edges the runtime runs, a round's chunks collapsed
+into one.
 
     >>> u = placed.edges(steps=3)                                            # doctest: +SKIP
     >>> [str(d.src) for d in u.deps if d.dst == Instance("rollout", 1, 2)]   # doctest: +SKIP
     ['sync_actor@0', 'rollout@1']
 
 Not here yet: the runtime's replicas (a second copy per layout, an engine's own copy) with
-their weight transfers, version edges and write-after-read edges per device, the one order
-of collectives (``rpeg.runtime.lowering.ordering``); the packing of calls into tasks
-(``rpeg.plan.packing``, which the cost model feeds with its own unrolling,
-``rpeg.plan.tasks``); a writer ordered after the readers of its replica per device: a
-reader reading it in place on some of its devices waits for it on all (the simulator, which
-places an op's instances on all its devices, prices that); and the chunks a generate op
-streams per data-parallel block where its plan asks fewer than it has blocks (the cost
-model prices the chunks asked, :func:`rpeg.plan.simulate.as_priced`).
+their weight transfers, and the one order of collectives: the runtime derives those, and
+its version and write-after-read edges per device, in its own passes
+(``rpeg.runtime.lowering.ordering``; the tests check they realise :meth:`Placed.edges`);
+the packing of calls into tasks (``rpeg.plan.packing``, which the cost model feeds with its
+own unrolling, ``rpeg.plan.tasks``).
 """
 
 from __future__ import annotations
@@ -60,6 +64,7 @@ from rpeg.plan.oplayout import (
     chunks_per_step,
     gathers_in_place,
     op_layout,
+    reads_in_place,
     stream_of,
     streamed_ops,
     sync_calls,
@@ -81,6 +86,9 @@ class Placed:
     lanes: tuple[tuple[str, int], ...] = ()                # generate op -> blocks streaming
     carry: tuple[tuple[str, int], ...] = ()                # generate op -> steps it carries
     in_place: frozenset[tuple[str, str]] = frozenset()     # (writer, reader) on one replica
+    # of those, (writer, reader) sharing it on some of the reader's blocks alone ->
+    # (its blocks, those): chunk c on block c mod blocks
+    partly: tuple[tuple[tuple[str, str], tuple[int, frozenset[int]]], ...] = ()
 
     def layout(self, op: str) -> OpLayout:
         return dict(self.layouts)[op]
@@ -94,7 +102,25 @@ class Placed:
         syncs of versions nobody reads are left out."""
         return unroll(self.graph, steps, {op: self.chunks for op, _ in self.lanes},
                       carry=dict(self.carry), lanes=dict(self.lanes),
-                      in_place=self.in_place, horizon=horizon)
+                      in_place=self.in_place, horizon=horizon, partly=dict(self.partly))
+
+    def by_round(self) -> Placed:
+        """This placed graph with a generate op's chunks of a round (one on each of its
+        blocks, side by side: :func:`~rpeg.plan.oplayout.rounds_of`) as one instance on
+        all its devices, the rounds of each block in order: what the simulator prices, the
+        cost model pricing a round as one chunk of the step's responses."""
+        chunks = max(self.chunks, 1)
+        rounds = max((-(-chunks // k) for _, k in self.lanes), default=chunks)
+        width = max(1, chunks // rounds)               # chunks a round, one a block
+        # a round shares a replica where one of its chunks does
+        partly = {pair: frozenset(r for r in range(rounds) if any(
+            c % n in blocks for c in range(r * width, min((r + 1) * width, chunks))))
+            for pair, (n, blocks) in self.partly}
+        return attrs.evolve(
+            self, chunks=rounds, lanes=tuple((op, 1) for op, _ in self.lanes),
+            in_place=self.in_place - {pair for pair, some in partly.items() if not some},
+            partly=tuple((pair, (rounds, some)) for pair, some in partly.items()
+                         if 0 < len(some) < rounds))
 
 
 Placing = Callable[[object], object]         # graph op -> the placement of its stage
@@ -143,24 +169,28 @@ def engine_syncs(p: Placed, placement_of: Placing) -> Placed:
 def streams(p: Placed, placement_of: Placing) -> Placed:
     gens = [(op.name, stream_of(placement_of(op))) for op in p.graph.ops
             if op.kind is OpKind.GENERATE]
+    in_place, partly = _shared_replicas(p, placement_of)
     return attrs.evolve(p, lanes=tuple((n, lanes) for n, (lanes, _) in gens),
                         carry=tuple((n, c) for n, (_, c) in gens if c),
-                        in_place=_shared_replicas(p, placement_of))
+                        in_place=in_place, partly=partly)
 
 
-def _shared_replicas(p: Placed, placement_of: Placing) -> frozenset[tuple[str, str]]:
-    """(writer, reader) whose reader reads, on some device, the very replica its writer
-    writes (:func:`rpeg.graph.unroll.unroll`'s ``in_place``), as the runtime keys a call's
-    replica (``rpeg.runtime.lowering.instances._replica``): a train op's weights where the
-    reader reads them in place (:func:`~rpeg.plan.oplayout.reads_in_place`, or runs on their
-    ZeRO-3 shards, :func:`~rpeg.plan.oplayout.gathers_in_place`; a reader of a weight sync
-    so reads its trainer's), a weight sync's copy where it loads it (a device
+def _shared_replicas(p: Placed, placement_of: Placing):
+    """((writer, reader) whose reader reads, on some device it runs on, the very replica its
+    writer writes (:func:`rpeg.graph.unroll.unroll`'s ``in_place``), as the runtime keys a
+    call's replica (``rpeg.runtime.lowering.instances._replica``): a train op's weights
+    where the reader reads them in place (:func:`~rpeg.plan.oplayout.reads_in_place`, or
+    runs on their ZeRO-3 shards, :func:`~rpeg.plan.oplayout.gathers_in_place`; a reader of
+    a weight sync so reads its trainer's), a weight sync's copy where it loads it (a device
     of its calls and the reader's), and the weights a weight sync sends where they are (a
-    device of its senders and the trainer's)."""
+    device of its senders and the trainer's); the ``partly`` of :class:`Placed`: a reader
+    of trained weights in place on some of its blocks, a copy of its own on the others,
+    whose trainer waits for its chunks on the former alone, as the runtime orders a writer
+    after the readers of its replica on each device)."""
     devices = {name: set(lay.devices) for name, lay in p.layouts}
     behind = {e.reader: e.writer for e in p.graph.version_edges
               if p.graph.op(e.reader).kind is OpKind.SYNC_WEIGHTS}
-    out = set()
+    out, partly = set(), {}
     for e in p.graph.version_edges:
         writer, reader = p.graph.op(e.writer), p.graph.op(e.reader)
         if OpKind.SYNC_WEIGHTS in (writer.kind, reader.kind) \
@@ -170,10 +200,23 @@ def _shared_replicas(p: Placed, placement_of: Placing) -> frozenset[tuple[str, s
             continue
         if writer.kind is OpKind.SYNC_WEIGHTS:
             writer = p.graph.op(behind[e.writer]) if e.writer in behind else None
-        if writer is not None and (any_in_place(placement_of(writer), placement_of(reader))
-                                   or _gathers(p, writer, reader)):
+        if writer is None:
+            continue
+        lay = p.layout(e.reader)
+        n = len(lay.blocks) if lay.chunked else 1
+        if _gathers(p, writer, reader):
+            sharing = frozenset(range(n))
+        elif not any_in_place(placement_of(writer), placement_of(reader)):
+            continue
+        else:                                     # the blocks its chunks read them in place on
+            sharing = frozenset(b for b in range(n) if any(
+                reads_in_place(placement_of(writer), placement_of(reader), d)
+                for d in lay.devices_of(b)))
+        if sharing:
             out.add((writer.name, e.reader))     # reads the trained weights where they are
-    return frozenset(out)
+        if 0 < len(sharing) < n:
+            partly[(writer.name, e.reader)] = (n, sharing)
+    return frozenset(out), tuple(sorted(partly.items(), key=lambda x: x[0]))
 
 
 def _gathers(p: Placed, writer, reader) -> bool:

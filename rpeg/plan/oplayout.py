@@ -24,7 +24,13 @@ op run collectives together.
 Chunks a step streams (:func:`chunks_per_step`): each generate op's asked-for chunks,
 rounded up so each of its blocks streams as many, never more per block than the responses
 it generates; ops streaming those chunks are the graph's per-sample readers of them
-(:func:`streamed_ops`, :func:`rpeg.graph.chunk_counts`).
+(:func:`streamed_ops`, :func:`rpeg.graph.chunk_counts`). A block's engine streams its own
+share of the responses in its chunks, each as its responses finish; so the chunks of a
+step come in rounds (:func:`rounds_of`), round ``j`` a chunk on every block, side by side,
+each block's ``j``-th as they finish. A round is what the cost model prices as one chunk:
+the ``j``-th slice of every replica's responses by when they finish
+(:func:`rpeg.cost.stages.generation_chunks`). Fewer chunks asked than blocks stream one
+round, as whole batches do: a chunk spanning blocks would wait for the slowest of them.
 """
 
 from __future__ import annotations
@@ -252,6 +258,23 @@ def stream_chunks(chunks: int, blocks: int, responses: int) -> int:
     return per * blocks
 
 
+def blocks_of(place) -> int:
+    """The data-parallel blocks a generate stage placed as ``place`` streams its chunks on
+    (chunk ``c`` on block ``c mod blocks``)."""
+    return max(1, len(place.devices) // max(place.tp, 1))
+
+
+def rounds_of(place, chunks: int) -> int:
+    """Rounds a generate stage placed as ``place`` streams a step's ``chunks`` chunks in
+    (:func:`chunks_per_step`): in each, a chunk on every block of it (see the module doc).
+
+        >>> from rpeg.plan.model import StagePlacement as P
+        >>> rounds_of(P("g", (0, 1, 2, 3)), 8), rounds_of(P("g", (0, 1, 2, 3), tp=2), 2)
+        (2, 1)
+    """
+    return -(-max(chunks, 1) // blocks_of(place))
+
+
 def chunks_per_step(graph: Graph, placement_of: Callable, responses: int) -> int:
     """Chunks a step streams: the most any generate op of ``graph`` streams
     (:func:`stream_chunks`; ``placement_of``: op -> its placement)."""
@@ -259,7 +282,7 @@ def chunks_per_step(graph: Graph, placement_of: Callable, responses: int) -> int
     for o in graph.ops:
         if o.kind is OpKind.GENERATE:
             p = placement_of(o)
-            n = max(n, stream_chunks(p.chunks, len(p.devices) // max(p.tp, 1), responses))
+            n = max(n, stream_chunks(p.chunks, blocks_of(p), responses))
     return n
 
 
@@ -272,7 +295,7 @@ def stream_of(place) -> tuple[int, int]:
         >>> stream_of(P("g", (0, 1, 2, 3), tp=2)), stream_of(P("g", (0,), carry=1))
         ((2, 0), (1, 1))
     """
-    return max(1, len(place.devices) // max(place.tp, 1)), place.carry
+    return blocks_of(place), place.carry
 
 
 @functools.lru_cache(maxsize=4096)
@@ -285,6 +308,7 @@ def sync_calls(src, dst) -> tuple[int, ...]:
     return tuple(sources) + tuple(readers)
 
 
-__all__ = ["Call", "OpLayout", "all_in_place", "any_in_place", "block_of", "chunks_per_step",
-           "gathers_in_place", "op_layout",
-           "reads_in_place", "reads_in_place_on", "stream_chunks", "stream_of", "streamed_ops", "sync_calls", "world_of"]
+__all__ = ["Call", "OpLayout", "all_in_place", "any_in_place", "block_of", "blocks_of",
+           "chunks_per_step", "gathers_in_place", "op_layout", "reads_in_place",
+           "reads_in_place_on", "rounds_of", "stream_chunks", "stream_of", "streamed_ops",
+           "sync_calls", "world_of"]

@@ -15,8 +15,11 @@ devices.
 
 Rules. The instances (op, step, chunk) and their dependencies are the placed graph's
 (:meth:`Placed.edges <rpeg.plan.lower.Placed.edges>`: data, versions, stream order, write
-after read on a shared replica), the ones the runtime lays its calls out from; the op
-timings say where each op runs and for how long. An instance is ready when every data and
+after read on a shared replica), the ones the runtime lays its calls out from, a round of
+a generate op's chunks (a chunk on each of its blocks, side by side) one instance on all
+its devices (:meth:`Placed.by_round <rpeg.plan.lower.Placed.by_round>`, as the cost model
+prices a round: one chunk of the step's responses); the op timings say where each op runs
+and for how long. An instance is ready when every data and
 version dependency has finished; it starts as soon as every device it needs is free
 (devices are exclusive: colocated ops time-share them). Among ready instances
 the earliest step goes first, then graph order, then chunk. A generate op split
@@ -184,9 +187,8 @@ def simulate(placed: Placed, timings: dict[str, OpTiming], steps: int = 6, *,
         >>> [(e.start, e.end) for e in tl.events]
         [(0.0, 2.0), (2.0, 4.0), (2.5, 3.5), (4.5, 5.5)]
     """
-    placed = as_priced(placed, timings)
     graph = placed.graph
-    prep = prepared(placed, steps)
+    prep = prepared(placed.by_round(), steps)
     durations = chunk_durations(graph, timings, prep.counts)
     num_devices = 1 + max((d for t in timings.values() for d in t.devices), default=0)
 
@@ -265,8 +267,8 @@ def simulate(placed: Placed, timings: dict[str, OpTiming], steps: int = 6, *,
 def floor(graph: Graph, timings: dict[str, OpTiming]) -> float:
     """The busiest device's work of one step: no steady step :func:`simulate` finds for
     these timings is shorter (it is the figure it never reads below), and it needs no
-    simulation, nor the placed graph (its generate ops stream the chunks their timings
-    price, :func:`as_priced`).
+    simulation, nor the placed graph (its generate ops stream the rounds their timings
+    price, :meth:`Placed.by_round <rpeg.plan.lower.Placed.by_round>`).
 
         >>> from rpeg.graph import Graph, Op, DataEdge
         >>> from rpeg.spec.model import OpKind
@@ -294,18 +296,6 @@ def _floor(durations: dict[tuple[str, int], float], needs: dict[str, int]) -> fl
     return max(load.values(), default=0.0)
 
 
-def as_priced(placed: Placed, timings: dict[str, OpTiming]) -> Placed:
-    """``placed`` streaming the chunks its generate ops' timings price (``chunk_ends``; none:
-    one). The cost model prices the chunks a plan asks for, as slices of the step's
-    responses by when they finish; the runtime streams them rounded up to a whole number
-    per data-parallel block (:func:`rpeg.plan.oplayout.stream_chunks`), each block its own
-    share. Where the two differ (fewer chunks asked than blocks, or not a multiple of
-    them) the simulator prices the cost model's: a block's chunk on the op's every device
-    would serialise what the blocks run side by side."""
-    priced = _priced(placed.graph.ops, timings)
-    return placed if priced == max(placed.chunks, 1) else attrs.evolve(placed, chunks=priced)
-
-
 def _priced(ops, timings: dict[str, OpTiming]) -> int:
     """The chunks a step's generate ops stream as their timings price them (the most)."""
     return max((len(timings[o.name].chunk_ends) for o in ops
@@ -319,6 +309,7 @@ def prepared(placed: Placed, steps: int) -> _Prepared:
     # only what the edges read, and no more lanes than chunks (more change no edge): fewer
     # distinct graphs to prepare
     key = (Placed(placed.graph, 0, chunks=n, carry=placed.carry, in_place=placed.in_place,
+                  partly=placed.partly,
                   lanes=tuple((op, min(k, n)) for op, k in placed.lanes)), steps)
     hit = _PREPARED.get(key)
     if hit is not None:

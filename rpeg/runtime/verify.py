@@ -217,14 +217,14 @@ class Segment:
     calls: tuple[OpCall, ...]
     plan: Plan
     homes: dict[str, tuple[int, ...]]
-    placed: Placed | None = None       # the step graph the calls were laid out from
+    placed: Placed                     # the step graph the calls were laid out from
 
 
 def check(calls: tuple[OpCall, ...], plan: Plan, events: list[dict], workers: dict[int, str],
-          steps: int, homes: dict[str, tuple[int, ...]], placed: Placed | None = None
-          ) -> Report:
-    """Pure: expected calls of one plan (laid out from ``placed``, when given) + observed
-    events -> violations."""
+          steps: int, homes: dict[str, tuple[int, ...]], placed: Placed) -> Report:
+    """Pure: expected calls of one plan (laid out from ``placed``, the plan's step graph on
+    its devices: :func:`rpeg.runtime.lowering.instances.placed_for`) + observed events ->
+    violations."""
     return check_segments((Segment(calls, plan, homes, placed),), events, workers, steps)
 
 
@@ -263,7 +263,7 @@ def check_segments(segments: tuple[Segment, ...], events: list[dict],
             out += _placement(c, e, seg.plan, workers, seg.homes)
             out += _dependencies(c, e, ends, own)
             out += _versions(c, e)
-        if seg.placed is not None and seg.calls:
+        if seg.calls:
             out += _against_placed(seg.calls, seg.placed, seen)
     return Report(tuple(sorted(seen)), steps, tuple(out))
 

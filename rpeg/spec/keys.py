@@ -290,7 +290,8 @@ PLACE = Section(
      _switch("recompute", "activations recomputed in the backward pass", (OpKind.TRAIN.value,)),
      _switch("offload", "the optimizer state in host memory between train ops",
              (OpKind.TRAIN.value,)),
-     _degree("chunks", "responses streamed to the next stages in this many chunks", _GEN),
+     _degree("chunks", "responses streamed to the next stages in this many chunks, rounded up "
+             "to as many on each data-parallel block", _GEN),
      _degree("max_num_seqs", "sequences an engine replica decodes at once (vLLM's "
              "max_num_seqs)", _GEN),
      Param("kv_fraction", Type.REAL, "share of a device's memory the engine takes (vLLM's "

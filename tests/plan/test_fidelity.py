@@ -11,6 +11,7 @@ from rpeg.cost.stages import generation_rows, stage_memory
 from rpeg.graph.work import work_of
 from rpeg.plan import Strategy
 from rpeg.plan.evaluate import parallel_of
+from rpeg.plan.oplayout import blocks_of
 from rpeg.plan.search import Moves
 from rpeg.spec import load_cluster
 
@@ -63,18 +64,20 @@ def test_offload_is_a_search_move_priced_by_the_evaluator(ppo8b, gh8, coloc):
 
 
 def test_streamed_consumers_are_priced_chunk_by_chunk(ppo8b, gh8, coloc):
-    """With the rollout in 4 chunks, each per-sample consumer chunk is its own batch: its
-    responses, padded to its longest (or packed, at their mean length); memory is the
-    largest chunk's need."""
+    """With the rollout in 4 rounds (4 chunks on each of its blocks), each per-sample
+    consumer chunk is its own batch: its responses, padded to its longest (or packed, at
+    their mean length); memory is the largest chunk's need."""
     from rpeg.cost.stages import estimate_stage
     _, ev, out = coloc
+    blocks = blocks_of(out.best.plan.placement("rollout"))
     plan = attrs.evolve(out.best.plan, predicted=None, placements=tuple(
-        attrs.evolve(p, chunks=4) if p.stage == "rollout" else
+        attrs.evolve(p, chunks=4 * blocks) if p.stage == "rollout" else
         attrs.evolve(p, packing=False) if p.stage == "ref_lp" else p     # padded, here
         for p in out.best.plan.placements))
     graph = ev.graph(plan)
     rows = ev.rows_of(plan, graph)
-    ends = ev.chunk_ends("rollout", plan.placement("rollout"), rows["rollout"])
+    ends = ev.chunk_ends("rollout", attrs.evolve(plan.placement("rollout"), chunks=4),
+                         rows["rollout"])
     chunks = tuple((n, top, mean) for _, n, top, mean in ends)
     assert len(chunks) == 4 and sum(c[0] for c in chunks) == ppo8b.workload.batch
     assert all(mean <= top for _, top, mean in chunks)
@@ -142,3 +145,30 @@ def test_stale_or_carried_responses_cost_the_trainer_a_forward(ppo8b, gh8, coloc
     graph = ev.graph(plan)
     timings, _ = ev.timings(plan, graph)
     assert timings["scores"].devices == plan.placement("scores").devices
+
+
+def test_chunks_are_priced_as_the_rounds_the_runtime_streams(coloc):
+    """The runtime streams a step's chunks in rounds, a chunk on each block of the rollout
+    side by side, as many on each: fewer chunks asked than blocks stream one round (each
+    block its whole share), as one chunk does, and are priced so; ``m`` rounds are priced
+    as ``m`` chunks of the step's responses."""
+    _, ev, out = coloc
+    blocks = blocks_of(out.best.plan.placement("rollout"))
+    assert blocks > 2                         # the rollout on several blocks
+
+    def priced(chunks):
+        plan = attrs.evolve(out.best.plan, predicted=None, placements=tuple(
+            attrs.evolve(p, chunks=chunks) if p.stage == "rollout" else p
+            for p in out.best.plan.placements))
+        graph = ev.graph(plan)
+        return plan, graph, ev.timings(plan, graph)[0]["rollout"]
+
+    one, graph, whole = priced(1)
+    assert whole.chunk_ends == () and ev.placed(one, graph).by_round().chunks == 1
+    for asked in (2, blocks - 1):
+        plan, graph, timing = priced(asked)
+        assert timing == whole and ev.placed(plan, graph).chunks == blocks
+        assert ev.evaluate(plan).plan.predicted.step_time_s == \
+            pytest.approx(ev.evaluate(one).plan.predicted.step_time_s)
+    plan, graph, timing = priced(2 * blocks)
+    assert len(timing.chunk_ends) == ev.placed(plan, graph).by_round().chunks == 2

@@ -6,12 +6,20 @@ from __future__ import annotations
 
 import attrs
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from rpeg.cost.engine_sync import engine_hosts_of, serves_copy, sync_refusal, sync_senders
 from rpeg.graph import DepKind
 from rpeg.graph.unroll import CARRY, STREAM
 from rpeg.plan.lower import PASSES, Placed, lower
-from rpeg.plan.oplayout import gathers_in_place, reads_in_place, stream_chunks
+from rpeg.plan.oplayout import (
+    blocks_of,
+    gathers_in_place,
+    reads_in_place,
+    rounds_of,
+    stream_chunks,
+)
 from rpeg.plan.staleness import step_graph
 from rpeg.resources import shipped
 from rpeg.runtime.calibrate.simulated import scaled
@@ -34,7 +42,15 @@ def _plans():
     carried = split_plan(grpo, 2, dp=2, chunks=4, staleness=0)
     carried = attrs.evolve(carried, placements=tuple(
         attrs.evolve(p, carry=1) if p.stage == "rollout" else p for p in carried.placements))
+    # the rollout on devices 0-1, its trainer on device 1: in place there, a copy on 0
+    partly = split_plan(tiny, 2, staleness=1)
+    partly = attrs.evolve(partly, placements=tuple(
+        attrs.evolve(p, devices=(0, 1), dp=2) if p.stage == "rollout" else
+        attrs.evolve(p, devices=(1,), dp=1) if p.stage == "actor_step" else p
+        for p in partly.placements), model_homes=(("actor", (1,)),) + tuple(
+            h for h in partly.model_homes if h[0] != "actor"))
     return {"tiny ppo, split": (tiny, split_plan(tiny, 2, staleness=1)),
+            "tiny ppo, partly in place": (tiny, partly),
             "tiny grpo, carried, dp 2": (grpo, carried),
             "tiny grpo, chunked, dp 2": (grpo, split_plan(grpo, 2, dp=2, chunks=4)),
             "tiny ppo, one device": (tiny, split_plan(tiny, 1)),
@@ -103,8 +119,18 @@ def _verify_streams(p: Placed, plan) -> None:
                 or p.layout(reader).everywhere
         else:
             assert set(p.layout(writer).devices) & set(p.layout(reader).devices)
+    # a reader sharing the trained replica on some of its blocks: those blocks
+    for (writer, reader), (n, blocks) in p.partly:
+        assert (writer, reader) in p.in_place and 0 < len(blocks) < n
+        lay = p.layout(reader)
+        t, place = plan.placement(p.graph.op(writer).stages[0]), \
+            plan.placement(p.graph.op(reader).stages[0])
+        assert n == len(lay.blocks) and blocks == {b for b in range(n) if any(
+            reads_in_place(t, place, d) for d in lay.devices_of(b))}
+    partly = dict(p.partly)
     # the typed edges: a stream within one block, a carry to the next step on it, a write
-    # after the reads of the version before on the replica both use
+    # after the reads of the version before on the replica both use (on its blocks sharing
+    # it, where it shares it on some)
     for d in p.edges(4).of_kind(DepKind.ORDER):
         if d.data in (STREAM, CARRY):
             lay = p.layout(d.dst.op)
@@ -114,6 +140,8 @@ def _verify_streams(p: Placed, plan) -> None:
             assert d.data == STREAM or dict(p.carry)[d.dst.op] > 0
         else:
             assert (d.dst.op, d.src.op) in p.in_place
+            n, blocks = partly.get((d.dst.op, d.src.op), (1, {0}))
+            assert d.src.chunk % n in blocks
 
 
 VERIFY = {"chunks": _verify_chunks, "layouts": _verify_layouts,
@@ -147,3 +175,71 @@ def test_a_caller_lowers_only_as_far_as_it_reads():
     first = lower(graph, plan, 512, passes=PASSES[:2])
     assert (first.layouts, first.chunks) == (whole.layouts, whole.chunks)
     assert first.engine_syncs == () and whole.engine_syncs
+
+
+@pytest.mark.parametrize("name", sorted(PLANS))
+def test_the_simulators_rounds_are_the_runtimes_chunks_collapsed(name):
+    """A round of a generate op's chunks (``Placed.by_round``) is a chunk on each of its
+    blocks, side by side, and the instances and edges the simulator prices are the
+    runtime's with the chunks of a round as one (a round partly in place waits for its
+    trainer through the weight sync its other chunks wait for)."""
+    pipeline, plan = PLANS[name]
+    placed = lower(step_graph(pipeline, plan), plan,
+                   pipeline.workload.prompts * pipeline.workload.samples)
+    lanes = {k for _, k in placed.lanes}
+    assert len(lanes) == 1                         # one generate op, or all on as many blocks
+    blocks = lanes.pop()
+    rounds = placed.by_round()
+    assert rounds.chunks == -(-placed.chunks // blocks) == \
+        rounds_of(plan.placement(placed.lanes[0][0]), placed.chunks)
+    assert placed.chunks % blocks == 0             # whole rounds
+    for op, _ in placed.lanes:
+        lay = placed.layout(op)
+        for r in range(rounds.chunks):
+            on = [lay.devices_of(c) for c in range(r * blocks, (r + 1) * blocks)]
+            assert len(set(on)) == blocks          # side by side, on every block
+
+    def collapsed(i):
+        return attrs.evolve(i, chunk=i.chunk // blocks) if i.op in placed.streamed else i
+
+    ran, priced = placed.edges(4, horizon=4), rounds.edges(4, horizon=4)
+    assert {collapsed(i) for i in ran.instances} == set(priced.instances)
+    ran_deps = {(collapsed(d.src), collapsed(d.dst), d.kind, d.data) for d in ran.deps
+                if collapsed(d.src) != collapsed(d.dst)}
+    priced_deps = {(d.src, d.dst, d.kind, d.data) for d in priced.deps}
+    assert priced_deps <= ran_deps
+    into: dict = {}
+    for d in priced.deps:
+        into.setdefault(d.dst, set()).add(d.src)
+
+    def before(i, seen):
+        for j in into.get(i, ()):
+            if j not in seen:
+                seen.add(j)
+                before(j, seen)
+        return seen
+
+    assert all(a in before(b, set()) for a, b, _, _ in ran_deps - priced_deps)
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(factor=st.integers(1, 3), chunks=st.integers(1, 7), staleness=st.integers(0, 1))
+def test_any_rollout_streams_whole_rounds_of_its_blocks(factor, chunks, staleness):
+    """The runtime's generate calls of a step are whole rounds, a chunk on each block: the
+    chunks asked rounded up to as many on each block (never more than its responses)."""
+    pipeline = load(shipped("pipelines", "tiny_grpo.rpeg"))
+    plan = scaled(split_plan(pipeline, 2, staleness=staleness), factor)
+    plan = attrs.evolve(plan, placements=tuple(
+        attrs.evolve(p, chunks=chunks) if p.stage == "rollout" else p for p in plan.placements))
+    responses = pipeline.workload.prompts * pipeline.workload.samples
+    placed = lower(step_graph(pipeline, plan), plan, responses)
+    blocks, rounds = blocks_of(plan.placement("rollout")), placed.by_round().chunks
+    assert placed.chunks == rounds * blocks
+    assert rounds == min(-(-chunks // blocks), max(1, responses // blocks))
+    lay, calls = placed.layout("rollout"), build_calls(pipeline, plan, 2)
+    for step in range(2):
+        mine = [c for c in calls if c.op == "rollout" and c.step == step]
+        for r in range(rounds):
+            got = sorted(lay.blocks.index(next(b for b in lay.blocks if c.device in b))
+                         for c in mine if c.chunk // blocks == r)
+            assert got == list(range(blocks))       # one chunk on each block

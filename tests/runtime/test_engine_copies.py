@@ -21,6 +21,7 @@ from rpeg.runtime.lowering.instances import (
     by_id,
     graph_for,
     model_homes,
+    placed_for,
 )
 from rpeg.runtime.placement import split_plan
 from rpeg.runtime.verify import check
@@ -161,8 +162,10 @@ def test_verify_places_a_receive_on_its_engine_and_checks_the_version_it_wrote(v
                            "version_read": c.version, "version_written": wrote(c)})
             t += 1.0
         return events
-    assert check(calls, plan, trace(lambda c: c.writes), workers, 3, homes).ok
-    bad = check(calls, plan, trace(lambda c: c.writes - (c.role == RECV)), workers, 3, homes)
+    placed = placed_for(vgrpo, plan)
+    assert check(calls, plan, trace(lambda c: c.writes), workers, 3, homes, placed).ok
+    bad = check(calls, plan, trace(lambda c: c.writes - (c.role == RECV)), workers, 3, homes,
+                placed)
     assert {v.check for v in bad.violations} == {"version"}
     assert all(RECV in v.op for v in bad.violations)
 

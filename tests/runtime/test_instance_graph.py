@@ -33,7 +33,6 @@ from rpeg.graph import DepKind, Instance
 from rpeg.plan.compile import compile_plan
 from rpeg.plan.evaluate import Evaluator, settle_batching
 from rpeg.plan.model import Plan, StagePlacement, Strategy
-from rpeg.plan.simulate import as_priced
 from rpeg.plan.staleness import staleness_problem
 from rpeg.runtime.calibrate.simulated import scaled
 from rpeg.runtime.lowering.instances import build_calls, placed_for
@@ -93,6 +92,7 @@ PLANS = {
     if p.shares else split_plan(p, 2),
     "tensor parallel": lambda p: _tp(p, staleness=1),
     "the planner's": lambda p: compile_plan(p, load_cluster(LOCAL)),
+    "partly in place": _partly_in_place,
 }
 
 
@@ -184,14 +184,17 @@ def assert_prices_placed(pipeline, plan, cluster, steps: int = STEPS) -> None:
     settled = settle_batching(pipeline, plan, cluster)
     graph = ev.graph(settled)
     timings, _ = ev.timings(settled, graph)
-    priced_placed = as_priced(ev.placed(settled, graph), timings)
-    runtime = placed_for(pipeline, plan)
-    # the chunks the cost model prices where the runtime streams more (as_priced): the
-    # runtime's placed graph at that count, else the very one
-    if priced_placed.chunks != runtime.chunks:
-        runtime = attrs.evolve(runtime, chunks=priced_placed.chunks)
-    priced = priced_placed.edges(steps, horizon=steps)
-    ran = runtime.edges(steps, horizon=steps)
+    placed, runtime = ev.placed(settled, graph), placed_for(pipeline, plan)
+    # the chunks both stream; the simulator prices them round by round (a chunk on every
+    # block side by side), and the cost model prices each generate op's chunks so
+    assert placed.chunks == runtime.chunks
+    rounds = placed.by_round()
+    for o in graph.ops:
+        if o.kind is OpKind.GENERATE:
+            assert len(timings[o.name].chunk_ends) == (rounds.chunks if rounds.chunks > 1
+                                                       else 0)
+    priced = rounds.edges(steps, horizon=steps)
+    ran = runtime.by_round().edges(steps, horizon=steps)
     op_of = {s: o.name for o in graph.ops for s in (o.name,) + o.stages}
 
     def seen(i):
@@ -224,17 +227,11 @@ def assert_prices_placed(pipeline, plan, cluster, steps: int = STEPS) -> None:
         assert a in into[b] or any(a in into.get(s, ()) for s in into[b]), (a, b)
 
 
-# the placed graph orders a trainer after every chunk of a reader that reads its weights in
-# place on some device, the runtime after those on such devices: priced as placed, not yet
-# realised exactly
-PRICED = {**PLANS, "partly in place": _partly_in_place}
-
-
-@pytest.mark.parametrize("shape", sorted(PRICED))
+@pytest.mark.parametrize("shape", sorted(PLANS))
 @pytest.mark.parametrize("name", ["ppo", "grpo"])
 def test_the_simulator_prices_the_runtimes_placed_graph(shape, name, ppo, grpo):
     pipeline = _tiny(name, shape, ppo, grpo)
-    assert_prices_placed(pipeline, PRICED[shape](pipeline), load_cluster(LOCAL))
+    assert_prices_placed(pipeline, PLANS[shape](pipeline), load_cluster(LOCAL))
 
 
 def _vllm(plan: Plan, tp: int = 1) -> Plan:

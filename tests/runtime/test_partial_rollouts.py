@@ -14,7 +14,13 @@ import pytest
 from rpeg.cli import main
 from rpeg.errors import PlanError
 from rpeg.runtime import RunOptions, run_pipeline, verify_run
-from rpeg.runtime.lowering.instances import build_calls, by_id, graph_for, model_homes
+from rpeg.runtime.lowering.instances import (
+    build_calls,
+    by_id,
+    graph_for,
+    model_homes,
+    placed_for,
+)
 from rpeg.runtime.placement import split_plan
 from rpeg.runtime.verify import check
 from rpeg.spec import load
@@ -87,11 +93,12 @@ def test_verify_allows_tokens_carry_steps_older_and_no_more(ppo, trace_of):
 
     def oldest(c):                       # a chunk's tokens started one step early
         return max(0, c.step - 1) if c.op == "rollout" else c.version
-    assert check(calls, plan, trace_of(calls, workers, oldest), workers, 4, homes).ok
+    placed = placed_for(ppo, plan)
+    assert check(calls, plan, trace_of(calls, workers, oldest), workers, 4, homes, placed).ok
 
     def too_old(c):
         return c.step - 2 if c.id == "rollout/s3/c1" else oldest(c)
-    report = check(calls, plan, trace_of(calls, workers, too_old), workers, 4, homes)
+    report = check(calls, plan, trace_of(calls, workers, too_old), workers, 4, homes, placed)
     assert [(v.check, v.op) for v in report.violations] == [("version", "rollout/s3/c1"),
                                                             ("staleness", "rollout/s3/c1")]
     assert "must read 2..3 (staleness 0 + carry 1)" in str(report)

@@ -17,7 +17,7 @@ from rpeg.cli import main
 from rpeg.errors import PlanError
 from rpeg.plan.evaluate import plan_graph
 from rpeg.plan.model import Plan
-from rpeg.runtime.lowering.instances import build_calls, graph_for, model_homes
+from rpeg.runtime.lowering.instances import build_calls, graph_for, model_homes, placed_for
 from rpeg.runtime.placement import split_plan
 from rpeg.runtime.plans import plan_for_run
 from rpeg.runtime.verify import check
@@ -67,7 +67,8 @@ def test_a_plan_listing_no_stage_is_read_as_synchronous_by_every_reader(ppo, tmp
     workers = {0: "tcp://a", 1: "tcp://b"}
     events = trace_of(calls, workers, lambda c: max(0, c.step - 1) if c.op == "rollout"
                     else c.version)
-    report = check(calls, old, events, workers, 3, model_homes(ppo, old, graph_for(ppo, old)))
+    report = check(calls, old, events, workers, 3, model_homes(ppo, old, graph_for(ppo, old)),
+                   placed_for(ppo, old))
     assert {(v.check, v.op) for v in report.violations} == {
         ("version", "rollout/s1/c0"), ("version", "rollout/s2/c0"),
         ("version", "rollout/s1/c1"), ("version", "rollout/s2/c1")}
@@ -114,7 +115,8 @@ def test_verify_checks_the_spec_bound_apart_from_the_plan(ppo, trace_of):
     workers = {0: "tcp://a", 1: "tcp://b"}
     events = trace_of(calls, workers, lambda c: max(0, c.step - 2) if c.op == "rollout"
                     else c.version)
-    report = check(calls, plan, events, workers, 4, model_homes(ppo, plan, graph_for(ppo, plan)))
+    report = check(calls, plan, events, workers, 4, model_homes(ppo, plan, graph_for(ppo, plan)),
+                   placed_for(ppo, plan))
     assert {v.check for v in report.violations} == {"staleness"}
     assert {v.op.split("/c")[0] for v in report.violations} == {"rollout/s2", "rollout/s3"}
     assert "the spec's 'staleness rollout <= 1' allows 2..3" in str(report)

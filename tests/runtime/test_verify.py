@@ -31,7 +31,8 @@ def _setup(ppo, plan, steps=3):
 def test_a_faithful_trace_passes(ppo):
     plan = split_plan(ppo, 2, staleness=1)
     calls, workers, homes = _setup(ppo, plan)
-    report = check(calls, plan, _trace(calls, workers), workers, 3, homes)
+    report = check(calls, plan, _trace(calls, workers), workers, 3, homes,
+                   placed_for(ppo, plan))
     assert report.ok, str(report)
 
 
@@ -44,7 +45,8 @@ def test_each_kind_of_violation_is_reported_with_op_and_step(ppo):
     events["adv/s2/c1"]["start"] = events["scores/s2/c1"]["start"]   # before its input ended
     events["rollout/s2/c0"]["version_read"] = 0                # older than s - 1
     del events["critic_step/s0"]                               # never ran
-    report = check(calls, plan, list(events.values()), workers, 3, homes)
+    report = check(calls, plan, list(events.values()), workers, 3, homes,
+                   placed_for(ppo, plan))
     found = {(v.check, v.op, v.step) for v in report.violations}
     assert ("placement", "ref_lp/s1/c0", 1) in found
     assert ("dependency", "adv/s2/c1", 2) in found
@@ -60,7 +62,7 @@ def test_train_must_read_its_own_step(ppo, plan_by_hand):
     for e in events:
         if e["id"] == "actor_step/s2":
             e["version_read"] = 1
-    report = check(calls, plan, events, workers, 3, homes)
+    report = check(calls, plan, events, workers, 3, homes, placed_for(ppo, plan))
     assert [v.op for v in report.violations] == ["actor_step/s2"]
 
 

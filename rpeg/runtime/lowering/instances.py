@@ -57,7 +57,6 @@ from collections import defaultdict
 from rpeg.errors import PlanError
 from rpeg.graph import DepKind, Graph, Instance
 from rpeg.graph.ids import OpId
-from rpeg.graph.unroll import CARRY, STREAM
 from rpeg.graph.versions import read_version
 from rpeg.plan.copies import copies
 from rpeg.plan.lower import Placed, lower
@@ -127,7 +126,7 @@ def lay_out(pipeline: Pipeline, plan: Plan, steps: int, *, first: int = 0
     # device's share of an instance, reading what its data edges bring and streaming after
     # what its stream edges say (the same at every step: two steps' tell them all)
     edges = placed.edges(2)
-    reads, streams = _reads(edges), _streams(edges)
+    reads = _reads(edges)
     calls: list[OpCall] = []
     produced: dict[tuple[str, int], list[str]] = defaultdict(list)   # (op, step) -> ids by chunk
     for s in range(first, steps):
@@ -160,7 +159,7 @@ def lay_out(pipeline: Pipeline, plan: Plan, steps: int, *, first: int = 0
                     limit=limit, carry=place.carry if op.kind is OpKind.GENERATE else 0))
                 if one.rank == 0 and (not group or group[0] == dev):
                     produced[(name, s)].append(cid)       # what readers take: tp rank 0's
-    return tuple(calls), Ordering(homes, trained, first, dict(placed.engine_syncs), streams)
+    return tuple(calls), Ordering.of(placed, homes, trained, first, edges)
 
 
 def placed_for(pipeline: Pipeline, plan: Plan, graph: Graph | None = None) -> Placed:
@@ -309,14 +308,6 @@ def _reads(u) -> dict[tuple[str, int], list[tuple[str, Instance]]]:
         if d.kind is DepKind.DATA and d.dst.step == 0:
             out[(d.dst.op, d.dst.chunk)].append((d.data, d.src))
     return out
-
-
-def _streams(u) -> dict[tuple[str, int], tuple[str, int, int]]:
-    """(generate op, chunk) -> (op, chunk, steps back) of the instance it streams after on
-    each block (its ``stream`` or ``carry`` edge: step 1 of ``u`` has both)."""
-    return {(d.dst.op, d.dst.chunk): (d.src.op, d.src.chunk, d.dst.step - d.src.step)
-            for d in u.deps if d.kind is DepKind.ORDER and d.dst.step == 1
-            and d.data in (STREAM, CARRY)}
 
 
 def _data_deps(edges, step: int, produced) -> tuple[list, list]:

@@ -37,8 +37,11 @@ import attrs
 
 from rpeg.cost.engine_sync import sync_refusal, sync_senders
 from rpeg.errors import PlanError
+from rpeg.graph import DepKind, Unrolled
 from rpeg.graph.ids import OpId
 from rpeg.graph.order import Cycle, topological
+from rpeg.graph.unroll import CARRY, STREAM
+from rpeg.plan.lower import Placed
 from rpeg.runtime.lowering.calls import OpCall, ranks_together
 from rpeg.runtime.lowering.joins import join_gang
 from rpeg.runtime.lowering.replicas import (
@@ -66,6 +69,19 @@ class Ordering:
     first: int = 0           # the run's first step: every replica starts at this version
     engines: dict = attrs.Factory(dict)   # model -> the layout of its engine sync
     streams: dict = attrs.Factory(dict)   # (generate op, chunk) -> (op, chunk, steps back)
+
+    @classmethod
+    def of(cls, placed: Placed, homes: dict, trained: dict, first: int = 0,
+           edges: Unrolled | None = None) -> Ordering:
+        """What the passes read of the placed graph the calls were laid out from: its engine
+        syncs, and the stream and carry edges of its generate ops (``edges``, its
+        :meth:`Placed.edges <rpeg.plan.lower.Placed.edges>` of two steps, where a caller
+        has them: step 1 has both)."""
+        edges = edges or placed.edges(2)
+        streams = {(d.dst.op, d.dst.chunk): (d.src.op, d.src.chunk, d.dst.step - d.src.step)
+                   for d in edges.deps if d.kind is DepKind.ORDER
+                   and d.dst.step == 1 and d.data in (STREAM, CARRY)}
+        return cls(homes, trained, first, dict(placed.engine_syncs), streams)
 
 
 def _after(c: OpCall, more) -> OpCall:

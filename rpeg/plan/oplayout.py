@@ -140,8 +140,6 @@ def _placed_blocks(p, tp: int) -> dict[int, tuple[int, ...]]:
     return _blocks(tuple(p.devices), tp)
 
 
-
-
 def reads_in_place(trainer, reader, device: int) -> bool:
     """Whether an op placed as ``reader`` reads, on ``device``, a trained model's weights
     where its trainer (placed as ``trainer``) keeps them, so that no weight sync moves them

@@ -14,10 +14,10 @@ roundings of the weight itself.
 
 from __future__ import annotations
 
-import socket
-
 import numpy as np
 import pytest
+
+from tests.backends.ranks import free_port
 
 STEPS = 3
 LR = 1e-3
@@ -30,12 +30,6 @@ def adam_bound(delta: float, scale: float) -> float:
     """Largest difference of a weight of magnitude ``scale`` after ``STEPS`` Adam steps whose
     gradients differ by a relative ``delta`` (module doc): ``1 / (1 - beta1) = 10``."""
     return STEPS * (LR * 10 * delta + 16 * EPS32 * scale)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 LAYOUTS = {
@@ -135,7 +129,7 @@ def runs(tmp_path_factory):
     import multiprocessing as mp
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
-    port = _free_port()
+    port = free_port()
     tmp = tmp_path_factory.mktemp("sharding")
     procs = [ctx.Process(target=_rank, args=(r, port, str(tmp), q)) for r in range(WORLD)]
     for p in procs:
@@ -257,7 +251,7 @@ def test_a_dp_by_tp_mesh_trains_as_dp_alone():
     import multiprocessing as mp
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
-    port = _free_port()
+    port = free_port()
     procs = [ctx.Process(target=_mesh_rank, args=(r, port, q)) for r in range(4)]
     for p in procs:
         p.start()

@@ -3,7 +3,6 @@ plan-time refusals and collective order of tensor-parallel op calls."""
 
 from __future__ import annotations
 
-import socket
 from pathlib import Path
 
 import attrs
@@ -15,6 +14,7 @@ from rpeg.runtime.lowering.context import RunContext
 from rpeg.runtime.lowering.instances import EXPORT, LOAD, build_calls
 from rpeg.spec import load
 from rpeg.spec.model import Engine
+from tests.backends.ranks import free_port
 
 MODELS = ("actor", "critic", "ref")
 PIPELINES = Path(__file__).resolve().parents[2] / "pipelines"
@@ -141,11 +141,6 @@ def test_a_model_read_split_another_way_on_its_home_gets_a_resharded_copy(ppo):
 
 # --- the sharding plan on two real ranks ---------------------------------------------------
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 LR = 1e-3
 EPS32 = 2.0 ** -23          # float32's machine epsilon
@@ -240,7 +235,7 @@ def test_the_sharding_plan_on_two_gloo_ranks(tmp_path):
 
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
-    port = _free_port()
+    port = free_port()
     procs = [ctx.Process(target=_rank, args=(r, port, str(tmp_path), q)) for r in range(2)]
     for p in procs:
         p.start()

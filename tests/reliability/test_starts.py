@@ -6,22 +6,16 @@ command runs into it once the cause is gone."""
 from __future__ import annotations
 
 import json
-import socket
 from pathlib import Path
 
 import pytest
 
 from rpeg.cli import main
 from rpeg.errors import RuntimeFailure
+from tests.backends.ranks import free_port
 from tests.reliability.test_faults import micro_spec
 from tests.reliability.test_hostile_input import no_hang
 from tests.reliability.test_run_dirs import _refused
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture
@@ -43,7 +37,7 @@ def test_an_unknown_tracker_is_refused_before_anything_is_written(spec, tmp_path
 def test_an_unreachable_scheduler_is_refused_before_anything_is_written(spec, tmp_path,
                                                                           capsys):
     run_dir = tmp_path / "run"
-    _refused(_argv(spec, run_dir, "--scheduler", f"tcp://127.0.0.1:{_free_port()}"), capsys,
+    _refused(_argv(spec, run_dir, "--scheduler", f"tcp://127.0.0.1:{free_port()}"), capsys,
              "must be reachable")
     assert not run_dir.exists()
 
@@ -94,7 +88,7 @@ def test_a_scheduler_reached_on_the_second_try_runs_the_same_command(spec, tmp_p
     import logging
 
     from distributed import LocalCluster
-    port = _free_port()
+    port = free_port()
     run_dir = tmp_path / "run"
     argv = _argv(spec, run_dir, "--scheduler", f"tcp://127.0.0.1:{port}")
     assert main(argv) == 1 and not run_dir.exists()

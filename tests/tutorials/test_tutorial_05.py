@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import socket
 from pathlib import Path
 
 import pytest
+
+from tests.backends.ranks import free_port
 
 _spec = importlib.util.spec_from_file_location(
     "tutorial_runner", Path(__file__).with_name("tutorial_runner.py"))
@@ -17,12 +18,6 @@ runner = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(runner)
 
 TUTORIAL = runner.ROOT / "tutorials" / "05-scale-out.md"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_tutorial_names_the_commands_a_user_types():
@@ -38,7 +33,7 @@ def test_tutorial_names_the_commands_a_user_types():
 @pytest.mark.slow
 def test_tutorial_runs_as_written(tmp_path):
     pytest.importorskip("dask_jobqueue")
-    port = _free_port()
+    port = free_port()
     session = runner.Session(tmp_path, substitute={"8786": str(port)})
     session.env["HEAD"] = "127.0.0.1"
     (session.work / "pipelines").symlink_to(runner.ROOT / "pipelines")   # "the repository folder"

@@ -34,13 +34,14 @@ def take_workers(alive, lost, n: int) -> dict[int, str] | None:
     return dict(enumerate(have[:n])) if len(have) >= n else None
 
 
+FIRST_WORKERS_S = 30.0          # a start's first wait for the cluster's own workers
+
+
 def workers_wait_s(attempt: int, replace_wait_s: float) -> float:
     """How long a start waits for enough workers: the cluster's own at the first attempt,
     a replacement for a lost one after it (the nanny restarts it; a spare may join)."""
     return replace_wait_s if attempt > 1 else FIRST_WORKERS_S
 
-
-FIRST_WORKERS_S = 30.0
 
 
 def pruned(steps, keep: int) -> list[int]:
@@ -95,9 +96,8 @@ def restore_sources(saved: dict[str, int], device: int, trained, *, restart: boo
             out[ReplicaAt(k).key] = k
     for k in saved:
         model = ReplicaAt(k).key
-        if restart:
+        if restart or model not in out:
             out[model] = best_source(saved, model, trained)
-        out.setdefault(model, best_source(saved, model, trained))
     return out
 
 

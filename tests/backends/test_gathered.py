@@ -9,7 +9,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.backends.test_sharding import EPS32, LR, WORLD, _batch, _free_port
+from tests.backends.ranks import free_port
+from tests.backends.test_sharding import EPS32, LR, WORLD, _batch
 
 pytestmark = pytest.mark.slow
 
@@ -70,7 +71,7 @@ def outputs():
     import multiprocessing as mp
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
-    port = _free_port()
+    port = free_port()
     procs = [ctx.Process(target=_rank, args=(r, port, q)) for r in range(WORLD)]
     for p in procs:
         p.start()

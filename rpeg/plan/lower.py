@@ -32,7 +32,9 @@ chunk (``carry``), a writer after the readers of the version before that read th
 it writes (write after read; a reader sharing it on some of its blocks only, the
 ``partly`` of :class:`Placed`: its chunks there, which wait for the trainer rather than
 the weight sync loading a copy for its other blocks). The runtime takes its calls' data
-dependencies and each device's stream order from them. The simulator prices them round by
+dependencies, each device's stream order, and each device's version and write-after-read
+order from them (``rpeg.runtime.lowering.ordering.order_versions``: a reader after the call
+on its device making the copy it reads, among its version edges' writers). The simulator prices them round by
 round (:meth:`Placed.by_round`): a round's chunks, one on each block side by side, as one
 instance on all the op's devices, the cost model pricing a round as one chunk of the
 step's responses -- the instances and edges the runtime runs, a round's chunks collapsed
@@ -43,11 +45,11 @@ into one.
     ['sync_actor@0', 'rollout@1']
 
 Not here yet: the runtime's replicas (a second copy per layout, an engine's own copy) with
-their weight transfers, and the one order of collectives: the runtime derives those, and
-its version and write-after-read edges per device, in its own passes
-(``rpeg.runtime.lowering.ordering``; the tests check they realise :meth:`Placed.edges`);
-the packing of calls into tasks (``rpeg.plan.packing``, which the cost model feeds with its
-own unrolling, ``rpeg.plan.tasks``).
+their weight transfers (those of a trained model to copies the graph syncs none to, and
+their version edges, the runtime adds in ``rpeg.runtime.lowering.ordering``), and the one
+order of collectives: the runtime derives those in its own passes (the tests check they
+realise :meth:`Placed.edges`); the packing of calls into tasks (``rpeg.plan.packing``,
+which the cost model feeds with its own unrolling, ``rpeg.plan.tasks``).
 """
 
 from __future__ import annotations

@@ -179,16 +179,16 @@ def streams(p: Placed, placement_of: Placing) -> Placed:
 
 def _shared_replicas(p: Placed, placement_of: Placing):
     """((writer, reader) whose reader reads, on some device it runs on, the very replica its
-    writer writes (:func:`rpeg.graph.unroll.unroll`'s ``in_place``), as the runtime keys a
-    call's replica (``rpeg.runtime.lowering.instances._replica``): a train op's weights
+    writer writes (:func:`rpeg.graph.unroll.unroll`'s ``in_place``), the copy a call reads
+    being :func:`rpeg.plan.copies.copies`' (the runtime's key of it): a train op's weights
     where the reader reads them in place (:func:`~rpeg.plan.oplayout.reads_in_place`, or
     runs on their ZeRO-3 shards, :func:`~rpeg.plan.oplayout.gathers_in_place`; a reader of
     a weight sync so reads its trainer's), a weight sync's copy where it loads it (a device
     of its calls and the reader's), and the weights a weight sync sends where they are (a
     device of its senders and the trainer's); the ``partly`` of :class:`Placed`: a reader
     of trained weights in place on some of its blocks, a copy of its own on the others,
-    whose trainer waits for its chunks on the former alone, as the runtime orders a writer
-    after the readers of its replica on each device)."""
+    whose trainer waits for its chunks on the former alone: the write-after-read edges
+    the runtime orders each device's writer by, ``rpeg.runtime.lowering.ordering``)."""
     devices = {name: set(lay.devices) for name, lay in p.layouts}
     behind = {e.reader: e.writer for e in p.graph.version_edges
               if p.graph.op(e.reader).kind is OpKind.SYNC_WEIGHTS}

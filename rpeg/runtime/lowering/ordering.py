@@ -275,7 +275,8 @@ def order_versions(calls: Calls, ctx: Ordering) -> Calls:
     (``ctx.versions``, ``ctx.readers``): a reader after the call on its device that makes
     the version of the copy it reads (a load or receive of a weight sync there, or a rank
     of the trainer whose weights it reads in place); a writer of version v after the calls
-    on its device reading v - 1 of the copy it writes, and after the writer of v - 1."""
+    on its device reading v - 1 of the copy it writes, and after the writer of v - 1 there
+    (a copy's own order: the placed graph holds no copies yet)."""
     homes = ctx.homes
     on: dict[tuple, list[OpCall]] = defaultdict(list)     # (instance, device) -> its calls
     calls_of: dict = defaultdict(list)                    # instance -> its calls, in order
@@ -286,6 +287,7 @@ def order_versions(calls: Calls, ctx: Ordering) -> Calls:
         calls_of[i].append(c)
         if c.writes >= 0:
             writer[(c.model, c.device, c.writes)] = c.id
+    place = {c.id: n for n, c in enumerate(calls)}
     read_by: dict = {}       # writer instance -> (model, device, version) -> readers' ids
 
     def readers_of(i) -> dict:
@@ -296,7 +298,6 @@ def order_versions(calls: Calls, ctx: Ordering) -> Calls:
                 out[(m.model, m.device, m.version)].append(m.id)
         return read_by[i]
 
-    place = {c.id: n for n, c in enumerate(calls)}
     out = []
     for c, at in zip(calls, instances, strict=True):
         key, dev, more = c.model, c.device, []

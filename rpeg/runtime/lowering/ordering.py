@@ -289,6 +289,7 @@ def order_versions(calls: Calls, ctx: Ordering) -> Calls:
             writer[(c.model, c.device, c.writes)] = c.id
     place = {c.id: n for n, c in enumerate(calls)}
     read_by: dict = {}       # writer instance -> (model, device, version) -> readers' ids
+    makers: dict = {}        # reader instance -> the instances that may make its version
 
     def readers_of(i) -> dict:
         if i not in read_by:
@@ -302,7 +303,10 @@ def order_versions(calls: Calls, ctx: Ordering) -> Calls:
     for c, at in zip(calls, instances, strict=True):
         key, dev, more = c.model, c.device, []
         if c.version > ctx.first and base_of(key) in homes:
-            w = next((m.id for i in ctx.versions_of(at) for m in on.get((i, dev), ())
+            made = makers.get(at)
+            if made is None:
+                made = makers[at] = ctx.versions_of(at)
+            w = next((m.id for i in made for m in on.get((i, dev), ())
                       if m.writes == c.version and m.model == key), None)
             if w is None:
                 raise PlanError(f"no op makes version {c.version} of '{key}' on device {dev} "

@@ -34,11 +34,11 @@ it writes (write after read; a reader sharing it on some of its blocks only, the
 the weight sync loading a copy for its other blocks). The runtime takes its calls' data
 dependencies, each device's stream order, and each device's version and write-after-read
 order from them (``rpeg.runtime.lowering.ordering.order_versions``: a reader after the call
-on its device making the copy it reads, among its version edges' writers). The simulator prices them round by
-round (:meth:`Placed.by_round`): a round's chunks, one on each block side by side, as one
-instance on all the op's devices, the cost model pricing a round as one chunk of the
-step's responses -- the instances and edges the runtime runs, a round's chunks collapsed
-into one.
+on its device making the copy it reads, among its version edges' writers). The simulator
+prices them round by round (:meth:`Placed.by_round`): a round's chunks, one on each block
+side by side, as one instance on all the op's devices, the cost model pricing a round as
+one chunk of the step's responses -- the instances and edges the runtime runs, a round's
+chunks collapsed into one.
 
     >>> u = placed.edges(steps=3)                                            # doctest: +SKIP
     >>> [str(d.src) for d in u.deps if d.dst == Instance("rollout", 1, 2)]   # doctest: +SKIP

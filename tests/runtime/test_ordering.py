@@ -212,8 +212,8 @@ def test_a_long_run_orders_versions_by_its_whole_placed_graph(case, first):
     except PlanError:
         pytest.skip("a shape this pipeline refuses")
     assert ctx.steady >= 0                       # the steps past those unrolled are shifted
-    versions, readers = O._version_edges(placed_for(pipeline, plan).edges(steps - first),
-                                         first)
+    placed = placed_for(pipeline, plan)
+    versions, readers = O._version_edges(placed, placed.edges(steps - first), first)
     whole = attrs.evolve(ctx, versions=versions, readers=readers, steady=-1)
     synced = O.add_syncs(calls, ctx)
     assert O.order_versions(synced, ctx) == O.order_versions(synced, whole)

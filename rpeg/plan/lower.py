@@ -26,7 +26,8 @@ step's calls and tasks from (``rpeg.plan.tasks.layouts_of``).
 5. ``transfers``: each trained model's weight transfers to the copies of it no weight
    sync of the graph fills (:class:`Transfer`, their op :func:`transfer_of`, the
    runtime's exports and loads, sends and receives), whose typed edges are
-   :meth:`Placed.transfer_edges`.
+   :meth:`Placed.transfer_edges`, and each copy's writer after its writer before,
+   :meth:`Placed.rewrite_edges`.
 
 The instances and their typed dependency edges over a run's steps are
 :meth:`Placed.edges` (:func:`rpeg.graph.unroll`, the one rule): data edges, version edges
@@ -56,14 +57,17 @@ its transfer calls by them (``rpeg.runtime.lowering.ordering``), whichever copie
 fill. The simulator does not read them: the cost model prices the graph's weight syncs'
 time and the copies' memory (:func:`rpeg.plan.copies.copies`), not these transfers' time.
 
+A copy's writer comes after the writer of its version before (:meth:`Placed.rewrite_edges`:
+a copy has one writer op, its trainer or its model's transfers, so that op's step before);
+the runtime orders each device's writes of a copy by them.
+
 Not here yet: the runtime's replicas themselves (which copies exist per layout, per
 device: :func:`rpeg.plan.copies.copies`, which the runtime keys its calls by, and which
-of them a transfer fills, which ``add_syncs`` still works out from the calls), and so
-the edge of a writer after the previous writer of the same copy on its device, which
-``order_versions`` adds from the calls; the one order of collectives: the runtime derives
-those in its own passes (the tests check they realise :meth:`Placed.edges`); the packing
-of calls into tasks (``rpeg.plan.packing``, which the cost model feeds with its own
-unrolling, ``rpeg.plan.tasks``).
+of them each transfer fills, and on which devices, which ``add_syncs`` still works out
+from the calls); the one order of collectives: the runtime derives those in its own
+passes (the tests check they realise :meth:`Placed.edges`); the packing of calls into
+tasks (``rpeg.plan.packing``, which the cost model feeds with its own unrolling,
+``rpeg.plan.tasks``).
 """
 
 from __future__ import annotations
@@ -177,6 +181,21 @@ class Placed:
                 v = read_version(kinds[i.op], i.step, e.lag)
                 out.append(Dep(i, Instance(t.op, v), DepKind.ORDER, t.model))
         return tuple(dict.fromkeys(out))
+
+    def rewrite_edges(self, u: Unrolled) -> tuple[Dep, ...]:
+        """A copy's writer after the writer of its version before (``ORDER``), among the
+        instances of ``u`` and their transfers: each copy has one writer op, a trained copy
+        its train op, any other the transfers of its model (:attr:`transfers`), so its
+        writer of step ``s`` comes after that op's of ``s - 1``, on each device both write
+        the copy."""
+        by = {t.trainer: t for t in self.transfers}
+        out = []
+        for i in u.instances:
+            t = by.get(i.op)
+            if t is not None and i.step > 0:
+                out += [Dep(Instance(op, i.step - 1), Instance(op, i.step), DepKind.ORDER,
+                            t.model) for op in (t.trainer, t.op)]
+        return tuple(out)
 
     def by_round(self) -> Placed:
         """This placed graph with a generate op's chunks of a round (one on each of its

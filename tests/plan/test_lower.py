@@ -188,6 +188,14 @@ def _verify_transfers(p: Placed, plan) -> None:
     made = {(d.src, d.dst) for d in edges if d.kind is DepKind.VERSION}
     assert all((i, Instance(by_op[transfer_of(trainers[i.op])].op, i.step)) in made
                for i in u.instances if i.op in trainers)
+    # a copy's writer after its writer of the version before: its trainer's or its
+    # transfers' step before, for every step of a trainer
+    rewrites = p.rewrite_edges(u)
+    for d in rewrites:
+        assert d.kind is DepKind.ORDER and d.src == attrs.evolve(d.dst, step=d.dst.step - 1)
+        assert d.dst.op in trainers and trainers[d.dst.op] == d.data or \
+            d.dst.op in by_op and by_op[d.dst.op].model == d.data
+    assert len(rewrites) == 2 * sum(1 for i in u.instances if i.op in trainers and i.step)
 
 
 VERIFY = {"chunks": _verify_chunks, "layouts": _verify_layouts,

@@ -17,8 +17,9 @@ what keeps a run exact added, in one ordered list (``PASSES``).
   every version read off the trainer's devices;
 * ``order_versions``: a reader after the writer of its version, a writer after the readers
   of the version before, on the same device: each device's share of the placed graph's
-  version and write-after-read edges (``rpeg.plan.lower.Placed.edges``) and of its weight
-  transfers' (``rpeg.plan.lower.Placed.transfer_edges``);
+  version and write-after-read edges (``rpeg.plan.lower.Placed.edges``), of its weight
+  transfers' (``Placed.transfer_edges``), and a copy's writer after the one before
+  (``Placed.rewrite_edges``);
 * ``order_streams``: each device's chunks of a generate op in order (the placed graph's
   stream and carry edges, ``rpeg.plan.lower.Placed.edges``);
 * ``order_collectives``: one global order of the gangs on every device;
@@ -75,6 +76,8 @@ class Ordering:
     streams: dict = attrs.Factory(dict)   # (generate op, chunk) -> (op, chunk, steps back)
     versions: dict = attrs.Factory(dict)  # reader instance -> the instances making its version
     readers: dict = attrs.Factory(dict)   # writer instance -> the readers it writes after
+    before: dict = attrs.Factory(dict)    # writer instance -> the writer of its copy's version
+                                          # before (the same op's step before)
     steady: int = -1         # a step from which on those edges are the step before's, shifted
 
     @classmethod
@@ -94,7 +97,7 @@ class Ordering:
         assert edges.steps >= n, "the version edges of the steps unrolled, at least"
         steady = first + _settled(placed.graph) if n < steps - first else -1
         return cls(homes, trained, first, dict(placed.engine_syncs), streams, versions,
-                   readers, steady)
+                   readers, _rewrites(placed, edges, first), steady)
 
     def versions_of(self, i: Instance) -> tuple[Instance, ...]:
         """The instances that may make the version instance ``i`` reads."""
@@ -103,6 +106,10 @@ class Ordering:
     def readers_of(self, i: Instance) -> tuple[Instance, ...]:
         """The readers writer instance ``i`` writes after."""
         return self._shifted(self.readers, i)
+
+    def before_of(self, i: Instance) -> tuple[Instance, ...]:
+        """The writer of the version before of what writer instance ``i`` writes."""
+        return self._shifted(self.before, i)
 
     def _shifted(self, table: dict, i: Instance) -> tuple[Instance, ...]:
         if self.steady < 0 or i.step <= self.steady:
@@ -126,6 +133,20 @@ def version_steps(graph, steps: int) -> int:
     return min(steps, 2 * _settled(graph) + 1)
 
 
+def _at(i: Instance, first: int) -> Instance:
+    """Instance ``i`` of an unrolling from step 0 in a run from step ``first``."""
+    return Instance(i.op, i.step + first, i.chunk) if first else i
+
+
+def _rewrites(placed: Placed, edges: Unrolled, first: int) -> dict:
+    """Writer instance -> the writers of its copy's version before (the placed graph's
+    :meth:`~rpeg.plan.lower.Placed.rewrite_edges` among ``edges``), by the run's steps."""
+    before: dict[Instance, tuple[Instance, ...]] = defaultdict(tuple)
+    for d in placed.rewrite_edges(edges):
+        before[_at(d.dst, first)] += (_at(d.src, first),)
+    return dict(before)
+
+
 def _version_edges(placed: Placed, edges: Unrolled, first: int) -> tuple[dict, dict]:
     """(reader -> the instances that may make the version it reads, on a device it runs
     on: its version edges' writers and, for a weight sync's, the sync's own writer (a
@@ -136,7 +157,7 @@ def _version_edges(placed: Placed, edges: Unrolled, first: int) -> tuple[dict, d
     syncs = {o.name for o in edges.graph.ops if o.kind is OpKind.SYNC_WEIGHTS}
     trainers = {t.trainer for t in placed.transfers}
     transfers = {t.op for t in placed.transfers}
-    at = (lambda i: Instance(i.op, i.step + first, i.chunk)) if first else (lambda i: i)
+    at = (lambda i: _at(i, first)) if first else (lambda i: i)
     reading = {o.name for o in edges.graph.ops if o.reads_model}
     into: dict[Instance, list[Instance]] = defaultdict(list)
     readers: dict[Instance, list[Instance]] = defaultdict(list)
@@ -266,17 +287,15 @@ def order_versions(calls: Calls, ctx: Ordering) -> Calls:
     the version of the copy it reads (a load or receive of a weight sync there, or a rank
     of the trainer whose weights it reads in place); a writer of version v after the calls
     on its device reading v - 1 of the copy it writes, and after the writer of v - 1 there
-    (a copy's own order, from the calls: the placed graph holds no copies yet)."""
+    of the copy it writes (``ctx.before``: the placed graph's
+    :meth:`~rpeg.plan.lower.Placed.rewrite_edges`)."""
     homes = ctx.homes
     on: dict[tuple, list[OpCall]] = defaultdict(list)     # (instance, device) -> its calls
     calls_of: dict = defaultdict(list)                    # instance -> its calls, in order
-    writer: dict[tuple[str, int, int], str] = {}
     instances = [c.instance for c in calls]
     for c, i in zip(calls, instances, strict=True):
         on[(i, c.device)].append(c)
         calls_of[i].append(c)
-        if c.writes >= 0:
-            writer[(c.model, c.device, c.writes)] = c.id
     place = {c.id: n for n, c in enumerate(calls)}
     read_by: dict = {}       # writer instance -> (model, device, version) -> readers' ids
     makers: dict = {}        # reader instance -> the instances that may make its version
@@ -306,8 +325,8 @@ def order_versions(calls: Calls, ctx: Ordering) -> Calls:
             v = c.writes
             more += [r for r in dict.fromkeys(readers_of(at).get((key, dev, v - 1), ()))
                      if r != c.id]
-            if (key, dev, v - 1) in writer:
-                more.append(writer[(key, dev, v - 1)])
+            more += [m.id for i in ctx.before_of(at) for m in on.get((i, dev), ())
+                     if m.writes == v - 1 and m.model == key][:1]
         out.append(_after(c, more))
     return tuple(out)
 

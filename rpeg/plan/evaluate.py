@@ -54,7 +54,7 @@ from rpeg.plan.copies import copies as copies_of
 from rpeg.plan.evalcost import EVAL_OP, eval_time, trainer_devices
 from rpeg.plan.lower import PASSES, Placed, lower
 from rpeg.plan.model import Plan, Predicted, StagePlacement
-from rpeg.plan.oplayout import chunks_per_step, rounds_of
+from rpeg.plan.oplayout import all_in_place, chunks_per_step, gathers_in_place, rounds_of
 from rpeg.plan.prices import Chunk, Prices, parallel_of
 from rpeg.plan.simulate import OpTiming, Timeline, floor, simulate, steps_for
 from rpeg.plan.staleness import staleness_problem, step_graph
@@ -652,12 +652,18 @@ class Evaluator:
         return sum(self.stage_time(s, plan.placement(s), chunk=chunk) for s in op.stages)
 
     def _reload(self, op, p: StagePlacement, trainer, plan: Plan) -> float:
-        """A forward op reading a model trained on other devices fetches the new weights."""
+        """A forward op reading a copy of a trained model of its own fetches the new
+        weights: the weight transfer the runtime adds into that copy
+        (``rpeg.plan.lower.Placed.transfers``), priced as a weight sync from its trainer.
+        None where it reads the trainer's weights in place on every device
+        (:func:`~rpeg.plan.oplayout.all_in_place`) or runs on its ZeRO-3 shards
+        (:func:`~rpeg.plan.oplayout.gathers_in_place`, whose gather the pass prices): the
+        rule :func:`rpeg.plan.copies.copies` keys the copies by. (A pass on the shards per
+        chunk would read a copy, which the runtime refuses: one chunk is checked.)"""
         if op.kind is not OpKind.FORWARD or op.reads_model not in trainer:
             return 0.0
         src = plan.placement(trainer[op.reads_model].stages[0])
-        if src.devices == p.devices and (src.tp, src.pp) == (p.tp, p.pp) \
-                and not src.zero.shards_params:
+        if all_in_place(src, p) or gathers_in_place(op, src, p, chunks=1):
             return 0.0
         target = self.stages.target
         stage = next(s for s in op.stages if s in self.stages.modelled

@@ -54,8 +54,11 @@ The weight transfers' edges (:meth:`Placed.transfer_edges`, over the instances o
 step's transfer makes, a transfer reads its step's trained weights before the next step
 writes them, and fills a copy after the readers of the version before; the runtime orders
 its transfer calls by them (``rpeg.runtime.lowering.ordering``), whichever copies they
-fill. The simulator does not read them: the cost model prices the graph's weight syncs'
-time and the copies' memory (:func:`rpeg.plan.copies.copies`), not these transfers' time.
+fill. The simulator does not read these edges: the cost model prices a transfer as the
+fetch of the op reading the copy it fills (``Evaluator._reload``: a weight sync from the
+trainer, in that op's time on its devices, after its trainer), and none where the reader
+reads the trained weights in place or on their ZeRO-3 shards -- where no copy of its own
+exists (:func:`rpeg.plan.copies.copies`, the copies' memory) and no transfer runs.
 
 A copy's writer comes after the writer of its version before (:meth:`Placed.rewrite_edges`:
 a copy has one writer op, its trainer or its model's transfers, so that op's step before);

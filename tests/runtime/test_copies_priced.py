@@ -24,6 +24,7 @@ from rpeg.plan.evaluate import Evaluator, settle_batching
 from rpeg.plan.model import Plan, StagePlacement, Strategy
 from rpeg.runtime.lowering.context import RunContext
 from rpeg.runtime.lowering.instances import build_calls
+from rpeg.runtime.lowering.replicas import LOAD, base_of
 from rpeg.runtime.placement import split_plan
 from rpeg.spec import load, load_cluster
 from rpeg.spec.model import Engine, OpKind
@@ -127,6 +128,39 @@ def test_the_copies_priced_on_a_gpu_cluster_are_the_runtimes(name, shape):
     cluster = load_cluster(CLUSTERS / "gh200_8.rpeg")
     plan = GPU[shape](pipeline)
     assert priced(pipeline, cluster, plan) == made(pipeline, plan)
+
+
+def reloads(pipeline, cluster, plan) -> tuple[set[tuple[str, str]], set[tuple[str, str]]]:
+    """((op, model) of every call reading a copy that a weight transfer the graph syncs
+    nothing by fills, in the runtime's calls; the same of every op whose time the cost
+    model prices with a fetch of that model's new weights, ``Evaluator._reload``)."""
+    ev = Evaluator(pipeline, cluster)
+    plan = settle_batching(pipeline, plan, cluster)
+    graph = ev.graph(plan)
+    syncs = {o.name for o in graph.ops if o.kind is OpKind.SYNC_WEIGHTS}
+    trainer = {o.writes_model: o for o in graph.ops if o.kind is OpKind.TRAIN}
+    calls = build_calls(pipeline, plan, steps=3)
+    filled = {c.model for c in calls if c.kind is OpKind.SYNC_WEIGHTS
+              and c.op not in syncs and c.role is LOAD}
+    read = {(c.op, str(base_of(c.model))) for c in calls
+            if c.kind is not OpKind.SYNC_WEIGHTS and c.model in filled}
+    fetched = {(o.name, o.reads_model) for o in graph.ops if o.stages
+               and ev._reload(o, plan.placement(o.stages[0]), trainer, plan) > 0}
+    return read, fetched
+
+
+@pytest.mark.parametrize("shape", sorted(GPU))
+@pytest.mark.parametrize("name", ["ppo_llama8b", "grpo_qwen7b"])
+def test_the_weight_transfers_priced_are_the_runtimes(name, shape):
+    """A weight transfer the runtime adds (``rpeg.plan.lower.Placed.transfers``) is priced
+    in the time of the op reading the copy it fills, on that op's devices, after its
+    trainer (the fetch :meth:`~rpeg.plan.evaluate.Evaluator.timings` adds), and a fetch is
+    priced only where the runtime transfers: not to a reader of the trained weights in
+    place (on part of the trainer's devices) nor on its ZeRO-3 shards."""
+    pipeline = load(PIPELINES / f"{name}.rpeg")
+    cluster = load_cluster(CLUSTERS / "gh200_8.rpeg")
+    read, fetched = reloads(pipeline, cluster, GPU[shape](pipeline))
+    assert read == fetched
 
 
 def _tiny_vllm(tmp_path, name: str):

@@ -210,6 +210,15 @@ def test_the_copies_priced_on_the_local_cluster_are_the_runtimes(name, shape):
         == made(pipeline, plan)
 
 
+@pytest.mark.parametrize("shape", sorted(LOCAL))
+@pytest.mark.parametrize("name", ["tiny_ppo", "tiny_grpo"])
+def test_the_weight_transfers_priced_on_the_local_cluster_are_the_runtimes(name, shape):
+    pipeline = load(PIPELINES / f"{name}.rpeg")
+    read, fetched = reloads(pipeline, load_cluster(CLUSTERS / "local_cpu.rpeg"),
+                            LOCAL[shape](pipeline))
+    assert read == fetched
+
+
 @pytest.mark.parametrize("shape", ["vllm beside zero-2", "vllm beside zero-0",
                                    "disaggregated vllm"])
 def test_the_copies_of_a_vllm_engine_priced_are_the_runtimes(shape, tmp_path):
@@ -219,6 +228,8 @@ def test_the_copies_of_a_vllm_engine_priced_are_the_runtimes(shape, tmp_path):
             "disaggregated vllm": lambda p: disaggregated(p, 2)}[shape](pipeline)
     assert priced(pipeline, load_cluster(CLUSTERS / "local_cpu.rpeg"), plan) \
         == made(pipeline, plan)
+    read, fetched = reloads(pipeline, load_cluster(CLUSTERS / "local_cpu.rpeg"), plan)
+    assert read == fetched
 
 
 def test_the_two_cases_once_priced_apart_now_hold_their_copies():

@@ -30,6 +30,7 @@ before (the order of collectives); the runtime passes a few more ordering ones.
 from __future__ import annotations
 
 import bisect
+import functools
 
 import attrs
 
@@ -85,14 +86,10 @@ def dispatch_per_step(graph: Graph, layouts: dict[str, OpLayout], chunks: int = 
     if not (alone or replay):                    # the steps before packed first
         prep, last = steady_step(graph, layouts, chunks, steps)
         inputs = _inputs(prep)
-    # by (op, chunk), where they depend on nothing else: each instance's devices, the
-    # first two (where a reader runs: another device reads the output of an instance's
-    # first rank when it runs there), whether it is a gang, and its ranks on its first device
-    on = {key: layouts[key[0]].devices_of(key[1]) or (-1,) for key in set(prep.keys)}
-    heads = {key: ds[:2] for key, ds in on.items()}
-    gangs = {key: _gang(layouts, key) for key in on}
-    at_head = {key: tuple(i for i, d in enumerate(ds) if d == ds[0]) for key, ds in on.items()
-               if gangs[key]}
+    # by (op, chunk): each instance's devices, the first two (where a reader runs: another
+    # device reads the output of an instance's first rank when it runs there), whether it
+    # is a gang, and its ranks on its first device; looked up per layout, not per instance
+    laid = {op: _laid_out(lay) for op, lay in layouts.items()}
     keys, fed = prep.keys, prep.fed
     task: dict[int, int] = {}                    # instance -> the task of its first rank
     pack = Packer(together)
@@ -103,14 +100,20 @@ def dispatch_per_step(graph: Graph, layouts: dict[str, OpLayout], chunks: int = 
         first, calls, order = len(pack.waits), 0, 0
         lo = bisect.bisect_left(prep.step_of, step)
         for k in range(lo, bisect.bisect_right(prep.step_of, step, lo)):
-            key = keys[k]
-            ds = on[key]
+            op, chunk = keys[k]
+            at = laid[op]
+            ds, _, gang, at_head = at[chunk % len(at)]
             deps = {task[i] for i in inputs[k] if i in task}
             head = ds[0]
-            elsewhere = any(d != head for c in fed[k] for d in heads[keys[c]])
-            op, chunk = key
+            elsewhere = False
+            for c in fed[k]:
+                reader, rc = keys[c]
+                at = laid[reader]
+                if any(d != head for d in at[rc % len(at)][1]):
+                    elsewhere = True
+                    break
             calls += len(ds)
-            if gangs[key]:                        # the ranks start together
+            if gang:                              # the ranks start together
                 if len(ds) >= JOIN_MIN:           # waiting through a join, a task of its own
                     calls += 1
                     order += len(ds)              # each member on the gang before it there
@@ -118,7 +121,7 @@ def dispatch_per_step(graph: Graph, layouts: dict[str, OpLayout], chunks: int = 
                 else:                             # each member waits for the gang before
                     order += len(ds) ** 2         # it on each member's device
                     ranks = pack.gang(ds, step, deps)
-                for i in at_head[key]:
+                for i in at_head:
                     task[k] = ranks[i]
                     if elsewhere:
                         pack.read_elsewhere(head, ranks[i], step, chunk, op)
@@ -164,6 +167,25 @@ def relabelled(layouts: dict[str, OpLayout]) -> tuple[tuple[str, OpLayout], ...]
     for op, lay in sorted(layouts.items()):
         devices = tuple([names.setdefault(d, len(names)) for d in lay.devices])
         out.append((op, lay if devices == lay.devices else attrs.evolve(lay, devices=devices)))
+    return tuple(out)
+
+
+@functools.lru_cache(maxsize=8192)
+def _laid_out(lay: OpLayout) -> tuple[tuple, ...]:
+    """Per chunk ``c`` of an op laid out as ``lay``, at ``c`` modulo the tuple's length
+    (its chunks run on its blocks in turn, all on one block where not streamed): (the
+    devices of its instance, or (-1,) where it has none; the first two; whether it is a
+    gang; its ranks on its first device, where a gang). Memoised by the layout, whose hash
+    is kept: a search lays the same ops out again and again."""
+    tp = max(1, lay.tp)
+    period = -(-len(lay.devices) // tp) if lay.chunked and not lay.everywhere else 1
+    out = []
+    for c in range(max(1, period)):
+        own = lay.devices_of(c)
+        ds = own or (-1,)
+        gang = lay.collective and len(own) > 1
+        out.append((ds, ds[:2], gang,
+                    tuple(i for i, d in enumerate(ds) if d == ds[0]) if gang else ()))
     return tuple(out)
 
 

@@ -78,19 +78,14 @@ def dispatch_per_step(graph: Graph, layouts: dict[str, OpLayout], chunks: int = 
     own and the steady step is packed alone; elsewhere (or with ``replay``) the steps
     before are packed first, as the runtime does."""
     prep, last = steady_step(graph, layouts, chunks, steps, warm=replay)
-    inputs = _inputs(prep)
-    lo = bisect.bisect_left(prep.step_of, last)
-    before = {i for k in range(lo, bisect.bisect_right(prep.step_of, last, lo))
-              for i in inputs[k] if i < lo}
+    before = _rows(prep, last)[1]
     alone = not replay and all(_gang(layouts, prep.keys[i]) for i in before)
     if not (alone or replay):                    # the steps before packed first
         prep, last = steady_step(graph, layouts, chunks, steps)
-        inputs = _inputs(prep)
     # by (op, chunk): each instance's devices, the first two (where a reader runs: another
     # device reads the output of an instance's first rank when it runs there), whether it
     # is a gang, and its ranks on its first device; looked up per layout, not per instance
     laid = {op: _laid_out(lay) for op, lay in layouts.items()}
-    keys, fed = prep.keys, prep.fed
     task: dict[int, int] = {}                    # instance -> the task of its first rank
     pack = Packer(together)
 
@@ -98,16 +93,13 @@ def dispatch_per_step(graph: Graph, layouts: dict[str, OpLayout], chunks: int = 
         """Pack one step's calls, as the runtime does when the step enters its window:
         (calls, tasks, futures)."""
         first, calls, order = len(pack.waits), 0, 0
-        lo = bisect.bisect_left(prep.step_of, step)
-        for k in range(lo, bisect.bisect_right(prep.step_of, step, lo)):
-            op, chunk = keys[k]
+        for k, op, chunk, inputs, readers in _rows(prep, step)[0]:
             at = laid[op]
             ds, _, gang, at_head = at[chunk % len(at)]
-            deps = {task[i] for i in inputs[k] if i in task}
+            deps = {task[i] for i in inputs if i in task}
             head = ds[0]
             elsewhere = False
-            for c in fed[k]:
-                reader, rc = keys[c]
+            for reader, rc in readers:
                 at = laid[reader]
                 if any(d != head for d in at[rc % len(at)][1]):
                     elsewhere = True
@@ -189,22 +181,31 @@ def _laid_out(lay: OpLayout) -> tuple[tuple, ...]:
     return tuple(out)
 
 
-_INPUTS: dict[int, tuple] = {}
+_ROWS: dict[tuple[int, int], tuple] = {}
 
 
-def _inputs(prep) -> list[list[int]]:
-    """Instance -> the instances whose outputs it takes (cached per prepared graph)."""
-    hit = _INPUTS.get(id(prep))
+def _rows(prep, step: int) -> tuple[tuple[tuple, ...], frozenset[int]]:
+    """(each instance of ``step`` of the prepared graph, in order: (its index, op, chunk,
+    the instances whose outputs it takes, the (op, chunk) of those taking its outputs);
+    the instances of steps before that it takes outputs from), cached per prepared graph."""
+    hit = _ROWS.get((id(prep), step))
     if hit is not None and hit[0] is prep:
         return hit[1]
     inputs: list[list[int]] = [[] for _ in prep.instances]
     for k, ds in enumerate(prep.fed):
         for d in ds:
             inputs[d].append(k)
-    if len(_INPUTS) > 64:
-        _INPUTS.clear()
-    _INPUTS[id(prep)] = (prep, inputs)
-    return inputs
+    lo = bisect.bisect_left(prep.step_of, step)
+    hi = bisect.bisect_right(prep.step_of, step, lo)
+    keys = prep.keys
+    rows = tuple((k, *keys[k], tuple(inputs[k]),
+                  tuple(dict.fromkeys(keys[c] for c in prep.fed[k])))   # readers, once each
+                 for k in range(lo, hi))
+    out = rows, frozenset(i for k in range(lo, hi) for i in inputs[k] if i < lo)
+    if len(_ROWS) > 256:
+        _ROWS.clear()
+    _ROWS[(id(prep), step)] = (prep, out)
+    return out
 
 
 def layouts_of(pipeline, plan, graph: Graph, timings: dict[str, OpTiming]

@@ -85,7 +85,7 @@ def dispatch_per_step(graph: Graph, layouts: dict[str, OpLayout], chunks: int = 
     # by (op, chunk): each instance's devices, the first two (where a reader runs: another
     # device reads the output of an instance's first rank when it runs there), whether it
     # is a gang, and its ranks on its first device; looked up per layout, not per instance
-    laid = {op: _laid_out(lay) for op, lay in layouts.items()}
+    laid = {op: laid_out(lay) for op, lay in layouts.items()}
     task: dict[int, int] = {}                    # instance -> the task of its first rank
     pack = Packer(together)
 
@@ -154,16 +154,19 @@ def relabelled(layouts: dict[str, OpLayout]) -> tuple[tuple[str, OpLayout], ...]
         ...                                               "a": OpLayout((6, 4), tp=2)})]
         [('a', (0, 1)), ('b', (1, 2))]
     """
-    names: dict[int, int] = {}
+    ordered = sorted(layouts.items())
+    # each device's new name, as it first appears (dict keeps first insertion order)
+    names = {d: i for i, d in enumerate(dict.fromkeys(
+        d for _, lay in ordered for d in lay.devices))}
     out = []
-    for op, lay in sorted(layouts.items()):
-        devices = tuple([names.setdefault(d, len(names)) for d in lay.devices])
+    for op, lay in ordered:
+        devices = tuple(map(names.__getitem__, lay.devices))
         out.append((op, lay if devices == lay.devices else attrs.evolve(lay, devices=devices)))
     return tuple(out)
 
 
 @functools.lru_cache(maxsize=8192)
-def _laid_out(lay: OpLayout) -> tuple[tuple, ...]:
+def laid_out(lay: OpLayout) -> tuple[tuple, ...]:
     """Per chunk ``c`` of an op laid out as ``lay``, at ``c`` modulo the tuple's length
     (its chunks run on its blocks in turn, all on one block where not streamed): (the
     devices of its instance, or (-1,) where it has none; the first two; whether it is a

@@ -145,7 +145,7 @@ def control_model(pipeline, plan) -> dict:
     from rpeg.cost.control import shared_cores_cpu
     cluster = load_cluster(CLUSTER)
     ev = Evaluator(pipeline, cluster)
-    predicted = ev.evaluate(plan).predicted
+    predicted = ev.evaluate(plan).plan.predicted
     d = ev.dispatch(plan, ev.graph(plan), ev.timings(plan, ev.graph(plan))[0])
     # the CPU over the predicted step, the time the control plane itself takes included
     return {"tasks_per_step": predicted.tasks_per_step,

@@ -61,7 +61,7 @@ def _control_fit_line(c: dict | None, p) -> str:
     if not runs:
         return ""
     return "control plane runs, priced / measured - 1: " + ", ".join(
-        f"{name.removeprefix('control plane, ')} {r * 100:+.0f}%" for name, r in runs)
+        f"{name.removeprefix('control plane, ')} {round(r * 100):+d}%" for name, r in runs)
 
 
 def register(app: typer.Typer) -> None:

@@ -145,6 +145,11 @@ def test_control_terms_are_fitted_and_round_trip_through_the_profile(tmp_path):
     assert set(resid) == {"control plane, 2 devices, 1 chunk", "control plane, 2 devices, "
                           "3 chunks", "control plane, 1 device, 1 chunk"}
     assert all(abs(r) < 1e-9 for r in resid.values()), resid
+    from rpeg.cli.calibrate import _control_fit_line      # what rpeg calibrate prints
+    assert _control_fit_line(measured, p) == (
+        "control plane runs, priced / measured - 1: 2 devices, 1 chunk +0%, 2 devices, "
+        "3 chunks +0%, 1 device, 1 chunk +0%")
+    assert _control_fit_line(None, p) == ""
     # without the idle term the per-device term takes the slow run's idle CPU and the
     # one-device run is priced over what it paid
     blind = with_dispatch(p, {"dispatch_s": 0.002}, {**measured, "idle": {}})

@@ -8,6 +8,7 @@ from pathlib import Path
 import attrs
 import pytest
 
+from rpeg.cli.calibrate import _control_fit_line
 from rpeg.cost import control as K
 from rpeg.cost.calibrate import control_residuals, fit_control, with_dispatch
 from rpeg.cost.profiles import builtin_cluster, cluster_of, load_profile, profile_text
@@ -145,7 +146,7 @@ def test_control_terms_are_fitted_and_round_trip_through_the_profile(tmp_path):
     assert set(resid) == {"control plane, 2 devices, 1 chunk", "control plane, 2 devices, "
                           "3 chunks", "control plane, 1 device, 1 chunk"}
     assert all(abs(r) < 1e-9 for r in resid.values()), resid
-    from rpeg.cli.calibrate import _control_fit_line      # what rpeg calibrate prints
+    # and what rpeg calibrate prints of them
     assert _control_fit_line(measured, p) == (
         "control plane runs, priced / measured - 1: 2 devices, 1 chunk +0%, 2 devices, "
         "3 chunks +0%, 1 device, 1 chunk +0%")

@@ -109,8 +109,12 @@ def copy_keys(op, place, members, trainer) -> tuple[ReplicaKey | None, ...]:
     held = _held(trainer) if trainer is not None else frozenset()
     on = tuple(d for d, _ in members if d in held)
     in_place = dict(zip(on, reads_in_place_on(trainer, place, on), strict=True)) if on else {}
+    # whether a vLLM engine serves a copy of its own depends on a device only through
+    # whether the trainer holds the model there: asked once for each, not once per device
     gen = op.kind is OpKind.GENERATE
-    return tuple(engine_key(model) if gen and serves_copy(trainer, place, d)
+    served_on = gen and bool(held) and serves_copy(trainer, place, next(iter(held)))
+    served_off = gen and serves_copy(trainer, place, -1)
+    return tuple(engine_key(model) if (served_on if d in held else served_off)
                  else variant_key(model, group) if d in in_place and not in_place[d]
                  else ReplicaKey(model) for d, group in members)
 

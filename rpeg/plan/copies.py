@@ -182,8 +182,7 @@ def _backbone(model: Backbone, train, readers: tuple, chunks: int):
         reads[op.name] = at
     places = (trainer,) + tuple(place for _, place, _ in readers)
     # a vLLM engine's copy, read on its host, lies on every device its workers span
-    spans = ({},) + tuple({b[0]: b for b in lay.blocks} if lay.per_block else {}
-                          for _, _, lay in readers)
+    spans = ({},) + tuple(_hosts(lay) if lay.per_block else {} for _, _, lay in readers)
     devices: dict[tuple[ReplicaKey, int], list[int]] = {}
     engine = {key: key.engine for key in {key for key, _ in first}}
     for (key, d), n in first.items():       # one copy per key and op laying it out
@@ -191,6 +190,13 @@ def _backbone(model: Backbone, train, readers: tuple, chunks: int):
     out = tuple(Copy(key, tuple(sorted(ds)), places[n], n == 0)
                 for (key, n), ds in devices.items())
     return out, reads
+
+
+@functools.lru_cache(maxsize=4096)
+def _hosts(lay) -> dict[int, tuple[int, ...]]:
+    """An engine's host -> the devices its workers span, of each block of ``lay``
+    (read-only: shared between callers)."""
+    return {b[0]: b for b in lay.blocks}
 
 
 @functools.lru_cache(maxsize=4096)

@@ -69,7 +69,7 @@ class OpLayout:
 
     @property
     def blocks(self) -> tuple[tuple[int, ...], ...]:
-        return tp_blocks(self.devices, self.tp)
+        return _tp_blocks(self)
 
     def devices_of(self, chunk: int) -> tuple[int, ...]:
         """The devices running an instance's calls, the one whose output readers take
@@ -133,6 +133,11 @@ def _blocks(devices: tuple[int, ...], tp: int) -> dict[int, tuple[int, ...]]:
 @functools.lru_cache(maxsize=4096)
 def _layout_blocks(layout: OpLayout) -> dict[int, tuple[int, ...]]:
     return _blocks(tuple(layout.devices), layout.tp)
+
+
+@functools.lru_cache(maxsize=4096)
+def _tp_blocks(layout: OpLayout) -> tuple[tuple[int, ...], ...]:
+    return tp_blocks(layout.devices, layout.tp)
 
 
 @functools.lru_cache(maxsize=4096)

@@ -32,22 +32,24 @@ chunk (``carry``), a writer after the readers of the version before that read th
 it writes (write after read; a reader sharing it on some of its blocks only, the
 ``partly`` of :class:`Placed`: its chunks there, which wait for the trainer rather than
 the weight sync loading a copy for its other blocks). The runtime takes its calls' data
-dependencies and each device's stream order from them. The simulator prices them round by
-round (:meth:`Placed.by_round`): a round's chunks, one on each block side by side, as one
-instance on all the op's devices, the cost model pricing a round as one chunk of the
-step's responses -- the instances and edges the runtime runs, a round's chunks collapsed
-into one.
+dependencies, each device's stream order, and each device's version and write-after-read
+order from them (``rpeg.runtime.lowering.ordering.order_versions``: a reader after the call
+on its device making the copy it reads, among its version edges' writers). The simulator
+prices them round by round (:meth:`Placed.by_round`): a round's chunks, one on each block
+side by side, as one instance on all the op's devices, the cost model pricing a round as
+one chunk of the step's responses -- the instances and edges the runtime runs, a round's
+chunks collapsed into one.
 
     >>> u = placed.edges(steps=3)                                            # doctest: +SKIP
     >>> [str(d.src) for d in u.deps if d.dst == Instance("rollout", 1, 2)]   # doctest: +SKIP
     ['sync_actor@0', 'rollout@1']
 
 Not here yet: the runtime's replicas (a second copy per layout, an engine's own copy) with
-their weight transfers, and the one order of collectives: the runtime derives those, and
-its version and write-after-read edges per device, in its own passes
-(``rpeg.runtime.lowering.ordering``; the tests check they realise :meth:`Placed.edges`);
-the packing of calls into tasks (``rpeg.plan.packing``, which the cost model feeds with its
-own unrolling, ``rpeg.plan.tasks``).
+their weight transfers (those of a trained model to copies the graph syncs none to, and
+their version edges, the runtime adds in ``rpeg.runtime.lowering.ordering``), and the one
+order of collectives: the runtime derives those in its own passes (the tests check they
+realise :meth:`Placed.edges`); the packing of calls into tasks (``rpeg.plan.packing``,
+which the cost model feeds with its own unrolling, ``rpeg.plan.tasks``).
 """
 
 from __future__ import annotations
@@ -177,16 +179,16 @@ def streams(p: Placed, placement_of: Placing) -> Placed:
 
 def _shared_replicas(p: Placed, placement_of: Placing):
     """((writer, reader) whose reader reads, on some device it runs on, the very replica its
-    writer writes (:func:`rpeg.graph.unroll.unroll`'s ``in_place``), as the runtime keys a
-    call's replica (``rpeg.runtime.lowering.instances._replica``): a train op's weights
+    writer writes (:func:`rpeg.graph.unroll.unroll`'s ``in_place``), the copy a call reads
+    being :func:`rpeg.plan.copies.copies`' (the runtime's key of it): a train op's weights
     where the reader reads them in place (:func:`~rpeg.plan.oplayout.reads_in_place`, or
     runs on their ZeRO-3 shards, :func:`~rpeg.plan.oplayout.gathers_in_place`; a reader of
     a weight sync so reads its trainer's), a weight sync's copy where it loads it (a device
     of its calls and the reader's), and the weights a weight sync sends where they are (a
     device of its senders and the trainer's); the ``partly`` of :class:`Placed`: a reader
     of trained weights in place on some of its blocks, a copy of its own on the others,
-    whose trainer waits for its chunks on the former alone, as the runtime orders a writer
-    after the readers of its replica on each device)."""
+    whose trainer waits for its chunks on the former alone: the write-after-read edges
+    the runtime orders each device's writer by, ``rpeg.runtime.lowering.ordering``)."""
     devices = {name: set(lay.devices) for name, lay in p.layouts}
     behind = {e.reader: e.writer for e in p.graph.version_edges
               if p.graph.op(e.reader).kind is OpKind.SYNC_WEIGHTS}

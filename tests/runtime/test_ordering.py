@@ -84,6 +84,8 @@ def verify_versions(calls, ctx) -> None:
             assert writer[(c.model, c.device, c.version)] in c.after, c.id
         if c.writes >= 0:
             assert readers[(c.model, c.device, c.writes - 1)] - {c.id} <= set(c.after), c.id
+            before = writer.get((c.model, c.device, c.writes - 1))   # the copy's writer before
+            assert before is None or before in c.after, c.id
 
 
 def verify_streams(calls, ctx) -> None:
@@ -212,9 +214,11 @@ def test_a_long_run_orders_versions_by_its_whole_placed_graph(case, first):
     except PlanError:
         pytest.skip("a shape this pipeline refuses")
     assert ctx.steady >= 0                       # the steps past those unrolled are shifted
-    versions, readers = O._version_edges(placed_for(pipeline, plan).edges(steps - first),
-                                         first)
-    whole = attrs.evolve(ctx, versions=versions, readers=readers, steady=-1)
+    placed = placed_for(pipeline, plan)
+    edges = placed.edges(steps - first)
+    versions, readers = O._version_edges(placed, edges, first)
+    whole = attrs.evolve(ctx, versions=versions, readers=readers,
+                         before=O._rewrites(placed, edges, first), steady=-1)
     synced = O.add_syncs(calls, ctx)
     assert O.order_versions(synced, ctx) == O.order_versions(synced, whole)
 
@@ -229,4 +233,7 @@ def test_order_versions_reads_the_placed_graphs_edges():
         O.order_versions(synced, attrs.evolve(ctx, versions={}))
     ordered = O.order_versions(synced, attrs.evolve(ctx, readers={}))
     with pytest.raises(AssertionError):              # no write after read
+        verify_versions(ordered, ctx)
+    ordered = O.order_versions(synced, attrs.evolve(ctx, before={}))
+    with pytest.raises(AssertionError):              # no writer after the one before
         verify_versions(ordered, ctx)

@@ -17,7 +17,9 @@ what keeps a run exact added, in one ordered list (``PASSES``).
   every version read off the trainer's devices;
 * ``order_versions``: a reader after the writer of its version, a writer after the readers
   of the version before, on the same device: each device's share of the placed graph's
-  version and write-after-read edges (``rpeg.plan.lower.Placed.edges``);
+  version and write-after-read edges (``rpeg.plan.lower.Placed.edges``), of its weight
+  transfers' (``Placed.transfer_edges``), and a copy's writer after the one before
+  (``Placed.rewrite_edges``);
 * ``order_streams``: each device's chunks of a generate op in order (the placed graph's
   stream and carry edges, ``rpeg.plan.lower.Placed.edges``);
 * ``order_collectives``: one global order of the gangs on every device;
@@ -43,8 +45,7 @@ from rpeg.graph import DepKind, Instance, Unrolled
 from rpeg.graph.ids import OpId
 from rpeg.graph.order import Cycle, topological
 from rpeg.graph.unroll import CARRY, STREAM
-from rpeg.graph.versions import read_version
-from rpeg.plan.lower import Placed
+from rpeg.plan.lower import Placed, transfer_of
 from rpeg.runtime.lowering.calls import OpCall, ranks_together
 from rpeg.runtime.lowering.joins import join_gang
 from rpeg.runtime.lowering.replicas import (
@@ -75,6 +76,8 @@ class Ordering:
     streams: dict = attrs.Factory(dict)   # (generate op, chunk) -> (op, chunk, steps back)
     versions: dict = attrs.Factory(dict)  # reader instance -> the instances making its version
     readers: dict = attrs.Factory(dict)   # writer instance -> the readers it writes after
+    before: dict = attrs.Factory(dict)    # writer instance -> the writer of its copy's version
+                                          # before (the same op's step before)
     steady: int = -1         # a step from which on those edges are the step before's, shifted
 
     @classmethod
@@ -89,12 +92,12 @@ class Ordering:
         streams = {(d.dst.op, d.dst.chunk): (d.src.op, d.src.chunk, d.dst.step - d.src.step)
                    for d in edges.deps if d.kind is DepKind.ORDER
                    and d.dst.step == 1 and d.data in (STREAM, CARRY)}
-        versions, readers = _version_edges(edges, first)
+        versions, readers = _version_edges(placed, edges, first)
         n = version_steps(placed.graph, steps - first)
         assert edges.steps >= n, "the version edges of the steps unrolled, at least"
         steady = first + _settled(placed.graph) if n < steps - first else -1
         return cls(homes, trained, first, dict(placed.engine_syncs), streams, versions,
-                   readers, steady)
+                   readers, _rewrites(placed, edges, first), steady)
 
     def versions_of(self, i: Instance) -> tuple[Instance, ...]:
         """The instances that may make the version instance ``i`` reads."""
@@ -103,6 +106,10 @@ class Ordering:
     def readers_of(self, i: Instance) -> tuple[Instance, ...]:
         """The readers writer instance ``i`` writes after."""
         return self._shifted(self.readers, i)
+
+    def before_of(self, i: Instance) -> tuple[Instance, ...]:
+        """The writer of the version before of what writer instance ``i`` writes."""
+        return self._shifted(self.before, i)
 
     def _shifted(self, table: dict, i: Instance) -> tuple[Instance, ...]:
         if self.steady < 0 or i.step <= self.steady:
@@ -126,19 +133,31 @@ def version_steps(graph, steps: int) -> int:
     return min(steps, 2 * _settled(graph) + 1)
 
 
-def _version_edges(edges: Unrolled, first: int) -> tuple[dict, dict]:
+def _at(i: Instance, first: int) -> Instance:
+    """Instance ``i`` of an unrolling from step 0 in a run from step ``first``."""
+    return Instance(i.op, i.step + first, i.chunk) if first else i
+
+
+def _rewrites(placed: Placed, edges: Unrolled, first: int) -> dict:
+    """Writer instance -> the writers of its copy's version before (the placed graph's
+    :meth:`~rpeg.plan.lower.Placed.rewrite_edges` among ``edges``), by the run's steps."""
+    before: dict[Instance, tuple[Instance, ...]] = defaultdict(tuple)
+    for d in placed.rewrite_edges(edges):
+        before[_at(d.dst, first)] += (_at(d.src, first),)
+    return dict(before)
+
+
+def _version_edges(placed: Placed, edges: Unrolled, first: int) -> tuple[dict, dict]:
     """(reader -> the instances that may make the version it reads, on a device it runs
     on: its version edges' writers and, for a weight sync's, the sync's own writer (a
-    sync that moves nothing to the device); writer -> the readers its write-after-read
-    edges order it after, or its data edges where one stands for both), instances by the
-    run's steps (``edges``' from ``first``)."""
+    sync that moves nothing to the device), then the weight transfers of those writers'
+    steps; writer -> the readers its write-after-read edges order it after, or its data
+    edges where one stands for both), instances by the run's steps (``edges``' from
+    ``first``), the transfers' edges the placed graph's (:meth:`Placed.transfer_edges`)."""
     syncs = {o.name for o in edges.graph.ops if o.kind is OpKind.SYNC_WEIGHTS}
-    # a train op's weights also reach the copies the graph syncs none to through the
-    # transfers of add_syncs (its step's, of the model it writes)
-    sent = {o.name: transfer_of(o.writes_model) for o in edges.graph.ops
-            if o.kind is OpKind.TRAIN and o.writes_model}
-    at = (lambda i: Instance(i.op, i.step + first, i.chunk)) if first else (lambda i: i)
-    kinds = {o.name: o.kind for o in edges.graph.ops}
+    trainers = {t.trainer for t in placed.transfers}
+    transfers = {t.op for t in placed.transfers}
+    at = (lambda i: _at(i, first)) if first else (lambda i: i)
     reading = {o.name for o in edges.graph.ops if o.reads_model}
     into: dict[Instance, list[Instance]] = defaultdict(list)
     readers: dict[Instance, list[Instance]] = defaultdict(list)
@@ -146,39 +165,31 @@ def _version_edges(edges: Unrolled, first: int) -> tuple[dict, dict]:
         if d.kind is DepKind.VERSION:
             into[d.dst].append(d.src)
         elif d.kind is DepKind.ORDER and d.data not in (STREAM, CARRY) \
-                or d.kind is DepKind.DATA and d.dst.op in sent and d.src.op in reading:
+                or d.kind is DepKind.DATA and d.dst.op in trainers and d.src.op in reading:
             # write after read, or a data edge into a trainer where it implies one (the
             # edges keep one of the two)
             readers[at(d.dst)].append(at(d.src))
+    # a trained model's weights also reach the copies the graph syncs none to through the
+    # transfers of add_syncs: a reader reads such a copy of its version too, a transfer
+    # reads its step's trained weights (where the graph syncs none of them), and each
+    # orders its writes after the reads of the version before
+    sent: dict[Instance, list[Instance]] = defaultdict(list)
+    made_by: dict[Instance, Instance] = {}
+    for d in placed.transfer_edges(edges):
+        if d.kind is DepKind.ORDER:
+            readers[at(d.dst)].append(at(d.src))
+        elif d.dst.op in transfers and d.src.op in trainers:
+            made_by.setdefault(d.dst, d.src)
+        else:
+            sent[d.dst].append(d.src)
     versions = {}
     for dst, srcs in into.items():
         made = [s for src in srcs for s in (src, *(into.get(src, ()) if src.op in syncs
                                                    else ()))]
-        made += [Instance(sent[s.op], s.step) for s in made if s.op in sent]
-        versions[at(dst)] = tuple(at(s) for s in dict.fromkeys(made))
-    # a transfer reads its step's trained weights, before the next step writes them; it
-    # loads a copy after the readers of the copy's version before
-    for i in edges.instances:
-        if i.op in sent:
-            versions.setdefault(at(Instance(sent[i.op], i.step)), (at(i),))
-            readers[at(i)].append(at(Instance(sent[i.op], i.step - 1)))
-    # ... and every reader of a trained model reads such a copy of the version it reads
-    # (the initial one too), where it reads one
-    into_op: dict[str, list] = defaultdict(list)
-    for e in edges.graph.version_edges:
-        if e.writer in sent and kinds[e.reader] is not OpKind.SYNC_WEIGHTS:
-            into_op[e.reader].append(e)
-    for i in edges.instances:
-        for e in into_op.get(i.op, ()):
-            v = read_version(kinds[i.op], i.step, e.lag)
-            readers[at(Instance(sent[e.writer], v))].append(at(i))
+        versions[at(dst)] = tuple(at(s) for s in dict.fromkeys(made + sent.get(dst, [])))
+    for dst, src in made_by.items():
+        versions.setdefault(at(dst), (at(src),))
     return versions, {k: tuple(dict.fromkeys(v)) for k, v in readers.items()}
-
-
-def transfer_of(model) -> str:
-    """The op of the weight transfers of trained ``model`` (its backbone): its exports and
-    loads, sends and receives."""
-    return f"sync_{model}"
 
 
 def _after(c: OpCall, more) -> OpCall:
@@ -276,17 +287,15 @@ def order_versions(calls: Calls, ctx: Ordering) -> Calls:
     the version of the copy it reads (a load or receive of a weight sync there, or a rank
     of the trainer whose weights it reads in place); a writer of version v after the calls
     on its device reading v - 1 of the copy it writes, and after the writer of v - 1 there
-    (a copy's own order: the placed graph holds no copies yet)."""
+    of the copy it writes (``ctx.before``: the placed graph's
+    :meth:`~rpeg.plan.lower.Placed.rewrite_edges`)."""
     homes = ctx.homes
     on: dict[tuple, list[OpCall]] = defaultdict(list)     # (instance, device) -> its calls
     calls_of: dict = defaultdict(list)                    # instance -> its calls, in order
-    writer: dict[tuple[str, int, int], str] = {}
     instances = [c.instance for c in calls]
     for c, i in zip(calls, instances, strict=True):
         on[(i, c.device)].append(c)
         calls_of[i].append(c)
-        if c.writes >= 0:
-            writer[(c.model, c.device, c.writes)] = c.id
     place = {c.id: n for n, c in enumerate(calls)}
     read_by: dict = {}       # writer instance -> (model, device, version) -> readers' ids
     makers: dict = {}        # reader instance -> the instances that may make its version
@@ -316,8 +325,8 @@ def order_versions(calls: Calls, ctx: Ordering) -> Calls:
             v = c.writes
             more += [r for r in dict.fromkeys(readers_of(at).get((key, dev, v - 1), ()))
                      if r != c.id]
-            if (key, dev, v - 1) in writer:
-                more.append(writer[(key, dev, v - 1)])
+            more += [m.id for i in ctx.before_of(at) for m in on.get((i, dev), ())
+                     if m.writes == v - 1 and m.model == key][:1]
         out.append(_after(c, more))
     return tuple(out)
 

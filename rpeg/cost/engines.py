@@ -138,7 +138,7 @@ BOUNDS: dict[str, tuple[float, float]] = {
 # benchmarks/results/published.md, which also reports each source predicted with the terms
 # fitted on the others). The controller's rate is the prior's 1 GB/s (a tensor pickled on
 # one core): the rows do not constrain it (0.3-25 GB/s moves their loss by under 1e-3),
-# since what they move through a controller is tens of MB to 2 GB a call.
+# since what they move through a controller is 4 MB to 0.8 GB a call.
 EFFICIENCY = Efficiency(launch_s=14.22e-6, generate_step_s=20e-3, vllm_step_s=6.007e-3,
                         graph_step_s=0.5e-3, hook_s=0.8948e-6, grad_hook_s=2e-3, gemm=0.8075,
                         overlap=0.3325, call_s=2.803, controller_rate=1e9)

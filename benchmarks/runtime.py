@@ -140,15 +140,18 @@ def predicted(pipeline, plan) -> float:
 
 def control_model(pipeline, plan) -> dict:
     """What the cost model says of the control plane for ``plan``: Dask tasks a step and
-    their CPU per step (``Evaluator.control_time`` times the host's cores)."""
+    their CPU per step (:func:`rpeg.cost.control.shared_cores_cpu` over the predicted step)
+    and the seconds the step pays for it."""
+    from rpeg.cost.control import shared_cores_cpu
     cluster = load_cluster(CLUSTER)
     ev = Evaluator(pipeline, cluster)
-    graph = ev.graph(plan)
-    timings, _ = ev.timings(plan, graph)
-    return {"tasks_per_step": ev.dask_tasks(plan, graph, timings),
-            "control_cpu_per_step_s": round(ev.control_time(plan, graph, timings)
-                                            * cluster.gpu.host_cores, 5),
-            "control_share_s": round(ev.control_time(plan, graph, timings), 5)}
+    predicted = ev.evaluate(plan).plan.predicted
+    d = ev.dispatch(plan, ev.graph(plan), ev.timings(plan, ev.graph(plan))[0])
+    # the CPU over the predicted step, the time the control plane itself takes included
+    return {"tasks_per_step": predicted.tasks_per_step,
+            "control_cpu_per_step_s": round(shared_cores_cpu(cluster.gpu, d.devices, d.tasks,
+                                                             predicted.step_time_s), 5),
+            "control_share_s": round(predicted.control_s, 5)}
 
 
 def predicted_run(run_dir: str) -> float | None:

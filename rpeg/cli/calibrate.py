@@ -42,7 +42,8 @@ def _control_line(p) -> str:
         line = "control plane on the devices' cores not measured"
     else:
         line = (f"control plane {p.control_step_s * 1e3:.1f} ms CPU per device and "
-                f"{p.control_task_s * 1e3:.2f} ms per task a step, on "
+                f"{p.control_task_s * 1e3:.2f} ms per task a step, idle "
+                f"{p.control_idle * 1e3:.1f} ms per second per process, on "
                 f"{p.host_cores:.0f} cores")
     if p.scheduler_task_s:
         line += (f"; on a host of its own: the scheduler {p.scheduler_task_s * 1e3:.2f} ms "
@@ -50,6 +51,17 @@ def _control_line(p) -> str:
                  f"{p.scheduler_worker_s * 1e3:.2f} ms per worker a step; the client "
                  f"{(p.client_task_s + p.control_call_s) * 1e3:.2f} ms per task")
     return line
+
+
+def _control_fit_line(c: dict | None, p) -> str:
+    """How the control-plane terms reproduce each of their runs (``rpeg.cost.calibrate
+    .control_residuals``), as one line; empty without runs."""
+    from rpeg.cost.calibrate import control_residuals
+    runs = control_residuals(c, p) if c else ()
+    if not runs:
+        return ""
+    return "control plane runs, priced / measured - 1: " + ", ".join(
+        f"{name.removeprefix('control plane, ')} {round(r * 100):+d}%" for name, r in runs)
 
 
 def register(app: typer.Typer) -> None:
@@ -137,6 +149,8 @@ def register(app: typer.Typer) -> None:
                   f"{d['same_worker_s'] * 1e3:.2f} ms, across two {d['cross_worker_s'] * 1e3:.2f}"
                   f" ms, load {d['loadavg']:.1f}); {_control_line(p)}; wrote {out}",
                   file=sys.stderr)
+            if line := _control_fit_line(c, p):
+                print(line, file=sys.stderr)
             return
         m = measure_machine(repeats, scheduler=True)
         if save:
@@ -152,6 +166,8 @@ def register(app: typer.Typer) -> None:
               f"gloo {fit.link.bandwidth / 1e9:.2f} GB/s + {fit.link.latency * 1e6:.0f} us",
               file=sys.stderr)
         print(_control_line(p), file=sys.stderr)
+        if line := _control_fit_line(m.get("control"), p):
+            print(line, file=sys.stderr)
         if "dp_tensor_overhead" in fit.measured:
             print(f"data-parallel training over two workers: {p.dp_tensor_overhead * 1e6:.0f} "
                   f"us of host work per parameter tensor per step, FSDP2 "

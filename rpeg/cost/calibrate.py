@@ -285,6 +285,8 @@ def fit_profile(m: dict, name: str = "local_cpu", devices: int = 2) -> Fit:
         host["bf16_matmul_flops"] = float(np.median(
             [2.0 * r["m"] * r["n"] * r["k"] / r["seconds"] for r in bf16]))
     prof = attrs.evolve(prof, **host, source=_source(m))
+    if "control" in m:
+        resid += control_residuals(m["control"], prof)
     return Fit(prof, link, resid, frozenset(host))
 
 
@@ -353,25 +355,58 @@ def fit_dispatch(d: dict) -> float:
 
 
 def fit_control(c: dict) -> dict[str, float]:
-    """The control-plane terms of ``rpeg.plan.evaluate.Evaluator.control_time`` from
-    ``rpeg.runtime.calibrate.dispatch.measure_control``: CPU seconds per step
-    ``W = control_step_s * devices + control_task_s * tasks``, a non-negative fit in
-    relative error over the measured runs, and ``host_cores``, the cores the devices share
-    with the control plane.
+    """The control-plane terms of :func:`rpeg.cost.control.shared_cores_cpu` from
+    ``rpeg.runtime.calibrate.dispatch.measure_control``: ``control_idle``, the CPU seconds
+    per second an idle cluster burns per process (measured, ``measure_idle``), then CPU
+    seconds per step ``W - control_idle * (devices + 1) * wall = control_step_s * devices
+    + control_task_s * tasks``, a non-negative fit in relative error over the measured runs,
+    and ``host_cores``, the cores the devices share with the control plane.
 
-    >>> runs = [{"devices": d, "tasks_per_step": n, "control_cpu_per_step_s": 0.015 * d + 0.003 * n}
-    ...         for d, n in ((2, 7), (2, 15), (1, 1))]
-    >>> {k: round(v, 6) for k, v in fit_control({"runs": runs, "host_cores": 2}).items()}
-    {'host_cores': 2.0, 'control_step_s': 0.015, 'control_task_s': 0.003}
+    >>> runs = [{"devices": d, "tasks_per_step": n, "wall_per_step_s": w,
+    ...          "control_cpu_per_step_s": 0.015 * d + 0.003 * n + 0.02 * (d + 1) * w}
+    ...         for d, n, w in ((2, 7, 0.1), (2, 15, 0.12), (1, 1, 0.08))]
+    >>> idle = {"cpu_per_process_s": 0.02}
+    >>> t = fit_control({"runs": runs, "idle": idle, "host_cores": 2})
+    >>> {k: round(v, 6) for k, v in t.items()}
+    {'host_cores': 2.0, 'control_idle': 0.02, 'control_step_s': 0.015, 'control_task_s': 0.003}
     """
     runs = c.get("runs", [])
     if len(runs) < 2:
         return {}
-    w = np.array([r["control_cpu_per_step_s"] for r in runs], float)
+    idle = float(c.get("idle", {}).get("cpu_per_process_s", 0.0))
+    if not (math.isfinite(idle) and 0.0 <= idle < 1.0):
+        from rpeg.errors import CostError
+        raise CostError(f"an idle cluster's CPU per second per process must be between 0 and "
+                        f"1, not {idle}")
+    w = np.array([r["control_cpu_per_step_s"] - idle * (r["devices"] + 1)
+                  * r.get("wall_per_step_s", 0.0) for r in runs], float)
+    w = np.maximum(w, 1e-6)
     a = np.array([[r["devices"], r["tasks_per_step"]] for r in runs], float) / w[:, None]
     x = _nnls(a, np.ones_like(w))
-    return {"host_cores": float(c["host_cores"]), "control_step_s": float(x[0]),
-            "control_task_s": float(x[1])}
+    return {"host_cores": float(c["host_cores"]), "control_idle": idle,
+            "control_step_s": float(x[0]), "control_task_s": float(x[1])}
+
+
+def control_residuals(c: dict, profile: GpuProfile) -> tuple[tuple[str, float], ...]:
+    """Each measured run's control CPU a step as ``profile`` prices it
+    (:func:`rpeg.cost.control.shared_cores_cpu`, at the run's devices, tasks and wall time a
+    step) over the measured one, less 1.
+
+    >>> p = GpuProfile("cpu", control_step_s=0.01, control_task_s=0.002, control_idle=0.02)
+    >>> run = {"devices": 1, "chunks": 1, "tasks_per_step": 1, "wall_per_step_s": 0.1,
+    ...        "control_cpu_per_step_s": 0.015}
+    >>> [(n, round(r, 3)) for n, r in control_residuals({"runs": [run]}, p)]
+    [('control plane, 1 device, 1 chunk', 0.067)]
+    """
+    from rpeg.cost.control import shared_cores_cpu
+    out = []
+    for r in c.get("runs", []):
+        priced = shared_cores_cpu(profile, r["devices"], r["tasks_per_step"],
+                                  r.get("wall_per_step_s", 0.0))
+        name = (f"control plane, {r['devices']} device{'s' if r['devices'] > 1 else ''}, "
+                f"{r.get('chunks', 1)} chunk{'s' if r.get('chunks', 1) > 1 else ''}")
+        out.append((name, float(priced / r["control_cpu_per_step_s"] - 1)))
+    return tuple(out)
 
 
 def fit_scheduler(s: dict, core: dict | None = None) -> dict[str, float]:

@@ -37,7 +37,7 @@ says so and what to do (past the step's own work, one scheduler cannot keep up a
 On a machine whose devices are the host's own cores (the CPU profile sets ``host_cores``)
 the control plane competes with the ops for those cores instead, and costs its CPU spread
 over them (:func:`shared_cores_time`, from the per-device and per-task terms ``rpeg
-calibrate`` fits on real runs).
+calibrate`` fits on real runs, and the idle cluster's CPU per second it measures).
 
 The terms are measured: ``rpeg calibrate`` measures them on the machine it runs on
 (``rpeg.runtime.calibrate.dispatch.measure_scheduler`` with many lightweight workers, and the
@@ -118,12 +118,39 @@ def control_time(terms: ControlTerms, d: Dispatch, step_s: float) -> ControlTime
     return ControlTime(client, scheduler, max(client, scheduler))
 
 
-def shared_cores_time(p: GpuProfile, devices: int, tasks: int, nodes: int = 1) -> float:
-    """Seconds a step loses where the control plane shares the devices' cores (a CPU
-    machine: ``host_cores``): ``control_step_s`` per device and ``control_task_s`` per task
-    of CPU a step, spread over the cores of the ``nodes`` hosts."""
-    cpu = p.control_step_s * devices + p.control_task_s * tasks
-    return cpu / (p.host_cores * max(1, nodes))
+def shared_cores_cpu(p: GpuProfile, devices: int, tasks: int, step_s: float = 0.0) -> float:
+    """CPU seconds the control plane spends in a step of ``step_s`` seconds on a machine
+    whose devices are the host's own cores: ``control_step_s`` per device (the trace drain,
+    each worker's share of a step's bookkeeping) and ``control_task_s`` per Dask task a step,
+    and ``control_idle`` (CPU seconds per second, a fraction of a core) for each of the
+    cluster's processes, the client's and every device worker's, for as long as the step
+    lasts (heartbeats, the workers' monitors, the dashboard: what an idle cluster burns).
+
+        >>> p = GpuProfile("cpu", control_step_s=0.01, control_task_s=0.004,
+        ...                control_idle=0.02)
+        >>> round(shared_cores_cpu(p, 2, 8, step_s=0.1), 4)      # 0.02 + 0.032 + 0.006
+        0.058
+    """
+    return (p.control_step_s * devices + p.control_task_s * tasks
+            + p.control_idle * (devices + 1) * max(step_s, 0.0))
+
+
+def shared_cores_time(p: GpuProfile, devices: int, tasks: int, nodes: int = 1,
+                      step_s: float = 0.0) -> float:
+    """Seconds a step of ``step_s`` seconds of work loses where the control plane shares
+    the devices' cores (a CPU machine: ``host_cores``): its CPU (:func:`shared_cores_cpu`)
+    spread over the cores of the ``nodes`` hosts. The idle cluster's CPU runs through the
+    time lost too: the ``x`` with ``x = cpu(step_s + x) / cores``.
+
+        >>> p = GpuProfile("cpu", host_cores=2, control_step_s=0.01, control_task_s=0.004,
+        ...                control_idle=0.02)
+        >>> x = shared_cores_time(p, 2, 8, step_s=0.1)
+        >>> round(x, 6) == round(shared_cores_cpu(p, 2, 8, step_s=0.1 + x) / 2, 6)
+        True
+    """
+    cores = p.host_cores * max(1, nodes)
+    idle = p.control_idle * (devices + 1)
+    return shared_cores_cpu(p, devices, tasks, step_s) / max(cores - idle, 1e-9)
 
 
 def share(control_s: float, step_s: float) -> float:

@@ -61,7 +61,7 @@ class ControlPlane:
         gpu = self.cluster.gpu
         if gpu.host_cores > 0:
             nodes = -(-d.devices // self.cluster.gpus_per_node)
-            return shared_cores_time(gpu, d.devices, d.tasks, nodes)
+            return shared_cores_time(gpu, d.devices, d.tasks, nodes, step_s)
         return control_time(terms_of(gpu)[0], d, step_s).charged_s
 
     def floor(self, plan: Plan, timings: dict[str, OpTiming], steps: int,

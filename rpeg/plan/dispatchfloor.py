@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from rpeg.cost.control import JOIN_MIN, Dispatch
 from rpeg.graph import Graph, chunk_counts
+from rpeg.plan.tasks import laid_out
 from rpeg.spec.model import OpKind
 
 
@@ -42,21 +43,22 @@ def dispatch_floor(graph: Graph, layouts: dict, chunks: int = 1, steps: int = 6)
     calls = tasks = args = 0
     seen: set[int] = set()                         # devices with a call of the step so far
     for op, n in chunk_counts(graph, streamed).items():   # in the step's order
-        lay = layouts[op]
+        at = laid_out(layouts[op])                 # chunk c on at[c mod len(at)]
         fed = op in reads                          # a task it starts waits for its inputs
-        for c in range(n):
-            ds = lay.devices_of(c) or (-1,)
+        for c, (ds, _, gang, _) in enumerate(at[:n]):
+            # this and the chunks after it on the same devices (all seen from here on)
+            times = len(range(c, n, len(at)))
             ranks = len(ds)
-            calls += ranks
-            if lay.collective and ranks > 1:       # each rank starts a task
-                tasks += ranks
+            calls += ranks * times
+            if gang:                               # each rank starts a task
+                tasks += ranks * times
                 if ranks >= JOIN_MIN:              # and the join, a call and a task
-                    calls += 1
-                    tasks += 1
+                    calls += times
+                    tasks += times
                     # the futures ordering gangs (one a rank), the ranks' on the join
-                    args += 2 * ranks + fed
+                    args += (2 * ranks + fed) * times
                 else:
-                    args += ranks ** 2 + fed * ranks
+                    args += (ranks ** 2 + fed * ranks) * times
                 seen.update(ds)
                 continue
             for d in ds:

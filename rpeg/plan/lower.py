@@ -22,7 +22,12 @@ step's calls and tasks from (``rpeg.plan.tasks.layouts_of``).
 4. ``streams``: how each generate op streams its chunks (its data-parallel blocks, the
    steps it carries responses over: :func:`~rpeg.plan.oplayout.stream_of`) and which readers
    read the very replica their writer writes, somewhere: what its instances' dependency
-   edges need beside the graph.
+   edges need beside the graph;
+5. ``transfers``: each trained model's weight transfers to the copies of it no weight
+   sync of the graph fills (:class:`Transfer`, their op :func:`transfer_of`, the
+   runtime's exports and loads, sends and receives), whose typed edges are
+   :meth:`Placed.transfer_edges`, and each copy's writer after its writer before,
+   :meth:`Placed.rewrite_edges`.
 
 The instances and their typed dependency edges over a run's steps are
 :meth:`Placed.edges` (:func:`rpeg.graph.unroll`, the one rule): data edges, version edges
@@ -32,32 +37,49 @@ chunk (``carry``), a writer after the readers of the version before that read th
 it writes (write after read; a reader sharing it on some of its blocks only, the
 ``partly`` of :class:`Placed`: its chunks there, which wait for the trainer rather than
 the weight sync loading a copy for its other blocks). The runtime takes its calls' data
-dependencies and each device's stream order from them. The simulator prices them round by
-round (:meth:`Placed.by_round`): a round's chunks, one on each block side by side, as one
-instance on all the op's devices, the cost model pricing a round as one chunk of the
-step's responses -- the instances and edges the runtime runs, a round's chunks collapsed
-into one.
+dependencies, each device's stream order, and each device's version and write-after-read
+order from them (``rpeg.runtime.lowering.ordering.order_versions``: a reader after the call
+on its device making the copy it reads, among its version edges' writers). The simulator
+prices them round by round (:meth:`Placed.by_round`): a round's chunks, one on each block
+side by side, as one instance on all the op's devices, the cost model pricing a round as
+one chunk of the step's responses -- the instances and edges the runtime runs, a round's
+chunks collapsed into one.
 
     >>> u = placed.edges(steps=3)                                            # doctest: +SKIP
     >>> [str(d.src) for d in u.deps if d.dst == Instance("rollout", 1, 2)]   # doctest: +SKIP
     ['sync_actor@0', 'rollout@1']
 
-Not here yet: the runtime's replicas (a second copy per layout, an engine's own copy) with
-their weight transfers, and the one order of collectives: the runtime derives those, and
-its version and write-after-read edges per device, in its own passes
-(``rpeg.runtime.lowering.ordering``; the tests check they realise :meth:`Placed.edges`);
-the packing of calls into tasks (``rpeg.plan.packing``, which the cost model feeds with its
-own unrolling, ``rpeg.plan.tasks``).
+The weight transfers' edges (:meth:`Placed.transfer_edges`, over the instances of
+:meth:`Placed.edges`): a reader of a trained model also reads the version its writer's
+step's transfer makes, a transfer reads its step's trained weights before the next step
+writes them, and fills a copy after the readers of the version before; the runtime orders
+its transfer calls by them (``rpeg.runtime.lowering.ordering``), whichever copies they
+fill. The simulator does not read them: the cost model prices the graph's weight syncs'
+time and the copies' memory (:func:`rpeg.plan.copies.copies`), not these transfers' time.
+
+A copy's writer comes after the writer of its version before (:meth:`Placed.rewrite_edges`:
+a copy has one writer op, its trainer or its model's transfers, so that op's step before);
+the runtime orders each device's writes of a copy by them.
+
+Not here yet: the runtime's replicas themselves (which copies exist per layout, per
+device: :func:`rpeg.plan.copies.copies`, which the runtime keys its calls by, and which
+of them each transfer fills, and on which devices, which ``add_syncs`` still works out
+from the calls); the one order of collectives: the runtime derives those in its own
+passes (the tests check they realise :meth:`Placed.edges`); the packing of calls into
+tasks (``rpeg.plan.packing``, which the cost model feeds with its own unrolling,
+``rpeg.plan.tasks``).
 """
 
 from __future__ import annotations
 
+from collections import defaultdict
 from collections.abc import Callable
 
 import attrs
 
 from rpeg.cost.engine_sync import SyncLayout, engine_sync_layout
-from rpeg.graph import Graph, Unrolled, unroll
+from rpeg.graph import Dep, DepKind, Graph, Instance, Unrolled, unroll
+from rpeg.graph.versions import read_version
 from rpeg.plan.oplayout import (
     OpLayout,
     any_in_place,
@@ -70,6 +92,25 @@ from rpeg.plan.oplayout import (
     sync_calls,
 )
 from rpeg.spec.model import OpKind
+
+
+def transfer_of(model: str) -> str:
+    """The op of the weight transfers of trained ``model`` (its backbone): the exports and
+    loads, sends and receives the runtime adds; a weight sync of the graph into ``model``
+    bears the same name, its transfers and the graph's one instance a step."""
+    return f"sync_{model}"
+
+
+@attrs.frozen
+class Transfer:
+    """The weight transfers of a trained model to the copies of it no weight sync of the
+    graph fills (a reader's second copy, a vLLM engine's own): an instance a step,
+    ``op``'s, which reads its trainer's weights of that step and fills the copies with the
+    version they make."""
+
+    model: str            # the trained backbone
+    trainer: str          # its train op
+    op: str               # the transfers' op (transfer_of(model))
 
 
 @attrs.frozen
@@ -89,6 +130,7 @@ class Placed:
     # of those, (writer, reader) sharing it on some of the reader's blocks alone ->
     # (its blocks, those): chunk c on block c mod blocks
     partly: tuple[tuple[tuple[str, str], tuple[int, frozenset[int]]], ...] = ()
+    transfers: tuple[Transfer, ...] = ()                   # a trained model's, graph order
 
     def layout(self, op: str) -> OpLayout:
         return dict(self.layouts)[op]
@@ -103,6 +145,57 @@ class Placed:
         return unroll(self.graph, steps, {op: self.chunks for op, _ in self.lanes},
                       carry=dict(self.carry), lanes=dict(self.lanes),
                       in_place=self.in_place, horizon=horizon, partly=dict(self.partly))
+
+    def transfer_edges(self, u: Unrolled) -> tuple[Dep, ...]:
+        """The typed edges of the weight transfers (:attr:`transfers`) among the instances
+        of ``u`` (this graph's :meth:`edges`), each once, in the order the runtime takes
+        them: a reader of a trained model also reads the version a transfer of its
+        writer's step makes (its writer's, or that of the weight sync it reads: ``VERSION``,
+        after the graph's version edges into it); a transfer reads its step's trained
+        weights (``VERSION``) before the next step's trainer writes them (``ORDER``), and
+        fills a copy after the readers of the version before read it (``ORDER``)."""
+        by = {t.trainer: t for t in self.transfers}
+        kinds = {o.name: o.kind for o in self.graph.ops}
+        into: dict[Instance, list[Instance]] = defaultdict(list)
+        for d in u.deps:
+            if d.kind is DepKind.VERSION:
+                into[d.dst].append(d.src)
+        out = []
+        for dst, srcs in into.items():
+            made = [s for src in srcs for s in (src, *(
+                into.get(src, ()) if kinds[src.op] is OpKind.SYNC_WEIGHTS else ()))]
+            out += [Dep(Instance(by[s.op].op, s.step), dst, DepKind.VERSION, by[s.op].model)
+                    for s in made if s.op in by and Instance(by[s.op].op, s.step) != dst]
+        reads = defaultdict(list)          # reader op -> the version edges from a trainer
+        for e in self.graph.version_edges:
+            if e.writer in by and kinds[e.reader] is not OpKind.SYNC_WEIGHTS:
+                reads[e.reader].append(e)
+        for i in u.instances:
+            t = by.get(i.op)
+            if t is not None:
+                out.append(Dep(i, Instance(t.op, i.step), DepKind.VERSION, t.model))
+                if i.step > 0:
+                    out.append(Dep(Instance(t.op, i.step - 1), i, DepKind.ORDER, t.model))
+            for e in reads.get(i.op, ()):
+                t = by[e.writer]
+                v = read_version(kinds[i.op], i.step, e.lag)
+                out.append(Dep(i, Instance(t.op, v), DepKind.ORDER, t.model))
+        return tuple(dict.fromkeys(out))
+
+    def rewrite_edges(self, u: Unrolled) -> tuple[Dep, ...]:
+        """A copy's writer after the writer of its version before (``ORDER``), among the
+        instances of ``u`` and their transfers: each copy has one writer op, a trained copy
+        its train op, any other the transfers of its model (:attr:`transfers`), so its
+        writer of step ``s`` comes after that op's of ``s - 1``, on each device both write
+        the copy."""
+        by = {t.trainer: t for t in self.transfers}
+        out = []
+        for i in u.instances:
+            t = by.get(i.op)
+            if t is not None and i.step > 0:
+                out += [Dep(Instance(op, i.step - 1), Instance(op, i.step), DepKind.ORDER,
+                            t.model) for op in (t.trainer, t.op)]
+        return tuple(out)
 
     def by_round(self) -> Placed:
         """This placed graph with a generate op's chunks of a round (one on each of its
@@ -177,16 +270,16 @@ def streams(p: Placed, placement_of: Placing) -> Placed:
 
 def _shared_replicas(p: Placed, placement_of: Placing):
     """((writer, reader) whose reader reads, on some device it runs on, the very replica its
-    writer writes (:func:`rpeg.graph.unroll.unroll`'s ``in_place``), as the runtime keys a
-    call's replica (``rpeg.runtime.lowering.instances._replica``): a train op's weights
+    writer writes (:func:`rpeg.graph.unroll.unroll`'s ``in_place``), the copy a call reads
+    being :func:`rpeg.plan.copies.copies`' (the runtime's key of it): a train op's weights
     where the reader reads them in place (:func:`~rpeg.plan.oplayout.reads_in_place`, or
     runs on their ZeRO-3 shards, :func:`~rpeg.plan.oplayout.gathers_in_place`; a reader of
     a weight sync so reads its trainer's), a weight sync's copy where it loads it (a device
     of its calls and the reader's), and the weights a weight sync sends where they are (a
     device of its senders and the trainer's); the ``partly`` of :class:`Placed`: a reader
     of trained weights in place on some of its blocks, a copy of its own on the others,
-    whose trainer waits for its chunks on the former alone, as the runtime orders a writer
-    after the readers of its replica on each device)."""
+    whose trainer waits for its chunks on the former alone: the write-after-read edges
+    the runtime orders each device's writer by, ``rpeg.runtime.lowering.ordering``)."""
     devices = {name: set(lay.devices) for name, lay in p.layouts}
     behind = {e.reader: e.writer for e in p.graph.version_edges
               if p.graph.op(e.reader).kind is OpKind.SYNC_WEIGHTS}
@@ -219,6 +312,12 @@ def _shared_replicas(p: Placed, placement_of: Placing):
     return frozenset(out), tuple(sorted(partly.items(), key=lambda x: x[0]))
 
 
+def transfers(p: Placed, placement_of: Placing) -> Placed:
+    return attrs.evolve(p, transfers=tuple(
+        Transfer(o.writes_model, o.name, transfer_of(o.writes_model)) for o in p.graph.ops
+        if o.kind is OpKind.TRAIN and o.writes_model))
+
+
 def _gathers(p: Placed, writer, reader) -> bool:
     """Whether ``reader`` runs on its trainer ``writer``'s ZeRO-3 shards, on every rank
     (its layout, :func:`~rpeg.plan.oplayout.gathers_in_place`)."""
@@ -226,7 +325,7 @@ def _gathers(p: Placed, writer, reader) -> bool:
         and p.layout(reader.name).everywhere
 
 
-PASSES = (chunks, layouts, engine_syncs, streams)
+PASSES = (chunks, layouts, engine_syncs, streams, transfers)
 
 
 def lower(graph: Graph, plan, responses: int, placement_of: Placing | None = None, *,
@@ -244,4 +343,5 @@ def lower(graph: Graph, plan, responses: int, placement_of: Placing | None = Non
     return p
 
 
-__all__ = ["PASSES", "Placed", "chunks", "engine_syncs", "layouts", "lower", "streams"]
+__all__ = ["PASSES", "Placed", "Transfer", "chunks", "engine_syncs", "layouts", "lower",
+           "streams", "transfer_of", "transfers"]

@@ -57,13 +57,17 @@ class Packer:
         """The task a call of ``op`` (``step``, ``chunk``) on ``device`` runs in: ``need``,
         the tasks of its dependencies not yet finished; ``deps``, of all of them."""
         if not collective:
-            here = self._open.get((device, step), ())
-            g = self._fitting(device, step, here, need)
-            if g is None and (device, step) in self._sealed:
-                g = next((t for t, (c, ops) in reversed(self._sealed[(device, step)].items())
+            here = self._open.get((device, step))
+            if here:
+                g = self._fitting(device, step, here, need)
+                if g is not None:
+                    return g
+            sealed = self._sealed.get((device, step))
+            if sealed:
+                g = next((t for t, (c, ops) in reversed(sealed.items())
                           if op in ops and c == chunk and self._fits(t, need)), None)
-            if g is not None:
-                return g
+                if g is not None:
+                    return g
         return self._start(device, step, deps)
 
     def gang(self, devices: tuple[int, ...], step: int, deps: set[Hashable],
@@ -113,12 +117,17 @@ class Packer:
     def read_elsewhere(self, device: int, task: int, step: int, chunk: int, op: str) -> None:
         """Another device reads a call of ``op`` in ``task``: it ends the task, but for the
         stages fused with ``op``."""
-        here = self._open.get((device, step), [])
-        if task in here:
-            here.remove(task)
-            self._closed.add(task)
-        if self._partners.get(op):
-            self._sealed.setdefault((device, step), {})[task] = (chunk, self._partners[op])
+        here = self._open.get((device, step))
+        if here:
+            if here[-1] == task:               # most often the newest
+                here.pop()
+                self._closed.add(task)
+            elif task in here:
+                here.remove(task)
+                self._closed.add(task)
+        partners = self._partners.get(op)
+        if partners:
+            self._sealed.setdefault((device, step), {})[task] = (chunk, partners)
 
     def _fits(self, g: int, need: set[Hashable]) -> bool:
         return all(d == g or d in self.waits[g] for d in need)

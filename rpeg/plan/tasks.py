@@ -30,6 +30,7 @@ before (the order of collectives); the runtime passes a few more ordering ones.
 from __future__ import annotations
 
 import bisect
+import functools
 
 import attrs
 
@@ -77,23 +78,14 @@ def dispatch_per_step(graph: Graph, layouts: dict[str, OpLayout], chunks: int = 
     own and the steady step is packed alone; elsewhere (or with ``replay``) the steps
     before are packed first, as the runtime does."""
     prep, last = steady_step(graph, layouts, chunks, steps, warm=replay)
-    inputs = _inputs(prep)
-    lo = bisect.bisect_left(prep.step_of, last)
-    before = {i for k in range(lo, bisect.bisect_right(prep.step_of, last, lo))
-              for i in inputs[k] if i < lo}
+    before = _rows(prep, last)[1]
     alone = not replay and all(_gang(layouts, prep.keys[i]) for i in before)
     if not (alone or replay):                    # the steps before packed first
         prep, last = steady_step(graph, layouts, chunks, steps)
-        inputs = _inputs(prep)
-    # by (op, chunk), where they depend on nothing else: each instance's devices, the
-    # first two (where a reader runs: another device reads the output of an instance's
-    # first rank when it runs there), whether it is a gang, and its ranks on its first device
-    on = {key: layouts[key[0]].devices_of(key[1]) or (-1,) for key in set(prep.keys)}
-    heads = {key: ds[:2] for key, ds in on.items()}
-    gangs = {key: _gang(layouts, key) for key in on}
-    at_head = {key: tuple(i for i, d in enumerate(ds) if d == ds[0]) for key, ds in on.items()
-               if gangs[key]}
-    keys, fed = prep.keys, prep.fed
+    # by (op, chunk): each instance's devices, the first two (where a reader runs: another
+    # device reads the output of an instance's first rank when it runs there), whether it
+    # is a gang, and its ranks on its first device; looked up per layout, not per instance
+    laid = {op: laid_out(lay) for op, lay in layouts.items()}
     task: dict[int, int] = {}                    # instance -> the task of its first rank
     pack = Packer(together)
 
@@ -101,16 +93,19 @@ def dispatch_per_step(graph: Graph, layouts: dict[str, OpLayout], chunks: int = 
         """Pack one step's calls, as the runtime does when the step enters its window:
         (calls, tasks, futures)."""
         first, calls, order = len(pack.waits), 0, 0
-        lo = bisect.bisect_left(prep.step_of, step)
-        for k in range(lo, bisect.bisect_right(prep.step_of, step, lo)):
-            key = keys[k]
-            ds = on[key]
-            deps = {task[i] for i in inputs[k] if i in task}
+        for k, op, chunk, inputs, readers in _rows(prep, step)[0]:
+            at = laid[op]
+            ds, _, gang, at_head = at[chunk % len(at)]
+            deps = {task[i] for i in inputs if i in task}
             head = ds[0]
-            elsewhere = any(d != head for c in fed[k] for d in heads[keys[c]])
-            op, chunk = key
+            elsewhere = False
+            for reader, rc in readers:
+                at = laid[reader]
+                if any(d != head for d in at[rc % len(at)][1]):
+                    elsewhere = True
+                    break
             calls += len(ds)
-            if gangs[key]:                        # the ranks start together
+            if gang:                              # the ranks start together
                 if len(ds) >= JOIN_MIN:           # waiting through a join, a task of its own
                     calls += 1
                     order += len(ds)              # each member on the gang before it there
@@ -118,7 +113,7 @@ def dispatch_per_step(graph: Graph, layouts: dict[str, OpLayout], chunks: int = 
                 else:                             # each member waits for the gang before
                     order += len(ds) ** 2         # it on each member's device
                     ranks = pack.gang(ds, step, deps)
-                for i in at_head[key]:
+                for i in at_head:
                     task[k] = ranks[i]
                     if elsewhere:
                         pack.read_elsewhere(head, ranks[i], step, chunk, op)
@@ -159,30 +154,61 @@ def relabelled(layouts: dict[str, OpLayout]) -> tuple[tuple[str, OpLayout], ...]
         ...                                               "a": OpLayout((6, 4), tp=2)})]
         [('a', (0, 1)), ('b', (1, 2))]
     """
-    names: dict[int, int] = {}
+    ordered = sorted(layouts.items())
+    # each device's new name, as it first appears (dict keeps first insertion order)
+    names = {d: i for i, d in enumerate(dict.fromkeys(
+        d for _, lay in ordered for d in lay.devices))}
     out = []
-    for op, lay in sorted(layouts.items()):
-        devices = tuple([names.setdefault(d, len(names)) for d in lay.devices])
+    for op, lay in ordered:
+        devices = tuple(map(names.__getitem__, lay.devices))
         out.append((op, lay if devices == lay.devices else attrs.evolve(lay, devices=devices)))
     return tuple(out)
 
 
-_INPUTS: dict[int, tuple] = {}
+@functools.lru_cache(maxsize=8192)
+def laid_out(lay: OpLayout) -> tuple[tuple, ...]:
+    """Per chunk ``c`` of an op laid out as ``lay``, at ``c`` modulo the tuple's length
+    (its chunks run on its blocks in turn, all on one block where not streamed): (the
+    devices of its instance, or (-1,) where it has none; the first two; whether it is a
+    gang; its ranks on its first device, where a gang). Memoised by the layout, whose hash
+    is kept: a search lays the same ops out again and again."""
+    tp = max(1, lay.tp)
+    period = -(-len(lay.devices) // tp) if lay.chunked and not lay.everywhere else 1
+    out = []
+    for c in range(max(1, period)):
+        own = lay.devices_of(c)
+        ds = own or (-1,)
+        gang = lay.collective and len(own) > 1
+        out.append((ds, ds[:2], gang,
+                    tuple(i for i, d in enumerate(ds) if d == ds[0]) if gang else ()))
+    return tuple(out)
 
 
-def _inputs(prep) -> list[list[int]]:
-    """Instance -> the instances whose outputs it takes (cached per prepared graph)."""
-    hit = _INPUTS.get(id(prep))
+_ROWS: dict[tuple[int, int], tuple] = {}
+
+
+def _rows(prep, step: int) -> tuple[tuple[tuple, ...], frozenset[int]]:
+    """(each instance of ``step`` of the prepared graph, in order: (its index, op, chunk,
+    the instances whose outputs it takes, the (op, chunk) of those taking its outputs);
+    the instances of steps before that it takes outputs from), cached per prepared graph."""
+    hit = _ROWS.get((id(prep), step))
     if hit is not None and hit[0] is prep:
         return hit[1]
     inputs: list[list[int]] = [[] for _ in prep.instances]
     for k, ds in enumerate(prep.fed):
         for d in ds:
             inputs[d].append(k)
-    if len(_INPUTS) > 64:
-        _INPUTS.clear()
-    _INPUTS[id(prep)] = (prep, inputs)
-    return inputs
+    lo = bisect.bisect_left(prep.step_of, step)
+    hi = bisect.bisect_right(prep.step_of, step, lo)
+    keys = prep.keys
+    rows = tuple((k, *keys[k], tuple(inputs[k]),
+                  tuple(dict.fromkeys(keys[c] for c in prep.fed[k])))   # readers, once each
+                 for k in range(lo, hi))
+    out = rows, frozenset(i for k in range(lo, hi) for i in inputs[k] if i < lo)
+    if len(_ROWS) > 256:
+        _ROWS.clear()
+    _ROWS[(id(prep), step)] = (prep, out)
+    return out
 
 
 def layouts_of(pipeline, plan, graph: Graph, timings: dict[str, OpTiming]

@@ -372,6 +372,8 @@ PROFILE_DOCS: dict[str, str] = {
     "host_cores": "cores the control plane shares (0: not priced)",
     "control_step_s": "control-plane CPU per device per step",
     "control_task_s": "control-plane CPU per task per step",
+    "control_idle": "CPU seconds per second an idle local cluster burns per process (the "
+                    "client's and each device worker's: heartbeats, monitors)",
     "control_call_s": "on a host of its own: the client's scheduling core per op call",
     "client_task_s": "on a host of its own: Dask's client CPU per task",
     "client_arg_s": "on a host of its own: the client's CPU per future a task takes",

@@ -449,6 +449,7 @@ class GpuProfile:
     host_cores: float = _m("")                     # cores the control plane shares; 0: not priced
     control_step_s: float = _m("s")                # control-plane CPU per device per step
     control_task_s: float = _m("s")                # control-plane CPU per task per step
+    control_idle: float = _m("")                   # idle cluster's CPU s per s, per process
     # ... and on a host of its own (GPU clusters): one client, one Dask scheduler
     # (rpeg.cost.control; rpeg calibrate: measure_scheduler, the core on a simulated clock)
     control_call_s: float = _m("s")                # client: scheduling core + fusion per op call

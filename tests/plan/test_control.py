@@ -8,9 +8,11 @@ from pathlib import Path
 import attrs
 import pytest
 
+from rpeg.cli.calibrate import _control_fit_line
 from rpeg.cost import control as K
-from rpeg.cost.calibrate import fit_control, with_dispatch
+from rpeg.cost.calibrate import control_residuals, fit_control, with_dispatch
 from rpeg.cost.profiles import builtin_cluster, cluster_of, load_profile, profile_text
+from rpeg.errors import CostError
 from rpeg.plan.evaluate import Evaluator
 from rpeg.runtime.core import fusion as F
 from rpeg.runtime.lowering.instances import build_calls
@@ -90,16 +92,23 @@ def test_control_time_is_charged_only_where_devices_share_the_host_cores():
     n1, n3 = _tasks(pipeline, plans[1], cpu), _tasks(pipeline, plans[3], cpu)
     g = cpu.gpu
     assert t1 == pytest.approx((2 * g.control_step_s + n1 * g.control_task_s)
-                               / g.host_cores)
-    assert t3 - t1 == pytest.approx((n3 - n1) * g.control_task_s / g.host_cores)
+                               / (g.host_cores - 3 * g.control_idle))
+    assert t3 - t1 == pytest.approx((n3 - n1) * g.control_task_s
+                                    / (g.host_cores - 3 * g.control_idle))
     # the step's prediction carries it, and says so: against the same cluster with a
-    # control plane that costs next to nothing
+    # control plane that costs next to nothing; the idle cluster's CPU runs through the
+    # whole step, the time the control plane takes included
     free = attrs.evolve(cpu, gpu=attrs.evolve(
         cpu.gpu, host_cores=0.0, **{f: 0.0 for f in HOST_TERMS} | {"client_task_s": 1e-12}))
-    priced = Evaluator(pipeline, cpu).evaluate(plans[1]).plan
-    assert priced.predicted.step_time_s == pytest.approx(
-        Evaluator(pipeline, free).evaluate(plans[1]).step_time_s + t1)
-    assert priced.predicted.control_s == pytest.approx(t1, abs=1e-6)
+    idle = attrs.evolve(cpu, gpu=attrs.evolve(g, control_idle=0.03))
+    for cluster in (cpu, idle):
+        priced = Evaluator(pipeline, cluster).evaluate(plans[1]).plan
+        work = Evaluator(pipeline, free).evaluate(plans[1]).step_time_s
+        step = priced.predicted.step_time_s
+        charged = K.shared_cores_cpu(cluster.gpu, 2, n1, step) / g.host_cores
+        assert step == pytest.approx(work + charged)
+        assert priced.predicted.control_s == pytest.approx(charged, abs=1e-6)
+    assert charged > t1
     assert priced.predicted.tasks_per_step == n1
     assert f"({n1} Dask tasks a step" in str(priced)
     assert Evaluator(pipeline, free).evaluate(plans[1]).plan.predicted.control_s < 1e-6
@@ -118,18 +127,39 @@ def test_control_time_is_charged_only_where_devices_share_the_host_cores():
 
 
 def test_control_terms_are_fitted_and_round_trip_through_the_profile(tmp_path):
-    runs = [{"devices": d, "tasks_per_step": n, "control_cpu_per_step_s": 0.01 * d + 0.004 * n}
-            for d, n in ((2, 7), (2, 15), (1, 1))]
-    fit = fit_control({"runs": runs, "host_cores": 2})
+    # runs of different wall time a step: the idle cluster's CPU (measured, per process)
+    # comes off before the per-device and per-task terms are fitted
+    runs = [{"devices": d, "chunks": c, "tasks_per_step": n, "wall_per_step_s": w,
+             "control_cpu_per_step_s": 0.01 * d + 0.004 * n + 0.025 * (d + 1) * w}
+            for d, c, n, w in ((2, 1, 7, 0.1), (2, 3, 15, 0.12), (1, 1, 1, 0.4))]
+    measured = {"runs": runs, "idle": {"cpu_per_process_s": 0.025}, "host_cores": 2}
+    fit = fit_control(measured)
     assert fit["control_step_s"] == pytest.approx(0.01)
     assert fit["control_task_s"] == pytest.approx(0.004)
+    assert fit["control_idle"] == 0.025
     assert fit_control({"runs": runs[:1], "host_cores": 2}) == {}      # two runs at least
-    p = with_dispatch(builtin_cluster("local_cpu").gpu, {"dispatch_s": 0.002},
-                      {"runs": runs, "host_cores": 2})
+    with pytest.raises(CostError, match="between 0 and 1"):
+        fit_control({**measured, "idle": {"cpu_per_process_s": 1.5}})
+    p = with_dispatch(builtin_cluster("local_cpu").gpu, {"dispatch_s": 0.002}, measured)
+    # each run's own control CPU, as the fitted terms price it
+    resid = dict(control_residuals(measured, p))
+    assert set(resid) == {"control plane, 2 devices, 1 chunk", "control plane, 2 devices, "
+                          "3 chunks", "control plane, 1 device, 1 chunk"}
+    assert all(abs(r) < 1e-9 for r in resid.values()), resid
+    # and what rpeg calibrate prints of them
+    assert _control_fit_line(measured, p) == (
+        "control plane runs, priced / measured - 1: 2 devices, 1 chunk +0%, 2 devices, "
+        "3 chunks +0%, 1 device, 1 chunk +0%")
+    assert _control_fit_line(None, p) == ""
+    # without the idle term the per-device term takes the slow run's idle CPU and the
+    # one-device run is priced over what it paid
+    blind = with_dispatch(p, {"dispatch_s": 0.002}, {**measured, "idle": {}})
+    assert blind.control_idle == 0.0 and blind.control_step_s > p.control_step_s
     path = tmp_path / "cpu.rpeg"
     path.write_text(profile_text(p))
     back = load_profile(path)
-    for key in ("control_step_s", "control_task_s", "host_cores", "dispatch_s"):
+    for key in ("control_step_s", "control_task_s", "control_idle", "host_cores",
+                "dispatch_s"):
         assert getattr(back, key) == pytest.approx(getattr(p, key)), key
     assert profile_text(p).count("control_task_s") == 1
 
@@ -143,5 +173,8 @@ def test_control_plane_cpu_is_measured_from_real_runs():
     assert runs[(2, 3)]["tasks_per_step"] > runs[(2, 1)]["tasks_per_step"] \
         > runs[(1, 1)]["tasks_per_step"], m
     assert all(r["control_cpu_per_step_s"] > 0 for r in runs.values()), m
+    # an idle cluster burns a little CPU per process per second: heartbeats, monitors
+    assert 0 < m["idle"]["cpu_per_process_s"] < 1 and m["idle"]["processes"] == 3, m
     fit = fit_control(m)
     assert fit["control_task_s"] > 0 and fit["host_cores"] == m["host_cores"]
+    assert fit["control_idle"] == m["idle"]["cpu_per_process_s"]

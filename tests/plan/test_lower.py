@@ -10,9 +10,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from rpeg.cost.engine_sync import engine_hosts_of, serves_copy, sync_refusal, sync_senders
-from rpeg.graph import DepKind
+from rpeg.graph import DepKind, Instance
 from rpeg.graph.unroll import CARRY, STREAM
-from rpeg.plan.lower import PASSES, Placed, lower
+from rpeg.graph.versions import read_version
+from rpeg.plan.lower import PASSES, Placed, lower, transfer_of
 from rpeg.plan.oplayout import (
     blocks_of,
     gathers_in_place,
@@ -27,6 +28,7 @@ from rpeg.runtime.lowering.instances import build_calls
 from rpeg.runtime.placement import split_plan
 from rpeg.spec import load
 from rpeg.spec.model import Engine, OpKind
+from tests.runtime.test_copies_priced import disaggregated
 
 
 def _vllm(plan, tp: int = 1):
@@ -55,7 +57,11 @@ def _plans():
             "tiny grpo, chunked, dp 2": (grpo, split_plan(grpo, 2, dp=2, chunks=4)),
             "tiny ppo, one device": (tiny, split_plan(tiny, 1)),
             "ppo 8b x8, vLLM beside": (ppo8b, _vllm(scaled(split_plan(ppo8b, 1, staleness=0), 8))),
-            "ppo 8b x16, vLLM at tp 2": (ppo8b, _vllm(scaled(split_plan(ppo8b, 2), 8), 2))}
+            "ppo 8b x16, vLLM at tp 2": (ppo8b, _vllm(scaled(split_plan(ppo8b, 2), 8), 2)),
+            # the critic's whole copy beside its ZeRO-3 trainer filled by a transfer the
+            # graph syncs nothing by
+            "ppo 8b x8, vLLM at tp 2 apart, ZeRO-3": (ppo8b, disaggregated(ppo8b, 8, zero=3,
+                                                                        gen_tp=2))}
 
 
 PLANS = _plans()
@@ -144,8 +150,57 @@ def _verify_streams(p: Placed, plan) -> None:
             assert d.src.chunk % n in blocks
 
 
+def _verify_transfers(p: Placed, plan) -> None:
+    trainers = {o.name: o.writes_model for o in p.graph.ops
+                if o.kind is OpKind.TRAIN and o.writes_model}
+    assert [(t.trainer, t.model, t.op) for t in p.transfers] == \
+        [(n, m, transfer_of(m)) for n, m in trainers.items()]
+    by_op = {t.op: t for t in p.transfers}
+    u = p.edges(5)
+    graph_versions = {(d.src, d.dst) for d in u.of_kind(DepKind.VERSION)}
+    syncs = {o.name for o in p.graph.ops if o.kind is OpKind.SYNC_WEIGHTS}
+    kinds = {o.name: o.kind for o in p.graph.ops}
+    lags = {(e.writer, e.reader): e.lag for e in p.graph.version_edges}
+    edges = p.transfer_edges(u)
+    assert len(set(edges)) == len(edges)
+    for d in edges:
+        if d.kind is DepKind.VERSION and d.dst.op in by_op and d.src.op in trainers:
+            # a transfer reads its own step's trained weights
+            assert by_op[d.dst.op].trainer == d.src.op and d.src.step == d.dst.step
+        elif d.kind is DepKind.VERSION:
+            # a reader reads the version its writer's step's transfer makes: the writer's
+            # version edge into it, or into the weight sync it reads
+            t = by_op[d.src.op]
+            made = Instance(t.trainer, d.src.step)
+            assert (made, d.dst) in graph_versions or any(
+                (made, s) in graph_versions and (s, d.dst) in graph_versions
+                for s, _ in graph_versions if s.op in syncs)
+            assert d.data == t.model
+        elif d.dst.op in trainers:
+            # the trainer writes after the transfer of the step before read its weights
+            assert by_op[d.src.op].trainer == d.dst.op and d.dst.step == d.src.step + 1
+        else:
+            # a transfer fills a copy after the readers of the version before read it
+            t = by_op[d.dst.op]
+            assert read_version(kinds[d.src.op], d.src.step, lags[(t.trainer, d.src.op)]) \
+                == d.dst.step
+    # every step's trainer hands its weights to its transfer
+    made = {(d.src, d.dst) for d in edges if d.kind is DepKind.VERSION}
+    assert all((i, Instance(by_op[transfer_of(trainers[i.op])].op, i.step)) in made
+               for i in u.instances if i.op in trainers)
+    # a copy's writer after its writer of the version before: its trainer's or its
+    # transfers' step before, for every step of a trainer
+    rewrites = p.rewrite_edges(u)
+    for d in rewrites:
+        assert d.kind is DepKind.ORDER and d.src == attrs.evolve(d.dst, step=d.dst.step - 1)
+        assert d.dst.op in trainers and trainers[d.dst.op] == d.data or \
+            d.dst.op in by_op and by_op[d.dst.op].model == d.data
+    assert len(rewrites) == 2 * sum(1 for i in u.instances if i.op in trainers and i.step)
+
+
 VERIFY = {"chunks": _verify_chunks, "layouts": _verify_layouts,
-          "engine_syncs": _verify_engine_syncs, "streams": _verify_streams}
+          "engine_syncs": _verify_engine_syncs, "streams": _verify_streams,
+          "transfers": _verify_transfers}
 
 
 @pytest.mark.parametrize("name", sorted(PLANS))
@@ -160,12 +215,18 @@ def test_each_pass_adds_what_its_verifier_checks(name):
         VERIFY[step.__name__](placed, plan)
     synced = any(lay.group or lay.local for _, lay in placed.engine_syncs)
     assert synced == ("vLLM at tp" in name)   # beside whole weights: updated in memory
+    sent = set()
     # the runtime lays its op calls out where the placed graph says
     for c in build_calls(pipeline, plan, 3):
-        if c.kind is OpKind.SYNC_WEIGHTS:
+        if c.kind is OpKind.SYNC_WEIGHTS and c.op not in dict(placed.layouts):
+            # a transfer the graph syncs nothing by: one of the placed graph's
+            assert c.op in {t.op for t in placed.transfers}
+            sent.add(c.op)
+        elif c.kind is OpKind.SYNC_WEIGHTS:
             assert c.device in placed.layout(c.op).devices or c.role == "load"
         else:
             assert c.device in placed.layout(c.op).devices_of(c.chunk) or c.kind is OpKind.TRAIN
+    assert bool(sent) == ("ZeRO-3" in name)
 
 
 def test_a_caller_lowers_only_as_far_as_it_reads():

@@ -23,6 +23,7 @@ import importlib.util
 from collections import defaultdict
 from pathlib import Path
 
+import attrs
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -30,7 +31,7 @@ from hypothesis import strategies as st
 from rpeg.errors import PlanError
 from rpeg.graph.order import topological
 from rpeg.runtime.lowering import ordering as O
-from rpeg.runtime.lowering.instances import build_calls, lay_out
+from rpeg.runtime.lowering.instances import build_calls, lay_out, placed_for
 from rpeg.runtime.lowering.joins import JOIN
 from rpeg.runtime.lowering.replicas import RECV, SEND, base_of
 from rpeg.runtime.placement import split_plan
@@ -83,6 +84,8 @@ def verify_versions(calls, ctx) -> None:
             assert writer[(c.model, c.device, c.version)] in c.after, c.id
         if c.writes >= 0:
             assert readers[(c.model, c.device, c.writes - 1)] - {c.id} <= set(c.after), c.id
+            before = writer.get((c.model, c.device, c.writes - 1))   # the copy's writer before
+            assert before is None or before in c.after, c.id
 
 
 def verify_streams(calls, ctx) -> None:
@@ -196,3 +199,41 @@ def test_any_split_plan_passes_every_verifier(name, devices, dp, chunks, stalene
     plan = split_plan(pipeline, devices, dp=min(dp, devices), chunks=chunks,
                       staleness=staleness, share=share and bool(pipeline.shares))
     _verified(pipeline, plan, max(steps, first + 1), first)
+
+
+@pytest.mark.parametrize("case", range(len(CASES)), ids=[t for t, _, _ in CASES])
+@pytest.mark.parametrize("first", [0, 3])
+def test_a_long_run_orders_versions_by_its_whole_placed_graph(case, first):
+    """The version and write-after-read edges of a run longer than the steps the lowering
+    unrolls (``version_steps``: those past them alike, one step on) are those of the whole
+    run's placed graph."""
+    _, pipeline, make = CASES[case]
+    plan, steps = make(), first + 14
+    try:
+        calls, ctx = lay_out(pipeline, plan, steps, first=first)
+    except PlanError:
+        pytest.skip("a shape this pipeline refuses")
+    assert ctx.steady >= 0                       # the steps past those unrolled are shifted
+    placed = placed_for(pipeline, plan)
+    edges = placed.edges(steps - first)
+    versions, readers = O._version_edges(placed, edges, first)
+    whole = attrs.evolve(ctx, versions=versions, readers=readers,
+                         before=O._rewrites(placed, edges, first), steady=-1)
+    synced = O.add_syncs(calls, ctx)
+    assert O.order_versions(synced, ctx) == O.order_versions(synced, whole)
+
+
+def test_order_versions_reads_the_placed_graphs_edges():
+    """A reader whose version edge the placed graph does not give has no writer: the pass
+    takes the edges it orders by from the placed graph, not from the calls."""
+    _, pipeline, make = CASES[0]
+    calls, ctx = lay_out(pipeline, make(), GOLDEN.STEPS)
+    synced = O.add_syncs(calls, ctx)
+    with pytest.raises(PlanError, match="no op makes version"):
+        O.order_versions(synced, attrs.evolve(ctx, versions={}))
+    ordered = O.order_versions(synced, attrs.evolve(ctx, readers={}))
+    with pytest.raises(AssertionError):              # no write after read
+        verify_versions(ordered, ctx)
+    ordered = O.order_versions(synced, attrs.evolve(ctx, before={}))
+    with pytest.raises(AssertionError):              # no writer after the one before
+        verify_versions(ordered, ctx)

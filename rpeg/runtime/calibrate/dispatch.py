@@ -86,6 +86,14 @@ def measure_control(steps: int = 40, root: str | None = None) -> dict:
     the planner picks): two devices with 1 and with 3 generation chunks (7 and ~15 tasks a
     step), and one device (1 task a step); ``rpeg.cost.calibrate.fit_control`` fits the
     per-device and per-task terms from them.
+
+    Each run cuts a checkpoint only at its end, after the steps measured: a cut saves every
+    model's weights and optimizer state, in the workers and the client, once every
+    ``checkpoint_every`` steps (10 for ``rpeg run``), and what it costs grows with the
+    models' state, not with the devices or the tasks. A step a cut ends is one of ten, not
+    the median step the prediction is compared with (``rpeg show``); measured into these
+    runs it would be priced into every step, and most into a plan on one device (these
+    runs' models are not shared, the planner's plan for tiny_ppo shares one backbone).
     """
     import json
     import os
@@ -97,6 +105,7 @@ def measure_control(steps: int = 40, root: str | None = None) -> dict:
     from rpeg.runtime.placement import split_plan
     from rpeg.spec import load
 
+    idle = measure_idle()
     spec = shipped("pipelines", "tiny_ppo.rpeg")
     pipeline = load(spec)
     runs = []
@@ -106,7 +115,8 @@ def measure_control(steps: int = 40, root: str | None = None) -> dict:
                               chunks=chunks)
             result = run_resilient(pipeline, plan, RunOptions(steps=steps, root=root or tmp,
                                                               progress=False),
-                                   spec_path=str(spec), resilience=Resilience())
+                                   spec_path=str(spec),
+                                   resilience=Resilience(checkpoint_every=steps))
             host = json.loads((result.path / "run.json").read_text()).get("host")
             if host is None:
                 continue
@@ -115,8 +125,28 @@ def measure_control(steps: int = 40, root: str | None = None) -> dict:
                          "control_cpu_per_step_s": round(host["client_cpu_per_step_s"]
                                                          + host["worker_cpu_per_step_s"], 6),
                          **{k: host[k] for k in ("wall_per_step_s", "op_cpu_per_step_s")}})
-    return {"runs": runs, "host_cores": os.cpu_count() or 1, "steps": steps,
+    return {"runs": runs, "idle": idle, "host_cores": os.cpu_count() or 1, "steps": steps,
             "loadavg": os.getloadavg()[0]}
+
+
+def measure_idle(devices: int = 2, wait_s: float = 3.0) -> dict:
+    """The CPU a local cluster like ``rpeg run``'s burns doing nothing, per second and per
+    process (the client's — with the scheduler and the nannies — and each device worker's):
+    heartbeats, the workers' system and memory monitors, the dashboard's periodic callbacks.
+    A run pays it for as long as its steps take, whatever it dispatches."""
+    from rpeg.runtime.dask.driver import WORKER_BYTES, _Cluster
+
+    with _Cluster(devices, None, False, False, WORKER_BYTES) as cl:
+        client = cl.client
+        time.sleep(1.0)                               # past the start's own traffic
+        before = time.process_time(), sum(client.run(time.process_time).values())
+        t = time.perf_counter()
+        time.sleep(wait_s)
+        wall = time.perf_counter() - t
+        after = time.process_time(), sum(client.run(time.process_time).values())
+    cpu = (after[0] - before[0]) + (after[1] - before[1])
+    return {"processes": devices + 1, "wall_s": round(wall, 4), "cpu_s": round(cpu, 6),
+            "cpu_per_process_s": round(cpu / (wall * (devices + 1)), 6)}
 
 
 def measure_scheduler(workers=(8, 32), tasks: int = 400, deps: int = 4,

@@ -38,7 +38,8 @@ backbones) is placed on the plan's devices and unrolled over steps:
 Every reader reads an exact version: ``max(0, step - k)`` (train: ``step``), with
 ``k`` the plan's staleness of the op. This is enforced by ordering edges
 (``after``): a reader waits for the writer of its version, and the writer of
-version v on a device waits for every reader of v - 1 there (write after read).
+version v on a device waits for every reader of v - 1 there (write after read): each
+device's share of the placed graph's version and write-after-read edges.
 Each device streams its share of a generate op's chunks in order (the placed graph's
 stream edges, ``rpeg.plan.lower.Placed.edges``). A generate op with partial rollouts
 (the plan's ``carry``) keeps the next steps' responses in its engine between steps, so
@@ -64,7 +65,7 @@ from rpeg.plan.model import Plan
 from rpeg.plan.oplayout import world_of
 from rpeg.plan.staleness import staleness_problem, step_graph
 from rpeg.runtime.lowering.calls import OpCall
-from rpeg.runtime.lowering.ordering import Ordering, ordered
+from rpeg.runtime.lowering.ordering import Ordering, ordered, version_steps
 from rpeg.runtime.lowering.replicas import (
     ENGINE,
     EXPORT,
@@ -124,8 +125,9 @@ def lay_out(pipeline: Pipeline, plan: Plan, steps: int, *, first: int = 0
     n_chunks = placed.chunks
     # the placed graph's instances and dependency edges (Placed.edges): every call is one
     # device's share of an instance, reading what its data edges bring and streaming after
-    # what its stream edges say (the same at every step: two steps' tell them all)
-    edges = placed.edges(2)
+    # what its stream edges say (the same at every step: two steps' tell them all), and
+    # waiting for the versions they read as its version edges say (those of the run's steps)
+    edges = placed.edges(max(2, version_steps(graph, steps - first)))
     reads = _reads(edges)
     calls: list[OpCall] = []
     produced: dict[tuple[str, int], list[str]] = defaultdict(list)   # (op, step) -> ids by chunk
@@ -159,7 +161,7 @@ def lay_out(pipeline: Pipeline, plan: Plan, steps: int, *, first: int = 0
                     limit=limit, carry=place.carry if op.kind is OpKind.GENERATE else 0))
                 if one.rank == 0 and (not group or group[0] == dev):
                     produced[(name, s)].append(cid)       # what readers take: tp rank 0's
-    return tuple(calls), Ordering.of(placed, homes, trained, first, edges)
+    return tuple(calls), Ordering.of(placed, homes, trained, first, edges, steps)
 
 
 def placed_for(pipeline: Pipeline, plan: Plan, graph: Graph | None = None) -> Placed:

@@ -2,7 +2,8 @@
 :func:`rpeg.runtime.lowering.instances.build_calls` lays out, each returning the calls with
 what keeps a run exact added, in one ordered list (``PASSES``).
 
-    >>> ctx = Ordering(homes={"actor": (0,)}, trained={})
+    >>> ctx = Ordering(homes={"actor": (0,)}, trained={},     # the placed graph's version edge
+    ...                versions={Instance("rollout", 1): (Instance("train", 0),)})
     >>> train = OpCall("train/s0", "train", OpKind.TRAIN, 0, 0, model="actor", writes=1)
     >>> gen = OpCall("rollout/s1/c0", "rollout", OpKind.GENERATE, 1, 0, model="actor",
     ...              version=1)
@@ -15,7 +16,10 @@ what keeps a run exact added, in one ordered list (``PASSES``).
 * ``add_syncs``: an export/load gang (or a send/receive one into a vLLM engine's copy) for
   every version read off the trainer's devices;
 * ``order_versions``: a reader after the writer of its version, a writer after the readers
-  of the version before, on the same device;
+  of the version before, on the same device: each device's share of the placed graph's
+  version and write-after-read edges (``rpeg.plan.lower.Placed.edges``), of its weight
+  transfers' (``Placed.transfer_edges``), and a copy's writer after the one before
+  (``Placed.rewrite_edges``);
 * ``order_streams``: each device's chunks of a generate op in order (the placed graph's
   stream and carry edges, ``rpeg.plan.lower.Placed.edges``);
 * ``order_collectives``: one global order of the gangs on every device;
@@ -37,11 +41,11 @@ import attrs
 
 from rpeg.cost.engine_sync import sync_refusal, sync_senders
 from rpeg.errors import PlanError
-from rpeg.graph import DepKind, Unrolled
+from rpeg.graph import DepKind, Instance, Unrolled
 from rpeg.graph.ids import OpId
 from rpeg.graph.order import Cycle, topological
 from rpeg.graph.unroll import CARRY, STREAM
-from rpeg.plan.lower import Placed
+from rpeg.plan.lower import Placed, transfer_of
 from rpeg.runtime.lowering.calls import OpCall, ranks_together
 from rpeg.runtime.lowering.joins import join_gang
 from rpeg.runtime.lowering.replicas import (
@@ -61,27 +65,131 @@ Calls = tuple[OpCall, ...]
 @attrs.frozen
 class Ordering:
     """What the passes read besides the calls: where each trained backbone lives and how its
-    training holds it, the first step of the run, how each engine copy is synced, and each
-    generate op's stream edges."""
+    training holds it, the first step of the run, how each engine copy is synced, each
+    generate op's stream edges, and the placed graph's version and write-after-read edges
+    (instances of the run's steps, numbered from its first)."""
 
     homes: dict              # backbone -> its train op's devices
     trained: dict            # backbone -> the placement of its training
     first: int = 0           # the run's first step: every replica starts at this version
     engines: dict = attrs.Factory(dict)   # model -> the layout of its engine sync
     streams: dict = attrs.Factory(dict)   # (generate op, chunk) -> (op, chunk, steps back)
+    versions: dict = attrs.Factory(dict)  # reader instance -> the instances making its version
+    readers: dict = attrs.Factory(dict)   # writer instance -> the readers it writes after
+    before: dict = attrs.Factory(dict)    # writer instance -> the writer of its copy's version
+                                          # before (the same op's step before)
+    steady: int = -1         # a step from which on those edges are the step before's, shifted
 
     @classmethod
     def of(cls, placed: Placed, homes: dict, trained: dict, first: int = 0,
-           edges: Unrolled | None = None) -> Ordering:
+           edges: Unrolled | None = None, steps: int = 2) -> Ordering:
         """What the passes read of the placed graph the calls were laid out from: its engine
-        syncs, and the stream and carry edges of its generate ops (``edges``, its
-        :meth:`Placed.edges <rpeg.plan.lower.Placed.edges>` of two steps, where a caller
-        has them: step 1 has both)."""
-        edges = edges or placed.edges(2)
+        syncs, the stream and carry edges of its generate ops (step 1 of ``edges``, its
+        :meth:`Placed.edges <rpeg.plan.lower.Placed.edges>` of two steps or more, where a
+        caller has them), and the version and write-after-read edges of a run of steps
+        ``first``..``steps - 1``: those of :func:`version_steps` steps, the rest alike."""
+        edges = edges or placed.edges(version_steps(placed.graph, steps - first))
         streams = {(d.dst.op, d.dst.chunk): (d.src.op, d.src.chunk, d.dst.step - d.src.step)
                    for d in edges.deps if d.kind is DepKind.ORDER
                    and d.dst.step == 1 and d.data in (STREAM, CARRY)}
-        return cls(homes, trained, first, dict(placed.engine_syncs), streams)
+        versions, readers = _version_edges(placed, edges, first)
+        n = version_steps(placed.graph, steps - first)
+        assert edges.steps >= n, "the version edges of the steps unrolled, at least"
+        steady = first + _settled(placed.graph) if n < steps - first else -1
+        return cls(homes, trained, first, dict(placed.engine_syncs), streams, versions,
+                   readers, _rewrites(placed, edges, first), steady)
+
+    def versions_of(self, i: Instance) -> tuple[Instance, ...]:
+        """The instances that may make the version instance ``i`` reads."""
+        return self._shifted(self.versions, i)
+
+    def readers_of(self, i: Instance) -> tuple[Instance, ...]:
+        """The readers writer instance ``i`` writes after."""
+        return self._shifted(self.readers, i)
+
+    def before_of(self, i: Instance) -> tuple[Instance, ...]:
+        """The writer of the version before of what writer instance ``i`` writes."""
+        return self._shifted(self.before, i)
+
+    def _shifted(self, table: dict, i: Instance) -> tuple[Instance, ...]:
+        if self.steady < 0 or i.step <= self.steady:
+            return table.get(i, ())
+        k = i.step - self.steady
+        return tuple(Instance(j.op, j.step + k, j.chunk)
+                     for j in table.get(Instance(i.op, self.steady, i.chunk), ()))
+
+
+def _settled(graph) -> int:
+    """A step whose version edges, and those of every step after it, are the step
+    before's one step on: past the versions read clamped at the first (``read_version``),
+    and those the readers of its writes read."""
+    return max((e.lag for e in graph.version_edges), default=0) + 2
+
+
+def version_steps(graph, steps: int) -> int:
+    """The steps of a run of ``steps`` whose placed graph's edges tell every version and
+    write-after-read edge of it: a settled step's readers, some steps after it, and those
+    of the steps before it; all of them in a shorter run."""
+    return min(steps, 2 * _settled(graph) + 1)
+
+
+def _at(i: Instance, first: int) -> Instance:
+    """Instance ``i`` of an unrolling from step 0 in a run from step ``first``."""
+    return Instance(i.op, i.step + first, i.chunk) if first else i
+
+
+def _rewrites(placed: Placed, edges: Unrolled, first: int) -> dict:
+    """Writer instance -> the writers of its copy's version before (the placed graph's
+    :meth:`~rpeg.plan.lower.Placed.rewrite_edges` among ``edges``), by the run's steps."""
+    before: dict[Instance, tuple[Instance, ...]] = defaultdict(tuple)
+    for d in placed.rewrite_edges(edges):
+        before[_at(d.dst, first)] += (_at(d.src, first),)
+    return dict(before)
+
+
+def _version_edges(placed: Placed, edges: Unrolled, first: int) -> tuple[dict, dict]:
+    """(reader -> the instances that may make the version it reads, on a device it runs
+    on: its version edges' writers and, for a weight sync's, the sync's own writer (a
+    sync that moves nothing to the device), then the weight transfers of those writers'
+    steps; writer -> the readers its write-after-read edges order it after, or its data
+    edges where one stands for both), instances by the run's steps (``edges``' from
+    ``first``), the transfers' edges the placed graph's (:meth:`Placed.transfer_edges`)."""
+    syncs = {o.name for o in edges.graph.ops if o.kind is OpKind.SYNC_WEIGHTS}
+    trainers = {t.trainer for t in placed.transfers}
+    transfers = {t.op for t in placed.transfers}
+    at = (lambda i: _at(i, first)) if first else (lambda i: i)
+    reading = {o.name for o in edges.graph.ops if o.reads_model}
+    into: dict[Instance, list[Instance]] = defaultdict(list)
+    readers: dict[Instance, list[Instance]] = defaultdict(list)
+    for d in edges.deps:
+        if d.kind is DepKind.VERSION:
+            into[d.dst].append(d.src)
+        elif d.kind is DepKind.ORDER and d.data not in (STREAM, CARRY) \
+                or d.kind is DepKind.DATA and d.dst.op in trainers and d.src.op in reading:
+            # write after read, or a data edge into a trainer where it implies one (the
+            # edges keep one of the two)
+            readers[at(d.dst)].append(at(d.src))
+    # a trained model's weights also reach the copies the graph syncs none to through the
+    # transfers of add_syncs: a reader reads such a copy of its version too, a transfer
+    # reads its step's trained weights (where the graph syncs none of them), and each
+    # orders its writes after the reads of the version before
+    sent: dict[Instance, list[Instance]] = defaultdict(list)
+    made_by: dict[Instance, Instance] = {}
+    for d in placed.transfer_edges(edges):
+        if d.kind is DepKind.ORDER:
+            readers[at(d.dst)].append(at(d.src))
+        elif d.dst.op in transfers and d.src.op in trainers:
+            made_by.setdefault(d.dst, d.src)
+        else:
+            sent[d.dst].append(d.src)
+    versions = {}
+    for dst, srcs in into.items():
+        made = [s for src in srcs for s in (src, *(into.get(src, ()) if src.op in syncs
+                                                   else ()))]
+        versions[at(dst)] = tuple(at(s) for s in dict.fromkeys(made + sent.get(dst, [])))
+    for dst, src in made_by.items():
+        versions.setdefault(at(dst), (at(src),))
+    return versions, {k: tuple(dict.fromkeys(v)) for k, v in readers.items()}
 
 
 def _after(c: OpCall, more) -> OpCall:
@@ -123,7 +231,7 @@ def add_syncs(calls: Calls, ctx: Ordering) -> Calls:
     out = list(calls)
     for (key, v), at in sorted(loads.items()):
         sources = _sources(ctx, key)
-        common = dict(op=f"sync_{key}", kind=OpKind.SYNC_WEIGHTS, step=v - 1,
+        common = dict(op=transfer_of(key), kind=OpKind.SYNC_WEIGHTS, step=v - 1,
                       gang=tuple(sorted(set(sources) | set(at))), sources=sources)
         for t, src in enumerate(sources):
             out.append(OpCall(id=OpId.of(f"sync_{key}", v - 1, role=EXPORT, tp_rank=t),
@@ -153,7 +261,8 @@ def _pushes(ctx: Ordering, key: str, versions: set[int]) -> list[OpCall]:
     group = tuple(sorted(set(senders) | set(hosts)))
     out = []
     for v in sorted(versions):
-        common = dict(op=f"sync_{key}", kind=OpKind.SYNC_WEIGHTS, step=v - 1, tp_group=group)
+        common = dict(op=transfer_of(key), kind=OpKind.SYNC_WEIGHTS, step=v - 1,
+                      tp_group=group)
         for dev in hosts:                 # every engine takes every version: one group
             out.append(OpCall(id=OpId.of(f"sync_{engine_key(key)}", v - 1, role=RECV,
                                          device=dev),
@@ -173,29 +282,51 @@ def _sources(ctx: Ordering, key: str) -> tuple[int, ...]:
 
 
 def order_versions(calls: Calls, ctx: Ordering) -> Calls:
-    """Reader after the writer of its version; writer of v after readers of v - 1 (same device)."""
+    """Each device's share of the placed graph's version and write-after-read edges
+    (``ctx.versions``, ``ctx.readers``): a reader after the call on its device that makes
+    the version of the copy it reads (a load or receive of a weight sync there, or a rank
+    of the trainer whose weights it reads in place); a writer of version v after the calls
+    on its device reading v - 1 of the copy it writes, and after the writer of v - 1 there
+    of the copy it writes (``ctx.before``: the placed graph's
+    :meth:`~rpeg.plan.lower.Placed.rewrite_edges`)."""
     homes = ctx.homes
-    writer: dict[tuple[str, int, int], str] = {}
-    readers: dict[tuple[str, int, int], list[str]] = defaultdict(list)
-    for c in calls:
-        if c.writes >= 0:
-            writer[(c.model, c.device, c.writes)] = c.id
-        if c.version >= 0 and base_of(c.model) in homes:
-            readers[(c.model, c.device, c.version)].append(c.id)
+    on: dict[tuple, list[OpCall]] = defaultdict(list)     # (instance, device) -> its calls
+    calls_of: dict = defaultdict(list)                    # instance -> its calls, in order
+    instances = [c.instance for c in calls]
+    for c, i in zip(calls, instances, strict=True):
+        on[(i, c.device)].append(c)
+        calls_of[i].append(c)
+    place = {c.id: n for n, c in enumerate(calls)}
+    read_by: dict = {}       # writer instance -> (model, device, version) -> readers' ids
+    makers: dict = {}        # reader instance -> the instances that may make its version
+
+    def readers_of(i) -> dict:
+        if i not in read_by:
+            out = read_by[i] = defaultdict(list)
+            for m in sorted((m for r in ctx.readers_of(i) for m in calls_of[r]),
+                            key=lambda m: place[m.id]):
+                out[(m.model, m.device, m.version)].append(m.id)
+        return read_by[i]
+
     out = []
-    for c in calls:
+    for c, at in zip(calls, instances, strict=True):
         key, dev, more = c.model, c.device, []
         if c.version > ctx.first and base_of(key) in homes:
-            w = writer.get((key, dev, c.version))
+            made = makers.get(at)
+            if made is None:
+                made = makers[at] = ctx.versions_of(at)
+            w = next((m.id for i in made for m in on.get((i, dev), ())
+                      if m.writes == c.version and m.model == key), None)
             if w is None:
                 raise PlanError(f"no op makes version {c.version} of '{key}' on device {dev} "
                                 f"for '{c.id}'")
             more.append(w)
         if c.writes >= 0:
             v = c.writes
-            more += [r for r in readers.get((key, dev, v - 1), []) if r != c.id]
-            if (key, dev, v - 1) in writer:
-                more.append(writer[(key, dev, v - 1)])
+            more += [r for r in dict.fromkeys(readers_of(at).get((key, dev, v - 1), ()))
+                     if r != c.id]
+            more += [m.id for i in ctx.before_of(at) for m in on.get((i, dev), ())
+                     if m.writes == v - 1 and m.model == key][:1]
         out.append(_after(c, more))
     return tuple(out)
 

@@ -45,10 +45,14 @@ def _root(version: bool = typer.Option(False, "--version", is_eager=True,
     """Compile, plan, run and verify reinforcement-learning pipelines for language models."""
 
 
-def _register_all() -> None:
+def _register_all(only: str | None = None) -> None:
+    """Register every command, or only ``only`` when it names one (not ``help``, which
+    lists them all): ``rpeg compile`` then imports the compile path alone, not the
+    runtime's modules that ``rpeg run`` needs."""
     # every command is a module of this package: one that is missing is a broken install,
     # said as such, not a command silently gone from --help
-    for name in COMMANDS:
+    app.registered_commands.clear()          # registering again replaces, never duplicates
+    for name in (only,) if only in COMMANDS and only != "help" else COMMANDS:
         module = f"rpeg.cli.{name}"
         try:
             importlib.import_module(module).register(app)
@@ -59,6 +63,11 @@ def _register_all() -> None:
                             f"(no module {module})", hint="reinstall rpeg") from None
 
 
+def _command(argv: list[str]) -> str | None:
+    """The command ``argv`` names: its first word that is not an option."""
+    return next((a for a in argv if not a.startswith("-")), None)
+
+
 def report(err: RpegError) -> None:
     """Print a diagnostic to stderr in the compiler format."""
     # an error in a command-line override shows the override (rpeg.spec.overrides)
@@ -67,7 +76,7 @@ def report(err: RpegError) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     try:
-        _register_all()
+        _register_all(_command(sys.argv[1:] if argv is None else argv))
         rc = app(args=argv, standalone_mode=False)
     except RpegError as e:
         report(e)

@@ -42,6 +42,7 @@ host runs the kernels) the terms are the ones ``rpeg calibrate`` measured on tha
 from __future__ import annotations
 
 import contextlib
+import functools
 
 import attrs
 
@@ -218,6 +219,8 @@ def out_of_range(eff: Efficiency) -> list[str]:
             for k, (lo, hi) in BOUNDS.items() if not lo <= getattr(eff, k) <= hi]
 
 
+# pure: one profile per answer, which pass_cost's memo then finds by identity
+@functools.lru_cache(maxsize=1024)
 def with_terms(gpu: GpuProfile, t: EngineTerms, decode: bool = False,
                graph: bool = False) -> GpuProfile:
     """``gpu`` as the engine drives it: its host overheads, and the GEMM rates it sustains

@@ -109,8 +109,12 @@ def copy_keys(op, place, members, trainer) -> tuple[ReplicaKey | None, ...]:
     held = _held(trainer) if trainer is not None else frozenset()
     on = tuple(d for d, _ in members if d in held)
     in_place = dict(zip(on, reads_in_place_on(trainer, place, on), strict=True)) if on else {}
+    # whether a vLLM engine serves a copy of its own depends on a device only through
+    # whether the trainer holds the model there: asked once for each, not once per device
     gen = op.kind is OpKind.GENERATE
-    return tuple(engine_key(model) if gen and serves_copy(trainer, place, d)
+    served_on = gen and bool(held) and serves_copy(trainer, place, next(iter(held)))
+    served_off = gen and serves_copy(trainer, place, -1)
+    return tuple(engine_key(model) if (served_on if d in held else served_off)
                  else variant_key(model, group) if d in in_place and not in_place[d]
                  else ReplicaKey(model) for d, group in members)
 
@@ -178,8 +182,7 @@ def _backbone(model: Backbone, train, readers: tuple, chunks: int):
         reads[op.name] = at
     places = (trainer,) + tuple(place for _, place, _ in readers)
     # a vLLM engine's copy, read on its host, lies on every device its workers span
-    spans = ({},) + tuple({b[0]: b for b in lay.blocks} if lay.per_block else {}
-                          for _, _, lay in readers)
+    spans = ({},) + tuple(_hosts(lay) if lay.per_block else {} for _, _, lay in readers)
     devices: dict[tuple[ReplicaKey, int], list[int]] = {}
     engine = {key: key.engine for key in {key for key, _ in first}}
     for (key, d), n in first.items():       # one copy per key and op laying it out
@@ -187,6 +190,13 @@ def _backbone(model: Backbone, train, readers: tuple, chunks: int):
     out = tuple(Copy(key, tuple(sorted(ds)), places[n], n == 0)
                 for (key, n), ds in devices.items())
     return out, reads
+
+
+@functools.lru_cache(maxsize=4096)
+def _hosts(lay) -> dict[int, tuple[int, ...]]:
+    """An engine's host -> the devices its workers span, of each block of ``lay``
+    (read-only: shared between callers)."""
+    return {b[0]: b for b in lay.blocks}
 
 
 @functools.lru_cache(maxsize=4096)

@@ -15,6 +15,7 @@ stage of a model) onto the same devices. :func:`repair` restores all of these.
 from __future__ import annotations
 
 import functools
+import itertools
 
 import attrs
 
@@ -78,6 +79,11 @@ class Context:
         return {s: _upstream(self.pipeline, s) for s in self.host}
 
     @functools.cached_property
+    def stage_rank(self) -> dict[str, int]:
+        """Stage -> its place in the spec."""
+        return {s.name: i for i, s in enumerate(self.pipeline.stages)}
+
+    @functools.cached_property
     def model_stages(self) -> tuple[str, ...]:
         return model_stages(self.pipeline)
 
@@ -125,6 +131,10 @@ def put(ctx: Context, plan: Plan, stage: str, block: Block | tuple[int, ...],
 
 
 def _ordered(ctx: Context, placements) -> tuple[StagePlacement, ...]:
+    rank = ctx.stage_rank
+    ranks = [rank.get(p.stage, -1) for p in placements]
+    if min(ranks, default=0) >= 0 and all(a < b for a, b in itertools.pairwise(ranks)):
+        return tuple(placements)             # in the spec's order already (most edits)
     by = {p.stage: p for p in placements}
     return tuple(by[s.name] for s in ctx.pipeline.stages if s.name in by)
 

@@ -69,7 +69,7 @@ class OpLayout:
 
     @property
     def blocks(self) -> tuple[tuple[int, ...], ...]:
-        return tp_blocks(self.devices, self.tp)
+        return _tp_blocks(self)
 
     def devices_of(self, chunk: int) -> tuple[int, ...]:
         """The devices running an instance's calls, the one whose output readers take
@@ -136,6 +136,11 @@ def _layout_blocks(layout: OpLayout) -> dict[int, tuple[int, ...]]:
 
 
 @functools.lru_cache(maxsize=4096)
+def _tp_blocks(layout: OpLayout) -> tuple[tuple[int, ...], ...]:
+    return tp_blocks(layout.devices, layout.tp)
+
+
+@functools.lru_cache(maxsize=4096)
 def _placed_blocks(p, tp: int) -> dict[int, tuple[int, ...]]:
     return _blocks(tuple(p.devices), tp)
 
@@ -165,9 +170,15 @@ def reads_in_place_on(trainer, reader, devices) -> tuple[bool, ...]:
     if trainer.zero.shards_params or max(trainer.pp, reader.pp) != 1:
         return (False,) * len(devices)
     held = _placed_blocks(trainer, 1)
+    if not held:
+        return (False,) * len(devices)
+    # asked on the trainer's devices only, where an engine's copy of its own depends on
+    # the placements alone: asked once, not once per device
+    if serves_copy(trainer, reader, trainer.devices[0]):
+        return (False,) * len(devices)
     mine = _placed_blocks(trainer, trainer.tp) if trainer.tp > 1 else None
     theirs = _placed_blocks(reader, reader.tp) if reader.tp > 1 else None
-    return tuple(d in held and not serves_copy(trainer, reader, d)
+    return tuple(d in held
                  and (mine[d] if mine is not None else ())
                  == (theirs[d] if theirs is not None else ()) for d in devices)
 

@@ -83,6 +83,8 @@ class Prices:
     cluster: Cluster = attrs.field(eq=False)
     max_len: int = 0                                        # longest response (tokens)
     _memo: dict[str, _Memo] = attrs.field(init=False, eq=False, factory=dict)
+    _interned: dict[StagePlacement, StagePlacement] = attrs.field(init=False, eq=False,
+                                                                  factory=dict)
 
     @classmethod
     def of(cls, pipeline: Pipeline, cluster: Cluster) -> Prices:
@@ -102,15 +104,20 @@ class Prices:
         return self._memo["_timed"](p)
 
     def _timed(self, p: StagePlacement) -> StagePlacement:
-        return self.canonical(attrs.evolve(p, chunks=1) if p.chunks != 1 else p)
+        return self._one(self.canonical(attrs.evolve(p, chunks=1) if p.chunks != 1 else p))
 
     def laid(self, p: StagePlacement) -> StagePlacement:
         """``p`` as memory reads it: its layout, on no device in particular."""
         return self._memo["_laid"](p)
 
-    @staticmethod
-    def _laid(p: StagePlacement) -> StagePlacement:
-        return attrs.evolve(p, stage="", devices=(), chunks=1)
+    def _laid(self, p: StagePlacement) -> StagePlacement:
+        return self._one(attrs.evolve(p, stage="", devices=(), chunks=1))
+
+    def _one(self, p: StagePlacement) -> StagePlacement:
+        """The one instance of ``p``'s value these prices keep: many placements read the
+        same way, and the memos keyed by it then find it by identity, not by comparing
+        its fields (thousands of devices) again."""
+        return self._interned.setdefault(p, p)
 
     def canonical(self, *ps: StagePlacement):
         """The placements moved together to where the cluster's tree looks the same (its

@@ -28,8 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Hashable, Iterable
 
-
-_NONE: dict = {}
+_NONE: dict = {}                       # no task waits for any dependency there
 
 
 class Packer:

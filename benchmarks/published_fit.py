@@ -41,7 +41,7 @@ from rpeg.cost.engines import BOUNDS, Efficiency, efficiency  # noqa: E402
 # through the starting point.
 PRIOR = Efficiency(launch_s=10e-6, generate_step_s=3e-3, vllm_step_s=3e-3,
                    graph_step_s=0.5e-3, hook_s=40e-6, grad_hook_s=40e-6, gemm=0.8,
-                   overlap=0.5, call_s=0.5)
+                   overlap=0.5, call_s=0.5, controller_rate=1e9)
 STEPS = (2.0, 1.41, 0.71, 0.5)      # multipliers tried per term each round (overlap: +-)
 PHASE_WEIGHT = 0.5
 NO_FIT_PENALTY = 3.0                 # |log2| charged for a row that does not fit (8x off)

@@ -31,8 +31,9 @@ with its log-softmax: 10).
 What they share (:class:`Efficiency`) is a handful of host and overlap terms, each with a
 unit and a physical range (:data:`BOUNDS`), the same for every engine, source and GPU kind:
 the host time of one eagerly launched kernel, of one step of a Python decode loop and of
-vLLM's scheduler, of a CUDA-graph replay, of a ZeRO-3 hook per parameter tensor, and the
-share of data-parallel and ZeRO traffic that hides behind compute. Their values were
+vLLM's scheduler, of a CUDA-graph replay, of a ZeRO-3 hook per parameter tensor, of a
+controller's call and the rate at which it moves a batch's tensors, and the share of
+data-parallel and ZeRO traffic that hides behind compute. Their values were
 fitted once, within those ranges, on the published step times of the calibration set
 (``benchmarks/published_fit.py``); ``benchmarks/published.py`` reports each source
 predicted with the terms fitted on the others. On a CPU profile (``async_launch = 0``: the
@@ -43,6 +44,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import math
 
 import attrs
 
@@ -62,6 +64,7 @@ class EngineTerms:
     grad_hook_s: float = 0.0    # ... more per tensor in a backward pass (its gradient hook)
     gemm: float = 1.0           # GPU: sustained share of the profile's GEMM rates, (0, 1]
     call_s: float = 0.0         # a controller's host time per op call (Cluster.controller)
+    controller_rate: float = math.inf   # bytes a second the controller moves a batch's tensors
     paged: bool = False         # generate: KV cache in pages of live tokens, continuous batching
     static_batch: bool = False  # generate: finished sequences stay in the batch until it ends
     kv_copy: bool = False       # generate: the cache grows by concatenation (rewritten each step)
@@ -101,9 +104,18 @@ class Efficiency:
         "s", 0.0, 2e-3, "host time per parameter tensor of a backward pass under such a "
         "ZeRO-3 beyond its gather: the gradient hook that copies, reduces and partitions it")
     call_s: float = _term(
-        "s", 0.0, 10.0, "host time of an RL framework's controller per op call and step: "
-        "it gathers the op's inputs, dispatches them to its workers, collects the outputs "
+        "s", 0.0, 10.0, "host time of an RL framework's controller per op call beyond the "
+        "bytes it moves: the round trip to its workers (a Ray actor call: ~0.2-1 ms in "
+        "Ray's own microbenchmarks) and the per-call work on the workers nothing else "
+        "prices (ReaL's request/reply hooks, gc.collect and CUDA synchronisations). A fit "
+        "of seconds here is far above any round trip: it stands for costs not yet modelled "
         "(charged where the cluster says a controller drives the ops: Cluster.controller)")
+    controller_rate: float = _term(
+        "B/s", 0.3e9, 25e9, "rate at which the controller moves an op's batch through "
+        "itself: the workers' outputs gathered to the driver and the next op's inputs "
+        "scattered from it, serialised and through an object store (pickle of a tensor "
+        "on one core: ~1 GB/s; a 200 Gb/s NIC: 25 GB/s). The bytes are "
+        ":data:`CONTROLLER_BYTES` per token of the batch's sequences")
     gemm: float = _term(
         "", 0.3, 1.0, "sustained share of the profile's measured GEMM rates (a benchmark's "
         "short bursts) that a model's passes keep up: clocks under sustained power, "
@@ -112,15 +124,25 @@ class Efficiency:
         "", 0.0, 1.0, "share of data-parallel and ZeRO traffic that hides behind compute")
 
 
+# What a controller moves per token of a batch's sequences on each op call: the rollout's
+# int64 token ids, attention mask and position ids over prompt and response, and the
+# prompt / response ids beside them (verl's DataProto after generation: 4 x 8 bytes; the
+# fp32 log-probabilities, values and advantages later ops add are 4 bytes each). ReaL's
+# master passes only metadata (its workers move the data among themselves), so this
+# overstates it there, by milliseconds at ReaL's 2^17 tokens a step.
+CONTROLLER_BYTES = 32.0
+
 BOUNDS: dict[str, tuple[float, float]] = {
     f.name: f.metadata["bounds"] for f in attrs.fields(Efficiency)}
 
 # Fitted on the calibration set by benchmarks/published_fit.py (results:
 # benchmarks/results/published.md, which also reports each source predicted with the terms
-# fitted on the others).
+# fitted on the others). The controller's rate is the prior's 1 GB/s (a tensor pickled on
+# one core): the rows do not constrain it (0.3-25 GB/s moves their loss by under 1e-3),
+# since what they move through a controller is 4 MB to 0.8 GB a call.
 EFFICIENCY = Efficiency(launch_s=14.22e-6, generate_step_s=20e-3, vllm_step_s=6.007e-3,
                         graph_step_s=0.5e-3, hook_s=0.8948e-6, grad_hook_s=2e-3, gemm=0.8075,
-                        overlap=0.3325, call_s=2.803)
+                        overlap=0.3325, call_s=2.803, controller_rate=1e9)
 
 
 class Loop:
@@ -172,6 +194,7 @@ def terms_of(kind: EngineKind, eff: Efficiency) -> EngineTerms:
                        overlap=eff.overlap, hook_s=eff.hook_s if kind.per_tensor_hooks else 0.0,
                        grad_hook_s=eff.grad_hook_s if kind.per_tensor_hooks else 0.0,
                        gemm=eff.gemm, call_s=eff.call_s,
+                       controller_rate=eff.controller_rate,
                        paged=kind.paged, static_batch=kind.static_batch, kv_copy=kind.kv_copy,
                        default_seqs=kind.default_seqs, logits_fwd=kind.logits_fwd,
                        logits_train=kind.logits_train, sequence_parallel=kind.sequence_parallel,

@@ -62,7 +62,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from rpeg.cost import compute as C
-from rpeg.cost.engines import engine_terms
+from rpeg.cost.engines import CONTROLLER_BYTES, engine_terms
 from rpeg.cost.generation import (
     StageCost,
     admissions,
@@ -136,12 +136,21 @@ def estimate_stage(work: Work, par: Parallel, devices: Sequence[int],
                      padded_len, partial, off_policy, mean_len)
     if cluster.controller and (work.kind in (OpKind.GENERATE, OpKind.FORWARD, OpKind.TRAIN)
                                or work.kind is OpKind.SCORE and not work.on_host):
-        c = engine_terms(engine, gpu).call_s        # the controller's round trip
+        c = controller_time(engine_terms(engine, gpu), work, batch, mean_len)
         cost = StageCost(cost.time_s + c, cost.compute_s + c, cost.comm_s,
                          cost.breakdown + (("control", c),), cost.roof)
     cost = _concurrent(cost, gpu.concurrency_slowdown) if len(devices) > 1 \
         else cost
     return cost
+
+
+def controller_time(terms, work: Work, batch: int, mean_len: float | None) -> float:
+    """Seconds a controller spends on one op call: its host time per call, and the batch's
+    sequences (:data:`CONTROLLER_BYTES` a token) through it at its rate."""
+    w = work.workload
+    response = float(w.gen_len.quantiles().mean()) if mean_len is None else mean_len
+    tokens = batch * (float(w.prompt_lens.quantiles().mean()) + response)
+    return terms.call_s + tokens * CONTROLLER_BYTES / terms.controller_rate
 
 
 def _concurrent(cost: StageCost, slowdown: float) -> StageCost:

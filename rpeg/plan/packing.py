@@ -28,6 +28,8 @@ from __future__ import annotations
 
 from collections.abc import Hashable, Iterable
 
+_NONE: dict = {}                       # no task waits for any dependency there
+
 
 class Packer:
     """The tasks of calls packed so far (see the module doc)."""
@@ -36,10 +38,10 @@ class Packer:
         self.waits: list[set[Hashable]] = []          # task -> the tasks it waits for
         self._open: dict[tuple[int, int], list[int]] = {}          # (device, step) -> tasks
         self._sealed: dict[tuple[int, int], dict[int, tuple]] = {}  # -> task: (chunk, ops)
-        # (device, step, a task) -> the tasks started there waiting for it, and the tasks
+        # (device, step) -> a task -> the tasks started there waiting for it, and the tasks
         # a call read elsewhere closed: where a call may join is found among the few
         # tasks of its device that wait for one of its dependencies
-        self._waiting: dict[tuple[int, int, Hashable], list[int]] = {}
+        self._waiting: dict[tuple[int, int], dict[Hashable, list[int]]] = {}
         self._closed: set[int] = set()
         self._partners: dict[str, set[str]] = {}
         for names in together:
@@ -56,19 +58,23 @@ class Packer:
               deps: set[Hashable], collective: bool = False) -> int:
         """The task a call of ``op`` (``step``, ``chunk``) on ``device`` runs in: ``need``,
         the tasks of its dependencies not yet finished; ``deps``, of all of them."""
+        at = (device, step)
         if not collective:
-            here = self._open.get((device, step))
+            here = self._open.get(at)
             if here:
-                g = self._fitting(device, step, here, need)
+                g = self._fitting(at, here, need)
                 if g is not None:
                     return g
-            sealed = self._sealed.get((device, step))
+            sealed = self._sealed.get(at)
             if sealed:
                 g = next((t for t, (c, ops) in reversed(sealed.items())
                           if op in ops and c == chunk and self._fits(t, need)), None)
                 if g is not None:
                     return g
-        return self._start(device, step, deps)
+        g = len(self.waits)                   # a task of its own
+        self.waits.append(set(deps))
+        self._open_on(at, g, deps)
+        return g
 
     def gang(self, devices: tuple[int, ...], step: int, deps: set[Hashable],
              named: bool = True) -> list[int]:
@@ -89,28 +95,25 @@ class Packer:
                     here.append(g)
             return list(range(first, len(self.waits)))
         for g, device in enumerate(devices, first):
-            self._open_on(device, step, g, waits)
+            self._open_on((device, step), g, waits)
         return list(range(first, len(self.waits)))
 
-    def _start(self, device: int, step: int, deps: set[Hashable]) -> int:
-        """Start a task open to the calls of ``device`` in ``step``, waiting for ``deps``."""
-        g = len(self.waits)
-        self.waits.append(set(deps))
-        self._open_on(device, step, g, deps)
-        return g
-
-    def _open_on(self, device: int, step: int, g: int, deps: set[Hashable]) -> None:
-        """Task ``g``, waiting for ``deps``, is open to the calls of ``device`` in ``step``."""
-        here = self._open.get((device, step))
+    def _open_on(self, at: tuple[int, int], g: int, deps: set[Hashable]) -> None:
+        """Task ``g``, waiting for ``deps``, is open to the calls of ``at`` (device, step)."""
+        here = self._open.get(at)
         if here is None:
-            self._open[(device, step)] = [g]
+            self._open[at] = [g]
         else:
             here.append(g)
-        waiting = self._waiting
+        if not deps:
+            return
+        waiting = self._waiting.get(at)
+        if waiting is None:
+            waiting = self._waiting[at] = {}
         for d in deps:
-            w = waiting.get((device, step, d))
+            w = waiting.get(d)
             if w is None:
-                waiting[(device, step, d)] = [g]
+                waiting[d] = [g]
             else:
                 w.append(g)
 
@@ -132,9 +135,9 @@ class Packer:
     def _fits(self, g: int, need: set[Hashable]) -> bool:
         return all(d == g or d in self.waits[g] for d in need)
 
-    def _fitting(self, device: int, step: int, here: list[int], need: set[Hashable]
+    def _fitting(self, at: tuple[int, int], here: list[int], need: set[Hashable]
                  ) -> int | None:
-        """The newest task of ``here`` (open on ``device`` in ``step``) holding or waiting
+        """The newest task of ``here`` (open on ``at``: device, step) holding or waiting
         for every one of ``need``.
 
         A task that fits holds or waits for each dependency: it is that dependency, or one
@@ -145,15 +148,21 @@ class Packer:
             return None
         if not need:
             return here[-1]
-        waiting, closed = self._waiting, self._closed
+        waiting, closed = self._waiting.get(at, _NONE), self._closed
         if len(need) == 1:             # each task waiting for it fits: the newest open
             (d0,) = need
-            for g in reversed(waiting.get((device, step, d0), ())):
+            for g in reversed(waiting.get(d0, ())):
                 if g not in closed:
                     return g
             return d0 if d0 in here else None
-        fewest, d0 = min(((waiting.get((device, step, d), ()), d) for d in need),
-                         key=lambda x: len(x[0]))
+        fewest: list[int] | tuple = ()
+        d0, least = None, -1
+        for d in need:                 # the first with the fewest, as need iterates
+            w = waiting.get(d, ())
+            if least < 0 or len(w) < least:
+                fewest, d0, least = w, d, len(w)
+                if not least:          # none fewer
+                    break
         for g in reversed(fewest):
             if g not in closed and self._fits(g, need):
                 return g

@@ -93,6 +93,7 @@ def dispatch_per_step(graph: Graph, layouts: dict[str, OpLayout], chunks: int = 
         """Pack one step's calls, as the runtime does when the step enters its window:
         (calls, tasks, futures)."""
         first, calls, order = len(pack.waits), 0, 0
+        place, read_elsewhere = pack.place, pack.read_elsewhere
         for k, op, chunk, inputs, readers in _rows(prep, step)[0]:
             at = laid[op]
             ds, _, gang, at_head = at[chunk % len(at)]
@@ -101,7 +102,8 @@ def dispatch_per_step(graph: Graph, layouts: dict[str, OpLayout], chunks: int = 
             elsewhere = False
             for reader, rc in readers:
                 at = laid[reader]
-                if any(d != head for d in at[rc % len(at)][1]):
+                two = at[rc % len(at)][1]         # one device or two, never none
+                if two[0] != head or two[-1] != head:
                     elsewhere = True
                     break
             calls += len(ds)
@@ -116,14 +118,14 @@ def dispatch_per_step(graph: Graph, layouts: dict[str, OpLayout], chunks: int = 
                 for i in at_head:
                     task[k] = ranks[i]
                     if elsewhere:
-                        pack.read_elsewhere(head, ranks[i], step, chunk, op)
+                        read_elsewhere(head, ranks[i], step, chunk, op)
                 continue
             for dev in ds:                        # each call placed after the one before
-                gi = pack.place(dev, step, chunk, op, deps, deps)
+                gi = place(dev, step, chunk, op, deps, deps)
                 if dev == head:
                     task[k] = gi
                     if elsewhere:
-                        pack.read_elsewhere(dev, gi, step, chunk, op)
+                        read_elsewhere(dev, gi, step, chunk, op)
         if step < last:                 # only the steady step's futures are counted
             return calls, len(pack.waits) - first, order
         return calls, len(pack.waits) - first, sum(map(len, pack.waits[first:])) + order

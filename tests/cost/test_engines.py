@@ -6,7 +6,7 @@ from __future__ import annotations
 import attrs
 import pytest
 
-from rpeg.cost.engines import ENGINES, engine_terms
+from rpeg.cost.engines import CONTROLLER_BYTES, EFFICIENCY, ENGINES, efficiency, engine_terms
 from rpeg.cost.examples import ppo_pipeline, single_gpu_op
 from rpeg.cost.generation import generate_memory, generation_rows
 from rpeg.cost.memory import Parallel, local_params, model_params, resident_memory
@@ -144,3 +144,22 @@ def test_single_gpu_ops_grow_with_the_model(kind):
     times = [single_gpu_op(kind, m, batch=8, prompt_len=256, gen_len=128)
              for m in ("qwen2.5-0.5b", "qwen2.5-1.5b", "llama3.1-8b")]
     assert times == sorted(times) and times[0] > 0
+
+
+
+def test_a_controller_charges_its_round_trip_and_the_batch_through_it(ppo):
+    """Each op call a controller drives costs its round trip plus the batch's sequences
+    (CONTROLLER_BYTES a token) at its rate: twice the batch, twice the bytes' share."""
+    work, par, w = work_of(ppo, "ref_lp"), Parallel(dp=8), ppo.workload
+    driven = attrs.evolve(H100, controller=True)
+    with efficiency(attrs.evolve(EFFICIENCY, call_s=5e-3, controller_rate=1e9)):
+        plain = estimate_stage(work, par, R8, H100, engine=Engine.TORCH)
+        one = estimate_stage(work, par, R8, driven, engine=Engine.TORCH)
+        two = estimate_stage(work, par, R8, driven, engine=Engine.TORCH, batch=2 * w.batch)
+    tokens = w.batch * (float(w.prompt_lens.quantiles().mean())
+                        + float(w.gen_len.quantiles().mean()))
+    charge = dict(one.breakdown)["control"]
+    assert "control" not in dict(plain.breakdown)
+    assert one.time_s == pytest.approx(plain.time_s + charge)
+    assert charge == pytest.approx(5e-3 + tokens * CONTROLLER_BYTES / 1e9)
+    assert dict(two.breakdown)["control"] - 5e-3 == pytest.approx(2 * (charge - 5e-3))

@@ -48,8 +48,9 @@ QUICK_REPEATS = 2              # timed calls per measurement of a first-use cali
 QUICK_CONTROL_STEPS = 16       # steps of each of the control plane's three short runs
 # What a calibration measures, numbered: a cached profile from an earlier one lacks terms
 # the cost model now reads, so it is measured again (2: data-parallel train ops on two
-# worker ranks, the profile's dp_tensor_overhead and shard_tensor_overhead)
-CALIBRATION = 2
+# worker ranks, the profile's dp_tensor_overhead and shard_tensor_overhead; 3: the control
+# plane's idle CPU, control_idle, and its per-device and per-task terms without checkpoints)
+CALIBRATION = 3
 
 __all__ = ["ProfileChoice", "MachineId", "LocalProfile", "local_profile", "calibrated_on",
            "choice_from_env", "cache_dir", "calibrate_into", "measure_machine"]

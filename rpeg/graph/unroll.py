@@ -137,11 +137,36 @@ def unroll(graph: Graph, steps: int, chunks: dict[str, int] | None = None, *,
     blocks (op -> count, default 1), those in ``carry`` (op -> steps) continuing their
     responses across steps, readers in ``in_place`` sharing their writer's replica; see the
     module doc."""
+    made: dict[tuple[str, int, int], Instance] = {}   # each instance made once (hashed once)
+
+    def inst(op: str, s: int, c: int = 0) -> Instance:
+        i = made.get((op, s, c))
+        if i is None:
+            i = made[(op, s, c)] = Instance(op, s, c)
+        return i
+
+    counts, cells, edges = unroll_edges(graph, steps, inst, chunks, carry=carry,
+                                        horizon=horizon, in_place=in_place, lanes=lanes,
+                                        partly=partly)
+    return Unrolled(graph, steps, tuple(sorted(counts.items())),
+                    tuple(inst(*cell) for cell in cells), tuple(Dep(*e) for e in edges))
+
+
+def unroll_edges(graph: Graph, steps: int, node, chunks: dict[str, int] | None = None, *,
+                 carry: dict[str, int] | None = None, horizon: int | None = None,
+                 in_place: frozenset[tuple[str, str]] = frozenset(),
+                 lanes: dict[str, int] | None = None,
+                 partly: dict[tuple[str, str], tuple[int, frozenset[int]]] | None = None
+                 ) -> tuple[dict[str, int], list[tuple[str, int, int]], list[tuple]]:
+    """What :func:`unroll` makes, with each instance named by ``node(op, step, chunk)``
+    (an :class:`Instance`, or a number where a caller indexes them): (the chunk count of
+    each op, the instances as (op, step, chunk) in step, graph and chunk order, the
+    dependencies as (src, dst, :class:`DepKind`, datum) in :attr:`Unrolled.deps` order)."""
     counts = chunk_counts(graph, chunks or {})
     order = graph.topo_order()
     lags = {(e.writer, e.reader): e.lag for e in graph.version_edges}
     read: set[tuple[str, int]] = set()        # (sync op, step) whose version someone reads
-    deps: list[Dep] = []
+    deps: list[tuple] = []
     into: dict[str, list] = {op: [] for op in order}          # each op's data edges in
     for e in graph.data_edges:
         into[e.dst].append(e)
@@ -152,56 +177,47 @@ def unroll(graph: Graph, steps: int, chunks: dict[str, int] | None = None, *,
     behind = {e.reader: e.writer for e in graph.version_edges
               if kinds[e.reader] is OpKind.SYNC_WEIGHTS}     # a weight sync -> its trainer
     partly = partly or {}
-    made: dict[tuple[str, int, int], Instance] = {}   # each instance made once (hashed once)
-
-    def inst(op: str, s: int, c: int = 0) -> Instance:
-        i = made.get((op, s, c))
-        if i is None:
-            i = made[(op, s, c)] = Instance(op, s, c)
-        return i
-
+    data, version = DepKind.DATA, DepKind.VERSION
     for s in range(steps):
         for op in order:
             for c in range(counts[op]):
-                dst = inst(op, s, c)
+                dst = node(op, s, c)
                 for e in into[op]:
                     n_src = counts[e.src]
                     if n_src == 1:
-                        deps.append(Dep(inst(e.src, s), dst, DepKind.DATA, e.data))
+                        deps.append((node(e.src, s, 0), dst, data, e.data))
                     elif counts[op] == n_src:
-                        deps.append(Dep(inst(e.src, s, c), dst, DepKind.DATA, e.data))
+                        deps.append((node(e.src, s, c), dst, data, e.data))
                     else:
-                        deps += [Dep(inst(e.src, s, k), dst, DepKind.DATA, e.data)
-                                 for k in range(n_src)]
+                        deps += [(node(e.src, s, k), dst, data, e.data) for k in range(n_src)]
                 for e in versions[op]:
                     src_step = writer_step(kinds[op], s, e.lag)
                     if src_step >= 0:
                         writer = _shared_writer(e.writer, op, c, behind, partly)
-                        deps.append(Dep(inst(writer, src_step), dst, DepKind.VERSION,
-                                        e.model))
+                        deps.append((node(writer, src_step, 0), dst, version, e.model))
                         read.add((writer, src_step))
     syncs = {o.name for o in graph.ops if o.kind is OpKind.SYNC_WEIGHTS}
 
     def runs(op: str, s: int) -> bool:          # a finite run syncs only versions it reads
         return op not in syncs or horizon is None or (op, s) in read
 
-    instances = tuple(inst(op, s, c) for s in range(steps) for op in order
-                      if runs(op, s) for c in range(counts[op]))
-    kept = set(instances)
-    if len(kept) < len(made):                   # syncs left out: their edges too
-        deps = [d for d in deps if d.src in kept and d.dst in kept]
-    order_deps = [d for d in _ordering(graph, instances, counts, carry or {}, lags, in_place,
-                                       lanes or {}, inst, partly or {})
-                  if d.src in kept and d.dst in kept]
+    cells = [(op, s, c) for s in range(steps) for op in order
+             if runs(op, s) for c in range(counts[op])]
+    order_deps = _ordering(kinds, graph.version_edges, steps, cells, counts, carry or {},
+                           lags, in_place, lanes or {}, node, partly)
+    if len(cells) < steps * sum(counts.values()):      # syncs left out: their edges too
+        kept = {node(*cell) for cell in cells}
+        deps = [d for d in deps if d[0] in kept and d[1] in kept]
+        order_deps = [d for d in order_deps if d[0] in kept and d[1] in kept]
     # an ordering edge where an edge already runs adds nothing: looked for among the
     # edges into the few instances ordering edges reach
-    ends = {d.dst for d in order_deps}
-    linked = {(d.src, d.dst) for d in deps if d.dst in ends}
+    ends = {d[1] for d in order_deps}
+    linked = {(d[0], d[1]) for d in deps if d[1] in ends}
     for d in order_deps:
-        if (d.src, d.dst) not in linked:
-            linked.add((d.src, d.dst))
+        if (d[0], d[1]) not in linked:
+            linked.add((d[0], d[1]))
             deps.append(d)
-    return Unrolled(graph, steps, tuple(sorted(counts.items())), instances, tuple(deps))
+    return counts, cells, deps
 
 
 def _shared_writer(writer: str, reader: str, chunk: int, behind: dict[str, str],
@@ -214,39 +230,39 @@ def _shared_writer(writer: str, reader: str, chunk: int, behind: dict[str, str],
     return trainer if some is not None and chunk % some[0] in some[1] else writer
 
 
-def _ordering(graph: Graph, instances, counts: dict[str, int], carry: dict[str, int],
-              lags: dict[tuple[str, str], int], in_place: frozenset[tuple[str, str]],
-              lanes: dict[str, int], inst=Instance,
-              partly: dict[tuple[str, str], tuple[int, frozenset[int]]] | None = None
-              ) -> list[Dep]:
-    """The ORDER dependencies of the module doc: stream order, carried streams, write
-    after read."""
-    out: list[Dep] = []
-    for i in instances:
-        if graph.op(i.op).kind is not OpKind.GENERATE:
+def _ordering(kinds: dict[str, OpKind], version_edges, steps: int, cells,
+              counts: dict[str, int],
+              carry: dict[str, int], lags: dict[tuple[str, str], int],
+              in_place: frozenset[tuple[str, str]], lanes: dict[str, int], node,
+              partly: dict[tuple[str, str], tuple[int, frozenset[int]]]) -> list[tuple]:
+    """The ORDER dependencies of the module doc among ``cells`` (op, step, chunk): stream
+    order, carried streams, write after read."""
+    out: list[tuple] = []
+    for op, s, c in cells:
+        if kinds[op] is not OpKind.GENERATE:
             continue
-        n, d = counts[i.op], max(1, lanes.get(i.op, 1))
-        if i.chunk >= d:
-            out.append(Dep(inst(i.op, i.step, i.chunk - d), i, DepKind.ORDER, STREAM))
-        elif carry.get(i.op, 0) > 0 and i.step > 0:
-            last = inst(i.op, i.step - 1, i.chunk + (n - 1 - i.chunk) // d * d)
-            out.append(Dep(last, i, DepKind.ORDER, CARRY))
+        n, d = counts[op], max(1, lanes.get(op, 1))
+        if c >= d:
+            out.append((node(op, s, c - d), node(op, s, c), DepKind.ORDER, STREAM))
+        elif carry.get(op, 0) > 0 and s > 0:
+            last = node(op, s - 1, c + (n - 1 - c) // d * d)
+            out.append((last, node(op, s, c), DepKind.ORDER, CARRY))
     # a weight sync's writer: a reader of the sync that reads the trained weights where they
     # are (the sync moves nothing to it) shares the trainer's replica
-    behind = {e.reader: e.writer for e in graph.version_edges
-              if graph.op(e.reader).kind is OpKind.SYNC_WEIGHTS}
-    for i in instances:
-        for e in graph.version_edges:
-            if e.reader != i.op:
+    behind = {e.reader: e.writer for e in version_edges
+              if kinds[e.reader] is OpKind.SYNC_WEIGHTS}
+    for op, s, c in cells:
+        for e in version_edges:
+            if e.reader != op:
                 continue
             for w in (e.writer, behind.get(e.writer)):
                 if w is None or (w, e.reader) not in in_place:
                     continue
-                some = (partly or {}).get((w, e.reader))
-                if some is not None and i.chunk % some[0] not in some[1]:
+                some = partly.get((w, e.reader))
+                if some is not None and c % some[0] not in some[1]:
                     continue                  # a chunk on a block reading a copy of its own
-                v = read_version(graph.op(i.op).kind, i.step, lags[(e.writer, e.reader)])
-                writer = inst(w, v, 0)                # makes version v + 1 of that replica
-                if (writer.op, writer.step) != (i.op, i.step):
-                    out.append(Dep(i, writer, DepKind.ORDER, e.model))
+                v = read_version(kinds[op], s, lags[(e.writer, e.reader)])
+                # the writer of version v + 1 of that replica, where it is unrolled
+                if v < steps and (w, v) != (op, s):
+                    out.append((node(op, s, c), node(w, v, 0), DepKind.ORDER, e.model))
     return out

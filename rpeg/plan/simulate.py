@@ -49,6 +49,7 @@ import numpy as np
 
 from rpeg.errors import PlanError
 from rpeg.graph import DepKind, Graph, Instance, chunk_counts
+from rpeg.graph.unroll import STREAM, unroll_edges
 from rpeg.plan.lower import Placed
 from rpeg.spec.model import OpKind
 
@@ -336,24 +337,33 @@ _PREPARED: dict[tuple, _Prepared] = {}
 
 
 def _prepare_uncached(placed: Placed, steps: int) -> _Prepared:
-    """The instances and edges of ``steps`` steps of ``placed`` as index arrays."""
-    u = placed.edges(steps)
-    graph = u.graph
-    order = {name: i for i, name in enumerate(graph.topo_order())}
-    insts = sorted(u.instances, key=lambda i: (i.step, order[i.op], i.chunk))
-    index = {inst: k for k, inst in enumerate(insts)}
-    waiting = [0] * len(insts)
-    dependents: list[list[int]] = [[] for _ in insts]
-    fed: list[list[int]] = [[] for _ in insts]
-    for dep in u.deps:
-        waiting[index[dep.dst]] += 1
-        dependents[index[dep.src]].append(index[dep.dst])
-        if dep.kind is not DepKind.ORDER or dep.data == "stream":
-            fed[index[dep.src]].append(index[dep.dst])
-    return _Prepared(tuple(insts), tuple(waiting), tuple(i.step for i in insts),
-                     tuple(tuple(d) for d in dependents), tuple(tuple(d) for d in fed),
-                     dict(u.chunks), tuple(i.op for i in insts),
-                     tuple((i.op, i.chunk) for i in insts))
+    """The instances and edges of ``steps`` steps of ``placed`` (those of
+    :meth:`Placed.edges <rpeg.plan.lower.Placed.edges>`) as index arrays: unrolled with each
+    instance named by its index, the instances coming out in priority order."""
+    graph = placed.graph
+    chunks = {op: placed.chunks for op, _ in placed.lanes}
+    counts = chunk_counts(graph, chunks)
+    first: dict[str, int] = {}                   # each op's first index within a step
+    per_step = 0
+    for op in graph.topo_order():
+        first[op], per_step = per_step, per_step + counts[op]
+    _, cells, edges = unroll_edges(
+        graph, steps, lambda op, s, c: s * per_step + first[op] + c, chunks,
+        carry=dict(placed.carry), lanes=dict(placed.lanes), in_place=placed.in_place,
+        partly=dict(placed.partly))
+    waiting = [0] * len(cells)
+    dependents: list[list[int]] = [[] for _ in cells]
+    fed: list[list[int]] = [[] for _ in cells]
+    order = DepKind.ORDER
+    for src, dst, kind, data in edges:
+        waiting[dst] += 1
+        dependents[src].append(dst)
+        if kind is not order or data == STREAM:
+            fed[src].append(dst)
+    return _Prepared(tuple(Instance(*cell) for cell in cells), tuple(waiting),
+                     tuple(s for _, s, _ in cells), tuple(map(tuple, dependents)),
+                     tuple(map(tuple, fed)), dict(sorted(counts.items())), tuple(op for op, _, _ in cells),
+                     tuple((op, c) for op, _, c in cells))
 
 
 @functools.lru_cache(maxsize=4096)

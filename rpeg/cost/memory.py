@@ -42,6 +42,7 @@ runs on the host (DeepSpeed's CPU Adam).
 
 from __future__ import annotations
 
+import functools
 import math
 
 import attrs
@@ -142,7 +143,13 @@ def head_dims(model: Model) -> ModelDims:
     """The dimensions used to price the output head: a value/reward head emits one number."""
     if model.head is Head.LM:
         return model.dims
-    return attrs.evolve(model.dims, vocab=1)
+    return _scalar_head(model.dims)
+
+
+@functools.lru_cache(maxsize=256)
+def _scalar_head(dims: ModelDims) -> ModelDims:
+    """``dims`` with a one-number head (made once per model: priced on every proposal)."""
+    return attrs.evolve(dims, vocab=1)
 
 
 def model_params(model: Model) -> int:

@@ -41,6 +41,7 @@ training run at nearly the same rate) would read faster than any steady state.
 from __future__ import annotations
 
 import functools
+import gc
 import heapq
 import math
 
@@ -317,7 +318,16 @@ def prepared(placed: Placed, steps: int) -> _Prepared:
         return hit
     if len(_PREPARED) > 512:
         _PREPARED.clear()
-    prep = _PREPARED[key] = _prepare_uncached(*key)
+    # hundreds of thousands of acyclic edge tuples, dropped once indexed: the cycle
+    # collector walking the compile's heap for each batch of them would cost more than
+    # the preparation itself
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        prep = _PREPARED[key] = _prepare_uncached(*key)
+    finally:
+        if collecting:
+            gc.enable()
     return prep
 
 

@@ -20,11 +20,22 @@ runtime lays its calls out by); a weight sync's on the devices sending and recei
 calls pack into tasks
 by :class:`rpeg.plan.packing.Packer` (the runtime's fusion packs its calls by it), fed
 with instances: a call's dependencies are the tasks of the first ranks of the instances it
-reads, and a gang of ``JOIN_MIN`` ranks or more waits through one join call, a task of its
-own (``rpeg.runtime.lowering.joins``). Nothing of a step in flight counts as finished (the runtime
-submits a step ahead), so this is the count with the least fusion. The futures counted
-are those of data, version and stream edges, and one for each gang a member's device ran
-before (the order of collectives); the runtime passes a few more ordering ones.
+reads, and a gang of ``JOIN_MIN`` ranks or more waits through one join call
+(``rpeg.runtime.lowering.joins``), a task of its own by :meth:`Packer.join
+<rpeg.plan.packing.Packer.join>`, the rule the runtime's fusion places its join calls by.
+Nothing of a step in flight counts as finished (the runtime submits a step ahead), so this
+is the count with the least fusion. The futures counted are those of data, version and
+stream edges, and one for each gang a member's device ran before (the order of
+collectives); the runtime passes a few more ordering ones.
+
+What the Packer is fed still differs from the runtime's feed in three ways, each checked
+equal in count by the tests that compare this count with the runtime's fusion
+(``tests/plan/test_tasks*.py``), not yet one function both sides call: the grain (here an
+instance, a gang's ranks through :meth:`Packer.gang`; there one call per rank); the
+dependencies (here the instances' data, version and stream edges, each generate op's
+chunks on a lane of their own; there every call's data and ordering edges); and which
+reads end a task (here a data reader whose first two devices are not the instance's
+first; there any call on another device depending on it, ordering ones included).
 """
 
 from __future__ import annotations
@@ -82,9 +93,10 @@ def dispatch_per_step(graph: Graph, layouts: dict[str, OpLayout], chunks: int = 
     alone = not replay and all(_gang(layouts, prep.keys[i]) for i in before)
     if not (alone or replay):                    # the steps before packed first
         prep, last = steady_step(graph, layouts, chunks, steps)
-    # by (op, chunk): each instance's devices, the first two (where a reader runs: another
-    # device reads the output of an instance's first rank when it runs there), whether it
-    # is a gang, and its ranks on its first device; looked up per layout, not per instance
+    # by (op, chunk): each instance's devices, those reading its inputs (the first two, or
+    # a large gang's join's: another device reads the output of an instance's first rank
+    # when it runs there), whether it is a gang, and its ranks on its first device; looked
+    # up per layout, not per instance
     laid = {op: laid_out(lay) for op, lay in layouts.items()}
     task: dict[int, int] = {}                    # instance -> the task of its first rank
     pack = Packer(together)
@@ -111,7 +123,7 @@ def dispatch_per_step(graph: Graph, layouts: dict[str, OpLayout], chunks: int = 
                 if len(ds) >= JOIN_MIN:           # waiting through a join, a task of its own
                     calls += 1
                     order += len(ds)              # each member on the gang before it there
-                    ranks = pack.gang(ds, step, {pack.new(deps)}, named=False)
+                    ranks = pack.gang(ds, step, {pack.join(deps)}, named=False)
                 else:                             # each member waits for the gang before
                     order += len(ds) ** 2         # it on each member's device
                     ranks = pack.gang(ds, step, deps)
@@ -171,8 +183,11 @@ def relabelled(layouts: dict[str, OpLayout]) -> tuple[tuple[str, OpLayout], ...]
 def laid_out(lay: OpLayout) -> tuple[tuple, ...]:
     """Per chunk ``c`` of an op laid out as ``lay``, at ``c`` modulo the tuple's length
     (its chunks run on its blocks in turn, all on one block where not streamed): (the
-    devices of its instance, or (-1,) where it has none; the first two; whether it is a
-    gang; its ranks on its first device, where a gang). Memoised by the layout, whose hash
+    devices of its instance, or (-1,) where it has none; the devices reading its inputs,
+    one or two, enough to tell whether all are one device: its first two, or the first
+    alone for a gang of ``JOIN_MIN`` ranks or more, which reads them through its join
+    there (``rpeg.runtime.lowering.joins``); whether it is a gang; its ranks on its first
+    device, where a gang). Memoised by the layout, whose hash
     is kept: a search lays the same ops out again and again."""
     tp = max(1, lay.tp)
     period = -(-len(lay.devices) // tp) if lay.chunked and not lay.everywhere else 1
@@ -181,7 +196,8 @@ def laid_out(lay: OpLayout) -> tuple[tuple, ...]:
         own = lay.devices_of(c)
         ds = own or (-1,)
         gang = lay.collective and len(own) > 1
-        out.append((ds, ds[:2], gang,
+        # where it reads its inputs: a large gang through its join, on its first device
+        out.append((ds, ds[:1] if gang and len(own) >= JOIN_MIN else ds[:2], gang,
                     tuple(i for i, d in enumerate(ds) if d == ds[0]) if gang else ()))
     return tuple(out)
 

@@ -17,25 +17,26 @@ instances out as, the Dask tasks its fusion packs them into, and the futures tho
 The calls lie on their devices as :func:`rpeg.plan.oplayout.op_layout` says (the layout the
 runtime lays its calls out by); a weight sync's on the devices sending and receiving
 (:func:`rpeg.plan.oplayout.sync_calls`), as :func:`rpeg.plan.lower.lower` places them. The
-calls pack into tasks
-by :class:`rpeg.plan.packing.Packer` (the runtime's fusion packs its calls by it), fed
-with instances: a call's dependencies are the tasks of the first ranks of the instances it
-reads, and a gang of ``JOIN_MIN`` ranks or more waits through one join call
-(``rpeg.runtime.lowering.joins``), a task of its own by :meth:`Packer.join
-<rpeg.plan.packing.Packer.join>`, the rule the runtime's fusion places its join calls by.
-Nothing of a step in flight counts as finished (the runtime submits a step ahead), so this
-is the count with the least fusion. The futures counted are those of data, version and
-stream edges, and one for each gang a member's device ran before (the order of
-collectives); the runtime passes a few more ordering ones.
+calls pack into tasks by :class:`rpeg.plan.packing.Packer` (the runtime's fusion packs its
+calls by it), fed with instances: a call's dependencies are the tasks of the first ranks
+of the instances it reads, and a gang of ``JOIN_MIN`` ranks or more waits through one join
+call (``rpeg.runtime.lowering.joins``), a task of its own by :meth:`Packer.join
+<rpeg.plan.packing.Packer.join>`, the rule the runtime's fusion places its join calls by,
+on the gang's first device, where the gang reads its inputs. Nothing of a step in flight
+counts as finished (the runtime submits a step ahead), so this is the count with the least
+fusion. The futures counted are those of data, version and stream edges, and one for each
+gang a member's device ran before (the order of collectives); the runtime passes a few
+more ordering ones.
 
-What the Packer is fed still differs from the runtime's feed in three ways, each checked
-equal in count by the tests that compare this count with the runtime's fusion
-(``tests/plan/test_tasks*.py``), not yet one function both sides call: the grain (here an
-instance, a gang's ranks through :meth:`Packer.gang`; there one call per rank); the
-dependencies (here the instances' data, version and stream edges, each generate op's
-chunks on a lane of their own; there every call's data and ordering edges); and which
-reads end a task (here a data reader whose first two devices are not the instance's
-first; there any call on another device depending on it, ordering ones included).
+What the Packer is fed here still differs from the runtime's feed in three ways, not yet
+one function both sides call: the grain (here an instance, a gang's ranks through
+:meth:`Packer.gang`; there one call per rank); the dependencies (here the instances' data,
+version and stream edges, each generate op's chunks on a lane of their own; there every
+call's data and ordering edges); and which reads end a task (here a data reader whose
+first two devices, or a large gang's join's one, are not the instance's first; there any
+call on another device depending on it, ordering ones included).
+``tests/plan/test_tasks.py`` checks the counts equal to the runtime's fusion over split
+plans scaled past ``JOIN_MIN`` ranks (a property test) and at 64 devices.
 """
 
 from __future__ import annotations

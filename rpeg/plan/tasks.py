@@ -31,8 +31,8 @@ more ordering ones.
 What the Packer is fed here still differs from the runtime's feed in three ways, not yet
 one function both sides call: the grain (here an instance, a gang's ranks through
 :meth:`Packer.gang`; there one call per rank); the dependencies (here the instances' data,
-version and stream edges, each generate op's chunks on a lane of their own; there every
-call's data and ordering edges); and which reads end a task (here a data reader whose
+version and stream edges, a generate op's chunks in order on each of its blocks; there
+every call's data and ordering edges); and which reads end a task (here a data reader whose
 first two devices, or a large gang's join's one, are not the instance's first; there any
 call on another device depending on it, ordering ones included).
 ``tests/plan/test_tasks.py`` checks the counts equal to the runtime's fusion over split
@@ -61,9 +61,11 @@ def steady_step(graph: Graph, layouts: dict[str, OpLayout], chunks: int, steps: 
     step whose inputs come from steady steps, to pack the steps before it first; else the
     first step all of whose inputs are unrolled (what it reads, lag + 1 back, is there),
     one step less to unroll for a step packed alone."""
-    # its generate ops' chunks each on a lane of its own: the count with the least fusion
+    # its generate ops' chunks streamed in order on each of their blocks, as the runtime
+    # orders them (chunk c on block c mod blocks, after chunk c - blocks)
     streamed = Placed(graph, 0, chunks=chunks, lanes=tuple(
-        (o.name, 1) for o in graph.ops if o.kind is OpKind.GENERATE))
+        (o.name, len(laid_out(layouts[o.name])) if o.name in layouts else 1)
+        for o in graph.ops if o.kind is OpKind.GENERATE))
     # a step far enough in for its inputs to come from steady steps (lag + 2 back), and
     # the steps after it that read its outputs (lag + 1 on)
     lag = max((e.lag for e in graph.version_edges), default=0)

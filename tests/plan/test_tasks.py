@@ -88,6 +88,19 @@ def test_stages_the_plan_fused_share_their_tasks():
     assert _runtime(pipeline, fused)[1] < _runtime(pipeline, plain)[1]
 
 
+@pytest.mark.parametrize("name", ("grpo_qwen7b", "ppo_llama8b"))
+def test_the_model_counts_what_the_runtime_dispatches_colocated(name):
+    """Every stage on all 16 devices, a generate op's chunk on each: the first chunk's
+    readers on its device fuse with it, as the runtime's calls do (its chunks stream on
+    their own blocks, not one after another across devices)."""
+    pipeline = load(shipped("pipelines", f"{name}.rpeg"))
+    plan = scaled(split_plan(pipeline, 1, chunks=1, staleness=0), 16)
+    ev = Evaluator(pipeline, builtin_cluster("gh200_64"))
+    graph = ev.graph(plan)
+    d = ev.dispatch(plan, graph, ev.timings(plan, graph)[0])
+    assert (d.calls, d.tasks) == _runtime(pipeline, plan)[:2]
+
+
 @settings(deadline=None, max_examples=10)
 @given(st.sampled_from(("ppo_llama8b", "grpo_qwen7b")), st.integers(2, 3),
        st.sampled_from((1, 2)), st.integers(1, 3), st.sampled_from((1, 3, 4, 8)),

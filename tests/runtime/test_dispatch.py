@@ -63,3 +63,33 @@ def test_dispatch_is_measured_on_a_real_cluster():
     for key in ("dispatch_s", "same_worker_s", "cross_worker_s", "round_trip_s"):
         assert 0 < m[key] < 1.0, (key, m)
     assert m["round_trip_s"] > m["same_worker_s"]     # a client round trip costs more
+
+
+def test_a_measurement_leaves_the_environment_as_it_found_it(monkeypatch):
+    """What a cluster writes into ``os.environ`` (a nanny's pre-spawn settings) is undone:
+    keys added are removed, keys changed or removed are restored."""
+    import os
+
+    from rpeg.runtime.calibrate.dispatch import environ_kept
+    monkeypatch.setenv("RPEG_TEST_KEPT", "a")
+    monkeypatch.setenv("RPEG_TEST_GONE", "b")
+    monkeypatch.delenv("RPEG_TEST_NEW", raising=False)
+    before = dict(os.environ)
+    with environ_kept():
+        os.environ["RPEG_TEST_KEPT"] = "changed"
+        del os.environ["RPEG_TEST_GONE"]
+        os.environ["RPEG_TEST_NEW"] = "1"
+    assert dict(os.environ) == before
+
+
+@pytest.mark.slow
+def test_a_dispatch_measurement_leaves_no_dask_settings_in_the_environment():
+    """A cluster of Dask's defaults writes ``MALLOC_TRIM_THRESHOLD_=65536`` and one-thread
+    settings into the client's environment; after the measurement they are gone, so no
+    process this one starts later (a run's workers, a tool's sandbox) inherits them."""
+    import os
+
+    from rpeg.runtime.calibrate.dispatch import measure_dispatch
+    before = dict(os.environ)
+    measure_dispatch(tasks=4, repeats=1)
+    assert dict(os.environ) == before

@@ -19,12 +19,30 @@ one task submitted by the client and waited for.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import statistics
 import time
+from collections.abc import Iterator
 
 import attrs
+
+
+@contextlib.contextmanager
+def environ_kept() -> Iterator[None]:
+    """Restore this process's environment as it was on entry. A Dask nanny writes its
+    pre-spawn settings into ``os.environ`` before it starts a worker (Dask's defaults:
+    ``MALLOC_TRIM_THRESHOLD_=65536``, one thread for OpenMP, MKL and OpenBLAS,
+    ``PYTHONHASHSEED``) and leaves them there, so every process this one starts later
+    would inherit them: a measurement must leave the process as it found it."""
+    before = dict(os.environ)
+    try:
+        yield
+    finally:
+        for key in set(os.environ) - set(before):
+            del os.environ[key]
+        os.environ.update({k: v for k, v in before.items() if os.environ.get(k) != v})
 
 
 def _stamp(prev, hold_s: float = 0.0) -> dict:
@@ -37,12 +55,10 @@ def _stamp(prev, hold_s: float = 0.0) -> dict:
 
 def measure_dispatch(tasks: int = 60, repeats: int = 3, hold_s: float = 0.01) -> dict:
     """Per-task dispatch seconds of a fresh local 2-worker cluster (see the module doc)."""
-    import os
-
     from distributed import Client, LocalCluster, wait
 
     payload = {"values": list(range(64))}
-    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+    with environ_kept(), LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
                       resources={"GPU": 1}, host="127.0.0.1", dashboard_address=None,
                       silence_logs=logging.CRITICAL) as cluster, Client(cluster) as client:
         workers = sorted(client.scheduler_info()["workers"])

@@ -217,7 +217,14 @@ def measure_machine(repeats: int, control_steps: int = 40, scheduler: bool = Fal
     the workers' allocator settings), what one Dask task adds, and the control plane's CPU
     in three short real runs; with ``scheduler``, also what the control plane costs on a
     host of its own (Dask's scheduler and client with many lightweight workers, the
-    scheduling core on a simulated clock), which GPU clusters are priced with."""
+    scheduling core on a simulated clock), which GPU clusters are priced with. The process's
+    environment is as it was before (:func:`rpeg.runtime.calibrate.dispatch.environ_kept`)."""
+    from rpeg.runtime.calibrate.dispatch import environ_kept
+    with environ_kept():       # the clusters it starts leave Dask's worker settings behind
+        return _measure_machine(repeats, control_steps, scheduler)
+
+
+def _measure_machine(repeats: int, control_steps: int, scheduler: bool) -> dict:
     from rpeg.cost.calibrate import worker_env
     from rpeg.runtime.calibrate.dispatch import measure_control, measure_dispatch, measure_scheduler
     from rpeg.runtime.calibrate.simulated import measure_core

@@ -69,8 +69,10 @@ device: :func:`rpeg.plan.copies.copies`, which the runtime keys its calls by, an
 of them each transfer fills, and on which devices, which ``add_syncs`` still works out
 from the calls); the one order of collectives: the runtime derives those in its own
 passes (the tests check they realise :meth:`Placed.edges`); the packing of calls into
-tasks (``rpeg.plan.packing``, which the cost model feeds with its own unrolling,
-``rpeg.plan.tasks``).
+tasks: one :class:`rpeg.plan.packing.Packer` both sides pack by (a join's task placed by
+one rule, :meth:`~rpeg.plan.packing.Packer.join`), which the runtime feeds with its calls
+and the cost model with its own unrolling (``rpeg.plan.tasks``, whose module doc lists
+what the two feeds still differ in).
 """
 
 from __future__ import annotations

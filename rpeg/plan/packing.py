@@ -18,7 +18,10 @@ other stages fused with it and of its chunk; else it starts a task of its own, w
 its dependencies. A rank of a collective always starts a task: queued behind other work in
 a task, it could hold back partners that already wait in the collective. A call whose
 output another device reads ends its task for every other call (the reader must not wait
-for the calls after it), but for the stages fused with it.
+for the calls after it), but for the stages fused with it. A join (the one call through
+which a large gang's ranks wait, ``rpeg.runtime.lowering.joins``) starts a task of its
+own, open to no call (:meth:`Packer.join`): in a task, every rank of the gang would wait
+for the calls before it there, and for any call joining it after.
 
 Tasks are numbered from 0 as they start; a dependency is a task's number, or any other
 hashable naming a task submitted before.
@@ -53,6 +56,11 @@ class Packer:
         """Start a task waiting for ``deps``, open to no call: its number."""
         self.waits.append(set(deps))
         return len(self.waits) - 1
+
+    def join(self, deps: set[Hashable]) -> int:
+        """The task of a gang's join waiting for ``deps``: one of its own, open to no call
+        (the rule both the runtime's fusion and the cost model's count place a join by)."""
+        return self.new(deps)
 
     def place(self, device: int, step: int, chunk: int, op: str, need: set[Hashable],
               deps: set[Hashable], collective: bool = False) -> int:

@@ -17,14 +17,26 @@ instances out as, the Dask tasks its fusion packs them into, and the futures tho
 The calls lie on their devices as :func:`rpeg.plan.oplayout.op_layout` says (the layout the
 runtime lays its calls out by); a weight sync's on the devices sending and receiving
 (:func:`rpeg.plan.oplayout.sync_calls`), as :func:`rpeg.plan.lower.lower` places them. The
-calls pack into tasks
-by :class:`rpeg.plan.packing.Packer` (the runtime's fusion packs its calls by it), fed
-with instances: a call's dependencies are the tasks of the first ranks of the instances it
-reads, and a gang of ``JOIN_MIN`` ranks or more waits through one join call, a task of its
-own (``rpeg.runtime.lowering.joins``). Nothing of a step in flight counts as finished (the runtime
-submits a step ahead), so this is the count with the least fusion. The futures counted
-are those of data, version and stream edges, and one for each gang a member's device ran
-before (the order of collectives); the runtime passes a few more ordering ones.
+calls pack into tasks by :class:`rpeg.plan.packing.Packer` (the runtime's fusion packs its
+calls by it), fed with instances: a call's dependencies are the tasks of the first ranks
+of the instances it reads, and a gang of ``JOIN_MIN`` ranks or more waits through one join
+call (``rpeg.runtime.lowering.joins``), a task of its own by :meth:`Packer.join
+<rpeg.plan.packing.Packer.join>`, the rule the runtime's fusion places its join calls by,
+on the gang's first device, where the gang reads its inputs. Nothing of a step in flight
+counts as finished (the runtime submits a step ahead), so this is the count with the least
+fusion. The futures counted are those of data, version and stream edges, and one for each
+gang a member's device ran before (the order of collectives); the runtime passes a few
+more ordering ones.
+
+What the Packer is fed here still differs from the runtime's feed in three ways, not yet
+one function both sides call: the grain (here an instance, a gang's ranks through
+:meth:`Packer.gang`; there one call per rank); the dependencies (here the instances' data,
+version and stream edges, a generate op's chunks in order on each of its blocks; there
+every call's data and ordering edges); and which reads end a task (here a data reader whose
+first two devices, or a large gang's join's one, are not the instance's first; there any
+call on another device depending on it, ordering ones included).
+``tests/plan/test_tasks.py`` checks the counts equal to the runtime's fusion over split
+plans scaled past ``JOIN_MIN`` ranks (a property test) and at 64 devices.
 """
 
 from __future__ import annotations
@@ -49,9 +61,11 @@ def steady_step(graph: Graph, layouts: dict[str, OpLayout], chunks: int, steps: 
     step whose inputs come from steady steps, to pack the steps before it first; else the
     first step all of whose inputs are unrolled (what it reads, lag + 1 back, is there),
     one step less to unroll for a step packed alone."""
-    # its generate ops' chunks each on a lane of its own: the count with the least fusion
+    # its generate ops' chunks streamed in order on each of their blocks, as the runtime
+    # orders them (chunk c on block c mod blocks, after chunk c - blocks)
     streamed = Placed(graph, 0, chunks=chunks, lanes=tuple(
-        (o.name, 1) for o in graph.ops if o.kind is OpKind.GENERATE))
+        (o.name, len(laid_out(layouts[o.name])) if o.name in layouts else 1)
+        for o in graph.ops if o.kind is OpKind.GENERATE))
     # a step far enough in for its inputs to come from steady steps (lag + 2 back), and
     # the steps after it that read its outputs (lag + 1 on)
     lag = max((e.lag for e in graph.version_edges), default=0)
@@ -82,9 +96,10 @@ def dispatch_per_step(graph: Graph, layouts: dict[str, OpLayout], chunks: int = 
     alone = not replay and all(_gang(layouts, prep.keys[i]) for i in before)
     if not (alone or replay):                    # the steps before packed first
         prep, last = steady_step(graph, layouts, chunks, steps)
-    # by (op, chunk): each instance's devices, the first two (where a reader runs: another
-    # device reads the output of an instance's first rank when it runs there), whether it
-    # is a gang, and its ranks on its first device; looked up per layout, not per instance
+    # by (op, chunk): each instance's devices, those reading its inputs (the first two, or
+    # a large gang's join's: another device reads the output of an instance's first rank
+    # when it runs there), whether it is a gang, and its ranks on its first device; looked
+    # up per layout, not per instance
     laid = {op: laid_out(lay) for op, lay in layouts.items()}
     task: dict[int, int] = {}                    # instance -> the task of its first rank
     pack = Packer(together)
@@ -111,7 +126,7 @@ def dispatch_per_step(graph: Graph, layouts: dict[str, OpLayout], chunks: int = 
                 if len(ds) >= JOIN_MIN:           # waiting through a join, a task of its own
                     calls += 1
                     order += len(ds)              # each member on the gang before it there
-                    ranks = pack.gang(ds, step, {pack.new(deps)}, named=False)
+                    ranks = pack.gang(ds, step, {pack.join(deps)}, named=False)
                 else:                             # each member waits for the gang before
                     order += len(ds) ** 2         # it on each member's device
                     ranks = pack.gang(ds, step, deps)
@@ -171,8 +186,11 @@ def relabelled(layouts: dict[str, OpLayout]) -> tuple[tuple[str, OpLayout], ...]
 def laid_out(lay: OpLayout) -> tuple[tuple, ...]:
     """Per chunk ``c`` of an op laid out as ``lay``, at ``c`` modulo the tuple's length
     (its chunks run on its blocks in turn, all on one block where not streamed): (the
-    devices of its instance, or (-1,) where it has none; the first two; whether it is a
-    gang; its ranks on its first device, where a gang). Memoised by the layout, whose hash
+    devices of its instance, or (-1,) where it has none; the devices reading its inputs,
+    one or two, enough to tell whether all are one device: its first two, or the first
+    alone for a gang of ``JOIN_MIN`` ranks or more, which reads them through its join
+    there (``rpeg.runtime.lowering.joins``); whether it is a gang; its ranks on its first
+    device, where a gang). Memoised by the layout, whose hash
     is kept: a search lays the same ops out again and again."""
     tp = max(1, lay.tp)
     period = -(-len(lay.devices) // tp) if lay.chunked and not lay.everywhere else 1
@@ -181,7 +199,8 @@ def laid_out(lay: OpLayout) -> tuple[tuple, ...]:
         own = lay.devices_of(c)
         ds = own or (-1,)
         gang = lay.collective and len(own) > 1
-        out.append((ds, ds[:2], gang,
+        # where it reads its inputs: a large gang through its join, on its first device
+        out.append((ds, ds[:1] if gang and len(own) >= JOIN_MIN else ds[:2], gang,
                     tuple(i for i, d in enumerate(ds) if d == ds[0]) if gang else ()))
     return tuple(out)
 

@@ -145,7 +145,7 @@ def test_the_packing_is_the_reference_rules(batch, fused):
     for dev, step, chunk, op, deps, collective, elsewhere, join in batch:
         need = {task[d] if isinstance(d, int) else d for d in deps}
         if join:                                          # a task of its own, first
-            j = fast.new(need)
+            j = fast.join(need)
             assert ref.new(need) == j
             need = {j}
         if collective and op != "a":                      # a gang's ranks, placed as one
@@ -162,3 +162,14 @@ def test_the_packing_is_the_reference_rules(batch, fused):
             fast.read_elsewhere(dev, g, step, chunk, op)
             ref.read_elsewhere(dev, g, step, chunk, op)
     assert fast.waits == ref.waits
+
+
+def test_a_join_is_a_task_open_to_no_call():
+    """A join waits for its inputs in a task of its own (a call's open task holding them
+    is not joined), and no call joins it after, even one reading the join alone: the gang
+    waiting through the join waits for none of them."""
+    pack = Packer()
+    a = pack.place(0, step=0, chunk=0, op="a", need=set(), deps=set())
+    j = pack.join({a})
+    assert j != a and pack.waits[j] == {a}
+    assert pack.place(0, step=0, chunk=0, op="b", need={j}, deps={j}) not in (a, j)

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import attrs
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from rpeg.cost.profiles import builtin_cluster
 from rpeg.plan.dispatchfloor import dispatch_floor
@@ -84,6 +86,47 @@ def test_stages_the_plan_fused_share_their_tasks():
     pipeline, fused = PLANS["ppo, advantages elsewhere, ref_lp and scores fused"]
     _, plain = PLANS["ppo, advantages elsewhere"]
     assert _runtime(pipeline, fused)[1] < _runtime(pipeline, plain)[1]
+
+
+@pytest.mark.parametrize("name", ("grpo_qwen7b", "ppo_llama8b"))
+def test_the_model_counts_what_the_runtime_dispatches_colocated(name):
+    """Every stage on all 16 devices, a generate op's chunk on each: the first chunk's
+    readers on its device fuse with it, as the runtime's calls do (its chunks stream on
+    their own blocks, not one after another across devices)."""
+    pipeline = load(shipped("pipelines", f"{name}.rpeg"))
+    plan = scaled(split_plan(pipeline, 1, chunks=1, staleness=0), 16)
+    ev = Evaluator(pipeline, builtin_cluster("gh200_64"))
+    graph = ev.graph(plan)
+    d = ev.dispatch(plan, graph, ev.timings(plan, graph)[0])
+    assert (d.calls, d.tasks) == _runtime(pipeline, plan)[:2]
+
+
+@settings(deadline=None, max_examples=10)
+@given(st.sampled_from(("ppo_llama8b", "grpo_qwen7b")), st.integers(2, 3),
+       st.sampled_from((1, 2)), st.integers(1, 3), st.sampled_from((1, 3, 4, 8)),
+       st.integers(0, 1), st.sampled_from((1, 2, 4)), st.booleans(), st.booleans())
+def test_the_model_counts_what_the_runtime_dispatches_over_split_plans(
+        name, devices, dp, chunks, factor, staleness, tp, elsewhere, fused):
+    """Split plans at sizes from a few devices to gangs past ``JOIN_MIN`` ranks (whose
+    joins both sides place by ``Packer.join``, and whose inputs are read on the join's
+    device), training at some tensor-parallel degree, the advantages on every device or
+    not, two forward stages fused or not: the same calls and tasks a steady step."""
+    pipeline = load(shipped("pipelines", f"{name}.rpeg"))
+    plan = scaled(split_plan(pipeline, devices, chunks=chunks, dp=min(dp, devices),
+                             staleness=staleness), factor)
+    train = next(p for p in plan.placements if p.stage == "actor_step")
+    if len(train.devices) % tp == 0:
+        plan = _tp(plan, "actor_step", tp)
+    if elsewhere:                                    # the advantages on every device
+        plan = attrs.evolve(plan, placements=tuple(
+            attrs.evolve(p, devices=tuple(range(plan.num_devices)), dp=plan.num_devices)
+            if p.stage == "adv" else p for p in plan.placements))
+    if fused:
+        plan = attrs.evolve(plan, fusion=(("ref_lp", "scores"),))
+    ev = Evaluator(pipeline, builtin_cluster("gh200_64"))
+    graph = ev.graph(plan)
+    d = ev.dispatch(plan, graph, ev.timings(plan, graph)[0])
+    assert (d.calls, d.tasks) == _runtime(pipeline, plan)[:2]
 
 
 @pytest.mark.parametrize("name", sorted(PLANS))

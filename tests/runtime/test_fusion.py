@@ -104,3 +104,33 @@ def test_flight_readiness_and_stuck_devices():
     assert fl.running_on(1) == ("z", 0) and fl.running_on(0) == ("(none)", -1)
     fl.finish("b", now=5.0, ok=False)                          # failed: its ops are not done
     assert "z" not in fl.done and not len(fl)
+
+
+def test_a_join_starts_a_task_of_its_own_as_the_model_counts():
+    """A large gang's join is a task of its own, open to no call: placed as an ordinary
+    call it would join the task of the call on its device it reads (read by the join
+    alone), and the gang's every rank would wait for that task's calls; the cost model
+    counts the join as a task of its own (``Packer.join``, both sides)."""
+    from rpeg.cost.control import JOIN_MIN
+    from rpeg.graph import DataEdge, Graph, Op
+    from rpeg.plan.oplayout import OpLayout
+    from rpeg.plan.tasks import dispatch_per_step
+    from rpeg.runtime.lowering.calls import OpCall
+    from rpeg.runtime.lowering.joins import join_gang
+    from rpeg.spec.model import OpKind
+
+    n = JOIN_MIN
+    gen = OpCall("gen/s0/c0", "gen", OpKind.FORWARD, 0, 0)
+    ranks = [OpCall(f"train/s0/r{r}", "train", OpKind.TRAIN, 0, r, rank=r, world=n,
+                    deps=(gen.id,)) for r in range(n)]
+    join, ranks = join_gang(ranks)
+    calls = [gen, join, *ranks]
+    groups = fuse(calls, consumers_of(calls), lambda d: False)
+    assert [g.ids for g in groups[:2]] == [(gen.id,), (join.id,)]
+    assert len(groups) == n + 2
+    g = Graph("toy", (Op("gen", OpKind.FORWARD, outputs=("x",)),
+                      Op("train", OpKind.TRAIN, inputs=("x",))),
+              (DataEdge("gen", "train", "x"),), (), (), ())
+    d = dispatch_per_step(g, {"gen": OpLayout((0,)), "train": OpLayout(
+        tuple(range(n)), everywhere=True, collective=True)})
+    assert (d.calls, d.tasks) == (len(calls), len(groups))

@@ -12,7 +12,8 @@ a step's tasks with (``rpeg.plan.packing``): a call joins an open task of its de
 step where every dependency it has is in the task, in a task the task already waits for,
 or finished (so joining never delays the ops before it); a call whose output another
 device reads ends its task (this keeps generation on one worker overlapping training on
-the other), but for the stages the plan fused with it. The worker runs a group's calls in order and
+the other), but for the stages the plan fused with it; a gang's join starts a task of its
+own, open to no call. The worker runs a group's calls in order and
 records each op as its own trace event (``rpeg verify`` checks each op), so versions read
 and written are exactly those of unfused execution.
 """
@@ -25,6 +26,7 @@ import attrs
 
 from rpeg.plan.packing import Packer
 from rpeg.runtime.lowering.instances import OpCall
+from rpeg.runtime.lowering.replicas import CallRole
 
 
 @attrs.frozen
@@ -77,14 +79,18 @@ def fuse(batch: Iterable[OpCall], consumers: dict[str, tuple[OpCall, ...]],
 
     for call in batch:
         deps = call.all_deps
-        gi = pack.place(call.device, call.step, call.chunk, call.op,
-                        {task(d) for d in deps if d in where or not is_done(d)},
-                        {task(d) for d in deps}, collective=not enabled or call.collective)
+        join = call.role is CallRole.JOIN       # a task of its own, open to no call
+        if join:
+            gi = pack.join({task(d) for d in deps})
+        else:
+            gi = pack.place(call.device, call.step, call.chunk, call.op,
+                            {task(d) for d in deps if d in where or not is_done(d)},
+                            {task(d) for d in deps}, collective=not enabled or call.collective)
         if gi == len(groups):
             groups.append([])
         groups[gi].append(call)
         where[call.id] = gi
-        if any(c.device != call.device for c in consumers.get(call.id, ())):
+        if not join and any(c.device != call.device for c in consumers.get(call.id, ())):
             pack.read_elsewhere(call.device, gi, call.step, call.chunk, call.op)
     out = []
     for g in groups:

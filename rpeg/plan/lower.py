@@ -82,9 +82,11 @@ from collections.abc import Callable
 
 import attrs
 
-from rpeg.cost.engine_sync import SyncLayout, engine_sync_layout
+from rpeg.cost.engine_sync import SyncLayout, engine_sync_layout, sync_senders
 from rpeg.graph import Dep, DepKind, Graph, Instance, Unrolled, unroll
+from rpeg.graph.ids import ReplicaKey
 from rpeg.graph.versions import read_version
+from rpeg.plan.copies import copies
 from rpeg.plan.oplayout import (
     OpLayout,
     any_in_place,
@@ -116,6 +118,22 @@ class Transfer:
     model: str            # the trained backbone
     trainer: str          # its train op
     op: str               # the transfers' op (transfer_of(model))
+    sources: tuple[int, ...] = ()      # the trainer's devices that send (sync_senders)
+    # (copy, device) of every copy it fills, by key and device: a reader's off its
+    # trainer's devices or split another way (loaded), a vLLM engine's own (pushed)
+    fills: tuple[tuple[ReplicaKey, int], ...] = ()
+
+
+@attrs.frozen
+class Resident:
+    """One copy of a backbone's weights on one device, as the runtime keys and holds it
+    (the key :func:`rpeg.plan.copies.copies` gives the calls reading it there)."""
+
+    key: ReplicaKey
+    device: int
+    group: tuple[int, ...] = ()      # the tensor-parallel block splitting it (() whole)
+    engine: tuple[int, ...] = ()     # a vLLM engine's own copy: the devices its workers span
+    trained: bool = False            # the trained copy, on a device of its train op
 
 
 @attrs.frozen
@@ -135,10 +153,17 @@ class Placed:
     # of those, (writer, reader) sharing it on some of the reader's blocks alone ->
     # (its blocks, those): chunk c on block c mod blocks
     partly: tuple[tuple[tuple[str, str], tuple[int, frozenset[int]]], ...] = ()
+    # op -> (device, the copy its calls there read) of each op reading a model
+    reads: tuple[tuple[str, tuple[tuple[int, ReplicaKey], ...]], ...] = ()
+    replicas: tuple[Resident, ...] = ()                    # every copy, by key and device
     transfers: tuple[Transfer, ...] = ()                   # a trained model's, graph order
 
     def layout(self, op: str) -> OpLayout:
         return dict(self.layouts)[op]
+
+    def reads_of(self, op: str) -> dict[int, ReplicaKey]:
+        """Device -> the copy ``op``'s calls there read ({}: it reads no model)."""
+        return dict(dict(self.reads).get(op, ()))
 
     def engine_sync(self, model: str) -> SyncLayout:
         return dict(self.engine_syncs)[model]
@@ -317,10 +342,44 @@ def _shared_replicas(p: Placed, placement_of: Placing):
     return frozenset(out), tuple(sorted(partly.items(), key=lambda x: x[0]))
 
 
+def replicas(p: Placed, placement_of: Placing) -> Placed:
+    """The copy each op's calls read on each device (:func:`rpeg.plan.copies.copies`), and
+    every copy on every device (:class:`Resident`): split over the tensor-parallel block of
+    the calls reading it there (one layout a copy: a reader splitting it another way reads
+    a copy of its own), a vLLM engine's own on its host spanning the engine's block, the
+    trained copy on its train op's devices."""
+    held = copies(p, placement_of)
+    homes = {o.writes_model: frozenset(placement_of(o).devices) for o in p.graph.ops
+             if o.kind is OpKind.TRAIN and o.writes_model}
+    found: dict[tuple[ReplicaKey, int], Resident] = {}
+    for op, at in held.reads.items():       # the trainer first, then its readers in order
+        lay = p.layout(op)
+        hosts = {b[0]: b for b in lay.blocks} if lay.per_block else {}
+        for d, group in lay.members(p.chunks):
+            key = at[d]
+            if (key, d) not in found:
+                found[(key, d)] = Resident(key, d, group, hosts.get(d, ()) if key.engine
+                                           else (), d in homes.get(key, ()))
+    return attrs.evolve(
+        p, reads=tuple((op, tuple(sorted(at.items()))) for op, at in held.reads.items()),
+        replicas=tuple(sorted(found.values(), key=lambda r: (r.key, r.device))))
+
+
 def transfers(p: Placed, placement_of: Placing) -> Placed:
-    return attrs.evolve(p, transfers=tuple(
-        Transfer(o.writes_model, o.name, transfer_of(o.writes_model)) for o in p.graph.ops
-        if o.kind is OpKind.TRAIN and o.writes_model))
+    """Each trained model's weight transfers (:class:`Transfer`): the trainer's devices
+    that send, and every copy they fill: one read off the trainer's devices, or on them
+    but split another way (or a vLLM engine's own)."""
+    out = []
+    for o in p.graph.ops:
+        if o.kind is OpKind.TRAIN and o.writes_model:
+            model, place = o.writes_model, placement_of(o)
+            home = frozenset(place.devices)
+            fills = {(key, d) for _, at in p.reads for d, key in at
+                     if key.backbone == model and (d not in home or key != model)}
+            out.append(Transfer(model, o.name, transfer_of(model),
+                                sync_senders(place.devices, place.tp, place.zero),
+                                tuple(sorted(fills))))
+    return attrs.evolve(p, transfers=tuple(out))
 
 
 def _gathers(p: Placed, writer, reader) -> bool:
@@ -330,7 +389,7 @@ def _gathers(p: Placed, writer, reader) -> bool:
         and p.layout(reader.name).everywhere
 
 
-PASSES = (chunks, layouts, engine_syncs, streams, transfers)
+PASSES = (chunks, layouts, engine_syncs, streams, replicas, transfers)
 
 
 def lower(graph: Graph, plan, responses: int, placement_of: Placing | None = None, *,
@@ -348,5 +407,5 @@ def lower(graph: Graph, plan, responses: int, placement_of: Placing | None = Non
     return p
 
 
-__all__ = ["PASSES", "Placed", "Transfer", "chunks", "engine_syncs", "layouts", "lower",
-           "streams", "transfer_of", "transfers"]
+__all__ = ["PASSES", "Placed", "Resident", "Transfer", "chunks", "engine_syncs", "layouts",
+           "lower", "replicas", "streams", "transfer_of", "transfers"]

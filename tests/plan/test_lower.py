@@ -150,11 +150,51 @@ def _verify_streams(p: Placed, plan) -> None:
             assert d.src.chunk % n in blocks
 
 
+def _verify_replicas(p: Placed, plan) -> None:
+    trainers = {o.writes_model: plan.placement(o.stages[0]) for o in p.graph.ops
+                if o.kind is OpKind.TRAIN and o.writes_model}
+    held = {(r.key, r.device): r for r in p.replicas}
+    assert len(held) == len(p.replicas)
+    assert list(p.replicas) == sorted(p.replicas, key=lambda r: (r.key, r.device))
+    assert {op for op, _ in p.reads} == {o.name for o in p.graph.ops if o.reads_model
+                                        and o.kind is not OpKind.SYNC_WEIGHTS}
+    read = set()
+    for op, at in p.reads:
+        o, lay = p.graph.op(op), p.layout(op)
+        assert o.reads_model and o.kind is not OpKind.SYNC_WEIGHTS
+        members = dict(lay.members(p.chunks))
+        assert dict(at).keys() == members.keys()     # a copy on every device of its calls
+        for d, key in at:
+            assert key.backbone == o.reads_model
+            assert o.kind is not OpKind.TRAIN or key == o.reads_model
+            r = held[(key, d)]            # one layout a copy: every reader splits it alike
+            assert r.group == members[d], (op, key, d)
+            read.add((key, d))
+    assert read == held.keys()                     # every copy is read, where it lies
+    for r in p.replicas:
+        trainer = trainers.get(r.key)
+        assert r.trained == (trainer is not None and r.device in trainer.devices)
+        if r.key.engine:                             # an engine's own: its block, from its host
+            assert r.engine[0] == r.device and r.engine in {
+                b for op, _ in p.lanes for b in p.layout(op).blocks}
+        else:
+            assert r.engine == ()
+
+
 def _verify_transfers(p: Placed, plan) -> None:
     trainers = {o.name: o.writes_model for o in p.graph.ops
                 if o.kind is OpKind.TRAIN and o.writes_model}
     assert [(t.trainer, t.model, t.op) for t in p.transfers] == \
         [(n, m, transfer_of(m)) for n, m in trainers.items()]
+    for t in p.transfers:
+        src = plan.placement(p.graph.op(t.trainer).stages[0])
+        assert t.sources == sync_senders(src.devices, src.tp, src.zero)
+        # a copy of its model read off the trainer's devices, or on them split another way
+        assert set(t.fills) == {(r.key, r.device) for r in p.replicas
+                                if r.key.backbone == t.model and not r.trained}
+        assert list(t.fills) == sorted(t.fills)
+        hosts = {b[0] for b in p.engine_sync(t.model).group + p.engine_sync(t.model).local}
+        assert {d for key, d in t.fills if key.engine} == hosts
     by_op = {t.op: t for t in p.transfers}
     u = p.edges(5)
     graph_versions = {(d.src, d.dst) for d in u.of_kind(DepKind.VERSION)}
@@ -200,7 +240,7 @@ def _verify_transfers(p: Placed, plan) -> None:
 
 VERIFY = {"chunks": _verify_chunks, "layouts": _verify_layouts,
           "engine_syncs": _verify_engine_syncs, "streams": _verify_streams,
-          "transfers": _verify_transfers}
+          "replicas": _verify_replicas, "transfers": _verify_transfers}
 
 
 @pytest.mark.parametrize("name", sorted(PLANS))

@@ -61,9 +61,10 @@ def test_the_lowerings_calls_are_the_golden_ones():
 
 
 def _reads_off_home(c, ctx) -> bool:
-    b = base_of(c.model)
-    return b in ctx.homes and (c.device not in ctx.homes[b] or c.model != b) \
-        and c.version > ctx.first
+    """A call reading a version past the run's first of a copy its model's transfers fill
+    (the placed graph's ``Transfer.fills``, checked in ``tests/plan/test_lower.py``)."""
+    t = ctx.transfers.get(base_of(c.model))
+    return t is not None and (c.model, c.device) in t.fills and c.version > ctx.first
 
 
 def verify_syncs(calls, ctx) -> None:
@@ -77,10 +78,10 @@ def verify_versions(calls, ctx) -> None:
     writer = {(c.model, c.device, c.writes): c.id for c in calls if c.writes >= 0}
     readers = defaultdict(set)
     for c in calls:
-        if c.version >= 0 and base_of(c.model) in ctx.homes:
+        if c.version >= 0 and base_of(c.model) in ctx.transfers:
             readers[(c.model, c.device, c.version)].add(c.id)
     for c in calls:
-        if c.version > ctx.first and base_of(c.model) in ctx.homes:
+        if c.version > ctx.first and base_of(c.model) in ctx.transfers:
             assert writer[(c.model, c.device, c.version)] in c.after, c.id
         if c.writes >= 0:
             assert readers[(c.model, c.device, c.writes - 1)] - {c.id} <= set(c.after), c.id

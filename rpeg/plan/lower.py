@@ -342,6 +342,12 @@ def _shared_replicas(p: Placed, placement_of: Placing):
     return frozenset(out), tuple(sorted(partly.items(), key=lambda x: x[0]))
 
 
+def transfers(p: Placed, placement_of: Placing) -> Placed:
+    return attrs.evolve(p, transfers=tuple(
+        Transfer(o.writes_model, o.name, transfer_of(o.writes_model)) for o in p.graph.ops
+        if o.kind is OpKind.TRAIN and o.writes_model))
+
+
 def replicas(p: Placed, placement_of: Placing) -> Placed:
     """The copy each op's calls read on each device (:func:`rpeg.plan.copies.copies`), and
     every copy on every device (:class:`Resident`): split over the tensor-parallel block of
@@ -362,23 +368,21 @@ def replicas(p: Placed, placement_of: Placing) -> Placed:
                                            else (), d in homes.get(key, ()))
     return attrs.evolve(
         p, reads=tuple((op, tuple(sorted(at.items()))) for op, at in held.reads.items()),
-        replicas=tuple(sorted(found.values(), key=lambda r: (r.key, r.device))))
+        replicas=tuple(found[k] for k in sorted(found)))
 
 
-def transfers(p: Placed, placement_of: Placing) -> Placed:
-    """Each trained model's weight transfers (:class:`Transfer`): the trainer's devices
-    that send, and every copy they fill: one read off the trainer's devices, or on them
-    but split another way (or a vLLM engine's own)."""
+def fills(p: Placed, placement_of: Placing) -> Placed:
+    """Each weight transfer's sending devices (the trainer's,
+    :func:`~rpeg.cost.engine_sync.sync_senders`) and every copy it fills: a copy of its
+    model off the trainer's devices, or on them but split another way, or a vLLM engine's
+    own (:attr:`Placed.replicas` that are not the trained copy)."""
     out = []
-    for o in p.graph.ops:
-        if o.kind is OpKind.TRAIN and o.writes_model:
-            model, place = o.writes_model, placement_of(o)
-            home = frozenset(place.devices)
-            fills = {(key, d) for _, at in p.reads for d, key in at
-                     if key.backbone == model and (d not in home or key != model)}
-            out.append(Transfer(model, o.name, transfer_of(model),
-                                sync_senders(place.devices, place.tp, place.zero),
-                                tuple(sorted(fills))))
+    for t in p.transfers:
+        place = placement_of(p.graph.op(t.trainer))
+        filled = tuple((r.key, r.device) for r in p.replicas
+                       if r.key.backbone == t.model and not r.trained)
+        out.append(attrs.evolve(t, sources=sync_senders(place.devices, place.tp, place.zero),
+                                fills=filled))
     return attrs.evolve(p, transfers=tuple(out))
 
 
@@ -389,7 +393,10 @@ def _gathers(p: Placed, writer, reader) -> bool:
         and p.layout(reader.name).everywhere
 
 
-PASSES = (chunks, layouts, engine_syncs, streams, replicas, transfers)
+# what the simulator prices (rpeg.plan.evaluate.Evaluator.placed), then what the runtime
+# alone reads: its replicas and what its transfers fill
+PRICED = (chunks, layouts, engine_syncs, streams, transfers)
+PASSES = PRICED + (replicas, fills)
 
 
 def lower(graph: Graph, plan, responses: int, placement_of: Placing | None = None, *,
@@ -407,5 +414,5 @@ def lower(graph: Graph, plan, responses: int, placement_of: Placing | None = Non
     return p
 
 
-__all__ = ["PASSES", "Placed", "Resident", "Transfer", "chunks", "engine_syncs", "layouts",
-           "lower", "replicas", "streams", "transfer_of", "transfers"]
+__all__ = ["PASSES", "PRICED", "Placed", "Resident", "Transfer", "chunks", "engine_syncs",
+           "fills", "layouts", "lower", "replicas", "streams", "transfer_of", "transfers"]

@@ -220,7 +220,7 @@ def add_syncs(calls: Calls, ctx: Ordering) -> Calls:
     pushes: dict[str, set[int]] = defaultdict(set)        # model -> versions its engines need
     for model, t in ctx.transfers.items():
         for copy, dev in t.fills:
-            versions = read.get((copy, dev), ())
+            versions = read.get((copy, dev), set())
             if copy.engine:
                 pushes[model] |= versions
             for v in () if copy.engine else versions:

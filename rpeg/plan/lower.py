@@ -2,8 +2,8 @@
 out from (``rpeg.runtime.lowering.instances.build_calls``), ``rpeg verify`` checks a run's
 trace against (``rpeg.runtime.verify``), the simulator prices (``rpeg.plan.simulate``: the
 plan's graph as the cost model times it, fused and without the weight syncs that move
-nothing, lowered by the same passes: ``Evaluator.placed``), and the cost model counts a
-step's calls and tasks from (``rpeg.plan.tasks.layouts_of``).
+nothing, lowered by the passes it prices, :data:`PRICED`: ``Evaluator.placed``), and the
+cost model counts a step's calls and tasks from (``rpeg.plan.tasks.layouts_of``).
 
     >>> placed = lower(graph, plan, responses=512)                         # doctest: +SKIP
     >>> placed.layout("rollout").devices_of(0), placed.chunks              # doctest: +SKIP
@@ -27,7 +27,26 @@ step's calls and tasks from (``rpeg.plan.tasks.layouts_of``).
    sync of the graph fills (:class:`Transfer`, their op :func:`transfer_of`, the
    runtime's exports and loads, sends and receives), whose typed edges are
    :meth:`Placed.transfer_edges`, and each copy's writer after its writer before,
-   :meth:`Placed.rewrite_edges`.
+   :meth:`Placed.rewrite_edges`;
+
+what the simulator prices ends there (:data:`PRICED`); the runtime also reads
+
+6. ``replicas``: the copy each op's calls read on each device (:attr:`Placed.reads`,
+   :func:`rpeg.plan.copies.copies`' key, the one the cost model prices memory by) and
+   every copy on every device (:class:`Resident`: the tensor-parallel block splitting it,
+   a vLLM engine's block from its host, whether it is the trained copy), by which the
+   runtime keys its op calls and sets up each worker's replicas
+   (``rpeg.runtime.lowering.context.RunContext``);
+7. ``fills``: each transfer's sending devices and the copies it fills, on which devices
+   (:attr:`Transfer.fills`: loaded, or pushed into a vLLM engine's own), from which the
+   runtime adds its export/load and send/receive calls for every version its calls read
+   (``rpeg.runtime.lowering.ordering.add_syncs``).
+
+    >>> placed.reads_of("rollout")     # engines on 0-3, the actor on 4-7   # doctest: +SKIP
+    {0: 'actor~vllm', 1: 'actor~vllm', 2: 'actor~vllm', 3: 'actor~vllm'}
+    >>> placed.transfers[0].fills, placed.replicas[0]                      # doctest: +SKIP
+    ((('actor~vllm', 0), ('actor~vllm', 1), ('actor~vllm', 2), ('actor~vllm', 3)),
+     Resident(key='actor', device=4, group=(), engine=(), trained=True))
 
 The instances and their typed dependency edges over a run's steps are
 :meth:`Placed.edges` (:func:`rpeg.graph.unroll`, the one rule): data edges, version edges
@@ -64,15 +83,21 @@ A copy's writer comes after the writer of its version before (:meth:`Placed.rewr
 a copy has one writer op, its trainer or its model's transfers, so that op's step before);
 the runtime orders each device's writes of a copy by them.
 
-Not here yet: the runtime's replicas themselves (which copies exist per layout, per
-device: :func:`rpeg.plan.copies.copies`, which the runtime keys its calls by, and which
-of them each transfer fills, and on which devices, which ``add_syncs`` still works out
-from the calls); the one order of collectives: the runtime derives those in its own
-passes (the tests check they realise :meth:`Placed.edges`); the packing of calls into
-tasks: one :class:`rpeg.plan.packing.Packer` both sides pack by (a join's task placed by
-one rule, :meth:`~rpeg.plan.packing.Packer.join`), which the runtime feeds with its calls
-and the cost model with its own unrolling (``rpeg.plan.tasks``, whose module doc lists
-what the two feeds still differ in).
+Not here yet: the one order of collectives. The runtime orders its gangs (a train op's
+ranks, a tensor-parallel block, a transfer's exports and loads, a push) by a topological
+order of its calls, device by device (``rpeg.runtime.lowering.ordering.order_collectives``;
+the tests check it realises :meth:`Placed.edges`). An order of the placed graph's
+instances over :meth:`Placed.edges`, :meth:`Placed.transfer_edges` and
+:meth:`Placed.rewrite_edges` (ties by step, op and chunk, transfers last) is another valid
+order, not the same: a call waits only for the calls on its device, an instance for every
+instance before it, so the two break ties differently (the gang order on some device
+differs in 12 of the 72 lowerings ``tests/runtime/lowering_calls.py`` covers, e.g. a
+critic's step before or after the actor's); taking it changes the calls the runtime
+runs. Which versions a run transfers is the run's (the versions its calls read past its
+first step). The packing of calls into tasks: one :class:`rpeg.plan.packing.Packer` both
+sides pack by (a join's task placed by one rule, :meth:`~rpeg.plan.packing.Packer.join`),
+which the runtime feeds with its calls and the cost model with its own unrolling
+(``rpeg.plan.tasks``, whose module doc lists what the two feeds still differ in).
 """
 
 from __future__ import annotations

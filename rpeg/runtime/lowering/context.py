@@ -4,6 +4,9 @@
     >>> ctx.replicas_on(0)                                                             # doctest: +SKIP
     (Replica(model='actor', device=0, heads=('lm',), trainable=True), ...)
 
+The replicas are the placed graph's (``rpeg.plan.lower.Placed.replicas``: each copy's
+layout, engine block and training), those the run's calls read; the weight syncs into
+vLLM engines its engine syncs (``Placed.engine_syncs``), those the calls send.
 Model state is created on a worker once, from this, and lives there for the
 whole run; op calls then carry only their own small description and the
 futures of their data.

@@ -33,7 +33,8 @@ backbones) is placed on the plan's devices and unrolled over steps:
   chunk, runs once a step on every rank (``/r<rank>``, a gang like a train op's) with the
   trainer's FSDP2 module, each layer gathered as it runs
   (:func:`rpeg.plan.oplayout.gathers_in_place`). Which copy every call reads is
-  :func:`rpeg.plan.copies.copies`' rule, the one the cost model prices memory by.
+  :func:`rpeg.plan.copies.copies`' rule, the one the cost model prices memory by, as the
+  placed graph holds it (``rpeg.plan.lower.Placed.reads``).
 
 Every reader reads an exact version: ``max(0, step - k)`` (train: ``step``), with
 ``k`` the plan's staleness of the op. This is enforced by ordering edges
@@ -113,7 +114,7 @@ def lay_out(pipeline: Pipeline, plan: Plan, steps: int, *, first: int = 0
         raise PlanError(problem, hint="lower the stage's carry or its staleness")
     frozen = {m.name for m in pipeline.models if m.frozen}
     bounds = dict(pipeline.staleness)
-    model_homes(pipeline, plan, graph)           # the plan's homes hold the trainers, or a PlanError
+    model_homes(pipeline, plan, graph)         # the plan's homes hold its trainers, or a PlanError
     placed = placed_for(pipeline, plan, graph)
     held = {op: dict(at) for op, at in placed.reads}    # the copy each call reads (Placed.reads)
     n_chunks = placed.chunks

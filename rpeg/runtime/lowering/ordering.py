@@ -2,6 +2,7 @@
 :func:`rpeg.runtime.lowering.instances.build_calls` lays out, each returning the calls with
 what keeps a run exact added, in one ordered list (``PASSES``).
 
+    >>> from rpeg.plan.lower import Transfer
     >>> ctx = Ordering(transfers={"actor": Transfer("actor", "train", "sync_actor")},
     ...                versions={Instance("rollout", 1): (Instance("train", 0),)})  # its edge
     >>> train = OpCall("train/s0", "train", OpKind.TRAIN, 0, 0, model="actor", writes=1)
@@ -14,7 +15,8 @@ what keeps a run exact added, in one ordered list (``PASSES``).
     True
 
 * ``add_syncs``: an export/load gang (or a send/receive one into a vLLM engine's copy) for
-  every version read off the trainer's devices;
+  every version the calls read of a copy a transfer fills (``rpeg.plan.lower.Transfer``:
+  its sources and fills are the placed graph's);
 * ``order_versions``: a reader after the writer of its version, a writer after the readers
   of the version before, on the same device: each device's share of the placed graph's
   version and write-after-read edges (``rpeg.plan.lower.Placed.edges``), of its weight
@@ -82,9 +84,9 @@ class Ordering:
     def of(cls, placed: Placed, first: int = 0, edges: Unrolled | None = None,
            steps: int = 2) -> Ordering:
         """What the passes read of the placed graph the calls were laid out from: its weight
-        transfers and engine syncs, the stream and carry edges of its generate ops (step 1 of ``edges``, its
-        :meth:`Placed.edges <rpeg.plan.lower.Placed.edges>` of two steps or more, where a
-        caller has them), and the version and write-after-read edges of a run of steps
+        transfers and engine syncs, the stream and carry edges of its generate ops (step 1
+        of ``edges``, its :meth:`Placed.edges <rpeg.plan.lower.Placed.edges>` of two steps
+        or more, where a caller has them), and the version and write-after-read edges of a run of steps
         ``first``..``steps - 1``: those of :func:`version_steps` steps, the rest alike."""
         edges = edges or placed.edges(version_steps(placed.graph, steps - first))
         streams = {(d.dst.op, d.dst.chunk): (d.src.op, d.src.chunk, d.dst.step - d.src.step)

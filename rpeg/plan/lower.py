@@ -88,12 +88,12 @@ ranks, a tensor-parallel block, a transfer's exports and loads, a push) by a top
 order of its calls, device by device (``rpeg.runtime.lowering.ordering.order_collectives``;
 the tests check it realises :meth:`Placed.edges`). An order of the placed graph's
 instances over :meth:`Placed.edges`, :meth:`Placed.transfer_edges` and
-:meth:`Placed.rewrite_edges` (ties by step, op and chunk, transfers last) is another valid
-order, not the same: a call waits only for the calls on its device, an instance for every
-instance before it, so the two break ties differently (the gang order on some device
-differs in 12 of the 72 lowerings ``tests/runtime/lowering_calls.py`` covers, e.g. a
-critic's step before or after the actor's); taking it changes the calls the runtime
-runs. Which versions a run transfers is the run's (the versions its calls read past its
+:meth:`Placed.rewrite_edges` (the transfers that run, ties by step, op and chunk, the
+transfers last) is another valid order, not the same: the calls break ties by their place
+in the runtime's list, where a large gang's join and a push come last of all, so the gang
+order on some device differs in 8 of the 72 lowerings ``tests/runtime/lowering_calls.py``
+covers (a push before or after the critic's step), and taking it changes the calls the
+runtime runs. Which versions a run transfers is the run's (those its calls read past its
 first step). The packing of calls into tasks: one :class:`rpeg.plan.packing.Packer` both
 sides pack by (a join's task placed by one rule, :meth:`~rpeg.plan.packing.Packer.join`),
 which the runtime feeds with its calls and the cost model with its own unrolling

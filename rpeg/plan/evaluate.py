@@ -52,7 +52,7 @@ from rpeg.graph.ids import ReplicaKey
 from rpeg.plan.control import ControlPlane
 from rpeg.plan.copies import copies as copies_of
 from rpeg.plan.evalcost import EVAL_OP, eval_time, trainer_devices
-from rpeg.plan.lower import PASSES, Placed, lower
+from rpeg.plan.lower import PASSES, PRICED, Placed, lower
 from rpeg.plan.model import Plan, Predicted, StagePlacement
 from rpeg.plan.oplayout import all_in_place, chunks_per_step, gathers_in_place, rounds_of
 from rpeg.plan.prices import Chunk, Prices, parallel_of
@@ -610,7 +610,7 @@ class Evaluator:
         if placed is None:
             if len(self._placed) > 256:
                 self._placed.clear()
-            placed = self._placed[key] = lower(graph, plan, self.responses)
+            placed = self._placed[key] = lower(graph, plan, self.responses, passes=PRICED)
         return placed
 
     @property

@@ -28,7 +28,7 @@ diagnosis when none fits.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 import attrs
 
@@ -248,17 +248,23 @@ def realloc(ctx: Context, ev: Evaluator, starts: Iterable[Plan] = ()) -> Outcome
 
 
 BASELINES = {Strategy.COLOCATED: colocated, Strategy.SPLIT: split, Strategy.REALLOC: realloc}
+# Baselines whose plans never read the spec's staleness bounds: the same under every cap.
+SYNCHRONOUS = frozenset({Strategy.COLOCATED})
 
 
-def run_baselines(strategies: Iterable[Strategy], ctx: Context,
-                  ev: Evaluator) -> list[Outcome]:
-    """Each baseline asked for, in order; realloc is seeded with the others' plans."""
+def run_baselines(strategies: Iterable[Strategy], ctx: Context, ev: Evaluator,
+                  known: Mapping[Strategy, Outcome] | None = None) -> list[Outcome]:
+    """Each baseline asked for, in order; realloc is seeded with the others' plans.
+    ``known``: outcomes already found for ``ctx``'s pipeline and cluster under another
+    staleness cap, taken as they are for the :data:`SYNCHRONOUS` baselines."""
     out: dict[Strategy, Outcome] = {}
     for strategy in strategies:
         if strategy not in BASELINES:
             raise PlanError(f"baseline strategy must be one of "
                             f"{', '.join(s.value for s in BASELINES)}, not {strategy.value}")
-        if strategy is Strategy.REALLOC:
+        if known and strategy in SYNCHRONOUS and strategy in known:
+            out[strategy] = known[strategy]
+        elif strategy is Strategy.REALLOC:
             seeds = [o.best.plan for o in out.values() if o.best is not None]
             if not seeds:               # asked alone: the others' grids seed it
                 seeds = [o.best.plan for o in (colocated(ctx, ev),) if o.best is not None]

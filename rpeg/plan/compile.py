@@ -231,7 +231,8 @@ def _search_ladder(ctx: Context, ev: Evaluator, opts: SearchOptions):
     outcomes, closest = [], []
     for cap in caps:
         here = ctx if cap == caps[-1] else attrs.evolve(ctx, pipeline=capped(ctx.pipeline, cap))
-        outcomes = run_baselines(tuple(BASELINES), here, ev)           # hand-tuned baselines
+        outcomes = run_baselines(tuple(BASELINES), here, ev,           # hand-tuned baselines
+                                 {o.strategy: o for o in outcomes})    # (a synchronous one once)
         feasible, near = _found(outcomes)
         closest += near
         feasible.sort(key=lambda e: e.step_time_s)

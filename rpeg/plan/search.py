@@ -37,12 +37,14 @@ for ``stall`` proposals starts again, warm, from the next of the other baselines
 (then the start plan again): another basin.
 
 Most proposals are worse than the plan they would replace; such a plan matters only if
-the Metropolis draw takes it. So once any plan fits, a proposal is first priced up to
-its step's lower bound (the busiest device's work of a step:
-``Evaluator.evaluate(bound=...)``) and simulated only when that bound is below the plan
-it would replace or the walk's best, or when the draw could still accept it; the draw
-is made where it would be made after a simulation, so the random stream, the walk and
-the plan are those of simulating every proposal.
+the Metropolis draw takes it. So once any plan fits, a proposal is priced up to a bound
+(``Evaluator.evaluate(bound=...)``: its step's lower bound, the busiest device's work of
+a step, then its simulated step, before the control plane's tasks are counted): the most
+the walk's next draw would accept, that draw read ahead without taking it
+(:func:`_accepts_below`), or the walk's best if higher. A proposal at or above it is
+rejected as pricing it in full would have rejected it; the draw is taken where it would
+be taken after pricing it in full, so the random stream, the walk and the plan are
+those of pricing every proposal in full.
 
 A spec with staleness bounds is searched as a ladder (``compile_report``): one walk per
 cap 0, 1, ... up to the largest bound (:func:`staleness_caps`, :func:`capped`), each

@@ -166,9 +166,8 @@ def _backbone(model: Backbone, train, readers: tuple, chunks: int):
     if train is not None:
         op, trainer, lay = train
         key = ReplicaKey(model)
-        members = lay.members(chunks)
-        ds = tuple(d for d, _ in members)
-        layouts[key] = dict(members)
+        ds, groups, _ = _parts(lay, chunks)
+        layouts[key] = dict(zip(ds, groups))
         firsts[key] = dict.fromkeys(ds, 0)
         reads[op.name] = dict.fromkeys(ds, key)
         if ds:

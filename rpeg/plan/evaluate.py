@@ -37,6 +37,8 @@ memory, a bounded one's simulated step with it.
 
 from __future__ import annotations
 
+import functools
+
 import attrs
 import numpy as np
 
@@ -285,12 +287,11 @@ class Evaluator:
     def walk(self, plan: Plan, graph: Graph) -> Walk:
         """The copies each model keeps, what they leave free, each generate op's wave size,
         the chunks each streamed op consumes, and each device's largest transient need."""
-        copies = self.copies(plan)
+        copies, spread = self._held(plan)
         n = plan.num_devices
         resident = np.zeros(n)
-        for h in copies:
-            resident[self._at_devices(h.devices)] += self.prices.resident(
-                h.model, h.placement, h.trained)
+        for model, placement, trained, at in spread:
+            resident[at] += self.prices.resident(model, placement, trained)
         rows = self.rows_of(plan, graph, resident)
         streamed = self.streamed(plan, graph, rows)
         chunks_of = {s: streamed[o] for o, stages in self._streaming(graph)
@@ -326,22 +327,30 @@ class Evaluator:
         (:func:`rpeg.plan.copies.copies`, by which it keys its replicas): the trained copy
         where its train op runs, the others as the first op reading them there lays them
         out. ``graph`` is not read (the copies are those of the plan's step graph)."""
+        return self._held(plan)[0]
+
+    def _held(self, plan: Plan) -> tuple[tuple[Held, ...], tuple]:
+        """(:meth:`copies`, the same spread for the resident bytes: (model, placement,
+        trained, index of its devices) of each run of consecutive copies priced alike on
+        devices apart, which add the same bytes to the same devices in the same order as
+        the copies one by one, a tensor-parallel block's second copies at once)."""
         base = self.step_graph(plan)
         ops = self._model_ops(base)
         key = (base, tuple(plan.placement(o.stages[0]) for o in ops))
-        held = self._copies.get(key)
-        if held is None:
+        out = self._copies.get(key)
+        if out is None:
             def placing(op):
                 return plan.placement(op.stages[0])
 
             # the op layouts and chunks a step streams: what the copies are read from
             placed = lower(base, plan, self.responses, placing, passes=PASSES[:2])
             names = self._model_names(plan.shared)
-            held = self._copies[key] = tuple(
+            held = tuple(
                 Held(names[(c.key.backbone, c.trained)], c.placement, c.trained, c.devices,
                      c.key)
                 for c in copies_of(placed, placing).held)
-        return held
+            out = self._copies[key] = (held, _spread(held))
+        return out
 
     def _model_ops(self, graph: Graph) -> tuple:
         """The ops of ``graph`` that read or train a model (not its weight syncs)."""
@@ -772,6 +781,31 @@ class Evaluator:
         return _Priced(plan, homes, feasible, shortfall, predicted, timeline, False)
 
 
+def _spread(held: tuple[Held, ...]) -> tuple:
+    """(model, placement, trained, index of the devices) of each run of consecutive
+    copies priced alike (:meth:`Evaluator._held`) whose devices are apart."""
+    out: list = []
+    run: list[Held] = []
+    seen: set[int] = set()
+
+    def close() -> None:
+        if run:
+            devices = run[0].devices if len(run) == 1 else \
+                tuple(d for h in run for d in h.devices)
+            out.append((run[0].model, run[0].placement, run[0].trained, _at(devices)))
+
+    for h in held:
+        if run and (h.model, h.placement, h.trained) == (
+                run[0].model, run[0].placement, run[0].trained) and seen.isdisjoint(h.devices):
+            run.append(h)
+        else:
+            close()
+            run, seen = [h], set()
+        seen.update(h.devices)
+    close()
+    return tuple(out)
+
+
 def _at(devices: tuple[int, ...]) -> slice | np.ndarray:
     """An index of ``devices`` into a per-device array: a slice where they are one run."""
     if devices and devices[-1] - devices[0] == len(devices) - 1 \
@@ -780,8 +814,10 @@ def _at(devices: tuple[int, ...]) -> slice | np.ndarray:
     return np.fromiter(devices, int, len(devices))
 
 
+@functools.lru_cache(maxsize=4096)
 def _members(devices: tuple[int, ...]):
-    """``devices`` for membership tests: a range where they are one run."""
+    """``devices`` for membership tests: a range where they are one run (memoised: asked
+    of every copy of a plan that does not fit; read-only)."""
     at = _at(devices)
     return range(at.start, at.stop) if isinstance(at, slice) else set(devices)
 

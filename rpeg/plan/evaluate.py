@@ -187,6 +187,7 @@ class Evaluator:
         self._synced: dict[tuple, frozenset[str]] = {}
         self._problems: dict[tuple, str | None] = {}
         self._fits: dict[tuple, bool] = {}
+        self._rests: dict[tuple, float] = {}
         w = pipeline.workload
         self.gen_tokens = w.batch * w.gen_len.mean()
         self.responses = w.prompts * w.samples          # a step's (the runtime's chunks)
@@ -646,12 +647,17 @@ class Evaluator:
         wakes for the next (``engine_sleeps``): its weights out and back, once a step."""
         if p.engine is not Engine.VLLM:
             return 0.0
-        trained = {d for o in graph.ops if o.kind is OpKind.TRAIN
-                   for d in plan.placement(o.stages[0]).devices}
-        if not engine_sleeps(p.devices, trained, devices_are_host(self.cluster.gpu)):
-            return 0.0
-        return sleep_wake_time(self.pipeline.model(self.stages.target[op.stages[0]]), p.tp,
-                               self.cluster.gpu)
+        trainers = tuple(plan.placement(o.stages[0]) for o in graph.ops
+                         if o.kind is OpKind.TRAIN)
+        key = ("rest", op.name, p, trainers)      # by the placements, not their devices
+        rest = self._rests.get(key)
+        if rest is None:
+            trained = {d for t in trainers for d in t.devices}
+            rest = self._rests[key] = sleep_wake_time(
+                self.pipeline.model(self.stages.target[op.stages[0]]), p.tp,
+                self.cluster.gpu) if engine_sleeps(
+                p.devices, trained, devices_are_host(self.cluster.gpu)) else 0.0
+        return rest
 
     def _fused(self, op, plan: Plan, chunk: Chunk | None) -> float:
         """Seconds of an op's stages back to back. Fused, they share a dispatch (one Dask

@@ -10,9 +10,9 @@ from rpeg.graph import Graph, Op
 from rpeg.graph.ids import ReplicaKey, variant_key
 from rpeg.plan.copies import Copy, _held, _hosts, copies, copy_key, copy_keys
 from rpeg.plan.lower import lower
-from rpeg.plan.model import StagePlacement
 from rpeg.plan.oplayout import all_in_place
 from rpeg.spec.model import Engine, OpKind
+from tests.plan.test_oplayout import placements
 
 
 def _wanted_by_device(model, op, place, lay, trainer, chunks):
@@ -65,19 +65,9 @@ def _backbone_by_device(model, train, readers, chunks):
                  for (key, n), ds in devices.items()), reads
 
 
-@st.composite
-def placement(draw, engines=(Engine.TORCH, Engine.VLLM)):
-    tp = draw(st.sampled_from((1, 2, 4)))
-    dp = draw(st.integers(1, 4))
-    start = draw(st.integers(0, 8))
-    return StagePlacement("s", tuple(range(start, start + dp * tp)), dp=dp, tp=tp,
-                          engine=draw(st.sampled_from(engines)),
-                          zero=draw(st.sampled_from((0, 2, 3))), chunks=draw(st.integers(1, 6)))
-
-
 @settings(deadline=None, max_examples=300)
-@given(placement(engines=(Engine.TORCH,)), placement(), placement(engines=(Engine.TORCH,)),
-       placement(engines=(Engine.TORCH,)), st.booleans(), st.integers(1, 16))
+@given(placements(engines=(Engine.TORCH,)), placements(), placements(engines=(Engine.TORCH,)),
+       placements(engines=(Engine.TORCH,)), st.booleans(), st.integers(1, 16))
 def test_the_copies_are_the_rule_applied_device_by_device(train, gen, fwd, other, trained,
                                                          responses):
     ops = [Op("rollout", OpKind.GENERATE, reads_model="m", stages=("rollout",)),

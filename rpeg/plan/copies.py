@@ -167,7 +167,7 @@ def _backbone(model: Backbone, train, readers: tuple, chunks: int):
         op, trainer, lay = train
         key = ReplicaKey(model)
         ds, groups, _ = _parts(lay, chunks)
-        layouts[key] = dict(zip(ds, groups))
+        layouts[key] = dict(zip(ds, groups, strict=True))
         firsts[key] = dict.fromkeys(ds, 0)
         reads[op.name] = dict.fromkeys(ds, key)
         if ds:
@@ -178,16 +178,16 @@ def _backbone(model: Backbone, train, readers: tuple, chunks: int):
         for key, ds, groups in want.by_key:
             laid = layouts.get(key)
             if laid is None:
-                layouts[key] = dict(zip(ds, groups))
+                layouts[key] = dict(zip(ds, groups, strict=True))
             elif laid.keys().isdisjoint(ds):
-                laid.update(zip(ds, groups))
+                laid.update(zip(ds, groups, strict=True))
             else:                             # compared where a layout of it is there
-                for d, group in zip(ds, groups):
+                for d, group in zip(ds, groups, strict=True):
                     if laid.setdefault(d, group) != group:
                         at[d] = _variant(model, group)
         if want.grouped:
             split = {key for key in set(at.values()) if key.variant}
-            for d, group in zip(want.devices, want.groups) if split else ():
+            for d, group in zip(want.devices, want.groups, strict=True) if split else ():
                 # a block's ranks read one copy
                 if group and at[d] not in split:
                     other = next((at[x] for x in group if at[x] in split), None)
@@ -263,14 +263,14 @@ class _Want:
         """(device, its block, its key) of each device."""
         keys = self.keys
         if isinstance(keys, ReplicaKey):
-            return tuple((d, g, keys) for d, g in zip(self.devices, self.groups))
-        return tuple(zip(self.devices, self.groups, keys))
+            return tuple((d, g, keys) for d, g in zip(self.devices, self.groups, strict=True))
+        return tuple(zip(self.devices, self.groups, keys, strict=True))
 
     def at(self) -> dict[int, ReplicaKey]:
         """Device -> the key it wants (a new dict)."""
         if isinstance(self.keys, ReplicaKey):
             return dict.fromkeys(self.devices, self.keys)
-        return dict(zip(self.devices, self.keys))
+        return dict(zip(self.devices, self.keys, strict=True))
 
 
 @functools.lru_cache(maxsize=4096)
@@ -295,7 +295,7 @@ def _wanted_by_key(model: Backbone, op, place, lay, trainer, chunks: int) -> _Wa
         by_key = ((keys, ds, groups),) if ds else ()
     else:
         split: dict[ReplicaKey, tuple[list, list]] = {}
-        for d, g, k in zip(ds, groups, keys):
+        for d, g, k in zip(ds, groups, keys, strict=True):
             mine = split.get(k)
             if mine is None:
                 split[k] = ([d], [g])
@@ -320,8 +320,8 @@ def _keys(model: Backbone, op, place, lay, trainer, ds: tuple[int, ...],
         return elsewhere
     on = tuple(d for d in ds if d in held)
     if not op.reads_model or op.kind is OpKind.TRAIN:   # the rule as it stands
-        got = dict(zip(on, copy_keys(op, place, tuple((d, g) for d, g in zip(ds, groups)
-                                                      if d in held), trainer), strict=True))
+        pairs = tuple((d, g) for d, g in zip(ds, groups, strict=True) if d in held)
+        got = dict(zip(on, copy_keys(op, place, pairs, trainer), strict=True))
         return tuple(got.get(d, elsewhere) for d in ds)
     # on the trainer's devices: an engine's own copy (whether one is served there depends
     # on the placements alone), else the trained copy where read in place, else a second
@@ -334,7 +334,7 @@ def _keys(model: Backbone, op, place, lay, trainer, ds: tuple[int, ...],
     own = ReplicaKey(model)
     in_place = dict(zip(on, reads_in_place_on(trainer, place, on), strict=True))
     return tuple(elsewhere if d not in held else own if in_place[d] else _variant(model, g)
-                 for d, g in zip(ds, groups))
+                 for d, g in zip(ds, groups, strict=True))
 
 
 @functools.lru_cache(maxsize=4096)

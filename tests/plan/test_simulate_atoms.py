@@ -23,9 +23,9 @@ def test_masks_meet_where_devices_do_and_loads_are_the_devices(sets, times):
         for b, db in named:
             assert bool(needs[a] & needs[b]) == bool(set(da) & set(db))
             assert (needs[a] == needs[b]) == (set(da) == set(db))
-    durations = {(op, 0): t for (op, _), t in zip(named, times)}
+    durations = {(op, 0): t for (op, _), t in zip(named, times, strict=False)}
     load: dict[int, float] = {}
-    for (op, ds), t in zip(named, times):
+    for (_, ds), t in zip(named, times, strict=False):
         for d in ds:
             load[d] = load.get(d, 0.0) + t
     assert _floor(durations, needs) == max(load.values(), default=0.0)

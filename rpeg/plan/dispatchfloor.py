@@ -61,12 +61,12 @@ def dispatch_floor(graph: Graph, layouts: dict, chunks: int = 1, steps: int = 6)
                     args += (ranks ** 2 + fed * ranks) * times
                 seen.update(ds)
                 continue
-            for d in ds:
-                if d not in seen:                  # its device's first call of the step
-                    seen.add(d)
-                    tasks += 1
-                    args += fed
-    used = {d for lay in layouts.values() for d in lay.devices}
+            # each device's first call of the step starts a task (counted as a set grows)
+            before = len(seen)
+            seen.update(ds)
+            tasks += len(seen) - before
+            args += fed * (len(seen) - before)
+    used = set().union(*(lay.devices for lay in layouts.values()))
     return Dispatch(len(used), calls, tasks, args)
 
 

@@ -287,13 +287,13 @@ def response_tokens(run_dir: str, pipeline) -> dict:
 def predicted_at_measured_lengths(run_dir: str, pipeline, plan) -> float | None:
     """The cost model's step time for ``plan`` with the responses at the lengths the run
     generated after the first ``WARMUP`` steps (their histogram, from the trace; see
-    :mod:`rpeg.runtime.rundir.lengths`); None when the run generated nothing."""
+    :mod:`rpeg.runtime.rundir.lengths`); None when the trace has no histograms."""
     from rpeg.runtime.rundir.lengths import at_lengths
     from rpeg.runtime.rundir.lengths import response_tokens as measured_tokens
     path = Path(run_dir)
     rows = [json.loads(x) for x in (path / "metrics.jsonl").read_text().splitlines() if x]
     found = measured_tokens(path, pipeline, rows[WARMUP:] or rows)
-    if found is None:
+    if found is None or found[1] is None:
         return None
     return predicted(at_lengths(pipeline, found[1]), plan)
 

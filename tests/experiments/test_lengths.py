@@ -35,14 +35,15 @@ def test_histogram_and_its_distribution():
 
 
 def test_steady_counts_from_the_trace_or_the_steps_means(tmp_path):
+    pipeline = load(PIPELINES / "tiny_grpo.rpeg")
     _trace(tmp_path / "a", [{"step": 1, "stats": {"lengths": {"4": 2}}},
                             {"step": 2, "stats": {"lengths": {"4": 1, "20": 3}}},
                             {"step": 3, "stats": {"lengths": {"20": 5}}}])
-    assert steady_counts(tmp_path / "a", {2, 3}, []) == {4: 1, 20: 8}
-    # an older trace without histograms: each step's mean, split so the mean is kept
+    assert steady_counts(tmp_path / "a", {2, 3}) == {4: 1, 20: 8}
+    # an older trace without histograms: the steps' mean, and nothing to price with
     rows = [{"step": 2, "response_len": 10.25}, {"step": 3, "response_len": 12.0}]
-    counts = steady_counts(tmp_path / "none", {2, 3}, rows)
-    assert counts == {10: 0.75, 11: 0.25, 12: 1.0}
+    summary, dist = response_tokens(tmp_path / "none", pipeline, rows)
+    assert summary == {"mean": 11.125, "declared": 10.5, "steps": "2..3"} and dist is None
 
 
 def test_longer_responses_than_declared_price_the_plan_slower(tmp_path):

@@ -11,8 +11,7 @@ wrong for the workload it was given. So the record keeps both: the measured leng
 (``predicted.at_measured_lengths_s``), beside the plan's one prediction.
 
 The lengths are the steady steps' (the ones ``measured.step_time_s`` is the median of):
-each generate op reports a histogram of its responses' lengths (``stats.lengths``);
-for a trace without one, the steps' mean lengths stand in for it.
+each generate op reports a histogram of its responses' lengths (``stats.lengths``).
 
     >>> dist = measured_dist({12: 3, 20: 1})
     >>> dist.kind.value, dist.max_len, dist.mean()
@@ -25,7 +24,6 @@ Imports no torch.
 
 from __future__ import annotations
 
-import math
 from collections import Counter
 from pathlib import Path
 
@@ -47,39 +45,37 @@ def measured_dist(counts: dict[int, float]) -> LengthDist | None:
     return LengthDist(LengthKind.EMPIRICAL, max_len=bins[-1][0], bins=bins)
 
 
-def steady_counts(path: Path, steps: set[int], rows: list[dict]) -> dict[int, float]:
-    """The lengths' histogram over ``steps``: from the generate ops' ``stats.lengths`` in
-    the trace, else the steps' mean lengths (``response_len`` of metrics rows), each step's
-    mean split between the two lengths around it so the mean is kept."""
+def steady_counts(path: Path, steps: set[int]) -> dict[int, int]:
+    """The lengths' histogram over ``steps``, from the generate ops' ``stats.lengths`` in
+    the trace (empty for a trace without them)."""
     counts: Counter = Counter()
     for e in _generate_events(path):
         if e.get("step") in steps:
             for n, c in (e.get("stats", {}).get("lengths") or {}).items():
                 counts[int(n)] += c
-    if counts:
-        return dict(counts)
-    for r in rows:
-        m = r.get("response_len")
-        if r.get("step") in steps and isinstance(m, (int, float)) and m > 0:
-            lo = math.floor(m)
-            counts[lo] += 1.0 - (m - lo)
-            if m > lo:
-                counts[lo + 1] += m - lo
     return dict(counts)
 
 
-def response_tokens(path: Path, pipeline, steady: list[dict]) -> tuple[dict, LengthDist] | None:
-    """(``{"mean", "declared", "longest", "steps"}``, the measured distribution): the mean
+def response_tokens(path: Path, pipeline, steady: list[dict]
+                    ) -> tuple[dict, LengthDist | None] | None:
+    """(``{"mean", "declared", "steps", "longest"}``, the measured distribution): the mean
     tokens a response over the ``steady`` rows' steps against the workload's declared
-    mean; None when those steps generated nothing."""
+    mean, and their histogram. A trace without histograms (an older run) gives the steps'
+    mean lengths (``response_len``) and no distribution: a batch decodes to its longest
+    response, which a mean does not tell. None when those steps generated nothing."""
     steps = {r["step"] for r in steady if isinstance(r.get("step"), int)}
-    counts = steady_counts(path, steps, steady)
-    dist = measured_dist(counts)
-    if dist is None:
+    if not steps:
         return None
-    return ({"mean": round(_mean(counts), 3),
-             "declared": round(pipeline.workload.gen_len.mean(), 3),
-             "longest": dist.max_len, "steps": f"{min(steps)}..{max(steps)}"}, dist)
+    declared = round(pipeline.workload.gen_len.mean(), 3)
+    span = f"{min(steps)}..{max(steps)}"
+    dist = measured_dist(steady_counts(path, steps))
+    if dist is not None:
+        return ({"mean": round(_mean(dict(dist.bins)), 3), "declared": declared,
+                 "steps": span, "longest": dist.max_len}, dist)
+    means = [r["response_len"] for r in steady if isinstance(r.get("response_len"), (int, float))]
+    if not means:
+        return None
+    return {"mean": round(sum(means) / len(means), 3), "declared": declared, "steps": span}, None
 
 
 def at_lengths(pipeline, dist: LengthDist):

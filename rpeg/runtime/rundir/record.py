@@ -198,7 +198,7 @@ def _with_lengths(path: Path, pipeline, plan, cluster, rows: list[dict], pr: dic
     found = response_tokens(path, pipeline, steady_rows(rows))
     if found is not None:
         me = {**me, "response_tokens": found[0]}
-        if "step_time_s" in pr:
+        if "step_time_s" in pr and found[1] is not None:
             t = at_measured_lengths(pipeline, plan, cluster, found[1])
             if t is not None:
                 pr = {**pr, "at_measured_lengths_s": t}

@@ -39,17 +39,20 @@ def _parse(path: Path) -> ast.Module:
 
 
 def defined(path: Path) -> set[str] | None:
-    """The names a module binds at its top level (in ifs and trys too); None when it
-    answers any name (a module ``__getattr__``, ``import *``)."""
+    """The names a module binds at its top level (in ifs and trys too), and those its
+    ``__all__`` lists where a module ``__getattr__`` imports them on first use; None when
+    it answers any name (such a ``__getattr__`` without a literal ``__all__``, ``import *``)."""
     if path.is_dir():
         return set()                        # a folder without __init__: its modules alone
     names: set[str] = set()
+    lazy = False                            # a module __getattr__: it answers its __all__
+    exported: set[str] | None = None
     body = list(_parse(path).body)
     while body:
         node = body.pop()
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             if node.name == "__getattr__":
-                return None
+                lazy = True
             names.add(node.name)
         elif isinstance(node, (ast.Import, ast.ImportFrom)):
             for alias in node.names:
@@ -59,9 +62,14 @@ def defined(path: Path) -> set[str] | None:
         elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
             names |= {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+            if (any(isinstance(t, ast.Name) and t.id == "__all__" for t in targets)
+                    and isinstance(node.value, (ast.List, ast.Tuple))):
+                exported = {e.value for e in node.value.elts if isinstance(e, ast.Constant)}
         elif isinstance(node, (ast.If, ast.Try, ast.With)):
             body += [*node.body, *getattr(node, "orelse", []), *getattr(node, "finalbody", []),
                      *(s for h in getattr(node, "handlers", []) for s in h.body)]
+    if lazy:
+        return names | exported if exported is not None else None
     return names
 
 

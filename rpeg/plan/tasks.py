@@ -111,7 +111,7 @@ def dispatch_per_step(graph: Graph, layouts: dict[str, OpLayout], chunks: int = 
         place, read_elsewhere = pack.place, pack.read_elsewhere
         for k, op, chunk, inputs, readers in _rows(prep, step)[0]:
             at = laid[op]
-            ds, _, gang, at_head = at[chunk % len(at)]
+            ds, _, gang, at_head, gangs = at[chunk % len(at)]
             deps = {task[i] for i in inputs if i in task}
             head = ds[0]
             elsewhere = False
@@ -121,6 +121,21 @@ def dispatch_per_step(graph: Graph, layouts: dict[str, OpLayout], chunks: int = 
                 if two[0] != head or two[-1] != head:
                     elsewhere = True
                     break
+            if gangs:                             # a weight sync's gangs, one by one
+                for g in gangs:
+                    calls += len(g)
+                    if len(g) >= JOIN_MIN:
+                        calls += 1
+                        order += len(g)
+                        ranks = pack.gang(g, step, {pack.join(deps)}, named=False)
+                    else:
+                        order += len(g) ** 2
+                        ranks = pack.gang(g, step, deps)
+                    if k not in task:
+                        task[k] = ranks[0]
+                        if elsewhere:
+                            read_elsewhere(g[0], ranks[0], step, chunk, op)
+                continue
             calls += len(ds)
             if gang:                              # the ranks start together
                 if len(ds) >= JOIN_MIN:           # waiting through a join, a task of its own
@@ -174,11 +189,13 @@ def relabelled(layouts: dict[str, OpLayout]) -> tuple[tuple[str, OpLayout], ...]
     ordered = sorted(layouts.items())
     # each device's new name, as it first appears (dict keeps first insertion order)
     names = {d: i for i, d in enumerate(dict.fromkeys(
-        d for _, lay in ordered for d in lay.devices))}
+        d for _, lay in ordered for ds in (lay.devices, *lay.gangs) for d in ds))}
     out = []
     for op, lay in ordered:
         devices = tuple(map(names.__getitem__, lay.devices))
-        out.append((op, lay if devices == lay.devices else attrs.evolve(lay, devices=devices)))
+        gangs = tuple(tuple(map(names.__getitem__, g)) for g in lay.gangs)
+        out.append((op, lay if devices == lay.devices and gangs == lay.gangs
+                    else attrs.evolve(lay, devices=devices, gangs=gangs)))
     return tuple(out)
 
 
@@ -190,7 +207,8 @@ def laid_out(lay: OpLayout) -> tuple[tuple, ...]:
     one or two, enough to tell whether all are one device: its first two, or the first
     alone for a gang of ``JOIN_MIN`` ranks or more, which reads them through its join
     there (``rpeg.runtime.lowering.joins``); whether it is a gang; its ranks on its first
-    device, where a gang). Memoised by the layout, whose hash
+    device, where a gang; a weight sync's gangs of calls, :attr:`OpLayout.gangs`, or
+    ()). Memoised by the layout, whose hash
     is kept: a search lays the same ops out again and again."""
     tp = max(1, lay.tp)
     period = -(-len(lay.devices) // tp) if lay.chunked and not lay.everywhere else 1
@@ -200,8 +218,12 @@ def laid_out(lay: OpLayout) -> tuple[tuple, ...]:
         ds = own or (-1,)
         gang = lay.collective and len(own) > 1
         # where it reads its inputs: a large gang through its join, on its first device
+        if lay.gangs:                 # a weight sync's gangs: read where the first starts
+            out.append((ds, lay.gangs[0][:1] if len(lay.gangs[0]) >= JOIN_MIN
+                        else lay.gangs[0][:2], True, (0,), lay.gangs))
+            continue
         out.append((ds, ds[:1] if gang and len(own) >= JOIN_MIN else ds[:2], gang,
-                    tuple(i for i, d in enumerate(ds) if d == ds[0]) if gang else ()))
+                    tuple(i for i, d in enumerate(ds) if d == ds[0]) if gang else (), ()))
     return tuple(out)
 
 
@@ -237,11 +259,88 @@ def layouts_of(pipeline, plan, graph: Graph, timings: dict[str, OpTiming]
     """Each op's :class:`~rpeg.plan.oplayout.OpLayout` under ``plan`` (``graph``: the plan's
     graph without fusion, whose ops the runtime calls one by one, placed by
     :func:`rpeg.plan.lower.lower`; ``timings``: where a weight sync with no trainer or no
-    generate op runs), and the chunks a step streams."""
+    generate op runs), and the chunks a step streams. A weight sync's layout carries the
+    gangs of calls the runtime moves its model's versions with (:func:`transfer_gangs`)."""
+    placement_of = lambda o: plan.placement(o.stages[0])          # noqa: E731
     placed = lower(graph, plan, pipeline.workload.prompts * pipeline.workload.samples,
-                   passes=PASSES[:2])     # layouts, chunks: all a proposal's count reads
+                   placement_of, passes=PASSES[:2])   # layouts, chunks: all a count reads
     out = dict(placed.layouts)
+    gangs = transfer_gangs(placed, placement_of,
+                           frozenset(m.name for m in pipeline.models if m.frozen))
     for op in graph.ops:
-        if op.kind is OpKind.SYNC_WEIGHTS and not out[op.name].devices:
+        if op.kind is not OpKind.SYNC_WEIGHTS:
+            continue
+        if not out[op.name].devices:
             out[op.name] = OpLayout(timings[op.name].devices, everywhere=True, collective=True)
+        moved = gangs.get(op.reads_model)
+        if moved:
+            out[op.name] = attrs.evolve(out[op.name], gangs=moved)
     return out, placed.chunks
+
+
+def transfer_gangs(placed: Placed, placement_of, frozen: frozenset[str] = frozenset()
+                   ) -> dict[str, tuple[tuple[int, ...], ...]]:
+    """Trained backbone -> the gangs of calls that move each of its versions to the copies
+    its readers read off its trainer (:func:`rpeg.plan.copies.copies`), each the devices of
+    its calls in the runtime's order (``rpeg.runtime.lowering.ordering.add_syncs``): the
+    trainer's senders' exports then a load per copy on each device reading one (sorted by
+    device); and, where a vLLM engine serves a copy of its own, a receive on each engine's
+    host then the senders' sends (:func:`rpeg.cost.engine_sync.engine_sync_layout`).
+    ``frozen``: models no trainer writes (a reader of those alone reads no version).
+
+        >>> from rpeg.graph import Op
+        >>> from rpeg.plan.model import StagePlacement as P
+        >>> from rpeg.spec.model import Engine
+        >>> g = Graph("g", (Op("rollout", OpKind.GENERATE, reads_model="actor",
+        ...                    stages=("rollout",)),
+        ...                 Op("train", OpKind.TRAIN, reads_model="actor",
+        ...                    writes_model="actor", stages=("train",))), (), (), ("actor",),
+        ...           ("actor",))
+        >>> place = {"rollout": P("rollout", (0, 1, 2), dp=3, engine=Engine.VLLM),
+        ...          "train": P("train", (0, 1), dp=2, zero=3)}
+        >>> at = lambda o: place[o.name]
+        >>> transfer_gangs(lower(g, None, 8, at, passes=PASSES[:2]), at)
+        {'actor': ((2, 0, 1),)}
+    """
+    from rpeg.cost.engine_sync import engine_sync_layout, sync_senders
+    from rpeg.plan.copies import copies
+
+    graph = placed.graph
+    trainers = {o.writes_model: o for o in graph.ops if o.kind is OpKind.TRAIN and o.writes_model}
+    if not trainers:
+        return {}
+    homes = {m: placement_of(t) for m, t in trainers.items()}
+    held = copies(placed, placement_of)
+    loads: dict[str, dict[int, list]] = {}        # backbone -> device -> the copies it loads
+    pushed: set[str] = set()                      # backbones whose engines serve a copy
+    for op in graph.ops:
+        model = op.reads_model
+        if not model or op.kind in (OpKind.TRAIN, OpKind.SYNC_WEIGHTS) or model not in homes \
+                or all(m in frozen for m in model.members):
+            continue
+        home = set(homes[model].devices)
+        for d, _ in placed.layout(op.name).members(placed.chunks):
+            key = held.key_of(op.name, d)
+            if key is None or (d in home and key == model):
+                continue
+            if key.engine:
+                pushed.add(model)
+            else:
+                at = loads.setdefault(model, {}).setdefault(d, [])
+                if key not in at:
+                    at.append(key)
+    out: dict[str, tuple[tuple[int, ...], ...]] = {}
+    for model, trainer in homes.items():
+        gangs = []
+        if model in loads:
+            gangs.append(sync_senders(trainer.devices, trainer.tp, trainer.zero) + tuple(
+                d for d, keys in sorted(loads[model].items()) for _ in keys))
+        if model in pushed:
+            lay = engine_sync_layout(trainer, [placement_of(o) for o in graph.ops
+                                               if o.kind is OpKind.GENERATE
+                                               and o.reads_model == model])
+            gangs.append(tuple(sorted(b[0] for b in lay.group + lay.local)) + lay.senders)
+        if gangs:
+            out[model] = tuple(gangs)
+    return out
+

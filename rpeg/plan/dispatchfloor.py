@@ -78,6 +78,12 @@ def dispatch_floor(graph: Graph, layouts: dict, chunks: int = 1, steps: int = 6)
                     seen.add(d)
                     tasks += 1
                     args += fed
+    ops = {o.name for o in graph.ops}
+    for op, lay in layouts.items():                # transfers the graph has no op for
+        for g in lay.gangs if op not in ops else ():
+            calls += len(g) + (len(g) >= JOIN_MIN)
+            tasks += len(g) + (len(g) >= JOIN_MIN)
+            args += 2 * len(g) if len(g) >= JOIN_MIN else len(g) ** 2
     used = {d for lay in layouts.values() for d in lay.devices}
     return Dispatch(len(used), calls, tasks, args)
 

@@ -70,6 +70,7 @@ class OpLayout:
     # calls in order, its join (a gang of JOIN_MIN or more) on the first (:func:`rpeg.plan.
     # tasks.transfer_gangs`); (): one gang on ``devices``
     gangs: tuple[tuple[int, ...], ...] = ()
+    fills: tuple[int, ...] = ()       # of those, the devices loading or receiving a copy
 
     @property
     def blocks(self) -> tuple[tuple[int, ...], ...]:

@@ -47,8 +47,10 @@ import functools
 import attrs
 
 from rpeg.cost.control import JOIN_MIN, Dispatch
+from rpeg.cost.engine_sync import engine_sync_layout, sync_senders
 from rpeg.graph import Graph
-from rpeg.plan.lower import PASSES, Placed, lower
+from rpeg.plan.copies import copies
+from rpeg.plan.lower import PASSES, Placed, lower, streams, transfer_of
 from rpeg.plan.oplayout import OpLayout
 from rpeg.plan.packing import Packer
 from rpeg.plan.simulate import OpTiming, prepared
@@ -77,10 +79,12 @@ def steady_step(graph: Graph, layouts: dict[str, OpLayout], chunks: int, steps: 
 
 def dispatch_per_step(graph: Graph, layouts: dict[str, OpLayout], chunks: int = 1,
                       steps: int = 6, together: tuple[tuple[str, ...], ...] = (),
-                      replay: bool = False) -> Dispatch:
+                      replay: bool = False, shared: tuple = ()) -> Dispatch:
     """The calls, tasks and futures of one steady step of ``graph`` laid out by ``layouts``
     (op name -> :class:`OpLayout`), its generate ops streaming ``chunks`` chunks a step;
-    ``together``: the plan's fused stages, whose calls of a chunk share a task.
+    ``together``: the plan's fused stages, whose calls of a chunk share a task;
+    ``shared``: which readers share their writer's replica (:func:`shared_of`), whose
+    writer the runtime orders after them.
 
     The steps before the steady one are packed only where the steady step could tell: it
     reads them through the tasks of the instances it takes inputs from, and tasks of
@@ -103,12 +107,42 @@ def dispatch_per_step(graph: Graph, layouts: dict[str, OpLayout], chunks: int = 
     laid = {op: laid_out(lay) for op, lay in layouts.items()}
     task: dict[int, int] = {}                    # instance -> the task of its first rank
     pack = Packer(together)
+    # a trained model's transfers the graph has no weight sync for (a copy its readers
+    # read beside a sharded trainer): their gangs after the step's calls, as the runtime
+    # adds them, after their trainer
+    trainer_of = {transfer_of(o.writes_model): o.name for o in graph.ops
+                  if o.kind is OpKind.TRAIN and o.writes_model}
+    ops = {o.name for o in graph.ops}
+    extra = [(trainer_of.get(op), lay.gangs) for op, lay in layouts.items()
+             if op not in ops and lay.gangs]
+    war = _write_after_read(graph, shared)
+    # a weight sync writes the copies on the devices it fills alone: a reader elsewhere
+    # reads none of them, and no write waits for it
+    fills = {op: set(lay.fills) for op, lay in layouts.items() if lay.gangs}
+
+    def gangs_of(gangs, step: int, deps: set) -> tuple[int, int, int]:
+        """Pack a weight sync's ``gangs`` one by one: (calls, futures ordering them, the
+        task of the first's first rank)."""
+        calls = order = 0
+        head = None
+        for g in gangs:
+            calls += len(g)
+            if len(g) >= JOIN_MIN:               # waiting through a join
+                calls += 1
+                order += len(g)
+                ranks = pack.gang(g, step, {pack.join(deps)}, named=False)
+            else:
+                order += len(g) ** 2
+                ranks = pack.gang(g, step, deps)
+            head = ranks[0] if head is None else head
+        return calls, order, head
 
     def batch(step: int) -> tuple[int, int, int]:
         """Pack one step's calls, as the runtime does when the step enters its window:
         (calls, tasks, futures)."""
         first, calls, order = len(pack.waits), 0, 0
         place, read_elsewhere = pack.place, pack.read_elsewhere
+        made: dict[str, int] = {}                 # op -> the task of its last instance
         for k, op, chunk, inputs, readers in _rows(prep, step)[0]:
             at = laid[op]
             ds, _, gang, at_head, gangs = at[chunk % len(at)]
@@ -121,20 +155,18 @@ def dispatch_per_step(graph: Graph, layouts: dict[str, OpLayout], chunks: int = 
                 if two[0] != head or two[-1] != head:
                     elsewhere = True
                     break
+            for writer, some in war.get(op, ()) if not elsewhere else ():
+                if (some is None or chunk % some[0] in some[1]) \
+                        and (head in fills[writer] if writer in fills else True):
+                    two = laid[writer][0][1]      # the writer's instance: chunk 0
+                    if two[0] != head or two[-1] != head:
+                        elsewhere = True
+                        break
             if gangs:                             # a weight sync's gangs, one by one
-                for g in gangs:
-                    calls += len(g)
-                    if len(g) >= JOIN_MIN:
-                        calls += 1
-                        order += len(g)
-                        ranks = pack.gang(g, step, {pack.join(deps)}, named=False)
-                    else:
-                        order += len(g) ** 2
-                        ranks = pack.gang(g, step, deps)
-                    if k not in task:
-                        task[k] = ranks[0]
-                        if elsewhere:
-                            read_elsewhere(g[0], ranks[0], step, chunk, op)
+                n, o, task[k] = gangs_of(gangs, step, deps)
+                calls, order = calls + n, order + o
+                if elsewhere:
+                    read_elsewhere(gangs[0][0], task[k], step, chunk, op)
                 continue
             calls += len(ds)
             if gang:                              # the ranks start together
@@ -146,16 +178,19 @@ def dispatch_per_step(graph: Graph, layouts: dict[str, OpLayout], chunks: int = 
                     order += len(ds) ** 2         # it on each member's device
                     ranks = pack.gang(ds, step, deps)
                 for i in at_head:
-                    task[k] = ranks[i]
+                    task[k] = made[op] = ranks[i]
                     if elsewhere:
                         read_elsewhere(head, ranks[i], step, chunk, op)
                 continue
             for dev in ds:                        # each call placed after the one before
                 gi = place(dev, step, chunk, op, deps, deps)
                 if dev == head:
-                    task[k] = gi
+                    task[k] = made[op] = gi
                     if elsewhere:
                         read_elsewhere(dev, gi, step, chunk, op)
+        for trainer, gangs in extra:
+            n, o, _ = gangs_of(gangs, step, {made[trainer]} if trainer in made else set())
+            calls, order = calls + n, order + o
         if step < last:                 # only the steady step's futures are counted
             return calls, len(pack.waits) - first, order
         return calls, len(pack.waits) - first, sum(map(len, pack.waits[first:])) + order
@@ -168,6 +203,26 @@ def dispatch_per_step(graph: Graph, layouts: dict[str, OpLayout], chunks: int = 
     calls, tasks, args = batch(last)
     used = {d for lay in layouts.values() for d in lay.devices}
     return Dispatch(len(used), calls, tasks, args)
+
+
+def _write_after_read(graph: Graph, shared: tuple) -> dict[str, list]:
+    """Reader op -> (the writer op whose next write waits for its chunks, None or
+    (blocks, those blocks whose chunks it waits for)) of each write-after-read edge of the
+    placed graph whose readers share the replica their writer writes (``shared``:
+    (``in_place``, ``partly``) of :func:`shared_of`; the ordering edges of
+    :func:`rpeg.graph.unroll.unroll`, found without unrolling): a reader read by its
+    writer on another device ends its task, as a call the runtime orders a writer after."""
+    if not shared or not shared[0]:
+        return {}
+    in_place, partly = shared[0], dict(shared[1])
+    syncs = {o.name for o in graph.ops if o.kind is OpKind.SYNC_WEIGHTS}
+    behind = {e.reader: e.writer for e in graph.version_edges if e.reader in syncs}
+    out: dict[str, list] = {}
+    for e in graph.version_edges:
+        for w in (e.writer, behind.get(e.writer)):
+            if w is not None and (w, e.reader) in in_place:
+                out.setdefault(e.reader, []).append((w, partly.get((w, e.reader))))
+    return out
 
 
 def _gang(layouts: dict[str, OpLayout], key: tuple[str, int]) -> bool:
@@ -194,8 +249,10 @@ def relabelled(layouts: dict[str, OpLayout]) -> tuple[tuple[str, OpLayout], ...]
     for op, lay in ordered:
         devices = tuple(map(names.__getitem__, lay.devices))
         gangs = tuple(tuple(map(names.__getitem__, g)) for g in lay.gangs)
+        fills = tuple(map(names.__getitem__, lay.fills))
         out.append((op, lay if devices == lay.devices and gangs == lay.gangs
-                    else attrs.evolve(lay, devices=devices, gangs=gangs)))
+                    and fills == lay.fills
+                    else attrs.evolve(lay, devices=devices, gangs=gangs, fills=fills)))
     return tuple(out)
 
 
@@ -255,13 +312,15 @@ def _rows(prep, step: int) -> tuple[tuple[tuple, ...], frozenset[int]]:
 
 
 def layouts_of(pipeline, plan, graph: Graph, timings: dict[str, OpTiming]
-               ) -> tuple[dict[str, OpLayout], int]:
+               ) -> tuple[dict[str, OpLayout], int, Placed]:
     """Each op's :class:`~rpeg.plan.oplayout.OpLayout` under ``plan`` (``graph``: the plan's
     graph without fusion, whose ops the runtime calls one by one, placed by
     :func:`rpeg.plan.lower.lower`; ``timings``: where a weight sync with no trainer or no
-    generate op runs), and the chunks a step streams. A weight sync's layout carries the
-    gangs of calls the runtime moves its model's versions with (:func:`transfer_gangs`)."""
-    placement_of = lambda o: plan.placement(o.stages[0])          # noqa: E731
+    generate op runs), the chunks a step streams, and the placed graph (for
+    :func:`shared_of`). A weight sync's layout carries the gangs of calls the runtime
+    moves its model's versions with (:func:`transfer_gangs`); a trained model's transfers
+    the graph has no weight sync for lie under their own op (:func:`transfer_of`)."""
+    placement_of = _placing(plan)
     placed = lower(graph, plan, pipeline.workload.prompts * pipeline.workload.samples,
                    placement_of, passes=PASSES[:2])   # layouts, chunks: all a count reads
     out = dict(placed.layouts)
@@ -272,21 +331,39 @@ def layouts_of(pipeline, plan, graph: Graph, timings: dict[str, OpTiming]
             continue
         if not out[op.name].devices:
             out[op.name] = OpLayout(timings[op.name].devices, everywhere=True, collective=True)
-        moved = gangs.get(op.reads_model)
+        moved = gangs.pop(op.reads_model, None)
         if moved:
-            out[op.name] = attrs.evolve(out[op.name], gangs=moved)
-    return out, placed.chunks
+            out[op.name] = attrs.evolve(out[op.name], gangs=moved[0], fills=moved[1])
+    for model, moved in gangs.items():   # no weight sync of the graph: transfers of their own
+        home = placement_of(next(o for o in graph.ops if o.writes_model == model)).devices
+        out[transfer_of(model)] = OpLayout(tuple(home), everywhere=True, collective=True,
+                                           gangs=moved[0], fills=moved[1])
+    return out, placed.chunks, placed
+
+
+def shared_of(placed: Placed, plan) -> tuple:
+    """The ``shared`` of :func:`dispatch_per_step` of a plan placed as ``placed`` (what
+    :func:`layouts_of` gives): the readers sharing the replica their writer writes, and
+    the blocks of a reader sharing it on some alone (:func:`rpeg.plan.lower.streams`): the
+    write-after-read edges the runtime's calls wait by."""
+    p = streams(placed, _placing(plan))
+    return p.in_place, p.partly
+
+
+def _placing(plan):
+    """Graph op -> its placement under ``plan`` (its first stage's)."""
+    return lambda o: plan.placement(o.stages[0])
 
 
 def transfer_gangs(placed: Placed, placement_of, frozen: frozenset[str] = frozenset()
-                   ) -> dict[str, tuple[tuple[int, ...], ...]]:
-    """Trained backbone -> the gangs of calls that move each of its versions to the copies
+                   ) -> dict[str, tuple[tuple[tuple[int, ...], ...], tuple[int, ...]]]:
+    """Trained backbone -> (the gangs of calls that move each of its versions to the copies
     its readers read off its trainer (:func:`rpeg.plan.copies.copies`), each the devices of
     its calls in the runtime's order (``rpeg.runtime.lowering.ordering.add_syncs``): the
     trainer's senders' exports then a load per copy on each device reading one (sorted by
     device); and, where a vLLM engine serves a copy of its own, a receive on each engine's
-    host then the senders' sends (:func:`rpeg.cost.engine_sync.engine_sync_layout`).
-    ``frozen``: models no trainer writes (a reader of those alone reads no version).
+    host then the senders' sends (:func:`rpeg.cost.engine_sync.engine_sync_layout`); the
+    devices loading or receiving a copy). ``frozen``: models no trainer writes (a reader of those alone reads no version).
 
         >>> from rpeg.graph import Op
         >>> from rpeg.plan.model import StagePlacement as P
@@ -300,11 +377,8 @@ def transfer_gangs(placed: Placed, placement_of, frozen: frozenset[str] = frozen
         ...          "train": P("train", (0, 1), dp=2, zero=3)}
         >>> at = lambda o: place[o.name]
         >>> transfer_gangs(lower(g, None, 8, at, passes=PASSES[:2]), at)
-        {'actor': ((2, 0, 1),)}
+        {'actor': (((2, 0, 1),), (2,))}
     """
-    from rpeg.cost.engine_sync import engine_sync_layout, sync_senders
-    from rpeg.plan.copies import copies
-
     graph = placed.graph
     trainers = {o.writes_model: o for o in graph.ops if o.kind is OpKind.TRAIN and o.writes_model}
     if not trainers:
@@ -315,32 +389,55 @@ def transfer_gangs(placed: Placed, placement_of, frozen: frozenset[str] = frozen
     pushed: set[str] = set()                      # backbones whose engines serve a copy
     for op in graph.ops:
         model = op.reads_model
-        if not model or op.kind in (OpKind.TRAIN, OpKind.SYNC_WEIGHTS) or model not in homes \
-                or all(m in frozen for m in model.members):
+        reads = held.reads.get(op.name)
+        if not reads or op.kind in (OpKind.TRAIN, OpKind.SYNC_WEIGHTS) \
+                or model not in homes or all(m in frozen for m in model.members):
             continue
-        home = set(homes[model].devices)
-        for d, _ in placed.layout(op.name).members(placed.chunks):
-            key = held.key_of(op.name, d)
-            if key is None or (d in home and key == model):
-                continue
+        by_key: dict = {}                         # each copy it reads -> its devices there
+        for d, key in reads.items():
+            by_key.setdefault(key, []).append(d)
+        for key, ds in by_key.items():
             if key.engine:
                 pushed.add(model)
-            else:
-                at = loads.setdefault(model, {}).setdefault(d, [])
-                if key not in at:
-                    at.append(key)
-    out: dict[str, tuple[tuple[int, ...], ...]] = {}
+                continue
+            if key == model:                      # the trained copy: off its devices alone
+                home = _devices(homes[model])
+                ds = [d for d in ds if d not in home]
+            at = loads.setdefault(model, {})
+            for d in ds:
+                mine = at.setdefault(d, [])
+                if key not in mine:
+                    mine.append(key)
+    out: dict = {}
     for model, trainer in homes.items():
-        gangs = []
-        if model in loads:
+        gangs, fills = [], set()
+        if loads.get(model):
+            fills.update(loads[model])
             gangs.append(sync_senders(trainer.devices, trainer.tp, trainer.zero) + tuple(
                 d for d, keys in sorted(loads[model].items()) for _ in keys))
         if model in pushed:
-            lay = engine_sync_layout(trainer, [placement_of(o) for o in graph.ops
-                                               if o.kind is OpKind.GENERATE
-                                               and o.reads_model == model])
-            gangs.append(tuple(sorted(b[0] for b in lay.group + lay.local)) + lay.senders)
+            hosts, senders = _push_gang(trainer, tuple(
+                placement_of(o) for o in graph.ops
+                if o.kind is OpKind.GENERATE and o.reads_model == model))
+            fills.update(hosts)
+            gangs.append(hosts + senders)
         if gangs:
-            out[model] = tuple(gangs)
+            out[model] = (tuple(gangs), tuple(sorted(fills)))
     return out
 
+
+
+@functools.lru_cache(maxsize=4096)
+def _devices(place) -> frozenset[int]:
+    """A placement's devices as a set, by the placement (its hash kept)."""
+    return frozenset(place.devices)
+
+
+@functools.lru_cache(maxsize=4096)
+def _push_gang(trainer, readers: tuple) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The calls pushing a version into the vLLM engines of generate placements
+    ``readers`` that serve a copy of their own, from a trainer placed as ``trainer``: a
+    receive on each engine's host, and a send on each sender (the pushes of
+    ``rpeg.runtime.lowering.ordering``, by :func:`rpeg.cost.engine_sync.engine_sync_layout`)."""
+    lay = engine_sync_layout(trainer, list(readers))
+    return tuple(sorted(b[0] for b in lay.group + lay.local)), lay.senders

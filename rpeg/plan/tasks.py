@@ -324,8 +324,9 @@ def layouts_of(pipeline, plan, graph: Graph, timings: dict[str, OpTiming]
     placed = lower(graph, plan, pipeline.workload.prompts * pipeline.workload.samples,
                    placement_of, passes=PASSES[:2])   # layouts, chunks: all a count reads
     out = dict(placed.layouts)
-    gangs = transfer_gangs(placed, placement_of,
-                           frozenset(m.name for m in pipeline.models if m.frozen))
+    gangs = dict(_transfer_gangs(placed.graph, placed.layouts, placed.chunks, tuple(
+        placement_of(o) for o in graph.ops if o.kind is not OpKind.SYNC_WEIGHTS),
+        frozenset(m.name for m in pipeline.models if m.frozen)))
     for op in graph.ops:
         if op.kind is not OpKind.SYNC_WEIGHTS:
             continue
@@ -377,7 +378,7 @@ def transfer_gangs(placed: Placed, placement_of, frozen: frozenset[str] = frozen
         ...          "train": P("train", (0, 1), dp=2, zero=3)}
         >>> at = lambda o: place[o.name]
         >>> transfer_gangs(lower(g, None, 8, at, passes=PASSES[:2]), at)
-        {'actor': (((2, 0, 1),), (2,))}
+        {'actor': (((0, 1, 2, 0, 1),), (0, 1, 2))}
     """
     graph = placed.graph
     trainers = {o.writes_model: o for o in graph.ops if o.kind is OpKind.TRAIN and o.writes_model}
@@ -385,7 +386,7 @@ def transfer_gangs(placed: Placed, placement_of, frozen: frozenset[str] = frozen
         return {}
     homes = {m: placement_of(t) for m, t in trainers.items()}
     held = copies(placed, placement_of)
-    loads: dict[str, dict[int, list]] = {}        # backbone -> device -> the copies it loads
+    loads: dict[str, set] = {}            # backbone -> (a copy, a device loading it there)
     pushed: set[str] = set()                      # backbones whose engines serve a copy
     for op in graph.ops:
         model = op.reads_model
@@ -393,28 +394,23 @@ def transfer_gangs(placed: Placed, placement_of, frozen: frozenset[str] = frozen
         if not reads or op.kind in (OpKind.TRAIN, OpKind.SYNC_WEIGHTS) \
                 or model not in homes or all(m in frozen for m in model.members):
             continue
-        by_key: dict = {}                         # each copy it reads -> its devices there
-        for d, key in reads.items():
-            by_key.setdefault(key, []).append(d)
-        for key, ds in by_key.items():
+        for key in set(reads.values()):           # a few copies, read on many devices
             if key.engine:
                 pushed.add(model)
-                continue
-            if key == model:                      # the trained copy: off its devices alone
+            elif key == model:                    # the trained copy: off its devices alone
                 home = _devices(homes[model])
-                ds = [d for d in ds if d not in home]
-            at = loads.setdefault(model, {})
-            for d in ds:
-                mine = at.setdefault(d, [])
-                if key not in mine:
-                    mine.append(key)
+                loads.setdefault(model, set()).update(
+                    (key, d) for d, k in reads.items() if k == key and d not in home)
+            else:
+                loads.setdefault(model, set()).update(
+                    (key, d) for d, k in reads.items() if k == key)
     out: dict = {}
     for model, trainer in homes.items():
         gangs, fills = [], set()
-        if loads.get(model):
-            fills.update(loads[model])
-            gangs.append(sync_senders(trainer.devices, trainer.tp, trainer.zero) + tuple(
-                d for d, keys in sorted(loads[model].items()) for _ in keys))
+        if loads.get(model):                      # a load per copy, by device
+            at = sorted(d for _, d in loads[model])
+            fills.update(at)
+            gangs.append(sync_senders(trainer.devices, trainer.tp, trainer.zero) + tuple(at))
         if model in pushed:
             hosts, senders = _push_gang(trainer, tuple(
                 placement_of(o) for o in graph.ops
@@ -441,3 +437,15 @@ def _push_gang(trainer, readers: tuple) -> tuple[tuple[int, ...], tuple[int, ...
     ``rpeg.runtime.lowering.ordering``, by :func:`rpeg.cost.engine_sync.engine_sync_layout`)."""
     lay = engine_sync_layout(trainer, list(readers))
     return tuple(sorted(b[0] for b in lay.group + lay.local)), lay.senders
+
+
+@functools.lru_cache(maxsize=1024)
+def _transfer_gangs(graph: Graph, layouts: tuple, chunks: int, placements: tuple,
+                    frozen: frozenset[str]) -> tuple:
+    """:func:`transfer_gangs` of ``graph`` laid out as ``layouts`` (``chunks`` a step), its
+    ops but the weight syncs placed as ``placements`` in graph order, as (model, gangs)
+    pairs: memoised by what it reads (a search proposes the same placements again)."""
+    at = dict(zip((o.name for o in graph.ops if o.kind is not OpKind.SYNC_WEIGHTS),
+                  placements, strict=True))
+    placed = Placed(graph, 0, layouts=layouts, chunks=chunks)
+    return tuple(transfer_gangs(placed, lambda o: at[o.name], frozen).items())

@@ -253,12 +253,31 @@ def prediction(steps: int, root) -> dict:
                                                        / r["predicted_step_s"], 3)
             r["placements"] = placements(plan) + (f"; fused {plan.fusion}" if plan.fusion
                                                   else "")
+            r["response_tokens"] = response_tokens(r["run_dir"], pipeline)
             if label == "colocated":       # every op a gang over both devices: per op
                 r["op_times"] = op_times(r["run_dir"])
             out[f"{name} {label}"] = r
             print(name, label, r["median_step_s"], r["predicted_step_s"],
                   r["ratio_measured_over_predicted"], r["load_avg"], flush=True)
     return out
+
+
+def response_tokens(run_dir: str, pipeline) -> dict:
+    """The tokens a response had in the run (the median step's mean, after the first
+    ``WARMUP`` steps) against the mean the workload declares, which the cost model prices:
+    the policy learns, and how long it answers changes with it (and with the plan's
+    staleness), so a run can do more or less work than was priced."""
+    from rpeg.cost.generation import mean_len
+    from rpeg.runtime.rundir.directory import RunDir, events_from_trace
+    per: dict[int, list[int]] = {}
+    for e in events_from_trace(RunDir(Path(run_dir)).read_json("trace.json")):
+        if e["kind"] == "generate" and e["step"] >= WARMUP and "tokens" in e.get("stats", {}):
+            n = per.setdefault(e["step"], [0, 0])
+            n[0] += e["stats"]["tokens"]
+            n[1] += e["stats"].get("responses", 0)
+    means = [t / n for t, n in per.values() if n]
+    return {"measured": round(statistics.median(means), 2) if means else None,
+            "declared": round(float(mean_len(pipeline.workload.gen_len)), 2)}
 
 
 def capped(plan, k: int):
@@ -663,16 +682,21 @@ def prediction_table(pred: dict) -> list[str]:
              "plans, 20% for the others. Each default plan runs first and again after the "
              "others (default, again): where the machine was calibrated by this script "
              "(`--profile calibrate`), the first run follows the calibration directly, and "
-             "the two runs of one plan show how far a single run spreads.", "",
+             "the two runs of one plan show how far a single run spreads. Tokens a "
+             "response: what the run generated (the policy learns) against the workload's "
+             "declared mean, which the prediction prices.", "",
              "| run | measured s | predicted s | measured / predicted | tasks a step "
-             "(measured / predicted) | load average | plan |", "|---|---|---|---|---|---|---|"]
+             "(measured / predicted) | tokens a response (run / declared) | load average "
+             "| plan |", "|---|---|---|---|---|---|---|---|"]
     for label, r in pred.items():
         tasks = r.get("host", {}) or {}
+        tokens = r.get("response_tokens", {})
         lines.append(f"| {label} | {r['median_step_s']} | {r['predicted_step_s']} | "
                      f"**{r['ratio_measured_over_predicted']}** | "
                      f"{tasks.get('tasks_per_step', '?')} / "
-                     f"{r['predicted_control']['tasks_per_step']} | {r['load_avg']} | "
-                     f"`{r['placements']}` |")
+                     f"{r['predicted_control']['tasks_per_step']} | "
+                     f"{tokens.get('measured', '?')} / {tokens.get('declared', '?')} | "
+                     f"{r['load_avg']} | `{r['placements']}` |")
     lines.append("")
     for label, r in pred.items():
         if "op_times" not in r:

@@ -66,7 +66,7 @@ def _dp_train(rank: int, world: int, task: dict) -> dict:
                   data_parallel=True) for t in task["ops"]]
     if task.get("peaks"):
         return {"peaks": measure_peaks(specs, barrier=dist.barrier)}
-    probe = _Concurrency(rank)
+    probe = _Concurrency(rank, (CONCURRENCY_OP,))      # between rounds: one op is enough
     dist.barrier()
     ops = measure_ops(specs, task.get("repeats", 3), barrier=dist.barrier,
                       each_round=probe.round, memory=False)
@@ -81,33 +81,47 @@ def _ops_in_worker(specs: list[dict], repeats: int) -> list[dict]:
 
 CONCURRENCY_OP = dict(kind="train", dims=PRESETS["tiny-vllm"], batch=8, prompt_len=32,
                       gen_len=32)
+# The ops the tiny pipelines' runs overlap on two devices (a generation beside a train op),
+# at their sizes: the contention is the CPU-weighted ratio over all of them.
+CONCURRENCY_OPS = (CONCURRENCY_OP,
+                   dict(kind="generate", dims=PRESETS["tiny"], batch=32, prompt_len=8,
+                        gen_len=20),
+                   dict(kind="train", dims=PRESETS["tiny"], batch=32, prompt_len=8,
+                        gen_len=20))
 
 
 class _Concurrency:
-    """CPU time of one op on this rank while the other idles, and while both run it."""
+    """CPU time of each of ``ops`` on this rank while the other idles, and while both
+    ranks run it at once; ``result``: the sums of the medians over the ops."""
 
-    def __init__(self, rank: int) -> None:
-        self.rank, self.run = rank, op_runner(**CONCURRENCY_OP)
-        self.run()
-        self.alone: list[float] = []
-        self.both: list[float] = []
+    def __init__(self, rank: int, ops=CONCURRENCY_OPS) -> None:
+        self.rank = rank
+        self.runs = [op_runner(**op) for op in ops]
+        for run in self.runs:
+            run()
+        self.alone: list[list[float]] = [[] for _ in self.runs]
+        self.both: list[list[float]] = [[] for _ in self.runs]
 
     def round(self) -> None:
         import torch.distributed as dist
-        for active in (0, 1):
+        for i, run in enumerate(self.runs):
+            for active in (0, 1):
+                dist.barrier()
+                if self.rank == active:
+                    c0 = time.process_time()
+                    run()
+                    self.alone[i].append(time.process_time() - c0)
+                dist.barrier()
             dist.barrier()
-            if self.rank == active:
-                c0 = time.process_time()
-                self.run()
-                self.alone.append(time.process_time() - c0)
-            dist.barrier()
-        dist.barrier()
-        c0 = time.process_time()
-        self.run()
-        self.both.append(time.process_time() - c0)
+            c0 = time.process_time()
+            run()
+            self.both[i].append(time.process_time() - c0)
 
     def result(self) -> dict:
-        return {"alone": statistics.median(self.alone), "both": statistics.median(self.both)}
+        return {"alone": sum(statistics.median(t) for t in self.alone),
+                "both": sum(statistics.median(t) for t in self.both),
+                "per_op": [{"alone": statistics.median(a), "both": statistics.median(b)}
+                        for a, b in zip(self.alone, self.both, strict=True)]}
 
 
 def _concurrency(rank: int, task: dict) -> dict:
@@ -158,8 +172,9 @@ class TwoDevices:
                 for a, b in zip(res[0]["allreduce"], res[1]["allreduce"], strict=True)]
 
     def concurrency(self, repeats: int = 5) -> float:
-        """How much slower a device computes while the other computes too (CPU time ratio:
-        the two share the last-level cache and memory bandwidth)."""
+        """How much slower a device computes while the other computes too (CPU time ratio
+        over ``CONCURRENCY_OPS``, weighted by their CPU: the two share the last-level cache
+        and memory bandwidth)."""
         res = self.run({"kind": "concurrency", "repeats": repeats})
         return statistics.median([r["both"] / r["alone"] for r in res])
 
@@ -202,4 +217,4 @@ class TwoDevices:
         return [max(x, y) for x, y in zip(res[0]["peaks"], res[1]["peaks"], strict=True)]
 
 
-__all__ = ["CONCURRENCY_OP", "TwoDevices"]
+__all__ = ["CONCURRENCY_OP", "CONCURRENCY_OPS", "TwoDevices"]

@@ -272,7 +272,7 @@ def fit_profile(m: dict, name: str = "local_cpu", devices: int = 2) -> Fit:
             **({"packed_seq_overhead": prof.packed_seq_overhead} if packed else {}),
             **({k: getattr(prof, k) for k in dp_terms} if dp_ops and sharded else {}),
             **fit_host(m.get("host", [])),
-            "concurrency_slowdown": max(float(m.get("concurrency", 1.0)), 1.0),
+            "concurrency_slowdown": contention_in_range(m.get("concurrency", 1.0), devices),
             "copy_bandwidth": float(m["copy_bandwidth"]),
             "gloo_bandwidth": link.bandwidth, "gloo_latency": link.latency}
     if "dispatch" in m:
@@ -385,6 +385,31 @@ def fit_control(c: dict) -> dict[str, float]:
     x = _nnls(a, np.ones_like(w))
     return {"host_cores": float(c["host_cores"]), "control_idle": idle,
             "control_step_s": float(x[0]), "control_task_s": float(x[1])}
+
+
+def contention_in_range(measured: float, devices: int = 2) -> float:
+    """The profile's ``concurrency_slowdown`` from a measured ratio (an op's CPU time while
+    all of the host's ``devices`` compute over alone: ``TwoDevices.concurrency``, the same
+    op on two worker processes at once and one at a time, in alternating rounds).
+
+    The slowdown is physical only from 1 (an op computes no faster for sharing the host)
+    to ``devices`` (at worst every device waits on one memory system that serves one at a
+    time): noise below 1 reads as 1; a ratio above ``devices`` is no measurement of
+    contention (another load on the machine), and a profile must not price it: CostError.
+
+        >>> contention_in_range(0.98), contention_in_range(1.07)
+        (1.0, 1.07)
+        >>> contention_in_range(2.6)
+        Traceback (most recent call last):
+        rpeg.errors.CostError: error: the devices' contention (an op's CPU time while all 2 devices compute, over alone) must be from 1 to 2, not 2.6
+    """
+    s = float(measured)
+    if not (math.isfinite(s) and s <= devices):
+        from rpeg.errors import CostError
+        raise CostError(f"the devices' contention (an op's CPU time while all {devices} "
+                        f"devices compute, over alone) must be from 1 to {devices}, not "
+                        f"{s:.3g}", hint="calibrate on a quieter machine")
+    return round(max(s, 1.0), 4)
 
 
 def control_residuals(c: dict, profile: GpuProfile) -> tuple[tuple[str, float], ...]:

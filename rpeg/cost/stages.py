@@ -46,7 +46,9 @@ a partial rollout's carry: ``off_policy``) first runs a forward pass without gra
 over its batch, for the importance weights of the off-policy correction.
 
 On devices that share a last-level cache and memory (the CPU profile's
-``concurrency_slowdown``), a multi-device op computes that much slower.
+``concurrency_slowdown``), a multi-device op computes that much slower; an op on one of
+them computes slower while the others compute too, which the simulator prices where the
+ops overlap (:class:`rpeg.plan.simulate.Contention`).
 
 Infeasible parallel degrees (tp not dividing the heads, pp above the layers, a device
 tuple whose size is not dp x tp x pp) raise CostError with the reason. Memory capacity

@@ -52,11 +52,11 @@ from rpeg.graph.ids import ReplicaKey
 from rpeg.plan.control import ControlPlane
 from rpeg.plan.copies import copies as copies_of
 from rpeg.plan.evalcost import EVAL_OP, eval_time, trainer_devices
-from rpeg.plan.lower import PASSES, Placed, lower
+from rpeg.plan.lower import PASSES, PRICED, Placed, lower
 from rpeg.plan.model import Plan, Predicted, StagePlacement
 from rpeg.plan.oplayout import all_in_place, chunks_per_step, gathers_in_place, rounds_of
 from rpeg.plan.prices import Chunk, Prices, parallel_of
-from rpeg.plan.simulate import OpTiming, Timeline, floor, simulate, steps_for
+from rpeg.plan.simulate import Contention, OpTiming, Timeline, floor, simulate, steps_for
 from rpeg.plan.staleness import staleness_problem, step_graph
 from rpeg.plan.structure import (  # noqa: F401 — re-exported: what the plan makes of its graph
     Stages,
@@ -610,8 +610,18 @@ class Evaluator:
         if placed is None:
             if len(self._placed) > 256:
                 self._placed.clear()
-            placed = self._placed[key] = lower(graph, plan, self.responses)
+            placed = self._placed[key] = lower(graph, plan, self.responses, passes=PRICED)
         return placed
+
+    @property
+    def contention(self) -> Contention | None:
+        """How much slower an op computes while the other devices of its host compute too,
+        where the devices are a host's cores (the CPU profile's ``host_cores`` and
+        ``concurrency_slowdown``); None elsewhere."""
+        gpu = self.cluster.gpu
+        if gpu.host_cores <= 0 or gpu.concurrency_slowdown == 1.0:
+            return None
+        return Contention(gpu.concurrency_slowdown, self.cluster.gpus_per_node)
 
     def eval_time(self, plan: Plan) -> float:
         devices = trainer_devices(self.pipeline, plan)
@@ -746,7 +756,7 @@ class Evaluator:
                     None, True)
         timeline = known if known is not None else simulate(
             self.placed(plan, graph), timings, steps=steps, events=detail,
-            crossing_s=max(self.cluster.gpu.dispatch_s, 0.0))
+            crossing_s=max(self.cluster.gpu.dispatch_s, 0.0), shared=self.contention)
         if bound is not None and feasible:
             # the simulated step, and the control plane's least again (as it grows with
             # the step): packing the step's calls into tasks only for a plan that could

@@ -2,8 +2,8 @@
 out from (``rpeg.runtime.lowering.instances.build_calls``), ``rpeg verify`` checks a run's
 trace against (``rpeg.runtime.verify``), the simulator prices (``rpeg.plan.simulate``: the
 plan's graph as the cost model times it, fused and without the weight syncs that move
-nothing, lowered by the same passes: ``Evaluator.placed``), and the cost model counts a
-step's calls and tasks from (``rpeg.plan.tasks.layouts_of``).
+nothing, lowered by the passes it prices, :data:`PRICED`: ``Evaluator.placed``), and the
+cost model counts a step's calls and tasks from (``rpeg.plan.tasks.layouts_of``).
 
     >>> placed = lower(graph, plan, responses=512)                         # doctest: +SKIP
     >>> placed.layout("rollout").devices_of(0), placed.chunks              # doctest: +SKIP
@@ -27,7 +27,26 @@ step's calls and tasks from (``rpeg.plan.tasks.layouts_of``).
    sync of the graph fills (:class:`Transfer`, their op :func:`transfer_of`, the
    runtime's exports and loads, sends and receives), whose typed edges are
    :meth:`Placed.transfer_edges`, and each copy's writer after its writer before,
-   :meth:`Placed.rewrite_edges`.
+   :meth:`Placed.rewrite_edges`;
+
+what the simulator prices ends there (:data:`PRICED`); the runtime also reads
+
+6. ``replicas``: the copy each op's calls read on each device (:attr:`Placed.reads`,
+   :func:`rpeg.plan.copies.copies`' key, the one the cost model prices memory by) and
+   every copy on every device (:class:`Resident`: the tensor-parallel block splitting it,
+   a vLLM engine's block from its host, whether it is the trained copy), by which the
+   runtime keys its op calls and sets up each worker's replicas
+   (``rpeg.runtime.lowering.context.RunContext``);
+7. ``fills``: each transfer's sending devices and the copies it fills, on which devices
+   (:attr:`Transfer.fills`: loaded, or pushed into a vLLM engine's own), from which the
+   runtime adds its export/load and send/receive calls for every version its calls read
+   (``rpeg.runtime.lowering.ordering.add_syncs``).
+
+    >>> placed.reads_of("rollout")     # engines on 0-3, the actor on 4-7   # doctest: +SKIP
+    {0: 'actor~vllm', 1: 'actor~vllm', 2: 'actor~vllm', 3: 'actor~vllm'}
+    >>> placed.transfers[0].fills, placed.replicas[0]                      # doctest: +SKIP
+    ((('actor~vllm', 0), ('actor~vllm', 1), ('actor~vllm', 2), ('actor~vllm', 3)),
+     Resident(key='actor', device=4, group=(), engine=(), trained=True))
 
 The instances and their typed dependency edges over a run's steps are
 :meth:`Placed.edges` (:func:`rpeg.graph.unroll`, the one rule): data edges, version edges
@@ -64,15 +83,21 @@ A copy's writer comes after the writer of its version before (:meth:`Placed.rewr
 a copy has one writer op, its trainer or its model's transfers, so that op's step before);
 the runtime orders each device's writes of a copy by them.
 
-Not here yet: the runtime's replicas themselves (which copies exist per layout, per
-device: :func:`rpeg.plan.copies.copies`, which the runtime keys its calls by, and which
-of them each transfer fills, and on which devices, which ``add_syncs`` still works out
-from the calls); the one order of collectives: the runtime derives those in its own
-passes (the tests check they realise :meth:`Placed.edges`); the packing of calls into
-tasks: one :class:`rpeg.plan.packing.Packer` both sides pack by (a join's task placed by
-one rule, :meth:`~rpeg.plan.packing.Packer.join`), which the runtime feeds with its calls
-and the cost model with its own unrolling (``rpeg.plan.tasks``, whose module doc lists
-what the two feeds still differ in).
+Not here yet: the one order of collectives. The runtime orders its gangs (a train op's
+ranks, a tensor-parallel block, a transfer's exports and loads, a push) by a topological
+order of its calls, device by device (``rpeg.runtime.lowering.ordering.order_collectives``;
+the tests check it realises :meth:`Placed.edges`). An order of the placed graph's
+instances over :meth:`Placed.edges`, :meth:`Placed.transfer_edges` and
+:meth:`Placed.rewrite_edges` (the transfers that run, ties by step, op and chunk, the
+transfers last) is another valid order, not the same: the calls break ties by their place
+in the runtime's list, where a large gang's join and a push come last of all, so the gang
+order on some device differs in 8 of the 72 lowerings ``tests/runtime/lowering_calls.py``
+covers (a push before or after the critic's step), and taking it changes the calls the
+runtime runs. Which versions a run transfers is the run's (those its calls read past its
+first step). The packing of calls into tasks: one :class:`rpeg.plan.packing.Packer` both
+sides pack by (a join's task placed by one rule, :meth:`~rpeg.plan.packing.Packer.join`),
+which the runtime feeds with its calls and the cost model with its own unrolling
+(``rpeg.plan.tasks``, whose module doc lists what the two feeds still differ in).
 """
 
 from __future__ import annotations
@@ -82,9 +107,11 @@ from collections.abc import Callable
 
 import attrs
 
-from rpeg.cost.engine_sync import SyncLayout, engine_sync_layout
+from rpeg.cost.engine_sync import SyncLayout, engine_sync_layout, sync_senders
 from rpeg.graph import Dep, DepKind, Graph, Instance, Unrolled, unroll
+from rpeg.graph.ids import ReplicaKey
 from rpeg.graph.versions import read_version
+from rpeg.plan.copies import copies
 from rpeg.plan.oplayout import (
     OpLayout,
     any_in_place,
@@ -116,6 +143,22 @@ class Transfer:
     model: str            # the trained backbone
     trainer: str          # its train op
     op: str               # the transfers' op (transfer_of(model))
+    sources: tuple[int, ...] = ()      # the trainer's devices that send (sync_senders)
+    # (copy, device) of every copy it fills, by key and device: a reader's off its
+    # trainer's devices or split another way (loaded), a vLLM engine's own (pushed)
+    fills: tuple[tuple[ReplicaKey, int], ...] = ()
+
+
+@attrs.frozen
+class Resident:
+    """One copy of a backbone's weights on one device, as the runtime keys and holds it
+    (the key :func:`rpeg.plan.copies.copies` gives the calls reading it there)."""
+
+    key: ReplicaKey
+    device: int
+    group: tuple[int, ...] = ()      # the tensor-parallel block splitting it (() whole)
+    engine: tuple[int, ...] = ()     # a vLLM engine's own copy: the devices its workers span
+    trained: bool = False            # the trained copy, on a device of its train op
 
 
 @attrs.frozen
@@ -135,10 +178,17 @@ class Placed:
     # of those, (writer, reader) sharing it on some of the reader's blocks alone ->
     # (its blocks, those): chunk c on block c mod blocks
     partly: tuple[tuple[tuple[str, str], tuple[int, frozenset[int]]], ...] = ()
+    # op -> (device, the copy its calls there read) of each op reading a model
+    reads: tuple[tuple[str, tuple[tuple[int, ReplicaKey], ...]], ...] = ()
+    replicas: tuple[Resident, ...] = ()                    # every copy, by key and device
     transfers: tuple[Transfer, ...] = ()                   # a trained model's, graph order
 
     def layout(self, op: str) -> OpLayout:
         return dict(self.layouts)[op]
+
+    def reads_of(self, op: str) -> dict[int, ReplicaKey]:
+        """Device -> the copy ``op``'s calls there read ({}: it reads no model)."""
+        return dict(dict(self.reads).get(op, ()))
 
     def engine_sync(self, model: str) -> SyncLayout:
         return dict(self.engine_syncs)[model]
@@ -323,6 +373,44 @@ def transfers(p: Placed, placement_of: Placing) -> Placed:
         if o.kind is OpKind.TRAIN and o.writes_model))
 
 
+def replicas(p: Placed, placement_of: Placing) -> Placed:
+    """The copy each op's calls read on each device (:func:`rpeg.plan.copies.copies`), and
+    every copy on every device (:class:`Resident`): split over the tensor-parallel block of
+    the calls reading it there (one layout a copy: a reader splitting it another way reads
+    a copy of its own), a vLLM engine's own on its host spanning the engine's block, the
+    trained copy on its train op's devices."""
+    held = copies(p, placement_of)
+    homes = {o.writes_model: frozenset(placement_of(o).devices) for o in p.graph.ops
+             if o.kind is OpKind.TRAIN and o.writes_model}
+    found: dict[tuple[ReplicaKey, int], Resident] = {}
+    for op, at in held.reads.items():       # the trainer first, then its readers in order
+        lay = p.layout(op)
+        hosts = {b[0]: b for b in lay.blocks} if lay.per_block else {}
+        for d, group in lay.members(p.chunks):
+            key = at[d]
+            if (key, d) not in found:
+                found[(key, d)] = Resident(key, d, group, hosts.get(d, ()) if key.engine
+                                           else (), d in homes.get(key, ()))
+    return attrs.evolve(
+        p, reads=tuple((op, tuple(sorted(at.items()))) for op, at in held.reads.items()),
+        replicas=tuple(found[k] for k in sorted(found)))
+
+
+def fills(p: Placed, placement_of: Placing) -> Placed:
+    """Each weight transfer's sending devices (the trainer's,
+    :func:`~rpeg.cost.engine_sync.sync_senders`) and every copy it fills: a copy of its
+    model off the trainer's devices, or on them but split another way, or a vLLM engine's
+    own (:attr:`Placed.replicas` that are not the trained copy)."""
+    out = []
+    for t in p.transfers:
+        place = placement_of(p.graph.op(t.trainer))
+        filled = tuple((r.key, r.device) for r in p.replicas
+                       if r.key.backbone == t.model and not r.trained)
+        out.append(attrs.evolve(t, sources=sync_senders(place.devices, place.tp, place.zero),
+                                fills=filled))
+    return attrs.evolve(p, transfers=tuple(out))
+
+
 def _gathers(p: Placed, writer, reader) -> bool:
     """Whether ``reader`` runs on its trainer ``writer``'s ZeRO-3 shards, on every rank
     (its layout, :func:`~rpeg.plan.oplayout.gathers_in_place`)."""
@@ -330,7 +418,10 @@ def _gathers(p: Placed, writer, reader) -> bool:
         and p.layout(reader.name).everywhere
 
 
-PASSES = (chunks, layouts, engine_syncs, streams, transfers)
+# what the simulator prices (rpeg.plan.evaluate.Evaluator.placed), then what the runtime
+# alone reads: its replicas and what its transfers fill
+PRICED = (chunks, layouts, engine_syncs, streams, transfers)
+PASSES = PRICED + (replicas, fills)
 
 
 def lower(graph: Graph, plan, responses: int, placement_of: Placing | None = None, *,
@@ -348,5 +439,5 @@ def lower(graph: Graph, plan, responses: int, placement_of: Placing | None = Non
     return p
 
 
-__all__ = ["PASSES", "Placed", "Transfer", "chunks", "engine_syncs", "layouts", "lower",
-           "streams", "transfer_of", "transfers"]
+__all__ = ["PASSES", "PRICED", "Placed", "Resident", "Transfer", "chunks", "engine_syncs",
+           "fills", "layouts", "lower", "replicas", "streams", "transfer_of", "transfers"]

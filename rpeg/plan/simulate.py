@@ -170,7 +170,8 @@ def chunk_durations(graph: Graph, timings: dict[str, OpTiming],
 
 
 def simulate(placed: Placed, timings: dict[str, OpTiming], steps: int = 6, *,
-             events: bool = True, crossing_s: float = 0.0) -> Timeline:
+             events: bool = True, crossing_s: float = 0.0,
+             shared: Contention | None = None) -> Timeline:
     """Run ``steps`` steps of ``placed`` (its instances and dependency edges,
     :meth:`Placed.edges <rpeg.plan.lower.Placed.edges>`) with the given op timings; see the
     module doc.
@@ -178,6 +179,9 @@ def simulate(placed: Placed, timings: dict[str, OpTiming], steps: int = 6, *,
     more; ``busy`` and ``bubbles`` are then empty). ``crossing_s``: what an output takes to
     reach an op on other devices (a new task dispatched there); an op on the same devices
     as its input's producer (the same task, or the next one already queued) waits nothing.
+    ``shared``: the devices are a host's cores, and an op computes slower while other
+    devices of its host compute too (:class:`Contention`): each running op's rate is
+    re-set whenever an op starts or ends on its host.
 
         >>> from rpeg.graph import Graph, Op, DataEdge
         >>> from rpeg.spec.model import OpKind
@@ -188,6 +192,14 @@ def simulate(placed: Placed, timings: dict[str, OpTiming], steps: int = 6, *,
         >>> tl = simulate(Placed(g, responses=1), t, steps=2, crossing_s=0.5)
         >>> [(e.start, e.end) for e in tl.events]
         [(0.0, 2.0), (2.0, 4.0), (2.5, 3.5), (4.5, 5.5)]
+
+    Two devices of one host, each op 1.25x slower while the other device computes:
+    ``a@1`` runs beside ``b@0`` for 1.25 s (1 s of the work of each), then alone.
+
+        >>> tl = simulate(Placed(g, responses=1), t, steps=2, crossing_s=0.5,
+        ...               shared=Contention(1.25, 2))
+        >>> [(e.start, e.end) for e in tl.events]
+        [(0.0, 2.0), (2.0, 4.25), (2.5, 3.75), (4.75, 5.75)]
     """
     graph = placed.graph
     prep = prepared(placed.by_round(), steps)
@@ -210,6 +222,8 @@ def simulate(placed: Placed, timings: dict[str, OpTiming], steps: int = 6, *,
     now = 0.0
     started = 0
     push, pop = heapq.heappush, heapq.heappop
+    cores = _Cores(shared, prep.ops, timings) if shared is not None \
+        and shared.slowdown != 1.0 else None
     while ready or running or arriving:
         still: list[int] = []           # start what is ready where its devices are free
         for k in ready:
@@ -221,7 +235,11 @@ def simulate(placed: Placed, timings: dict[str, OpTiming], steps: int = 6, *,
             end[k] = e = now + dur[k]
             push(running, (e, k))
             started += 1
+            if cores is not None:
+                cores.start(k, dur[k], now)
         ready = still
+        if cores is not None:
+            running = cores.retimed(now, end)
         if not running and not arriving:
             break
         now = running[0][0] if running else math.inf
@@ -230,6 +248,8 @@ def simulate(placed: Placed, timings: dict[str, OpTiming], steps: int = 6, *,
         fresh = False
         while running and running[0][0] <= now:
             k = pop(running)[1]
+            if cores is not None:
+                cores.end(k)
             mine = need[k]
             busy &= ~mine
             for nxt in dependents[k]:
@@ -264,6 +284,78 @@ def simulate(placed: Placed, timings: dict[str, OpTiming], steps: int = 6, *,
                for k, i in enumerate(insts)] if events else []
     drain = 1 + max((e.lag for e in graph.version_edges), default=0)
     return _timeline(events_, steps, num_devices, drain, _floor(durations, needs), ends)
+
+
+@attrs.frozen
+class Contention:
+    """Devices that are one host's cores (a CPU machine's workers): an op computes
+    ``slowdown`` times slower while all ``per_host`` devices of its host compute than while
+    it computes alone (they share the last-level cache, memory bandwidth and the cores
+    themselves with the control plane: the profile's ``concurrency_slowdown``, measured by
+    ``rpeg calibrate``), and in between in proportion to the other devices busy:
+    ``factor(k) = 1 + (slowdown - 1) (k - 1) / (per_host - 1)`` with ``k`` of them busy.
+    An op on several devices is priced with the whole slowdown already
+    (:func:`rpeg.cost.stages.estimate_stage`: its ranks compute side by side): it runs at
+    ``slowdown / factor(k)`` of its priced rate, which on a host of two devices is 1.
+
+        >>> c = Contention(1.3, 2)
+        >>> c.factor(1), c.factor(2)
+        (1.0, 1.3)
+    """
+
+    slowdown: float
+    per_host: int
+
+    def factor(self, busy: int) -> float:
+        if self.per_host <= 1 or busy <= 1:
+            return 1.0
+        return 1.0 + (self.slowdown - 1.0) * (min(busy, self.per_host) - 1) \
+            / (self.per_host - 1)
+
+
+class _Cores:
+    """The running ops' rates on hosts whose devices contend (see :class:`Contention`):
+    each op's work left, in seconds alone, and its end at the current rate."""
+
+    def __init__(self, shared: Contention, ops, timings: dict[str, OpTiming]) -> None:
+        self.shared = shared
+        where = {n: (t.devices[0] // max(shared.per_host, 1) if t.devices else -1,
+                     len(t.devices)) for n, t in timings.items()}
+        self.host = [where[op][0] for op in ops]
+        self.width = [where[op][1] for op in ops]
+        self.left: dict[int, float] = {}     # running instance -> work left (s alone)
+        self.rate: dict[int, float] = {}
+        self.since = 0.0
+
+    def start(self, k: int, work: float, now: float) -> None:
+        self._advance(now)
+        own = self.shared.slowdown if self.width[k] > 1 else 1.0
+        self.left[k], self.rate[k] = work / own, 1.0
+
+    def end(self, k: int) -> None:
+        self.left.pop(k, None)
+        self.rate.pop(k, None)
+
+    def _advance(self, now: float) -> None:
+        for k, r in self.rate.items():
+            self.left[k] -= (now - self.since) * r
+        self.since = now
+
+    def retimed(self, now: float, end: list[float]) -> list[tuple[float, int]]:
+        """The running ops' heap of (end, instance) at their rates from ``now`` on."""
+        self._advance(now)
+        busy: dict[int, int] = {}
+        for k in self.left:
+            if self.host[k] >= 0:
+                busy[self.host[k]] = busy.get(self.host[k], 0) + self.width[k]
+        heap = []
+        for k, left in self.left.items():
+            slow = self.shared.factor(busy[self.host[k]]) if self.host[k] >= 0 else 1.0
+            self.rate[k] = 1.0 / slow
+            end[k] = e = now + max(left, 0.0) * slow
+            heap.append((e, k))
+        heapq.heapify(heap)
+        return heap
 
 
 def floor(graph: Graph, timings: dict[str, OpTiming]) -> float:

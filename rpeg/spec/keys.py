@@ -382,7 +382,7 @@ PROFILE_DOCS: dict[str, str] = {
     "scheduler_arg_s": "on a host of its own: the scheduler's CPU per future a task takes",
     "scheduler_worker_s": "on a host of its own: the scheduler's CPU per worker per step",
     "scheduler_heartbeat_s": "on a host of its own: the scheduler's CPU per worker heartbeat",
-    "concurrency_slowdown": "one device's op time when all run at once / alone",
+    "concurrency_slowdown": "one device's op CPU time while every device of its host computes / alone (1 to the host's devices)",
     "reward_call_overhead": "per call of a python reward",
     "reward_sample_overhead": "per sample of a python reward (unset: sample_overhead)",
     "reward_token_time": "per response token of a python reward",

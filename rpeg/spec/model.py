@@ -460,7 +460,9 @@ class GpuProfile:
     scheduler_arg_s: float = _m("s")               # scheduler: per future a task takes
     scheduler_worker_s: float = _m("s")            # scheduler: per worker per step
     scheduler_heartbeat_s: float = _m("s")         # scheduler: per worker heartbeat
-    concurrency_slowdown: float = _m("", 1.0)      # one device's op time when all run at once / alone
+    concurrency_slowdown: float = _m("", 1.0)      # one device's op CPU time while every device of
+                                                   # its host computes / alone (1 to the host's
+                                                   # devices; rpeg.plan.simulate.Contention)
     reward_call_overhead: float = _m("s")          # per call of a python reward
     reward_sample_overhead: float | None = _m("s", None)  # per sample; None: sample_overhead
     reward_token_time: float = _m("s")             # per response token

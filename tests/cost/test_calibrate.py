@@ -11,6 +11,7 @@ from rpeg.cost.calibrate import (
     Fit,
     allocator,
     clean_env,
+    contention_in_range,
     cpu_cluster,
     empirical,
     fit_gemm,
@@ -23,6 +24,7 @@ from rpeg.cost.calibrate import (
     worker_env,
 )
 from rpeg.cost.profiles import PROFILE_DIR, builtin_profile, load_profile, profile_text
+from rpeg.errors import CostError
 from rpeg.spec.model import GpuProfile, Level, Link
 from rpeg.spec.presets import PRESETS, ModelDims
 
@@ -218,3 +220,31 @@ def test_a_generate_op_is_predicted_with_the_lengths_it_produced():
                           lengths=[1] * 8 + [5] * 7 + [20])
     assert 0 < short < full
     assert empirical([3, 1, 3], 20).quantiles(3).tolist() == [1.0, 3.0, 3.0]
+
+
+def test_the_devices_contention_is_fitted_within_its_physical_range():
+    """An op's CPU time beside the other devices over alone: noise below 1 reads as 1, a
+    ratio above the host's devices is no measurement of contention and is refused."""
+    assert contention_in_range(0.97) == 1.0
+    assert contention_in_range(1.12) == 1.12
+    assert contention_in_range(3.5, devices=4) == 3.5
+    for bad in (2.01, float("nan"), float("inf")):
+        with pytest.raises(CostError, match="contention"):
+            contention_in_range(bad)
+    assert fit_profile({**_synthetic(), "concurrency": 0.99}).profile.concurrency_slowdown == 1.0
+    assert fit_profile({**_synthetic(), "concurrency": 1.08}).profile.concurrency_slowdown \
+        == 1.08
+    with pytest.raises(CostError, match="contention"):
+        fit_profile({**_synthetic(), "concurrency": 2.4})
+
+
+@pytest.mark.parametrize("path", sorted((PROFILE_DIR.parent).glob("*.rpeg")),
+                         ids=lambda p: p.stem)
+def test_every_shipped_clusters_contention_is_physical(path):
+    """From 1 to the devices of a node; GPUs (no host cores shared) do not contend."""
+    from rpeg.spec import load_cluster
+    cluster = load_cluster(path)
+    p = cluster.gpu
+    assert 1.0 <= p.concurrency_slowdown <= max(cluster.gpus_per_node, 1)
+    if p.host_cores == 0:
+        assert p.concurrency_slowdown == 1.0

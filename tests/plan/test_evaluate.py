@@ -108,3 +108,24 @@ def test_memory_and_time_read_one_walk(ppo8b):
     peak, _ = ev.memory(settled, graph, walk)
     assert (peak == walk.resident + walk.transient).all()
     assert ev.timings(settled, graph, walk) == ev.timings(settled, graph)
+
+
+def test_only_devices_that_are_a_hosts_cores_contend():
+    """The CPU profile's ``concurrency_slowdown`` slows the ops of a plan that overlap on
+    the two devices, and the step with them; GPU clusters price no contention."""
+    from rpeg.cost.profiles import builtin_cluster, cluster_of
+    from rpeg.plan.simulate import Contention
+    from rpeg.runtime.placement import split_plan
+    from rpeg.spec import load
+    pipeline = load(ROOT / "pipelines/tiny_grpo.rpeg")
+    assert Evaluator(pipeline, cluster_of("gh200", 4, 4)).contention is None
+    local = builtin_cluster("local_cpu")
+    plan = split_plan(pipeline, 2, staleness=1, chunks=1)      # generation beside training
+
+    def step(slowdown: float) -> float:
+        cluster = attrs.evolve(local, gpu=attrs.evolve(local.gpu,
+                                                       concurrency_slowdown=slowdown))
+        ev = Evaluator(pipeline, cluster)
+        assert ev.contention == (Contention(slowdown, 2) if slowdown != 1.0 else None)
+        return ev.evaluate(plan).step_time_s
+    assert step(1.0) < step(1.2) < step(1.4)

@@ -13,7 +13,7 @@ from rpeg.cost.engine_sync import engine_hosts_of, serves_copy, sync_refusal, sy
 from rpeg.graph import DepKind, Instance
 from rpeg.graph.unroll import CARRY, STREAM
 from rpeg.graph.versions import read_version
-from rpeg.plan.lower import PASSES, Placed, lower, transfer_of
+from rpeg.plan.lower import PASSES, PRICED, Placed, lower, transfer_of
 from rpeg.plan.oplayout import (
     blocks_of,
     gathers_in_place,
@@ -150,6 +150,37 @@ def _verify_streams(p: Placed, plan) -> None:
             assert d.src.chunk % n in blocks
 
 
+def _verify_replicas(p: Placed, plan) -> None:
+    trainers = {o.writes_model: plan.placement(o.stages[0]) for o in p.graph.ops
+                if o.kind is OpKind.TRAIN and o.writes_model}
+    held = {(r.key, r.device): r for r in p.replicas}
+    assert len(held) == len(p.replicas)
+    assert list(p.replicas) == sorted(p.replicas, key=lambda r: (r.key, r.device))
+    assert {op for op, _ in p.reads} == {o.name for o in p.graph.ops if o.reads_model
+                                        and o.kind is not OpKind.SYNC_WEIGHTS}
+    read = set()
+    for op, at in p.reads:
+        o, lay = p.graph.op(op), p.layout(op)
+        assert o.reads_model and o.kind is not OpKind.SYNC_WEIGHTS
+        members = dict(lay.members(p.chunks))
+        assert dict(at).keys() == members.keys()     # a copy on every device of its calls
+        for d, key in at:
+            assert key.backbone == o.reads_model
+            assert o.kind is not OpKind.TRAIN or key == o.reads_model
+            r = held[(key, d)]            # one layout a copy: every reader splits it alike
+            assert r.group == members[d], (op, key, d)
+            read.add((key, d))
+    assert read == held.keys()                     # every copy is read, where it lies
+    for r in p.replicas:
+        trainer = trainers.get(r.key)
+        assert r.trained == (trainer is not None and r.device in trainer.devices)
+        if r.key.engine:                             # an engine's own: its block, from its host
+            assert r.engine[0] == r.device and r.engine in {
+                b for op, _ in p.lanes for b in p.layout(op).blocks}
+        else:
+            assert r.engine == ()
+
+
 def _verify_transfers(p: Placed, plan) -> None:
     trainers = {o.name: o.writes_model for o in p.graph.ops
                 if o.kind is OpKind.TRAIN and o.writes_model}
@@ -198,9 +229,23 @@ def _verify_transfers(p: Placed, plan) -> None:
     assert len(rewrites) == 2 * sum(1 for i in u.instances if i.op in trainers and i.step)
 
 
+def _verify_fills(p: Placed, plan) -> None:
+    for t in p.transfers:
+        src = plan.placement(p.graph.op(t.trainer).stages[0])
+        assert t.sources == sync_senders(src.devices, src.tp, src.zero)
+        # a copy of its model read off the trainer's devices, or on them split another way
+        assert set(t.fills) == {(key, d) for _, at in p.reads for d, key in at
+                                if key.backbone == t.model
+                                and (d not in src.devices or key != t.model)}
+        assert list(t.fills) == sorted(t.fills)
+        hosts = {b[0] for b in p.engine_sync(t.model).group + p.engine_sync(t.model).local}
+        assert {d for key, d in t.fills if key.engine} == hosts
+
+
 VERIFY = {"chunks": _verify_chunks, "layouts": _verify_layouts,
           "engine_syncs": _verify_engine_syncs, "streams": _verify_streams,
-          "transfers": _verify_transfers}
+          "transfers": _verify_transfers, "replicas": _verify_replicas,
+          "fills": _verify_fills}
 
 
 @pytest.mark.parametrize("name", sorted(PLANS))
@@ -236,6 +281,19 @@ def test_a_caller_lowers_only_as_far_as_it_reads():
     first = lower(graph, plan, 512, passes=PASSES[:2])
     assert (first.layouts, first.chunks) == (whole.layouts, whole.chunks)
     assert first.engine_syncs == () and whole.engine_syncs
+    # the simulator's: all it prices, without the runtime's replicas
+    priced = lower(graph, plan, 512, passes=PRICED)
+    assert attrs.evolve(whole, reads=(), replicas=(), transfers=tuple(
+        attrs.evolve(t, sources=(), fills=()) for t in whole.transfers)) == priced
+    assert priced.replicas == () and whole.replicas
+
+
+@pytest.mark.parametrize("name", sorted(PLANS))
+def test_a_run_reading_no_new_version_transfers_nothing(name):
+    """A run of one step reads the versions it starts with: no transfer fills a copy."""
+    pipeline, plan = PLANS[name]
+    calls = build_calls(pipeline, plan, 1)
+    assert calls and not [c.id for c in calls if c.kind is OpKind.SYNC_WEIGHTS]
 
 
 @pytest.mark.parametrize("name", sorted(PLANS))

@@ -6,7 +6,7 @@ import pytest
 
 from rpeg.graph import DataEdge, Graph, Op, VersionEdge
 from rpeg.plan.lower import Placed
-from rpeg.plan.simulate import OpTiming, simulate
+from rpeg.plan.simulate import Contention, OpTiming, simulate
 from rpeg.spec.model import OpKind
 
 
@@ -216,3 +216,48 @@ def test_ops_that_wait_on_one_another_are_a_plan_error_the_search_steps_over():
     with pytest.raises(PlanError, match="must be schedulable step after step") as e:
         ev.evaluate(attrs.evolve(shared, staleness=(("values", 1),)))
     assert "values" in e.value.message or "actor_step+critic_step" in e.value.message
+
+
+def _two_devices(a_s: float, b_s: float) -> tuple[Placed, dict]:
+    """a on device 0 and b on device 1, independent: they overlap from the start."""
+    a = Op("a", OpKind.FORWARD, outputs=("x",))
+    b = Op("b", OpKind.FORWARD, outputs=("y",))
+    return _placed(_graph([a, b])), {"a": OpTiming((0,), a_s), "b": OpTiming((1,), b_s)}
+
+
+def test_ops_overlapping_on_one_hosts_cores_compute_slower_while_they_overlap():
+    """Each op is 1.5x slower while the other device computes: b's 1 s of work takes 1.5 s
+    beside a; a then did 1 s of its 2 s and finishes the rest alone."""
+    placed, timings = _two_devices(2.0, 1.0)
+    tl = simulate(placed, timings, steps=1, shared=Contention(1.5, 2))
+    assert _events(tl) == [("a@0", 0.0, pytest.approx(2.5)), ("b@0", 0.0, pytest.approx(1.5))]
+
+
+def test_devices_of_different_hosts_do_not_contend():
+    placed, timings = _two_devices(2.0, 1.0)
+    tl = simulate(placed, timings, steps=1, shared=Contention(1.5, 1))
+    assert _events(tl) == [("a@0", 0.0, 2.0), ("b@0", 0.0, 1.0)]
+
+
+def test_without_contention_the_timeline_is_the_plain_one():
+    placed, timings = _two_devices(2.0, 1.0)
+    plain = simulate(placed, timings, steps=3)
+    assert _events(simulate(placed, timings, steps=3, shared=Contention(1.0, 2))) \
+        == _events(plain)
+
+
+def test_an_op_on_every_device_keeps_its_priced_time():
+    """A gang on both devices is priced with the slowdown already (rpeg.cost.stages)."""
+    a = Op("a", OpKind.FORWARD, outputs=("x",))
+    b = Op("b", OpKind.FORWARD, inputs=("x",))
+    placed = _placed(_graph([a, b], [DataEdge("a", "b", "x")]))
+    timings = {"a": OpTiming((0, 1), 1.3), "b": OpTiming((1,), 1.0)}
+    tl = simulate(placed, timings, steps=1, shared=Contention(1.3, 2))
+    assert _events(tl) == [("a@0", 0.0, pytest.approx(1.3)), ("b@0", pytest.approx(1.3),
+                                                              pytest.approx(2.3))]
+
+
+def test_the_slowdown_grows_with_the_hosts_busy_devices():
+    c = Contention(1.6, 4)
+    assert [c.factor(k) for k in (0, 1, 2, 3, 4, 5)] == pytest.approx(
+        [1.0, 1.0, 1.2, 1.4, 1.6, 1.6])

@@ -61,9 +61,10 @@ def test_the_lowerings_calls_are_the_golden_ones():
 
 
 def _reads_off_home(c, ctx) -> bool:
-    b = base_of(c.model)
-    return b in ctx.homes and (c.device not in ctx.homes[b] or c.model != b) \
-        and c.version > ctx.first
+    """A call reading a version past the run's first of a copy its model's transfers fill
+    (the placed graph's ``Transfer.fills``, checked in ``tests/plan/test_lower.py``)."""
+    t = ctx.transfers.get(base_of(c.model))
+    return t is not None and (c.model, c.device) in t.fills and c.version > ctx.first
 
 
 def verify_syncs(calls, ctx) -> None:
@@ -77,10 +78,10 @@ def verify_versions(calls, ctx) -> None:
     writer = {(c.model, c.device, c.writes): c.id for c in calls if c.writes >= 0}
     readers = defaultdict(set)
     for c in calls:
-        if c.version >= 0 and base_of(c.model) in ctx.homes:
+        if c.version >= 0 and base_of(c.model) in ctx.transfers:
             readers[(c.model, c.device, c.version)].add(c.id)
     for c in calls:
-        if c.version > ctx.first and base_of(c.model) in ctx.homes:
+        if c.version > ctx.first and base_of(c.model) in ctx.transfers:
             assert writer[(c.model, c.device, c.version)] in c.after, c.id
         if c.writes >= 0:
             assert readers[(c.model, c.device, c.writes - 1)] - {c.id} <= set(c.after), c.id
@@ -237,3 +238,49 @@ def test_order_versions_reads_the_placed_graphs_edges():
     ordered = O.order_versions(synced, attrs.evolve(ctx, before={}))
     with pytest.raises(AssertionError):              # no writer after the one before
         verify_versions(ordered, ctx)
+
+
+def test_add_syncs_fills_the_copies_the_placed_graph_says():
+    """The transfers' copies and sources are the placed graph's (``Transfer.fills``,
+    ``Transfer.sources``): without them no call is added; from other devices, the
+    exports move with them."""
+    _, pipeline, make = next(c for c in CASES if c[0].endswith("tp 2, zero-3"))
+    calls, ctx = lay_out(pipeline, make(), GOLDEN.STEPS)
+    synced = O.add_syncs(calls, ctx)
+    assert {c.role for c in synced[len(calls):]} >= {"export", "load", "send", "recv"}
+    none = {m: attrs.evolve(t, fills=()) for m, t in ctx.transfers.items()}
+    assert O.add_syncs(calls, attrs.evolve(ctx, transfers=none)) == calls
+    moved = {m: attrs.evolve(t, sources=t.sources[1:]) for m, t in ctx.transfers.items()}
+    exports = {c.device for c in O.add_syncs(calls, attrs.evolve(ctx, transfers=moved))
+               if c.role == "export"}
+    assert exports and not exports & {t.sources[0] for t in ctx.transfers.values()}
+
+
+def test_the_calls_and_the_workers_replicas_are_the_placed_graphs(monkeypatch):
+    """Each call reads the copy ``Placed.reads`` names, and a run's context sets up the
+    replicas ``Placed.replicas`` holds (those its calls read), with their layouts."""
+    from rpeg.runtime.lowering import instances
+    from rpeg.runtime.lowering.context import RunContext
+
+    _, pipeline, make = next(c for c in CASES if c[0].endswith("vllm tp 2 beside zero-2"))
+    plan = make()
+    calls = build_calls(pipeline, plan, GOLDEN.STEPS)
+    placed = placed_for(pipeline, plan)
+    reads = {op: dict(at) for op, at in placed.reads}
+    assert all(c.model == reads[c.op][c.device] for c in calls if not c.role and c.model)
+    ctx = RunContext.create(pipeline, plan, calls, run_dir="")
+    held = {(r.key, r.device): r for r in placed.replicas}
+    assert {(r.model, r.device) for r in ctx.replicas} == held.keys()
+    for r in ctx.replicas:
+        h = held[(r.model, r.device)]
+        assert (r.tp, r.engine, r.trainable) == (h.group, h.engine, h.trained)
+    assert any(r.engine for r in ctx.replicas) and ctx.syncs
+    real = instances.lower
+
+    def whole_copies(*args, **kwargs):               # every op reads its backbone's own
+        p = real(*args, **kwargs)
+        return attrs.evolve(p, reads=tuple((op, tuple((d, k.backbone) for d, k in at))
+                                           for op, at in p.reads))
+
+    monkeypatch.setattr(instances, "lower", whole_copies)
+    assert {c.model for c in build_calls(pipeline, plan, 2) if c.op == "rollout"} == {"actor"}

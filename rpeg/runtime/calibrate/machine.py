@@ -49,8 +49,10 @@ QUICK_CONTROL_STEPS = 16       # steps of each of the control plane's three shor
 # What a calibration measures, numbered: a cached profile from an earlier one lacks terms
 # the cost model now reads, so it is measured again (2: data-parallel train ops on two
 # worker ranks, the profile's dp_tensor_overhead and shard_tensor_overhead; 3: the control
-# plane's idle CPU, control_idle, and its per-device and per-task terms without checkpoints)
-CALIBRATION = 3
+# plane's idle CPU, control_idle, and its per-device and per-task terms without checkpoints;
+# 4: the devices' contention, concurrency_slowdown, over the ops the runs overlap, which the
+# simulator now prices wherever ops overlap)
+CALIBRATION = 4
 
 __all__ = ["ProfileChoice", "MachineId", "LocalProfile", "local_profile", "calibrated_on",
            "choice_from_env", "cache_dir", "calibrate_into", "measure_machine"]
@@ -259,4 +261,5 @@ def calibrate_into(profile_path: Path, cluster_path: Path, repeats: int = QUICK_
                                                                  cluster_path.parent),
                                          fit.link), encoding="utf-8")
     return (f"GEMM {p.matmul_flops / 1e9:.0f} GFLOPS, copy {p.mem_bandwidth / 1e9:.0f} GB/s, "
-            f"gloo {fit.link.bandwidth / 1e9:.2f} GB/s + {fit.link.latency * 1e6:.0f} us")
+            f"gloo {fit.link.bandwidth / 1e9:.2f} GB/s + {fit.link.latency * 1e6:.0f} us, "
+            f"ops {p.concurrency_slowdown:.2f}x slower beside each other")

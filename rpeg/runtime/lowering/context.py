@@ -4,6 +4,9 @@
     >>> ctx.replicas_on(0)                                                             # doctest: +SKIP
     (Replica(model='actor', device=0, heads=('lm',), trainable=True), ...)
 
+The replicas are the placed graph's (``rpeg.plan.lower.Placed.replicas``: each copy's
+layout, engine block and training), those the run's calls read; the weight syncs into
+vLLM engines its engine syncs (``Placed.engine_syncs``), those the calls send.
 Model state is created on a worker once, from this, and lives there for the
 whole run; op calls then carry only their own small description and the
 futures of their data.
@@ -14,7 +17,6 @@ from __future__ import annotations
 import attrs
 import numpy as np
 
-from rpeg.cost.engine_sync import sync_layout
 from rpeg.plan.model import Plan
 from rpeg.runtime.dask.devices import COLLECTIVE_TIMEOUT_S, GpuOf
 from rpeg.runtime.data import Cursor
@@ -24,11 +26,7 @@ from rpeg.runtime.lowering.instances import (
     OpCall,
     ReplicaKey,
     base_of,
-    engine_blocks,
-    engine_hosts,
-    engine_key,
-    model_homes,
-    replica_layouts,
+    placed_for,
     train_layouts,
 )
 from rpeg.spec.model import Head, Pipeline, Zero
@@ -116,45 +114,34 @@ class RunContext:
     @classmethod
     def create(cls, pipeline: Pipeline, plan: Plan, calls: tuple[OpCall, ...], *,
                run_dir: str, dist_addr: str = "", use_cuda: bool = False) -> RunContext:
-        graph = _graph(pipeline, plan)
-        homes = model_homes(pipeline, plan, graph)
-        trained = train_layouts(graph, plan)
-        wanted: dict[tuple[str, int], set[str]] = {}
-        for c in calls:
-            if c.model is None:
-                continue
-            heads = wanted.setdefault((c.model, c.device), set())
-            heads.update(heads_of(pipeline, c.model))
-        groups = replica_layouts(calls)
-        blocks = engine_blocks(plan, calls)
+        """The context of a run of ``calls``: the replicas they read (the placed graph's,
+        :attr:`rpeg.plan.lower.Placed.replicas`: each one's layout, engine and training)
+        and the weight syncs into vLLM engines they send."""
+        placed = placed_for(pipeline, plan)
+        trained = train_layouts(placed.graph, plan)
+        homes = {t.model: placed.layout(t.trainer).devices for t in placed.transfers}
+        used = {(c.model, c.device) for c in calls if c.model is not None}
         replicas = []
-        for (model, dev), heads in sorted(wanted.items()):
-            home = dev in homes.get(model, ())
-            p = trained.get(model) if home else None
+        for r in placed.replicas:
+            if (r.key, r.device) not in used:
+                continue
+            p = trained.get(r.key) if r.trained else None
             replicas.append(Replica(
-                model, dev, tuple(sorted(heads)), trainable=home,
-                world=homes.get(model, ()) if home else (), tp=groups.get((model, dev), ()),
+                r.key, r.device, tuple(sorted(heads_of(pipeline, r.key))), trainable=r.trained,
+                world=homes[r.key] if r.trained else (), tp=r.group,
                 zero=p.zero if p else Zero.NONE, recompute=p.recompute if p else False,
-                offload=p.offload if p else False, engine=blocks.get((model, dev), ())))
+                offload=p.offload if p else False, engine=r.engine))
         made = {g for r in replicas for g in r.layout_groups}
         for c in calls:                    # a weight transfer: its broadcast group
             if c.gang and c.role == EXPORT and c.device == c.sources[0]:
                 made.add(transfer_group(c))
-        first: dict[str, int] = {}
-        for c in calls:
-            if c.role == SEND:
-                first[c.model] = min(first.get(c.model, c.step), c.step)
-        senders: dict[str, list[int]] = {}
-        for c in calls:                 # the first version's sends, in rank order
-            if c.role == SEND and c.step == first[c.model]:
-                senders.setdefault(c.model, []).append(c.device)
+        sent = {c.model for c in calls if c.role == SEND}
         syncs = []
-        for model, hosts in sorted(engine_hosts(calls).items()):
-            if model not in senders:
-                continue
-            lay = sync_layout(senders[model], [blocks[(engine_key(model), h)] for h in hosts])
-            syncs.append(WeightSync(model, lay.senders, tuple((b[0], len(b)) for b in lay.group),
-                                    local=tuple(b[0] for b in lay.local)))
+        for model, lay in sorted(placed.engine_syncs):   # those this run's calls send
+            if model in sent and (lay.group or lay.local):
+                syncs.append(WeightSync(model, lay.senders,
+                                        tuple((b[0], len(b)) for b in lay.group),
+                                        local=tuple(b[0] for b in lay.local)))
         return cls(pipeline, plan, run_dir, replicas=tuple(replicas),
                    num_devices=plan.num_devices, dist_addr=dist_addr, use_cuda=use_cuda,
                    groups=tuple(sorted(g for g in made if g)), syncs=tuple(syncs))
@@ -181,11 +168,6 @@ def transfer_group(call: OpCall) -> tuple[int, ...]:
     that is not a source (empty when every loading device is a source)."""
     rest = tuple(d for d in call.gang if d not in call.sources)
     return (call.sources[0],) + rest if rest else ()
-
-
-def _graph(pipeline, plan):
-    from rpeg.runtime.lowering.instances import graph_for
-    return graph_for(pipeline, plan)
 
 
 def heads_of(pipeline: Pipeline, backbone: str) -> set[str]:

@@ -33,7 +33,8 @@ backbones) is placed on the plan's devices and unrolled over steps:
   chunk, runs once a step on every rank (``/r<rank>``, a gang like a train op's) with the
   trainer's FSDP2 module, each layer gathered as it runs
   (:func:`rpeg.plan.oplayout.gathers_in_place`). Which copy every call reads is
-  :func:`rpeg.plan.copies.copies`' rule, the one the cost model prices memory by.
+  :func:`rpeg.plan.copies.copies`' rule, the one the cost model prices memory by, as the
+  placed graph holds it (``rpeg.plan.lower.Placed.reads``).
 
 Every reader reads an exact version: ``max(0, step - k)`` (train: ``step``), with
 ``k`` the plan's staleness of the op. This is enforced by ordering edges
@@ -59,7 +60,6 @@ from rpeg.errors import PlanError
 from rpeg.graph import DepKind, Graph, Instance
 from rpeg.graph.ids import OpId
 from rpeg.graph.versions import read_version
-from rpeg.plan.copies import copies
 from rpeg.plan.lower import Placed, lower
 from rpeg.plan.model import Plan
 from rpeg.plan.oplayout import world_of
@@ -76,8 +76,6 @@ from rpeg.runtime.lowering.replicas import (
     CallRole,
     ReplicaKey,
     base_of,
-    engine_blocks,
-    engine_hosts,
     engine_key,
     is_engine_key,
 )
@@ -102,9 +100,7 @@ def build_calls(pipeline: Pipeline, plan: Plan, steps: int, *, first: int = 0
     reaches back (:func:`lookback`), are those of a run built from step 0."""
     calls, ctx = lay_out(pipeline, plan, steps, first=first)
     # the weight transfers and ordering edges (rpeg.runtime.lowering.ordering's passes)
-    out = ordered(calls, ctx)
-    replica_layouts(out)                         # one layout per replica, or a PlanError
-    return out
+    return ordered(calls, ctx)
 
 
 def lay_out(pipeline: Pipeline, plan: Plan, steps: int, *, first: int = 0
@@ -118,10 +114,9 @@ def lay_out(pipeline: Pipeline, plan: Plan, steps: int, *, first: int = 0
         raise PlanError(problem, hint="lower the stage's carry or its staleness")
     frozen = {m.name for m in pipeline.models if m.frozen}
     bounds = dict(pipeline.staleness)
-    homes = model_homes(pipeline, plan, graph)
-    trained = train_layouts(graph, plan)
+    model_homes(pipeline, plan, graph)         # the plan's homes hold its trainers, or a PlanError
     placed = placed_for(pipeline, plan, graph)
-    held = copies(placed, lambda o: _placement(plan, o, pipeline))   # the copy each call reads
+    held = {op: dict(at) for op, at in placed.reads}    # the copy each call reads (Placed.reads)
     n_chunks = placed.chunks
     # the placed graph's instances and dependency edges (Placed.edges): every call is one
     # device's share of an instance, reading what its data edges bring and streaming after
@@ -155,13 +150,13 @@ def lay_out(pipeline: Pipeline, plan: Plan, steps: int, *, first: int = 0
                 calls.append(OpCall(
                     id=cid, op=name, kind=op.kind, step=s, device=dev, chunk=one.chunk,
                     chunks=n_chunks if lay.chunked else len(layout), rank=one.rank,
-                    world=world, tp_group=group, model=held.key_of(name, dev),
+                    world=world, tp_group=group, model=held.get(name, {}).get(dev),
                     stages=op.stages, inputs=tuple(inputs), deps=tuple(deps),
                     version=version, writes=s + 1 if op.kind is OpKind.TRAIN else -1, bound=bound,
                     limit=limit, carry=place.carry if op.kind is OpKind.GENERATE else 0))
                 if one.rank == 0 and (not group or group[0] == dev):
                     produced[(name, s)].append(cid)       # what readers take: tp rank 0's
-    return tuple(calls), Ordering.of(placed, homes, trained, first, edges, steps)
+    return tuple(calls), Ordering.of(placed, first, edges, steps)
 
 
 def placed_for(pipeline: Pipeline, plan: Plan, graph: Graph | None = None) -> Placed:
@@ -192,25 +187,6 @@ def lookback(pipeline: Pipeline, plan: Plan) -> int:
     k = max(k, max((b for _, b in pipeline.staleness), default=0))
     carry = max((p.carry for p in plan.placements), default=0)
     return k + carry + 3
-
-
-def replica_layouts(calls) -> dict[tuple[str, int], tuple[int, ...]]:
-    """(backbone, device) -> the tensor-parallel group its replica is split over. A replica
-    has one layout: every op reading a model on a device must split it the same way."""
-    out: dict[tuple[str, int], tuple[int, ...]] = {}
-    who: dict[tuple[str, int], str] = {}
-    for c in calls:
-        if c.model is None or c.role:
-            continue
-        key = (c.model, c.device)
-        if key in out and out[key] != c.tp_group:
-            raise PlanError(f"stage '{c.op}' must split '{c.model}' on device {c.device} like "
-                            f"'{who[key]}' does (tp group {list(out[key]) or 'none'}), not "
-                            f"{list(c.tp_group) or 'unsplit'}",
-                            hint="the torch runtime keeps one layout of a model per device: "
-                                 "give the stages that read it there the same tp")
-        out[key], who[key] = c.tp_group, c.op
-    return {k: v for k, v in out.items() if len(v) > 1}
 
 
 def by_id(calls) -> dict[str, OpCall]:
@@ -339,5 +315,5 @@ def _id(name, step, idx, ranks: bool, n, is_chunked, tp_rank: int = 0) -> OpId:
 # the replica keys and sync roles (rpeg.runtime.lowering.replicas) are also this module's
 __all__ = ["ENGINE", "EXPORT", "LOAD", "RECV", "SEND", "VARIANT", "CallRole", "OpCall", "ReplicaKey",
            "base_of",
-           "build_calls", "by_id", "engine_blocks", "engine_hosts", "engine_key", "graph_for", "is_engine_key", "lay_out",
-           "lookback", "model_homes", "placed_for", "replica_layouts", "train_layouts"]
+           "build_calls", "by_id", "engine_key", "graph_for", "is_engine_key", "lay_out",
+           "lookback", "model_homes", "placed_for", "train_layouts"]

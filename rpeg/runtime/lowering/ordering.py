@@ -2,8 +2,9 @@
 :func:`rpeg.runtime.lowering.instances.build_calls` lays out, each returning the calls with
 what keeps a run exact added, in one ordered list (``PASSES``).
 
-    >>> ctx = Ordering(homes={"actor": (0,)}, trained={},     # the placed graph's version edge
-    ...                versions={Instance("rollout", 1): (Instance("train", 0),)})
+    >>> from rpeg.plan.lower import Transfer
+    >>> ctx = Ordering(transfers={"actor": Transfer("actor", "train", "sync_actor")},
+    ...                versions={Instance("rollout", 1): (Instance("train", 0),)})  # its edge
     >>> train = OpCall("train/s0", "train", OpKind.TRAIN, 0, 0, model="actor", writes=1)
     >>> gen = OpCall("rollout/s1/c0", "rollout", OpKind.GENERATE, 1, 0, model="actor",
     ...              version=1)
@@ -14,7 +15,8 @@ what keeps a run exact added, in one ordered list (``PASSES``).
     True
 
 * ``add_syncs``: an export/load gang (or a send/receive one into a vLLM engine's copy) for
-  every version read off the trainer's devices;
+  every version the calls read of a copy a transfer fills (``rpeg.plan.lower.Transfer``:
+  its sources and fills are the placed graph's);
 * ``order_versions``: a reader after the writer of its version, a writer after the readers
   of the version before, on the same device: each device's share of the placed graph's
   version and write-after-read edges (``rpeg.plan.lower.Placed.edges``), of its weight
@@ -39,7 +41,7 @@ from collections.abc import Callable
 
 import attrs
 
-from rpeg.cost.engine_sync import sync_refusal, sync_senders
+from rpeg.cost.engine_sync import sync_refusal
 from rpeg.errors import PlanError
 from rpeg.graph import DepKind, Instance, Unrolled
 from rpeg.graph.ids import OpId
@@ -55,7 +57,6 @@ from rpeg.runtime.lowering.replicas import (
     SEND,
     base_of,
     engine_key,
-    is_engine_key,
 )
 from rpeg.spec.model import OpKind
 
@@ -64,13 +65,12 @@ Calls = tuple[OpCall, ...]
 
 @attrs.frozen
 class Ordering:
-    """What the passes read besides the calls: where each trained backbone lives and how its
-    training holds it, the first step of the run, how each engine copy is synced, each
-    generate op's stream edges, and the placed graph's version and write-after-read edges
-    (instances of the run's steps, numbered from its first)."""
+    """What the passes read besides the calls: each trained backbone's weight transfers
+    (the copies they fill, from which devices), the first step of the run, how each engine
+    copy is synced, each generate op's stream edges, and the placed graph's version and
+    write-after-read edges (instances of the run's steps, numbered from its first)."""
 
-    homes: dict              # backbone -> its train op's devices
-    trained: dict            # backbone -> the placement of its training
+    transfers: dict          # trained backbone -> its Transfer (Placed.transfers)
     first: int = 0           # the run's first step: every replica starts at this version
     engines: dict = attrs.Factory(dict)   # model -> the layout of its engine sync
     streams: dict = attrs.Factory(dict)   # (generate op, chunk) -> (op, chunk, steps back)
@@ -81,12 +81,12 @@ class Ordering:
     steady: int = -1         # a step from which on those edges are the step before's, shifted
 
     @classmethod
-    def of(cls, placed: Placed, homes: dict, trained: dict, first: int = 0,
-           edges: Unrolled | None = None, steps: int = 2) -> Ordering:
-        """What the passes read of the placed graph the calls were laid out from: its engine
-        syncs, the stream and carry edges of its generate ops (step 1 of ``edges``, its
-        :meth:`Placed.edges <rpeg.plan.lower.Placed.edges>` of two steps or more, where a
-        caller has them), and the version and write-after-read edges of a run of steps
+    def of(cls, placed: Placed, first: int = 0, edges: Unrolled | None = None,
+           steps: int = 2) -> Ordering:
+        """What the passes read of the placed graph the calls were laid out from: its weight
+        transfers and engine syncs, the stream and carry edges of its generate ops (step 1
+        of ``edges``, its :meth:`Placed.edges <rpeg.plan.lower.Placed.edges>` of two steps
+        or more, where a caller has them), and the version and write-after-read edges of a run of steps
         ``first``..``steps - 1``: those of :func:`version_steps` steps, the rest alike."""
         edges = edges or placed.edges(version_steps(placed.graph, steps - first))
         streams = {(d.dst.op, d.dst.chunk): (d.src.op, d.src.chunk, d.dst.step - d.src.step)
@@ -96,8 +96,8 @@ class Ordering:
         n = version_steps(placed.graph, steps - first)
         assert edges.steps >= n, "the version edges of the steps unrolled, at least"
         steady = first + _settled(placed.graph) if n < steps - first else -1
-        return cls(homes, trained, first, dict(placed.engine_syncs), streams, versions,
-                   readers, _rewrites(placed, edges, first), steady)
+        return cls({t.model: t for t in placed.transfers}, first, dict(placed.engine_syncs),
+                   streams, versions, readers, _rewrites(placed, edges, first), steady)
 
     def versions_of(self, i: Instance) -> tuple[Instance, ...]:
         """The instances that may make the version instance ``i`` reads."""
@@ -199,8 +199,9 @@ def _after(c: OpCall, more) -> OpCall:
 
 
 def add_syncs(calls: Calls, ctx: Ordering) -> Calls:
-    """The calls and export/load pairs for every version of a trained model read off its
-    home devices.
+    """The calls and export/load pairs for every version of a trained model its calls read
+    of a copy its transfer fills (the placed graph's :attr:`Transfer.fills
+    <rpeg.plan.lower.Transfer>`: off the trainer's devices, or split another way).
 
     One weight transfer per (model, version) runs as a collective over every device taking
     part (``gang``): the home devices that hold the weights (``sources``: the first
@@ -213,24 +214,22 @@ def add_syncs(calls: Calls, ctx: Ordering) -> Calls:
     which that source loads in process (``ctx.engines``: model -> the layout of its sync,
     ``rpeg.cost.engine_sync.engine_sync_layout``; one ``sync_refusal`` refuses is a
     PlanError)."""
-    homes = ctx.homes
-    needed: dict[tuple[str, int], set[int]] = defaultdict(set)
+    read: dict[tuple[str, int], set[int]] = defaultdict(set)    # (copy, device) -> versions
     for c in calls:
-        key = c.model
-        b = base_of(key)
-        if b in homes and (c.device not in homes[b] or key != b) and c.version > ctx.first:
-            needed[(key, c.device)].add(c.version)
+        if c.version > ctx.first:
+            read[(c.model, c.device)].add(c.version)
     loads: dict[tuple[str, int], dict[int, list[str]]] = defaultdict(lambda: defaultdict(list))
     pushes: dict[str, set[int]] = defaultdict(set)        # model -> versions its engines need
-    for (copy, dev), versions in sorted(needed.items()):
-        if is_engine_key(copy):
-            pushes[base_of(copy)] |= versions
-            continue
-        for v in versions:
-            loads[(base_of(copy), v)][dev].append(copy)
+    for model, t in ctx.transfers.items():
+        for copy, dev in t.fills:
+            versions = read.get((copy, dev), set())
+            if copy.engine:
+                pushes[model] |= versions
+            for v in () if copy.engine else versions:
+                loads[(model, v)][dev].append(copy)
     out = list(calls)
     for (key, v), at in sorted(loads.items()):
-        sources = _sources(ctx, key)
+        sources = ctx.transfers[key].sources
         common = dict(op=transfer_of(key), kind=OpKind.SYNC_WEIGHTS, step=v - 1,
                       gang=tuple(sorted(set(sources) | set(at))), sources=sources)
         for t, src in enumerate(sources):
@@ -243,7 +242,8 @@ def add_syncs(calls: Calls, ctx: Ordering) -> Calls:
                                   device=dev, role=LOAD, model=copy, writes=v,
                                   fills=tuple(sorted(copies)), **common))
     for key, versions in sorted(pushes.items()):
-        out += _pushes(ctx, key, versions)
+        if versions:
+            out += _pushes(ctx, key, versions)
     return tuple(out)
 
 
@@ -274,13 +274,6 @@ def _pushes(ctx: Ordering, key: str, versions: set[int]) -> list[OpCall]:
     return out
 
 
-def _sources(ctx: Ordering, key: str) -> tuple[int, ...]:
-    """The home devices that hold a trained model's weights for a transfer
-    (``rpeg.cost.engine_sync.sync_senders``)."""
-    p = ctx.trained[key]
-    return sync_senders(ctx.homes[key], p.tp, p.zero)
-
-
 def order_versions(calls: Calls, ctx: Ordering) -> Calls:
     """Each device's share of the placed graph's version and write-after-read edges
     (``ctx.versions``, ``ctx.readers``): a reader after the call on its device that makes
@@ -289,7 +282,7 @@ def order_versions(calls: Calls, ctx: Ordering) -> Calls:
     on its device reading v - 1 of the copy it writes, and after the writer of v - 1 there
     of the copy it writes (``ctx.before``: the placed graph's
     :meth:`~rpeg.plan.lower.Placed.rewrite_edges`)."""
-    homes = ctx.homes
+    trained = ctx.transfers
     on: dict[tuple, list[OpCall]] = defaultdict(list)     # (instance, device) -> its calls
     calls_of: dict = defaultdict(list)                    # instance -> its calls, in order
     instances = [c.instance for c in calls]
@@ -311,7 +304,7 @@ def order_versions(calls: Calls, ctx: Ordering) -> Calls:
     out = []
     for c, at in zip(calls, instances, strict=True):
         key, dev, more = c.model, c.device, []
-        if c.version > ctx.first and base_of(key) in homes:
+        if c.version > ctx.first and base_of(key) in trained:
             made = makers.get(at)
             if made is None:
                 made = makers[at] = ctx.versions_of(at)

@@ -11,7 +11,6 @@ roles of a weight sync's calls (shared by the calls' builder and its ordering pa
 from __future__ import annotations
 
 import enum
-from collections import defaultdict
 
 from rpeg.graph.ids import (  # noqa: F401 — the replica keys are also this module's
     ENGINE,
@@ -51,24 +50,3 @@ def base_of(key: str | None) -> Backbone | None:
 
 def is_engine_key(key: str | None) -> bool:
     return bool(key) and ReplicaKey(key).engine
-
-
-def engine_hosts(calls) -> dict[str, tuple[int, ...]]:
-    """Backbone -> the devices hosting a vLLM engine that serves its own copy of it."""
-    out: dict[str, set[int]] = defaultdict(set)
-    for c in calls:
-        if is_engine_key(c.model) and not c.role:
-            out[base_of(c.model)].add(c.device)
-    return {k: tuple(sorted(v)) for k, v in out.items()}
-
-
-def engine_blocks(plan, calls) -> dict[tuple[str, int], tuple[int, ...]]:
-    """(engine copy key, host device) -> the devices its vLLM engine's workers span: the
-    tensor-parallel block of its generate stage that starts at the host."""
-    out = {}
-    for c in calls:
-        if is_engine_key(c.model) and not c.role:
-            p = plan.placement(c.stages[0])
-            i = p.devices.index(c.device)
-            out[(c.model, c.device)] = tuple(p.devices[i:i + p.tp])
-    return out

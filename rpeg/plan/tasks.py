@@ -15,12 +15,15 @@ instances out as, the Dask tasks its fusion packs them into, and the futures tho
     (3, 2, 1)
 
 The calls lie on their devices as :func:`rpeg.plan.oplayout.op_layout` says (the layout the
-runtime lays its calls out by); a weight sync's on the devices sending and receiving
-(:func:`rpeg.plan.oplayout.sync_calls`), as :func:`rpeg.plan.lower.lower` places them. The
-calls pack into tasks by :class:`rpeg.plan.packing.Packer` (the runtime's fusion packs its
-calls by it), fed with instances: a call's dependencies are the tasks of the first ranks
-of the instances it reads, and a gang of ``JOIN_MIN`` ranks or more waits through one join
-call (``rpeg.runtime.lowering.joins``), a task of its own by :meth:`Packer.join
+runtime lays its calls out by); a weight sync's as the runtime's transfers of its model
+(:func:`transfer_gangs`: a gang of exports and loads to the copies its readers read off
+the trainer, :func:`rpeg.plan.copies.copies`' rule, and one of receives and sends into
+vLLM engines' own copies), a trained model's transfers the graph has no weight sync for
+under an op of their own, after the step's calls. The calls pack into tasks by
+:class:`rpeg.plan.packing.Packer` (the runtime's fusion packs its calls by it), fed with
+instances: a call's dependencies are the tasks of the first ranks of the instances it
+reads, and a gang of ``JOIN_MIN`` ranks or more waits through one join call
+(``rpeg.runtime.lowering.joins``), a task of its own by :meth:`Packer.join
 <rpeg.plan.packing.Packer.join>`, the rule the runtime's fusion places its join calls by,
 on the gang's first device, where the gang reads its inputs. Nothing of a step in flight
 counts as finished (the runtime submits a step ahead), so this is the count with the least
@@ -28,15 +31,18 @@ fusion. The futures counted are those of data, version and stream edges, and one
 gang a member's device ran before (the order of collectives); the runtime passes a few
 more ordering ones.
 
-What the Packer is fed here still differs from the runtime's feed in three ways, not yet
-one function both sides call: the grain (here an instance, a gang's ranks through
-:meth:`Packer.gang`; there one call per rank); the dependencies (here the instances' data,
-version and stream edges, a generate op's chunks in order on each of its blocks; there
-every call's data and ordering edges); and which reads end a task (here a data reader whose
-first two devices, or a large gang's join's one, are not the instance's first; there any
-call on another device depending on it, ordering ones included).
+What the Packer is fed here still differs from the runtime's feed in two ways, not yet one
+function both sides call: the grain (here an instance, a gang's ranks through
+:meth:`Packer.gang`; there one call per rank); and the dependencies (here the instances'
+data, version and stream edges, a generate op's chunks in order on each of its blocks;
+there every call's data and ordering edges). Which reads end a task is the runtime's: a
+data reader whose first two devices, or a large gang's join's one, are not the instance's
+first, and a writer ordered after the readers of the replica it writes (write after read,
+the placed graph's ``in_place`` and ``partly``: :func:`shared_of`) where the writer reads
+them on another device (a weight sync only where it fills a copy).
 ``tests/plan/test_tasks.py`` checks the counts equal to the runtime's fusion over split
-plans scaled past ``JOIN_MIN`` ranks (a property test) and at 64 devices.
+plans scaled past ``JOIN_MIN`` ranks, with vLLM weight syncs or not (a property test), at
+64 devices, and on the shipped plans' shapes on GH200 clusters.
 """
 
 from __future__ import annotations
@@ -324,9 +330,8 @@ def layouts_of(pipeline, plan, graph: Graph, timings: dict[str, OpTiming]
     placed = lower(graph, plan, pipeline.workload.prompts * pipeline.workload.samples,
                    placement_of, passes=PASSES[:2])   # layouts, chunks: all a count reads
     out = dict(placed.layouts)
-    gangs = dict(_transfer_gangs(placed.graph, placed.layouts, placed.chunks, tuple(
-        placement_of(o) for o in graph.ops if o.kind is not OpKind.SYNC_WEIGHTS),
-        frozenset(m.name for m in pipeline.models if m.frozen)))
+    gangs = transfer_gangs(placed, placement_of,
+                           frozenset(m.name for m in pipeline.models if m.frozen))
     for op in graph.ops:
         if op.kind is not OpKind.SYNC_WEIGHTS:
             continue
@@ -438,14 +443,3 @@ def _push_gang(trainer, readers: tuple) -> tuple[tuple[int, ...], tuple[int, ...
     lay = engine_sync_layout(trainer, list(readers))
     return tuple(sorted(b[0] for b in lay.group + lay.local)), lay.senders
 
-
-@functools.lru_cache(maxsize=1024)
-def _transfer_gangs(graph: Graph, layouts: tuple, chunks: int, placements: tuple,
-                    frozen: frozenset[str]) -> tuple:
-    """:func:`transfer_gangs` of ``graph`` laid out as ``layouts`` (``chunks`` a step), its
-    ops but the weight syncs placed as ``placements`` in graph order, as (model, gangs)
-    pairs: memoised by what it reads (a search proposes the same placements again)."""
-    at = dict(zip((o.name for o in graph.ops if o.kind is not OpKind.SYNC_WEIGHTS),
-                  placements, strict=True))
-    placed = Placed(graph, 0, layouts=layouts, chunks=chunks)
-    return tuple(transfer_gangs(placed, lambda o: at[o.name], frozen).items())

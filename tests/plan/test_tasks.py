@@ -283,8 +283,7 @@ def test_the_model_counts_the_weight_syncs_the_runtime_dispatches(name, devices,
     each reader's device), each gang with its join: the count lays out the calls the
     runtime's lowering makes and packs them into as many tasks."""
     pipeline, plan = _colocated_vllm(name, devices, tp, zero, carry, train)
-    ev = Evaluator(pipeline, builtin_cluster(f"gh200_{max(devices, 8)}"
-                                             if devices in (8, 64) else "gh200_64"))
+    ev = Evaluator(pipeline, builtin_cluster("gh200_8" if devices == 8 else "gh200_64"))
     graph = ev.graph(plan)
     d = ev.dispatch(plan, graph, ev.timings(plan, graph)[0])
     assert (d.calls, d.tasks) == _runtime(pipeline, plan)[:2]

@@ -116,7 +116,19 @@ def markdown(results: list[Result], agg: dict, loso: dict | None, prov: dict) ->
             lines.append(f"| {src} | {v['rows']} | {_fmt(v['median_abs_log2'])} | {bound} "
                          f"| {held} |")
         lines += ["", f"Median |log2 ratio| over every held-out row: "
-                      f"{_fmt(loso['median_abs_log2'])}", ""]
+                      f"{_fmt(loso['median_abs_log2'])}", "",
+                  "Where each held-out source's error lies: its rows' median per system that "
+                  "ran them, and the median with each term its fold moved put back at the "
+                  "value shipped (fitted on every source). A term whose return lowers the "
+                  "median is one the other sources do not pin; a system whose rows stay far "
+                  "off whatever the terms pays a cost none of them prices.", "",
+                  "| held out | median by system | with one term at its shipped value |",
+                  "|---|---|---|"]
+        for src, v in loso["per_source"].items():
+            systems = "; ".join(f"{k} {_fmt(m)}" for k, m in v.get("by_system", {}).items())
+            back = "; ".join(f"{t} -> {_fmt(m)}" for t, m in v.get("levers", {}).items())
+            lines.append(f"| {src} | {systems} | {back or 'none moved'} |")
+        lines.append("")
     lines += ["## Rows", "", "| row | system | GPUs | figure | published s | predicted s | "
               "ratio | phases (published -> predicted) |", "|---|---|---|---|---|---|---|---|"]
     for r in results:

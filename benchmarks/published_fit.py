@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.published_rows import ROWS, Result, price  # noqa: E402
-from rpeg.cost.engines import BOUNDS, Efficiency, efficiency  # noqa: E402
+from rpeg.cost.engines import BOUNDS, EFFICIENCY, Efficiency, efficiency  # noqa: E402
 
 # Where every fit starts: the terms as first estimated from the engines' documented
 # behaviour (before any published time was looked at), so a held-out source never leaks in
@@ -181,9 +181,44 @@ def leave_one_source_out(results: list[Result], rounds: int = 4, log=print,
                            "ratios": {r.row.id: r.ratio for r in got},
                            "fit_rounds": trail,
                            "seconds": round(time.perf_counter() - began, 1)}
+        per_source[src]["by_system"] = by_system(got)
+        per_source[src]["levers"] = levers(values, held, plans)
         log(f"  held-out median |log2| {per_source[src]['median_abs_log2']:.3f}")
     return {"per_source": per_source, "median_abs_log2": _median(errs),
             "rounds": rounds}
+
+
+def by_system(got: list[Result]) -> dict[str, float]:
+    """The held-out rows' median |log2 ratio| per system that ran them (a source such as
+    ReaL's figure holds several systems' bars)."""
+    out: dict[str, list[float]] = {}
+    for r in got:
+        if r.ratio:
+            out.setdefault(r.row.system, []).append(abs(math.log2(r.ratio)))
+    return {k: _median(v) for k, v in out.items()}
+
+
+def levers(values: Efficiency, held: list[str], plans: dict,
+           reference: Efficiency | None = None) -> dict[str, float]:
+    """The held-out rows' median |log2 ratio| with each term the fold's fit moved (by more
+    than 5% of itself and 1% of its range; a share by 5% of its range) put back at
+    ``reference`` (the terms
+    shipped, fitted on every source): a term whose return lowers the median a lot is one
+    the other sources do not pin, and the held-out source's error lies there; one that
+    leaves it where it is points at a cost none of the terms prices."""
+    reference = reference or EFFICIENCY
+    out = {}
+    for term, (lo, hi) in BOUNDS.items():
+        v, ref = getattr(values, term), getattr(reference, term)
+        moved = abs(v - ref)
+        if term in ("overlap", "gemm"):
+            if moved <= 0.05 * (hi - lo):
+                continue
+        elif moved <= 0.05 * max(abs(v), abs(ref)) or moved <= 0.01 * (hi - lo):
+            continue
+        got = evaluate(attrs.evolve(values, **{term: ref}), held, plans)
+        out[term] = _median([abs(math.log2(r.ratio)) for r in got if r.ratio])
+    return out
 
 
 def _both(trail: list[str], log):

@@ -254,6 +254,10 @@ def prediction(steps: int, root) -> dict:
             r["placements"] = placements(plan) + (f"; fused {plan.fusion}" if plan.fusion
                                                   else "")
             r["response_tokens"] = response_tokens(r["run_dir"], pipeline)
+            at = predicted_at_measured_lengths(r["run_dir"], pipeline, plan)
+            if at is not None:                 # the same plan, at the lengths the run had
+                r["predicted_at_measured_lengths_s"] = round(at, 4)
+                r["ratio_at_measured_lengths"] = round(r["median_step_s"] / at, 3)
             if label == "colocated":       # every op a gang over both devices: per op
                 r["op_times"] = op_times(r["run_dir"])
             out[f"{name} {label}"] = r
@@ -278,6 +282,20 @@ def response_tokens(run_dir: str, pipeline) -> dict:
     means = [t / n for t, n in per.values() if n]
     return {"measured": round(statistics.median(means), 2) if means else None,
             "declared": round(float(mean_len(pipeline.workload.gen_len)), 2)}
+
+
+def predicted_at_measured_lengths(run_dir: str, pipeline, plan) -> float | None:
+    """The cost model's step time for ``plan`` with the responses at the lengths the run
+    generated after the first ``WARMUP`` steps (their histogram, from the trace; see
+    :mod:`rpeg.runtime.rundir.lengths`); None when the trace has no histograms."""
+    from rpeg.runtime.rundir.lengths import at_lengths
+    from rpeg.runtime.rundir.lengths import response_tokens as measured_tokens
+    path = Path(run_dir)
+    rows = [json.loads(x) for x in (path / "metrics.jsonl").read_text().splitlines() if x]
+    found = measured_tokens(path, pipeline, rows[WARMUP:] or rows)
+    if found is None or found[1] is None:
+        return None
+    return predicted(at_lengths(pipeline, found[1]), plan)
 
 
 def capped(plan, k: int):
@@ -684,15 +702,20 @@ def prediction_table(pred: dict) -> list[str]:
              "(`--profile calibrate`), the first run follows the calibration directly, and "
              "the two runs of one plan show how far a single run spreads. Tokens a "
              "response: what the run generated (the policy learns) against the workload's "
-             "declared mean, which the prediction prices.", "",
-             "| run | measured s | predicted s | measured / predicted | tasks a step "
+             "declared mean, which the prediction prices; at the run's lengths: the same "
+             "plan priced with the responses at the lengths the run generated (the "
+             "prediction's error for the work the run did).", "",
+             "| run | measured s | predicted s | measured / predicted | predicted s at the "
+             "run's lengths | measured / that | tasks a step "
              "(measured / predicted) | tokens a response (run / declared) | load average "
-             "| plan |", "|---|---|---|---|---|---|---|---|"]
+             "| plan |", "|---|---|---|---|---|---|---|---|---|---|"]
     for label, r in pred.items():
         tasks = r.get("host", {}) or {}
         tokens = r.get("response_tokens", {})
         lines.append(f"| {label} | {r['median_step_s']} | {r['predicted_step_s']} | "
                      f"**{r['ratio_measured_over_predicted']}** | "
+                     f"{r.get('predicted_at_measured_lengths_s', '?')} | "
+                     f"**{r.get('ratio_at_measured_lengths', '?')}** | "
                      f"{tasks.get('tasks_per_step', '?')} / "
                      f"{r['predicted_control']['tasks_per_step']} | "
                      f"{tokens.get('measured', '?')} / {tokens.get('declared', '?')} | "

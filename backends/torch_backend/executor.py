@@ -42,6 +42,7 @@ from rpeg.graph.work import Batching, work_of
 from rpeg.runtime.data import workload_rows
 from rpeg.runtime.lowering.context import group_of
 from rpeg.runtime.lowering.instances import LOAD, RECV, SEND, OpCall, base_of, engine_key
+from rpeg.runtime.rundir.lengths import histogram
 from rpeg.spec.functions import function
 from rpeg.spec.model import Engine, Head, OpKind, Reward
 from rpeg.spec.registry import Category, Role, Type
@@ -245,6 +246,8 @@ class Executor:
             return out, {}                          # tp rank > 0: rank 0 reports the chunk
         return out, {"tokens": chunk.policy_tokens(), "responses": len(lengths),
                      "finished": float(np.mean(chunk.finished)) if lengths else 0.0,
+                     # single responses: their lengths, against the workload's gen_len
+                     **({"lengths": histogram(lengths)} if tools is None else {}),
                      **token_versions(chunk), **stats}
 
     def _toolbox(self, call, stage, engine, mine, codec, params):

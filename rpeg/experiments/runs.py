@@ -276,6 +276,13 @@ def _step_time(rec: dict) -> list[str]:
     if p and m:
         out.append(f"  measured / predicted = {m / p:.2f}x "
                    f"({'slower' if m > p else 'faster'} than predicted by {abs(m - p) / p:.0%})")
+    if rt := me.get("response_tokens"):
+        longest = f", longest {rt['longest']}" if "longest" in rt else ""
+        out.append(f"  responses: {rt['mean']:.3g} tokens on average (steps {rt['steps']}"
+                   f"{longest}), declared {rt['declared']:.3g} (workload gen_len)")
+        if (q := pr.get("at_measured_lengths_s")) is not None:
+            out.append(f"  the plan priced at the measured lengths: {q:.3g} s"
+                       + (f"; measured / that = {m / q:.2f}x" if m else ""))
     if h := me.get("host"):
         out.append(f"  CPU per step (steps {h['from_step']}..{h['from_step'] + h['steps']}): "
                    f"ops {h['op_cpu_per_step_s']:.3g} s, device workers outside ops "

@@ -146,20 +146,36 @@ def _compositions(total: int, parts: int):
         yield tuple(b - a for a, b in itertools.pairwise(bounds))
 
 
-def split(ctx: Context, ev: Evaluator) -> Outcome:
+def split(ctx: Context, ev: Evaluator, found: Found | None = None) -> Outcome:
     best = _Best(Strategy.SPLIT, ev)
+    bounds = sorted({(s, ctx.pipeline.staleness_of(s)) for s in
+                     (x.name for x in ctx.pipeline.stages)} - {(s, 0) for s in
+                                                            (x.name for x in ctx.pipeline.stages)})
+    stalenesses = [()] + ([tuple(bounds)] if bounds else [])
+    if found is None or found.splits is None:
+        splits = _splits(ctx, ev)
+        if found is not None:
+            found.splits = splits
+    else:
+        splits = found.splits
+    for plan in splits:
+        for st in stalenesses:
+            best.offer(attrs.evolve(plan, staleness=st))
+    return best.outcome()
+
+
+def _splits(ctx: Context, ev: Evaluator) -> tuple[Plan, ...]:
+    """The synchronous split plans worth simulating: each split of the cluster into the
+    groups' blocks in the first headroom that fits, the most promising first (rough step:
+    slowest group + generation). They never read the staleness bounds."""
     groups = _groups(ctx)
     if len(groups) > ctx.n or len(groups) < 2:
-        return best.outcome()           # no two disjoint groups: nothing is split
+        return ()                       # no two disjoint groups: nothing is split
     units = 16
     while units > len(groups) and ctx.n % units:
         units //= 2
     units = max(min(units, ctx.n), len(groups))
     unit = ctx.n // units
-    bounds = sorted({(s, ctx.pipeline.staleness_of(s)) for s in
-                     (x.name for x in ctx.pipeline.stages)} - {(s, 0) for s in
-                                                            (x.name for x in ctx.pipeline.stages)})
-    stalenesses = [()] + ([tuple(bounds)] if bounds else [])
     cands = []
     for sizes in _compositions(units, len(groups)):
         starts = [unit * sum(sizes[:i]) for i in range(len(sizes))]
@@ -181,10 +197,7 @@ def split(ctx: Context, ev: Evaluator) -> Outcome:
                 break
     # Simulate the most promising splits only: rough = slowest group + generation.
     cands.sort(key=lambda x: x[0])
-    for _, plan in cands[:SPLIT_SIMULATED]:
-        for st in stalenesses:
-            best.offer(attrs.evolve(plan, staleness=st))
-    return best.outcome()
+    return tuple(plan for _, plan in cands[:SPLIT_SIMULATED])
 
 
 def _respects_nodes(ctx: Context, start: int, size: int) -> bool:
@@ -233,7 +246,7 @@ def realloc(ctx: Context, ev: Evaluator, starts: Iterable[Plan] = ()) -> Outcome
         if best.best is not None:
             break
     for plan in starts:
-        best.offer(attrs.evolve(plan, staleness=(), fusion=(), shared=(), predicted=None))
+        best.offer(_synchronous(plan))
     if best.best is None:
         return best.outcome()
     for _ in range(2):                        # coordinate descent over each call's options
@@ -247,13 +260,33 @@ def realloc(ctx: Context, ev: Evaluator, starts: Iterable[Plan] = ()) -> Outcome
     return best.outcome()
 
 
+def _synchronous(plan: Plan) -> Plan:
+    """``plan`` as a realloc start: synchronous, unfused, every model its own backbone."""
+    return attrs.evolve(plan, staleness=(), fusion=(), shared=(), predicted=None)
+
+
 BASELINES = {Strategy.COLOCATED: colocated, Strategy.SPLIT: split, Strategy.REALLOC: realloc}
 
 
-def run_baselines(strategies: Iterable[Strategy], ctx: Context,
-                  ev: Evaluator) -> list[Outcome]:
-    """Each baseline asked for, in order; realloc is seeded with the others' plans."""
+@attrs.define
+class Found:
+    """What the baselines find for one spec and cluster that no staleness bound changes,
+    kept for the next cap of the staleness ladder (:func:`run_baselines`): the colocated
+    outcome, the split plans worth simulating, and realloc's outcome from given starts
+    (which it makes synchronous)."""
+
+    colocated: Outcome | None = None
+    splits: tuple[Plan, ...] | None = None
+    realloc: dict[tuple[Plan, ...], Outcome] = attrs.field(factory=dict)
+
+
+def run_baselines(strategies: Iterable[Strategy], ctx: Context, ev: Evaluator,
+                  found: Found | None = None) -> list[Outcome]:
+    """Each baseline asked for, in order; realloc is seeded with the others' plans.
+    ``found``: what the baselines found for ``ctx``'s pipeline and cluster under other
+    staleness caps (updated): what they would find again is taken from it."""
     out: dict[Strategy, Outcome] = {}
+    found = found or Found()
     for strategy in strategies:
         if strategy not in BASELINES:
             raise PlanError(f"baseline strategy must be one of "
@@ -262,10 +295,16 @@ def run_baselines(strategies: Iterable[Strategy], ctx: Context,
             seeds = [o.best.plan for o in out.values() if o.best is not None]
             if not seeds:               # asked alone: the others' grids seed it
                 seeds = [o.best.plan for o in (colocated(ctx, ev),) if o.best is not None]
-            out[strategy] = realloc(ctx, ev, seeds)
+            key = tuple(_synchronous(p) for p in seeds)
+            if key not in found.realloc:
+                found.realloc[key] = realloc(ctx, ev, key)
+            out[strategy] = found.realloc[key]
+        elif strategy is Strategy.COLOCATED:
+            found.colocated = found.colocated or colocated(ctx, ev)
+            out[strategy] = found.colocated
         else:
-            out[strategy] = BASELINES[strategy](ctx, ev)
+            out[strategy] = split(ctx, ev, found)
     return list(out.values())
 
 
-__all__ = ["colocated", "split", "realloc", "run_baselines", "Outcome"]
+__all__ = ["colocated", "split", "realloc", "run_baselines", "Outcome", "Found"]

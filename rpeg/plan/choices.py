@@ -169,6 +169,7 @@ def prune(pipeline: Pipeline, layouts_: tuple[Layout, ...], cluster: Cluster) ->
     out = []
     cap = usable_memory(cluster.gpu)
     resident: dict[tuple, float] = {}        # depends on few of a layout's fields
+    works = _works(pipeline, layouts_)
     for lay in layouts_:
         s = pipeline.stage(lay.stage)
         model = pipeline.model(s.target)
@@ -181,8 +182,8 @@ def prune(pipeline: Pipeline, layouts_: tuple[Layout, ...], cluster: Cluster) ->
                     engine=lay.engine).total
             if s.kind is OpKind.GENERATE:
                 lay = attrs.evolve(lay, rows=generation_rows(
-                    work_of(pipeline, lay.stage), p, cluster, cap - resident[key], engine=lay.engine))
-            need = stage_memory(work_of(pipeline, lay.stage), p, cluster, rows=lay.rows,
+                    works[lay.stage], p, cluster, cap - resident[key], engine=lay.engine))
+            need = stage_memory(works[lay.stage], p, cluster, rows=lay.rows,
                                 engine=lay.engine).total + resident[key]
         except CostError:
             continue
@@ -196,13 +197,14 @@ def estimate(pipeline: Pipeline, fitting: tuple[tuple[Layout, float], ...],
     """Price each layout on the first aligned block of its size; keep the Pareto fronts."""
     priced: dict[int, list[Choice]] = {}
     kept: dict[Layout, float] = {}
+    works = _works(pipeline, [lay for lay, _ in fitting])
     for lay, need in fitting:
         # an offloaded layout costs its twin's time plus the host-link copies
         p = lay.par
         twin = lay if not p.offload else attrs.evolve(lay, par=attrs.evolve(p, offload=False))
         try:
             if twin not in kept:
-                kept[twin] = estimate_stage(work_of(pipeline, lay.stage), twin.par,
+                kept[twin] = estimate_stage(works[lay.stage], twin.par,
                                             tuple(range(lay.size)), cluster,
                                             engine=lay.engine, rows=lay.rows).time_s
         except CostError:
@@ -219,6 +221,12 @@ def estimate(pipeline: Pipeline, fitting: tuple[tuple[Layout, float], ...],
         off = _pareto([c for c in priced[size] if c.par.offload])
         out += sorted(front + off, key=lambda c: (c.time_s, c.memory))
     return tuple(out)
+
+
+def _works(pipeline: Pipeline, layouts_) -> dict:
+    """Stage -> its :func:`work_of`, once per stage the layouts run (not once per layout)."""
+    stages = dict.fromkeys(lay.stage for lay in layouts_)
+    return {stage: work_of(pipeline, stage) for stage in stages}
 
 
 def _pareto(choices: list[Choice]) -> list[Choice]:

@@ -24,7 +24,7 @@ import attrs
 import rpeg
 from rpeg.cost.memory import usable_memory, with_reserve
 from rpeg.errors import PlanError, Span
-from rpeg.plan.baselines import BASELINES, run_baselines
+from rpeg.plan.baselines import BASELINES, Found, run_baselines
 from rpeg.plan.choices import Choice, model_stages
 from rpeg.plan.edit import Context, placement, repair
 from rpeg.plan.evaluate import Evaluation, Evaluator, Shortfall, parallel_of
@@ -229,9 +229,10 @@ def _search_ladder(ctx: Context, ev: Evaluator, opts: SearchOptions):
     whole: list[SearchResult] = []           # the walks without partial rollouts
     prev: Evaluation | None = None           # the best of those, which the next cap starts from
     outcomes, closest = [], []
+    found = Found()                          # what the baselines find under every cap alike
     for cap in caps:
         here = ctx if cap == caps[-1] else attrs.evolve(ctx, pipeline=capped(ctx.pipeline, cap))
-        outcomes = run_baselines(tuple(BASELINES), here, ev)           # hand-tuned baselines
+        outcomes = run_baselines(tuple(BASELINES), here, ev, found)    # hand-tuned baselines
         feasible, near = _found(outcomes)
         closest += near
         feasible.sort(key=lambda e: e.step_time_s)

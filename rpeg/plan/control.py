@@ -48,6 +48,7 @@ class ControlPlane:
     _tasks: dict[tuple, Dispatch] = attrs.field(factory=dict, init=False)
     _floors: dict[tuple, Dispatch] = attrs.field(factory=dict, init=False)
     _laid: dict[tuple, tuple] = attrs.field(factory=dict, init=False)
+    _names: dict[tuple, tuple] = attrs.field(factory=dict, init=False)
     _shared: dict = attrs.field(factory=dict, init=False)
 
     def time(self, plan: Plan, timings: dict[str, OpTiming], steps: int,
@@ -96,10 +97,10 @@ class ControlPlane:
     def layouts(self, plan: Plan, timings: dict[str, OpTiming]):
         """(the plan's graph without fusion, each op's layout, the chunks a step streams:
         :func:`rpeg.plan.tasks.layouts_of`, the layouts relabelled:
-        :func:`rpeg.plan.tasks.relabelled`, and the placed graph), memoised by what that reads: the placements,
-        and where the weight syncs run. The runtime runs a fused op's stages as calls of
-        their own, in one task where their inputs allow: counted on the graph without
-        fusion. Only the last is kept (a search asks for the floor and the count of one
+        :func:`rpeg.plan.tasks.relabelled`, and the placed graph), memoised by what that
+        reads: the placements, and where the weight syncs run. The runtime runs a fused op's
+        stages as calls of their own, in one task where their inputs allow: counted on the
+        graph without fusion. Only the last is kept (a search asks for the floor and the count of one
         proposal in turn; more would only burden memory)."""
         loose = self.graph(attrs.evolve(plan, fusion=()))
         syncs = tuple(timings[o.name].devices for o in loose.ops
@@ -109,8 +110,32 @@ class ControlPlane:
         if laid is None:                # the proposal's floor, then its count: one kept
             self._laid.clear()
             layouts, chunks, placed = layouts_of(self.pipeline, plan, loose, timings)
-            laid = self._laid[key] = (loose, layouts, chunks, relabelled(layouts), placed)
+            laid = self._laid[key] = (loose, layouts, chunks, self.relabelled(layouts), placed)
         return laid
+
+    def relabelled(self, layouts: dict) -> tuple:
+        """:func:`rpeg.plan.tasks.relabelled`, asked once per set of layouts (each hashed
+        once), and without renaming where the first op's devices are 0 .. n - 1 and every
+        other op's lie among them: each device then keeps its name."""
+        ordered = tuple(sorted(layouts.items()))
+        out = self._names.get(ordered)
+        if out is None:
+            if len(self._names) > 4096:
+                self._names.clear()
+            out = self._names[ordered] = ordered if _named_in_order(ordered) \
+                else relabelled(layouts)
+        return out
+
+
+def _named_in_order(ordered: tuple) -> bool:
+    """Whether :func:`rpeg.plan.tasks.relabelled` leaves every layout of ``ordered`` (op,
+    layout) as it is: the first's devices are 0 .. n - 1 and the others' among them."""
+    first = ordered[0][1].devices if ordered else ()
+    n = len(first)
+    return bool(n) and first[0] == 0 and first[-1] == n - 1 \
+        and first == tuple(range(n)) \
+        and all(not lay.devices or (min(lay.devices) >= 0 and max(lay.devices) < n)
+                for _, lay in ordered[1:])
 
 
 __all__ = ["ControlPlane"]

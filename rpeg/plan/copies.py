@@ -151,45 +151,190 @@ def copies(placed, placement_of: Callable) -> Copies:
 @functools.lru_cache(maxsize=4096)
 def _backbone(model: Backbone, train, readers: tuple, chunks: int):
     """(its copies, op -> device -> key) of one backbone: ``train``: (op, placement, layout)
-    of its train op or None; ``readers``: those of the ops reading it, in topological order."""
-    layout: dict[tuple[ReplicaKey, int], tuple[int, ...]] = {}   # the first layout there
-    first: dict[tuple[ReplicaKey, int], int] = {}    # who lays it out there: 0 the trainer
+    of its train op or None; ``readers``: those of the ops reading it, in topological order.
+
+    Each key's layouts and first layers are kept per key (device -> group, device -> the
+    op laying it out), so a reader whose devices hold no layout of its key yet is entered
+    whole (dict operations over its devices, no Python loop per device); only the devices
+    where a layout of its key is already there are compared one by one."""
+    layouts: dict[ReplicaKey, dict[int, tuple[int, ...]]] = {}   # the first layout there
+    firsts: dict[ReplicaKey, dict[int, int]] = {}    # who lays it out there: 0 the trainer
+    # (key, who) -> the devices it lays out first, in the order laid (a key's first layer)
+    devices: dict[tuple[ReplicaKey, int], list[int]] = {}
     reads: dict[str, dict[int, ReplicaKey]] = {}
     trainer = None
     if train is not None:
         op, trainer, lay = train
         key = ReplicaKey(model)
-        at = reads[op.name] = {}
-        for d, group in lay.members(chunks):
-            layout.setdefault((key, d), group)
-            first.setdefault((key, d), 0)
-            at[d] = key
+        ds, groups, _ = _parts(lay, chunks)
+        layouts[key] = dict(zip(ds, groups, strict=True))
+        firsts[key] = dict.fromkeys(ds, 0)
+        reads[op.name] = dict.fromkeys(ds, key)
+        if ds:
+            devices[(key, 0)] = list(ds)
     for n, (op, place, lay) in enumerate(readers, start=1):
-        members = _wanted(model, op, place, lay, trainer, chunks)
-        at = {}
-        for d, group, key in members:
-            if layout.setdefault((key, d), group) != group:
-                key = variant_key(model, group)
-            at.setdefault(d, key)
-        split = {key for key in set(at.values()) if key.variant}
-        for d, group, _ in members if split else ():  # a block's ranks read one copy
-            if group and at[d] not in split:
-                other = next((at[x] for x in group if at[x] in split), None)
-                if other is not None:
-                    at[d] = other
-        for d, key in at.items():
-            first.setdefault((key, d), n)
+        want = _wanted_by_key(model, op, place, lay, trainer, chunks)
+        at = want.at()
+        for key, ds, groups in want.by_key:
+            laid = layouts.get(key)
+            if laid is None:
+                layouts[key] = dict(zip(ds, groups, strict=True))
+            elif laid.keys().isdisjoint(ds):
+                laid.update(zip(ds, groups, strict=True))
+            else:                             # compared where a layout of it is there
+                for d, group in zip(ds, groups, strict=True):
+                    if laid.setdefault(d, group) != group:
+                        at[d] = _variant(model, group)
+        if want.grouped:
+            split = {key for key in set(at.values()) if key.variant}
+            for d, group in zip(want.devices, want.groups, strict=True) if split else ():
+                # a block's ranks read one copy
+                if group and at[d] not in split:
+                    other = next((at[x] for x in group if at[x] in split), None)
+                    if other is not None:
+                        at[d] = other
+        _first_layers(at, n, firsts, devices)
         reads[op.name] = at
     places = (trainer,) + tuple(place for _, place, _ in readers)
     # a vLLM engine's copy, read on its host, lies on every device its workers span
-    spans = ({},) + tuple(_hosts(lay) if lay.per_block else {} for _, _, lay in readers)
-    devices: dict[tuple[ReplicaKey, int], list[int]] = {}
-    engine = {key: key.engine for key in {key for key, _ in first}}
-    for (key, d), n in first.items():       # one copy per key and op laying it out
-        devices.setdefault((key, n), []).extend(spans[n].get(d, (d,)) if engine[key] else (d,))
-    out = tuple(Copy(key, tuple(sorted(ds)), places[n], n == 0)
-                for (key, n), ds in devices.items())
-    return out, reads
+    out = []
+    for (key, n), ds in devices.items():     # one copy per key and op laying it out
+        if key.engine and n and readers[n - 1][2].per_block:
+            span = _hosts(readers[n - 1][2])
+            ds = [x for d in ds for x in span.get(d, (d,))]
+        out.append(Copy(key, tuple(sorted(ds)), places[n], n == 0))
+    return tuple(out), reads
+
+
+def _first_layers(at: dict[int, ReplicaKey], n: int, firsts: dict, devices: dict) -> None:
+    """Record reader ``n``'s devices (``at``: device -> key) where it is the first to lay
+    out its key: ``devices[(key, n)]``, the (key, n) entered in the order of each one's
+    first such device in ``at``."""
+    keys = set(at.values())
+    if len(keys) == 1:
+        (key,) = keys
+        first = firsts.get(key)
+        if first is None:
+            firsts[key] = dict.fromkeys(at, n)
+            new = list(at)
+        elif first.keys().isdisjoint(at):
+            first.update(dict.fromkeys(at, n))
+            new = list(at)
+        else:
+            new = [d for d in at if d not in first]
+            first.update(dict.fromkeys(new, n))
+        if new:
+            devices[(key, n)] = new
+        return
+    found: dict[ReplicaKey, list[int]] = {}
+    for d, key in at.items():
+        first = firsts.get(key)
+        if first is None:
+            first = firsts[key] = {}
+        if d not in first:
+            first[d] = n
+            mine = found.get(key)
+            if mine is None:
+                found[key] = [d]
+            else:
+                mine.append(d)
+    for key, new in found.items():
+        devices[(key, n)] = new
+
+
+@functools.lru_cache(maxsize=4096)
+def _variant(model: Backbone, group: tuple[int, ...]) -> ReplicaKey:
+    """:func:`~rpeg.graph.ids.variant_key`, built once per model and block."""
+    return variant_key(model, group)
+
+
+@attrs.frozen(eq=False)
+class _Want:
+    """A reader's wanted copies (:func:`_wanted`), arranged for :func:`_backbone`."""
+
+    devices: tuple[int, ...]        # where it runs a call, in the order of its members
+    groups: tuple[tuple[int, ...], ...]     # the tensor-parallel block of each
+    keys: ReplicaKey | tuple[ReplicaKey, ...]   # the key each wants (one: all alike)
+    by_key: tuple                   # (key, its devices, their blocks) per key, first first
+    grouped: bool                   # some device runs in a tensor-parallel block
+
+    @property
+    def members(self) -> tuple:
+        """(device, its block, its key) of each device."""
+        keys = self.keys
+        if isinstance(keys, ReplicaKey):
+            return tuple((d, g, keys) for d, g in zip(self.devices, self.groups, strict=True))
+        return tuple(zip(self.devices, self.groups, keys, strict=True))
+
+    def at(self) -> dict[int, ReplicaKey]:
+        """Device -> the key it wants (a new dict)."""
+        if isinstance(self.keys, ReplicaKey):
+            return dict.fromkeys(self.devices, self.keys)
+        return dict(zip(self.devices, self.keys, strict=True))
+
+
+@functools.lru_cache(maxsize=4096)
+def _parts(lay, chunks: int) -> tuple[tuple[int, ...], tuple[tuple[int, ...], ...], bool]:
+    """(devices, their blocks, whether any has a block) of ``lay``'s members."""
+    members = lay.members(chunks)
+    ds = tuple(d for d, _ in members)
+    groups = tuple(g for _, g in members)
+    assert len(set(ds)) == len(ds), "a layout's members are its devices once each"
+    return ds, groups, any(groups)
+
+
+@functools.lru_cache(maxsize=4096)
+def _wanted_by_key(model: Backbone, op, place, lay, trainer, chunks: int) -> _Want:
+    """The key of the copy each device of a reader placed as ``place`` (laid out as
+    ``lay``) wants, before the layouts of the copies there are compared (see
+    :func:`_wanted`): a pure function of the reader and its trainer, so a plan that moves
+    another op finds it again; the keys built once each, one for all where all are alike."""
+    ds, groups, grouped = _parts(lay, chunks)
+    keys = _keys(model, op, place, lay, trainer, ds, groups)
+    if isinstance(keys, ReplicaKey):
+        by_key = ((keys, ds, groups),) if ds else ()
+    else:
+        split: dict[ReplicaKey, tuple[list, list]] = {}
+        for d, g, k in zip(ds, groups, keys, strict=True):
+            mine = split.get(k)
+            if mine is None:
+                split[k] = ([d], [g])
+            else:
+                mine[0].append(d)
+                mine[1].append(g)
+        by_key = tuple((k, tuple(x), tuple(y)) for k, (x, y) in split.items())
+    return _Want(ds, groups, keys, by_key, grouped)
+
+
+def _keys(model: Backbone, op, place, lay, trainer, ds: tuple[int, ...],
+          groups: tuple) -> ReplicaKey | tuple[ReplicaKey, ...]:
+    """:func:`copy_key` on each of ``ds`` (blocks ``groups``): one key where all are alike."""
+    # on every device, the trained copy where it is read in place there, or where the op
+    # runs on every rank of its trainer's ZeRO-3 shards (gathers_in_place)
+    if trainer is not None and (all_in_place(trainer, place) or lay.everywhere):
+        return ReplicaKey(model)
+    # off its trainer's devices the key is the same on every device (device -1: none)
+    elsewhere = copy_key(op, place, -1, trainer, ())
+    held = _held(trainer) if trainer is not None else frozenset()
+    if not held or held.isdisjoint(ds):
+        return elsewhere
+    on = tuple(d for d in ds if d in held)
+    if not op.reads_model or op.kind is OpKind.TRAIN:   # the rule as it stands
+        pairs = tuple((d, g) for d, g in zip(ds, groups, strict=True) if d in held)
+        got = dict(zip(on, copy_keys(op, place, pairs, trainer), strict=True))
+        return tuple(got.get(d, elsewhere) for d in ds)
+    # on the trainer's devices: an engine's own copy (whether one is served there depends
+    # on the placements alone), else the trained copy where read in place, else a second
+    # copy split as the op splits it
+    if op.kind is OpKind.GENERATE and serves_copy(trainer, place, next(iter(held))):
+        engine = engine_key(model)
+        if engine == elsewhere or len(on) == len(ds):
+            return engine
+        return tuple(engine if d in held else elsewhere for d in ds)
+    own = ReplicaKey(model)
+    in_place = dict(zip(on, reads_in_place_on(trainer, place, on), strict=True))
+    return tuple(elsewhere if d not in held else own if in_place[d] else _variant(model, g)
+                 for d, g in zip(ds, groups, strict=True))
 
 
 @functools.lru_cache(maxsize=4096)
@@ -199,25 +344,11 @@ def _hosts(lay) -> dict[int, tuple[int, ...]]:
     return {b[0]: b for b in lay.blocks}
 
 
-@functools.lru_cache(maxsize=4096)
 def _wanted(model: Backbone, op, place, lay, trainer, chunks: int) -> tuple:
     """(device, its tensor-parallel block, the key of the copy it wants) of every device
     where a reader placed as ``place`` (laid out as ``lay``) runs a call, before the
-    layouts of the copies there are compared: a pure function of the reader and its
-    trainer, so a plan that moves another op finds it again."""
-    # on every device, the trained copy where it is read in place there, or where the op
-    # runs on every rank of its trainer's ZeRO-3 shards (gathers_in_place)
-    if trainer is not None and (all_in_place(trainer, place) or lay.everywhere):
-        own = ReplicaKey(model)
-        return tuple((d, group, own) for d, group in lay.members(chunks))
-    # off its trainer's devices the key is the same on every device (device -1: none)
-    held = _held(trainer) if trainer is not None else frozenset()
-    members = lay.members(chunks)
-    on = tuple((d, group) for d, group in members if d in held)
-    keys = dict(zip((d for d, _ in on), copy_keys(op, place, on, trainer), strict=True))
-    elsewhere = copy_key(op, place, -1, trainer, ())
-    return tuple((d, group, keys.get(d, elsewhere) if d in held else elsewhere)
-                 for d, group in members)
+    layouts of the copies there are compared (:func:`_wanted_by_key`)."""
+    return _wanted_by_key(model, op, place, lay, trainer, chunks).members
 
 
 __all__ = ["Copies", "Copy", "copies", "copy_key", "copy_keys"]

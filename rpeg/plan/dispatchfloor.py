@@ -73,18 +73,18 @@ def dispatch_floor(graph: Graph, layouts: dict, chunks: int = 1, steps: int = 6)
                     args += (ranks ** 2 + fed * ranks) * times
                 seen.update(ds)
                 continue
-            for d in ds:
-                if d not in seen:                  # its device's first call of the step
-                    seen.add(d)
-                    tasks += 1
-                    args += fed
+            # each device's first call of the step starts a task (counted as a set grows)
+            before = len(seen)
+            seen.update(ds)
+            tasks += len(seen) - before
+            args += fed * (len(seen) - before)
     ops = {o.name for o in graph.ops}
     for op, lay in layouts.items():                # transfers the graph has no op for
         for g in lay.gangs if op not in ops else ():
             calls += len(g) + (len(g) >= JOIN_MIN)
             tasks += len(g) + (len(g) >= JOIN_MIN)
             args += 2 * len(g) if len(g) >= JOIN_MIN else len(g) ** 2
-    used = {d for lay in layouts.values() for d in lay.devices}
+    used = set().union(*(lay.devices for lay in layouts.values()))
     return Dispatch(len(used), calls, tasks, args)
 
 

@@ -37,6 +37,8 @@ memory, a bounded one's simulated step with it.
 
 from __future__ import annotations
 
+import functools
+
 import attrs
 import numpy as np
 
@@ -185,6 +187,7 @@ class Evaluator:
         self._synced: dict[tuple, frozenset[str]] = {}
         self._problems: dict[tuple, str | None] = {}
         self._fits: dict[tuple, bool] = {}
+        self._rests: dict[tuple, float] = {}
         w = pipeline.workload
         self.gen_tokens = w.batch * w.gen_len.mean()
         self.responses = w.prompts * w.samples          # a step's (the runtime's chunks)
@@ -285,12 +288,11 @@ class Evaluator:
     def walk(self, plan: Plan, graph: Graph) -> Walk:
         """The copies each model keeps, what they leave free, each generate op's wave size,
         the chunks each streamed op consumes, and each device's largest transient need."""
-        copies = self.copies(plan)
+        copies, spread = self._held(plan)
         n = plan.num_devices
         resident = np.zeros(n)
-        for h in copies:
-            resident[self._at_devices(h.devices)] += self.prices.resident(
-                h.model, h.placement, h.trained)
+        for model, placement, trained, at in spread:
+            resident[at] += self.prices.resident(model, placement, trained)
         rows = self.rows_of(plan, graph, resident)
         streamed = self.streamed(plan, graph, rows)
         chunks_of = {s: streamed[o] for o, stages in self._streaming(graph)
@@ -326,22 +328,30 @@ class Evaluator:
         (:func:`rpeg.plan.copies.copies`, by which it keys its replicas): the trained copy
         where its train op runs, the others as the first op reading them there lays them
         out. ``graph`` is not read (the copies are those of the plan's step graph)."""
+        return self._held(plan)[0]
+
+    def _held(self, plan: Plan) -> tuple[tuple[Held, ...], tuple]:
+        """(:meth:`copies`, the same spread for the resident bytes: (model, placement,
+        trained, index of its devices) of each run of consecutive copies priced alike on
+        devices apart, which add the same bytes to the same devices in the same order as
+        the copies one by one, a tensor-parallel block's second copies at once)."""
         base = self.step_graph(plan)
         ops = self._model_ops(base)
         key = (base, tuple(plan.placement(o.stages[0]) for o in ops))
-        held = self._copies.get(key)
-        if held is None:
+        out = self._copies.get(key)
+        if out is None:
             def placing(op):
                 return plan.placement(op.stages[0])
 
             # the op layouts and chunks a step streams: what the copies are read from
             placed = lower(base, plan, self.responses, placing, passes=PASSES[:2])
             names = self._model_names(plan.shared)
-            held = self._copies[key] = tuple(
+            held = tuple(
                 Held(names[(c.key.backbone, c.trained)], c.placement, c.trained, c.devices,
                      c.key)
                 for c in copies_of(placed, placing).held)
-        return held
+            out = self._copies[key] = (held, _spread(held))
+        return out
 
     def _model_ops(self, graph: Graph) -> tuple:
         """The ops of ``graph`` that read or train a model (not its weight syncs)."""
@@ -647,12 +657,17 @@ class Evaluator:
         wakes for the next (``engine_sleeps``): its weights out and back, once a step."""
         if p.engine is not Engine.VLLM:
             return 0.0
-        trained = {d for o in graph.ops if o.kind is OpKind.TRAIN
-                   for d in plan.placement(o.stages[0]).devices}
-        if not engine_sleeps(p.devices, trained, devices_are_host(self.cluster.gpu)):
-            return 0.0
-        return sleep_wake_time(self.pipeline.model(self.stages.target[op.stages[0]]), p.tp,
-                               self.cluster.gpu)
+        trainers = tuple(plan.placement(o.stages[0]) for o in graph.ops
+                         if o.kind is OpKind.TRAIN)
+        key = ("rest", op.name, p, trainers)      # by the placements, not their devices
+        rest = self._rests.get(key)
+        if rest is None:
+            trained = {d for t in trainers for d in t.devices}
+            rest = self._rests[key] = sleep_wake_time(
+                self.pipeline.model(self.stages.target[op.stages[0]]), p.tp,
+                self.cluster.gpu) if engine_sleeps(
+                p.devices, trained, devices_are_host(self.cluster.gpu)) else 0.0
+        return rest
 
     def _fused(self, op, plan: Plan, chunk: Chunk | None) -> float:
         """Seconds of an op's stages back to back. Fused, they share a dispatch (one Dask
@@ -782,6 +797,31 @@ class Evaluator:
         return _Priced(plan, homes, feasible, shortfall, predicted, timeline, False)
 
 
+def _spread(held: tuple[Held, ...]) -> tuple:
+    """(model, placement, trained, index of the devices) of each run of consecutive
+    copies priced alike (:meth:`Evaluator._held`) whose devices are apart."""
+    out: list = []
+    run: list[Held] = []
+    seen: set[int] = set()
+
+    def close() -> None:
+        if run:
+            devices = run[0].devices if len(run) == 1 else \
+                tuple(d for h in run for d in h.devices)
+            out.append((run[0].model, run[0].placement, run[0].trained, _at(devices)))
+
+    for h in held:
+        if run and (h.model, h.placement, h.trained) == (
+                run[0].model, run[0].placement, run[0].trained) and seen.isdisjoint(h.devices):
+            run.append(h)
+        else:
+            close()
+            run, seen = [h], set()
+        seen.update(h.devices)
+    close()
+    return tuple(out)
+
+
 def _at(devices: tuple[int, ...]) -> slice | np.ndarray:
     """An index of ``devices`` into a per-device array: a slice where they are one run."""
     if devices and devices[-1] - devices[0] == len(devices) - 1 \
@@ -790,8 +830,10 @@ def _at(devices: tuple[int, ...]) -> slice | np.ndarray:
     return np.fromiter(devices, int, len(devices))
 
 
+@functools.lru_cache(maxsize=4096)
 def _members(devices: tuple[int, ...]):
-    """``devices`` for membership tests: a range where they are one run."""
+    """``devices`` for membership tests: a range where they are one run (memoised: asked
+    of every copy of a plan that does not fit; read-only)."""
     at = _at(devices)
     return range(at.start, at.stop) if isinstance(at, slice) else set(devices)
 

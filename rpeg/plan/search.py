@@ -37,12 +37,14 @@ for ``stall`` proposals starts again, warm, from the next of the other baselines
 (then the start plan again): another basin.
 
 Most proposals are worse than the plan they would replace; such a plan matters only if
-the Metropolis draw takes it. So once any plan fits, a proposal is first priced up to
-its step's lower bound (the busiest device's work of a step:
-``Evaluator.evaluate(bound=...)``) and simulated only when that bound is below the plan
-it would replace or the walk's best, or when the draw could still accept it; the draw
-is made where it would be made after a simulation, so the random stream, the walk and
-the plan are those of simulating every proposal.
+the Metropolis draw takes it. So once any plan fits, a proposal is priced up to a bound
+(``Evaluator.evaluate(bound=...)``: its step's lower bound, the busiest device's work of
+a step, then its simulated step, before the control plane's tasks are counted): the most
+the walk's next draw would accept, that draw read ahead without taking it
+(:func:`_accepts_below`), or the walk's best if higher. A proposal at or above it is
+rejected as pricing it in full would have rejected it; the draw is taken where it would
+be taken after pricing it in full, so the random stream, the walk and the plan are
+those of pricing every proposal in full.
 
 A spec with staleness bounds is searched as a ladder (``compile_report``): one walk per
 cap 0, 1, ... up to the largest bound (:func:`staleness_caps`, :func:`capped`), each
@@ -169,11 +171,13 @@ def anneal(ctx: Context, ev: Evaluator, start: Evaluation, opts: SearchOptions,
             u = None                         # the acceptance draw, once made
             try:
                 if best.feasible:
-                    # Simulated only if it could be accepted or better the walk: a plan whose
-                    # step is no less than the plan it would replace and than the walk's best
-                    # (its busiest device's work says so) is taken only by the Metropolis draw,
-                    # made here in the same place of the stream as after a simulation.
-                    r = ev.evaluate(plan, detail=False, bound=max(here, walk_best - 1e-12))
+                    # Priced in full only if it could be accepted or better the walk: a plan
+                    # whose step is no less than the walk's best and than the most the next
+                    # draw would accept (:func:`_accepts_below`, the draw read ahead, not
+                    # taken) is rejected; the draw is taken here, in the same place of the
+                    # stream as after pricing it in full, and the test is the same.
+                    r = ev.evaluate(plan, detail=False, bound=max(
+                        _accepts_below(rng, here, temp), walk_best - 1e-12))
                     if r.bounded:
                         if temp <= 0:
                             continue
@@ -203,6 +207,19 @@ def anneal(ctx: Context, ev: Evaluator, start: Evaluation, opts: SearchOptions,
             break
     return SearchResult(best, it, accepted, improved, time.monotonic() - began, tuple(trace),
                         out_of_time)
+
+
+def _accepts_below(rng: np.random.Generator, here: float, temp: float) -> float:
+    """The step below which the walk's next Metropolis draw would accept a plan replacing
+    one of step ``here`` at temperature ``temp`` (``here`` itself when it draws nothing):
+    the draw is read ahead, the generator left as it was, so pricing a proposal up to this
+    bound decides what pricing it in full would."""
+    if temp <= 0:
+        return here
+    state = rng.bit_generator.state
+    u = rng.random()
+    rng.bit_generator.state = state
+    return here - temp * math.log(u) if u > 0 else math.inf
 
 
 def random_plan(ctx: Context, seed: int) -> Plan | None:

@@ -471,28 +471,30 @@ def _prepare_uncached(placed: Placed, steps: int) -> _Prepared:
 @functools.lru_cache(maxsize=4096)
 def _needs(placed: tuple[tuple[str, tuple[int, ...]], ...]) -> dict[str, int]:
     """Atoms make device checks cheap: each op holds whole atoms, bits of one integer.
-    Where every op runs on one run of devices, the runs between any two of their ends
-    serve (a finer partition: the same conflicts, the same loads), found without looking
-    at each device. (Cached: do not modify the answer.)"""
-    runs = {n: _run(devs) for n, devs in placed}
-    if all(r is not None for r in runs.values()):
-        cut = {x: i for i, x in enumerate(sorted({x for r in runs.values() if r for x in r}))}
-        return {n: (1 << cut[r[1]]) - (1 << cut[r[0]]) if r else 0 for n, r in runs.items()}
-    atom_of: dict[int, int] = {}
-    for k, atom in enumerate(_atoms({devs for _, devs in placed if devs})):
-        for d in atom:
-            atom_of[d] = k
-    return {n: sum(1 << a for a in {atom_of[d] for d in devs}) for n, devs in placed}
+    Each op's devices are a few ascending runs (:func:`_runs`): the runs between any two
+    of their ends serve as atoms (a finer partition than the devices' memberships: the
+    same conflicts, the same loads, the same sets alike), found without looking at each
+    device in Python. (Cached: do not modify the answer.)"""
+    runs = {n: _runs(devs) for n, devs in placed}
+    cut = {x: i for i, x in enumerate(sorted({x for rs in runs.values() for r in rs
+                                             for x in r}))}
+    return {n: sum((1 << cut[b]) - (1 << cut[a]) for a, b in rs) for n, rs in runs.items()}
 
 
-def _run(devices: tuple[int, ...]) -> tuple[int, int] | None:
-    """(first, last + 1) of devices that are one ascending run, () for none, else None."""
+@functools.lru_cache(maxsize=4096)
+def _runs(devices: tuple[int, ...]) -> tuple[tuple[int, int], ...]:
+    """(first, last + 1) of each maximal run of consecutive devices among ``devices``, in
+    ascending order (none for none)."""
     if not devices:
         return ()
     first, last = devices[0], devices[-1]
     if last - first == len(devices) - 1 and devices == tuple(range(first, last + 1)):
-        return first, last + 1
-    return None
+        return ((first, last + 1),)
+    ds = np.unique(np.fromiter(devices, np.int64, len(devices)))
+    breaks = np.flatnonzero(np.diff(ds) != 1) + 1
+    starts = np.concatenate(([0], breaks))
+    ends = np.concatenate((breaks, [len(ds)]))
+    return tuple((int(ds[i]), int(ds[j - 1]) + 1) for i, j in zip(starts, ends, strict=True))
 
 
 def _atoms(sets: set[tuple[int, ...]]) -> list[tuple[int, ...]]:

@@ -75,3 +75,22 @@ def test_the_rows_that_hold_a_term_on_its_bound_are_the_ones_that_lose_off_it(mo
     assert math.isclose(got[0][1], abs(math.log2(off_bound(on, "call_s").call_s / 10)),
                         rel_tol=1e-3)
     assert published_fit.pulls(PRIOR, "call_s", ["NEMO-B1"], {}) == []
+
+
+def test_held_out_rows_are_summarised_per_system_that_ran_them():
+    rs = [_result("REAL-dschat-8-g128", 0.25), _result("REAL-dschat-16-g128", 0.5),
+          _result("REAL-heuristic-8-g128", 2.0), Result(ROWS["NEMO-B2"], "no-fit")]
+    assert published_fit.by_system(rs) == {ROWS["REAL-dschat-8-g128"].system: 1.5,
+                                           ROWS["REAL-heuristic-8-g128"].system: 1.0}
+
+
+def test_a_lever_puts_back_only_the_terms_the_fold_moved(monkeypatch):
+    # a stand-in pricing whose error is call_s's distance from 2.8 s, in doublings
+    def fake(values, rows, plans):
+        return [_result(rid, values.call_s / 2.8) for rid in rows]
+    monkeypatch.setattr(published_fit, "evaluate", fake)
+    ref = attrs.evolve(PRIOR, call_s=2.8)
+    fold = attrs.evolve(ref, call_s=5.6, hook_s=ref.hook_s * 1.01, gemm=ref.gemm + 0.01)
+    got = published_fit.levers(fold, ["NEMO-B1"], {}, reference=ref)
+    assert got == {"call_s": 0.0}             # hook_s and gemm moved too little to count
+    assert published_fit.levers(ref, ["NEMO-B1"], {}, reference=ref) == {}

@@ -37,6 +37,10 @@ def test_record_has_predicted_and_measured_step_time(run_a):
     steady = [r["step_time_s"] for r in steady_rows(rows)]
     assert min(steady) <= me["step_time_s"] <= max(steady)
     assert me["steps_done"] == 3
+    # the responses' lengths against the declared ones, and the plan priced at them
+    tokens = me["response_tokens"]
+    assert tokens["steps"] == "1..2" and 1 <= tokens["mean"] <= tokens["longest"] <= 20
+    assert tokens["declared"] == 10.5 and pr["at_measured_lengths_s"] > 0
     assert abs(rec["final"]["reward"] - sum(r["reward"] for r in rows) / 3) < 1e-9
 
 

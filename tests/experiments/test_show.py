@@ -21,6 +21,8 @@ def test_show_prints_what_ran_where_and_how_fast(run_a, capsys):
     assert "strategy split for local_cpu" in out
     assert "device 0  tcp://127.0.0.1:" in out and "rollout" in out
     assert "step time: predicted" in out and "measured" in out and "measured / predicted" in out
+    assert "responses: " in out and "declared 10.5 (workload gen_len)" in out
+    assert "the plan priced at the measured lengths: " in out
     assert "verification: verified" in out and "- ok" in out
     assert "https://ui.perfetto.dev" in out and str(run_a / "trace.json") in out
     assert "reward" in out

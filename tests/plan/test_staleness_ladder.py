@@ -7,7 +7,10 @@ climbs the bounds 0, 1, ... k + 1 and each walk starts from the best of the tigh
 
 from __future__ import annotations
 
+import math
+
 import attrs
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -15,7 +18,10 @@ from hypothesis import strategies as st
 from rpeg.cost.profiles import cluster_of
 from rpeg.errors import PlanError
 from rpeg.plan import SearchOptions, compile_report
-from rpeg.plan.search import capped, staleness_caps
+from rpeg.plan.baselines import BASELINES, Found, run_baselines
+from rpeg.plan.edit import Context
+from rpeg.plan.evaluate import Evaluator
+from rpeg.plan.search import _accepts_below, capped, staleness_caps
 from rpeg.spec import load
 
 from .conftest import EVERY_ENGINE, ROOT
@@ -90,3 +96,29 @@ def test_no_cap_ends_slower_than_its_own_best_baseline(carry):
     r = compile_report(ppo, cluster_of("gh200", 4, 4), options=opts)
     best = min(e.step_time_s for _, e in r.baselines if e is not None)
     assert r.plan.predicted.step_time_s <= best + 1e-9, (r.plan.predicted.step_time_s, best)
+
+
+def test_baselines_are_found_once_for_the_whole_ladder():
+    """What no staleness bound changes (the colocated outcome, the split plans worth
+    simulating, realloc from the same starts) is taken from the tighter cap: the same
+    outcomes as finding every baseline again under each cap."""
+    ppo = bounded(load(ROOT / "pipelines/ppo_llama8b.rpeg"), 1)
+    cluster = cluster_of("gh200", 4, 4)
+    ctx = Context.of(ppo, cluster, EVERY_ENGINE)
+    found = Found()
+    for cap in staleness_caps(ppo):
+        here = attrs.evolve(ctx, pipeline=capped(ppo, cap))
+        shared = run_baselines(tuple(BASELINES), here, Evaluator(ppo, cluster), found)
+        fresh = run_baselines(tuple(BASELINES), here, Evaluator(ppo, cluster))
+        assert [(o.strategy, o.best.plan, o.best.step_time_s, o.tried) for o in shared] \
+            == [(o.strategy, o.best.plan, o.best.step_time_s, o.tried) for o in fresh]
+    assert found.colocated is not None and found.splits and found.realloc
+
+
+def test_a_draw_read_ahead_leaves_the_stream_as_it_was():
+    rng = np.random.default_rng(7)
+    below = _accepts_below(rng, 10.0, 0.5)
+    u = rng.random()
+    assert below == pytest.approx(10.0 - 0.5 * math.log(u))
+    assert _accepts_below(rng, 10.0, 0.0) == 10.0
+    assert rng.random() == np.random.default_rng(7).random(2)[1]

@@ -173,6 +173,38 @@ def predicted(pipeline, plan, cluster) -> dict:
             "tasks_per_step": pr.tasks_per_step, "source": source}
 
 
+def at_measured_lengths(pipeline, plan, cluster, dist) -> float | None:
+    """The plan priced again with its responses at the measured lengths ``dist`` (see
+    :mod:`rpeg.runtime.rundir.lengths`), on ``cluster``; None where it cannot be priced."""
+    if cluster is None or cluster.num_gpus < plan.num_devices:
+        return None
+    from rpeg.plan.evaluate import Evaluator
+    from rpeg.runtime.rundir.lengths import at_lengths
+    try:
+        ev = Evaluator(at_lengths(pipeline, dist), cluster).evaluate(plan,
+                                                                     simulate_infeasible=True)
+    except RpegError:
+        return None
+    t = ev.plan.predicted.step_time_s
+    return t if t != float("inf") else None
+
+
+def _with_lengths(path: Path, pipeline, plan, cluster, rows: list[dict], pr: dict,
+                  me: dict) -> dict:
+    """``predicted`` and ``measured``, with the steady steps' response lengths against the
+    declared ones (``measured.response_tokens``) and the plan priced at them
+    (``predicted.at_measured_lengths_s``)."""
+    from rpeg.runtime.rundir.lengths import response_tokens
+    found = response_tokens(path, pipeline, steady_rows(rows))
+    if found is not None:
+        me = {**me, "response_tokens": found[0]}
+        if "step_time_s" in pr and found[1] is not None:
+            t = at_measured_lengths(pipeline, plan, cluster, found[1])
+            if t is not None:
+                pr = {**pr, "at_measured_lengths_s": t}
+    return {"predicted": pr, "measured": me}
+
+
 # --- the record -------------------------------------------------------------------------
 
 def build_record(run_dir: str | Path, spec_path: str | None = None) -> dict:
@@ -228,8 +260,8 @@ def build_record(run_dir: str | Path, spec_path: str | None = None) -> dict:
         "inputs": inputs,
         "where": {"scheduler": meta.get("scheduler", "local"), "workers": _workers(meta),
                   "homes": meta.get("homes") or {m: list(d) for m, d in plan.model_homes}},
-        "predicted": predicted(pipeline, plan, cluster),
-        "measured": measured(rows, meta),
+        **_with_lengths(path, pipeline, plan, cluster, rows,
+                        predicted(pipeline, plan, cluster), measured(rows, meta)),
         "final": final_metrics(rows),
         "eval": _evals(path),
         "files": _files(path),

@@ -33,7 +33,7 @@ from rpeg.graph import Graph
 from rpeg.plan.dispatchfloor import dispatch_floor
 from rpeg.plan.model import Plan
 from rpeg.plan.simulate import OpTiming
-from rpeg.plan.tasks import dispatch_per_step, layouts_of, relabelled
+from rpeg.plan.tasks import dispatch_per_step, layouts_of, relabelled, shared_of
 from rpeg.spec.model import Cluster, OpKind, Pipeline
 
 
@@ -49,6 +49,7 @@ class ControlPlane:
     _floors: dict[tuple, Dispatch] = attrs.field(factory=dict, init=False)
     _laid: dict[tuple, tuple] = attrs.field(factory=dict, init=False)
     _names: dict[tuple, tuple] = attrs.field(factory=dict, init=False)
+    _shared: dict = attrs.field(factory=dict, init=False)
 
     def time(self, plan: Plan, timings: dict[str, OpTiming], steps: int,
              step_s: float = 0.0) -> tuple[float, int]:
@@ -70,7 +71,7 @@ class ControlPlane:
         """No more than :meth:`time`: priced from :func:`dispatch_floor` (the step's calls,
         and of its tasks and futures those no fusion changes), whose every count is no
         more than :meth:`dispatch`'s, without packing the calls into tasks."""
-        loose, _, chunks, named = self.layouts(plan, timings)
+        loose, _, chunks, named, _ = self.layouts(plan, timings)
         key = (loose, named, chunks, steps)
         low = self._floors.get(key)
         if low is None:
@@ -81,21 +82,25 @@ class ControlPlane:
         """The op calls, Dask tasks and futures a steady step of ``plan`` dispatches
         (:func:`rpeg.plan.tasks.dispatch_per_step`), counted once for all plans whose
         layouts differ only in the devices they name (:func:`rpeg.plan.tasks.relabelled`)."""
-        loose, _, chunks, named = self.layouts(plan, timings)
-        key = (loose, named, chunks, steps, plan.fusion)
+        loose, _, chunks, named, placed = self.layouts(plan, timings)
+        shared = self._shared.get(placed)
+        if shared is None:              # the proposal's, asked for its count alone
+            self._shared.clear()
+            shared = self._shared[placed] = shared_of(placed, plan)
+        key = (loose, named, chunks, steps, plan.fusion, shared)
         d = self._tasks.get(key)
         if d is None:
             d = self._tasks[key] = dispatch_per_step(loose, dict(named), chunks, steps,
-                                                     plan.fusion)
+                                                     plan.fusion, shared=shared)
         return d
 
     def layouts(self, plan: Plan, timings: dict[str, OpTiming]):
         """(the plan's graph without fusion, each op's layout, the chunks a step streams:
-        :func:`rpeg.plan.tasks.layouts_of`, and the layouts relabelled:
-        :func:`rpeg.plan.tasks.relabelled`), memoised by what that reads: the placements,
-        and where the weight syncs run. The runtime runs a fused op's stages as calls of
-        their own, in one task where their inputs allow: counted on the graph without
-        fusion. Only the last is kept (a search asks for the floor and the count of one
+        :func:`rpeg.plan.tasks.layouts_of`, the layouts relabelled:
+        :func:`rpeg.plan.tasks.relabelled`, and the placed graph), memoised by what that
+        reads: the placements, and where the weight syncs run. The runtime runs a fused op's
+        stages as calls of their own, in one task where their inputs allow: counted on the
+        graph without fusion. Only the last is kept (a search asks for the floor and the count of one
         proposal in turn; more would only burden memory)."""
         loose = self.graph(attrs.evolve(plan, fusion=()))
         syncs = tuple(timings[o.name].devices for o in loose.ops
@@ -104,8 +109,8 @@ class ControlPlane:
         laid = self._laid.get(key)
         if laid is None:                # the proposal's floor, then its count: one kept
             self._laid.clear()
-            layouts, chunks = layouts_of(self.pipeline, plan, loose, timings)
-            laid = self._laid[key] = (loose, layouts, chunks, self.relabelled(layouts))
+            layouts, chunks, placed = layouts_of(self.pipeline, plan, loose, timings)
+            laid = self._laid[key] = (loose, layouts, chunks, self.relabelled(layouts), placed)
         return laid
 
     def relabelled(self, layouts: dict) -> tuple:

@@ -45,9 +45,21 @@ def dispatch_floor(graph: Graph, layouts: dict, chunks: int = 1, steps: int = 6)
     for op, n in chunk_counts(graph, streamed).items():   # in the step's order
         at = laid_out(layouts[op])                 # chunk c on at[c mod len(at)]
         fed = op in reads                          # a task it starts waits for its inputs
-        for c, (ds, _, gang, _) in enumerate(at[:n]):
+        for c, (ds, _, gang, _, gangs) in enumerate(at[:n]):
             # this and the chunks after it on the same devices (all seen from here on)
             times = len(range(c, n, len(at)))
+            for g in gangs:                        # a weight sync's gangs: each rank a task
+                calls += len(g) * times
+                tasks += len(g) * times
+                if len(g) >= JOIN_MIN:
+                    calls += times
+                    tasks += times
+                    args += (2 * len(g) + fed) * times
+                else:
+                    args += (len(g) ** 2 + fed * len(g)) * times
+                seen.update(g)
+            if gangs:
+                continue
             ranks = len(ds)
             calls += ranks * times
             if gang:                               # each rank starts a task
@@ -66,6 +78,12 @@ def dispatch_floor(graph: Graph, layouts: dict, chunks: int = 1, steps: int = 6)
             seen.update(ds)
             tasks += len(seen) - before
             args += fed * (len(seen) - before)
+    ops = {o.name for o in graph.ops}
+    for op, lay in layouts.items():                # transfers the graph has no op for
+        for g in lay.gangs if op not in ops else ():
+            calls += len(g) + (len(g) >= JOIN_MIN)
+            tasks += len(g) + (len(g) >= JOIN_MIN)
+            args += 2 * len(g) if len(g) >= JOIN_MIN else len(g) ** 2
     used = set().union(*(lay.devices for lay in layouts.values()))
     return Dispatch(len(used), calls, tasks, args)
 

@@ -66,6 +66,11 @@ class OpLayout:
     per_block: bool = False           # one call per block, on its first device (vLLM)
     everywhere: bool = False          # a call on every device (train ranks, weight syncs)
     collective: bool = False          # its calls on several devices run collectives
+    # a weight sync's calls as the runtime lays them out: its gangs, each the devices of its
+    # calls in order, its join (a gang of JOIN_MIN or more) on the first (:func:`rpeg.plan.
+    # tasks.transfer_gangs`); (): one gang on ``devices``
+    gangs: tuple[tuple[int, ...], ...] = ()
+    fills: tuple[int, ...] = ()       # of those, the devices loading or receiving a copy
 
     @property
     def blocks(self) -> tuple[tuple[int, ...], ...]:

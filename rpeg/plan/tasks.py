@@ -15,12 +15,15 @@ instances out as, the Dask tasks its fusion packs them into, and the futures tho
     (3, 2, 1)
 
 The calls lie on their devices as :func:`rpeg.plan.oplayout.op_layout` says (the layout the
-runtime lays its calls out by); a weight sync's on the devices sending and receiving
-(:func:`rpeg.plan.oplayout.sync_calls`), as :func:`rpeg.plan.lower.lower` places them. The
-calls pack into tasks by :class:`rpeg.plan.packing.Packer` (the runtime's fusion packs its
-calls by it), fed with instances: a call's dependencies are the tasks of the first ranks
-of the instances it reads, and a gang of ``JOIN_MIN`` ranks or more waits through one join
-call (``rpeg.runtime.lowering.joins``), a task of its own by :meth:`Packer.join
+runtime lays its calls out by); a weight sync's as the runtime's transfers of its model
+(:func:`transfer_gangs`: a gang of exports and loads to the copies its readers read off
+the trainer, :func:`rpeg.plan.copies.copies`' rule, and one of receives and sends into
+vLLM engines' own copies), a trained model's transfers the graph has no weight sync for
+under an op of their own, after the step's calls. The calls pack into tasks by
+:class:`rpeg.plan.packing.Packer` (the runtime's fusion packs its calls by it), fed with
+instances: a call's dependencies are the tasks of the first ranks of the instances it
+reads, and a gang of ``JOIN_MIN`` ranks or more waits through one join call
+(``rpeg.runtime.lowering.joins``), a task of its own by :meth:`Packer.join
 <rpeg.plan.packing.Packer.join>`, the rule the runtime's fusion places its join calls by,
 on the gang's first device, where the gang reads its inputs. Nothing of a step in flight
 counts as finished (the runtime submits a step ahead), so this is the count with the least
@@ -28,15 +31,18 @@ fusion. The futures counted are those of data, version and stream edges, and one
 gang a member's device ran before (the order of collectives); the runtime passes a few
 more ordering ones.
 
-What the Packer is fed here still differs from the runtime's feed in three ways, not yet
-one function both sides call: the grain (here an instance, a gang's ranks through
-:meth:`Packer.gang`; there one call per rank); the dependencies (here the instances' data,
-version and stream edges, a generate op's chunks in order on each of its blocks; there
-every call's data and ordering edges); and which reads end a task (here a data reader whose
-first two devices, or a large gang's join's one, are not the instance's first; there any
-call on another device depending on it, ordering ones included).
+What the Packer is fed here still differs from the runtime's feed in two ways, not yet one
+function both sides call: the grain (here an instance, a gang's ranks through
+:meth:`Packer.gang`; there one call per rank); and the dependencies (here the instances'
+data, version and stream edges, a generate op's chunks in order on each of its blocks;
+there every call's data and ordering edges). Which reads end a task is the runtime's: a
+data reader whose first two devices, or a large gang's join's one, are not the instance's
+first, and a writer ordered after the readers of the replica it writes (write after read,
+the placed graph's ``in_place`` and ``partly``: :func:`shared_of`) where the writer reads
+them on another device (a weight sync only where it fills a copy).
 ``tests/plan/test_tasks.py`` checks the counts equal to the runtime's fusion over split
-plans scaled past ``JOIN_MIN`` ranks (a property test) and at 64 devices.
+plans scaled past ``JOIN_MIN`` ranks, with vLLM weight syncs or not (a property test), at
+64 devices, and on the shipped plans' shapes on GH200 clusters.
 """
 
 from __future__ import annotations
@@ -47,8 +53,10 @@ import functools
 import attrs
 
 from rpeg.cost.control import JOIN_MIN, Dispatch
+from rpeg.cost.engine_sync import engine_sync_layout, sync_senders
 from rpeg.graph import Graph
-from rpeg.plan.lower import PASSES, Placed, lower
+from rpeg.plan.copies import copies
+from rpeg.plan.lower import PASSES, Placed, lower, streams, transfer_of
 from rpeg.plan.oplayout import OpLayout
 from rpeg.plan.packing import Packer
 from rpeg.plan.simulate import OpTiming, prepared
@@ -77,10 +85,12 @@ def steady_step(graph: Graph, layouts: dict[str, OpLayout], chunks: int, steps: 
 
 def dispatch_per_step(graph: Graph, layouts: dict[str, OpLayout], chunks: int = 1,
                       steps: int = 6, together: tuple[tuple[str, ...], ...] = (),
-                      replay: bool = False) -> Dispatch:
+                      replay: bool = False, shared: tuple = ()) -> Dispatch:
     """The calls, tasks and futures of one steady step of ``graph`` laid out by ``layouts``
     (op name -> :class:`OpLayout`), its generate ops streaming ``chunks`` chunks a step;
-    ``together``: the plan's fused stages, whose calls of a chunk share a task.
+    ``together``: the plan's fused stages, whose calls of a chunk share a task;
+    ``shared``: which readers share their writer's replica (:func:`shared_of`), whose
+    writer the runtime orders after them.
 
     The steps before the steady one are packed only where the steady step could tell: it
     reads them through the tasks of the instances it takes inputs from, and tasks of
@@ -103,15 +113,45 @@ def dispatch_per_step(graph: Graph, layouts: dict[str, OpLayout], chunks: int = 
     laid = {op: laid_out(lay) for op, lay in layouts.items()}
     task: dict[int, int] = {}                    # instance -> the task of its first rank
     pack = Packer(together)
+    # a trained model's transfers the graph has no weight sync for (a copy its readers
+    # read beside a sharded trainer): their gangs after the step's calls, as the runtime
+    # adds them, after their trainer
+    trainer_of = {transfer_of(o.writes_model): o.name for o in graph.ops
+                  if o.kind is OpKind.TRAIN and o.writes_model}
+    ops = {o.name for o in graph.ops}
+    extra = [(trainer_of.get(op), lay.gangs) for op, lay in layouts.items()
+             if op not in ops and lay.gangs]
+    war = _write_after_read(graph, shared)
+    # a weight sync writes the copies on the devices it fills alone: a reader elsewhere
+    # reads none of them, and no write waits for it
+    fills = {op: set(lay.fills) for op, lay in layouts.items() if lay.gangs}
+
+    def gangs_of(gangs, step: int, deps: set) -> tuple[int, int, int]:
+        """Pack a weight sync's ``gangs`` one by one: (calls, futures ordering them, the
+        task of the first's first rank)."""
+        calls = order = 0
+        head = None
+        for g in gangs:
+            calls += len(g)
+            if len(g) >= JOIN_MIN:               # waiting through a join
+                calls += 1
+                order += len(g)
+                ranks = pack.gang(g, step, {pack.join(deps)}, named=False)
+            else:
+                order += len(g) ** 2
+                ranks = pack.gang(g, step, deps)
+            head = ranks[0] if head is None else head
+        return calls, order, head
 
     def batch(step: int) -> tuple[int, int, int]:
         """Pack one step's calls, as the runtime does when the step enters its window:
         (calls, tasks, futures)."""
         first, calls, order = len(pack.waits), 0, 0
         place, read_elsewhere = pack.place, pack.read_elsewhere
+        made: dict[str, int] = {}                 # op -> the task of its last instance
         for k, op, chunk, inputs, readers in _rows(prep, step)[0]:
             at = laid[op]
-            ds, _, gang, at_head = at[chunk % len(at)]
+            ds, _, gang, at_head, gangs = at[chunk % len(at)]
             deps = {task[i] for i in inputs if i in task}
             head = ds[0]
             elsewhere = False
@@ -121,6 +161,19 @@ def dispatch_per_step(graph: Graph, layouts: dict[str, OpLayout], chunks: int = 
                 if two[0] != head or two[-1] != head:
                     elsewhere = True
                     break
+            for writer, some in war.get(op, ()) if not elsewhere else ():
+                if (some is None or chunk % some[0] in some[1]) \
+                        and (head in fills[writer] if writer in fills else True):
+                    two = laid[writer][0][1]      # the writer's instance: chunk 0
+                    if two[0] != head or two[-1] != head:
+                        elsewhere = True
+                        break
+            if gangs:                             # a weight sync's gangs, one by one
+                n, o, task[k] = gangs_of(gangs, step, deps)
+                calls, order = calls + n, order + o
+                if elsewhere:
+                    read_elsewhere(gangs[0][0], task[k], step, chunk, op)
+                continue
             calls += len(ds)
             if gang:                              # the ranks start together
                 if len(ds) >= JOIN_MIN:           # waiting through a join, a task of its own
@@ -131,16 +184,19 @@ def dispatch_per_step(graph: Graph, layouts: dict[str, OpLayout], chunks: int = 
                     order += len(ds) ** 2         # it on each member's device
                     ranks = pack.gang(ds, step, deps)
                 for i in at_head:
-                    task[k] = ranks[i]
+                    task[k] = made[op] = ranks[i]
                     if elsewhere:
                         read_elsewhere(head, ranks[i], step, chunk, op)
                 continue
             for dev in ds:                        # each call placed after the one before
                 gi = place(dev, step, chunk, op, deps, deps)
                 if dev == head:
-                    task[k] = gi
+                    task[k] = made[op] = gi
                     if elsewhere:
                         read_elsewhere(dev, gi, step, chunk, op)
+        for trainer, gangs in extra:
+            n, o, _ = gangs_of(gangs, step, {made[trainer]} if trainer in made else set())
+            calls, order = calls + n, order + o
         if step < last:                 # only the steady step's futures are counted
             return calls, len(pack.waits) - first, order
         return calls, len(pack.waits) - first, sum(map(len, pack.waits[first:])) + order
@@ -153,6 +209,26 @@ def dispatch_per_step(graph: Graph, layouts: dict[str, OpLayout], chunks: int = 
     calls, tasks, args = batch(last)
     used = {d for lay in layouts.values() for d in lay.devices}
     return Dispatch(len(used), calls, tasks, args)
+
+
+def _write_after_read(graph: Graph, shared: tuple) -> dict[str, list]:
+    """Reader op -> (the writer op whose next write waits for its chunks, None or
+    (blocks, those blocks whose chunks it waits for)) of each write-after-read edge of the
+    placed graph whose readers share the replica their writer writes (``shared``:
+    (``in_place``, ``partly``) of :func:`shared_of`; the ordering edges of
+    :func:`rpeg.graph.unroll.unroll`, found without unrolling): a reader read by its
+    writer on another device ends its task, as a call the runtime orders a writer after."""
+    if not shared or not shared[0]:
+        return {}
+    in_place, partly = shared[0], dict(shared[1])
+    syncs = {o.name for o in graph.ops if o.kind is OpKind.SYNC_WEIGHTS}
+    behind = {e.reader: e.writer for e in graph.version_edges if e.reader in syncs}
+    out: dict[str, list] = {}
+    for e in graph.version_edges:
+        for w in (e.writer, behind.get(e.writer)):
+            if w is not None and (w, e.reader) in in_place:
+                out.setdefault(e.reader, []).append((w, partly.get((w, e.reader))))
+    return out
 
 
 def _gang(layouts: dict[str, OpLayout], key: tuple[str, int]) -> bool:
@@ -174,11 +250,15 @@ def relabelled(layouts: dict[str, OpLayout]) -> tuple[tuple[str, OpLayout], ...]
     ordered = sorted(layouts.items())
     # each device's new name, as it first appears (dict keeps first insertion order)
     names = {d: i for i, d in enumerate(dict.fromkeys(
-        d for _, lay in ordered for d in lay.devices))}
+        d for _, lay in ordered for ds in (lay.devices, *lay.gangs) for d in ds))}
     out = []
     for op, lay in ordered:
         devices = tuple(map(names.__getitem__, lay.devices))
-        out.append((op, lay if devices == lay.devices else attrs.evolve(lay, devices=devices)))
+        gangs = tuple(tuple(map(names.__getitem__, g)) for g in lay.gangs)
+        fills = tuple(map(names.__getitem__, lay.fills))
+        out.append((op, lay if devices == lay.devices and gangs == lay.gangs
+                    and fills == lay.fills
+                    else attrs.evolve(lay, devices=devices, gangs=gangs, fills=fills)))
     return tuple(out)
 
 
@@ -190,7 +270,8 @@ def laid_out(lay: OpLayout) -> tuple[tuple, ...]:
     one or two, enough to tell whether all are one device: its first two, or the first
     alone for a gang of ``JOIN_MIN`` ranks or more, which reads them through its join
     there (``rpeg.runtime.lowering.joins``); whether it is a gang; its ranks on its first
-    device, where a gang). Memoised by the layout, whose hash
+    device, where a gang; a weight sync's gangs of calls, :attr:`OpLayout.gangs`, or
+    ()). Memoised by the layout, whose hash
     is kept: a search lays the same ops out again and again."""
     tp = max(1, lay.tp)
     period = -(-len(lay.devices) // tp) if lay.chunked and not lay.everywhere else 1
@@ -200,8 +281,12 @@ def laid_out(lay: OpLayout) -> tuple[tuple, ...]:
         ds = own or (-1,)
         gang = lay.collective and len(own) > 1
         # where it reads its inputs: a large gang through its join, on its first device
+        if lay.gangs:                 # a weight sync's gangs: read where the first starts
+            out.append((ds, lay.gangs[0][:1] if len(lay.gangs[0]) >= JOIN_MIN
+                        else lay.gangs[0][:2], True, (0,), lay.gangs))
+            continue
         out.append((ds, ds[:1] if gang and len(own) >= JOIN_MIN else ds[:2], gang,
-                    tuple(i for i, d in enumerate(ds) if d == ds[0]) if gang else ()))
+                    tuple(i for i, d in enumerate(ds) if d == ds[0]) if gang else (), ()))
     return tuple(out)
 
 
@@ -233,15 +318,128 @@ def _rows(prep, step: int) -> tuple[tuple[tuple, ...], frozenset[int]]:
 
 
 def layouts_of(pipeline, plan, graph: Graph, timings: dict[str, OpTiming]
-               ) -> tuple[dict[str, OpLayout], int]:
+               ) -> tuple[dict[str, OpLayout], int, Placed]:
     """Each op's :class:`~rpeg.plan.oplayout.OpLayout` under ``plan`` (``graph``: the plan's
     graph without fusion, whose ops the runtime calls one by one, placed by
     :func:`rpeg.plan.lower.lower`; ``timings``: where a weight sync with no trainer or no
-    generate op runs), and the chunks a step streams."""
+    generate op runs), the chunks a step streams, and the placed graph (for
+    :func:`shared_of`). A weight sync's layout carries the gangs of calls the runtime
+    moves its model's versions with (:func:`transfer_gangs`); a trained model's transfers
+    the graph has no weight sync for lie under their own op (:func:`transfer_of`)."""
+    placement_of = _placing(plan)
     placed = lower(graph, plan, pipeline.workload.prompts * pipeline.workload.samples,
-                   passes=PASSES[:2])     # layouts, chunks: all a proposal's count reads
+                   placement_of, passes=PASSES[:2])   # layouts, chunks: all a count reads
     out = dict(placed.layouts)
+    gangs = transfer_gangs(placed, placement_of,
+                           frozenset(m.name for m in pipeline.models if m.frozen))
     for op in graph.ops:
-        if op.kind is OpKind.SYNC_WEIGHTS and not out[op.name].devices:
+        if op.kind is not OpKind.SYNC_WEIGHTS:
+            continue
+        if not out[op.name].devices:
             out[op.name] = OpLayout(timings[op.name].devices, everywhere=True, collective=True)
-    return out, placed.chunks
+        moved = gangs.pop(op.reads_model, None)
+        if moved:
+            out[op.name] = attrs.evolve(out[op.name], gangs=moved[0], fills=moved[1])
+    for model, moved in gangs.items():   # no weight sync of the graph: transfers of their own
+        home = placement_of(next(o for o in graph.ops if o.writes_model == model)).devices
+        out[transfer_of(model)] = OpLayout(tuple(home), everywhere=True, collective=True,
+                                           gangs=moved[0], fills=moved[1])
+    return out, placed.chunks, placed
+
+
+def shared_of(placed: Placed, plan) -> tuple:
+    """The ``shared`` of :func:`dispatch_per_step` of a plan placed as ``placed`` (what
+    :func:`layouts_of` gives): the readers sharing the replica their writer writes, and
+    the blocks of a reader sharing it on some alone (:func:`rpeg.plan.lower.streams`): the
+    write-after-read edges the runtime's calls wait by."""
+    p = streams(placed, _placing(plan))
+    return p.in_place, p.partly
+
+
+def _placing(plan):
+    """Graph op -> its placement under ``plan`` (its first stage's)."""
+    return lambda o: plan.placement(o.stages[0])
+
+
+def transfer_gangs(placed: Placed, placement_of, frozen: frozenset[str] = frozenset()
+                   ) -> dict[str, tuple[tuple[tuple[int, ...], ...], tuple[int, ...]]]:
+    """Trained backbone -> (the gangs of calls that move each of its versions to the copies
+    its readers read off its trainer (:func:`rpeg.plan.copies.copies`), each the devices of
+    its calls in the runtime's order (``rpeg.runtime.lowering.ordering.add_syncs``): the
+    trainer's senders' exports then a load per copy on each device reading one (sorted by
+    device); and, where a vLLM engine serves a copy of its own, a receive on each engine's
+    host then the senders' sends (:func:`rpeg.cost.engine_sync.engine_sync_layout`); the
+    devices loading or receiving a copy). ``frozen``: models no trainer writes (a reader of those alone reads no version).
+
+        >>> from rpeg.graph import Op
+        >>> from rpeg.plan.model import StagePlacement as P
+        >>> from rpeg.spec.model import Engine
+        >>> g = Graph("g", (Op("rollout", OpKind.GENERATE, reads_model="actor",
+        ...                    stages=("rollout",)),
+        ...                 Op("train", OpKind.TRAIN, reads_model="actor",
+        ...                    writes_model="actor", stages=("train",))), (), (), ("actor",),
+        ...           ("actor",))
+        >>> place = {"rollout": P("rollout", (0, 1, 2), dp=3, engine=Engine.VLLM),
+        ...          "train": P("train", (0, 1), dp=2, zero=3)}
+        >>> at = lambda o: place[o.name]
+        >>> transfer_gangs(lower(g, None, 8, at, passes=PASSES[:2]), at)
+        {'actor': (((0, 1, 2, 0, 1),), (0, 1, 2))}
+    """
+    graph = placed.graph
+    trainers = {o.writes_model: o for o in graph.ops if o.kind is OpKind.TRAIN and o.writes_model}
+    if not trainers:
+        return {}
+    homes = {m: placement_of(t) for m, t in trainers.items()}
+    held = copies(placed, placement_of)
+    loads: dict[str, set] = {}            # backbone -> (a copy, a device loading it there)
+    pushed: set[str] = set()                      # backbones whose engines serve a copy
+    for op in graph.ops:
+        model = op.reads_model
+        reads = held.reads.get(op.name)
+        if not reads or op.kind in (OpKind.TRAIN, OpKind.SYNC_WEIGHTS) \
+                or model not in homes or all(m in frozen for m in model.members):
+            continue
+        for key in set(reads.values()):           # a few copies, read on many devices
+            if key.engine:
+                pushed.add(model)
+            elif key == model:                    # the trained copy: off its devices alone
+                home = _devices(homes[model])
+                loads.setdefault(model, set()).update(
+                    (key, d) for d, k in reads.items() if k == key and d not in home)
+            else:
+                loads.setdefault(model, set()).update(
+                    (key, d) for d, k in reads.items() if k == key)
+    out: dict = {}
+    for model, trainer in homes.items():
+        gangs, fills = [], set()
+        if loads.get(model):                      # a load per copy, by device
+            at = sorted(d for _, d in loads[model])
+            fills.update(at)
+            gangs.append(sync_senders(trainer.devices, trainer.tp, trainer.zero) + tuple(at))
+        if model in pushed:
+            hosts, senders = _push_gang(trainer, tuple(
+                placement_of(o) for o in graph.ops
+                if o.kind is OpKind.GENERATE and o.reads_model == model))
+            fills.update(hosts)
+            gangs.append(hosts + senders)
+        if gangs:
+            out[model] = (tuple(gangs), tuple(sorted(fills)))
+    return out
+
+
+
+@functools.lru_cache(maxsize=4096)
+def _devices(place) -> frozenset[int]:
+    """A placement's devices as a set, by the placement (its hash kept)."""
+    return frozenset(place.devices)
+
+
+@functools.lru_cache(maxsize=4096)
+def _push_gang(trainer, readers: tuple) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The calls pushing a version into the vLLM engines of generate placements
+    ``readers`` that serve a copy of their own, from a trainer placed as ``trainer``: a
+    receive on each engine's host, and a send on each sender (the pushes of
+    ``rpeg.runtime.lowering.ordering``, by :func:`rpeg.cost.engine_sync.engine_sync_layout`)."""
+    lay = engine_sync_layout(trainer, list(readers))
+    return tuple(sorted(b[0] for b in lay.group + lay.local)), lay.senders
+

@@ -5,6 +5,8 @@ ranks on every device, joins for large gangs, weight syncs."""
 
 from __future__ import annotations
 
+import os
+
 import attrs
 import pytest
 from hypothesis import given, settings
@@ -20,6 +22,7 @@ from rpeg.runtime.core import fusion as F
 from rpeg.runtime.lowering.instances import build_calls
 from rpeg.runtime.placement import split_plan
 from rpeg.spec import load, load_cluster
+from rpeg.spec.model import Engine, Zero
 
 from .conftest import ROOT, colocated_start
 
@@ -101,16 +104,19 @@ def test_the_model_counts_what_the_runtime_dispatches_colocated(name):
     assert (d.calls, d.tasks) == _runtime(pipeline, plan)[:2]
 
 
-@settings(deadline=None, max_examples=10)
+@settings(deadline=None, max_examples=int(os.environ.get("RPEG_EXAMPLES", 10)))
 @given(st.sampled_from(("ppo_llama8b", "grpo_qwen7b")), st.integers(2, 3),
        st.sampled_from((1, 2)), st.integers(1, 3), st.sampled_from((1, 3, 4, 8)),
-       st.integers(0, 1), st.sampled_from((1, 2, 4)), st.booleans(), st.booleans())
+       st.integers(0, 1), st.sampled_from((1, 2, 4)), st.booleans(), st.booleans(),
+       st.sampled_from((None, 0, 3)))
 def test_the_model_counts_what_the_runtime_dispatches_over_split_plans(
-        name, devices, dp, chunks, factor, staleness, tp, elsewhere, fused):
+        name, devices, dp, chunks, factor, staleness, tp, elsewhere, fused, vllm):
     """Split plans at sizes from a few devices to gangs past ``JOIN_MIN`` ranks (whose
     joins both sides place by ``Packer.join``, and whose inputs are read on the join's
     device), training at some tensor-parallel degree, the advantages on every device or
-    not, two forward stages fused or not: the same calls and tasks a steady step."""
+    not, two forward stages fused or not, the rollout on vLLM engines or not (``vllm``:
+    its trainers' ZeRO level; the weight syncs into the engines' own copies): the same
+    calls and tasks a steady step."""
     pipeline = load(shipped("pipelines", f"{name}.rpeg"))
     plan = scaled(split_plan(pipeline, devices, chunks=chunks, dp=min(dp, devices),
                              staleness=staleness), factor)
@@ -123,6 +129,11 @@ def test_the_model_counts_what_the_runtime_dispatches_over_split_plans(
             if p.stage == "adv" else p for p in plan.placements))
     if fused:
         plan = attrs.evolve(plan, fusion=(("ref_lp", "scores"),))
+    if vllm is not None:
+        plan = attrs.evolve(plan, placements=tuple(
+            attrs.evolve(p, engine=Engine.VLLM) if p.stage == "rollout"
+            else attrs.evolve(p, zero=Zero(vllm)) if p.stage.endswith("_step") else p
+            for p in plan.placements))
     ev = Evaluator(pipeline, builtin_cluster("gh200_64"))
     graph = ev.graph(plan)
     d = ev.dispatch(plan, graph, ev.timings(plan, graph)[0])
@@ -137,7 +148,7 @@ def test_the_dispatch_floor_is_no_more_than_the_count(name):
     ev = Evaluator(pipeline, builtin_cluster("gh200_64"))
     loose = ev.graph(attrs.evolve(plan, fusion=()))
     timings = ev.timings(plan, ev.graph(plan))[0]
-    layouts, chunks = layouts_of(pipeline, plan, loose, timings)
+    layouts, chunks, _ = layouts_of(pipeline, plan, loose, timings)
     low = dispatch_floor(loose, layouts, chunks)
     d = ev.dispatch(plan, ev.graph(plan), timings)
     assert (low.devices, low.calls) == (d.devices, d.calls)
@@ -190,7 +201,7 @@ def test_the_floor_is_no_more_than_the_count_on_every_baseline(spec, cluster):
     from rpeg.plan.baselines import BASELINES, run_baselines
     from rpeg.plan.edit import Context
     from rpeg.plan.space import Limits
-    from rpeg.plan.tasks import dispatch_per_step
+    from rpeg.plan.tasks import dispatch_per_step, shared_of
 
     pipeline = load(ROOT / f"pipelines/{spec}.rpeg")
     c = load_cluster(ROOT / f"pipelines/clusters/{cluster}.rpeg")
@@ -202,10 +213,12 @@ def test_the_floor_is_no_more_than_the_count_on_every_baseline(spec, cluster):
         for fusion in {(), e.plan.fusion}:
             plan = ev.settle(attrs.evolve(e.plan, predicted=None, fusion=fusion))
             timings = ev.timings(plan, ev.graph(plan))[0]
-            loose, layouts, chunks, _ = ev.control.layouts(plan, timings)
+            loose, layouts, chunks, _, placed = ev.control.layouts(plan, timings)
+            shared = shared_of(placed, plan)
             for steps in (6, 10):
                 low = dispatch_floor(loose, layouts, chunks, steps)
-                d = dispatch_per_step(loose, layouts, chunks, steps, plan.fusion)
+                d = dispatch_per_step(loose, layouts, chunks, steps, plan.fusion,
+                                      shared=shared)
                 assert (low.devices, low.calls) == (d.devices, d.calls)
                 assert 0 < low.tasks <= d.tasks and low.args <= d.args, (low, d)
 
@@ -227,3 +240,50 @@ def test_a_fused_op_takes_its_stages_time_and_saves_their_tasks():
         assert both == pytest.approx(a + b, rel=1e-9)
     assert ev.dispatch(fused, ev.graph(fused), timings).tasks \
         < ev.dispatch(plain, ev.graph(plain), apart).tasks
+
+
+def _colocated_vllm(name: str, devices: int, tp: int, zero: int, carry: int,
+                    train: int = 0):
+    """Every stage on all ``devices`` (a shipped plan's shape on a GH200 cluster), the
+    models the spec shares on one backbone, the rollout on vLLM engines of ``tp`` devices
+    (a chunk on each), its trainers at ZeRO ``zero``: weight syncs into the engines' own
+    copies, and to the copies the other stages read beside sharded trainers; ``train``:
+    the trainers on that many devices alone, not all."""
+    pipeline = load(shipped("pipelines", f"{name}.rpeg"))
+    plan = split_plan(pipeline, 1, chunks=1, staleness=0, share=True)
+    every = tuple(range(devices))
+    out = []
+    for p in plan.placements:
+        if p.stage == "rollout":
+            p = attrs.evolve(p, devices=every, dp=devices // tp, tp=tp, chunks=devices // tp,
+                             engine=Engine.VLLM, carry=carry)
+        elif p.stage.endswith("_step"):
+            p = attrs.evolve(p, devices=every[:train or devices], dp=train or devices,
+                             zero=Zero(zero))
+        else:
+            p = attrs.evolve(p, devices=every, dp=devices)
+        out.append(p)
+    homes = tuple((m, every[:train or devices]) for m, _ in plan.model_homes)
+    return pipeline, attrs.evolve(plan, num_devices=devices, placements=tuple(out),
+                                  model_homes=homes)
+
+
+@pytest.mark.parametrize("name, devices, tp, zero, carry, train", [
+    ("ppo_llama8b", 64, 1, 3, 1, 0),    # the shipped plan on gh200_64: 643 calls, 577 tasks
+    ("ppo_llama8b", 8, 2, 2, 1, 0),     # and on gh200_8
+    ("ppo_llama8b", 16, 1, 0, 0, 0),    # engines updated in memory beside the trainer
+    ("grpo_qwen7b", 64, 1, 3, 0, 0),
+    ("grpo_qwen7b", 8, 2, 3, 0, 0),
+    ("grpo_qwen7b", 8, 1, 0, 0, 1)])    # one engine so, beside a trainer on one device
+def test_the_model_counts_the_weight_syncs_the_runtime_dispatches(name, devices, tp, zero,
+                                                                   carry, train):
+    """Weight syncs into vLLM engines' own copies (a receive on each engine's host, a send
+    on each of the trainer's senders) and, beside a trainer whose ZeRO shards no other
+    stage reads, to the copies the other stages read (an export on each sender, a load on
+    each reader's device), each gang with its join: the count lays out the calls the
+    runtime's lowering makes and packs them into as many tasks."""
+    pipeline, plan = _colocated_vllm(name, devices, tp, zero, carry, train)
+    ev = Evaluator(pipeline, builtin_cluster("gh200_8" if devices == 8 else "gh200_64"))
+    graph = ev.graph(plan)
+    d = ev.dispatch(plan, graph, ev.timings(plan, graph)[0])
+    assert (d.calls, d.tasks) == _runtime(pipeline, plan)[:2]

@@ -9,7 +9,9 @@ every shape (from step 0 and a resumed step) and of ppo_llama8b with vLLM engine
   the readers of the version before, on the same device;
 * ``order_streams``: each device's share of a generate op after its share before;
 * ``order_collectives``: the members of a gang wait for the same calls, and on every device
-  each gang waits for the one before it there: one order of gangs on every device;
+  each gang waits for the one before it there: one order of gangs on every device, the
+  placed graph's (``Placed.collective_order``: :func:`verify_one_order`, no rank of two
+  gangs sharing devices meets them in two orders);
 * ``order_pushes``: an engine's receive on a sending device after that send;
 * ``settle``: each ordering edge once, none to the call itself.
 
@@ -29,7 +31,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from rpeg.errors import PlanError
-from rpeg.graph.order import topological
+from rpeg.graph.order import Cycle, topological
 from rpeg.runtime.lowering import ordering as O
 from rpeg.runtime.lowering.instances import build_calls, lay_out, placed_for
 from rpeg.runtime.lowering.joins import JOIN
@@ -49,7 +51,7 @@ def _cases():
 
 
 GOLDEN, CASES = _cases()
-DIGEST = "f35a6b29557b5ec6bdea2e7e035ed3d0692aa200dbeb7b5a5818f5eac263a638"
+DIGEST = "3712649bc35828bbf47b211872d301936397163b85e9d4a252c5ca777beb5f82"
 
 
 def test_the_lowerings_calls_are_the_golden_ones():
@@ -98,7 +100,47 @@ def verify_streams(calls, ctx) -> None:
             assert before is None or before in c.after, c.id
 
 
+def _topo(calls) -> tuple[str, ...]:
+    """Call ids in a dependency order (ties: the earlier call), or a PlanError on a cycle."""
+    table = {c.id: c for c in calls}
+    try:
+        return topological(list(table), lambda i: table[i].deps + table[i].after)
+    except Cycle as e:
+        raise PlanError(f"a dependency cycle among {e.stuck[:3]}") from None
+
+
+def verify_one_order(calls, ctx) -> None:
+    """No two ranks wait on each other in their collectives: on every device each gang's
+    members there run after a member there of the gang before it (happens-before over the
+    calls' deps and after, through joins), the gangs in the device's share of the placed
+    graph's one order (``Placed.collective_order``, a total order of the gangs), so two
+    gangs sharing devices meet in the same order on all of them."""
+    index = {c.id: n for n, c in enumerate(calls)}
+    table = {c.id: c for c in calls}
+    below: dict[str, int] = {}                  # call -> its ancestors, as a bit set
+    for cid in _topo(calls):
+        m = 0
+        for d in table[cid].deps + table[cid].after:
+            m |= below[d] | 1 << index[d]
+        below[cid] = m
+    gangs = O.gangs_of(calls)
+    place = ctx.collective_order({c.instance for c in calls if c.role in O.TRANSFER_ROLES})
+    rank = {k: (place[calls[at[0]].instance], O._ROLE_ORDER[k[3]]) for k, at in gangs.items()}
+    assert len(set(rank.values())) == len(rank)           # a total order of the gangs
+    on: dict[int, dict[tuple, list]] = defaultdict(dict)  # device -> gang -> its members
+    for key, at in gangs.items():
+        assert len({calls[i].instance for i in at}) == 1, key
+        for i in at:
+            on[calls[i].device].setdefault(key, []).append(calls[i])
+    for dev, here in on.items():
+        keys = sorted(here, key=rank.get)
+        for a, b in zip(keys, keys[1:], strict=False):
+            for c in here[b]:
+                assert any(below[c.id] >> index[m.id] & 1 for m in here[a]), (dev, a, c.id)
+
+
 def verify_collectives(calls, ctx) -> None:
+    verify_one_order(calls, ctx)
     table = {c.id: c for c in calls}
 
     def waits(c) -> set:                # what a call waits for, through its gang's join
@@ -112,7 +154,7 @@ def verify_collectives(calls, ctx) -> None:
     for at in gangs.values():
         own = {calls[i].id for i in at}
         assert len({frozenset(waits(calls[i]) - own) for i in at}) == 1, sorted(own)
-    place = {cid: n for n, cid in enumerate(O._topo(calls))}
+    place = {cid: n for n, cid in enumerate(_topo(calls))}
     on: dict[int, dict[tuple, list]] = defaultdict(dict)  # device -> gang -> its members
     for key, at in gangs.items():
         for i in at:
@@ -170,6 +212,19 @@ def test_each_pass_establishes_its_property(case, first):
     except PlanError:
         pytest.skip("a shape this pipeline refuses")
     assert calls == build_calls(pipeline, make(), GOLDEN.STEPS, first=first)
+
+
+@pytest.mark.parametrize("first", [0, GOLDEN.RESUMED])
+@pytest.mark.parametrize("case", range(len(CASES)), ids=[t for t, _, _ in CASES])
+def test_every_device_meets_its_collectives_in_the_one_order(case, first):
+    """The calls a run takes (every pass done): on every device its gangs in its share of
+    the placed graph's one order of collectives, each after the one before it there."""
+    _, pipeline, make = CASES[case]
+    try:
+        calls, ctx = lay_out(pipeline, make(), GOLDEN.STEPS, first=first)
+    except PlanError:
+        pytest.skip("a shape this pipeline refuses")
+    verify_one_order(O.ordered(calls, ctx), ctx)
 
 
 def test_each_verifier_rejects_calls_without_its_pass():

@@ -31,7 +31,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from rpeg.errors import PlanError
-from rpeg.graph.order import Cycle, topological
+from rpeg.graph.order import topological
 from rpeg.runtime.lowering import ordering as O
 from rpeg.runtime.lowering.instances import build_calls, lay_out, placed_for
 from rpeg.runtime.lowering.joins import JOIN
@@ -100,15 +100,6 @@ def verify_streams(calls, ctx) -> None:
             assert before is None or before in c.after, c.id
 
 
-def _topo(calls) -> tuple[str, ...]:
-    """Call ids in a dependency order (ties: the earlier call), or a PlanError on a cycle."""
-    table = {c.id: c for c in calls}
-    try:
-        return topological(list(table), lambda i: table[i].deps + table[i].after)
-    except Cycle as e:
-        raise PlanError(f"a dependency cycle among {e.stuck[:3]}") from None
-
-
 def verify_one_order(calls, ctx) -> None:
     """No two ranks wait on each other in their collectives: on every device each gang's
     members there run after a member there of the gang before it (happens-before over the
@@ -118,7 +109,7 @@ def verify_one_order(calls, ctx) -> None:
     index = {c.id: n for n, c in enumerate(calls)}
     table = {c.id: c for c in calls}
     below: dict[str, int] = {}                  # call -> its ancestors, as a bit set
-    for cid in _topo(calls):
+    for cid in O._topo(calls):
         m = 0
         for d in table[cid].deps + table[cid].after:
             m |= below[d] | 1 << index[d]
@@ -154,7 +145,7 @@ def verify_collectives(calls, ctx) -> None:
     for at in gangs.values():
         own = {calls[i].id for i in at}
         assert len({frozenset(waits(calls[i]) - own) for i in at}) == 1, sorted(own)
-    place = {cid: n for n, cid in enumerate(_topo(calls))}
+    place = {cid: n for n, cid in enumerate(O._topo(calls))}
     on: dict[int, dict[tuple, list]] = defaultdict(dict)  # device -> gang -> its members
     for key, at in gangs.items():
         for i in at:

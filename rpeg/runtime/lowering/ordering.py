@@ -46,6 +46,7 @@ from rpeg.cost.engine_sync import sync_refusal
 from rpeg.errors import PlanError
 from rpeg.graph import DepKind, Instance, Unrolled
 from rpeg.graph.ids import OpId
+from rpeg.graph.order import Cycle, topological
 from rpeg.graph.unroll import CARRY, STREAM
 from rpeg.plan.lower import Placed, transfer_of
 from rpeg.runtime.lowering.calls import OpCall, ranks_together
@@ -407,7 +408,9 @@ def order_collectives(calls: Calls, ctx: Ordering) -> Calls:
             more[c.id] += before
         for c in ranks:
             last_on[c.device] = c.id
-    return tuple(_after(c, more.get(c.id, ())) for c in out)
+    out = [_after(c, more.get(c.id, ())) for c in out]
+    _topo(out)          # an order the calls' own edges contradict: a cycle, refused here
+    return tuple(out)
 
 
 TRANSFER_ROLES = (EXPORT, LOAD, SEND, RECV)      # the calls of a weight transfer
@@ -446,3 +449,12 @@ def ordered(calls: Calls, ctx: Ordering) -> Calls:
         calls = run(calls, ctx)
     return calls
 
+
+def _topo(calls) -> tuple[str, ...]:
+    """Call ids in a dependency order; ties go to the earlier call in ``calls``."""
+    table = {c.id: c for c in calls}
+    try:
+        return topological(list(table), lambda i: table[i].deps + table[i].after)
+    except Cycle as e:
+        raise PlanError(f"the op calls must have no dependency cycle, and {e.stuck[:3]} "
+                        "are in one") from None

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import attrs
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from rpeg.errors import PlanError
@@ -37,7 +37,7 @@ from rpeg.runtime.lowering.instances import build_calls, lay_out, placed_for
 from rpeg.runtime.lowering.joins import JOIN
 from rpeg.runtime.lowering.replicas import RECV, SEND, base_of
 from rpeg.runtime.placement import split_plan
-from rpeg.spec.model import OpKind
+from rpeg.spec.model import Engine, OpKind
 
 HERE = Path(__file__).resolve().parent
 
@@ -246,6 +246,24 @@ def test_any_split_plan_passes_every_verifier(name, devices, dp, chunks, stalene
     plan = split_plan(pipeline, devices, dp=min(dp, devices), chunks=chunks,
                       staleness=staleness, share=share and bool(pipeline.shares))
     _verified(pipeline, plan, max(steps, first + 1), first)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(name=st.sampled_from(["tiny_ppo", "tiny_grpo"]), apart=st.booleans(),
+       devices=st.sampled_from([2, 4]), zero=st.sampled_from([0, 2, 3]),
+       vllm=st.booleans(), steps=st.integers(2, 6), first=st.integers(0, 2))
+def test_any_engine_plan_passes_every_verifier(name, apart, devices, zero, vllm, steps,
+                                               first):
+    """Plans with weight transfers and pushes into vLLM engines (beside the trainers or on
+    devices of their own): every verifier, the one order of collectives among them."""
+    pipeline = GOLDEN.load(GOLDEN.PIPELINES / f"{name}.rpeg")
+    plan = GOLDEN.disaggregated(pipeline, devices, zero=zero) if apart else \
+        GOLDEN.colocated(pipeline, devices, zero=zero,
+                         engine=Engine.VLLM if vllm else Engine.TORCH)
+    try:
+        _verified(pipeline, plan, max(steps, first + 1), first)
+    except PlanError:
+        assume(False)                      # a shape the runtime refuses
 
 
 @pytest.mark.parametrize("case", range(len(CASES)), ids=[t for t, _, _ in CASES])

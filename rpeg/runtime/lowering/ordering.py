@@ -82,6 +82,7 @@ class Ordering:
     steady: int = -1         # a step from which on those edges are the step before's, shifted
     placed: Placed | None = None   # the placed graph (its one order of collectives)
     steps: int = 0           # the run's steps: first..steps - 1
+    edges: Unrolled | None = None   # the placed graph's edges the lowering unrolled
 
     @classmethod
     def of(cls, placed: Placed, first: int = 0, edges: Unrolled | None = None,
@@ -101,7 +102,7 @@ class Ordering:
         steady = first + _settled(placed.graph) if n < steps - first else -1
         return cls({t.model: t for t in placed.transfers}, first, dict(placed.engine_syncs),
                    streams, versions, readers, _rewrites(placed, edges, first), steady,
-                   placed, steps)
+                   placed, steps, edges)
 
     def collective_order(self, transfers) -> dict[Instance, int]:
         """Instance (by the run's steps) -> its place in the placed graph's one order of
@@ -109,7 +110,9 @@ class Ordering:
         <rpeg.plan.lower.Placed.collective_order>`), ``transfers`` the instances of the
         weight transfers that run."""
         assert self.placed is not None, "the order of collectives is the placed graph's"
-        u = self.placed.edges(self.steps - self.first)
+        n = self.steps - self.first
+        u = self.edges if self.edges is not None and self.edges.steps == n \
+            else self.placed.edges(n)            # those unrolled where they are the run's
         order = self.placed.collective_order(
             u, [Instance(i.op, i.step - self.first, i.chunk) for i in transfers])
         return {_at(i, self.first): n for n, i in enumerate(order)}

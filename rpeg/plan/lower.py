@@ -90,16 +90,17 @@ gangs (a train op's ranks, a tensor-parallel block, a transfer's exports and loa
 push's sends and receives) in the order of one topological order of the run's instances
 over :meth:`Placed.edges`, :meth:`Placed.transfer_edges` and :meth:`Placed.rewrite_edges`
 (the transfers that run alone), ties by one key: (step, the op's place in
-:attr:`Placed.op_order`, chunk) -- the graph's op order, each transfer's op (where the graph
-has no weight sync of that name) just after its trainer (pass 8, ``collectives``) -- and, of one instance, a transfer's exports and
-loads before its pushes. A device's order is its share of that one order, so the ranks of
-every gang meet their collectives in the same relative order on all their devices
+:attr:`Placed.op_order`, chunk) -- the graph's op order, each transfer's op (where the
+graph has no weight sync of that name) just after its trainer (pass 8, ``collectives``)
+-- and, of one instance, a transfer's exports and loads before its pushes. A device's
+order is its share of that one order, so the ranks of every gang meet their collectives
+in the same relative order on all their devices
 (``rpeg.runtime.lowering.ordering.order_collectives`` chains each device's gangs by it).
-Which versions a run transfers is the run's (those its calls read past its
-first step). The packing of calls into tasks: one :class:`rpeg.plan.packing.Packer` both
-sides pack by (a join's task placed by one rule, :meth:`~rpeg.plan.packing.Packer.join`),
-which the runtime feeds with its calls and the cost model with its own unrolling
-(``rpeg.plan.tasks``, whose module doc lists what the two feeds still differ in).
+Which versions a run transfers is the run's (those its calls read past its first step). The
+packing of calls into tasks: one :class:`rpeg.plan.packing.Packer` both sides pack by (a
+join's task placed by one rule, :meth:`~rpeg.plan.packing.Packer.join`), which the runtime
+feeds with its calls and the cost model with its own unrolling (``rpeg.plan.tasks``, whose
+module doc lists what the two feeds still differ in).
 """
 
 from __future__ import annotations

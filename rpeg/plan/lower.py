@@ -40,7 +40,9 @@ what the simulator prices ends there (:data:`PRICED`); the runtime also reads
 7. ``fills``: each transfer's sending devices and the copies it fills, on which devices
    (:attr:`Transfer.fills`: loaded, or pushed into a vLLM engine's own), from which the
    runtime adds its export/load and send/receive calls for every version its calls read
-   (``rpeg.runtime.lowering.ordering.add_syncs``).
+   (``rpeg.runtime.lowering.ordering.add_syncs``);
+8. ``collectives``: the op order that breaks ties in the one order of collectives
+   (:attr:`Placed.op_order`, :meth:`Placed.collective_order`, below).
 
     >>> placed.reads_of("rollout")     # engines on 0-3, the actor on 4-7   # doctest: +SKIP
     {0: 'actor~vllm', 1: 'actor~vllm', 2: 'actor~vllm', 3: 'actor~vllm'}
@@ -83,33 +85,35 @@ A copy's writer comes after the writer of its version before (:meth:`Placed.rewr
 a copy has one writer op, its trainer or its model's transfers, so that op's step before);
 the runtime orders each device's writes of a copy by them.
 
-Not here yet: the one order of collectives. The runtime orders its gangs (a train op's
-ranks, a tensor-parallel block, a transfer's exports and loads, a push) by a topological
-order of its calls, device by device (``rpeg.runtime.lowering.ordering.order_collectives``;
-the tests check it realises :meth:`Placed.edges`). An order of the placed graph's
-instances over :meth:`Placed.edges`, :meth:`Placed.transfer_edges` and
-:meth:`Placed.rewrite_edges` (the transfers that run, ties by step, op and chunk, the
-transfers last) is another valid order, not the same: the calls break ties by their place
-in the runtime's list, where a large gang's join and a push come last of all, so the gang
-order on some device differs in 8 of the 72 lowerings ``tests/runtime/lowering_calls.py``
-covers (a push before or after the critic's step), and taking it changes the calls the
-runtime runs. Which versions a run transfers is the run's (those its calls read past its
-first step). The packing of calls into tasks: one :class:`rpeg.plan.packing.Packer` both
-sides pack by (a join's task placed by one rule, :meth:`~rpeg.plan.packing.Packer.join`),
-which the runtime feeds with its calls and the cost model with its own unrolling
-(``rpeg.plan.tasks``, whose module doc lists what the two feeds still differ in).
+The one order of collectives (:meth:`Placed.collective_order`): every device runs its
+gangs (a train op's ranks, a tensor-parallel block, a transfer's exports and loads, a
+push's sends and receives) in the order of one topological order of the run's instances
+over :meth:`Placed.edges`, :meth:`Placed.transfer_edges` and :meth:`Placed.rewrite_edges`
+(the transfers that run alone), ties by one key: (step, the op's place in
+:attr:`Placed.op_order`, chunk) -- the graph's op order, each transfer's op (where the
+graph has no weight sync of that name) just after its trainer (pass 8, ``collectives``)
+-- and, of one instance, a transfer's exports and loads before its pushes. A device's
+order is its share of that one order, so the ranks of every gang meet their collectives
+in the same relative order on all their devices
+(``rpeg.runtime.lowering.ordering.order_collectives`` chains each device's gangs by it).
+Which versions a run transfers is the run's (those its calls read past its first step). The
+packing of calls into tasks: one :class:`rpeg.plan.packing.Packer` both sides pack by (a
+join's task placed by one rule, :meth:`~rpeg.plan.packing.Packer.join`), which the runtime
+feeds with its calls and the cost model with its own unrolling (``rpeg.plan.tasks``, whose
+module doc lists what the two feeds still differ in).
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 import attrs
 
 from rpeg.cost.engine_sync import SyncLayout, engine_sync_layout, sync_senders
 from rpeg.graph import Dep, DepKind, Graph, Instance, Unrolled, unroll
 from rpeg.graph.ids import ReplicaKey
+from rpeg.graph.order import topological
 from rpeg.graph.versions import read_version
 from rpeg.plan.copies import copies
 from rpeg.plan.oplayout import (
@@ -182,6 +186,9 @@ class Placed:
     reads: tuple[tuple[str, tuple[tuple[int, ReplicaKey], ...]], ...] = ()
     replicas: tuple[Resident, ...] = ()                    # every copy, by key and device
     transfers: tuple[Transfer, ...] = ()                   # a trained model's, graph order
+    # the ops by which ties in the order of collectives go: the graph's op order, each
+    # transfer's op just after its trainer (collective_order)
+    op_order: tuple[str, ...] = ()
 
     def layout(self, op: str) -> OpLayout:
         return dict(self.layouts)[op]
@@ -251,6 +258,22 @@ class Placed:
                 out += [Dep(Instance(op, i.step - 1), Instance(op, i.step), DepKind.ORDER,
                             t.model) for op in (t.trainer, t.op)]
         return tuple(out)
+
+    def collective_order(self, u: Unrolled, transfers: Iterable[Instance] = ()
+                         ) -> tuple[Instance, ...]:
+        """The one order of collectives (see the module doc): the instances of ``u`` (this
+        graph's :meth:`edges`) and the weight transfers that run (``transfers``: instances of
+        :attr:`Transfer.op`, those whose calls a run has) in one topological order over
+        :meth:`edges`, :meth:`transfer_edges` and :meth:`rewrite_edges`, ties by (step, the
+        op's place in :attr:`op_order`, chunk). Each device runs its gangs in its share of
+        it: one order on every device, so no two ranks of two gangs wait on each other."""
+        nodes = tuple(dict.fromkeys((*u.instances, *transfers)))
+        into: dict[Instance, list[Instance]] = defaultdict(list)
+        for d in (*u.deps, *self.transfer_edges(u), *self.rewrite_edges(u)):
+            into[d.dst].append(d.src)        # edges from an instance not in nodes: ignored
+        place = {op: n for n, op in enumerate(self.op_order)}
+        return topological(nodes, lambda i: into.get(i, ()),
+                           key=lambda i: (i.step, place[i.op], i.chunk))
 
     def by_round(self) -> Placed:
         """This placed graph with a generate op's chunks of a round (one on each of its
@@ -411,6 +434,16 @@ def fills(p: Placed, placement_of: Placing) -> Placed:
     return attrs.evolve(p, transfers=tuple(out))
 
 
+def collectives(p: Placed, placement_of: Placing) -> Placed:
+    """The op order by which ties in the one order of collectives go
+    (:meth:`Placed.collective_order`): the graph's op order, each transfer's op (one not
+    the graph's already) just after its trainer."""
+    ops = p.graph.topo_order()
+    by = {t.trainer: t.op for t in p.transfers if t.op not in ops}   # else the graph's place
+    return attrs.evolve(p, op_order=tuple(x for op in ops for x in (op, by.get(op))
+                                          if x is not None))
+
+
 def _gathers(p: Placed, writer, reader) -> bool:
     """Whether ``reader`` runs on its trainer ``writer``'s ZeRO-3 shards, on every rank
     (its layout, :func:`~rpeg.plan.oplayout.gathers_in_place`)."""
@@ -419,9 +452,9 @@ def _gathers(p: Placed, writer, reader) -> bool:
 
 
 # what the simulator prices (rpeg.plan.evaluate.Evaluator.placed), then what the runtime
-# alone reads: its replicas and what its transfers fill
+# alone reads: its replicas, what its transfers fill and its order of collectives
 PRICED = (chunks, layouts, engine_syncs, streams, transfers)
-PASSES = PRICED + (replicas, fills)
+PASSES = PRICED + (replicas, fills, collectives)
 
 
 def lower(graph: Graph, plan, responses: int, placement_of: Placing | None = None, *,
@@ -439,5 +472,6 @@ def lower(graph: Graph, plan, responses: int, placement_of: Placing | None = Non
     return p
 
 
-__all__ = ["PASSES", "PRICED", "Placed", "Resident", "Transfer", "chunks", "engine_syncs",
-           "fills", "layouts", "lower", "replicas", "streams", "transfer_of", "transfers"]
+__all__ = ["PASSES", "PRICED", "Placed", "Resident", "Transfer", "chunks", "collectives",
+           "engine_syncs", "fills", "layouts", "lower", "replicas", "streams", "transfer_of",
+           "transfers"]

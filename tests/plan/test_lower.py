@@ -242,10 +242,35 @@ def _verify_fills(p: Placed, plan) -> None:
         assert {d for key, d in t.fills if key.engine} == hosts
 
 
+def _verify_collectives(p: Placed, plan) -> None:
+    # the graph's op order, each transfer's op not the graph's just after its trainer
+    ops = p.graph.topo_order()
+    assert [o for o in p.op_order if o in ops] == list(ops)
+    for t in p.transfers:
+        if t.op not in ops:
+            assert p.op_order[p.op_order.index(t.trainer) + 1] == t.op
+    assert len(p.op_order) == len(set(p.op_order)) == len(set(ops) | {t.op for t in p.transfers})
+    # the one order of collectives: every instance and transfer once, after every edge's
+    # source, and of those ready, the least (step, op order, chunk) next
+    u = p.edges(3)
+    moved = [Instance(t.op, s) for t in p.transfers for s in range(2)]
+    order = p.collective_order(u, moved)
+    assert set(order) == set(u.instances) | set(moved) and len(order) == len(set(order))
+    into: dict = {}
+    for d in (*u.deps, *p.transfer_edges(u), *p.rewrite_edges(u)):
+        into.setdefault(d.dst, set()).add(d.src)
+    place = {i: n for n, i in enumerate(order)}
+    key = {op: n for n, op in enumerate(p.op_order)}
+    for n, i in enumerate(order):
+        assert all(place[s] < n for s in into.get(i, ()) if s in place), i
+        ready = [j for j in order[n:] if all(place[s] < n for s in into.get(j, ()) if s in place)]
+        assert min(ready, key=lambda j: (j.step, key[j.op], j.chunk)) == i
+
+
 VERIFY = {"chunks": _verify_chunks, "layouts": _verify_layouts,
           "engine_syncs": _verify_engine_syncs, "streams": _verify_streams,
           "transfers": _verify_transfers, "replicas": _verify_replicas,
-          "fills": _verify_fills}
+          "fills": _verify_fills, "collectives": _verify_collectives}
 
 
 @pytest.mark.parametrize("name", sorted(PLANS))
@@ -283,7 +308,7 @@ def test_a_caller_lowers_only_as_far_as_it_reads():
     assert first.engine_syncs == () and whole.engine_syncs
     # the simulator's: all it prices, without the runtime's replicas
     priced = lower(graph, plan, 512, passes=PRICED)
-    assert attrs.evolve(whole, reads=(), replicas=(), transfers=tuple(
+    assert attrs.evolve(whole, reads=(), replicas=(), op_order=(), transfers=tuple(
         attrs.evolve(t, sources=(), fills=()) for t in whole.transfers)) == priced
     assert priced.replicas == () and whole.replicas
 

@@ -9,7 +9,9 @@ every shape (from step 0 and a resumed step) and of ppo_llama8b with vLLM engine
   the readers of the version before, on the same device;
 * ``order_streams``: each device's share of a generate op after its share before;
 * ``order_collectives``: the members of a gang wait for the same calls, and on every device
-  each gang waits for the one before it there: one order of gangs on every device;
+  each gang waits for the one before it there: one order of gangs on every device, the
+  placed graph's (``Placed.collective_order``: :func:`verify_one_order`, no rank of two
+  gangs sharing devices meets them in two orders);
 * ``order_pushes``: an engine's receive on a sending device after that send;
 * ``settle``: each ordering edge once, none to the call itself.
 
@@ -25,7 +27,7 @@ from pathlib import Path
 
 import attrs
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from rpeg.errors import PlanError
@@ -35,7 +37,7 @@ from rpeg.runtime.lowering.instances import build_calls, lay_out, placed_for
 from rpeg.runtime.lowering.joins import JOIN
 from rpeg.runtime.lowering.replicas import RECV, SEND, base_of
 from rpeg.runtime.placement import split_plan
-from rpeg.spec.model import OpKind
+from rpeg.spec.model import Engine, OpKind
 
 HERE = Path(__file__).resolve().parent
 
@@ -49,7 +51,7 @@ def _cases():
 
 
 GOLDEN, CASES = _cases()
-DIGEST = "f35a6b29557b5ec6bdea2e7e035ed3d0692aa200dbeb7b5a5818f5eac263a638"
+DIGEST = "3712649bc35828bbf47b211872d301936397163b85e9d4a252c5ca777beb5f82"
 
 
 def test_the_lowerings_calls_are_the_golden_ones():
@@ -98,7 +100,38 @@ def verify_streams(calls, ctx) -> None:
             assert before is None or before in c.after, c.id
 
 
+def verify_one_order(calls, ctx) -> None:
+    """No two ranks wait on each other in their collectives: on every device each gang's
+    members there run after a member there of the gang before it (happens-before over the
+    calls' deps and after, through joins), the gangs in the device's share of the placed
+    graph's one order (``Placed.collective_order``, a total order of the gangs), so two
+    gangs sharing devices meet in the same order on all of them."""
+    index = {c.id: n for n, c in enumerate(calls)}
+    table = {c.id: c for c in calls}
+    below: dict[str, int] = {}                  # call -> its ancestors, as a bit set
+    for cid in O._topo(calls):
+        m = 0
+        for d in table[cid].deps + table[cid].after:
+            m |= below[d] | 1 << index[d]
+        below[cid] = m
+    gangs = O.gangs_of(calls)
+    place = ctx.collective_order({c.instance for c in calls if c.role in O.TRANSFER_ROLES})
+    rank = {k: (place[calls[at[0]].instance], O._ROLE_ORDER[k[3]]) for k, at in gangs.items()}
+    assert len(set(rank.values())) == len(rank)           # a total order of the gangs
+    on: dict[int, dict[tuple, list]] = defaultdict(dict)  # device -> gang -> its members
+    for key, at in gangs.items():
+        assert len({calls[i].instance for i in at}) == 1, key
+        for i in at:
+            on[calls[i].device].setdefault(key, []).append(calls[i])
+    for dev, here in on.items():
+        keys = sorted(here, key=rank.get)
+        for a, b in zip(keys, keys[1:], strict=False):
+            for c in here[b]:
+                assert any(below[c.id] >> index[m.id] & 1 for m in here[a]), (dev, a, c.id)
+
+
 def verify_collectives(calls, ctx) -> None:
+    verify_one_order(calls, ctx)
     table = {c.id: c for c in calls}
 
     def waits(c) -> set:                # what a call waits for, through its gang's join
@@ -172,6 +205,19 @@ def test_each_pass_establishes_its_property(case, first):
     assert calls == build_calls(pipeline, make(), GOLDEN.STEPS, first=first)
 
 
+@pytest.mark.parametrize("first", [0, GOLDEN.RESUMED])
+@pytest.mark.parametrize("case", range(len(CASES)), ids=[t for t, _, _ in CASES])
+def test_every_device_meets_its_collectives_in_the_one_order(case, first):
+    """The calls a run takes (every pass done): on every device its gangs in its share of
+    the placed graph's one order of collectives, each after the one before it there."""
+    _, pipeline, make = CASES[case]
+    try:
+        calls, ctx = lay_out(pipeline, make(), GOLDEN.STEPS, first=first)
+    except PlanError:
+        pytest.skip("a shape this pipeline refuses")
+    verify_one_order(O.ordered(calls, ctx), ctx)
+
+
 def test_each_verifier_rejects_calls_without_its_pass():
     """The verifiers can fail: each rejects its pass's input in some case (the property does
     not hold before the pass)."""
@@ -200,6 +246,24 @@ def test_any_split_plan_passes_every_verifier(name, devices, dp, chunks, stalene
     plan = split_plan(pipeline, devices, dp=min(dp, devices), chunks=chunks,
                       staleness=staleness, share=share and bool(pipeline.shares))
     _verified(pipeline, plan, max(steps, first + 1), first)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(name=st.sampled_from(["tiny_ppo", "tiny_grpo"]), apart=st.booleans(),
+       devices=st.sampled_from([2, 4]), zero=st.sampled_from([0, 2, 3]),
+       vllm=st.booleans(), steps=st.integers(2, 6), first=st.integers(0, 2))
+def test_any_engine_plan_passes_every_verifier(name, apart, devices, zero, vllm, steps,
+                                               first):
+    """Plans with weight transfers and pushes into vLLM engines (beside the trainers or on
+    devices of their own): every verifier, the one order of collectives among them."""
+    pipeline = GOLDEN.load(GOLDEN.PIPELINES / f"{name}.rpeg")
+    plan = GOLDEN.disaggregated(pipeline, devices, zero=zero) if apart else \
+        GOLDEN.colocated(pipeline, devices, zero=zero,
+                         engine=Engine.VLLM if vllm else Engine.TORCH)
+    try:
+        _verified(pipeline, plan, max(steps, first + 1), first)
+    except PlanError:
+        assume(False)                      # a shape the runtime refuses
 
 
 @pytest.mark.parametrize("case", range(len(CASES)), ids=[t for t, _, _ in CASES])

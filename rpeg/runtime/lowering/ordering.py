@@ -24,7 +24,8 @@ what keeps a run exact added, in one ordered list (``PASSES``).
   (``Placed.rewrite_edges``);
 * ``order_streams``: each device's chunks of a generate op in order (the placed graph's
   stream and carry edges, ``rpeg.plan.lower.Placed.edges``);
-* ``order_collectives``: one global order of the gangs on every device;
+* ``order_collectives``: one order of the gangs on every device, the placed graph's
+  (``Placed.collective_order``);
 * ``order_pushes``: an engine on a sending device is loaded by that send, in process, and
   its receive comes after it;
 * ``settle``: each call's ordering edges once each, none to itself.
@@ -79,6 +80,9 @@ class Ordering:
     before: dict = attrs.Factory(dict)    # writer instance -> the writer of its copy's version
                                           # before (the same op's step before)
     steady: int = -1         # a step from which on those edges are the step before's, shifted
+    placed: Placed | None = None   # the placed graph (its one order of collectives)
+    steps: int = 0           # the run's steps: first..steps - 1
+    edges: Unrolled | None = None   # the placed graph's edges the lowering unrolled
 
     @classmethod
     def of(cls, placed: Placed, first: int = 0, edges: Unrolled | None = None,
@@ -97,7 +101,21 @@ class Ordering:
         assert edges.steps >= n, "the version edges of the steps unrolled, at least"
         steady = first + _settled(placed.graph) if n < steps - first else -1
         return cls({t.model: t for t in placed.transfers}, first, dict(placed.engine_syncs),
-                   streams, versions, readers, _rewrites(placed, edges, first), steady)
+                   streams, versions, readers, _rewrites(placed, edges, first), steady,
+                   placed, steps, edges)
+
+    def collective_order(self, transfers) -> dict[Instance, int]:
+        """Instance (by the run's steps) -> its place in the placed graph's one order of
+        collectives over the run's steps (:meth:`Placed.collective_order
+        <rpeg.plan.lower.Placed.collective_order>`), ``transfers`` the instances of the
+        weight transfers that run."""
+        assert self.placed is not None, "the order of collectives is the placed graph's"
+        n = self.steps - self.first
+        u = self.edges if self.edges is not None and self.edges.steps == n \
+            else self.placed.edges(n)            # those unrolled where they are the run's
+        order = self.placed.collective_order(
+            u, [Instance(i.op, i.step - self.first, i.chunk) for i in transfers])
+        return {_at(i, self.first): n for n, i in enumerate(order)}
 
     def versions_of(self, i: Instance) -> tuple[Instance, ...]:
         """The instances that may make the version instance ``i`` reads."""
@@ -353,10 +371,13 @@ def gangs_of(calls: Calls) -> dict[tuple, list[int]]:
 
 def order_collectives(calls: Calls, ctx: Ordering) -> Calls:
     """Calls that run collectives together form a gang (:func:`gangs_of`). Each gang waits
-    for the union of its members' dependencies, and on every device gangs run in one global
-    order (a topological order of all calls), so gloo/NCCL collectives never interleave
-    differently on two ranks. A large gang waits through one join call instead of copying
-    all that into every member (``rpeg.runtime.lowering.joins``); the joins come last."""
+    for the union of its members' dependencies, and on every device gangs run in the placed
+    graph's one order of collectives (:meth:`Placed.collective_order
+    <rpeg.plan.lower.Placed.collective_order>`: a topological order of its instances, ties
+    by step, op and chunk; of one instance, a transfer's exports and loads before its
+    pushes), so gloo/NCCL collectives never interleave differently on two ranks. A large
+    gang waits through one join call instead of copying all that into every member
+    (``rpeg.runtime.lowering.joins``)."""
     gangs = gangs_of(calls)
     if not gangs:
         return calls
@@ -376,11 +397,12 @@ def order_collectives(calls: Calls, ctx: Ordering) -> Calls:
         for i, r in zip(at, ranks, strict=True):
             out[i] = r
     out += joins.values()
-    gang_of = {out[i].id: k for k, at in gangs.items() for i in at}
-    order = list(dict.fromkeys(gang_of[cid] for cid in _topo(out) if cid in gang_of))
+    place = ctx.collective_order({c.instance for c in calls if c.role in TRANSFER_ROLES})
+    order = sorted(gangs, key=lambda k: (place[calls[gangs[k][0]].instance],
+                                         _ROLE_ORDER[k[3]]))
     last_on: dict[int, str] = {}
     more: dict[str, list[str]] = defaultdict(list)
-    for key in order:                        # gangs by their first member's place in the order
+    for key in order:
         ranks = [out[i] for i in gangs[key]]
         # every member waits for the previous gang on each member's device: a rank that
         # starts never blocks in a collective whose partner still waits for other work
@@ -389,7 +411,15 @@ def order_collectives(calls: Calls, ctx: Ordering) -> Calls:
             more[c.id] += before
         for c in ranks:
             last_on[c.device] = c.id
-    return tuple(_after(c, more.get(c.id, ())) for c in out)
+    out = [_after(c, more.get(c.id, ())) for c in out]
+    _topo(out)          # an order the calls' own edges contradict: a cycle, refused here
+    return tuple(out)
+
+
+TRANSFER_ROLES = (EXPORT, LOAD, SEND, RECV)      # the calls of a weight transfer
+# the gangs of one instance, in order: an op's ranks, a transfer's exports and loads, then
+# its pushes (gangs_of's roles)
+_ROLE_ORDER = {"": 0, "sync": 1, "push": 2}
 
 
 def order_pushes(calls: Calls, ctx: Ordering) -> Calls:
@@ -423,7 +453,7 @@ def ordered(calls: Calls, ctx: Ordering) -> Calls:
     return calls
 
 
-def _topo(calls: Calls) -> tuple[str, ...]:
+def _topo(calls) -> tuple[str, ...]:
     """Call ids in a dependency order; ties go to the earlier call in ``calls``."""
     table = {c.id: c for c in calls}
     try:

@@ -57,14 +57,22 @@ def tp_blocks(devices, tp: int) -> tuple[tuple[int, ...], ...]:
         >>> tp_blocks((4, 5, 6, 7), 2), tp_blocks((0, 1), 1)
         (((4, 5), (6, 7)), ((0,), (1,)))
     """
-    tp = max(tp, 1)
-    devices = tuple(devices)
+    return _tp_blocks(tuple(devices), max(tp, 1))
+
+
+@functools.lru_cache(maxsize=4096)      # layouts repeat across proposals
+def _tp_blocks(devices: tuple[int, ...], tp: int) -> tuple[tuple[int, ...], ...]:
     return tuple(devices[i:i + tp] for i in range(0, len(devices), tp))
 
 
 def engine_hosts_of(dst) -> tuple[int, ...]:
     """The devices hosting a generate placement's vLLM engines: each block's first."""
-    return tuple(b[0] for b in tp_blocks(dst.devices, dst.tp))
+    return _hosts(tuple(dst.devices), max(dst.tp, 1))
+
+
+@functools.lru_cache(maxsize=4096)
+def _hosts(devices: tuple[int, ...], tp: int) -> tuple[int, ...]:
+    return devices[::tp]
 
 
 def serves_copy(src, dst, device: int) -> bool:
@@ -94,7 +102,13 @@ def _set(devices: tuple[int, ...]) -> frozenset[int]:
 def engine_copy(src, dst) -> bool:
     """Whether any vLLM engine of generate placement ``dst`` serves a copy of its own that
     the trainer (``src``) sends each version to (:func:`serves_copy`, over its hosts)."""
-    return any(serves_copy(src, dst, d) for d in engine_hosts_of(dst))
+    if dst.engine is not Engine.VLLM or not dst.devices:
+        return False
+    if not (dst.tp == 1 and src is not None and src.tp == 1 and src.pp == 1
+            and src.zero.replicated):
+        return True                          # every engine serves a copy
+    # at tp 1 each device hosts an engine: one off the trainer's devices serves a copy
+    return not _set(tuple(dst.devices)) <= _set(tuple(src.devices))
 
 
 @attrs.frozen
@@ -126,8 +140,8 @@ def sync_layout(senders, blocks) -> SyncLayout:
     which their host loads in process (one process group never holds two ranks on one
     device: NCCL refuses it). :func:`sync_refusal` says when a plan cannot be laid so."""
     near = set(senders)
-    local = tuple(tuple(b) for b in blocks if near & set(b))
-    group = tuple(tuple(b) for b in blocks if not near & set(b))
+    local = tuple(tuple(b) for b in blocks if not near.isdisjoint(b))
+    group = tuple(tuple(b) for b in blocks if near.isdisjoint(b))
     return SyncLayout(tuple(senders), group, local)
 
 
@@ -136,6 +150,11 @@ def engine_sync_layout(src, dsts) -> SyncLayout:
     engines of the generate placements ``dsts`` that serve a copy of their own
     (:func:`serves_copy`): the trainer's senders (:func:`sync_senders`) and each such
     engine's block, by host device (:func:`sync_layout`)."""
+    return _engine_sync_layout(src, tuple(dsts))
+
+
+@functools.lru_cache(maxsize=4096)      # placements repeat across proposals
+def _engine_sync_layout(src, dsts) -> SyncLayout:
     blocks = {b[0]: b for dst in dsts for b in tp_blocks(dst.devices, dst.tp)
               if serves_copy(src, dst, b[0])}
     return sync_layout(sync_senders(src.devices, max(src.tp, 1), src.zero),

@@ -114,6 +114,10 @@ def dp_group(devices, par: Parallel) -> tuple[int, ...]:
 def shard_group(devices, par: Parallel) -> tuple[int, ...]:
     """The ranks ZeRO shards one model copy over: data and context parallel."""
     step = par.cp * par.tp
+    if par.cp == 1:                          # every (pp x tp)-th rank, as one slice
+        ranks = tuple(devices[::par.pp * par.tp][:par.dp])
+        if len(ranks) == par.dp:
+            return ranks
     return tuple(devices[(d * par.pp) * step + c * par.tp]
                  for d in range(par.dp) for c in range(par.cp))
 

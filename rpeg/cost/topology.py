@@ -48,6 +48,18 @@ class Topology:
 
     @classmethod
     def from_cluster(cls, cluster: Cluster) -> Topology:
+        """The cluster's topology, built once per cluster value (every cost call asks)."""
+        held = _BUILT.get(id(cluster))
+        if held is not None and held[0] is cluster:
+            return held[1]
+        topo = cls._build(cluster)
+        if len(_BUILT) >= 64:
+            _BUILT.clear()
+        _BUILT[id(cluster)] = (cluster, topo)    # the cluster held: its id is not reused
+        return topo
+
+    @classmethod
+    def _build(cls, cluster: Cluster) -> Topology:
         levels = {link.level for link in cluster.links}
         needed = {Level.GPU} | ({Level.NODE} if cluster.num_nodes > 1 else set()) \
             | ({Level.RACK} if cluster.racks > 1 else set())
@@ -96,6 +108,9 @@ class Topology:
         for d in devices:
             out.setdefault(key(d), []).append(d)
         return [tuple(g) for g in out.values()]
+
+
+_BUILT: dict[int, tuple[Cluster, Topology]] = {}     # id(cluster) -> (cluster, its topology)
 
 
 def _flat(kind: Collective, nbytes: float, n: int, link: Link) -> float:

@@ -26,7 +26,7 @@ from collections.abc import Callable
 
 import attrs
 
-from rpeg.cost.engine_sync import collective_sync_time, engine_copy
+from rpeg.cost.engine_sync import collective_sync_time, engine_copy, tp_blocks
 from rpeg.cost.generation import StageCost
 from rpeg.cost.memory import Parallel, resident_memory
 from rpeg.cost.partial import smallest_cap
@@ -175,7 +175,7 @@ class Prices:
     def _sync_time(self, model, src, dst) -> float:
         m = self.models[model]
         if engine_copy(src, dst):
-            blocks = tuple(dst.devices[i:i + dst.tp] for i in range(0, len(dst.devices), dst.tp))
+            blocks = tp_blocks(dst.devices, dst.tp)
             return collective_sync_time(m, src.devices, parallel_of(src), blocks, self.cluster)
         return weight_sync_time(m, src.devices, parallel_of(src), dst.devices,
                                 parallel_of(dst), self.cluster)

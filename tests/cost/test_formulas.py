@@ -244,3 +244,22 @@ def test_every_shipped_cluster_loads_and_prices_a_step():
         for s in p.stages:
             cost = estimate_stage(work_of(p, s.name), Parallel(), (0,), c)
             assert cost.time_s > 0 and math.isfinite(cost.time_s), (name, s.name)
+
+
+@pytest.mark.parametrize("dp,cp,tp,pp", [(1, 1, 1, 1), (4, 1, 2, 1), (2, 1, 2, 2), (3, 1, 1, 2),
+                                         (2, 2, 2, 1), (2, 2, 1, 2)])
+def test_shard_group_is_each_data_and_context_rank(dp, cp, tp, pp):
+    from rpeg.cost.passes import shard_group
+    par = Parallel(dp=dp, cp=cp, tp=tp, pp=pp)
+    devices = tuple(range(100, 100 + dp * cp * tp * pp))
+    step = cp * tp
+    assert shard_group(devices, par) == tuple(devices[d * pp * step + c * tp]
+                                              for d in range(dp) for c in range(cp))
+
+
+def test_a_cluster_topology_is_built_once_per_cluster_value():
+    gh = cluster_of("h100", gpus_per_node=8, nodes=2)
+    assert Topology.from_cluster(gh) is Topology.from_cluster(gh)
+    other = attrs.evolve(gh, links=gh.links[:1])
+    with pytest.raises(CostError):       # a new value is built (and checked) afresh
+        Topology.from_cluster(other)

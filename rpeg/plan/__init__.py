@@ -6,8 +6,6 @@
     >>> print(plan)                                                       # doctest: +SKIP
 """
 
-import sys
-import types
 from typing import TYPE_CHECKING
 
 # Each name is imported from its module on first use (PEP 562), so that importing one
@@ -39,7 +37,7 @@ if TYPE_CHECKING:
     from rpeg.plan.evaluate import Evaluation, Evaluator
     from rpeg.plan.model import SCHEMA_VERSION, Plan, Predicted, StagePlacement, Strategy
     from rpeg.plan.options import Method, SearchOptions, SearchRecord
-    from rpeg.plan.simulate import OpTiming, Timeline, simulate
+    from rpeg.plan.simulate import OpTiming, Timeline
     from rpeg.plan.space import Limits
 
 __all__ = [
@@ -52,7 +50,7 @@ __all__ = [
     # what an executor runs
     "Capabilities", "runtime_capabilities",
     # pricing and simulation
-    "Evaluator", "Evaluation", "simulate", "OpTiming", "Timeline",
+    "Evaluator", "Evaluation", "OpTiming", "Timeline",
     # comparing
     "diff_plans", "PlanDiff",
 ]
@@ -71,20 +69,3 @@ def __getattr__(name: str):
 def __dir__() -> list[str]:
     return sorted(set(globals()) | set(__all__))
 
-
-class _Package(types.ModuleType):
-    """This package, whose name ``simulate`` is the function, as it was when every name was
-    imported here at once, not the module rpeg.plan.simulate that the import system binds
-    to it on that module's first import."""
-
-    @property
-    def simulate(self):
-        from rpeg.plan.simulate import simulate
-        return simulate
-
-    @simulate.setter
-    def simulate(self, module) -> None:
-        pass
-
-
-sys.modules[__name__].__class__ = _Package

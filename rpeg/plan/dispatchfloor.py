@@ -26,6 +26,8 @@ counted one.
 
 from __future__ import annotations
 
+import functools
+
 from rpeg.cost.control import JOIN_MIN, Dispatch
 from rpeg.graph import Graph, chunk_counts
 from rpeg.plan.tasks import laid_out
@@ -43,39 +45,15 @@ def dispatch_floor(graph: Graph, layouts: dict, chunks: int = 1, steps: int = 6)
     calls = tasks = args = 0
     seen: set[int] = set()                         # devices with a call of the step so far
     for op, n in chunk_counts(graph, streamed).items():   # in the step's order
-        at = laid_out(layouts[op])                 # chunk c on at[c mod len(at)]
         fed = op in reads                          # a task it starts waits for its inputs
-        for c, (ds, _, gang, _, gangs) in enumerate(at[:n]):
-            # this and the chunks after it on the same devices (all seen from here on)
-            times = len(range(c, n, len(at)))
-            for g in gangs:                        # a weight sync's gangs: each rank a task
-                calls += len(g) * times
-                tasks += len(g) * times
-                if len(g) >= JOIN_MIN:
-                    calls += times
-                    tasks += times
-                    args += (2 * len(g) + fed) * times
-                else:
-                    args += (len(g) ** 2 + fed * len(g)) * times
-                seen.update(g)
-            if gangs:
-                continue
-            ranks = len(ds)
-            calls += ranks * times
-            if gang:                               # each rank starts a task
-                tasks += ranks * times
-                if ranks >= JOIN_MIN:              # and the join, a call and a task
-                    calls += times
-                    tasks += times
-                    # the futures ordering gangs (one a rank), the ranks' on the join
-                    args += (2 * ranks + fed) * times
-                else:
-                    args += (ranks ** 2 + fed * ranks) * times
-                seen.update(ds)
-                continue
-            # each device's first call of the step starts a task (counted as a set grows)
-            before = len(seen)
-            seen.update(ds)
+        c, t, a, firsts, devices = _op_floor(layouts[op], n, fed)
+        calls, tasks, args = calls + c, tasks + t, args + a
+        if firsts is None:                         # chunks of both kinds: in their order
+            tasks, args = _mixed(laid_out(layouts[op]), n, fed, seen, tasks, args)
+            continue
+        before = len(seen)
+        seen.update(devices)
+        if firsts:                                 # a device's first call starts a task
             tasks += len(seen) - before
             args += fed * (len(seen) - before)
     ops = {o.name for o in graph.ops}
@@ -86,6 +64,70 @@ def dispatch_floor(graph: Graph, layouts: dict, chunks: int = 1, steps: int = 6)
             args += 2 * len(g) if len(g) >= JOIN_MIN else len(g) ** 2
     used = set().union(*(lay.devices for lay in layouts.values()))
     return Dispatch(len(used), calls, tasks, args)
+
+
+@functools.lru_cache(maxsize=8192)
+def _op_floor(lay, n: int, fed: bool) -> tuple:
+    """(calls, tasks, futures, whether, the devices) of an op laid out as ``lay`` in a step
+    of ``n`` chunks (``fed``: it reads data), as :func:`dispatch_floor` counts them but for
+    the tasks of each device's first call of the step: those it starts are counted as the
+    step's devices seen grow by ``devices`` where ``whether`` is true (the op's every
+    instance a single call per device, no gang), none where it is false (every one a gang);
+    None where its instances are of both kinds (counted chunk by chunk, in order: a gang's
+    devices seen before a later chunk's). Memoised by the layout, whose hash is kept."""
+    at = laid_out(lay)                             # chunk c on at[c mod len(at)]
+    calls = tasks = args = 0
+    devices: set[int] = set()
+    kinds = set()
+    for c, (ds, _, gang, _, gangs) in enumerate(at[:n]):
+        # this and the chunks after it on the same devices (all seen from here on)
+        times = len(range(c, n, len(at)))
+        kinds.add(bool(gangs) or gang)
+        for g in gangs:                            # a weight sync's gangs: each rank a task
+            calls += len(g) * times
+            tasks += len(g) * times
+            if len(g) >= JOIN_MIN:
+                calls += times
+                tasks += times
+                args += (2 * len(g) + fed) * times
+            else:
+                args += (len(g) ** 2 + fed * len(g)) * times
+            devices.update(g)
+        if gangs:
+            continue
+        ranks = len(ds)
+        calls += ranks * times
+        devices.update(ds)
+        if gang:                                   # each rank starts a task
+            tasks += ranks * times
+            if ranks >= JOIN_MIN:                  # and the join, a call and a task
+                calls += times
+                tasks += times
+                # the futures ordering gangs (one a rank), the ranks' on the join
+                args += (2 * ranks + fed) * times
+            else:
+                args += (ranks ** 2 + fed * ranks) * times
+    if len(kinds) > 1:
+        return calls, tasks, args, None, ()
+    return calls, tasks, args, kinds != {True}, frozenset(devices)
+
+
+def _mixed(at: tuple, n: int, fed: bool, seen: set[int], tasks: int, args: int
+           ) -> tuple[int, int]:
+    """(tasks, futures) with those of the first calls of the step on each device of an op
+    whose chunks (laid out as ``at``: :func:`laid_out`) are gangs and single calls both,
+    in their order, ``seen`` growing by each chunk's devices."""
+    for ds, _, gang, _, gangs in at[:n]:
+        if gangs:
+            for g in gangs:
+                seen.update(g)
+            continue
+        before = len(seen)
+        seen.update(ds)
+        if not gang:                               # each device's first call: a task
+            tasks += len(seen) - before
+            args += fed * (len(seen) - before)
+    return tasks, args
 
 
 __all__ = ["dispatch_floor"]

@@ -84,6 +84,34 @@ class Packer:
         self._open_on(at, g, deps)
         return g
 
+    def place_read(self, device: int, step: int, chunk: int, op: str,
+                   deps: set[Hashable]) -> int:
+        """:meth:`place` of a call (not a collective's rank) whose every dependency is
+        unfinished (``need`` is ``deps``, kept as it is: never changed after), then
+        :meth:`read_elsewhere` of the task it runs in, at once: the same tasks. A task it
+        starts is closed as it opens, so it is entered neither among the tasks open there
+        nor among those waiting for its dependencies (where a closed task is passed over:
+        where a call may join is the newest open task fitting it, found alike)."""
+        at = (device, step)
+        here = self._open.get(at)
+        g = self._fitting(at, here, deps) if here else None
+        if g is None:
+            sealed = self._sealed.get(at)
+            if sealed:
+                g = next((t for t, (c, ops) in reversed(sealed.items())
+                          if op in ops and c == chunk and self._fits(t, deps)), None)
+        if g is not None:
+            self.read_elsewhere(device, g, step, chunk, op)
+            return g
+        g = len(self.waits)                   # a task of its own, closed at once
+        self.waits.append(deps)
+        if here is None:
+            self._open[at] = []
+        partners = self._partners.get(op)
+        if partners:
+            self._sealed.setdefault(at, {})[g] = (chunk, partners)
+        return g
+
     def gang(self, devices: tuple[int, ...], step: int, deps: set[Hashable],
              named: bool = True) -> list[int]:
         """The tasks of a collective's ranks on ``devices``, in order: each starts a task

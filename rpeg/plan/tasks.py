@@ -147,7 +147,7 @@ def dispatch_per_step(graph: Graph, layouts: dict[str, OpLayout], chunks: int = 
         """Pack one step's calls, as the runtime does when the step enters its window:
         (calls, tasks, futures)."""
         first, calls, order = len(pack.waits), 0, 0
-        place, read_elsewhere = pack.place, pack.read_elsewhere
+        place, read_elsewhere, place_read = pack.place, pack.read_elsewhere, pack.place_read
         made: dict[str, int] = {}                 # op -> the task of its last instance
         for k, op, chunk, inputs, readers in _rows(prep, step)[0]:
             at = laid[op]
@@ -188,12 +188,15 @@ def dispatch_per_step(graph: Graph, layouts: dict[str, OpLayout], chunks: int = 
                     if elsewhere:
                         read_elsewhere(head, ranks[i], step, chunk, op)
                 continue
+            if elsewhere:                         # its first call read elsewhere
+                task[k] = made[op] = place_read(head, step, chunk, op, deps)
+                for dev in ds[1:]:                # each call placed after the one before
+                    place(dev, step, chunk, op, deps, deps)
+                continue
             for dev in ds:                        # each call placed after the one before
                 gi = place(dev, step, chunk, op, deps, deps)
                 if dev == head:
                     task[k] = made[op] = gi
-                    if elsewhere:
-                        read_elsewhere(dev, gi, step, chunk, op)
         for trainer, gangs in extra:
             n, o, _ = gangs_of(gangs, step, {made[trainer]} if trainer in made else set())
             calls, order = calls + n, order + o

@@ -278,16 +278,24 @@ def laid_out(lay: OpLayout) -> tuple[tuple, ...]:
     is kept: a search lays the same ops out again and again."""
     tp = max(1, lay.tp)
     period = -(-len(lay.devices) // tp) if lay.chunked and not lay.everywhere else 1
+    devices = lay.devices
+    if lay.everywhere or not devices:              # lay.devices_of(c), c < period
+        owns: list = [devices] * max(1, period)
+    elif lay.chunked:
+        width = 1 if lay.per_block else tp
+        owns = [devices[c * tp:c * tp + width] for c in range(max(1, period))]
+    else:
+        owns = [devices[:1 if lay.per_block else tp]] * max(1, period)
     out = []
-    for c in range(max(1, period)):
-        own = lay.devices_of(c)
+    collective, gangs = lay.collective, lay.gangs
+    for own in owns:
         ds = own or (-1,)
-        gang = lay.collective and len(own) > 1
         # where it reads its inputs: a large gang through its join, on its first device
-        if lay.gangs:                 # a weight sync's gangs: read where the first starts
-            out.append((ds, lay.gangs[0][:1] if len(lay.gangs[0]) >= JOIN_MIN
-                        else lay.gangs[0][:2], True, (0,), lay.gangs))
+        if gangs:                     # a weight sync's gangs: read where the first starts
+            out.append((ds, gangs[0][:1] if len(gangs[0]) >= JOIN_MIN
+                        else gangs[0][:2], True, (0,), gangs))
             continue
+        gang = collective and len(own) > 1
         out.append((ds, ds[:1] if gang and len(own) >= JOIN_MIN else ds[:2], gang,
                     tuple(i for i, d in enumerate(ds) if d == ds[0]) if gang else (), ()))
     return tuple(out)

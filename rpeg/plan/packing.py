@@ -130,8 +130,25 @@ class Packer:
                 else:
                     here.append(g)
             return list(range(first, len(self.waits)))
-        for g, device in enumerate(devices, first):
-            self._open_on((device, step), g, waits)
+        opened, waiting_at = self._open, self._waiting
+        for g, device in enumerate(devices, first):    # self._open_on, inlined
+            at = (device, step)
+            here = opened.get(at)
+            if here is None:
+                opened[at] = [g]
+            else:
+                here.append(g)
+            if not waits:
+                continue
+            waiting = waiting_at.get(at)
+            if waiting is None:
+                waiting = waiting_at[at] = {}
+            for d in waits:
+                w = waiting.get(d)
+                if w is None:
+                    waiting[d] = [g]
+                else:
+                    w.append(g)
         return list(range(first, len(self.waits)))
 
     def _open_on(self, at: tuple[int, int], g: int, deps: set[Hashable]) -> None:

@@ -261,7 +261,9 @@ def relabelled(layouts: dict[str, OpLayout]) -> tuple[tuple[str, OpLayout], ...]
         fills = tuple(map(names.__getitem__, lay.fills))
         out.append((op, lay if devices == lay.devices and gangs == lay.gangs
                     and fills == lay.fills
-                    else attrs.evolve(lay, devices=devices, gangs=gangs, fills=fills)))
+                    else OpLayout(devices, tp=lay.tp, chunked=lay.chunked,   # attrs.evolve's
+                                  per_block=lay.per_block, everywhere=lay.everywhere,
+                                  collective=lay.collective, gangs=gangs, fills=fills)))
     return tuple(out)
 
 

@@ -277,8 +277,7 @@ class _Want:
 def _parts(lay, chunks: int) -> tuple[tuple[int, ...], tuple[tuple[int, ...], ...], bool]:
     """(devices, their blocks, whether any has a block) of ``lay``'s members."""
     members = lay.members(chunks)
-    ds = tuple(d for d, _ in members)
-    groups = tuple(g for _, g in members)
+    ds, groups = zip(*members) if members else ((), ())
     assert len(set(ds)) == len(ds), "a layout's members are its devices once each"
     return ds, groups, any(groups)
 

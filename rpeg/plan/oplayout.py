@@ -36,6 +36,7 @@ round, as whole batches do: a chunk spanning blocks would wait for the slowest o
 from __future__ import annotations
 
 import functools
+import itertools
 from collections.abc import Callable
 
 import attrs
@@ -104,10 +105,14 @@ class OpLayout:
     def _members_uncached(self, chunks: int) -> tuple[tuple[int, tuple[int, ...]], ...]:
         tp, group = max(1, self.tp), self._groups()
         if self.everywhere:
-            return tuple((d, group.get(d, ())) for d in self.devices)
-        blocks = -(-len(self.devices) // tp) if self.devices else 0
-        n = min(chunks, blocks) if self.chunked else 1
-        return tuple((d, group.get(d, ())) for c in range(n) for d in self.devices_of(c))
+            devices = self.devices
+        else:                         # self.devices_of(c) of each chunk c < n, in turn
+            blocks = -(-len(self.devices) // tp) if self.devices else 0
+            n = min(chunks, blocks) if self.chunked else 1
+            devices = self.devices[:n * tp:tp] if self.per_block else self.devices[:n * tp]
+        if not group:
+            return tuple(zip(devices, itertools.repeat((), len(devices))))
+        return tuple(zip(devices, map(group.get, devices, itertools.repeat(()))))
 
     def _groups(self) -> dict[int, tuple[int, ...]]:
         """Device -> the tensor-parallel block its call runs with ({}: none, unsplit or one

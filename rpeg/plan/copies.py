@@ -277,7 +277,7 @@ class _Want:
 def _parts(lay, chunks: int) -> tuple[tuple[int, ...], tuple[tuple[int, ...], ...], bool]:
     """(devices, their blocks, whether any has a block) of ``lay``'s members."""
     members = lay.members(chunks)
-    ds, groups = zip(*members) if members else ((), ())
+    ds, groups = zip(*members, strict=True) if members else ((), ())
     assert len(set(ds)) == len(ds), "a layout's members are its devices once each"
     return ds, groups, any(groups)
 

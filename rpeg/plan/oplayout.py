@@ -111,8 +111,8 @@ class OpLayout:
             n = min(chunks, blocks) if self.chunked else 1
             devices = self.devices[:n * tp:tp] if self.per_block else self.devices[:n * tp]
         if not group:
-            return tuple(zip(devices, itertools.repeat((), len(devices))))
-        return tuple(zip(devices, map(group.get, devices, itertools.repeat(()))))
+            return tuple(zip(devices, itertools.repeat((), len(devices)), strict=True))
+        return tuple(zip(devices, map(group.get, devices, itertools.repeat(())), strict=True))
 
     def _groups(self) -> dict[int, tuple[int, ...]]:
         """Device -> the tensor-parallel block its call runs with ({}: none, unsplit or one

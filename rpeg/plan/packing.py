@@ -121,54 +121,37 @@ class Packer:
         first = len(self.waits)
         waits = set(deps)                    # one set for every rank's task: never changed
         self.waits.extend([waits] * len(devices))
-        if not named:
-            opened = self._open
-            for g, device in enumerate(devices, first):
-                here = opened.get((device, step))
-                if here is None:
-                    opened[(device, step)] = [g]
-                else:
-                    here.append(g)
-            return list(range(first, len(self.waits)))
+        self._open_all(step, first, devices, waits if named else ())
+        return list(range(first, len(self.waits)))
+
+    def _open_on(self, at: tuple[int, int], g: int, deps: set[Hashable]) -> None:
+        """Task ``g``, waiting for ``deps``, is open to the calls of ``at`` (device, step)."""
+        self._open_all(at[1], g, (at[0],), deps)
+
+    def _open_all(self, step: int, first: int, devices: tuple[int, ...],
+                  deps: set[Hashable] | tuple) -> None:
+        """Tasks ``first``, ``first + 1``, ... are open to the calls of each of ``devices``
+        in turn (at ``step``), each found among those waiting for ``deps`` there (none:
+        ``()``)."""
         opened, waiting_at = self._open, self._waiting
-        for g, device in enumerate(devices, first):    # self._open_on, inlined
+        for g, device in enumerate(devices, first):
             at = (device, step)
             here = opened.get(at)
             if here is None:
                 opened[at] = [g]
             else:
                 here.append(g)
-            if not waits:
+            if not deps:
                 continue
             waiting = waiting_at.get(at)
             if waiting is None:
                 waiting = waiting_at[at] = {}
-            for d in waits:
+            for d in deps:
                 w = waiting.get(d)
                 if w is None:
                     waiting[d] = [g]
                 else:
                     w.append(g)
-        return list(range(first, len(self.waits)))
-
-    def _open_on(self, at: tuple[int, int], g: int, deps: set[Hashable]) -> None:
-        """Task ``g``, waiting for ``deps``, is open to the calls of ``at`` (device, step)."""
-        here = self._open.get(at)
-        if here is None:
-            self._open[at] = [g]
-        else:
-            here.append(g)
-        if not deps:
-            return
-        waiting = self._waiting.get(at)
-        if waiting is None:
-            waiting = self._waiting[at] = {}
-        for d in deps:
-            w = waiting.get(d)
-            if w is None:
-                waiting[d] = [g]
-            else:
-                w.append(g)
 
     def read_elsewhere(self, device: int, task: int, step: int, chunk: int, op: str) -> None:
         """Another device reads a call of ``op`` in ``task``: it ends the task, but for the

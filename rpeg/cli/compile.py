@@ -184,13 +184,16 @@ def _collector_paused():
     after. A search makes millions of small objects, keeps many in its memos and leaves
     almost none in cycles: the collector's passes over them (a full one walks every object
     kept) cost about a fifth of a compile's CPU and free next to nothing (a few thousand
-    objects a compile), which reference counting frees alike without it."""
+    objects a compile), which reference counting frees alike without it. What it made is
+    then frozen (:func:`gc.freeze`) before the collector runs again: its first pass would
+    otherwise walk every object made since it paused, as one full pass."""
     was = gc.isenabled()
     gc.disable()
     try:
         yield
     finally:
         if was:
+            gc.freeze()
             gc.enable()
 
 

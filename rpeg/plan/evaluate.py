@@ -56,7 +56,16 @@ from rpeg.plan.copies import copies as copies_of
 from rpeg.plan.evalcost import EVAL_OP, eval_time, trainer_devices
 from rpeg.plan.lower import PASSES, PRICED, Placed, lower
 from rpeg.plan.model import Plan, Predicted, StagePlacement
-from rpeg.plan.oplayout import all_in_place, chunks_per_step, gathers_in_place, rounds_of
+from rpeg.plan.oplayout import (
+    all_in_place,
+    chunks_per_step,
+    first_block,
+    gathers_in_place,
+    one_call,
+    op_layout,
+    rounds_of,
+    streamed_ops,
+)
 from rpeg.plan.prices import Chunk, Prices, parallel_of
 from rpeg.plan.simulate import Contention, OpTiming, Timeline, floor, simulate, steps_for
 from rpeg.plan.staleness import staleness_problem, step_graph
@@ -548,7 +557,7 @@ class Evaluator:
         (memoised by exactly that)."""
         p = plan.placement(op.stages[0])
         off = op.kind is OpKind.TRAIN and self._off_policy(op, plan, graph)
-        rest, rounds = 0.0, 1
+        rest, rounds, one = 0.0, 1, False
         if op.kind is OpKind.GENERATE:
             rest, rounds = self._rest(op, p, plan, graph), self._rounds(plan, graph, op)
             key = (graph, op.name, p, walk.rows.get(op.stages[0]), rest, rounds)
@@ -557,16 +566,20 @@ class Evaluator:
         else:
             src = plan.placement(trainer[op.reads_model].stages[0]) \
                 if op.kind is OpKind.FORWARD and op.reads_model in trainer else None
+            one = p.dp > 1 and not walk.streamed.get(op.name) and one_call(
+                op, p, src, chunks_per_step(graph, lambda o: plan.placement(o.stages[0]),
+                                            self.responses), op.name in streamed_ops(graph))
             key = (graph, op.name, tuple(plan.placement(s) for s in op.stages),
-                   walk.streamed.get(op.name, ()), src, plan.shared)
+                   walk.streamed.get(op.name, ()), src, plan.shared, one)
         timing = self._ops.get(key)
         if timing is None:
             timing = self._ops[key] = self._time_op(op, p, plan, walk, trainer, off, rest,
-                                                    rounds)
+                                                    rounds, one)
         return timing
 
     def _time_op(self, op, p: StagePlacement, plan: Plan, walk: Walk, trainer,
-                 off_policy: bool, rest: float = 0.0, rounds: int = 1) -> OpTiming:
+                 off_policy: bool, rest: float = 0.0, rounds: int = 1,
+                 one: bool = False) -> OpTiming:
         if op.kind is OpKind.GENERATE:
             r = walk.rows.get(op.stages[0])
             ends = self.prices.chunk_ends(op.stages[0], attrs.evolve(p, chunks=rounds), r) \
@@ -580,10 +593,17 @@ class Evaluator:
             return OpTiming(p.devices, t + self._reload(op, p, trainer, plan))
         # streamed: each chunk priced on its own responses, padded to its longest
         per_chunk = [self._fused(op, plan, c) for c in walk.streamed.get(op.name, ())]
-        reload = self._reload(op, p, trainer, plan)
+        reload = self._reload(op, p, trainer, plan) if not one else 0.0
         if per_chunk:
             per_chunk[0] += reload
             t = sum(per_chunk)
+        elif one:
+            # one call a step, on the first block, over the whole batch (the runtime's
+            # layout, rpeg.plan.oplayout.OpLayout.calls): its data-parallel degree splits
+            # nothing, so it is priced there at dp 1, and fetches weights only there
+            t = sum(self.stage_time(s, first_block(plan.placement(s))) for s in op.stages)
+            t += self._reload(op, first_block(p), trainer, plan)
+            return OpTiming(op_layout(op, p, False).devices_of(0), t)
         else:
             t = self._fused(op, plan, None) + reload
         # host ops too: they run in their device's worker, which waits for them

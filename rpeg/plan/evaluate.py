@@ -536,6 +536,7 @@ class Evaluator:
         """Per op (not the syncs): the FLOPs and bytes the cost model prices it with, on one
         of its devices (the busiest), as :meth:`timings` times it."""
         out: dict[str, Roof] = {}
+        trainer = {o.writes_model: o for o in graph.ops if o.kind is OpKind.TRAIN}
         for op in graph.ops:
             if op.kind is OpKind.SYNC_WEIGHTS:
                 continue
@@ -547,10 +548,22 @@ class Evaluator:
                 off = self._off_policy(op, plan, graph)
                 out[op.name] = self.stage_cost(op.stages[0], p, off_policy=off).roof
             else:
-                out[op.name] = sum((self.stage_cost(s, plan.placement(s), chunk=c).roof
+                src = plan.placement(trainer[op.reads_model].stages[0]) \
+                    if op.kind is OpKind.FORWARD and op.reads_model in trainer else None
+                at = first_block if self._one_call(graph, op, plan, walk, src) else _same
+                out[op.name] = sum((self.stage_cost(s, at(plan.placement(s)), chunk=c).roof
                                     for c in walk.streamed.get(op.name, None) or (None,)
                                     for s in op.stages), Roof())
         return out
+
+    def _one_call(self, graph: Graph, op, plan: Plan, walk: Walk, src) -> bool:
+        """Whether ``op`` (a pass or host op) runs as one call a step on its first block
+        over the whole batch (:func:`rpeg.plan.oplayout.one_call`; ``src``: the placement
+        training the model it reads, or None), priced at dp 1 there."""
+        p = plan.placement(op.stages[0])
+        return p.dp > 1 and not walk.streamed.get(op.name) and one_call(
+            op, p, src, chunks_per_step(graph, lambda o: plan.placement(o.stages[0]),
+                                        self.responses), op.name in streamed_ops(graph))
 
     def _op_timing(self, graph: Graph, op, plan: Plan, walk: Walk, trainer) -> OpTiming:
         """Where ``op`` runs and for how long, from what it reads of the plan and the walk
@@ -566,9 +579,7 @@ class Evaluator:
         else:
             src = plan.placement(trainer[op.reads_model].stages[0]) \
                 if op.kind is OpKind.FORWARD and op.reads_model in trainer else None
-            one = p.dp > 1 and not walk.streamed.get(op.name) and one_call(
-                op, p, src, chunks_per_step(graph, lambda o: plan.placement(o.stages[0]),
-                                            self.responses), op.name in streamed_ops(graph))
+            one = self._one_call(graph, op, plan, walk, src)
             key = (graph, op.name, tuple(plan.placement(s) for s in op.stages),
                    walk.streamed.get(op.name, ()), src, plan.shared, one)
         timing = self._ops.get(key)
@@ -815,6 +826,10 @@ class Evaluator:
             ops=op_uses(self, plan, graph, timings, op_times, self.roofs(plan, graph, walk))
             if detail else ())
         return _Priced(plan, homes, feasible, shortfall, predicted, timeline, False)
+
+
+def _same(p: StagePlacement) -> StagePlacement:
+    return p
 
 
 def _spread(held: tuple[Held, ...]) -> tuple:

@@ -154,3 +154,8 @@ def test_a_pass_at_dp_2_in_a_step_of_one_chunk_is_one_call_on_its_first_block(st
     for op in stages:
         assert t2[op].devices == (0,)
         assert t2[op].time_s == pytest.approx(t1[op].time_s, rel=1e-12)
+    # what `rpeg compile` shows of it: one device, the whole batch's FLOPs (no half-batch
+    # FLOPs over a whole batch's time)
+    uses = [{u.stage: u for u in ev.evaluate(p).plan.predicted.ops} for p in (one, two)]
+    assert uses[1]["ref_lp"].devices == 1
+    assert uses[1]["ref_lp"].flops == pytest.approx(uses[0]["ref_lp"].flops, rel=1e-12)

@@ -51,7 +51,13 @@ CACHE_ENV = "RPEG_CACHE_DIR"
 # whole profile's prices with it, by 10-25% from one calibration to the next. A median of 5
 # ignores two such calls (the extra rounds cost ~2.5 s each).
 QUICK_REPEATS = 5
-QUICK_CONTROL_STEPS = 16       # steps of each of the control plane's three short runs
+# Steps of each of the control plane's three short runs (measured from step 5). The CPU a
+# step spends outside ops varies by +-30% from step to step (0.02-0.045 s a device worker
+# in a tiny_ppo run); fitted over the 11 steps of 16-step runs, the per-device and per-task
+# terms priced tiny_ppo's split plan's control plane at 0.071 s a step in one calibration
+# and 0.060 s in the next (the runs measured 0.070-0.080 s).
+# 40 steps (35 measured, ~10 s more) is what `rpeg calibrate` runs.
+QUICK_CONTROL_STEPS = 40
 # What a calibration measures, numbered: a cached profile from an earlier one lacks terms
 # the cost model now reads, so it is measured again (2: data-parallel train ops on two
 # worker ranks, the profile's dp_tensor_overhead and shard_tensor_overhead; 3: the control

@@ -63,6 +63,7 @@ from rpeg.plan.oplayout import (
     gathers_in_place,
     one_call,
     op_layout,
+    own_runtime,
     rounds_of,
     streamed_ops,
 )
@@ -559,11 +560,25 @@ class Evaluator:
     def _one_call(self, graph: Graph, op, plan: Plan, walk: Walk, src) -> bool:
         """Whether ``op`` (a pass or host op) runs as one call a step on its first block
         over the whole batch (:func:`rpeg.plan.oplayout.one_call`; ``src``: the placement
-        training the model it reads, or None), priced at dp 1 there."""
+        training the model it reads, or None), priced at dp 1 there: in a plan rpeg's own
+        runtime executes (:func:`~rpeg.plan.oplayout.own_runtime`) on the local host's
+        cores (:attr:`_lays_out_calls`)."""
         p = plan.placement(op.stages[0])
-        return p.dp > 1 and not walk.streamed.get(op.name) and one_call(
+        return p.dp > 1 and not walk.streamed.get(op.name) and self._lays_out_calls \
+            and own_runtime(plan.placements) and one_call(
             op, p, src, chunks_per_step(graph, lambda o: plan.placement(o.stages[0]),
                                         self.responses), op.name in streamed_ops(graph))
+
+    @functools.cached_property
+    def _lays_out_calls(self) -> bool:
+        """Whether pricing follows rpeg's runtime's call layout for passes and host ops
+        (:func:`rpeg.plan.oplayout.one_call`): on a cluster whose devices are the host's
+        cores, where rpeg's runtime is what runs and is measured against the prediction
+        (``benchmarks/runtime.py``). A GPU cluster's pinned layouts include other systems'
+        configurations on engines named torch (verl's FSDP workers, OpenRLHF's DeepSpeed
+        ones), whose passes split the batch over their data-parallel ranks, as the
+        published rows (``benchmarks/published.py``) were fitted and recorded with."""
+        return devices_are_host(self.cluster.gpu)
 
     def _op_timing(self, graph: Graph, op, plan: Plan, walk: Walk, trainer) -> OpTiming:
         """Where ``op`` runs and for how long, from what it reads of the plan and the walk

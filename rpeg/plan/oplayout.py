@@ -258,7 +258,9 @@ def one_call(op, place, trainer, chunks: int, streamed: bool = False) -> bool:
     placement training its model), unless it is ``streamed`` (:func:`streamed_ops`) in a
     step streaming ``chunks`` > 1, whose chunks go round its blocks. Its data-parallel
     degree then splits nothing, and the cost model prices it at dp 1 on
-    :func:`first_block`.
+    :func:`first_block`. Only rpeg's own runtime lays calls out so (engine ``torch``); the
+    other systems' engines a pinned published layout is priced as (``deepspeed``,
+    ``megatron``, ...) split a pass's batch over their data-parallel ranks.
 
         >>> from rpeg.graph import Op
         >>> from rpeg.plan.model import StagePlacement as P
@@ -268,13 +270,23 @@ def one_call(op, place, trainer, chunks: int, streamed: bool = False) -> bool:
         >>> t = P("train", (0, 1), dp=2, zero=3)
         >>> [one_call(fwd, P("ref_lp", (0, 1), dp=2, zero=3), t, 1),
         ...  one_call(fwd, P("ref_lp", (0,)), None, 1),
-        ...  one_call(fwd, P("ref_lp", (0, 1), dp=2), None, 2, streamed=True)]
-        [False, False, False]
+        ...  one_call(fwd, P("ref_lp", (0, 1), dp=2), None, 2, streamed=True),
+        ...  one_call(fwd, P("ref_lp", (0, 1), dp=2, engine=Engine.DEEPSPEED), None, 1)]
+        [False, False, False, False]
     """
     if op.kind in (OpKind.TRAIN, OpKind.GENERATE, OpKind.SYNC_WEIGHTS) or place.dp <= 1 \
-            or (streamed and chunks > 1):
+            or (streamed and chunks > 1) or place.engine not in (Engine.TORCH, Engine.AUTO):
         return False
     return not gathers_in_place(op, trainer, place, chunks)
+
+
+def own_runtime(placements) -> bool:
+    """Whether a plan of these stage placements is one rpeg's own runtime executes (every
+    stage on engine ``torch``, ``vllm`` or ``auto``), laying its calls out as
+    :class:`OpLayout` does; a plan with another system's engine is a configuration priced
+    as that system ran it, whose passes and host ops split their batch over their
+    data-parallel ranks (:func:`one_call` holds for none of them)."""
+    return all(p.engine in (Engine.TORCH, Engine.VLLM, Engine.AUTO) for p in placements)
 
 
 def first_block(place):
@@ -357,6 +369,6 @@ def sync_calls(src, dst) -> tuple[int, ...]:
 
 __all__ = ["Call", "OpLayout", "all_in_place", "any_in_place", "block_of", "blocks_of",
            "chunks_per_step", "first_block", "gathers_in_place", "one_call", "op_layout",
-           "reads_in_place",
+           "own_runtime", "reads_in_place",
            "reads_in_place_on", "rounds_of", "stream_chunks", "stream_of", "streamed_ops",
            "sync_calls", "world_of"]

@@ -17,7 +17,7 @@ import time
 
 import torch
 
-from backends.torch_backend.measure_env import set_threads, spawning
+from backends.torch_backend.measure_env import _median_time, set_threads, spawning
 from backends.torch_backend.measure_model import measure_ops, measure_peaks, op_runner, warm_up
 from rpeg.cost.calibrate import allocator
 from rpeg.spec.presets import PRESETS, ModelDims
@@ -45,35 +45,15 @@ def _on_rank(rank: int, world: int, port: int, task: dict, work=None) -> dict:
             out = []
             for nbytes in task["sizes"]:
                 x = torch.ones(max(nbytes // 4, 1))
-                out.append({"bytes": nbytes,
-                            "seconds": _allreduce_time(x, task.get("repeats", ALLREDUCE_REPEATS))})
+                dist.barrier()
+                t = _median_time(lambda x=x: dist.all_reduce(x), task.get("repeats", 5))
+                out.append({"bytes": nbytes, "seconds": t})
             return {"allreduce": out}
         if task["kind"] == "concurrency":
             return _concurrency(rank, task)
         return _dp_train(rank, world, task)
     finally:
         dist.destroy_process_group()
-
-
-# Timed all-reduces per size. Each starts just after a barrier, so both ranks enter it
-# together: timed back to back, a rank's call also waited for the other rank to arrive,
-# which on a 2-core host shared with the client and scheduler is whenever the other
-# process next got a core (back-to-back calibrations read a 64 KiB all-reduce as 0.5, 1.8
-# and 3.9 ms, and fitted gloo links of 1.9 and 0.97 GB/s). The median of 9 leaves out the
-# calls that still met a descheduled peer.
-ALLREDUCE_REPEATS = 9
-
-
-def _allreduce_time(x, repeats: int) -> float:
-    """Median seconds of one all-reduce of ``x`` entered by both ranks together."""
-    import torch.distributed as dist
-    times = []
-    for _ in range(repeats):
-        dist.barrier()
-        t0 = time.perf_counter()
-        dist.all_reduce(x)
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
 
 
 def _dp_train(rank: int, world: int, task: dict) -> dict:
@@ -186,7 +166,7 @@ class TwoDevices:
                    for r, w in enumerate(self.workers)]
         return self.client.gather(futures)
 
-    def allreduce(self, sizes, repeats: int = ALLREDUCE_REPEATS) -> list[dict]:
+    def allreduce(self, sizes, repeats: int = 5) -> list[dict]:
         res = self.run({"kind": "allreduce", "sizes": list(sizes), "repeats": repeats})
         return [{"bytes": a["bytes"], "seconds": max(a["seconds"], b["seconds"])}
                 for a, b in zip(res[0]["allreduce"], res[1]["allreduce"], strict=True)]
@@ -237,4 +217,4 @@ class TwoDevices:
         return [max(x, y) for x, y in zip(res[0]["peaks"], res[1]["peaks"], strict=True)]
 
 
-__all__ = ["ALLREDUCE_REPEATS", "CONCURRENCY_OP", "CONCURRENCY_OPS", "TwoDevices"]
+__all__ = ["CONCURRENCY_OP", "CONCURRENCY_OPS", "TwoDevices"]

@@ -103,9 +103,6 @@ def test_two_devices_run_with_the_allocator_asked_for():
         assert [(r["dp"], r["zero"], r["model"]) for r in rows] == [(2, 0, "tiny"),
                                                                      (2, 2, "tiny")]
         assert all(r["latency_s"] > 0 and r["wall_s"] > 0 for r in rows)
-        # gloo all-reduces entered together: one row per size, the slower rank's median
-        (ar,) = two.allreduce([2**16], repeats=3)
-        assert ar["bytes"] == 2**16 and ar["seconds"] > 0
     with measure.TwoDevices(clean=True) as two:
         assert set(two.client.run(measure.allocator).values()) == {"clean"}
         assert two.dp_peaks(ops)[0] > 0

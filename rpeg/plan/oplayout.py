@@ -256,6 +256,51 @@ def world_of(op, layout: OpLayout) -> int:
         or layout.everywhere else 1
 
 
+def one_call(op, place, trainer, chunks: int, streamed: bool = False) -> bool:
+    """Whether graph op ``op``, a pass or host op placed as ``place`` at dp > 1, runs as
+    one call a step on its first block over the whole batch (:meth:`OpLayout.calls`): any
+    op but a train, a generate or a pass on its trainer's ZeRO-3 shards (``trainer``: the
+    placement training its model), unless it is ``streamed`` (:func:`streamed_ops`) in a
+    step streaming ``chunks`` > 1, whose chunks go round its blocks. Its data-parallel
+    degree then splits nothing, and the cost model prices it at dp 1 on
+    :func:`first_block`. Only rpeg's own runtime lays calls out so (engine ``torch``); the
+    other systems' engines a pinned published layout is priced as (``deepspeed``,
+    ``megatron``, ...) split a pass's batch over their data-parallel ranks.
+
+        >>> from rpeg.graph import Op
+        >>> from rpeg.plan.model import StagePlacement as P
+        >>> fwd = Op("ref_lp", OpKind.FORWARD, reads_model="ref", stages=("ref_lp",))
+        >>> one_call(fwd, P("ref_lp", (0, 1), dp=2), None, 1)
+        True
+        >>> t = P("train", (0, 1), dp=2, zero=3)
+        >>> [one_call(fwd, P("ref_lp", (0, 1), dp=2, zero=3), t, 1),
+        ...  one_call(fwd, P("ref_lp", (0,)), None, 1),
+        ...  one_call(fwd, P("ref_lp", (0, 1), dp=2), None, 2, streamed=True),
+        ...  one_call(fwd, P("ref_lp", (0, 1), dp=2, engine=Engine.DEEPSPEED), None, 1)]
+        [False, False, False, False]
+    """
+    if op.kind in (OpKind.TRAIN, OpKind.GENERATE, OpKind.SYNC_WEIGHTS) or place.dp <= 1 \
+            or (streamed and chunks > 1) or place.engine not in (Engine.TORCH, Engine.AUTO):
+        return False
+    return not gathers_in_place(op, trainer, place, chunks)
+
+
+def own_runtime(placements) -> bool:
+    """Whether a plan of these stage placements is one rpeg's own runtime executes (every
+    stage on engine ``torch``, ``vllm`` or ``auto``), laying its calls out as
+    :class:`OpLayout` does; a plan with another system's engine is a configuration priced
+    as that system ran it, whose passes and host ops split their batch over their
+    data-parallel ranks (:func:`one_call` holds for none of them)."""
+    return all(p.engine in (Engine.TORCH, Engine.VLLM, Engine.AUTO) for p in placements)
+
+
+def first_block(place):
+    """``place`` narrowed to its first data-parallel replica (its first
+    ``len(devices) / dp`` devices, dp 1): where a :func:`one_call` op runs."""
+    return attrs.evolve(place, devices=tuple(place.devices[:len(place.devices) // place.dp]),
+                        dp=1)
+
+
 @functools.lru_cache(maxsize=256)
 def streamed_ops(graph: Graph) -> frozenset[str]:
     """Ops that run per chunk: generate, and the per-sample ops the graph streams
@@ -328,6 +373,7 @@ def sync_calls(src, dst) -> tuple[int, ...]:
 
 
 __all__ = ["Call", "OpLayout", "all_in_place", "any_in_place", "block_of", "blocks_of",
-           "chunks_per_step", "gathers_in_place", "op_layout", "reads_in_place",
+           "chunks_per_step", "first_block", "gathers_in_place", "one_call", "op_layout",
+           "own_runtime", "reads_in_place",
            "reads_in_place_on", "rounds_of", "stream_chunks", "stream_of", "streamed_ops",
            "sync_calls", "world_of"]

@@ -6,13 +6,21 @@ the trainer holds the same split of whole weights."""
 
 from __future__ import annotations
 
+import attrs
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rpeg.cost.engine_sync import engine_copy, engine_sync_layout, serves_copy
 from rpeg.graph import Op
 from rpeg.plan.model import StagePlacement
-from rpeg.plan.oplayout import all_in_place, op_layout, reads_in_place, world_of
+from rpeg.plan.oplayout import (
+    all_in_place,
+    first_block,
+    one_call,
+    op_layout,
+    reads_in_place,
+    world_of,
+)
 from rpeg.spec.model import Engine, OpKind
 
 KINDS = (OpKind.GENERATE, OpKind.FORWARD, OpKind.TRAIN, OpKind.COMPUTE)
@@ -111,3 +119,29 @@ def test_the_memoised_copy_keys_are_the_rule_applied_device_by_device(
     assert _wanted("m", op, place, lay, train, chunks) == tuple(
         (d, g, ReplicaKey("m") if whole else copy_key(op, place, d, train, g))
         for d, g in fresh._members_uncached(chunks))
+
+
+@settings(deadline=None)
+@given(placements(engines=(Engine.TORCH,)), st.sampled_from(KINDS), st.booleans(),
+       st.integers(1, 12))
+def test_one_call_is_the_layouts_one_call_on_its_first_block(place, kind, streamed, chunks):
+    """``one_call`` says what ``OpLayout.calls`` lays out: a step's one call, on the first
+    block, for a pass or host op at dp > 1 (train ranks and generate chunks spread); the cost
+    model prices it on ``first_block``, the placement of those devices at dp 1."""
+    op = Op("o", kind, reads_model=None if kind is OpKind.COMPUTE else "m", stages=("s",))
+    on = streamed or kind is OpKind.GENERATE
+    calls = op_layout(op, place, on).calls(chunks)
+    one = one_call(op, place, None, chunks, on)
+    devices = {c.device for c in calls}
+    spread = len(devices) > len(op_layout(op, place, on).devices_of(0))
+    if place.dp > 1 and kind in (OpKind.TRAIN, OpKind.GENERATE):
+        assert not one
+    # another system's engine (a published layout priced as it ran) splits the batch
+    assert not one_call(op, attrs.evolve(place, engine=Engine.DEEPSPEED), None, chunks, on)
+    if one:
+        assert not spread and len({c.chunk for c in calls}) == 1
+        block = first_block(place)
+        assert block.dp == 1 and set(devices) <= set(block.devices)
+        assert len(block.devices) * place.dp == len(place.devices)
+    elif place.dp > 1 and kind in (OpKind.FORWARD, OpKind.COMPUTE) and chunks > 1 and on:
+        assert spread or chunks <= 1

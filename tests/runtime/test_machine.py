@@ -107,6 +107,22 @@ def test_a_cache_from_an_earlier_calibration_is_measured_again(cache):
     assert fake.calls == 2
 
 
+def test_a_cache_from_the_calibration_before_is_measured_again(cache):
+    """A profile the calibration before this one cached (its prices fitted to medians of 2
+    calls, which one disturbed call moved by 10-25%) is calibrated again on first use."""
+    import json
+
+    from rpeg.runtime.calibrate.machine import CALIBRATION, QUICK_REPEATS
+    assert QUICK_REPEATS >= 5               # a median the two slowest calls do not move
+    fake = FakeCalibration(HERE)
+    made = local_profile(ProfileChoice.AUTO, machine=HERE, calibrate=fake, say=lambda _: None)
+    meta = made.cluster.parent / "machine.json"
+    old = json.loads(meta.read_text())
+    meta.write_text(json.dumps({**old, "calibration": CALIBRATION - 1}))
+    local_profile(ProfileChoice.AUTO, machine=HERE, calibrate=fake, say=lambda _: None)
+    assert fake.calls == 2
+
+
 def test_the_shipped_profile_is_never_presented_as_this_machines(cache):
     shipped_on = calibrated_on(load_cluster(SHIPPED_CLUSTER).gpu)
     assert shipped_on is not None                  # the shipped file says where it was measured

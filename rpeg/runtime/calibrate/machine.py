@@ -44,15 +44,28 @@ SHIPPED_CLUSTER = clusters_dir() / "local_cpu.rpeg"
 SHIPPED_PROFILE = profiles_dir() / "local_cpu.rpeg"
 CHOICE_ENV = "RPEG_LOCAL_PROFILE"
 CACHE_ENV = "RPEG_CACHE_DIR"
-QUICK_REPEATS = 2              # timed calls per measurement of a first-use calibration
-QUICK_CONTROL_STEPS = 16       # steps of each of the control plane's three short runs
+# Timed calls per measurement of a first-use calibration, whose median each price is fitted
+# to. A call now and then takes 35-50% more CPU than its neighbours (seen in back-to-back
+# calibrations on a 2-core host: a generation of 0.032 s once took 0.042 s, a tiny4 one 0.049 s
+# once 0.074 s); a median of 2 calls is their mean, and one such call moved it, and the
+# whole profile's prices with it, by 10-25% from one calibration to the next. A median of 5
+# ignores two such calls (the extra rounds cost ~2.5 s each).
+QUICK_REPEATS = 5
+# Steps of each of the control plane's three short runs (measured from step 5). The CPU a
+# step spends outside ops varies by +-30% from step to step (0.02-0.045 s a device worker
+# in a tiny_ppo run); fitted over the 11 steps of 16-step runs, the per-device and per-task
+# terms priced tiny_ppo's split plan's control plane at 0.071 s a step in one calibration
+# and 0.060 s in the next (the runs measured 0.070-0.080 s).
+# 40 steps (35 measured, ~10 s more) is what `rpeg calibrate` runs.
+QUICK_CONTROL_STEPS = 40
 # What a calibration measures, numbered: a cached profile from an earlier one lacks terms
 # the cost model now reads, so it is measured again (2: data-parallel train ops on two
 # worker ranks, the profile's dp_tensor_overhead and shard_tensor_overhead; 3: the control
 # plane's idle CPU, control_idle, and its per-device and per-task terms without checkpoints;
 # 4: the devices' contention, concurrency_slowdown, over the ops the runs overlap, which the
-# simulator now prices wherever ops overlap)
-CALIBRATION = 4
+# simulator now prices wherever ops overlap; 5: medians of QUICK_REPEATS = 5 calls, not 2,
+# whose prices swung by 10-25% between calibrations, and control-plane runs of 40 steps)
+CALIBRATION = 5
 
 __all__ = ["ProfileChoice", "MachineId", "LocalProfile", "local_profile", "calibrated_on",
            "choice_from_env", "cache_dir", "calibrate_into", "measure_machine"]

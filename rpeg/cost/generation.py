@@ -31,7 +31,8 @@ or a CUDA-graph replay, and the step's sampling and scheduling) is the engine's
 (:mod:`rpeg.cost.engines`). Generation on ZeRO-3-sharded weights (``zero = 3``: HF
 ``generate`` on a DeepSpeed model) gathers every layer over the data-parallel group in every
 pass, prefetching behind compute as far as the engine overlaps; the Hybrid Engine gathers
-the shards once a step into inference kernels at the stage's tensor-parallel degree. An
+the whole model once a call (with pinned parameters, its default: not once per decode
+step) and keeps its slice in inference kernels at the stage's tensor-parallel degree. An
 engine whose weights wait in host memory between steps (``param_offload``: vLLM's sleep
 mode in colocated systems) brings them back before it generates.
 """
@@ -376,8 +377,13 @@ def _cached(model, par, devices, topo, gpu, t, local, prompt, extra, dist, engin
     roof = pre_roof.scaled(m)
     prefill_x = pipe * comm(pre_tokens)
     if engine is Engine.HYBRID and par.zero.shards_params:
-        # the shards gathered once into the inference kernels' layout (tp of this stage)
-        prefill_x += collective_time(Collective.ALL_GATHER, wbytes, tuple(devices), topo)
+        # the shards gathered once a call into the inference kernels' layout: every rank
+        # gathers each layer's whole tensors and copies its tensor-parallel slice, so the
+        # whole model's bytes cross the links whatever the tp (DeepSpeed's Hybrid Engine
+        # with pinned parameters, DeepSpeed-Chat's default: microsoft/DeepSpeed
+        # deepspeed/runtime/hybrid_engine.py, generate(), GatheredParameters per layer group)
+        prefill_x += collective_time(Collective.ALL_GATHER, sync_bytes(model, gpu),
+                                     tuple(devices), topo)
     if par.param_offload:      # an engine woken up: its weights back from host memory
         prefill_x += wbytes / gpu.host_bandwidth
 

@@ -77,6 +77,22 @@ def test_generation_on_zero3_shards_gathers_the_weights_every_step(ppo):
     assert sharded - plain > steps * gather * (1 - ENGINES[Engine.HF].overlap) * 0.5
 
 
+def test_the_hybrid_engine_gathers_the_whole_model_once_a_call_whatever_its_tp(ppo):
+    """DeepSpeed's Hybrid Engine on ZeRO-3 shards (pinned parameters, its default): every
+    rank gathers each layer's whole tensors once a generate call and keeps its tensor-parallel
+    slice, so the call's gather moves the whole model's bytes at tp 1 and tp 8 alike, and not
+    once a decode step."""
+    work, topo = work_of(ppo, "rollout"), Topology.from_cluster(H100)
+    full = collective_time(Collective.ALL_GATHER, model_params(ppo.model("actor")) * 2, R8, topo)
+    for par in (Parallel(dp=8), Parallel(dp=1, tp=8)):
+        plain = estimate_stage(work, par, R8, H100, engine=Engine.HYBRID)
+        sharded = estimate_stage(work, attrs.evolve(par, zero=3), R8, H100,
+                                 engine=Engine.HYBRID)
+        assert dict(sharded.breakdown)["prefill"] - dict(plain.breakdown)["prefill"] \
+            == pytest.approx(full)
+        assert dict(sharded.breakdown)["decode"] == pytest.approx(dict(plain.breakdown)["decode"])
+
+
 def test_zero3_training_gathers_in_every_micro_batch(ppo):
     topo, model, w = Topology.from_cluster(H100), ppo.model("actor"), ppo.workload
     one, eight = (dict(train_cost(model, Parallel(dp=8, zero=3, microbatches=m), R8, topo,

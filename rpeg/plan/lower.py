@@ -105,14 +105,18 @@ module doc lists what the two feeds still differ in).
 
 from __future__ import annotations
 
+import bisect
+import math
 from collections import defaultdict
 from collections.abc import Callable, Iterable
+from itertools import repeat
+from operator import itemgetter
 
 import attrs
 
 from rpeg.cost.engine_sync import SyncLayout, engine_sync_layout, sync_senders
 from rpeg.graph import Dep, DepKind, Graph, Instance, Unrolled, unroll
-from rpeg.graph.ids import ReplicaKey
+from rpeg.graph.ids import ReplicaKey, engine_key
 from rpeg.graph.order import topological
 from rpeg.graph.versions import read_version
 from rpeg.plan.copies import copies
@@ -151,6 +155,42 @@ class Transfer:
     # (copy, device) of every copy it fills, by key and device: a reader's off its
     # trainer's devices or split another way (loaded), a vLLM engine's own (pushed)
     fills: tuple[tuple[ReplicaKey, int], ...] = ()
+
+
+# the gangs of one instance in the one order of collectives (Placed.collective_order):
+# an op's ranks, then a weight transfer's exports and loads, then its pushes
+RANKS, LOADS, PUSH = "", "sync", "push"
+GANGS = (RANKS, LOADS, PUSH)
+
+
+@attrs.frozen
+class Move:
+    """One gang of a weight transfer, moving one version of a trained model to the copies
+    that read it (:meth:`Placed.moves`): the exports on its sources and a load of each copy
+    on each device loading one (``LOADS``), or a receive on each vLLM engine's host and a
+    send on each sender (``PUSH``)."""
+
+    model: str                      # the trained backbone
+    op: str                         # the transfer's op (Transfer.op)
+    version: int                    # the version it makes (-1: any, a steady step's)
+    gang: str                       # LOADS or PUSH (GANGS: its place in an instance)
+    senders: tuple[int, ...]        # the exports' or sends' devices, by rank
+    # (device, a copy it fills there), by device and copy: a load of each, or an engine's
+    # receive on its host
+    receivers: tuple[tuple[int, ReplicaKey], ...]
+
+    @property
+    def devices(self) -> tuple[int, ...]:
+        """The devices of its calls in the order the runtime adds them: the exports then a
+        load per copy (``LOADS``); the receives then the sends (``PUSH``)."""
+        takes = tuple(map(itemgetter(0), self.receivers))
+        return self.senders + takes if self.gang == LOADS else takes + self.senders
+
+
+def push_hosts(lay: SyncLayout) -> tuple[int, ...]:
+    """The hosts of the vLLM engines a push into their own copies reaches (every engine
+    takes every version: in its group, or loaded in process by a sender), by device."""
+    return tuple(sorted(b[0] for b in lay.group + lay.local))
 
 
 @attrs.frozen
@@ -199,6 +239,55 @@ class Placed:
 
     def engine_sync(self, model: str) -> SyncLayout:
         return dict(self.engine_syncs)[model]
+
+    def moves(self, steps: int | None = None, first: int = 0) -> tuple[Move, ...]:
+        """The gangs of the weight transfers (:attr:`transfers`) a run of steps
+        ``first``..``steps - 1`` runs, in the order the runtime adds their calls: each
+        version past ``first`` (a run starts with every copy at that version) that some op
+        reads (:func:`~rpeg.graph.versions.read_version`) of a copy a transfer fills (its
+        loads, by model and version), then the pushes into vLLM engines' own copies (by
+        model and version); ``steps`` None: those of one steady step, every copy filled
+        (version -1)."""
+        needs = self._versions_read(steps, first) if steps is not None else {}
+        loads, pushes = [], []
+        for t in self.transfers:
+            # fills sorted by (copy, device): a vLLM engine's own copy, pushed, is one run
+            engine = engine_key(t.model)
+            lo = bisect.bisect_left(t.fills, (engine,))
+            hi = bisect.bisect_right(t.fills, (engine, math.inf), lo)
+            loaded, engines = t.fills[:lo] + t.fills[hi:], t.fills[lo:hi]
+            if steps is None:
+                by_version = {-1: loaded} if loaded else {}
+                pushed = [-1] if engines else []
+            else:
+                by_version = defaultdict(list)
+                for f in loaded:
+                    for v in needs.get(f, ()):
+                        by_version[v].append(f)
+                pushed = sorted(set().union(*(needs.get(f, ()) for f in engines)))
+            loads += [Move(t.model, t.op, v, LOADS, t.sources, tuple(sorted(zip(
+                map(itemgetter(1), fs), map(itemgetter(0), fs))))) for v, fs in by_version.items()]
+            if pushed:
+                lay = self.engine_sync(t.model)
+                hosts = tuple((h, engine) for h in push_hosts(lay))
+                pushes += [Move(t.model, t.op, v, PUSH, lay.senders, hosts) for v in pushed]
+        return tuple(sorted(loads, key=lambda m: (m.model, m.version))) + tuple(
+            sorted(pushes, key=lambda m: m.model))
+
+    def _versions_read(self, steps: int, first: int) -> dict[tuple[ReplicaKey, int], set[int]]:
+        """(copy, device) -> the versions past ``first`` some op reads of it in a run of
+        steps ``first``..``steps - 1``, of each copy a transfer fills."""
+        filled = {f for t in self.transfers for f in t.fills}
+        needs: dict[tuple[ReplicaKey, int], set[int]] = {}
+        for op, at in self.reads:
+            o = self.graph.op(op)
+            lag = 0 if o.kind is OpKind.TRAIN else self.graph.lag_of(op)
+            vs = {v for s in range(first, steps)
+                  if (v := read_version(o.kind, s, lag, first)) > first}
+            for d, key in at if vs else ():
+                if (key, d) in filled:
+                    needs.setdefault((key, d), set()).update(vs)
+        return needs
 
     def edges(self, steps: int, horizon: int | None = None) -> Unrolled:
         """The instances (op, step, chunk) of ``steps`` steps and their typed dependency
@@ -274,6 +363,15 @@ class Placed:
         place = {op: n for n, op in enumerate(self.op_order)}
         return topological(nodes, lambda i: into.get(i, ()),
                            key=lambda i: (i.step, place[i.op], i.chunk))
+
+    def gang_order(self, u: Unrolled, transfers: Iterable[Instance] = ()
+                   ) -> dict[tuple[Instance, str], int]:
+        """(instance, gang) -> its place in the one order of collectives: the instances in
+        :meth:`collective_order`, the gangs of one instance in :data:`GANGS`' order (an
+        op's ranks, then a transfer's exports and loads, then its pushes)."""
+        n = len(GANGS)
+        return {(i, g): k * n + r for k, i in enumerate(self.collective_order(u, transfers))
+                for r, g in enumerate(GANGS)}
 
     def by_round(self) -> Placed:
         """This placed graph with a generate op's chunks of a round (one on each of its
@@ -422,15 +520,23 @@ def replicas(p: Placed, placement_of: Placing) -> Placed:
 def fills(p: Placed, placement_of: Placing) -> Placed:
     """Each weight transfer's sending devices (the trainer's,
     :func:`~rpeg.cost.engine_sync.sync_senders`) and every copy it fills: a copy of its
-    model off the trainer's devices, or on them but split another way, or a vLLM engine's
-    own (:attr:`Placed.replicas` that are not the trained copy)."""
+    model some op reads (:func:`rpeg.plan.copies.copies`) off the trainer's devices, or on
+    them but split another way, or a vLLM engine's own -- every copy of :attr:`Placed.replicas`
+    that is not the trained one, by key and device."""
+    if not p.transfers:
+        return p
+    held = copies(p, placement_of)
+    model_of = {o.name: o.reads_model for o in p.graph.ops}
     out = []
     for t in p.transfers:
         place = placement_of(p.graph.op(t.trainer))
-        filled = tuple((r.key, r.device) for r in p.replicas
-                       if r.key.backbone == t.model and not r.trained)
+        filled: set[tuple[ReplicaKey, int]] = set()
+        for op, at in held.reads.items():
+            if model_of.get(op) == t.model:
+                filled.update(zip(at.values(), at.keys()))
+        filled.difference_update(zip(repeat(t.model), place.devices))   # the trained copy
         out.append(attrs.evolve(t, sources=sync_senders(place.devices, place.tp, place.zero),
-                                fills=filled))
+                                fills=tuple(sorted(filled))))
     return attrs.evolve(p, transfers=tuple(out))
 
 
@@ -452,9 +558,12 @@ def _gathers(p: Placed, writer, reader) -> bool:
 
 
 # what the simulator prices (rpeg.plan.evaluate.Evaluator.placed), then what the runtime
-# alone reads: its replicas, what its transfers fill and its order of collectives
+# also reads: its replicas, what its transfers fill and its order of collectives
 PRICED = (chunks, layouts, engine_syncs, streams, transfers)
 PASSES = PRICED + (replicas, fills, collectives)
+# what the task count reads (rpeg.plan.tasks.layouts_of): each op's layout and the weight
+# transfers' gangs (Placed.moves); the fills read the copies rule, not the replicas pass
+COUNTED = (chunks, layouts, engine_syncs, transfers, fills)
 
 
 def lower(graph: Graph, plan, responses: int, placement_of: Placing | None = None, *,
@@ -463,8 +572,9 @@ def lower(graph: Graph, plan, responses: int, placement_of: Placing | None = Non
     its stage's placement (``placement_of``: op -> placement, where a caller checks them;
     else the plan's placement of the op's first stage); ``responses``: those a step
     generates. ``passes``: the first of :data:`PASSES` a caller needs (a search pricing
-    each proposal's calls needs only their layouts and chunks)."""
-    assert passes == PASSES[:len(passes)], "passes run in order, each on those before"
+    each proposal's calls needs only their layouts and chunks), or :data:`COUNTED`."""
+    assert passes in (PASSES[:len(passes)], COUNTED), \
+        "passes run in order, each on those before"
     placement_of = placement_of or (lambda o: plan.placement(o.stages[0]))
     p = Placed(graph, responses)
     for step in passes:
@@ -472,6 +582,6 @@ def lower(graph: Graph, plan, responses: int, placement_of: Placing | None = Non
     return p
 
 
-__all__ = ["PASSES", "PRICED", "Placed", "Resident", "Transfer", "chunks", "collectives",
-           "engine_syncs", "fills", "layouts", "lower", "replicas", "streams", "transfer_of",
+__all__ = ["COUNTED", "GANGS", "LOADS", "PASSES", "PRICED", "PUSH", "RANKS", "Move", "Placed", "Resident", "Transfer", "chunks", "collectives",
+           "engine_syncs", "fills", "layouts", "lower", "push_hosts", "replicas", "streams", "transfer_of",
            "transfers"]

@@ -248,31 +248,9 @@ class Placed:
         loads, by model and version), then the pushes into vLLM engines' own copies (by
         model and version); ``steps`` None: those of one steady step, every copy filled
         (version -1)."""
-        needs = self._versions_read(steps, first) if steps is not None else {}
-        loads, pushes = [], []
-        for t in self.transfers:
-            # fills sorted by (copy, device): a vLLM engine's own copy, pushed, is one run
-            engine = engine_key(t.model)
-            lo = bisect.bisect_left(t.fills, (engine,))
-            hi = bisect.bisect_right(t.fills, (engine, math.inf), lo)
-            loaded, engines = t.fills[:lo] + t.fills[hi:], t.fills[lo:hi]
-            if steps is None:
-                by_version = {-1: loaded} if loaded else {}
-                pushed = [-1] if engines else []
-            else:
-                by_version = defaultdict(list)
-                for f in loaded:
-                    for v in needs.get(f, ()):
-                        by_version[v].append(f)
-                pushed = sorted(set().union(*(needs.get(f, ()) for f in engines)))
-            loads += [Move(t.model, t.op, v, LOADS, t.sources, tuple(sorted(zip(
-                map(itemgetter(1), fs), map(itemgetter(0), fs))))) for v, fs in by_version.items()]
-            if pushed:
-                lay = self.engine_sync(t.model)
-                hosts = tuple((h, engine) for h in push_hosts(lay))
-                pushes += [Move(t.model, t.op, v, PUSH, lay.senders, hosts) for v in pushed]
-        return tuple(sorted(loads, key=lambda m: (m.model, m.version))) + tuple(
-            sorted(pushes, key=lambda m: m.model))
+        if steps is None:
+            return _moves(self.transfers, self.engine_syncs)
+        return _moves(self.transfers, self.engine_syncs, self._versions_read(steps, first))
 
     def _versions_read(self, steps: int, first: int) -> dict[tuple[ReplicaKey, int], set[int]]:
         """(copy, device) -> the versions past ``first`` some op reads of it in a run of
@@ -390,6 +368,37 @@ class Placed:
             in_place=self.in_place - {pair for pair, some in partly.items() if not some},
             partly=tuple((pair, (rounds, some)) for pair, some in partly.items()
                          if 0 < len(some) < rounds))
+
+
+def _moves(transfers: tuple[Transfer, ...], engines: tuple, needs: dict | None = None
+           ) -> tuple[Move, ...]:
+    """:meth:`Placed.moves` of ``transfers`` (``engines``: :attr:`Placed.engine_syncs`);
+    ``needs``: (copy, device) -> the versions the run reads of it, or None: a steady
+    step's, every copy filled (version -1)."""
+    loads, pushes = [], []
+    for t in transfers:
+        # fills sorted by (copy, device): a vLLM engine's own copy, pushed, is one run
+        engine = engine_key(t.model)
+        lo = bisect.bisect_left(t.fills, (engine,))
+        hi = bisect.bisect_right(t.fills, (engine, math.inf), lo)
+        loaded, pushed_to = t.fills[:lo] + t.fills[hi:], t.fills[lo:hi]
+        if needs is None:
+            by_version = {-1: loaded} if loaded else {}
+            pushed = [-1] if pushed_to else []
+        else:
+            by_version = defaultdict(list)
+            for f in loaded:
+                for v in needs.get(f, ()):
+                    by_version[v].append(f)
+            pushed = sorted(set().union(*(needs.get(f, ()) for f in pushed_to)))
+        loads += [Move(t.model, t.op, v, LOADS, t.sources, tuple(sorted(zip(
+            map(itemgetter(1), fs), map(itemgetter(0), fs))))) for v, fs in by_version.items()]
+        if pushed:
+            lay = dict(engines)[t.model]
+            hosts = tuple((h, engine) for h in push_hosts(lay))
+            pushes += [Move(t.model, t.op, v, PUSH, lay.senders, hosts) for v in pushed]
+    return tuple(sorted(loads, key=lambda m: (m.model, m.version))) + tuple(
+        sorted(pushes, key=lambda m: m.model))
 
 
 Placing = Callable[[object], object]         # graph op -> the placement of its stage
@@ -535,8 +544,9 @@ def fills(p: Placed, placement_of: Placing) -> Placed:
             if model_of.get(op) == t.model:
                 filled.update(zip(at.values(), at.keys()))
         filled.difference_update(zip(repeat(t.model), place.devices))   # the trained copy
-        out.append(attrs.evolve(t, sources=sync_senders(place.devices, place.tp, place.zero),
-                                fills=tuple(sorted(filled))))
+        out.append(Transfer(t.model, t.trainer, t.op,
+                            sync_senders(place.devices, place.tp, place.zero),
+                            tuple(sorted(filled))))
     return attrs.evolve(p, transfers=tuple(out))
 
 

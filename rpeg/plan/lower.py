@@ -3,7 +3,8 @@ out from (``rpeg.runtime.lowering.instances.build_calls``), ``rpeg verify`` chec
 trace against (``rpeg.runtime.verify``), the simulator prices (``rpeg.plan.simulate``: the
 plan's graph as the cost model times it, fused and without the weight syncs that move
 nothing, lowered by the passes it prices, :data:`PRICED`: ``Evaluator.placed``), and the
-cost model counts a step's calls and tasks from (``rpeg.plan.tasks.layouts_of``).
+cost model counts a step's calls and tasks from (``rpeg.plan.tasks.layouts_of``, lowered by
+:data:`COUNTED`).
 
     >>> placed = lower(graph, plan, responses=512)                         # doctest: +SKIP
     >>> placed.layout("rollout").devices_of(0), placed.chunks              # doctest: +SKIP
@@ -38,9 +39,13 @@ what the simulator prices ends there (:data:`PRICED`); the runtime also reads
    runtime keys its op calls and sets up each worker's replicas
    (``rpeg.runtime.lowering.context.RunContext``);
 7. ``fills``: each transfer's sending devices and the copies it fills, on which devices
-   (:attr:`Transfer.fills`: loaded, or pushed into a vLLM engine's own), from which the
-   runtime adds its export/load and send/receive calls for every version its calls read
-   (``rpeg.runtime.lowering.ordering.add_syncs``);
+   (:attr:`Transfer.fills`: loaded, or pushed into a vLLM engine's own; read off the
+   copies rule, not the replicas, so the task count lowers by :data:`COUNTED` alone);
+   their gangs of calls, :meth:`Placed.moves` (a :class:`Move` per version: the exports
+   and a load per copy by device, or the receives on the engines' hosts and the sends),
+   are what the runtime adds for every version its calls read past the run's first step
+   (``rpeg.runtime.lowering.ordering.add_syncs``) and what the task count lays out for a
+   steady step (``rpeg.plan.tasks.transfer_gangs``);
 8. ``collectives``: the op order that breaks ties in the one order of collectives
    (:attr:`Placed.op_order`, :meth:`Placed.collective_order`, below).
 
@@ -92,12 +97,12 @@ over :meth:`Placed.edges`, :meth:`Placed.transfer_edges` and :meth:`Placed.rewri
 (the transfers that run alone), ties by one key: (step, the op's place in
 :attr:`Placed.op_order`, chunk) -- the graph's op order, each transfer's op (where the
 graph has no weight sync of that name) just after its trainer (pass 8, ``collectives``)
--- and, of one instance, a transfer's exports and loads before its pushes. A device's
+-- and, of one instance, its gangs in :data:`GANGS`' order: an op's ranks, a transfer's
+exports and loads, then its pushes (:meth:`Placed.gang_order`). A device's
 order is its share of that one order, so the ranks of every gang meet their collectives
 in the same relative order on all their devices
 (``rpeg.runtime.lowering.ordering.order_collectives`` chains each device's gangs by it).
-Which versions a run transfers is the run's (those its calls read past its first step). The
-packing of calls into tasks: one :class:`rpeg.plan.packing.Packer` both sides pack by (a
+The packing of calls into tasks: one :class:`rpeg.plan.packing.Packer` both sides pack by (a
 join's task placed by one rule, :meth:`~rpeg.plan.packing.Packer.join`), which the runtime
 feeds with its calls and the cost model with its own unrolling (``rpeg.plan.tasks``, whose
 module doc lists what the two feeds still differ in).
@@ -592,6 +597,6 @@ def lower(graph: Graph, plan, responses: int, placement_of: Placing | None = Non
     return p
 
 
-__all__ = ["COUNTED", "GANGS", "LOADS", "PASSES", "PRICED", "PUSH", "RANKS", "Move", "Placed", "Resident", "Transfer", "chunks", "collectives",
-           "engine_syncs", "fills", "layouts", "lower", "push_hosts", "replicas", "streams", "transfer_of",
-           "transfers"]
+__all__ = ["COUNTED", "GANGS", "LOADS", "PASSES", "PRICED", "PUSH", "RANKS", "Move", "Placed",
+           "Resident", "Transfer", "chunks", "collectives", "engine_syncs", "fills", "layouts",
+           "lower", "push_hosts", "replicas", "streams", "transfer_of", "transfers"]

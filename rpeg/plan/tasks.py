@@ -16,10 +16,11 @@ instances out as, the Dask tasks its fusion packs them into, and the futures tho
 
 The calls lie on their devices as :func:`rpeg.plan.oplayout.op_layout` says (the layout the
 runtime lays its calls out by); a weight sync's as the runtime's transfers of its model
-(:func:`transfer_gangs`: a gang of exports and loads to the copies its readers read off
-the trainer, :func:`rpeg.plan.copies.copies`' rule, and one of receives and sends into
-vLLM engines' own copies), a trained model's transfers the graph has no weight sync for
-under an op of their own, after the step's calls. The calls pack into tasks by
+(:func:`transfer_gangs`: the placed graph's :meth:`~rpeg.plan.lower.Placed.moves`, which
+the runtime adds its calls by: a gang of exports and loads to the copies its transfer
+fills, and one of receives and sends into vLLM engines' own copies), a trained model's
+transfers the graph has no weight sync for under an op of their own, after the step's
+calls. The calls pack into tasks by
 :class:`rpeg.plan.packing.Packer` (the runtime's fusion packs its calls by it), fed with
 instances: a call's dependencies are the tasks of the first ranks of the instances it
 reads, and a gang of ``JOIN_MIN`` ranks or more waits through one join call

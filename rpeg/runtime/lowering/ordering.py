@@ -15,8 +15,8 @@ what keeps a run exact added, in one ordered list (``PASSES``).
     True
 
 * ``add_syncs``: an export/load gang (or a send/receive one into a vLLM engine's copy) for
-  every version the calls read of a copy a transfer fills (``rpeg.plan.lower.Transfer``:
-  its sources and fills are the placed graph's);
+  every version the run reads of a copy a transfer fills: the placed graph's
+  (``rpeg.plan.lower.Placed.moves``, the gangs the task count lays out too);
 * ``order_versions``: a reader after the writer of its version, a writer after the readers
   of the version before, on the same device: each device's share of the placed graph's
   version and write-after-read edges (``rpeg.plan.lower.Placed.edges``), of its weight
@@ -25,7 +25,7 @@ what keeps a run exact added, in one ordered list (``PASSES``).
 * ``order_streams``: each device's chunks of a generate op in order (the placed graph's
   stream and carry edges, ``rpeg.plan.lower.Placed.edges``);
 * ``order_collectives``: one order of the gangs on every device, the placed graph's
-  (``Placed.collective_order``);
+  (``Placed.gang_order``);
 * ``order_pushes``: an engine on a sending device is loaded by that send, in process, and
   its receive comes after it;
 * ``settle``: each call's ordering edges once each, none to itself.
@@ -358,8 +358,8 @@ def gangs_of(calls: Calls) -> dict[tuple, list[int]]:
 def order_collectives(calls: Calls, ctx: Ordering) -> Calls:
     """Calls that run collectives together form a gang (:func:`gangs_of`). Each gang waits
     for the union of its members' dependencies, and on every device gangs run in the placed
-    graph's one order of collectives (:meth:`Placed.collective_order
-    <rpeg.plan.lower.Placed.collective_order>`: a topological order of its instances, ties
+    graph's one order of collectives (:meth:`Placed.gang_order
+    <rpeg.plan.lower.Placed.gang_order>`: a topological order of its instances, ties
     by step, op and chunk; of one instance, a transfer's exports and loads before its
     pushes), so gloo/NCCL collectives never interleave differently on two ranks. A large
     gang waits through one join call instead of copying all that into every member

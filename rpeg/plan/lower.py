@@ -114,7 +114,7 @@ import bisect
 import math
 from collections import defaultdict
 from collections.abc import Callable, Iterable
-from itertools import repeat
+from itertools import groupby, repeat
 from operator import itemgetter
 
 import attrs
@@ -544,14 +544,21 @@ def fills(p: Placed, placement_of: Placing) -> Placed:
     out = []
     for t in p.transfers:
         place = placement_of(p.graph.op(t.trainer))
-        filled: set[tuple[ReplicaKey, int]] = set()
+        at_key: dict[ReplicaKey, set[int]] = {}       # copy -> the devices reading it
         for op, at in held.reads.items():
-            if model_of.get(op) == t.model:
-                filled.update(zip(at.values(), at.keys()))
-        filled.difference_update(zip(repeat(t.model), place.devices))   # the trained copy
+            if model_of.get(op) != t.model:
+                continue
+            keys = set(at.values())
+            if len(keys) == 1:
+                at_key.setdefault(keys.pop(), set()).update(at)
+                continue
+            for key, grp in groupby(sorted(at.items(), key=itemgetter(1)), itemgetter(1)):
+                at_key.setdefault(key, set()).update(map(itemgetter(0), grp))
+        if t.model in at_key:                     # the trained copy: off its devices alone
+            at_key[t.model].difference_update(place.devices)
+        filled = tuple(f for key in sorted(at_key) for f in zip(repeat(key), sorted(at_key[key])))
         out.append(Transfer(t.model, t.trainer, t.op,
-                            sync_senders(place.devices, place.tp, place.zero),
-                            tuple(sorted(filled))))
+                            sync_senders(place.devices, place.tp, place.zero), filled))
     return attrs.evolve(p, transfers=tuple(out))
 
 

@@ -397,7 +397,8 @@ def _moves(transfers: tuple[Transfer, ...], engines: tuple, needs: dict | None =
                     by_version[v].append(f)
             pushed = sorted(set().union(*(needs.get(f, ()) for f in pushed_to)))
         loads += [Move(t.model, t.op, v, LOADS, t.sources, tuple(sorted(zip(
-            map(itemgetter(1), fs), map(itemgetter(0), fs))))) for v, fs in by_version.items()]
+            map(itemgetter(1), fs), map(itemgetter(0), fs), strict=True))))
+            for v, fs in by_version.items()]
         if pushed:
             lay = dict(engines)[t.model]
             hosts = tuple((h, engine) for h in push_hosts(lay))

@@ -3,7 +3,8 @@ out from (``rpeg.runtime.lowering.instances.build_calls``), ``rpeg verify`` chec
 trace against (``rpeg.runtime.verify``), the simulator prices (``rpeg.plan.simulate``: the
 plan's graph as the cost model times it, fused and without the weight syncs that move
 nothing, lowered by the passes it prices, :data:`PRICED`: ``Evaluator.placed``), and the
-cost model counts a step's calls and tasks from (``rpeg.plan.tasks.layouts_of``).
+cost model counts a step's calls and tasks from (``rpeg.plan.tasks.layouts_of``, lowered by
+:data:`COUNTED`).
 
     >>> placed = lower(graph, plan, responses=512)                         # doctest: +SKIP
     >>> placed.layout("rollout").devices_of(0), placed.chunks              # doctest: +SKIP
@@ -38,9 +39,13 @@ what the simulator prices ends there (:data:`PRICED`); the runtime also reads
    runtime keys its op calls and sets up each worker's replicas
    (``rpeg.runtime.lowering.context.RunContext``);
 7. ``fills``: each transfer's sending devices and the copies it fills, on which devices
-   (:attr:`Transfer.fills`: loaded, or pushed into a vLLM engine's own), from which the
-   runtime adds its export/load and send/receive calls for every version its calls read
-   (``rpeg.runtime.lowering.ordering.add_syncs``);
+   (:attr:`Transfer.fills`: loaded, or pushed into a vLLM engine's own; read off the
+   copies rule, not the replicas, so the task count lowers by :data:`COUNTED` alone);
+   their gangs of calls, :meth:`Placed.moves` (a :class:`Move` per version: the exports
+   and a load per copy by device, or the receives on the engines' hosts and the sends),
+   are what the runtime adds for every version its calls read past the run's first step
+   (``rpeg.runtime.lowering.ordering.add_syncs``) and what the task count lays out for a
+   steady step (``rpeg.plan.tasks.transfer_gangs``);
 8. ``collectives``: the op order that breaks ties in the one order of collectives
    (:attr:`Placed.op_order`, :meth:`Placed.collective_order`, below).
 
@@ -92,12 +97,12 @@ over :meth:`Placed.edges`, :meth:`Placed.transfer_edges` and :meth:`Placed.rewri
 (the transfers that run alone), ties by one key: (step, the op's place in
 :attr:`Placed.op_order`, chunk) -- the graph's op order, each transfer's op (where the
 graph has no weight sync of that name) just after its trainer (pass 8, ``collectives``)
--- and, of one instance, a transfer's exports and loads before its pushes. A device's
+-- and, of one instance, its gangs in :data:`GANGS`' order: an op's ranks, a transfer's
+exports and loads, then its pushes (:meth:`Placed.gang_order`). A device's
 order is its share of that one order, so the ranks of every gang meet their collectives
 in the same relative order on all their devices
 (``rpeg.runtime.lowering.ordering.order_collectives`` chains each device's gangs by it).
-Which versions a run transfers is the run's (those its calls read past its first step). The
-packing of calls into tasks: one :class:`rpeg.plan.packing.Packer` both sides pack by (a
+The packing of calls into tasks: one :class:`rpeg.plan.packing.Packer` both sides pack by (a
 join's task placed by one rule, :meth:`~rpeg.plan.packing.Packer.join`), which the runtime
 feeds with its calls and the cost model with its own unrolling (``rpeg.plan.tasks``, whose
 module doc lists what the two feeds still differ in).
@@ -105,14 +110,18 @@ module doc lists what the two feeds still differ in).
 
 from __future__ import annotations
 
+import bisect
+import math
 from collections import defaultdict
 from collections.abc import Callable, Iterable
+from itertools import groupby, repeat
+from operator import itemgetter
 
 import attrs
 
 from rpeg.cost.engine_sync import SyncLayout, engine_sync_layout, sync_senders
 from rpeg.graph import Dep, DepKind, Graph, Instance, Unrolled, unroll
-from rpeg.graph.ids import ReplicaKey
+from rpeg.graph.ids import ReplicaKey, engine_key
 from rpeg.graph.order import topological
 from rpeg.graph.versions import read_version
 from rpeg.plan.copies import copies
@@ -151,6 +160,42 @@ class Transfer:
     # (copy, device) of every copy it fills, by key and device: a reader's off its
     # trainer's devices or split another way (loaded), a vLLM engine's own (pushed)
     fills: tuple[tuple[ReplicaKey, int], ...] = ()
+
+
+# the gangs of one instance in the one order of collectives (Placed.collective_order):
+# an op's ranks, then a weight transfer's exports and loads, then its pushes
+RANKS, LOADS, PUSH = "", "sync", "push"
+GANGS = (RANKS, LOADS, PUSH)
+
+
+@attrs.frozen
+class Move:
+    """One gang of a weight transfer, moving one version of a trained model to the copies
+    that read it (:meth:`Placed.moves`): the exports on its sources and a load of each copy
+    on each device loading one (``LOADS``), or a receive on each vLLM engine's host and a
+    send on each sender (``PUSH``)."""
+
+    model: str                      # the trained backbone
+    op: str                         # the transfer's op (Transfer.op)
+    version: int                    # the version it makes (-1: any, a steady step's)
+    gang: str                       # LOADS or PUSH (GANGS: its place in an instance)
+    senders: tuple[int, ...]        # the exports' or sends' devices, by rank
+    # (device, a copy it fills there), by device and copy: a load of each, or an engine's
+    # receive on its host
+    receivers: tuple[tuple[int, ReplicaKey], ...]
+
+    @property
+    def devices(self) -> tuple[int, ...]:
+        """The devices of its calls in the order the runtime adds them: the exports then a
+        load per copy (``LOADS``); the receives then the sends (``PUSH``)."""
+        takes = tuple(map(itemgetter(0), self.receivers))
+        return self.senders + takes if self.gang == LOADS else takes + self.senders
+
+
+def push_hosts(lay: SyncLayout) -> tuple[int, ...]:
+    """The hosts of the vLLM engines a push into their own copies reaches (every engine
+    takes every version: in its group, or loaded in process by a sender), by device."""
+    return tuple(sorted(b[0] for b in lay.group + lay.local))
 
 
 @attrs.frozen
@@ -199,6 +244,33 @@ class Placed:
 
     def engine_sync(self, model: str) -> SyncLayout:
         return dict(self.engine_syncs)[model]
+
+    def moves(self, steps: int | None = None, first: int = 0) -> tuple[Move, ...]:
+        """The gangs of the weight transfers (:attr:`transfers`) a run of steps
+        ``first``..``steps - 1`` runs, in the order the runtime adds their calls: each
+        version past ``first`` (a run starts with every copy at that version) that some op
+        reads (:func:`~rpeg.graph.versions.read_version`) of a copy a transfer fills (its
+        loads, by model and version), then the pushes into vLLM engines' own copies (by
+        model and version); ``steps`` None: those of one steady step, every copy filled
+        (version -1)."""
+        if steps is None:
+            return _moves(self.transfers, self.engine_syncs)
+        return _moves(self.transfers, self.engine_syncs, self._versions_read(steps, first))
+
+    def _versions_read(self, steps: int, first: int) -> dict[tuple[ReplicaKey, int], set[int]]:
+        """(copy, device) -> the versions past ``first`` some op reads of it in a run of
+        steps ``first``..``steps - 1``, of each copy a transfer fills."""
+        filled = {f for t in self.transfers for f in t.fills}
+        needs: dict[tuple[ReplicaKey, int], set[int]] = {}
+        for op, at in self.reads:
+            o = self.graph.op(op)
+            lag = 0 if o.kind is OpKind.TRAIN else self.graph.lag_of(op)
+            vs = {v for s in range(first, steps)
+                  if (v := read_version(o.kind, s, lag, first)) > first}
+            for d, key in at if vs else ():
+                if (key, d) in filled:
+                    needs.setdefault((key, d), set()).update(vs)
+        return needs
 
     def edges(self, steps: int, horizon: int | None = None) -> Unrolled:
         """The instances (op, step, chunk) of ``steps`` steps and their typed dependency
@@ -275,6 +347,15 @@ class Placed:
         return topological(nodes, lambda i: into.get(i, ()),
                            key=lambda i: (i.step, place[i.op], i.chunk))
 
+    def gang_order(self, u: Unrolled, transfers: Iterable[Instance] = ()
+                   ) -> dict[tuple[Instance, str], int]:
+        """(instance, gang) -> its place in the one order of collectives: the instances in
+        :meth:`collective_order`, the gangs of one instance in :data:`GANGS`' order (an
+        op's ranks, then a transfer's exports and loads, then its pushes)."""
+        n = len(GANGS)
+        return {(i, g): k * n + r for k, i in enumerate(self.collective_order(u, transfers))
+                for r, g in enumerate(GANGS)}
+
     def by_round(self) -> Placed:
         """This placed graph with a generate op's chunks of a round (one on each of its
         blocks, side by side: :func:`~rpeg.plan.oplayout.rounds_of`) as one instance on
@@ -292,6 +373,38 @@ class Placed:
             in_place=self.in_place - {pair for pair, some in partly.items() if not some},
             partly=tuple((pair, (rounds, some)) for pair, some in partly.items()
                          if 0 < len(some) < rounds))
+
+
+def _moves(transfers: tuple[Transfer, ...], engines: tuple, needs: dict | None = None
+           ) -> tuple[Move, ...]:
+    """:meth:`Placed.moves` of ``transfers`` (``engines``: :attr:`Placed.engine_syncs`);
+    ``needs``: (copy, device) -> the versions the run reads of it, or None: a steady
+    step's, every copy filled (version -1)."""
+    loads, pushes = [], []
+    for t in transfers:
+        # fills sorted by (copy, device): a vLLM engine's own copy, pushed, is one run
+        engine = engine_key(t.model)
+        lo = bisect.bisect_left(t.fills, (engine,))
+        hi = bisect.bisect_right(t.fills, (engine, math.inf), lo)
+        loaded, pushed_to = t.fills[:lo] + t.fills[hi:], t.fills[lo:hi]
+        if needs is None:
+            by_version = {-1: loaded} if loaded else {}
+            pushed = [-1] if pushed_to else []
+        else:
+            by_version = defaultdict(list)
+            for f in loaded:
+                for v in needs.get(f, ()):
+                    by_version[v].append(f)
+            pushed = sorted(set().union(*(needs.get(f, ()) for f in pushed_to)))
+        loads += [Move(t.model, t.op, v, LOADS, t.sources, tuple(sorted(zip(
+            map(itemgetter(1), fs), map(itemgetter(0), fs), strict=True))))
+            for v, fs in by_version.items()]
+        if pushed:
+            lay = dict(engines)[t.model]
+            hosts = tuple((h, engine) for h in push_hosts(lay))
+            pushes += [Move(t.model, t.op, v, PUSH, lay.senders, hosts) for v in pushed]
+    return tuple(sorted(loads, key=lambda m: (m.model, m.version))) + tuple(
+        sorted(pushes, key=lambda m: m.model))
 
 
 Placing = Callable[[object], object]         # graph op -> the placement of its stage
@@ -422,15 +535,31 @@ def replicas(p: Placed, placement_of: Placing) -> Placed:
 def fills(p: Placed, placement_of: Placing) -> Placed:
     """Each weight transfer's sending devices (the trainer's,
     :func:`~rpeg.cost.engine_sync.sync_senders`) and every copy it fills: a copy of its
-    model off the trainer's devices, or on them but split another way, or a vLLM engine's
-    own (:attr:`Placed.replicas` that are not the trained copy)."""
+    model some op reads (:func:`rpeg.plan.copies.copies`) off the trainer's devices, or on
+    them but split another way, or a vLLM engine's own -- every copy of :attr:`Placed.replicas`
+    that is not the trained one, by key and device."""
+    if not p.transfers:
+        return p
+    held = copies(p, placement_of)
+    model_of = {o.name: o.reads_model for o in p.graph.ops}
     out = []
     for t in p.transfers:
         place = placement_of(p.graph.op(t.trainer))
-        filled = tuple((r.key, r.device) for r in p.replicas
-                       if r.key.backbone == t.model and not r.trained)
-        out.append(attrs.evolve(t, sources=sync_senders(place.devices, place.tp, place.zero),
-                                fills=filled))
+        at_key: dict[ReplicaKey, set[int]] = {}       # copy -> the devices reading it
+        for op, at in held.reads.items():
+            if model_of.get(op) != t.model:
+                continue
+            keys = set(at.values())
+            if len(keys) == 1:
+                at_key.setdefault(keys.pop(), set()).update(at)
+                continue
+            for key, grp in groupby(sorted(at.items(), key=itemgetter(1)), itemgetter(1)):
+                at_key.setdefault(key, set()).update(map(itemgetter(0), grp))
+        if t.model in at_key:                     # the trained copy: off its devices alone
+            at_key[t.model].difference_update(place.devices)
+        filled = tuple(f for key in sorted(at_key) for f in zip(repeat(key), sorted(at_key[key])))
+        out.append(Transfer(t.model, t.trainer, t.op,
+                            sync_senders(place.devices, place.tp, place.zero), filled))
     return attrs.evolve(p, transfers=tuple(out))
 
 
@@ -452,9 +581,12 @@ def _gathers(p: Placed, writer, reader) -> bool:
 
 
 # what the simulator prices (rpeg.plan.evaluate.Evaluator.placed), then what the runtime
-# alone reads: its replicas, what its transfers fill and its order of collectives
+# also reads: its replicas, what its transfers fill and its order of collectives
 PRICED = (chunks, layouts, engine_syncs, streams, transfers)
 PASSES = PRICED + (replicas, fills, collectives)
+# what the task count reads (rpeg.plan.tasks.layouts_of): each op's layout and the weight
+# transfers' gangs (Placed.moves); the fills read the copies rule, not the replicas pass
+COUNTED = (chunks, layouts, engine_syncs, transfers, fills)
 
 
 def lower(graph: Graph, plan, responses: int, placement_of: Placing | None = None, *,
@@ -463,8 +595,9 @@ def lower(graph: Graph, plan, responses: int, placement_of: Placing | None = Non
     its stage's placement (``placement_of``: op -> placement, where a caller checks them;
     else the plan's placement of the op's first stage); ``responses``: those a step
     generates. ``passes``: the first of :data:`PASSES` a caller needs (a search pricing
-    each proposal's calls needs only their layouts and chunks)."""
-    assert passes == PASSES[:len(passes)], "passes run in order, each on those before"
+    each proposal's calls needs only their layouts and chunks), or :data:`COUNTED`."""
+    assert passes in (PASSES[:len(passes)], COUNTED), \
+        "passes run in order, each on those before"
     placement_of = placement_of or (lambda o: plan.placement(o.stages[0]))
     p = Placed(graph, responses)
     for step in passes:
@@ -472,6 +605,6 @@ def lower(graph: Graph, plan, responses: int, placement_of: Placing | None = Non
     return p
 
 
-__all__ = ["PASSES", "PRICED", "Placed", "Resident", "Transfer", "chunks", "collectives",
-           "engine_syncs", "fills", "layouts", "lower", "replicas", "streams", "transfer_of",
-           "transfers"]
+__all__ = ["COUNTED", "GANGS", "LOADS", "PASSES", "PRICED", "PUSH", "RANKS", "Move", "Placed",
+           "Resident", "Transfer", "chunks", "collectives", "engine_syncs", "fills", "layouts",
+           "lower", "push_hosts", "replicas", "streams", "transfer_of", "transfers"]

@@ -16,10 +16,11 @@ instances out as, the Dask tasks its fusion packs them into, and the futures tho
 
 The calls lie on their devices as :func:`rpeg.plan.oplayout.op_layout` says (the layout the
 runtime lays its calls out by); a weight sync's as the runtime's transfers of its model
-(:func:`transfer_gangs`: a gang of exports and loads to the copies its readers read off
-the trainer, :func:`rpeg.plan.copies.copies`' rule, and one of receives and sends into
-vLLM engines' own copies), a trained model's transfers the graph has no weight sync for
-under an op of their own, after the step's calls. The calls pack into tasks by
+(:func:`transfer_gangs`: the placed graph's :meth:`~rpeg.plan.lower.Placed.moves`, which
+the runtime adds its calls by: a gang of exports and loads to the copies its transfer
+fills, and one of receives and sends into vLLM engines' own copies), a trained model's
+transfers the graph has no weight sync for under an op of their own, after the step's
+calls. The calls pack into tasks by
 :class:`rpeg.plan.packing.Packer` (the runtime's fusion packs its calls by it), fed with
 instances: a call's dependencies are the tasks of the first ranks of the instances it
 reads, and a gang of ``JOIN_MIN`` ranks or more waits through one join call
@@ -49,14 +50,13 @@ from __future__ import annotations
 
 import bisect
 import functools
+from operator import itemgetter
 
 import attrs
 
 from rpeg.cost.control import JOIN_MIN, Dispatch
-from rpeg.cost.engine_sync import engine_sync_layout, sync_senders
 from rpeg.graph import Graph
-from rpeg.plan.copies import copies
-from rpeg.plan.lower import PASSES, Placed, lower, streams, transfer_of
+from rpeg.plan.lower import COUNTED, Placed, lower, streams, transfer_of
 from rpeg.plan.oplayout import OpLayout
 from rpeg.plan.packing import Packer
 from rpeg.plan.simulate import OpTiming, prepared
@@ -341,10 +341,9 @@ def layouts_of(pipeline, plan, graph: Graph, timings: dict[str, OpTiming]
     the graph has no weight sync for lie under their own op (:func:`transfer_of`)."""
     placement_of = _placing(plan)
     placed = lower(graph, plan, pipeline.workload.prompts * pipeline.workload.samples,
-                   placement_of, passes=PASSES[:2])   # layouts, chunks: all a count reads
+                   placement_of, passes=COUNTED)   # layouts, chunks, transfers: all it reads
     out = dict(placed.layouts)
-    gangs = transfer_gangs(placed, placement_of,
-                           frozenset(m.name for m in pipeline.models if m.frozen))
+    gangs = transfer_gangs(placed)
     for op in graph.ops:
         if op.kind is not OpKind.SYNC_WEIGHTS:
             continue
@@ -374,15 +373,13 @@ def _placing(plan):
     return lambda o: plan.placement(o.stages[0])
 
 
-def transfer_gangs(placed: Placed, placement_of, frozen: frozenset[str] = frozenset()
-                   ) -> dict[str, tuple[tuple[tuple[int, ...], ...], tuple[int, ...]]]:
-    """Trained backbone -> (the gangs of calls that move each of its versions to the copies
-    its readers read off its trainer (:func:`rpeg.plan.copies.copies`), each the devices of
-    its calls in the runtime's order (``rpeg.runtime.lowering.ordering.add_syncs``): the
-    trainer's senders' exports then a load per copy on each device reading one (sorted by
-    device); and, where a vLLM engine serves a copy of its own, a receive on each engine's
-    host then the senders' sends (:func:`rpeg.cost.engine_sync.engine_sync_layout`); the
-    devices loading or receiving a copy). ``frozen``: models no trainer writes (a reader of those alone reads no version).
+def transfer_gangs(placed: Placed) -> dict[str, tuple[tuple[tuple[int, ...], ...],
+                                                     tuple[int, ...]]]:
+    """Trained backbone -> (the gangs of calls that move each of its versions, each the
+    devices of its calls in the runtime's order: the placed graph's
+    :meth:`~rpeg.plan.lower.Placed.moves` of a steady step, every copy its transfer fills
+    (:attr:`~rpeg.plan.lower.Transfer.fills`); the devices loading or receiving a copy).
+    ``placed``: lowered by :data:`~rpeg.plan.lower.COUNTED`.
 
         >>> from rpeg.graph import Op
         >>> from rpeg.plan.model import StagePlacement as P
@@ -394,65 +391,14 @@ def transfer_gangs(placed: Placed, placement_of, frozen: frozenset[str] = frozen
         ...           ("actor",))
         >>> place = {"rollout": P("rollout", (0, 1, 2), dp=3, engine=Engine.VLLM),
         ...          "train": P("train", (0, 1), dp=2, zero=3)}
-        >>> at = lambda o: place[o.name]
-        >>> transfer_gangs(lower(g, None, 8, at, passes=PASSES[:2]), at)
+        >>> transfer_gangs(lower(g, None, 8, lambda o: place[o.name], passes=COUNTED))
         {'actor': (((0, 1, 2, 0, 1),), (0, 1, 2))}
     """
-    graph = placed.graph
-    trainers = {o.writes_model: o for o in graph.ops if o.kind is OpKind.TRAIN and o.writes_model}
-    if not trainers:
-        return {}
-    homes = {m: placement_of(t) for m, t in trainers.items()}
-    held = copies(placed, placement_of)
-    loads: dict[str, set] = {}            # backbone -> (a copy, a device loading it there)
-    pushed: set[str] = set()                      # backbones whose engines serve a copy
-    for op in graph.ops:
-        model = op.reads_model
-        reads = held.reads.get(op.name)
-        if not reads or op.kind in (OpKind.TRAIN, OpKind.SYNC_WEIGHTS) \
-                or model not in homes or all(m in frozen for m in model.members):
-            continue
-        for key in set(reads.values()):           # a few copies, read on many devices
-            if key.engine:
-                pushed.add(model)
-            elif key == model:                    # the trained copy: off its devices alone
-                home = _devices(homes[model])
-                loads.setdefault(model, set()).update(
-                    (key, d) for d, k in reads.items() if k == key and d not in home)
-            else:
-                loads.setdefault(model, set()).update(
-                    (key, d) for d, k in reads.items() if k == key)
-    out: dict = {}
-    for model, trainer in homes.items():
-        gangs, fills = [], set()
-        if loads.get(model):                      # a load per copy, by device
-            at = sorted(d for _, d in loads[model])
-            fills.update(at)
-            gangs.append(sync_senders(trainer.devices, trainer.tp, trainer.zero) + tuple(at))
-        if model in pushed:
-            hosts, senders = _push_gang(trainer, tuple(
-                placement_of(o) for o in graph.ops
-                if o.kind is OpKind.GENERATE and o.reads_model == model))
-            fills.update(hosts)
-            gangs.append(hosts + senders)
-        if gangs:
-            out[model] = (tuple(gangs), tuple(sorted(fills)))
+    moves = placed.moves()
+    out = {}
+    for t in placed.transfers:
+        mine = [m for m in moves if m.model == t.model]
+        if mine:
+            out[t.model] = (tuple(m.devices for m in mine), tuple(sorted(set().union(
+                *(map(itemgetter(0), m.receivers) for m in mine)))))
     return out
-
-
-
-@functools.lru_cache(maxsize=4096)
-def _devices(place) -> frozenset[int]:
-    """A placement's devices as a set, by the placement (its hash kept)."""
-    return frozenset(place.devices)
-
-
-@functools.lru_cache(maxsize=4096)
-def _push_gang(trainer, readers: tuple) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """The calls pushing a version into the vLLM engines of generate placements
-    ``readers`` that serve a copy of their own, from a trainer placed as ``trainer``: a
-    receive on each engine's host, and a send on each sender (the pushes of
-    ``rpeg.runtime.lowering.ordering``, by :func:`rpeg.cost.engine_sync.engine_sync_layout`)."""
-    lay = engine_sync_layout(trainer, list(readers))
-    return tuple(sorted(b[0] for b in lay.group + lay.local)), lay.senders
-

@@ -13,7 +13,7 @@ from rpeg.cost.engine_sync import engine_hosts_of, serves_copy, sync_refusal, sy
 from rpeg.graph import DepKind, Instance
 from rpeg.graph.unroll import CARRY, STREAM
 from rpeg.graph.versions import read_version
-from rpeg.plan.lower import PASSES, PRICED, Placed, lower, transfer_of
+from rpeg.plan.lower import COUNTED, LOADS, PASSES, PRICED, PUSH, Placed, lower, transfer_of
 from rpeg.plan.oplayout import (
     blocks_of,
     gathers_in_place,
@@ -387,3 +387,22 @@ def test_any_rollout_streams_whole_rounds_of_its_blocks(factor, chunks, stalenes
             got = sorted(lay.blocks.index(next(b for b in lay.blocks if c.device in b))
                          for c in mine if c.chunk // blocks == r)
             assert got == list(range(blocks))       # one chunk on each block
+
+
+@pytest.mark.parametrize("name", sorted(PLANS))
+def test_a_steady_steps_transfers_are_the_runtimes_gangs(name):
+    """The weight transfers the task count lays out (``Placed.moves()``, a steady step's)
+    are the runtime's calls of a version of a run, gang by gang, device by device in call
+    order: the one function both read (the runtime's by the versions its calls read)."""
+    pipeline, plan = PLANS[name]
+    graph = step_graph(pipeline, plan)
+    place = lambda o: plan.placement(o.stages[0])        # noqa: E731
+    counted = lower(graph, plan, pipeline.workload.prompts * pipeline.workload.samples, place,
+                    passes=COUNTED)
+    step = 1                                   # version 2, read in a run of 6 steps
+    ran: dict[tuple, list[int]] = {}
+    for c in build_calls(pipeline, plan, 6):
+        if c.step == step and c.role in ("export", "load", "send", "recv"):
+            gang = PUSH if c.role in ("send", "recv") else LOADS
+            ran.setdefault((c.op, gang), []).append(c.device)
+    assert {(m.op, m.gang): list(m.devices) for m in counted.moves()} == ran

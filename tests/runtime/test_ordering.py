@@ -115,8 +115,8 @@ def verify_one_order(calls, ctx) -> None:
             m |= below[d] | 1 << index[d]
         below[cid] = m
     gangs = O.gangs_of(calls)
-    place = ctx.collective_order({c.instance for c in calls if c.role in O.TRANSFER_ROLES})
-    rank = {k: (place[calls[at[0]].instance], O._ROLE_ORDER[k[3]]) for k, at in gangs.items()}
+    place = ctx.gang_order({c.instance for c in calls if c.role in O.TRANSFER_ROLES})
+    rank = {k: place[(calls[at[0]].instance, k[3])] for k, at in gangs.items()}
     assert len(set(rank.values())) == len(rank)           # a total order of the gangs
     on: dict[int, dict[tuple, list]] = defaultdict(dict)  # device -> gang -> its members
     for key, at in gangs.items():
@@ -312,11 +312,14 @@ def test_add_syncs_fills_the_copies_the_placed_graph_says():
     calls, ctx = lay_out(pipeline, make(), GOLDEN.STEPS)
     synced = O.add_syncs(calls, ctx)
     assert {c.role for c in synced[len(calls):]} >= {"export", "load", "send", "recv"}
-    none = {m: attrs.evolve(t, fills=()) for m, t in ctx.transfers.items()}
-    assert O.add_syncs(calls, attrs.evolve(ctx, transfers=none)) == calls
-    moved = {m: attrs.evolve(t, sources=t.sources[1:]) for m, t in ctx.transfers.items()}
-    exports = {c.device for c in O.add_syncs(calls, attrs.evolve(ctx, transfers=moved))
-               if c.role == "export"}
+
+    def placed(change):
+        return attrs.evolve(ctx, placed=attrs.evolve(ctx.placed, transfers=tuple(
+            attrs.evolve(t, **change(t)) for t in ctx.placed.transfers)))
+
+    assert O.add_syncs(calls, placed(lambda t: {"fills": ()})) == calls
+    moved = placed(lambda t: {"sources": t.sources[1:]})
+    exports = {c.device for c in O.add_syncs(calls, moved) if c.role == "export"}
     assert exports and not exports & {t.sources[0] for t in ctx.transfers.values()}
 
 

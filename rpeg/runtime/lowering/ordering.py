@@ -15,8 +15,8 @@ what keeps a run exact added, in one ordered list (``PASSES``).
     True
 
 * ``add_syncs``: an export/load gang (or a send/receive one into a vLLM engine's copy) for
-  every version the calls read of a copy a transfer fills (``rpeg.plan.lower.Transfer``:
-  its sources and fills are the placed graph's);
+  every version the run reads of a copy a transfer fills: the placed graph's
+  (``rpeg.plan.lower.Placed.moves``, the gangs the task count lays out too);
 * ``order_versions``: a reader after the writer of its version, a writer after the readers
   of the version before, on the same device: each device's share of the placed graph's
   version and write-after-read edges (``rpeg.plan.lower.Placed.edges``), of its weight
@@ -25,7 +25,7 @@ what keeps a run exact added, in one ordered list (``PASSES``).
 * ``order_streams``: each device's chunks of a generate op in order (the placed graph's
   stream and carry edges, ``rpeg.plan.lower.Placed.edges``);
 * ``order_collectives``: one order of the gangs on every device, the placed graph's
-  (``Placed.collective_order``);
+  (``Placed.gang_order``);
 * ``order_pushes``: an engine on a sending device is loaded by that send, in process, and
   its receive comes after it;
 * ``settle``: each call's ordering edges once each, none to itself.
@@ -48,7 +48,7 @@ from rpeg.graph import DepKind, Instance, Unrolled
 from rpeg.graph.ids import OpId
 from rpeg.graph.order import Cycle, topological
 from rpeg.graph.unroll import CARRY, STREAM
-from rpeg.plan.lower import Placed, transfer_of
+from rpeg.plan.lower import LOADS, PUSH, Move, Placed
 from rpeg.runtime.lowering.calls import OpCall, ranks_together
 from rpeg.runtime.lowering.joins import join_gang
 from rpeg.runtime.lowering.replicas import (
@@ -104,18 +104,18 @@ class Ordering:
                    streams, versions, readers, _rewrites(placed, edges, first), steady,
                    placed, steps, edges)
 
-    def collective_order(self, transfers) -> dict[Instance, int]:
-        """Instance (by the run's steps) -> its place in the placed graph's one order of
-        collectives over the run's steps (:meth:`Placed.collective_order
-        <rpeg.plan.lower.Placed.collective_order>`), ``transfers`` the instances of the
-        weight transfers that run."""
+    def gang_order(self, transfers) -> dict[tuple[Instance, str], int]:
+        """(instance by the run's steps, gang) -> its place in the placed graph's one order
+        of collectives over the run's steps (:meth:`Placed.gang_order
+        <rpeg.plan.lower.Placed.gang_order>`), ``transfers`` the instances of the weight
+        transfers that run."""
         assert self.placed is not None, "the order of collectives is the placed graph's"
         n = self.steps - self.first
         u = self.edges if self.edges is not None and self.edges.steps == n \
             else self.placed.edges(n)            # those unrolled where they are the run's
-        order = self.placed.collective_order(
+        order = self.placed.gang_order(
             u, [Instance(i.op, i.step - self.first, i.chunk) for i in transfers])
-        return {_at(i, self.first): n for n, i in enumerate(order)}
+        return {(_at(i, self.first), g): n for (i, g), n in order.items()}
 
     def versions_of(self, i: Instance) -> tuple[Instance, ...]:
         """The instances that may make the version instance ``i`` reads."""
@@ -217,78 +217,64 @@ def _after(c: OpCall, more) -> OpCall:
 
 
 def add_syncs(calls: Calls, ctx: Ordering) -> Calls:
-    """The calls and export/load pairs for every version of a trained model its calls read
-    of a copy its transfer fills (the placed graph's :attr:`Transfer.fills
-    <rpeg.plan.lower.Transfer>`: off the trainer's devices, or split another way).
+    """The calls and the weight transfers' calls of the run: the placed graph's
+    :meth:`~rpeg.plan.lower.Placed.moves` (each version of a trained model its calls read
+    of a copy its transfer fills, :attr:`Transfer.fills <rpeg.plan.lower.Transfer>`: off
+    the trainer's devices, or split another way; or of a vLLM engine's own).
 
     One weight transfer per (model, version) runs as a collective over every device taking
     part (``gang``): the home devices that hold the weights (``sources``: the first
     tensor-parallel block, or every home device when ZeRO-3 shards the weights, which they
-    gather together) and every device loading a copy (``fills``: the copies there). The
-    first source broadcasts the weights, in buckets, to the devices that are not sources.
+    gather together) and every device loading a copy (the copies there). The first
+    source broadcasts the weights, in buckets, to the devices that are not sources.
     A vLLM engine's own copy (an engine key) is pushed instead: per version, the same sources
     send (``SEND``) and every engine hosting a copy receives (``RECV``) in one group
     (``backends.vllm_backend.sync``), but for an engine sharing a device with a source,
     which that source loads in process (``ctx.engines``: model -> the layout of its sync,
     ``rpeg.cost.engine_sync.engine_sync_layout``; one ``sync_refusal`` refuses is a
     PlanError)."""
-    read: dict[tuple[str, int], set[int]] = defaultdict(set)    # (copy, device) -> versions
-    for c in calls:
-        if c.version > ctx.first:
-            read[(c.model, c.device)].add(c.version)
-    loads: dict[tuple[str, int], dict[int, list[str]]] = defaultdict(lambda: defaultdict(list))
-    pushes: dict[str, set[int]] = defaultdict(set)        # model -> versions its engines need
-    for model, t in ctx.transfers.items():
-        for copy, dev in t.fills:
-            versions = read.get((copy, dev), set())
-            if copy.engine:
-                pushes[model] |= versions
-            for v in () if copy.engine else versions:
-                loads[(model, v)][dev].append(copy)
+    assert ctx.placed is not None, "the transfers are the placed graph's"
     out = list(calls)
-    for (key, v), at in sorted(loads.items()):
-        sources = ctx.transfers[key].sources
-        common = dict(op=transfer_of(key), kind=OpKind.SYNC_WEIGHTS, step=v - 1,
-                      gang=tuple(sorted(set(sources) | set(at))), sources=sources)
-        for t, src in enumerate(sources):
-            out.append(OpCall(id=OpId.of(f"sync_{key}", v - 1, role=EXPORT, tp_rank=t),
-                              device=src, role=EXPORT, model=key, version=v,
-                              fills=tuple(sorted(at.get(src, ()))), **common))
-        for dev, copies in sorted(at.items()):
-            for copy in copies:
-                out.append(OpCall(id=OpId.of(f"sync_{copy}", v - 1, role=LOAD, device=dev),
-                                  device=dev, role=LOAD, model=copy, writes=v,
-                                  fills=tuple(sorted(copies)), **common))
-    for key, versions in sorted(pushes.items()):
-        if versions:
-            out += _pushes(ctx, key, versions)
+    for m in ctx.placed.moves(ctx.steps, ctx.first):
+        out += _loads(m) if m.gang == LOADS else _pushes(ctx, m)
     return tuple(out)
 
 
-def _pushes(ctx: Ordering, key: str, versions: set[int]) -> list[OpCall]:
-    """The send and receive calls that push each version of ``key`` into its engines."""
-    lay = ctx.engines[key]
-    senders = lay.senders
-    hosts = sorted(b[0] for b in lay.group + lay.local)
-    why = sync_refusal(lay)
+def _loads(m: Move) -> list[OpCall]:
+    """The export and load calls of one version of a model to the copies it fills."""
+    v, key = m.version, m.model
+    at: dict[int, tuple] = defaultdict(tuple)        # device -> the copies it loads, by key
+    for dev, copy in m.receivers:
+        at[dev] += (copy,)
+    common = dict(op=m.op, kind=OpKind.SYNC_WEIGHTS, step=v - 1,
+                  gang=tuple(sorted(set(m.senders) | set(at))), sources=m.senders)
+    out = [OpCall(id=OpId.of(f"sync_{key}", v - 1, role=EXPORT, tp_rank=t), device=src,
+                  role=EXPORT, model=key, version=v, fills=at.get(src, ()), **common)
+           for t, src in enumerate(m.senders)]
+    out += [OpCall(id=OpId.of(f"sync_{copy}", v - 1, role=LOAD, device=dev), device=dev,
+                   role=LOAD, model=copy, writes=v, fills=at[dev], **common)
+            for dev, copy in m.receivers]
+    return out
+
+
+def _pushes(ctx: Ordering, m: Move) -> list[OpCall]:
+    """The receive and send calls that push one version of a model into its engines."""
+    key, v = m.model, m.version
+    why = sync_refusal(ctx.engines[key])
     if why:
         raise PlanError(f"the weight sync of '{key}' must give every rank of its process "
                         f"group a device of its own, and {why}",
                         hint="host the engine on a sending device of the trainer (the "
                              "first of its devices), or on devices of its own")
-    group = tuple(sorted(set(senders) | set(hosts)))
-    out = []
-    for v in sorted(versions):
-        common = dict(op=transfer_of(key), kind=OpKind.SYNC_WEIGHTS, step=v - 1,
-                      tp_group=group)
-        for dev in hosts:                 # every engine takes every version: one group
-            out.append(OpCall(id=OpId.of(f"sync_{engine_key(key)}", v - 1, role=RECV,
-                                         device=dev),
-                              device=dev, role=RECV, model=engine_key(key), writes=v,
-                              **common))
-        for t, src in enumerate(senders):
-            out.append(OpCall(id=OpId.of(f"sync_{key}", v - 1, role=SEND, tp_rank=t),
-                              device=src, role=SEND, model=key, version=v, **common))
+    hosts = [d for d, _ in m.receivers]
+    common = dict(op=m.op, kind=OpKind.SYNC_WEIGHTS, step=v - 1,
+                  tp_group=tuple(sorted(set(m.senders) | set(hosts))))
+    out = [OpCall(id=OpId.of(f"sync_{engine_key(key)}", v - 1, role=RECV, device=dev),
+                  device=dev, role=RECV, model=engine_key(key), writes=v, **common)
+           for dev in hosts]                 # every engine takes every version: one group
+    out += [OpCall(id=OpId.of(f"sync_{key}", v - 1, role=SEND, tp_rank=t), device=src,
+                   role=SEND, model=key, version=v, **common)
+            for t, src in enumerate(m.senders)]
     return out
 
 
@@ -362,18 +348,18 @@ def gangs_of(calls: Calls) -> dict[tuple, list[int]]:
     gangs: dict[tuple, list[int]] = defaultdict(list)
     for i, c in enumerate(calls):
         if c.gang:                         # a weight transfer: its exports and loads together
-            gangs[(c.op, c.step, 0, "sync")].append(i)
+            gangs[(c.op, c.step, 0, LOADS)].append(i)
         elif c.tp_group or ranks_together(c.kind, c.world):
-            role = "push" if c.role in (SEND, RECV) else c.role
-            gangs[(c.op, c.step, c.chunk, role)].append(i)
+            # an op's ranks (RANKS: no role), or a push's sends and receives
+            gangs[(c.op, c.step, c.chunk, PUSH if c.role in (SEND, RECV) else c.role)].append(i)
     return {k: v for k, v in gangs.items() if len(v) > 1}
 
 
 def order_collectives(calls: Calls, ctx: Ordering) -> Calls:
     """Calls that run collectives together form a gang (:func:`gangs_of`). Each gang waits
     for the union of its members' dependencies, and on every device gangs run in the placed
-    graph's one order of collectives (:meth:`Placed.collective_order
-    <rpeg.plan.lower.Placed.collective_order>`: a topological order of its instances, ties
+    graph's one order of collectives (:meth:`Placed.gang_order
+    <rpeg.plan.lower.Placed.gang_order>`: a topological order of its instances, ties
     by step, op and chunk; of one instance, a transfer's exports and loads before its
     pushes), so gloo/NCCL collectives never interleave differently on two ranks. A large
     gang waits through one join call instead of copying all that into every member
@@ -397,9 +383,8 @@ def order_collectives(calls: Calls, ctx: Ordering) -> Calls:
         for i, r in zip(at, ranks, strict=True):
             out[i] = r
     out += joins.values()
-    place = ctx.collective_order({c.instance for c in calls if c.role in TRANSFER_ROLES})
-    order = sorted(gangs, key=lambda k: (place[calls[gangs[k][0]].instance],
-                                         _ROLE_ORDER[k[3]]))
+    place = ctx.gang_order({c.instance for c in calls if c.role in TRANSFER_ROLES})
+    order = sorted(gangs, key=lambda k: place[(calls[gangs[k][0]].instance, k[3])])
     last_on: dict[int, str] = {}
     more: dict[str, list[str]] = defaultdict(list)
     for key in order:
@@ -417,9 +402,6 @@ def order_collectives(calls: Calls, ctx: Ordering) -> Calls:
 
 
 TRANSFER_ROLES = (EXPORT, LOAD, SEND, RECV)      # the calls of a weight transfer
-# the gangs of one instance, in order: an op's ranks, a transfer's exports and loads, then
-# its pushes (gangs_of's roles)
-_ROLE_ORDER = {"": 0, "sync": 1, "push": 2}
 
 
 def order_pushes(calls: Calls, ctx: Ordering) -> Calls:

@@ -231,14 +231,17 @@ def _search_ladder(ctx: Context, ev: Evaluator, opts: SearchOptions):
     walk a backend without them gets), then a second walk (1/2 of the patience) adds
     them, starting from the best of the best plan so far and it and the baselines
     spending the bound on carrying: allowing partial rollouts never returns a slower plan.
-    Each walk's best is polished (:func:`rpeg.plan.search.polish`) before the next walk
-    starts from it. With ``Start.RANDOM`` no baseline is a start or a restart: cap 0's walk starts from
+    Each walk's best is polished (:func:`rpeg.plan.search.polish`) and the answer is the
+    best of those; the walks start from the walks' own bests, so polishing changes no walk
+    (a plan is never slower than without it) and a larger bound polishes what a tighter one
+    did, and more. With ``Start.RANDOM`` no baseline is a start or a restart: cap 0's walk starts from
     :func:`random_plan`, and every later walk from the search's own plans (the baselines
     are still priced, to compare with).
     Returns the baselines under the spec's bound, the best plan, the walks' statistics."""
     caps = staleness_caps(ctx.pipeline)
     deadline = time.monotonic() + opts.time_cap_s     # the safety cap over every walk
     walks: list[SearchResult] = []
+    done: list[SearchResult] = []            # the walks, their best plans polished
     whole: list[SearchResult] = []           # the walks without partial rollouts
     prev: Evaluation | None = None           # the best of those, which the next cap starts from
     outcomes, closest = [], []
@@ -270,8 +273,9 @@ def _search_ladder(ctx: Context, ev: Evaluator, opts: SearchOptions):
         # a generate stage may carry responses over, a second walk adds them, from the best
         # plan so far. So allowing them never returns a slower plan.
         plain = attrs.evolve(here, limits=attrs.evolve(here.limits, carry_engines=frozenset()))
-        walks.append(_polished(plain, ev, anneal(plain, ev, start, attrs.evolve(
-            opts, patience=int(opts.patience * share)), others, stream, deadline), deadline))
+        walks.append(anneal(plain, ev, start, attrs.evolve(
+            opts, patience=int(opts.patience * share)), others, stream, deadline))
+        done.append(_polished(plain, ev, walks[-1], deadline))
         whole.append(walks[-1])
         prev = merged(whole).best
         if cap > 0 and _may_carry(here):
@@ -281,12 +285,13 @@ def _search_ladder(ctx: Context, ev: Evaluator, opts: SearchOptions):
                 e for e in (_carrying(here, ev, x.plan) for x in [merged(walks).best, *feasible])
                 if e is not None]
             starts.sort(key=lambda e: (not e.feasible, e.step_time_s))
-            walks.append(_polished(here, ev, anneal(here, ev, starts[0], attrs.evolve(
+            walks.append(anneal(here, ev, starts[0], attrs.evolve(
                 opts, patience=int(opts.patience * CARRY_PATIENCE)),
-                tuple(e for e in starts[1:] if e.feasible), stream + (1,), deadline), deadline))
+                tuple(e for e in starts[1:] if e.feasible), stream + (1,), deadline))
+            done.append(_polished(here, ev, walks[-1], deadline))
     if not walks:
         raise no_fit(ctx, closest, ev)
-    result = merged(walks)
+    result = merged(done)
     if not result.best.feasible:
         raise no_fit(ctx, closest + [result.best], ev)
     return outcomes, result.best, result

@@ -51,7 +51,9 @@ still betters its best (a generation block shrunk to a rack, say) is found only 
 So each walk's best is then polished (:func:`polish`): a greedy descent over a fixed
 neighbourhood (each group of stages sharing devices grown or shrunk at either end, each
 generate stage's chunk counts, each stage's fastest layouts on its devices), without a
-random draw, its neighbours priced counted as proposals (``SearchResult.polished``).
+random draw, its neighbours priced counted as proposals (``SearchResult.polished``). The
+ladder answers with the best polished plan; the walks start from the walks' own plans, as
+without polishing, so it only ever finds a faster plan.
 
 A spec with staleness bounds is searched as a ladder (``compile_report``): one walk per
 cap 0, 1, ... up to the largest bound (:func:`staleness_caps`, :func:`capped`), each

@@ -258,8 +258,8 @@ def polish(ctx: Context, ev: Evaluator, start: Evaluation, most: int = POLISH_PR
 
 
 def _neighbours(ctx: Context, plan: Plan):
-    """:func:`polish`'s neighbourhood of ``plan``, in a fixed order, each repaired (None
-    where a change leaves no plan)."""
+    """:func:`polish`'s neighbourhood of ``plan``, in a fixed order, each repaired (the
+    spec's pins kept; None where a change leaves no plan)."""
     plan = attrs.evolve(plan, predicted=None)
     movable = tuple(s for s in model_stages(ctx.pipeline) if not ctx.pinned_block(s))
     unit, n = ctx.cluster.gpus_per_node, ctx.n
@@ -291,8 +291,8 @@ def _neighbours(ctx: Context, plan: Plan):
         for c in CHUNKS:
             p = plan.placement(s)
             if c != p.chunks and c <= w.prompts * w.samples:
-                yield attrs.evolve(plan, placements=tuple(
-                    attrs.evolve(x, chunks=c) if x.stage == s else x for x in plan.placements))
+                yield repair(ctx, attrs.evolve(plan, placements=tuple(
+                    attrs.evolve(x, chunks=c) if x.stage == s else x for x in plan.placements)))
     for s in model_stages(ctx.pipeline):                # another fast layout, same devices
         devs = plan.placement(s).devices
         for c in options(ctx, s, len(devs))[:3]:

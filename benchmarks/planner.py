@@ -2,9 +2,12 @@
 
     .venv/bin/python benchmarks/planner.py            # everything (~15 minutes on 2 cores)
     .venv/bin/python benchmarks/planner.py --quick    # a smoke run of each section
+    .venv/bin/python benchmarks/planner.py --only quality --no-random --out /tmp/p
+                                     # the 27-configuration sweep alone, written elsewhere
 
-Writes benchmarks/results/planner.json and benchmarks/results/planner.md. Every figure
-is a prediction of rpeg's cost model (rpeg/cost) and event-driven simulator: the
+Writes benchmarks/results/planner.json and benchmarks/results/planner.md (or into
+``--out``). Every figure is a prediction of rpeg's cost model (rpeg/cost) and
+event-driven simulator: the
 search and the three baselines are priced by the same model, so the ratios compare
 plans, not models. Plans are made for GPU clusters with vLLM installed (the engine
 the baselines' systems use for generation), whatever this machine has.
@@ -95,7 +98,7 @@ def variants(quick: bool) -> list[tuple[str, object, object]]:
     return out
 
 
-def quality(quick: bool) -> dict:
+def quality(quick: bool, random: bool = True) -> dict:
     rows = []
     for name, pipeline, cluster in variants(quick):
         began = time.perf_counter()
@@ -122,7 +125,8 @@ def quality(quick: bool) -> dict:
         row["whole_s"] = round(whole.plan.predicted.step_time_s, 3)
         col = dict(r.baselines).get(Strategy.COLOCATED)
         row["whole_vs_colocated"] = round(col.step_time_s / row["whole_s"], 3) if col else None
-        row.update(random_start(pipeline, cluster, opts, best[0]))
+        if random:
+            row.update(random_start(pipeline, cluster, opts, best[0]))
         for s, ev in r.baselines:
             row[f"{s.value}_s"] = round(ev.step_time_s, 3) if ev else None
             row[f"vs_{s.value}"] = round(r.speedup(s), 3) if ev else None
@@ -367,26 +371,31 @@ def main() -> None:
     ap.add_argument("--only", choices=("time", "quality", "random", "ablation"),
                     help="measure one section again, keeping the others ('random': the "
                          "random-start search for the quality sweep's rows)")
+    ap.add_argument("--no-random", action="store_true",
+                    help="leave the quality sweep's random-start search out (half its time)")
+    ap.add_argument("--out", type=Path, default=RESULTS,
+                    help="the folder the results are written to (default: %(default)s)")
     args = ap.parse_args()
+    out = args.out
     name = "planner_quick" if args.quick else "planner"
     here = provenance()
     res = {"provenance": here}
-    if args.only and (RESULTS / f"{name}.json").exists():     # update one section in place
-        previous = _with_provenance(json.loads((RESULTS / f"{name}.json").read_text()))
+    if args.only and (out / f"{name}.json").exists():     # update one section in place
+        previous = _with_provenance(json.loads((out / f"{name}.json").read_text()))
         res = {**previous, "rerun": {**previous.get("rerun", {}), args.only: here}}
     if args.only in (None, "time"):
         res["planning_time"] = planning_time((8, 64) if args.quick else (8, 64, 256, 2048))
     if args.only in (None, "quality"):
-        res["quality"] = quality(args.quick)
+        res["quality"] = quality(args.quick, random=not args.no_random)
     if args.only == "random":
         res["quality"] = random_starts(args.quick, res["quality"])
     if args.only in (None, "ablation"):
         res["ablation"] = ablation(args.quick)
     finish(here)
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / f"{name}.json").write_text(json.dumps(res, indent=2) + "\n")
-    (RESULTS / f"{name}.md").write_text(markdown(res))
-    print(f"wrote {RESULTS / name}.json and .md")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{name}.json").write_text(json.dumps(res, indent=2) + "\n")
+    (out / f"{name}.md").write_text(markdown(res))
+    print(f"wrote {out / name}.json and .md")
 
 
 if __name__ == "__main__":

@@ -41,7 +41,15 @@ from rpeg.plan.hints import (
 from rpeg.plan.model import Plan, Strategy
 from rpeg.plan.options import SearchOptions, SearchRecord, Start
 from rpeg.plan.pinned import check_pins
-from rpeg.plan.search import SearchResult, anneal, capped, merged, random_plan, staleness_caps
+from rpeg.plan.search import (
+    SearchResult,
+    anneal,
+    capped,
+    merged,
+    polish,
+    random_plan,
+    staleness_caps,
+)
 from rpeg.plan.space import Limits, generate_engines
 from rpeg.plan.staleness import explicit
 from rpeg.spec.model import Cluster, Engine, OpKind, Pipeline
@@ -103,6 +111,10 @@ def compile_report(pipeline: Pipeline, cluster: Cluster, strategy: Strategy = St
     best = ev.evaluate(explicit(spec, attrs.evolve(best.plan, predicted=None)))
     baselines_full = [(o.strategy, ev.evaluate(explicit(spec, o.best.plan))
                        if o.best else None) for o in outcomes]
+    if strategy is Strategy.SEARCH and opts.start is Start.BASELINES:
+        # never slower than a baseline it could start from, as priced in full
+        best = min([best] + [e for _, e in baselines_full if e is not None and e.feasible],
+                   key=lambda e: e.step_time_s)
     record = SearchRecord(opts, result.iterations if result else 0,
                           result.time_capped if result else False)
     plan = attrs.evolve(best.plan, strategy=strategy, seed=opts.seed,
@@ -219,13 +231,17 @@ def _search_ladder(ctx: Context, ev: Evaluator, opts: SearchOptions):
     walk a backend without them gets), then a second walk (1/2 of the patience) adds
     them, starting from the best of the best plan so far and it and the baselines
     spending the bound on carrying: allowing partial rollouts never returns a slower plan.
-    With ``Start.RANDOM`` no baseline is a start or a restart: cap 0's walk starts from
+    Each walk's best is polished (:func:`rpeg.plan.search.polish`) and the answer is the
+    best of those; the walks start from the walks' own bests, so polishing changes no walk
+    (a plan is never slower than without it) and a larger bound polishes what a tighter one
+    did, and more. With ``Start.RANDOM`` no baseline is a start or a restart: cap 0's walk starts from
     :func:`random_plan`, and every later walk from the search's own plans (the baselines
     are still priced, to compare with).
     Returns the baselines under the spec's bound, the best plan, the walks' statistics."""
     caps = staleness_caps(ctx.pipeline)
     deadline = time.monotonic() + opts.time_cap_s     # the safety cap over every walk
     walks: list[SearchResult] = []
+    done: list[SearchResult] = []            # the walks, their best plans polished
     whole: list[SearchResult] = []           # the walks without partial rollouts
     prev: Evaluation | None = None           # the best of those, which the next cap starts from
     outcomes, closest = [], []
@@ -259,6 +275,7 @@ def _search_ladder(ctx: Context, ev: Evaluator, opts: SearchOptions):
         plain = attrs.evolve(here, limits=attrs.evolve(here.limits, carry_engines=frozenset()))
         walks.append(anneal(plain, ev, start, attrs.evolve(
             opts, patience=int(opts.patience * share)), others, stream, deadline))
+        done.append(_polished(plain, ev, walks[-1], deadline))
         whole.append(walks[-1])
         prev = merged(whole).best
         if cap > 0 and _may_carry(here):
@@ -271,12 +288,28 @@ def _search_ladder(ctx: Context, ev: Evaluator, opts: SearchOptions):
             walks.append(anneal(here, ev, starts[0], attrs.evolve(
                 opts, patience=int(opts.patience * CARRY_PATIENCE)),
                 tuple(e for e in starts[1:] if e.feasible), stream + (1,), deadline))
+            done.append(_polished(here, ev, walks[-1], deadline))
     if not walks:
         raise no_fit(ctx, closest, ev)
-    result = merged(walks)
+    result = merged(done)
     if not result.best.feasible:
         raise no_fit(ctx, closest + [result.best], ev)
     return outcomes, result.best, result
+
+
+def _polished(ctx: Context, ev: Evaluator, result: SearchResult,
+              deadline: float) -> SearchResult:
+    """``result`` with its best plan polished (:func:`rpeg.plan.search.polish`; not after
+    the time cap stopped the walk): the neighbours priced count as the walk's proposals."""
+    if result.time_capped:
+        return result
+    best, tried = polish(ctx, ev, result.best, deadline=deadline)
+    more = dict(iterations=result.iterations + tried, polished=result.polished + tried,
+                time_capped=time.monotonic() > deadline)     # the cap may have cut it short
+    if best is result.best:
+        return attrs.evolve(result, **more)
+    return attrs.evolve(result, best=best, improved=result.improved + 1, trace=result.trace
+                        + ((result.iterations + tried, best.step_time_s),), **more)
 
 
 def _carrying(ctx: Context, ev: Evaluator, plan: Plan) -> Evaluation | None:

@@ -46,6 +46,15 @@ rejected as pricing it in full would have rejected it; the draw is taken where i
 be taken after pricing it in full, so the random stream, the walk and the plan are
 those of pricing every proposal in full.
 
+A walk's moves are random, so late in a walk, its temperature low, the one change that
+still betters its best (a generation block shrunk to a rack, say) is found only by chance.
+So each walk's best is then polished (:func:`polish`): a greedy descent over a fixed
+neighbourhood (each group of stages sharing devices grown or shrunk at either end, each
+generate stage's chunk counts, each stage's fastest layouts on its devices), without a
+random draw, its neighbours priced counted as proposals (``SearchResult.polished``). The
+ladder answers with the best polished plan; the walks start from the walks' own plans, as
+without polishing, so it only ever finds a faster plan.
+
 A spec with staleness bounds is searched as a ladder (``compile_report``): one walk per
 cap 0, 1, ... up to the largest bound (:func:`staleness_caps`, :func:`capped`), each
 starting from the best of the baselines under its cap and of the walk below it (above
@@ -81,6 +90,7 @@ from rpeg.plan.space import Block, device_blocks
 from rpeg.spec.model import OpKind, Pipeline
 
 CHUNKS = (1, 2, 4, 8, 16)
+POLISH_PROPOSALS = 300   # the most neighbours a polish prices (see polish)
 PARTITIONS = (1 / 4, 3 / 8, 1 / 2, 5 / 8, 3 / 4, 7 / 8)   # share of the devices generating
 
 
@@ -93,6 +103,7 @@ class SearchResult:
     seconds: float                           # wall-clock
     trace: tuple[tuple[int, float], ...]     # (iteration, best step time) at each improvement
     time_capped: bool = False                # stopped by the options' time cap
+    polished: int = 0                        # of the proposals, neighbours polish priced
 
 
 def score(r: Evaluation, cap: float) -> float:
@@ -209,6 +220,85 @@ def anneal(ctx: Context, ev: Evaluator, start: Evaluation, opts: SearchOptions,
                         out_of_time)
 
 
+def polish(ctx: Context, ev: Evaluator, start: Evaluation, most: int = POLISH_PROPOSALS,
+           deadline: float | None = None) -> tuple[Evaluation, int]:
+    """A greedy descent from ``start`` over a fixed neighbourhood, no random draw: each
+    group of stages sharing devices grown or shrunk by 1, 2, 4 or 8 nodes at either end
+    (the ``resize`` move's steps, the stages in their fastest layouts), each generate
+    stage's other chunk counts, each stage's other fast layouts on its devices. The first
+    neighbour faster than the plan replaces it and the scan starts again; it ends when a
+    whole scan brings nothing, after ``most`` neighbours priced or at ``deadline`` (a
+    ``time.monotonic()``, the search's safety cap). A walk's random moves
+    reach such a neighbour only by chance, and late in a walk, when its temperature is
+    low, only the one change (a rack-sized generation block, say) bettering the plan is
+    left. Returns the best plan (``start`` if nothing is faster) and the neighbours priced,
+    which count as proposals."""
+    if not start.feasible:
+        return start, 0
+    best, tried, seen = start, 0, {start.plan}
+    improved = True
+    while improved and tried < most:
+        improved = False
+        for plan in _neighbours(ctx, best.plan):
+            if plan is None or plan in seen:
+                continue
+            seen.add(plan)
+            tried += 1
+            try:
+                r = ev.evaluate(plan, detail=False, bound=best.step_time_s - 1e-9)
+            except PlanError:
+                r = None
+            if r is not None and r.feasible and not r.bounded \
+                    and r.step_time_s < best.step_time_s - 1e-9:
+                best, improved = r, True
+                break
+            if tried >= most or deadline is not None and time.monotonic() > deadline:
+                return best, tried
+    return best, tried
+
+
+def _neighbours(ctx: Context, plan: Plan):
+    """:func:`polish`'s neighbourhood of ``plan``, in a fixed order, each repaired (the
+    spec's pins kept; None where a change leaves no plan)."""
+    plan = attrs.evolve(plan, predicted=None)
+    movable = tuple(s for s in model_stages(ctx.pipeline) if not ctx.pinned_block(s))
+    unit, n = ctx.cluster.gpus_per_node, ctx.n
+    rack = unit * ctx.cluster.nodes_per_rack
+    groups = list(dict.fromkeys(plan.placement(s).devices for s in movable))
+    for cur in groups:                                  # grow or shrink a group at one end
+        lo, hi = cur[0], cur[-1] + 1
+        if cur != tuple(range(lo, hi)):
+            continue
+        stages = [s for s in movable if plan.placement(s).devices == cur]
+        for step in (unit, 2 * unit, 4 * unit, 8 * unit):
+            for a, b in ((lo, hi - step), (lo, hi + step), (lo + step, hi), (lo - step, hi)):
+                if a < 0 or b > n or b - a < unit or a % unit or b % unit:
+                    continue
+                if b - a < rack and a // rack != (b - 1) // rack:
+                    continue
+                new = plan
+                for s in stages:
+                    choices = options(ctx, s, b - a)
+                    if not choices:
+                        new = None
+                        break
+                    new = put(ctx, new, s, tuple(range(a, b)), choices[0])
+                yield None if new is None else repair(ctx, new)
+    w = ctx.pipeline.workload
+    for s in model_stages(ctx.pipeline):                # stream in other chunk counts
+        if ctx.pipeline.stage(s).kind is not OpKind.GENERATE:
+            continue
+        for c in CHUNKS:
+            p = plan.placement(s)
+            if c != p.chunks and c <= w.prompts * w.samples:
+                yield repair(ctx, attrs.evolve(plan, placements=tuple(
+                    attrs.evolve(x, chunks=c) if x.stage == s else x for x in plan.placements)))
+    for s in model_stages(ctx.pipeline):                # another fast layout, same devices
+        devs = plan.placement(s).devices
+        for c in options(ctx, s, len(devs))[:3]:
+            yield repair(ctx, put(ctx, plan, s, devs, c))
+
+
 def _accepts_below(rng: np.random.Generator, here: float, temp: float) -> float:
     """The step below which the walk's next Metropolis draw would accept a plan replacing
     one of step ``here`` at temperature ``temp`` (``here`` itself when it draws nothing):
@@ -265,7 +355,8 @@ def merged(results: list[SearchResult]) -> SearchResult:
         offset += r.iterations
     return SearchResult(best, offset, sum(r.accepted for r in results),
                         sum(r.improved for r in results), sum(r.seconds for r in results),
-                        tuple(trace), any(r.time_capped for r in results))
+                        tuple(trace), any(r.time_capped for r in results),
+                        sum(r.polished for r in results))
 
 
 class Moves:

@@ -94,8 +94,9 @@ def test_stalled_walks_restart_and_stay_reproducible(grpo, a100_16):
     a = compile_report(grpo, a100_16, options=opts)
     b = compile_report(grpo, a100_16, options=opts)
     assert a.plan == b.plan and a.search.trace == b.search.trace
-    # one walk per cap, and one more adding partial rollouts above cap 0
-    assert a.search.iterations == 240 * (2 * len(staleness_caps(grpo)) - 1)
+    # one walk per cap, and one more adding partial rollouts above cap 0, each polished
+    walked = a.search.iterations - a.search.polished
+    assert walked == 240 * (2 * len(staleness_caps(grpo)) - 1)
     start = min(ev.step_time_s for _, ev in a.baselines if ev)
     assert a.plan.predicted.step_time_s <= start
 
@@ -301,3 +302,24 @@ def test_a_search_from_a_random_start_uses_no_baseline(grpo, a100_16):
 def score_of(plan, pipeline, cluster) -> float:
     from rpeg.plan.search import score
     return score(Evaluator(pipeline, cluster).evaluate(plan, detail=False), cluster.gpu.memory)
+
+
+def test_polish_takes_back_a_node_a_walk_gave_too_many(ppo8b):
+    """A generation block grown by a node over its neighbour's devices is shrunk back by
+    polish's fixed neighbourhood (no random draw): the split baseline again, or better."""
+    from rpeg.plan.edit import options, put, repair
+    from rpeg.plan.search import polish
+    cluster = cluster_of("gh200", 4, 4)
+    ctx, ev = Context.of(ppo8b, cluster, EVERY_ENGINE), Evaluator(ppo8b, cluster)
+    start = split(ctx, ev).best
+    devices = start.plan.placement("rollout").devices
+    grown = tuple(range(devices[0], devices[-1] + 1 + cluster.gpus_per_node))
+    plan = put(ctx, attrs.evolve(start.plan, predicted=None), "rollout", grown,
+               options(ctx, "rollout", len(grown))[0])
+    worse = ev.evaluate(repair(ctx, plan), detail=False)
+    assert worse.feasible and worse.step_time_s > start.step_time_s
+    best, tried = polish(ctx, ev, worse)
+    assert best.feasible and best.step_time_s <= start.step_time_s + 1e-9
+    assert 0 < tried <= 300
+    again, _ = polish(ctx, Evaluator(ppo8b, cluster), worse)
+    assert again.plan == best.plan

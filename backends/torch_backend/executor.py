@@ -19,7 +19,14 @@ import attrs
 import numpy as np
 import torch
 
-from backends.api import Cohort, EngineCopy, RolloutChunk, SamplingParams, concat_chunks
+from backends.api import (
+    Cohort,
+    EngineCopy,
+    RolloutChunk,
+    SamplingParams,
+    concat_chunks,
+    select_chunk,
+)
 from backends.torch_backend import checkpoints, sampling
 from backends.torch_backend.advantages import (
     Batch,
@@ -120,6 +127,9 @@ class Executor:
             # the registry's function of the op's stage, by its implementation here
             fn = function(self._stage(call).function)
             op = implementation(fn.name) if fn.category is Category.STAGE else _estimate
+            if call.parts:         # a pass split over its blocks: this block's part
+                inputs = {k: [_part(_concat(v), call.chunk, call.parts)]
+                          for k, v in inputs.items()}
             out, stats = op(self, call, replica, inputs)
             if kind is OpKind.GENERATE and call.carry:    # the oldest version of the chunk
                 info["version_read"] = out[self._stage(call).outputs[0]].version
@@ -665,6 +675,18 @@ def _concat(parts):
     if isinstance(parts[0], np.ndarray):
         return np.concatenate(parts)
     return tuple(x for p in parts for x in p)
+
+
+def _part(whole, i: int, n: int):
+    """Part ``i`` of ``n`` of ``whole`` (a batch of responses or of their per-response
+    values): its sequences divided as evenly as can be, in order, the first parts one
+    longer (``numpy.array_split``'s bounds)."""
+    size, extra = divmod(len(whole), n)
+    lo = i * size + min(i, extra)
+    hi = lo + size + (i < extra)
+    if isinstance(whole, RolloutChunk):
+        return select_chunk(whole, range(lo, hi))
+    return whole[lo:hi]
 
 
 def _transfer_dtype(ex, call):

@@ -7,6 +7,9 @@
 An instance is (op, step, chunk). Chunking a generate op into n chunks lets
 per-sample consumers (forward, score, compute) start on chunk c as soon as it is
 generated; a consumer that needs the whole batch (train) waits for every chunk.
+A pass split over its data-parallel blocks (``parts``: op -> count) runs as that many
+instances (chunks), each reading all of its inputs and taking its share of the batch;
+every reader of it reads all of them.
 Version dependencies cross steps: the reader at step s waits for the writer at
 step s - 1 - lag (nothing before step 0: version 0 is the initial weights).
 
@@ -112,10 +115,13 @@ class Unrolled:
         return "\n".join(lines)
 
 
-def chunk_counts(graph: Graph, chunks: dict[str, int]) -> dict[str, int]:
+def chunk_counts(graph: Graph, chunks: dict[str, int],
+                 parts: dict[str, int] | None = None) -> dict[str, int]:
     """Chunk count of every op: generate ops as asked; a per-sample consumer all of whose
     producers stream in the same number of chunks streams too (one that also reads a
-    whole-step output waits for the step)."""
+    whole-step output waits for the step). ``parts``: ops run as that many parts of their
+    whole batch (a pass split over its data-parallel blocks), which streams nothing: their
+    readers count as if they were one."""
     out: dict[str, int] = {}
     for name in graph.topo_order():
         op = graph.op(name)
@@ -124,19 +130,20 @@ def chunk_counts(graph: Graph, chunks: dict[str, int]) -> dict[str, int]:
             continue
         counts = {out[p] for p in graph.producers(name)}
         out[name] = counts.pop() if op.per_sample and len(counts) == 1 else 1
-    return out
+    return out | (parts or {})
 
 
 def unroll(graph: Graph, steps: int, chunks: dict[str, int] | None = None, *,
            carry: dict[str, int] | None = None, horizon: int | None = None,
            in_place: frozenset[tuple[str, str]] = frozenset(),
            lanes: dict[str, int] | None = None,
-           partly: dict[tuple[str, str], tuple[int, frozenset[int]]] | None = None
-           ) -> Unrolled:
+           partly: dict[tuple[str, str], tuple[int, frozenset[int]]] | None = None,
+           parts: dict[str, int] | None = None) -> Unrolled:
     """``steps`` steps of ``graph``: generate ops in ``chunks`` chunks streamed on ``lanes``
     blocks (op -> count, default 1), those in ``carry`` (op -> steps) continuing their
-    responses across steps, readers in ``in_place`` sharing their writer's replica; see the
-    module doc."""
+    responses across steps, readers in ``in_place`` sharing their writer's replica, ops in
+    ``parts`` (op -> count) split into that many parts of their whole batch, each reading
+    all of its inputs and read whole (every part); see the module doc."""
     made: dict[tuple[str, int, int], Instance] = {}   # each instance made once (hashed once)
 
     def inst(op: str, s: int, c: int = 0) -> Instance:
@@ -147,7 +154,7 @@ def unroll(graph: Graph, steps: int, chunks: dict[str, int] | None = None, *,
 
     counts, cells, edges = unroll_edges(graph, steps, inst, chunks, carry=carry,
                                         horizon=horizon, in_place=in_place, lanes=lanes,
-                                        partly=partly)
+                                        partly=partly, parts=parts)
     return Unrolled(graph, steps, tuple(sorted(counts.items())),
                     tuple(inst(*cell) for cell in cells), tuple(Dep(*e) for e in edges))
 
@@ -156,13 +163,15 @@ def unroll_edges(graph: Graph, steps: int, node, chunks: dict[str, int] | None =
                  carry: dict[str, int] | None = None, horizon: int | None = None,
                  in_place: frozenset[tuple[str, str]] = frozenset(),
                  lanes: dict[str, int] | None = None,
-                 partly: dict[tuple[str, str], tuple[int, frozenset[int]]] | None = None
+                 partly: dict[tuple[str, str], tuple[int, frozenset[int]]] | None = None,
+                 parts: dict[str, int] | None = None
                  ) -> tuple[dict[str, int], list[tuple[str, int, int]], list[tuple]]:
     """What :func:`unroll` makes, with each instance named by ``node(op, step, chunk)``
     (an :class:`Instance`, or a number where a caller indexes them): (the chunk count of
     each op, the instances as (op, step, chunk) in step, graph and chunk order, the
     dependencies as (src, dst, :class:`DepKind`, datum) in :attr:`Unrolled.deps` order)."""
-    counts = chunk_counts(graph, chunks or {})
+    parts = parts or {}
+    counts = chunk_counts(graph, chunks or {}, parts)
     order = graph.topo_order()
     lags = {(e.writer, e.reader): e.lag for e in graph.version_edges}
     read: set[tuple[str, int]] = set()        # (sync op, step) whose version someone reads
@@ -186,7 +195,7 @@ def unroll_edges(graph: Graph, steps: int, node, chunks: dict[str, int] | None =
                     n_src = counts[e.src]
                     if n_src == 1:
                         deps.append((node(e.src, s, 0), dst, data, e.data))
-                    elif counts[op] == n_src:
+                    elif counts[op] == n_src and op not in parts and e.src not in parts:
                         deps.append((node(e.src, s, c), dst, data, e.data))
                     else:
                         deps += [(node(e.src, s, k), dst, data, e.data) for k in range(n_src)]

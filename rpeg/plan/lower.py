@@ -17,7 +17,9 @@ cost model counts a step's calls and tasks from (``rpeg.plan.tasks.layouts_of``,
 2. ``layouts``: each op's :class:`~rpeg.plan.oplayout.OpLayout` (its instances' devices,
    :func:`~rpeg.plan.oplayout.op_layout`: a pass on its trainer's ZeRO-3 shards on every
    rank, :func:`~rpeg.plan.oplayout.gathers_in_place`; a weight sync's, the devices of its
-   calls, :func:`~rpeg.plan.oplayout.sync_calls`), and which ops run per chunk;
+   calls, :func:`~rpeg.plan.oplayout.sync_calls`), which ops run per chunk, and which
+   split a step's batch over their blocks (:func:`~rpeg.plan.oplayout.split_parts`: an
+   instance a part, each reading all its inputs, read whole);
 3. ``engine_syncs``: for each trained model, who takes part in its weight sync into vLLM
    engines' own copies (:func:`rpeg.cost.engine_sync.engine_sync_layout`);
 4. ``streams``: how each generate op streams its chunks (its data-parallel blocks, the
@@ -132,6 +134,7 @@ from rpeg.plan.oplayout import (
     gathers_in_place,
     op_layout,
     reads_in_place,
+    split_parts,
     stream_of,
     streamed_ops,
     sync_calls,
@@ -219,6 +222,8 @@ class Placed:
     responses: int                                         # responses a step generates
     layouts: tuple[tuple[str, OpLayout], ...] = ()         # op -> its layout, graph order
     streamed: frozenset[str] = frozenset()                 # ops that run per chunk
+    # op -> the parts it splits a step's batch into, one a block (split_parts)
+    parts: tuple[tuple[str, int], ...] = ()
     chunks: int = 0                                        # chunks a step streams
     engine_syncs: tuple[tuple[str, SyncLayout], ...] = ()  # trained model -> its sync
     lanes: tuple[tuple[str, int], ...] = ()                # generate op -> blocks streaming
@@ -278,7 +283,8 @@ class Placed:
         syncs of versions nobody reads are left out."""
         return unroll(self.graph, steps, {op: self.chunks for op, _ in self.lanes},
                       carry=dict(self.carry), lanes=dict(self.lanes),
-                      in_place=self.in_place, horizon=horizon, partly=dict(self.partly))
+                      in_place=self.in_place, horizon=horizon, partly=dict(self.partly),
+                      parts=dict(self.parts))
 
     def transfer_edges(self, u: Unrolled) -> tuple[Dep, ...]:
         """The typed edges of the weight transfers (:attr:`transfers`) among the instances
@@ -368,8 +374,9 @@ class Placed:
         partly = {pair: frozenset(r for r in range(rounds) if any(
             c % n in blocks for c in range(r * width, min((r + 1) * width, chunks))))
             for pair, (n, blocks) in self.partly}
+        # a split pass's parts, one on each block side by side, are one instance too
         return attrs.evolve(
-            self, chunks=rounds, lanes=tuple((op, 1) for op, _ in self.lanes),
+            self, chunks=rounds, lanes=tuple((op, 1) for op, _ in self.lanes), parts=(),
             in_place=self.in_place - {pair for pair, some in partly.items() if not some},
             partly=tuple((pair, (rounds, some)) for pair, some in partly.items()
                          if 0 < len(some) < rounds))
@@ -434,10 +441,12 @@ def layouts(p: Placed, placement_of: Placing) -> Placed:
                 if train is not None and reader is not None else ()
             out.append((op.name, OpLayout(devices, everywhere=True, collective=True)))
         else:
-            place = placement_of(op)
-            gathered = gathers_in_place(op, trainers.get(op.reads_model), place, p.chunks)
-            out.append((op.name, op_layout(op, place, op.name in streamed, gathered)))
-    return attrs.evolve(p, layouts=tuple(out), streamed=streamed)
+            place, trainer = placement_of(op), trainers.get(op.reads_model)
+            gathered = gathers_in_place(op, trainer, place, p.chunks)
+            parts = split_parts(op, place, trainer, p.chunks, op.name in streamed)
+            out.append((op.name, op_layout(op, place, op.name in streamed, gathered, parts)))
+    return attrs.evolve(p, layouts=tuple(out), streamed=streamed, parts=tuple(
+        (op, lay.parts) for op, lay in out if lay.parts))
 
 
 def engine_syncs(p: Placed, placement_of: Placing) -> Placed:

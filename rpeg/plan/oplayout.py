@@ -17,8 +17,11 @@ A stage's devices are blocks of ``tp`` consecutive devices (for an op that reads
 one tensor-parallel group each); a streamed op's chunk ``c`` runs on block ``c mod
 blocks``, on every device of it, but a vLLM engine's on that block's first device alone
 (the engine's own workers span the block); a train op runs on every device (data-parallel
-rank ``i // tp``); any other op on the first block. Readers take the output of an
-instance's first device. The ranks of a tensor-parallel block or of a data-parallel train
+rank ``i // tp``); a pass or per-sample host op at dp > 1 in a step not streaming it runs
+split (:func:`split_parts`): one call on each block, part ``b`` of the batch on block ``b``
+(the batch's sequences divided as evenly as can be, in order), its readers reading every
+part; any other op on the first block. Readers take the output of an instance's first
+device. The ranks of a tensor-parallel block or of a data-parallel train
 op run collectives together.
 
 Chunks a step streams (:func:`chunks_per_step`): each generate op's asked-for chunks,
@@ -72,6 +75,9 @@ class OpLayout:
     # tasks.transfer_gangs`); (): one gang on ``devices``
     gangs: tuple[tuple[int, ...], ...] = ()
     fills: tuple[int, ...] = ()       # of those, the devices loading or receiving a copy
+    # > 0: a step's one instance split into this many parts of its batch, part c on block c
+    # (:func:`split_parts`; chunked then, its parts as its chunks)
+    parts: int = 0
 
     @property
     def blocks(self) -> tuple[tuple[int, ...], ...]:
@@ -94,7 +100,12 @@ class OpLayout:
             return tuple(Call(0, i, d, i // tp, group.get(d, ())) for i, d in
                          enumerate(self.devices))
         return tuple(Call(c, c, d, 0, group.get(d, ()))
-                     for c in range(chunks if self.chunked else 1) for d in self.devices_of(c))
+                     for c in range(self.instances(chunks)) for d in self.devices_of(c))
+
+    def instances(self, chunks: int) -> int:
+        """Instances of the op a step whose generate ops stream ``chunks`` chunks (its
+        ranks' calls one instance)."""
+        return self.parts or (chunks if self.chunked and not self.everywhere else 1)
 
     def members(self, chunks: int) -> tuple[tuple[int, tuple[int, ...]], ...]:
         """(device, its tensor-parallel block) of every device running a call of the op in
@@ -108,7 +119,7 @@ class OpLayout:
             devices = self.devices
         else:                         # self.devices_of(c) of each chunk c < n, in turn
             blocks = -(-len(self.devices) // tp) if self.devices else 0
-            n = min(chunks, blocks) if self.chunked else 1
+            n = min(self.parts or chunks, blocks) if self.chunked else 1
             devices = self.devices[:n * tp:tp] if self.per_block else self.devices[:n * tp]
         if not group:
             return tuple(zip(devices, itertools.repeat((), len(devices)), strict=True))
@@ -235,18 +246,20 @@ def any_in_place(trainer, reader) -> bool:
     return any(reads_in_place_on(trainer, reader, tuple(reader.devices)))
 
 
-def op_layout(op, place, streamed: bool, gathered: bool = False) -> OpLayout:
+def op_layout(op, place, streamed: bool, gathered: bool = False, parts: int = 0) -> OpLayout:
     """The layout of graph op ``op`` on its stage's placement ``place`` (``streamed``: it
     runs per chunk, :func:`streamed_ops`; ``gathered``: it runs on its trainer's ZeRO-3
-    shards, :func:`gathers_in_place`, a call on every rank, as a train op)."""
+    shards, :func:`gathers_in_place`, a call on every rank, as a train op; ``parts``: it
+    runs split over its blocks, :func:`split_parts`)."""
     if gathered:
         return OpLayout(tuple(place.devices), everywhere=True, collective=True)
     tp = place.tp if op.reads_model and place.tp > 1 else 1
     vllm = op.kind is OpKind.GENERATE and place.engine is Engine.VLLM
     train = op.kind is OpKind.TRAIN
-    return OpLayout(tuple(place.devices), tp, chunked=streamed, per_block=vllm,
+    return OpLayout(tuple(place.devices), tp, chunked=streamed or parts > 1, per_block=vllm,
                     everywhere=train,
-                    collective=not vllm and (tp > 1 or (train and len(place.devices) > 1)))
+                    collective=not vllm and (tp > 1 or (train and len(place.devices) > 1)),
+                    parts=parts if parts > 1 else 0)
 
 
 def world_of(op, layout: OpLayout) -> int:
@@ -256,47 +269,43 @@ def world_of(op, layout: OpLayout) -> int:
         or layout.everywhere else 1
 
 
-def one_call(op, place, trainer, chunks: int, streamed: bool = False) -> bool:
-    """Whether graph op ``op``, a pass or host op placed as ``place`` at dp > 1, runs as
-    one call a step on its first block over the whole batch (:meth:`OpLayout.calls`): any
-    op but a train, a generate or a pass on its trainer's ZeRO-3 shards (``trainer``: the
-    placement training its model), unless it is ``streamed`` (:func:`streamed_ops`) in a
-    step streaming ``chunks`` > 1, whose chunks go round its blocks. Its data-parallel
-    degree then splits nothing, and the cost model prices it at dp 1 on
-    :func:`first_block`. Only rpeg's own runtime lays calls out so (engine ``torch``); the
-    other systems' engines a pinned published layout is priced as (``deepspeed``,
-    ``megatron``, ...) split a pass's batch over their data-parallel ranks.
+def split_parts(op, place, trainer, chunks: int, streamed: bool = False) -> int:
+    """Parts graph op ``op``, a pass or per-sample host op placed as ``place`` at dp > 1,
+    splits a step's batch into: one on each of its data-parallel blocks (``len(devices) /
+    tp`` of a pass reading a model, else one a device), each a call on its share of the
+    batch (its sequences divided as evenly as can be, in order), every reader reading all
+    the parts; 0 where it does not split. A train or generate op splits its batch its own
+    way, a pass on its trainer's ZeRO-3 shards (``trainer``: the placement training its
+    model) runs on every rank (:func:`gathers_in_place`), a ``streamed`` op
+    (:func:`streamed_ops`) in a step streaming ``chunks`` > 1 goes round its blocks chunk
+    by chunk, and a group estimator needs the whole batch (one call, on its first block).
+    The cost model prices every pass split over its data-parallel degree: as this runs.
 
         >>> from rpeg.graph import Op
         >>> from rpeg.plan.model import StagePlacement as P
         >>> fwd = Op("ref_lp", OpKind.FORWARD, reads_model="ref", stages=("ref_lp",))
-        >>> one_call(fwd, P("ref_lp", (0, 1), dp=2), None, 1)
-        True
+        >>> split_parts(fwd, P("ref_lp", (0, 1), dp=2), None, 1)
+        2
+        >>> split_parts(fwd, P("ref_lp", (0, 1, 2, 3), dp=2, tp=2), None, 1)
+        2
         >>> t = P("train", (0, 1), dp=2, zero=3)
-        >>> [one_call(fwd, P("ref_lp", (0, 1), dp=2, zero=3), t, 1),
-        ...  one_call(fwd, P("ref_lp", (0,)), None, 1),
-        ...  one_call(fwd, P("ref_lp", (0, 1), dp=2), None, 2, streamed=True),
-        ...  one_call(fwd, P("ref_lp", (0, 1), dp=2, engine=Engine.DEEPSPEED), None, 1)]
-        [False, False, False, False]
+        >>> [split_parts(fwd, P("ref_lp", (0, 1), dp=2, zero=3), t, 1),
+        ...  split_parts(fwd, P("ref_lp", (0,)), None, 1),
+        ...  split_parts(fwd, P("ref_lp", (0, 1), dp=2), None, 2, streamed=True)]
+        [0, 0, 0]
     """
     if op.kind in (OpKind.TRAIN, OpKind.GENERATE, OpKind.SYNC_WEIGHTS) or place.dp <= 1 \
-            or (streamed and chunks > 1) or place.engine not in (Engine.TORCH, Engine.AUTO):
-        return False
-    return not gathers_in_place(op, trainer, place, chunks)
-
-
-def own_runtime(placements) -> bool:
-    """Whether a plan of these stage placements is one rpeg's own runtime executes (every
-    stage on engine ``torch``, ``vllm`` or ``auto``), laying its calls out as
-    :class:`OpLayout` does; a plan with another system's engine is a configuration priced
-    as that system ran it, whose passes and host ops split their batch over their
-    data-parallel ranks (:func:`one_call` holds for none of them)."""
-    return all(p.engine in (Engine.TORCH, Engine.VLLM, Engine.AUTO) for p in placements)
+            or not op.per_sample or (streamed and chunks > 1) \
+            or gathers_in_place(op, trainer, place, chunks):
+        return 0
+    blocks = len(place.devices) // (place.tp if op.reads_model and place.tp > 1 else 1)
+    return blocks if blocks > 1 else 0
 
 
 def first_block(place):
     """``place`` narrowed to its first data-parallel replica (its first
-    ``len(devices) / dp`` devices, dp 1): where a :func:`one_call` op runs."""
+    ``len(devices) / dp`` devices, dp 1): where an op at dp > 1 that does not split its
+    batch (:func:`split_parts`: a group estimator) runs its one call a step."""
     return attrs.evolve(place, devices=tuple(place.devices[:len(place.devices) // place.dp]),
                         dp=1)
 
@@ -373,7 +382,7 @@ def sync_calls(src, dst) -> tuple[int, ...]:
 
 
 __all__ = ["Call", "OpLayout", "all_in_place", "any_in_place", "block_of", "blocks_of",
-           "chunks_per_step", "first_block", "gathers_in_place", "one_call", "op_layout",
-           "own_runtime", "reads_in_place",
-           "reads_in_place_on", "rounds_of", "stream_chunks", "stream_of", "streamed_ops",
+           "chunks_per_step", "first_block", "gathers_in_place", "op_layout", "reads_in_place",
+           "reads_in_place_on", "rounds_of", "split_parts", "stream_chunks", "stream_of",
+           "streamed_ops",
            "sync_calls", "world_of"]

@@ -29,13 +29,8 @@ from rpeg.plan.memorywalk import Walk
 from rpeg.plan.model import Plan, StagePlacement
 from rpeg.plan.oplayout import (
     all_in_place,
-    chunks_per_step,
     first_block,
     gathers_in_place,
-    one_call,
-    op_layout,
-    own_runtime,
-    streamed_ops,
 )
 from rpeg.plan.prices import Chunk
 from rpeg.plan.simulate import Contention, OpTiming
@@ -85,43 +80,17 @@ class OpTimings:
                 off = self._off_policy(op, plan, graph)
                 out[op.name] = self.stage_cost(op.stages[0], p, off_policy=off).roof
             else:
-                src = plan.placement(trainer[op.reads_model].stages[0]) \
-                    if op.kind is OpKind.FORWARD and op.reads_model in trainer else None
-                at = first_block if self._one_call(graph, op, plan, walk, src) else _same
-                out[op.name] = sum((self.stage_cost(s, at(plan.placement(s)), chunk=c).roof
+                out[op.name] = sum((self.stage_cost(s, plan.placement(s), chunk=c).roof
                                     for c in walk.streamed.get(op.name, None) or (None,)
                                     for s in op.stages), Roof())
         return out
-
-    def _one_call(self, graph: Graph, op, plan: Plan, walk: Walk, src) -> bool:
-        """Whether ``op`` (a pass or host op) runs as one call a step on its first block
-        over the whole batch (:func:`rpeg.plan.oplayout.one_call`; ``src``: the placement
-        training the model it reads, or None), priced at dp 1 there: in a plan rpeg's own
-        runtime executes (:func:`~rpeg.plan.oplayout.own_runtime`) on the local host's
-        cores (:attr:`_lays_out_calls`)."""
-        p = plan.placement(op.stages[0])
-        return p.dp > 1 and not walk.streamed.get(op.name) and self._lays_out_calls \
-            and own_runtime(plan.placements) and one_call(
-            op, p, src, chunks_per_step(graph, lambda o: plan.placement(o.stages[0]),
-                                        self.responses), op.name in streamed_ops(graph))
-
-    @functools.cached_property
-    def _lays_out_calls(self) -> bool:
-        """Whether pricing follows rpeg's runtime's call layout for passes and host ops
-        (:func:`rpeg.plan.oplayout.one_call`): on a cluster whose devices are the host's
-        cores, where rpeg's runtime is what runs and is measured against the prediction
-        (``benchmarks/runtime.py``). A GPU cluster's pinned layouts include other systems'
-        configurations on engines named torch (verl's FSDP workers, OpenRLHF's DeepSpeed
-        ones), whose passes split the batch over their data-parallel ranks, as the
-        published rows (``benchmarks/published.py``) were fitted and recorded with."""
-        return devices_are_host(self.cluster.gpu)
 
     def _op_timing(self, graph: Graph, op, plan: Plan, walk: Walk, trainer) -> OpTiming:
         """Where ``op`` runs and for how long, from what it reads of the plan and the walk
         (memoised by exactly that)."""
         p = plan.placement(op.stages[0])
         off = op.kind is OpKind.TRAIN and self._off_policy(op, plan, graph)
-        rest, rounds, one = 0.0, 1, False
+        rest, rounds = 0.0, 1
         if op.kind is OpKind.GENERATE:
             rest, rounds = self._rest(op, p, plan, graph), self._rounds(plan, graph, op)
             key = (graph, op.name, p, walk.rows.get(op.stages[0]), rest, rounds)
@@ -130,18 +99,16 @@ class OpTimings:
         else:
             src = plan.placement(trainer[op.reads_model].stages[0]) \
                 if op.kind is OpKind.FORWARD and op.reads_model in trainer else None
-            one = self._one_call(graph, op, plan, walk, src)
             key = (graph, op.name, tuple(plan.placement(s) for s in op.stages),
-                   walk.streamed.get(op.name, ()), src, plan.shared, one)
+                   walk.streamed.get(op.name, ()), src, plan.shared)
         timing = self._ops.get(key)
         if timing is None:
             timing = self._ops[key] = self._time_op(op, p, plan, walk, trainer, off, rest,
-                                                    rounds, one)
+                                                    rounds)
         return timing
 
     def _time_op(self, op, p: StagePlacement, plan: Plan, walk: Walk, trainer,
-                 off_policy: bool, rest: float = 0.0, rounds: int = 1,
-                 one: bool = False) -> OpTiming:
+                 off_policy: bool, rest: float = 0.0, rounds: int = 1) -> OpTiming:
         if op.kind is OpKind.GENERATE:
             r = walk.rows.get(op.stages[0])
             ends = self.prices.chunk_ends(op.stages[0], attrs.evolve(p, chunks=rounds), r) \
@@ -155,18 +122,18 @@ class OpTimings:
             return OpTiming(p.devices, t + self._reload(op, p, trainer, plan))
         # streamed: each chunk priced on its own responses, padded to its longest
         per_chunk = [self._fused(op, plan, c) for c in walk.streamed.get(op.name, ())]
-        reload = self._reload(op, p, trainer, plan) if not one else 0.0
+        reload = self._reload(op, p, trainer, plan)
         if per_chunk:
             per_chunk[0] += reload
             t = sum(per_chunk)
-        elif one:
-            # one call a step, on the first block, over the whole batch (the runtime's
-            # layout, rpeg.plan.oplayout.OpLayout.calls): its data-parallel degree splits
-            # nothing, so it is priced there at dp 1, and fetches weights only there
-            t = sum(self.stage_time(s, first_block(plan.placement(s))) for s in op.stages)
-            t += self._reload(op, first_block(p), trainer, plan)
-            return OpTiming(op_layout(op, p, False).devices_of(0), t)
         else:
+            # a pass at dp > 1 runs split over its blocks (rpeg.plan.oplayout.split_parts),
+            # as its stages are priced; a group estimator, one call over the whole batch on
+            # its first block, is priced there
+            if p.dp > 1 and not op.per_sample:
+                at = first_block(p)
+                return OpTiming(at.devices, sum(self.stage_time(s, first_block(
+                    plan.placement(s))) for s in op.stages) + self._reload(op, at, trainer, plan))
             t = self._fused(op, plan, None) + reload
         # host ops too: they run in their device's worker, which waits for them
         return OpTiming(p.devices, t, chunk_times=tuple(per_chunk))
@@ -276,11 +243,6 @@ class OpTimings:
         stage = next(s for s in op.stages if s in self.stages.modelled
                      and graph_backbone(plan, target[s]) == op.reads_model)
         return self.prices.sync_time(target[stage], src, p)
-
-
-def _same(p: StagePlacement) -> StagePlacement:
-    """A placement as it is (pricing not narrowed to a first block)."""
-    return p
 
 
 __all__ = ["OpTimings"]

@@ -444,7 +444,8 @@ def _prepare_uncached(placed: Placed, steps: int) -> _Prepared:
     instance named by its index, the instances coming out in priority order."""
     graph = placed.graph
     chunks = {op: placed.chunks for op, _ in placed.lanes}
-    counts = chunk_counts(graph, chunks)
+    parts = dict(placed.parts)               # a pass's parts (the task count's; not priced)
+    counts = chunk_counts(graph, chunks, parts)
     first: dict[str, int] = {}                   # each op's first index within a step
     per_step = 0
     for op in graph.topo_order():
@@ -452,7 +453,7 @@ def _prepare_uncached(placed: Placed, steps: int) -> _Prepared:
     _, cells, edges = unroll_edges(
         graph, steps, lambda op, s, c: s * per_step + first[op] + c, chunks,
         carry=dict(placed.carry), lanes=dict(placed.lanes), in_place=placed.in_place,
-        partly=dict(placed.partly))
+        partly=dict(placed.partly), parts=parts)
     waiting = [0] * len(cells)
     dependents: list[list[int]] = [[] for _ in cells]
     fed: list[list[int]] = [[] for _ in cells]

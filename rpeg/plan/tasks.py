@@ -73,7 +73,8 @@ def steady_step(graph: Graph, layouts: dict[str, OpLayout], chunks: int, steps: 
     # orders them (chunk c on block c mod blocks, after chunk c - blocks)
     streamed = Placed(graph, 0, chunks=chunks, lanes=tuple(
         (o.name, len(laid_out(layouts[o.name])) if o.name in layouts else 1)
-        for o in graph.ops if o.kind is OpKind.GENERATE))
+        for o in graph.ops if o.kind is OpKind.GENERATE), parts=tuple(
+        (op, lay.parts) for op, lay in sorted(layouts.items()) if lay.parts))
     # a step far enough in for its inputs to come from steady steps (lag + 2 back), and
     # the steps after it that read its outputs (lag + 1 on)
     lag = max((e.lag for e in graph.version_edges), default=0)
@@ -263,7 +264,8 @@ def relabelled(layouts: dict[str, OpLayout]) -> tuple[tuple[str, OpLayout], ...]
                     and fills == lay.fills
                     else OpLayout(devices, tp=lay.tp, chunked=lay.chunked,   # attrs.evolve's
                                   per_block=lay.per_block, everywhere=lay.everywhere,
-                                  collective=lay.collective, gangs=gangs, fills=fills)))
+                                  collective=lay.collective, gangs=gangs, fills=fills,
+                                  parts=lay.parts)))
     return tuple(out)
 
 

@@ -16,9 +16,9 @@ from rpeg.plan.model import StagePlacement
 from rpeg.plan.oplayout import (
     all_in_place,
     first_block,
-    one_call,
     op_layout,
     reads_in_place,
+    split_parts,
     world_of,
 )
 from rpeg.spec.model import Engine, OpKind
@@ -122,26 +122,29 @@ def test_the_memoised_copy_keys_are_the_rule_applied_device_by_device(
 
 
 @settings(deadline=None)
-@given(placements(engines=(Engine.TORCH,)), st.sampled_from(KINDS), st.booleans(),
-       st.integers(1, 12))
-def test_one_call_is_the_layouts_one_call_on_its_first_block(place, kind, streamed, chunks):
-    """``one_call`` says what ``OpLayout.calls`` lays out: a step's one call, on the first
-    block, for a pass or host op at dp > 1 (train ranks and generate chunks spread); the cost
-    model prices it on ``first_block``, the placement of those devices at dp 1."""
-    op = Op("o", kind, reads_model=None if kind is OpKind.COMPUTE else "m", stages=("s",))
+@given(placements(engines=(Engine.TORCH, Engine.DEEPSPEED)), st.sampled_from(KINDS),
+       st.booleans(), st.integers(1, 12), st.booleans())
+def test_a_pass_at_dp_above_1_runs_split_over_its_blocks(place, kind, streamed, chunks,
+                                                         grouped):
+    """``split_parts`` says what ``OpLayout.calls`` lays out: a pass or per-sample host op at
+    dp > 1 that a step does not stream runs a part of its batch on each block, one call per
+    block's device, every device of the placement busy; a group estimator runs one call on
+    its first block (``first_block``); train ranks and generate chunks spread their own
+    way, whatever the engine."""
+    op = Op("o", kind, reads_model=None if kind is OpKind.COMPUTE else "m", stages=("s",),
+            grouped=grouped and kind is OpKind.COMPUTE)
     on = streamed or kind is OpKind.GENERATE
-    calls = op_layout(op, place, on).calls(chunks)
-    one = one_call(op, place, None, chunks, on)
-    devices = {c.device for c in calls}
-    spread = len(devices) > len(op_layout(op, place, on).devices_of(0))
-    if place.dp > 1 and kind in (OpKind.TRAIN, OpKind.GENERATE):
-        assert not one
-    # another system's engine (a published layout priced as it ran) splits the batch
-    assert not one_call(op, attrs.evolve(place, engine=Engine.DEEPSPEED), None, chunks, on)
-    if one:
-        assert not spread and len({c.chunk for c in calls}) == 1
-        block = first_block(place)
-        assert block.dp == 1 and set(devices) <= set(block.devices)
-        assert len(block.devices) * place.dp == len(place.devices)
-    elif place.dp > 1 and kind in (OpKind.FORWARD, OpKind.COMPUTE) and chunks > 1 and on:
-        assert spread or chunks <= 1
+    parts = split_parts(op, place, None, chunks, on)
+    lay = op_layout(op, place, on, parts=parts)
+    calls = lay.calls(chunks)
+    if place.dp <= 1 or kind in (OpKind.TRAIN, OpKind.GENERATE) or (on and chunks > 1):
+        assert parts == 0
+    if parts:
+        assert len(lay.blocks) == parts == lay.instances(chunks) == len(
+            {c.chunk for c in calls})
+        assert {c.device for c in calls} == set(place.devices)
+        assert all(c.device in lay.blocks[c.chunk] for c in calls)
+        assert lay.members(chunks) == tuple(dict.fromkeys(
+            (c.device, c.group) for c in calls))
+    elif place.dp > 1 and op.kind in (OpKind.FORWARD, OpKind.COMPUTE) and not on:
+        assert op.grouped and {c.device for c in calls} <= set(first_block(place).devices)

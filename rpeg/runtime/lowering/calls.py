@@ -33,6 +33,9 @@ class OpCall:
     device: int
     chunk: int = 0
     chunks: int = 1                          # instances of this op in a step (chunks or ranks)
+    parts: int = 0                           # > 0: it runs on part ``chunk`` of ``parts`` of
+                                             # the whole batch its inputs make (a pass split
+                                             # over its data-parallel blocks)
     rank: int = 0
     world: int = 1                           # data-parallel degree
     tp_group: tuple[int, ...] = ()           # devices running this instance together (tp > 1;

@@ -12,6 +12,10 @@ backbones) is placed on the plan's devices and unrolled over steps:
 * per-sample ops (forward, score, per-response compute) whose inputs stream in
   chunks run once per chunk, round-robin over their data-parallel blocks; group
   ops (``group_norm``, ``rloo``) and train wait for the whole step;
+* a per-sample op at dp > 1 in a step that does not stream it runs split: a call on each
+  of its blocks (``/c<part>``), each on its part of the whole batch its inputs make (the
+  sequences divided as evenly as can be, in order), its readers reading every part in
+  order (:func:`rpeg.plan.oplayout.split_parts`);
 * a train op runs once per device: data-parallel rank ``i // tp``;
 * with tp > 1 a stage's devices are blocks of tp; every device of a block runs
   the instance (ids of ranks > 0 end in ``/t<rank>``) and readers take rank 0's
@@ -149,7 +153,8 @@ def lay_out(pipeline: Pipeline, plan: Plan, steps: int, *, first: int = 0
                     limit = max((bounds.get(st, 0) for st in op.stages), default=0)
                 calls.append(OpCall(
                     id=cid, op=name, kind=op.kind, step=s, device=dev, chunk=one.chunk,
-                    chunks=n_chunks if lay.chunked else len(layout), rank=one.rank,
+                    chunks=lay.instances(n_chunks) if lay.chunked else len(layout),
+                    parts=lay.parts, rank=one.rank,
                     world=world, tp_group=group, model=held.get(name, {}).get(dev),
                     stages=op.stages, inputs=tuple(inputs), deps=tuple(deps),
                     version=version, writes=s + 1 if op.kind is OpKind.TRAIN else -1, bound=bound,

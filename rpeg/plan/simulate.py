@@ -403,7 +403,7 @@ def prepared(placed: Placed, steps: int) -> _Prepared:
     # only what the edges read, and no more lanes than chunks (more change no edge): fewer
     # distinct graphs to prepare
     key = (Placed(placed.graph, 0, chunks=n, carry=placed.carry, in_place=placed.in_place,
-                  partly=placed.partly,
+                  partly=placed.partly, parts=placed.parts,
                   lanes=tuple((op, min(k, n)) for op, k in placed.lanes)), steps)
     hit = _PREPARED.get(key)
     if hit is not None:

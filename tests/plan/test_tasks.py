@@ -287,3 +287,22 @@ def test_the_model_counts_the_weight_syncs_the_runtime_dispatches(name, devices,
     graph = ev.graph(plan)
     d = ev.dispatch(plan, graph, ev.timings(plan, graph)[0])
     assert (d.calls, d.tasks) == _runtime(pipeline, plan)[:2]
+
+
+@pytest.mark.parametrize("stages", [("ref_lp",), ("ref_lp", "values", "scores", "adv")])
+def test_the_model_counts_the_parts_of_a_pass_split_over_its_blocks(stages):
+    """Passes and host ops at dp 2 in a step streaming one chunk run a part of the batch on
+    each block (``rpeg.plan.oplayout.split_parts``), read whole by their readers: the same
+    calls and tasks a steady step as the runtime's fusion."""
+    pipeline = load(shipped("pipelines", "tiny_ppo.rpeg"))
+    plan = split_plan(pipeline, 2, staleness=0, chunks=1)
+    plan = attrs.evolve(plan, placements=tuple(
+        attrs.evolve(p, devices=(0, 1), dp=2) if p.stage in stages else p
+        for p in plan.placements))
+    ev = Evaluator(pipeline, builtin_cluster("local_cpu"))
+    graph = ev.graph(plan)
+    d = ev.dispatch(plan, graph, ev.timings(plan, graph)[0])
+    calls, tasks, _ = _runtime(pipeline, plan)
+    assert (d.calls, d.tasks) == (calls, tasks)
+    assert calls > len([c for c in build_calls(pipeline, split_plan(
+        pipeline, 2, staleness=0, chunks=1), 10) if c.step == 6])

@@ -14,8 +14,6 @@ these (its memos live in the evaluator; see :mod:`rpeg.plan.evaluate`).
 
 from __future__ import annotations
 
-import functools
-
 import attrs
 
 from rpeg.cost.compute import Roof
@@ -68,7 +66,6 @@ class OpTimings:
         """Per op (not the syncs): the FLOPs and bytes the cost model prices it with, on one
         of its devices (the busiest), as :meth:`timings` times it."""
         out: dict[str, Roof] = {}
-        trainer = {o.writes_model: o for o in graph.ops if o.kind is OpKind.TRAIN}
         for op in graph.ops:
             if op.kind is OpKind.SYNC_WEIGHTS:
                 continue
@@ -80,7 +77,8 @@ class OpTimings:
                 off = self._off_policy(op, plan, graph)
                 out[op.name] = self.stage_cost(op.stages[0], p, off_policy=off).roof
             else:
-                out[op.name] = sum((self.stage_cost(s, plan.placement(s), chunk=c).roof
+                at = first_block if _one_call(op, p) else _same
+                out[op.name] = sum((self.stage_cost(s, at(plan.placement(s)), chunk=c).roof
                                     for c in walk.streamed.get(op.name, None) or (None,)
                                     for s in op.stages), Roof())
         return out
@@ -130,7 +128,7 @@ class OpTimings:
             # a pass at dp > 1 runs split over its blocks (rpeg.plan.oplayout.split_parts),
             # as its stages are priced; a group estimator, one call over the whole batch on
             # its first block, is priced there
-            if p.dp > 1 and not op.per_sample:
+            if _one_call(op, p):
                 at = first_block(p)
                 return OpTiming(at.devices, sum(self.stage_time(s, first_block(
                     plan.placement(s))) for s in op.stages) + self._reload(op, at, trainer, plan))
@@ -243,6 +241,18 @@ class OpTimings:
         stage = next(s for s in op.stages if s in self.stages.modelled
                      and graph_backbone(plan, target[s]) == op.reads_model)
         return self.prices.sync_time(target[stage], src, p)
+
+
+def _one_call(op, p: StagePlacement) -> bool:
+    """Whether ``op`` (a pass or host op placed as ``p``) runs one call a step over the whole
+    batch on its first block though placed at dp > 1: a group estimator, which needs the
+    whole batch (:func:`rpeg.plan.oplayout.split_parts` splits every other)."""
+    return p.dp > 1 and not op.per_sample
+
+
+def _same(p: StagePlacement) -> StagePlacement:
+    """A placement as it is (pricing not narrowed to a first block)."""
+    return p
 
 
 __all__ = ["OpTimings"]

@@ -6,7 +6,6 @@ the trainer holds the same split of whole weights."""
 
 from __future__ import annotations
 
-import attrs
 from hypothesis import given, settings
 from hypothesis import strategies as st
 

@@ -44,7 +44,8 @@ def dispatch_floor(graph: Graph, layouts: dict, chunks: int = 1, steps: int = 6)
     reads = {e.dst for e in graph.data_edges}
     calls = tasks = args = 0
     seen: set[int] = set()                         # devices with a call of the step so far
-    for op, n in chunk_counts(graph, streamed).items():   # in the step's order
+    parts = {op: lay.parts for op, lay in layouts.items() if lay.parts}   # split passes
+    for op, n in chunk_counts(graph, streamed, parts).items():   # in the step's order
         fed = op in reads                          # a task it starts waits for its inputs
         c, t, a, firsts, devices = _op_floor(layouts[op], n, fed)
         calls, tasks, args = calls + c, tasks + t, args + a

@@ -51,7 +51,7 @@ def _cases():
 
 
 GOLDEN, CASES = _cases()
-DIGEST = "3712649bc35828bbf47b211872d301936397163b85e9d4a252c5ca777beb5f82"
+DIGEST = "06f29d07a6bd2db57246cb06e3ae4143feafe79046f434b4481841b574b4ed02"
 
 
 def test_the_lowerings_calls_are_the_golden_ones():

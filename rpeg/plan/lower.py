@@ -111,6 +111,7 @@ module doc lists what the two feeds still differ in).
 from __future__ import annotations
 
 import bisect
+import functools
 import math
 from collections import defaultdict
 from collections.abc import Callable, Iterable
@@ -236,7 +237,12 @@ class Placed:
     op_order: tuple[str, ...] = ()
 
     def layout(self, op: str) -> OpLayout:
-        return dict(self.layouts)[op]
+        return self._layout_of[op]
+
+    @functools.cached_property
+    def _layout_of(self) -> dict[str, OpLayout]:
+        """Op -> its layout, derived once (not part of the value)."""
+        return dict(self.layouts)
 
     def reads_of(self, op: str) -> dict[int, ReplicaKey]:
         """Device -> the copy ``op``'s calls there read ({}: it reads no model)."""
@@ -599,10 +605,43 @@ def lower(graph: Graph, plan, responses: int, placement_of: Placing | None = Non
     assert passes in (PASSES[:len(passes)], COUNTED), \
         "passes run in order, each on those before"
     placement_of = placement_of or (lambda o: plan.placement(o.stages[0]))
-    p = Placed(graph, responses)
-    for step in passes:
-        p = step(p, placement_of)
+    at = _placements(graph, placement_of)
+    if at is None:                       # an op without a placement: as the passes find it
+        p = Placed(graph, responses)
+        for step in passes:
+            p = step(p, placement_of)
+        return p
+    # the passes are pure functions of the graph, the responses and the placements of its
+    # ops: what each prefix of them made is kept, so the memory walk, the simulator and the
+    # task count lowering the same plan share the passes they have in common
+    if len(_LOWERED) > 2048:
+        _LOWERED.clear()
+    base = (id(graph), responses, at)
+    p = None
+    for n in range(len(passes), 0, -1):
+        p = _LOWERED.get((base, passes[:n]))
+        if p is not None:
+            break
+    else:
+        n, p = 0, Placed(graph, responses)
+    for k in range(n, len(passes)):
+        p = _LOWERED[(base, passes[:k + 1])] = passes[k](p, placement_of)
     return p
+
+
+# (id of the graph, responses, the placements of its ops, passes run) -> the placed graph
+# (which holds the graph: its id names no other while the entry is kept)
+_LOWERED: dict[tuple, Placed] = {}
+
+
+def _placements(graph: Graph, placement_of: Placing) -> tuple | None:
+    """The placement of each op of ``graph`` but its weight syncs (the ops the passes ask
+    ``placement_of`` about); None if one has none, or its check refuses it (the passes
+    then raise what they raise)."""
+    try:
+        return tuple(placement_of(o) for o in graph.ops if o.kind is not OpKind.SYNC_WEIGHTS)
+    except Exception:  # noqa: BLE001 — refused as the passes find it, not here
+        return None
 
 
 __all__ = ["COUNTED", "GANGS", "LOADS", "PASSES", "PRICED", "PUSH", "RANKS", "Move", "Placed",

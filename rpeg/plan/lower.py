@@ -132,7 +132,7 @@ from rpeg.plan.oplayout import (
     chunks_per_step,
     gathers_in_place,
     op_layout,
-    reads_in_place,
+    reads_in_place_on,
     stream_of,
     streamed_ops,
     sync_calls,
@@ -477,14 +477,14 @@ def _shared_replicas(p: Placed, placement_of: Placing):
     of trained weights in place on some of its blocks, a copy of its own on the others,
     whose trainer waits for its chunks on the former alone: the write-after-read edges
     the runtime orders each device's writer by, ``rpeg.runtime.lowering.ordering``)."""
-    devices = {name: set(lay.devices) for name, lay in p.layouts}
+    lays = p._layout_of
     behind = {e.reader: e.writer for e in p.graph.version_edges
               if p.graph.op(e.reader).kind is OpKind.SYNC_WEIGHTS}
     out, partly = set(), {}
     for e in p.graph.version_edges:
         writer, reader = p.graph.op(e.writer), p.graph.op(e.reader)
         if OpKind.SYNC_WEIGHTS in (writer.kind, reader.kind) \
-                and devices[e.writer] & devices[e.reader]:
+                and not _devices(lays[e.writer]).isdisjoint(lays[e.reader].devices):
             out.add((e.writer, e.reader))          # the sync's copy, or what it sends
         if reader.kind is OpKind.SYNC_WEIGHTS:
             continue
@@ -499,14 +499,28 @@ def _shared_replicas(p: Placed, placement_of: Placing):
         elif not any_in_place(placement_of(writer), placement_of(reader)):
             continue
         else:                                     # the blocks its chunks read them in place on
-            sharing = frozenset(b for b in range(n) if any(
-                reads_in_place(placement_of(writer), placement_of(reader), d)
-                for d in lay.devices_of(b)))
+            sharing = _sharing(placement_of(writer), placement_of(reader), lay, n)
         if sharing:
             out.add((writer.name, e.reader))     # reads the trained weights where they are
         if 0 < len(sharing) < n:
             partly[(writer.name, e.reader)] = (n, sharing)
     return frozenset(out), tuple(sorted(partly.items(), key=lambda x: x[0]))
+
+
+@functools.lru_cache(maxsize=4096)
+def _devices(lay: OpLayout) -> frozenset[int]:
+    """``lay``'s devices as a set (memoised: a layout is asked about in every plan that
+    keeps it)."""
+    return frozenset(lay.devices)
+
+
+@functools.lru_cache(maxsize=4096)
+def _sharing(writer, reader, lay: OpLayout, n: int) -> frozenset[int]:
+    """The blocks of ``lay`` (``n`` of them) on some device of which a reader placed as
+    ``reader`` reads the weights its writer placed as ``writer`` writes in place (a pure
+    function of the three: a plan that moves another op finds it again)."""
+    return frozenset(b for b in range(n)
+                     if any(reads_in_place_on(writer, reader, lay.devices_of(b))))
 
 
 def transfers(p: Placed, placement_of: Placing) -> Placed:

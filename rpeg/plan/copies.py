@@ -129,23 +129,29 @@ def _held(trainer) -> frozenset[int]:
 def copies(placed, placement_of: Callable) -> Copies:
     """The copies of a plan's step graph placed as ``placed`` (:class:`rpeg.plan.lower.Placed`;
     ``placement_of``: graph op -> its placement), and which each op reads where."""
-    graph = placed.graph
+    held: list[Copy] = []
+    reads: dict[str, dict[int, ReplicaKey]] = {}
+    for model, t, readers in _models(placed.graph):
+        train = (t, placement_of(t), placed.layout(t.name)) if t is not None else None
+        mine = tuple((o, placement_of(o), placed.layout(o.name)) for o in readers)
+        one, by_op = _backbone(model, train, mine, placed.chunks)
+        held += one
+        reads.update(by_op)
+    return Copies(tuple(held), reads)
+
+
+@functools.lru_cache(maxsize=64)
+def _models(graph) -> tuple[tuple[Backbone, object, tuple], ...]:
+    """(backbone, its train op or None, the ops reading it in topological order) of each
+    backbone ``graph`` trains or reads: its trained ones first."""
     trainers = {o.writes_model: o for o in graph.ops if o.kind is OpKind.TRAIN and o.writes_model}
     readers: dict[Backbone, list] = {}
     for name in graph.topo_order():
         o = graph.op(name)
         if o.reads_model and o.kind not in (OpKind.TRAIN, OpKind.SYNC_WEIGHTS):
             readers.setdefault(o.reads_model, []).append(o)
-    held: list[Copy] = []
-    reads: dict[str, dict[int, ReplicaKey]] = {}
-    for model in dict.fromkeys([*trainers, *readers]):
-        t = trainers.get(model)
-        train = (t, placement_of(t), placed.layout(t.name)) if t is not None else None
-        mine = tuple((o, placement_of(o), placed.layout(o.name)) for o in readers.get(model, ()))
-        one, by_op = _backbone(model, train, mine, placed.chunks)
-        held += one
-        reads.update(by_op)
-    return Copies(tuple(held), reads)
+    return tuple((model, trainers.get(model), tuple(readers.get(model, ())))
+                 for model in dict.fromkeys([*trainers, *readers]))
 
 
 @functools.lru_cache(maxsize=4096)

@@ -128,6 +128,7 @@ class Evaluator(MemoryWalk, OpTimings):
         self._problems: dict[tuple, str | None] = {}
         self._fits: dict[tuple, bool] = {}
         self._rests: dict[tuple, float] = {}
+        self._chunks: dict[tuple, int] = {}
         w = pipeline.workload
         self.gen_tokens = w.batch * w.gen_len.mean()
         self.responses = w.prompts * w.samples          # a step's (the runtime's chunks)

@@ -113,6 +113,7 @@ module doc lists what the two feeds still differ in).
 from __future__ import annotations
 
 import bisect
+import functools
 import math
 from collections import defaultdict
 from collections.abc import Callable, Iterable
@@ -133,7 +134,7 @@ from rpeg.plan.oplayout import (
     chunks_per_step,
     gathers_in_place,
     op_layout,
-    reads_in_place,
+    reads_in_place_on,
     split_parts,
     stream_of,
     streamed_ops,
@@ -241,7 +242,12 @@ class Placed:
     op_order: tuple[str, ...] = ()
 
     def layout(self, op: str) -> OpLayout:
-        return dict(self.layouts)[op]
+        return self._layout_of[op]
+
+    @functools.cached_property
+    def _layout_of(self) -> dict[str, OpLayout]:
+        """Op -> its layout, derived once (not part of the value)."""
+        return dict(self.layouts)
 
     def reads_of(self, op: str) -> dict[int, ReplicaKey]:
         """Device -> the copy ``op``'s calls there read ({}: it reads no model)."""
@@ -480,14 +486,14 @@ def _shared_replicas(p: Placed, placement_of: Placing):
     of trained weights in place on some of its blocks, a copy of its own on the others,
     whose trainer waits for its chunks on the former alone: the write-after-read edges
     the runtime orders each device's writer by, ``rpeg.runtime.lowering.ordering``)."""
-    devices = {name: set(lay.devices) for name, lay in p.layouts}
+    lays = p._layout_of
     behind = {e.reader: e.writer for e in p.graph.version_edges
               if p.graph.op(e.reader).kind is OpKind.SYNC_WEIGHTS}
     out, partly = set(), {}
     for e in p.graph.version_edges:
         writer, reader = p.graph.op(e.writer), p.graph.op(e.reader)
         if OpKind.SYNC_WEIGHTS in (writer.kind, reader.kind) \
-                and devices[e.writer] & devices[e.reader]:
+                and not _devices(lays[e.writer]).isdisjoint(lays[e.reader].devices):
             out.add((e.writer, e.reader))          # the sync's copy, or what it sends
         if reader.kind is OpKind.SYNC_WEIGHTS:
             continue
@@ -502,14 +508,28 @@ def _shared_replicas(p: Placed, placement_of: Placing):
         elif not any_in_place(placement_of(writer), placement_of(reader)):
             continue
         else:                                     # the blocks its chunks read them in place on
-            sharing = frozenset(b for b in range(n) if any(
-                reads_in_place(placement_of(writer), placement_of(reader), d)
-                for d in lay.devices_of(b)))
+            sharing = _sharing(placement_of(writer), placement_of(reader), lay, n)
         if sharing:
             out.add((writer.name, e.reader))     # reads the trained weights where they are
         if 0 < len(sharing) < n:
             partly[(writer.name, e.reader)] = (n, sharing)
     return frozenset(out), tuple(sorted(partly.items(), key=lambda x: x[0]))
+
+
+@functools.lru_cache(maxsize=4096)
+def _devices(lay: OpLayout) -> frozenset[int]:
+    """``lay``'s devices as a set (memoised: a layout is asked about in every plan that
+    keeps it)."""
+    return frozenset(lay.devices)
+
+
+@functools.lru_cache(maxsize=4096)
+def _sharing(writer, reader, lay: OpLayout, n: int) -> frozenset[int]:
+    """The blocks of ``lay`` (``n`` of them) on some device of which a reader placed as
+    ``reader`` reads the weights its writer placed as ``writer`` writes in place (a pure
+    function of the three: a plan that moves another op finds it again)."""
+    return frozenset(b for b in range(n)
+                     if any(reads_in_place_on(writer, reader, lay.devices_of(b))))
 
 
 def transfers(p: Placed, placement_of: Placing) -> Placed:
@@ -608,10 +628,43 @@ def lower(graph: Graph, plan, responses: int, placement_of: Placing | None = Non
     assert passes in (PASSES[:len(passes)], COUNTED), \
         "passes run in order, each on those before"
     placement_of = placement_of or (lambda o: plan.placement(o.stages[0]))
-    p = Placed(graph, responses)
-    for step in passes:
-        p = step(p, placement_of)
+    at = _placements(graph, placement_of)
+    if at is None:                       # an op without a placement: as the passes find it
+        p = Placed(graph, responses)
+        for step in passes:
+            p = step(p, placement_of)
+        return p
+    # the passes are pure functions of the graph, the responses and the placements of its
+    # ops: what each prefix of them made is kept, so the memory walk, the simulator and the
+    # task count lowering the same plan share the passes they have in common
+    if len(_LOWERED) > 2048:
+        _LOWERED.clear()
+    base = (id(graph), responses, at)
+    p = None
+    for n in range(len(passes), 0, -1):
+        p = _LOWERED.get((base, passes[:n]))
+        if p is not None:
+            break
+    else:
+        n, p = 0, Placed(graph, responses)
+    for k in range(n, len(passes)):
+        p = _LOWERED[(base, passes[:k + 1])] = passes[k](p, placement_of)
     return p
+
+
+# (id of the graph, responses, the placements of its ops, passes run) -> the placed graph
+# (which holds the graph: its id names no other while the entry is kept)
+_LOWERED: dict[tuple, Placed] = {}
+
+
+def _placements(graph: Graph, placement_of: Placing) -> tuple | None:
+    """The placement of each op of ``graph`` but its weight syncs (the ops the passes ask
+    ``placement_of`` about); None if one has none, or its check refuses it (the passes
+    then raise what they raise)."""
+    try:
+        return tuple(placement_of(o) for o in graph.ops if o.kind is not OpKind.SYNC_WEIGHTS)
+    except Exception:  # noqa: BLE001 — refused as the passes find it, not here
+        return None
 
 
 __all__ = ["COUNTED", "GANGS", "LOADS", "PASSES", "PRICED", "PUSH", "RANKS", "Move", "Placed",

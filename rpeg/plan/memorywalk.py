@@ -247,7 +247,13 @@ class MemoryWalk:
         """The rounds generate op ``op`` streams a step's chunks in, each priced as one chunk
         of the step's responses (:func:`rpeg.plan.oplayout.rounds_of`: the chunks the
         runtime streams, :func:`rpeg.plan.oplayout.chunks_per_step`)."""
-        chunks = chunks_per_step(graph, lambda o: plan.placement(o.stages[0]), self.responses)
+        key = ("chunks", graph, plan.placements)
+        chunks = self._chunks.get(key)
+        if chunks is None:           # asked of each generate op, by the walk and the timings
+            if len(self._chunks) > 256:
+                self._chunks.clear()
+            chunks = self._chunks[key] = chunks_per_step(
+                graph, lambda o: plan.placement(o.stages[0]), self.responses)
         return rounds_of(plan.placement(op.stages[0]), chunks)
 
     # --- memory ---------------------------------------------------------------------

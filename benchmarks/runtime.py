@@ -95,8 +95,18 @@ def wait_quiet() -> float:
 
 
 def median_step(rows) -> float:
-    times = [r["step_time_s"] for r in rows[WARMUP:]] or [r["step_time_s"] for r in rows]
-    return statistics.median(times)
+    return statistics.median(_steps(rows))
+
+
+def _steps(rows) -> list[float]:
+    return [r["step_time_s"] for r in rows[WARMUP:]] or [r["step_time_s"] for r in rows]
+
+
+def step_quartiles(rows) -> list[float]:
+    """The first and third quartile of the steps after ``WARMUP``: how far one run's
+    steps spread around the median the prediction is compared with."""
+    q = statistics.quantiles(_steps(rows), n=4) if len(_steps(rows)) > 1 else _steps(rows) * 3
+    return [round(q[0], 4), round(q[2], 4)]
 
 
 def final_reward(rows, n=5) -> float:
@@ -128,6 +138,7 @@ def dask_run(pipeline, plan, steps, root, fuse: bool = True) -> dict:
     return {"run_dir": str(result.path), "verified": ok, "wall_s": round(wall, 2),
             "tasks_per_step": round(meta.get("tasks", 0) / steps, 2),
             "median_step_s": round(median_step(rows), 4),
+            "step_quartiles_s": step_quartiles(rows),
             "untrained_reward": round(untrained_reward(rows), 4),
             "final_reward": round(final_reward(rows), 4), "steps": steps,
             "host": meta.get("host"),
@@ -720,6 +731,15 @@ def prediction_table(pred: dict) -> list[str]:
                      f"{r['predicted_control']['tasks_per_step']} | "
                      f"{tokens.get('measured', '?')} / {tokens.get('declared', '?')} | "
                      f"{r['load_avg']} | `{r['placements']}` |")
+    lines.append("")
+    for name in ("tiny_ppo", "tiny_grpo"):
+        a, b = pred.get(f"{name} default"), pred.get(f"{name} default, again")
+        if a and b:
+            lo, hi = sorted((a["median_step_s"], b["median_step_s"]))
+            lines.append(f"{name}'s default plan, run twice: median steps {lo} and {hi} s, "
+                         f"{100 * (hi / lo - 1):.0f}% apart (quartiles of the steps "
+                         f"{a.get('step_quartiles_s', '?')} and "
+                         f"{b.get('step_quartiles_s', '?')} s).")
     lines.append("")
     for label, r in pred.items():
         if "op_times" not in r:

@@ -117,6 +117,9 @@ def micro_measurements(repeats: int = 5) -> dict:
     out["stream_bandwidth"] = stream_bandwidth()
     out["host"] = host_ops(repeats)
     out["sample_s"] = model_host_per_sample()
+    # a decode step's sampling on the engine's code path (its fixed part and per logit)
+    from backends.torch_backend.measure_sampling import sampling_rows
+    out["sampling"] = sampling_rows(repeats)
     out["optimizer"] = [optimizer_seconds(d) for d in CALIBRATION_DIMS.values()]
     return out
 

@@ -402,7 +402,9 @@ def _cached(model, par, devices, topo, gpu, t, local, prompt, extra, dist, engin
         ctx = p_ctx + (float((mid - first[live]).mean()) if live.any() else mid)
         per_mb = active / m
         one, one_roof = stage_pass(dec, per_mb, ctx, per_mb * ctx, per_mb)
-        step = pipe * one + dec.decode_overhead
+        # every live row samples its token from the vocabulary's logits (a CPU device:
+        # the profile's sample_logit_time, measured by rpeg calibrate; 0 on a GPU profile)
+        step = pipe * one + dec.decode_overhead + active * d.vocab * dec.sample_logit_time
         roof += one_roof.scaled((hi - lo) * m)
         comp_seg.append((hi - lo) * step)
         comm_seg.append((hi - lo) * pipe * comm(per_mb))

@@ -389,6 +389,7 @@ PROFILE_DOCS: dict[str, str] = {
     "compute_call_overhead": "per call of a host compute op (gae, ...)",
     "compute_sample_time": "per sample of a host compute op (unset: sample_overhead)",
     "compute_token_time": "per token of a host compute op",
+    "sample_logit_time": "host time per logit a decode step samples from (a row x the vocabulary: temperature, top-p, the draw; 0: priced in the step)",
     "host_bandwidth": "device <-> host memory, one way (offload)",
     "host_memory_bandwidth": "one rank's host memory streaming (CPU Adam step)",
     "grads_freed": "1: the backend frees gradients after each step",

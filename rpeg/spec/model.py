@@ -469,6 +469,9 @@ class GpuProfile:
     compute_call_overhead: float = _m("s")         # per call of a host compute op (gae, ...)
     compute_sample_time: float | None = _m("s", None)     # per sample; None: sample_overhead
     compute_token_time: float = _m("s", 2e-9)      # per token
+    sample_logit_time: float = _m("s")             # per logit a decode step samples from (a
+                                                   # row x the vocabulary: temperature, top-p,
+                                                   # the draw) on the host; 0: in the step
     host_bandwidth: float = _m("bytes/s", 25e9)    # device <-> host memory, one way (offload)
     host_memory_bandwidth: float = _m("bytes/s", 12.5e9)  # one rank's CPU Adam step (passes.cpu_adam_step)
     grads_freed: float = _m("")                    # 1: the backend frees gradients after each step

@@ -93,7 +93,7 @@ def measure_dispatch(tasks: int = 60, repeats: int = 3, hold_s: float = 0.01) ->
             "hold_s": hold_s, "loadavg": os.getloadavg()[0]}
 
 
-def measure_control(steps: int = 40, root: str | None = None) -> dict:
+def measure_control(steps: int = 40, root: str | None = None, rounds: int = 2) -> dict:
     """The control plane's CPU per step of real runs (``rpeg.runtime.rundir.directory.host_usage``:
     the client's process — on a local cluster also the scheduler's — and the device
     workers' CPU outside ops), with the Dask tasks per step they took.
@@ -110,6 +110,12 @@ def measure_control(steps: int = 40, root: str | None = None) -> dict:
     the median step the prediction is compared with (``rpeg show``); measured into these
     runs it would be priced into every step, and most into a plan on one device (these
     runs' models are not shared, the planner's plan for tiny_ppo shares one backbone).
+
+    The three runs are made ``rounds`` times, in alternating order (the second round
+    backwards, so a load that drifts over the calibration weighs on every run alike), and
+    each run's figures are the medians over its rounds: from one round, a run's control CPU
+    a step moved by +-10% from one calibration to the next (load 9-11), and the per-device
+    term fitted from their differences by up to 60%.
     """
     import json
     import os
@@ -124,25 +130,32 @@ def measure_control(steps: int = 40, root: str | None = None) -> dict:
     idle = measure_idle()
     spec = shipped("pipelines", "tiny_ppo.rpeg")
     pipeline = load(spec)
-    runs = []
+    configs = ((2, 1), (2, 3), (1, 1))
+    seen: dict[tuple[int, int], list[dict]] = {c: [] for c in configs}
     with tempfile.TemporaryDirectory(prefix="rpeg-calibrate-") as tmp:
-        for devices, chunks in ((2, 1), (2, 3), (1, 1)):
-            plan = split_plan(pipeline, devices, staleness=1 if devices > 1 else 0,
-                              chunks=chunks)
-            result = run_resilient(pipeline, plan, RunOptions(steps=steps, root=root or tmp,
-                                                              progress=False),
-                                   spec_path=str(spec),
-                                   resilience=Resilience(checkpoint_every=steps))
-            host = json.loads((result.path / "run.json").read_text()).get("host")
-            if host is None:
-                continue
-            runs.append({"devices": devices, "chunks": chunks,
-                         "tasks_per_step": host["tasks_per_step"],
-                         "control_cpu_per_step_s": round(host["client_cpu_per_step_s"]
-                                                         + host["worker_cpu_per_step_s"], 6),
-                         **{k: host[k] for k in ("wall_per_step_s", "op_cpu_per_step_s")}})
-    return {"runs": runs, "idle": idle, "host_cores": os.cpu_count() or 1, "steps": steps,
-            "loadavg": os.getloadavg()[0]}
+        for r in range(max(rounds, 1)):
+            for devices, chunks in (configs if r % 2 == 0 else configs[::-1]):
+                plan = split_plan(pipeline, devices, staleness=1 if devices > 1 else 0,
+                                  chunks=chunks)
+                result = run_resilient(pipeline, plan,
+                                       RunOptions(steps=steps, root=root or tmp,
+                                                  progress=False),
+                                       spec_path=str(spec),
+                                       resilience=Resilience(checkpoint_every=steps))
+                host = json.loads((result.path / "run.json").read_text()).get("host")
+                if host is None:
+                    continue
+                seen[(devices, chunks)].append(
+                    {"tasks_per_step": host["tasks_per_step"],
+                     "control_cpu_per_step_s": round(host["client_cpu_per_step_s"]
+                                                     + host["worker_cpu_per_step_s"], 6),
+                     **{k: host[k] for k in ("wall_per_step_s", "op_cpu_per_step_s")}})
+    runs = [{"devices": d, "chunks": c, "rounds": len(got),
+             **{k: round(statistics.median(g[k] for g in got), 6) for k in got[0]}}
+            for (d, c), got in seen.items() if got]
+    return {"runs": runs, "samples": {f"{d}x{c}": got for (d, c), got in seen.items()},
+            "idle": idle, "host_cores": os.cpu_count() or 1, "steps": steps,
+            "rounds": rounds, "loadavg": os.getloadavg()[0]}
 
 
 def measure_idle(devices: int = 2, wait_s: float = 3.0) -> dict:

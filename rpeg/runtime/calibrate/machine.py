@@ -64,8 +64,10 @@ QUICK_CONTROL_STEPS = 40
 # plane's idle CPU, control_idle, and its per-device and per-task terms without checkpoints;
 # 4: the devices' contention, concurrency_slowdown, over the ops the runs overlap, which the
 # simulator now prices wherever ops overlap; 5: medians of QUICK_REPEATS = 5 calls, not 2,
-# whose prices swung by 10-25% between calibrations, and control-plane runs of 40 steps)
-CALIBRATION = 5
+# whose prices swung by 10-25% between calibrations, and control-plane runs of 40 steps;
+# 6: a decode step's sampling measured by itself, the profile's decode_overhead and
+# sample_logit_time, and the control plane's three runs twice each, in alternating order)
+CALIBRATION = 6
 
 __all__ = ["ProfileChoice", "MachineId", "LocalProfile", "local_profile", "calibrated_on",
            "choice_from_env", "cache_dir", "calibrate_into", "measure_machine"]

@@ -148,8 +148,8 @@ BOUNDS: dict[str, tuple[float, float]] = {
 # fitted on the others). The controller's rate is the prior's 1 GB/s (a tensor pickled on
 # one core): the rows do not constrain it (0.3-25 GB/s moves their loss by under 1e-3),
 # since what they move through a controller is 4 MB to 0.8 GB a call.
-EFFICIENCY = Efficiency(launch_s=14.22e-6, generate_step_s=20e-3, vllm_step_s=6.007e-3,
-                        vllm_seq_s=5e-6, graph_step_s=0.5e-3, hook_s=0.8948e-6, grad_hook_s=2e-3, gemm=0.8075,
+EFFICIENCY = Efficiency(launch_s=14.22e-6, generate_step_s=20e-3, vllm_step_s=2.132e-3,
+                        vllm_seq_s=21.3e-6, graph_step_s=0.5e-3, hook_s=0.8948e-6, grad_hook_s=2e-3, gemm=0.8075,
                         overlap=0.3325, call_s=2.803, controller_rate=1e9)
 
 

@@ -94,7 +94,8 @@ class Efficiency:
         "checks, the cache's and attention mask's bookkeeping (transformers' generate: a "
         "few dozen ops on [batch, vocab] tensors, milliseconds)")
     vllm_step_s: float = _term(
-        "s", 0.2e-3, 50e-3, "host time of one step of vLLM's scheduler and sampler")
+        "s", 0.2e-3, 50e-3, "host time of one step of vLLM's scheduler and sampler beyond "
+        "its work per running sequence (vllm_seq_s)")
     vllm_seq_s: float = _term(
         "s", 5e-6, 100e-6, "host time per running sequence per decode step of vLLM's V0 "
         "engine beyond its fixed step: the Python each sequence group passes through every "

@@ -6,6 +6,10 @@
     .venv/bin/python benchmarks/published.py --hold-out real-weak-scaling
                                     # every row, then that source left out alone
                                     # (results/published_holdout.json and .md)
+    .venv/bin/python benchmarks/published.py --folds-from a.json --folds-from b.json
+                                    # every row; the leave-one-source-out folds taken from
+                                    # hold-out runs' JSON (folds are independent of each
+                                    # other, so runs that split the sources add up to one)
 
 Writes benchmarks/results/published.json and benchmarks/results/published.md: per row the
 published figure and rpeg's prediction (and per phase where the source splits the step),
@@ -116,7 +120,9 @@ def markdown(results: list[Result], agg: dict, loso: dict | None, prov: dict) ->
             lines.append(f"| {src} | {v['rows']} | {_fmt(v['median_abs_log2'])} | {bound} "
                          f"| {held} |")
         lines += ["", f"Median |log2 ratio| over every held-out row: "
-                      f"{_fmt(loso['median_abs_log2'])}", "",
+                      f"{_fmt(loso['median_abs_log2'])}"
+                      + (f" (the folds from the hold-out runs {', '.join(loso['from'])})"
+                         if loso.get("from") else ""), "",
                   "Where each held-out source's error lies: its rows' median per system that "
                   "ran them, and the median with each term its fold moved put back at the "
                   "value shipped (fitted on every source). A term whose return lowers the "
@@ -168,6 +174,25 @@ def to_json(results: list[Result], agg: dict, loso: dict | None, prov: dict) -> 
     return {"provenance": prov, "aggregates": agg, "leave_one_source_out": loso, "rows": rows}
 
 
+def folds_from(paths: list[Path]) -> dict:
+    """The leave-one-source-out figure of hold-out runs' results put together: each fold
+    (a source, the terms fitted on the others, its rows so predicted) as its run found it,
+    the median over every held-out row; a source held out twice keeps its last run."""
+    from benchmarks.published_fit import NO_FIT_PENALTY, _median
+    per_source, rounds = {}, set()
+    for path in paths:
+        loso = json.loads(path.read_text())["leave_one_source_out"]
+        per_source.update(loso["per_source"])
+        rounds.add(loso["rounds"])
+    errs = []
+    for v in per_source.values():
+        errs += [abs(math.log2(x)) for x in v["ratios"].values() if x]
+        errs += [NO_FIT_PENALTY] * v["no_fit"]
+    return {"per_source": dict(sorted(per_source.items())), "median_abs_log2": _median(errs),
+            "rounds": rounds.pop() if len(rounds) == 1 else sorted(rounds),
+            "from": [str(p) for p in paths]}
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="only the rows priced as pinned")
@@ -176,6 +201,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--hold-out", action="append", default=[], metavar="SOURCE",
                     help="leave out only this source (repeatable); writes "
                          "results/published_holdout.json and .md")
+    ap.add_argument("--folds-from", action="append", default=[], metavar="JSON",
+                    help="take the leave-one-source-out folds from these hold-out runs' "
+                         "results (repeatable) instead of fitting them here")
     args = ap.parse_args(argv)
     prov = provenance()
     ids = [rid for rid, row in ROWS.items()
@@ -184,7 +212,9 @@ def main(argv: list[str] | None = None) -> None:
     results = run(ids)
     agg = aggregates(results)
     loso = None
-    if not (args.quick or args.only or args.no_loso):
+    if args.folds_from:
+        loso = folds_from([Path(f) for f in args.folds_from])
+    elif not (args.quick or args.only or args.no_loso):
         from benchmarks.published_fit import leave_one_source_out
         loso = leave_one_source_out(results, only=tuple(args.hold_out))
     finish(prov)

@@ -39,7 +39,7 @@ from rpeg.cost.engines import BOUNDS, EFFICIENCY, Efficiency, efficiency  # noqa
 # Where every fit starts: the terms as first estimated from the engines' documented
 # behaviour (before any published time was looked at), so a held-out source never leaks in
 # through the starting point.
-PRIOR = Efficiency(launch_s=10e-6, generate_step_s=3e-3, vllm_step_s=3e-3,
+PRIOR = Efficiency(launch_s=10e-6, generate_step_s=3e-3, vllm_step_s=3e-3, vllm_seq_s=30e-6,
                    graph_step_s=0.5e-3, hook_s=40e-6, grad_hook_s=40e-6, gemm=0.8,
                    overlap=0.5, call_s=0.5, controller_rate=1e9)
 STEPS = (2.0, 1.41, 0.71, 0.5)      # multipliers tried per term each round (overlap: +-)

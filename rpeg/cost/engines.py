@@ -31,7 +31,7 @@ with its log-softmax: 10).
 What they share (:class:`Efficiency`) is a handful of host and overlap terms, each with a
 unit and a physical range (:data:`BOUNDS`), the same for every engine, source and GPU kind:
 the host time of one eagerly launched kernel, of one step of a Python decode loop and of
-vLLM's scheduler, of a CUDA-graph replay, of a ZeRO-3 hook per parameter tensor, of a
+vLLM's scheduler (and per running sequence of its step), of a CUDA-graph replay, of a ZeRO-3 hook per parameter tensor, of a
 controller's call and the rate at which it moves a batch's tensors, and the share of
 data-parallel and ZeRO traffic that hides behind compute. Their values were
 fitted once, within those ranges, on the published step times of the calibration set
@@ -58,6 +58,7 @@ class EngineTerms:
     layer_s: float = 0.0        # host seconds per layer per forward call, kernels launched eagerly
     step_s: float = 0.0         # host seconds per decode step (sampling, scheduling, stop checks)
     graph_step_s: float = 0.0   # host seconds per decode step replayed from a CUDA graph
+    seq_s: float = 0.0          # host seconds per live sequence per decode step (vLLM V0)
     work: float = 1.0           # CPU only: kernel time / the profile's torch ops (measured)
     overlap: float = 0.0        # share of DP / ZeRO communication hidden behind compute
     hook_s: float = 0.0         # host seconds per parameter tensor per pass under ZeRO-3
@@ -93,7 +94,15 @@ class Efficiency:
         "checks, the cache's and attention mask's bookkeeping (transformers' generate: a "
         "few dozen ops on [batch, vocab] tensors, milliseconds)")
     vllm_step_s: float = _term(
-        "s", 0.2e-3, 50e-3, "host time of one step of vLLM's scheduler and sampler")
+        "s", 0.2e-3, 50e-3, "host time of one step of vLLM's scheduler and sampler beyond "
+        "its work per running sequence (vllm_seq_s)")
+    vllm_seq_s: float = _term(
+        "s", 5e-6, 100e-6, "host time per running sequence per decode step of vLLM's V0 "
+        "engine beyond its fixed step: the Python each sequence group passes through every "
+        "step (the scheduler's block-table and sequence-data bookkeeping, the sampler's "
+        "per-sequence output objects, vllm/engine/output_processor/single_step.py appending "
+        "the token, detokenizing it incrementally and checking stop conditions): tens of "
+        "microseconds a sequence, so seconds over a rollout at a few hundred sequences")
     graph_step_s: float = _term(
         "s", 20e-6, 5e-3, "host time of one decode step replayed from a captured CUDA graph")
     hook_s: float = _term(
@@ -140,8 +149,8 @@ BOUNDS: dict[str, tuple[float, float]] = {
 # fitted on the others). The controller's rate is the prior's 1 GB/s (a tensor pickled on
 # one core): the rows do not constrain it (0.3-25 GB/s moves their loss by under 1e-3),
 # since what they move through a controller is 4 MB to 0.8 GB a call.
-EFFICIENCY = Efficiency(launch_s=14.22e-6, generate_step_s=20e-3, vllm_step_s=6.007e-3,
-                        graph_step_s=0.5e-3, hook_s=0.8948e-6, grad_hook_s=2e-3, gemm=0.8075,
+EFFICIENCY = Efficiency(launch_s=14.22e-6, generate_step_s=20e-3, vllm_step_s=2.132e-3,
+                        vllm_seq_s=21.3e-6, graph_step_s=0.5e-3, hook_s=0.8948e-6, grad_hook_s=2e-3, gemm=0.8075,
                         overlap=0.3325, call_s=2.803, controller_rate=1e9)
 
 
@@ -190,6 +199,7 @@ def terms_of(kind: EngineKind, eff: Efficiency) -> EngineTerms:
     """The terms an engine of ``kind`` runs with under the shared ``eff``."""
     step = {Loop.PYTHON: eff.generate_step_s, Loop.VLLM: eff.vllm_step_s}.get(kind.loop, 0.0)
     return EngineTerms(layer_s=kind.kernels * eff.launch_s, step_s=step,
+                       seq_s=eff.vllm_seq_s if kind.loop == Loop.VLLM else 0.0,
                        graph_step_s=eff.graph_step_s if kind.loop == Loop.VLLM else 0.0,
                        overlap=eff.overlap, hook_s=eff.hook_s if kind.per_tensor_hooks else 0.0,
                        grad_hook_s=eff.grad_hook_s if kind.per_tensor_hooks else 0.0,

@@ -351,6 +351,9 @@ def _cached(model, par, devices, topo, gpu, t, local, prompt, extra, dist, engin
     wbytes = engine_weights(model, par, gpu)
     gather = collective_time(Collective.ALL_GATHER, wbytes, dpg, topo) \
         if par.zero.shards_params and engine is not Engine.HYBRID else 0.0
+    # the Hybrid Engine's weight copies each forward on ZeRO-3 (hybrid_merge_bytes)
+    merged = hybrid_merge_bytes(model, par, gpu) * layers if engine is Engine.HYBRID else 0.0
+    merge = merged / gpu.mem_bandwidth
     hooks = C.param_tensors(d, layers) * t.hook_s if gather else 0.0
 
     def stage_pass(g, tokens: float, context: float, kv_tokens: float, head: float
@@ -358,10 +361,10 @@ def _cached(model, par, devices, topo, gpu, t, local, prompt, extra, dist, engin
         pc = C.pass_cost(hd, g, tokens=max(int(round(tokens)), 1), context=context,
                          bytes_per_value=bpv, tp=par.tp, layers=layers, kv_tokens=kv_tokens,
                          head_tokens=max(int(round(head)), 1), kv_copy=t.kv_copy)
-        work = pc.time_s
+        work = pc.time_s + merge
         if gather:             # ZeRO-3: every layer gathered in every pass, prefetched
             work += max(gather - work, gather * (1 - t.overlap)) + hooks
-        return work, pc.roof
+        return work, pc.roof + C.Roof(0.0, merged) if merged else pc.roof
 
     def comm(tokens: float) -> float:
         nbytes = tokens * d.hidden * bpv
@@ -402,9 +405,10 @@ def _cached(model, par, devices, topo, gpu, t, local, prompt, extra, dist, engin
         ctx = p_ctx + (float((mid - first[live]).mean()) if live.any() else mid)
         per_mb = active / m
         one, one_roof = stage_pass(dec, per_mb, ctx, per_mb * ctx, per_mb)
-        # every live row samples its token from the vocabulary's logits (a CPU device:
-        # the profile's sample_logit_time, measured by rpeg calibrate; 0 on a GPU profile)
-        step = pipe * one + dec.decode_overhead + active * d.vocab * dec.sample_logit_time
+        # the engine's host time a step: its fixed part, vLLM's per running sequence, and
+        # every live row sampling its token from the vocabulary's logits (a CPU device: the
+        # profile's sample_logit_time, measured by rpeg calibrate; 0 on a GPU profile)
+        step = pipe * one + dec.decode_overhead + active * (t.seq_s + d.vocab * dec.sample_logit_time)
         roof += one_roof.scaled((hi - lo) * m)
         comp_seg.append((hi - lo) * step)
         comm_seg.append((hi - lo) * pipe * comm(per_mb))
@@ -443,11 +447,32 @@ def admissions(lengths: np.ndarray, slots: float | None) -> tuple[np.ndarray, np
     return first, first + lengths
 
 
+def hybrid_merge_bytes(model: Model, par: Parallel, gpu) -> float:
+    """Bytes one layer of DeepSpeed's Hybrid Engine copies every forward on ZeRO-3 weights.
+
+    Under ZeRO-3 the Hybrid Engine's containers keep a layer's query, key and value weights
+    (and a gated MLP's gate and up weights) as the separate tensors ZeRO manages instead of
+    fusing them once (microsoft/DeepSpeed ``module_inject/containers/features/split_qkv.py``
+    and ``gated_mlp.py``, ``set_*_params_wo_copy(Z3_enabled=True)``: "managed by ZeRO and
+    handled separately in the forward of ds_attention"); every forward of the inference
+    kernels then copies them into one shared buffer before its GEMM
+    (``ops/transformer/inference/ds_attention.py`` ``_merge_qkv``, ``ds_mlp.py``
+    ``_merge_inter_w``): each decode step reads and writes those weights once more, beside
+    the GEMMs' own read. Bytes of the rank's tensor-parallel slice, read and written.
+    0 without ZeRO-3 (the containers fuse once, at the call's start)."""
+    if not par.zero.shards_params:
+        return 0.0
+    d = model.dims
+    qkv = d.hidden * (d.q_dim + 2 * d.kv_dim)
+    mlp = 2 * d.hidden * d.ffn if d.gated else 0
+    return 2.0 * (qkv + mlp) / par.tp * weight_bytes(model, gpu)
+
+
 def sync_bytes(model: Model, gpu) -> float:
     """Bytes of a model's weights as a generating engine receives them."""
     return model_params(model) * weight_bytes(model, gpu)
 
 
 __all__ = ["Gen", "StageCost", "admissions", "batching_of", "concurrency", "decoded_batch", "generate_memory",
-           "generation", "generation_rows", "kv_token_bytes", "mean_len", "padded_len",
+           "generation", "hybrid_merge_bytes", "generation_rows", "kv_token_bytes", "mean_len", "padded_len",
            "slowest_lengths"]

@@ -8,7 +8,7 @@ import pytest
 
 from rpeg.cost.engines import CONTROLLER_BYTES, EFFICIENCY, ENGINES, efficiency, engine_terms
 from rpeg.cost.examples import ppo_pipeline, single_gpu_op
-from rpeg.cost.generation import generate_memory, generation_rows
+from rpeg.cost.generation import generate_memory, generation_rows, hybrid_merge_bytes
 from rpeg.cost.memory import Parallel, local_params, model_params, resident_memory
 from rpeg.cost.passes import train_cost, train_memory
 from rpeg.cost.profiles import builtin_profile, cluster_of
@@ -83,14 +83,43 @@ def test_the_hybrid_engine_gathers_the_whole_model_once_a_call_whatever_its_tp(p
     slice, so the call's gather moves the whole model's bytes at tp 1 and tp 8 alike, and not
     once a decode step."""
     work, topo = work_of(ppo, "rollout"), Topology.from_cluster(H100)
-    full = collective_time(Collective.ALL_GATHER, model_params(ppo.model("actor")) * 2, R8, topo)
+    actor, gpu = ppo.model("actor"), H100.gpu
+    full = collective_time(Collective.ALL_GATHER, model_params(actor) * 2, R8, topo)
     for par in (Parallel(dp=8), Parallel(dp=1, tp=8)):
+        z3 = attrs.evolve(par, zero=3)
         plain = estimate_stage(work, par, R8, H100, engine=Engine.HYBRID)
-        sharded = estimate_stage(work, attrs.evolve(par, zero=3), R8, H100,
-                                 engine=Engine.HYBRID)
+        sharded = estimate_stage(work, z3, R8, H100, engine=Engine.HYBRID)
+        # beside the gather, each forward's weight copies (hybrid_merge_bytes)
+        merge = hybrid_merge_bytes(actor, z3, gpu) * actor.dims.layers / gpu.mem_bandwidth
         assert dict(sharded.breakdown)["prefill"] - dict(plain.breakdown)["prefill"] \
-            == pytest.approx(full)
-        assert dict(sharded.breakdown)["decode"] == pytest.approx(dict(plain.breakdown)["decode"])
+            == pytest.approx(full + merge)
+        extra = dict(sharded.breakdown)["decode"] - dict(plain.breakdown)["decode"]
+        assert 0 < extra <= ppo.workload.gen_len.max_len * merge * (1 + 1e-9)
+
+
+def test_the_hybrid_engine_on_zero3_copies_split_weights_every_forward(ppo):
+    """On ZeRO-3 the Hybrid Engine keeps q/k/v and a gated MLP's gate/up as separate tensors
+    and merges them into one buffer every forward (DeepSpeed's ds_attention._merge_qkv,
+    ds_mlp._merge_inter_w): read and written once more a pass, its slice per tp rank; without
+    ZeRO-3 they are fused once."""
+    actor, gpu = ppo.model("actor"), H100.gpu
+    d = actor.dims
+    assert hybrid_merge_bytes(actor, Parallel(dp=8), gpu) == 0.0
+    one = hybrid_merge_bytes(actor, Parallel(dp=8, zero=3), gpu)
+    assert one == 2 * (d.hidden * (d.q_dim + 2 * d.kv_dim) + 2 * d.hidden * d.ffn) * 2
+    assert hybrid_merge_bytes(actor, Parallel(dp=1, tp=8, zero=3), gpu) == pytest.approx(one / 8)
+
+
+def test_vllm_pays_its_host_time_per_running_sequence(ppo):
+    """vLLM's step beside its fixed part costs vllm_seq_s a running sequence (V0's per-
+    sequence Python); no other engine has the term."""
+    assert ENGINES[Engine.VLLM].seq_s == EFFICIENCY.vllm_seq_s > 0
+    assert all(ENGINES[e].seq_s == 0 for e in ENGINES if e is not Engine.VLLM)
+    work, par = work_of(ppo, "rollout"), Parallel(dp=8)
+    fast = estimate_stage(work, par, R8, H100, engine=Engine.VLLM).time_s
+    with efficiency(attrs.evolve(EFFICIENCY, vllm_seq_s=100e-6)):
+        slow = estimate_stage(work, par, R8, H100, engine=Engine.VLLM).time_s
+    assert slow > fast
 
 
 def test_zero3_training_gathers_in_every_micro_batch(ppo):

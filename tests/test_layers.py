@@ -167,6 +167,32 @@ def test_no_backend_module_imports_itself_through_others():
     assert _cycles(_module_imports(BACKENDS, "backends")) == []
 
 
+# What the scheduling core must not reach, even through others: Dask, the runtime's adapters
+# (the Dask one, the run directory's files, user code, calibration) and the backends.
+ADAPTERS = ("dask", "distributed", "torch", "vllm", "backends", "rpeg.runtime.dask",
+            "rpeg.runtime.rundir", "rpeg.runtime.usercode", "rpeg.runtime.calibrate")
+
+
+def test_the_scheduling_core_imports_no_dask_and_no_adapter_even_through_others():
+    """Every decision of a run (what to submit, when a segment ends, what is stuck or lost,
+    what a cut keeps) is made in ``rpeg.runtime.core`` and tested without Dask: its modules,
+    imported in a fresh interpreter, load none of ``ADAPTERS`` (lazy imports are read too)."""
+    import subprocess
+    import sys
+    core = sorted(f"rpeg.runtime.core.{p.stem}" for p in (RPEG / "runtime" / "core").glob("*.py")
+                  if p.stem != "__init__")
+    lazy = [(path.name, line, m) for path in sorted((RPEG / "runtime" / "core").glob("*.py"))
+            for line, m in imports(path.read_text(encoding="utf-8"), "rpeg.runtime.core")
+            if m.split(".")[0] in ADAPTERS[:4] or m.startswith(ADAPTERS[4:])]
+    assert lazy == []
+    code = (f"import sys\nfor m in {core!r}: __import__(m)\n"
+            f"print(sorted(m for m in sys.modules if m.split('.')[0] in {ADAPTERS[:4]!r}"
+            f" or m.startswith({ADAPTERS[4:]!r})))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, cwd=RPEG.parent).stdout.strip()
+    assert len(core) >= 6 and out == "[]", out
+
+
 def private_uses(source: str, package: str) -> list[tuple[int, str]]:
     """(line, what) of each private name of rpeg ``source`` imports or reads off a module
     of rpeg, and each import of rpeg's command line."""

@@ -3,10 +3,12 @@ their text or number forms.
 
 Every module of rpeg/ and backends/ is read with ``ast``: no comparison of a ZeRO level
 (a name or attribute called ``zero``) with a number (``zero >= 3``: ask
-``zero.shards_params``), no backbone name split on ``+`` (``Backbone.members``), no op id
-split on ``/`` or built by hand (``OpId.of``, ``OpId.step``), and no checkpoint key split on
-``@`` (``ReplicaAt.key``, ``ReplicaAt.device``); and the typed values keep the text forms
-plans, records and traces write.
+``zero.shards_params``), no backbone name split on ``+`` (``Backbone.members``) or searched
+for it (``Backbone.shared``), no replica key split on ``~`` (``ReplicaKey.backbone``,
+``ReplicaKey.variant``), no op id split on ``/`` or built by hand (``OpId.of``,
+``OpId.step``), and no checkpoint key split on ``@`` (``ReplicaAt.key``,
+``ReplicaAt.device``); and the typed values keep the text forms plans, records and traces
+write.
 """
 
 from __future__ import annotations
@@ -71,6 +73,19 @@ def plus_splits(source: str) -> list[int]:
     return splits_on(source, "+")
 
 
+def name_texts(source: str) -> list[int]:
+    """Lines of ``source`` splitting a text on ``~`` (a replica key's variant) or asking
+    whether ``+`` or ``~`` is in one (a shared backbone, a variant: ``Backbone.shared``,
+    ``ReplicaKey.variant``)."""
+    out = splits_on(source, "~")
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Compare) and isinstance(node.left, ast.Constant) \
+                and node.left.value in ("+", "~") \
+                and any(isinstance(op, (ast.In, ast.NotIn)) for op in node.ops):
+            out.append(node.lineno)
+    return sorted(set(out))
+
+
 ID_PARTS = ("/s", "/c", "/r", "/t")      # an op id's step, chunk, rank, tp rank: /s{step}
 
 
@@ -116,6 +131,16 @@ def test_no_name_is_split_on_plus():
                                     'ok = base_of(m).split("+")[0]'])
 def test_a_split_on_plus_is_seen(source):
     assert plus_splits(source) == [1]
+
+
+def test_no_replica_key_is_split_and_no_name_searched_for_its_separators():
+    assert _found(name_texts) == []
+
+
+@pytest.mark.parametrize("source", ['ok = key.split("~")', "ok = k.partition('~')[0]",
+                                    'ok = "+" in model', "ok = '~' not in key"])
+def test_a_replica_key_split_or_a_separator_search_is_seen(source):
+    assert name_texts(source) == [1]
 
 
 def test_no_op_id_or_checkpoint_key_is_split_or_built_by_hand():

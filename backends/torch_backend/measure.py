@@ -70,6 +70,7 @@ from backends.torch_backend.measure_probes import (
     probe_bytes,
     stream_bandwidth,
 )
+from backends.torch_backend.sharding import LEVELS
 from rpeg.cost.calibrate import MALLOC_ENV, allocator, worker_env
 from rpeg.spec.presets import PRESETS, ModelDims
 
@@ -139,7 +140,7 @@ def calibration_specs() -> list[tuple[dict, dict]]:
 # (DDP; FSDP2 keeping the weights gathered, and resharding them), on models of 21 and 39
 # parameter tensors: the profile's ``shard_tensor_overhead`` is fitted to the sharded ones.
 DP_TRAIN_OPS = tuple((name, CALIBRATION_DIMS[name], zero, b, p, g)
-                     for name in ("tiny", "tiny4") for zero in (0, 2, 3)
+                     for name in ("tiny", "tiny4") for zero in LEVELS
                      for b, p, g in ((16, 32, 16), (48, 8, 20)))
 ALLREDUCE_SIZES = (2**16, 2**18, 2**20, 2**22, 2**24)
 # Bandwidth probes, timed in a round-robin of their own: in the ops' round, their 64 MB

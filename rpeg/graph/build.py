@@ -80,7 +80,7 @@ def _ops(pipeline: Pipeline, alias: dict[str, str]) -> list[Op]:
     for o in ops:
         if o.kind is OpKind.TRAIN and len(o.stages) == 1:
             first = trainers.get(o.writes_model)
-            if first is not None and not _is_shared(o.writes_model):
+            if first is not None and not Backbone(o.writes_model).shared:
                 raise GraphError(f"model '{o.writes_model}' is trained by two stages, "
                                  f"'{first.name}' and '{o.name}'", o.span,
                                  notes=[("first trained here", first.span)],
@@ -88,10 +88,6 @@ def _ops(pipeline: Pipeline, alias: dict[str, str]) -> list[Op]:
                                       "repeat it)")
             trainers.setdefault(o.writes_model, o)
     return ops
-
-
-def _is_shared(model: str) -> bool:
-    return "+" in model
 
 
 def _merge_trainers(ops: list[Op]) -> list[Op]:

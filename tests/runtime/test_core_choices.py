@@ -108,3 +108,44 @@ def test_a_cut_saves_every_replica_a_resume_cannot_rebuild(versions):
         elif k in skip:
             assert any(ReplicaAt(o).key == ReplicaAt(k).key and h and ov == v
                        for o, (ov, h, _, _) in versions.items())
+
+
+_STATUSES = st.sampled_from(["pending", "finished", "error", "cancelled", "lost"])
+
+
+@given(st.lists(_STATUSES), st.floats(0, 100), st.floats(0, 100))
+def test_a_wait_on_the_workers_is_stuck_only_past_its_limit_with_a_call_still_running(
+        statuses, waited, limit):
+    """A call still running ("pending", or "lost": its result waits to be made again) keeps
+    the wait going until the limit, then the wait is stuck; a wait whose calls all ended
+    (finished, failed or cancelled) is over, however long it took."""
+    at = K.waiting(statuses, waited, limit)
+    running = [s for s in statuses if s not in ("finished", "error", "cancelled")]
+    if not running:
+        assert at is K.Wait.ENDED
+    else:
+        assert at is (K.Wait.STUCK if waited > limit else K.Wait.RUNNING)
+
+
+def test_an_ended_wait_lost_a_worker_when_a_call_was_cancelled_or_raised_a_loss():
+    class KilledWorker(Exception):
+        pass
+
+    assert not K.lost_in([])
+    assert not K.lost_in([("finished", None), ("error", ValueError("a bad reward"))])
+    assert K.lost_in([("finished", None), ("cancelled", None)])
+    assert K.lost_in([("error", KilledWorker("w")), ("finished", None)])
+    assert K.lost_in([("error", ConnectionResetError())])
+    # the errors are read lazily, up to the first loss
+    seen = []
+
+    def calls():
+        for s, e in (("error", EOFError()), ("error", ValueError())):
+            seen.append(s)
+            yield s, e
+    assert K.lost_in(calls()) and seen == ["error"]
+
+
+def test_carried_outputs_not_taken_by_a_worker_that_went_are_a_loss():
+    assert K.carry_lost(ConnectionResetError()) and K.carry_lost(OSError("Timed out connecting"))
+    assert not K.carry_lost(TypeError("cannot pickle"))

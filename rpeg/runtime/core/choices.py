@@ -2,8 +2,10 @@
 flight, whether its cut runs the eval, how long a worker may take, what to do with the
 workers at a start and after a loss, which workers a start takes, which saved replica
 each model restores from, whether a resume restarts at its cut, where the eval runs,
-which replicas a cut saves and which checkpoints it keeps. Pure functions of what the
-adapter found; no Dask, no files.
+which replicas a cut saves and which checkpoints it keeps, where a wait on the workers
+outside a segment's tasks stands (running, stuck, lost) and whether a failed hand-over of
+carried outputs lost its worker. Pure functions of what the adapter found; no Dask, no
+files.
 
     >>> take_workers(["tcp://a", "tcp://b", "tcp://c"], lost={"tcp://a"}, n=2)
     {0: 'tcp://b', 1: 'tcp://c'}
@@ -24,6 +26,7 @@ import enum
 import attrs
 
 from rpeg.graph.ids import ReplicaAt, ReplicaKey
+from rpeg.runtime.core.scheduler import is_loss
 
 
 def take_workers(alive, lost, n: int) -> dict[int, str] | None:
@@ -255,3 +258,60 @@ class Limits:
         """Whether a worker answers at all (``Ask``): its event loop replies at once, even
         while its task blocks in a collective; a frozen one never does."""
         return min(5.0, self.floor_s)
+
+
+# --- waits on the workers outside a segment's tasks (set-ups, a cut's saves, an eval) -----
+ENDED = frozenset(("finished", "error", "cancelled"))   # a future's end states ("lost" is not
+# one: its result went with a worker and waits to be made again, pinned there, never)
+
+
+class Wait(enum.Enum):
+    """Where a wait on calls to the workers stands (each call a Dask future; a segment's
+    tasks are not waited on so: the scheduling core hears their ends one by one)."""
+
+    RUNNING = "running"           # some still run, within the limit: wait on
+    STUCK = "stuck"               # some still run past the limit: the run recovers
+    ENDED = "ended"               # every one ended: see :func:`lost_in`
+
+
+def waiting(statuses, waited_s: float, limit_s: float) -> Wait:
+    """Where a wait stands after ``waited_s`` seconds, from the statuses of the futures still
+    waited on (a future that ended once is not asked again), ``limit_s`` the wait's limit
+    (:class:`Limits`).
+
+        >>> [waiting(s, t, 10.0).value for s, t in ((["pending", "finished"], 3.0),
+        ...      (["lost"], 11.0), (["finished", "error", "cancelled"], 11.0))]
+        ['running', 'stuck', 'ended']
+    """
+    if all(s in ENDED for s in statuses):
+        return Wait.ENDED
+    return Wait.STUCK if waited_s > limit_s else Wait.RUNNING
+
+
+def lost_in(ended) -> bool:
+    """Whether a wait whose calls all ended lost a worker: ``ended`` yields each call's
+    (status, the error it raised or None), and one the scheduler cancelled (what it needed
+    went with a worker) or one that raised a loss
+    (:func:`~rpeg.runtime.core.scheduler.is_loss`) lost it (not one whose result went with
+    a worker since, "lost": the adapter's loss check finds that worker gone); any other
+    error is the call's own, raised when the results are gathered.
+
+        >>> lost_in([("finished", None), ("cancelled", None)])
+        True
+        >>> lost_in([("error", KeyError("x")), ("error", EOFError())])
+        True
+        >>> lost_in([("error", KeyError("x")), ("finished", None)])
+        False
+    """
+    return any(status == "cancelled" or (status == "error" and is_loss(error))
+               for status, error in ended)
+
+
+def carry_lost(error: BaseException) -> bool:
+    """Whether putting the outputs carried over a cut on a worker failed because the worker
+    went (a loss, or its connection timed out) rather than by an error of its own.
+
+        >>> carry_lost(OSError("Timed out trying to connect")), carry_lost(TypeError("x"))
+        (True, False)
+    """
+    return is_loss(error) or "timed out" in str(error).lower()

@@ -31,8 +31,6 @@ from rpeg.runtime.rundir.directory import RunDir
 from rpeg.runtime.rundir.meta import Recovery, RunMeta
 from rpeg.runtime.rundir.state import RunState, state_at
 
-ENDED = ("finished", "error", "cancelled")     # a future's end states ("lost" is not one)
-
 
 class _Lost(Exception):
     def __init__(self, device: int, worker: str, op: str, step: int, reason: str, *,
@@ -67,25 +65,24 @@ class Watch:
         start = time.time()
         limit_s = limit_s or self.limits.gather_s
         pending = list(futs)
-        while pending:
+        at = K.waiting([f.status for f in pending], 0.0, limit_s)
+        while at is not K.Wait.ENDED:             # where it stands is the core's to say
             self.check_alive()
             try:
                 wait(pending, timeout=0.5)
             except TimeoutError:
                 pass
-            # "lost": its result went with a worker and waits to be made again (pinned there,
-            # never): still pending, until the loss check above sees the worker gone
-            pending = [f for f in pending if f.status not in ENDED]
-            if pending and time.time() - start > limit_s:
+            pending = [f for f in pending if f.status not in K.ENDED]
+            at = K.waiting([f.status for f in pending], time.time() - start, limit_s)
+            if at is K.Wait.STUCK:
                 late = list(dict.fromkeys(devices[futs.index(f)] for f in pending)) \
                     if devices else []
                 d = first_silent(late, self.silent(late) if len(late) > 1 else set())
                 raise self.lost_or_stuck(d, self.workers.get(d, "?"), what, self.state.start,
                                          f"op stuck: {what} took over {limit_s:.0f} s")
-        for f in futs:
-            if f.status == "cancelled" or (f.status == "error" and C.is_loss(f.exception())):
-                self.check_alive()
-                raise _Lost(-1, "?", what, self.state.start, "worker lost during " + what)
+        if K.lost_in((f.status, f.exception() if f.status == "error" else None) for f in futs):
+            self.check_alive()
+            raise _Lost(-1, "?", what, self.state.start, "worker lost during " + what)
         return self.client.gather(futs)
 
     def salvage(self) -> None:
@@ -186,7 +183,7 @@ class Watch:
                                      "op stuck: worker did not take the carried outputs within "
                                      f"{self.limits.floor_s:.0f} s") from None
         except Exception as e:
-            if C.is_loss(e) or "timed out" in str(e).lower():
+            if K.carry_lost(e):
                 raise self.lost_or_stuck(device, address, "carry", step,
                                          f"worker lost ({type(e).__name__})", stuck=False
                                          ) from None

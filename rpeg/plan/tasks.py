@@ -215,7 +215,7 @@ def dispatch_per_step(graph: Graph, layouts: dict[str, OpLayout], chunks: int = 
         for step in range(last):                     # the tasks the step's inputs come from
             batch(step)
     calls, tasks, args = batch(last)
-    return Dispatch(_used(tuple(layouts.values())), calls, tasks, args)
+    return Dispatch(devices_used(tuple(layouts.values())), calls, tasks, args)
 
 
 def _write_after_read(graph: Graph, shared: tuple) -> dict[str, list]:
@@ -320,7 +320,7 @@ def _devices(lay: OpLayout) -> frozenset[int]:
 
 
 @functools.lru_cache(maxsize=4096)
-def _used(layouts: tuple[OpLayout, ...]) -> int:
+def devices_used(layouts: tuple[OpLayout, ...]) -> int:
     """How many devices ``layouts`` use, together (memoised: a search counts the same
     layouts again and again)."""
     if len(layouts) == 1:

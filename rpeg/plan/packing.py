@@ -67,8 +67,8 @@ class Packer:
         """The task a call of ``op`` (``step``, ``chunk``) on ``device`` runs in: ``need``,
         the tasks of its dependencies not yet finished; ``deps``, of all of them."""
         at = (device, step)
-        here = self._open.get(at)
         if not collective:
+            here = self._open.get(at)
             if here:
                 g = self._fitting(at, here, need)
                 if g is not None:
@@ -81,20 +81,7 @@ class Packer:
                     return g
         g = len(self.waits)                   # a task of its own
         self.waits.append(set(deps))
-        if here is None:                      # open to the calls there
-            self._open[at] = [g]
-        else:
-            here.append(g)
-        if deps:
-            waiting = self._waiting.get(at)
-            if waiting is None:
-                waiting = self._waiting[at] = {}
-            for d in deps:
-                w = waiting.get(d)
-                if w is None:
-                    waiting[d] = [g]
-                else:
-                    w.append(g)
+        self._open_on(at, g, deps)
         return g
 
     def place_read(self, device: int, step: int, chunk: int, op: str,
@@ -136,6 +123,10 @@ class Packer:
         self.waits.extend([waits] * len(devices))
         self._open_all(step, first, devices, waits if named else ())
         return list(range(first, len(self.waits)))
+
+    def _open_on(self, at: tuple[int, int], g: int, deps: set[Hashable]) -> None:
+        """Task ``g``, waiting for ``deps``, is open to the calls of ``at`` (device, step)."""
+        self._open_all(at[1], g, (at[0],), deps)
 
     def _open_all(self, step: int, first: int, devices: tuple[int, ...],
                   deps: set[Hashable] | tuple) -> None:

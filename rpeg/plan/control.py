@@ -50,6 +50,7 @@ class ControlPlane:
     _laid: dict[tuple, tuple] = attrs.field(factory=dict, init=False)
     _names: dict[tuple, tuple] = attrs.field(factory=dict, init=False)
     _shared: dict = attrs.field(factory=dict, init=False)
+    _kept: dict = attrs.field(factory=dict, init=False)
 
     def time(self, plan: Plan, timings: dict[str, OpTiming], steps: int,
              step_s: float = 0.0) -> tuple[float, int]:
@@ -102,7 +103,7 @@ class ControlPlane:
         stages as calls of their own, in one task where their inputs allow: counted on the
         graph without fusion. Only the last is kept (a search asks for the floor and the count of one
         proposal in turn; more would only burden memory)."""
-        loose = self.graph(attrs.evolve(plan, fusion=()))
+        loose = self.graph(attrs.evolve(plan, fusion=()) if plan.fusion else plan)
         syncs = tuple(timings[o.name].devices for o in loose.ops
                       if o.kind is OpKind.SYNC_WEIGHTS)
         key = (loose, plan.placements, syncs)
@@ -122,8 +123,13 @@ class ControlPlane:
         if out is None:
             if len(self._names) > 4096:
                 self._names.clear()
-            out = self._names[ordered] = ordered if _named_in_order(ordered) \
-                else relabelled(layouts)
+                self._kept.clear()
+            kept = self._kept
+            # each layout the one instance of its value kept here: the count's memos by
+            # layout then find it by identity, not comparing its devices
+            out = self._names[ordered] = tuple(
+                (op, kept.setdefault(lay, lay)) for op, lay in
+                (ordered if _named_in_order(ordered) else relabelled(layouts)))
         return out
 
 

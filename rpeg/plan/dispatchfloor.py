@@ -30,7 +30,7 @@ import functools
 
 from rpeg.cost.control import JOIN_MIN, Dispatch
 from rpeg.graph import Graph, chunk_counts
-from rpeg.plan.tasks import laid_out
+from rpeg.plan.tasks import devices_used, laid_out
 from rpeg.spec.model import OpKind
 
 
@@ -63,8 +63,7 @@ def dispatch_floor(graph: Graph, layouts: dict, chunks: int = 1, steps: int = 6)
             calls += len(g) + (len(g) >= JOIN_MIN)
             tasks += len(g) + (len(g) >= JOIN_MIN)
             args += 2 * len(g) if len(g) >= JOIN_MIN else len(g) ** 2
-    used = set().union(*(lay.devices for lay in layouts.values()))
-    return Dispatch(len(used), calls, tasks, args)
+    return Dispatch(devices_used(tuple(layouts.values())), calls, tasks, args)
 
 
 @functools.lru_cache(maxsize=8192)

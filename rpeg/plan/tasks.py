@@ -112,6 +112,8 @@ def dispatch_per_step(graph: Graph, layouts: dict[str, OpLayout], chunks: int = 
     # when it runs there), whether it is a gang, and its ranks on its first device; looked
     # up per layout, not per instance
     laid = {op: laid_out(lay) for op, lay in layouts.items()}
+    # by (op, chunk): the one device reading its inputs, or None where two do
+    alone_at = {op: _reading(lay) for op, lay in layouts.items()}
     task: dict[int, int] = {}                    # instance -> the task of its first rank
     pack = Packer(together)
     # a trained model's transfers the graph has no weight sync for (a copy its readers
@@ -149,6 +151,7 @@ def dispatch_per_step(graph: Graph, layouts: dict[str, OpLayout], chunks: int = 
         (calls, tasks, futures)."""
         first, calls, order = len(pack.waits), 0, 0
         place, read_elsewhere, place_read = pack.place, pack.read_elsewhere, pack.place_read
+        gang_of, join = pack.gang, pack.join
         made: dict[str, int] = {}                 # op -> the task of its last instance
         for k, op, chunk, inputs, readers in _rows(prep, step)[0]:
             at = laid[op]
@@ -156,19 +159,18 @@ def dispatch_per_step(graph: Graph, layouts: dict[str, OpLayout], chunks: int = 
             deps = {task[i] for i in inputs if i in task}
             head = ds[0]
             elsewhere = False
-            for reader, rc in readers:
-                at = laid[reader]
-                two = at[rc % len(at)][1]         # one device or two, never none
-                if two[0] != head or two[-1] != head:
+            for reader, rc in readers:            # one device reads them all, or two
+                one = alone_at[reader]
+                if one[rc % len(one)] != head:
                     elsewhere = True
                     break
-            for writer, some in war.get(op, ()) if not elsewhere else ():
-                if (some is None or chunk % some[0] in some[1]) \
-                        and (head in fills[writer] if writer in fills else True):
-                    two = laid[writer][0][1]      # the writer's instance: chunk 0
-                    if two[0] != head or two[-1] != head:
-                        elsewhere = True
-                        break
+            if not elsewhere and op in war:
+                for writer, some in war[op]:
+                    if (some is None or chunk % some[0] in some[1]) \
+                            and (head in fills[writer] if writer in fills else True):
+                        if alone_at[writer][0] != head:   # the writer's instance: chunk 0
+                            elsewhere = True
+                            break
             if gangs:                             # a weight sync's gangs, one by one
                 n, o, task[k] = gangs_of(gangs, step, deps)
                 calls, order = calls + n, order + o
@@ -180,10 +182,10 @@ def dispatch_per_step(graph: Graph, layouts: dict[str, OpLayout], chunks: int = 
                 if len(ds) >= JOIN_MIN:           # waiting through a join, a task of its own
                     calls += 1
                     order += len(ds)              # each member on the gang before it there
-                    ranks = pack.gang(ds, step, {pack.join(deps)}, named=False)
+                    ranks = gang_of(ds, step, {join(deps)}, named=False)
                 else:                             # each member waits for the gang before
                     order += len(ds) ** 2         # it on each member's device
-                    ranks = pack.gang(ds, step, deps)
+                    ranks = gang_of(ds, step, deps)
                 for i in at_head:
                     task[k] = made[op] = ranks[i]
                     if elsewhere:
@@ -193,6 +195,9 @@ def dispatch_per_step(graph: Graph, layouts: dict[str, OpLayout], chunks: int = 
                 task[k] = made[op] = place_read(head, step, chunk, op, deps)
                 for dev in ds[1:]:                # each call placed after the one before
                     place(dev, step, chunk, op, deps, deps)
+                continue
+            if len(ds) == 1:
+                task[k] = made[op] = place(head, step, chunk, op, deps, deps)
                 continue
             for dev in ds:                        # each call placed after the one before
                 gi = place(dev, step, chunk, op, deps, deps)
@@ -211,8 +216,7 @@ def dispatch_per_step(graph: Graph, layouts: dict[str, OpLayout], chunks: int = 
         for step in range(last):                     # the tasks the step's inputs come from
             batch(step)
     calls, tasks, args = batch(last)
-    used = {d for lay in layouts.values() for d in lay.devices}
-    return Dispatch(len(used), calls, tasks, args)
+    return Dispatch(devices_used(tuple(layouts.values())), calls, tasks, args)
 
 
 def _write_after_read(graph: Graph, shared: tuple) -> dict[str, list]:
@@ -303,6 +307,27 @@ def laid_out(lay: OpLayout) -> tuple[tuple, ...]:
         out.append((ds, ds[:1] if gang and len(own) >= JOIN_MIN else ds[:2], gang,
                     tuple(i for i, d in enumerate(ds) if d == ds[0]) if gang else (), ()))
     return tuple(out)
+
+
+@functools.lru_cache(maxsize=8192)
+def _reading(lay: OpLayout) -> tuple:
+    """Per chunk as :func:`laid_out`: the one device reading an instance's inputs, or None
+    where two do (its devices reading them: one or two, never none)."""
+    return tuple(two[0] if two[0] == two[-1] else None for _, two, _, _, _ in laid_out(lay))
+
+
+@functools.lru_cache(maxsize=8192)
+def _devices(lay: OpLayout) -> frozenset[int]:
+    return frozenset(lay.devices)
+
+
+@functools.lru_cache(maxsize=4096)
+def devices_used(layouts: tuple[OpLayout, ...]) -> int:
+    """How many devices ``layouts`` use, together (memoised: a search counts the same
+    layouts again and again)."""
+    if len(layouts) == 1:
+        return len(_devices(layouts[0]))
+    return len(frozenset().union(*map(_devices, layouts)))
 
 
 _ROWS: dict[tuple[int, int], tuple] = {}

@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 from rpeg.graph import build
 from rpeg.plan.dispatchfloor import dispatch_floor
 from rpeg.plan.oplayout import OpLayout, streamed_ops
-from rpeg.plan.tasks import dispatch_per_step, relabelled
+from rpeg.plan.tasks import _reading, devices_used, dispatch_per_step, relabelled
+from rpeg.plan.tasks import laid_out as tasks_laid_out
 from rpeg.spec import load
 from rpeg.spec.model import OpKind
 
@@ -82,3 +83,16 @@ def test_the_steady_step_packed_alone_counts_as_the_replay(case, steps):
     graph, layouts, chunks, fused = case
     assert dispatch_per_step(graph, layouts, chunks, steps, fused) \
         == dispatch_per_step(graph, layouts, chunks, steps, fused, replay=True)
+
+
+@settings(deadline=None, max_examples=60)
+@given(laid_out())
+def test_what_the_count_reads_per_layout_is_what_it_stands_for(case):
+    """The per-layout memos the count reads instead of the layouts' devices: the one device
+    reading an instance's inputs (None where two do), and the devices used together."""
+    _, layouts, _, _ = case
+    for lay in layouts.values():
+        assert _reading(lay) == tuple(two[0] if two[0] == two[-1] else None
+                                      for _, two, _, _, _ in tasks_laid_out(lay))
+    assert devices_used(tuple(layouts.values())) \
+        == len({d for lay in layouts.values() for d in lay.devices})

@@ -181,17 +181,21 @@ def _estimate(work, par, devices, topo, cluster, batch, engine, rows,
         return _with_refills(g.cost, refills, lambda n: _plus_host(generation(
             model, par, devices, topo, cluster, n, w, engine, rows, partial).cost,
             reward_host_time(gpu, w, n)), reward_host_time(gpu, w, batch))
+    # a host op at dp > 1 runs split, each device's call on its share of the batch
+    # (rpeg.plan.oplayout.split_parts); a group estimator, one call on its first block over
+    # the whole batch, is priced there at dp 1
+    share = math.ceil(batch / max(par.dp, 1))
     if work.kind is OpKind.SCORE and work.on_host:
-        t = reward_host_time(gpu, w, batch)
+        t = reward_host_time(gpu, w, share)
         return StageCost(t, t, 0.0, (("reward", t),))
     if work.kind is OpKind.COMPUTE:
         # per response, plus per response token for a per-token estimator (GAE's
         # recursion); a group estimator works on one score per response (the registry's
         # pricing says which)
-        tokens = batch * mean_len(w.gen_len) if work.per_token else 0.0
+        tokens = share * mean_len(w.gen_len) if work.per_token else 0.0
         per_sample = gpu.compute_sample_time
         t = gpu.compute_call_overhead \
-            + batch * (gpu.sample_overhead if per_sample is None else per_sample) \
+            + share * (gpu.sample_overhead if per_sample is None else per_sample) \
             + tokens * gpu.compute_token_time
         return StageCost(t, t, 0.0, (("host", t),))
     gen = response_len(w.gen_len, math.ceil(batch / par.dp), par, padded_len_, mean_len_)

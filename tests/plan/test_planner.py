@@ -305,17 +305,19 @@ def score_of(plan, pipeline, cluster) -> float:
 
 
 def test_polish_takes_back_a_node_a_walk_gave_too_many(ppo8b):
-    """A generation block grown by a node over its neighbour's devices is shrunk back by
-    polish's fixed neighbourhood (no random draw): the split baseline again, or better."""
+    """A pass's block grown by a node over its neighbour's devices (the reference forward
+    over the generation's node) is shrunk back by polish's fixed neighbourhood (no random
+    draw): the split baseline again, or better."""
     from rpeg.plan.edit import options, put, repair
     from rpeg.plan.search import polish
     cluster = cluster_of("gh200", 4, 4)
     ctx, ev = Context.of(ppo8b, cluster, EVERY_ENGINE), Evaluator(ppo8b, cluster)
     start = split(ctx, ev).best
-    devices = start.plan.placement("rollout").devices
-    grown = tuple(range(devices[0], devices[-1] + 1 + cluster.gpus_per_node))
-    plan = put(ctx, attrs.evolve(start.plan, predicted=None), "rollout", grown,
-               options(ctx, "rollout", len(grown))[0])
+    devices = start.plan.placement("ref_lp").devices
+    assert devices[0] >= cluster.gpus_per_node
+    grown = tuple(range(devices[0] - cluster.gpus_per_node, devices[-1] + 1))
+    plan = put(ctx, attrs.evolve(start.plan, predicted=None), "ref_lp", grown,
+               options(ctx, "ref_lp", len(grown))[0])
     worse = ev.evaluate(repair(ctx, plan), detail=False)
     assert worse.feasible and worse.step_time_s > start.step_time_s
     best, tried = polish(ctx, ev, worse)

@@ -19,8 +19,9 @@ blocks``, on every device of it, but a vLLM engine's on that block's first devic
 (the engine's own workers span the block); a train op runs on every device (data-parallel
 rank ``i // tp``); a pass or per-sample host op at dp > 1 in a step not streaming it runs
 split (:func:`split_parts`): one call on each block, part ``b`` of the batch on block ``b``
-(the batch's sequences divided as evenly as can be, in order), its readers reading every
-part; any other op on the first block. Readers take the output of an instance's first
+(the batch's sequences divided as evenly as can be, in order; more blocks than sequences,
+an empty part, is refused), its readers reading every part; any other op on the first
+block. Readers take the output of an instance's first
 device. The ranks of a tensor-parallel block or of a data-parallel train
 op run collectives together.
 

@@ -171,8 +171,9 @@ class Evaluator(MemoryWalk, OpTimings):
     # --- the plan's graph ------------------------------------------------------------
 
     def step_graph(self, plan: Plan) -> Graph:
-        """The plan's step graph, unfused, its weight syncs kept: the one the runtime lays
-        its op calls out from."""
+        """The plan's step graph, unfused, its weight syncs kept (which read no model: the
+        copies lowered from it are the runtime's, whose graph has none of the syncs that
+        move nothing, :func:`plan_graph` unfused)."""
         base_key = (tuple(x for x in plan.staleness if x[1]), plan.shared)   # 0: unlisted
         if base_key not in self._graphs:
             self._graphs[base_key] = step_graph(self.pipeline, plan)

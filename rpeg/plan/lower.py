@@ -449,7 +449,8 @@ def layouts(p: Placed, placement_of: Placing) -> Placed:
         else:
             place, trainer = placement_of(op), trainers.get(op.reads_model)
             gathered = gathers_in_place(op, trainer, place, p.chunks)
-            parts = split_parts(op, place, trainer, p.chunks, op.name in streamed)
+            parts = split_parts(op, place, trainer, p.chunks, op.name in streamed,
+                                batch=p.responses)
             out.append((op.name, op_layout(op, place, op.name in streamed, gathered, parts)))
     return attrs.evolve(p, layouts=tuple(out), streamed=streamed, parts=tuple(
         (op, lay.parts) for op, lay in out if lay.parts))

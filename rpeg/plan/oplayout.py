@@ -19,8 +19,9 @@ blocks``, on every device of it, but a vLLM engine's on that block's first devic
 (the engine's own workers span the block); a train op runs on every device (data-parallel
 rank ``i // tp``); a pass or per-sample host op at dp > 1 in a step not streaming it runs
 split (:func:`split_parts`): one call on each block, part ``b`` of the batch on block ``b``
-(the batch's sequences divided as evenly as can be, in order), its readers reading every
-part; any other op on the first block. Readers take the output of an instance's first
+(the batch's sequences divided as evenly as can be, in order; more blocks than sequences,
+an empty part, is refused), its readers reading every part; any other op on the first
+block. Readers take the output of an instance's first
 device. The ranks of a tensor-parallel block or of a data-parallel train
 op run collectives together.
 
@@ -45,6 +46,7 @@ from collections.abc import Callable
 import attrs
 
 from rpeg.cost.engine_sync import engine_hosts_of, serves_copy, sync_senders, tp_blocks
+from rpeg.errors import PlanError
 from rpeg.graph import Graph, chunk_counts
 from rpeg.spec.model import Engine, OpKind
 
@@ -269,7 +271,8 @@ def world_of(op, layout: OpLayout) -> int:
         or layout.everywhere else 1
 
 
-def split_parts(op, place, trainer, chunks: int, streamed: bool = False) -> int:
+def split_parts(op, place, trainer, chunks: int, streamed: bool = False,
+                batch: int | None = None) -> int:
     """Parts graph op ``op``, a pass or per-sample host op placed as ``place`` at dp > 1,
     splits a step's batch into: one on each of its data-parallel blocks (``len(devices) /
     tp`` of a pass reading a model, else one a device), each a call on its share of the
@@ -280,6 +283,11 @@ def split_parts(op, place, trainer, chunks: int, streamed: bool = False) -> int:
     (:func:`streamed_ops`) in a step streaming ``chunks`` > 1 goes round its blocks chunk
     by chunk, and a group estimator needs the whole batch (one call, on its first block).
     The cost model prices every pass split over its data-parallel degree: as this runs.
+    ``batch``: the sequences a step's batch holds (the responses it generates; None: not
+    asked): a split into more parts than that is refused (PlanError), a part holding no
+    sequence -- the search never proposes one (dp <= batch,
+    :func:`rpeg.plan.space.layouts`), and a pinned or written plan asking for one is no plan
+    the placed graph, the executor's parts and the cost model's pricing would agree on.
 
         >>> from rpeg.graph import Op
         >>> from rpeg.plan.model import StagePlacement as P
@@ -293,12 +301,22 @@ def split_parts(op, place, trainer, chunks: int, streamed: bool = False) -> int:
         ...  split_parts(fwd, P("ref_lp", (0,)), None, 1),
         ...  split_parts(fwd, P("ref_lp", (0, 1), dp=2), None, 2, streamed=True)]
         [0, 0, 0]
+        >>> split_parts(fwd, P("ref_lp", (0, 1, 2, 3), dp=4), None, 1, batch=2)
+        Traceback (most recent call last):
+        rpeg.errors.PlanError: error: stage 'ref_lp' must split a step's 2 sequences over at most 2 parts, not 4 (one per data-parallel block): a part would hold no sequence
     """
     if op.kind in (OpKind.TRAIN, OpKind.GENERATE, OpKind.SYNC_WEIGHTS) or place.dp <= 1 \
             or not op.per_sample or (streamed and chunks > 1) \
             or gathers_in_place(op, trainer, place, chunks):
         return 0
     blocks = len(place.devices) // (place.tp if op.reads_model and place.tp > 1 else 1)
+    if batch is not None and blocks > max(batch, 1):
+        stage = "+".join(op.stages) or op.name
+        raise PlanError(f"stage '{stage}' must split a step's {batch} sequences over at most "
+                        f"{batch} parts, not {blocks} (one per data-parallel block): a part "
+                        "would hold no sequence",
+                        hint=f"place it on at most {batch} data-parallel blocks, or generate "
+                             "more responses a step (prompts x samples)")
     return blocks if blocks > 1 else 0
 
 

@@ -68,13 +68,20 @@ def is_host_op(pipeline: Pipeline, stage: str) -> bool:
                                        and not pipeline.has_model(s.target or ""))
 
 
-def plan_graph(pipeline: Pipeline, plan: Plan, base: Graph | None = None) -> Graph:
+def plan_graph(pipeline: Pipeline, plan: Plan, base: Graph | None = None, *,
+               fused: bool = True) -> Graph:
     """The step graph the plan's structural choices make: staleness, sharing, fusion, and no
     weight sync where the generator reads the trained weights in place (as it runs).
-    ``base``: the plan's unfused step graph, when already built."""
+    ``base``: the plan's unfused step graph, when already built; ``fused`` False: its ops
+    unfused, the graph the runtime lays its op calls out from and ``rpeg verify`` checks a
+    run against (``rpeg.runtime.lowering.instances.graph_for``), as the cost model prices
+    and counts it: a weight sync the graph kept where its generator reads in place would
+    stand, in the placed graph, for the transfers filling other readers' copies, and its
+    version edge would order the generator after them, which the runtime never does."""
     try:
         graph = base or step_graph(pipeline, plan)
-        return fuse(elide_syncs(graph, synced_in_place(graph, plan)), plan.fusion)
+        graph = elide_syncs(graph, synced_in_place(graph, plan))
+        return fuse(graph, plan.fusion) if fused else graph
     except GraphError as e:
         raise PlanError(f"plan structure must be one the spec allows, not: {e.message}",
                         e.span, hint=e.hint) from None

@@ -95,3 +95,21 @@ def test_a_planned_zero_level_on_one_device_runs_fsdp2(zero, tmp_path):
     calls = build_calls(ppo, plan, steps=1)
     ctx = RunContext.create(ppo, plan, calls, run_dir="")
     assert (0,) in ctx.groups and ctx.replicas_collective
+
+
+def test_a_split_pass_part_is_never_empty():
+    """``_part`` divides a batch as ``numpy.array_split`` does, every part holding a
+    sequence; a batch smaller than its parts (a plan the placed graph refuses,
+    ``rpeg.plan.oplayout.split_parts``) is an error, not an empty part run and priced as
+    a full one."""
+    from backends.torch_backend.executor import _part
+    from rpeg.errors import BackendError
+    for n in range(1, 6):
+        for size in range(n, 12):
+            whole = np.arange(size)
+            parts = [_part(whole, i, n) for i in range(n)]
+            assert all(len(p) for p in parts)
+            assert [list(p) for p in parts] == [list(p) for p in np.array_split(whole, n)]
+    with pytest.raises(BackendError, match="split into 3 parts must get at least 3 sequences, "
+                                           "not 2"):
+        _part(np.arange(2), 2, 3)

@@ -6,6 +6,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from rpeg.errors import PlanError
 from rpeg.graph import Graph, Op
 from rpeg.graph.ids import ReplicaKey, variant_key
 from rpeg.plan.copies import Copy, _held, _hosts, copies, copy_key, copy_keys
@@ -79,7 +80,11 @@ def test_the_copies_are_the_rule_applied_device_by_device(train, gen, fwd, other
     g = Graph("g", tuple(ops), (), (), ("m",), ("m",) if trained else ())
     place = {"rollout": gen, "old_lp": fwd, "ref_lp": other, "train": train}
     at = lambda o: place[o.name]        # noqa: E731
-    placed = lower(g, None, responses, at)
+    try:
+        placed = lower(g, None, responses, at)
+    except PlanError as e:       # a pass split into more parts than a step has responses
+        assert "a part would hold no sequence" in e.message
+        return
     got = copies(placed, at)
     t = next((o for o in g.ops if o.kind is OpKind.TRAIN), None)
     readers = tuple((g.op(n), at(g.op(n)), placed.layout(n)) for n in g.topo_order()

@@ -6,10 +6,12 @@ the trainer holds the same split of whole weights."""
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rpeg.cost.engine_sync import engine_copy, engine_sync_layout, serves_copy
+from rpeg.errors import PlanError
 from rpeg.graph import Op
 from rpeg.plan.model import StagePlacement
 from rpeg.plan.oplayout import (
@@ -147,3 +149,20 @@ def test_a_pass_at_dp_above_1_runs_split_over_its_blocks(place, kind, streamed, 
             (c.device, c.group) for c in calls))
     elif place.dp > 1 and op.kind in (OpKind.FORWARD, OpKind.COMPUTE) and not on:
         assert op.grouped and {c.device for c in calls} <= set(first_block(place).devices)
+
+
+@settings(deadline=None)
+@given(placements(engines=(Engine.TORCH,)), st.sampled_from((OpKind.FORWARD, OpKind.COMPUTE)),
+       st.integers(1, 12))
+def test_a_split_pass_never_has_more_parts_than_its_batch_has_sequences(place, kind, batch):
+    """Every part of a split pass holds a sequence: given the step's batch, ``split_parts``
+    splits it as before where each block gets one, and refuses the placement (a PlanError
+    naming the stage) where some block would get none -- never an empty part, nor fewer
+    parts than the placement's blocks, which the cost model prices it on."""
+    op = Op("o", kind, reads_model=None if kind is OpKind.COMPUTE else "m", stages=("s",))
+    parts = split_parts(op, place, None, 1)
+    if parts <= batch:
+        assert split_parts(op, place, None, 1, batch=batch) == parts
+    else:
+        with pytest.raises(PlanError, match=f"stage 's' must split a step's {batch} "):
+            split_parts(op, place, None, 1, batch=batch)

@@ -152,3 +152,22 @@ def test_a_zero3_forward_is_run_only_where_it_reads_its_trainers_shards(tmp_path
             check_pins(pipeline, local_cpu, runtime)
         assert "inference on ZeRO-3-sharded weights" in info.value.message
         assert info.value.span.line == _line_of(pipeline, "values")
+
+
+def test_a_pass_split_over_more_blocks_than_a_step_has_sequences_is_refused(tmp_path,
+                                                                             local_cpu):
+    """A pass at dp 2 on a batch of one response would give a block an empty part: the
+    planner never proposes it (dp <= batch), and a pinned plan asking for it is refused at
+    compile time -- its placed graph, the executor's parts and its price would disagree."""
+    from rpeg.plan.model import Strategy
+    pins = ("place ref_lp on gpus 0..1 { dp = 2 }", "place rollout on gpus 0..0",
+            *(f"place {s} on gpus 0..0" for s in ("values", "actor_step", "critic_step")))
+    one = _spec(tmp_path, *pins)
+    one = attrs.evolve(one, workload=attrs.evolve(one.workload, prompts=1, samples=1))
+    with pytest.raises(PlanError, match="stage 'ref_lp' must split a step's 1 sequences over "
+                                        "at most 1 parts, not 2") as info:
+        compile_plan(one, local_cpu, Strategy.PINNED)
+    assert "a part would hold no sequence" in info.value.message
+    assert "at most 1 data-parallel blocks" in info.value.hint
+    two = attrs.evolve(one, workload=attrs.evolve(one.workload, prompts=2))
+    assert compile_plan(two, local_cpu, Strategy.PINNED).placement("ref_lp").dp == 2

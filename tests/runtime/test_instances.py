@@ -95,6 +95,22 @@ def test_chunks_are_capped_by_the_responses_of_a_step(ppo):
         assert len(rollouts) == want and {c.chunks for c in rollouts} == {want}
 
 
+def test_a_pass_split_into_more_parts_than_sequences_is_refused(ppo, plan_by_hand):
+    """A written plan splitting the reference pass over two blocks when a step has one
+    response: no call of an empty part is laid out, the plan is refused naming the stage;
+    with two responses each block's call gets one."""
+    import attrs
+    plan = plan_by_hand(ppo, {"ref_lp": (0, 1)}, chunks=1)
+    plan = attrs.evolve(plan, placements=tuple(
+        attrs.evolve(p, dp=2) if p.stage == "ref_lp" else p for p in plan.placements))
+    one = attrs.evolve(ppo, workload=attrs.evolve(ppo.workload, prompts=1, samples=1))
+    with pytest.raises(PlanError, match="stage 'ref_lp' must split a step's 1 sequences"):
+        build_calls(one, plan, steps=1)
+    two = attrs.evolve(one, workload=attrs.evolve(one.workload, prompts=2))
+    refs = [c for c in build_calls(two, plan, steps=1) if c.op == "ref_lp"]
+    assert [(c.device, c.chunk, c.parts) for c in refs] == [(0, 0, 2), (1, 1, 2)]
+
+
 @pytest.mark.parametrize("zero", [0, 3])
 def test_every_call_id_names_the_call(ppo, zero):
     """An op call's id is its op, step and what tells it apart (chunk, rank, tp rank, a

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import attrs
+
 from rpeg.runtime.lowering.instances import build_calls, model_homes, placed_for
 from rpeg.runtime.placement import split_plan
 from rpeg.runtime.verify import check
@@ -64,6 +66,28 @@ def test_train_must_read_its_own_step(ppo, plan_by_hand):
             e["version_read"] = 1
     report = check(calls, plan, events, workers, 3, homes, placed_for(ppo, plan))
     assert [v.op for v in report.violations] == ["actor_step/s2"]
+
+
+def test_a_rollout_reading_in_place_beside_a_loaded_copy_waits_for_its_trainer(
+        ppo, plan_by_hand):
+    """Actor and critic one backbone trained on device 0, the rollout there reading it in
+    place (one step stale), the values split over devices 0-1: on device 1 they read a copy
+    the backbone's transfers load. The rollout waits for its trainer, not for those
+    transfers (the cost model prices no weight sync where the generator reads in place), and
+    the placed graph a run is checked against says so: a faithful trace verifies."""
+    from rpeg.graph import DepKind, Instance
+    plan = plan_by_hand(ppo, {"values": (0, 1)}, staleness=1, chunks=1,
+                        shared=(("actor", "critic"),))
+    plan = attrs.evolve(plan, placements=tuple(
+        attrs.evolve(p, dp=2) if p.stage == "values" else p for p in plan.placements))
+    calls, workers, homes = _setup(ppo, plan, steps=4)
+    assert {c.id for c in calls} >= {"sync_actor+critic/s1/export", "sync_actor+critic/s1/load@1"}
+    placed = placed_for(ppo, plan)
+    assert placed.reads_of("rollout") == {0: "actor+critic"}          # in place
+    assert {d.src for d in placed.edges(4).deps if d.dst == Instance("rollout", 2)
+            and d.kind is DepKind.VERSION} == {Instance("actor_step+critic_step", 0)}
+    report = check(calls, plan, _trace(calls, workers), workers, 4, homes, placed)
+    assert report.ok, str(report)
 
 
 def _traced(calls, workers, keep, shift=0.0):

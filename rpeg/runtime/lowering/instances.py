@@ -67,7 +67,8 @@ from rpeg.graph.versions import read_version
 from rpeg.plan.lower import Placed, lower
 from rpeg.plan.model import Plan
 from rpeg.plan.oplayout import world_of
-from rpeg.plan.staleness import staleness_problem, step_graph
+from rpeg.plan.staleness import staleness_problem
+from rpeg.plan.structure import plan_graph
 from rpeg.runtime.lowering.calls import OpCall
 from rpeg.runtime.lowering.ordering import Ordering, ordered, version_steps
 from rpeg.runtime.lowering.replicas import (
@@ -87,9 +88,11 @@ from rpeg.spec.model import OpKind, Pipeline
 
 
 def graph_for(pipeline: Pipeline, plan: Plan) -> Graph:
-    """The step graph with the plan's structural choices (staleness, sharing): the one the
-    cost model priced (a stage the plan does not list is synchronous)."""
-    return step_graph(pipeline, plan)
+    """The step graph with the plan's structural choices (staleness, sharing, no weight sync
+    where every generate op reads the trained weights in place), unfused: the one the cost
+    model priced (:func:`rpeg.plan.structure.plan_graph`; a stage the plan does not list is
+    synchronous)."""
+    return plan_graph(pipeline, plan, fused=False)
 
 
 def build_calls(pipeline: Pipeline, plan: Plan, steps: int, *, first: int = 0

@@ -153,14 +153,14 @@ def _real_rows() -> list[Row]:
 
 _ROWS = [
     _orb("ORB-1", "orb1_dschat_7b.rpeg", "a800_8.rpeg", 1189.13, 697.12, 492.01,
-         "DeepSpeed-Chat (ZeRO-3, no Hybrid Engine)", controller=False),
+         "DeepSpeed-Chat (no Hybrid Engine, ZeRO-Offload)", controller=False),
     _orb("ORB-2", "orb2_openrlhf_7b.rpeg", "a800_8.rpeg", 1177.78, 920.81, 256.97,
          "OpenRLHF (DeepSpeed)", controller=False),
     _orb("ORB-3", "orb3_ray_7b.rpeg", "a800_8.rpeg", 1894.46, 1498.77, 395.69, "OpenRLHF (Ray)"),
     _orb("ORB-4", "orb4_vllm_7b.rpeg", "a800_8.rpeg", 885.16, 481.86, 403.29,
          "OpenRLHF (Ray + vLLM)"),
     _orb("ORB-5", "orb5_dschat_13b.rpeg", "a800_8.rpeg", 3809.36, 2590.72, 1218.76,
-         "DeepSpeed-Chat (ZeRO-3, no Hybrid Engine)", controller=False),
+         "DeepSpeed-Chat (no Hybrid Engine, ZeRO-Offload)", controller=False),
     _orb("ORB-6", "orb6_ray_13b.rpeg", "a800_8.rpeg", 3671.61, 2722.51, 949.10, "OpenRLHF (Ray)"),
     _orb("ORB-7", "orb7_vllm_13b.rpeg", "a800_8.rpeg", 2392.91, 1425.75, 967.15,
          "OpenRLHF (Ray + vLLM)"),

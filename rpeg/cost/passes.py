@@ -81,16 +81,33 @@ def shape(w, par: Parallel, rows: int, gen: float) -> Shape:
     """The micro-batch of ``rows`` sequences whose responses have ``gen`` tokens: padded to
     it, or packed, their mean (:func:`rpeg.cost.stages.response_len`)."""
     if par.packing:
-        p, g = mean_len(w.prompt_lens), gen
-        q = w.gen_len.quantiles(256)
+        (p, squares), g = _packed(w.prompt_lens, w.gen_len), gen
         seq = p + g
-        context = (p * p + 2 * p * g + float((q * q).mean())) / (2 * seq)
+        context = (p * p + 2 * p * g + squares) / (2 * seq)
     else:
         p, g = padded_len(w.prompt_lens, rows), gen
         seq = p + g
         context = seq / 2
     return Shape(rows, seq, math.ceil(rows * seq / par.cp), context,
                  math.ceil(rows * g / par.cp), g)
+
+
+def _packed(prompts, responses) -> tuple[float, float]:
+    """(the mean prompt length, the mean square of the response lengths) a packed
+    micro-batch's shape reads: kept per pair of distributions (by identity, each kept with
+    its answer: asked of every layout priced)."""
+    key = (id(prompts), id(responses))
+    kept = _PACKED.get(key)
+    if kept is None or kept[0] is not prompts or kept[1] is not responses:
+        q = responses.quantiles(256)
+        kept = _PACKED[key] = (prompts, responses, mean_len(prompts), float((q * q).mean()))
+        if len(_PACKED) > 256:
+            _PACKED.clear()
+            _PACKED[key] = kept
+    return kept[2], kept[3]
+
+
+_PACKED: dict[tuple[int, int], tuple] = {}
 
 
 # --- communication ----------------------------------------------------------------------------

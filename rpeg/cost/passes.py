@@ -81,7 +81,7 @@ def shape(w, par: Parallel, rows: int, gen: float) -> Shape:
     """The micro-batch of ``rows`` sequences whose responses have ``gen`` tokens: padded to
     it, or packed, their mean (:func:`rpeg.cost.stages.response_len`)."""
     if par.packing:
-        (p, squares), g = _packed(w.prompt_lens, w.gen_len), gen
+        (p, squares), g = _packed(w), gen
         seq = p + g
         context = (p * p + 2 * p * g + squares) / (2 * seq)
     else:
@@ -92,22 +92,22 @@ def shape(w, par: Parallel, rows: int, gen: float) -> Shape:
                  math.ceil(rows * g / par.cp), g)
 
 
-def _packed(prompts, responses) -> tuple[float, float]:
-    """(the mean prompt length, the mean square of the response lengths) a packed
-    micro-batch's shape reads: kept per pair of distributions (by identity, each kept with
-    its answer: asked of every layout priced)."""
-    key = (id(prompts), id(responses))
-    kept = _PACKED.get(key)
-    if kept is None or kept[0] is not prompts or kept[1] is not responses:
-        q = responses.quantiles(256)
-        kept = _PACKED[key] = (prompts, responses, mean_len(prompts), float((q * q).mean()))
+def _packed(w) -> tuple[float, float]:
+    """(the mean prompt length, the mean square of the response lengths) of workload ``w``
+    a packed micro-batch's shape reads: kept per workload (by identity, each kept with its
+    answer: asked of every layout priced)."""
+    kept = _PACKED.get(id(w))
+    if kept is None or kept[0] is not w:
+        q = w.gen_len.quantiles(256)
         if len(_PACKED) > 256:
             _PACKED.clear()
-            _PACKED[key] = kept
-    return kept[2], kept[3]
+        kept = _PACKED[id(w)] = (w, mean_len(w.prompt_lens), float((q * q).mean()))
+    return kept[1], kept[2]
 
 
-_PACKED: dict[tuple[int, int], tuple] = {}
+# id of a workload -> (the workload, its packed shape's terms): the workload kept with its
+# answer, so its id names no other while the entry is kept
+_PACKED: dict[int, tuple] = {}
 
 
 # --- communication ----------------------------------------------------------------------------

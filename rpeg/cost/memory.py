@@ -196,7 +196,24 @@ def _divisors(n: int) -> str:
 
 def local_params(model: Model, par: Parallel) -> float:
     """Parameters on the busiest GPU: its layers' TP shard (experts: their EP shard, or TP
-    shard without EP) plus the embedding/head share."""
+    shard without EP) plus the embedding/head share. A function of the model and of
+    ``par``'s pp, tp and ep alone, kept per model (by identity: a model is not hashed
+    again on every layout priced) and those three."""
+    key = (id(model), par.pp, par.tp, par.ep)
+    kept = _LOCAL.get(key)
+    if kept is None or kept[0] is not model:
+        if len(_LOCAL) > 4096:
+            _LOCAL.clear()
+        kept = _LOCAL[key] = (model, _local_params(model, par))
+    return kept[1]
+
+
+# (id of the model, pp, tp, ep) -> (the model, its local parameters): the model kept with
+# its answer, so its id names no other while the entry is kept
+_LOCAL: dict[tuple, tuple] = {}
+
+
+def _local_params(model: Model, par: Parallel) -> float:
     d = model.dims
     share = math.ceil(d.layers / par.pp) / d.layers
     experts = d.moe_layers * d.experts * d.mlp_params(d.expert_ffn)

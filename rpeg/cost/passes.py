@@ -81,16 +81,33 @@ def shape(w, par: Parallel, rows: int, gen: float) -> Shape:
     """The micro-batch of ``rows`` sequences whose responses have ``gen`` tokens: padded to
     it, or packed, their mean (:func:`rpeg.cost.stages.response_len`)."""
     if par.packing:
-        p, g = mean_len(w.prompt_lens), gen
-        q = w.gen_len.quantiles(256)
+        (p, squares), g = _packed(w), gen
         seq = p + g
-        context = (p * p + 2 * p * g + float((q * q).mean())) / (2 * seq)
+        context = (p * p + 2 * p * g + squares) / (2 * seq)
     else:
         p, g = padded_len(w.prompt_lens, rows), gen
         seq = p + g
         context = seq / 2
     return Shape(rows, seq, math.ceil(rows * seq / par.cp), context,
                  math.ceil(rows * g / par.cp), g)
+
+
+def _packed(w) -> tuple[float, float]:
+    """(the mean prompt length, the mean square of the response lengths) of workload ``w``
+    a packed micro-batch's shape reads: kept per workload (by identity, each kept with its
+    answer: asked of every layout priced)."""
+    kept = _PACKED.get(id(w))
+    if kept is None or kept[0] is not w:
+        q = w.gen_len.quantiles(256)
+        if len(_PACKED) > 256:
+            _PACKED.clear()
+        kept = _PACKED[id(w)] = (w, mean_len(w.prompt_lens), float((q * q).mean()))
+    return kept[1], kept[2]
+
+
+# id of a workload -> (the workload, its packed shape's terms): the workload kept with its
+# answer, so its id names no other while the entry is kept
+_PACKED: dict[int, tuple] = {}
 
 
 # --- communication ----------------------------------------------------------------------------

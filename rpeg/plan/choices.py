@@ -174,7 +174,7 @@ def prune(pipeline: Pipeline, layouts_: tuple[Layout, ...], cluster: Cluster) ->
         s = pipeline.stage(lay.stage)
         model = pipeline.model(s.target)
         p, trained = lay.par, s.kind is OpKind.TRAIN
-        key = (model.name, p, lay.engine, trained)
+        key = (model.name, _resident_fields(p), lay.engine, trained)
         try:
             if key not in resident:
                 resident[key] = resident_memory(
@@ -190,6 +190,14 @@ def prune(pipeline: Pipeline, layouts_: tuple[Layout, ...], cluster: Cluster) ->
         if need <= cap:
             out.append((lay, need))
     return tuple(out)
+
+
+def _resident_fields(p: Parallel) -> tuple:
+    """What of ``p`` :func:`resident_memory` reads (its checks included: micro-batches only
+    as at least one): layouts differing in their micro-batches, recomputation or packing
+    hold the same bytes between stages."""
+    return (p.dp, p.tp, p.pp, p.cp, p.ep, p.zero, p.offload, p.param_offload,
+            p.microbatches >= 1)
 
 
 def estimate(pipeline: Pipeline, fitting: tuple[tuple[Layout, float], ...],

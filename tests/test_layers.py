@@ -229,6 +229,18 @@ def test_the_backends_use_rpeg_by_public_names_only():
     assert found == []
 
 
+def test_the_runtime_modules_use_one_another_by_public_names_only():
+    """No module of ``rpeg/runtime`` imports a private name of another module or reads one
+    off it (``worker._STATE``): what one job's module needs of another's is public."""
+    found = []
+    for path in sorted((RPEG / "runtime").rglob("*.py")):
+        name = path.relative_to(RPEG.parent)
+        package = ".".join(name.with_suffix("").parts[:-1])
+        found += [(name.as_posix(), line, what) for line, what in
+                  private_uses(path.read_text(encoding="utf-8"), package)]
+    assert found == []
+
+
 def test_a_private_use_of_rpeg_is_seen():
     source = ("from rpeg.runtime import worker as W\nfrom rpeg.cost import _x\n"
               "import rpeg.cli.run\nfrom backends import _y\n"

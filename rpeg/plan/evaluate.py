@@ -56,6 +56,7 @@ from rpeg.plan.staleness import staleness_problem, step_graph
 from rpeg.plan.structure import (  # noqa: F401 — re-exported: what the plan makes of its graph
     Stages,
     backbone,
+    fused_of,
     graph_backbone,
     is_host_op,
     plan_graph,
@@ -190,7 +191,10 @@ class Evaluator(MemoryWalk, OpTimings):
             synced = self._synced[readers] = synced_in_place(base, plan)
         key = (base_key, plan.fusion, synced)
         if key not in self._graphs:
-            self._graphs[key] = plan_graph(self.pipeline, plan, base)
+            # fused: the unfused graph's fused object, which its placed graph's fused view
+            # (Placed.fused, what the simulator prices) shares
+            self._graphs[key] = fused_of(self.graph(attrs.evolve(plan, fusion=())), plan) \
+                if plan.fusion else plan_graph(self.pipeline, plan, base, fused=False)
         return self._graphs[key]
 
     def settle(self, plan: Plan) -> Plan:
@@ -286,7 +290,7 @@ class Evaluator(MemoryWalk, OpTimings):
                     control_s=round(least - work - every, 6), memory_reserve=reserve),
                     None, True)
         timeline = known if known is not None else simulate(
-            self.placed(plan, graph), timings, steps=steps, events=detail,
+            self.placed(plan), timings, steps=steps, events=detail,
             crossing_s=max(self.cluster.gpu.dispatch_s, 0.0), shared=self.contention)
         if bound is not None and feasible:
             # the simulated step, and the control plane's least again (as it grows with

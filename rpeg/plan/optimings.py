@@ -157,17 +157,20 @@ class OpTimings:
         (:meth:`rpeg.plan.control.ControlPlane.dispatch`)."""
         return self.control.dispatch(plan, timings, steps)
 
-    def placed(self, plan: Plan, graph: Graph) -> Placed:
-        """``graph`` (the plan's as priced: fused, without the weight syncs that move
-        nothing) placed by ``plan`` (:func:`rpeg.plan.lower.lower`): the instances and edges
-        the simulator prices, by the rules the runtime executes. Memoised by the
-        placements (a search prices each proposal once, and its floor first)."""
-        key = (graph, plan.placements)
+    def placed(self, plan: Plan) -> Placed:
+        """The plan's placed graph (:func:`rpeg.plan.lower.lower`, the value the runtime lays
+        its calls out from and ``rpeg verify`` checks a run against: its step graph unfused,
+        without the weight syncs that move nothing, its fusion as data), lowered by the passes
+        the simulator prices; the simulator prices its fused view
+        (:meth:`~rpeg.plan.lower.Placed.fused`). Memoised by the placements (a search prices
+        each proposal once, and its floor first)."""
+        loose = self.graph(attrs.evolve(plan, fusion=()) if plan.fusion else plan)
+        key = (loose, plan.fusion, plan.placements)
         placed = self._placed.get(key)
         if placed is None:
             if len(self._placed) > 256:
                 self._placed.clear()
-            placed = self._placed[key] = lower(graph, plan, self.responses, passes=PRICED)
+            placed = self._placed[key] = lower(loose, plan, self.responses, passes=PRICED)
         return placed
 
     @property

@@ -201,6 +201,7 @@ def simulate(placed: Placed, timings: dict[str, OpTiming], steps: int = 6, *,
         >>> [(e.start, e.end) for e in tl.events]
         [(0.0, 2.0), (2.0, 4.25), (2.5, 3.75), (4.75, 5.75)]
     """
+    placed = placed.fused()                      # the plan's fused stages as one op each
     graph = placed.graph
     prep = prepared(placed.by_round(), steps)
     durations = chunk_durations(graph, timings, prep.counts)

@@ -1,10 +1,12 @@
-"""A plan's step graph placed on its devices: the one value the runtime lays its op calls
-out from (``rpeg.runtime.lowering.instances.build_calls``), ``rpeg verify`` checks a run's
-trace against (``rpeg.runtime.verify``), the simulator prices (``rpeg.plan.simulate``: the
-plan's graph as the cost model times it, fused and without the weight syncs that move
-nothing, lowered by the passes it prices, :data:`PRICED`: ``Evaluator.placed``), and the
-cost model counts a step's calls and tasks from (``rpeg.plan.tasks.layouts_of``, lowered by
-:data:`COUNTED`).
+"""A plan's step graph placed on its devices: the one value (:func:`lower` of the plan's
+step graph unfused, without the weight syncs that move nothing, its fusion kept as data,
+:attr:`Placed.fusion`) the runtime lays its op calls out from
+(``rpeg.runtime.lowering.instances.build_calls``), ``rpeg verify`` checks a run's trace
+against (``rpeg.runtime.verify``), the simulator prices (``rpeg.plan.simulate``, lowered by
+the passes it prices, :data:`PRICED`: ``Evaluator.placed``; it prices the value's fused view,
+:meth:`Placed.fused`, a pure function of the value: the plan's fused stages as one op each,
+the graph the cost model times), and the cost model counts a step's calls and tasks from
+(``rpeg.plan.tasks.layouts_of``, lowered by :data:`COUNTED`).
 
     >>> placed = lower(graph, plan, responses=512)                         # doctest: +SKIP
     >>> placed.layout("rollout").devices_of(0), placed.chunks              # doctest: +SKIP
@@ -377,13 +379,14 @@ class Placed:
     def fused(self) -> Placed:
         """The fused view of this value: the plan's fused stages (:attr:`fusion`) as one op
         each, on the placement of the first (its graph :func:`rpeg.plan.passes.fused_graph`
-        of :attr:`graph`), lowered from the same placements by the passes the simulator
-        prices (:data:`PRICED`) -- a pure function of the value, the graph the cost model
-        times (a fused op's stages back to back, one call). This value itself where the
-        plan fuses nothing. :func:`rpeg.plan.simulate.simulate` prices it; the runtime
-        calls the stages one by one and packs them into one task
-        (``rpeg.runtime.core.fusion``)."""
-        return self._fused if self.fusion else self
+        of :attr:`graph`, the graph itself where the plan fuses nothing), lowered from the
+        same placements by the passes the simulator prices (:data:`PRICED`): a pure
+        function of the value's graph, fusion, placements and responses (set before any
+        pass), the graph the cost model times (a fused op's stages back to back, one call).
+        :func:`rpeg.plan.simulate.simulate` prices it; the runtime calls the stages one by
+        one and packs them into one task (``rpeg.runtime.core.fusion``). A value not
+        lowered from placements (built by hand: no :attr:`placements`) is its own view."""
+        return self._fused if self.placements else self
 
     @functools.cached_property
     def _fused(self) -> Placed:

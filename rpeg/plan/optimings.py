@@ -22,7 +22,7 @@ from rpeg.cost.engine_sync import engine_sleeps, sleep_wake_time
 from rpeg.cost.memory import devices_are_host
 from rpeg.graph import Graph
 from rpeg.plan.evalcost import eval_time, trainer_devices
-from rpeg.plan.lower import PRICED, Placed, lower
+from rpeg.plan.lower import Placed, lower
 from rpeg.plan.memorywalk import Walk
 from rpeg.plan.model import Plan, StagePlacement
 from rpeg.plan.oplayout import (
@@ -160,17 +160,18 @@ class OpTimings:
     def placed(self, plan: Plan) -> Placed:
         """The plan's placed graph (:func:`rpeg.plan.lower.lower`, the value the runtime lays
         its calls out from and ``rpeg verify`` checks a run against: its step graph unfused,
-        without the weight syncs that move nothing, its fusion as data), lowered by the passes
-        the simulator prices; the simulator prices its fused view
-        (:meth:`~rpeg.plan.lower.Placed.fused`). Memoised by the placements (a search prices
-        each proposal once, and its floor first)."""
+        without the weight syncs that move nothing, its fusion as data). The simulator
+        prices its fused view (:meth:`~rpeg.plan.lower.Placed.fused`, lowered by the passes
+        it prices), which reads no pass of the value itself: it is lowered by none here.
+        Memoised by the placements (a search prices each proposal once, and its floor
+        first)."""
         loose = self.graph(attrs.evolve(plan, fusion=()) if plan.fusion else plan)
         key = (loose, plan.fusion, plan.placements)
         placed = self._placed.get(key)
         if placed is None:
             if len(self._placed) > 256:
                 self._placed.clear()
-            placed = self._placed[key] = lower(loose, plan, self.responses, passes=PRICED)
+            placed = self._placed[key] = lower(loose, plan, self.responses, passes=())
         return placed
 
     @property

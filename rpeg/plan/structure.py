@@ -73,8 +73,10 @@ def plan_graph(pipeline: Pipeline, plan: Plan, base: Graph | None = None, *,
     """The step graph the plan's structural choices make: staleness, sharing, fusion, and no
     weight sync where the generator reads the trained weights in place (as it runs).
     ``base``: the plan's unfused step graph, when already built; ``fused`` False: its ops
-    unfused, the graph the runtime lays its op calls out from and ``rpeg verify`` checks a
-    run against (``rpeg.runtime.lowering.instances.graph_for``), as the cost model prices
+    unfused, the graph of the plan's placed value (:func:`rpeg.plan.lower.lower`), which the
+    runtime lays its op calls out from, ``rpeg verify`` checks a run against
+    (``rpeg.runtime.lowering.instances.graph_for``) and the simulator prices through its
+    fused view (:func:`fused_of` of it), as the cost model prices
     and counts it: a weight sync the graph kept where its generator reads in place would
     stand, in the placed graph, for the transfers filling other readers' copies, and its
     version edge would order the generator after them, which the runtime never does."""

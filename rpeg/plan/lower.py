@@ -394,7 +394,8 @@ class Placed:
         graph = fused_graph(self.graph, self.fusion)
         by_first = dict(zip((o.stages[0] for o in _placed_ops(self.graph)), self.placements,
                             strict=True))
-        return _lowered(graph, self.responses, lambda o: by_first[o.stages[0]], PRICED, ())
+        return _lowered(graph, self.responses, lambda o: by_first[o.stages[0]], PRICED, (),
+                        self.placements if graph is self.graph else None)
 
     def by_round(self) -> Placed:
         """This placed graph with a generate op's chunks of a round (one on each of its
@@ -665,9 +666,9 @@ def lower(graph: Graph, plan, responses: int, placement_of: Placing | None = Non
 
 
 def _lowered(graph: Graph, responses: int, placement_of: Placing, passes: tuple[Callable, ...],
-             fusion: tuple[tuple[str, ...], ...]) -> Placed:
-    """:func:`lower`, its fusion given."""
-    at = _placements(graph, placement_of)
+             fusion: tuple[tuple[str, ...], ...], at: tuple | None = None) -> Placed:
+    """:func:`lower`, its fusion given (``at``: the placements of its ops, when known)."""
+    at = at or _placements(graph, placement_of)
     if at is None:                       # an op without a placement: as the passes find it
         p = Placed(graph, responses, fusion=fusion)
         for step in passes:

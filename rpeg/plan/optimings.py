@@ -157,21 +157,22 @@ class OpTimings:
         (:meth:`rpeg.plan.control.ControlPlane.dispatch`)."""
         return self.control.dispatch(plan, timings, steps)
 
-    def placed(self, plan: Plan) -> Placed:
+    def placed(self, plan: Plan, graph: Graph | None = None) -> Placed:
         """The plan's placed graph (:func:`rpeg.plan.lower.lower`, the value the runtime lays
         its calls out from and ``rpeg verify`` checks a run against: its step graph unfused,
         without the weight syncs that move nothing, its fusion as data). The simulator
         prices its fused view (:meth:`~rpeg.plan.lower.Placed.fused`, lowered by the passes
         it prices), which reads no pass of the value itself: it is lowered by none here.
-        Memoised by the placements (a search prices each proposal once, and its floor
-        first)."""
-        loose = self.graph(attrs.evolve(plan, fusion=()) if plan.fusion else plan)
-        key = (loose, plan.fusion, plan.placements)
+        ``graph``: the plan's as priced (:meth:`graph`), when at hand. Memoised by it and
+        the placements (a search prices each proposal once, and its floor first)."""
+        graph = graph or self.graph(plan)
+        key = (graph, plan.placements)
         placed = self._placed.get(key)
         if placed is None:
             if len(self._placed) > 256:
                 self._placed.clear()
-            placed = self._placed[key] = lower(loose, plan, self.responses, passes=())
+            placed = self._placed[key] = lower(self.unfused(plan, graph), plan, self.responses,
+                                               passes=())
         return placed
 
     @property

@@ -33,6 +33,9 @@ _REGISTRY: dict[str, dict[str, str]] = {
         "prompt_too_long": "backends.torch_backend.tokenizer:PromptTooLong",
         # a checkpoint's tensors checked against the pipeline's models, before a resume
         "check_checkpoint": "backends.torch_backend.modeling:check_checkpoint",
+        # a checkpoint's trained model as a Hugging Face folder (``rpeg export``;
+        # backends.api.Exporter)
+        "export": "backends.torch_backend.export:export_run",
     },
     "vllm": {
         "capabilities": "backends.vllm_backend.capabilities:CAPABILITIES",   # its engine

@@ -240,6 +240,18 @@ class Executor(Protocol):
         ...
 
 
+class Exporter(Protocol):
+    """A backend's export of a trained model from a run directory's checkpoint as a Hugging
+    Face folder (``backends.load(name, "export")``; what ``rpeg export`` runs): the model
+    of the checkpoint at ``step`` (None: the newest) written to the folder ``out``, or with
+    ``merge`` a LoRA actor's adapters folded in. Returns what it wrote: its ``model``,
+    ``step``, ``version``, ``path`` and ``kind`` ("model", "merged" or "adapter")."""
+
+    def __call__(self, run_dir, out, *, step: int | None = None, model: str = "actor",
+                 merge: bool = False) -> Any:
+        ...
+
+
 @attrs.frozen
 class CarriedResponse:
     """A response an engine started early under partial rollouts, as a checkpoint holds it."""

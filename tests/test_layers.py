@@ -104,6 +104,16 @@ def test_the_runtime_reaches_backends_only_through_their_registry():
     assert found and {module for _, module in found} == {REGISTRY}, sorted(found)
 
 
+def test_the_command_line_reaches_backends_only_through_their_registry():
+    found = []
+    for path in sorted((RPEG / "cli").rglob("*.py")):
+        package = ".".join(path.relative_to(RPEG.parent).with_suffix("").parts[:-1])
+        found += [(path.name, line, m) for line, m in imports(path.read_text(encoding="utf-8"),
+                                                              package)
+                  if m.split(".")[0] == REGISTRY and m != REGISTRY]
+    assert found == []
+
+
 def test_a_rightward_import_is_seen_even_inside_a_function():
     source = "def f():\n    from backends import vllm_backend\nfrom ..plan import space\n"
     (_, registry), (_, lazy), (_, relative) = imports(source, "rpeg.cost")
@@ -222,6 +232,18 @@ def private_uses(source: str, package: str) -> list[tuple[int, str]]:
 def test_the_backends_use_rpeg_by_public_names_only():
     found = []
     for path in sorted(BACKENDS.rglob("*.py")):
+        name = path.relative_to(RPEG.parent)
+        package = ".".join(name.with_suffix("").parts[:-1])
+        found += [(name.as_posix(), line, what) for line, what in
+                  private_uses(path.read_text(encoding="utf-8"), package)]
+    assert found == []
+
+
+def test_the_runtime_modules_use_one_another_by_public_names_only():
+    """No module of ``rpeg/runtime`` imports a private name of another module or reads one
+    off it (``worker._STATE``): what one job's module needs of another's is public."""
+    found = []
+    for path in sorted((RPEG / "runtime").rglob("*.py")):
         name = path.relative_to(RPEG.parent)
         package = ".".join(name.with_suffix("").parts[:-1])
         found += [(name.as_posix(), line, what) for line, what in

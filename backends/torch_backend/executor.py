@@ -52,7 +52,7 @@ from rpeg.runtime.lowering.instances import LOAD, RECV, SEND, OpCall, base_of, e
 from rpeg.runtime.rundir.lengths import histogram
 from rpeg.spec.functions import function
 from rpeg.spec.model import Engine, Head, OpKind, Reward
-from rpeg.spec.registry import Category, Role, Type
+from rpeg.spec.registry import Category, Role
 from rpeg.spec.stages import refill_scores, roles_of
 
 
@@ -395,10 +395,9 @@ class Executor:
     def _estimator_batch(self, stage, inputs) -> tuple[Batch, dict]:
         """An estimator's inputs by role: the scores of its score stages added up with their
         weights, the responses' groups and lengths, the per-token inputs it reads."""
-        fn = function(stage.function)
+        est = self.works[stage.name].estimator     # its settings, read off the stage once
         p = self.ctx.pipeline
-        baseline_of = [str(v) for k, v in stage.params
-                       if fn.has(k) and fn.param(k).type is Type.DATA]
+        baseline_of = est.baselines
         apart = set(baseline_of) | {p.producer(n).inputs[0] for n in baseline_of}
         by_role: dict[Role, list[str]] = {}
         for name in inputs:
@@ -425,7 +424,7 @@ class Executor:
             own = group_of(greedy.prompt_index, w.samples)
             means = dict(zip(own.tolist(), group_mean(base, own).tolist(), strict=True))
             baseline = np.array([means[g] for g in groups.tolist()])
-        args = fn.resolve(dict(stage.params))
+        args = dict(est.args)
         batch = Batch(np.asarray(scores, np.float32), lengths, groups, values, logprobs, ref,
                       baseline)
         masks = self._masks(inputs)

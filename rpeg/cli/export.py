@@ -5,7 +5,7 @@
     $ python -c "from transformers import AutoModelForCausalLM as M; M.from_pretrained('out/gsm')"
 
 A LoRA actor exports its adapter folder, or with ``--merge`` the model with the
-adapters folded in (``backends.torch_backend.export``).
+adapters folded in (the backend's ``export``, ``backends.api.Exporter``).
 """
 
 from __future__ import annotations
@@ -28,9 +28,12 @@ def register(app: typer.Typer) -> None:
                                         "the adapter folder."),
     ) -> None:
         """Write a trained model as a Hugging Face folder (transformers and vLLM load it)."""
-        from backends.torch_backend.export import export_run
+        import backends
 
-        got = export_run(run_dir, out, step=step, model=model, merge=merge)
+        # through the registry (backends.api.Exporter): the torch executor writes every
+        # trained replica's checkpoint, so its backend reads them back
+        got = backends.load("torch", "export")(run_dir, out, step=step, model=model,
+                                               merge=merge)
         what = {"model": "config.json, tokenizer, model.safetensors",
                 "merged": "config.json, tokenizer, model.safetensors (LoRA merged)",
                 "adapter": "adapter_config.json, adapter_model.safetensors, tokenizer"}

@@ -18,6 +18,7 @@ import attrs
 
 from rpeg.spec.functions import function
 from rpeg.spec.model import Model, OpKind, Pipeline, Workload
+from rpeg.spec.registry import Type
 from rpeg.spec.tools import conversation, trajectory_len
 
 
@@ -44,11 +45,23 @@ class Work:
     sampling: Sampling | None = attrs.field(default=None, eq=False, repr=False)
     loss: object = attrs.field(default=None, eq=False, repr=False)
     weight: float = attrs.field(default=1.0, eq=False, repr=False)
+    # compute: an estimator's keywords and the data they name (its run's settings)
+    estimator: Estimator | None = attrs.field(default=None, eq=False, repr=False)
 
     @property
     def on_host(self) -> bool:
         """A python function run beside the devices (a rule reward, an advantage estimator)."""
         return self.model is None
+
+
+@attrs.frozen
+class Estimator:
+    """How an estimator (a compute stage: advantages, returns) runs, read off its stage once:
+    every keyword of its function, given or its default (``Function.resolve``), and the data
+    its data keywords name (a baseline's scores, read apart from the step's own)."""
+
+    args: tuple[tuple[str, object], ...] = ()
+    baselines: tuple[str, ...] = ()
 
 
 @attrs.frozen
@@ -119,7 +132,10 @@ def work_of(pipeline: Pipeline, stage_name: str) -> Work:
         has = function(s.function).has("weight")
         return Work(**common, weight=float(s.arg("weight")) if has else 1.0)
     if s.kind is OpKind.COMPUTE:
-        return Work(**common, per_token=function(s.function).pricing.per_token)
+        fn = function(s.function)
+        return Work(**common, per_token=fn.pricing.per_token, estimator=Estimator(
+            tuple(fn.resolve(dict(s.params)).items()),
+            tuple(str(v) for k, v in s.params if fn.has(k) and fn.param(k).type is Type.DATA)))
     return Work(**common)
 
 

@@ -56,6 +56,7 @@ from rpeg.plan.staleness import staleness_problem, step_graph
 from rpeg.plan.structure import (  # noqa: F401 — re-exported: what the plan makes of its graph
     Stages,
     backbone,
+    fused_of,
     graph_backbone,
     is_host_op,
     plan_graph,
@@ -115,6 +116,7 @@ class Evaluator(MemoryWalk, OpTimings):
         self.stages = Stages.of(pipeline)
         self._limits = Limits(engine_kv=engine_kv)
         self._graphs: dict[tuple, Graph] = {}
+        self._unfused: dict[Graph, Graph] = {}      # a fused graph -> the graph it fuses
         self._per_graph: dict[tuple, tuple] = {}
         self._ops: dict[tuple, OpTiming] = {}
         self._copies: dict[tuple, tuple] = {}
@@ -190,8 +192,21 @@ class Evaluator(MemoryWalk, OpTimings):
             synced = self._synced[readers] = synced_in_place(base, plan)
         key = (base_key, plan.fusion, synced)
         if key not in self._graphs:
-            self._graphs[key] = plan_graph(self.pipeline, plan, base)
+            if plan.fusion:
+                # the unfused graph's fused object, which the fused view of the plan's placed
+                # graph (Placed.fused, what the simulator prices) shares
+                loose = self.graph(attrs.evolve(plan, fusion=()))
+                self._graphs[key] = fused_of(loose, plan)
+                self._unfused[self._graphs[key]] = loose
+            else:
+                self._graphs[key] = plan_graph(self.pipeline, plan, base, fused=False)
         return self._graphs[key]
+
+    def unfused(self, plan: Plan, graph: Graph | None = None) -> Graph:
+        """The plan's step graph without its fusion (:func:`plan_graph` ``fused=False``): the
+        graph of its placed value (:meth:`placed`). ``graph``: the plan's (:meth:`graph`)."""
+        graph = graph or self.graph(plan)
+        return self._unfused.get(graph, graph) if plan.fusion else graph
 
     def settle(self, plan: Plan) -> Plan:
         """``plan`` with each generate stage's batching as it runs (:func:`settle_batching`),

@@ -1,10 +1,12 @@
-"""A plan's step graph placed on its devices: the one value the runtime lays its op calls
-out from (``rpeg.runtime.lowering.instances.build_calls``), ``rpeg verify`` checks a run's
-trace against (``rpeg.runtime.verify``), the simulator prices (``rpeg.plan.simulate``: the
-plan's graph as the cost model times it, fused and without the weight syncs that move
-nothing, lowered by the passes it prices, :data:`PRICED`: ``Evaluator.placed``), and the
-cost model counts a step's calls and tasks from (``rpeg.plan.tasks.layouts_of``, lowered by
-:data:`COUNTED`).
+"""A plan's step graph placed on its devices: the one value (:func:`lower` of the plan's
+step graph unfused, without the weight syncs that move nothing, its fusion kept as data,
+:attr:`Placed.fusion`) the runtime lays its op calls out from
+(``rpeg.runtime.lowering.instances.build_calls``), ``rpeg verify`` checks a run's trace
+against (``rpeg.runtime.verify``), the simulator prices (``rpeg.plan.simulate``, lowered by
+the passes it prices, :data:`PRICED`: ``Evaluator.placed``; it prices the value's fused view,
+:meth:`Placed.fused`, a pure function of the value: the plan's fused stages as one op each,
+the graph the cost model times), and the cost model counts a step's calls and tasks from
+(``rpeg.plan.tasks.layouts_of``, lowered by :data:`COUNTED`).
 
     >>> placed = lower(graph, plan, responses=512)                         # doctest: +SKIP
     >>> placed.layout("rollout").devices_of(0), placed.chunks              # doctest: +SKIP
@@ -140,6 +142,7 @@ from rpeg.plan.oplayout import (
     streamed_ops,
     sync_calls,
 )
+from rpeg.plan.passes import fused_graph
 from rpeg.spec.model import OpKind
 
 
@@ -240,6 +243,11 @@ class Placed:
     # the ops by which ties in the order of collectives go: the graph's op order, each
     # transfer's op just after its trainer (collective_order)
     op_order: tuple[str, ...] = ()
+    # the plan's fused stages (Plan.fusion): data of the value, the graph unfused; its
+    # fused view (fused()) is what the simulator prices
+    fusion: tuple[tuple[str, ...], ...] = ()
+    # the placement of each op but the weight syncs, in graph order: what every pass reads
+    placements: tuple[object, ...] = ()
 
     def layout(self, op: str) -> OpLayout:
         return self._layout_of[op]
@@ -367,6 +375,27 @@ class Placed:
         n = len(GANGS)
         return {(i, g): k * n + r for k, i in enumerate(self.collective_order(u, transfers))
                 for r, g in enumerate(GANGS)}
+
+    def fused(self) -> Placed:
+        """The fused view of this value: the plan's fused stages (:attr:`fusion`) as one op
+        each, on the placement of the first (its graph :func:`rpeg.plan.passes.fused_graph`
+        of :attr:`graph`, the graph itself where the plan fuses nothing), lowered from the
+        same placements by the passes the simulator prices (:data:`PRICED`): a pure
+        function of the value's graph, fusion, placements and responses (set before any
+        pass), the graph the cost model times (a fused op's stages back to back, one call).
+        :func:`rpeg.plan.simulate.simulate` prices it; the runtime calls the stages one by
+        one and packs them into one task (``rpeg.runtime.core.fusion``). A value not
+        lowered from placements (built by hand: no :attr:`placements`) is its own view."""
+        return self._fused if self.placements else self
+
+    @functools.cached_property
+    def _fused(self) -> Placed:
+        """:meth:`fused`, derived once (not part of the value)."""
+        graph = fused_graph(self.graph, self.fusion)
+        by_first = dict(zip((o.stages[0] for o in _placed_ops(self.graph)), self.placements,
+                            strict=True))
+        return _lowered(graph, self.responses, lambda o: by_first[o.stages[0]], PRICED, (),
+                        self.placements if graph is self.graph else None)
 
     def by_round(self) -> Placed:
         """This placed graph with a generate op's chunks of a round (one on each of its
@@ -621,17 +650,27 @@ COUNTED = (chunks, layouts, engine_syncs, transfers, fills)
 
 def lower(graph: Graph, plan, responses: int, placement_of: Placing | None = None, *,
           passes: tuple[Callable, ...] = PASSES) -> Placed:
-    """``graph`` (the plan's step graph, its ops unfused) placed by ``plan``: each op on
-    its stage's placement (``placement_of``: op -> placement, where a caller checks them;
-    else the plan's placement of the op's first stage); ``responses``: those a step
-    generates. ``passes``: the first of :data:`PASSES` a caller needs (a search pricing
-    each proposal's calls needs only their layouts and chunks), or :data:`COUNTED`."""
+    """``graph`` (the plan's step graph, its ops unfused: ``plan_graph(..., fused=False)``)
+    placed by ``plan``: each op on its stage's placement (``placement_of``: op -> placement,
+    where a caller checks them; else the plan's placement of the op's first stage), the
+    plan's fusion kept as data (:attr:`Placed.fusion`, priced through :meth:`Placed.fused`);
+    ``responses``: those a step generates. The one value the simulator, the runtime's
+    lowering and ``rpeg verify`` take. ``passes``: the first of :data:`PASSES` a caller
+    needs (the simulator's, :data:`PRICED`; a search pricing each proposal's calls needs
+    only their layouts and chunks), or :data:`COUNTED`."""
     assert passes in (PASSES[:len(passes)], COUNTED), \
         "passes run in order, each on those before"
     placement_of = placement_of or (lambda o: plan.placement(o.stages[0]))
-    at = _placements(graph, placement_of)
+    return _lowered(graph, responses, placement_of, passes,
+                    plan.fusion if plan is not None else ())
+
+
+def _lowered(graph: Graph, responses: int, placement_of: Placing, passes: tuple[Callable, ...],
+             fusion: tuple[tuple[str, ...], ...], at: tuple | None = None) -> Placed:
+    """:func:`lower`, its fusion given (``at``: the placements of its ops, when known)."""
+    at = at or _placements(graph, placement_of)
     if at is None:                       # an op without a placement: as the passes find it
-        p = Placed(graph, responses)
+        p = Placed(graph, responses, fusion=fusion)
         for step in passes:
             p = step(p, placement_of)
         return p
@@ -640,14 +679,14 @@ def lower(graph: Graph, plan, responses: int, placement_of: Placing | None = Non
     # task count lowering the same plan share the passes they have in common
     if len(_LOWERED) > 2048:
         _LOWERED.clear()
-    base = (id(graph), responses, at)
+    base = (id(graph), responses, at, fusion)
     p = None
     for n in range(len(passes), 0, -1):
         p = _LOWERED.get((base, passes[:n]))
         if p is not None:
             break
     else:
-        n, p = 0, Placed(graph, responses)
+        n, p = 0, Placed(graph, responses, fusion=fusion, placements=at)
     for k in range(n, len(passes)):
         p = _LOWERED[(base, passes[:k + 1])] = passes[k](p, placement_of)
     return p
@@ -660,12 +699,17 @@ _LOWERED: dict[tuple, Placed] = {}
 
 def _placements(graph: Graph, placement_of: Placing) -> tuple | None:
     """The placement of each op of ``graph`` but its weight syncs (the ops the passes ask
-    ``placement_of`` about); None if one has none, or its check refuses it (the passes
-    then raise what they raise)."""
+    ``placement_of`` about, :func:`_placed_ops`); None if one has none, or its check refuses
+    it (the passes then raise what they raise)."""
     try:
-        return tuple(placement_of(o) for o in graph.ops if o.kind is not OpKind.SYNC_WEIGHTS)
+        return tuple(placement_of(o) for o in _placed_ops(graph))
     except Exception:  # noqa: BLE001 — refused as the passes find it, not here
         return None
+
+
+def _placed_ops(graph: Graph):
+    """The ops of ``graph`` with a placement of their own: all but its weight syncs."""
+    return (o for o in graph.ops if o.kind is not OpKind.SYNC_WEIGHTS)
 
 
 __all__ = ["COUNTED", "GANGS", "LOADS", "PASSES", "PRICED", "PUSH", "RANKS", "Move", "Placed",

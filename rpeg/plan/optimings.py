@@ -22,7 +22,7 @@ from rpeg.cost.engine_sync import engine_sleeps, sleep_wake_time
 from rpeg.cost.memory import devices_are_host
 from rpeg.graph import Graph
 from rpeg.plan.evalcost import eval_time, trainer_devices
-from rpeg.plan.lower import PRICED, Placed, lower
+from rpeg.plan.lower import Placed, lower
 from rpeg.plan.memorywalk import Walk
 from rpeg.plan.model import Plan, StagePlacement
 from rpeg.plan.oplayout import (
@@ -157,17 +157,22 @@ class OpTimings:
         (:meth:`rpeg.plan.control.ControlPlane.dispatch`)."""
         return self.control.dispatch(plan, timings, steps)
 
-    def placed(self, plan: Plan, graph: Graph) -> Placed:
-        """``graph`` (the plan's as priced: fused, without the weight syncs that move
-        nothing) placed by ``plan`` (:func:`rpeg.plan.lower.lower`): the instances and edges
-        the simulator prices, by the rules the runtime executes. Memoised by the
-        placements (a search prices each proposal once, and its floor first)."""
+    def placed(self, plan: Plan, graph: Graph | None = None) -> Placed:
+        """The plan's placed graph (:func:`rpeg.plan.lower.lower`, the value the runtime lays
+        its calls out from and ``rpeg verify`` checks a run against: its step graph unfused,
+        without the weight syncs that move nothing, its fusion as data). The simulator
+        prices its fused view (:meth:`~rpeg.plan.lower.Placed.fused`, lowered by the passes
+        it prices), which reads no pass of the value itself: it is lowered by none here.
+        ``graph``: the plan's as priced (:meth:`graph`), when at hand. Memoised by it and
+        the placements (a search prices each proposal once, and its floor first)."""
+        graph = graph or self.graph(plan)
         key = (graph, plan.placements)
         placed = self._placed.get(key)
         if placed is None:
             if len(self._placed) > 256:
                 self._placed.clear()
-            placed = self._placed[key] = lower(graph, plan, self.responses, passes=PRICED)
+            placed = self._placed[key] = lower(self.unfused(plan, graph), plan, self.responses,
+                                               passes=())
         return placed
 
     @property

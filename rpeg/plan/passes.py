@@ -34,6 +34,27 @@ def fusable(graph: Graph) -> tuple[tuple[str, str], ...]:
     return tuple(out)
 
 
+def fused_graph(graph: Graph, groups: tuple[tuple[str, ...], ...]) -> Graph:
+    """:func:`fuse` memoised by the graph object (its ops hold their stages' work, which no
+    equality compares): the plan's graph as the cost model times it
+    (``rpeg.plan.structure.fused_of``) and the fused view of the plan's placed graph
+    (:meth:`rpeg.plan.lower.Placed.fused`) are one object; ``graph`` itself without groups."""
+    if not groups:
+        return graph
+    key = (id(graph), groups)
+    hit = _FUSED.get(key)
+    if hit is not None and hit[0] is graph:
+        return hit[1]
+    if len(_FUSED) > 1024:
+        _FUSED.clear()
+    out = fuse(graph, groups)
+    _FUSED[key] = (graph, out)          # the graph kept: its id names no other meanwhile
+    return out
+
+
+_FUSED: dict[tuple[int, tuple], tuple[Graph, Graph]] = {}
+
+
 def fuse(graph: Graph, groups: tuple[tuple[str, ...], ...]) -> Graph:
     """Merge each group of ops (named by op or by stage) into one op, in order."""
     for group in groups:
@@ -111,7 +132,7 @@ def _fuse_pair(graph: Graph, a: Op, b: Op) -> Graph:
     return attrs.evolve(graph, ops=tuple(ops), data_edges=data, version_edges=versions)
 
 
-__all__ = ["fusable", "fuse"]
+__all__ = ["fusable", "fuse", "fused_graph"]
 
 
 def elide_syncs(graph: Graph, in_place: frozenset[str]) -> Graph:

@@ -15,7 +15,9 @@ devices.
 
 Rules. The instances (op, step, chunk) and their dependencies are the placed graph's
 (:meth:`Placed.edges <rpeg.plan.lower.Placed.edges>`: data, versions, stream order, write
-after read on a shared replica), the ones the runtime lays its calls out from, a round of
+after read on a shared replica), the ones the runtime lays its calls out from, in the
+value's fused view (:meth:`Placed.fused <rpeg.plan.lower.Placed.fused>`: the plan's fused
+stages one op, as the op timings price them), a round of
 a generate op's chunks (a chunk on each of its blocks, side by side) one instance on all
 its devices (:meth:`Placed.by_round <rpeg.plan.lower.Placed.by_round>`, as the cost model
 prices a round: one chunk of the step's responses); the op timings say where each op runs
@@ -201,6 +203,7 @@ def simulate(placed: Placed, timings: dict[str, OpTiming], steps: int = 6, *,
         >>> [(e.start, e.end) for e in tl.events]
         [(0.0, 2.0), (2.0, 4.25), (2.5, 3.75), (4.75, 5.75)]
     """
+    placed = placed.fused()          # the plan's fused stages as one op each, as priced
     graph = placed.graph
     prep = prepared(placed.by_round(), steps)
     durations = chunk_durations(graph, timings, prep.counts)

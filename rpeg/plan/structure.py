@@ -25,7 +25,7 @@ from rpeg.graph.ids import Backbone
 from rpeg.graph.unroll import chunk_counts
 from rpeg.plan.model import Plan, StagePlacement
 from rpeg.plan.oplayout import all_in_place
-from rpeg.plan.passes import elide_syncs, fuse
+from rpeg.plan.passes import elide_syncs, fused_graph
 from rpeg.plan.staleness import step_graph
 from rpeg.spec.functions import loss_of
 from rpeg.spec.model import Cluster, OpKind, Pipeline
@@ -73,18 +73,35 @@ def plan_graph(pipeline: Pipeline, plan: Plan, base: Graph | None = None, *,
     """The step graph the plan's structural choices make: staleness, sharing, fusion, and no
     weight sync where the generator reads the trained weights in place (as it runs).
     ``base``: the plan's unfused step graph, when already built; ``fused`` False: its ops
-    unfused, the graph the runtime lays its op calls out from and ``rpeg verify`` checks a
-    run against (``rpeg.runtime.lowering.instances.graph_for``), as the cost model prices
+    unfused, the graph of the plan's placed value (:func:`rpeg.plan.lower.lower`), which the
+    runtime lays its op calls out from, ``rpeg verify`` checks a run against
+    (``rpeg.runtime.lowering.instances.graph_for``) and the simulator prices through its
+    fused view (:func:`fused_of` of it), as the cost model prices
     and counts it: a weight sync the graph kept where its generator reads in place would
     stand, in the placed graph, for the transfers filling other readers' copies, and its
     version edge would order the generator after them, which the runtime never does."""
     try:
         graph = base or step_graph(pipeline, plan)
         graph = elide_syncs(graph, synced_in_place(graph, plan))
-        return fuse(graph, plan.fusion) if fused else graph
     except GraphError as e:
-        raise PlanError(f"plan structure must be one the spec allows, not: {e.message}",
-                        e.span, hint=e.hint) from None
+        raise _refused(e) from None
+    return fused_of(graph, plan) if fused else graph
+
+
+def fused_of(graph: Graph, plan: Plan) -> Graph:
+    """``graph`` (the plan's step graph unfused, :func:`plan_graph` ``fused=False``) with the
+    plan's fused stages as one op each (:func:`rpeg.plan.passes.fused_graph`: for one graph
+    object, one fused object, which the fused view of the plan's placed graph,
+    :meth:`rpeg.plan.lower.Placed.fused`, shares)."""
+    try:
+        return fused_graph(graph, plan.fusion)
+    except GraphError as e:
+        raise _refused(e) from None
+
+
+def _refused(e: GraphError) -> PlanError:
+    return PlanError(f"plan structure must be one the spec allows, not: {e.message}", e.span,
+                     hint=e.hint)
 
 
 def synced_in_place(graph: Graph, plan: Plan) -> frozenset[str]:
@@ -193,5 +210,5 @@ def _streamed_from(graph: Graph, op: str, chunked: dict) -> str | None:
     return None
 
 
-__all__ = ["Stages", "backbone", "graph_backbone", "is_host_op", "plan_graph", "settle_batching",
+__all__ = ["Stages", "backbone", "fused_of", "graph_backbone", "is_host_op", "plan_graph", "settle_batching",
            "settled", "stream_sources", "sync_devices", "synced_in_place"]

@@ -164,11 +164,11 @@ def test_chunks_are_priced_as_the_rounds_the_runtime_streams(coloc):
         return plan, graph, ev.timings(plan, graph)[0]["rollout"]
 
     one, graph, whole = priced(1)
-    assert whole.chunk_ends == () and ev.placed(one, graph).by_round().chunks == 1
+    assert whole.chunk_ends == () and ev.placed(one).fused().by_round().chunks == 1
     for asked in (2, blocks - 1):
         plan, graph, timing = priced(asked)
-        assert timing == whole and ev.placed(plan, graph).chunks == blocks
+        assert timing == whole and ev.placed(plan).fused().chunks == blocks
         assert ev.evaluate(plan).plan.predicted.step_time_s == \
             pytest.approx(ev.evaluate(one).plan.predicted.step_time_s)
     plan, graph, timing = priced(2 * blocks)
-    assert len(timing.chunk_ends) == ev.placed(plan, graph).by_round().chunks == 2
+    assert len(timing.chunk_ends) == ev.placed(plan).fused().by_round().chunks == 2

@@ -35,9 +35,9 @@ def _listening_ips(pid: int) -> set[str]:
 
 
 def test_embedded_cluster_listens_on_loopback_only():
-    from rpeg.runtime.dask.driver import _Cluster
+    from rpeg.runtime.dask.driver import DaskCluster
 
-    with _Cluster(2, None) as cl:
+    with DaskCluster(2, None) as cl:
         addrs = listening_addresses(cl.client)
         assert len(addrs) >= 3                                 # scheduler + 2 workers (+ nannies)
         assert {host_of(a) for a in addrs.values()} == {"127.0.0.1"}, addrs
@@ -80,7 +80,7 @@ def test_tls_scheduler_runs_work_for_a_certified_client_and_refuses_others(pki, 
     from distributed import Client
     from distributed.security import Security
 
-    from rpeg.runtime.dask.driver import _Cluster
+    from rpeg.runtime.dask.driver import DaskCluster
 
     address = tls_cluster.scheduler_address
     assert address.startswith("tls://127.0.0.1:")
@@ -89,7 +89,7 @@ def test_tls_scheduler_runs_work_for_a_certified_client_and_refuses_others(pki, 
     check_scheduler_address(address, tls)
 
     # the way `rpeg run --scheduler tls://... --tls-*` connects: Dask config set from the flags
-    with dask_tls(tls), _Cluster(2, address) as cl:
+    with dask_tls(tls), DaskCluster(2, address) as cl:
         assert len(cl.device_workers(2)) == 2
         assert all(a.startswith("tls://") for a in cl.device_workers(2).values())
         futs = cl.client.map(_square, range(8), resources={"GPU": 1})

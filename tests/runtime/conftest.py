@@ -46,10 +46,10 @@ def plan_by_hand():
 def synthetic_trace(calls, workers: dict[int, str], read=lambda c: c.version) -> list[dict]:
     """Trace events of ``calls`` back to back in dependency order, on the planned devices
     and ``workers``; ``read(call)`` is the parameter version each reports."""
-    from rpeg.runtime.core.scheduler import _submission_order
+    from rpeg.runtime.core.scheduler import submission_order
     table = {c.id: c for c in calls}
     events, t = [], 0.0
-    for op in _submission_order(calls):
+    for op in submission_order(calls):
         c = table[op]
         events.append({"id": c.id, "step": c.step, "device": c.device, "worker": workers[c.device],
                        "start": t, "end": t + 1.0, "version_read": read(c),

@@ -107,14 +107,14 @@ def test_a_worker_memory_limit_fits_its_devices_host_needs():
 def test_an_engine_in_a_daemonic_worker_is_refused_naming_the_fix():
     from types import SimpleNamespace
 
-    from rpeg.runtime.dask.checkpointing import _check_engine_hosts
+    from rpeg.runtime.dask.checkpointing import check_engine_hosts
     from rpeg.spec.model import Engine
     plan = SimpleNamespace(placements=(SimpleNamespace(engine=Engine.VLLM, devices=(0,)),
                                        SimpleNamespace(engine=Engine.TORCH, devices=(1,))))
     ctx = SimpleNamespace(plan=plan)
     workers = {0: "tcp://a:1", 1: "tcp://b:2"}
-    _check_engine_hosts(ctx, {0: {"daemon": False}, 1: {"daemon": True}}, workers)
+    check_engine_hosts(ctx, {0: {"daemon": False}, 1: {"daemon": True}}, workers)
     with pytest.raises(RuntimeFailure, match="daemon processes") as e:
-        _check_engine_hosts(ctx, {0: {"daemon": True}, 1: {"daemon": True}}, workers)
+        check_engine_hosts(ctx, {0: {"daemon": True}, 1: {"daemon": True}}, workers)
     assert "tcp://a:1" in str(e.value) and "tcp://b:2" not in str(e.value)
     assert "DASK_DISTRIBUTED__WORKER__DAEMON=False" in e.value.hint

@@ -146,7 +146,7 @@ def test_a_sharded_trainers_senders_are_every_device_holding_a_piece(vgrpo, zero
 
 
 def test_verify_places_a_receive_on_its_engine_and_checks_the_version_it_wrote(vgrpo):
-    from rpeg.runtime.core.scheduler import _submission_order
+    from rpeg.runtime.core.scheduler import submission_order
     plan = split_plan(vgrpo, 2, staleness=1)
     calls = build_calls(vgrpo, plan, steps=3)
     workers = {0: "tcp://a", 1: "tcp://b"}
@@ -155,7 +155,7 @@ def test_verify_places_a_receive_on_its_engine_and_checks_the_version_it_wrote(v
 
     def trace(wrote):
         events, t = [], 0.0
-        for op in _submission_order(calls):
+        for op in submission_order(calls):
             c = table[op]
             events.append({"id": c.id, "step": c.step, "device": c.device,
                            "worker": workers[c.device], "start": t, "end": t + 1.0,

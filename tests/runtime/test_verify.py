@@ -11,10 +11,10 @@ from rpeg.runtime.verify import check
 
 def _trace(calls, workers):
     """A perfect trace: ops back to back in dependency order, versions as planned."""
-    from rpeg.runtime.core.scheduler import _submission_order
+    from rpeg.runtime.core.scheduler import submission_order
     table = {c.id: c for c in calls}
     events, t = [], 0.0
-    for op in _submission_order(calls):
+    for op in submission_order(calls):
         c = table[op]
         events.append({"id": c.id, "step": c.step, "device": c.device, "worker": workers[c.device],
                        "start": t, "end": t + 1.0, "version_read": c.version,

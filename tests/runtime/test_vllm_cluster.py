@@ -5,12 +5,12 @@ from __future__ import annotations
 import multiprocessing
 
 from rpeg.plan.model import Plan, StagePlacement
-from rpeg.runtime.dask.driver import _Cluster, uses_vllm
+from rpeg.runtime.dask.driver import DaskCluster, uses_vllm
 from rpeg.spec.model import Engine
 
 
 def _daemon_flags(vllm: bool) -> set[bool]:
-    with _Cluster(1, None, vllm) as cl:
+    with DaskCluster(1, None, vllm) as cl:
         return set(cl.client.run(lambda: multiprocessing.current_process().daemon).values())
 
 

@@ -163,9 +163,9 @@ def measure_idle(devices: int = 2, wait_s: float = 3.0) -> dict:
     process (the client's — with the scheduler and the nannies — and each device worker's):
     heartbeats, the workers' system and memory monitors, the dashboard's periodic callbacks.
     A run pays it for as long as its steps take, whatever it dispatches."""
-    from rpeg.runtime.dask.driver import WORKER_BYTES, _Cluster
+    from rpeg.runtime.dask.driver import WORKER_BYTES, DaskCluster
 
-    with _Cluster(devices, None, False, False, WORKER_BYTES) as cl:
+    with DaskCluster(devices, None, False, False, WORKER_BYTES) as cl:
         client = cl.client
         time.sleep(1.0)                               # past the start's own traffic
         before = time.process_time(), sum(client.run(time.process_time).values())

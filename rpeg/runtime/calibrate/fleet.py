@@ -151,7 +151,7 @@ async def _workers(address: str, n: int) -> None:
     from distributed import Worker
 
     from rpeg.runtime.dask import worker as W
-    W._STATE.update(executor=NullExecutor(), device=0, address="fleet")
+    W.install(NullExecutor(), 0, "fleet")
     workers = [Worker(address, nthreads=1, resources={"GPU": 1}, host="127.0.0.1",
                       name=f"device-{i}", dashboard=False, memory_limit=0, nanny=None)
                for i in range(n)]

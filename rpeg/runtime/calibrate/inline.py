@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 
 from rpeg.graph.order import topological
-from rpeg.runtime.core.scheduler import _submission_order
+from rpeg.runtime.core.scheduler import submission_order
 from rpeg.runtime.dask.worker import executor_class
 from rpeg.runtime.lowering.context import RunContext
 from rpeg.runtime.lowering.instances import build_calls
@@ -39,7 +39,7 @@ def run_inline(pipeline, plan, steps: int, on_step=None) -> list[dict]:
     events: dict[int, list[dict]] = {}
     rows = []
     # one step at a time: dependencies first, then the earlier step, then submission order
-    submitted = {op_id: n for n, op_id in enumerate(_submission_order(calls))}
+    submitted = {op_id: n for n, op_id in enumerate(submission_order(calls))}
     last = time.time()
     for op_id in topological(list(table), lambda i: table[i].all_deps,
                              key=lambda i: (table[i].step, submitted[i])):

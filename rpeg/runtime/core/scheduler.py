@@ -354,7 +354,7 @@ class Core:
         left: dict[int, int] = defaultdict(int)
         for c in calls:
             left[c.step] += 1
-        order = _submission_order(calls)
+        order = submission_order(calls)
         by_step: dict[int, list[str]] = defaultdict(list)
         for op_id in order:
             by_step[table[op_id].step].append(op_id)
@@ -598,7 +598,7 @@ _KINDS = {Started: "started", OpDone: "op-done", OpFailed: "op-failed",
           StopRequested: "stop-requested", Answers: "answers"}
 
 
-def _submission_order(calls) -> tuple[str, ...]:
+def submission_order(calls) -> tuple[str, ...]:
     """Dependencies before dependents (stable in build order); write-after-read edges may
     point forward, so this is a real topological sort, not the build order."""
     table = {c.id: c for c in calls}

@@ -27,12 +27,12 @@ from rpeg.runtime.core.windows import CallWindows, SegmentCalls
 from rpeg.runtime.dask import worker as W
 from rpeg.runtime.dask.devices import Seen, cuda_choice, gpu_table
 from rpeg.runtime.dask.driver import (
+    DaskCluster,
     RunOptions,
-    _Cluster,
-    _rendezvous,
     plan_is_for_gpus,
+    rendezvous_at,
 )
-from rpeg.runtime.dask.losses import Watch, _Lost
+from rpeg.runtime.dask.losses import Watch, WorkerLost
 from rpeg.runtime.data import Cursor
 from rpeg.runtime.lowering.context import RunContext, tool_slots
 from rpeg.runtime.lowering.instances import graph_for, model_homes
@@ -64,7 +64,7 @@ class Starter:
     options: RunOptions
     replace_wait_s: float                       # how long to wait for a replacement worker
     steps: int
-    cl: _Cluster
+    cl: DaskCluster
     watch: Watch
     rd: RunDir
     meta: RunMeta
@@ -87,7 +87,7 @@ class Starter:
                                           "or plan for the workers there are")
             if decision is K.Workers.GIVE_UP:
                 raise RuntimeFailure("no worker with resource GPU=1 is left to continue on")
-            plan = _replan(self.pipeline, plan, len(have), self.meta, self.rd,
+            plan = replan(self.pipeline, plan, len(have), self.meta, self.rd,
                            why=f"only {len(have)} worker(s) left", from_step=self.state.start)
             workers = dict(enumerate(have))
         watch.workers = workers
@@ -99,7 +99,7 @@ class Starter:
             for a in workers.values():
                 try:
                     watch.run_on(a, W.teardown, watch.limits.quick_s)
-                except (Exception, _Lost):  # noqa: BLE001 — a fresh replacement has nothing to tear down
+                except (Exception, WorkerLost):  # noqa: BLE001 — a fresh replacement has nothing to tear down
                     pass
         seen = {d: watch.run_on(a, W.device_report, watch.limits.report_s)
                 for d, a in workers.items()}
@@ -107,7 +107,7 @@ class Starter:
         gpus = gpu_table({d: Seen(r["host"], tuple(r["gpus"])) for d, r in seen.items()}) \
             if cuda else ()
         def meet(address: str) -> str:
-            return _rendezvous(address, watch.run_on(address, W.free_port,
+            return rendezvous_at(address, watch.run_on(address, W.free_port,
                                                      watch.limits.quick_s))
         ctx = RunContext.create(self.pipeline, plan, calls.calls.sample(),
                                 run_dir=str(self.rd.path), dist_addr=meet(workers[0]),
@@ -117,7 +117,7 @@ class Starter:
                            gpus=gpus, collective_timeout_s=timeout, tool_slots=tool_slots(plan),
                            syncs=tuple(attrs.evolve(s, addr=meet(workers[s.senders[0]]),
                                                     timeout_s=timeout) for s in ctx.syncs))
-        _check_engine_hosts(ctx, seen, workers)
+        check_engine_hosts(ctx, seen, workers)
         self._say_devices(plan, cuda, gpus)
         futs = [cl.client.submit(W.setup, ctx, d, workers=[a], allow_other_workers=False,
                                  key=f"setup-{d}-{cl.token}-{number}", pure=False)
@@ -125,7 +125,7 @@ class Starter:
         try:
             setup = watch.gather(futs, "set-up", list(workers),
                                  limit_s=watch.limits.setup_s)
-        except (RpegError, _Lost):
+        except (RpegError, WorkerLost):
             raise
         except Exception as e:
             raise RuntimeFailure(f"worker set-up must succeed, and it failed: "
@@ -184,7 +184,7 @@ class Starter:
                                          key=f"restore-{d}-{cl.token}-{number}"))
         try:
             self.watch.gather(futs, "restore", list(workers))
-        except (RpegError, _Lost):
+        except (RpegError, WorkerLost):
             raise
         except Exception as e:  # noqa: BLE001 — a checkpoint file the backend cannot load
             raise RuntimeFailure(f"checkpoint '{ck.path}' must restore every replica, and it "
@@ -208,7 +208,7 @@ class Checkpointer:
     steps: int
     keep: int                                   # complete checkpoints kept
     t0: float                                   # the run's start, if run.json has none
-    cl: _Cluster
+    cl: DaskCluster
     watch: Watch
     rd: RunDir
     meta: RunMeta
@@ -263,7 +263,7 @@ class Checkpointer:
         state.carry = carry
 
 
-def _replan(pipeline: Pipeline, plan: Plan, devices: int, meta: RunMeta, rd: RunDir,
+def replan(pipeline: Pipeline, plan: Plan, devices: int, meta: RunMeta, rd: RunDir,
             why: str, from_step: int) -> Plan:
     """Re-plan for ``devices``; the new plan governs steps from ``from_step`` (the cut the
     run rolled back or resumed to), which ``rpeg verify`` reads from the replan record."""
@@ -279,7 +279,7 @@ def _replan(pipeline: Pipeline, plan: Plan, devices: int, meta: RunMeta, rd: Run
     return new
 
 
-def _check_engine_hosts(ctx: RunContext, seen: dict, workers: dict) -> None:
+def check_engine_hosts(ctx: RunContext, seen: dict, workers: dict) -> None:
     """A vLLM engine starts child processes, which a daemonic worker cannot have: refuse,
     naming the fix, before any engine tries (the embedded cluster's workers are not)."""
     from rpeg.spec.model import Engine

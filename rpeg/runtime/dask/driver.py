@@ -1,6 +1,6 @@
 """Running a plan on Dask: the run's options and result, the cluster, the progress bar.
 
-    >>> with _Cluster(2, scheduler=None) as cl:                  # doctest: +SKIP
+    >>> with DaskCluster(2, scheduler=None) as cl:                  # doctest: +SKIP
     ...     cl.client.ncores()
 
 Every run goes through the resilient runner (``rpeg.runtime.dask.runner``, whose ``run`` is
@@ -124,14 +124,14 @@ def uses_vllm(plan: Plan) -> bool:
     return any(p.engine is Engine.VLLM for p in plan.placements)
 
 
-def _rendezvous(address: str, port: int) -> str:
+def rendezvous_at(address: str, port: int) -> str:
     """Where a collective world meets: the host of the worker at ``address`` (its first
     rank's), at ``port`` (free there: ``worker.free_port`` run on it)."""
     host = address.split("://")[-1].rsplit(":", 1)[0]
     return f"tcp://{host}:{port}"
 
 
-class _Cluster:
+class DaskCluster:
     """A Dask client on a local cluster we own, or on a scheduler someone else runs."""
 
     def __init__(self, devices: int, scheduler: str | None, vllm: bool = False,
@@ -146,7 +146,7 @@ class _Cluster:
         self.token = uuid.uuid4().hex[:8]
         self._config = contextlib.ExitStack()
 
-    def __enter__(self) -> _Cluster:
+    def __enter__(self) -> DaskCluster:
         from distributed import Client, LocalCluster
         if self.vllm and not self.scheduler:
             # vLLM starts child processes, which a daemon worker cannot have; the nanny reads
@@ -267,7 +267,7 @@ def check_scheduler(scheduler: str, devices: int, needs: str = "the plan") -> No
         client.close()
 
 
-class _Progress:
+class StepProgress:
     def __init__(self, steps: int, enabled: bool) -> None:
         self.p = None
         if not enabled:

@@ -2,10 +2,10 @@
 that leave or stop answering, and the rollback to the last cut when one does.
 
     >>> setup = watch.gather(futs, "set-up", list(watch.workers))      # doctest: +SKIP
-    _Lost: worker lost (left the cluster): device 1 (tcp://127.0.0.1:40123), op set-up, step 0
+    WorkerLost: worker lost (left the cluster): device 1 (tcp://127.0.0.1:40123), op set-up, step 0
 
 Every wait on a worker has a time limit and a check that the worker is still in the
-cluster: a worker that left (killed, OOM) raises :class:`_Lost` as a loss, one still
+cluster: a worker that left (killed, OOM) raises :class:`WorkerLost` as a loss, one still
 there that does not answer is *stuck* (frozen, hung in a collective) and is killed
 when the run recovers. :class:`Watch` makes those calls; :class:`Rollback` records the
 loss in run.json and rolls metrics, trace and carried outputs back to the last
@@ -32,7 +32,7 @@ from rpeg.runtime.rundir.meta import Recovery, RunMeta
 from rpeg.runtime.rundir.state import RunState, state_at
 
 
-class _Lost(Exception):
+class WorkerLost(Exception):
     def __init__(self, device: int, worker: str, op: str, step: int, reason: str, *,
                  stimulus: str = "", stuck: bool = False) -> None:
         super().__init__(f"{reason}: device {device} ({worker}), op {op}, step {step}")
@@ -40,7 +40,7 @@ class _Lost(Exception):
         self.stimulus = stimulus        # the core's event that found it ("" = seen outside it)
         self.stuck = stuck              # still in the cluster, not answering: killed first
 
-    def caused_by(self, stimulus: str) -> _Lost:
+    def caused_by(self, stimulus: str) -> WorkerLost:
         self.stimulus = self.stimulus or stimulus
         return self
 
@@ -48,7 +48,7 @@ class _Lost(Exception):
 @attrs.define
 class Watch:
     """The run's calls to its workers and the scheduler, each turning a loss into
-    :class:`_Lost`. ``workers`` (device -> worker address) is the attempt's; ``state``
+    :class:`WorkerLost`. ``workers`` (device -> worker address) is the attempt's; ``state``
     says the step the run is at, for the reports."""
 
     client: object                              # the run's distributed.Client
@@ -59,7 +59,7 @@ class Watch:
     def gather(self, futs: list, what: str, devices: list[int] | None = None,
                limit_s: float | None = None) -> list:
         """Results of ``futs``, watching the workers meanwhile: a worker that dies (or was
-        already gone) raises _Lost instead of waiting forever on a task pinned to it."""
+        already gone) raises WorkerLost instead of waiting forever on a task pinned to it."""
         from distributed import wait
 
         start = time.time()
@@ -82,7 +82,7 @@ class Watch:
                                          f"op stuck: {what} took over {limit_s:.0f} s")
         if K.lost_in((f.status, f.exception() if f.status == "error" else None) for f in futs):
             self.check_alive()
-            raise _Lost(-1, "?", what, self.state.start, "worker lost during " + what)
+            raise WorkerLost(-1, "?", what, self.state.start, "worker lost during " + what)
         return self.client.gather(futs)
 
     def salvage(self) -> None:
@@ -123,7 +123,7 @@ class Watch:
         for a in addrs:
             try:
                 out += self.run_on(a, W.drain, self.limits.floor_s)
-            except _Lost:
+            except WorkerLost:
                 raise
             except Exception:  # noqa: BLE001 — a worker died mid-drain: the loss check sees it
                 continue
@@ -144,7 +144,7 @@ class Watch:
                                      ) from None
         except Exception as e:
             if C.is_loss(e):
-                raise _Lost(device, address, fn.__name__, self.state.start,
+                raise WorkerLost(device, address, fn.__name__, self.state.start,
                             f"worker lost ({type(e).__name__})") from None
             raise
         return got[address]
@@ -190,7 +190,7 @@ class Watch:
             raise
 
     def lost_or_stuck(self, device: int, address: str, op: str, step: int,
-                      reason: str, *, stuck: bool = True) -> _Lost:
+                      reason: str, *, stuck: bool = True) -> WorkerLost:
         """A worker that did not answer: lost if it has left the cluster (killed, OOM), else
         ``stuck`` (frozen, hung in a collective: killed before the rollback) with ``reason``."""
         try:
@@ -198,18 +198,18 @@ class Watch:
         except Exception:  # noqa: BLE001 — the scheduler itself is unreachable: report as given
             gone = False
         if gone:
-            return _Lost(device, address, op, step, "worker lost (left the cluster)")
-        return _Lost(device, address, op, step, reason, stuck=stuck)
+            return WorkerLost(device, address, op, step, "worker lost (left the cluster)")
+        return WorkerLost(device, address, op, step, reason, stuck=stuck)
 
-    def gave_up(self, task: Task, status: str, fl: Flight) -> _Lost:
+    def gave_up(self, task: Task, status: str, fl: Flight) -> WorkerLost:
         """The loss behind a task the scheduler gave up: the worker that left (with the op it
         was running), or, if every worker is still there, the task itself (with no worker to
         shun: the replacement pool keeps them all)."""
         try:
             self.check_alive(fl)
-        except _Lost as lost:
+        except WorkerLost as lost:
             return lost
-        return _Lost(task.device, "?", task.ids[0], task.step,
+        return WorkerLost(task.device, "?", task.ids[0], task.step,
                      f"task {status} by the scheduler (an input of it was lost, or another "
                      "client cancelled it)")
 
@@ -218,7 +218,7 @@ class Watch:
         for d, a in self.workers.items():
             if a not in alive:
                 op, step = fl.running_on(d) if fl is not None else ("(none)", -1)
-                raise _Lost(d, a, op, step, "worker lost (left the cluster)")
+                raise WorkerLost(d, a, op, step, "worker lost (left the cluster)")
 
     def kill(self, worker: str, pid: int | None, local: bool) -> None:
         """End a stuck worker: by its pid on a cluster of our own (``local``), else by
@@ -263,7 +263,7 @@ class Rollback:
     max_recoveries: int
     local: bool                                 # the cluster is ours (a stuck worker's pid)
 
-    def __call__(self, lost: _Lost, attempt: int, pids: dict[str, int]) -> None:
+    def __call__(self, lost: WorkerLost, attempt: int, pids: dict[str, int]) -> None:
         print(f"rpeg: {lost}; rolling back to step {self.state.start}", file=sys.stderr)
         record = Recovery(attempt, lost.device, lost.worker, lost.op, lost.step, lost.reason,
                           lost.stimulus, self.state.start, time.time())
@@ -283,7 +283,7 @@ class Rollback:
         try:                     # the workers still there: a dead one would only time out
             alive = set(watch.gpu_workers())
             abandoned = len(watch.drain([a for a in watch.workers.values() if a in alive]))
-        except _Lost:
+        except WorkerLost:
             abandoned = -1
         self.meta.recoveries[-1] = attrs.evolve(record, abandoned_ops=abandoned)
         # roll back to the last cut: metrics, trace and carried outputs as they were there

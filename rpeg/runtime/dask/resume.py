@@ -30,8 +30,9 @@ import attrs
 
 from rpeg.errors import RpegError, RuntimeFailure, Span
 from rpeg.runtime.core.choices import restarts_at_cut
+from rpeg.runtime.dask.checkpointing import replan
 from rpeg.runtime.dask.driver import RunOptions, RunResult
-from rpeg.runtime.dask.runner import Resilience, _replan, run_resilient
+from rpeg.runtime.dask.runner import Resilience, run_resilient
 from rpeg.runtime.inputs import check_inputs, from_older_record
 from rpeg.runtime.lowering.instances import lookback
 from rpeg.runtime.rundir import checkpoints as ckio
@@ -82,7 +83,7 @@ def resume_run(run_dir: str | Path, options: RunOptions | None = None,
             state.base, state.carry, state.pending = ck.step, {}, defaultdict(list)
             meta.extensions.append(Extension(ck.step, made_for, total, time.time()))
         if devices is not None and devices != plan.num_devices:
-            plan = _replan(pipeline, plan, devices, meta, rd, why="resumed onto "
+            plan = replan(pipeline, plan, devices, meta, rd, why="resumed onto "
                            f"{devices} device(s)", from_step=state.start)
         meta.steps = total
         if state.start >= total and meta.status is Status.OK:

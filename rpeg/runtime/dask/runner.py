@@ -63,18 +63,17 @@ from rpeg.errors import RpegError, RuntimeFailure, Span
 from rpeg.plan.model import Plan
 from rpeg.runtime.core import choices as K
 from rpeg.runtime.dask.checkpointing import Checkpointer, Starter
-from rpeg.runtime.dask.checkpointing import _replan as _replan  # rpeg.runtime.dask.resume re-plans
 from rpeg.runtime.dask.driver import (
+    DaskCluster,
     Resilience,
     RunOptions,
     RunResult,
-    _Cluster,
-    _Progress,
+    StepProgress,
     check_local_devices,
     plan_is_for_gpus,
     uses_vllm,
 )
-from rpeg.runtime.dask.losses import Rollback, Watch, _Lost
+from rpeg.runtime.dask.losses import Rollback, Watch, WorkerLost
 from rpeg.runtime.dask.segments import Evals, Interrupted, Recorder, SegmentLoop, Tally
 from rpeg.runtime.dask.stopflag import StopFlag, Terminated
 from rpeg.runtime.inputs import check_inputs, recorded_paths
@@ -154,8 +153,8 @@ def run_resilient(pipeline: Pipeline, plan: Plan, options: RunOptions,
                         meta, cl=cl, stop=stop)
 
 
-def _cluster(plan: Plan, options: RunOptions) -> _Cluster:
-    return _Cluster(plan.num_devices, options.scheduler, uses_vllm(plan), options.use_cuda,
+def _cluster(plan: Plan, options: RunOptions) -> DaskCluster:
+    return DaskCluster(plan.num_devices, options.scheduler, uses_vllm(plan), options.use_cuda,
                     _host_bytes(plan))
 
 
@@ -182,7 +181,7 @@ def _holds_run(rd: RunDir) -> RuntimeFailure:
 
 
 def _run(pipeline, plan, options, spec_path, resilience, on_step, rd: RunDir,
-         state: RunState, meta: RunMeta, *, cl: _Cluster, stop: StopFlag,
+         state: RunState, meta: RunMeta, *, cl: DaskCluster, stop: StopFlag,
          resumed: bool = False) -> RunResult:
     steps = meta.steps
     meta.checkpoint_every = resilience.checkpoint_every
@@ -258,7 +257,7 @@ class _Runner:
 
     def __init__(self, pipeline: Pipeline, plan: Plan, options: RunOptions, res: Resilience,
                  steps: int, on_step, rd: RunDir, meta: RunMeta, state: RunState,
-                 cl: _Cluster, stop: StopFlag) -> None:
+                 cl: DaskCluster, stop: StopFlag) -> None:
         self.pipeline, self.plan, self.options, self.res = pipeline, plan, options, res
         self.steps, self.on_step = steps, on_step
         self.rd, self.meta, self.state, self.cl, self.stop = rd, meta, state, cl, stop
@@ -275,7 +274,7 @@ class _Runner:
     def go(self, trackers: Trackers) -> None:
         """Attempts until one reaches the last step: each (re)starts the workers and runs
         the segments; a loss rolls back to the last cut and starts the next."""
-        bar = _Progress(self.steps, self.options.progress)
+        bar = StepProgress(self.steps, self.options.progress)
         if bar.p is not None and self.state.start:
             bar.p.update(bar.task, advance=self.state.start)
         record = Recorder(self.watch, self.rd, self.meta, self.state, self.tally, trackers,
@@ -289,7 +288,7 @@ class _Runner:
                 try:
                     self._attempt(number, record, evals)
                     return
-                except _Lost as lost:
+                except WorkerLost as lost:
                     lost.__traceback__ = None      # frees the abandoned attempt's futures
                     self.rollback(lost, number, self.pids)
         finally:

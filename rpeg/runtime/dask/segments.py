@@ -27,8 +27,8 @@ from rpeg.runtime.core import scheduler as C
 from rpeg.runtime.core.flight import Task
 from rpeg.runtime.dask import worker as W
 from rpeg.runtime.dask.checkpointing import Attempt, Checkpointer
-from rpeg.runtime.dask.driver import Resilience, RunOptions, _Cluster, _Progress
-from rpeg.runtime.dask.losses import Watch, _Lost
+from rpeg.runtime.dask.driver import DaskCluster, Resilience, RunOptions, StepProgress
+from rpeg.runtime.dask.losses import Watch, WorkerLost
 from rpeg.runtime.dask.stopflag import StopFlag
 from rpeg.runtime.rundir import outputs as O
 from rpeg.runtime.rundir.directory import RunDir, step_metrics
@@ -63,7 +63,7 @@ class Recorder:
     state: RunState
     tally: Tally
     trackers: Trackers
-    bar: _Progress
+    bar: StepProgress
     on_step: Callable[[dict], None] | None
 
     def __call__(self, step: int, last: float) -> float:
@@ -98,7 +98,7 @@ class Evals:
 
     pipeline: Pipeline
     steps: int
-    cl: _Cluster
+    cl: DaskCluster
     watch: Watch
     rd: RunDir
     meta: RunMeta
@@ -137,7 +137,7 @@ class SegmentLoop:
     steps: int
     eval_every: int | None                     # the spec's eval cadence, if it has one
     attempt: Attempt
-    cl: _Cluster
+    cl: DaskCluster
     watch: Watch
     checkpoint: Checkpointer
     record: Recorder
@@ -265,7 +265,7 @@ class SegmentLoop:
             raise RuntimeFailure("the run stalled: nothing is running and nothing is left "
                                  "to submit (a bug in rpeg's scheduling)")
         elif isinstance(ins, C.Lost):
-            raise _Lost(ins.device, workers[ins.device], ins.op_id, ins.step, ins.reason,
+            raise WorkerLost(ins.device, workers[ins.device], ins.op_id, ins.step, ins.reason,
                         stimulus=ins.stimulus)
         elif isinstance(ins, C.GaveUp):
             raise watch.gave_up(ins.task, ins.status, core.flight).caused_by(ins.stimulus)
@@ -315,7 +315,7 @@ def submit_group(client, g: F.Group, futures: dict, worker: str, key: str):
 
 
 def _evaluate_on_worker(model: str, step: int) -> dict:
-    return W._STATE["executor"].evaluate(model, step)
+    return W.current_executor().evaluate(model, step)
 
 
 def _ended(future, now: float) -> C.TaskEnded:

@@ -36,6 +36,18 @@ def current_executor():
     return _STATE.get("executor")
 
 
+def current_device() -> int:
+    """The device this worker runs (set by ``setup``)."""
+    return _STATE["device"]
+
+
+def install(executor, device: int, address: str) -> None:
+    """Make ``executor`` this worker's, running ``device`` at ``address`` (what ``setup``
+    does once the executor is built; a stand-in worker, ``rpeg.runtime.calibrate.fleet``,
+    installs its own)."""
+    _STATE.update(executor=executor, device=device, address=address)
+
+
 def device_report() -> dict:
     """What this worker offers as a device: its host, the GPUs it sees (node-level ids; none
     where torch has no CUDA) and whether it may start child processes
@@ -65,9 +77,7 @@ def setup(ctx, device: int) -> dict:
             device, ctx.num_devices, ctx.dist_addr, list(ctx.groups),
             ctx.gpus[device].index if ctx.use_cuda else None, ctx.collective_timeout_s)
     start = time.time()
-    _STATE["executor"] = executor_class(ctx.backend)(ctx, device)
-    _STATE["device"] = device
-    _STATE["address"] = _address()
+    install(executor_class(ctx.backend)(ctx, device), device, _address())
     with _LOCK:
         _EVENTS.clear()
     return {"device": device, "address": _STATE["address"], "setup_s": time.time() - start}

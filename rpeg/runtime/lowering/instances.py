@@ -89,9 +89,9 @@ from rpeg.spec.model import OpKind, Pipeline
 
 def graph_for(pipeline: Pipeline, plan: Plan) -> Graph:
     """The step graph with the plan's structural choices (staleness, sharing, no weight sync
-    where every generate op reads the trained weights in place), unfused: the one the cost
-    model priced (:func:`rpeg.plan.structure.plan_graph`; a stage the plan does not list is
-    synchronous)."""
+    where every generate op reads the trained weights in place), unfused: the one every
+    consumer of the plan's placed graph lowers (:func:`rpeg.plan.structure.plan_graph`; a
+    stage the plan does not list is synchronous)."""
     return plan_graph(pipeline, plan, fused=False)
 
 
@@ -169,7 +169,9 @@ def lay_out(pipeline: Pipeline, plan: Plan, steps: int, *, first: int = 0
 
 def placed_for(pipeline: Pipeline, plan: Plan, graph: Graph | None = None) -> Placed:
     """The plan's step graph (:func:`graph_for`) placed on its devices, each stage's placement
-    checked against what the runtime executes: the value the calls are laid out from."""
+    checked against what the runtime executes: the value the calls are laid out from, the one
+    the simulator prices (:func:`rpeg.plan.lower.lower`; its fusion as data, which the
+    runtime's core packs tasks by)."""
     placed = lower(graph or graph_for(pipeline, plan), plan,
                    pipeline.workload.prompts * pipeline.workload.samples,
                    lambda o: _placement(plan, o, pipeline))

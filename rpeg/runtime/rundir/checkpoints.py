@@ -375,8 +375,8 @@ def replica_versions() -> dict[str, tuple[int, bool, bool, bool]]:
     """In a worker: ``MODEL@DEVICE`` -> (version, trained here, frozen, keeps partial
     rollouts) of each replica."""
     from rpeg.runtime.dask import worker as W
-    ex = W._STATE["executor"]
-    device = W._STATE["device"]
+    ex = W.current_executor()
+    device = W.current_device()
     frozen = {m.name for m in ex.ctx.pipeline.models if m.frozen}
     # a vLLM engine's own copy (``actor~vllm``) trains nothing and is never rebuilt: its
     # files hold its version and its carried responses
@@ -395,8 +395,8 @@ def save_replicas(root: str, step: int, skip: tuple[str, ...] = ()) -> dict[str,
     """In a worker: write each replica it holds to ``root/MODEL@DEVICE`` (but those in
     ``skip``, see ``rpeg.runtime.core.choices.rebuildable``); the versions of all."""
     from rpeg.runtime.dask import worker as W
-    ex = W._STATE["executor"]
-    device = W._STATE["device"]
+    ex = W.current_executor()
+    device = W.current_device()
     out = {}
     for model, replica in ex.replicas.items():
         key = ReplicaAt.of(model, device)
@@ -409,7 +409,7 @@ def save_replicas(root: str, step: int, skip: tuple[str, ...] = ()) -> dict[str,
 def restore_replicas(sources: dict[str, str]) -> dict[str, int]:
     """In a worker: load each replica it holds from ``sources[model]``; their versions."""
     from rpeg.runtime.dask import worker as W
-    ex = W._STATE["executor"]
+    ex = W.current_executor()
     frozen = {m.name for m in ex.ctx.pipeline.models if m.frozen}
     out = {}
     for model, replica in ex.replicas.items():

@@ -100,7 +100,6 @@ def register(app: typer.Typer) -> None:
             return
         from rpeg.cost.calibrate import (
             cluster_text,
-            fit_profile,
             fit_scheduler,
             keep_unmeasured,
             with_dispatch,
@@ -111,7 +110,7 @@ def register(app: typer.Typer) -> None:
             measure_dispatch,
             measure_scheduler,
         )
-        from rpeg.runtime.calibrate.machine import measure_machine
+        from rpeg.runtime.calibrate.machine import fit_machine, measure_machine
         from rpeg.runtime.calibrate.simulated import measure_core
         t0 = time.perf_counter()
         for path, option in ((out, "--out"), (cluster, "--cluster"),
@@ -156,7 +155,7 @@ def register(app: typer.Typer) -> None:
         if save:
             with writing(save, "the measurements") as tmp:
                 tmp.write_text(json.dumps(m))
-        fit = fit_profile(m, name=name)
+        fit = fit_machine(m, name=name)       # fit_profile, and the runs' generate ops
         p = fit.profile
         if out is not None and out.exists():
             p = keep_unmeasured(fit, load_profile(out))

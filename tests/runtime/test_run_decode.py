@@ -79,3 +79,21 @@ def test_the_rows_are_each_steps_rollouts_after_the_warmup(tmp_path):
     assert rows[0]["cpu_s"] == pytest.approx(0.04)
     assert rows[0]["lengths"] == {"20": 2, "5": 2} and rows[0]["prompts"] == 4
 
+
+
+def test_the_machines_fit_carries_the_runs_residual_as_measured():
+    from rpeg.cost.calibrate import fit_profile
+    from rpeg.runtime.calibrate.machine import RUN_DECODE, fit_machine
+    from tests.cost.test_calibrate import _synthetic
+    m = _synthetic()
+    plain = fit_profile(m)
+    lengths = {20: 24, 3: 8}
+    priced = price_row(_row(0.0, lengths), plain.profile, plain.link, PRESETS["tiny"], 8, 20)
+    control = {"runs": [], "generate": {**GEN, "runs": [{"run": "2x1", "rows": [
+        _row(priced + 20 * 3e-4, lengths)] * 3}]}}
+    fit = fit_machine({**m, "control": control})
+    assert dict(fit.residuals)[RUN_DECODE] == pytest.approx(3e-4, rel=0.01)
+    assert fit.profile.decode_overhead == pytest.approx(plain.profile.decode_overhead + 3e-4,
+                                                        rel=0.01)
+    assert "decode_overhead" in fit.measured
+    assert fit_machine(m).profile == plain.profile       # no runs: the fit as it was

@@ -72,7 +72,8 @@ QUICK_CONTROL_STEPS = 40
 CALIBRATION = 7
 
 __all__ = ["ProfileChoice", "MachineId", "LocalProfile", "local_profile", "calibrated_on",
-           "choice_from_env", "cache_dir", "calibrate_into", "fit_machine", "measure_machine"]
+           "choice_from_env", "cache_dir", "calibrate_into", "fit_machine", "measure_machine",
+           "RUN_DECODE"]
 
 
 class ProfileChoice(enum.Enum):
@@ -263,6 +264,9 @@ def _measure_machine(repeats: int, control_steps: int, scheduler: bool) -> dict:
     return m
 
 
+RUN_DECODE = "generate in runs, s per decode step"     # fit_machine's residual, by name
+
+
 def fit_machine(m: dict, name: str = "local_cpu"):
     """``rpeg.cost.calibrate.fit_profile`` of ``measure_machine``'s measurements, with what
     a generate op pays per decode step in the control plane's real runs beyond its price
@@ -277,8 +281,7 @@ def fit_machine(m: dict, name: str = "local_cpu"):
     if extra is None:
         return fit
     return attrs.evolve(fit, profile=prof, measured=fit.measured | {"decode_overhead"},
-                        residuals=fit.residuals + (("generate in runs, s per decode step",
-                                                    extra),))
+                        residuals=fit.residuals + ((RUN_DECODE, extra),))
 
 
 def calibrate_into(profile_path: Path, cluster_path: Path, repeats: int = QUICK_REPEATS,
@@ -297,4 +300,6 @@ def calibrate_into(profile_path: Path, cluster_path: Path, repeats: int = QUICK_
                                          fit.link), encoding="utf-8")
     return (f"GEMM {p.matmul_flops / 1e9:.0f} GFLOPS, copy {p.mem_bandwidth / 1e9:.0f} GB/s, "
             f"gloo {fit.link.bandwidth / 1e9:.2f} GB/s + {fit.link.latency * 1e6:.0f} us, "
-            f"ops {p.concurrency_slowdown:.2f}x slower beside each other")
+            f"ops {p.concurrency_slowdown:.2f}x slower beside each other"
+            + (f", a run's decode step {runs * 1e6:+.0f} us beyond its price"
+               if (runs := dict(fit.residuals).get(RUN_DECODE)) is not None else ""))

@@ -79,6 +79,13 @@ def use_profile(choice: str) -> None:
 WARMUP = 5
 
 
+def decode_terms(profile) -> dict:
+    """The profile's host terms of a decode step (``rpeg.runtime.calibrate.runs``): its
+    fixed part, and its part per sampled logit."""
+    return {"decode_overhead_s": profile.decode_overhead,
+            "sample_logit_time_s": profile.sample_logit_time}
+
+
 def load_avg() -> float:
     return round(os.getloadavg()[0], 2)
 
@@ -570,8 +577,12 @@ def markdown(res) -> str:
              f"{res['load_avg_end']} at the end (the machine is shared).", ""]
     if "profile" in res:
         where = res["profile"].get("file", "pipelines/clusters/local_cpu.rpeg")
+        decode = res["profile"].get("decode_overhead_s")
         lines += [f"Predictions price ops with `{where}`, calibrated on "
-                  f"{res['profile']['calibrated_on']}.", ""]
+                  f"{res['profile']['calibrated_on']}"
+                  + (f"; a decode step's host time {decode * 1e6:.0f} us (with what the "
+                     f"calibration's real runs paid beyond the engine's own call)"
+                     if decode is not None else "") + ".", ""]
     if "partial" in res:
         lines += [f"Re-measured in this run: {', '.join(res['partial']['remeasured'])}; the "
                   f"other sections are from the run of {res['partial']['rest_from']}.", ""]
@@ -797,7 +808,7 @@ def main() -> None:
            "machine": f"{m['cpu']}, {m['cores']} cores, python {m['python']}",
            "date": started["date"], "load_avg_start": load_avg(),
            "profile": {**profile_origin(load_cluster(CLUSTER)), "choice": args.profile,
-                       "file": shown(CLUSTER)}}
+                       "file": shown(CLUSTER), **decode_terms(load_cluster(CLUSTER).gpu)}}
     out = ROOT / "benchmarks" / "results" / "runtime.json"
     if out.exists() and args.only != "learning,asynchrony,overhead,malloc,longrun":
         # a partial run updates its parts and keeps the rest (and their provenance)

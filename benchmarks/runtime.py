@@ -27,6 +27,13 @@ dispatch (``tasks_per_step`` says how many Dask tasks a step took).
    (split, chunked, asynchronous, colocated, fused), the table of measured / predicted,
    and for the colocated plans (every op a data-parallel gang over both workers) each op's
    predicted time against its measured wall and CPU time.
+   Two ratios per run: against the prediction at the workload's declared response lengths
+   (``rpeg show --json``'s ``predicted.step_time_s``, what a user is promised before the
+   run) and at the lengths the run generated (``predicted.at_measured_lengths_s``). The
+   policy learns how long to answer (tiny_grpo's default plan: ~18 tokens a response
+   against 10.5 declared), so the first holds a change of the workload as well as the cost
+   model's error; the second is the cost model's error for the work the run did, the
+   like-for-like comparison. The table says which runs are within target by each.
 
 Predictions price ops with the profile ``--profile`` names, as ``rpeg run --profile`` does:
 ``auto`` (the default) this machine's, calibrated and cached by ``rpeg calibrate``'s short

@@ -12,7 +12,17 @@ thread CPU was 1.15-1.25x the price at the lengths it generated (load 4-7, 2026-
 the same engine's call on the run's prompts, timed back to back in one process, 1.04x. What
 the run adds is a near constant per decode step (~0.25-0.3 ms on a 2-core EPYC, whatever
 the tokens: 206 to 613 a step gave the same residual), the engine's per-step Python and
-torch dispatch after the worker waited and other work ran on its core.
+torch dispatch after the worker waited and other work ran on its core. It is not the
+worker's settings (one torch thread, OpenMP/MKL at 1, glibc's allocator defaults: the
+calibration's workers have the same), nor Dask: the same ops run in one process in the
+run's order (``rpeg.runtime.calibrate.inline``) cost 1.15x too, while the engine's call
+alone, back to back, cost 1.02-1.05x; a 60 ms wait before each call added 5-9%, the prompts'
+tokenizing ~2%. A rollout on a worker of its own and one sharing it with the training
+paid alike (1.22x and 1.18x in one calibration's runs).
+
+Three calibrations at load 5-10 measured 0.27, 0.29 and 0.38 ms per decode step; with it,
+the rollouts of tiny_ppo's runs cost 0.95-1.02x their price (1.13-1.21x without), and
+tiny_grpo's (64 responses a step, not in the fit) 0.98-1.00x (1.10-1.16x).
 
 :func:`rpeg.runtime.calibrate.dispatch.measure_control` already makes real runs of the
 shipped tiny PPO pipeline; it keeps each step's rollout CPU and response lengths

@@ -180,3 +180,8 @@ def test_control_plane_cpu_is_measured_from_real_runs():
     fit = fit_control(m)
     assert fit["control_task_s"] > 0 and fit["host_cores"] == m["host_cores"]
     assert fit["control_idle"] == m["idle"]["cpu_per_process_s"]
+    # each one-chunk run's rollouts after the warm-up: their CPU and lengths, step by step
+    gen = {r["run"]: r["rows"] for r in m["generate"]["runs"]}
+    assert set(gen) == {"2x1", "1x1"}, m
+    assert all(len(rows) == 3 * m["rounds"] for rows in gen.values()), m
+    assert all(r["cpu_s"] > 0 and r["prompts"] == 32 for rows in gen.values() for r in rows)

@@ -35,3 +35,15 @@ def test_the_table_runs_six_distinct_plans_each_priced(name):
 def test_the_results_name_the_profile_the_predictions_price_with():
     assert runtime.shown(runtime.CLUSTER) == "pipelines/clusters/local_cpu.rpeg"
     assert runtime.shown(runtime.Path.home() / ".cache" / "x").startswith("~/")
+
+
+def test_the_table_says_which_runs_are_within_their_target():
+    pred = {"tiny_ppo default": {"ratio_measured_over_predicted": 1.16,
+                                 "ratio_at_measured_lengths": 1.14},
+            "tiny_ppo split": {"ratio_measured_over_predicted": 1.19,
+                               "ratio_at_measured_lengths": 0.79}}
+    declared, measured, _ = runtime.within_targets(pred)
+    # 15% for the default plan, 20% for the others
+    assert "1 of 2" in declared and "tiny_ppo default 1.16" in declared
+    assert "1 of 2" in measured and "tiny_ppo split 0.79" in measured
+    assert runtime.within_targets({}) == []

@@ -122,6 +122,7 @@ def measure_control(steps: int = 40, root: str | None = None, rounds: int = 2) -
     import tempfile
 
     from rpeg.resources import shipped
+    from rpeg.runtime.calibrate.runs import generate_rows
     from rpeg.runtime.dask.driver import RunOptions
     from rpeg.runtime.dask.runner import Resilience, run_resilient
     from rpeg.runtime.placement import split_plan
@@ -132,6 +133,7 @@ def measure_control(steps: int = 40, root: str | None = None, rounds: int = 2) -
     pipeline = load(spec)
     configs = ((2, 1), (2, 3), (1, 1))
     seen: dict[tuple[int, int], list[dict]] = {c: [] for c in configs}
+    rollouts: dict[str, list[dict]] = {}
     with tempfile.TemporaryDirectory(prefix="rpeg-calibrate-") as tmp:
         for r in range(max(rounds, 1)):
             for devices, chunks in (configs if r % 2 == 0 else configs[::-1]):
@@ -143,6 +145,9 @@ def measure_control(steps: int = 40, root: str | None = None, rounds: int = 2) -
                                        spec_path=str(spec),
                                        resilience=Resilience(checkpoint_every=steps))
                 host = json.loads((result.path / "run.json").read_text()).get("host")
+                if chunks == 1:       # the rollout whole, one call a step: its CPU and lengths
+                    rollouts.setdefault(f"{devices}x{chunks}", []).extend(
+                        generate_rows(result.path))
                 if host is None:
                     continue
                 seen[(devices, chunks)].append(
@@ -153,9 +158,13 @@ def measure_control(steps: int = 40, root: str | None = None, rounds: int = 2) -
     runs = [{"devices": d, "chunks": c, "rounds": len(got),
              **{k: round(statistics.median(g[k] for g in got), 6) for k in got[0]}}
             for (d, c), got in seen.items() if got]
+    w = pipeline.workload
+    generate = {"stage": "rollout", "model": pipeline.model("actor").preset,
+                "prompt_len": w.prompt_len, "max_len": w.gen_len.max_len,
+                "runs": [{"run": k, "rows": v} for k, v in rollouts.items()]}
     return {"runs": runs, "samples": {f"{d}x{c}": got for (d, c), got in seen.items()},
             "idle": idle, "host_cores": os.cpu_count() or 1, "steps": steps,
-            "rounds": rounds, "loadavg": os.getloadavg()[0]}
+            "rounds": rounds, "loadavg": os.getloadavg()[0], "generate": generate}
 
 
 def measure_idle(devices: int = 2, wait_s: float = 3.0) -> dict:

@@ -66,11 +66,14 @@ QUICK_CONTROL_STEPS = 40
 # simulator now prices wherever ops overlap; 5: medians of QUICK_REPEATS = 5 calls, not 2,
 # whose prices swung by 10-25% between calibrations, and control-plane runs of 40 steps;
 # 6: a decode step's sampling measured by itself, the profile's decode_overhead and
-# sample_logit_time, and the control plane's three runs twice each, in alternating order)
-CALIBRATION = 6
+# sample_logit_time, and the control plane's three runs twice each, in alternating order;
+# 7: what a run's generate op pays per decode step beyond the price of its lengths, from the
+# control plane's runs, added to decode_overhead: rpeg.runtime.calibrate.runs)
+CALIBRATION = 7
 
 __all__ = ["ProfileChoice", "MachineId", "LocalProfile", "local_profile", "calibrated_on",
-           "choice_from_env", "cache_dir", "calibrate_into", "measure_machine"]
+           "choice_from_env", "cache_dir", "calibrate_into", "fit_machine", "measure_machine",
+           "RUN_DECODE"]
 
 
 class ProfileChoice(enum.Enum):
@@ -261,14 +264,34 @@ def _measure_machine(repeats: int, control_steps: int, scheduler: bool) -> dict:
     return m
 
 
+RUN_DECODE = "generate in runs, s per decode step"     # fit_machine's residual, by name
+
+
+def fit_machine(m: dict, name: str = "local_cpu"):
+    """``rpeg.cost.calibrate.fit_profile`` of ``measure_machine``'s measurements, with what
+    a generate op pays per decode step in the control plane's real runs beyond its price
+    added to ``decode_overhead`` (:mod:`rpeg.runtime.calibrate.runs`), and that residual
+    among the fit's residuals."""
+    from rpeg.cost.calibrate import fit_profile
+    from rpeg.runtime.calibrate.runs import with_run_decode
+    fit = fit_profile(m, name=name)
+    if "control" not in m:
+        return fit
+    prof, extra = with_run_decode(fit.profile, fit.link, m["control"])
+    if extra is None:
+        return fit
+    return attrs.evolve(fit, profile=prof, measured=fit.measured | {"decode_overhead"},
+                        residuals=fit.residuals + ((RUN_DECODE, extra),))
+
+
 def calibrate_into(profile_path: Path, cluster_path: Path, repeats: int = QUICK_REPEATS,
                    control_steps: int = QUICK_CONTROL_STEPS) -> str:
     """A short ``rpeg calibrate``: this machine's profile to ``profile_path`` and its local
     cluster to ``cluster_path`` (the shipped profile's fields it does not measure, the vLLM
     terms, are kept); returns a one-line summary."""
-    from rpeg.cost.calibrate import cluster_text, fit_profile, keep_unmeasured
+    from rpeg.cost.calibrate import cluster_text, keep_unmeasured
     from rpeg.cost.profiles import load_profile, profile_text
-    fit = fit_profile(measure_machine(repeats, control_steps))
+    fit = fit_machine(measure_machine(repeats, control_steps))
     p = keep_unmeasured(fit, load_profile(SHIPPED_PROFILE))
     profile_path.write_text(profile_text(p, comment=f"{p.name}: measured by rpeg calibrate"),
                             encoding="utf-8")
@@ -277,4 +300,6 @@ def calibrate_into(profile_path: Path, cluster_path: Path, repeats: int = QUICK_
                                          fit.link), encoding="utf-8")
     return (f"GEMM {p.matmul_flops / 1e9:.0f} GFLOPS, copy {p.mem_bandwidth / 1e9:.0f} GB/s, "
             f"gloo {fit.link.bandwidth / 1e9:.2f} GB/s + {fit.link.latency * 1e6:.0f} us, "
-            f"ops {p.concurrency_slowdown:.2f}x slower beside each other")
+            f"ops {p.concurrency_slowdown:.2f}x slower beside each other"
+            + (f", a run's decode step {runs * 1e6:+.0f} us beyond its price"
+               if (runs := dict(fit.residuals).get(RUN_DECODE)) is not None else ""))

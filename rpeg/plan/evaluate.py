@@ -234,7 +234,7 @@ class Evaluator(MemoryWalk, OpTimings):
                 gpu)
         return self._saves[trained]
 
-    def _per_cut(self, saved: float) -> float:
+    def checkpoint_share(self, saved: float) -> float:
         """A step's share of the checkpoints a run of the workload's steps writes."""
         e = self.pipeline.evaluation
         return per_step(saved, self.pipeline.workload.steps, CHECKPOINT_EVERY,
@@ -303,7 +303,7 @@ class Evaluator(MemoryWalk, OpTimings):
             op_times = tuple(op_times) + ((EVAL_OP, held_out),)
         saved = self.checkpoint_time(plan, graph)      # a checkpoint at every cut
         if saved:
-            every += self._per_cut(saved)
+            every += self.checkpoint_share(saved)
             op_times = tuple(op_times) + ((CHECKPOINT_OP, round(saved, 6)),)
         # the control plane's time grows with the step's (heartbeats): at the floor, a floor
         work = floor(graph, timings) if bound is not None and feasible else 0.0

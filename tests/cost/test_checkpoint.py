@@ -11,10 +11,10 @@ from rpeg.cost.checkpoint import CHECKPOINT_EVERY, checkpoint_bytes, cuts, per_s
 from rpeg.cost.memory import model_params
 from rpeg.cost.profiles import builtin_cluster
 from rpeg.plan.evaluate import Evaluator
+from rpeg.resources import shipped
 from rpeg.runtime.core.choices import next_cut
 from rpeg.runtime.placement import split_plan
 from rpeg.spec import load
-from rpeg.resources import shipped
 
 
 def _runtime_cuts(steps, every, eval_every):

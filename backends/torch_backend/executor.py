@@ -681,8 +681,10 @@ def _part(whole, i: int, n: int):
     values): its sequences divided as evenly as can be, in order, the first parts one
     longer (``numpy.array_split``'s bounds). Never an empty one: the placed graph splits a
     step's batch into no more parts than it holds sequences
-    (:func:`rpeg.plan.oplayout.split_parts` refuses a plan that would), so a batch smaller
-    than its parts is one the plan was not made for."""
+    (:func:`rpeg.plan.oplayout.split_parts` refuses a plan that would), and dynamic
+    sampling refills the groups it filters rather than drop them (``sampling.refill``: a
+    step's batch keeps its size), so a batch smaller than its parts is one the plan was not
+    made for."""
     if n > len(whole):
         raise BackendError(f"a pass split into {n} parts must get at least {n} sequences, "
                            f"not {len(whole)}: part {i} would hold none, which the plan did "

@@ -251,6 +251,7 @@ def summary_text(report, cluster, output: Path, gantt: Path | None, pipeline,
              f"{plan.strategy.value}, seed {plan.seed}, planned in {report.seconds:.1f} s",
              f"predicted step time {pr.step_time_s:.2f} s, {pr.tokens_per_s:.0f} generated "
              f"tokens/s"]
+    lines += checkpoint_lines(pr, pipeline)
     lines += control_lines(pr, cluster)
     if plan.search is not None and plan.search.time_capped:
         lines.append(f"note: the search stopped at its {plan.search.options.time_cap_s:g} s time "
@@ -299,6 +300,21 @@ def summary_text(report, cluster, output: Path, gantt: Path | None, pipeline,
                      "model prices, " + (f"and `rpeg run` cannot execute this plan ({why})"
                                          if why else "and `rpeg run` executes this plan too"))
     return "\n".join(lines)
+
+
+def checkpoint_lines(pr, pipeline) -> list[str]:
+    """The checkpoints' part of the predicted step (``rpeg.cost.checkpoint``)."""
+    from rpeg.cost.checkpoint import CHECKPOINT_EVERY, CHECKPOINT_OP, cuts, per_step
+    one = dict(pr.op_times).get(CHECKPOINT_OP, 0.0)
+    if not one:
+        return []
+    e = pipeline.evaluation
+    every, steps = e.every if e is not None else None, pipeline.workload.steps
+    part = per_step(one, steps, CHECKPOINT_EVERY, every)
+    return [f"  of which {part:.3f} s ({100 * part / pr.step_time_s:.1f}%) is checkpoints: "
+            f"{cuts(steps, CHECKPOINT_EVERY, every)} in {steps} steps (every "
+            f"{CHECKPOINT_EVERY}{', every eval' if every else ''} and the last), "
+            f"{one:.2f} s each"]
 
 
 def control_lines(pr, cluster) -> list[str]:

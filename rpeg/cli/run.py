@@ -97,6 +97,7 @@ def register(app: typer.Typer) -> None:
                                    "the one it was compiled from (a warning, not an error)."),
     ) -> None:
         """Run a pipeline on a Dask cluster; write runs/<pipeline>-<time>/ (verify it with rpeg verify)."""
+        from rpeg.cost.checkpoint import CHECKPOINT_EVERY
         from rpeg.runtime import RunOptions, plan_for_run, run_pipeline
         from rpeg.runtime.dask.resume import recorded_cadence, resume_run
         from rpeg.runtime.dask.runner import Resilience, run_resilient
@@ -105,7 +106,7 @@ def register(app: typer.Typer) -> None:
         tls = TlsFiles.resolve(*(str(p) if p else None for p in (tls_ca, tls_cert, tls_key)))
         check_scheduler_address(scheduler, tls)
         if checkpoint_every is None:
-            checkpoint_every = (resume is not None and recorded_cadence(resume)) or 10
+            checkpoint_every = (resume is not None and recorded_cadence(resume)) or CHECKPOINT_EVERY
         resilience = Resilience(checkpoint_every=max(checkpoint_every, 1),
                                 timeout_floor_s=op_timeout)
         _usage(file, resume, spec, strategy, devices, cluster, staleness, profile, scheduler,

@@ -92,6 +92,21 @@ class Copies:
         """The copy ``op`` reads on ``device`` (None: it reads no model)."""
         return self.reads.get(op, {}).get(device)
 
+    def read_before(self) -> frozenset[str]:
+        """The ops reading only copies an op before them reads on the same devices (the
+        trainer, then the readers in topological order): one copy on a device is filled
+        once a version, by one load of the model's weight transfer
+        (:func:`rpeg.plan.lower.fills`) or the graph's weight sync, however many ops read
+        it, so only the first reader's fetch is priced (``OpTimings._reload``)."""
+        seen: set[tuple[int, ReplicaKey]] = set()
+        out = []
+        for op, at in self.reads.items():
+            pairs = set(at.items())
+            if pairs and pairs <= seen:
+                out.append(op)
+            seen |= pairs
+        return frozenset(out)
+
 
 def copy_key(op, place, device: int, trainer, group: tuple[int, ...]) -> ReplicaKey | None:
     """The key of the copy of its model an op placed as ``place`` reads on ``device`` (its

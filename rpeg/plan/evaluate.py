@@ -40,6 +40,13 @@ from __future__ import annotations
 import attrs
 import numpy as np
 
+from rpeg.cost.checkpoint import (
+    CHECKPOINT_EVERY,
+    CHECKPOINT_OP,
+    checkpoint_bytes,
+    per_step,
+    save_time,
+)
 from rpeg.cost.generation import StageCost
 from rpeg.cost.memory import usable_memory
 from rpeg.errors import CostError, PlanError
@@ -125,6 +132,7 @@ class Evaluator(MemoryWalk, OpTimings):
         self._placed: dict[tuple, Placed] = {}
         self.control = ControlPlane(pipeline, cluster, self.graph)
         self._eval: dict[tuple[int, ...], float] = {}
+        self._saves: dict[tuple, float] = {}
         self._index: dict[StagePlacement | tuple[int, ...], slice | np.ndarray] = {}
         self._synced: dict[tuple, frozenset[str]] = {}
         self._problems: dict[tuple, str | None] = {}
@@ -226,6 +234,27 @@ class Evaluator(MemoryWalk, OpTimings):
             return plan
         return attrs.evolve(plan, placements=tuple(out))
 
+    def checkpoint_time(self, plan: Plan, graph: Graph) -> float:
+        """Seconds of one checkpoint of the plan's trained models
+        (:func:`rpeg.cost.checkpoint.save_time`), written from their train ops' devices."""
+        per_node = self.cluster.gpus_per_node
+        trained = tuple((self.stages.target[o.stages[0]],
+                         plan.placement(o.stages[0]).devices)
+                        for o in graph.ops if o.kind is OpKind.TRAIN and o.writes_model)
+        if trained not in self._saves:
+            gpu = self.cluster.gpu
+            self._saves[trained] = save_time(tuple(
+                (checkpoint_bytes(self.pipeline.model(m), gpu),
+                 tuple(sorted({d // per_node for d in devices}))) for m, devices in trained),
+                gpu)
+        return self._saves[trained]
+
+    def checkpoint_share(self, saved: float) -> float:
+        """A step's share of the checkpoints a run of the workload's steps writes."""
+        e = self.pipeline.evaluation
+        return per_step(saved, self.pipeline.workload.steps, CHECKPOINT_EVERY,
+                        e.every if e is not None else None)
+
     # --- the evaluation ------------------------------------------------------------
 
     def evaluate(self, plan: Plan, *, simulate_infeasible: bool = False,
@@ -287,6 +316,10 @@ class Evaluator(MemoryWalk, OpTimings):
         every = held_out / self.pipeline.evaluation.every if held_out is not None else 0.0
         if held_out is not None:                       # an eval op every `every` steps
             op_times = tuple(op_times) + ((EVAL_OP, held_out),)
+        saved = self.checkpoint_time(plan, graph)      # a checkpoint at every cut
+        if saved:
+            every += self.checkpoint_share(saved)
+            op_times = tuple(op_times) + ((CHECKPOINT_OP, round(saved, 6)),)
         # the control plane's time grows with the step's (heartbeats): at the floor, a floor
         work = floor(graph, timings) if bound is not None and feasible else 0.0
         if bound is not None and feasible:

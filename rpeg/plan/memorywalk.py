@@ -75,6 +75,9 @@ class Walk:
     streamed: dict[str, tuple[Chunk, ...]]   # op -> the chunks it consumes as generated
     transient: np.ndarray              # the largest transient need per device
     needs: tuple[tuple[str, tuple[int, ...], float], ...]   # (stage, devices, transient)
+    # ops reading only copies an op before them reads there: no fetch of their own
+    # (:meth:`rpeg.plan.copies.Copies.read_before`)
+    read_before: frozenset[str] = frozenset()
 
     @property
     def peak(self) -> np.ndarray:
@@ -113,7 +116,7 @@ class MemoryWalk:
     def walk(self, plan: Plan, graph: Graph) -> Walk:
         """The copies each model keeps, what they leave free, each generate op's wave size,
         the chunks each streamed op consumes, and each device's largest transient need."""
-        copies, spread = self._held(plan)
+        copies, spread, before = self._held(plan)
         n = plan.num_devices
         resident = np.zeros(n)
         for model, placement, trained, at in spread:
@@ -130,7 +133,7 @@ class MemoryWalk:
             at = self._at(p)
             transient[at] = np.maximum(transient[at], b)
             needs.append((stage, p.devices, b))
-        return Walk(copies, resident, rows, streamed, transient, tuple(needs))
+        return Walk(copies, resident, rows, streamed, transient, tuple(needs), before)
 
     def _priced_stages(self, graph: Graph) -> tuple[str, ...]:
         """The stages whose transient need is priced: all but those running inside another
@@ -155,11 +158,12 @@ class MemoryWalk:
         out. ``graph`` is not read (the copies are those of the plan's step graph)."""
         return self._held(plan)[0]
 
-    def _held(self, plan: Plan) -> tuple[tuple[Held, ...], tuple]:
+    def _held(self, plan: Plan) -> tuple[tuple[Held, ...], tuple, frozenset[str]]:
         """(:meth:`copies`, the same spread for the resident bytes: (model, placement,
         trained, index of its devices) of each run of consecutive copies priced alike on
         devices apart, which add the same bytes to the same devices in the same order as
-        the copies one by one, a tensor-parallel block's second copies at once)."""
+        the copies one by one, a tensor-parallel block's second copies at once; the ops
+        fetching no copy of their own, :attr:`Walk.read_before`)."""
         base = self.step_graph(plan)
         ops = self._model_ops(base)
         key = (base, tuple(plan.placement(o.stages[0]) for o in ops))
@@ -171,11 +175,12 @@ class MemoryWalk:
             # the op layouts and chunks a step streams: what the copies are read from
             placed = lower(base, plan, self.responses, placing, passes=PASSES[:2])
             names = self._model_names(plan.shared)
+            found = copies_of(placed, placing)
             held = tuple(
                 Held(names[(c.key.backbone, c.trained)], c.placement, c.trained, c.devices,
                      c.key)
-                for c in copies_of(placed, placing).held)
-            out = self._copies[key] = (held, _spread(held))
+                for c in found.held)
+            out = self._copies[key] = (held, _spread(held), found.read_before())
         return out
 
     def _model_ops(self, graph: Graph) -> tuple:

@@ -98,7 +98,8 @@ class OpTimings:
             src = plan.placement(trainer[op.reads_model].stages[0]) \
                 if op.kind is OpKind.FORWARD and op.reads_model in trainer else None
             key = (graph, op.name, tuple(plan.placement(s) for s in op.stages),
-                   walk.streamed.get(op.name, ()), src, plan.shared)
+                   walk.streamed.get(op.name, ()), src, plan.shared,
+                   src is not None and not walk.read_before.isdisjoint(op.stages))
         timing = self._ops.get(key)
         if timing is None:
             timing = self._ops[key] = self._time_op(op, p, plan, walk, trainer, off, rest,
@@ -117,10 +118,10 @@ class OpTimings:
             # Train stages of a shared backbone: one pass with a combined loss on the
             # first stage's schedule (its minibatches); the extra head costs nothing here.
             t = self.stage_time(op.stages[0], p, off_policy=off_policy)
-            return OpTiming(p.devices, t + self._reload(op, p, trainer, plan))
+            return OpTiming(p.devices, t + self._reload(op, p, trainer, plan, walk))
         # streamed: each chunk priced on its own responses, padded to its longest
         per_chunk = [self._fused(op, plan, c) for c in walk.streamed.get(op.name, ())]
-        reload = self._reload(op, p, trainer, plan)
+        reload = self._reload(op, p, trainer, plan, walk)
         if per_chunk:
             per_chunk[0] += reload
             t = sum(per_chunk)
@@ -131,7 +132,7 @@ class OpTimings:
             if _one_call(op, p):
                 at = first_block(p)
                 return OpTiming(at.devices, sum(self.stage_time(s, first_block(
-                    plan.placement(s))) for s in op.stages) + self._reload(op, at, trainer, plan))
+                    plan.placement(s))) for s in op.stages) + self._reload(op, at, trainer, plan, walk))
             t = self._fused(op, plan, None) + reload
         # host ops too: they run in their device's worker, which waits for them
         return OpTiming(p.devices, t, chunk_times=tuple(per_chunk))
@@ -228,7 +229,7 @@ class OpTimings:
         wrapper): the time is the stages' sum."""
         return sum(self.stage_time(s, plan.placement(s), chunk=chunk) for s in op.stages)
 
-    def _reload(self, op, p: StagePlacement, trainer, plan: Plan) -> float:
+    def _reload(self, op, p: StagePlacement, trainer, plan: Plan, walk: Walk) -> float:
         """A forward op reading a copy of a trained model of its own fetches the new
         weights: the weight transfer the runtime adds into that copy
         (``rpeg.plan.lower.Placed.transfers``), priced as a weight sync from its trainer.
@@ -236,7 +237,10 @@ class OpTimings:
         (:func:`~rpeg.plan.oplayout.all_in_place`) or runs on its ZeRO-3 shards
         (:func:`~rpeg.plan.oplayout.gathers_in_place`, whose gather the pass prices): the
         rule :func:`rpeg.plan.copies.copies` keys the copies by. (A pass on the shards per
-        chunk would read a copy, which the runtime refuses: one chunk is checked.)"""
+        chunk would read a copy, which the runtime refuses: one chunk is checked.) None
+        either where an op before it reads the same copies on its devices
+        (:attr:`~rpeg.plan.memorywalk.Walk.read_before`): the runtime fills a copy once a
+        version, whoever reads it."""
         if op.kind is not OpKind.FORWARD or op.reads_model not in trainer:
             return 0.0
         src = plan.placement(trainer[op.reads_model].stages[0])
@@ -245,6 +249,8 @@ class OpTimings:
         target = self.stages.target
         stage = next(s for s in op.stages if s in self.stages.modelled
                      and graph_backbone(plan, target[s]) == op.reads_model)
+        if stage in walk.read_before:
+            return 0.0
         return self.prices.sync_time(target[stage], src, p)
 
 

@@ -392,6 +392,11 @@ PROFILE_DOCS: dict[str, str] = {
     "sample_logit_time": "host time per logit a decode step samples from (a row x the vocabulary: temperature, top-p, the draw; 0: priced in the step)",
     "host_bandwidth": "device <-> host memory, one way (offload)",
     "host_memory_bandwidth": "one rank's host memory streaming (CPU Adam step)",
+    "disk_bandwidth": "one node's write of checkpoint files, fsync'd (rpeg.cost.checkpoint; "
+                      "default 1 GB/s, not measured)",
+    "hash_bandwidth": "the run driver's SHA-256 of a checkpoint's files as it commits them, "
+                      "read back by one process (default 1 GB/s: hashlib with SHA "
+                      "extensions on one core; not measured)",
     "grads_freed": "1: the backend frees gradients after each step",
     "packed_seq_overhead": "host time per sequence per layer of a packed forward pass, where "
                            "each sequence is its own attention call (no variable-length "

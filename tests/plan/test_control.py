@@ -104,10 +104,12 @@ def test_control_time_is_charged_only_where_devices_share_the_host_cores():
         cpu.gpu, host_cores=0.0, **{f: 0.0 for f in HOST_TERMS} | {"client_task_s": 1e-12}))
     idle = attrs.evolve(cpu, gpu=attrs.evolve(g, control_idle=0.03))
     for cluster in (cpu, idle):
-        priced = Evaluator(pipeline, cluster).evaluate(plans[1]).plan
+        ev = Evaluator(pipeline, cluster)
+        priced = ev.evaluate(plans[1]).plan
         work = Evaluator(pipeline, free).evaluate(plans[1]).step_time_s
         step = priced.predicted.step_time_s
-        charged = K.shared_cores_cpu(cluster.gpu, 2, n1, step) / g.host_cores
+        saves = ev.checkpoint_share(dict(priced.predicted.op_times)["checkpoint"])   # not simulated
+        charged = K.shared_cores_cpu(cluster.gpu, 2, n1, step - saves) / g.host_cores
         assert step == pytest.approx(work + charged)
         assert priced.predicted.control_s == pytest.approx(charged, abs=1e-6)
     assert charged > t1

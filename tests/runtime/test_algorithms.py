@@ -171,3 +171,34 @@ def test_remax_with_a_reward_model(folder, scheduler, tmp_path):
 @pytest.mark.parametrize("name", [n for n in CASES if n not in QUICK])
 def test_estimator_and_loss(name, folder, scheduler, tmp_path):
     _run(name, folder, scheduler, tmp_path)
+
+
+def test_dapo_filtering_most_groups_with_passes_split_over_blocks(folder, scheduler, tmp_path):
+    """Dynamic sampling refills the groups it filters (``backends.torch_backend.sampling``):
+    a step's batch never shrinks, so a pass and per-sample host ops split over two blocks
+    (``rpeg.plan.oplayout.split_parts``) get every sequence of it, one full part each, as
+    priced, however many groups were filtered."""
+    import attrs
+
+    from rpeg.runtime.lowering.instances import build_calls
+    path = folder / "dapo_split.rpeg"
+    path.write_text(spec_text("dapo").replace("pipeline dapo", "pipeline dapo_split"))
+    p = load(path)
+    plan = split_plan(p, 2, staleness=0)
+    split = {"ref_lp", "hits", "penalty"}
+    plan = attrs.evolve(plan, placements=tuple(
+        attrs.evolve(x, devices=(0, 1), dp=2) if x.stage in split
+        else attrs.evolve(x, chunks=1) if x.stage == "rollout" else x   # not streamed
+        for x in plan.placements))
+    parts = {(c.stages[0], c.chunk): c.parts
+             for c in build_calls(p, plan, steps=1) if c.parts}
+    assert parts == {(s, b): 2 for s in split for b in (0, 1)}
+    result = run_pipeline(p, plan, RunOptions(steps=STEPS, scheduler=scheduler,
+                                              root=str(tmp_path), progress=False),
+                          spec_path=str(path))
+    report = verify_run(result.path)
+    assert report.ok, str(report)
+    rows = result.metrics
+    assert len(rows) == STEPS and all(math.isfinite(r["policy_loss"]) for r in rows)
+    # most groups filtered (a random policy rarely hits the answer's first letter)
+    assert sum(r["filtered"] for r in rows) / STEPS >= 0.5, rows

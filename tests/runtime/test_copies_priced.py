@@ -132,8 +132,10 @@ def test_the_copies_priced_on_a_gpu_cluster_are_the_runtimes(name, shape):
 
 def reloads(pipeline, cluster, plan) -> tuple[set[tuple[str, str]], set[tuple[str, str]]]:
     """((op, model) of every call reading a copy that a weight transfer the graph syncs
-    nothing by fills, in the runtime's calls; the same of every op whose time the cost
-    model prices with a fetch of that model's new weights, ``Evaluator._reload``)."""
+    nothing by fills, in the runtime's calls, but of an op reading only copies an op before
+    it reads on the same devices (the trainer, then the graph's order: one fill of a copy a
+    step, whoever reads it); the same of every op whose time the cost model prices with a
+    fetch of that model's new weights, ``Evaluator._reload``)."""
     ev = Evaluator(pipeline, cluster)
     plan = settle_batching(pipeline, plan, cluster)
     graph = ev.graph(plan)
@@ -142,10 +144,22 @@ def reloads(pipeline, cluster, plan) -> tuple[set[tuple[str, str]], set[tuple[st
     calls = build_calls(pipeline, plan, steps=3)
     filled = {c.model for c in calls if c.kind is OpKind.SYNC_WEIGHTS
               and c.op not in syncs and c.role is LOAD}
+    pairs: dict[str, set] = {}
+    for c in calls:
+        if c.kind is not OpKind.SYNC_WEIGHTS and c.model:
+            pairs.setdefault(c.op, set()).add((c.device, c.model))
+    order = [o.name for o in graph.ops if o.kind is OpKind.TRAIN] + list(graph.topo_order())
+    seen: set = set()
+    first = set()
+    for op in dict.fromkeys(o for o in order if o in pairs):
+        if not pairs[op] <= seen:
+            first.add(op)
+        seen |= pairs[op]
     read = {(c.op, str(base_of(c.model))) for c in calls
-            if c.kind is not OpKind.SYNC_WEIGHTS and c.model in filled}
+            if c.kind is not OpKind.SYNC_WEIGHTS and c.model in filled and c.op in first}
+    walk = ev.walk(plan, graph)
     fetched = {(o.name, o.reads_model) for o in graph.ops if o.stages
-               and ev._reload(o, plan.placement(o.stages[0]), trainer, plan) > 0}
+               and ev._reload(o, plan.placement(o.stages[0]), trainer, plan, walk) > 0}
     return read, fetched
 
 

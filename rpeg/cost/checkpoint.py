@@ -1,0 +1,90 @@
+"""The checkpoints a run writes, priced as it writes them.
+
+    >>> from rpeg.spec.model import GpuProfile
+    >>> gpu = GpuProfile("g", disk_bandwidth=2e9, hash_bandwidth=1e9)
+    >>> save_time(((10e9, (0, 1)),), gpu)          # 10 GB over two nodes, then hashed
+    12.5
+    >>> cuts(25, 10, None), cuts(25, 10, 4), cuts(5, 10, None)
+    (3, 8, 1)
+
+``rpeg run`` cuts the run at step boundaries (``rpeg.runtime.core.choices.next_cut``):
+every ``--checkpoint-every`` steps (:data:`CHECKPOINT_EVERY` by default), at every eval
+step and at the end, and at each cut writes a checkpoint
+(``rpeg.runtime.dask.checkpointing.Checkpointer``) before the next step starts: the run
+waits for it. What it writes is what a resume cannot rebuild: each trained model's
+weights and optimizer state, once (every rank of its world its own shard at once,
+``backends.torch_backend.checkpoints``; a LoRA model its adapters), a frozen model and a
+copy as new as its trainer not at all. The workers write in parallel, the devices of one
+node on its disk (``disk_bandwidth``, with its fsync); then the driver hashes every file
+it commits (``rpeg.runtime.rundir.checkpoints.commit``: the manifest's SHA-256, read back
+by one process, ``hash_bandwidth``). A step carries ``cuts / steps`` of one save
+(:func:`per_step`), and ``op_times`` the whole save (``checkpoint``), as the eval op.
+
+Not priced: a copy that lags its trainer at a cut (a staleness > 0 step's vLLM engine
+copy, written by its worker), the trace and outputs carried over the cut (small).
+"""
+
+from __future__ import annotations
+
+from rpeg.cost.memory import (
+    Parallel,
+    lora_params,
+    model_params,
+    optimizer_state_bytes,
+    value_bytes,
+)
+from rpeg.spec.model import GpuProfile, Model
+
+CHECKPOINT_OP = "checkpoint"
+CHECKPOINT_EVERY = 10        # `rpeg run --checkpoint-every`'s default (steps between cuts)
+
+
+def checkpoint_bytes(model: Model, gpu: GpuProfile) -> float:
+    """Bytes a cut writes of a trained model: its optimizer state
+    (:func:`rpeg.cost.memory.optimizer_state_bytes`, unsharded: the shards of all ranks
+    together) and its weights as trained (a LoRA model's adapters alone) -- but for
+    16-bit weights with float32 masters, whose masters are the weights it writes
+    (``backends.torch_backend.dcp.flat_state``): 12 bytes a parameter under Adam with
+    float32 masters or float32 weights.
+    """
+    bpv = value_bytes(model, gpu)
+    state = optimizer_state_bytes(model, Parallel(), gpu)
+    master = model.optimizer is None or model.optimizer.master
+    if bpv < 4 and master:
+        return state
+    weights = lora_params(model) if model.lora is not None else model_params(model)
+    return state + weights * bpv
+
+
+def save_time(saves, gpu: GpuProfile) -> float:
+    """Seconds of one checkpoint: ``saves``, (bytes, the nodes its writers span) of each
+    trained model, written at once, each model's bytes spread over its nodes, each node's
+    at ``disk_bandwidth``; then every byte hashed by the driver at ``hash_bandwidth``."""
+    on: dict[int, float] = {}
+    total = 0.0
+    for nbytes, nodes in saves:
+        total += nbytes
+        for n in nodes:
+            on[n] = on.get(n, 0.0) + nbytes / len(nodes)
+    if not total:
+        return 0.0
+    return max(on.values()) / gpu.disk_bandwidth + total / gpu.hash_bandwidth
+
+
+def cuts(steps: int, every: int, eval_every: int | None) -> int:
+    """The checkpoints a run of ``steps`` steps writes: at each multiple of ``every`` and of
+    ``eval_every``, and at its end (the cuts of ``rpeg.runtime.core.choices.next_cut``)."""
+    at = {steps}
+    for k in (every, eval_every):
+        if k:
+            at.update(range(k, steps + 1, k))
+    return len(at)
+
+
+def per_step(one: float, steps: int, every: int, eval_every: int | None) -> float:
+    """Seconds of checkpointing a step carries: ``one`` save, ``cuts / steps`` times."""
+    return one * cuts(steps, every, eval_every) / max(steps, 1) if one else 0.0
+
+
+__all__ = ["CHECKPOINT_EVERY", "CHECKPOINT_OP", "checkpoint_bytes", "cuts", "per_step",
+           "save_time"]

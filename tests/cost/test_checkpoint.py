@@ -1,0 +1,63 @@
+"""Checkpoint saves priced as ``rpeg run`` writes them (``rpeg.cost.checkpoint``): each
+trained model's state once a cut, the cuts of the runtime's own rule, a step's share of
+them in the predicted step and the whole save among the ops."""
+
+from __future__ import annotations
+
+import attrs
+import pytest
+
+from rpeg.cost.checkpoint import CHECKPOINT_EVERY, checkpoint_bytes, cuts, per_step, save_time
+from rpeg.cost.memory import model_params
+from rpeg.cost.profiles import builtin_cluster
+from rpeg.plan.evaluate import Evaluator
+from rpeg.resources import shipped
+from rpeg.runtime.core.choices import next_cut
+from rpeg.runtime.placement import split_plan
+from rpeg.spec import load
+
+
+def _runtime_cuts(steps, every, eval_every):
+    at, start = [], 0
+    while start < steps:
+        start = next_cut(start, steps, every, eval_every)
+        at.append(start)
+    return len(at)
+
+
+@pytest.mark.parametrize("steps", [1, 7, 10, 25, 80, 300])
+@pytest.mark.parametrize("every", [1, 3, 10, 50])
+@pytest.mark.parametrize("eval_every", [None, 4, 10])
+def test_the_cuts_priced_are_the_runtimes(steps, every, eval_every):
+    assert cuts(steps, every, eval_every) == _runtime_cuts(steps, every, eval_every)
+
+
+def test_a_trained_models_bytes_are_what_its_checkpoint_holds():
+    """16-bit weights with float32 masters write the masters and Adam's two moments; a
+    frozen model writes nothing (it is not among the trained ones)."""
+    p = load(shipped("pipelines", "ppo_llama8b.rpeg"))
+    gpu = builtin_cluster("gh200_8").gpu
+    actor = p.model("actor")
+    assert checkpoint_bytes(actor, gpu) == pytest.approx(12 * model_params(actor))
+
+
+def test_the_predicted_step_carries_the_saves():
+    p = load(shipped("pipelines", "tiny_ppo.rpeg"))
+    cluster = builtin_cluster("gh200_8")
+    plan = split_plan(p, 2, staleness=0)
+    ev = Evaluator(p, cluster)
+    got = ev.evaluate(plan).plan.predicted
+    one = dict(got.op_times)["checkpoint"]
+    trained = [(p.model(s.target), plan.placement(s.name).devices) for s in p.stages
+               if s.kind.value == "train"]
+    want = save_time(tuple((checkpoint_bytes(m, cluster.gpu),
+                            tuple(sorted({d // cluster.gpus_per_node for d in devs})))
+                           for m, devs in trained), cluster.gpu)
+    assert one == pytest.approx(want, abs=1e-6) and one > 0
+    # the same plan on a disk twice as fast and a driver hashing twice as fast: half
+    fast = attrs.evolve(cluster, gpu=attrs.evolve(cluster.gpu,
+                                                  disk_bandwidth=2 * cluster.gpu.disk_bandwidth,
+                                                  hash_bandwidth=2 * cluster.gpu.hash_bandwidth))
+    quick = Evaluator(p, fast).evaluate(plan).plan.predicted
+    share = per_step(want, p.workload.steps, CHECKPOINT_EVERY, None)
+    assert got.step_time_s - quick.step_time_s == pytest.approx(share / 2, rel=1e-3)

@@ -62,7 +62,10 @@ def _checkpoint_sharded(model: str, replica, path: str, meta: dict) -> str:
     from backends.torch_backend.dcp import SHARDED, save_sharded
     folder = Path(path)
     shards = folder.parent / f"{model}.dcp"
-    save_sharded(replica.trained, replica.trained.layout.world, shards)
+    from rpeg.runtime.rundir.checkpoints import hash_written
+    # each rank hashes the shard it wrote, at once, while it is in its page cache: the
+    # driver that commits the checkpoint reads none of them back
+    hash_written(save_sharded(replica.trained, replica.trained.layout.world, shards))
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "meta.json").write_text(json.dumps(
         {**meta, "model": model, "version": replica.version,

@@ -70,21 +70,53 @@ def _group(world: tuple[int, ...]) -> dict:
     return {"process_group": group_of(tuple(world))}
 
 
-def save_sharded(trained, world: tuple[int, ...], folder: Path) -> None:
+def save_sharded(trained, world: tuple[int, ...], folder: Path) -> list[Path]:
     """Write this rank's shard of the replica to ``folder`` (every rank of ``world`` calls
-    this at once: a collective)."""
+    this at once: a collective); the files this rank wrote (its shard, fsync'd by DCP; the
+    index file too where one process writes the whole checkpoint)."""
     import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint import HuggingFaceStorageWriter
 
     with trained.state_on_device():
         trained.unsettle()             # the sharded parameters, as the optimizer holds them
         try:
             state = flat_state(trained, create=True)
             folder.mkdir(parents=True, exist_ok=True)
-            dcp.save(state, storage_writer=HuggingFaceStorageWriter(
-                str(folder), save_distributed=len(world) > 1), **_group(world))
+            writer = _writer_class()(str(folder), save_distributed=len(world) > 1)
+            dcp.save(state, storage_writer=writer, **_group(world))
         finally:
             trained.settle()
+    return writer.written(folder)
+
+
+def _writer_class():
+    from torch.distributed.checkpoint import HuggingFaceStorageWriter
+
+    class Writer(HuggingFaceStorageWriter):
+        """DCP's Hugging Face writer, keeping the names of the files this rank writes."""
+
+        results = None
+        index = None
+
+        def write_data(self, plan, planner):
+            fut = super().write_data(plan, planner)
+            self.results = fut
+            return fut
+
+        def finish(self, metadata, results):
+            out = super().finish(metadata, results)
+            if not self.save_distributed:             # one process: it wrote the index
+                self.index = self.metadata_path
+            return out
+
+        def written(self, folder: Path) -> list[Path]:
+            got = self.results.wait() if self.results is not None else []
+            names = {wr.storage_data.relative_path for wr in got}
+            if self.index is not None:
+                names.add(self.index)
+            return sorted(Path(folder) / n for n in names
+                          if (Path(folder) / n).is_file())
+
+    return Writer
 
 
 def load_sharded(trained, world: tuple[int, ...], folder: Path) -> None:

@@ -2,8 +2,10 @@
 
     >>> from rpeg.spec.model import GpuProfile
     >>> gpu = GpuProfile("g", disk_bandwidth=2e9, hash_bandwidth=1e9)
-    >>> save_time(((10e9, (0, 1)),), gpu)          # 10 GB over two nodes, then hashed
-    12.5
+    >>> save_time(((10e9, (0, 1, 2, 3)),), gpu, 2)   # 10 GB by 4 ranks on 2 nodes
+    5.0
+    >>> save_time(((10e9, (0, 1, 2, 3)),), gpu, 4)   # ... on one node: its disk, twice
+    7.5
     >>> cuts(25, 10, None), cuts(25, 10, 4), cuts(5, 10, None)
     (3, 8, 1)
 
@@ -15,9 +17,13 @@ waits for it. What it writes is what a resume cannot rebuild: each trained model
 weights and optimizer state, once (every rank of its world its own shard at once,
 ``backends.torch_backend.checkpoints``; a LoRA model its adapters), a frozen model and a
 copy as new as its trainer not at all. The workers write in parallel, the devices of one
-node on its disk (``disk_bandwidth``, with its fsync); then the driver hashes every file
-it commits (``rpeg.runtime.rundir.checkpoints.commit``: the manifest's SHA-256, read back
-by one process, ``hash_bandwidth``). A step carries ``cuts / steps`` of one save
+node on its disk (``disk_bandwidth``, with its fsync), and each writer then hashes the
+files it wrote (``rpeg.runtime.rundir.checkpoints.save_replicas``: their SHA-256 for the
+manifest, read back from its page cache at ``hash_bandwidth`` a process, every rank of a
+node at once); the driver commits the manifest from the writers' hashes without reading
+their files (``commit``), hashing only its own small files (state, carried outputs: not
+priced). So a node takes its bytes at its disk's speed, then its largest rank's share at
+one core's hashing speed, and the save the slowest node. A step carries ``cuts / steps`` of one save
 (:func:`per_step`), and ``op_times`` the whole save (``checkpoint``), as the eval op.
 
 Not priced: a copy that lags its trainer at a cut (a staleness > 0 step's vLLM engine
@@ -56,19 +62,27 @@ def checkpoint_bytes(model: Model, gpu: GpuProfile) -> float:
     return state + weights * bpv
 
 
-def save_time(saves, gpu: GpuProfile) -> float:
-    """Seconds of one checkpoint: ``saves``, (bytes, the nodes its writers span) of each
-    trained model, written at once, each model's bytes spread over its nodes, each node's
-    at ``disk_bandwidth``; then every byte hashed by the driver at ``hash_bandwidth``."""
-    on: dict[int, float] = {}
-    total = 0.0
-    for nbytes, nodes in saves:
-        total += nbytes
-        for n in nodes:
-            on[n] = on.get(n, 0.0) + nbytes / len(nodes)
-    if not total:
+def save_time(saves, gpu: GpuProfile, per_node: int) -> float:
+    """Seconds of one checkpoint: ``saves``, (bytes, the devices of its writers) of each
+    trained model, written at once, each model's bytes spread evenly over its writers
+    (every rank its shard); a node writes its writers' bytes at ``disk_bandwidth``, then
+    each writer hashes its own at ``hash_bandwidth``, all of them at once; the slowest
+    node (``per_node``: devices a node)."""
+    node: dict[int, float] = {}
+    rank: dict[int, float] = {}
+    for nbytes, devices in saves:
+        if not devices:
+            continue
+        for d in devices:
+            node[d // per_node] = node.get(d // per_node, 0.0) + nbytes / len(devices)
+            rank[d] = rank.get(d, 0.0) + nbytes / len(devices)
+    if not any(node.values()):
         return 0.0
-    return max(on.values()) / gpu.disk_bandwidth + total / gpu.hash_bandwidth
+    hashed: dict[int, float] = {}
+    for d, b in rank.items():
+        hashed[d // per_node] = max(hashed.get(d // per_node, 0.0), b)
+    return max(b / gpu.disk_bandwidth + hashed[n] / gpu.hash_bandwidth
+               for n, b in node.items())
 
 
 def cuts(steps: int, every: int, eval_every: int | None) -> int:

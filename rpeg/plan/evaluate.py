@@ -244,9 +244,8 @@ class Evaluator(MemoryWalk, OpTimings):
         if trained not in self._saves:
             gpu = self.cluster.gpu
             self._saves[trained] = save_time(tuple(
-                (checkpoint_bytes(self.pipeline.model(m), gpu),
-                 tuple(sorted({d // per_node for d in devices}))) for m, devices in trained),
-                gpu)
+                (checkpoint_bytes(self.pipeline.model(m), gpu), tuple(devices))
+                for m, devices in trained), gpu, per_node)
         return self._saves[trained]
 
     def checkpoint_share(self, saved: float) -> float:

@@ -50,14 +50,29 @@ def test_the_predicted_step_carries_the_saves():
     one = dict(got.op_times)["checkpoint"]
     trained = [(p.model(s.target), plan.placement(s.name).devices) for s in p.stages
                if s.kind.value == "train"]
-    want = save_time(tuple((checkpoint_bytes(m, cluster.gpu),
-                            tuple(sorted({d // cluster.gpus_per_node for d in devs})))
-                           for m, devs in trained), cluster.gpu)
+    want = save_time(tuple((checkpoint_bytes(m, cluster.gpu), tuple(devs))
+                           for m, devs in trained), cluster.gpu, cluster.gpus_per_node)
     assert one == pytest.approx(want, abs=1e-6) and one > 0
-    # the same plan on a disk twice as fast and a driver hashing twice as fast: half
+    # the same plan on a disk twice as fast and writers hashing twice as fast: half
     fast = attrs.evolve(cluster, gpu=attrs.evolve(cluster.gpu,
                                                   disk_bandwidth=2 * cluster.gpu.disk_bandwidth,
                                                   hash_bandwidth=2 * cluster.gpu.hash_bandwidth))
     quick = Evaluator(p, fast).evaluate(plan).plan.predicted
     share = per_step(want, p.workload.steps, CHECKPOINT_EVERY, None)
     assert got.step_time_s - quick.step_time_s == pytest.approx(share / 2, rel=1e-3)
+
+
+def test_each_writer_hashes_its_own_shard():
+    """A node writes its ranks' bytes at its disk's speed, then every rank hashes its own
+    shard at once: more ranks a node, the same disk time and less hashing; the slowest
+    node decides; no trained model, no save."""
+    gpu = builtin_cluster("gh200_8").gpu
+    b, disk, sha = 8e9, gpu.disk_bandwidth, gpu.hash_bandwidth
+    assert save_time(((b, (0,)),), gpu, 4) == pytest.approx(b / disk + b / sha)
+    assert save_time(((b, (0, 1, 2, 3)),), gpu, 4) == pytest.approx(b / disk + b / 4 / sha)
+    assert save_time(((b, tuple(range(8))),), gpu, 4) == pytest.approx(
+        b / 2 / disk + b / 8 / sha)
+    # two models: node 0 holds half of one and all of the other, its largest rank 1/2 of b
+    both = save_time(((b, (0, 1, 4, 5)), (b, (2, 3))), gpu, 4)
+    assert both == pytest.approx(1.5 * b / disk + b / 2 / sha)
+    assert save_time((), gpu, 4) == 0.0

@@ -245,8 +245,10 @@ class Checkpointer:
                                   key=f"ckpt-{cut}-{d}-{cl.token}-{number}")
                  for d, a in workers.items()]
         versions: dict[str, int] = {}
-        for v in watch.gather(saves, f"checkpoint at step {cut}", list(workers)):
+        hashed: dict[str, tuple[int, str]] = {}         # as each writer hashed its files
+        for v, files in watch.gather(saves, f"checkpoint at step {cut}", list(workers)):
             versions.update(v)
+            hashed.update(files)
         ckio.save_tree(tmp, "carry", carry)
         size = rd.append_events(state.events[state.appended:])
         state.appended = len(state.events)
@@ -257,7 +259,8 @@ class Checkpointer:
             "pending": pending,
             "metrics_rows": len(state.metrics), "num_devices": attempt.plan.num_devices,
             "carry": sorted(carry), "run_steps": self.steps, "base": state.base,
-            "data": cursor_of(state).moved_to(cut, self.pipeline.workload.prompts).to_json()})
+            "data": cursor_of(state).moved_to(cut, self.pipeline.workload.prompts).to_json()},
+            hashed=hashed)
         ckio.prune(rd.path, keep=self.keep)           # all but the newest: choices.pruned
         state.start = cut
         state.carry = carry

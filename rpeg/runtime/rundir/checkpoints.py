@@ -86,11 +86,17 @@ def begin(run_dir: Path, step: int) -> Path:
     return tmp
 
 
-def commit(run_dir: Path, tmp: Path, step: int, state: dict) -> Checkpoint:
-    """Finish a checkpoint written into ``tmp``: state, fsync, rename, then the marker."""
+def commit(run_dir: Path, tmp: Path, step: int, state: dict,
+           hashed: dict[str, tuple[int, str]] | None = None) -> Checkpoint:
+    """Finish a checkpoint written into ``tmp``: state, fsync, rename, then the marker.
+
+    ``hashed``: (size, sha256) of the files the workers wrote, by path relative to ``tmp``,
+    as each writer hashed them (:func:`save_replicas`); they are not read again here, only
+    checked to be there with that size. The driver hashes the rest (its own small files:
+    state, carry)."""
     _write_synced(tmp / STATE, json.dumps({"format": FORMAT, "step": step, **state},
                                           indent=1, sort_keys=True))
-    manifest = {"format": FORMAT, "step": step, "files": _manifest(tmp)}
+    manifest = {"format": FORMAT, "step": step, "files": _manifest(tmp, hashed or {})}
     for f in tmp.rglob("*"):
         _fsync(f)
     final = folder(run_dir) / step_name(step)
@@ -391,19 +397,50 @@ def of_frozen(key: str, frozen: set[str]) -> bool:
     return set(ReplicaKey(key).backbone.members) <= frozen
 
 
-def save_replicas(root: str, step: int, skip: tuple[str, ...] = ()) -> dict[str, int]:
+def save_replicas(root: str, step: int, skip: tuple[str, ...] = ()
+                  ) -> tuple[dict[str, int], dict[str, tuple[int, str]]]:
     """In a worker: write each replica it holds to ``root/MODEL@DEVICE`` (but those in
-    ``skip``, see ``rpeg.runtime.core.choices.rebuildable``); the versions of all."""
+    ``skip``, see ``rpeg.runtime.core.choices.rebuildable``); the versions of all, and
+    (size, sha256) of every file it wrote, by path relative to ``root``, hashed here as
+    each is written (:func:`hash_written`), so the driver reads none of them back: the
+    replica folders are this worker's own, and a backend that writes elsewhere under
+    ``root`` (a sharded model's folder of every rank's shards) hashes its own files there."""
     from rpeg.runtime.dask import worker as W
     ex = W.current_executor()
     device = W.current_device()
     out = {}
+    _WRITTEN.clear()
     for model, replica in ex.replicas.items():
         key = ReplicaAt.of(model, device)
         if key not in skip:
             ex.checkpoint(model, str(Path(root) / key), {"step": step, "device": device})
+            mine = Path(root) / key
+            if mine.is_dir():
+                hash_written(f for f in sorted(mine.rglob("*")) if f.is_file()
+                             and str(f) not in _WRITTEN)
         out[key] = replica.version
-    return out
+    base = Path(root)
+    files = {}
+    for f, entry in _WRITTEN.items():
+        try:
+            files[str(Path(f).relative_to(base))] = entry
+        except ValueError:                # written outside the checkpoint: not in it
+            continue
+    _WRITTEN.clear()
+    return out, files
+
+
+# (size, sha256) of the files this process wrote into the checkpoint being written, by path
+_WRITTEN: dict[str, tuple[int, str]] = {}
+
+
+def hash_written(paths) -> None:
+    """In a writer: hash the checkpoint files ``paths`` it has just written (and synced),
+    while they are in its page cache, for :func:`save_replicas` to return; a backend calls
+    it for files it writes outside the replica's own folder."""
+    for f in paths:
+        f = Path(f)
+        _WRITTEN[str(f)] = (f.stat().st_size, _sha256(f))
 
 
 def restore_replicas(sources: dict[str, str]) -> dict[str, int]:
@@ -424,9 +461,32 @@ def restore_replicas(sources: dict[str, str]) -> dict[str, int]:
 
 # --- helpers -------------------------------------------------------------------------------
 
-def _manifest(tmp: Path) -> dict[str, dict]:
-    return {str(f.relative_to(tmp)): {"size": f.stat().st_size, "sha256": _sha256(f)}
-            for f in sorted(tmp.rglob("*")) if f.is_file()}
+def _manifest(tmp: Path, hashed: dict[str, tuple[int, str]] | None = None
+              ) -> dict[str, dict]:
+    """Every file under ``tmp``: its size and SHA-256, from ``hashed`` where its writer
+    hashed it (checked: the file there, of that size), else read and hashed here."""
+    hashed = hashed or {}
+    out = {}
+    for f in sorted(tmp.rglob("*")):
+        if not f.is_file():
+            continue
+        name = str(f.relative_to(tmp))
+        size = f.stat().st_size
+        if name in hashed:
+            want, digest = hashed[name]
+            if size != want:
+                raise RuntimeFailure(f"checkpoint file '{f}' must be the {want} bytes its "
+                                     f"writer hashed, not {size} (written over while "
+                                     "committed)", Span(str(f), 0, 0))
+        else:
+            digest = _sha256(f)
+        out[name] = {"size": size, "sha256": digest}
+    missing = sorted(set(hashed) - set(out))
+    if missing:
+        raise RuntimeFailure(f"checkpoint file '{tmp / missing[0]}' its writer hashed must "
+                             "be there when committed, and it is not",
+                             Span(str(tmp / missing[0]), 0, 0))
+    return out
 
 
 def _sha256(path: Path) -> str:

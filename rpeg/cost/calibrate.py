@@ -282,6 +282,9 @@ def fit_profile(m: dict, name: str = "local_cpu", devices: int = 2) -> Fit:
             "concurrency_slowdown": contention_in_range(m.get("concurrency", 1.0), devices),
             "copy_bandwidth": float(m["copy_bandwidth"]),
             "gloo_bandwidth": link.bandwidth, "gloo_latency": link.latency}
+    if "checkpoint_io" in m:         # rpeg.runtime.calibrate.disk: measured, no fit
+        host.update({k: float(m["checkpoint_io"][k])
+                     for k in ("disk_bandwidth", "hash_bandwidth")})
     if "dispatch" in m:
         host["dispatch_s"] = fit_dispatch(m["dispatch"])
     if "control" in m:

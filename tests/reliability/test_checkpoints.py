@@ -172,3 +172,38 @@ def test_async_cut_pulls_in_the_generation_that_reads_the_old_version(ppo):
     view = {c.id: c for c in core_view(table, inside - closure(table, 1), 2)}
     assert all(view[i].step == 1 for i in extra)          # counted in the last step of the cut
     assert all(d in view for c in view.values() for d in c.all_deps)
+
+
+def test_the_writers_hashes_are_committed_without_reading_their_files(tmp_path, monkeypatch):
+    """The manifest takes each worker-written file's (size, sha256) from its writer; the
+    driver hashes only the files nobody hashed (its own state and carry); the manifest is
+    as before, so resume's validation (which hashes every file) accepts it."""
+    from safetensors.numpy import save_file
+    tmp = ckio.begin(tmp_path, 3)
+    (tmp / "actor@0").mkdir()
+    shard = tmp / "actor@0" / "model.safetensors"
+    save_file({"w": np.arange(250, dtype=np.float32)}, str(shard))
+    ckio._WRITTEN.clear()
+    ckio.hash_written([shard])
+    hashed = {"actor@0/model.safetensors": ckio._WRITTEN.pop(str(shard))}
+    read = []
+    real = ckio._sha256
+    monkeypatch.setattr(ckio, "_sha256", lambda f: read.append(f.name) or real(f))
+    ck = ckio.commit(tmp_path, tmp, 3, {"replicas": {"actor@0": 3}}, hashed=hashed)
+    assert read == ["state.json"]
+    files = json.loads((ck.path / ckio.MARKER).read_text())["files"]
+    assert files["actor@0/model.safetensors"] == {"size": hashed[
+        "actor@0/model.safetensors"][0], "sha256": real(ck.path / "actor@0/model.safetensors")}
+    assert ckio.validate(ck.path).step == 3
+
+
+def test_a_file_unlike_its_writers_hash_is_refused_at_commit(tmp_path):
+    """A file whose size is not what its writer hashed, or which is gone, fails the commit,
+    naming the file; no checkpoint is made."""
+    tmp = ckio.begin(tmp_path, 3)
+    (tmp / "a.bin").write_bytes(b"x" * 10)
+    with pytest.raises(RuntimeFailure, match="a.bin.*must be the 9 bytes"):
+        ckio.commit(tmp_path, tmp, 3, {}, hashed={"a.bin": (9, "0" * 64)})
+    with pytest.raises(RuntimeFailure, match="gone.bin.*must be there"):
+        ckio.commit(tmp_path, tmp, 3, {}, hashed={"gone.bin": (9, "0" * 64)})
+    assert ckio.latest(tmp_path) is None

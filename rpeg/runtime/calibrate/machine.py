@@ -68,8 +68,10 @@ QUICK_CONTROL_STEPS = 40
 # 6: a decode step's sampling measured by itself, the profile's decode_overhead and
 # sample_logit_time, and the control plane's three runs twice each, in alternating order;
 # 7: what a run's generate op pays per decode step beyond the price of its lengths, from the
-# control plane's runs, added to decode_overhead: rpeg.runtime.calibrate.runs)
-CALIBRATION = 7
+# control plane's runs, added to decode_overhead: rpeg.runtime.calibrate.runs; 8: a
+# checkpoint's write with its fsync and its writer's SHA-256, disk_bandwidth and
+# hash_bandwidth: rpeg.runtime.calibrate.disk)
+CALIBRATION = 8
 
 __all__ = ["ProfileChoice", "MachineId", "LocalProfile", "local_profile", "calibrated_on",
            "choice_from_env", "cache_dir", "calibrate_into", "fit_machine", "measure_machine",
@@ -247,6 +249,7 @@ def measure_machine(repeats: int, control_steps: int = 40, scheduler: bool = Fal
 def _measure_machine(repeats: int, control_steps: int, scheduler: bool) -> dict:
     from rpeg.cost.calibrate import worker_env
     from rpeg.runtime.calibrate.dispatch import measure_control, measure_dispatch, measure_scheduler
+    from rpeg.runtime.calibrate.disk import measure_checkpoint_io
     from rpeg.runtime.calibrate.simulated import measure_core
     proc = subprocess.run([sys.executable, "-m", "backends.torch_backend.measure", "calibrate",
                            str(repeats)], capture_output=True, text=True, env=worker_env(),
@@ -256,6 +259,7 @@ def _measure_machine(repeats: int, control_steps: int, scheduler: bool) -> dict:
                            + (proc.stderr.strip().splitlines() or ["no output"])[-1],
                            hint="calibration needs the torch extra: pip install -e '.[torch]'")
     m = json.loads(proc.stdout)
+    m["checkpoint_io"] = measure_checkpoint_io(cache_dir())   # the runs' filesystem
     m["dispatch"] = measure_dispatch()
     m["control"] = measure_control(steps=control_steps)
     if scheduler:
@@ -300,6 +304,8 @@ def calibrate_into(profile_path: Path, cluster_path: Path, repeats: int = QUICK_
                                          fit.link), encoding="utf-8")
     return (f"GEMM {p.matmul_flops / 1e9:.0f} GFLOPS, copy {p.mem_bandwidth / 1e9:.0f} GB/s, "
             f"gloo {fit.link.bandwidth / 1e9:.2f} GB/s + {fit.link.latency * 1e6:.0f} us, "
-            f"ops {p.concurrency_slowdown:.2f}x slower beside each other"
+            f"ops {p.concurrency_slowdown:.2f}x slower beside each other, "
+            f"checkpoint write {p.disk_bandwidth / 1e9:.2f} GB/s, "
+            f"SHA-256 {p.hash_bandwidth / 1e9:.2f} GB/s"
             + (f", a run's decode step {runs * 1e6:+.0f} us beyond its price"
                if (runs := dict(fit.residuals).get(RUN_DECODE)) is not None else ""))

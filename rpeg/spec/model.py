@@ -475,9 +475,11 @@ class GpuProfile:
     host_bandwidth: float = _m("bytes/s", 25e9)    # device <-> host memory, one way (offload)
     host_memory_bandwidth: float = _m("bytes/s", 12.5e9)  # one rank's CPU Adam step (passes.cpu_adam_step)
     disk_bandwidth: float = _m("bytes/s", 1e9)     # one node's checkpoint write, fsync'd
-                                                   # (rpeg.cost.checkpoint; a default, not measured)
-    hash_bandwidth: float = _m("bytes/s", 1e9)     # the driver's SHA-256 of a checkpoint's files,
-                                                   # read back (one process; a default)
+                                                   # (rpeg.cost.checkpoint; calibrated locally,
+                                                   # a conservative default: spec.keys)
+    hash_bandwidth: float = _m("bytes/s", 1e9)     # one writer's SHA-256 of the checkpoint files
+                                                   # it wrote (every writer at once; calibrated
+                                                   # locally, a conservative default)
     grads_freed: float = _m("")                    # 1: the backend frees gradients after each step
     packed_seq_overhead: float = _m("s")           # per sequence per layer of a packed pass: one
                                                    # attention call each (no varlen kernel)

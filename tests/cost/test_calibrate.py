@@ -248,3 +248,16 @@ def test_every_shipped_clusters_contention_is_physical(path):
     assert 1.0 <= p.concurrency_slowdown <= max(cluster.gpus_per_node, 1)
     if p.host_cores == 0:
         assert p.concurrency_slowdown == 1.0
+
+
+def test_checkpoint_bandwidths_are_taken_as_measured(tmp_path):
+    """The local calibration's checkpoint write and SHA-256 rates go into the profile as
+    measured (no fit), among the fields a recalibration replaces."""
+    from rpeg.runtime.calibrate.disk import measure_checkpoint_io
+    io = measure_checkpoint_io(tmp_path, size=1 << 20, repeats=1)
+    assert io["disk_bandwidth"] > 0 and io["hash_bandwidth"] > 0
+    assert list(tmp_path.iterdir()) == []                 # its file removed
+    fit = fit_profile({**_synthetic(), "checkpoint_io": io})
+    assert fit.profile.disk_bandwidth == io["disk_bandwidth"]
+    assert fit.profile.hash_bandwidth == io["hash_bandwidth"]
+    assert {"disk_bandwidth", "hash_bandwidth"} <= fit.measured

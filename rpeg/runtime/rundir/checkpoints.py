@@ -18,8 +18,11 @@ A checkpoint is written into a ``.partial-*`` folder, every file fsync'ed, the
 folder renamed to its final name, and only then the ``COMPLETE`` manifest
 written (temporary name, fsync, rename, fsync of the folder). A crash at any
 point leaves either no ``step-N`` folder or one without ``COMPLETE``, which
-:func:`latest` skips. A folder whose files no longer match the manifest
-(truncated, flipped bytes) is refused with the file and what is wrong.
+:func:`latest` skips. The manifest's SHA-256 of a file a worker wrote is the
+worker's own, taken as it wrote it (:func:`save_replicas`: every writer at once, from its
+page cache); the driver reads none of those back, and hashes only the files it writes
+itself. A folder whose files no longer match the manifest (truncated, flipped bytes) is
+refused with the file and what is wrong: :func:`validate` hashes every file again.
 
 Nothing read here is unpickled: tensors are safetensors, everything else JSON;
 ``carry.json`` may name only classes from an allow-list (``backends.api``,

@@ -123,7 +123,7 @@ CLAIMS = [
     ("spends that allowance on a **partial rollout**", "carries responses over 1 step"),
     ("Generation runs on vLLM (the `rollout` row)", re.compile(r"^  rollout .* vllm ", re.M)),
     ("fuses the\n  reference and values forwards, the scores and the advantages into one task",
-     "fusion: ref_lp + values + adv + scores"),
+     "fusion: ref_lp + values + scores + adv"),
     ("the search generates whole batches", "streaming: none (whole batches)"),
     ("above 3% of the step a note\n  says so", "note: the control plane takes"),
     ("The first line under the step time is the checkpoints' share",

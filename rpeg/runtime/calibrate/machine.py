@@ -248,8 +248,8 @@ def measure_machine(repeats: int, control_steps: int = 40, scheduler: bool = Fal
 
 def _measure_machine(repeats: int, control_steps: int, scheduler: bool) -> dict:
     from rpeg.cost.calibrate import worker_env
-    from rpeg.runtime.calibrate.dispatch import measure_control, measure_dispatch, measure_scheduler
     from rpeg.runtime.calibrate.disk import measure_checkpoint_io
+    from rpeg.runtime.calibrate.dispatch import measure_control, measure_dispatch, measure_scheduler
     from rpeg.runtime.calibrate.simulated import measure_core
     proc = subprocess.run([sys.executable, "-m", "backends.torch_backend.measure", "calibrate",
                            str(repeats)], capture_output=True, text=True, env=worker_env(),

@@ -142,10 +142,11 @@ def _cadence_priced(file: Path, pipeline, plan, was: int, cluster):
         return plan
     where = cluster or plan.cluster_path
     if not where or not Path(where).is_file():
+        now = pipeline.workload.checkpoint_every
         print(f"{file}: warning: the plan's predicted step time prices a checkpoint every "
-              f"{was} steps (its spec's checkpoint_every) and this run cuts every "
-              f"{pipeline.workload.checkpoint_every or 'eval step and at the end'}; its cluster "
-              f"file ({where or 'none recorded'}) is not here to price it again",
+              f"{was} steps (its spec's checkpoint_every) and this run cuts "
+              f"{f'every {now} steps' if now else 'only at the eval steps and the end'}; its "
+              f"cluster file ({where or 'none recorded'}) is not here to price it again",
               file=sys.stderr)
         return plan
     return _priced(pipeline, plan, where)

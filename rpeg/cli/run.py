@@ -75,8 +75,11 @@ def register(app: typer.Typer) -> None:
         progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress bar."),
         checkpoint_every: int = typer.Option(None, "--checkpoint-every", min=0,
                                              help="Steps between checkpoints (0: only at the "
-                                                  "end; no recovery from worker loss); "
-                                                  "default 10, with --resume the run's own."),
+                                                  "eval steps and the end; no recovery from "
+                                                  "worker loss); default the spec's "
+                                                  "checkpoint_every (10 unless set), with "
+                                                  "--resume the run's own. The plan is "
+                                                  "priced at it."),
         op_timeout: float = typer.Option(120.0, "--op-timeout", min=1.0,
                                          help="Least seconds before an op counts as stuck "
                                               "(10x its predicted time when that is longer)."),
@@ -105,13 +108,13 @@ def register(app: typer.Typer) -> None:
 
         tls = TlsFiles.resolve(*(str(p) if p else None for p in (tls_ca, tls_cert, tls_key)))
         check_scheduler_address(scheduler, tls)
-        if checkpoint_every is None:
-            checkpoint_every = (resume is not None and recorded_cadence(resume)) or CHECKPOINT_EVERY
-        resilience = Resilience(checkpoint_every=max(checkpoint_every, 1),
-                                timeout_floor_s=op_timeout)
         _usage(file, resume, spec, strategy, devices, cluster, staleness, profile, scheduler,
                force)
         if resume is not None:
+            if checkpoint_every is None:
+                checkpoint_every = recorded_cadence(resume) or CHECKPOINT_EVERY
+            resilience = Resilience(checkpoint_every=max(checkpoint_every, 1),
+                                    timeout_floor_s=op_timeout)
             with dask_tls(tls):
                 result = resume_run(resume, RunOptions(scheduler=scheduler, progress=progress,
                                                        use_cuda=cuda,
@@ -138,19 +141,22 @@ def register(app: typer.Typer) -> None:
         try:
             pipeline, plan, spec_path = plan_for_run(
                 file, spec=spec, cluster=cluster, strategy=strategy,
-                staleness=staleness, seed=seed, overrides=parsed, force=force)
+                staleness=staleness, seed=seed, overrides=parsed, force=force,
+                checkpoint_every=checkpoint_every)
         except RpegError as e:
             _show_override(e, overrides or [])
             raise
+        cadence = pipeline.workload.checkpoint_every       # the flag's, else the spec's
         options = RunOptions(steps=steps, scheduler=scheduler,
                              run_dir=str(run_dir) if run_dir else None, progress=progress,
                              use_cuda=cuda, trackers=tuple(tracker or ()),
                              collective_timeout_s=collective_timeout,
                              overrides=tuple(overrides or ()))
         with dask_tls(tls):
-            if checkpoint_every:
+            if cadence:
                 result = run_resilient(pipeline, plan, options, spec_path=str(spec_path),
-                                       resilience=resilience)
+                                       resilience=Resilience(checkpoint_every=cadence,
+                                                             timeout_floor_s=op_timeout))
             else:
                 result = run_pipeline(pipeline, plan, options, spec_path=str(spec_path))
         rewards = [m["reward"] for m in result.metrics if "reward" in m]

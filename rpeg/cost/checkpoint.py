@@ -10,7 +10,8 @@
     (3, 8, 1)
 
 ``rpeg run`` cuts the run at step boundaries (``rpeg.runtime.core.choices.next_cut``):
-every ``--checkpoint-every`` steps (:data:`CHECKPOINT_EVERY` by default), at every eval
+every ``checkpoint_every`` steps (the workload's key, :data:`CHECKPOINT_EVERY` unless set;
+``--checkpoint-every`` overrides it; 0: none between), at every eval
 step and at the end, and at each cut writes a checkpoint
 (``rpeg.runtime.dask.checkpointing.Checkpointer``) before the next step starts: the run
 waits for it. What it writes is what a resume cannot rebuild: each trained model's
@@ -39,10 +40,9 @@ from rpeg.cost.memory import (
     optimizer_state_bytes,
     value_bytes,
 )
-from rpeg.spec.model import GpuProfile, Model
+from rpeg.spec.model import CHECKPOINT_EVERY, GpuProfile, Model
 
 CHECKPOINT_OP = "checkpoint"
-CHECKPOINT_EVERY = 10        # `rpeg run --checkpoint-every`'s default (steps between cuts)
 
 
 def checkpoint_bytes(model: Model, gpu: GpuProfile) -> float:

@@ -41,7 +41,6 @@ import attrs
 import numpy as np
 
 from rpeg.cost.checkpoint import (
-    CHECKPOINT_EVERY,
     CHECKPOINT_OP,
     checkpoint_bytes,
     per_step,
@@ -249,9 +248,10 @@ class Evaluator(MemoryWalk, OpTimings):
         return self._saves[trained]
 
     def checkpoint_share(self, saved: float) -> float:
-        """A step's share of the checkpoints a run of the workload's steps writes."""
-        e = self.pipeline.evaluation
-        return per_step(saved, self.pipeline.workload.steps, CHECKPOINT_EVERY,
+        """A step's share of the checkpoints a run of the workload's steps writes, at its
+        cadence (``checkpoint_every``)."""
+        e, w = self.pipeline.evaluation, self.pipeline.workload
+        return per_step(saved, w.steps, w.checkpoint_every,
                         e.every if e is not None else None)
 
     # --- the evaluation ------------------------------------------------------------

@@ -64,7 +64,7 @@ def plan_for_run(file: str | Path, *, spec: str | Path | None = None,
                  cluster: str | Path | None = None,
                  strategy: RunStrategy = RunStrategy.SEARCH,
                  staleness: int | None = None, seed: int = 0, overrides: tuple = (),
-                 force: bool = False):
+                 force: bool = False, checkpoint_every: int | None = None):
     """(pipeline, plan, spec path) for ``rpeg run FILE``; ``overrides``
     (``rpeg.spec.overrides``) change the spec before it is checked.
 
@@ -77,7 +77,12 @@ def plan_for_run(file: str | Path, *, spec: str | Path | None = None,
     planned again under the capped bounds; a plan file keeps its placement, its stages'
     staleness and carry are capped and it is priced again on its cluster (``cluster``,
     else the one it records). K above the spec's largest bound is refused: the spec's
-    bound is the contract, which a run may tighten but not loosen."""
+    bound is the contract, which a run may tighten but not loosen.
+
+    ``checkpoint_every`` N (``rpeg run --checkpoint-every``) replaces the workload's cadence
+    before the plan is made, so that it is priced at the cuts the run makes; a plan file
+    priced at another cadence is priced again on its cluster (said, when its cluster file
+    is not there)."""
     from rpeg.plan.staleness import explicit
     from rpeg.spec import load, load_cluster
 
@@ -94,6 +99,11 @@ def plan_for_run(file: str | Path, *, spec: str | Path | None = None,
             plan = attrs.evolve(plan, spec_hash="")
         _check_cap(pipeline, staleness)
         plan = explicit(pipeline, plan)             # a stage the plan does not list: 0
+        if checkpoint_every is not None:
+            was = pipeline.workload.checkpoint_every
+            pipeline = with_cadence(pipeline, checkpoint_every)
+            if checkpoint_every != was:
+                plan = _cadence_priced(file, pipeline, plan, was, opened.cluster_path)
         if staleness is not None:
             plan = _capped_plan(pipeline, plan, staleness, opened.cluster_path)
         if machine is not None:
@@ -105,6 +115,8 @@ def plan_for_run(file: str | Path, *, spec: str | Path | None = None,
     else:
         spec_path = file
         pipeline = load(file, overrides)
+        if checkpoint_every is not None:
+            pipeline = with_cadence(pipeline, checkpoint_every)
         _check_cap(pipeline, staleness)
         c = load_cluster(cluster) if cluster else None
         if strategy is RunStrategy.RUNTIME_SPLIT:
@@ -114,6 +126,30 @@ def plan_for_run(file: str | Path, *, spec: str | Path | None = None,
         else:
             plan = _compile(pipeline, c, strategy, seed, staleness)
     return pipeline, plan, spec_path
+
+
+def with_cadence(pipeline, every: int):
+    """``pipeline`` with its run cut every ``every`` steps (the workload's
+    ``checkpoint_every``; 0: at the eval steps and the end only)."""
+    return attrs.evolve(pipeline, workload=attrs.evolve(pipeline.workload,
+                                                        checkpoint_every=every))
+
+
+def _cadence_priced(file: Path, pipeline, plan, was: int, cluster):
+    """A plan file, priced at checkpoint_every ``was``, priced again at the pipeline's own;
+    kept as it is, and said, when it has no prediction or its cluster file is not here."""
+    if plan.predicted is None:
+        return plan
+    where = cluster or plan.cluster_path
+    if not where or not Path(where).is_file():
+        now = pipeline.workload.checkpoint_every
+        print(f"{file}: warning: the plan's predicted step time prices a checkpoint every "
+              f"{was} steps (its spec's checkpoint_every) and this run cuts "
+              f"{f'every {now} steps' if now else 'only at the eval steps and the end'}; its "
+              f"cluster file ({where or 'none recorded'}) is not here to price it again",
+              file=sys.stderr)
+        return plan
+    return _priced(pipeline, plan, where)
 
 
 def _check_cap(pipeline, staleness: int | None) -> None:
@@ -142,10 +178,15 @@ def _capped_plan(pipeline, plan, cap: int, cluster):
         raise PlanError(f"--staleness {cap} re-plans the plan '{plan.pipeline}' and prices it "
                         f"again on its cluster, whose file must exist, not be missing "
                         f"({where or 'none recorded'})", hint="pass --cluster CLUSTER.rpeg")
+    return _priced(pipeline, new, where)
+
+
+def _priced(pipeline, plan, cluster):
+    """``plan`` priced again for ``pipeline`` on the cluster file ``cluster``."""
     from rpeg.plan.evaluate import Evaluator
     from rpeg.spec import load_cluster
-    return Evaluator(pipeline, load_cluster(where), engine_kv=runtime_limits().engine_kv
-                     ).evaluate(attrs.evolve(new, predicted=None)).plan
+    return Evaluator(pipeline, load_cluster(cluster), engine_kv=runtime_limits().engine_kv
+                     ).evaluate(attrs.evolve(plan, predicted=None)).plan
 
 
 def settled(pipeline, plan, cluster):

@@ -232,7 +232,8 @@ def _workload(a: Pipeline, b: Pipeline) -> list[Change]:
     fields = (("steps", ""), ("prompts", "prompts per step"),
               ("samples", "responses per prompt"), ("prompt_len", "prompt tokens"),
               ("gen_len", "generated tokens"), ("dataset", ""), ("seed", ""),
-              ("fields", "dataset columns"), ("template", "prompt rendering"), ("split", ""))
+              ("fields", "dataset columns"), ("template", "prompt rendering"), ("split", ""),
+              ("checkpoint_every", "steps between checkpoints"))
     for key, meaning in fields:
         x, y = getattr(wa, key), getattr(wb, key)
         if _differs(x, y):

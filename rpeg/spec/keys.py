@@ -24,7 +24,7 @@ from rpeg.spec import ast
 from rpeg.spec import values as V
 from rpeg.spec.functions import by_category
 from rpeg.spec.kinds import GENERATE_ENGINES, PASS_ENGINES, Head, OpKind
-from rpeg.spec.model import DType, GpuProfile
+from rpeg.spec.model import CHECKPOINT_EVERY, DType, GpuProfile
 from rpeg.spec.presets import Family
 from rpeg.spec.registry import Category, Param, Type
 from rpeg.spec.training import LORA_TARGETS, Template, Tracker, Truncation
@@ -83,7 +83,13 @@ WORKLOAD = Section(
            "prices (a generate stage's max_len and min_len bound it)", unit="tokens", low=1,
            high=MAX_TOKENS, required=True, example="uniform(min = 1, max = 16)"),
      _int("seed", "seeds every random choice of the run (sampling, data order, initial "
-          "weights), with the step", low=0, high=2**31 - 1, default=0)))
+          "weights), with the step", low=0, high=2**31 - 1, default=0),
+     _int("checkpoint_every", "steps between the checkpoints a run writes (verl's "
+          "trainer.save_freq, OpenRLHF's --save_steps): it cuts at every multiple, at every "
+          "eval step and after the last step, and the cost model prices each save; 0: only "
+          "at the eval steps and the end (a lost worker then fails the run). rpeg run "
+          "--checkpoint-every N overrides it", low=0, high=MAX_STEPS,
+          default=CHECKPOINT_EVERY, unit="steps")))
 
 DATA = Section(
     "data", "workload { dataset = \"FILE\"; prompt_field = \"...\"; ... }",

@@ -166,7 +166,8 @@ def _workload(w: ast.WorkloadDecl, warnings: list[SpecError]) -> Workload:
     fields, template, split, truncation = data_fields(e)
     return Workload(steps, prompts, samples, prompt_len, gen_len, dataset, seed, w.span,
                     fields=fields, template=template, split=split, prompt_dist=prompt_dist,
-                    truncation=truncation, keys=tuple((k, x.span) for k, x in e.items()))
+                    truncation=truncation, checkpoint_every=get("checkpoint_every"),
+                    keys=tuple((k, x.span) for k, x in e.items()))
 
 
 # --- models and rewards ------------------------------------------------------

@@ -155,6 +155,9 @@ def _quantiles(dist: LengthDist, n: int) -> np.ndarray:
     out.flags.writeable = False
     return out
 
+CHECKPOINT_EVERY = 10        # a workload's checkpoint_every when it sets none (steps)
+
+
 @attrs.frozen
 class Workload:
     steps: int
@@ -170,6 +173,7 @@ class Workload:
     split: str | None = None                  # a saved DatasetDict's split
     prompt_dist: LengthDist | None = None     # the prompts' lengths (None: all prompt_len)
     truncation: Truncation = Truncation.ERROR  # a prompt over prompt_len: refused, or cut
+    checkpoint_every: int = CHECKPOINT_EVERY  # steps between a run's cuts (0: eval steps, end)
     # where each key was written (for errors about the data it names)
     keys: tuple[tuple[str, Span], ...] = attrs.field(default=(), eq=False, repr=False)
 

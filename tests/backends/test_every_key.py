@@ -349,6 +349,9 @@ witness("workload.gen_len", "plan", GRPO, sub(GRPO, "uniform(min = 1, max = 8)",
                                               "uniform(min = 4, max = 8)"))
 witness("workload.dataset", "run", GRPO, sub(GRPO, "data/toy.jsonl", "data/other.jsonl"))
 witness("workload.seed", "run", GRPO, sub(GRPO, "seed = 0", "seed = 1"))
+# a cut a step (2 in 2 steps) against the default's one at the end: priced, not computed
+witness("workload.checkpoint_every", "plan", GRPO,
+        sub(GRPO, "seed = 0", "seed = 0; checkpoint_every = 1"))
 # the toy prompts are 5 or 6 tokens with BOS: at prompt_len 4 each is cut, at its end or start
 witness("workload.truncation", "run", sub(GRPO, "prompt_len = 8", "prompt_len = 4; truncation = left"),
         sub(GRPO, "prompt_len = 8", "prompt_len = 4; truncation = right"))

@@ -76,3 +76,28 @@ def test_each_writer_hashes_its_own_shard():
     both = save_time(((b, (0, 1, 4, 5)), (b, (2, 3))), gpu, 4)
     assert both == pytest.approx(1.5 * b / disk + b / 2 / sha)
     assert save_time((), gpu, 4) == 0.0
+
+
+@pytest.mark.parametrize("steps", [1, 7, 25, 100])
+@pytest.mark.parametrize("eval_every", [None, 4])
+def test_no_cadence_cuts_at_the_evals_and_the_end_as_the_runtime(steps, eval_every):
+    """checkpoint_every = 0: ``rpeg run`` runs one segment to the end (``runner.run``, every
+    ``steps``), cut at the eval steps."""
+    assert cuts(steps, 0, eval_every) == _runtime_cuts(steps, steps, eval_every)
+
+
+def test_the_predicted_step_prices_the_workloads_cadence():
+    """tests/fixtures/checkpoint/every_*.rpeg: the same pipeline, 100 steps, a checkpoint every
+    50 steps (2 cuts), every 10 (the default: 10) or only at the end (1)."""
+    from pathlib import Path
+    fixtures = Path(__file__).resolve().parents[1] / "fixtures" / "checkpoint"
+    cluster = builtin_cluster("gh200_8")
+    got = {}
+    for name in ("every_50", "every_default", "every_0"):
+        p = load(fixtures / f"{name}.rpeg")
+        got[name] = Evaluator(p, cluster).evaluate(split_plan(p, 2, staleness=0)).plan.predicted
+    one = dict(got["every_50"].op_times)["checkpoint"]
+    assert one > 0 and all(dict(g.op_times)["checkpoint"] == one for g in got.values())   # rounded
+    step = {k: g.step_time_s for k, g in got.items()}
+    assert step["every_default"] - step["every_50"] == pytest.approx(one * (10 - 2) / 100, rel=1e-3)
+    assert step["every_50"] - step["every_0"] == pytest.approx(one * (2 - 1) / 100, rel=1e-3)

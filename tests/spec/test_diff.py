@@ -72,6 +72,13 @@ def test_workload_and_model_changes_say_what_they_do(spec):
     assert not any(n.startswith("actor.dims.") for n in by_name)   # implied by the preset
 
 
+def test_a_checkpoint_cadence_change_is_a_workload_change(spec):
+    d = diff(spec(BASE), spec(BASE.replace("gen_len = 16", "gen_len = 16; checkpoint_every = 50")))
+    (c,) = d.changes
+    assert (c.section, c.name, c.before, c.after) == ("workload", "checkpoint_every", "10", "50")
+    assert c.detail == "steps between checkpoints"
+
+
 def test_stage_inputs_params_and_edges(spec):
     text = BASE.replace("train(actor, responses, advantages)",
                         "train(actor, responses, advantages, logprobs, minibatches = 2)")

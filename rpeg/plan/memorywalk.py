@@ -116,7 +116,7 @@ class MemoryWalk:
     def walk(self, plan: Plan, graph: Graph) -> Walk:
         """The copies each model keeps, what they leave free, each generate op's wave size,
         the chunks each streamed op consumes, and each device's largest transient need."""
-        copies, spread, before = self._held(plan)
+        copies, spread, before = self._held(plan, graph)
         n = plan.num_devices
         resident = np.zeros(n)
         for model, placement, trained, at in spread:
@@ -155,27 +155,30 @@ class MemoryWalk:
         """Every copy of every model's weights, on the devices the runtime keeps it on
         (:func:`rpeg.plan.copies.copies`, by which it keys its replicas): the trained copy
         where its train op runs, the others as the first op reading them there lays them
-        out. ``graph`` is not read (the copies are those of the plan's step graph)."""
-        return self._held(plan)[0]
+        out. ``graph``: the plan's (:meth:`graph`), when at hand."""
+        return self._held(plan, graph)[0]
 
-    def _held(self, plan: Plan) -> tuple[tuple[Held, ...], tuple, frozenset[str]]:
+    def _held(self, plan: Plan, graph: Graph | None = None
+              ) -> tuple[tuple[Held, ...], tuple, frozenset[str]]:
         """(:meth:`copies`, the same spread for the resident bytes: (model, placement,
         trained, index of its devices) of each run of consecutive copies priced alike on
         devices apart, which add the same bytes to the same devices in the same order as
         the copies one by one, a tensor-parallel block's second copies at once; the ops
-        fetching no copy of their own, :attr:`Walk.read_before`)."""
-        base = self.step_graph(plan)
-        ops = self._model_ops(base)
-        key = (base, tuple(plan.placement(o.stages[0]) for o in ops))
+        fetching no copy of their own, :attr:`Walk.read_before`). Read from the plan's
+        placed value (:meth:`placed`: the one the runtime keys its replicas by), its op
+        layouts and chunks lowered (:data:`~rpeg.plan.lower.PASSES`' first two)."""
+        placed = self.placed(plan, graph)
+        ops = self._model_ops(placed.graph)
+        key = (placed.graph, tuple(plan.placement(o.stages[0]) for o in ops))
         out = self._copies.get(key)
         if out is None:
             def placing(op):
                 return plan.placement(op.stages[0])
 
             # the op layouts and chunks a step streams: what the copies are read from
-            placed = lower(base, plan, self.responses, placing, passes=PASSES[:2])
+            laid = lower(placed.graph, plan, placed.responses, placing, passes=PASSES[:2])
             names = self._model_names(plan.shared)
-            found = copies_of(placed, placing)
+            found = copies_of(laid, placing)
             held = tuple(
                 Held(names[(c.key.backbone, c.trained)], c.placement, c.trained, c.devices,
                      c.key)

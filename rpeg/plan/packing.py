@@ -25,11 +25,26 @@ for the calls before it there, and for any call joining it after.
 
 Tasks are numbered from 0 as they start; a dependency is a task's number, or any other
 hashable naming a task submitted before.
+
+Both sides feed the Packer through :meth:`Packer.submit`, one instance or call at a time:
+its devices (the runtime's call: one), step, chunk, op, dependencies, whether it is a gang
+(a collective's ranks), and whether another device reads its output; the branching on
+those is this one method's:
+
+    >>> p = Packer()
+    >>> a = p.submit((0, 1), step=0, chunk=0, op="a", need=set(), deps=set())   # a call each
+    >>> p.submit((0,), step=0, chunk=0, op="b", need={a}, deps={a}) == a
+    True
+    >>> g = p.submit((0, 1), step=0, chunk=0, op="train", need={a}, deps={a}, gang=True)
+    >>> g != a, len(p.waits)                        # a rank each, on tasks of their own
+    (True, 4)
 """
 
 from __future__ import annotations
 
 from collections.abc import Hashable, Iterable
+
+from rpeg.cost.control import JOIN_MIN
 
 _NONE: dict = {}                       # no task waits for any dependency there
 
@@ -62,6 +77,65 @@ class Packer:
         (the rule both the runtime's fusion and the cost model's count place a join by)."""
         return self.new(deps)
 
+    def submit(self, devices: tuple[int, ...], step: int, chunk: int, op: str,
+               need: set[Hashable], deps: set[Hashable], gang: bool = False,
+               elsewhere: bool = False, read: tuple[int, ...] = (0,)) -> int:
+        """Place one instance of ``op`` (``step``, ``chunk``): a call on each of ``devices``
+        in turn (the runtime's call: one device), ``need`` the tasks of its dependencies not
+        yet finished, ``deps`` of all of them (the count's: the same set, nothing finished);
+        ``gang``: a collective's ranks, each starting a task, those of ``JOIN_MIN`` ranks or
+        more waiting through a join of their own (:meth:`join`); ``elsewhere``: another
+        device reads the output of its calls ``read`` (indices into ``devices``, on its first
+        device), which ends their tasks (:meth:`read_elsewhere`). The task of the last of
+        ``read``, through which the instance is read.
+
+        A first call read elsewhere whose every dependency is unfinished (``need`` is
+        ``deps``, kept as it is: never changed after) is placed and its task ended at once:
+        the same tasks as :meth:`place`, then :meth:`read_elsewhere`. A task it starts is
+        closed as it opens, so it is entered neither among the tasks open there nor among
+        those waiting for its dependencies (where a closed task is passed over: where a
+        call may join is the newest open task fitting it, found alike)."""
+        head = devices[0]
+        if gang:
+            if len(devices) >= JOIN_MIN:          # waiting through a join, a task of its own
+                ranks = self.gang(devices, step, {self.join(deps)}, named=False)
+            else:
+                ranks = self.gang(devices, step, deps)
+            for i in read:
+                g = ranks[i]
+                if elsewhere:
+                    self.read_elsewhere(head, g, step, chunk, op)
+            return g
+        if not elsewhere:
+            g = self.place(head, step, chunk, op, need, deps)
+        elif need is deps:                        # every dependency unfinished
+            at = (head, step)
+            here = self._open.get(at)
+            g = self._fitting(at, here, deps) if here else None
+            if g is None:
+                sealed = self._sealed.get(at)
+                if sealed:
+                    g = next((t for t, (c, ops) in reversed(sealed.items())
+                              if op in ops and c == chunk and self._fits(t, deps)), None)
+            if g is not None:
+                self.read_elsewhere(head, g, step, chunk, op)
+            else:
+                g = len(self.waits)               # a task of its own, closed at once
+                self.waits.append(deps)
+                if here is None:
+                    self._open[at] = []
+                partners = self._partners.get(op)
+                if partners:
+                    self._sealed.setdefault(at, {})[g] = (chunk, partners)
+        else:
+            g = self.place(head, step, chunk, op, need, deps)
+            self.read_elsewhere(head, g, step, chunk, op)
+        if len(devices) > 1:
+            place = self.place
+            for dev in devices[1:]:               # each call placed after the one before
+                place(dev, step, chunk, op, need, deps)
+        return g
+
     def place(self, device: int, step: int, chunk: int, op: str, need: set[Hashable],
               deps: set[Hashable], collective: bool = False) -> int:
         """The task a call of ``op`` (``step``, ``chunk``) on ``device`` runs in: ``need``,
@@ -82,34 +156,6 @@ class Packer:
         g = len(self.waits)                   # a task of its own
         self.waits.append(set(deps))
         self._open_on(at, g, deps)
-        return g
-
-    def place_read(self, device: int, step: int, chunk: int, op: str,
-                   deps: set[Hashable]) -> int:
-        """:meth:`place` of a call (not a collective's rank) whose every dependency is
-        unfinished (``need`` is ``deps``, kept as it is: never changed after), then
-        :meth:`read_elsewhere` of the task it runs in, at once: the same tasks. A task it
-        starts is closed as it opens, so it is entered neither among the tasks open there
-        nor among those waiting for its dependencies (where a closed task is passed over:
-        where a call may join is the newest open task fitting it, found alike)."""
-        at = (device, step)
-        here = self._open.get(at)
-        g = self._fitting(at, here, deps) if here else None
-        if g is None:
-            sealed = self._sealed.get(at)
-            if sealed:
-                g = next((t for t, (c, ops) in reversed(sealed.items())
-                          if op in ops and c == chunk and self._fits(t, deps)), None)
-        if g is not None:
-            self.read_elsewhere(device, g, step, chunk, op)
-            return g
-        g = len(self.waits)                   # a task of its own, closed at once
-        self.waits.append(deps)
-        if here is None:
-            self._open[at] = []
-        partners = self._partners.get(op)
-        if partners:
-            self._sealed.setdefault(at, {})[g] = (chunk, partners)
         return g
 
     def gang(self, devices: tuple[int, ...], step: int, deps: set[Hashable],

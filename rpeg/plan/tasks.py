@@ -32,11 +32,13 @@ fusion. The futures counted are those of data, version and stream edges, and one
 gang a member's device ran before (the order of collectives); the runtime passes a few
 more ordering ones.
 
-What the Packer is fed here still differs from the runtime's feed in two ways, not yet one
-function both sides call: the grain (here an instance, a gang's ranks through
-:meth:`Packer.gang`; there one call per rank); and the dependencies (here the instances'
-data, version and stream edges, a generate op's chunks in order on each of its blocks;
-there every call's data and ordering edges). Which reads end a task is the runtime's: a
+Both sides feed the Packer through :meth:`Packer.submit
+<rpeg.plan.packing.Packer.submit>`, which places an instance's calls, a gang's ranks
+(through a join where ``JOIN_MIN`` or more) and a read elsewhere alike for each. What each
+side feeds it still differs in two ways: the grain (here an instance, its devices at once;
+there one call per rank); and the dependencies (here the instances' data, version and
+stream edges, a generate op's chunks in order on each of its blocks; there every call's
+data and ordering edges). Which reads end a task is the runtime's: a
 data reader whose first two devices, or a large gang's join's one, are not the instance's
 first, and a writer ordered after the readers of the replica it writes (write after read,
 the placed graph's ``in_place`` and ``partly``: :func:`shared_of`) where the writer reads
@@ -129,9 +131,11 @@ def dispatch_per_step(graph: Graph, layouts: dict[str, OpLayout], chunks: int = 
     # reads none of them, and no write waits for it
     fills = {op: set(lay.fills) for op, lay in layouts.items() if lay.gangs}
 
-    def gangs_of(gangs, step: int, deps: set) -> tuple[int, int, int]:
-        """Pack a weight sync's ``gangs`` one by one: (calls, futures ordering them, the
-        task of the first's first rank)."""
+    def gangs_of(gangs, step: int, chunk: int, op: str, deps: set,
+                 elsewhere: bool = False) -> tuple[int, int, int]:
+        """Pack a weight sync's ``gangs`` one by one (``elsewhere``: another device reads
+        the first's first rank): (calls, futures ordering them, the task of the first's
+        first rank)."""
         calls = order = 0
         head = None
         for g in gangs:
@@ -139,19 +143,18 @@ def dispatch_per_step(graph: Graph, layouts: dict[str, OpLayout], chunks: int = 
             if len(g) >= JOIN_MIN:               # waiting through a join
                 calls += 1
                 order += len(g)
-                ranks = pack.gang(g, step, {pack.join(deps)}, named=False)
             else:
                 order += len(g) ** 2
-                ranks = pack.gang(g, step, deps)
-            head = ranks[0] if head is None else head
+            t = submit(g, step, chunk, op, deps, deps, True, elsewhere and head is None)
+            head = t if head is None else head
         return calls, order, head
+
+    submit = pack.submit
 
     def batch(step: int) -> tuple[int, int, int]:
         """Pack one step's calls, as the runtime does when the step enters its window:
         (calls, tasks, futures)."""
         first, calls, order = len(pack.waits), 0, 0
-        place, read_elsewhere, place_read = pack.place, pack.read_elsewhere, pack.place_read
-        gang_of, join = pack.gang, pack.join
         made: dict[str, int] = {}                 # op -> the task of its last instance
         for k, op, chunk, inputs, readers in _rows(prep, step)[0]:
             at = laid[op]
@@ -172,39 +175,23 @@ def dispatch_per_step(graph: Graph, layouts: dict[str, OpLayout], chunks: int = 
                             elsewhere = True
                             break
             if gangs:                             # a weight sync's gangs, one by one
-                n, o, task[k] = gangs_of(gangs, step, deps)
+                n, o, task[k] = gangs_of(gangs, step, chunk, op, deps, elsewhere)
                 calls, order = calls + n, order + o
-                if elsewhere:
-                    read_elsewhere(gangs[0][0], task[k], step, chunk, op)
                 continue
             calls += len(ds)
             if gang:                              # the ranks start together
                 if len(ds) >= JOIN_MIN:           # waiting through a join, a task of its own
                     calls += 1
                     order += len(ds)              # each member on the gang before it there
-                    ranks = gang_of(ds, step, {join(deps)}, named=False)
                 else:                             # each member waits for the gang before
                     order += len(ds) ** 2         # it on each member's device
-                    ranks = gang_of(ds, step, deps)
-                for i in at_head:
-                    task[k] = made[op] = ranks[i]
-                    if elsewhere:
-                        read_elsewhere(head, ranks[i], step, chunk, op)
+                task[k] = made[op] = submit(ds, step, chunk, op, deps, deps, True, elsewhere,
+                                            at_head)
                 continue
-            if elsewhere:                         # its first call read elsewhere
-                task[k] = made[op] = place_read(head, step, chunk, op, deps)
-                for dev in ds[1:]:                # each call placed after the one before
-                    place(dev, step, chunk, op, deps, deps)
-                continue
-            if len(ds) == 1:
-                task[k] = made[op] = place(head, step, chunk, op, deps, deps)
-                continue
-            for dev in ds:                        # each call placed after the one before
-                gi = place(dev, step, chunk, op, deps, deps)
-                if dev == head:
-                    task[k] = made[op] = gi
+            # a call on each device, each placed after the one before
+            task[k] = made[op] = submit(ds, step, chunk, op, deps, deps, False, elsewhere)
         for trainer, gangs in extra:
-            n, o, _ = gangs_of(gangs, step, {made[trainer]} if trainer in made else set())
+            n, o, _ = gangs_of(gangs, step, 0, "", {made[trainer]} if trainer in made else set())
             calls, order = calls + n, order + o
         if step < last:                 # only the steady step's futures are counted
             return calls, len(pack.waits) - first, order

@@ -8,7 +8,8 @@ On a local Dask cluster each task costs a few milliseconds of dispatch (client -
 scheduler -> worker -> scheduler -> client), as long as a tiny model's op. The
 scheduling core still decides op by op *what may be submitted*; this module
 only packs one batch of those submissions into tasks, by the rule the cost model counts
-a step's tasks with (``rpeg.plan.packing``): a call joins an open task of its device and
+a step's tasks with (``rpeg.plan.packing``, fed a call at a time through ``Packer.submit``,
+which the count feeds an instance at a time): a call joins an open task of its device and
 step where every dependency it has is in the task, in a task the task already waits for,
 or finished (so joining never delays the ops before it); a call whose output another
 device reads ends its task (this keeps generation on one worker overlapping training on
@@ -79,19 +80,18 @@ def fuse(batch: Iterable[OpCall], consumers: dict[str, tuple[OpCall, ...]],
 
     for call in batch:
         deps = call.all_deps
-        join = call.role is CallRole.JOIN       # a task of its own, open to no call
-        if join:
+        if call.role is CallRole.JOIN:          # a task of its own, open to no call
             gi = pack.join({task(d) for d in deps})
         else:
-            gi = pack.place(call.device, call.step, call.chunk, call.op,
-                            {task(d) for d in deps if d in where or not is_done(d)},
-                            {task(d) for d in deps}, collective=not enabled or call.collective)
+            gi = pack.submit((call.device,), call.step, call.chunk, call.op,
+                             {task(d) for d in deps if d in where or not is_done(d)},
+                             {task(d) for d in deps}, gang=not enabled or call.collective,
+                             elsewhere=any(c.device != call.device
+                                           for c in consumers.get(call.id, ())))
         if gi == len(groups):
             groups.append([])
         groups[gi].append(call)
         where[call.id] = gi
-        if not join and any(c.device != call.device for c in consumers.get(call.id, ())):
-            pack.read_elsewhere(call.device, gi, call.step, call.chunk, call.op)
     out = []
     for g in groups:
         own = {c.id for c in g}

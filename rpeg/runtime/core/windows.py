@@ -21,7 +21,7 @@ from __future__ import annotations
 from rpeg.errors import RuntimeFailure
 from rpeg.runtime.core.cuts import Cuts
 from rpeg.runtime.core.fusion import consumers_of
-from rpeg.runtime.lowering.instances import OpCall, build_calls, lookback
+from rpeg.runtime.lowering.instances import OpCall, build_calls, lookback, placed_for
 
 AHEAD = 64            # steps built past what a segment needs, so the next reuses the build
 
@@ -36,6 +36,15 @@ class CallWindows:
         self.reach = lookback(pipeline, plan)
         self._range = (0, 0)
         self._table: dict[str, OpCall] = {}
+        self._fusion: tuple[tuple[str, ...], ...] | None = None
+
+    @property
+    def fusion(self) -> tuple[tuple[str, ...], ...]:
+        """The fused stages the calls are packed into tasks by: those of the placed value
+        they are laid out from (:attr:`rpeg.plan.lower.Placed.fusion`, :func:`placed_for`)."""
+        if self._fusion is None:
+            self._fusion = placed_for(self.pipeline, self.plan).fusion
+        return self._fusion
 
     def around(self, start: int, end: int) -> dict[str, OpCall]:
         """Id -> call for every step from ``start - 2r`` to ``end + 2r`` (within the run),

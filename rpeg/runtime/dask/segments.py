@@ -176,6 +176,7 @@ class SegmentLoop:
         cl, calls, workers = self.cl, self.attempt.calls, self.attempt.workers
         table, cuts = calls.table, calls.cuts
         plan, number = self.attempt.plan, self.attempt.number
+        fusion = calls.calls.fusion                 # the placed value's (Placed.fusion)
         op_times = dict(plan.predicted.op_times) if plan.predicted else {}
         limits = self.watch.limits
         futures: dict[str, object] = {}              # op id -> the future of its task
@@ -194,7 +195,7 @@ class SegmentLoop:
             now = time.time()
             # packed by what the core has heard (never by a future's status, which races it)
             for g in F.fuse(batch, calls.consumers, core.is_done, self.options.fuse,
-                            core.task_of, plan.fusion):
+                            core.task_of, fusion):
                 f = submit_group(cl.client, g, futures, workers[g.device],
                                  key=f"{g.ids[0]}+{len(g.ids) - 1}-{cl.token}-{number}")
                 for op_id in g.ids:

@@ -305,17 +305,16 @@ def summary_text(report, cluster, output: Path, gantt: Path | None, pipeline,
 def checkpoint_lines(pr, pipeline) -> list[str]:
     """The checkpoints' part of the predicted step (``rpeg.cost.checkpoint``), at the
     workload's ``checkpoint_every``."""
-    from rpeg.cost.checkpoint import CHECKPOINT_OP, cuts, per_step
+    from rpeg.cost.checkpoint import CHECKPOINT_OP, cadence, cuts, per_step
     one = dict(pr.op_times).get(CHECKPOINT_OP, 0.0)
     if not one:
         return []
-    e, w = pipeline.evaluation, pipeline.workload
-    every, steps, cadence = e.every if e is not None else None, w.steps, w.checkpoint_every
-    part = per_step(one, steps, cadence, every)
-    at = ([f"every {cadence}"] if cadence else []) + (["every eval"] if every else [])
+    steps, every_n, every = cadence(pipeline)
+    part = per_step(one, steps, every_n, every)
+    at = ([f"every {every_n}"] if every_n else []) + (["every eval"] if every else [])
     at = f"{', '.join(at)} and the last" if at else "only the last"
     return [f"  of which {part:.3f} s ({100 * part / pr.step_time_s:.1f}%) is checkpoints: "
-            f"{cuts(steps, cadence, every)} in {steps} steps ({at}), {one:.2f} s each"]
+            f"{cuts(steps, every_n, every)} in {steps} steps ({at}), {one:.2f} s each"]
 
 
 def control_lines(pr, cluster) -> list[str]:

@@ -95,10 +95,17 @@ def cuts(steps: int, every: int, eval_every: int | None) -> int:
     return len(at)
 
 
+def cadence(pipeline) -> tuple[int, int, int | None]:
+    """(steps, ``checkpoint_every``, eval steps apart or None) of ``pipeline``'s run: what
+    :func:`cuts` and :func:`per_step` take after the save."""
+    e, w = pipeline.evaluation, pipeline.workload
+    return w.steps, w.checkpoint_every, e.every if e is not None else None
+
+
 def per_step(one: float, steps: int, every: int, eval_every: int | None) -> float:
     """Seconds of checkpointing a step carries: ``one`` save, ``cuts / steps`` times."""
     return one * cuts(steps, every, eval_every) / max(steps, 1) if one else 0.0
 
 
-__all__ = ["CHECKPOINT_EVERY", "CHECKPOINT_OP", "checkpoint_bytes", "cuts", "per_step",
-           "save_time"]
+__all__ = ["CHECKPOINT_EVERY", "CHECKPOINT_OP", "cadence", "checkpoint_bytes", "cuts",
+           "per_step", "save_time"]

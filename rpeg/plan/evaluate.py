@@ -42,6 +42,7 @@ import numpy as np
 
 from rpeg.cost.checkpoint import (
     CHECKPOINT_OP,
+    cadence,
     checkpoint_bytes,
     per_step,
     save_time,
@@ -250,9 +251,7 @@ class Evaluator(MemoryWalk, OpTimings):
     def checkpoint_share(self, saved: float) -> float:
         """A step's share of the checkpoints a run of the workload's steps writes, at its
         cadence (``checkpoint_every``)."""
-        e, w = self.pipeline.evaluation, self.pipeline.workload
-        return per_step(saved, w.steps, w.checkpoint_every,
-                        e.every if e is not None else None)
+        return per_step(saved, *cadence(self.pipeline))
 
     # --- the evaluation ------------------------------------------------------------
 

@@ -112,8 +112,9 @@ def register(app: typer.Typer) -> None:
                force)
         if resume is not None:
             if checkpoint_every is None:
-                checkpoint_every = recorded_cadence(resume) or CHECKPOINT_EVERY
-            resilience = Resilience(checkpoint_every=max(checkpoint_every, 1),
+                recorded = recorded_cadence(resume)
+                checkpoint_every = CHECKPOINT_EVERY if recorded is None else recorded
+            resilience = Resilience(checkpoint_every=checkpoint_every,
                                     timeout_floor_s=op_timeout)
             with dask_tls(tls):
                 result = resume_run(resume, RunOptions(scheduler=scheduler, progress=progress,

@@ -26,7 +26,7 @@ def _runtime_cuts(steps, every, eval_every):
 
 
 @pytest.mark.parametrize("steps", [1, 7, 10, 25, 80, 300])
-@pytest.mark.parametrize("every", [1, 3, 10, 50])
+@pytest.mark.parametrize("every", [0, 1, 3, 10, 50])
 @pytest.mark.parametrize("eval_every", [None, 4, 10])
 def test_the_cuts_priced_are_the_runtimes(steps, every, eval_every):
     assert cuts(steps, every, eval_every) == _runtime_cuts(steps, every, eval_every)

@@ -36,3 +36,7 @@ def test_a_run_cuts_at_the_specs_cadence_or_the_flags_and_records_it(tmp_path):
                      "runtime-split", "--run-dir", str(flagged), "--checkpoint-every", "0"]) == 0
     assert _checkpoints(flagged) == ["step-000003"]          # 0: one segment, cut at the end
     assert loads((flagged / "pipeline.json").read_text()).workload.checkpoint_every == 0
+    assert recorded_cadence(flagged) == 0                     # a resume keeps it: none between
+    with no_hang(900):              # resumed further: still no checkpoint between
+        assert main(["run", "--resume", str(flagged), "--steps", "5", "--no-progress"]) == 0
+    assert _checkpoints(flagged) == ["step-000003", "step-000005"]

@@ -208,6 +208,9 @@ def test_every_state_change_is_in_the_transition_table():
 def test_a_segment_ends_at_the_next_checkpoint_or_eval_step_or_the_run_end():
     assert [K.next_cut(s, 25, 10, None) for s in (0, 9, 10, 20)] == [10, 10, 20, 25]
     assert [K.next_cut(s, 25, 10, 4) for s in (0, 4, 8, 10, 24)] == [4, 8, 10, 12, 25]
+    # checkpoint_every 0: no checkpoint between, only the evals and the end
+    assert [K.next_cut(s, 25, 0, None) for s in (0, 24)] == [25, 25]
+    assert [K.next_cut(s, 25, 0, 10) for s in (0, 10, 20)] == [10, 20, 25]
 
 
 def test_workers_found_at_a_restart_run_refuse_replan_or_give_up():

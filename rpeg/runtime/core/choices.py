@@ -133,14 +133,17 @@ def eval_home(homes: dict[str, list[int]], generates) -> tuple[str, int] | None:
 # --- between segments: where one ends, its window, the eval, the limits, after a loss -------
 def next_cut(start: int, steps: int, checkpoint_every: int, eval_every: int | None) -> int:
     """The step a segment starting at ``start`` ends at: the next checkpoint or eval step,
-    or the run's end.
+    or the run's end. ``checkpoint_every`` 0: no checkpoint between (only at evals and the
+    end), as the workload key means.
 
         >>> next_cut(0, 25, 10, None), next_cut(10, 25, 10, 4), next_cut(20, 25, 10, None)
         (10, 12, 25)
+        >>> next_cut(0, 25, 0, None), next_cut(0, 25, 0, 4)
+        (25, 4)
     """
     every = eval_every or steps
-    return min(steps, (start // checkpoint_every + 1) * checkpoint_every,
-               (start // every + 1) * every)
+    cadence = checkpoint_every or steps
+    return min(steps, (start // cadence + 1) * cadence, (start // every + 1) * every)
 
 
 class Workers(enum.Enum):

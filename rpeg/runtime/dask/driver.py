@@ -52,7 +52,8 @@ class RunOptions:
 
 @attrs.frozen
 class Resilience:
-    checkpoint_every: int = 10         # steps between cuts (the last step always ends one)
+    checkpoint_every: int = 10         # steps between cuts (the last step always ends one;
+                                       # 0: none between, only at evals and the end)
     keep: int = 2                      # complete checkpoints kept
     timeout_factor: float = 10.0       # an op is stuck after factor x its predicted time ...
     timeout_floor_s: float = 120.0     # ... and never before this

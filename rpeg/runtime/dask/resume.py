@@ -114,15 +114,15 @@ def _run_meta(rd: RunDir) -> RunMeta:
 
 
 def recorded_cadence(run_dir: str | Path) -> int | None:
-    """The steps between checkpoints a run was made with (run.json), so that a resume keeps
-    them unless told otherwise; None when the record does not say (the resume then says
+    """The steps between checkpoints a run was made with (run.json; 0: none between
+    evals and the end), so that a resume keeps them unless told otherwise; None when the record does not say (the resume then says
     what is wrong with it)."""
     try:
         meta = rf.read_json(Path(run_dir) / "run.json", "run record")
     except (RpegError, OSError):
         return None
     every = meta.get("checkpoint_every") if isinstance(meta, dict) else None
-    return every if isinstance(every, int) and not isinstance(every, bool) and every >= 1 \
+    return every if isinstance(every, int) and not isinstance(every, bool) and every >= 0 \
         else None
 
 

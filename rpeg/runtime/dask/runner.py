@@ -97,9 +97,8 @@ def run(pipeline: Pipeline, plan: Plan, options: RunOptions, spec_path: str | No
     """Execute ``plan`` for ``pipeline`` with one checkpoint, at the end; write and return the
     run directory. The run is the resilient runner's with a single segment and no recovery:
     a lost worker fails the run."""
-    steps = options.steps or pipeline.workload.steps
     return run_resilient(pipeline, plan, options, spec_path,
-                         Resilience(checkpoint_every=steps, max_recoveries=0), on_step)
+                         Resilience(checkpoint_every=0, max_recoveries=0), on_step)
 
 
 def run_resilient(pipeline: Pipeline, plan: Plan, options: RunOptions,

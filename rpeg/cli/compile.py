@@ -249,7 +249,7 @@ def summary_text(report, cluster, output: Path, gantt: Path | None, pipeline,
     plan, pr = report.plan, report.plan.predicted
     lines = [f"{plan.pipeline} on {plan.cluster} ({plan.num_devices} GPUs): strategy "
              f"{plan.strategy.value}, seed {plan.seed}, planned in {report.seconds:.1f} s",
-             f"predicted step time {pr.step_time_s:.2f} s, {pr.tokens_per_s:.0f} generated "
+             f"predicted step time {seconds(pr.step_time_s)} s, {pr.tokens_per_s:.0f} generated "
              f"tokens/s"]
     lines += checkpoint_lines(pr, pipeline)
     lines += control_lines(pr, cluster)
@@ -263,7 +263,7 @@ def summary_text(report, cluster, output: Path, gantt: Path | None, pipeline,
         if ev is None:
             speed.append(f"no {s.value} plan fits")
         elif s is not plan.strategy:
-            speed.append(f"{report.speedup(s):.2f}x over {s.value} ({ev.step_time_s:.2f} s)")
+            speed.append(f"{report.speedup(s):.2f}x over {s.value} ({seconds(ev.step_time_s)} s)")
     if speed:
         lines.append("speedup " + ", ".join(speed))
     lines += ["", "placement"]
@@ -313,8 +313,18 @@ def checkpoint_lines(pr, pipeline) -> list[str]:
     part = per_step(one, steps, every_n, every)
     at = ([f"every {every_n}"] if every_n else []) + (["every eval"] if every else [])
     at = f"{', '.join(at)} and the last" if at else "only the last"
-    return [f"  of which {part:.3f} s ({100 * part / pr.step_time_s:.1f}%) is checkpoints: "
-            f"{cuts(steps, every_n, every)} in {steps} steps ({at}), {one:.2f} s each"]
+    return [f"  of which {seconds(part)} s ({100 * part / pr.step_time_s:.1f}%) is checkpoints: "
+            f"{cuts(steps, every_n, every)} in {steps} steps ({at}), {seconds(one)} s each"]
+
+
+def seconds(x: float) -> str:
+    """A time in seconds to read: two decimals from a second up, three significant digits
+    below (a CPU plan's 0.0712 s, not 0.07 s).
+
+        >>> seconds(9.874), seconds(0.07123), seconds(0.000451)
+        ('9.87', '0.0712', '0.000451')
+    """
+    return f"{x:.2f}" if x >= 0.995 else f"{x:.3g}"
 
 
 def control_lines(pr, cluster) -> list[str]:
@@ -325,7 +335,7 @@ def control_lines(pr, cluster) -> list[str]:
     where = ("CPU on the devices' cores" if cluster.gpu.host_cores > 0 else
              f"time in its client and Dask scheduler (terms of the {terms_of(cluster.gpu)[1]} "
              "profile)")
-    lines = [f"  of which {pr.control_s:.3f} s ({100 * share(pr.control_s, pr.step_time_s):.1f}%)"
+    lines = [f"  of which {seconds(pr.control_s)} s ({100 * share(pr.control_s, pr.step_time_s):.1f}%)"
              f" is the control plane's {where}: {pr.tasks_per_step:,} Dask tasks a step"]
     why = verdict(pr.control_s, pr.step_time_s, pr.tasks_per_step, cluster.num_gpus)
     return lines + ([f"note: {why}"] if why else [])

@@ -135,6 +135,8 @@ def markdown(results: list[Result], agg: dict, loso: dict | None, prov: dict) ->
             back = "; ".join(f"{t} -> {_fmt(m)}" for t, m in v.get("levers", {}).items())
             lines.append(f"| {src} | {systems} | {back or 'none moved'} |")
         lines.append("")
+        if loso.get("profile"):
+            lines += _profile_lines(loso["profile"])
     lines += ["## Rows", "", "| row | system | GPUs | figure | published s | predicted s | "
               "ratio | phases (published -> predicted) |", "|---|---|---|---|---|---|---|---|"]
     for r in results:
@@ -152,6 +154,28 @@ def markdown(results: list[Result], agg: dict, loso: dict | None, prov: dict) ->
         lines.append(f"| {row.id} | {row.system}{how} | {gpus} | {row.main} | {row.figure:.1f} "
                      f"| {r.predicted[row.main]:.1f} | {r.ratio:.2f} | {phases} |")
     return "\n".join(lines) + "\n"
+
+
+def _profile_lines(prof: dict) -> list[str]:
+    """The table of :func:`benchmarks.published_fit.profile`: each source's and system's
+    loss with the term at each value, every other term as shipped; its best value marked."""
+    term, grid = prof["term"], prof["grid"]
+    out = [f"## What each source asks of {term}", "",
+           f"Each source's and each system's loss (the fit's weighted mean |log2 ratio|, "
+           f"phases at half weight) with {term} at each value and every other term as "
+           f"shipped; its lowest in bold. A row that does not change along the line says "
+           f"nothing of {term}: a fold that holds out the sources that pin it leaves it to "
+           f"the others' noise.", "",
+           "| source or system | " + " | ".join(f"{v:g}" for v in grid) + " |",
+           "|---|" + "---|" * len(grid)]
+    rows = [("every row", prof["every row"])] + list(prof["by_source"].items()) \
+        + [(f"system: {k}", v) for k, v in prof["by_system"].items()]
+    for name, losses in rows:
+        best = min(losses)
+        cells = [f"**{x:.2f}**" if x == best and max(losses) - best > 0.005 else f"{x:.2f}"
+                 for x in losses]
+        out.append(f"| {name} | " + " | ".join(cells) + " |")
+    return out + [""]
 
 
 def _time_only_line(t: dict) -> str:

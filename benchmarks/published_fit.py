@@ -184,8 +184,10 @@ def leave_one_source_out(results: list[Result], rounds: int = 4, log=print,
         per_source[src]["by_system"] = by_system(got)
         per_source[src]["levers"] = levers(values, held, plans)
         log(f"  held-out median |log2| {per_source[src]['median_abs_log2']:.3f}")
-    return {"per_source": per_source, "median_abs_log2": _median(errs),
-            "rounds": rounds}
+    out = {"per_source": per_source, "median_abs_log2": _median(errs), "rounds": rounds}
+    if not only:
+        out["profile"] = profile("call_s", ids, plans)
+    return out
 
 
 def by_system(got: list[Result]) -> dict[str, float]:
@@ -218,6 +220,39 @@ def levers(values: Efficiency, held: list[str], plans: dict,
             continue
         got = evaluate(attrs.evolve(values, **{term: ref}), held, plans)
         out[term] = _median([abs(math.log2(r.ratio)) for r in got if r.ratio])
+    return out
+
+
+# The values a profile prices a term at (:func:`profile`): call_s from a Ray actor call's
+# round trip (1 ms) to its range's ceiling.
+PROFILE_GRID = {"call_s": (0.001, 0.05, 0.5, 1.0, 2.0, 2.8, 4.0, 6.0, 8.0, 10.0)}
+
+
+def profile(term: str, rows: list[str], plans: dict, values: Efficiency | None = None,
+            grid: tuple[float, ...] | None = None) -> dict:
+    """What each source, and each system, asks of ``term``: the fit's loss (the weighted
+    mean |log2| of :func:`loss`) of its rows with ``term`` at each value of ``grid`` and every
+    other term at ``values`` (the terms shipped). A source whose loss is flat over the grid
+    says nothing of the term, so a fold that holds out the one source that pins it leaves the
+    term to the others' noise; a system whose loss falls to a minimum at a value far outside
+    the term's physical meaning pays a cost the term stands in for.
+
+    Returns ``{"term", "grid": [...], "every row": [loss per value], "by_source": {source:
+    [loss per value]}, "by_system": {...}}``,
+    the sources and systems in the rows' order."""
+    values = values or EFFICIENCY
+    grid = tuple(grid or PROFILE_GRID[term])
+    lo, hi = BOUNDS[term]
+    priced = [evaluate(attrs.evolve(values, **{term: min(max(v, lo), hi)}), rows, plans)
+              for v in grid]
+    out: dict = {"term": term, "grid": list(grid),
+                 "every row": [round(loss(got), 3) for got in priced],
+                 "by_source": {}, "by_system": {}}
+    for key, field in (("by_source", "source"), ("by_system", "system")):
+        names = list(dict.fromkeys(getattr(ROWS[i], field) for i in rows))
+        for name in names:
+            out[key][name] = [round(loss([r for r in got if getattr(r.row, field) == name]), 3)
+                              for got in priced]
     return out
 
 

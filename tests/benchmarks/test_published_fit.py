@@ -94,3 +94,18 @@ def test_a_lever_puts_back_only_the_terms_the_fold_moved(monkeypatch):
     got = published_fit.levers(fold, ["NEMO-B1"], {}, reference=ref)
     assert got == {"call_s": 0.0}             # hook_s and gemm moved too little to count
     assert published_fit.levers(ref, ["NEMO-B1"], {}, reference=ref) == {}
+
+
+def test_a_profile_names_the_value_each_source_asks_of_a_term(monkeypatch):
+    # a stand-in pricing: NeMo's row is right at call_s 2, verl's says nothing of it
+    def fake(values, rows, plans):
+        return [_result(rid, values.call_s / 2 if rid == "NEMO-B1" else 1.5) for rid in rows]
+    monkeypatch.setattr(published_fit, "evaluate", fake)
+    got = published_fit.profile("call_s", ["NEMO-B1", "VERL-14"], {}, grid=(1.0, 2.0, 4.0))
+    assert got["grid"] == [1.0, 2.0, 4.0]
+    assert got["by_source"]["nemo-rl-v0.4"] == [1.0, 0.0, 1.0]
+    flat = round(math.log2(1.5), 3)
+    assert got["by_source"]["verl-vllm07"] == [flat] * 3
+    assert got["every row"] == [round((1.0 + flat) / 2, 3), round(flat / 2, 3),
+                                round((1.0 + flat) / 2, 3)]
+    assert list(got["by_system"]) == ["NeMo RL", "verl rollout (vLLM 0.7.0, CUDA graphs)"]

@@ -189,22 +189,9 @@ class Packer:
                           if op in ops and c == chunk and self._fits(t, need)), None)
                 if g is not None:
                     return g
-        g = len(self.waits)                   # a task of its own, open to the calls of at
+        g = len(self.waits)                   # a task of its own
         self.waits.append(set(deps))
-        if here is None:
-            self._open[at] = [g]
-        else:
-            here.append(g)
-        if deps:                              # found among the tasks waiting for deps
-            waiting = self._waiting.get(at)
-            if waiting is None:
-                waiting = self._waiting[at] = {}
-            for d in deps:
-                w = waiting.get(d)
-                if w is None:
-                    waiting[d] = [g]
-                else:
-                    w.append(g)
+        self._open_all(step, g, (device,), deps)
         return g
 
     def gang(self, devices: tuple[int, ...], step: int, deps: set[Hashable],

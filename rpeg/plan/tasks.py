@@ -39,8 +39,12 @@ calls, a gang's ranks (through a join where ``JOIN_MIN`` or more) and a read els
 for each. The runtime's unit is one call (its dependencies: every data and ordering edge,
 read elsewhere where a consumer runs on another device); the count's, one instance, its
 devices at once (:class:`_Feed`: its dependencies the instances' data, version and stream
-edges, a generate op's chunks in order on each of its blocks). Which reads end a task is the
-runtime's: a
+edges, a generate op's chunks in order on each of its blocks); an instance fed at once
+packs as its calls fed one by one (``tests/plan/test_packing.py``). Which reads end a task
+is the runtime's: a data reader whose first two devices, or a large gang's join's one, are
+not the instance's first, and a writer ordered after the readers of the replica it writes
+(write after read, the placed graph's ``in_place`` and ``partly``: :func:`shared_of`) where
+the writer reads them on another device (a weight sync only where it fills a copy).
 ``tests/plan/test_tasks.py`` checks the counts equal to the runtime's fusion over split
 plans scaled past ``JOIN_MIN`` ranks, with vLLM weight syncs or not (a property test), at
 64 devices, and on the shipped plans' shapes on GH200 clusters.

@@ -26,27 +26,47 @@ for the calls before it there, and for any call joining it after.
 Tasks are numbered from 0 as they start; a dependency is a task's number, or any other
 hashable naming a task submitted before.
 
-Both sides feed the Packer through :meth:`Packer.submit`, one instance or call at a time:
-its devices (the runtime's call: one), step, chunk, op, dependencies, whether it is a gang
-(a collective's ranks), and whether another device reads its output; the branching on
-those is this one method's:
+Both sides feed the Packer one way, :meth:`Packer.feed`: a sequence of :class:`Unit` s,
+each one call (the runtime's: one device) or one instance's calls (the count's: its
+devices, or a gang's ranks, at once), its step, chunk, op, the units it depends on, whether
+it is a gang (a collective's ranks) or a join, and whether another device reads its
+output; the branching on those is this one method's. An instance fed at once packs as its
+calls fed one by one (``tests/plan/test_packing.py``):
 
-    >>> p = Packer()
-    >>> a = p.submit((0, 1), step=0, chunk=0, op="a", need=set(), deps=set())   # a call each
-    >>> p.submit((0,), step=0, chunk=0, op="b", need={a}, deps={a}) == a
-    True
-    >>> g = p.submit((0, 1), step=0, chunk=0, op="train", need={a}, deps={a}, gang=True)
-    >>> g != a, len(p.waits)                        # a rank each, on tasks of their own
-    (True, 4)
+    >>> task = {}
+    >>> Packer().feed([Unit("a", (0, 1), 0, 0, "a", ()),                 # a call on each
+    ...                Unit("b", (0,), 0, 0, "b", ("a",)),               # joins a's task
+    ...                Unit("t", (0, 1), 0, 0, "train", ("a",), gang=True)], task)
+    [0, 0, 2]
+    >>> task                                 # the train ranks on tasks 2 and 3 of their own
+    {'a': 0, 'b': 0, 't': 2}
 """
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterable
+from collections.abc import Callable, Hashable, Iterable
+from typing import NamedTuple
 
 from rpeg.cost.control import JOIN_MIN
 
 _NONE: dict = {}                       # no task waits for any dependency there
+
+
+class Unit(NamedTuple):
+    """What one call, or one instance's calls, asks of the Packer (:meth:`Packer.feed`):
+    the runtime feeds a unit per call (one device), the cost model's count one per op
+    instance (its devices, or a gang's ranks, at once)."""
+
+    key: Hashable | None          # names its task for the units after it (None: no name)
+    devices: tuple[int, ...]      # a call on each in turn (a gang: its ranks)
+    step: int
+    chunk: int
+    op: str
+    inputs: tuple[Hashable, ...]  # the keys of the units it depends on
+    gang: bool = False            # a collective's ranks, each starting a task
+    elsewhere: bool = False       # another device reads its output (ends its task)
+    read: tuple[int, ...] = (0,)  # a gang's ranks read elsewhere (indices into devices)
+    join: bool = False            # a gang's join: a task of its own, open to no call
 
 
 class Packer:
@@ -77,72 +97,88 @@ class Packer:
         (the rule both the runtime's fusion and the cost model's count place a join by)."""
         return self.new(deps)
 
-    def submit(self, devices: tuple[int, ...], step: int, chunk: int, op: str,
-               need: set[Hashable], deps: set[Hashable], gang: bool = False,
-               elsewhere: bool = False, read: tuple[int, ...] = (0,)) -> int:
-        """Place one instance of ``op`` (``step``, ``chunk``): a call on each of ``devices``
-        in turn (the runtime's call: one device), ``need`` the tasks of its dependencies not
-        yet finished, ``deps`` of all of them (the count's: the same set, nothing finished);
-        ``gang``: a collective's ranks, each starting a task, those of ``JOIN_MIN`` ranks or
-        more waiting through a join of their own (:meth:`join`); ``elsewhere``: another
-        device reads the output of its calls ``read`` (indices into ``devices``, on its first
-        device), which ends their tasks (:meth:`read_elsewhere`). The task of the last of
-        ``read``, through which the instance is read.
+    def feed(self, units: Iterable[tuple], task: dict[Hashable, Hashable],
+             outside: Callable[[Hashable], Hashable] | None = None,
+             done: Callable[[Hashable], bool] | None = None) -> list[int]:
+        """Place ``units`` in turn, each a :class:`Unit` (or a plain tuple of its fields,
+        in order: the count builds hundreds a plan): the one way both the runtime's fusion
+        and the cost model's count feed the Packer. ``task``: unit key -> its task, filled
+        as units are placed and read for a unit's inputs (its dependencies are their
+        tasks); an input not there is the task ``outside`` names (None: no dependency),
+        finished where ``done`` says (None: nothing finished). The task of each unit, in
+        order: the last of a gang's ranks ``read``, through which the unit is read.
 
-        A first call read elsewhere whose every dependency is unfinished (``need`` is
-        ``deps``, kept as it is: never changed after) is placed and its task ended at once:
-        the same tasks as :meth:`place`, then :meth:`read_elsewhere`. A task it starts is
+        A unit's calls are placed on its devices in turn (:meth:`place`); a gang's ranks
+        each start a task (:meth:`gang`), those of ``JOIN_MIN`` ranks or more waiting
+        through a join of their own (:meth:`join`); a unit read ``elsewhere`` ends the
+        task of its first call, or of its ranks ``read`` (:meth:`read_elsewhere`). A first
+        call read elsewhere with nothing finished is placed and its task ended at once: the
+        same tasks as :meth:`place`, then :meth:`read_elsewhere`, but a task it starts is
         closed as it opens, so it is entered neither among the tasks open there nor among
         those waiting for its dependencies (where a closed task is passed over: where a
         call may join is the newest open task fitting it, found alike)."""
-        head = devices[0]
-        if gang:
-            if len(devices) >= JOIN_MIN:          # waiting through a join, a task of its own
-                ranks = self.gang(devices, step, {self.join(deps)}, named=False)
+        out = []
+        place, opened, partners_of = self.place, self._open, self._partners
+        for key, devices, step, chunk, op, inputs, gang, elsewhere, read, joins in units:
+            if outside is None:
+                need = deps = {task[i] for i in inputs if i in task}
             else:
-                ranks = self.gang(devices, step, deps)
-            for i in read:
-                g = ranks[i]
-                if elsewhere:
+                deps = {task[i] if i in task else outside(i) for i in inputs}
+                need = deps if done is None else \
+                    {task[i] if i in task else outside(i) for i in inputs
+                     if i in task or not done(i)}
+            head = devices[0]
+            if joins:                             # a gang's join: a task of its own
+                g = self.join(deps)
+            elif gang:
+                if len(devices) >= JOIN_MIN:      # waiting through a join, a task of its own
+                    ranks = self.gang(devices, step, {self.join(deps)}, named=False)
+                else:
+                    ranks = self.gang(devices, step, deps)
+                for i in read:
+                    g = ranks[i]
+                    if elsewhere:
+                        self.read_elsewhere(head, g, step, chunk, op)
+            else:
+                if not elsewhere:
+                    g = place(head, step, chunk, op, need, deps)
+                elif need is deps:                # every dependency unfinished
+                    at = (head, step)
+                    here = opened.get(at)
+                    g = self._fitting(at, here, deps) if here else None
+                    if g is None:
+                        sealed = self._sealed.get(at)
+                        if sealed:
+                            g = next((t for t, (c, ops) in reversed(sealed.items())
+                                      if op in ops and c == chunk and self._fits(t, deps)),
+                                     None)
+                    if g is not None:
+                        self.read_elsewhere(head, g, step, chunk, op)
+                    else:
+                        g = len(self.waits)       # a task of its own, closed at once
+                        self.waits.append(deps)
+                        if here is None:
+                            opened[at] = []
+                        partners = partners_of.get(op)
+                        if partners:
+                            self._sealed.setdefault(at, {})[g] = (chunk, partners)
+                else:
+                    g = place(head, step, chunk, op, need, deps)
                     self.read_elsewhere(head, g, step, chunk, op)
-            return g
-        if not elsewhere:
-            g = self.place(head, step, chunk, op, need, deps)
-        elif need is deps:                        # every dependency unfinished
-            at = (head, step)
-            here = self._open.get(at)
-            g = self._fitting(at, here, deps) if here else None
-            if g is None:
-                sealed = self._sealed.get(at)
-                if sealed:
-                    g = next((t for t, (c, ops) in reversed(sealed.items())
-                              if op in ops and c == chunk and self._fits(t, deps)), None)
-            if g is not None:
-                self.read_elsewhere(head, g, step, chunk, op)
-            else:
-                g = len(self.waits)               # a task of its own, closed at once
-                self.waits.append(deps)
-                if here is None:
-                    self._open[at] = []
-                partners = self._partners.get(op)
-                if partners:
-                    self._sealed.setdefault(at, {})[g] = (chunk, partners)
-        else:
-            g = self.place(head, step, chunk, op, need, deps)
-            self.read_elsewhere(head, g, step, chunk, op)
-        if len(devices) > 1:
-            place = self.place
-            for dev in devices[1:]:               # each call placed after the one before
-                place(dev, step, chunk, op, need, deps)
-        return g
+                for dev in devices[1:]:           # each call placed after the one before
+                    place(dev, step, chunk, op, need, deps)
+            if key is not None:
+                task[key] = g
+            out.append(g)
+        return out
 
     def place(self, device: int, step: int, chunk: int, op: str, need: set[Hashable],
               deps: set[Hashable], collective: bool = False) -> int:
         """The task a call of ``op`` (``step``, ``chunk``) on ``device`` runs in: ``need``,
         the tasks of its dependencies not yet finished; ``deps``, of all of them."""
         at = (device, step)
+        here = self._open.get(at)
         if not collective:
-            here = self._open.get(at)
             if here:
                 g = self._fitting(at, here, need)
                 if g is not None:
@@ -155,7 +191,7 @@ class Packer:
                     return g
         g = len(self.waits)                   # a task of its own
         self.waits.append(set(deps))
-        self._open_on(at, g, deps)
+        self._open_all(step, g, (device,), deps)
         return g
 
     def gang(self, devices: tuple[int, ...], step: int, deps: set[Hashable],
@@ -169,10 +205,6 @@ class Packer:
         self.waits.extend([waits] * len(devices))
         self._open_all(step, first, devices, waits if named else ())
         return list(range(first, len(self.waits)))
-
-    def _open_on(self, at: tuple[int, int], g: int, deps: set[Hashable]) -> None:
-        """Task ``g``, waiting for ``deps``, is open to the calls of ``at`` (device, step)."""
-        self._open_all(at[1], g, (at[0],), deps)
 
     def _open_all(self, step: int, first: int, devices: tuple[int, ...],
                   deps: set[Hashable] | tuple) -> None:
@@ -253,4 +285,4 @@ class Packer:
         return None
 
 
-__all__ = ["Packer"]
+__all__ = ["Packer", "Unit"]

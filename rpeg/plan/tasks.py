@@ -32,17 +32,19 @@ fusion. The futures counted are those of data, version and stream edges, and one
 gang a member's device ran before (the order of collectives); the runtime passes a few
 more ordering ones.
 
-Both sides feed the Packer through :meth:`Packer.submit
-<rpeg.plan.packing.Packer.submit>`, which places an instance's calls, a gang's ranks
-(through a join where ``JOIN_MIN`` or more) and a read elsewhere alike for each. What each
-side feeds it still differs in two ways: the grain (here an instance, its devices at once;
-there one call per rank); and the dependencies (here the instances' data, version and
-stream edges, a generate op's chunks in order on each of its blocks; there every call's
-data and ordering edges). Which reads end a task is the runtime's: a
-data reader whose first two devices, or a large gang's join's one, are not the instance's
-first, and a writer ordered after the readers of the replica it writes (write after read,
-the placed graph's ``in_place`` and ``partly``: :func:`shared_of`) where the writer reads
-them on another device (a weight sync only where it fills a copy).
+Both sides feed the Packer one way, :meth:`Packer.feed <rpeg.plan.packing.Packer.feed>`:
+units (:class:`~rpeg.plan.packing.Unit`), each a call's or an instance's calls with the
+units it depends on and whether another device reads it; the Packer places an instance's
+calls, a gang's ranks (through a join where ``JOIN_MIN`` or more) and a read elsewhere alike
+for each. The runtime's unit is one call (its dependencies: every data and ordering edge,
+read elsewhere where a consumer runs on another device); the count's, one instance, its
+devices at once (:class:`_Feed`: its dependencies the instances' data, version and stream
+edges, a generate op's chunks in order on each of its blocks); an instance fed at once
+packs as its calls fed one by one (``tests/plan/test_packing.py``). Which reads end a task
+is the runtime's: a data reader whose first two devices, or a large gang's join's one, are
+not the instance's first, and a writer ordered after the readers of the replica it writes
+(write after read, the placed graph's ``in_place`` and ``partly``: :func:`shared_of`) where
+the writer reads them on another device (a weight sync only where it fills a copy).
 ``tests/plan/test_tasks.py`` checks the counts equal to the runtime's fusion over split
 plans scaled past ``JOIN_MIN`` ranks, with vLLM weight syncs or not (a property test), at
 64 devices, and on the shipped plans' shapes on GH200 clusters.
@@ -109,57 +111,81 @@ def dispatch_per_step(graph: Graph, layouts: dict[str, OpLayout], chunks: int = 
     alone = not replay and all(_gang(layouts, prep.keys[i]) for i in before)
     if not (alone or replay):                    # the steps before packed first
         prep, last = steady_step(graph, layouts, chunks, steps)
-    # by (op, chunk): each instance's devices, those reading its inputs (the first two, or
-    # a large gang's join's: another device reads the output of an instance's first rank
-    # when it runs there), whether it is a gang, and its ranks on its first device; looked
-    # up per layout, not per instance
-    laid = {op: laid_out(lay) for op, lay in layouts.items()}
-    # by (op, chunk): the one device reading its inputs, or None where two do
-    alone_at = {op: _reading(lay) for op, lay in layouts.items()}
+    feed = _Feed.of(graph, layouts, shared)
     task: dict[int, int] = {}                    # instance -> the task of its first rank
     pack = Packer(together)
-    # a trained model's transfers the graph has no weight sync for (a copy its readers
-    # read beside a sharded trainer): their gangs after the step's calls, as the runtime
-    # adds them, after their trainer
-    trainer_of = {transfer_of(o.writes_model): o.name for o in graph.ops
-                  if o.kind is OpKind.TRAIN and o.writes_model}
-    ops = {o.name for o in graph.ops}
-    extra = [(trainer_of.get(op), lay.gangs) for op, lay in layouts.items()
-             if op not in ops and lay.gangs]
-    war = _write_after_read(graph, shared)
-    # a weight sync writes the copies on the devices it fills alone: a reader elsewhere
-    # reads none of them, and no write waits for it
-    fills = {op: set(lay.fills) for op, lay in layouts.items() if lay.gangs}
-
-    def gangs_of(gangs, step: int, chunk: int, op: str, deps: set,
-                 elsewhere: bool = False) -> tuple[int, int, int]:
-        """Pack a weight sync's ``gangs`` one by one (``elsewhere``: another device reads
-        the first's first rank): (calls, futures ordering them, the task of the first's
-        first rank)."""
-        calls = order = 0
-        head = None
-        for g in gangs:
-            calls += len(g)
-            if len(g) >= JOIN_MIN:               # waiting through a join
-                calls += 1
-                order += len(g)
-            else:
-                order += len(g) ** 2
-            t = submit(g, step, chunk, op, deps, deps, True, elsewhere and head is None)
-            head = t if head is None else head
-        return calls, order, head
-
-    submit = pack.submit
 
     def batch(step: int) -> tuple[int, int, int]:
         """Pack one step's calls, as the runtime does when the step enters its window:
         (calls, tasks, futures)."""
-        first, calls, order = len(pack.waits), 0, 0
-        made: dict[str, int] = {}                 # op -> the task of its last instance
+        first = len(pack.waits)
+        units, calls, order = feed.units(prep, step)
+        pack.feed(units, task)
+        if step < last:                 # only the steady step's futures are counted
+            return calls, len(pack.waits) - first, order
+        return calls, len(pack.waits) - first, sum(map(len, pack.waits[first:])) + order
+
+    if alone:                                        # each read through a task of its own
+        task.update((i, ("before", i)) for i in before)
+    else:
+        for step in range(last):                     # the tasks the step's inputs come from
+            batch(step)
+    calls, tasks, args = batch(last)
+    return Dispatch(devices_used(tuple(layouts.values())), calls, tasks, args)
+
+
+@attrs.frozen
+class _Feed:
+    """What a step of a graph laid out by some layouts submits to the Packer, unit by unit
+    (:meth:`units`), with what of it is the same at every step derived once (:meth:`of`)."""
+
+    laid: dict           # op -> :func:`laid_out` of its layout
+    alone_at: dict       # op -> :func:`_reading` of its layout
+    war: dict            # reader op -> its writers (:func:`_write_after_read`)
+    fills: dict          # weight sync -> the devices it fills
+    extra: list          # (trainer or None, the gangs of a transfer no op of the graph makes)
+    extra_calls: int     # the calls of those gangs
+    extra_order: int     # the futures ordering them
+
+    @classmethod
+    def of(cls, graph: Graph, layouts: dict[str, OpLayout], shared: tuple) -> _Feed:
+        """The feed of ``graph`` laid out by ``layouts`` (``shared``: of
+        :func:`shared_of`)."""
+        # a trained model's transfers the graph has no weight sync for (a copy its readers
+        # read beside a sharded trainer): their gangs after the step's calls, as the
+        # runtime adds them, after their trainer
+        trainer_of = {transfer_of(o.writes_model): o.name for o in graph.ops
+                      if o.kind is OpKind.TRAIN and o.writes_model}
+        ops = {o.name for o in graph.ops}
+        extra = [(trainer_of.get(op), lay.gangs) for op, lay in layouts.items()
+                 if op not in ops and lay.gangs]
+        each = [_gang_calls(g) for _, gangs in extra for g in gangs]
+        return cls(
+            # by (op, chunk): each instance's devices, those reading its inputs (the first
+            # two, or a large gang's join's: another device reads the output of an
+            # instance's first rank when it runs there), whether it is a gang, and its
+            # ranks on its first device; looked up per layout, not per instance
+            {op: laid_out(lay) for op, lay in layouts.items()},
+            # by (op, chunk): the one device reading its inputs, or None where two do
+            {op: _reading(lay) for op, lay in layouts.items()},
+            _write_after_read(graph, shared),
+            # a weight sync writes the copies on the devices it fills alone: a reader
+            # elsewhere reads none of them, and no write waits for it
+            {op: set(lay.fills) for op, lay in layouts.items() if lay.gangs},
+            extra, sum(n for n, _ in each), sum(o for _, o in each))
+
+    def units(self, prep, step: int) -> tuple[list[tuple], int, int]:
+        """(each instance of ``step`` of the prepared graph as the Packer takes it: (its
+        index, op, chunk, the instances whose outputs it takes, its devices, whether it is
+        a gang, whether another device reads it, its ranks read on its first device, a
+        weight sync's gangs or ()); the step's calls; the futures ordering its gangs)."""
+        laid, alone_at, war, fills = self.laid, self.alone_at, self.war, self.fills
+        calls, order = self.extra_calls, self.extra_order
+        out = []
+        made: dict[str, int] = {}                 # op -> its last instance
         for k, op, chunk, inputs, readers in _rows(prep, step)[0]:
             at = laid[op]
             ds, _, gang, at_head, gangs = at[chunk % len(at)]
-            deps = {task[i] for i in inputs if i in task}
             head = ds[0]
             elsewhere = False
             for reader, rc in readers:            # one device reads them all, or two
@@ -174,36 +200,35 @@ def dispatch_per_step(graph: Graph, layouts: dict[str, OpLayout], chunks: int = 
                         if alone_at[writer][0] != head:   # the writer's instance: chunk 0
                             elsewhere = True
                             break
-            if gangs:                             # a weight sync's gangs, one by one
-                n, o, task[k] = gangs_of(gangs, step, chunk, op, deps, elsewhere)
-                calls, order = calls + n, order + o
+            if gangs:                             # a weight sync's gangs, one by one,
+                for g in gangs:                   # read through the first's first rank
+                    n, o = _gang_calls(g)
+                    calls, order = calls + n, order + o
+                    out.append((k, g, step, chunk, op, inputs, True, elsewhere, (0,), False))
+                    k, elsewhere = None, False
                 continue
-            calls += len(ds)
             if gang:                              # the ranks start together
-                if len(ds) >= JOIN_MIN:           # waiting through a join, a task of its own
-                    calls += 1
-                    order += len(ds)              # each member on the gang before it there
-                else:                             # each member waits for the gang before
-                    order += len(ds) ** 2         # it on each member's device
-                task[k] = made[op] = submit(ds, step, chunk, op, deps, deps, True, elsewhere,
-                                            at_head)
-                continue
-            # a call on each device, each placed after the one before
-            task[k] = made[op] = submit(ds, step, chunk, op, deps, deps, False, elsewhere)
-        for trainer, gangs in extra:
-            n, o, _ = gangs_of(gangs, step, 0, "", {made[trainer]} if trainer in made else set())
-            calls, order = calls + n, order + o
-        if step < last:                 # only the steady step's futures are counted
-            return calls, len(pack.waits) - first, order
-        return calls, len(pack.waits) - first, sum(map(len, pack.waits[first:])) + order
+                n, o = _gang_calls(ds)
+                calls, order = calls + n, order + o
+            else:                                 # a call on each device
+                calls += len(ds)
+            made[op] = k
+            out.append((k, ds, step, chunk, op, inputs, gang, elsewhere, at_head, False))
+        for trainer, gangs in self.extra:         # after the step's calls, their trainer
+            inputs = (made[trainer],) if trainer in made else ()
+            for g in gangs:
+                out.append((None, g, step, 0, "", inputs, True, False, (0,), False))
+        return out, calls, order
 
-    if alone:                                        # each read through a task of its own
-        task.update((i, ("before", i)) for i in before)
-    else:
-        for step in range(last):                     # the tasks the step's inputs come from
-            batch(step)
-    calls, tasks, args = batch(last)
-    return Dispatch(devices_used(tuple(layouts.values())), calls, tasks, args)
+
+def _gang_calls(ranks: tuple[int, ...]) -> tuple[int, int]:
+    """(the calls of a gang on ``ranks``, the futures ordering it): a gang of ``JOIN_MIN``
+    ranks or more waits through a join (a call more), each member on the gang before it
+    there; a smaller one's members each wait for the gang before on each member's
+    device."""
+    if len(ranks) >= JOIN_MIN:
+        return len(ranks) + 1, len(ranks)
+    return len(ranks), len(ranks) ** 2
 
 
 def _write_after_read(graph: Graph, shared: tuple) -> dict[str, list]:

@@ -8,7 +8,8 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rpeg.plan.packing import Packer
+from rpeg.cost.control import JOIN_MIN
+from rpeg.plan.packing import Packer, Unit
 
 
 @st.composite
@@ -173,3 +174,52 @@ def test_a_join_is_a_task_open_to_no_call():
     j = pack.join({a})
     assert j != a and pack.waits[j] == {a}
     assert pack.place(0, step=0, chunk=0, op="b", need={j}, deps={j}) not in (a, j)
+
+
+@st.composite
+def instances(draw):
+    """Units at the count's grain, dependencies first: an instance's calls on up to three
+    devices at once, a gang's ranks (past ``JOIN_MIN``: through a join), read elsewhere or
+    not (a gang: through some of its ranks on its first device)."""
+    out = []
+    for i in range(draw(st.integers(1, 25))):
+        gang = draw(st.integers(0, 3)) == 0
+        n = draw(st.sampled_from((1, 2, 3, JOIN_MIN))) if gang else draw(st.integers(1, 3))
+        devices = tuple(draw(st.integers(0, 3)) for _ in range(n))
+        read = tuple(r for r, d in enumerate(devices) if d == devices[0]) if gang else (0,)
+        out.append(Unit(i, devices, draw(st.integers(0, 1)), draw(st.integers(0, 1)),
+                        draw(st.sampled_from("abc")),
+                        tuple(draw(st.sets(st.integers(0, i - 1), max_size=3)) if i else ()),
+                        gang, draw(st.booleans()), read))
+    return out
+
+
+def _calls(units):
+    """The same units at the runtime's grain: a call each, a large gang's join first (its
+    ranks' one dependency), a rank read elsewhere where it is among those read, a
+    non-gang instance's first call alone."""
+    for u in units:
+        inputs = u.inputs
+        if u.gang and len(u.devices) >= JOIN_MIN:
+            yield Unit(("join", u.key), (u.devices[0],), u.step, u.chunk, u.op, inputs,
+                       join=True)
+            inputs = (("join", u.key),)
+        for r, d in enumerate(u.devices):
+            first = r == (u.read[-1] if u.gang else 0)
+            yield Unit(u.key if first else None, (d,), u.step, u.chunk, u.op, inputs, u.gang,
+                       u.elsewhere and (r in u.read if u.gang else r == 0))
+
+
+@settings(deadline=None)
+@given(instances(), st.booleans())
+def test_an_instance_fed_at_once_packs_as_its_calls_fed_one_by_one(units, fused):
+    """What lets the count feed an instance where the runtime feeds a call: the same
+    tasks, each waiting for the same, and each unit read through the same task."""
+    together = (("a", "b"),) if fused else ()
+    at_once, one_by_one = Packer(together), Packer(together)
+    a: dict = {}
+    b: dict = {}
+    at_once.feed(units, a)
+    one_by_one.feed(_calls(units), b)
+    assert at_once.waits == one_by_one.waits
+    assert a == {k: v for k, v in b.items() if not isinstance(k, tuple)}

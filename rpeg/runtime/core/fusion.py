@@ -8,8 +8,8 @@ On a local Dask cluster each task costs a few milliseconds of dispatch (client -
 scheduler -> worker -> scheduler -> client), as long as a tiny model's op. The
 scheduling core still decides op by op *what may be submitted*; this module
 only packs one batch of those submissions into tasks, by the rule the cost model counts
-a step's tasks with (``rpeg.plan.packing``, fed a call at a time through ``Packer.submit``,
-which the count feeds an instance at a time): a call joins an open task of its device and
+a step's tasks with (``rpeg.plan.packing``, fed through ``Packer.feed``, a unit a call,
+where the count's unit is an instance): a call joins an open task of its device and
 step where every dependency it has is in the task, in a task the task already waits for,
 or finished (so joining never delays the ops before it); a call whose output another
 device reads ends its task (this keeps generation on one worker overlapping training on
@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterable
 
 import attrs
 
-from rpeg.plan.packing import Packer
+from rpeg.plan.packing import Packer, Unit
 from rpeg.runtime.lowering.instances import OpCall
 from rpeg.runtime.lowering.replicas import CallRole
 
@@ -71,27 +71,19 @@ def fuse(batch: Iterable[OpCall], consumers: dict[str, tuple[OpCall, ...]],
     fused stages (``Plan.fusion``), whose calls of one step and chunk on a device stay in
     one task even where another device reads the first (the plan priced them as one op,
     whose readers wait for the whole)."""
-    pack = Packer(together)
-    groups: list[list[OpCall]] = []
+    batch = list(batch)
     where: dict[str, int] = {}                      # batch id -> its group
-
-    def task(d: str) -> object:
-        return where[d] if d in where else ("task", task_of(d))
-
-    for call in batch:
-        deps = call.all_deps
-        if call.role is CallRole.JOIN:          # a task of its own, open to no call
-            gi = pack.join({task(d) for d in deps})
-        else:
-            gi = pack.submit((call.device,), call.step, call.chunk, call.op,
-                             {task(d) for d in deps if d in where or not is_done(d)},
-                             {task(d) for d in deps}, gang=not enabled or call.collective,
-                             elsewhere=any(c.device != call.device
-                                           for c in consumers.get(call.id, ())))
+    tasks = Packer(together).feed(
+        (Unit(call.id, (call.device,), call.step, call.chunk, call.op, call.all_deps,
+              gang=not enabled or call.collective,
+              elsewhere=any(c.device != call.device for c in consumers.get(call.id, ())),
+              join=call.role is CallRole.JOIN) for call in batch),
+        where, outside=lambda d: ("task", task_of(d)), done=is_done)
+    groups: list[list[OpCall]] = []
+    for call, gi in zip(batch, tasks, strict=True):
         if gi == len(groups):
             groups.append([])
         groups[gi].append(call)
-        where[call.id] = gi
     out = []
     for g in groups:
         own = {c.id for c in g}

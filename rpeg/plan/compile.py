@@ -58,6 +58,7 @@ GB = 1e9
 WARM_PATIENCE = 0.75     # share of the patience a walk started from a tighter cap's best gets
 CARRY_PATIENCE = 0.5     # ... and a walk adding partial rollouts to the best without them
 SUB_SHARE = 8            # a cluster of this many racks or more is first searched on 1/8 of them
+SEEDED_PATIENCE = 0.25   # share of its patience a walk gets where the sub-cluster's plan is a start
 
 
 @attrs.frozen
@@ -293,12 +294,17 @@ def _ladder(ctx: Context, ev: Evaluator, opts: SearchOptions, deadline: float,
     (a plan is never slower than without it) and a larger bound polishes what a tighter one
     did, and more. With ``Start.RANDOM`` no baseline is a start or a restart: cap 0's walk starts from
     :func:`random_plan`, and every later walk from the search's own plans (the baselines
-    are still priced, to compare with).
-    Returns the baselines under the spec's bound, the best plan, the walks' statistics."""
+    are still priced, to compare with). ``seeds``: cap -> the best plan without partial
+    rollouts and the best plan a sub-cluster's ladder found under that cap (as this one
+    returns them; None where it found none), each one more start of the same cap's walks,
+    which then get :data:`SEEDED_PATIENCE` of their patience (the sub-cluster's walks
+    searched most of what they would).
+    Returns the baselines under the spec's bound, the best plan, the walks' statistics,
+    and cap -> (the best plan without partial rollouts, the best plan) up to that cap."""
     caps = staleness_caps(ctx.pipeline)
     seeds = seeds or {}
-    reached: dict[int, tuple[Evaluation, ...]] = {}   # per cap: its best plan without
-    plains: list[SearchResult] = []          # partial rollouts (polished) and its best plan
+    reached: dict[int, tuple[Evaluation, ...]] = {}   # what the ladder returns per cap
+    plains: list[SearchResult] = []          # the walks without partial rollouts, polished
     walks: list[SearchResult] = []
     done: list[SearchResult] = []            # the walks, their best plans polished
     whole: list[SearchResult] = []           # the walks without partial rollouts
@@ -331,6 +337,8 @@ def _ladder(ctx: Context, ev: Evaluator, opts: SearchOptions, deadline: float,
             others, share, stream = (), 1.0, ()
         else:
             continue
+        if plain_seed is not None:    # the sub-cluster's walks searched most of the space
+            share *= SEEDED_PATIENCE
         # The walk without partial rollouts is the same whatever the backend allows; where
         # a generate stage may carry responses over, a second walk adds them, from the best
         # plan so far. So allowing them never returns a slower plan.
@@ -349,8 +357,9 @@ def _ladder(ctx: Context, ev: Evaluator, opts: SearchOptions, deadline: float,
                 e for e in (_carrying(here, ev, x.plan) for x in [merged(walks).best, *feasible])
                 if e is not None] + ([carry_seed] if carry_seed is not None else [])
             starts.sort(key=lambda e: (not e.feasible, e.step_time_s))
+            carry = CARRY_PATIENCE * (SEEDED_PATIENCE if carry_seed is not None else 1.0)
             walks.append(anneal(here, ev, starts[0], attrs.evolve(
-                opts, patience=int(opts.patience * CARRY_PATIENCE)),
+                opts, patience=int(opts.patience * carry)),
                 tuple(e for e in starts[1:] if e.feasible), stream + (1,), deadline))
             done.append(_polished(here, ev, walks[-1], deadline))
             reached[cap] = (merged(plains).best, merged(done).best)

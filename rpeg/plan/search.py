@@ -34,7 +34,10 @@ Acceptance is Metropolis with a geometric temperature schedule from
 ``chains`` independent walks from the start plan; every ``restart_every`` iterations
 a walk returns to the best plan so far, and a walk that has not bettered its own best
 for ``stall`` proposals starts again, warm, from the next of the other baselines' plans
-(then the start plan again): another basin.
+(then the start plan again): another basin. The patience runs from the last gain of at
+least :data:`MIN_GAIN` of the step (the gains since it summed): a walk that only
+shaves hundredths of a percent off its best, over and over, has found its basin's floor,
+and those crumbs no longer buy it another ``patience`` proposals.
 
 Most proposals are worse than the plan they would replace; such a plan matters only if
 the Metropolis draw takes it. So once any plan fits, a proposal is priced up to a bound
@@ -91,6 +94,7 @@ from rpeg.spec.model import OpKind, Pipeline
 
 CHUNKS = (1, 2, 4, 8, 16)
 POLISH_PROPOSALS = 300   # the most neighbours a polish prices (see polish)
+MIN_GAIN = 0.001         # a walk's patience runs from its last gain of this share of its step
 PARTITIONS = (1 / 4, 3 / 8, 1 / 2, 5 / 8, 3 / 4, 7 / 8)   # share of the devices generating
 
 
@@ -142,6 +146,7 @@ def anneal(ctx: Context, ev: Evaluator, start: Evaluation, opts: SearchOptions,
     out_of_time = False
     origins = (start,) + tuple(o for o in others if o.feasible and o.plan != start.plan)
     restarts = 0
+    anchor = score(start, cap)       # the best plan's step when the patience last restarted
     for _chain in range(chains):              # each chain walks from the start again
         current, last = start, 0
         walk_best, walk_last, walk_from = score(start, cap), 0, 0
@@ -212,7 +217,8 @@ def anneal(ctx: Context, ev: Evaluator, start: Evaluation, opts: SearchOptions,
             if score(r, cap) < score(best, cap) - 1e-12:
                 best = r
                 improved += 1
-                last = j
+                if not r.feasible or score(r, cap) < anchor * (1 - MIN_GAIN):
+                    last, anchor = j, score(r, cap)     # a gain worth the patience again
                 trace.append((it, score(r, cap)))
         if out_of_time:
             break

@@ -235,24 +235,21 @@ def _search_ladder(ctx: Context, ev: Evaluator, opts: SearchOptions):
 
 def _seeded(ctx: Context, ev: Evaluator, opts: SearchOptions, deadline: float):
     """:func:`_search_ladder`'s ladder, with each cap's best plans (as :func:`_ladder`)."""
-    sub, seeds = _sub_cluster(ctx.cluster), {}
-    before: list[SearchResult] = []
-    if sub is not None:
-        try:
-            small = Context.of(ctx.pipeline, sub, ctx.limits)
-            if unfit_stage(small) is not None:
-                raise PlanError("no stage fits the sub-cluster")
+    sub = _sub_cluster(ctx.cluster)
+    try:                       # a pin beyond the sub-cluster, or nothing fits it: no seeds
+        small = Context.of(ctx.pipeline, sub, ctx.limits) if sub else None
+        if small is None or unfit_stage(small) is not None:
+            found = None
+        else:
             sev = Evaluator(ctx.pipeline, sub, steps=ev.steps, engine_kv=ev.engine_kv)
             _, _, found, reached = _seeded(small, sev, opts, deadline)
-        except PlanError:                 # a pin beyond it, or nothing fits it: no seed
-            reached = {}
-        else:
-            before.append(found)
-        for cap, plans in reached.items():
-            seeds[cap] = tuple(_on(ev, e.plan) for e in plans)
+    except PlanError:
+        found = None
+    seeds = {} if found is None else {
+        cap: tuple(_on(ev, e.plan) for e in plans) for cap, plans in reached.items()}
     outcomes, best, result, reached = _ladder(ctx, ev, opts, deadline, seeds)
-    if before:                             # the sub-cluster's proposals count as this search's
-        result = attrs.evolve(merged(before + [result]), best=result.best)
+    if found is not None:              # the sub-cluster's proposals count as this search's
+        result = attrs.evolve(merged([found, result]), best=result.best)
     return outcomes, best, result, reached
 
 

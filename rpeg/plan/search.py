@@ -64,7 +64,10 @@ starting from the best of the baselines under its cap and of the walk below it (
 cap 0, warm, with 3/4 of the patience; where partial rollouts are possible, a second walk
 per cap adds them, see ``rpeg.plan.compile``). Every plan a tighter bound allows is allowed by a
 looser one, and a walk depends only on its cap, so raising the bound never returns a
-slower plan. One
+slower plan. On a cluster of 8 racks or more the ladder first climbs on its first 1/8
+of the racks, each cap's best plan there one more start of the same cap's walks on the
+whole cluster (the rest of its GPUs idle), so more GPUs never return a slower plan than
+that sub-cluster's. One
 ``numpy.random.Generator`` drives everything, so the same inputs and seed give the
 same plan: the budget is a count of proposals (``iterations``, ``patience``), never a
 time. ``time_cap_s`` is a safety cap on the wall-clock seconds of the whole ladder; a

@@ -57,6 +57,8 @@ from rpeg.spec.model import Cluster, Engine, OpKind, Pipeline
 GB = 1e9
 WARM_PATIENCE = 0.75     # share of the patience a walk started from a tighter cap's best gets
 CARRY_PATIENCE = 0.5     # ... and a walk adding partial rollouts to the best without them
+SUB_SHARE = 8            # a cluster of this many racks or more is first searched on 1/8 of them
+SEEDED_PATIENCE = 0.25   # share of its patience a walk gets where the sub-cluster's plan is a start
 
 
 @attrs.frozen
@@ -219,6 +221,59 @@ def _found(outcomes) -> tuple[list[Evaluation], list[Evaluation]]:
 
 
 def _search_ladder(ctx: Context, ev: Evaluator, opts: SearchOptions):
+    """:func:`_ladder` on ``ctx``; on a cluster of at least :data:`SUB_SHARE` racks, first
+    on its first 1/SUB_SHARE of the racks (:func:`_sub_cluster`, searched the same way, so
+    recursively), that ladder's best plan under each cap (and its best without partial
+    rollouts) being one more start of the same cap's walks here. The sub-cluster's plans
+    run as they are on the whole cluster, the rest of its GPUs idle, so more GPUs never
+    give a slower plan than the sub-cluster's; the budget is the sub-cluster's walks' and
+    this one's proposals, so the same seed gives the same plan.
+    Returns the baselines under the spec's bound, the best plan, the walks' statistics."""
+    deadline = time.monotonic() + opts.time_cap_s     # the safety cap over every walk
+    return _seeded(ctx, ev, opts, deadline)[:3]
+
+
+def _seeded(ctx: Context, ev: Evaluator, opts: SearchOptions, deadline: float):
+    """:func:`_search_ladder`'s ladder, with each cap's best plans (as :func:`_ladder`)."""
+    sub = _sub_cluster(ctx.cluster)
+    try:                       # a pin beyond the sub-cluster, or nothing fits it: no seeds
+        small = Context.of(ctx.pipeline, sub, ctx.limits) if sub else None
+        if small is None or unfit_stage(small) is not None:
+            found = None
+        else:
+            sev = Evaluator(ctx.pipeline, sub, steps=ev.steps, engine_kv=ev.engine_kv)
+            _, _, found, reached = _seeded(small, sev, opts, deadline)
+    except PlanError:
+        found = None
+    seeds = {} if found is None else {
+        cap: tuple(_on(ev, e.plan) for e in plans) for cap, plans in reached.items()}
+    outcomes, best, result, reached = _ladder(ctx, ev, opts, deadline, seeds)
+    if found is not None:              # the sub-cluster's proposals count as this search's
+        result = attrs.evolve(merged([found, result]), best=result.best)
+    return outcomes, best, result, reached
+
+
+def _sub_cluster(cluster: Cluster) -> Cluster | None:
+    """The first 1/:data:`SUB_SHARE` of ``cluster``'s racks (its nodes and links alike), or
+    None on a cluster of fewer racks."""
+    if cluster.racks < SUB_SHARE:
+        return None
+    return attrs.evolve(cluster, racks=cluster.racks // SUB_SHARE)
+
+
+def _on(ev: Evaluator, plan: Plan) -> Evaluation | None:
+    """``plan`` (made for a sub-cluster) priced on ``ev``'s cluster; None if it does not fit."""
+    plan = attrs.evolve(plan, cluster=ev.cluster.name, num_devices=ev.cluster.num_gpus,
+                        predicted=None)
+    try:
+        r = ev.evaluate(plan, detail=False)
+    except PlanError:
+        return None
+    return r if r.feasible else None
+
+
+def _ladder(ctx: Context, ev: Evaluator, opts: SearchOptions, deadline: float,
+            seeds: dict[int, tuple[Evaluation, ...]] | None = None):
     """Search under each staleness cap in turn, 0 up to the spec's bound. Under cap 0 the
     walk starts from the best baseline; under each higher cap from the better of the best
     plan of the caps below and the best baseline under this cap (warm: 3/4 of the
@@ -236,10 +291,17 @@ def _search_ladder(ctx: Context, ev: Evaluator, opts: SearchOptions):
     (a plan is never slower than without it) and a larger bound polishes what a tighter one
     did, and more. With ``Start.RANDOM`` no baseline is a start or a restart: cap 0's walk starts from
     :func:`random_plan`, and every later walk from the search's own plans (the baselines
-    are still priced, to compare with).
-    Returns the baselines under the spec's bound, the best plan, the walks' statistics."""
+    are still priced, to compare with). ``seeds``: cap -> the best plan without partial
+    rollouts and the best plan a sub-cluster's ladder found under that cap (as this one
+    returns them; None where it found none), each one more start of the same cap's walks,
+    which then get :data:`SEEDED_PATIENCE` of their patience (the sub-cluster's walks
+    searched most of what they would).
+    Returns the baselines under the spec's bound, the best plan, the walks' statistics,
+    and cap -> (the best plan without partial rollouts, the best plan) up to that cap."""
     caps = staleness_caps(ctx.pipeline)
-    deadline = time.monotonic() + opts.time_cap_s     # the safety cap over every walk
+    seeds = seeds or {}
+    reached: dict[int, tuple[Evaluation, ...]] = {}   # what the ladder returns per cap
+    plains: list[SearchResult] = []          # the walks without partial rollouts, polished
     walks: list[SearchResult] = []
     done: list[SearchResult] = []            # the walks, their best plans polished
     whole: list[SearchResult] = []           # the walks without partial rollouts
@@ -247,6 +309,7 @@ def _search_ladder(ctx: Context, ev: Evaluator, opts: SearchOptions):
     outcomes, closest = [], []
     found = Found()                          # what the baselines find under every cap alike
     for cap in caps:
+        plain_seed, carry_seed = seeds.get(cap, (None, None))
         here = ctx if cap == caps[-1] else attrs.evolve(ctx, pipeline=capped(ctx.pipeline, cap))
         outcomes = run_baselines(tuple(BASELINES), here, ev, found)    # hand-tuned baselines
         feasible, near = _found(outcomes)
@@ -258,6 +321,8 @@ def _search_ladder(ctx: Context, ev: Evaluator, opts: SearchOptions):
             if drawn is not None:
                 r = ev.evaluate(drawn, detail=False)
                 feasible, near = ([r], []) if r.feasible else ([], [r])
+        if plain_seed is not None:              # the sub-cluster's plan: one more start
+            feasible = sorted(feasible + [plain_seed], key=lambda e: e.step_time_s)
         if prev is not None and prev.feasible:    # warm: the best of the tighter caps and
             # of this cap's baselines, the other one first among the walk's restarts
             first, *rest = sorted([prev, *feasible], key=lambda e: e.step_time_s)
@@ -269,6 +334,8 @@ def _search_ladder(ctx: Context, ev: Evaluator, opts: SearchOptions):
             others, share, stream = (), 1.0, ()
         else:
             continue
+        if plain_seed is not None:    # the sub-cluster's walks searched most of the space
+            share *= SEEDED_PATIENCE
         # The walk without partial rollouts is the same whatever the backend allows; where
         # a generate stage may carry responses over, a second walk adds them, from the best
         # plan so far. So allowing them never returns a slower plan.
@@ -277,24 +344,28 @@ def _search_ladder(ctx: Context, ev: Evaluator, opts: SearchOptions):
             opts, patience=int(opts.patience * share)), others, stream, deadline))
         done.append(_polished(plain, ev, walks[-1], deadline))
         whole.append(walks[-1])
+        plains.append(done[-1])
         prev = merged(whole).best
+        reached[cap] = (merged(plains).best, merged(done).best)
         if cap > 0 and _may_carry(here):
             # Starts: the best plan so far, and it and the baselines carrying responses
             # over as many steps as the bound allows (staleness spent on the carry).
             starts = [merged(walks).best] + [
                 e for e in (_carrying(here, ev, x.plan) for x in [merged(walks).best, *feasible])
-                if e is not None]
+                if e is not None] + ([carry_seed] if carry_seed is not None else [])
             starts.sort(key=lambda e: (not e.feasible, e.step_time_s))
+            carry = CARRY_PATIENCE * (SEEDED_PATIENCE if carry_seed is not None else 1.0)
             walks.append(anneal(here, ev, starts[0], attrs.evolve(
-                opts, patience=int(opts.patience * CARRY_PATIENCE)),
+                opts, patience=int(opts.patience * carry)),
                 tuple(e for e in starts[1:] if e.feasible), stream + (1,), deadline))
             done.append(_polished(here, ev, walks[-1], deadline))
+            reached[cap] = (merged(plains).best, merged(done).best)
     if not walks:
         raise no_fit(ctx, closest, ev)
     result = merged(done)
     if not result.best.feasible:
         raise no_fit(ctx, closest + [result.best], ev)
-    return outcomes, result.best, result
+    return outcomes, result.best, result, reached
 
 
 def _polished(ctx: Context, ev: Evaluator, result: SearchResult,

@@ -34,7 +34,10 @@ Acceptance is Metropolis with a geometric temperature schedule from
 ``chains`` independent walks from the start plan; every ``restart_every`` iterations
 a walk returns to the best plan so far, and a walk that has not bettered its own best
 for ``stall`` proposals starts again, warm, from the next of the other baselines' plans
-(then the start plan again): another basin.
+(then the start plan again): another basin. The patience runs from the last gain of at
+least :data:`MIN_GAIN` of the step (the gains since it summed): a walk that only
+shaves hundredths of a percent off its best, over and over, has found its basin's floor,
+and those crumbs no longer buy it another ``patience`` proposals.
 
 Most proposals are worse than the plan they would replace; such a plan matters only if
 the Metropolis draw takes it. So once any plan fits, a proposal is priced up to a bound
@@ -61,7 +64,10 @@ starting from the best of the baselines under its cap and of the walk below it (
 cap 0, warm, with 3/4 of the patience; where partial rollouts are possible, a second walk
 per cap adds them, see ``rpeg.plan.compile``). Every plan a tighter bound allows is allowed by a
 looser one, and a walk depends only on its cap, so raising the bound never returns a
-slower plan. One
+slower plan. On a cluster of 8 racks or more the ladder first climbs on its first 1/8
+of the racks, each cap's best plan there one more start of the same cap's walks on the
+whole cluster (the rest of its GPUs idle), so more GPUs never return a slower plan than
+that sub-cluster's. One
 ``numpy.random.Generator`` drives everything, so the same inputs and seed give the
 same plan: the budget is a count of proposals (``iterations``, ``patience``), never a
 time. ``time_cap_s`` is a safety cap on the wall-clock seconds of the whole ladder; a
@@ -91,6 +97,7 @@ from rpeg.spec.model import OpKind, Pipeline
 
 CHUNKS = (1, 2, 4, 8, 16)
 POLISH_PROPOSALS = 300   # the most neighbours a polish prices (see polish)
+MIN_GAIN = 0.001         # a walk's patience runs from its last gain of this share of its step
 PARTITIONS = (1 / 4, 3 / 8, 1 / 2, 5 / 8, 3 / 4, 7 / 8)   # share of the devices generating
 
 
@@ -142,6 +149,7 @@ def anneal(ctx: Context, ev: Evaluator, start: Evaluation, opts: SearchOptions,
     out_of_time = False
     origins = (start,) + tuple(o for o in others if o.feasible and o.plan != start.plan)
     restarts = 0
+    anchor = score(start, cap)       # the best plan's step when the patience last restarted
     for _chain in range(chains):              # each chain walks from the start again
         current, last = start, 0
         walk_best, walk_last, walk_from = score(start, cap), 0, 0
@@ -212,7 +220,8 @@ def anneal(ctx: Context, ev: Evaluator, start: Evaluation, opts: SearchOptions,
             if score(r, cap) < score(best, cap) - 1e-12:
                 best = r
                 improved += 1
-                last = j
+                if not r.feasible or score(r, cap) < anchor * (1 - MIN_GAIN):
+                    last, anchor = j, score(r, cap)     # a gain worth the patience again
                 trace.append((it, score(r, cap)))
         if out_of_time:
             break

@@ -81,12 +81,30 @@ class Copy:
 
 
 @attrs.frozen(eq=False)
+class BackboneCopies:
+    """The copies of one backbone's weights and the copy each op reading it reads on each
+    of its devices: a pure function of its trainer's and readers' placements and layouts
+    (:func:`_backbone`, memoised), so a plan that moves an op reading another backbone
+    finds it again, and what is derived from it (:meth:`read_before`) with it."""
+
+    model: Backbone
+    held: tuple[Copy, ...]
+    # op -> device -> key (read-only: shared with every caller asking for the same copies)
+    reads: dict[str, dict[int, ReplicaKey]] = attrs.field(repr=False)
+
+    def read_before(self) -> frozenset[str]:
+        """:meth:`Copies.read_before` of this backbone's ops (derived once)."""
+        return _read_before(self)
+
+
+@attrs.frozen(eq=False)
 class Copies:
     """Every copy a plan keeps, and the copy each op reads on each of its devices."""
 
     held: tuple[Copy, ...]
     # op -> device -> key (read-only: shared with every caller asking for the same copies)
     reads: dict[str, dict[int, ReplicaKey]] = attrs.field(repr=False)
+    backbones: tuple[BackboneCopies, ...] = attrs.field(default=(), repr=False)
 
     def key_of(self, op: str, device: int) -> ReplicaKey | None:
         """The copy ``op`` reads on ``device`` (None: it reads no model)."""
@@ -97,15 +115,32 @@ class Copies:
         trainer, then the readers in topological order): one copy on a device is filled
         once a version, by one load of the model's weight transfer
         (:func:`rpeg.plan.lower.fills`) or the graph's weight sync, however many ops read
-        it, so only the first reader's fetch is priced (``OpTimings._reload``)."""
-        seen: set[tuple[int, ReplicaKey]] = set()
-        out = []
-        for op, at in self.reads.items():
-            pairs = set(at.items())
-            if pairs and pairs <= seen:
-                out.append(op)
-            seen |= pairs
-        return frozenset(out)
+        it, so only the first reader's fetch is priced (``OpTimings._reload``). A copy's
+        key names its backbone and an op reads one backbone, so each backbone's ops are
+        found apart (:meth:`BackboneCopies.read_before`)."""
+        return frozenset().union(*(b.read_before() for b in self.backbones))
+
+
+@functools.lru_cache(maxsize=4096)
+def _read_before(part: BackboneCopies) -> frozenset[str]:
+    """:meth:`BackboneCopies.read_before` (by the part's identity, which the cache keeps
+    alive): the (device, key) pairs read so far kept as key -> its devices, so an op
+    reading one key everywhere (the most) is compared and entered a set at once."""
+    seen: dict[ReplicaKey, set[int]] = {}
+    out = []
+    for op, at in part.reads.items():
+        keys = set(at.values())
+        if len(keys) == 1:
+            by_key = {keys.pop(): at.keys()}
+        else:
+            by_key = {}
+            for d, key in at.items():
+                by_key.setdefault(key, []).append(d)
+        if at and all(key in seen and seen[key].issuperset(ds) for key, ds in by_key.items()):
+            out.append(op)
+        for key, ds in by_key.items():
+            seen.setdefault(key, set()).update(ds)
+    return frozenset(out)
 
 
 def copy_key(op, place, device: int, trainer, group: tuple[int, ...]) -> ReplicaKey | None:
@@ -146,13 +181,15 @@ def copies(placed, placement_of: Callable) -> Copies:
     ``placement_of``: graph op -> its placement), and which each op reads where."""
     held: list[Copy] = []
     reads: dict[str, dict[int, ReplicaKey]] = {}
+    parts = []
     for model, t, readers in _models(placed.graph):
         train = (t, placement_of(t), placed.layout(t.name)) if t is not None else None
         mine = tuple((o, placement_of(o), placed.layout(o.name)) for o in readers)
-        one, by_op = _backbone(model, train, mine, placed.chunks)
-        held += one
-        reads.update(by_op)
-    return Copies(tuple(held), reads)
+        part = _backbone(model, train, mine, placed.chunks)
+        held += part.held
+        reads.update(part.reads)
+        parts.append(part)
+    return Copies(tuple(held), reads, tuple(parts))
 
 
 @functools.lru_cache(maxsize=64)
@@ -170,9 +207,10 @@ def _models(graph) -> tuple[tuple[Backbone, object, tuple], ...]:
 
 
 @functools.lru_cache(maxsize=4096)
-def _backbone(model: Backbone, train, readers: tuple, chunks: int):
-    """(its copies, op -> device -> key) of one backbone: ``train``: (op, placement, layout)
-    of its train op or None; ``readers``: those of the ops reading it, in topological order.
+def _backbone(model: Backbone, train, readers: tuple, chunks: int) -> BackboneCopies:
+    """The copies of one backbone and which copy each op reads where: ``train``: (op,
+    placement, layout) of its train op or None; ``readers``: those of the ops reading it, in
+    topological order.
 
     Each key's layouts and first layers are kept per key (device -> group, device -> the
     op laying it out), so a reader whose devices hold no layout of its key yet is entered
@@ -224,7 +262,7 @@ def _backbone(model: Backbone, train, readers: tuple, chunks: int):
             span = _hosts(readers[n - 1][2])
             ds = [x for d in ds for x in span.get(d, (d,))]
         out.append(Copy(key, tuple(sorted(ds)), places[n], n == 0))
-    return tuple(out), reads
+    return BackboneCopies(model, tuple(out), reads)
 
 
 def _first_layers(at: dict[int, ReplicaKey], n: int, firsts: dict, devices: dict) -> None:
@@ -371,4 +409,4 @@ def _wanted(model: Backbone, op, place, lay, trainer, chunks: int) -> tuple:
     return _wanted_by_key(model, op, place, lay, trainer, chunks).members
 
 
-__all__ = ["Copies", "Copy", "copies", "copy_key", "copy_keys"]
+__all__ = ["BackboneCopies", "Copies", "Copy", "copies", "copy_key", "copy_keys"]

@@ -85,16 +85,15 @@ class BackboneCopies:
     """The copies of one backbone's weights and the copy each op reading it reads on each
     of its devices: a pure function of its trainer's and readers' placements and layouts
     (:func:`_backbone`, memoised), so a plan that moves an op reading another backbone
-    finds it again, and what is derived from it (:meth:`read_before`) with it."""
+    finds it again, and the ops reading before (:attr:`before`) with it."""
 
     model: Backbone
     held: tuple[Copy, ...]
     # op -> device -> key (read-only: shared with every caller asking for the same copies)
     reads: dict[str, dict[int, ReplicaKey]] = attrs.field(repr=False)
-
-    def read_before(self) -> frozenset[str]:
-        """:meth:`Copies.read_before` of this backbone's ops (derived once)."""
-        return _read_before(self)
+    # :meth:`Copies.read_before` of this backbone's ops: found as its copies are laid out
+    # (an op none of whose devices is the first to lay out the key it reads there)
+    before: frozenset[str] = frozenset()
 
 
 @attrs.frozen(eq=False)
@@ -117,30 +116,8 @@ class Copies:
         (:func:`rpeg.plan.lower.fills`) or the graph's weight sync, however many ops read
         it, so only the first reader's fetch is priced (``OpTimings._reload``). A copy's
         key names its backbone and an op reads one backbone, so each backbone's ops are
-        found apart (:meth:`BackboneCopies.read_before`)."""
-        return frozenset().union(*(b.read_before() for b in self.backbones))
-
-
-@functools.lru_cache(maxsize=4096)
-def _read_before(part: BackboneCopies) -> frozenset[str]:
-    """:meth:`BackboneCopies.read_before` (by the part's identity, which the cache keeps
-    alive): the (device, key) pairs read so far kept as key -> its devices, so an op
-    reading one key everywhere (the most) is compared and entered a set at once."""
-    seen: dict[ReplicaKey, set[int]] = {}
-    out = []
-    for op, at in part.reads.items():
-        keys = set(at.values())
-        if len(keys) == 1:
-            by_key = {keys.pop(): at.keys()}
-        else:
-            by_key = {}
-            for d, key in at.items():
-                by_key.setdefault(key, []).append(d)
-        if at and all(key in seen and seen[key].issuperset(ds) for key, ds in by_key.items()):
-            out.append(op)
-        for key, ds in by_key.items():
-            seen.setdefault(key, set()).update(ds)
-    return frozenset(out)
+        found apart (:attr:`BackboneCopies.before`)."""
+        return frozenset().union(*(b.before for b in self.backbones))
 
 
 def copy_key(op, place, device: int, trainer, group: tuple[int, ...]) -> ReplicaKey | None:
@@ -221,6 +198,7 @@ def _backbone(model: Backbone, train, readers: tuple, chunks: int) -> BackboneCo
     # (key, who) -> the devices it lays out first, in the order laid (a key's first layer)
     devices: dict[tuple[ReplicaKey, int], list[int]] = {}
     reads: dict[str, dict[int, ReplicaKey]] = {}
+    before: list[str] = []            # the readers reading only copies read before
     trainer = None
     if train is not None:
         op, trainer, lay = train
@@ -252,7 +230,8 @@ def _backbone(model: Backbone, train, readers: tuple, chunks: int) -> BackboneCo
                     other = next((at[x] for x in group if at[x] in split), None)
                     if other is not None:
                         at[d] = other
-        _first_layers(at, n, firsts, devices)
+        if not _first_layers(at, n, firsts, devices) and at:
+            before.append(op.name)     # every copy it reads there, an op before it reads
         reads[op.name] = at
     places = (trainer,) + tuple(place for _, place, _ in readers)
     # a vLLM engine's copy, read on its host, lies on every device its workers span
@@ -262,13 +241,14 @@ def _backbone(model: Backbone, train, readers: tuple, chunks: int) -> BackboneCo
             span = _hosts(readers[n - 1][2])
             ds = [x for d in ds for x in span.get(d, (d,))]
         out.append(Copy(key, tuple(sorted(ds)), places[n], n == 0))
-    return BackboneCopies(model, tuple(out), reads)
+    return BackboneCopies(model, tuple(out), reads, frozenset(before))
 
 
-def _first_layers(at: dict[int, ReplicaKey], n: int, firsts: dict, devices: dict) -> None:
+def _first_layers(at: dict[int, ReplicaKey], n: int, firsts: dict, devices: dict) -> bool:
     """Record reader ``n``'s devices (``at``: device -> key) where it is the first to lay
     out its key: ``devices[(key, n)]``, the (key, n) entered in the order of each one's
-    first such device in ``at``."""
+    first such device in ``at``. Whether it is the first on some device (else an op before
+    it reads each copy it reads, on the same device: :meth:`Copies.read_before`)."""
     keys = set(at.values())
     if len(keys) == 1:
         (key,) = keys
@@ -284,7 +264,7 @@ def _first_layers(at: dict[int, ReplicaKey], n: int, firsts: dict, devices: dict
             first.update(dict.fromkeys(new, n))
         if new:
             devices[(key, n)] = new
-        return
+        return bool(new)
     found: dict[ReplicaKey, list[int]] = {}
     for d, key in at.items():
         first = firsts.get(key)
@@ -299,6 +279,7 @@ def _first_layers(at: dict[int, ReplicaKey], n: int, firsts: dict, devices: dict
                 mine.append(d)
     for key, new in found.items():
         devices[(key, n)] = new
+    return bool(found)
 
 
 @functools.lru_cache(maxsize=4096)

@@ -627,7 +627,13 @@ def _read_by_key(part, model: str, model_of: dict) -> tuple:
     it is kept by the part and the model alone)."""
     key = (part, model)
     out = _READ.get(key)
-    if out is None:
+    if out is not None:
+        return out
+    if len(_READ) > 4096:
+        _READ.clear()
+    if part.reads and all(model_of.get(op) == model for op in part.reads):
+        out = _READ[key] = part.by_key            # all its ops read the model
+    else:
         at_key: dict[ReplicaKey, set[int]] = {}       # copy -> the devices reading it
         for op, at in part.reads.items():
             if model_of.get(op) != model:
@@ -638,8 +644,6 @@ def _read_by_key(part, model: str, model_of: dict) -> tuple:
                 continue
             for k, grp in groupby(sorted(at.items(), key=itemgetter(1)), itemgetter(1)):
                 at_key.setdefault(k, set()).update(map(itemgetter(0), grp))
-        if len(_READ) > 4096:
-            _READ.clear()
         out = _READ[key] = tuple((k, frozenset(ds)) for k, ds in at_key.items())
     return out
 

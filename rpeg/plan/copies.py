@@ -94,8 +94,9 @@ class BackboneCopies:
     # :meth:`Copies.read_before` of this backbone's ops: found as its copies are laid out
     # (an op none of whose devices is the first to lay out the key it reads there)
     before: frozenset[str] = frozenset()
-    # (key, the devices some op reads it on) of each key its ops read
-    by_key: tuple[tuple[ReplicaKey, frozenset[int]], ...] = ()
+    # key -> the devices some op reads it on (-> the op first laying it out there), of
+    # each key its ops read (read-only)
+    firsts: dict[ReplicaKey, dict[int, int]] = attrs.field(factory=dict, repr=False)
 
 
 @attrs.frozen(eq=False)
@@ -243,9 +244,7 @@ def _backbone(model: Backbone, train, readers: tuple, chunks: int) -> BackboneCo
             span = _hosts(readers[n - 1][2])
             ds = [x for d in ds for x in span.get(d, (d,))]
         out.append(Copy(key, tuple(sorted(ds)), places[n], n == 0))
-    return BackboneCopies(model, tuple(out), reads, frozenset(before),
-                          tuple((key, frozenset(first)) for key, first in firsts.items()
-                                if first))
+    return BackboneCopies(model, tuple(out), reads, frozenset(before), firsts)
 
 
 def _first_layers(at: dict[int, ReplicaKey], n: int, firsts: dict, devices: dict) -> bool:

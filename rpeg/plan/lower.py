@@ -632,7 +632,8 @@ def _read_by_key(part, model: str, model_of: dict) -> tuple:
     if len(_READ) > 4096:
         _READ.clear()
     if part.reads and all(model_of.get(op) == model for op in part.reads):
-        out = _READ[key] = part.by_key            # all its ops read the model
+        # all its ops read the model: every key they read, where some reads it
+        out = _READ[key] = tuple((k, frozenset(ds)) for k, ds in part.firsts.items() if ds)
     else:
         at_key: dict[ReplicaKey, set[int]] = {}       # copy -> the devices reading it
         for op, at in part.reads.items():

@@ -629,7 +629,7 @@ def _read_by_key(part, model: str, model_of: dict) -> tuple:
     out = _READ.get(key)
     if out is not None:
         return out
-    if len(_READ) > 4096:
+    if len(_READ) > 1024:      # each holds its part alive: bounded
         _READ.clear()
     if part.reads and all(model_of.get(op) == model for op in part.reads):
         # all its ops read the model: every key they read, where some reads it
@@ -653,7 +653,7 @@ def _read_by_key(part, model: str, model_of: dict) -> tuple:
 _READ: dict[tuple, tuple] = {}
 
 
-@functools.lru_cache(maxsize=4096)
+@functools.lru_cache(maxsize=1024)
 def _filled(read: tuple, model: str, place) -> tuple[tuple[ReplicaKey, int], ...]:
     """(copy, device) of every copy a transfer of trained ``model`` (its trainer placed as
     ``place``) fills: those ``read`` (:func:`_read_by_key` of each backbone's copies) reads,

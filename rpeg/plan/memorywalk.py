@@ -193,6 +193,8 @@ class MemoryWalk:
         key = (part, shared)
         out = self._backbones.get(key)
         if out is None:
+            if len(self._backbones) > 1024:     # each holds its part alive: bounded
+                self._backbones.clear()
             names = self._model_names(shared)
             held = tuple(
                 Held(names[(c.key.backbone, c.trained)], c.placement, c.trained, c.devices,

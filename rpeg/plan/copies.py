@@ -81,12 +81,32 @@ class Copy:
 
 
 @attrs.frozen(eq=False)
+class BackboneCopies:
+    """The copies of one backbone's weights and the copy each op reading it reads on each
+    of its devices: a pure function of its trainer's and readers' placements and layouts
+    (:func:`_backbone`, memoised), so a plan that moves an op reading another backbone
+    finds it again, and the ops reading before (:attr:`before`) with it."""
+
+    model: Backbone
+    held: tuple[Copy, ...]
+    # op -> device -> key (read-only: shared with every caller asking for the same copies)
+    reads: dict[str, dict[int, ReplicaKey]] = attrs.field(repr=False)
+    # :meth:`Copies.read_before` of this backbone's ops: found as its copies are laid out
+    # (an op none of whose devices is the first to lay out the key it reads there)
+    before: frozenset[str] = frozenset()
+    # key -> the devices some op reads it on (-> the op first laying it out there), of
+    # each key its ops read (read-only)
+    firsts: dict[ReplicaKey, dict[int, int]] = attrs.field(factory=dict, repr=False)
+
+
+@attrs.frozen(eq=False)
 class Copies:
     """Every copy a plan keeps, and the copy each op reads on each of its devices."""
 
     held: tuple[Copy, ...]
     # op -> device -> key (read-only: shared with every caller asking for the same copies)
     reads: dict[str, dict[int, ReplicaKey]] = attrs.field(repr=False)
+    backbones: tuple[BackboneCopies, ...] = attrs.field(default=(), repr=False)
 
     def key_of(self, op: str, device: int) -> ReplicaKey | None:
         """The copy ``op`` reads on ``device`` (None: it reads no model)."""
@@ -97,15 +117,10 @@ class Copies:
         trainer, then the readers in topological order): one copy on a device is filled
         once a version, by one load of the model's weight transfer
         (:func:`rpeg.plan.lower.fills`) or the graph's weight sync, however many ops read
-        it, so only the first reader's fetch is priced (``OpTimings._reload``)."""
-        seen: set[tuple[int, ReplicaKey]] = set()
-        out = []
-        for op, at in self.reads.items():
-            pairs = set(at.items())
-            if pairs and pairs <= seen:
-                out.append(op)
-            seen |= pairs
-        return frozenset(out)
+        it, so only the first reader's fetch is priced (``OpTimings._reload``). A copy's
+        key names its backbone and an op reads one backbone, so each backbone's ops are
+        found apart (:attr:`BackboneCopies.before`)."""
+        return frozenset().union(*(b.before for b in self.backbones))
 
 
 def copy_key(op, place, device: int, trainer, group: tuple[int, ...]) -> ReplicaKey | None:
@@ -146,13 +161,15 @@ def copies(placed, placement_of: Callable) -> Copies:
     ``placement_of``: graph op -> its placement), and which each op reads where."""
     held: list[Copy] = []
     reads: dict[str, dict[int, ReplicaKey]] = {}
+    parts = []
     for model, t, readers in _models(placed.graph):
         train = (t, placement_of(t), placed.layout(t.name)) if t is not None else None
         mine = tuple((o, placement_of(o), placed.layout(o.name)) for o in readers)
-        one, by_op = _backbone(model, train, mine, placed.chunks)
-        held += one
-        reads.update(by_op)
-    return Copies(tuple(held), reads)
+        part = _backbone(model, train, mine, placed.chunks)
+        held += part.held
+        reads.update(part.reads)
+        parts.append(part)
+    return Copies(tuple(held), reads, tuple(parts))
 
 
 @functools.lru_cache(maxsize=64)
@@ -170,9 +187,10 @@ def _models(graph) -> tuple[tuple[Backbone, object, tuple], ...]:
 
 
 @functools.lru_cache(maxsize=4096)
-def _backbone(model: Backbone, train, readers: tuple, chunks: int):
-    """(its copies, op -> device -> key) of one backbone: ``train``: (op, placement, layout)
-    of its train op or None; ``readers``: those of the ops reading it, in topological order.
+def _backbone(model: Backbone, train, readers: tuple, chunks: int) -> BackboneCopies:
+    """The copies of one backbone and which copy each op reads where: ``train``: (op,
+    placement, layout) of its train op or None; ``readers``: those of the ops reading it, in
+    topological order.
 
     Each key's layouts and first layers are kept per key (device -> group, device -> the
     op laying it out), so a reader whose devices hold no layout of its key yet is entered
@@ -183,6 +201,7 @@ def _backbone(model: Backbone, train, readers: tuple, chunks: int):
     # (key, who) -> the devices it lays out first, in the order laid (a key's first layer)
     devices: dict[tuple[ReplicaKey, int], list[int]] = {}
     reads: dict[str, dict[int, ReplicaKey]] = {}
+    before: list[str] = []            # the readers reading only copies read before
     trainer = None
     if train is not None:
         op, trainer, lay = train
@@ -214,7 +233,8 @@ def _backbone(model: Backbone, train, readers: tuple, chunks: int):
                     other = next((at[x] for x in group if at[x] in split), None)
                     if other is not None:
                         at[d] = other
-        _first_layers(at, n, firsts, devices)
+        if not _first_layers(at, n, firsts, devices) and at:
+            before.append(op.name)     # every copy it reads there, an op before it reads
         reads[op.name] = at
     places = (trainer,) + tuple(place for _, place, _ in readers)
     # a vLLM engine's copy, read on its host, lies on every device its workers span
@@ -224,13 +244,14 @@ def _backbone(model: Backbone, train, readers: tuple, chunks: int):
             span = _hosts(readers[n - 1][2])
             ds = [x for d in ds for x in span.get(d, (d,))]
         out.append(Copy(key, tuple(sorted(ds)), places[n], n == 0))
-    return tuple(out), reads
+    return BackboneCopies(model, tuple(out), reads, frozenset(before), firsts)
 
 
-def _first_layers(at: dict[int, ReplicaKey], n: int, firsts: dict, devices: dict) -> None:
+def _first_layers(at: dict[int, ReplicaKey], n: int, firsts: dict, devices: dict) -> bool:
     """Record reader ``n``'s devices (``at``: device -> key) where it is the first to lay
     out its key: ``devices[(key, n)]``, the (key, n) entered in the order of each one's
-    first such device in ``at``."""
+    first such device in ``at``. Whether it is the first on some device (else an op before
+    it reads each copy it reads, on the same device: :meth:`Copies.read_before`)."""
     keys = set(at.values())
     if len(keys) == 1:
         (key,) = keys
@@ -246,7 +267,7 @@ def _first_layers(at: dict[int, ReplicaKey], n: int, firsts: dict, devices: dict
             first.update(dict.fromkeys(new, n))
         if new:
             devices[(key, n)] = new
-        return
+        return bool(new)
     found: dict[ReplicaKey, list[int]] = {}
     for d, key in at.items():
         first = firsts.get(key)
@@ -261,6 +282,7 @@ def _first_layers(at: dict[int, ReplicaKey], n: int, firsts: dict, devices: dict
                 mine.append(d)
     for key, new in found.items():
         devices[(key, n)] = new
+    return bool(found)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -371,4 +393,4 @@ def _wanted(model: Backbone, op, place, lay, trainer, chunks: int) -> tuple:
     return _wanted_by_key(model, op, place, lay, trainer, chunks).members
 
 
-__all__ = ["Copies", "Copy", "copies", "copy_key", "copy_keys"]
+__all__ = ["BackboneCopies", "Copies", "Copy", "copies", "copy_key", "copy_keys"]

@@ -127,6 +127,7 @@ class Evaluator(MemoryWalk, OpTimings):
         self._per_graph: dict[tuple, tuple] = {}
         self._ops: dict[tuple, OpTiming] = {}
         self._copies: dict[tuple, tuple] = {}
+        self._backbones: dict[tuple, tuple] = {}    # (BackboneCopies, shared) -> copies
         self._settled: dict[StagePlacement, StagePlacement] = {}
         self._priced: dict[tuple, _Priced] = {}
         self._placed: dict[tuple, Placed] = {}

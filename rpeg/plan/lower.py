@@ -476,13 +476,21 @@ def layouts(p: Placed, placement_of: Placing) -> Placed:
                 if train is not None and reader is not None else ()
             out.append((op.name, OpLayout(devices, everywhere=True, collective=True)))
         else:
-            place, trainer = placement_of(op), trainers.get(op.reads_model)
-            gathered = gathers_in_place(op, trainer, place, p.chunks)
-            parts = split_parts(op, place, trainer, p.chunks, op.name in streamed,
-                                batch=p.responses)
-            out.append((op.name, op_layout(op, place, op.name in streamed, gathered, parts)))
+            out.append((op.name, _op_layout(op, placement_of(op), trainers.get(op.reads_model),
+                                            p.chunks, op.name in streamed, p.responses)))
     return attrs.evolve(p, layouts=tuple(out), streamed=streamed, parts=tuple(
         (op, lay.parts) for op, lay in out if lay.parts))
+
+
+@functools.lru_cache(maxsize=4096)
+def _op_layout(op, place, trainer, chunks: int, streamed: bool, responses: int) -> OpLayout:
+    """The layout of ``op`` placed as ``place`` (``trainer``: its model's trainer's
+    placement, or None): a pure function of these, so a plan that moves another op finds
+    it again, the one instance of its value (the copies' memos keyed by it find it by
+    identity)."""
+    gathered = gathers_in_place(op, trainer, place, chunks)
+    parts = split_parts(op, place, trainer, chunks, streamed, batch=responses)
+    return op_layout(op, place, streamed, gathered, parts)
 
 
 def engine_syncs(p: Placed, placement_of: Placing) -> Placed:
@@ -604,22 +612,59 @@ def fills(p: Placed, placement_of: Placing) -> Placed:
     out = []
     for t in p.transfers:
         place = placement_of(p.graph.op(t.trainer))
+        read = tuple(r for r in (_read_by_key(b, t.model, model_of) for b in held.backbones)
+                     if r)
+        out.append(Transfer(t.model, t.trainer, t.op,
+                            sync_senders(place.devices, place.tp, place.zero),
+                            _filled(read, t.model, place)))
+    return attrs.evolve(p, transfers=tuple(out))
+
+
+def _read_by_key(part, model: str, model_of: dict) -> tuple:
+    """(copy, the devices reading it) of the ops of one backbone's copies
+    (:class:`rpeg.plan.copies.BackboneCopies`) reading ``model`` (``model_of``: op -> the
+    model it reads, of the graph the part's ops are of: which the part's ops determine, so
+    it is kept by the part and the model alone)."""
+    key = (part, model)
+    out = _READ.get(key)
+    if out is not None:
+        return out
+    if len(_READ) > 1024:      # each holds its part alive: bounded
+        _READ.clear()
+    if part.reads and all(model_of.get(op) == model for op in part.reads):
+        # all its ops read the model: every key they read, where some reads it
+        out = _READ[key] = tuple((k, frozenset(ds)) for k, ds in part.firsts.items() if ds)
+    else:
         at_key: dict[ReplicaKey, set[int]] = {}       # copy -> the devices reading it
-        for op, at in held.reads.items():
-            if model_of.get(op) != t.model:
+        for op, at in part.reads.items():
+            if model_of.get(op) != model:
                 continue
             keys = set(at.values())
             if len(keys) == 1:
                 at_key.setdefault(keys.pop(), set()).update(at)
                 continue
-            for key, grp in groupby(sorted(at.items(), key=itemgetter(1)), itemgetter(1)):
-                at_key.setdefault(key, set()).update(map(itemgetter(0), grp))
-        if t.model in at_key:                     # the trained copy: off its devices alone
-            at_key[t.model].difference_update(place.devices)
-        filled = tuple(f for key in sorted(at_key) for f in zip(repeat(key), sorted(at_key[key])))
-        out.append(Transfer(t.model, t.trainer, t.op,
-                            sync_senders(place.devices, place.tp, place.zero), filled))
-    return attrs.evolve(p, transfers=tuple(out))
+            for k, grp in groupby(sorted(at.items(), key=itemgetter(1)), itemgetter(1)):
+                at_key.setdefault(k, set()).update(map(itemgetter(0), grp))
+        out = _READ[key] = tuple((k, frozenset(ds)) for k, ds in at_key.items())
+    return out
+
+
+# (a backbone's copies, a model) -> _read_by_key (keyed by the part's identity)
+_READ: dict[tuple, tuple] = {}
+
+
+@functools.lru_cache(maxsize=1024)
+def _filled(read: tuple, model: str, place) -> tuple[tuple[ReplicaKey, int], ...]:
+    """(copy, device) of every copy a transfer of trained ``model`` (its trainer placed as
+    ``place``) fills: those ``read`` (:func:`_read_by_key` of each backbone's copies) reads,
+    the trained copy off its trainer's devices alone, by key and device."""
+    at_key: dict[ReplicaKey, set[int]] = {}
+    for pairs in read:
+        for key, ds in pairs:
+            at_key.setdefault(key, set()).update(ds)
+    if model in at_key:                     # the trained copy: off its devices alone
+        at_key[model].difference_update(place.devices)
+    return tuple(f for key in sorted(at_key) for f in zip(repeat(key), sorted(at_key[key])))
 
 
 def collectives(p: Placed, placement_of: Placing) -> Placed:

@@ -177,13 +177,30 @@ class MemoryWalk:
 
             # the op layouts and chunks a step streams: what the copies are read from
             laid = lower(placed.graph, plan, placed.responses, placing, passes=PASSES[:2])
-            names = self._model_names(plan.shared)
             found = copies_of(laid, placing)
+            parts = tuple(self._backbone_held(part, plan.shared) for part in found.backbones)
+            out = self._copies[key] = (
+                tuple(h for held, _ in parts for h in held),
+                tuple(run for _, spread in parts for run in spread), found.read_before())
+        return out
+
+    def _backbone_held(self, part, shared: tuple[tuple[str, ...], ...]) -> tuple:
+        """(the copies, their spread) of one backbone's copies
+        (:class:`rpeg.plan.copies.BackboneCopies`), kept by the part: a plan that moves an
+        op of another backbone finds them again. A run of :func:`_spread` never spans two
+        backbones (their copies are priced as models of their own), so a plan's spread is
+        its backbones' one after another."""
+        key = (part, shared)
+        out = self._backbones.get(key)
+        if out is None:
+            if len(self._backbones) > 1024:     # each holds its part alive: bounded
+                self._backbones.clear()
+            names = self._model_names(shared)
             held = tuple(
                 Held(names[(c.key.backbone, c.trained)], c.placement, c.trained, c.devices,
                      c.key)
-                for c in found.held)
-            out = self._copies[key] = (held, _spread(held), found.read_before())
+                for c in part.held)
+            out = self._backbones[key] = (held, _spread(held))
         return out
 
     def _model_ops(self, graph: Graph) -> tuple:

@@ -207,7 +207,7 @@ def simulate(placed: Placed, timings: dict[str, OpTiming], steps: int = 6, *,
     graph = placed.graph
     prep = prepared(placed.by_round(), steps)
     durations = chunk_durations(graph, timings, prep.counts)
-    num_devices = 1 + max((d for t in timings.values() for d in t.devices), default=0)
+    num_devices = 1 + max((max(t.devices) for t in timings.values() if t.devices), default=0)
 
     needs = _needs(tuple(sorted((n, t.devices) for n, t in timings.items())))
     insts = prep.instances                       # in priority order

@@ -21,6 +21,7 @@ checkpoint written at dp 2 loads at dp 1 or as a plain model (resharding).
 
 from __future__ import annotations
 
+import contextlib
 import warnings
 from pathlib import Path
 
@@ -70,6 +71,15 @@ def _group(world: tuple[int, ...]) -> dict:
     return {"process_group": group_of(tuple(world))}
 
 
+@contextlib.contextmanager
+def _one_process():
+    """DCP's warning that a save or load without a process group is one process's left
+    unsaid: where rpeg asks for that (``no_dist``), it is by design."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        yield
+
+
 def save_sharded(trained, world: tuple[int, ...], folder: Path) -> list[Path]:
     """Write this rank's shard of the replica to ``folder`` (every rank of ``world`` calls
     this at once: a collective); the files this rank wrote (its shard, fsync'd by DCP; the
@@ -82,7 +92,8 @@ def save_sharded(trained, world: tuple[int, ...], folder: Path) -> list[Path]:
             state = flat_state(trained, create=True)
             folder.mkdir(parents=True, exist_ok=True)
             writer = _writer_class()(str(folder), save_distributed=len(world) > 1)
-            dcp.save(state, storage_writer=writer, **_group(world))
+            with _one_process():
+                dcp.save(state, storage_writer=writer, **_group(world))
         finally:
             trained.settle()
     return writer.written(folder)
@@ -129,8 +140,9 @@ def load_sharded(trained, world: tuple[int, ...], folder: Path) -> None:
         trained.unsettle()
         try:
             state = flat_state(trained, create=True)
-            dcp.load(state, storage_reader=HuggingFaceStorageReader(str(folder)),
-                     **_group(world))
+            with _one_process():
+                dcp.load(state, storage_reader=HuggingFaceStorageReader(str(folder)),
+                         **_group(world))
             if isinstance(trained.optimizer, MasterAdam):
                 with torch.no_grad():
                     for p, st in trained.optimizer.state.items():
@@ -150,8 +162,7 @@ def read_whole(folder: Path, keep=lambda name: True) -> dict[str, torch.Tensor]:
     meta = reader.read_metadata()
     state = {k: torch.empty(tuple(m.size), dtype=m.properties.dtype)
              for k, m in meta.state_dict_metadata.items() if keep(k)}
-    with warnings.catch_warnings():     # one process by design: DCP's warning says only that
-        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+    with _one_process():
         dcp.load(state, storage_reader=HuggingFaceStorageReader(str(folder)), no_dist=True)
     return state
 

@@ -68,6 +68,11 @@ def register(app: typer.Typer) -> None:
                                    help="Plans each walk of the search tries (the search's "
                                         "budget: the same budget and seed give the same "
                                         f"plan), 1 to {MAX_ITERATIONS:,}."),
+        patience: int = typer.Option(defaults.patience, "--patience", min=0,
+                                     help="Proposals a walk makes without bettering its "
+                                          "best plan by 0.1% before it stops (0: it walks "
+                                          "its whole budget); more finds a little more, "
+                                          "slower."),
         time_cap: float = typer.Option(defaults.time_cap_s, "--time-cap", min=0.0,
                                        help="Safety cap on the search's wall-clock seconds; a "
                                             "search it stops says so, in the output and the "
@@ -119,7 +124,8 @@ def register(app: typer.Typer) -> None:
         limits = Limits() if any_executor else Limits.runtime()
         if not carry:
             limits = attrs.evolve(limits, carry_engines=frozenset())
-        opts = SearchOptions(seed=seed, iterations=budget, time_cap_s=time_cap, limits=limits)
+        opts = SearchOptions(seed=seed, iterations=budget, patience=patience,
+                             time_cap_s=time_cap, limits=limits)
         with _collector_paused():
             report = compile_report(pipeline, machine, Strategy(strategy.value), opts)
         _write(report, pipeline, machine, output, as_json, no_gantt, any_executor)

@@ -253,6 +253,12 @@ def _seeded(ctx: Context, ev: Evaluator, opts: SearchOptions, deadline: float):
     return outcomes, best, result, reached
 
 
+def _patience(opts: SearchOptions, share: float) -> int:
+    """``share`` of the options' patience, at least one proposal (0, no patience, stays 0:
+    a small ``--patience`` never becomes a walk of its whole budget)."""
+    return max(1, int(opts.patience * share)) if opts.patience else 0
+
+
 def _sub_cluster(cluster: Cluster) -> Cluster | None:
     """The first 1/:data:`SUB_SHARE` of ``cluster``'s racks (its nodes and links alike), or
     None on a cluster of fewer racks."""
@@ -341,7 +347,7 @@ def _ladder(ctx: Context, ev: Evaluator, opts: SearchOptions, deadline: float,
         # plan so far. So allowing them never returns a slower plan.
         plain = attrs.evolve(here, limits=attrs.evolve(here.limits, carry_engines=frozenset()))
         walks.append(anneal(plain, ev, start, attrs.evolve(
-            opts, patience=int(opts.patience * share)), others, stream, deadline))
+            opts, patience=_patience(opts, share)), others, stream, deadline))
         done.append(_polished(plain, ev, walks[-1], deadline))
         whole.append(walks[-1])
         plains.append(done[-1])
@@ -356,7 +362,7 @@ def _ladder(ctx: Context, ev: Evaluator, opts: SearchOptions, deadline: float,
             starts.sort(key=lambda e: (not e.feasible, e.step_time_s))
             carry = CARRY_PATIENCE * (SEEDED_PATIENCE if carry_seed is not None else 1.0)
             walks.append(anneal(here, ev, starts[0], attrs.evolve(
-                opts, patience=int(opts.patience * carry)),
+                opts, patience=_patience(opts, carry)),
                 tuple(e for e in starts[1:] if e.feasible), stream + (1,), deadline))
             done.append(_polished(here, ev, walks[-1], deadline))
             reached[cap] = (merged(plains).best, merged(done).best)

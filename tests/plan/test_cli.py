@@ -173,6 +173,33 @@ def test_compile_twice_gives_byte_identical_plans(tmp_path, capsys):
     assert "time cap" not in capsys.readouterr().out
 
 
+def test_compile_patience_is_recorded_and_checked(tmp_path, capsys):
+    """``--patience`` is the walks' patience, recorded with the search's options (so the plan
+    is made again with it); 0 walks the whole budget, which here finds a plan no slower
+    (a walk is the same stream of proposals, only longer: the same seed, the same plan)."""
+    steps = {}
+    for patience in ("0", "5"):
+        out = tmp_path / f"p{patience}.json"
+        assert main(["compile", TINY, "--cluster", LOCAL, "-o", str(out), "--no-gantt",
+                     "--budget", "60", "--patience", patience]) == 0
+        plan = json.loads(out.read_text())
+        assert plan["search"]["options"]["patience"] == int(patience)
+        steps[patience] = plan["predicted"]["step_time_s"]
+    assert steps["0"] <= steps["5"] + 1e-12
+    capsys.readouterr()
+    assert main(["compile", TINY, "--cluster", LOCAL, "--patience", "-1", "--no-gantt",
+                 "-o", str(tmp_path / "bad.json")]) == 2
+    assert "--patience" in capsys.readouterr().err
+
+
+def test_a_share_of_a_small_patience_is_never_no_patience():
+    from rpeg.plan.compile import _patience
+    from rpeg.plan.options import SearchOptions
+    assert _patience(SearchOptions(patience=3), 0.25) == 1
+    assert _patience(SearchOptions(patience=0), 0.25) == 0
+    assert _patience(SearchOptions(patience=1000), 0.75) == 750
+
+
 def test_compile_a_plan_remakes_it_from_what_it_records(compiled, tmp_path, capsys):
     capsys.readouterr()
     assert main(["compile", str(compiled), "--no-gantt"]) == 0

@@ -175,10 +175,12 @@ class _Feed:
             extra, sum(n for n, _ in each), sum(o for _, o in each))
 
     def units(self, prep, step: int) -> tuple[list[tuple], int, int]:
-        """(each instance of ``step`` of the prepared graph as the Packer takes it: (its
-        index, op, chunk, the instances whose outputs it takes, its devices, whether it is
-        a gang, whether another device reads it, its ranks read on its first device, a
-        weight sync's gangs or ()); the step's calls; the futures ordering its gangs)."""
+        """(each instance of ``step`` of the prepared graph as the Packer takes it, the
+        fields of a :class:`~rpeg.plan.packing.Unit` in order (its index as the key, its
+        devices, the step, chunk and op, the instances whose outputs it takes, whether it
+        is a gang, whether another device reads it, its ranks read on its first device,
+        not a join), a weight sync as one unit a gang, the first named and read; the
+        step's calls; the futures ordering its gangs)."""
         laid, alone_at, war, fills = self.laid, self.alone_at, self.war, self.fills
         calls, order = self.extra_calls, self.extra_order
         out = []

@@ -161,6 +161,7 @@ class SegmentLoop:
             self.checkpoint(end, carried, self.attempt, futures)
             del futures
             self.evaluate(end, self.attempt.number)
+            self.stop.check()
             if self.stop.requested:
                 raise Interrupted(f"interrupted: stopped after step {end - 1} and wrote a "
                                   f"checkpoint; the run directory is {self.rd.path}",
@@ -227,6 +228,7 @@ class SegmentLoop:
             if follow:
                 instructions = follow
                 continue
+            self.stop.check()
             if self.stop.requested and not core.stopping:
                 instructions = core.handle(C.StopRequested())
                 continue

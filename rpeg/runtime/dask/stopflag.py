@@ -1,5 +1,10 @@
 """Ctrl-C during a run: once, stop at the next checkpoint cut; twice, stop at once.
-SIGTERM: stop at once (the run's record is closed on the way out)."""
+SIGTERM: stop at once (the run's record is closed on the way out).
+
+A signal handler's exception is raised wherever the main thread happens to be, and one
+raised inside a finaliser (a Dask future's ``__del__``) is printed and dropped: so each
+handler also records what it asked for, and the run's loop raises it again at its next
+check (:meth:`StopFlag.check`) if it was lost."""
 
 from __future__ import annotations
 
@@ -21,6 +26,7 @@ class StopFlag:
 
     def __init__(self) -> None:
         self.requested = False
+        self.now: BaseException | None = None    # stop at once: what the handler raised
         self.previous = None
         self.previous_term = None
         self.run_dir = ""
@@ -37,9 +43,16 @@ class StopFlag:
     def _terminate(self, signum, frame) -> None:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)     # a second SIGTERM ends it outright
         where = f" {self.run_dir}" if self.run_dir else " RUN_DIR"
-        raise Terminated("terminated (SIGTERM): the run stopped; its record is closed",
-                         hint=f"continue from its last checkpoint with: rpeg run --resume"
-                              f"{where}")
+        self.now = Terminated("terminated (SIGTERM): the run stopped; its record is closed",
+                              hint=f"continue from its last checkpoint with: rpeg run --resume"
+                                   f"{where}")
+        raise self.now
+
+    def check(self) -> None:
+        """Raise the stop-at-once a handler asked for, again: the handler's own raise may
+        have landed in a finaliser, which drops it."""
+        if self.now is not None:
+            raise self.now
 
     def install(self) -> None:
         if threading.current_thread() is threading.main_thread():
@@ -63,7 +76,8 @@ class StopFlag:
 
     def _handle(self, signum, frame) -> None:
         if self.requested:
-            raise KeyboardInterrupt
+            self.now = KeyboardInterrupt()
+            raise self.now
         self.requested = True
         print("\nrpeg: Ctrl-C: finishing the ops already started, then writing a checkpoint "
               "(Ctrl-C again to stop at once)", file=sys.stderr)

@@ -392,6 +392,47 @@ def test_a_stuck_task_outside_any_collective_is_blamed_without_asking(ppo, plan_
                                                                for i in got)
 
 
+def test_a_stuck_reader_blames_the_frozen_device_that_holds_its_input(ppo):
+    """A task on one device reads an output another device's op made, and that worker froze
+    after the op finished: the reader is overdue (it waits in the fetch), not frozen. The
+    core asks both before it blames, and blames the holder, naming the reader."""
+    core, _, _ = _staleness_segment(ppo)
+    table = core.calls
+
+    def reads_from(op):
+        return tuple(sorted({table[d].device: d for d in table[op].deps
+                             if d in table and table[d].device != table[op].device}.items()))
+
+    def pack(out, now):
+        keys = []
+        for ins in out:
+            if isinstance(ins, C.Submit):
+                op = ins.call.id
+                core.handle(C.TaskSubmitted(op, Task((op,), ins.call.device, ins.call.step, 5.0,
+                                                     (), reads_from(op)), now))
+                keys.append(op)
+        return keys
+
+    queue, t, readers = pack(core.handle(C.Started(now=0.0)), 0.0), 0.0, []
+    while queue:                            # every task that reads across devices is held
+        op = queue.pop(0)
+        if reads_from(op) and not table[op].collective:
+            readers.append(op)
+            continue
+        t += 1.0
+        queue += pack(core.handle(C.TaskEnded(op, t)), t)
+    assert readers
+    [ask] = [i for i in core.handle(C.Tick(t + 6.0)) if isinstance(i, C.Ask)]
+    hit, _ = core.flight.stuck(core.last_done, t + 6.0)          # the overdue reader
+    assert hit.ids[0] in readers
+    reader, holder = hit.device, hit.reads_from[0][0]
+    assert set(ask.devices) >= {reader, holder}
+    [stuck] = core.handle(C.Answers(t + 6.0, frozenset({holder})))
+    assert stuck.task.device == holder and stuck.reading == (reader,) and stuck.blocked == ()
+    core, _, _ = _staleness_segment(ppo)         # and when the holder answers: the reader
+    assert core.handle(C.Answers(t, frozenset({holder}))) == []       # nothing was asked
+
+
 from hypothesis import given  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 

@@ -35,6 +35,9 @@ class Task:
     step: int
     limit_s: float                    # no progress for this long after it is ready: stuck
     waits: tuple[str, ...]            # ops of other tasks it needs done before it can start
+    # (device, op) of each other device whose output it reads (one op each): a worker that
+    # froze after an op finished holds its output, and the reader waits for it in a fetch
+    reads_from: tuple[tuple[int, str], ...] = ()
 
 
 class Flight:
@@ -133,15 +136,18 @@ class Flight:
 
 
 def blame(fl: Flight, hit: tuple[Task, float], gang: dict[int, str],
-          silent: frozenset[int], last_done: dict[int, float], now: float
-          ) -> tuple[Task, float]:
-    """Whom a stuck collective blames: ``hit`` is the overdue task of a device blocked in a
-    collective, ``gang`` its peers' calls of that collective (device -> op id), ``silent``
-    the devices whose workers did not answer when asked. A rank blocked in a collective
-    waits for a peer that never joined, so it is the last to blame: first a device that
-    does not answer (frozen: the task in hand if it is its own), then an overdue peer busy
-    with a task that holds no call of the collective (it made no progress before joining),
-    and only then the rank in hand.
+          silent: frozenset[int], last_done: dict[int, float], now: float,
+          holders: dict[int, str] | None = None) -> tuple[Task, float]:
+    """Whom a stuck task blames: ``hit`` is the overdue task of a device blocked in a
+    collective or reading another device's output, ``gang`` its peers' calls of that
+    collective (device -> op id), ``holders`` the other devices whose outputs it reads
+    (device -> an op whose output it reads there), ``silent`` the devices whose workers did
+    not answer when asked. A rank blocked in a collective waits for a peer that never
+    joined, and a reader waits for the worker that holds its input, so it is the last to
+    blame: first a device that does not answer (frozen: the task in hand if it is its own;
+    a silent peer before a silent holder), then an overdue peer busy with a task that holds
+    no call of the collective (it made no progress before joining), and only then the rank
+    in hand.
 
         >>> fl = Flight()
         >>> fl.add("a", Task(("load",), 0, 2, 5.0, ()), now=0.0)
@@ -149,8 +155,14 @@ def blame(fl: Flight, hit: tuple[Task, float], gang: dict[int, str],
         >>> hit = fl.stuck({0: 0.0, 1: 0.0}, now=6.0)
         >>> hit[0].device, blame(fl, hit, {1: "export"}, frozenset({1}), {}, 6.0)[0].device
         (0, 1)
+        >>> fl = Flight()                  # device 1 froze after its rollout finished
+        >>> fl.add("c", Task(("train",), 0, 2, 5.0, (), ((1, "rollout"),)), now=0.0)
+        >>> hit = fl.stuck({0: 0.0, 1: 0.0}, now=6.0)
+        >>> task, idle = blame(fl, hit, {}, frozenset({1}), {}, 6.0, {1: "rollout"})
+        >>> task.ids, task.device, idle
+        (('rollout',), 1, 6.0)
     """
-    task, _ = hit
+    task, idle_s = hit
     if task.device in silent:
         return hit
     for device in sorted(gang):
@@ -159,6 +171,11 @@ def blame(fl: Flight, hit: tuple[Task, float], gang: dict[int, str],
                                                                  now)
             if found is not None:
                 return found
+    for device, op_id in sorted((holders or {}).items()):
+        if device in silent and device not in gang:
+            # its own task if it has one ready; else the op whose output it holds
+            return fl.idle(device, last_done, now) \
+                or (Task((op_id,), device, task.step, task.limit_s, ()), idle_s)
     for device in sorted(gang):
         found = fl.idle(device, last_done, now)
         if found is not None and gang[device] not in found[0].ids \

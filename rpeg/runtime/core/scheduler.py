@@ -25,7 +25,8 @@ reports with the time they happened (``now``: the core reads no clock):
   ``peer_grace_s`` for the cluster to report a lost peer, which then takes precedence),
   its worker lost (``Lost``), or given up by the scheduler (``GaveUp``); a device that made no progress for longer
   than its task's limit is stuck (``Stuck``, on a ``Tick``), but a rank blocked in a
-  collective is blamed last: the core first asks whether its peers' workers answer
+  collective, or waiting to read another device's output, is blamed last: the core first
+  asks whether its peers' and those devices' workers answer
   (``Ask``, answered by ``Answers``) and blames one that does not, or a peer that made no
   progress before joining (:func:`rpeg.runtime.core.flight.blame`); when to ask the cluster
   whether every worker is still there (``CheckAlive``); nothing in flight with work
@@ -246,19 +247,22 @@ class GaveUp:
 @attrs.frozen
 class Stuck:
     """A device made no progress for longer than its task's limit: kill it, roll back.
-    ``blocked``: devices blocked in a collective with it, the first found overdue."""
+    ``blocked``: devices blocked in a collective with it, the first found overdue;
+    ``reading``: devices waiting to read an output its worker holds."""
 
     task: Task
     idle_s: float
     blocked: tuple[int, ...] = ()
+    reading: tuple[int, ...] = ()
     stimulus: str = _caused_by()
 
 
 @attrs.frozen
 class Ask:
-    """A rank blocked in a collective is overdue: ask whether the workers of ``devices``
-    (it and its peers in the collective) answer, and report it (``Answers``), so the core
-    blames the one that does not, not the rank waiting for it."""
+    """A rank blocked in a collective, or a task reading another device's output, is
+    overdue: ask whether the workers of ``devices`` (it, its peers in the collective, the
+    devices holding its inputs) answer, and report it (``Answers``), so the core blames
+    the one that does not, not the rank waiting for it."""
 
     devices: tuple[int, ...]
     stimulus: str = _caused_by()
@@ -336,7 +340,7 @@ class Core:
     task_key: dict[str, object] = attrs.field(factory=dict)   # op -> the task it runs in
     events: int = 0                           # events handled (an unnamed one's number)
     stimulus: str = ""                        # the id of the event being handled
-    asking: tuple | None = None               # (overdue task, idle, its gang) awaiting Answers
+    asking: tuple | None = None   # ((overdue task, idle), its gang, its holders) awaiting Answers
     gangs: dict[str, tuple[str, ...]] | None = None   # op -> the calls of its collective
 
     @classmethod
@@ -533,9 +537,12 @@ class Core:
             self.last_stuck = now                    # every task in flight: not each tick
             hit = self.flight.stuck(self.last_done, now)
             gang = self._gang_of(hit[0]) if hit is not None else {}
-            if gang:                                 # blocked in a collective: who answers?
-                self.asking = (hit, gang)
-                out.append(Ask(tuple(sorted({hit[0].device, *gang})), stimulus=self.stimulus))
+            holders = {d: op for d, op in hit[0].reads_from
+                       if d != hit[0].device} if hit is not None else {}
+            if gang or holders:              # blocked in a collective, or a fetch: who answers?
+                self.asking = (hit, gang, holders)
+                out.append(Ask(tuple(sorted({hit[0].device, *gang, *holders})),
+                               stimulus=self.stimulus))
             elif hit is not None:
                 out.append(Stuck(*hit, stimulus=self.stimulus))
         return out
@@ -545,11 +552,14 @@ class Core:
         answer or made no progress before joining (:func:`blame`), else the rank itself."""
         if self.asking is None or self.finished:
             return []
-        hit, gang = self.asking
+        hit, gang, holders = self.asking
         self.asking = None
-        task, idle = blame(self.flight, hit, gang, e.silent, self.last_done, e.now)
-        blocked = () if task == hit[0] else (hit[0].device,)
-        return [Stuck(task, idle, blocked, stimulus=self.stimulus)]
+        task, idle = blame(self.flight, hit, gang, e.silent, self.last_done, e.now, holders)
+        if task == hit[0]:
+            return [Stuck(task, idle, stimulus=self.stimulus)]
+        if task.device in gang:
+            return [Stuck(task, idle, (hit[0].device,), stimulus=self.stimulus)]
+        return [Stuck(task, idle, reading=(hit[0].device,), stimulus=self.stimulus)]
 
     def _gang_of(self, task: Task) -> dict[int, str]:
         """Device -> the call of each peer (on another device) in the collective of the

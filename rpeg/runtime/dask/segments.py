@@ -204,7 +204,7 @@ class SegmentLoop:
                 core.handle(C.TaskSubmitted(f.key, Task(
                     g.ids, g.device, g.calls[0].step,
                     limits.task([c.stages for c in g.calls], op_times),
-                    tuple(d for d in g.external if d in seg)), now))
+                    tuple(d for d in g.external if d in seg), _reads_from(g, table)), now))
                 completions.add(f)
                 self.meta.tasks += 1
                 steps = self.tally.task_steps
@@ -275,7 +275,8 @@ class SegmentLoop:
         elif isinstance(ins, C.Stuck):
             task = ins.task
             waiting = "".join(f"; device {d} waits for it in a collective"
-                              for d in ins.blocked)
+                              for d in ins.blocked) \
+                + "".join(f"; device {d} waits to read an output it holds" for d in ins.reading)
             raise watch.lost_or_stuck(task.device, workers[task.device], task.ids[0],
                                       task.step, f"op stuck: no progress for {ins.idle_s:.1f} "
                                       f"s (limit {task.limit_s:.1f} s from the plan's "
@@ -315,6 +316,18 @@ def submit_group(client, g: F.Group, futures: dict, worker: str, key: str):
     return client.submit(W.run_group, g.calls, g.keep, tuple(where), *args, key=key,
                          workers=[worker], allow_other_workers=False, pure=False,
                          priority=-g.calls[0].step)
+
+
+def _reads_from(g: F.Group, table) -> tuple[tuple[int, str], ...]:
+    """(device, op) of each other device whose output a call of ``g`` reads, one op each:
+    the task waits for that worker to hand it over."""
+    own = set(g.ids)
+    got: dict[int, str] = {}
+    for call in g.calls:
+        for d in call.deps:
+            if d not in own and d in table and table[d].device != g.device:
+                got.setdefault(table[d].device, d)
+    return tuple(sorted(got.items()))
 
 
 def _evaluate_on_worker(model: str, step: int) -> dict:

@@ -42,8 +42,9 @@ def register(app: typer.Typer) -> None:
                                       help="Attach to a Dask scheduler (tcp://HOST:8786) "
                                            "whose workers each have --resources GPU=1."),
         steps: int = typer.Option(None, "--steps", min=1, max=MAX_STEPS,
-                                  help="Steps to run (default: the workload's); with --resume, "
-                                       "the steps the run is extended to."),
+                                  help="Steps to run (default: the workload's), priced as a run "
+                                       "that long; with --resume, the steps the run is "
+                                       "extended to."),
         run_dir: Path = typer.Option(None, "--run-dir", help="Write the run here."),
         resume: Path = typer.Option(None, "--resume", help="Continue a run directory."),
         spec: Path = typer.Option(None, "--spec", help="The pipeline a plan.json was compiled from."),
@@ -143,7 +144,7 @@ def register(app: typer.Typer) -> None:
             pipeline, plan, spec_path = plan_for_run(
                 file, spec=spec, cluster=cluster, strategy=strategy,
                 staleness=staleness, seed=seed, overrides=parsed, force=force,
-                checkpoint_every=checkpoint_every)
+                checkpoint_every=checkpoint_every, steps=steps)
         except RpegError as e:
             _show_override(e, overrides or [])
             raise

@@ -64,7 +64,8 @@ def plan_for_run(file: str | Path, *, spec: str | Path | None = None,
                  cluster: str | Path | None = None,
                  strategy: RunStrategy = RunStrategy.SEARCH,
                  staleness: int | None = None, seed: int = 0, overrides: tuple = (),
-                 force: bool = False, checkpoint_every: int | None = None):
+                 force: bool = False, checkpoint_every: int | None = None,
+                 steps: int | None = None):
     """(pipeline, plan, spec path) for ``rpeg run FILE``; ``overrides``
     (``rpeg.spec.overrides``) change the spec before it is checked.
 
@@ -82,7 +83,8 @@ def plan_for_run(file: str | Path, *, spec: str | Path | None = None,
     ``checkpoint_every`` N (``rpeg run --checkpoint-every``) replaces the workload's cadence
     before the plan is made, so that it is priced at the cuts the run makes; a plan file
     priced at another cadence is priced again on its cluster (said, when its cluster file
-    is not there)."""
+    is not there). ``steps`` N (``rpeg run --steps``) likewise replaces the workload's
+    steps: a step's share of the checkpoints and evals is that of a run of N steps."""
     from rpeg.plan.staleness import explicit
     from rpeg.spec import load, load_cluster
 
@@ -99,11 +101,10 @@ def plan_for_run(file: str | Path, *, spec: str | Path | None = None,
             plan = attrs.evolve(plan, spec_hash="")
         _check_cap(pipeline, staleness)
         plan = explicit(pipeline, plan)             # a stage the plan does not list: 0
-        if checkpoint_every is not None:
-            was = pipeline.workload.checkpoint_every
-            pipeline = with_cadence(pipeline, checkpoint_every)
-            if checkpoint_every != was:
-                plan = _cadence_priced(file, pipeline, plan, was, opened.cluster_path)
+        was = pipeline.workload
+        pipeline = with_run(pipeline, checkpoint_every, steps)
+        if pipeline.workload != was:
+            plan = _run_priced(file, pipeline, plan, was, opened.cluster_path)
         if staleness is not None:
             plan = _capped_plan(pipeline, plan, staleness, opened.cluster_path)
         if machine is not None:
@@ -114,9 +115,7 @@ def plan_for_run(file: str | Path, *, spec: str | Path | None = None,
         build_calls(pipeline, plan, steps=1)              # degrees the backend cannot split by
     else:
         spec_path = file
-        pipeline = load(file, overrides)
-        if checkpoint_every is not None:
-            pipeline = with_cadence(pipeline, checkpoint_every)
+        pipeline = with_run(load(file, overrides), checkpoint_every, steps)
         _check_cap(pipeline, staleness)
         c = load_cluster(cluster) if cluster else None
         if strategy is RunStrategy.RUNTIME_SPLIT:
@@ -128,24 +127,32 @@ def plan_for_run(file: str | Path, *, spec: str | Path | None = None,
     return pipeline, plan, spec_path
 
 
-def with_cadence(pipeline, every: int):
-    """``pipeline`` with its run cut every ``every`` steps (the workload's
-    ``checkpoint_every``; 0: at the eval steps and the end only)."""
-    return attrs.evolve(pipeline, workload=attrs.evolve(pipeline.workload,
-                                                        checkpoint_every=every))
+def with_run(pipeline, checkpoint_every: int | None, steps: int | None):
+    """``pipeline`` with the workload's cadence and steps the run's own where given."""
+    w = pipeline.workload
+    new = attrs.evolve(w, checkpoint_every=w.checkpoint_every if checkpoint_every is None
+                       else checkpoint_every, steps=w.steps if steps is None else steps)
+    return pipeline if new == w else attrs.evolve(pipeline, workload=new)
 
 
-def _cadence_priced(file: Path, pipeline, plan, was: int, cluster):
-    """A plan file, priced at checkpoint_every ``was``, priced again at the pipeline's own;
-    kept as it is, and said, when it has no prediction or its cluster file is not here."""
+def _run_priced(file: Path, pipeline, plan, was, cluster):
+    """A plan file, priced for the workload ``was`` (its cadence and steps), priced again
+    for the run's; kept as it is, and said, when it has no prediction or its cluster file
+    is not here."""
     if plan.predicted is None:
         return plan
     where = cluster or plan.cluster_path
     if not where or not Path(where).is_file():
-        now = pipeline.workload.checkpoint_every
-        print(f"{file}: warning: the plan's predicted step time prices a checkpoint every "
-              f"{was} steps (its spec's checkpoint_every) and this run cuts "
-              f"{f'every {now} steps' if now else 'only at the eval steps and the end'}; its "
+        w = pipeline.workload
+        said = []
+        if w.checkpoint_every != was.checkpoint_every:
+            every = w.checkpoint_every
+            said.append(f"a checkpoint every {was.checkpoint_every} steps (its spec's "
+                        f"checkpoint_every) and this run cuts "
+                        f"{f'every {every} steps' if every else 'only at the eval steps and the end'}")
+        if w.steps != was.steps:
+            said.append(f"a run of {was.steps} steps (its spec's) and this run takes {w.steps}")
+        print(f"{file}: warning: the plan's predicted step time prices {'; '.join(said)}; its "
               f"cluster file ({where or 'none recorded'}) is not here to price it again",
               file=sys.stderr)
         return plan

@@ -13,6 +13,7 @@ import pytest
 
 from rpeg.cli import main
 from rpeg.runtime.plans import RunStrategy, plan_for_run
+from rpeg.spec.overrides import parse_overrides
 
 ROOT = Path(__file__).resolve().parents[2]
 EVERY = ROOT / "tests" / "fixtures" / "checkpoint"
@@ -113,3 +114,21 @@ def test_a_plan_file_whose_cluster_is_gone_says_its_price_is_another_cadences(
     assert "this run cuts every 5 steps; its cluster file" in err
     (pipeline, _, every), = ran
     assert every == 5 and pipeline.workload.checkpoint_every == 5
+
+
+def test_run_steps_prices_a_step_of_a_run_that_long(ran, tmp_path, capsys):
+    """``--steps 3`` cuts at the end of step 3, not at 50 and 100: a step's share of the
+    checkpoints is a third of one, and so is its price; a plan file is priced again."""
+    spec = EVERY / "every_50.rpeg"
+    assert main(_run(spec, "--steps", "3")) == 0
+    assert main(_run(spec)) == 0
+    (short, three, _), (whole, hundred, _) = ran
+    assert (short.workload.steps, whole.workload.steps) == (3, 100)
+    assert three.predicted.step_time_s > hundred.predicted.step_time_s
+    _, want, _ = plan_for_run(spec, cluster=LOCAL, strategy=RunStrategy.COLOCATED,
+                              overrides=parse_overrides(["workload.steps=3"]))
+    assert three.predicted.step_time_s == want.predicted.step_time_s
+    plan = _compiled(spec, LOCAL, tmp_path / "plan.json", capsys)
+    assert main(["run", str(plan), "--no-progress", "--steps", "3"]) == 0
+    assert ran[-1][1].predicted.step_time_s == pytest.approx(want.predicted.step_time_s,
+                                                             rel=1e-9)

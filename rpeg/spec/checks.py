@@ -179,6 +179,19 @@ def eval_every(site, _) -> SpecError | None:
                        _eval_entry(site, "every").span)
 
 
+def checkpoint_every(site, _) -> SpecError | None:
+    w = site.workload
+    written = "checkpoint_every" in dict(w.keys)      # the default's 10 is no one's mistake
+    if not written or not w.checkpoint_every or w.checkpoint_every <= w.steps:
+        return None
+    return SpecWarning(f"checkpoint_every {w.checkpoint_every} checkpoints only after the last "
+                       f"of the workload's {w.steps} steps (and at its evals), as "
+                       "checkpoint_every = 0 does",
+                       w.span_of("checkpoint_every"),
+                       hint=f"checkpoint_every = {max(1, w.steps // 10)} cuts the run into "
+                            "pieces a failure rolls back to; 0 says that only the end is meant")
+
+
 SECTION_RULES = (
     Rule("context", "workload: prompt_len + the longest response fit every model that reads "
          "them"),
@@ -187,6 +200,7 @@ SECTION_RULES = (
     Rule("eval_greedy_samples", "eval: samples = 1 at temperature 0"),
     Rule("eval_context", "eval: prompt_len + max_len fit the evaluated model"),
     Rule("eval_every", "eval (warning): every at most the workload's steps"),
+    Rule("checkpoint_every", "workload (warning): checkpoint_every at most its steps"),
 )
 SECTION_CHECKS = {                 # each section rule by name: the check it runs
     "context": _raised(lambda site: check_context(site.workload, site.models, site.stages,
@@ -198,6 +212,7 @@ SECTION_CHECKS = {                 # each section rule by name: the check it run
     "eval_greedy_samples": eval_greedy_samples,
     "eval_context": eval_context,
     "eval_every": eval_every,
+    "checkpoint_every": checkpoint_every,
 }
 
 

@@ -62,7 +62,7 @@ from rpeg.cost.control import JOIN_MIN, Dispatch
 from rpeg.graph import Graph
 from rpeg.plan.lower import COUNTED, Placed, lower, streams, transfer_of
 from rpeg.plan.oplayout import OpLayout
-from rpeg.plan.packing import Packer
+from rpeg.plan.packing import Packer, is_read_elsewhere
 from rpeg.plan.simulate import OpTiming, prepared
 from rpeg.spec.model import OpKind
 
@@ -189,19 +189,18 @@ class _Feed:
             at = laid[op]
             ds, _, gang, at_head, gangs = at[chunk % len(at)]
             head = ds[0]
-            elsewhere = False
-            for reader, rc in readers:            # one device reads them all, or two
+            # where the calls waiting for it read it: its readers (one device each, or None
+            # for two), and the writers ordered after it (their instance: chunk 0)
+            waiting = []
+            for reader, rc in readers:
                 one = alone_at[reader]
-                if one[rc % len(one)] != head:
-                    elsewhere = True
-                    break
-            if not elsewhere and op in war:
+                waiting.append(one[rc % len(one)])
+            if op in war:
                 for writer, some in war[op]:
                     if (some is None or chunk % some[0] in some[1]) \
                             and (head in fills[writer] if writer in fills else True):
-                        if alone_at[writer][0] != head:   # the writer's instance: chunk 0
-                            elsewhere = True
-                            break
+                        waiting.append(alone_at[writer][0])
+            elsewhere = is_read_elsewhere(head, waiting)
             if gangs:                             # a weight sync's gangs, one by one,
                 for g in gangs:                   # read through the first's first rank
                     n, o = _gang_calls(g)

@@ -41,10 +41,11 @@ read elsewhere where a consumer runs on another device); the count's, one instan
 devices at once (:class:`_Feed`: its dependencies the instances' data, version and stream
 edges, a generate op's chunks in order on each of its blocks); an instance fed at once
 packs as its calls fed one by one (``tests/plan/test_packing.py``). Which reads end a task
-is the runtime's: a data reader whose first two devices, or a large gang's join's one, are
-not the instance's first, and a writer ordered after the readers of the replica it writes
-(write after read, the placed graph's ``in_place`` and ``partly``: :func:`shared_of`) where
-the writer reads them on another device (a weight sync only where it fills a copy).
+says :func:`~rpeg.plan.packing.is_read_elsewhere`, the fusion's rule too, asked of the
+devices the calls waiting for an instance read on: a data reader's first two, or a large
+gang's join's one, and those of a writer ordered after the readers of the replica it writes
+(write after read, the placed graph's ``in_place`` and ``partly``: :func:`shared_of`; a
+weight sync only where it fills a copy on the instance's first device).
 ``tests/plan/test_tasks.py`` checks the counts equal to the runtime's fusion over split
 plans scaled past ``JOIN_MIN`` ranks, with vLLM weight syncs or not (a property test), at
 64 devices, and on the shipped plans' shapes on GH200 clusters.

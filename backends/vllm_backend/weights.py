@@ -23,7 +23,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-DEFAULT_BUCKET_BYTES = 64 << 20
+from rpeg.cost.engine_sync import SYNC_BUCKET_BYTES
+
+DEFAULT_BUCKET_BYTES = SYNC_BUCKET_BYTES      # the bucket the cost model prices a sync by
 
 # Parameters the generation engine has no place for.
 _SKIP_PREFIXES = ("value_head.",)

@@ -47,7 +47,9 @@ from rpeg.cost.memory import Parallel
 from rpeg.cost.topology import Collective, Topology, collective_time
 from rpeg.spec.model import Cluster, Engine, Model, Zero
 
-SYNC_BUCKET_BYTES = 64 << 20        # the runtime's bucket (backends.vllm_backend.weights)
+# the bytes a weight sync into vLLM engines moves at a time: priced here, and the bucket
+# ``backends.vllm_backend`` sends (its ``weights.DEFAULT_BUCKET_BYTES`` is this value)
+SYNC_BUCKET_BYTES = 64 << 20
 
 
 def tp_blocks(devices, tp: int) -> tuple[tuple[int, ...], ...]:

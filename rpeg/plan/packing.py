@@ -69,6 +69,24 @@ class Unit(NamedTuple):
     join: bool = False            # a gang's join: a task of its own, open to no call
 
 
+def is_read_elsewhere(device: int, readers: Iterable[int | None]) -> bool:
+    """Whether an output written on ``device`` is read elsewhere (:attr:`Unit.elsewhere`,
+    which ends the task writing it, so that its reader can start): a call waiting for it
+    runs on another device. ``readers``: the device of each call waiting for it, over a
+    data edge or an ordering one (a writer ordered after the readers of the replica it
+    writes), None for a reader on several devices at once. The one rule both the
+    runtime's fusion (a unit a call: its consumers' devices) and the cost model's count
+    (a unit an instance: the devices its readers read on) say a unit read elsewhere by.
+
+        >>> is_read_elsewhere(0, [0, 0]), is_read_elsewhere(0, [0, 1]), is_read_elsewhere(0, [])
+        (False, True, False)
+    """
+    for d in readers:                  # a loop, not any(): the count asks per instance
+        if d != device:
+            return True
+    return False
+
+
 class Packer:
     """The tasks of calls packed so far (see the module doc)."""
 
@@ -285,4 +303,4 @@ class Packer:
         return None
 
 
-__all__ = ["Packer", "Unit"]
+__all__ = ["Packer", "Unit", "is_read_elsewhere"]

@@ -41,10 +41,11 @@ read elsewhere where a consumer runs on another device); the count's, one instan
 devices at once (:class:`_Feed`: its dependencies the instances' data, version and stream
 edges, a generate op's chunks in order on each of its blocks); an instance fed at once
 packs as its calls fed one by one (``tests/plan/test_packing.py``). Which reads end a task
-is the runtime's: a data reader whose first two devices, or a large gang's join's one, are
-not the instance's first, and a writer ordered after the readers of the replica it writes
-(write after read, the placed graph's ``in_place`` and ``partly``: :func:`shared_of`) where
-the writer reads them on another device (a weight sync only where it fills a copy).
+says :func:`~rpeg.plan.packing.is_read_elsewhere`, the fusion's rule too, asked of the
+devices the calls waiting for an instance read on: a data reader's first two, or a large
+gang's join's one, and those of a writer ordered after the readers of the replica it writes
+(write after read, the placed graph's ``in_place`` and ``partly``: :func:`shared_of`; a
+weight sync only where it fills a copy on the instance's first device).
 ``tests/plan/test_tasks.py`` checks the counts equal to the runtime's fusion over split
 plans scaled past ``JOIN_MIN`` ranks, with vLLM weight syncs or not (a property test), at
 64 devices, and on the shipped plans' shapes on GH200 clusters.
@@ -62,7 +63,7 @@ from rpeg.cost.control import JOIN_MIN, Dispatch
 from rpeg.graph import Graph
 from rpeg.plan.lower import COUNTED, Placed, lower, streams, transfer_of
 from rpeg.plan.oplayout import OpLayout
-from rpeg.plan.packing import Packer
+from rpeg.plan.packing import Packer, is_read_elsewhere
 from rpeg.plan.simulate import OpTiming, prepared
 from rpeg.spec.model import OpKind
 
@@ -189,19 +190,18 @@ class _Feed:
             at = laid[op]
             ds, _, gang, at_head, gangs = at[chunk % len(at)]
             head = ds[0]
-            elsewhere = False
-            for reader, rc in readers:            # one device reads them all, or two
+            # where the calls waiting for it read it: its readers (one device each, or None
+            # for two), and the writers ordered after it (their instance: chunk 0)
+            waiting = []
+            for reader, rc in readers:
                 one = alone_at[reader]
-                if one[rc % len(one)] != head:
-                    elsewhere = True
-                    break
-            if not elsewhere and op in war:
+                waiting.append(one[rc % len(one)])
+            if op in war:
                 for writer, some in war[op]:
                     if (some is None or chunk % some[0] in some[1]) \
                             and (head in fills[writer] if writer in fills else True):
-                        if alone_at[writer][0] != head:   # the writer's instance: chunk 0
-                            elsewhere = True
-                            break
+                        waiting.append(alone_at[writer][0])
+            elsewhere = is_read_elsewhere(head, waiting)
             if gangs:                             # a weight sync's gangs, one by one,
                 for g in gangs:                   # read through the first's first rank
                     n, o = _gang_calls(g)

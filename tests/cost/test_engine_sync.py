@@ -81,9 +81,11 @@ def test_which_engines_get_a_copy():
         assert engine_copy(fsdp, StagePlacement("g", (0,), engine=Engine.VLLM))
 
 
-def test_the_bucket_is_the_runtimes():
+def test_the_backend_sends_the_bucket_priced():
+    """One value, not two kept equal: the vLLM backend's bucket is the cost model's (the
+    same object; an int this large written again elsewhere would be another)."""
     from backends.vllm_backend.weights import DEFAULT_BUCKET_BYTES
-    assert SYNC_BUCKET_BYTES == DEFAULT_BUCKET_BYTES
+    assert DEFAULT_BUCKET_BYTES is SYNC_BUCKET_BYTES
 
 
 def _vllm_beside(trainer: tuple[int, ...]):

@@ -13,7 +13,8 @@ where the count's unit is an instance): a call joins an open task of its device 
 step where every dependency it has is in the task, in a task the task already waits for,
 or finished (so joining never delays the ops before it); a call whose output another
 device reads ends its task (this keeps generation on one worker overlapping training on
-the other), but for the stages the plan fused with it; a gang's join starts a task of its
+the other; :func:`~rpeg.plan.packing.is_read_elsewhere`, by which the count says it too),
+but for the stages the plan fused with it; a gang's join starts a task of its
 own, open to no call. The worker runs a group's calls in order and
 records each op as its own trace event (``rpeg verify`` checks each op), so versions read
 and written are exactly those of unfused execution.
@@ -25,7 +26,7 @@ from collections.abc import Callable, Iterable
 
 import attrs
 
-from rpeg.plan.packing import Packer, Unit
+from rpeg.plan.packing import Packer, Unit, is_read_elsewhere
 from rpeg.runtime.lowering.instances import OpCall
 from rpeg.runtime.lowering.replicas import CallRole
 
@@ -76,7 +77,8 @@ def fuse(batch: Iterable[OpCall], consumers: dict[str, tuple[OpCall, ...]],
     tasks = Packer(together).feed(
         (Unit(call.id, (call.device,), call.step, call.chunk, call.op, call.all_deps,
               gang=not enabled or call.collective,
-              elsewhere=any(c.device != call.device for c in consumers.get(call.id, ())),
+              elsewhere=is_read_elsewhere(call.device,
+                                          (c.device for c in consumers.get(call.id, ()))),
               join=call.role is CallRole.JOIN) for call in batch),
         where, outside=lambda d: ("task", task_of(d)), done=is_done)
     groups: list[list[OpCall]] = []

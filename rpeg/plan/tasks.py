@@ -55,6 +55,7 @@ from __future__ import annotations
 
 import bisect
 import functools
+from itertools import chain
 from operator import itemgetter
 
 import attrs
@@ -271,13 +272,20 @@ def relabelled(layouts: dict[str, OpLayout]) -> tuple[tuple[str, OpLayout], ...]
     """
     ordered = sorted(layouts.items())
     # each device's new name, as it first appears (dict keeps first insertion order)
-    names = {d: i for i, d in enumerate(dict.fromkeys(
-        d for _, lay in ordered for ds in (lay.devices, *lay.gangs) for d in ds))}
+    seen: list = []                                  # each op's devices, then its gangs'
+    for _, lay in ordered:
+        seen.append(lay.devices)
+        seen.extend(lay.gangs)
+    names = {d: i for i, d in enumerate(dict.fromkeys(chain.from_iterable(seen)))}
+    rename = names.__getitem__
     out = []
     for op, lay in ordered:
-        devices = tuple(map(names.__getitem__, lay.devices))
-        gangs = tuple(tuple(map(names.__getitem__, g)) for g in lay.gangs)
-        fills = tuple(map(names.__getitem__, lay.fills))
+        devices = tuple(map(rename, lay.devices))
+        if lay.gangs or lay.fills:
+            gangs = tuple(tuple(map(rename, g)) for g in lay.gangs)
+            fills = tuple(map(rename, lay.fills))
+        else:
+            gangs, fills = lay.gangs, lay.fills
         out.append((op, lay if devices == lay.devices and gangs == lay.gangs
                     and fills == lay.fills
                     else OpLayout(devices, tp=lay.tp, chunked=lay.chunked,   # attrs.evolve's

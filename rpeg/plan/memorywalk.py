@@ -166,17 +166,18 @@ class MemoryWalk:
         the copies one by one, a tensor-parallel block's second copies at once; the ops
         fetching no copy of their own, :attr:`Walk.read_before`). Read from the plan's
         placed value (:meth:`placed`: the one the runtime keys its replicas by), its op
-        layouts and chunks lowered (:data:`~rpeg.plan.lower.PASSES`' first two)."""
-        placed = self.placed(plan, graph)
-        ops = self._model_ops(placed.graph)
-        key = (placed.graph, tuple(plan.placement(o.stages[0]) for o in ops))
+        layouts and chunks lowered (:data:`~rpeg.plan.lower.PASSES`' first two), which
+        :func:`~rpeg.plan.lower.lower` keeps for the passes after them."""
+        unfused = self.unfused(plan, graph)         # the placed value's graph
+        ops = self._model_ops(unfused)
+        key = (unfused, tuple(plan.placement(o.stages[0]) for o in ops))
         out = self._copies.get(key)
         if out is None:
             def placing(op):
                 return plan.placement(op.stages[0])
 
             # the op layouts and chunks a step streams: what the copies are read from
-            laid = lower(placed.graph, plan, placed.responses, placing, passes=PASSES[:2])
+            laid = lower(unfused, plan, self.responses, placing, passes=PASSES[:2])
             found = copies_of(laid, placing)
             parts = tuple(self._backbone_held(part, plan.shared) for part in found.backbones)
             out = self._copies[key] = (

@@ -260,7 +260,7 @@ class MemoryWalk:
         for o in graph.ops:
             rounds = self._rounds(plan, graph, o) if o.kind is OpKind.GENERATE else 1
             if rounds > 1:
-                p = attrs.evolve(plan.placement(o.stages[0]), chunks=rounds)
+                p = _in_rounds(plan.placement(o.stages[0]), rounds)
                 e = self.prices.chunk_ends(o.stages[0], p, rows.get(o.stages[0]))
                 if len(e) > 1:
                     ends[o.name] = tuple((n, top, mean) for _, n, top, mean in e)
@@ -390,6 +390,13 @@ def _at(devices: tuple[int, ...]) -> slice | np.ndarray:
             and devices == tuple(range(devices[0], devices[-1] + 1)):
         return slice(devices[0], devices[-1] + 1)
     return np.fromiter(devices, int, len(devices))
+
+
+@functools.lru_cache(maxsize=4096)
+def _in_rounds(p: StagePlacement, rounds: int) -> StagePlacement:
+    """A generate placement streaming ``rounds`` chunks a step, as its chunks are priced
+    (memoised: asked of each streamed generate op of every plan)."""
+    return attrs.evolve(p, chunks=rounds)
 
 
 @functools.lru_cache(maxsize=4096)

@@ -190,7 +190,45 @@ def _models(graph) -> tuple[tuple[Backbone, object, tuple], ...]:
 def _backbone(model: Backbone, train, readers: tuple, chunks: int) -> BackboneCopies:
     """The copies of one backbone and which copy each op reads where: ``train``: (op,
     placement, layout) of its train op or None; ``readers``: those of the ops reading it, in
-    topological order.
+    topological order. Laid out by what the rule reads of the placements (:func:`_core`:
+    a plan that changes another field of one, its microbatches or offload, say, finds the
+    layout again), each copy held as the placement laying it out holds it."""
+    held, reads, before, firsts = _laid_out(
+        model, _cored(train) if train is not None else None, tuple(map(_cored, readers)),
+        chunks)
+    places = (train[1] if train is not None else None,) + tuple(p for _, p, _ in readers)
+    return BackboneCopies(model, tuple(Copy(key, ds, places[n], n == 0) for key, ds, n in held),
+                          reads, before, firsts)
+
+
+def _cored(laid: tuple) -> tuple:
+    """(op, placement, layout) with the placement as the copies rule reads it."""
+    op, place, lay = laid
+    return op, _core(place), lay
+
+
+@functools.lru_cache(maxsize=4096)
+def _core(place):
+    """What the copies rule reads of a placement (its devices, tensor-parallel and pipeline
+    degrees, ZeRO level and engine: :func:`copy_keys`, :func:`_keys`, through
+    :func:`~rpeg.plan.oplayout.reads_in_place_on`, :func:`~rpeg.plan.oplayout.all_in_place`
+    and :func:`~rpeg.cost.engine_sync.serves_copy`), every other field at its default: the
+    one instance of that value (memos keyed by it find it by identity)."""
+    core = attrs.evolve(type(place)("", place.devices), tp=place.tp, pp=place.pp,
+                        zero=place.zero, engine=place.engine)
+    if len(_CORES) > 4096:
+        _CORES.clear()
+    return _CORES.setdefault(core, core)
+
+
+_CORES: dict = {}       # a placement's core -> its one instance
+
+
+@functools.lru_cache(maxsize=4096)
+def _laid_out(model: Backbone, train, readers: tuple, chunks: int) -> tuple:
+    """(the (key, devices, index of who lays it out: 0 the trainer, n the n-th reader) of
+    each copy, :attr:`BackboneCopies.reads`, ``before`` and ``firsts``) of one backbone
+    (see :func:`_backbone`; its placements as :func:`_core` keeps them).
 
     Each key's layouts and first layers are kept per key (device -> group, device -> the
     op laying it out), so a reader whose devices hold no layout of its key yet is entered
@@ -236,15 +274,14 @@ def _backbone(model: Backbone, train, readers: tuple, chunks: int) -> BackboneCo
         if not _first_layers(at, n, firsts, devices) and at:
             before.append(op.name)     # every copy it reads there, an op before it reads
         reads[op.name] = at
-    places = (trainer,) + tuple(place for _, place, _ in readers)
     # a vLLM engine's copy, read on its host, lies on every device its workers span
     out = []
     for (key, n), ds in devices.items():     # one copy per key and op laying it out
         if key.engine and n and readers[n - 1][2].per_block:
             span = _hosts(readers[n - 1][2])
             ds = [x for d in ds for x in span.get(d, (d,))]
-        out.append(Copy(key, tuple(sorted(ds)), places[n], n == 0))
-    return BackboneCopies(model, tuple(out), reads, frozenset(before), firsts)
+        out.append((key, tuple(sorted(ds)), n))
+    return tuple(out), reads, frozenset(before), firsts
 
 
 def _first_layers(at: dict[int, ReplicaKey], n: int, firsts: dict, devices: dict) -> bool:

@@ -608,11 +608,10 @@ def fills(p: Placed, placement_of: Placing) -> Placed:
     if not p.transfers:
         return p
     held = copies(p, placement_of)
-    model_of = {o.name: o.reads_model for o in p.graph.ops}
     out = []
     for t in p.transfers:
         place = placement_of(p.graph.op(t.trainer))
-        read = tuple(r for r in (_read_by_key(b, t.model, model_of) for b in held.backbones)
+        read = tuple(r for r in (_read_by_key(b, t.model, p.graph) for b in held.backbones)
                      if r)
         out.append(Transfer(t.model, t.trainer, t.op,
                             sync_senders(place.devices, place.tp, place.zero),
@@ -620,37 +619,35 @@ def fills(p: Placed, placement_of: Placing) -> Placed:
     return attrs.evolve(p, transfers=tuple(out))
 
 
-def _read_by_key(part, model: str, model_of: dict) -> tuple:
+@functools.lru_cache(maxsize=1024)
+def _read_by_key(part, model: str, graph: Graph) -> tuple:
     """(copy, the devices reading it) of the ops of one backbone's copies
-    (:class:`rpeg.plan.copies.BackboneCopies`) reading ``model`` (``model_of``: op -> the
-    model it reads, of the graph the part's ops are of: which the part's ops determine, so
-    it is kept by the part and the model alone)."""
-    key = (part, model)
-    out = _READ.get(key)
-    if out is not None:
-        return out
-    if len(_READ) > 1024:      # each holds its part alive: bounded
-        _READ.clear()
-    if part.reads and all(model_of.get(op) == model for op in part.reads):
+    (:class:`rpeg.plan.copies.BackboneCopies`) reading ``model``, of ``graph`` (whose ops
+    the part's are): a pure function of the three, memoised (the part by its identity,
+    which the memo keeps alive: bounded)."""
+    if not part.reads:
+        return ()
+    model_of = _model_of(graph)
+    if all(model_of.get(op) == model for op in part.reads):
         # all its ops read the model: every key they read, where some reads it
-        out = _READ[key] = tuple((k, frozenset(ds)) for k, ds in part.firsts.items() if ds)
-    else:
-        at_key: dict[ReplicaKey, set[int]] = {}       # copy -> the devices reading it
-        for op, at in part.reads.items():
-            if model_of.get(op) != model:
-                continue
-            keys = set(at.values())
-            if len(keys) == 1:
-                at_key.setdefault(keys.pop(), set()).update(at)
-                continue
-            for k, grp in groupby(sorted(at.items(), key=itemgetter(1)), itemgetter(1)):
-                at_key.setdefault(k, set()).update(map(itemgetter(0), grp))
-        out = _READ[key] = tuple((k, frozenset(ds)) for k, ds in at_key.items())
-    return out
+        return tuple((k, frozenset(ds)) for k, ds in part.firsts.items() if ds)
+    at_key: dict[ReplicaKey, set[int]] = {}       # copy -> the devices reading it
+    for op, at in part.reads.items():
+        if model_of.get(op) != model:
+            continue
+        keys = set(at.values())
+        if len(keys) == 1:
+            at_key.setdefault(keys.pop(), set()).update(at)
+            continue
+        for k, grp in groupby(sorted(at.items(), key=itemgetter(1)), itemgetter(1)):
+            at_key.setdefault(k, set()).update(map(itemgetter(0), grp))
+    return tuple((k, frozenset(ds)) for k, ds in at_key.items())
 
 
-# (a backbone's copies, a model) -> _read_by_key (keyed by the part's identity)
-_READ: dict[tuple, tuple] = {}
+@functools.lru_cache(maxsize=64)
+def _model_of(graph: Graph) -> dict[str, str | None]:
+    """Op of ``graph`` -> the model it reads (read-only: shared between callers)."""
+    return {o.name: o.reads_model for o in graph.ops}
 
 
 @functools.lru_cache(maxsize=1024)

@@ -166,17 +166,18 @@ class MemoryWalk:
         the copies one by one, a tensor-parallel block's second copies at once; the ops
         fetching no copy of their own, :attr:`Walk.read_before`). Read from the plan's
         placed value (:meth:`placed`: the one the runtime keys its replicas by), its op
-        layouts and chunks lowered (:data:`~rpeg.plan.lower.PASSES`' first two)."""
-        placed = self.placed(plan, graph)
-        ops = self._model_ops(placed.graph)
-        key = (placed.graph, tuple(plan.placement(o.stages[0]) for o in ops))
+        layouts and chunks lowered (:data:`~rpeg.plan.lower.PASSES`' first two), which
+        :func:`~rpeg.plan.lower.lower` keeps for the passes after them."""
+        unfused = self.unfused(plan, graph)         # the placed value's graph
+        ops = self._model_ops(unfused)
+        key = (unfused, tuple(plan.placement(o.stages[0]) for o in ops))
         out = self._copies.get(key)
         if out is None:
             def placing(op):
                 return plan.placement(op.stages[0])
 
             # the op layouts and chunks a step streams: what the copies are read from
-            laid = lower(placed.graph, plan, placed.responses, placing, passes=PASSES[:2])
+            laid = lower(unfused, plan, self.responses, placing, passes=PASSES[:2])
             found = copies_of(laid, placing)
             parts = tuple(self._backbone_held(part, plan.shared) for part in found.backbones)
             out = self._copies[key] = (
@@ -259,7 +260,7 @@ class MemoryWalk:
         for o in graph.ops:
             rounds = self._rounds(plan, graph, o) if o.kind is OpKind.GENERATE else 1
             if rounds > 1:
-                p = attrs.evolve(plan.placement(o.stages[0]), chunks=rounds)
+                p = _in_rounds(plan.placement(o.stages[0]), rounds)
                 e = self.prices.chunk_ends(o.stages[0], p, rows.get(o.stages[0]))
                 if len(e) > 1:
                     ends[o.name] = tuple((n, top, mean) for _, n, top, mean in e)
@@ -389,6 +390,13 @@ def _at(devices: tuple[int, ...]) -> slice | np.ndarray:
             and devices == tuple(range(devices[0], devices[-1] + 1)):
         return slice(devices[0], devices[-1] + 1)
     return np.fromiter(devices, int, len(devices))
+
+
+@functools.lru_cache(maxsize=4096)
+def _in_rounds(p: StagePlacement, rounds: int) -> StagePlacement:
+    """A generate placement streaming ``rounds`` chunks a step, as its chunks are priced
+    (memoised: asked of each streamed generate op of every plan)."""
+    return attrs.evolve(p, chunks=rounds)
 
 
 @functools.lru_cache(maxsize=4096)

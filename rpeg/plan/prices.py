@@ -94,6 +94,7 @@ class Prices:
         for name in ("_timed", "_laid", "_stage_cost", "_chunk_ends", "_transient",
                      "_resident", "_gen_rows", "_synced", "_sync_time"):
             prices._memo[name] = _Memo(getattr(prices, name))
+        prices._memo["canonical"] = _Memo(prices.canonical)    # of one placement
         return prices
 
     # --- placements as the cost functions read them ---------------------------------
@@ -157,7 +158,7 @@ class Prices:
                    ) -> tuple[tuple[float, int, float, float], ...]:
         """(end, responses, longest response, mean length) of each chunk of a generate
         stage."""
-        return self._memo["_chunk_ends"](stage, self.canonical(p), rows)
+        return self._memo["_chunk_ends"](stage, self._memo["canonical"](p), rows)
 
     def _chunk_ends(self, stage, p, rows):
         return generation_chunks(self.works[stage], parallel_of(p), p.devices, self.cluster,

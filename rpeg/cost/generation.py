@@ -254,6 +254,27 @@ def batching_of(work, placement) -> tuple[int, float, bool]:
     return seqs, frac, bool(placement.cuda_graph)
 
 
+def dealt_batch(work, batch: int, dp: int) -> int:
+    """The responses a generate stage's ``dp`` ranks are priced for between them, as the
+    runtime deals a step's batch out (``backends.torch_backend.executor``): responses r,
+    r + dp, ... to rank r (an even split: the batch); under dynamic sampling
+    (``refill_rounds``) whole groups, prompts r, r + dp, ... with all their samples, so
+    the busiest rank holds ceil(prompts / dp) groups and the step waits for it.
+
+        >>> from rpeg.graph.work import Work
+        >>> from rpeg.spec.model import LengthDist, OpKind, Workload
+        >>> w = Workload(steps=1, prompts=128, samples=16, prompt_len=8,
+        ...              gen_len=LengthDist.fixed(8))
+        >>> dapo = Work(stage="rollout", kind=OpKind.GENERATE, workload=w, refill_rounds=3)
+        >>> [dealt_batch(dapo, 2048, dp) for dp in (64, 68, 256)]
+        [2048, 2176, 4096]
+    """
+    if not getattr(work, "refill_rounds", 0) or dp <= 1:     # only a generate stage refills
+        return batch
+    samples = max(work.workload.samples, 1)
+    return math.ceil(math.ceil(batch / samples) / dp) * samples * dp
+
+
 def generation_rows(work, par: Parallel, cluster: Cluster,
                     free_bytes: float, *, batch: int | None = None, partial: int = 0,
                     engine: Engine = Engine.TORCH) -> int:
@@ -266,6 +287,7 @@ def generation_rows(work, par: Parallel, cluster: Cluster,
         local = math.ceil(batch * (carries(work, partial) + 1) / par.dp)
         w = conversation_workload(work)
         return concurrency(model, par, w, cluster.gpu, engine, local, free_bytes)
+    batch = dealt_batch(work, batch, par.dp)
     local = math.ceil(decoded_batch(batch, w.gen_len, partial) / par.dp)
     return concurrency(model, par, w, cluster.gpu, engine, local, free_bytes)
 
@@ -473,6 +495,6 @@ def sync_bytes(model: Model, gpu) -> float:
     return model_params(model) * weight_bytes(model, gpu)
 
 
-__all__ = ["Gen", "StageCost", "admissions", "batching_of", "concurrency", "decoded_batch", "generate_memory",
+__all__ = ["Gen", "StageCost", "admissions", "batching_of", "concurrency", "dealt_batch", "decoded_batch", "generate_memory",
            "generation", "hybrid_merge_bytes", "generation_rows", "kv_token_bytes", "mean_len", "padded_len",
            "slowest_lengths"]

@@ -68,6 +68,7 @@ from rpeg.cost.engines import CONTROLLER_BYTES, engine_terms
 from rpeg.cost.generation import (
     StageCost,
     admissions,
+    dealt_batch,
     decoded_batch,
     generate_memory,
     generation,
@@ -173,14 +174,17 @@ def _estimate(work, par, devices, topo, cluster, batch, engine, rows,
         return conversation_gen(work, par, devices, topo, cluster, batch, engine, rows,
                                 partial).cost
     if work.kind is OpKind.GENERATE:
-        g = generation(model, par, devices, topo, cluster, batch, w, engine, rows, partial)
-        refills = refill_batches(work, batch)
+        # the ranks' shares as the runtime deals them (whole groups under dynamic sampling)
+        dealt = dealt_batch(work, batch, par.dp)
+        g = generation(model, par, devices, topo, cluster, dealt, w, engine, rows, partial)
+        refills = refill_batches(work, dealt)
         if not refills:
             return g.cost
-        # each round's responses are scored (python rewards) to find the groups to refill
+        # each round's responses are scored (python rewards) to find the groups to refill:
+        # the responses there are, not the shares' rounding up
         return _with_refills(g.cost, refills, lambda n: _plus_host(generation(
             model, par, devices, topo, cluster, n, w, engine, rows, partial).cost,
-            reward_host_time(gpu, w, n)), reward_host_time(gpu, w, batch))
+            reward_host_time(gpu, w, n * batch // dealt)), reward_host_time(gpu, w, batch))
     # a host op at dp > 1 runs split, each device's call on its share of the batch
     # (rpeg.plan.oplayout.split_parts); a group estimator, one call on its first block over
     # the whole batch, is priced there at dp 1
@@ -334,6 +338,7 @@ def stage_memory(work: Work, par: Parallel, cluster: Cluster, *,
                                rows)
     if work.kind is OpKind.GENERATE:
         # carried sequences beside the new ones, each holding up to its whole length
+        batch = dealt_batch(work, batch, par.dp)
         local = math.ceil(decoded_batch(batch, w.gen_len, partial) / par.dp)
         return generate_memory(model, par, w, gpu, engine, local, rows)
     gen = response_len(w.gen_len, local, par, padded_len, mean_len)

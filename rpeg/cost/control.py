@@ -57,6 +57,17 @@ JOIN_MIN = 8            # a gang of this many ranks waits through one join (runt
 SHARE_LIMIT = 0.03      # a control plane above this share of the step is reported
 
 
+def through_join(ranks: int) -> bool:
+    """Whether a gang (a collective's ranks, each a task) of ``ranks`` ranks waits through
+    one join call, each rank on the join (``rpeg.runtime.lowering.joins``), rather than each
+    on every rank of the gang before it: from :data:`JOIN_MIN` ranks.
+
+        >>> through_join(JOIN_MIN - 1), through_join(JOIN_MIN)
+        (False, True)
+    """
+    return ranks >= JOIN_MIN
+
+
 @attrs.frozen
 class ControlTerms:
     """CPU seconds of the client and the scheduler, per unit (see the module doc)."""

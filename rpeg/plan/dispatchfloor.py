@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import functools
 
-from rpeg.cost.control import JOIN_MIN, Dispatch
+from rpeg.cost.control import Dispatch, through_join
 from rpeg.graph import Graph, chunk_counts
 from rpeg.plan.tasks import devices_used, laid_out
 from rpeg.spec.model import OpKind
@@ -60,9 +60,10 @@ def dispatch_floor(graph: Graph, layouts: dict, chunks: int = 1, steps: int = 6)
     ops = {o.name for o in graph.ops}
     for op, lay in layouts.items():                # transfers the graph has no op for
         for g in lay.gangs if op not in ops else ():
-            calls += len(g) + (len(g) >= JOIN_MIN)
-            tasks += len(g) + (len(g) >= JOIN_MIN)
-            args += 2 * len(g) if len(g) >= JOIN_MIN else len(g) ** 2
+            joined = through_join(len(g))
+            calls += len(g) + joined
+            tasks += len(g) + joined
+            args += 2 * len(g) if joined else len(g) ** 2
     return Dispatch(devices_used(tuple(layouts.values())), calls, tasks, args)
 
 
@@ -86,7 +87,7 @@ def _op_floor(lay, n: int, fed: bool) -> tuple:
         for g in gangs:                            # a weight sync's gangs: each rank a task
             calls += len(g) * times
             tasks += len(g) * times
-            if len(g) >= JOIN_MIN:
+            if through_join(len(g)):
                 calls += times
                 tasks += times
                 args += (2 * len(g) + fed) * times
@@ -100,7 +101,7 @@ def _op_floor(lay, n: int, fed: bool) -> tuple:
         devices.update(ds)
         if gang:                                   # each rank starts a task
             tasks += ranks * times
-            if ranks >= JOIN_MIN:                  # and the join, a call and a task
+            if through_join(ranks):                # and the join, a call and a task
                 calls += times
                 tasks += times
                 # the futures ordering gangs (one a rank), the ranks' on the join

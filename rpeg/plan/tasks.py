@@ -60,7 +60,7 @@ from operator import itemgetter
 
 import attrs
 
-from rpeg.cost.control import JOIN_MIN, Dispatch
+from rpeg.cost.control import Dispatch, through_join
 from rpeg.graph import Graph
 from rpeg.plan.lower import COUNTED, Placed, lower, streams, transfer_of
 from rpeg.plan.oplayout import OpLayout
@@ -229,7 +229,7 @@ def _gang_calls(ranks: tuple[int, ...]) -> tuple[int, int]:
     ranks or more waits through a join (a call more), each member on the gang before it
     there; a smaller one's members each wait for the gang before on each member's
     device."""
-    if len(ranks) >= JOIN_MIN:
+    if through_join(len(ranks)):
         return len(ranks) + 1, len(ranks)
     return len(ranks), len(ranks) ** 2
 
@@ -322,11 +322,11 @@ def laid_out(lay: OpLayout) -> tuple[tuple, ...]:
         ds = own or (-1,)
         # where it reads its inputs: a large gang through its join, on its first device
         if gangs:                     # a weight sync's gangs: read where the first starts
-            out.append((ds, gangs[0][:1] if len(gangs[0]) >= JOIN_MIN
+            out.append((ds, gangs[0][:1] if through_join(len(gangs[0]))
                         else gangs[0][:2], True, (0,), gangs))
             continue
         gang = collective and len(own) > 1
-        out.append((ds, ds[:1] if gang and len(own) >= JOIN_MIN else ds[:2], gang,
+        out.append((ds, ds[:1] if gang and through_join(len(own)) else ds[:2], gang,
                     tuple(i for i, d in enumerate(ds) if d == ds[0]) if gang else (), ()))
     return tuple(out)
 

@@ -98,3 +98,19 @@ def test_a_large_share_says_why_and_what_to_do():
     assert K.verdict(0.2, 27.0, 500, 64) is None
     why = K.verdict(20.0, 27.0, 50_000, 2048)
     assert "74.1%" in why and "cannot keep up" in why and "fewer chunks" in why
+
+
+def test_one_join_rule_for_the_runtime_and_the_count():
+    """Which gangs wait through a join is one function: the runtime's lowering, the packer,
+    the count and its floor all hold the same one (no restated threshold)."""
+    import ast
+    from pathlib import Path
+
+    from rpeg.cost import control
+    from rpeg.plan import dispatchfloor, packing, tasks
+    from rpeg.runtime.lowering import joins
+    for module in (joins, packing, tasks, dispatchfloor):
+        assert module.through_join is control.through_join, module.__name__
+        tree = ast.parse(Path(module.__file__).read_text())
+        named = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
+        assert "JOIN_MIN" not in named, f"{module.__name__} compares with JOIN_MIN itself"

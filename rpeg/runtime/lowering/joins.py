@@ -33,7 +33,7 @@ from collections.abc import Sequence
 
 import attrs
 
-from rpeg.cost.control import JOIN_MIN
+from rpeg.cost.control import through_join
 from rpeg.graph.ids import OpId
 from rpeg.runtime.lowering.calls import OpCall
 from rpeg.runtime.lowering.replicas import CallRole
@@ -56,7 +56,7 @@ def join_gang(ranks: Sequence[OpCall]) -> tuple[OpCall, tuple[OpCall, ...]] | No
     Ranks reading the same data (every rank of a train op reads the whole step) take it
     from the join; ranks reading data of their own keep it and the join waits for it too.
     """
-    if len(ranks) < JOIN_MIN:
+    if not through_join(len(ranks)):
         return None
     first = ranks[0]
     own = {r.id for r in ranks}

@@ -212,16 +212,9 @@ def _core(place):
     """What the copies rule reads of a placement (its devices, tensor-parallel and pipeline
     degrees, ZeRO level and engine: :func:`copy_keys`, :func:`_keys`, through
     :func:`~rpeg.plan.oplayout.reads_in_place_on`, :func:`~rpeg.plan.oplayout.all_in_place`
-    and :func:`~rpeg.cost.engine_sync.serves_copy`), every other field at its default: the
-    one instance of that value (memos keyed by it find it by identity)."""
-    core = attrs.evolve(type(place)("", place.devices), tp=place.tp, pp=place.pp,
+    and :func:`~rpeg.cost.engine_sync.serves_copy`), every other field at its default."""
+    return attrs.evolve(type(place)("", place.devices), tp=place.tp, pp=place.pp,
                         zero=place.zero, engine=place.engine)
-    if len(_CORES) > 4096:
-        _CORES.clear()
-    return _CORES.setdefault(core, core)
-
-
-_CORES: dict = {}       # a placement's core -> its one instance
 
 
 @functools.lru_cache(maxsize=4096)

@@ -48,6 +48,8 @@ profile's, measured on the machine named in its source (:func:`terms_of`).
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
+from typing import TypeVar
 
 import attrs
 
@@ -55,6 +57,7 @@ from rpeg.spec.model import GpuProfile
 
 JOIN_MIN = 8            # a gang of this many ranks waits through one join (runtime.lowering.joins)
 SHARE_LIMIT = 0.03      # a control plane above this share of the step is reported
+T = TypeVar("T")        # a gang's call, or the device it runs on
 
 
 def through_join(ranks: int) -> bool:
@@ -66,6 +69,32 @@ def through_join(ranks: int) -> bool:
         (False, True)
     """
     return ranks >= JOIN_MIN
+
+
+def join_of(devices: Sequence[T]) -> T | None:
+    """The device of the join a gang whose ranks run on ``devices`` (in rank order) waits
+    through, its first rank's, where it reads the gang's inputs; None for a gang under
+    :data:`JOIN_MIN` ranks, whose ranks each wait for themselves. The one rule the runtime
+    makes a join by (``rpeg.runtime.lowering.joins.join_gang``) and the cost model counts
+    where a gang reads by (``rpeg.plan.tasks.laid_out``).
+
+        >>> join_of((4, 5)), join_of(tuple(range(3, 3 + JOIN_MIN)))
+        (None, 3)
+    """
+    return devices[0] if through_join(len(devices)) else None
+
+
+def waiting_before(ranks: Sequence[T], join: T | None) -> Sequence[T]:
+    """Those of a gang's calls (its ``ranks`` and its ``join``, None where it has none:
+    :func:`join_of`) that wait for the gang before on each member's device, in the one
+    order of collectives: the join alone, where there is one, else every rank. The one rule
+    the runtime orders gangs by (``rpeg.runtime.lowering.ordering.order_collectives``) and
+    the cost model counts the futures ordering a gang by (``rpeg.plan.tasks``).
+
+        >>> waiting_before(("r0", "r1"), None), waiting_before(("r0", "r1"), "j")
+        (('r0', 'r1'), ('j',))
+    """
+    return ranks if join is None else (join,)
 
 
 @attrs.frozen

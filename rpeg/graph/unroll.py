@@ -256,22 +256,44 @@ def _ordering(kinds: dict[str, OpKind], version_edges, steps: int, cells,
         elif carry.get(op, 0) > 0 and s > 0:
             last = node(op, s - 1, c + (n - 1 - c) // d * d)
             out.append((last, node(op, s, c), DepKind.ORDER, CARRY))
+    war = write_after_read(kinds, version_edges, in_place, partly)
+    for op, s, c in cells:
+        for e, w, some in war.get(op, ()):
+            if some is not None and c % some[0] not in some[1]:
+                continue                      # a chunk on a block reading a copy of its own
+            v = read_version(kinds[op], s, lags[(e.writer, e.reader)])
+            # the writer of version v + 1 of that replica, where it is unrolled
+            if v < steps and (w, v) != (op, s):
+                out.append((node(op, s, c), node(w, v, 0), DepKind.ORDER, e.model))
+    return out
+
+
+def write_after_read(kinds: dict[str, OpKind], version_edges,
+                     in_place: frozenset[tuple[str, str]],
+                     partly: dict[tuple[str, str], tuple[int, frozenset[int]]]
+                     ) -> dict[str, list[tuple]]:
+    """Reader op -> (its version edge, the op writing the replica it shares, None or
+    (blocks, the blocks sharing it) from ``partly``) of each write-after-read edge of the
+    module doc, in version-edge order: whose next write waits for the reader's chunks
+    (``kinds``: op -> its kind). The one rule :func:`unroll` orders writers by (so the
+    runtime, ``rpeg.runtime.lowering.ordering``) and the cost model counts the calls
+    waiting for a reader by (``rpeg.plan.tasks``).
+
+        >>> from rpeg.graph.ir import VersionEdge
+        >>> kinds = {"train": OpKind.TRAIN, "sync": OpKind.SYNC_WEIGHTS,
+        ...          "gen": OpKind.GENERATE}
+        >>> edges = (VersionEdge("actor", "train", "sync"), VersionEdge("actor", "sync", "gen"))
+        >>> [(e.writer, w) for e, w, _ in write_after_read(kinds, edges,
+        ...                                                 {("train", "gen")}, {})["gen"]]
+        [('sync', 'train')]
+    """
     # a weight sync's writer: a reader of the sync that reads the trained weights where they
     # are (the sync moves nothing to it) shares the trainer's replica
     behind = {e.reader: e.writer for e in version_edges
               if kinds[e.reader] is OpKind.SYNC_WEIGHTS}
-    for op, s, c in cells:
-        for e in version_edges:
-            if e.reader != op:
-                continue
-            for w in (e.writer, behind.get(e.writer)):
-                if w is None or (w, e.reader) not in in_place:
-                    continue
-                some = partly.get((w, e.reader))
-                if some is not None and c % some[0] not in some[1]:
-                    continue                  # a chunk on a block reading a copy of its own
-                v = read_version(kinds[op], s, lags[(e.writer, e.reader)])
-                # the writer of version v + 1 of that replica, where it is unrolled
-                if v < steps and (w, v) != (op, s):
-                    out.append((node(op, s, c), node(w, v, 0), DepKind.ORDER, e.model))
+    out: dict[str, list[tuple]] = {}
+    for e in version_edges:
+        for w in (e.writer, behind.get(e.writer)):
+            if w is not None and (w, e.reader) in in_place:
+                out.setdefault(e.reader, []).append((e, w, partly.get((w, e.reader))))
     return out

@@ -47,7 +47,7 @@ from __future__ import annotations
 from collections.abc import Callable, Hashable, Iterable
 from typing import NamedTuple
 
-from rpeg.cost.control import through_join
+from rpeg.cost.control import join_of
 
 _NONE: dict = {}                       # no task waits for any dependency there
 
@@ -149,7 +149,7 @@ class Packer:
             if joins:                             # a gang's join: a task of its own
                 g = self.join(deps)
             elif gang:
-                if through_join(len(devices)):    # waiting through a join, a task of its own
+                if join_of(devices) is not None:  # waiting through a join, a task of its own
                     ranks = self.gang(devices, step, {self.join(deps)}, named=False)
                 else:
                     ranks = self.gang(devices, step, deps)

@@ -60,8 +60,9 @@ from operator import itemgetter
 
 import attrs
 
-from rpeg.cost.control import Dispatch, through_join
+from rpeg.cost.control import Dispatch, join_of, waiting_before
 from rpeg.graph import Graph
+from rpeg.graph.unroll import write_after_read
 from rpeg.plan.lower import COUNTED, Placed, lower, streams, transfer_of
 from rpeg.plan.oplayout import OpLayout
 from rpeg.plan.packing import Packer, is_read_elsewhere
@@ -161,7 +162,7 @@ class _Feed:
         ops = {o.name for o in graph.ops}
         extra = [(trainer_of.get(op), lay.gangs) for op, lay in layouts.items()
                  if op not in ops and lay.gangs]
-        each = [_gang_calls(g) for _, gangs in extra for g in gangs]
+        each = [_gang_calls(len(g)) for _, gangs in extra for g in gangs]
         return cls(
             # by (op, chunk): each instance's devices, those reading its inputs (the first
             # two, or a large gang's join's: another device reads the output of an
@@ -205,13 +206,13 @@ class _Feed:
             elsewhere = is_read_elsewhere(head, waiting)
             if gangs:                             # a weight sync's gangs, one by one,
                 for g in gangs:                   # read through the first's first rank
-                    n, o = _gang_calls(g)
+                    n, o = _gang_calls(len(g))
                     calls, order = calls + n, order + o
                     out.append((k, g, step, chunk, op, inputs, True, elsewhere, (0,), False))
                     k, elsewhere = None, False
                 continue
             if gang:                              # the ranks start together
-                n, o = _gang_calls(ds)
+                n, o = _gang_calls(len(ds))
                 calls, order = calls + n, order + o
             else:                                 # a call on each device
                 calls += len(ds)
@@ -224,34 +225,30 @@ class _Feed:
         return out, calls, order
 
 
-def _gang_calls(ranks: tuple[int, ...]) -> tuple[int, int]:
-    """(the calls of a gang on ``ranks``, the futures ordering it): a gang of ``JOIN_MIN``
-    ranks or more waits through a join (a call more), each member on the gang before it
-    there; a smaller one's members each wait for the gang before on each member's
-    device."""
-    if through_join(len(ranks)):
-        return len(ranks) + 1, len(ranks)
-    return len(ranks), len(ranks) ** 2
+@functools.lru_cache(maxsize=1024)
+def _gang_calls(ranks: int) -> tuple[int, int]:
+    """(the calls of a gang of ``ranks`` ranks, the futures ordering it): its ranks and its
+    join, where it has one (:func:`~rpeg.cost.control.join_of`), and, for each of its calls
+    waiting for the gang before (:func:`~rpeg.cost.control.waiting_before`), one future a
+    member's device (memoised by the ranks: the count asks of every gang it feeds)."""
+    on = range(ranks)                     # the ranks' calls, standing for their devices
+    join = join_of(on)
+    return ranks + (join is not None), len(waiting_before(on, join)) * ranks
 
 
 def _write_after_read(graph: Graph, shared: tuple) -> dict[str, list]:
     """Reader op -> (the writer op whose next write waits for its chunks, None or
     (blocks, those blocks whose chunks it waits for)) of each write-after-read edge of the
     placed graph whose readers share the replica their writer writes (``shared``:
-    (``in_place``, ``partly``) of :func:`shared_of`; the ordering edges of
-    :func:`rpeg.graph.unroll.unroll`, found without unrolling): a reader read by its
-    writer on another device ends its task, as a call the runtime orders a writer after."""
+    (``in_place``, ``partly``) of :func:`shared_of`): the ordering edges
+    :func:`rpeg.graph.unroll.unroll` makes by :func:`~rpeg.graph.unroll.write_after_read`,
+    found without unrolling: a reader read by its writer on another device ends its task,
+    as a call the runtime orders a writer after."""
     if not shared or not shared[0]:
         return {}
-    in_place, partly = shared[0], dict(shared[1])
-    syncs = {o.name for o in graph.ops if o.kind is OpKind.SYNC_WEIGHTS}
-    behind = {e.reader: e.writer for e in graph.version_edges if e.reader in syncs}
-    out: dict[str, list] = {}
-    for e in graph.version_edges:
-        for w in (e.writer, behind.get(e.writer)):
-            if w is not None and (w, e.reader) in in_place:
-                out.setdefault(e.reader, []).append((w, partly.get((w, e.reader))))
-    return out
+    kinds = {o.name: o.kind for o in graph.ops}
+    return {reader: [(w, some) for _, w, some in edges] for reader, edges in
+            write_after_read(kinds, graph.version_edges, shared[0], dict(shared[1])).items()}
 
 
 def _gang(layouts: dict[str, OpLayout], key: tuple[str, int]) -> bool:
@@ -322,11 +319,12 @@ def laid_out(lay: OpLayout) -> tuple[tuple, ...]:
         ds = own or (-1,)
         # where it reads its inputs: a large gang through its join, on its first device
         if gangs:                     # a weight sync's gangs: read where the first starts
-            out.append((ds, gangs[0][:1] if through_join(len(gangs[0]))
-                        else gangs[0][:2], True, (0,), gangs))
+            join = join_of(gangs[0])
+            out.append((ds, gangs[0][:2] if join is None else (join,), True, (0,), gangs))
             continue
         gang = collective and len(own) > 1
-        out.append((ds, ds[:1] if gang and through_join(len(own)) else ds[:2], gang,
+        join = join_of(own) if gang else None
+        out.append((ds, ds[:2] if join is None else (join,), gang,
                     tuple(i for i, d in enumerate(ds) if d == ds[0]) if gang else (), ()))
     return tuple(out)
 

@@ -1,6 +1,6 @@
 """Joins (``rpeg.runtime.lowering.joins``): a large gang waits through one call, with the same
 orderings, the same data and the same results as when every rank waits for everything.
-Here gangs of 2 are joined (the runtime's ``through_join`` lowered), so the tiny pipelines
+Here gangs of 2 are joined (the runtime's ``join_of`` lowered), so the tiny pipelines
 have joins."""
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ HERE = Path(__file__).resolve().parent
 
 @pytest.fixture
 def joined(monkeypatch):
-    monkeypatch.setattr(joins, "through_join", lambda ranks: ranks >= 2)
+    monkeypatch.setattr(joins, "join_of", lambda ds: ds[0] if len(ds) >= 2 else None)
 
 
 def _instance_graph_test():
@@ -91,7 +91,8 @@ def test_data_parallel_training_through_joins_learns_the_same(ppo, tmp_path, loc
     rows = {}
     with local_cluster(2) as address:
         for name, at in (("plain", 10 ** 9), ("joined", 2)):
-            monkeypatch.setattr(joins, "through_join", lambda ranks, at=at: ranks >= at)
+            monkeypatch.setattr(joins, "join_of",
+                                lambda ds, at=at: ds[0] if len(ds) >= at else None)
             result = run_pipeline(ppo, plan, RunOptions(steps=2, scheduler=address,
                                                         root=str(tmp_path / name),
                                                         progress=False), spec_path=ppo.path)

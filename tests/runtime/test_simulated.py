@@ -43,7 +43,7 @@ def test_the_clients_cpu_per_step_grows_no_faster_than_the_step(ppo8b):
 def test_without_joins_a_gang_copies_every_wait_into_every_rank(ppo8b, monkeypatch):
     """What the test above guards against: a train op's ranks each waiting for everything
     the gang waits for is quadratic in devices."""
-    monkeypatch.setattr(joins, "through_join", lambda ranks: False)
+    monkeypatch.setattr(joins, "join_of", lambda devices: None)
     small, large = _driven(ppo8b, 16, repeats=1), _driven(ppo8b, 128, repeats=1)
     calls = large.calls_per_step / small.calls_per_step
     assert large.edges_per_step / small.edges_per_step > 4 * calls

@@ -33,7 +33,7 @@ from collections.abc import Sequence
 
 import attrs
 
-from rpeg.cost.control import through_join
+from rpeg.cost.control import join_of
 from rpeg.graph.ids import OpId
 from rpeg.runtime.lowering.calls import OpCall
 from rpeg.runtime.lowering.replicas import CallRole
@@ -56,13 +56,14 @@ def join_gang(ranks: Sequence[OpCall]) -> tuple[OpCall, tuple[OpCall, ...]] | No
     Ranks reading the same data (every rank of a train op reads the whole step) take it
     from the join; ranks reading data of their own keep it and the join waits for it too.
     """
-    if not through_join(len(ranks)):
+    at = join_of([r.device for r in ranks])
+    if at is None:
         return None
     first = ranks[0]
     own = {r.id for r in ranks}
     shared = first.deps if all(r.deps == first.deps for r in ranks) else ()
     waits = dict.fromkeys(d for r in ranks for d in (r.after if shared else r.deps + r.after))
-    join = attrs.evolve(first, id=OpId(first.id).joined, rank=0, world=1, tp_group=(),
+    join = attrs.evolve(first, id=OpId(first.id).joined, device=at, rank=0, world=1, tp_group=(),
                         role=JOIN, gang=(), sources=(), fills=(), model=None, version=-1,
                         writes=-1, bound=0, limit=0, carry=0, inputs=(), deps=shared,
                         after=tuple(d for d in waits if d not in own and d not in shared))

@@ -42,6 +42,7 @@ from collections.abc import Callable
 
 import attrs
 
+from rpeg.cost.control import waiting_before
 from rpeg.cost.engine_sync import sync_refusal
 from rpeg.errors import PlanError
 from rpeg.graph import DepKind, Instance, Unrolled
@@ -392,7 +393,7 @@ def order_collectives(calls: Calls, ctx: Ordering) -> Calls:
         # every member waits for the previous gang on each member's device: a rank that
         # starts never blocks in a collective whose partner still waits for other work
         before = list(dict.fromkeys(last_on[c.device] for c in ranks if c.device in last_on))
-        for c in [joins[key]] if key in joins else ranks:
+        for c in waiting_before(ranks, joins.get(key)):
             more[c.id] += before
         for c in ranks:
             last_on[c.device] = c.id

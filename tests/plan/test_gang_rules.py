@@ -1,0 +1,130 @@
+"""A gang's rules, each one function both sides call: where a gang waits through a join
+(``rpeg.cost.control.join_of``: the runtime's lowering makes its join call by it, the
+Packer places the join's task by it, the count reads where a gang reads its inputs and
+counts its calls by it), which of its calls wait for the gang before
+(``control.waiting_before``: the runtime's order of collectives, the count's futures),
+and which readers a writer of the replica they share is ordered after
+(``rpeg.graph.unroll.write_after_read``: the placed graph's ordering edges, which the
+runtime orders its calls by, and the count's ``_write_after_read``)."""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+
+from rpeg.cost import control
+from rpeg.cost.profiles import builtin_cluster
+from rpeg.plan import packing, tasks
+from rpeg.plan.evaluate import Evaluator
+from rpeg.plan.lower import streams
+from rpeg.resources import shipped
+from rpeg.runtime.core import fusion
+from rpeg.runtime.lowering import joins, ordering
+from rpeg.runtime.lowering.instances import build_calls
+from rpeg.runtime.lowering.replicas import CallRole
+from rpeg.runtime.placement import split_plan
+from rpeg.spec import load
+
+unroll = importlib.import_module("rpeg.graph.unroll")    # the package names its function so
+
+
+def _forget():
+    """The count's memos by layout, which a patched rule must not find filled."""
+    for memo in (tasks.laid_out, tasks._reading, tasks._gang_calls):
+        memo.cache_clear()
+
+
+def _both(pipeline, plan):
+    """(the count's (calls, tasks) of a steady step, the runtime's fusion's; the runtime's
+    calls of that step)."""
+    _forget()
+    ev = Evaluator(pipeline, builtin_cluster("gh200_8"))
+    graph = ev.graph(plan)
+    d = ev.dispatch(plan, graph, ev.timings(plan, graph)[0])
+    calls = build_calls(pipeline, plan, 10)
+    step = [c for c in calls if c.step == 6]
+    groups = fusion.fuse(step, fusion.consumers_of(calls), lambda _: False,
+                         together=plan.fusion)
+    return (d.calls, d.tasks), (len(step), len(groups)), step
+
+
+@pytest.fixture(scope="module")
+def split():
+    pipeline = load(shipped("pipelines", "ppo_llama8b.rpeg"))
+    return pipeline, split_plan(pipeline, 2, chunks=2, dp=2, staleness=1)
+
+
+@pytest.fixture(autouse=True)
+def _fresh():
+    yield
+    _forget()
+
+
+def test_both_sides_hold_the_one_join_rule():
+    assert joins.join_of is packing.join_of is tasks.join_of is control.join_of
+    assert ordering.waiting_before is tasks.waiting_before is control.waiting_before
+    assert tasks.write_after_read is unroll.write_after_read
+
+
+def test_one_edit_of_where_gangs_join_changes_both_sides(split, monkeypatch):
+    """Joins from two ranks on, edited in the one function: the runtime's train ranks (a
+    gang of two) now wait through a join call, and the count counts it and packs the step
+    into the tasks the runtime's fusion does."""
+    pipeline, plan = split
+    usual, same, step = _both(pipeline, plan)
+    assert usual == same and not any(c.role is CallRole.JOIN for c in step)
+    early = lambda devices: devices[0] if len(devices) >= 2 else None      # noqa: E731
+    for side in (joins, packing, tasks):
+        monkeypatch.setattr(side, "join_of", early)
+    count, runtime, step = _both(pipeline, plan)
+    made = [c for c in step if c.role is CallRole.JOIN]
+    assert made and count == runtime
+    assert count[0] == usual[0] + len(made) and count[1] > usual[1]
+
+
+def test_both_sides_ask_which_calls_wait_for_the_gang_before(split, monkeypatch):
+    """The runtime asks once a gang, the count once a gang size; each side's answer is the
+    rule's, and the futures the count orders a gang by follow it."""
+    asked: list[tuple[str, int, bool]] = []
+
+    def spy(side):
+        def waiting(ranks, join):
+            asked.append((side, len(ranks), join is None))
+            return control.waiting_before(ranks, join)
+        return waiting
+
+    pipeline, plan = split
+    monkeypatch.setattr(ordering, "waiting_before", spy("runtime"))
+    monkeypatch.setattr(tasks, "waiting_before", spy("count"))
+    _both(pipeline, plan)
+    sides = {side for side, _, _ in asked}
+    assert sides == {"runtime", "count"}
+    assert {(n, alone) for side, n, alone in asked if side == "count"} <= \
+        {(n, alone) for side, n, alone in asked if side == "runtime"}
+    _forget()
+    monkeypatch.setattr(tasks, "waiting_before", lambda ranks, join: ranks)   # every rank
+    assert tasks._gang_calls(control.JOIN_MIN) == (control.JOIN_MIN + 1, control.JOIN_MIN ** 2)
+
+
+def test_one_write_after_read_rule_for_the_placed_graph_and_the_count(monkeypatch):
+    """Where every op shares one device, readers share their writer's replica: the placed
+    graph has write-after-read ordering edges (the runtime orders its calls by them) and
+    the count readers to wait for. With no reader ordered before its writer's next write
+    (the rule edited in its one function), neither has any."""
+    pipeline = load(shipped("pipelines", "ppo_llama8b.rpeg"))
+    plan = split_plan(pipeline, 1, chunks=1, staleness=0)
+    ev = Evaluator(pipeline, builtin_cluster("gh200_8"))
+    graph = ev.graph(plan)
+    placed = tasks.layouts_of(pipeline, plan, graph, ev.timings(plan, graph)[0])[2]
+    shared = tasks.shared_of(placed, plan)
+    streamed = streams(placed, tasks._placing(plan))
+
+    def war_edges():
+        return [d for d in streamed.edges(4).deps if d.kind is unroll.DepKind.ORDER
+                and d.data not in (unroll.STREAM, unroll.CARRY)]
+
+    assert war_edges() and tasks._write_after_read(graph, shared)
+    monkeypatch.setattr(unroll, "write_after_read", lambda *a: {})
+    monkeypatch.setattr(tasks, "write_after_read", lambda *a: {})
+    assert not war_edges() and not tasks._write_after_read(graph, shared)

@@ -296,26 +296,20 @@ def relabelled(layouts: dict[str, OpLayout]) -> tuple[tuple[str, OpLayout], ...]
 def laid_out(lay: OpLayout) -> tuple[tuple, ...]:
     """Per chunk ``c`` of an op laid out as ``lay``, at ``c`` modulo the tuple's length
     (its chunks run on its blocks in turn, all on one block where not streamed): (the
-    devices of its instance, or (-1,) where it has none; the devices reading its inputs,
-    one or two, enough to tell whether all are one device: its first two, or the first
-    alone for a gang of ``JOIN_MIN`` ranks or more, which reads them through its join
-    there (``rpeg.runtime.lowering.joins``); whether it is a gang; its ranks on its first
-    device, where a gang; a weight sync's gangs of calls, :attr:`OpLayout.gangs`, or
-    ()). Memoised by the layout, whose hash
-    is kept: a search lays the same ops out again and again."""
-    tp = max(1, lay.tp)
-    period = -(-len(lay.devices) // tp) if lay.chunked and not lay.everywhere else 1
-    devices = lay.devices
-    if lay.everywhere or not devices:              # lay.devices_of(c), c < period
-        owns: list = [devices] * max(1, period)
-    elif lay.chunked:
-        width = 1 if lay.per_block else tp
-        owns = [devices[c * tp:c * tp + width] for c in range(max(1, period))]
-    else:
-        owns = [devices[:1 if lay.per_block else tp]] * max(1, period)
+    devices of its instance, :meth:`OpLayout.devices_of`, which the runtime lays its calls
+    out by (:meth:`OpLayout.calls`), or (-1,) where it has none; the devices reading its
+    inputs, one or two, enough to tell whether all are one device: its first two, or its
+    join's alone for a gang that has one (:func:`~rpeg.cost.control.join_of`, by which
+    the runtime makes it, ``rpeg.runtime.lowering.joins``); whether it is a gang; its
+    ranks on its first device, where a gang; a weight sync's gangs of calls,
+    :attr:`OpLayout.gangs`, or ()). Memoised by the layout, whose hash is kept: a search
+    lays the same ops out again and again."""
+    # chunk c runs where the runtime lays it out, on block c mod blocks where streamed
+    blocks = -(-len(lay.devices) // max(1, lay.tp))
+    period = max(1, blocks) if lay.chunked and not lay.everywhere else 1
     out = []
     collective, gangs = lay.collective, lay.gangs
-    for own in owns:
+    for own in map(lay.devices_of, range(period)):
         ds = own or (-1,)
         # where it reads its inputs: a large gang through its join, on its first device
         if gangs:                     # a weight sync's gangs: read where the first starts

@@ -18,6 +18,7 @@ from rpeg.cost.profiles import builtin_cluster
 from rpeg.plan import packing, tasks
 from rpeg.plan.evaluate import Evaluator
 from rpeg.plan.lower import streams
+from rpeg.plan.oplayout import OpLayout
 from rpeg.resources import shipped
 from rpeg.runtime.core import fusion
 from rpeg.runtime.lowering import joins, ordering
@@ -128,3 +129,18 @@ def test_one_write_after_read_rule_for_the_placed_graph_and_the_count(monkeypatc
     monkeypatch.setattr(unroll, "write_after_read", lambda *a: {})
     monkeypatch.setattr(tasks, "write_after_read", lambda *a: {})
     assert not war_edges() and not tasks._write_after_read(graph, shared)
+
+
+@pytest.mark.parametrize("lay", [
+    OpLayout((0, 1, 2, 3), tp=2, chunked=True), OpLayout((0, 1, 2, 3), tp=2, chunked=True,
+                                                         per_block=True),
+    OpLayout((4, 5, 6), everywhere=True, collective=True), OpLayout((2, 3), tp=2),
+    OpLayout((), chunked=True), OpLayout((7, 8, 9), chunked=True, parts=3)])
+def test_the_count_lays_an_instance_out_where_the_runtime_does(lay):
+    """The devices of each chunk's instance in the count are :meth:`OpLayout.devices_of`,
+    which the runtime's calls are laid out by (:meth:`OpLayout.calls`)."""
+    at = tasks.laid_out(lay)
+    for c in range(2 * len(at)):
+        assert at[c % len(at)][0] == (lay.devices_of(c) or (-1,))
+    for call in lay.calls(4):
+        assert call.device in lay.devices_of(call.chunk)

@@ -44,8 +44,12 @@ packs as its calls fed one by one (``tests/plan/test_packing.py``). Which reads 
 says :func:`~rpeg.plan.packing.is_read_elsewhere`, the fusion's rule too, asked of the
 devices the calls waiting for an instance read on: a data reader's first two, or a large
 gang's join's one, and those of a writer ordered after the readers of the replica it writes
-(write after read, the placed graph's ``in_place`` and ``partly``: :func:`shared_of`; a
-weight sync only where it fills a copy on the instance's first device).
+(write after read, the placed graph's ``in_place`` and ``partly``: :func:`shared_of`, the
+pairs :func:`rpeg.graph.unroll.write_after_read` says, by which the placed graph orders the
+runtime's calls; a weight sync only where it fills a copy on the instance's first device).
+Where a gang has a join and which of its calls wait for the gang before are
+:func:`rpeg.cost.control.join_of` and :func:`~rpeg.cost.control.waiting_before`, the
+functions the runtime makes and orders its gangs by (``tests/plan/test_gang_rules.py``).
 ``tests/plan/test_tasks.py`` checks the counts equal to the runtime's fusion over split
 plans scaled past ``JOIN_MIN`` ranks, with vLLM weight syncs or not (a property test), at
 64 devices, and on the shipped plans' shapes on GH200 clusters.

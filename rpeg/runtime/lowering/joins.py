@@ -17,7 +17,8 @@ gang before it on every member's device (``rpeg.runtime.lowering.ordering.order_
 Copied into every rank that is ranks x union edges — a train op of 1,024 ranks reading
 512 chunks has a million a step, which the lowering, the scheduling core, the fusion and
 Dask's scheduler each walk. A gang of ``JOIN_MIN`` ranks or more waits instead through
-one join call on its first rank's device: the join depends on the data every rank
+one join call on its first rank's device (:func:`rpeg.cost.control.join_of`, the rule the
+cost model counts by too): the join depends on the data every rank
 reads (passed on as one :class:`Joined` value) and on everything else any rank waits
 for; each rank depends on the join alone. The orderings are the same, in ranks + union
 edges, for one small task more per gang, which the cost model counts

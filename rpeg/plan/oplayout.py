@@ -248,6 +248,19 @@ def any_in_place(trainer, reader) -> bool:
     return any(reads_in_place_on(trainer, reader, tuple(reader.devices)))
 
 
+def ranks_together(kind: OpKind, world: int) -> bool:
+    """Whether an op's calls on ``world`` data-parallel ranks run collectives together: a
+    train op's, and a pass on its trainer's ZeRO-3 shards (each layer gathered by all).
+    The one rule the runtime's calls say they are a gang's ranks by
+    (``rpeg.runtime.lowering.calls.OpCall.collective``) and a layout says its instances
+    are gangs by (:func:`op_layout`, which the cost model's count reads).
+
+        >>> ranks_together(OpKind.TRAIN, 2), ranks_together(OpKind.GENERATE, 2)
+        (True, False)
+    """
+    return world > 1 and kind is not OpKind.GENERATE
+
+
 def op_layout(op, place, streamed: bool, gathered: bool = False, parts: int = 0) -> OpLayout:
     """The layout of graph op ``op`` on its stage's placement ``place`` (``streamed``: it
     runs per chunk, :func:`streamed_ops`; ``gathered``: it runs on its trainer's ZeRO-3
@@ -258,9 +271,11 @@ def op_layout(op, place, streamed: bool, gathered: bool = False, parts: int = 0)
     tp = place.tp if op.reads_model and place.tp > 1 else 1
     vllm = op.kind is OpKind.GENERATE and place.engine is Engine.VLLM
     train = op.kind is OpKind.TRAIN
+    # a train op's data-parallel ranks (world_of: its blocks), run together as its calls do
+    ranks = -(-len(place.devices) // tp) if train else 1
     return OpLayout(tuple(place.devices), tp, chunked=streamed or parts > 1, per_block=vllm,
                     everywhere=train,
-                    collective=not vllm and (tp > 1 or (train and len(place.devices) > 1)),
+                    collective=not vllm and (tp > 1 or ranks_together(op.kind, ranks)),
                     parts=parts if parts > 1 else 0)
 
 

@@ -15,24 +15,27 @@ import pytest
 
 from rpeg.cost import control
 from rpeg.cost.profiles import builtin_cluster
-from rpeg.plan import packing, tasks
+from rpeg.plan import lower, oplayout, packing, tasks
 from rpeg.plan.evaluate import Evaluator
 from rpeg.plan.lower import streams
 from rpeg.plan.oplayout import OpLayout
 from rpeg.resources import shipped
 from rpeg.runtime.core import fusion
+from rpeg.runtime.lowering import calls as opcalls
 from rpeg.runtime.lowering import joins, ordering
 from rpeg.runtime.lowering.instances import build_calls
 from rpeg.runtime.lowering.replicas import CallRole
 from rpeg.runtime.placement import split_plan
 from rpeg.spec import load
+from rpeg.spec.model import OpKind
 
 unroll = importlib.import_module("rpeg.graph.unroll")    # the package names its function so
 
 
 def _forget():
-    """The count's memos by layout, which a patched rule must not find filled."""
-    for memo in (tasks.laid_out, tasks._reading, tasks._gang_calls):
+    """The memos of layouts and the count's by them, which a patched rule must not find
+    filled."""
+    for memo in (tasks.laid_out, tasks._reading, tasks._gang_calls, lower._op_layout):
         memo.cache_clear()
 
 
@@ -144,3 +147,24 @@ def test_the_count_lays_an_instance_out_where_the_runtime_does(lay):
         assert at[c % len(at)][0] == (lay.devices_of(c) or (-1,))
     for call in lay.calls(4):
         assert call.device in lay.devices_of(call.chunk)
+
+
+def test_one_edit_of_which_ranks_run_together_changes_both_sides(split, monkeypatch):
+    """Whether an op's data-parallel ranks run collectives together is one function
+    (``rpeg.plan.oplayout.ranks_together``): the runtime's calls say they are a gang's ranks
+    by it, a layout its instances gangs by it. Edited so that no ranks run together, the
+    train ranks are a gang on neither side, and the count still packs the step as the
+    runtime's fusion does."""
+    assert opcalls.ranks_together is ordering.ranks_together is oplayout.ranks_together
+    pipeline, plan = split
+    usual, _, step = _both(pipeline, plan)
+    assert any(c.collective and c.kind is OpKind.TRAIN for c in step)
+    for side in (opcalls, ordering, oplayout):
+        monkeypatch.setattr(side, "ranks_together", lambda kind, world: False)
+    count, runtime, step = _both(pipeline, plan)
+    assert not any(c.collective for c in step if c.kind is OpKind.TRAIN)
+    ev = Evaluator(pipeline, builtin_cluster("gh200_8"))
+    graph = ev.graph(plan)
+    layouts = tasks.layouts_of(pipeline, plan, graph, ev.timings(plan, graph)[0])[0]
+    assert not any(layouts[o.name].collective for o in graph.ops if o.kind is OpKind.TRAIN)
+    assert count == runtime == usual

@@ -12,14 +12,9 @@ import attrs
 
 from rpeg.graph import Instance
 from rpeg.graph.ids import OpId
+from rpeg.plan.oplayout import ranks_together
 from rpeg.runtime.lowering.replicas import CallRole, ReplicaKey
 from rpeg.spec.model import OpKind
-
-
-def ranks_together(kind: OpKind, world: int) -> bool:
-    """Whether an op's calls on ``world`` data-parallel ranks run collectives together: a
-    train op's, and a pass on its trainer's ZeRO-3 shards (each layer gathered by all)."""
-    return world > 1 and kind is not OpKind.GENERATE
 
 
 @attrs.frozen

@@ -47,3 +47,21 @@ def colocated_start(pipeline, cluster):
     from rpeg.plan.edit import Context
     ctx, ev = Context.of(pipeline, cluster, EVERY_ENGINE), Evaluator(pipeline, cluster)
     return ctx, ev, colocated(ctx, ev)
+
+
+def counted_and_fused(pipeline, plan):
+    """(the count's (calls, tasks) of a steady step of ``plan`` on GH200s, the runtime's
+    fusion's, and the runtime's calls of that step): what tests of a rule both sides call
+    compare."""
+    from rpeg.cost.profiles import builtin_cluster
+    from rpeg.plan import Evaluator
+    from rpeg.runtime.core import fusion
+    from rpeg.runtime.lowering.instances import build_calls
+    ev = Evaluator(pipeline, builtin_cluster("gh200_8"))
+    graph = ev.graph(plan)
+    d = ev.dispatch(plan, graph, ev.timings(plan, graph)[0])
+    calls = build_calls(pipeline, plan, 10)
+    step = [c for c in calls if c.step == 6]
+    groups = fusion.fuse(step, fusion.consumers_of(calls), lambda _: False,
+                         together=plan.fusion)
+    return (d.calls, d.tasks), (len(step), len(groups)), step

@@ -20,14 +20,14 @@ from rpeg.plan.evaluate import Evaluator
 from rpeg.plan.lower import streams
 from rpeg.plan.oplayout import OpLayout
 from rpeg.resources import shipped
-from rpeg.runtime.core import fusion
 from rpeg.runtime.lowering import calls as opcalls
 from rpeg.runtime.lowering import joins, ordering
-from rpeg.runtime.lowering.instances import build_calls
 from rpeg.runtime.lowering.replicas import CallRole
 from rpeg.runtime.placement import split_plan
 from rpeg.spec import load
 from rpeg.spec.model import OpKind
+
+from .conftest import counted_and_fused
 
 unroll = importlib.import_module("rpeg.graph.unroll")    # the package names its function so
 
@@ -41,16 +41,9 @@ def _forget():
 
 def _both(pipeline, plan):
     """(the count's (calls, tasks) of a steady step, the runtime's fusion's; the runtime's
-    calls of that step)."""
+    calls of that step), the memos forgotten."""
     _forget()
-    ev = Evaluator(pipeline, builtin_cluster("gh200_8"))
-    graph = ev.graph(plan)
-    d = ev.dispatch(plan, graph, ev.timings(plan, graph)[0])
-    calls = build_calls(pipeline, plan, 10)
-    step = [c for c in calls if c.step == 6]
-    groups = fusion.fuse(step, fusion.consumers_of(calls), lambda _: False,
-                         together=plan.fusion)
-    return (d.calls, d.tasks), (len(step), len(groups)), step
+    return counted_and_fused(pipeline, plan)
 
 
 @pytest.fixture(scope="module")

@@ -10,15 +10,15 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rpeg.cost.profiles import builtin_cluster
 from rpeg.plan import packing, tasks
-from rpeg.plan.evaluate import Evaluator
 from rpeg.plan.packing import is_read_elsewhere
 from rpeg.resources import shipped
 from rpeg.runtime.core import fusion
 from rpeg.runtime.lowering.instances import build_calls
 from rpeg.runtime.placement import split_plan
 from rpeg.spec import load
+
+from .conftest import counted_and_fused
 
 DEVICES = st.integers(0, 3)
 READERS = st.lists(st.one_of(DEVICES, st.none()), max_size=6)
@@ -48,14 +48,7 @@ def test_readers_count_as_a_set(device, some, more):
 
 def _both(pipeline, plan):
     """(the count's (calls, tasks) of a steady step, the runtime's fusion's)."""
-    ev = Evaluator(pipeline, builtin_cluster("gh200_8"))
-    graph = ev.graph(plan)
-    d = ev.dispatch(plan, graph, ev.timings(plan, graph)[0])
-    calls = build_calls(pipeline, plan, 10)
-    step = [c for c in calls if c.step == 6]
-    groups = fusion.fuse(step, fusion.consumers_of(calls), lambda _: False,
-                         together=plan.fusion)
-    return (d.calls, d.tasks), (len(step), len(groups))
+    return counted_and_fused(pipeline, plan)[:2]
 
 
 @pytest.fixture(scope="module")

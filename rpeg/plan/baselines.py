@@ -27,6 +27,7 @@ diagnosis when none fits.
 
 from __future__ import annotations
 
+import bisect
 import itertools
 from collections.abc import Iterable
 
@@ -164,10 +165,17 @@ def split(ctx: Context, ev: Evaluator, found: Found | None = None) -> Outcome:
     return best.outcome()
 
 
-def _splits(ctx: Context, ev: Evaluator) -> tuple[Plan, ...]:
+def _splits(ctx: Context, ev: Evaluator, keep: int = SPLIT_SIMULATED) -> tuple[Plan, ...]:
     """The synchronous split plans worth simulating: each split of the cluster into the
-    groups' blocks in the first headroom that fits, the most promising first (rough step:
-    slowest group + generation). They never read the staleness bounds."""
+    groups' blocks in the first headroom that fits, the ``keep`` most promising (rough
+    step: slowest group + generation), the most promising first, ties in the order of the
+    splits. They never read the staleness bounds.
+
+    A split's rough step is one of its headrooms' (that of the first plan fitting), so the
+    least of them bounds it from below: the splits are checked for memory (the dear part)
+    in the order of that bound, and once ``keep`` of them fit, each rougher than the
+    bound of the next, the rest could only rank after them. The same plans, in the same
+    order, as checking every split."""
     groups = _groups(ctx)
     if len(groups) > ctx.n or len(groups) < 2:
         return ()                       # no two disjoint groups: nothing is split
@@ -176,28 +184,45 @@ def _splits(ctx: Context, ev: Evaluator) -> tuple[Plan, ...]:
         units //= 2
     units = max(min(units, ctx.n), len(groups))
     unit = ctx.n // units
-    cands = []
-    for sizes in _compositions(units, len(groups)):
-        starts = [unit * sum(sizes[:i]) for i in range(len(sizes))]
-        if not all(_respects_nodes(ctx, st, k * unit) for st, k in zip(starts, sizes,
-                                                                       strict=True)):
+    rooms = HEADROOM if max(len(g) for g in groups) > 1 else (1.0, 0.75)
+    tries = []                          # (least rough step, index, [(rough, plan) per room])
+    for index, sizes in enumerate(_compositions(units, len(groups))):
+        blocks = _blocks(sizes, unit)
+        if not all(_respects_nodes(ctx, b.start, b.size) for b in blocks):
             continue
-        shared = max(len(g) for g in groups) > 1
-        for room in HEADROOM if shared else (1.0, 0.75):
-            plan = empty_plan(ctx)
-            start = 0
-            for group, k in zip(groups, sizes, strict=True):
-                block = Block(start * unit, k * unit)
-                start += k
-                for model in group:
-                    plan = _fill_group(ctx, plan, model, block, room) if plan else None
-            plan = repair(ctx, plan) if plan else None
-            if plan is not None and ev.fits(plan):
-                cands.append((_rough_step(ctx, ev, plan, groups), plan))
-                break
-    # Simulate the most promising splits only: rough = slowest group + generation.
-    cands.sort(key=lambda x: x[0])
-    return tuple(plan for _, plan in cands[:SPLIT_SIMULATED])
+        plans = [p for p in (_split_plan(ctx, groups, blocks, room) for room in rooms)
+                 if p is not None]
+        roughs = [(_rough_step(ctx, ev, p, groups), p) for p in plans]
+        if roughs:
+            tries.append((min(r for r, _ in roughs), index, roughs))
+    tries.sort(key=lambda t: t[:2])
+    kept: list[tuple[float, int, Plan]] = []          # by (rough step, index)
+    for bound, index, roughs in tries:
+        if len(kept) >= keep and kept[keep - 1][:2] < (bound, index):
+            break
+        fitting = next(((r, p) for r, p in roughs if ev.fits(p)), None)
+        if fitting is not None:
+            bisect.insort(kept, (fitting[0], index, fitting[1]), key=lambda c: c[:2])
+    return tuple(plan for _, _, plan in kept[:keep])
+
+
+def _blocks(sizes: tuple[int, ...], unit: int) -> list[Block]:
+    """The groups' contiguous blocks of ``sizes`` units of ``unit`` devices each."""
+    starts = itertools.accumulate(sizes[:-1], initial=0)
+    return [Block(start * unit, k * unit) for start, k in zip(starts, sizes, strict=True)]
+
+
+def _split_plan(ctx: Context, groups: list[list[list[str]]], blocks: list[Block],
+                room: float) -> Plan | None:
+    """Each group's models on its block within ``room`` of a GPU (:func:`_fill_group`),
+    repaired; None where a stage has no choice there."""
+    plan = empty_plan(ctx)
+    for group, block in zip(groups, blocks, strict=True):
+        for model in group:
+            plan = _fill_group(ctx, plan, model, block, room)
+            if plan is None:
+                return None
+    return repair(ctx, plan)
 
 
 def _respects_nodes(ctx: Context, start: int, size: int) -> bool:

@@ -35,7 +35,7 @@ import attrs
 
 from rpeg.cost.memory import usable_memory
 from rpeg.errors import PlanError
-from rpeg.plan.choices import model_stages
+from rpeg.plan.choices import Choice, model_stages
 from rpeg.plan.edit import Context, empty_plan, options, put, repair
 from rpeg.plan.evaluate import Evaluation, Evaluator
 from rpeg.plan.model import Plan, Strategy
@@ -190,9 +190,8 @@ def _splits(ctx: Context, ev: Evaluator, keep: int = SPLIT_SIMULATED) -> tuple[P
         blocks = _blocks(sizes, unit)
         if not all(_respects_nodes(ctx, b.start, b.size) for b in blocks):
             continue
-        plans = [p for p in (_split_plan(ctx, groups, blocks, room) for room in rooms)
-                 if p is not None]
-        roughs = [(_rough_step(ctx, ev, p, groups), p) for p in plans]
+        roughs = [(_rough_step(ctx, ev, p, groups), p)
+                  for p in _split_plans(ctx, groups, blocks, rooms)]
         if roughs:
             tries.append((min(r for r, _ in roughs), index, roughs))
     tries.sort(key=lambda t: t[:2])
@@ -212,17 +211,26 @@ def _blocks(sizes: tuple[int, ...], unit: int) -> list[Block]:
     return [Block(start * unit, k * unit) for start, k in zip(starts, sizes, strict=True)]
 
 
-def _split_plan(ctx: Context, groups: list[list[list[str]]], blocks: list[Block],
-                room: float) -> Plan | None:
-    """Each group's models on its block within ``room`` of a GPU (:func:`_fill_group`),
-    repaired; None where a stage has no choice there."""
-    plan = empty_plan(ctx)
-    for group, block in zip(groups, blocks, strict=True):
-        for model in group:
-            plan = _fill_group(ctx, plan, model, block, room)
-            if plan is None:
-                return None
-    return repair(ctx, plan)
+def _split_plans(ctx: Context, groups: list[list[list[str]]], blocks: list[Block],
+                 rooms: Iterable[float]) -> list[Plan]:
+    """The split's plan in each of ``rooms`` where every model's stages have choices on
+    its group's block (:func:`_group_choices`), repaired: the plans to try in turn. A
+    headroom choosing what the one before it chose adds no plan (it would be the same)."""
+    plans, before = [], None
+    for room in rooms:
+        picks = [(block, _group_choices(ctx, model, block.size, room))
+                 for group, block in zip(groups, blocks, strict=True) for model in group]
+        if any(chosen is None for _, chosen in picks) or picks == before:
+            continue
+        before = picks
+        plan = empty_plan(ctx)
+        for block, chosen in picks:
+            for stage, choice in chosen:
+                plan = put(ctx, plan, stage, block, choice)
+        plan = repair(ctx, plan)
+        if plan is not None:
+            plans.append(plan)
+    return plans
 
 
 def _respects_nodes(ctx: Context, start: int, size: int) -> bool:
@@ -233,23 +241,25 @@ def _respects_nodes(ctx: Context, start: int, size: int) -> bool:
     return start // gpn == (start + size - 1) // gpn
 
 
-def _fill_group(ctx: Context, plan: Plan, group: list[str], block: Block,
-                room: float) -> Plan | None:
-    """One model's stages on one block, as a user sets up one engine per model: the train
-    stage in its fastest layout within ``room`` of a GPU, the model's other stages in the
-    same TP x PP layout (one copy of the weights) when they can."""
+def _group_choices(ctx: Context, group: list[str], size: int,
+                   room: float) -> list[tuple[str, Choice]] | None:
+    """One model's stages on a block of ``size`` devices, as a user sets up one engine per
+    model: the train stage in its fastest layout within ``room`` of a GPU, the model's
+    other stages in the same TP x PP layout (one copy of the weights) when they can;
+    None where a stage has no choice within ``room``."""
     cap = usable_memory(ctx.cluster.gpu)
     order = sorted(group, key=lambda s: ctx.pipeline.stage(s).kind is not OpKind.TRAIN)
     layout = None
+    picks = []
     for stage in order:
-        opts = [c for c in options(ctx, stage, block.size) if c.memory <= room * cap]
+        opts = [c for c in options(ctx, stage, size) if c.memory <= room * cap]
         same = [c for c in opts if layout and (c.par.tp, c.par.pp) == layout]
         pick = (same or opts or [None])[0]
         if pick is None:
             return None
         layout = layout or (pick.par.tp, pick.par.pp)
-        plan = put(ctx, plan, stage, block, pick)
-    return plan
+        picks.append((stage, pick))
+    return picks
 
 
 def _rough_step(ctx: Context, ev: Evaluator, plan: Plan, groups: list[list[list[str]]]

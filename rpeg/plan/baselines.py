@@ -27,6 +27,7 @@ diagnosis when none fits.
 
 from __future__ import annotations
 
+import bisect
 import itertools
 from collections.abc import Iterable
 
@@ -34,7 +35,7 @@ import attrs
 
 from rpeg.cost.memory import usable_memory
 from rpeg.errors import PlanError
-from rpeg.plan.choices import model_stages
+from rpeg.plan.choices import Choice, model_stages
 from rpeg.plan.edit import Context, empty_plan, options, put, repair
 from rpeg.plan.evaluate import Evaluation, Evaluator
 from rpeg.plan.model import Plan, Strategy
@@ -164,10 +165,17 @@ def split(ctx: Context, ev: Evaluator, found: Found | None = None) -> Outcome:
     return best.outcome()
 
 
-def _splits(ctx: Context, ev: Evaluator) -> tuple[Plan, ...]:
+def _splits(ctx: Context, ev: Evaluator, keep: int = SPLIT_SIMULATED) -> tuple[Plan, ...]:
     """The synchronous split plans worth simulating: each split of the cluster into the
-    groups' blocks in the first headroom that fits, the most promising first (rough step:
-    slowest group + generation). They never read the staleness bounds."""
+    groups' blocks in the first headroom that fits, the ``keep`` most promising (rough
+    step: slowest group + generation), the most promising first, ties in the order of the
+    splits. They never read the staleness bounds.
+
+    A split's rough step is one of its headrooms' (that of the first plan fitting), so the
+    least of them bounds it from below: the splits are checked for memory (the dear part)
+    in the order of that bound, and once ``keep`` of them fit, each rougher than the
+    bound of the next, the rest could only rank after them. The same plans, in the same
+    order, as checking every split."""
     groups = _groups(ctx)
     if len(groups) > ctx.n or len(groups) < 2:
         return ()                       # no two disjoint groups: nothing is split
@@ -176,28 +184,53 @@ def _splits(ctx: Context, ev: Evaluator) -> tuple[Plan, ...]:
         units //= 2
     units = max(min(units, ctx.n), len(groups))
     unit = ctx.n // units
-    cands = []
-    for sizes in _compositions(units, len(groups)):
-        starts = [unit * sum(sizes[:i]) for i in range(len(sizes))]
-        if not all(_respects_nodes(ctx, st, k * unit) for st, k in zip(starts, sizes,
-                                                                       strict=True)):
+    rooms = HEADROOM if max(len(g) for g in groups) > 1 else (1.0, 0.75)
+    tries = []                          # (least rough step, index, [(rough, plan) per room])
+    for index, sizes in enumerate(_compositions(units, len(groups))):
+        blocks = _blocks(sizes, unit)
+        if not all(_respects_nodes(ctx, b.start, b.size) for b in blocks):
             continue
-        shared = max(len(g) for g in groups) > 1
-        for room in HEADROOM if shared else (1.0, 0.75):
-            plan = empty_plan(ctx)
-            start = 0
-            for group, k in zip(groups, sizes, strict=True):
-                block = Block(start * unit, k * unit)
-                start += k
-                for model in group:
-                    plan = _fill_group(ctx, plan, model, block, room) if plan else None
-            plan = repair(ctx, plan) if plan else None
-            if plan is not None and ev.fits(plan):
-                cands.append((_rough_step(ctx, ev, plan, groups), plan))
-                break
-    # Simulate the most promising splits only: rough = slowest group + generation.
-    cands.sort(key=lambda x: x[0])
-    return tuple(plan for _, plan in cands[:SPLIT_SIMULATED])
+        roughs = [(_rough_step(ctx, ev, p, groups), p)
+                  for p in _split_plans(ctx, groups, blocks, rooms)]
+        if roughs:
+            tries.append((min(r for r, _ in roughs), index, roughs))
+    tries.sort(key=lambda t: t[:2])
+    kept: list[tuple[float, int, Plan]] = []          # by (rough step, index)
+    for bound, index, roughs in tries:
+        if len(kept) >= keep and kept[keep - 1][:2] < (bound, index):
+            break
+        fitting = next(((r, p) for r, p in roughs if ev.fits(p)), None)
+        if fitting is not None:
+            bisect.insort(kept, (fitting[0], index, fitting[1]), key=lambda c: c[:2])
+    return tuple(plan for _, _, plan in kept[:keep])
+
+
+def _blocks(sizes: tuple[int, ...], unit: int) -> list[Block]:
+    """The groups' contiguous blocks of ``sizes`` units of ``unit`` devices each."""
+    starts = itertools.accumulate(sizes[:-1], initial=0)
+    return [Block(start * unit, k * unit) for start, k in zip(starts, sizes, strict=True)]
+
+
+def _split_plans(ctx: Context, groups: list[list[list[str]]], blocks: list[Block],
+                 rooms: Iterable[float]) -> list[Plan]:
+    """The split's plan in each of ``rooms`` where every model's stages have choices on
+    its group's block (:func:`_group_choices`), repaired: the plans to try in turn. A
+    headroom choosing what the one before it chose adds no plan (it would be the same)."""
+    plans, before = [], None
+    for room in rooms:
+        picks = [(block, _group_choices(ctx, model, block.size, room))
+                 for group, block in zip(groups, blocks, strict=True) for model in group]
+        if any(chosen is None for _, chosen in picks) or picks == before:
+            continue
+        before = picks
+        plan = empty_plan(ctx)
+        for block, chosen in picks:
+            for stage, choice in chosen:
+                plan = put(ctx, plan, stage, block, choice)
+        plan = repair(ctx, plan)
+        if plan is not None:
+            plans.append(plan)
+    return plans
 
 
 def _respects_nodes(ctx: Context, start: int, size: int) -> bool:
@@ -208,23 +241,25 @@ def _respects_nodes(ctx: Context, start: int, size: int) -> bool:
     return start // gpn == (start + size - 1) // gpn
 
 
-def _fill_group(ctx: Context, plan: Plan, group: list[str], block: Block,
-                room: float) -> Plan | None:
-    """One model's stages on one block, as a user sets up one engine per model: the train
-    stage in its fastest layout within ``room`` of a GPU, the model's other stages in the
-    same TP x PP layout (one copy of the weights) when they can."""
+def _group_choices(ctx: Context, group: list[str], size: int,
+                   room: float) -> list[tuple[str, Choice]] | None:
+    """One model's stages on a block of ``size`` devices, as a user sets up one engine per
+    model: the train stage in its fastest layout within ``room`` of a GPU, the model's
+    other stages in the same TP x PP layout (one copy of the weights) when they can;
+    None where a stage has no choice within ``room``."""
     cap = usable_memory(ctx.cluster.gpu)
     order = sorted(group, key=lambda s: ctx.pipeline.stage(s).kind is not OpKind.TRAIN)
     layout = None
+    picks = []
     for stage in order:
-        opts = [c for c in options(ctx, stage, block.size) if c.memory <= room * cap]
+        opts = [c for c in options(ctx, stage, size) if c.memory <= room * cap]
         same = [c for c in opts if layout and (c.par.tp, c.par.pp) == layout]
         pick = (same or opts or [None])[0]
         if pick is None:
             return None
         layout = layout or (pick.par.tp, pick.par.pp)
-        plan = put(ctx, plan, stage, block, pick)
-    return plan
+        picks.append((stage, pick))
+    return picks
 
 
 def _rough_step(ctx: Context, ev: Evaluator, plan: Plan, groups: list[list[list[str]]]

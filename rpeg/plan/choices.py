@@ -28,6 +28,7 @@ import attrs
 
 from rpeg.cost.memory import Parallel, resident_memory, usable_memory
 from rpeg.cost.stages import estimate_stage, generation_rows, offload_time, stage_memory
+from rpeg.cost.topology import Topology
 from rpeg.errors import CostError
 from rpeg.graph.work import work_of
 from rpeg.plan.pinned import FOREIGN, matches, overlay
@@ -247,14 +248,34 @@ def _pareto(choices: list[Choice]) -> list[Choice]:
     return front
 
 
-def choice_table(pipeline: Pipeline, cluster: Cluster, limits: Limits) -> ChoiceTable:
-    """Every model stage's Pareto-optimal ways to run on every block size."""
+def choice_table(pipeline: Pipeline, cluster: Cluster, limits: Limits,
+                 known: ChoiceTable | None = None) -> ChoiceTable:
+    """Every model stage's Pareto-optimal ways to run on every block size. ``known``: the
+    table of the same pipeline and limits on a cluster pricing alike (:func:`priced_alike`),
+    whose sizes are taken from it (each size's choices are priced apart)."""
     sizes = block_sizes(cluster)
+    todo = tuple(s for s in sizes if known is None or s not in known.sizes)
     table = []
     for stage in model_stages(pipeline):
-        lays = enumerate_layouts(pipeline, stage, sizes, cluster, limits)      # 1
+        lays = enumerate_layouts(pipeline, stage, todo, cluster, limits)       # 1
         fitting = prune(pipeline, lays, cluster)                               # 2
         choices = estimate(pipeline, fitting, cluster)                         # 3
-        per_size = tuple((size, tuple(c for c in choices if c.size == size)) for size in sizes)
+        per_size = tuple((size, tuple(c for c in choices if c.size == size) if size in todo
+                          else known.options(stage, size)) for size in sizes)
         table.append((stage, per_size))
     return ChoiceTable(sizes, tuple(table))
+
+
+def priced_alike(a: Cluster, b: Cluster) -> bool:
+    """Whether each stage's choices on a size are the same on ``a`` as on ``b``: the two
+    differ in their racks at most (a choice is priced on the first devices of its size,
+    which both number and link alike) and both have a link for every level they have
+    (one lacking a level's link prices nothing)."""
+    if attrs.evolve(a, racks=b.racks) != b:
+        return False
+    try:
+        Topology.from_cluster(a)
+        Topology.from_cluster(b)
+    except CostError:
+        return False
+    return True

@@ -237,7 +237,7 @@ def _seeded(ctx: Context, ev: Evaluator, opts: SearchOptions, deadline: float):
     """:func:`_search_ladder`'s ladder, with each cap's best plans (as :func:`_ladder`)."""
     sub = _sub_cluster(ctx.cluster)
     try:                       # a pin beyond the sub-cluster, or nothing fits it: no seeds
-        small = Context.of(ctx.pipeline, sub, ctx.limits) if sub else None
+        small = Context.of(ctx.pipeline, sub, ctx.limits, like=ctx) if sub else None
         if small is None or unfit_stage(small) is not None:
             found = None
         else:

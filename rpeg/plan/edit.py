@@ -27,6 +27,7 @@ from rpeg.plan.choices import (
     enumerate_layouts,
     estimate,
     model_stages,
+    priced_alike,
     prune,
 )
 from rpeg.plan.model import Plan, StagePlacement
@@ -47,9 +48,16 @@ class Context:
     _extra: dict = attrs.field(factory=dict, eq=False, repr=False)   # sizes off the table
 
     @classmethod
-    def of(cls, pipeline: Pipeline, cluster: Cluster, limits: Limits) -> Context:
+    def of(cls, pipeline: Pipeline, cluster: Cluster, limits: Limits,
+           like: Context | None = None) -> Context:
+        """``pipeline`` on ``cluster``, its choices priced. ``like``: a context of the same
+        pipeline and limits (a sub-cluster's whole): where its cluster prices alike
+        (:func:`~rpeg.plan.choices.priced_alike`), the choices it priced are shared."""
         check_pins(pipeline, cluster, limits)
-        table = choice_table(pipeline, cluster, limits)
+        if like is not None and not (like.pipeline == pipeline and like.limits == limits
+                                     and priced_alike(like.cluster, cluster)):
+            like = None
+        table = choice_table(pipeline, cluster, limits, like.table if like else None)
         pinned = [(pin.stage, Block(pin.first, pin.size)) for pin in pipeline.place]
         together = []
         for group in pipeline.colocate:
@@ -61,7 +69,8 @@ class Context:
                 elif name in table.stages:
                     stages.append(name)
             together.append(tuple(dict.fromkeys(stages)))
-        return cls(pipeline, cluster, limits, table, tuple(pinned), tuple(together))
+        return cls(pipeline, cluster, limits, table, tuple(pinned), tuple(together),
+                   like._extra if like else {})
 
     @property
     def n(self) -> int:

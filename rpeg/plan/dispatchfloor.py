@@ -28,9 +28,9 @@ from __future__ import annotations
 
 import functools
 
-from rpeg.cost.control import Dispatch, through_join
+from rpeg.cost.control import Dispatch
 from rpeg.graph import Graph, chunk_counts
-from rpeg.plan.tasks import devices_used, laid_out
+from rpeg.plan.tasks import devices_used, gang_calls, laid_out
 from rpeg.spec.model import OpKind
 
 
@@ -60,10 +60,8 @@ def dispatch_floor(graph: Graph, layouts: dict, chunks: int = 1, steps: int = 6)
     ops = {o.name for o in graph.ops}
     for op, lay in layouts.items():                # transfers the graph has no op for
         for g in lay.gangs if op not in ops else ():
-            joined = through_join(len(g))
-            calls += len(g) + joined
-            tasks += len(g) + joined
-            args += 2 * len(g) if joined else len(g) ** 2
+            k, a = _gang(len(g), False)
+            calls, tasks, args = calls + k, tasks + k, args + a
     return Dispatch(devices_used(tuple(layouts.values())), calls, tasks, args)
 
 
@@ -85,32 +83,32 @@ def _op_floor(lay, n: int, fed: bool) -> tuple:
         times = len(range(c, n, len(at)))
         kinds.add(bool(gangs) or gang)
         for g in gangs:                            # a weight sync's gangs: each rank a task
-            calls += len(g) * times
-            tasks += len(g) * times
-            if through_join(len(g)):
-                calls += times
-                tasks += times
-                args += (2 * len(g) + fed) * times
-            else:
-                args += (len(g) ** 2 + fed * len(g)) * times
+            k, a = _gang(len(g), fed)
+            calls, tasks, args = calls + k * times, tasks + k * times, args + a * times
             devices.update(g)
         if gangs:
             continue
-        ranks = len(ds)
-        calls += ranks * times
         devices.update(ds)
         if gang:                                   # each rank starts a task
-            tasks += ranks * times
-            if through_join(ranks):                # and the join, a call and a task
-                calls += times
-                tasks += times
-                # the futures ordering gangs (one a rank), the ranks' on the join
-                args += (2 * ranks + fed) * times
-            else:
-                args += (ranks ** 2 + fed * ranks) * times
+            k, a = _gang(len(ds), fed)
+            calls, tasks, args = calls + k * times, tasks + k * times, args + a * times
+        else:
+            calls += len(ds) * times
     if len(kinds) > 1:
         return calls, tasks, args, None, ()
     return calls, tasks, args, kinds != {True}, frozenset(devices)
+
+
+@functools.lru_cache(maxsize=1024)
+def _gang(ranks: int, fed: bool) -> tuple[int, int]:
+    """(the calls of a gang of ``ranks`` ranks, each a task of its own, and the futures its
+    tasks wait for at least) as the count has them (:func:`rpeg.plan.tasks.gang_calls`):
+    its ranks and its join, where it has one, and the futures ordering it; then each rank's
+    future on the join and the join's on the gang's inputs (``fed``), or without a join
+    each rank's on them."""
+    calls, order = gang_calls(ranks)
+    joined = calls > ranks
+    return calls, order + (ranks + fed if joined else fed * ranks)
 
 
 def _mixed(at: tuple, n: int, fed: bool, seen: set[int], tasks: int, args: int

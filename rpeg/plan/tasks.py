@@ -166,7 +166,7 @@ class _Feed:
         ops = {o.name for o in graph.ops}
         extra = [(trainer_of.get(op), lay.gangs) for op, lay in layouts.items()
                  if op not in ops and lay.gangs]
-        each = [_gang_calls(len(g)) for _, gangs in extra for g in gangs]
+        each = [gang_calls(len(g)) for _, gangs in extra for g in gangs]
         return cls(
             # by (op, chunk): each instance's devices, those reading its inputs (the first
             # two, or a large gang's join's: another device reads the output of an
@@ -210,13 +210,13 @@ class _Feed:
             elsewhere = is_read_elsewhere(head, waiting)
             if gangs:                             # a weight sync's gangs, one by one,
                 for g in gangs:                   # read through the first's first rank
-                    n, o = _gang_calls(len(g))
+                    n, o = gang_calls(len(g))
                     calls, order = calls + n, order + o
                     out.append((k, g, step, chunk, op, inputs, True, elsewhere, (0,), False))
                     k, elsewhere = None, False
                 continue
             if gang:                              # the ranks start together
-                n, o = _gang_calls(len(ds))
+                n, o = gang_calls(len(ds))
                 calls, order = calls + n, order + o
             else:                                 # a call on each device
                 calls += len(ds)
@@ -230,7 +230,7 @@ class _Feed:
 
 
 @functools.lru_cache(maxsize=1024)
-def _gang_calls(ranks: int) -> tuple[int, int]:
+def gang_calls(ranks: int) -> tuple[int, int]:
     """(the calls of a gang of ``ranks`` ranks, the futures ordering it): its ranks and its
     join, where it has one (:func:`~rpeg.cost.control.join_of`), and, for each of its calls
     waiting for the gang before (:func:`~rpeg.cost.control.waiting_before`), one future a

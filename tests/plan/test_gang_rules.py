@@ -15,7 +15,7 @@ import pytest
 
 from rpeg.cost import control
 from rpeg.cost.profiles import builtin_cluster
-from rpeg.plan import lower, oplayout, packing, tasks
+from rpeg.plan import dispatchfloor, lower, oplayout, packing, tasks
 from rpeg.plan.evaluate import Evaluator
 from rpeg.plan.lower import streams
 from rpeg.plan.oplayout import OpLayout
@@ -35,7 +35,8 @@ unroll = importlib.import_module("rpeg.graph.unroll")    # the package names its
 def _forget():
     """The memos of layouts and the count's by them, which a patched rule must not find
     filled."""
-    for memo in (tasks.laid_out, tasks._reading, tasks._gang_calls, lower._op_layout):
+    for memo in (tasks.laid_out, tasks._reading, tasks.gang_calls, lower._op_layout,
+                 dispatchfloor._op_floor, dispatchfloor._gang):
         memo.cache_clear()
 
 
@@ -101,7 +102,7 @@ def test_both_sides_ask_which_calls_wait_for_the_gang_before(split, monkeypatch)
         {(n, alone) for side, n, alone in asked if side == "runtime"}
     _forget()
     monkeypatch.setattr(tasks, "waiting_before", lambda ranks, join: ranks)   # every rank
-    assert tasks._gang_calls(control.JOIN_MIN) == (control.JOIN_MIN + 1, control.JOIN_MIN ** 2)
+    assert tasks.gang_calls(control.JOIN_MIN) == (control.JOIN_MIN + 1, control.JOIN_MIN ** 2)
 
 
 def test_one_write_after_read_rule_for_the_placed_graph_and_the_count(monkeypatch):

@@ -101,8 +101,9 @@ def test_a_large_share_says_why_and_what_to_do():
 
 
 def test_one_join_rule_for_the_runtime_and_the_count():
-    """Which gangs wait through a join is one function: the runtime's lowering, the packer,
-    the count and its floor all hold the same one (no restated threshold)."""
+    """Which gangs wait through a join is one function: the runtime's lowering, the packer
+    and the count hold the same one, and the count's floor takes a gang's calls from the
+    count (no restated threshold)."""
     import ast
     from pathlib import Path
 
@@ -110,7 +111,7 @@ def test_one_join_rule_for_the_runtime_and_the_count():
     from rpeg.plan import dispatchfloor, packing, tasks
     from rpeg.runtime.lowering import joins
     assert joins.join_of is packing.join_of is tasks.join_of is control.join_of
-    assert dispatchfloor.through_join is control.through_join
+    assert dispatchfloor.gang_calls is tasks.gang_calls
     for module in (joins, packing, tasks, dispatchfloor):
         tree = ast.parse(Path(module.__file__).read_text())
         named = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}

@@ -30,7 +30,7 @@ from rpeg.graph.work import Work
 from rpeg.spec.model import OpKind
 
 
-@attrs.frozen
+@attrs.frozen(cache_hash=True)       # a key of the copies' and layouts' memos: hashed once
 class Op:
     name: str                          # unique in the graph; the stage name, or sync_<model>
     kind: OpKind

@@ -718,25 +718,29 @@ def _lowered(graph: Graph, responses: int, placement_of: Placing, passes: tuple[
         return p
     # the passes are pure functions of the graph, the responses and the placements of its
     # ops: what each prefix of them made is kept, so the memory walk, the simulator and the
-    # task count lowering the same plan share the passes they have in common
-    if len(_LOWERED) > 2048:
-        _LOWERED.clear()
+    # task count lowering the same plan share the passes they have in common (the value's
+    # key, its placements' tuple, hashed once a call: the prefixes are looked up under it)
     base = (id(graph), responses, at, fusion)
+    made = _LOWERED.get(base)
+    if made is None:
+        if len(_LOWERED) > 256:            # some 8 prefixes each: bounded
+            _LOWERED.clear()
+        made = _LOWERED[base] = {}
     p = None
     for n in range(len(passes), 0, -1):
-        p = _LOWERED.get((base, passes[:n]))
+        p = made.get(passes[:n])
         if p is not None:
             break
     else:
         n, p = 0, Placed(graph, responses, fusion=fusion, placements=at)
     for k in range(n, len(passes)):
-        p = _LOWERED[(base, passes[:k + 1])] = passes[k](p, placement_of)
+        p = made[passes[:k + 1]] = passes[k](p, placement_of)
     return p
 
 
-# (id of the graph, responses, the placements of its ops, passes run) -> the placed graph
+# (id of the graph, responses, the placements of its ops) -> passes run -> the placed graph
 # (which holds the graph: its id names no other while the entry is kept)
-_LOWERED: dict[tuple, Placed] = {}
+_LOWERED: dict[tuple, dict[tuple, Placed]] = {}
 
 
 def _placements(graph: Graph, placement_of: Placing) -> tuple | None:

@@ -59,7 +59,7 @@ class LengthKind(enum.Enum):
 WORKLOAD_DATA = ("prompts",)
 
 
-@attrs.frozen
+@attrs.frozen(cache_hash=True)       # a key of the cost model's memos: hashed once
 class LengthDist:
     """Distribution of generated lengths, in tokens. Always bounded by ``max_len``."""
 
@@ -407,7 +407,7 @@ def _m(unit: str, default: float | None = 0.0):
     return attrs.field(default=default, metadata={"unit": unit, "measured": True})
 
 
-@attrs.frozen
+@attrs.frozen(cache_hash=True)       # a key of the cost model's memos: hashed once
 class GpuProfile:
     """What the cost model knows of one device: measured where it can be, cited where not.
 

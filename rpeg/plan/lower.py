@@ -661,7 +661,10 @@ def _filled(read: tuple, model: str, place) -> tuple[tuple[ReplicaKey, int], ...
             at_key.setdefault(key, set()).update(ds)
     if model in at_key:                     # the trained copy: off its devices alone
         at_key[model].difference_update(place.devices)
-    return tuple(f for key in sorted(at_key) for f in zip(repeat(key), sorted(at_key[key])))
+    out: list[tuple[ReplicaKey, int]] = []
+    for key in sorted(at_key):
+        out += zip(repeat(key), sorted(at_key[key]))
+    return tuple(out)
 
 
 def collectives(p: Placed, placement_of: Placing) -> Placed:

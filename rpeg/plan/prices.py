@@ -56,22 +56,19 @@ def parallel_of(p: StagePlacement) -> Parallel:
                     cuda_graph=p.cuda_graph)
 
 
-class _Memo:
-    """One pure function's answers, by its arguments."""
+class _Memo(dict):
+    """One pure function's answers, by its arguments: ``memo[args]`` (a tuple of them; the
+    argument itself for a function of one, ``one``). A hit is one dict lookup, no call of
+    Python's (asked some hundred thousand times a search); a miss computes the answer."""
 
-    def __init__(self, fn: Callable) -> None:
+    def __init__(self, fn: Callable, one: bool = False) -> None:
+        super().__init__()
         self.fn = fn
-        self.answers: dict = {}
+        self.one = one
 
-    def __call__(self, *args):
-        try:
-            return self.answers[args]
-        except KeyError:
-            out = self.answers[args] = self.fn(*args)
-            return out
-
-    def __len__(self) -> int:
-        return len(self.answers)
+    def __missing__(self, args):
+        out = self[args] = self.fn(args) if self.one else self.fn(*args)
+        return out
 
 
 @attrs.frozen(eq=False)
@@ -91,10 +88,11 @@ class Prices:
         works = {w.stage: w for o in build(pipeline).ops for w in o.work}
         models = {m.name: m for m in pipeline.models}
         prices = cls(works, models, cluster, pipeline.workload.gen_len.max_len)
-        for name in ("_timed", "_laid", "_stage_cost", "_chunk_ends", "_transient",
-                     "_resident", "_gen_rows", "_synced", "_sync_time"):
+        for name in ("_stage_cost", "_chunk_ends", "_transient", "_resident", "_gen_rows",
+                     "_synced", "_sync_time"):
             prices._memo[name] = _Memo(getattr(prices, name))
-        prices._memo["canonical"] = _Memo(prices.canonical)    # of one placement
+        for name in ("_timed", "_laid", "canonical"):                # of one placement
+            prices._memo[name] = _Memo(getattr(prices, name), one=True)
         return prices
 
     # --- placements as the cost functions read them ---------------------------------
@@ -102,14 +100,14 @@ class Prices:
     def timed(self, p: StagePlacement) -> StagePlacement:
         """``p`` as time reads it: one chunk, moved to where the cluster's tree looks the
         same (see :meth:`canonical`)."""
-        return self._memo["_timed"](p)
+        return self._memo["_timed"][p]
 
     def _timed(self, p: StagePlacement) -> StagePlacement:
         return self._one(self.canonical(attrs.evolve(p, chunks=1) if p.chunks != 1 else p))
 
     def laid(self, p: StagePlacement) -> StagePlacement:
         """``p`` as memory reads it: its layout, on no device in particular."""
-        return self._memo["_laid"](p)
+        return self._memo["_laid"][p]
 
     def _laid(self, p: StagePlacement) -> StagePlacement:
         return self._one(attrs.evolve(p, stage="", devices=(), chunks=1))
@@ -146,7 +144,8 @@ class Prices:
         """The cost of one step of ``stage`` placed as ``p``: ``rows`` sequences generated
         at once per replica; ``chunk``: one streamed chunk on its own; ``off_policy``: a
         train stage corrects for responses sampled with older weights."""
-        return self._memo["_stage_cost"](stage, self.timed(p), rows, chunk, off_policy)
+        return self._memo["_stage_cost"][(stage, self._memo["_timed"][p], rows, chunk,
+                                           off_policy)]
 
     def _stage_cost(self, stage, q, rows, chunk, off_policy) -> StageCost:
         batch, padded, mean = chunk if chunk is not None else (None, None, None)
@@ -158,7 +157,7 @@ class Prices:
                    ) -> tuple[tuple[float, int, float, float], ...]:
         """(end, responses, longest response, mean length) of each chunk of a generate
         stage."""
-        return self._memo["_chunk_ends"](stage, self._memo["canonical"](p), rows)
+        return self._memo["_chunk_ends"][(stage, self._memo["canonical"][p], rows)]
 
     def _chunk_ends(self, stage, p, rows):
         return generation_chunks(self.works[stage], parallel_of(p), p.devices, self.cluster,
@@ -168,10 +167,10 @@ class Prices:
     def sync_time(self, model: str, src: StagePlacement, dst: StagePlacement) -> float:
         """Seconds to bring ``model``'s new weights from a trainer placed as ``src`` into a
         reader placed as ``dst`` (collectives into a vLLM engine's own copy)."""
-        return self._memo["_synced"](model, src, dst)
+        return self._memo["_synced"][(model, src, dst)]
 
     def _synced(self, model, src, dst) -> float:
-        return self._memo["_sync_time"](model, *self.canonical(src, dst))
+        return self._memo["_sync_time"][(model, *self.canonical(src, dst))]
 
     def _sync_time(self, model, src, dst) -> float:
         m = self.models[model]
@@ -187,7 +186,7 @@ class Prices:
                   chunks: tuple[Chunk, ...] = ()) -> float:
         """Bytes a stage needs while it runs: for the whole batch, or (``chunks`` of a
         streamed consumer) the largest of its chunks, each processed on its own."""
-        return self._memo["_transient"](stage, self.laid(p), rows, chunks)
+        return self._memo["_transient"][(stage, self._memo["_laid"][p], rows, chunks)]
 
     def _transient(self, stage, q, rows, chunks) -> float:
         par, work = parallel_of(q), self.works[stage]
@@ -201,7 +200,7 @@ class Prices:
     def resident(self, model: str, p: StagePlacement, trained: bool) -> float:
         """Bytes a copy of ``model`` keeps between stages: a ZeRO-3 copy (trained, or a
         frozen model served on shards) sharded over its data and context parallel ranks."""
-        return self._memo["_resident"](model, self.laid(p), trained)
+        return self._memo["_resident"][(model, self._memo["_laid"][p], trained)]
 
     def _resident(self, model, q, trained) -> float:
         zero = q.zero if trained or q.zero.shards_params else Zero.NONE
@@ -212,7 +211,7 @@ class Prices:
     def gen_rows(self, stage: str, p: StagePlacement, free: float) -> int:
         """Sequences a generate stage runs at once per replica with ``free`` bytes per GPU
         (counted in whole MiB)."""
-        return self._memo["_gen_rows"](stage, self.laid(p), int(free // MIB))
+        return self._memo["_gen_rows"][(stage, self._memo["_laid"][p], int(free // MIB))]
 
     def _gen_rows(self, stage, q, free_mib) -> int:
         return generation_rows(self.works[stage], parallel_of(q), self.cluster,

@@ -157,10 +157,23 @@ def engine_sync_layout(src, dsts) -> SyncLayout:
 
 @functools.lru_cache(maxsize=4096)      # placements repeat across proposals
 def _engine_sync_layout(src, dsts) -> SyncLayout:
-    blocks = {b[0]: b for dst in dsts for b in tp_blocks(dst.devices, dst.tp)
-              if serves_copy(src, dst, b[0])}
+    blocks = {b[0]: b for dst in dsts for b in _serving(src, dst)}
     return sync_layout(sync_senders(src.devices, max(src.tp, 1), src.zero),
                        [blocks[h] for h in sorted(blocks)])
+
+
+def _serving(src, dst) -> tuple[tuple[int, ...], ...]:
+    """The blocks of generate placement ``dst`` whose engines serve a copy of their own
+    (:func:`serves_copy` of each block's host: what it reads of the placements tested once,
+    not once per block)."""
+    if dst.engine is not Engine.VLLM:
+        return ()
+    blocks = tp_blocks(dst.devices, dst.tp)
+    if dst.tp == 1 and src is not None and src.tp == 1 and src.pp == 1 \
+            and src.zero.replicated:
+        trained = _set(tuple(src.devices))     # an engine there is updated in memory
+        return tuple(b for b in blocks if b[0] not in trained)
+    return blocks
 
 
 def sync_refusal(layout: SyncLayout) -> str | None:

@@ -130,7 +130,7 @@ class OpLayout:
     def _groups(self) -> dict[int, tuple[int, ...]]:
         """Device -> the tensor-parallel block its call runs with ({}: none, unsplit or one
         call per block), looked up once per question, not once per device."""
-        return {} if self.per_block or self.tp <= 1 else _layout_blocks(self)
+        return _layout_blocks(self) if block_together(self.tp, self.per_block) else {}
 
 
 @functools.lru_cache(maxsize=4096)
@@ -261,6 +261,21 @@ def ranks_together(kind: OpKind, world: int) -> bool:
     return world > 1 and kind is not OpKind.GENERATE
 
 
+def block_together(tp: int, per_block: bool) -> bool:
+    """Whether the calls of an instance on a tensor-parallel block of ``tp`` devices run
+    collectives together: a call on each device of a block of two or more, not a vLLM
+    engine's one call a block (``per_block``, whose own workers span the block). The one
+    rule the runtime's calls carry their block by (:meth:`OpLayout.calls`' ``group``, an
+    ``OpCall``'s ``tp_group``, by which ``rpeg.runtime.lowering.ordering.gangs_of`` makes
+    the block a gang) and a layout says its instances are gangs by (:func:`op_layout`, which
+    the cost model's count reads).
+
+        >>> block_together(2, False), block_together(2, True), block_together(1, False)
+        (True, False, False)
+    """
+    return tp > 1 and not per_block
+
+
 def op_layout(op, place, streamed: bool, gathered: bool = False, parts: int = 0) -> OpLayout:
     """The layout of graph op ``op`` on its stage's placement ``place`` (``streamed``: it
     runs per chunk, :func:`streamed_ops`; ``gathered``: it runs on its trainer's ZeRO-3
@@ -272,10 +287,11 @@ def op_layout(op, place, streamed: bool, gathered: bool = False, parts: int = 0)
     vllm = op.kind is OpKind.GENERATE and place.engine is Engine.VLLM
     train = op.kind is OpKind.TRAIN
     # a train op's data-parallel ranks (world_of: its blocks), run together as its calls do
+    # (a vLLM engine's op generates: its ranks never together, its block not either)
     ranks = -(-len(place.devices) // tp) if train else 1
     return OpLayout(tuple(place.devices), tp, chunked=streamed or parts > 1, per_block=vllm,
                     everywhere=train,
-                    collective=not vllm and (tp > 1 or ranks_together(op.kind, ranks)),
+                    collective=block_together(tp, vllm) or ranks_together(op.kind, ranks),
                     parts=parts if parts > 1 else 0)
 
 

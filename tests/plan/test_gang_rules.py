@@ -2,15 +2,19 @@
 (``rpeg.cost.control.join_of``: the runtime's lowering makes its join call by it, the
 Packer places the join's task by it, the count reads where a gang reads its inputs and
 counts its calls by it), which of its calls wait for the gang before
-(``control.waiting_before``: the runtime's order of collectives, the count's futures),
-and which readers a writer of the replica they share is ordered after
-(``rpeg.graph.unroll.write_after_read``: the placed graph's ordering edges, which the
-runtime orders its calls by, and the count's ``_write_after_read``)."""
+(``control.waiting_before``: the runtime's order of collectives, the count's futures) and
+for which calls of the gangs before (``control.gangs_before``), which readers a writer of
+the replica they share is ordered after (``rpeg.graph.unroll.write_after_read``: the
+placed graph's ordering edges, which the runtime orders its calls by, and the count's
+``_write_after_read``) and which of their reads on which device
+(``rpeg.plan.lower.read_before``), and which ranks and blocks run together
+(``rpeg.plan.oplayout.ranks_together``, ``oplayout.block_together``)."""
 
 from __future__ import annotations
 
 import importlib
 
+import attrs
 import pytest
 
 from rpeg.cost import control
@@ -36,7 +40,7 @@ def _forget():
     """The memos of layouts and the count's by them, which a patched rule must not find
     filled."""
     for memo in (tasks.laid_out, tasks._reading, tasks.gang_calls, lower._op_layout,
-                 dispatchfloor._op_floor, dispatchfloor._gang):
+                 oplayout._members, dispatchfloor._op_floor, dispatchfloor._gang):
         memo.cache_clear()
 
 
@@ -162,3 +166,28 @@ def test_one_edit_of_which_ranks_run_together_changes_both_sides(split, monkeypa
     layouts = tasks.layouts_of(pipeline, plan, graph, ev.timings(plan, graph)[0])[0]
     assert not any(layouts[o.name].collective for o in graph.ops if o.kind is OpKind.TRAIN)
     assert count == runtime == usual
+
+
+
+
+def test_one_edit_of_whether_a_block_runs_together_changes_both_sides(split, monkeypatch):
+    """Whether an instance's calls on a tensor-parallel block run collectives together is
+    one function (``rpeg.plan.oplayout.block_together``): the runtime's calls carry their
+    block by it (``OpCall.tp_group``, by which they are a gang), a layout says its
+    instances are gangs by it. Edited so that no block runs together, training at tp 2
+    is a gang on neither side, and the count still packs the step as the runtime's fusion
+    does."""
+    pipeline, plan = split
+    plan = attrs.evolve(plan, placements=tuple(
+        attrs.evolve(p, tp=2, dp=len(p.devices) // 2) if p.stage == "actor_step" else p
+        for p in plan.placements))
+    usual, same, step = _both(pipeline, plan)
+    assert usual == same and any(c.tp_group for c in step if c.kind is OpKind.TRAIN)
+    monkeypatch.setattr(oplayout, "block_together", lambda tp, per_block: False)
+    count, runtime, step = _both(pipeline, plan)
+    assert not any(c.tp_group or c.collective for c in step if c.op == "actor_step")
+    ev = Evaluator(pipeline, builtin_cluster("gh200_8"))
+    graph = ev.graph(plan)
+    layouts = tasks.layouts_of(pipeline, plan, graph, ev.timings(plan, graph)[0])[0]
+    assert not layouts["actor_step"].collective
+    assert count == runtime

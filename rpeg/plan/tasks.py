@@ -28,9 +28,13 @@ reads, and a gang of ``JOIN_MIN`` ranks or more waits through one join call
 <rpeg.plan.packing.Packer.join>`, the rule the runtime's fusion places its join calls by,
 on the gang's first device, where the gang reads its inputs. Nothing of a step in flight
 counts as finished (the runtime submits a step ahead), so this is the count with the least
-fusion. The futures counted are those of data, version and stream edges, and one for each
-gang a member's device ran before (the order of collectives); the runtime passes a few
-more ordering ones.
+fusion. The futures counted are those of data, version and stream edges, and for each
+call of a gang waiting for the gangs before, one a gang before it
+(:func:`~rpeg.cost.control.gangs_before`, by which the runtime chains each device's gangs
+in the one order of collectives): in a steady step, one on every member's device, the
+step before's, each rank standing for a device of its own (a weight sync's gang with an
+export and a load on one device counts two there, where the runtime waits for the one
+call before them); the runtime passes a few more ordering ones.
 
 Both sides feed the Packer one way, :meth:`Packer.feed <rpeg.plan.packing.Packer.feed>`:
 units (:class:`~rpeg.plan.packing.Unit`), each a call's or an instance's calls with the
@@ -64,7 +68,7 @@ from operator import itemgetter
 
 import attrs
 
-from rpeg.cost.control import Dispatch, join_of, waiting_before
+from rpeg.cost.control import Dispatch, gangs_before, join_of, waiting_before
 from rpeg.graph import Graph
 from rpeg.graph.unroll import write_after_read
 from rpeg.plan.lower import COUNTED, Placed, lower, streams, transfer_of
@@ -234,10 +238,13 @@ def gang_calls(ranks: int) -> tuple[int, int]:
     """(the calls of a gang of ``ranks`` ranks, the futures ordering it): its ranks and its
     join, where it has one (:func:`~rpeg.cost.control.join_of`), and, for each of its calls
     waiting for the gang before (:func:`~rpeg.cost.control.waiting_before`), one future a
-    member's device (memoised by the ranks: the count asks of every gang it feeds)."""
+    gang before it (:func:`~rpeg.cost.control.gangs_before`): in a steady step, the step
+    before's last gang on every member's device, another call on each (memoised by the
+    ranks: the count asks of every gang it feeds)."""
     on = range(ranks)                     # the ranks' calls, standing for their devices
     join = join_of(on)
-    return ranks + (join is not None), len(waiting_before(on, join)) * ranks
+    return ranks + (join is not None), \
+        len(waiting_before(on, join)) * len(gangs_before(on, {d: d for d in on}))
 
 
 def _write_after_read(graph: Graph, shared: tuple) -> dict[str, list]:

@@ -168,6 +168,25 @@ def test_one_edit_of_which_ranks_run_together_changes_both_sides(split, monkeypa
     assert count == runtime == usual
 
 
+def test_one_edit_of_which_gangs_a_gang_waits_for_changes_both_sides(split, monkeypatch):
+    """What a gang's waiting calls wait for is one function (``control.gangs_before``): the
+    runtime chains each device's gangs by it, the count counts the futures ordering a gang
+    by it. Edited so that a gang waits only for the gang before on its first member's
+    device, the runtime's gangs wait for fewer calls, the count counts fewer futures, and
+    the count still packs the step as the runtime's fusion does."""
+    assert ordering.gangs_before is tasks.gangs_before is control.gangs_before
+    pipeline, plan = split
+    usual, _, step = _both(pipeline, plan)
+    waits = sum(len(c.after) for c in step)
+    futures = tasks.gang_calls(2)[1]
+    first = lambda devices, last_on: control.gangs_before(list(devices)[:1], last_on)  # noqa: E731
+    for side in (ordering, tasks):
+        monkeypatch.setattr(side, "gangs_before", first)
+    count, runtime, step = _both(pipeline, plan)
+    assert sum(len(c.after) for c in step) < waits
+    assert tasks.gang_calls(2)[1] < futures
+    assert count == runtime == usual
+
 
 
 def test_one_edit_of_whether_a_block_runs_together_changes_both_sides(split, monkeypatch):

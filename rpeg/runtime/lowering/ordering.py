@@ -42,7 +42,7 @@ from collections.abc import Callable
 
 import attrs
 
-from rpeg.cost.control import waiting_before
+from rpeg.cost.control import gangs_before, waiting_before
 from rpeg.cost.engine_sync import sync_refusal
 from rpeg.errors import PlanError
 from rpeg.graph import DepKind, Instance, Unrolled
@@ -392,7 +392,7 @@ def order_collectives(calls: Calls, ctx: Ordering) -> Calls:
         ranks = [out[i] for i in gangs[key]]
         # every member waits for the previous gang on each member's device: a rank that
         # starts never blocks in a collective whose partner still waits for other work
-        before = list(dict.fromkeys(last_on[c.device] for c in ranks if c.device in last_on))
+        before = gangs_before([c.device for c in ranks], last_on)
         for c in waiting_before(ranks, joins.get(key)):
             more[c.id] += before
         for c in ranks:

@@ -50,7 +50,9 @@ devices the calls waiting for an instance read on: a data reader's first two, or
 gang's join's one, and those of a writer ordered after the readers of the replica it writes
 (write after read, the placed graph's ``in_place`` and ``partly``: :func:`shared_of`, the
 pairs :func:`rpeg.graph.unroll.write_after_read` says, by which the placed graph orders the
-runtime's calls; a weight sync only where it fills a copy on the instance's first device).
+runtime's calls; a weight sync only where it fills a copy on the instance's first device:
+:func:`rpeg.plan.lower.read_before`, by which the runtime matches a write to the reads on
+its device, asked with the copy left out, one copy a device).
 Where a gang has a join and which of its calls wait for the gang before are
 :func:`rpeg.cost.control.join_of` and :func:`~rpeg.cost.control.waiting_before`, the
 functions the runtime makes and orders its gangs by (``tests/plan/test_gang_rules.py``).
@@ -71,7 +73,7 @@ import attrs
 from rpeg.cost.control import Dispatch, gangs_before, join_of, waiting_before
 from rpeg.graph import Graph
 from rpeg.graph.unroll import write_after_read
-from rpeg.plan.lower import COUNTED, Placed, lower, streams, transfer_of
+from rpeg.plan.lower import COUNTED, Placed, lower, read_before, read_of, streams, transfer_of
 from rpeg.plan.oplayout import OpLayout
 from rpeg.plan.packing import Packer, is_read_elsewhere
 from rpeg.plan.simulate import OpTiming, prepared
@@ -153,7 +155,7 @@ class _Feed:
     laid: dict           # op -> :func:`laid_out` of its layout
     alone_at: dict       # op -> :func:`_reading` of its layout
     war: dict            # reader op -> its writers (:func:`_write_after_read`)
-    fills: dict          # weight sync -> the devices it fills
+    fills: dict          # weight sync -> the reads its writes wait for (:func:`read_before`)
     extra: list          # (trainer or None, the gangs of a transfer no op of the graph makes)
     extra_calls: int     # the calls of those gangs
     extra_order: int     # the futures ordering them
@@ -180,9 +182,11 @@ class _Feed:
             # by (op, chunk): the one device reading its inputs, or None where two do
             {op: _reading(lay) for op, lay in layouts.items()},
             _write_after_read(graph, shared),
-            # a weight sync writes the copies on the devices it fills alone: a reader
-            # elsewhere reads none of them, and no write waits for it
-            {op: set(lay.fills) for op, lay in layouts.items() if lay.gangs},
+            # a weight sync writes the copies on the devices it fills alone: its writes
+            # wait for the reads of those devices (one copy a device, a steady step's
+            # version) and for no reader elsewhere
+            {op: frozenset(read_before(None, d, 1) for d in lay.fills)
+             for op, lay in layouts.items() if lay.gangs},
             extra, sum(n for n, _ in each), sum(o for _, o in each))
 
     def units(self, prep, step: int) -> tuple[list[tuple], int, int]:
@@ -208,8 +212,9 @@ class _Feed:
                 waiting.append(one[rc % len(one)])
             if op in war:
                 for writer, some in war[op]:
-                    if (some is None or chunk % some[0] in some[1]) \
-                            and (head in fills[writer] if writer in fills else True):
+                    if (some is None or chunk % some[0] in some[1]) and (
+                            read_of(None, head, 0) in fills[writer] if writer in fills
+                            else True):
                         waiting.append(alone_at[writer][0])
             elsewhere = is_read_elsewhere(head, waiting)
             if gangs:                             # a weight sync's gangs, one by one,

@@ -188,6 +188,41 @@ def test_one_edit_of_which_gangs_a_gang_waits_for_changes_both_sides(split, monk
     assert count == runtime == usual
 
 
+def test_one_edit_of_which_reads_a_write_waits_for_changes_both_sides(monkeypatch):
+    """Which reads a write waits for, write after read, is one function
+    (``lower.read_before``: of the copy it writes, on its device, so a weight sync's only
+    where it fills a copy): the runtime orders each device's writer by it, the count finds
+    the readers a weight sync waits for by it. Where the actor trains on one device and a
+    weight sync loads the rollout's copy on the other, edited so that no write waits for a
+    read of the version before, the sync's calls wait for no rollout call and the count
+    orders it after no rollout instance, and the count still packs the step as the
+    runtime's fusion does."""
+    assert ordering.read_before is tasks.read_before is lower.read_before
+    assert ordering.read_of is tasks.read_of is lower.read_of
+    pipeline = load(shipped("pipelines", "ppo_llama8b.rpeg"))
+    plan = split_plan(pipeline, 2, chunks=2, staleness=1)
+    waiting: list[int] = []
+
+    def spy(head, waits):
+        waiting.append(len(waits))
+        return packing.is_read_elsewhere(head, waits)
+
+    def both():
+        waiting.clear()
+        count, runtime, step = _both(pipeline, plan)
+        read = [r for c in step if c.op.startswith("sync_") for r in c.after
+                if r.startswith("rollout/")]
+        return count, runtime, sum(waiting), read
+
+    monkeypatch.setattr(tasks, "is_read_elsewhere", spy)
+    usual, same, waits, read = both()
+    assert usual == same and read
+    for side in (ordering, tasks):
+        monkeypatch.setattr(side, "read_before", lambda copy, device, writes: None)
+    count, runtime, fewer, read = both()
+    assert fewer < waits and not read
+    assert count == runtime == usual
+
 
 def test_one_edit_of_whether_a_block_runs_together_changes_both_sides(split, monkeypatch):
     """Whether an instance's calls on a tensor-parallel block run collectives together is

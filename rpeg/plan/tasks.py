@@ -52,7 +52,12 @@ gang's join's one, and those of a writer ordered after the readers of the replic
 pairs :func:`rpeg.graph.unroll.write_after_read` says, by which the placed graph orders the
 runtime's calls; a weight sync only where it fills a copy on the instance's first device:
 :func:`rpeg.plan.lower.read_before`, by which the runtime matches a write to the reads on
-its device, asked with the copy left out, one copy a device).
+its device, asked with the copy left out, one copy a device). An instance's reading
+devices (its first two, or its join's) and a gang's ranks on its first device are no
+rule of the runtime, whose calls each have one device: they are the count's unit, an
+instance's devices cut to what the Packer asks of them (whether its readers run on one
+device, and which, :func:`~rpeg.plan.packing.is_read_elsewhere`; which of its ranks share
+its first device's task), so that an instance feeds the Packer in the time of one call.
 Where a gang has a join and which of its calls wait for the gang before are
 :func:`rpeg.cost.control.join_of` and :func:`~rpeg.cost.control.waiting_before`, the
 functions the runtime makes and orders its gangs by (``tests/plan/test_gang_rules.py``).

@@ -109,7 +109,7 @@ def gangs_before(devices: Iterable[D], last_on: Mapping[D, T]) -> list[T]:
         >>> gangs_before((0, 1, 0, 2), {0: "a/r0", 1: "b/r1"})
         ['a/r0', 'b/r1']
     """
-    return list(dict.fromkeys(last_on[d] for d in devices if d in last_on))
+    return list(dict.fromkeys([last_on[d] for d in devices if d in last_on]))
 
 
 @attrs.frozen

@@ -159,8 +159,9 @@ class _Feed:
 
     laid: dict           # op -> :func:`laid_out` of its layout
     alone_at: dict       # op -> :func:`_reading` of its layout
-    war: dict            # reader op -> its writers (:func:`_write_after_read`)
-    fills: dict          # weight sync -> the reads its writes wait for (:func:`read_before`)
+    # reader op -> (its writer, its blocks' chunks the writer waits for (None: all), per
+    # chunk whether the writer's writes wait for its reads (None: all, :func:`_waited`))
+    war: dict
     extra: list          # (trainer or None, the gangs of a transfer no op of the graph makes)
     extra_calls: int     # the calls of those gangs
     extra_order: int     # the futures ordering them
@@ -186,12 +187,11 @@ class _Feed:
             {op: laid_out(lay) for op, lay in layouts.items()},
             # by (op, chunk): the one device reading its inputs, or None where two do
             {op: _reading(lay) for op, lay in layouts.items()},
-            _write_after_read(graph, shared),
             # a weight sync writes the copies on the devices it fills alone: its writes
-            # wait for the reads of those devices (one copy a device, a steady step's
-            # version) and for no reader elsewhere
-            {op: frozenset(read_before(None, d, 1) for d in lay.fills)
-             for op, lay in layouts.items() if lay.gangs},
+            # wait for the reads there, and for no reader elsewhere
+            {reader: [(w, some, _waited(layouts[reader], layouts[w].fills)
+                       if layouts[w].gangs else None) for w, some in writers]
+             for reader, writers in _write_after_read(graph, shared).items()},
             extra, sum(n for n, _ in each), sum(o for _, o in each))
 
     def units(self, prep, step: int) -> tuple[list[tuple], int, int]:
@@ -201,13 +201,14 @@ class _Feed:
         is a gang, whether another device reads it, its ranks read on its first device,
         not a join), a weight sync as one unit a gang, the first named and read; the
         step's calls; the futures ordering its gangs)."""
-        laid, alone_at, war, fills = self.laid, self.alone_at, self.war, self.fills
+        laid, alone_at, war = self.laid, self.alone_at, self.war
         calls, order = self.extra_calls, self.extra_order
         out = []
         made: dict[str, int] = {}                 # op -> its last instance
         for k, op, chunk, inputs, readers in _rows(prep, step)[0]:
             at = laid[op]
-            ds, _, gang, at_head, gangs = at[chunk % len(at)]
+            slot = chunk % len(at)              # its chunk's place in its layout's period
+            ds, _, gang, at_head, gangs = at[slot]
             head = ds[0]
             # where the calls waiting for it read it: its readers (one device each, or None
             # for two), and the writers ordered after it (their instance: chunk 0)
@@ -216,10 +217,9 @@ class _Feed:
                 one = alone_at[reader]
                 waiting.append(one[rc % len(one)])
             if op in war:
-                for writer, some in war[op]:
-                    if (some is None or chunk % some[0] in some[1]) and (
-                            read_of(None, head, 0) in fills[writer] if writer in fills
-                            else True):
+                for writer, some, reads in war[op]:
+                    if (some is None or chunk % some[0] in some[1]) \
+                            and (reads is None or reads[slot]):
                         waiting.append(alone_at[writer][0])
             elsewhere = is_read_elsewhere(head, waiting)
             if gangs:                             # a weight sync's gangs, one by one,
@@ -342,6 +342,32 @@ def laid_out(lay: OpLayout) -> tuple[tuple, ...]:
         out.append((ds, ds[:2] if join is None else (join,), gang,
                     tuple(i for i, d in enumerate(ds) if d == ds[0]) if gang else (), ()))
     return tuple(out)
+
+
+@functools.lru_cache(maxsize=8192)
+def _waited(reader: OpLayout, fills: tuple[int, ...]) -> tuple[bool, ...]:
+    """Per chunk as :func:`laid_out` of an op laid out as ``reader``: whether the writes of
+    a weight sync filling copies on ``fills`` (its :attr:`OpLayout.fills`) wait for the
+    instance's reads on its first device (:func:`rpeg.plan.lower.read_before`: a write
+    waits for the reads of the copy it writes on its own device, here one copy a device
+    and a steady step's version). Memoised by the layout and the devices: a search lays
+    the same ops out again and again."""
+    writes = frozenset(map(_write_on, fills))
+    return tuple(map(writes.__contains__, map(_read_on, [at[0][0] for at in laid_out(reader)])))
+
+
+@functools.cache
+def _write_on(device: int) -> tuple:
+    """The read a weight sync's write on ``device`` waits for (one copy a device, a steady
+    step's version): asked of the rule once a device."""
+    return read_before(None, device, 1)
+
+
+@functools.cache
+def _read_on(device: int) -> tuple:
+    """An instance's read on ``device`` as a write finds it (one copy a device, the version
+    before a steady step's write): asked of the rule once a device."""
+    return read_of(None, device, 0)
 
 
 @functools.lru_cache(maxsize=8192)

@@ -39,7 +39,8 @@ unroll = importlib.import_module("rpeg.graph.unroll")    # the package names its
 def _forget():
     """The memos of layouts and the count's by them, which a patched rule must not find
     filled."""
-    for memo in (tasks.laid_out, tasks._reading, tasks.gang_calls, lower._op_layout,
+    for memo in (tasks.laid_out, tasks._reading, tasks._waited, tasks._write_on,
+                 tasks._read_on, tasks.gang_calls, lower._op_layout,
                  oplayout._members, dispatchfloor._op_floor, dispatchfloor._gang):
         memo.cache_clear()
 

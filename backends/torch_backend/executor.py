@@ -183,6 +183,7 @@ class Executor:
 
     def _generate(self, call, replica):
         """Device r of D streams responses r, r + D, ... of the step, as chunks r, r + D, ...
+        (dealt by ``sampling.positions``, the rule the cost model prices by).
 
         With partial rollouts (``call.carry``) the device's engine also advances its share
         of the next ``carry`` steps' prompts, kept between steps (``generate_carried``).
@@ -194,11 +195,9 @@ class Executor:
         stats: dict = {}
         if call.chunk < shard:
             w = self.ctx.pipeline.workload
-            n = w.prompts * w.samples
             work = self.works[stage.name]
             rounds, how = work.refill_rounds, work.sampling
-            mine = sampling.whole_groups(call.chunk % shard, shard, w) if rounds else \
-                np.arange(call.chunk % shard, n, shard)
+            mine = sampling.positions(call.chunk % shard, shard, w, bool(rounds))
             codec = self._codec()
             params = SamplingParams(
                 max_new_tokens=how.max_len, temperature=how.temperature, top_p=how.top_p,

@@ -46,6 +46,7 @@ from backends.torch_backend.train import TrainBatch, forward_arrays, train_step
 from rpeg.cost.partial import step_budget
 from rpeg.errors import BackendError
 from rpeg.graph.work import Batching, work_of
+from rpeg.plan.oplayout import fused_train
 from rpeg.runtime.data import workload_rows
 from rpeg.runtime.lowering.context import group_of
 from rpeg.runtime.lowering.instances import LOAD, RECV, SEND, OpCall, base_of, engine_key
@@ -482,18 +483,19 @@ class Executor:
                            temperature=chunk.temperature)
         losses = [self._loss(s, replica, shared=len(stages) > 1,
                              old_values=Role.VALUES in data) for s in stages]
-        places = [self.ctx.plan.placement(s.name) for s in stages]
+        # a shared backbone's stages: one schedule, the one the cost model prices
+        work, place = fused_train(tuple(self.works[s.name] for s in stages),
+                                  tuple(self.ctx.plan.placement(s.name) for s in stages))
         steps = self.ctx.pipeline.workload.steps
         lr = set_lr(replica.optimizer, replica.optimizer_spec, replica.version, steps)
         replica.trained.before_step()
         stats = train_step(
             replica.train_heads, replica.optimizer, batch, losses, version=replica.version,
-            minibatches=max(self.works[s.name].minibatches for s in stages),
-            epochs=max(self.works[s.name].epochs for s in stages), grad_clip=replica.grad_clip,
-            microbatches=max(p.microbatches for p in places),
+            minibatches=work.minibatches, epochs=work.epochs, grad_clip=replica.grad_clip,
+            microbatches=place.microbatches,
             normalize=any(loss.whiten for loss in losses),
             seed=self.ctx.pipeline.workload.seed * 7919 + call.step, device=self.device,
-            rank=call.rank, world=call.world, packed=places[0].packing,
+            rank=call.rank, world=call.world, packed=place.packing,
             budget=float(self._budget(responses)))
         replica.trained.after_step()
         stats["lr"] = lr

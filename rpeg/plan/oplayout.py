@@ -420,6 +420,34 @@ def stream_of(place) -> tuple[int, int]:
     return blocks_of(place), place.carry
 
 
+def fused_train(works, places):
+    """(work, placement) a train op of several stages placed as ``places`` runs as (a
+    shared backbone's: one combined loss, one optimizer step each minibatch): the first
+    stage's, with the most minibatches, epochs and micro-batches any of them asks (a head
+    left at the default of one minibatch does not undo the other's schedule); one stage's
+    own. The runtime's train step runs it, the cost model prices it.
+
+        >>> from rpeg.graph.work import Work
+        >>> from rpeg.plan.model import StagePlacement as P
+        >>> from rpeg.spec.model import OpKind
+        >>> w, p = fused_train((Work("a", OpKind.TRAIN, None, minibatches=4),
+        ...                     Work("c", OpKind.TRAIN, None, epochs=2)),
+        ...                    (P("a", (0,)), P("c", (0,), microbatches=2)))
+        >>> w.stage, w.minibatches, w.epochs, p.stage, p.microbatches
+        ('a', 4, 2, 'a', 2)
+    """
+    work, place = works[0], places[0]
+    if len(works) == 1:
+        return work, place
+    minibatches, epochs = max(w.minibatches for w in works), max(w.epochs for w in works)
+    micro = max(p.microbatches for p in places)
+    if (minibatches, epochs) != (work.minibatches, work.epochs):
+        work = attrs.evolve(work, minibatches=minibatches, epochs=epochs)
+    if micro != place.microbatches:
+        place = attrs.evolve(place, microbatches=micro)
+    return work, place
+
+
 @functools.lru_cache(maxsize=4096)
 def sync_calls(src, dst) -> tuple[int, ...]:
     """The devices of a weight sync's calls, one entry a call: the trainer's (``src``)
@@ -431,7 +459,6 @@ def sync_calls(src, dst) -> tuple[int, ...]:
 
 
 __all__ = ["Call", "OpLayout", "all_in_place", "any_in_place", "block_of", "blocks_of",
-           "chunks_per_step", "first_block", "gathers_in_place", "op_layout", "reads_in_place",
-           "reads_in_place_on", "rounds_of", "split_parts", "stream_chunks", "stream_of",
-           "streamed_ops",
-           "sync_calls", "world_of"]
+           "chunks_per_step", "first_block", "fused_train", "gathers_in_place", "op_layout",
+           "reads_in_place", "reads_in_place_on", "rounds_of", "split_parts", "stream_chunks",
+           "stream_of", "streamed_ops", "sync_calls", "world_of"]

@@ -60,7 +60,7 @@ from rpeg.cost.memory import (
 )
 from rpeg.cost.partial import Partial
 from rpeg.cost.topology import Collective, collective_time
-from rpeg.graph.deal import dealt
+from rpeg.graph.deal import deal_group, dealt
 from rpeg.spec.model import Cluster, Engine, Model, Zero
 
 SEGMENTS = 32          # decode is integrated over this many segments of constant batch
@@ -272,8 +272,7 @@ def dealt_batch(work, batch: int, dp: int) -> int:
     """
     if dp <= 1:
         return batch
-    # only a generate stage refills
-    group = max(work.workload.samples, 1) if getattr(work, "refill_rounds", 0) else 1
+    group = deal_group(work)
     busiest = busiest_share(batch, dp, group)
     # one response at a time, the busiest rank holding an even split's ceil(batch / dp):
     # the batch, its carried sequences priced from its whole (decoded_batch)

@@ -15,6 +15,8 @@ each); rank ``r`` of ``ranks`` gets groups ``r, r + ranks, ...``, each whole.
 
 from __future__ import annotations
 
+import functools
+
 
 def dealt(rank: int, ranks: int, responses: int, group: int = 1) -> tuple[int, ...]:
     """The positions, among a step's ``responses``, that rank ``rank`` of ``ranks``
@@ -26,4 +28,22 @@ def dealt(rank: int, ranks: int, responses: int, group: int = 1) -> tuple[int, .
                  for j in range(group))
 
 
-__all__ = ["dealt"]
+def deal_group(work) -> int:
+    """The ``group`` a generate stage's ``work`` deals its responses in: a prompt with all
+    its samples under dynamic sampling (``refill_rounds``: its refills replace whole
+    groups), else one response."""
+    return max(work.workload.samples, 1) if getattr(work, "refill_rounds", 0) else 1
+
+
+@functools.lru_cache(maxsize=1024)
+def emptiest_share(responses: int, ranks: int, group: int = 1) -> int:
+    """The fewest responses :func:`dealt` gives any of ``ranks`` ranks: ``responses //
+    ranks`` one at a time, fewer where whole groups go out unevenly.
+
+        >>> emptiest_share(2048, 100), emptiest_share(2048, 100, 16)
+        (20, 16)
+    """
+    return min(len(dealt(r, ranks, responses, group)) for r in range(max(ranks, 1)))
+
+
+__all__ = ["deal_group", "dealt", "emptiest_share"]

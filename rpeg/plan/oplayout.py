@@ -27,7 +27,8 @@ op run collectives together.
 
 Chunks a step streams (:func:`chunks_per_step`): each generate op's asked-for chunks,
 rounded up so each of its blocks streams as many, never more per block than the responses
-it generates; ops streaming those chunks are the graph's per-sample readers of them
+the emptiest block generates (whole groups, under dynamic sampling, leave some blocks
+fewer than an even split: :func:`rpeg.graph.deal.emptiest_share`); ops streaming those chunks are the graph's per-sample readers of them
 (:func:`streamed_ops`, :func:`rpeg.graph.chunk_counts`). A block's engine streams its own
 share of the responses in its chunks, each as its responses finish; so the chunks of a
 step come in rounds (:func:`rounds_of`), round ``j`` a chunk on every block, side by side,
@@ -48,6 +49,7 @@ import attrs
 from rpeg.cost.engine_sync import engine_hosts_of, serves_copy, sync_senders, tp_blocks
 from rpeg.errors import PlanError
 from rpeg.graph import Graph, chunk_counts
+from rpeg.graph.deal import deal_group, emptiest_share
 from rpeg.spec.model import Engine, OpKind
 
 
@@ -368,15 +370,18 @@ def streamed_ops(graph: Graph) -> frozenset[str]:
     return frozenset(op for op, n in counts.items() if n > 1)
 
 
-def stream_chunks(chunks: int, blocks: int, responses: int) -> int:
+def stream_chunks(chunks: int, blocks: int, responses: int, group: int = 1) -> int:
     """Chunks a step streams from ``blocks`` generating blocks asked for ``chunks``: rounded
-    up so each block streams as many, and never more per block than the responses it
-    generates (a chunk holds at least one).
+    up so each block streams as many, and never more per block than the responses the
+    emptiest block generates (a chunk holds at least one; ``group``: the responses dealt
+    to a block together, :func:`rpeg.graph.deal.dealt`).
 
         >>> stream_chunks(4, 512, 512), stream_chunks(16, 32, 512), stream_chunks(3, 2, 4)
         (512, 32, 4)
+        >>> stream_chunks(2000, 100, 2048), stream_chunks(2000, 100, 2048, group=16)
+        (2000, 1600)
     """
-    per = min(-(-max(chunks, 1) // blocks), max(1, responses // blocks))
+    per = min(-(-max(chunks, 1) // blocks), max(1, emptiest_share(responses, blocks, group)))
     return per * blocks
 
 
@@ -399,12 +404,14 @@ def rounds_of(place, chunks: int) -> int:
 
 def chunks_per_step(graph: Graph, placement_of: Callable, responses: int) -> int:
     """Chunks a step streams: the most any generate op of ``graph`` streams
-    (:func:`stream_chunks`; ``placement_of``: op -> its placement)."""
+    (:func:`stream_chunks`, in the groups it deals its responses in; ``placement_of``: op
+    -> its placement)."""
     n = 1
     for o in graph.ops:
         if o.kind is OpKind.GENERATE:
             p = placement_of(o)
-            n = max(n, stream_chunks(p.chunks, blocks_of(p), responses))
+            n = max(n, stream_chunks(p.chunks, blocks_of(p), responses,
+                                     deal_group(o.work[0]) if o.work else 1))
     return n
 
 

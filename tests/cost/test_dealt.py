@@ -3,7 +3,11 @@ ranks: responses r, r + dp, ... to rank r, or, under dynamic sampling, whole gro
 prompt with all its samples), so the busiest rank holds ceil(prompts / dp) groups. The
 dealing is one function both sides call (``rpeg.graph.deal.dealt``): the runtime's
 generate calls take their responses by it (``backends.torch_backend.sampling.positions``)
-and the cost model prices the busiest rank's share by it (``dealt_batch``)."""
+and the cost model prices the busiest rank's share by it (``dealt_batch``). A plan asks
+each block for no more chunks than the emptiest rank's share by it
+(``rpeg.plan.oplayout.stream_chunks``, by ``deal.emptiest_share``): a rank makes at most
+a chunk a response it holds, and whole groups leave some ranks fewer than an even split
+would."""
 
 from __future__ import annotations
 
@@ -21,12 +25,15 @@ from rpeg.cost import generation
 from rpeg.cost.generation import dealt_batch
 from rpeg.cost.memory import Parallel
 from rpeg.cost.stages import estimate_stage, stage_memory
-from rpeg.graph import deal
+from rpeg.graph import build, deal
 from rpeg.graph.work import Work, work_of
+from rpeg.plan.model import StagePlacement
+from rpeg.plan.oplayout import chunks_per_step, stream_chunks
 from rpeg.spec import load, load_cluster
 from rpeg.spec.model import Engine, LengthDist, OpKind, Workload
 
 sampling = pytest.importorskip("backends.torch_backend.sampling")
+chunk_bounds = pytest.importorskip("backends.api").chunk_bounds
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -67,12 +74,51 @@ def test_a_rank_past_the_prompts_does_not_speed_dynamic_sampling_up():
                           engine=Engine.VLLM).time_s < t68
 
 
+@given(st.integers(1, 64), st.integers(1, 8), st.integers(1, 80), st.integers(1, 600),
+       st.booleans())
+def test_every_rank_makes_the_chunks_the_plan_asks_of_it(prompts, samples, blocks, chunks,
+                                                          refills):
+    """The chunks a step streams (``stream_chunks``) are as many on every block, and each
+    block's rank makes that many of the responses dealt to it (``chunk_bounds``: at most
+    one a response, at least one), whole groups or not."""
+    w = Workload(steps=1, prompts=prompts, samples=samples, prompt_len=8,
+                 gen_len=LengthDist.fixed(8))
+    group = samples if refills else 1
+    asked = stream_chunks(chunks, blocks, prompts * samples, group)
+    assert asked % blocks == 0
+    for r in range(blocks):
+        held = len(sampling.positions(r, blocks, w, refills))
+        assert len(chunk_bounds(held, asked // blocks)) == asked // blocks
+
+
+def _dapo_chunks(chunks: int, blocks: int) -> int:
+    """Chunks a step of DAPO's rollout asked for ``chunks`` on ``blocks`` blocks streams."""
+    pipeline = load(ROOT / "pipelines" / "dapo_qwen7b.rpeg")
+    w = pipeline.workload
+    place = StagePlacement("rollout", tuple(range(blocks)), chunks=chunks)
+    return chunks_per_step(build(pipeline), lambda op: place, w.prompts * w.samples)
+
+
+def test_dynamic_sampling_asks_no_rank_for_more_chunks_than_it_holds_responses():
+    """DAPO's 128 prompts x 16 on 100 blocks: ranks 28 to 99 hold one group, 16 responses
+    (an even split's 20), and make 16 chunks; asked for 2000 chunks, 20 a block, the step
+    streams 1600, 16 a block (it streamed 2000, and the 17th chunk of rank 99 found none)."""
+    w = load(ROOT / "pipelines" / "dapo_qwen7b.rpeg").workload
+    held = [len(sampling.positions(r, 100, w, True)) for r in range(100)]
+    assert min(held) == 16 == deal.emptiest_share(2048, 100, 16) and max(held) == 32
+    assert _dapo_chunks(2000, 100) == 1600
+    assert _dapo_chunks(1000, 100) == 1000                  # 10 a block: every rank makes them
+
+
 @pytest.fixture
 def _forget():
-    """The cost model's memo of the busiest share, which a patched rule must not find filled."""
+    """The memos of the busiest and the emptiest share, which a patched rule must not find
+    filled."""
     generation.busiest_share.cache_clear()
+    deal.emptiest_share.cache_clear()
     yield
     generation.busiest_share.cache_clear()
+    deal.emptiest_share.cache_clear()
 
 
 @pytest.mark.parametrize("name", ["rpeg.graph.deal", "rpeg.cost.generation"])
@@ -107,10 +153,14 @@ def test_one_edit_of_the_dealing_changes_both_sides(refills, monkeypatch, _forge
     def first(rank, ranks, responses, group=1):
         return tuple(range(responses)) if rank == 0 else ()
 
-    for side in (sampling, generation):
+    asked = stream_chunks(8 * dp, dp, batch, deal.deal_group(work))
+    for side in (sampling, generation, deal):
         monkeypatch.setattr(side, "dealt", first)
     generation.busiest_share.cache_clear()
+    deal.emptiest_share.cache_clear()
     assert sampling.positions(0, dp, w, bool(refills)).tolist() == list(range(batch))
     assert not any(len(sampling.positions(r, dp, w, bool(refills))) for r in range(1, dp))
     assert dealt_batch(work, batch, dp) == batch * dp
     assert priced() > usual
+    # the ranks left nothing make one (empty) chunk each: the plan asks one a block
+    assert asked == 8 * dp and stream_chunks(8 * dp, dp, batch, deal.deal_group(work)) == dp

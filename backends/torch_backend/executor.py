@@ -46,7 +46,7 @@ from backends.torch_backend.train import TrainBatch, forward_arrays, train_step
 from rpeg.cost.partial import step_budget
 from rpeg.errors import BackendError
 from rpeg.graph.work import Batching, work_of
-from rpeg.plan.oplayout import fused_train
+from rpeg.plan.oplayout import block_rounds, fused_train
 from rpeg.runtime.data import workload_rows
 from rpeg.runtime.lowering.context import group_of
 from rpeg.runtime.lowering.instances import LOAD, RECV, SEND, OpCall, base_of, engine_key
@@ -207,7 +207,7 @@ class Executor:
                 min_new_tokens=how.min_len,
                 max_num_seqs=self._concurrency(stage)[0])
             engine = self._engine(stage, replica)
-            pieces = max(call.chunks // shard, 1)
+            pieces = block_rounds(call.chunks, shard, call.chunk % shard)
             tools = self._toolbox(call, stage, engine, mine, codec, params)
             talk = {"tools": tools} if tools is not None else {}
             if call.carry:
@@ -241,7 +241,8 @@ class Executor:
             stats = {**stats, **tools.stats()}
         if mine is not None:
             chunk = attrs.evolve(chunk, prompt_index=mine[chunk.prompt_index])   # step-wide
-        if call.chunk + shard >= call.chunks:        # this device's last chunk of the step
+        # this device's last chunk of the step (its block's last round)
+        if call.chunk // shard + 1 >= block_rounds(call.chunks, shard, call.chunk % shard):
             self.streams.pop(key, None)
             engine = self._engine(stage, replica)
             if getattr(getattr(engine, "options", None), "sleep", False):

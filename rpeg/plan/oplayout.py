@@ -399,7 +399,20 @@ def rounds_of(place, chunks: int) -> int:
         >>> rounds_of(P("g", (0, 1, 2, 3)), 8), rounds_of(P("g", (0, 1, 2, 3), tp=2), 2)
         (2, 1)
     """
-    return -(-max(chunks, 1) // blocks_of(place))
+    return block_rounds(chunks, blocks_of(place))
+
+
+def block_rounds(chunks: int, blocks: int, block: int = 0) -> int:
+    """Chunks block ``block`` of ``blocks`` streams of a step's ``chunks`` (chunk ``c`` on
+    block ``c mod blocks``; the first block the most): the pieces its engine splits its
+    share of the responses into, its ``j``-th in round ``j``. The runtime's generate calls
+    stream a block's share in these, the cost model prices the first block's
+    (:func:`rounds_of`).
+
+        >>> block_rounds(8, 4), block_rounds(6, 4, 1), block_rounds(6, 4, 2), block_rounds(1, 4)
+        (2, 2, 1, 1)
+    """
+    return len(range(block, max(chunks, 1), max(blocks, 1))) or 1
 
 
 def chunks_per_step(graph: Graph, placement_of: Callable, responses: int) -> int:
@@ -465,7 +478,8 @@ def sync_calls(src, dst) -> tuple[int, ...]:
     return tuple(sources) + tuple(readers)
 
 
-__all__ = ["Call", "OpLayout", "all_in_place", "any_in_place", "block_of", "blocks_of",
+__all__ = ["Call", "OpLayout", "all_in_place", "any_in_place", "block_of", "block_rounds",
+           "blocks_of",
            "chunks_per_step", "first_block", "fused_train", "gathers_in_place", "op_layout",
            "reads_in_place", "reads_in_place_on", "rounds_of", "split_parts", "stream_chunks",
            "stream_of", "streamed_ops", "sync_calls", "world_of"]

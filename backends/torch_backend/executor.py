@@ -46,6 +46,7 @@ from backends.torch_backend.train import TrainBatch, forward_arrays, train_step
 from rpeg.cost.partial import step_budget
 from rpeg.errors import BackendError
 from rpeg.graph.work import Batching, work_of
+from rpeg.plan.oplayout import block_rounds, fused_train
 from rpeg.runtime.data import workload_rows
 from rpeg.runtime.lowering.context import group_of
 from rpeg.runtime.lowering.instances import LOAD, RECV, SEND, OpCall, base_of, engine_key
@@ -183,6 +184,7 @@ class Executor:
 
     def _generate(self, call, replica):
         """Device r of D streams responses r, r + D, ... of the step, as chunks r, r + D, ...
+        (dealt by ``sampling.positions``, the rule the cost model prices by).
 
         With partial rollouts (``call.carry``) the device's engine also advances its share
         of the next ``carry`` steps' prompts, kept between steps (``generate_carried``).
@@ -194,11 +196,9 @@ class Executor:
         stats: dict = {}
         if call.chunk < shard:
             w = self.ctx.pipeline.workload
-            n = w.prompts * w.samples
             work = self.works[stage.name]
             rounds, how = work.refill_rounds, work.sampling
-            mine = sampling.whole_groups(call.chunk % shard, shard, w) if rounds else \
-                np.arange(call.chunk % shard, n, shard)
+            mine = sampling.positions(call.chunk % shard, shard, w, bool(rounds))
             codec = self._codec()
             params = SamplingParams(
                 max_new_tokens=how.max_len, temperature=how.temperature, top_p=how.top_p,
@@ -207,7 +207,7 @@ class Executor:
                 min_new_tokens=how.min_len,
                 max_num_seqs=self._concurrency(stage)[0])
             engine = self._engine(stage, replica)
-            pieces = max(call.chunks // shard, 1)
+            pieces = block_rounds(call.chunks, shard, call.chunk % shard)
             tools = self._toolbox(call, stage, engine, mine, codec, params)
             talk = {"tools": tools} if tools is not None else {}
             if call.carry:
@@ -241,7 +241,8 @@ class Executor:
             stats = {**stats, **tools.stats()}
         if mine is not None:
             chunk = attrs.evolve(chunk, prompt_index=mine[chunk.prompt_index])   # step-wide
-        if call.chunk + shard >= call.chunks:        # this device's last chunk of the step
+        # this device's last chunk of the step (its block's last round)
+        if call.chunk // shard + 1 >= block_rounds(call.chunks, shard, call.chunk % shard):
             self.streams.pop(key, None)
             engine = self._engine(stage, replica)
             if getattr(getattr(engine, "options", None), "sleep", False):
@@ -483,18 +484,19 @@ class Executor:
                            temperature=chunk.temperature)
         losses = [self._loss(s, replica, shared=len(stages) > 1,
                              old_values=Role.VALUES in data) for s in stages]
-        places = [self.ctx.plan.placement(s.name) for s in stages]
+        # a shared backbone's stages: one schedule, the one the cost model prices
+        work, place = fused_train(tuple(self.works[s.name] for s in stages),
+                                  tuple(self.ctx.plan.placement(s.name) for s in stages))
         steps = self.ctx.pipeline.workload.steps
         lr = set_lr(replica.optimizer, replica.optimizer_spec, replica.version, steps)
         replica.trained.before_step()
         stats = train_step(
             replica.train_heads, replica.optimizer, batch, losses, version=replica.version,
-            minibatches=max(self.works[s.name].minibatches for s in stages),
-            epochs=max(self.works[s.name].epochs for s in stages), grad_clip=replica.grad_clip,
-            microbatches=max(p.microbatches for p in places),
+            minibatches=work.minibatches, epochs=work.epochs, grad_clip=replica.grad_clip,
+            microbatches=place.microbatches,
             normalize=any(loss.whiten for loss in losses),
             seed=self.ctx.pipeline.workload.seed * 7919 + call.step, device=self.device,
-            rank=call.rank, world=call.world, packed=places[0].packing,
+            rank=call.rank, world=call.world, packed=place.packing,
             budget=float(self._budget(responses)))
         replica.trained.after_step()
         stats["lr"] = lr

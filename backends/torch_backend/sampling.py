@@ -22,6 +22,7 @@ import attrs
 import numpy as np
 
 from backends.api import RolloutChunk, concat_chunks, select_chunk
+from rpeg.graph.deal import dealt
 from rpeg.runtime.data import Cursor, step_rows
 
 ROUND_SEED = 1_000_003        # round r of a step draws its prompts with seed + r * ROUND_SEED
@@ -49,12 +50,14 @@ def rows_for(rows: list[dict], workload, step: int, index,
     return out
 
 
-def whole_groups(device: int, devices: int, workload) -> np.ndarray:
-    """The step's response positions a device generates when whole groups must stay
-    together: prompts ``device, device + devices, ...``, each with all its samples."""
-    s = workload.samples
-    return np.array([g * s + j for g in range(device, workload.prompts, devices)
-                     for j in range(s)], dtype=np.int64)
+def positions(rank: int, ranks: int, workload, whole_groups: bool) -> np.ndarray:
+    """The step's response positions data-parallel rank ``rank`` of ``ranks`` generates, as
+    the rule deals them (:func:`rpeg.graph.deal.dealt`, which the cost model prices by):
+    responses ``rank, rank + ranks, ...``, or where whole groups must stay together, prompts
+    ``rank, rank + ranks, ...``, each with all its samples."""
+    w = workload
+    group = w.samples if whole_groups else 1
+    return np.array(dealt(rank, ranks, w.prompts * w.samples, group), dtype=np.int64)
 
 
 def degenerate(scores: np.ndarray, groups: np.ndarray) -> list[int]:

@@ -443,6 +443,8 @@ def _streaming(pipeline, plan) -> list[str]:
     """Each generate stage streaming its responses in more than one chunk a block, as the
     runtime streams them (:func:`rpeg.plan.oplayout.stream_chunks`: the chunks asked, rounded
     up to as many on each block; fewer than its blocks are one a block, whole batches)."""
+    from rpeg.graph.deal import deal_group
+    from rpeg.graph.work import work_of
     from rpeg.plan.oplayout import blocks_of, stream_chunks
     from rpeg.spec.model import OpKind
     responses = pipeline.workload.prompts * pipeline.workload.samples
@@ -452,7 +454,8 @@ def _streaming(pipeline, plan) -> list[str]:
             continue
         p = plan.placement(s.name)
         blocks = blocks_of(p)
-        rounds = stream_chunks(p.chunks, blocks, responses) // blocks
+        group = deal_group(work_of(pipeline, s.name))
+        rounds = stream_chunks(p.chunks, blocks, responses, group) // blocks
         if rounds > 1:
             out.append(f"{s.name} in {rounds} chunks" + (f" on each of its {blocks} blocks"
                                                          if blocks > 1 else ""))

@@ -48,7 +48,7 @@ profile's, measured on the machine named in its source (:func:`terms_of`).
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TypeVar
 
 import attrs
@@ -58,6 +58,7 @@ from rpeg.spec.model import GpuProfile
 JOIN_MIN = 8            # a gang of this many ranks waits through one join (runtime.lowering.joins)
 SHARE_LIMIT = 0.03      # a control plane above this share of the step is reported
 T = TypeVar("T")        # a gang's call, or the device it runs on
+D = TypeVar("D")        # a device
 
 
 def through_join(ranks: int) -> bool:
@@ -95,6 +96,20 @@ def waiting_before(ranks: Sequence[T], join: T | None) -> Sequence[T]:
         (('r0', 'r1'), ('j',))
     """
     return ranks if join is None else (join,)
+
+
+def gangs_before(devices: Iterable[D], last_on: Mapping[D, T]) -> list[T]:
+    """What each of a gang's calls waiting for the gang before (:func:`waiting_before`)
+    waits for, its members on ``devices``: on each member's device the last call of a gang
+    before it in the one order of collectives (``last_on``: device -> that call, where one
+    ran), once each. The one rule the runtime chains each device's gangs by
+    (``rpeg.runtime.lowering.ordering.order_collectives``) and the cost model counts the
+    futures ordering a gang by (``rpeg.plan.tasks.gang_calls``).
+
+        >>> gangs_before((0, 1, 0, 2), {0: "a/r0", 1: "b/r1"})
+        ['a/r0', 'b/r1']
+    """
+    return list(dict.fromkeys([last_on[d] for d in devices if d in last_on]))
 
 
 @attrs.frozen

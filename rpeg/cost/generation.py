@@ -60,6 +60,7 @@ from rpeg.cost.memory import (
 )
 from rpeg.cost.partial import Partial
 from rpeg.cost.topology import Collective, collective_time
+from rpeg.graph.deal import deal_group, dealt
 from rpeg.spec.model import Cluster, Engine, Model, Zero
 
 SEGMENTS = 32          # decode is integrated over this many segments of constant batch
@@ -256,10 +257,10 @@ def batching_of(work, placement) -> tuple[int, float, bool]:
 
 def dealt_batch(work, batch: int, dp: int) -> int:
     """The responses a generate stage's ``dp`` ranks are priced for between them, as the
-    runtime deals a step's batch out (``backends.torch_backend.executor``): responses r,
-    r + dp, ... to rank r (an even split: the batch); under dynamic sampling
-    (``refill_rounds``) whole groups, prompts r, r + dp, ... with all their samples, so
-    the busiest rank holds ceil(prompts / dp) groups and the step waits for it.
+    runtime deals a step's batch out (:func:`rpeg.graph.deal.dealt`): one response at a
+    time (an even split: the batch), or under dynamic sampling (``refill_rounds``) whole
+    groups, a prompt with all its samples, so the busiest rank holds ceil(prompts / dp)
+    groups, ``dp`` times its share, and the step waits for it.
 
         >>> from rpeg.graph.work import Work
         >>> from rpeg.spec.model import LengthDist, OpKind, Workload
@@ -269,10 +270,19 @@ def dealt_batch(work, batch: int, dp: int) -> int:
         >>> [dealt_batch(dapo, 2048, dp) for dp in (64, 68, 256)]
         [2048, 2176, 4096]
     """
-    if not getattr(work, "refill_rounds", 0) or dp <= 1:     # only a generate stage refills
+    if dp <= 1:
         return batch
-    samples = max(work.workload.samples, 1)
-    return math.ceil(math.ceil(batch / samples) / dp) * samples * dp
+    group = deal_group(work)
+    busiest = busiest_share(batch, dp, group)
+    # one response at a time, the busiest rank holding an even split's ceil(batch / dp):
+    # the batch, its carried sequences priced from its whole (decoded_batch)
+    return batch if group == 1 and busiest == -(-batch // dp) else busiest * dp
+
+
+@functools.lru_cache(maxsize=1024)
+def busiest_share(responses: int, ranks: int, group: int) -> int:
+    """The most responses :func:`rpeg.graph.deal.dealt` gives any of ``ranks`` ranks."""
+    return max(len(dealt(r, ranks, responses, group)) for r in range(ranks))
 
 
 def generation_rows(work, par: Parallel, cluster: Cluster,
@@ -495,6 +505,6 @@ def sync_bytes(model: Model, gpu) -> float:
     return model_params(model) * weight_bytes(model, gpu)
 
 
-__all__ = ["Gen", "StageCost", "admissions", "batching_of", "concurrency", "dealt_batch", "decoded_batch", "generate_memory",
+__all__ = ["Gen", "StageCost", "admissions", "batching_of", "busiest_share", "concurrency", "dealt_batch", "decoded_batch", "generate_memory",
            "generation", "hybrid_merge_bytes", "generation_rows", "kv_token_bytes", "mean_len", "padded_len",
            "slowest_lengths"]

@@ -127,21 +127,28 @@ class MemoryWalk:
                      if o in streamed for s in stages}
         transient = np.zeros(n)
         needs = []
-        for stage in self._priced_stages(graph):
+        for stage, trains in self._priced_stages(graph):
             p = plan.placement(stage)
-            b = self.prices.transient(stage, p, rows.get(stage), chunks_of.get(stage, ()))
+            # a shared backbone's train stages: the one train they run as
+            work, q = self.prices.trained(trains, tuple(plan.placement(s) for s in trains)) \
+                if trains else (stage, p)
+            b = self.prices.transient(work, q, rows.get(stage), chunks_of.get(stage, ()))
             at = self._at(p)
             transient[at] = np.maximum(transient[at], b)
             needs.append((stage, p.devices, b))
         return Walk(copies, resident, rows, streamed, transient, tuple(needs), before)
 
-    def _priced_stages(self, graph: Graph) -> tuple[str, ...]:
-        """The stages whose transient need is priced: all but those running inside another
+    def _priced_stages(self, graph: Graph) -> tuple[tuple[str, tuple[str, ...]], ...]:
+        """(stage, the stages of its train op where several run as one, else ()) of the
+        stages whose transient need is priced: all but those running inside another
         stage's op (a shared backbone's train stages after the first)."""
         key = ("priced", graph)
         if key not in self._per_graph:
-            followers = {s for o in graph.ops if o.kind is OpKind.TRAIN for s in o.stages[1:]}
-            self._per_graph[key] = tuple(s for s in self.stages.order if s not in followers)
+            fused = {o.stages[0]: o.stages for o in graph.ops
+                     if o.kind is OpKind.TRAIN and len(o.stages) > 1}
+            followers = {s for stages in fused.values() for s in stages[1:]}
+            self._per_graph[key] = tuple((s, fused.get(s, ())) for s in self.stages.order
+                                         if s not in followers)
         return self._per_graph[key]
 
     def _streaming(self, graph: Graph) -> tuple[tuple[str, tuple[str, ...]], ...]:
@@ -342,13 +349,16 @@ class MemoryWalk:
                                          trained=trained, engine=p.engine)
         if op:
             p = plan.placement(op)
+            trains = dict(self._priced_stages(graph)).get(op) if graph is not None else ()
+            work, p = self.prices.trained(trains, tuple(plan.placement(s) for s in trains)) \
+                if trains else (op, p)
             par = parallel_of(p)
             if chunks:
-                total += max((stage_memory(self.works[op], par, self.cluster, batch=n,
+                total += max((stage_memory(self.works[work], par, self.cluster, batch=n,
                                            padded_len=top, engine=p.engine, mean_len=mean)
                               for n, top, mean in chunks), key=lambda m: m.total)
             else:
-                total += stage_memory(self.works[op], par, self.cluster, rows=rows,
+                total += stage_memory(self.works[work], par, self.cluster, rows=rows,
                                       partial=self.cap(p), engine=p.engine)
         return tuple((k, float(getattr(total, k))) for k in KINDS)
 

@@ -27,7 +27,8 @@ op run collectives together.
 
 Chunks a step streams (:func:`chunks_per_step`): each generate op's asked-for chunks,
 rounded up so each of its blocks streams as many, never more per block than the responses
-it generates; ops streaming those chunks are the graph's per-sample readers of them
+the emptiest block generates (whole groups, under dynamic sampling, leave some blocks
+fewer than an even split: :func:`rpeg.graph.deal.emptiest_share`); ops streaming those chunks are the graph's per-sample readers of them
 (:func:`streamed_ops`, :func:`rpeg.graph.chunk_counts`). A block's engine streams its own
 share of the responses in its chunks, each as its responses finish; so the chunks of a
 step come in rounds (:func:`rounds_of`), round ``j`` a chunk on every block, side by side,
@@ -48,6 +49,7 @@ import attrs
 from rpeg.cost.engine_sync import engine_hosts_of, serves_copy, sync_senders, tp_blocks
 from rpeg.errors import PlanError
 from rpeg.graph import Graph, chunk_counts
+from rpeg.graph.deal import deal_group, emptiest_share
 from rpeg.spec.model import Engine, OpKind
 
 
@@ -130,7 +132,7 @@ class OpLayout:
     def _groups(self) -> dict[int, tuple[int, ...]]:
         """Device -> the tensor-parallel block its call runs with ({}: none, unsplit or one
         call per block), looked up once per question, not once per device."""
-        return {} if self.per_block or self.tp <= 1 else _layout_blocks(self)
+        return _layout_blocks(self) if block_together(self.tp, self.per_block) else {}
 
 
 @functools.lru_cache(maxsize=4096)
@@ -261,6 +263,21 @@ def ranks_together(kind: OpKind, world: int) -> bool:
     return world > 1 and kind is not OpKind.GENERATE
 
 
+def block_together(tp: int, per_block: bool) -> bool:
+    """Whether the calls of an instance on a tensor-parallel block of ``tp`` devices run
+    collectives together: a call on each device of a block of two or more, not a vLLM
+    engine's one call a block (``per_block``, whose own workers span the block). The one
+    rule the runtime's calls carry their block by (:meth:`OpLayout.calls`' ``group``, an
+    ``OpCall``'s ``tp_group``, by which ``rpeg.runtime.lowering.ordering.gangs_of`` makes
+    the block a gang) and a layout says its instances are gangs by (:func:`op_layout`, which
+    the cost model's count reads).
+
+        >>> block_together(2, False), block_together(2, True), block_together(1, False)
+        (True, False, False)
+    """
+    return tp > 1 and not per_block
+
+
 def op_layout(op, place, streamed: bool, gathered: bool = False, parts: int = 0) -> OpLayout:
     """The layout of graph op ``op`` on its stage's placement ``place`` (``streamed``: it
     runs per chunk, :func:`streamed_ops`; ``gathered``: it runs on its trainer's ZeRO-3
@@ -272,10 +289,11 @@ def op_layout(op, place, streamed: bool, gathered: bool = False, parts: int = 0)
     vllm = op.kind is OpKind.GENERATE and place.engine is Engine.VLLM
     train = op.kind is OpKind.TRAIN
     # a train op's data-parallel ranks (world_of: its blocks), run together as its calls do
+    # (a vLLM engine's op generates: its ranks never together, its block not either)
     ranks = -(-len(place.devices) // tp) if train else 1
     return OpLayout(tuple(place.devices), tp, chunked=streamed or parts > 1, per_block=vllm,
                     everywhere=train,
-                    collective=not vllm and (tp > 1 or ranks_together(op.kind, ranks)),
+                    collective=block_together(tp, vllm) or ranks_together(op.kind, ranks),
                     parts=parts if parts > 1 else 0)
 
 
@@ -352,15 +370,18 @@ def streamed_ops(graph: Graph) -> frozenset[str]:
     return frozenset(op for op, n in counts.items() if n > 1)
 
 
-def stream_chunks(chunks: int, blocks: int, responses: int) -> int:
+def stream_chunks(chunks: int, blocks: int, responses: int, group: int = 1) -> int:
     """Chunks a step streams from ``blocks`` generating blocks asked for ``chunks``: rounded
-    up so each block streams as many, and never more per block than the responses it
-    generates (a chunk holds at least one).
+    up so each block streams as many, and never more per block than the responses the
+    emptiest block generates (a chunk holds at least one; ``group``: the responses dealt
+    to a block together, :func:`rpeg.graph.deal.dealt`).
 
         >>> stream_chunks(4, 512, 512), stream_chunks(16, 32, 512), stream_chunks(3, 2, 4)
         (512, 32, 4)
+        >>> stream_chunks(2000, 100, 2048), stream_chunks(2000, 100, 2048, group=16)
+        (2000, 1600)
     """
-    per = min(-(-max(chunks, 1) // blocks), max(1, responses // blocks))
+    per = min(-(-max(chunks, 1) // blocks), max(1, emptiest_share(responses, blocks, group)))
     return per * blocks
 
 
@@ -378,17 +399,32 @@ def rounds_of(place, chunks: int) -> int:
         >>> rounds_of(P("g", (0, 1, 2, 3)), 8), rounds_of(P("g", (0, 1, 2, 3), tp=2), 2)
         (2, 1)
     """
-    return -(-max(chunks, 1) // blocks_of(place))
+    return block_rounds(chunks, blocks_of(place))
+
+
+def block_rounds(chunks: int, blocks: int, block: int = 0) -> int:
+    """Chunks block ``block`` of ``blocks`` streams of a step's ``chunks`` (chunk ``c`` on
+    block ``c mod blocks``; the first block the most): the pieces its engine splits its
+    share of the responses into, its ``j``-th in round ``j``. The runtime's generate calls
+    stream a block's share in these, the cost model prices the first block's
+    (:func:`rounds_of`).
+
+        >>> block_rounds(8, 4), block_rounds(6, 4, 1), block_rounds(6, 4, 2), block_rounds(1, 4)
+        (2, 2, 1, 1)
+    """
+    return len(range(block, max(chunks, 1), max(blocks, 1))) or 1
 
 
 def chunks_per_step(graph: Graph, placement_of: Callable, responses: int) -> int:
     """Chunks a step streams: the most any generate op of ``graph`` streams
-    (:func:`stream_chunks`; ``placement_of``: op -> its placement)."""
+    (:func:`stream_chunks`, in the groups it deals its responses in; ``placement_of``: op
+    -> its placement)."""
     n = 1
     for o in graph.ops:
         if o.kind is OpKind.GENERATE:
             p = placement_of(o)
-            n = max(n, stream_chunks(p.chunks, blocks_of(p), responses))
+            n = max(n, stream_chunks(p.chunks, blocks_of(p), responses,
+                                     deal_group(o.work[0]) if o.work else 1))
     return n
 
 
@@ -404,6 +440,34 @@ def stream_of(place) -> tuple[int, int]:
     return blocks_of(place), place.carry
 
 
+def fused_train(works, places):
+    """(work, placement) a train op of several stages placed as ``places`` runs as (a
+    shared backbone's: one combined loss, one optimizer step each minibatch): the first
+    stage's, with the most minibatches, epochs and micro-batches any of them asks (a head
+    left at the default of one minibatch does not undo the other's schedule); one stage's
+    own. The runtime's train step runs it, the cost model prices it.
+
+        >>> from rpeg.graph.work import Work
+        >>> from rpeg.plan.model import StagePlacement as P
+        >>> from rpeg.spec.model import OpKind
+        >>> w, p = fused_train((Work("a", OpKind.TRAIN, None, minibatches=4),
+        ...                     Work("c", OpKind.TRAIN, None, epochs=2)),
+        ...                    (P("a", (0,)), P("c", (0,), microbatches=2)))
+        >>> w.stage, w.minibatches, w.epochs, p.stage, p.microbatches
+        ('a', 4, 2, 'a', 2)
+    """
+    work, place = works[0], places[0]
+    if len(works) == 1:
+        return work, place
+    minibatches, epochs = max(w.minibatches for w in works), max(w.epochs for w in works)
+    micro = max(p.microbatches for p in places)
+    if (minibatches, epochs) != (work.minibatches, work.epochs):
+        work = attrs.evolve(work, minibatches=minibatches, epochs=epochs)
+    if micro != place.microbatches:
+        place = attrs.evolve(place, microbatches=micro)
+    return work, place
+
+
 @functools.lru_cache(maxsize=4096)
 def sync_calls(src, dst) -> tuple[int, ...]:
     """The devices of a weight sync's calls, one entry a call: the trainer's (``src``)
@@ -414,8 +478,8 @@ def sync_calls(src, dst) -> tuple[int, ...]:
     return tuple(sources) + tuple(readers)
 
 
-__all__ = ["Call", "OpLayout", "all_in_place", "any_in_place", "block_of", "blocks_of",
-           "chunks_per_step", "first_block", "gathers_in_place", "op_layout", "reads_in_place",
-           "reads_in_place_on", "rounds_of", "split_parts", "stream_chunks", "stream_of",
-           "streamed_ops",
-           "sync_calls", "world_of"]
+__all__ = ["Call", "OpLayout", "all_in_place", "any_in_place", "block_of", "block_rounds",
+           "blocks_of",
+           "chunks_per_step", "first_block", "fused_train", "gathers_in_place", "op_layout",
+           "reads_in_place", "reads_in_place_on", "rounds_of", "split_parts", "stream_chunks",
+           "stream_of", "streamed_ops", "sync_calls", "world_of"]

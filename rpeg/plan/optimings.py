@@ -75,7 +75,7 @@ class OpTimings:
                                                walk.rows.get(op.stages[0])).roof
             elif op.kind is OpKind.TRAIN:
                 off = self._off_policy(op, plan, graph)
-                out[op.name] = self.stage_cost(op.stages[0], p, off_policy=off).roof
+                out[op.name] = self.stage_cost(*self._trained(op, plan), off_policy=off).roof
             else:
                 at = first_block if _one_call(op, p) else _same
                 out[op.name] = sum((self.stage_cost(s, at(plan.placement(s)), chunk=c).roof
@@ -93,7 +93,7 @@ class OpTimings:
             rest, rounds = self._rest(op, p, plan, graph), self._rounds(plan, graph, op)
             key = (graph, op.name, p, walk.rows.get(op.stages[0]), rest, rounds)
         elif op.kind is OpKind.TRAIN:
-            key = (graph, op.name, p, off)
+            key = (graph, op.name, self._trained(op, plan)[1], off)
         else:
             src = plan.placement(trainer[op.reads_model].stages[0]) \
                 if op.kind is OpKind.FORWARD and op.reads_model in trainer else None
@@ -106,6 +106,10 @@ class OpTimings:
                                                     rounds)
         return timing
 
+    def _trained(self, op, plan: Plan) -> tuple[str, StagePlacement]:
+        """(work, placement) a train op runs as (:meth:`rpeg.plan.prices.Prices.trained`)."""
+        return self.prices.trained(op.stages, tuple(plan.placement(s) for s in op.stages))
+
     def _time_op(self, op, p: StagePlacement, plan: Plan, walk: Walk, trainer,
                  off_policy: bool, rest: float = 0.0, rounds: int = 1) -> OpTiming:
         if op.kind is OpKind.GENERATE:
@@ -115,9 +119,9 @@ class OpTimings:
             t = self.stage_time(op.stages[0], p, r) + rest
             return OpTiming(p.devices, t, tuple(e[0] for e in ends), tuple(e[1] for e in ends))
         if op.kind is OpKind.TRAIN:
-            # Train stages of a shared backbone: one pass with a combined loss on the
-            # first stage's schedule (its minibatches); the extra head costs nothing here.
-            t = self.stage_time(op.stages[0], p, off_policy=off_policy)
+            # Train stages of a shared backbone: one pass with a combined loss on the one
+            # schedule they run on (oplayout.fused_train); the extra head costs nothing here.
+            t = self.stage_time(*self._trained(op, plan), off_policy=off_policy)
             return OpTiming(p.devices, t + self._reload(op, p, trainer, plan, walk))
         # streamed: each chunk priced on its own responses, padded to its longest
         per_chunk = [self._fused(op, plan, c) for c in walk.streamed.get(op.name, ())]

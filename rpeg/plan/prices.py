@@ -40,6 +40,7 @@ from rpeg.cost.stages import (
 from rpeg.graph import build
 from rpeg.graph.work import Work
 from rpeg.plan.model import StagePlacement
+from rpeg.plan.oplayout import fused_train
 from rpeg.spec.model import Cluster, Model, Pipeline, Zero
 
 MIB = 2 ** 20
@@ -136,6 +137,19 @@ class Prices:
         """Tokens a step decodes per response when a generate stage carries responses over
         ``p.carry`` steps: each advances by about an equal share of the longest (0: all)."""
         return smallest_cap(self.max_len, p.carry)
+
+    def trained(self, stages: tuple[str, ...], places: tuple[StagePlacement, ...]
+                ) -> tuple[str, StagePlacement]:
+        """(name of its work here, placement) of a train op of ``stages`` placed as
+        ``places``, as it runs (:func:`rpeg.plan.oplayout.fused_train`): one stage's own;
+        a shared backbone's stages' one schedule, its work kept under the op's name
+        (``a+b``), so every answer here prices it as any stage's."""
+        if len(stages) == 1:
+            return stages[0], places[0]
+        work, p = fused_train(tuple(self.works[s] for s in stages), places)
+        name = "+".join(stages)
+        self.works.setdefault(name, work)
+        return name, p
 
     # --- time -----------------------------------------------------------------------
 

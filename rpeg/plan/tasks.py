@@ -28,9 +28,13 @@ reads, and a gang of ``JOIN_MIN`` ranks or more waits through one join call
 <rpeg.plan.packing.Packer.join>`, the rule the runtime's fusion places its join calls by,
 on the gang's first device, where the gang reads its inputs. Nothing of a step in flight
 counts as finished (the runtime submits a step ahead), so this is the count with the least
-fusion. The futures counted are those of data, version and stream edges, and one for each
-gang a member's device ran before (the order of collectives); the runtime passes a few
-more ordering ones.
+fusion. The futures counted are those of data, version and stream edges, and for each
+call of a gang waiting for the gangs before, one a gang before it
+(:func:`~rpeg.cost.control.gangs_before`, by which the runtime chains each device's gangs
+in the one order of collectives): in a steady step, one on every member's device, the
+step before's, each rank standing for a device of its own (a weight sync's gang with an
+export and a load on one device counts two there, where the runtime waits for the one
+call before them); the runtime passes a few more ordering ones.
 
 Both sides feed the Packer one way, :meth:`Packer.feed <rpeg.plan.packing.Packer.feed>`:
 units (:class:`~rpeg.plan.packing.Unit`), each a call's or an instance's calls with the
@@ -46,7 +50,14 @@ devices the calls waiting for an instance read on: a data reader's first two, or
 gang's join's one, and those of a writer ordered after the readers of the replica it writes
 (write after read, the placed graph's ``in_place`` and ``partly``: :func:`shared_of`, the
 pairs :func:`rpeg.graph.unroll.write_after_read` says, by which the placed graph orders the
-runtime's calls; a weight sync only where it fills a copy on the instance's first device).
+runtime's calls; a weight sync only where it fills a copy on the instance's first device:
+:func:`rpeg.plan.lower.read_before`, by which the runtime matches a write to the reads on
+its device, asked with the copy left out, one copy a device). An instance's reading
+devices (its first two, or its join's) and a gang's ranks on its first device are no
+rule of the runtime, whose calls each have one device: they are the count's unit, an
+instance's devices cut to what the Packer asks of them (whether its readers run on one
+device, and which, :func:`~rpeg.plan.packing.is_read_elsewhere`; which of its ranks share
+its first device's task), so that an instance feeds the Packer in the time of one call.
 Where a gang has a join and which of its calls wait for the gang before are
 :func:`rpeg.cost.control.join_of` and :func:`~rpeg.cost.control.waiting_before`, the
 functions the runtime makes and orders its gangs by (``tests/plan/test_gang_rules.py``).
@@ -64,10 +75,10 @@ from operator import itemgetter
 
 import attrs
 
-from rpeg.cost.control import Dispatch, join_of, waiting_before
+from rpeg.cost.control import Dispatch, gangs_before, join_of, waiting_before
 from rpeg.graph import Graph
 from rpeg.graph.unroll import write_after_read
-from rpeg.plan.lower import COUNTED, Placed, lower, streams, transfer_of
+from rpeg.plan.lower import COUNTED, Placed, lower, read_before, read_of, streams, transfer_of
 from rpeg.plan.oplayout import OpLayout
 from rpeg.plan.packing import Packer, is_read_elsewhere
 from rpeg.plan.simulate import OpTiming, prepared
@@ -148,8 +159,9 @@ class _Feed:
 
     laid: dict           # op -> :func:`laid_out` of its layout
     alone_at: dict       # op -> :func:`_reading` of its layout
-    war: dict            # reader op -> its writers (:func:`_write_after_read`)
-    fills: dict          # weight sync -> the devices it fills
+    # reader op -> (its writer, its blocks' chunks the writer waits for (None: all), per
+    # chunk whether the writer's writes wait for its reads (None: all, :func:`_waited`))
+    war: dict
     extra: list          # (trainer or None, the gangs of a transfer no op of the graph makes)
     extra_calls: int     # the calls of those gangs
     extra_order: int     # the futures ordering them
@@ -175,10 +187,11 @@ class _Feed:
             {op: laid_out(lay) for op, lay in layouts.items()},
             # by (op, chunk): the one device reading its inputs, or None where two do
             {op: _reading(lay) for op, lay in layouts.items()},
-            _write_after_read(graph, shared),
-            # a weight sync writes the copies on the devices it fills alone: a reader
-            # elsewhere reads none of them, and no write waits for it
-            {op: set(lay.fills) for op, lay in layouts.items() if lay.gangs},
+            # a weight sync writes the copies on the devices it fills alone: its writes
+            # wait for the reads there, and for no reader elsewhere
+            {reader: [(w, some, _waited(layouts[reader], layouts[w].fills)
+                       if layouts[w].gangs else None) for w, some in writers]
+             for reader, writers in _write_after_read(graph, shared).items()},
             extra, sum(n for n, _ in each), sum(o for _, o in each))
 
     def units(self, prep, step: int) -> tuple[list[tuple], int, int]:
@@ -188,13 +201,14 @@ class _Feed:
         is a gang, whether another device reads it, its ranks read on its first device,
         not a join), a weight sync as one unit a gang, the first named and read; the
         step's calls; the futures ordering its gangs)."""
-        laid, alone_at, war, fills = self.laid, self.alone_at, self.war, self.fills
+        laid, alone_at, war = self.laid, self.alone_at, self.war
         calls, order = self.extra_calls, self.extra_order
         out = []
         made: dict[str, int] = {}                 # op -> its last instance
         for k, op, chunk, inputs, readers in _rows(prep, step)[0]:
             at = laid[op]
-            ds, _, gang, at_head, gangs = at[chunk % len(at)]
+            slot = chunk % len(at)              # its chunk's place in its layout's period
+            ds, _, gang, at_head, gangs = at[slot]
             head = ds[0]
             # where the calls waiting for it read it: its readers (one device each, or None
             # for two), and the writers ordered after it (their instance: chunk 0)
@@ -203,9 +217,9 @@ class _Feed:
                 one = alone_at[reader]
                 waiting.append(one[rc % len(one)])
             if op in war:
-                for writer, some in war[op]:
+                for writer, some, reads in war[op]:
                     if (some is None or chunk % some[0] in some[1]) \
-                            and (head in fills[writer] if writer in fills else True):
+                            and (reads is None or reads[slot]):
                         waiting.append(alone_at[writer][0])
             elsewhere = is_read_elsewhere(head, waiting)
             if gangs:                             # a weight sync's gangs, one by one,
@@ -234,10 +248,13 @@ def gang_calls(ranks: int) -> tuple[int, int]:
     """(the calls of a gang of ``ranks`` ranks, the futures ordering it): its ranks and its
     join, where it has one (:func:`~rpeg.cost.control.join_of`), and, for each of its calls
     waiting for the gang before (:func:`~rpeg.cost.control.waiting_before`), one future a
-    member's device (memoised by the ranks: the count asks of every gang it feeds)."""
+    gang before it (:func:`~rpeg.cost.control.gangs_before`): in a steady step, the step
+    before's last gang on every member's device, another call on each (memoised by the
+    ranks: the count asks of every gang it feeds)."""
     on = range(ranks)                     # the ranks' calls, standing for their devices
     join = join_of(on)
-    return ranks + (join is not None), len(waiting_before(on, join)) * ranks
+    return ranks + (join is not None), \
+        len(waiting_before(on, join)) * len(gangs_before(on, {d: d for d in on}))
 
 
 def _write_after_read(graph: Graph, shared: tuple) -> dict[str, list]:
@@ -325,6 +342,32 @@ def laid_out(lay: OpLayout) -> tuple[tuple, ...]:
         out.append((ds, ds[:2] if join is None else (join,), gang,
                     tuple(i for i, d in enumerate(ds) if d == ds[0]) if gang else (), ()))
     return tuple(out)
+
+
+@functools.lru_cache(maxsize=8192)
+def _waited(reader: OpLayout, fills: tuple[int, ...]) -> tuple[bool, ...]:
+    """Per chunk as :func:`laid_out` of an op laid out as ``reader``: whether the writes of
+    a weight sync filling copies on ``fills`` (its :attr:`OpLayout.fills`) wait for the
+    instance's reads on its first device (:func:`rpeg.plan.lower.read_before`: a write
+    waits for the reads of the copy it writes on its own device, here one copy a device
+    and a steady step's version). Memoised by the layout and the devices: a search lays
+    the same ops out again and again."""
+    writes = frozenset(map(_write_on, fills))
+    return tuple(map(writes.__contains__, map(_read_on, [at[0][0] for at in laid_out(reader)])))
+
+
+@functools.cache
+def _write_on(device: int) -> tuple:
+    """The read a weight sync's write on ``device`` waits for (one copy a device, a steady
+    step's version): asked of the rule once a device."""
+    return read_before(None, device, 1)
+
+
+@functools.cache
+def _read_on(device: int) -> tuple:
+    """An instance's read on ``device`` as a write finds it (one copy a device, the version
+    before a steady step's write): asked of the rule once a device."""
+    return read_of(None, device, 0)
 
 
 @functools.lru_cache(maxsize=8192)

@@ -12,12 +12,12 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from backends.torch_backend.executor import Executor  # noqa: E402
 from rpeg.runtime.lowering.context import RunContext  # noqa: E402
 from rpeg.runtime.lowering.instances import build_calls  # noqa: E402
 from rpeg.runtime.placement import split_plan  # noqa: E402
 from rpeg.spec import load  # noqa: E402
 from rpeg.spec.model import OpKind  # noqa: E402
+from tests.backends.one_process import run_step  # noqa: E402
 
 PIPELINES = Path(__file__).resolve().parents[2] / "pipelines"
 
@@ -31,20 +31,6 @@ def _plan(pipeline, **train):
         for p in plan.placements))
 
 
-def _step(pipeline, plan):
-    calls = build_calls(pipeline, plan, steps=1)
-    ctx = RunContext.create(pipeline, plan, calls, run_dir="")
-    ex = Executor(ctx, 0)
-    results = {}
-    for call in calls:
-        inputs, pos = {}, 0
-        for name, count in call.inputs:
-            inputs[name] = [results[call.deps[pos + i]][name] for i in range(count)]
-            pos += count
-        results[call.id], _ = ex.run(call, inputs)
-    return ex
-
-
 def _moments(opt, clone=False) -> dict:
     params = [p for g in opt.param_groups for p in g["params"]]
     return {(i, k): v.clone() if clone else v for i, p in enumerate(params)
@@ -54,7 +40,7 @@ def _moments(opt, clone=False) -> dict:
 def test_offloaded_optimizer_state_survives_a_checkpoint_and_a_restore(tmp_path):
     """Regression: a checkpoint read the offloaded (freed) state and the worker crashed."""
     ppo = load(PIPELINES / "tiny_ppo.rpeg")
-    ex = _step(ppo, _plan(ppo, offload=True))
+    ex = run_step(ppo, _plan(ppo, offload=True))
     replica = ex.replicas["actor"]
     assert replica.trained.offload.out               # in host memory between ops
     with replica.trained.state_on_device():
@@ -72,7 +58,7 @@ def test_forward_ops_run_packed_in_the_plans_micro_batches():
     """A packed forward in 2 micro-batches gives the log-probabilities of one padded pass."""
     from backends.torch_backend.train import forward_arrays
     ppo = load(PIPELINES / "tiny_ppo.rpeg")
-    ex = _step(ppo, _plan(ppo))
+    ex = run_step(ppo, _plan(ppo))
     model = ex.replicas["ref"].model
     rng = np.random.default_rng(0)
     prompts = [rng.integers(3, 250, 8) for _ in range(5)]

@@ -79,5 +79,6 @@ def test_dynamic_sampling_stops_when_no_group_is_degenerate():
 def test_whole_groups_per_device():
     from rpeg.spec.model import LengthDist, Workload
     w = Workload(1, prompts=3, samples=2, prompt_len=4, gen_len=LengthDist.fixed(4))
-    assert sampling.whole_groups(0, 2, w).tolist() == [0, 1, 4, 5]
-    assert sampling.whole_groups(1, 2, w).tolist() == [2, 3]
+    assert sampling.positions(0, 2, w, True).tolist() == [0, 1, 4, 5]
+    assert sampling.positions(1, 2, w, True).tolist() == [2, 3]
+    assert sampling.positions(1, 2, w, False).tolist() == [1, 3, 5]

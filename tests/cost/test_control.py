@@ -102,15 +102,17 @@ def test_a_large_share_says_why_and_what_to_do():
 
 def test_one_join_rule_for_the_runtime_and_the_count():
     """Which gangs wait through a join is one function: the runtime's lowering, the packer
-    and the count hold the same one, and the count's floor takes a gang's calls from the
-    count (no restated threshold)."""
+    and the count hold the same one, as they do which calls wait for which gangs before,
+    and the count's floor takes a gang's calls from the count (no restated threshold)."""
     import ast
     from pathlib import Path
 
     from rpeg.cost import control
     from rpeg.plan import dispatchfloor, packing, tasks
-    from rpeg.runtime.lowering import joins
+    from rpeg.runtime.lowering import joins, ordering
     assert joins.join_of is packing.join_of is tasks.join_of is control.join_of
+    assert ordering.gangs_before is tasks.gangs_before is control.gangs_before
+    assert ordering.waiting_before is tasks.waiting_before is control.waiting_before
     assert dispatchfloor.gang_calls is tasks.gang_calls
     for module in (joins, packing, tasks, dispatchfloor):
         tree = ast.parse(Path(module.__file__).read_text())

@@ -2,15 +2,19 @@
 (``rpeg.cost.control.join_of``: the runtime's lowering makes its join call by it, the
 Packer places the join's task by it, the count reads where a gang reads its inputs and
 counts its calls by it), which of its calls wait for the gang before
-(``control.waiting_before``: the runtime's order of collectives, the count's futures),
-and which readers a writer of the replica they share is ordered after
-(``rpeg.graph.unroll.write_after_read``: the placed graph's ordering edges, which the
-runtime orders its calls by, and the count's ``_write_after_read``)."""
+(``control.waiting_before``: the runtime's order of collectives, the count's futures) and
+for which calls of the gangs before (``control.gangs_before``), which readers a writer of
+the replica they share is ordered after (``rpeg.graph.unroll.write_after_read``: the
+placed graph's ordering edges, which the runtime orders its calls by, and the count's
+``_write_after_read``) and which of their reads on which device
+(``rpeg.plan.lower.read_before``), and which ranks and blocks run together
+(``rpeg.plan.oplayout.ranks_together``, ``oplayout.block_together``)."""
 
 from __future__ import annotations
 
 import importlib
 
+import attrs
 import pytest
 
 from rpeg.cost import control
@@ -35,8 +39,9 @@ unroll = importlib.import_module("rpeg.graph.unroll")    # the package names its
 def _forget():
     """The memos of layouts and the count's by them, which a patched rule must not find
     filled."""
-    for memo in (tasks.laid_out, tasks._reading, tasks.gang_calls, lower._op_layout,
-                 dispatchfloor._op_floor, dispatchfloor._gang):
+    for memo in (tasks.laid_out, tasks._reading, tasks._waited, tasks._write_on,
+                 tasks._read_on, tasks.gang_calls, lower._op_layout,
+                 oplayout._members, dispatchfloor._op_floor, dispatchfloor._gang):
         memo.cache_clear()
 
 
@@ -162,3 +167,82 @@ def test_one_edit_of_which_ranks_run_together_changes_both_sides(split, monkeypa
     layouts = tasks.layouts_of(pipeline, plan, graph, ev.timings(plan, graph)[0])[0]
     assert not any(layouts[o.name].collective for o in graph.ops if o.kind is OpKind.TRAIN)
     assert count == runtime == usual
+
+
+def test_one_edit_of_which_gangs_a_gang_waits_for_changes_both_sides(split, monkeypatch):
+    """What a gang's waiting calls wait for is one function (``control.gangs_before``): the
+    runtime chains each device's gangs by it, the count counts the futures ordering a gang
+    by it. Edited so that a gang waits only for the gang before on its first member's
+    device, the runtime's gangs wait for fewer calls, the count counts fewer futures, and
+    the count still packs the step as the runtime's fusion does."""
+    assert ordering.gangs_before is tasks.gangs_before is control.gangs_before
+    pipeline, plan = split
+    usual, _, step = _both(pipeline, plan)
+    waits = sum(len(c.after) for c in step)
+    futures = tasks.gang_calls(2)[1]
+    first = lambda devices, last_on: control.gangs_before(list(devices)[:1], last_on)  # noqa: E731
+    for side in (ordering, tasks):
+        monkeypatch.setattr(side, "gangs_before", first)
+    count, runtime, step = _both(pipeline, plan)
+    assert sum(len(c.after) for c in step) < waits
+    assert tasks.gang_calls(2)[1] < futures
+    assert count == runtime == usual
+
+
+def test_one_edit_of_which_reads_a_write_waits_for_changes_both_sides(monkeypatch):
+    """Which reads a write waits for, write after read, is one function
+    (``lower.read_before``: of the copy it writes, on its device, so a weight sync's only
+    where it fills a copy): the runtime orders each device's writer by it, the count finds
+    the readers a weight sync waits for by it. Where the actor trains on one device and a
+    weight sync loads the rollout's copy on the other, edited so that no write waits for a
+    read of the version before, the sync's calls wait for no rollout call and the count
+    orders it after no rollout instance, and the count still packs the step as the
+    runtime's fusion does."""
+    assert ordering.read_before is tasks.read_before is lower.read_before
+    assert ordering.read_of is tasks.read_of is lower.read_of
+    pipeline = load(shipped("pipelines", "ppo_llama8b.rpeg"))
+    plan = split_plan(pipeline, 2, chunks=2, staleness=1)
+    waiting: list[int] = []
+
+    def spy(head, waits):
+        waiting.append(len(waits))
+        return packing.is_read_elsewhere(head, waits)
+
+    def both():
+        waiting.clear()
+        count, runtime, step = _both(pipeline, plan)
+        read = [r for c in step if c.op.startswith("sync_") for r in c.after
+                if r.startswith("rollout/")]
+        return count, runtime, sum(waiting), read
+
+    monkeypatch.setattr(tasks, "is_read_elsewhere", spy)
+    usual, same, waits, read = both()
+    assert usual == same and read
+    for side in (ordering, tasks):
+        monkeypatch.setattr(side, "read_before", lambda copy, device, writes: None)
+    count, runtime, fewer, read = both()
+    assert fewer < waits and not read
+    assert count == runtime == usual
+
+
+def test_one_edit_of_whether_a_block_runs_together_changes_both_sides(split, monkeypatch):
+    """Whether an instance's calls on a tensor-parallel block run collectives together is
+    one function (``rpeg.plan.oplayout.block_together``): the runtime's calls carry their
+    block by it (``OpCall.tp_group``, by which they are a gang), a layout says its
+    instances are gangs by it. Edited so that no block runs together, training at tp 2
+    is a gang on neither side, and the count still packs the step as the runtime's fusion
+    does."""
+    pipeline, plan = split
+    plan = attrs.evolve(plan, placements=tuple(
+        attrs.evolve(p, tp=2, dp=len(p.devices) // 2) if p.stage == "actor_step" else p
+        for p in plan.placements))
+    usual, same, step = _both(pipeline, plan)
+    assert usual == same and any(c.tp_group for c in step if c.kind is OpKind.TRAIN)
+    monkeypatch.setattr(oplayout, "block_together", lambda tp, per_block: False)
+    count, runtime, step = _both(pipeline, plan)
+    assert not any(c.tp_group or c.collective for c in step if c.op == "actor_step")
+    ev = Evaluator(pipeline, builtin_cluster("gh200_8"))
+    graph = ev.graph(plan)
+    layouts = tasks.layouts_of(pipeline, plan, graph, ev.timings(plan, graph)[0])[0]
+    assert not layouts["actor_step"].collective
+    assert count == runtime

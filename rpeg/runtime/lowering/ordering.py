@@ -42,14 +42,14 @@ from collections.abc import Callable
 
 import attrs
 
-from rpeg.cost.control import waiting_before
+from rpeg.cost.control import gangs_before, waiting_before
 from rpeg.cost.engine_sync import sync_refusal
 from rpeg.errors import PlanError
 from rpeg.graph import DepKind, Instance, Unrolled
 from rpeg.graph.ids import OpId
 from rpeg.graph.order import Cycle, topological
 from rpeg.graph.unroll import CARRY, STREAM
-from rpeg.plan.lower import LOADS, PUSH, Move, Placed
+from rpeg.plan.lower import LOADS, PUSH, Move, Placed, read_before, read_of
 from rpeg.runtime.lowering.calls import OpCall, ranks_together
 from rpeg.runtime.lowering.joins import join_gang
 from rpeg.runtime.lowering.replicas import (
@@ -284,7 +284,8 @@ def order_versions(calls: Calls, ctx: Ordering) -> Calls:
     (``ctx.versions``, ``ctx.readers``): a reader after the call on its device that makes
     the version of the copy it reads (a load or receive of a weight sync there, or a rank
     of the trainer whose weights it reads in place); a writer of version v after the calls
-    on its device reading v - 1 of the copy it writes, and after the writer of v - 1 there
+    on its device reading v - 1 of the copy it writes (:func:`~rpeg.plan.lower.read_before`),
+    and after the writer of v - 1 there
     of the copy it writes (``ctx.before``: the placed graph's
     :meth:`~rpeg.plan.lower.Placed.rewrite_edges`)."""
     trained = ctx.transfers
@@ -303,7 +304,7 @@ def order_versions(calls: Calls, ctx: Ordering) -> Calls:
             out = read_by[i] = defaultdict(list)
             for m in sorted((m for r in ctx.readers_of(i) for m in calls_of[r]),
                             key=lambda m: place[m.id]):
-                out[(m.model, m.device, m.version)].append(m.id)
+                out[read_of(m.model, m.device, m.version)].append(m.id)
         return read_by[i]
 
     out = []
@@ -321,8 +322,8 @@ def order_versions(calls: Calls, ctx: Ordering) -> Calls:
             more.append(w)
         if c.writes >= 0:
             v = c.writes
-            more += [r for r in dict.fromkeys(readers_of(at).get((key, dev, v - 1), ()))
-                     if r != c.id]
+            waits = readers_of(at).get(read_before(key, dev, v), ())
+            more += [r for r in dict.fromkeys(waits) if r != c.id]
             more += [m.id for i in ctx.before_of(at) for m in on.get((i, dev), ())
                      if m.writes == v - 1 and m.model == key][:1]
         out.append(_after(c, more))
@@ -392,7 +393,7 @@ def order_collectives(calls: Calls, ctx: Ordering) -> Calls:
         ranks = [out[i] for i in gangs[key]]
         # every member waits for the previous gang on each member's device: a rank that
         # starts never blocks in a collective whose partner still waits for other work
-        before = list(dict.fromkeys(last_on[c.device] for c in ranks if c.device in last_on))
+        before = gangs_before([c.device for c in ranks], last_on)
         for c in waiting_before(ranks, joins.get(key)):
             more[c.id] += before
         for c in ranks:

@@ -46,6 +46,7 @@ import torch
 from torch import nn
 
 from backends.torch_backend.optim import MasterAdam, build_optimizer
+from rpeg.cost.memory import fsdp_runs
 from rpeg.errors import BackendError
 from rpeg.spec.model import Zero
 
@@ -74,10 +75,9 @@ class TrainLayout:
 
     @property
     def fsdp(self) -> bool:
-        """FSDP2 runs it: ZeRO 2-3, over the data-parallel ranks (one rank too, for its
-        mixed precision; with tensor parallelism and one data-parallel rank there is
-        nothing to shard, and it runs as tensor parallelism alone)."""
-        return self.zero in FSDP_LEVELS and (self.dp > 1 or self.tp_size == 1)
+        """FSDP2 runs it, over the data-parallel ranks (:func:`rpeg.cost.memory.fsdp_runs`,
+        by which the cost model prices it)."""
+        return fsdp_runs(self.zero, self.dp, self.tp_size)
 
     def dp_peers(self, device: int) -> tuple[int, ...]:
         """The devices of ``world`` holding the same tensor-parallel shard as ``device``."""

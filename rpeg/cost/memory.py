@@ -268,13 +268,29 @@ def grad_bytes(model: Model, par: Parallel, gpu: GpuProfile,
     grads = 0.0 if par.param_offload or (host_grads and par.offload) \
         else t * bpv / (shards if par.zero.shards_grads else 1)
     extra = 0.0
-    if par.zero.keeps_gathered and (shards > 1 or par.tp == 1) and grads:
+    if par.zero.keeps_gathered and fsdp_runs(par.zero, shards, par.tp) and grads:
         # FSDP2: float32 shards beside the whole weights (module doc)
         if bpv >= 4:
             extra = t * 4 / shards
         elif _master(model):
             grads = t * 4 / shards
     return extra, grads
+
+
+def fsdp_runs(zero: Zero, shards: int, tp: int) -> bool:
+    """Whether FSDP2 runs a trained copy at ZeRO level ``zero`` sharded over ``shards``
+    data-parallel ranks, ``tp`` tensor-parallel ranks each: at ZeRO 2-3, over more than
+    one rank, or over one for its mixed precision where nothing else splits the model;
+    with tensor parallelism and one data-parallel rank there is nothing to shard, and it
+    runs as tensor parallelism alone. The runtime lays a trained copy out by it
+    (``backends.torch_backend.sharding.TrainLayout.fsdp``), the cost model prices its
+    float32 shards by it (:func:`grad_bytes`).
+
+        >>> [fsdp_runs(z, n, tp) for z, n, tp in ((Zero.GRADIENTS, 1, 1), (Zero.WEIGHTS, 1, 2),
+        ...                                         (Zero.WEIGHTS, 2, 2), (Zero.NONE, 8, 1))]
+        [True, False, True, False]
+    """
+    return zero.shards_grads and (shards > 1 or tp == 1)
 
 
 def grads_between_steps(engine: Engine, gpu: GpuProfile) -> bool:

@@ -4,7 +4,7 @@ step a minibatch, on one schedule. Which schedule is one function both sides cal
 the stages asks): the runtime's train step runs it (``backends.torch_backend.executor``)
 and the cost model prices it (``rpeg.plan.prices.Prices.trained``), its time and its
 memory. Priced on the first stage's schedule, a critic declared after the actor and
-asking more minibatches and epochs (tests/fixtures/shared_schedules.rpeg) ran four times
+asking more minibatches and epochs (tests/fixtures/shared_schedules.rpeg) ran eight times
 the optimizer steps it was priced at."""
 
 from __future__ import annotations

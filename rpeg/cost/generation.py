@@ -60,7 +60,7 @@ from rpeg.cost.memory import (
 )
 from rpeg.cost.partial import Partial
 from rpeg.cost.topology import Collective, collective_time
-from rpeg.graph.deal import deal_group, dealt
+from rpeg.graph.deal import busiest_share, deal_group
 from rpeg.spec.model import Cluster, Engine, Model, Zero
 
 SEGMENTS = 32          # decode is integrated over this many segments of constant batch
@@ -278,11 +278,6 @@ def dealt_batch(work, batch: int, dp: int) -> int:
     # the batch, its carried sequences priced from its whole (decoded_batch)
     return batch if group == 1 and busiest == -(-batch // dp) else busiest * dp
 
-
-@functools.lru_cache(maxsize=1024)
-def busiest_share(responses: int, ranks: int, group: int) -> int:
-    """The most responses :func:`rpeg.graph.deal.dealt` gives any of ``ranks`` ranks."""
-    return max(len(dealt(r, ranks, responses, group)) for r in range(ranks))
 
 
 def generation_rows(work, par: Parallel, cluster: Cluster,
@@ -505,6 +500,6 @@ def sync_bytes(model: Model, gpu) -> float:
     return model_params(model) * weight_bytes(model, gpu)
 
 
-__all__ = ["Gen", "StageCost", "admissions", "batching_of", "busiest_share", "concurrency", "dealt_batch", "decoded_batch", "generate_memory",
+__all__ = ["Gen", "StageCost", "admissions", "batching_of", "concurrency", "dealt_batch", "decoded_batch", "generate_memory",
            "generation", "hybrid_merge_bytes", "generation_rows", "kv_token_bytes", "mean_len", "padded_len",
            "slowest_lengths"]

@@ -46,4 +46,15 @@ def emptiest_share(responses: int, ranks: int, group: int = 1) -> int:
     return min(len(dealt(r, ranks, responses, group)) for r in range(max(ranks, 1)))
 
 
-__all__ = ["deal_group", "dealt", "emptiest_share"]
+@functools.lru_cache(maxsize=1024)
+def busiest_share(responses: int, ranks: int, group: int = 1) -> int:
+    """The most responses :func:`dealt` gives any of ``ranks`` ranks: the share the step
+    waits for.
+
+        >>> busiest_share(2048, 100), busiest_share(2048, 100, 16)
+        (21, 32)
+    """
+    return max(len(dealt(r, ranks, responses, group)) for r in range(max(ranks, 1)))
+
+
+__all__ = ["busiest_share", "deal_group", "dealt", "emptiest_share"]

@@ -51,7 +51,7 @@ from backends.torch_backend.measure_host import (
     host_ops,
     model_host_per_sample,
 )
-from backends.torch_backend.measure_layouts import dp_train_rows
+from backends.torch_backend.measure_layouts import dp_train_rows, tp_rows
 from backends.torch_backend.measure_model import (
     measure_op,
     measure_ops,
@@ -142,6 +142,11 @@ def calibration_specs() -> list[tuple[dict, dict]]:
 DP_TRAIN_OPS = tuple((name, CALIBRATION_DIMS[name], zero, b, p, g)
                      for name in ("tiny", "tiny4") for zero in LEVELS
                      for b, p, g in ((16, 32, 16), (48, 8, 20)))
+# Ops split over the two devices (tp = 2) on models of 2 and 4 layers: the profile's
+# ``tp_layer_overhead`` is fitted to them (a forward, a decode and a train op per model).
+TP_OPS = tuple((kind, name, CALIBRATION_DIMS[name], b, p, g) for name in ("tiny", "tiny4")
+               for kind, b, p, g in (("forward", 16, 32, 32), ("generate", 48, 8, 20),
+                                     ("train", 16, 32, 16), ("train", 48, 8, 20)))
 ALLREDUCE_SIZES = (2**16, 2**18, 2**20, 2**22, 2**24)
 # Bandwidth probes, timed in a round-robin of their own: in the ops' round, their 64 MB
 # copy would flush the caches before the next op (a tiny model's forward then ran 2x slower
@@ -173,6 +178,7 @@ def calibration_measurements(repeats: int = 5) -> dict:
         out["allreduce"] = two.allreduce(ALLREDUCE_SIZES)
         out["concurrency"] = two.concurrency()
         out["dp_train"] = dp_train_rows(two, DP_TRAIN_OPS, repeats)
+        out["tp_ops"] = tp_rows(two, TP_OPS, repeats)
     out["ops"] = [{**meta, **r, "peak_bytes": peak} for (meta, _), r, peak in
                   zip(specs, measured, peaks, strict=True)]
     out["ops_in"] = "worker"

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from backends.torch_backend.measure_env import PeakMemory, _trim
-from backends.torch_backend.measure_model import measure_ops, warm_up
+from backends.torch_backend.measure_model import measure_ops, op_runner, warm_up
 from backends.torch_backend.modeling import build_model
 from backends.torch_backend.sharding import Trained, TrainLayout
 from backends.torch_backend.train import LossSpec, TokenHeads, TrainBatch, train_step
@@ -47,7 +47,8 @@ def runner(op: dict, rank: int, world: tuple[int, ...]):
     members = [Model("actor", "bench", dims,
                      optimizer=Optimizer(default_optimizer().name, lr=1e-5))]
     model = build_model(dims, heads=("lm",), seed=0)
-    layout = TrainLayout(world, zero=op["zero"], recompute=op["recompute"],
+    layout = TrainLayout(world, tp=world if op.get("tp", 1) > 1 else (), zero=op["zero"],
+                         recompute=op["recompute"],
                          offload=op["offload"])
     trained = Trained.build(model, TokenHeads(model), members, layout, device="cpu",
                             dtype=torch.float32, master=True, device_index=rank)
@@ -108,4 +109,45 @@ def dp_train_rows(two, ops, repeats: int = 3) -> list[dict]:
             for i, (name, dims, zero, b, p, g) in enumerate(ops)]
 
 
-__all__ = ["batch_of", "dp_train_rows", "run_layouts", "runner"]
+def run_tp(rank: int, world: int, task: dict) -> dict:
+    """Inside a rank of a gloo world of ``world``: the task's ops with the model split over
+    every rank (forward and generate: ``op_runner``'s reader; train: ``runner``'s
+    ``sharding.Trained``), timed round-robin as ``measure_ops`` times them."""
+    import torch.distributed as dist
+
+    from backends.torch_backend.distributed import make_groups
+    devices = tuple(range(world))
+    make_groups([devices])
+    warm_up()
+
+    def build(spec: dict):
+        if spec["kind"] == "train":
+            return runner(dict(spec, lengths=[spec["gen_len"]] * spec["batch"], zero=0,
+                               recompute=False, offload=False, packed=False, microbatches=1,
+                               tp=world), rank, devices)
+        return op_runner(spec["kind"], ModelDims(**spec["dims"]), spec["batch"],
+                         spec["prompt_len"], spec["gen_len"], tp=devices)
+    return {"ops": measure_ops(task["ops"], task.get("repeats", 3), barrier=dist.barrier,
+                               memory=False, build=build)}
+
+
+def tp_rows(two, ops, repeats: int = 3) -> list[dict]:
+    """Ops split tensor-parallel over ``two``'s ranks, as calibration rows: ``ops`` are
+    (kind, model name, dims, batch, prompt_len, gen_len). The ranks meet at every split
+    block's all-reduce, so each waits for the other's host work: ``latency_s`` is the
+    slower rank's median wall time per call (on a quiet machine; its CPU time leaves the
+    waits out), ``cpu_s`` its CPU time."""
+    import attrs
+    task = [dict(kind=k, dims=attrs.asdict(dims), batch=b, prompt_len=p, gen_len=g)
+            for k, _, dims, b, p, g in ops]
+    res = two.run({"ops": task, "repeats": repeats}, run_tp)
+    world = len(res)
+    return [{"kind": k, "model": name, "dims": attrs.asdict(dims), "batch": b,
+             "prompt_len": p, "gen_len": g, "tp": world,
+             "latency_s": max(r["ops"][i]["wall_s"] for r in res),
+             "cpu_s": max(r["ops"][i]["latency_s"] for r in res),
+             **({"lengths": res[0]["ops"][i]["lengths"]} if k == "generate" else {})}
+            for i, (k, name, dims, b, p, g) in enumerate(ops)]
+
+
+__all__ = ["batch_of", "dp_train_rows", "run_layouts", "run_tp", "runner", "tp_rows"]

@@ -77,37 +77,51 @@ STOP_PER_TOKEN = 2.0     # a generate op's responses end at gen_len / 2 on avera
 
 def op_runner(kind: str, dims: ModelDims, batch: int, prompt_len: int, gen_len: int,
               minibatches: int = 1, seed: int = 0,
-              data_parallel: bool = False, packed: bool = False) -> Callable[[], object]:
+              data_parallel: bool = False, packed: bool = False,
+              tp: tuple[int, ...] = ()) -> Callable[[], object]:
     """A zero-argument callable that runs one op on a freshly built model.
 
     With ``data_parallel`` (inside a gloo group) a train op averages gradients over the
     group before each optimizer step; ``batch`` is then this rank's share. ``packed``: a
     forward or train op on responses of varied lengths packed into one row per pass (a
-    plan's ``packing``), their lengths in ``run.lengths``.
+    plan's ``packing``), their lengths in ``run.lengths``. ``tp`` (inside a gloo group of
+    these ranks): a forward or generate op on the model split over them, as a run's
+    tensor-parallel reader holds it (``distributed.shard_tp``); a tensor-parallel train op
+    is ``measure_layouts.runner``'s.
     """
     if kind in BANDWIDTH_PROBES:
         return BANDWIDTH_PROBES[kind]()[0]
     if packed and kind not in ("forward", "train"):
         raise ValueError(f"only forward and train ops run packed, not {kind!r}")
+    if len(tp) > 1 and kind not in ("forward", "generate"):
+        raise ValueError(f"a tensor-parallel {kind} op is measure_layouts.runner's")
     prompts, responses = _arrays(batch, prompt_len, gen_len, seed, varied=packed)
     run = _model_op(kind, dims, prompts, responses, gen_len, minibatches, data_parallel,
-                    packed)
+                    packed, tp)
     if packed:
         run.lengths = sorted(len(r) for r in responses)
     return run
 
 
 def _model_op(kind: str, dims: ModelDims, prompts, responses, gen_len: int, minibatches: int,
-              data_parallel: bool, packed: bool) -> Callable[[], object]:
-    if kind == "forward":
+              data_parallel: bool, packed: bool, tp: tuple[int, ...] = ()
+              ) -> Callable[[], object]:
+    def built():
         model = build_model(dims, heads=("lm",), seed=0).eval()
+        if len(tp) > 1:
+            from backends.torch_backend.distributed import shard_tp
+            shard_tp(model, tp, "cpu")
+        return model
+
+    if kind == "forward":
+        model = built()
         return lambda: forward_arrays(model, prompts, responses, "logprobs", packed=packed)
     if kind == "generate":
         # Responses end as a run's do: a biased end-of-sequence logit stops each with
         # probability STOP_PER_TOKEN / gen_len per token (the engine then drops it from the
         # batch and its cache), the rest at gen_len. The same seed gives the same lengths
         # each call; ``run.lengths`` holds them, for the cost model's length distribution.
-        model = build_model(dims, heads=("lm",), seed=0).eval()
+        model = built()
         q = min(STOP_PER_TOKEN / gen_len, 0.5)
         head = torch.nn.Linear(dims.hidden, dims.vocab, bias=True)
         head.weight = model.lm_head.weight

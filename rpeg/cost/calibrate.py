@@ -166,12 +166,13 @@ def _dims(o: dict) -> ModelDims:
 
 
 def _predict(o: dict, profile: GpuProfile, link: Link) -> tuple[float, float]:
-    """A measured op as the cost model prices it: on one device, or data-parallel over
-    ``o["dp"]`` devices at ZeRO level ``o["zero"]`` (``dp_train`` rows)."""
-    dp = int(o.get("dp", 1))
-    par = Parallel(dp=dp, zero=int(o.get("zero", 0)), packing=bool(o.get("packed")))
+    """A measured op as the cost model prices it: on one device, data-parallel over
+    ``o["dp"]`` devices at ZeRO level ``o["zero"]`` (``dp_train`` rows), or split over
+    ``o["tp"]`` devices (``tp_ops`` rows)."""
+    dp, tp = int(o.get("dp", 1)), int(o.get("tp", 1))
+    par = Parallel(dp=dp, tp=tp, zero=int(o.get("zero", 0)), packing=bool(o.get("packed")))
     return predict_op(o["kind"], _dims(o), o["batch"], o["prompt_len"], o["gen_len"],
-                      cpu_cluster(profile, link), par, devices=tuple(range(dp)),
+                      cpu_cluster(profile, link), par, devices=tuple(range(dp * tp)),
                       lengths=o.get("lengths"))
 
 
@@ -261,6 +262,14 @@ def fit_profile(m: dict, name: str = "local_cpu", devices: int = 2) -> Fit:
     if dp_ops and sharded:
         prof = _with(prof, _fit_through_model(dp_ops, prof, link, dp_terms))
 
+    # Tensor-parallel ops (tp = 2 over the two worker ranks, DTensor over gloo): the host
+    # work per layer per pass beyond the compute and the all-reduces priced above, and the
+    # waits at each all-reduce for the other rank's (wall times, the slower rank's).
+    tp_ops = m.get("tp_ops", [])
+    tp_terms = {"tp_layer_overhead": 1e-3}
+    if tp_ops:
+        prof = _with(prof, _fit_through_model(tp_ops, prof, link, tp_terms))
+
     # 3. Memory: a fixed per-op slack from inference ops, the activation factor from training.
     slack = [o["peak_bytes"] - _predict(o, prof, link)[1] for o in inf_ops]
     prof = attrs.evolve(prof, runtime_memory=max(float(np.median(slack)), 0.0))
@@ -273,11 +282,15 @@ def fit_profile(m: dict, name: str = "local_cpu", devices: int = 2) -> Fit:
                   for o in m["ops"]) + tuple(
         (f"{o['kind']} dp{o['dp']} zero {o['zero']} {o['model']} b{o['batch']} "
          f"p{o['prompt_len']} g{o['gen_len']}",
-         float(_predict(o, prof, link)[0] / o["latency_s"] - 1)) for o in m.get("dp_train", []))
+         float(_predict(o, prof, link)[0] / o["latency_s"] - 1)) for o in m.get("dp_train", [])) \
+        + tuple((f"{o['kind']} tp{o['tp']} {o['model']} b{o['batch']} p{o['prompt_len']} "
+                 f"g{o['gen_len']}", float(_predict(o, prof, link)[0] / o["latency_s"] - 1))
+                for o in tp_ops)
     bf16 = m.get("gemm_bf16") or []
     host = {"threads": float(m.get("threads", 1)), "grads_freed": 1.0, **sampling,
             **({"packed_seq_overhead": prof.packed_seq_overhead} if packed else {}),
             **({k: getattr(prof, k) for k in dp_terms} if dp_ops and sharded else {}),
+            **({k: getattr(prof, k) for k in tp_terms} if tp_ops else {}),
             **fit_host(m.get("host", [])),
             "concurrency_slowdown": contention_in_range(m.get("concurrency", 1.0), devices),
             "copy_bandwidth": float(m["copy_bandwidth"]),

@@ -228,7 +228,10 @@ def pass_cost(dims: ModelDims, gpu: GpuProfile, *, tokens: int, context: float,
     roof += Roof(attn_f, (kv_read if attn_f > 0 else 0.0) + elem_bytes)
     work = layers * (gemms + attn + elem)
     roof = roof.scaled(layers)
-    host = layers * gpu.layer_overhead + gpu.call_overhead
+    # a tensor-parallel layer's host work beyond its own: DTensor's dispatch of the split
+    # projections, the ranks' waits at the all-reduces (a CPU profile's measured term)
+    host = layers * (gpu.layer_overhead + (gpu.tp_layer_overhead if tp > 1 else 0.0)) \
+        + gpu.call_overhead
     if head:
         ht = tokens if head_tokens is None else head_tokens
         hg = head_gemm(dims, ht, tp)

@@ -423,6 +423,11 @@ PROFILE_DOCS: dict[str, str] = {
                              "(ZeRO 2-3) data-parallel rank adds to dp_tensor_overhead: its "
                              "sharded tensors' optimizer and clipping ops, its hooks (rpeg "
                              "calibrate, on two worker ranks)",
+    "tp_layer_overhead": "host time per transformer layer per pass (forward, backward, "
+                         "decode step) a tensor-parallel (tp > 1) op adds: DTensor's work on "
+                         "its split projections and the ranks' waits at its all-reduces, where "
+                         "the devices are the host's cores (rpeg calibrate, on two worker "
+                         "ranks)",
     "tool_call_s": "a sandboxed tool call that answers at once (rpeg calibrate --tools): "
                    "a tool that declares no latency is priced with it",
     "vllm_layer_overhead": "vLLM's host time per layer per forward call (unset: "

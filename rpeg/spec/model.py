@@ -493,6 +493,11 @@ class GpuProfile:
                                                    # the devices are a CPU's cores)
     shard_tensor_overhead: float = _m("s")         # ... more under FSDP2 (ZeRO 2-3): DTensor
                                                    # optimizer and clipping, its hooks
+    tp_layer_overhead: float = _m("s")             # per layer per pass of a tensor-parallel
+                                                   # (tp > 1) op: DTensor's host work on its
+                                                   # split projections, the ranks' waits at
+                                                   # its all-reduces (where the devices are a
+                                                   # CPU's cores)
     tool_call_s: float = _m("s", 0.01)             # a sandboxed tool call that returns at once
     # Generation engines measured on this device (benchmarks/generation.py).
     vllm_layer_overhead: float | None = _m("s", None)     # None: layer_overhead

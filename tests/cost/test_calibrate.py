@@ -138,6 +138,31 @@ def test_sharded_train_ops_fit_the_per_tensor_host_work():
     assert plain.dp_tensor_overhead == plain.shard_tensor_overhead == 0.0
 
 
+def test_tensor_parallel_ops_fit_the_per_layer_host_work():
+    """Ops split over two devices (forward, generate, train at tp = 2) measured as a
+    profile with ``tp_layer_overhead`` would produce them: the fit recovers it from models
+    of 2 and 4 layers, and a calibration without such ops leaves it unmeasured (0)."""
+    from rpeg.cost.memory import Parallel
+    truth = attrs.evolve(TRUE, tp_layer_overhead=3e-3)
+    m = _synthetic()
+    cluster = cpu_cluster(truth, LINK)
+    m["tp_ops"] = []
+    for name in ("tiny", "tiny4"):
+        for kind, b, p, g in (("forward", 16, 32, 32), ("generate", 48, 8, 20),
+                              ("train", 16, 32, 16), ("train", 48, 8, 20)):
+            t, _ = predict_op(kind, DIMS[name], b, p, g, cluster, Parallel(tp=2),
+                              devices=(0, 1))
+            m["tp_ops"].append({"kind": kind, "model": name, "dims": attrs.asdict(DIMS[name]),
+                                "batch": b, "prompt_len": p, "gen_len": g, "tp": 2,
+                                "latency_s": t})
+    fit = fit_profile(m)
+    assert fit.profile.tp_layer_overhead == pytest.approx(3e-3, rel=0.05)
+    assert "tp_layer_overhead" in fit.measured
+    assert max(abs(r) for _, r in fit.residuals) < 0.02
+    assert len([k for k, _ in fit.residuals if " tp2 " in k]) == 8
+    assert fit_profile(_synthetic()).profile.tp_layer_overhead == 0.0
+
+
 def test_mape():
     assert mape([(110, 100), (90, 100)]) == pytest.approx(10.0)
     assert np.isnan(mape([]))

@@ -66,6 +66,31 @@ def test_each_call_of_a_host_op_pays_its_call_overhead():
         assert half > (base + call) / 2             # a chunk of half the batch: same call cost
 
 
+def test_a_tensor_parallel_op_pays_its_host_work_per_layer_per_pass():
+    """An op split over two CPU devices pays ``tp_layer_overhead`` per layer per pass: a
+    forward once per layer, a train op's backward ``backward_factor`` times more, a
+    generate op once per layer per decode step (and its prefill); at tp = 1 nothing."""
+    from rpeg.cost.profiles import PROFILE_DIR, load_profile
+    base = attrs.evolve(load_profile(PROFILE_DIR / "local_cpu.rpeg"), concurrency_slowdown=1.0)
+    link = Link(Level.GPU, 1e9, 1e-4)
+    p = _pipeline()
+    layers = PRESETS["tiny"].layers
+
+    def extra(stage: str, par: Parallel, devices: tuple[int, ...]) -> float:
+        def t(x):
+            c = cpu_cluster(attrs.evolve(base, tp_layer_overhead=x), link)
+            return estimate_stage(work_of(p, stage), par, devices, c).time_s
+        return t(1e-3) - t(0.0)
+    tp2 = Parallel(tp=2)
+    assert extra("ref_lp", tp2, (0, 1)) == pytest.approx(layers * 1e-3)
+    assert extra("actor_step", tp2, (0, 1)) == pytest.approx(
+        layers * 1e-3 * (1 + base.backward_factor))
+    gen = extra("rollout", tp2, (0, 1))
+    assert gen > layers * 1e-3 * p.workload.gen_len.median        # a pass per decode step
+    for stage in ("ref_lp", "actor_step", "rollout"):
+        assert extra(stage, Parallel(), (0,)) == 0.0
+
+
 def test_data_parallel_training_pays_its_host_work_per_tensor_per_step():
     """A train op over two CPU devices pays ``dp_tensor_overhead`` per parameter tensor per
     optimizer step (DDP), and ``shard_tensor_overhead`` more under FSDP2 (ZeRO 2-3); on one

@@ -13,7 +13,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from backends.torch_backend import measure  # noqa: E402
-from backends.torch_backend.measure_layouts import dp_train_rows  # noqa: E402
+from backends.torch_backend.measure_layouts import dp_train_rows, tp_rows  # noqa: E402
 from rpeg.spec.presets import PRESETS  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -103,6 +103,13 @@ def test_two_devices_run_with_the_allocator_asked_for():
         assert [(r["dp"], r["zero"], r["model"]) for r in rows] == [(2, 0, "tiny"),
                                                                      (2, 2, "tiny")]
         assert all(r["latency_s"] > 0 and r["wall_s"] > 0 for r in rows)
+        # ops split over the two under the runtime's tensor parallelism (DTensor over gloo)
+        rows = tp_rows(two, [(k, "tiny", PRESETS["tiny"], 4, 8, 4)
+                             for k in ("forward", "generate", "train")], repeats=1)
+        assert [(r["kind"], r["tp"]) for r in rows] == [("forward", 2), ("generate", 2),
+                                                        ("train", 2)]
+        assert all(r["latency_s"] > 0 and r["cpu_s"] > 0 for r in rows)
+        assert len(rows[1]["lengths"]) == 4
     with measure.TwoDevices(clean=True) as two:
         assert set(two.client.run(measure.allocator).values()) == {"clean"}
         assert two.dp_peaks(ops)[0] > 0
@@ -125,6 +132,8 @@ def test_calibrate_writes_a_profile_that_loads(tmp_path):
     # and on a host of its own: Dask's scheduler and client, rpeg's core
     assert c.gpu.scheduler_task_s > 0 and c.gpu.client_task_s > 0 and c.gpu.control_call_s > 0
     assert "control plane" in r.stderr
+    # what a tensor-parallel layer adds, from ops split over the two workers
+    assert c.gpu.tp_layer_overhead > 0 and "tensor-parallel ops" in r.stderr
 
 
 @pytest.mark.slow

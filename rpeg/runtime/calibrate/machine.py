@@ -70,8 +70,9 @@ QUICK_CONTROL_STEPS = 40
 # 7: what a run's generate op pays per decode step beyond the price of its lengths, from the
 # control plane's runs, added to decode_overhead: rpeg.runtime.calibrate.runs; 8: a
 # checkpoint's write with its fsync and its writer's SHA-256, disk_bandwidth and
-# hash_bandwidth: rpeg.runtime.calibrate.disk)
-CALIBRATION = 8
+# hash_bandwidth: rpeg.runtime.calibrate.disk; 9: ops split tensor-parallel over two worker
+# ranks, the profile's tp_layer_overhead)
+CALIBRATION = 9
 
 __all__ = ["ProfileChoice", "MachineId", "LocalProfile", "local_profile", "calibrated_on",
            "choice_from_env", "cache_dir", "calibrate_into", "fit_machine", "measure_machine",

@@ -53,7 +53,8 @@ def _on_rank(rank: int, world: int, port: int, task: dict, work=None) -> dict:
             return _concurrency(rank, task)
         return _dp_train(rank, world, task)
     finally:
-        dist.destroy_process_group()
+        from backends.torch_backend.distributed import shutdown_world
+        shutdown_world()            # its groups too: the next task's world makes its own
 
 
 def _dp_train(rank: int, world: int, task: dict) -> dict:

@@ -43,6 +43,7 @@ if __name__ == "__main__" and allocator() != "worker":
     os.execve(sys.executable, [sys.executable, *sys.argv], worker_env())
 
 from backends.torch_backend import measure  # noqa: E402
+from backends.torch_backend.measure_layouts import tp_rows  # noqa: E402
 from benchmarks.provenance import command, profile_origin  # noqa: E402
 from rpeg.cost.calibrate import cpu_cluster, fit_profile, mape, predict_op  # noqa: E402
 from rpeg.cost.memory import Parallel  # noqa: E402
@@ -79,6 +80,17 @@ CONFIGS = [
     ("train", "mid", 8, 32, 16, 2, 1),
 ]
 QUICK = [0, 2, 5, 8, 10, 11, 17, 18, 20, 21]     # single-device: no worker start-up
+# (kind, model, batch, prompt_len, gen_len), each split over the two workers (tp = 2, the
+# runtime's DTensor layers over gloo) on the held-out models; calibration fits the
+# profile's tp_layer_overhead on tiny and tiny4 (``measure.TP_OPS``). Timed as wall time
+# (the ranks wait for each other at every split block), reported apart from the 32 above.
+TP_CONFIGS = [
+    ("forward", "tiny6", 16, 32, 32), ("forward", "small", 8, 64, 32),
+    ("forward", "mid", 8, 64, 64),
+    ("generate", "tiny6", 8, 16, 24), ("generate", "small", 16, 16, 16),
+    ("generate", "mid", 8, 32, 16),
+    ("train", "tiny6", 8, 32, 32), ("train", "small", 8, 64, 32), ("train", "mid", 8, 32, 16),
+]
 
 
 def held_out(cfg) -> bool:
@@ -100,9 +112,11 @@ def _sign(v: float) -> int:
     return int(v > 0) - int(v < 0)
 
 
-def run(configs, repeats: int, cluster_path: Path, recalibrate: bool) -> tuple[list, dict]:
+def run(configs, repeats: int, cluster_path: Path, recalibrate: bool,
+        split: list = ()) -> tuple[list, dict, list]:
     """Measure ``configs`` (and, with ``recalibrate``, the calibration ops in the same
-    round-robin, so both see the same machine conditions); predict each."""
+    round-robin, so both see the same machine conditions) and the tensor-parallel ``split``
+    ones (of ``TP_CONFIGS``); predict each."""
     measure.set_threads(1)
     measure.warm_up()
     single = [c for c in configs if c[5] == 1]
@@ -133,6 +147,10 @@ def run(configs, repeats: int, cluster_path: Path, recalibrate: bool) -> tuple[l
             micro["concurrency"] = two.last_concurrency
         elif recalibrate:
             micro["concurrency"] = two.concurrency()
+        if recalibrate:
+            micro["tp_ops"] = tp_rows(two, measure.TP_OPS, repeats)
+        split_measured = tp_rows(two, [(k, m, MODELS[m], b, p, g) for k, m, b, p, g in split],
+                                 repeats) if split else []
     if multi:
         with measure.TwoDevices(clean=True) as two:
             for cfg, peak in zip(multi, two.dp_peaks(ops), strict=True):
@@ -163,7 +181,27 @@ def run(configs, repeats: int, cluster_path: Path, recalibrate: bool) -> tuple[l
             row[f"predicted_s{suffix}"] = t
             row[f"predicted_bytes{suffix}"] = mem
         rows.append(row)
-    return rows, fitted
+    tp = []
+    for (kind, model, b, p, g), r in zip(split, split_measured, strict=True):
+        row = {"kind": kind, "model": model, "batch": b, "prompt_len": p, "gen_len": g,
+               "tp": 2, "measured_s": r["latency_s"], "cpu_s": r["cpu_s"],
+               **({"lengths": r["lengths"]} if "lengths" in r else {})}
+        for key, cluster in clusters.items():
+            t, _ = predict_op(kind, MODELS[model], b, p, g, cluster, Parallel(tp=2), (0, 1),
+                              lengths=r.get("lengths"))
+            suffix = "" if key == ("in_run" if recalibrate else "shipped") else f"_{key}"
+            row[f"predicted_s{suffix}"] = t
+        tp.append(row)
+    return rows, fitted, tp
+
+
+def tp_summary(rows, suffix: str = "") -> dict:
+    """Latency MAPE and Kendall's tau of the tensor-parallel ops, and their worst errors."""
+    pairs = [(r["predicted_s" + suffix], r["measured_s"]) for r in rows]
+    errs = [p / m - 1 for p, m in pairs]
+    return {"configs": len(rows), "latency_mape": mape(pairs),
+            "kendall_tau": kendall_tau([p for p, _ in pairs], [m for _, m in pairs]),
+            "error_range": [min(errs), max(errs)] if errs else None}
 
 
 def summary(rows, suffix: str = "") -> dict:
@@ -258,6 +296,26 @@ def markdown(rows, s: dict, info: dict, command: str, extra: dict) -> str:
                    f"{r['gen_len']} | {r['dp']} | {r['measured_s'] * 1e3:.1f} | "
                    f"{r['predicted_s'] * 1e3:.1f} | {el:+.0f}% | {r['measured_bytes'] / 1e6:.1f} "
                    f"| {r['predicted_bytes'] / 1e6:.1f} | {em:+.0f}% |")
+    split = extra.get("tensor_parallel")
+    if split:
+        t, ts = split["summary"], split.get("summary_shipped_profile")
+        lo, hi = t["error_range"]
+        out += ["", "## Tensor-parallel ops (tp = 2 over the two workers, held-out models)", "",
+                f"Each op split over the two workers as the runtime splits a model (DTensor "
+                f"layers over gloo); latency is the slower rank's median wall time (the ranks "
+                f"wait for each other at every split block's all-reduce). The profile's "
+                f"`tp_layer_overhead` is fitted on tiny and tiny4 only "
+                f"(`measure.TP_OPS`). Over {t['configs']} ops: latency MAPE "
+                f"**{t['latency_mape']:.1f}%** (errors {100 * lo:+.0f}% to {100 * hi:+.0f}%), "
+                f"Kendall's tau {t['kendall_tau']:.3f}"
+                + (f"; with the shipped profile {ts['latency_mape']:.1f}%." if ts else "."), "",
+                "| op | model | batch | prompt | gen | measured ms | CPU ms | predicted ms "
+                "| err |", "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+        for r in split["rows"]:
+            el = 100 * (r["predicted_s"] / r["measured_s"] - 1)
+            out.append(f"| {r['kind']} | {r['model']} | {r['batch']} | {r['prompt_len']} | "
+                       f"{r['gen_len']} | {r['measured_s'] * 1e3:.1f} | {r['cpu_s'] * 1e3:.1f} "
+                       f"| {r['predicted_s'] * 1e3:.1f} | {el:+.0f}% |")
     return "\n".join(out) + "\n"
 
 
@@ -291,13 +349,18 @@ def main(argv=None) -> int:
                       "at 64 KiB so freed memory goes back and each reading starts clean; DP: "
                       "the larger rank"}
     recalibrate = (args.recalibrate or not args.quick) and not args.shipped_profile
-    rows, fitted = run(configs, repeats, args.cluster, recalibrate)
+    split = [] if args.quick else TP_CONFIGS
+    rows, fitted, tp = run(configs, repeats, args.cluster, recalibrate, split)
     s = summary(rows)
     info["profile"] = ("fitted in this run on the calibration ops, measured round-robin with "
                        "the benchmark's; the devices' concurrency slowdown from a calibration "
                        "op timed alone and on both workers between the data-parallel rounds"
                        if recalibrate else f"shipped: {info['cluster']}")
     extra = {"summary_shipped_profile": summary(rows, "_shipped")} if recalibrate else {}
+    if tp:
+        extra["tensor_parallel"] = {"summary": tp_summary(tp), "rows": tp,
+                                    **({"summary_shipped_profile": tp_summary(tp, "_shipped")}
+                                       if recalibrate else {})}
     info["seconds"] = time.perf_counter() - t0
     info["loadavg_end"] = os.getloadavg()[0]
     print(table(rows))
@@ -308,6 +371,10 @@ def main(argv=None) -> int:
         args.out.write_text(json.dumps({"info": info, "summary": s, **extra, "rows": rows,
                                         **fitted}, indent=1))
         args.out.with_suffix(".md").write_text(markdown(rows, s, info, info["command"], extra))
+    if tp:
+        t = extra["tensor_parallel"]["summary"]
+        print(f"tensor-parallel (tp 2) ops: latency MAPE {t['latency_mape']:.1f}% over "
+              f"{t['configs']}, tau {t['kendall_tau']:.3f}")
     print(f"latency MAPE {s['latency_mape']:.1f}%  memory MAPE {s['memory_mape']:.1f}%")
     return 0
 

@@ -75,6 +75,8 @@ class EngineTerms:
     logits_train: float = 12.0  # ... a train step holds, with the logits' gradient
     sequence_parallel: bool = False   # TP ranks split the norms' and residuals' activations
     grads_freed: bool = False   # train: gradients set to None after each step (not resident)
+    own_tp: bool = False        # splits layers its own way (vLLM), not as the runtime's
+                                # DTensor layers the profile's tp_layer_overhead measures
 
 
 def _term(unit: str, low: float, high: float, what: str):
@@ -206,7 +208,8 @@ def terms_of(kind: EngineKind, eff: Efficiency) -> EngineTerms:
                        gemm=eff.gemm, call_s=eff.call_s,
                        controller_rate=eff.controller_rate,
                        paged=kind.paged, static_batch=kind.static_batch, kv_copy=kind.kv_copy,
-                       default_seqs=kind.default_seqs, logits_fwd=kind.logits_fwd,
+                       default_seqs=kind.default_seqs, own_tp=kind.loop == Loop.VLLM,
+                       logits_fwd=kind.logits_fwd,
                        logits_train=kind.logits_train, sequence_parallel=kind.sequence_parallel,
                        grads_freed=kind.grads_freed)
 
@@ -223,7 +226,7 @@ def engine_terms(engine: Engine, gpu: GpuProfile) -> EngineTerms:
             layer, step = gpu.vllm_layer_overhead, gpu.vllm_decode_overhead
             return EngineTerms(layer_s=gpu.layer_overhead if layer is None else layer,
                                step_s=gpu.decode_overhead if step is None else step,
-                               work=gpu.vllm_work_scale, paged=True)
+                               work=gpu.vllm_work_scale, paged=True, own_tp=True)
         return EngineTerms(layer_s=gpu.layer_overhead, step_s=gpu.decode_overhead,
                            kv_copy=True, static_batch=engine in (Engine.HF, Engine.HYBRID),
                            grads_freed=bool(gpu.grads_freed))
@@ -259,11 +262,14 @@ def with_terms(gpu: GpuProfile, t: EngineTerms, decode: bool = False,
     """``gpu`` as the engine drives it: its host overheads, and the GEMM rates it sustains
     (on a CPU, the kernel speed ``rpeg calibrate`` measured). A pass replayed from a CUDA
     graph costs the host ``graph_step_s`` instead of a launch per layer and a call; a
-    decode step also pays the engine's ``step_s`` (sampling, scheduling)."""
+    decode step also pays the engine's ``step_s`` (sampling, scheduling). An engine that
+    splits layers its own way (``own_tp``: vLLM) pays no ``tp_layer_overhead``, which
+    measures the runtime's DTensor layers."""
     from rpeg.cost.compute import with_work_scale
     out = attrs.evolve(gpu, layer_overhead=0.0 if graph else t.layer_s,
                        call_overhead=t.graph_step_s if graph else gpu.call_overhead,
-                       decode_overhead=t.step_s if decode else gpu.decode_overhead)
+                       decode_overhead=t.step_s if decode else gpu.decode_overhead,
+                       tp_layer_overhead=0.0 if graph or t.own_tp else gpu.tp_layer_overhead)
     if not gpu.async_launch:
         return with_work_scale(out, t.work)
     if t.gemm >= 1.0:

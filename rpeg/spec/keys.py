@@ -424,10 +424,11 @@ PROFILE_DOCS: dict[str, str] = {
                              "sharded tensors' optimizer and clipping ops, its hooks (rpeg "
                              "calibrate, on two worker ranks)",
     "tp_layer_overhead": "host time per transformer layer per pass (forward, backward, "
-                         "decode step) a tensor-parallel (tp > 1) op adds: DTensor's work on "
-                         "its split projections and the ranks' waits at its all-reduces, where "
-                         "the devices are the host's cores (rpeg calibrate, on two worker "
-                         "ranks)",
+                         "decode step) a tensor-parallel (tp > 1) op of the torch backend "
+                         "adds: DTensor's work on its split projections and the ranks' waits "
+                         "at its all-reduces, where the devices are the host's cores (rpeg "
+                         "calibrate, on two worker ranks; vLLM splits its layers its own way "
+                         "and does not pay it)",
     "tool_call_s": "a sandboxed tool call that answers at once (rpeg calibrate --tools): "
                    "a tool that declares no latency is priced with it",
     "vllm_layer_overhead": "vLLM's host time per layer per forward call (unset: "

@@ -10,7 +10,7 @@ from rpeg.cost.examples import ppo_pipeline
 from rpeg.cost.memory import Parallel
 from rpeg.cost.stages import estimate_stage
 from rpeg.graph.work import work_of
-from rpeg.spec.model import GpuProfile, Level, Link
+from rpeg.spec.model import Engine, GpuProfile, Level, Link
 from rpeg.spec.presets import PRESETS
 
 HOST = {"reward_sample_overhead": 3e-6, "reward_token_time": 1e-7,
@@ -69,17 +69,19 @@ def test_each_call_of_a_host_op_pays_its_call_overhead():
 def test_a_tensor_parallel_op_pays_its_host_work_per_layer_per_pass():
     """An op split over two CPU devices pays ``tp_layer_overhead`` per layer per pass: a
     forward once per layer, a train op's backward ``backward_factor`` times more, a
-    generate op once per layer per decode step (and its prefill); at tp = 1 nothing."""
+    generate op once per layer per decode step (and its prefill); at tp = 1 nothing, nor
+    in an engine that splits layers its own way (vLLM)."""
     from rpeg.cost.profiles import PROFILE_DIR, load_profile
     base = attrs.evolve(load_profile(PROFILE_DIR / "local_cpu.rpeg"), concurrency_slowdown=1.0)
     link = Link(Level.GPU, 1e9, 1e-4)
     p = _pipeline()
     layers = PRESETS["tiny"].layers
 
-    def extra(stage: str, par: Parallel, devices: tuple[int, ...]) -> float:
+    def extra(stage: str, par: Parallel, devices: tuple[int, ...],
+              engine: Engine = Engine.TORCH) -> float:
         def t(x):
             c = cpu_cluster(attrs.evolve(base, tp_layer_overhead=x), link)
-            return estimate_stage(work_of(p, stage), par, devices, c).time_s
+            return estimate_stage(work_of(p, stage), par, devices, c, engine=engine).time_s
         return t(1e-3) - t(0.0)
     tp2 = Parallel(tp=2)
     assert extra("ref_lp", tp2, (0, 1)) == pytest.approx(layers * 1e-3)
@@ -89,6 +91,8 @@ def test_a_tensor_parallel_op_pays_its_host_work_per_layer_per_pass():
     assert gen > layers * 1e-3 * p.workload.gen_len.median        # a pass per decode step
     for stage in ("ref_lp", "actor_step", "rollout"):
         assert extra(stage, Parallel(), (0,)) == 0.0
+    # vLLM splits its layers its own way: the term measures the runtime's DTensor layers
+    assert extra("rollout", tp2, (0, 1), Engine.VLLM) == 0.0
 
 
 def test_data_parallel_training_pays_its_host_work_per_tensor_per_step():

@@ -54,11 +54,15 @@ def runner(op: dict, rank: int, world: tuple[int, ...]):
                             dtype=torch.float32, master=True, device_index=rank)
     batch = batch_of(op)
     losses = [LossSpec(loss_for(Head.LM).name, clip=0.2)]     # the policy's default loss
+    # its data-parallel rank and degree, as a run's train call has them
+    # (``OpLayout.calls``: the index of its tensor-parallel block): the ranks of a block
+    # train the same share, split between them
+    share, shares = world.index(rank) // layout.tp_size, layout.dp
 
     def run():
         trained.before_step()
         train_step(trained.heads, trained.optimizer, batch, losses, version=0,
-                   microbatches=op["microbatches"], rank=rank, world=len(world),
+                   microbatches=op["microbatches"], rank=share, world=shares,
                    packed=op["packed"])
         trained.after_step()
     return run

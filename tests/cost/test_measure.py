@@ -13,7 +13,11 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from backends.torch_backend import measure  # noqa: E402
-from backends.torch_backend.measure_layouts import dp_train_rows, tp_rows  # noqa: E402
+from backends.torch_backend.measure_layouts import (  # noqa: E402
+    dp_train_rows,
+    run_layouts,
+    tp_rows,
+)
 from rpeg.spec.presets import PRESETS  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -110,6 +114,14 @@ def test_two_devices_run_with_the_allocator_asked_for():
                                                         ("train", 2)]
         assert all(r["latency_s"] > 0 and r["cpu_s"] > 0 for r in rows)
         assert len(rows[1]["lengths"]) == 4
+        # a tensor-parallel train op: the ranks of a block train one share (of responses of
+        # varied lengths here: fed different shares, they would meet at the blocks'
+        # all-reduces with tensors of different shapes)
+        op = dict(dims=attrs.asdict(PRESETS["tiny"]), batch=4, prompt_len=8,
+                  lengths=[3, 9, 5, 12], zero=0, recompute=False, offload=False,
+                  packed=False, microbatches=1, tp=2)
+        res = two.run({"ops": [op], "repeats": 1}, run_layouts)
+        assert all(r["ops"][0]["latency_s"] > 0 for r in res)
     with measure.TwoDevices(clean=True) as two:
         assert set(two.client.run(measure.allocator).values()) == {"clean"}
         assert two.dp_peaks(ops)[0] > 0

@@ -306,6 +306,7 @@ def calibrate_into(profile_path: Path, cluster_path: Path, repeats: int = QUICK_
     return (f"GEMM {p.matmul_flops / 1e9:.0f} GFLOPS, copy {p.mem_bandwidth / 1e9:.0f} GB/s, "
             f"gloo {fit.link.bandwidth / 1e9:.2f} GB/s + {fit.link.latency * 1e6:.0f} us, "
             f"ops {p.concurrency_slowdown:.2f}x slower beside each other, "
+            f"a layer split over two workers +{p.tp_layer_overhead * 1e3:.1f} ms a pass, "
             f"checkpoint write {p.disk_bandwidth / 1e9:.2f} GB/s, "
             f"SHA-256 {p.hash_bandwidth / 1e9:.2f} GB/s"
             + (f", a run's decode step {runs * 1e6:+.0f} us beyond its price"

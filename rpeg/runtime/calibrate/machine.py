@@ -187,7 +187,7 @@ def local_profile(choice: ProfileChoice = ProfileChoice.AUTO, *,
         return LocalProfile(cluster, machine, machine,
                             f"priced with this machine's profile ({machine}; calibrated "
                             f"{made}, {cluster})")
-    say(f"calibrating this machine ({machine}) for the cost model: a minute or two, once "
+    say(f"calibrating this machine ({machine}) for the cost model: a few minutes, once "
         f"per CPU (--profile shipped skips it)")
     began = time.perf_counter()
     summary = _calibrate_cached(where, machine, calibrate or calibrate_into)

@@ -6,7 +6,9 @@
 Each configuration is one train op of the torch backend's own path on two Dask worker
 processes joined by gloo (``backends/torch_backend/measure_layouts.py``): DDP (ZeRO 0),
 ZeRO-2 (FSDP2, weights whole between ops), ZeRO-3 (FSDP2), and ZeRO-3 with activation
-recomputation, with the optimizer state offloaded between ops, and with packed sequences.
+recomputation, with the optimizer state offloaded between ops, and with packed sequences;
+and the model split over both workers (tp 2, DTensor layers over gloo), whose time is the
+slower worker's median wall time (its ranks wait for each other at every split block).
 The batch is 16 responses of 8 to 64 tokens after 32-token prompts, trained in 2
 token-balanced micro-batches per rank. Peak memory is each worker's resident-set growth
 over building the model and two train ops (the larger worker's), read in workers whose
@@ -62,6 +64,8 @@ LAYOUTS = {
     "zero3+recompute": dict(zero=3, recompute=True, offload=False, packed=False),
     "zero3+offload": dict(zero=3, recompute=False, offload=True, packed=False),
     "zero3+packed": dict(zero=3, recompute=False, offload=False, packed=True),
+    # the model split over both workers (DTensor layers over gloo), one share of the batch
+    "tp2": dict(zero=0, recompute=False, offload=False, packed=False, tp=2),
 }
 BATCH, PROMPT, LONGEST, MICRO = 16, 32, 64, 2
 LENGTHS = [int(round(8 + (LONGEST - 8) * i / (BATCH - 1))) for i in range(BATCH)]
@@ -80,8 +84,10 @@ def predict(op: dict, cluster) -> tuple[float, float]:
                      gen_max=LONGEST)
     p = attrs.evolve(p, workload=attrs.evolve(p.workload,
                                               gen_len=empirical(op["lengths"], LONGEST)))
-    par = Parallel(dp=2, microbatches=op["microbatches"], recompute=op["recompute"],
-                   zero=op["zero"], offload=op["offload"], packing=op["packed"])
+    tp = op.get("tp", 1)
+    par = Parallel(dp=2 // tp, tp=tp, microbatches=op["microbatches"],
+                   recompute=op["recompute"], zero=op["zero"], offload=op["offload"],
+                   packing=op["packed"])
     cluster = attrs.evolve(cluster, gpu=with_dispatch(cluster.gpu, {"dispatch_s": 0.0}))
     t = estimate_stage(work_of(p, "actor_step"), par, (0, 1), cluster).time_s
     model = p.model("actor")
@@ -98,12 +104,15 @@ def measure_all(configs, repeats: int) -> list[dict]:
     with measure.TwoDevices() as two:
         times = two.run({"ops": task, "repeats": repeats}, run_layouts)
     rows = []
-    for i, (model, layout, _) in enumerate(configs):
+    for i, (model, layout, op) in enumerate(configs):
         a, b = (r["ops"][i] for r in times)
+        # a split op's ranks wait for each other at every block's all-reduce: its time is
+        # the wall time (the others' is their CPU time, as the calibration's)
+        key = "wall_s" if op.get("tp", 1) > 1 else "latency_s"
         rows.append({"model": model, "layout": layout,
                      "measured_bytes": max(peaks[0]["peaks"][i], peaks[1]["peaks"][i]),
                      "measured_bytes_ranks": [peaks[0]["peaks"][i], peaks[1]["peaks"][i]],
-                     "measured_s": max(a["latency_s"], b["latency_s"]),
+                     "measured_s": max(a[key], b[key]),
                      "wall_s": max(a["wall_s"], b["wall_s"]),
                      "times_s": [a["times_s"], b["times_s"]]})
     return rows

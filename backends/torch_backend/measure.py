@@ -138,10 +138,13 @@ def calibration_specs() -> list[tuple[dict, dict]]:
 
 # Train ops data-parallel over the two devices under each ZeRO level the runtime executes
 # (DDP; FSDP2 keeping the weights gathered, and resharding them), on models of 21 and 39
-# parameter tensors: the profile's ``shard_tensor_overhead`` is fitted to the sharded ones.
+# parameter tensors: the profile's ``shard_tensor_overhead`` is fitted to the sharded ones,
+# its ``shard_layer_overhead`` to them in one micro-batch and in two.
 DP_TRAIN_OPS = tuple((name, CALIBRATION_DIMS[name], zero, b, p, g)
                      for name in ("tiny", "tiny4") for zero in LEVELS
-                     for b, p, g in ((16, 32, 16), (48, 8, 20)))
+                     for b, p, g in ((16, 32, 16), (48, 8, 20))) \
+    + tuple((name, CALIBRATION_DIMS[name], zero, 16, 32, 16, 2)   # FSDP2 a micro-batch more
+            for name in ("tiny", "tiny4") for zero in LEVELS if zero)
 # Ops split over the two devices (tp = 2) on models of 2 and 4 layers: the profile's
 # ``tp_layer_overhead`` is fitted to them (a forward, a decode and a train op per model).
 TP_OPS = tuple((kind, name, CALIBRATION_DIMS[name], b, p, g) for name in ("tiny", "tiny4")

@@ -97,20 +97,23 @@ def run_layouts(rank: int, world: int, task: dict) -> dict:
 def dp_train_rows(two, ops, repeats: int = 3) -> list[dict]:
     """Train ops data-parallel over ``two``'s ranks (a ``measure_devices.TwoDevices``), as
     calibration rows: ``ops`` are (model name, dims, ZeRO level, batch, prompt_len,
-    gen_len), every response ``gen_len`` tokens, one optimizer step per call. ``latency_s``
-    is the slower rank's median CPU time of its whole process per call: its compute, its
-    gloo threads' copies (on a CPU they take the same cores) and FSDP2's host work."""
+    gen_len[, micro-batches a rank, 1 if not given]), every response ``gen_len`` tokens,
+    one optimizer step per call. ``latency_s`` is the slower rank's median CPU time of its
+    whole process per call: its compute, its gloo threads' copies (on a CPU they take the
+    same cores) and FSDP2's host work."""
     import attrs
+    ops = [tuple(o) + (1,) * (7 - len(o)) for o in ops]
     task = [dict(dims=attrs.asdict(dims), batch=b, prompt_len=p, lengths=[g] * b, zero=zero,
-                 recompute=False, offload=False, packed=False, microbatches=1)
-            for _, dims, zero, b, p, g in ops]
+                 recompute=False, offload=False, packed=False, microbatches=mb)
+            for _, dims, zero, b, p, g, mb in ops]
     res = two.run({"ops": task, "repeats": repeats}, run_layouts)
     world = len(res)
     return [{"kind": "train", "model": name, "dims": attrs.asdict(dims), "batch": b,
              "prompt_len": p, "gen_len": g, "dp": world, "zero": zero,
+             **({"microbatches": mb} if mb > 1 else {}),
              "latency_s": max(r["ops"][i]["latency_s"] for r in res),
              "wall_s": max(r["ops"][i]["wall_s"] for r in res)}
-            for i, (name, dims, zero, b, p, g) in enumerate(ops)]
+            for i, (name, dims, zero, b, p, g, mb) in enumerate(ops)]
 
 
 def run_tp(rank: int, world: int, task: dict) -> dict:

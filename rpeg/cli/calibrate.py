@@ -170,7 +170,9 @@ def register(app: typer.Typer) -> None:
         if "dp_tensor_overhead" in fit.measured:
             print(f"data-parallel training over two workers: {p.dp_tensor_overhead * 1e6:.0f} "
                   f"us of host work per parameter tensor per step, FSDP2 "
-                  f"{p.shard_tensor_overhead * 1e6:.0f} us more", file=sys.stderr)
+                  f"{p.shard_tensor_overhead * 1e6:.0f} us more, and "
+                  f"{p.shard_layer_overhead * 1e6:.0f} us per layer per micro-batch",
+                  file=sys.stderr)
         if "tp_layer_overhead" in fit.measured:
             print(f"tensor-parallel ops over two workers: {p.tp_layer_overhead * 1e6:.0f} us "
                   f"of host work and waits per layer per pass", file=sys.stderr)

@@ -32,6 +32,7 @@ from rpeg.cost.examples import ppo_pipeline
 from rpeg.cost.memory import Parallel, resident_memory
 from rpeg.cost.stages import estimate_stage, stage_memory
 from rpeg.graph.work import work_of
+from rpeg.spec.kinds import Zero
 from rpeg.spec.model import Cluster, Engine, GpuProfile, LengthDist, LengthKind, Level, Link
 from rpeg.spec.presets import PRESETS, ModelDims
 
@@ -170,7 +171,8 @@ def _predict(o: dict, profile: GpuProfile, link: Link) -> tuple[float, float]:
     ``o["dp"]`` devices at ZeRO level ``o["zero"]`` (``dp_train`` rows), or split over
     ``o["tp"]`` devices (``tp_ops`` rows)."""
     dp, tp = int(o.get("dp", 1)), int(o.get("tp", 1))
-    par = Parallel(dp=dp, tp=tp, zero=int(o.get("zero", 0)), packing=bool(o.get("packed")))
+    par = Parallel(dp=dp, tp=tp, zero=int(o.get("zero", 0)), packing=bool(o.get("packed")),
+                   microbatches=int(o.get("microbatches", 1)))
     return predict_op(o["kind"], _dims(o), o["batch"], o["prompt_len"], o["gen_len"],
                       cpu_cluster(profile, link), par, devices=tuple(range(dp * tp)),
                       lengths=o.get("lengths"))
@@ -258,7 +260,11 @@ def fit_profile(m: dict, name: str = "local_cpu", devices: int = 2) -> Fit:
     # FSDP2's sharded parameters add to it.
     dp_ops = m.get("dp_train", [])
     dp_terms = {"dp_tensor_overhead": 1e-5, "shard_tensor_overhead": 1e-4}
-    sharded = any(o.get("zero", 0) >= 2 for o in dp_ops)
+    sharded = any(Zero.of(o.get("zero", 0)).shards_grads for o in dp_ops)
+    if any(o.get("microbatches", 1) > 1 for o in dp_ops
+           if Zero.of(o.get("zero", 0)).shards_grads):
+        # ... and FSDP2's calls per layer per micro-batch, from the ops in two
+        dp_terms["shard_layer_overhead"] = 1e-4
     if dp_ops and sharded:
         prof = _with(prof, _fit_through_model(dp_ops, prof, link, dp_terms))
 
@@ -281,7 +287,7 @@ def fit_profile(m: dict, name: str = "local_cpu", devices: int = 2) -> Fit:
                    float(_predict(o, prof, link)[0] / o["latency_s"] - 1))
                   for o in m["ops"]) + tuple(
         (f"{o['kind']} dp{o['dp']} zero {o['zero']} {o['model']} b{o['batch']} "
-         f"p{o['prompt_len']} g{o['gen_len']}",
+         f"p{o['prompt_len']} g{o['gen_len']} mb{o.get('microbatches', 1)}",
          float(_predict(o, prof, link)[0] / o["latency_s"] - 1)) for o in m.get("dp_train", [])) \
         + tuple((f"{o['kind']} tp{o['tp']} {o['model']} b{o['batch']} p{o['prompt_len']} "
                  f"g{o['gen_len']}", float(_predict(o, prof, link)[0] / o["latency_s"] - 1))

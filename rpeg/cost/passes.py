@@ -299,6 +299,11 @@ def train_cost(model: Model, par: Parallel, devices, topo, gpu, engine: Engine, 
         opt += C.param_tensors(d, layers) * (gpu.dp_tensor_overhead + (
             gpu.shard_tensor_overhead if par.zero.shards_grads else 0.0))
     host = per_step * gpu.sample_overhead
+    if par.shards > 1 and par.zero.shards_grads:
+        # FSDP2's calls per layer per micro-batch (gather, reshard, reduce-scatter) beyond
+        # the bytes priced above (a CPU profile measures them on two worker ranks; 0
+        # elsewhere)
+        host += pipe * layers * gpu.shard_layer_overhead
     compute = opt_steps * (fb + host)
     comm = opt_steps * (comm_layers + dp_comm + pipe * z3)
     offload = offload_time(model, par, gpu, engine, opt_steps)

@@ -423,6 +423,11 @@ PROFILE_DOCS: dict[str, str] = {
                              "(ZeRO 2-3) data-parallel rank adds to dp_tensor_overhead: its "
                              "sharded tensors' optimizer and clipping ops, its hooks (rpeg "
                              "calibrate, on two worker ranks)",
+    "shard_layer_overhead": "host time per transformer layer per micro-batch an FSDP2 "
+                            "(ZeRO 2-3) data-parallel rank adds: each layer's all-gather, "
+                            "reshard and reduce-scatter calls beyond the bytes they move, "
+                            "where the devices are the host's cores (rpeg calibrate, on two "
+                            "worker ranks, in one micro-batch and in two)",
     "tp_layer_overhead": "host time per transformer layer per pass (forward, backward, "
                          "decode step) a tensor-parallel (tp > 1) op of the torch backend "
                          "adds: DTensor's work on its split projections and the ranks' waits "

@@ -493,6 +493,9 @@ class GpuProfile:
                                                    # the devices are a CPU's cores)
     shard_tensor_overhead: float = _m("s")         # ... more under FSDP2 (ZeRO 2-3): DTensor
                                                    # optimizer and clipping, its hooks
+    shard_layer_overhead: float = _m("s")          # per layer per micro-batch under FSDP2
+                                                   # (ZeRO 2-3, over ranks): its modules'
+                                                   # gather, reshard and reduce-scatter calls
     tp_layer_overhead: float = _m("s")             # per layer per pass of a tensor-parallel
                                                    # (tp > 1) op: DTensor's host work on its
                                                    # split projections, the ranks' waits at

@@ -132,10 +132,41 @@ def test_sharded_train_ops_fit_the_per_tensor_host_work():
     assert fit.profile.dp_tensor_overhead == pytest.approx(1e-4, rel=0.05)
     assert fit.profile.shard_tensor_overhead == pytest.approx(5e-4, rel=0.05)
     assert {"dp_tensor_overhead", "shard_tensor_overhead"} <= fit.measured
+    assert "shard_layer_overhead" not in fit.measured         # no op in two micro-batches
     assert max(abs(r) for _, r in fit.residuals) < 0.02
     assert len([k for k, _ in fit.residuals if "zero 0" in k]) == 4
     plain = fit_profile(_synthetic()).profile
     assert plain.dp_tensor_overhead == plain.shard_tensor_overhead == 0.0
+
+
+def test_sharded_train_ops_in_two_micro_batches_fit_the_per_layer_calls():
+    """FSDP2 train ops in one micro-batch and in two, measured as a profile with
+    ``shard_layer_overhead`` (its calls per layer per micro-batch) would produce them: the
+    fit tells it from the per-tensor terms, which are paid once a step."""
+    from rpeg.cost.memory import Parallel
+    truth = attrs.evolve(TRUE, dp_tensor_overhead=1e-4, shard_tensor_overhead=5e-4,
+                         shard_layer_overhead=3e-3)
+    m = _synthetic()
+    cluster = cpu_cluster(truth, LINK)
+    m["dp_train"] = []
+    for name in ("tiny", "tiny4"):
+        for zero in (0, 2, 3):
+            for b, p, g, mb in ((16, 32, 16, 1), (48, 8, 20, 1), (16, 32, 16, 2)):
+                if mb > 1 and not zero:
+                    continue
+                t, _ = predict_op("train", DIMS[name], b, p, g, cluster,
+                                  Parallel(dp=2, zero=zero, microbatches=mb), devices=(0, 1))
+                m["dp_train"].append({"kind": "train", "model": name,
+                                      "dims": attrs.asdict(DIMS[name]), "batch": b,
+                                      "prompt_len": p, "gen_len": g, "dp": 2, "zero": zero,
+                                      **({"microbatches": mb} if mb > 1 else {}),
+                                      "latency_s": t})
+    fit = fit_profile(m)
+    assert fit.profile.shard_layer_overhead == pytest.approx(3e-3, rel=0.05)
+    assert fit.profile.shard_tensor_overhead == pytest.approx(5e-4, rel=0.05)
+    assert "shard_layer_overhead" in fit.measured
+    assert max(abs(r) for _, r in fit.residuals) < 0.02
+    assert len([k for k, _ in fit.residuals if " mb2" in k]) == 4
 
 
 def test_tensor_parallel_ops_fit_the_per_layer_host_work():

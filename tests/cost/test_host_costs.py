@@ -115,3 +115,25 @@ def test_data_parallel_training_pays_its_host_work_per_tensor_per_step():
     for zero in (2, 3):
         assert extra(Parallel(dp=2, zero=zero), (0, 1)) == pytest.approx(tensors_steps * 6e-4)
     assert extra(Parallel(), (0,)) == 0.0
+
+
+def test_fsdp2_training_pays_its_calls_per_layer_per_micro_batch():
+    """Under FSDP2 (ZeRO 2-3) over two CPU devices a train op pays ``shard_layer_overhead``
+    per layer per micro-batch of each optimizer step; under DDP and on one device not."""
+    from rpeg.cost.profiles import PROFILE_DIR, load_profile
+    base = attrs.evolve(load_profile(PROFILE_DIR / "local_cpu.rpeg"), concurrency_slowdown=1.0)
+    link = Link(Level.GPU, 1e9, 1e-4)
+    work = work_of(_pipeline(minibatches=2), "actor_step")     # two optimizer steps
+
+    def extra(par: Parallel, devices: tuple[int, ...]) -> float:
+        def t(x):
+            c = cpu_cluster(attrs.evolve(base, shard_layer_overhead=x), link)
+            return estimate_stage(work, par, devices, c).time_s
+        return t(1e-3) - t(0.0)
+    layers = PRESETS["tiny"].layers
+    for zero in (2, 3):
+        for mb in (1, 2):
+            assert extra(Parallel(dp=2, zero=zero, microbatches=mb), (0, 1)) == \
+                pytest.approx(2 * mb * layers * 1e-3)
+    assert extra(Parallel(dp=2, microbatches=2), (0, 1)) == 0.0
+    assert extra(Parallel(zero=3), (0,)) == 0.0

@@ -71,8 +71,9 @@ QUICK_CONTROL_STEPS = 40
 # control plane's runs, added to decode_overhead: rpeg.runtime.calibrate.runs; 8: a
 # checkpoint's write with its fsync and its writer's SHA-256, disk_bandwidth and
 # hash_bandwidth: rpeg.runtime.calibrate.disk; 9: ops split tensor-parallel over two worker
-# ranks, the profile's tp_layer_overhead)
-CALIBRATION = 9
+# ranks, the profile's tp_layer_overhead; 10: FSDP2 train ops in two micro-batches too, its
+# shard_layer_overhead)
+CALIBRATION = 10
 
 __all__ = ["ProfileChoice", "MachineId", "LocalProfile", "local_profile", "calibrated_on",
            "choice_from_env", "cache_dir", "calibrate_into", "fit_machine", "measure_machine",

@@ -109,25 +109,34 @@ def test_packed_ops_fit_the_per_sequence_attention_call():
     assert fit_profile(_synthetic()).profile.packed_seq_overhead == 0.0
 
 
+def _dp_train(truth: GpuProfile, shapes) -> list[dict]:
+    """``dp_train`` rows as ``truth`` would produce them: train ops of tiny and tiny4 on
+    two devices at ZeRO 0, 2 and 3, in each of ``shapes`` (batch, prompt, response,
+    micro-batches; those of several at ZeRO 2-3 only, as the calibration measures them)."""
+    from rpeg.cost.memory import Parallel
+    cluster = cpu_cluster(truth, LINK)
+    rows = []
+    for name in ("tiny", "tiny4"):
+        for zero in (0, 2, 3):
+            for b, p, g, mb in shapes:
+                if mb > 1 and not zero:
+                    continue
+                t, _ = predict_op("train", DIMS[name], b, p, g, cluster,
+                                  Parallel(dp=2, zero=zero, microbatches=mb), devices=(0, 1))
+                rows.append({"kind": "train", "model": name, "dims": attrs.asdict(DIMS[name]),
+                             "batch": b, "prompt_len": p, "gen_len": g, "dp": 2, "zero": zero,
+                             **({"microbatches": mb} if mb > 1 else {}), "latency_s": t})
+    return rows
+
+
 def test_sharded_train_ops_fit_the_per_tensor_host_work():
     """Data-parallel train ops on two devices (DDP, FSDP2 ZeRO-2 and ZeRO-3) measured as a
     profile with ``dp_tensor_overhead`` and ``shard_tensor_overhead`` would produce them:
     the fit recovers both (the second from the sharded ones alone), and a calibration
     without such ops leaves them unmeasured (0, the GPU profiles' value)."""
-    from rpeg.cost.memory import Parallel
     truth = attrs.evolve(TRUE, dp_tensor_overhead=1e-4, shard_tensor_overhead=5e-4)
     m = _synthetic()
-    cluster = cpu_cluster(truth, LINK)
-    m["dp_train"] = []
-    for name in ("tiny", "tiny4"):
-        for zero in (0, 2, 3):
-            for b, p, g in ((16, 32, 16), (48, 8, 20)):
-                t, _ = predict_op("train", DIMS[name], b, p, g, cluster,
-                                  Parallel(dp=2, zero=zero), devices=(0, 1))
-                m["dp_train"].append({"kind": "train", "model": name,
-                                      "dims": attrs.asdict(DIMS[name]), "batch": b,
-                                      "prompt_len": p, "gen_len": g, "dp": 2, "zero": zero,
-                                      "latency_s": t})
+    m["dp_train"] = _dp_train(truth, ((16, 32, 16, 1), (48, 8, 20, 1)))
     fit = fit_profile(m)
     assert fit.profile.dp_tensor_overhead == pytest.approx(1e-4, rel=0.05)
     assert fit.profile.shard_tensor_overhead == pytest.approx(5e-4, rel=0.05)
@@ -143,24 +152,10 @@ def test_sharded_train_ops_in_two_micro_batches_fit_the_per_layer_calls():
     """FSDP2 train ops in one micro-batch and in two, measured as a profile with
     ``shard_layer_overhead`` (its calls per layer per micro-batch) would produce them: the
     fit tells it from the per-tensor terms, which are paid once a step."""
-    from rpeg.cost.memory import Parallel
     truth = attrs.evolve(TRUE, dp_tensor_overhead=1e-4, shard_tensor_overhead=5e-4,
                          shard_layer_overhead=3e-3)
     m = _synthetic()
-    cluster = cpu_cluster(truth, LINK)
-    m["dp_train"] = []
-    for name in ("tiny", "tiny4"):
-        for zero in (0, 2, 3):
-            for b, p, g, mb in ((16, 32, 16, 1), (48, 8, 20, 1), (16, 32, 16, 2)):
-                if mb > 1 and not zero:
-                    continue
-                t, _ = predict_op("train", DIMS[name], b, p, g, cluster,
-                                  Parallel(dp=2, zero=zero, microbatches=mb), devices=(0, 1))
-                m["dp_train"].append({"kind": "train", "model": name,
-                                      "dims": attrs.asdict(DIMS[name]), "batch": b,
-                                      "prompt_len": p, "gen_len": g, "dp": 2, "zero": zero,
-                                      **({"microbatches": mb} if mb > 1 else {}),
-                                      "latency_s": t})
+    m["dp_train"] = _dp_train(truth, ((16, 32, 16, 1), (48, 8, 20, 1), (16, 32, 16, 2)))
     fit = fit_profile(m)
     assert fit.profile.shard_layer_overhead == pytest.approx(3e-3, rel=0.05)
     assert fit.profile.shard_tensor_overhead == pytest.approx(5e-4, rel=0.05)

@@ -51,6 +51,7 @@ from rpeg.cost.memory import Parallel, resident_memory  # noqa: E402
 from rpeg.cost.profiles import load_cluster  # noqa: E402
 from rpeg.cost.stages import estimate_stage, stage_memory  # noqa: E402
 from rpeg.graph.work import work_of  # noqa: E402
+from rpeg.spec.model import Engine  # noqa: E402
 from rpeg.spec.presets import PRESETS, ModelDims  # noqa: E402
 
 MODELS = {
@@ -91,7 +92,7 @@ def predict(op: dict, cluster) -> tuple[float, float]:
     cluster = attrs.evolve(cluster, gpu=with_dispatch(cluster.gpu, {"dispatch_s": 0.0}))
     t = estimate_stage(work_of(p, "actor_step"), par, (0, 1), cluster).time_s
     model = p.model("actor")
-    mem = resident_memory(model, par, cluster, trained=True).total \
+    mem = resident_memory(model, par, cluster, trained=True, engine=Engine.TORCH).total \
         + stage_memory(work_of(p, "actor_step"), par, cluster).total
     return t, mem
 

@@ -444,19 +444,23 @@ def train_memory(model: Model, par: Parallel, gpu, engine: Engine, w, batch: int
     per_layer = activation_bytes_per_token(model, par, int(sh.seq), bpv,
                                            t.sequence_parallel) * gpu.act_factor
     stream = d.hidden / (par.tp if t.sequence_parallel else 1)
+    # kept: what the backward pass frees as it goes (each layer's input under recompute, its
+    # activations otherwise); working: the layer recomputed for its backward, held whole
     if par.recompute:
-        acts = sh.tokens * (in_flight * layers * stream * bpv + per_layer)
+        kept, working = sh.tokens * in_flight * layers * stream * bpv, sh.tokens * per_layer
     else:
-        acts = sh.tokens * in_flight * layers * per_layer
+        kept, working = sh.tokens * in_flight * layers * per_layer, 0.0
     loss = logits_bytes(model, par, sh.head_tokens, t, train=True)
     full = trained_local_params(model, par) * bpv
     grads = 0.0
     if t.grads_freed:
         # Gradients are dropped after each step (zero_grad(set_to_none)), so they are not
         # resident (rpeg.cost.memory.grads_between_steps), and made again while the
-        # backward pass frees activations: the two share the step's peak.
+        # backward pass frees the kept activations: the two share the step's peak, beside
+        # the layer being recomputed.
         grads = grad_bytes(model, par, gpu, engine is Engine.DEEPSPEED)[1]
-        acts = max(acts - grads, 0.0)
+        kept = max(kept - grads, 0.0)
+    acts = kept + working
     if par.shards <= 1:
         bucket = 0.0
     elif par.zero.shards_grads:  # reduce-scatter buckets: about two layers' gradients

@@ -138,6 +138,17 @@ def test_zero_2_and_3_buckets_are_not_the_whole_gradient(ppo):
     assert ddp.buffers - z3.buffers > 0.8 * grads
 
 
+
+def test_recomputation_holds_the_recomputed_layer_beside_the_gradients(ppo):
+    # 8 and 16 rows a GPU: the layers' kept inputs (3-6 GB) are under the 16 GB of bf16
+    # gradients the backward pass makes while freeing them, but the layer it recomputes is
+    # held whole beside them, so the step's activations grow with its tokens
+    model, w, par = ppo.model("actor"), ppo.workload, Parallel(dp=8, recompute=True)
+    one, two = (train_memory(model, par, H100.gpu, Engine.TORCH, w, b, 1024.0, 1)
+                for b in (64, 128))
+    assert one.grads > 3 * one.activations > 0
+    assert two.activations == pytest.approx(2 * one.activations)
+
 def test_packed_sequences_cost_their_real_lengths(ppo):
     par = Parallel(dp=8, microbatches=4)
     padded = estimate_stage(work_of(ppo, "ref_lp"), par, R8, H100).time_s

@@ -87,9 +87,7 @@ class Executor:
         if not spec.engine:
             return Replica(spec, self.ctx.pipeline, self.device, self.device_index)
         from backends.vllm_backend.disaggregated import EngineReplica
-        stage = next(c for c in self.ctx.pipeline.stages if c.kind is OpKind.GENERATE
-                     and self.ctx.pipeline.model(c.target).name in base_of(spec.model).members)
-        seqs, frac, graph = self._concurrency(stage)
+        seqs, frac, graph = self._concurrency(spec.serves)
         return EngineReplica.start(spec, self.ctx.pipeline, self.device_index,
                                    gpus=self._gpus(spec.engine), max_num_seqs=seqs,
                                    kv_fraction=frac, devices=self.ctx.num_devices,
@@ -111,13 +109,14 @@ class Executor:
         trained = {r.device for r in self.ctx.replicas if r.trainable}
         return engine_sleeps(block, trained, devices_are_host=not self.ctx.use_cuda)
 
-    def _concurrency(self, stage) -> tuple[int, float, bool]:
-        """(max_num_seqs, kv_fraction, cuda_graph) of a generate stage, as the cost model
-        priced them (the plan's placement, else the stage's own batching)."""
+    def _concurrency(self, op: str) -> tuple[int, float, bool]:
+        """(max_num_seqs, kv_fraction, cuda_graph) of the generate op an engine serves
+        (:attr:`Replica.serves`), as the cost model priced them (the plan's placement, else
+        the stage's own batching)."""
         from rpeg.cost.generation import batching_of
-        work = self.works[stage.name]
+        work = self.works[op]
         return batching_of(Batching(work.max_num_seqs, work.kv_fraction),
-                           self.ctx.plan.placement(stage.name))
+                           self.ctx.plan.placement(op))
 
     # --- one op ------------------------------------------------------------------------
     def run(self, call: OpCall, inputs: dict[str, list]) -> tuple[dict, dict]:
@@ -205,7 +204,7 @@ class Executor:
                 eos_id=codec.eos_id,
                 seed=(w.seed * 1_000_003 + call.step) * 64 + call.chunk % shard,
                 min_new_tokens=how.min_len,
-                max_num_seqs=self._concurrency(stage)[0])
+                max_num_seqs=self._concurrency(stage.name)[0])
             engine = self._engine(stage, replica)
             pieces = block_rounds(call.chunks, shard, call.chunk % shard)
             tools = self._toolbox(call, stage, engine, mine, codec, params)
@@ -578,7 +577,7 @@ class Executor:
         if self.ctx.plan.placement(stage.name).engine is Engine.VLLM:
             from backends.vllm_backend.colocated import colocated_engine, colocated_options
             from backends.vllm_backend.engine import with_concurrency
-            seqs, frac, graph = self._concurrency(stage)
+            seqs, frac, graph = self._concurrency(stage.name)
             model = self.ctx.pipeline.model(stage.target)
             options = colocated_options(model.dtype, self._gpus((self.device_index,)),
                                         self._sleeps((self.device_index,)))

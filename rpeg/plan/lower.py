@@ -236,6 +236,7 @@ class Resident:
     group: tuple[int, ...] = ()      # the tensor-parallel block splitting it (() whole)
     engine: tuple[int, ...] = ()     # a vLLM engine's own copy: the devices its workers span
     trained: bool = False            # the trained copy, on a device of its train op
+    serves: str = ""                 # an engine's copy: the generate op whose batching it runs
 
 
 @attrs.frozen
@@ -614,7 +615,8 @@ def replicas(p: Placed, placement_of: Placing) -> Placed:
             key = at[d]
             if (key, d) not in found:
                 found[(key, d)] = Resident(key, d, group, hosts.get(d, ()) if key.engine
-                                           else (), d in homes.get(key, ()))
+                                           else (), d in homes.get(key, ()),
+                                           op if key.engine else "")
     return attrs.evolve(
         p, reads=tuple((op, tuple(sorted(at.items()))) for op, at in held.reads.items()),
         replicas=tuple(found[k] for k in sorted(found)))

@@ -46,6 +46,7 @@ class Replica:
     recompute: bool = False          # trained: activations recomputed in backward
     offload: bool = False            # trained: optimizer state in host memory between ops
     engine: tuple[int, ...] = ()     # a vLLM engine's own copy: the devices its workers span
+    serves: str = ""                 # an engine's copy: the generate op whose batching it runs
 
     @property
     def layout_groups(self) -> tuple[tuple[int, ...], ...]:
@@ -130,7 +131,7 @@ class RunContext:
                 r.key, r.device, tuple(sorted(heads_of(pipeline, r.key))), trainable=r.trained,
                 world=homes[r.key] if r.trained else (), tp=r.group,
                 zero=p.zero if p else Zero.NONE, recompute=p.recompute if p else False,
-                offload=p.offload if p else False, engine=r.engine))
+                offload=p.offload if p else False, engine=r.engine, serves=r.serves))
         made = {g for r in replicas for g in r.layout_groups}
         for c in calls:                    # a weight transfer: its broadcast group
             if c.gang and c.role == EXPORT and c.device == c.sources[0]:

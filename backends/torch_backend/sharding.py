@@ -46,7 +46,8 @@ import torch
 from torch import nn
 
 from backends.torch_backend.optim import MasterAdam, build_optimizer
-from rpeg.cost.memory import fsdp_runs
+from rpeg.cost.memory import Parallel, fsdp_runs
+from rpeg.cost.passes import dp_group, train_groups
 from rpeg.errors import BackendError
 from rpeg.spec.model import Zero
 
@@ -80,11 +81,9 @@ class TrainLayout:
         return fsdp_runs(self.zero, self.dp, self.tp_size)
 
     def dp_peers(self, device: int) -> tuple[int, ...]:
-        """The devices of ``world`` holding the same tensor-parallel shard as ``device``."""
-        if self.tp_size == 1:
-            return tuple(self.world)
-        t = self.tp.index(device)
-        return tuple(self.world[i + t] for i in range(0, len(self.world), self.tp_size))
+        """The devices of ``world`` holding the same tensor-parallel shard as ``device``
+        (the cost model's data-parallel group, ``rpeg.cost.passes.dp_group``)."""
+        return dp_group(self.world, Parallel(tp=self.tp_size), self.world.index(device))
 
 
 def param_dtype(model_dtype: str, device: str) -> torch.dtype:
@@ -268,18 +267,9 @@ def fsdp_meshes(layout: TrainLayout, device: str, device_index: int):
 
 
 def mesh_groups(layout: TrainLayout) -> list[tuple[int, ...]]:
-    """Process groups a layout needs (every rank creates all of a run's, in one order)."""
-    size = layout.tp_size
-    out = set()
-    if len(layout.world) > 1 or layout.fsdp:    # its ranks checkpoint together (DCP)
-        out.add(tuple(layout.world))
-    if size > 1:
-        for i in range(0, len(layout.world), size):
-            out.add(tuple(layout.world[i:i + size]))
-        if layout.dp > 1 or layout.fsdp:
-            for t in range(size):
-                out.add(tuple(layout.world[t::size]))
-    return sorted(out)
+    """Process groups a layout needs (every rank creates all of a run's, in one order): the
+    runtime's rule, ``rpeg.cost.passes.train_groups``."""
+    return list(train_groups(tuple(layout.world), layout.tp_size, layout.zero))
 
 
 # --- the optimizer ------------------------------------------------------------------------

@@ -52,6 +52,7 @@ from rpeg.cost.memory import (
     Parallel,
     check_parallel,
     devices_are_host,
+    fsdp_runs,
     grad_bytes,
     grad_reduce_bytes,
     head_dims,
@@ -124,8 +125,41 @@ def pp_group(devices, par: Parallel) -> tuple[int, ...]:
     return tuple(devices[: par.pp * par.cp * par.tp: par.cp * par.tp])
 
 
-def dp_group(devices, par: Parallel) -> tuple[int, ...]:
-    return tuple(devices[:: par.pp * par.cp * par.tp])
+def dp_group(devices, par: Parallel, at: int = 0) -> tuple[int, ...]:
+    """The data-parallel group of ``devices[at]``: the ranks holding the same model shard as
+    it, every (pp x cp x tp)-th from its place in its block (the cost model's, and the torch
+    backend's ``TrainLayout.dp_peers``).
+
+        >>> dp_group((0, 1, 2, 3), Parallel(dp=2, tp=2)), dp_group((0, 1, 2, 3), Parallel(dp=2, tp=2), 3)
+        ((0, 2), (1, 3))
+    """
+    stride = par.pp * par.cp * par.tp
+    return tuple(devices[at % stride::stride])
+
+
+def train_groups(world: tuple[int, ...], tp: int, zero: Zero) -> tuple[tuple[int, ...], ...]:
+    """The process groups training a copy over ``world`` (dp x tp ranks, tp fastest) at
+    ZeRO level ``zero`` takes, sorted: the whole world (its ranks checkpoint together; FSDP2
+    shards over it at tp 1), each tensor-parallel block, and each data-parallel group where
+    data parallelism spans blocks or FSDP2 runs (:func:`~rpeg.cost.memory.fsdp_runs`). The
+    one rule the runtime creates them by (``rpeg.runtime.lowering.context.Replica``) and the
+    torch backend's meshes use (``backends.torch_backend.sharding.mesh_groups``).
+
+        >>> train_groups((0, 1, 2, 3), 2, Zero.NONE)
+        ((0, 1), (0, 1, 2, 3), (0, 2), (1, 3), (2, 3))
+        >>> train_groups((0, 1), 2, Zero.WEIGHTS)      # tp alone: FSDP2 does not run
+        ((0, 1),)
+    """
+    par = Parallel(dp=max(len(world) // max(tp, 1), 1), tp=max(tp, 1), zero=zero)
+    fsdp = fsdp_runs(zero, par.dp, par.tp)
+    out = set()
+    if len(world) > 1 or fsdp:
+        out.add(tuple(world))
+    if par.tp > 1:
+        out.update(tuple(world[i:i + par.tp]) for i in range(0, len(world), par.tp))
+        if par.dp > 1 or fsdp:
+            out.update(dp_group(world, par, t) for t in range(par.tp))
+    return tuple(sorted(out))
 
 
 def shard_group(devices, par: Parallel) -> tuple[int, ...]:

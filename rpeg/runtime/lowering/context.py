@@ -17,6 +17,7 @@ from __future__ import annotations
 import attrs
 import numpy as np
 
+from rpeg.cost.passes import train_groups
 from rpeg.plan.model import Plan
 from rpeg.runtime.dask.devices import COLLECTIVE_TIMEOUT_S, GpuOf
 from rpeg.runtime.data import Cursor
@@ -53,16 +54,7 @@ class Replica:
         """Process groups training this replica needs (every rank creates all of a run's)."""
         if not self.trainable:
             return (self.tp,) if len(self.tp) > 1 else ()
-        size = max(len(self.tp), 1)
-        sharded = self.zero.shards_grads
-        out = set()
-        if len(self.world) > 1 or sharded:      # its ranks checkpoint together (DCP)
-            out.add(tuple(self.world))
-        if size > 1:
-            out.update(tuple(self.world[i:i + size]) for i in range(0, len(self.world), size))
-            if len(self.world) > size or sharded:
-                out.update(tuple(self.world[t::size]) for t in range(size))
-        return tuple(sorted(out))
+        return train_groups(self.world, max(len(self.tp), 1), self.zero)
 
 
 @attrs.frozen

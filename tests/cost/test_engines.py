@@ -138,7 +138,6 @@ def test_zero_2_and_3_buckets_are_not_the_whole_gradient(ppo):
     assert ddp.buffers - z3.buffers > 0.8 * grads
 
 
-
 def test_recomputation_holds_the_recomputed_layer_beside_the_gradients(ppo):
     # 8 and 16 rows a GPU: the layers' kept inputs (3-6 GB) are under the 16 GB of bf16
     # gradients the backward pass makes while freeing them, but the layer it recomputes is
@@ -148,6 +147,7 @@ def test_recomputation_holds_the_recomputed_layer_beside_the_gradients(ppo):
                 for b in (64, 128))
     assert one.grads > 3 * one.activations > 0
     assert two.activations == pytest.approx(2 * one.activations)
+
 
 def test_packed_sequences_cost_their_real_lengths(ppo):
     par = Parallel(dp=8, microbatches=4)

@@ -57,6 +57,9 @@ from rpeg.spec.presets import PRESETS, ModelDims  # noqa: E402
 MODELS = {
     "small": PRESETS["small"],                                    # 4 x 256, 3.3 M params
     "mid": ModelDims("llama", 4, 384, 6, 2, 1024, 259),           # 4 x 384, 6.3 M
+    # a vocabulary of 32,768 on a narrow body: the logits (held once, their gradient, the
+    # float32 chunk the log-softmax works on) are a third of a train op's peak
+    "vocab": ModelDims("llama", 2, 64, 4, 2, 256, 32768),         # 2 x 64, 4.3 M
 }
 LAYOUTS = {
     "ddp": dict(zero=0, recompute=False, offload=False, packed=False),

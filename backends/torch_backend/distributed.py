@@ -16,9 +16,15 @@ torch requires.
 * **Tensor parallel** (tp > 1): each decoder layer's attention projections and
   MLP are split Megatron-style with DTensor (``parallelize_module``): q/k/v and
   gate/up column-wise (each rank holds ``heads / tp`` attention heads), o and
-  down row-wise (one all-reduce per block). Embeddings, norms and heads stay
-  whole on every rank, so hidden states, logits and values are identical on
-  all ranks of the group: sampling with one seed draws the same tokens.
+  down row-wise (one all-reduce per block). The embeddings and the output head
+  are split over the vocabulary, as Megatron and torchtitan split them: each
+  rank holds ``vocab / tp`` rows (tied embeddings stay one tensor), looks up
+  the tokens it holds (one all-reduce), and computes its slice of the logits.
+  The log-probabilities and the entropy are reduced over the slices without
+  gathering them (:func:`token_log_probs`); sampling gathers one
+  position's logits. Norms and the value head stay whole, so hidden
+  states and values are identical on all ranks of the group, and sampling with
+  one seed draws the same tokens.
   With dp x tp the gradients of each tensor-parallel shard are averaged over
   the ranks holding the same shard (hooks, one all-reduce per parameter).
 
@@ -33,6 +39,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from rpeg.cost.engines import LOGIT_CHUNK
 from rpeg.runtime.dask.devices import COLLECTIVE_TIMEOUT_S
 
 _GROUPS: dict[tuple[int, ...], object] = {}
@@ -141,13 +148,17 @@ def tp_refusal(config, tp: int) -> str | None:
 
 
 def shard_tp(model, group: tuple[int, ...], device: str, mesh=None):
-    """Split ``model``'s decoder layers over the ranks ``group`` in place; returns the mesh
-    (``mesh``: the tensor-parallel dimension of a 2-D mesh, when FSDP2 shards the rest).
+    """Split ``model``'s decoder layers, embeddings and output head over the ranks ``group``
+    in place; returns the mesh (``mesh``: the tensor-parallel dimension of a 2-D mesh, when
+    FSDP2 shards the rest).
 
     Every rank built the same full weights (same seed or folder), so each keeps its own
-    slice without communication (``src_data_rank=None``).
+    slice without communication (``src_data_rank=None``). The head's output stays a
+    DTensor sharded over the vocabulary (``Shard(-1)``): :func:`token_log_probs`
+    reduces it, :func:`backends.torch_backend.weights.whole` gathers it.
     """
     from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.tensor import Shard
     from torch.distributed.tensor.parallel import (
         ColwiseParallel,
         RowwiseParallel,
@@ -165,7 +176,161 @@ def shard_tp(model, group: tuple[int, ...], device: str, mesh=None):
     plan = {name: styles[kind]() for name, kind in TP_PLAN.items()}
     for layer in model.backbone.layers:
         parallelize_module(layer, mesh, plan, src_data_rank=None)
+    head = model.lm_head
+    tied = head is not None and head.weight is model.backbone.embed_tokens.weight
+    model.backbone.embed_tokens = VocabSplitEmbedding(model.backbone.embed_tokens, mesh)
+    if head is not None:
+        parallelize_module(head, mesh, ColwiseParallel(output_layouts=Shard(-1),
+                                                       use_local_output=False),
+                           src_data_rank=None)
+        if tied:        # each was split on its own: one tensor again, as the model has it
+            head.weight = model.backbone.embed_tokens.weight
     return mesh
+
+
+class VocabSplitEmbedding(torch.nn.Module):
+    """An embedding table split by rows (vocabulary) over a tensor-parallel mesh, as
+    Megatron's: each rank looks up the tokens in its rows (zeros elsewhere) and one
+    all-reduce sums the ranks' lookups. Its gradient stays in each rank's rows. (A DTensor
+    ``RowwiseParallel`` embedding computes the whole table's gradient on every rank.)"""
+
+    def __init__(self, whole: torch.nn.Embedding, mesh) -> None:
+        from torch.distributed.tensor import Shard, distribute_tensor
+        super().__init__()
+        self.weight = torch.nn.Parameter(distribute_tensor(
+            whole.weight.detach(), mesh, [Shard(0)], src_data_rank=None),
+            requires_grad=whole.weight.requires_grad)
+        self.padding_idx = whole.padding_idx
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        mesh = self.weight.device_mesh
+        rows = self.weight.to_local()
+        lo = _first_row(self.weight.shape[0], mesh)
+        here = (ids >= lo) & (ids < lo + rows.shape[0])
+        pad = self.padding_idx
+        local_pad = pad - lo if pad is not None and lo <= pad < lo + rows.shape[0] else None
+        out = torch.nn.functional.embedding((ids - lo).clamp(0, max(rows.shape[0] - 1, 0)),
+                                            rows, padding_idx=local_pad)
+        return _sum_over(out * here[..., None].to(out.dtype), mesh.get_group())
+
+
+def _first_row(rows: int, mesh) -> int:
+    """The first row this rank holds of ``rows`` split by ``Shard`` (torch.chunk's split)."""
+    width = -(-rows // mesh.size())
+    return min(mesh.get_local_rank() * width, rows)
+
+
+def token_log_probs(logits, targets: torch.Tensor, temperature: float = 1.0):
+    """(log-probability of each target, entropy) per position of ``logits`` [..., vocab] at
+    ``temperature``: whole, or split over the vocabulary (a DTensor ``Shard(-1)``,
+    :func:`shard_tp`'s head), never gathered.
+
+    The logits are kept once, in their own dtype (bf16 on a GPU), and nothing else as large:
+    the float32 log-softmax runs over chunks of positions, forward and again in the
+    backward, as verl's and TRL's memory-lean log-probabilities do. Split logits are
+    reduced over the ranks in two all-reduces of a few numbers per position (the maximum;
+    then the sums of the exponentials, of their products with the logits, and the target's
+    logit, which one rank holds); the backward needs no communication."""
+    from torch.distributed.tensor import DTensor
+    group, lo = None, 0
+    if isinstance(logits, DTensor):
+        assert _shard_dim(logits) == logits.dim() - 1, logits.placements
+        group, lo = logits.device_mesh.get_group(), _first_row(logits.shape[-1],
+                                                                logits.device_mesh)
+        logits = logits.to_local()
+    shape = targets.shape
+    lp, ent = _TokenLogProbs.apply(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1),
+                                   float(temperature), lo, group)
+    return lp.view(shape), ent.view(shape)
+
+
+class _TokenLogProbs(torch.autograd.Function):
+    """See :func:`token_log_probs`. ``logits`` [N, V] (this rank's columns, from ``lo``).
+    A chunk of ``LOGIT_CHUNK`` values is worked on in float32 with two copies of it alive
+    (``rpeg.cost.engines.LOGIT_WORK_COPIES``): each step of a chunk runs in place."""
+
+    @staticmethod
+    def forward(ctx, logits, targets, temperature: float, lo: int, group):
+        n, width = logits.shape
+        rows = max(1, LOGIT_CHUNK // max(width, 1))
+        top = torch.empty(n, dtype=torch.float32, device=logits.device)
+        for a in range(0, n, rows):
+            top[a:a + rows] = logits[a:a + rows].amax(-1).float() / temperature
+        if group is not None:
+            dist.all_reduce(top, op=dist.ReduceOp.MAX, group=group)
+        sums = torch.empty(3, n, dtype=torch.float32, device=logits.device)
+        here = (targets >= lo) & (targets < lo + width)
+        idx = (targets - lo).clamp(0, max(width - 1, 0))
+        for a in range(0, n, rows):
+            _chunk_sums(logits[a:a + rows], idx[a:a + rows], temperature, top[a:a + rows],
+                        sums[:, a:a + rows])
+        sums[2] *= here
+        if group is not None:
+            dist.all_reduce(sums, group=group)
+        log_z = top + torch.log(sums[0])
+        mean_z = sums[1] / sums[0]                   # E_p[z]
+        ctx.save_for_backward(logits, idx, here, log_z, mean_z)
+        ctx.temperature, ctx.rows = temperature, rows
+        return sums[2] - log_z, log_z - mean_z
+
+    @staticmethod
+    def backward(ctx, g_lp, g_ent):
+        logits, idx, here, log_z, mean_z = ctx.saved_tensors
+        g_lp = torch.zeros_like(log_z) if g_lp is None else g_lp.float()
+        g_ent = torch.zeros_like(log_z) if g_ent is None else g_ent.float()
+        grad = torch.empty_like(logits)
+        rows = ctx.rows
+        for a in range(0, logits.shape[0], rows):
+            b = slice(a, a + rows)
+            grad[b] = _chunk_grad(logits[b], idx[b], here[b], ctx.temperature, log_z[b],
+                                  mean_z[b], g_lp[b], g_ent[b])
+        return grad, None, None, None, None
+
+
+def _scaled(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """A float32 copy of ``logits`` / ``temperature`` (one chunk-sized allocation)."""
+    z = logits.to(torch.float32, copy=True)
+    return z.div_(temperature) if temperature != 1.0 else z
+
+
+def _chunk_sums(logits, idx, temperature, top, out) -> None:
+    """Into ``out`` [3, rows]: the sum of exp(z - top), of exp(z - top) z, and z at ``idx``."""
+    z = _scaled(logits, temperature)
+    out[2] = z.gather(-1, idx[:, None]).squeeze(-1)
+    e = (z - top[:, None]).exp_()
+    out[0] = e.sum(-1)
+    out[1] = e.mul_(z).sum(-1)
+
+
+def _chunk_grad(logits, idx, here, temperature, log_z, mean_z, g_lp, g_ent):
+    """The gradient of one chunk's logits: d lp / dz = onehot - p, d entropy / dz =
+    -p (z - E_p[z]), dz / dlogits = 1 / T; as ``g_lp (onehot - p) - g_ent p (z - E_p[z])``."""
+    z = _scaled(logits, temperature)
+    p = (z - log_z[:, None]).exp_()
+    gz = z.sub_(mean_z[:, None]).mul_(g_ent[:, None]).add_(g_lp[:, None]).mul_(p).neg_()
+    del p
+    gz.scatter_add_(-1, idx[:, None], (g_lp * here)[:, None])
+    return gz.div_(temperature) if temperature != 1.0 else gz
+
+
+class _SumOver(torch.autograd.Function):
+    """All-reduce (sum) forward, identity backward: every rank computes the same loss from
+    the sum and back-propagates it into its own term alone (Megatron's reduction from the
+    tensor-parallel region)."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        x = x.clone()
+        dist.all_reduce(x, group=group)
+        return x
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad, None
+
+
+def _sum_over(x: torch.Tensor, group) -> torch.Tensor:
+    return _SumOver.apply(x, group)
 
 
 def is_sharded(t) -> bool:
@@ -275,7 +440,9 @@ def clip_grad_norm(params, max_norm: float) -> torch.Tensor:
         if not isinstance(p, DTensor):
             total += local
             continue
-        dims = tuple(i for i, pl in enumerate(p.placements) if pl.is_shard())
+        # FSDP2 over a tensor-parallel shard is a _StridedShard, which is_shard() denies
+        dims = tuple(i for i, pl in enumerate(p.placements)
+                     if not (pl.is_replicate() or pl.is_partial()))
         key = (id(p.device_mesh), dims)
         sums[key] = sums.get(key, torch.zeros((), device=device)) + local
         meshes[key] = p.device_mesh

@@ -48,6 +48,7 @@ from backends import carry, turns
 from backends.api import CarriedState, Cohort, RolloutChunk, SamplingParams, chunk_bounds
 from backends.torch_backend.modeling import PolicyModel, build_model  # noqa: F401  (doctest)
 from backends.torch_backend.tokenizer import EOS_ID, PAD_ID
+from backends.torch_backend.weights import whole
 
 
 class TorchEngine:
@@ -114,7 +115,7 @@ class TorchEngine:
         rows = torch.arange(n, device=dev)           # wave index of each live row
         same_on_all = _tp_agreement(model)
         for t in range(params.max_new_tokens):
-            logits = model.lm_head(hidden[:, -1]).float()
+            logits = whole(model.lm_head(hidden[:, -1])).float()   # split: gathered
             tok, lp = sample_at_least(logits, params, gen, eos, t < params.min_new_tokens)
             tok = same_on_all(tok)
             yield tok, lp, rows
@@ -212,7 +213,7 @@ class TorchEngine:
         same_on_all = _tp_agreement(model)
         rows = list(live)
         while True:
-            logits = model.lm_head(hidden[:, -1]).float()
+            logits = whole(model.lm_head(hidden[:, -1])).float()   # split: gathered
             tok = torch.empty(len(rows), dtype=torch.long, device=logits.device)
             lp = torch.empty(len(rows), dtype=torch.float32, device=logits.device)
             for cohort, idx in _by_cohort(rows):

@@ -103,12 +103,26 @@ def op_runner(kind: str, dims: ModelDims, batch: int, prompt_len: int, gen_len: 
     return run
 
 
+def _stop_by_length(model, dims: ModelDims, gen_len: int) -> None:
+    """Bias the head's end-of-sequence logit so that a response ends with probability
+    ``STOP_PER_TOKEN / gen_len`` per token (the head's weight kept, tied or not)."""
+    q = min(STOP_PER_TOKEN / gen_len, 0.5)
+    head = torch.nn.Linear(dims.hidden, dims.vocab, bias=True)
+    head.weight = model.lm_head.weight
+    with torch.no_grad():
+        head.bias.zero_()
+        head.bias[EOS_ID] = float(np.log((dims.vocab - 1) * q / (1 - q)))
+    model.lm_head = head
+
+
 def _model_op(kind: str, dims: ModelDims, prompts, responses, gen_len: int, minibatches: int,
               data_parallel: bool, packed: bool, tp: tuple[int, ...] = ()
               ) -> Callable[[], object]:
-    def built():
+    def built(stopping: bool = False):
         model = build_model(dims, heads=("lm",), seed=0).eval()
-        if len(tp) > 1:
+        if stopping:
+            _stop_by_length(model, dims, gen_len)
+        if len(tp) > 1:         # the head too, as a run's reader splits it
             from backends.torch_backend.distributed import shard_tp
             shard_tp(model, tp, "cpu")
         return model
@@ -121,15 +135,7 @@ def _model_op(kind: str, dims: ModelDims, prompts, responses, gen_len: int, mini
         # probability STOP_PER_TOKEN / gen_len per token (the engine then drops it from the
         # batch and its cache), the rest at gen_len. The same seed gives the same lengths
         # each call; ``run.lengths`` holds them, for the cost model's length distribution.
-        model = built()
-        q = min(STOP_PER_TOKEN / gen_len, 0.5)
-        head = torch.nn.Linear(dims.hidden, dims.vocab, bias=True)
-        head.weight = model.lm_head.weight
-        with torch.no_grad():
-            head.bias.zero_()
-            head.bias[EOS_ID] = float(np.log((dims.vocab - 1) * q / (1 - q)))
-        model.lm_head = head
-        engine = TorchEngine(model)
+        engine = TorchEngine(built(stopping=True))
         params = SamplingParams(max_new_tokens=gen_len, temperature=1.0, eos_id=EOS_ID, seed=0)
 
         def run():

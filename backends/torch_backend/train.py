@@ -28,7 +28,7 @@ from torch import nn
 from backends.torch_backend.attention import packed as packed_rows
 from backends.torch_backend.batching import Flat, Padded, balance, micro_batches
 from backends.torch_backend.batching import build as build_rows
-from backends.torch_backend.distributed import clip_grad_norm
+from backends.torch_backend.distributed import clip_grad_norm, token_log_probs
 from backends.torch_backend.generation import _autocast
 from backends.torch_backend.losses import LossSpec, Norm, compute_loss
 from backends.torch_backend.modeling import PolicyModel, build_model  # noqa: F401  (doctest)
@@ -42,7 +42,8 @@ Packed = Padded     # prompt + response ids, right-padded (the name used before 
 
 class TokenHeads(nn.Module):
     """``PolicyModel`` -> per response token: logits, value (what exists). The logits are
-    the model's own; :func:`token_outputs` scales them by the sampling temperature."""
+    the model's own, in its compute dtype; :func:`token_outputs` scales them by the sampling
+    temperature."""
 
     def __init__(self, model: PolicyModel) -> None:
         super().__init__()
@@ -52,7 +53,7 @@ class TokenHeads(nn.Module):
         with _autocast(str(ids.device)):
             hidden, _ = self.model(ids, mask, positions)
             h = hidden.gather(1, gather[..., None].expand(-1, -1, hidden.shape[-1]))
-            logits = self.model.lm_head(h).float() if self.model.lm_head is not None else None
+            logits = self.model.lm_head(h) if self.model.lm_head is not None else None
             # a copy, not a view: FSDP2 hooks the outputs of the module it wraps
             values = self.model.value_head(h).float().squeeze(-1).clone() \
                 if self.model.value_head is not None else None
@@ -63,14 +64,13 @@ def token_outputs(heads: nn.Module, packed: Padded | Flat, temperature: float = 
     """(logprobs, entropy, values) tensors [B, T]; None for a head the model lacks. The
     log-probabilities and the entropy are those of the policy at ``temperature``,
     ``log_softmax(logits / temperature)`` over the whole vocabulary: the distribution the
-    responses were sampled from (a greedy stage's: 1)."""
+    responses were sampled from (a greedy stage's: 1). The logits are held once, in the
+    compute dtype, and reduced where they lie when split over tensor-parallel ranks
+    (``distributed.token_log_probs``)."""
     logits, values = heads(packed.ids, packed.mask, packed.gather, packed.positions)
     lp = ent = None
     if logits is not None:
-        logp = torch.log_softmax(logits / temperature if temperature != 1.0 else logits,
-                                 dim=-1)
-        lp = logp.gather(-1, packed.targets[..., None]).squeeze(-1)
-        ent = -(logp.exp() * logp).sum(-1)
+        lp, ent = token_log_probs(logits, packed.targets, temperature)
     return lp, ent, values
 
 

@@ -73,6 +73,8 @@ class EngineTerms:
     logits_chunk: int = 0       # forward / train: tokens whose logits exist at once (0: all)
     logits_fwd: float = 12.0    # bytes per logit value a forward holds (fp32 copies: 12)
     logits_train: float = 12.0  # ... a train step holds, with the logits' gradient
+    logits_work: int = 0        # float32 logit values a chunked log-softmax works on at once
+                                # (LOGIT_WORK_COPIES copies of them; 0: not chunked)
     sequence_parallel: bool = False   # TP ranks split the norms' and residuals' activations
     grads_freed: bool = False   # train: gradients set to None after each step (not resident)
     own_tp: bool = False        # splits layers its own way (vLLM), not as the runtime's
@@ -156,6 +158,12 @@ EFFICIENCY = Efficiency(launch_s=14.22e-6, generate_step_s=20e-3, vllm_step_s=2.
                         overlap=0.3325, call_s=2.803, controller_rate=1e9)
 
 
+# rpeg's torch backend computes log-probabilities and entropies over chunks of this many
+# logit values, in float32, with two copies of a chunk alive at once (each step in place)
+LOGIT_CHUNK = 1 << 24
+LOGIT_WORK_COPIES = 2
+
+
 class Loop:
     """Which decode loop drives an engine's generation."""
 
@@ -177,15 +185,17 @@ class EngineKind:
     default_seqs: int = 0
     logits_fwd: float = 12.0
     logits_train: float = 12.0
+    logits_work: int = 0
     sequence_parallel: bool = False
     grads_freed: bool = False          # gradients set to None after each step
 
 
 KINDS: dict[Engine, EngineKind] = {
-    # rpeg's torch backend: transformers' modules, eager; its own loop drops finished rows
-    # and keeps bf16 logits with a fused log-probability
+    # rpeg's torch backend: transformers' modules, eager; its own loop drops finished rows;
+    # it keeps the logits once in bf16 (and their gradient when training) and computes the
+    # log-probabilities over chunks of them in float32 (backends.torch_backend.distributed)
     Engine.TORCH: EngineKind(kernels=40, loop=Loop.PYTHON, kv_copy=True, logits_fwd=2,
-                             logits_train=4, grads_freed=True),
+                             logits_train=4, logits_work=LOGIT_CHUNK, grads_freed=True),
     Engine.VLLM: EngineKind(kernels=10, loop=Loop.VLLM, paged=True, default_seqs=256),
     Engine.HF: EngineKind(kernels=40, loop=Loop.PYTHON, per_tensor_hooks=True,
                           static_batch=True, kv_copy=True, logits_fwd=10, logits_train=14),
@@ -210,7 +220,8 @@ def terms_of(kind: EngineKind, eff: Efficiency) -> EngineTerms:
                        paged=kind.paged, static_batch=kind.static_batch, kv_copy=kind.kv_copy,
                        default_seqs=kind.default_seqs, own_tp=kind.loop == Loop.VLLM,
                        logits_fwd=kind.logits_fwd,
-                       logits_train=kind.logits_train, sequence_parallel=kind.sequence_parallel,
+                       logits_train=kind.logits_train, logits_work=kind.logits_work,
+                       sequence_parallel=kind.sequence_parallel,
                        grads_freed=kind.grads_freed)
 
 
@@ -227,9 +238,13 @@ def engine_terms(engine: Engine, gpu: GpuProfile) -> EngineTerms:
             return EngineTerms(layer_s=gpu.layer_overhead if layer is None else layer,
                                step_s=gpu.decode_overhead if step is None else step,
                                work=gpu.vllm_work_scale, paged=True, own_tp=True)
+        own = engine is Engine.TORCH       # logits as rpeg's backend holds them
+        cb = gpu.compute_bytes or 4.0
         return EngineTerms(layer_s=gpu.layer_overhead, step_s=gpu.decode_overhead,
                            kv_copy=True, static_batch=engine in (Engine.HF, Engine.HYBRID),
-                           grads_freed=bool(gpu.grads_freed))
+                           grads_freed=bool(gpu.grads_freed),
+                           **({"logits_fwd": cb, "logits_train": 2 * cb,
+                               "logits_work": LOGIT_CHUNK} if own else {}))
     return ENGINES[engine]
 
 

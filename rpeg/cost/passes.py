@@ -45,7 +45,7 @@ import math
 import attrs
 
 from rpeg.cost import compute as C
-from rpeg.cost.engines import EngineTerms, engine_terms, with_terms
+from rpeg.cost.engines import LOGIT_WORK_COPIES, EngineTerms, engine_terms, with_terms
 from rpeg.cost.generation import StageCost, gather_buffer, mean_len, padded_len, working_set
 from rpeg.cost.memory import (
     MemoryCost,
@@ -440,9 +440,12 @@ def logits_bytes(model: Model, par: Parallel, tokens: float, t: EngineTerms,
                  train: bool = False) -> float:
     """The output head's logits for ``tokens`` positions as the engine holds them (its bytes
     per logit, with their gradient when training; in chunks of ``logits_chunk`` where it
-    computes them so)."""
+    computes them so), and the float32 chunk a chunked log-softmax works on
+    (``logits_work`` values, :data:`~rpeg.cost.engines.LOGIT_WORK_COPIES` copies)."""
     n = min(tokens, t.logits_chunk) if t.logits_chunk else tokens
-    return n * head_dims(model).vocab / par.tp * (t.logits_train if train else t.logits_fwd)
+    values = n * head_dims(model).vocab / par.tp
+    work = min(values, t.logits_work) * 4 * LOGIT_WORK_COPIES if t.logits_work else 0.0
+    return values * (t.logits_train if train else t.logits_fwd) + work
 
 
 def forward_memory(model: Model, par: Parallel, gpu, engine: Engine, w, batch: int,

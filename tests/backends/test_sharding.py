@@ -239,6 +239,10 @@ def _mesh_rank(rank: int, port: int, q) -> None:
             train_step(trained.heads, trained.optimizer, _batch(), [LossSpec("ppo_clip")],
                        version=0, minibatches=1, microbatches=2, seed=step, rank=dp_rank,
                        world=2)
+            if step == 0:       # the first update's gradients, whole (a collective)
+                out[name + ":grads"] = {
+                    k: (p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad
+                        ).numpy() for k, p in trained.model.named_parameters()}
             trained.after_step()
         out[name] = {k: v.numpy() for k, v in gathered(trained).items() if "::" not in k}
     if rank == 0:
@@ -258,5 +262,16 @@ def test_a_dp_by_tp_mesh_trains_as_dp_alone():
     out = q.get(timeout=1800)                 # a hang guard, not a speed target
     for p in procs:
         p.join(timeout=60)
-    runs = {k: ([0.0], v) for k, v in out.items()}
-    _compare(runs, "dp2xtp2", "dp2", _terms() * EPS32, losses=False)
+    # The first update's gradients agree to float32 summation order: dp x tp sums each
+    # element's products in another order (split matmuls, vocabulary-split log-softmax).
+    got, want = out["dp2xtp2:grads"], out["dp2:grads"]
+    scale = max(float(np.abs(g).max()) for g in want.values())
+    worst = max(float(np.abs(got[k] - want[k]).max()) for k in want)
+    assert worst <= _terms() * EPS32 * scale, (worst, scale)
+    # The weights after the steps: within Adam's largest step (``lr (1 - beta1) /
+    # sqrt(1 - beta2)``), twice, per step. No tighter bound holds: rounding is relative to
+    # an element's summed products, not to the element, so a gradient that nearly cancels
+    # can change sign between the layouts, and Adam's normalised update turns that sign
+    # into a whole step the other way.
+    worst = max(float(np.abs(out["dp2xtp2"][k] - out["dp2"][k]).max()) for k in out["dp2"])
+    assert worst <= STEPS * 2 * LR * 0.1 / 0.001 ** 0.5, worst

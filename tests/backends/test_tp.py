@@ -174,16 +174,20 @@ def _rank(rank: int, port: int, tmp: str, q) -> None:
     out["shapes"] = [tuple(attn.q_proj.weight.to_local().shape),
                      tuple(attn.k_proj.weight.to_local().shape),
                      tuple(attn.o_proj.weight.to_local().shape),
-                     tuple(model.backbone.layers[0].mlp.down_proj.weight.to_local().shape)]
+                     tuple(model.backbone.layers[0].mlp.down_proj.weight.to_local().shape),
+                     tuple(model.backbone.embed_tokens.weight.to_local().shape),
+                     tuple(model.lm_head.weight.to_local().shape)]
     rng = np.random.default_rng(0)
     prompts = [rng.integers(3, 250, size=5) for _ in range(3)]
     responses = [rng.integers(3, 250, size=n) for n in (4, 2, 6)]
     packed = Packed.build(prompts, responses)
     opts = [torch.optim.Adam(m.parameters(), lr=LR) for m in (model, whole)]
-    norms, grads, before = [], [], []
+    norms, grads, before, heads_out = [], [], [], []
     for m, opt in zip((model, whole), opts, strict=True):
-        lp, _, v = token_outputs(TokenHeads(m), packed)
-        (-(lp * packed.resp_mask).sum() + (v ** 2).sum()).backward()
+        lp, ent, v = token_outputs(TokenHeads(m), packed, temperature=0.7)
+        heads_out.append((lp.detach(), ent.detach()))
+        (-(lp * packed.resp_mask).sum() - 0.1 * (ent * packed.resp_mask).sum()
+         + (v ** 2).sum()).backward()
         norms.append(float(D.clip_grad_norm(list(m.parameters()), 0.5)))
         grads.append({k: _whole(p.grad).clone() for k, p in m.named_parameters()
                       if p.grad is not None})
@@ -191,6 +195,12 @@ def _rank(rank: int, port: int, tmp: str, q) -> None:
                        if p.grad is not None})
         opt.step()
     out["norms"] = norms
+    # log-probabilities and entropies reduced over the vocabulary's two halves, against the
+    # whole vocabulary's: a sum of at most vocab terms, each rounded once more
+    out["head_err"] = max(float((a - b).abs().max() / b.abs().max().clamp(min=1.0))
+                          for a, b in zip(*heads_out, strict=True))
+    out["head_tol"] = PRESETS["tiny"].vocab * EPS32
+    out["tied"] = _tied_split_trains_as_whole(packed)
     # The split model's gradients equal the whole one's up to float32 summation order: each
     # element accumulates at most tokens x (ffn + hidden) products per layer.
     dims = PRESETS["tiny"]
@@ -226,6 +236,30 @@ def _rank(rank: int, port: int, tmp: str, q) -> None:
     D.shutdown_world()
 
 
+def _tied_split_trains_as_whole(packed) -> dict:
+    """Tied embeddings split over the vocabulary stay one tensor, and its gradient (lookup
+    and head together) is the whole model's."""
+    import attrs
+
+    from backends.torch_backend import distributed as D
+    from backends.torch_backend.modeling import build_model
+    from backends.torch_backend.train import TokenHeads, token_outputs
+    from rpeg.spec.presets import PRESETS
+
+    dims = attrs.evolve(PRESETS["tiny"], tied_embeddings=True)
+    split, whole = (build_model(dims, heads=("lm",), seed=0) for _ in range(2))
+    D.shard_tp(split, (0, 1), "cpu")
+    grads = []
+    for m in (split, whole):
+        lp, _, _ = token_outputs(TokenHeads(m), packed)
+        (-(lp * packed.resp_mask).sum()).backward()
+        grads.append(_whole(m.lm_head.weight.grad))
+    scale = float(grads[1].abs().max())
+    return {"one_tensor": split.lm_head.weight is split.backbone.embed_tokens.weight,
+            "err": float((grads[0] - grads[1]).abs().max()) / scale,
+            "tol": int(packed.mask.sum()) * (dims.ffn + dims.hidden) * dims.layers * EPS32}
+
+
 def test_the_sharding_plan_on_two_gloo_ranks(tmp_path):
     import multiprocessing as mp
 
@@ -247,7 +281,11 @@ def test_the_sharding_plan_on_two_gloo_ranks(tmp_path):
         p.join(timeout=30)
     out = got[(0, "out")]
     # tiny: 4 heads of 16, 2 KV heads, ffn 128 -> each rank 2 heads, 1 KV head, half the MLP
-    assert out["shapes"] == [(32, 64), (16, 64), (64, 32), (64, 64)]
+    # ... and the vocabulary's 259 rows split 130 + 129 (torch.chunk), embeddings and head
+    assert out["shapes"] == [(32, 64), (16, 64), (64, 32), (64, 64), (130, 64), (130, 64)]
+    assert out["head_err"] <= out["head_tol"], out
+    tied = out["tied"]
+    assert tied["one_tensor"] and tied["err"] <= tied["tol"], tied
     assert out["grad_err"] <= out["grad_tol"], out
     assert out["norms"][0] == pytest.approx(out["norms"][1], rel=out["grad_tol"])
     assert out["update_err"] <= ADAM_ROUNDINGS * EPS32, out

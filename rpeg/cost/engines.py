@@ -25,8 +25,8 @@ DeepSpeed's inference kernels: about 8), which decode loop drives generation (a 
 hook on each (DeepSpeed) or layer by layer (FSDP), how it batches generation (a paged KV
 cache with continuous batching; a static batch that keeps finished sequences until its
 longest ends; rpeg's torch loop, which drops finished rows), and the bytes of each output
-logit it holds at once (bf16 logits with a fused log-probability kernel: 2; an fp32 upcast
-with its log-softmax: 10).
+logit it holds at once (bf16 logits with a fused or chunked log-probability: 2, and the
+chunk it works on; an fp32 upcast with its log-softmax: 10).
 
 What they share (:class:`Efficiency`) is a handful of host and overlap terms, each with a
 unit and a physical range (:data:`BOUNDS`), the same for every engine, source and GPU kind:

@@ -183,12 +183,13 @@ def ep_group(devices, par: Parallel) -> tuple[int, ...]:
 def layer_comm(model: Model, par: Parallel, devices, topo, sh: Shape, bpv: float,
                layers: int, passes: int) -> float:
     """Seconds of one micro-batch's per-layer traffic on one device, over ``passes`` (1 a
-    forward, 2 forward and backward): TP all-reduces, CP all-to-alls, MoE dispatch and
-    combine, the PP hand-over."""
+    forward, 2 forward and backward): TP all-reduces (two a layer each pass, and one more
+    for the vocabulary-split embedding's lookup forward, the split head's input gradient
+    backward), CP all-to-alls, MoE dispatch and combine, the PP hand-over."""
     d = model.dims
     nbytes = sh.tokens * d.hidden * bpv
-    t = 2 * passes * layers * collective_time(Collective.ALL_REDUCE, nbytes,
-                                              tp_group(devices, par), topo)
+    t = (2 * layers + 1) * passes * collective_time(Collective.ALL_REDUCE, nbytes,
+                                                    tp_group(devices, par), topo)
     if par.cp > 1:        # q, k, v and the output across the context-parallel group
         qkvo = sh.tokens * (2 * d.heads * d.head_dim + 2 * d.kv_dim) / par.tp * bpv
         t += passes * layers * collective_time(Collective.ALL_TO_ALL, qkvo,

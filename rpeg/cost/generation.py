@@ -161,10 +161,11 @@ def working_set(model: Model, par: Parallel, tokens: float, bpv: float) -> float
 
 def row_buffer(model: Model, par: Parallel, w, gpu) -> float:
     """Other transient bytes per sequence: a prefill layer's intermediates, or the fp32
-    logits of its next token (a layer's are freed before the head runs)."""
+    logits of its next token (a layer's are freed before the head runs), whole: a
+    tensor-parallel engine gathers them to sample."""
     hd = head_dims(model)
     prefill = working_set(model, par, w.prompt_len, value_bytes(model, gpu))
-    return max(prefill, hd.vocab / par.tp * 4 * 3)
+    return max(prefill, hd.vocab * 4 * 3)
 
 
 PREFILL_CHUNK = 8192       # tokens a paged engine prefills in one scheduler step
@@ -175,7 +176,7 @@ def step_buffer(model: Model, par: Parallel, gpu, n: int) -> float:
     and the next-token logits of its ``n`` sequences."""
     hd = head_dims(model)
     return max(working_set(model, par, PREFILL_CHUNK, value_bytes(model, gpu)),
-               n * hd.vocab / par.tp * 4 * 3)
+               n * hd.vocab * 4 * 3)         # the logits gathered whole to sample
 
 
 def engine_weights(model: Model, par: Parallel, gpu) -> float:
@@ -393,9 +394,14 @@ def _cached(model, par, devices, topo, gpu, t, local, prompt, extra, dist, engin
             work += max(gather - work, gather * (1 - t.overlap)) + hooks
         return work, pc.roof + C.Roof(0.0, merged) if merged else pc.roof
 
-    def comm(tokens: float) -> float:
+    def comm(tokens: float, seqs: float) -> float:
+        """A pass over ``tokens`` sampling the next token of ``seqs`` sequences: two
+        all-reduces a layer and one for the vocabulary-split embedding's lookup, and the
+        next-token logits gathered whole to sample from (vLLM's logits processor, the torch
+        engine's ``weights.whole``)."""
         nbytes = tokens * d.hidden * bpv
-        tp = 2 * layers * collective_time(Collective.ALL_REDUCE, nbytes, tpg, topo)
+        tp = (2 * layers + 1) * collective_time(Collective.ALL_REDUCE, nbytes, tpg, topo)
+        tp += collective_time(Collective.ALL_GATHER, seqs * hd.vocab * bpv, tpg, topo)
         p2p = collective_time(Collective.P2P, nbytes, ppg[:2], topo) if par.pp > 1 else 0.0
         return tp + p2p
 
@@ -405,7 +411,7 @@ def _cached(model, par, devices, topo, gpu, t, local, prompt, extra, dist, engin
     pre_t, pre_roof = stage_pass(pre, pre_tokens, p_ctx - fresh / 2, 0.0, local / m)
     prefill_c = pipe * pre_t
     roof = pre_roof.scaled(m)
-    prefill_x = pipe * comm(pre_tokens)
+    prefill_x = pipe * comm(pre_tokens, local / m)
     if engine is Engine.HYBRID and par.zero.shards_params:
         # the shards gathered once a call into the inference kernels' layout: every rank
         # gathers each layer's whole tensors and copies its tensor-parallel slice, so the
@@ -438,7 +444,7 @@ def _cached(model, par, devices, topo, gpu, t, local, prompt, extra, dist, engin
         step = pipe * one + dec.decode_overhead + active * (t.seq_s + d.vocab * dec.sample_logit_time)
         roof += one_roof.scaled((hi - lo) * m)
         comp_seg.append((hi - lo) * step)
-        comm_seg.append((hi - lo) * pipe * comm(per_mb))
+        comm_seg.append((hi - lo) * pipe * comm(per_mb, per_mb))
     comp = np.array(comp_seg)
     cx = np.array(comm_seg)
     cum = np.concatenate([[0.0], np.cumsum(comp + cx)])

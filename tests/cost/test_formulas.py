@@ -263,3 +263,19 @@ def test_a_cluster_topology_is_built_once_per_cluster_value():
     other = attrs.evolve(gh, links=gh.links[:1])
     with pytest.raises(CostError):       # a new value is built (and checked) afresh
         Topology.from_cluster(other)
+
+
+def test_a_tensor_parallel_engine_samples_from_the_whole_vocabularys_logits():
+    """A sequence's next-token logits are gathered whole to sample from at any tp (vLLM's
+    logits processor, the torch engine), so its sampling buffer does not shrink with tp:
+    fp32 logits and two copies the sampler makes, 12 bytes a vocabulary entry."""
+    from types import SimpleNamespace
+
+    from rpeg.cost.generation import row_buffer, step_buffer
+    model = Model("m", "llama3.1-8b", LLAMA8B)
+    gpu = _cluster().gpu
+    one_token = SimpleNamespace(prompt_len=1)   # a prefill layer's work below the logits'
+    for tp in (1, 2, 4):
+        par = Parallel(tp=tp)
+        assert row_buffer(model, par, one_token, gpu) == LLAMA8B.vocab * 12
+        assert step_buffer(model, par, gpu, 4096) == 4096 * LLAMA8B.vocab * 12

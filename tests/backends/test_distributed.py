@@ -1,6 +1,6 @@
 """The torch backend's per-token log-probabilities and entropy (``distributed.token_log_probs``)
-against torch's own log-softmax: values, gradients (float64 ``gradcheck``), chunks, and what
-the backward keeps. The split-vocabulary path runs on two gloo ranks in ``test_tp.py``."""
+against torch's own log-softmax in float64: values, gradients, chunks, and what the backward
+keeps. The split-vocabulary path runs on two gloo ranks in ``test_tp.py``."""
 
 from __future__ import annotations
 

@@ -220,14 +220,17 @@ def _first_row(rows: int, mesh) -> int:
     return min(mesh.get_local_rank() * width, rows)
 
 
-def token_log_probs(logits, targets: torch.Tensor, temperature: float = 1.0):
+def token_log_probs(logits, targets: torch.Tensor, temperature: float = 1.0,
+                    own: bool = False):
     """(log-probability of each target, entropy) per position of ``logits`` [..., vocab] at
     ``temperature``: whole, or split over the vocabulary (a DTensor ``Shard(-1)``,
     :func:`shard_tp`'s head), never gathered.
 
     The logits are kept once, in their own dtype (bf16 on a GPU), and nothing else as large:
     the float32 log-softmax runs over chunks of positions, forward and again in the
-    backward, as verl's and TRL's memory-lean log-probabilities do. Split logits are
+    backward, as verl's and TRL's memory-lean log-probabilities do. With ``own`` (the caller
+    made the logits and reads them no more), the backward writes their gradient over them,
+    as Liger's fused cross-entropy does, and runs once (no ``retain_graph``). Split logits are
     reduced over the ranks in two all-reduces of a few numbers per position (the maximum;
     then the sums of the exponentials, of their products with the logits, and the target's
     logit, which one rank holds); the backward needs no communication."""
@@ -240,17 +243,18 @@ def token_log_probs(logits, targets: torch.Tensor, temperature: float = 1.0):
         logits = logits.to_local()
     shape = targets.shape
     lp, ent = _TokenLogProbs.apply(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1),
-                                   float(temperature), lo, group)
+                                   float(temperature), lo, group, own)
     return lp.view(shape), ent.view(shape)
 
 
 class _TokenLogProbs(torch.autograd.Function):
     """See :func:`token_log_probs`. ``logits`` [N, V] (this rank's columns, from ``lo``).
     A chunk of ``LOGIT_CHUNK`` values is worked on in float32 with two copies of it alive
-    (``rpeg.cost.engines.LOGIT_WORK_COPIES``): each step of a chunk runs in place."""
+    (``rpeg.cost.engines.LOGIT_WORK_COPIES``): each step of a chunk runs in place, and the
+    backward writes the gradient over the logits (which nothing else reads)."""
 
     @staticmethod
-    def forward(ctx, logits, targets, temperature: float, lo: int, group):
+    def forward(ctx, logits, targets, temperature: float, lo: int, group, own: bool):
         n, width = logits.shape
         rows = max(1, LOGIT_CHUNK // max(width, 1))
         top = torch.empty(n, dtype=torch.float32, device=logits.device)
@@ -270,21 +274,27 @@ class _TokenLogProbs(torch.autograd.Function):
         log_z = top + torch.log(sums[0])
         mean_z = sums[1] / sums[0]                   # E_p[z]
         ctx.save_for_backward(logits, idx, here, log_z, mean_z)
-        ctx.temperature, ctx.rows = temperature, rows
+        ctx.temperature, ctx.rows, ctx.own = temperature, rows, own
         return sums[2] - log_z, log_z - mean_z
 
     @staticmethod
     def backward(ctx, g_lp, g_ent):
+        if getattr(ctx, "spent", False):
+            raise RuntimeError("token_log_probs(own=True)'s backward runs once: it wrote the "
+                               "logits' gradient over the logits (no retain_graph)")
         logits, idx, here, log_z, mean_z = ctx.saved_tensors
         g_lp = torch.zeros_like(log_z) if g_lp is None else g_lp.float()
         g_ent = torch.zeros_like(log_z) if g_ent is None else g_ent.float()
-        grad = torch.empty_like(logits)
         rows = ctx.rows
+        # each chunk's gradient written as its logits are read for the last time: owned
+        # logits hold their own gradient, so a train step keeps one logits-sized tensor
+        grad = logits if ctx.own else torch.empty_like(logits)
+        ctx.spent = ctx.own
         for a in range(0, logits.shape[0], rows):
             b = slice(a, a + rows)
             grad[b] = _chunk_grad(logits[b], idx[b], here[b], ctx.temperature, log_z[b],
                                   mean_z[b], g_lp[b], g_ent[b])
-        return grad, None, None, None, None
+        return grad, None, None, None, None, None
 
 
 def _scaled(logits: torch.Tensor, temperature: float) -> torch.Tensor:

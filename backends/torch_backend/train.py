@@ -70,7 +70,7 @@ def token_outputs(heads: nn.Module, packed: Padded | Flat, temperature: float = 
     logits, values = heads(packed.ids, packed.mask, packed.gather, packed.positions)
     lp = ent = None
     if logits is not None:
-        lp, ent = token_log_probs(logits, packed.targets, temperature)
+        lp, ent = token_log_probs(logits, packed.targets, temperature, own=True)
     return lp, ent, values
 
 

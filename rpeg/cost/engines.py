@@ -192,10 +192,11 @@ class EngineKind:
 
 KINDS: dict[Engine, EngineKind] = {
     # rpeg's torch backend: transformers' modules, eager; its own loop drops finished rows;
-    # it keeps the logits once in bf16 (and their gradient when training) and computes the
-    # log-probabilities over chunks of them in float32 (backends.torch_backend.distributed)
+    # it keeps the logits once in bf16 (training writes their gradient over them) and
+    # computes the log-probabilities over chunks of them in float32
+    # (backends.torch_backend.distributed.token_log_probs)
     Engine.TORCH: EngineKind(kernels=40, loop=Loop.PYTHON, kv_copy=True, logits_fwd=2,
-                             logits_train=4, logits_work=LOGIT_CHUNK, grads_freed=True),
+                             logits_train=2, logits_work=LOGIT_CHUNK, grads_freed=True),
     Engine.VLLM: EngineKind(kernels=10, loop=Loop.VLLM, paged=True, default_seqs=256),
     Engine.HF: EngineKind(kernels=40, loop=Loop.PYTHON, per_tensor_hooks=True,
                           static_batch=True, kv_copy=True, logits_fwd=10, logits_train=14),
@@ -243,7 +244,7 @@ def engine_terms(engine: Engine, gpu: GpuProfile) -> EngineTerms:
         return EngineTerms(layer_s=gpu.layer_overhead, step_s=gpu.decode_overhead,
                            kv_copy=True, static_batch=engine in (Engine.HF, Engine.HYBRID),
                            grads_freed=bool(gpu.grads_freed),
-                           **({"logits_fwd": cb, "logits_train": 2 * cb,
+                           **({"logits_fwd": cb, "logits_train": cb,
                                "logits_work": LOGIT_CHUNK} if own else {}))
     return ENGINES[engine]
 

@@ -64,3 +64,25 @@ def test_the_backward_keeps_the_logits_once_and_a_few_numbers_a_position():
     assert held == n * vocab * 2 + n * (8 + 1 + 4 + 4)
     (lp.sum() + ent.sum()).backward()
     assert logits.grad.dtype == torch.bfloat16
+
+
+def test_owned_logits_take_their_own_gradient_once():
+    """``own``: the backward writes the gradient over the logits (one logits-sized tensor in
+    a train step) and equals the gradient made beside them; a second backward is refused."""
+    gen = torch.Generator().manual_seed(1)
+    base = torch.randn(3, 4, 13, generator=gen)
+    targets = torch.randint(0, 13, (3, 4), generator=gen)
+    grads = []
+    for own in (False, True):
+        x = base.clone().requires_grad_()
+        logits = x * 2                         # made here, read by nothing else
+        lp, ent = D.token_log_probs(logits, targets, 0.8, own=own)
+        seen = []
+        logits.register_hook(lambda g: seen.append(g.data_ptr()) or g)
+        (lp.sum() - 0.1 * ent.sum()).backward(retain_graph=True)
+        grads.append(x.grad.clone())
+        assert (seen[0] == logits.data_ptr()) == own
+        if own:
+            with pytest.raises(RuntimeError, match="runs once"):
+                (lp.sum() - 0.1 * ent.sum()).backward()
+    assert torch.equal(grads[0], grads[1])

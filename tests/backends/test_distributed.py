@@ -78,7 +78,7 @@ def test_owned_logits_take_their_own_gradient_once():
         logits = x * 2                         # made here, read by nothing else
         lp, ent = D.token_log_probs(logits, targets, 0.8, own=own)
         seen = []
-        logits.register_hook(lambda g: seen.append(g.data_ptr()) or g)
+        logits.register_hook(lambda g, seen=seen: seen.append(g.data_ptr()) or g)
         (lp.sum() - 0.1 * ent.sum()).backward(retain_graph=True)
         grads.append(x.grad.clone())
         assert (seen[0] == logits.data_ptr()) == own

@@ -122,8 +122,8 @@ TUTORIAL_02 = ROOT / "tutorials" / "02-compile-and-read-a-plan.md"
 CLAIMS = [
     ("spends that allowance on a **partial rollout**", "carries responses over 1 step"),
     ("Generation runs on vLLM (the `rollout` row)", re.compile(r"^  rollout .* vllm ", re.M)),
-    ("fuses the\n  reference and values forwards, the scores and the advantages into one task",
-     "fusion: ref_lp + values + scores + adv"),
+    ("fuses the\n  reference forward with the scores, and the values forward with the advantages",
+     "fusion: ref_lp + scores; values + adv"),
     ("the search generates whole batches", "streaming: none (whole batches)"),
     ("above 3% of the step a note\n  says so", "note: the control plane takes"),
     ("The first line under the step time is the checkpoints' share",

@@ -250,8 +250,8 @@ def token_log_probs(logits, targets: torch.Tensor, temperature: float = 1.0,
 class _TokenLogProbs(torch.autograd.Function):
     """See :func:`token_log_probs`. ``logits`` [N, V] (this rank's columns, from ``lo``).
     A chunk of ``LOGIT_CHUNK`` values is worked on in float32 with two copies of it alive
-    (``rpeg.cost.engines.LOGIT_WORK_COPIES``): each step of a chunk runs in place, and the
-    backward writes the gradient over the logits (which nothing else reads)."""
+    (``rpeg.cost.engines.LOGIT_WORK_COPIES``): each step of a chunk runs in place, and with
+    ``own`` the backward writes the gradient over the logits."""
 
     @staticmethod
     def forward(ctx, logits, targets, temperature: float, lo: int, group, own: bool):

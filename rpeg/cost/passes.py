@@ -32,10 +32,15 @@ parameter tensor, are the engine's (:mod:`rpeg.cost.engines`). Weights kept in h
 optimizer state is streamed in and out once per train op (torch), or stays on the host
 where the CPU runs Adam each optimizer step (DeepSpeed's CPU Adam).
 
-Memory of a train micro-batch: the activations of the micro-batches in flight (fewer with
-recomputation), the output head's fp32 logits (in chunks where the engine computes them
-so), gradient buckets (the whole gradient for an all-reduce; two layers' for a
-reduce-scatter), the layers a ZeRO-3 pass gathers, and what offloading brings in.
+Memory of a train micro-batch: the larger of its two phases, which are not alive at once.
+At its loss, the activations of the micro-batches in flight (fewer with recomputation),
+the output head's logits as the engine holds them and the float32 chunk its log-softmax
+works on, and the gradients the micro-batches before it made (an engine that frees them
+after each optimizer step makes them again from its first); in its backward pass, the
+activations it frees as it goes while the gradients are made, the layer recomputed,
+gradient buckets (the whole gradient for an all-reduce; two layers' for a
+reduce-scatter) and the layers a ZeRO-3 pass gathers. What offloading brings in is alive
+through both.
 """
 
 from __future__ import annotations
@@ -469,9 +474,19 @@ def forward_memory(model: Model, par: Parallel, gpu, engine: Engine, w, batch: i
 
 def train_memory(model: Model, par: Parallel, gpu, engine: Engine, w, batch: int, gen: float,
                  minibatches: int) -> MemoryCost:
-    """A train stage's transient bytes per GPU: activations of the micro-batches in flight
-    (1F1B: up to pp on the first stage), logits, gradient buckets, gathered layers, and the
-    state offloading brings in for the step."""
+    """A train stage's transient bytes per GPU: the larger of its two phases
+    (:func:`train_phases`)."""
+    return max(train_phases(model, par, gpu, engine, w, batch, gen, minibatches),
+               key=lambda m: m.total)
+
+
+def train_phases(model: Model, par: Parallel, gpu, engine: Engine, w, batch: int, gen: float,
+                 minibatches: int) -> tuple[MemoryCost, MemoryCost]:
+    """A train stage's transient bytes per GPU at a micro-batch's loss (the activations of
+    the micro-batches in flight, 1F1B: up to pp on the first stage; the logits; the
+    gradients of the micro-batches before it) and in its backward pass (the activations as
+    they are freed and the gradients as they are made, gradient buckets, gathered layers),
+    each with the state offloading brings in for the step (module doc)."""
     check_parallel(model.dims, par, model.name)
     t = engine_terms(engine, gpu)
     d, bpv = model.dims, value_bytes(model, gpu)
@@ -494,11 +509,11 @@ def train_memory(model: Model, par: Parallel, gpu, engine: Engine, w, batch: int
     if t.grads_freed:
         # Gradients are dropped after each step (zero_grad(set_to_none)), so they are not
         # resident (rpeg.cost.memory.grads_between_steps), and made again while the
-        # backward pass frees the kept activations: the two share the step's peak, beside
-        # the layer being recomputed.
+        # backward pass frees the kept activations: the two share the backward's peak,
+        # beside the layer being recomputed.
         grads = grad_bytes(model, par, gpu, engine is Engine.DEEPSPEED)[1]
-        kept = max(kept - grads, 0.0)
-    acts = kept + working
+    # at a micro-batch's loss: the gradients of the ones before it in the optimizer step
+    before = grads if par.microbatches > 1 else 0.0
     if par.shards <= 1:
         bucket = 0.0
     elif par.zero.shards_grads:  # reduce-scatter buckets: about two layers' gradients
@@ -512,11 +527,16 @@ def train_memory(model: Model, par: Parallel, gpu, engine: Engine, w, batch: int
     if par.param_offload:
         shards = par.shards if par.zero.shards_params else 1
         loaded = 2 * local_params(model, par) * bpv / shards
-    return MemoryCost(activations=acts, optimizer=state, weights=loaded, grads=grads,
-                      buffers=gpu.runtime_memory + bucket + gather_buffer(model, par, gpu, engine)
-                      + max(loss, working_set(model, par, sh.tokens, bpv)))
+    at_loss = MemoryCost(activations=kept, optimizer=state, weights=loaded, grads=before,
+                         buffers=gpu.runtime_memory + loss)
+    backward = MemoryCost(activations=max(kept - grads, 0.0) + working, optimizer=state,
+                          weights=loaded, grads=grads,
+                          buffers=gpu.runtime_memory + bucket
+                          + gather_buffer(model, par, gpu, engine)
+                          + working_set(model, par, sh.tokens, bpv))
+    return at_loss, backward
 
 
 __all__ = ["Shape", "activation_bytes_per_token", "cpu_adam_step", "dp_group", "forward_cost",
            "forward_memory", "host_bandwidth", "offload_time", "pp_group", "shape", "tp_group",
-           "train_cost", "train_memory"]
+           "train_cost", "train_memory", "train_phases"]

@@ -10,7 +10,7 @@ from rpeg.cost.engines import CONTROLLER_BYTES, EFFICIENCY, ENGINES, efficiency,
 from rpeg.cost.examples import ppo_pipeline, single_gpu_op
 from rpeg.cost.generation import generate_memory, generation_rows, hybrid_merge_bytes
 from rpeg.cost.memory import Parallel, local_params, model_params, resident_memory
-from rpeg.cost.passes import train_cost, train_memory
+from rpeg.cost.passes import train_cost, train_memory, train_phases
 from rpeg.cost.profiles import builtin_profile, cluster_of
 from rpeg.cost.stages import estimate_stage, stage_memory
 from rpeg.cost.topology import Collective, Topology, collective_time
@@ -133,9 +133,29 @@ def test_zero3_training_gathers_in_every_micro_batch(ppo):
 def test_zero_2_and_3_buckets_are_not_the_whole_gradient(ppo):
     model, w = ppo.model("actor"), ppo.workload
     grads = local_params(model, Parallel(dp=8)) * 2
-    ddp = train_memory(model, Parallel(dp=8), H100.gpu, Engine.TORCH, w, 512, 1024.0, 1)
-    z3 = train_memory(model, Parallel(dp=8, zero=3), H100.gpu, Engine.TORCH, w, 512, 1024.0, 1)
+    # the buckets live in the backward pass, whichever phase holds the step's peak
+    ddp = train_phases(model, Parallel(dp=8), H100.gpu, Engine.TORCH, w, 512, 1024.0, 1)[1]
+    z3 = train_phases(model, Parallel(dp=8, zero=3), H100.gpu, Engine.TORCH, w, 512, 1024.0,
+                      1)[1]
     assert ddp.buffers - z3.buffers > 0.8 * grads
+
+
+def test_a_train_steps_peak_is_its_larger_phase_not_their_sum():
+    # Qwen2.5-7B's 152k-token vocabulary: the logits the loss reads are alive before the
+    # backward pass makes its gradients, gathers layers and fills buckets, never with them
+    # (measured on CPU workers: benchmarks/train_executor.py's vocabulary model)
+    p = ppo_pipeline("qwen2.5-7b", prompts=64, prompt_len=512, gen_median=512, gen_max=2048)
+    model, w = p.model("actor"), p.workload
+    par = Parallel(dp=8, zero=3, recompute=True)
+    at_loss, backward = train_phases(model, par, H100.gpu, Engine.TORCH, w, 512, 1024.0, 1)
+    peak = train_memory(model, par, H100.gpu, Engine.TORCH, w, 512, 1024.0, 1)
+    assert peak == max(at_loss, backward, key=lambda m: m.total)
+    assert at_loss.grads == 0 < backward.grads              # one micro-batch: none made yet
+    assert at_loss.buffers > backward.buffers               # the logits
+    # a second micro-batch's loss holds the gradients the first one made
+    two = train_phases(model, attrs.evolve(par, microbatches=2), H100.gpu, Engine.TORCH, w,
+                       512, 1024.0, 1)[0]
+    assert two.grads == backward.grads
 
 
 def test_recomputation_holds_the_recomputed_layer_beside_the_gradients(ppo):

@@ -18,7 +18,7 @@ from __future__ import annotations
 import attrs
 
 from rpeg.errors import GraphError
-from rpeg.graph.ids import Backbone
+from rpeg.graph.ids import Backbone, fused_name
 from rpeg.graph.ir import SAME_STEP, DataEdge, Graph, Op, VersionEdge
 from rpeg.graph.work import work_of
 from rpeg.spec.functions import function
@@ -104,7 +104,7 @@ def _merge_trainers(ops: list[Op]) -> list[Op]:
         elif o is group[0]:
             inputs = tuple(dict.fromkeys(i for g in group for i in g.inputs))
             stages = tuple(s for g in group for s in g.stages)
-            out.append(attrs.evolve(o, name="+".join(stages), inputs=inputs, stages=stages,
+            out.append(attrs.evolve(o, name=fused_name(stages), inputs=inputs, stages=stages,
                                     work=tuple(w for g in group for w in g.work)))
     return out
 

@@ -50,6 +50,17 @@ class Backbone(str):
         return SEPARATOR in self
 
 
+def fused_name(stages: Iterable[str]) -> str:
+    """The name of the op that runs ``stages`` as one (a shared backbone's train stages):
+    theirs joined as a backbone's members are, which plans, traces and the cost model's
+    works all key it by.
+
+        >>> fused_name(("actor_step", "critic_step"))
+        'actor_step+critic_step'
+    """
+    return SEPARATOR.join(stages)
+
+
 VARIANT = "~"          # "actor~tp0-1": a second copy of actor on a device, split another way
 ENGINE = "vllm"        # "actor~vllm": the copy a vLLM engine serves (its own devices, or tp > 1)
 

@@ -24,7 +24,7 @@ import functools
 import attrs
 
 from rpeg.errors import NOWHERE, Span
-from rpeg.graph.ids import Backbone
+from rpeg.graph.ids import Backbone, fused_name
 from rpeg.graph.order import topological
 from rpeg.graph.work import Work
 from rpeg.spec.model import OpKind
@@ -164,7 +164,7 @@ class Graph:
                     model += f" >= s-{lag}" if lag else " = s"
             if o.writes_model:
                 model += f"  writes {o.writes_model}"
-            fused = f"  fuses {'+'.join(o.stages)}" if len(o.stages) > 1 else ""
+            fused = f"  fuses {fused_name(o.stages)}" if len(o.stages) > 1 else ""
             lines.append(f"  op {o.name:<{w}}  {o.kind.value:<12}  {reads} -> {writes}{model}{fused}")
         for e in self.data_edges:
             lines.append(f"  data {e.src} -> {e.dst}  [{e.data}]")

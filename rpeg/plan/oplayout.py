@@ -50,6 +50,7 @@ from rpeg.cost.engine_sync import engine_hosts_of, serves_copy, sync_senders, tp
 from rpeg.errors import PlanError
 from rpeg.graph import Graph, chunk_counts
 from rpeg.graph.deal import deal_group, emptiest_share
+from rpeg.graph.ids import fused_name
 from rpeg.spec.model import Engine, OpKind
 
 
@@ -344,7 +345,7 @@ def split_parts(op, place, trainer, chunks: int, streamed: bool = False,
         return 0
     blocks = len(place.devices) // (place.tp if op.reads_model and place.tp > 1 else 1)
     if batch is not None and blocks > max(batch, 1):
-        stage = "+".join(op.stages) or op.name
+        stage = fused_name(op.stages) or op.name
         raise PlanError(f"stage '{stage}' must split a step's {batch} sequences over at most "
                         f"{batch} parts, not {blocks} (one per data-parallel block): a part "
                         "would hold no sequence",

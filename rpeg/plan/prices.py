@@ -38,6 +38,7 @@ from rpeg.cost.stages import (
     weight_sync_time,
 )
 from rpeg.graph import build
+from rpeg.graph.ids import fused_name
 from rpeg.graph.work import Work
 from rpeg.plan.model import StagePlacement
 from rpeg.plan.oplayout import fused_train
@@ -143,11 +144,12 @@ class Prices:
         """(name of its work here, placement) of a train op of ``stages`` placed as
         ``places``, as it runs (:func:`rpeg.plan.oplayout.fused_train`): one stage's own;
         a shared backbone's stages' one schedule, its work kept under the op's name
-        (``a+b``), so every answer here prices it as any stage's."""
+        (:func:`~rpeg.graph.ids.fused_name`, as the graph names the op), so every answer
+        here prices it as any stage's."""
         if len(stages) == 1:
             return stages[0], places[0]
         work, p = fused_train(tuple(self.works[s] for s in stages), places)
-        name = "+".join(stages)
+        name = fused_name(stages)
         self.works.setdefault(name, work)
         return name, p
 

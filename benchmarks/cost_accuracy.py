@@ -46,8 +46,8 @@ from backends.torch_backend import measure  # noqa: E402
 from backends.torch_backend.measure_layouts import tp_rows  # noqa: E402
 from benchmarks.provenance import command, profile_origin  # noqa: E402
 from rpeg.cost.calibrate import cpu_cluster, fit_profile, mape, predict_op  # noqa: E402
-from rpeg.cost.memory import Parallel  # noqa: E402
 from rpeg.cost.profiles import load_cluster, profile_text  # noqa: E402
+from rpeg.graph.layout import Layout  # noqa: E402
 from rpeg.spec.presets import PRESETS, ModelDims  # noqa: E402
 
 MODELS = {
@@ -167,7 +167,7 @@ def run(configs, repeats: int, cluster_path: Path, recalibrate: bool,
     rows = []
     for cfg in configs:
         kind, model, b, p, g, dp, mb = cfg
-        par = Parallel(dp=dp)
+        par = Layout(dp=dp)
         r = results[cfg]
         row = {"kind": kind, "model": model, "batch": b, "prompt_len": p, "gen_len": g,
                "dp": dp, "minibatches": mb, "held_out": held_out(cfg),
@@ -187,7 +187,7 @@ def run(configs, repeats: int, cluster_path: Path, recalibrate: bool,
                "tp": 2, "measured_s": r["latency_s"], "cpu_s": r["cpu_s"],
                **({"lengths": r["lengths"]} if "lengths" in r else {})}
         for key, cluster in clusters.items():
-            t, _ = predict_op(kind, MODELS[model], b, p, g, cluster, Parallel(tp=2), (0, 1),
+            t, _ = predict_op(kind, MODELS[model], b, p, g, cluster, Layout(tp=2), (0, 1),
                               lengths=r.get("lengths"))
             suffix = "" if key == ("in_run" if recalibrate else "shipped") else f"_{key}"
             row[f"predicted_s{suffix}"] = t

@@ -241,8 +241,8 @@ def _generate_mape(results, cluster, scale: float, layer_oh: float, step_oh: flo
     """rpeg.cost's whole generate op (engine vllm) with the fitted extras, against measurements."""
     from rpeg.cost.calibrate import _STAGE
     from rpeg.cost.examples import ppo_pipeline
-    from rpeg.cost.memory import Parallel
     from rpeg.cost.stages import estimate_stage
+    from rpeg.graph.layout import Layout
     from rpeg.spec.model import Engine
 
     gpu = attrs.evolve(cluster.gpu, vllm_work_scale=scale, vllm_layer_overhead=layer_oh,
@@ -256,7 +256,7 @@ def _generate_mape(results, cluster, scale: float, layer_oh: float, step_oh: flo
                 continue
             p = ppo_pipeline(dims=dims, prompts=row["batch"], prompt_len=PROMPT_LEN,
                              gen_median=gen, gen_max=gen)
-            t = estimate_stage(work_of(p, _STAGE["generate"]), Parallel(), (0,), cl,
+            t = estimate_stage(work_of(p, _STAGE["generate"]), Layout(), (0,), cl,
                                engine=Engine.VLLM).time_s
             errors.append(abs(t - row["seconds"]) / row["seconds"])
     return float(np.mean(errors)) if errors else None

@@ -63,12 +63,12 @@ def _prompts(batch: int, seed: int = 0) -> list[np.ndarray]:
 def predict_generate(name: str, engine, batch: int, gen: int, rows: int | None) -> float:
     """Seconds ``rpeg.cost`` predicts for one generate op of ``batch`` x ``gen`` tokens."""
     from rpeg.cost.examples import ppo_pipeline
-    from rpeg.cost.memory import Parallel
     from rpeg.cost.stages import estimate_stage
+    from rpeg.graph.layout import Layout
     from rpeg.spec.presets import PRESETS
     p = ppo_pipeline(dims=PRESETS[name], prompts=batch, prompt_len=PROMPT_LEN, gen_median=gen,
                      gen_max=gen)
-    return estimate_stage(work_of(p, "rollout"), Parallel(), (0,), _cluster(), engine=engine,
+    return estimate_stage(work_of(p, "rollout"), Layout(), (0,), _cluster(), engine=engine,
                           rows=rows).time_s
 
 
@@ -226,8 +226,8 @@ def sync_bucket() -> int:
 
 def predict_sync(path: str, dtype: str) -> float:
     from rpeg.cost.engine_sync import collective_sync_time
-    from rpeg.cost.memory import Parallel
     from rpeg.cost.stages import weight_sync_time
+    from rpeg.graph.layout import Layout
     from rpeg.spec.model import Model
     from rpeg.spec.presets import PRESETS
     cluster = _cluster()
@@ -235,8 +235,8 @@ def predict_sync(path: str, dtype: str) -> float:
     cluster = attrs.evolve(cluster, gpu=attrs.evolve(cluster.gpu, compute_bytes=nbytes))
     model = Model("actor", "smollm2-135m", PRESETS["smollm2-135m"])
     if path == "old":
-        return weight_sync_time(model, (0,), Parallel(), (1,), Parallel(), cluster)
-    return collective_sync_time(model, (0,), Parallel(), ((1,),), cluster)
+        return weight_sync_time(model, (0,), Layout(), (1,), Layout(), cluster)
+    return collective_sync_time(model, (0,), Layout(), ((1,),), cluster)
 
 
 def measure_sync(args, client) -> dict:

@@ -47,9 +47,10 @@ from backends.torch_backend.measure_layouts import run_layouts  # noqa: E402
 from benchmarks.provenance import finish, header, profile_origin, provenance  # noqa: E402
 from rpeg.cost.calibrate import empirical, mape, with_dispatch  # noqa: E402
 from rpeg.cost.examples import ppo_pipeline  # noqa: E402
-from rpeg.cost.memory import Parallel, resident_memory  # noqa: E402
+from rpeg.cost.memory import resident_memory  # noqa: E402
 from rpeg.cost.profiles import load_cluster  # noqa: E402
 from rpeg.cost.stages import estimate_stage, stage_memory  # noqa: E402
+from rpeg.graph.layout import Layout  # noqa: E402
 from rpeg.graph.work import work_of  # noqa: E402
 from rpeg.spec.model import Engine  # noqa: E402
 from rpeg.spec.presets import PRESETS, ModelDims  # noqa: E402
@@ -89,7 +90,7 @@ def predict(op: dict, cluster) -> tuple[float, float]:
     p = attrs.evolve(p, workload=attrs.evolve(p.workload,
                                               gen_len=empirical(op["lengths"], LONGEST)))
     tp = op.get("tp", 1)
-    par = Parallel(dp=2 // tp, tp=tp, microbatches=op["microbatches"],
+    par = Layout(dp=2 // tp, tp=tp, microbatches=op["microbatches"],
                    recompute=op["recompute"], zero=op["zero"], offload=op["offload"],
                    packing=op["packed"])
     cluster = attrs.evolve(cluster, gpu=with_dispatch(cluster.gpu, {"dispatch_s": 0.0}))

@@ -46,9 +46,10 @@ import torch
 from torch import nn
 
 from backends.torch_backend.optim import MasterAdam, build_optimizer
-from rpeg.cost.memory import Parallel, fsdp_runs
+from rpeg.cost.memory import fsdp_runs
 from rpeg.cost.passes import dp_group, train_groups
 from rpeg.errors import BackendError
+from rpeg.graph.layout import Layout
 from rpeg.spec.model import Zero
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -83,7 +84,7 @@ class TrainLayout:
     def dp_peers(self, device: int) -> tuple[int, ...]:
         """The devices of ``world`` holding the same tensor-parallel shard as ``device``
         (the cost model's data-parallel group, ``rpeg.cost.passes.dp_group``)."""
-        return dp_group(self.world, Parallel(tp=self.tp_size), self.world.index(device))
+        return dp_group(self.world, Layout(tp=self.tp_size), self.world.index(device))
 
 
 def param_dtype(model_dtype: str, device: str) -> torch.dtype:

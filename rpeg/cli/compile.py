@@ -352,7 +352,7 @@ def conversation_lines(plan, pipeline, cluster) -> list[str]:
     step, as the plan's generate op is priced (``rpeg.cost.turns``)."""
     from rpeg.cost.topology import Topology
     from rpeg.cost.turns import carries, rounds
-    from rpeg.plan.evaluate import Evaluator, parallel_of
+    from rpeg.plan.evaluate import Evaluator
     ev = None
     lines: list[str] = []
     for work in _conversation_works(pipeline):
@@ -360,7 +360,7 @@ def conversation_lines(plan, pipeline, cluster) -> list[str]:
             ev = Evaluator(pipeline, cluster)
             row_of = ev.rows_of(plan, ev.graph(plan))
         p = plan.placement(work.stage)
-        par = parallel_of(p)
+        par = p.layout
         rs, _ = rounds(work, par, p.devices, Topology.from_cluster(cluster), cluster,
                        work.workload.batch, p.engine, row_of.get(work.stage), ev.cap(p))
         conv = work.conversation

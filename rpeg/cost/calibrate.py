@@ -29,8 +29,9 @@ import attrs
 import numpy as np
 
 from rpeg.cost.examples import ppo_pipeline
-from rpeg.cost.memory import Parallel, resident_memory
+from rpeg.cost.memory import resident_memory
 from rpeg.cost.stages import estimate_stage, stage_memory
+from rpeg.graph.layout import Layout
 from rpeg.graph.work import work_of
 from rpeg.spec.kinds import Zero
 from rpeg.spec.model import Cluster, Engine, GpuProfile, LengthDist, LengthKind, Level, Link
@@ -94,7 +95,7 @@ def cluster_text(name: str, profile_path: str, link: Link, devices: int = 2) -> 
 
 
 def predict_op(kind: str, dims: ModelDims, batch: int, prompt_len: int, gen_len: int,
-               cluster: Cluster, par: Parallel = Parallel(),
+               cluster: Cluster, par: Layout = Layout(),
                devices: tuple[int, ...] = (0,), minibatches: int = 1,
                lengths=None) -> tuple[float, float]:
     """(seconds, peak bytes per device) the cost model predicts for one measured op;
@@ -171,7 +172,7 @@ def _predict(o: dict, profile: GpuProfile, link: Link) -> tuple[float, float]:
     ``o["dp"]`` devices at ZeRO level ``o["zero"]`` (``dp_train`` rows), or split over
     ``o["tp"]`` devices (``tp_ops`` rows)."""
     dp, tp = int(o.get("dp", 1)), int(o.get("tp", 1))
-    par = Parallel(dp=dp, tp=tp, zero=int(o.get("zero", 0)), packing=bool(o.get("packed")),
+    par = Layout(dp=dp, tp=tp, zero=int(o.get("zero", 0)), packing=bool(o.get("packed")),
                    microbatches=int(o.get("microbatches", 1)))
     return predict_op(o["kind"], _dims(o), o["batch"], o["prompt_len"], o["gen_len"],
                       cpu_cluster(profile, link), par, devices=tuple(range(dp * tp)),

@@ -34,12 +34,12 @@ copy, written by its worker), the trace and outputs carried over the cut (small)
 from __future__ import annotations
 
 from rpeg.cost.memory import (
-    Parallel,
     lora_params,
     model_params,
     optimizer_state_bytes,
     value_bytes,
 )
+from rpeg.graph.layout import Layout
 from rpeg.spec.model import CHECKPOINT_EVERY, GpuProfile, Model
 
 CHECKPOINT_OP = "checkpoint"
@@ -54,7 +54,7 @@ def checkpoint_bytes(model: Model, gpu: GpuProfile) -> float:
     float32 masters or float32 weights.
     """
     bpv = value_bytes(model, gpu)
-    state = optimizer_state_bytes(model, Parallel(), gpu)
+    state = optimizer_state_bytes(model, Layout(), gpu)
     master = model.optimizer is None or model.optimizer.master
     if bpv < 4 and master:
         return state

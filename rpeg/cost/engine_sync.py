@@ -2,10 +2,10 @@
 
     >>> from rpeg.cost.profiles import cluster_of
     >>> from rpeg.cost.examples import ppo_pipeline
-    >>> from rpeg.cost.memory import Parallel
+    >>> from rpeg.graph.layout import Layout
     >>> p = ppo_pipeline("llama3.1-8b", prompts=512)
     >>> m, r8 = p.model("actor"), tuple(range(8))
-    >>> t = collective_sync_time(m, r8, Parallel(dp=8), ((8, 9), (10, 11)), cluster_of("h200", 8, 2))
+    >>> t = collective_sync_time(m, r8, Layout(dp=8), ((8, 9), (10, 11)), cluster_of("h200", 8, 2))
     >>> round(t, 2)                 # 16 GB of bf16 in 240 buckets over a 50 GB/s node link
     0.33
 
@@ -43,8 +43,8 @@ import attrs
 
 from rpeg.cost import compute as C
 from rpeg.cost.generation import sync_bytes
-from rpeg.cost.memory import Parallel
 from rpeg.cost.topology import Collective, Topology, collective_time
+from rpeg.graph.layout import Layout
 from rpeg.spec.model import Cluster, Engine, Model, Zero
 
 # the bytes a weight sync into vLLM engines moves at a time: priced here, and the bucket
@@ -208,7 +208,7 @@ def sleep_wake_time(model: Model, tp: int, gpu) -> float:
     return 2 * sync_bytes(model, gpu) / max(tp, 1) / gpu.host_bandwidth
 
 
-def collective_sync_time(model: Model, src_devices: Sequence[int], src_par: Parallel,
+def collective_sync_time(model: Model, src_devices: Sequence[int], src_par: Layout,
                          engines: tuple[tuple[int, ...], ...], cluster: Cluster,
                          bucket_bytes: int = SYNC_BUCKET_BYTES) -> float:
     """Seconds of one update from a trainer (``src`` layout) into the vLLM engines whose

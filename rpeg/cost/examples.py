@@ -70,9 +70,9 @@ def single_gpu_op(kind: str, preset: str | ModelDims, *, batch: int, prompt_len:
     model with ``preset``'s dimensions (or ``ModelDims``) on one GPU of ``profile``: a
     batch of ``batch`` sequences of ``prompt_len`` prompt tokens and exactly ``gen_len``
     generated tokens, in bf16, one micro-batch, one optimizer step (Adam) for ``train``."""
-    from rpeg.cost.memory import Parallel
     from rpeg.cost.profiles import cluster_of
     from rpeg.cost.stages import estimate_stage
+    from rpeg.graph.layout import Layout
     from rpeg.spec.model import Engine
 
     stage = {"forward": "ref_lp", "train": "actor_step", "generate": "rollout"}.get(kind)
@@ -82,5 +82,5 @@ def single_gpu_op(kind: str, preset: str | ModelDims, *, batch: int, prompt_len:
     name = preset if isinstance(preset, str) else "custom"
     p = ppo_pipeline(name, prompts=batch, prompt_len=prompt_len, gen_median=gen_len,
                      gen_max=gen_len, dims=dims)
-    return estimate_stage(work_of(p, stage), Parallel(), (0,), cluster_of(profile, 1),
+    return estimate_stage(work_of(p, stage), Layout(), (0,), cluster_of(profile, 1),
                           engine=Engine(engine)).time_s

@@ -3,11 +3,11 @@
     >>> from rpeg.cost.profiles import cluster_of
     >>> from rpeg.cost.examples import ppo_pipeline
     >>> from rpeg.graph import work_of
-    >>> from rpeg.cost.memory import Parallel
+    >>> from rpeg.graph.layout import Layout
     >>> p, gh = ppo_pipeline("llama3.1-8b", prompts=512), cluster_of("gh200", 8)
-    >>> generation_rows(work_of(p, "rollout"), Parallel(dp=8), gh, 1e12)      # all 64 fit
+    >>> generation_rows(work_of(p, "rollout"), Layout(dp=8), gh, 1e12)      # all 64 fit
     64
-    >>> 1 <= generation_rows(work_of(p, "rollout"), Parallel(dp=8), gh, 2.5e9) < 64
+    >>> 1 <= generation_rows(work_of(p, "rollout"), Layout(dp=8), gh, 2.5e9) < 64
     True
 
 How many sequences decode at once per replica (the concurrency) is the engine's batching
@@ -50,7 +50,6 @@ from rpeg.cost import compute as C
 from rpeg.cost.engines import EngineTerms, engine_terms, with_terms
 from rpeg.cost.memory import (
     MemoryCost,
-    Parallel,
     check_parallel,
     head_dims,
     local_params,
@@ -61,6 +60,7 @@ from rpeg.cost.memory import (
 from rpeg.cost.partial import Partial
 from rpeg.cost.topology import Collective, collective_time
 from rpeg.graph.deal import busiest_share, deal_group
+from rpeg.graph.layout import Layout
 from rpeg.spec.model import Cluster, Engine, Model, Zero
 
 SEGMENTS = 32          # decode is integrated over this many segments of constant batch
@@ -134,7 +134,7 @@ def slowest_lengths(dist, local: int, groups: int) -> np.ndarray:
 
 # --- memory --------------------------------------------------------------------------------
 
-def kv_token_bytes(model: Model, par: Parallel, gpu, extra_layer: bool = False) -> float:
+def kv_token_bytes(model: Model, par: Layout, gpu, extra_layer: bool = False) -> float:
     """KV-cache bytes one token takes on one GPU (its layers; K and V split over TP down to
     one head each, a latent cache replicated)."""
     d = model.dims
@@ -152,14 +152,14 @@ def row_tokens(w, terms: EngineTerms, dist=None, prompts: int = 1) -> float:
     return padded_len(w.prompt_lens, prompts) + dist.max_len
 
 
-def working_set(model: Model, par: Parallel, tokens: float, bpv: float) -> float:
+def working_set(model: Model, par: Layout, tokens: float, bpv: float) -> float:
     """Largest live intermediates of one layer (gate, up, product; q, k, v) for ``tokens``."""
     d = model.dims
     width = d.expert_ffn * d.active_experts if d.moe and not d.ffn else d.ffn
     return tokens * (3 * width / par.tp + 4 * d.hidden) * bpv
 
 
-def row_buffer(model: Model, par: Parallel, w, gpu) -> float:
+def row_buffer(model: Model, par: Layout, w, gpu) -> float:
     """Other transient bytes per sequence: a prefill layer's intermediates, or the fp32
     logits of its next token (a layer's are freed before the head runs), whole: a
     tensor-parallel engine gathers them to sample."""
@@ -171,7 +171,7 @@ def row_buffer(model: Model, par: Parallel, w, gpu) -> float:
 PREFILL_CHUNK = 8192       # tokens a paged engine prefills in one scheduler step
 
 
-def step_buffer(model: Model, par: Parallel, gpu, n: int) -> float:
+def step_buffer(model: Model, par: Layout, gpu, n: int) -> float:
     """A paged engine's activations: one scheduler step's prefill chunk through a layer,
     and the next-token logits of its ``n`` sequences."""
     hd = head_dims(model)
@@ -179,12 +179,12 @@ def step_buffer(model: Model, par: Parallel, gpu, n: int) -> float:
                n * hd.vocab * 4 * 3)         # the logits gathered whole to sample
 
 
-def engine_weights(model: Model, par: Parallel, gpu) -> float:
+def engine_weights(model: Model, par: Layout, gpu) -> float:
     """Bytes of the weights a generating engine holds on one GPU at its tensor parallelism."""
     return local_params(model, attrs.evolve(par, zero=Zero.NONE, dp=1)) * weight_bytes(model, gpu)
 
 
-def gather_buffer(model: Model, par: Parallel, gpu, engine: Engine) -> float:
+def gather_buffer(model: Model, par: Layout, gpu, engine: Engine) -> float:
     """Transient weights a pass on ZeRO-3 shards gathers: two layers (the one computing and
     the one prefetched), or the Hybrid Engine's whole inference copy."""
     if not par.zero.shards_params or par.shards <= 1:
@@ -195,12 +195,12 @@ def gather_buffer(model: Model, par: Parallel, gpu, engine: Engine) -> float:
     return 2 * full / max(math.ceil(model.dims.layers / par.pp), 1)
 
 
-def concurrency(model: Model, par: Parallel, w, gpu, engine: Engine, local: int,
+def concurrency(model: Model, par: Layout, w, gpu, engine: Engine, local: int,
                 free_bytes: float | None, dist=None) -> int:
     """Sequences decoding at once per replica: the engine's batch (pinned ``max_num_seqs``,
     or its default), at most what the KV cache holds (None: memory not asked)."""
     t = engine_terms(engine, gpu)
-    want = par.max_num_seqs or t.default_seqs or local
+    want = par.decoding.max_num_seqs or t.default_seqs or local
     want = min(want, local)
     pool = kv_pool(model, par, gpu, engine, free_bytes)
     if pool is None:
@@ -213,19 +213,19 @@ def concurrency(model: Model, par: Parallel, w, gpu, engine: Engine, local: int,
     return max(min(want, fit), 1)
 
 
-def kv_pool(model: Model, par: Parallel, gpu, engine: Engine,
+def kv_pool(model: Model, par: Layout, gpu, engine: Engine,
             free_bytes: float | None) -> float | None:
     """Bytes per GPU the cache may take: a pinned ``kv_fraction`` of the GPU less the
     engine's weights, else the free memory less the runtime's own (None: not asked)."""
-    if par.kv_fraction:
-        return par.kv_fraction * gpu.memory - engine_weights(model, par, gpu) \
+    if par.decoding.kv_fraction:
+        return par.decoding.kv_fraction * gpu.memory - engine_weights(model, par, gpu) \
             - gpu.runtime_memory
     if free_bytes is None:
         return None
     return free_bytes - gpu.runtime_memory - gather_buffer(model, par, gpu, engine)
 
 
-def generate_memory(model: Model, par: Parallel, w, gpu, engine: Engine, local: int,
+def generate_memory(model: Model, par: Layout, w, gpu, engine: Engine, local: int,
                     rows: int | None, dist=None) -> MemoryCost:
     """Transient bytes per GPU of a generate stage with ``rows`` sequences at once (None: all
     ``local``): their cache (a pinned ``kv_fraction``: the pool the engine takes), their
@@ -235,7 +235,7 @@ def generate_memory(model: Model, par: Parallel, w, gpu, engine: Engine, local: 
     kv = n * kv_token_bytes(model, par, gpu, t.kv_copy) * row_tokens(w, t, dist, n)
     if t.paged:
         buf = step_buffer(model, par, gpu, n)
-        if par.kv_fraction:       # the engine takes its share of the GPU, whatever it holds
+        if par.decoding.kv_fraction:       # the engine takes its share of the GPU, whatever it holds
             kv = max(kv, kv_pool(model, par, gpu, engine, None) - buf)
     else:
         buf = n * row_buffer(model, par, w, gpu)
@@ -281,7 +281,7 @@ def dealt_batch(work, batch: int, dp: int) -> int:
 
 
 
-def generation_rows(work, par: Parallel, cluster: Cluster,
+def generation_rows(work, par: Layout, cluster: Cluster,
                     free_bytes: float, *, batch: int | None = None, partial: int = 0,
                     engine: Engine = Engine.TORCH) -> int:
     """How many sequences a generate stage runs at once per replica when ``free_bytes`` per
@@ -374,7 +374,7 @@ def _cached(model, par, devices, topo, gpu, t, local, prompt, extra, dist, engin
     # A static or torch batch is padded to its longest prompt; a paged cache holds each
     # sequence's own.
     p_ctx = (mean_len(prompt) if t.paged else padded_len(prompt, n)) + extra
-    dec = with_terms(gpu, t, decode=True, graph=par.cuda_graph)
+    dec = with_terms(gpu, t, decode=True, graph=par.decoding.cuda_graph)
     pre = with_terms(gpu, t)
     wbytes = engine_weights(model, par, gpu)
     gather = collective_time(Collective.ALL_GATHER, wbytes, dpg, topo) \
@@ -480,7 +480,7 @@ def admissions(lengths: np.ndarray, slots: float | None) -> tuple[np.ndarray, np
     return first, first + lengths
 
 
-def hybrid_merge_bytes(model: Model, par: Parallel, gpu) -> float:
+def hybrid_merge_bytes(model: Model, par: Layout, gpu) -> float:
     """Bytes one layer of DeepSpeed's Hybrid Engine copies every forward on ZeRO-3 weights.
 
     Under ZeRO-3 the Hybrid Engine's containers keep a layer's query, key and value weights

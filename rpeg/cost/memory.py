@@ -5,24 +5,24 @@
     >>> from rpeg.cost.profiles import cluster_of
     >>> gh = cluster_of("gh200", gpus_per_node=4, nodes=1)
     >>> actor = Model("actor", "llama3.1-8b", PRESETS["llama3.1-8b"])
-    >>> m = resident_memory(actor, Parallel(tp=1), gh, trained=True)
+    >>> m = resident_memory(actor, Layout(tp=1), gh, trained=True)
     >>> round(m.total / 1e9, 1)          # 16 bytes per parameter
     128.5
-    >>> round(resident_memory(actor, Parallel(tp=4), gh, trained=True).total / 1e9, 1)
+    >>> round(resident_memory(actor, Layout(tp=4), gh, trained=True).total / 1e9, 1)
     32.1
 
 Convention for training state (mixed precision Adam, the usual 16 B/parameter):
 bf16 weights (2) + bf16 gradients (2) + fp32 master weights, first and second
 moments (4 + 4 + 4). On a device that computes in fp32 (``compute_bytes = 4``,
 the CPU profile) there is no separate master copy: fp32 weights (4) + fp32
-gradients (4) + moments (4 + 4) — also 16 B. ``Parallel.zero`` shards the
+gradients (4) + moments (4 + 4) — also 16 B. ``Layout.zero`` shards the
 optimizer state (1), also the gradients (2), also the weights (3) over the data-parallel
 ranks (DP x CP: a context-parallel group holds one copy of the model too, as Megatron's
 distributed optimizer and FSDP with sequence parallelism shard it).
-``Parallel.offload`` keeps the optimizer state in host memory between train steps
+``Layout.offload`` keeps the optimizer state in host memory between train steps
 (verl-style): it is not resident, it is brought in for the train step only — except on
 devices whose memory is the host's (a CPU profile, ``host_cores``), where it stays counted.
-``Parallel.param_offload`` keeps the weights (and, trained, the gradients) in host memory
+``Layout.param_offload`` keeps the weights (and, trained, the gradients) in host memory
 too: a pass brings in a layer at a time. A LoRA model (``Model.lora``) trains adapters
 only: the frozen base weights are resident with the adapters beside them (in every copy,
 trained or not: generation runs with them), gradients and Adam state are the adapters'.
@@ -48,44 +48,12 @@ import math
 import attrs
 
 from rpeg.errors import CostError
+from rpeg.graph.layout import Layout
 from rpeg.spec.model import Cluster, Engine, GpuProfile, Head, Model, Zero
 from rpeg.spec.presets import ModelDims
 
 _DTYPE_BYTES = {"bf16": 2, "fp16": 2, "float16": 2, "bfloat16": 2, "fp32": 4, "float32": 4,
                 "fp8": 1}
-
-
-@attrs.frozen
-class Parallel:
-    """How one op is split over its devices: data x pipeline x tensor parallel.
-
-    Device order inside the op's device tuple: TP fastest, then PP, then DP, i.e. the
-    device at position ``(d * pp + p) * tp + t`` holds DP replica d, PP stage p, TP rank t.
-    """
-
-    dp: int = 1
-    tp: int = 1
-    pp: int = 1
-    microbatches: int = 1
-    recompute: bool = False
-    zero: Zero = attrs.field(default=Zero.NONE, converter=Zero.of)   # what DP shards (Zero)
-    offload: bool = False     # train: optimizer state kept in host memory between train steps
-    cp: int = 1               # context (sequence) parallel: each rank holds 1/cp of every sequence
-    ep: int = 1               # expert parallel: the experts split over ep of the dp x cp x tp ranks
-    packing: bool = False     # forward / train: sequences packed, no padding (token micro-batches)
-    param_offload: bool = False   # weights in host memory between passes, brought in per layer
-    max_num_seqs: int = 0     # generate: sequences decoded at once per replica (0: what fits)
-    kv_fraction: float = 0.0  # generate: share of GPU memory the engine takes (0: what is free)
-    cuda_graph: bool = False  # generate: decode steps replayed from captured CUDA graphs
-
-    @property
-    def size(self) -> int:
-        return self.dp * self.tp * self.pp * self.cp
-
-    @property
-    def shards(self) -> int:
-        """Ranks ZeRO / FSDP shard a model copy over: data and context parallel."""
-        return self.dp * self.cp
 
 
 @attrs.frozen
@@ -166,7 +134,7 @@ def lora_params(model: Model) -> int:
     return model.lora.params(model.dims) if model.lora is not None else 0
 
 
-def check_parallel(dims: ModelDims, par: Parallel, where: str = "") -> None:
+def check_parallel(dims: ModelDims, par: Layout, where: str = "") -> None:
     """Raise CostError when the degrees cannot split this model."""
     at = f" for {where}" if where else ""
     for name in ("dp", "tp", "pp", "microbatches"):
@@ -194,7 +162,7 @@ def _divisors(n: int) -> str:
     return ", ".join(str(d) for d in range(1, n + 1) if n % d == 0 and d <= 64)
 
 
-def local_params(model: Model, par: Parallel) -> float:
+def local_params(model: Model, par: Layout) -> float:
     """Parameters on the busiest GPU: its layers' TP shard (experts: their EP shard, or TP
     shard without EP) plus the embedding/head share. A function of the model and of
     ``par``'s pp, tp and ep alone, kept per model (by identity: a model is not hashed
@@ -213,7 +181,7 @@ def local_params(model: Model, par: Parallel) -> float:
 _LOCAL: dict[tuple, tuple] = {}
 
 
-def _local_params(model: Model, par: Parallel) -> float:
+def _local_params(model: Model, par: Layout) -> float:
     d = model.dims
     share = math.ceil(d.layers / par.pp) / d.layers
     experts = d.moe_layers * d.experts * d.mlp_params(d.expert_ffn)
@@ -225,7 +193,7 @@ def _local_params(model: Model, par: Parallel) -> float:
                     + experts / (par.ep if par.ep > 1 else par.tp)) + emb_here / par.tp
 
 
-def resident_memory(model: Model, par: Parallel, cluster: Cluster, *,
+def resident_memory(model: Model, par: Layout, cluster: Cluster, *,
                     trained: bool, host_grads: bool = False,
                     engine: Engine | None = None) -> MemoryCost:
     """Bytes per GPU the model holds between stages (+ gradients and Adam state if trained).
@@ -258,7 +226,7 @@ def resident_memory(model: Model, par: Parallel, cluster: Cluster, *,
     return MemoryCost(weights=weights, grads=grads, optimizer=state)
 
 
-def grad_bytes(model: Model, par: Parallel, gpu: GpuProfile,
+def grad_bytes(model: Model, par: Layout, gpu: GpuProfile,
                host_grads: bool = False) -> tuple[float, float]:
     """(float32 weight shards kept beside them, gradient bytes) per GPU of a trained model
     once its backward pass has made them."""
@@ -302,7 +270,7 @@ def grads_between_steps(engine: Engine, gpu: GpuProfile) -> bool:
     return not engine_terms(engine, gpu).grads_freed
 
 
-def trained_local_params(model: Model, par: Parallel) -> float:
+def trained_local_params(model: Model, par: Layout) -> float:
     """Parameters on the busiest GPU that the optimizer updates (a LoRA model's adapters)."""
     if model.lora is not None:
         return lora_params(model) * math.ceil(model.dims.layers / par.pp) \
@@ -314,7 +282,7 @@ def _master(model: Model) -> bool:
     return model.optimizer is None or model.optimizer.master
 
 
-def optimizer_state_bytes(model: Model, par: Parallel, gpu: GpuProfile) -> float:
+def optimizer_state_bytes(model: Model, par: Layout, gpu: GpuProfile) -> float:
     """Adam state per GPU: float32 master copy + two float32 moments (16-bit weights), the
     two moments (float32 weights), or two 16-bit moments (``master_weights = false``)."""
     n = trained_local_params(model, par)
@@ -323,9 +291,9 @@ def optimizer_state_bytes(model: Model, par: Parallel, gpu: GpuProfile) -> float
     return n * per / (par.shards if par.zero.shards_optimizer else 1)
 
 
-def offloaded_bytes(model: Model, par: Parallel, gpu: GpuProfile, *,
+def offloaded_bytes(model: Model, par: Layout, gpu: GpuProfile, *,
                     host_optimizer: bool = False) -> float:
-    """What ``Parallel.offload`` moves to host memory between train steps: the optimizer
+    """What ``Layout.offload`` moves to host memory between train steps: the optimizer
     state, less FSDP2's float32 master shards (16-bit weights, ZeRO 2-3), which it updates
     in place on the device (unless ``param_offload`` keeps the weights on the host too, or
     ``host_optimizer``: Adam runs on the host, DeepSpeed's CPU Adam)."""

@@ -5,7 +5,7 @@
     >>> from rpeg.cost.topology import Topology
     >>> p, gh = ppo_pipeline("llama3.1-8b", prompts=512), cluster_of("gh200", 4, 2)
     >>> m, w = p.model("actor"), p.workload
-    >>> args = (m, Parallel(dp=8, zero=3, microbatches=4), tuple(range(8)),
+    >>> args = (m, Layout(dp=8, zero=3, microbatches=4), tuple(range(8)),
     ...         Topology.from_cluster(gh), gh.gpu, Engine.TORCH, w, 512, 2048.0)
     >>> c = train_cost(*args, opt_steps=4)
     >>> dict(c.breakdown)["zero3_gather"] > 0 and c.time_s > c.compute_s
@@ -54,7 +54,6 @@ from rpeg.cost.engines import LOGIT_WORK_COPIES, EngineTerms, engine_terms, with
 from rpeg.cost.generation import StageCost, gather_buffer, mean_len, padded_len, working_set
 from rpeg.cost.memory import (
     MemoryCost,
-    Parallel,
     check_parallel,
     devices_are_host,
     fsdp_runs,
@@ -68,6 +67,7 @@ from rpeg.cost.memory import (
     weight_bytes,
 )
 from rpeg.cost.topology import Collective, collective_time
+from rpeg.graph.layout import Layout
 from rpeg.spec.model import Engine, Model, Zero
 
 
@@ -83,7 +83,7 @@ class Shape:
     gen: float            # response tokens a sequence has
 
 
-def shape(w, par: Parallel, rows: int, gen: float) -> Shape:
+def shape(w, par: Layout, rows: int, gen: float) -> Shape:
     """The micro-batch of ``rows`` sequences whose responses have ``gen`` tokens: padded to
     it, or packed, their mean (:func:`rpeg.cost.stages.response_len`)."""
     if par.packing:
@@ -118,24 +118,24 @@ _PACKED: dict[int, tuple] = {}
 
 # --- communication ----------------------------------------------------------------------------
 
-def tp_group(devices, par: Parallel) -> tuple[int, ...]:
+def tp_group(devices, par: Layout) -> tuple[int, ...]:
     return tuple(devices[: par.tp])
 
 
-def cp_group(devices, par: Parallel) -> tuple[int, ...]:
+def cp_group(devices, par: Layout) -> tuple[int, ...]:
     return tuple(devices[: par.cp * par.tp: par.tp])
 
 
-def pp_group(devices, par: Parallel) -> tuple[int, ...]:
+def pp_group(devices, par: Layout) -> tuple[int, ...]:
     return tuple(devices[: par.pp * par.cp * par.tp: par.cp * par.tp])
 
 
-def dp_group(devices, par: Parallel, at: int = 0) -> tuple[int, ...]:
+def dp_group(devices, par: Layout, at: int = 0) -> tuple[int, ...]:
     """The data-parallel group of ``devices[at]``: the ranks holding the same model shard as
     it, every (pp x cp x tp)-th from its place in its block (the cost model's, and the torch
     backend's ``TrainLayout.dp_peers``).
 
-        >>> dp_group((0, 1, 2, 3), Parallel(dp=2, tp=2)), dp_group((0, 1, 2, 3), Parallel(dp=2, tp=2), 3)
+        >>> dp_group((0, 1, 2, 3), Layout(dp=2, tp=2)), dp_group((0, 1, 2, 3), Layout(dp=2, tp=2), 3)
         ((0, 2), (1, 3))
     """
     stride = par.pp * par.cp * par.tp
@@ -155,7 +155,7 @@ def train_groups(world: tuple[int, ...], tp: int, zero: Zero) -> tuple[tuple[int
         >>> train_groups((0, 1), 2, Zero.WEIGHTS)      # tp alone: FSDP2 does not run
         ((0, 1),)
     """
-    par = Parallel(dp=max(len(world) // max(tp, 1), 1), tp=max(tp, 1), zero=zero)
+    par = Layout(dp=max(len(world) // max(tp, 1), 1), tp=max(tp, 1), zero=zero)
     fsdp = fsdp_runs(zero, par.dp, par.tp)
     out = set()
     if len(world) > 1 or fsdp:
@@ -167,7 +167,7 @@ def train_groups(world: tuple[int, ...], tp: int, zero: Zero) -> tuple[tuple[int
     return tuple(sorted(out))
 
 
-def shard_group(devices, par: Parallel) -> tuple[int, ...]:
+def shard_group(devices, par: Layout) -> tuple[int, ...]:
     """The ranks ZeRO shards one model copy over: data and context parallel."""
     step = par.cp * par.tp
     if par.cp == 1:                          # every (pp x tp)-th rank, as one slice
@@ -178,14 +178,14 @@ def shard_group(devices, par: Parallel) -> tuple[int, ...]:
                  for d in range(par.dp) for c in range(par.cp))
 
 
-def ep_group(devices, par: Parallel) -> tuple[int, ...]:
+def ep_group(devices, par: Layout) -> tuple[int, ...]:
     """The first ``ep`` of the ranks holding one pipeline stage's experts."""
     step = par.cp * par.tp
     ranks = [devices[(d * par.pp) * step + r] for d in range(par.dp) for r in range(step)]
     return tuple(ranks[: par.ep])
 
 
-def layer_comm(model: Model, par: Parallel, devices, topo, sh: Shape, bpv: float,
+def layer_comm(model: Model, par: Layout, devices, topo, sh: Shape, bpv: float,
                layers: int, passes: int) -> float:
     """Seconds of one micro-batch's per-layer traffic on one device, over ``passes`` (1 a
     forward, 2 forward and backward): TP all-reduces (two a layer each pass, and one more
@@ -215,14 +215,14 @@ def exposed(comm: float, compute: float, overlap: float) -> float:
     return max(comm - compute, comm * (1 - overlap)) if comm > 0 else 0.0
 
 
-def zero3_gather(model: Model, par: Parallel, devices, topo, gpu) -> float:
+def zero3_gather(model: Model, par: Layout, devices, topo, gpu) -> float:
     """Seconds of one all-gather of a device's layers over the shard group (ZeRO-3)."""
     if not par.zero.shards_params:
         return 0.0
     return weights_gather(model, par, devices, topo, gpu)
 
 
-def weights_gather(model: Model, par: Parallel, devices, topo, gpu) -> float:
+def weights_gather(model: Model, par: Layout, devices, topo, gpu) -> float:
     """Seconds of one all-gather of a device's layers over the shard group (FSDP2: ZeRO-3
     before each pass, ZeRO-2 before each micro-batch)."""
     if par.shards <= 1:
@@ -239,7 +239,7 @@ def host_bandwidth(gpu) -> float:
 
 # --- forward ----------------------------------------------------------------------------------
 
-def _pass(model: Model, par: Parallel, gpu, t: EngineTerms, sh: Shape,
+def _pass(model: Model, par: Layout, gpu, t: EngineTerms, sh: Shape,
           layers: int) -> C.PassCost:
     hd = head_dims(model)
     wb = weight_bytes(model, gpu)
@@ -254,7 +254,7 @@ def _pass(model: Model, par: Parallel, gpu, t: EngineTerms, sh: Shape,
     return pc
 
 
-def forward_cost(model: Model, par: Parallel, devices, topo, gpu, engine: Engine, w,
+def forward_cost(model: Model, par: Layout, devices, topo, gpu, engine: Engine, w,
                  batch: int, gen: float) -> StageCost:
     """One forward pass over the batch (no gradients), in micro-batches."""
     check_parallel(model.dims, par, model.name)
@@ -281,7 +281,7 @@ def forward_cost(model: Model, par: Parallel, devices, topo, gpu, engine: Engine
 
 # --- train ------------------------------------------------------------------------------------
 
-def train_cost(model: Model, par: Parallel, devices, topo, gpu, engine: Engine, w, batch: int,
+def train_cost(model: Model, par: Layout, devices, topo, gpu, engine: Engine, w, batch: int,
                gen: float, opt_steps: int, off_policy: bool = False) -> StageCost:
     """``opt_steps`` optimizer steps over the batch: forward + backward (+ recomputation) of
     micro-batches in a 1F1B pipeline, their traffic, gradient reduction, Adam."""
@@ -367,7 +367,7 @@ def train_cost(model: Model, par: Parallel, devices, topo, gpu, engine: Engine, 
                        opt_steps * pipe * z3), ("offload", offload)), roof)
 
 
-def offload_time(model: Model, par: Parallel, gpu, engine: Engine = Engine.TORCH,
+def offload_time(model: Model, par: Layout, gpu, engine: Engine = Engine.TORCH,
                  opt_steps: int = 1) -> float:
     """Seconds a train op spends on state kept in host memory: the optimizer state brought
     in and written back once (torch), or every optimizer step the gradients sent to the
@@ -391,7 +391,7 @@ ADAM_HOST_BYTES = 28.0     # CPU Adam per parameter: reads fp32 weight, gradient
 CLIP_HOST_BYTES = 8.0      # the fp32 gradient unscaled and clipped in place (read, write)
 
 
-def cpu_adam_step(model: Model, par: Parallel, gpu) -> float:
+def cpu_adam_step(model: Model, par: Layout, gpu) -> float:
     """Seconds of one optimizer step of DeepSpeed's ZeRO-Offload (``offload`` on a DeepSpeed
     train stage: the optimizer state and its step on the host) for the rank's share of the
     trained parameters, as ``deepspeed/runtime/zero/stage_1_and_2.py`` runs it (v0.13-v0.14;
@@ -418,7 +418,7 @@ def cpu_adam_step(model: Model, par: Parallel, gpu) -> float:
 
 # --- memory -----------------------------------------------------------------------------------
 
-def activation_bytes_per_token(model: Model, par: Parallel, seq: int, bpv: float,
+def activation_bytes_per_token(model: Model, par: Layout, seq: int, bpv: float,
                                sequence_parallel: bool = False) -> float:
     """Values autograd keeps per token per layer for the backward pass, in bytes.
 
@@ -442,7 +442,7 @@ def activation_bytes_per_token(model: Model, par: Parallel, seq: int, bpv: float
     return values * bpv
 
 
-def logits_bytes(model: Model, par: Parallel, tokens: float, t: EngineTerms,
+def logits_bytes(model: Model, par: Layout, tokens: float, t: EngineTerms,
                  train: bool = False) -> float:
     """The output head's logits for ``tokens`` positions as the engine holds them (its bytes
     per logit, with their gradient when training; in chunks of ``logits_chunk`` where it
@@ -454,7 +454,7 @@ def logits_bytes(model: Model, par: Parallel, tokens: float, t: EngineTerms,
     return values * (t.logits_train if train else t.logits_fwd) + work
 
 
-def forward_memory(model: Model, par: Parallel, gpu, engine: Engine, w, batch: int,
+def forward_memory(model: Model, par: Layout, gpu, engine: Engine, w, batch: int,
                    gen: float) -> MemoryCost:
     """A forward stage's transient bytes per GPU: the residual stream, the larger of a
     layer's intermediates and the head's logits, gathered ZeRO-3 layers, loaded weights."""
@@ -472,7 +472,7 @@ def forward_memory(model: Model, par: Parallel, gpu, engine: Engine, w, batch: i
     return MemoryCost(weights=loaded, buffers=gpu.runtime_memory + buf)
 
 
-def train_memory(model: Model, par: Parallel, gpu, engine: Engine, w, batch: int, gen: float,
+def train_memory(model: Model, par: Layout, gpu, engine: Engine, w, batch: int, gen: float,
                  minibatches: int) -> MemoryCost:
     """A train stage's transient bytes per GPU: the larger of its two phases
     (:func:`train_phases`)."""
@@ -480,7 +480,7 @@ def train_memory(model: Model, par: Parallel, gpu, engine: Engine, w, batch: int
                key=lambda m: m.total)
 
 
-def train_phases(model: Model, par: Parallel, gpu, engine: Engine, w, batch: int, gen: float,
+def train_phases(model: Model, par: Layout, gpu, engine: Engine, w, batch: int, gen: float,
                  minibatches: int) -> tuple[MemoryCost, MemoryCost]:
     """A train stage's transient bytes per GPU at a micro-batch's loss (the activations of
     the micro-batches in flight, 1F1B: up to pp on the first stage; the logits; the

@@ -4,7 +4,7 @@
     >>> from rpeg.cost.examples import ppo_pipeline
     >>> from rpeg.graph import work_of
     >>> p, gh = ppo_pipeline("llama3.1-8b", prompts=512), cluster_of("gh200", 4, 2)
-    >>> c = estimate_stage(work_of(p, "actor_step"), Parallel(dp=2, tp=4), tuple(range(8)), gh)
+    >>> c = estimate_stage(work_of(p, "actor_step"), Layout(dp=2, tp=4), tuple(range(8)), gh)
     >>> c.time_s > c.compute_s > 0 and c.comm_s > 0
     True
     >>> dict(c.breakdown)["optimizer"] > 0
@@ -20,7 +20,7 @@ What each op kind costs (all per step, on the op's devices):
   the python rewards that decide it.
   vLLM's per-layer and per-step host overheads are the profile's ``vllm_*`` fields.
 - FORWARD: one pass over prompt + response (padded to the batch's longest, or packed:
-  each response at its own length, ``Parallel.packing``).
+  each response at its own length, ``Layout.packing``).
 - TRAIN: per optimizer step (minibatches x epochs), forward + backward (+ recomputation)
   over micro-batches in a 1F1B pipeline, TP all-reduces, DP gradient reduction, Adam.
 - SCORE: a python reward is host work per call, per response and per response token (the
@@ -80,7 +80,6 @@ from rpeg.cost.generation import (
 )
 from rpeg.cost.memory import (
     MemoryCost,
-    Parallel,
     check_parallel,
     model_params,
     value_bytes,
@@ -100,6 +99,7 @@ from rpeg.cost.passes import (
 from rpeg.cost.topology import Collective, Topology, collective_time
 from rpeg.cost.turns import carries, conversation_gen, conversation_workload
 from rpeg.errors import CostError
+from rpeg.graph.layout import Layout
 from rpeg.graph.work import Work
 from rpeg.spec.model import Cluster, Engine, Model, OpKind
 
@@ -107,7 +107,7 @@ from rpeg.spec.model import Cluster, Engine, Model, OpKind
 _slowest_lengths, _admissions = slowest_lengths, admissions
 
 
-def _check_devices(devices: Sequence[int], par: Parallel, stage: str) -> None:
+def _check_devices(devices: Sequence[int], par: Layout, stage: str) -> None:
     if len(devices) != par.size:
         degrees = "dp x tp x pp" + (" x cp" if par.cp > 1 else "")
         raise CostError(f"stage '{stage}' must run on {degrees} = {par.size} devices, "
@@ -116,7 +116,7 @@ def _check_devices(devices: Sequence[int], par: Parallel, stage: str) -> None:
 
 # --- the public entry points ---------------------------------------------------------
 
-def estimate_stage(work: Work, par: Parallel, devices: Sequence[int],
+def estimate_stage(work: Work, par: Layout, devices: Sequence[int],
                    cluster: Cluster, *, batch: int | None = None,
                    engine: Engine = Engine.TORCH, rows: int | None = None,
                    padded_len: float | None = None, partial: int = 0,
@@ -210,7 +210,7 @@ def _estimate(work, par, devices, topo, cluster, batch, engine, rows,
         return train_cost(model, par, devices, topo, gpu, engine, w, batch, gen, steps,
                           off_policy)
     if work.kind is OpKind.SYNC_WEIGHTS:
-        t = weight_sync_time(model, devices[:1], Parallel(), devices, par, cluster)
+        t = weight_sync_time(model, devices[:1], Layout(), devices, par, cluster)
         return StageCost(t, 0.0, t, (("sync", t),))
     raise CostError(f"stage kind must be one the cost model knows, not {work.kind.value}")
 
@@ -252,7 +252,7 @@ def _with_refills(cost: StageCost, batches: tuple[int, ...], price, scoring: flo
     return cost
 
 
-def generation_chunks(work: Work, par: Parallel,
+def generation_chunks(work: Work, par: Layout,
                       devices: Sequence[int], cluster: Cluster, chunks: int, *,
                       batch: int | None = None,
                       engine: Engine = Engine.TORCH,
@@ -314,7 +314,7 @@ def generation_chunks(work: Work, par: Parallel,
     return tuple(out) if with_lengths else tuple((t, n) for t, n, _, _ in out)
 
 
-def stage_memory(work: Work, par: Parallel, cluster: Cluster, *,
+def stage_memory(work: Work, par: Layout, cluster: Cluster, *,
                  batch: int | None = None, rows: int | None = None,
                  padded_len: float | None = None, partial: int = 0,
                  engine: Engine = Engine.TORCH, mean_len: float | None = None) -> MemoryCost:
@@ -347,8 +347,8 @@ def stage_memory(work: Work, par: Parallel, cluster: Cluster, *,
     return train_memory(model, par, gpu, engine, w, batch, gen, work.minibatches)
 
 
-def weight_sync_time(model: Model, src_devices: Sequence[int], src_par: Parallel,
-                     dst_devices: Sequence[int], dst_par: Parallel, cluster: Cluster) -> float:
+def weight_sync_time(model: Model, src_devices: Sequence[int], src_par: Layout,
+                     dst_devices: Sequence[int], dst_par: Layout, cluster: Cluster) -> float:
     """Seconds to bring a trainer's weights (``src`` layout) into a generator (``dst``).
 
     Every destination GPU needs its shard, ``bytes / (tp_d * pp_d)``; the sources send in
@@ -366,9 +366,9 @@ def weight_sync_time(model: Model, src_devices: Sequence[int], src_par: Parallel
         >>> from rpeg.spec.presets import PRESETS
         >>> gh, m = cluster_of("gh200", 8), Model("actor", "llama3.1-8b", PRESETS["llama3.1-8b"])
         >>> r8 = tuple(range(8))
-        >>> weight_sync_time(m, r8, Parallel(dp=8), r8, Parallel(dp=8), gh)
+        >>> weight_sync_time(m, r8, Layout(dp=8), r8, Layout(dp=8), gh)
         0.0
-        >>> weight_sync_time(m, r8, Parallel(dp=8), r8, Parallel(dp=4, tp=2), gh) > 0
+        >>> weight_sync_time(m, r8, Layout(dp=8), r8, Layout(dp=4, tp=2), gh) > 0
         True
     """
     src, dst = tuple(src_devices), tuple(dst_devices)
@@ -401,7 +401,7 @@ def weight_sync_time(model: Model, src_devices: Sequence[int], src_par: Parallel
         + tensors * cluster.gpu.launch_overhead
 
 
-def response_len(dist, local: int, par: Parallel, padded: float | None = None,
+def response_len(dist, local: int, par: Layout, padded: float | None = None,
                  mean: float | None = None) -> float:
     """Tokens per response a forward or train op computes. Padded: the longest of its batch
     (``padded``, a streamed chunk's longest, or the expected longest of ``local``

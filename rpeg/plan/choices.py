@@ -5,12 +5,12 @@
     ...                  load_cluster("pipelines/clusters/gh200_64.rpeg"), Limits())  # doctest: +SKIP
     >>> best = t.options("actor_step", 16)[0]                           # doctest: +SKIP
     >>> best.par, round(best.time_s, 1), round(best.memory / 1e9)       # doctest: +SKIP
-    (Parallel(dp=8, tp=2, ...), 9.8, 71)
+    (Layout(dp=8, tp=2, ...), 9.8, 71)
 
 Three steps, each handing a typed value to the next:
 
 1. ``enumerate_layouts`` — every (size, DP x TP x PP, micro-batches, ZeRO, recompute,
-   optimizer offload, engine) the model and the backend accept (:class:`Layout`);
+   optimizer offload, engine) the model and the backend accept (:class:`Candidate`);
 2. ``prune`` — drop layouts whose stage alone cannot fit a device (its transient need
    plus its own model's weights), priced with the pure memory functions;
 3. ``estimate`` — price the rest on a representative block of that size and keep,
@@ -26,10 +26,11 @@ import math
 
 import attrs
 
-from rpeg.cost.memory import Parallel, resident_memory, usable_memory
+from rpeg.cost.memory import resident_memory, usable_memory
 from rpeg.cost.stages import estimate_stage, generation_rows, offload_time, stage_memory
 from rpeg.cost.topology import Topology
 from rpeg.errors import CostError
+from rpeg.graph.layout import Layout, changed
 from rpeg.graph.work import work_of
 from rpeg.plan.pinned import FOREIGN, matches, overlay
 from rpeg.plan.space import Limits, block_sizes, generate_engines, layouts
@@ -41,10 +42,10 @@ OFFLOAD = (False, True)   # train: optimizer state in host memory between steps
 
 
 @attrs.frozen
-class Layout:
+class Candidate:
     stage: str
     size: int
-    par: Parallel
+    par: Layout
     engine: Engine
     rows: int | None = None   # generation: sequences at once per replica (None: all)
 
@@ -53,7 +54,7 @@ class Layout:
 class Choice:
     stage: str
     size: int
-    par: Parallel
+    par: Layout
     engine: Engine
     time_s: float
     memory: float          # bytes per device: transient need + the stage's own model copy
@@ -93,7 +94,7 @@ def model_stages(pipeline: Pipeline) -> tuple[str, ...]:
 
 
 def enumerate_layouts(pipeline: Pipeline, stage: str, sizes: tuple[int, ...],
-                      cluster: Cluster, limits: Limits) -> tuple[Layout, ...]:
+                      cluster: Cluster, limits: Limits) -> tuple[Candidate, ...]:
     s = pipeline.stage(stage)
     model = pipeline.model(s.target)
     batch = pipeline.workload.batch
@@ -128,9 +129,9 @@ def enumerate_layouts(pipeline: Pipeline, stage: str, sizes: tuple[int, ...],
                         continue
                     if matches(pin, base, e) and limits.check_lora(model, base) is None:
                         # priced with the share the engine takes
-                        share = base.kv_fraction or float(s.param("kv_fraction", 0.0) or 0.0) \
+                        share = base.decoding.kv_fraction or float(s.param("kv_fraction", 0.0) or 0.0) \
                             or limits.kv_share(e, cluster.gpu)
-                        out.append(Layout(stage, size, attrs.evolve(base, kv_fraction=share), e))
+                        out.append(Candidate(stage, size, changed(base, kv_fraction=share), e))
                 continue
             per_step = local
             if s.kind is OpKind.TRAIN:
@@ -160,12 +161,12 @@ def enumerate_layouts(pipeline: Pipeline, stage: str, sizes: tuple[int, ...],
                             if matches(pin, par, train_engine) \
                                     and limits.check_lora(model, par) is None \
                                     and limits.check_eval(pipeline, s, par) is None:
-                                out.append(Layout(stage, size, par, train_engine))
+                                out.append(Candidate(stage, size, par, train_engine))
     return tuple(out)
 
 
-def prune(pipeline: Pipeline, layouts_: tuple[Layout, ...], cluster: Cluster) -> tuple[
-        tuple[Layout, float], ...]:
+def prune(pipeline: Pipeline, layouts_: tuple[Candidate, ...], cluster: Cluster) -> tuple[
+        tuple[Candidate, float], ...]:
     """Layouts whose stage alone fits a device, with that memory need in bytes."""
     out = []
     cap = usable_memory(cluster.gpu)
@@ -193,7 +194,7 @@ def prune(pipeline: Pipeline, layouts_: tuple[Layout, ...], cluster: Cluster) ->
     return tuple(out)
 
 
-def _resident_fields(p: Parallel) -> tuple:
+def _resident_fields(p: Layout) -> tuple:
     """What of ``p`` :func:`resident_memory` reads (its checks included: micro-batches only
     as at least one): layouts differing in their micro-batches, recomputation or packing
     hold the same bytes between stages."""
@@ -201,11 +202,11 @@ def _resident_fields(p: Parallel) -> tuple:
             p.microbatches >= 1)
 
 
-def estimate(pipeline: Pipeline, fitting: tuple[tuple[Layout, float], ...],
+def estimate(pipeline: Pipeline, fitting: tuple[tuple[Candidate, float], ...],
              cluster: Cluster) -> tuple[Choice, ...]:
     """Price each layout on the first aligned block of its size; keep the Pareto fronts."""
     priced: dict[int, list[Choice]] = {}
-    kept: dict[Layout, float] = {}
+    kept: dict[Candidate, float] = {}
     works = _works(pipeline, [lay for lay, _ in fitting])
     for lay, need in fitting:
         # an offloaded layout costs its twin's time plus the host-link copies

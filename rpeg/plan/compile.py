@@ -27,7 +27,7 @@ from rpeg.errors import PlanError, Span
 from rpeg.plan.baselines import BASELINES, Found, run_baselines
 from rpeg.plan.choices import Choice, model_stages
 from rpeg.plan.edit import Context, placement, repair
-from rpeg.plan.evaluate import Evaluation, Evaluator, Shortfall, parallel_of
+from rpeg.plan.evaluate import Evaluation, Evaluator, Shortfall
 from rpeg.plan.hints import (
     MORE_GPUS,
     Hint,
@@ -451,7 +451,7 @@ def check_backend(pipeline: Pipeline, limits: Limits, cluster: Cluster | None = 
 def check_executable(plan: Plan, limits: Limits) -> None:
     """PlanError when a plan (searched or hand-written) asks more than the backend runs."""
     for p in plan.placements:
-        why = limits.check_parallel(parallel_of(p))
+        why = limits.check_parallel(p.layout)
         if why:
             raise PlanError(f"stage '{p.stage}': {why}",
                             hint="recompile with this backend's limits")

@@ -5,7 +5,8 @@ resident between stages (:meth:`rpeg.plan.evaluate.Evaluator.copies`).
 
     >>> from rpeg.graph import Graph, Op
     >>> from rpeg.plan.lower import lower
-    >>> from rpeg.plan.model import StagePlacement as P
+    >>> from rpeg.plan.model import StagePlacement
+    >>> P = StagePlacement.of
     >>> from rpeg.spec.model import Engine, OpKind
     >>> g = Graph("g", (Op("rollout", OpKind.GENERATE, reads_model="actor", stages=("rollout",)),
     ...                 Op("train", OpKind.TRAIN, reads_model="actor", writes_model="actor",
@@ -213,8 +214,8 @@ def _core(place):
     degrees, ZeRO level and engine: :func:`copy_keys`, :func:`_keys`, through
     :func:`~rpeg.plan.oplayout.reads_in_place_on`, :func:`~rpeg.plan.oplayout.all_in_place`
     and :func:`~rpeg.cost.engine_sync.serves_copy`), every other field at its default."""
-    return attrs.evolve(type(place)("", place.devices), tp=place.tp, pp=place.pp,
-                        zero=place.zero, engine=place.engine)
+    return type(place).of("", place.devices, tp=place.tp, pp=place.pp, zero=place.zero,
+                          engine=place.engine)
 
 
 @functools.lru_cache(maxsize=4096)

@@ -1,7 +1,7 @@
 """What differs between two plans, and what the difference is predicted to cost.
 
-    >>> a = Plan("p", "c", 2, (StagePlacement("rollout", (0, 1), dp=2),))
-    >>> b = Plan("p", "c", 2, (StagePlacement("rollout", (0, 1), tp=2),),
+    >>> a = Plan("p", "c", 2, (StagePlacement.of("rollout", (0, 1), dp=2),))
+    >>> b = Plan("p", "c", 2, (StagePlacement.of("rollout", (0, 1), tp=2),),
     ...          staleness=(("rollout", 1),))
     >>> print(diff_plans(a, b))
     plans differ

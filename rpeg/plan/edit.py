@@ -117,12 +117,7 @@ class Context:
 def placement(stage: str, block: Block | tuple[int, ...], choice: Choice,
               chunks: int = 1, carry: int = 0) -> StagePlacement:
     devices = block.devices if isinstance(block, Block) else tuple(block)
-    p = choice.par
-    return StagePlacement(stage, devices, p.dp, p.tp, p.pp, p.microbatches, chunks,
-                          choice.engine, p.recompute, p.zero, p.offload, carry, cp=p.cp,
-                          ep=p.ep, packing=p.packing, param_offload=p.param_offload,
-                          max_num_seqs=p.max_num_seqs, kv_fraction=p.kv_fraction,
-                          cuda_graph=p.cuda_graph)
+    return StagePlacement(stage, devices, choice.par, choice.engine, chunks, carry)
 
 
 def put(ctx: Context, plan: Plan, stage: str, block: Block | tuple[int, ...],
@@ -278,5 +273,5 @@ def _upstream(pipeline: Pipeline, stage: str) -> tuple[str, ...]:
 def _on_host(old: StagePlacement | None, stage: str, devices: tuple[int, ...]
              ) -> StagePlacement:
     """A host stage's placement on ``devices`` (``old`` itself when it is that already)."""
-    new = StagePlacement(stage, devices, dp=len(devices))
+    new = StagePlacement.of(stage, devices, dp=len(devices))
     return old if old == new else new

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import attrs
 
-from rpeg.cost.memory import Parallel
 from rpeg.cost.stages import estimate_stage
+from rpeg.graph.layout import Layout
 from rpeg.graph.work import work_of
 from rpeg.spec.model import Cluster, Engine, OpKind, Pipeline
 
@@ -71,12 +71,12 @@ def eval_time(pipeline: Pipeline, train_devices: tuple[int, ...], cluster: Clust
     held_out = attrs.evolve(pipeline, workload=attrs.evolve(
         w, prompts=prompts, samples=e.samples, gen_len=gen_len))
     device = (train_devices[0],)
-    t = estimate_stage(work_of(held_out, gen.name), Parallel(), device, cluster,
+    t = estimate_stage(work_of(held_out, gen.name), Layout(), device, cluster,
                        engine=Engine.TORCH).time_s
     score = next((s for s in pipeline.stages if s.kind is OpKind.SCORE
                   and s.target == e.reward), None)
     if score is not None:
-        t += estimate_stage(work_of(held_out, score.name), Parallel(), device, cluster).time_s
+        t += estimate_stage(work_of(held_out, score.name), Layout(), device, cluster).time_s
     return t
 
 

@@ -57,7 +57,7 @@ from rpeg.plan.lower import Placed
 from rpeg.plan.memorywalk import Held, MemoryWalk, Shortfall, Walk  # noqa: F401 — re-exported
 from rpeg.plan.model import Plan, Predicted, StagePlacement
 from rpeg.plan.optimings import OpTimings
-from rpeg.plan.prices import Chunk, Prices, parallel_of
+from rpeg.plan.prices import Chunk, Prices
 from rpeg.plan.simulate import OpTiming, Timeline, floor, simulate, steps_for
 from rpeg.plan.staleness import staleness_problem, step_graph
 from rpeg.plan.structure import (  # noqa: F401 — re-exported: what the plan makes of its graph
@@ -360,5 +360,5 @@ class Evaluator(MemoryWalk, OpTimings):
         return _Priced(plan, homes, feasible, shortfall, predicted, timeline, False)
 
 
-__all__ = ["Evaluator", "Evaluation", "Shortfall", "Walk", "is_host_op", "parallel_of",
+__all__ = ["Evaluator", "Evaluation", "Shortfall", "Walk", "is_host_op",
            "plan_graph", "settle_batching"]

@@ -47,7 +47,7 @@ class Hint:
 def least_need(pipeline: Pipeline, stage: str, cluster: Cluster, limits: Limits,
                sizes: tuple[int, ...] | None = None):
     """(the smallest per-GPU need of ``stage`` alone over its layouts on ``sizes`` devices
-    (default: the cluster's blocks), that layout's Parallel and engine, the need by kind);
+    (default: the cluster's blocks), that layout's Layout and engine, the need by kind);
     (inf, None, None, ()) when it has no layout."""
     s = pipeline.stage(stage)
     model = pipeline.model(s.target)
@@ -154,7 +154,7 @@ def plan_hints(ev, plan, sf, limits: Limits) -> tuple[Hint, ...]:
     out = []
     for words, change in tries:
         changed = attrs.evolve(plan, placements=tuple(
-            attrs.evolve(q, **change) if q.stage == sf.op else q for q in plan.placements))
+            q.changed(**change) if q.stage == sf.op else q for q in plan.placements))
         try:
             if ev.fits(changed):
                 out.append(Hint(f"{words} for {sf.op}: the plan then fits", sf.op,

@@ -49,7 +49,7 @@ def pinned_plan(pipeline: Pipeline, cluster: Cluster, limits: Limits | None = No
         pin = pipeline.pin(s.name)
         src = feeder(pipeline, s.name, by)
         devices = pin.devices if pin is not None else (src.devices if src else (0,))
-        by[s.name] = StagePlacement(s.name, devices, dp=len(devices))
+        by[s.name] = StagePlacement.of(s.name, devices, dp=len(devices))
     placements = tuple(by[s.name] for s in pipeline.stages)
     return Plan(pipeline.name, cluster.name, cluster.num_gpus, placements,
                 staleness=tuple(pipeline.staleness), strategy=Strategy.PINNED)
@@ -67,7 +67,7 @@ def _placement(pipeline: Pipeline, pin: Pin, limits: Limits) -> StagePlacement:
     if stage.kind is OpKind.GENERATE and engine is Engine.AUTO or pin.engine is None \
             and stage.kind is OpKind.GENERATE:
         engine = generate_engines(pipeline, pin.stage, limits)[0]
-    return StagePlacement(pin.stage, pin.devices, dp, tp, pp,
+    return StagePlacement.of(pin.stage, pin.devices, dp=dp, tp=tp, pp=pp,
                           microbatches=pin.microbatches or pp, chunks=pin.chunks or 1,
                           engine=engine, recompute=bool(pin.recompute), zero=pin.zero or Zero.NONE,
                           offload=bool(pin.offload), cp=cp, ep=pin.ep or 1,

@@ -29,7 +29,7 @@ from rpeg.plan.copies import copies as copies_of
 from rpeg.plan.lower import PASSES, lower
 from rpeg.plan.model import Plan, StagePlacement
 from rpeg.plan.oplayout import chunks_per_step, rounds_of
-from rpeg.plan.prices import Chunk, parallel_of
+from rpeg.plan.prices import Chunk
 from rpeg.plan.structure import backbone, stream_sources
 from rpeg.plan.usage import KINDS
 from rpeg.spec.model import OpKind, Zero
@@ -344,7 +344,7 @@ class MemoryWalk:
             model, p, trained = h.model, h.placement, h.trained
             if device in _members(h.devices):
                 zero = p.zero if trained or p.zero.shards_params else Zero.NONE
-                par = attrs.evolve(parallel_of(p), zero=zero, offload=p.offload and trained)
+                par = attrs.evolve(p.layout, zero=zero, offload=p.offload and trained)
                 total += resident_memory(self.pipeline.model(model), par, self.cluster,
                                          trained=trained, engine=p.engine)
         if op:
@@ -352,7 +352,7 @@ class MemoryWalk:
             trains = dict(self._priced_stages(graph)).get(op) if graph is not None else ()
             work, p = self.prices.trained(trains, tuple(plan.placement(s) for s in trains)) \
                 if trains else (op, p)
-            par = parallel_of(p)
+            par = p.layout
             if chunks:
                 total += max((stage_memory(self.works[work], par, self.cluster, batch=n,
                                            padded_len=top, engine=p.engine, mean_len=mean)

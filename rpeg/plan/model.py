@@ -1,7 +1,7 @@
 """The execution plan: one immutable value for searched, baseline and hand-written plans.
 
     >>> plan = Plan(pipeline="tiny", cluster="local_cpu", num_devices=2,
-    ...             placements=(StagePlacement("rollout", (0, 1), dp=2),))
+    ...             placements=(StagePlacement.of("rollout", (0, 1), dp=2),))
     >>> Plan.from_json(plan.to_json()) == plan
     True
     >>> print(plan)                                        # doctest: +NORMALIZE_WHITESPACE
@@ -23,6 +23,7 @@ import enum
 import functools
 import json
 import math
+import operator
 import re
 import stat
 from pathlib import Path
@@ -31,11 +32,13 @@ import attrs
 
 from rpeg.cost.memory import MemoryCost
 from rpeg.errors import PlanError, Span
+from rpeg.graph.layout import Layout, changed, layout_of
 from rpeg.plan.options import Method, SearchOptions, SearchRecord, Start
 from rpeg.plan.space import Limits
 from rpeg.spec.model import Engine, Zero
 
 SCHEMA_VERSION = 1
+LAYOUT = Layout()
 MAX_PLAN_BYTES = 64 * 1024 * 1024      # checked before reading: a plan is kilobytes
 MAX_PLAN_DEVICES = 1 << 20             # as for clusters (rpeg.spec.cluster.MAX_GPUS)
 MAX_CARRY = 64                         # steps a partial rollout may span, beyond its own
@@ -51,31 +54,75 @@ class Strategy(enum.Enum):
     PINNED = "pinned"             # the spec's pinned layouts priced as they are (no search)
 
 
+def _reads(path: str) -> property:
+    """A read-only view of one of the layout's fields, by the placement's flat name."""
+    get = operator.attrgetter(path)
+    return property(lambda self: get(self))
+
+
 @attrs.frozen(cache_hash=True)       # a key of the evaluator's caches: hashed once
 class StagePlacement:
+    """Where a stage runs and how: its devices, the :class:`~rpeg.graph.layout.Layout` the
+    cost model prices and the runtime lays its calls out by, its engine, and the plan's own
+    choices for it (a generate stage's chunks and carry). Read flat (``p.dp``, ``p.zero``,
+    ``p.max_num_seqs``) or whole (``p.layout``); made flat with :meth:`of` and changed with
+    :meth:`changed`."""
+
     stage: str
     devices: tuple[int, ...]          # global device indices, contiguous blocks
-    dp: int = 1
-    tp: int = 1
-    pp: int = 1
-    microbatches: int = 1
-    chunks: int = 1                   # generation streams finished responses in this many chunks
+    layout: Layout = LAYOUT
     engine: Engine = Engine.TORCH
-    recompute: bool = False
-    zero: Zero = attrs.field(default=Zero.NONE, converter=Zero.of)   # a train stage's ZeRO level
-    offload: bool = False             # train: optimizer state in host memory between steps
+    chunks: int = 1                   # generation streams finished responses in this many chunks
     carry: int = 0                    # generate: each response spans up to carry + 1 steps (a step
                                       # also advances the next carry steps' responses; partial
                                       # rollouts); 0: whole responses in their own step
-    cp: int = 1                       # context (sequence) parallel degree
-    ep: int = 1                       # expert parallel degree (inside dp x cp x tp)
-    packing: bool = False             # forward / train: sequences packed without padding
-    param_offload: bool = False       # weights in host memory between passes
-    max_num_seqs: int = 0             # generate: sequences one replica decodes at once (0: the
-                                      # stage's max_num_seqs, else as many as memory holds)
-    kv_fraction: float = 0.0          # generate: share of a device the engine takes (0: the
-                                      # stage's kv_fraction, else what is free)
-    cuda_graph: bool = False          # generate: decode steps replayed from CUDA graphs
+
+    @classmethod
+    def of(cls, stage: str, devices: tuple[int, ...], *, engine: Engine = Engine.TORCH,
+           chunks: int = 1, carry: int = 0, **layout) -> StagePlacement:
+        """A placement from flat fields (as plan files write them): the layout's own, and
+        a generate stage's engine settings (``max_num_seqs``, ``kv_fraction``,
+        ``cuda_graph``)."""
+        return cls(stage, devices, layout_of(**layout), engine, chunks, carry)
+
+    def changed(self, **changes) -> StagePlacement:
+        """This placement with flat ``changes``: its own fields or its layout's."""
+        own = {k: changes.pop(k) for k in _OWN if k in changes}
+        if changes:
+            own["layout"] = changed(self.layout, **changes)
+        return attrs.evolve(self, **own) if own else self
+
+    def plain(self) -> dict:
+        """Its fields flat, in the order plan files write them."""
+        return {name: getattr(self, name) for name, _ in PLACEMENT_FIELDS}
+
+    dp = _reads("layout.dp")
+    tp = _reads("layout.tp")
+    pp = _reads("layout.pp")
+    cp = _reads("layout.cp")                    # context (sequence) parallel degree
+    ep = _reads("layout.ep")                    # expert parallel degree (inside dp x cp x tp)
+    microbatches = _reads("layout.microbatches")
+    recompute = _reads("layout.recompute")
+    zero = _reads("layout.zero")                # a train stage's ZeRO level
+    offload = _reads("layout.offload")          # train: optimizer state in host memory
+    packing = _reads("layout.packing")          # forward / train: sequences packed, no padding
+    param_offload = _reads("layout.param_offload")   # weights in host memory between passes
+    # generate: sequences one replica decodes at once (0: the stage's max_num_seqs, else as
+    # many as memory holds); the share of a device the engine takes (0: the stage's
+    # kv_fraction, else what is free); decode steps replayed from CUDA graphs
+    max_num_seqs = _reads("layout.decoding.max_num_seqs")
+    kv_fraction = _reads("layout.decoding.kv_fraction")
+    cuda_graph = _reads("layout.decoding.cuda_graph")
+
+
+_OWN = ("stage", "devices", "layout", "engine", "chunks", "carry")
+# a placement's fields as plan files write them (flat), with the type each is read as
+PLACEMENT_FIELDS = (("stage", "str"), ("devices", "tuple[int, ...]"), ("dp", "int"),
+                    ("tp", "int"), ("pp", "int"), ("microbatches", "int"), ("chunks", "int"),
+                    ("engine", "Engine"), ("recompute", "bool"), ("zero", "Zero"),
+                    ("offload", "bool"), ("carry", "int"), ("cp", "int"), ("ep", "int"),
+                    ("packing", "bool"), ("param_offload", "bool"), ("max_num_seqs", "int"),
+                    ("kv_fraction", "float"), ("cuda_graph", "bool"))
 
 
 @attrs.frozen
@@ -379,6 +426,8 @@ def _table(rows, indent: str = "", right: tuple[int, ...] = ()) -> list[str]:
 # --- plain JSON values <-> attrs values --------------------------------------------------
 
 def _to_plain(v: object) -> object:
+    if isinstance(v, StagePlacement):
+        return {k: _to_plain(x) for k, x in v.plain().items()}
     if attrs.has(type(v)):
         return {f.name: _to_plain(getattr(v, f.name)) for f in attrs.fields(type(v))}
     if isinstance(v, enum.Enum):
@@ -507,12 +556,27 @@ def _from_plain(cls, data: dict, where: str):
     return cls(**kwargs)
 
 
+def _placement(data: dict, where: str) -> StagePlacement:
+    """A placement from its flat fields (:data:`PLACEMENT_FIELDS`), as _from_plain reads a
+    value's."""
+    types = dict(PLACEMENT_FIELDS)
+    unknown = sorted(set(data) - set(types))
+    if unknown:
+        raise KeyError(f"unknown field '{where}{_cut(unknown[0])}'")
+    for name in ("stage", "devices"):
+        if name not in data:
+            raise KeyError(f"missing field '{where}{name}'")
+    kwargs = {name: _convert(name, types[name], value, where + name)
+              for name, value in data.items()}
+    return StagePlacement.of(**kwargs)
+
+
 def _convert(name: str, typ: object, value: object, where: str) -> object:
     t = str(typ)
     if name == "placements":
         _expect(where, value, list)
-        return tuple(_from_plain(StagePlacement, _expect(f"{where}[{i}]", x, dict),
-                                 f"{where}[{i}].") for i, x in enumerate(value))
+        return tuple(_placement(_expect(f"{where}[{i}]", x, dict), f"{where}[{i}].")
+                     for i, x in enumerate(value))
     if name in ("ops", "memory"):
         kind = OpUse if name == "ops" else MemoryUse
         return tuple(_from_plain(kind, _expect(f"{where}[{i}]", x, dict), f"{where}[{i}].")

@@ -6,10 +6,10 @@ calls (``rpeg.runtime.lowering.instances``) and by the cost model as it counts t
     >>> from rpeg.plan.model import StagePlacement
     >>> from rpeg.spec.model import Engine, OpKind
     >>> gen = Op("rollout", OpKind.GENERATE, reads_model="actor", stages=("rollout",))
-    >>> lay = op_layout(gen, StagePlacement("rollout", (0, 1, 2, 3), tp=2), streamed=True)
+    >>> lay = op_layout(gen, StagePlacement.of("rollout", (0, 1, 2, 3), tp=2), streamed=True)
     >>> lay.devices_of(0), lay.devices_of(1), lay.devices_of(2)
     ((0, 1), (2, 3), (0, 1))
-    >>> vllm = StagePlacement("rollout", (0, 1, 2, 3), tp=2, engine=Engine.VLLM)
+    >>> vllm = StagePlacement.of("rollout", (0, 1, 2, 3), tp=2, engine=Engine.VLLM)
     >>> [(c.chunk, c.device, c.group) for c in op_layout(gen, vllm, streamed=True).calls(3)]
     [(0, 0, ()), (1, 2, ()), (2, 0, ())]
 
@@ -180,7 +180,8 @@ def reads_in_place(trainer, reader, device: int) -> bool:
     (:func:`rpeg.cost.engine_sync.serves_copy`). Any other reader there reads a second copy
     that a weight sync loads.
 
-        >>> from rpeg.plan.model import StagePlacement as P
+        >>> from rpeg.plan.model import StagePlacement
+        >>> P = StagePlacement.of
         >>> t = P("train", (0, 1, 2, 3), dp=2, tp=2)
         >>> [reads_in_place(t, P("g", (0, 1), tp=2), d) for d in (0, 1)]
         [True, True]
@@ -221,7 +222,8 @@ def gathers_in_place(op, trainer, reader, chunks: int) -> bool:
     all the ranks gather together: it reads a copy of its own.
 
         >>> from rpeg.graph import Op
-        >>> from rpeg.plan.model import StagePlacement as P
+        >>> from rpeg.plan.model import StagePlacement
+        >>> P = StagePlacement.of
         >>> fwd = Op("old_lp", OpKind.FORWARD, reads_model="actor", stages=("old_lp",))
         >>> t = P("train", (0, 1), dp=2, zero=3)
         >>> gathers_in_place(fwd, t, P("old_lp", (0, 1), dp=2, zero=3), 1)
@@ -324,7 +326,8 @@ def split_parts(op, place, trainer, chunks: int, streamed: bool = False,
     the placed graph, the executor's parts and the cost model's pricing would agree on.
 
         >>> from rpeg.graph import Op
-        >>> from rpeg.plan.model import StagePlacement as P
+        >>> from rpeg.plan.model import StagePlacement
+        >>> P = StagePlacement.of
         >>> fwd = Op("ref_lp", OpKind.FORWARD, reads_model="ref", stages=("ref_lp",))
         >>> split_parts(fwd, P("ref_lp", (0, 1), dp=2), None, 1)
         2
@@ -358,8 +361,7 @@ def first_block(place):
     """``place`` narrowed to its first data-parallel replica (its first
     ``len(devices) / dp`` devices, dp 1): where an op at dp > 1 that does not split its
     batch (:func:`split_parts`: a group estimator) runs its one call a step."""
-    return attrs.evolve(place, devices=tuple(place.devices[:len(place.devices) // place.dp]),
-                        dp=1)
+    return place.changed(devices=tuple(place.devices[:len(place.devices) // place.dp]), dp=1)
 
 
 @functools.lru_cache(maxsize=256)
@@ -396,7 +398,8 @@ def rounds_of(place, chunks: int) -> int:
     """Rounds a generate stage placed as ``place`` streams a step's ``chunks`` chunks in
     (:func:`chunks_per_step`): in each, a chunk on every block of it (see the module doc).
 
-        >>> from rpeg.plan.model import StagePlacement as P
+        >>> from rpeg.plan.model import StagePlacement
+        >>> P = StagePlacement.of
         >>> rounds_of(P("g", (0, 1, 2, 3)), 8), rounds_of(P("g", (0, 1, 2, 3), tp=2), 2)
         (2, 1)
     """
@@ -434,7 +437,8 @@ def stream_of(place) -> tuple[int, int]:
     over) of a generate stage placed as ``place``: chunk ``c`` streams on block ``c mod
     blocks``, after chunk ``c - blocks`` (:func:`rpeg.graph.unroll`).
 
-        >>> from rpeg.plan.model import StagePlacement as P
+        >>> from rpeg.plan.model import StagePlacement
+        >>> P = StagePlacement.of
         >>> stream_of(P("g", (0, 1, 2, 3), tp=2)), stream_of(P("g", (0,), carry=1))
         ((2, 0), (1, 1))
     """
@@ -449,7 +453,8 @@ def fused_train(works, places):
     own. The runtime's train step runs it, the cost model prices it.
 
         >>> from rpeg.graph.work import Work
-        >>> from rpeg.plan.model import StagePlacement as P
+        >>> from rpeg.plan.model import StagePlacement
+        >>> P = StagePlacement.of
         >>> from rpeg.spec.model import OpKind
         >>> w, p = fused_train((Work("a", OpKind.TRAIN, None, minibatches=4),
         ...                     Work("c", OpKind.TRAIN, None, epochs=2)),
@@ -465,7 +470,7 @@ def fused_train(works, places):
     if (minibatches, epochs) != (work.minibatches, work.epochs):
         work = attrs.evolve(work, minibatches=minibatches, epochs=epochs)
     if micro != place.microbatches:
-        place = attrs.evolve(place, microbatches=micro)
+        place = place.changed(microbatches=micro)
     return work, place
 
 

@@ -1,11 +1,11 @@
 """The planner's side of ``place STAGE on gpus A..B { ... }``: pins it can honour, and honours.
 
     >>> from rpeg.spec.model import Pin
-    >>> from rpeg.cost.memory import Parallel
+    >>> from rpeg.graph.layout import Layout
     >>> pin = Pin("actor_step", 0, 3, tp=2, zero=3)
-    >>> matches(pin, Parallel(dp=2, tp=2, zero=3), Engine.TORCH)
+    >>> matches(pin, Layout(dp=2, tp=2, zero=3), Engine.TORCH)
     True
-    >>> matches(pin, Parallel(dp=4, tp=1, zero=3), Engine.TORCH)
+    >>> matches(pin, Layout(dp=4, tp=1, zero=3), Engine.TORCH)
     False
 
 The spec's checker refused pins no cluster can lay out (:mod:`rpeg.spec.pins`). Here,
@@ -21,10 +21,8 @@ a search move may have changed outside the table (chunks, offload, the engine).
 
 from __future__ import annotations
 
-import attrs
-
-from rpeg.cost.memory import Parallel
 from rpeg.errors import PlanError
+from rpeg.graph.layout import DECODING_FIELDS, Layout, changed
 from rpeg.plan.model import StagePlacement
 from rpeg.plan.space import Limits
 from rpeg.spec.model import Cluster, Engine, OpKind, Pin, Pipeline, Zero
@@ -35,26 +33,27 @@ FOREIGN = frozenset({Engine.HF, Engine.HYBRID, Engine.DEEPSPEED, Engine.MEGATRON
 ANY_EXECUTOR = "plan for an executor that runs it with `rpeg compile --any-executor`"
 
 
-def matches(pin: Pin | None, par: Parallel, engine: Engine) -> bool:
+def matches(pin: Pin | None, par: Layout, engine: Engine) -> bool:
     """Whether a layout keeps every key ``pin`` fixes."""
     if pin is None:
         return True
     for key, value in pin.pinned():
-        if key in _PARALLEL and getattr(par, key) != value:
+        if key in _PARALLEL and getattr(par.decoding if key in DECODING_FIELDS else par,
+                                        key) != value:
             return False
         if key == "engine" and value is not Engine.AUTO and engine is not value:
             return False
     return True
 
 
-def overlay(pin: Pin | None, par: Parallel) -> Parallel:
+def overlay(pin: Pin | None, par: Layout) -> Layout:
     """``par`` with the pin's batching, packing and offload keys (which the layouts the
     planner enumerates leave at their defaults) put in."""
     if pin is None:
         return par
     keys = ("packing", "param_offload", "max_num_seqs", "kv_fraction", "cuda_graph", "ep")
     changes = {k: getattr(pin, k) for k in keys if getattr(pin, k) is not None}
-    return attrs.evolve(par, **changes) if changes else par
+    return changed(par, **changes) if changes else par
 
 
 def honour(pin: Pin | None, p: StagePlacement) -> StagePlacement:
@@ -66,7 +65,7 @@ def honour(pin: Pin | None, p: StagePlacement) -> StagePlacement:
         changes["chunks"] = pin.chunks
     if pin.offload is not None:
         changes["offload"] = pin.offload
-    return attrs.evolve(p, **changes) if changes else p
+    return p.changed(**changes) if changes else p
 
 
 def check_pins(pipeline: Pipeline, cluster: Cluster, limits: Limits) -> None:
@@ -99,7 +98,7 @@ def _check_eval_pin(pin: Pin, pipeline: Pipeline, limits: Limits) -> None:
     """A pinned layout of the evaluated model's train stage the eval block cannot run
     beside (ZeRO-3, tensor parallelism: the eval needs one whole trained replica)."""
     stage = pipeline.stage(pin.stage)
-    why = limits.check_eval(pipeline, stage, Parallel(tp=pin.tp or 1, zero=pin.zero or Zero.NONE))
+    why = limits.check_eval(pipeline, stage, Layout(tp=pin.tp or 1, zero=pin.zero or Zero.NONE))
     if why is None:
         return
     key = "zero" if (pin.zero or Zero.NONE) not in limits.eval_zero else "tp"
@@ -163,7 +162,7 @@ def _refusal(pin: Pin, pipeline: Pipeline, limits: Limits) -> tuple[str, str] | 
     model = pipeline.model(stage.target) if pipeline.has_model(stage.target or "") else None
     if model is not None and model.lora is not None:
         trained = stage.kind is OpKind.TRAIN
-        why = limits.check_lora(model, Parallel(tp=pin.tp or 1,
+        why = limits.check_lora(model, Layout(tp=pin.tp or 1,
                                                 zero=(pin.zero or Zero.NONE) if trained
                                                 else Zero.NONE))
         if why is not None:

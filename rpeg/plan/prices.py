@@ -28,7 +28,7 @@ import attrs
 
 from rpeg.cost.engine_sync import collective_sync_time, engine_copy, tp_blocks
 from rpeg.cost.generation import StageCost
-from rpeg.cost.memory import Parallel, resident_memory
+from rpeg.cost.memory import resident_memory
 from rpeg.cost.partial import smallest_cap
 from rpeg.cost.stages import (
     estimate_stage,
@@ -48,14 +48,6 @@ MIB = 2 ** 20
 
 # (responses, longest response, mean length) of one streamed chunk
 Chunk = tuple[int, float, float]
-
-
-def parallel_of(p: StagePlacement) -> Parallel:
-    return Parallel(dp=p.dp, tp=p.tp, pp=p.pp, microbatches=p.microbatches,
-                    recompute=p.recompute, zero=p.zero, offload=p.offload, cp=p.cp, ep=p.ep,
-                    packing=p.packing, param_offload=p.param_offload,
-                    max_num_seqs=p.max_num_seqs, kv_fraction=p.kv_fraction,
-                    cuda_graph=p.cuda_graph)
 
 
 class _Memo(dict):
@@ -165,7 +157,7 @@ class Prices:
 
     def _stage_cost(self, stage, q, rows, chunk, off_policy) -> StageCost:
         batch, padded, mean = chunk if chunk is not None else (None, None, None)
-        return estimate_stage(self.works[stage], parallel_of(q), q.devices, self.cluster,
+        return estimate_stage(self.works[stage], q.layout, q.devices, self.cluster,
                               engine=q.engine, rows=rows, batch=batch, padded_len=padded,
                               partial=self.cap(q), off_policy=off_policy, mean_len=mean)
 
@@ -176,7 +168,7 @@ class Prices:
         return self._memo["_chunk_ends"][(stage, self._memo["canonical"][p], rows)]
 
     def _chunk_ends(self, stage, p, rows):
-        return generation_chunks(self.works[stage], parallel_of(p), p.devices, self.cluster,
+        return generation_chunks(self.works[stage], p.layout, p.devices, self.cluster,
                                  p.chunks, engine=p.engine, rows=rows, with_lengths=True,
                                  partial=self.cap(p))
 
@@ -192,9 +184,9 @@ class Prices:
         m = self.models[model]
         if engine_copy(src, dst):
             blocks = tp_blocks(dst.devices, dst.tp)
-            return collective_sync_time(m, src.devices, parallel_of(src), blocks, self.cluster)
-        return weight_sync_time(m, src.devices, parallel_of(src), dst.devices,
-                                parallel_of(dst), self.cluster)
+            return collective_sync_time(m, src.devices, src.layout, blocks, self.cluster)
+        return weight_sync_time(m, src.devices, src.layout, dst.devices,
+                                dst.layout, self.cluster)
 
     # --- memory ---------------------------------------------------------------------
 
@@ -205,7 +197,7 @@ class Prices:
         return self._memo["_transient"][(stage, self._memo["_laid"][p], rows, chunks)]
 
     def _transient(self, stage, q, rows, chunks) -> float:
-        par, work = parallel_of(q), self.works[stage]
+        par, work = q.layout, self.works[stage]
         if chunks:
             return max(stage_memory(work, par, self.cluster, batch=n, padded_len=top,
                                     engine=q.engine, mean_len=mean).total
@@ -220,7 +212,7 @@ class Prices:
 
     def _resident(self, model, q, trained) -> float:
         zero = q.zero if trained or q.zero.shards_params else Zero.NONE
-        par = attrs.evolve(parallel_of(q), zero=zero, offload=q.offload and trained)
+        par = attrs.evolve(q.layout, zero=zero, offload=q.offload and trained)
         return resident_memory(self.models[model], par, self.cluster, trained=trained,
                                engine=q.engine).total
 
@@ -230,7 +222,7 @@ class Prices:
         return self._memo["_gen_rows"][(stage, self._memo["_laid"][p], int(free // MIB))]
 
     def _gen_rows(self, stage, q, free_mib) -> int:
-        return generation_rows(self.works[stage], parallel_of(q), self.cluster,
+        return generation_rows(self.works[stage], q.layout, self.cluster,
                                free_mib * MIB, partial=self.cap(q), engine=q.engine)
 
     def sizes(self) -> dict[str, int]:
@@ -247,4 +239,4 @@ def _shifted(devices: tuple[int, ...], shift: int) -> tuple[int, ...]:
     return tuple(d - shift for d in devices)
 
 
-__all__ = ["Prices", "parallel_of"]
+__all__ = ["Prices"]

@@ -552,7 +552,7 @@ class Moves:
         if stage is None:
             return None
         p = plan.placement(stage)
-        new = attrs.evolve(p, offload=not p.offload)
+        new = p.changed(offload=not p.offload)
         return attrs.evolve(plan, placements=tuple(new if x.stage == stage else x
                                                    for x in plan.placements))
 

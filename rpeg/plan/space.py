@@ -20,8 +20,9 @@ import functools
 
 import attrs
 
-from rpeg.cost.memory import Parallel, check_parallel
+from rpeg.cost.memory import check_parallel
 from rpeg.errors import CostError, PlanError
+from rpeg.graph.layout import DECODING, Layout
 from rpeg.spec.model import Cluster, Engine, Model, OpKind, Pipeline, Zero, zero_levels
 from rpeg.spec.presets import PRESETS, ModelDims
 
@@ -124,7 +125,7 @@ class Limits:
     def engine_max_tp(self, engine: Engine) -> int:
         return min(dict(self.engine_tp).get(engine, self.max_tp), self.max_tp)
 
-    def check_parallel(self, par: Parallel) -> str | None:
+    def check_parallel(self, par: Layout) -> str | None:
         """Why this layout cannot run, or None."""
         for name, cap in (("tp", self.max_tp), ("pp", self.max_pp), ("dp", self.max_dp),
                           ("cp", self.max_cp), ("ep", self.max_ep)):
@@ -147,7 +148,7 @@ class Limits:
         if par.param_offload and not self.param_offload:
             return "weights must stay on the device on this backend" \
                 + self.because("param_offload")
-        if (par.max_num_seqs or par.kv_fraction or par.cuda_graph) and not self.batching:
+        if par.decoding != DECODING and not self.batching:
             return ("generation must batch as the engine decides on this backend (no "
                     "max_num_seqs, kv_fraction or cuda_graph)" + self.because("batching"))
         return None
@@ -171,7 +172,7 @@ class Limits:
             return f"model '{model.name}' trains LoRA adapters, which this executor does not"
         return None
 
-    def check_lora(self, model: Model, par: Parallel) -> str | None:
+    def check_lora(self, model: Model, par: Layout) -> str | None:
         """Why this executor cannot lay out ``model``'s LoRA adapters as ``par``, or None."""
         if model.lora is None:
             return None
@@ -184,7 +185,7 @@ class Limits:
                     f"adapters this executor trains unsharded, not {par.zero}")
         return None
 
-    def check_eval(self, pipeline, stage, par: Parallel) -> str | None:
+    def check_eval(self, pipeline, stage, par: Layout) -> str | None:
         """Why the eval block could not run beside ``stage`` laid out as ``par``, or None:
         it generates with the trained replica of the model it evaluates (the first
         generate stage's), which must be whole on its first device."""
@@ -318,7 +319,7 @@ def _powers(n: int) -> list[int]:
 
 
 def layouts(size: int, dims: ModelDims, cluster: Cluster, limits: Limits,
-            batch: int | None = None) -> tuple[Parallel, ...]:
+            batch: int | None = None) -> tuple[Layout, ...]:
     """DP x TP x PP factorisations of ``size`` this model and backend accept."""
     out = []
     for pp in _divisors(size):
@@ -326,7 +327,7 @@ def layouts(size: int, dims: ModelDims, cluster: Cluster, limits: Limits,
             dp = size // (pp * tp)
             if tp > cluster.gpus_per_node or (batch is not None and dp > batch):
                 continue
-            par = Parallel(dp=dp, tp=tp, pp=pp, microbatches=pp)
+            par = Layout(dp=dp, tp=tp, pp=pp, microbatches=pp)
             if limits.check_parallel(par) is not None:
                 continue
             try:

@@ -58,7 +58,7 @@ def settled(work, p: StagePlacement, limits, cluster: Cluster) -> StagePlacement
     frac = frac or limits.kv_share(p.engine, cluster.gpu)
     if (seqs, frac, graph) == (p.max_num_seqs, p.kv_fraction, p.cuda_graph):
         return p
-    return attrs.evolve(p, max_num_seqs=seqs, kv_fraction=frac, cuda_graph=graph)
+    return p.changed(max_num_seqs=seqs, kv_fraction=frac, cuda_graph=graph)
 
 
 def is_host_op(pipeline: Pipeline, stage: str) -> bool:

@@ -470,7 +470,8 @@ def transfer_gangs(placed: Placed) -> dict[str, tuple[tuple[tuple[int, ...], ...
     ``placed``: lowered by :data:`~rpeg.plan.lower.COUNTED`.
 
         >>> from rpeg.graph import Op
-        >>> from rpeg.plan.model import StagePlacement as P
+        >>> from rpeg.plan.model import StagePlacement
+        >>> P = StagePlacement.of
         >>> from rpeg.spec.model import Engine
         >>> g = Graph("g", (Op("rollout", OpKind.GENERATE, reads_model="actor",
         ...                    stages=("rollout",)),

@@ -47,7 +47,7 @@ def split_plan(pipeline: Pipeline, devices: int, *, staleness: int | None = None
         else:
             devs, n_chunks = (last,), 1
         engine = Engine.VLLM if s.param("engine", Engine.AUTO) is Engine.VLLM else Engine.TORCH
-        placements.append(StagePlacement(s.name, devs, dp=len(devs) if s.kind is OpKind.TRAIN
+        placements.append(StagePlacement.of(s.name, devs, dp=len(devs) if s.kind is OpKind.TRAIN
                                          else 1, chunks=n_chunks, engine=engine))
     bounds = tuple((st, bound if staleness is None else min(bound, staleness))
                    for st, bound in pipeline.staleness)

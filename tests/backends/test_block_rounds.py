@@ -40,7 +40,7 @@ def test_a_blocks_calls_are_its_rounds(blocks, tp, chunks):
     ranks of a block counted once) are the rounds the rule gives it; the first block's
     are the op's rounds."""
     gen = Op("rollout", OpKind.GENERATE, reads_model="actor", stages=("rollout",))
-    place = StagePlacement("rollout", tuple(range(blocks * tp)), tp=tp, chunks=chunks)
+    place = StagePlacement.of("rollout", tuple(range(blocks * tp)), tp=tp, chunks=chunks)
     lay = oplayout.op_layout(gen, place, streamed=True)
     made = Counter(c.chunk % blocks for c in lay.calls(chunks) if c.device % tp == 0)
     assert all(made[b] == oplayout.block_rounds(chunks, blocks, b) for b in made)

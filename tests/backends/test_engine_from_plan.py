@@ -13,7 +13,7 @@ from rpeg.spec.model import Engine, OpKind
 
 def _engine_for(plan_engine: Engine, monkeypatch):
     monkeypatch.setattr(colocated, "colocated_engine", lambda replica, options: "vllm-engine")
-    plan = Plan("p", "c", 1, (StagePlacement("rollout", (0,), engine=plan_engine),))
+    plan = Plan("p", "c", 1, (StagePlacement.of("rollout", (0,), engine=plan_engine),))
     # the spec says auto (no engine parameter): only the plan can say vLLM
     stage = SimpleNamespace(name="rollout", target="actor",
                             param=lambda key, default=None: default)

@@ -25,8 +25,8 @@ PIPELINES = Path(__file__).resolve().parents[2] / "pipelines"
 def _plan(pipeline, **train):
     plan = split_plan(pipeline, 1, staleness=0)
     return attrs.evolve(plan, placements=tuple(
-        attrs.evolve(p, **train) if pipeline.stage(p.stage).kind is OpKind.TRAIN
-        else attrs.evolve(p, packing=True, microbatches=2)
+        p.changed(**train) if pipeline.stage(p.stage).kind is OpKind.TRAIN
+        else p.changed(packing=True, microbatches=2)
         if pipeline.stage(p.stage).kind is OpKind.FORWARD else p
         for p in plan.placements))
 

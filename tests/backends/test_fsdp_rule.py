@@ -12,8 +12,9 @@ pytest.importorskip("torch")
 from backends.torch_backend import sharding  # noqa: E402
 from backends.torch_backend.sharding import TrainLayout  # noqa: E402
 from rpeg.cost import memory  # noqa: E402
-from rpeg.cost.memory import Parallel, grad_bytes  # noqa: E402
+from rpeg.cost.memory import grad_bytes  # noqa: E402
 from rpeg.cost.profiles import builtin_cluster  # noqa: E402
+from rpeg.graph.layout import Layout
 from rpeg.spec.model import Model, Optimizer, Zero  # noqa: E402
 from rpeg.spec.presets import PRESETS  # noqa: E402
 
@@ -33,7 +34,7 @@ def test_the_layout_runs_fsdp_where_the_shards_are_priced(dp, tp):
     gpu = builtin_cluster("local_cpu").gpu
     layout = TrainLayout(tuple(range(dp * tp)), tuple(range(tp)) if tp > 1 else (),
                          Zero.GRADIENTS)
-    extra, _ = grad_bytes(_model(), Parallel(dp=dp, tp=tp, zero=Zero.GRADIENTS), gpu)
+    extra, _ = grad_bytes(_model(), Layout(dp=dp, tp=tp, zero=Zero.GRADIENTS), gpu)
     assert layout.fsdp == (extra > 0)
 
 
@@ -41,7 +42,7 @@ def test_one_edit_of_the_predicate_changes_both_sides(monkeypatch):
     """FSDP2 never, edited in the one predicate: the runtime lays a ZeRO-2 copy out without
     it, and the cost model prices no float32 shards for it."""
     gpu = builtin_cluster("local_cpu").gpu
-    par = Parallel(dp=2, zero=Zero.GRADIENTS)
+    par = Layout(dp=2, zero=Zero.GRADIENTS)
     layout = TrainLayout((0, 1), zero=Zero.GRADIENTS)
     assert layout.fsdp and grad_bytes(_model(), par, gpu)[0] > 0
     for side in (sharding, memory):

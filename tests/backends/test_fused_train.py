@@ -97,7 +97,7 @@ def test_one_edit_of_the_schedule_changes_both_sides(shared, monkeypatch):
 
     def doubled(works, places):
         work, place = oplayout.fused_train(works, places)
-        return work, attrs.evolve(place, microbatches=2 * place.microbatches)
+        return work, place.changed(microbatches=2 * place.microbatches)
 
     for side in (executor, prices):
         monkeypatch.setattr(side, "fused_train", doubled)

@@ -35,10 +35,10 @@ def tp_plan(pipeline, devs=(0, 1), tp=2, gen=None, homes=None, devices=2) -> Pla
                 else (devs, tp)
             if s.target == "ref" and gen is not None:
                 d, t = gen, 1
-            places.append(StagePlacement(s.name, d, dp=len(d) // t, tp=t,
+            places.append(StagePlacement.of(s.name, d, dp=len(d) // t, tp=t,
                                          chunks=2 if kind == "generate" else 1))
         else:
-            places.append(StagePlacement(s.name, (0,)))
+            places.append(StagePlacement.of(s.name, (0,)))
     return Plan(pipeline.name, "test", devices, tuple(places),
                 model_homes=tuple(sorted((homes or {"actor": devs, "critic": devs}).items())),
                 staleness=tuple((st, 0) for st, _ in pipeline.staleness),
@@ -48,7 +48,7 @@ def tp_plan(pipeline, devs=(0, 1), tp=2, gen=None, homes=None, devices=2) -> Pla
 def _with(plan, **changes):
     stage = changes.pop("stage")
     return attrs.evolve(plan, placements=tuple(
-        attrs.evolve(p, **changes) if p.stage == stage else p for p in plan.placements))
+        p.changed(**changes) if p.stage == stage else p for p in plan.placements))
 
 
 # --- plan time ----------------------------------------------------------------------------

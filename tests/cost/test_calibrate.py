@@ -88,7 +88,7 @@ def test_packed_ops_fit_the_per_sequence_attention_call():
     """Packed ops (each sequence its own attention call per layer, on a CPU) measured as a
     profile with ``packed_seq_overhead`` would produce them: the fit recovers it, and a
     calibration without packed ops leaves it unmeasured (0, the GPU profiles' value)."""
-    from rpeg.cost.memory import Parallel
+    from rpeg.graph.layout import Layout
     truth = attrs.evolve(TRUE, packed_seq_overhead=4e-5)
     m = _synthetic()
     cluster = cpu_cluster(truth, LINK)
@@ -97,7 +97,7 @@ def test_packed_ops_fit_the_per_sequence_attention_call():
         for kind, b, p, g in (("forward", 16, 32, 32), ("train", 16, 32, 16),
                               ("train", 48, 8, 20)):
             lengths = sorted(int(n) for n in rng.integers(1, g + 1, b))
-            t, mem = predict_op(kind, dims, b, p, g, cluster, Parallel(packing=True),
+            t, mem = predict_op(kind, dims, b, p, g, cluster, Layout(packing=True),
                                 lengths=lengths)
             m["ops"].append({"kind": kind, "model": name, "dims": attrs.asdict(dims),
                              "batch": b, "prompt_len": p, "gen_len": g, "packed": True,
@@ -113,7 +113,7 @@ def _dp_train(truth: GpuProfile, shapes) -> list[dict]:
     """``dp_train`` rows as ``truth`` would produce them: train ops of tiny and tiny4 on
     two devices at ZeRO 0, 2 and 3, in each of ``shapes`` (batch, prompt, response,
     micro-batches; those of several at ZeRO 2-3 only, as the calibration measures them)."""
-    from rpeg.cost.memory import Parallel
+    from rpeg.graph.layout import Layout
     cluster = cpu_cluster(truth, LINK)
     rows = []
     for name in ("tiny", "tiny4"):
@@ -122,7 +122,7 @@ def _dp_train(truth: GpuProfile, shapes) -> list[dict]:
                 if mb > 1 and not zero:
                     continue
                 t, _ = predict_op("train", DIMS[name], b, p, g, cluster,
-                                  Parallel(dp=2, zero=zero, microbatches=mb), devices=(0, 1))
+                                  Layout(dp=2, zero=zero, microbatches=mb), devices=(0, 1))
                 rows.append({"kind": "train", "model": name, "dims": attrs.asdict(DIMS[name]),
                              "batch": b, "prompt_len": p, "gen_len": g, "dp": 2, "zero": zero,
                              **({"microbatches": mb} if mb > 1 else {}), "latency_s": t})
@@ -168,7 +168,7 @@ def test_tensor_parallel_ops_fit_the_per_layer_host_work():
     """Ops split over two devices (forward, generate, train at tp = 2) measured as a
     profile with ``tp_layer_overhead`` would produce them: the fit recovers it from models
     of 2 and 4 layers, and a calibration without such ops leaves it unmeasured (0)."""
-    from rpeg.cost.memory import Parallel
+    from rpeg.graph.layout import Layout
     truth = attrs.evolve(TRUE, tp_layer_overhead=3e-3)
     m = _synthetic()
     cluster = cpu_cluster(truth, LINK)
@@ -176,7 +176,7 @@ def test_tensor_parallel_ops_fit_the_per_layer_host_work():
     for name in ("tiny", "tiny4"):
         for kind, b, p, g in (("forward", 16, 32, 32), ("generate", 48, 8, 20),
                               ("train", 16, 32, 16), ("train", 48, 8, 20)):
-            t, _ = predict_op(kind, DIMS[name], b, p, g, cluster, Parallel(tp=2),
+            t, _ = predict_op(kind, DIMS[name], b, p, g, cluster, Layout(tp=2),
                               devices=(0, 1))
             m["tp_ops"].append({"kind": kind, "model": name, "dims": attrs.asdict(DIMS[name]),
                                 "batch": b, "prompt_len": p, "gen_len": g, "tp": 2,

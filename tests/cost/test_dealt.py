@@ -23,9 +23,9 @@ from hypothesis import strategies as st
 
 from rpeg.cost import generation
 from rpeg.cost.generation import dealt_batch
-from rpeg.cost.memory import Parallel
 from rpeg.cost.stages import estimate_stage, stage_memory
 from rpeg.graph import build, deal
+from rpeg.graph.layout import Layout
 from rpeg.graph.work import Work, work_of
 from rpeg.plan.model import StagePlacement
 from rpeg.plan.oplayout import chunks_per_step, stream_chunks
@@ -62,7 +62,7 @@ def test_a_rank_past_the_prompts_does_not_speed_dynamic_sampling_up():
     assert work.refill_rounds and pipeline.workload.prompts == 128
 
     def priced(dp):
-        par = Parallel(dp=dp)
+        par = Layout(dp=dp)
         t = estimate_stage(work, par, range(dp), cluster, engine=Engine.VLLM).time_s
         m = stage_memory(work, par, cluster, engine=Engine.VLLM)
         return t, m
@@ -70,7 +70,7 @@ def test_a_rank_past_the_prompts_does_not_speed_dynamic_sampling_up():
     (t64, m64), (t68, m68) = priced(64), priced(68)
     assert t64 <= t68 < t64 * 1.01 and m68 == m64
     even = attrs.evolve(work, refill_rounds=0)           # without it, more ranks: faster
-    assert estimate_stage(even, Parallel(dp=68), range(68), cluster,
+    assert estimate_stage(even, Layout(dp=68), range(68), cluster,
                           engine=Engine.VLLM).time_s < t68
 
 
@@ -95,7 +95,7 @@ def _dapo_chunks(chunks: int, blocks: int) -> int:
     """Chunks a step of DAPO's rollout asked for ``chunks`` on ``blocks`` blocks streams."""
     pipeline = load(ROOT / "pipelines" / "dapo_qwen7b.rpeg")
     w = pipeline.workload
-    place = StagePlacement("rollout", tuple(range(blocks)), chunks=chunks)
+    place = StagePlacement.of("rollout", tuple(range(blocks)), chunks=chunks)
     return chunks_per_step(build(pipeline), lambda op: place, w.prompts * w.samples)
 
 
@@ -146,7 +146,7 @@ def test_one_edit_of_the_dealing_changes_both_sides(refills, monkeypatch, _forge
     batch, dp = w.prompts * w.samples, 4
 
     def priced():
-        return estimate_stage(work, Parallel(dp=dp), range(dp), cluster).time_s
+        return estimate_stage(work, Layout(dp=dp), range(dp), cluster).time_s
 
     usual = priced()
     assert [len(sampling.positions(r, dp, w, bool(refills))) for r in range(dp)] == \

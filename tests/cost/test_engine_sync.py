@@ -13,9 +13,9 @@ from hypothesis import strategies as st
 from rpeg.cost.engine_sync import SYNC_BUCKET_BYTES, collective_sync_time, engine_copy
 from rpeg.cost.examples import ppo_pipeline
 from rpeg.cost.generation import sync_bytes
-from rpeg.cost.memory import Parallel
 from rpeg.cost.profiles import cluster_of
 from rpeg.cost.stages import estimate_stage
+from rpeg.graph.layout import Layout
 from rpeg.graph.work import work_of
 from rpeg.plan.model import StagePlacement
 from rpeg.spec.model import Engine, Zero
@@ -31,7 +31,7 @@ def ppo():
 
 @pytest.mark.parametrize("engine", [Engine.VLLM, Engine.TORCH])
 def test_fewer_rows_decode_longer(ppo, engine):
-    h200, par = cluster_of("h200", 8), Parallel(dp=8)
+    h200, par = cluster_of("h200", 8), Layout(dp=8)
     times = [estimate_stage(work_of(ppo, "rollout"), par, tuple(range(8)), h200, engine=engine,
                             rows=r).time_s for r in (64, 16, 4)]
     assert times[0] < times[1] < times[2]
@@ -42,18 +42,18 @@ def test_the_sync_is_priced_by_bytes_in_the_dtype_per_bucket_over_the_links():
     actor = ppo.model("actor")
     two = cluster_of("h200", 8, 2)
     r8 = tuple(range(8))
-    same_node = collective_sync_time(actor, r8[:4], Parallel(dp=4), ((4, 5), (6, 7)), two)
-    other_node = collective_sync_time(actor, r8, Parallel(dp=8), ((8, 9), (10, 11)), two)
+    same_node = collective_sync_time(actor, r8[:4], Layout(dp=4), ((4, 5), (6, 7)), two)
+    other_node = collective_sync_time(actor, r8, Layout(dp=8), ((8, 9), (10, 11)), two)
     assert other_node > same_node > 0                     # the slower link the sets span
-    fp32 = collective_sync_time(attrs.evolve(actor, dtype="fp32"), r8, Parallel(dp=8),
+    fp32 = collective_sync_time(attrs.evolve(actor, dtype="fp32"), r8, Layout(dp=8),
                                 ((8, 9),), two)
-    bf16 = collective_sync_time(actor, r8, Parallel(dp=8), ((8, 9),), two)
+    bf16 = collective_sync_time(actor, r8, Layout(dp=8), ((8, 9),), two)
     assert fp32 == pytest.approx(2 * bf16, rel=0.05)      # bytes in the parameter dtype
     assert sync_bytes(attrs.evolve(actor, dtype="fp32"), two.gpu) == 2 * sync_bytes(actor, two.gpu)
-    small = collective_sync_time(actor, r8, Parallel(dp=8), ((8, 9),), two, bucket_bytes=1 << 20)
+    small = collective_sync_time(actor, r8, Layout(dp=8), ((8, 9),), two, bucket_bytes=1 << 20)
     assert small > bf16                                    # a latency per bucket
     # a trainer split tp-ways gathers whole tensors first
-    assert collective_sync_time(actor, r8, Parallel(dp=4, tp=2), ((8, 9),), two) > bf16
+    assert collective_sync_time(actor, r8, Layout(dp=4, tp=2), ((8, 9),), two) > bf16
 
 
 @settings(max_examples=40, deadline=None)
@@ -64,21 +64,21 @@ def test_more_engines_never_sync_faster(engines, tp):
     blocks = tuple(tuple(range(8 + i * tp, 8 + (i + 1) * tp)) for i in range(engines))
     more = blocks + (tuple(range(8 + engines * tp, 8 + (engines + 1) * tp)),)
     src = tuple(range(8))
-    assert collective_sync_time(actor, src, Parallel(dp=8), more, big) >= \
-        collective_sync_time(actor, src, Parallel(dp=8), blocks, big)
+    assert collective_sync_time(actor, src, Layout(dp=8), more, big) >= \
+        collective_sync_time(actor, src, Layout(dp=8), blocks, big)
 
 
 def test_which_engines_get_a_copy():
-    trainer = StagePlacement("train", (0, 1), dp=2)
-    assert not engine_copy(trainer, StagePlacement("g", (0,), engine=Engine.VLLM))
-    assert engine_copy(trainer, StagePlacement("g", (2,), engine=Engine.VLLM))
-    assert engine_copy(trainer, StagePlacement("g", (0, 1), tp=2, engine=Engine.VLLM))
-    assert not engine_copy(trainer, StagePlacement("g", (2,), engine=Engine.TORCH))
-    split = StagePlacement("train", (0, 1), tp=2)
-    assert engine_copy(split, StagePlacement("g", (0,), engine=Engine.VLLM))
+    trainer = StagePlacement.of("train", (0, 1), dp=2)
+    assert not engine_copy(trainer, StagePlacement.of("g", (0,), engine=Engine.VLLM))
+    assert engine_copy(trainer, StagePlacement.of("g", (2,), engine=Engine.VLLM))
+    assert engine_copy(trainer, StagePlacement.of("g", (0, 1), tp=2, engine=Engine.VLLM))
+    assert not engine_copy(trainer, StagePlacement.of("g", (2,), engine=Engine.TORCH))
+    split = StagePlacement.of("train", (0, 1), tp=2)
+    assert engine_copy(split, StagePlacement.of("g", (0,), engine=Engine.VLLM))
     for zero in (2, 3):             # FSDP2's parameters: the engine gets a copy of its own
-        fsdp = StagePlacement("train", (0, 1), dp=2, zero=zero)
-        assert engine_copy(fsdp, StagePlacement("g", (0,), engine=Engine.VLLM))
+        fsdp = StagePlacement.of("train", (0, 1), dp=2, zero=zero)
+        assert engine_copy(fsdp, StagePlacement.of("g", (0,), engine=Engine.VLLM))
 
 
 def test_the_backend_sends_the_bucket_priced():
@@ -100,9 +100,9 @@ def _vllm_beside(trainer: tuple[int, ...]):
 
     def placed(p):
         if p.stage == "rollout":
-            return attrs.evolve(p, devices=(0, 1, 2, 3), dp=2, tp=2, engine=Engine.VLLM)
+            return p.changed(devices=(0, 1, 2, 3), dp=2, tp=2, engine=Engine.VLLM)
         if p.stage in trains or p.devices != (0,):
-            return attrs.evolve(p, devices=trainer, dp=4)
+            return p.changed(devices=trainer, dp=4)
         return p
     base = split_plan(pipeline, 8)
     return pipeline, cluster, trains, attrs.evolve(
@@ -120,12 +120,12 @@ def test_the_planner_prices_a_disaggregated_engine_with_the_collective_sync():
     timings, _ = ev.timings(plan, ev.graph(plan))
     sync = next(t for name, t in timings.items() if name.startswith("sync_"))
     src = plan.placement(next(iter(trains)))
-    want = collective_sync_time(pipeline.model("actor"), src.devices, Parallel(dp=4),
+    want = collective_sync_time(pipeline.model("actor"), src.devices, Layout(dp=4),
                                 ((0, 1), (2, 3)), cluster)
     assert sync.time_s == pytest.approx(want)
     assert set(sync.devices) == {0, 1, 2, 3, 4}    # the engines and the trainer's first rank
     capped = attrs.evolve(plan, placements=tuple(
-        attrs.evolve(p, max_num_seqs=2) if p.stage == "rollout" else p for p in plan.placements))
+        p.changed(max_num_seqs=2) if p.stage == "rollout" else p for p in plan.placements))
     def step(p):            # memory aside (the trainer here is not laid out to fit)
         return ev.evaluate(p, simulate_infeasible=True).plan.predicted.step_time_s
     assert step(capped) > step(plan) > 0                        # the knob is priced
@@ -158,7 +158,7 @@ def test_a_stages_batching_is_recorded_in_the_plan_and_the_runtimes_kv_share_pri
     on_cpu = settle_batching(pipeline, small, local, runtime).placement("rollout")
     assert on_cpu.kv_fraction == pytest.approx((1 << 30) / local.gpu.memory)
     pinned = attrs.evolve(plan, placements=tuple(
-        attrs.evolve(p, max_num_seqs=8, kv_fraction=0.3) if p.stage == "rollout" else p
+        p.changed(max_num_seqs=8, kv_fraction=0.3) if p.stage == "rollout" else p
         for p in plan.placements))
     got = settle_batching(pipeline, pinned, cluster, runtime).placement("rollout")
     assert (got.max_num_seqs, got.kv_fraction) == (8, 0.3)
@@ -222,8 +222,8 @@ def test_an_engine_on_a_sending_device_is_loaded_in_process_and_priced_so():
     assert sync_refusal(sync_layout((0,), ((1, 0),))) is not None     # hosted off a sender
     cluster = cluster_of("h200", 8)
     m = ppo_pipeline("llama3.1-8b", prompts=8).model("actor")
-    apart = collective_sync_time(m, (0, 1), Parallel(dp=2, zero=3), ((2,),), cluster)
-    beside = collective_sync_time(m, (0, 1), Parallel(dp=2, zero=3), ((0,),), cluster)
+    apart = collective_sync_time(m, (0, 1), Layout(dp=2, zero=3), ((2,),), cluster)
+    beside = collective_sync_time(m, (0, 1), Layout(dp=2, zero=3), ((0,),), cluster)
     assert beside < apart                               # no broadcast: a copy in process
 
 

@@ -9,11 +9,12 @@ import pytest
 from rpeg.cost.engines import CONTROLLER_BYTES, EFFICIENCY, ENGINES, efficiency, engine_terms
 from rpeg.cost.examples import ppo_pipeline, single_gpu_op
 from rpeg.cost.generation import generate_memory, generation_rows, hybrid_merge_bytes
-from rpeg.cost.memory import Parallel, local_params, model_params, resident_memory
+from rpeg.cost.memory import local_params, model_params, resident_memory
 from rpeg.cost.passes import train_cost, train_memory, train_phases
 from rpeg.cost.profiles import builtin_profile, cluster_of
 from rpeg.cost.stages import estimate_stage, stage_memory
 from rpeg.cost.topology import Collective, Topology, collective_time
+from rpeg.graph.layout import Layout, changed
 from rpeg.graph.work import work_of
 from rpeg.spec.model import Engine, Model
 from rpeg.spec.presets import PRESETS
@@ -30,7 +31,7 @@ def ppo():
 
 
 def test_a_paged_cache_holds_live_tokens_not_the_longest_response(ppo):
-    par, model, w = Parallel(dp=8), ppo.model("actor"), ppo.workload
+    par, model, w = Layout(dp=8), ppo.model("actor"), ppo.workload
     paged = generate_memory(model, par, w, H100.gpu, Engine.VLLM, 64, 64).kv_cache
     static = generate_memory(model, par, w, H100.gpu, Engine.HF, 64, 64).kv_cache
     # a running sequence holds its prompt and E[L^2] / 2E[L] generated tokens, far below
@@ -42,22 +43,22 @@ def test_a_paged_cache_holds_live_tokens_not_the_longest_response(ppo):
 
 
 def test_concurrency_is_the_engines_batch_bounded_by_memory(ppo):
-    par = Parallel(dp=8)
+    par = Layout(dp=8)
     assert generation_rows(work_of(ppo, "rollout"), par, H100, 1e12, engine=Engine.VLLM) == 64
-    eight = attrs.evolve(par, max_num_seqs=8)
+    eight = changed(par, max_num_seqs=8)
     assert generation_rows(work_of(ppo, "rollout"), eight, H100, 1e12, engine=Engine.VLLM) == 8
     # fewer at once: more decode steps, each reading the weights again
     assert estimate_stage(work_of(ppo, "rollout"), eight, R8, H100, engine=Engine.VLLM, rows=8).time_s \
         > estimate_stage(work_of(ppo, "rollout"), par, R8, H100, engine=Engine.VLLM).time_s
     # a pinned share of the GPU is what the engine takes, whatever it caches
-    share = attrs.evolve(par, kv_fraction=0.5)
+    share = changed(par, kv_fraction=0.5)
     m = stage_memory(work_of(ppo, "rollout"), share, H100, rows=8, engine=Engine.VLLM)
-    weights = local_params(ppo.model("actor"), Parallel()) * 2
+    weights = local_params(ppo.model("actor"), Layout()) * 2
     assert m.total == pytest.approx(0.5 * H100.gpu.memory - weights)
 
 
 def test_a_static_batch_decodes_until_its_longest_response(ppo):
-    par = Parallel(dp=8)
+    par = Layout(dp=8)
     keeps = estimate_stage(work_of(ppo, "rollout"), par, R8, H100, engine=Engine.HF)
     drops = estimate_stage(work_of(ppo, "rollout"), attrs.evolve(par), R8, H100, engine=Engine.TORCH)
     hf, torch = ENGINES[Engine.HF], ENGINES[Engine.TORCH]
@@ -67,7 +68,7 @@ def test_a_static_batch_decodes_until_its_longest_response(ppo):
 
 
 def test_generation_on_zero3_shards_gathers_the_weights_every_step(ppo):
-    par = Parallel(dp=8)
+    par = Layout(dp=8)
     plain = estimate_stage(work_of(ppo, "rollout"), par, R8, H100, engine=Engine.HF).time_s
     sharded = estimate_stage(work_of(ppo, "rollout"), attrs.evolve(par, zero=3), R8, H100,
                              engine=Engine.HF).time_s
@@ -85,7 +86,7 @@ def test_the_hybrid_engine_gathers_the_whole_model_once_a_call_whatever_its_tp(p
     work, topo = work_of(ppo, "rollout"), Topology.from_cluster(H100)
     actor, gpu = ppo.model("actor"), H100.gpu
     full = collective_time(Collective.ALL_GATHER, model_params(actor) * 2, R8, topo)
-    for par in (Parallel(dp=8), Parallel(dp=1, tp=8)):
+    for par in (Layout(dp=8), Layout(dp=1, tp=8)):
         z3 = attrs.evolve(par, zero=3)
         plain = estimate_stage(work, par, R8, H100, engine=Engine.HYBRID)
         sharded = estimate_stage(work, z3, R8, H100, engine=Engine.HYBRID)
@@ -104,10 +105,10 @@ def test_the_hybrid_engine_on_zero3_copies_split_weights_every_forward(ppo):
     ZeRO-3 they are fused once."""
     actor, gpu = ppo.model("actor"), H100.gpu
     d = actor.dims
-    assert hybrid_merge_bytes(actor, Parallel(dp=8), gpu) == 0.0
-    one = hybrid_merge_bytes(actor, Parallel(dp=8, zero=3), gpu)
+    assert hybrid_merge_bytes(actor, Layout(dp=8), gpu) == 0.0
+    one = hybrid_merge_bytes(actor, Layout(dp=8, zero=3), gpu)
     assert one == 2 * (d.hidden * (d.q_dim + 2 * d.kv_dim) + 2 * d.hidden * d.ffn) * 2
-    assert hybrid_merge_bytes(actor, Parallel(dp=1, tp=8, zero=3), gpu) == pytest.approx(one / 8)
+    assert hybrid_merge_bytes(actor, Layout(dp=1, tp=8, zero=3), gpu) == pytest.approx(one / 8)
 
 
 def test_vllm_pays_its_host_time_per_running_sequence(ppo):
@@ -115,7 +116,7 @@ def test_vllm_pays_its_host_time_per_running_sequence(ppo):
     sequence Python); no other engine has the term."""
     assert ENGINES[Engine.VLLM].seq_s == EFFICIENCY.vllm_seq_s > 0
     assert all(ENGINES[e].seq_s == 0 for e in ENGINES if e is not Engine.VLLM)
-    work, par = work_of(ppo, "rollout"), Parallel(dp=8)
+    work, par = work_of(ppo, "rollout"), Layout(dp=8)
     fast = estimate_stage(work, par, R8, H100, engine=Engine.VLLM).time_s
     with efficiency(attrs.evolve(EFFICIENCY, vllm_seq_s=100e-6)):
         slow = estimate_stage(work, par, R8, H100, engine=Engine.VLLM).time_s
@@ -124,7 +125,7 @@ def test_vllm_pays_its_host_time_per_running_sequence(ppo):
 
 def test_zero3_training_gathers_in_every_micro_batch(ppo):
     topo, model, w = Topology.from_cluster(H100), ppo.model("actor"), ppo.workload
-    one, eight = (dict(train_cost(model, Parallel(dp=8, zero=3, microbatches=m), R8, topo,
+    one, eight = (dict(train_cost(model, Layout(dp=8, zero=3, microbatches=m), R8, topo,
                                   H100.gpu, Engine.DEEPSPEED, w, 512, 1024.0,
                                   opt_steps=1).breakdown)["zero3_gather"] for m in (1, 8))
     assert eight > 6 * one
@@ -132,10 +133,10 @@ def test_zero3_training_gathers_in_every_micro_batch(ppo):
 
 def test_zero_2_and_3_buckets_are_not_the_whole_gradient(ppo):
     model, w = ppo.model("actor"), ppo.workload
-    grads = local_params(model, Parallel(dp=8)) * 2
+    grads = local_params(model, Layout(dp=8)) * 2
     # the buckets live in the backward pass, whichever phase holds the step's peak
-    ddp = train_phases(model, Parallel(dp=8), H100.gpu, Engine.TORCH, w, 512, 1024.0, 1)[1]
-    z3 = train_phases(model, Parallel(dp=8, zero=3), H100.gpu, Engine.TORCH, w, 512, 1024.0,
+    ddp = train_phases(model, Layout(dp=8), H100.gpu, Engine.TORCH, w, 512, 1024.0, 1)[1]
+    z3 = train_phases(model, Layout(dp=8, zero=3), H100.gpu, Engine.TORCH, w, 512, 1024.0,
                       1)[1]
     assert ddp.buffers - z3.buffers > 0.8 * grads
 
@@ -146,7 +147,7 @@ def test_a_train_steps_peak_is_its_larger_phase_not_their_sum():
     # (measured on CPU workers: benchmarks/train_executor.py's vocabulary model)
     p = ppo_pipeline("qwen2.5-7b", prompts=64, prompt_len=512, gen_median=512, gen_max=2048)
     model, w = p.model("actor"), p.workload
-    par = Parallel(dp=8, zero=3, recompute=True)
+    par = Layout(dp=8, zero=3, recompute=True)
     at_loss, backward = train_phases(model, par, H100.gpu, Engine.TORCH, w, 512, 1024.0, 1)
     peak = train_memory(model, par, H100.gpu, Engine.TORCH, w, 512, 1024.0, 1)
     assert peak == max(at_loss, backward, key=lambda m: m.total)
@@ -162,7 +163,7 @@ def test_recomputation_holds_the_recomputed_layer_beside_the_gradients(ppo):
     # 8 and 16 rows a GPU: the layers' kept inputs (3-6 GB) are under the 16 GB of bf16
     # gradients the backward pass makes while freeing them, but the layer it recomputes is
     # held whole beside them, so the step's activations grow with its tokens
-    model, w, par = ppo.model("actor"), ppo.workload, Parallel(dp=8, recompute=True)
+    model, w, par = ppo.model("actor"), ppo.workload, Layout(dp=8, recompute=True)
     one, two = (train_memory(model, par, H100.gpu, Engine.TORCH, w, b, 1024.0, 1)
                 for b in (64, 128))
     assert one.grads > 3 * one.activations > 0
@@ -170,7 +171,7 @@ def test_recomputation_holds_the_recomputed_layer_beside_the_gradients(ppo):
 
 
 def test_packed_sequences_cost_their_real_lengths(ppo):
-    par = Parallel(dp=8, microbatches=4)
+    par = Layout(dp=8, microbatches=4)
     padded = estimate_stage(work_of(ppo, "ref_lp"), par, R8, H100).time_s
     packed = estimate_stage(work_of(ppo, "ref_lp"), attrs.evolve(par, packing=True), R8, H100).time_s
     assert packed < padded / 3         # mean answer ~300 tokens, padded to ~4000
@@ -181,9 +182,9 @@ def test_cuda_graphs_replace_the_per_layer_launches():
     # by reading its weights, which a graph does not shorten)
     small = ppo_pipeline("qwen2.5-0.5b", prompts=512, prompt_len=512, gen_median=256,
                          gen_max=4096)
-    par = Parallel(dp=8)
+    par = Layout(dp=8)
     eager = estimate_stage(work_of(small, "rollout"), par, R8, H100, engine=Engine.VLLM).time_s
-    graph = estimate_stage(work_of(small, "rollout"), attrs.evolve(par, cuda_graph=True), R8,
+    graph = estimate_stage(work_of(small, "rollout"), changed(par, cuda_graph=True), R8,
                            H100, engine=Engine.VLLM).time_s
     assert graph < eager
 
@@ -198,14 +199,14 @@ def test_engine_terms_are_the_same_on_every_gpu_kind():
 def test_experts_all_held_but_only_the_active_ones_computed():
     moe = PRESETS["qwen3-30b-a3b"]
     m = Model("actor", "qwen3-30b-a3b", moe)
-    held = resident_memory(m, Parallel(tp=1), H100, trained=False).weights
+    held = resident_memory(m, Layout(tp=1), H100, trained=False).weights
     assert held == pytest.approx(moe.param_count() * 2)
     p = ppo_pipeline("qwen3-30b-a3b", prompts=64, prompt_len=1024, gen_median=512, gen_max=512)
     dense = ppo_pipeline("qwen3-32b", prompts=64, prompt_len=1024, gen_median=512, gen_max=512)
-    assert estimate_stage(work_of(p, "ref_lp"), Parallel(), (0,), H100).time_s < \
-        estimate_stage(work_of(dense, "ref_lp"), Parallel(), (0,), H100).time_s / 4
+    assert estimate_stage(work_of(p, "ref_lp"), Layout(), (0,), H100).time_s < \
+        estimate_stage(work_of(dense, "ref_lp"), Layout(), (0,), H100).time_s / 4
     # expert parallelism splits the experts: 1/8 of them on a GPU with ep = 8
-    assert local_params(m, Parallel(dp=8, ep=8)) < local_params(m, Parallel(dp=8)) / 4
+    assert local_params(m, Layout(dp=8, ep=8)) < local_params(m, Layout(dp=8)) / 4
 
 
 def test_all_to_all_across_nodes_pays_the_slower_link():
@@ -226,7 +227,7 @@ def test_single_gpu_ops_grow_with_the_model(kind):
 def test_a_controller_charges_its_round_trip_and_the_batch_through_it(ppo):
     """Each op call a controller drives costs its round trip plus the batch's sequences
     (CONTROLLER_BYTES a token) at its rate: twice the batch, twice the bytes' share."""
-    work, par, w = work_of(ppo, "ref_lp"), Parallel(dp=8), ppo.workload
+    work, par, w = work_of(ppo, "ref_lp"), Layout(dp=8), ppo.workload
     driven = attrs.evolve(H100, controller=True)
     with efficiency(attrs.evolve(EFFICIENCY, call_s=5e-3, controller_rate=1e9)):
         plain = estimate_stage(work, par, R8, H100, engine=Engine.TORCH)

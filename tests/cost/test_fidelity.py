@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from rpeg.cost import compute as C
 from rpeg.cost.examples import ppo_pipeline
-from rpeg.cost.memory import Parallel, local_params, model_params, resident_memory
+from rpeg.cost.memory import local_params, model_params, resident_memory
 from rpeg.cost.passes import cpu_adam_step, offload_time
 from rpeg.cost.profiles import cluster_of
 from rpeg.cost.stages import (
@@ -21,6 +21,7 @@ from rpeg.cost.stages import (
     weight_sync_time,
 )
 from rpeg.cost.topology import Collective, Topology, collective_time
+from rpeg.graph.layout import Layout
 from rpeg.graph.work import work_of
 from rpeg.spec.model import Engine, Model, Zero
 from rpeg.spec.presets import PRESETS
@@ -37,7 +38,7 @@ def ppo():
 
 
 def test_generation_rows_is_free_memory_over_bytes_per_sequence(ppo):
-    d, par = ACTOR.dims, Parallel(dp=8)
+    d, par = ACTOR.dims, Layout(dp=8)
     seq = 512 + 1024
     kv = seq * 2 * d.kv_dim * 2 * (d.layers + 1)            # bf16 K and V, + a layer growing
     other = max(512 * (3 * d.ffn + 4 * d.hidden) * 2, d.vocab * 4 * 3)
@@ -53,7 +54,7 @@ def test_generation_rows_is_free_memory_over_bytes_per_sequence(ppo):
 
 
 def test_waves_cost_one_wave_each(ppo):
-    par = Parallel(dp=8)
+    par = Layout(dp=8)
     one_wave = estimate_stage(work_of(ppo, "rollout"), par, R8, GH, batch=128).time_s   # 16 per replica
     four = estimate_stage(work_of(ppo, "rollout"), par, R8, GH, rows=16).time_s         # 64 in 4 waves
     # Each wave waits for its longest response; of a 512 batch that is longer than of 128.
@@ -80,34 +81,34 @@ def test_generation_ends_with_the_batch_longest_whatever_the_dp(ppo):
 
 
 def test_identical_layout_shares_its_weights():
-    assert weight_sync_time(ACTOR, R8, Parallel(dp=8), R8, Parallel(dp=8), GH) == 0.0
+    assert weight_sync_time(ACTOR, R8, Layout(dp=8), R8, Layout(dp=8), GH) == 0.0
 
 
 def test_tp1_to_tp2_on_same_gpus_copies_a_slice_locally():
     wbytes = model_params(ACTOR) * 2
     expect = 2 * (wbytes / 2) / GH.gpu.mem_bandwidth \
         + C.param_tensors(ACTOR.dims) * GH.gpu.launch_overhead
-    t = weight_sync_time(ACTOR, R8, Parallel(dp=8), R8, Parallel(dp=4, tp=2), GH)
+    t = weight_sync_time(ACTOR, R8, Layout(dp=8), R8, Layout(dp=4, tp=2), GH)
     assert t == pytest.approx(expect)
     assert 1e-3 < t < 0.1                        # 8 GB read and written at 3.67 TB/s
 
 
 def test_tp2_to_tp1_on_same_gpus_gathers_over_the_link():
-    t = weight_sync_time(ACTOR, R8, Parallel(dp=4, tp=2), R8, Parallel(dp=8), GH)
+    t = weight_sync_time(ACTOR, R8, Layout(dp=4, tp=2), R8, Layout(dp=8), GH)
     link = Topology.from_cluster(GH).link(Topology.from_cluster(GH).level_of(R8))
     assert t >= model_params(ACTOR) * 2 / link.bandwidth
 
 
 def test_zero3_gathers_weights_before_generation():
-    z3 = Parallel(dp=8, zero=3)
+    z3 = Layout(dp=8, zero=3)
     shard = model_params(ACTOR) * 2
     gather = collective_time(Collective.ALL_GATHER, shard, R8, Topology.from_cluster(GH))
     assert gather > 0
-    assert weight_sync_time(ACTOR, R8, z3, R8, Parallel(dp=8), GH) == pytest.approx(gather)
+    assert weight_sync_time(ACTOR, R8, z3, R8, Layout(dp=8), GH) == pytest.approx(gather)
 
 
 def test_offload_moves_adam_state_off_the_device_between_steps(ppo):
-    par = Parallel(dp=8, microbatches=4)
+    par = Layout(dp=8, microbatches=4)
     off = attrs.evolve(par, offload=True)
     state = local_params(ACTOR, par) * 12                # fp32 master + 2 moments
     keep = resident_memory(ACTOR, par, GH, trained=True)
@@ -128,7 +129,7 @@ def test_deepspeed_offload_streams_the_step_zero_offload_runs_on_the_host():
     place, CPU Adam, the float32 weights narrowed to 16 bits on the host and sent back; every
     optimizer step of a DeepSpeed train stage pays it."""
     a100 = cluster_of("a100", 8).gpu
-    par = Parallel(dp=4, zero=Zero.GRADIENTS, offload=True)
+    par = Layout(dp=4, zero=Zero.GRADIENTS, offload=True)
     n = local_params(ACTOR, par) / 4                  # the rank's share of the optimizer
     host = n * (8 + 28 + 6) / a100.host_memory_bandwidth
     pcie = n * (4 + 2) / a100.host_bandwidth
@@ -144,7 +145,7 @@ def test_deepspeed_offload_streams_the_step_zero_offload_runs_on_the_host():
 
 
 def test_chunks_report_their_longest_and_mean_response(ppo):
-    par = Parallel(dp=8)
+    par = Layout(dp=8)
     ends = generation_chunks(work_of(ppo, "rollout"), par, R8, GH, 4, with_lengths=True)
     tops = [top for _, _, top, _ in ends]
     means = [mean for _, _, _, mean in ends]
@@ -159,20 +160,20 @@ def test_a_packed_batch_costs_its_real_lengths_not_the_longest(ppo):
     op padded to the batch's longest costs more, in time and memory; a packed chunk costs
     its own mean length."""
     for stage in ("ref_lp", "actor_step"):
-        padded, packed = Parallel(dp=8), Parallel(dp=8, packing=True)
+        padded, packed = Layout(dp=8), Layout(dp=8, packing=True)
         assert estimate_stage(work_of(ppo, stage), packed, R8, GH).time_s \
             < estimate_stage(work_of(ppo, stage), padded, R8, GH).time_s
         assert stage_memory(work_of(ppo, stage), packed, GH).total \
             < stage_memory(work_of(ppo, stage), padded, GH).total
-    short = estimate_stage(work_of(ppo, "ref_lp"), Parallel(dp=8, packing=True), R8, GH, batch=128,
+    short = estimate_stage(work_of(ppo, "ref_lp"), Layout(dp=8, packing=True), R8, GH, batch=128,
                            padded_len=4096, mean_len=100).time_s
-    long = estimate_stage(work_of(ppo, "ref_lp"), Parallel(dp=8, packing=True), R8, GH, batch=128,
+    long = estimate_stage(work_of(ppo, "ref_lp"), Layout(dp=8, packing=True), R8, GH, batch=128,
                           padded_len=4096, mean_len=1000).time_s
     assert short < long
 
 
 def test_a_batch_padded_shorter_costs_less(ppo):
-    par = Parallel(dp=8, microbatches=2)
+    par = Layout(dp=8, microbatches=2)
     whole = estimate_stage(work_of(ppo, "ref_lp"), par, R8, GH, batch=128).time_s
     short = estimate_stage(work_of(ppo, "ref_lp"), par, R8, GH, batch=128, padded_len=128).time_s
     assert short < 0.8 * whole              # 512 + 128 tokens a row, not 512 + ~600
@@ -194,7 +195,7 @@ def test_continuous_batching_admits_into_the_first_free_slot():
 
 def test_vllm_refills_freed_slots_instead_of_waiting_for_each_wave(ppo):
     from rpeg.spec.model import Engine
-    par, vllm = Parallel(dp=8), Engine.VLLM
+    par, vllm = Layout(dp=8), Engine.VLLM
     whole = estimate_stage(work_of(ppo, "rollout"), par, R8, GH, engine=vllm).time_s
     assert estimate_stage(work_of(ppo, "rollout"), par, R8, GH, engine=vllm, rows=64).time_s == whole
     refill = estimate_stage(work_of(ppo, "rollout"), par, R8, GH, engine=vllm, rows=16).time_s

@@ -10,7 +10,6 @@ import pytest
 from rpeg.cost import (
     Collective,
     CostError,
-    Parallel,
     Topology,
     builtin_cluster,
     cluster_of,
@@ -22,6 +21,7 @@ from rpeg.cost import (
     weight_sync_time,
 )
 from rpeg.cost.examples import ppo_pipeline
+from rpeg.graph.layout import Layout
 from rpeg.graph.work import work_of
 from rpeg.spec.model import Cluster, GpuProfile, Level, Link, Model
 from rpeg.spec.presets import PRESETS
@@ -73,23 +73,23 @@ def test_levels_and_hierarchical_all_reduce():
 def test_adam_mixed_precision_is_16_bytes_per_parameter():
     gh = cluster_of("gh200", 4)
     actor = Model("actor", "llama3.1-8b", LLAMA8B)
-    m = resident_memory(actor, Parallel(), gh, trained=True)
+    m = resident_memory(actor, Layout(), gh, trained=True)
     n = LLAMA8B.param_count()
     assert (m.weights, m.grads, m.optimizer) == (2 * n, 2 * n, 12 * n)
     fp32 = attrs.evolve(gh, gpu=attrs.evolve(gh.gpu, compute_bytes=4))
-    m32 = resident_memory(actor, Parallel(), fp32, trained=True)
+    m32 = resident_memory(actor, Layout(), fp32, trained=True)
     assert (m32.weights, m32.grads, m32.optimizer) == (4 * n, 4 * n, 8 * n)
-    assert resident_memory(actor, Parallel(), gh, trained=False).total == 2 * n
+    assert resident_memory(actor, Layout(), gh, trained=False).total == 2 * n
 
 
 def test_tp_pp_zero_divide_memory():
     gh = cluster_of("gh200", 4)
     actor = Model("actor", "llama3.1-8b", LLAMA8B)
-    one = resident_memory(actor, Parallel(), gh, trained=True).total
-    assert resident_memory(actor, Parallel(tp=4), gh, trained=True).total == pytest.approx(one / 4)
-    pp2 = resident_memory(actor, Parallel(pp=2), gh, trained=True).total
+    one = resident_memory(actor, Layout(), gh, trained=True).total
+    assert resident_memory(actor, Layout(tp=4), gh, trained=True).total == pytest.approx(one / 4)
+    pp2 = resident_memory(actor, Layout(pp=2), gh, trained=True).total
     assert one / 2 < pp2 < one * 0.6            # the busier stage also holds an embedding
-    z1 = resident_memory(actor, Parallel(dp=4, zero=1), gh, trained=True)
+    z1 = resident_memory(actor, Layout(dp=4, zero=1), gh, trained=True)
     assert z1.optimizer == pytest.approx(12 * LLAMA8B.param_count() / 4)
 
 
@@ -100,14 +100,14 @@ def test_zero_levels_as_the_torch_backend_runs_them():
     fp32 = attrs.evolve(gh, gpu=attrs.evolve(gh.gpu, compute_bytes=4))
     actor = Model("actor", "llama3.1-8b", LLAMA8B)
     n, dp = LLAMA8B.param_count(), 4
-    z2 = resident_memory(actor, Parallel(dp=dp, zero=2), fp32, trained=True)
+    z2 = resident_memory(actor, Layout(dp=dp, zero=2), fp32, trained=True)
     assert (z2.weights, z2.grads, z2.optimizer) == pytest.approx(
         (4 * n + 4 * n / dp, 4 * n / dp, 8 * n / dp))          # a second, sharded copy
-    z2 = resident_memory(actor, Parallel(dp=dp, zero=2), gh, trained=True)
+    z2 = resident_memory(actor, Layout(dp=dp, zero=2), gh, trained=True)
     assert (z2.weights, z2.grads, z2.optimizer) == pytest.approx(
         (2 * n, 4 * n / dp, 12 * n / dp))                      # the masters are the shards
     for cluster in (gh, fp32):
-        z3 = resident_memory(actor, Parallel(dp=dp, zero=3), cluster, trained=True)
+        z3 = resident_memory(actor, Layout(dp=dp, zero=3), cluster, trained=True)
         assert z3.total == pytest.approx(16 * n / dp)
 
 
@@ -119,7 +119,7 @@ def test_fsdp_gathers_and_scatters_in_every_micro_batch():
     devs = tuple(range(8))
 
     def reduce(zero, m):
-        c = estimate_stage(work_of(p, "actor_step"), Parallel(dp=8, zero=zero, microbatches=m), devs, gh)
+        c = estimate_stage(work_of(p, "actor_step"), Layout(dp=8, zero=zero, microbatches=m), devs, gh)
         parts = dict(c.breakdown)
         return sum(parts.get(k, 0.0) for k in ("dp_grad_reduce", "zero2_gather",
                                                 "zero3_gather"))
@@ -134,7 +134,7 @@ def test_master_weights_false_keeps_16_bit_moments_and_no_master_copy():
     from rpeg.spec.model import Optimizer
     gh = cluster_of("gh200", 4)
     plain = Model("actor", "llama3.1-8b", LLAMA8B, optimizer=Optimizer("adam", master=False))
-    m = resident_memory(plain, Parallel(), gh, trained=True)
+    m = resident_memory(plain, Layout(), gh, trained=True)
     n = LLAMA8B.param_count()
     assert (m.weights, m.grads, m.optimizer) == (2 * n, 2 * n, 4 * n)
 
@@ -147,7 +147,7 @@ def test_offload_frees_device_memory_only_where_it_is_not_the_hosts():
     cpu = attrs.evolve(gh, gpu=attrs.evolve(gh.gpu, compute_bytes=4,
                                             host_cores=2.0))
     actor = Model("actor", "llama3.1-8b", LLAMA8B)
-    on, off = Parallel(dp=4, zero=3, offload=True), Parallel(dp=4, zero=3)
+    on, off = Layout(dp=4, zero=3, offload=True), Layout(dp=4, zero=3)
     assert not devices_are_host(gh.gpu) and devices_are_host(cpu.gpu)
     gpu_saved = resident_memory(actor, off, gh, trained=True).total \
         - resident_memory(actor, on, gh, trained=True).total
@@ -160,25 +160,25 @@ def test_offload_frees_device_memory_only_where_it_is_not_the_hosts():
 def test_infeasible_degrees_raise_with_the_reason():
     p, gh = ppo_pipeline("llama3.1-8b"), cluster_of("gh200", 4, 2)
     with pytest.raises(CostError, match="tp must divide the 32 attention heads"):
-        estimate_stage(work_of(p, "ref_lp"), Parallel(tp=3), (0, 1, 2), gh)
+        estimate_stage(work_of(p, "ref_lp"), Layout(tp=3), (0, 1, 2), gh)
     with pytest.raises(CostError, match="pp must be at most the 32 layers"):
-        estimate_stage(work_of(p, "ref_lp"), Parallel(pp=64), tuple(range(64)), cluster_of("gh200", 4, 16))
+        estimate_stage(work_of(p, "ref_lp"), Layout(pp=64), tuple(range(64)), cluster_of("gh200", 4, 16))
     with pytest.raises(CostError, match="must run on dp x tp x pp = 4 devices, not 2"):
-        estimate_stage(work_of(p, "ref_lp"), Parallel(tp=4), (0, 1), gh)
+        estimate_stage(work_of(p, "ref_lp"), Layout(tp=4), (0, 1), gh)
 
 
 def test_tp_speeds_up_and_communicates():
     p, gh = ppo_pipeline("llama3.1-8b", prompts=64), cluster_of("gh200", 4, 2)
-    one = estimate_stage(work_of(p, "ref_lp"), Parallel(), (0,), gh)
-    four = estimate_stage(work_of(p, "ref_lp"), Parallel(tp=4), (0, 1, 2, 3), gh)
+    one = estimate_stage(work_of(p, "ref_lp"), Layout(), (0,), gh)
+    four = estimate_stage(work_of(p, "ref_lp"), Layout(tp=4), (0, 1, 2, 3), gh)
     assert one.comm_s == 0 and four.comm_s > 0
     assert four.compute_s < one.compute_s / 3
 
 
 def test_pipeline_bubble_shrinks_with_microbatches():
     p, gh = ppo_pipeline("llama3.1-8b", prompts=64), cluster_of("gh200", 4, 2)
-    fb = dict(estimate_stage(work_of(p, "actor_step"), Parallel(pp=4), (0, 1, 2, 3), gh).breakdown)
-    fb8 = dict(estimate_stage(work_of(p, "actor_step"), Parallel(pp=4, microbatches=8), (0, 1, 2, 3),
+    fb = dict(estimate_stage(work_of(p, "actor_step"), Layout(pp=4), (0, 1, 2, 3), gh).breakdown)
+    fb8 = dict(estimate_stage(work_of(p, "actor_step"), Layout(pp=4, microbatches=8), (0, 1, 2, 3),
                               gh).breakdown)
     # (m + p - 1) stage passes: 4 passes of the whole batch vs 11 passes of an eighth
     assert fb8["forward+backward"] < 0.5 * fb["forward+backward"]
@@ -186,9 +186,9 @@ def test_pipeline_bubble_shrinks_with_microbatches():
 
 def test_dp_gradient_reduction_crosses_nodes():
     p, gh = ppo_pipeline("llama3.1-8b", prompts=64), cluster_of("gh200", 4, 2)
-    inside = dict(estimate_stage(work_of(p, "actor_step"), Parallel(dp=2, tp=2), (0, 1, 2, 3), gh)
+    inside = dict(estimate_stage(work_of(p, "actor_step"), Layout(dp=2, tp=2), (0, 1, 2, 3), gh)
                   .breakdown)["dp_grad_reduce"]
-    across = dict(estimate_stage(work_of(p, "actor_step"), Parallel(dp=2, tp=2), (0, 1, 4, 5), gh)
+    across = dict(estimate_stage(work_of(p, "actor_step"), Layout(dp=2, tp=2), (0, 1, 4, 5), gh)
                   .breakdown)["dp_grad_reduce"]
     assert across > 2 * inside
 
@@ -196,19 +196,19 @@ def test_dp_gradient_reduction_crosses_nodes():
 def test_generation_chunks_follow_the_length_tail():
     p = ppo_pipeline("llama3.1-8b", prompts=256, gen_median=512, gen_max=4096)
     gh = cluster_of("gh200", 4, 2)
-    chunks = generation_chunks(work_of(p, "rollout"), Parallel(dp=2, tp=4), tuple(range(8)), gh, 4)
+    chunks = generation_chunks(work_of(p, "rollout"), Layout(dp=2, tp=4), tuple(range(8)), gh, 4)
     times = [t for t, _ in chunks]
     assert sum(n for _, n in chunks) == 256
     assert times == sorted(times)
-    total = estimate_stage(work_of(p, "rollout"), Parallel(dp=2, tp=4), tuple(range(8)), gh).time_s
+    total = estimate_stage(work_of(p, "rollout"), Layout(dp=2, tp=4), tuple(range(8)), gh).time_s
     assert times[-1] == pytest.approx(total)
     assert times[0] < 0.5 * total                   # short responses are done long before
 
 
 def test_cheap_host_ops_cost_per_sample():
     p, gh = ppo_pipeline("llama3.1-8b", prompts=512), cluster_of("gh200", 4)
-    score = estimate_stage(work_of(p, "scores"), Parallel(), (0,), gh)
-    adv = estimate_stage(work_of(p, "adv"), Parallel(), (0,), gh)
+    score = estimate_stage(work_of(p, "scores"), Layout(), (0,), gh)
+    adv = estimate_stage(work_of(p, "adv"), Layout(), (0,), gh)
     assert score.time_s == pytest.approx(512 * gh.gpu.sample_overhead)
     assert adv.time_s > 512 * gh.gpu.sample_overhead
 
@@ -216,11 +216,11 @@ def test_cheap_host_ops_cost_per_sample():
 def test_weight_sync():
     c = builtin_cluster("gh200_64")
     actor = Model("actor", "llama3.1-8b", LLAMA8B)
-    same = weight_sync_time(actor, (0, 1, 2, 3), Parallel(tp=4), (0, 1, 2, 3), Parallel(tp=4), c)
+    same = weight_sync_time(actor, (0, 1, 2, 3), Layout(tp=4), (0, 1, 2, 3), Layout(tp=4), c)
     assert same == 0.0
-    node = weight_sync_time(actor, (0, 1, 2, 3), Parallel(tp=4), (4, 5, 6, 7), Parallel(tp=4), c)
-    rack = weight_sync_time(actor, (0, 1, 2, 3), Parallel(tp=4), (32, 33, 34, 35),
-                            Parallel(tp=4), c)
+    node = weight_sync_time(actor, (0, 1, 2, 3), Layout(tp=4), (4, 5, 6, 7), Layout(tp=4), c)
+    rack = weight_sync_time(actor, (0, 1, 2, 3), Layout(tp=4), (32, 33, 34, 35),
+                            Layout(tp=4), c)
     # 16 GB in 4 shards of 4 GB, each over a 25 GB/s node link
     assert node == pytest.approx(2 * LLAMA8B.param_count() / 4 / 25e9, rel=0.01)
     assert rack > node
@@ -229,10 +229,10 @@ def test_weight_sync():
 def test_kv_cache_memory_of_generation():
     p = ppo_pipeline("llama3.1-8b", prompts=64, prompt_len=1024, gen_median=1024, gen_max=1024)
     gh = cluster_of("gh200", 4)
-    m = stage_memory(work_of(p, "rollout"), Parallel(), gh)
+    m = stage_memory(work_of(p, "rollout"), Layout(), gh)
     # 64 sequences x 2048 tokens x 128 KiB, plus one layer being grown (33/32)
     assert m.kv_cache == pytest.approx(64 * 2048 * 131072 * 33 / 32)
-    m4 = stage_memory(work_of(p, "rollout"), Parallel(tp=4), gh)
+    m4 = stage_memory(work_of(p, "rollout"), Layout(tp=4), gh)
     assert m4.kv_cache == pytest.approx(m.kv_cache / 4)
 
 
@@ -242,7 +242,7 @@ def test_every_shipped_cluster_loads_and_prices_a_step():
         c = builtin_cluster(name)
         p = ppo_pipeline("tiny" if name == "local_cpu" else "llama3.1-8b")
         for s in p.stages:
-            cost = estimate_stage(work_of(p, s.name), Parallel(), (0,), c)
+            cost = estimate_stage(work_of(p, s.name), Layout(), (0,), c)
             assert cost.time_s > 0 and math.isfinite(cost.time_s), (name, s.name)
 
 
@@ -250,7 +250,7 @@ def test_every_shipped_cluster_loads_and_prices_a_step():
                                          (2, 2, 2, 1), (2, 2, 1, 2)])
 def test_shard_group_is_each_data_and_context_rank(dp, cp, tp, pp):
     from rpeg.cost.passes import shard_group
-    par = Parallel(dp=dp, cp=cp, tp=tp, pp=pp)
+    par = Layout(dp=dp, cp=cp, tp=tp, pp=pp)
     devices = tuple(range(100, 100 + dp * cp * tp * pp))
     step = cp * tp
     assert shard_group(devices, par) == tuple(devices[d * pp * step + c * tp]
@@ -276,6 +276,6 @@ def test_a_tensor_parallel_engine_samples_from_the_whole_vocabularys_logits():
     gpu = _cluster().gpu
     one_token = SimpleNamespace(prompt_len=1)   # a prefill layer's work below the logits'
     for tp in (1, 2, 4):
-        par = Parallel(tp=tp)
+        par = Layout(tp=tp)
         assert row_buffer(model, par, one_token, gpu) == LLAMA8B.vocab * 12
         assert step_buffer(model, par, gpu, 4096) == 4096 * LLAMA8B.vocab * 12

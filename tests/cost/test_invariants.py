@@ -7,7 +7,6 @@ from hypothesis import strategies as st
 
 from rpeg.cost import (
     Collective,
-    Parallel,
     Topology,
     cluster_of,
     collective_time,
@@ -16,6 +15,7 @@ from rpeg.cost import (
     stage_memory,
 )
 from rpeg.cost.examples import ppo_pipeline
+from rpeg.graph.layout import Layout
 from rpeg.graph.work import work_of
 from rpeg.spec.model import Model
 from rpeg.spec.presets import PRESETS
@@ -31,7 +31,7 @@ def test_time_and_memory_never_fall_as_the_batch_grows(stage, b1, b2, tp):
     p = ppo_pipeline("llama3.1-8b", prompt_len=256, gen_median=128, gen_max=512)
     lo, hi = sorted((b1, b2))
     devs = tuple(range(tp))
-    par = Parallel(tp=tp)
+    par = Layout(tp=tp)
     t_lo = estimate_stage(work_of(p, stage), par, devs, GH, batch=lo).time_s
     t_hi = estimate_stage(work_of(p, stage), par, devs, GH, batch=hi).time_s
     assert t_hi >= t_lo * (1 - 1e-9)
@@ -50,7 +50,7 @@ def test_more_tp_never_increases_per_gpu_weight_memory(preset, trained):
     for tp in (1, 2, 4, 8):
         if dims.heads % tp or (tp > dims.kv_heads and tp % dims.kv_heads):
             continue
-        w = resident_memory(model, Parallel(tp=tp), GH, trained=trained).total
+        w = resident_memory(model, Layout(tp=tp), GH, trained=trained).total
         assert last is None or w <= last
         last = w
 
@@ -69,7 +69,7 @@ def test_collectives_cost_more_for_more_bytes(kind, a, b, devices):
 @given(st.integers(1, 4), st.integers(1, 8))
 def test_more_dp_replicas_never_slow_a_forward_within_a_node(dp_a, mb):
     p = ppo_pipeline("llama3.1-8b", prompts=64)
-    t1 = estimate_stage(work_of(p, "ref_lp"), Parallel(microbatches=mb), (0,), GH).time_s
-    tn = estimate_stage(work_of(p, "ref_lp"), Parallel(dp=dp_a, microbatches=mb), tuple(range(dp_a)),
+    t1 = estimate_stage(work_of(p, "ref_lp"), Layout(microbatches=mb), (0,), GH).time_s
+    tn = estimate_stage(work_of(p, "ref_lp"), Layout(dp=dp_a, microbatches=mb), tuple(range(dp_a)),
                         GH).time_s
     assert tn <= t1 * (1 + 1e-9)

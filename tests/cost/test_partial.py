@@ -10,10 +10,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rpeg.cost.memory import Parallel
 from rpeg.cost.partial import Partial, max_carries, smallest_cap
 from rpeg.cost.profiles import cluster_of
 from rpeg.cost.stages import decoded_batch, estimate_stage, generation_chunks, stage_memory
+from rpeg.graph.layout import Layout
 from rpeg.graph.work import work_of
 from rpeg.spec import load
 from rpeg.spec.model import LengthDist, LengthKind
@@ -61,7 +61,7 @@ def test_the_smallest_cap_of_a_carry_keeps_every_response_within_it():
 
 def test_a_capped_step_ends_sooner_and_decodes_more_sequences(ppo8b):
     gh = cluster_of("gh200", 4, 16)
-    par, devs = Parallel(dp=32), tuple(range(32))
+    par, devs = Layout(dp=32), tuple(range(32))
     whole = estimate_stage(work_of(ppo8b, "rollout"), par, devs, gh)
     half = estimate_stage(work_of(ppo8b, "rollout"), par, devs, gh, partial=2048)
     assert half.time_s < 0.75 * whole.time_s         # the tail past 2,048 tokens is gone
@@ -76,7 +76,7 @@ def test_a_capped_step_ends_sooner_and_decodes_more_sequences(ppo8b):
 
 def test_capped_chunks_hold_the_batch_and_end_with_the_step(ppo8b):
     gh = cluster_of("gh200", 4, 16)
-    par, devs = Parallel(dp=32), tuple(range(32))
+    par, devs = Layout(dp=32), tuple(range(32))
     for cap in (1366, 2048, 2467):
         ch = generation_chunks(work_of(ppo8b, "rollout"), par, devs, gh, 4, partial=cap,
                                with_lengths=True)
@@ -91,7 +91,7 @@ def test_capped_chunks_hold_the_batch_and_end_with_the_step(ppo8b):
 
 def test_an_off_policy_train_step_pays_the_correction_forward(ppo8b):
     gh = cluster_of("gh200", 4, 4)
-    par, devs = Parallel(dp=16), tuple(range(16))
+    par, devs = Layout(dp=16), tuple(range(16))
     on = estimate_stage(work_of(ppo8b, "actor_step"), par, devs, gh)
     off = estimate_stage(work_of(ppo8b, "actor_step"), par, devs, gh, off_policy=True)
     fb = dict(on.breakdown)["forward+backward"]
@@ -110,7 +110,7 @@ def test_a_padded_engine_reprefills_every_carried_row_to_the_longest_context(mon
     cpu = cluster_of("local_cpu", 2)
     work = work_of(tiny, "rollout")
     prefill = lambda engine: dict(estimate_stage(  # noqa: E731
-        work, Parallel(), (0,), cpu, partial=10, engine=engine).breakdown)["prefill"]
+        work, Layout(), (0,), cpu, partial=10, engine=engine).breakdown)["prefill"]
     padded = prefill(Engine.TORCH)
     G._cached.cache_clear()
     monkeypatch.setattr(Partial, "longest_context", property(lambda p: p.context))

@@ -11,9 +11,9 @@ from hypothesis import strategies as st
 from rpeg.cost.compute import Roof, utilisation
 from rpeg.cost.engines import BOUNDS, EFFICIENCY, KINDS, Efficiency, engine_terms, out_of_range
 from rpeg.cost.examples import ppo_pipeline
-from rpeg.cost.memory import Parallel
 from rpeg.cost.profiles import PROFILE_DIR, builtin_profile, cluster_of
 from rpeg.cost.stages import estimate_stage
+from rpeg.graph.layout import layout_of
 from rpeg.graph.work import work_of
 from rpeg.spec.model import Engine
 
@@ -77,7 +77,7 @@ def test_no_op_runs_above_its_roofline(gpu, stage, tp, dp, mb, zero, engine, rec
     generate = stage == "rollout"
     if generate == (engine in (Engine.DEEPSPEED, Engine.MEGATRON)):
         engine = Engine.VLLM if generate else Engine.TORCH
-    par = Parallel(dp=dp, tp=tp, microbatches=mb, zero=zero if dp > 1 else 0,
+    par = layout_of(dp=dp, tp=tp, microbatches=mb, zero=zero if dp > 1 else 0,
                    recompute=recompute and stage.endswith("_step"),
                    cuda_graph=graph and generate)
     cluster = cluster_of(gpu, 8)

@@ -14,16 +14,16 @@ from pathlib import Path
 import attrs
 import pytest
 
-from rpeg.cost.memory import Parallel
 from rpeg.cost.stages import estimate_stage, stage_memory
 from rpeg.cost.topology import Topology
 from rpeg.cost.turns import makespan, rounds, survival, tool_slots
+from rpeg.graph.layout import Layout
 from rpeg.graph.work import work_of
 from rpeg.spec import load, load_cluster
 from rpeg.spec.model import Engine, LengthDist
 from rpeg.spec.tools import Latency
 
-PAR = Parallel(dp=8)
+PAR = Layout(dp=8)
 DEVICES = tuple(range(8))
 
 

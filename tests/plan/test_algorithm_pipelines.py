@@ -6,8 +6,8 @@ from __future__ import annotations
 import attrs
 import pytest
 
-from rpeg.cost.memory import Parallel
 from rpeg.cost.stages import estimate_stage, generation_chunks, refill_batches
+from rpeg.graph.layout import Layout
 from rpeg.graph.work import work_of
 from rpeg.plan import SearchOptions, compile_plan
 from rpeg.plan.evaluate import Evaluator
@@ -40,7 +40,7 @@ def test_dynamic_sampling_is_priced_from_the_filter_rate(h100):
     p = load(ROOT / "pipelines" / "dapo_qwen7b.rpeg")
     # 2048 responses, rate 0.4: rounds regenerate 820, 328 and 132 of them
     assert refill_batches(work_of(p, "rollout"), p.workload.batch) == (820, 328, 132)
-    par, devices = Parallel(dp=8), tuple(range(8))
+    par, devices = Layout(dp=8), tuple(range(8))
     with_refill = estimate_stage(work_of(p, "rollout"), par, devices, h100).time_s
     plain = attrs.evolve(p, stages=tuple(
         attrs.evolve(s, params=tuple(kv for kv in s.params if kv[0] not in

@@ -53,7 +53,7 @@ def test_rpeg_run_drops_only_the_engines_missing_here(monkeypatch):
 
 def _one(stage="actor_step", **kw) -> Plan:
     devices = kw.pop("devices", (0, 1))
-    return Plan("p", "c", 2, (StagePlacement(stage, devices, **kw),))
+    return Plan("p", "c", 2, (StagePlacement.of(stage, devices, **kw),))
 
 
 @pytest.mark.parametrize("change", [
@@ -72,7 +72,7 @@ def test_the_planner_and_the_runtime_refuse_the_same_layouts(change, tiny):
     except PlanError:
         planner_ok = False
     stage = plan.placements[0].stage
-    placements = tuple(StagePlacement(s.name, (0,)) for s in tiny.stages if s.name != stage)
+    placements = tuple(StagePlacement.of(s.name, (0,)) for s in tiny.stages if s.name != stage)
     full = attrs.evolve(plan, pipeline=tiny.name, placements=placements + plan.placements,
                         model_homes=(("actor", (0, 1) if stage == "actor_step" else (0,)),))
     try:

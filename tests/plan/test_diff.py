@@ -10,8 +10,8 @@ from rpeg.spec import Engine
 
 def _plan(**kw) -> Plan:
     base = Plan("ppo", "gh200_8", 8,
-                (StagePlacement("rollout", (0, 1, 2, 3), dp=4, engine=Engine.VLLM, chunks=4),
-                 StagePlacement("actor_step", (4, 5, 6, 7), dp=4, zero=2)),
+                (StagePlacement.of("rollout", (0, 1, 2, 3), dp=4, engine=Engine.VLLM, chunks=4),
+                 StagePlacement.of("actor_step", (4, 5, 6, 7), dp=4, zero=2)),
                 predicted=Predicted(10.0, (50e9,) * 8))
     return attrs.evolve(base, **kw)
 
@@ -24,9 +24,9 @@ def test_same_plans():
 
 def test_placement_structure_and_deltas():
     a = _plan()
-    b = _plan(placements=(StagePlacement("rollout", (0, 1, 2, 3), dp=2, tp=2,
+    b = _plan(placements=(StagePlacement.of("rollout", (0, 1, 2, 3), dp=2, tp=2,
                                          engine=Engine.VLLM, chunks=4),
-                          StagePlacement("actor_step", (4, 5, 6, 7), dp=4, zero=2)),
+                          StagePlacement.of("actor_step", (4, 5, 6, 7), dp=4, zero=2)),
               staleness=(("rollout", 1),), shared=(("actor", "critic"),),
               predicted=Predicted(8.0, (60e9,) * 8))
     d = diff_plans(a, b)

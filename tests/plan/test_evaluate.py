@@ -144,7 +144,7 @@ def test_a_pass_at_dp_2_in_a_step_of_one_chunk_is_priced_split_over_its_blocks(s
     ev = Evaluator(pipeline, builtin_cluster("local_cpu"))
     one = split_plan(pipeline, 2, staleness=1, chunks=1)
     two = attrs.evolve(one, placements=tuple(
-        attrs.evolve(p, devices=(0, 1), dp=2) if p.stage in stages else p
+        p.changed(devices=(0, 1), dp=2) if p.stage in stages else p
         for p in one.placements))
     t2, _ = ev.timings(two, ev.graph(two))
     for op in stages:

@@ -10,7 +10,6 @@ from rpeg.cost.memory import offloaded_bytes
 from rpeg.cost.stages import generation_rows, stage_memory
 from rpeg.graph.work import work_of
 from rpeg.plan import Strategy
-from rpeg.plan.evaluate import parallel_of
 from rpeg.plan.oplayout import blocks_of
 from rpeg.plan.search import Moves
 from rpeg.spec import load_cluster
@@ -36,9 +35,9 @@ def test_colocated_fits_on_8_gh200_with_generation_in_waves(ppo8b, gh8, coloc):
     resident, _ = ev.resident_bytes(plan, graph)
     gen = plan.placement("rollout")
     free = gh8.gpu.memory - resident[list(gen.devices)].max()
-    rows = generation_rows(work_of(ppo8b, "rollout"), parallel_of(gen), gh8, free, engine=gen.engine)
+    rows = generation_rows(work_of(ppo8b, "rollout"), gen.layout, gh8, free, engine=gen.engine)
     assert ev.rows_of(plan, graph)["rollout"] == rows
-    kv = stage_memory(work_of(ppo8b, "rollout"), parallel_of(gen), gh8, rows=rows,
+    kv = stage_memory(work_of(ppo8b, "rollout"), gen.layout, gh8, rows=rows,
                       engine=gen.engine).total
     assert resident[list(gen.devices)].max() + kv <= gh8.gpu.memory
     again = ev.evaluate(attrs.evolve(plan, predicted=None))
@@ -54,7 +53,7 @@ def test_offload_is_a_search_move_priced_by_the_evaluator(ppo8b, gh8, coloc):
                 if p.offload != q.offload]
     before, after = plan.placement(stage), flipped.placement(stage)
     model = ppo8b.model(ppo8b.stage(stage).target)
-    state = offloaded_bytes(model, parallel_of(before), gh8.gpu)     # what moves
+    state = offloaded_bytes(model, before.layout, gh8.gpu)     # what moves
     on, off = (after, before) if after.offload else (before, after)
     r_on = ev.resident(model.name, on, trained=True)
     r_off = ev.resident(model.name, off, trained=True)
@@ -72,7 +71,7 @@ def test_streamed_consumers_are_priced_chunk_by_chunk(ppo8b, gh8, coloc):
     blocks = blocks_of(out.best.plan.placement("rollout"))
     plan = attrs.evolve(out.best.plan, predicted=None, placements=tuple(
         attrs.evolve(p, chunks=4 * blocks) if p.stage == "rollout" else
-        attrs.evolve(p, packing=False) if p.stage == "ref_lp" else p     # padded, here
+        p.changed(packing=False) if p.stage == "ref_lp" else p     # padded, here
         for p in out.best.plan.placements))
     graph = ev.graph(plan)
     rows = ev.rows_of(plan, graph)
@@ -84,7 +83,7 @@ def test_streamed_consumers_are_priced_chunk_by_chunk(ppo8b, gh8, coloc):
     assert ev.streamed(plan, graph, rows)["ref_lp"] == chunks
     timings, _ = ev.timings(plan, graph)
     p = plan.placement("ref_lp")
-    expect = [estimate_stage(work_of(ppo8b, "ref_lp"), parallel_of(p), p.devices, gh8, batch=n,
+    expect = [estimate_stage(work_of(ppo8b, "ref_lp"), p.layout, p.devices, gh8, batch=n,
                              padded_len=top, mean_len=mean).time_s for n, top, mean in chunks]
     assert timings["ref_lp"].chunk_times == pytest.approx(expect)
     assert expect[0] < expect[-1]                  # the shortest responses are the cheapest

@@ -234,7 +234,7 @@ def test_one_edit_of_whether_a_block_runs_together_changes_both_sides(split, mon
     does."""
     pipeline, plan = split
     plan = attrs.evolve(plan, placements=tuple(
-        attrs.evolve(p, tp=2, dp=len(p.devices) // 2) if p.stage == "actor_step" else p
+        p.changed(tp=2, dp=len(p.devices) // 2) if p.stage == "actor_step" else p
         for p in plan.placements))
     usual, same, step = _both(pipeline, plan)
     assert usual == same and any(c.tp_group for c in step if c.kind is OpKind.TRAIN)

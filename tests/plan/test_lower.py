@@ -33,7 +33,7 @@ from tests.runtime.test_copies_priced import disaggregated
 
 def _vllm(plan, tp: int = 1):
     return attrs.evolve(plan, placements=tuple(
-        attrs.evolve(p, engine=Engine.VLLM, tp=tp, dp=len(p.devices) // tp)
+        p.changed(engine=Engine.VLLM, tp=tp, dp=len(p.devices) // tp)
         if p.stage == "rollout" else p for p in plan.placements))
 
 
@@ -47,8 +47,8 @@ def _plans():
     # the rollout on devices 0-1, its trainer on device 1: in place there, a copy on 0
     partly = split_plan(tiny, 2, staleness=1)
     partly = attrs.evolve(partly, placements=tuple(
-        attrs.evolve(p, devices=(0, 1), dp=2) if p.stage == "rollout" else
-        attrs.evolve(p, devices=(1,), dp=1) if p.stage == "actor_step" else p
+        p.changed(devices=(0, 1), dp=2) if p.stage == "rollout" else
+        p.changed(devices=(1,), dp=1) if p.stage == "actor_step" else p
         for p in partly.placements), model_homes=(("actor", (1,)),) + tuple(
             h for h in partly.model_homes if h[0] != "actor"))
     return {"tiny ppo, split": (tiny, split_plan(tiny, 2, staleness=1)),

@@ -28,8 +28,8 @@ plan ppo on gh200_8 (8 devices, strategy search, seed 7)
 def _plan() -> Plan:
     return Plan(
         "ppo", "gh200_8", 8,
-        (StagePlacement("rollout", (0, 1, 2, 3), dp=2, tp=2, chunks=4, engine=Engine.VLLM),
-         StagePlacement("actor_step", (4, 5, 6, 7), dp=4, microbatches=8, recompute=True,
+        (StagePlacement.of("rollout", (0, 1, 2, 3), dp=2, tp=2, chunks=4, engine=Engine.VLLM),
+         StagePlacement.of("actor_step", (4, 5, 6, 7), dp=4, microbatches=8, recompute=True,
                         zero=3)),
         model_homes=(("actor", tuple(range(8))),), staleness=(("rollout", 1),),
         shared=(("actor", "critic"),), fusion=(("ref_lp", "values"),),
@@ -53,7 +53,7 @@ def test_json_round_trip():
 def placements(draw):
     dp, tp, pp = draw(st.integers(1, 4)), draw(st.integers(1, 4)), draw(st.integers(1, 2))
     start = draw(st.integers(0, 64 - dp * tp * pp))
-    return StagePlacement(
+    return StagePlacement.of(
         draw(st.sampled_from(["rollout", "train", "ref"])),
         tuple(range(start, start + dp * tp * pp)), dp=dp, tp=tp, pp=pp,
         microbatches=draw(st.integers(1, 32)), chunks=draw(st.integers(1, 16)),
@@ -69,7 +69,7 @@ def test_a_compiled_plan_with_every_field_round_trips():
     limits = Limits(families=("llama", "qwen3"), model_features=("moe",), dtypes=("bf16",))
     plan = _plan()
     plan = Plan(plan.pipeline, plan.cluster, plan.num_devices,
-                (StagePlacement("rollout", (0, 1, 2, 3), dp=2, tp=2, engine=Engine.VLLM,
+                (StagePlacement.of("rollout", (0, 1, 2, 3), dp=2, tp=2, engine=Engine.VLLM,
                                 max_num_seqs=64, kv_fraction=0.5, cuda_graph=True, cp=1),),
                 search=SearchRecord(SearchOptions(limits=limits), proposals=3))
     assert Plan.from_json(plan.to_json()) == plan
@@ -136,7 +136,7 @@ def test_missing_and_binary_files(tmp_path):
 
 
 def test_a_generate_placement_carries_its_concurrency_through_json():
-    p = StagePlacement("rollout", (0,), max_num_seqs=64, kv_fraction=0.85)
+    p = StagePlacement.of("rollout", (0,), max_num_seqs=64, kv_fraction=0.85)
     plan = Plan("tiny", "local", 1, (p,))
     assert Plan.from_json(plan.to_json()) == plan
     assert "concurrency rollout = 64 sequences, kv_fraction 0.85" in str(plan)

@@ -32,7 +32,7 @@ def placements(draw, engines=(Engine.TORCH, Engine.VLLM)):
     tp = draw(st.sampled_from((1, 2, 4)))
     dp = draw(st.integers(1, 3))
     start = draw(st.integers(0, 8))
-    return StagePlacement("s", tuple(range(start, start + dp * tp)), dp=dp, tp=tp,
+    return StagePlacement.of("s", tuple(range(start, start + dp * tp)), dp=dp, tp=tp,
                           engine=draw(st.sampled_from(engines)),
                           zero=draw(st.sampled_from((0, 2, 3))), chunks=draw(st.integers(1, 6)))
 
@@ -96,7 +96,7 @@ def test_a_reader_reads_in_place_only_the_trainers_own_split_of_whole_weights(tr
                                               for d in reader.devices)
     if reader.engine is Engine.TORCH and reader.tp == train.tp == 1 and train.zero < 3:
         assert all_in_place(train, reader) == (set(reader.devices) <= set(train.devices))
-    same = StagePlacement("g", train.devices, dp=train.dp, tp=train.tp)
+    same = StagePlacement.of("g", train.devices, dp=train.dp, tp=train.tp)
     assert all_in_place(train, same) == (train.zero < 3)
 
 

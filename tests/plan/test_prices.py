@@ -11,7 +11,7 @@ from rpeg.cost.profiles import cluster_of
 from rpeg.cost.stages import estimate_stage, stage_memory
 from rpeg.graph.work import work_of
 from rpeg.plan.model import StagePlacement
-from rpeg.plan.prices import Prices, parallel_of
+from rpeg.plan.prices import Prices
 
 
 @pytest.fixture(scope="module")
@@ -20,7 +20,7 @@ def gh16():
 
 
 def _on(stage: str, first: int, **layout) -> StagePlacement:
-    p = StagePlacement(stage, (), **layout)
+    p = StagePlacement.of(stage, (), **layout)
     n = p.dp * p.tp * p.pp * p.cp
     return attrs.evolve(p, devices=tuple(range(first, first + n)))
 
@@ -32,14 +32,14 @@ def test_answers_are_the_cost_models(ppo8b, gh16, stage, layout):
     prices = Prices.of(ppo8b, gh16)
     p = _on(stage, 4, **layout)
     work = work_of(ppo8b, stage)
-    direct = estimate_stage(work, parallel_of(p), p.devices, gh16, engine=p.engine)
+    direct = estimate_stage(work, p.layout, p.devices, gh16, engine=p.engine)
     assert prices.stage_cost(stage, p).time_s == pytest.approx(direct.time_s, rel=1e-12)
-    assert prices.transient(stage, p) == stage_memory(work, parallel_of(p), gh16,
+    assert prices.transient(stage, p) == stage_memory(work, p.layout, gh16,
                                                       engine=p.engine).total
     model = ppo8b.model(ppo8b.stage(stage).target)
     trained = stage == "actor_step"
     assert prices.resident(model.name, p, trained) == resident_memory(
-        model, parallel_of(p), gh16, trained=trained, engine=p.engine).total
+        model, p.layout, gh16, trained=trained, engine=p.engine).total
 
 
 def test_a_layout_is_priced_once_wherever_the_tree_looks_the_same(ppo8b, gh16):

@@ -214,7 +214,7 @@ def test_ops_that_wait_on_one_another_are_a_plan_error_the_search_steps_over():
     # the values read the critic in place: laid out as its trainer
     critic = plan.placement("critic_step")
     plan = attrs.evolve(plan, placements=tuple(
-        attrs.evolve(p, dp=critic.dp, tp=critic.tp, pp=critic.pp, microbatches=critic.pp)
+        p.changed(dp=critic.dp, tp=critic.tp, pp=critic.pp, microbatches=critic.pp)
         if p.stage == "values" else p for p in plan.placements))
     shared = attrs.evolve(plan, shared=pipeline.shares, predicted=None)
     assert ev.evaluate(shared).feasible                     # shared, synchronous: runs

@@ -41,7 +41,7 @@ def _runtime(pipeline, plan):
 
 def _tp(plan, stage, tp):
     return attrs.evolve(plan, placements=tuple(
-        attrs.evolve(p, tp=tp, dp=len(p.devices) // tp) if p.stage == stage else p
+        p.changed(tp=tp, dp=len(p.devices) // tp) if p.stage == stage else p
         for p in plan.placements))
 
 
@@ -125,14 +125,14 @@ def test_the_model_counts_what_the_runtime_dispatches_over_split_plans(
         plan = _tp(plan, "actor_step", tp)
     if elsewhere:                                    # the advantages on every device
         plan = attrs.evolve(plan, placements=tuple(
-            attrs.evolve(p, devices=tuple(range(plan.num_devices)), dp=plan.num_devices)
+            p.changed(devices=tuple(range(plan.num_devices)), dp=plan.num_devices)
             if p.stage == "adv" else p for p in plan.placements))
     if fused:
         plan = attrs.evolve(plan, fusion=(("ref_lp", "scores"),))
     if vllm is not None:
         plan = attrs.evolve(plan, placements=tuple(
             attrs.evolve(p, engine=Engine.VLLM) if p.stage == "rollout"
-            else attrs.evolve(p, zero=Zero(vllm)) if p.stage.endswith("_step") else p
+            else p.changed(zero=Zero(vllm)) if p.stage.endswith("_step") else p
             for p in plan.placements))
     ev = Evaluator(pipeline, builtin_cluster("gh200_64"))
     graph = ev.graph(plan)
@@ -255,13 +255,13 @@ def _colocated_vllm(name: str, devices: int, tp: int, zero: int, carry: int,
     out = []
     for p in plan.placements:
         if p.stage == "rollout":
-            p = attrs.evolve(p, devices=every, dp=devices // tp, tp=tp, chunks=devices // tp,
+            p = p.changed(devices=every, dp=devices // tp, tp=tp, chunks=devices // tp,
                              engine=Engine.VLLM, carry=carry)
         elif p.stage.endswith("_step"):
-            p = attrs.evolve(p, devices=every[:train or devices], dp=train or devices,
+            p = p.changed(devices=every[:train or devices], dp=train or devices,
                              zero=Zero(zero))
         else:
-            p = attrs.evolve(p, devices=every, dp=devices)
+            p = p.changed(devices=every, dp=devices)
         out.append(p)
     homes = tuple((m, every[:train or devices]) for m, _ in plan.model_homes)
     return pipeline, attrs.evolve(plan, num_devices=devices, placements=tuple(out),
@@ -297,7 +297,7 @@ def test_the_model_counts_the_parts_of_a_pass_split_over_its_blocks(stages):
     pipeline = load(shipped("pipelines", "tiny_ppo.rpeg"))
     plan = split_plan(pipeline, 2, staleness=0, chunks=1)
     plan = attrs.evolve(plan, placements=tuple(
-        attrs.evolve(p, devices=(0, 1), dp=2) if p.stage in stages else p
+        p.changed(devices=(0, 1), dp=2) if p.stage in stages else p
         for p in plan.placements))
     ev = Evaluator(pipeline, builtin_cluster("local_cpu"))
     graph = ev.graph(plan)

@@ -28,7 +28,7 @@ def manual_plan(pipeline, where: dict[str, tuple[int, ...]], *, devices: int = 2
                 homes: dict[str, tuple[int, ...]] | None = None, staleness: int = 0,
                 chunks: int = 2, shared: tuple[tuple[str, ...], ...] = ()) -> Plan:
     """Every stage on ``where[stage]`` (default device 0)."""
-    places = tuple(StagePlacement(s.name, where.get(s.name, (0,)),
+    places = tuple(StagePlacement.of(s.name, where.get(s.name, (0,)),
                                   dp=len(where.get(s.name, (0,))) if s.kind.value == "train" else 1,
                                   chunks=chunks if s.kind.value == "generate" else 1)
                    for s in pipeline.stages)

@@ -187,7 +187,7 @@ def test_dapo_filtering_most_groups_with_passes_split_over_blocks(folder, schedu
     plan = split_plan(p, 2, staleness=0)
     split = {"ref_lp", "hits", "penalty"}
     plan = attrs.evolve(plan, placements=tuple(
-        attrs.evolve(x, devices=(0, 1), dp=2) if x.stage in split
+        x.changed(devices=(0, 1), dp=2) if x.stage in split
         else attrs.evolve(x, chunks=1) if x.stage == "rollout" else x   # not streamed
         for x in plan.placements))
     parts = {(c.stages[0], c.chunk): c.parts

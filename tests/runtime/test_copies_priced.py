@@ -67,17 +67,17 @@ def colocated(pipeline, n: int, *, zero: int = 0, reader_zero: int = 0,
     for s in pipeline.stages:
         if s.kind is OpKind.GENERATE:
             gen = every[:gen_on or n]
-            places.append(StagePlacement(s.name, gen, dp=len(gen) // gen_tp, tp=gen_tp,
+            places.append(StagePlacement.of(s.name, gen, dp=len(gen) // gen_tp, tp=gen_tp,
                                          chunks=len(gen) // gen_tp, engine=engine))
         elif s.kind is OpKind.TRAIN:
-            places.append(StagePlacement(s.name, every, dp=n, zero=zero))
+            places.append(StagePlacement.of(s.name, every, dp=n, zero=zero))
         elif s.kind is OpKind.FORWARD:
             devs = every[:readers or n]
             frozen = pipeline.model(s.target).frozen      # a frozen model's pass: whole
-            places.append(StagePlacement(s.name, devs, dp=len(devs) // reader_tp,
+            places.append(StagePlacement.of(s.name, devs, dp=len(devs) // reader_tp,
                                          tp=reader_tp, zero=0 if frozen else reader_zero))
         else:
-            places.append(StagePlacement(s.name, (0,)))
+            places.append(StagePlacement.of(s.name, (0,)))
     homes = tuple((m.name, every) for m in pipeline.models if not m.frozen)
     return Plan(pipeline.name, "test", n, tuple(places), model_homes=homes,
                 staleness=tuple((st, min(k, staleness)) for st, k in pipeline.staleness),
@@ -91,13 +91,13 @@ def disaggregated(pipeline, n: int, *, zero: int = 2, gen_tp: int = 1) -> Plan:
     places = []
     for s in pipeline.stages:
         if s.kind is OpKind.GENERATE:
-            places.append(StagePlacement(s.name, gen, dp=half // gen_tp, tp=gen_tp,
+            places.append(StagePlacement.of(s.name, gen, dp=half // gen_tp, tp=gen_tp,
                                          chunks=half // gen_tp, engine=Engine.VLLM))
         elif s.kind in (OpKind.TRAIN, OpKind.FORWARD):
-            places.append(StagePlacement(s.name, rest, dp=len(rest),
+            places.append(StagePlacement.of(s.name, rest, dp=len(rest),
                                          zero=zero if s.kind is OpKind.TRAIN else 0))
         else:
-            places.append(StagePlacement(s.name, (half,)))
+            places.append(StagePlacement.of(s.name, (half,)))
     homes = tuple((m.name, rest) for m in pipeline.models if not m.frozen)
     return Plan(pipeline.name, "test", n, tuple(places), model_homes=homes,
                 staleness=tuple((st, min(k, 1)) for st, k in pipeline.staleness),
@@ -192,10 +192,10 @@ def _tp(pipeline) -> Plan:
     places = []
     for s in pipeline.stages:
         if pipeline.has_model(s.target or "") and s.kind is not OpKind.COMPUTE:
-            places.append(StagePlacement(s.name, (0, 1), dp=1, tp=2,
+            places.append(StagePlacement.of(s.name, (0, 1), dp=1, tp=2,
                                          chunks=2 if s.kind is OpKind.GENERATE else 1))
         else:
-            places.append(StagePlacement(s.name, (0,)))
+            places.append(StagePlacement.of(s.name, (0,)))
     homes = tuple((m.name, (0, 1)) for m in pipeline.models if not m.frozen)
     return Plan(pipeline.name, "test", 2, tuple(places), model_homes=homes,
                 strategy=Strategy.MANUAL)
@@ -296,7 +296,7 @@ def test_a_zero3_pass_reading_a_copy_is_refused(shape):
     pipeline = load(PIPELINES / "ppo_llama8b.rpeg")
     plan = {"per chunk": lambda p: colocated(p, 8, zero=3, reader_zero=3),
             "frozen": lambda p: attrs.evolve(p, placements=tuple(
-                attrs.evolve(x, zero=3) if x.stage == "ref_lp" else x for x in p.placements)),
+                x.changed(zero=3) if x.stage == "ref_lp" else x for x in p.placements)),
             "on part of the trainer's devices": lambda p: colocated(
                 p, 8, zero=3, reader_zero=3, gen_on=1, readers=4)}[shape]
     base = colocated(pipeline, 8, zero=3, gen_on=1)
@@ -361,21 +361,21 @@ def plans(draw, pipeline, vllm: bool):
     places, homes = [], []
     for s in pipeline.stages:
         if not pipeline.has_model(s.target or "") or s.kind is OpKind.COMPUTE:
-            places.append(StagePlacement(s.name, (draw(st.integers(0, n - 1)),)))
+            places.append(StagePlacement.of(s.name, (draw(st.integers(0, n - 1)),)))
             continue
         tp = draw(st.sampled_from([1, 2]))
         devs = _block(draw, n, tp)
         if s.kind is OpKind.GENERATE:
             engine = draw(st.sampled_from([Engine.TORCH, Engine.VLLM])) if vllm else Engine.TORCH
-            places.append(StagePlacement(s.name, devs, dp=len(devs) // tp, tp=tp,
+            places.append(StagePlacement.of(s.name, devs, dp=len(devs) // tp, tp=tp,
                                          chunks=draw(st.sampled_from([1, 2, 4])),
                                          engine=engine))
         elif s.kind is OpKind.TRAIN:
-            places.append(StagePlacement(s.name, devs, dp=len(devs) // tp, tp=tp,
+            places.append(StagePlacement.of(s.name, devs, dp=len(devs) // tp, tp=tp,
                                          zero=draw(st.sampled_from([0, 2, 3]))))
             homes.append((s.target, devs))
         else:
-            places.append(StagePlacement(s.name, devs, dp=len(devs) // tp, tp=tp,
+            places.append(StagePlacement.of(s.name, devs, dp=len(devs) // tp, tp=tp,
                                          zero=draw(st.sampled_from([0, 3]))))
     staleness = draw(st.integers(0, 1))
     return Plan(pipeline.name, "test", n, tuple(places), model_homes=tuple(homes),

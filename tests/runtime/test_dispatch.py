@@ -10,10 +10,10 @@ import pytest
 
 from rpeg.cost.calibrate import fit_dispatch, with_dispatch
 from rpeg.cost.examples import ppo_pipeline
-from rpeg.cost.memory import Parallel
 from rpeg.cost.profiles import builtin_cluster, builtin_profile, load_profile, profile_text
 from rpeg.cost.stages import estimate_stage, generation_chunks
 from rpeg.errors import CostError
+from rpeg.graph.layout import Layout
 from rpeg.graph.work import work_of
 
 
@@ -31,10 +31,10 @@ def test_dispatch_is_charged_where_an_input_crosses_devices():
     p = ppo_pipeline("tiny", prompts=16)
     without, with_ = _cpu(0.0), _cpu(0.004)
     for stage in ("rollout", "ref_lp", "actor_step", "scores", "adv"):
-        assert estimate_stage(work_of(p, stage), Parallel(), (0,), with_).time_s == \
-            estimate_stage(work_of(p, stage), Parallel(), (0,), without).time_s
-    assert generation_chunks(work_of(p, "rollout"), Parallel(), (0,), with_, 2) == \
-        generation_chunks(work_of(p, "rollout"), Parallel(), (0,), without, 2)
+        assert estimate_stage(work_of(p, stage), Layout(), (0,), with_).time_s == \
+            estimate_stage(work_of(p, stage), Layout(), (0,), without).time_s
+    assert generation_chunks(work_of(p, "rollout"), Layout(), (0,), with_, 2) == \
+        generation_chunks(work_of(p, "rollout"), Layout(), (0,), without, 2)
     for devices, crossings in ((1, False), (2, True)):
         plan = split_plan(p, devices, staleness=0, share=False)
         a = Evaluator(p, without).evaluate(plan).step_time_s

@@ -45,7 +45,7 @@ def vgrpo(tmp_path_factory):
 
 def _place(plan, stage, **changes):
     return attrs.evolve(plan, placements=tuple(
-        attrs.evolve(p, **changes) if p.stage == stage else p for p in plan.placements))
+        p.changed(**changes) if p.stage == stage else p for p in plan.placements))
 
 
 def test_a_disaggregated_engine_serves_its_own_copy_synced_by_collectives(vgrpo, run_through_core):

@@ -57,10 +57,10 @@ def _tp(pipeline, staleness: int = 0) -> Plan:
     places = []
     for s in pipeline.stages:
         if s.target in ("actor", "critic", "ref") and s.kind.value != "compute":
-            places.append(StagePlacement(s.name, (0, 1), dp=1, tp=2,
+            places.append(StagePlacement.of(s.name, (0, 1), dp=1, tp=2,
                                          chunks=2 if s.kind.value == "generate" else 1))
         else:
-            places.append(StagePlacement(s.name, (0,)))
+            places.append(StagePlacement.of(s.name, (0,)))
     return Plan(pipeline.name, "test", 2, tuple(places),
                 model_homes=(("actor", (0, 1)), ("critic", (0, 1))),
                 staleness=tuple((st, min(k, staleness)) for st, k in pipeline.staleness),
@@ -74,8 +74,8 @@ def _partly_in_place(pipeline) -> Plan:
     plan = split_plan(pipeline, 2, staleness=1)
     actor = {s.name for s in pipeline.stages if s.target == "actor"}
     return attrs.evolve(plan, placements=tuple(
-        attrs.evolve(p, devices=(0, 1), dp=2) if p.stage == "rollout"
-        else attrs.evolve(p, devices=(1,), dp=1) if p.stage in actor else p
+        p.changed(devices=(0, 1), dp=2) if p.stage == "rollout"
+        else p.changed(devices=(1,), dp=1) if p.stage in actor else p
         for p in plan.placements), model_homes=(("actor", (1,)),) + tuple(
             h for h in plan.model_homes if h[0] != "actor"))
 
@@ -87,8 +87,8 @@ def _in_place_beside_a_copy(pipeline) -> Plan:
     load, whose op bears the elided sync's name."""
     plan = split_plan(pipeline, 2, share=True, staleness=1)
     return attrs.evolve(plan, placements=tuple(
-        attrs.evolve(p, devices=(0, 1), dp=2) if p.stage == "values"
-        else attrs.evolve(p, devices=(0,), dp=1) for p in plan.placements),
+        p.changed(devices=(0, 1), dp=2) if p.stage == "values"
+        else p.changed(devices=(0,), dp=1) for p in plan.placements),
         model_homes=(("actor+critic", (0,)),))
 
 
@@ -253,7 +253,7 @@ def test_the_simulator_prices_the_runtimes_placed_graph(shape, name, ppo, grpo):
 
 def _vllm(plan: Plan, tp: int = 1) -> Plan:
     return attrs.evolve(plan, placements=tuple(
-        attrs.evolve(p, engine=Engine.VLLM, tp=tp, dp=len(p.devices) // tp)
+        p.changed(engine=Engine.VLLM, tp=tp, dp=len(p.devices) // tp)
         if p.stage == "rollout" else p for p in plan.placements))
 
 

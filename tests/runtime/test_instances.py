@@ -75,7 +75,7 @@ def test_data_parallel_ranks_share_dependencies_and_collective_order(ppo):
 def test_tensor_parallel_is_refused_with_a_reason(ppo):
     plan = split_plan(ppo, 2)
     import attrs
-    bad = attrs.evolve(plan, placements=tuple(attrs.evolve(p, tp=2) if p.stage == "ref_lp" else p
+    bad = attrs.evolve(plan, placements=tuple(p.changed(tp=2) if p.stage == "ref_lp" else p
                                               for p in plan.placements))
     with pytest.raises(PlanError, match="tp = 1"):
         build_calls(ppo, bad, steps=1)
@@ -102,7 +102,7 @@ def test_a_pass_split_into_more_parts_than_sequences_is_refused(ppo, plan_by_han
     import attrs
     plan = plan_by_hand(ppo, {"ref_lp": (0, 1)}, chunks=1)
     plan = attrs.evolve(plan, placements=tuple(
-        attrs.evolve(p, dp=2) if p.stage == "ref_lp" else p for p in plan.placements))
+        p.changed(dp=2) if p.stage == "ref_lp" else p for p in plan.placements))
     one = attrs.evolve(ppo, workload=attrs.evolve(ppo.workload, prompts=1, samples=1))
     with pytest.raises(PlanError, match="stage 'ref_lp' must split a step's 1 sequences"):
         build_calls(one, plan, steps=1)
@@ -120,7 +120,7 @@ def test_every_call_id_names_the_call(ppo, zero):
     from rpeg.graph.ids import OpId
     base = split_plan(ppo, 4, dp=4, chunks=4, staleness=1)    # trainers on 0-3
     plan = attrs.evolve(base, placements=tuple(
-        attrs.evolve(p, tp=2, dp=2, zero=zero) if p.stage.endswith("_step") else p
+        p.changed(tp=2, dp=2, zero=zero) if p.stage.endswith("_step") else p
         for p in base.placements))
     calls = build_calls(ppo, plan, steps=3)
     assert {"export", "load"} <= {c.role for c in calls}

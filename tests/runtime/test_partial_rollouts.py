@@ -55,7 +55,7 @@ def test_each_generating_device_keeps_its_own_order(ppo, plan_by_hand):
     """Two data-parallel generators: each chains its own chunks from step to step."""
     base = plan_by_hand(ppo, {"rollout": (0, 1)}, chunks=4)
     plan = with_carry(attrs.evolve(base, placements=tuple(
-        attrs.evolve(p, dp=2) if p.stage == "rollout" else p for p in base.placements)), 1)
+        p.changed(dp=2) if p.stage == "rollout" else p for p in base.placements)), 1)
     calls = build_calls(ppo, plan, steps=2)
     for dev in (0, 1):
         mine = [c for c in calls if c.op == "rollout" and c.device == dev]
@@ -211,7 +211,7 @@ def test_a_tensor_parallel_generator_carries_like_an_unsplit_one(ppo, tmp_path, 
     def on(devs):
         base = plan_by_hand(ppo, {}, devices=2, homes={"actor": devs, "critic": devs})
         return with_carry(attrs.evolve(base, placements=tuple(
-            attrs.evolve(p, devices=devs, tp=len(devs)) if p.stage in (
+            p.changed(devices=devs, tp=len(devs)) if p.stage in (
                 "rollout", "ref_lp", "values", "actor_step", "critic_step") else p
             for p in base.placements)), 1)
     runs = []

@@ -19,7 +19,7 @@ SPEC = ROOT / "pipelines" / "tiny_ppo.rpeg"
 
 def _with(plan, stage: str, **changes):
     return attrs.evolve(plan, placements=tuple(
-        attrs.evolve(p, **changes) if p.stage == stage else p for p in plan.placements))
+        p.changed(**changes) if p.stage == stage else p for p in plan.placements))
 
 
 def test_a_hand_written_plan_within_the_limits_is_taken(tmp_path):

@@ -28,10 +28,10 @@ def plan_with(pipeline, devs: tuple[int, ...], tp: int, gen: tuple[int, ...] | N
             d, t = devs, tp
             if gen is not None and (kind == "generate" or s.target == "ref"):
                 d, t = gen, 1
-            places.append(StagePlacement(s.name, d, dp=len(d) // t, tp=t,
+            places.append(StagePlacement.of(s.name, d, dp=len(d) // t, tp=t,
                                          chunks=2 if kind == "generate" else 1))
         else:
-            places.append(StagePlacement(s.name, (0,)))
+            places.append(StagePlacement.of(s.name, (0,)))
     return Plan(pipeline.name, "test", devices, tuple(places),
                 model_homes=(("actor", devs), ("critic", devs)),
                 staleness=tuple((st, min(k, staleness)) for st, k in pipeline.staleness),
@@ -113,7 +113,7 @@ def test_generation_resharded_from_an_unsplit_trainer_on_the_same_device(ppo, tm
     import attrs
     base = plan_with(ppo, (0,), 1)
     plan = attrs.evolve(base, placements=tuple(
-        attrs.evolve(p, devices=(0, 1), tp=2) if p.stage == "rollout" else p
+        p.changed(devices=(0, 1), tp=2) if p.stage == "rollout" else p
         for p in base.placements))
     split = _run(ppo, plan, tmp_path / "reshard", cluster3)
     whole = _run(ppo, base, tmp_path / "tp1", cluster3)

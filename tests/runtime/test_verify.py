@@ -79,7 +79,7 @@ def test_a_rollout_reading_in_place_beside_a_loaded_copy_waits_for_its_trainer(
     plan = plan_by_hand(ppo, {"values": (0, 1)}, staleness=1, chunks=1,
                         shared=(("actor", "critic"),))
     plan = attrs.evolve(plan, placements=tuple(
-        attrs.evolve(p, dp=2) if p.stage == "values" else p for p in plan.placements))
+        p.changed(dp=2) if p.stage == "values" else p for p in plan.placements))
     calls, workers, homes = _setup(ppo, plan, steps=4)
     assert {c.id for c in calls} >= {"sync_actor+critic/s1/export", "sync_actor+critic/s1/load@1"}
     placed = placed_for(ppo, plan)

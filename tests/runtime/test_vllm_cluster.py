@@ -15,8 +15,8 @@ def _daemon_flags(vllm: bool) -> set[bool]:
 
 
 def test_workers_are_non_daemon_only_for_vllm_plans():
-    torch_plan = Plan("p", "c", 1, (StagePlacement("rollout", (0,)),))
-    vllm_plan = Plan("p", "c", 1, (StagePlacement("rollout", (0,), engine=Engine.VLLM),))
+    torch_plan = Plan("p", "c", 1, (StagePlacement.of("rollout", (0,)),))
+    vllm_plan = Plan("p", "c", 1, (StagePlacement.of("rollout", (0,), engine=Engine.VLLM),))
     assert not uses_vllm(torch_plan) and uses_vllm(vllm_plan)
     assert _daemon_flags(False) == {True}
     assert _daemon_flags(True) == {False}

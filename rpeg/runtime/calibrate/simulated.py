@@ -179,7 +179,7 @@ def scaled(plan, factor: int):
     control plane grows; not a plan anyone priced."""
     def grow(devices):
         return tuple(d * factor + j for d in devices for j in range(factor))
-    places = tuple(attrs.evolve(p, devices=grow(p.devices), dp=p.dp * factor,
+    places = tuple(p.changed(devices=grow(p.devices), dp=p.dp * factor,
                                 chunks=p.chunks * factor) for p in plan.placements)
     return attrs.evolve(plan, num_devices=plan.num_devices * factor, placements=places,
                         model_homes=tuple((m, grow(d)) for m, d in plan.model_homes),

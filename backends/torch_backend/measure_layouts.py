@@ -47,7 +47,7 @@ def runner(op: dict, rank: int, world: tuple[int, ...]):
     members = [Model("actor", "bench", dims,
                      optimizer=Optimizer(default_optimizer().name, lr=1e-5))]
     model = build_model(dims, heads=("lm",), seed=0)
-    layout = TrainLayout(world, tp=world if op.get("tp", 1) > 1 else (), zero=op["zero"],
+    layout = TrainLayout.of(world, tp=world if op.get("tp", 1) > 1 else (), zero=op["zero"],
                          recompute=op["recompute"],
                          offload=op["offload"])
     trained = Trained.build(model, TokenHeads(model), members, layout, device="cpu",

@@ -42,10 +42,10 @@ class Replica:
             raise BackendError(f"model '{members[0].name}' trains LoRA adapters, which this "
                                "backend runs at tp = 1 only", members[0].span,
                                hint="pin the actor's stages to tp = 1 (place ... { tp = 1 })")
-        if self.lora is not None and spec.trainable and spec.zero.shards_grads:
+        if self.lora is not None and spec.trainable and spec.layout.zero.shards_grads:
             raise BackendError(f"model '{members[0].name}' trains LoRA adapters, which this "
                                f"backend trains whole (zero 0), not under FSDP2 (zero "
-                               f"{spec.zero})", members[0].span,
+                               f"{spec.layout.zero})", members[0].span,
                                hint="plan it with rpeg compile's default limits")
         if self.lora is not None:               # adapters train, the backbone is frozen
             from backends.torch_backend.lora import apply_lora
@@ -59,8 +59,7 @@ class Replica:
         self.grad_clip = 1.0
         self.kl_coef: dict[str, float] = {}        # adaptive KL coefficients, by train stage
         if spec.trainable:
-            layout = TrainLayout(tuple(spec.world), self.tp, spec.zero, spec.recompute,
-                                 spec.offload)
+            layout = TrainLayout(tuple(spec.world), self.tp, spec.layout)
             self.optimizer_spec = next(m.optimizer for m in members if m.optimizer is not None)
             self.trained = Trained.build(self.model, self.heads, members, layout, device=device,
                                          dtype=self.dtype, master=self.optimizer_spec.master,

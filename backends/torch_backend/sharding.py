@@ -1,7 +1,7 @@
 """A trained replica laid out as its plan says: DDP, FSDP2 (ZeRO-2 / ZeRO-3), DTensor tensor
 parallelism and both on a 2-D mesh; activation checkpointing; optimizer offload; precision.
 
-    >>> layout = TrainLayout(world=(0, 1), zero=3, recompute=True)
+    >>> layout = TrainLayout.of((0, 1), zero=3, recompute=True)
     >>> layout.dp, layout.fsdp
     (2, True)
     >>> trained = Trained.build(model, members, layout, device="cpu",       # doctest: +SKIP
@@ -49,7 +49,7 @@ from backends.torch_backend.optim import MasterAdam, build_optimizer
 from rpeg.cost.memory import fsdp_runs
 from rpeg.cost.passes import dp_group, train_groups
 from rpeg.errors import BackendError
-from rpeg.graph.layout import Layout
+from rpeg.graph.layout import Layout, layout_of
 from rpeg.spec.model import Zero
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -59,13 +59,31 @@ LEVELS = (Zero.NONE,) + FSDP_LEVELS
 
 @attrs.frozen
 class TrainLayout:
-    """How a trained replica is laid out over the devices that train it."""
+    """How a trained replica is laid out over the devices that train it: its trainer's
+    :class:`~rpeg.graph.layout.Layout` (what the plan placed and the cost model priced), seen
+    from one device."""
 
     world: tuple[int, ...]          # devices training it: dp blocks of len(tp) devices
     tp: tuple[int, ...] = ()        # this device's tensor-parallel group (len > 1: split)
-    zero: Zero = attrs.field(default=Zero.NONE, converter=Zero.of)
-    recompute: bool = False
-    offload: bool = False
+    layout: Layout = Layout()       # the trainer's: ZeRO level, recomputation, offload
+
+    @classmethod
+    def of(cls, world: tuple[int, ...], tp: tuple[int, ...] = (), **layout) -> TrainLayout:
+        """A layout over ``world`` from the trainer's flat fields (``zero``, ``recompute``,
+        ``offload``)."""
+        return cls(tuple(world), tuple(tp), layout_of(**layout))
+
+    @property
+    def zero(self) -> Zero:
+        return self.layout.zero
+
+    @property
+    def recompute(self) -> bool:
+        return self.layout.recompute
+
+    @property
+    def offload(self) -> bool:
+        return self.layout.offload
 
     @property
     def tp_size(self) -> int:

@@ -28,7 +28,7 @@ def _trained(zero: int, world: tuple[int, ...], rank: int, seed: int = 0):
     dims = PRESETS["tiny"]
     members = [Model("actor", "tiny", dims, optimizer=Optimizer("adam", lr=1e-3))]
     model = build_model(dims, heads=("lm",), seed=seed)
-    return Trained.build(model, TokenHeads(model), members, TrainLayout(world, (), zero),
+    return Trained.build(model, TokenHeads(model), members, TrainLayout.of(world, zero=zero),
                          device="cpu", dtype=torch.float32, master=True, device_index=rank)
 
 
@@ -185,10 +185,12 @@ def test_every_rank_of_a_trained_replica_meets_in_one_group_to_checkpoint(world,
     rank, whatever the mesh (a dp 2 x tp 2 trainer had only its dp and tp groups, and its
     first checkpoint failed)."""
     from backends.torch_backend.sharding import TrainLayout, mesh_groups
+    from rpeg.graph.layout import Layout
     from rpeg.runtime.lowering.context import Replica
-    replica = Replica("actor", world[0], ("lm",), trainable=True, world=world, tp=tp, zero=zero)
+    replica = Replica("actor", world[0], ("lm",), trainable=True, world=world, tp=tp,
+                      layout=Layout(zero=zero))
     assert world in replica.layout_groups
-    assert set(replica.layout_groups) == set(mesh_groups(TrainLayout(world, tp, zero)))
+    assert set(replica.layout_groups) == set(mesh_groups(TrainLayout.of(world, tp, zero=zero)))
 
 
 def test_tied_embeddings_are_held_once_and_read_back_whole(tmp_path):
@@ -211,7 +213,7 @@ def test_tied_embeddings_are_held_once_and_read_back_whole(tmp_path):
     dims = attrs.evolve(PRESETS["tiny"], tied_embeddings=True)
     model = build_model(dims, heads=("lm",), seed=0)
     members = [Model("actor", "tiny", dims, optimizer=Optimizer("adam", lr=1e-3))]
-    trained = Trained.build(model, TokenHeads(model), members, TrainLayout((0,), (), 0),
+    trained = Trained.build(model, TokenHeads(model), members, TrainLayout.of((0,), zero=0),
                             device="cpu", dtype=torch.float32, master=True, device_index=0)
     save_sharded(trained, (0,), tmp_path / "actor.dcp")
     names = set()

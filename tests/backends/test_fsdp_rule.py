@@ -32,8 +32,8 @@ def test_the_layout_runs_fsdp_where_the_shards_are_priced(dp, tp):
     """A ZeRO-2 copy on a float32 GPU profile: FSDP2's float32 shards are priced exactly
     where the runtime lays the copy out with FSDP2."""
     gpu = builtin_cluster("local_cpu").gpu
-    layout = TrainLayout(tuple(range(dp * tp)), tuple(range(tp)) if tp > 1 else (),
-                         Zero.GRADIENTS)
+    layout = TrainLayout.of(tuple(range(dp * tp)), tuple(range(tp)) if tp > 1 else (),
+                            zero=Zero.GRADIENTS)
     extra, _ = grad_bytes(_model(), Layout(dp=dp, tp=tp, zero=Zero.GRADIENTS), gpu)
     assert layout.fsdp == (extra > 0)
 
@@ -43,7 +43,7 @@ def test_one_edit_of_the_predicate_changes_both_sides(monkeypatch):
     it, and the cost model prices no float32 shards for it."""
     gpu = builtin_cluster("local_cpu").gpu
     par = Layout(dp=2, zero=Zero.GRADIENTS)
-    layout = TrainLayout((0, 1), zero=Zero.GRADIENTS)
+    layout = TrainLayout.of((0, 1), zero=Zero.GRADIENTS)
     assert layout.fsdp and grad_bytes(_model(), par, gpu)[0] > 0
     for side in (sharding, memory):
         monkeypatch.setattr(side, "fsdp_runs", lambda zero, shards, tp: False)

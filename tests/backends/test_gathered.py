@@ -43,7 +43,7 @@ def _rank(rank: int, port: int, q) -> None:
     members = [Model("actor", "tiny", dims, optimizer=Optimizer("adam", lr=LR)),
                Model("critic", "tiny", dims, head=Head.VALUE, optimizer=Optimizer("adam", lr=LR))]
     model = build_model(dims, heads=("lm", "value"), seed=0)
-    trained = Trained.build(model, TokenHeads(model), members, TrainLayout((0, 1), (), 3),
+    trained = Trained.build(model, TokenHeads(model), members, TrainLayout.of((0, 1), zero=3),
                             device="cpu", dtype=torch.float32, master=True, device_index=rank)
     batch = _batch()
     prompts, responses = batch.prompt_ids[:len(LENGTHS)], batch.response_ids[:len(LENGTHS)]

@@ -30,7 +30,7 @@ def _policies(rank: int, port: int, queue) -> None:
         dims = PRESETS["tiny"]
         model = build_model(dims, heads=("lm",), seed=0)
         members = [Model("actor", "tiny", dims, optimizer=Optimizer("adam", lr=1e-3))]
-        trained = Trained.build(model, TokenHeads(model), members, TrainLayout((0,), (), 2),
+        trained = Trained.build(model, TokenHeads(model), members, TrainLayout.of((0,), zero=2),
                                 device="cpu", dtype=torch.bfloat16, master=True,
                                 device_index=0)
         policies = {m._get_fsdp_state()._mp_policy for m in fsdp_modules(trained.heads)}

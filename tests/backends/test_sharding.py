@@ -86,7 +86,7 @@ def _rank(rank: int, port: int, tmp: str, q) -> None:
 
     def build(zero, tp, recompute, offload, dtype):
         model = build_model(dims, heads=("lm", "value"), seed=0)
-        layout = TrainLayout((0, 1), tp, zero, recompute, offload)
+        layout = TrainLayout.of((0, 1), tp, zero=zero, recompute=recompute, offload=offload)
         return Trained.build(model, TokenHeads(model), members, layout, device="cpu",
                              dtype=DTYPES[dtype], master=True, device_index=rank)
 
@@ -231,7 +231,7 @@ def _mesh_rank(rank: int, port: int, q) -> None:
                             ("dp2", (0, 2) if rank % 2 == 0 else (1, 3), ())):
         model = build_model(dims, heads=("lm",), seed=0)
         trained = Trained.build(model, TokenHeads(model), members,
-                                TrainLayout(world, tp, zero=3), device="cpu",
+                                TrainLayout.of(world, tp, zero=3), device="cpu",
                                 dtype=torch.float32, master=True, device_index=rank)
         dp_rank = rank // 2 if tp else world.index(rank)
         for step in range(STEPS):

@@ -40,7 +40,7 @@ def _rank(rank: int, port: int, q) -> None:
     dims = PRESETS["tiny"]
     model = build_model(dims, heads=("lm",), seed=0)
     members = [Model("actor", "tiny", dims, optimizer=Optimizer("adam", lr=1e-3))]
-    trained = Trained.build(model, TokenHeads(model), members, TrainLayout((0, 1), (), 2),
+    trained = Trained.build(model, TokenHeads(model), members, TrainLayout.of((0, 1), zero=2),
                             device="cpu", dtype=torch.float32, master=True, device_index=rank)
     engine = TorchEngine(model)
     norms = []

@@ -18,7 +18,8 @@ import attrs
 import numpy as np
 
 from rpeg.cost.passes import train_groups
-from rpeg.plan.model import Plan
+from rpeg.graph.layout import Layout
+from rpeg.plan.model import LAYOUT, Plan
 from rpeg.runtime.dask.devices import COLLECTIVE_TIMEOUT_S, GpuOf
 from rpeg.runtime.data import Cursor
 from rpeg.runtime.lowering.instances import (
@@ -30,7 +31,7 @@ from rpeg.runtime.lowering.instances import (
     placed_for,
     train_layouts,
 )
-from rpeg.spec.model import Head, Pipeline, Zero
+from rpeg.spec.model import Head, Pipeline
 
 
 @attrs.frozen
@@ -43,9 +44,8 @@ class Replica:
     trainable: bool                  # holds an optimizer (a home device of a trained model)
     world: tuple[int, ...] = ()      # devices training it (dp x tp; len > 1: collectives)
     tp: tuple[int, ...] = ()         # its tensor-parallel group (len > 1: weights sharded)
-    zero: Zero = attrs.field(default=Zero.NONE, converter=Zero.of)   # trained: DDP or FSDP2
-    recompute: bool = False          # trained: activations recomputed in backward
-    offload: bool = False            # trained: optimizer state in host memory between ops
+    layout: Layout = LAYOUT          # trained: its trainer's (ZeRO level: DDP or FSDP2,
+                                     # recomputation, optimizer offload)
     engine: tuple[int, ...] = ()     # a vLLM engine's own copy: the devices its workers span
     serves: str = ""                 # an engine's copy: the generate op whose batching it runs
 
@@ -54,7 +54,7 @@ class Replica:
         """Process groups training this replica needs (every rank creates all of a run's)."""
         if not self.trainable:
             return (self.tp,) if len(self.tp) > 1 else ()
-        return train_groups(self.world, max(len(self.tp), 1), self.zero)
+        return train_groups(self.world, max(len(self.tp), 1), self.layout.zero)
 
 
 @attrs.frozen
@@ -122,8 +122,7 @@ class RunContext:
             replicas.append(Replica(
                 r.key, r.device, tuple(sorted(heads_of(pipeline, r.key))), trainable=r.trained,
                 world=homes[r.key] if r.trained else (), tp=r.group,
-                zero=p.zero if p else Zero.NONE, recompute=p.recompute if p else False,
-                offload=p.offload if p else False, engine=r.engine, serves=r.serves))
+                layout=p.layout if p else LAYOUT, engine=r.engine, serves=r.serves))
         made = {g for r in replicas for g in r.layout_groups}
         for c in calls:                    # a weight transfer: its broadcast group
             if c.gang and c.role == EXPORT and c.device == c.sources[0]:

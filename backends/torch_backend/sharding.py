@@ -49,7 +49,7 @@ from backends.torch_backend.optim import MasterAdam, build_optimizer
 from rpeg.cost.memory import fsdp_runs
 from rpeg.cost.passes import dp_group, train_groups
 from rpeg.errors import BackendError
-from rpeg.graph.layout import Layout, layout_of
+from rpeg.graph.layout import LAYOUT, Layout, layout_of
 from rpeg.spec.model import Zero
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -65,7 +65,7 @@ class TrainLayout:
 
     world: tuple[int, ...]          # devices training it: dp blocks of len(tp) devices
     tp: tuple[int, ...] = ()        # this device's tensor-parallel group (len > 1: split)
-    layout: Layout = Layout()       # the trainer's: ZeRO level, recomputation, offload
+    layout: Layout = LAYOUT         # the trainer's: ZeRO level, recomputation, offload
 
     @classmethod
     def of(cls, world: tuple[int, ...], tp: tuple[int, ...] = (), **layout) -> TrainLayout:

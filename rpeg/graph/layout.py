@@ -63,7 +63,7 @@ class Layout:
         return self.dp * self.cp
 
 
-LAYOUT_FIELDS = tuple(f.name for f in attrs.fields(Layout) if f.name != "decoding")
+LAYOUT = Layout()
 
 
 def layout_of(**fields) -> Layout:
@@ -89,5 +89,5 @@ def changed(layout: Layout, **changes) -> Layout:
     return attrs.evolve(layout, **changes) if changes else layout
 
 
-__all__ = ["DECODING", "DECODING_FIELDS", "Decoding", "LAYOUT_FIELDS", "Layout", "changed",
+__all__ = ["DECODING", "DECODING_FIELDS", "Decoding", "LAYOUT", "Layout", "changed",
            "layout_of"]

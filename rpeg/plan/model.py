@@ -32,13 +32,12 @@ import attrs
 
 from rpeg.cost.memory import MemoryCost
 from rpeg.errors import PlanError, Span
-from rpeg.graph.layout import Layout, changed, layout_of
+from rpeg.graph.layout import LAYOUT, Layout, changed, layout_of
 from rpeg.plan.options import Method, SearchOptions, SearchRecord, Start
 from rpeg.plan.space import Limits
 from rpeg.spec.model import Engine, Zero
 
 SCHEMA_VERSION = 1
-LAYOUT = Layout()
 MAX_PLAN_BYTES = 64 * 1024 * 1024      # checked before reading: a plan is kilobytes
 MAX_PLAN_DEVICES = 1 << 20             # as for clusters (rpeg.spec.cluster.MAX_GPUS)
 MAX_CARRY = 64                         # steps a partial rollout may span, beyond its own

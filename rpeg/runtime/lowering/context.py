@@ -18,8 +18,8 @@ import attrs
 import numpy as np
 
 from rpeg.cost.passes import train_groups
-from rpeg.graph.layout import Layout
-from rpeg.plan.model import LAYOUT, Plan
+from rpeg.graph.layout import LAYOUT, Layout
+from rpeg.plan.model import Plan
 from rpeg.runtime.dask.devices import COLLECTIVE_TIMEOUT_S, GpuOf
 from rpeg.runtime.data import Cursor
 from rpeg.runtime.lowering.instances import (

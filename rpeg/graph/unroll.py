@@ -187,20 +187,24 @@ def unroll_edges(graph: Graph, steps: int, node, chunks: dict[str, int] | None =
               if kinds[e.reader] is OpKind.SYNC_WEIGHTS}     # a weight sync -> its trainer
     partly = partly or {}
     data, version = DepKind.DATA, DepKind.VERSION
+    # each op's data edges in as every chunk of every step reads them: (the source, its
+    # chunks, whether chunk c reads the source's chunk c alone, the datum)
+    sources = {op: [(e.src, counts[e.src], counts[op] == counts[e.src] and op not in parts
+                     and e.src not in parts, e.data) for e in into[op]] for op in order}
     for s in range(steps):
         for op in order:
+            # its version edges in, each with the step whose version it reads
+            read_at = [(e, writer_step(kinds[op], s, e.lag)) for e in versions[op]]
             for c in range(counts[op]):
                 dst = node(op, s, c)
-                for e in into[op]:
-                    n_src = counts[e.src]
+                for src, n_src, alike, datum in sources[op]:
                     if n_src == 1:
-                        deps.append((node(e.src, s, 0), dst, data, e.data))
-                    elif counts[op] == n_src and op not in parts and e.src not in parts:
-                        deps.append((node(e.src, s, c), dst, data, e.data))
+                        deps.append((node(src, s, 0), dst, data, datum))
+                    elif alike:
+                        deps.append((node(src, s, c), dst, data, datum))
                     else:
-                        deps += [(node(e.src, s, k), dst, data, e.data) for k in range(n_src)]
-                for e in versions[op]:
-                    src_step = writer_step(kinds[op], s, e.lag)
+                        deps += [(node(src, s, k), dst, data, datum) for k in range(n_src)]
+                for e, src_step in read_at:
                     if src_step >= 0:
                         writer = _shared_writer(e.writer, op, c, behind, partly)
                         deps.append((node(writer, src_step, 0), dst, version, e.model))

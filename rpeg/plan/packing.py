@@ -87,6 +87,15 @@ def is_read_elsewhere(device: int, readers: Iterable[int | None]) -> bool:
     return False
 
 
+def _tasks_of(inputs: tuple[Hashable, ...], task: dict[Hashable, Hashable]) -> set[Hashable]:
+    """The tasks of those of ``inputs`` placed (in ``task``), added in their order, found
+    in one call where every one is placed (the count's: a train rank reads hundreds)."""
+    try:
+        return set(map(task.__getitem__, inputs))
+    except KeyError:                   # some not placed: no dependency
+        return {task[i] for i in inputs if i in task}
+
+
 class Packer:
     """The tasks of calls packed so far (see the module doc)."""
 
@@ -137,9 +146,14 @@ class Packer:
         call may join is the newest open task fitting it, found alike)."""
         out = []
         place, opened, partners_of = self.place, self._open, self._partners
+        waits, sealed_at = self.waits, self._sealed
         for key, devices, step, chunk, op, inputs, gang, elsewhere, read, joins in units:
             if outside is None:
-                need = deps = {task[i] for i in inputs if i in task}
+                if len(inputs) == 1:              # most read one unit: found inline
+                    i = inputs[0]
+                    need = deps = {task[i]} if i in task else set()
+                else:
+                    need = deps = _tasks_of(inputs, task)
             else:
                 deps = {task[i] if i in task else outside(i) for i in inputs}
                 need = deps if done is None else \
@@ -165,7 +179,7 @@ class Packer:
                     here = opened.get(at)
                     g = self._fitting(at, here, deps) if here else None
                     if g is None:
-                        sealed = self._sealed.get(at)
+                        sealed = sealed_at.get(at)
                         if sealed:
                             g = next((t for t, (c, ops) in reversed(sealed.items())
                                       if op in ops and c == chunk and self._fits(t, deps)),
@@ -173,18 +187,19 @@ class Packer:
                     if g is not None:
                         self.read_elsewhere(head, g, step, chunk, op)
                     else:
-                        g = len(self.waits)       # a task of its own, closed at once
-                        self.waits.append(deps)
+                        g = len(waits)            # a task of its own, closed at once
+                        waits.append(deps)
                         if here is None:
                             opened[at] = []
                         partners = partners_of.get(op)
                         if partners:
-                            self._sealed.setdefault(at, {})[g] = (chunk, partners)
+                            sealed_at.setdefault(at, {})[g] = (chunk, partners)
                 else:
                     g = place(head, step, chunk, op, need, deps)
                     self.read_elsewhere(head, g, step, chunk, op)
-                for dev in devices[1:]:           # each call placed after the one before
-                    place(dev, step, chunk, op, need, deps)
+                if len(devices) > 1:              # each call placed after the one before
+                    for dev in devices[1:]:
+                        place(dev, step, chunk, op, need, deps)
             if key is not None:
                 task[key] = g
             out.append(g)
@@ -209,7 +224,12 @@ class Packer:
                     return g
         g = len(self.waits)                   # a task of its own
         self.waits.append(set(deps))
-        self._open_all(step, g, (device,), deps)
+        if here is None:                      # :meth:`_open_all` of one device, inlined
+            self._open[at] = [g]
+        else:
+            here.append(g)
+        if deps:
+            self._wait_for(at, g, deps)
         return g
 
     def gang(self, devices: tuple[int, ...], step: int, deps: set[Hashable],
@@ -229,7 +249,7 @@ class Packer:
         """Tasks ``first``, ``first + 1``, ... are open to the calls of each of ``devices``
         in turn (at ``step``), each found among those waiting for ``deps`` there (none:
         ``()``)."""
-        opened, waiting_at = self._open, self._waiting
+        opened, wait_for = self._open, self._wait_for
         for g, device in enumerate(devices, first):
             at = (device, step)
             here = opened.get(at)
@@ -237,17 +257,21 @@ class Packer:
                 opened[at] = [g]
             else:
                 here.append(g)
-            if not deps:
-                continue
-            waiting = waiting_at.get(at)
-            if waiting is None:
-                waiting = waiting_at[at] = {}
-            for d in deps:
-                w = waiting.get(d)
-                if w is None:
-                    waiting[d] = [g]
-                else:
-                    w.append(g)
+            if deps:
+                wait_for(at, g, deps)
+
+    def _wait_for(self, at: tuple[int, int], g: int, deps: set[Hashable]) -> None:
+        """Task ``g``, open on ``at`` (device, step), is found there among those waiting for
+        each of ``deps``."""
+        waiting = self._waiting.get(at)
+        if waiting is None:
+            waiting = self._waiting[at] = {}
+        for d in deps:
+            w = waiting.get(d)
+            if w is None:
+                waiting[d] = [g]
+            else:
+                w.append(g)
 
     def read_elsewhere(self, device: int, task: int, step: int, chunk: int, op: str) -> None:
         """Another device reads a call of ``op`` in ``task``: it ends the task, but for the
@@ -265,7 +289,10 @@ class Packer:
             self._sealed.setdefault((device, step), {})[task] = (chunk, partners)
 
     def _fits(self, g: int, need: set[Hashable]) -> bool:
-        return all(d == g or d in self.waits[g] for d in need)
+        """Whether task ``g`` holds or waits for each of ``need``: each is ``g`` or among
+        those it waits for (set operations: a call may have hundreds of dependencies)."""
+        waits = self.waits[g]
+        return need <= waits or g in need and need - waits <= {g}
 
     def _fitting(self, at: tuple[int, int], here: list[int], need: set[Hashable]
                  ) -> int | None:

@@ -402,28 +402,81 @@ def _priced(ops, timings: dict[str, OpTiming]) -> int:
 def prepared(placed: Placed, steps: int) -> _Prepared:
     """:meth:`Placed.edges <rpeg.plan.lower.Placed.edges>` of ``steps`` steps as index
     arrays: what :func:`simulate` prices (cached per placed graph, a value hashed once)."""
-    n = max(placed.chunks, 1)
-    # only what the edges read, and no more lanes than chunks (more change no edge): fewer
-    # distinct graphs to prepare
-    key = (Placed(placed.graph, 0, chunks=n, carry=placed.carry, in_place=placed.in_place,
-                  partly=placed.partly, parts=placed.parts,
-                  lanes=tuple((op, min(k, n)) for op, k in placed.lanes)), steps)
+    key = _edges_key(placed, steps)
     hit = _PREPARED.get(key)
     if hit is not None:
         return hit
     if len(_PREPARED) > 512:
         _PREPARED.clear()
-    # hundreds of thousands of acyclic edge tuples, dropped once indexed: the cycle
-    # collector walking the compile's heap for each batch of them would cost more than
-    # the preparation itself
+    prep = _PREPARED[key] = _without_collecting(_prepare_uncached, *key)
+    return prep
+
+
+def _edges_key(placed: Placed, steps: int) -> tuple[Placed, int]:
+    """(``placed`` cut to what its edges read, ``steps``): only that, and no more lanes than
+    chunks (more change no edge), so that fewer distinct graphs are prepared."""
+    n = max(placed.chunks, 1)
+    return Placed(placed.graph, 0, chunks=n, carry=placed.carry, in_place=placed.in_place,
+                  partly=placed.partly, parts=placed.parts,
+                  lanes=tuple((op, min(k, n)) for op, k in placed.lanes)), steps
+
+
+def _without_collecting(f, *args):
+    """``f(*args)`` with the cycle collector off: hundreds of thousands of acyclic edge
+    tuples, dropped once indexed; the collector walking the compile's heap for each batch
+    of them would cost more than the preparation itself."""
     collecting = gc.isenabled()
     gc.disable()
     try:
-        prep = _PREPARED[key] = _prepare_uncached(*key)
+        return f(*args)
     finally:
         if collecting:
             gc.enable()
-    return prep
+
+
+@attrs.frozen
+class Fed:
+    """The instances of a few steps of a placed graph and which take whose outputs as Dask
+    tasks do (:func:`fed`): what the count of a step's tasks reads
+    (:func:`rpeg.plan.tasks.dispatch_per_step`), without the rest :func:`prepared` makes
+    for a simulation."""
+
+    step_of: tuple[int, ...]                   # the step of each, in priority order
+    fed: tuple[tuple[int, ...], ...]           # by data, versions and stream order
+    keys: tuple[tuple[str, int], ...]          # (op, chunk) of each
+    counts: dict                               # op -> its chunks a step
+
+
+_FED: dict[tuple, Fed] = {}
+
+
+def fed(placed: Placed, steps: int) -> Fed:
+    """:class:`Fed` of ``steps`` steps of ``placed``: the instances and ``fed`` edges of
+    :func:`prepared`, alike (cached per placed graph, a value hashed once)."""
+    key = _edges_key(placed, steps)
+    hit = _FED.get(key)
+    if hit is None:
+        if len(_FED) > 512:
+            _FED.clear()
+        hit = _FED[key] = _without_collecting(_fed_uncached, *key)
+    return hit
+
+
+def _fed_uncached(placed: Placed, steps: int) -> Fed:
+    counts, cells, edges = _indexed(placed, steps)
+    return Fed(tuple(s for _, s, _ in cells), _fed_of(len(cells), edges),
+               tuple((op, c) for op, _, c in cells), counts)
+
+
+def _fed_of(n: int, edges: list[tuple]) -> tuple[tuple[int, ...], ...]:
+    """Each of ``n`` instances' dependents by data, versions and stream order (those a
+    Dask task takes futures of): every edge but an ordering one, or a stream's."""
+    out: list[list[int]] = [[] for _ in range(n)]
+    order = DepKind.ORDER
+    for src, dst, kind, data in edges:
+        if kind is not order or data == STREAM:
+            out[src].append(dst)
+    return tuple(map(tuple, out))
 
 
 @attrs.frozen
@@ -445,6 +498,22 @@ def _prepare_uncached(placed: Placed, steps: int) -> _Prepared:
     """The instances and edges of ``steps`` steps of ``placed`` (those of
     :meth:`Placed.edges <rpeg.plan.lower.Placed.edges>`) as index arrays: unrolled with each
     instance named by its index, the instances coming out in priority order."""
+    counts, cells, edges = _indexed(placed, steps)
+    waiting = [0] * len(cells)
+    dependents: list[list[int]] = [[] for _ in cells]
+    for src, dst, _, _ in edges:
+        waiting[dst] += 1
+        dependents[src].append(dst)
+    return _Prepared(tuple(Instance(*cell) for cell in cells), tuple(waiting),
+                     tuple(s for _, s, _ in cells), tuple(map(tuple, dependents)),
+                     _fed_of(len(cells), edges), dict(sorted(counts.items())),
+                     tuple(op for op, _, _ in cells), tuple((op, c) for op, _, c in cells))
+
+
+def _indexed(placed: Placed, steps: int) -> tuple[dict[str, int], list[tuple], list[tuple]]:
+    """(each op's chunks, the instances as (op, step, chunk) in priority order, the edges as
+    (src, dst, kind, datum)) of ``steps`` steps of ``placed``, each instance named by its
+    index."""
     graph = placed.graph
     chunks = {op: placed.chunks for op, _ in placed.lanes}
     parts = dict(placed.parts)               # a pass's parts (the task count's; not priced)
@@ -457,19 +526,7 @@ def _prepare_uncached(placed: Placed, steps: int) -> _Prepared:
         graph, steps, lambda op, s, c: s * per_step + first[op] + c, chunks,
         carry=dict(placed.carry), lanes=dict(placed.lanes), in_place=placed.in_place,
         partly=dict(placed.partly), parts=parts)
-    waiting = [0] * len(cells)
-    dependents: list[list[int]] = [[] for _ in cells]
-    fed: list[list[int]] = [[] for _ in cells]
-    order = DepKind.ORDER
-    for src, dst, kind, data in edges:
-        waiting[dst] += 1
-        dependents[src].append(dst)
-        if kind is not order or data == STREAM:
-            fed[src].append(dst)
-    return _Prepared(tuple(Instance(*cell) for cell in cells), tuple(waiting),
-                     tuple(s for _, s, _ in cells), tuple(map(tuple, dependents)),
-                     tuple(map(tuple, fed)), dict(sorted(counts.items())), tuple(op for op, _, _ in cells),
-                     tuple((op, c) for op, _, c in cells))
+    return counts, cells, edges
 
 
 @functools.lru_cache(maxsize=4096)

@@ -81,7 +81,7 @@ from rpeg.graph.unroll import write_after_read
 from rpeg.plan.lower import COUNTED, Placed, lower, read_before, read_of, streams, transfer_of
 from rpeg.plan.oplayout import OpLayout
 from rpeg.plan.packing import Packer, is_read_elsewhere
-from rpeg.plan.simulate import OpTiming, prepared
+from rpeg.plan.simulate import OpTiming, fed
 from rpeg.spec.model import OpKind
 
 
@@ -103,7 +103,7 @@ def steady_step(graph: Graph, layouts: dict[str, OpLayout], chunks: int, steps: 
     last = min(steps // 2, lag + 2)
     if not warm and last == lag + 2:
         last = lag + 1
-    return prepared(streamed, last + lag + 2), last
+    return fed(streamed, last + lag + 2), last
 
 
 def dispatch_per_step(graph: Graph, layouts: dict[str, OpLayout], chunks: int = 1,
@@ -202,24 +202,26 @@ class _Feed:
         not a join), a weight sync as one unit a gang, the first named and read; the
         step's calls; the futures ordering its gangs)."""
         laid, alone_at, war = self.laid, self.alone_at, self.war
+        # by op, each chunk's layout and reading device at the chunk's own index (no modulo
+        # an instance, nor a reader)
+        laid_at = {op: _cycled(at, prep.counts.get(op, len(at))) for op, at in laid.items()}
+        reading = {op: _cycled(one, prep.counts.get(op, len(one)))
+                   for op, one in alone_at.items()}
         calls, order = self.extra_calls, self.extra_order
         out = []
         made: dict[str, int] = {}                 # op -> its last instance
         for k, op, chunk, inputs, readers in _rows(prep, step)[0]:
-            at = laid[op]
-            slot = chunk % len(at)              # its chunk's place in its layout's period
-            ds, _, gang, at_head, gangs = at[slot]
+            ds, _, gang, at_head, gangs = laid_at[op][chunk]
             head = ds[0]
             # where the calls waiting for it read it: its readers (one device each, or None
             # for two), and the writers ordered after it (their instance: chunk 0)
             waiting = []
             for reader, rc in readers:
-                one = alone_at[reader]
-                waiting.append(one[rc % len(one)])
+                waiting.append(reading[reader][rc])
             if op in war:
                 for writer, some, reads in war[op]:
                     if (some is None or chunk % some[0] in some[1]) \
-                            and (reads is None or reads[slot]):
+                            and (reads is None or reads[chunk % len(reads)]):
                         waiting.append(alone_at[writer][0])
             elsewhere = is_read_elsewhere(head, waiting)
             if gangs:                             # a weight sync's gangs, one by one,
@@ -377,6 +379,24 @@ def _reading(lay: OpLayout) -> tuple:
     return tuple(two[0] if two[0] == two[-1] else None for _, two, _, _, _ in laid_out(lay))
 
 
+_CYCLED: dict[tuple[int, int], tuple] = {}
+
+
+def _cycled(per_chunk: tuple, chunks: int) -> tuple:
+    """``per_chunk`` (chunk ``c`` at ``c`` modulo its length, as :func:`laid_out`) repeated
+    to ``chunks`` chunks: each chunk's at its own index. Memoised by the tuple's identity
+    (those of :func:`laid_out` and :func:`_reading`, memoised by the layout: a search lays
+    the same ops out again and again), not hashing its hundreds of chunks."""
+    hit = _CYCLED.get((id(per_chunk), chunks))
+    if hit is not None and hit[0] is per_chunk:
+        return hit[1]
+    out = (per_chunk * -(-chunks // len(per_chunk)))[:max(chunks, len(per_chunk))]
+    if len(_CYCLED) > 8192:
+        _CYCLED.clear()
+    _CYCLED[(id(per_chunk), chunks)] = (per_chunk, out)
+    return out
+
+
 @functools.lru_cache(maxsize=8192)
 def _devices(lay: OpLayout) -> frozenset[int]:
     return frozenset(lay.devices)
@@ -401,7 +421,7 @@ def _rows(prep, step: int) -> tuple[tuple[tuple, ...], frozenset[int]]:
     hit = _ROWS.get((id(prep), step))
     if hit is not None and hit[0] is prep:
         return hit[1]
-    inputs: list[list[int]] = [[] for _ in prep.instances]
+    inputs: list[list[int]] = [[] for _ in prep.fed]
     for k, ds in enumerate(prep.fed):
         for d in ds:
             inputs[d].append(k)

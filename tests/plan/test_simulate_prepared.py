@@ -1,7 +1,8 @@
 """The simulator's prepared graph (``rpeg.plan.simulate.prepared``: the instances of a placed
 graph's steps and their edges as index arrays, unrolled with each instance named by its
 index) checked against the placed graph's unrolled edges (:meth:`Placed.edges`) indexed in
-priority order, over random chunkings, lanes, carried streams and shared replicas."""
+priority order, over random chunkings, lanes, carried streams and shared replicas; and the
+task count's lighter preparation (``rpeg.plan.simulate.fed``) as the prepared graph's."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from hypothesis import strategies as st
 
 from rpeg.graph import DepKind, build
 from rpeg.plan.lower import Placed
-from rpeg.plan.simulate import _prepare_uncached, _Prepared
+from rpeg.plan.simulate import _prepare_uncached, _Prepared, fed
 from rpeg.spec import load
 from rpeg.spec.model import OpKind
 
@@ -83,3 +84,14 @@ def test_a_chunked_stale_graph_prepares_as_its_edges():
     prep = _prepare_uncached(placed, 6)
     assert prep == indexed(placed, 6)
     assert sum(prep.waiting) == len(placed.edges(6).deps) > 0
+
+
+@settings(deadline=None, max_examples=80)
+@given(placed_graphs(), st.integers(1, 8))
+def test_the_counts_preparation_is_the_prepared_graphs(placed, steps):
+    """What the task count reads (:func:`fed`: no instances, waits or dependents made) is
+    the prepared graph's, field for field, and cached by the same key."""
+    prep, light = _prepare_uncached(placed, steps), fed(placed, steps)
+    assert (light.step_of, light.fed, light.keys, light.counts) == \
+        (prep.step_of, prep.fed, prep.keys, prep.counts)
+    assert fed(placed, steps) is light

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from rpeg.graph import build
 from rpeg.plan.dispatchfloor import dispatch_floor
 from rpeg.plan.oplayout import OpLayout, streamed_ops
-from rpeg.plan.tasks import _reading, devices_used, dispatch_per_step, relabelled
+from rpeg.plan.tasks import _cycled, _reading, devices_used, dispatch_per_step, relabelled
 from rpeg.plan.tasks import laid_out as tasks_laid_out
 from rpeg.spec import load
 from rpeg.spec.model import OpKind
@@ -96,3 +96,11 @@ def test_what_the_count_reads_per_layout_is_what_it_stands_for(case):
                                       for _, two, _, _, _ in tasks_laid_out(lay))
     assert devices_used(tuple(layouts.values())) \
         == len({d for lay in layouts.values() for d in lay.devices})
+    # each chunk's layout and reading device at its own index, as at its modulo
+    for lay in layouts.values():
+        for per_chunk in (tasks_laid_out(lay), _reading(lay)):
+            for n in (1, 3, len(per_chunk), 7):
+                cycled = _cycled(per_chunk, n)
+                assert _cycled(per_chunk, n) is cycled           # memoised by identity
+                assert all(cycled[c] == per_chunk[c % len(per_chunk)]
+                           for c in range(max(n, len(per_chunk))))

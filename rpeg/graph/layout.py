@@ -73,7 +73,7 @@ def layout_of(**fields) -> Layout:
         >>> layout_of(dp=2, max_num_seqs=8) == Layout(dp=2, decoding=Decoding(max_num_seqs=8))
         True
     """
-    decoding = {k: fields.pop(k) for k in DECODING_FIELDS if k in fields}
+    decoding = _decoding_fields(fields)
     return Layout(**fields, decoding=Decoding(**decoding) if decoding else DECODING)
 
 
@@ -83,10 +83,15 @@ def changed(layout: Layout, **changes) -> Layout:
         >>> changed(Layout(dp=2), tp=2, cuda_graph=True).decoding.cuda_graph
         True
     """
-    decoding = {k: changes.pop(k) for k in DECODING_FIELDS if k in changes}
+    decoding = _decoding_fields(changes)
     if decoding:
         changes["decoding"] = attrs.evolve(layout.decoding, **decoding)
     return attrs.evolve(layout, **changes) if changes else layout
+
+
+def _decoding_fields(fields: dict) -> dict:
+    """The engine settings among flat ``fields``, taken out of them."""
+    return {k: fields.pop(k) for k in DECODING_FIELDS if k in fields}
 
 
 __all__ = ["DECODING", "DECODING_FIELDS", "Decoding", "LAYOUT", "Layout", "changed",

@@ -182,8 +182,8 @@ def pass_time(dims: ModelDims, gpu: GpuProfile, **kw) -> float:
 def pass_cost(dims: ModelDims, gpu: GpuProfile, *, tokens: int, context: float,
               bytes_per_value: float, tp: int = 1, layers: int | None = None,
               head: bool = True, kv_tokens: float = 0.0, head_tokens: int | None = None,
-              kv_copy: bool = False, ep: int = 1, weight_bytes: float | None = None
-              ) -> PassCost:
+              kv_copy: bool = False, ep: int = 1, weight_bytes: float | None = None,
+              logit_bytes: float = 12.0) -> PassCost:
     """Seconds of one forward pass on one device (its ``layers`` and TP shard), and its
     FLOPs and memory traffic.
 
@@ -193,7 +193,10 @@ def pass_cost(dims: ModelDims, gpu: GpuProfile, *, tokens: int, context: float,
     ``head_tokens``: positions the output head is applied to (default: all ``tokens``);
     ``kv_copy``: the cache grows by concatenation (transformers' DynamicCache), so every
     decode step also rewrites it. ``ep``: the expert-parallel degree of a mixture of
-    experts; ``weight_bytes``: bytes per weight when not ``bytes_per_value`` (FP8: 1).
+    experts; ``weight_bytes``: bytes per weight when not ``bytes_per_value`` (FP8: 1);
+    ``logit_bytes``: the memory traffic per output logit of what follows the head's GEMM
+    (:class:`rpeg.cost.engines.LossTraffic`; 12: one float32 pass written, read and
+    exponentiated).
     """
     layers = dims.layers if layers is None else layers
     bpv, wbpv = bytes_per_value, weight_bytes
@@ -235,7 +238,7 @@ def pass_cost(dims: ModelDims, gpu: GpuProfile, *, tokens: int, context: float,
     if head:
         ht = tokens if head_tokens is None else head_tokens
         hg = head_gemm(dims, ht, tp)
-        logits = 3 * ht * dims.vocab / tp * 4          # fp32 logits, log-softmax, exp
+        logits = ht * dims.vocab / tp * logit_bytes
         work += gemm_time(hg, gpu, bpv, wbpv) + logits / elem_bw
         roof += _roof((hg,), bpv, wb) + Roof(0.0, logits)
     return PassCost(max(work, host) if gpu.async_launch else work + host, roof)

@@ -52,6 +52,53 @@ from rpeg.spec.model import Engine, GpuProfile
 
 
 @attrs.frozen
+class LossTraffic:
+    """The memory traffic, per output logit, of what the head's logits go through after the
+    head's GEMM (the log-probability of each target and the entropy), forward and backward:
+    ``reads`` passes over the logits in their own dtype (2 bytes a value in bf16, 4 in
+    float32) and ``f32`` bytes of float32 work. The backward's is None where it is not
+    counted apart from the forward's: then the backward pass is priced as the forward's
+    ``backward_factor`` times, this traffic with it.
+
+    >>> t = TORCH_LOSS
+    >>> t.forward(2), t.backward(2)             # bf16 logits, at temperature 1
+    (44.0, 72.0)
+    >>> FUSED_LOSS.forward(2), FUSED_LOSS.backward(2) is None
+    (12.0, True)
+    """
+
+    reads: float = 0.0
+    f32: float = 12.0
+    bwd_reads: float | None = None
+    bwd_f32: float | None = None
+
+    def forward(self, value_bytes: float) -> float:
+        return self.reads * value_bytes + self.f32
+
+    def backward(self, value_bytes: float) -> float | None:
+        if self.bwd_f32 is None:
+            return None
+        return (self.bwd_reads or 0.0) * value_bytes + self.bwd_f32
+
+
+# What the engines of other systems do with the logits is priced as one float32 pass
+# written, read and exponentiated (12 bytes a logit), the backward as the forward's
+# ``backward_factor`` times: their kernels differ (a fused cross-entropy, an fp32 upcast)
+# and no byte count of them is read here.
+FUSED_LOSS = LossTraffic()
+# rpeg's torch backend, counted from its code (backends.torch_backend.distributed,
+# _TokenLogProbs at temperature 1, each chunk's tensors read and written once per op):
+# forward: the maximum (a read of the logits), the chunk's float32 copy (a read; 4 written),
+# z - max (8), its exp in place (8), the sum (4), e * z in place (12) and its sum (4): two
+# reads and 40 bytes; backward: the float32 copy (a read; 4), z - log Z (8), its exp (8),
+# four in-place steps of the gradient (8 each, 12 for the product with p), and the
+# gradient written over the logits (4 read; a write in their dtype): two passes and 68
+# bytes. Another temperature adds a division in place, 8 bytes forward and 16 backward,
+# not counted here.
+TORCH_LOSS = LossTraffic(reads=2, f32=40.0, bwd_reads=2, bwd_f32=68.0)
+
+
+@attrs.frozen
 class EngineTerms:
     """How an engine drives a device: what the cost functions read."""
 
@@ -75,6 +122,7 @@ class EngineTerms:
     logits_train: float = 12.0  # ... a train step holds, with the logits' gradient
     logits_work: int = 0        # float32 logit values a chunked log-softmax works on at once
                                 # (LOGIT_WORK_COPIES copies of them; 0: not chunked)
+    loss: LossTraffic = FUSED_LOSS  # bytes a logit's log-probability and entropy move
     sequence_parallel: bool = False   # TP ranks split the norms' and residuals' activations
     grads_freed: bool = False   # train: gradients set to None after each step (not resident)
     own_tp: bool = False        # splits layers its own way (vLLM), not as the runtime's
@@ -164,6 +212,7 @@ LOGIT_CHUNK = 1 << 24
 LOGIT_WORK_COPIES = 2
 
 
+
 class Loop:
     """Which decode loop drives an engine's generation."""
 
@@ -186,6 +235,7 @@ class EngineKind:
     logits_fwd: float = 12.0
     logits_train: float = 12.0
     logits_work: int = 0
+    loss: LossTraffic = FUSED_LOSS
     sequence_parallel: bool = False
     grads_freed: bool = False          # gradients set to None after each step
 
@@ -196,7 +246,8 @@ KINDS: dict[Engine, EngineKind] = {
     # computes the log-probabilities over chunks of them in float32
     # (backends.torch_backend.distributed.token_log_probs)
     Engine.TORCH: EngineKind(kernels=40, loop=Loop.PYTHON, kv_copy=True, logits_fwd=2,
-                             logits_train=2, logits_work=LOGIT_CHUNK, grads_freed=True),
+                             logits_train=2, logits_work=LOGIT_CHUNK, loss=TORCH_LOSS,
+                             grads_freed=True),
     Engine.VLLM: EngineKind(kernels=10, loop=Loop.VLLM, paged=True, default_seqs=256),
     Engine.HF: EngineKind(kernels=40, loop=Loop.PYTHON, per_tensor_hooks=True,
                           static_batch=True, kv_copy=True, logits_fwd=10, logits_train=14),
@@ -222,7 +273,7 @@ def terms_of(kind: EngineKind, eff: Efficiency) -> EngineTerms:
                        default_seqs=kind.default_seqs, own_tp=kind.loop == Loop.VLLM,
                        logits_fwd=kind.logits_fwd,
                        logits_train=kind.logits_train, logits_work=kind.logits_work,
-                       sequence_parallel=kind.sequence_parallel,
+                       loss=kind.loss, sequence_parallel=kind.sequence_parallel,
                        grads_freed=kind.grads_freed)
 
 
@@ -245,7 +296,8 @@ def engine_terms(engine: Engine, gpu: GpuProfile) -> EngineTerms:
                            kv_copy=True, static_batch=engine in (Engine.HF, Engine.HYBRID),
                            grads_freed=bool(gpu.grads_freed),
                            **({"logits_fwd": cb, "logits_train": cb,
-                               "logits_work": LOGIT_CHUNK} if own else {}))
+                               "logits_work": LOGIT_CHUNK, "loss": TORCH_LOSS}
+                              if own else {}))
     return ENGINES[engine]
 
 
@@ -295,6 +347,6 @@ def with_terms(gpu: GpuProfile, t: EngineTerms, decode: bool = False,
                         attn_flops=(gpu.attn_flops or 0.6 * gpu.matmul_flops) * t.gemm)
 
 
-__all__ = ["BOUNDS", "EFFICIENCY", "ENGINES", "KINDS", "Efficiency", "EngineKind",
-           "EngineTerms", "efficiency", "engine_terms", "out_of_range", "terms_of",
+__all__ = ["BOUNDS", "EFFICIENCY", "ENGINES", "FUSED_LOSS", "KINDS", "TORCH_LOSS",
+           "Efficiency", "EngineKind", "EngineTerms", "LossTraffic", "efficiency", "engine_terms", "out_of_range", "terms_of",
            "with_terms"]

@@ -240,18 +240,39 @@ def host_bandwidth(gpu) -> float:
 # --- forward ----------------------------------------------------------------------------------
 
 def _pass(model: Model, par: Layout, gpu, t: EngineTerms, sh: Shape,
-          layers: int) -> C.PassCost:
+          layers: int, head: bool = True) -> C.PassCost:
+    """One forward of a micro-batch of shape ``sh`` over ``layers`` layers, with the output
+    head and what its logits go through, or (``head`` False: activation recomputation,
+    which runs the checkpointed layers again, not the head) without."""
     hd = head_dims(model)
     wb = weight_bytes(model, gpu)
     pc = C.pass_cost(hd, with_terms(gpu, t), tokens=max(sh.tokens, 1), context=sh.context,
                      bytes_per_value=value_bytes(model, gpu), tp=par.tp, layers=layers,
-                     head_tokens=max(sh.head_tokens, 1), ep=par.ep,
-                     weight_bytes=wb if wb != value_bytes(model, gpu) else None)
+                     head=head, head_tokens=max(sh.head_tokens, 1), ep=par.ep,
+                     weight_bytes=wb if wb != value_bytes(model, gpu) else None,
+                     logit_bytes=t.loss.forward(value_bytes(model, gpu)))
     if par.packing and gpu.packed_seq_overhead:
         # packed rows where the device has no variable-length attention kernel: one
         # attention call per sequence per layer (backends.torch_backend.attention)
         pc = attrs.evolve(pc, time_s=pc.time_s + sh.rows * layers * gpu.packed_seq_overhead)
     return pc
+
+
+def _loss_backward(model: Model, par: Layout, gpu, t: EngineTerms, sh: Shape, back: float,
+                   roof_back: float) -> C.PassCost:
+    """What a micro-batch's backward through its log-probabilities costs beyond ``back``
+    times their forward (the time) and ``roof_back`` times (the traffic), where the engine
+    counts that backward apart (:meth:`rpeg.cost.engines.LossTraffic.backward`; else
+    nothing): negative where it moves less than that many forwards."""
+    bpv = value_bytes(model, gpu)
+    bwd = t.loss.backward(bpv)
+    if bwd is None:
+        return C.PassCost(0.0, C.Roof())
+    logits = max(sh.head_tokens, 1) * head_dims(model).vocab / par.tp
+    g = with_terms(gpu, t)
+    fwd = t.loss.forward(bpv)
+    return C.PassCost(logits * (bwd - back * fwd) / (g.elem_bandwidth or g.mem_bandwidth),
+                      C.Roof(0.0, logits * (bwd - roof_back * fwd)))
 
 
 def forward_cost(model: Model, par: Layout, devices, topo, gpu, engine: Engine, w,
@@ -301,8 +322,14 @@ def train_cost(model: Model, par: Layout, devices, topo, gpu, engine: Engine, w,
     back = gpu.backward_factor * half
     passes = 1 + back + (1 if par.recompute else 0)
     # the backward's GEMMs do twice the forward's FLOPs (``backward_factor`` >= 2 is its time)
-    work_passes = 1 + 2 * half + (1 if par.recompute else 0)
-    mb = fwd * passes
+    work_passes = 1 + 2 * half
+    # recomputation runs the checkpointed layers' forward again, not the head
+    again = _pass(model, par, gpu, t, sh, layers, head=False) if par.recompute \
+        else C.PassCost(0.0, C.Roof())
+    # an engine that counts its log-probabilities' backward traffic apart (rpeg's backend:
+    # LossTraffic) pays that, not backward_factor times the forward's
+    loss_back = _loss_backward(model, par, gpu, t, sh, back, 2 * half)
+    mb = fwd * (1 + back) + again.time_s + loss_back.time_s
     gather = zero3_gather(model, par, devices, topo, gpu)
     hooks = C.param_tensors(d, layers) * t.hook_s if gather else 0.0
     trained = trained_local_params(model, par) * grad_reduce_bytes(bpv)   # gradients reduced
@@ -357,6 +384,7 @@ def train_cost(model: Model, par: Layout, devices, topo, gpu, engine: Engine, w,
     compute += prox
     comm += prox_comm
     roof = one.roof.scaled(opt_steps * m * (work_passes + (1 if off_policy else 0))) \
+        + (loss_back.roof + again.roof).scaled(opt_steps * m) \
         + C.Roof(0.0, opt_steps * C.optimizer_bytes(n_opt) if opt else 0.0)
     return StageCost(compute + comm, compute, comm,
                      (("proximal_forward", prox + prox_comm),

@@ -10,7 +10,7 @@ from rpeg.cost.engines import CONTROLLER_BYTES, EFFICIENCY, ENGINES, efficiency,
 from rpeg.cost.examples import ppo_pipeline, single_gpu_op
 from rpeg.cost.generation import generate_memory, generation_rows, hybrid_merge_bytes
 from rpeg.cost.memory import local_params, model_params, resident_memory
-from rpeg.cost.passes import train_cost, train_memory, train_phases
+from rpeg.cost.passes import shape, train_cost, train_memory, train_phases
 from rpeg.cost.profiles import builtin_profile, cluster_of
 from rpeg.cost.stages import estimate_stage, stage_memory
 from rpeg.cost.topology import Collective, Topology, collective_time
@@ -240,3 +240,48 @@ def test_a_controller_charges_its_round_trip_and_the_batch_through_it(ppo):
     assert one.time_s == pytest.approx(plain.time_s + charge)
     assert charge == pytest.approx(5e-3 + tokens * CONTROLLER_BYTES / 1e9)
     assert dict(two.breakdown)["control"] - 5e-3 == pytest.approx(2 * (charge - 5e-3))
+
+
+def _train_s(model, par, gpu, engine, w):
+    topo = Topology.from_cluster(H100)
+    return train_cost(model, par, (0,), topo, gpu, engine, w, 64, 256.0, opt_steps=1).compute_s
+
+
+def _with_vocab(model, vocab):
+    return attrs.evolve(model, dims=attrs.evolve(model.dims, vocab=vocab))
+
+
+def test_the_torch_engines_log_probabilities_move_what_its_code_moves(ppo):
+    """The torch engine's train step pays, per logit, the bytes its log-probabilities move
+    forward and backward (LossTraffic: 44 and 72 in bf16) at the elementwise bandwidth,
+    not backward_factor times the forward's; an engine not counted apart pays 12 a pass."""
+    model, w = ppo.model("actor"), ppo.workload
+    par = Layout(dp=1, microbatches=1)
+    gpu = attrs.evolve(H100.gpu, elem_bandwidth=H100.gpu.mem_bandwidth)
+    slow = attrs.evolve(gpu, elem_bandwidth=gpu.elem_bandwidth / 2)
+    per_vocab = {}
+    for engine in (Engine.TORCH, Engine.DEEPSPEED):
+        # what halving the elementwise bandwidth adds, per vocabulary entry: the loss's
+        # bytes per logit over the bandwidth, times the head's positions
+        extra = [_train_s(_with_vocab(model, v), par, slow, engine, w)
+                 - _train_s(_with_vocab(model, v), par, gpu, engine, w)
+                 for v in (32_000, 160_000)]
+        per_vocab[engine] = (extra[1] - extra[0]) / 128_000
+    bw = gpu.elem_bandwidth
+    tokens = shape(w, par, 64, 256.0).head_tokens
+    torch = ENGINES[Engine.TORCH].loss
+    assert per_vocab[Engine.TORCH] == pytest.approx(
+        tokens * (torch.forward(2) + torch.backward(2)) / bw, rel=1e-6)
+    assert per_vocab[Engine.DEEPSPEED] == pytest.approx(
+        tokens * 12 * (1 + gpu.backward_factor) / bw, rel=1e-6)
+
+
+def test_recomputation_runs_the_layers_again_not_the_head(ppo):
+    """What recomputation adds to a train step does not grow with the vocabulary."""
+    model, w = ppo.model("actor"), ppo.workload
+    added = [_train_s(_with_vocab(model, v), Layout(dp=1, recompute=True), H100.gpu,
+                      Engine.TORCH, w)
+             - _train_s(_with_vocab(model, v), Layout(dp=1), H100.gpu, Engine.TORCH, w)
+             for v in (32_000, 160_000)]
+    assert added[0] > 0
+    assert added[1] == pytest.approx(added[0], rel=1e-9)

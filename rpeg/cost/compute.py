@@ -56,16 +56,47 @@ class Gemm:
 
 
 def gemm_time(g: Gemm, gpu: GpuProfile, bpv: float, wbpv: float | None = None,
-              count: int = 1) -> float:
-    """Seconds for ``count`` GEMMs of this shape on ``gpu`` (a grouped GEMM: one launch):
-    saturating throughput, or memory-bound (weights of ``wbpv`` bytes, FP8 at the profile's
-    FP8 rate)."""
+              count: int = 1, touched: float | None = None) -> float:
+    """Seconds for ``count`` GEMMs of this shape on ``gpu``, as one grouped GEMM (one launch,
+    as a mixture of experts' kernels run its experts: vLLM's fused MoE, Megatron's grouped
+    GEMM): saturating throughput, the shape's shortfall from it paid once for the whole
+    group (its tiles fill the device together), or memory-bound (weights of ``wbpv``
+    bytes, FP8 at the profile's FP8 rate), the weights read of only the ``touched``
+    members that have rows (default: all ``count``).
+
+    >>> from rpeg.spec.model import GpuProfile
+    >>> g = GpuProfile("g", matmul_flops=1e12, mem_bandwidth=1e11, matmul_half=1e6)
+    >>> one = gemm_time(Gemm(2, 1000, 1000), g, 2)
+    >>> round(one * 1e6, 2), round(gemm_time(Gemm(2, 1000, 1000), g, 2, count=8) * 1e6, 2)
+    (25.08, 165.64)
+    >>> round(gemm_time(Gemm(2, 1000, 1000), g, 2, count=8, touched=2) * 1e6, 2)
+    45.64
+    """
     if g.m <= 0 or g.n <= 0 or g.k <= 0 or count <= 0:
         return 0.0
     rate = gpu.fp8_flops if wbpv == 1 and gpu.fp8_flops else gpu.matmul_flops
-    compute = (g.flops * (1 + gpu.matmul_m_half / g.m) + gpu.matmul_half) / rate
-    memory = g.nbytes(bpv, wbpv) / gpu.mem_bandwidth
-    return count * max(compute, memory) + gpu.launch_overhead
+    compute = (count * g.flops * (1 + gpu.matmul_m_half / g.m) + gpu.matmul_half) / rate
+    memory = _group_bytes(g, bpv, wbpv, count, touched) / gpu.mem_bandwidth
+    return max(compute, memory) + gpu.launch_overhead
+
+
+def _group_bytes(g: Gemm, bpv: float, wbpv: float | None, count: int,
+                 touched: float | None) -> float:
+    """Bytes a grouped GEMM of ``count`` members moves: every member's activations, the
+    weights of the ``touched`` ones (default: all)."""
+    w = bpv if wbpv is None else wbpv
+    read = count if touched is None else touched
+    return count * bpv * (g.m * g.k + g.m * g.n) + read * w * g.k * g.n
+
+
+def experts_touched(dims: ModelDims, tokens: int, ep: int) -> float:
+    """Expected routed experts of one device that at least one of the ``tokens`` (each
+    choosing ``active_experts`` of ``experts``; ``tokens x ep`` reach a device's experts
+    under expert parallelism) is routed to: a decode step of a few sequences reads few
+    experts' weights, a long prefill all of them."""
+    local = dims.experts // ep if ep > 1 else dims.experts
+    miss = (1.0 - dims.active_experts / dims.experts) ** (tokens * ep)
+    return local * (1.0 - miss)
 
 
 def layer_gemms(dims: ModelDims, tokens: int, tp: int = 1) -> tuple[Gemm, ...]:
@@ -107,7 +138,8 @@ def moe_time(dims: ModelDims, gpu: GpuProfile, tokens: int, bpv: float, tp: int,
     split = 1 if ep > 1 else tp
     rows = max(int(round(tokens * ep * dims.active_experts / dims.experts)), 1)
     t = gemm_time(Gemm(tokens, dims.experts, dims.hidden), gpu, bpv, wbpv)
-    t += sum(gemm_time(g, gpu, bpv, wbpv, count=local)
+    touched = experts_touched(dims, tokens, ep)
+    t += sum(gemm_time(g, gpu, bpv, wbpv, count=local, touched=touched)
              for g in mlp_gemms(dims, rows, dims.expert_ffn, split))
     if dims.shared_experts:
         t += sum(gemm_time(g, gpu, bpv, wbpv)
@@ -254,8 +286,11 @@ def moe_roof(dims: ModelDims, tokens: int, bpv: float, tp: int, ep: int, wb: flo
     local = dims.experts // ep if ep > 1 else dims.experts
     split = 1 if ep > 1 else tp
     rows = max(int(round(tokens * ep * dims.active_experts / dims.experts)), 1)
+    touched = experts_touched(dims, tokens, ep)
+    experts = mlp_gemms(dims, rows, dims.expert_ffn, split)
     out = _roof((Gemm(tokens, dims.experts, dims.hidden),), bpv, wb) \
-        + _roof(mlp_gemms(dims, rows, dims.expert_ffn, split), bpv, wb, count=local)
+        + Roof(local * sum(g.flops for g in experts),
+               sum(_group_bytes(g, bpv, wb, local, touched) for g in experts))
     if dims.shared_experts:
         out += _roof(mlp_gemms(dims, tokens, dims.expert_ffn * dims.shared_experts, tp),
                      bpv, wb)

@@ -279,3 +279,26 @@ def test_a_tensor_parallel_engine_samples_from_the_whole_vocabularys_logits():
         par = Layout(tp=tp)
         assert row_buffer(model, par, one_token, gpu) == LLAMA8B.vocab * 12
         assert step_buffer(model, par, gpu, 4096) == 4096 * LLAMA8B.vocab * 12
+
+
+def test_a_decode_step_of_a_mixture_of_experts_reads_the_experts_its_tokens_reach():
+    """One token reaches its active experts alone, so a decode step of a few sequences reads
+    a few experts' weights; a long prefill reaches them all (and the grouped kernel runs them
+    in one launch, not one small GEMM's shortfall per expert)."""
+    from rpeg.cost.compute import experts_touched, moe_time
+    from rpeg.cost.profiles import builtin_profile
+    dims, h100 = PRESETS["qwen3-30b-a3b"], builtin_profile("h100")
+    assert experts_touched(dims, 1, 1) == pytest.approx(dims.active_experts)
+    assert experts_touched(dims, 4096, 1) == pytest.approx(dims.experts)
+    # 8 of 128 experts' weights against all of them: memory-bound, so far under a tenth
+    assert moe_time(dims, h100, 1, 2, 1, 1) < moe_time(dims, h100, 512, 2, 1, 1) / 8
+
+
+def test_a_grouped_gemm_pays_a_small_gemms_shortfall_once():
+    from rpeg.cost.compute import Gemm, gemm_time
+    from rpeg.cost.profiles import builtin_profile
+    h100 = builtin_profile("h100")
+    small = Gemm(64, 512, 512)                  # compute-bound, far below the saturating rate
+    one = gemm_time(small, h100, 2) - h100.launch_overhead
+    group = gemm_time(small, h100, 2, count=128) - h100.launch_overhead
+    assert one < group < 128 * one / 4

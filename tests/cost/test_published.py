@@ -68,3 +68,22 @@ def test_predictions_are_the_ones_the_results_file_records(results):
         want = recorded[r.row.id]["predicted"][r.row.main]
         # the same code on the same inputs: equal up to float summation order
         assert math.isclose(r.predicted[r.row.main], want, rel_tol=1e-9), (r.row.id, want)
+
+
+@pytest.fixture(scope="module")
+def apart():
+    from benchmarks.published_apart import APART
+    return [price(row) for row in APART]
+
+
+def test_rows_kept_apart_fit_run_within_the_device_and_match_their_results_file(apart):
+    """The rows the fit never sees (benchmarks/published_apart.py): each configuration ran,
+    so each fits; no op above the device; the predictions the results file records."""
+    assert [r.row.id for r in apart if r.status != "ok"] == []
+    for r in apart:
+        for u in r.plan.predicted.ops:
+            assert 0 <= u.mfu <= 1 and 0 <= u.mbu <= 1, (r.row.id, u)
+    recorded = {row["id"]: row["predicted"] for row in json.loads(
+        (ROOT / "benchmarks" / "results" / "published_apart.json").read_text())["rows"]}
+    for r in apart:
+        assert math.isclose(r.predicted[r.row.main], recorded[r.row.id], rel_tol=1e-9), r.row.id

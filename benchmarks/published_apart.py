@@ -29,19 +29,21 @@ SOURCE = "nemo-rl-v0.4 (kept apart)"
 # @06beed91): the calibration set holds its four on-policy rows of dense models and
 # DeepSeek-V3 (NEMO-B1..B4); these are its other six: the 1-step off-policy rows and the
 # Qwen3-30B-A3B ones
+OFF = "NeMo RL, 1-step off-policy"
+
+
+def _row(rid: str, system: str, spec: str, gpus: int, seconds: float) -> Row:
+    return Row(rid, SOURCE, system, f"apart/{spec}.rpeg", f"dgx_h100_{gpus}.rpeg",
+               (("step", seconds),))
+
+
 APART = (
-    Row("NEMO-A1", SOURCE, "NeMo RL, 1-step off-policy", "apart/nemo_a1_llama3_8b_1off.rpeg",
-        "dgx_h100_16.rpeg", (("step", 74.6),)),
-    Row("NEMO-A2", SOURCE, "NeMo RL", "apart/nemo_a2_qwen3_30b_a3b.rpeg",
-        "dgx_h100_32.rpeg", (("step", 225.0),)),
-    Row("NEMO-A3", SOURCE, "NeMo RL, 1-step off-policy", "apart/nemo_a3_qwen3_30b_a3b_1off.rpeg",
-        "dgx_h100_32.rpeg", (("step", 244.0),)),
-    Row("NEMO-A4", SOURCE, "NeMo RL, 1-step off-policy", "apart/nemo_a4_qwen3_32b_1off.rpeg",
-        "dgx_h100_64.rpeg", (("step", 215.0),)),
-    Row("NEMO-A5", SOURCE, "NeMo RL, 1-step off-policy", "apart/nemo_a5_qwen3_235b_1off.rpeg",
-        "dgx_h100_256.rpeg", (("step", 241.0),)),
-    Row("NEMO-A6", SOURCE, "NeMo RL, 1-step off-policy", "apart/nemo_a6_deepseek_v3_1off.rpeg",
-        "dgx_h100_512.rpeg", (("step", 77.9),)),
+    _row("NEMO-A1", OFF, "nemo_a1_llama3_8b_1off", 16, 74.6),
+    _row("NEMO-A2", "NeMo RL", "nemo_a2_qwen3_30b_a3b", 32, 225.0),
+    _row("NEMO-A3", OFF, "nemo_a3_qwen3_30b_a3b_1off", 32, 244.0),
+    _row("NEMO-A4", OFF, "nemo_a4_qwen3_32b_1off", 64, 215.0),
+    _row("NEMO-A5", OFF, "nemo_a5_qwen3_235b_1off", 256, 241.0),
+    _row("NEMO-A6", OFF, "nemo_a6_deepseek_v3_1off", 512, 77.9),
 )
 RESULTS = ROOT / "benchmarks" / "results"
 

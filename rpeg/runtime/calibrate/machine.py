@@ -72,8 +72,11 @@ QUICK_CONTROL_STEPS = 40
 # checkpoint's write with its fsync and its writer's SHA-256, disk_bandwidth and
 # hash_bandwidth: rpeg.runtime.calibrate.disk; 9: ops split tensor-parallel over two worker
 # ranks, the profile's tp_layer_overhead; 10: FSDP2 train ops in two micro-batches too, its
-# shard_layer_overhead)
-CALIBRATION = 10
+# shard_layer_overhead; 11: the same measurements, fitted through a cost model that prices
+# the torch engine's log-probabilities by the bytes they move, rpeg.cost.engines.LossTraffic,
+# and recomputation without the head: the elementwise rate and the per-layer and per-call
+# terms fitted before absorbed part of that traffic)
+CALIBRATION = 11
 
 __all__ = ["ProfileChoice", "MachineId", "LocalProfile", "local_profile", "calibrated_on",
            "choice_from_env", "cache_dir", "calibrate_into", "fit_machine", "measure_machine",

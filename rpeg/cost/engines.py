@@ -26,7 +26,9 @@ hook on each (DeepSpeed) or layer by layer (FSDP), how it batches generation (a 
 cache with continuous batching; a static batch that keeps finished sequences until its
 longest ends; rpeg's torch loop, which drops finished rows), and the bytes of each output
 logit it holds at once (bf16 logits with a fused or chunked log-probability: 2, and the
-chunk it works on; an fp32 upcast with its log-softmax: 10).
+chunk it works on; an fp32 upcast with its log-softmax: 10) and the bytes its
+log-probabilities move per logit (:class:`LossTraffic`: rpeg's backend counted from its
+code; one float32 pass for the others).
 
 What they share (:class:`Efficiency`) is a handful of host and overlap terms, each with a
 unit and a physical range (:data:`BOUNDS`), the same for every engine, source and GPU kind:
@@ -212,7 +214,6 @@ LOGIT_CHUNK = 1 << 24
 LOGIT_WORK_COPIES = 2
 
 
-
 class Loop:
     """Which decode loop drives an engine's generation."""
 
@@ -348,5 +349,5 @@ def with_terms(gpu: GpuProfile, t: EngineTerms, decode: bool = False,
 
 
 __all__ = ["BOUNDS", "EFFICIENCY", "ENGINES", "FUSED_LOSS", "KINDS", "TORCH_LOSS",
-           "Efficiency", "EngineKind", "EngineTerms", "LossTraffic", "efficiency", "engine_terms", "out_of_range", "terms_of",
-           "with_terms"]
+           "Efficiency", "EngineKind", "EngineTerms", "LossTraffic", "efficiency",
+           "engine_terms", "out_of_range", "terms_of", "with_terms"]

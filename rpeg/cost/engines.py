@@ -71,7 +71,7 @@ class LossTraffic:
 
     reads: float = 0.0
     f32: float = 12.0
-    bwd_reads: float | None = None
+    bwd_reads: float = 0.0
     bwd_f32: float | None = None
 
     def forward(self, value_bytes: float) -> float:
@@ -80,7 +80,7 @@ class LossTraffic:
     def backward(self, value_bytes: float) -> float | None:
         if self.bwd_f32 is None:
             return None
-        return (self.bwd_reads or 0.0) * value_bytes + self.bwd_f32
+        return self.bwd_reads * value_bytes + self.bwd_f32
 
 
 # What the engines of other systems do with the logits is priced as one float32 pass

@@ -96,17 +96,22 @@ def hf_config(dims):
 
 def build_model(dims, heads: tuple[str, ...] = ("lm",), seed: int = 0,
                 weights: str | None = None, device: str = "cpu",
-                dtype: torch.dtype | None = None) -> PolicyModel:
+                dtype: torch.dtype | str | None = None) -> PolicyModel:
     """A model with the requested heads; random init from ``seed``, or loaded from ``weights``,
-    made directly on ``device`` (a GPU's models never pass through a whole float32 copy in
-    host memory; ``meta``: shapes only), in ``dtype`` (None: float32).
+    on ``device`` (``meta``: shapes only, nothing allocated), in ``dtype`` (None: float32;
+    ``"auto"``: a folder's weights in the dtype they are saved in, a random init float32).
 
-    A random init draws on the device (float32, then cast): every model built from the same
-    dims and seed on the same kind of device starts the same, as a frozen reference must
-    equal its actor's initial weights. A folder's weights load straight to the device in
-    ``dtype`` (transformers' meta-device load, one shard at a time)."""
+    A random init draws in host memory (float32, then cast and moved): every model built
+    from the same dims and seed starts the same on any device, as a frozen reference must
+    equal its actor's initial weights and a run on a GPU its run on a CPU. A folder's
+    weights load straight to the device in ``dtype`` (transformers' meta-device load, one
+    shard at a time); on ``meta``, the folder's shapes alone."""
     from transformers import MODEL_MAPPING, AutoModelForCausalLM
 
+    meta = torch.device(device).type == "meta"
+    auto = isinstance(dtype, str) and dtype == "auto"
+    if auto and not weights:
+        dtype = None
     if weights:
         path = Path(weights)
         if not path.is_dir():
@@ -116,16 +121,25 @@ def build_model(dims, heads: tuple[str, ...] = ("lm",), seed: int = 0,
         if not (path / "config.json").exists():
             raise BackendError(f"weights directory must hold config.json, not {sorted(p.name for p in path.glob('*'))[:5]}",
                                hint=f"point 'weights' at a saved transformers model ({path})")
-        where = {} if torch.device(device).type == "cpu" else {"device_map": {"": device}}
-        full = AutoModelForCausalLM.from_pretrained(path, dtype=dtype or torch.float32, **where)
+        if meta:                        # the folder's architecture, nothing read
+            from transformers import AutoConfig
+            with torch.device("meta"):
+                full = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path),
+                                                        dtype=dtype or torch.float32)
+        else:
+            where = {} if torch.device(device).type == "cpu" else {"device_map": {"": device}}
+            full = AutoModelForCausalLM.from_pretrained(
+                path, dtype="auto" if auto else dtype or torch.float32, **where)
         lm_head = full.lm_head if "lm" in heads else None
         model = PolicyModel(full.model, full.config.hidden_size, lm_head, "value" in heads)
-        if model.value_head is not None:
+        if model.value_head is not None and not meta:
             _load_score_head(model.value_head, path)
+        if auto:                        # as saved (a value head float32)
+            return model.to(device=device)
         return model.to(device=device, dtype=dtype or torch.float32)
     config = hf_config(dims)
     config._attn_implementation = "sdpa"
-    with torch.device(device):
+    with torch.device("meta" if meta else "cpu"):
         torch.manual_seed(seed)
         backbone = MODEL_MAPPING[type(config)](config)
         torch.manual_seed(seed + 1)
@@ -136,7 +150,7 @@ def build_model(dims, heads: tuple[str, ...] = ("lm",), seed: int = 0,
             if dims.tied_embeddings:
                 lm_head.weight = backbone.embed_tokens.weight
         model = PolicyModel(backbone, dims.hidden, lm_head, "value" in heads)
-    return model if dtype is None else model.to(dtype)
+    return model.to(device=device, dtype=dtype or torch.float32)
 
 
 SCORE_HEAD = "score"     # transformers' *ForSequenceClassification head (a reward model's)

@@ -32,13 +32,24 @@ class Replica:
         weights = next((m.weights for m in members if m.weights), None)
         self.dtype = param_dtype(members[0].dtype, device)
         self.device, self.device_index = device, device_index
-        # built on its device, in float32 for a trained replica (its masters, or FSDP2's
-        # float32 shards, come from these) and in its parameter dtype for a reader
-        self.model = build_model(dims, spec.heads, seed=pipeline.workload.seed,
-                                 weights=weights, device=device,
-                                 dtype=torch.float32 if spec.trainable else self.dtype)
         self.lora = next((m.lora for m in members if m.lora is not None), None)
-        if self.lora is not None and len(getattr(spec, "tp", ())) > 1:
+        self.tp = tuple(getattr(spec, "tp", ()))
+        layout = TrainLayout(tuple(spec.world), self.tp, spec.layout) if spec.trainable else None
+        # built in float32 for a trained replica (its masters, or FSDP2's float32 shards,
+        # come from these) and in its parameter dtype for a reader: on its device, or where
+        # its ranks split it (FSDP2, tensor parallelism), as shapes alone on every rank
+        # but the first, which holds the whole weights in host memory (a folder's in the
+        # dtype it saves them in) and sends each rank its shards (sharding.fill_shards):
+        # no rank holds the whole model on its device
+        split = self.lora is None and (len(self.tp) > 1 or layout is not None and layout.fsdp)
+        ranks = (layout.world if layout is not None else self.tp) if split else ()
+        whole = build_model(dims, spec.heads, seed=pipeline.workload.seed, weights=weights,
+                            device="cpu", dtype="auto") \
+            if split and device_index == ranks[0] else None
+        self.model = build_model(dims, spec.heads, seed=pipeline.workload.seed,
+                                 weights=weights, device="meta" if split else device,
+                                 dtype=torch.float32 if spec.trainable else self.dtype)
+        if self.lora is not None and len(self.tp) > 1:
             raise BackendError(f"model '{members[0].name}' trains LoRA adapters, which this "
                                "backend runs at tp = 1 only", members[0].span,
                                hint="pin the actor's stages to tp = 1 (place ... { tp = 1 })")
@@ -50,8 +61,8 @@ class Replica:
         if self.lora is not None:               # adapters train, the backbone is frozen
             from backends.torch_backend.lora import apply_lora
             apply_lora(self.model, self.lora, seed=pipeline.workload.seed)
-        self.model = self.model.to(device)
-        self.tp = tuple(getattr(spec, "tp", ()))
+        if not split:
+            self.model = self.model.to(device)
         self.version = 0
         self.heads = TokenHeads(self.model)
         self.trained = None
@@ -59,16 +70,19 @@ class Replica:
         self.grad_clip = 1.0
         self.kl_coef: dict[str, float] = {}        # adaptive KL coefficients, by train stage
         if spec.trainable:
-            layout = TrainLayout(tuple(spec.world), self.tp, spec.layout)
             self.optimizer_spec = next(m.optimizer for m in members if m.optimizer is not None)
             self.trained = Trained.build(self.model, self.heads, members, layout, device=device,
                                          dtype=self.dtype, master=self.optimizer_spec.master,
-                                         device_index=device_index)
+                                         device_index=device_index, whole=whole)
             self.grad_clip = self.optimizer_spec.grad_clip
         else:
             if len(self.tp) > 1:
                 from backends.torch_backend.distributed import shard_tp
                 shard_tp(self.model, self.tp, device)
+            if split:
+                from backends.torch_backend.sharding import fill_shards
+                self.model.to_empty(device=device)
+                fill_shards(self.model, whole, self.tp, device)
             self.model.to(self.dtype)
             self.model.requires_grad_(False)
         # ZeRO-3 keeps only a shard between ops: readers here read a whole copy instead

@@ -8,8 +8,12 @@ parallelism and both on a 2-D mesh; activation checkpointing; optimizer offload;
     ...                         dtype=torch.float32, master=True)
     >>> stats = train_step(trained.heads, trained.optimizer, batch, losses, ...)  # doctest: +SKIP
 
-Every rank of ``world`` builds the same full weights (same seed or folder) and keeps its
-part without communication. ZeRO levels, as ``rpeg.cost.memory`` prices them:
+Where its ranks split it (FSDP2, tensor parallelism), every rank of ``world`` but the
+first builds the model as shapes alone (``meta``) and splits it; the first builds the whole
+weights in host memory (from the seed or folder) and sends each tensor in turn, of which
+each rank keeps its slice (:func:`fill_shards`): no rank holds more than its shards and one
+whole tensor on its device, as the cost model prices a split replica, so a model larger
+than one device launches. ZeRO levels, as ``rpeg.cost.memory`` prices them:
 
 * **0** — weights, gradients and optimizer state whole on every rank. Gradients are
   averaged by ``DistributedDataParallel`` (tp = 1) or by per-parameter all-reduce hooks
@@ -128,9 +132,17 @@ class Trained:
 
     @classmethod
     def build(cls, model, heads, members, layout: TrainLayout, *, device: str,
-              dtype: torch.dtype, master: bool, device_index: int) -> Trained:
+              dtype: torch.dtype, master: bool, device_index: int,
+              whole: nn.Module | None = None) -> Trained:
         """Lay out ``model`` (and ``heads``, the module over it that training calls) for
-        training; every rank of ``layout.world`` calls this at once (FSDP2 is collective)."""
+        training; every rank of ``layout.world`` calls this at once (FSDP2 is collective).
+
+        Where its ranks split it (FSDP2, tensor parallelism), ``model`` may be shapes alone
+        (on the ``meta`` device) on every rank: split first, each rank's shards are then
+        allocated on its device and filled from ``whole``, the same model with its weights,
+        which the first rank of the world holds (None elsewhere; :func:`fill_shards`). So no
+        rank holds more of the weights than its shards and one tensor, and only the first
+        holds them whole, in host memory."""
         from backends.torch_backend import distributed as D
 
         if layout.zero not in LEVELS:
@@ -141,13 +153,16 @@ class Trained:
         meshes = fsdp_meshes(layout, device, device_index) if layout.fsdp else None
         if len(layout.tp) > 1:
             D.shard_tp(model, layout.tp, device, mesh=meshes[1] if meshes else None)
+        if not layout.fsdp and any(p.is_meta for p in model.parameters()):
+            model.to_empty(device=device)      # tensor parallel alone: its shards filled
+            fill_shards(model, whole, layout.world, device)
         if layout.recompute:
             recompute_layers(model.backbone)
         if layout.fsdp:
             if not mixed:
                 model.to(dtype)           # with master weights FSDP2 keeps float32 shards
             heads = _fully_shard(model, heads, layout, meshes[0], device,
-                                 dtype if mixed else None)
+                                 dtype if mixed else None, whole)
             optimizer = make_optimizer(model, members, master=False)
         else:
             optimizer = make_optimizer(model, members, master=mixed)   # masters from float32
@@ -249,9 +264,11 @@ def forget_forwards(root: nn.Module) -> None:
 
 
 def _fully_shard(model, heads, layout: TrainLayout, mesh, device: str,
-                 compute_dtype: torch.dtype | None):
+                 compute_dtype: torch.dtype | None, whole: nn.Module | None = None):
     """FSDP2 on each decoder layer, then on the ``heads`` root (embeddings, final norm and
-    heads); a no-gradient forward of one token initialises the root on every rank."""
+    heads); shards of a model built as shapes alone allocated and filled from ``whole``
+    (:func:`fill_shards`); a no-gradient forward of one token initialises the root on
+    every rank."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     mp = MixedPrecisionPolicy(param_dtype=compute_dtype,
@@ -261,12 +278,43 @@ def _fully_shard(model, heads, layout: TrainLayout, mesh, device: str,
     for layer in model.backbone.layers:
         fully_shard(layer, mesh=mesh, reshard_after_forward=again, mp_policy=mp)
     fully_shard(heads, mesh=mesh, reshard_after_forward=again, mp_policy=mp)
+    if any(p.is_meta for p in model.parameters()):
+        heads.to_empty(device=device)
+        fill_shards(model, whole, layout.world, device)
     ids = torch.full((1, 1), 3, dtype=torch.long, device=device)
     with torch.no_grad():           # FSDP2 needs its root run before any submodule
         heads(ids, torch.ones_like(ids), torch.zeros_like(ids))
     for m in fsdp_modules(heads):   # the sharded parameters are what the optimizer updates
         m.reshard()
     return heads
+
+
+def fill_shards(model: nn.Module, whole: nn.Module | None, world: tuple[int, ...],
+                device: str) -> None:
+    """Fill ``model``'s parameters and buffers (allocated, unset: each rank's shards, or a
+    tensor FSDP2 keeps whole) from ``whole``, which the first rank of ``world`` holds (None
+    on the others): tensor by tensor, in one order on every rank, the first rank
+    broadcasts it whole over the world's group, in the dtype this rank keeps it in, and
+    each rank keeps its slice (:func:`~backends.torch_backend.distributed.local_piece`).
+    A rank holds one whole tensor at a time beside its shards."""
+    import torch.distributed as dist
+
+    from backends.torch_backend.distributed import group_of, is_sharded, local_piece
+
+    mine = {**dict(model.named_parameters()), **dict(model.named_buffers())}
+    given = None if whole is None else \
+        {**dict(whole.named_parameters()), **dict(whole.named_buffers())}
+    group = group_of(tuple(world))
+    with torch.no_grad():
+        for name in sorted(mine):
+            target = mine[name]
+            local = target.to_local() if is_sharded(target) else target
+            if given is not None:
+                full = given[name].detach().to(device=device, dtype=local.dtype)
+            else:
+                full = torch.empty(target.shape, dtype=local.dtype, device=device)
+            dist.broadcast(full, src=world[0], group=group)
+            local.copy_(local_piece(target, full))
 
 
 def fsdp_meshes(layout: TrainLayout, device: str, device_index: int):

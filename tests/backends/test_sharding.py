@@ -85,10 +85,16 @@ def _rank(rank: int, port: int, tmp: str, q) -> None:
     out = {}
 
     def build(zero, tp, recompute, offload, dtype):
-        model = build_model(dims, heads=("lm", "value"), seed=0)
         layout = TrainLayout.of((0, 1), tp, zero=zero, recompute=recompute, offload=offload)
+        # as the runtime builds it (backends.torch_backend.replica): where the ranks split
+        # it, shapes alone but on the first rank, which holds the whole weights
+        split = layout.fsdp or len(tp) > 1
+        model = build_model(dims, heads=("lm", "value"), seed=0,
+                            device="meta" if split else "cpu")
+        whole = build_model(dims, heads=("lm", "value"), seed=0) \
+            if split and rank == 0 else None
         return Trained.build(model, TokenHeads(model), members, layout, device="cpu",
-                             dtype=DTYPES[dtype], master=True, device_index=rank)
+                             dtype=DTYPES[dtype], master=True, device_index=rank, whole=whole)
 
     for name, (zero, tp, recompute, offload, packed, dtype, mb) in LAYOUTS.items():
         trained = build(zero, tp, recompute, offload, dtype)
@@ -223,16 +229,21 @@ def _mesh_rank(rank: int, port: int, q) -> None:
     from rpeg.spec.presets import PRESETS
 
     torch.set_num_threads(1)
-    D.init_world(rank, 4, f"tcp://127.0.0.1:{port}", [(0, 1), (2, 3), (0, 2), (1, 3)])
+    # the groups the runtime makes for both (rpeg.cost.passes.train_groups)
+    D.init_world(rank, 4, f"tcp://127.0.0.1:{port}",
+                 [(0, 1), (0, 1, 2, 3), (0, 2), (1, 3), (2, 3)])
     dims = PRESETS["tiny"]
     members = [Model("actor", "tiny", dims, optimizer=Optimizer("adam", lr=LR))]
     out = {}
     for name, world, tp in (("dp2xtp2", (0, 1, 2, 3), (0, 1) if rank < 2 else (2, 3)),
                             ("dp2", (0, 2) if rank % 2 == 0 else (1, 3), ())):
-        model = build_model(dims, heads=("lm",), seed=0)
+        # as the runtime builds it: shapes alone but on the world's first rank
+        model = build_model(dims, heads=("lm",), seed=0, device="meta")
+        whole = build_model(dims, heads=("lm",), seed=0) if rank == world[0] else None
         trained = Trained.build(model, TokenHeads(model), members,
                                 TrainLayout.of(world, tp, zero=3), device="cpu",
-                                dtype=torch.float32, master=True, device_index=rank)
+                                dtype=torch.float32, master=True, device_index=rank,
+                                whole=whole)
         dp_rank = rank // 2 if tp else world.index(rank)
         for step in range(STEPS):
             trained.before_step()

@@ -155,8 +155,7 @@ def shard_tp(model, group: tuple[int, ...], device: str, mesh=None):
     Every rank built the same full weights (same seed or folder), so each keeps its own
     slice without communication (``src_data_rank=None``), or the model is shapes alone
     (``meta``), split here and filled after (``sharding.fill_shards``). The head's output
-    stays a
-    DTensor sharded over the vocabulary (``Shard(-1)``): :func:`token_log_probs`
+    stays a DTensor sharded over the vocabulary (``Shard(-1)``): :func:`token_log_probs`
     reduces it, :func:`backends.torch_backend.weights.whole` gathers it.
     """
     from torch.distributed.device_mesh import DeviceMesh

@@ -109,7 +109,7 @@ def build_model(dims, heads: tuple[str, ...] = ("lm",), seed: int = 0,
     from transformers import MODEL_MAPPING, AutoModelForCausalLM
 
     meta = torch.device(device).type == "meta"
-    auto = isinstance(dtype, str) and dtype == "auto"
+    auto = dtype == "auto"
     if auto and not weights:
         dtype = None
     if weights:

@@ -68,7 +68,10 @@ def check_not_around(path: Path, option: str, reads: tuple[Path, ...]) -> None:
     here = Path(os.path.abspath(path))
     for read in reads:
         read = Path(os.path.abspath(read))
-        if here == read or here in read.parents:
+        if here == read:
+            raise _refuse(option, path, f"'{path}', a file this command reads: writing "
+                          "there would replace it", "write elsewhere")
+        if here in read.parents:
             raise _refuse(option, path, f"a folder holding '{read}', which this command "
                           f"reads, and '{path}' does", "write elsewhere")
 

@@ -105,6 +105,7 @@ def register(app: typer.Typer) -> None:
         from rpeg.plan.options import SearchOptions
         from rpeg.plan.space import Limits
         from rpeg.spec import load, load_cluster
+        from rpeg.spec.inputs import files_read
 
         output = writable(output, "-o")                  # before the search, not after it
         if spec.suffix == ".json":
@@ -120,6 +121,7 @@ def register(app: typer.Typer) -> None:
             writable(output.with_suffix(".png"), "-o (its Gantt picture beside it)")
         pipeline = load(spec)
         machine = with_reserve(load_cluster(cluster), reserve_of(memory_reserve))
+        _not_over_inputs(output, no_gantt, files_read(pipeline, machine))
         # rpeg's runtime as its backends declare it: the same on every machine that plans
         limits = Limits() if any_executor else Limits.runtime()
         if not carry:
@@ -129,6 +131,15 @@ def register(app: typer.Typer) -> None:
         with _collector_paused():
             report = compile_report(pipeline, machine, Strategy(strategy.value), opts)
         _write(report, pipeline, machine, output, as_json, no_gantt, any_executor)
+
+
+def _not_over_inputs(output: Path, no_gantt: bool, reads: tuple[Path, ...]) -> None:
+    """RpegError (exit 1) when the plan, or its Gantt picture beside it, would be written
+    over a file the command read: the spec, a base it extends, its dataset, a reward's
+    module, the cluster or its profile (checked once they are known, before the search)."""
+    writable(output, "-o", reads)
+    if not no_gantt:
+        writable(output.with_suffix(".png"), "-o (its Gantt picture beside it)", reads)
 
 
 def budget_of(value: int | None) -> int | None:
@@ -229,8 +240,11 @@ def _remake(path: Path, cluster: Path | None, output: Path | None, as_json: bool
         if old.search is not None and old.search.time_capped:
             lines.append("  the search that made it was stopped by its time cap")
     from rpeg.plan.validate import plan_spec, recorded_file
+    from rpeg.spec.inputs import files_read
     pipeline = load(plan_spec(old, path))
     machine = load_cluster(cluster or recorded_file(old.cluster_path, path))
+    _not_over_inputs(output or Path("plan.json"), no_gantt,
+                     (path, *files_read(pipeline, machine)))
     any_executor = old.search is not None and old.search.options.limits == Limits()
     _write(report, pipeline, machine, output, as_json, no_gantt, any_executor,
            extra=["", *lines])

@@ -52,6 +52,7 @@ from rpeg.plan.search import (
 )
 from rpeg.plan.space import Limits, generate_engines
 from rpeg.plan.staleness import explicit
+from rpeg.plan.validate import spec_hash_of
 from rpeg.spec.model import Cluster, Engine, OpKind, Pipeline
 
 GB = 1e9
@@ -419,11 +420,10 @@ def _abs(path: str) -> str:
 
 
 def spec_hash(pipeline: Pipeline) -> str:
-    try:
-        text = Path(pipeline.path).read_bytes()
-    except OSError:
-        text = repr(attrs.evolve(pipeline, path="")).encode()
-    return hashlib.sha256(text).hexdigest()[:16]
+    """The hash a plan records of its spec (:func:`rpeg.plan.validate.spec_hash_of`: the
+    file and the bases it extends); of the pipeline's value where it was read from no file."""
+    return spec_hash_of(pipeline) or \
+        hashlib.sha256(repr(attrs.evolve(pipeline, path="")).encode()).hexdigest()[:16]
 
 
 def check_backend(pipeline: Pipeline, limits: Limits, cluster: Cluster | None = None) -> None:

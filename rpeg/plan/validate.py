@@ -52,12 +52,23 @@ class OpenedPlan:
     warnings: tuple[str, ...] = ()
 
 
-def spec_hash_of_file(path: str | Path) -> str:
-    """The hash ``rpeg compile`` records of a spec file (``Plan.spec_hash``), or ""."""
+def spec_hash_of_file(path: str | Path, bases: tuple[str, ...] = ()) -> str:
+    """The hash ``rpeg compile`` records of a spec file (``Plan.spec_hash``): of its bytes,
+    then of each base it extends (``Pipeline.extends``, nearest first), so a plan made
+    before a base changed is not taken for the spec's; "" where a file cannot be read."""
+    h = hashlib.sha256()
     try:
-        return hashlib.sha256(Path(path).read_bytes()).hexdigest()[:16]
+        h.update(Path(path).read_bytes())
+        for base in bases:                 # none: the file's own hash, as it always was
+            h.update(b"\0extend\0" + Path(base).read_bytes())
     except OSError:
         return ""
+    return h.hexdigest()[:16]
+
+
+def spec_hash_of(pipeline: Pipeline) -> str:
+    """:func:`spec_hash_of_file` of the file ``pipeline`` was read from and its bases."""
+    return spec_hash_of_file(pipeline.path, pipeline.extends)
 
 
 def check_plan(plan: Plan, pipeline: Pipeline, *, path: str, cluster: Cluster | None = None,
@@ -73,11 +84,13 @@ def check_plan(plan: Plan, pipeline: Pipeline, *, path: str, cluster: Cluster | 
                         f"'{pipeline.name}', not '{plan.pipeline}'", where,
                         hint="pass the spec the plan was compiled from (--spec), or " + hint)
     warnings: list[str] = []
-    now = spec_hash if spec_hash is not None else spec_hash_of_file(pipeline.path)
+    now = spec_hash if spec_hash is not None else spec_hash_of(pipeline)
     if plan.spec_hash and now and plan.spec_hash != now:
         text = (f"plan field 'spec_hash' must match the spec it runs with: the plan was "
                 f"compiled from a spec with hash {plan.spec_hash}, and {pipeline.path or 'the spec'} "
-                f"has hash {now}")
+                + (f"with the bases it extends ({', '.join(pipeline.extends)}) "
+                   if pipeline.extends and spec_hash is None else "")
+                + f"has hash {now}")
         if not force:
             raise PlanError(text, where, hint="recompile the plan, or pass --force to use it "
                                               "with this spec anyway")

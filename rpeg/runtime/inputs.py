@@ -26,6 +26,7 @@ import attrs
 from rpeg.errors import RuntimeFailure, Span
 from rpeg.runtime.data import eval_rows, workload_rows
 from rpeg.runtime.datacheck import check_data
+from rpeg.spec.inputs import named_files
 from rpeg.spec.model import Pipeline
 from rpeg.spec.paths import FileRef
 
@@ -58,19 +59,9 @@ def check_inputs(pipeline: Pipeline, *, resumed: bool = False) -> None:
 
 
 def recorded_paths(pipeline: Pipeline) -> list[tuple[str, str, Span | None]]:
-    """(what, absolute path, where the spec names it) of every file the run reads."""
-    out: list[tuple[str, str, Span | None]] = []
-    if pipeline.workload.dataset is not None:
-        d = pipeline.workload.dataset
-        out.append(("dataset", d.path, _at(d.span)))
-    if pipeline.evaluation is not None:
-        d = pipeline.evaluation.dataset
-        out.append(("eval dataset", d.path, _at(d.span)))
-    out += [(f"model '{m.name}' weights folder", m.weights, _at(m.span))
-            for m in pipeline.models if m.weights]
-    out += [(f"reward '{r.name}' module", r.source, _at(r.span))
-            for r in pipeline.rewards if r.source]
-    return out
+    """(what, absolute path, where the spec names it) of every file the run reads
+    (:func:`rpeg.spec.inputs.named_files`)."""
+    return named_files(pipeline)
 
 
 def from_older_record(pipeline: Pipeline, spec_dir: str | None) -> Pipeline:

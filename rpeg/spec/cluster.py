@@ -28,7 +28,7 @@ from rpeg.errors import Span, SpecError, did_you_mean
 from rpeg.resources import profiles_dir
 from rpeg.spec import ast
 from rpeg.spec import values as V
-from rpeg.spec.keys import CLUSTER, LINK, MAX_GPU, profile_section, read
+from rpeg.spec.keys import CLUSTER, LINK, MAX_GPU, PROFILE_REQUIRED, profile_section, read
 from rpeg.spec.model import Cluster, GpuProfile, Level, Link
 from rpeg.spec.parser import parse_file
 from rpeg.spec.paths import resolve_written, written_folder
@@ -62,10 +62,17 @@ def lower_profile_block(name: ast.Ident, block: ast.Block,
         values[key.value] = read(e, section.param(key.value))
     if base is not None:
         values = {**{k: getattr(base, k) for k in fields}, **values}
-    if values.get("memory", 0) <= 0:
-        raise SpecError(f"profile '{name.value}' must give the device memory", name.span,
-                        hint="add 'memory = 80 GB'")
+    for key, what, example in PROFILE_REQUIRED:      # what every price divides by
+        if values.get(key, 0) > 0:
+            continue
+        if key in seen:
+            raise SpecError(f"profile '{name.value}': {key} must be more than 0 ({what})",
+                            seen[key], hint=f"e.g. {key} = {example}")
+        raise SpecError(f"profile '{name.value}' must give {key} ({what})", name.span,
+                        hint=f"add '{key} = {example}', or start from a shipped profile: "
+                             f"gpu h100 {{ ... }}")
     return GpuProfile(name=name.value, **values)
+
 
 
 def lower_profile(f: ast.File) -> GpuProfile:
@@ -96,6 +103,7 @@ def lower_cluster(f: ast.File) -> Cluster:
     links: dict[Level, Link] = {}
     seen: dict[str, Span] = {}
     reserve: float | None = None
+    profile_file = ""
     for e in item.block.entries:
         if isinstance(e, ast.Section):
             if e.kind.value == "gpu" and e.name is not None:
@@ -103,6 +111,7 @@ def lower_cluster(f: ast.File) -> Cluster:
                 shipped = builtin_profiles().get(e.name.value)
                 gpu = lower_profile_block(e.name, e.block, None if shipped is None
                                           else load_profile(shipped, e.name.span))
+                profile_file = str(shipped or "")
                 continue
             if e.kind.value != "link":
                 raise V.unknown_key(e.kind, CLUSTER_KEYS, f"cluster '{item.name.value}'")
@@ -120,7 +129,7 @@ def lower_cluster(f: ast.File) -> Cluster:
         if key.value == "gpu":
             if not isinstance(e, ast.Assign):
                 raise SpecError(f"{key.value} must be set with '{key.value} = VALUE'", e.span)
-            gpu = _gpu(e.value)
+            gpu, profile_file = _gpu(e.value)
         elif key.value == "reserve":
             reserve = read(e, CLUSTER.param(key.value))
         else:
@@ -136,7 +145,7 @@ def lower_cluster(f: ast.File) -> Cluster:
                       gpus_per_node=ints["gpus_per_node"],
                       nodes_per_rack=ints.get("nodes_per_rack", 1), racks=ints.get("racks", 1),
                       links=tuple(links[k] for k in sorted(links)), span=item.span,
-                      tool_cores=ints.get("tool_cores", 0))
+                      tool_cores=ints.get("tool_cores", 0), profile_file=profile_file)
     if cluster.num_gpus > MAX_GPUS:
         raise SpecError(f"cluster has {cluster.num_gpus:,} GPUs; rpeg plans at most {MAX_GPUS:,}",
                         item.span)
@@ -174,20 +183,21 @@ def _link(e: ast.Section) -> Link:
     return Link(levels[e.name.value], vals["bandwidth"], vals["latency"], e.span)
 
 
-def _gpu(v: ast.Value) -> GpuProfile:
+def _gpu(v: ast.Value) -> tuple[GpuProfile, str]:
+    """(the profile ``gpu = ...`` names, the file it was read from)."""
     if isinstance(v, ast.Str):
         p = resolve_written(v.value, v.span)
         if not p.is_file():
             raise SpecError(f"gpu profile file '{v.value}' not found", v.span,
                             hint="paths are relative to the cluster file's folder "
                                  f"({written_folder(v.span)})")
-        return load_profile(p, v.span)
+        return load_profile(p, v.span), str(p)
     if isinstance(v, ast.Ident):
         known = builtin_profiles()
         if v.value not in known:
             raise SpecError(f"unknown gpu profile '{v.value}'", v.span,
                             hint=did_you_mean(v.value, known) or
                             "builtin profiles: " + ", ".join(known))
-        return load_profile(known[v.value], v.span)
+        return load_profile(known[v.value], v.span), str(known[v.value])
     raise SpecError(f"gpu must be a profile name or a profile file path, not {V.kind_of(v)}",
                     v.span)

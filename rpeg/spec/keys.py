@@ -448,6 +448,13 @@ PROFILE_DOCS: dict[str, str] = {
 }
 
 
+# The figures a profile must give, each more than 0 (the cost model divides by them):
+# (key, what it is, an example value).
+PROFILE_REQUIRED = (("memory", "the device memory", "80 GB"),
+                    ("matmul_flops", "the measured large-GEMM throughput", "700 TFLOPS"),
+                    ("mem_bandwidth", "the measured streaming bandwidth", "3000 GB/s"))
+
+
 def profile_section() -> Section:
     """A profile's keys: the fields of ``GpuProfile`` the language sets, each in its unit."""
     params = []
@@ -461,7 +468,7 @@ def profile_section() -> Section:
             params.append(Param(a.name, Type.QUANTITY if unit else Type.REAL,
                                 PROFILE_DOCS.get(a.name, ""), unit=unit, low=0.0,
                                 default=a.default, derived=unset,
-                                required=a.name == "memory",
+                                required=any(a.name == k for k, _, _ in PROFILE_REQUIRED),
                                 example=V.EXAMPLES.get(unit, "1")))
     return Section(
         "profile", "profile NAME { KEY = VALUE ... }  (a file; or gpu NAME { ... } in a cluster)",

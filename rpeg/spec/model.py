@@ -529,6 +529,7 @@ class Cluster:
     # (rpeg.cost.engines); rpeg's own runtime prices its control plane on its own terms
     controller: bool = False
     tool_cores: int = 0      # host cores per node tool calls run on (0: one per device)
+    profile_file: str = attrs.field(default="", eq=False)   # the profile file it read, if any
 
     @property
     def tool_cores_per_node(self) -> int:

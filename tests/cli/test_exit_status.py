@@ -57,6 +57,29 @@ def test_every_output_option_is_checked_before_the_work(capsys, tmp_path):
         assert (rc, words in text) == (code, True), (args, text)
 
 
+def test_compile_never_writes_over_a_file_it_reads(capsys, tmp_path, monkeypatch):
+    """``-o`` naming the spec, the base it extends, its dataset, its reward module, the
+    cluster or the cluster's profile file is refused before the search, the file left as
+    it was."""
+    import shutil
+    shutil.copytree(ROOT / "pipelines", tmp_path / "p")
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "p" / "child.rpeg").write_text('extend "tiny_ppo.rpeg"\npipeline child\n')
+    (tmp_path / "p" / "clusters" / "mine.rpeg").write_text(
+        'cluster mine {\n    gpu = "profiles/local_cpu.rpeg"\n    gpus_per_node = 2\n'
+        '    link gpu { bandwidth = 5 GB/s; latency = 50 us }\n}\n')
+    spec, cluster = "p/child.rpeg", "p/clusters/mine.rpeg"
+    for target in (spec, "p/tiny_ppo.rpeg", "p/data/toy.jsonl", "p/rewards.py", cluster,
+                   "p/clusters/profiles/local_cpu.rpeg"):
+        before = (tmp_path / target).read_bytes()
+        rc, text = _run(capsys, ["compile", spec, "--cluster", cluster, "-o", target,
+                                 "--no-gantt"])
+        assert rc == 1 and f"-o must not name '{target}', a file this command reads" in text
+        assert (tmp_path / target).read_bytes() == before
+    rc, text = _run(capsys, ["compile", spec, "--cluster", cluster, "-o", "p/child.json"])
+    assert rc == 0 and (tmp_path / "p" / "child.json").is_file()
+
+
 @pytest.mark.parametrize("args, words", [
     (["run"], "a pipeline (.rpeg) or a plan (.json) to run, or --resume RUN_DIR, is needed"),
     (["run", TINY, "--devices", "2"], "re-plans a resumed run; it goes with --resume"),

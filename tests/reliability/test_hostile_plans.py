@@ -6,6 +6,7 @@ directory). Each runs under a hang guard, never a speed target."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -77,6 +78,29 @@ def test_a_changed_spec_is_refused_naming_both_hashes_or_warned_with_force(good,
         assert "warning:" in capsys.readouterr().err
     finally:
         spec.write_text(original)
+
+
+def test_a_base_the_spec_extends_is_part_of_its_hash(tmp_path, capsys):
+    """A plan of a spec that extends a base is refused once the base changes (its figures
+    are the spec's as much as the file's own), naming the base; the spec's own bytes alone
+    would have let a stale plan run."""
+    root = Path(__file__).resolve().parents[2] / "pipelines"
+    (tmp_path / "data").mkdir()
+    shutil.copy(root / "data" / "toy.jsonl", tmp_path / "data")
+    shutil.copy(root / "rewards.py", tmp_path)
+    base = tmp_path / "base.rpeg"
+    base.write_text((root / "tiny_ppo.rpeg").read_text())
+    (tmp_path / "child.rpeg").write_text('extend "base.rpeg"\npipeline child\n')
+    plan = tmp_path / "c.json"
+    cluster = root / "clusters" / "local_cpu.rpeg"
+    assert main(["compile", str(tmp_path / "child.rpeg"), "--cluster", str(cluster),
+                 "-o", str(plan), "--no-gantt", "--strategy", "colocated"]) == 0
+    assert main(["simulate", str(plan), "--steps", "2"]) == 0
+    base.write_text(base.read_text().replace("prompts    = 32", "prompts    = 512"))
+    capsys.readouterr()
+    assert main(["simulate", str(plan), "--steps", "2"]) == 1
+    err = capsys.readouterr().err
+    assert "spec_hash" in err and f"with the bases it extends ({base})" in err, err
 
 
 def test_a_plan_beyond_the_machine_is_refused_before_any_worker_starts(good, tmp_path, capsys):

@@ -49,13 +49,14 @@ EXTRA
 """
 CLUSTER = """\
 cluster c {
-    gpu cpu { memory = 1 GB }
+    gpu cpu { memory = 1 GB; matmul_flops = 1 TFLOPS; mem_bandwidth = 10 GB/s }
     gpus_per_node = 2
     link gpu { bandwidth = 1 GB/s; latency = 200 us LINK }
     CLUSTER
 }
 """
-PROFILE = "profile x {\n    memory = 1 GB\n    PROFILE\n}\n"
+PROFILE = ("profile x {\n    memory = 1 GB\n    matmul_flops = 1 TFLOPS\n"
+           "    mem_bandwidth = 10 GB/s\n    PROFILE\n}\n")
 TINY = PRESETS["tiny"]
 # an architecture key's value that keeps the tiny preset what it is
 ARCH_VALUES = {"layers": TINY.layers, "hidden": TINY.hidden, "heads": TINY.heads,

@@ -19,8 +19,12 @@ from rpeg.spec.model import GpuProfile
 ERRORS = Path(__file__).resolve().parents[1] / "fixtures" / "errors"
 
 
-@pytest.mark.parametrize("name", ["profile_misspelt_key", "profile_extra_section"])
-def test_a_key_that_is_no_field_is_refused(name, monkeypatch):
+@pytest.mark.parametrize("name", ["profile_misspelt_key", "profile_extra_section",
+                                  "profile_zero_memory", "cluster_inline_profile_no_rates"])
+def test_a_key_or_figure_that_cannot_be_is_refused(name, monkeypatch):
+    """A key that is no field, and a figure the cost model divides by (memory, the GEMM rate, the bandwidth)
+    that is 0 or not given is refused where it is (or where the profile is named), not
+    found as a division by zero when a plan is priced."""
     monkeypatch.chdir(ERRORS)
     with pytest.raises(SpecError) as info:
         check_file(f"{name}.rpeg")

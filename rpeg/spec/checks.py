@@ -20,6 +20,8 @@ whole pipeline, each with a golden error.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import attrs
 
 from rpeg.errors import Span, SpecError, SpecWarning
@@ -192,6 +194,41 @@ def checkpoint_every(site, _) -> SpecError | None:
                             "pieces a failure rolls back to; 0 says that only the end is meant")
 
 
+DATA_KEYS = ("prompt_field", "answer_field", "template", "truncation", "split")
+FILE_SUFFIXES = (".jsonl", ".json", ".parquet")     # a dataset read as one file: no splits
+
+
+def data_keys_read(site, _) -> SpecError | None:
+    w = site.workload
+    if w.dataset is not None or site.evaluation is not None:
+        return None
+    key = next((k for k in DATA_KEYS if k in dict(w.keys)), None)
+    if key is None:
+        return None
+    return SpecError(f"{key} says how a dataset's rows are read, and the workload names no "
+                     "dataset (nor is there an eval block)", w.span_of(key),
+                     hint='name the prompts\' file: dataset = "data/train.jsonl"; or leave '
+                          f"{key} out")
+
+
+def split_of_a_folder(site, _) -> SpecError | None:
+    w, e = site.workload, site.evaluation
+    cases = [("split" in dict(w.keys), w.dataset, w.span_of("split"), "the workload's")]
+    if e is not None and e.split is not None:
+        entry = _eval_entry(site, "split")
+        cases.append((True, e.dataset, entry.span if entry else e.span, "the eval block's"))
+    for written, dataset, span, whose in cases:
+        if not written or dataset is None:
+            continue
+        path = Path(dataset.path)
+        if path.is_file() or (not path.exists() and path.suffix in FILE_SUFFIXES):
+            return SpecError(f"split picks a split of a folder saved by datasets' "
+                             f"save_to_disk, and {whose} dataset '{dataset.text}' is "
+                             "one file, read whole", span,
+                             hint="leave split out, or name the saved folder")
+    return None
+
+
 SECTION_RULES = (
     Rule("context", "workload: prompt_len + the longest response fit every model that reads "
          "them"),
@@ -201,6 +238,10 @@ SECTION_RULES = (
     Rule("eval_context", "eval: prompt_len + max_len fit the evaluated model"),
     Rule("eval_every", "eval (warning): every at most the workload's steps"),
     Rule("checkpoint_every", "workload (warning): checkpoint_every at most its steps"),
+    Rule("data_keys_read", "workload: prompt_field, answer_field, template, truncation and "
+         "split only with a dataset (or an eval block) to read"),
+    Rule("split_of_a_folder", "workload, eval: split only for a folder saved by "
+         "datasets' save_to_disk"),
 )
 SECTION_CHECKS = {                 # each section rule by name: the check it runs
     "context": _raised(lambda site: check_context(site.workload, site.models, site.stages,
@@ -213,6 +254,8 @@ SECTION_CHECKS = {                 # each section rule by name: the check it run
     "eval_context": eval_context,
     "eval_every": eval_every,
     "checkpoint_every": checkpoint_every,
+    "data_keys_read": data_keys_read,
+    "split_of_a_folder": split_of_a_folder,
 }
 
 

@@ -112,7 +112,10 @@ def _specs(tmp_path: Path):
     (tmp_path / "h.csv").write_text("4,1\n8,2\n16,1\n")
     for p in keys.WORKLOAD_BLOCK.params:
         given = re.search(rf"^    {p.name} = ", PIPELINE, re.M)      # the base sets it
-        yield "workload", p.name, _pipeline(workload="" if given else _entry(p)), "p.rpeg"
+        entry = "" if given else _entry(p)
+        if p.name in keys.DATA.keys and p.name != "dataset":   # what reads a dataset's rows:
+            entry = f'dataset = "data/saved"; {entry}'         # with one (a saved folder)
+        yield "workload", p.name, _pipeline(workload=entry), "p.rpeg"
     for p in keys.MODEL_BLOCK.params:
         body = COMPANIONS.get(p.name, _entry(p))
         yield "model", p.name, _pipeline(model=body), "p.rpeg"
@@ -127,7 +130,8 @@ def _specs(tmp_path: Path):
         for p in d.params:
             yield d.name, p.name, _pipeline(gen_len=forms[d.name]), "p.rpeg"
     for p in keys.EVAL.params:
-        entries = {"dataset": 'dataset = "data/x.jsonl"', "every": "every = 1"}
+        entries = {"dataset": 'dataset = "data/x.jsonl"' if p.name != "split"
+                   else 'dataset = "data/saved"', "every": "every = 1"}
         entries.setdefault(p.name, _entry(p))
         yield "eval", p.name, _pipeline(extra=f"eval {{ {'; '.join(entries.values())} }}"), \
             "p.rpeg"

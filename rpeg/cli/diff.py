@@ -123,6 +123,9 @@ def register(app: typer.Typer) -> None:
         if specs and ka != "plan":
             raise typer.BadParameter(f"names the specs of two plans; two {ka}s carry their own",
                                      param_hint="--spec")
+        if force and ka != "plan":
+            raise typer.BadParameter(f"uses a plan with another spec; two {ka}s have no plan "
+                                     "to check", param_hint="--force")
         if len(specs) > 2:
             raise typer.BadParameter("is given once (both plans' spec) or twice (A's, B's)",
                                      param_hint="--spec")
@@ -186,8 +189,9 @@ def _spec_diff(a: Path, b: Path, cluster: Path | None, as_json: bool, seed: int,
         raise typer.Exit(2)
     pa, pb = ca.value, cb.value
     d = diff(pa, pb) if ca.kind is FileKind.PIPELINE else diff_clusters(pa, pb)
-    if ca.kind is FileKind.CLUSTER:
-        cluster = None                                # nothing to compile on
+    if ca.kind is FileKind.CLUSTER and cluster is not None:
+        raise typer.BadParameter("compiles two pipelines on a cluster; two clusters are "
+                                 "compared as they are", param_hint="--cluster")
     predicted = None
     if cluster is not None:
         c = load_cluster(cluster)

@@ -51,6 +51,9 @@ def register(app: typer.Typer) -> None:
         if spec is not None:
             raise typer.BadParameter("names a plan file's spec; a run directory holds its own",
                                      param_hint="--spec")
+        if force:
+            raise typer.BadParameter("uses a plan file with a changed spec; a run directory "
+                                     "is checked against the spec it ran", param_hint="--force")
         from rpeg.experiments.runs import Run, summary, verification, write_plots
 
         run = Run.open(target)

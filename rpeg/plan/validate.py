@@ -82,7 +82,9 @@ def check_plan(plan: Plan, pipeline: Pipeline, *, path: str, cluster: Cluster | 
     if plan.pipeline != pipeline.name:
         raise PlanError(f"plan field 'pipeline' must name the spec's pipeline "
                         f"'{pipeline.name}', not '{plan.pipeline}'", where,
-                        hint="pass the spec the plan was compiled from (--spec), or " + hint)
+                        hint=f"the plan was compiled from pipeline '{plan.pipeline}'"
+                             + (f" ({plan.spec_path})" if plan.spec_path else "")
+                             + ": use that spec, or " + hint)
     warnings: list[str] = []
     now = spec_hash if spec_hash is not None else spec_hash_of(pipeline)
     if plan.spec_hash and now and plan.spec_hash != now:

@@ -86,5 +86,7 @@ def load_cluster(path: str | Path) -> Cluster:
     checked = check_file(path)
     if checked.kind is not FileKind.CLUSTER:
         raise SpecError(f"'{path}' describes a {checked.kind.value}, not a cluster",
-                        Span(str(path), 1, 1), hint="pass a cluster file with --cluster")
+                        Span(str(path), 1, 1),
+                        hint="a cluster file holds 'cluster NAME { gpu = ...; gpus_per_node "
+                             "= ... }' (pipelines/clusters/ has examples)")
     return checked.value

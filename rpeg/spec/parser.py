@@ -11,11 +11,13 @@
 from __future__ import annotations
 
 import contextlib
+import difflib
 import errno
 import functools
 import gc
 import hashlib
 import os
+import re
 import stat
 import sys
 from collections.abc import Iterator
@@ -441,6 +443,12 @@ def _syntax_error(e: UnexpectedInput, text: str, path: str) -> SpecError:
         expected = _accepted(e)
         msg = f"expected {_describe_expected(expected)}{where}, not {_found(tok)}"
         hint = _hint_for(expected, tok)
+        word = _unit_written(text, tok) if prev == "NUMBER" and "UNIT" in expected else \
+            _unit_glued(text, e, tok) if prev == "UNIT" else None
+        if word:
+            msg, hint = f"unknown unit '{word}' after a number", _unit_hint(word)
+            if prev == "UNIT":                   # where the word starts: the unit read
+                col = e.state.value_stack[-1].column  # type: ignore[union-attr]
     elif isinstance(e, UnexpectedEOF):
         line, col = _end_position(text)
         msg = f"unexpected end of file; expected {_describe_expected(set(e.expected))}"
@@ -520,6 +528,45 @@ def _hint_for(expected: set[str], tok: Token) -> str | None:
     if "_SEP" in expected and tok.type not in ("_SEP", "$END"):
         return "one statement per line, or separate them with ';'"
     return None
+
+
+def _unit_written(text: str, tok: Token) -> str | None:
+    """What stands where a number's unit would (``Gb/s`` in ``450 Gb/s``): the token and what
+    is glued to it, on its line; None where that is no word (an operator, a bracket)."""
+    start = getattr(tok, "start_pos", None)
+    if start is None or tok.type in ("_SEP", "$END", "RBRACE", "RPAR", "RSQB", "COMMA"):
+        return None
+    m = re.match(r"[^\s;,{}()\[\]=#]+", text[start:])
+    return m.group(0)[:40] if m and not m.group(0).startswith("..") else None
+
+
+def _unit_glued(text: str, e: UnexpectedToken, tok: Token) -> str | None:
+    """A unit and the letters glued after it (``10 steps``: a unit ``s`` read, ``teps``
+    left): the word a user wrote for a unit; None where the token stands apart."""
+    try:
+        unit = e.state.value_stack[-1]  # type: ignore[union-attr]
+    except (AttributeError, IndexError):
+        return None
+    if getattr(unit, "end_pos", None) != getattr(tok, "start_pos", -1):
+        return None
+    rest = _unit_written(text, tok)
+    return str(unit) + rest if rest else None
+
+
+def _unit_hint(word: str) -> str:
+    """A unit a misspelt one may mean (case aside), else the units there are."""
+    from rpeg.spec.values import UNITS
+    if word.startswith("_") and word[1:].isdigit():
+        return "write a number without separators: 1000, not 1_000"
+    if re.fullmatch(r"[KMGTP]b(/s)?", word):         # bits: rpeg's units are bytes
+        return (f"rpeg's units are bytes: a figure in {word} is an eighth of it in "
+                f"{word.replace('b', 'B')} (400 Gb/s = 50 GB/s)")
+    by_case = {u.lower(): u for u in UNITS}
+    close = difflib.get_close_matches(word.lower(), list(by_case), n=1, cutoff=0.75)
+    if close:
+        return f"did you mean '{by_case[close[0]]}'?"
+    return ("a number takes no unit, or one of: B, KB, MB, GB, TB (bytes; GiB and the like), "
+            "GB/s (and the like), FLOPS, GFLOPS, TFLOPS, PFLOPS, ns, us, ms, s, min, h, %")
 
 
 def _end_position(text: str) -> tuple[int, int]:

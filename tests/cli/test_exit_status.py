@@ -101,6 +101,9 @@ def test_compile_never_writes_over_a_file_it_reads(capsys, tmp_path, monkeypatch
     (["compile", TINY, "--cluster", LOCAL, "--seed", "-1"], "greater than or equal to 0"),
     (["diff", TINY, GRPO, "--cluster", LOCAL, "--seed", "-3"], "greater than or equal to 0"),
     (["diff", TINY, GRPO, "--budget", "10"], "it goes with --cluster"),
+    (["diff", TINY, GRPO, "--force"], "two specs have no plan to check"),
+    (["diff", LOCAL, LOCAL, "--cluster", "/no/such.rpeg"], "two clusters are compared as"),
+    (["show", str(ROOT / "pipelines"), "--force"], "a run directory is checked against"),
     (["calibrate", "--dispatch-only"], "give it with --out"),
     (["calibrate", "--control-only"], "give it with --out"),
 ])

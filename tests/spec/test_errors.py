@@ -196,6 +196,12 @@ CASES: list[tuple[str, str, int, int, str]] = [
      "unknown key 'gpus_per_nod'"),
     ("profile-wrong-unit", sub("memory = 80 GB", "memory = 80 GB/s", PROFILE), 1, 22,
      "memory must be a size such as 80 GB, not 80 GB/s (a bandwidth)"),
+    ("link-bits", sub("100 GB/s", "800 Gb/s", CLUSTER), 4, 32,
+     "unknown unit 'Gb/s' after a number"),
+    ("profile-lowercase-unit", sub("80 GB", "80 gb", PROFILE), 1, 25,
+     "unknown unit 'gb' after a number"),
+    ("workload-word-unit", sub("steps = 10", "steps = 10 steps"), 2, 23,
+     "unknown unit 'steps' after a number"),
 ]
 
 
@@ -269,6 +275,22 @@ def test_hints_suggest_the_right_name(tmp_path):
         with pytest.raises(SpecError) as info:
             check_file(_write(tmp_path, text))
         assert info.value.hint == hint, info.value.render()
+
+
+def test_an_unknown_unit_is_named_with_the_unit_meant(tmp_path):
+    """A unit the language lacks is said as one (not as a statement that should end), with
+    the unit a misspelling means, bits told apart from bytes, and a digit separator named."""
+    cases = {sub("500 TFLOPS", "500 TFLOP/s", PROFILE): "did you mean 'TFLOPS'?",
+             sub("80 GB", "80 gb", PROFILE): "did you mean 'GB'?",
+             sub("100 GB/s", "800 Gb/s", CLUSTER): "rpeg's units are bytes: a figure in "
+                                                   "Gb/s is an eighth of it in GB/s",
+             sub("steps = 10", "steps = 1_000"): "write a number without separators",
+             sub("steps = 10", "steps = 10 steps"): "a number takes no unit, or one of"}
+    for text, hint in cases.items():
+        with pytest.raises(SpecError) as info:
+            check_file(_write(tmp_path, text))
+        assert "unknown unit" in info.value.message and info.value.hint.startswith(hint), \
+            info.value.render()
 
 
 def test_a_repeated_share_group_counts_once(tmp_path):

@@ -61,7 +61,7 @@ class RpegError(Exception):
         self.notes = tuple(notes)
 
     def __str__(self) -> str:
-        return f"{self._where()}{self.severity}: {self.message}"
+        return printable(f"{self._where()}{self.severity}: {self.message}")
 
     @property
     def located(self) -> str:
@@ -84,10 +84,10 @@ class RpegError(Exception):
         lines = [str(self)]
         lines += _excerpt(self.span, source)
         for text, span in self.notes:
-            lines.append(f"{span}: note: {text}")
+            lines.append(printable(f"{span}: note: {text}"))
             lines += _excerpt(span, None)
         if self.hint:
-            lines.append(f"hint: {self.hint}")
+            lines.append(printable(f"hint: {self.hint}"))
         return "\n".join(lines)
 
 
@@ -132,12 +132,12 @@ def _excerpt(span: Span | None, source: str | None) -> list[str]:
     raw = text_lines[span.line - 1].rstrip("\r")
     if not raw.strip():
         return []                      # an empty line (or file): nothing to point at
-    text = raw.expandtabs(4)
+    text = _shown(raw)
     # columns count a tab as one character; the caret goes where the tab-expanded text shows it
-    col = len(raw[:span.col - 1].expandtabs(4))
+    col = len(_shown(raw[:span.col - 1]))
     width = 1
     if span.end_line == span.line and span.end_col > span.col:
-        width = len(raw[:span.end_col - 1].expandtabs(4)) - col
+        width = len(_shown(raw[:span.end_col - 1])) - col
     if len(text) > EXCERPT_WIDTH:
         # a very long line (generated or hostile input): show a window around the caret
         start = max(0, min(col - EXCERPT_WIDTH // 2, len(text) - EXCERPT_WIDTH))
@@ -149,6 +149,21 @@ def _excerpt(span: Span | None, source: str | None) -> list[str]:
 
 
 EXCERPT_WIDTH = 120
+
+# control characters but the line end: shown as escapes, so a file's bytes cannot move the
+# terminal's cursor, clear it or retitle it when its line is echoed
+_CONTROL = {c: f"\\x{c:02x}" for c in (*range(0x00, 0x09), *range(0x0b, 0x20),
+                                         *range(0x7f, 0xa0))}
+
+
+def printable(text: str) -> str:
+    """``text`` with its control characters (a line end aside) as ``\\xNN`` escapes."""
+    return text.translate(_CONTROL)
+
+
+def _shown(raw: str) -> str:
+    """A source line as an excerpt shows it: tabs expanded, control characters escaped."""
+    return printable(raw.expandtabs(4))
 
 
 def _lines(path: str) -> list[str] | None:

@@ -43,7 +43,18 @@ def source_text(overrides: list[str] | tuple[str, ...]) -> str:
 
 
 def parse_overrides(texts) -> tuple[Override, ...]:
-    return tuple(_parse(t, n) for n, t in enumerate(texts, 1))
+    """The overrides, each once: a key given twice is an error (as in a spec), not the last
+    one silently winning."""
+    out = tuple(_parse(t, n) for n, t in enumerate(texts, 1))
+    first: dict[tuple[str, ...], Override] = {}
+    for o in out:
+        if o.path in first:
+            key = ".".join(o.path)
+            raise SpecError(f"override '{key}' is given twice", Span(WHERE, o.line, 1),
+                            notes=[("first given here", Span(WHERE, first[o.path].line, 1))],
+                            hint=f"give {key} once")
+        first[o.path] = o
+    return out
 
 
 def _parse(text: str, line: int) -> Override:
@@ -69,8 +80,12 @@ def _parse(text: str, line: int) -> Override:
         tree = parse_text(prefix + value + " }", WHERE)
     except SpecError as e:
         at = max(e.span.col - len(prefix), 1) if e.span and e.span.line == 1 else 1
+        hint = e.hint
+        if not value.startswith('"') and any(c in value for c in "./\\"):
+            hint = (f"a path or other text is a string, in quotes (and the shell's quotes "
+                    f"around them): {key}='\"{value}\"'")
         raise SpecError(f"the value of override '{key}' must be a spec value: {e.message}",
-                        Span(WHERE, line, len(key) + 1 + at), hint=e.hint) from None
+                        Span(WHERE, line, len(key) + 1 + at), hint=hint) from None
     entries = tree.items[0].block.entries
     if len(entries) != 1 or not isinstance(entries[0], ast.Assign):
         raise SpecError(f"the value of override '{key}' must be one value, not '{value}'",

@@ -363,3 +363,17 @@ def test_caret_lands_under_the_mistake_after_tabs_and_form_feeds(tmp_path):
         check_file(_write(tmp_path, "pipeline p\x0c\nshare a b\n"))
     source, caret = info.value.render().splitlines()[1:3]
     assert source.strip() == "share a b" and source[caret.index("^")] == "b"
+
+
+def test_control_characters_are_echoed_as_escapes_with_the_caret_under_the_mistake(tmp_path):
+    """A file's escape sequences (clear the screen, retitle the terminal, a bell) are shown
+    as ``\\xNN``, never written to the terminal raw; the caret still lands under the
+    mistake on the line as shown."""
+    text = sub("steps = 10", "steps = 1\x1b]0;owned\x07\x1b[2J0")
+    with pytest.raises(SpecError) as info:
+        check_file(_write(tmp_path, text))
+    rendered = info.value.render()
+    assert not any(ord(c) < 32 and c != "\n" or 0x7f <= ord(c) < 0xa0 for c in rendered)
+    source, caret = rendered.splitlines()[1:3]
+    assert "\\x1b]0;owned\\x07\\x1b[2J0" in source
+    assert source[caret.index("^"):].startswith("\\x1b]0;owned")

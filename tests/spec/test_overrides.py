@@ -44,6 +44,7 @@ def test_every_kind_of_override():
     (["workload.steps"], (1, 1), "an override must be KEY=VALUE"),
     (['workload.steps="a'], (1, 16), "unterminated string"),
     (["stage.rollout=1"], (1, 7), "must name a stage and a key"),
+    (["workload.seed=3", "workload.seed=4"], (2, 1), "override 'workload.seed' is given twice"),
 ])
 def test_errors_point_at_the_override(texts, where, message):
     with pytest.raises(SpecError) as info:
@@ -59,3 +60,10 @@ def test_the_command_line_shows_the_override(capsys):
     assert "command line:2:26: error: lr must be in (0, 1), not 5\n" \
            "    model.actor.optimizer.lr=5\n" \
            "                             ^\n" in err, err
+
+
+def test_an_unquoted_path_is_told_to_quote_it():
+    with pytest.raises(SpecError) as info:
+        _load("workload.dataset=data/nope.jsonl")
+    assert info.value.hint == "a path or other text is a string, in quotes (and the shell's " \
+                              "quotes around them): workload.dataset='\"data/nope.jsonl\"'"

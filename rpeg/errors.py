@@ -157,8 +157,16 @@ _CONTROL = {c: f"\\x{c:02x}" for c in (*range(0x00, 0x09), *range(0x0b, 0x20),
 
 
 def printable(text: str) -> str:
-    """``text`` with its control characters (a line end aside) as ``\\xNN`` escapes."""
+    """``text`` with its control characters (a line end aside) as ``\\xNN`` escapes, and
+    cut in the middle past :data:`MESSAGE_CHARS` (a name 100,000 characters long, quoted in
+    a message, is not printed whole)."""
+    if len(text) > MESSAGE_CHARS:
+        half = MESSAGE_CHARS // 2
+        text = f"{text[:half]} ... ({len(text) - 2 * half:,} characters) ... {text[-half:]}"
     return text.translate(_CONTROL)
+
+
+MESSAGE_CHARS = 2000
 
 
 def _shown(raw: str) -> str:

@@ -63,7 +63,11 @@ def file_kind(f: ast.File) -> FileKind:
         return FileKind.CLUSTER if clusters else FileKind.PROFILE
     decls = [i for i in f.items if isinstance(i, ast.PipelineDecl)]
     if len(decls) > 1:
-        raise duplicate("pipeline", decls[1].name.value, decls[1].span, decls[0].span)
+        raise SpecError(f"a file holds one pipeline; 'pipeline {decls[1].name.value}' is a "
+                        "second one", decls[1].span,
+                        notes=[("the file's pipeline", decls[0].span)],
+                        hint="one pipeline a file: put the second in a file of its own "
+                             "(it may 'extend' this one)")
     if not decls:
         raise SpecError("a pipeline file must name its pipeline", f.items[0].span,
                         hint="add 'pipeline NAME' as the first line")

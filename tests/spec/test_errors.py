@@ -79,7 +79,7 @@ CASES: list[tuple[str, str, int, int, str]] = [
      "unknown key 'stpes' in the workload block"),
     ("unknown-reward", sub("score(r,", "score(rr,"), 10, 22, "unknown reward or model 'rr'"),
     ("duplicate-pipeline", sub("pipeline t\n", "pipeline t\npipeline u\n"), 2, 1,
-     "pipeline 'u' is defined twice"),
+     "a file holds one pipeline; 'pipeline u' is a second one"),
     # --- dataflow ------------------------------------------------------------------------
     ("never-produced", sub("forward(ref, responses)", "forward(ref, respones)"), 8, 29,
      "'respones' is read by stage 'ref_lp' but no stage produces it"),

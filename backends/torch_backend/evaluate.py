@@ -21,6 +21,7 @@ import numpy as np
 
 from backends.api import SamplingParams
 from rpeg.errors import BackendError
+from rpeg.runtime.data import answer_of
 from rpeg.spec.model import OpKind
 
 BATCH = 32                      # responses decoded together
@@ -73,7 +74,7 @@ def evaluate(ex, model: str, step: int) -> dict:
                 lengths[lo + int(i)] = len(ids)
     tokens = sum(lengths)
     texts = Texts(tuple(r["prompt"] for r in rows), tuple(responses),
-                  tuple(str(r.get("answer", "")) for r in rows), tuple(lengths),
+                  tuple(answer_of(r) for r in rows), tuple(lengths),
                   int(params.max_new_tokens), tuple(rows), step)
     scores = score(p.reward(e.reward), texts)
     out = {"step": step, "version": replica.version, "prompts": len(ex.eval_rows),

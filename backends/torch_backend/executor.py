@@ -47,7 +47,7 @@ from rpeg.cost.partial import step_budget
 from rpeg.errors import BackendError
 from rpeg.graph.work import Batching, work_of
 from rpeg.plan.oplayout import block_rounds, fused_train
-from rpeg.runtime.data import workload_rows
+from rpeg.runtime.data import answer_of, workload_rows
 from rpeg.runtime.lowering.context import group_of
 from rpeg.runtime.lowering.instances import LOAD, RECV, SEND, OpCall, base_of, engine_key
 from rpeg.runtime.rundir.lengths import histogram
@@ -324,7 +324,7 @@ class Executor:
         text = self._codec().decode
         return Texts(tuple(r["prompt"] for r in picked),
                      tuple(text(r) for r in chunk.response_ids),
-                     tuple(str(r.get("answer", "")) for r in picked),
+                     tuple(answer_of(r) for r in picked),
                      tuple(len(r) for r in chunk.response_ids), budget, tuple(picked), step)
 
     def _forward(self, call, replica, inputs):

@@ -54,6 +54,11 @@ def python(reward: Reward, x: Texts) -> tuple[np.ndarray, int]:
     extras = reward_extras(list(x.rows))
     if not takes_all:
         extras = {k: v for k, v in extras.items() if k in params}
+    # a column named as one of the three lists rpeg passes (SQuAD's "answers") is not also
+    # passed by name: the call would get two values for it (``rpeg check`` warns of it)
+    own = [n for n, p in params.items() if p.kind in (p.POSITIONAL_ONLY,
+                                                      p.POSITIONAL_OR_KEYWORD)][:3]
+    extras = {k: v for k, v in extras.items() if k not in own}
     return call_reward(fn, reward, x.step, list(x.prompts), list(x.responses),
                        list(x.answers), extras)
 

@@ -317,6 +317,24 @@ def step_rows(rows: list[dict], prompts: int, samples: int, seed: int, step: int
     return [rows[i] for i in idx for _ in range(samples)]
 
 
+def answer_of(row: dict):
+    """A row's answer as a reward gets it: the column's text, a number as its text, a list
+    or an object as the dataset holds it (several acceptable answers), "" where the row
+    has none (the column absent or null), never the text 'None'."""
+    value = row.get("answer")
+    if value is None:
+        return ""
+    if isinstance(value, (bool, int, float)):
+        return str(value)
+    return value
+
+
+# columns that hold the answers in the layouts users bring (verl, OpenRLHF, TRL, GSM8K...),
+# looked for where a workload leaves answer_field unset and its rows have no "answer"
+ANSWER_COLUMNS = ("reward_model.ground_truth", "ground_truth", "label", "solution",
+                  "target", "answers", "gold", "reference")
+
+
 def reward_extras(rows: list[dict]) -> dict[str, list]:
     """The columns other than prompt and answer, one list each, for the reward function."""
     keys = dict.fromkeys(k for r in rows for k in r if k not in ("prompt", "answer", ROW))

@@ -29,8 +29,15 @@ import importlib.util
 from pathlib import Path
 
 from rpeg.errors import RpegError, SpecError, SpecWarning, did_you_mean
-from rpeg.runtime.data import BadRow, answer_required, contract_row, first_rows
-from rpeg.spec.model import OpKind, Reward
+from rpeg.runtime.data import (
+    ANSWER_COLUMNS,
+    BadRow,
+    answer_required,
+    contract_row,
+    field,
+    first_rows,
+)
+from rpeg.spec.model import OpKind, Reward, RewardForm
 
 CHECK_ROWS = 64
 
@@ -54,7 +61,9 @@ def check_data(pipeline, limit: int = CHECK_ROWS) -> list[SpecWarning]:
     for what, ref, split, span, rewards in sets:
         if not ref.exists():
             continue
-        for n, raw in first_rows(Path(ref.path), split, limit, span, what):
+        rows = first_rows(Path(ref.path), split, limit, span, what)
+        first = rows[0][0] if rows else 0
+        for n, raw in rows:
             where = f"{what} '{ref.text}' row {n}"
             try:
                 row = contract_row(raw, w.fields, answer_required(w))
@@ -64,6 +73,9 @@ def check_data(pipeline, limit: int = CHECK_ROWS) -> list[SpecWarning]:
                                 hint=bad.hint) from None
             for reward in rewards:
                 _check_columns(reward, raw, f"{what} '{ref.text}'", n)
+            if n == first and rewards and "answer_field" not in dict(w.keys):
+                _answers_found(raw, w, f"{what} '{ref.text}'", n)
+                skipped += _shadowed(raw, rewards, f"{what} '{ref.text}'")
             if codec is None:
                 codec = _codec(pipeline) or False
                 if codec is False and not _can_tokenize():
@@ -99,6 +111,39 @@ def _check_columns(reward: Reward, raw: dict, dataset: str, n: int) -> None:
                         f"{', '.join(sorted(raw)[:8])}", reward.span,
                         hint=did_you_mean(missing[0], sorted(raw))
                         or f"give {missing[0]} a default in the reward, or add the column")
+
+
+def _answers_found(raw, workload, dataset: str, n: int) -> None:
+    """SpecError where the rows hold no ``answer`` column (``answer_field`` unset) and one
+    of the columns that hold answers in the layouts users bring (verl's
+    ``reward_model.ground_truth``, OpenRLHF's ``label``, ...): every reward call would get
+    "" for its answers, and a run would train on rewards of 0 without a word."""
+    if not isinstance(raw, dict) or "answer" in raw:
+        return
+    for name in ANSWER_COLUMNS:
+        try:
+            field(raw, name, "answer_field")
+        except BadRow:
+            continue
+        raise SpecError(f"{dataset} row {n} has no 'answer' column (answer_field's default), "
+                        f"and its '{name}' holds answers: a reward would get \"\" for every "
+                        f"response's answer", workload.span_of("dataset"),
+                        hint=f'set answer_field = "{name}" in the workload')
+
+
+def _shadowed(raw, rewards, dataset: str) -> list[SpecWarning]:
+    """A warning for each column a batch reward cannot take by name: one named as the
+    lists rpeg passes it (``prompts``, ``responses``, ``answers``)."""
+    out = []
+    for name in ("prompts", "responses", "answers"):
+        if isinstance(raw, dict) and name in raw and any(
+                r.form is RewardForm.BATCH for r in rewards):
+            out.append(SpecWarning(
+                f"column '{name}' of the {dataset} is not passed to the reward by name: the "
+                f"reward's own '{name}' argument is rpeg's list", rewards[0].span,
+                hint=f'answer_field = "{name}" passes it as the answers' if name == "answers"
+                else f"rename the column to pass it"))
+    return out
 
 
 def _codec(pipeline):

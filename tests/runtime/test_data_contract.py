@@ -107,6 +107,39 @@ def test_on_error_zero_scores_a_failing_response_0_and_counts_it(folder):
     assert "verl_reward.py" in text and "in flaky: ValueError raised here" in text
 
 
+def test_the_layouts_users_bring_are_not_scored_against_empty_answers(folder, capsys):
+    """verl's parquet (answers in reward_model.ground_truth) and OpenRLHF's JSON lines
+    (answers in label) read with answer_field unset: every reward call would get "" as
+    the answer and the run would train on rewards of 0; the checker refuses it at the
+    dataset, naming the column that holds them."""
+    verl = _spec(folder, "no_answer_field.rpeg",
+                 edit=lambda t: t.replace('    answer_field = "reward_model.ground_truth"\n', ""))
+    rows = [json.loads(x) for x in (ROOT / "pipelines/data/toy.jsonl").read_text().splitlines()]
+    (folder / "data" / "orl.jsonl").write_text(
+        "".join(json.dumps({"input": r["prompt"], "label": r["answer"]}) + "\n" for r in rows))
+    (folder / "orl_reward.py").write_text(
+        "def score(prompts, responses, answers):\n    return [0.0] * len(responses)\n")
+    orl = _spec(folder, "orl.rpeg", edit=lambda t: t.replace(
+        "verl_reward:compute_score", "orl_reward:score").replace(
+        '    answer_field = "reward_model.ground_truth"\n', "").replace(
+        'dataset = "data/train.parquet"', 'dataset = "data/orl.jsonl"').replace(
+        'prompt_field = "prompt"', 'prompt_field = "input"'))
+    for spec, column in ((verl, "reward_model.ground_truth"), (orl, "label")):
+        assert main(["check", str(spec)]) == 1
+        err = capsys.readouterr().err
+        assert err.startswith(f"{spec}:4:"), err
+        assert f"its '{column}' holds answers" in err and \
+            f'hint: set answer_field = "{column}" in the workload' in err, err
+
+
+def test_a_reward_gets_each_answer_as_the_row_holds_it():
+    """Text as it is, a number as its text, several answers as their list, and "" where the
+    row has none (absent or null), never the text 'None'."""
+    from rpeg.runtime.data import answer_of
+    rows = [{"answer": "a"}, {"answer": 42}, {"answer": ["a", "A"]}, {"answer": None}, {}]
+    assert [answer_of(r) for r in rows] == ["a", "42", ["a", "A"], "", ""]
+
+
 @pytest.mark.parametrize(("key", "edit", "message", "hint"), [
     ("prompt_field", ('prompt_field = "prompt"', 'prompt_field = "question"'),
      "prompt_field 'question' must name a column, and the row has ability, data_source, "

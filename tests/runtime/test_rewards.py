@@ -91,6 +91,32 @@ def test_a_call_that_fails_before_the_reward_s_code_says_so():
     assert "above" not in e.hint
 
 
+def test_a_reward_that_calls_sys_exit_fails_as_a_reward_not_as_a_lost_worker():
+    import sys
+
+    def quits(prompts, responses, answers):
+        sys.exit(3)
+    with pytest.raises(RuntimeFailure) as got:
+        call_reward(quits, REWARD, 2, ["p"], ["r"], ["a"])
+    assert got.value.message == "reward 'judge' (myrewards:judge) raised SystemExit at step 2: 3"
+
+
+def test_a_column_named_as_a_list_rpeg_passes_is_not_passed_twice(tmp_path):
+    """SQuAD's "answers" column beside the reward's own answers argument: passed once, as
+    rpeg's answers (the call would otherwise raise TypeError: multiple values)."""
+    from backends.torch_backend.rewards import Texts, python
+    (tmp_path / "clash_reward.py").write_text(
+        "def score(prompts, responses, answers, **columns):\n"
+        "    assert 'answers' not in columns and columns['level'] == [1]\n"
+        "    return [float(a == 'x') for a in answers]\n")
+    import attrs
+    reward = attrs.evolve(REWARD, module="clash_reward", function="score", kind="python",
+                          source=str(tmp_path / "clash_reward.py"), folder=str(tmp_path))
+    texts = Texts(("p",), ("r",), ("x",), (1,), 4, ({"answers": ["y"], "level": 1},), 0)
+    scores, failed = python(reward, texts)
+    assert scores.tolist() == [1.0] and failed == 0
+
+
 def test_on_error_zero_scores_failures_0_and_counts_them():
     import attrs
     zero = attrs.evolve(REWARD, params=(("on_error", "zero"),))

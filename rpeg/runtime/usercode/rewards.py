@@ -33,6 +33,11 @@ from rpeg.spec.model import Reward
 MAX_FRAMES = 8           # of the user's traceback, innermost last
 
 
+# what a reward's code raises that is the reward's failure: any exception, and sys.exit()
+# (which would otherwise end the worker's process, and be taken for a lost worker)
+USER_ERRORS = (Exception, SystemExit)
+
+
 def call_reward(fn, reward: Reward, step: int, prompts: list[str], responses: list[str],
                 answers: list[str], extras: dict | None = None) -> tuple[np.ndarray, int]:
     """``fn(prompts, responses, answers, **extras)`` checked: (float32 scores, one per
@@ -41,7 +46,7 @@ def call_reward(fn, reward: Reward, step: int, prompts: list[str], responses: li
     ``on_error = zero`` scores 0: every response for an exception, that one for a score."""
     try:
         value = fn(prompts, responses, answers, **(extras or {}))
-    except Exception as e:  # noqa: BLE001 — the user's code: any exception is theirs to see
+    except USER_ERRORS as e:  # the user's code: any exception is theirs to see
         if reward.on_error == "zero":
             return np.zeros(len(responses), np.float32), len(responses)
         raise _raised(e, reward, step) from None
@@ -56,7 +61,7 @@ def call_per_response(fn, reward: Reward, step: int, calls: list[dict]) -> tuple
     for kwargs in calls:
         try:
             value = fn(**kwargs)
-        except Exception as e:  # noqa: BLE001 — the user's code
+        except USER_ERRORS as e:  # the user's code
             if reward.on_error != "zero":
                 raise _raised(e, reward, step) from None
             value, failed = 0.0, failed + 1
@@ -117,7 +122,7 @@ def _wrong(reward: Reward, step: int, what: str, at: str = "") -> RuntimeFailure
                                "used these scores")
 
 
-def _raised(e: Exception, reward: Reward, step: int) -> RuntimeFailure:
+def _raised(e: BaseException, reward: Reward, step: int) -> RuntimeFailure:
     """The user's exception, with their frames (below this module's call) as notes."""
     frames = traceback.extract_tb(e.__traceback__)[1:][-MAX_FRAMES:]
     notes = [(f"in {f.name}" + (f": {type(e).__name__} raised here" if i == len(frames) - 1

@@ -142,7 +142,7 @@ def _shadowed(raw, rewards, dataset: str) -> list[SpecWarning]:
                 f"column '{name}' of the {dataset} is not passed to the reward by name: the "
                 f"reward's own '{name}' argument is rpeg's list", rewards[0].span,
                 hint=f'answer_field = "{name}" passes it as the answers' if name == "answers"
-                else f"rename the column to pass it"))
+                else "rename the column to pass it"))
     return out
 
 

@@ -38,11 +38,13 @@ def is_run_dir(folder: Path) -> bool:
 
 
 def run_dir_around(path: Path) -> Path | None:
-    """The run directory ``path`` is, or lies inside; None when there is none."""
-    here = Path(os.path.abspath(path))
-    for folder in (here, *here.parents):
-        if folder.is_dir() and is_run_dir(folder):
-            return folder
+    """The run directory ``path`` is, or lies inside, as written or with its links
+    followed (a link into a run directory leads inside it); None when there is none."""
+    written = Path(os.path.abspath(path))
+    for here in dict.fromkeys((written, Path(os.path.realpath(path)))):
+        for folder in (here, *here.parents):
+            if folder.is_dir() and is_run_dir(folder):
+                return folder
     return None
 
 

@@ -66,3 +66,23 @@ def test_a_broken_spec_is_said_before_this_machine_is_calibrated(
     assert rc == 1, err
     assert "error:" in err and "Traceback" not in err, err
     assert not (tmp_path / "run").exists()
+
+
+def test_a_folder_of_the_users_files_is_no_run_directory(capsys, tmp_path, monkeypatch):
+    """``--run-dir`` naming a folder that holds the user's own files is refused before a
+    worker starts, and the folder is left as it was (a run's files would mix with them)."""
+    import rpeg.runtime.dask.runner as runner
+
+    def never(*_a, **_k):
+        raise AssertionError("started a cluster for a run directory it must refuse")
+
+    monkeypatch.setattr(runner, "_cluster", never)
+    mine = tmp_path / "mydata"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("mine\n")
+    rc = main(["run", TINY, "--steps", "1", "--no-progress", "--strategy", "runtime-split",
+               "--run-dir", str(mine)])
+    err = capsys.readouterr().err
+    assert rc == 1 and "must be empty or new for a new run, and it holds notes.txt, which no " \
+                       "run wrote" in err, err
+    assert sorted(p.name for p in mine.iterdir()) == ["notes.txt"]

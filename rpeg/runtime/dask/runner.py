@@ -130,6 +130,15 @@ def run_resilient(pipeline: Pipeline, plan: Plan, options: RunOptions,
         rf.check_unlocked(where)                    # a run writing it: said with its pid
         if RunDir(where).holds_run():
             raise _holds_run(RunDir(where))
+        others = sorted(p.name for p in where.iterdir()
+                        if p.name not in rf.FILES + rf.FOLDERS)
+        if others and not RunDir(where).failed_start():     # the user's own files
+            raise RuntimeFailure(f"run directory '{where}' must be empty or new for a new run, "
+                                 f"and it holds {', '.join(others[:5])}"
+                                 + (f" and {len(others) - 5} more" if len(others) > 5 else "")
+                                 + ", which no run wrote", Span(str(where), 0, 0),
+                                 hint="choose a new or empty --run-dir: a run's files would "
+                                      "mix with them")
     # worker processes start with Ctrl-C ignored: a terminal sends it to the whole process
     # group, and they must live to finish the ops before the checkpoint
     with stop.ignored(), _cluster(plan, options) as cl:

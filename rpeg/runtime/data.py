@@ -118,7 +118,7 @@ def _jsonl(path: Path, what: str):
         raise RuntimeFailure(f"{what} '{path}' must be a regular file of at most "
                              f"{MAX_JSONL_BYTES:,} bytes")
     out = []
-    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+    for n, line in enumerate(path.read_text(encoding="utf-8-sig").splitlines(), 1):
         if not line.strip():
             continue
         try:
@@ -238,7 +238,7 @@ def first_rows(path: Path, split: str | None, limit: int, span: Span | None = No
                                  f"({type(e).__name__}: {e})", span) from None
         return list(enumerate(batch.to_pylist() if batch is not None else [], 1))
     out = []
-    with open(path, encoding="utf-8") as fh:
+    with open(path, encoding="utf-8-sig") as fh:          # a BOM, as Windows tools write
         for n, line in enumerate(fh, 1):
             if not line.strip():
                 continue
@@ -262,6 +262,9 @@ def _saved_first(path: Path, split: str | None, limit: int, span, what: str):
                                  hint='add split = "train" (workload) or split = "test" '
                                       "(eval)")
         path = path / split
+    elif split is not None:                  # as the run reads it (_saved_dataset)
+        raise RuntimeFailure(f"{what} '{path}' holds one split, so split must not be set "
+                             f"(it is {split!r})", span)
     state = path / "state.json"
     if not state.is_file():
         raise RuntimeFailure(f"{what} folder '{path}' must be one written by datasets' "

@@ -62,7 +62,10 @@ def check_data(pipeline, limit: int = CHECK_ROWS) -> list[SpecWarning]:
         if not ref.exists():
             continue
         rows = first_rows(Path(ref.path), split, limit, span, what)
-        first = rows[0][0] if rows else 0
+        if not rows:                         # as the run refuses it (read_rows)
+            raise SpecError(f"{what} '{ref.text}' must hold at least one row, and it is "
+                            "empty", span)
+        first = rows[0][0]
         for n, raw in rows:
             where = f"{what} '{ref.text}' row {n}"
             try:

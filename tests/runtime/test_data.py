@@ -37,6 +37,16 @@ def test_jsonl_with_a_field_map(tmp_path):
     assert reward_extras(rows[:3]) == {"level": [0, 1, 2]}
 
 
+def test_a_byte_order_mark_is_read_past(tmp_path):
+    """JSON lines saved by a Windows editor start with a UTF-8 byte order mark: the same
+    rows, by the run's reader and the checker's."""
+    from rpeg.runtime.data import first_rows
+    p = tmp_path / "bom.jsonl"
+    p.write_bytes(b"\xef\xbb\xbf" + _jsonl(tmp_path).read_bytes())
+    assert _content(read_rows(p, FIELDS)) == _content(read_rows(_jsonl(tmp_path), FIELDS))
+    assert first_rows(p, None, 1) == [(1, ROWS[0])]
+
+
 @pytest.mark.skipif(importlib.util.find_spec("pyarrow") is None,
                     reason="pyarrow is not installed (pip install 'rpeg[data]')")
 def test_parquet_reads_the_same_rows(tmp_path):

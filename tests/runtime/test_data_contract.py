@@ -235,6 +235,18 @@ def test_the_check_reads_a_saved_dataset_with_pyarrow_alone(tmp_path):
     with pytest.raises(RuntimeFailure, match="holds the splits train"):
         first_rows(tmp_path / "saved", None, 1)
     shutil.rmtree(tmp_path / "saved")
+    Dataset.from_list(rows).save_to_disk(str(tmp_path / "one"))   # one split: none to pick
+    assert [r for _, r in first_rows(tmp_path / "one", None, 2)] == rows
+    with pytest.raises(RuntimeFailure, match="holds one split, so split must not be set"):
+        first_rows(tmp_path / "one", "test", 1)                    # as the run refuses it
+
+
+def test_the_check_refuses_an_empty_dataset_as_the_run_does(tmp_path, capsys):
+    shutil.copytree(ROOT / "pipelines", tmp_path / "p")
+    (tmp_path / "p" / "data" / "toy.jsonl").write_text("")
+    assert main(["check", str(tmp_path / "p" / "tiny_grpo.rpeg")]) == 1
+    assert "dataset 'data/toy.jsonl' must hold at least one row, and it is empty" in \
+        capsys.readouterr().err
 
 
 def test_without_the_tokenizer_libraries_the_prompt_lengths_are_a_warning(

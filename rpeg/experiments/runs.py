@@ -167,7 +167,10 @@ def summary(run: Run, report=None, plots_written: list[Path] | None = None) -> s
     lines = [f"run {run.name}: {rec.get('status', 'unknown')}, {meas.get('steps_done', 0)} of "
              f"{rec.get('steps')} steps, started {rec.get('started')}, "
              f"{_s(meas.get('wall_s'))} wall ({_s(meas.get('setup_s'))} set-up)",
-             f"  directory {path}", "", f"record {rec.get('id', '?')}  (content hashes)"]
+             f"  directory {path}"]
+    if rec.get("error"):
+        lines.append(f"  stopped by: {rec['error']}")
+    lines += ["", f"record {rec.get('id', '?')}  (content hashes)"]
     lines += _inputs(rec.get("inputs", {}))
     lines += ["", "where: " + _where(rec.get("where", {}))]
     lines += _devices(run)

@@ -199,6 +199,12 @@ def test_a_nan_score_stops_the_run_at_its_step_and_nothing_non_finite_is_kept(
     assert failed in (0, 1)                         # second chunk came after step 1's first
     rows = _strict(run_dir / "metrics.jsonl")
     assert [r["step"] for r in rows] == list(range(failed))
+    # why it stopped is in the run's record, for show and its JSON, not on stderr alone
+    meta = json.loads((run_dir / "run.json").read_text())
+    assert meta["status"] == "failed" and meta["error"].startswith(
+        f"{spec}:18:1: reward 'toy' (nan_reward:judge) must return a finite number"), meta
+    assert main(["show", str(run_dir), "--no-verify"]) == 0
+    assert f"stopped by: {meta['error']}" in capsys.readouterr().out
     assert all(math.isfinite(v) for r in rows for v in r.values() if isinstance(v, float))
     for f in (run_dir / "checkpoints").rglob("*.safetensors"):
         for name, value in load_file(f).items():

@@ -212,7 +212,7 @@ def _run(pipeline, plan, options, spec_path, resilience, on_step, rd: RunDir,
         except BaseException:
             runner.watch.salvage()                  # the ops that finished, for the trace
             raise
-        meta.status = Status.OK
+        meta.status, meta.error = Status.OK, None        # a resumed failure: done now
         current = set(runner.watch.workers.values())    # a restarted worker counts afresh
         host = host_usage([e for e in state.events if e.get("worker") in current],
                           runner.tally.marks, task_steps=runner.tally.task_steps)
@@ -224,8 +224,9 @@ def _run(pipeline, plan, options, spec_path, resilience, on_step, rd: RunDir,
     except Terminated:
         meta.status = Status.TERMINATED
         raise
-    except BaseException:
+    except BaseException as e:
         meta.status = Status.FAILED
+        meta.error = failure_text(e)
         raise
     finally:
         if meta.status is not Status.OK and not resumed and not state.metrics \
@@ -247,6 +248,13 @@ def _run(pipeline, plan, options, spec_path, resilience, on_step, rd: RunDir,
         rd.write_json("run.json", meta.to_json())
         write_record(rd.path, spec_path)
     return RunResult(rd.path, tuple(state.metrics), meta.wall_s, steps)
+
+
+def failure_text(e: BaseException) -> str:
+    """What run.json records of why a run stopped: the error as rpeg said it (where, what),
+    or the exception's type and message; one line, at most 2,000 characters."""
+    text = e.located if isinstance(e, RpegError) else f"{type(e).__name__}: {e}"
+    return " ".join(text.split())[:2000]
 
 
 def _host_bytes(plan: Plan) -> float:

@@ -150,6 +150,7 @@ class RunMeta:
     tasks: int = 0                                 # Dask tasks submitted
     host: dict | None = None                       # rpeg.runtime.rundir.directory.host_usage
     wall_s: float | None = None
+    error: str | None = None                       # why a failed run stopped (its message)
     extra: dict = attrs.field(factory=dict)        # keys of an older record, kept as they were
 
     @classmethod
@@ -179,6 +180,7 @@ class RunMeta:
             "tasks": self.tasks or None,
             "host": self.host,
             "wall_s": self.wall_s,
+            "error": self.error,
         }
         out.update((k, v) for k, v in optional.items() if v is not None)
         return out
@@ -206,7 +208,8 @@ class RunMeta:
                                                                     {})).items()},
             homes=v.pop("homes", None), cuda=v.pop("cuda", None),
             gpus=_devices(v.pop("gpus", {})), tasks=int(v.pop("tasks", 0)),
-            host=v.pop("host", None), wall_s=v.pop("wall_s", None))
+            host=v.pop("host", None), wall_s=v.pop("wall_s", None),
+            error=v.pop("error", None))
         out.extra = v
         return out
 

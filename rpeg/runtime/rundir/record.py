@@ -255,6 +255,7 @@ def build_record(run_dir: str | Path, spec_path: str | None = None) -> dict:
         "id": sha256_text(json.dumps(ident))[:12],
         "pipeline": pipeline.name,
         "status": meta.get("status", "unknown"),
+        **({"error": meta["error"]} if meta.get("error") else {}),
         "steps": meta.get("steps"),
         "started": _iso(meta.get("started")),
         "inputs": inputs,

@@ -58,6 +58,42 @@ def check_inputs(pipeline: Pipeline, *, resumed: bool = False) -> None:
         eval_rows(pipeline)
 
 
+def fingerprints(pipeline: Pipeline) -> dict[str, str]:
+    """Absolute path -> a fingerprint of its content, for each file a run reads (its
+    datasets and reward modules; a weights folder is checked by the checkpoints): what
+    run.json records at the start, so a resume can say that one changed since."""
+    return {path: _fingerprint(Path(path)) for _, path, _ in recorded_paths(pipeline)
+            if os.path.isfile(path)}
+
+
+def changed_since(recorded: dict[str, str], pipeline: Pipeline) -> list[str]:
+    """The files of ``recorded`` (:func:`fingerprints` at the run's start) whose content is
+    not what the run read."""
+    now = fingerprints(pipeline)
+    return [p for p, f in recorded.items() if p in now and now[p] != f]
+
+
+FINGERPRINT_WHOLE = 256 << 20      # bytes: a larger file is fingerprinted by its ends
+
+
+def _fingerprint(path: Path) -> str:
+    """SHA-256 of the file (of its size, first and last 16 MB past FINGERPRINT_WHOLE:
+    a large dataset is not read whole at every start), as hex."""
+    import hashlib
+    h = hashlib.sha256()
+    size = path.stat().st_size
+    with open(path, "rb") as fh:
+        if size <= FINGERPRINT_WHOLE:
+            for block in iter(lambda: fh.read(1 << 20), b""):
+                h.update(block)
+        else:
+            h.update(str(size).encode())
+            h.update(fh.read(16 << 20))
+            fh.seek(size - (16 << 20))
+            h.update(fh.read(16 << 20))
+    return h.hexdigest()
+
+
 def recorded_paths(pipeline: Pipeline) -> list[tuple[str, str, Span | None]]:
     """(what, absolute path, where the spec names it) of every file the run reads
     (:func:`rpeg.spec.inputs.named_files`)."""

@@ -127,3 +127,24 @@ def test_samples_repeat_each_prompt():
     rows = [{"prompt": str(i)} for i in range(5)]
     got = [r["prompt"] for r in step_rows(rows, 2, 3, 0, 0)]
     assert got[:3] == [got[0]] * 3 and got[3:] == [got[3]] * 3
+
+
+def test_a_resume_finds_the_files_whose_content_changed(tmp_path):
+    """run.json records a fingerprint of each dataset and reward module at the start; a
+    resume reads them again and names those that changed (it warns: a fixed reward is a
+    reason to resume), and none when they are as they were."""
+    import shutil
+    from pathlib import Path
+
+    from rpeg.runtime.inputs import changed_since, fingerprints
+    from rpeg.spec import load
+    root = Path(__file__).resolve().parents[2] / "pipelines"
+    shutil.copytree(root, tmp_path / "p")
+    pipeline = load(tmp_path / "p" / "tiny_grpo.rpeg")
+    at_start = fingerprints(pipeline)
+    data = str(tmp_path / "p" / "data" / "toy.jsonl")
+    assert set(at_start) == {data, str(tmp_path / "p" / "rewards.py")}
+    assert changed_since(at_start, pipeline) == []
+    with open(data, "a") as fh:
+        fh.write('{"prompt": "z*1=", "answer": "z"}\n')
+    assert changed_since(at_start, pipeline) == [data]

@@ -33,7 +33,7 @@ from rpeg.runtime.core.choices import restarts_at_cut
 from rpeg.runtime.dask.checkpointing import replan
 from rpeg.runtime.dask.driver import RunOptions, RunResult
 from rpeg.runtime.dask.runner import Resilience, run_resilient
-from rpeg.runtime.inputs import check_inputs, from_older_record
+from rpeg.runtime.inputs import changed_since, check_inputs, from_older_record
 from rpeg.runtime.lowering.instances import lookback
 from rpeg.runtime.rundir import checkpoints as ckio
 from rpeg.runtime.rundir import files as rf
@@ -60,6 +60,10 @@ def resume_run(run_dir: str | Path, options: RunOptions | None = None,
         plan = _load_value(rd, "plan.json", plan_from_json, "plan")
         check_plan_of_run(rd, pipeline, plan)
         check_inputs(pipeline, resumed=True)    # the files the run read, where it read them
+        for path in changed_since(meta.files, pipeline):
+            print(f"rpeg: warning: {path} changed since the run started: the steps from "
+                  f"here read it as it is now (the run's earlier steps read it as it was)",
+                  file=sys.stderr)
         skipped: list[str] = []
         ck = ckio.latest(rd.path, skipped=skipped, check=_tensors_checked(pipeline))
         for s in skipped:

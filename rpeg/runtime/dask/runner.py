@@ -76,7 +76,7 @@ from rpeg.runtime.dask.driver import (
 from rpeg.runtime.dask.losses import Rollback, Watch, WorkerLost
 from rpeg.runtime.dask.segments import Evals, Interrupted, Recorder, SegmentLoop, Tally
 from rpeg.runtime.dask.stopflag import StopFlag, Terminated
-from rpeg.runtime.inputs import check_inputs, recorded_paths
+from rpeg.runtime.inputs import check_inputs, fingerprints, recorded_paths
 from rpeg.runtime.rundir import files as rf
 from rpeg.runtime.rundir.directory import RunDir, host_usage
 from rpeg.runtime.rundir.files import RunLock
@@ -155,6 +155,7 @@ def run_resilient(pipeline: Pipeline, plan: Plan, options: RunOptions,
                                scheduler=options.scheduler or "local", started=time.time(),
                                spec=str(Path(spec_path).absolute()) if spec_path else None,
                                overrides=options.overrides)
+            meta.files = fingerprints(pipeline)     # what a resume checks it reads again
             rd.write_text("metrics.jsonl", "")
             state = RunState(0, [], [], defaultdict(list), {})
             return _run(pipeline, plan, options, spec_path, resilience, on_step, rd, state,

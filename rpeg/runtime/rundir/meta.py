@@ -151,6 +151,7 @@ class RunMeta:
     host: dict | None = None                       # rpeg.runtime.rundir.directory.host_usage
     wall_s: float | None = None
     error: str | None = None                       # why a failed run stopped (its message)
+    files: dict[str, str] = attrs.field(factory=dict)   # input file -> its content's hash
     extra: dict = attrs.field(factory=dict)        # keys of an older record, kept as they were
 
     @classmethod
@@ -181,6 +182,7 @@ class RunMeta:
             "host": self.host,
             "wall_s": self.wall_s,
             "error": self.error,
+            "files": self.files or None,
         }
         out.update((k, v) for k, v in optional.items() if v is not None)
         return out
@@ -209,7 +211,7 @@ class RunMeta:
             homes=v.pop("homes", None), cuda=v.pop("cuda", None),
             gpus=_devices(v.pop("gpus", {})), tasks=int(v.pop("tasks", 0)),
             host=v.pop("host", None), wall_s=v.pop("wall_s", None),
-            error=v.pop("error", None))
+            error=v.pop("error", None), files=dict(v.pop("files", None) or {}))
         out.extra = v
         return out
 

@@ -1,4 +1,5 @@
-"""Where a command may write: never into a run directory, written or reached through a link."""
+"""Run directories as other commands meet them: never written into (as written or through a
+link), and a run whose process is gone told from one still writing."""
 
 from __future__ import annotations
 
@@ -30,3 +31,14 @@ def test_a_link_into_a_run_directory_leads_inside_it(run, tmp_path):
         check_folder_destination(tmp_path / "lnk" / "out", "-o")
     with pytest.raises(RpegError, match="inside the run directory"):
         check_file_destination(tmp_path / "lnk" / "plan.json", "-o")
+
+
+def test_a_run_whose_process_is_gone_reads_as_stopped(run):
+    """run.json left at "running" by a killed process: no process holds the run's lock
+    (the kernel dropped it), so the record says stopped; while a run holds it, running."""
+    from rpeg.runtime.rundir.files import RunLock
+    from rpeg.runtime.rundir.record import _status
+    assert _status(run, {"status": "running"}) == "stopped"
+    assert _status(run, {"status": "ok"}) == "ok"
+    with RunLock.take(run):
+        assert _status(run, {"status": "running"}) == "running"

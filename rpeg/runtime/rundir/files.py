@@ -259,6 +259,17 @@ def check_unlocked(run_dir: Path) -> None:
         os.close(fd)
 
 
+def held(run_dir: Path) -> bool:
+    """Whether a process holds ``run_dir``'s lock (a run writing it now): the kernel drops
+    a killed process's lock, so a record that says "running" without it was left by a run
+    that did not close it (killed, or its machine lost)."""
+    try:
+        check_unlocked(run_dir)
+    except RuntimeFailure:
+        return True
+    return False
+
+
 class RunLock:
     """An exclusive lock on a run directory while a run writes it (``flock`` on
     ``run.lock``, which holds the pid of the process that took it). The kernel drops it

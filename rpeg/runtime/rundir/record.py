@@ -207,6 +207,17 @@ def _with_lengths(path: Path, pipeline, plan, cluster, rows: list[dict], pr: dic
 
 # --- the record -------------------------------------------------------------------------
 
+STOPPED = "stopped"         # the record says running, and no process holds the run's lock
+
+
+def _status(path: Path, meta: dict) -> str:
+    """run.json's status, or :data:`STOPPED` for a run whose process ended without closing
+    its record (``rpeg run --resume`` continues it from its last checkpoint)."""
+    from rpeg.runtime.rundir.files import held
+    status = meta.get("status", "unknown")
+    return STOPPED if status == "running" and not held(path) else status
+
+
 def build_record(run_dir: str | Path, spec_path: str | None = None) -> dict:
     """The record of ``run_dir`` as it is now (writes cluster.json if it can find the cluster)."""
     from rpeg.runtime.rundir.directory import RunDir
@@ -254,7 +265,7 @@ def build_record(run_dir: str | Path, spec_path: str | None = None) -> dict:
         "schema": SCHEMA,
         "id": sha256_text(json.dumps(ident))[:12],
         "pipeline": pipeline.name,
-        "status": meta.get("status", "unknown"),
+        "status": _status(path, meta),
         **({"error": meta["error"]} if meta.get("error") else {}),
         "steps": meta.get("steps"),
         "started": _iso(meta.get("started")),

@@ -18,6 +18,7 @@ over the base model), or with ``merge`` the base model with the adapters folded 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -166,6 +167,11 @@ def _save_weights(state: dict, spec, folder: Path, dtype) -> None:
 
     tensors = {k: v.to(dtype).contiguous() for k, v in hf_state(state, spec.dims).items()}
     save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    # safetensors creates its file owner-only; the export's other files are as the user's
+    # umask makes a new file (what a user sharing the folder with a server expects)
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(folder / "model.safetensors", 0o666 & ~umask)
 
 
 def _config(spec) -> dict:

@@ -174,6 +174,9 @@ def _usage(file: Path | None, resume: Path | None, spec, strategy: RunStrategy, 
         raise typer.BadParameter(text, param_hint=hint)
 
     if resume is not None:
+        if file is not None and "=" in str(file):       # KEY=VALUE, read as the FILE
+            bad(f"continues the run directory's own pipeline; an override ({file}) cannot "
+                "go with it (--steps extends the run)", "--resume")
         if file is not None:
             bad("continues a run directory; give no FILE with it", "--resume")
         for given, name in ((spec, "--spec"), (cluster, "--cluster"), (staleness, "--staleness"),

@@ -83,6 +83,8 @@ def test_export_loads_with_transformers_and_gives_the_policys_logits(fp32_run, t
     assert "exported actor (step 2, version 2)" in capsys.readouterr().out
     names = {p.name for p in out.iterdir()}
     assert {"config.json", "model.safetensors", "tokenizer.json", "rpeg_export.json"} <= names
+    modes = {p.name: p.stat().st_mode & 0o777 for p in out.iterdir()}
+    assert modes["model.safetensors"] == modes["config.json"], modes   # not owner-only
     cfg = json.loads((out / "config.json").read_text())
     assert cfg["architectures"] == ["LlamaForCausalLM"] and cfg["torch_dtype"] == "float32"
     from safetensors import safe_open

@@ -88,6 +88,7 @@ def test_compile_never_writes_over_a_file_it_reads(capsys, tmp_path, monkeypatch
     (["run", TINY, "--seed", "-1"], "greater than or equal to 0"),
     (["run", TINY, "--cluster", LOCAL, "--profile", "shipped"], "--profile"),
     (["run", "--resume", "somewhere", TINY], "give no FILE with it"),
+    (["run", "--resume", "somewhere", "workload.steps=5"], "an override (workload.steps=5)"),
     (["run", "--resume", "somewhere", "--staleness", "0"], "cannot go with --resume"),
     (["graph", TINY, "--chunks", "rollout"], "must be STAGE=N"),
     (["graph", TINY, "--chunks", "rollout=2"], "needs --steps"),

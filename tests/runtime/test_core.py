@@ -142,6 +142,20 @@ def test_a_device_without_progress_past_its_limit_is_stuck(ppo, plan_by_hand):
     assert [(s.task.ids, s.idle_s) for s in stuck] == [((first,), 6.0)]
 
 
+def test_a_stuck_task_of_several_ops_names_the_one_its_worker_is_on(ppo, plan_by_hand):
+    """A task packs several calls; those its worker finished report done as they end, so
+    the op blamed for no progress is the first not done (a hung reward after the forward
+    that ran before it in the task), not the task's first."""
+    core, out = _segment(ppo, plan_by_hand)
+    ids = tuple(i.call.id for i in out if isinstance(i, C.Submit))
+    assert len(ids) >= 1
+    task = Task(ids, 0, 0, 5.0, ())
+    assert core.running(task) == ids[0]
+    more = [i.call.id for i in core.handle(C.OpDone(ids[0])) if isinstance(i, C.Submit)]
+    longer = Task(ids + tuple(more), 0, 0, 5.0, ())         # the first done, the rest not
+    assert core.running(longer) == (ids + tuple(more))[1]
+
+
 def test_every_instruction_records_the_event_that_caused_it(ppo, plan_by_hand):
     """Each instruction's stimulus is the id of the event it answers: the adapter's own name
     for what it saw, else the core's (the event's kind and its place among the segment's

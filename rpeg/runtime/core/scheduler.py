@@ -436,6 +436,12 @@ class Core:
         self.finished = True
         return [Abort(op_id, error, cause, stimulus=self.stimulus)]
 
+    def running(self, task: Task) -> str:
+        """The op of ``task`` its worker is on: the first of its ops not done (those before
+        it reported done as they finished), not the task's first op."""
+        return next((i for i in task.ids if self.status.get(i) is not OpState.DONE),
+                    task.ids[0])
+
     def _done(self, op_id: str) -> list:
         if self.status.get(op_id) is not OpState.SUBMITTED:
             return []

@@ -277,8 +277,9 @@ class SegmentLoop:
             waiting = "".join(f"; device {d} waits for it in a collective"
                               for d in ins.blocked) \
                 + "".join(f"; device {d} waits to read an output it holds" for d in ins.reading)
-            raise watch.lost_or_stuck(task.device, workers[task.device], task.ids[0],
-                                      task.step, f"op stuck: no progress for {ins.idle_s:.1f} "
+            raise watch.lost_or_stuck(task.device, workers[task.device],
+                                      core.running(task), task.step,
+                                      f"op stuck: no progress for {ins.idle_s:.1f} "
                                       f"s (limit {task.limit_s:.1f} s from the plan's "
                                       f"prediction for {len(task.ids)} op(s)){waiting}"
                                       ).caused_by(ins.stimulus)

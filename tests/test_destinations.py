@@ -42,3 +42,4 @@ def test_a_run_whose_process_is_gone_reads_as_stopped(run):
     assert _status(run, {"status": "ok"}) == "ok"
     with RunLock.take(run):
         assert _status(run, {"status": "running"}) == "running"
+

@@ -170,3 +170,17 @@ def test_a_trace_is_checked_against_the_placed_graph(ppo):
     report = check(calls4, four, _trace(calls4, workers), workers, 3, homes, placed)
     assert any("rollout@0#3, no instance of the placed graph" in str(v)
                for v in report.violations), str(report)
+
+
+def test_verify_says_which_steps_began_and_which_never_ran(tmp_path):
+    """A run of 4 steps that failed in step 2: steps 0 and 1 finished, step 2 began (some
+    of its ops ran) and did not finish, step 3 never ran."""
+    from types import SimpleNamespace
+
+    from rpeg.runtime.rundir.check import check_metrics
+    (tmp_path / "metrics.jsonl").write_text('{"step": 0}\n{"step": 1}\n')
+    steps, problems = check_metrics(SimpleNamespace(path=tmp_path),
+                                    {"steps": 4, "status": "failed"}, [{"step": 2}])
+    assert (steps.done, steps.checked) == (2, 3)
+    assert problems == [(3, "steps 3..3 never ran (the run ended 'failed'; step 2 began and "
+                            "did not finish)")]

@@ -104,8 +104,11 @@ def check_metrics(rd, meta: dict, events: list[dict]) -> tuple[Steps, list[tuple
         problems.append((done, f"the run says it finished {recorded} steps, and "
                                f"{path.name} records {done}"))
     if checked < recorded:
+        began = (f"; step{'s' if checked - done > 1 else ''} {done}"
+                 + (f"..{checked - 1}" if checked - done > 1 else "")
+                 + " began and did not finish") if done < checked else ""
         problems.append((checked, f"steps {checked}..{recorded - 1} never ran (the run "
-                                  f"ended '{meta.get('status', 'unknown')}')"))
+                                  f"ended '{meta.get('status', 'unknown')}'{began})"))
     return Steps(recorded, done, checked), problems
 
 

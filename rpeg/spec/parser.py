@@ -161,7 +161,11 @@ def parse_bytes(raw: bytes, path: str) -> ast.File:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
         line = raw[: e.start].count(b"\n") + 1
-        raise SpecError("file is not valid UTF-8 text", Span(path, line, 1)) from None
+        col = len(raw[raw.rfind(b"\n", 0, e.start) + 1: e.start].decode("utf-8", "replace")) + 1
+        raise SpecError(f"file is not valid UTF-8 text: byte 0x{raw[e.start]:02x} here",
+                        Span(path, line, col),
+                        hint="save the file as UTF-8 (a Latin-1 editor writes é as 0xe9)"
+                        ) from None
     return parse_text(text, path)
 
 

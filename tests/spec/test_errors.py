@@ -319,14 +319,16 @@ def test_error_in_base_names_the_base_and_the_extend(tmp_path):
     assert "steps must be at least 1" in info.value.message
 
 
-@pytest.mark.parametrize(("raw", "message"), [
-    (b"pipeline p\x00\x01\x02", "not binary"),
-    (b"pipeline p\n\xff\xfe model", "not valid UTF-8"),
+@pytest.mark.parametrize(("raw", "message", "where"), [
+    (b"pipeline p\x00\x01\x02", "not binary", (1, 11)),
+    (b"pipeline p\n\xff\xfe model", "not valid UTF-8 text: byte 0xff here", (2, 1)),
+    (b"pipeline p\n# caf\xe9\n", "not valid UTF-8 text: byte 0xe9 here", (2, 6)),
 ])
-def test_binary_and_undecodable_files(tmp_path, raw, message):
+def test_binary_and_undecodable_files(tmp_path, raw, message, where):
     with pytest.raises(SpecError) as info:
         check_file(_write(tmp_path, raw))
     assert message in info.value.message
+    assert (info.value.span.line, info.value.span.col) == where    # at the byte
 
 
 def test_missing_file_and_directory(tmp_path):

@@ -170,8 +170,11 @@ def conversation_gen(work, par, devices, topo, cluster, batch: int, engine: Engi
             stop = alive[own_turn]
         n = int(round(local * stop))
         if n > 0:
+            # the conversations that ended in a round are handed on when the round is over:
+            # after its decoding, and after the tool calls of those that go on (the engines
+            # yield a round's ended ones once its calls ran, backends.turns.converse)
             idx = np.linspace(0, len(g.finish) - 1, n).round().astype(int)
-            finish.append(start + g.finish[idx])
+            finish.append(np.full(n, start + r.generate_s + r.tools_s))
             lengths.append(own_turn * (turn_len + obs) + g.lengths[idx])
         parts += [(f"turn {r.turn} generation", r.generate_s), (f"turn {r.turn} tools",
                                                                 r.tools_s)]

@@ -100,6 +100,25 @@ def test_carrying_conversations_runs_fewer_rounds_a_step(setup):
     assert carried[0].rows > whole[0].rows               # two cohorts a round
 
 
+@pytest.mark.parametrize("partial", [0, 1024])
+def test_conversations_are_handed_on_when_their_round_is_over(setup, partial):
+    """A round's ended conversations leave the engine once the round's tool calls ran
+    (backends.turns.converse yields them then): the last finish is the stage's time, so the
+    simulated op holds its devices as long as its price says, and no sample is handed on
+    before its round's tools end."""
+    from rpeg.cost.turns import conversation_gen
+    _, cluster, work = setup
+    topo = Topology.from_cluster(cluster)
+    rs, _ = rounds(work, PAR, DEVICES, topo, cluster, work.workload.batch, Engine.VLLM,
+                   partial=partial)
+    g = conversation_gen(work, PAR, DEVICES, topo, cluster, work.workload.batch,
+                         Engine.VLLM, partial=partial)
+    ends = [sum(r.generate_s + r.tools_s for r in rs[:k + 1]) for k in range(len(rs))]
+    assert g.cost.time_s == pytest.approx(ends[-1])
+    assert float(g.finish.max()) == pytest.approx(g.cost.time_s)
+    assert all(any(f == pytest.approx(e) for e in ends) for f in set(g.finish.tolist()))
+
+
 def test_the_kv_cache_holds_whole_conversations(setup):
     _, cluster, work = setup
     one_turn = attrs.evolve(work, conversation=None)

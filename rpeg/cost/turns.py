@@ -35,6 +35,7 @@ import math
 import attrs
 import numpy as np
 
+from rpeg.cost import compute as C
 from rpeg.cost.engines import engine_terms
 from rpeg.cost.generation import (
     Gen,
@@ -182,7 +183,8 @@ def conversation_gen(work, par, devices, topo, cluster, batch: int, engine: Engi
     tools = sum(r.tools_s for r in rs)
     cost = StageCost(start, compute + tools, comm,
                      (("prefill", prefill), ("decode", start - prefill - tools - host),
-                      ("host", host), ("tools", tools)) + tuple(parts))
+                      ("host", host), ("tools", tools)) + tuple(parts),
+                     sum((g.cost.roof for g in gens), C.Roof()))   # every round's FLOPs, bytes
     fin = np.sort(np.concatenate(finish)) if finish else np.array([start])
     lens = np.concatenate(lengths) if lengths else np.array([1.0])
     order = np.argsort(np.concatenate(finish)) if finish else np.array([0])

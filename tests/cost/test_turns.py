@@ -120,8 +120,9 @@ def test_conversations_are_handed_on_when_their_round_is_over(setup, partial):
     # what the rounds compute and move is the stage's (its MFU and MBU are not 0)
     _, gens = rounds(work, PAR, DEVICES, topo, cluster, work.workload.batch, Engine.VLLM,
                      partial=partial)
-    assert g.cost.roof.flops == pytest.approx(sum(x.cost.roof.flops for x in gens)) > 0
-    assert g.cost.roof.bytes == pytest.approx(sum(x.cost.roof.bytes for x in gens)) > 0
+    assert g.cost.roof.flops == pytest.approx(sum(x.cost.roof.flops for x in gens))
+    assert g.cost.roof.bytes == pytest.approx(sum(x.cost.roof.bytes for x in gens))
+    assert g.cost.roof.flops > 0 and g.cost.roof.bytes > 0
 
 
 def test_the_kv_cache_holds_whole_conversations(setup):

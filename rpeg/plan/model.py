@@ -383,10 +383,11 @@ class Plan:
 def si(x: float, unit: str) -> str:
     """``x`` with the largest SI prefix that keeps it at or above 1 (3 significant digits).
 
-        >>> si(2.24e16, "FLOP"), si(512.0, "B")
-        ('22.4 PFLOP', '512 B')
+        >>> si(2.24e16, "FLOP"), si(512.0, "B"), si(1.0042e18, "FLOP")
+        ('22.4 PFLOP', '512 B', '1 EFLOP')
     """
-    for prefix, f in (("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
+    for prefix, f in (("Z", 1e21), ("E", 1e18), ("P", 1e15), ("T", 1e12), ("G", 1e9),
+                      ("M", 1e6), ("k", 1e3)):
         if x >= f:
             return f"{x / f:.3g} {prefix}{unit}"
     return f"{x:.3g} {unit}"

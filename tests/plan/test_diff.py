@@ -47,3 +47,14 @@ def test_stage_only_in_one_plan_and_unpriced_plans():
     d = diff_plans(_plan(), b)
     assert ("actor_step", "devices 4-7 dp4 tp1 pp1 mb1 zero2 chunks1 torch", "-") in d.placements
     assert d.step_time_delta_s is None and "predicted step" not in str(d)
+
+
+def test_the_memory_reserve_a_plan_was_made_with_is_a_difference():
+    """Two plans of one spec on one cluster, one made with --memory-reserve 15%: the
+    reserve is what they differ in, said even where the placements came out the same."""
+    a = _plan(predicted=Predicted(10.0, (50e9,) * 8, memory_capacity=80e9, memory_reserve=8e9))
+    b = _plan(predicted=Predicted(10.0, (50e9,) * 8, memory_capacity=80e9,
+                                  memory_reserve=12e9))
+    d = diff_plans(a, b)
+    assert not d.same and d.structure == (
+        ("memory reserve", "8.0 GB of 80 GB (10%)", "12.0 GB of 80 GB (15%)"),)

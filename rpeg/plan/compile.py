@@ -239,7 +239,7 @@ def _seeded(ctx: Context, ev: Evaluator, opts: SearchOptions, deadline: float):
     sub = _sub_cluster(ctx.cluster)
     try:                       # a pin beyond the sub-cluster, or nothing fits it: no seeds
         small = Context.of(ctx.pipeline, sub, ctx.limits, like=ctx) if sub else None
-        if small is None or unfit_stage(small) is not None:
+        if small is None or not all_fit(small):
             found = None
         else:
             sev = Evaluator(ctx.pipeline, sub, steps=ev.steps, engine_kv=ev.engine_kv)
@@ -507,27 +507,45 @@ def no_fit(ctx: Context, closest: list[Evaluation], ev: Evaluator | None = None,
 def unfit_stage(ctx: Context) -> PlanError | None:
     """The error for a model stage that fits no block of the cluster alone, in any layout
     the executor runs (then nothing fits, whatever a search tries), with a change checked
-    to make it fit, else what binds; None if there is none."""
+    to make it fit, else what binds; every other such stage a note of it, with its own
+    (a hint applied for the first must not lead into an error it did not say); None if
+    there is none."""
+    found = [e for e in (_unfit(ctx, s) for s in model_stages(ctx.pipeline)) if e is not None]
+    if not found:
+        return None
+    first, *rest = found
+    first.notes = tuple(first.notes) + tuple(
+        (e.message + (f" (hint: {e.hint})" if e.hint else ""), e.span) for e in rest)
+    return first
+
+
+def all_fit(ctx: Context) -> bool:
+    """Whether every model stage fits some block of the cluster alone (:func:`unfit_stage`
+    says nothing), asked without pricing a hint."""
+    return all(any(ctx.table.options(s, size) for size in ctx.table.sizes)
+               for s in model_stages(ctx.pipeline))
+
+
+def _unfit(ctx: Context, stage: str) -> PlanError | None:
+    """:func:`unfit_stage`'s error for ``stage`` alone, or None where it fits a block."""
+    if any(ctx.table.options(stage, size) for size in ctx.table.sizes):
+        return None
     cap = usable_memory(ctx.cluster.gpu)
-    for stage in model_stages(ctx.pipeline):
-        if any(ctx.table.options(stage, size) for size in ctx.table.sizes):
-            continue
-        need, par, engine, kinds = least_need(ctx.pipeline, stage, ctx.cluster, ctx.limits)
-        s = ctx.pipeline.stage(stage)
-        what = _what(ctx, stage)
-        if par is None:
-            hint = "check its place pin against the executor" + (
-                "" if ctx.limits == Limits() else ", or plan it with --any-executor")
-            return PlanError(f"{what} ({stage}) must have a layout this executor runs on "
-                             f"this cluster, not none", s.span, hint=hint)
-        p = placement(stage, tuple(range(par.size)), Choice(stage, par.size, par,
-                                                           engine, 0, need))
-        sf = Shortfall(0, need, cap, stage, s.target, (), kinds, p)
-        return shortfall_error(ctx.pipeline, ctx.cluster, ctx.limits, sf,
-                               f"{what} ({stage}) alone, in its smallest layout,",
-                               stage_hints(ctx.pipeline, ctx.cluster, ctx.limits, stage),
-                               binding(ctx.pipeline, ctx.cluster, ctx.limits, stage))
-    return None
+    need, par, engine, kinds = least_need(ctx.pipeline, stage, ctx.cluster, ctx.limits)
+    s = ctx.pipeline.stage(stage)
+    what = _what(ctx, stage)
+    if par is None:
+        hint = "check its place pin against the executor" + (
+            "" if ctx.limits == Limits() else ", or plan it with --any-executor")
+        return PlanError(f"{what} ({stage}) must have a layout this executor runs on "
+                         f"this cluster, not none", s.span, hint=hint)
+    p = placement(stage, tuple(range(par.size)), Choice(stage, par.size, par,
+                                                       engine, 0, need))
+    sf = Shortfall(0, need, cap, stage, s.target, (), kinds, p)
+    return shortfall_error(ctx.pipeline, ctx.cluster, ctx.limits, sf,
+                           f"{what} ({stage}) alone, in its smallest layout,",
+                           stage_hints(ctx.pipeline, ctx.cluster, ctx.limits, stage),
+                           binding(ctx.pipeline, ctx.cluster, ctx.limits, stage))
 
 
 def _what(ctx: Context, stage: str) -> str:

@@ -103,7 +103,7 @@ def diff_plans(a: Plan, b: Plan, a_name: str = "a", b_name: str = "b") -> PlanDi
         if set(x) != set(y):
             structure.append((label, _groups(x), _groups(y)))
     ra, rb = _reserve(a), _reserve(b)             # what a plan leaves free shapes it
-    if ra != rb:
+    if ra != rb and "-" not in (ra, rb):          # (an unpriced plan says nothing of it)
         structure.append(("memory reserve", ra, rb))
     return PlanDiff(a_name, b_name, placements, tuple(structure),
                     (_step(a), _step(b)), (_peak(a), _peak(b)))

@@ -74,3 +74,18 @@ def test_more_gpus_are_not_offered_where_each_replica_holds_the_model():
     if not err.hints:
         assert "more GPUs add replicas, not room" in err.hint
         assert err.hint == binding(pipeline, cluster, limits, "rollout")
+
+
+def test_every_stage_that_fits_nowhere_is_said_at_once():
+    """405B on 64 H100 at rpeg's executor: generation, the reference and training each fit
+    no layout; the error names all three (each with its own hint), so applying the first
+    hint does not lead into an error about the next."""
+    pipeline = load(FIX / "grpo_llama405b.rpeg")
+    cluster = load_cluster(ROOT / "pipelines" / "clusters" / "h100_64.rpeg")
+    err = no_fit(pipeline, cluster, Limits.runtime())
+    said = [err.message] + [text for text, _ in err.notes]
+    unfit = [s for s in ("rollout", "ref_lp", "actor_step")
+             if not fits_alone(pipeline, cluster, Limits.runtime(), s)]
+    assert len(unfit) > 1
+    for stage in unfit:
+        assert any(f"({stage}) alone, in its smallest layout" in t for t in said), said

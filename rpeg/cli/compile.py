@@ -292,9 +292,14 @@ def summary_text(report, cluster, output: Path, gantt: Path | None, pipeline,
     times = dict(pr.op_times)
     from rpeg.plan.structure import plan_graph
     op_of = {s: o.name for o in plan_graph(pipeline, plan).ops for s in o.stages}
+    ran_on = {u.stage: u.devices for u in pr.ops}
     for p in plan.placements:
         t = times.get(op_of.get(p.stage), 0.0)
-        rows.append((p.stage, device_ranges(p.devices), str(p.dp), str(p.tp), str(p.pp),
+        where = device_ranges(p.devices)
+        if 0 < ran_on.get(op_of.get(p.stage), len(p.devices)) < len(p.devices):
+            # one call over the whole batch (a group estimator), on the first block
+            where += f" (one call, on {device_ranges(p.devices[:len(p.devices) // p.dp])})"
+        rows.append((p.stage, where, str(p.dp), str(p.tp), str(p.pp),
                      f"{p.microbatches}" + (" +recompute" if p.recompute else ""), str(p.zero),
                      str(p.chunks), p.engine.value, f"{t:.2f}"))
     lines += _table(rows)

@@ -109,7 +109,8 @@ class Hermes(Format):
         return ("</tool_call>",)
 
     def parse(self, text, tools):
-        m = self.CALL.search(text)
+        at = text.rfind("<tool_call>")           # the last call: not an example before it
+        m = self.CALL.search(text, at) if at >= 0 else None
         return _json_call(m.group(1), tools) if m else None
 
     def wrap(self, observation, ended_at_eos):

@@ -206,9 +206,7 @@ def _after_turn(live: list[Response], box: Toolbox, eos: int) -> list[Response]:
             else:
                 _end(r, cut=not at_eos)
             continue
-        said = _since_observation(r)[:-1 if at_eos else None]
-        call = box.format.parse(box.codec.decode(said, special=True), conv.tools) \
-            if turn else None
+        call = _call_in(r, box, at_eos) if turn else None
         if call is not None and r.turns < conv.max_turns and room > 0:
             calls.append((r, call, at_eos))
         else:
@@ -237,15 +235,28 @@ def _after_turn(live: list[Response], box: Toolbox, eos: int) -> list[Response]:
 PREFILL = 256       # prompt tokens a first turn's call may have started in
 
 
-def _since_observation(r: Response) -> list[int]:
-    """What a call in the current turn is read from: the turn, and before it the policy's
-    text back to the last observation -- for the first turn, the prompt's end, so a call
-    the prompt opened (an assistant prefill) is completed by the turn."""
+def _call_in(r: Response, box: Toolbox, at_eos: bool):
+    """The call the current turn makes: read from the policy's own text back to the last
+    observation; failing that, on a first turn, with the prompt's end before it, so a call
+    the prompt opened (an assistant prefill) is completed by the turn. Never from the
+    prompt alone: an example call in a system message is not the policy's."""
+    own, head = _since_observation(r)
+    cut = -1 if at_eos else None
+    tools, text = box.conv.tools, (lambda ids: box.codec.decode(ids, special=True))
+    call = box.format.parse(text(own[:cut]), tools)
+    if call is None and head:
+        call = box.format.parse(text((head + own)[:cut]), tools)
+    return call
+
+
+def _since_observation(r: Response) -> tuple[list[int], list[int]]:
+    """(the policy's text back to the last observation, the prompt's last PREFILL tokens
+    where that reaches the prompt: a first turn)."""
     start = r.turn_start
     while start > 0 and r.mask[start - 1] == 1:
         start -= 1
     head = [int(t) for t in r.prompt[-PREFILL:]] if start == 0 else []
-    return head + list(r.tokens[start:])
+    return list(r.tokens[start:]), head
 
 
 def _count(box: Toolbox, ended: list[Response]) -> None:

@@ -205,3 +205,21 @@ def test_chat_formats_close_the_turn_the_policy_left_open():
     head_closed, _ = F.of(ToolFormat.HERMES).wrap("x", ended_at_eos=True)
     assert head_open.startswith("<|im_end|>") and not head_closed.startswith("<|im_end|>")
     assert F.observation_text(ToolFormat.MISTRAL, False, "", "boom") == '"error: boom"'
+
+
+def test_an_example_call_in_the_prompt_is_not_the_policys(sandbox):
+    """A system message showing how to call (SmolLM2's, Qwen's) holds a whole call in the
+    prompt's last tokens: the call the policy writes is the one run, and a turn without
+    one makes none (the example was read as the call, and failed to parse, before)."""
+    import attrs
+    conv = attrs.evolve(CALC, tools=("echo",), format=ToolFormat.HERMES, max_obs_len=64,
+                        max_total_len=2000)
+    prompt = CODEC.encode('call: <tool_call>{"name": "echo", "arguments": {"x": "9*9"}}'
+                          '</tool_call>\nuser: ')
+    script = {0: ['<tool_call>{"name": "echo", "arguments": {"x": "2+3"}}</tool_call>', "ok$"],
+              1: ["no call here$"]}
+    rows = [Response(0, i, np.asarray(prompt, np.int64)) for i in script]
+    rows, ended, box = talk(sandbox, script, conv, max_len=400, rows=rows)
+    seen = text(rows[0], 0)
+    assert "2+3" in seen and "9*9" not in seen and rows[0].turns == 2, seen
+    assert rows[1].turns == 1 and text(rows[1], 0) == ""

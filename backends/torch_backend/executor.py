@@ -277,7 +277,10 @@ class Executor:
                                hint="pin it to tp = 1: place ... { tp = 1 }")
         w = self.ctx.pipeline.workload
 
-        def row_of(step: int, index: int) -> dict:
+        def row_of(cohort: int, index: int) -> dict:
+            # a carried cohort is the step whose prompts it answers; without carrying, the
+            # engine numbers its one cohort 0, and its prompts are this call's step's
+            step = cohort if call.carry else call.step
             return sampling.rows_for(self.rows, w, step, mine[index:index + 1], self.ctx.data)[0]
         return self.toolbox(conv, codec, row_of, params.max_new_tokens)
 

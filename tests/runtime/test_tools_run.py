@@ -138,3 +138,38 @@ def test_the_tool_tasks_reward_pays_only_an_answer_after_the_tools_value():
     answers = [json.loads(x)["answer"] for x in
                (ROOT / "pipelines" / "data" / "keys.jsonl").read_text().splitlines()]
     assert 0.2 + 0.8 * 0.3 < guess_ceiling(answers) < 1.0
+
+
+ENV = '''\
+class Echo:
+    def reset(self, prompt, row):
+        return "P=" + prompt
+
+    def step(self, action):
+        return "ok", True
+'''
+
+ENV_REWARD = '''\
+def same_prompt(prompts, responses, answers=None):
+    return [float(("P=" + p) in r) for p, r in zip(prompts, responses)]
+'''
+
+
+def test_an_environment_is_reset_with_its_own_steps_prompt(tmp_path):
+    """Each step's conversations start their environments on that step's prompts and rows
+    (step 1 reset them on step 0's before): the environment echoes the prompt it got, and
+    the reward pays the echo of the sample's own prompt."""
+    (tmp_path / "envs.py").write_text(ENV)
+    (tmp_path / "same.py").write_text(ENV_REWARD)
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "keys.jsonl").write_text("".join(
+        json.dumps({"prompt": f"<t>{k}", "answer": "abc"}) + "\n"
+        for k in ("kem", "ubc", "xyz", "qrs")))
+    spec = SPEC.replace('tool t = python("tools:{tool}", timeout = 1 s, memory = 256 MB, '
+                        'max_output = 4 KB)', 'environment e = python("envs:Echo")').replace(
+        "tools = [t]", "environment = e").replace("rewards:lookup_reward", "same:same_prompt")
+    path = tmp_path / "env.rpeg"
+    path.write_text(spec.replace("{{", "{").replace("}}", "}"))
+    p = load(path)
+    rows = run_inline(p, split_plan(p, 1, staleness=0), steps=2)
+    assert [row["reward"] for row in rows] == [1.0, 1.0]

@@ -161,10 +161,16 @@ def of(fmt: ToolFormat) -> Format:
     return _FORMATS[ToolFormat(fmt)]
 
 
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
 def observation_text(fmt: ToolFormat, ok: bool, text: str, error: str) -> str:
     """What the policy sees of an outcome: the tool's text, or the error (the mistral format
     carries it as a JSON string)."""
     body = text if ok else ERROR + error
+    # text a tool decoded with surrogateescape (file names, a process's output) holds lone
+    # surrogates no tokenizer encodes: each becomes U+FFFD, as a decoder with "replace" does
+    body = _SURROGATE.sub("\ufffd", body)
     return json.dumps(body) if ToolFormat(fmt) is ToolFormat.MISTRAL else body
 
 

@@ -223,3 +223,14 @@ def test_an_example_call_in_the_prompt_is_not_the_policys(sandbox):
     seen = text(rows[0], 0)
     assert "2+3" in seen and "9*9" not in seen and rows[0].turns == 2, seen
     assert rows[1].turns == 1 and text(rows[1], 0) == ""
+
+
+@pytest.mark.parametrize("fmt", list(ToolFormat))
+def test_a_lone_surrogate_in_a_tools_text_is_a_replacement_character(fmt):
+    """Text a tool decoded with surrogateescape holds lone surrogates no tokenizer encodes
+    (the run stopped at the encoding): each becomes U+FFFD, the rest as it was."""
+    seen = F.observation_text(fmt, True, "bad \ud800 name \udcff é", "")
+    assert "\ud800" not in seen and "\udcff" not in seen
+    body = json.loads(seen) if fmt is ToolFormat.MISTRAL else seen
+    assert body == "bad \ufffd name \ufffd é"
+    CODEC.encode(seen)

@@ -242,3 +242,19 @@ def test_a_dead_server_fails_the_calls_in_flight_and_restarts(folder):
         assert out.text == "6"                    # a new server answered
     finally:
         box.close()
+
+
+def test_a_tool_module_that_prints_as_it_is_imported_starts_and_answers(tmp_path):
+    """The server imports the tools' modules in its own process: what a module prints then
+    (a line, or more than a pipe holds, unflushed) goes to its log, not into its answers
+    (the client read the text as a message's length and waited forever)."""
+    (tmp_path / "loud.py").write_text(
+        "print('loading loud ...', flush=True)\n"
+        "print('x' * (1 << 17))\n"
+        "def echo(text):\n    return 'echo:' + text\n")
+    box = Sandbox.start([Tool("echo", "loud", "echo", timeout=2.0)], path=[str(tmp_path)])
+    try:
+        (out,) = box.call_many([("echo", "hi")])
+        assert out.ok and out.text == "echo:hi"
+    finally:
+        box.close()

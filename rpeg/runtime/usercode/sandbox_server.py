@@ -604,7 +604,7 @@ class Server:
         self._send(msg.get("id"), {"ok": ok, "text": "", "error": "", **extra}, 0.0)
 
     def _send(self, id_, answer: dict, seconds: float, **extra) -> None:
-        write_message(1, {**answer, "id": id_, "seconds": round(seconds, 6), **extra})
+        write_message(_ANSWERS, {**answer, "id": id_, "seconds": round(seconds, 6), **extra})
 
     def _shutdown(self) -> None:
         for job in list(self.jobs.values()):
@@ -783,12 +783,21 @@ def _reap_orphans(keep: set[int]) -> None:
             pass
 
 
+_ANSWERS = 1          # the descriptor answers go out on (main moves them off stdout)
+
+
 def main() -> None:
+    global _ANSWERS
+    import fcntl
+    # the answers keep a descriptor of their own, and stdout becomes stderr: a tool module
+    # that prints as it is imported (or later, in this process) cannot write into them
+    _ANSWERS = fcntl.fcntl(1, fcntl.F_DUPFD, 100)
+    os.dup2(2, 1)
     config = read_message(0)
     server = Server(config)
     failed = server.load()
-    write_message(1, {"ready": True, "failed": failed, "landlock": server.abi,
-                      "root": os.geteuid() == 0})
+    write_message(_ANSWERS, {"ready": True, "failed": failed, "landlock": server.abi,
+                             "root": os.geteuid() == 0})
     server.serve()
 
 

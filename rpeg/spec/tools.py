@@ -335,6 +335,17 @@ def check_conversations(stages, tools: tuple[Tool, ...], items, workload,
         env = s.param("environment")
         if env is not None:
             _declared(env, by_name, True, call, "environment")
+            if s.param("tools"):               # an environment's step answers every turn
+                raise SpecError("generate(...) takes tools or an environment, not both: an "
+                                "environment answers every turn, so no tool would be called",
+                                call.kwarg("tools").span,
+                                hint="give the environment's step the tools' work, or drop "
+                                     "environment = ...")
+        elif int(s.param("max_turns") or DEFAULT_TURNS) < 2:
+            warnings.append(SpecWarning(
+                "max_turns = 1 with tools: the conversation ends after its first turn, before "
+                "any call it makes can run", call.kwarg("max_turns").span,
+                hint="max_turns = 2 or more lets a turn's call be answered"))
         used |= set(s.param("tools") or ()) | ({env} if env else set())
         if s.arg("refill_rounds"):
             raise SpecError("refill_rounds must generate single responses, not conversations "

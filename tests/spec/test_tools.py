@@ -128,6 +128,8 @@ CASES = [
      "refill_rounds must generate single responses, not conversations"),
     ("conversation-past-context", sub("max_obs_len = 16)", "max_obs_len = 200)"), 2, 65,
      "prompt_len + the longest response (8 + 648 = 656 tokens)"),
+    ("tools-and-environment", sub("environment = maze,", "tools = [calc], environment = maze,"),
+     8, 39, "generate(...) takes tools or an environment, not both"),
 ]
 
 
@@ -150,6 +152,13 @@ def test_an_unused_tool_is_a_warning(tmp_path):
                                              "environment = maze, max_obs_len = 8")))
     assert any("tool 'calc' is declared but no generate stage uses it" in w.message
                for w in checked.warnings)
+
+
+def test_tools_with_one_turn_are_a_warning(tmp_path):
+    """max_turns = 1: a turn's call would be answered only in a second turn, which never
+    comes; every call is cut (a run records no tool call at all)."""
+    checked = check_file(write(tmp_path, sub("max_turns = 3,", "max_turns = 1,")))
+    assert any("max_turns = 1 with tools" in w.message for w in checked.warnings)
 
 
 def test_the_conversation_length_sums_turns_and_observations(tmp_path):

@@ -156,8 +156,10 @@ _TURN_PARAMS = (
           "a user turn's <tool_response>), llama3 ({\"name\": ..., \"parameters\": ...}, "
           "then an ipython turn), mistral ([TOOL_CALLS][...], then [TOOL_RESULTS]...)",
           default="rpeg", choices=FORMATS),
-    Param("max_obs_len", Type.INT, "most tokens of one observation: a longer one is cut and "
-          "ends with a truncation marker", default=256, unit="tokens", low=1, high=1 << 20,
+    Param("max_obs_len", Type.INT, "most tokens of the tool's (or environment's) text in one "
+          "observation: a longer one is cut and ends with a truncation marker; the format's "
+          "wrapper around it (<result>...</result>, a tool_response turn) adds its own few",
+          default=256, unit="tokens", low=1, high=1 << 20,
           priced=True),
     Param("max_total_len", Type.INT, "most tokens of a conversation after its prompt, policy "
           "and observation tokens together: it ends when they are reached",

@@ -258,3 +258,20 @@ def test_a_tool_module_that_prints_as_it_is_imported_starts_and_answers(tmp_path
         assert out.ok and out.text == "echo:hi"
     finally:
         box.close()
+
+
+def test_max_output_counts_the_texts_utf8_bytes(tmp_path):
+    """max_output = 1000 bytes: 1,000 ASCII characters pass and 1,001 do not; 500 é (1,000
+    bytes) pass and 501 do not (the JSON escape of the answer was measured, with 1 KB
+    slack: 1,900 ASCII passed and 800 bytes of é did not)."""
+    (tmp_path / "sized.py").write_text(
+        "def sized(text):\n    ch, n = text.split()\n    return ch * int(n)\n")
+    box = Sandbox.start([Tool("sized", "sized", "sized", timeout=2.0, max_output=1000)],
+                        path=[str(tmp_path)])
+    try:
+        got = box.call_many([("sized", "a 1000"), ("sized", "a 1001"), ("sized", "é 500"),
+                             ("sized", "é 501")])
+        assert [o.ok for o in got] == [True, False, True, False], got
+        assert "more than 1000 bytes" in got[1].error
+    finally:
+        box.close()

@@ -228,14 +228,20 @@ def _text(value) -> str:
     return value
 
 
+def _over(text: str, cap: int) -> bool:
+    """Whether a tool's text is more than ``cap`` bytes (``max_output``), counted as UTF-8,
+    not as its JSON escape (which counts an é as 6 bytes and lets ASCII past the cap)."""
+    return 4 * len(text) > cap and len(text.encode("utf-8", "surrogatepass")) > cap
+
+
 def _run_call(fn, arg: str, out: int, cap: int) -> None:
     """In the child: the tool on ``arg``; its answer on ``out``."""
     try:
-        data = _answer(True, _text(fn(arg)))
+        text = _text(fn(arg))
+        data = _answer(False, error=f"the tool returned more than {cap} bytes") \
+            if _over(text, cap) else _answer(True, text)
     except BaseException as e:              # everything the tool does is the tool's failure
         data = _answer(False, error=_failure(e))
-    if len(data) > cap + 1024:
-        data = _answer(False, error=f"the tool returned more than {cap} bytes")
     _write_all(out, _frame(data))
     os._exit(0)
 
@@ -275,12 +281,10 @@ def _run_env(cls, prompt: str, row: dict, requests: int, out: int, cap: int) -> 
             os._exit(0)
         try:
             obs, done = _step_value(env.step(msg.decode("utf-8")))
-            data = _answer(True, obs, done=done)
+            data = _answer(False, error=f"the environment returned more than {cap} bytes",
+                           done=True) if _over(obs, cap) else _answer(True, obs, done=done)
         except BaseException as e:
             data = _answer(False, error=_failure(e), done=True)
-        if len(data) > cap + 1024:
-            data = _answer(False, error=f"the environment returned more than {cap} bytes",
-                           done=True)
         _write_all(out, _frame(data))
 
 

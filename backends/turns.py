@@ -103,7 +103,9 @@ class Toolbox:
         """Append an observation to ``r`` (wrapped, cut to its caps); whether there is room
         for another turn after it."""
         head, tail = self.format.wrap(text, ended_at_eos)
-        body = list(self.codec.encode(text))
+        # the format's wrapper is markup (its special tokens are tokens); the tool's text is
+        # data: a special token's name in it stays characters
+        body = list(self.codec.encode_plain(text))
         if len(body) > self.conv.max_obs_len:
             keep = max(self.conv.max_obs_len - len(self.marker), 0)
             body = body[:keep] + self.marker[:self.conv.max_obs_len - keep]

@@ -87,6 +87,13 @@ class Codec:
             return encode(text)
         return list(self.tokenizer.encode(text, add_special_tokens=False))
 
+    def encode_plain(self, text: str) -> list[int]:
+        """``text`` as plain text: a special token's name in it (``<|im_end|>``, ``<eos>``)
+        is its characters, never the token (a tool's output cannot end a turn, or open a
+        system message, by printing one)."""
+        tok = self.tokenizer if self.tokenizer is not None else byte_tokenizer()
+        return list(tok.encode(text, add_special_tokens=False, split_special_tokens=True))
+
     @property
     def has_chat_template(self) -> bool:
         return self.tokenizer is not None and bool(getattr(self.tokenizer, "chat_template", None))

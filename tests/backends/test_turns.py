@@ -234,3 +234,13 @@ def test_a_lone_surrogate_in_a_tools_text_is_a_replacement_character(fmt):
     body = json.loads(seen) if fmt is ToolFormat.MISTRAL else seen
     assert body == "bad \ufffd name \ufffd é"
     CODEC.encode(seen)
+
+
+def test_a_special_tokens_name_in_a_tools_text_stays_text(sandbox):
+    """A tool that prints '<eos>' (or a chat model's '<|im_end|>') gives characters, not the
+    token: an observation cannot end the policy's turn or open a turn of its own."""
+    rows, ended, box = talk(sandbox, {0: ["<calc>'v<'+'eos>after'</calc>", "done$"]},
+                            CALC, max_len=64)
+    observed = [t for t, m in zip(rows[0].tokens, rows[0].mask, strict=True) if m == 0]
+    assert EOS_ID not in observed and "v<eos>after" in CODEC.decode(observed)
+

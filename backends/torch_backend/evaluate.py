@@ -69,9 +69,13 @@ def evaluate(ex, model: str, step: int) -> dict:
             conv, codec, lambda _s, i, lo=lo: rows[lo + i], params.max_new_tokens)}
         for chunk in engine.generate(batch, attrs.evolve(params, seed=params.seed * 4096 + lo),
                                      chunks=1, **talk):
-            for i, ids in zip(chunk.prompt_index, chunk.response_ids, strict=True):
+            for k, (i, ids) in enumerate(zip(chunk.prompt_index, chunk.response_ids,
+                                             strict=True)):
                 responses[lo + int(i)] = codec.decode(ids)
-                lengths[lo + int(i)] = len(ids)
+                # the policy's tokens, as training counts them: a conversation's observations
+                # are the tools', not the answer's length
+                lengths[lo + int(i)] = len(ids) if chunk.masks is None else \
+                    int(np.sum(chunk.masks[k]))
     tokens = sum(lengths)
     texts = Texts(tuple(r["prompt"] for r in rows), tuple(responses),
                   tuple(answer_of(r) for r in rows), tuple(lengths),
@@ -80,10 +84,11 @@ def evaluate(ex, model: str, step: int) -> dict:
     out = {"step": step, "version": replica.version, "prompts": len(ex.eval_rows),
            "samples": e.samples, "reward": float(scores.mean()),
            "response_len": tokens / max(len(responses), 1)}
-    if np.isin(scores, (0.0, 1.0)).all():
-        correct = scores.reshape(-1, e.samples) >= 1.0
-        out["accuracy"] = float(correct.mean())
-        out[f"pass@{e.samples}"] = float(correct.any(axis=1).mean())
+    # accuracy: the share of answers scored in full (1 or more), at every evaluation alike
+    # (a verifier's 0/1, a graded reward's perfect answers), so its curve has no gaps
+    correct = scores.reshape(-1, e.samples) >= 1.0
+    out["accuracy"] = float(correct.mean())
+    out[f"pass@{e.samples}"] = float(correct.any(axis=1).mean())
     keep = p.log.samples
     out["kept"] = [sample_row(i, rows[i], responses[i], float(scores[i]))
                    for i in range(min(keep, len(rows)))]

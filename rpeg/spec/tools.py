@@ -276,6 +276,9 @@ def check_signature(tool: Tool, tree: pyast.Module, source: str, span: Span) -> 
         if "reset" in methods:
             _check_args(methods["reset"], 1, 3, f"{tool.function}.reset", source, span,
                         "reset(self, prompt, row)")
+        if "__init__" in methods:               # the sandbox makes one per sample, bare
+            _check_args(methods["__init__"], 1, 1, f"{tool.function}.__init__", source, span,
+                        "__init__(self)")      # one for each sample, with no arguments
         return
     if isinstance(node, pyast.ClassDef) or isinstance(node, pyast.AsyncFunctionDef):
         kind = "a class" if isinstance(node, pyast.ClassDef) else "an async function"

@@ -150,7 +150,7 @@ def test_a_tool_answers(box):
     ("prints", "output limit"),
     ("returns_much", "returned more than 65536 bytes"),
     ("raises", "ValueError: no such key: k1 (tools.py:"),
-    ("not_text", "a tool must return text, not int"),
+    ("not_text", "a tool (or an environment) must return text, not int"),
 ])
 def test_a_misbehaving_tool_is_an_error_and_the_sandbox_goes_on(box, tool, why):
     (out,) = box.call_many([(tool, "k1")])
@@ -275,3 +275,14 @@ def test_max_output_counts_the_texts_utf8_bytes(tmp_path):
         assert "more than 1000 bytes" in got[1].error
     finally:
         box.close()
+
+
+def test_an_environments_done_must_be_a_truth_value():
+    """(obs, "false") is not done: a string is no truth value, and bool() reads it as true;
+    the step is refused (an error observation, the sample ended) instead of ending quietly."""
+    from rpeg.runtime.usercode.sandbox_server import _step_value
+    assert _step_value(("seen", False)) == ("seen", False)
+    assert _step_value(("seen", 1)) == ("seen", True)
+    assert _step_value("seen") == ("seen", False)
+    with pytest.raises(TypeError, match="done a bool, not str"):
+        _step_value(("seen", "false"))

@@ -39,6 +39,12 @@ class Maze:
 class NoStep:
     def reset(self):
         pass
+
+class Sized:
+    def __init__(self, size):
+        self.size = size
+    def step(self, action):
+        return "wall", True
 '''
 
 
@@ -128,6 +134,8 @@ CASES = [
      "refill_rounds must generate single responses, not conversations"),
     ("conversation-past-context", sub("max_obs_len = 16)", "max_obs_len = 200)"), 2, 65,
      "prompt_len + the longest response (8 + 648 = 656 tokens)"),
+    ("environment-needs-arguments", sub("tools:Maze", "tools:Sized"), 6, 27,
+     "'Sized.__init__' in"),
     ("tools-and-environment", sub("environment = maze,", "tools = [calc], environment = maze,"),
      8, 39, "generate(...) takes tools or an environment, not both"),
 ]

@@ -224,7 +224,7 @@ def _failure(e: BaseException) -> str:
 
 def _text(value) -> str:
     if not isinstance(value, str):
-        raise TypeError(f"a tool must return text, not {type(value).__name__}")
+        raise TypeError(f"a tool (or an environment) must return text, not {type(value).__name__}")
     return value
 
 
@@ -261,6 +261,10 @@ def _call_reset(env, prompt: str, row: dict):
 def _step_value(value) -> tuple[str, bool]:
     if isinstance(value, tuple) and len(value) == 2:
         obs, done = value
+        if not isinstance(done, (bool, int)) and type(done).__name__ != "bool_":
+            # "false" is true to bool(): a done that is no truth value is the step's mistake
+            raise TypeError(f"an environment's step must return (text, done) with done a "
+                            f"bool, not {type(done).__name__}")
         return _text(obs), bool(done)
     return _text(value), False
 

@@ -97,9 +97,10 @@ def stage_hints(pipeline: Pipeline, cluster: Cluster, limits: Limits,
     need, par, engine, _ = least_need(pipeline, stage, cluster, limits)
     if par is not None and cap < need <= cluster.gpu.memory * 0.98:
         reserve = max(1 - need / cluster.gpu.memory - 0.005, 0.0)
-        out.append(Hint(f"a smaller memory reserve: {stage} needs {need / GB:.1f} GB of the "
-                        f"{cluster.gpu.memory / GB:.0f} (--memory-reserve "
-                        f"{100 * reserve:.0f}%, or reserve in the cluster)", stage,
+        out.append(Hint(f"a smaller memory reserve: {stage} alone, in its smallest layout, "
+                        f"needs {need / GB:.1f} GB of the {cluster.gpu.memory / GB:.0f} "
+                        f"(--memory-reserve {100 * reserve:.0f}%, or reserve in the cluster); "
+                        f"what shares its GPUs needs room beside it", stage,
                         reserve=round(reserve, 3)))
     return tuple(out)
 

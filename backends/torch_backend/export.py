@@ -142,8 +142,12 @@ def _trained_replica(ck, model: str) -> tuple[str, Path]:
             trained = sharded or (folder / "optimizer.safetensors").is_file()
             found.append((trained, version, key, folder))
     if not found:
+        held = sorted({m for key in os.listdir(ck.path) if (at := ReplicaAt.parse(key))
+                       and not at.key.variant for m in at.key.backbone.members})
         raise BackendError(f"checkpoint {ck.path.name} must hold model '{model}', and it "
-                           "does not")
+                           "does not", hint="a frozen model is not checkpointed (the run "
+                           "rebuilds it from its spec); the checkpoint holds "
+                           + (", ".join(held) or "no model"))
     return max(found)[2:]
 
 

@@ -433,7 +433,7 @@ def op_rows(pr) -> list[tuple[str, ...]]:
 def memory_title(pr) -> str:
     cap, reserve = pr.memory_capacity, pr.memory_reserve
     return (f"memory per GPU, GB, at its peak (usable {(cap - reserve) / 1e9:.1f} GB: "
-            f"{cap / 1e9:.0f} GB less a {100 * reserve / cap:.0f}% reserve)") if cap else \
+            f"{cap / 1e9:.3g} GB less a {100 * reserve / cap:.0f}% reserve)") if cap else \
         "memory per GPU, GB, at its peak"
 
 

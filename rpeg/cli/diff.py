@@ -100,6 +100,8 @@ def register(app: typer.Typer) -> None:
         spec: list[Path] = typer.Option(None, "--spec",
                                         help="Two plans: their spec, if not where a plan says "
                                              "(once for both, or twice: A's, then B's)."),
+        plots: bool = typer.Option(False, "--plots", help="Two runs: write their curves side "
+                                   "by side into B's plots/ (compare-A.png and .svg)."),
     ) -> None:
         """Show what changed between two specs, plans or runs (exit 1 if anything did)."""
         ka, kb = _kind(a), _kind(b)
@@ -123,6 +125,9 @@ def register(app: typer.Typer) -> None:
         if specs and ka != "plan":
             raise typer.BadParameter(f"names the specs of two plans; two {ka}s carry their own",
                                      param_hint="--spec")
+        if plots and ka != "run":
+            raise typer.BadParameter(f"draws two runs' curves; two {ka}s have none",
+                                     param_hint="--plots")
         if force and ka != "plan":
             raise typer.BadParameter(f"uses a plan with another spec; two {ka}s have no plan "
                                      "to check", param_hint="--force")
@@ -133,7 +138,7 @@ def register(app: typer.Typer) -> None:
             _plan_diff(a, b, as_json, force, tuple(specs))
         if ka == "run":
             from rpeg.experiments import diff_runs
-            result = diff_runs(a, b)
+            result = diff_runs(a, b, plots_in_b=plots)
             _emit(result, as_json)
             raise typer.Exit(1 if getattr(result, "changed", bool(result)) else 0)
         _spec_diff(a, b, cluster, as_json, seed, budget)

@@ -43,12 +43,22 @@ def register(app: typer.Typer) -> None:
         not_canonical: list[Path] = []
         for path in files:
             if str(path) == "-":
+                if write:
+                    print("rpeg fmt: --write rewrites files; standard input is none",
+                          file=sys.stderr)
+                    raise typer.Exit(2)
                 raw = sys.stdin.buffer.read()
                 try:
-                    sys.stdout.write(fmt(parse_bytes(raw, "<stdin>")))
+                    text = fmt(parse_bytes(raw, "<stdin>"))
                 except RpegError as e:
                     print(e.render(source=raw.decode("utf-8", errors="replace")), file=sys.stderr)
                     failed += 1
+                    continue
+                if not check:
+                    sys.stdout.write(text)
+                elif raw.decode("utf-8", errors="replace") != text:
+                    not_canonical.append(path)
+                    print("<stdin>: not in canonical form", file=sys.stderr)
                 continue
             try:
                 parsed = parse_file(path)

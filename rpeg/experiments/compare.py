@@ -94,9 +94,11 @@ class RunDiff:
         return "\n".join(lines) + "\n"
 
 
-def diff_runs(a: str | Path, b: str | Path, plot_dir: str | Path | None = None) -> RunDiff:
-    """Compare two run directories; the curves picture goes to ``plot_dir`` (default
-    ``B/plots``) as ``compare-<A's name>.png`` and ``.svg``."""
+def diff_runs(a: str | Path, b: str | Path, plot_dir: str | Path | None = None,
+              plots_in_b: bool = False) -> RunDiff:
+    """Compare two run directories; the curves picture goes to ``plot_dir`` (or, with
+    ``plots_in_b``, ``B/plots``, as ``rpeg show --plots`` writes a run's) as
+    ``compare-<A's name>.png`` and ``.svg``; with neither, nothing is written."""
     from rpeg.experiments import plots
     from rpeg.plan.diff import diff_plans
     from rpeg.spec.diff import diff
@@ -133,12 +135,11 @@ def diff_runs(a: str | Path, b: str | Path, plot_dir: str | Path | None = None) 
     changes = change_words(spec) + _plan_words(plan)
     sentence = cost_sentence(changes, _cost(pa, ra.plan), _cost(pb, rb.plan)) \
         if (changes and "error" not in pa and "error" not in pb) else None
-    folder = Path(plot_dir) if plot_dir else rb.path / "plots"
-    pics = plots.compare([(f"A: {ra.name}", list(ra.rows)), (f"B: {rb.name}", list(rb.rows))],
-                         folder / f"compare-{ra.name}",
-                         title=f"{ra.name} (A) vs {rb.name} (B)",
-                         keys=("reward", "kl", "step_time_s", "value_loss", "entropy",
-                               "tokens_per_s"))
+    folder = Path(plot_dir) if plot_dir else rb.path / "plots" if plots_in_b else None
+    pics = () if folder is None else plots.compare(
+        [(f"A: {ra.name}", list(ra.rows)), (f"B: {rb.name}", list(rb.rows))],
+        folder / f"compare-{ra.name}", title=f"{ra.name} (A) vs {rb.name} (B)",
+        keys=("reward", "kl", "step_time_s", "value_loss", "entropy", "tokens_per_s"))
     return RunDiff(str(a), str(b), (ra.record.get("id", "?"), rb.record.get("id", "?")),
                    tuple(inputs), spec, plan, tuple(figures), sentence,
                    tuple(str(p) for p in pics))

@@ -28,7 +28,10 @@ def test_diff_runs_explains_staleness_change(run_a, run_b, tmp_path):
 
 
 def test_cli_diff_runs_json_and_exit_status(run_a, run_b, tmp_path, capsys):
-    assert main(["diff", str(run_a), str(run_b), "--json"]) == 1
+    assert main(["diff", str(run_a), str(run_b), "--json"]) == 1     # writes nothing
+    assert not list((run_b / "plots").glob("compare-*")) and \
+        json.loads(capsys.readouterr().out)["pictures"] == []
+    assert main(["diff", str(run_a), str(run_b), "--json", "--plots"]) == 1
     data = json.loads(capsys.readouterr().out)
     assert data["changed"] is True
     c = data["consequences"]

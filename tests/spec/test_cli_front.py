@@ -86,6 +86,20 @@ def test_fmt_reads_stdin(capsys, monkeypatch):
         "    pipeline", "            ^"]
 
 
+def test_fmt_check_and_write_of_stdin(capsys, monkeypatch):
+    """--check reads standard input as it reads a file: nothing printed, exit 1 unless
+    canonical; --write has no file to rewrite there (a usage error)."""
+    def given(text: bytes):
+        monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(text)))
+    given(b"pipeline   p\nshare a,b\n")
+    rc, out, err = rpeg(capsys, "fmt", "--check", "-")
+    assert (rc, out) == (1, "") and "<stdin>: not in canonical form" in err
+    given(b"pipeline p\nshare a, b\n")
+    assert rpeg(capsys, "fmt", "--check", "-")[:2] == (0, "")
+    given(b"pipeline p\n")
+    assert rpeg(capsys, "fmt", "-w", "-")[0] == 2
+
+
 def test_fmt_syntax_error(capsys, work):
     bad = work / "bad.rpeg"
     bad.write_text("pipeline\n")

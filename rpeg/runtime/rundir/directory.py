@@ -78,6 +78,10 @@ class RunDir:
     @classmethod
     def open(cls, path: str | Path) -> RunDir:
         path = Path(path)
+        if not os.path.lexists(path):
+            raise RuntimeFailure(f"run directory '{path}' must exist, and it does not",
+                                 Span(str(path), 0, 0),
+                                 hint="runs are written under runs/ by rpeg run")
         if not path.is_dir():
             raise RuntimeFailure(f"run directory '{path}' must be a directory made by `rpeg "
                                  "run`, and it is not", Span(str(path), 0, 0),

@@ -522,13 +522,16 @@ def unfit_stage(ctx: Context) -> PlanError | None:
 def all_fit(ctx: Context) -> bool:
     """Whether every model stage fits some block of the cluster alone (:func:`unfit_stage`
     says nothing), asked without pricing a hint."""
-    return all(any(ctx.table.options(s, size) for size in ctx.table.sizes)
-               for s in model_stages(ctx.pipeline))
+    return all(_fits_alone(ctx, s) for s in model_stages(ctx.pipeline))
+
+
+def _fits_alone(ctx: Context, stage: str) -> bool:
+    return any(ctx.table.options(stage, size) for size in ctx.table.sizes)
 
 
 def _unfit(ctx: Context, stage: str) -> PlanError | None:
     """:func:`unfit_stage`'s error for ``stage`` alone, or None where it fits a block."""
-    if any(ctx.table.options(stage, size) for size in ctx.table.sizes):
+    if _fits_alone(ctx, stage):
         return None
     cap = usable_memory(ctx.cluster.gpu)
     need, par, engine, kinds = least_need(ctx.pipeline, stage, ctx.cluster, ctx.limits)

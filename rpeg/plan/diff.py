@@ -103,7 +103,7 @@ def diff_plans(a: Plan, b: Plan, a_name: str = "a", b_name: str = "b") -> PlanDi
         if set(x) != set(y):
             structure.append((label, _groups(x), _groups(y)))
     ra, rb = _reserve(a), _reserve(b)             # what a plan leaves free shapes it
-    if ra != rb and "-" not in (ra, rb):          # (an unpriced plan says nothing of it)
+    if ra and rb and ra != rb:                    # (an unpriced plan says nothing of it)
         structure.append(("memory reserve", ra, rb))
     return PlanDiff(a_name, b_name, placements, tuple(structure),
                     (_step(a), _step(b)), (_peak(a), _peak(b)))
@@ -117,11 +117,12 @@ def _groups(groups: tuple[tuple[str, ...], ...]) -> str:
     return "; ".join(", ".join(g) for g in groups) or "none"
 
 
-def _reserve(p: Plan) -> str:
-    """The memory a plan keeps free on each device, and its share of the device's."""
+def _reserve(p: Plan) -> str | None:
+    """The memory a plan keeps free on each device, and its share of the device's (None:
+    an unpriced plan)."""
     pr = p.predicted
     if pr is None or not pr.memory_capacity:
-        return "-"
+        return None
     return f"{pr.memory_reserve / 1e9:.1f} GB of {pr.memory_capacity / 1e9:.0f} GB " \
            f"({100 * pr.memory_reserve / pr.memory_capacity:.0f}%)"
 

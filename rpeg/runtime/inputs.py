@@ -18,6 +18,7 @@ which that run recorded in run.json (``spec_dir``), as it ran.
 
 from __future__ import annotations
 
+import hashlib
 import os
 from pathlib import Path
 
@@ -79,7 +80,6 @@ FINGERPRINT_WHOLE = 256 << 20      # bytes: a larger file is fingerprinted by it
 def _fingerprint(path: Path) -> str:
     """SHA-256 of the file (of its size, first and last 16 MB past FINGERPRINT_WHOLE:
     a large dataset is not read whole at every start), as hex."""
-    import hashlib
     h = hashlib.sha256()
     size = path.stat().st_size
     with open(path, "rb") as fh:

@@ -151,22 +151,24 @@ def parse_bytes(raw: bytes, path: str) -> ast.File:
         raise _too_big(len(raw), path)
     if b"\x00" in raw:
         # said at the first one: a stray byte (in a comment, say) is found and deleted there
-        at = raw.index(b"\x00")
-        line = raw[:at].count(b"\n") + 1
-        col = len(raw[raw.rfind(b"\n", 0, at) + 1: at].decode("utf-8", "replace")) + 1
         raise SpecError("a .rpeg file must be text, not binary: it holds a NUL byte (0x00) "
-                        "here", Span(path, line, col), hint="delete the stray byte" if
+                        "here", _byte_at(raw, raw.index(b"\x00"), path),
+                        hint="delete the stray byte" if
                         raw.count(b"\x00") <= 16 else "this looks like a binary file")
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
-        line = raw[: e.start].count(b"\n") + 1
-        col = len(raw[raw.rfind(b"\n", 0, e.start) + 1: e.start].decode("utf-8", "replace")) + 1
         raise SpecError(f"file is not valid UTF-8 text: byte 0x{raw[e.start]:02x} here",
-                        Span(path, line, col),
+                        _byte_at(raw, e.start, path),
                         hint="save the file as UTF-8 (a Latin-1 editor writes é as 0xe9)"
                         ) from None
     return parse_text(text, path)
+
+
+def _byte_at(raw: bytes, at: int, path: str) -> Span:
+    """Where byte ``at`` of a file's bytes is: its line, and its column in characters."""
+    line = raw[:at].count(b"\n") + 1
+    return Span(path, line, len(raw[raw.rfind(b"\n", 0, at) + 1: at].decode("utf-8", "replace")) + 1)
 
 
 @contextlib.contextmanager

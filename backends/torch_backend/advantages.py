@@ -24,6 +24,8 @@ name, with an :class:`Batch` and the stage's keywords resolved
 
 from __future__ import annotations
 
+import math
+
 import attrs
 import numpy as np
 
@@ -152,9 +154,22 @@ def group_mean(values, groups) -> np.ndarray:
     return out
 
 
+WHITEN_EPS = 1e-8          # under the variance's square root, as verl's and OpenRLHF's
+
+
+def whitening(flat: np.ndarray) -> tuple[float, float]:
+    """(mean, 1 / sqrt(variance + WHITEN_EPS)) of the values ``flat``, the variance
+    unbiased (verl's ``masked_whiten``, OpenRLHF's): ``(x - mean) * scale`` whitens them.
+    One value (no unbiased variance) has variance 0; none, mean 0 and scale 1."""
+    if flat.size == 0:
+        return 0.0, 1.0
+    var = float(flat.var(ddof=1)) if flat.size > 1 else 0.0
+    return float(flat.mean()), 1.0 / math.sqrt(var + WHITEN_EPS)
+
+
 def reinforce_pp(scores, lengths, logprobs=None, ref_logprobs=None, kl: float = 0.0,
-                 gamma: float = 1.0, groups=None, estimator: str = "k1",
-                 eps: float = 1e-8) -> tuple[np.ndarray, ...]:
+                 gamma: float = 1.0, groups=None, estimator: str = "k1"
+                 ) -> tuple[np.ndarray, ...]:
     """REINFORCE++: discounted per-token returns of the token rewards, whitened over every
     token of the batch; with ``groups``, each score minus its group's mean first."""
     scores = np.asarray(scores, dtype=np.float64)
@@ -163,9 +178,8 @@ def reinforce_pp(scores, lengths, logprobs=None, ref_logprobs=None, kl: float = 
     rewards = token_rewards(scores, logprobs, ref_logprobs, kl, lengths=lengths,
                             estimator=estimator)
     returns = [_returns(r, gamma) for r in rewards]
-    flat = np.concatenate(returns) if returns else np.zeros(0)
-    mean, std = (flat.mean(), flat.std()) if flat.size else (0.0, 1.0)
-    return tuple(((g - mean) / (std + eps)).astype(np.float32) for g in returns)
+    mean, scale = whitening(np.concatenate(returns) if returns else np.zeros(0))
+    return tuple(((g - mean) * scale).astype(np.float32) for g in returns)
 
 
 def _returns(rewards: np.ndarray, gamma: float) -> np.ndarray:

@@ -42,9 +42,9 @@ from backends.torch_backend.replica import Replica
 from backends.torch_backend.rewards import Texts, score, scored
 from backends.torch_backend.rows import SAMPLE_CHARS, row_prompt, sample_row
 from backends.torch_backend.tokenizer import codec_for
-from backends.torch_backend.train import TrainBatch, forward_arrays, train_step
+from backends.torch_backend.train import NonFiniteUpdate, TrainBatch, forward_arrays, train_step
 from rpeg.cost.partial import step_budget
-from rpeg.errors import BackendError
+from rpeg.errors import BackendError, RuntimeFailure
 from rpeg.graph.work import Batching, work_of
 from rpeg.plan.oplayout import block_rounds, fused_train
 from rpeg.runtime.data import answer_of, workload_rows
@@ -357,7 +357,7 @@ class Executor:
                                     "scores", device=self.device)
             texts = None
         else:
-            texts = self._texts(call.step, chunk, self._budget(stage.inputs[0]))
+            texts = self._texts(call.step, chunk, self._longest(stage.inputs[0]))
             scores, failed = scored(target, texts)
         scores = np.asarray(scores, dtype=np.float32)
         stats = {f"reward_sum.{stage.name}": float(scores.sum()),
@@ -394,6 +394,17 @@ class Executor:
         work = self.works[src.name]
         turns = work.conversation.max_turns if work.conversation is not None else 1
         return work.sampling.max_len * turns
+
+    def _longest(self, responses: str) -> int:
+        """The most tokens a response of ``responses`` may have, what a reward's length is
+        measured against: its stage's max_len, or a conversation's max_total_len (its
+        policy's and observations' tokens together, as its length counts them)."""
+        src = self.ctx.pipeline.producer(responses)
+        if src is not None and src.kind is OpKind.GENERATE:
+            conv = self.works[src.name].conversation
+            if conv is not None:
+                return int(conv.max_total_len)
+        return self._budget(responses)
 
     def _estimator_batch(self, stage, inputs) -> tuple[Batch, dict]:
         """An estimator's inputs by role: the scores of its score stages added up with their
@@ -492,14 +503,17 @@ class Executor:
         steps = self.ctx.pipeline.workload.steps
         lr = set_lr(replica.optimizer, replica.optimizer_spec, replica.version, steps)
         replica.trained.before_step()
-        stats = train_step(
-            replica.train_heads, replica.optimizer, batch, losses, version=replica.version,
-            minibatches=work.minibatches, epochs=work.epochs, grad_clip=replica.grad_clip,
-            microbatches=place.microbatches,
-            normalize=any(loss.whiten for loss in losses),
-            seed=self.ctx.pipeline.workload.seed * 7919 + call.step, device=self.device,
-            rank=call.rank, world=call.world, packed=place.packing,
-            budget=float(self._budget(responses)))
+        try:
+            stats = train_step(
+                replica.train_heads, replica.optimizer, batch, losses, version=replica.version,
+                minibatches=work.minibatches, epochs=work.epochs, grad_clip=replica.grad_clip,
+                microbatches=place.microbatches,
+                normalize=any(loss.whiten for loss in losses),
+                seed=self.ctx.pipeline.workload.seed * 7919 + call.step, device=self.device,
+                rank=call.rank, world=call.world, packed=place.packing,
+                budget=float(self._budget(responses)))
+        except NonFiniteUpdate as e:
+            raise _non_finite(stages, e, call.step) from None
         replica.trained.after_step()
         stats["lr"] = lr
         self._adapt(stages, losses, replica, stats, len(chunk))
@@ -631,6 +645,18 @@ def train_op(ex: Executor, call, replica, inputs):
 def _estimate(ex: Executor, call, replica, inputs):
     """An advantage estimator: its inputs by role, then its implementation by name."""
     return ex._compute(call, inputs)
+
+
+def _non_finite(stages, e: NonFiniteUpdate, step: int) -> RuntimeFailure:
+    """The run's stop where a train op's gradient is not finite: before its update."""
+    names = "+".join(s.name for s in stages)
+    return RuntimeFailure(
+        f"train stage '{names}' at step {step}: the gradient norm is {e.grad_norm} (loss "
+        f"{e.loss}), so the update was not applied and the run stopped; the weights are "
+        f"as its last checkpoint saved them", stages[0].span,
+        hint="a NaN or infinite loss comes from the data or the hyperparameters (the "
+             "optimizer's lr, the scale of the rewards); `rpeg run --resume RUN_DIR` then "
+             "goes on from the last checkpoint")
 
 
 def _mean_over_ranks(replica, value: float) -> float:

@@ -112,9 +112,13 @@ _AGGREGATE = {"token_mean": _token_mean, "seq_mean_token_mean": _seq_mean_token_
               "seq_mean_token_sum": _seq_mean_token_sum}
 
 
-def kl_estimate(lp: torch.Tensor, ref: torch.Tensor, estimator: str) -> torch.Tensor:
-    """Per-token estimate of KL(p || p_ref) from log-probabilities."""
-    d = lp - ref
+def kl_estimate(lp: torch.Tensor, ref: torch.Tensor, estimator: str,
+                mask: torch.Tensor | None = None) -> torch.Tensor:
+    """Per-token estimate of KL(p || p_ref) from log-probabilities; 0 where ``mask`` is 0
+    (padding, a tool's observation: the trainer fills their ``ref`` with 0, so k3's
+    exp(-d) there would overflow to inf, and inf times the mask's 0 is NaN in the loss and
+    its gradient), with no gradient there."""
+    d = lp - ref if mask is None else torch.where(mask > 0, lp - ref, torch.zeros_like(lp))
     if estimator == "k1":
         return d
     if estimator == "k2":
@@ -155,7 +159,8 @@ def _policy(loss: LossSpec, lp, ent, m, t, norm: Norm, sequence: bool):
         stats["kl"] = _token_mean(lp - t["ref_logprobs"], m, norm).detach()
         if loss.kl:
             value = value + loss.kl * aggregate(kl_estimate(lp, t["ref_logprobs"],
-                                                            loss.kl_estimator), m, loss.agg, norm)
+                                                            loss.kl_estimator, m),
+                                                m, loss.agg, norm)
     return value, stats
 
 

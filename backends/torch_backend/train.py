@@ -25,6 +25,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from backends.torch_backend.advantages import whitening
 from backends.torch_backend.attention import packed as packed_rows
 from backends.torch_backend.batching import Flat, Padded, balance, micro_batches
 from backends.torch_backend.batching import build as build_rows
@@ -137,6 +138,15 @@ class TrainBatch:
 FIELDS = ("old_logprobs", "advantages", "returns", "old_values", "ref_logprobs", "loss_mask")
 
 
+class NonFiniteUpdate(ValueError):
+    """A minibatch's gradient norm is NaN or infinite: its update is not applied (the
+    optimizer would write NaN into every weight), and the run stops."""
+
+    def __init__(self, grad_norm: float, loss: float):
+        super().__init__(f"gradient norm {grad_norm}, loss {loss}")
+        self.grad_norm, self.loss = grad_norm, loss
+
+
 def train_step(heads: nn.Module, optimizer: torch.optim.Optimizer, batch: TrainBatch,
                losses: list[LossSpec], *, version: int, minibatches: int = 1, epochs: int = 1,
                grad_clip: float = 1.0, normalize: bool = True, seed: int = 0,
@@ -239,6 +249,9 @@ def train_step(heads: nn.Module, optimizer: torch.optim.Optimizer, batch: TrainB
             # gathered ones)
             params = [p for p in heads.parameters() if p.requires_grad]
             stats["grad_norm"] = float(clip_grad_norm(params, grad_clip or float("inf")))
+            if not np.isfinite(stats["grad_norm"]):     # the norm is every rank's: all stop
+                optimizer.zero_grad(set_to_none=True)
+                raise NonFiniteUpdate(stats["grad_norm"], stats.get("loss", float("nan")))
             optimizer.step()
             for key, v in stats.items():
                 sums[key] = sums.get(key, 0.0) + v
@@ -275,13 +288,13 @@ def _micro(part: list[int], cost, count: int, collective: bool) -> list[list[int
 
 def _normalized(advantages, lengths, masks=None) -> list[np.ndarray]:
     """Advantages minus their mean over every response token (the policy's, of a
-    conversation), over their standard deviation."""
+    conversation), over their standard deviation (:func:`advantages.whitening`)."""
     flat = np.concatenate([
         np.broadcast_to(np.asarray(a, np.float32), (n,))[
             slice(None) if masks is None else np.asarray(masks[i], bool)]
         for i, (a, n) in enumerate(zip(advantages, lengths, strict=True))]).astype(np.float64)
-    mean, std = flat.mean(), flat.std()
-    return [((np.asarray(a, np.float32) - mean) / (std + 1e-6)).astype(np.float32)
+    mean, scale = whitening(flat)
+    return [((np.asarray(a, np.float32) - mean) * scale).astype(np.float32)
             for a in advantages]
 
 

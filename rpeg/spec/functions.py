@@ -75,8 +75,9 @@ def _policy_params(clip: float, agg: str, whiten: bool) -> tuple[Param, ...]:
               "by dual_clip x |advantage|", low=1.0, high=1e3, low_open=True),
         Param("agg", Type.CHOICE, "how token losses become the batch's loss: token_mean "
               "(every token weighs the same: DAPO), seq_mean_token_mean (each response "
-              "weighs the same), seq_mean_token_sum (token sums over a constant, the "
-              "generation budget: Dr. GRPO)", default=agg, choices=AGGREGATIONS),
+              "weighs the same), seq_mean_token_sum (token sums over the responses times the "
+              "generation budget: Dr. GRPO, TRL's dr_grpo; verl's seq-mean-token-sum does "
+              "not divide by the budget)", default=agg, choices=AGGREGATIONS),
         Param("entropy", Type.REAL, "coefficient of the entropy bonus", default=0.0, low=0.0,
               high=10.0),
         _kl("as a loss term (GRPO)"),
@@ -347,9 +348,12 @@ _REWARDS = (
     Function(
         "overlong", Category.REWARD,
         "DAPO's overlong shaping: 0 up to max_len - buffer tokens, then falling linearly to "
-        "-1 at max_len; add it to a task reward with a second score stage.",
+        "-1 at max_len; add it to a task reward with a second score stage. A response's "
+        "length is its tokens; a conversation's, every token after its prompt, the "
+        "policy's and the observations' together (as verl measures a multi-turn response).",
         (Param("max_len", Type.INT, "length of the full penalty",
-               derived="the generate stage's max_len", unit="tokens", low=1),
+               derived="the generate stage's max_len (a conversation's max_total_len)",
+               unit="tokens", low=1),
          Param("buffer", Type.INT, "length of the band over which the penalty grows",
                derived="a quarter of max_len", unit="tokens", low=1)),
         pricing=Pricing.HOST, rules=R.OVERLONG),

@@ -31,6 +31,7 @@ from rpeg.errors import Span, SpecError, SpecWarning
 from rpeg.spec import ast
 from rpeg.spec.kinds import Engine, Head, OpKind
 from rpeg.spec.registry import Category, Role, Rule, Type
+from rpeg.spec.tools import conversation
 
 
 @attrs.frozen
@@ -430,6 +431,9 @@ def overlong_reaches(site: Site, reward) -> SpecError | None:
         gen = site.generator(site.responses_of(s) or "")
         longest = int((gen.arg("max_len") if gen is not None else None)
                       or site.workload.gen_len.max_len)
+        conv = conversation(gen, longest) if gen is not None else None
+        if conv is not None:            # a conversation's tokens after its prompt, all of them
+            longest = conv.max_total_len
         top = int(args.get("max_len") or longest)
         band = int(args.get("buffer") or max(top // 4, 1))
         if band >= top:
@@ -442,8 +446,9 @@ def overlong_reaches(site: Site, reward) -> SpecError | None:
                              f"scores are at most {longest}", _reward_span(
                                  site, reward, "max_len" if "max_len" in args else "buffer"),
                              notes=[(f"'{s.name}' scores them here", s.span)],
-                             hint=f"max_len = {longest} (the generate stage's), or a longer "
-                                  "buffer")
+                             hint=f"max_len = {longest} (the generate stage's"
+                                  f"{' max_total_len' if conv is not None else ''}), or a "
+                                  "longer buffer")
     return None
 
 

@@ -94,7 +94,8 @@ FOREIGN: tuple[Foreign, ...] = (
     _f("loss_agg_mode loss_type token_level_loss", "verl's, TRL's and NeMo-RL's",
        "how token losses are aggregated", "ppo_clip.agg",
        "agg, a keyword of the policy loss: token_mean (DAPO), seq_mean_token_mean, "
-       "seq_mean_token_sum (Dr. GRPO)", same=False),
+       "seq_mean_token_sum (Dr. GRPO: TRL's dr_grpo; verl's seq-mean-token-sum, without "
+       "the budget, is budget times larger)", same=False),
     _f("policy_loss_type loss_mode importance_sampling_level", "OpenRLHF's, verl's and TRL's",
        "which policy loss", "train.loss", "the train stage's loss: loss = ppo_clip(...) | "
        "grpo(...) | gspo(...) (gspo: sequence-level ratios)", same=False),

@@ -129,16 +129,16 @@ def test_rloo():
 
 
 def test_reinforce_pp_whitens_over_every_token():
-    # returns [1], [0], [1], [1]: mean 0.75, std sqrt(0.1875)
+    # returns [1], [0], [1], [1]: mean 0.75, unbiased variance 0.25 (verl's masked_whiten)
     (a,) = run("reinforce", batch([1, 0, 1, 1], groups=GROUPS))
-    s = math.sqrt(0.1875)
+    s = math.sqrt(0.25 + 1e-8)
     close(a, arr([0.25 / s], [-0.75 / s], [0.25 / s], [0.25 / s]))
 
 
 def test_reinforce_pp_with_a_group_baseline():
-    # minus the group mean: [0.5, -0.5, 0, 0]; mean 0, std sqrt(0.125)
+    # minus the group mean: [0.5, -0.5, 0, 0]; mean 0, unbiased variance 0.5 / 3
     (a,) = run("reinforce", batch([1, 0, 1, 1], groups=GROUPS), baseline="group")
-    s = math.sqrt(0.125)
+    s = math.sqrt(0.5 / 3 + 1e-8)
     close(a, arr([0.5 / s], [-0.5 / s], [0.0], [0.0]))
 
 
@@ -146,7 +146,7 @@ def test_reinforce_pp_discounts():
     # one response of 3 tokens, score 1 on the last, gamma 0.5: returns [0.25, 0.5, 1]
     (a,) = run("reinforce", batch([1.0], [3], [0]), gamma=0.5)
     g = np.array([0.25, 0.5, 1.0])
-    close(a, arr((g - g.mean()) / (g.std() + 1e-8)))
+    close(a, arr((g - g.mean()) / math.sqrt(g.var(ddof=1) + 1e-8)))
 
 
 def test_remax_subtracts_the_greedy_score():

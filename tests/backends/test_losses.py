@@ -109,6 +109,25 @@ def test_kl_in_the_loss(estimator, per_token):
     assert stats["kl"] == pytest.approx(sum(d) / 3, abs=TOL)          # reported as k1
 
 
+@pytest.mark.parametrize("estimator", ["k1", "k2", "k3"])
+def test_kl_of_a_masked_token_is_finite_and_has_no_gradient(estimator):
+    # a padded (or observation) token: the trainer fills its reference logprob with 0, so
+    # d is the policy's own logprob there; -120 would make k3's exp(-d) inf in float32
+    lp = torch.tensor([[math.log(1.5), math.log(0.5)], [math.log(1.1), -120.0]],
+                      requires_grad=True)
+    t = {"old_logprobs": torch.zeros(2, 2), "advantages": torch.tensor(ADV),
+         "ref_logprobs": torch.zeros(2, 2)}
+    value, _ = compute_loss(LossSpec("grpo", kl=0.5, kl_estimator=estimator), lp,
+                            torch.zeros(2, 2), None, MASK, t, NORM)
+    value.backward()
+    assert torch.isfinite(value) and torch.isfinite(lp.grad).all()
+    assert lp.grad[1, 1] == 0.0
+    unmasked = torch.tensor([[math.log(1.5), math.log(0.5)], [math.log(1.1), 0.0]])
+    want, _ = compute_loss(LossSpec("grpo", kl=0.5, kl_estimator=estimator), unmasked,
+                           torch.zeros(2, 2), None, MASK, t, NORM)
+    assert float(value) == pytest.approx(float(want), abs=TOL)
+
+
 def test_gspo_one_clipped_ratio_per_response():
     # response 0: log ratios log 1.5, log 0.5 -> geometric mean sqrt(0.75) = 0.866, inside
     # [0.8, 1.2]; response 1: 1.1 with advantage -1. seq_mean_token_mean: (0.866 - 1.1) / 2

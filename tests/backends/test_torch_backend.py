@@ -13,6 +13,7 @@ from backends.torch_backend.modeling import build_model, load_checkpoint, save_c
 from backends.torch_backend.tokenizer import EOS_ID, byte_tokenizer, decode, encode
 from backends.torch_backend.train import (
     LossSpec,
+    NonFiniteUpdate,
     TokenHeads,
     TrainBatch,
     forward_arrays,
@@ -126,6 +127,21 @@ def test_ppo_and_value_losses_are_finite_and_learn():
     assert all(np.isfinite(v) for v in first.values())
     assert last["value_loss"] < first["value_loss"]
     assert 0.0 <= last["clip_frac"] <= 1.0
+
+
+def test_a_non_finite_gradient_raises_before_the_update_and_leaves_the_weights():
+    model = build_model(TINY, heads=("lm", "value"), seed=0)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    c, a, ret = _batch(model)
+    huge = tuple(np.full(len(r), 3e38, np.float32) for r in ret)   # float32's, squared: inf
+    batch = TrainBatch(c.prompt_ids, c.response_ids, old_logprobs=c.logprobs, advantages=a,
+                       returns=huge, old_values=tuple(np.zeros(len(r), np.float32) for r in ret))
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    with pytest.raises(NonFiniteUpdate) as e:
+        train_step(TokenHeads(model), opt, batch, [LossSpec("value_mse", coef=0.5)],
+                   version=0)
+    assert not np.isfinite(e.value.grad_norm)
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
 
 
 def test_off_policy_batches_are_weighted_and_capped():

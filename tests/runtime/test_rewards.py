@@ -211,6 +211,31 @@ def test_a_nan_score_stops_the_run_at_its_step_and_nothing_non_finite_is_kept(
             assert np.isfinite(value.astype(np.float64)).all(), (f, name)
 
 
+@pytest.mark.slow          # a real run; the rule has a unit test (tests/backends/test_torch_backend.py)
+def test_a_non_finite_gradient_stops_the_run_before_its_update(tmp_path, capsys, scheduler):
+    # scores float32 holds (so the reward passes), whose squared value error does not
+    spec = _spec(tmp_path, "huge_reward", "return [3e38] * len(responses)")
+    run_dir = tmp_path / "run"
+    assert main(["run", str(spec), "--steps", "4", "--strategy", "runtime-split",
+                 "--scheduler", scheduler, "--no-progress", "--run-dir", str(run_dir),
+                 "--checkpoint-every", "1"]) == 1
+    err = capsys.readouterr().err
+    assert re.search(r"bad\.rpeg:\d+:1: error: train stage '\w+' at step [01]: the gradient "
+                     r"norm is (inf|nan) \(loss (inf|nan)\), so the update was not applied",
+                     err), err
+    assert "Traceback" not in err
+    meta = json.loads((run_dir / "run.json").read_text())
+    assert meta["status"] == "failed" and "the gradient norm is" in meta["error"]
+    for f in (run_dir / "checkpoints").rglob("*.safetensors"):
+        for name, value in load_file_np(f).items():
+            assert np.isfinite(value.astype(np.float64)).all(), (f, name)
+
+
+def load_file_np(path):
+    from safetensors.numpy import load_file
+    return load_file(path)
+
+
 @pytest.mark.slow          # a second real run; the traceback rule has a unit test above
 def test_an_exception_in_a_reward_shows_the_users_file_and_line(tmp_path, capsys, scheduler):
     spec = _spec(tmp_path, "raising_reward", "return [helper(0) for _ in responses]")

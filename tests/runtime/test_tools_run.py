@@ -173,3 +173,28 @@ def test_an_environment_is_reset_with_its_own_steps_prompt(tmp_path):
     p = load(path)
     rows = run_inline(p, split_plan(p, 1, staleness=0), steps=2)
     assert [row["reward"] for row in rows] == [1.0, 1.0]
+
+
+def test_overlong_measures_a_conversation_against_its_total_length(tmp_path):
+    """A conversation's length counts its observations, so its overlong default is the
+    conversation's max_total_len, 100 here: the penalty starts at 75 tokens, above any of
+    these conversations (against 2 x 4 policy tokens before, which every conversation with
+    an observation passed)."""
+    (tmp_path / "envs.py").write_text(ENV)
+    (tmp_path / "same.py").write_text(ENV_REWARD)
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "keys.jsonl").write_text("".join(
+        json.dumps({"prompt": f"<t>{k}", "answer": "abc"}) + "\n" for k in ("kem", "ubc")))
+    spec = SPEC.replace('tool t = python("tools:{tool}", timeout = 1 s, memory = 256 MB, '
+                        'max_output = 4 KB)', 'environment e = python("envs:Echo")\n'
+                        'reward long = overlong()').replace(
+        "tools = [t]", "environment = e").replace("rewards:lookup_reward", "same:same_prompt")
+    spec = spec.replace("max_obs_len = 16", "max_obs_len = 16, max_total_len = 100").replace(
+        "stage adv = group_norm(scores)", "stage length = score(long, responses) -> length\n"
+                        "stage adv = group_norm(scores, length)")
+    path = tmp_path / "long.rpeg"
+    path.write_text(spec.replace("{{", "{").replace("}}", "}"))
+    p = load(path)
+    rows = run_inline(p, split_plan(p, 1, staleness=0), steps=1)
+    assert rows[0]["obs_len"] > 0 and rows[0]["response_len"] + rows[0]["obs_len"] < 75, rows
+    assert rows[0]["reward.length"] == 0.0, rows

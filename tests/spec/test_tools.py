@@ -169,6 +169,21 @@ def test_tools_with_one_turn_are_a_warning(tmp_path):
     assert any("max_turns = 1 with tools" in w.message for w in checked.warnings)
 
 
+def test_overlong_measures_a_conversation_against_its_total_length(tmp_path):
+    """A conversation's length is its policy's and observations' tokens together, so its
+    overlong penalty is reachable up to max_total_len (3 x (16 + 16) = 96), not past it."""
+    long = sub('reward r = python("rewards:score")',
+               'reward r = python("rewards:score")\nreward long = overlong(max_len = 40)')
+    long = sub("stage adv = group_norm(scores, moved)",
+               "stage length = score(long, responses) -> length\n"
+               "stage adv = group_norm(scores, moved, length)", long)
+    check_file(write(tmp_path, long))                       # starts at 30 of 96: reachable
+    with pytest.raises(SpecError) as e:
+        check_file(write(tmp_path, long.replace("max_len = 40", "max_len = 200")))
+    assert "starts at max_len - buffer = 150 tokens" in e.value.message
+    assert "max_len = 96 (the generate stage's max_total_len)" in e.value.hint
+
+
 def test_the_conversation_length_sums_turns_and_observations(tmp_path):
     p = load(write(tmp_path, sub("max_turns = 3,", "max_turns = 3, turns = fixed(2), "
                                                    "obs_len = fixed(5),")))

@@ -249,10 +249,13 @@ def batching_of(work, placement) -> tuple[int, float, bool]:
     """(max_num_seqs, kv_fraction, cuda_graph) of a generate stage as it runs: a plan
     placement's where it sets them, else its stage's ``generate(..., max_num_seqs = N,
     kv_fraction = F)`` (``work``: its Work, or its Batching, :mod:`rpeg.graph.work`); 0
-    leaves the engine's default (its batch, what memory is free).
+    leaves the engine's default (its batch, what memory is free). The torch engine takes
+    no share of the memory (it decodes in waves of max_num_seqs): the stage's kv_fraction
+    is not its own.
     The cost model prices these and the runtime passes the same to its engines."""
     seqs = int(placement.max_num_seqs or work.max_num_seqs)
-    frac = float(placement.kv_fraction or work.kv_fraction)
+    frac = float(placement.kv_fraction or (work.kv_fraction
+                                           if placement.engine is not Engine.TORCH else 0.0))
     return seqs, frac, bool(placement.cuda_graph)
 
 

@@ -127,9 +127,16 @@ def enumerate_layouts(pipeline: Pipeline, stage: str, sizes: tuple[int, ...],
                 for e in engines:
                     if base.tp > limits.engine_max_tp(e) and e in (Engine.TORCH, Engine.VLLM):
                         continue
+                    if limits.check_batching(e, base.decoding.max_num_seqs,
+                                             base.decoding.kv_fraction,
+                                             base.decoding.cuda_graph) is not None:
+                        continue        # a pin's batching key this engine does not run
                     if matches(pin, base, e) and limits.check_lora(model, base) is None:
-                        # priced with the share the engine takes
-                        share = base.decoding.kv_fraction or float(s.param("kv_fraction", 0.0) or 0.0) \
+                        # priced with the share the engine takes: the stage's kv_fraction
+                        # where the engine runs it (the torch engine decodes in waves)
+                        asked = float(s.param("kv_fraction", 0.0) or 0.0) \
+                            if limits.check_batching(e, 0, 1.0, False) is None else 0.0
+                        share = base.decoding.kv_fraction or asked \
                             or limits.kv_share(e, cluster.gpu)
                         out.append(Candidate(stage, size, changed(base, kv_fraction=share), e))
                 continue

@@ -147,6 +147,13 @@ def _refusal(pin: Pin, pipeline: Pipeline, limits: Limits) -> tuple[str, str] | 
         if getattr(pin, key) and not limits.batching:
             return key, (f"{key} is not run by this executor: its engines batch as they "
                          f"decide") + limits.because("batching")
+    if pin.engine is not None:
+        why = limits.check_batching(pin.engine, pin.max_num_seqs or 0, pin.kv_fraction or 0.0,
+                                    bool(pin.cuda_graph))
+        if why is not None:
+            key = next(k for k in ("max_num_seqs", "kv_fraction", "cuda_graph")
+                       if getattr(pin, k) and f"{k} is not run" in why)
+            return key, why.replace("this backend", "this executor")
     if pin.engine in FOREIGN and not limits.foreign:
         return "engine", (f"engine {pin.engine.value} is another system's, which this "
                           f"executor does not run")

@@ -323,7 +323,8 @@ _ESTIMATORS = (
         "remax", Category.ESTIMATOR,
         "ReMax: each score minus the score of a greedy response to the same prompt.",
         (Param("baseline", Type.DATA, "scores of greedy responses to the same prompts (a score "
-               "stage reading a generate stage with temperature = 0)", needs=(Role.SCORES,)),
+               "stage reading a generate stage with temperature = 0)", needs=(Role.SCORES,),
+               required=True),
          _kl("in the token rewards"), _kl_estimator("k1")),
         kind=OpKind.COMPUTE, inputs=_OUTCOME, outputs=(Role.ADVANTAGES,),
         pricing=Pricing.PER_SAMPLE, scope=Scope.GROUP, reads_responses=True,

@@ -455,6 +455,12 @@ PROFILE_REQUIRED = (("memory", "the device memory", "80 GB"),
                     ("mem_bandwidth", "the measured streaming bandwidth", "3000 GB/s"))
 
 
+# Profile figures with a range narrower than >= 0: (type, low, high) -- a slowdown is at
+# least 1 (an op computes no faster beside others), async_launch a switch.
+PROFILE_RANGES = {"concurrency_slowdown": (Type.REAL, 1.0, None),
+                  "async_launch": (Type.INT, 0, 1)}
+
+
 def profile_section() -> Section:
     """A profile's keys: the fields of ``GpuProfile`` the language sets, each in its unit."""
     params = []
@@ -465,9 +471,10 @@ def profile_section() -> Section:
         elif "unit" in a.metadata:
             unit = a.metadata["unit"]
             unset = "unset" if a.default is None else ""
-            params.append(Param(a.name, Type.QUANTITY if unit else Type.REAL,
-                                PROFILE_DOCS.get(a.name, ""), unit=unit, low=0.0,
-                                default=a.default, derived=unset,
+            kind, low, high = PROFILE_RANGES.get(
+                a.name, (Type.QUANTITY if unit else Type.REAL, 0.0, None))
+            params.append(Param(a.name, kind, PROFILE_DOCS.get(a.name, ""), unit=unit,
+                                low=low, high=high, default=a.default, derived=unset,
                                 required=any(a.name == k for k, _, _ in PROFILE_REQUIRED),
                                 example=V.EXAMPLES.get(unit, "1")))
     return Section(

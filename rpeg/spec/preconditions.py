@@ -22,6 +22,8 @@ GENERATE = (
          "samples (greedy samples are all one response)"),
     Rule("greedy_policy", "temperature > 0 for responses a policy loss learns from"),
     Rule("top_p_greedy", "top_p only with temperature > 0"),
+    Rule("kv_fraction_engine", "kv_fraction not with engine = torch (which takes no share "
+         "of the memory: it decodes in waves of max_num_seqs)"),
     Rule("top_p_engine", "warning: top_p < 1 under vLLM without tis on the loss starts the "
          "ratios below 1"),
 )
@@ -40,7 +42,8 @@ TRAIN = (
     MODEL_PASS[2],
 )
 GROUPS = (Rule("group_samples", "samples >= 2 per prompt (and reinforce's baseline = group)"),)
-REMAX = (Rule("greedy_baseline", "baseline: scores of a generate stage with temperature = 0"),)
+REMAX = (Rule("greedy_baseline", "baseline, given: scores of a generate stage with "
+                                  "temperature = 0"),)
 GROUP_NORM = GROUPS + (Rule("std_keywords", "eps and correction only with std = true"),)
 POLICY_LOSS = (Rule("k1_loss", "warning: a KL loss term estimated with k1 (its expected "
                     "gradient is 0)"),)

@@ -232,10 +232,25 @@ def top_p_greedy(site: Site, stage) -> SpecError | None:
                      hint="leave top_p out, or sample (temperature > 0)")
 
 
+def _engine(stage) -> Engine:
+    """A generate stage's engine keyword (auto where it names none)."""
+    return Engine(stage.arg("engine"))
+
+
+def kv_fraction_engine(site: Site, stage) -> SpecError | None:
+    if stage.param("kv_fraction") is None or _engine(stage) is not Engine.TORCH:
+        return None
+    return SpecError("kv_fraction must be left out with engine = torch: the torch engine "
+                     "takes no share of the memory, it decodes in waves of max_num_seqs",
+                     site.key_span(stage, "kv_fraction"),
+                     hint="max_num_seqs = N bounds the torch engine's waves; or engine = vllm "
+                          "(or auto) for a share of the memory")
+
+
 def top_p_engine(site: Site, stage) -> SpecError | None:
     from rpeg.spec.functions import function
     if float(stage.arg("top_p")) >= 1.0 or float(stage.arg("temperature")) <= 0 \
-            or stage.arg("engine") == Engine.TORCH.value:
+            or _engine(stage) is Engine.TORCH:
         return None
     uncorrected = [t for t in site.policy_trainers(stage.outputs[0])
                    if dict(t.param("loss").kwargs).get("tis") is None
@@ -380,6 +395,11 @@ def group_samples(site: Site, stage) -> SpecError | None:
 
 def greedy_baseline(site: Site, stage) -> SpecError | None:
     baseline = stage.param("baseline")
+    if baseline is None:        # each score minus nothing: the run's advantages are NaN
+        return SpecError("remax must name its baseline: the scores of greedy responses to "
+                         "the same prompts", stage.span,
+                         hint="a second generate stage with temperature = 0, a score stage "
+                              "of its responses, and remax(scores, baseline = GREEDY_SCORES)")
     scored = site.producer(str(baseline)) if baseline is not None else None
     gen = site.generator(site.responses_of(scored) or "") if scored is not None else None
     if gen is None or float(gen.arg("temperature")) == 0:
@@ -535,6 +555,7 @@ CHECKS = {
     "std_keywords": std_keywords,
     "k1_loss": k1_loss,
     "overlong_reaches": overlong_reaches,
+    "kv_fraction_engine": kv_fraction_engine,
     "reward_signature": takes_what_rpeg_passes,
     "warmup_within_run": warmup_within_run,
     "min_lr_below_lr": min_lr_below_lr,

@@ -117,3 +117,22 @@ def test_the_runtime_packs_forward_and_train_ops_unless_pinned_padded(tiny, loca
     padded = attrs.evolve(tiny, place=(Pin("actor_step", 0, 0, packing=False),))
     assert not any(lay.par.packing for lay in enumerate_layouts(
         padded, "actor_step", (1,), local_cpu, Limits.runtime()))
+
+
+def test_a_batching_pin_only_where_its_engine_runs_it(tiny, local_cpu):
+    """The torch engine decodes in waves of max_num_seqs: a pin of cuda_graph or kv_fraction
+    on it is refused for rpeg's runtime (it was priced, 3x faster, and refused at run);
+    without an engine pinned, the planner offers only engines that run the pin."""
+    from rpeg.plan.choices import enumerate_layouts
+    from rpeg.plan.pinned import check_pins
+    from rpeg.spec.model import Pin
+
+    for key, value in (("cuda_graph", True), ("kv_fraction", 0.3)):
+        pinned = attrs.evolve(tiny, place=(Pin("rollout", 0, 0, engine=Engine.TORCH,
+                                               **{key: value}),))
+        with pytest.raises(PlanError, match=f"{key} is not run by the torch engine"):
+            check_pins(pinned, local_cpu, Limits.runtime())
+        check_pins(pinned, local_cpu, Limits())                  # any executor: priced
+        loose = attrs.evolve(tiny, place=(Pin("rollout", 0, 0, **{key: value}),))
+        assert all(lay.engine is not Engine.TORCH for lay in enumerate_layouts(
+            loose, "rollout", (1,), local_cpu, Limits.runtime()))

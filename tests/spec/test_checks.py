@@ -105,6 +105,10 @@ CASES = [
     ("remax-baseline-not-scores", g("stage adv = group_norm(scores)",
                                     "stage adv = remax(scores, baseline = ref_logprobs)"), 9, 27,
      "not a frozen reference model's per-token log-probabilities"),
+    # each score minus no baseline: NaN advantages, a run stopped at its first update
+    ("remax-without-baseline", g("stage adv = group_norm(scores)",
+                                 "stage adv = remax(scores)"), 9, 1,
+     "remax must name its baseline"),
     # --- keywords that need an input or another keyword -------------------------------------
     ("kl-without-ref", g("train(actor, responses, advantages, logprobs, ref_logprobs, loss = "
                          "grpo(0.2))", "train(actor, responses, advantages, logprobs, loss = "

@@ -70,3 +70,16 @@ def test_the_reference_lists_each_function_s_rules():
     for fn in FUNCTIONS:
         for r in fn.rules:
             assert r.doc.split(":")[0][:40] in " ".join(text.split()), (fn.name, r.name)
+
+
+@pytest.mark.parametrize(("engine", "warned"), [("vllm", True), ("auto", True),
+                                                 ("torch", False)])
+def test_top_p_warns_where_vllm_may_sample(engine, warned, tmp_path):
+    """The torch engine's logprobs are the nucleus's own (no warning); vLLM's, or the
+    planner's choice, may be the full distribution's."""
+    text = (RULES / "top_p_engine.rpeg").read_text().replace("engine = vllm",
+                                                             f"engine = {engine}")
+    (tmp_path / "rewards.py").write_text((RULES / "rewards.py").read_text())
+    (tmp_path / "case.rpeg").write_text(text)
+    found = check_file(tmp_path / "case.rpeg").warnings
+    assert any("top_p" in w.message for w in found) is warned

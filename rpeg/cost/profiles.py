@@ -74,8 +74,10 @@ def profile_text(p: GpuProfile, comment: str = "") -> str:
     units = profile_fields()
     width = max(len(k) for k in units)
     measured = [f.name for f in attrs.fields(GpuProfile) if f.metadata.get("measured")]
+    from rpeg.spec.cluster import CPU_TERMS  # a GPU's engines run on their own terms
+    skipped = set(CPU_TERMS) if p.async_launch else set()
     for key, dim in units.items():
-        if key not in measured:
+        if key not in measured and key not in skipped:
             lines.append(f"    {key:<{width}} = {_with_unit(getattr(p, key), dim)}")
     if p.source:
         lines.append(f'    {"source":<{width}} = "{_escape(p.source)}"')

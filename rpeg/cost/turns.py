@@ -58,8 +58,9 @@ def survival(conv) -> np.ndarray:
 
 def latency_quantiles(tools, gpu, n: int) -> np.ndarray:
     """``n`` call durations of the stage's tools (an equal mix of them), ascending."""
-    parts = [t.latency.quantiles(n) if t.latency is not None
-             else np.full(n, gpu.tool_call_s) for t in tools] or [np.full(n, gpu.tool_call_s)]
+    parts = [_capped(t, t.latency.quantiles(n) if t.latency is not None
+                     else np.full(n, gpu.tool_call_s)) for t in tools] \
+        or [np.full(n, gpu.tool_call_s)]
     mixed = np.sort(np.concatenate(parts))
     idx = ((np.arange(n) + 0.5) / n * len(mixed)).astype(int)
     return mixed[idx]
@@ -90,12 +91,26 @@ def _makespan(calls: int, slots: int, durations: tuple) -> float:
     return float(max(free))
 
 
-def tool_slots(cluster, par, tools) -> int:
+def tool_slots(cluster, par, tools) -> float:
     """Calls one replica of the stage runs at once: its devices' share of their nodes'
-    tool cores, over the cores a call takes."""
+    tool cores, over the cores a call takes. Below 1 where a node has fewer tool cores
+    than replicas: each replica's sandbox still runs a call at a time (``rpeg.runtime.
+    lowering.context.tool_slots``), on a share of a core, so each call takes 1 / share
+    as long (:func:`tool_time`)."""
     per_device = cluster.tool_cores_per_node / max(cluster.gpus_per_node, 1)
     cores = max((t.cores for t in tools), default=1)
-    return max(int(per_device * par.tp * par.pp // cores), 1)
+    return per_device * par.tp * par.pp / cores
+
+
+def tool_time(calls: int, slots: float, durations: tuple) -> float:
+    """Seconds of a replica's ``calls`` tool calls of ``durations`` on ``slots`` slots
+    (:func:`tool_slots`): whole slots at once, a share of one slower by that share."""
+    return makespan(calls, max(int(slots), 1), durations) / min(slots, 1.0)
+
+
+def _capped(tool, q: np.ndarray) -> np.ndarray:
+    """Call durations no longer than the tool's timeout, where the sandbox kills a call."""
+    return np.minimum(q, tool.timeout)
 
 
 @attrs.frozen
@@ -140,7 +155,7 @@ def rounds(work, par, devices, topo, cluster, batch: int, engine: Engine, rows=N
         calls = batch * sum(alive[t + step] for t in turns if t + step <= conv.max_turns)
         local = math.ceil(calls / par.dp)
         durations = tuple(latency_quantiles(work.tools, gpu, min(max(local, 1), MAX_CALLS)))
-        t_tools = makespan(local, slots, durations)
+        t_tools = tool_time(local, slots, durations)
         out.append(Round(j + 1, live, g.cost.time_s, t_tools, calls))
         gens.append(g)
     return out, gens
@@ -193,4 +208,4 @@ def conversation_gen(work, par, devices, topo, cluster, batch: int, engine: Engi
 
 
 __all__ = ["Round", "carries", "conversation_gen", "conversation_workload", "latency_quantiles", "makespan", "rounds",
-           "survival", "tool_slots"]
+           "survival", "tool_slots", "tool_time"]

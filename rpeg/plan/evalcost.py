@@ -27,12 +27,14 @@ EVAL_OP = "eval"
 
 
 def eval_prompts(pipeline: Pipeline) -> int:
-    """How many held-out prompts an evaluation answers: the eval's ``prompts``, else the rows
-    of its dataset (counted without reading it whole), else the workload's per step."""
+    """How many held-out prompts an evaluation answers, as the run takes them
+    (``rpeg.runtime.data.eval_rows``): the first ``prompts`` of its dataset's rows (counted
+    without reading it whole), all of them where it has fewer or ``prompts`` is unset; the
+    workload's per step where the rows cannot be counted."""
     e = pipeline.evaluation
-    if e.prompts:
-        return e.prompts
     n = count_rows(Path(e.dataset.path), e.split)
+    if e.prompts:
+        return min(e.prompts, n) if n else e.prompts
     return n or pipeline.workload.prompts
 
 

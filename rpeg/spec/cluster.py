@@ -71,7 +71,23 @@ def lower_profile_block(name: ast.Ident, block: ast.Block,
         raise SpecError(f"profile '{name.value}' must give {key} ({what})", name.span,
                         hint=f"add '{key} = {example}', or start from a shipped profile: "
                              f"gpu h100 {{ ... }}")
+    launch = values.get("async_launch", GpuProfile.__attrs_attrs__.async_launch.default)
+    written = next((k for k in CPU_TERMS if k in seen), None)
+    if launch and written is not None:
+        raise SpecError(f"profile '{name.value}': {written} must be left out where "
+                        "async_launch = 1 (a GPU): a GPU's engines run with the cost model's "
+                        "host terms, the same on every GPU (rpeg/cost/engines.py), and this "
+                        "figure would change nothing", seen[written],
+                        hint=f"drop {written}; it prices a device whose host time adds to "
+                             "its work (async_launch = 0, a CPU rpeg calibrate measured)")
     return GpuProfile(name=name.value, **values)
+
+
+# A profile's figures of the host time an engine adds to its work, read where that time
+# adds (async_launch = 0: a CPU rpeg calibrate measured): on a GPU the engines' own terms
+# (rpeg.cost.engines.engine_terms) stand in their place.
+CPU_TERMS = ("layer_overhead", "decode_overhead", "vllm_layer_overhead",
+             "vllm_decode_overhead", "vllm_work_scale", "grads_freed")
 
 
 

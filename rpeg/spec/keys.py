@@ -216,7 +216,7 @@ LORA = Section(
     (_int("rank", "the adapters' rank (at most the model's hidden size)", high=4096,
           required=True),
      Param("alpha", Type.REAL, "scale numerator: the adapters are scaled by alpha / rank",
-           low=0.0, high=1e6, derived="the rank (scale 1)"),
+           low=0.0, low_open=True, high=1e6, derived="the rank (scale 1)"),
      Param("targets", Type.NAMES, "the projections that get adapters", choices=LORA_TARGETS,
            derived="q_proj, k_proj, v_proj, o_proj", example="[q_proj, v_proj]"),
      Param("dropout", Type.REAL, "dropout on the adapters' input", default=0.0, low=0.0,

@@ -74,6 +74,23 @@ def test_tool_cores_are_what_the_cluster_declares(setup):
     few = attrs.evolve(cluster, tool_cores=8)
     assert tool_slots(few, PAR, work.tools) == 1 and tool_slots(cluster, PAR, work.tools) == 12
     assert price(work, few) > price(work, cluster)
+    # fewer cores than replicas on a node: each replica's calls on a share of a core (one
+    # core a node was priced as eight, one a replica)
+    one, two = attrs.evolve(cluster, tool_cores=1), attrs.evolve(cluster, tool_cores=2)
+    assert tool_slots(one, PAR, work.tools) == 1 / 8
+    assert price(work, one) > price(work, two) > price(work, few)
+
+
+def test_a_call_is_priced_no_longer_than_its_timeout(setup):
+    """The sandbox kills a call at its tool's timeout: a declared latency past it costs the
+    timeout."""
+    _, cluster, work = setup
+    def tools(timeout, latency):
+        return attrs.evolve(work, tools=tuple(attrs.evolve(t, timeout=timeout,
+                                                           latency=Latency.fixed(latency))
+                                              for t in work.tools))
+    assert price(tools(1.0, 20.0), cluster) == pytest.approx(price(tools(1.0, 1.0), cluster))
+    assert price(tools(30.0, 20.0), cluster) > price(tools(1.0, 20.0), cluster)
 
 
 def test_vllm_prefills_only_the_new_context_the_torch_engine_all_of_it(setup):

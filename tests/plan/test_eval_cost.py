@@ -52,5 +52,7 @@ def test_the_held_out_prompts_are_counted_from_the_dataset(priced):
     assert eval_prompts(pipeline) == 48 == count_rows(ROOT / "pipelines/data/toy.jsonl")
     fewer = attrs.evolve(pipeline, evaluation=attrs.evolve(pipeline.evaluation, prompts=8))
     assert eval_prompts(fewer) == 8
+    more = attrs.evolve(pipeline, evaluation=attrs.evolve(pipeline.evaluation, prompts=1000))
+    assert eval_prompts(more) == 48               # the run evaluates the rows there are
     devices = priced[1].placement("actor_step").devices
     assert eval_time(fewer, devices, priced[2]) < eval_time(pipeline, devices, priced[2])

@@ -94,6 +94,9 @@ CASES = [
      "[q_proj, gate_proj]) }", 3, 67, "a lora target must be a projection the model has"),
     ("lora-rank-over-hidden", "model actor : tiny { lora = lora(rank = 65) }", 3, 41,
      "rank must be at most 64"),
+    # alpha 0 would scale the adapters by 0; it ran as alpha = rank
+    ("lora-alpha-zero", "model actor : tiny { lora = lora(rank = 4, alpha = 0) }", 3, 52,
+     "alpha must be positive, not 0"),
     ("dtype", "model actor : llama3.1-8b { dtype = int4 }", 3, 37,
      "dtype must be one of bf16, fp16, fp32, fp8, not 'int4'"),
 ]

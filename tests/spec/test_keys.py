@@ -148,9 +148,12 @@ def _specs(tmp_path: Path):
         yield "cluster", p.name, CLUSTER.replace("LINK", "").replace("CLUSTER", body), "c.rpeg"
     for p in keys.LINK.params:
         yield "link", p.name, CLUSTER.replace("LINK", "").replace("CLUSTER", ""), "c.rpeg"
+    from rpeg.spec.cluster import CPU_TERMS  # a CPU's figures: with async_launch = 0
     for p in keys.profile_section().params:
-        yield "profile", p.name, PROFILE.replace("PROFILE", "" if p.required else _entry(p)), \
-            "x.rpeg"
+        entry = "" if p.required else _entry(p)
+        if p.name in CPU_TERMS:
+            entry += "\n    async_launch = 0"
+        yield "profile", p.name, PROFILE.replace("PROFILE", entry), "x.rpeg"
 
 
 def test_every_documented_key_is_accepted(tmp_path):

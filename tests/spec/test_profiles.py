@@ -21,7 +21,8 @@ ERRORS = Path(__file__).resolve().parents[1] / "fixtures" / "errors"
 
 @pytest.mark.parametrize("name", ["profile_misspelt_key", "profile_extra_section",
                                   "profile_zero_memory", "cluster_inline_profile_no_rates",
-                                  "profile_no_slowdown", "profile_half_launch"])
+                                  "profile_no_slowdown", "profile_half_launch",
+                                  "profile_gpu_layer_overhead"])
 def test_a_key_or_figure_that_cannot_be_is_refused(name, monkeypatch):
     """A key that is no field, and a figure the cost model divides by (memory, the GEMM rate, the bandwidth)
     that is 0 or not given is refused where it is (or where the profile is named), not

@@ -65,7 +65,7 @@ def register(app: typer.Typer) -> None:
                                       help="Plan the run with every staleness bound capped "
                                            "at K (0 = synchronous); a plan file is capped "
                                            "and priced again. At most the spec's bound."),
-        seed: int = typer.Option(0, "--seed", min=0, help="Planner seed."),
+        seed: int = typer.Option(None, "--seed", min=0, help="Planner seed (default 0)."),
         cuda: bool = typer.Option(None, "--cuda/--cpu", help="Run ops on each worker's GPU "
                                   "(--cuda: every worker must have one), or on CPU (--cpu); "
                                   "default: on GPUs when every device worker has one."),
@@ -110,7 +110,8 @@ def register(app: typer.Typer) -> None:
         tls = TlsFiles.resolve(*(str(p) if p else None for p in (tls_ca, tls_cert, tls_key)))
         check_scheduler_address(scheduler, tls)
         _usage(file, resume, spec, strategy, devices, cluster, staleness, profile, scheduler,
-               force)
+               force, run_dir=run_dir, seed=seed)
+        seed = seed or 0
         if resume is not None:
             if checkpoint_every is None:
                 recorded = recorded_cadence(resume)
@@ -168,7 +169,8 @@ def register(app: typer.Typer) -> None:
 
 
 def _usage(file: Path | None, resume: Path | None, spec, strategy: RunStrategy, devices,
-           cluster, staleness, profile, scheduler, force: bool = False) -> None:
+           cluster, staleness, profile, scheduler, force: bool = False,
+           run_dir: Path | None = None, seed: int | None = None) -> None:
     """Usage errors (exit 2): what to run missing, or options that do nothing with it."""
     def bad(text: str, hint: str) -> None:
         raise typer.BadParameter(text, param_hint=hint)
@@ -189,6 +191,12 @@ def _usage(file: Path | None, resume: Path | None, spec, strategy: RunStrategy, 
                 "--strategy")
         if force:
             bad("runs a plan file with another spec; a resumed run keeps its own", "--force")
+        if run_dir is not None:
+            bad("a resumed run goes on in its own directory (--resume names it); copy the "
+                "directory first to continue a copy", "--run-dir")
+        if seed is not None:
+            bad("seeds the planner; a resumed run keeps its plan (--devices re-plans it with "
+                "the runtime's split, which draws nothing)", "--seed")
         return
     if file is None:
         bad("a pipeline (.rpeg) or a plan (.json) to run, or --resume RUN_DIR, is needed",

@@ -90,6 +90,9 @@ def test_compile_never_writes_over_a_file_it_reads(capsys, tmp_path, monkeypatch
     (["run", "--resume", "somewhere", TINY], "give no FILE with it"),
     (["run", "--resume", "somewhere", "workload.steps=5"], "an override (workload.steps=5)"),
     (["run", "--resume", "somewhere", "--staleness", "0"], "cannot go with --resume"),
+    # the run directory was resumed in place, the other never written
+    (["run", "--resume", "somewhere", "--run-dir", "other"], "goes on in its own directory"),
+    (["run", "--resume", "somewhere", "--seed", "5"], "a resumed run keeps its plan"),
     (["graph", TINY, "--chunks", "rollout"], "must be STAGE=N"),
     (["graph", TINY, "--chunks", "rollout=2"], "needs --steps"),
     (["compile", TINY, "--cluster", LOCAL, "--strategy", "manual"], "'manual' is not one of"),

@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+from collections import defaultdict
 
 import attrs
 
@@ -38,7 +39,7 @@ from rpeg.runtime.lowering.context import RunContext, tool_slots
 from rpeg.runtime.lowering.instances import graph_for, model_homes
 from rpeg.runtime.rundir import checkpoints as ckio
 from rpeg.runtime.rundir.directory import RunDir
-from rpeg.runtime.rundir.meta import Replan, RunMeta
+from rpeg.runtime.rundir.meta import Extension, Replan, RunMeta
 from rpeg.runtime.rundir.serial import plan_to_json
 from rpeg.runtime.rundir.state import RunState
 from rpeg.spec.model import Pipeline
@@ -88,7 +89,8 @@ class Starter:
             if decision is K.Workers.GIVE_UP:
                 raise RuntimeFailure("no worker with resource GPU=1 is left to continue on")
             plan = replan(self.pipeline, plan, len(have), self.meta, self.rd,
-                           why=f"only {len(have)} worker(s) left", from_step=self.state.start)
+                           why=f"only {len(have)} worker(s) left", from_step=self.state.start,
+                           state=self.state)
             workers = dict(enumerate(have))
         watch.workers = workers
         calls = SegmentCalls(CallWindows(self.pipeline, plan, self.steps, self.state.base))
@@ -267,12 +269,18 @@ class Checkpointer:
 
 
 def replan(pipeline: Pipeline, plan: Plan, devices: int, meta: RunMeta, rd: RunDir,
-            why: str, from_step: int) -> Plan:
+            why: str, from_step: int, state: RunState) -> Plan:
     """Re-plan for ``devices``; the new plan governs steps from ``from_step`` (the cut the
-    run rolled back or resumed to), which ``rpeg verify`` reads from the replan record."""
+    run rolled back or resumed to), which ``rpeg verify`` reads from the replan record.
+    What the old plan carried over the cut (outputs of later steps, made by its ops and
+    chunks) is no input of the new plan's: the run restarts at the cut with every replica
+    at the checkpoint's version, as an extended run does (run.json's ``extensions``)."""
     from rpeg.runtime.placement import split_plan
     k = max((b for _, b in plan.staleness), default=0)
     new = split_plan(pipeline, devices, staleness=k, share=bool(plan.shared))
+    if state.carry or state.pending:
+        state.base, state.carry, state.pending = from_step, {}, defaultdict(list)
+        meta.extensions.append(Extension(from_step, meta.steps, meta.steps, time.time()))
     meta.replans.append(Replan(why, plan.num_devices, devices, from_step, time.time()))
     n = len(meta.replans)
     rd.write_text(f"plan.{n - 1}.json", plan_to_json(plan))

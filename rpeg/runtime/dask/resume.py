@@ -88,7 +88,7 @@ def resume_run(run_dir: str | Path, options: RunOptions | None = None,
             meta.extensions.append(Extension(ck.step, made_for, total, time.time()))
         if devices is not None and devices != plan.num_devices:
             plan = replan(pipeline, plan, devices, meta, rd, why="resumed onto "
-                           f"{devices} device(s)", from_step=state.start)
+                           f"{devices} device(s)", from_step=state.start, state=state)
         meta.steps = total
         if state.start >= total and meta.status is Status.OK:
             print(f"rpeg: {rd.path} is complete ({total} steps); nothing to resume",

@@ -20,6 +20,7 @@ it was.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import uuid
@@ -110,11 +111,33 @@ def check_folder_destination(path: Path, option: str, reads: tuple[Path, ...] = 
         raise RpegError(f"{option} must name a new or empty folder, or an earlier "
                              f"export, not '{path}', which holds other files", Span(str(path), 0, 0),
                              hint="rpeg replaces only what it wrote; choose a new folder")
+    added = _added(path, mark)
+    if added:
+        raise RpegError(f"{option} must name a new or empty folder, or an earlier export as "
+                        f"rpeg wrote it, not '{path}', which holds files of yours too "
+                        f"({', '.join(added[:3])}{', ...' if len(added) > 3 else ''})",
+                        Span(str(path), 0, 0),
+                        hint="replacing the export would lose them: move them out, or "
+                             "choose a new folder")
     parent = path.absolute().parent
     if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
         raise RpegError(f"{option} must name a folder in an existing directory this user "
                              f"can write, not '{path}'", hint=f"create it first: mkdir -p {parent}")
     return path
+
+
+def _added(path: Path, mark: str) -> list[str]:
+    """The files in the earlier output ``path`` that its mark does not list as written
+    (none where it lists nothing: an output of an older rpeg)."""
+    try:
+        listed = json.loads((path / mark).read_text(encoding="utf-8")).get("files")
+    except (OSError, ValueError, AttributeError):
+        return []
+    if not isinstance(listed, list):
+        return []
+    written = set(listed) | {mark}
+    return sorted(str(f.relative_to(path)) for f in path.rglob("*")
+                  if (f.is_file() or f.is_symlink()) and str(f.relative_to(path)) not in written)
 
 
 def temporary_sibling(path: Path) -> Path:

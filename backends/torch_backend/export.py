@@ -51,7 +51,12 @@ def export_run(run_dir: str | Path, out: str | Path, *, step: int | None = None,
     over a folder that is not an earlier export), every tensor checked as it is read
     (:func:`backends.torch_backend.modeling.check_tensors`), written into a temporary
     sibling renamed into place when complete (removed when anything fails)."""
-    from rpeg.destinations import EXPORT_MARK, check_folder_destination, written_folder
+    from rpeg.destinations import (
+        EXPORT_MARK,
+        check_folder_destination,
+        check_not_around,
+        written_folder,
+    )
     from rpeg.runtime.rundir import checkpoints as ckio
     from rpeg.runtime.rundir import files as rf
     from rpeg.runtime.rundir.serial import loads
@@ -74,6 +79,9 @@ def export_run(run_dir: str | Path, out: str | Path, *, step: int | None = None,
         raise BackendError(f"--model must name a model of pipeline '{pipeline.name}', not "
                            f"'{model}'", hint="models: " + ", ".join(m.name for m in
                                                                      pipeline.models))
+    # its frozen models and a LoRA model's base are built from their weights folders again
+    # at every resume and export: an export there changes what the run is
+    check_not_around(out, "-o", tuple(Path(m.weights) for m in pipeline.models if m.weights))
     spec = pipeline.model(model)
     if spec.head.value != "lm":
         raise BackendError(f"model '{model}' has a {spec.head.value} head; export writes a "
@@ -118,10 +126,11 @@ def export_run(run_dir: str | Path, out: str | Path, *, step: int | None = None,
                                                         sort_keys=True))
         _tokenizer(spec, tmp)
         version = int(meta["version"])
+        files = sorted(str(f.relative_to(tmp)) for f in tmp.rglob("*") if f.is_file())
         (tmp / EXPORT_MARK).write_text(json.dumps({
             "run": str(run_dir.resolve()), "pipeline": pipeline.name, "model": model,
             "step": ck.step, "version": version, "kind": kind, "dtype": spec.dtype,
-            "checkpoint": str(replica)}, indent=2, sort_keys=True))
+            "checkpoint": str(replica), "files": files}, indent=2, sort_keys=True))
     return Exported(out, ck.step, version, model, kind)
 
 

@@ -61,10 +61,27 @@ def check_inputs(pipeline: Pipeline, *, resumed: bool = False) -> None:
 
 def fingerprints(pipeline: Pipeline) -> dict[str, str]:
     """Absolute path -> a fingerprint of its content, for each file a run reads (its
-    datasets and reward modules; a weights folder is checked by the checkpoints): what
-    run.json records at the start, so a resume can say that one changed since."""
-    return {path: _fingerprint(Path(path)) for _, path, _ in recorded_paths(pipeline)
-            if os.path.isfile(path)}
+    datasets and reward modules) and each weights folder (:func:`_folder_print`: a frozen
+    model and a LoRA model's base are built from it again at every resume, a trained
+    model's tokenizer read from it): what run.json records at the start, so a resume can
+    say that one changed since."""
+    out = {}
+    for _, path, _ in recorded_paths(pipeline):
+        if os.path.isfile(path):
+            out[path] = _fingerprint(Path(path))
+        elif os.path.isdir(path):
+            out[path] = _folder_print(Path(path))
+    return out
+
+
+def _folder_print(path: Path) -> str:
+    """A weights folder's files by name, size and modification time, as hex: replacing or
+    rewriting a file changes it, and nothing of gigabytes of weights is read."""
+    h = hashlib.sha256()
+    for f in sorted(p for p in path.rglob("*") if p.is_file()):
+        st = f.stat()
+        h.update(f"{f.relative_to(path)}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+    return h.hexdigest()
 
 
 def changed_since(recorded: dict[str, str], pipeline: Pipeline) -> list[str]:

@@ -24,7 +24,7 @@ from rpeg.spec import ast
 from rpeg.spec import values as V
 from rpeg.spec.functions import by_category
 from rpeg.spec.kinds import GENERATE_ENGINES, PASS_ENGINES, Head, OpKind
-from rpeg.spec.model import CHECKPOINT_EVERY, DType, GpuProfile
+from rpeg.spec.model import CHECKPOINT_EVERY, KEEP_CHECKPOINTS, DType, GpuProfile
 from rpeg.spec.presets import Family
 from rpeg.spec.registry import Category, Param, Type
 from rpeg.spec.training import LORA_TARGETS, Template, Tracker, Truncation
@@ -89,7 +89,11 @@ WORKLOAD = Section(
           "eval step and after the last step, and the cost model prices each save; 0: only "
           "at the eval steps and the end (a lost worker then fails the run). rpeg run "
           "--checkpoint-every N overrides it", low=0, high=MAX_STEPS,
-          default=CHECKPOINT_EVERY, unit="steps")))
+          default=CHECKPOINT_EVERY, unit="steps"),
+     _int("keep_checkpoints", "complete checkpoints a run keeps, the newest (verl's "
+          "max_actor_ckpt_to_keep, Hugging Face's save_total_limit); an older one is deleted "
+          "once a newer is complete; 0: every one (rpeg export --step reads any kept)",
+          low=0, high=MAX_STEPS, default=KEEP_CHECKPOINTS, unit="checkpoints")))
 
 DATA = Section(
     "data", "workload { dataset = \"FILE\"; prompt_field = \"...\"; ... }",

@@ -167,6 +167,7 @@ def _workload(w: ast.WorkloadDecl, warnings: list[SpecError]) -> Workload:
     return Workload(steps, prompts, samples, prompt_len, gen_len, dataset, seed, w.span,
                     fields=fields, template=template, split=split, prompt_dist=prompt_dist,
                     truncation=truncation, checkpoint_every=get("checkpoint_every"),
+                    keep_checkpoints=get("keep_checkpoints"),
                     keys=tuple((k, x.span) for k, x in e.items()))
 
 

@@ -156,6 +156,7 @@ def _quantiles(dist: LengthDist, n: int) -> np.ndarray:
     return out
 
 CHECKPOINT_EVERY = 10        # a workload's checkpoint_every when it sets none (steps)
+KEEP_CHECKPOINTS = 2         # complete checkpoints a run keeps when it sets none
 
 
 @attrs.frozen
@@ -174,6 +175,7 @@ class Workload:
     prompt_dist: LengthDist | None = None     # the prompts' lengths (None: all prompt_len)
     truncation: Truncation = Truncation.ERROR  # a prompt over prompt_len: refused, or cut
     checkpoint_every: int = CHECKPOINT_EVERY  # steps between a run's cuts (0: eval steps, end)
+    keep_checkpoints: int = KEEP_CHECKPOINTS  # the newest complete ones kept (0: every one)
     # where each key was written (for errors about the data it names)
     keys: tuple[tuple[str, Span], ...] = attrs.field(default=(), eq=False, repr=False)
 

@@ -352,6 +352,10 @@ witness("workload.seed", "run", GRPO, sub(GRPO, "seed = 0", "seed = 1"))
 # a cut a step (2 in 2 steps) against the default's one at the end: priced, not computed
 witness("workload.checkpoint_every", "plan", GRPO,
         sub(GRPO, "seed = 0", "seed = 0; checkpoint_every = 1"))
+# what the checkpointer prunes to (a real run's kept checkpoints:
+# tests/runtime/test_checkpoint_cadence_run.py)
+witness("workload.keep_checkpoints", "kept", GRPO,
+        sub(GRPO, "seed = 0", "seed = 0; keep_checkpoints = 0"))
 # the toy prompts are 5 or 6 tokens with BOS: at prompt_len 4 each is cut, at its end or start
 witness("workload.truncation", "run", sub(GRPO, "prompt_len = 8", "prompt_len = 4; truncation = left"),
         sub(GRPO, "prompt_len = 8", "prompt_len = 4; truncation = right"))
@@ -486,4 +490,7 @@ def test_key_takes_effect(key, outcomes):
         shows.append(outcomes.plan(a, cluster) != outcomes.plan(b, cluster))
     if where in ("run", "either"):
         shows.append(outcomes.run(a) != outcomes.run(b))
+    if where == "kept":
+        from rpeg.runtime.dask.runner import kept
+        shows.append(kept(outcomes.spec(a)) != kept(outcomes.spec(b)))
     assert any(shows), f"{key}: {where} is the same with and without it"

@@ -128,6 +128,35 @@ def test_export_errors(fp32_run, tmp_path, capsys):
     assert "must be a run directory" in capsys.readouterr().err
 
 
+def test_an_export_is_replaced_only_as_rpeg_wrote_it(fp32_run, tmp_path, capsys):
+    out = tmp_path / "exp"
+    assert main(["export", str(fp32_run), "-o", str(out)]) == 0
+    assert main(["export", str(fp32_run), "-o", str(out)]) == 0        # an earlier export
+    (out / "NOTES.md").write_text("mine")
+    assert main(["export", str(fp32_run), "-o", str(out)]) == 1
+    assert "holds files of yours too (NOTES.md)" in capsys.readouterr().err
+    assert (out / "NOTES.md").read_text() == "mine"
+
+
+def test_an_export_never_writes_a_weights_folder_the_run_reads(fp32_run, tmp_path, capsys):
+    """A frozen model (or a LoRA model's base) is built from its weights folder again at
+    every resume and export: an export over it would change the run."""
+    import attrs
+
+    from rpeg.runtime.rundir.serial import dumps, loads
+    run = tmp_path / "run"
+    shutil.copytree(fp32_run, run)
+    base = tmp_path / "base"
+    assert main(["export", str(fp32_run), "-o", str(base)]) == 0
+    pipeline = loads((run / "pipeline.json").read_text())
+    ref = attrs.evolve(pipeline.model("ref"), weights=str(base))
+    pipeline = attrs.evolve(pipeline, models=tuple(ref if m.name == "ref" else m
+                                                   for m in pipeline.models))
+    (run / "pipeline.json").write_text(dumps(pipeline))
+    assert main(["export", str(run), "-o", str(base)]) == 1
+    assert "a file this command reads" in capsys.readouterr().err
+
+
 def test_checkpoint_leaves_out_the_frozen_reference(fp32_run):
     ck = sorted((fp32_run / "checkpoints").glob("step-*"))[-1]
     held = {p.name for p in ck.iterdir() if p.is_dir()}

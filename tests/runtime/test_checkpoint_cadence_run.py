@@ -40,3 +40,23 @@ def test_a_run_cuts_at_the_specs_cadence_or_the_flags_and_records_it(tmp_path):
     with no_hang(900):              # resumed further: still no checkpoint between
         assert main(["run", "--resume", str(flagged), "--steps", "5", "--no-progress"]) == 0
     assert _checkpoints(flagged) == ["step-000003", "step-000005"]
+
+
+@pytest.mark.slow      # a real run
+def test_a_run_keeps_the_checkpoints_its_spec_says(tmp_path):
+    """keep_checkpoints: the newest N complete ones (2 unless set), 0 every one (the best
+    eval's checkpoint was deleted, and export --step could not reach it)."""
+    spec = micro_spec(tmp_path / "micro")
+    spec.write_text(spec.read_text().replace("seed = 0", "seed = 0; checkpoint_every = 1; "
+                                                         "keep_checkpoints = 0"))
+    run_dir = tmp_path / "run"
+    with no_hang(900):
+        assert main(["run", str(spec), "--steps", "4", "--no-progress", "--strategy",
+                     "runtime-split", "--run-dir", str(run_dir)]) == 0
+    assert _checkpoints(run_dir) == [f"step-00000{k}" for k in (1, 2, 3, 4)]
+    three = tmp_path / "three"
+    spec.write_text(spec.read_text().replace("keep_checkpoints = 0", "keep_checkpoints = 3"))
+    with no_hang(900):
+        assert main(["run", str(spec), "--steps", "4", "--no-progress", "--strategy",
+                     "runtime-split", "--run-dir", str(three)]) == 0
+    assert _checkpoints(three) == [f"step-00000{k}" for k in (2, 3, 4)]

@@ -148,3 +148,48 @@ def test_a_resume_finds_the_files_whose_content_changed(tmp_path):
     with open(data, "a") as fh:
         fh.write('{"prompt": "z*1=", "answer": "z"}\n')
     assert changed_since(at_start, pipeline) == [data]
+
+
+def test_a_resume_finds_a_weights_folder_rewritten(tmp_path):
+    """A frozen model's weights folder (built from again at every resume) replaced since
+    the run started is named, as a changed dataset is."""
+    import os
+    import shutil
+    from pathlib import Path
+
+    from rpeg.runtime.inputs import changed_since, fingerprints
+    from rpeg.spec import load
+    root = Path(__file__).resolve().parents[2] / "pipelines"
+    shutil.copytree(root, tmp_path / "p")
+    weights = tmp_path / "p" / "ref_weights"
+    weights.mkdir()
+    (weights / "config.json").write_text("{}")
+    (weights / "model.safetensors").write_bytes(b"x" * 64)
+    import attrs
+    pipeline = load(tmp_path / "p" / "tiny_grpo.rpeg")
+    ref = attrs.evolve(pipeline.model("ref"), weights=str(weights))
+    pipeline = attrs.evolve(pipeline, models=tuple(ref if m.name == "ref" else m
+                                                   for m in pipeline.models))
+    at_start = fingerprints(pipeline)
+    assert str(weights) in at_start and changed_since(at_start, pipeline) == []
+    (weights / "model.safetensors").write_bytes(b"y" * 64)       # the same size, rewritten
+    os.utime(weights / "model.safetensors", ns=(1, 1))
+    assert changed_since(at_start, pipeline) == [str(weights)]
+
+
+def test_a_resume_says_the_spec_was_edited(tmp_path, capsys):
+    """A resume runs the run's own copy of its spec (spec.rpeg): an edit of the file it
+    started from is said, not silently left unread."""
+    from types import SimpleNamespace
+
+    from rpeg.runtime.dask.resume import _spec_edited
+    (tmp_path / "run").mkdir()
+    spec = tmp_path / "p.rpeg"
+    spec.write_text("pipeline p\n")
+    (tmp_path / "run" / "spec.rpeg").write_text("pipeline p\n")
+    rd, meta = SimpleNamespace(path=tmp_path / "run"), SimpleNamespace(spec=str(spec))
+    _spec_edited(rd, meta)
+    assert capsys.readouterr().err == ""
+    spec.write_text("pipeline p  # lr raised\n")
+    _spec_edited(rd, meta)
+    assert f"{spec} was edited since the run started" in capsys.readouterr().err

@@ -54,7 +54,6 @@ class RunOptions:
 class Resilience:
     checkpoint_every: int = 10         # steps between cuts (the last step always ends one;
                                        # 0: none between, only at evals and the end)
-    keep: int = 2                      # complete checkpoints kept
     timeout_factor: float = 10.0       # an op is stuck after factor x its predicted time ...
     timeout_floor_s: float = 120.0     # ... and never before this
     max_recoveries: int = 3

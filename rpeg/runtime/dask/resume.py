@@ -60,6 +60,7 @@ def resume_run(run_dir: str | Path, options: RunOptions | None = None,
         plan = _load_value(rd, "plan.json", plan_from_json, "plan")
         check_plan_of_run(rd, pipeline, plan)
         check_inputs(pipeline, resumed=True)    # the files the run read, where it read them
+        _spec_edited(rd, meta)
         for path in changed_since(meta.files, pipeline):
             print(f"rpeg: warning: {path} changed since the run started: the steps from "
                   f"here read it as it is now (the run's earlier steps read it as it was)",
@@ -102,6 +103,22 @@ def resume_run(run_dir: str | Path, options: RunOptions | None = None,
               file=sys.stderr)
         return run_resilient(pipeline, plan, options, None, resilience, on_step,
                              _resume=(rd, state, meta))
+
+
+def _spec_edited(rd: RunDir, meta: RunMeta) -> None:
+    """Warn where the spec the run started from reads otherwise now than its copy in the
+    run directory (spec.rpeg): a resume runs the copy, whatever the file says now."""
+    kept = rd.path / "spec.rpeg"
+    if not meta.spec or not kept.is_file() or not os.path.isfile(meta.spec):
+        return
+    try:
+        same = Path(meta.spec).read_bytes() == kept.read_bytes()
+    except OSError:
+        return
+    if not same:
+        print(f"rpeg: warning: {meta.spec} was edited since the run started; a resume "
+              f"continues the run's own spec ({kept}), not the edit: `rpeg run "
+              f"{meta.spec}` starts a run of the edited one", file=sys.stderr)
 
 
 def _run_meta(rd: RunDir) -> RunMeta:

@@ -87,7 +87,7 @@ from rpeg.runtime.rundir.state import RunState
 from rpeg.runtime.rundir.trackers import Trackers, check_installed, chosen
 from rpeg.spec.model import Pipeline
 
-__all__ = ["Resilience", "Interrupted", "run", "run_resilient"]
+__all__ = ["Resilience", "Interrupted", "kept", "run", "run_resilient"]
 
 
 # --- the run -------------------------------------------------------------------------------
@@ -283,7 +283,7 @@ class _Runner:
         self.watch = Watch(cl.client, K.Limits(res.timeout_factor, res.timeout_floor_s), state)
         self.starter = Starter(pipeline, options, res.replace_wait_s, steps, cl, self.watch,
                                rd, meta, state, self.pids)
-        self.checkpointer = Checkpointer(pipeline, steps, res.keep, time.time(), cl,
+        self.checkpointer = Checkpointer(pipeline, steps, kept(pipeline), time.time(), cl,
                                          self.watch, rd, meta, state)
         self.rollback = Rollback(self.watch, meta, rd, state, res.max_recoveries,
                                  local=options.scheduler is None)
@@ -319,3 +319,9 @@ class _Runner:
         SegmentLoop(self.options, self.res, self.steps, every, attempt, self.cl, self.watch,
                     self.checkpointer, record, evals, self.rd, self.meta, self.state,
                     self.tally, self.stop).run()
+
+
+def kept(pipeline: Pipeline) -> int:
+    """The complete checkpoints a run keeps (the workload's ``keep_checkpoints``; 0: every
+    one), which the checkpointer prunes to."""
+    return pipeline.workload.keep_checkpoints or 1 << 62

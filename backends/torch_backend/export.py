@@ -86,6 +86,10 @@ def export_run(run_dir: str | Path, out: str | Path, *, step: int | None = None,
     if spec.head.value != "lm":
         raise BackendError(f"model '{model}' has a {spec.head.value} head; export writes a "
                            "causal language model", hint="export the actor")
+    if merge and spec.lora is None:
+        raise BackendError(f"--merge folds LoRA adapters into their base model, and model "
+                           f"'{model}' has none: its export is the whole model already",
+                           hint="leave out --merge")
     if step is None:
         skipped: list[str] = []
         ck = ckio.latest(run_dir, skipped=skipped)

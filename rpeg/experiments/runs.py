@@ -160,6 +160,29 @@ def plan_plots(plan: Plan, base: Path, pipeline=None, cluster=None) -> list[Path
 
 # --- text ---------------------------------------------------------------------------------------
 
+def _history(path: Path) -> list[str]:
+    """The run's resumes and re-plans (run.json), a line each: where it went on from and
+    what it set aside; nothing for a run that ran in one go."""
+    try:
+        meta = json.loads((path / "run.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return []
+    out = []
+    for r in meta.get("resumes") or []:
+        if not isinstance(r, dict):
+            continue
+        aside = [*(r.get("set_aside") or []), *(f"checkpoints/{d}" for d in
+                                                (r.get("damaged_checkpoints") or []))]
+        out.append(f"  resumed at step {r.get('from_step')} from "
+                   f"{Path(str(r.get('checkpoint', '?'))).name}"
+                   + (f", set aside: {', '.join(map(str, aside))}" if aside else ""))
+    for r in meta.get("replans") or []:
+        if isinstance(r, dict):
+            out.append(f"  re-planned from step {r.get('from_step')}: {r.get('from_devices')} "
+                       f"to {r.get('to_devices')} device(s) ({r.get('why')})")
+    return out
+
+
 def summary(run: Run, report=None, plots_written: list[Path] | None = None) -> str:
     """What ``rpeg show RUN_DIR`` prints."""
     rec, path = run.record, run.path
@@ -170,6 +193,7 @@ def summary(run: Run, report=None, plots_written: list[Path] | None = None) -> s
              f"  directory {path}"]
     if rec.get("error"):
         lines.append(f"  stopped by: {rec['error']}")
+    lines += _history(path)
     lines += ["", f"record {rec.get('id', '?')}  (content hashes)"]
     lines += _inputs(rec.get("inputs", {}))
     lines += ["", "where: " + _where(rec.get("where", {}))]

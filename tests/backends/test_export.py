@@ -126,6 +126,8 @@ def test_export_errors(fp32_run, tmp_path, capsys):
     assert main(["export", str(fp32_run), "--model", "ref", "-o", str(tmp_path / "x")]) == 1
     assert main(["export", str(tmp_path), "-o", str(tmp_path / "x")]) == 1
     assert "must be a run directory" in capsys.readouterr().err
+    assert main(["export", str(fp32_run), "--merge", "-o", str(tmp_path / "x")]) == 1
+    assert "model 'actor' has none" in capsys.readouterr().err
 
 
 def test_an_export_is_replaced_only_as_rpeg_wrote_it(fp32_run, tmp_path, capsys):

@@ -21,7 +21,7 @@ pytestmark = pytest.mark.slow
 PIPELINES = Path(__file__).resolve().parents[2] / "pipelines"
 
 
-def test_a_carrying_checkpoint_resumes_on_fewer_devices(tmp_path):
+def test_a_carrying_checkpoint_resumes_on_fewer_devices(tmp_path, capsys):
     (tmp_path / "data").symlink_to(PIPELINES / "data")
     shutil.copy(PIPELINES / "rewards.py", tmp_path / "rewards.py")
     spec = tmp_path / "grpo.rpeg"
@@ -43,3 +43,8 @@ def test_a_carrying_checkpoint_resumes_on_fewer_devices(tmp_path):
     assert [r["step"] for r in rows] == list(range(8))
     assert all(math.isfinite(r["reward"]) for r in rows)
     assert verify_run(run_dir).ok
+    capsys.readouterr()
+    assert main(["show", str(run_dir), "--no-verify"]) == 0       # show says how it went on
+    out = capsys.readouterr().out
+    assert "resumed at step 4 from step-000004" in out
+    assert "re-planned from step 4: 2 to 1 device(s)" in out

@@ -24,6 +24,8 @@ class _Finalised:
 def test_sigterm_lost_in_a_finaliser_is_raised_at_the_next_check(tmp_path, monkeypatch):
     dropped = []
     monkeypatch.setattr(sys, "unraisablehook", lambda u: dropped.append(u.exc_value))
+    (tmp_path / "checkpoints" / "step-000002").mkdir(parents=True)    # one to resume from
+    (tmp_path / "checkpoints" / "step-000002" / "COMPLETE").write_text("")
     stop = StopFlag()
     stop.install_terminate(str(tmp_path))
     try:
@@ -44,13 +46,26 @@ def test_a_real_sigterm_is_raised_and_then_kept(tmp_path):
     stop = StopFlag()
     stop.install_terminate(str(tmp_path))
     try:
-        with pytest.raises(Terminated):
+        with pytest.raises(Terminated) as e:
             os.kill(os.getpid(), signal.SIGTERM)
             signal.sigtimedwait([], 0)               # a point where the handler runs
         with pytest.raises(Terminated):
             stop.check()
     finally:
         stop.uninstall()
+    # nothing complete to resume from: the hint does not offer a resume
+    assert "no checkpoint was complete yet" in e.value.hint
+    (tmp_path / "checkpoints" / "step-000004").mkdir(parents=True)
+    (tmp_path / "checkpoints" / "step-000004" / "COMPLETE").write_text("")
+    stop = StopFlag()
+    stop.install_terminate(str(tmp_path))
+    try:
+        with pytest.raises(Terminated) as e:
+            os.kill(os.getpid(), signal.SIGTERM)
+            signal.sigtimedwait([], 0)
+    finally:
+        stop.uninstall()
+    assert f"rpeg run --resume {tmp_path}" in e.value.hint
 
 
 def test_a_second_ctrl_c_is_kept_for_the_check_and_the_first_is_not():

@@ -158,6 +158,7 @@ def _tensors_checked(pipeline):
 
 def _nothing_to_resume(rd: RunDir, meta: RunMeta, damaged: int) -> RuntimeFailure:
     spec = meta.spec if isinstance(meta.spec, str) else "SPEC.rpeg"
+    spec = " ".join([spec, *(str(o) for o in meta.overrides)])     # as it was run
     why = f"its {damaged} checkpoint(s) are damaged" if damaged else "it holds none"
     return RuntimeFailure(f"run directory '{rd.path}' must hold a complete checkpoint to "
                           f"resume from, and {why}; nothing of it can be continued",

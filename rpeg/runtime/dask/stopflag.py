@@ -12,6 +12,7 @@ import contextlib
 import signal
 import sys
 import threading
+from pathlib import Path
 
 from rpeg.errors import RuntimeFailure
 
@@ -43,9 +44,12 @@ class StopFlag:
     def _terminate(self, signum, frame) -> None:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)     # a second SIGTERM ends it outright
         where = f" {self.run_dir}" if self.run_dir else " RUN_DIR"
+        hint = f"continue from its last checkpoint with: rpeg run --resume{where}"
+        if self.run_dir and not any(Path(self.run_dir).glob("checkpoints/step-*/COMPLETE")):
+            hint = ("no checkpoint was complete yet, so nothing of it can be resumed: run it "
+                    "again (its directory keeps what it did)")
         self.now = Terminated("terminated (SIGTERM): the run stopped; its record is closed",
-                              hint=f"continue from its last checkpoint with: rpeg run --resume"
-                                   f"{where}")
+                              hint=hint)
         raise self.now
 
     def check(self) -> None:

@@ -240,10 +240,15 @@ def _shipped_host() -> GpuProfile:
 
 
 def terms_of(p: GpuProfile) -> tuple[ControlTerms, str]:
-    """The control-plane terms for a cluster of ``p`` devices, and whose they are: the
-    profile's own where it has them (``rpeg calibrate`` on the host that runs the client
-    and the scheduler), else the shipped CPU profile's."""
-    own = ControlTerms.of(p)
-    if own.measured:
+    """The control-plane terms for a cluster of ``p`` devices, and whose they are: each the
+    profile's own where it gives it (above 0: ``rpeg calibrate`` on the host that runs the
+    client and the scheduler, or a figure written in), else the shipped CPU profile's."""
+    own, host = ControlTerms.of(p), _shipped_host()
+    if all(getattr(own, f.name) > 0 for f in attrs.fields(ControlTerms)):
         return own, p.name
-    return ControlTerms.of(_shipped_host()), _shipped_host().name
+    shipped = ControlTerms.of(host)
+    if not any(getattr(own, f.name) > 0 for f in attrs.fields(ControlTerms)):
+        return shipped, host.name
+    return attrs.evolve(shipped, **{f.name: getattr(own, f.name) for f in
+                                    attrs.fields(ControlTerms) if getattr(own, f.name) > 0}), \
+        f"{p.name} and {host.name}"

@@ -379,12 +379,14 @@ PROFILE_DOCS: dict[str, str] = {
                "gpu_memory_utilization 0.9 leaves 10%)",
     "source": "where the figures come from",
     "dispatch_s": "scheduler time one task crossing adds (Dask)",
-    "host_cores": "cores the control plane shares (0: not priced)",
+    "host_cores": "cores the control plane shares with the devices' ops (a CPU's; 0: it "
+                  "has a host of its own, priced by the control terms below)",
     "control_step_s": "control-plane CPU per device per step",
     "control_task_s": "control-plane CPU per task per step",
     "control_idle": "CPU seconds per second an idle local cluster burns per process (the "
                     "client's and each device worker's: heartbeats, monitors)",
-    "control_call_s": "on a host of its own: the client's scheduling core per op call",
+    "control_call_s": "on a host of its own: the client's scheduling core per op call (this "
+                      "and the seven terms below: 0, the shipped local_cpu profile's)",
     "client_task_s": "on a host of its own: Dask's client CPU per task",
     "client_arg_s": "on a host of its own: the client's CPU per future a task takes",
     "client_worker_s": "on a host of its own: the client's CPU per worker per step",

@@ -46,7 +46,9 @@ REMAX = (Rule("greedy_baseline", "baseline, given: scores of a generate stage wi
                                   "temperature = 0"),)
 GROUP_NORM = GROUPS + (Rule("std_keywords", "eps and correction only with std = true"),)
 POLICY_LOSS = (Rule("k1_loss", "warning: a KL loss term estimated with k1 (its expected "
-                    "gradient is 0)"),)
+                    "gradient is 0)"),
+               Rule("clip_shadowed", "clip not with both clip_low and clip_high (which "
+                    "replace it on each side)"))
 OVERLONG = (Rule("overlong_reaches", "the penalty starts below the longest response, "
                  "buffer below max_len"),)
 PYTHON = (Rule("reward_signature", "the function takes what rpeg passes: (prompts, responses, "

@@ -435,6 +435,17 @@ def k1_loss(site: Site, stage) -> SpecWarning | None:
                           "(a penalty in the reward)")
 
 
+def clip_shadowed(site: Site, stage) -> SpecError | None:
+    kwargs = dict(stage.param("loss").kwargs)
+    if "clip" not in kwargs or "clip_low" not in kwargs or "clip_high" not in kwargs:
+        return None
+    return SpecError(f"clip must be left out with both clip_low and clip_high, not "
+                     f"{kwargs['clip']:g}: they replace it below and above 1, so it bounds "
+                     "nothing", site.loss_span(stage, "clip"),
+                     hint="drop clip, or one of clip_low and clip_high (clip is then that "
+                          "side's)")
+
+
 # --- rewards ----------------------------------------------------------------------------------
 
 def _reward_span(site: Site, reward, key: str) -> Span:
@@ -554,6 +565,7 @@ CHECKS = {
     "greedy_baseline": greedy_baseline,
     "std_keywords": std_keywords,
     "k1_loss": k1_loss,
+    "clip_shadowed": clip_shadowed,
     "overlong_reaches": overlong_reaches,
     "kv_fraction_engine": kv_fraction_engine,
     "reward_signature": takes_what_rpeg_passes,

@@ -49,8 +49,16 @@ def test_a_profile_without_terms_takes_the_shipped_hosts():
     gh200 = builtin_cluster("gh200_64").gpu
     terms, whose = K.terms_of(attrs.evolve(gh200, client_task_s=0.0, scheduler_task_s=0.0))
     assert whose == "local_cpu" and terms == K.ControlTerms.of(builtin_cluster("local_cpu").gpu)
+    # a term written alone replaces the shipped host's one, the others stay (they were 0,
+    # and the control plane's time fell from 0.8 to 0.26 s); a whole set is the profile's
     own = attrs.evolve(gh200, scheduler_task_s=2e-3)
-    assert K.terms_of(own) == (K.ControlTerms.of(own), gh200.name)
+    host = K.ControlTerms.of(builtin_cluster("local_cpu").gpu)
+    assert K.terms_of(own) == (attrs.evolve(host, scheduler_task_s=2e-3),
+                               f"{gh200.name} and local_cpu")
+    beats = attrs.evolve(gh200, scheduler_heartbeat_s=0.5)
+    assert K.terms_of(beats)[0] == attrs.evolve(host, heartbeat_s=0.5)
+    whole = _gpu_cluster().gpu
+    assert K.terms_of(whole) == (TERMS, whole.name)
 
 
 def _gpu_cluster(terms=TERMS):
@@ -74,7 +82,8 @@ def test_the_step_on_a_gpu_cluster_pays_the_control_plane_and_more_chunks_pay_mo
     expect = K.control_time(TERMS, d, got.step_time_s - got.control_s - saves).charged_s
     assert got.control_s == pytest.approx(expect, rel=1e-3)
     # the same plan priced with no control plane: the step is shorter by what was charged
-    free = Evaluator(pipeline, _gpu_cluster(K.ControlTerms(client_task_s=1e-12)))
+    free = Evaluator(pipeline, _gpu_cluster(K.ControlTerms(
+        **{f.name: 1e-12 for f in attrs.fields(K.ControlTerms)})))
     bare = free.evaluate(plan, simulate_infeasible=True).plan.predicted
     assert got.step_time_s - bare.step_time_s == pytest.approx(got.control_s, rel=0.01)
     more = attrs.evolve(plan, placements=tuple(

@@ -101,7 +101,7 @@ def test_control_time_is_charged_only_where_devices_share_the_host_cores():
     # control plane that costs next to nothing; the idle cluster's CPU runs through the
     # whole step, the time the control plane takes included
     free = attrs.evolve(cpu, gpu=attrs.evolve(
-        cpu.gpu, host_cores=0.0, **{f: 0.0 for f in HOST_TERMS} | {"client_task_s": 1e-12}))
+        cpu.gpu, host_cores=0.0, **{f: 1e-12 for f in HOST_TERMS}))
     idle = attrs.evolve(cpu, gpu=attrs.evolve(g, control_idle=0.03))
     for cluster in (cpu, idle):
         ev = Evaluator(pipeline, cluster)

@@ -64,6 +64,38 @@ def _control_fit_line(c: dict | None, p) -> str:
         f"{name.removeprefix('control plane, ')} {round(r * 100):+d}%" for name, r in runs)
 
 
+def _usage(tools, arg, calls, cluster, name, repeats, save, dispatch_only, control_only,
+           out) -> None:
+    """Usage errors (exit 2), before minutes of measuring: options that do nothing with
+    the others, a profile name the language cannot read back, an output of another kind."""
+    def bad(text: str, hint: str) -> None:
+        raise typer.BadParameter(text, param_hint=hint)
+
+    if tools is not None:
+        for given, flag in ((cluster, "--cluster"), (save, "--save-measurements"),
+                            (dispatch_only, "--dispatch-only"), (control_only, "--control-only"),
+                            (name != "local_cpu", "--name"), (repeats != 5, "--repeats")):
+            if given:
+                bad("measures the machine; --tools measures a pipeline's tools alone", flag)
+    else:
+        if arg:
+            bad("is an argument of the tools --tools measures", "--arg")
+        if calls != 20:
+            bad("counts the calls of the tools --tools measures", "--calls")
+    from rpeg.spec.parser import parse_text
+    try:                                     # the profile the measuring will write, read back
+        parse_text(f"profile {name} {{\n    memory = 1 GB\n}}\n", "<name>")
+        named = True
+    except RpegError:
+        named = False
+    if not named:
+        bad(f"names the profile as the language writes a name (letters, digits, _), not "
+            f"'{name}'", "--name")
+    for path, flag in ((out, "--out"), (cluster, "--cluster")):
+        if path is not None and not path.is_dir() and path.suffix != ".rpeg":
+            bad(f"writes a .rpeg file, not '{path}'", flag)
+
+
 def register(app: typer.Typer) -> None:
     @app.command()
     def calibrate(
@@ -95,6 +127,8 @@ def register(app: typer.Typer) -> None:
                                   help="With --tools: calls per tool."),
     ) -> None:
         """Measure this machine's devices and links into a hardware profile."""
+        _usage(tools, arg, calls, cluster, name, repeats, save, dispatch_only, control_only,
+               out)
         if tools is not None:
             _tools(tools, list(arg or []), calls, out)
             return

@@ -29,7 +29,7 @@ import typer
 
 from rpeg.cli.output import writable, writing
 from rpeg.plan.model import Strategy, device_ranges, si
-from rpeg.plan.options import MAX_ITERATIONS
+from rpeg.plan.options import MAX_ITERATIONS, MAX_SEED
 
 
 class Compiled(enum.Enum):
@@ -62,7 +62,8 @@ def register(app: typer.Typer) -> None:
                                           help="search, a baseline (colocated, split, "
                                                "realloc), or pinned: the spec's `place` "
                                                "layouts priced as written."),
-        seed: int = typer.Option(defaults.seed, "--seed", min=0, help="Seed of the search."),
+        seed: int = typer.Option(defaults.seed, "--seed", min=0, max=MAX_SEED,
+                                 help="Seed of the search."),
         budget: int = typer.Option(defaults.iterations, "--budget", "--iterations",
                                    callback=budget_of,
                                    help="Plans each walk of the search tries (the search's "

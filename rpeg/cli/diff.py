@@ -24,6 +24,7 @@ import typer
 
 from rpeg.cli.compile import budget_of
 from rpeg.errors import RpegError, SpecError
+from rpeg.plan.options import MAX_SEED
 
 
 def _kind(p: Path) -> str:
@@ -89,7 +90,7 @@ def register(app: typer.Typer) -> None:
                                      help="Also compile both specs on this cluster and "
                                           "compare predicted step time and memory."),
         as_json: bool = typer.Option(False, "--json", help="Print the diff as JSON."),
-        seed: int = typer.Option(None, "--seed", min=0,
+        seed: int = typer.Option(None, "--seed", min=0, max=MAX_SEED,
                                  help="Seed of the plan search (with --cluster; default 0)."),
         budget: int = typer.Option(None, "--budget", callback=budget_of,
                                    help="Plans each walk of the search tries, per spec (with "

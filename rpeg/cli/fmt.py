@@ -17,6 +17,7 @@ from pathlib import Path
 
 import typer
 
+from rpeg.cli.output import writing
 from rpeg.errors import RpegError
 from rpeg.spec.parser import parse_bytes, parse_file
 from rpeg.spec.printer import fmt
@@ -74,7 +75,8 @@ def register(app: typer.Typer) -> None:
                           file=sys.stderr)
             elif write:
                 if _original(path) != text:
-                    path.write_text(text, encoding="utf-8")
+                    with writing(path.resolve(), "the formatted file") as tmp:  # the link's file
+                        tmp.write_text(text, encoding="utf-8")
                     print(f"formatted {path}", file=sys.stderr)
             else:
                 sys.stdout.write(text)

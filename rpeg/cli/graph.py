@@ -21,6 +21,7 @@ from rpeg.graph import build, unroll, verify, verify_unrolled
 from rpeg.graph.render import FORMATS, to_dot, write
 from rpeg.graph.unroll import DepKind
 from rpeg.spec import load
+from rpeg.spec.model import OpKind
 
 
 def parse_chunks(items: list[str]) -> dict[str, int]:
@@ -55,10 +56,19 @@ def register(app: typer.Typer) -> None:
                                      param_hint="--chunks")
         pipeline = load(file)
         g = verify(build(pipeline, share=share))
-        for stage in split:
+        batch = pipeline.workload.batch
+        generate = [o.name for o in g.ops if o.kind is OpKind.GENERATE]
+        for stage, n in split.items():
             if not g.has_op(stage):
                 raise SpecError(f"--chunks names unknown stage '{stage}'",
                                 hint="stages: " + ", ".join(o.name for o in g.ops))
+            if stage not in generate:
+                raise SpecError(f"--chunks must name a generate stage, not '{stage}'",
+                                hint="generate stages: " + ", ".join(generate))
+            if n > batch:
+                raise SpecError(f"--chunks {stage}={n:,}: a step's {batch:,} responses "
+                                f"split into at most {batch:,} chunks",
+                                hint=f"--chunks {stage}={min(batch, 8)}")
         if output is None:
             if steps:
                 print(verify_unrolled(unroll(g, steps, split)))

@@ -23,6 +23,7 @@ from pathlib import Path
 import typer
 
 from rpeg.errors import RpegError, RuntimeFailure
+from rpeg.plan.options import MAX_SEED
 from rpeg.resources import clusters_dir
 from rpeg.runtime.dask.devices import COLLECTIVE_TIMEOUT_S
 from rpeg.runtime.plans import RunStrategy
@@ -65,7 +66,8 @@ def register(app: typer.Typer) -> None:
                                       help="Plan the run with every staleness bound capped "
                                            "at K (0 = synchronous); a plan file is capped "
                                            "and priced again. At most the spec's bound."),
-        seed: int = typer.Option(None, "--seed", min=0, help="Planner seed (default 0)."),
+        seed: int = typer.Option(None, "--seed", min=0, max=MAX_SEED,
+                                 help="Planner seed (default 0)."),
         cuda: bool = typer.Option(None, "--cuda/--cpu", help="Run ops on each worker's GPU "
                                   "(--cuda: every worker must have one), or on CPU (--cpu); "
                                   "default: on GPUs when every device worker has one."),

@@ -25,7 +25,7 @@ import attrs
 
 from rpeg.plan.space import Limits
 
-__all__ = ["MAX_ITERATIONS", "Method", "Start", "SearchOptions", "SearchRecord"]
+__all__ = ["MAX_SEED", "MAX_ITERATIONS", "Method", "Start", "SearchOptions", "SearchRecord"]
 
 # The most proposals a walk may be given (``--budget``). A walk remembers every plan it
 # proposed (a repeat is not priced again) and the evaluator every step graph and op it
@@ -45,6 +45,9 @@ class Start(enum.Enum):
     BASELINES = "baselines"  # from the best baseline; a stalled walk restarts from the others
     RANDOM = "random"        # from a random plan, no baseline as a start or a restart: what
                              # the search finds on its own (benchmarks/planner.py)
+
+
+MAX_SEED = 2**63 - 1        # a seed a plan file holds (19 digits; its reader takes 20)
 
 
 @attrs.frozen

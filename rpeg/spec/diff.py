@@ -490,8 +490,9 @@ def _pin_text(v: object) -> str | None:
 def diff_clusters(a: Cluster, b: Cluster) -> SpecDiff:
     """What differs between two clusters: shape, the GPU profile's figures, and the links."""
     out = []
-    for key in ("gpus_per_node", "nodes_per_rack", "racks", "num_gpus"):
-        x, y = getattr(a, key), getattr(b, key)
+    for key, attr in (("gpus_per_node",) * 2, ("nodes_per_rack",) * 2, ("racks",) * 2,
+                      ("num_gpus",) * 2, ("tool_cores", "tool_cores_per_node")):
+        x, y = getattr(a, attr), getattr(b, attr)
         if x != y:
             out.append(Change("cluster", ChangeKind.CHANGED, key, "", str(x), str(y)))
     ga, gb = a.gpu, b.gpu

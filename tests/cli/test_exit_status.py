@@ -109,6 +109,13 @@ def test_compile_never_writes_over_a_file_it_reads(capsys, tmp_path, monkeypatch
     (["diff", LOCAL, LOCAL, "--cluster", "/no/such.rpeg"], "two clusters are compared as"),
     (["show", str(ROOT / "pipelines"), "--force"], "a run directory is checked against"),
     (["calibrate", "--dispatch-only"], "give it with --out"),
+    # said before minutes of measuring, not after; options that did nothing
+    (["calibrate", "--name", "bad name"], "as the language writes a name"),
+    (["calibrate", "-o", "p.json"], "writes a .rpeg file"),
+    (["calibrate", "--calls", "3"], "counts the calls of the tools --tools measures"),
+    (["calibrate", "--tools", TINY, "--repeats", "7"], "--tools measures a pipeline's"),
+    (["compile", TINY, "--cluster", LOCAL, "--seed", str(2**64)],
+     "less than or equal to 9223372036854775807"),
     (["calibrate", "--control-only"], "give it with --out"),
 ])
 def test_usage_errors_exit_2(capsys, args, words):
@@ -137,3 +144,14 @@ def test_a_missing_command_module_is_an_error_not_a_silent_gap(capsys, monkeypat
     rc, text = _run(capsys, ["--help"])
     assert rc == 1
     assert "'nope' command must be installed, not missing (no module rpeg.cli.nope)" in text
+
+
+@pytest.mark.parametrize("args, words", [
+    (["graph", TINY, "-n", "2", "--chunks", "rollout=999999999"], "at most 32 chunks"),
+    (["graph", TINY, "-n", "2", "--chunks", "adv=3"], "must name a generate stage"),
+])
+def test_chunks_the_spec_cannot_have_exit_1(capsys, args, words):
+    """A step's responses split into at most that many chunks (a billion hung the unroll),
+    of a generate stage only."""
+    rc, text = _run(capsys, args)
+    assert rc == 1 and words in text, text

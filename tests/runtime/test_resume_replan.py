@@ -29,6 +29,7 @@ def test_a_carrying_checkpoint_resumes_on_fewer_devices(tmp_path, capsys):
     run_dir = tmp_path / "run"
     assert main(["run", str(spec), "--steps", "8", "--checkpoint-every", "4", "--strategy",
                  "runtime-split", "--run-dir", str(run_dir), "--no-progress"]) == 0
+    assert "dask dashboard" not in capsys.readouterr().out    # stdout: what a command outputs
     carried = run_dir / "checkpoints" / "step-000004"
     state = json.loads((carried / "state.json").read_text())
     assert state["carry"], state                     # the next step's rollout, made before

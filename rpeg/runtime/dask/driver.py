@@ -173,8 +173,8 @@ class DaskCluster:
             self.cluster = self._local_cluster(LocalCluster)
             self.client = Client(self.cluster)
             self.client.wait_for_workers(self.devices)
-        if line := dashboard_line(self.client):
-            print(line, flush=True)
+        if line := dashboard_line(self.client):       # stdout is a command's output's
+            print(line, file=sys.stderr, flush=True)
         return self
 
     def _local_cluster(self, LocalCluster):

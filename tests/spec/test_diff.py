@@ -150,7 +150,7 @@ def test_cluster_diff_names_shape_gpu_and_links():
     assert got[("links", "gpu.bandwidth")] == ("150 GB/s", "450 GB/s")
     assert ("cluster", "num_gpus") not in got                   # both have 64
     assert not diff_clusters(a, a).changed
-    import attrs                                  # the tool cores a tool rollout is priced on
+    import attrs  # the tool cores a tool rollout is priced on
     fewer = diff_clusters(b, attrs.evolve(b, tool_cores=8))
     assert [(c.name, c.before, c.after) for c in fewer.changes] == [
         ("tool_cores", str(b.tool_cores_per_node), "8")]

@@ -110,6 +110,17 @@ def register(app: typer.Typer) -> None:
 
         output = writable(output, "-o")                  # before the search, not after it
         if spec.suffix == ".json":
+            given = {"--strategy": strategy is not Compiled.SEARCH,
+                     "--seed": seed != defaults.seed, "--budget": budget != defaults.iterations,
+                     "--patience": patience != defaults.patience,
+                     "--time-cap": time_cap != defaults.time_cap_s, "--no-carry": not carry,
+                     "--runnable": runnable, "--any-executor": any_executor,
+                     "--memory-reserve": memory_reserve is not None}
+            for flag, set_ in given.items():
+                if set_:
+                    raise typer.BadParameter("a plan is compiled again with the options it "
+                                             "records; compile its spec to choose others",
+                                             param_hint=flag)
             _remake(spec, cluster, output, as_json, no_gantt)
             return
         if cluster is None:
@@ -225,6 +236,12 @@ def _remake(path: Path, cluster: Path | None, output: Path | None, as_json: bool
     from rpeg.spec import load, load_cluster
 
     old = Plan.load(path)
+    from rpeg.plan.validate import plan_spec, recorded_file
+    from rpeg.spec.inputs import files_read
+    pipeline = load(plan_spec(old, path))
+    machine = load_cluster(cluster or recorded_file(old.cluster_path, path))
+    _not_over_inputs(output or Path("plan.json"), no_gantt,      # before the search
+                     (path, *files_read(pipeline, machine)))
     with _collector_paused():
         report = recompile(old, str(path), cluster)
     same = report.plan.to_json() == old.to_json()
@@ -240,12 +257,6 @@ def _remake(path: Path, cluster: Path | None, output: Path | None, as_json: bool
             lines.append(f"  the spec {old.spec_path} changed since")
         if old.search is not None and old.search.time_capped:
             lines.append("  the search that made it was stopped by its time cap")
-    from rpeg.plan.validate import plan_spec, recorded_file
-    from rpeg.spec.inputs import files_read
-    pipeline = load(plan_spec(old, path))
-    machine = load_cluster(cluster or recorded_file(old.cluster_path, path))
-    _not_over_inputs(output or Path("plan.json"), no_gantt,
-                     (path, *files_read(pipeline, machine)))
     any_executor = old.search is not None and old.search.options.limits == Limits()
     _write(report, pipeline, machine, output, as_json, no_gantt, any_executor,
            extra=["", *lines])

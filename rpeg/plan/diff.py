@@ -20,9 +20,17 @@ from rpeg.plan.model import Plan, StagePlacement, device_ranges  # noqa: F401 (d
 
 
 def describe(p: StagePlacement) -> str:
+    """Every field of a placement the cost model prices (carry apart: the structure's),
+    those at their default left out after the first few."""
     mb = f"{p.microbatches}" + ("+recompute" if p.recompute else "")
+    extra = [f"cp{p.cp}" if p.cp > 1 else "", f"ep{p.ep}" if p.ep > 1 else "",
+             "packed" if p.packing else "", "param_offload" if p.param_offload else "",
+             f"max_num_seqs {p.max_num_seqs}" if p.max_num_seqs else "",
+             f"kv_fraction {p.kv_fraction:g}" if p.kv_fraction else "",
+             "cuda_graph" if p.cuda_graph else ""]
     return (f"devices {device_ranges(p.devices)} dp{p.dp} tp{p.tp} pp{p.pp} mb{mb} "
-            f"zero{p.zero}{'+offload' if p.offload else ''} chunks{p.chunks} {p.engine.value}")
+            f"zero{p.zero}{'+offload' if p.offload else ''} chunks{p.chunks} {p.engine.value}"
+            + "".join(f" {x}" for x in extra if x))
 
 
 @attrs.frozen

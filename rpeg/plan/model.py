@@ -304,7 +304,7 @@ class Plan:
             for what, x in values:
                 if not 0 <= x < float("inf"):
                     return f"predicted {what} must be a finite number >= 0, not {x}"
-        return None
+        return _search_inconsistency(self.search)
 
     @classmethod
     def load(cls, path: str | Path) -> Plan:
@@ -664,6 +664,24 @@ def _expect(where: str, value: object, typ: type) -> object:
         raise TypeError(f"'{where}' must be a {names.get(typ, typ.__name__)}, not "
                         f"{_show(value)}")
     return value
+
+
+def _search_inconsistency(search) -> str | None:
+    """The recorded search options outside what ``rpeg compile`` takes (``rpeg compile
+    PLAN.json`` searches with them again)."""
+    if search is None:
+        return None
+    from rpeg.plan.options import MAX_ITERATIONS, MAX_SEED
+    o = search.options
+    for what, x, low, high in (("seed", o.seed, 0, MAX_SEED),
+                               ("iterations", o.iterations, 1, MAX_ITERATIONS),
+                               ("patience", o.patience, 0, MAX_ITERATIONS),
+                               ("chains", o.chains, 1, MAX_ITERATIONS)):
+        if not low <= x <= high:
+            return f"search.options.{what} must be {low:,}..{high:,}, not {x:,}"
+    if not 0 < o.time_cap_s < float("inf"):
+        return f"search.options.time_cap_s must be a positive number, not {o.time_cap_s}"
+    return None
 
 
 def _describe(e: Exception) -> str:

@@ -47,6 +47,7 @@ plan.json alone, as before.
 from __future__ import annotations
 
 import json
+import math
 from collections import Counter, defaultdict
 from pathlib import Path
 
@@ -239,6 +240,12 @@ def check_segments(segments: tuple[Segment, ...], events: list[dict],
         if e["id"] in seen:
             out.append(Violation(e["id"], e.get("step", -1), "extra", "ran more than once"))
         seen[e["id"]] = e
+        start, end = e.get("start"), e.get("end")
+        if not (isinstance(start, (int, float)) and isinstance(end, (int, float))
+                and math.isfinite(start) and math.isfinite(end) and end >= start):
+            out.append(Violation(e["id"], e.get("step", -1), "time",
+                                 f"must end at or after it starts, at finite times, not "
+                                 f"start {start} and end {end} (a damaged trace)"))
     expected = {c.id for seg in segments for c in seg.calls}
     for op_id, e in seen.items():
         if op_id not in expected:

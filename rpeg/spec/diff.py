@@ -199,7 +199,22 @@ class _Matcher:
 
 
 def _params(s: Stage) -> tuple:
-    return tuple(sorted((k, str(v)) for k, v in s.params))
+    """A stage's keywords as written, less those written at their default (the registry's):
+    ``temperature = 1.0`` and no temperature are one stage."""
+    from rpeg.spec.functions import function
+    fn = function(s.function)
+
+    def at_default(key: str, value) -> bool:
+        try:
+            p = fn.param(key)
+        except (KeyError, ValueError):
+            return False
+        if p.derived or p.default is None:
+            return False
+        default = p.default.value if isinstance(p.default, enum.Enum) else p.default
+        value = value.value if isinstance(value, enum.Enum) else value
+        return value == default and type(value) is not bool or value is default
+    return tuple(sorted((k, str(v)) for k, v in s.params if not at_default(k, v)))
 
 
 # --- comparing -------------------------------------------------------------------------

@@ -155,3 +155,18 @@ def test_chunks_the_spec_cannot_have_exit_1(capsys, args, words):
     of a generate stage only."""
     rc, text = _run(capsys, args)
     assert rc == 1 and words in text, text
+
+
+def test_a_plan_compiled_again_takes_no_search_option(capsys, tmp_path):
+    """rpeg compile PLAN.json searches with the options it records: another one given did
+    nothing (exit 0, "strategy search, seed 0"); -o over the plan is refused as well."""
+    plan = tmp_path / "p.json"
+    assert main(["compile", TINY, "--cluster", LOCAL, "-o", str(plan), "--no-gantt",
+                 "--budget", "50"]) == 0
+    capsys.readouterr()
+    for extra in (["--seed", "5"], ["--strategy", "colocated"], ["--patience", "3"],
+                  ["--memory-reserve", "50%"], ["--no-carry"]):
+        rc, text = _run(capsys, ["compile", str(plan), *extra])
+        assert rc == 2 and "compiled again with the options it records" in text, (extra, text)
+    rc, text = _run(capsys, ["compile", str(plan), "-o", str(plan)])
+    assert rc == 1 and "a file this command reads" in text

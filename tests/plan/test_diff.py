@@ -58,3 +58,18 @@ def test_the_memory_reserve_a_plan_was_made_with_is_a_difference():
     d = diff_plans(a, b)
     assert not d.same and d.structure == (
         ("memory reserve", "8.0 GB of 80 GB (10%)", "12.0 GB of 80 GB (15%)"),)
+
+
+def test_every_priced_field_of_a_placement_is_a_difference():
+    """packing, cuda_graph, the engine's batching, cp and ep change what a plan costs: two
+    plans apart only there are not the same (they were, exit 0)."""
+    a = _plan()
+    for change in (dict(packing=True), dict(cuda_graph=True), dict(max_num_seqs=64),
+                   dict(kv_fraction=0.5), dict(param_offload=True)):
+        stage = "actor_step" if "packing" in change or "param_offload" in change \
+            else "rollout"
+        b = _plan(placements=tuple(p.changed(**change) if p.stage == stage else p
+                                   for p in a.placements))
+        d = diff_plans(a, b)
+        assert not d.same, change
+        assert next(iter(change)) in str(d) or "packed" in str(d), str(d)

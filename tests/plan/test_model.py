@@ -64,6 +64,7 @@ def placements(draw):
 def test_a_compiled_plan_with_every_field_round_trips():
     """Every field rpeg writes is one it reads back: the search record's limits (model
     families, features, dtypes) and a generate stage's engine settings included."""
+
     from rpeg.plan.options import SearchOptions, SearchRecord
     from rpeg.plan.space import Limits
     limits = Limits(families=("llama", "qwen3"), model_features=("moe",), dtypes=("bf16",))
@@ -143,3 +144,22 @@ def test_a_generate_placement_carries_its_concurrency_through_json():
     bad = plan.to_json().replace('"kv_fraction": 0.85', '"kv_fraction": 1.5')
     with pytest.raises(PlanError, match="kv_fraction must be a fraction 0..1, not 1.5"):
         Plan.from_json(bad)
+
+
+@pytest.mark.parametrize("options, words", [
+    (dict(seed=-7), "search.options.seed must be 0.."),
+    (dict(iterations=-5), "search.options.iterations must be 1.."),
+    (dict(iterations=10**9), "search.options.iterations must be 1.."),
+])
+def test_recorded_search_options_are_what_compile_takes(tmp_path, options, words):
+    """rpeg compile PLAN.json searches again with them: a negative seed was an internal
+    error there, a billion proposals a search without end."""
+    import attrs
+
+    from rpeg.plan.options import SearchOptions, SearchRecord
+    plan = attrs.evolve(_plan(), search=SearchRecord(SearchOptions(**options)))
+    f = tmp_path / "p.json"
+    f.write_text(json.dumps(plan.to_dict()))
+    with pytest.raises(PlanError) as e:
+        Plan.load(f)
+    assert words in str(e.value), str(e.value)

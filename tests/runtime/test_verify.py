@@ -57,6 +57,19 @@ def test_each_kind_of_violation_is_reported_with_op_and_step(ppo):
     assert not report.ok and "rollout/s2/c0 (step 2)" in str(report)
 
 
+def test_an_op_ending_before_it_starts_or_at_no_time_is_a_violation(ppo):
+    """A damaged trace (a negative duration, NaN) passed as ok."""
+    plan = split_plan(ppo, 2, staleness=1)
+    calls, workers, homes = _setup(ppo, plan)
+    events = {e["id"]: e for e in _trace(calls, workers)}
+    events["rollout/s0/c0"]["end"] = events["rollout/s0/c0"]["start"] - 5.0
+    events["adv/s1/c0"]["end"] = float("nan")
+    report = check(calls, plan, list(events.values()), workers, 3, homes,
+                   placed_for(ppo, plan))
+    found = {(v.check, v.op) for v in report.violations}
+    assert {("time", "rollout/s0/c0"), ("time", "adv/s1/c0")} <= found, str(report)
+
+
 def test_train_must_read_its_own_step(ppo, plan_by_hand):
     plan = plan_by_hand(ppo, {}, devices=1)
     calls, workers, homes = _setup(ppo, plan)

@@ -49,6 +49,15 @@ def test_consistent_renames_are_not_changes(spec):
         ("stage", "values", "v_fwd"), ("data", "values", "vals")}
 
 
+def test_a_keyword_written_at_its_default_is_no_change(spec):
+    """temperature = 1.0 is what no temperature means (it was "1.0 -> default", exit 1);
+    another value is a change."""
+    same = BASE.replace("generate(actor, prompts)", "generate(actor, prompts, temperature = 1.0)")
+    assert not diff(spec(BASE), spec(same)).changed
+    other = BASE.replace("generate(actor, prompts)", "generate(actor, prompts, temperature = 0.7)")
+    assert diff(spec(BASE), spec(other)).changed
+
+
 def test_renamed_and_changed_stage_is_a_change(spec):
     text = BASE.replace("stage values = forward(critic, responses) -> values",
                         'model vf : tiny { head = value; frozen; weights = "vf" }\n'

@@ -82,6 +82,10 @@ def _check(d: ModelDims, e: dict[str, ast.Entry], where: Span) -> None:
             raise SpecError("a mixture of experts must give experts = N (routed experts per "
                             "layer)", at("active_experts", "expert_ffn", "shared_experts",
                                          "dense_layers"))
+        if "active_experts" not in e and not d.active_experts:
+            raise SpecError(f"a mixture of experts must give active_experts = K (the routed "
+                            f"experts each token uses, 1..{d.experts})", at("experts"),
+                            hint="e.g. active_experts = 2 (top-2 routing)")
         if not 1 <= d.active_experts <= d.experts:
             raise SpecError(f"active_experts must be 1..{d.experts} (the experts), not "
                             f"{d.active_experts}", at("active_experts", "experts"),

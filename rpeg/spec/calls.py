@@ -146,6 +146,11 @@ def keywords(fn: Function, args, kwargs, where: str) -> dict[str, tuple[object, 
     for key, (_, span) in out.items():
         other = fn.param(key).requires
         if other and not fn.param(other).is_set(out.get(other, (None,))[0]):
+            if other in out:                     # given, at the value that turns it off
+                off = out[other][0]
+                off = getattr(off, "value", off)
+                raise SpecError(f"{key} does nothing with {other} = {off} in {where}",
+                                span, hint=f"{other}: {fn.param(other).doc}")
             raise SpecError(f"{key} must come with {other} in {where}, not alone: without it, "
                             "it does nothing", span, hint=f"{other}: {fn.param(other).doc}")
     return out

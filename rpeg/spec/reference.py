@@ -75,6 +75,8 @@ def kind_text(p: Param) -> str:
         kind = "a flag"
     elif p.type is Type.QUANTITY:
         kind = f"{DIMENSION_NAMES[p.unit]} such as {EXAMPLES[p.unit]}"
+        if p.low is not None and p.high is not None and p.low > 0:
+            kind += f", {quantity_text(p.low, p.unit)} to {quantity_text(p.high, p.unit)}"
     else:
         kind = p.type.value + (f" {p.range_text()}" if p.range_text() else "")
     unit = f" ({p.unit})" if p.unit and p.type is not Type.QUANTITY else ""
@@ -111,6 +113,13 @@ def quantity_text(x: float, dimension: str) -> str:
     ``quantity_text(2.5e10, "bytes/s")`` is ``'25 GB/s'``."""
     if x == 0:
         return f"0 {EXAMPLES[dimension].split()[1]}"
+    if dimension == "bytes":             # a power of two's multiple: in its binary unit
+        binary = [(f, u) for u, (d, f) in UNITS.items() if d == dimension
+                  and u.endswith("iB") and x >= f and (x / f).is_integer()]
+        if binary and not any(x >= f and (x / f).is_integer() for u, (d, f) in UNITS.items()
+                              if d == dimension and not u.endswith("iB") and f > 1):
+            factor, unit = max(binary)
+            return f"{x / factor:g} {unit}"
     units = sorted(((f, u) for u, (d, f) in UNITS.items() if d == dimension
                     and not u.endswith(("iB", "iB/s")) and u not in ("min", "h")), reverse=True)
     factor, unit = next(((f, u) for f, u in units if x >= f), units[-1])

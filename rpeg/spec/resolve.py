@@ -100,7 +100,9 @@ def _check_unique(f: ast.File) -> None:
     for kind, word in _BLOCKS.items():
         blocks = [i for i in f.items if isinstance(i, kind)]
         if len(blocks) > 1:
-            raise duplicate(word, "block", blocks[1].span, blocks[0].span)
+            raise SpecError(f"a pipeline has one {word} block, and this is a second",
+                            blocks[1].span, notes=[("the first is here", blocks[0].span)],
+                            hint=f"write its keys in the first {word} block")
     for item in f.items:
         key = _key(item)
         if key is None:

@@ -110,7 +110,12 @@ def latency(v: ast.Value, key: str = "latency") -> Latency:
         raise SpecError(f"{fn}(...) takes at most {len(allowed[fn])} values", v.args[-1].span)
     for k in v.kwargs:
         if k.key.value not in allowed[fn]:
-            raise V.unknown_key(k.key, allowed[fn], f"{fn}(...)")
+            forms = {"fixed": "fixed(2 s) or fixed(s = 2 s)",
+                     "uniform": "uniform(min = 1 s, max = 3 s)",
+                     "lognormal": "lognormal(median = 2 s, max = 30 s)"}
+            raise SpecError(f"unknown key '{k.key.value}' in a {key}'s {fn}(...), which takes "
+                            f"{', '.join(allowed[fn])}", k.key.span,
+                            hint=f"a duration's distribution: {forms[fn]}")
         if k.key.value in given:
             raise SpecError(f"{k.key.value} is given twice", k.key.span)
         given[k.key.value] = k.value

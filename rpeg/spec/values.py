@@ -109,8 +109,7 @@ def integer(v: ast.Value, key: str, *, minimum: int = 0, maximum: int = MAX_INT)
     if n < minimum:
         raise SpecError(f"{key} must be at least {minimum}, not {n}", v.span)
     if n > maximum:
-        raise SpecError(f"{key} must be at most {maximum:,}, not {n:,}", v.span,
-                        hint="rpeg refuses sizes beyond what any cluster runs")
+        raise SpecError(f"{key} must be at most {maximum:,}, not {n:,}", v.span)
     return n
 
 
@@ -177,6 +176,12 @@ def fraction(v: ast.Value, key: str) -> float:
 
 def name(v: ast.Value, key: str, choices: tuple[str, ...] | None = None) -> str:
     if not isinstance(v, ast.Ident):
+        if choices == ("true", "false"):
+            raise SpecError(f"{key} must be true or false, not {kind_of(v)} ({describe(v)})",
+                            v.span, hint=f"write {key} = true or {key} = false")
+        if choices:
+            raise SpecError(f"{key} must be one of {', '.join(choices)}, not {kind_of(v)} "
+                            f"({describe(v)})", v.span)
         raise SpecError(f"{key} must be a name, not {kind_of(v)} ({describe(v)})", v.span)
     if choices is not None and v.value not in choices:
         from rpeg.errors import did_you_mean

@@ -121,6 +121,10 @@ CASES = [
      13, 72, "clip = 0.2 needs per-token value estimates"),
     ("estimator-alone", g("grpo(0.2)", "grpo(0.2, kl_estimator = k2)"), 10, 112,
      "kl_estimator must come with kl in grpo(...), not alone"),
+    # a schedule given, at the value that turns it off: not "alone"
+    ("min-lr-constant", g("adam(lr = 1e-3)", "adam(lr = 1e-3, schedule = constant, "
+                                             "min_lr = 1e-4)"), 3, 80,
+     "min_lr does nothing with schedule = constant in adam(...)"),
     ("filter-rate-alone", g("generate(actor, prompts)",
                             "generate(actor, prompts, filter_rate = 0.3)"), 6, 56,
      "filter_rate must come with refill_rounds in generate(...)"),

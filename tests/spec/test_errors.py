@@ -132,10 +132,12 @@ CASES: list[tuple[str, str, int, int, str]] = [
                                    "dtype = fp32 }"),
      3, 22, "master_weights = false must be asked of a 16-bit model, not of dtype fp32"),
     ("master-weights-not-a-flag", sub("adam(lr = 1e-3)", "adam(lr = 1e-3, master_weights = 0)"),
-     3, 67, "master_weights must be a name, not a number (0)"),
+     3, 67, "master_weights must be true or false, not a number (0)"),
     ("share-different-architectures", sub("model critic : tiny", "model critic : small")
      + "share actor, critic\n", 14, 14, "cannot share models of different architectures"),
     ("share-unknown-model", add("share actor, critc"), 14, 14, "share names unknown model 'critc'"),
+    ("second-workload-block", add("workload { steps = 4 }"), 14, 1,
+     "a pipeline has one workload block, and this is a second"),
     ("share-frozen", add("share actor, ref"), 14, 14,
      "cannot share the backbone of frozen model 'ref'"),
     ("share-in-two-groups", sub("model ref : tiny { frozen }", "model ref : tiny")

@@ -59,7 +59,7 @@ def register(app: typer.Typer) -> None:
                     continue
             else:
                 unchecked = []
-            shown = list(checked.warnings) + unchecked
+            shown = [] if quiet else list(checked.warnings) + unchecked     # errors only
             for w in shown[:warnings]:
                 print(w.render(), file=sys.stderr)
             if len(shown) > warnings:

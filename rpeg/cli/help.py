@@ -46,6 +46,12 @@ def register(app: typer.Typer) -> None:
             if name is None:
                 print(topics.markdown(backend_builds) if markdown else topics.listing(), end="")
                 return
+        if topics.topic(topic) is None and name is None:
+            # a section or key of one topic named alone (rpeg help lora: rpeg help model lora)
+            parent = next((t.name for t in topics.TOPICS
+                           if topic in topics.items(t.name)), None)
+            if parent is not None:
+                topic, name = parent, topic
         if topics.topic(topic) is None:
             hint = topics.topic_hint(topic)
             raise click.UsageError(f"topic must be one of "

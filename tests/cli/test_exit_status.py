@@ -170,3 +170,13 @@ def test_a_plan_compiled_again_takes_no_search_option(capsys, tmp_path):
         assert rc == 2 and "compiled again with the options it records" in text, (extra, text)
     rc, text = _run(capsys, ["compile", str(plan), "-o", str(plan)])
     assert rc == 1 and "a file this command reads" in text
+
+
+def test_check_quiet_prints_errors_only(capsys):
+    """-q: "Print errors only" (it printed ppo_llama8b's warning)."""
+    spec = str(ROOT / "pipelines" / "ppo_llama8b.rpeg")
+    assert main(["check", spec]) == 0
+    assert "warning" in capsys.readouterr().err
+    assert main(["check", "-q", spec]) == 0
+    out = capsys.readouterr()
+    assert out.out == "" and out.err == ""

@@ -81,6 +81,12 @@ def test_help_prints_one_function_key_section_or_preset(capsys):
     assert "bandwidth" in capsys.readouterr().out
     assert main(["help", "presets", "tiny"]) == 0
     assert "rpeg run builds it     yes" in capsys.readouterr().out
+    # a section the reference heads alone (## lora) is found without its topic
+    for alone, topic in (("lora", "model"), ("link", "cluster"), ("grpo", "functions")):
+        assert main(["help", alone]) == 0
+        by_itself = capsys.readouterr().out
+        assert main(["help", topic, alone]) == 0
+        assert by_itself == capsys.readouterr().out
 
 
 def test_help_usage_errors_exit_2(capsys):

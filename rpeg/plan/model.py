@@ -219,8 +219,15 @@ class Plan:
     def from_dict(cls, data: object, path: str = "<plan>") -> Plan:
         where = Span(path, 0, 0)
         if not isinstance(data, dict):
-            raise PlanError(f"plan must be a JSON object, not {type(data).__name__}", where)
+            kind = {list: "a list", str: "a string", bool: "a truth value", int: "a number",
+                    float: "a number", type(None): "null"}.get(type(data), type(data).__name__)
+            raise PlanError(f"plan must be a JSON object, not {kind}", where,
+                            hint="write plans with `rpeg compile -o plan.json`")
         version = data.get("schema_version")
+        if version is None:
+            raise PlanError(f"plan must say its schema_version ({SCHEMA_VERSION}), and this "
+                            "JSON object has none: it is no plan rpeg wrote", where,
+                            hint="write plans with `rpeg compile -o plan.json`")
         if version != SCHEMA_VERSION:
             raise PlanError(f"plan schema_version must be {SCHEMA_VERSION}, not {version!r}",
                             where, hint="recompile the spec with this rpeg "
@@ -456,8 +463,8 @@ def read_json_text(text: str, path: str, what: str) -> object:
         return json.loads(text, object_pairs_hook=_no_duplicates, parse_int=_bounded_int,
                           parse_float=_finite_float, parse_constant=_no_constant)
     except json.JSONDecodeError as e:
-        raise PlanError(f"{what} must be JSON, not fail to parse ({e.msg} at line "
-                        f"{e.lineno} column {e.colno})", Span(path, e.lineno, e.colno),
+        raise PlanError(f"{what} must be JSON, and it is not: {e.msg} at line "
+                        f"{e.lineno} column {e.colno}", Span(path, e.lineno, e.colno),
                         hint="write plans with `rpeg compile -o plan.json`") from None
     except ValueError as e:
         raise PlanError(f"{what} must hold {e}", Span(path, 0, 0),

@@ -89,9 +89,10 @@ def test_any_plan_round_trips(pl, strategy, seed, predicted):
 
 @pytest.mark.parametrize("text, words", [
     ("{not json", "must be JSON"),
-    ("[1, 2]", "must be a JSON object, not list"),
+    ("[1, 2]", "must be a JSON object, not a list"),
+    ("null", "must be a JSON object, not null"),
     ('{"schema_version": 99}', "schema_version must be 1, not 99"),
-    ('{"pipeline": "p"}', "schema_version must be 1, not None"),
+    ('{"pipeline": "p"}', "must say its schema_version (1), and this JSON object has none"),
 ])
 def test_damaged_plan_files_name_file_and_problem(tmp_path, text, words):
     f = tmp_path / "plan.json"

@@ -249,6 +249,16 @@ class Evaluator(MemoryWalk, OpTimings):
                 for m, devices in trained), gpu, per_node)
         return self._saves[trained]
 
+    def checkpoint_writers(self, plan: Plan, graph: Graph) -> tuple[int, float]:
+        """(the devices that write a checkpoint, the bytes they write together): each trained
+        model's, from its train op's devices (:meth:`checkpoint_time`)."""
+        gpu = self.cluster.gpu
+        trained = [(self.stages.target[o.stages[0]], plan.placement(o.stages[0]).devices)
+                   for o in graph.ops if o.kind is OpKind.TRAIN and o.writes_model]
+        devices = {d for _, ds in trained for d in ds}
+        return len(devices), sum(checkpoint_bytes(self.pipeline.model(m), gpu)
+                                 for m, _ in trained)
+
     def checkpoint_share(self, saved: float) -> float:
         """A step's share of the checkpoints a run of the workload's steps writes, at its
         cadence (``checkpoint_every``)."""

@@ -16,6 +16,7 @@ moves at no more than its memory bandwidth, and host time only adds.
 
 from __future__ import annotations
 
+from rpeg.cost.checkpoint import CHECKPOINT_OP
 from rpeg.cost.compute import Roof, utilisation
 from rpeg.graph import Graph
 from rpeg.plan.model import MemoryUse, OpUse, Plan
@@ -34,6 +35,9 @@ def op_uses(ev, plan: Plan, graph: Graph, timings: dict, op_times, roofs: dict[s
         devices = len(timing.devices) if timing is not None else 0
         seconds = timing.time_s if timing is not None else rounded
         roof = roofs.get(name, Roof()).scaled(max(devices, 1))
+        if name == CHECKPOINT_OP:        # the trained models' bytes, from their trainers
+            devices, written = ev.checkpoint_writers(plan, graph)
+            roof = Roof(bytes=written)
         stages = graph.op(name).stages if graph.has_op(name) else (name,)
         mfu, mbu = utilisation(roof, seconds, max(devices, 1), gpu, _fp8(ev, plan, stages))
         out.append(OpUse(name, devices, roof.flops, roof.bytes, seconds, mfu, mbu))

@@ -151,3 +151,20 @@ def test_a_pass_at_dp_2_in_a_step_of_one_chunk_is_priced_split_over_its_blocks(s
         assert t2[op].devices == (0, 1)
     uses = {u.stage: u for u in ev.evaluate(two).plan.predicted.ops}
     assert uses["ref_lp"].devices == 2
+
+
+def test_a_checkpoint_is_shown_on_its_writers_with_the_bytes_it_writes():
+    """The checkpoint op of `rpeg compile`'s ops table: the trained models' devices and
+    their checkpoint's bytes (it said 0 GPUs and 0 B)."""
+    from rpeg.cost.checkpoint import checkpoint_bytes
+    from rpeg.cost.profiles import builtin_cluster
+    from rpeg.runtime.placement import split_plan
+    from rpeg.spec import load
+    pipeline = load(ROOT / "pipelines/tiny_ppo.rpeg")
+    cluster = builtin_cluster("local_cpu")
+    plan = split_plan(pipeline, 2, staleness=1)
+    uses = {u.stage: u for u in Evaluator(pipeline, cluster).evaluate(plan).plan.predicted.ops}
+    trained = {d for s in ("actor_step", "critic_step") for d in plan.placement(s).devices}
+    assert uses["checkpoint"].devices == len(trained)
+    assert uses["checkpoint"].bytes == pytest.approx(sum(
+        checkpoint_bytes(pipeline.model(m), cluster.gpu) for m in ("actor", "critic")))

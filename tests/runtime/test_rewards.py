@@ -184,13 +184,8 @@ def scheduler(local_cluster):
 
 def test_a_nan_score_stops_the_run_at_its_step_and_nothing_non_finite_is_kept(
         tmp_path, capsys, scheduler):
-    from safetensors.numpy import load_file
-    spec = _spec(tmp_path, "nan_reward", "return [math.nan] * len(responses)")
-    run_dir = tmp_path / "run"
-    assert main(["run", str(spec), "--steps", "4", "--strategy", "runtime-split",
-                 "--scheduler", scheduler, "--no-progress", "--run-dir", str(run_dir),
-                 "--checkpoint-every", "1"]) == 1
-    err = capsys.readouterr().err
+    spec, run_dir, err = _failed_run(tmp_path, capsys, scheduler, "nan_reward",
+                                     "return [math.nan] * len(responses)")
     found = re.search(r"bad\.rpeg:18:1: error: reward 'toy' \(nan_reward:judge\) must return a "
                       r"finite number for every response, not nan \(response 0 of the 16 it "
                       r"scored, step (\d)\)", err)
@@ -206,6 +201,22 @@ def test_a_nan_score_stops_the_run_at_its_step_and_nothing_non_finite_is_kept(
     assert main(["show", str(run_dir), "--no-verify"]) == 0
     assert f"stopped by: {meta['error']}" in capsys.readouterr().out
     assert all(math.isfinite(v) for r in rows for v in r.values() if isinstance(v, float))
+    _finite_checkpoints(run_dir)
+
+
+def _failed_run(tmp_path, capsys, scheduler, module: str, bad: str):
+    """(spec, run dir, stderr) of tiny_ppo whose reward goes ``bad`` from step 1, run to
+    its failure, a checkpoint a step."""
+    spec = _spec(tmp_path, module, bad)
+    run_dir = tmp_path / "run"
+    assert main(["run", str(spec), "--steps", "4", "--strategy", "runtime-split",
+                 "--scheduler", scheduler, "--no-progress", "--run-dir", str(run_dir),
+                 "--checkpoint-every", "1"]) == 1
+    return spec, run_dir, capsys.readouterr().err
+
+
+def _finite_checkpoints(run_dir) -> None:
+    from safetensors.numpy import load_file
     for f in (run_dir / "checkpoints").rglob("*.safetensors"):
         for name, value in load_file(f).items():
             assert np.isfinite(value.astype(np.float64)).all(), (f, name)
@@ -214,26 +225,15 @@ def test_a_nan_score_stops_the_run_at_its_step_and_nothing_non_finite_is_kept(
 @pytest.mark.slow          # a real run; the rule has a unit test (tests/backends/test_torch_backend.py)
 def test_a_non_finite_gradient_stops_the_run_before_its_update(tmp_path, capsys, scheduler):
     # scores float32 holds (so the reward passes), whose squared value error does not
-    spec = _spec(tmp_path, "huge_reward", "return [3e38] * len(responses)")
-    run_dir = tmp_path / "run"
-    assert main(["run", str(spec), "--steps", "4", "--strategy", "runtime-split",
-                 "--scheduler", scheduler, "--no-progress", "--run-dir", str(run_dir),
-                 "--checkpoint-every", "1"]) == 1
-    err = capsys.readouterr().err
+    _, run_dir, err = _failed_run(tmp_path, capsys, scheduler, "huge_reward",
+                                  "return [3e38] * len(responses)")
     assert re.search(r"bad\.rpeg:\d+:1: error: train stage '\w+' at step [01]: the gradient "
                      r"norm is (inf|nan) \(loss (inf|nan)\), so the update was not applied",
                      err), err
     assert "Traceback" not in err
     meta = json.loads((run_dir / "run.json").read_text())
     assert meta["status"] == "failed" and "the gradient norm is" in meta["error"]
-    for f in (run_dir / "checkpoints").rglob("*.safetensors"):
-        for name, value in load_file_np(f).items():
-            assert np.isfinite(value.astype(np.float64)).all(), (f, name)
-
-
-def load_file_np(path):
-    from safetensors.numpy import load_file
-    return load_file(path)
+    _finite_checkpoints(run_dir)
 
 
 @pytest.mark.slow          # a second real run; the traceback rule has a unit test above

@@ -49,7 +49,7 @@ def register(app: typer.Typer) -> None:
                                     help="Write graph.svg, .png, .pdf or .dot."),
     ) -> None:
         """Show the RPEG graph: ops, data edges, parameter-version edges across steps."""
-        output = suffix(writable(output, "-o"), "-o", tuple(f".{f}" for f in FORMATS))
+        output = writable(suffix(output, "-o", tuple(f".{f}" for f in FORMATS)), "-o")
         split = parse_chunks(chunks)
         if split and not steps:
             raise typer.BadParameter("needs --steps: chunks are in the unrolled graph",

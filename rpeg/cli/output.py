@@ -41,8 +41,9 @@ def writing(path: Path, what: str):
 
 
 def suffix(path: Path | None, option: str, allowed: tuple[str, ...]) -> Path | None:
-    """``path`` if it ends in one of ``allowed``; a usage error (exit 2) if not."""
-    if path is not None and path.suffix.lower() not in allowed:
+    """``path`` if it ends in one of ``allowed``; a usage error (exit 2) if not (a directory
+    is left to :func:`writable`, which says it is one)."""
+    if path is not None and not path.is_dir() and path.suffix.lower() not in allowed:
         raise typer.BadParameter(f"must end in {', '.join(allowed)}, not "
                                  f"'{path.suffix or path.name}'", param_hint=option)
     return path

@@ -51,7 +51,7 @@ def register(app: typer.Typer) -> None:
         from rpeg.plan.model import device_ranges
         from rpeg.plan.validate import open_plan
 
-        output = suffix(writable(output, "-o"), "-o", PICTURES)
+        output = writable(suffix(output, "-o", PICTURES), "-o")
         opened = open_plan(plan_file, spec=spec, cluster=cluster, need_cluster=True, exact_devices=True, force=force)
         for w in opened.warnings:
             print(f"{plan_file}: warning: {w}", file=sys.stderr)

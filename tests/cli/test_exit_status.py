@@ -94,6 +94,8 @@ def test_compile_never_writes_over_a_file_it_reads(capsys, tmp_path, monkeypatch
     (["run", "--resume", "somewhere", "--run-dir", "other"], "goes on in its own directory"),
     (["run", "--resume", "somewhere", "--seed", "5"], "a resumed run keeps its plan"),
     (["graph", TINY, "--chunks", "rollout"], "must be STAGE=N"),
+    # the wrong kind of file is a usage error, whether or not its folder exists
+    (["graph", TINY, "-o", "no/such/folder/g.txt"], "-o"),
     (["graph", TINY, "--chunks", "rollout=2"], "needs --steps"),
     (["compile", TINY, "--cluster", LOCAL, "--strategy", "manual"], "'manual' is not one of"),
     (["compile", TINY, "--cluster", LOCAL, "--budget", "0"], f"{BUDGET}, not 0; the default"),

@@ -244,11 +244,14 @@ def diff(a: Pipeline, b: Pipeline) -> SpecDiff:
 def _workload(a: Pipeline, b: Pipeline) -> list[Change]:
     wa, wb = a.workload, b.workload
     out = []
-    fields = (("steps", ""), ("prompts", "prompts per step"),
-              ("samples", "responses per prompt"), ("prompt_len", "prompt tokens"),
-              ("gen_len", "generated tokens"), ("dataset", ""), ("seed", ""),
-              ("fields", "dataset columns"), ("template", "prompt rendering"), ("split", ""),
-              ("checkpoint_every", "steps between checkpoints"))
+    meanings = {"prompts": "prompts per step", "samples": "responses per prompt",
+                "prompt_len": "prompt tokens", "gen_len": "generated tokens",
+                "fields": "dataset columns", "template": "prompt rendering",
+                "prompt_dist": "prompt lengths", "truncation": "a prompt over prompt_len",
+                "checkpoint_every": "steps between checkpoints",
+                "keep_checkpoints": "complete checkpoints kept"}
+    fields = [(f.name, meanings.get(f.name, "")) for f in attrs.fields(type(wa))
+              if f.name not in ("span", "keys")]         # every key the workload holds
     for key, meaning in fields:
         x, y = getattr(wa, key), getattr(wb, key)
         if _differs(x, y):

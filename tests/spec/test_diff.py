@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import json
 from pathlib import Path
 
@@ -86,6 +88,16 @@ def test_a_checkpoint_cadence_change_is_a_workload_change(spec):
     (c,) = d.changes
     assert (c.section, c.name, c.before, c.after) == ("workload", "checkpoint_every", "10", "50")
     assert c.detail == "steps between checkpoints"
+
+
+@pytest.mark.parametrize("key, value", [("keep_checkpoints", "0"), ("prompt_len", "12")])
+def test_every_workload_key_is_a_change(spec, key, value):
+    """The diff reads every workload field (keep_checkpoints was left out, exit 0)."""
+    text = BASE.replace("gen_len = 16", f"gen_len = 16; {key} = {value}")
+    if key in BASE.split("gen_len")[0]:           # a key the base sets: changed in place
+        text = re.sub(rf"{key} = \d+", f"{key} = {value}", BASE, count=1)
+    d = diff(spec(BASE), spec(text))
+    assert [(c.section, c.name, c.after) for c in d.changes] == [("workload", key, value)]
 
 
 def test_stage_inputs_params_and_edges(spec):

@@ -75,7 +75,8 @@ class PlanDiff:
             lines.append(f"  {what}: {x} -> {y}")
         a, b = self.step_time_s
         if a is not None and b is not None:
-            ratio = f", {a / b:.2f}x" if b > 0 else ""
+            ratio = "" if not (a > 0 and b > 0) or a == b else \
+                f", {a / b:.2f}x faster" if b < a else f", {b / a:.2f}x slower"
             lines.append(f"  predicted step time: {a:.3f} s -> {b:.3f} s "
                          f"({b - a:+.3f} s{ratio})")
         ma, mb = self.peak_memory

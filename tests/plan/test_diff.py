@@ -37,7 +37,9 @@ def test_placement_structure_and_deltas():
     assert ("share", "none", "actor, critic") in d.structure
     assert d.step_time_delta_s == -2.0 and d.memory_delta == 10e9
     text = str(d)
-    assert "predicted step time: 10.000 s -> 8.000 s (-2.000 s, 1.25x)" in text
+    assert "predicted step time: 10.000 s -> 8.000 s (-2.000 s, 1.25x faster)" in text
+    back = str(diff_plans(b, a))                 # the ratio says its direction
+    assert "predicted step time: 8.000 s -> 10.000 s (+2.000 s, 1.25x slower)" in back
     assert "predicted peak memory: 50.0 GB -> 60.0 GB (+10.0 GB per GPU)" in text
     assert d.to_dict()["predicted"]["step_time_delta_s"] == -2.0
 

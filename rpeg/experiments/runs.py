@@ -165,8 +165,13 @@ def _history(path: Path) -> list[str]:
     what it set aside; nothing for a run that ran in one go."""
     try:
         meta = json.loads((path / "run.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    except OSError:
         return []
+    except ValueError as e:               # the run's own record: damaged, said, not passed over
+        return [f"  warning: run.json is not JSON ({e}); the status above is record.json's, "
+                "as the run last wrote it"]
+    if not isinstance(meta, dict):
+        return ["  warning: run.json holds no JSON object; the status above is record.json's"]
     out = []
     for r in meta.get("resumes") or []:
         if not isinstance(r, dict):

@@ -49,3 +49,7 @@ def test_a_carrying_checkpoint_resumes_on_fewer_devices(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "resumed at step 4 from step-000004" in out
     assert "re-planned from step 4: 2 to 1 device(s)" in out
+    # a damaged run.json is said, not passed over for record.json's status
+    (run_dir / "run.json").write_text('{"x": ')
+    main(["show", str(run_dir), "--no-verify"])
+    assert "warning: run.json is not JSON" in capsys.readouterr().out

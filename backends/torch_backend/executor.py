@@ -515,6 +515,7 @@ class Executor:
         except NonFiniteUpdate as e:
             raise _non_finite(stages, e, call.step) from None
         replica.trained.after_step()
+        stats = _over_ranks(replica, stats)      # the step's, not this rank's share of it
         stats["lr"] = lr
         self._adapt(stages, losses, replica, stats, len(chunk))
         replica.version += 1
@@ -554,7 +555,7 @@ class Executor:
         for s, loss in zip(stages, losses, strict=True):
             if loss.kl_target is None or "kl" not in stats:
                 continue
-            measured = _mean_over_ranks(replica, stats["kl"])
+            measured = stats["kl"]             # over every rank already (_over_ranks)
             replica.kl_coef[s.name] = adapt_kl(loss.kl, measured, loss.kl_target, responses,
                                                loss.kl_horizon)
             stats["kl_coef"] = replica.kl_coef[s.name]
@@ -659,18 +660,25 @@ def _non_finite(stages, e: NonFiniteUpdate, step: int) -> RuntimeFailure:
              "goes on from the last checkpoint")
 
 
-def _mean_over_ranks(replica, value: float) -> float:
-    """``value`` averaged over the devices training ``replica`` (DDP, FSDP2, tp: a tensor-
-    parallel group's ranks agree already), or itself on one device."""
+def _over_ranks(replica, stats: dict[str, float]) -> dict[str, float]:
+    """A train step's statistics over the devices training ``replica`` (DDP, FSDP2; a
+    tensor-parallel group's ranks agree already), in one all-reduce: each rank reports its
+    share of the step's loss terms times the ranks (``train_step``), so their mean is the
+    step's; its ``tokens`` are its own, so their sum is the step's. On one device, as
+    they are (the metrics took rank 0's share times the ranks as the step's: a policy loss
+    of -0.10 where one device gave 0.016, the same update)."""
     import torch.distributed as dist
     layout = replica.trained.layout if replica.trained is not None else None
     if layout is None or layout.dp <= 1 or not dist.is_initialized():
-        return float(value)
+        return stats
     from backends.torch_backend.distributed import group_of
     peers = layout.dp_peers(replica.device_index) if layout.tp_size > 1 else layout.world
-    t = torch.tensor([float(value)], dtype=torch.float64, device=replica.device)
+    keys = sorted(stats)                       # every rank has the same keys, in one order
+    t = torch.tensor([float(stats[k]) for k in keys], dtype=torch.float64,
+                     device=replica.device)
     dist.all_reduce(t, group=group_of(tuple(peers)))
-    return float(t.item()) / len(peers)
+    total = dict(zip(keys, t.tolist(), strict=True))
+    return {k: total[k] if k == "tokens" else total[k] / len(peers) for k in keys}
 
 
 def _device_name(ctx, device: int) -> str:

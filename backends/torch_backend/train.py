@@ -163,8 +163,11 @@ def train_step(heads: nn.Module, optimizer: torch.optim.Optimizer, batch: TrainB
     tokens, its responses, the generation ``budget`` a ``seq_mean_token_sum`` loss divides
     by) and multiplied by ``world``, which the data-parallel average divides out, so the
     update is the one-pass update over the whole minibatch (up to float rounding) whatever
-    the aggregation, ranks and micro-batches. Advantages are normalised over every
-    response token of the batch."""
+    the aggregation, ranks and micro-batches. Which responses form each minibatch does
+    depend on the ranks (each shuffles its own share, as verl's data-parallel ranks do):
+    with one minibatch a step, one device and two give the same update; with several, the
+    same responses in other minibatches. Advantages are normalised over every response
+    token of the batch."""
     n = len(batch.response_ids)
     resp = [len(r) for r in batch.response_ids]
     cost = [len(p) + r for p, r in zip(batch.prompt_ids, resp, strict=True)]
@@ -237,7 +240,9 @@ def train_step(heads: nn.Module, optimizer: torch.optim.Optimizer, batch: TrainB
                         total = total + loss.coef * value
                         terms.update(st)
                     (total * (0.0 if dummy else float(world))).backward()
-                if dummy:
+                if dummy:       # nothing of the step's here, but every rank reports each key
+                    for key in (*terms, "loss"):
+                        stats.setdefault(key, 0.0)
                     continue
                 terms["loss"] = total
                 for key, v in terms.items():    # each a share of the minibatch's, all ranks'

@@ -244,11 +244,8 @@ def terms_of(p: GpuProfile) -> tuple[ControlTerms, str]:
     profile's own where it gives it (above 0: ``rpeg calibrate`` on the host that runs the
     client and the scheduler, or a figure written in), else the shipped CPU profile's."""
     own, host = ControlTerms.of(p), _shipped_host()
-    if all(getattr(own, f.name) > 0 for f in attrs.fields(ControlTerms)):
-        return own, p.name
-    shipped = ControlTerms.of(host)
-    if not any(getattr(own, f.name) > 0 for f in attrs.fields(ControlTerms)):
-        return shipped, host.name
-    return attrs.evolve(shipped, **{f.name: getattr(own, f.name) for f in
-                                    attrs.fields(ControlTerms) if getattr(own, f.name) > 0}), \
-        f"{p.name} and {host.name}"
+    fields = attrs.fields(ControlTerms)
+    given = {f.name: getattr(own, f.name) for f in fields if getattr(own, f.name) > 0}
+    whose = p.name if len(given) == len(fields) else host.name if not given \
+        else f"{p.name} and {host.name}"
+    return attrs.evolve(ControlTerms.of(host), **given), whose

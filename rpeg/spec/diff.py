@@ -213,7 +213,9 @@ def _params(s: Stage) -> tuple:
             return False
         default = p.default.value if isinstance(p.default, enum.Enum) else p.default
         value = value.value if isinstance(value, enum.Enum) else value
-        return value == default and type(value) is not bool or value is default
+        if isinstance(value, bool) or isinstance(default, bool):   # True is no 1
+            return value is default
+        return value == default
     return tuple(sorted((k, str(v)) for k, v in s.params if not at_default(k, v)))
 
 
